@@ -1,0 +1,49 @@
+/*
+ * api.h — the context behind the public API, shared by the api/ files that implement tk.h.
+ *
+ * api/ sits on top of every other module: it may use hub, cache, jit and ops, and nothing below it
+ * includes this header. Each api/*.c implements one part of tk.h (ctx.c: contexts, pkg.c: packages
+ * and trust, kernel.c: JIT and kernels, op.c: ops).
+ */
+#ifndef TK_API_API_H
+#define TK_API_API_H
+
+#include <jansson.h>
+
+#include "common/common.h"
+
+#define TK_CTX_MAGIC 0x746b6374u /* "tkct" */
+
+struct tk_state;
+struct tk_hub_http;
+
+struct tk_ctx {
+    uint32_t magic;
+    char *data_dir;      /* state.db, store/ ($TK_HOME or $XDG_DATA_HOME/tk) */
+    char *cache_dir;     /* cache.db, tmp/ ($TK_HOME/cache or $XDG_CACHE_HOME/tk) */
+    char *config_dir;    /* config.json, keys/ ($TK_HOME or $XDG_CONFIG_HOME/tk) */
+    char *endpoint;      /* registry base URL, no trailing slash */
+    char *token;         /* bearer token or NULL */
+    int offline;
+    json_t *config;      /* config.json (an object; empty when there is none) */
+    tk_log_fn log;
+    void *log_user;
+    tk_progress_fn progress;
+    void *progress_user;
+    struct tk_state *state;     /* cache/state.h: state.db and the file store */
+    struct tk_hub_http *http;   /* created on first network use */
+    /* Lazily created per-module state, freed by tk_ctx_free through the paired function. */
+    void *jit;
+    void (*jit_free)(void *);
+    void *ops;
+    void (*ops_free)(void *);
+};
+
+/* Checks that ctx is a live context; sets an error and returns TK_ERR_INVALID otherwise. */
+int tk_api__check_ctx(const tk_ctx *ctx);
+/* Sends a message to the context's log callback (if any). */
+void tk_api__log(const tk_ctx *ctx, int level, const char *fmt, ...) TK_PRINTF(3, 4);
+/* The config's string value for key, or NULL. */
+const char *tk_api__config_str(const tk_ctx *ctx, const char *key);
+
+#endif

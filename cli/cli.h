@@ -1,0 +1,47 @@
+/*
+ * cli.h — shared pieces of the tk command: global options, output helpers and exit codes.
+ *
+ * Each subcommand lives in cli/cmd_<name>.c as `int tk_cmd_<name>(tk_cli *cli, int argc, char **argv)`
+ * (argv[0] is the subcommand's name) and returns a process exit code. cli/ includes only tk.h.
+ */
+#ifndef TK_CLI_H
+#define TK_CLI_H
+
+#include <stdio.h>
+
+#include "tk.h"
+
+/* Exit codes, distinct per failure class so scripts can branch on them. */
+enum {
+    TK_EXIT_OK = 0,
+    TK_EXIT_FAIL = 1,      /* anything not listed below */
+    TK_EXIT_USAGE = 2,     /* bad command line */
+    TK_EXIT_NOT_FOUND = 3, /* package, version or file not found */
+    TK_EXIT_NETWORK = 4,   /* network error, or offline and it was needed */
+    TK_EXIT_SIGNATURE = 5, /* bad or untrusted signature, digest mismatch, rollback */
+    TK_EXIT_IO = 6,        /* file system error or disk full */
+    TK_EXIT_DEVICE = 7,    /* no GPU, no NVRTC, compile or launch error */
+};
+
+typedef struct {
+    int json;      /* --json */
+    int quiet;     /* --quiet: no progress, no info messages */
+    int verbose;   /* --verbose: debug messages */
+    int offline;   /* --offline */
+    int tty;       /* stderr is a terminal: progress bars */
+    tk_ctx *ctx;   /* created on first use by tk_cli_ctx() */
+} tk_cli;
+
+/* The context, created on first call with the global options. NULL after printing an error. */
+tk_ctx *tk_cli_ctx(tk_cli *cli);
+/* Prints "tk: <message>" (and the hint lines) for a failed status; returns the exit code for it. */
+int tk_cli_fail(tk_cli *cli, int status, const char *what);
+/* Prints a usage error with the subcommand's usage line; returns TK_EXIT_USAGE. */
+int tk_cli_usage(const char *usage, const char *fmt, ...);
+int tk_cli_exit_code(int status);
+/* Prints an informational line to stderr unless --quiet. */
+void tk_cli_info(tk_cli *cli, const char *fmt, ...);
+/* True when argv[i] is -h or --help. */
+int tk_cli_is_help(const char *arg);
+
+#endif

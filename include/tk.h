@@ -1,0 +1,389 @@
+/*
+ * tk.h — the public C API of tk, a kernel hub and JIT kernel package manager.
+ *
+ * Typical use:
+ *
+ *     tk_ctx *ctx = NULL;
+ *     if (tk_ctx_new(&ctx, NULL) != TK_OK) { fprintf(stderr, "%s\n", tk_last_error()); ... }
+ *     tk_pkg *pkg = NULL;
+ *     int rc = tk_pkg_get(&pkg, ctx, "kernels-community/activation", NULL);
+ *     if (rc != TK_OK) { fprintf(stderr, "tk: %s (%s)\n", tk_last_error(), tk_status_str(rc)); ... }
+ *     printf("%s %s at %s\n", tk_pkg_name(pkg), tk_pkg_version(pkg), tk_pkg_commit(pkg));
+ *     tk_pkg_free(pkg);
+ *     tk_ctx_free(ctx);
+ *
+ * Conventions (see docs/ and shared/STYLE.md):
+ * - Every function that can fail returns an int status: TK_OK (0) or a negative TK_ERR_* code.
+ *   After a failure, tk_last_error() holds a message for the calling thread, often with a "HINT:" line.
+ * - Out-parameters come first. *out is set to NULL on entry and assigned only on success; the caller
+ *   owns it and frees it with the matching _free function, which accepts NULL.
+ * - A const char * *returned* by a function is borrowed: it lives as long as the object it came from.
+ *   Strings passed back through char ** out-parameters are owned by the caller: free them with tk_free().
+ * - Options are versioned structs: declare them with the matching _INIT macro, then set fields. NULL
+ *   options mean the defaults.
+ * - Threads: a tk_ctx may be used from one thread at a time; use one context per thread, or lock around
+ *   a shared one. Different contexts (also in different processes) may share one TK_HOME safely.
+ *   tk_last_error(), tk_status_str() and tk_version_*() may be called from any thread.
+ *
+ * The header compiles alone as C99 and as C++.
+ */
+#ifndef TK_H
+#define TK_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+#if defined(TK_BUILDING_LIBRARY) && defined(__GNUC__)
+#define TK_API __attribute__((visibility("default")))
+#else
+#define TK_API
+#endif
+
+/* ---------------------------------------------------------------------------------------------- */
+/* Versions                                                                                        */
+
+#define TK_VERSION_MAJOR 0
+#define TK_VERSION_MINOR 1
+#define TK_VERSION_PATCH 0
+#define TK_VERSION_STRING "0.1.0"
+/* TK_VERSION_NUMBER is MAJOR*10000 + MINOR*100 + PATCH. */
+#define TK_VERSION_NUMBER (TK_VERSION_MAJOR * 10000 + TK_VERSION_MINOR * 100 + TK_VERSION_PATCH)
+
+/* The version of the library actually linked (compare with TK_VERSION_NUMBER). */
+TK_API int tk_version_number(void);
+TK_API const char *tk_version_string(void);
+
+/* ---------------------------------------------------------------------------------------------- */
+/* Status codes. Append-only: a code is never renumbered or removed.                               */
+
+enum {
+    TK_OK = 0,
+    TK_ERR_INVALID = -1,      /* invalid argument, bad reference or usage */
+    TK_ERR_NOT_FOUND = -2,    /* package, version, file or key not found */
+    TK_ERR_NETWORK = -3,      /* connection failed, timed out, or the server misbehaved */
+    TK_ERR_SIGNATURE = -4,    /* signature missing, malformed or not valid for the manifest */
+    TK_ERR_UNTRUSTED = -5,    /* signature valid, but the signer is not trusted for the org */
+    TK_ERR_DIGEST = -6,       /* a sha256 or size does not match what the manifest says */
+    TK_ERR_MANIFEST = -7,     /* the manifest is malformed or inconsistent */
+    TK_ERR_ARCHIVE = -8,      /* the source archive is malformed or breaks the unpack rules */
+    TK_ERR_IO = -9,           /* a file system operation failed */
+    TK_ERR_NOSPACE = -10,     /* the disk (or a quota) is full */
+    TK_ERR_CACHE = -11,       /* the SQLite state or cache failed */
+    TK_ERR_ROLLBACK = -12,    /* the registry offered an older version than one already seen */
+    TK_ERR_NOMEM = -13,       /* out of memory */
+    TK_ERR_OFFLINE = -14,     /* offline mode, and the request needs the network */
+    TK_ERR_NO_DEVICE = -15,   /* no CUDA driver or GPU */
+    TK_ERR_NO_NVRTC = -16,    /* NVRTC could not be loaded */
+    TK_ERR_COMPILE = -17,     /* NVRTC rejected a kernel's source */
+    TK_ERR_LAUNCH = -18,      /* loading or launching a kernel failed */
+    TK_ERR_UNSUPPORTED = -19, /* valid request that this build, device or package cannot serve */
+    TK_ERR_INTERNAL = -20     /* a bug in tk: please report it */
+};
+
+/* A static, English name for a status code ("not found"). Never NULL. */
+TK_API const char *tk_status_str(int status);
+
+/* The message of the last failed call on this thread. Never NULL ("" when there is none). The text is
+ * valid until the next tk call on the same thread. Reporting an error never allocates. */
+TK_API const char *tk_last_error(void);
+
+/* Frees memory that tk handed to the caller through a char ** out-parameter. Accepts NULL. */
+TK_API void tk_free(void *p);
+
+/* ---------------------------------------------------------------------------------------------- */
+/* Context                                                                                         */
+
+typedef struct tk_ctx tk_ctx;
+
+/* Log levels passed to tk_log_fn. */
+enum { TK_LOG_DEBUG = 0, TK_LOG_INFO = 1, TK_LOG_WARN = 2 };
+
+/* Receives the library's messages (the library never prints). Called on the thread that made the
+ * call. `msg` is valid only during the call. */
+typedef void (*tk_log_fn)(void *user, int level, const char *msg);
+
+/* Receives progress of long work. `what` names the work ("download manifest.json"); `total` is -1
+ * when unknown. Called on the calling thread; keep it fast. */
+typedef void (*tk_progress_fn)(void *user, const char *what, int64_t done, int64_t total);
+
+#define TK_CTX_OPTS_VERSION 1
+typedef struct {
+    unsigned version;          /* TK_CTX_OPTS_VERSION */
+    const char *home;          /* state root; NULL: $TK_HOME, else the XDG directories */
+    const char *endpoint;      /* registry URL; NULL: $TK_ENDPOINT, then the config, then the default */
+    const char *token;         /* bearer token; NULL: $TK_TOKEN */
+    int offline;               /* 1: never use the network; 0: online; -1: $TK_OFFLINE decides */
+    tk_log_fn log;             /* NULL: messages are dropped */
+    void *log_user;
+    tk_progress_fn progress;   /* NULL: no progress reports */
+    void *progress_user;
+} tk_ctx_opts;
+#define TK_CTX_OPTS_INIT {TK_CTX_OPTS_VERSION, NULL, NULL, NULL, -1, NULL, NULL, NULL, NULL}
+
+/* Creates a context: opens (and creates or migrates) the state under the home directory. opts may be
+ * NULL. Errors: TK_ERR_IO, TK_ERR_CACHE, TK_ERR_INVALID. */
+TK_API int tk_ctx_new(tk_ctx **out, const tk_ctx_opts *opts);
+TK_API void tk_ctx_free(tk_ctx *ctx);
+
+/* Borrowed paths and settings the context resolved. */
+TK_API const char *tk_ctx_endpoint(const tk_ctx *ctx); /* the registry URL in use */
+TK_API const char *tk_ctx_home(const tk_ctx *ctx);     /* the data directory (state.db, store/) */
+TK_API int tk_ctx_offline(const tk_ctx *ctx);
+TK_API const char *tk_ctx_cache_dir(const tk_ctx *ctx); /* compiled-binary cache (cache.db) */
+
+/* ---------------------------------------------------------------------------------------------- */
+/* Packages                                                                                        */
+
+/* A reference names a package and optionally a version:
+ *     org/name            the highest major version the registry has
+ *     org/name@2          major 2 (branch v2); "@v2" is accepted too
+ *     org/name@<40 hex>   exactly that commit
+ */
+
+typedef struct tk_pkg tk_pkg;
+
+#define TK_GET_OPTS_VERSION 1
+typedef struct {
+    unsigned version;             /* TK_GET_OPTS_VERSION */
+    int trust_unknown;            /* 1: accept (and remember) a signer not in the trust store */
+    int force;                    /* 1: download and install again even if installed */
+    const char *expect_manifest;  /* hex sha256 the manifest must have (lock files), or NULL */
+} tk_get_opts;
+#define TK_GET_OPTS_INIT {TK_GET_OPTS_VERSION, 0, 0, NULL}
+
+/* Resolves `ref` against the registry, downloads the manifest, its signature and the source archive,
+ * verifies them, unpacks the archive safely and records the package as installed. If the resolved
+ * commit is installed already, nothing is downloaded. In offline mode it resolves only from what is
+ * installed. On success *out describes the installed package.
+ * Errors: TK_ERR_NOT_FOUND, TK_ERR_NETWORK, TK_ERR_SIGNATURE, TK_ERR_UNTRUSTED, TK_ERR_DIGEST,
+ * TK_ERR_MANIFEST, TK_ERR_ARCHIVE, TK_ERR_ROLLBACK, TK_ERR_OFFLINE, TK_ERR_IO, TK_ERR_NOSPACE. A failed
+ * get leaves the previously installed state as it was. */
+TK_API int tk_pkg_get(tk_pkg **out, tk_ctx *ctx, const char *ref, const tk_get_opts *opts);
+
+/* Looks up an installed package without touching the network. `ref` as above; with no version, the
+ * highest installed major. Errors: TK_ERR_NOT_FOUND. */
+TK_API int tk_pkg_info(tk_pkg **out, tk_ctx *ctx, const char *ref);
+
+TK_API void tk_pkg_free(tk_pkg *pkg);
+
+/* Borrowed fields of a package. */
+TK_API const char *tk_pkg_name(const tk_pkg *pkg);        /* "org/name" */
+TK_API int tk_pkg_major(const tk_pkg *pkg);               /* 1, 2, ... */
+TK_API const char *tk_pkg_version(const tk_pkg *pkg);     /* "1.2.0" */
+TK_API const char *tk_pkg_commit(const tk_pkg *pkg);      /* 40 hex */
+TK_API const char *tk_pkg_manifest_sha256(const tk_pkg *pkg);
+TK_API const char *tk_pkg_license(const tk_pkg *pkg);
+TK_API const char *tk_pkg_description(const tk_pkg *pkg);
+TK_API const char *tk_pkg_signer(const tk_pkg *pkg);      /* key id of the publisher */
+TK_API const char *tk_pkg_manifest(const tk_pkg *pkg);    /* the manifest's exact JSON text */
+TK_API int64_t tk_pkg_installed_at(const tk_pkg *pkg);    /* unix seconds */
+/* 1 if this tk_pkg_get call downloaded and installed it, 0 if it was installed already. */
+TK_API int tk_pkg_fresh(const tk_pkg *pkg);
+TK_API size_t tk_pkg_file_count(const tk_pkg *pkg);
+TK_API const char *tk_pkg_file_path(const tk_pkg *pkg, size_t i);   /* relative, "activation.cu" */
+TK_API const char *tk_pkg_file_sha256(const tk_pkg *pkg, size_t i); /* hex */
+TK_API int64_t tk_pkg_file_size(const tk_pkg *pkg, size_t i);
+/* Absolute path of file i in the content-addressed store (read-only). */
+TK_API const char *tk_pkg_file_store_path(const tk_pkg *pkg, size_t i);
+
+/* The package as a JSON object, for scripts. *out is owned by the caller (tk_free). */
+TK_API int tk_pkg_to_json(char **out, const tk_pkg *pkg);
+
+/* All installed packages, sorted by name then major. */
+typedef struct tk_pkg_list tk_pkg_list;
+TK_API int tk_pkg_list_installed(tk_pkg_list **out, tk_ctx *ctx);
+TK_API size_t tk_pkg_list_count(const tk_pkg_list *list);
+TK_API const tk_pkg *tk_pkg_list_at(const tk_pkg_list *list, size_t i); /* borrowed */
+TK_API void tk_pkg_list_free(tk_pkg_list *list);
+
+/* Re-hashes every installed file of `ref` (NULL: every installed package). Returns TK_OK when all
+ * match; TK_ERR_DIGEST when any file is missing or altered, and tk_last_error() lists them.
+ * *nbad (may be NULL) receives how many files failed. */
+TK_API int tk_pkg_verify(tk_ctx *ctx, const char *ref, size_t *nbad);
+
+/* Uninstalls `ref` (with no version: every installed major). Files still used by another package stay
+ * in the store. Errors: TK_ERR_NOT_FOUND. */
+TK_API int tk_pkg_remove(tk_ctx *ctx, const char *ref);
+
+/* Writes a lock file (JSON) pinning the installed commit and manifest digest of each ref. */
+TK_API int tk_lock_write(tk_ctx *ctx, const char *path, const char *const *refs, size_t nrefs);
+
+/* Installs exactly what a lock file pins: each commit is fetched and its manifest must have the pinned
+ * digest. Calls `each` (may be NULL) after every package. Errors as tk_pkg_get. */
+TK_API int tk_lock_install(tk_ctx *ctx, const char *path, const tk_get_opts *opts,
+                           void (*each)(void *user, const tk_pkg *pkg), void *user);
+
+/* ---------------------------------------------------------------------------------------------- */
+/* Keys, trust and publishing                                                                      */
+
+/* Generates an Ed25519 key pair: the private key is written to `key_path` (PEM, mode 0600; refused if
+ * it exists) and the public key to key_path + ".pub". *pubkey receives the public key as text
+ * ("ed25519:<64 hex>"), owned by the caller. */
+TK_API int tk_keygen(char **pubkey, const char *key_path);
+
+/* The key id (fingerprint) of a public key in text form: "SHA256:<hex of the first 16 bytes>". */
+TK_API int tk_key_fingerprint(char **keyid, const char *pubkey);
+
+/* Trust store: publisher keys allowed to sign packages of an org. The build's default registry key is
+ * trusted for its org without an entry. */
+TK_API int tk_trust_add(tk_ctx *ctx, const char *org, const char *pubkey, const char *comment);
+TK_API int tk_trust_remove(tk_ctx *ctx, const char *org, const char *keyid);
+/* The trust store as a JSON array of {org, keyid, pubkey, comment, added, builtin}. */
+TK_API int tk_trust_list_json(char **out, tk_ctx *ctx);
+
+#define TK_PUBLISH_OPTS_VERSION 1
+typedef struct {
+    unsigned version;        /* TK_PUBLISH_OPTS_VERSION */
+    const char *key_path;    /* private key (PEM); required */
+    const char *compression; /* "gz" (default) or "zst" */
+} tk_publish_opts;
+#define TK_PUBLISH_OPTS_INIT {TK_PUBLISH_OPTS_VERSION, NULL, NULL}
+
+/* Publishes the package in `pkgdir` (its kernel.json and sources) into the static registry tree
+ * `to_dir`: writes the manifest, its signature and the source archive under a new commit, moves branch
+ * v<major> to it and keeps the history. Republishing identical content is a no-op that returns the
+ * same commit. *commit (may be NULL) receives the commit id. Errors: TK_ERR_MANIFEST for a bad
+ * kernel.json, TK_ERR_ROLLBACK if the version is not newer than the branch head, TK_ERR_IO. */
+TK_API int tk_publish(char **commit, tk_ctx *ctx, const char *pkgdir, const char *to_dir,
+                      const tk_publish_opts *opts);
+
+
+/* ---------------------------------------------------------------------------------------------- */
+/* Tensors (DLPack-compatible)                                                                     */
+
+/* tk_tensor has DLTensor's exact layout (dlpack.h v1.x), so a DLTensor * from PyTorch, JAX or CuPy
+ * can be passed as a tk_tensor * without copying. The memory is the caller's. */
+enum { TK_DEV_CPU = 1, TK_DEV_CUDA = 2 };                      /* DLDeviceType values */
+enum { TK_DL_INT = 0, TK_DL_UINT = 1, TK_DL_FLOAT = 2, TK_DL_BFLOAT = 4,
+       TK_DL_FLOAT8_E4M3FN = 10, TK_DL_FLOAT8_E5M2 = 12 };        /* DLDataTypeCode values */
+
+typedef struct {
+    uint8_t code;   /* TK_DL_* */
+    uint8_t bits;   /* 8, 16, 32, 64 */
+    uint16_t lanes; /* 1 */
+} tk_dtype;
+
+typedef struct {
+    void *data;                    /* base pointer (host or device) */
+    struct { int32_t device_type; int32_t device_id; } device;
+    int32_t ndim;
+    tk_dtype dtype;
+    int64_t *shape;                /* ndim sizes */
+    int64_t *strides;              /* ndim strides in elements, or NULL for contiguous row-major */
+    uint64_t byte_offset;          /* added to data */
+} tk_tensor;
+
+/* Names used in manifests and messages: "f32", "f16", "bf16", "f64", "i8", "u8", "i32", "i64",
+ * "fp8_e4m3", "fp8_e5m2". tk_dtype_name returns "?" for anything else. */
+TK_API const char *tk_dtype_name(tk_dtype dt);
+TK_API int tk_dtype_parse(tk_dtype *out, const char *name);
+
+/* An argument of a declarative call or an op: a tensor or a scalar. */
+enum { TK_ARG_TENSOR = 0, TK_ARG_I64 = 1, TK_ARG_F64 = 2 };
+typedef struct {
+    int kind;              /* TK_ARG_* */
+    const char *name;      /* parameter name, or NULL to bind by position */
+    const tk_tensor *t;    /* TK_ARG_TENSOR */
+    int64_t i;             /* TK_ARG_I64 */
+    double f;              /* TK_ARG_F64 */
+} tk_arg;
+
+/* ---------------------------------------------------------------------------------------------- */
+/* Devices and JIT                                                                                 */
+
+typedef struct {
+    int ordinal;
+    char name[128];
+    int cc_major, cc_minor;   /* compute capability */
+    int sm_count;
+    int64_t total_mem;        /* bytes */
+    int driver_version;       /* e.g. 13000 */
+} tk_device_info;
+
+/* Number of CUDA devices. Returns TK_OK and *n = 0 when the driver loads but has no device;
+ * TK_ERR_NO_DEVICE (with a hint) when libcuda cannot be loaded or initialised. */
+TK_API int tk_device_count(int *n);
+TK_API int tk_device_info_get(tk_device_info *out, int ordinal);
+
+/* A package compiled and loaded for one device. It holds its modules loaded until it is freed. */
+typedef struct tk_kernel tk_kernel;
+/* One entry point of a tk_kernel; borrowed from it. */
+typedef struct tk_function tk_function;
+
+#define TK_KERNEL_OPTS_VERSION 1
+typedef struct {
+    unsigned version;      /* TK_KERNEL_OPTS_VERSION */
+    int device;            /* CUDA device ordinal; default 0 */
+    tk_get_opts get;       /* how the package is fetched if it is not installed */
+} tk_kernel_opts;
+#define TK_KERNEL_OPTS_INIT {TK_KERNEL_OPTS_VERSION, 0, TK_GET_OPTS_INIT}
+
+/* Resolves and installs `ref` if needed (as tk_pkg_get), compiles every kernel for the device's
+ * architecture with NVRTC unless the compiled binary is in the cache, and loads them with the CUDA
+ * Driver API. A warm call does no compile and does not load NVRTC.
+ * Errors: those of tk_pkg_get, TK_ERR_NO_DEVICE, TK_ERR_NO_NVRTC, TK_ERR_COMPILE (tk_last_error() holds
+ * the NVRTC log with the package's file:line), TK_ERR_LAUNCH (the module failed to load). */
+TK_API int tk_get_kernel(tk_kernel **out, tk_ctx *ctx, const char *ref, const tk_kernel_opts *opts);
+TK_API void tk_kernel_free(tk_kernel *k);
+
+TK_API size_t tk_kernel_function_count(const tk_kernel *k);
+TK_API const tk_function *tk_kernel_function_at(const tk_kernel *k, size_t i);
+/* Looks a function up by its manifest name ("silu_and_mul_f32"). Errors: TK_ERR_NOT_FOUND. */
+TK_API int tk_kernel_function(const tk_function **out, const tk_kernel *k, const char *name);
+TK_API const char *tk_function_name(const tk_function *fn);
+TK_API const char *tk_function_op(const tk_function *fn);
+
+/* Raw launch: args is an array of pointers to each kernel argument, as cuLaunchKernel takes them.
+ * stream is a CUstream or NULL (the default stream). Safe to call from several threads. */
+TK_API int tk_function_launch(const tk_function *fn, const unsigned grid[3], const unsigned block[3],
+                              size_t smem, void *stream, void **args);
+
+/* Declarative call: binds args to the manifest's params (by name, else by position), checks dtypes,
+ * derives scalar params and the grid/block/smem from the launch rule, and launches. Tensors must be
+ * on the function's device. Safe to call from several threads. */
+TK_API int tk_function_call(const tk_function *fn, const tk_arg *args, size_t nargs, void *stream);
+
+#define TK_BUILD_OPTS_VERSION 1
+typedef struct {
+    unsigned version;          /* TK_BUILD_OPTS_VERSION */
+    const char *const *archs;  /* e.g. {"sm_80", "sm_90"}; NULL: the detected GPUs, else the config */
+    size_t narchs;
+    int jobs;                  /* parallel compiles; 0: by cores and memory */
+} tk_build_opts;
+#define TK_BUILD_OPTS_INIT {TK_BUILD_OPTS_VERSION, NULL, 0, 0}
+
+/* Compiles every kernel of the installed package `ref` for each arch into the cache (ahead of time,
+ * no GPU needed). *compiled / *cached (may be NULL) receive how many binaries were compiled now and
+ * how many were already cached. Errors: TK_ERR_NOT_FOUND, TK_ERR_NO_NVRTC, TK_ERR_COMPILE. */
+TK_API int tk_build(tk_ctx *ctx, const char *ref, const tk_build_opts *opts, size_t *compiled,
+                    size_t *cached);
+
+/* The compiled-binary cache. */
+TK_API int tk_cache_stats_json(char **out, tk_ctx *ctx);
+TK_API int tk_cache_list_json(char **out, tk_ctx *ctx);
+/* Evicts least-recently-used entries until the cache is at most max_bytes (-1: $TK_CACHE_MAX or the
+ * configured cap). *freed (may be NULL) receives the bytes freed. */
+TK_API int tk_cache_gc(tk_ctx *ctx, int64_t max_bytes, int64_t *freed);
+TK_API int tk_cache_clear(tk_ctx *ctx);
+
+/* ---------------------------------------------------------------------------------------------- */
+/* Ops                                                                                             */
+
+/* Runs a standard op (see `tk ops`) on tensors: validates shapes and dtypes, picks the best
+ * implementation for the tensors' device (a kernel from an installed package, or the CPU reference
+ * for host tensors) and runs it. *impl (may be NULL) receives a borrowed description of what ran
+ * ("cpu-reference" or "org/name:kernel"). Errors: TK_ERR_NOT_FOUND (unknown op), TK_ERR_INVALID
+ * (the message names the argument and the shape it got), TK_ERR_UNSUPPORTED. */
+TK_API int tk_op_run(tk_ctx *ctx, const char *op, const tk_arg *args, size_t nargs, void *stream,
+                     const char **impl);
+/* Every op with its signature and implementations, as JSON. */
+TK_API int tk_ops_json(char **out, tk_ctx *ctx);
+
+#ifdef __cplusplus
+}
+#endif
+#endif /* TK_H */

@@ -1,0 +1,30 @@
+#!/usr/bin/env bash
+# Installs what tk needs to build and test, from Debian's packages. Safe to run again:
+# it installs only what is missing, and does nothing when everything is there.
+set -euo pipefail
+
+pkgs=(build-essential pkg-config
+      libcurl4-openssl-dev libarchive-dev libssl-dev libsqlite3-dev libjansson-dev libzstd-dev
+      libmicrohttpd-dev
+      nginx-light zstd curl openssl python3)
+
+missing=()
+for p in "${pkgs[@]}"; do
+  dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")
+done
+
+if [ ${#missing[@]} -gt 0 ]; then
+  echo "setup: installing ${missing[*]}"
+  SUDO=""
+  [ "$(id -u)" -eq 0 ] || SUDO="sudo"
+  export DEBIAN_FRONTEND=noninteractive
+  $SUDO apt-get update -qq
+  $SUDO apt-get install -y -qq --no-install-recommends "${missing[@]}" >/dev/null
+else
+  echo "setup: all packages present"
+fi
+
+# The CUDA toolkit (NVRTC) is optional at build time: tk loads it with dlopen when it compiles.
+if ! ls /usr/local/cuda/lib64/libnvrtc.so* >/dev/null 2>&1 && ! ldconfig -p | grep -q libnvrtc; then
+  echo "setup: note: NVRTC not found; tk will install and verify packages but cannot JIT-compile them"
+fi

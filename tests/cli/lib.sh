@@ -1,0 +1,59 @@
+# lib.sh — helpers for tk's shell tests (sourced, not run). Each test is a function named t_*;
+# `run_tests` runs them in order, each in a fresh TK_HOME, and prints the summary line last.
+set -u
+ROOT=$(cd "$(dirname "${BASH_SOURCE[0]}")/../.." && pwd)
+B=$ROOT/${TK_BUILD:-build}
+TK=$B/tk
+_failed_now=0; _skipped_now=0
+_pass=0; _fail=0; _skip=0
+
+fail() { echo "    $*" >&2; _failed_now=1; }
+skip() { echo "skip $_cur: $*"; _skipped_now=1; }
+# expect_rc WANT CMD...: runs CMD, checks its exit status, keeps its output in $OUT.
+expect_rc() {
+  local want=$1; shift
+  OUT=$("$@" 2>&1); local rc=$?
+  if [ "$rc" != "$want" ]; then fail "line ${BASH_LINENO[0]}: '$*' exited $rc, want $want; output:"; echo "$OUT" | sed 's/^/      /' >&2; fi
+}
+# expect_out TEXT: the last expect_rc's output contains TEXT.
+expect_out() {
+  case "$OUT" in *"$1"*) ;; *) fail "line ${BASH_LINENO[0]}: output lacks '$1'; output:"; echo "$OUT" | sed 's/^/      /' >&2 ;; esac
+}
+expect_no_out() {
+  case "$OUT" in *"$1"*) fail "line ${BASH_LINENO[0]}: output has '$1'" ;; esac
+}
+
+# A free TCP port on 127.0.0.1.
+free_port() { python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1",0)); print(s.getsockname()[1]); s.close()'; }
+
+# Starts nginx serving DIR as a static registry on 127.0.0.1; sets NGINX_URL. Stopped at exit.
+NGINX_PID=
+start_nginx() {
+  local root=$1 port; port=$(free_port)
+  local conf=$WORK/nginx; mkdir -p "$conf"
+  sed -e "s#@ROOT@#$root#g" -e "s#@PORT@#$port#g" -e "s#@DIR@#$conf#g" "$ROOT/tests/nginx.conf.in" >"$conf/nginx.conf"
+  nginx -c "$conf/nginx.conf" -p "$conf" || { echo "nginx failed to start" >&2; return 1; }
+  for _ in $(seq 50); do [ -s "$conf/nginx.pid" ] && break; sleep 0.1; done
+  NGINX_PID=$(cat "$conf/nginx.pid")
+  NGINX_URL=http://127.0.0.1:$port
+}
+stop_nginx() { [ -n "$NGINX_PID" ] && kill "$NGINX_PID" 2>/dev/null; NGINX_PID=; }
+
+WORK=$(mktemp -d /tmp/tk-test.XXXXXX)
+cleanup() { stop_nginx; [ -n "${FAULT_PID:-}" ] && kill "$FAULT_PID" 2>/dev/null; rm -rf "$WORK"; }
+trap cleanup EXIT
+
+run_tests() {
+  local fn
+  for fn in $(declare -F | awk '{print $3}' | grep '^t_'); do
+    _cur=$fn; _failed_now=0; _skipped_now=0
+    export TK_HOME=$WORK/home-$fn; rm -rf "$TK_HOME"; mkdir -p "$TK_HOME"
+    unset TK_ENDPOINT TK_OFFLINE TK_TOKEN
+    $fn
+    if [ $_failed_now = 1 ]; then echo "FAIL $fn"; _fail=$((_fail + 1));
+    elif [ $_skipped_now = 1 ]; then _skip=$((_skip + 1));
+    else echo "ok   $fn"; _pass=$((_pass + 1)); fi
+  done
+  echo "$_pass passed, $_fail failed, $_skip skipped"
+  [ $_fail = 0 ]
+}

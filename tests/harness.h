@@ -1,0 +1,104 @@
+/*
+ * harness.h — tk's small test harness (single header, static functions).
+ *
+ *     static void test_x(void) { CHECK(1 + 1 == 2); CHECK_EQ_INT(f(), TK_OK); }
+ *     int main(void) { RUN(test_x); return th_done(); }
+ *
+ * A test passes when none of its checks failed. A failed check prints file:line and both values.
+ * SKIP("why") inside a test marks it skipped and returns. The last line printed is
+ * "N passed, N failed, N skipped" and the exit status is nonzero when anything failed.
+ */
+#ifndef TK_TEST_HARNESS_H
+#define TK_TEST_HARNESS_H
+
+#include <inttypes.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+static int th_passed, th_failed, th_skipped;
+static int th_cur_failed, th_cur_skipped;
+static const char *th_cur_name;
+
+#define CHECK(cond)                                                                                \
+    do {                                                                                           \
+        if (!(cond)) {                                                                             \
+            fprintf(stderr, "%s:%d: %s: CHECK(%s) failed\n", __FILE__, __LINE__, th_cur_name,      \
+                    #cond);                                                                        \
+            th_cur_failed++;                                                                       \
+        }                                                                                          \
+    } while (0)
+
+#define CHECK_EQ_INT(a, b)                                                                         \
+    do {                                                                                           \
+        long long th_a = (long long)(a), th_b = (long long)(b);                                    \
+        if (th_a != th_b) {                                                                        \
+            fprintf(stderr, "%s:%d: %s: %s == %s failed: %lld != %lld\n", __FILE__, __LINE__,      \
+                    th_cur_name, #a, #b, th_a, th_b);                                              \
+            th_cur_failed++;                                                                       \
+        }                                                                                          \
+    } while (0)
+
+/* Checks a tk status and prints tk_last_error() when it differs. */
+#define CHECK_RC(call, want)                                                                       \
+    do {                                                                                           \
+        int th_rc = (call);                                                                        \
+        if (th_rc != (want)) {                                                                     \
+            fprintf(stderr, "%s:%d: %s: %s returned %d, want %d; last error: %s\n", __FILE__,      \
+                    __LINE__, th_cur_name, #call, th_rc, (int)(want), tk_last_error());            \
+            th_cur_failed++;                                                                       \
+        }                                                                                          \
+    } while (0)
+
+#define CHECK_STR(a, b)                                                                            \
+    do {                                                                                           \
+        const char *th_a = (a), *th_b = (b);                                                       \
+        if (!th_a || !th_b || strcmp(th_a, th_b) != 0) {                                           \
+            fprintf(stderr, "%s:%d: %s: %s == %s failed: \"%s\" != \"%s\"\n", __FILE__, __LINE__,  \
+                    th_cur_name, #a, #b, th_a ? th_a : "(null)", th_b ? th_b : "(null)");          \
+            th_cur_failed++;                                                                       \
+        }                                                                                          \
+    } while (0)
+
+#define CHECK_CONTAINS(hay, needle)                                                                \
+    do {                                                                                           \
+        const char *th_h = (hay), *th_n = (needle);                                                \
+        if (!th_h || !strstr(th_h, th_n)) {                                                        \
+            fprintf(stderr, "%s:%d: %s: \"%s\" does not contain \"%s\"\n", __FILE__, __LINE__,    \
+                    th_cur_name, th_h ? th_h : "(null)", th_n);                                    \
+            th_cur_failed++;                                                                       \
+        }                                                                                          \
+    } while (0)
+
+#define SKIP(why)                                                                                  \
+    do {                                                                                           \
+        printf("skip %s: %s\n", th_cur_name, (why));                                               \
+        th_cur_skipped = 1;                                                                        \
+        return;                                                                                    \
+    } while (0)
+
+#define RUN(fn)                                                                                    \
+    do {                                                                                           \
+        th_cur_name = #fn;                                                                         \
+        th_cur_failed = 0;                                                                         \
+        th_cur_skipped = 0;                                                                        \
+        fn();                                                                                      \
+        if (th_cur_failed) {                                                                       \
+            th_failed++;                                                                           \
+            printf("FAIL %s\n", #fn);                                                              \
+        } else if (th_cur_skipped) {                                                               \
+            th_skipped++;                                                                          \
+        } else {                                                                                   \
+            th_passed++;                                                                           \
+            printf("ok   %s\n", #fn);                                                              \
+        }                                                                                          \
+        fflush(stdout);                                                                            \
+    } while (0)
+
+static inline int th_done(void)
+{
+    printf("%d passed, %d failed, %d skipped\n", th_passed, th_failed, th_skipped);
+    return th_failed ? 1 : 0;
+}
+
+#endif

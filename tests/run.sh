@@ -1,0 +1,54 @@
+#!/usr/bin/env bash
+# Runs tk's test suite: every C test binary in $TK_BUILD/tests and every tests/cli/*.sh script.
+# Each prints "N passed, N failed, N skipped" as its last line; this sums them and prints the total
+# last. Usage: tests/run.sh [FILTER]   (FILTER: a substring of the test names to run)
+set -u
+cd "$(dirname "$0")/.."
+B=${TK_BUILD:-build}
+export TK_BUILD=$B
+filter=${1:-}
+passed=0; failed=0; skipped=0; broken=()
+logdir=$B/test-logs; mkdir -p "$logdir"
+
+run_one() {
+  local name=$1; shift
+  local log=$logdir/$name.log
+  local start=$(date +%s%N)
+  "$@" >"$log" 2>&1
+  local rc=$?
+  local secs=$(awk -v a="$start" -v b="$(date +%s%N)" 'BEGIN{printf "%.1f", (b-a)/1e9}')
+  local last=$(grep -E '^[0-9]+ passed, [0-9]+ failed' "$log" | tail -n 1)
+  if [ -z "$last" ]; then
+    echo "BROKEN $name (exit $rc, no summary line) — see $log"; tail -n 20 "$log" | sed 's/^/    /'
+    failed=$((failed + 1)); broken+=("$name"); return
+  fi
+  local p f s
+  p=$(echo "$last" | sed -E 's/^([0-9]+) passed.*/\1/')
+  f=$(echo "$last" | sed -E 's/.* ([0-9]+) failed.*/\1/')
+  s=$(echo "$last" | sed -nE 's/.* ([0-9]+) skipped.*/\1/p'); s=${s:-0}
+  passed=$((passed + p)); failed=$((failed + f)); skipped=$((skipped + s))
+  if [ "$f" -gt 0 ] || [ $rc -ne 0 ]; then
+    echo "FAIL  $name: $last (${secs}s)"; grep -E '^(FAIL|.*CHECK|.*failed)' "$log" | head -n 40 | sed 's/^/    /'
+    [ "$f" -gt 0 ] || { failed=$((failed + 1)); broken+=("$name"); }
+  else
+    echo "ok    $name: $last (${secs}s)"
+  fi
+}
+
+for t in "$B"/tests/test_*; do
+  [ -x "$t" ] || continue
+  name=$(basename "$t")
+  [ -n "$filter" ] && [[ "$name" != *"$filter"* ]] && continue
+  run_one "$name" "$t"
+done
+for t in tests/cli/*.sh; do
+  [ -f "$t" ] || continue
+  name=cli_$(basename "$t" .sh)
+  [ -n "$filter" ] && [[ "$name" != *"$filter"* ]] && continue
+  run_one "$name" bash "$t"
+done
+
+echo
+[ ${#broken[@]} -gt 0 ] && echo "broken: ${broken[*]}"
+echo "$passed passed, $failed failed, $skipped skipped"
+[ "$failed" -eq 0 ]
