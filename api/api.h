@@ -2,7 +2,7 @@
  * api.h — the context behind the public API, shared by the api/ files that implement tk.h.
  *
  * api/ sits on top of every other module: it may use hub, cache, jit and ops, and nothing below it
- * includes this header. Each api/*.c implements one part of tk.h (ctx.c: contexts, pkg.c: packages
+ * includes this header. Each file in api/ implements one part of tk.h (ctx.c: contexts, pkg.c: packages
  * and trust, kernel.c: JIT and kernels, op.c: ops).
  */
 #ifndef TK_API_API_H
@@ -43,6 +43,10 @@ struct tk_ctx {
 int tk_api__check_ctx(const tk_ctx *ctx);
 /* Sends a message to the context's log callback (if any). */
 void tk_api__log(const tk_ctx *ctx, int level, const char *fmt, ...) TK_PRINTF(3, 4);
+/* Checks a verified manifest's "kernels" before the package is installed: structure, params, and
+ * that every launch-rule expression parses and names only the kernel's params. `user` is the
+ * tk_ctx. TK_ERR_MANIFEST with the kernel and expression named. (api/validate.c) */
+int tk_api__validate_kernels(void *user, const char *manifest, size_t len);
 /* The config's string value for key, or NULL. */
 const char *tk_api__config_str(const tk_ctx *ctx, const char *key);
 

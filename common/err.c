@@ -36,10 +36,17 @@ int tk__err_wrap(int code, const char *fmt, ...)
     vsnprintf(prefix, sizeof prefix, fmt, ap);
     va_end(ap);
     memcpy(old, errbuf, sizeof old);
-    if (old[0])
-        snprintf(errbuf, sizeof errbuf, "%s: %s", prefix, old);
-    else
-        snprintf(errbuf, sizeof errbuf, "%s", prefix);
+    size_t np = strlen(prefix), no = strlen(old), cap = sizeof errbuf - 1;
+    size_t n = np < cap ? np : cap;
+    memcpy(errbuf, prefix, n);
+    if (old[0] && n + 2 < cap) {
+        memcpy(errbuf + n, ": ", 2);
+        n += 2;
+        size_t k = no < cap - n ? no : cap - n;
+        memcpy(errbuf + n, old, k);
+        n += k;
+    }
+    errbuf[n] = '\0';
     return code;
 }
 

@@ -1,0 +1,185 @@
+/*
+ * ctx.c — tk_ctx: where state lives (TK_HOME or the XDG directories), which registry to use
+ * (argument, then $TK_ENDPOINT, then config.json, then the build's default) and the open state.
+ */
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "api/api.h"
+#include "cache/state.h"
+#include "hub/http.h"
+#include "tk_default.h"
+
+int tk_api__check_ctx(const tk_ctx *ctx)
+{
+    if (!ctx || ctx->magic != TK_CTX_MAGIC)
+        return tk__err(TK_ERR_INVALID, "invalid tk_ctx (NULL, freed or not a context)");
+    return TK_OK;
+}
+
+void tk_api__log(const tk_ctx *ctx, int level, const char *fmt, ...)
+{
+    if (!ctx || !ctx->log)
+        return;
+    char msg[1024];
+    va_list ap;
+    va_start(ap, fmt);
+    vsnprintf(msg, sizeof msg, fmt, ap);
+    va_end(ap);
+    ctx->log(ctx->log_user, level, msg);
+}
+
+const char *tk_api__config_str(const tk_ctx *ctx, const char *key)
+{
+    return json_string_value(json_object_get(ctx->config, key));
+}
+
+static char *xdg(const char *var, const char *fallback)
+{
+    const char *v = getenv(var);
+    if (v && v[0] == '/')
+        return tk__fmt("%s/tk", v);
+    const char *home = getenv("HOME");
+    if (!home || !*home)
+        return NULL;
+    return tk__fmt("%s/%s/tk", home, fallback);
+}
+
+static int env_true(const char *name)
+{
+    const char *v = getenv(name);
+    return v && (!strcmp(v, "1") || !strcasecmp(v, "true") || !strcasecmp(v, "yes") || !strcasecmp(v, "on"));
+}
+
+static int load_config(tk_ctx *ctx)
+{
+    char *path = tk__path_join(ctx->config_dir, "config.json");
+    char *text = NULL;
+    size_t n = 0;
+    if (!path)
+        return tk__err(TK_ERR_NOMEM, "out of memory");
+    int rc = tk__read_file(&text, &n, path, 1u << 20);
+    if (rc == TK_ERR_NOT_FOUND) {
+        ctx->config = json_object();
+        rc = ctx->config ? TK_OK : tk__err(TK_ERR_NOMEM, "out of memory");
+    } else if (rc == TK_OK) {
+        json_error_t jerr;
+        ctx->config = json_loadb(text, n, 0, &jerr);
+        if (!json_is_object(ctx->config))
+            rc = tk__err(TK_ERR_INVALID, "%s: line %d, column %d: %s\nHINT: the config is a JSON object such as "
+                         "{\"endpoint\": \"https://...\", \"archs\": [\"sm_90\"]}", path, jerr.line, jerr.column,
+                         ctx->config ? "not a JSON object" : jerr.text);
+    }
+    free(text);
+    free(path);
+    return rc;
+}
+
+int tk_ctx_new(tk_ctx **out, const tk_ctx_opts *opts)
+{
+    if (!out)
+        return tk__err(TK_ERR_INVALID, "tk_ctx_new: out is NULL");
+    *out = NULL;
+    tk_ctx_opts defaults = TK_CTX_OPTS_INIT;
+    if (!opts)
+        opts = &defaults;
+    if (opts->version < 1 || opts->version > TK_CTX_OPTS_VERSION)
+        return tk__err(TK_ERR_INVALID, "tk_ctx_opts version %u is not supported (this libtk knows up to %d)",
+                       opts->version, TK_CTX_OPTS_VERSION);
+    int rc = TK_OK;
+    tk_ctx *ctx = calloc(1, sizeof *ctx);
+    if (!ctx)
+        return tk__err(TK_ERR_NOMEM, "out of memory");
+    ctx->magic = TK_CTX_MAGIC;
+    ctx->log = opts->log;
+    ctx->log_user = opts->log_user;
+    ctx->progress = opts->progress;
+    ctx->progress_user = opts->progress_user;
+
+    const char *home = opts->home ? opts->home : getenv("TK_HOME");
+    if (home && *home) {
+        ctx->data_dir = tk__strdup(home);
+        ctx->cache_dir = tk__path_join(home, "cache");
+        ctx->config_dir = tk__strdup(home);
+    } else {
+        ctx->data_dir = xdg("XDG_DATA_HOME", ".local/share");
+        ctx->cache_dir = xdg("XDG_CACHE_HOME", ".cache");
+        ctx->config_dir = xdg("XDG_CONFIG_HOME", ".config");
+        if (!ctx->data_dir || !ctx->cache_dir || !ctx->config_dir) {
+            rc = tk__err(TK_ERR_INVALID, "cannot find a home for tk's state: HOME is not set\n"
+                         "HINT: set TK_HOME to a directory tk may use");
+            goto fail;
+        }
+    }
+    if (!ctx->data_dir || !ctx->cache_dir || !ctx->config_dir) {
+        rc = tk__err(TK_ERR_NOMEM, "out of memory");
+        goto fail;
+    }
+    if ((rc = tk__mkdirs(ctx->data_dir, 0755)) != TK_OK || (rc = tk__mkdirs(ctx->cache_dir, 0755)) != TK_OK)
+        goto fail;
+    if ((rc = load_config(ctx)) != TK_OK)
+        goto fail;
+
+    const char *ep = opts->endpoint;
+    if (!ep || !*ep)
+        ep = getenv("TK_ENDPOINT");
+    if (!ep || !*ep)
+        ep = tk_api__config_str(ctx, "endpoint");
+    if (!ep || !*ep)
+        ep = TK_DEFAULT_ENDPOINT;
+    if (!(ctx->endpoint = tk__strdup(ep))) {
+        rc = tk__err(TK_ERR_NOMEM, "out of memory");
+        goto fail;
+    }
+    size_t n = strlen(ctx->endpoint);
+    while (n > 0 && ctx->endpoint[n - 1] == '/')
+        ctx->endpoint[--n] = '\0';
+    if (!tk__has_prefix(ctx->endpoint, "http://") && !tk__has_prefix(ctx->endpoint, "https://") &&
+        !tk__has_prefix(ctx->endpoint, "file://")) {
+        rc = tk__err(TK_ERR_INVALID, "registry endpoint '%s' is not an http, https or file URL\n"
+                     "HINT: set TK_ENDPOINT to something like https://registry.example.com or file:///srv/registry",
+                     ctx->endpoint);
+        goto fail;
+    }
+    const char *token = opts->token ? opts->token : getenv("TK_TOKEN");
+    if (token && *token && !(ctx->token = tk__strdup(token))) {
+        rc = tk__err(TK_ERR_NOMEM, "out of memory");
+        goto fail;
+    }
+    ctx->offline = opts->offline >= 0 ? opts->offline : env_true("TK_OFFLINE");
+    if ((rc = tk_state__open(&ctx->state, ctx->data_dir)) != TK_OK)
+        goto fail;
+    *out = ctx;
+    return TK_OK;
+fail:
+    tk_ctx_free(ctx);
+    return rc;
+}
+
+void tk_ctx_free(tk_ctx *ctx)
+{
+    if (!ctx || ctx->magic != TK_CTX_MAGIC)
+        return;
+    if (ctx->ops_free)
+        ctx->ops_free(ctx->ops);
+    if (ctx->jit_free)
+        ctx->jit_free(ctx->jit);
+    tk_hub__http_free(ctx->http);
+    tk_state__close(ctx->state);
+    json_decref(ctx->config);
+    free(ctx->data_dir);
+    free(ctx->cache_dir);
+    free(ctx->config_dir);
+    free(ctx->endpoint);
+    free(ctx->token);
+    ctx->magic = 0;
+    free(ctx);
+}
+
+const char *tk_ctx_endpoint(const tk_ctx *ctx) { return tk_api__check_ctx(ctx) == TK_OK ? ctx->endpoint : NULL; }
+const char *tk_ctx_home(const tk_ctx *ctx) { return tk_api__check_ctx(ctx) == TK_OK ? ctx->data_dir : NULL; }
+const char *tk_ctx_cache_dir(const tk_ctx *ctx) { return tk_api__check_ctx(ctx) == TK_OK ? ctx->cache_dir : NULL; }
+int tk_ctx_offline(const tk_ctx *ctx) { return tk_api__check_ctx(ctx) == TK_OK ? ctx->offline : 0; }
+
+void tk_free(void *p) { free(p); }

@@ -1,0 +1,541 @@
+/*
+ * pkg.c — the package half of tk.h: get, info, list, verify, remove, lock files, keys, trust and
+ * publishing. Thin wrappers that turn the hub and state modules into the public API's handles.
+ */
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "api/api.h"
+#include "cache/state.h"
+#include "hub/hub.h"
+#include "hub/manifest.h"
+#include "hub/sign.h"
+#include "tk_default.h"
+
+#define TK_PKG_MAGIC 0x746b706bu /* "tkpk" */
+
+struct tk_pkg {
+    uint32_t magic;
+    tk_state_pkg *p;
+    char **store_paths;
+    int fresh;
+    char *license;
+    char *description;
+};
+
+struct tk_pkg_list {
+    uint32_t magic;
+    size_t n;
+    tk_pkg **v;
+};
+
+static int origin_of(char *out, size_t cap, const char *url)
+{
+    const char *p = strstr(url, "://");
+    if (!p)
+        return -1;
+    p += 3;
+    size_t n = strcspn(p, "/?#");
+    snprintf(out, cap, "%.*s", (int)((p - url) + n), url);
+    return 0;
+}
+
+static int ensure_http(tk_ctx *ctx)
+{
+    if (ctx->http)
+        return TK_OK;
+    char origin[512] = "";
+    tk_hub_http_opts o;
+    memset(&o, 0, sizeof o);
+    if (ctx->token && origin_of(origin, sizeof origin, ctx->endpoint) == 0) {
+        o.token = ctx->token;
+        o.auth_origin = origin;
+    }
+    o.progress = ctx->progress;
+    o.progress_user = ctx->progress_user;
+    return tk_hub__http_new(&ctx->http, &o);
+}
+
+static int wrap(tk_pkg **out, tk_ctx *ctx, tk_state_pkg *p, int fresh)
+{
+    tk_pkg *k = calloc(1, sizeof *k);
+    if (!k) {
+        tk_state__pkg_free(p);
+        return tk__err(TK_ERR_NOMEM, "out of memory");
+    }
+    k->magic = TK_PKG_MAGIC;
+    k->p = p;
+    k->fresh = fresh;
+    if (p->nfiles && !(k->store_paths = calloc(p->nfiles, sizeof *k->store_paths)))
+        goto oom;
+    for (size_t i = 0; i < p->nfiles; i++)
+        if (!(k->store_paths[i] = tk_state__object_path(ctx->state, p->files[i].sha256)))
+            goto oom;
+    json_t *j = json_loadb(p->manifest, p->manifest_len, 0, NULL);
+    k->license = tk__strdup(json_string_value(json_object_get(j, "license")) ?
+                            json_string_value(json_object_get(j, "license")) : "");
+    k->description = tk__strdup(json_string_value(json_object_get(j, "description")) ?
+                                json_string_value(json_object_get(j, "description")) : "");
+    json_decref(j);
+    if (!k->license || !k->description)
+        goto oom;
+    *out = k;
+    return TK_OK;
+oom:
+    tk_pkg_free(k);
+    return tk__err(TK_ERR_NOMEM, "out of memory");
+}
+
+static void hub_env(tk_hub_env *env, tk_ctx *ctx, const tk_get_opts *opts)
+{
+    memset(env, 0, sizeof *env);
+    env->state = ctx->state;
+    env->http = ctx->offline ? NULL : ctx->http;
+    env->endpoint = ctx->endpoint;
+    env->offline = ctx->offline;
+    env->builtin_org = TK_DEFAULT_ORG;
+    env->builtin_pubkey = TK_DEFAULT_PUBKEY;
+    env->trust_unknown = opts ? opts->trust_unknown : 0;
+    env->force = opts ? opts->force : 0;
+    env->expect_manifest = opts ? opts->expect_manifest : NULL;
+    env->log = ctx->log;
+    env->log_user = ctx->log_user;
+    env->validate = tk_api__validate_kernels;
+    env->validate_user = ctx;
+}
+
+int tk_pkg_get(tk_pkg **out, tk_ctx *ctx, const char *ref, const tk_get_opts *opts)
+{
+    if (!out)
+        return tk__err(TK_ERR_INVALID, "tk_pkg_get: out is NULL");
+    *out = NULL;
+    int rc = tk_api__check_ctx(ctx);
+    if (rc != TK_OK)
+        return rc;
+    if (opts && (opts->version < 1 || opts->version > TK_GET_OPTS_VERSION))
+        return tk__err(TK_ERR_INVALID, "tk_get_opts version %u is not supported", opts->version);
+    if (!ctx->offline && (rc = ensure_http(ctx)) != TK_OK)
+        return rc;
+    tk_hub_env env;
+    hub_env(&env, ctx, opts);
+    tk_state_pkg *p = NULL;
+    int fresh = 0;
+    if ((rc = tk_hub__get(&p, &fresh, &env, ref)) != TK_OK)
+        return rc;
+    return wrap(out, ctx, p, fresh);
+}
+
+int tk_pkg_info(tk_pkg **out, tk_ctx *ctx, const char *ref)
+{
+    if (!out)
+        return tk__err(TK_ERR_INVALID, "tk_pkg_info: out is NULL");
+    *out = NULL;
+    int rc = tk_api__check_ctx(ctx);
+    if (rc != TK_OK)
+        return rc;
+    tk_state_pkg *p = NULL;
+    if ((rc = tk_hub__installed(&p, ctx->state, ref)) != TK_OK)
+        return rc;
+    return wrap(out, ctx, p, 0);
+}
+
+void tk_pkg_free(tk_pkg *k)
+{
+    if (!k || k->magic != TK_PKG_MAGIC)
+        return;
+    if (k->store_paths)
+        for (size_t i = 0; i < k->p->nfiles; i++)
+            free(k->store_paths[i]);
+    free(k->store_paths);
+    tk_state__pkg_free(k->p);
+    free(k->license);
+    free(k->description);
+    k->magic = 0;
+    free(k);
+}
+
+#define PKG_OK(k) ((k) && (k)->magic == TK_PKG_MAGIC)
+const char *tk_pkg_name(const tk_pkg *k) { return PKG_OK(k) ? k->p->name : NULL; }
+int tk_pkg_major(const tk_pkg *k) { return PKG_OK(k) ? k->p->major : 0; }
+const char *tk_pkg_version(const tk_pkg *k) { return PKG_OK(k) ? k->p->version : NULL; }
+const char *tk_pkg_commit(const tk_pkg *k) { return PKG_OK(k) ? k->p->commit : NULL; }
+const char *tk_pkg_manifest_sha256(const tk_pkg *k) { return PKG_OK(k) ? k->p->manifest_sha256 : NULL; }
+const char *tk_pkg_license(const tk_pkg *k) { return PKG_OK(k) ? k->license : NULL; }
+const char *tk_pkg_description(const tk_pkg *k) { return PKG_OK(k) ? k->description : NULL; }
+const char *tk_pkg_signer(const tk_pkg *k) { return PKG_OK(k) ? k->p->signer : NULL; }
+const char *tk_pkg_manifest(const tk_pkg *k) { return PKG_OK(k) ? k->p->manifest : NULL; }
+int64_t tk_pkg_installed_at(const tk_pkg *k) { return PKG_OK(k) ? k->p->installed_at : 0; }
+int tk_pkg_fresh(const tk_pkg *k) { return PKG_OK(k) ? k->fresh : 0; }
+size_t tk_pkg_file_count(const tk_pkg *k) { return PKG_OK(k) ? k->p->nfiles : 0; }
+const char *tk_pkg_file_path(const tk_pkg *k, size_t i)
+{
+    return PKG_OK(k) && i < k->p->nfiles ? k->p->files[i].path : NULL;
+}
+const char *tk_pkg_file_sha256(const tk_pkg *k, size_t i)
+{
+    return PKG_OK(k) && i < k->p->nfiles ? k->p->files[i].sha256 : NULL;
+}
+int64_t tk_pkg_file_size(const tk_pkg *k, size_t i) { return PKG_OK(k) && i < k->p->nfiles ? k->p->files[i].size : -1; }
+const char *tk_pkg_file_store_path(const tk_pkg *k, size_t i)
+{
+    return PKG_OK(k) && i < k->p->nfiles ? k->store_paths[i] : NULL;
+}
+
+static json_t *pkg_json(const tk_pkg *k)
+{
+    json_t *files = json_array();
+    for (size_t i = 0; i < k->p->nfiles; i++)
+        json_array_append_new(files, json_pack("{s:s, s:s, s:I}", "path", k->p->files[i].path, "sha256",
+                                               k->p->files[i].sha256, "size", (json_int_t)k->p->files[i].size));
+    json_t *kernels = json_array();
+    json_t *m = json_loadb(k->p->manifest, k->p->manifest_len, 0, NULL);
+    size_t i;
+    json_t *kv;
+    json_array_foreach(json_object_get(m, "kernels"), i, kv) {
+        json_array_append_new(kernels, json_pack("{s:s?, s:s?}", "name", json_string_value(json_object_get(kv, "name")),
+                                                 "op", json_string_value(json_object_get(kv, "op"))));
+    }
+    json_decref(m);
+    return json_pack("{s:s, s:i, s:s, s:s, s:s, s:s, s:s, s:s, s:s, s:I, s:o, s:o}", "name", k->p->name, "major",
+                     k->p->major, "version", k->p->version, "commit", k->p->commit, "manifest_sha256",
+                     k->p->manifest_sha256, "license", k->license, "description", k->description, "signer",
+                     k->p->signer, "registry", k->p->registry, "installed_at", (json_int_t)k->p->installed_at,
+                     "files", files, "kernels", kernels);
+}
+
+int tk_pkg_to_json(char **out, const tk_pkg *k)
+{
+    if (!out)
+        return tk__err(TK_ERR_INVALID, "tk_pkg_to_json: out is NULL");
+    *out = NULL;
+    if (!PKG_OK(k))
+        return tk__err(TK_ERR_INVALID, "invalid tk_pkg");
+    json_t *j = pkg_json(k);
+    char *s = j ? json_dumps(j, JSON_INDENT(2)) : NULL;
+    json_decref(j);
+    if (!s)
+        return tk__err(TK_ERR_NOMEM, "out of memory");
+    *out = s;
+    return TK_OK;
+}
+
+int tk_pkg_list_installed(tk_pkg_list **out, tk_ctx *ctx)
+{
+    if (!out)
+        return tk__err(TK_ERR_INVALID, "tk_pkg_list_installed: out is NULL");
+    *out = NULL;
+    int rc = tk_api__check_ctx(ctx);
+    if (rc != TK_OK)
+        return rc;
+    tk_state_pkg **v = NULL;
+    size_t n = 0;
+    if ((rc = tk_state__pkg_list(&v, &n, ctx->state)) != TK_OK)
+        return rc;
+    tk_pkg_list *l = calloc(1, sizeof *l);
+    if (!l || (n && !(l->v = calloc(n, sizeof *l->v)))) {
+        free(l);
+        tk_state__pkg_list_free(v, n);
+        return tk__err(TK_ERR_NOMEM, "out of memory");
+    }
+    l->magic = TK_PKG_MAGIC;
+    for (size_t i = 0; i < n; i++) {
+        tk_state_pkg *p = v[i];
+        v[i] = NULL;
+        if ((rc = wrap(&l->v[l->n], ctx, p, 0)) != TK_OK)
+            break;
+        l->n++;
+    }
+    tk_state__pkg_list_free(v, n);
+    if (rc != TK_OK) {
+        tk_pkg_list_free(l);
+        return rc;
+    }
+    *out = l;
+    return TK_OK;
+}
+
+size_t tk_pkg_list_count(const tk_pkg_list *l) { return l && l->magic == TK_PKG_MAGIC ? l->n : 0; }
+const tk_pkg *tk_pkg_list_at(const tk_pkg_list *l, size_t i)
+{
+    return l && l->magic == TK_PKG_MAGIC && i < l->n ? l->v[i] : NULL;
+}
+void tk_pkg_list_free(tk_pkg_list *l)
+{
+    if (!l || l->magic != TK_PKG_MAGIC)
+        return;
+    for (size_t i = 0; i < l->n; i++)
+        tk_pkg_free(l->v[i]);
+    free(l->v);
+    l->magic = 0;
+    free(l);
+}
+
+int tk_pkg_verify(tk_ctx *ctx, const char *ref, size_t *nbad)
+{
+    if (nbad)
+        *nbad = 0;
+    int rc = tk_api__check_ctx(ctx);
+    if (rc != TK_OK)
+        return rc;
+    tk_state_pkg **v = NULL, *one = NULL;
+    size_t n = 0, bad = 0;
+    if (ref) {
+        if ((rc = tk_hub__installed(&one, ctx->state, ref)) != TK_OK)
+            return rc;
+        v = &one;
+        n = 1;
+    } else if ((rc = tk_state__pkg_list(&v, &n, ctx->state)) != TK_OK) {
+        return rc;
+    }
+    tk_buf msg = TK_BUF_INIT;
+    for (size_t i = 0; i < n; i++) {
+        /* The manifest itself must still hash to what was recorded. */
+        char msha[TK_SHA256_HEX];
+        tk__sha256_hex(msha, v[i]->manifest, v[i]->manifest_len);
+        if (strcmp(msha, v[i]->manifest_sha256) != 0) {
+            bad++;
+            tk__buf_printf(&msg, "\n  %s: recorded manifest altered", v[i]->name);
+        }
+        for (size_t f = 0; f < v[i]->nfiles; f++) {
+            char *path = tk_state__object_path(ctx->state, v[i]->files[f].sha256);
+            char sha[TK_SHA256_HEX];
+            int64_t size = 0;
+            int hrc = path ? tk__sha256_file(sha, &size, path) : TK_ERR_NOMEM;
+            if (hrc != TK_OK) {
+                bad++;
+                tk__buf_printf(&msg, "\n  %s: %s is missing from the store", v[i]->name, v[i]->files[f].path);
+            } else if (strcmp(sha, v[i]->files[f].sha256) != 0 || size != v[i]->files[f].size) {
+                bad++;
+                tk__buf_printf(&msg, "\n  %s: %s has sha256 %s, want %s", v[i]->name, v[i]->files[f].path, sha,
+                               v[i]->files[f].sha256);
+            }
+            free(path);
+        }
+    }
+    if (bad)
+        rc = tk__err(TK_ERR_DIGEST, "%zu installed file%s failed verification:%s\nHINT: reinstall with "
+                     "'tk get --force <package>'", bad, bad == 1 ? "" : "s", msg.data ? msg.data : "");
+    tk__buf_free(&msg);
+    if (ref)
+        tk_state__pkg_free(one);
+    else
+        tk_state__pkg_list_free(v, n);
+    if (nbad)
+        *nbad = bad;
+    return rc;
+}
+
+int tk_pkg_remove(tk_ctx *ctx, const char *refstr)
+{
+    int rc = tk_api__check_ctx(ctx);
+    if (rc != TK_OK)
+        return rc;
+    tk_hub_ref ref;
+    if ((rc = tk_hub__ref_parse(&ref, refstr)) != TK_OK)
+        return rc;
+    if (ref.commit[0])
+        return tk__err(TK_ERR_INVALID, "remove takes org/name or org/name@<major>, not a commit");
+    if ((rc = tk_state__begin(ctx->state)) != TK_OK)
+        return rc;
+    if ((rc = tk_state__pkg_delete(ctx->state, ref.name, ref.major)) != TK_OK) {
+        tk_state__rollback(ctx->state);
+        return rc;
+    }
+    if ((rc = tk_state__commit(ctx->state)) != TK_OK)
+        return rc;
+    int64_t freed = 0;
+    rc = tk_state__gc(ctx->state, &freed);
+    tk_api__log(ctx, TK_LOG_INFO, "removed %s (%lld bytes freed)", refstr, (long long)freed);
+    return rc;
+}
+
+/* ---- lock files ------------------------------------------------------------------------------- */
+
+int tk_lock_write(tk_ctx *ctx, const char *path, const char *const *refs, size_t nrefs)
+{
+    int rc = tk_api__check_ctx(ctx);
+    if (rc != TK_OK)
+        return rc;
+    json_t *pkgs = json_array();
+    tk_state_pkg **all = NULL;
+    size_t nall = 0;
+    if (nrefs == 0) {
+        if ((rc = tk_state__pkg_list(&all, &nall, ctx->state)) != TK_OK)
+            goto done;
+        if (nall == 0) {
+            rc = tk__err(TK_ERR_NOT_FOUND, "nothing is installed, so there is nothing to lock\nHINT: 'tk get <package>' first");
+            goto done;
+        }
+        for (size_t i = 0; i < nall; i++)
+            json_array_append_new(pkgs, json_pack("{s:s, s:i, s:s, s:s, s:s}", "name", all[i]->name, "major",
+                                                  all[i]->major, "version", all[i]->version, "commit", all[i]->commit,
+                                                  "manifest_sha256", all[i]->manifest_sha256));
+    }
+    for (size_t i = 0; i < nrefs; i++) {
+        tk_state_pkg *p = NULL;
+        if ((rc = tk_hub__installed(&p, ctx->state, refs[i])) != TK_OK)
+            goto done;
+        json_array_append_new(pkgs, json_pack("{s:s, s:i, s:s, s:s, s:s}", "name", p->name, "major", p->major,
+                                              "version", p->version, "commit", p->commit, "manifest_sha256",
+                                              p->manifest_sha256));
+        tk_state__pkg_free(p);
+    }
+    json_t *doc = json_pack("{s:i, s:s, s:O}", "format_version", 1, "registry", ctx->endpoint, "packages", pkgs);
+    char *text = doc ? json_dumps(doc, JSON_INDENT(2)) : NULL;
+    json_decref(doc);
+    char *withnl = text ? tk__fmt("%s\n", text) : NULL;
+    free(text);
+    if (!withnl) {
+        rc = tk__err(TK_ERR_NOMEM, "out of memory");
+        goto done;
+    }
+    rc = tk__write_atomic(path, withnl, strlen(withnl), 0644);
+    free(withnl);
+done:
+    tk_state__pkg_list_free(all, nall);
+    json_decref(pkgs);
+    return rc;
+}
+
+int tk_lock_install(tk_ctx *ctx, const char *path, const tk_get_opts *opts,
+                    void (*each)(void *user, const tk_pkg *pkg), void *user)
+{
+    int rc = tk_api__check_ctx(ctx);
+    if (rc != TK_OK)
+        return rc;
+    char *text = NULL;
+    size_t n = 0;
+    if ((rc = tk__read_file(&text, &n, path, 4u << 20)) != TK_OK) {
+        if (rc == TK_ERR_NOT_FOUND)
+            rc = tk__err(TK_ERR_NOT_FOUND, "no lock file at '%s'\nHINT: 'tk lock' writes one", path);
+        return rc;
+    }
+    json_error_t jerr;
+    json_t *doc = json_loadb(text, n, 0, &jerr);
+    free(text);
+    json_t *pkgs = json_object_get(doc, "packages");
+    if (!json_is_array(pkgs) || json_integer_value(json_object_get(doc, "format_version")) != 1) {
+        json_decref(doc);
+        return tk__err(TK_ERR_INVALID, "%s is not a tk lock file (format_version 1 with a 'packages' array)", path);
+    }
+    size_t i;
+    json_t *e;
+    json_array_foreach(pkgs, i, e) {
+        const char *name = json_string_value(json_object_get(e, "name"));
+        const char *commit = json_string_value(json_object_get(e, "commit"));
+        const char *msha = json_string_value(json_object_get(e, "manifest_sha256"));
+        if (!name || !commit || !tk__is_hex(commit, 40) || !msha || !tk__is_hex(msha, 64)) {
+            rc = tk__err(TK_ERR_INVALID, "%s: entry %zu needs name, a 40-hex commit and a manifest_sha256", path, i);
+            break;
+        }
+        char ref[256];
+        snprintf(ref, sizeof ref, "%s@%s", name, commit);
+        tk_get_opts o = TK_GET_OPTS_INIT;
+        if (opts)
+            o = *opts;
+        o.expect_manifest = msha;
+        tk_pkg *pkg = NULL;
+        if ((rc = tk_pkg_get(&pkg, ctx, ref, &o)) != TK_OK)
+            break;
+        if (each)
+            each(user, pkg);
+        tk_pkg_free(pkg);
+    }
+    json_decref(doc);
+    return rc;
+}
+
+/* ---- keys, trust, publish --------------------------------------------------------------------- */
+
+int tk_keygen(char **pubkey, const char *key_path)
+{
+    if (!pubkey || !key_path)
+        return tk__err(TK_ERR_INVALID, "tk_keygen: pubkey and key_path are required");
+    return tk_hub__key_generate(pubkey, key_path);
+}
+
+int tk_key_fingerprint(char **keyid, const char *pubkey)
+{
+    if (!keyid)
+        return tk__err(TK_ERR_INVALID, "tk_key_fingerprint: keyid is NULL");
+    *keyid = NULL;
+    char id[TK_KEYID_LEN];
+    int rc = tk_hub__pubkey_check(pubkey, id);
+    if (rc == TK_OK && !(*keyid = tk__strdup(id)))
+        rc = tk__err(TK_ERR_NOMEM, "out of memory");
+    return rc;
+}
+
+int tk_trust_add(tk_ctx *ctx, const char *org, const char *pubkey, const char *comment)
+{
+    int rc = tk_api__check_ctx(ctx);
+    if (rc != TK_OK)
+        return rc;
+    char id[TK_KEYID_LEN], check[140];
+    snprintf(check, sizeof check, "%s/x", org ? org : "");
+    if (!org || tk_hub__name_check(check, NULL, NULL) != TK_OK)
+        return tk__err(TK_ERR_INVALID, "'%s' is not an org name", org ? org : "(null)");
+    if ((rc = tk_hub__pubkey_check(pubkey, id)) != TK_OK)
+        return rc;
+    return tk_state__trust_add(ctx->state, org, id, pubkey, comment);
+}
+
+int tk_trust_remove(tk_ctx *ctx, const char *org, const char *keyid)
+{
+    int rc = tk_api__check_ctx(ctx);
+    if (rc != TK_OK)
+        return rc;
+    char id[TK_KEYID_LEN];
+    /* Accept the public key itself as well as its id. */
+    if (keyid && tk__has_prefix(keyid, "ed25519:") && tk_hub__pubkey_check(keyid, id) == TK_OK)
+        keyid = id;
+    return tk_state__trust_remove(ctx->state, org, keyid);
+}
+
+int tk_trust_list_json(char **out, tk_ctx *ctx)
+{
+    if (!out)
+        return tk__err(TK_ERR_INVALID, "tk_trust_list_json: out is NULL");
+    *out = NULL;
+    int rc = tk_api__check_ctx(ctx);
+    if (rc != TK_OK)
+        return rc;
+    json_t *arr = json_array();
+    char bid[TK_KEYID_LEN];
+    if (tk_hub__pubkey_check(TK_DEFAULT_PUBKEY, bid) == TK_OK)
+        json_array_append_new(arr, json_pack("{s:s, s:s, s:s, s:s, s:I, s:b}", "org", TK_DEFAULT_ORG, "keyid", bid,
+                                             "pubkey", TK_DEFAULT_PUBKEY, "comment",
+                                             "the default registry's key (built in)", "added", (json_int_t)0,
+                                             "builtin", 1));
+    sqlite3_stmt *s = NULL;
+    sqlite3 *db = tk_state__db(ctx->state);
+    if (sqlite3_prepare_v2(db, "SELECT org, keyid, pubkey, comment, added FROM trust ORDER BY org, added", -1, &s,
+                           NULL) != SQLITE_OK) {
+        json_decref(arr);
+        return tk_state__dberr(ctx->state, "cannot read the trust store");
+    }
+    while (sqlite3_step(s) == SQLITE_ROW)
+        json_array_append_new(arr, json_pack("{s:s, s:s, s:s, s:s, s:I, s:b}", "org", sqlite3_column_text(s, 0),
+                                             "keyid", sqlite3_column_text(s, 1), "pubkey", sqlite3_column_text(s, 2),
+                                             "comment", sqlite3_column_text(s, 3) ? (const char *)sqlite3_column_text(s, 3) : "",
+                                             "added", (json_int_t)sqlite3_column_int64(s, 4), "builtin", 0));
+    sqlite3_finalize(s);
+    *out = json_dumps(arr, JSON_INDENT(2));
+    json_decref(arr);
+    return *out ? TK_OK : tk__err(TK_ERR_NOMEM, "out of memory");
+}
+
+int tk_publish(char **commit, tk_ctx *ctx, const char *pkgdir, const char *to_dir, const tk_publish_opts *opts)
+{
+    if (commit)
+        *commit = NULL;
+    int rc = tk_api__check_ctx(ctx);
+    if (rc != TK_OK)
+        return rc;
+    if (!pkgdir || !to_dir || !opts)
+        return tk__err(TK_ERR_INVALID, "tk_publish: pkgdir, to_dir and opts (with key_path) are required");
+    if (opts->version < 1 || opts->version > TK_PUBLISH_OPTS_VERSION)
+        return tk__err(TK_ERR_INVALID, "tk_publish_opts version %u is not supported", opts->version);
+    return tk_hub__publish(commit, pkgdir, to_dir, opts->key_path, opts->compression, ctx->log, ctx->log_user);
+}

@@ -1,0 +1,189 @@
+/*
+ * validate.c — checks a manifest's kernel declarations when a package is installed, so a malformed
+ * launch rule is an install-time error ("kernel 'x', launch.grid[0]: ...") and never a launch-time
+ * surprise. Runs after the signature check, before anything is downloaded.
+ */
+#include <stdio.h>
+#include <string.h>
+
+#include "api/api.h"
+#include "jit/jit.h"
+
+#define MAX_PARAMS 64
+
+static int param_type(const char *t)
+{
+    if (!t)
+        return -1;
+    if (!strcmp(t, "tensor"))
+        return TK_JIT_P_TENSOR;
+    if (!strcmp(t, "i32"))
+        return TK_JIT_P_I32;
+    if (!strcmp(t, "i64"))
+        return TK_JIT_P_I64;
+    if (!strcmp(t, "f32"))
+        return TK_JIT_P_F32;
+    if (!strcmp(t, "f64"))
+        return TK_JIT_P_F64;
+    return -1;
+}
+
+static int check_expr(const char *src, const tk_jit_param *params, size_t n, const char *what)
+{
+    tk_jit_expr *e = NULL;
+    int rc = tk_jit__expr_parse(&e, src, params, n, what);
+    tk_jit__expr_free(e);
+    return rc;
+}
+
+static int check_kernel(json_t *k, size_t idx, json_t *files, json_t *seen_names)
+{
+    char what[200];
+    const char *name = json_string_value(json_object_get(k, "name"));
+    if (!json_is_object(k) || !name || !*name)
+        return tk__err(TK_ERR_MANIFEST, "kernels[%zu]: needs a 'name' string", idx);
+    if (json_object_get(seen_names, name))
+        return tk__err(TK_ERR_MANIFEST, "kernel '%s' is declared twice", name);
+    json_object_set_new(seen_names, name, json_true());
+    if (!json_is_string(json_object_get(k, "op")))
+        return tk__err(TK_ERR_MANIFEST, "kernel '%s': needs an 'op' string", name);
+    if (!json_is_string(json_object_get(k, "symbol")))
+        return tk__err(TK_ERR_MANIFEST, "kernel '%s': needs a 'symbol' (entry point or name expression)", name);
+    const char *source = json_string_value(json_object_get(k, "source"));
+    int found = 0;
+    size_t i;
+    json_t *f;
+    json_array_foreach(files, i, f) {
+        if (source && tk__streq(json_string_value(json_object_get(f, "path")), source))
+            found = 1;
+    }
+    if (!found)
+        return tk__err(TK_ERR_MANIFEST, "kernel '%s': source '%s' is not one of the package's files", name,
+                       source ? source : "(missing)");
+
+    json_t *jp = json_object_get(k, "params");
+    if (!json_is_array(jp) || json_array_size(jp) > MAX_PARAMS)
+        return tk__err(TK_ERR_MANIFEST, "kernel '%s': 'params' must be an array of at most %d", name, MAX_PARAMS);
+    tk_jit_param params[MAX_PARAMS];
+    size_t np = json_array_size(jp);
+    json_t *p;
+    json_array_foreach(jp, i, p) {
+        const char *pn = json_string_value(json_object_get(p, "name"));
+        const char *pt = json_string_value(json_object_get(p, "type"));
+        if (!pn || param_type(pt) < 0)
+            return tk__err(TK_ERR_MANIFEST, "kernel '%s': params[%zu] needs a 'name' and a 'type' of tensor, i32, "
+                           "i64, f32 or f64", name, i);
+        for (size_t j = 0; j < i; j++)
+            if (!strcmp(params[j].name, pn))
+                return tk__err(TK_ERR_MANIFEST, "kernel '%s': param '%s' is declared twice", name, pn);
+        params[i].name = pn;
+        params[i].type = param_type(pt);
+        params[i].usable = 1;
+        if (params[i].type == TK_JIT_P_TENSOR) {
+            tk_dtype dt;
+            const char *ds = json_string_value(json_object_get(p, "dtype"));
+            if (!ds || tk_dtype_parse(&dt, ds) != TK_OK)
+                return tk__err(TK_ERR_MANIFEST, "kernel '%s': tensor param '%s' has dtype '%s'; want one of f32 f16 "
+                               "bf16 f64 i8 u8 i32 i64 fp8_e4m3 fp8_e5m2", name, pn, ds ? ds : "(missing)");
+        }
+    }
+    /* Derived scalars may use tensors and caller scalars, not other derived scalars. */
+    tk_jit_param vparams[MAX_PARAMS];
+    memcpy(vparams, params, np * sizeof *params);
+    json_array_foreach(jp, i, p) {
+        if (json_object_get(p, "value"))
+            vparams[i].usable = 0;
+    }
+    json_array_foreach(jp, i, p) {
+        json_t *v = json_object_get(p, "value");
+        if (!v)
+            continue;
+        if (params[i].type == TK_JIT_P_TENSOR || !json_is_string(v))
+            return tk__err(TK_ERR_MANIFEST, "kernel '%s': param '%s': 'value' must be an expression string on a "
+                           "scalar param", name, params[i].name);
+        snprintf(what, sizeof what, "kernel '%s', params.%s.value", name, params[i].name);
+        int rc = check_expr(json_string_value(v), vparams, np, what);
+        if (rc != TK_OK)
+            return rc;
+    }
+    json_t *launch = json_object_get(k, "launch");
+    if (!json_is_object(launch))
+        return tk__err(TK_ERR_MANIFEST, "kernel '%s': needs a 'launch' rule with grid, block and smem", name);
+    static const char *const dims[] = {"grid", "block"};
+    for (int d = 0; d < 2; d++) {
+        json_t *arr = json_object_get(launch, dims[d]);
+        if (!json_is_array(arr) || json_array_size(arr) < 1 || json_array_size(arr) > 3)
+            return tk__err(TK_ERR_MANIFEST, "kernel '%s': launch.%s must be a list of 1 to 3 expressions", name,
+                           dims[d]);
+        json_t *x;
+        json_array_foreach(arr, i, x) {
+            snprintf(what, sizeof what, "kernel '%s', launch.%s[%zu]", name, dims[d], i);
+            if (!json_is_string(x))
+                return tk__err(TK_ERR_MANIFEST, "%s: not a string", what);
+            int rc = check_expr(json_string_value(x), params, np, what);
+            if (rc != TK_OK)
+                return rc;
+        }
+    }
+    json_t *smem = json_object_get(launch, "smem");
+    if (smem) {
+        snprintf(what, sizeof what, "kernel '%s', launch.smem", name);
+        if (!json_is_string(smem))
+            return tk__err(TK_ERR_MANIFEST, "%s: not a string", what);
+        int rc = check_expr(json_string_value(smem), params, np, what);
+        if (rc != TK_OK)
+            return rc;
+    }
+    json_t *cons = json_object_get(k, "constraints");
+    if (cons && !json_is_object(cons))
+        return tk__err(TK_ERR_MANIFEST, "kernel '%s': 'constraints' must be an object", name);
+    const char *key;
+    json_t *bound;
+    json_object_foreach(json_object_get(cons, "max"), key, bound) {
+        snprintf(what, sizeof what, "kernel '%s', constraints.max", name);
+        if (!json_is_integer(bound))
+            return tk__err(TK_ERR_MANIFEST, "%s: the bound of '%s' is not an integer", what, key);
+        int rc = check_expr(key, params, np, what);
+        if (rc != TK_OK)
+            return rc;
+    }
+    json_t *opts = json_object_get(k, "options");
+    if (opts && !json_is_array(opts))
+        return tk__err(TK_ERR_MANIFEST, "kernel '%s': 'options' must be an array of strings", name);
+    json_t *o;
+    json_array_foreach(opts, i, o) {
+        if (!json_is_string(o) || tk_jit__option_check(json_string_value(o)) != TK_OK)
+            return tk__err_wrap(TK_ERR_MANIFEST, "kernel '%s': options[%zu]", name, i);
+    }
+    return TK_OK;
+}
+
+int tk_api__validate_kernels(void *user, const char *manifest, size_t len)
+{
+    (void)user;
+    json_t *m = json_loadb(manifest, len, 0, NULL);
+    json_t *kernels = json_object_get(m, "kernels");
+    json_t *names = json_object();
+    int rc = TK_OK;
+    if (!m || !names) {
+        rc = tk__err(TK_ERR_MANIFEST, "manifest is not valid JSON");
+        goto done;
+    }
+    json_t *copts = json_object_get(json_object_get(m, "compile"), "options");
+    size_t i;
+    json_t *k;
+    json_array_foreach(copts, i, k) {
+        if (!json_is_string(k) || tk_jit__option_check(json_string_value(k)) != TK_OK) {
+            rc = tk__err_wrap(TK_ERR_MANIFEST, "compile.options[%zu]", i);
+            goto done;
+        }
+    }
+    json_array_foreach(kernels, i, k) {
+        if ((rc = check_kernel(k, i, json_object_get(m, "files"), names)) != TK_OK)
+            goto done;
+    }
+done:
+    json_decref(names);
+    json_decref(m);
+    return rc;
+}

@@ -1,0 +1,65 @@
+/*
+ * cmd_info.c — tk info: one installed package in detail (or JSON).
+ */
+#include <stdio.h>
+#include <string.h>
+#include <time.h>
+
+#include "cli/cli.h"
+
+static const char *USAGE = "tk info [--json] [--manifest] <org/name[@version]>";
+
+int tk_cmd_info(tk_cli *cli, int argc, char **argv)
+{
+    const char *ref = NULL;
+    int manifest = 0;
+    for (int i = 1; i < argc; i++) {
+        if (tk_cli_is_help(argv[i])) {
+            printf("usage: %s\n\nShows an installed package: version, commit, manifest digest, signer, registry,\n"
+                   "files with their sha256 and the kernels it declares. Never uses the network.\n\n"
+                   "  --json      print it as a JSON object\n"
+                   "  --manifest  print the signed manifest exactly as installed\n", USAGE);
+            return TK_EXIT_OK;
+        } else if (!strcmp(argv[i], "--manifest")) {
+            manifest = 1;
+        } else if (argv[i][0] == '-') {
+            return tk_cli_usage(USAGE, "unknown option '%s'", argv[i]);
+        } else if (!ref) {
+            ref = argv[i];
+        } else {
+            return tk_cli_usage(USAGE, "one package at a time");
+        }
+    }
+    if (!ref)
+        return tk_cli_usage(USAGE, "which package?");
+    tk_ctx *ctx = tk_cli_ctx(cli);
+    if (!ctx)
+        return TK_EXIT_FAIL;
+    tk_pkg *p = NULL;
+    int rc = tk_pkg_info(&p, ctx, ref);
+    if (rc != TK_OK)
+        return tk_cli_fail(cli, rc, NULL);
+    if (manifest) {
+        fputs(tk_pkg_manifest(p), stdout);
+    } else if (cli->json) {
+        char *j = NULL;
+        if ((rc = tk_pkg_to_json(&j, p)) == TK_OK)
+            printf("%s\n", j);
+        tk_free(j);
+    } else {
+        char when[64];
+        time_t t = (time_t)tk_pkg_installed_at(p);
+        strftime(when, sizeof when, "%Y-%m-%d %H:%M:%S UTC", gmtime(&t));
+        printf("%s %s\n", tk_pkg_name(p), tk_pkg_version(p));
+        printf("  %s\n", tk_pkg_description(p));
+        printf("  major      v%d\n  commit     %s\n  manifest   sha256 %s\n  signer     %s\n  license    %s\n"
+               "  installed  %s\n", tk_pkg_major(p), tk_pkg_commit(p), tk_pkg_manifest_sha256(p), tk_pkg_signer(p),
+               tk_pkg_license(p), when);
+        printf("  files:\n");
+        for (size_t i = 0; i < tk_pkg_file_count(p); i++)
+            printf("    %-30s %8lld  %s\n", tk_pkg_file_path(p, i), (long long)tk_pkg_file_size(p, i),
+                   tk_pkg_file_sha256(p, i));
+    }
+    tk_pkg_free(p);
+    return rc == TK_OK ? TK_EXIT_OK : tk_cli_fail(cli, rc, NULL);
+}

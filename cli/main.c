@@ -1,0 +1,122 @@
+/*
+ * main.c — the tk command: global options, then one subcommand (cli/cmd_<name>.c).
+ */
+#include <stdio.h>
+#include <string.h>
+#include <unistd.h>
+
+#include "cli/cli.h"
+
+int tk_cmd_get(tk_cli *cli, int argc, char **argv);
+int tk_cmd_list(tk_cli *cli, int argc, char **argv);
+int tk_cmd_info(tk_cli *cli, int argc, char **argv);
+int tk_cmd_verify(tk_cli *cli, int argc, char **argv);
+int tk_cmd_remove(tk_cli *cli, int argc, char **argv);
+int tk_cmd_lock(tk_cli *cli, int argc, char **argv);
+int tk_cmd_keygen(tk_cli *cli, int argc, char **argv);
+int tk_cmd_publish(tk_cli *cli, int argc, char **argv);
+int tk_cmd_trust(tk_cli *cli, int argc, char **argv);
+
+static const struct {
+    const char *name;
+    int (*fn)(tk_cli *, int, char **);
+    const char *summary;
+} commands[] = {
+    {"get", tk_cmd_get, "download, verify and install a kernel package"},
+    {"list", tk_cmd_list, "list installed packages"},
+    {"info", tk_cmd_info, "show an installed package: version, commit, files, kernels"},
+    {"verify", tk_cmd_verify, "re-hash installed files against their manifests"},
+    {"remove", tk_cmd_remove, "uninstall a package"},
+    {"lock", tk_cmd_lock, "write tk.lock pinning installed commits and manifest digests"},
+    {"keygen", tk_cmd_keygen, "make an Ed25519 publisher key pair"},
+    {"publish", tk_cmd_publish, "sign a package directory and add it to a registry tree"},
+    {"trust", tk_cmd_trust, "manage trusted publisher keys (add, list, remove)"},
+};
+
+static void usage(FILE *f)
+{
+    fprintf(f,
+            "tk %s — a kernel hub and JIT kernel package manager\n"
+            "\n"
+            "usage: tk [--json] [--quiet] [--verbose] [--offline] <command> [args]\n"
+            "\n"
+            "commands:\n",
+            tk_version_string());
+    for (size_t i = 0; i < sizeof commands / sizeof *commands; i++)
+        fprintf(f, "  %-9s %s\n", commands[i].name, commands[i].summary);
+    fprintf(f,
+            "\n"
+            "global options (accepted anywhere on the line):\n"
+            "  --json       machine-readable output on stdout (list, info, get, trust list, ...)\n"
+            "  -q, --quiet  no progress or informational messages\n"
+            "  -v, --verbose  debug messages\n"
+            "  --offline    never touch the network; resolve from installed packages (also TK_OFFLINE=1)\n"
+            "  -h, --help   help; 'tk <command> --help' for a command\n"
+            "  --version    print the version\n"
+            "\n"
+            "environment:\n"
+            "  TK_HOME      where tk keeps its state (default: $XDG_DATA_HOME/tk, $XDG_CACHE_HOME/tk,\n"
+            "               $XDG_CONFIG_HOME/tk)\n"
+            "  TK_ENDPOINT  registry URL (http, https or file); overrides config.json's \"endpoint\"\n"
+            "  TK_TOKEN     bearer token sent to the registry's host only\n"
+            "  TK_OFFLINE   1 to work offline\n"
+            "\n"
+            "exit status: 0 ok, 1 other failure, 2 usage, 3 not found, 4 network, 5 signature or digest,\n"
+            "6 I/O or disk full, 7 GPU, NVRTC or compile error.\n");
+}
+
+int main(int argc, char **argv)
+{
+    tk_cli cli;
+    memset(&cli, 0, sizeof cli);
+    cli.tty = isatty(STDERR_FILENO);
+    /* Global flags may stand anywhere before "--"; strip them so subcommands see only their own. */
+    int n = 1;
+    for (int i = 1; i < argc; i++) {
+        if (!strcmp(argv[i], "--")) {
+            while (i < argc)
+                argv[n++] = argv[i++];
+            break;
+        }
+        if (!strcmp(argv[i], "--json"))
+            cli.json = 1;
+        else if (!strcmp(argv[i], "--quiet") || !strcmp(argv[i], "-q"))
+            cli.quiet = 1;
+        else if (!strcmp(argv[i], "--verbose") || !strcmp(argv[i], "-v"))
+            cli.verbose = 1;
+        else if (!strcmp(argv[i], "--offline"))
+            cli.offline = 1;
+        else
+            argv[n++] = argv[i];
+    }
+    argc = n;
+    argv[argc] = NULL;
+    if (argc < 2) {
+        usage(stderr);
+        return TK_EXIT_USAGE;
+    }
+    if (tk_cli_is_help(argv[1]) || !strcmp(argv[1], "help")) {
+        usage(stdout);
+        return TK_EXIT_OK;
+    }
+    if (!strcmp(argv[1], "--version") || !strcmp(argv[1], "version")) {
+        printf("tk %s\n", tk_version_string());
+        return TK_EXIT_OK;
+    }
+    for (size_t i = 0; i < sizeof commands / sizeof *commands; i++) {
+        if (!strcmp(argv[1], commands[i].name)) {
+            int rc = commands[i].fn(&cli, argc - 1, argv + 1);
+            tk_ctx_free(cli.ctx);
+            return rc;
+        }
+    }
+    fprintf(stderr, "tk: unknown command '%s'\n", argv[1]);
+    const char *best = NULL;
+    for (size_t i = 0; i < sizeof commands / sizeof *commands; i++)
+        if (!strncmp(argv[1], commands[i].name, 2))
+            best = commands[i].name;
+    if (best)
+        fprintf(stderr, "HINT: did you mean 'tk %s'?\n", best);
+    fprintf(stderr, "run 'tk --help' for the list of commands\n");
+    return TK_EXIT_USAGE;
+}

@@ -1,0 +1,516 @@
+/*
+ * get.c — the get pipeline: resolve a reference against the registry, download the manifest, its
+ * signature and the source archive, verify them, unpack safely and record the install.
+ *
+ * Order matters for safety:
+ *   signature verified → manifest parsed → rollback and name checks → JIT validation hook →
+ *   archive downloaded and its sha256 checked → unpacked (allowlist, per-file digests) →
+ *   objects moved into the store → rows committed in one short transaction.
+ * Nothing is installed until the last step, and a failure at any step leaves the old state.
+ * Requests: refs (unless an exact commit is given), then at most manifest, signature and archive.
+ */
+#include <errno.h>
+#include <fcntl.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/file.h>
+#include <unistd.h>
+
+#include <jansson.h>
+
+#include "common/common.h"
+#include "hub/archive.h"
+#include "hub/hub.h"
+#include "hub/manifest.h"
+#include "hub/sign.h"
+
+static void say(const tk_hub_env *env, int level, const char *fmt, ...) TK_PRINTF(3, 4);
+static void say(const tk_hub_env *env, int level, const char *fmt, ...)
+{
+    if (!env->log)
+        return;
+    char msg[1024];
+    va_list ap;
+    va_start(ap, fmt);
+    vsnprintf(msg, sizeof msg, fmt, ap);
+    va_end(ap);
+    env->log(env->log_user, level, msg);
+}
+
+int tk_hub__ref_parse(tk_hub_ref *out, const char *ref)
+{
+    memset(out, 0, sizeof *out);
+    if (!ref || !*ref)
+        return tk__err(TK_ERR_INVALID, "empty package reference\nHINT: use org/name, org/name@2 or org/name@<commit>");
+    const char *at = strchr(ref, '@');
+    size_t n = at ? (size_t)(at - ref) : strlen(ref);
+    if (n >= sizeof out->name)
+        return tk__err(TK_ERR_INVALID, "package name too long: '%s'", ref);
+    memcpy(out->name, ref, n);
+    out->name[n] = '\0';
+    int rc = tk_hub__name_check(out->name, out->org, out->pkg);
+    if (rc != TK_OK)
+        return rc;
+    if (!at)
+        return TK_OK;
+    const char *v = at + 1;
+    int64_t major;
+    if (tk__is_hex(v, 40)) {
+        memcpy(out->commit, v, 41);
+    } else if (tk__parse_i64(v[0] == 'v' ? v + 1 : v, 1, 1000000, &major) == 0) {
+        out->major = (int)major;
+    } else {
+        return tk__err(TK_ERR_INVALID, "'%s' is not a version of %s\nHINT: use @<major> (like @1 or @v1) or "
+                       "@<40-hex commit>", v, out->name);
+    }
+    return TK_OK;
+}
+
+size_t tk_hub__edit_distance(const char *a, const char *b)
+{
+    size_t la = strlen(a), lb = strlen(b);
+    if (la > 200 || lb > 200)
+        return (size_t)-1;
+    size_t row[201];
+    for (size_t j = 0; j <= lb; j++)
+        row[j] = j;
+    for (size_t i = 1; i <= la; i++) {
+        size_t prev = row[0];
+        row[0] = i;
+        for (size_t j = 1; j <= lb; j++) {
+            size_t cur = row[j];
+            size_t sub = prev + (a[i - 1] != b[j - 1]);
+            size_t del = row[j] + 1, ins = row[j - 1] + 1;
+            row[j] = sub < del ? (sub < ins ? sub : ins) : (del < ins ? del : ins);
+            prev = cur;
+        }
+    }
+    return row[lb];
+}
+
+int tk_hub__installed(tk_state_pkg **out, tk_state *st, const char *refstr)
+{
+    *out = NULL;
+    tk_hub_ref ref;
+    int rc = tk_hub__ref_parse(&ref, refstr);
+    if (rc != TK_OK)
+        return rc;
+    if (ref.commit[0])
+        rc = tk_state__pkg_get_commit(out, st, ref.name, ref.commit);
+    else
+        rc = tk_state__pkg_get(out, st, ref.name, ref.major);
+    if (rc == TK_ERR_NOT_FOUND)
+        rc = tk__err(TK_ERR_NOT_FOUND, "%s is not installed\nHINT: run 'tk get %s'", refstr, refstr);
+    return rc;
+}
+
+/* "did you mean" from the registry's package list (if it has one) and installed names. */
+static void suggest(const tk_hub_env *env, const char *name, tk_buf *hint)
+{
+    char *url = tk__fmt("%s/index.json", env->endpoint);
+    char *body = NULL;
+    size_t len = 0;
+    const char *best = NULL;
+    size_t bestd = (size_t)-1;
+    json_t *j = NULL;
+    char **names = NULL;
+    size_t nn = 0;
+    if (url && env->http && tk_hub__http_get_mem(env->http, url, 8u << 20, &body, &len, NULL) == TK_OK) {
+        j = json_loadb(body, len, 0, NULL);
+        const char *k;
+        json_t *v;
+        json_object_foreach(json_object_get(j, "packages"), k, v) {
+            size_t d = tk_hub__edit_distance(name, k);
+            if (d < bestd) {
+                bestd = d;
+                best = k;
+            }
+        }
+    }
+    if (tk_state__pkg_names(&names, &nn, env->state) == TK_OK) {
+        for (size_t i = 0; i < nn; i++) {
+            size_t d = tk_hub__edit_distance(name, names[i]);
+            if (d < bestd) {
+                bestd = d;
+                best = names[i];
+            }
+        }
+    }
+    if (best && bestd > 0 && bestd <= 1 + strlen(name) / 3)
+        tk__buf_printf(hint, "\nHINT: did you mean '%s'?", best);
+    else
+        tk__buf_printf(hint, "\nHINT: check the name; the registry is %s", env->endpoint);
+    for (size_t i = 0; i < nn; i++)
+        free(names[i]);
+    free(names);
+    json_decref(j);
+    free(body);
+    free(url);
+}
+
+/* Resolves ref to a commit through the refs endpoint. */
+static int resolve(const tk_hub_env *env, const tk_hub_ref *ref, char commit[41], int *major)
+{
+    char *url = tk__fmt("%s/api/kernels/%s/%s/refs", env->endpoint, ref->org, ref->pkg);
+    char *body = NULL;
+    size_t len = 0;
+    json_t *j = NULL;
+    int rc = TK_OK;
+    if (!url)
+        return tk__err(TK_ERR_NOMEM, "out of memory");
+    rc = tk_hub__http_get_mem(env->http, url, 1u << 20, &body, &len, NULL);
+    if (rc == TK_ERR_NOT_FOUND) {
+        tk_buf hint = TK_BUF_INIT;
+        suggest(env, ref->name, &hint);
+        rc = tk__err(TK_ERR_NOT_FOUND, "package %s not found in the registry%s", ref->name,
+                     hint.data ? hint.data : "");
+        tk__buf_free(&hint);
+        goto done;
+    }
+    if (rc != TK_OK)
+        goto done;
+    json_error_t jerr;
+    j = json_loadb(body, len, 0, &jerr);
+    json_t *branches = json_object_get(j, "branches");
+    if (!json_is_array(branches)) {
+        rc = tk__err(TK_ERR_NETWORK, "the registry's refs for %s are not valid (%s)\nHINT: is %s a tk or Hub "
+                     "registry?", ref->name, j ? "no 'branches' array" : jerr.text, env->endpoint);
+        goto done;
+    }
+    int best = 0;
+    const char *best_commit = NULL;
+    tk_buf avail = TK_BUF_INIT;
+    size_t i;
+    json_t *b;
+    json_array_foreach(branches, i, b) {
+        const char *bn = json_string_value(json_object_get(b, "name"));
+        const char *tc = json_string_value(json_object_get(b, "targetCommit"));
+        int64_t m;
+        if (!bn || !tc || bn[0] != 'v' || tk__parse_i64(bn + 1, 1, 1000000, &m) != 0 || !tk__is_hex(tc, 40))
+            continue;
+        tk__buf_printf(&avail, "%s%s", avail.len ? ", " : "", bn);
+        if ((ref->major && m == ref->major) || (!ref->major && m > best)) {
+            best = (int)m;
+            best_commit = tc;
+        }
+    }
+    if (!best_commit) {
+        if (ref->major)
+            rc = tk__err(TK_ERR_NOT_FOUND, "%s has no version %d (branch v%d)\nHINT: available: %s", ref->name,
+                         ref->major, ref->major, avail.len ? avail.data : "none");
+        else
+            rc = tk__err(TK_ERR_NOT_FOUND, "%s has no version branches (v1, v2, ...) in the registry", ref->name);
+        tk__buf_free(&avail);
+        goto done;
+    }
+    tk__buf_free(&avail);
+    memcpy(commit, best_commit, 41);
+    *major = best;
+    if (!ref->major)
+        say(env, TK_LOG_INFO, "%s: using v%d, the highest major version (pin it with %s@%d)", ref->name, best,
+            ref->name, best);
+done:
+    json_decref(j);
+    free(body);
+    free(url);
+    return rc;
+}
+
+/* Finds the signer's public key: the build's key, the trust store, or (with trust_unknown) the key
+ * the signature file names, which is then added to the trust store. */
+static int check_signer(const tk_hub_env *env, const tk_hub_ref *ref, const char *keyid, const char *pubkey)
+{
+    if (env->builtin_org && env->builtin_pubkey && strcmp(env->builtin_org, ref->org) == 0) {
+        char bid[TK_KEYID_LEN];
+        if (tk_hub__pubkey_check(env->builtin_pubkey, bid) == TK_OK && strcmp(bid, keyid) == 0)
+            return TK_OK;
+    }
+    char *trusted = NULL;
+    int rc = tk_state__trust_get(&trusted, env->state, ref->org, keyid);
+    if (rc != TK_OK)
+        return rc;
+    if (trusted) {
+        rc = strcmp(trusted, pubkey) == 0 ? TK_OK
+                                          : tk__err(TK_ERR_SIGNATURE, "key %s in the trust store does not match "
+                                                    "the key in the signature", keyid);
+        free(trusted);
+        return rc;
+    }
+    if (env->trust_unknown) {
+        say(env, TK_LOG_WARN, "trusting new signer %s for org '%s' (--trust)", keyid, ref->org);
+        return tk_state__trust_add(env->state, ref->org, keyid, pubkey, "added by tk get --trust");
+    }
+    return tk__err(TK_ERR_UNTRUSTED,
+                   "%s is signed by %s, which is not trusted for org '%s'\n"
+                   "HINT: if you trust this publisher, run 'tk trust add %s %s', or pass --trust once",
+                   ref->name, keyid, ref->org, ref->org, pubkey);
+}
+
+static int fetch_small(const tk_hub_env *env, const tk_hub_ref *ref, const char *commit, const char *file,
+                       size_t max, char **out, size_t *len)
+{
+    char *url = tk__fmt("%s/kernels/%s/%s/resolve/%s/%s", env->endpoint, ref->org, ref->pkg, commit, file);
+    if (!url)
+        return tk__err(TK_ERR_NOMEM, "out of memory");
+    int rc = tk_hub__http_get_mem(env->http, url, max, out, len, NULL);
+    if (rc == TK_ERR_NOT_FOUND && strcmp(file, "manifest.json.sig") == 0)
+        rc = tk__err(TK_ERR_SIGNATURE, "%s at %s has no signature (manifest.json.sig is missing); tk refuses "
+                     "unsigned packages", ref->name, commit);
+    else if (rc == TK_ERR_NOT_FOUND)
+        rc = tk__err_wrap(rc, "%s at commit %s", ref->name, commit);
+    free(url);
+    return rc;
+}
+
+/* Downloads the archive into the store's tmp dir under a name derived from its digest, so a killed
+ * get resumes where it stopped. An flock on "<file>.lock" keeps two processes off the same file. */
+static int fetch_archive(const tk_hub_env *env, const tk_hub_ref *ref, const char *commit,
+                         const tk_hub_manifest *m, char **path_out)
+{
+    *path_out = NULL;
+    int rc = TK_OK, lfd = -1;
+    char *path = tk__fmt("%s/%s-%s", tk_state__tmp_dir(env->state), m->archive.sha256, m->archive.path);
+    char *lock = path ? tk__fmt("%s.lock", path) : NULL;
+    char *url = tk__fmt("%s/kernels/%s/%s/resolve/%s/%s", env->endpoint, ref->org, ref->pkg, commit, m->archive.path);
+    if (!path || !lock || !url) {
+        rc = tk__err(TK_ERR_NOMEM, "out of memory");
+        goto done;
+    }
+    if ((lfd = open(lock, O_RDWR | O_CREAT | O_CLOEXEC, 0644)) < 0 || flock(lfd, LOCK_EX) != 0) {
+        rc = tk__err_sys("cannot lock", lock);
+        goto done;
+    }
+    if (tk__path_exists(path)) {
+        char sha[TK_SHA256_HEX];
+        int64_t size = 0;
+        if (tk__sha256_file(sha, &size, path) == TK_OK && strcmp(sha, m->archive.sha256) == 0)
+            goto ok;
+        unlink(path);
+    }
+    rc = tk_hub__http_get_file(env->http, url, path, m->archive.size, m->archive.size, m->archive.sha256, NULL);
+    if (rc == TK_ERR_DIGEST)
+        rc = tk__err_wrap(rc, "%s: the source archive does not match the signed manifest", ref->name);
+    if (rc != TK_OK)
+        goto done;
+ok:
+    *path_out = path;
+    path = NULL;
+done:
+    if (lfd >= 0) {
+        unlink(lock);
+        close(lfd);
+    }
+    free(path);
+    free(lock);
+    free(url);
+    return rc;
+}
+
+/* Unpacks into a staging dir, moves every file into the store and builds the package record. */
+static int unpack_and_store(const tk_hub_env *env, const tk_hub_manifest *m, const char *archive,
+                            tk_state_pkg *p)
+{
+    int rc = TK_OK;
+    char *stage = tk__tmp_path(tk_state__tmp_dir(env->state), "unpack");
+    if (!stage)
+        return tk__err(TK_ERR_NOMEM, "out of memory");
+    if ((rc = tk__mkdirs(stage, 0700)) != TK_OK)
+        goto done;
+    if ((rc = tk_hub__archive_extract(archive, stage, m->files, m->nfiles, NULL)) != TK_OK) {
+        rc = tk__err_wrap(rc, "%s", m->name);
+        goto done;
+    }
+    if (!(p->files = calloc(m->nfiles, sizeof *p->files))) {
+        rc = tk__err(TK_ERR_NOMEM, "out of memory");
+        goto done;
+    }
+    for (size_t i = 0; i < m->nfiles; i++) {
+        char *src = tk__path_join(stage, m->files[i].path);
+        tk_state_file *f = &p->files[p->nfiles];
+        f->path = tk__strdup(m->files[i].path);
+        f->sha256 = tk__strdup(m->files[i].sha256);
+        f->size = m->files[i].size;
+        if (f->path || f->sha256)
+            p->nfiles++;
+        if (!src || !f->path || !f->sha256)
+            rc = tk__err(TK_ERR_NOMEM, "out of memory");
+        else
+            rc = tk_state__object_put(env->state, src, m->files[i].sha256);
+        free(src);
+        if (rc != TK_OK)
+            goto done;
+    }
+done:
+    tk__rmtree(stage);
+    free(stage);
+    return rc;
+}
+
+int tk_hub__get(tk_state_pkg **out, int *fresh, const tk_hub_env *env, const char *refstr)
+{
+    *out = NULL;
+    if (fresh)
+        *fresh = 0;
+    tk_hub_ref ref;
+    tk_hub_manifest *m = NULL;
+    tk_state_pkg *p = NULL, *have = NULL;
+    char *mtext = NULL, *sigtext = NULL, *archive = NULL, *seen = NULL;
+    size_t mlen = 0, siglen = 0;
+    char commit[41] = "";
+    int major = 0, locked = 0, in_tx = 0;
+    int rc = tk_hub__ref_parse(&ref, refstr);
+    if (rc != TK_OK)
+        return rc;
+
+    if (env->offline || !env->http) {
+        rc = tk_hub__installed(out, env->state, refstr);
+        if (rc == TK_ERR_NOT_FOUND)
+            rc = tk__err(TK_ERR_OFFLINE, "%s is not installed, and tk is offline\n"
+                         "HINT: unset TK_OFFLINE (or drop --offline) to download it", refstr);
+        return rc;
+    }
+
+    /* 1. Resolve to a commit, and stop early when that commit is installed. */
+    if (ref.commit[0]) {
+        memcpy(commit, ref.commit, sizeof commit);
+    } else if ((rc = resolve(env, &ref, commit, &major)) != TK_OK) {
+        goto done;
+    }
+    if (!env->force) {
+        int hrc = tk_state__pkg_get_commit(&have, env->state, ref.name, commit);
+        if (hrc == TK_OK && (!env->expect_manifest || strcmp(have->manifest_sha256, env->expect_manifest) == 0)) {
+            *out = have;
+            have = NULL;
+            goto done;
+        }
+        if (hrc != TK_OK && hrc != TK_ERR_NOT_FOUND) {
+            rc = hrc;
+            goto done;
+        }
+    }
+
+    /* 2. Manifest and signature; the signature is checked before the manifest is parsed. */
+    if ((rc = fetch_small(env, &ref, commit, "manifest.json", TK_MANIFEST_MAX, &mtext, &mlen)) != TK_OK)
+        goto done;
+    if ((rc = fetch_small(env, &ref, commit, "manifest.json.sig", 16384, &sigtext, &siglen)) != TK_OK)
+        goto done;
+    char keyid[TK_KEYID_LEN], pubkey[TK_PUBKEY_LEN];
+    uint8_t sig[64];
+    if ((rc = tk_hub__sig_parse(keyid, pubkey, sig, sigtext, siglen)) != TK_OK) {
+        rc = tk__err_wrap(rc, "%s", ref.name);
+        goto done;
+    }
+    if ((rc = tk_hub__verify(pubkey, sig, mtext, mlen)) != TK_OK) {
+        rc = tk__err(rc, "%s at %s: the signature does not match the manifest (the manifest was altered, or "
+                     "signed by another key)\nHINT: do not use this registry copy; report it to the publisher",
+                     ref.name, commit);
+        goto done;
+    }
+    if ((rc = check_signer(env, &ref, keyid, pubkey)) != TK_OK)
+        goto done;
+    char msha[TK_SHA256_HEX];
+    tk__sha256_hex(msha, mtext, mlen);
+    if (env->expect_manifest && strcmp(msha, env->expect_manifest) != 0) {
+        rc = tk__err(TK_ERR_DIGEST, "%s at %s: the manifest's sha256 is %s, but the lock file pins %s",
+                     ref.name, commit, msha, env->expect_manifest);
+        goto done;
+    }
+
+    /* 3. Parse and cross-check the manifest. */
+    if ((rc = tk_hub__manifest_parse(&m, mtext, mlen)) != TK_OK) {
+        rc = tk__err_wrap(rc, "%s at %s", ref.name, commit);
+        goto done;
+    }
+    if (strcmp(m->name, ref.name) != 0) {
+        rc = tk__err(TK_ERR_MANIFEST, "the registry served the manifest of %s when %s was asked for", m->name,
+                     ref.name);
+        goto done;
+    }
+    if (major && m->major != major) {
+        rc = tk__err(TK_ERR_MANIFEST, "%s: branch v%d holds version %s (major %d)", ref.name, major, m->version,
+                     m->major);
+        goto done;
+    }
+    if ((rc = tk_state__seen_get(&seen, env->state, m->name, m->major)) != TK_OK)
+        goto done;
+    if (seen && tk_state__version_cmp(m->version, seen) < 0) {
+        rc = tk__err(TK_ERR_ROLLBACK, "%s: the registry offers version %s, older than %s which this machine has "
+                     "already seen for major %d (rollback refused)\nHINT: the registry may be stale or "
+                     "compromised; if the downgrade is intended, pin the commit in a lock file",
+                     m->name, m->version, seen, m->major);
+        goto done;
+    }
+    if (env->validate && (rc = env->validate(env->validate_user, mtext, mlen)) != TK_OK) {
+        rc = tk__err_wrap(rc, "%s %s", m->name, m->version);
+        goto done;
+    }
+
+    /* 4. Archive, unpack, store, commit. */
+    if ((rc = tk_state__lock_store(env->state, 0)) != TK_OK)
+        goto done;
+    locked = 1;
+    say(env, TK_LOG_INFO, "%s %s: downloading %s (%lld bytes)", m->name, m->version, m->archive.path,
+        (long long)m->archive.size);
+    if ((rc = fetch_archive(env, &ref, commit, m, &archive)) != TK_OK)
+        goto done;
+    if (!(p = calloc(1, sizeof *p))) {
+        rc = tk__err(TK_ERR_NOMEM, "out of memory");
+        goto done;
+    }
+    if ((rc = unpack_and_store(env, m, archive, p)) != TK_OK)
+        goto done;
+    p->name = tk__strdup(m->name);
+    p->major = m->major;
+    p->version = tk__strdup(m->version);
+    p->commit = tk__strdup(commit);
+    p->manifest_sha256 = tk__strdup(msha);
+    p->manifest = mtext;
+    p->manifest_len = mlen;
+    mtext = NULL;
+    p->signer = tk__strdup(keyid);
+    p->registry = tk__strdup(env->endpoint);
+    p->installed_at = tk__now();
+    if (!p->name || !p->version || !p->commit || !p->manifest_sha256 || !p->signer || !p->registry) {
+        rc = tk__err(TK_ERR_NOMEM, "out of memory");
+        goto done;
+    }
+    if ((rc = tk_state__begin(env->state)) != TK_OK)
+        goto done;
+    in_tx = 1;
+    /* Re-check rollback inside the write lock: another process may have installed a newer one. */
+    free(seen);
+    seen = NULL;
+    if ((rc = tk_state__seen_get(&seen, env->state, m->name, m->major)) != TK_OK)
+        goto done;
+    if (seen && tk_state__version_cmp(m->version, seen) < 0) {
+        rc = tk__err(TK_ERR_ROLLBACK, "%s: version %s is older than %s, installed meanwhile", m->name,
+                     m->version, seen);
+        goto done;
+    }
+    if ((rc = tk_state__pkg_put(env->state, p)) != TK_OK ||
+        (rc = tk_state__seen_put(env->state, m->name, m->major, m->version, commit)) != TK_OK)
+        goto done;
+    if ((rc = tk_state__commit(env->state)) != TK_OK)
+        goto done;
+    in_tx = 0;
+    unlink(archive);
+    say(env, TK_LOG_INFO, "%s %s installed (%zu files, commit %.12s)", p->name, p->version, p->nfiles, commit);
+    if (fresh)
+        *fresh = 1;
+    *out = p;
+    p = NULL;
+done:
+    if (in_tx)
+        tk_state__rollback(env->state);
+    if (locked)
+        tk_state__unlock_store(env->state);
+    tk_hub__manifest_free(m);
+    tk_state__pkg_free(p);
+    tk_state__pkg_free(have);
+    free(mtext);
+    free(sigtext);
+    free(archive);
+    free(seen);
+    return rc;
+}

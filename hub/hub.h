@@ -1,0 +1,59 @@
+/*
+ * hub.h — the package path: references, the registry protocol (client and static-tree writer) and
+ * the get pipeline (resolve → download → verify → unpack → install).
+ *
+ * The lower pieces have their own headers: http.h (libcurl), archive.h (libarchive), sign.h
+ * (Ed25519), manifest.h (manifest parsing). hub never includes jit; the JIT checks a manifest's
+ * kernels through the `validate` hook before anything is installed.
+ */
+#ifndef TK_HUB_HUB_H
+#define TK_HUB_HUB_H
+
+#include "cache/state.h"
+#include "hub/http.h"
+#include "tk.h"
+
+/* A parsed package reference: org/name[@major | @v<major> | @<40-hex commit>]. */
+typedef struct {
+    char name[132];   /* org/name */
+    char org[65];
+    char pkg[65];
+    int major;        /* 0: not given */
+    char commit[41];  /* "" unless an exact commit was given */
+} tk_hub_ref;
+
+int tk_hub__ref_parse(tk_hub_ref *out, const char *ref);
+
+typedef struct {
+    tk_state *state;
+    tk_hub_http *http;          /* NULL when offline */
+    const char *endpoint;       /* base URL without trailing slash */
+    int offline;
+    const char *builtin_org;    /* org trusted through the build's key, or NULL */
+    const char *builtin_pubkey;
+    int trust_unknown;
+    int force;
+    const char *expect_manifest; /* hex sha256, or NULL */
+    tk_log_fn log;
+    void *log_user;
+    /* Called with the verified manifest before anything is downloaded or installed; a non-OK
+     * return refuses the package with that status (tk_last_error set by the hook). */
+    int (*validate)(void *user, const char *manifest, size_t len);
+    void *validate_user;
+} tk_hub_env;
+
+/* Resolves and installs ref (see tk_pkg_get in tk.h). *fresh (may be NULL) is 1 when this call
+ * installed it. */
+int tk_hub__get(tk_state_pkg **out, int *fresh, const tk_hub_env *env, const char *ref);
+
+/* Resolves ref against what is installed only (offline). */
+int tk_hub__installed(tk_state_pkg **out, tk_state *st, const char *ref);
+
+/* Publishes pkgdir into the static tree to_dir (see tk_publish in tk.h). */
+int tk_hub__publish(char **commit, const char *pkgdir, const char *to_dir, const char *key_path,
+                    const char *compression, tk_log_fn log, void *log_user);
+
+/* Levenshtein distance, for "did you mean" hints. */
+size_t tk_hub__edit_distance(const char *a, const char *b);
+
+#endif

@@ -1,0 +1,45 @@
+/*
+ * manifest.h — parsing and validating package manifests (docs/package-format.md).
+ *
+ * The manifest is parsed only after its signature has been verified. Parsing checks the structure
+ * that the package path relies on (name, version, files, archive); the "kernels" array is validated
+ * by the JIT layer through the install hook.
+ */
+#ifndef TK_HUB_MANIFEST_H
+#define TK_HUB_MANIFEST_H
+
+#include <jansson.h>
+#include <stddef.h>
+#include <stdint.h>
+
+#include "hub/archive.h"
+
+#define TK_MANIFEST_FORMAT 1
+#define TK_MANIFEST_MAX (4u << 20) /* bytes */
+
+typedef struct {
+    json_t *root;              /* owns every string below */
+    const char *name;          /* org/name */
+    char org[65];
+    char pkg[65];
+    const char *version;       /* "1.2.3" */
+    int major;
+    const char *license;
+    const char *description;
+    size_t nfiles;
+    tk_hub_archive_entry *files;
+    tk_hub_archive_entry archive; /* path, sha256, size of the source archive */
+    const char *compression;   /* "gz" or "zst" */
+} tk_hub_manifest;
+
+int tk_hub__manifest_parse(tk_hub_manifest **out, const char *text, size_t n);
+void tk_hub__manifest_free(tk_hub_manifest *m);
+
+/* Checks "org/name"; fills org and pkg (65 bytes each) when non-NULL. TK_ERR_INVALID with a hint. */
+int tk_hub__name_check(const char *name, char *org, char *pkg);
+/* Checks a relative path inside a package: no "..", ".", empty components, leading "/" or "\\". */
+int tk_hub__path_check(const char *path);
+/* Parses "MAJOR.MINOR.PATCH"; *major may be NULL. 0 or -1. */
+int tk_hub__version_parse(const char *v, int *major);
+
+#endif
