@@ -212,8 +212,12 @@ int tk_state__object_put(tk_state *st, const char *src, const char *sha256)
     if ((rc = tk__mkdirs(dir, 0755)) != TK_OK)
         goto done;
     if (tk__path_exists(dst)) {
-        unlink(src);
-        goto done;
+        /* Keep the existing object only if it is intact; a damaged one is replaced below. */
+        char have[TK_SHA256_HEX];
+        if (tk__sha256_file(have, NULL, dst) == TK_OK && strcmp(have, sha256) == 0) {
+            unlink(src);
+            goto done;
+        }
     }
     int fd = open(src, O_RDONLY | O_CLOEXEC);
     if (fd < 0) {

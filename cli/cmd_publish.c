@@ -58,7 +58,7 @@ int tk_cmd_publish(tk_cli *cli, int argc, char **argv)
         return tk_cli_fail(cli, rc, dir);
     if (cli->json)
         printf("{\"commit\": \"%s\"}\n", commit);
-    else if (!cli->quiet)
+    else
         printf("%s\n", commit);
     tk_free(commit);
     return TK_EXIT_OK;

@@ -266,9 +266,11 @@ static int fetch_small(const tk_hub_env *env, const tk_hub_ref *ref, const char 
 /* Downloads the archive into the store's tmp dir under a name derived from its digest, so a killed
  * get resumes where it stopped. An flock on "<file>.lock" keeps two processes off the same file. */
 static int fetch_archive(const tk_hub_env *env, const tk_hub_ref *ref, const char *commit,
-                         const tk_hub_manifest *m, char **path_out)
+                         const tk_hub_manifest *m, char **path_out, int *lock_out, tk_state_pkg **already)
 {
     *path_out = NULL;
+    *lock_out = -1;
+    *already = NULL;
     int rc = TK_OK, lfd = -1;
     char *path = tk__fmt("%s/%s-%s", tk_state__tmp_dir(env->state), m->archive.sha256, m->archive.path);
     char *lock = path ? tk__fmt("%s.lock", path) : NULL;
@@ -281,6 +283,9 @@ static int fetch_archive(const tk_hub_env *env, const tk_hub_ref *ref, const cha
         rc = tk__err_sys("cannot lock", lock);
         goto done;
     }
+    /* Another process may have installed this commit while we waited for the lock. */
+    if (!env->force && tk_state__pkg_get_commit(already, env->state, ref->name, commit) == TK_OK)
+        goto done;
     if (tk__path_exists(path)) {
         char sha[TK_SHA256_HEX];
         int64_t size = 0;
@@ -288,7 +293,10 @@ static int fetch_archive(const tk_hub_env *env, const tk_hub_ref *ref, const cha
             goto ok;
         unlink(path);
     }
-    rc = tk_hub__http_get_file(env->http, url, path, m->archive.size, m->archive.size, m->archive.sha256, NULL);
+    /* A little slack over the signed size, so an oversized body is reported as the digest mismatch
+     * it is rather than as a transfer error. */
+    rc = tk_hub__http_get_file(env->http, url, path, m->archive.size + 65536, m->archive.size, m->archive.sha256,
+                               NULL);
     if (rc == TK_ERR_DIGEST)
         rc = tk__err_wrap(rc, "%s: the source archive does not match the signed manifest", ref->name);
     if (rc != TK_OK)
@@ -296,11 +304,11 @@ static int fetch_archive(const tk_hub_env *env, const tk_hub_ref *ref, const cha
 ok:
     *path_out = path;
     path = NULL;
+    *lock_out = lfd; /* held until the install commits; the lock file itself is never unlinked */
+    lfd = -1;
 done:
-    if (lfd >= 0) {
-        unlink(lock);
+    if (lfd >= 0)
         close(lfd);
-    }
     free(path);
     free(lock);
     free(url);
@@ -358,7 +366,7 @@ int tk_hub__get(tk_state_pkg **out, int *fresh, const tk_hub_env *env, const cha
     char *mtext = NULL, *sigtext = NULL, *archive = NULL, *seen = NULL;
     size_t mlen = 0, siglen = 0;
     char commit[41] = "";
-    int major = 0, locked = 0, in_tx = 0;
+    int major = 0, locked = 0, in_tx = 0, archive_lock = -1;
     int rc = tk_hub__ref_parse(&ref, refstr);
     if (rc != TK_OK)
         return rc;
@@ -452,8 +460,13 @@ int tk_hub__get(tk_state_pkg **out, int *fresh, const tk_hub_env *env, const cha
     locked = 1;
     say(env, TK_LOG_INFO, "%s %s: downloading %s (%lld bytes)", m->name, m->version, m->archive.path,
         (long long)m->archive.size);
-    if ((rc = fetch_archive(env, &ref, commit, m, &archive)) != TK_OK)
+    if ((rc = fetch_archive(env, &ref, commit, m, &archive, &archive_lock, &have)) != TK_OK)
         goto done;
+    if (have) {
+        *out = have;
+        have = NULL;
+        goto done;
+    }
     if (!(p = calloc(1, sizeof *p))) {
         rc = tk__err(TK_ERR_NOMEM, "out of memory");
         goto done;
@@ -503,6 +516,8 @@ int tk_hub__get(tk_state_pkg **out, int *fresh, const tk_hub_env *env, const cha
 done:
     if (in_tx)
         tk_state__rollback(env->state);
+    if (archive_lock >= 0)
+        close(archive_lock);
     if (locked)
         tk_state__unlock_store(env->state);
     tk_hub__manifest_free(m);

@@ -29,23 +29,41 @@ free_port() { python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1",
 # Starts nginx serving DIR as a static registry on 127.0.0.1; sets NGINX_URL. Stopped at exit.
 NGINX_PID=
 start_nginx() {
-  local root=$1 port; port=$(free_port)
+  local root=$1 rate=${2:-0} port; port=$(free_port)
   local conf=$WORK/nginx; mkdir -p "$conf"
-  sed -e "s#@ROOT@#$root#g" -e "s#@PORT@#$port#g" -e "s#@DIR@#$conf#g" "$ROOT/tests/nginx.conf.in" >"$conf/nginx.conf"
+  sed -e "s#@ROOT@#$root#g" -e "s#@PORT@#$port#g" -e "s#@DIR@#$conf#g" -e "s#@RATE@#$rate#g" "$ROOT/tests/nginx.conf.in" >"$conf/nginx.conf"
   nginx -c "$conf/nginx.conf" -p "$conf" || { echo "nginx failed to start" >&2; return 1; }
   for _ in $(seq 50); do [ -s "$conf/nginx.pid" ] && break; sleep 0.1; done
   NGINX_PID=$(cat "$conf/nginx.pid")
   NGINX_URL=http://127.0.0.1:$port
 }
-stop_nginx() { [ -n "$NGINX_PID" ] && kill "$NGINX_PID" 2>/dev/null; NGINX_PID=; }
+stop_nginx() {
+  [ -n "$NGINX_PID" ] || return 0
+  kill "$NGINX_PID" 2>/dev/null
+  for _ in $(seq 50); do kill -0 "$NGINX_PID" 2>/dev/null || break; sleep 0.1; done
+  NGINX_PID=
+}
+# Requests nginx has logged so far.
+nginx_requests() { wc -l <"$WORK/nginx/access.log"; }
+
+# sign_file KEY FILE: writes FILE.sig, a tk signature file made with the openssl CLI (independent of tk).
+sign_file() {
+  local key=$1 file=$2 pub sig keyid
+  pub=$(openssl pkey -in "$key" -pubout -outform DER | tail -c 32 | od -An -tx1 | tr -d ' \n')
+  sig=$(openssl pkeyutl -sign -rawin -inkey "$key" -in "$file" | od -An -tx1 | tr -d ' \n')
+  keyid=$(python3 -c "import hashlib; print(hashlib.sha256(bytes.fromhex('$pub')).hexdigest()[:32])")
+  printf '{"format_version": 1, "alg": "ed25519", "keyid": "SHA256:%s", "pubkey": "ed25519:%s", "sig": "%s"}\n' \
+    "$keyid" "$pub" "$sig" >"$file.sig"
+}
 
 WORK=$(mktemp -d /tmp/tk-test.XXXXXX)
+chmod 755 "$WORK"   # nginx workers run as an unprivileged user
 cleanup() { stop_nginx; [ -n "${FAULT_PID:-}" ] && kill "$FAULT_PID" 2>/dev/null; rm -rf "$WORK"; }
 trap cleanup EXIT
 
 run_tests() {
   local fn
-  for fn in $(declare -F | awk '{print $3}' | grep '^t_'); do
+  for fn in $(declare -F | awk '{print $3}' | grep '^t_' | grep -- "${TK_TEST_ONLY:-}"); do
     _cur=$fn; _failed_now=0; _skipped_now=0
     export TK_HOME=$WORK/home-$fn; rm -rf "$TK_HOME"; mkdir -p "$TK_HOME"
     unset TK_ENDPOINT TK_OFFLINE TK_TOKEN

@@ -1,0 +1,309 @@
+#!/usr/bin/env bash
+# The package path end to end through the real tk binary: publish to a static tree, serve it with
+# nginx on 127.0.0.1 (and as file://), get, and every bad-input case of the package-path issue.
+. "$(dirname "$0")/lib.sh"
+
+KEY=$WORK/pub.key
+"$TK" keygen "$KEY" >/dev/null || { echo "keygen failed"; exit 1; }
+PUB=$(cat "$KEY.pub")
+
+# make_pkg DIR VERSION [EXTRA_BYTES]: a small package "tktest/demo".
+make_pkg() {
+  local dir=$1 ver=$2 extra=${3:-0}
+  rm -rf "$dir"; mkdir -p "$dir/include"
+  cat >"$dir/kernel.json" <<EOF
+{"name": "tktest/demo", "version": "$ver", "license": "MIT", "description": "test package",
+ "kernels": [{"name": "scale_f32", "op": "scale", "source": "scale.cu", "symbol": "scale",
+   "params": [{"name": "out", "type": "tensor", "dtype": "f32"}, {"name": "n", "type": "i64", "value": "numel(out)"}],
+   "launch": {"grid": ["cdiv(n, 256)"], "block": ["256"], "smem": "0"}}]}
+EOF
+  printf 'extern "C" __global__ void scale(float *out, long long n) { /* %s */ }\n' "$ver" >"$dir/scale.cu"
+  printf '#pragma once\n' >"$dir/include/util.cuh"
+  echo "demo $ver" >"$dir/README.md"
+  [ "$extra" -gt 0 ] && head -c "$extra" /dev/urandom >"$dir/blob.bin"
+  return 0
+}
+
+REG=$WORK/reg
+make_pkg "$WORK/pkg" 1.0.0
+"$TK" publish "$WORK/pkg" --to "$REG" --key "$KEY" -q >/dev/null || { echo "publish failed"; exit 1; }
+DEMO_DIR=$REG/kernels/tktest/demo/resolve
+
+use_file() { export TK_ENDPOINT=file://$1; }
+
+t_get_file_endpoint() {
+  use_file "$REG"
+  expect_rc 5 "$TK" get tktest/demo
+  expect_out "not trusted for org 'tktest'"
+  expect_out "tk trust add tktest $PUB"
+  expect_rc 0 "$TK" trust add tktest "$PUB"
+  expect_rc 0 "$TK" get tktest/demo
+  expect_out "installed tktest/demo 1.0.0"
+  expect_rc 0 "$TK" verify tktest/demo
+  expect_rc 0 "$TK" get tktest/demo
+  expect_out "up to date"
+}
+
+t_get_nginx_request_count() {
+  start_nginx "$REG" || { fail "nginx"; return; }
+  export TK_ENDPOINT=$NGINX_URL
+  "$TK" trust add tktest "$PUB" -q
+  local before; before=$(nginx_requests)
+  expect_rc 0 "$TK" get tktest/demo@1
+  local n=$(( $(nginx_requests) - before ))
+  # refs + manifest + signature + archive
+  [ "$n" -eq 4 ] || fail "get made $n requests, want 4 (refs, then at most three)"
+  before=$(nginx_requests)
+  expect_rc 0 "$TK" get tktest/demo
+  n=$(( $(nginx_requests) - before ))
+  [ "$n" -eq 1 ] || fail "a get of an installed package made $n requests, want 1 (refs)"
+  expect_rc 0 "$TK" --json info tktest/demo
+  echo "$OUT" | python3 -c 'import json,sys; d=json.load(sys.stdin); assert d["name"]=="tktest/demo" and d["major"]==1 and len(d["files"])==3, d' \
+    || fail "info --json is not the expected JSON"
+  expect_rc 0 "$TK" list --json
+  echo "$OUT" | python3 -c 'import json,sys; d=json.load(sys.stdin); assert len(d)==1 and d[0]["version"]=="1.0.0"' \
+    || fail "list --json"
+  stop_nginx
+}
+
+t_trust_flag_and_list() {
+  use_file "$REG"
+  expect_rc 0 "$TK" get --trust tktest/demo
+  expect_out "trusting new signer SHA256:"
+  expect_rc 0 "$TK" trust list --json
+  expect_out "$PUB"
+  local id; id=$(echo "$OUT" | python3 -c 'import json,sys; print([k["keyid"] for k in json.load(sys.stdin) if k["org"]=="tktest"][0])')
+  expect_rc 0 "$TK" trust remove tktest "$id"
+  expect_rc 0 "$TK" remove tktest/demo
+  expect_rc 5 "$TK" get tktest/demo
+}
+
+t_unknown_package_and_version() {
+  use_file "$REG"
+  "$TK" trust add tktest "$PUB" -q
+  expect_rc 3 "$TK" get tktest/dem
+  expect_out "did you mean 'tktest/demo'"
+  expect_rc 3 "$TK" get tktest/demo@7
+  expect_out "available: v1"
+  expect_rc 3 "$TK" get tktest/demo@0123456789012345678901234567890123456789
+  expect_rc 2 "$TK" get 'not a name'
+  expect_rc 2 "$TK" get tktest/demo@latest
+}
+
+# copy_reg: a private copy of the registry to tamper with.
+copy_reg() { rm -rf "$WORK/bad"; cp -a "$REG" "$WORK/bad"; use_file "$WORK/bad"; BAD=$WORK/bad/kernels/tktest/demo/resolve/$(readlink "$WORK/bad/kernels/tktest/demo/resolve/v1"); }
+
+t_tampered_manifest() {
+  copy_reg; "$TK" trust add tktest "$PUB" -q
+  sed -i 's/test package/evil package/' "$BAD/manifest.json"
+  expect_rc 5 "$TK" get tktest/demo
+  expect_out "signature does not match"
+  expect_rc 0 "$TK" list
+  expect_no_out "tktest/demo"
+}
+
+t_missing_and_garbage_signature() {
+  copy_reg; "$TK" trust add tktest "$PUB" -q
+  rm "$BAD/manifest.json.sig"
+  expect_rc 5 "$TK" get tktest/demo
+  expect_out "no signature"
+  echo 'not json' >"$BAD/manifest.json.sig"
+  expect_rc 5 "$TK" get tktest/demo
+  expect_out "not valid JSON"
+}
+
+t_malformed_manifest_validly_signed() {
+  copy_reg; "$TK" trust add tktest "$PUB" -q
+  # Signed by the trusted key, but broken: the signature passes and the parser must refuse it.
+  printf '{"format_version": 1, "name": "tktest/demo", "version": "1.0.0", "files": 3}' >"$BAD/manifest.json"
+  sign_file "$KEY" "$BAD/manifest.json"
+  expect_rc 5 "$TK" get tktest/demo
+  expect_out "manifest"
+  printf '{"format_version": 99}' >"$BAD/manifest.json"; sign_file "$KEY" "$BAD/manifest.json"
+  expect_rc 5 "$TK" get tktest/demo
+  expect_out "upgrade tk"
+  printf '{"format_version": 1,' >"$BAD/manifest.json"; sign_file "$KEY" "$BAD/manifest.json"
+  expect_rc 5 "$TK" get tktest/demo
+  expect_out "not valid JSON"
+}
+
+t_bad_launch_rule_refused_at_install() {
+  copy_reg; "$TK" trust add tktest "$PUB" -q
+  sed -i 's/cdiv(n, 256)/cdiv(n, 256) + bogus.shape[0]/' "$BAD/manifest.json"
+  sign_file "$KEY" "$BAD/manifest.json"
+  expect_rc 5 "$TK" get tktest/demo
+  expect_out "launch.grid[0]"
+  expect_out "bogus"
+}
+
+t_wrong_archive_digest() {
+  copy_reg; "$TK" trust add tktest "$PUB" -q
+  make_pkg "$WORK/pkg2" 1.0.0
+  echo tampered >>"$WORK/pkg2/scale.cu"
+  "$TK" publish "$WORK/pkg2" --to "$WORK/other" --key "$KEY" -q >/dev/null
+  cp "$WORK/other/kernels/tktest/demo/resolve/main/source.tar.gz" "$BAD/source.tar.gz"
+  expect_rc 5 "$TK" get tktest/demo
+  expect_out "does not match"
+  # nothing partial was left installed or in the store
+  [ -z "$(find "$TK_HOME/store/objects" -type f)" ] || fail "objects left in the store"
+}
+
+t_hostile_archive_validly_signed() {
+  copy_reg; "$TK" trust add tktest "$PUB" -q
+  # An archive whose entry escapes with "..", listed with its real digest in a re-signed manifest.
+  python3 - "$BAD" <<'EOF'
+import hashlib, io, json, sys, tarfile
+d = sys.argv[1]
+data = b"owned\n"
+buf = io.BytesIO()
+with tarfile.open(fileobj=buf, mode="w:gz") as t:
+    ti = tarfile.TarInfo("../escape.cu"); ti.size = len(data); t.addfile(ti, io.BytesIO(data))
+arc = buf.getvalue()
+open(d + "/source.tar.gz", "wb").write(arc)
+m = json.load(open(d + "/manifest.json"))
+m["archive"]["sha256"] = hashlib.sha256(arc).hexdigest(); m["archive"]["size"] = len(arc)
+open(d + "/manifest.json", "w").write(json.dumps(m, indent=2) + "\n")
+EOF
+  sign_file "$KEY" "$BAD/manifest.json"
+  expect_rc 5 "$TK" get tktest/demo
+  [ ! -e "$TK_HOME/store/escape.cu" ] && [ ! -e "$TK_HOME/escape.cu" ] || fail "archive escaped"
+}
+
+t_rollback_refused() {
+  "$TK" trust add tktest "$PUB" -q
+  rm -rf "$WORK/newer"; cp -a "$REG" "$WORK/newer"
+  make_pkg "$WORK/pkg3" 1.1.0
+  "$TK" publish "$WORK/pkg3" --to "$WORK/newer" --key "$KEY" -q >/dev/null
+  use_file "$WORK/newer"
+  expect_rc 0 "$TK" get tktest/demo
+  expect_out "1.1.0"
+  use_file "$REG"   # a stale (or malicious) mirror still offering 1.0.0
+  expect_rc 5 "$TK" get tktest/demo
+  expect_out "rollback refused"
+  expect_rc 0 "$TK" info tktest/demo
+  expect_out "1.1.0"
+}
+
+t_publish_rules_and_history() {
+  local r=$WORK/hist; rm -rf "$r"
+  make_pkg "$WORK/p" 1.0.0
+  local c1 c1b c2
+  c1=$("$TK" publish "$WORK/p" --to "$r" --key "$KEY" -q)
+  c1b=$("$TK" publish "$WORK/p" --to "$r" --key "$KEY" -q)
+  [ "$c1" = "$c1b" ] || fail "republishing identical content made a new commit"
+  echo "// change" >>"$WORK/p/scale.cu"
+  expect_rc 5 "$TK" publish "$WORK/p" --to "$r" --key "$KEY"
+  expect_out "not newer"
+  sed -i 's/"1.0.0"/"1.0.1"/' "$WORK/p/kernel.json"
+  c2=$("$TK" publish "$WORK/p" --to "$r" --key "$KEY" -q)
+  [ "$c2" != "$c1" ] || fail "new version, same commit"
+  [ "$(readlink "$r/kernels/tktest/demo/resolve/v1")" = "$c2" ] || fail "branch v1 not moved"
+  [ -f "$r/kernels/tktest/demo/resolve/$c1/manifest.json" ] || fail "history lost"
+  python3 -c "import json; d=json.load(open('$r/api/kernels/tktest/demo/refs')); assert {b['name'] for b in d['branches']}=={'v1','main'}" || fail "refs"
+  "$TK" trust add tktest "$PUB" -q
+  use_file "$r"
+  expect_rc 0 "$TK" get "tktest/demo@$c1"
+  expect_out "1.0.0"
+  # major 2 on its own branch; the default is the highest major
+  sed -i 's/"1.0.1"/"2.0.0"/' "$WORK/p/kernel.json"
+  "$TK" publish "$WORK/p" --to "$r" --key "$KEY" -q >/dev/null
+  expect_rc 0 "$TK" get tktest/demo
+  expect_out "using v2, the highest major"
+  expect_rc 0 "$TK" list
+  expect_out "v1"
+  expect_out "v2"
+}
+
+t_offline() {
+  use_file "$REG"; "$TK" trust add tktest "$PUB" -q
+  TK_OFFLINE=1 expect_rc 4 "$TK" get tktest/demo
+  expect_out "offline"
+  expect_rc 0 "$TK" get tktest/demo
+  TK_ENDPOINT=http://127.0.0.1:9 expect_rc 0 "$TK" get --offline tktest/demo
+  expect_out "up to date"
+}
+
+t_lock_and_locked() {
+  use_file "$REG"; "$TK" trust add tktest "$PUB" -q
+  "$TK" get -q tktest/demo >/dev/null
+  (cd "$WORK" && expect_rc 0 "$TK" lock -o "$WORK/tk.lock")
+  expect_rc 0 "$TK" remove tktest/demo
+  expect_rc 0 "$TK" get --locked "$WORK/tk.lock"
+  expect_out "installed tktest/demo 1.0.0"
+  sed -i 's/"manifest_sha256": "\(.\)/"manifest_sha256": "0/' "$WORK/tk.lock"
+  expect_rc 0 "$TK" remove tktest/demo
+  expect_rc 5 "$TK" get --locked "$WORK/tk.lock"
+  expect_out "lock file pins"
+}
+
+t_verify_detects_tampering() {
+  use_file "$REG"; "$TK" trust add tktest "$PUB" -q
+  "$TK" get -q tktest/demo >/dev/null
+  local f; f=$(find "$TK_HOME/store/objects" -type f | head -n 1)
+  chmod u+w "$f"; echo x >>"$f"
+  expect_rc 5 "$TK" verify
+  expect_out "failed verification"
+  expect_rc 0 "$TK" get --force tktest/demo
+  expect_rc 0 "$TK" verify
+}
+
+t_remove_collects_files() {
+  use_file "$REG"; "$TK" trust add tktest "$PUB" -q
+  "$TK" get -q tktest/demo >/dev/null
+  [ -n "$(find "$TK_HOME/store/objects" -type f)" ] || fail "no objects after get"
+  expect_rc 0 "$TK" remove tktest/demo
+  [ -z "$(find "$TK_HOME/store/objects" -type f)" ] || fail "objects left after remove"
+  expect_rc 3 "$TK" remove tktest/demo
+}
+
+t_concurrent_gets() {
+  use_file "$REG"; "$TK" trust add tktest "$PUB" -q
+  local pids=() i rc=0
+  for i in 1 2 3 4; do "$TK" get -q tktest/demo >"$WORK/c$i.log" 2>&1 & pids+=($!); done
+  for p in "${pids[@]}"; do wait "$p" || rc=1; done
+  [ $rc = 0 ] || { fail "a concurrent get failed:"; cat "$WORK"/c*.log >&2; }
+  [ "$(find "$TK_HOME/store/objects" -type f | wc -l)" -eq 3 ] || fail "store does not hold exactly one copy of each file"
+  expect_rc 0 "$TK" verify
+  expect_rc 0 "$TK" list --json
+  [ "$(echo "$OUT" | python3 -c 'import json,sys; print(len(json.load(sys.stdin)))')" = 1 ] || fail "not one package row"
+}
+
+t_sigkill_mid_get() {
+  # A 3 MB package served at 256 KB/s: kill tk mid-download, then check the state and finish.
+  local r=$WORK/bigreg; rm -rf "$r"
+  make_pkg "$WORK/big" 1.0.0 3000000
+  "$TK" publish "$WORK/big" --to "$r" --key "$KEY" -q >/dev/null
+  start_nginx "$r" 256k || { fail nginx; return; }
+  export TK_ENDPOINT=$NGINX_URL; "$TK" trust add tktest "$PUB" -q
+  "$TK" get -q tktest/demo >/dev/null 2>&1 & local pid=$!
+  sleep 2; kill -9 "$pid" 2>/dev/null; wait "$pid" 2>/dev/null
+  expect_rc 0 "$TK" list --json
+  [ "$OUT" = "[]" ] || fail "a killed get left a package installed: $OUT"
+  expect_rc 0 "$TK" verify
+  local part; part=$(find "$TK_HOME/store/tmp" -name '*.part' -size +0 | head -n 1)
+  [ -n "$part" ] || fail "no partial download kept for resuming"
+  stop_nginx; start_nginx "$r" || { fail nginx; return; }
+  export TK_ENDPOINT=$NGINX_URL
+  expect_rc 0 "$TK" get tktest/demo
+  grep -q ' 206 ' "$WORK/nginx/access.log" || fail "the second get did not resume (no 206 in the access log)"
+  expect_rc 0 "$TK" verify
+  stop_nginx
+}
+
+t_full_disk() {
+  local mnt=$WORK/tiny; mkdir -p "$mnt"
+  mount -t tmpfs -o size=2m tmpfs "$mnt" 2>/dev/null || { skip "cannot mount a tmpfs here (needs root)"; return; }
+  local r=$WORK/bigreg2; rm -rf "$r"
+  make_pkg "$WORK/big2" 1.0.0 3000000
+  "$TK" publish "$WORK/big2" --to "$r" --key "$KEY" -q >/dev/null
+  use_file "$r"
+  TK_HOME=$mnt/home "$TK" trust add tktest "$PUB" -q
+  TK_HOME=$mnt/home expect_rc 6 "$TK" get tktest/demo
+  expect_out "No space left"
+  expect_out "HINT"
+  TK_HOME=$mnt/home expect_rc 0 "$TK" list --json
+  [ "$OUT" = "[]" ] || fail "a get that hit a full disk left something installed"
+  umount "$mnt"
+}
+
+run_tests
