@@ -16,6 +16,12 @@ int tk_cmd_lock(tk_cli *cli, int argc, char **argv);
 int tk_cmd_keygen(tk_cli *cli, int argc, char **argv);
 int tk_cmd_publish(tk_cli *cli, int argc, char **argv);
 int tk_cmd_trust(tk_cli *cli, int argc, char **argv);
+int tk_cmd_build(tk_cli *cli, int argc, char **argv);
+int tk_cmd_cache(tk_cli *cli, int argc, char **argv);
+int tk_cmd_doctor(tk_cli *cli, int argc, char **argv);
+int tk_cmd_run(tk_cli *cli, int argc, char **argv);
+int tk_cmd_ops(tk_cli *cli, int argc, char **argv);
+int tk_cmd_run_op(tk_cli *cli, int argc, char **argv);
 
 static const struct {
     const char *name;
@@ -31,6 +37,12 @@ static const struct {
     {"keygen", tk_cmd_keygen, "make an Ed25519 publisher key pair"},
     {"publish", tk_cmd_publish, "sign a package directory and add it to a registry tree"},
     {"trust", tk_cmd_trust, "manage trusted publisher keys (add, list, remove)"},
+    {"build", tk_cmd_build, "compile a package's kernels with NVRTC into the cache (ahead of time)"},
+    {"cache", tk_cmd_cache, "the compiled-kernel cache: ls, stats, gc, clear"},
+    {"doctor", tk_cmd_doctor, "check GPUs, driver, NVRTC, cache and registry; say what is missing"},
+    {"run", tk_cmd_run, "launch a package's kernel on random inputs; print time and checksum"},
+    {"ops", tk_cmd_ops, "list standard ops, their signatures and implementations"},
+    {"run-op", tk_cmd_run_op, "run an op on random inputs through the op registry"},
 };
 
 static void usage(FILE *f)
@@ -43,7 +55,7 @@ static void usage(FILE *f)
             "commands:\n",
             tk_version_string());
     for (size_t i = 0; i < sizeof commands / sizeof *commands; i++)
-        fprintf(f, "  %-9s %s\n", commands[i].name, commands[i].summary);
+        fprintf(f, "  %-8s %s\n", commands[i].name, commands[i].summary);
     fprintf(f,
             "\n"
             "global options (accepted anywhere on the line):\n"

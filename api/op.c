@@ -1,0 +1,578 @@
+/*
+ * op.c — the ops half of tk.h: tk_op_run (validate, then run the CPU reference for host tensors or the
+ * best installed kernel for CUDA tensors) and tk_ops_json.
+ *
+ * Implementations are the kernels of installed packages whose manifest entry names the op. They are
+ * read from the manifests once per context (and again when a call finds no implementation, so a
+ * package installed meanwhile is seen), filtered by the call's dtypes and the device's compute
+ * capability, and ranked by priority (then name, then the higher major). The config key "ops" overrides
+ * the choice per op: {"ops": {"silu_and_mul": "org/name"}} ("org/name@2", or "org/name:kernel" for one
+ * kernel). Loaded tk_kernel handles are kept in the context (ctx->ops) until tk_ctx_free.
+ *
+ * Only the public API reaches the package and JIT layers from here (tk_pkg_*, tk_get_kernel,
+ * tk_function_call), so the dispatch sees exactly what users of tk.h see.
+ */
+#include <stdlib.h>
+#include <string.h>
+
+#include "api/api.h"
+#include "ops/ops.h"
+
+#define TK_OPS_IMPL_CPU "cpu-reference"
+
+/* A kernel parameter as the manifest declares it: what the caller must bind. */
+typedef struct {
+    char *name;
+    int tensor;       /* 1: "type": "tensor" */
+    unsigned dtype;   /* tensors: TK_OPS_* bit of "dtype" */
+    int derived;      /* 1: has a "value" expression (tk_function_call computes it) */
+} kparam;
+
+typedef struct {
+    char *pkg;        /* "org/name" */
+    int major;
+    char *version;
+    char *commit;
+    char *kernel;     /* manifest kernel name */
+    char *op;
+    char *impl;       /* "org/name:kernel", what *impl points at */
+    unsigned dtypes;  /* constraints.dtypes as TK_OPS_* bits; 0: unconstrained */
+    int min_cc, max_cc;  /* 0: no bound */
+    int64_t priority;
+    kparam *params;
+    size_t nparams;
+} cand;
+
+typedef struct {
+    char *commit;
+    int device;
+    tk_kernel *k;
+} loaded;
+
+typedef struct {
+    cand *c;
+    size_t n;
+    int scanned;
+    loaded *l;
+    size_t nl;
+    char **names; /* every impl string handed out: they live as long as the context */
+    size_t nnames;
+} ops_state;
+
+static void cand_clear(cand *c)
+{
+    free(c->pkg);
+    free(c->version);
+    free(c->commit);
+    free(c->kernel);
+    free(c->op);
+    free(c->impl);
+    for (size_t i = 0; i < c->nparams; i++)
+        free(c->params[i].name);
+    free(c->params);
+    memset(c, 0, sizeof *c);
+}
+
+static void cands_free(ops_state *s)
+{
+    for (size_t i = 0; i < s->n; i++)
+        cand_clear(&s->c[i]);
+    free(s->c);
+    s->c = NULL;
+    s->n = 0;
+    s->scanned = 0;
+}
+
+static void state_free(void *p)
+{
+    ops_state *s = p;
+    if (!s)
+        return;
+    cands_free(s);
+    for (size_t i = 0; i < s->nl; i++) {
+        tk_kernel_free(s->l[i].k);
+        free(s->l[i].commit);
+    }
+    free(s->l);
+    for (size_t i = 0; i < s->nnames; i++)
+        free(s->names[i]);
+    free(s->names);
+    free(s);
+}
+
+/* A copy of impl that stays valid until the context is freed (candidates are re-read at times). */
+static const char *intern(ops_state *s, const char *impl)
+{
+    for (size_t i = 0; i < s->nnames; i++)
+        if (strcmp(s->names[i], impl) == 0)
+            return s->names[i];
+    char **nn = realloc(s->names, (s->nnames + 1) * sizeof *s->names);
+    if (!nn)
+        return NULL;
+    s->names = nn;
+    if (!(s->names[s->nnames] = tk__strdup(impl)))
+        return NULL;
+    return s->names[s->nnames++];
+}
+
+static int get_state(ops_state **out, tk_ctx *ctx)
+{
+    if (!ctx->ops) {
+        ops_state *s = calloc(1, sizeof *s);
+        if (!s)
+            return tk__err(TK_ERR_NOMEM, "out of memory");
+        ctx->ops = s;
+        ctx->ops_free = state_free;
+    }
+    *out = ctx->ops;
+    return TK_OK;
+}
+
+/* ---- reading implementations from the installed manifests ------------------------------------- */
+
+static int cmp_cand(const void *a, const void *b)
+{
+    const cand *x = a, *y = b;
+    if (x->priority != y->priority)
+        return x->priority > y->priority ? -1 : 1;
+    int r = strcmp(x->pkg, y->pkg);
+    if (r)
+        return r;
+    if (x->major != y->major)
+        return x->major > y->major ? -1 : 1;
+    return strcmp(x->kernel, y->kernel);
+}
+
+/* Adds the kernels of one manifest. A kernel entry this version of tk cannot read is skipped: the
+ * package was validated at install time, so this only happens with newer manifest fields. */
+static int add_manifest(ops_state *s, const tk_pkg *pkg)
+{
+    json_t *m = json_loads(tk_pkg_manifest(pkg) ? tk_pkg_manifest(pkg) : "", 0, NULL);
+    json_t *ks = json_object_get(m, "kernels");
+    int rc = TK_OK;
+    size_t i;
+    json_t *k;
+    json_array_foreach(ks, i, k) {
+        const char *kname = json_string_value(json_object_get(k, "name"));
+        const char *op = json_string_value(json_object_get(k, "op"));
+        json_t *jp = json_object_get(k, "params");
+        if (!kname || !op || !json_is_array(jp))
+            continue;
+        cand *nc = realloc(s->c, (s->n + 1) * sizeof *s->c);
+        if (!nc) {
+            rc = tk__err(TK_ERR_NOMEM, "out of memory");
+            break;
+        }
+        s->c = nc;
+        cand *c = &s->c[s->n];
+        memset(c, 0, sizeof *c);
+        c->pkg = tk__strdup(tk_pkg_name(pkg));
+        c->major = tk_pkg_major(pkg);
+        c->version = tk__strdup(tk_pkg_version(pkg));
+        c->commit = tk__strdup(tk_pkg_commit(pkg));
+        c->kernel = tk__strdup(kname);
+        c->op = tk__strdup(op);
+        c->impl = tk__fmt("%s:%s", tk_pkg_name(pkg), kname);
+        c->params = calloc(json_array_size(jp) + 1, sizeof *c->params);
+        if (!c->pkg || !c->version || !c->commit || !c->kernel || !c->op || !c->impl || !c->params) {
+            cand_clear(c);
+            rc = tk__err(TK_ERR_NOMEM, "out of memory");
+            break;
+        }
+        s->n++;
+        size_t j;
+        json_t *p;
+        json_array_foreach(jp, j, p) {
+            kparam *kp = &c->params[c->nparams];
+            const char *pn = json_string_value(json_object_get(p, "name"));
+            if (!pn || !(kp->name = tk__strdup(pn))) {
+                rc = pn ? tk__err(TK_ERR_NOMEM, "out of memory") : TK_OK;
+                break;
+            }
+            c->nparams++;
+            kp->tensor = tk__streq(json_string_value(json_object_get(p, "type")), "tensor");
+            kp->derived = json_object_get(p, "value") != NULL;
+            tk_dtype dt;
+            const char *ds = json_string_value(json_object_get(p, "dtype"));
+            if (kp->tensor && ds && tk_ops__dtype_parse(&dt, ds) == TK_OK)
+                kp->dtype = tk_ops__dtype_bit(dt);
+        }
+        if (rc != TK_OK)
+            break;
+        json_t *cons = json_object_get(k, "constraints");
+        json_t *d;
+        json_array_foreach(json_object_get(cons, "dtypes"), j, d) {
+            tk_dtype dt;
+            if (json_is_string(d) && tk_ops__dtype_parse(&dt, json_string_value(d)) == TK_OK)
+                c->dtypes |= tk_ops__dtype_bit(dt);
+        }
+        c->min_cc = (int)json_integer_value(json_object_get(cons, "min_cc"));
+        c->max_cc = (int)json_integer_value(json_object_get(cons, "max_cc"));
+        c->priority = json_integer_value(json_object_get(k, "priority"));
+    }
+    json_decref(m);
+    return rc;
+}
+
+static int scan(ops_state *s, tk_ctx *ctx)
+{
+    tk_pkg_list *list = NULL;
+    cands_free(s);
+    int rc = tk_pkg_list_installed(&list, ctx);
+    if (rc != TK_OK)
+        return rc;
+    for (size_t i = 0; rc == TK_OK && i < tk_pkg_list_count(list); i++)
+        rc = add_manifest(s, tk_pkg_list_at(list, i));
+    tk_pkg_list_free(list);
+    if (rc != TK_OK) {
+        cands_free(s);
+        return rc;
+    }
+    if (s->n)
+        qsort(s->c, s->n, sizeof *s->c, cmp_cand);
+    s->scanned = 1;
+    return TK_OK;
+}
+
+/* ---- choosing one ----------------------------------------------------------------------------- */
+
+/* The override for op from the config: "org/name", "org/name@2" or "org/name:kernel". Parsed into
+ * pkg (65+65 bytes), major (0: any) and kernel (NULL: any). */
+typedef struct {
+    char pkg[160];
+    int major;
+    char kernel[128];
+    const char *text;
+} override;
+
+static int get_override(override *o, const tk_ctx *ctx, const char *op)
+{
+    memset(o, 0, sizeof *o);
+    json_t *ops = json_object_get(ctx->config, "ops");
+    const char *v = json_string_value(json_object_get(ops, op));
+    if (!v)
+        return 0;
+    o->text = v;
+    size_t n = strcspn(v, "@:");
+    snprintf(o->pkg, sizeof o->pkg, "%.*s", (int)n, v);
+    const char *p = v + n;
+    if (*p == '@') {
+        p++;
+        if (*p == 'v')
+            p++;
+        o->major = (int)strtol(p, NULL, 10);
+        p += strcspn(p, ":");
+    }
+    if (*p == ':')
+        snprintf(o->kernel, sizeof o->kernel, "%s", p + 1);
+    return 1;
+}
+
+/* Why cand c cannot serve call k (NULL: it can). */
+static const char *unfit(const cand *c, const tk_op_call *k, int cc, const override *ov)
+{
+    if (strcmp(c->op, k->op->name) != 0)
+        return "another op";
+    if (ov) {
+        if (strcmp(c->pkg, ov->pkg) != 0 || (ov->major && c->major != ov->major) ||
+            (ov->kernel[0] && strcmp(c->kernel, ov->kernel) != 0))
+            return "not the configured package";
+    }
+    if (c->dtypes && !(c->dtypes & tk_ops__dtype_bit(k->dtype)))
+        return "dtype";
+    if ((c->min_cc && cc < c->min_cc) || (c->max_cc && cc > c->max_cc))
+        return "compute capability";
+    for (size_t i = 0; i < c->nparams; i++) {
+        const kparam *p = &c->params[i];
+        if (p->derived)
+            continue;
+        int idx = tk_ops__param_index(k->op, p->name);
+        if (idx < 0)
+            return "a parameter the op does not have";
+        const tk_op_param *op = &k->op->params[idx];
+        if (p->tensor != (op->kind == TK_ARG_TENSOR))
+            return "a parameter of another kind";
+        if (p->tensor && (!k->t[idx] || p->dtype != tk_ops__dtype_bit(k->t[idx]->dtype)))
+            return "dtype";
+    }
+    return NULL;
+}
+
+static int kernel_for(tk_kernel **out, ops_state *s, tk_ctx *ctx, const cand *c, int device)
+{
+    for (size_t i = 0; i < s->nl; i++)
+        if (s->l[i].device == device && strcmp(s->l[i].commit, c->commit) == 0) {
+            *out = s->l[i].k;
+            return TK_OK;
+        }
+    loaded *nl = realloc(s->l, (s->nl + 1) * sizeof *s->l);
+    if (!nl)
+        return tk__err(TK_ERR_NOMEM, "out of memory");
+    s->l = nl;
+    char *ref = tk__fmt("%s@%s", c->pkg, c->commit);
+    char *commit = tk__strdup(c->commit);
+    if (!ref || !commit) {
+        free(ref);
+        free(commit);
+        return tk__err(TK_ERR_NOMEM, "out of memory");
+    }
+    tk_kernel_opts ko = TK_KERNEL_OPTS_INIT;
+    ko.device = device;
+    tk_kernel *k = NULL;
+    int rc = tk_get_kernel(&k, ctx, ref, &ko);
+    free(ref);
+    if (rc != TK_OK) {
+        free(commit);
+        return rc;
+    }
+    s->l[s->nl++] = (loaded){commit, device, k};
+    *out = k;
+    return TK_OK;
+}
+
+/* Binds the call's arguments to the kernel's caller-given params by name and launches. */
+static int launch(const cand *c, const tk_function *fn, const tk_op_call *k, void *stream)
+{
+    tk_arg args[TK_OPS_MAX_PARAMS];
+    size_t n = 0;
+    for (size_t i = 0; i < c->nparams && n < TK_OPS_MAX_PARAMS; i++) {
+        const kparam *p = &c->params[i];
+        if (p->derived)
+            continue;
+        int idx = tk_ops__param_index(k->op, p->name);
+        const tk_op_param *op = &k->op->params[idx];
+        tk_arg a;
+        memset(&a, 0, sizeof a);
+        a.name = op->name;
+        a.kind = op->kind;
+        a.t = k->t[idx];
+        a.i = k->i[idx];
+        a.f = k->f[idx];
+        args[n++] = a;
+    }
+    return tk_function_call(fn, args, n, stream);
+}
+
+static int run_cuda(ops_state *s, tk_ctx *ctx, const tk_op_call *k, void *stream, const char **impl)
+{
+    const tk_op_desc *op = k->op;
+    for (size_t i = 0; i < op->nparams; i++) {
+        const tk_tensor *t = k->t[i];
+        if (op->params[i].kind == TK_ARG_TENSOR && t && !tk_ops__contiguous(t)) {
+            tk_buf st = TK_BUF_INIT;
+            tk_ops__shape_str(&st, t->ndim, t->strides);
+            int rc = tk__err(TK_ERR_UNSUPPORTED,
+                             "%s: '%s' (shape %s, strides %s) is not contiguous; kernels take contiguous "
+                             "row-major tensors\nHINT: pass a contiguous copy (x.contiguous() in PyTorch)",
+                             op->name, op->params[i].name, tk_ops__shape_fmt(t->ndim, t->shape),
+                             st.data ? st.data : "?");
+            tk__buf_free(&st);
+            return rc;
+        }
+    }
+    tk_device_info dev;
+    int rc = tk_device_info_get(&dev, k->device_id);
+    if (rc != TK_OK)
+        return rc;
+    int cc = dev.cc_major * 10 + dev.cc_minor;
+
+    override ovr;
+    const override *ov = get_override(&ovr, ctx, op->name) ? &ovr : NULL;
+
+    for (int pass = 0; pass < 2; pass++) {
+        if (!s->scanned || pass == 1) {
+            if ((rc = scan(s, ctx)) != TK_OK)
+                return rc;
+        }
+        int tried = 0;
+        char last_err[512] = "", last_impl[256] = "";
+        int last_rc = TK_OK;
+        for (size_t i = 0; i < s->n; i++) {
+            const cand *c = &s->c[i];
+            const char *why = unfit(c, k, cc, ov);
+            if (why) {
+                if (strcmp(why, "another op") != 0)
+                    tk_api__log(ctx, TK_LOG_DEBUG, "%s: skipping %s (%s)", op->name, c->impl, why);
+                continue;
+            }
+            tried++;
+            tk_kernel *kern = NULL;
+            const tk_function *fn = NULL;
+            rc = kernel_for(&kern, s, ctx, c, k->device_id);
+            if (rc == TK_OK)
+                rc = tk_kernel_function(&fn, kern, c->kernel);
+            if (rc == TK_OK)
+                rc = launch(c, fn, k, stream);
+            if (rc == TK_OK) {
+                tk_api__log(ctx, TK_LOG_DEBUG, "%s: ran %s", op->name, c->impl);
+                if (impl)
+                    *impl = intern(s, c->impl); /* NULL only when out of memory */
+                return TK_OK;
+            }
+            /* Try the next one; a device-wide failure will fail them all the same way. */
+            last_rc = rc;
+            snprintf(last_err, sizeof last_err, "%s", tk_last_error());
+            snprintf(last_impl, sizeof last_impl, "%s", c->impl);
+            tk_api__log(ctx, TK_LOG_WARN, "%s: %s failed: %s", op->name, c->impl, last_err);
+            if (rc == TK_ERR_NO_DEVICE || rc == TK_ERR_NOMEM)
+                break;
+        }
+        if (tried)
+            return tk__err(last_rc, "%s: %d implementation%s found for %s on cuda:%d, none could run; %s: %s",
+                           op->name, tried, tried == 1 ? "" : "s", tk_ops__dtype_str(k->dtype), k->device_id,
+                           last_impl, last_err);
+    }
+    if (ov)
+        return tk__err(TK_ERR_UNSUPPORTED,
+                       "%s: the configured implementation '%s' (config \"ops\") is not installed or has no kernel "
+                       "for %s on sm_%d\nHINT: run 'tk get %s', or remove the override from config.json",
+                       op->name, ov->text, tk_ops__dtype_str(k->dtype), cc, ov->pkg);
+    return tk__err(TK_ERR_UNSUPPORTED,
+                   "%s: no installed package implements it for %s on cuda:%d (sm_%d)\nHINT: run 'tk get %s'; "
+                   "'tk ops' lists the implementations",
+                   op->name, tk_ops__dtype_str(k->dtype), k->device_id, cc,
+                   op->package ? op->package : "<a package that provides it>");
+}
+
+/* ---- the public functions --------------------------------------------------------------------- */
+
+TK_API int tk_op_run(tk_ctx *ctx, const char *op, const tk_arg *args, size_t nargs, void *stream,
+                     const char **impl)
+{
+    if (impl)
+        *impl = NULL;
+    int rc = tk_api__check_ctx(ctx);
+    if (rc != TK_OK)
+        return rc;
+    tk_op_call call;
+    if ((rc = tk_ops__prepare(&call, op, args, nargs)) != TK_OK)
+        return rc;
+    if (call.device_type == TK_DEV_CPU) {
+        if ((rc = tk_ops__run_cpu(&call)) == TK_OK && impl)
+            *impl = TK_OPS_IMPL_CPU;
+        return rc;
+    }
+    /* Nothing to compute: no launch (a grid of zero blocks is a launch error). */
+    for (size_t i = 0; i < call.op->nparams; i++)
+        if (call.t[i] && call.op->params[i].role == TK_OPS_OUT && tk_ops__numel(call.t[i]) == 0) {
+            if (impl)
+                *impl = "empty";
+            return TK_OK;
+        }
+    ops_state *s = NULL;
+    if ((rc = get_state(&s, ctx)) != TK_OK)
+        return rc;
+    return run_cuda(s, ctx, &call, stream, impl);
+}
+
+static json_t *param_json(const tk_op_desc *op, const tk_op_param *p)
+{
+    json_t *j = json_object();
+    json_object_set_new(j, "name", json_string(p->name));
+    if (p->kind == TK_ARG_TENSOR) {
+        json_object_set_new(j, "kind", json_string("tensor"));
+        json_object_set_new(j, "role", json_string(p->role == TK_OPS_OUT ? "out" : "in"));
+        if (p->dtype_like >= 0) {
+            json_object_set_new(j, "dtype_like", json_string(op->params[p->dtype_like].name));
+        } else {
+            json_t *d = json_array();
+            for (unsigned b = 1; b; b <<= 1)
+                if ((p->dtypes & b) && tk_ops__dtype_bit_str(b))
+                    json_array_append_new(d, json_string(tk_ops__dtype_bit_str(b)));
+            json_object_set_new(j, "dtypes", d);
+        }
+        json_object_set_new(j, "min_rank", json_integer(p->min_rank));
+        json_object_set_new(j, "max_rank", p->max_rank < 0 ? json_null() : json_integer(p->max_rank));
+        if (p->shape)
+            json_object_set_new(j, "shape", json_string(p->shape));
+    } else {
+        json_object_set_new(j, "kind", json_string(p->kind == TK_ARG_F64 ? "f64" : "i64"));
+        if (p->optional)
+            json_object_set_new(j, "default", json_real(p->def));
+    }
+    json_object_set_new(j, "optional", json_boolean(p->optional));
+    if (p->doc)
+        json_object_set_new(j, "doc", json_string(p->doc));
+    return j;
+}
+
+static json_t *impl_json(const cand *c)
+{
+    json_t *j = json_object();
+    json_object_set_new(j, "package", json_string(c->pkg));
+    json_object_set_new(j, "major", json_integer(c->major));
+    json_object_set_new(j, "version", json_string(c->version));
+    json_object_set_new(j, "kernel", json_string(c->kernel));
+    json_object_set_new(j, "impl", json_string(c->impl));
+    json_t *d = json_array();
+    for (unsigned b = 1; b; b <<= 1)
+        if ((c->dtypes & b) && tk_ops__dtype_bit_str(b))
+            json_array_append_new(d, json_string(tk_ops__dtype_bit_str(b)));
+    json_object_set_new(j, "dtypes", d);
+    json_object_set_new(j, "min_cc", c->min_cc ? json_integer(c->min_cc) : json_null());
+    json_object_set_new(j, "max_cc", c->max_cc ? json_integer(c->max_cc) : json_null());
+    json_object_set_new(j, "priority", json_integer(c->priority));
+    return j;
+}
+
+TK_API int tk_ops_json(char **out, tk_ctx *ctx)
+{
+    if (!out)
+        return tk__err(TK_ERR_INVALID, "tk_ops_json: out is NULL");
+    *out = NULL;
+    int rc = tk_api__check_ctx(ctx);
+    if (rc != TK_OK)
+        return rc;
+    ops_state *s = NULL;
+    if ((rc = get_state(&s, ctx)) != TK_OK || (rc = scan(s, ctx)) != TK_OK)
+        return rc;
+
+    json_t *arr = json_array();
+    json_t *seen = json_object();
+    for (size_t i = 0, n = tk_ops__count(); arr && i < n; i++) {
+        const tk_op_desc *op = tk_ops__at(i);
+        json_t *j = json_object(), *ps = json_array(), *impls = json_array();
+        tk_buf sig = TK_BUF_INIT;
+        tk_ops__signature(&sig, op);
+        json_object_set_new(j, "name", json_string(op->name));
+        json_object_set_new(j, "standard", json_true());
+        json_object_set_new(j, "family", json_string(op->family));
+        json_object_set_new(j, "summary", json_string(op->summary));
+        json_object_set_new(j, "signature", json_string(sig.data ? sig.data : op->name));
+        tk__buf_free(&sig);
+        for (size_t p = 0; p < op->nparams; p++)
+            json_array_append_new(ps, param_json(op, &op->params[p]));
+        json_object_set_new(j, "params", ps);
+        json_object_set_new(j, "cpu_reference", json_boolean(op->cpu != NULL));
+        for (size_t c = 0; c < s->n; c++)
+            if (strcmp(s->c[c].op, op->name) == 0)
+                json_array_append_new(impls, impl_json(&s->c[c]));
+        json_object_set_new(j, "implementations", impls);
+        json_array_append_new(arr, j);
+        json_object_set_new(seen, op->name, json_true());
+    }
+    /* Ops that packages define and tk does not know: callable through tk_function_call / `tk run`. */
+    for (size_t c = 0; arr && seen && c < s->n; c++) {
+        const char *name = s->c[c].op;
+        json_t *j = json_object_get(seen, name) ? NULL : json_object();
+        if (j) {
+            json_object_set_new(j, "name", json_string(name));
+            json_object_set_new(j, "standard", json_false());
+            json_object_set_new(j, "cpu_reference", json_false());
+            json_t *impls = json_array();
+            for (size_t d = c; d < s->n; d++)
+                if (strcmp(s->c[d].op, name) == 0)
+                    json_array_append_new(impls, impl_json(&s->c[d]));
+            json_object_set_new(j, "implementations", impls);
+            json_array_append_new(arr, j);
+            json_object_set_new(seen, name, json_true());
+        }
+    }
+    json_decref(seen);
+    char *text = arr ? json_dumps(arr, JSON_INDENT(2)) : NULL;
+    json_decref(arr);
+    if (!text)
+        return tk__err(TK_ERR_NOMEM, "out of memory");
+    *out = text;
+    return TK_OK;
+}

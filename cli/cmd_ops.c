@@ -1,0 +1,864 @@
+/*
+ * cmd_ops.c — tk ops: the standard ops, their signatures and the installed kernels implementing them;
+ * tk run-op: runs one op on random host tensors through tk_op_run (the CPU reference) and prints what
+ * ran, how long it took and a checksum of the result.
+ *
+ * Both read tk_ops_json(), the only description of ops the public API offers, with a small JSON
+ * reader below (cli/ sees tk.h and nothing else). run-op derives every tensor's shape from --shape
+ * and the shape patterns of the signature ("[..., 2*d]"), so it needs no per-op code.
+ */
+#include <math.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+
+#include "cli/cli.h"
+
+/* ---- a small JSON reader (enough for tk_ops_json) --------------------------------------------- */
+
+enum { JV_NULL, JV_BOOL, JV_NUM, JV_STR, JV_ARR, JV_OBJ };
+
+typedef struct jv {
+    int type;
+    double num;
+    char *str;         /* JV_STR; also the key when this value is an object member */
+    char *key;
+    struct jv **items; /* JV_ARR, JV_OBJ */
+    size_t n;
+} jv;
+
+static void jv_free(jv *v)
+{
+    if (!v)
+        return;
+    for (size_t i = 0; i < v->n; i++)
+        jv_free(v->items[i]);
+    free(v->items);
+    free(v->str);
+    free(v->key);
+    free(v);
+}
+
+static void skip_ws(const char **p)
+{
+    while (**p == ' ' || **p == '\n' || **p == '\r' || **p == '\t')
+        (*p)++;
+}
+
+static char *parse_str(const char **p)
+{
+    if (**p != '"')
+        return NULL;
+    (*p)++;
+    size_t cap = 64, len = 0;
+    char *s = malloc(cap);
+    while (s && **p && **p != '"') {
+        if (len + 8 >= cap) {
+            char *ns = realloc(s, cap *= 2);
+            if (!ns) {
+                free(s);
+                return NULL;
+            }
+            s = ns;
+        }
+        char c = *(*p)++;
+        if (c != '\\') {
+            s[len++] = c;
+            continue;
+        }
+        c = *(*p)++;
+        switch (c) {
+        case 'n': s[len++] = '\n'; break;
+        case 't': s[len++] = '\t'; break;
+        case 'r': s[len++] = '\r'; break;
+        case 'b': s[len++] = '\b'; break;
+        case 'f': s[len++] = '\f'; break;
+        case 'u': {
+            unsigned u = 0;
+            for (int i = 0; i < 4 && **p; i++, (*p)++) {
+                char h = **p;
+                u = u * 16 + (unsigned)(h <= '9' ? h - '0' : (h | 32) - 'a' + 10);
+            }
+            if (u < 0x80) {
+                s[len++] = (char)u;
+            } else if (u < 0x800) {
+                s[len++] = (char)(0xc0 | (u >> 6));
+                s[len++] = (char)(0x80 | (u & 0x3f));
+            } else {
+                s[len++] = (char)(0xe0 | (u >> 12));
+                s[len++] = (char)(0x80 | ((u >> 6) & 0x3f));
+                s[len++] = (char)(0x80 | (u & 0x3f));
+            }
+            break;
+        }
+        case '\0': free(s); return NULL;
+        default: s[len++] = c;
+        }
+    }
+    if (!s || **p != '"') {
+        free(s);
+        return NULL;
+    }
+    (*p)++;
+    s[len] = '\0';
+    return s;
+}
+
+static jv *parse_value(const char **p, int depth)
+{
+    skip_ws(p);
+    if (depth > 32)
+        return NULL;
+    jv *v = calloc(1, sizeof *v);
+    if (!v)
+        return NULL;
+    if (**p == '{' || **p == '[') {
+        int obj = **p == '{';
+        char close = obj ? '}' : ']';
+        v->type = obj ? JV_OBJ : JV_ARR;
+        (*p)++;
+        skip_ws(p);
+        while (**p && **p != close) {
+            char *key = NULL;
+            if (obj) {
+                if (!(key = parse_str(p)))
+                    goto fail;
+                skip_ws(p);
+                if (**p != ':') {
+                    free(key);
+                    goto fail;
+                }
+                (*p)++;
+            }
+            jv *item = parse_value(p, depth + 1);
+            jv **ni = item ? realloc(v->items, (v->n + 1) * sizeof *v->items) : NULL;
+            if (!ni) {
+                free(key);
+                jv_free(item);
+                goto fail;
+            }
+            v->items = ni;
+            item->key = key;
+            v->items[v->n++] = item;
+            skip_ws(p);
+            if (**p == ',') {
+                (*p)++;
+                skip_ws(p);
+            }
+        }
+        if (**p != close)
+            goto fail;
+        (*p)++;
+    } else if (**p == '"') {
+        v->type = JV_STR;
+        if (!(v->str = parse_str(p)))
+            goto fail;
+    } else if (!strncmp(*p, "true", 4) || !strncmp(*p, "false", 5)) {
+        v->type = JV_BOOL;
+        v->num = **p == 't';
+        *p += v->num ? 4 : 5;
+    } else if (!strncmp(*p, "null", 4)) {
+        v->type = JV_NULL;
+        *p += 4;
+    } else {
+        char *end;
+        v->type = JV_NUM;
+        v->num = strtod(*p, &end);
+        if (end == *p)
+            goto fail;
+        *p = end;
+    }
+    return v;
+fail:
+    jv_free(v);
+    return NULL;
+}
+
+static const jv *jv_get(const jv *o, const char *key)
+{
+    for (size_t i = 0; o && o->type == JV_OBJ && i < o->n; i++)
+        if (!strcmp(o->items[i]->key, key))
+            return o->items[i];
+    return NULL;
+}
+
+static const char *jv_str(const jv *v) { return v && v->type == JV_STR ? v->str : NULL; }
+
+static void jv_print_str(const char *s)
+{
+    putchar('"');
+    for (; *s; s++) {
+        unsigned char c = (unsigned char)*s;
+        if (c == '"' || c == '\\')
+            printf("\\%c", c);
+        else if (c == '\n')
+            printf("\\n");
+        else if (c < 0x20)
+            printf("\\u%04x", c);
+        else
+            putchar(c);
+    }
+    putchar('"');
+}
+
+static void jv_print(const jv *v, int indent)
+{
+    switch (v->type) {
+    case JV_NULL: printf("null"); break;
+    case JV_BOOL: printf(v->num ? "true" : "false"); break;
+    case JV_NUM: printf("%.17g", v->num); break;
+    case JV_STR: jv_print_str(v->str); break;
+    default:
+        putchar(v->type == JV_OBJ ? '{' : '[');
+        for (size_t i = 0; i < v->n; i++) {
+            printf("%s\n%*s", i ? "," : "", indent + 2, "");
+            if (v->type == JV_OBJ) {
+                jv_print_str(v->items[i]->key);
+                printf(": ");
+            }
+            jv_print(v->items[i], indent + 2);
+        }
+        if (v->n)
+            printf("\n%*s", indent, "");
+        putchar(v->type == JV_OBJ ? '}' : ']');
+    }
+}
+
+/* tk_ops_json, parsed. NULL after printing the error. */
+static jv *load_ops(tk_cli *cli, int *exit_code)
+{
+    tk_ctx *ctx = tk_cli_ctx(cli);
+    *exit_code = TK_EXIT_FAIL;
+    if (!ctx)
+        return NULL;
+    char *text = NULL;
+    int rc = tk_ops_json(&text, ctx);
+    if (rc != TK_OK) {
+        *exit_code = tk_cli_fail(cli, rc, "cannot list ops");
+        return NULL;
+    }
+    const char *p = text;
+    jv *v = parse_value(&p, 0);
+    tk_free(text);
+    if (!v || v->type != JV_ARR) {
+        jv_free(v);
+        fprintf(stderr, "tk: internal error: tk_ops_json returned text this tk cannot read\n");
+        return NULL;
+    }
+    return v;
+}
+
+static const jv *find_op(const jv *ops, const char *name)
+{
+    for (size_t i = 0; i < ops->n; i++)
+        if (jv_str(jv_get(ops->items[i], "name")) && !strcmp(jv_str(jv_get(ops->items[i], "name")), name))
+            return ops->items[i];
+    return NULL;
+}
+
+/* ---- tk ops ----------------------------------------------------------------------------------- */
+
+static const char *OPS_USAGE = "tk ops [--json] [OP]";
+
+static void print_op_detail(const jv *op)
+{
+    const jv *impls = jv_get(op, "implementations");
+    printf("%s\n", jv_str(jv_get(op, "signature")) ? jv_str(jv_get(op, "signature")) : jv_str(jv_get(op, "name")));
+    if (jv_str(jv_get(op, "summary")))
+        printf("  %s\n", jv_str(jv_get(op, "summary")));
+    const jv *ps = jv_get(op, "params");
+    for (size_t i = 0; ps && i < ps->n; i++) {
+        const jv *p = ps->items[i];
+        printf("    %-10s %s\n", jv_str(jv_get(p, "name")), jv_str(jv_get(p, "doc")) ? jv_str(jv_get(p, "doc")) : "");
+    }
+    const jv *cpu = jv_get(op, "cpu_reference");
+    printf("  implementations:%s\n", cpu && cpu->num ? " cpu-reference (host tensors)" : "");
+    if (!impls || impls->n == 0)
+        printf("    (no installed package; try 'tk get kernels-community/activation')\n");
+    for (size_t i = 0; impls && i < impls->n; i++) {
+        const jv *m = impls->items[i];
+        const jv *dts = jv_get(m, "dtypes"), *cc = jv_get(m, "min_cc"), *pr = jv_get(m, "priority");
+        printf("    %-48s v%s", jv_str(jv_get(m, "impl")), jv_str(jv_get(m, "version")));
+        for (size_t d = 0; dts && d < dts->n; d++)
+            printf("%s%s", d ? "," : "  ", jv_str(dts->items[d]));
+        if (cc && cc->type == JV_NUM)
+            printf("  sm_%d+", (int)cc->num);
+        printf("  priority %d\n", pr ? (int)pr->num : 0);
+    }
+}
+
+int tk_cmd_ops(tk_cli *cli, int argc, char **argv)
+{
+    const char *only = NULL;
+    for (int i = 1; i < argc; i++) {
+        if (tk_cli_is_help(argv[i])) {
+            printf("usage: %s\n"
+                   "\n"
+                   "Lists the ops tk knows: each standard op's signature, whether it has a CPU reference,\n"
+                   "and the kernels of installed packages that implement it. Ops that installed packages\n"
+                   "define and tk does not know are listed too (without a signature).\n"
+                   "\n"
+                   "  OP        show one op in detail: parameters and every implementation\n"
+                   "  --json    print the list as JSON (name, signature, params, implementations)\n"
+                   "\n"
+                   "tk_op_run() picks, for CUDA tensors, the installed implementation with the highest\n"
+                   "priority that fits the dtype and the GPU; config.json can pin one per op:\n"
+                   "  {\"ops\": {\"silu_and_mul\": \"org/name\"}}   (or \"org/name@2\", \"org/name:kernel\")\n"
+                   "Host tensors always run the CPU reference.\n"
+                   "\n"
+                   "examples:\n"
+                   "  tk ops\n"
+                   "  tk ops silu_and_mul\n"
+                   "  tk run-op silu_and_mul --shape 4,4096 --dtype bf16\n",
+                   OPS_USAGE);
+            return TK_EXIT_OK;
+        }
+        if (argv[i][0] == '-')
+            return tk_cli_usage(OPS_USAGE, "unknown option '%s'", argv[i]);
+        if (only)
+            return tk_cli_usage(OPS_USAGE, "unexpected argument '%s'", argv[i]);
+        only = argv[i];
+    }
+    int code;
+    jv *ops = load_ops(cli, &code);
+    if (!ops)
+        return code;
+    code = TK_EXIT_OK;
+    const jv *one = only ? find_op(ops, only) : NULL;
+    if (only && !one) {
+        fprintf(stderr, "tk: unknown op '%s'\nHINT: 'tk ops' lists every op\n", only);
+        code = TK_EXIT_NOT_FOUND;
+    } else if (cli->json) {
+        jv_print(one ? one : ops, 0);
+        printf("\n");
+    } else if (one) {
+        print_op_detail(one);
+    } else {
+        /* the signature without the repeated op name */
+        int wn = 2, ws = 9;
+        for (size_t i = 0; i < ops->n; i++) {
+            const char *name = jv_str(jv_get(ops->items[i], "name")), *sig = jv_str(jv_get(ops->items[i], "signature"));
+            int ln = name ? (int)strlen(name) : 0, ls = sig ? (int)(strlen(sig) - (size_t)ln) : 22;
+            wn = ln > wn ? ln : wn;
+            ws = ls > ws ? ls : ws;
+        }
+        printf("%-*s  %-*s  %s\n", wn, "OP", ws, "SIGNATURE", "IMPLEMENTATIONS");
+        for (size_t i = 0; i < ops->n; i++) {
+            const jv *op = ops->items[i], *impls = jv_get(op, "implementations"), *cpu = jv_get(op, "cpu_reference");
+            const char *sig = jv_str(jv_get(op, "signature"));
+            const char *name = jv_str(jv_get(op, "name"));
+            const char *args = sig && name && !strncmp(sig, name, strlen(name)) ? sig + strlen(name) : sig;
+            printf("%-*s  %-*s  %s", wn, name, ws, args ? args : "(defined by a package)",
+                   cpu && cpu->num ? "cpu-reference" : "");
+            size_t shown = 0;
+            for (size_t k = 0; impls && k < impls->n; k++) {
+                /* one entry per package: "org/name (3 kernels)" */
+                const char *pkg = jv_str(jv_get(impls->items[k], "package"));
+                int dup = 0;
+                for (size_t j = 0; j < k; j++)
+                    dup |= !strcmp(jv_str(jv_get(impls->items[j], "package")), pkg);
+                if (dup)
+                    continue;
+                size_t nk = 0;
+                for (size_t j = 0; j < impls->n; j++)
+                    nk += !strcmp(jv_str(jv_get(impls->items[j], "package")), pkg);
+                printf("%s%s (%zu kernel%s)", shown || (cpu && cpu->num) ? ", " : "", pkg, nk, nk == 1 ? "" : "s");
+                shown++;
+            }
+            printf("\n");
+        }
+    }
+    jv_free(ops);
+    return code;
+}
+
+/* ---- tk run-op -------------------------------------------------------------------------------- */
+
+static const char *RUN_USAGE =
+    "tk run-op OP --shape D0,D1,... [--dtype f32|f16|bf16] [--seed N] [--repeat N] [--arg NAME=VALUE]...";
+
+#define MAX_T 16
+#define MAX_D 16
+
+typedef struct {
+    char name[64];
+    int ndim;
+    int64_t shape[MAX_D];
+    void *data;
+    size_t bytes;
+    tk_tensor t;
+    int out;
+} host_tensor;
+
+/* Shape patterns of the signature: "[...]", "[..., d]", "[..., 2*d]", "[d]", "[4, n]". A token is
+ * "...", an integer, a symbol, or INT*symbol. */
+typedef struct {
+    int ellipsis;
+    int64_t k;        /* multiplier, or the literal when sym is empty */
+    char sym[16];
+} dim_pat;
+
+static int parse_pattern(const char *s, dim_pat *pat, int *n)
+{
+    *n = 0;
+    if (!s || *s != '[')
+        return -1;
+    s++;
+    while (*s && *s != ']') {
+        while (*s == ' ' || *s == ',')
+            s++;
+        if (*s == ']')
+            break;
+        if (*n >= MAX_D)
+            return -1;
+        dim_pat *d = &pat[(*n)++];
+        memset(d, 0, sizeof *d);
+        if (!strncmp(s, "...", 3)) {
+            d->ellipsis = 1;
+            s += 3;
+            continue;
+        }
+        d->k = 1;
+        if (*s >= '0' && *s <= '9') {
+            d->k = strtoll(s, (char **)&s, 10);
+            if (*s == '*')
+                s++;
+        }
+        size_t len = 0;
+        while ((*s == '_' || (*s >= 'a' && *s <= 'z') || (*s >= 'A' && *s <= 'Z') || (*s >= '0' && *s <= '9')) &&
+               len + 1 < sizeof d->sym)
+            d->sym[len++] = *s++;
+        d->sym[len] = '\0';
+        if (*s && *s != ',' && *s != ']')
+            return -1;
+    }
+    return 0;
+}
+
+typedef struct {
+    char sym[16];
+    int64_t v;
+} binding;
+
+/* Binds the pattern to a concrete shape: the ellipsis takes what the other dims leave. */
+static int bind_shape(const dim_pat *pat, int np, const int64_t *shape, int nd, binding *b, int *nb,
+                      int64_t *lead, int *nlead)
+{
+    int fixed = 0, ell = -1;
+    for (int i = 0; i < np; i++) {
+        if (pat[i].ellipsis)
+            ell = i;
+        else
+            fixed++;
+    }
+    if (ell < 0 ? nd != fixed : nd < fixed)
+        return -1;
+    *nlead = ell < 0 ? 0 : nd - fixed;
+    for (int i = 0; i < *nlead; i++)
+        lead[i] = shape[ell + i];
+    for (int i = 0, s = 0; i < np; i++) {
+        if (pat[i].ellipsis) {
+            s += *nlead;
+            continue;
+        }
+        int64_t dim = shape[s++];
+        if (!pat[i].sym[0])
+            continue;
+        if (pat[i].k <= 0 || dim % pat[i].k)
+            return -2 - i;
+        b[(*nb)].v = dim / pat[i].k;
+        snprintf(b[(*nb)++].sym, sizeof b->sym, "%s", pat[i].sym);
+    }
+    return 0;
+}
+
+static int make_shape(const dim_pat *pat, int np, const binding *b, int nb, const int64_t *lead, int nlead,
+                      int64_t *shape, int *nd)
+{
+    *nd = 0;
+    for (int i = 0; i < np; i++) {
+        if (pat[i].ellipsis) {
+            for (int k = 0; k < nlead; k++)
+                shape[(*nd)++] = lead[k];
+            continue;
+        }
+        if (!pat[i].sym[0]) {
+            shape[(*nd)++] = pat[i].k;
+            continue;
+        }
+        int found = 0;
+        for (int k = 0; k < nb && !found; k++)
+            if (!strcmp(b[k].sym, pat[i].sym)) {
+                shape[(*nd)++] = pat[i].k * b[k].v;
+                found = 1;
+            }
+        if (!found)
+            return -1;
+    }
+    return 0;
+}
+
+static uint64_t splitmix(uint64_t *s)
+{
+    uint64_t z = (*s += 0x9e3779b97f4a7c15ull);
+    z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ull;
+    z = (z ^ (z >> 27)) * 0x94d049bb133111ebull;
+    return z ^ (z >> 31);
+}
+
+static uint32_t fbits(float f)
+{
+    uint32_t u;
+    memcpy(&u, &f, 4);
+    return u;
+}
+
+static float bitsf(uint32_t u)
+{
+    float f;
+    memcpy(&f, &u, 4);
+    return f;
+}
+
+/* Round to nearest even; the inputs here are small finite values, and outputs are only read. */
+static uint16_t to_bf16(float f)
+{
+    uint32_t x = fbits(f);
+    if ((x & 0x7fffffffu) > 0x7f800000u)
+        return (uint16_t)((x >> 16) | 0x40u);
+    return (uint16_t)((x + 0x7fffu + ((x >> 16) & 1u)) >> 16);
+}
+
+static uint16_t to_f16(float f)
+{
+    uint32_t x = fbits(f), ax = x & 0x7fffffffu;
+    uint16_t sign = (uint16_t)((x >> 16) & 0x8000u);
+    if (ax > 0x7f800000u)
+        return sign | 0x7e00u;
+    if (ax >= 0x477ff000u)
+        return sign | 0x7c00u;
+    if (ax < 0x38800000u) {
+        uint32_t e = ax >> 23;
+        if (e < 102)
+            return sign;
+        uint32_t m = (ax & 0x7fffffu) | 0x800000u, s = 126 - e, r = m >> s, rem = m & ((1u << s) - 1);
+        if (rem > (1u << (s - 1)) || (rem == (1u << (s - 1)) && (r & 1u)))
+            r++;
+        return (uint16_t)(sign | r);
+    }
+    uint32_t h = (ax >> 13) - (112u << 10), rem = ax & 0x1fffu;
+    if (rem > 0x1000u || (rem == 0x1000u && (h & 1u)))
+        h++;
+    return (uint16_t)(sign | h);
+}
+
+static float from_f16(uint16_t h)
+{
+    uint32_t sign = (uint32_t)(h & 0x8000u) << 16, e = (h >> 10) & 31u, m = h & 0x3ffu;
+    if (e == 31)
+        return bitsf(sign | 0x7f800000u | (m << 13));
+    if (e == 0)
+        return (sign ? -1.0f : 1.0f) * ldexpf((float)m, -24);
+    return bitsf(sign | ((e + 112) << 23) | (m << 13));
+}
+
+static double elem(const host_tensor *h, size_t i)
+{
+    if (h->t.dtype.bits == 32)
+        return ((const float *)h->data)[i];
+    uint16_t v = ((const uint16_t *)h->data)[i];
+    return h->t.dtype.code == TK_DL_BFLOAT ? bitsf((uint32_t)v << 16) : from_f16(v);
+}
+
+static double now_ms(void)
+{
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (double)ts.tv_sec * 1e3 + (double)ts.tv_nsec / 1e6;
+}
+
+static void shape_text(char *buf, size_t n, const int64_t *shape, int nd)
+{
+    size_t len = (size_t)snprintf(buf, n, "[");
+    for (int i = 0; i < nd && len < n; i++)
+        len += (size_t)snprintf(buf + len, n - len, i ? ", %lld" : "%lld", (long long)shape[i]);
+    if (len < n)
+        snprintf(buf + len, n - len, "]");
+}
+
+int tk_cmd_run_op(tk_cli *cli, int argc, char **argv)
+{
+    const char *opname = NULL, *shape_s = NULL, *dtype_s = "f32";
+    uint64_t seed = 0;
+    long long repeat = 1;
+    const char *scalar_args[MAX_T];
+    int nscalar = 0;
+    for (int i = 1; i < argc; i++) {
+        const char *a = argv[i];
+        if (tk_cli_is_help(a)) {
+            printf("usage: %s\n"
+                   "\n"
+                   "Runs an op on random host tensors through tk_op_run() and prints the implementation\n"
+                   "that ran (the CPU reference, for host tensors), the time and a checksum of every\n"
+                   "tensor: the sum of its elements and an FNV-1a hash of its bytes, so two runs, two\n"
+                   "machines or two builds can be compared.\n"
+                   "\n"
+                   "  OP                 the op ('tk ops' lists them)\n"
+                   "  --shape D0,D1,...  the shape of the op's first input tensor; the other shapes follow\n"
+                   "                     from the signature (silu_and_mul: input [4, 4096] -> out [4, 2048])\n"
+                   "  --dtype DT         f32 (default), f16 or bf16\n"
+                   "  --seed N           seed of the random inputs, uniform in [-3, 3] (default 0)\n"
+                   "  --repeat N         run N times and report the fastest and the mean (default 1)\n"
+                   "  --arg NAME=VALUE   a scalar parameter (fatrelu_and_mul: --arg threshold=0.5);\n"
+                   "                     scalars left out take their defaults\n"
+                   "  --json             print the result as a JSON object\n"
+                   "\n"
+                   "examples:\n"
+                   "  tk run-op silu_and_mul --shape 4,4096 --dtype bf16\n"
+                   "  tk run-op gelu --shape 128,768 --seed 7 --repeat 10\n"
+                   "  tk run-op fatrelu_and_mul --shape 8,1024 --arg threshold=0.25 --json\n"
+                   "\n"
+                   "exit status: 0 ok, 2 bad arguments or shapes, 3 unknown op.\n",
+                   RUN_USAGE);
+            return TK_EXIT_OK;
+        }
+        const char *val = i + 1 < argc ? argv[i + 1] : NULL;
+        if (!strcmp(a, "--shape") || !strcmp(a, "--dtype") || !strcmp(a, "--seed") || !strcmp(a, "--repeat") ||
+            !strcmp(a, "--arg")) {
+            if (!val)
+                return tk_cli_usage(RUN_USAGE, "%s needs a value", a);
+            i++;
+            if (!strcmp(a, "--shape"))
+                shape_s = val;
+            else if (!strcmp(a, "--dtype"))
+                dtype_s = val;
+            else if (!strcmp(a, "--arg")) {
+                if (nscalar >= MAX_T || !strchr(val, '='))
+                    return tk_cli_usage(RUN_USAGE, "--arg wants NAME=VALUE, got '%s'", val);
+                scalar_args[nscalar++] = val;
+            } else {
+                char *end;
+                unsigned long long v = strtoull(val, &end, 10);
+                if (*end || end == val || val[0] == '-' || (!strcmp(a, "--repeat") && (v < 1 || v > 1000000)))
+                    return tk_cli_usage(RUN_USAGE, "%s wants a %s, got '%s'", a,
+                                        !strcmp(a, "--seed") ? "non-negative integer" : "count from 1 to 1000000",
+                                        val);
+                if (!strcmp(a, "--seed"))
+                    seed = v;
+                else
+                    repeat = (long long)v;
+            }
+        } else if (a[0] == '-') {
+            return tk_cli_usage(RUN_USAGE, "unknown option '%s'", a);
+        } else if (!opname) {
+            opname = a;
+        } else {
+            return tk_cli_usage(RUN_USAGE, "unexpected argument '%s'", a);
+        }
+    }
+    if (!opname)
+        return tk_cli_usage(RUN_USAGE, "which op? ('tk ops' lists them)");
+    if (!shape_s)
+        return tk_cli_usage(RUN_USAGE, "--shape is required (e.g. --shape 4,4096)");
+    tk_dtype dt;
+    if (!strcmp(dtype_s, "f32"))
+        dt = (tk_dtype){TK_DL_FLOAT, 32, 1};
+    else if (!strcmp(dtype_s, "f16"))
+        dt = (tk_dtype){TK_DL_FLOAT, 16, 1};
+    else if (!strcmp(dtype_s, "bf16"))
+        dt = (tk_dtype){TK_DL_BFLOAT, 16, 1};
+    else
+        return tk_cli_usage(RUN_USAGE, "--dtype wants f32, f16 or bf16, got '%s'", dtype_s);
+    int64_t shape[MAX_D];
+    int nd = 0;
+    for (const char *s = shape_s; *s;) {
+        char *end;
+        long long v = strtoll(s, &end, 10);
+        if (end == s || v < 0 || v > ((int64_t)1 << 40) || nd >= MAX_D || (*end && *end != ','))
+            return tk_cli_usage(RUN_USAGE, "--shape wants sizes separated by commas (4,4096), got '%s'", shape_s);
+        shape[nd++] = v;
+        s = *end ? end + 1 : end;
+    }
+
+    int code;
+    jv *ops = load_ops(cli, &code);
+    if (!ops)
+        return code;
+    host_tensor ht[MAX_T];
+    tk_arg args[MAX_T];
+    size_t nargs = 0, nt = 0;
+    memset(ht, 0, sizeof ht);
+    code = TK_EXIT_USAGE;
+    const jv *op = find_op(ops, opname);
+    const jv *params = jv_get(op, "params");
+    if (!op) { /* the library's message has the "did you mean" hint */
+        code = tk_cli_fail(cli, tk_op_run(tk_cli_ctx(cli), opname, NULL, 0, NULL, NULL), NULL);
+        goto done;
+    }
+    if (!params) {
+        fprintf(stderr, "tk: %s is defined by a package, not by tk: it has no signature to build inputs from\n"
+                "HINT: call its kernel with 'tk run' instead\n", opname);
+        code = TK_EXIT_FAIL;
+        goto done;
+    }
+
+    /* Bind the symbols of the first input's pattern to --shape, then shape every tensor. */
+    binding b[MAX_D];
+    int nb = 0, nlead = 0;
+    int64_t lead[MAX_D];
+    const jv *first = NULL;
+    for (size_t i = 0; i < params->n && !first; i++)
+        if (!strcmp(jv_str(jv_get(params->items[i], "kind")), "tensor") &&
+            !strcmp(jv_str(jv_get(params->items[i], "role")), "in"))
+            first = params->items[i];
+    if (!first) {
+        fprintf(stderr, "tk: %s has no input tensor to shape\n", opname);
+        goto done;
+    }
+    dim_pat pat[MAX_D];
+    int np;
+    if (parse_pattern(jv_str(jv_get(first, "shape")), pat, &np) != 0) {
+        fprintf(stderr, "tk: %s: cannot read the shape pattern of '%s'\n", opname, jv_str(jv_get(first, "name")));
+        goto done;
+    }
+    int brc = bind_shape(pat, np, shape, nd, b, &nb, lead, &nlead);
+    if (brc == -1) {
+        fprintf(stderr, "tk: %s: --shape %s has the wrong rank for '%s' %s\n", opname, shape_s,
+                jv_str(jv_get(first, "name")), jv_str(jv_get(first, "shape")));
+        goto done;
+    } else if (brc) {
+        fprintf(stderr, "tk: %s: --shape %s does not fit '%s' %s: that dimension must be a multiple of %lld\n", opname,
+                shape_s, jv_str(jv_get(first, "name")), jv_str(jv_get(first, "shape")), (long long)pat[-2 - brc].k);
+        goto done;
+    }
+    uint64_t rng = seed;
+    for (size_t i = 0; i < params->n; i++) {
+        const jv *p = params->items[i];
+        const char *pname = jv_str(jv_get(p, "name"));
+        const char *kind = jv_str(jv_get(p, "kind"));
+        if (!strcmp(kind, "tensor")) {
+            host_tensor *h = &ht[nt];
+            snprintf(h->name, sizeof h->name, "%s", pname);
+            h->out = !strcmp(jv_str(jv_get(p, "role")), "out");
+            if (parse_pattern(jv_str(jv_get(p, "shape")), pat, &np) != 0 ||
+                make_shape(pat, np, b, nb, lead, nlead, h->shape, &h->ndim) != 0) {
+                fprintf(stderr, "tk: %s: cannot derive the shape of '%s' %s from --shape\n", opname, pname,
+                        jv_str(jv_get(p, "shape")));
+                goto done;
+            }
+            size_t n = 1;
+            for (int k = 0; k < h->ndim; k++)
+                n *= (size_t)h->shape[k];
+            h->bytes = n * dt.bits / 8;
+            h->data = malloc(h->bytes ? h->bytes : 1);
+            if (!h->data) {
+                fprintf(stderr, "tk: out of memory for '%s' (%zu bytes)\n", pname, h->bytes);
+                code = TK_EXIT_FAIL;
+                goto done;
+            }
+            for (size_t k = 0; k < n; k++) {
+                float v = h->out ? 0.0f : (float)((double)(splitmix(&rng) >> 11) * 0x1.0p-53 * 6.0 - 3.0);
+                if (dt.bits == 32)
+                    ((float *)h->data)[k] = v;
+                else
+                    ((uint16_t *)h->data)[k] = dt.code == TK_DL_BFLOAT ? to_bf16(v) : to_f16(v);
+            }
+            h->t.data = h->data;
+            h->t.device.device_type = TK_DEV_CPU;
+            h->t.ndim = h->ndim;
+            h->t.dtype = dt;
+            h->t.shape = h->shape;
+            args[nargs] = (tk_arg){TK_ARG_TENSOR, h->name, &h->t, 0, 0};
+            nargs++;
+            nt++;
+        } else {
+            for (int s = 0; s < nscalar; s++) {
+                size_t len = strcspn(scalar_args[s], "=");
+                if (len != strlen(pname) || strncmp(scalar_args[s], pname, len))
+                    continue;
+                const char *v = scalar_args[s] + len + 1;
+                char *end;
+                args[nargs] = (tk_arg){!strcmp(kind, "i64") ? TK_ARG_I64 : TK_ARG_F64, pname, NULL, 0, 0};
+                if (args[nargs].kind == TK_ARG_I64)
+                    args[nargs].i = strtoll(v, &end, 10);
+                else
+                    args[nargs].f = strtod(v, &end);
+                if (end == v || *end) {
+                    fprintf(stderr, "tk: --arg %s wants %s, got '%s'\n", pname,
+                            args[nargs].kind == TK_ARG_I64 ? "an integer" : "a number", v);
+                    goto done;
+                }
+                nargs++;
+            }
+        }
+    }
+    for (int s = 0; s < nscalar; s++) {
+        size_t len = strcspn(scalar_args[s], "="), known = 0;
+        for (size_t i = 0; i < params->n; i++) {
+            const char *pname = jv_str(jv_get(params->items[i], "name"));
+            known |= strcmp(jv_str(jv_get(params->items[i], "kind")), "tensor") && strlen(pname) == len &&
+                     !strncmp(pname, scalar_args[s], len);
+        }
+        if (!known) {
+            fprintf(stderr, "tk: %s has no scalar parameter '%.*s' (see 'tk ops %s')\n", opname, (int)len,
+                    scalar_args[s], opname);
+            goto done;
+        }
+    }
+
+    const char *impl = NULL;
+    double best = 1e300, total = 0;
+    for (long long r = 0; r < repeat; r++) {
+        double t0 = now_ms();
+        int rc = tk_op_run(tk_cli_ctx(cli), opname, args, nargs, NULL, &impl);
+        double dt_ms = now_ms() - t0;
+        if (rc != TK_OK) {
+            code = tk_cli_fail(cli, rc, NULL);
+            goto done;
+        }
+        total += dt_ms;
+        if (dt_ms < best)
+            best = dt_ms;
+    }
+
+    char buf[256];
+    if (cli->json) {
+        printf("{\"op\": \"%s\", \"impl\": \"%s\", \"dtype\": \"%s\", \"seed\": %llu, \"repeat\": %lld, "
+               "\"ms_best\": %.6f, \"ms_mean\": %.6f, \"tensors\": [",
+               opname, impl ? impl : "", dtype_s, (unsigned long long)seed, repeat, best, total / (double)repeat);
+    } else {
+        printf("%s %s: %s, %.3f ms%s", opname, dtype_s, impl ? impl : "?", best, repeat > 1 ? " (best)" : "");
+        if (repeat > 1)
+            printf(", %.3f ms mean of %lld", total / (double)repeat, repeat);
+        printf(", seed %llu\n", (unsigned long long)seed);
+    }
+    for (size_t i = 0; i < nt; i++) {
+        const host_tensor *h = &ht[i];
+        size_t n = h->bytes / (dt.bits / 8);
+        double sum = 0;
+        uint64_t fnv = 0xcbf29ce484222325ull;
+        for (size_t k = 0; k < n; k++)
+            sum += elem(h, k);
+        for (size_t k = 0; k < h->bytes; k++)
+            fnv = (fnv ^ ((const uint8_t *)h->data)[k]) * 0x100000001b3ull;
+        shape_text(buf, sizeof buf, h->shape, h->ndim);
+        if (cli->json)
+            printf("%s{\"name\": \"%s\", \"role\": \"%s\", \"shape\": %s, \"sum\": %.17g, \"fnv1a64\": "
+                   "\"%016llx\"}",
+                   i ? ", " : "", h->name, h->out ? "out" : "in", buf, isfinite(sum) ? sum : 0.0,
+                   (unsigned long long)fnv);
+        else
+            printf("  %-3s %-10s %-20s sum %-22.10g fnv1a64 %016llx\n", h->out ? "out" : "in", h->name, buf, sum,
+                   (unsigned long long)fnv);
+    }
+    if (cli->json)
+        printf("]}\n");
+    code = TK_EXIT_OK;
+done:
+    for (size_t i = 0; i < MAX_T; i++)
+        free(ht[i].data);
+    jv_free(ops);
+    return code;
+}

@@ -1,0 +1,189 @@
+/*
+ * dtype.c — dtype names, IEEE half / bfloat16 conversions and strided float loads and stores for the
+ * CPU references.
+ *
+ * The conversions work on the bits (no compiler _Float16 or hardware F16C needed) and round to
+ * nearest even, as __float2half_rn and __float2bfloat16_rn do on the GPU, so a CPU reference and a
+ * kernel that compute the same fp32 value store the same bits.
+ */
+#include <string.h>
+
+#include "ops/ops.h"
+
+static const struct {
+    uint8_t code, bits;
+    unsigned bit;
+    const char *name;
+} dtypes[] = {
+    {TK_DL_FLOAT, 32, TK_OPS_F32, "f32"},
+    {TK_DL_FLOAT, 16, TK_OPS_F16, "f16"},
+    {TK_DL_BFLOAT, 16, TK_OPS_BF16, "bf16"},
+    {TK_DL_FLOAT, 64, TK_OPS_F64, "f64"},
+    {TK_DL_INT, 32, TK_OPS_I32, "i32"},
+    {TK_DL_INT, 64, TK_OPS_I64, "i64"},
+    {TK_DL_INT, 8, TK_OPS_I8, "i8"},
+    {TK_DL_UINT, 8, TK_OPS_U8, "u8"},
+    {TK_DL_FLOAT8_E4M3FN, 8, TK_OPS_FP8_E4M3, "fp8_e4m3"},
+    {TK_DL_FLOAT8_E5M2, 8, TK_OPS_FP8_E5M2, "fp8_e5m2"},
+};
+#define NDTYPES (sizeof dtypes / sizeof dtypes[0])
+
+unsigned tk_ops__dtype_bit(tk_dtype dt)
+{
+    if (dt.lanes != 1)
+        return 0;
+    for (size_t i = 0; i < NDTYPES; i++)
+        if (dtypes[i].code == dt.code && dtypes[i].bits == dt.bits)
+            return dtypes[i].bit;
+    return 0;
+}
+
+const char *tk_ops__dtype_str(tk_dtype dt)
+{
+    if (dt.lanes == 1)
+        for (size_t i = 0; i < NDTYPES; i++)
+            if (dtypes[i].code == dt.code && dtypes[i].bits == dt.bits)
+                return dtypes[i].name;
+    return "?";
+}
+
+const char *tk_ops__dtype_bit_str(unsigned bit)
+{
+    for (size_t i = 0; i < NDTYPES; i++)
+        if (dtypes[i].bit == bit)
+            return dtypes[i].name;
+    return NULL;
+}
+
+int tk_ops__dtype_parse(tk_dtype *out, const char *name)
+{
+    for (size_t i = 0; name && i < NDTYPES; i++)
+        if (strcmp(dtypes[i].name, name) == 0) {
+            out->code = dtypes[i].code;
+            out->bits = dtypes[i].bits;
+            out->lanes = 1;
+            return TK_OK;
+        }
+    return tk__err(TK_ERR_INVALID,
+                   "unknown dtype '%s'\nHINT: use one of f32, f16, bf16, f64, i8, u8, i32, i64, fp8_e4m3, "
+                   "fp8_e5m2",
+                   name ? name : "(null)");
+}
+
+size_t tk_ops__dtype_size(tk_dtype dt) { return tk_ops__dtype_bit(dt) ? dt.bits / 8u : 0; }
+
+/* ---- conversions ------------------------------------------------------------------------------ */
+
+static inline uint32_t f32_bits(float f)
+{
+    uint32_t u;
+    memcpy(&u, &f, sizeof u);
+    return u;
+}
+
+static inline float bits_f32(uint32_t u)
+{
+    float f;
+    memcpy(&f, &u, sizeof f);
+    return f;
+}
+
+float tk_ops__f16_to_f32(uint16_t h)
+{
+    uint32_t sign = (uint32_t)(h & 0x8000u) << 16;
+    uint32_t exp = (h >> 10) & 0x1fu;
+    uint32_t man = h & 0x3ffu;
+    if (exp == 0) {
+        if (man == 0)
+            return bits_f32(sign);
+        /* subnormal: man * 2^-24; normalise so the leading one lands on bit 10 */
+        int e = -1;
+        do {
+            e++;
+            man <<= 1;
+        } while (!(man & 0x400u));
+        return bits_f32(sign | ((uint32_t)(112 - e) << 23) | ((man & 0x3ffu) << 13));
+    }
+    if (exp == 31)
+        return bits_f32(sign | 0x7f800000u | (man << 13)); /* inf, or NaN with its payload */
+    return bits_f32(sign | ((exp + 112) << 23) | (man << 13));
+}
+
+uint16_t tk_ops__f32_to_f16(float f)
+{
+    uint32_t x = f32_bits(f);
+    uint16_t sign = (uint16_t)((x >> 16) & 0x8000u);
+    uint32_t ax = x & 0x7fffffffu;
+    if (ax > 0x7f800000u) /* NaN: keep the top payload bits, force quiet */
+        return (uint16_t)(sign | 0x7e00u | ((ax >> 13) & 0x3ffu));
+    if (ax >= 0x477ff000u) /* >= 65520 rounds to inf (65504 is the largest half) */
+        return (uint16_t)(sign | 0x7c00u);
+    if (ax < 0x38800000u) { /* below 2^-14: a subnormal half, round(|f| * 2^24) */
+        uint32_t e = ax >> 23;
+        if (e < 102) /* |f| < 2^-25: rounds to zero */
+            return sign;
+        uint32_t m = (ax & 0x7fffffu) | 0x800000u;
+        uint32_t s = 126 - e; /* 14 .. 24 */
+        uint32_t r = m >> s, rem = m & ((1u << s) - 1), half = 1u << (s - 1);
+        if (rem > half || (rem == half && (r & 1u)))
+            r++;
+        return (uint16_t)(sign | r); /* r == 0x400 is the smallest normal, as it should be */
+    }
+    uint32_t h = (ax >> 13) - (112u << 10), rem = ax & 0x1fffu;
+    if (rem > 0x1000u || (rem == 0x1000u && (h & 1u)))
+        h++; /* a carry into the exponent is the right answer */
+    return (uint16_t)(sign | h);
+}
+
+float tk_ops__bf16_to_f32(uint16_t h) { return bits_f32((uint32_t)h << 16); }
+
+uint16_t tk_ops__f32_to_bf16(float f)
+{
+    uint32_t x = f32_bits(f);
+    if ((x & 0x7fffffffu) > 0x7f800000u)
+        return (uint16_t)((x >> 16) | 0x40u); /* quiet NaN */
+    x += 0x7fffu + ((x >> 16) & 1u);          /* round to nearest even; overflow carries to inf */
+    return (uint16_t)(x >> 16);
+}
+
+/* ---- strided loads and stores ----------------------------------------------------------------- */
+
+void tk_ops__load_f32(float *dst, const void *base, int64_t off, int64_t stride, int64_t n, tk_dtype dt)
+{
+    if (dt.bits == 32) {
+        const float *p = (const float *)base + off;
+        if (stride == 1)
+            memcpy(dst, p, (size_t)n * sizeof(float));
+        else
+            for (int64_t i = 0; i < n; i++)
+                dst[i] = p[i * stride];
+    } else if (dt.code == TK_DL_BFLOAT) {
+        const uint16_t *p = (const uint16_t *)base + off;
+        for (int64_t i = 0; i < n; i++)
+            dst[i] = tk_ops__bf16_to_f32(p[i * stride]);
+    } else {
+        const uint16_t *p = (const uint16_t *)base + off;
+        for (int64_t i = 0; i < n; i++)
+            dst[i] = tk_ops__f16_to_f32(p[i * stride]);
+    }
+}
+
+void tk_ops__store_f32(void *base, int64_t off, int64_t stride, const float *src, int64_t n, tk_dtype dt)
+{
+    if (dt.bits == 32) {
+        float *p = (float *)base + off;
+        if (stride == 1)
+            memcpy(p, src, (size_t)n * sizeof(float));
+        else
+            for (int64_t i = 0; i < n; i++)
+                p[i * stride] = src[i];
+    } else if (dt.code == TK_DL_BFLOAT) {
+        uint16_t *p = (uint16_t *)base + off;
+        for (int64_t i = 0; i < n; i++)
+            p[i * stride] = tk_ops__f32_to_bf16(src[i]);
+    } else {
+        uint16_t *p = (uint16_t *)base + off;
+        for (int64_t i = 0; i < n; i++)
+            p[i * stride] = tk_ops__f32_to_f16(src[i]);
+    }
+}
