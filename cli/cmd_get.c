@@ -7,7 +7,7 @@
 
 #include "cli/cli.h"
 
-static const char *USAGE = "tk get [--trust] [--force] [--json] <org/name[@version]>...\n"
+static const char *USAGE = "tk get [--trust] [--force] [--arch LIST] [--no-build] [--json] <org/name[@version]>...\n"
                            "       tk get --locked [FILE]";
 
 static void help(void)
@@ -27,6 +27,9 @@ static void help(void)
            "options:\n"
            "  --trust         accept and remember an unknown signer (prints its fingerprint)\n"
            "  --force         download and install again even if installed\n"
+           "  --arch LIST     after installing, compile for these archs (sm_80,sm_90); default: the\n"
+           "                  GPUs found, else \"archs\" in config.json, else nothing\n"
+           "  --no-build      install only; compile nothing\n"
            "  --locked [FILE] install exactly the commits and manifest digests FILE pins (default tk.lock)\n"
            "  --json          print the installed packages as JSON\n"
            "  --offline       resolve from installed packages only\n"
@@ -61,6 +64,41 @@ static void print_pkg(tk_cli *cli, const tk_pkg *p, int *first)
                tk_pkg_file_sha256(p, i));
 }
 
+/* Compiles an installed package right after the get: for the given archs, else the GPUs found,
+ * else the config's archs. No GPU and no archs is not an error: the install stands. */
+static int build_after_get(tk_cli *cli, const tk_pkg *p, const char *arch_list)
+{
+    char ref[256], archbuf[256];
+    const char *archs[16];
+    size_t narchs = 0;
+    snprintf(ref, sizeof ref, "%s@%s", tk_pkg_name(p), tk_pkg_commit(p));
+    if (arch_list) {
+        snprintf(archbuf, sizeof archbuf, "%s", arch_list);
+        for (char *s = archbuf, *tok; (tok = strsep(&s, ",")) != NULL && narchs < 16;)
+            if (*tok)
+                archs[narchs++] = tok;
+    }
+    tk_build_opts bo = TK_BUILD_OPTS_INIT;
+    bo.archs = narchs ? archs : NULL;
+    bo.narchs = narchs;
+    size_t compiled = 0, cached = 0;
+    int rc = tk_build(cli->ctx, ref, &bo, &compiled, &cached);
+    if (rc == TK_ERR_INVALID && !arch_list) {
+        tk_cli_info(cli, "tk: no GPU found and no archs configured, so nothing was compiled\n"
+                         "HINT: 'tk get --arch sm_90 ...', or set \"archs\" in config.json to compile ahead of time\n");
+        return TK_OK;
+    }
+    if (rc == TK_ERR_NO_NVRTC) {
+        fprintf(stderr, "tk: warning: installed, but not compiled: %s\n", tk_last_error());
+        return TK_OK;
+    }
+    if (rc != TK_OK)
+        return rc;
+    if (!cli->json)
+        printf("  compiled %zu kernel binar%s, %zu from the cache\n", compiled, compiled == 1 ? "y" : "ies", cached);
+    return TK_OK;
+}
+
 struct lock_cb {
     tk_cli *cli;
     int first;
@@ -77,7 +115,8 @@ int tk_cmd_get(tk_cli *cli, int argc, char **argv)
     tk_get_opts o = TK_GET_OPTS_INIT;
     const char *refs[256];
     size_t nrefs = 0;
-    const char *locked = NULL;
+    const char *locked = NULL, *arch_list = NULL;
+    int no_build = 0;
     for (int i = 1; i < argc; i++) {
         if (tk_cli_is_help(argv[i])) {
             help();
@@ -86,6 +125,12 @@ int tk_cmd_get(tk_cli *cli, int argc, char **argv)
             o.trust_unknown = 1;
         } else if (!strcmp(argv[i], "--force")) {
             o.force = 1;
+        } else if (!strcmp(argv[i], "--no-build")) {
+            no_build = 1;
+        } else if (!strcmp(argv[i], "--arch")) {
+            if (++i >= argc)
+                return tk_cli_usage(USAGE, "--arch needs a list such as sm_80,sm_90");
+            arch_list = argv[i];
         } else if (!strcmp(argv[i], "--locked")) {
             locked = (i + 1 < argc && argv[i + 1][0] != '-' && !strchr(argv[i + 1], '/')) ||
                              (i + 1 < argc && strstr(argv[i + 1], ".lock"))
@@ -117,8 +162,11 @@ int tk_cmd_get(tk_cli *cli, int argc, char **argv)
     } else {
         for (size_t i = 0; i < nrefs && rc == TK_OK; i++) {
             tk_pkg *p = NULL;
-            if ((rc = tk_pkg_get(&p, ctx, refs[i], &o)) == TK_OK)
+            if ((rc = tk_pkg_get(&p, ctx, refs[i], &o)) == TK_OK) {
                 print_pkg(cli, p, &first);
+                if (!no_build)
+                    rc = build_after_get(cli, p, arch_list);
+            }
             tk_pkg_free(p);
         }
     }

@@ -42,6 +42,7 @@ for t in "$B"/tests/test_*; do
   run_one "$name" "$t"
 done
 for t in tests/cli/*.sh; do
+  [ "$(basename "$t")" = lib.sh ] && continue
   [ -f "$t" ] || continue
   name=cli_$(basename "$t" .sh)
   [ -n "$filter" ] && [[ "$name" != *"$filter"* ]] && continue

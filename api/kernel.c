@@ -1,0 +1,1285 @@
+/*
+ * kernel.c — the "Devices and JIT" and tensor parts of tk.h: dtype names, device queries,
+ * tk_get_kernel (install, compile or fetch from the cache, load), declarative and raw launches,
+ * ahead-of-time builds and the compiled-binary cache commands.
+ *
+ * Sources come only through the public package API (tk_pkg_get / tk_pkg_info, the manifest text and
+ * the store paths of the files). Kernels that share a source file, options and arch-specific flag are
+ * compiled as one NVRTC unit with one name expression each, so a package of 20 variants in one .cu is
+ * one compile. Every unit is looked up in the cache by its content key first; NVRTC is loaded only for
+ * the misses, and misses compile in parallel. A module the driver rejects as stale is a miss.
+ */
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "api/api.h"
+#include "cache/kcache.h"
+#include "jit/jit.h"
+
+#define KERNEL_MAGIC 0x746b6b6eu   /* "tkkn" */
+#define FUNCTION_MAGIC 0x746b666eu /* "tkfn" */
+#define JITSTATE_MAGIC 0x746b6a73u /* "tkjs" */
+#define MAX_PARAMS 64
+#define MAX_FILE (64u << 20)
+#define DEFAULT_CACHE_MAX ((int64_t)2 << 30)
+
+/* ---- dtypes ----------------------------------------------------------------------------------- */
+
+static const struct {
+    const char *name;
+    uint8_t code, bits;
+} dtypes[] = {
+    {"f32", TK_DL_FLOAT, 32},  {"f16", TK_DL_FLOAT, 16}, {"bf16", TK_DL_BFLOAT, 16},
+    {"f64", TK_DL_FLOAT, 64},  {"i8", TK_DL_INT, 8},     {"u8", TK_DL_UINT, 8},
+    {"i32", TK_DL_INT, 32},    {"i64", TK_DL_INT, 64},   {"fp8_e4m3", TK_DL_FLOAT8_E4M3FN, 8},
+    {"fp8_e5m2", TK_DL_FLOAT8_E5M2, 8},
+};
+
+const char *tk_dtype_name(tk_dtype dt)
+{
+    if (dt.lanes != 1)
+        return "?";
+    for (size_t i = 0; i < sizeof dtypes / sizeof *dtypes; i++)
+        if (dtypes[i].code == dt.code && dtypes[i].bits == dt.bits)
+            return dtypes[i].name;
+    return "?";
+}
+
+int tk_dtype_parse(tk_dtype *out, const char *name)
+{
+    if (!out)
+        return tk__err(TK_ERR_INVALID, "tk_dtype_parse: out is NULL");
+    memset(out, 0, sizeof *out);
+    for (size_t i = 0; name && i < sizeof dtypes / sizeof *dtypes; i++)
+        if (strcmp(dtypes[i].name, name) == 0) {
+            out->code = dtypes[i].code;
+            out->bits = dtypes[i].bits;
+            out->lanes = 1;
+            return TK_OK;
+        }
+    return tk__err(TK_ERR_INVALID,
+                   "unknown dtype '%s' (known: f32 f16 bf16 f64 i8 u8 i32 i64 fp8_e4m3 fp8_e5m2)",
+                   name ? name : "(null)");
+}
+
+/* ---- devices ---------------------------------------------------------------------------------- */
+
+int tk_device_count(int *n) { return tk_jit__device_count(n); }
+int tk_device_info_get(tk_device_info *out, int ordinal) { return tk_jit__device_info(out, ordinal); }
+
+/* ---- per-context state: the cache handle ------------------------------------------------------ */
+
+typedef struct {
+    uint32_t magic;
+    tk_kcache *kc;
+} jit_state;
+
+static void jit_state_free(void *p)
+{
+    jit_state *s = p;
+    if (!s || s->magic != JITSTATE_MAGIC)
+        return;
+    tk_kcache__close(s->kc);
+    s->magic = 0;
+    free(s);
+}
+
+/* The configured cap: $TK_CACHE_MAX, then config "cache_max" (string or number), else 2 GiB. */
+static int cache_cap(const tk_ctx *ctx, int64_t *cap)
+{
+    const char *env = getenv("TK_CACHE_MAX");
+    json_t *v = ctx->config ? json_object_get(ctx->config, "cache_max") : NULL;
+    *cap = DEFAULT_CACHE_MAX;
+    if (env && *env) {
+        if (tk_kcache__parse_size(env, cap) != 0)
+            return tk__err(TK_ERR_INVALID, "TK_CACHE_MAX='%s' is not a size\nHINT: use bytes or a K/M/G "
+                                           "suffix, e.g. TK_CACHE_MAX=4G", env);
+        return TK_OK;
+    }
+    if (json_is_integer(v) && json_integer_value(v) >= 0) {
+        *cap = json_integer_value(v);
+    } else if (json_is_string(v)) {
+        if (tk_kcache__parse_size(json_string_value(v), cap) != 0)
+            return tk__err(TK_ERR_INVALID, "config cache_max '%s' is not a size (e.g. \"4G\")",
+                           json_string_value(v));
+    } else if (v) {
+        return tk__err(TK_ERR_INVALID, "config cache_max must be a size such as \"4G\"");
+    }
+    return TK_OK;
+}
+
+static int get_cache(tk_kcache **out, tk_ctx *ctx)
+{
+    jit_state *s;
+    int64_t cap;
+    int rc;
+    *out = NULL;
+    if ((rc = tk_api__check_ctx(ctx)) != TK_OK)
+        return rc;
+    if (ctx->jit && ctx->jit_free == jit_state_free) {
+        s = ctx->jit;
+        *out = s->kc;
+        return TK_OK;
+    }
+    if (ctx->jit)
+        return tk__err(TK_ERR_INTERNAL, "context jit state is not tk's");
+    if ((rc = cache_cap(ctx, &cap)) != TK_OK)
+        return rc;
+    if (!(s = calloc(1, sizeof *s)))
+        return tk__err(TK_ERR_NOMEM, "out of memory");
+    s->magic = JITSTATE_MAGIC;
+    if ((rc = tk_kcache__open(&s->kc, tk_ctx_cache_dir(ctx), cap)) != TK_OK) {
+        free(s);
+        return rc;
+    }
+    ctx->jit = s;
+    ctx->jit_free = jit_state_free;
+    *out = s->kc;
+    return TK_OK;
+}
+
+/* ---- kernel declarations from the manifest ---------------------------------------------------- */
+
+typedef struct {
+    char *name;
+    int type; /* TK_JIT_P_* */
+    tk_dtype dtype;
+    tk_jit_expr *value; /* derived scalars */
+} kparam;
+
+typedef struct {
+    char *name, *op, *source, *symbol;
+    kparam *params;
+    size_t nparams;
+    tk_jit_expr *grid[3], *block[3], *smem; /* NULL dims are 1 */
+    int min_cc, max_cc, arch_specific;
+    tk_jit_expr **max_e;
+    int64_t *max_v;
+    size_t nmax;
+    char **options;
+    size_t noptions;
+} kdecl;
+
+static void kdecl_clear(kdecl *d)
+{
+    free(d->name);
+    free(d->op);
+    free(d->source);
+    free(d->symbol);
+    for (size_t i = 0; i < d->nparams; i++) {
+        free(d->params[i].name);
+        tk_jit__expr_free(d->params[i].value);
+    }
+    free(d->params);
+    for (int i = 0; i < 3; i++) {
+        tk_jit__expr_free(d->grid[i]);
+        tk_jit__expr_free(d->block[i]);
+    }
+    tk_jit__expr_free(d->smem);
+    for (size_t i = 0; i < d->nmax; i++)
+        tk_jit__expr_free(d->max_e[i]);
+    free(d->max_e);
+    free(d->max_v);
+    for (size_t i = 0; i < d->noptions; i++)
+        free(d->options[i]);
+    free(d->options);
+    memset(d, 0, sizeof *d);
+}
+
+static int param_type(const char *t)
+{
+    static const char *const names[] = {"tensor", "i32", "i64", "f32", "f64"};
+    static const int types[] = {TK_JIT_P_TENSOR, TK_JIT_P_I32, TK_JIT_P_I64, TK_JIT_P_F32, TK_JIT_P_F64};
+    for (size_t i = 0; t && i < 5; i++)
+        if (strcmp(t, names[i]) == 0)
+            return types[i];
+    return -1;
+}
+
+static char *jstr(json_t *o, const char *key)
+{
+    const char *s = json_string_value(json_object_get(o, key));
+    return s ? tk__strdup(s) : NULL;
+}
+
+static int parse_dims(tk_jit_expr *out[3], json_t *arr, const char *which, const kdecl *d,
+                      const tk_jit_param *ps)
+{
+    char what[256];
+    size_t n = json_array_size(arr);
+    if (!json_is_array(arr) || n < 1 || n > 3)
+        return tk__err(TK_ERR_MANIFEST, "kernel '%s': launch.%s must be a list of 1 to 3 expressions",
+                       d->name, which);
+    for (size_t i = 0; i < n; i++) {
+        int rc;
+        snprintf(what, sizeof what, "kernel '%s', launch.%s[%zu]", d->name, which, i);
+        if ((rc = tk_jit__expr_parse(&out[i], json_string_value(json_array_get(arr, i)), ps,
+                                     d->nparams, what)) != TK_OK)
+            return rc;
+    }
+    return TK_OK;
+}
+
+static int parse_kernel(kdecl *d, json_t *k, size_t idx)
+{
+    tk_jit_param ps[MAX_PARAMS], vps[MAX_PARAMS];
+    json_t *jp = json_object_get(k, "params"), *launch = json_object_get(k, "launch");
+    json_t *cons = json_object_get(k, "constraints"), *opts = json_object_get(k, "options");
+    char what[256];
+    size_t i;
+    json_t *p;
+    int rc;
+
+    memset(d, 0, sizeof *d);
+    d->name = jstr(k, "name");
+    d->op = jstr(k, "op");
+    d->source = jstr(k, "source");
+    d->symbol = jstr(k, "symbol");
+    if (!d->name || !d->op || !d->source || !d->symbol)
+        return tk__err(TK_ERR_MANIFEST, "kernels[%zu]: needs name, op, source and symbol strings", idx);
+    if (!json_is_array(jp) || json_array_size(jp) > MAX_PARAMS)
+        return tk__err(TK_ERR_MANIFEST, "kernel '%s': params must be an array of at most %d", d->name,
+                       MAX_PARAMS);
+    d->nparams = json_array_size(jp);
+    if (d->nparams && !(d->params = calloc(d->nparams, sizeof *d->params)))
+        return tk__err(TK_ERR_NOMEM, "out of memory");
+    json_array_foreach(jp, i, p) {
+        kparam *kp = &d->params[i];
+        kp->name = jstr(p, "name");
+        kp->type = param_type(json_string_value(json_object_get(p, "type")));
+        if (!kp->name || kp->type < 0)
+            return tk__err(TK_ERR_MANIFEST, "kernel '%s': params[%zu] needs a name and a type", d->name, i);
+        if (kp->type == TK_JIT_P_TENSOR &&
+            tk_dtype_parse(&kp->dtype, json_string_value(json_object_get(p, "dtype"))) != TK_OK)
+            return tk__err_wrap(TK_ERR_MANIFEST, "kernel '%s': param '%s'", d->name, kp->name);
+        ps[i] = (tk_jit_param){kp->name, kp->type, 1};
+        vps[i] = (tk_jit_param){kp->name, kp->type, !json_object_get(p, "value")};
+    }
+    json_array_foreach(jp, i, p) {
+        json_t *v = json_object_get(p, "value");
+        if (!v)
+            continue;
+        if (d->params[i].type == TK_JIT_P_TENSOR)
+            return tk__err(TK_ERR_MANIFEST, "kernel '%s': tensor param '%s' cannot have a value", d->name,
+                           d->params[i].name);
+        snprintf(what, sizeof what, "kernel '%s', params.%s.value", d->name, d->params[i].name);
+        if ((rc = tk_jit__expr_parse(&d->params[i].value, json_string_value(v), vps, d->nparams,
+                                     what)) != TK_OK)
+            return rc;
+    }
+    if (!json_is_object(launch))
+        return tk__err(TK_ERR_MANIFEST, "kernel '%s': needs a launch rule", d->name);
+    if ((rc = parse_dims(d->grid, json_object_get(launch, "grid"), "grid", d, ps)) != TK_OK ||
+        (rc = parse_dims(d->block, json_object_get(launch, "block"), "block", d, ps)) != TK_OK)
+        return rc;
+    snprintf(what, sizeof what, "kernel '%s', launch.smem", d->name);
+    {
+        json_t *sm = json_object_get(launch, "smem");
+        const char *s = json_is_string(sm) ? json_string_value(sm) : sm ? NULL : "0";
+        if ((rc = tk_jit__expr_parse(&d->smem, s, ps, d->nparams, what)) != TK_OK)
+            return rc;
+    }
+    d->min_cc = 0;
+    d->max_cc = 1000000;
+    if (json_is_object(cons)) {
+        json_t *mx = json_object_get(cons, "max"), *v;
+        const char *key;
+        if (json_is_integer(json_object_get(cons, "min_cc")))
+            d->min_cc = (int)json_integer_value(json_object_get(cons, "min_cc"));
+        if (json_is_integer(json_object_get(cons, "max_cc")))
+            d->max_cc = (int)json_integer_value(json_object_get(cons, "max_cc"));
+        d->arch_specific = json_is_true(json_object_get(cons, "arch_specific"));
+        if (json_is_object(mx) && json_object_size(mx)) {
+            size_t n = json_object_size(mx);
+            d->max_e = calloc(n, sizeof *d->max_e);
+            d->max_v = calloc(n, sizeof *d->max_v);
+            if (!d->max_e || !d->max_v)
+                return tk__err(TK_ERR_NOMEM, "out of memory");
+            json_object_foreach(mx, key, v) {
+                snprintf(what, sizeof what, "kernel '%s', constraints.max", d->name);
+                if (!json_is_integer(v))
+                    return tk__err(TK_ERR_MANIFEST, "%s: the bound of '%s' must be an integer", what, key);
+                if ((rc = tk_jit__expr_parse(&d->max_e[d->nmax], key, ps, d->nparams, what)) != TK_OK)
+                    return rc;
+                d->max_v[d->nmax++] = json_integer_value(v);
+            }
+        }
+    }
+    if (json_is_array(opts) && json_array_size(opts)) {
+        d->options = calloc(json_array_size(opts), sizeof *d->options);
+        if (!d->options)
+            return tk__err(TK_ERR_NOMEM, "out of memory");
+        json_array_foreach(opts, i, p) {
+            if (!json_is_string(p))
+                return tk__err(TK_ERR_MANIFEST, "kernel '%s': options must be strings", d->name);
+            if ((rc = tk_jit__option_check(json_string_value(p))) != TK_OK)
+                return tk__err_wrap(rc, "kernel '%s'", d->name);
+            if (!(d->options[d->noptions++] = tk__strdup(json_string_value(p))))
+                return tk__err(TK_ERR_NOMEM, "out of memory");
+        }
+    }
+    return TK_OK;
+}
+
+/* ---- a package's sources and its compile plan ------------------------------------------------- */
+
+typedef struct {
+    char *pkgname;         /* "org/name@commit" */
+    tk_jit_file *files;    /* every file of the package, data NUL-terminated */
+    size_t nfiles;
+    char **copts;          /* manifest compile.options */
+    size_t ncopts;
+    kdecl *k;
+    size_t nk;
+} pkgsrc;
+
+static void pkgsrc_free(pkgsrc *s)
+{
+    for (size_t i = 0; i < s->nfiles; i++) {
+        free((char *)s->files[i].path);
+        free((char *)s->files[i].data);
+    }
+    free(s->files);
+    for (size_t i = 0; i < s->ncopts; i++)
+        free(s->copts[i]);
+    free(s->copts);
+    for (size_t i = 0; i < s->nk; i++)
+        kdecl_clear(&s->k[i]);
+    free(s->k);
+    free(s->pkgname);
+    memset(s, 0, sizeof *s);
+}
+
+static int pkgsrc_load(pkgsrc *s, const tk_pkg *pkg)
+{
+    json_error_t jerr;
+    json_t *m = NULL, *ks, *co, *x;
+    size_t i;
+    int rc;
+
+    memset(s, 0, sizeof *s);
+    s->pkgname = tk__fmt("%s@%s", tk_pkg_name(pkg), tk_pkg_commit(pkg));
+    s->nfiles = tk_pkg_file_count(pkg);
+    if (!s->pkgname || (s->nfiles && !(s->files = calloc(s->nfiles, sizeof *s->files)))) {
+        rc = tk__err(TK_ERR_NOMEM, "out of memory");
+        goto fail;
+    }
+    for (i = 0; i < s->nfiles; i++) {
+        char *data = NULL;
+        size_t len = 0;
+        if ((rc = tk__read_file(&data, &len, tk_pkg_file_store_path(pkg, i), MAX_FILE)) != TK_OK) {
+            rc = tk__err_wrap(rc, "reading %s of %s", tk_pkg_file_path(pkg, i), tk_pkg_name(pkg));
+            goto fail;
+        }
+        s->files[i].data = data;
+        s->files[i].len = len;
+        if (!(s->files[i].path = tk__strdup(tk_pkg_file_path(pkg, i)))) {
+            rc = tk__err(TK_ERR_NOMEM, "out of memory");
+            goto fail;
+        }
+    }
+    if (!(m = json_loads(tk_pkg_manifest(pkg), 0, &jerr))) {
+        rc = tk__err(TK_ERR_MANIFEST, "manifest of %s: %s (line %d)", tk_pkg_name(pkg), jerr.text, jerr.line);
+        goto fail;
+    }
+    co = json_object_get(json_object_get(m, "compile"), "options");
+    if (json_is_array(co) && json_array_size(co)) {
+        if (!(s->copts = calloc(json_array_size(co), sizeof *s->copts))) {
+            rc = tk__err(TK_ERR_NOMEM, "out of memory");
+            goto fail;
+        }
+        json_array_foreach(co, i, x) {
+            if (!json_is_string(x) || (rc = tk_jit__option_check(json_string_value(x))) != TK_OK) {
+                rc = tk__err_wrap(TK_ERR_MANIFEST, "%s: compile.options[%zu]", tk_pkg_name(pkg), i);
+                goto fail;
+            }
+            if (!(s->copts[s->ncopts++] = tk__strdup(json_string_value(x)))) {
+                rc = tk__err(TK_ERR_NOMEM, "out of memory");
+                goto fail;
+            }
+        }
+    }
+    ks = json_object_get(m, "kernels");
+    if (!json_is_array(ks) || json_array_size(ks) == 0) {
+        rc = tk__err(TK_ERR_MANIFEST, "%s declares no kernels", tk_pkg_name(pkg));
+        goto fail;
+    }
+    if (!(s->k = calloc(json_array_size(ks), sizeof *s->k))) {
+        rc = tk__err(TK_ERR_NOMEM, "out of memory");
+        goto fail;
+    }
+    json_array_foreach(ks, i, x) {
+        s->nk = i + 1;
+        if ((rc = parse_kernel(&s->k[i], x, i)) != TK_OK)
+            goto fail;
+        {
+            int found = 0;
+            for (size_t f = 0; f < s->nfiles; f++)
+                found |= strcmp(s->files[f].path, s->k[i].source) == 0;
+            if (!found) {
+                rc = tk__err(TK_ERR_MANIFEST, "kernel '%s': source '%s' is not a file of the package",
+                             s->k[i].name, s->k[i].source);
+                goto fail;
+            }
+        }
+    }
+    json_decref(m);
+    return TK_OK;
+fail:
+    json_decref(m);
+    pkgsrc_free(s);
+    return rc;
+}
+
+/* One compile unit of a plan: the kernels sharing source, options and arch-specific flag. */
+typedef struct {
+    tk_jit_unit u;
+    tk_jit_file *hdrs;
+    const char **names; /* distinct symbols */
+    const char **opts;
+    size_t *kidx;       /* kernels of this unit */
+    size_t *kname;      /* for each kernel: the index of its symbol in names */
+    size_t nk;
+    char key[TK_SHA256_HEX];
+    char target[32];
+    char *label;        /* "activation.cu: silu_and_mul_f32, ..." */
+    tk_jit_binary *bin;
+    int cached;
+} cunit;
+
+typedef struct {
+    cunit *u;
+    size_t n;
+} plan;
+
+static void plan_free(plan *p)
+{
+    for (size_t i = 0; i < p->n; i++) {
+        free(p->u[i].hdrs);
+        free(p->u[i].names);
+        free(p->u[i].opts);
+        free(p->u[i].kidx);
+        free(p->u[i].kname);
+        free(p->u[i].label);
+        tk_jit__binary_free(p->u[i].bin);
+    }
+    free(p->u);
+    memset(p, 0, sizeof *p);
+}
+
+static int same_opts(const kdecl *a, const kdecl *b)
+{
+    if (a->noptions != b->noptions)
+        return 0;
+    for (size_t i = 0; i < a->noptions; i++)
+        if (strcmp(a->options[i], b->options[i]) != 0)
+            return 0;
+    return 1;
+}
+
+static int kernel_fits(const kdecl *d, int cc) { return cc >= d->min_cc && cc <= d->max_cc; }
+
+/* Groups the kernels that fit `cc` into units and computes their keys. */
+static int plan_make(plan *p, const pkgsrc *s, int cc, int ptx_only, const char *nvrtc_id)
+{
+    int rc = TK_ERR_NOMEM;
+    memset(p, 0, sizeof *p);
+    if (!(p->u = calloc(s->nk, sizeof *p->u)))
+        goto fail;
+    for (size_t i = 0; i < s->nk; i++) {
+        const kdecl *d = &s->k[i];
+        cunit *c = NULL;
+        size_t j;
+        if (!kernel_fits(d, cc))
+            continue;
+        for (j = 0; j < p->n; j++) {
+            const kdecl *f = &s->k[p->u[j].kidx[0]];
+            if (strcmp(f->source, d->source) == 0 && f->arch_specific == d->arch_specific &&
+                same_opts(f, d)) {
+                c = &p->u[j];
+                break;
+            }
+        }
+        if (!c) {
+            c = &p->u[p->n++];
+            if (!(c->kidx = calloc(s->nk, sizeof *c->kidx)) || !(c->kname = calloc(s->nk, sizeof *c->kname)) ||
+                !(c->names = calloc(s->nk, sizeof *c->names)))
+                goto fail;
+        }
+        c->kidx[c->nk] = i;
+        for (j = 0; j < c->u.nnames; j++)
+            if (strcmp(c->names[j], d->symbol) == 0)
+                break;
+        if (j == c->u.nnames)
+            c->names[c->u.nnames++] = d->symbol;
+        c->kname[c->nk++] = j;
+    }
+    for (size_t j = 0; j < p->n; j++) {
+        cunit *c = &p->u[j];
+        const kdecl *d = &s->k[c->kidx[0]];
+        tk_buf label = TK_BUF_INIT;
+        size_t nh = 0;
+        if (!(c->hdrs = calloc(s->nfiles + 1, sizeof *c->hdrs)) ||
+            !(c->opts = calloc(s->ncopts + d->noptions + 1, sizeof *c->opts)))
+            goto fail;
+        for (size_t f = 0; f < s->nfiles; f++) {
+            if (strcmp(s->files[f].path, d->source) == 0) {
+                c->u.src = s->files[f].data;
+                c->u.src_len = s->files[f].len;
+            } else {
+                c->hdrs[nh++] = s->files[f];
+            }
+        }
+        for (size_t o = 0; o < s->ncopts; o++)
+            c->opts[c->u.noptions++] = s->copts[o];
+        for (size_t o = 0; o < d->noptions; o++)
+            c->opts[c->u.noptions++] = d->options[o];
+        c->u.src_path = d->source;
+        c->u.headers = c->hdrs;
+        c->u.nheaders = nh;
+        c->u.names = c->names;
+        c->u.options = c->opts;
+        c->u.cc = cc;
+        c->u.arch_specific = d->arch_specific && !ptx_only;
+        c->u.ptx_only = ptx_only;
+        tk_jit__target(c->target, &c->u);
+        if (tk__buf_printf(&label, "%s:", d->source) != TK_OK)
+            goto fail;
+        for (size_t k = 0; k < c->nk && k < 3; k++)
+            if (tk__buf_printf(&label, "%s%s", k ? ", " : " ", s->k[c->kidx[k]].name) != TK_OK) {
+                tk__buf_free(&label);
+                goto fail;
+            }
+        if (c->nk > 3 && tk__buf_printf(&label, " ... (%zu kernels)", c->nk) != TK_OK) {
+            tk__buf_free(&label);
+            goto fail;
+        }
+        c->label = tk__buf_steal(&label);
+        if ((rc = tk_jit__key(c->key, &c->u, nvrtc_id)) != TK_OK)
+            goto fail2;
+        rc = TK_ERR_NOMEM;
+    }
+    return TK_OK;
+fail:
+    rc = tk__err(TK_ERR_NOMEM, "out of memory planning compiles");
+fail2:
+    plan_free(p);
+    return rc;
+}
+
+/* Fills every unit's binary: from the cache, else compiled (in parallel) and stored. `force` skips
+ * the lookup (a stale entry). */
+static int plan_build(plan *p, tk_ctx *ctx, const pkgsrc *s, int jobs, size_t *ncompiled, size_t *ncached)
+{
+    tk_kcache *kc = NULL;
+    tk_jit_unit *units = NULL;
+    tk_jit_binary **outs = NULL;
+    int *st = NULL, rc;
+    size_t *which = NULL, nmiss = 0;
+    char ver[32] = "";
+    int vmaj = 0, vmin = 0;
+
+    if ((rc = get_cache(&kc, ctx)) != TK_OK)
+        return rc;
+    for (size_t i = 0; i < p->n; i++) {
+        uint8_t *data = NULL;
+        size_t len = 0;
+        cunit *c = &p->u[i];
+        if (c->bin)
+            continue;
+        if (tk_kcache__get(kc, c->key, &data, &len) == TK_OK) {
+            if (tk_jit__binary_unpack(&c->bin, data, len) != TK_OK || c->bin->nlowered != c->u.nnames) {
+                tk_jit__binary_free(c->bin);
+                c->bin = NULL;
+                tk_kcache__remove(kc, c->key);
+            }
+            free(data);
+        }
+        if (c->bin) {
+            c->cached = 1;
+            if (ncached)
+                (*ncached)++;
+            tk_api__log(ctx, TK_LOG_DEBUG, "cache hit %.12s %s (%s)", c->key, c->label, c->target);
+        }
+    }
+    for (size_t i = 0; i < p->n; i++)
+        nmiss += !p->u[i].bin;
+    if (!nmiss)
+        return TK_OK;
+    units = calloc(nmiss, sizeof *units);
+    outs = calloc(nmiss, sizeof *outs);
+    st = calloc(nmiss, sizeof *st);
+    which = calloc(nmiss, sizeof *which);
+    if (!units || !outs || !st || !which) {
+        rc = tk__err(TK_ERR_NOMEM, "out of memory");
+        goto done;
+    }
+    nmiss = 0;
+    for (size_t i = 0; i < p->n; i++)
+        if (!p->u[i].bin) {
+            tk_api__log(ctx, TK_LOG_INFO, "compiling %s for %s", p->u[i].label, p->u[i].target);
+            which[nmiss] = i;
+            units[nmiss++] = p->u[i].u;
+        }
+    rc = tk_jit__compile_many(outs, st, NULL, units, nmiss, jobs);
+    if (tk_jit__nvrtc_version(&vmaj, &vmin, NULL) == TK_OK)
+        snprintf(ver, sizeof ver, "%d.%d", vmaj, vmin);
+    for (size_t m = 0; m < nmiss; m++) {
+        cunit *c = &p->u[which[m]];
+        uint8_t *blob = NULL;
+        size_t len = 0;
+        if (st[m] != TK_OK)
+            continue;
+        c->bin = outs[m];
+        outs[m] = NULL;
+        if (ncompiled)
+            (*ncompiled)++;
+        if (tk_jit__binary_pack(&blob, &len, c->bin) == TK_OK) {
+            tk_kcache_meta meta = {s->pkgname, c->label, c->target, ver};
+            int prc = tk_kcache__put(kc, c->key, &meta, blob, len, NULL);
+            if (prc != TK_OK)
+                tk_api__log(ctx, TK_LOG_WARN, "could not cache %s: %s", c->label, tk_last_error());
+            free(blob);
+        }
+    }
+    if (rc != TK_OK) {
+        /* compile_many set the first failure's message; name the package */
+        rc = tk__err_wrap(rc, "%s", s->pkgname);
+    }
+done:
+    for (size_t m = 0; outs && m < nmiss; m++)
+        tk_jit__binary_free(outs[m]);
+    free(units);
+    free(outs);
+    free(st);
+    free(which);
+    return rc;
+}
+
+/* ---- kernels and functions -------------------------------------------------------------------- */
+
+struct tk_function {
+    uint32_t magic;
+    tk_kernel *k;
+    kdecl d;
+    tk_jit_module *mod;
+    void *fn;
+};
+
+struct tk_kernel {
+    uint32_t magic;
+    int device;
+    char *pkgname;
+    tk_jit_module **mods;
+    size_t nmods;
+    struct tk_function *fns;
+    size_t nfns;
+};
+
+void tk_kernel_free(tk_kernel *k)
+{
+    if (!k || k->magic != KERNEL_MAGIC)
+        return;
+    for (size_t i = 0; i < k->nfns; i++) {
+        kdecl_clear(&k->fns[i].d);
+        k->fns[i].magic = 0;
+    }
+    free(k->fns);
+    for (size_t i = 0; i < k->nmods; i++)
+        tk_jit__module_release(k->mods[i]);
+    free(k->mods);
+    free(k->pkgname);
+    k->magic = 0;
+    free(k);
+}
+
+static int load_unit(tk_jit_module **m, cunit *c, int device, int *stale)
+{
+    const void *img = c->bin->cubin ? (const void *)c->bin->cubin : (const void *)c->bin->ptx;
+    char first[1024];
+    int st2 = 0, rc = tk_jit__module_load(m, device, img, stale);
+    /* a CUBIN this driver rejects may still run from its PTX (not for sm_XYa PTX) */
+    if (rc == TK_OK || !c->bin->cubin || !c->bin->ptx || c->u.arch_specific)
+        return rc;
+    snprintf(first, sizeof first, "%s", tk_last_error());
+    if (tk_jit__module_load(m, device, c->bin->ptx, &st2) == TK_OK) {
+        *stale = 0;
+        return TK_OK;
+    }
+    return tk__err(rc, "%s", first);
+}
+
+int tk_get_kernel(tk_kernel **out, tk_ctx *ctx, const char *ref, const tk_kernel_opts *opts)
+{
+    tk_kernel_opts def = TK_KERNEL_OPTS_INIT;
+    tk_device_info info;
+    tk_pkg *pkg = NULL;
+    tk_kernel *k = NULL;
+    tk_kcache *kc = NULL;
+    pkgsrc s;
+    plan p;
+    const char *nvid = NULL;
+    int rc, ndev = 0, cc, ptx_only = 0;
+
+    memset(&s, 0, sizeof s);
+    memset(&p, 0, sizeof p);
+    if (out)
+        *out = NULL;
+    if (!out || !ref)
+        return tk__err(TK_ERR_INVALID, "tk_get_kernel: out and ref are required");
+    if ((rc = tk_api__check_ctx(ctx)) != TK_OK)
+        return rc;
+    if (!opts)
+        opts = &def;
+    if (opts->version < 1 || opts->version > TK_KERNEL_OPTS_VERSION)
+        return tk__err(TK_ERR_INVALID, "tk_get_kernel: unknown opts version %u", opts->version);
+    if ((rc = tk_jit__device_count(&ndev)) != TK_OK)
+        return rc;
+    if (ndev == 0)
+        return tk__err(TK_ERR_NO_DEVICE,
+                       "no CUDA device: the driver loaded but found no GPU\n"
+                       "HINT: check 'nvidia-smi' and CUDA_VISIBLE_DEVICES; without a GPU, compile ahead "
+                       "of time with 'tk build %s --arch sm_90'", ref);
+    if ((rc = tk_jit__device_info(&info, opts->device)) != TK_OK)
+        return rc;
+    cc = info.cc_major * 10 + info.cc_minor;
+    if ((rc = tk_pkg_get(&pkg, ctx, ref, &opts->get)) != TK_OK)
+        goto fail;
+    if ((rc = pkgsrc_load(&s, pkg)) != TK_OK || (rc = tk_jit__nvrtc_id(&nvid)) != TK_OK)
+        goto fail;
+    if ((rc = plan_make(&p, &s, cc, 0, nvid)) != TK_OK)
+        goto fail;
+    if (p.n == 0) {
+        rc = tk__err(TK_ERR_UNSUPPORTED, "%s has no kernel for compute capability %d.%d (device %d: %s)",
+                     tk_pkg_name(pkg), info.cc_major, info.cc_minor, opts->device, info.name);
+        goto fail;
+    }
+    /* a GPU newer than NVRTC: PTX for the newest arch NVRTC knows, which the driver JITs */
+    {
+        int any_miss = 0;
+        if ((rc = get_cache(&kc, ctx)) != TK_OK)
+            goto fail;
+        for (size_t i = 0; i < p.n && !any_miss; i++) {
+            uint8_t *d = NULL;
+            size_t l;
+            any_miss = tk_kcache__get(kc, p.u[i].key, &d, &l) != TK_OK;
+            free(d);
+        }
+        if (any_miss) {
+            int archs[64];
+            size_t na = 0;
+            if ((rc = tk_jit__nvrtc_archs(archs, 64, &na)) != TK_OK)
+                goto fail;
+            if (na && cc > archs[na - 1]) {
+                tk_api__log(ctx, TK_LOG_WARN,
+                            "sm_%d is newer than this NVRTC knows (up to sm_%d): using PTX for compute_%d",
+                            cc, archs[na - 1], archs[na - 1]);
+                plan_free(&p);
+                ptx_only = 1;
+                if ((rc = plan_make(&p, &s, archs[na - 1], 1, nvid)) != TK_OK)
+                    goto fail;
+            }
+        }
+    }
+    if ((rc = plan_build(&p, ctx, &s, 0, NULL, NULL)) != TK_OK)
+        goto fail;
+
+    if (!(k = calloc(1, sizeof *k)) || !(k->mods = calloc(p.n, sizeof *k->mods)) ||
+        !(k->fns = calloc(s.nk, sizeof *k->fns)) || !(k->pkgname = tk__strdup(s.pkgname))) {
+        rc = tk__err(TK_ERR_NOMEM, "out of memory");
+        goto fail;
+    }
+    k->magic = KERNEL_MAGIC;
+    k->device = opts->device;
+    for (size_t i = 0; i < p.n; i++) {
+        cunit *c = &p.u[i];
+        tk_jit_module *m = NULL;
+        int stale = 0;
+        rc = load_unit(&m, c, opts->device, &stale);
+        if (rc != TK_OK && stale && c->cached) {
+            /* the cached binary does not fit this GPU or driver: drop it, recompile once */
+            tk_api__log(ctx, TK_LOG_WARN, "cached binary for %s rejected by the driver; recompiling", c->label);
+            tk_kcache__remove(kc, c->key);
+            tk_jit__binary_free(c->bin);
+            c->bin = NULL;
+            c->cached = 0;
+            if ((rc = plan_build(&p, ctx, &s, 0, NULL, NULL)) != TK_OK)
+                goto fail;
+            rc = load_unit(&m, c, opts->device, &stale);
+        }
+        if (rc != TK_OK) {
+            rc = tk__err_wrap(rc, "%s (%s)", c->label, c->target);
+            goto fail;
+        }
+        k->mods[k->nmods++] = m;
+        for (size_t j = 0; j < c->nk; j++) {
+            struct tk_function *f = &k->fns[k->nfns];
+            void *fn = NULL;
+            if ((rc = tk_jit__module_function(&fn, m, c->bin->lowered[c->kname[j]])) != TK_OK)
+                goto fail;
+            f->magic = FUNCTION_MAGIC;
+            f->k = k;
+            f->d = s.k[c->kidx[j]];
+            memset(&s.k[c->kidx[j]], 0, sizeof s.k[0]); /* moved into the function */
+            f->mod = m;
+            f->fn = fn;
+            k->nfns++;
+        }
+    }
+    (void)ptx_only;
+    *out = k;
+    k = NULL;
+    rc = TK_OK;
+fail:
+    tk_kernel_free(k);
+    plan_free(&p);
+    pkgsrc_free(&s);
+    tk_pkg_free(pkg);
+    return rc;
+}
+
+size_t tk_kernel_function_count(const tk_kernel *k)
+{
+    return k && k->magic == KERNEL_MAGIC ? k->nfns : 0;
+}
+
+const tk_function *tk_kernel_function_at(const tk_kernel *k, size_t i)
+{
+    if (!k || k->magic != KERNEL_MAGIC || i >= k->nfns)
+        return NULL;
+    return &k->fns[i];
+}
+
+int tk_kernel_function(const tk_function **out, const tk_kernel *k, const char *name)
+{
+    tk_buf names = TK_BUF_INIT;
+    if (out)
+        *out = NULL;
+    if (!out || !k || k->magic != KERNEL_MAGIC || !name)
+        return tk__err(TK_ERR_INVALID, "tk_kernel_function: bad kernel or name");
+    for (size_t i = 0; i < k->nfns; i++)
+        if (strcmp(k->fns[i].d.name, name) == 0) {
+            *out = &k->fns[i];
+            return TK_OK;
+        }
+    for (size_t i = 0; i < k->nfns && names.len < 400; i++)
+        tk__buf_printf(&names, "%s%s", i ? ", " : "", k->fns[i].d.name);
+    tk__err(TK_ERR_NOT_FOUND, "%s has no function '%s' for this device (functions: %s)", k->pkgname, name,
+            names.data ? names.data : "none");
+    tk__buf_free(&names);
+    return TK_ERR_NOT_FOUND;
+}
+
+static int check_fn(const tk_function *fn)
+{
+    if (!fn || fn->magic != FUNCTION_MAGIC || !fn->k || fn->k->magic != KERNEL_MAGIC)
+        return tk__err(TK_ERR_INVALID, "not a live tk_function (was its tk_kernel freed?)");
+    return TK_OK;
+}
+
+const char *tk_function_name(const tk_function *fn) { return check_fn(fn) == TK_OK ? fn->d.name : NULL; }
+const char *tk_function_op(const tk_function *fn) { return check_fn(fn) == TK_OK ? fn->d.op : NULL; }
+
+int tk_function_launch(const tk_function *fn, const unsigned grid[3], const unsigned block[3], size_t smem,
+                       void *stream, void **args)
+{
+    int rc;
+    if ((rc = check_fn(fn)) != TK_OK)
+        return rc;
+    if (!grid || !block || (!args && fn->d.nparams))
+        return tk__err(TK_ERR_INVALID, "tk_function_launch(%s): grid, block and args are required", fn->d.name);
+    if ((rc = tk_jit__launch(fn->mod, fn->fn, grid, block, smem, stream, args)) != TK_OK)
+        return tk__err_wrap(rc, "%s", fn->d.name);
+    return TK_OK;
+}
+
+/* ---- the declarative call --------------------------------------------------------------------- */
+
+typedef union {
+    uint64_t ptr;
+    int32_t i32;
+    int64_t i64;
+    float f32;
+    double f64;
+} argslot;
+
+static int eval_dim(int64_t *v, const tk_jit_expr *e, const tk_jit_value *vals, size_t n)
+{
+    if (!e) {
+        *v = 1;
+        return TK_OK;
+    }
+    return tk_jit__expr_eval(v, e, vals, n);
+}
+
+int tk_function_call(const tk_function *fn, const tk_arg *args, size_t nargs, void *stream)
+{
+    const kdecl *d;
+    int bound[MAX_PARAMS];
+    tk_jit_value vals[MAX_PARAMS];
+    argslot slots[MAX_PARAMS];
+    void *argv[MAX_PARAMS];
+    int64_t g[3], b[3], smem;
+    unsigned grid[3], block[3];
+    size_t next = 0;
+    int rc;
+
+    if ((rc = check_fn(fn)) != TK_OK)
+        return rc;
+    d = &fn->d;
+    if (nargs && !args)
+        return tk__err(TK_ERR_INVALID, "%s: args is NULL", d->name);
+    for (size_t i = 0; i < d->nparams; i++)
+        bound[i] = -1;
+    memset(vals, 0, sizeof vals);
+    memset(slots, 0, sizeof slots);
+    /* named arguments first, then the unnamed ones fill the remaining caller params in order */
+    for (size_t a = 0; a < nargs; a++) {
+        size_t i;
+        if (!args[a].name)
+            continue;
+        for (i = 0; i < d->nparams; i++)
+            if (strcmp(d->params[i].name, args[a].name) == 0)
+                break;
+        if (i == d->nparams) {
+            tk_buf names = TK_BUF_INIT;
+            for (size_t j = 0; j < d->nparams; j++)
+                tk__buf_printf(&names, "%s%s", j ? ", " : "", d->params[j].name);
+            tk__err(TK_ERR_INVALID, "%s has no parameter '%s' (parameters: %s)", d->name, args[a].name,
+                    names.data ? names.data : "none");
+            tk__buf_free(&names);
+            return TK_ERR_INVALID;
+        }
+        if (d->params[i].value)
+            return tk__err(TK_ERR_INVALID, "%s: '%s' is derived by the launch rule (%s); do not pass it",
+                           d->name, args[a].name, tk_jit__expr_src(d->params[i].value));
+        if (bound[i] >= 0)
+            return tk__err(TK_ERR_INVALID, "%s: '%s' is given twice", d->name, args[a].name);
+        bound[i] = (int)a;
+    }
+    for (size_t a = 0; a < nargs; a++) {
+        if (args[a].name)
+            continue;
+        while (next < d->nparams && (bound[next] >= 0 || d->params[next].value))
+            next++;
+        if (next == d->nparams)
+            return tk__err(TK_ERR_INVALID, "%s: too many arguments (%zu given)", d->name, nargs);
+        bound[next++] = (int)a;
+    }
+    for (size_t i = 0; i < d->nparams; i++) {
+        const kparam *p = &d->params[i];
+        const tk_arg *a;
+        if (p->value)
+            continue;
+        if (bound[i] < 0)
+            return tk__err(TK_ERR_INVALID, "%s: missing argument '%s'", d->name, p->name);
+        a = &args[bound[i]];
+        if (p->type == TK_JIT_P_TENSOR) {
+            const tk_tensor *t = a->t;
+            if (a->kind != TK_ARG_TENSOR || !t)
+                return tk__err(TK_ERR_INVALID, "%s: '%s' must be a tensor", d->name, p->name);
+            if (t->dtype.code != p->dtype.code || t->dtype.bits != p->dtype.bits || t->dtype.lanes != 1)
+                return tk__err(TK_ERR_INVALID, "%s: '%s' must be %s, got %s", d->name, p->name,
+                               tk_dtype_name(p->dtype), tk_dtype_name(t->dtype));
+            if (t->device.device_type != TK_DEV_CUDA || t->device.device_id != fn->k->device)
+                return tk__err(TK_ERR_INVALID, "%s: '%s' is on %s:%d; this function runs on cuda:%d",
+                               d->name, p->name, t->device.device_type == TK_DEV_CPU ? "cpu" : "device",
+                               (int)t->device.device_id, fn->k->device);
+            if (t->ndim < 0 || t->ndim > 32 || (t->ndim && !t->shape))
+                return tk__err(TK_ERR_INVALID, "%s: '%s' has a bad ndim %d", d->name, p->name, (int)t->ndim);
+            for (int32_t j = 0; j < t->ndim; j++)
+                if (t->shape[j] < 0)
+                    return tk__err(TK_ERR_INVALID, "%s: '%s' has a negative size in dimension %d", d->name,
+                                   p->name, (int)j);
+            vals[i].known = 1;
+            vals[i].ndim = t->ndim;
+            vals[i].shape = t->shape;
+            vals[i].strides = t->strides;
+            slots[i].ptr = (uint64_t)(uintptr_t)t->data + t->byte_offset;
+        } else if (p->type == TK_JIT_P_I32 || p->type == TK_JIT_P_I64) {
+            if (a->kind != TK_ARG_I64)
+                return tk__err(TK_ERR_INVALID, "%s: '%s' must be an integer (TK_ARG_I64)", d->name, p->name);
+            if (p->type == TK_JIT_P_I32 && (a->i < INT32_MIN || a->i > INT32_MAX))
+                return tk__err(TK_ERR_INVALID, "%s: '%s' = %lld does not fit i32", d->name, p->name,
+                               (long long)a->i);
+            vals[i].known = 1;
+            vals[i].i = a->i;
+            if (p->type == TK_JIT_P_I32)
+                slots[i].i32 = (int32_t)a->i;
+            else
+                slots[i].i64 = a->i;
+        } else {
+            double v;
+            if (a->kind == TK_ARG_F64)
+                v = a->f;
+            else if (a->kind == TK_ARG_I64)
+                v = (double)a->i;
+            else
+                return tk__err(TK_ERR_INVALID, "%s: '%s' must be a number", d->name, p->name);
+            if (p->type == TK_JIT_P_F32)
+                slots[i].f32 = (float)v;
+            else
+                slots[i].f64 = v;
+        }
+    }
+    /* derived scalars (they may use tensors and caller scalars only) */
+    for (size_t i = 0; i < d->nparams; i++) {
+        const kparam *p = &d->params[i];
+        int64_t v;
+        if (!p->value)
+            continue;
+        if ((rc = tk_jit__expr_eval(&v, p->value, vals, d->nparams)) != TK_OK)
+            return rc;
+        if (p->type == TK_JIT_P_I32 && (v < INT32_MIN || v > INT32_MAX))
+            return tk__err(TK_ERR_INVALID, "%s: derived '%s' = %lld does not fit i32", d->name, p->name,
+                           (long long)v);
+        switch (p->type) {
+        case TK_JIT_P_I32: slots[i].i32 = (int32_t)v; break;
+        case TK_JIT_P_I64: slots[i].i64 = v; break;
+        case TK_JIT_P_F32: slots[i].f32 = (float)v; break;
+        default: slots[i].f64 = (double)v; break;
+        }
+    }
+    for (size_t i = 0; i < d->nparams; i++) /* derived values are known for the launch rule */
+        if (d->params[i].value && (d->params[i].type == TK_JIT_P_I32 || d->params[i].type == TK_JIT_P_I64)) {
+            vals[i].known = 1;
+            vals[i].i = d->params[i].type == TK_JIT_P_I32 ? slots[i].i32 : slots[i].i64;
+        }
+    for (size_t m = 0; m < d->nmax; m++) {
+        int64_t v;
+        if ((rc = tk_jit__expr_eval(&v, d->max_e[m], vals, d->nparams)) != TK_OK)
+            return rc;
+        if (v > d->max_v[m])
+            return tk__err(TK_ERR_INVALID, "%s: %s = %lld exceeds the kernel's limit %lld", d->name,
+                           tk_jit__expr_src(d->max_e[m]), (long long)v, (long long)d->max_v[m]);
+    }
+    for (int j = 0; j < 3; j++) {
+        if ((rc = eval_dim(&g[j], d->grid[j], vals, d->nparams)) != TK_OK ||
+            (rc = eval_dim(&b[j], d->block[j], vals, d->nparams)) != TK_OK)
+            return rc;
+    }
+    if ((rc = tk_jit__expr_eval(&smem, d->smem, vals, d->nparams)) != TK_OK)
+        return rc;
+    if (g[0] == 0 || g[1] == 0 || g[2] == 0)
+        return TK_OK; /* empty tensors: nothing to do */
+    if (g[0] < 0 || g[0] > INT32_MAX || g[1] < 0 || g[1] > 65535 || g[2] < 0 || g[2] > 65535)
+        return tk__err(TK_ERR_INVALID, "%s: launch grid (%lld, %lld, %lld) is out of range", d->name,
+                       (long long)g[0], (long long)g[1], (long long)g[2]);
+    if (b[0] < 1 || b[1] < 1 || b[2] < 1 || b[0] > 1024 || b[1] > 1024 || b[2] > 64 ||
+        b[0] * b[1] * b[2] > 1024)
+        return tk__err(TK_ERR_INVALID, "%s: launch block (%lld, %lld, %lld) is out of range (1 to 1024 threads)",
+                       d->name, (long long)b[0], (long long)b[1], (long long)b[2]);
+    if (smem < 0 || smem > INT32_MAX)
+        return tk__err(TK_ERR_INVALID, "%s: launch smem %lld is out of range", d->name, (long long)smem);
+    for (int j = 0; j < 3; j++) {
+        grid[j] = (unsigned)g[j];
+        block[j] = (unsigned)b[j];
+    }
+    for (size_t i = 0; i < d->nparams; i++)
+        argv[i] = &slots[i];
+    if ((rc = tk_jit__launch(fn->mod, fn->fn, grid, block, (size_t)smem, stream, argv)) != TK_OK)
+        return tk__err_wrap(rc, "%s", d->name);
+    return TK_OK;
+}
+
+/* ---- ahead-of-time builds --------------------------------------------------------------------- */
+
+static int parse_arch(int *cc, const char *s)
+{
+    int64_t v;
+    char buf[16];
+    size_t n;
+    if (!s)
+        return -1;
+    if (strncmp(s, "sm_", 3) == 0)
+        s += 3;
+    else if (strncmp(s, "compute_", 8) == 0)
+        s += 8;
+    n = strlen(s);
+    if (n == 0 || n >= sizeof buf)
+        return -1;
+    memcpy(buf, s, n + 1);
+    if (buf[n - 1] == 'a' || buf[n - 1] == 'f')
+        buf[n - 1] = '\0';
+    if (tk__parse_i64(buf, 10, 10000, &v) != 0)
+        return -1;
+    *cc = (int)v;
+    return 0;
+}
+
+int tk_build(tk_ctx *ctx, const char *ref, const tk_build_opts *opts, size_t *compiled, size_t *cached)
+{
+    tk_build_opts def = TK_BUILD_OPTS_INIT;
+    tk_pkg *pkg = NULL;
+    pkgsrc s;
+    int ccs[64];
+    size_t nccs = 0, nc = 0, nh = 0;
+    const char *nvid = NULL;
+    int rc;
+
+    memset(&s, 0, sizeof s);
+    if (compiled)
+        *compiled = 0;
+    if (cached)
+        *cached = 0;
+    if ((rc = tk_api__check_ctx(ctx)) != TK_OK)
+        return rc;
+    if (!ref)
+        return tk__err(TK_ERR_INVALID, "tk_build: ref is required");
+    if (!opts)
+        opts = &def;
+    if (opts->version < 1 || opts->version > TK_BUILD_OPTS_VERSION)
+        return tk__err(TK_ERR_INVALID, "tk_build: unknown opts version %u", opts->version);
+    if (opts->archs && opts->narchs) {
+        for (size_t i = 0; i < opts->narchs && nccs < 64; i++) {
+            int cc;
+            if (parse_arch(&cc, opts->archs[i]) != 0)
+                return tk__err(TK_ERR_INVALID, "bad arch '%s'\nHINT: write archs as sm_80, sm_90 or sm_90a",
+                               opts->archs[i] ? opts->archs[i] : "(null)");
+            ccs[nccs++] = cc;
+        }
+    } else {
+        int ndev = 0;
+        if (tk_jit__device_count(&ndev) == TK_OK)
+            for (int i = 0; i < ndev && nccs < 64; i++) {
+                tk_device_info info;
+                if (tk_jit__device_info(&info, i) == TK_OK)
+                    ccs[nccs++] = info.cc_major * 10 + info.cc_minor;
+            }
+        if (!nccs) {
+            json_t *ja = ctx->config ? json_object_get(ctx->config, "archs") : NULL, *x;
+            size_t i;
+            json_array_foreach(ja, i, x) {
+                int cc;
+                if (nccs >= 64)
+                    break;
+                if (parse_arch(&cc, json_string_value(x)) != 0)
+                    return tk__err(TK_ERR_INVALID, "config archs[%zu] is not an arch like \"sm_90\"", i);
+                ccs[nccs++] = cc;
+            }
+        }
+        if (!nccs)
+            return tk__err(TK_ERR_INVALID,
+                           "no GPU here and no archs given\nHINT: name them, e.g. 'tk build %s --arch "
+                           "sm_80,sm_90', or set \"archs\": [\"sm_80\", \"sm_90\"] in config.json",
+                           ref);
+    }
+    /* dedupe */
+    for (size_t i = 0; i < nccs; i++)
+        for (size_t j = i + 1; j < nccs;)
+            if (ccs[j] == ccs[i])
+                ccs[j] = ccs[--nccs];
+            else
+                j++;
+    if ((rc = tk_pkg_info(&pkg, ctx, ref)) != TK_OK)
+        goto fail;
+    if ((rc = pkgsrc_load(&s, pkg)) != TK_OK || (rc = tk_jit__nvrtc_id(&nvid)) != TK_OK)
+        goto fail;
+    for (size_t a = 0; a < nccs; a++) {
+        plan p;
+        if ((rc = plan_make(&p, &s, ccs[a], 0, nvid)) != TK_OK)
+            goto fail;
+        if (p.n == 0)
+            tk_api__log(ctx, TK_LOG_INFO, "%s: no kernel targets sm_%d", s.pkgname, ccs[a]);
+        rc = plan_build(&p, ctx, &s, opts->jobs, &nc, &nh);
+        plan_free(&p);
+        if (rc != TK_OK)
+            goto fail;
+    }
+    if (compiled)
+        *compiled = nc;
+    if (cached)
+        *cached = nh;
+fail:
+    pkgsrc_free(&s);
+    tk_pkg_free(pkg);
+    return rc;
+}
+
+/* ---- cache commands --------------------------------------------------------------------------- */
+
+int tk_cache_stats_json(char **out, tk_ctx *ctx)
+{
+    tk_kcache *kc = NULL;
+    int64_t n = 0, bytes = 0;
+    json_t *o = NULL;
+    const char *nvid = NULL;
+    int rc;
+    if (out)
+        *out = NULL;
+    if (!out)
+        return tk__err(TK_ERR_INVALID, "tk_cache_stats_json: out is NULL");
+    if ((rc = get_cache(&kc, ctx)) != TK_OK || (rc = tk_kcache__stats(kc, &n, &bytes)) != TK_OK)
+        return rc;
+    if (tk_jit__nvrtc_id(&nvid) != TK_OK) /* only probes, unless the file cannot be found */
+        nvid = NULL;
+    o = json_pack("{s:s, s:I, s:I, s:I, s:s?}", "path", tk_kcache__path(kc), "entries", (json_int_t)n,
+                  "bytes", (json_int_t)bytes, "max_bytes", (json_int_t)tk_kcache__max_bytes(kc), "nvrtc",
+                  nvid);
+    if (!o || !(*out = json_dumps(o, JSON_INDENT(2)))) {
+        json_decref(o);
+        return tk__err(TK_ERR_NOMEM, "out of memory");
+    }
+    json_decref(o);
+    return TK_OK;
+}
+
+static int list_one(void *user, const tk_kcache_entry *e)
+{
+    json_t *arr = user;
+    json_t *o = json_pack("{s:s, s:s, s:s, s:s, s:s, s:I, s:I, s:I, s:I}", "key", e->key, "package",
+                          e->package, "unit", e->unit, "target", e->target, "nvrtc", e->nvrtc, "size",
+                          (json_int_t)e->size, "created", (json_int_t)e->created, "last_used",
+                          (json_int_t)e->last_used, "hits", (json_int_t)e->hits);
+    if (!o || json_array_append_new(arr, o) != 0)
+        return 1;
+    return 0;
+}
+
+int tk_cache_list_json(char **out, tk_ctx *ctx)
+{
+    tk_kcache *kc = NULL;
+    json_t *arr = NULL;
+    int rc;
+    if (out)
+        *out = NULL;
+    if (!out)
+        return tk__err(TK_ERR_INVALID, "tk_cache_list_json: out is NULL");
+    if ((rc = get_cache(&kc, ctx)) != TK_OK)
+        return rc;
+    if (!(arr = json_array()))
+        return tk__err(TK_ERR_NOMEM, "out of memory");
+    if ((rc = tk_kcache__list(kc, list_one, arr)) != TK_OK) {
+        json_decref(arr);
+        return rc;
+    }
+    if (!(*out = json_dumps(arr, JSON_INDENT(2)))) {
+        json_decref(arr);
+        return tk__err(TK_ERR_NOMEM, "out of memory");
+    }
+    json_decref(arr);
+    return TK_OK;
+}
+
+int tk_cache_gc(tk_ctx *ctx, int64_t max_bytes, int64_t *freed)
+{
+    tk_kcache *kc = NULL;
+    int rc;
+    if (freed)
+        *freed = 0;
+    if ((rc = get_cache(&kc, ctx)) != TK_OK)
+        return rc;
+    if (max_bytes < 0 && (rc = cache_cap(ctx, &max_bytes)) != TK_OK)
+        return rc;
+    return tk_kcache__gc(kc, max_bytes, freed);
+}
+
+int tk_cache_clear(tk_ctx *ctx)
+{
+    tk_kcache *kc = NULL;
+    int rc;
+    if ((rc = get_cache(&kc, ctx)) != TK_OK)
+        return rc;
+    return tk_kcache__clear(kc, NULL);
+}

@@ -1,0 +1,494 @@
+/*
+ * kcache.c — the compiled-binary cache in SQLite (see kcache.h).
+ *
+ * Stored blob = "TKKC" magic, u32 format version, payload; the sha256 column covers the whole
+ * stored blob. last_used is in microseconds and kept strictly increasing across the database (a hit
+ * takes max(now, newest + 1)), so LRU order is exact even for hits in the same microsecond.
+ */
+#include <errno.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+#include <time.h>
+
+#include <sqlite3.h>
+
+#include "cache/kcache.h"
+
+#define KC_MAGIC 0x746b6b63u /* "tkkc" */
+#define KC_SCHEMA 1          /* PRAGMA user_version */
+#define KC_BLOB_MAGIC "TKKC"
+#define KC_BLOB_VERSION 1u
+#define KC_HDR 8
+#define KC_BUSY_MS 10000
+
+struct tk_kcache {
+    uint32_t magic;
+    sqlite3 *db;
+    char *path;
+    int64_t max_bytes;
+};
+
+static int64_t now_us(void)
+{
+    struct timespec ts;
+    clock_gettime(CLOCK_REALTIME, &ts);
+    return (int64_t)ts.tv_sec * 1000000 + ts.tv_nsec / 1000;
+}
+
+static int dberr(const tk_kcache *c, const char *what)
+{
+    int code = c && c->db ? sqlite3_errcode(c->db) : SQLITE_ERROR;
+    int st = code == SQLITE_FULL ? TK_ERR_NOSPACE : TK_ERR_CACHE;
+    const char *hint = code == SQLITE_BUSY
+                           ? "\nHINT: another tk process holds the cache; retry, or check for a stuck one"
+                       : code == SQLITE_CORRUPT || code == SQLITE_NOTADB
+                           ? "\nHINT: the cache is damaged; remove it and tk will rebuild it: 'tk cache clear' "
+                             "or delete the file"
+                       : code == SQLITE_FULL ? "\nHINT: free disk space, or lower TK_CACHE_MAX" : "";
+    return tk__err(st, "compiled-binary cache %s: %s: %s%s", c && c->path ? c->path : "", what,
+                   c && c->db ? sqlite3_errmsg(c->db) : "cannot open", hint);
+}
+
+static int exec(tk_kcache *c, const char *sql)
+{
+    if (sqlite3_exec(c->db, sql, NULL, NULL, NULL) != SQLITE_OK)
+        return dberr(c, sql);
+    return TK_OK;
+}
+
+static void rollback(tk_kcache *c)
+{
+    if (!sqlite3_get_autocommit(c->db))
+        sqlite3_exec(c->db, "ROLLBACK", NULL, NULL, NULL);
+}
+
+static int migrate(tk_kcache *c)
+{
+    sqlite3_stmt *st = NULL;
+    int ver = 0, rc;
+
+    if ((rc = exec(c, "BEGIN IMMEDIATE")) != TK_OK)
+        return rc;
+    if (sqlite3_prepare_v2(c->db, "PRAGMA user_version", -1, &st, NULL) != SQLITE_OK ||
+        sqlite3_step(st) != SQLITE_ROW) {
+        rc = dberr(c, "reading the schema version");
+        goto fail;
+    }
+    ver = sqlite3_column_int(st, 0);
+    sqlite3_finalize(st);
+    st = NULL;
+    if (ver > KC_SCHEMA) {
+        rc = tk__err(TK_ERR_CACHE,
+                     "compiled-binary cache %s has schema %d, newer than this tk knows (%d)\n"
+                     "HINT: use the newer tk, or give this one its own cache (TK_HOME), or delete the file",
+                     c->path, ver, KC_SCHEMA);
+        goto fail;
+    }
+    if (ver == KC_SCHEMA) {
+        rc = exec(c, "COMMIT");
+        goto fail;
+    }
+    /* older or new: it is a cache, so an old schema is simply replaced */
+    if ((rc = exec(c, "DROP TABLE IF EXISTS entries")) != TK_OK ||
+        (rc = exec(c, "CREATE TABLE entries("
+                      " key TEXT PRIMARY KEY,"
+                      " package TEXT, unit TEXT, target TEXT, nvrtc TEXT,"
+                      " size INTEGER NOT NULL,"
+                      " sha256 TEXT NOT NULL,"
+                      " blob BLOB NOT NULL,"
+                      " created INTEGER NOT NULL,"
+                      " last_used INTEGER NOT NULL,"
+                      " hits INTEGER NOT NULL DEFAULT 0)")) != TK_OK ||
+        (rc = exec(c, "CREATE INDEX entries_lru ON entries(last_used)")) != TK_OK ||
+        (rc = exec(c, "PRAGMA user_version = 1")) != TK_OK ||
+        (rc = exec(c, "COMMIT")) != TK_OK)
+        goto fail;
+    return TK_OK;
+fail:
+    sqlite3_finalize(st);
+    rollback(c);
+    return rc;
+}
+
+int tk_kcache__open(tk_kcache **out, const char *dir, int64_t max_bytes)
+{
+    tk_kcache *c = NULL;
+    int rc;
+
+    *out = NULL;
+    if (!dir || !*dir)
+        return tk__err(TK_ERR_INVALID, "compiled-binary cache: no directory");
+    if ((rc = tk__mkdirs(dir, 0700)) != TK_OK)
+        return rc;
+    if (!(c = calloc(1, sizeof *c)) || !(c->path = tk__path_join(dir, "cache.db"))) {
+        rc = tk__err(TK_ERR_NOMEM, "out of memory opening the cache");
+        goto fail;
+    }
+    c->magic = KC_MAGIC;
+    c->max_bytes = max_bytes > 0 ? max_bytes : 0;
+    if (sqlite3_open_v2(c->path, &c->db, SQLITE_OPEN_READWRITE | SQLITE_OPEN_CREATE, NULL) != SQLITE_OK) {
+        rc = dberr(c, "open");
+        goto fail;
+    }
+    sqlite3_busy_timeout(c->db, KC_BUSY_MS);
+    /* auto_vacuum must be chosen before the first table exists; it lets gc give space back */
+    if ((rc = exec(c, "PRAGMA auto_vacuum = INCREMENTAL")) != TK_OK ||
+        (rc = exec(c, "PRAGMA journal_mode = WAL")) != TK_OK ||
+        (rc = exec(c, "PRAGMA synchronous = NORMAL")) != TK_OK || (rc = migrate(c)) != TK_OK)
+        goto fail;
+    *out = c;
+    return TK_OK;
+fail:
+    tk_kcache__close(c);
+    return rc;
+}
+
+void tk_kcache__close(tk_kcache *c)
+{
+    if (!c)
+        return;
+    if (c->db)
+        sqlite3_close_v2(c->db);
+    free(c->path);
+    c->magic = 0;
+    free(c);
+}
+
+const char *tk_kcache__path(const tk_kcache *c) { return c ? c->path : ""; }
+int64_t tk_kcache__max_bytes(const tk_kcache *c) { return c ? c->max_bytes : 0; }
+
+static int check(const tk_kcache *c, const char *key)
+{
+    if (!c || c->magic != KC_MAGIC)
+        return tk__err(TK_ERR_INVALID, "compiled-binary cache: not an open cache");
+    if (key && !tk__is_hex(key, 64))
+        return tk__err(TK_ERR_INVALID, "compiled-binary cache: bad key '%s'", key);
+    return TK_OK;
+}
+
+int tk_kcache__remove(tk_kcache *c, const char *key)
+{
+    sqlite3_stmt *st = NULL;
+    int rc;
+    if ((rc = check(c, key)) != TK_OK)
+        return rc;
+    if (sqlite3_prepare_v2(c->db, "DELETE FROM entries WHERE key = ?1", -1, &st, NULL) != SQLITE_OK)
+        return dberr(c, "prepare delete");
+    sqlite3_bind_text(st, 1, key, -1, SQLITE_STATIC);
+    rc = sqlite3_step(st) == SQLITE_DONE ? TK_OK : dberr(c, "delete");
+    sqlite3_finalize(st);
+    return rc;
+}
+
+int tk_kcache__get(tk_kcache *c, const char *key, uint8_t **data, size_t *len)
+{
+    sqlite3_stmt *st = NULL;
+    const uint8_t *blob;
+    const char *digest;
+    char got[TK_SHA256_HEX];
+    size_t n;
+    int rc, corrupt = 0, step;
+
+    *data = NULL;
+    *len = 0;
+    if ((rc = check(c, key)) != TK_OK)
+        return rc;
+    if (sqlite3_prepare_v2(c->db, "SELECT blob, sha256 FROM entries WHERE key = ?1", -1, &st, NULL) !=
+        SQLITE_OK)
+        return dberr(c, "prepare lookup");
+    sqlite3_bind_text(st, 1, key, -1, SQLITE_STATIC);
+    step = sqlite3_step(st);
+    if (step == SQLITE_DONE) {
+        sqlite3_finalize(st);
+        return tk__err(TK_ERR_NOT_FOUND, "no cached binary for key %.16s", key);
+    }
+    if (step != SQLITE_ROW) {
+        rc = dberr(c, "lookup");
+        sqlite3_finalize(st);
+        return rc;
+    }
+    blob = sqlite3_column_blob(st, 0);
+    n = (size_t)sqlite3_column_bytes(st, 0);
+    digest = (const char *)sqlite3_column_text(st, 1);
+    if (!blob || n < KC_HDR || memcmp(blob, KC_BLOB_MAGIC, 4) != 0 ||
+        (blob[4] | blob[5] << 8 | blob[6] << 16 | (uint32_t)blob[7] << 24) != KC_BLOB_VERSION ||
+        tk__sha256_hex(got, blob, n) != TK_OK || !digest || strcmp(got, digest) != 0) {
+        corrupt = 1;
+    } else if (!(*data = malloc(n - KC_HDR + 1))) {
+        sqlite3_finalize(st);
+        return tk__err(TK_ERR_NOMEM, "out of memory reading the cache");
+    } else {
+        memcpy(*data, blob + KC_HDR, n - KC_HDR);
+        (*data)[n - KC_HDR] = 0;
+        *len = n - KC_HDR;
+    }
+    sqlite3_finalize(st);
+    st = NULL;
+    if (corrupt) {
+        tk_kcache__remove(c, key); /* best effort: it is a miss either way */
+        return tk__err(TK_ERR_NOT_FOUND, "cached binary %.16s was corrupt and has been removed", key);
+    }
+    /* LRU bookkeeping; a busy database only costs the ordering of this one hit */
+    if (sqlite3_prepare_v2(c->db,
+                           "UPDATE entries SET hits = hits + 1, last_used = "
+                           "max(?1, (SELECT coalesce(max(last_used), 0) FROM entries) + 1) WHERE key = ?2",
+                           -1, &st, NULL) == SQLITE_OK) {
+        sqlite3_bind_int64(st, 1, now_us());
+        sqlite3_bind_text(st, 2, key, -1, SQLITE_STATIC);
+        sqlite3_step(st);
+    }
+    sqlite3_finalize(st);
+    return TK_OK;
+}
+
+/* Deletes least-recently-used entries (never `keep`) until the total is at most max. In a
+ * transaction the caller opened. */
+static int evict(tk_kcache *c, int64_t max, const char *keep, int64_t *freed)
+{
+    sqlite3_stmt *sum = NULL, *sel = NULL, *del = NULL;
+    int64_t total = 0;
+    int rc = TK_OK;
+
+    if (sqlite3_prepare_v2(c->db, "SELECT coalesce(sum(size), 0) FROM entries", -1, &sum, NULL) !=
+            SQLITE_OK ||
+        sqlite3_step(sum) != SQLITE_ROW) {
+        rc = dberr(c, "sum sizes");
+        goto done;
+    }
+    total = sqlite3_column_int64(sum, 0);
+    if (total <= max)
+        goto done;
+    if (sqlite3_prepare_v2(c->db, "SELECT key, size FROM entries ORDER BY last_used ASC", -1, &sel,
+                           NULL) != SQLITE_OK ||
+        sqlite3_prepare_v2(c->db, "DELETE FROM entries WHERE key = ?1", -1, &del, NULL) != SQLITE_OK) {
+        rc = dberr(c, "prepare eviction");
+        goto done;
+    }
+    while (total > max) {
+        int s = sqlite3_step(sel);
+        const char *k;
+        int64_t size;
+        if (s == SQLITE_DONE)
+            break;
+        if (s != SQLITE_ROW) {
+            rc = dberr(c, "eviction scan");
+            goto done;
+        }
+        k = (const char *)sqlite3_column_text(sel, 0);
+        size = sqlite3_column_int64(sel, 1);
+        if (!k || (keep && strcmp(k, keep) == 0))
+            continue;
+        sqlite3_bind_text(del, 1, k, -1, SQLITE_TRANSIENT);
+        if (sqlite3_step(del) != SQLITE_DONE) {
+            rc = dberr(c, "evict");
+            goto done;
+        }
+        sqlite3_reset(del);
+        total -= size;
+        if (freed)
+            *freed += size;
+    }
+done:
+    sqlite3_finalize(sum);
+    sqlite3_finalize(sel);
+    sqlite3_finalize(del);
+    return rc;
+}
+
+int tk_kcache__put(tk_kcache *c, const char *key, const tk_kcache_meta *meta, const void *data,
+                   size_t len, int *inserted)
+{
+    sqlite3_stmt *st = NULL;
+    uint8_t *blob = NULL;
+    char digest[TK_SHA256_HEX];
+    int64_t now = now_us();
+    int rc;
+
+    if (inserted)
+        *inserted = 0;
+    if ((rc = check(c, key)) != TK_OK)
+        return rc;
+    if (!data && len)
+        return tk__err(TK_ERR_INVALID, "compiled-binary cache: no data");
+    if (len > (size_t)INT32_MAX - KC_HDR)
+        return tk__err(TK_ERR_INVALID, "compiled binary of %zu bytes is too large to cache", len);
+    /* build and hash the blob before taking the write lock */
+    if (!(blob = malloc(len + KC_HDR)))
+        return tk__err(TK_ERR_NOMEM, "out of memory writing the cache");
+    memcpy(blob, KC_BLOB_MAGIC, 4);
+    blob[4] = (uint8_t)KC_BLOB_VERSION;
+    blob[5] = blob[6] = blob[7] = 0;
+    if (len)
+        memcpy(blob + KC_HDR, data, len);
+    if ((rc = tk__sha256_hex(digest, blob, len + KC_HDR)) != TK_OK)
+        goto fail;
+
+    if ((rc = exec(c, "BEGIN IMMEDIATE")) != TK_OK)
+        goto fail;
+    if (sqlite3_prepare_v2(c->db,
+                           "INSERT OR IGNORE INTO entries(key, package, unit, target, nvrtc, size, sha256,"
+                           " blob, created, last_used, hits) VALUES(?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9,"
+                           " max(?9, (SELECT coalesce(max(last_used), 0) FROM entries) + 1), 0)",
+                           -1, &st, NULL) != SQLITE_OK) {
+        rc = dberr(c, "prepare insert");
+        goto fail;
+    }
+    sqlite3_bind_text(st, 1, key, -1, SQLITE_STATIC);
+    sqlite3_bind_text(st, 2, meta && meta->package ? meta->package : "", -1, SQLITE_STATIC);
+    sqlite3_bind_text(st, 3, meta && meta->unit ? meta->unit : "", -1, SQLITE_STATIC);
+    sqlite3_bind_text(st, 4, meta && meta->target ? meta->target : "", -1, SQLITE_STATIC);
+    sqlite3_bind_text(st, 5, meta && meta->nvrtc ? meta->nvrtc : "", -1, SQLITE_STATIC);
+    sqlite3_bind_int64(st, 6, (int64_t)len);
+    sqlite3_bind_text(st, 7, digest, -1, SQLITE_STATIC);
+    sqlite3_bind_blob(st, 8, blob, (int)(len + KC_HDR), SQLITE_STATIC);
+    sqlite3_bind_int64(st, 9, now);
+    if (sqlite3_step(st) != SQLITE_DONE) {
+        rc = dberr(c, "insert");
+        goto fail;
+    }
+    if (inserted)
+        *inserted = sqlite3_changes(c->db) > 0;
+    sqlite3_finalize(st);
+    st = NULL;
+    if (c->max_bytes > 0 && (rc = evict(c, c->max_bytes, key, NULL)) != TK_OK)
+        goto fail;
+    if ((rc = exec(c, "COMMIT")) != TK_OK)
+        goto fail;
+    free(blob);
+    return TK_OK;
+fail:
+    sqlite3_finalize(st);
+    rollback(c);
+    free(blob);
+    if (inserted)
+        *inserted = 0;
+    return rc;
+}
+
+int tk_kcache__gc(tk_kcache *c, int64_t max_bytes, int64_t *freed)
+{
+    int rc;
+    int64_t f = 0;
+    if (freed)
+        *freed = 0;
+    if ((rc = check(c, NULL)) != TK_OK)
+        return rc;
+    if (max_bytes < 0)
+        max_bytes = 0;
+    if ((rc = exec(c, "BEGIN IMMEDIATE")) != TK_OK)
+        return rc;
+    if ((rc = evict(c, max_bytes, NULL, &f)) != TK_OK || (rc = exec(c, "COMMIT")) != TK_OK) {
+        rollback(c);
+        return rc;
+    }
+    if (f)
+        sqlite3_exec(c->db, "PRAGMA incremental_vacuum", NULL, NULL, NULL);
+    if (freed)
+        *freed = f;
+    return TK_OK;
+}
+
+int tk_kcache__clear(tk_kcache *c, int64_t *freed)
+{
+    int rc = tk_kcache__gc(c, 0, freed);
+    if (rc == TK_OK)
+        sqlite3_exec(c->db, "PRAGMA wal_checkpoint(TRUNCATE)", NULL, NULL, NULL);
+    return rc;
+}
+
+int tk_kcache__stats(tk_kcache *c, int64_t *entries, int64_t *bytes)
+{
+    sqlite3_stmt *st = NULL;
+    int rc;
+    if (entries)
+        *entries = 0;
+    if (bytes)
+        *bytes = 0;
+    if ((rc = check(c, NULL)) != TK_OK)
+        return rc;
+    if (sqlite3_prepare_v2(c->db, "SELECT count(*), coalesce(sum(size), 0) FROM entries", -1, &st,
+                           NULL) != SQLITE_OK ||
+        sqlite3_step(st) != SQLITE_ROW) {
+        rc = dberr(c, "stats");
+        sqlite3_finalize(st);
+        return rc;
+    }
+    if (entries)
+        *entries = sqlite3_column_int64(st, 0);
+    if (bytes)
+        *bytes = sqlite3_column_int64(st, 1);
+    sqlite3_finalize(st);
+    return TK_OK;
+}
+
+static const char *col_text(sqlite3_stmt *st, int i)
+{
+    const char *s = (const char *)sqlite3_column_text(st, i);
+    return s ? s : "";
+}
+
+int tk_kcache__list(tk_kcache *c, int (*each)(void *user, const tk_kcache_entry *e), void *user)
+{
+    sqlite3_stmt *st = NULL;
+    int rc, s;
+    if ((rc = check(c, NULL)) != TK_OK)
+        return rc;
+    if (sqlite3_prepare_v2(c->db,
+                           "SELECT key, package, unit, target, nvrtc, size, created, last_used, hits"
+                           " FROM entries ORDER BY last_used DESC",
+                           -1, &st, NULL) != SQLITE_OK)
+        return dberr(c, "prepare list");
+    while ((s = sqlite3_step(st)) == SQLITE_ROW) {
+        tk_kcache_entry e;
+        e.key = col_text(st, 0);
+        e.package = col_text(st, 1);
+        e.unit = col_text(st, 2);
+        e.target = col_text(st, 3);
+        e.nvrtc = col_text(st, 4);
+        e.size = sqlite3_column_int64(st, 5);
+        e.created = sqlite3_column_int64(st, 6) / 1000000;
+        e.last_used = sqlite3_column_int64(st, 7) / 1000000;
+        e.hits = sqlite3_column_int64(st, 8);
+        if (each(user, &e) != 0) {
+            s = SQLITE_DONE;
+            break;
+        }
+    }
+    rc = s == SQLITE_DONE ? TK_OK : dberr(c, "list");
+    sqlite3_finalize(st);
+    return rc;
+}
+
+int tk_kcache__parse_size(const char *s, int64_t *out)
+{
+    char *end;
+    long long v;
+    int64_t mul = 1;
+    if (!s || !*s || !out)
+        return -1;
+    while (*s == ' ')
+        s++;
+    if (*s < '0' || *s > '9')
+        return -1;
+    errno = 0;
+    v = strtoll(s, &end, 10);
+    if (errno || v < 0)
+        return -1;
+    switch (*end) {
+    case 'k': case 'K': mul = (int64_t)1 << 10; end++; break;
+    case 'm': case 'M': mul = (int64_t)1 << 20; end++; break;
+    case 'g': case 'G': mul = (int64_t)1 << 30; end++; break;
+    case 't': case 'T': mul = (int64_t)1 << 40; end++; break;
+    default: break;
+    }
+    if (mul > 1 && *end == 'i')
+        end++;
+    if (*end == 'b' || *end == 'B')
+        end++;
+    if (*end != '\0')
+        return -1;
+    if (__builtin_mul_overflow((int64_t)v, mul, out))
+        return -1;
+    return 0;
+}

@@ -1,0 +1,197 @@
+/*
+ * cmd_cache.c — tk cache ls|stats|gc|clear: the compiled-binary cache.
+ */
+#include <jansson.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+
+#include "cli/cli.h"
+
+static const char *USAGE = "tk cache ls|stats|gc [--max SIZE]|clear";
+
+static const char *HELP =
+    "NAME\n"
+    "    tk cache - inspect and trim the compiled-binary cache\n"
+    "\n"
+    "SYNOPSIS\n"
+    "    tk cache ls [--json]\n"
+    "    tk cache stats [--json]\n"
+    "    tk cache gc [--max SIZE] [--json]\n"
+    "    tk cache clear\n"
+    "\n"
+    "DESCRIPTION\n"
+    "    tk keeps every compiled kernel binary in cache.db under the cache directory, keyed by\n"
+    "    the sha256 of its sources, headers, name expressions, options, target architecture and\n"
+    "    NVRTC version. Removing entries is always safe: they are recompiled when next needed.\n"
+    "\n"
+    "    ls      every entry, most recently used first: key, target, size, last use, package\n"
+    "            and the kernels it holds.\n"
+    "    stats   entry count, total size, size cap and the database path.\n"
+    "    gc      evicts least-recently-used entries until the cache fits the cap.\n"
+    "    clear   removes every entry.\n"
+    "\n"
+    "OPTIONS\n"
+    "    --max SIZE   the cap for gc, in bytes or with a K, M or G suffix (default: TK_CACHE_MAX,\n"
+    "                 else \"cache_max\" in config.json, else 2G).\n"
+    "    --json       machine-readable output.\n"
+    "\n"
+    "EXAMPLES\n"
+    "    tk cache stats\n"
+    "    tk cache gc --max 500M\n";
+
+static void human(char *out, size_t n, double b)
+{
+    const char *u[] = {"B", "KiB", "MiB", "GiB", "TiB"};
+    int i = 0;
+    while (b >= 1024 && i < 4) {
+        b /= 1024;
+        i++;
+    }
+    snprintf(out, n, i ? "%.1f %s" : "%.0f %s", b, u[i]);
+}
+
+static int parse_size(const char *s, int64_t *out)
+{
+    char *end = NULL;
+    long long v = strtoll(s, &end, 10);
+    int64_t mul = 1;
+    if (!s[0] || s[0] == '-' || end == s || v < 0)
+        return -1;
+    switch (*end) {
+    case 'k': case 'K': mul = 1LL << 10; end++; break;
+    case 'm': case 'M': mul = 1LL << 20; end++; break;
+    case 'g': case 'G': mul = 1LL << 30; end++; break;
+    case 't': case 'T': mul = 1LL << 40; end++; break;
+    default: break;
+    }
+    if (mul > 1 && *end == 'i')
+        end++;
+    if (*end == 'b' || *end == 'B')
+        end++;
+    if (*end || __builtin_mul_overflow((int64_t)v, mul, out))
+        return -1;
+    return 0;
+}
+
+static int do_ls(tk_cli *cli, tk_ctx *ctx)
+{
+    char *js = NULL;
+    int rc = tk_cache_list_json(&js, ctx);
+    json_t *arr;
+    size_t i;
+    json_t *e;
+    if (rc != TK_OK)
+        return tk_cli_fail(cli, rc, NULL);
+    if (cli->json) {
+        printf("%s\n", js);
+        tk_free(js);
+        return TK_EXIT_OK;
+    }
+    arr = json_loads(js, 0, NULL);
+    tk_free(js);
+    if (!json_array_size(arr)) {
+        printf("the compiled-binary cache is empty\n");
+        json_decref(arr);
+        return TK_EXIT_OK;
+    }
+    printf("%-12s  %-12s  %10s  %-16s  %s\n", "KEY", "TARGET", "SIZE", "LAST USED", "PACKAGE / KERNELS");
+    json_array_foreach(arr, i, e) {
+        char size[32], when[32];
+        time_t t = (time_t)json_integer_value(json_object_get(e, "last_used"));
+        struct tm tm;
+        human(size, sizeof size, (double)json_integer_value(json_object_get(e, "size")));
+        strftime(when, sizeof when, "%Y-%m-%d %H:%M", localtime_r(&t, &tm));
+        printf("%-12.12s  %-12s  %10s  %-16s  %s\n              %s\n",
+               json_string_value(json_object_get(e, "key")), json_string_value(json_object_get(e, "target")),
+               size, when, json_string_value(json_object_get(e, "package")),
+               json_string_value(json_object_get(e, "unit")));
+    }
+    json_decref(arr);
+    return TK_EXIT_OK;
+}
+
+static int do_stats(tk_cli *cli, tk_ctx *ctx)
+{
+    char *js = NULL, size[32], cap[32];
+    json_t *o;
+    int rc = tk_cache_stats_json(&js, ctx);
+    if (rc != TK_OK)
+        return tk_cli_fail(cli, rc, NULL);
+    if (cli->json) {
+        printf("%s\n", js);
+        tk_free(js);
+        return TK_EXIT_OK;
+    }
+    o = json_loads(js, 0, NULL);
+    tk_free(js);
+    human(size, sizeof size, (double)json_integer_value(json_object_get(o, "bytes")));
+    human(cap, sizeof cap, (double)json_integer_value(json_object_get(o, "max_bytes")));
+    printf("path:     %s\nentries:  %lld\nsize:     %s\ncap:      %s\n",
+           json_string_value(json_object_get(o, "path")),
+           (long long)json_integer_value(json_object_get(o, "entries")), size, cap);
+    if (json_string_value(json_object_get(o, "nvrtc")))
+        printf("nvrtc:    %s\n", json_string_value(json_object_get(o, "nvrtc")));
+    json_decref(o);
+    return TK_EXIT_OK;
+}
+
+int tk_cmd_cache(tk_cli *cli, int argc, char **argv)
+{
+    const char *sub = NULL;
+    int64_t max = -1, freed = 0;
+    int rc;
+
+    for (int i = 1; i < argc; i++) {
+        const char *a = argv[i];
+        if (tk_cli_is_help(a)) {
+            fputs(HELP, stdout);
+            return TK_EXIT_OK;
+        } else if (!strcmp(a, "--max") || !strncmp(a, "--max=", 6)) {
+            const char *v = a[5] == '=' ? a + 6 : (++i < argc ? argv[i] : NULL);
+            if (!v || parse_size(v, &max) != 0)
+                return tk_cli_usage(USAGE, "--max wants a size such as 500M or 2G");
+        } else if (!strcmp(a, "--json")) {
+            cli->json = 1;
+        } else if (a[0] == '-') {
+            return tk_cli_usage(USAGE, "unknown option '%s'", a);
+        } else if (!sub) {
+            sub = a;
+        } else {
+            return tk_cli_usage(USAGE, "unexpected '%s'", a);
+        }
+    }
+    if (!sub)
+        return tk_cli_usage(USAGE, "which action? ls, stats, gc or clear");
+    if (strcmp(sub, "ls") && strcmp(sub, "list") && strcmp(sub, "stats") && strcmp(sub, "gc") &&
+        strcmp(sub, "clear"))
+        return tk_cli_usage(USAGE, "unknown action '%s'", sub);
+    if (max >= 0 && strcmp(sub, "gc"))
+        return tk_cli_usage(USAGE, "--max goes with gc");
+    tk_ctx *ctx = tk_cli_ctx(cli);
+    if (!ctx)
+        return TK_EXIT_FAIL;
+    if (!strcmp(sub, "ls") || !strcmp(sub, "list"))
+        return do_ls(cli, ctx);
+    if (!strcmp(sub, "stats"))
+        return do_stats(cli, ctx);
+    if (!strcmp(sub, "gc")) {
+        char h[32];
+        if ((rc = tk_cache_gc(ctx, max, &freed)) != TK_OK)
+            return tk_cli_fail(cli, rc, NULL);
+        human(h, sizeof h, (double)freed);
+        if (cli->json)
+            printf("{\"freed\": %lld}\n", (long long)freed);
+        else
+            printf("freed %s\n", h);
+        return TK_EXIT_OK;
+    }
+    if ((rc = tk_cache_clear(ctx)) != TK_OK)
+        return tk_cli_fail(cli, rc, NULL);
+    if (cli->json)
+        printf("{\"cleared\": true}\n");
+    else
+        printf("cleared the compiled-binary cache\n");
+    return TK_EXIT_OK;
+}

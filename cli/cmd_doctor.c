@@ -1,0 +1,185 @@
+/*
+ * cmd_doctor.c — tk doctor: what this machine has for tk (GPUs, driver, NVRTC, cache, registry) and
+ * how to fix what is missing.
+ *
+ * tk.h has no NVRTC query, so the NVRTC line looks the library up here the way libtk does (TK_NVRTC,
+ * libnvrtc.so.13/.12, CUDA_HOME) and asks it for its version.
+ */
+#define _GNU_SOURCE /* dladdr */
+#include <dlfcn.h>
+#include <jansson.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "cli/cli.h"
+
+static const char *USAGE = "tk doctor [--json]";
+
+static const char *HELP =
+    "NAME\n"
+    "    tk doctor - check what this machine has for running kernels, and how to fix the rest\n"
+    "\n"
+    "SYNOPSIS\n"
+    "    tk doctor [--json]\n"
+    "\n"
+    "DESCRIPTION\n"
+    "    Reports the CUDA driver and each GPU (name, compute capability, SMs, memory), the NVRTC\n"
+    "    library tk compiles with (version and path), the compiled-binary cache (path, entries,\n"
+    "    size, cap), the state directory and the registry endpoint. For anything missing it says\n"
+    "    what that costs and how to fix it. Without a GPU tk still installs, verifies and builds\n"
+    "    packages ahead of time ('tk build --arch sm_90') and runs ops on the CPU reference.\n"
+    "\n"
+    "EXIT STATUS\n"
+    "    0 everything needed to run kernels is present; 7 the GPU, driver or NVRTC is missing.\n";
+
+typedef int (*nvrtc_version_fn)(int *, int *);
+
+static int find_nvrtc(int *major, int *minor, char *path, size_t n)
+{
+    const char *cands[8];
+    char a[1024], b[1024];
+    size_t nc = 0;
+    const char *env = getenv("TK_NVRTC"), *home = getenv("CUDA_HOME");
+    if (env && *env)
+        cands[nc++] = env;
+    cands[nc++] = "libnvrtc.so.13";
+    cands[nc++] = "libnvrtc.so.12";
+    cands[nc++] = "libnvrtc.so";
+    if (home && *home) {
+        snprintf(a, sizeof a, "%s/lib64/libnvrtc.so", home);
+        cands[nc++] = a;
+    }
+    snprintf(b, sizeof b, "/usr/local/cuda/lib64/libnvrtc.so");
+    cands[nc++] = b;
+    for (size_t i = 0; i < nc; i++) {
+        void *h = dlopen(cands[i], RTLD_NOW | RTLD_LOCAL);
+        nvrtc_version_fn fn;
+        Dl_info info;
+        if (!h)
+            continue;
+        *(void **)&fn = dlsym(h, "nvrtcVersion");
+        if (fn && fn(major, minor) == 0) {
+            if (dladdr(*(void **)&fn, &info) && info.dli_fname)
+                snprintf(path, n, "%s", info.dli_fname);
+            else
+                snprintf(path, n, "%s", cands[i]);
+            return 0;
+        }
+    }
+    return -1;
+}
+
+int tk_cmd_doctor(tk_cli *cli, int argc, char **argv)
+{
+    int ndev = 0, devrc, nvmaj = 0, nvmin = 0, ok = 1;
+    char nvpath[1024] = "", deverr[1024] = "";
+    json_t *out = json_object(), *gpus = json_array();
+
+    for (int i = 1; i < argc; i++) {
+        if (tk_cli_is_help(argv[i])) {
+            fputs(HELP, stdout);
+            return TK_EXIT_OK;
+        } else if (!strcmp(argv[i], "--json")) {
+            cli->json = 1;
+        } else {
+            return tk_cli_usage(USAGE, "unexpected '%s'", argv[i]);
+        }
+    }
+
+    json_object_set_new(out, "tk_version", json_string(tk_version_string()));
+    /* GPUs and the driver */
+    devrc = tk_device_count(&ndev);
+    if (devrc != TK_OK)
+        snprintf(deverr, sizeof deverr, "%s", tk_last_error());
+    for (int d = 0; devrc == TK_OK && d < ndev; d++) {
+        tk_device_info info;
+        if (tk_device_info_get(&info, d) != TK_OK)
+            continue;
+        char arch[16];
+        snprintf(arch, sizeof arch, "sm_%d%d", info.cc_major, info.cc_minor);
+        json_array_append_new(gpus, json_pack("{s:i, s:s, s:s, s:i, s:I, s:i}", "ordinal", d, "name",
+                                              info.name, "arch", arch, "sm_count", info.sm_count,
+                                              "total_mem", (json_int_t)info.total_mem, "driver_version",
+                                              info.driver_version));
+    }
+    json_object_set_new(out, "gpus", gpus);
+    if (devrc != TK_OK)
+        json_object_set_new(out, "driver_error", json_string(deverr));
+    /* NVRTC */
+    if (find_nvrtc(&nvmaj, &nvmin, nvpath, sizeof nvpath) == 0) {
+        char v[32];
+        snprintf(v, sizeof v, "%d.%d", nvmaj, nvmin);
+        json_object_set_new(out, "nvrtc", json_pack("{s:s, s:s}", "version", v, "path", nvpath));
+    } else {
+        json_object_set_new(out, "nvrtc", json_null());
+    }
+    /* state, cache, registry */
+    tk_ctx *ctx = tk_cli_ctx(cli);
+    if (ctx) {
+        char *js = NULL;
+        json_object_set_new(out, "home", json_string(tk_ctx_home(ctx)));
+        json_object_set_new(out, "cache_dir", json_string(tk_ctx_cache_dir(ctx)));
+        json_object_set_new(out, "endpoint", json_string(tk_ctx_endpoint(ctx)));
+        json_object_set_new(out, "offline", json_boolean(tk_ctx_offline(ctx)));
+        if (tk_cache_stats_json(&js, ctx) == TK_OK) {
+            json_object_set_new(out, "cache", json_loads(js, 0, NULL));
+            tk_free(js);
+        } else {
+            json_object_set_new(out, "cache_error", json_string(tk_last_error()));
+        }
+    }
+    ok = devrc == TK_OK && ndev > 0 && nvpath[0];
+
+    if (cli->json) {
+        char *s = json_dumps(out, JSON_INDENT(2));
+        printf("%s\n", s ? s : "{}");
+        free(s);
+        json_decref(out);
+        return ok ? TK_EXIT_OK : TK_EXIT_DEVICE;
+    }
+    printf("tk %s\n\n", tk_version_string());
+    if (devrc != TK_OK) {
+        printf("GPU:      none — %s\n", deverr);
+    } else if (ndev == 0) {
+        printf("GPU:      none — the CUDA driver loaded but reports no device\n"
+               "          HINT: check 'nvidia-smi' and CUDA_VISIBLE_DEVICES\n");
+    } else {
+        size_t i;
+        json_t *g;
+        json_array_foreach(gpus, i, g) {
+            printf("GPU %lld:    %s (%s, %lld SMs, %.1f GiB), driver %lld.%lld\n",
+                   (long long)json_integer_value(json_object_get(g, "ordinal")),
+                   json_string_value(json_object_get(g, "name")), json_string_value(json_object_get(g, "arch")),
+                   (long long)json_integer_value(json_object_get(g, "sm_count")),
+                   (double)json_integer_value(json_object_get(g, "total_mem")) / (1024.0 * 1024 * 1024),
+                   (long long)json_integer_value(json_object_get(g, "driver_version")) / 1000,
+                   (long long)json_integer_value(json_object_get(g, "driver_version")) % 1000 / 10);
+        }
+    }
+    if (nvpath[0])
+        printf("NVRTC:    %d.%d at %s\n", nvmaj, nvmin, nvpath);
+    else
+        printf("NVRTC:    not found — tk cannot compile kernels (cached binaries still load)\n"
+               "          HINT: install the CUDA toolkit's NVRTC (apt install cuda-nvrtc-13-0, or pip install\n"
+               "          nvidia-cuda-nvrtc) or point TK_NVRTC at libnvrtc.so\n");
+    if (ctx) {
+        json_t *c = json_object_get(out, "cache");
+        printf("home:     %s\n", tk_ctx_home(ctx));
+        if (c)
+            printf("cache:    %s: %lld entries, %.1f MiB of %.1f MiB\n", json_string_value(json_object_get(c, "path")),
+                   (long long)json_integer_value(json_object_get(c, "entries")),
+                   (double)json_integer_value(json_object_get(c, "bytes")) / (1024.0 * 1024),
+                   (double)json_integer_value(json_object_get(c, "max_bytes")) / (1024.0 * 1024));
+        else
+            printf("cache:    unusable — %s\n", json_string_value(json_object_get(out, "cache_error")));
+        printf("registry: %s%s\n", tk_ctx_endpoint(ctx), tk_ctx_offline(ctx) ? " (offline)" : "");
+    }
+    printf("\n%s\n", ok ? "ok: this machine can compile and run kernels"
+                        : devrc != TK_OK || ndev == 0
+                            ? "no GPU: packages install and build ahead of time ('tk build ORG/NAME --arch sm_90'); "
+                              "ops run on the CPU reference"
+                            : "no NVRTC: only kernels already in the cache can load");
+    json_decref(out);
+    return ok ? TK_EXIT_OK : TK_EXIT_DEVICE;
+}

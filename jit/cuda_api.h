@@ -1,0 +1,94 @@
+/*
+ * cuda_api.h — private to jit/: the few CUDA driver and NVRTC types, constants and entry points tk
+ * uses, declared here (values from cuda.h and nvrtc.h of CUDA 13) so tk builds without the toolkit.
+ * The function tables are filled by jit/cuda.c with dlsym.
+ */
+#ifndef TK_JIT_CUDA_API_H
+#define TK_JIT_CUDA_API_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+typedef int CUresult;
+typedef int CUdevice;
+typedef struct CUctx_st *CUcontext;
+typedef struct CUmod_st *CUmodule;
+typedef struct CUfunc_st *CUfunction;
+typedef struct CUstream_st *CUstream;
+typedef uint64_t CUdeviceptr;
+
+enum {
+    CUDA_SUCCESS = 0,
+    CUDA_ERROR_OUT_OF_MEMORY = 2,
+    CUDA_ERROR_NOT_INITIALIZED = 3,
+    CUDA_ERROR_STUB_LIBRARY = 34,
+    CUDA_ERROR_INSUFFICIENT_DRIVER = 35,
+    CUDA_ERROR_NO_DEVICE = 100,
+    CUDA_ERROR_INVALID_IMAGE = 200,
+    CUDA_ERROR_NO_BINARY_FOR_GPU = 209,
+    CUDA_ERROR_INVALID_PTX = 218,
+    CUDA_ERROR_UNSUPPORTED_PTX_VERSION = 222,
+    CUDA_ERROR_NOT_FOUND = 500,
+};
+
+enum {
+    CU_DEVICE_ATTRIBUTE_MULTIPROCESSOR_COUNT = 16,
+    CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MAJOR = 75,
+    CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MINOR = 76,
+    CU_DEVICE_ATTRIBUTE_MAX_SHARED_MEMORY_PER_BLOCK_OPTIN = 97,
+};
+
+enum { CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES = 8 };
+
+typedef struct {
+    CUresult (*cuInit)(unsigned);
+    CUresult (*cuDriverGetVersion)(int *);
+    CUresult (*cuDeviceGetCount)(int *);
+    CUresult (*cuDeviceGet)(CUdevice *, int);
+    CUresult (*cuDeviceGetAttribute)(int *, int, CUdevice);
+    CUresult (*cuDeviceGetName)(char *, int, CUdevice);
+    CUresult (*cuDeviceTotalMem)(size_t *, CUdevice);             /* _v2 */
+    CUresult (*cuDevicePrimaryCtxRetain)(CUcontext *, CUdevice);
+    CUresult (*cuDevicePrimaryCtxRelease)(CUdevice);              /* _v2 */
+    CUresult (*cuCtxPushCurrent)(CUcontext);                      /* _v2 */
+    CUresult (*cuCtxPopCurrent)(CUcontext *);                     /* _v2 */
+    CUresult (*cuModuleLoadData)(CUmodule *, const void *);
+    CUresult (*cuModuleUnload)(CUmodule);
+    CUresult (*cuModuleGetFunction)(CUfunction *, CUmodule, const char *);
+    CUresult (*cuFuncSetAttribute)(CUfunction, int, int);
+    CUresult (*cuLaunchKernel)(CUfunction, unsigned, unsigned, unsigned, unsigned, unsigned,
+                               unsigned, unsigned, CUstream, void **, void **);
+    CUresult (*cuGetErrorName)(CUresult, const char **);
+    CUresult (*cuGetErrorString)(CUresult, const char **);
+} tk_cu_api;
+
+typedef int nvrtcResult;
+typedef struct _nvrtcProgram *nvrtcProgram;
+enum { NVRTC_SUCCESS = 0, NVRTC_ERROR_COMPILATION = 6 };
+
+typedef struct {
+    nvrtcResult (*nvrtcVersion)(int *, int *);
+    nvrtcResult (*nvrtcGetNumSupportedArchs)(int *);
+    nvrtcResult (*nvrtcGetSupportedArchs)(int *);
+    const char *(*nvrtcGetErrorString)(nvrtcResult);
+    nvrtcResult (*nvrtcCreateProgram)(nvrtcProgram *, const char *, const char *, int,
+                                      const char *const *, const char *const *);
+    nvrtcResult (*nvrtcDestroyProgram)(nvrtcProgram *);
+    nvrtcResult (*nvrtcCompileProgram)(nvrtcProgram, int, const char *const *);
+    nvrtcResult (*nvrtcGetPTXSize)(nvrtcProgram, size_t *);
+    nvrtcResult (*nvrtcGetPTX)(nvrtcProgram, char *);
+    nvrtcResult (*nvrtcGetCUBINSize)(nvrtcProgram, size_t *);
+    nvrtcResult (*nvrtcGetCUBIN)(nvrtcProgram, char *);
+    nvrtcResult (*nvrtcGetProgramLogSize)(nvrtcProgram, size_t *);
+    nvrtcResult (*nvrtcGetProgramLog)(nvrtcProgram, char *);
+    nvrtcResult (*nvrtcAddNameExpression)(nvrtcProgram, const char *);
+    nvrtcResult (*nvrtcGetLoweredName)(nvrtcProgram, const char *, const char **);
+} tk_nvrtc_api;
+
+/* The loaded tables (valid after a successful tk_jit__cuda_load / tk_jit__nvrtc_load). */
+const tk_cu_api *tk_jit__cu(void);
+const tk_nvrtc_api *tk_jit__nvrtc(void);
+/* "CUDA_ERROR_NO_BINARY_FOR_GPU: no kernel image is available ..." into buf. */
+const char *tk_jit__cu_errstr(CUresult r, char *buf, size_t n);
+
+#endif

@@ -1,0 +1,161 @@
+/*
+ * jit.h — the JIT layer: loading the CUDA driver and NVRTC at run time (dlopen, never linked),
+ * device detection, NVRTC compiles of one translation unit for one arch, the content key of a
+ * compile, launch-rule expressions, and module load and launch.
+ *
+ * Nothing here includes cuda.h or nvrtc.h, so libtk builds where the toolkit is absent. Errors come
+ * back as tk statuses with tk_last_error() set (CUresult and nvrtcResult are translated here).
+ * Internal names are tk_jit__<verb>.
+ */
+#ifndef TK_JIT_H
+#define TK_JIT_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#include "common/common.h"
+
+/* ---- CUDA driver and NVRTC (jit/cuda.c) ------------------------------------------------------- */
+
+/* Loads libcuda.so.1 and runs cuInit once per process. TK_ERR_NO_DEVICE (with a hint) when the
+ * driver is missing or cannot initialise. Thread-safe; the result is remembered. */
+int tk_jit__cuda_load(void);
+/* Loads NVRTC once per process (only call it when a compile is needed). TK_ERR_NO_NVRTC. */
+int tk_jit__nvrtc_load(void);
+/* 1 if NVRTC was loaded in this process (tests check that a warm start does not load it). */
+int tk_jit__nvrtc_loaded(void);
+/* Names the NVRTC this process uses (or would load) without loading it when the library file can be
+ * found by probing: "<real file name>:<size>". This goes into cache keys, so a warm start never loads
+ * NVRTC, and a new NVRTC gives new keys. Loads NVRTC only when probing finds nothing. */
+int tk_jit__nvrtc_id(const char **id);
+/* NVRTC's version (loads it). *path (may be NULL) receives the borrowed path it was loaded from. */
+int tk_jit__nvrtc_version(int *major, int *minor, const char **path);
+/* The compute capabilities (x10: 80, 90, ...) NVRTC can compile for, ascending. *n receives how many
+ * were written (at most max). */
+int tk_jit__nvrtc_archs(int *archs, size_t max, size_t *n);
+/* The CUDA toolkit include directory used for NVRTC's headers (cuda_fp16.h ...), or NULL. */
+const char *tk_jit__cuda_include_dir(void);
+/* The device count (TK_OK with 0 when the driver has no device) and one device's description. */
+int tk_jit__device_count(int *n);
+int tk_jit__device_info(tk_device_info *out, int ordinal);
+
+/* ---- compiles (jit/compile.c) ----------------------------------------------------------------- */
+
+typedef struct {
+    const char *path; /* relative path, as the sources #include it */
+    const char *data; /* NUL-terminated: data[len] == 0 (NVRTC takes C strings) */
+    size_t len;
+} tk_jit_file;
+
+/* One translation unit for one target. */
+typedef struct {
+    const char *src_path;                /* relative path of the .cu: the NVRTC program name */
+    const char *src;
+    size_t src_len;
+    const tk_jit_file *headers;          /* every other file of the package */
+    size_t nheaders;
+    const char *const *names;            /* name expressions ("ns::k<float>", "extern_c_sym") */
+    size_t nnames;
+    const char *const *options;          /* manifest compile.options, then the kernel's options */
+    size_t noptions;
+    int cc;                              /* 80, 90, 100 ... */
+    int arch_specific;                   /* 1: sm_XYa */
+    int ptx_only;                        /* 1: compute_XY PTX only (the GPU is newer than NVRTC) */
+} tk_jit_unit;
+
+/* The result of a compile (or of a cache hit). */
+typedef struct {
+    uint8_t *cubin;  /* NULL when ptx_only */
+    size_t cubin_len;
+    char *ptx;       /* NUL-terminated, may be NULL */
+    size_t ptx_len;  /* without the NUL */
+    char **lowered;  /* one mangled name per name expression, in the unit's order */
+    size_t nlowered;
+    char *log;       /* compile warnings, may be NULL */
+} tk_jit_binary;
+
+void tk_jit__binary_free(tk_jit_binary *b);
+
+/* Checks one user option against the options tk lets packages pass (no file output, no include
+ * paths, no target override). TK_ERR_MANIFEST naming the option. */
+int tk_jit__option_check(const char *opt);
+
+/* The cache key (64 hex) of a unit: sha256 over the key-schema version, the source and every header
+ * (path and bytes), the sorted name expressions, the normalised options with the target, and the
+ * NVRTC version ("13.0"). */
+int tk_jit__key(char out[TK_SHA256_HEX], const tk_jit_unit *u, const char *nvrtc_version);
+/* The target name of a unit: "sm_90", "sm_90a" or "compute_120". out holds 32 bytes. */
+void tk_jit__target(char out[32], const tk_jit_unit *u);
+
+/* Compiles one unit (loads NVRTC). TK_ERR_COMPILE with the log naming src_path:line. */
+int tk_jit__compile(tk_jit_binary **out, const tk_jit_unit *u);
+
+/* Compiles n units in parallel on at most `jobs` threads (0: by cores and free memory). outs[i] and
+ * status[i] receive each result; errmsg[i] (may be NULL) a malloc'd copy of a failure's message.
+ * Returns TK_OK when all succeeded, else the status of the first failing unit (its message set). */
+int tk_jit__compile_many(tk_jit_binary **outs, int *status, char **errmsg, const tk_jit_unit *units,
+                         size_t n, int jobs);
+/* How many compiles may run at once: cores, and free memory / 512 MiB, at least 1. */
+int tk_jit__default_jobs(void);
+
+/* Serialises a binary into a blob (magic "TKJB", version) for the cache, and back. A malformed blob
+ * gives TK_ERR_CACHE. */
+int tk_jit__binary_pack(uint8_t **out, size_t *len, const tk_jit_binary *b);
+int tk_jit__binary_unpack(tk_jit_binary **out, const uint8_t *p, size_t len);
+
+/* ---- launch-rule expressions (jit/expr.c) ----------------------------------------------------- */
+
+typedef struct tk_jit_expr tk_jit_expr;
+
+enum { TK_JIT_P_TENSOR = 0, TK_JIT_P_I32, TK_JIT_P_I64, TK_JIT_P_F32, TK_JIT_P_F64 };
+
+/* What an expression may name: the kernel's params, in order. */
+typedef struct {
+    const char *name;
+    int type;   /* TK_JIT_P_* */
+    int usable; /* 0: may not be referenced here (e.g. a derived scalar not yet computed) */
+} tk_jit_param;
+
+/* Parses `src` once into a tree and checks every name against params. `what` names the expression
+ * in messages ("kernel 'silu_f32', launch.grid[0]"). Errors: TK_ERR_MANIFEST with the column, what
+ * is wrong, and the expression with a caret under the spot. */
+int tk_jit__expr_parse(tk_jit_expr **out, const char *src, const tk_jit_param *params,
+                       size_t nparams, const char *what);
+void tk_jit__expr_free(tk_jit_expr *e);
+const char *tk_jit__expr_src(const tk_jit_expr *e);
+
+/* The value of each param during evaluation, indexed like the params given to parse. */
+typedef struct {
+    int known;               /* 0: not bound yet */
+    int64_t i;               /* scalars */
+    int32_t ndim;            /* tensors */
+    const int64_t *shape;
+    const int64_t *strides;  /* NULL: contiguous row-major */
+} tk_jit_value;
+
+/* Evaluates with int64 arithmetic. TK_ERR_INVALID on overflow, division by zero, an index out of
+ * range or an unbound value; the message names the expression. */
+int tk_jit__expr_eval(int64_t *out, const tk_jit_expr *e, const tk_jit_value *vals, size_t nvals);
+
+/* ---- modules and launches (jit/load.c) -------------------------------------------------------- */
+
+typedef struct tk_jit_module tk_jit_module;
+
+/* Loads a CUBIN or PTX image (NUL-terminated for PTX) into the primary context of `device`.
+ * TK_ERR_LAUNCH on failure; *stale (may be NULL) is set to 1 when the driver rejected the image as
+ * invalid, for another GPU or of a too-new PTX version, so the caller treats the cache entry as a
+ * miss and recompiles. TK_ERR_NO_DEVICE without a driver. */
+int tk_jit__module_load(tk_jit_module **out, int device, const void *image, int *stale);
+void tk_jit__module_retain(tk_jit_module *m);
+/* Drops a reference; the module unloads (and the primary context is released) at zero. */
+void tk_jit__module_release(tk_jit_module *m);
+/* The CUfunction of a lowered name, cached in the module. Thread-safe. */
+int tk_jit__module_function(void **fn, tk_jit_module *m, const char *lowered);
+int tk_jit__module_device(const tk_jit_module *m);
+
+/* Launches fn (from m) with the module's context current on this thread. Thread-safe. Raises the
+ * function's dynamic shared memory limit when smem needs it. */
+int tk_jit__launch(tk_jit_module *m, void *fn, const unsigned grid[3], const unsigned block[3],
+                   size_t smem, void *stream, void **args);
+
+#endif

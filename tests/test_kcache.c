@@ -1,0 +1,476 @@
+/*
+ * test_kcache.c — the compiled-binary cache: hits and misses, LRU eviction, corrupt blobs, schema
+ * versions, the content key's sensitivity, the blob format, and two processes putting the same key
+ * at once. No GPU and no NVRTC needed.
+ */
+#include <sqlite3.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include "harness.h"
+
+#include "cache/kcache.h"
+#include "jit/jit.h"
+
+static char tmpl[] = "/tmp/tk-test-kcache.XXXXXX";
+static char *root;
+static int ndirs;
+
+static char *fresh_dir(void)
+{
+    return tk__fmt("%s/c%d", root, ndirs++);
+}
+
+static void key_of(char out[TK_SHA256_HEX], int i)
+{
+    char s[32];
+    snprintf(s, sizeof s, "key-%d", i);
+    tk__sha256_hex(out, s, strlen(s));
+}
+
+static void test_hit_miss(void)
+{
+    tk_kcache *c = NULL;
+    char *dir = fresh_dir(), key[TK_SHA256_HEX];
+    uint8_t *data = NULL;
+    size_t len = 0;
+    int inserted = -1;
+    int64_t n = -1, bytes = -1;
+    tk_kcache_meta meta = {"org/pkg@abc", "a.cu: k1", "sm_90", "13.0"};
+
+    CHECK_RC(tk_kcache__open(&c, dir, 0), TK_OK);
+    key_of(key, 1);
+    CHECK_RC(tk_kcache__get(c, key, &data, &len), TK_ERR_NOT_FOUND);
+    CHECK(data == NULL);
+    CHECK_RC(tk_kcache__put(c, key, &meta, "hello", 5, &inserted), TK_OK);
+    CHECK_EQ_INT(inserted, 1);
+    CHECK_RC(tk_kcache__put(c, key, &meta, "other", 5, &inserted), TK_OK);
+    CHECK_EQ_INT(inserted, 0); /* the first one wins */
+    CHECK_RC(tk_kcache__get(c, key, &data, &len), TK_OK);
+    CHECK_EQ_INT(len, 5);
+    CHECK(data && memcmp(data, "hello", 5) == 0);
+    free(data);
+    CHECK_RC(tk_kcache__stats(c, &n, &bytes), TK_OK);
+    CHECK_EQ_INT(n, 1);
+    CHECK_EQ_INT(bytes, 5);
+    CHECK_RC(tk_kcache__get(c, "not-a-key", &data, &len), TK_ERR_INVALID);
+    /* a zero-length payload is a valid entry */
+    key_of(key, 2);
+    CHECK_RC(tk_kcache__put(c, key, NULL, NULL, 0, NULL), TK_OK);
+    CHECK_RC(tk_kcache__get(c, key, &data, &len), TK_OK);
+    CHECK_EQ_INT(len, 0);
+    free(data);
+    tk_kcache__close(c);
+
+    /* persists across opens */
+    CHECK_RC(tk_kcache__open(&c, dir, 0), TK_OK);
+    key_of(key, 1);
+    CHECK_RC(tk_kcache__get(c, key, &data, &len), TK_OK);
+    free(data);
+    tk_kcache__close(c);
+    CHECK(!tk_jit__nvrtc_loaded()); /* cache work never loads NVRTC */
+    free(dir);
+}
+
+static int collect(void *user, const tk_kcache_entry *e)
+{
+    char *order = user;
+    size_t l = strlen(order);
+    snprintf(order + l, 256 - l, "%s%s", l ? "," : "", e->unit);
+    return 0;
+}
+
+static void test_lru(void)
+{
+    tk_kcache *c = NULL;
+    char *dir = fresh_dir(), key[5][TK_SHA256_HEX], payload[1000];
+    uint8_t *data = NULL;
+    size_t len;
+    int64_t n, bytes, freed = -1;
+    char order[256] = "";
+
+    memset(payload, 'x', sizeof payload);
+    CHECK_RC(tk_kcache__open(&c, dir, 3000), TK_OK);
+    CHECK_EQ_INT(tk_kcache__max_bytes(c), 3000);
+    for (int i = 0; i < 5; i++)
+        key_of(key[i], 100 + i);
+    for (int i = 0; i < 3; i++) {
+        char unit[8];
+        tk_kcache_meta m = {NULL, unit, NULL, NULL};
+        snprintf(unit, sizeof unit, "u%d", i);
+        CHECK_RC(tk_kcache__put(c, key[i], &m, payload, sizeof payload, NULL), TK_OK);
+    }
+    /* touch 0: now 1 is the least recently used */
+    CHECK_RC(tk_kcache__get(c, key[0], &data, &len), TK_OK);
+    free(data);
+    CHECK_RC(tk_kcache__list(c, collect, order), TK_OK);
+    CHECK_STR(order, "u0,u2,u1");
+    {
+        tk_kcache_meta m = {NULL, "u3", NULL, NULL};
+        CHECK_RC(tk_kcache__put(c, key[3], &m, payload, sizeof payload, NULL), TK_OK);
+    }
+    CHECK_RC(tk_kcache__get(c, key[1], &data, &len), TK_ERR_NOT_FOUND);
+    CHECK_RC(tk_kcache__get(c, key[0], &data, &len), TK_OK);
+    free(data);
+    CHECK_RC(tk_kcache__get(c, key[2], &data, &len), TK_OK);
+    free(data);
+    CHECK_RC(tk_kcache__get(c, key[3], &data, &len), TK_OK);
+    free(data);
+    CHECK_RC(tk_kcache__stats(c, &n, &bytes), TK_OK);
+    CHECK_EQ_INT(n, 3);
+    CHECK_EQ_INT(bytes, 3000);
+    /* an entry bigger than the cap is kept (it was just made) but pushes the others out */
+    {
+        char *big = calloc(1, 5000);
+        CHECK_RC(tk_kcache__put(c, key[4], NULL, big, 5000, NULL), TK_OK);
+        free(big);
+        CHECK_RC(tk_kcache__stats(c, &n, &bytes), TK_OK);
+        CHECK_EQ_INT(n, 1);
+    }
+    /* the next put pushes the big one out */
+    CHECK_RC(tk_kcache__put(c, key[0], NULL, payload, 10, NULL), TK_OK);
+    CHECK_RC(tk_kcache__stats(c, &n, &bytes), TK_OK);
+    CHECK_EQ_INT(n, 1);
+    CHECK_EQ_INT(bytes, 10);
+    /* explicit gc and clear */
+    CHECK_RC(tk_kcache__put(c, key[1], NULL, payload, 20, NULL), TK_OK);
+    CHECK_RC(tk_kcache__gc(c, 25, &freed), TK_OK);
+    CHECK_EQ_INT(freed, 10);
+    CHECK_RC(tk_kcache__get(c, key[1], &data, &len), TK_OK);
+    free(data);
+    CHECK_RC(tk_kcache__stats(c, &n, &bytes), TK_OK);
+    CHECK_EQ_INT(n, 1);
+    CHECK_RC(tk_kcache__clear(c, &freed), TK_OK);
+    CHECK_EQ_INT(freed, 20);
+    CHECK_RC(tk_kcache__stats(c, &n, &bytes), TK_OK);
+    CHECK_EQ_INT(n, 0);
+    tk_kcache__close(c);
+    free(dir);
+}
+
+/* Runs SQL against a cache.db behind the cache's back. */
+static int sql(const char *dir, const char *q)
+{
+    sqlite3 *db = NULL;
+    char *path = tk__path_join(dir, "cache.db");
+    int rc = sqlite3_open(path, &db);
+    if (rc == SQLITE_OK)
+        rc = sqlite3_exec(db, q, NULL, NULL, NULL);
+    sqlite3_close(db);
+    free(path);
+    return rc;
+}
+
+static void test_corrupt(void)
+{
+    tk_kcache *c = NULL;
+    char *dir = fresh_dir(), key[TK_SHA256_HEX], q[256];
+    uint8_t *data = NULL;
+    size_t len;
+    int64_t n;
+
+    CHECK_RC(tk_kcache__open(&c, dir, 0), TK_OK);
+    key_of(key, 7);
+    CHECK_RC(tk_kcache__put(c, key, NULL, "payload-bytes", 13, NULL), TK_OK);
+    /* flip one payload byte: the digest no longer matches */
+    snprintf(q, sizeof q,
+             "UPDATE entries SET blob = substr(blob, 1, 10) || X'00' || substr(blob, 12) WHERE key = '%s'",
+             key);
+    CHECK_EQ_INT(sql(dir, q), SQLITE_OK);
+    CHECK_RC(tk_kcache__get(c, key, &data, &len), TK_ERR_NOT_FOUND);
+    CHECK_CONTAINS(tk_last_error(), "corrupt");
+    CHECK(data == NULL);
+    CHECK_RC(tk_kcache__stats(c, &n, NULL), TK_OK);
+    CHECK_EQ_INT(n, 0); /* deleted */
+    /* a bad magic with a matching digest is a miss too */
+    CHECK_RC(tk_kcache__put(c, key, NULL, "payload-bytes", 13, NULL), TK_OK);
+    snprintf(q, sizeof q, "UPDATE entries SET blob = X'00112233445566778899' WHERE key = '%s'", key);
+    CHECK_EQ_INT(sql(dir, q), SQLITE_OK);
+    CHECK_RC(tk_kcache__get(c, key, &data, &len), TK_ERR_NOT_FOUND);
+    /* after a miss the key can be put again */
+    CHECK_RC(tk_kcache__put(c, key, NULL, "payload-bytes", 13, NULL), TK_OK);
+    CHECK_RC(tk_kcache__get(c, key, &data, &len), TK_OK);
+    free(data);
+    tk_kcache__close(c);
+    free(dir);
+}
+
+static void test_schema(void)
+{
+    tk_kcache *c = NULL;
+    char *dir = fresh_dir(), key[TK_SHA256_HEX];
+    int64_t n = -1;
+    CHECK_RC(tk_kcache__open(&c, dir, 0), TK_OK);
+    tk_kcache__close(c);
+    CHECK_EQ_INT(sql(dir, "PRAGMA user_version = 99"), SQLITE_OK);
+    c = (tk_kcache *)1;
+    CHECK_RC(tk_kcache__open(&c, dir, 0), TK_ERR_CACHE);
+    CHECK(c == NULL);
+    CHECK_CONTAINS(tk_last_error(), "newer");
+    CHECK_CONTAINS(tk_last_error(), "HINT");
+    /* an older schema is replaced: it is only a cache */
+    CHECK_EQ_INT(sql(dir, "PRAGMA user_version = 0; DROP TABLE entries; CREATE TABLE entries(x)"), SQLITE_OK);
+    CHECK_RC(tk_kcache__open(&c, dir, 0), TK_OK);
+    key_of(key, 1);
+    CHECK_RC(tk_kcache__put(c, key, NULL, "a", 1, NULL), TK_OK);
+    CHECK_RC(tk_kcache__stats(c, &n, NULL), TK_OK);
+    CHECK_EQ_INT(n, 1);
+    tk_kcache__close(c);
+    /* WAL mode */
+    {
+        char *wal = tk__fmt("%s/cache.db-wal", dir);
+        CHECK_RC(tk_kcache__open(&c, dir, 0), TK_OK);
+        CHECK(tk__path_exists(wal));
+        tk_kcache__close(c);
+        free(wal);
+    }
+    /* an unusable directory */
+    CHECK(tk_kcache__open(&c, "/proc/nope/dir", 0) != TK_OK);
+    CHECK(c == NULL);
+    free(dir);
+}
+
+static void test_parse_size(void)
+{
+    int64_t v;
+    CHECK(tk_kcache__parse_size("123", &v) == 0 && v == 123);
+    CHECK(tk_kcache__parse_size("4K", &v) == 0 && v == 4096);
+    CHECK(tk_kcache__parse_size("10M", &v) == 0 && v == 10 << 20);
+    CHECK(tk_kcache__parse_size("2G", &v) == 0 && v == (int64_t)2 << 30);
+    CHECK(tk_kcache__parse_size("2GiB", &v) == 0 && v == (int64_t)2 << 30);
+    CHECK(tk_kcache__parse_size("512mb", &v) == 0 && v == (int64_t)512 << 20);
+    CHECK(tk_kcache__parse_size("", &v) != 0);
+    CHECK(tk_kcache__parse_size("-1", &v) != 0);
+    CHECK(tk_kcache__parse_size("1X", &v) != 0);
+    CHECK(tk_kcache__parse_size("M", &v) != 0);
+    CHECK(tk_kcache__parse_size("99999999999T", &v) != 0);
+}
+
+/* ---- the key ---------------------------------------------------------------------------------- */
+
+static char hdr_a[] = "#define A 1\n", hdr_b[] = "#define B 2\n", hdr_a2[] = "#define A 2\n";
+static const char *src = "#include \"a.cuh\"\n__global__ void k(float *o) { o[0] = A; }\n";
+
+static void unit_init(tk_jit_unit *u, tk_jit_file *hdrs, const char **names, const char **opts)
+{
+    memset(u, 0, sizeof *u);
+    hdrs[0] = (tk_jit_file){"a.cuh", hdr_a, sizeof hdr_a - 1};
+    hdrs[1] = (tk_jit_file){"sub/b.cuh", hdr_b, sizeof hdr_b - 1};
+    names[0] = "k";
+    names[1] = "ns::t<float>";
+    opts[0] = "-std=c++17";
+    opts[1] = "-use_fast_math";
+    u->src_path = "k.cu";
+    u->src = src;
+    u->src_len = strlen(src);
+    u->headers = hdrs;
+    u->nheaders = 2;
+    u->names = names;
+    u->nnames = 2;
+    u->options = opts;
+    u->noptions = 2;
+    u->cc = 90;
+}
+
+static void test_key(void)
+{
+    tk_jit_unit u;
+    tk_jit_file hdrs[2], h2[2];
+    const char *names[2], *opts[2];
+    char base[TK_SHA256_HEX], k[TK_SHA256_HEX];
+
+    unit_init(&u, hdrs, names, opts);
+    CHECK_RC(tk_jit__key(base, &u, "13.0"), TK_OK);
+    CHECK(tk__is_hex(base, 64));
+    CHECK_RC(tk_jit__key(k, &u, "13.0"), TK_OK);
+    CHECK_STR(k, base); /* deterministic */
+
+    /* one header byte */
+    hdrs[0].data = hdr_a2;
+    CHECK_RC(tk_jit__key(k, &u, "13.0"), TK_OK);
+    CHECK(strcmp(k, base) != 0);
+    hdrs[0].data = hdr_a;
+    /* a header's path */
+    hdrs[1].path = "sub/c.cuh";
+    CHECK_RC(tk_jit__key(k, &u, "13.0"), TK_OK);
+    CHECK(strcmp(k, base) != 0);
+    hdrs[1].path = "sub/b.cuh";
+    /* one option */
+    opts[1] = "-ftz=true";
+    CHECK_RC(tk_jit__key(k, &u, "13.0"), TK_OK);
+    CHECK(strcmp(k, base) != 0);
+    opts[1] = " -use_fast_math "; /* normalised: blanks do not matter */
+    CHECK_RC(tk_jit__key(k, &u, "13.0"), TK_OK);
+    CHECK_STR(k, base);
+    opts[1] = "-use_fast_math";
+    /* the target */
+    u.arch_specific = 1;
+    CHECK_RC(tk_jit__key(k, &u, "13.0"), TK_OK);
+    CHECK(strcmp(k, base) != 0);
+    u.arch_specific = 0;
+    u.cc = 80;
+    CHECK_RC(tk_jit__key(k, &u, "13.0"), TK_OK);
+    CHECK(strcmp(k, base) != 0);
+    u.cc = 90;
+    /* NVRTC's version */
+    CHECK_RC(tk_jit__key(k, &u, "12.8"), TK_OK);
+    CHECK(strcmp(k, base) != 0);
+    /* the source's name and bytes */
+    u.src_path = "k2.cu";
+    CHECK_RC(tk_jit__key(k, &u, "13.0"), TK_OK);
+    CHECK(strcmp(k, base) != 0);
+    u.src_path = "k.cu";
+    u.src_len--;
+    CHECK_RC(tk_jit__key(k, &u, "13.0"), TK_OK);
+    CHECK(strcmp(k, base) != 0);
+    u.src_len++;
+    /* the name expressions: their order does not matter, their content does */
+    names[0] = "ns::t<float>";
+    names[1] = "k";
+    CHECK_RC(tk_jit__key(k, &u, "13.0"), TK_OK);
+    CHECK_STR(k, base);
+    names[1] = "ns::t<double>";
+    CHECK_RC(tk_jit__key(k, &u, "13.0"), TK_OK);
+    CHECK(strcmp(k, base) != 0);
+    names[1] = "k";
+    /* header order does not matter */
+    h2[0] = hdrs[1];
+    h2[1] = hdrs[0];
+    u.headers = h2;
+    CHECK_RC(tk_jit__key(k, &u, "13.0"), TK_OK);
+    CHECK_STR(k, base);
+    /* bytes moved between a path and content give another key (fields are length-framed) */
+    {
+        tk_jit_file hx[2] = {{"a.cuh#", hdr_a + 1, sizeof hdr_a - 2}, hdrs[1]};
+        u.headers = hx;
+        CHECK_RC(tk_jit__key(k, &u, "13.0"), TK_OK);
+        CHECK(strcmp(k, base) != 0);
+    }
+}
+
+static void test_options(void)
+{
+    CHECK_RC(tk_jit__option_check("-std=c++17"), TK_OK);
+    CHECK_RC(tk_jit__option_check("-DFOO=1"), TK_OK);
+    CHECK_RC(tk_jit__option_check("--use_fast_math"), TK_OK);
+    CHECK_RC(tk_jit__option_check("-maxrregcount=64"), TK_OK);
+    CHECK_RC(tk_jit__option_check("--time=/tmp/x"), TK_ERR_MANIFEST);
+    CHECK_CONTAINS(tk_last_error(), "--time=/tmp/x");
+    CHECK_RC(tk_jit__option_check("-I/etc"), TK_ERR_MANIFEST);
+    CHECK_RC(tk_jit__option_check("--gpu-architecture=sm_70"), TK_ERR_MANIFEST);
+    CHECK_RC(tk_jit__option_check("-arch=sm_70"), TK_ERR_MANIFEST);
+    CHECK_RC(tk_jit__option_check("--pch-dir=/tmp"), TK_ERR_MANIFEST);
+    CHECK_RC(tk_jit__option_check("-D"), TK_ERR_MANIFEST);
+    CHECK_RC(tk_jit__option_check(""), TK_ERR_MANIFEST);
+}
+
+static void test_blob(void)
+{
+    tk_jit_binary b, *r = NULL;
+    char *low[2] = {"_Z1kPf", "plain"};
+    uint8_t cubin[5] = {0x7f, 'E', 'L', 'F', 2};
+    uint8_t *blob = NULL;
+    size_t len = 0;
+
+    memset(&b, 0, sizeof b);
+    b.cubin = cubin;
+    b.cubin_len = sizeof cubin;
+    b.ptx = ".version 9.0\n";
+    b.ptx_len = strlen(b.ptx);
+    b.lowered = low;
+    b.nlowered = 2;
+    CHECK_RC(tk_jit__binary_pack(&blob, &len, &b), TK_OK);
+    CHECK_RC(tk_jit__binary_unpack(&r, blob, len), TK_OK);
+    if (r) {
+        CHECK_EQ_INT(r->cubin_len, 5);
+        CHECK(memcmp(r->cubin, cubin, 5) == 0);
+        CHECK_STR(r->ptx, b.ptx);
+        CHECK_EQ_INT(r->nlowered, 2);
+        CHECK_STR(r->lowered[1], "plain");
+    }
+    tk_jit__binary_free(r);
+    /* every truncation and a bad magic are refused */
+    for (size_t n = 0; n < len; n++) {
+        r = (tk_jit_binary *)1;
+        CHECK_RC(tk_jit__binary_unpack(&r, blob, n), TK_ERR_CACHE);
+        CHECK(r == NULL);
+    }
+    blob[0] = 'X';
+    CHECK_RC(tk_jit__binary_unpack(&r, blob, len), TK_ERR_CACHE);
+    free(blob);
+}
+
+/* Several processes look up, "compile" and put the same keys at once: all succeed, one row each. */
+static void test_concurrent_processes(void)
+{
+    char *dir = fresh_dir();
+    tk_kcache *c = NULL;
+    pid_t pids[4];
+    int64_t n = -1;
+    int ok = 1;
+
+    CHECK_RC(tk_kcache__open(&c, dir, 0), TK_OK); /* create it first: both race on content only */
+    tk_kcache__close(c);
+    for (int p = 0; p < 4; p++) {
+        pids[p] = fork();
+        if (pids[p] == 0) {
+            tk_kcache *cc = NULL;
+            int bad = 0;
+            if (tk_kcache__open(&cc, dir, 0) != TK_OK) {
+                fprintf(stderr, "child %d: %s\n", p, tk_last_error());
+                _exit(2);
+            }
+            for (int i = 0; i < 20; i++) {
+                char key[TK_SHA256_HEX], payload[64];
+                uint8_t *d = NULL;
+                size_t l;
+                key_of(key, 1000 + i);
+                snprintf(payload, sizeof payload, "binary-%d", i);
+                if (tk_kcache__get(cc, key, &d, &l) == TK_OK) {
+                    bad |= l != strlen(payload) || memcmp(d, payload, l) != 0;
+                    free(d);
+                    continue;
+                }
+                usleep(2000); /* the compile, outside any transaction */
+                if (tk_kcache__put(cc, key, NULL, payload, strlen(payload), NULL) != TK_OK) {
+                    fprintf(stderr, "child %d: put: %s\n", p, tk_last_error());
+                    bad = 1;
+                }
+            }
+            tk_kcache__close(cc);
+            _exit(bad ? 1 : 0);
+        }
+    }
+    for (int p = 0; p < 4; p++) {
+        int st = 0;
+        waitpid(pids[p], &st, 0);
+        if (!WIFEXITED(st) || WEXITSTATUS(st) != 0)
+            ok = 0;
+    }
+    CHECK(ok);
+    CHECK_RC(tk_kcache__open(&c, dir, 0), TK_OK);
+    CHECK_RC(tk_kcache__stats(c, &n, NULL), TK_OK);
+    CHECK_EQ_INT(n, 20);
+    tk_kcache__close(c);
+    free(dir);
+}
+
+int main(void)
+{
+    root = mkdtemp(tmpl);
+    if (!root) {
+        perror("mkdtemp");
+        return 1;
+    }
+    RUN(test_hit_miss);
+    RUN(test_lru);
+    RUN(test_corrupt);
+    RUN(test_schema);
+    RUN(test_parse_size);
+    RUN(test_key);
+    RUN(test_options);
+    RUN(test_blob);
+    RUN(test_concurrent_processes);
+    tk__rmtree(root);
+    return th_done();
+}
