@@ -577,6 +577,7 @@ static int plan_build(plan *p, tk_ctx *ctx, const pkgsrc *s, int jobs, size_t *n
     tk_jit_binary **outs = NULL;
     int *st = NULL, rc;
     size_t *which = NULL, nmiss = 0;
+    char **emsg = NULL;
     char ver[32] = "";
     int vmaj = 0, vmin = 0;
 
@@ -611,7 +612,8 @@ static int plan_build(plan *p, tk_ctx *ctx, const pkgsrc *s, int jobs, size_t *n
     outs = calloc(nmiss, sizeof *outs);
     st = calloc(nmiss, sizeof *st);
     which = calloc(nmiss, sizeof *which);
-    if (!units || !outs || !st || !which) {
+    emsg = calloc(nmiss, sizeof *emsg);
+    if (!units || !outs || !st || !which || !emsg) {
         rc = tk__err(TK_ERR_NOMEM, "out of memory");
         goto done;
     }
@@ -622,7 +624,8 @@ static int plan_build(plan *p, tk_ctx *ctx, const pkgsrc *s, int jobs, size_t *n
             which[nmiss] = i;
             units[nmiss++] = p->u[i].u;
         }
-    rc = tk_jit__compile_many(outs, st, NULL, units, nmiss, jobs);
+    /* Worker threads fail with their own thread-local message: collect them to report here. */
+    rc = tk_jit__compile_many(outs, st, emsg, units, nmiss, jobs);
     if (tk_jit__nvrtc_version(&vmaj, &vmin, NULL) == TK_OK)
         snprintf(ver, sizeof ver, "%d.%d", vmaj, vmin);
     for (size_t m = 0; m < nmiss; m++) {
@@ -650,6 +653,9 @@ static int plan_build(plan *p, tk_ctx *ctx, const pkgsrc *s, int jobs, size_t *n
 done:
     for (size_t m = 0; outs && m < nmiss; m++)
         tk_jit__binary_free(outs[m]);
+    for (size_t m = 0; emsg && m < nmiss; m++)
+        free(emsg[m]);
+    free(emsg);
     free(units);
     free(outs);
     free(st);

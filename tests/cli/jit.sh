@@ -1,0 +1,99 @@
+#!/usr/bin/env bash
+# The JIT half of the main job through the real tk binary, without a GPU: tk get compiles for
+# configured archs with real NVRTC, a second run compiles nothing, the cache survives corruption,
+# and every GPU-only path fails with a clear status.
+. "$(dirname "$0")/lib.sh"
+
+have_nvrtc() { "$TK" doctor --json 2>/dev/null | grep -q '"nvrtc": {'; }
+PKG=kernels-community/activation
+
+t_get_compiles_for_config_archs() {
+  have_nvrtc || { skip "NVRTC not installed"; return; }
+  echo '{"archs": ["sm_80", "sm_90"]}' >"$TK_HOME/config.json"
+  expect_rc 0 "$TK" get $PKG
+  expect_out "compiled 2 kernel binaries, 0 from the cache"
+  expect_rc 0 "$TK" get $PKG
+  expect_out "compiled 0 kernel binaries, 2 from the cache"
+  expect_rc 0 "$TK" cache stats --json
+  echo "$OUT" | python3 -c 'import json,sys; d=json.load(sys.stdin); assert d["entries"]==2, d' || fail "want 2 cache entries: $OUT"
+}
+
+t_get_without_gpu_or_archs_installs_only() {
+  expect_rc 0 "$TK" get $PKG
+  expect_out "installed $PKG"
+  expect_out "no GPU found and no archs configured"
+}
+
+t_build_then_cache_hit_then_corruption() {
+  have_nvrtc || { skip "NVRTC not installed"; return; }
+  expect_rc 0 "$TK" get --no-build $PKG
+  expect_rc 0 "$TK" build $PKG --arch sm_90
+  expect_rc 0 "$TK" build $PKG --arch sm_90
+  expect_out "1"   # one binary, taken from the cache
+  # Corrupt every stored blob: the next build must notice, drop the entries and recompile.
+  python3 - "$TK_HOME/cache/cache.db" <<'EOF'
+import sqlite3, sys
+db = sqlite3.connect(sys.argv[1])
+cols = [r[1] for r in db.execute("PRAGMA table_info(entries)")] if db.execute(
+    "SELECT name FROM sqlite_master WHERE name='entries'").fetchone() else []
+tables = [r[0] for r in db.execute("SELECT name FROM sqlite_master WHERE type='table'")]
+done = 0
+for t in tables:
+    for (c, ty) in [(r[1], r[2]) for r in db.execute(f"PRAGMA table_info({t})")]:
+        if ty.upper() == "BLOB":
+            db.execute(f"UPDATE {t} SET {c} = zeroblob(length({c}))")
+            done += 1
+db.commit()
+assert done, tables
+EOF
+  expect_rc 0 "$TK" build $PKG --arch sm_90
+  expect_rc 0 "$TK" cache ls --json
+  expect_out "sm_90"
+  expect_rc 0 "$TK" cache gc --max 1
+  expect_rc 0 "$TK" cache stats --json
+  echo "$OUT" | python3 -c 'import json,sys; assert json.load(sys.stdin)["entries"] <= 1' || fail "gc left too much: $OUT"
+  expect_rc 0 "$TK" cache clear
+  expect_rc 0 "$TK" cache stats --json
+  echo "$OUT" | python3 -c 'import json,sys; assert json.load(sys.stdin)["entries"] == 0' || fail "clear: $OUT"
+}
+
+t_bad_arch_and_compile_error_reported() {
+  have_nvrtc || { skip "NVRTC not installed"; return; }
+  expect_rc 0 "$TK" get --no-build $PKG
+  expect_rc 2 "$TK" build $PKG --arch sm_xx
+  expect_out "HINT"
+  # A package whose source does not compile: the NVRTC log names the package's file and line.
+  local key=$WORK/k.pem d=$WORK/broken
+  "$TK" keygen "$key" >/dev/null
+  mkdir -p "$d"
+  cat >"$d/kernel.json" <<'EOF'
+{"name": "tktest/broken", "version": "1.0.0", "license": "MIT",
+ "kernels": [{"name": "k", "op": "k", "source": "k.cu", "symbol": "k",
+   "params": [{"name": "out", "type": "tensor", "dtype": "f32"}],
+   "launch": {"grid": ["1"], "block": ["32"], "smem": "0"}}]}
+EOF
+  printf 'extern "C" __global__ void k(float *out) {\n  out[0] = undeclared_name;\n}\n' >"$d/k.cu"
+  "$TK" publish "$d" --to "$WORK/reg" --key "$key" -q >/dev/null
+  export TK_ENDPOINT=file://$WORK/reg
+  expect_rc 7 "$TK" get --trust tktest/broken --arch sm_80
+  expect_out "k.cu(2)"
+  expect_out "undeclared_name"
+}
+
+t_gpu_paths_fail_clearly_without_gpu() {
+  "$TK" doctor >/dev/null 2>&1 && { skip "a GPU is present"; return; }
+  expect_rc 7 "$TK" run $PKG silu_and_mul_f32 --shape out=4,8
+  expect_out "HINT"
+  expect_rc 7 "$TK" doctor
+  expect_out "GPU"
+  expect_out "registry"
+  expect_rc 0 "$B/examples/silu_and_mul"
+  expect_out "skip"
+}
+
+t_check_kernels_sm80_sm90() {
+  TK_BUILD=${TK_BUILD:-build} expect_rc 0 bash "$ROOT/tests/check_kernels.sh"
+  expect_out "passed, 0 failed"
+}
+
+run_tests
