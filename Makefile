@@ -9,7 +9,7 @@
 #   make format       clang-format the C sources
 
 B       ?= build
-PKGS    := libcurl libarchive libcrypto sqlite3 jansson
+PKGS    := libcurl libarchive libcrypto sqlite3 jansson libmicrohttpd
 CC      ?= cc
 OPT     ?= -O2 -g
 WERROR  := $(if $(CI),-Werror,)
@@ -23,11 +23,13 @@ LIB_SRC := $(wildcard common/*.c cache/*.c hub/*.c jit/*.c ops/*.c models/*.c ap
 CLI_SRC := $(wildcard cli/*.c)
 TEST_SRC := $(wildcard tests/test_*.c)
 EX_SRC  := $(wildcard examples/*.c)
+BENCH_SRC := $(wildcard bench/*.c)
 
 LIB_OBJ := $(LIB_SRC:%.c=$(B)/obj/%.o)
 CLI_OBJ := $(CLI_SRC:%.c=$(B)/obj/%.o)
 TESTS   := $(TEST_SRC:tests/%.c=$(B)/tests/%)
 EXAMPLES := $(EX_SRC:examples/%.c=$(B)/examples/%)
+BENCHES := $(BENCH_SRC:bench/%.c=$(B)/bench/%)
 
 # The embedded default registry: every package in kernels-src/, published by this build with a key
 # this build makes (kept across builds in $(B)/default-key.pem) and trusts.
@@ -37,7 +39,7 @@ DEFAULT_ORG := kernels-community
 PKG_FILES := $(shell find kernels-src -type f 2>/dev/null)
 
 .PHONY: all lib test test-gpu check-kernels asan bench format clean registry
-all: lib $(B)/tk registry $(TESTS) $(EXAMPLES)
+all: lib $(B)/tk registry $(TESTS) $(EXAMPLES) $(BENCHES)
 lib: $(B)/libtk.a $(B)/libtk.so.$(SOMAJOR)
 
 $(KEY):
@@ -74,6 +76,10 @@ $(B)/tests/%: tests/%.c $(B)/libtk.a tests/harness.h
 	$(CC) $(CFLAGS) $(LDFLAGS) -Itests $< -o $@ $(B)/libtk.a $(LDLIBS)
 
 $(B)/examples/%: examples/%.c $(B)/libtk.a
+	@mkdir -p $(dir $@)
+	$(CC) $(CFLAGS) $(LDFLAGS) $< -o $@ $(B)/libtk.a $(LDLIBS)
+
+$(B)/bench/%: bench/%.c $(B)/libtk.a
 	@mkdir -p $(dir $@)
 	$(CC) $(CFLAGS) $(LDFLAGS) $< -o $@ $(B)/libtk.a $(LDLIBS)
 

@@ -7,3 +7,8 @@ for b in bench/*.sh; do
   [ "$(basename "$b")" = run.sh ] && continue
   echo "== $b"; bash "$b" || echo "(failed: $b)"
 done
+B=${TK_BUILD:-build}
+for b in "$B"/bench/*; do
+  [ -x "$b" ] || continue
+  echo "== $b"; "$b" kernels-community/activation sm_80; "$b" kernels-community/activation sm_90
+done
