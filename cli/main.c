@@ -22,6 +22,7 @@ int tk_cmd_doctor(tk_cli *cli, int argc, char **argv);
 int tk_cmd_run(tk_cli *cli, int argc, char **argv);
 int tk_cmd_ops(tk_cli *cli, int argc, char **argv);
 int tk_cmd_run_op(tk_cli *cli, int argc, char **argv);
+int tk_cmd_serve(tk_cli *cli, int argc, char **argv);
 
 static const struct {
     const char *name;
@@ -43,6 +44,7 @@ static const struct {
     {"run", tk_cmd_run, "launch a package's kernel on random inputs; print time and checksum"},
     {"ops", tk_cmd_ops, "list standard ops, their signatures and implementations"},
     {"run-op", tk_cmd_run_op, "run an op on random inputs through the op registry"},
+    {"serve", tk_cmd_serve, "serve a registry tree over HTTP, with uploads and a web page"},
 };
 
 static void usage(FILE *f)

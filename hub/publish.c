@@ -29,6 +29,7 @@
 #include "hub/hub.h"
 #include "hub/manifest.h"
 #include "hub/sign.h"
+#include "hub/tree.h"
 
 #define MAX_PKG_FILES 10000
 
@@ -104,221 +105,6 @@ static int walk(filelist *l, const char *root, const char *rel)
     }
     closedir(d);
     free(dir);
-    return rc;
-}
-
-/* The branch head's commit (readlink of resolve/v<N>), or NULL. */
-static char *branch_head(const char *resolve_dir, const char *branch)
-{
-    char *link = tk__path_join(resolve_dir, branch);
-    char buf[64];
-    ssize_t n = link ? readlink(link, buf, sizeof buf - 1) : -1;
-    free(link);
-    if (n <= 0)
-        return NULL;
-    buf[n] = '\0';
-    return tk__strdup(buf);
-}
-
-static int set_symlink(const char *dir, const char *name, const char *target)
-{
-    char *tmp = tk__tmp_path(dir, name);
-    char *dst = tk__path_join(dir, name);
-    int rc = TK_OK;
-    if (!tmp || !dst) {
-        rc = tk__err(TK_ERR_NOMEM, "out of memory");
-    } else if (symlink(target, tmp) != 0) {
-        rc = tk__err_sys("cannot create a branch link", tmp);
-    } else if (rename(tmp, dst) != 0) {
-        rc = tk__err_sys("cannot move a branch link", dst);
-        unlink(tmp);
-    } else {
-        rc = tk__fsync_dir(dir);
-    }
-    free(tmp);
-    free(dst);
-    return rc;
-}
-
-static int write_json(const char *path, json_t *j)
-{
-    char *text = json_dumps(j, JSON_INDENT(2));
-    if (!text)
-        return tk__err(TK_ERR_NOMEM, "out of memory");
-    size_t n = strlen(text);
-    char *withnl = tk__fmt("%s\n", text);
-    free(text);
-    if (!withnl)
-        return tk__err(TK_ERR_NOMEM, "out of memory");
-    int rc = tk__write_atomic(path, withnl, n + 1, 0644);
-    free(withnl);
-    return rc;
-}
-
-/* The Hub-shaped info document of one revision. */
-static json_t *info_doc(const char *name, const char *commit, const char *archive_name,
-                        const char *version, int major)
-{
-    return json_pack("{s:s, s:s, s:s, s:b, s:b, s:b, s:[s], s:[{s:s},{s:s},{s:s}], s:{s:s, s:i}}",
-                     "id", name, "_id", commit, "sha", commit, "private", 0, "disabled", 0, "gated", 0,
-                     "tags", "kernel", "siblings", "rfilename", "manifest.json", "rfilename",
-                     "manifest.json.sig", "rfilename", archive_name, "tk", "version", version, "major",
-                     major);
-}
-
-/* Reads the version recorded in a commit's manifest in the tree. */
-static char *commit_version(const char *resolve_dir, const char *commit)
-{
-    char *path = tk__fmt("%s/%s/manifest.json", resolve_dir, commit);
-    char *text = NULL;
-    size_t n = 0;
-    char *v = NULL;
-    if (path && tk__read_file(&text, &n, path, TK_MANIFEST_MAX) == TK_OK) {
-        json_t *j = json_loadb(text, n, 0, NULL);
-        v = tk__strdup(json_string_value(json_object_get(j, "version")));
-        json_decref(j);
-    }
-    free(path);
-    free(text);
-    return v;
-}
-
-/* Rewrites refs, branch revision docs, index.json of the package and the registry's index.json. */
-static int update_refs(const char *tree, const char *api_dir, const char *resolve_dir, const char *name,
-                       int new_major, const char *new_commit, const char *archive_name)
-{
-    int rc = TK_OK;
-    json_t *branches = json_array();
-    int best = 0;
-    char *best_commit = NULL;
-    DIR *d = opendir(resolve_dir);
-    if (!d || !branches) {
-        rc = tk__err_sys("cannot read", resolve_dir);
-        goto done;
-    }
-    struct dirent *e;
-    while ((e = readdir(d)) != NULL) {
-        int64_t major;
-        if (e->d_name[0] != 'v' || tk__parse_i64(e->d_name + 1, 1, 1000000, &major) != 0)
-            continue;
-        char *head = branch_head(resolve_dir, e->d_name);
-        if (!head)
-            continue;
-        json_array_append_new(branches, json_pack("{s:s, s:s, s:s}", "name", e->d_name, "ref",
-                                                  "refs/heads/", "targetCommit", head));
-        json_t *last = json_array_get(branches, json_array_size(branches) - 1);
-        char *refname = tk__fmt("refs/heads/%s", e->d_name);
-        json_object_set_new(last, "ref", json_string(refname ? refname : ""));
-        free(refname);
-        if (major > best) {
-            best = (int)major;
-            free(best_commit);
-            best_commit = tk__strdup(head);
-        } else {
-            free(head);
-            continue;
-        }
-        free(head);
-    }
-    closedir(d);
-    if (!best_commit) {
-        rc = tk__err(TK_ERR_INTERNAL, "no branch found after publishing");
-        goto done;
-    }
-    if ((rc = set_symlink(resolve_dir, "main", best_commit)) != TK_OK)
-        goto done;
-    json_array_append_new(branches, json_pack("{s:s, s:s, s:s}", "name", "main", "ref", "refs/heads/main",
-                                              "targetCommit", best_commit));
-    json_t *refs = json_pack("{s:o, s:[], s:[]}", "branches", branches, "tags", "converts");
-    branches = NULL;
-    char *p = tk__path_join(api_dir, "refs");
-    rc = p ? write_json(p, refs) : tk__err(TK_ERR_NOMEM, "out of memory");
-    free(p);
-    json_decref(refs);
-    if (rc != TK_OK)
-        goto done;
-
-    /* Branch revision documents: v<N> for the branch just moved, and main. */
-    char *vname = tk__fmt("v%d", new_major);
-    char *nv = commit_version(resolve_dir, new_commit);
-    char *bv = commit_version(resolve_dir, best_commit);
-    json_t *vdoc = info_doc(name, new_commit, archive_name, nv ? nv : "", new_major);
-    char *best_archive = NULL;
-    {
-        /* main may point to another major whose archive name differs: read it from its manifest. */
-        char *mp = tk__fmt("%s/%s/manifest.json", resolve_dir, best_commit);
-        char *text = NULL;
-        size_t n = 0;
-        if (mp && tk__read_file(&text, &n, mp, TK_MANIFEST_MAX) == TK_OK) {
-            json_t *j = json_loadb(text, n, 0, NULL);
-            best_archive = tk__strdup(json_string_value(json_object_get(json_object_get(j, "archive"), "path")));
-            json_decref(j);
-        }
-        free(mp);
-        free(text);
-    }
-    json_t *mdoc = info_doc(name, best_commit, best_archive ? best_archive : archive_name, bv ? bv : "", best);
-    char *vpath = vname ? tk__fmt("%s/revision/%s", api_dir, vname) : NULL;
-    char *mpath = tk__fmt("%s/revision/main", api_dir);
-    char *ipath = tk__path_join(api_dir, "index.json");
-    if (!vdoc || !mdoc || !vpath || !mpath || !ipath)
-        rc = tk__err(TK_ERR_NOMEM, "out of memory");
-    if (rc == TK_OK)
-        rc = write_json(vpath, vdoc);
-    if (rc == TK_OK)
-        rc = write_json(mpath, mdoc);
-    if (rc == TK_OK)
-        rc = write_json(ipath, mdoc);
-    json_decref(vdoc);
-    json_decref(mdoc);
-    free(vname);
-    free(nv);
-    free(bv);
-    free(best_archive);
-    free(vpath);
-    free(mpath);
-    free(ipath);
-    if (rc != TK_OK)
-        goto done;
-
-    /* The registry's own package list (not part of the Hub protocol; used for hints and browsing). */
-    char *rpath = tk__path_join(tree, "index.json");
-    char *text = NULL;
-    size_t n = 0;
-    json_t *reg = NULL;
-    if (rpath && tk__read_file(&text, &n, rpath, 64u << 20) == TK_OK)
-        reg = json_loadb(text, n, 0, NULL);
-    free(text);
-    if (!json_is_object(reg)) {
-        json_decref(reg);
-        reg = json_pack("{s:i, s:{}}", "format_version", 1, "packages");
-    }
-    json_t *pkgs = json_object_get(reg, "packages");
-    if (!json_is_object(pkgs)) {
-        pkgs = json_object();
-        json_object_set_new(reg, "packages", pkgs);
-    }
-    json_object_set_new(pkgs, name, json_pack("{s:s, s:i}", "main", best_commit, "latest_major", best));
-    rc = rpath ? write_json(rpath, reg) : tk__err(TK_ERR_NOMEM, "out of memory");
-    json_decref(reg);
-    free(rpath);
-done:
-    json_decref(branches);
-    free(best_commit);
-    return rc;
-}
-
-static int compute_commit(char out[41], const char *parent, const char *const names[3],
-                          const char *const shas[3])
-{
-    tk_buf b = TK_BUF_INIT;
-    int rc = tk__buf_printf(&b, "tk-commit-1\n%s\n", parent ? parent : "0000000000000000000000000000000000000000");
-    for (int i = 0; i < 3 && rc == TK_OK; i++)
-        rc = tk__buf_printf(&b, "%s %s\n", names[i], shas[i]);
-    uint8_t md[TK_SHA256_LEN];
-    if (rc == TK_OK && (rc = tk__sha256(md, b.data, b.len)) == TK_OK)
-        tk__hex(out, md, 20);
-    tk__buf_free(&b);
     return rc;
 }
 
@@ -473,7 +259,7 @@ int tk_hub__publish(char **commit_out, const char *pkgdir, const char *to_dir, c
     /* 5. Rollback rules against the branch head. */
     char branch[24];
     snprintf(branch, sizeof branch, "v%d", major);
-    head = branch_head(resolve_dir, branch);
+    head = tk_hub__tree_branch_head(resolve_dir, branch);
     if (head) {
         char *hp = tk__fmt("%s/%s/manifest.json", resolve_dir, head);
         size_t hn = 0;
@@ -489,7 +275,7 @@ int tk_hub__publish(char **commit_out, const char *pkgdir, const char *to_dir, c
             goto publish_done;
         }
         free(hp);
-        head_version = commit_version(resolve_dir, head);
+        head_version = tk_hub__tree_commit_version(resolve_dir, head);
         if (head_version && tk_state__version_cmp(version, head_version) <= 0) {
             rc = tk__err(TK_ERR_ROLLBACK, "%s %s is not newer than %s, the head of branch %s\n"
                          "HINT: raise 'version' in kernel.json (for example to the next patch version)",
@@ -506,7 +292,7 @@ int tk_hub__publish(char **commit_out, const char *pkgdir, const char *to_dir, c
     tk__sha256_hex(ssha, sig, strlen(sig));
     const char *names[3] = {"manifest.json", "manifest.json.sig", ext};
     const char *shas[3] = {msha, ssha, archive_sha};
-    if ((rc = compute_commit(commit, head, names, shas)) != TK_OK)
+    if ((rc = tk_hub__tree_commit_id(commit, head, names, shas)) != TK_OK)
         goto done;
     char *mp = tk__path_join(stage, "manifest.json"), *sp = tk__path_join(stage, "manifest.json.sig");
     if (!mp || !sp)
@@ -535,21 +321,21 @@ int tk_hub__publish(char **commit_out, const char *pkgdir, const char *to_dir, c
     /* 7. Revision document for the commit, then move the branch and rewrite the refs. */
     char *revdir = tk__path_join(api_dir, "revision");
     char *revpath = revdir ? tk__path_join(revdir, commit) : NULL;
-    json_t *doc = info_doc(name, commit, ext, version, major);
+    json_t *doc = tk_hub__tree_info_doc(name, commit, ext, version, major);
     if (!revdir || !revpath || !doc)
         rc = tk__err(TK_ERR_NOMEM, "out of memory");
     if (rc == TK_OK)
         rc = tk__mkdirs(revdir, 0755);
     if (rc == TK_OK)
-        rc = write_json(revpath, doc);
+        rc = tk_hub__tree_write_json(revpath, doc);
     json_decref(doc);
     free(revdir);
     free(revpath);
     if (rc != TK_OK)
         goto done;
-    if ((rc = set_symlink(resolve_dir, branch, commit)) != TK_OK)
+    if ((rc = tk_hub__tree_set_symlink(resolve_dir, branch, commit)) != TK_OK)
         goto done;
-    if ((rc = update_refs(to_dir, api_dir, resolve_dir, name, major, commit, ext)) != TK_OK)
+    if ((rc = tk_hub__tree_update_refs(to_dir, api_dir, resolve_dir, name, major, commit, ext)) != TK_OK)
         goto done;
     if (log) {
         char msg[256];

@@ -383,6 +383,53 @@ TK_API int tk_op_run(tk_ctx *ctx, const char *op, const tk_arg *args, size_t nar
 /* Every op with its signature and implementations, as JSON. */
 TK_API int tk_ops_json(char **out, tk_ctx *ctx);
 
+/* ---------------------------------------------------------------------------------------------- */
+/* Registry server (tk serve)                                                                      */
+
+/* A running registry server: it serves a static registry tree (the layout `tk publish --to` writes)
+ * with the Hugging Face Hub's read API, accepts authenticated uploads of signed versions, and renders
+ * a browsable HTML page at "/". Its own state (upload tokens, trusted publisher keys) lives in
+ * <root>/.tk-serve/, which is never served. */
+typedef struct tk_server tk_server;
+
+#define TK_SERVE_OPTS_VERSION 1
+typedef struct {
+    unsigned version;          /* TK_SERVE_OPTS_VERSION */
+    const char *root;          /* the registry tree (created if missing); required */
+    const char *listen;        /* "HOST:PORT" (IPv4 address or "[IPv6]"); NULL: "127.0.0.1:8080".
+                                  Port 0 picks a free port (see tk_server_port). */
+    unsigned threads;          /* worker threads; 0: 4 */
+    unsigned max_connections;  /* open connections in all; 0: 256 */
+    unsigned max_per_ip;       /* open connections from one address; 0: 32 */
+    unsigned timeout_s;        /* an idle or too-slow connection is closed after this; 0: 30 */
+    int64_t max_upload;        /* bytes of one upload request; 0: 512 MiB; larger gets 413 */
+    tk_log_fn log;             /* one TK_LOG_INFO line per request, TK_LOG_WARN for server trouble.
+                                  Called from the server's threads, concurrently: keep it
+                                  thread-safe. NULL: nothing is logged. */
+    void *log_user;
+} tk_serve_opts;
+#define TK_SERVE_OPTS_INIT {TK_SERVE_OPTS_VERSION, NULL, NULL, 0, 0, 0, 0, 0, NULL, NULL}
+
+/* Starts serving opts->root on opts->listen in background threads and returns at once; requests are
+ * served until tk_server_free. The calling process should block SIGPIPE (the server's threads inherit
+ * the signal mask of the caller). Errors: TK_ERR_INVALID (bad options or listen address), TK_ERR_IO
+ * (the root cannot be created, or the address cannot be bound: in use, or not permitted). */
+TK_API int tk_server_new(tk_server **out, const tk_serve_opts *opts);
+/* The TCP port the server listens on (useful with port 0). */
+TK_API int tk_server_port(const tk_server *srv);
+/* Stops accepting, finishes or closes the open connections and frees the server. Accepts NULL. */
+TK_API void tk_server_free(tk_server *srv);
+
+/* Creates an upload token for `org` on the server whose tree is `root`: 32 random bytes (OpenSSL
+ * RAND_bytes) in hex. Only its sha256 is stored (<root>/.tk-serve/tokens.json); *token receives the
+ * token itself, which cannot be recovered later (tk_free). Errors: TK_ERR_INVALID (bad org), TK_ERR_IO. */
+TK_API int tk_serve_token_add(char **token, const char *root, const char *org);
+
+/* Trusts `pubkey` ("ed25519:<64 hex>") to publish packages of `org` through the server whose tree is
+ * `root` (<root>/.tk-serve/trust.json). Adding a key twice is a no-op. *keyid (may be NULL) receives
+ * its fingerprint (tk_free). Errors: TK_ERR_INVALID (bad org or key), TK_ERR_IO. */
+TK_API int tk_serve_trust_add(char **keyid, const char *root, const char *org, const char *pubkey);
+
 #ifdef __cplusplus
 }
 #endif

@@ -1,0 +1,1489 @@
+/*
+ * serve.c — tk serve: a registry server on libmicrohttpd over the static tree `tk publish --to`
+ * writes (docs/package-format.md, "Registry layout"). See hub/serve.h for the wire protocol.
+ *
+ * Reads are the tree's files, served with the Hugging Face Hub's semantics (ETag = the file's sha256,
+ * X-Repo-Commit, Range, If-None-Match, X-Error-Code). Every path is checked component by component
+ * (no "..", no dot-files, no NUL or backslash) and then resolved with realpath and prefix-checked
+ * against the root, so neither a crafted URL nor a symlink in the tree reaches outside it. Dot-names
+ * are never served: that hides the server's own state (.tk-serve/), the publish lock and staging dirs.
+ *
+ * Uploads: PUT /api/upload/{org}/{name} with a bearer token bound to {org}. The body (a plain tar of the
+ * version's three files) streams to a temp file under .tk-serve/tmp, then the server checks what a
+ * client would: signature by a key trusted for the org on this server, manifest, name against the URL,
+ * archive size and sha256, and the safe-unpack rules with every file's digest. Only then does it take
+ * the tree's publish lock and write the version with the rules of hub/publish.c (stage, rename, move
+ * the branch, rewrite refs), so a server killed mid-upload leaves no partial version.
+ *
+ * The tree-writing helpers below (branch_head .. update_refs, compute_commit) repeat hub/publish.c's
+ * static ones: publish.c builds and signs, this file receives signed files. They should become one
+ * internal function, tk_hub__publish_files(), in publish.c.
+ *
+ * Threads: libmicrohttpd's internal thread pool (epoll on Linux). The handler never blocks on a slow
+ * client; it blocks only on the file system and the publish flock. Nothing global is mutable: the
+ * server's state is in tk_server.
+ */
+#include <archive.h>
+#include <archive_entry.h>
+#include <dirent.h>
+#include <errno.h>
+#include <fcntl.h>
+#include <netdb.h>
+#include <pthread.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/file.h>
+#include <sys/socket.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include <jansson.h>
+#include <microhttpd.h>
+#include <openssl/crypto.h>
+#include <openssl/rand.h>
+
+#include "cache/state.h"
+#include "common/common.h"
+#include "hub/archive.h"
+#include "hub/manifest.h"
+#include "hub/serve.h"
+#include "hub/tree.h"
+#include "hub/sign.h"
+
+#define SERVER_MAGIC 0x746b5356u /* "tkSV" */
+#define STATE_DIR ".tk-serve"
+#define SIG_MAX (64u << 10)
+#define README_MAX (64u << 10)
+#define JSON_DOC_MAX (64u << 20)
+#define ETAG_SLOTS 512
+#define MAX_PAGE_PKGS 2000
+
+typedef struct {
+    dev_t dev;
+    ino_t ino;
+    off_t size;
+    struct timespec mtime;
+    char sha[TK_SHA256_HEX];
+} etag_slot;
+
+struct tk_server {
+    uint32_t magic;
+    struct MHD_Daemon *d;
+    char *root;                /* realpath of the tree */
+    int64_t max_upload;
+    tk_log_fn log;
+    void *log_user;
+    pthread_mutex_t mu;        /* guards etags */
+    etag_slot etags[ETAG_SLOTS];
+};
+
+/* One request. */
+typedef struct {
+    double t0;
+    unsigned status;
+    uint64_t bytes;
+    char method[12];
+    char client[64];
+    char *url;
+    /* uploads */
+    int upload;
+    int fd;
+    char *tmp;
+    int64_t got;
+    int overflow;
+    char org[65], pkg[65];
+} req;
+
+static void say(tk_server *s, int level, const char *fmt, ...) TK_PRINTF(3, 4);
+static void say(tk_server *s, int level, const char *fmt, ...)
+{
+    if (!s->log)
+        return;
+    char msg[1024];
+    va_list ap;
+    va_start(ap, fmt);
+    vsnprintf(msg, sizeof msg, fmt, ap);
+    va_end(ap);
+    s->log(s->log_user, level, msg);
+}
+
+/* ---- server state files: .tk-serve/{tokens,trust}.json -------------------------------------- */
+
+static char *state_path(const char *root, const char *name)
+{
+    return tk__fmt("%s/" STATE_DIR "/%s", root, name);
+}
+
+/* Loads a state document {"format_version": 1, key: [...]}; a missing file gives an empty one. */
+static int state_load(json_t **out, const char *root, const char *name, const char *key)
+{
+    *out = NULL;
+    char *path = state_path(root, name), *text = NULL;
+    size_t n = 0;
+    if (!path)
+        return tk__err(TK_ERR_NOMEM, "out of memory");
+    int rc = tk__read_file(&text, &n, path, JSON_DOC_MAX);
+    json_t *j = NULL;
+    if (rc == TK_ERR_NOT_FOUND) {
+        rc = TK_OK;
+        j = json_pack("{s:i, s:[]}", "format_version", 1, key);
+    } else if (rc == TK_OK) {
+        json_error_t e;
+        j = json_loadb(text, n, 0, &e);
+        if (!json_is_object(j) || !json_is_array(json_object_get(j, key)))
+            rc = tk__err(TK_ERR_IO, "%s is damaged (line %d: %s)\nHINT: fix or remove it", path, e.line,
+                         j ? "not the expected object" : e.text);
+    }
+    if (rc == TK_OK && !j)
+        rc = tk__err(TK_ERR_NOMEM, "out of memory");
+    if (rc == TK_OK)
+        *out = j;
+    else
+        json_decref(j);
+    free(path);
+    free(text);
+    return rc;
+}
+
+static int state_save(const char *root, const char *name, json_t *j)
+{
+    char *path = state_path(root, name);
+    char *text = json_dumps(j, JSON_INDENT(2));
+    int rc = (!path || !text) ? tk__err(TK_ERR_NOMEM, "out of memory")
+                              : tk__write_atomic(path, text, strlen(text), 0600);
+    free(path);
+    free(text);
+    return rc;
+}
+
+/* Creates .tk-serve/ (0700) and takes its lock; returns the fd (>= 0) or a status. */
+static int state_lock(const char *root)
+{
+    char *dir = tk__path_join(root, STATE_DIR);
+    char *lock = dir ? tk__path_join(dir, "lock") : NULL;
+    int rc = TK_OK, fd = -1;
+    if (!lock)
+        rc = tk__err(TK_ERR_NOMEM, "out of memory");
+    else if ((rc = tk__mkdirs(dir, 0700)) == TK_OK &&
+             ((fd = open(lock, O_RDWR | O_CREAT | O_CLOEXEC, 0600)) < 0 || flock(fd, LOCK_EX) != 0))
+        rc = tk__err_sys("cannot lock the server state", lock);
+    if (rc != TK_OK && fd >= 0)
+        close(fd);
+    free(dir);
+    free(lock);
+    return rc == TK_OK ? fd : rc;
+}
+
+int tk_serve_token_add(char **token, const char *root, const char *org)
+{
+    if (token)
+        *token = NULL;
+    if (!token || !root || !org)
+        return tk__err(TK_ERR_INVALID, "tk_serve_token_add: token, root and org are required");
+    char name[140];
+    snprintf(name, sizeof name, "%s/x", org);
+    if (strlen(org) > 64 || tk_hub__name_check(name, NULL, NULL) != TK_OK)
+        return tk__err(TK_ERR_INVALID, "'%s' is not an org name ([A-Za-z0-9][A-Za-z0-9._-]{0,63})", org);
+    uint8_t raw[32];
+    char hex[65], sha[TK_SHA256_HEX];
+    if (RAND_bytes(raw, sizeof raw) != 1)
+        return tk__err(TK_ERR_INTERNAL, "OpenSSL RAND_bytes failed");
+    tk__hex(hex, raw, sizeof raw);
+    OPENSSL_cleanse(raw, sizeof raw);
+    tk__sha256_hex(sha, hex, 64);
+    json_t *doc = NULL;
+    int fd = state_lock(root);
+    if (fd < 0)
+        return fd;
+    int rc = state_load(&doc, root, "tokens.json", "tokens");
+    if (rc == TK_OK) {
+        json_array_append_new(json_object_get(doc, "tokens"),
+                              json_pack("{s:s, s:s, s:I}", "org", org, "sha256", sha, "created",
+                                        (json_int_t)tk__now()));
+        rc = state_save(root, "tokens.json", doc);
+    }
+    if (rc == TK_OK && !(*token = tk__strdup(hex)))
+        rc = tk__err(TK_ERR_NOMEM, "out of memory");
+    OPENSSL_cleanse(hex, sizeof hex);
+    json_decref(doc);
+    close(fd);
+    return rc;
+}
+
+int tk_serve_trust_add(char **keyid_out, const char *root, const char *org, const char *pubkey)
+{
+    if (keyid_out)
+        *keyid_out = NULL;
+    if (!root || !org || !pubkey)
+        return tk__err(TK_ERR_INVALID, "tk_serve_trust_add: root, org and pubkey are required");
+    char name[140], keyid[TK_KEYID_LEN];
+    snprintf(name, sizeof name, "%s/x", org);
+    if (strlen(org) > 64 || tk_hub__name_check(name, NULL, NULL) != TK_OK)
+        return tk__err(TK_ERR_INVALID, "'%s' is not an org name ([A-Za-z0-9][A-Za-z0-9._-]{0,63})", org);
+    int rc = tk_hub__pubkey_check(pubkey, keyid);
+    if (rc != TK_OK)
+        return rc;
+    json_t *doc = NULL;
+    int fd = state_lock(root);
+    if (fd < 0)
+        return fd;
+    if ((rc = state_load(&doc, root, "trust.json", "keys")) == TK_OK) {
+        json_t *keys = json_object_get(doc, "keys"), *k;
+        size_t i;
+        int have = 0;
+        json_array_foreach(keys, i, k) {
+            if (tk__streq(json_string_value(json_object_get(k, "org")), org) &&
+                tk__streq(json_string_value(json_object_get(k, "keyid")), keyid))
+                have = 1;
+        }
+        if (!have) {
+            json_array_append_new(keys, json_pack("{s:s, s:s, s:s, s:I}", "org", org, "keyid", keyid, "pubkey",
+                                                  pubkey, "added", (json_int_t)tk__now()));
+            rc = state_save(root, "trust.json", doc);
+        }
+    }
+    if (rc == TK_OK && keyid_out && !(*keyid_out = tk__strdup(keyid)))
+        rc = tk__err(TK_ERR_NOMEM, "out of memory");
+    json_decref(doc);
+    close(fd);
+    return rc;
+}
+
+/* The org a token may write to: TK_OK and org filled, TK_ERR_NOT_FOUND for an unknown token. */
+static int token_org(char org[65], const char *root, const char *token)
+{
+    char sha[TK_SHA256_HEX];
+    tk__sha256_hex(sha, token, strlen(token));
+    json_t *doc = NULL;
+    int rc = state_load(&doc, root, "tokens.json", "tokens");
+    if (rc != TK_OK)
+        return rc;
+    rc = TK_ERR_NOT_FOUND;
+    json_t *t;
+    size_t i;
+    json_array_foreach(json_object_get(doc, "tokens"), i, t) {
+        const char *h = json_string_value(json_object_get(t, "sha256"));
+        const char *o = json_string_value(json_object_get(t, "org"));
+        if (h && o && strlen(h) == 64 && CRYPTO_memcmp(h, sha, 64) == 0 && rc != TK_OK) {
+            snprintf(org, 65, "%s", o);
+            rc = TK_OK;
+        }
+    }
+    json_decref(doc);
+    return rc;
+}
+
+/* Writing a version into the tree uses hub/tree.h, shared with hub/publish.c. */
+
+/* ---- receiving an upload ------------------------------------------------------------------------ */
+
+/* Unpacks the upload (a plain tar) into stage: exactly manifest.json, manifest.json.sig and one
+ * source.tar.{gz,zst}, regular files within their size caps. *archive_name is borrowed static text. */
+static int upload_untar(const char **archive_name, const char *tar_path, const char *stage, int64_t max)
+{
+    static const char *const allowed[] = {"manifest.json", "manifest.json.sig", "source.tar.gz", "source.tar.zst"};
+    const int64_t caps[] = {TK_MANIFEST_MAX, SIG_MAX, max, max};
+    int seen[4] = {0};
+    int rc = TK_OK;
+    *archive_name = NULL;
+    struct archive *a = archive_read_new();
+    if (!a)
+        return tk__err(TK_ERR_NOMEM, "out of memory");
+    archive_read_support_format_tar(a);
+    if (archive_read_open_filename(a, tar_path, 1 << 16) != ARCHIVE_OK) {
+        rc = tk__err(TK_ERR_INVALID, "the upload is not a tar: %s", archive_error_string(a));
+        goto done;
+    }
+    struct archive_entry *e;
+    int r, nentries = 0;
+    while ((r = archive_read_next_header(a, &e)) == ARCHIVE_OK) {
+        const char *p = archive_entry_pathname(e);
+        int k = -1;
+        for (int i = 0; i < 4; i++)
+            if (p && (!strcmp(p, allowed[i]) || (!strncmp(p, "./", 2) && !strcmp(p + 2, allowed[i]))))
+                k = i;
+        if (++nentries > 4 || k < 0 || seen[k]) {
+            rc = tk__err(TK_ERR_INVALID, "the upload holds '%s'; it must hold exactly manifest.json, "
+                         "manifest.json.sig and the source archive, once each", p ? p : "?");
+            goto done;
+        }
+        if (archive_entry_filetype(e) != AE_IFREG || !archive_entry_size_is_set(e) ||
+            archive_entry_size(e) > caps[k]) {
+            rc = tk__err(TK_ERR_INVALID, "'%s' in the upload is not a regular file within %lld bytes", allowed[k],
+                         (long long)caps[k]);
+            goto done;
+        }
+        seen[k] = 1;
+        char *out = tk__path_join(stage, allowed[k]);
+        int fd = out ? open(out, O_WRONLY | O_CREAT | O_EXCL | O_NOFOLLOW | O_CLOEXEC, 0644) : -1;
+        if (fd < 0) {
+            rc = out ? tk__err_sys("cannot create", out) : tk__err(TK_ERR_NOMEM, "out of memory");
+            free(out);
+            goto done;
+        }
+        const void *buf;
+        size_t len;
+        la_int64_t off;
+        int64_t total = 0;
+        while (rc == TK_OK && (r = archive_read_data_block(a, &buf, &len, &off)) == ARCHIVE_OK) {
+            total += (int64_t)len;
+            if (total > caps[k])
+                rc = tk__err(TK_ERR_INVALID, "'%s' in the upload is larger than its header says", allowed[k]);
+            else if (pwrite(fd, buf, len, off) != (ssize_t)len)
+                rc = tk__err_sys("cannot write", out);
+        }
+        if (rc == TK_OK && r != ARCHIVE_EOF)
+            rc = tk__err(TK_ERR_INVALID, "the upload is a damaged tar: %s", archive_error_string(a));
+        if (rc == TK_OK && fsync(fd) != 0)
+            rc = tk__err_sys("cannot sync", out);
+        close(fd);
+        free(out);
+        if (rc != TK_OK)
+            goto done;
+    }
+    if (r != ARCHIVE_EOF) {
+        rc = tk__err(TK_ERR_INVALID, "the upload is a damaged tar: %s", archive_error_string(a));
+        goto done;
+    }
+    if (!seen[0] || !seen[1] || seen[2] + seen[3] != 1) {
+        rc = tk__err(TK_ERR_INVALID, "the upload must hold manifest.json, manifest.json.sig and one source "
+                     "archive (source.tar.gz or source.tar.zst)");
+        goto done;
+    }
+    *archive_name = seen[2] ? allowed[2] : allowed[3];
+done:
+    archive_read_free(a);
+    return rc;
+}
+
+/* The trusted public key of org with this key id, from .tk-serve/trust.json. */
+static int trusted_key(char pubkey[TK_PUBKEY_LEN], const char *root, const char *org, const char *keyid)
+{
+    json_t *doc = NULL, *k;
+    size_t i;
+    int rc = state_load(&doc, root, "trust.json", "keys");
+    if (rc != TK_OK)
+        return rc;
+    rc = TK_ERR_NOT_FOUND;
+    json_array_foreach(json_object_get(doc, "keys"), i, k) {
+        const char *p = json_string_value(json_object_get(k, "pubkey"));
+        if (rc != TK_OK && p && strlen(p) < TK_PUBKEY_LEN && tk__streq(json_string_value(json_object_get(k, "org")), org) &&
+            tk__streq(json_string_value(json_object_get(k, "keyid")), keyid)) {
+            snprintf(pubkey, TK_PUBKEY_LEN, "%s", p);
+            rc = TK_OK;
+        }
+    }
+    json_decref(doc);
+    return rc;
+}
+
+/* Verifies the upload in tar_path for org/pkg and writes it into the tree. *created: 0 when the
+ * same manifest already heads its branch. */
+static int receive_version(char commit[41], int *created, char version[32], tk_server *s, const char *org,
+                           const char *pkg, const char *tar_path)
+{
+    int rc = TK_OK, lock_fd = -1;
+    char *resolve_dir = NULL, *api_dir = NULL, *stage = NULL, *check = NULL, *mtext = NULL, *stext = NULL,
+         *mpath = NULL, *spath = NULL, *apath = NULL, *head = NULL, *head_version = NULL, *lock_path = NULL,
+         *final_dir = NULL, *tmpdir = NULL, *head_text = NULL, *revdir = NULL, *revpath = NULL;
+    size_t mlen = 0, slen = 0;
+    const char *archive_name = NULL;
+    tk_hub_manifest *m = NULL;
+    json_t *doc = NULL;
+    *created = 0;
+    commit[0] = version[0] = '\0';
+
+    resolve_dir = tk__fmt("%s/kernels/%s/%s/resolve", s->root, org, pkg);
+    api_dir = tk__fmt("%s/api/kernels/%s/%s", s->root, org, pkg);
+    tmpdir = tk__fmt("%s/" STATE_DIR "/tmp", s->root);
+    if (!resolve_dir || !api_dir || !tmpdir) {
+        rc = tk__err(TK_ERR_NOMEM, "out of memory");
+        goto done;
+    }
+    if ((rc = tk__mkdirs(resolve_dir, 0755)) != TK_OK)
+        goto done;
+    if (!(stage = tk__tmp_path(resolve_dir, "upload")) || !(check = tk__tmp_path(tmpdir, "check"))) {
+        rc = tk__err(TK_ERR_NOMEM, "out of memory");
+        goto done;
+    }
+    if ((rc = tk__mkdirs(stage, 0755)) != TK_OK || (rc = tk__mkdirs(check, 0700)) != TK_OK)
+        goto done;
+    if ((rc = upload_untar(&archive_name, tar_path, stage, s->max_upload)) != TK_OK)
+        goto done;
+    mpath = tk__path_join(stage, "manifest.json");
+    spath = tk__path_join(stage, "manifest.json.sig");
+    apath = tk__path_join(stage, archive_name);
+    if (!mpath || !spath || !apath) {
+        rc = tk__err(TK_ERR_NOMEM, "out of memory");
+        goto done;
+    }
+    if ((rc = tk__read_file(&mtext, &mlen, mpath, TK_MANIFEST_MAX)) != TK_OK ||
+        (rc = tk__read_file(&stext, &slen, spath, SIG_MAX)) != TK_OK)
+        goto done;
+
+    /* Signature first, by a key this server trusts for the org; then the manifest. */
+    char keyid[TK_KEYID_LEN], sig_pub[TK_PUBKEY_LEN], trusted[TK_PUBKEY_LEN];
+    uint8_t sig[64];
+    if ((rc = tk_hub__sig_parse(keyid, sig_pub, sig, stext, slen)) != TK_OK)
+        goto done;
+    if ((rc = trusted_key(trusted, s->root, org, keyid)) == TK_ERR_NOT_FOUND || (rc == TK_OK && strcmp(trusted, sig_pub))) {
+        rc = tk__err(TK_ERR_UNTRUSTED, "the signer %s is not trusted to publish for org '%s' on this server\n"
+                     "HINT: on the server, run 'tk serve trust add --org %s %s --root DIR'", keyid, org, org, sig_pub);
+        goto done;
+    }
+    if (rc != TK_OK || (rc = tk_hub__verify(trusted, sig, mtext, mlen)) != TK_OK)
+        goto done;
+    if ((rc = tk_hub__manifest_parse(&m, mtext, mlen)) != TK_OK)
+        goto done;
+    snprintf(version, 32, "%s", m->version);
+    if (strcmp(m->org, org) || strcmp(m->pkg, pkg)) {
+        rc = tk__err(TK_ERR_MANIFEST, "the manifest is for %s, but the upload went to %s/%s", m->name, org, pkg);
+        goto done;
+    }
+    if (strcmp(m->archive.path, archive_name)) {
+        rc = tk__err(TK_ERR_MANIFEST, "the manifest names the archive '%s', but the upload holds '%s'",
+                     m->archive.path, archive_name);
+        goto done;
+    }
+    char asha[TK_SHA256_HEX];
+    int64_t asize = 0;
+    if ((rc = tk__sha256_file(asha, &asize, apath)) != TK_OK)
+        goto done;
+    if (asize != m->archive.size || strcmp(asha, m->archive.sha256)) {
+        rc = tk__err(TK_ERR_DIGEST, "%s does not match the manifest (size %lld, sha256 %s; the manifest says "
+                     "size %lld, sha256 %s)", archive_name, (long long)asize, asha, (long long)m->archive.size,
+                     m->archive.sha256);
+        goto done;
+    }
+    if ((rc = tk_hub__archive_extract(apath, check, m->files, m->nfiles, NULL)) != TK_OK)
+        goto done;
+
+    /* Into the tree, under the same lock and rules as tk publish. */
+    if (!(lock_path = tk__path_join(s->root, ".tk-publish.lock"))) {
+        rc = tk__err(TK_ERR_NOMEM, "out of memory");
+        goto done;
+    }
+    if ((lock_fd = open(lock_path, O_RDWR | O_CREAT | O_CLOEXEC, 0644)) < 0 || flock(lock_fd, LOCK_EX) != 0) {
+        rc = tk__err_sys("cannot lock the registry tree", lock_path);
+        goto done;
+    }
+    char branch[24];
+    snprintf(branch, sizeof branch, "v%d", m->major);
+    if ((head = tk_hub__tree_branch_head(resolve_dir, branch)) != NULL) {
+        char *hp = tk__fmt("%s/%s/manifest.json", resolve_dir, head);
+        size_t hn = 0;
+        int same = hp && tk__read_file(&head_text, &hn, hp, TK_MANIFEST_MAX) == TK_OK && hn == mlen &&
+                   memcmp(head_text, mtext, mlen) == 0;
+        free(hp);
+        if (same) {
+            snprintf(commit, 41, "%s", head);
+            goto done;
+        }
+        head_version = tk_hub__tree_commit_version(resolve_dir, head);
+        if (head_version && tk_state__version_cmp(m->version, head_version) <= 0) {
+            rc = tk__err(TK_ERR_ROLLBACK, "%s %s is not newer than %s, the head of branch %s\n"
+                         "HINT: raise 'version' in kernel.json (for example to the next patch version)",
+                         m->name, m->version, head_version, branch);
+            goto done;
+        }
+    }
+    char msha[TK_SHA256_HEX], ssha[TK_SHA256_HEX];
+    tk__sha256_hex(msha, mtext, mlen);
+    tk__sha256_hex(ssha, stext, slen);
+    const char *names[3] = {"manifest.json", "manifest.json.sig", archive_name};
+    const char *shas[3] = {msha, ssha, asha};
+    if ((rc = tk_hub__tree_commit_id(commit, head, names, shas)) != TK_OK)
+        goto done;
+    if (!(final_dir = tk__path_join(resolve_dir, commit))) {
+        rc = tk__err(TK_ERR_NOMEM, "out of memory");
+        goto done;
+    }
+    if (!tk__path_exists(final_dir) && rename(stage, final_dir) != 0) {
+        rc = tk__err_sys("cannot move the new version into place", final_dir);
+        goto done;
+    }
+    if ((rc = tk__fsync_dir(resolve_dir)) != TK_OK)
+        goto done;
+    revdir = tk__path_join(api_dir, "revision");
+    revpath = revdir ? tk__path_join(revdir, commit) : NULL;
+    doc = tk_hub__tree_info_doc(m->name, commit, archive_name, m->version, m->major);
+    if (!revpath || !doc) {
+        rc = tk__err(TK_ERR_NOMEM, "out of memory");
+        goto done;
+    }
+    if ((rc = tk__mkdirs(revdir, 0755)) != TK_OK || (rc = tk_hub__tree_write_json(revpath, doc)) != TK_OK ||
+        (rc = tk_hub__tree_set_symlink(resolve_dir, branch, commit)) != TK_OK ||
+        (rc = tk_hub__tree_update_refs(s->root, api_dir, resolve_dir, m->name, m->major, commit, archive_name)) != TK_OK)
+        goto done;
+    *created = 1;
+done:
+    if (stage && tk__path_exists(stage))
+        tk__rmtree(stage);
+    if (check)
+        tk__rmtree(check);
+    if (lock_fd >= 0)
+        close(lock_fd);
+    if (rc != TK_OK)
+        commit[0] = '\0';
+    tk_hub__manifest_free(m);
+    json_decref(doc);
+    free(resolve_dir);
+    free(api_dir);
+    free(stage);
+    free(check);
+    free(mtext);
+    free(stext);
+    free(mpath);
+    free(spath);
+    free(apath);
+    free(head);
+    free(head_version);
+    free(head_text);
+    free(lock_path);
+    free(final_dir);
+    free(tmpdir);
+    free(revdir);
+    free(revpath);
+    return rc;
+}
+
+/* ---- responses ----------------------------------------------------------------------------------- */
+
+static enum MHD_Result queue(struct MHD_Connection *c, req *r, unsigned status, struct MHD_Response *resp)
+{
+    if (!resp)
+        return MHD_NO;
+    MHD_add_response_header(resp, "Server", "tk/" TK_VERSION_STRING);
+    r->status = status;
+    enum MHD_Result ok = MHD_queue_response(c, status, resp);
+    MHD_destroy_response(resp);
+    return ok;
+}
+
+static struct MHD_Response *mem_response(const char *body, size_t n, const char *type)
+{
+    struct MHD_Response *resp = MHD_create_response_from_buffer(n, (void *)body, MHD_RESPMEM_MUST_COPY);
+    if (resp && type)
+        MHD_add_response_header(resp, "Content-Type", type);
+    return resp;
+}
+
+/* An error the Hub's way: status, X-Error-Code, and {"error": msg}. */
+static enum MHD_Result reply_error(struct MHD_Connection *c, req *r, unsigned status, const char *code,
+                                   const char *fmt, ...) TK_PRINTF(5, 6);
+static enum MHD_Result reply_error(struct MHD_Connection *c, req *r, unsigned status, const char *code,
+                                   const char *fmt, ...)
+{
+    char msg[2048];
+    va_list ap;
+    va_start(ap, fmt);
+    vsnprintf(msg, sizeof msg, fmt, ap);
+    va_end(ap);
+    json_t *j = json_pack("{s:s}", "error", msg);
+    char *body = j ? json_dumps(j, 0) : NULL;
+    json_decref(j);
+    struct MHD_Response *resp = body ? mem_response(body, strlen(body), "application/json") : NULL;
+    free(body);
+    if (resp && code)
+        MHD_add_response_header(resp, "X-Error-Code", code);
+    if (resp && status == MHD_HTTP_UNAUTHORIZED)
+        MHD_add_response_header(resp, "WWW-Authenticate", "Bearer realm=\"tk\"");
+    return queue(c, r, status, resp);
+}
+
+/* The sha256 of a regular file, cached by (dev, inode, size, mtime): files in the tree are replaced
+ * by rename, never rewritten in place. */
+static int file_sha(tk_server *s, char out[TK_SHA256_HEX], int fd, const struct stat *st)
+{
+    etag_slot *slot = &s->etags[(st->st_ino ^ st->st_dev) % ETAG_SLOTS];
+    pthread_mutex_lock(&s->mu);
+    int hit = slot->ino == st->st_ino && slot->dev == st->st_dev && slot->size == st->st_size &&
+              slot->mtime.tv_sec == st->st_mtim.tv_sec && slot->mtime.tv_nsec == st->st_mtim.tv_nsec;
+    if (hit)
+        memcpy(out, slot->sha, TK_SHA256_HEX);
+    pthread_mutex_unlock(&s->mu);
+    if (hit)
+        return TK_OK;
+    tk_sha256 *h = NULL;
+    int rc = tk__sha256_new(&h);
+    char buf[1 << 16];
+    off_t off = 0;
+    while (rc == TK_OK) {
+        ssize_t n = pread(fd, buf, sizeof buf, off);
+        if (n < 0 && errno == EINTR)
+            continue;
+        if (n < 0)
+            rc = tk__err_sys("cannot read", "file");
+        if (n <= 0)
+            break;
+        off += n;
+        rc = tk__sha256_update(h, buf, (size_t)n);
+    }
+    if (rc == TK_OK)
+        rc = tk__sha256_final_hex(h, out);
+    tk__sha256_free(h);
+    if (rc == TK_OK) {
+        pthread_mutex_lock(&s->mu);
+        slot->dev = st->st_dev;
+        slot->ino = st->st_ino;
+        slot->size = st->st_size;
+        slot->mtime = st->st_mtim;
+        memcpy(slot->sha, out, TK_SHA256_HEX);
+        pthread_mutex_unlock(&s->mu);
+    }
+    return rc;
+}
+
+/* rel must already be checked component by component; this resolves it and refuses anything that
+ * lands outside the root. Returns the malloc'd real path, or NULL (errno: ENOENT, EACCES for outside). */
+static char *inside_root(tk_server *s, const char *rel)
+{
+    char *path = tk__fmt("%s/%s", s->root, rel);
+    char *real = path ? realpath(path, NULL) : NULL;
+    free(path);
+    size_t n = strlen(s->root);
+    if (real && !(strncmp(real, s->root, n) == 0 && (real[n] == '/' || real[n] == '\0'))) {
+        free(real);
+        errno = EACCES;
+        return NULL;
+    }
+    return real;
+}
+
+/* Does If-None-Match list this etag (quoted)? */
+static int etag_matches(const char *inm, const char *etag)
+{
+    size_t n = strlen(etag);
+    for (const char *p = inm; *p;) {
+        while (*p == ' ' || *p == ',' || *p == '\t')
+            p++;
+        if (*p == '*')
+            return 1;
+        if (!strncmp(p, "W/", 2))
+            p += 2;
+        if (!strncmp(p, etag, n) && (p[n] == '\0' || p[n] == ',' || p[n] == ' '))
+            return 1;
+        while (*p && *p != ',')
+            p++;
+    }
+    return 0;
+}
+
+/* Parses a single "bytes=a-b" / "bytes=a-" / "bytes=-n" range. 1: a range; 0: ignore the header
+ * (absent, malformed or several ranges: serve the whole file); -1: unsatisfiable. */
+static int parse_range(const char *h, int64_t size, int64_t *from, int64_t *to)
+{
+    if (!h || strncmp(h, "bytes=", 6) != 0 || strchr(h, ','))
+        return 0;
+    const char *p = h + 6, *dash = strchr(p, '-');
+    if (!dash)
+        return 0;
+    char a[32] = "", b[32] = "";
+    size_t na = (size_t)(dash - p), nb = strlen(dash + 1);
+    if (na >= sizeof a || nb >= sizeof b)
+        return 0;
+    memcpy(a, p, na);
+    memcpy(b, dash + 1, nb + 1);
+    int64_t x = -1, y = -1;
+    if ((na && tk__parse_i64(a, 0, INT64_MAX, &x) != 0) || (nb && tk__parse_i64(b, 0, INT64_MAX, &y) != 0) ||
+        (!na && !nb))
+        return 0;
+    if (!na) { /* suffix: the last y bytes */
+        if (y == 0 || size == 0)
+            return -1;
+        *from = y >= size ? 0 : size - y;
+        *to = size - 1;
+        return 1;
+    }
+    if (nb && y < x)
+        return 0;
+    if (x >= size)
+        return -1;
+    *from = x;
+    *to = (!nb || y >= size) ? size - 1 : y;
+    return 1;
+}
+
+/* Serves root/rel. missing_code names the X-Error-Code for a missing file. */
+static enum MHD_Result serve_file(tk_server *s, struct MHD_Connection *c, req *r, const char *rel,
+                                  const char *missing_code, const char *type, const char *commit, int immutable)
+{
+    char *real = inside_root(s, rel);
+    if (!real)
+        return reply_error(c, r, MHD_HTTP_NOT_FOUND, missing_code, "%s not found", rel);
+    int fd = open(real, O_RDONLY | O_NOFOLLOW | O_CLOEXEC);
+    free(real);
+    struct stat st;
+    if (fd < 0 || fstat(fd, &st) != 0 || !S_ISREG(st.st_mode)) {
+        if (fd >= 0)
+            close(fd);
+        return reply_error(c, r, MHD_HTTP_NOT_FOUND, missing_code, "%s not found", rel);
+    }
+    char sha[TK_SHA256_HEX], etag[TK_SHA256_HEX + 2];
+    if (file_sha(s, sha, fd, &st) != TK_OK) {
+        close(fd);
+        return reply_error(c, r, MHD_HTTP_INTERNAL_SERVER_ERROR, "InternalError", "%s", tk_last_error());
+    }
+    snprintf(etag, sizeof etag, "\"%s\"", sha);
+    const char *inm = MHD_lookup_connection_value(c, MHD_HEADER_KIND, "If-None-Match");
+    int64_t size = st.st_size, from = 0, to = size - 1;
+    int ranged = inm && etag_matches(inm, etag) ? 0 :
+                 parse_range(MHD_lookup_connection_value(c, MHD_HEADER_KIND, "Range"), size, &from, &to);
+    struct MHD_Response *resp;
+    unsigned status;
+    char cr[96];
+    if (inm && etag_matches(inm, etag)) {
+        close(fd);
+        resp = MHD_create_response_from_buffer(0, (void *)"", MHD_RESPMEM_PERSISTENT);
+        status = MHD_HTTP_NOT_MODIFIED;
+    } else if (ranged < 0) {
+        close(fd);
+        snprintf(cr, sizeof cr, "bytes */%lld", (long long)size);
+        resp = MHD_create_response_from_buffer(0, (void *)"", MHD_RESPMEM_PERSISTENT);
+        if (resp)
+            MHD_add_response_header(resp, "Content-Range", cr);
+        status = MHD_HTTP_RANGE_NOT_SATISFIABLE;
+    } else {
+        /* MHD owns fd from here, also when it fails. */
+        resp = MHD_create_response_from_fd_at_offset64((uint64_t)(to - from + 1), fd, (uint64_t)from);
+        if (!resp)
+            close(fd);
+        status = ranged ? MHD_HTTP_PARTIAL_CONTENT : MHD_HTTP_OK;
+        if (resp && ranged) {
+            snprintf(cr, sizeof cr, "bytes %lld-%lld/%lld", (long long)from, (long long)to, (long long)size);
+            MHD_add_response_header(resp, "Content-Range", cr);
+        }
+        if (resp)
+            MHD_add_response_header(resp, "Content-Type", type);
+        r->bytes = resp ? (uint64_t)(to - from + 1) : 0;
+    }
+    if (!resp)
+        return MHD_NO;
+    MHD_add_response_header(resp, "ETag", etag);
+    MHD_add_response_header(resp, "Accept-Ranges", "bytes");
+    MHD_add_response_header(resp, "Cache-Control", immutable ? "public, max-age=31536000, immutable" : "no-cache");
+    if (commit)
+        MHD_add_response_header(resp, "X-Repo-Commit", commit);
+    return queue(c, r, status, resp);
+}
+
+/* A URL path component the tree may hold: no dot-names (.., ., .tk-serve), nothing odd. */
+static int component_ok(const char *p, size_t n)
+{
+    if (n == 0 || n > 255 || p[0] == '.')
+        return 0;
+    for (size_t i = 0; i < n; i++) {
+        unsigned char ch = (unsigned char)p[i];
+        if (ch < 0x20 || ch == 0x7f || ch == '\\' || ch == ':')
+            return 0;
+    }
+    return 1;
+}
+
+/* Splits a decoded path into at most max components; 0 when a component is refused. */
+static int split_path(char **parts, int max, int *n, char *path)
+{
+    *n = 0;
+    char *p = path;
+    if (*p != '/')
+        return 0;
+    p++;
+    if (*p == '\0')
+        return 1;
+    for (;;) {
+        char *slash = strchr(p, '/');
+        size_t len = slash ? (size_t)(slash - p) : strlen(p);
+        if (*n >= max || !component_ok(p, len))
+            return 0;
+        parts[(*n)++] = p;
+        if (!slash)
+            return 1;
+        *slash = '\0';
+        p = slash + 1;
+    }
+}
+
+/* Resolves rev (a branch name or a 40-hex commit) of org/pkg. 1: found; 0: repo missing; -1: rev
+ * missing. */
+static int resolve_rev(tk_server *s, char commit[41], const char *org, const char *pkg, const char *rev)
+{
+    char *dir = tk__fmt("%s/kernels/%s/%s/resolve", s->root, org, pkg);
+    int found = 0;
+    if (dir && tk__is_dir(dir)) {
+        found = -1;
+        char *p = tk__path_join(dir, rev);
+        struct stat st;
+        if (p && tk__is_hex(rev, 40) && lstat(p, &st) == 0 && S_ISDIR(st.st_mode)) {
+            snprintf(commit, 41, "%s", rev);
+            found = 1;
+        } else if (p) {
+            char *head = tk_hub__tree_branch_head(dir, rev);
+            if (head && tk__is_hex(head, 40)) {
+                snprintf(commit, 41, "%s", head);
+                char *hp = tk__path_join(dir, head);
+                found = hp && lstat(hp, &st) == 0 && S_ISDIR(st.st_mode) ? 1 : -1;
+                free(hp);
+            }
+            free(head);
+        }
+        free(p);
+    }
+    free(dir);
+    return found;
+}
+
+static int repo_exists(tk_server *s, const char *org, const char *pkg)
+{
+    char *a = tk__fmt("%s/api/kernels/%s/%s", s->root, org, pkg);
+    char *k = tk__fmt("%s/kernels/%s/%s/resolve", s->root, org, pkg);
+    int ok = (a && tk__is_dir(a)) || (k && tk__is_dir(k));
+    free(a);
+    free(k);
+    return ok;
+}
+
+static int name_ok(char org[65], char pkg[65], const char *o, const char *p)
+{
+    char name[160];
+    if (strlen(o) > 64 || strlen(p) > 64)
+        return 0;
+    snprintf(name, sizeof name, "%s/%s", o, p);
+    return tk_hub__name_check(name, org, pkg) == TK_OK;
+}
+
+/* /api/kernels/{org}/{name}/tree/{rev}: the files of a revision. */
+static enum MHD_Result serve_tree(tk_server *s, struct MHD_Connection *c, req *r, const char *org, const char *pkg,
+                                  const char *commit)
+{
+    char *dir = tk__fmt("%s/kernels/%s/%s/resolve/%s", s->root, org, pkg, commit);
+    DIR *d = dir ? opendir(dir) : NULL;
+    json_t *list = json_array();
+    struct dirent *e;
+    int bad = !d || !list;
+    while (!bad && (e = readdir(d)) != NULL) {
+        if (e->d_name[0] == '.')
+            continue;
+        char *p = tk__path_join(dir, e->d_name);
+        int fd = p ? open(p, O_RDONLY | O_NOFOLLOW | O_CLOEXEC) : -1;
+        struct stat st;
+        char sha[TK_SHA256_HEX];
+        if (fd >= 0 && fstat(fd, &st) == 0 && S_ISREG(st.st_mode) && file_sha(s, sha, fd, &st) == TK_OK)
+            json_array_append_new(list, json_pack("{s:s, s:s, s:I, s:s}", "type", "file", "path", e->d_name, "size",
+                                                  (json_int_t)st.st_size, "oid", sha));
+        if (fd >= 0)
+            close(fd);
+        free(p);
+    }
+    if (d)
+        closedir(d);
+    free(dir);
+    if (bad) {
+        json_decref(list);
+        return reply_error(c, r, MHD_HTTP_NOT_FOUND, "RevisionNotFound", "revision %s not found", commit);
+    }
+    /* readdir order is arbitrary: sort by path for a stable answer. */
+    size_t n = json_array_size(list);
+    for (size_t i = 1; i < n; i++)
+        for (size_t j = i; j > 0; j--) {
+            json_t *a = json_array_get(list, j - 1), *b = json_array_get(list, j);
+            if (strcmp(json_string_value(json_object_get(a, "path")), json_string_value(json_object_get(b, "path"))) <= 0)
+                break;
+            json_incref(a);
+            json_array_set(list, j - 1, b);
+            json_array_set_new(list, j, a);
+        }
+    char *body = json_dumps(list, JSON_INDENT(2));
+    json_decref(list);
+    struct MHD_Response *resp = body ? mem_response(body, strlen(body), "application/json") : NULL;
+    r->bytes = body ? strlen(body) : 0;
+    free(body);
+    if (resp)
+        MHD_add_response_header(resp, "X-Repo-Commit", commit);
+    return queue(c, r, MHD_HTTP_OK, resp);
+}
+
+/* ---- the HTML page ------------------------------------------------------------------------------- */
+
+static void html_esc(tk_buf *b, const char *s)
+{
+    for (; s && *s; s++) {
+        switch (*s) {
+        case '<': tk__buf_puts(b, "&lt;"); break;
+        case '>': tk__buf_puts(b, "&gt;"); break;
+        case '&': tk__buf_puts(b, "&amp;"); break;
+        case '"': tk__buf_puts(b, "&quot;"); break;
+        case '\'': tk__buf_puts(b, "&#39;"); break;
+        default: tk__buf_append(b, s, 1);
+        }
+    }
+}
+
+/* The README of a source archive (first 64 KiB), or NULL. */
+static char *archive_readme(const char *path)
+{
+    struct archive *a = archive_read_new();
+    char *out = NULL;
+    if (!a)
+        return NULL;
+    archive_read_support_filter_gzip(a);
+    archive_read_support_filter_zstd(a);
+    archive_read_support_format_tar(a);
+    struct archive_entry *e;
+    if (archive_read_open_filename(a, path, 1 << 16) == ARCHIVE_OK) {
+        for (int i = 0; i < 10000 && archive_read_next_header(a, &e) == ARCHIVE_OK; i++) {
+            const char *p = archive_entry_pathname(e);
+            if (!p || strncasecmp(p, "README", 6) != 0 || strchr(p, '/') || archive_entry_filetype(e) != AE_IFREG)
+                continue;
+            char *buf = malloc(README_MAX + 1);
+            la_ssize_t n = buf ? archive_read_data(a, buf, README_MAX) : -1;
+            if (n >= 0) {
+                buf[n] = '\0';
+                out = buf;
+            } else {
+                free(buf);
+            }
+            break;
+        }
+    }
+    archive_read_free(a);
+    return out;
+}
+
+static int cmp_str(const void *a, const void *b)
+{
+    return strcmp(*(char *const *)a, *(char *const *)b);
+}
+
+/* Branch names v<N> of a package, highest major first. */
+static size_t list_branches(char majors[][24], size_t max, const char *resolve_dir)
+{
+    int nums[64];
+    size_t n = 0;
+    DIR *d = opendir(resolve_dir);
+    struct dirent *e;
+    while (d && (e = readdir(d)) != NULL) {
+        int64_t v;
+        if (e->d_name[0] == 'v' && tk__parse_i64(e->d_name + 1, 1, 1000000, &v) == 0 && n < max && n < 64)
+            nums[n++] = (int)v;
+    }
+    if (d)
+        closedir(d);
+    for (size_t i = 1; i < n; i++)
+        for (size_t j = i; j > 0 && nums[j - 1] < nums[j]; j--) {
+            int t = nums[j];
+            nums[j] = nums[j - 1];
+            nums[j - 1] = t;
+        }
+    for (size_t i = 0; i < n; i++)
+        snprintf(majors[i], 24, "v%d", nums[i]);
+    return n;
+}
+
+static void page_package(tk_buf *b, tk_server *s, const char *org, const char *pkg)
+{
+    char *resolve_dir = tk__fmt("%s/kernels/%s/%s/resolve", s->root, org, pkg);
+    char branches[32][24];
+    size_t nb = resolve_dir ? list_branches(branches, 32, resolve_dir) : 0;
+    tk__buf_puts(b, "<section><h2 id=\"");
+    html_esc(b, org);
+    tk__buf_puts(b, "/");
+    html_esc(b, pkg);
+    tk__buf_puts(b, "\">");
+    html_esc(b, org);
+    tk__buf_puts(b, "/");
+    html_esc(b, pkg);
+    tk__buf_puts(b, "</h2>");
+    char *readme = NULL;
+    for (size_t i = 0; i < nb; i++) {
+        char *head = tk_hub__tree_branch_head(resolve_dir, branches[i]);
+        json_t *m = head ? tk_hub__tree_commit_manifest(resolve_dir, head) : NULL;
+        if (!m) {
+            free(head);
+            continue;
+        }
+        if (i == 0) {
+            tk__buf_puts(b, "<p>");
+            html_esc(b, json_string_value(json_object_get(m, "description")));
+            tk__buf_puts(b, "</p><p class=m><code>tk get ");
+            html_esc(b, org);
+            tk__buf_puts(b, "/");
+            html_esc(b, pkg);
+            tk__buf_puts(b, "</code> · license ");
+            html_esc(b, json_string_value(json_object_get(m, "license")));
+            tk__buf_puts(b, "</p><div class=t><table><tr><th>branch</th><th>version</th><th>commit</th>"
+                            "<th>ops</th><th>signed by</th></tr>");
+            const char *ap = json_string_value(json_object_get(json_object_get(m, "archive"), "path"));
+            char *arch = ap && tk_hub__path_check(ap) == TK_OK ? tk__fmt("%s/%s/%s", resolve_dir, head, ap) : NULL;
+            readme = arch ? archive_readme(arch) : NULL;
+            free(arch);
+        }
+        tk__buf_puts(b, "<tr><td>");
+        html_esc(b, branches[i]);
+        tk__buf_puts(b, "</td><td>");
+        html_esc(b, json_string_value(json_object_get(m, "version")));
+        tk__buf_printf(b, "</td><td><code title=\"%s\">%.10s</code></td><td>", head, head);
+        /* The ops its kernels implement, each once. */
+        json_t *seen = json_object(), *k;
+        size_t ki;
+        json_array_foreach(json_object_get(m, "kernels"), ki, k) {
+            const char *op = json_string_value(json_object_get(k, "op"));
+            if (!op || json_object_get(seen, op))
+                continue;
+            json_object_set_new(seen, op, json_true());
+            tk__buf_puts(b, json_object_size(seen) > 1 ? ", <code>" : "<code>");
+            html_esc(b, op);
+            tk__buf_puts(b, "</code>");
+        }
+        json_decref(seen);
+        tk__buf_puts(b, "</td><td>");
+        char *sp = tk__fmt("%s/%s/manifest.json.sig", resolve_dir, head), *stext = NULL;
+        size_t sn = 0;
+        char keyid[TK_KEYID_LEN], pub[TK_PUBKEY_LEN];
+        uint8_t sig[64];
+        if (sp && tk__read_file(&stext, &sn, sp, SIG_MAX) == TK_OK &&
+            tk_hub__sig_parse(keyid, pub, sig, stext, sn) == TK_OK) {
+            tk__buf_puts(b, "<code>");
+            html_esc(b, keyid);
+            tk__buf_puts(b, "</code>");
+        }
+        free(sp);
+        free(stext);
+        tk__buf_puts(b, "</td></tr>");
+        json_decref(m);
+        free(head);
+    }
+    if (nb)
+        tk__buf_puts(b, "</table></div>");
+    if (readme) {
+        tk__buf_puts(b, "<details><summary>README</summary><pre>");
+        html_esc(b, readme);
+        tk__buf_puts(b, "</pre></details>");
+    }
+    tk__buf_puts(b, "</section>\n");
+    free(readme);
+    free(resolve_dir);
+}
+
+static enum MHD_Result serve_page(tk_server *s, struct MHD_Connection *c, req *r)
+{
+    tk_buf b = TK_BUF_INIT;
+    char **names = NULL;
+    size_t n = 0;
+    char *kdir = tk__path_join(s->root, "kernels");
+    DIR *od = kdir ? opendir(kdir) : NULL;
+    struct dirent *oe;
+    while (od && (oe = readdir(od)) != NULL && n < MAX_PAGE_PKGS) {
+        if (!component_ok(oe->d_name, strlen(oe->d_name)))
+            continue;
+        char *odir = tk__path_join(kdir, oe->d_name);
+        DIR *pd = odir ? opendir(odir) : NULL;
+        struct dirent *pe;
+        while (pd && (pe = readdir(pd)) != NULL && n < MAX_PAGE_PKGS) {
+            char org[65], pkg[65];
+            if (!component_ok(pe->d_name, strlen(pe->d_name)) || !name_ok(org, pkg, oe->d_name, pe->d_name))
+                continue;
+            char **nn = realloc(names, (n + 1) * sizeof *names);
+            if (!nn)
+                break;
+            names = nn;
+            if ((names[n] = tk__fmt("%s/%s", org, pkg)) != NULL)
+                n++;
+        }
+        if (pd)
+            closedir(pd);
+        free(odir);
+    }
+    if (od)
+        closedir(od);
+    free(kdir);
+    if (n)
+        qsort(names, n, sizeof *names, cmp_str);
+    tk__buf_puts(&b, "<!doctype html><html lang=en><head><meta charset=utf-8>"
+                     "<meta name=viewport content=\"width=device-width, initial-scale=1\">"
+                     "<title>tk registry</title><style>"
+                     "body{font:16px/1.5 system-ui,sans-serif;max-width:60rem;margin:0 auto;padding:1rem;color:#222}"
+                     "h1{font-size:1.5rem}h2{font-size:1.2rem;margin:0 0 .3rem;word-break:break-all}"
+                     "section{border:1px solid #ddd;border-radius:8px;padding:1rem;margin:1rem 0}"
+                     ".t{overflow-x:auto}table{border-collapse:collapse;width:100%;font-size:.9rem}"
+                     "th,td{text-align:left;padding:.3rem .5rem;border-bottom:1px solid #eee;vertical-align:top}"
+                     "code{font-size:.85rem;word-break:break-all}.m{color:#555;font-size:.9rem}"
+                     "pre{white-space:pre-wrap;background:#f6f6f6;padding:.7rem;border-radius:6px;font-size:.85rem}"
+                     "</style></head><body><h1>tk registry</h1>");
+    tk__buf_printf(&b, "<p class=m>%zu package%s. Point tk here with <code>TK_ENDPOINT=</code>this URL.</p>\n", n,
+                   n == 1 ? "" : "s");
+    for (size_t i = 0; i < n; i++) {
+        char *slash = strchr(names[i], '/');
+        *slash = '\0';
+        page_package(&b, s, names[i], slash + 1);
+        free(names[i]);
+    }
+    free(names);
+    tk__buf_puts(&b, "</body></html>\n");
+    if (!b.data) {
+        tk__buf_free(&b);
+        return MHD_NO;
+    }
+    size_t len = b.len;
+    struct MHD_Response *resp = MHD_create_response_from_buffer(len, tk__buf_steal(&b), MHD_RESPMEM_MUST_FREE);
+    if (resp) {
+        MHD_add_response_header(resp, "Content-Type", "text/html; charset=utf-8");
+        MHD_add_response_header(resp, "Content-Security-Policy", "default-src 'none'; style-src 'unsafe-inline'");
+        MHD_add_response_header(resp, "X-Content-Type-Options", "nosniff");
+    }
+    r->bytes = len;
+    return queue(c, r, MHD_HTTP_OK, resp);
+}
+
+/* ---- routing ------------------------------------------------------------------------------------- */
+
+static enum MHD_Result route_read(tk_server *s, struct MHD_Connection *c, req *r, char **p, int n)
+{
+    char org[65], pkg[65], commit[41], rel[1200];
+    if (n == 0)
+        return serve_page(s, c, r);
+    if (n == 1 && !strcmp(p[0], "index.json"))
+        return serve_file(s, c, r, "index.json", "EntryNotFound", "application/json", NULL, 0);
+    if (n >= 4 && !strcmp(p[0], "api") && !strcmp(p[1], "kernels")) {
+        if (!name_ok(org, pkg, p[2], p[3]) || !repo_exists(s, org, pkg))
+            return reply_error(c, r, MHD_HTTP_NOT_FOUND, "RepoNotFound", "repository %s/%s not found", p[2], p[3]);
+        if (n == 4) {
+            snprintf(rel, sizeof rel, "api/kernels/%s/%s/index.json", org, pkg);
+            return serve_file(s, c, r, rel, "RepoNotFound", "application/json", NULL, 0);
+        }
+        if (n == 5 && !strcmp(p[4], "refs")) {
+            snprintf(rel, sizeof rel, "api/kernels/%s/%s/refs", org, pkg);
+            return serve_file(s, c, r, rel, "RepoNotFound", "application/json", NULL, 0);
+        }
+        if (n >= 6 && (!strcmp(p[4], "revision") || !strcmp(p[4], "tree"))) {
+            if (resolve_rev(s, commit, org, pkg, p[5]) != 1)
+                return reply_error(c, r, MHD_HTTP_NOT_FOUND, "RevisionNotFound", "revision %s of %s/%s not found",
+                                   p[5], org, pkg);
+            if (n == 6 && !strcmp(p[4], "revision")) {
+                snprintf(rel, sizeof rel, "api/kernels/%s/%s/revision/%s", org, pkg, p[5]);
+                return serve_file(s, c, r, rel, "RevisionNotFound", "application/json", commit,
+                                  tk__is_hex(p[5], 40));
+            }
+            if (n == 6)
+                return serve_tree(s, c, r, org, pkg, commit);
+            return reply_error(c, r, MHD_HTTP_NOT_FOUND, "EntryNotFound", "revisions are flat: no folder %s", p[6]);
+        }
+        return reply_error(c, r, MHD_HTTP_NOT_FOUND, "EntryNotFound", "no such endpoint");
+    }
+    if (n >= 5 && !strcmp(p[0], "kernels") && !strcmp(p[3], "resolve")) {
+        if (!name_ok(org, pkg, p[1], p[2]) || !repo_exists(s, org, pkg))
+            return reply_error(c, r, MHD_HTTP_NOT_FOUND, "RepoNotFound", "repository %s/%s not found", p[1], p[2]);
+        if (resolve_rev(s, commit, org, pkg, p[4]) != 1)
+            return reply_error(c, r, MHD_HTTP_NOT_FOUND, "RevisionNotFound", "revision %s of %s/%s not found", p[4],
+                               org, pkg);
+        if (n == 5)
+            return reply_error(c, r, MHD_HTTP_NOT_FOUND, "EntryNotFound", "no file named");
+        int off = snprintf(rel, sizeof rel, "kernels/%s/%s/resolve/%s", org, pkg, commit);
+        for (int i = 5; i < n && off < (int)sizeof rel; i++)
+            off += snprintf(rel + off, sizeof rel - (size_t)off, "/%s", p[i]);
+        if (off >= (int)sizeof rel)
+            return reply_error(c, r, MHD_HTTP_NOT_FOUND, "EntryNotFound", "path too long");
+        return serve_file(s, c, r, rel, "EntryNotFound", "application/octet-stream", commit, tk__is_hex(p[4], 40));
+    }
+    return reply_error(c, r, MHD_HTTP_NOT_FOUND, "EntryNotFound", "no such endpoint");
+}
+
+/* First call of an upload: auth, size; then the body streams to a temp file. */
+static enum MHD_Result upload_begin(tk_server *s, struct MHD_Connection *c, req *r, char **p, int n)
+{
+    if (n != 4 || !name_ok(r->org, r->pkg, p[2], p[3]))
+        return reply_error(c, r, MHD_HTTP_NOT_FOUND, "RepoNotFound", "upload to /api/upload/{org}/{name}");
+    const char *auth = MHD_lookup_connection_value(c, MHD_HEADER_KIND, "Authorization");
+    if (!auth || strncasecmp(auth, "Bearer ", 7) != 0 || strlen(auth + 7) == 0 || strlen(auth + 7) > 256)
+        return reply_error(c, r, MHD_HTTP_UNAUTHORIZED, "Unauthorized",
+                           "uploads need 'Authorization: Bearer <token>'\nHINT: 'tk serve token add --org %s' makes one",
+                           r->org);
+    char org[65];
+    int rc = token_org(org, s->root, auth + 7);
+    if (rc == TK_ERR_NOT_FOUND)
+        return reply_error(c, r, MHD_HTTP_UNAUTHORIZED, "Unauthorized", "the token is not valid on this server");
+    if (rc != TK_OK)
+        return reply_error(c, r, MHD_HTTP_INTERNAL_SERVER_ERROR, "InternalError", "%s", tk_last_error());
+    if (strcmp(org, r->org) != 0)
+        return reply_error(c, r, MHD_HTTP_FORBIDDEN, "Forbidden", "this token may publish to org '%s' only, not '%s'",
+                           org, r->org);
+    const char *cl = MHD_lookup_connection_value(c, MHD_HEADER_KIND, "Content-Length");
+    int64_t len = 0;
+    if (cl && tk__parse_i64(cl, 0, INT64_MAX, &len) == 0 && len > s->max_upload)
+        return reply_error(c, r, MHD_HTTP_CONTENT_TOO_LARGE, "PayloadTooLarge",
+                           "the upload is %lld bytes; this server takes at most %lld", (long long)len,
+                           (long long)s->max_upload);
+    char *tmpdir = tk__fmt("%s/" STATE_DIR "/tmp", s->root);
+    if (!tmpdir || tk__mkdirs(tmpdir, 0700) != TK_OK || !(r->tmp = tk__tmp_path(tmpdir, "upload")) ||
+        (r->fd = open(r->tmp, O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC, 0600)) < 0) {
+        free(tmpdir);
+        return reply_error(c, r, MHD_HTTP_INTERNAL_SERVER_ERROR, "InternalError", "cannot store the upload");
+    }
+    free(tmpdir);
+    r->upload = 1;
+    return MHD_YES;
+}
+
+static enum MHD_Result upload_finish(tk_server *s, struct MHD_Connection *c, req *r)
+{
+    close(r->fd);
+    r->fd = -1;
+    if (r->overflow)
+        return reply_error(c, r, MHD_HTTP_CONTENT_TOO_LARGE, "PayloadTooLarge", "the upload exceeds %lld bytes",
+                           (long long)s->max_upload);
+    char commit[41], version[32];
+    int created = 0;
+    int rc = receive_version(commit, &created, version, s, r->org, r->pkg, r->tmp);
+    if (rc != TK_OK) {
+        const char *msg = tk_last_error();
+        say(s, TK_LOG_WARN, "upload to %s/%s refused: %s", r->org, r->pkg, msg);
+        switch (rc) {
+        case TK_ERR_INVALID: return reply_error(c, r, MHD_HTTP_BAD_REQUEST, "BadRequest", "%s", msg);
+        case TK_ERR_UNTRUSTED: return reply_error(c, r, MHD_HTTP_FORBIDDEN, "UntrustedSigner", "%s", msg);
+        case TK_ERR_SIGNATURE: return reply_error(c, r, MHD_HTTP_UNPROCESSABLE_CONTENT, "SignatureInvalid", "%s", msg);
+        case TK_ERR_MANIFEST: return reply_error(c, r, MHD_HTTP_UNPROCESSABLE_CONTENT, "ManifestInvalid", "%s", msg);
+        case TK_ERR_DIGEST: return reply_error(c, r, MHD_HTTP_UNPROCESSABLE_CONTENT, "DigestMismatch", "%s", msg);
+        case TK_ERR_ARCHIVE: return reply_error(c, r, MHD_HTTP_UNPROCESSABLE_CONTENT, "ArchiveInvalid", "%s", msg);
+        case TK_ERR_ROLLBACK: return reply_error(c, r, MHD_HTTP_CONFLICT, "VersionConflict", "%s", msg);
+        case TK_ERR_NOSPACE: return reply_error(c, r, MHD_HTTP_INSUFFICIENT_STORAGE, "NoSpace", "%s", msg);
+        default: return reply_error(c, r, MHD_HTTP_INTERNAL_SERVER_ERROR, "InternalError", "%s", msg);
+        }
+    }
+    say(s, TK_LOG_INFO, "%s %s/%s %s as %s", created ? "published" : "already had", r->org, r->pkg, version, commit);
+    char name[140];
+    snprintf(name, sizeof name, "%s/%s", r->org, r->pkg);
+    json_t *j = json_pack("{s:s, s:s, s:s, s:b}", "commit", commit, "name", name, "version", version, "created",
+                          created);
+    char *body = j ? json_dumps(j, 0) : NULL;
+    json_decref(j);
+    struct MHD_Response *resp = body ? mem_response(body, strlen(body), "application/json") : NULL;
+    free(body);
+    if (resp)
+        MHD_add_response_header(resp, "X-Repo-Commit", commit);
+    return queue(c, r, created ? MHD_HTTP_CREATED : MHD_HTTP_OK, resp);
+}
+
+/* Answers a GET/HEAD/other request whose headers (and any body) have been read. */
+static enum MHD_Result dispatch(tk_server *s, struct MHD_Connection *c, req *r, int first)
+{
+    /* The URL arrives undecoded (see no_unescape): refuse an encoded NUL, then decode. */
+    for (const char *q = r->url; *q; q++)
+        if (q[0] == '%' && q[1] == '0' && q[2] == '0')
+            return reply_error(c, r, MHD_HTTP_BAD_REQUEST, "BadRequest", "the path holds a NUL");
+    char *path = tk__strdup(r->url);
+    if (!path)
+        return MHD_NO;
+    path[MHD_http_unescape(path)] = '\0';
+    char *parts[32];
+    int n = 0;
+    enum MHD_Result ret;
+    const char *m = r->method;
+    int is_get = !strcmp(m, MHD_HTTP_METHOD_GET) || !strcmp(m, MHD_HTTP_METHOD_HEAD);
+    int is_put = !strcmp(m, MHD_HTTP_METHOD_PUT) || !strcmp(m, MHD_HTTP_METHOD_POST);
+    int ok = split_path(parts, 32, &n, path);
+    int upload = ok && n >= 2 && !strcmp(parts[0], "api") && !strcmp(parts[1], "upload");
+    if (first && !(upload && is_put)) {
+        ret = MHD_YES; /* answer once the request is complete, so the connection can be kept alive */
+    } else if (!ok) {
+        ret = reply_error(c, r, MHD_HTTP_NOT_FOUND, "EntryNotFound", "no such path");
+    } else if (upload) {
+        ret = is_put ? upload_begin(s, c, r, parts, n)
+                     : reply_error(c, r, MHD_HTTP_METHOD_NOT_ALLOWED, "MethodNotAllowed", "use PUT to upload");
+    } else if (is_get) {
+        ret = route_read(s, c, r, parts, n);
+    } else {
+        ret = reply_error(c, r, MHD_HTTP_METHOD_NOT_ALLOWED, "MethodNotAllowed", "%s is not supported here", m);
+    }
+    free(path);
+    return ret;
+}
+
+static enum MHD_Result on_request(void *cls, struct MHD_Connection *c, const char *url, const char *method,
+                                  const char *version, const char *upload_data, size_t *upload_data_size,
+                                  void **con_cls)
+{
+    tk_server *s = cls;
+    req *r = *con_cls;
+    if (r && r->upload) {
+        if (*upload_data_size) {
+            size_t n = *upload_data_size;
+            *upload_data_size = 0;
+            if (r->overflow)
+                return MHD_NO; /* a chunked body past the cap: drop the connection */
+            r->got += (int64_t)n;
+            if (r->got > s->max_upload) {
+                r->overflow = 1;
+                r->status = MHD_HTTP_CONTENT_TOO_LARGE;
+                return MHD_NO;
+            }
+            if (tk__write_all(r->fd, upload_data, n, r->tmp) != TK_OK)
+                return MHD_NO;
+            return MHD_YES;
+        }
+        return upload_finish(s, c, r);
+    }
+    if (r) {
+        if (*upload_data_size) { /* a body nobody asked for: discard it */
+            *upload_data_size = 0;
+            return MHD_YES;
+        }
+        return r->status ? MHD_NO : dispatch(s, c, r, 0);
+    }
+    if (!(r = calloc(1, sizeof *r)))
+        return MHD_NO;
+    *con_cls = r;
+    r->fd = -1;
+    r->t0 = tk__now_ms();
+    snprintf(r->method, sizeof r->method, "%s", method);
+    const union MHD_ConnectionInfo *ci = MHD_get_connection_info(c, MHD_CONNECTION_INFO_CLIENT_ADDRESS);
+    if (!ci || !ci->client_addr ||
+        getnameinfo(ci->client_addr, ci->client_addr->sa_family == AF_INET6 ? sizeof(struct sockaddr_in6)
+                                                                             : sizeof(struct sockaddr_in),
+                    r->client, sizeof r->client, NULL, 0, NI_NUMERICHOST) != 0)
+        snprintf(r->client, sizeof r->client, "-");
+    if (!(r->url = tk__strdup(url)))
+        return MHD_NO;
+    return dispatch(s, c, r, 1);
+}
+
+static size_t no_unescape(void *cls, struct MHD_Connection *c, char *uri)
+{
+    return strlen(uri);
+}
+
+static void on_completed(void *cls, struct MHD_Connection *c, void **con_cls, enum MHD_RequestTerminationCode toe)
+{
+    tk_server *s = cls;
+    req *r = *con_cls;
+    if (!r)
+        return;
+    *con_cls = NULL;
+    if (r->fd >= 0)
+        close(r->fd);
+    if (r->tmp)
+        unlink(r->tmp);
+    const char *how = toe == MHD_REQUEST_TERMINATED_COMPLETED_OK ? "" :
+                      toe == MHD_REQUEST_TERMINATED_TIMEOUT_REACHED ? " (timed out)" :
+                      toe == MHD_REQUEST_TERMINATED_CLIENT_ABORT ? " (client went away)" : " (closed)";
+    say(s, TK_LOG_INFO, "%s \"%s %s\" %u %llu %.1fms%s", r->client, r->method, r->url ? r->url : "-", r->status,
+        (unsigned long long)r->bytes, tk__now_ms() - r->t0, how);
+    free(r->tmp);
+    free(r->url);
+    free(r);
+}
+
+static void on_mhd_log(void *cls, const char *fmt, va_list ap)
+{
+    tk_server *s = cls;
+    char msg[512];
+    vsnprintf(msg, sizeof msg, fmt, ap);
+    size_t n = strlen(msg);
+    while (n && msg[n - 1] == '\n')
+        msg[--n] = '\0';
+    if (s->log)
+        s->log(s->log_user, TK_LOG_WARN, msg);
+}
+
+/* ---- lifecycle ----------------------------------------------------------------------------------- */
+
+int tk_server_new(tk_server **out, const tk_serve_opts *opts)
+{
+    if (out)
+        *out = NULL;
+    if (!out || !opts || !opts->root || opts->version < 1)
+        return tk__err(TK_ERR_INVALID, "tk_server_new: out and opts with a root are required");
+    const char *listen = opts->listen ? opts->listen : "127.0.0.1:8080";
+    char host[128];
+    const char *colon = strrchr(listen, ':');
+    if (!colon || (size_t)(colon - listen) >= sizeof host)
+        return tk__err(TK_ERR_INVALID, "listen address '%s' is not HOST:PORT (e.g. 127.0.0.1:8080 or [::1]:8080)",
+                       listen);
+    memcpy(host, listen, (size_t)(colon - listen));
+    host[colon - listen] = '\0';
+    if (host[0] == '[' && host[strlen(host) - 1] == ']') {
+        memmove(host, host + 1, strlen(host));
+        host[strlen(host) - 1] = '\0';
+    }
+    int64_t port;
+    if (tk__parse_i64(colon + 1, 0, 65535, &port) != 0)
+        return tk__err(TK_ERR_INVALID, "listen address '%s': the port must be 0..65535", listen);
+    struct addrinfo hints, *ai = NULL;
+    memset(&hints, 0, sizeof hints);
+    hints.ai_socktype = SOCK_STREAM;
+    hints.ai_flags = AI_PASSIVE | AI_NUMERICSERV;
+    int g = getaddrinfo(host[0] ? host : NULL, colon + 1, &hints, &ai);
+    if (g != 0 || !ai)
+        return tk__err(TK_ERR_INVALID, "listen address '%s': %s", listen, gai_strerror(g));
+
+    int rc = TK_OK;
+    tk_server *s = calloc(1, sizeof *s);
+    if (!s) {
+        freeaddrinfo(ai);
+        return tk__err(TK_ERR_NOMEM, "out of memory");
+    }
+    s->magic = SERVER_MAGIC;
+    pthread_mutex_init(&s->mu, NULL);
+    s->max_upload = opts->max_upload > 0 ? opts->max_upload : (int64_t)512 << 20;
+    s->log = opts->log;
+    s->log_user = opts->log_user;
+    char *tmpdir = NULL;
+    if ((rc = tk__mkdirs(opts->root, 0755)) != TK_OK)
+        goto fail;
+    if (!(s->root = realpath(opts->root, NULL))) {
+        rc = tk__err_sys("cannot resolve the registry root", opts->root);
+        goto fail;
+    }
+    /* Uploads a killed server left behind are garbage: they were never part of the tree. */
+    if (!(tmpdir = tk__fmt("%s/" STATE_DIR "/tmp", s->root))) {
+        rc = tk__err(TK_ERR_NOMEM, "out of memory");
+        goto fail;
+    }
+    tk__rmtree(tmpdir);
+    unsigned flags = MHD_USE_AUTO_INTERNAL_THREAD | MHD_USE_ERROR_LOG;
+    if (ai->ai_family == AF_INET6)
+        flags |= MHD_USE_IPv6;
+    s->d = MHD_start_daemon(
+        flags, (uint16_t)port, NULL, NULL, on_request, s, MHD_OPTION_EXTERNAL_LOGGER, on_mhd_log, s,
+        MHD_OPTION_SOCK_ADDR, ai->ai_addr,
+        MHD_OPTION_THREAD_POOL_SIZE, (unsigned)(opts->threads ? opts->threads : 4), MHD_OPTION_CONNECTION_LIMIT,
+        (unsigned)(opts->max_connections ? opts->max_connections : 256), MHD_OPTION_PER_IP_CONNECTION_LIMIT,
+        (unsigned)(opts->max_per_ip ? opts->max_per_ip : 32), MHD_OPTION_CONNECTION_TIMEOUT,
+        (unsigned)(opts->timeout_s ? opts->timeout_s : 30),
+        /* The request line and headers must fit here; more gets 431. */
+        MHD_OPTION_CONNECTION_MEMORY_LIMIT, (size_t)(64 << 10), MHD_OPTION_NOTIFY_COMPLETED, on_completed, s,
+        MHD_OPTION_UNESCAPE_CALLBACK, no_unescape, s, MHD_OPTION_END);
+    if (!s->d) {
+        rc = tk__err(TK_ERR_IO, "cannot listen on %s (address in use, or not permitted)\n"
+                     "HINT: pick another port with --listen HOST:PORT", listen);
+        goto fail;
+    }
+    freeaddrinfo(ai);
+    free(tmpdir);
+    *out = s;
+    return TK_OK;
+fail:
+    freeaddrinfo(ai);
+    free(tmpdir);
+    tk_server_free(s);
+    return rc;
+}
+
+int tk_server_port(const tk_server *s)
+{
+    if (!s || s->magic != SERVER_MAGIC || !s->d)
+        return 0;
+    const union MHD_DaemonInfo *info = MHD_get_daemon_info(s->d, MHD_DAEMON_INFO_BIND_PORT);
+    return info ? info->port : 0;
+}
+
+void tk_server_free(tk_server *s)
+{
+    if (!s || s->magic != SERVER_MAGIC)
+        return;
+    if (s->d)
+        MHD_stop_daemon(s->d);
+    pthread_mutex_destroy(&s->mu);
+    free(s->root);
+    s->magic = 0;
+    free(s);
+}

@@ -1,0 +1,32 @@
+/*
+ * tree.h — writing versions into a static registry tree (docs/package-format.md, "Registry layout"),
+ * shared by `tk publish --to` (publish.c) and `tk serve` uploads (serve.c). Callers hold the tree's
+ * .tk-publish.lock while they write.
+ */
+#ifndef TK_HUB_TREE_H
+#define TK_HUB_TREE_H
+
+#include <jansson.h>
+
+/* The commit a branch link (resolve/v<N>, resolve/main) points to, or NULL (malloc'd). */
+char *tk_hub__tree_branch_head(const char *resolve_dir, const char *branch);
+/* Points dir/name at target by an atomic rename of a fresh symlink. */
+int tk_hub__tree_set_symlink(const char *dir, const char *name, const char *target);
+/* Writes j (indented, newline-terminated) to path atomically. */
+int tk_hub__tree_write_json(const char *path, json_t *j);
+/* The Hub-shaped info document of one revision (new reference). */
+json_t *tk_hub__tree_info_doc(const char *name, const char *commit, const char *archive_name,
+                              const char *version, int major);
+/* A commit's manifest in the tree as JSON, or NULL. */
+json_t *tk_hub__tree_commit_manifest(const char *resolve_dir, const char *commit);
+/* The version in a commit's manifest, or NULL (malloc'd). */
+char *tk_hub__tree_commit_version(const char *resolve_dir, const char *commit);
+/* Rewrites refs, the branch revision documents, the package's index.json and the tree's index.json
+ * after branch v<new_major> moved to new_commit. */
+int tk_hub__tree_update_refs(const char *tree, const char *api_dir, const char *resolve_dir, const char *name,
+                             int new_major, const char *new_commit, const char *archive_name);
+/* The commit id of a version: 40 hex of sha256 over the parent and the three files' names and digests. */
+int tk_hub__tree_commit_id(char out[41], const char *parent, const char *const names[3],
+                           const char *const shas[3]);
+
+#endif

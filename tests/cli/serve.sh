@@ -1,0 +1,408 @@
+#!/usr/bin/env bash
+# tk serve end to end through the real tk binary: the Hub-style read API and its headers, error codes,
+# tk get against the server versus file:// of the same tree, hostile paths, oversized headers, slow
+# clients, tokens, signed uploads (good, tampered, untrusted, too large) and a kill -9 mid-upload.
+. "$(dirname "$0")/lib.sh"
+
+if ! "$TK" serve --help >/dev/null 2>&1; then
+  echo "skip: this tk has no 'serve' command"; echo "0 passed, 0 failed, 1 skipped"; exit 0
+fi
+
+KEY=$WORK/pub.key
+"$TK" keygen "$KEY" >/dev/null || { echo "keygen failed"; exit 1; }
+PUB=$(cat "$KEY.pub")
+
+# make_pkg DIR VERSION [NAME]: a small package (default "tktest/demo").
+make_pkg() {
+  local dir=$1 ver=$2 name=${3:-tktest/demo}
+  rm -rf "$dir"; mkdir -p "$dir"
+  cat >"$dir/kernel.json" <<EOF
+{"name": "$name", "version": "$ver", "license": "MIT", "description": "test <i>package</i>",
+ "kernels": [{"name": "scale_f32", "op": "scale", "source": "scale.cu", "symbol": "scale",
+   "params": [{"name": "out", "type": "tensor", "dtype": "f32"}, {"name": "n", "type": "i64", "value": "numel(out)"}],
+   "launch": {"grid": ["cdiv(n, 256)"], "block": ["256"], "smem": "0"}}]}
+EOF
+  printf 'extern "C" __global__ void scale(float *out, long long n) { /* %s */ }\n' "$ver" >"$dir/scale.cu"
+  printf '# demo %s <script>alert(1)</script>\n' "$ver" >"$dir/README.md"
+}
+
+# version_tar VERSION OUT [NAME] [KEY]: publishes a version into a scratch tree and tars its three
+# files, the upload body.
+version_tar() {
+  local ver=$1 out=$2 name=${3:-tktest/demo} key=${4:-$KEY} t=$WORK/scratch-$RANDOM
+  make_pkg "$WORK/p-$ver" "$ver" "$name"
+  "$TK" publish "$WORK/p-$ver" --to "$t" --key "$key" -q >/dev/null || { fail "publish $ver"; return 1; }
+  (cd "$t/kernels/$name/resolve/v${ver%%.*}" && tar cf "$out" manifest.json manifest.json.sig source.tar.gz)
+}
+
+REG=$WORK/reg
+make_pkg "$WORK/pkg" 1.0.0
+"$TK" publish "$WORK/pkg" --to "$REG" --key "$KEY" -q >/dev/null || { echo "publish failed"; exit 1; }
+COMMIT=$(readlink "$REG/kernels/tktest/demo/resolve/v1")
+VDIR=$REG/kernels/tktest/demo/resolve/$COMMIT
+
+# start_serve ROOT [OPTIONS...]: runs tk serve on a free port; sets URL and SERVE_PID.
+SERVE_PID=
+start_serve() {
+  local root=$1; shift
+  : >"$WORK/serve.log"
+  "$TK" serve --root "$root" --listen 127.0.0.1:0 "$@" 2>>"$WORK/serve.log" &
+  SERVE_PID=$!
+  local port=
+  for _ in $(seq 100); do
+    port=$(sed -n 's#.*serving .* on http://127.0.0.1:\([0-9]*\).*#\1#p' "$WORK/serve.log")
+    [ -n "$port" ] && break; sleep 0.05
+  done
+  [ -n "$port" ] || { fail "tk serve did not start: $(cat "$WORK/serve.log")"; return 1; }
+  URL=http://127.0.0.1:$port
+}
+# stop_serve: SIGTERM, then the server must exit 0 with no sanitizer report in its log.
+stop_serve() {
+  [ -n "$SERVE_PID" ] || return 0
+  kill "$SERVE_PID" 2>/dev/null; wait "$SERVE_PID" 2>/dev/null; local rc=$?; SERVE_PID=
+  [ $rc = 0 ] || fail "tk serve exited $rc after SIGTERM"
+  if grep -q -e AddressSanitizer -e LeakSanitizer -e 'runtime error' "$WORK/serve.log"; then
+    fail "sanitizer report:"; sed 's/^/      /' "$WORK/serve.log" | head -40 >&2
+  fi
+}
+trap 'stop_serve; cleanup' EXIT
+
+# req ARGS...: curl; sets CODE, BODY (file $WORK/body) and headers in $WORK/hdr.
+req() { CODE=$(curl -s -o "$WORK/body" -D "$WORK/hdr" -w '%{http_code}' "$@"); }
+hdr() { tr -d '\r' <"$WORK/hdr" | sed -n "s/^$1: //Ip" | tail -n 1; }
+expect_code() { [ "$CODE" = "$1" ] || fail "line ${BASH_LINENO[0]}: HTTP $CODE, want $1; body: $(head -c 300 "$WORK/body")"; }
+expect_hdr() { local v; v=$(hdr "$1"); [ "$v" = "$2" ] || fail "line ${BASH_LINENO[0]}: header $1 is '$v', want '$2'"; }
+sha() { sha256sum "$1" | cut -d' ' -f1; }
+
+t_read_endpoints() {
+  start_serve "$REG" || return
+  local rev
+  for rev in "" /revision/v1 /revision/main /revision/$COMMIT /refs; do
+    req "$URL/api/kernels/tktest/demo$rev"; expect_code 200
+    expect_hdr Content-Type application/json
+    local f=$REG/api/kernels/tktest/demo${rev:-/index.json}
+    cmp -s "$WORK/body" "$f" || fail "GET /api/kernels/tktest/demo$rev differs from $f"
+    expect_hdr ETag "\"$(sha "$f")\""
+  done
+  python3 -c 'import json,sys; d=json.load(open(sys.argv[1])); assert d["branches"][0]["targetCommit"]==sys.argv[2]' \
+    "$WORK/body" "$COMMIT" || fail "refs"
+  req "$URL/api/kernels/tktest/demo/revision/v1"; expect_hdr X-Repo-Commit "$COMMIT"
+  req "$URL/api/kernels/tktest/demo/tree/v1"; expect_code 200; expect_hdr X-Repo-Commit "$COMMIT"
+  python3 - "$WORK/body" "$VDIR" <<'EOF' || fail "tree listing"
+import hashlib, json, os, sys
+d = json.load(open(sys.argv[1]))
+assert [e["path"] for e in d] == ["manifest.json", "manifest.json.sig", "source.tar.gz"], d
+for e in d:
+    data = open(os.path.join(sys.argv[2], e["path"]), "rb").read()
+    assert e["type"] == "file" and e["size"] == len(data) and e["oid"] == hashlib.sha256(data).hexdigest(), e
+EOF
+  local f rev2
+  for rev2 in v1 main "$COMMIT"; do
+    for f in manifest.json manifest.json.sig source.tar.gz; do
+      req "$URL/kernels/tktest/demo/resolve/$rev2/$f"; expect_code 200
+      cmp -s "$WORK/body" "$VDIR/$f" || fail "resolve/$rev2/$f differs"
+      expect_hdr ETag "\"$(sha "$VDIR/$f")\""
+      expect_hdr X-Repo-Commit "$COMMIT"
+      expect_hdr Content-Length "$(stat -c %s "$VDIR/$f")"
+    done
+  done
+  req "$URL/index.json"; expect_code 200
+  stop_serve
+}
+
+t_head_range_etag() {
+  start_serve "$REG" || return
+  local u=$URL/kernels/tktest/demo/resolve/v1/source.tar.gz f=$VDIR/source.tar.gz size
+  size=$(stat -c %s "$f")
+  req -I "$u"; expect_code 200
+  [ "$(curl -s -I -o /dev/null -w '%{size_download}' "$u")" = 0 ] || fail "HEAD returned a body"
+  expect_hdr Content-Length "$size"; expect_hdr ETag "\"$(sha "$f")\""; expect_hdr X-Repo-Commit "$COMMIT"
+  expect_hdr Accept-Ranges bytes
+  req -H "Range: bytes=10-19" "$u"; expect_code 206
+  expect_hdr Content-Range "bytes 10-19/$size"; expect_hdr Content-Length 10
+  cmp -s "$WORK/body" <(tail -c +11 "$f" | head -c 10) || fail "range 10-19 has the wrong bytes"
+  req -H "Range: bytes=100-" "$u"; expect_code 206
+  expect_hdr Content-Range "bytes 100-$((size - 1))/$size"
+  cmp -s "$WORK/body" <(tail -c +101 "$f") || fail "range 100- has the wrong bytes"
+  req -H "Range: bytes=-5" "$u"; expect_code 206
+  cmp -s "$WORK/body" <(tail -c 5 "$f") || fail "suffix range"
+  req -H "Range: bytes=$size-" "$u"; expect_code 416; expect_hdr Content-Range "bytes */$size"
+  req -H "Range: bytes=99999999-" "$u"; expect_code 416
+  req -H "If-None-Match: \"$(sha "$f")\"" "$u"; expect_code 304
+  [ -s "$WORK/body" ] && fail "304 has a body"
+  expect_hdr ETag "\"$(sha "$f")\""
+  req -H "If-None-Match: \"0000\", W/\"$(sha "$f")\"" "$u"; expect_code 304
+  req -H "If-None-Match: \"0000\"" "$u"; expect_code 200
+  stop_serve
+}
+
+t_error_codes() {
+  start_serve "$REG" || return
+  req "$URL/api/kernels/tktest/nope"; expect_code 404; expect_hdr X-Error-Code RepoNotFound
+  python3 -c 'import json,sys; assert "error" in json.load(open(sys.argv[1]))' "$WORK/body" || fail "error body is not JSON"
+  req "$URL/kernels/nobody/nope/resolve/v1/manifest.json"; expect_code 404; expect_hdr X-Error-Code RepoNotFound
+  req -I "$URL/kernels/nobody/nope/resolve/v1/manifest.json"; expect_code 404; expect_hdr X-Error-Code RepoNotFound
+  req "$URL/api/kernels/tktest/demo/revision/v7"; expect_code 404; expect_hdr X-Error-Code RevisionNotFound
+  req "$URL/api/kernels/tktest/demo/tree/0123456789012345678901234567890123456789"; expect_code 404
+  expect_hdr X-Error-Code RevisionNotFound
+  req "$URL/kernels/tktest/demo/resolve/v7/manifest.json"; expect_code 404; expect_hdr X-Error-Code RevisionNotFound
+  req "$URL/kernels/tktest/demo/resolve/0123456789012345678901234567890123456789/manifest.json"; expect_code 404
+  expect_hdr X-Error-Code RevisionNotFound
+  req "$URL/kernels/tktest/demo/resolve/v1/nope.txt"; expect_code 404; expect_hdr X-Error-Code EntryNotFound
+  req -X DELETE "$URL/api/kernels/tktest/demo"; expect_code 405
+  stop_serve
+}
+
+t_get_same_as_file_endpoint() {
+  start_serve "$REG" || return
+  local a=$WORK/home-a b=$WORK/home-b
+  mkdir -p "$a" "$b"
+  TK_HOME=$a "$TK" trust add tktest "$PUB" -q; TK_HOME=$b "$TK" trust add tktest "$PUB" -q
+  TK_HOME=$a TK_ENDPOINT=file://$REG expect_rc 0 "$TK" get tktest/demo
+  TK_HOME=$b TK_ENDPOINT=$URL expect_rc 0 "$TK" get tktest/demo
+  expect_out "installed tktest/demo 1.0.0"
+  TK_HOME=$a "$TK" --json info tktest/demo >"$WORK/info-a" || fail "info a"
+  TK_HOME=$b "$TK" --json info tktest/demo >"$WORK/info-b" || fail "info b"
+  python3 - "$WORK/info-a" "$WORK/info-b" <<'EOF' || fail "tk get via tk serve installed something else than via file://"
+import json, sys
+def norm(d):
+    if isinstance(d, dict):
+        return {k: norm(v) for k, v in d.items() if k not in ("installed_at", "store_path", "path_in_store", "fresh", "registry")}
+    if isinstance(d, list):
+        return [norm(x) for x in d]
+    return d
+a, b = (norm(json.load(open(p))) for p in sys.argv[1:3])
+assert a == b, (a, b)
+EOF
+  TK_HOME=$b TK_ENDPOINT=$URL expect_rc 0 "$TK" verify tktest/demo
+  TK_HOME=$b TK_ENDPOINT=$URL expect_rc 3 "$TK" get tktest/nope
+  stop_serve
+}
+
+t_traversal_refused() {
+  local root=$WORK/trav; rm -rf "$root"; cp -a "$REG" "$root"
+  local d=$root/kernels/tktest/demo/resolve/$COMMIT
+  echo secret >"$WORK/secret.txt"
+  ln -s "$WORK/secret.txt" "$d/evil"                       # a symlink in the tree pointing out
+  ln -s "$WORK" "$root/kernels/tktest/demo/resolve/v9"       # a branch link pointing out
+  start_serve "$root" || return
+  "$TK" serve token add --org tktest --root "$root" -q >/dev/null
+  local p
+  for p in "/kernels/../../etc/passwd" "/kernels/tktest/demo/resolve/v1/../../../../../../etc/passwd" \
+           "/kernels/tktest/demo/resolve/v1/%2e%2e/%2e%2e/%2e%2e/%2e%2e/%2e%2e/etc/passwd" \
+           "/kernels/tktest/demo/resolve/v1/%2E%2E%2F%2E%2E%2F%2E%2E%2F%2E%2E%2Fetc%2Fpasswd" \
+           "/kernels/tktest/demo/resolve/v1/..%5c..%5c..%5cetc%5cpasswd" \
+           "/kernels/tktest/demo/resolve/v1/manifest.json%00.txt" \
+           "/.tk-serve/tokens.json" "/kernels/tktest/demo/resolve/v1/%2e%2e/%2e%2e/%2e%2e/%2e%2e/.tk-serve/tokens.json" \
+           "/kernels/tktest/demo/resolve/v1/evil" "/kernels/tktest/demo/resolve/v9/secret.txt" \
+           "/kernels/tktest/demo/resolve/.tmp-x/manifest.json" "/api/kernels/tktest/demo/revision/..%2f..%2f..%2findex.json"; do
+    req --path-as-is "$URL$p"
+    case $CODE in 200|206) fail "GET $p answered $CODE";; esac
+    grep -q -e root: -e secret -e sha256 "$WORK/body" && fail "GET $p leaked: $(head -c 200 "$WORK/body")"
+  done
+  # the server still works
+  req "$URL/kernels/tktest/demo/resolve/v1/manifest.json"; expect_code 200
+  stop_serve
+}
+
+t_oversized_header_and_slow_clients() {
+  start_serve "$REG" --timeout 2 || return
+  local port=${URL##*:}
+  python3 - "$port" <<'EOF' || fail "oversized header or slow clients disturbed the server"
+import socket, sys, time, threading, urllib.request
+port = int(sys.argv[1])
+url = "http://127.0.0.1:%d/kernels/tktest/demo/resolve/v1/manifest.json" % port
+def ok_fast():
+    t = time.time()
+    with urllib.request.urlopen(url, timeout=5) as r:
+        assert r.status == 200 and len(r.read()) > 0
+    return time.time() - t
+# 1. An oversized header: 431, or the connection closed; never served.
+big = socket.create_connection(("127.0.0.1", port))
+big.sendall(b"GET /kernels/tktest/demo/resolve/v1/manifest.json HTTP/1.1\r\nHost: x\r\nX-Big: ")
+stop = threading.Event()
+def pump():
+    try:
+        while not stop.is_set():
+            big.sendall(b"a" * 4096)
+    except OSError:
+        pass
+th = threading.Thread(target=pump); th.start()
+assert ok_fast() < 2, "a normal request was slow while a huge header was being sent"
+time.sleep(0.3); stop.set()
+big.settimeout(3)
+try:
+    resp = big.recv(200)
+except (ConnectionResetError, socket.timeout):
+    resp = b""
+th.join()
+assert resp == b"" or b" 431 " in resp.split(b"\r\n")[0], resp
+# 2. Slow clients: half a request each, held open.
+slow = []
+for _ in range(16):
+    s = socket.create_connection(("127.0.0.1", port))
+    s.sendall(b"GET /kernels/tktest/demo/resolve/v1/manifest.json HTTP/1.1\r\nHost: x\r\n")
+    slow.append(s)
+for _ in range(5):
+    d = ok_fast()
+    assert d < 1.0, "a normal request took %.2fs while slow clients were connected" % d
+# 3. The connection timeout (2 s) closes them.
+t = time.time()
+slow[0].settimeout(8)
+try:
+    got = slow[0].recv(100)
+except ConnectionResetError:
+    got = b""
+assert got == b"" and time.time() - t < 7, (got, time.time() - t)
+EOF
+  stop_serve
+}
+
+# A server tree with a token for tktest and the test key trusted.
+SRV=
+server_tree() {
+  SRV=$WORK/srv-$1; rm -rf "$SRV"
+  TOKEN=$("$TK" serve token add --org tktest --root "$SRV" -q) || fail "token add"
+  [ ${#TOKEN} = 64 ] || fail "the token is not 64 hex: $TOKEN"
+  expect_rc 0 "$TK" serve trust add --org tktest "$PUB" --root "$SRV"
+  grep -q "$TOKEN" "$SRV/.tk-serve/tokens.json" && fail "the token itself was stored"
+}
+upload() { req -T "$1" -H "Authorization: Bearer $2" "$URL/api/upload/${3:-tktest/demo}"; }
+
+t_upload_auth() {
+  server_tree auth; start_serve "$SRV" || return
+  version_tar 1.0.0 "$WORK/up.tar" || return
+  req -T "$WORK/up.tar" "$URL/api/upload/tktest/demo"; expect_code 401; expect_hdr X-Error-Code Unauthorized
+  upload "$WORK/up.tar" 0000000000000000000000000000000000000000000000000000000000000000; expect_code 401
+  local other; other=$("$TK" serve token add --org other --root "$SRV" -q)
+  upload "$WORK/up.tar" "$other"; expect_code 403; expect_hdr X-Error-Code Forbidden
+  [ -e "$SRV/kernels/tktest/demo" ] && fail "a refused upload created the package"
+  req -X GET -H "Authorization: Bearer $TOKEN" "$URL/api/upload/tktest/demo"; expect_code 405
+  expect_rc 2 "$TK" serve token add --root "$SRV"
+  expect_rc 2 "$TK" serve trust add --org tktest --root "$SRV"
+  expect_rc 2 "$TK" serve --listen 127.0.0.1:0
+  stop_serve
+}
+
+t_upload_publish_and_get() {
+  server_tree pub; start_serve "$SRV" || return
+  version_tar 1.0.0 "$WORK/up1.tar" || return
+  upload "$WORK/up1.tar" "$TOKEN"; expect_code 201
+  expect_hdr X-Repo-Commit "$COMMIT"   # same files, same parent: the same commit as tk publish made
+  upload "$WORK/up1.tar" "$TOKEN"; expect_code 200   # identical: a no-op
+  diff -r "$REG/kernels" "$SRV/kernels" >/dev/null || fail "the uploaded tree differs from tk publish's"
+  diff -r "$REG/api" "$SRV/api" >/dev/null || fail "the uploaded api docs differ from tk publish's"
+  version_tar 1.0.1 "$WORK/up2.tar" || return
+  upload "$WORK/up2.tar" "$TOKEN"; expect_code 201
+  local c2; c2=$(hdr X-Repo-Commit)
+  [ "$(readlink "$SRV/kernels/tktest/demo/resolve/v1")" = "$c2" ] || fail "branch v1 did not move"
+  upload "$WORK/up1.tar" "$TOKEN"; expect_code 409; expect_hdr X-Error-Code VersionConflict
+  version_tar 2.0.0 "$WORK/up3.tar" || return
+  upload "$WORK/up3.tar" "$TOKEN"; expect_code 201
+  "$TK" trust add tktest "$PUB" -q
+  TK_ENDPOINT=$URL expect_rc 0 "$TK" get tktest/demo@1
+  expect_out "1.0.1"
+  TK_ENDPOINT=$URL expect_rc 0 "$TK" get tktest/demo
+  expect_out "2.0.0"
+  req "$URL/"; expect_code 200
+  grep -q 'name=viewport' "$WORK/body" || fail "page: no viewport meta"
+  grep -q 'tktest/demo' "$WORK/body" || fail "page: no package"
+  grep -q '2.0.0' "$WORK/body" && grep -q '1.0.1' "$WORK/body" || fail "page: versions missing"
+  grep -q '<code>scale</code>' "$WORK/body" || fail "page: op missing"
+  grep -q "$("$TK" --json trust list | python3 -c 'import json,sys; print([k["keyid"] for k in json.load(sys.stdin) if k["org"] == "tktest"][0])')" "$WORK/body" \
+    || fail "page: signer fingerprint missing"
+  grep -q '&lt;script&gt;alert(1)&lt;/script&gt;' "$WORK/body" || fail "page: README missing or not escaped"
+  grep -q '<script>' "$WORK/body" && fail "page: unescaped HTML"
+  grep -q '"GET / HTTP\|"GET /"' "$WORK/serve.log" || fail "no request log line"
+  stop_serve
+}
+
+t_upload_bad_content_refused() {
+  server_tree bad; start_serve "$SRV" || return
+  version_tar 1.0.0 "$WORK/good.tar" || return
+  local x=$WORK/x; rm -rf "$x"; mkdir -p "$x"; tar xf "$WORK/good.tar" -C "$x"
+  # tampered manifest
+  sed -i 's/test <i>package/evil <i>package/' "$x/manifest.json"
+  (cd "$x" && tar cf "$WORK/t.tar" manifest.json manifest.json.sig source.tar.gz)
+  upload "$WORK/t.tar" "$TOKEN"; expect_code 422; expect_hdr X-Error-Code SignatureInvalid
+  # re-signed by an untrusted key
+  "$TK" keygen "$WORK/evil.key" >/dev/null
+  sign_file "$WORK/evil.key" "$x/manifest.json"
+  (cd "$x" && tar cf "$WORK/t.tar" manifest.json manifest.json.sig source.tar.gz)
+  upload "$WORK/t.tar" "$TOKEN"; expect_code 403; expect_hdr X-Error-Code UntrustedSigner
+  grep -q "tk serve trust add" "$WORK/body" || fail "no hint on how to trust the signer"
+  # validly signed, wrong archive
+  tar xf "$WORK/good.tar" -C "$x"; echo junk >>"$x/source.tar.gz"
+  (cd "$x" && tar cf "$WORK/t.tar" manifest.json manifest.json.sig source.tar.gz)
+  upload "$WORK/t.tar" "$TOKEN"; expect_code 422; expect_hdr X-Error-Code DigestMismatch
+  # another package's version uploaded to this name
+  version_tar 1.0.0 "$WORK/o.tar" tktest/other || return
+  upload "$WORK/o.tar" "$TOKEN"; expect_code 422; expect_hdr X-Error-Code ManifestInvalid
+  # a manifest signed by a trusted key whose files do not match the archive
+  tar xf "$WORK/good.tar" -C "$x"
+  python3 - "$x/manifest.json" <<'EOF'
+import json, sys
+m = json.load(open(sys.argv[1])); m["files"][0]["sha256"] = "0" * 64
+open(sys.argv[1], "w").write(json.dumps(m, indent=2) + "\n")
+EOF
+  sign_file "$KEY" "$x/manifest.json"
+  (cd "$x" && tar cf "$WORK/t.tar" manifest.json manifest.json.sig source.tar.gz)
+  upload "$WORK/t.tar" "$TOKEN"; expect_code 422
+  # not the three files
+  tar xf "$WORK/good.tar" -C "$x"; echo hi >"$x/extra"
+  (cd "$x" && tar cf "$WORK/t.tar" manifest.json manifest.json.sig source.tar.gz extra)
+  upload "$WORK/t.tar" "$TOKEN"; expect_code 400
+  (cd "$x" && tar cf "$WORK/t.tar" manifest.json source.tar.gz)
+  upload "$WORK/t.tar" "$TOKEN"; expect_code 400
+  echo "not a tar" >"$WORK/t.tar"; upload "$WORK/t.tar" "$TOKEN"; expect_code 400
+  [ -z "$(ls -A "$SRV/kernels/tktest/demo/resolve" 2>/dev/null)" ] || fail "a refused upload left files in the tree"
+  [ -e "$SRV/api/kernels/tktest/demo" ] && fail "a refused upload wrote api docs"
+  [ -z "$(ls -A "$SRV/.tk-serve/tmp" 2>/dev/null)" ] || fail "temp files left behind"
+  stop_serve
+}
+
+t_upload_too_large() {
+  server_tree big; start_serve "$SRV" --max-upload 2000 || return
+  version_tar 1.0.0 "$WORK/up.tar" || return
+  upload "$WORK/up.tar" "$TOKEN"; expect_code 413; expect_hdr X-Error-Code PayloadTooLarge
+  # chunked (no Content-Length): the connection is dropped past the cap
+  CODE=$(curl -s -o /dev/null -w '%{http_code}' -H "Transfer-Encoding: chunked" -H "Authorization: Bearer $TOKEN" \
+    --data-binary @"$WORK/up.tar" -X PUT "$URL/api/upload/tktest/demo")
+  case $CODE in 2*) fail "a chunked upload over the cap was accepted ($CODE)";; esac
+  [ -e "$SRV/kernels/tktest/demo/resolve/v1" ] && fail "an oversized upload was published"
+  req "$URL/"; expect_code 200
+  stop_serve
+}
+
+t_kill_during_upload_leaves_no_version() {
+  server_tree kill; start_serve "$SRV" || return
+  version_tar 1.0.0 "$WORK/up1.tar" || return
+  upload "$WORK/up1.tar" "$TOKEN"; expect_code 201
+  local before; before=$(find "$SRV" -path "$SRV/.tk-serve" -prune -o -print | sort | md5sum)
+  version_tar 1.0.1 "$WORK/up2.tar" || return
+  # Send the headers and half the body, then kill -9 the server.
+  python3 - "${URL##*:}" "$WORK/up2.tar" "$TOKEN" <<'EOF' &
+import socket, sys, time
+port, path, token = int(sys.argv[1]), sys.argv[2], sys.argv[3]
+body = open(path, "rb").read()
+s = socket.create_connection(("127.0.0.1", port))
+s.sendall(("PUT /api/upload/tktest/demo HTTP/1.1\r\nHost: x\r\nAuthorization: Bearer %s\r\n"
+           "Content-Length: %d\r\n\r\n" % (token, len(body))).encode() + body[: len(body) // 2])
+time.sleep(3)
+EOF
+  local py=$!
+  for _ in $(seq 50); do [ -n "$(ls -A "$SRV/.tk-serve/tmp" 2>/dev/null)" ] && break; sleep 0.05; done
+  [ -n "$(ls -A "$SRV/.tk-serve/tmp" 2>/dev/null)" ] || fail "the upload never started"
+  kill -9 "$SERVE_PID"; wait "$SERVE_PID" 2>/dev/null; SERVE_PID=
+  kill "$py" 2>/dev/null; wait "$py" 2>/dev/null
+  local after; after=$(find "$SRV" -path "$SRV/.tk-serve" -prune -o -print | sort | md5sum)
+  [ "$before" = "$after" ] || fail "a killed upload changed the tree"
+  start_serve "$SRV" || return
+  [ -z "$(ls -A "$SRV/.tk-serve/tmp" 2>/dev/null)" ] || fail "a restart did not clear the dead upload"
+  req "$URL/api/kernels/tktest/demo/refs"; expect_code 200
+  grep -q "$COMMIT" "$WORK/body" || fail "refs lost the published version"
+  upload "$WORK/up2.tar" "$TOKEN"; expect_code 201   # and the same upload works afterwards
+  stop_serve
+}
+
+run_tests
