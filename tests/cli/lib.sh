@@ -58,7 +58,11 @@ sign_file() {
 
 WORK=$(mktemp -d /tmp/tk-test.XXXXXX)
 chmod 755 "$WORK"   # nginx workers run as an unprivileged user
-cleanup() { stop_nginx; [ -n "${FAULT_PID:-}" ] && kill "$FAULT_PID" 2>/dev/null; rm -rf "$WORK"; }
+cleanup() {
+  stop_nginx; [ -n "${FAULT_PID:-}" ] && kill "$FAULT_PID" 2>/dev/null
+  grep -q " $WORK/" /proc/mounts 2>/dev/null && awk -v w="$WORK/" 'index($2, w) == 1 {print $2}' /proc/mounts | xargs -r -n1 umount -l
+  rm -rf "$WORK"
+}
 trap cleanup EXIT
 
 run_tests() {
