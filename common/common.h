@@ -32,6 +32,9 @@ int tk__errno_status(int e);
 int tk__err_sys(const char *what, const char *path);
 void tk__err_clear(void);
 
+/* Formats a message and hands it to a log callback (nothing when log is NULL). */
+void tk__logf(tk_log_fn log, void *user, int level, const char *fmt, ...) TK_PRINTF(4, 5);
+
 /* ---- memory and strings ----------------------------------------------------------------------- */
 
 char *tk__strdup(const char *s);                       /* NULL on NULL or OOM */
@@ -94,6 +97,8 @@ int tk__path_exists(const char *path);
 int tk__is_dir(const char *path);
 /* Copies src to dst atomically. */
 int tk__copy_file(const char *src, const char *dst, mode_t mode);
+/* The directory part of path ("." or "/" at the ends), malloc'd. */
+char *tk__dirname(const char *path);
 /* "a" + "/" + "b", malloc'd. */
 char *tk__path_join(const char *a, const char *b);
 /* A fresh, unique temp path inside dir: dir/.tmp-<prefix>-<pid>-<rand>. malloc'd. */

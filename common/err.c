@@ -104,5 +104,17 @@ const char *tk_status_str(int status)
     }
 }
 
+void tk__logf(tk_log_fn log, void *user, int level, const char *fmt, ...)
+{
+    if (!log)
+        return;
+    char msg[1024];
+    va_list ap;
+    va_start(ap, fmt);
+    vsnprintf(msg, sizeof msg, fmt, ap);
+    va_end(ap);
+    log(user, level, msg);
+}
+
 int tk_version_number(void) { return TK_VERSION_NUMBER; }
 const char *tk_version_string(void) { return TK_VERSION_STRING; }

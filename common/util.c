@@ -362,7 +362,7 @@ char *tk__tmp_path(const char *dir, const char *prefix)
     return tk__fmt("%s/.tmp-%s-%ld-%08x", dir, prefix, (long)getpid(), r);
 }
 
-static char *dir_of(const char *path)
+char *tk__dirname(const char *path)
 {
     const char *slash = strrchr(path, '/');
     if (!slash)
@@ -375,7 +375,7 @@ static char *dir_of(const char *path)
 int tk__write_atomic(const char *path, const void *data, size_t n, mode_t mode)
 {
     int rc = TK_OK, fd = -1;
-    char *dir = dir_of(path);
+    char *dir = tk__dirname(path);
     char *tmp = dir ? tk__tmp_path(dir, "w") : NULL;
     if (!dir || !tmp) {
         rc = tk__err(TK_ERR_NOMEM, "out of memory");

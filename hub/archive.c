@@ -100,16 +100,6 @@ static int arc_err(struct archive *a, int fallback, const char *what, const char
                    code == TK_ERR_ARCHIVE ? HINT_HOSTILE : "");
 }
 
-static char *dir_of(const char *path)
-{
-    const char *slash = strrchr(path, '/');
-    if (!slash)
-        return tk__strdup(".");
-    if (slash == path)
-        return tk__strdup("/");
-    return tk__strndup(path, (size_t)(slash - path));
-}
-
 static int cmp_str_ptr(const void *a, const void *b)
 {
     return strcmp(*(const char *const *)a, *(const char *const *)b);
@@ -217,7 +207,7 @@ int tk_hub__archive_create(const char *out_path, const char *src_dir, const char
             }
     }
 
-    if (!(dir = dir_of(out_path)) || !(tmp = tk__tmp_path(dir, "archive")) || !(buf = malloc(CHUNK)) ||
+    if (!(dir = tk__dirname(out_path)) || !(tmp = tk__tmp_path(dir, "archive")) || !(buf = malloc(CHUNK)) ||
         !(a = archive_write_new()) || !(e = archive_entry_new())) {
         rc = tk__err(TK_ERR_NOMEM, "out of memory");
         goto done;

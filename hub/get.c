@@ -25,18 +25,7 @@
 #include "hub/manifest.h"
 #include "hub/sign.h"
 
-static void say(const tk_hub_env *env, int level, const char *fmt, ...) TK_PRINTF(3, 4);
-static void say(const tk_hub_env *env, int level, const char *fmt, ...)
-{
-    if (!env->log)
-        return;
-    char msg[1024];
-    va_list ap;
-    va_start(ap, fmt);
-    vsnprintf(msg, sizeof msg, fmt, ap);
-    va_end(ap);
-    env->log(env->log_user, level, msg);
-}
+#define say(env, level, ...) tk__logf((env)->log, (env)->log_user, (level), __VA_ARGS__)
 
 int tk_hub__ref_parse(tk_hub_ref *out, const char *ref)
 {

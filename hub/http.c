@@ -958,16 +958,6 @@ static int load_part(req *r)
     return TK_OK;
 }
 
-static char *dir_of(const char *path)
-{
-    const char *slash = strrchr(path, '/');
-    if (!slash)
-        return tk__strdup(".");
-    if (slash == path)
-        return tk__strdup("/");
-    return tk__strndup(path, (size_t)(slash - path));
-}
-
 int tk_hub__http_get_file(tk_hub_http *h, const char *url, const char *dest, int64_t max,
                           int64_t expect_size, const char *expect_sha256, tk_hub_http_meta *meta)
 {
@@ -989,7 +979,7 @@ int tk_hub__http_get_file(tk_hub_http *h, const char *url, const char *dest, int
     req_init(&r, h, MODE_FILE, "GET", url);
     r.max = max > 0 ? max : 0;
     r.expect_size = expect_size >= 0 ? expect_size : -1;
-    if (!(part = tk__fmt("%s.part", dest)) || !(dir = dir_of(dest))) {
+    if (!(part = tk__fmt("%s.part", dest)) || !(dir = tk__dirname(dest))) {
         rc = tk__err(TK_ERR_NOMEM, "out of memory");
         goto done;
     }

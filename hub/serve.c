@@ -95,18 +95,7 @@ typedef struct {
     char org[65], pkg[65];
 } req;
 
-static void say(tk_server *s, int level, const char *fmt, ...) TK_PRINTF(3, 4);
-static void say(tk_server *s, int level, const char *fmt, ...)
-{
-    if (!s->log)
-        return;
-    char msg[1024];
-    va_list ap;
-    va_start(ap, fmt);
-    vsnprintf(msg, sizeof msg, fmt, ap);
-    va_end(ap);
-    s->log(s->log_user, level, msg);
-}
+#define say(s, level, ...) tk__logf((s)->log, (s)->log_user, (level), __VA_ARGS__)
 
 /* ---- server state files: .tk-serve/{tokens,trust}.json -------------------------------------- */
 
