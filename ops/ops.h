@@ -160,5 +160,7 @@ void tk_ops__parallel(int64_t n, int64_t cost_per_item, void (*fn)(void *arg, in
 
 extern const tk_op_desc tk_ops__activation[];
 extern const size_t tk_ops__activation_count;
+extern const tk_op_desc tk_ops__norm[]; /* ops/norm.c */
+extern const size_t tk_ops__norm_count;
 
 #endif /* TK_OPS_H */

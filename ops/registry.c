@@ -10,11 +10,13 @@
 
 #include "ops/ops.h"
 
+
 static const struct {
     const tk_op_desc *ops;
     const size_t *count;
 } tables[] = {
     {tk_ops__activation, &tk_ops__activation_count},
+    {tk_ops__norm, &tk_ops__norm_count},
 };
 #define NTABLES (sizeof tables / sizeof tables[0])
 
