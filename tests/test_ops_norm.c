@@ -14,6 +14,7 @@
 #include <time.h>
 
 #include "harness.h"
+#include "tensor_util.h"
 #include "ops/ops.h"
 
 static uint64_t seed, rng;
@@ -68,57 +69,6 @@ static void host_new(host_t *h, tk_dtype dt, int ndim, const int64_t *shape, int
 }
 
 static void host_free(host_t *h) { free(h->buf); }
-
-static int64_t numel(const tk_tensor *t)
-{
-    int64_t n = 1;
-    for (int i = 0; i < t->ndim; i++)
-        n *= t->shape[i];
-    return n;
-}
-
-/* Element offset of flat (row-major logical) index i. */
-static int64_t elem_off(const tk_tensor *t, int64_t i)
-{
-    if (!t->strides)
-        return i;
-    int64_t off = 0;
-    for (int k = t->ndim - 1; k >= 0; k--) {
-        off += (i % t->shape[k]) * t->strides[k];
-        i /= t->shape[k];
-    }
-    return off;
-}
-
-static double get(const tk_tensor *t, int64_t i)
-{
-    int64_t o = elem_off(t, i);
-    if (t->dtype.bits == 32)
-        return ((const float *)t->data)[o];
-    uint16_t v = ((const uint16_t *)t->data)[o];
-    return t->dtype.code == TK_DL_BFLOAT ? tk_ops__bf16_to_f32(v) : tk_ops__f16_to_f32(v);
-}
-
-static void set(tk_tensor *t, int64_t i, double v)
-{
-    int64_t o = elem_off(t, i);
-    if (t->dtype.bits == 32)
-        ((float *)t->data)[o] = (float)v;
-    else if (t->dtype.code == TK_DL_BFLOAT)
-        ((uint16_t *)t->data)[o] = tk_ops__f32_to_bf16((float)v);
-    else
-        ((uint16_t *)t->data)[o] = tk_ops__f32_to_f16((float)v);
-}
-
-/* The value v would have once stored in dtype dt. */
-static double quantize(double v, tk_dtype dt)
-{
-    float f = (float)v;
-    if (dt.bits == 32)
-        return f;
-    return dt.code == TK_DL_BFLOAT ? tk_ops__bf16_to_f32(tk_ops__f32_to_bf16(f))
-                                   : tk_ops__f16_to_f32(tk_ops__f32_to_f16(f));
-}
 
 /* Uniform values in [-scale, scale], rounded to the dtype. */
 static void fill(host_t *h, double scale)
