@@ -41,6 +41,8 @@ int tk_cli_usage(const char *usage, const char *fmt, ...);
 int tk_cli_exit_code(int status);
 /* Prints an informational line to stderr unless --quiet. */
 void tk_cli_info(tk_cli *cli, const char *fmt, ...);
+/* Formats a byte count as "12.3 MiB". */
+void tk_cli_human(char *out, size_t cap, double bytes);
 /* True when argv[i] is -h or --help. */
 int tk_cli_is_help(const char *arg);
 

@@ -41,17 +41,6 @@ static const char *HELP =
     "    tk cache stats\n"
     "    tk cache gc --max 500M\n";
 
-static void human(char *out, size_t n, double b)
-{
-    const char *u[] = {"B", "KiB", "MiB", "GiB", "TiB"};
-    int i = 0;
-    while (b >= 1024 && i < 4) {
-        b /= 1024;
-        i++;
-    }
-    snprintf(out, n, i ? "%.1f %s" : "%.0f %s", b, u[i]);
-}
-
 static int parse_size(const char *s, int64_t *out)
 {
     char *end = NULL;
@@ -101,7 +90,7 @@ static int do_ls(tk_cli *cli, tk_ctx *ctx)
         char size[32], when[32];
         time_t t = (time_t)json_integer_value(json_object_get(e, "last_used"));
         struct tm tm;
-        human(size, sizeof size, (double)json_integer_value(json_object_get(e, "size")));
+        tk_cli_human(size, sizeof size, (double)json_integer_value(json_object_get(e, "size")));
         strftime(when, sizeof when, "%Y-%m-%d %H:%M", localtime_r(&t, &tm));
         printf("%-12.12s  %-12s  %10s  %-16s  %s\n              %s\n",
                json_string_value(json_object_get(e, "key")), json_string_value(json_object_get(e, "target")),
@@ -126,8 +115,8 @@ static int do_stats(tk_cli *cli, tk_ctx *ctx)
     }
     o = json_loads(js, 0, NULL);
     tk_free(js);
-    human(size, sizeof size, (double)json_integer_value(json_object_get(o, "bytes")));
-    human(cap, sizeof cap, (double)json_integer_value(json_object_get(o, "max_bytes")));
+    tk_cli_human(size, sizeof size, (double)json_integer_value(json_object_get(o, "bytes")));
+    tk_cli_human(cap, sizeof cap, (double)json_integer_value(json_object_get(o, "max_bytes")));
     printf("path:     %s\nentries:  %lld\nsize:     %s\ncap:      %s\n",
            json_string_value(json_object_get(o, "path")),
            (long long)json_integer_value(json_object_get(o, "entries")), size, cap);
@@ -180,7 +169,7 @@ int tk_cmd_cache(tk_cli *cli, int argc, char **argv)
         char h[32];
         if ((rc = tk_cache_gc(ctx, max, &freed)) != TK_OK)
             return tk_cli_fail(cli, rc, NULL);
-        human(h, sizeof h, (double)freed);
+        tk_cli_human(h, sizeof h, (double)freed);
         if (cli->json)
             printf("{\"freed\": %lld}\n", (long long)freed);
         else

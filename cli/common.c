@@ -29,7 +29,7 @@ static double now_s(void)
     return (double)ts.tv_sec + (double)ts.tv_nsec / 1e9;
 }
 
-static void human(char *out, size_t cap, double bytes)
+void tk_cli_human(char *out, size_t cap, double bytes)
 {
     const char *unit[] = {"B", "KiB", "MiB", "GiB"};
     int u = 0;
@@ -53,9 +53,9 @@ static void on_progress(void *user, const char *what, int64_t done, int64_t tota
         return;
     last = t;
     char d[32], tot[32];
-    human(d, sizeof d, (double)done);
+    tk_cli_human(d, sizeof d, (double)done);
     if (total > 0) {
-        human(tot, sizeof tot, (double)total);
+        tk_cli_human(tot, sizeof tot, (double)total);
         int width = 30, fill = (int)((double)width * (double)done / (double)total);
         char bar[64];
         for (int i = 0; i < width; i++)

@@ -43,6 +43,8 @@ char *tk__fmt(const char *fmt, ...) TK_PRINTF(1, 2);   /* malloc'd, NULL on OOM 
 int tk__streq(const char *a, const char *b);           /* NULL-safe */
 int tk__has_prefix(const char *s, const char *prefix);
 int tk__has_suffix(const char *s, const char *suffix);
+/* Levenshtein distance for "did you mean" hints; (size_t)-1 when either string exceeds 200 bytes. */
+size_t tk__edit_distance(const char *a, const char *b);
 /* Parses a whole decimal integer in [lo, hi]. Returns 0 on success, -1 otherwise. */
 int tk__parse_i64(const char *s, int64_t lo, int64_t hi, int64_t *out);
 

@@ -56,28 +56,6 @@ int tk_hub__ref_parse(tk_hub_ref *out, const char *ref)
     return TK_OK;
 }
 
-size_t tk_hub__edit_distance(const char *a, const char *b)
-{
-    size_t la = strlen(a), lb = strlen(b);
-    if (la > 200 || lb > 200)
-        return (size_t)-1;
-    size_t row[201];
-    for (size_t j = 0; j <= lb; j++)
-        row[j] = j;
-    for (size_t i = 1; i <= la; i++) {
-        size_t prev = row[0];
-        row[0] = i;
-        for (size_t j = 1; j <= lb; j++) {
-            size_t cur = row[j];
-            size_t sub = prev + (a[i - 1] != b[j - 1]);
-            size_t del = row[j] + 1, ins = row[j - 1] + 1;
-            row[j] = sub < del ? (sub < ins ? sub : ins) : (del < ins ? del : ins);
-            prev = cur;
-        }
-    }
-    return row[lb];
-}
-
 int tk_hub__installed(tk_state_pkg **out, tk_state *st, const char *refstr)
 {
     *out = NULL;
@@ -110,7 +88,7 @@ static void suggest(const tk_hub_env *env, const char *name, tk_buf *hint)
         const char *k;
         json_t *v;
         json_object_foreach(json_object_get(j, "packages"), k, v) {
-            size_t d = tk_hub__edit_distance(name, k);
+            size_t d = tk__edit_distance(name, k);
             if (d < bestd) {
                 bestd = d;
                 best = k;
@@ -119,7 +97,7 @@ static void suggest(const tk_hub_env *env, const char *name, tk_buf *hint)
     }
     if (tk_state__pkg_names(&names, &nn, env->state) == TK_OK) {
         for (size_t i = 0; i < nn; i++) {
-            size_t d = tk_hub__edit_distance(name, names[i]);
+            size_t d = tk__edit_distance(name, names[i]);
             if (d < bestd) {
                 bestd = d;
                 best = names[i];

@@ -53,7 +53,4 @@ int tk_hub__installed(tk_state_pkg **out, tk_state *st, const char *ref);
 int tk_hub__publish(char **commit, const char *pkgdir, const char *to_dir, const char *key_path,
                     const char *compression, tk_log_fn log, void *log_user);
 
-/* Levenshtein distance, for "did you mean" hints. */
-size_t tk_hub__edit_distance(const char *a, const char *b);
-
 #endif

@@ -57,38 +57,12 @@ int tk_ops__param_index(const tk_op_desc *op, const char *name)
     return -1;
 }
 
-/* Edit distance, capped: enough to suggest "silu_and_mul" for "silu_and_mull". */
-static size_t edit_distance(const char *a, const char *b)
-{
-    size_t la = strlen(a), lb = strlen(b);
-    if (la > 63 || lb > 63)
-        return 64;
-    size_t row[64];
-    for (size_t j = 0; j <= lb; j++)
-        row[j] = j;
-    for (size_t i = 1; i <= la; i++) {
-        size_t diag = row[0];
-        row[0] = i;
-        for (size_t j = 1; j <= lb; j++) {
-            size_t up = row[j];
-            size_t best = diag + (a[i - 1] != b[j - 1]);
-            if (row[j] + 1 < best)
-                best = row[j] + 1;
-            if (row[j - 1] + 1 < best)
-                best = row[j - 1] + 1;
-            row[j] = best;
-            diag = up;
-        }
-    }
-    return row[lb];
-}
-
 static int unknown_op(const char *name)
 {
     const tk_op_desc *best = NULL;
     size_t bestd = 4;
     for (size_t i = 0, n = tk_ops__count(); i < n; i++) {
-        size_t d = edit_distance(name, tk_ops__at(i)->name);
+        size_t d = tk__edit_distance(name, tk_ops__at(i)->name);
         if (d < bestd) {
             bestd = d;
             best = tk_ops__at(i);

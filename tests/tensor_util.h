@@ -1,5 +1,5 @@
 /*
- * tensor_util.h — host-tensor element access for the op tests (any dtype the CPU references take,
+ * tensor_util.h — seeded random numbers, dtype constants and host-tensor element access for the op tests (any dtype the CPU references take,
  * honouring strides). Header-only: static inline functions.
  */
 #ifndef TK_TEST_TENSOR_UTIL_H
@@ -9,6 +9,21 @@
 
 #include "ops/ops.h"
 #include "tk.h"
+
+/* A seeded splitmix64 stream: tests set `seed`, then rng = seed, and print the seed on failure. */
+static uint64_t seed, rng;
+
+static inline uint64_t next_u64(void)
+{
+    uint64_t z = (rng += 0x9e3779b97f4a7c15ull);
+    z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ull;
+    z = (z ^ (z >> 27)) * 0x94d049bb133111ebull;
+    return z ^ (z >> 31);
+}
+
+static inline double uniform(double lo, double hi) { return lo + (hi - lo) * ((next_u64() >> 11) * 0x1.0p-53); }
+
+static const tk_dtype F32 = {TK_DL_FLOAT, 32, 1}, F16 = {TK_DL_FLOAT, 16, 1}, BF16 = {TK_DL_BFLOAT, 16, 1};
 
 static inline int64_t numel(const tk_tensor *t)
 {

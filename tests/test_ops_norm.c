@@ -17,22 +17,8 @@
 #include "tensor_util.h"
 #include "ops/ops.h"
 
-static uint64_t seed, rng;
-
-static uint64_t next_u64(void)
-{
-    /* splitmix64 */
-    uint64_t z = (rng += 0x9e3779b97f4a7c15ull);
-    z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ull;
-    z = (z ^ (z >> 27)) * 0x94d049bb133111ebull;
-    return z ^ (z >> 31);
-}
-
-static double uniform(double lo, double hi) { return lo + (hi - lo) * ((next_u64() >> 11) * 0x1.0p-53); }
-
 /* ---- host tensors ----------------------------------------------------------------------------- */
 
-static const tk_dtype F32 = {TK_DL_FLOAT, 32, 1}, F16 = {TK_DL_FLOAT, 16, 1}, BF16 = {TK_DL_BFLOAT, 16, 1};
 static const tk_dtype *all_dtypes[] = {&F32, &F16, &BF16};
 
 typedef struct {

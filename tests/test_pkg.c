@@ -65,7 +65,7 @@ static void test_paths_and_versions(void)
     CHECK(tk_state__version_cmp("1.0.0", "1.0.0") == 0);
     CHECK(tk_state__version_cmp("1.0.1", "1.0.10") < 0);
     CHECK_EQ_INT(tk_state__version_cmp("x", "1.0.0"), -2);
-    CHECK_EQ_INT(tk_hub__edit_distance("activaton", "activation"), 1);
+    CHECK_EQ_INT(tk__edit_distance("activaton", "activation"), 1);
 }
 
 static const char *good_manifest =
