@@ -162,5 +162,17 @@ extern const tk_op_desc tk_ops__activation[];
 extern const size_t tk_ops__activation_count;
 extern const tk_op_desc tk_ops__norm[]; /* ops/norm.c */
 extern const size_t tk_ops__norm_count;
+extern const tk_op_desc tk_ops__rotary[]; /* ops/rotary.c */
+extern const size_t tk_ops__rotary_count;
+extern const tk_op_desc tk_ops__softmax[]; /* ops/softmax.c */
+extern const size_t tk_ops__softmax_count;
+extern const tk_op_desc tk_ops__loss[]; /* ops/loss.c */
+extern const size_t tk_ops__loss_count;
+extern const tk_op_desc tk_ops__casted[]; /* ops/casted.c */
+extern const size_t tk_ops__casted_count;
+extern const tk_op_desc tk_ops__sampling[]; /* ops/sampling.c */
+extern const size_t tk_ops__sampling_count;
+extern const tk_op_desc tk_ops__attention[]; /* ops/attention.c */
+extern const size_t tk_ops__attention_count;
 
 #endif /* TK_OPS_H */

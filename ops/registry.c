@@ -17,6 +17,12 @@ static const struct {
 } tables[] = {
     {tk_ops__activation, &tk_ops__activation_count},
     {tk_ops__norm, &tk_ops__norm_count},
+    {tk_ops__rotary, &tk_ops__rotary_count},
+    {tk_ops__softmax, &tk_ops__softmax_count},
+    {tk_ops__loss, &tk_ops__loss_count},
+    {tk_ops__casted, &tk_ops__casted_count},
+    {tk_ops__sampling, &tk_ops__sampling_count},
+    {tk_ops__attention, &tk_ops__attention_count},
 };
 #define NTABLES (sizeof tables / sizeof tables[0])
 
