@@ -2,7 +2,7 @@
 # check_kernels.sh — `make check-kernels`: compiles every package in kernels-src/ with NVRTC for sm_80
 # and sm_90 through the real CLI (`tk get` from the build's own registry, then `tk build`), in a
 # throwaway TK_HOME. No GPU needed. Prints one line per package and the summary line last; exits
-# nonzero when any package fails to compile. SKIPs everything when NVRTC is not installed.
+# nonzero when any package fails to compile. TK_CHECK_ONLY=DIR checks only kernels-src/DIR. SKIPs everything when NVRTC is not installed.
 set -u
 cd "$(dirname "$0")/.."
 B=${TK_BUILD:-build}
@@ -24,6 +24,7 @@ fi
 
 for d in kernels-src/*/; do
   [ -f "$d/kernel.json" ] || continue
+  [ -n "${TK_CHECK_ONLY:-}" ] && [ "$(basename "$d")" != "$TK_CHECK_ONLY" ] && continue
   # the package's name as kernel.json declares it (org/name), else the build's default org
   name=$(sed -nE 's/^[[:space:]]*"name"[[:space:]]*:[[:space:]]*"([^"]+\/[^"]+)".*/\1/p' "$d/kernel.json" | head -n 1)
   [ -n "$name" ] || name=$ORG/$(basename "$d")
