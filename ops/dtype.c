@@ -6,6 +6,7 @@
  * nearest even, as __float2half_rn and __float2bfloat16_rn do on the GPU, so a CPU reference and a
  * kernel that compute the same fp32 value store the same bits.
  */
+#include <math.h>
 #include <string.h>
 
 #include "ops/ops.h"
@@ -148,8 +149,87 @@ uint16_t tk_ops__f32_to_bf16(float f)
 
 /* ---- strided loads and stores ----------------------------------------------------------------- */
 
+/* ---- fp8 (OCP e4m3fn and e5m2) and int8 ------------------------------------------------------- */
+
+/* The encoding of one fp8 format: mantissa bits, exponent bias, the largest finite code. */
+typedef struct {
+    int mbits, bias;
+    uint8_t maxcode; /* 0x7e (448) for e4m3fn, 0x7b (57344) for e5m2 */
+    int ieee;        /* 1: the top exponent is inf/NaN (e5m2); 0: only S.1111.111 is NaN (e4m3fn) */
+} fp8_fmt;
+
+static const fp8_fmt E4M3 = {3, 7, 0x7e, 0}, E5M2 = {2, 15, 0x7b, 1};
+
+static float fp8_to_f32(uint8_t c, const fp8_fmt *f)
+{
+    float sign = (c & 0x80) ? -1.0f : 1.0f;
+    int e = (c & 0x7f) >> f->mbits, m = c & ((1 << f->mbits) - 1);
+    int emax = 0x7f >> f->mbits;
+    if (f->ieee ? e == emax : (c & 0x7f) == 0x7f)
+        return (f->ieee && m == 0) ? sign * INFINITY : NAN;
+    if (e == 0)
+        return sign * ldexpf((float)m, 1 - f->bias - f->mbits);
+    return sign * ldexpf(1.0f + (float)m / (float)(1 << f->mbits), e - f->bias);
+}
+
+/* Round to nearest even, saturating to the largest finite value (as __NV_SATFINITE); NaN stays NaN. */
+static uint8_t f32_to_fp8(float x, const fp8_fmt *f)
+{
+    uint8_t sign = signbit(x) ? 0x80 : 0;
+    if (isnan(x))
+        return (uint8_t)(sign | (f->ieee ? 0x7f : 0x7f));
+    double a = fabs((double)x);
+    if (isinf(x))
+        return (uint8_t)(sign | f->maxcode);
+    int code;
+    int emin = 1 - f->bias; /* the exponent of the smallest normal */
+    if (a < ldexp(1.0, emin)) {
+        code = (int)nearbyint(a / ldexp(1.0, emin - f->mbits)); /* subnormal; may round up to the min normal */
+    } else {
+        int k;
+        frexp(a, &k);
+        int e = k - 1;                              /* a = mant * 2^e, mant in [1, 2) */
+        double q = nearbyint((a / ldexp(1.0, e) - 1.0) * (1 << f->mbits));
+        if (q >= (1 << f->mbits)) {
+            q = 0;
+            e++;
+        }
+        int field = e + f->bias;
+        code = field > (0x7f >> f->mbits) ? 0x7f : (field << f->mbits) | (int)q;
+    }
+    if (code > f->maxcode)
+        code = f->maxcode;
+    return (uint8_t)(sign | code);
+}
+
+float tk_ops__fp8_e4m3_to_f32(uint8_t c) { return fp8_to_f32(c, &E4M3); }
+uint8_t tk_ops__f32_to_fp8_e4m3(float f) { return f32_to_fp8(f, &E4M3); }
+float tk_ops__fp8_e5m2_to_f32(uint8_t c) { return fp8_to_f32(c, &E5M2); }
+uint8_t tk_ops__f32_to_fp8_e5m2(float f) { return f32_to_fp8(f, &E5M2); }
+
+int8_t tk_ops__f32_to_i8(float f)
+{
+    if (isnan(f))
+        return 0;
+    float r = nearbyintf(f);
+    return (int8_t)(r > 127.0f ? 127 : r < -127.0f ? -127 : r);
+}
+
+/* ---- strided loads and stores ----------------------------------------------------------------- */
+
 void tk_ops__load_f32(float *dst, const void *base, int64_t off, int64_t stride, int64_t n, tk_dtype dt)
 {
+    if (dt.bits == 8) {
+        const uint8_t *p = (const uint8_t *)base + off;
+        for (int64_t i = 0; i < n; i++) {
+            uint8_t c = p[i * stride];
+            dst[i] = dt.code == TK_DL_FLOAT8_E4M3FN ? tk_ops__fp8_e4m3_to_f32(c)
+                     : dt.code == TK_DL_FLOAT8_E5M2 ? tk_ops__fp8_e5m2_to_f32(c)
+                     : dt.code == TK_DL_INT         ? (float)(int8_t)c
+                                                    : (float)c;
+        }
+        return;
+    }
     if (dt.bits == 32) {
         const float *p = (const float *)base + off;
         if (stride == 1)
@@ -170,6 +250,17 @@ void tk_ops__load_f32(float *dst, const void *base, int64_t off, int64_t stride,
 
 void tk_ops__store_f32(void *base, int64_t off, int64_t stride, const float *src, int64_t n, tk_dtype dt)
 {
+    if (dt.bits == 8) {
+        uint8_t *p = (uint8_t *)base + off;
+        for (int64_t i = 0; i < n; i++) {
+            float v = src[i];
+            p[i * stride] = dt.code == TK_DL_FLOAT8_E4M3FN ? tk_ops__f32_to_fp8_e4m3(v)
+                            : dt.code == TK_DL_FLOAT8_E5M2 ? tk_ops__f32_to_fp8_e5m2(v)
+                            : dt.code == TK_DL_INT         ? (uint8_t)tk_ops__f32_to_i8(v)
+                                                           : (uint8_t)(isnan(v) ? 0 : v < 0 ? 0 : v > 255 ? 255 : nearbyintf(v));
+        }
+        return;
+    }
     if (dt.bits == 32) {
         float *p = (float *)base + off;
         if (stride == 1)

@@ -55,6 +55,15 @@ uint16_t tk_ops__f32_to_f16(float f);
 float tk_ops__bf16_to_f32(uint16_t h);
 uint16_t tk_ops__f32_to_bf16(float f);
 
+/* OCP fp8 <-> fp32: e4m3fn (max 448, no inf) and e5m2 (max 57344). Round to nearest even, saturating
+ * to the largest finite value (as __nv_cvt_float_to_fp8 with __NV_SATFINITE); NaN stays NaN. */
+float tk_ops__fp8_e4m3_to_f32(uint8_t c);
+uint8_t tk_ops__f32_to_fp8_e4m3(float f);
+float tk_ops__fp8_e5m2_to_f32(uint8_t c);
+uint8_t tk_ops__f32_to_fp8_e5m2(float f);
+/* Round to nearest even, saturating to [-127, 127] (symmetric quantisation); NaN gives 0. */
+int8_t tk_ops__f32_to_i8(float f);
+
 /* ---- descriptors ------------------------------------------------------------------------------ */
 
 #define TK_OPS_MAX_PARAMS 16
@@ -146,7 +155,8 @@ int64_t tk_ops__col_stride(const tk_tensor *t);
 static inline void *tk_ops__base(const tk_tensor *t) { return (char *)t->data + t->byte_offset; }
 
 /* Loads n elements (stride `stride` elements apart, starting at element offset `off` of base) as
- * float, and stores n floats rounding to the dtype (round to nearest even). dt is f32, f16 or bf16. */
+ * float, and stores n floats rounding to the dtype (round to nearest even). dt is f32, f16, bf16, or
+ * one of the 8-bit types: fp8_e4m3 / fp8_e5m2 (saturating), i8 (saturating to [-127, 127]), u8. */
 void tk_ops__load_f32(float *dst, const void *base, int64_t off, int64_t stride, int64_t n, tk_dtype dt);
 void tk_ops__store_f32(void *base, int64_t off, int64_t stride, const float *src, int64_t n, tk_dtype dt);
 
