@@ -71,7 +71,7 @@ $(B)/libtk.so.$(SOMAJOR): $(LIB_OBJ)
 $(B)/tk: $(CLI_OBJ) $(B)/libtk.a
 	$(CC) $(LDFLAGS) -o $@ $(CLI_OBJ) $(B)/libtk.a $(LDLIBS)
 
-$(B)/tests/%: tests/%.c $(B)/libtk.a tests/harness.h tests/tensor_util.h
+$(B)/tests/%: tests/%.c $(B)/libtk.a tests/harness.h tests/tensor_util.h tests/gpu_util.h
 	@mkdir -p $(dir $@)
 	$(CC) $(CFLAGS) $(LDFLAGS) -Itests $< -o $@ $(B)/libtk.a $(LDLIBS)
 

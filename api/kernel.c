@@ -68,6 +68,45 @@ int tk_dtype_parse(tk_dtype *out, const char *name)
 int tk_device_count(int *n) { return tk_jit__device_count(n); }
 int tk_device_info_get(tk_device_info *out, int ordinal) { return tk_jit__device_info(out, ordinal); }
 
+int tk_device_alloc(void **dptr, int device, size_t bytes)
+{
+    uint64_t p = 0;
+    if (!dptr)
+        return tk__err(TK_ERR_INVALID, "tk_device_alloc: dptr is NULL");
+    *dptr = NULL;
+    int rc = tk_jit__mem_alloc(&p, device, bytes);
+    if (rc == TK_OK)
+        *dptr = (void *)(uintptr_t)p;
+    return rc;
+}
+
+int tk_device_free(void *dptr, int device)
+{
+    return dptr ? tk_jit__mem_free((uint64_t)(uintptr_t)dptr, device) : TK_OK;
+}
+
+int tk_device_copy(void *dst, const void *src, size_t bytes, tk_copy_kind kind, int device)
+{
+    if (kind != TK_COPY_H2D && kind != TK_COPY_D2H && kind != TK_COPY_D2D)
+        return tk__err(TK_ERR_INVALID, "tk_device_copy: kind %d is not TK_COPY_H2D, _D2H or _D2D", (int)kind);
+    if (!bytes)
+        return TK_OK;
+    if (!dst || !src)
+        return tk__err(TK_ERR_INVALID, "tk_device_copy: %s is NULL", dst ? "src" : "dst");
+    return tk_jit__mem_copy(dst, src, bytes, (int)kind, device);
+}
+
+int tk_device_memset(void *dptr, int value, size_t bytes, int device)
+{
+    if (!bytes)
+        return TK_OK;
+    if (!dptr)
+        return tk__err(TK_ERR_INVALID, "tk_device_memset: dptr is NULL");
+    return tk_jit__mem_set((uint64_t)(uintptr_t)dptr, value, bytes, device);
+}
+
+int tk_device_sync(int device) { return tk_jit__sync(device); }
+
 /* ---- per-context state: the cache handle ------------------------------------------------------ */
 
 typedef struct {
@@ -145,7 +184,8 @@ typedef struct {
     char *name;
     int type; /* TK_JIT_P_* */
     tk_dtype dtype;
-    tk_jit_expr *value; /* derived scalars */
+    tk_jit_expr *value; /* derived scalars; a workspace's size in bytes */
+    int optional;       /* tensors: may be left out (the kernel gets a null pointer) */
 } kparam;
 
 typedef struct {
@@ -154,8 +194,9 @@ typedef struct {
     size_t nparams;
     tk_jit_expr *grid[3], *block[3], *smem; /* NULL dims are 1 */
     int min_cc, max_cc, arch_specific;
-    tk_jit_expr **max_e;
+    tk_jit_expr **max_e; /* constraints.max and .min: expression, bound, and which */
     int64_t *max_v;
+    char *is_min;
     size_t nmax;
     char **options;
     size_t noptions;
@@ -181,6 +222,7 @@ static void kdecl_clear(kdecl *d)
         tk_jit__expr_free(d->max_e[i]);
     free(d->max_e);
     free(d->max_v);
+    free(d->is_min);
     for (size_t i = 0; i < d->noptions; i++)
         free(d->options[i]);
     free(d->options);
@@ -189,9 +231,10 @@ static void kdecl_clear(kdecl *d)
 
 static int param_type(const char *t)
 {
-    static const char *const names[] = {"tensor", "i32", "i64", "f32", "f64"};
-    static const int types[] = {TK_JIT_P_TENSOR, TK_JIT_P_I32, TK_JIT_P_I64, TK_JIT_P_F32, TK_JIT_P_F64};
-    for (size_t i = 0; t && i < 5; i++)
+    static const char *const names[] = {"tensor", "i32", "i64", "f32", "f64", "workspace"};
+    static const int types[] = {TK_JIT_P_TENSOR, TK_JIT_P_I32, TK_JIT_P_I64, TK_JIT_P_F32, TK_JIT_P_F64,
+                                TK_JIT_P_WORKSPACE};
+    for (size_t i = 0; t && i < sizeof types / sizeof types[0]; i++)
         if (strcmp(t, names[i]) == 0)
             return types[i];
     return -1;
@@ -253,8 +296,15 @@ static int parse_kernel(kdecl *d, json_t *k, size_t idx)
         if (kp->type == TK_JIT_P_TENSOR &&
             tk_dtype_parse(&kp->dtype, json_string_value(json_object_get(p, "dtype"))) != TK_OK)
             return tk__err_wrap(TK_ERR_MANIFEST, "kernel '%s': param '%s'", d->name, kp->name);
-        ps[i] = (tk_jit_param){kp->name, kp->type, 1};
-        vps[i] = (tk_jit_param){kp->name, kp->type, !json_object_get(p, "value")};
+        kp->optional = json_is_true(json_object_get(p, "optional"));
+        if (kp->optional && kp->type != TK_JIT_P_TENSOR)
+            return tk__err(TK_ERR_MANIFEST, "kernel '%s': param '%s': only tensors can be optional", d->name,
+                           kp->name);
+        if (kp->type == TK_JIT_P_WORKSPACE && !json_object_get(p, "value"))
+            return tk__err(TK_ERR_MANIFEST, "kernel '%s': workspace '%s' needs a \"value\": its size in bytes",
+                           d->name, kp->name);
+        ps[i] = (tk_jit_param){kp->name, kp->type, kp->type != TK_JIT_P_WORKSPACE};
+        vps[i] = (tk_jit_param){kp->name, kp->type, !json_object_get(p, "value") && kp->type != TK_JIT_P_WORKSPACE};
     }
     json_array_foreach(jp, i, p) {
         json_t *v = json_object_get(p, "value");
@@ -283,25 +333,32 @@ static int parse_kernel(kdecl *d, json_t *k, size_t idx)
     d->min_cc = 0;
     d->max_cc = 1000000;
     if (json_is_object(cons)) {
-        json_t *mx = json_object_get(cons, "max"), *v;
+        json_t *mx = json_object_get(cons, "max"), *mn = json_object_get(cons, "min"), *v;
         const char *key;
         if (json_is_integer(json_object_get(cons, "min_cc")))
             d->min_cc = (int)json_integer_value(json_object_get(cons, "min_cc"));
         if (json_is_integer(json_object_get(cons, "max_cc")))
             d->max_cc = (int)json_integer_value(json_object_get(cons, "max_cc"));
         d->arch_specific = json_is_true(json_object_get(cons, "arch_specific"));
-        if (json_is_object(mx) && json_object_size(mx)) {
-            size_t n = json_object_size(mx);
+        size_t n = json_object_size(mx) + json_object_size(mn);
+        if (n) {
             d->max_e = calloc(n, sizeof *d->max_e);
             d->max_v = calloc(n, sizeof *d->max_v);
-            if (!d->max_e || !d->max_v)
+            d->is_min = calloc(n, 1);
+            if (!d->max_e || !d->max_v || !d->is_min)
                 return tk__err(TK_ERR_NOMEM, "out of memory");
-            json_object_foreach(mx, key, v) {
-                snprintf(what, sizeof what, "kernel '%s', constraints.max", d->name);
+        }
+        for (int lo = 0; lo < 2; lo++) {
+            json_t *obj = lo ? mn : mx;
+            if (!json_is_object(obj))
+                continue;
+            json_object_foreach(obj, key, v) {
+                snprintf(what, sizeof what, "kernel '%s', constraints.%s", d->name, lo ? "min" : "max");
                 if (!json_is_integer(v))
                     return tk__err(TK_ERR_MANIFEST, "%s: the bound of '%s' must be an integer", what, key);
                 if ((rc = tk_jit__expr_parse(&d->max_e[d->nmax], key, ps, d->nparams, what)) != TK_OK)
                     return rc;
+                d->is_min[d->nmax] = (char)lo;
                 d->max_v[d->nmax++] = json_integer_value(v);
             }
         }
@@ -895,7 +952,7 @@ int tk_function_launch(const tk_function *fn, const unsigned grid[3], const unsi
         return rc;
     if (!grid || !block || (!args && fn->d.nparams))
         return tk__err(TK_ERR_INVALID, "tk_function_launch(%s): grid, block and args are required", fn->d.name);
-    if ((rc = tk_jit__launch(fn->mod, fn->fn, grid, block, smem, stream, args)) != TK_OK)
+    if ((rc = tk_jit__launch(fn->mod, fn->fn, grid, block, smem, stream, args, 0, NULL)) != TK_OK)
         return tk__err_wrap(rc, "%s", fn->d.name);
     return TK_OK;
 }
@@ -928,8 +985,8 @@ int tk_function_call(const tk_function *fn, const tk_arg *args, size_t nargs, vo
     void *argv[MAX_PARAMS];
     int64_t g[3], b[3], smem;
     unsigned grid[3], block[3];
-    size_t next = 0;
-    int rc;
+    size_t next = 0, ws_bytes = 0;
+    int rc, ws_slot = -1;
 
     if ((rc = check_fn(fn)) != TK_OK)
         return rc;
@@ -978,6 +1035,10 @@ int tk_function_call(const tk_function *fn, const tk_arg *args, size_t nargs, vo
         const tk_arg *a;
         if (p->value)
             continue;
+        if (p->optional && (bound[i] < 0 || (args[bound[i]].kind == TK_ARG_TENSOR && !args[bound[i]].t))) {
+            slots[i].ptr = 0; /* left out: a null pointer, and unknown to the launch rule */
+            continue;
+        }
         if (bound[i] < 0)
             return tk__err(TK_ERR_INVALID, "%s: missing argument '%s'", d->name, p->name);
         a = &args[bound[i]];
@@ -1029,7 +1090,7 @@ int tk_function_call(const tk_function *fn, const tk_arg *args, size_t nargs, vo
                 slots[i].f64 = v;
         }
     }
-    /* derived scalars (they may use tensors and caller scalars only) */
+    /* derived scalars (they may use tensors and caller scalars only) and the workspace size */
     for (size_t i = 0; i < d->nparams; i++) {
         const kparam *p = &d->params[i];
         int64_t v;
@@ -1037,6 +1098,16 @@ int tk_function_call(const tk_function *fn, const tk_arg *args, size_t nargs, vo
             continue;
         if ((rc = tk_jit__expr_eval(&v, p->value, vals, d->nparams)) != TK_OK)
             return rc;
+        if (p->type == TK_JIT_P_WORKSPACE) {
+            if (v < 0 || (uint64_t)v > (uint64_t)1 << 40)
+                return tk__err(TK_ERR_INVALID, "%s: workspace '%s' = %lld bytes is out of range", d->name,
+                               p->name, (long long)v);
+            if (ws_slot >= 0)
+                return tk__err(TK_ERR_INVALID, "%s: more than one workspace parameter", d->name);
+            ws_slot = (int)i;
+            ws_bytes = (size_t)v;
+            continue;
+        }
         if (p->type == TK_JIT_P_I32 && (v < INT32_MIN || v > INT32_MAX))
             return tk__err(TK_ERR_INVALID, "%s: derived '%s' = %lld does not fit i32", d->name, p->name,
                            (long long)v);
@@ -1056,9 +1127,10 @@ int tk_function_call(const tk_function *fn, const tk_arg *args, size_t nargs, vo
         int64_t v;
         if ((rc = tk_jit__expr_eval(&v, d->max_e[m], vals, d->nparams)) != TK_OK)
             return rc;
-        if (v > d->max_v[m])
-            return tk__err(TK_ERR_INVALID, "%s: %s = %lld exceeds the kernel's limit %lld", d->name,
-                           tk_jit__expr_src(d->max_e[m]), (long long)v, (long long)d->max_v[m]);
+        if (d->is_min[m] ? v < d->max_v[m] : v > d->max_v[m])
+            return tk__err(TK_ERR_UNSUPPORTED, "%s: %s = %lld is %s the kernel's limit %lld (constraints.%s)",
+                           d->name, tk_jit__expr_src(d->max_e[m]), (long long)v,
+                           d->is_min[m] ? "below" : "above", (long long)d->max_v[m], d->is_min[m] ? "min" : "max");
     }
     for (int j = 0; j < 3; j++) {
         if ((rc = eval_dim(&g[j], d->grid[j], vals, d->nparams)) != TK_OK ||
@@ -1084,7 +1156,8 @@ int tk_function_call(const tk_function *fn, const tk_arg *args, size_t nargs, vo
     }
     for (size_t i = 0; i < d->nparams; i++)
         argv[i] = &slots[i];
-    if ((rc = tk_jit__launch(fn->mod, fn->fn, grid, block, (size_t)smem, stream, argv)) != TK_OK)
+    if ((rc = tk_jit__launch(fn->mod, fn->fn, grid, block, (size_t)smem, stream, argv, ws_bytes,
+                             ws_slot >= 0 ? &slots[ws_slot].ptr : NULL)) != TK_OK)
         return tk__err_wrap(rc, "%s", d->name);
     return TK_OK;
 }

@@ -26,6 +26,7 @@ typedef struct {
     int tensor;       /* 1: "type": "tensor" */
     unsigned dtype;   /* tensors: TK_OPS_* bit of "dtype" */
     int derived;      /* 1: has a "value" expression (tk_function_call computes it) */
+    int optional;     /* tensors: "optional": true (a null pointer when the call leaves it out) */
 } kparam;
 
 typedef struct {
@@ -192,6 +193,7 @@ static int add_manifest(ops_state *s, const tk_pkg *pkg)
             c->nparams++;
             kp->tensor = tk__streq(json_string_value(json_object_get(p, "type")), "tensor");
             kp->derived = json_object_get(p, "value") != NULL;
+            kp->optional = json_is_true(json_object_get(p, "optional"));
             tk_dtype dt;
             const char *ds = json_string_value(json_object_get(p, "dtype"));
             if (kp->tensor && ds && tk_ops__dtype_parse(&dt, ds) == TK_OK)
@@ -292,7 +294,9 @@ static const char *unfit(const cand *c, const tk_op_call *k, int cc, const overr
         const tk_op_param *op = &k->op->params[idx];
         if (p->tensor != (op->kind == TK_ARG_TENSOR))
             return "a parameter of another kind";
-        if (p->tensor && (!k->t[idx] || p->dtype != tk_ops__dtype_bit(k->t[idx]->dtype)))
+        if (p->tensor && !k->t[idx] && !p->optional)
+            return "needs an argument the call leaves out";
+        if (p->tensor && k->t[idx] && p->dtype != tk_ops__dtype_bit(k->t[idx]->dtype))
             return "dtype";
     }
     return NULL;
@@ -413,7 +417,9 @@ static int run_cuda(ops_state *s, tk_ctx *ctx, const tk_op_call *k, void *stream
             last_rc = rc;
             snprintf(last_err, sizeof last_err, "%s", tk_last_error());
             snprintf(last_impl, sizeof last_impl, "%s", c->impl);
-            tk_api__log(ctx, TK_LOG_WARN, "%s: %s failed: %s", op->name, c->impl, last_err);
+            /* a shape outside a kernel's constraints.min/max is expected: the next candidate serves it */
+            tk_api__log(ctx, rc == TK_ERR_UNSUPPORTED ? TK_LOG_DEBUG : TK_LOG_WARN, "%s: %s %s: %s", op->name,
+                        c->impl, rc == TK_ERR_UNSUPPORTED ? "does not fit" : "failed", last_err);
             if (rc == TK_ERR_NO_DEVICE || rc == TK_ERR_NOMEM)
                 break;
         }

@@ -21,6 +21,8 @@ static int param_type(const char *t)
         return TK_JIT_P_I32;
     if (!strcmp(t, "i64"))
         return TK_JIT_P_I64;
+    if (!strcmp(t, "workspace"))
+        return TK_JIT_P_WORKSPACE;
     if (!strcmp(t, "f32"))
         return TK_JIT_P_F32;
     if (!strcmp(t, "f64"))
@@ -72,13 +74,26 @@ static int check_kernel(json_t *k, size_t idx, json_t *files, json_t *seen_names
         const char *pt = json_string_value(json_object_get(p, "type"));
         if (!pn || param_type(pt) < 0)
             return tk__err(TK_ERR_MANIFEST, "kernel '%s': params[%zu] needs a 'name' and a 'type' of tensor, i32, "
-                           "i64, f32 or f64", name, i);
+                           "i64, f32, f64 or workspace", name, i);
         for (size_t j = 0; j < i; j++)
             if (!strcmp(params[j].name, pn))
                 return tk__err(TK_ERR_MANIFEST, "kernel '%s': param '%s' is declared twice", name, pn);
         params[i].name = pn;
         params[i].type = param_type(pt);
-        params[i].usable = 1;
+        params[i].usable = params[i].type != TK_JIT_P_WORKSPACE; /* a pointer: no expression may use it */
+        json_t *opt = json_object_get(p, "optional");
+        if (opt && (!json_is_boolean(opt) || (json_is_true(opt) && params[i].type != TK_JIT_P_TENSOR)))
+            return tk__err(TK_ERR_MANIFEST, "kernel '%s': param '%s': 'optional' must be true or false, and only "
+                           "tensors can be optional", name, pn);
+        if (params[i].type == TK_JIT_P_WORKSPACE) {
+            for (size_t j = 0; j < i; j++)
+                if (params[j].type == TK_JIT_P_WORKSPACE)
+                    return tk__err(TK_ERR_MANIFEST, "kernel '%s': more than one workspace param ('%s', '%s')",
+                                   name, params[j].name, pn);
+            if (!json_is_string(json_object_get(p, "value")))
+                return tk__err(TK_ERR_MANIFEST, "kernel '%s': workspace '%s' needs a 'value': an expression for its "
+                               "size in bytes", name, pn);
+        }
         if (params[i].type == TK_JIT_P_TENSOR) {
             tk_dtype dt;
             const char *ds = json_string_value(json_object_get(p, "dtype"));
@@ -139,13 +154,15 @@ static int check_kernel(json_t *k, size_t idx, json_t *files, json_t *seen_names
         return tk__err(TK_ERR_MANIFEST, "kernel '%s': 'constraints' must be an object", name);
     const char *key;
     json_t *bound;
-    json_object_foreach(json_object_get(cons, "max"), key, bound) {
-        snprintf(what, sizeof what, "kernel '%s', constraints.max", name);
-        if (!json_is_integer(bound))
-            return tk__err(TK_ERR_MANIFEST, "%s: the bound of '%s' is not an integer", what, key);
-        int rc = check_expr(key, params, np, what);
-        if (rc != TK_OK)
-            return rc;
+    for (int lo = 0; lo < 2; lo++) {
+        json_object_foreach(json_object_get(cons, lo ? "min" : "max"), key, bound) {
+            snprintf(what, sizeof what, "kernel '%s', constraints.%s", name, lo ? "min" : "max");
+            if (!json_is_integer(bound))
+                return tk__err(TK_ERR_MANIFEST, "%s: the bound of '%s' is not an integer", what, key);
+            int rc = check_expr(key, params, np, what);
+            if (rc != TK_OK)
+                return rc;
+        }
     }
     json_t *opts = json_object_get(k, "options");
     if (opts && !json_is_array(opts))

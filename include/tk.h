@@ -309,6 +309,20 @@ typedef struct {
 TK_API int tk_device_count(int *n);
 TK_API int tk_device_info_get(tk_device_info *out, int ordinal);
 
+/* Device memory, for tests, examples and hosts without an allocator of their own (an engine with
+ * its own CUDA runtime or caching allocator passes its pointers to tk instead). Each call runs in the
+ * device's primary context, which tk retains on first use, and leaves the calling thread's current
+ * context as it was. Copies and memsets are synchronous with respect to the host. Errors:
+ * TK_ERR_NO_DEVICE (no driver or no such device), TK_ERR_NOMEM (device out of memory), TK_ERR_LAUNCH
+ * (any other driver error, including the fault of a kernel launched earlier). */
+typedef enum { TK_COPY_H2D = 1, TK_COPY_D2H = 2, TK_COPY_D2D = 3 } tk_copy_kind;
+TK_API int tk_device_alloc(void **dptr, int device, size_t bytes);
+TK_API int tk_device_free(void *dptr, int device);
+TK_API int tk_device_copy(void *dst, const void *src, size_t bytes, tk_copy_kind kind, int device);
+TK_API int tk_device_memset(void *dptr, int value, size_t bytes, int device);
+/* Waits for all work on the device (every stream of its primary context) and reports a kernel fault. */
+TK_API int tk_device_sync(int device);
+
 /* A package compiled and loaded for one device. It holds its modules loaded until it is freed. */
 typedef struct tk_kernel tk_kernel;
 /* One entry point of a tk_kernel; borrowed from it. */

@@ -90,6 +90,16 @@ static void cu_init_once(void)
     CU_SYM(cuLaunchKernel, "cuLaunchKernel");
     CU_SYM(cuGetErrorName, "cuGetErrorName");
     CU_SYM(cuGetErrorString, "cuGetErrorString");
+    CU_SYM(cuMemAlloc, "cuMemAlloc_v2");
+    CU_SYM(cuMemFree, "cuMemFree_v2");
+    CU_SYM(cuMemcpyHtoD, "cuMemcpyHtoD_v2");
+    CU_SYM(cuMemcpyDtoH, "cuMemcpyDtoH_v2");
+    CU_SYM(cuMemcpyDtoD, "cuMemcpyDtoD_v2");
+    CU_SYM(cuMemsetD8, "cuMemsetD8_v2");
+    CU_SYM(cuMemAllocAsync, "cuMemAllocAsync");
+    CU_SYM(cuMemFreeAsync, "cuMemFreeAsync");
+    CU_SYM(cuMemsetD8Async, "cuMemsetD8Async");
+    CU_SYM(cuCtxSynchronize, "cuCtxSynchronize");
 
     r = cu.cuInit(0);
     if (r == CUDA_ERROR_NO_DEVICE) {

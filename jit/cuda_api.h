@@ -60,6 +60,17 @@ typedef struct {
                                unsigned, unsigned, CUstream, void **, void **);
     CUresult (*cuGetErrorName)(CUresult, const char **);
     CUresult (*cuGetErrorString)(CUresult, const char **);
+    /* memory: device buffers for tk_device_* and launch workspaces */
+    CUresult (*cuMemAlloc)(CUdeviceptr *, size_t);                               /* _v2 */
+    CUresult (*cuMemFree)(CUdeviceptr);                                          /* _v2 */
+    CUresult (*cuMemcpyHtoD)(CUdeviceptr, const void *, size_t);                 /* _v2 */
+    CUresult (*cuMemcpyDtoH)(void *, CUdeviceptr, size_t);                       /* _v2 */
+    CUresult (*cuMemcpyDtoD)(CUdeviceptr, CUdeviceptr, size_t);                  /* _v2 */
+    CUresult (*cuMemsetD8)(CUdeviceptr, unsigned char, size_t);                  /* _v2 */
+    CUresult (*cuMemAllocAsync)(CUdeviceptr *, size_t, CUstream);
+    CUresult (*cuMemFreeAsync)(CUdeviceptr, CUstream);
+    CUresult (*cuMemsetD8Async)(CUdeviceptr, unsigned char, size_t, CUstream);
+    CUresult (*cuCtxSynchronize)(void);
 } tk_cu_api;
 
 typedef int nvrtcResult;

@@ -107,7 +107,7 @@ int tk_jit__binary_unpack(tk_jit_binary **out, const uint8_t *p, size_t len);
 
 typedef struct tk_jit_expr tk_jit_expr;
 
-enum { TK_JIT_P_TENSOR = 0, TK_JIT_P_I32, TK_JIT_P_I64, TK_JIT_P_F32, TK_JIT_P_F64 };
+enum { TK_JIT_P_TENSOR = 0, TK_JIT_P_I32, TK_JIT_P_I64, TK_JIT_P_F32, TK_JIT_P_F64, TK_JIT_P_WORKSPACE };
 
 /* What an expression may name: the kernel's params, in order. */
 typedef struct {
@@ -154,8 +154,24 @@ int tk_jit__module_function(void **fn, tk_jit_module *m, const char *lowered);
 int tk_jit__module_device(const tk_jit_module *m);
 
 /* Launches fn (from m) with the module's context current on this thread. Thread-safe. Raises the
- * function's dynamic shared memory limit when smem needs it. */
+ * function's dynamic shared memory limit when smem needs it. When ws_bytes > 0, *ws (which args
+ * must point at) receives a device buffer of ws_bytes allocated on the stream (cuMemAllocAsync, so
+ * the pool makes it cheap), zero-filled on the stream before the launch and freed on the stream
+ * after it: each launch owns its workspace, so concurrent launches on other streams cannot race. */
 int tk_jit__launch(tk_jit_module *m, void *fn, const unsigned grid[3], const unsigned block[3],
-                   size_t smem, void *stream, void **args);
+                   size_t smem, void *stream, void **args, size_t ws_bytes, uint64_t *ws);
+
+/* ---- device memory (jit/mem.c) ---------------------------------------------------------------- */
+
+enum { TK_JIT_COPY_H2D = 1, TK_JIT_COPY_D2H = 2, TK_JIT_COPY_D2D = 3 };
+
+/* Synchronous driver calls in the device's primary context (pushed and popped around the call).
+ * TK_ERR_NO_DEVICE without a driver or device, TK_ERR_NOMEM when the device is out of memory,
+ * TK_ERR_LAUNCH for other driver errors (including a fault of an earlier kernel). */
+int tk_jit__mem_alloc(uint64_t *out, int device, size_t bytes);
+int tk_jit__mem_free(uint64_t p, int device);
+int tk_jit__mem_copy(void *dst, const void *src, size_t bytes, int kind, int device);
+int tk_jit__mem_set(uint64_t p, int value, size_t bytes, int device);
+int tk_jit__sync(int device);
 
 #endif

@@ -217,7 +217,7 @@ static int ensure_smem(tk_jit_module *m, CUfunction fn, size_t smem)
 }
 
 int tk_jit__launch(tk_jit_module *m, void *fn, const unsigned grid[3], const unsigned block[3],
-                   size_t smem, void *stream, void **args)
+                   size_t smem, void *stream, void **args, size_t ws_bytes, uint64_t *ws)
 {
     const tk_cu_api *cu = tk_jit__cu();
     CUcontext popped;
@@ -232,6 +232,17 @@ int tk_jit__launch(tk_jit_module *m, void *fn, const unsigned grid[3], const uns
     if ((r = cu->cuCtxPushCurrent(m->ctx)) != CUDA_SUCCESS)
         return tk__err(TK_ERR_LAUNCH, "cuCtxPushCurrent: %s", tk_jit__cu_errstr(r, eb, sizeof eb));
     rc = ensure_smem(m, (CUfunction)fn, smem);
+    if (rc == TK_OK && ws_bytes) {
+        CUdeviceptr p = 0;
+        r = cu->cuMemAllocAsync(&p, ws_bytes, (CUstream)stream);
+        if (r == CUDA_SUCCESS && (r = cu->cuMemsetD8Async(p, 0, ws_bytes, (CUstream)stream)) != CUDA_SUCCESS)
+            cu->cuMemFreeAsync(p, (CUstream)stream);
+        if (r != CUDA_SUCCESS)
+            rc = tk__err(r == CUDA_ERROR_OUT_OF_MEMORY ? TK_ERR_NOMEM : TK_ERR_LAUNCH,
+                         "the kernel's %zu-byte workspace: %s", ws_bytes, tk_jit__cu_errstr(r, eb, sizeof eb));
+        else
+            *ws = p;
+    }
     if (rc == TK_OK) {
         r = cu->cuLaunchKernel((CUfunction)fn, grid[0], grid[1], grid[2], block[0], block[1], block[2],
                                (unsigned)smem, (CUstream)stream, args, NULL);
@@ -239,6 +250,8 @@ int tk_jit__launch(tk_jit_module *m, void *fn, const unsigned grid[3], const uns
             rc = tk__err(TK_ERR_LAUNCH, "cuLaunchKernel (grid %u,%u,%u block %u,%u,%u smem %zu): %s",
                          grid[0], grid[1], grid[2], block[0], block[1], block[2], smem,
                          tk_jit__cu_errstr(r, eb, sizeof eb));
+        if (ws_bytes)
+            cu->cuMemFreeAsync((CUdeviceptr)*ws, (CUstream)stream);
     }
     cu->cuCtxPopCurrent(&popped);
     return rc;

@@ -322,7 +322,7 @@ static void test_gpu_launch(void)
     {
         unsigned grid[3] = {4, 1, 1}, block[3] = {256, 1, 1};
         void *args[] = {&dout, &din, &cnt};
-        CHECK_RC(tk_jit__launch(m, fscale, grid, block, 0, NULL, args), TK_OK);
+        CHECK_RC(tk_jit__launch(m, fscale, grid, block, 0, NULL, args, 0, NULL), TK_OK);
         CHECK(sync() == 0);
         CHECK(dtoh(res, dout, sizeof res) == 0);
         for (int i = 0; i < 1000; i++)
@@ -331,7 +331,7 @@ static void test_gpu_launch(void)
                 break;
             }
         void *pargs[] = {&dout, &cnt};
-        CHECK_RC(tk_jit__launch(m, fplain, grid, block, 0, NULL, pargs), TK_OK);
+        CHECK_RC(tk_jit__launch(m, fplain, grid, block, 0, NULL, pargs, 0, NULL), TK_OK);
         CHECK(sync() == 0);
         CHECK(dtoh(res, dout, sizeof res) == 0);
         CHECK(res[999] == 999.5f);

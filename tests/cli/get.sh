@@ -136,6 +136,34 @@ t_bad_launch_rule_refused_at_install() {
   expect_out "bogus"
 }
 
+# Workspace and optional params are checked at install too: a workspace needs a size, no expression
+# may read a workspace (it is a pointer), and only tensors can be optional.
+t_bad_workspace_and_optional_params_refused() {
+  copy_reg; "$TK" trust add tktest "$PUB" -q
+  local orig=$WORK/manifest.orig; cp "$BAD/manifest.json" "$orig"
+  for kind in nosize usedinrule optscalar; do
+    python3 - "$orig" "$BAD/manifest.json" "$kind" <<'EOF'
+import json, sys
+m = json.load(open(sys.argv[1])); k = m["kernels"][0]; kind = sys.argv[3]
+if kind == "nosize":
+    k["params"].append({"name": "ws", "type": "workspace"})
+elif kind == "usedinrule":
+    k["params"].append({"name": "ws", "type": "workspace", "value": "64"})
+    k["launch"]["grid"][0] = k["launch"]["grid"][0] + " + ws"
+else:
+    k["params"].append({"name": "flag", "type": "i64", "optional": True})
+json.dump(m, open(sys.argv[2], "w"))
+EOF
+    sign_file "$KEY" "$BAD/manifest.json"
+    expect_rc 5 "$TK" get tktest/demo
+    case $kind in
+      nosize) expect_out "needs a 'value'" ;;
+      usedinrule) expect_out "launch.grid[0]" ;;
+      *) expect_out "only tensors can be optional" ;;
+    esac
+  done
+}
+
 t_wrong_archive_digest() {
   copy_reg; "$TK" trust add tktest "$PUB" -q
   make_pkg "$WORK/pkg2" 1.0.0

@@ -1,0 +1,127 @@
+/*
+ * mem.c — device memory through the driver: the buffers of tk_device_* (tests, examples, simple
+ * hosts) and the zero-filled launch workspaces of kernels that declare one.
+ *
+ * Each device's primary context is retained once, on first use, and kept for the life of the
+ * process (modules hold their own references, see load.c); a call pushes it, works and pops it, so
+ * the caller's current context is left as it was.
+ */
+#include <pthread.h>
+
+#include "jit/cuda_api.h"
+#include "jit/jit.h"
+
+#define MAX_DEVICES 64
+
+static pthread_mutex_t ctx_mu = PTHREAD_MUTEX_INITIALIZER;
+static CUcontext ctxs[MAX_DEVICES];
+
+static int push(int device)
+{
+    const tk_cu_api *cu;
+    CUresult r;
+    char eb[256];
+    int rc, n = 0;
+
+    if ((rc = tk_jit__cuda_load()) != TK_OK)
+        return rc;
+    cu = tk_jit__cu();
+    if ((rc = tk_jit__device_count(&n)) != TK_OK)
+        return rc;
+    if (device < 0 || device >= n || device >= MAX_DEVICES)
+        return tk__err(n ? TK_ERR_INVALID : TK_ERR_NO_DEVICE, "device %d does not exist (%d device%s)",
+                       device, n, n == 1 ? "" : "s");
+    pthread_mutex_lock(&ctx_mu);
+    if (!ctxs[device]) {
+        CUdevice dev;
+        if ((r = cu->cuDeviceGet(&dev, device)) != CUDA_SUCCESS ||
+            (r = cu->cuDevicePrimaryCtxRetain(&ctxs[device], dev)) != CUDA_SUCCESS) {
+            ctxs[device] = NULL;
+            pthread_mutex_unlock(&ctx_mu);
+            return tk__err(TK_ERR_LAUNCH, "device %d: no context: %s", device, tk_jit__cu_errstr(r, eb, sizeof eb));
+        }
+    }
+    CUcontext c = ctxs[device];
+    pthread_mutex_unlock(&ctx_mu);
+    if ((r = cu->cuCtxPushCurrent(c)) != CUDA_SUCCESS)
+        return tk__err(TK_ERR_LAUNCH, "cuCtxPushCurrent: %s", tk_jit__cu_errstr(r, eb, sizeof eb));
+    return TK_OK;
+}
+
+static void pop(void)
+{
+    CUcontext c;
+    tk_jit__cu()->cuCtxPopCurrent(&c);
+}
+
+/* A driver failure as a tk status: out of memory is TK_ERR_NOMEM, anything else TK_ERR_LAUNCH
+ * (which is also how an earlier kernel's fault surfaces at the next synchronising call). */
+static int fail(CUresult r, const char *what, int device)
+{
+    char eb[256];
+    tk_jit__cu_errstr(r, eb, sizeof eb);
+    if (r == CUDA_ERROR_OUT_OF_MEMORY)
+        return tk__err(TK_ERR_NOMEM, "%s on device %d: %s", what, device, eb);
+    return tk__err(TK_ERR_LAUNCH, "%s on device %d: %s", what, device, eb);
+}
+
+int tk_jit__mem_alloc(uint64_t *out, int device, size_t bytes)
+{
+    int rc = push(device);
+    if (rc != TK_OK)
+        return rc;
+    CUdeviceptr p = 0;
+    CUresult r = tk_jit__cu()->cuMemAlloc(&p, bytes ? bytes : 1);
+    pop();
+    if (r != CUDA_SUCCESS)
+        return fail(r, "cuMemAlloc", device);
+    *out = p;
+    return TK_OK;
+}
+
+int tk_jit__mem_free(uint64_t p, int device)
+{
+    int rc = push(device);
+    if (rc != TK_OK)
+        return rc;
+    CUresult r = tk_jit__cu()->cuMemFree(p);
+    pop();
+    return r == CUDA_SUCCESS ? TK_OK : fail(r, "cuMemFree", device);
+}
+
+int tk_jit__mem_copy(void *dst, const void *src, size_t bytes, int kind, int device)
+{
+    const tk_cu_api *cu;
+    CUresult r;
+    int rc = push(device);
+    if (rc != TK_OK)
+        return rc;
+    cu = tk_jit__cu();
+    switch (kind) {
+    case TK_JIT_COPY_H2D: r = cu->cuMemcpyHtoD((CUdeviceptr)(uintptr_t)dst, src, bytes); break;
+    case TK_JIT_COPY_D2H: r = cu->cuMemcpyDtoH(dst, (CUdeviceptr)(uintptr_t)src, bytes); break;
+    default: r = cu->cuMemcpyDtoD((CUdeviceptr)(uintptr_t)dst, (CUdeviceptr)(uintptr_t)src, bytes); break;
+    }
+    pop();
+    return r == CUDA_SUCCESS ? TK_OK : fail(r, "cuMemcpy", device);
+}
+
+int tk_jit__mem_set(uint64_t p, int value, size_t bytes, int device)
+{
+    int rc = push(device);
+    if (rc != TK_OK)
+        return rc;
+    CUresult r = tk_jit__cu()->cuMemsetD8(p, (unsigned char)value, bytes);
+    pop();
+    return r == CUDA_SUCCESS ? TK_OK : fail(r, "cuMemsetD8", device);
+}
+
+int tk_jit__sync(int device)
+{
+    int rc = push(device);
+    if (rc != TK_OK)
+        return rc;
+    CUresult r = tk_jit__cu()->cuCtxSynchronize();
+    pop();
+    return r == CUDA_SUCCESS ? TK_OK : fail(r, "cuCtxSynchronize (a kernel launched earlier failed)", device);
+}
