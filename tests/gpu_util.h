@@ -3,6 +3,8 @@
  * tensors and the comparison of a kernel's result with the CPU reference. Header-only, static.
  *
  *     if (!gpu_device()) { SKIP("no CUDA device"); }
+ *     gpu_ctx g; const char *pkgs[] = {"kernels-community/activation", NULL};
+ *     CHECK_RC(gpu_ctx_new(&g, pkgs), TK_OK);                          ... gpu_ctx_free(&g);
  *     dev_tensor dx; CHECK_RC(dev_upload(&dx, &host_x), TK_OK);        dx.t is a CUDA tk_tensor
  *     ... tk_op_run(ctx, "op", args with &dx.t ..., NULL, &impl) ...; tk_device_sync(0);
  *     CHECK_RC(dev_download(&dx, &host_got), TK_OK);
@@ -84,6 +86,49 @@ static inline void dev_free(dev_tensor *d)
     if (d->ptr)
         tk_device_free(d->ptr, 0);
     memset(d, 0, sizeof *d);
+}
+
+/* ---- a context with packages installed --------------------------------------------------------- */
+
+/* A context on a fresh home under /tmp (removed by gpu_ctx_free) using the build's embedded default
+ * registry, with each package of the NULL-terminated list installed (tk_pkg_get; compiled on first
+ * use by tk_op_run). The shared compiled-binary cache is the home's own, so the first run compiles. */
+typedef struct {
+    tk_ctx *ctx;
+    char home[64];
+} gpu_ctx;
+
+static inline int gpu_ctx_new(gpu_ctx *g, const char *const *pkgs)
+{
+    memset(g, 0, sizeof *g);
+    snprintf(g->home, sizeof g->home, "/tmp/tk-gpu-test.XXXXXX");
+    if (!mkdtemp(g->home))
+        return TK_ERR_IO;
+    tk_ctx_opts o = TK_CTX_OPTS_INIT;
+    o.home = g->home;
+    o.endpoint = NULL; /* the default registry: build/registry */
+    o.offline = 0;
+    int rc = tk_ctx_new(&g->ctx, &o);
+    for (size_t i = 0; rc == TK_OK && pkgs && pkgs[i]; i++) {
+        tk_pkg *p = NULL;
+        if ((rc = tk_pkg_get(&p, g->ctx, pkgs[i], NULL)) == TK_OK)
+            tk_pkg_free(p);
+        else
+            fprintf(stderr, "gpu_ctx_new: tk_pkg_get %s: %s\n", pkgs[i], tk_last_error());
+    }
+    return rc;
+}
+
+static inline void gpu_ctx_free(gpu_ctx *g)
+{
+    char cmd[128];
+    tk_ctx_free(g->ctx);
+    if (g->home[0]) {
+        snprintf(cmd, sizeof cmd, "rm -rf '%s'", g->home);
+        if (system(cmd) != 0)
+            fprintf(stderr, "gpu_ctx_free: could not remove %s\n", g->home);
+    }
+    memset(g, 0, sizeof *g);
 }
 
 /* ---- comparison ------------------------------------------------------------------------------- */
