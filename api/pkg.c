@@ -539,3 +539,21 @@ int tk_publish(char **commit, tk_ctx *ctx, const char *pkgdir, const char *to_di
         return tk__err(TK_ERR_INVALID, "tk_publish_opts version %u is not supported", opts->version);
     return tk_hub__publish(commit, pkgdir, to_dir, opts->key_path, opts->compression, ctx->log, ctx->log_user);
 }
+
+int tk_publish_upload(char **commit, int *created, tk_ctx *ctx, const char *pkgdir, const char *registry,
+                      const char *token, const tk_publish_opts *opts)
+{
+    if (commit)
+        *commit = NULL;
+    int rc = tk_api__check_ctx(ctx);
+    if (rc != TK_OK)
+        return rc;
+    if (!pkgdir || !registry || !opts)
+        return tk__err(TK_ERR_INVALID, "tk_publish_upload: pkgdir, registry and opts (with key_path) are required");
+    if (opts->version < 1 || opts->version > TK_PUBLISH_OPTS_VERSION)
+        return tk__err(TK_ERR_INVALID, "tk_publish_opts version %u is not supported", opts->version);
+    if (ctx->offline)
+        return tk__err(TK_ERR_OFFLINE, "cannot publish to %s in offline mode", registry);
+    return tk_hub__upload(commit, created, pkgdir, registry, opts->key_path, opts->compression,
+                          token ? token : ctx->token, ctx->log, ctx->log_user);
+}

@@ -1,5 +1,6 @@
 /*
- * cmd_publish.c — tk publish: sign a package directory into a static registry tree.
+ * cmd_publish.c — tk publish: sign a package directory into a static registry tree (--to), or upload it
+ * to a `tk serve` registry (--registry).
  */
 #include <stdio.h>
 #include <stdlib.h>
@@ -7,11 +8,12 @@
 
 #include "cli/cli.h"
 
-static const char *USAGE = "tk publish <pkgdir> --to <registry-dir> --key <key-file> [--zstd]";
+static const char *USAGE = "tk publish <pkgdir> (--to <registry-dir> | --registry <url> [--token T]) --key <key-file> "
+                            "[--zstd]";
 
 int tk_cmd_publish(tk_cli *cli, int argc, char **argv)
 {
-    const char *dir = NULL, *to = NULL, *key = getenv("TK_PUBLISH_KEY");
+    const char *dir = NULL, *to = NULL, *registry = NULL, *token = NULL, *key = getenv("TK_PUBLISH_KEY");
     tk_publish_opts o = TK_PUBLISH_OPTS_INIT;
     for (int i = 1; i < argc; i++) {
         if (tk_cli_is_help(argv[i])) {
@@ -22,16 +24,34 @@ int tk_cmd_publish(tk_cli *cli, int argc, char **argv)
                    "layout, so nginx, object storage or a CDN can serve it as plain files (docs/registry.md).\n"
                    "Publishing identical content again changes nothing; a changed package needs a higher\n"
                    "version.\n\n"
+                   "With --registry URL the same signed version is uploaded to a 'tk serve' registry instead\n"
+                   "(PUT URL/api/upload/ORG/NAME with a bearer token). The server checks the signature\n"
+                   "against its own trust store, the digests and the archive rules, and writes the version\n"
+                   "atomically; it prints the commit the server wrote.\n\n"
                    "options:\n"
-                   "  --to DIR     the registry tree (created if missing)\n"
-                   "  --key FILE   the publisher's private key from 'tk keygen' (or TK_PUBLISH_KEY)\n"
-                   "  --zstd       compress the archive with zstd instead of gzip\n", USAGE);
+                   "  --to DIR        the registry tree (created if missing)\n"
+                   "  --registry URL  a 'tk serve' registry (http:// or https://)\n"
+                   "  --token T       the upload token for the package's org (default: TK_TOKEN); the\n"
+                   "                  registry's operator makes one with 'tk serve token add --org ORG'\n"
+                   "  --key FILE      the publisher's private key from 'tk keygen' (or TK_PUBLISH_KEY)\n"
+                   "  --zstd          compress the archive with zstd instead of gzip\n"
+                   "  --json          print {\"commit\": ..., \"created\": ...}\n\n"
+                   "examples:\n"
+                   "  tk publish ./my-kernels --to /srv/registry --key ~/.config/tk/publisher.pem\n"
+                   "  TK_TOKEN=tks_... tk publish ./my-kernels --registry https://kernels.example.com --key k.pem\n\n"
+                   "exit status: 0 ok, 2 bad arguments or token, 4 network, 5 signature, trust, digest or\n"
+                   "version refused, 6 file system, 1 other (e.g. a bad kernel.json).\n", USAGE);
             return TK_EXIT_OK;
-        } else if (!strcmp(argv[i], "--to") || !strcmp(argv[i], "--key")) {
+        } else if (!strcmp(argv[i], "--to") || !strcmp(argv[i], "--key") || !strcmp(argv[i], "--registry") ||
+                   !strcmp(argv[i], "--token")) {
             if (i + 1 >= argc)
                 return tk_cli_usage(USAGE, "%s needs a value", argv[i]);
             if (!strcmp(argv[i], "--to"))
                 to = argv[++i];
+            else if (!strcmp(argv[i], "--registry"))
+                registry = argv[++i];
+            else if (!strcmp(argv[i], "--token"))
+                token = argv[++i];
             else
                 key = argv[++i];
         } else if (!strcmp(argv[i], "--zstd")) {
@@ -44,8 +64,10 @@ int tk_cmd_publish(tk_cli *cli, int argc, char **argv)
             return tk_cli_usage(USAGE, "one package directory at a time");
         }
     }
-    if (!dir || !to)
-        return tk_cli_usage(USAGE, "need a package directory and --to");
+    if (!dir || (!to && !registry))
+        return tk_cli_usage(USAGE, "need a package directory and --to DIR or --registry URL");
+    if (to && registry)
+        return tk_cli_usage(USAGE, "--to and --registry are exclusive: publish to one place at a time");
     if (!key)
         return tk_cli_usage(USAGE, "need --key (make one with 'tk keygen')");
     o.key_path = key;
@@ -53,11 +75,15 @@ int tk_cmd_publish(tk_cli *cli, int argc, char **argv)
     if (!ctx)
         return TK_EXIT_FAIL;
     char *commit = NULL;
-    int rc = tk_publish(&commit, ctx, dir, to, &o);
+    int created = 1;
+    int rc = registry ? tk_publish_upload(&commit, &created, ctx, dir, registry, token, &o)
+                      : tk_publish(&commit, ctx, dir, to, &o);
     if (rc != TK_OK)
         return tk_cli_fail(cli, rc, dir);
     if (cli->json)
-        printf("{\"commit\": \"%s\"}\n", commit);
+        printf("{\"commit\": \"%s\", \"created\": %s}\n", commit, created ? "true" : "false");
+    else if (registry && !cli->quiet)
+        printf("%s %s (%s)\n", created ? "published" : "already published", commit, registry);
     else
         printf("%s\n", commit);
     tk_free(commit);

@@ -53,4 +53,13 @@ int tk_hub__installed(tk_state_pkg **out, tk_state *st, const char *ref);
 int tk_hub__publish(char **commit, const char *pkgdir, const char *to_dir, const char *key_path,
                     const char *compression, tk_log_fn log, void *log_user);
 
+/* Builds and signs pkgdir's version in a private staging tree, then uploads it to the `tk serve`
+ * registry at the http(s) URL `registry` with the bearer token (hub/upload.c). *commit (may be NULL)
+ * receives the commit the server wrote; *created (may be NULL) is 0 when it already had it. The
+ * server's refusals map to TK_ERR_UNTRUSTED, _SIGNATURE, _MANIFEST, _DIGEST, _ARCHIVE, _ROLLBACK,
+ * _NOSPACE or _INVALID with its message; transport failures are TK_ERR_NETWORK. */
+int tk_hub__upload(char **commit, int *created, const char *pkgdir, const char *registry,
+                   const char *key_path, const char *compression, const char *token, tk_log_fn log,
+                   void *log_user);
+
 #endif

@@ -251,6 +251,18 @@ typedef struct {
 TK_API int tk_publish(char **commit, tk_ctx *ctx, const char *pkgdir, const char *to_dir,
                       const tk_publish_opts *opts);
 
+/* Publishes pkgdir to a `tk serve` registry over HTTP: builds and signs the version as tk_publish
+ * does, then uploads it (PUT {registry}/api/upload/{org}/{name}) with the bearer token (NULL: the
+ * context's, from TK_TOKEN). The server re-checks the signature (its trust store must hold the key for
+ * the org), the manifest, the digests and the archive rules, and writes the version atomically.
+ * *commit (may be NULL) receives the commit the server wrote; *created (may be NULL) is 0 when it had
+ * that content already. Errors: TK_ERR_INVALID (no token, not an http(s) URL, bad token or too large),
+ * TK_ERR_UNTRUSTED, TK_ERR_SIGNATURE, TK_ERR_MANIFEST, TK_ERR_DIGEST, TK_ERR_ARCHIVE, TK_ERR_ROLLBACK
+ * (the registry has this major at a newer or equal version with other content), TK_ERR_NOSPACE,
+ * TK_ERR_NETWORK, TK_ERR_IO. */
+TK_API int tk_publish_upload(char **commit, int *created, tk_ctx *ctx, const char *pkgdir, const char *registry,
+                             const char *token, const tk_publish_opts *opts);
+
 
 /* ---------------------------------------------------------------------------------------------- */
 /* Tensors (DLPack-compatible)                                                                     */

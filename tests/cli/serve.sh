@@ -317,6 +317,49 @@ t_upload_publish_and_get() {
   stop_serve
 }
 
+t_publish_registry_client() {
+  server_tree client; start_serve "$SRV" || return
+  make_pkg "$WORK/c1" 1.0.0
+  expect_rc 0 "$TK" --json publish "$WORK/c1" --registry "$URL" --token "$TOKEN" --key "$KEY"
+  expect_out '"created": true'
+  local c; c=$(readlink "$SRV/kernels/tktest/demo/resolve/v1")
+  expect_out "$c"
+  [ "$c" = "$COMMIT" ] || fail "the server wrote $c, tk publish --to wrote $COMMIT for the same files"
+  TK_TOKEN=$TOKEN expect_rc 0 "$TK" publish "$WORK/c1" --registry "$URL/" --key "$KEY"
+  expect_out "already published"
+  # refusals come back with the server's reason and the matching exit status
+  expect_rc 2 "$TK" publish "$WORK/c1" --registry "$URL" --key "$KEY"
+  expect_out "needs a token"
+  expect_out "tk serve token add"
+  expect_rc 2 "$TK" publish "$WORK/c1" --registry "$URL" --token "$(printf '0%.0s' $(seq 64))" --key "$KEY"
+  expect_out "401"
+  expect_out "not valid on this server"
+  "$TK" keygen "$WORK/stranger.key" >/dev/null
+  make_pkg "$WORK/c2" 1.1.0
+  expect_rc 5 "$TK" publish "$WORK/c2" --registry "$URL" --token "$TOKEN" --key "$WORK/stranger.key"
+  expect_out "UntrustedSigner"
+  make_pkg "$WORK/c3" 1.0.0; echo "// changed" >>"$WORK/c3/scale.cu"
+  expect_rc 5 "$TK" publish "$WORK/c3" --registry "$URL" --token "$TOKEN" --key "$KEY"
+  expect_out "VersionConflict"
+  expect_rc 2 "$TK" publish "$WORK/c1" --registry "$URL" --to "$WORK/x" --key "$KEY"
+  expect_rc 2 "$TK" publish "$WORK/c1" --registry "file://$REG" --token "$TOKEN" --key "$KEY"
+  expect_out "--to DIR"
+  # concurrent publishes to one package: serialised by the server, none lost
+  local pids=() v
+  for v in 2.0.0 3.0.0 4.0.0 1.2.0; do
+    make_pkg "$WORK/cc-$v" "$v"
+    "$TK" -q publish "$WORK/cc-$v" --registry "$URL" --token "$TOKEN" --key "$KEY" >"$WORK/cc-$v.out" 2>&1 &
+    pids+=($!)
+  done
+  for p in "${pids[@]}"; do wait "$p" || fail "a concurrent publish failed: $(cat "$WORK"/cc-*.out)"; done
+  req "$URL/api/kernels/tktest/demo/refs"; expect_code 200
+  for v in v1 v2 v3 v4; do grep -q "\"$v\"" "$WORK/body" || fail "branch $v missing after concurrent publishes"; done
+  "$TK" trust add tktest "$PUB" -q
+  TK_ENDPOINT=$URL expect_rc 0 "$TK" get tktest/demo@1
+  expect_out "1.2.0"
+  stop_serve
+}
+
 t_upload_bad_content_refused() {
   server_tree bad; start_serve "$SRV" || return
   version_tar 1.0.0 "$WORK/good.tar" || return
