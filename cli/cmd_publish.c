@@ -39,8 +39,8 @@ int tk_cmd_publish(tk_cli *cli, int argc, char **argv)
                    "examples:\n"
                    "  tk publish ./my-kernels --to /srv/registry --key ~/.config/tk/publisher.pem\n"
                    "  TK_TOKEN=tks_... tk publish ./my-kernels --registry https://kernels.example.com --key k.pem\n\n"
-                   "exit status: 0 ok, 2 bad arguments or token, 4 network, 5 signature, trust, digest or\n"
-                   "version refused, 6 file system, 1 other (e.g. a bad kernel.json).\n", USAGE);
+                   "exit status: 0 ok, 2 bad arguments or token, 4 network, 5 a bad kernel.json, or the\n"
+                   "signature, trust, digest or version refused, 6 file system, 1 other.\n", USAGE);
             return TK_EXIT_OK;
         } else if (!strcmp(argv[i], "--to") || !strcmp(argv[i], "--key") || !strcmp(argv[i], "--registry") ||
                    !strcmp(argv[i], "--token")) {
