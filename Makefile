@@ -94,6 +94,7 @@ $(B)/registry/.stamp: $(B)/tk $(KEY) $(PKG_FILES)
 	@echo "registry: $(REGISTRY)"
 
 test: all
+	@bash scripts/setup.sh --test
 	@bash tests/run.sh
 
 test-gpu: all

@@ -1007,11 +1007,12 @@ static void page_package(tk_buf *b, tk_server *s, const char *org, const char *p
             readme = arch ? archive_readme(arch) : NULL;
             free(arch);
         }
-        tk__buf_puts(b, "<tr><td>");
+        /* data-l labels the cells when a phone-width screen stacks each row (see the CSS) */
+        tk__buf_puts(b, "<tr><td data-l=branch>");
         html_esc(b, branches[i]);
-        tk__buf_puts(b, "</td><td>");
+        tk__buf_puts(b, "</td><td data-l=version>");
         html_esc(b, json_string_value(json_object_get(m, "version")));
-        tk__buf_printf(b, "</td><td><code title=\"%s\">%.10s</code></td><td>", head, head);
+        tk__buf_printf(b, "</td><td data-l=commit><code title=\"%s\">%.10s</code></td><td data-l=ops>", head, head);
         /* The ops its kernels implement, each once. */
         json_t *seen = json_object(), *k;
         size_t ki;
@@ -1025,7 +1026,7 @@ static void page_package(tk_buf *b, tk_server *s, const char *org, const char *p
             tk__buf_puts(b, "</code>");
         }
         json_decref(seen);
-        tk__buf_puts(b, "</td><td>");
+        tk__buf_puts(b, "</td><td data-l=\"signed by\">");
         char *sp = tk__fmt("%s/%s/manifest.json.sig", resolve_dir, head), *stext = NULL;
         size_t sn = 0;
         char keyid[TK_KEYID_LEN], pub[TK_PUBKEY_LEN];
@@ -1096,7 +1097,10 @@ static enum MHD_Result serve_page(tk_server *s, struct MHD_Connection *c, req *r
                      "section{border:1px solid #ddd;border-radius:8px;padding:1rem;margin:1rem 0}"
                      ".t{overflow-x:auto}table{border-collapse:collapse;width:100%;font-size:.9rem}"
                      "th,td{text-align:left;padding:.3rem .5rem;border-bottom:1px solid #eee;vertical-align:top}"
-                     "code{font-size:.85rem;word-break:break-all}.m{color:#555;font-size:.9rem}"
+                     "code{font-size:.85rem;overflow-wrap:anywhere}.m{color:#555;font-size:.9rem}"
+                     "@media (max-width:40rem){.t table,.t tbody,.t tr,.t td{display:block}"
+                     ".t tr:first-child{display:none}.t tr{padding:.4rem 0;border-bottom:1px solid #eee}"
+                     ".t td{border:0;padding:.1rem 0}.t td::before{content:attr(data-l) \": \";font-weight:600}}"
                      "pre{white-space:pre-wrap;background:#f6f6f6;padding:.7rem;border-radius:6px;font-size:.85rem}"
                      "</style></head><body><h1>tk registry</h1>");
     tk__buf_printf(&b, "<p class=m>%zu package%s. Point tk here with <code>TK_ENDPOINT=</code>this URL.</p>\n", n,

@@ -1,12 +1,21 @@
 #!/usr/bin/env bash
 # Installs what tk needs to build and test, from Debian's packages. Safe to run again:
 # it installs only what is missing, and does nothing when everything is there.
+#
+#   scripts/setup.sh          what building tk and its core tests need
+#   scripts/setup.sh --test   also the tools of the registry tests: headless Chromium (the page
+#                             screenshot), wrk (load), and a Python venv in build/hf-venv with
+#                             huggingface_hub from PyPI (the Hub client compatibility test).
+#                             `make test` runs this first.
 set -euo pipefail
+cd "$(dirname "$0")/.."
 
 pkgs=(build-essential pkg-config
       libcurl4-openssl-dev libarchive-dev libssl-dev libsqlite3-dev libjansson-dev libzstd-dev
       libmicrohttpd-dev
       nginx-light zstd curl openssl python3)
+test_tools=0
+[ "${1:-}" = "--test" ] && { test_tools=1; pkgs+=(chromium wrk python3-venv); }
 
 missing=()
 for p in "${pkgs[@]}"; do
@@ -27,4 +36,14 @@ fi
 # The CUDA toolkit (NVRTC) is optional at build time: tk loads it with dlopen when it compiles.
 if ! ls /usr/local/cuda/lib64/libnvrtc.so* >/dev/null 2>&1 && ! ldconfig -p | grep -q libnvrtc; then
   echo "setup: note: NVRTC not found; tk will install and verify packages but cannot JIT-compile them"
+fi
+
+# The Hub client test's Python: huggingface_hub from PyPI in a venv of its own (never the system's).
+if [ $test_tools = 1 ]; then
+  venv=${TK_HF_VENV:-build/hf-venv}
+  if ! "$venv/bin/python" -c "import huggingface_hub" 2>/dev/null; then
+    echo "setup: installing huggingface_hub into $venv"
+    python3 -m venv "$venv"
+    "$venv/bin/pip" install -q --disable-pip-version-check "huggingface_hub>=1.0"
+  fi
 fi

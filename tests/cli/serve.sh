@@ -360,6 +360,53 @@ t_publish_registry_client() {
   stop_serve
 }
 
+# The Hub's own Python client (huggingface_hub from PyPI; `scripts/setup.sh --test` installs it in
+# build/hf-venv) downloads a file and lists refs from tk serve: the protocol is the Hub's.
+t_huggingface_hub_client() {
+  local py=${TK_HF_PYTHON:-build/hf-venv/bin/python}
+  if ! "$py" -c "import huggingface_hub" 2>/dev/null; then
+    [ -n "${CI:-}" ] && { fail "huggingface_hub is not installed in $py (scripts/setup.sh --test)"; return; }
+    skip "no huggingface_hub venv ($py); run scripts/setup.sh --test"; return
+  fi
+  start_serve "$REG" || return
+  local f
+  for f in manifest.json source.tar.gz; do
+    HF_HUB_DISABLE_TELEMETRY=1 HF_HUB_ETAG_TIMEOUT=10 HF_TOKEN= \
+      expect_rc 0 "$py" tests/hf_client.py "$URL" "$WORK/hf-cache" tktest/demo "$f" "$(sha "$VDIR/$f")" "$COMMIT"
+  done
+  expect_out "RevisionNotFoundError"
+  stop_serve
+}
+
+# The page at / in headless Chromium (Debian's package), at a phone's width and a desktop's: the
+# screenshots must have the requested size, show content (not blank, not one blot) across the width.
+# They are kept in the test logs (page-phone.png, page-desktop.png) for a human to look at.
+t_page_in_headless_chromium() {
+  local chrome; chrome=$(command -v chromium || command -v chromium-browser || true)
+  if [ -z "$chrome" ]; then
+    [ -n "${CI:-}" ] && { fail "chromium is not installed (scripts/setup.sh --test)"; return; }
+    skip "no chromium; run scripts/setup.sh --test"; return
+  fi
+  server_tree page; start_serve "$SRV" || return
+  version_tar 1.0.0 "$WORK/pg1.tar" && upload "$WORK/pg1.tar" "$TOKEN"
+  version_tar 2.0.0 "$WORK/pg2.tar" && upload "$WORK/pg2.tar" "$TOKEN"
+  local logs=$B/test-logs size shot
+  mkdir -p "$logs"
+  for size in phone:390,844 desktop:1280,900; do
+    shot=$logs/page-${size%%:*}.png; rm -f "$shot"
+    timeout 60 "$chrome" --headless=new --no-sandbox --disable-gpu --hide-scrollbars --no-first-run \
+      --user-data-dir="$WORK/chrome-profile" --window-size="${size#*:}" --screenshot="$shot" "$URL/" \
+      >"$WORK/chrome.log" 2>&1
+    [ -s "$shot" ] || { fail "no screenshot from $chrome: $(tail -n 5 "$WORK/chrome.log")"; continue; }
+    python3 tests/png_check.py "$shot" "$(echo "${size#*:}" | cut -d, -f1)" "$(echo "${size#*:}" | cut -d, -f2)" \
+      || fail "screenshot $shot failed its check"
+  done
+  timeout 60 "$chrome" --headless=new --no-sandbox --disable-gpu --user-data-dir="$WORK/chrome-profile" \
+    --dump-dom "$URL/" >"$WORK/dom.html" 2>/dev/null
+  grep -q "tktest/demo" "$WORK/dom.html" || fail "the DOM Chromium rendered lacks the package"
+  stop_serve
+}
+
 t_upload_bad_content_refused() {
   server_tree bad; start_serve "$SRV" || return
   version_tar 1.0.0 "$WORK/good.tar" || return
