@@ -557,3 +557,36 @@ int tk_publish_upload(char **commit, int *created, tk_ctx *ctx, const char *pkgd
     return tk_hub__upload(commit, created, pkgdir, registry, opts->key_path, opts->compression,
                           token ? token : ctx->token, ctx->log, ctx->log_user);
 }
+
+int tk_yank(tk_ctx *ctx, const char *ref, const char *reason, const char *to_dir, const char *registry,
+            const char *token, const tk_publish_opts *opts, char *moved_to)
+{
+    char moved[41] = "", name[140];
+    int already = 0, rc = tk_api__check_ctx(ctx);
+    if (moved_to)
+        moved_to[0] = '\0';
+    if (rc != TK_OK)
+        return rc;
+    if (!ref || !opts || !opts->key_path || (!to_dir == !registry))
+        return tk__err(TK_ERR_INVALID, "tk_yank: ref, opts with key_path, and one of to_dir or registry are required");
+    const char *at = strchr(ref, '@');
+    if (!at || at == ref || (size_t)(at - ref) >= sizeof name || !at[1])
+        return tk__err(TK_ERR_INVALID, "'%s' names no version: yank ORG/NAME@MAJOR.MINOR.PATCH", ref);
+    snprintf(name, sizeof name, "%.*s", (int)(at - ref), ref);
+    char *stmt = NULL, *sig = NULL;
+    if ((rc = tk_hub__yank_make(&stmt, &sig, name, at + 1, reason, opts->key_path)) != TK_OK)
+        return rc;
+    if (registry)
+        rc = tk_hub__yank_send(moved, &already, registry, token ? token : ctx->token, stmt, sig);
+    else
+        rc = tk_hub__tree_yank(moved, &already, to_dir, stmt, strlen(stmt), sig, strlen(sig));
+    free(stmt);
+    free(sig);
+    if (rc == TK_OK) {
+        tk_api__log(ctx, TK_LOG_INFO, "%s %s%s%.12s", already ? "already yanked:" : "yanked", ref,
+                    moved[0] ? "; branch moved back to " : "", moved);
+        if (moved_to)
+            memcpy(moved_to, moved, 41);
+    }
+    return rc;
+}

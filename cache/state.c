@@ -600,6 +600,11 @@ int tk_state__seen_put(tk_state *st, const char *name, int major, const char *ve
     free(old);
     if (!newer)
         return TK_OK;
+    return tk_state__seen_set(st, name, major, version, commit);
+}
+
+int tk_state__seen_set(tk_state *st, const char *name, int major, const char *version, const char *commit)
+{
     sqlite3_stmt *s = NULL;
     if (sqlite3_prepare_v2(st->db,
                            "INSERT OR REPLACE INTO seen(name, major, version, commit_id, seen_at) "

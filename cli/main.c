@@ -15,6 +15,7 @@ int tk_cmd_remove(tk_cli *cli, int argc, char **argv);
 int tk_cmd_lock(tk_cli *cli, int argc, char **argv);
 int tk_cmd_keygen(tk_cli *cli, int argc, char **argv);
 int tk_cmd_publish(tk_cli *cli, int argc, char **argv);
+int tk_cmd_yank(tk_cli *cli, int argc, char **argv);
 int tk_cmd_trust(tk_cli *cli, int argc, char **argv);
 int tk_cmd_build(tk_cli *cli, int argc, char **argv);
 int tk_cmd_cache(tk_cli *cli, int argc, char **argv);
@@ -37,6 +38,7 @@ static const struct {
     {"lock", tk_cmd_lock, "write tk.lock pinning installed commits and manifest digests"},
     {"keygen", tk_cmd_keygen, "make an Ed25519 publisher key pair"},
     {"publish", tk_cmd_publish, "sign a package directory and add it to a registry tree"},
+    {"yank", tk_cmd_yank, "withdraw a published version (signed; locks keep working)"},
     {"trust", tk_cmd_trust, "manage trusted publisher keys (add, list, remove)"},
     {"build", tk_cmd_build, "compile a package's kernels with NVRTC into the cache (ahead of time)"},
     {"cache", tk_cmd_cache, "the compiled-kernel cache: ls, stats, gc, clear"},

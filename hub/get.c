@@ -214,6 +214,36 @@ static int check_signer(const tk_hub_env *env, const tk_hub_ref *ref, const char
                    ref->name, keyid, ref->org, ref->org, pubkey);
 }
 
+/* TK_OK when the publisher has withdrawn ref@version with a yank statement signed by a key trusted
+ * for the org (hub/yank.c); *reason receives its reason. Anything else (no statement, a bad or
+ * untrusted signature, another package or version) is an error, and the caller refuses the rollback. */
+static int yanked_by_publisher(const tk_hub_env *env, const tk_hub_ref *ref, const char *version, char *reason,
+                               size_t reason_cap)
+{
+    char *url = tk__fmt("%s/kernels/%s/%s/yanked/%s.json", env->endpoint, ref->org, ref->pkg, version);
+    char *surl = url ? tk__fmt("%s.sig", url) : NULL, *stmt = NULL, *sigtext = NULL;
+    size_t slen = 0, glen = 0;
+    char keyid[TK_KEYID_LEN], pubkey[TK_PUBKEY_LEN];
+    uint8_t sig[64];
+    tk_hub_yank y;
+    int rc = surl ? TK_OK : tk__err(TK_ERR_NOMEM, "out of memory");
+    if (rc == TK_OK && (rc = tk_hub__http_get_mem(env->http, url, 65536, &stmt, &slen, NULL)) == TK_OK &&
+        (rc = tk_hub__http_get_mem(env->http, surl, 16384, &sigtext, &glen, NULL)) == TK_OK &&
+        (rc = tk_hub__sig_parse(keyid, pubkey, sig, sigtext, glen)) == TK_OK &&
+        (rc = tk_hub__verify(pubkey, sig, stmt, slen)) == TK_OK && (rc = check_signer(env, ref, keyid, pubkey)) == TK_OK &&
+        (rc = tk_hub__yank_parse(&y, stmt, slen)) == TK_OK) {
+        if (strcmp(y.ref.name, ref->name) != 0 || strcmp(y.version, version) != 0)
+            rc = tk__err(TK_ERR_SIGNATURE, "the yank statement at %s is for %s %s", url, y.ref.name, y.version);
+        else
+            snprintf(reason, reason_cap, "%s", y.reason[0] ? y.reason : "no reason given");
+    }
+    free(url);
+    free(surl);
+    free(stmt);
+    free(sigtext);
+    return rc;
+}
+
 static int fetch_small(const tk_hub_env *env, const tk_hub_ref *ref, const char *commit, const char *file,
                        size_t max, char **out, size_t *len)
 {
@@ -332,7 +362,7 @@ int tk_hub__get(tk_state_pkg **out, int *fresh, const tk_hub_env *env, const cha
     tk_state_pkg *p = NULL, *have = NULL;
     char *mtext = NULL, *sigtext = NULL, *archive = NULL, *seen = NULL;
     size_t mlen = 0, siglen = 0;
-    char commit[41] = "";
+    char commit[41] = "", yanked_seen[68] = "";
     int major = 0, locked = 0, in_tx = 0, archive_lock = -1;
     int rc = tk_hub__ref_parse(&ref, refstr);
     if (rc != TK_OK)
@@ -409,7 +439,14 @@ int tk_hub__get(tk_state_pkg **out, int *fresh, const tk_hub_env *env, const cha
     }
     if ((rc = tk_state__seen_get(&seen, env->state, m->name, m->major)) != TK_OK)
         goto done;
-    if (seen && tk_state__version_cmp(m->version, seen) < 0) {
+    char yank_reason[512] = "";
+    if (seen && tk_state__version_cmp(m->version, seen) < 0 && !ref.commit[0] &&
+        yanked_by_publisher(env, &ref, seen, yank_reason, sizeof yank_reason) == TK_OK) {
+        /* the publisher withdrew the newer version it saw: the branch moved back on purpose */
+        say(env, TK_LOG_WARN, "%s %s was yanked by its publisher (%s); installing %s", m->name, seen, yank_reason,
+            m->version);
+        snprintf(yanked_seen, sizeof yanked_seen, "%s", seen);
+    } else if (seen && tk_state__version_cmp(m->version, seen) < 0) {
         rc = tk__err(TK_ERR_ROLLBACK, "%s: the registry offers version %s, older than %s which this machine has "
                      "already seen for major %d (rollback refused)\nHINT: the registry may be stale or "
                      "compromised; if the downgrade is intended, pin the commit in a lock file",
@@ -463,13 +500,15 @@ int tk_hub__get(tk_state_pkg **out, int *fresh, const tk_hub_env *env, const cha
     seen = NULL;
     if ((rc = tk_state__seen_get(&seen, env->state, m->name, m->major)) != TK_OK)
         goto done;
-    if (seen && tk_state__version_cmp(m->version, seen) < 0) {
+    int yank_accepted = yanked_seen[0] && seen && strcmp(seen, yanked_seen) == 0;
+    if (seen && tk_state__version_cmp(m->version, seen) < 0 && !yank_accepted) {
         rc = tk__err(TK_ERR_ROLLBACK, "%s: version %s is older than %s, installed meanwhile", m->name,
                      m->version, seen);
         goto done;
     }
     if ((rc = tk_state__pkg_put(env->state, p)) != TK_OK ||
-        (rc = tk_state__seen_put(env->state, m->name, m->major, m->version, commit)) != TK_OK)
+        (rc = (yank_accepted ? tk_state__seen_set : tk_state__seen_put)(env->state, m->name, m->major, m->version,
+                                                                        commit)) != TK_OK)
         goto done;
     if ((rc = tk_state__commit(env->state)) != TK_OK)
         goto done;

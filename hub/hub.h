@@ -62,4 +62,33 @@ int tk_hub__upload(char **commit, int *created, const char *pkgdir, const char *
                    const char *key_path, const char *compression, const char *token, tk_log_fn log,
                    void *log_user);
 
+/* ---- yanks (hub/yank.c) ---------------------------------------------------------------------- */
+
+typedef struct {
+    tk_hub_ref ref;     /* the package (no major, no commit) */
+    char version[68];
+    int major;
+    char reason[512];
+} tk_hub_yank;
+
+/* Parses and checks a yank statement's bytes (not its signature). TK_ERR_MANIFEST when malformed. */
+int tk_hub__yank_parse(tk_hub_yank *y, const char *stmt, size_t len);
+/* Makes the statement withdrawing name@version and signs it with the key (malloc'd texts). */
+int tk_hub__yank_make(char **stmt, char **sig, const char *name, const char *version, const char *reason,
+                      const char *key_path);
+/* Records a signed yank in the static tree (the caller checked the signature, or is the publisher
+ * holding the key) under the tree's publish lock: writes kernels/{org}/{name}/yanked/{version}.json
+ * and .json.sig, and if the version heads its branch moves the branch to the newest version of that
+ * major that is not yanked (its commit in moved_to, else moved_to[0] = 0). *already is 1 when it was
+ * yanked before (nothing changes). Errors: TK_ERR_NOT_FOUND (no such version), TK_ERR_INVALID (it is
+ * the last version of its major that is not yanked), TK_ERR_MANIFEST, TK_ERR_IO. */
+int tk_hub__tree_yank(char moved_to[41], int *already, const char *tree, const char *stmt, size_t slen,
+                      const char *sig, size_t siglen);
+/* Sends a signed yank to a `tk serve` registry (PUT {registry}/api/yank/{org}/{name} with the token);
+ * the server checks the signature against its trust store and applies tk_hub__tree_yank. */
+int tk_hub__yank_send(char moved_to[41], int *already, const char *registry, const char *token, const char *stmt,
+                      const char *sig);
+/* 1 when resolve_dir/../yanked/{version}.json exists. */
+int tk_hub__tree_is_yanked(const char *resolve_dir, const char *version);
+
 #endif

@@ -283,6 +283,11 @@ int tk_hub__publish(char **commit_out, const char *pkgdir, const char *to_dir, c
             goto done;
         }
     }
+    if (tk_hub__tree_is_yanked(resolve_dir, version)) {
+        rc = tk__err(TK_ERR_ROLLBACK, "%s %s was yanked; a yanked version is never published again\n"
+                     "HINT: raise 'version' in kernel.json", name, version);
+        goto done;
+    }
 
     /* 6. Sign, compute the commit, write the version's files. */
     if ((rc = tk_hub__sign(&sig, key, mtext, strlen(mtext))) != TK_OK)

@@ -46,6 +46,7 @@
 #include "cache/state.h"
 #include "common/common.h"
 #include "hub/archive.h"
+#include "hub/hub.h"
 #include "hub/manifest.h"
 #include "hub/serve.h"
 #include "hub/tree.h"
@@ -88,6 +89,7 @@ typedef struct {
     char *url;
     /* uploads */
     int upload;
+    int yank;                  /* PUT /api/yank/{org}/{name}: the body is a signed yank statement */
     int fd;
     char *tmp;
     int64_t got;
@@ -476,6 +478,11 @@ static int receive_version(char commit[41], int *created, char version[32], tk_s
                          m->name, m->version, head_version, branch);
             goto done;
         }
+    }
+    if (tk_hub__tree_is_yanked(resolve_dir, m->version)) {
+        rc = tk__err(TK_ERR_ROLLBACK, "%s %s was yanked; a yanked version is never published again\n"
+                     "HINT: raise 'version' in kernel.json", m->name, m->version);
+        goto done;
     }
     char msha[TK_SHA256_HEX], ssha[TK_SHA256_HEX];
     tk__sha256_hex(msha, mtext, mlen);
@@ -1163,6 +1170,12 @@ static enum MHD_Result route_read(tk_server *s, struct MHD_Connection *c, req *r
         }
         return reply_error(c, r, MHD_HTTP_NOT_FOUND, "EntryNotFound", "no such endpoint");
     }
+    if (n == 5 && !strcmp(p[0], "kernels") && !strcmp(p[3], "yanked")) { /* signed yank statements */
+        if (!name_ok(org, pkg, p[1], p[2]) || !repo_exists(s, org, pkg))
+            return reply_error(c, r, MHD_HTTP_NOT_FOUND, "RepoNotFound", "repository %s/%s not found", p[1], p[2]);
+        snprintf(rel, sizeof rel, "kernels/%s/%s/yanked/%s", org, pkg, p[4]);
+        return serve_file(s, c, r, rel, "EntryNotFound", "application/json", NULL, 0);
+    }
     if (n >= 5 && !strcmp(p[0], "kernels") && !strcmp(p[3], "resolve")) {
         if (!name_ok(org, pkg, p[1], p[2]) || !repo_exists(s, org, pkg))
             return reply_error(c, r, MHD_HTTP_NOT_FOUND, "RepoNotFound", "repository %s/%s not found", p[1], p[2]);
@@ -1186,6 +1199,7 @@ static enum MHD_Result upload_begin(tk_server *s, struct MHD_Connection *c, req 
 {
     if (n != 4 || !name_ok(r->org, r->pkg, p[2], p[3]))
         return reply_error(c, r, MHD_HTTP_NOT_FOUND, "RepoNotFound", "upload to /api/upload/{org}/{name}");
+    r->yank = !strcmp(p[1], "yank");
     const char *auth = MHD_lookup_connection_value(c, MHD_HEADER_KIND, "Authorization");
     if (!auth || strncasecmp(auth, "Bearer ", 7) != 0 || strlen(auth + 7) == 0 || strlen(auth + 7) > 256)
         return reply_error(c, r, MHD_HTTP_UNAUTHORIZED, "Unauthorized",
@@ -1217,6 +1231,57 @@ static enum MHD_Result upload_begin(tk_server *s, struct MHD_Connection *c, req 
     return MHD_YES;
 }
 
+/* A yank: the body is {"statement": "<yank.json text>", "signature": "<its .sig text>"}. The statement
+ * must be signed by a key this server trusts for the org, and name the package of the URL. */
+static enum MHD_Result yank_finish(tk_server *s, struct MHD_Connection *c, req *r)
+{
+    char *body = NULL, moved[41] = "", keyid[TK_KEYID_LEN], pub[TK_PUBKEY_LEN], trusted[TK_PUBKEY_LEN];
+    size_t len = 0;
+    uint8_t sig[64];
+    int already = 0, rc = tk__read_file(&body, &len, r->tmp, 1 << 20);
+    json_t *j = rc == TK_OK ? json_loadb(body, len, 0, NULL) : NULL;
+    const char *stmt = json_string_value(json_object_get(j, "statement"));
+    const char *stext = json_string_value(json_object_get(j, "signature"));
+    tk_hub_yank y;
+    if (rc == TK_OK && (!stmt || !stext))
+        rc = tk__err(TK_ERR_INVALID, "a yank is {\"statement\": ..., \"signature\": ...} (what 'tk yank' sends)");
+    if (rc == TK_OK && (rc = tk_hub__sig_parse(keyid, pub, sig, stext, strlen(stext))) == TK_OK) {
+        if ((rc = trusted_key(trusted, s->root, r->org, keyid)) == TK_ERR_NOT_FOUND || (rc == TK_OK && strcmp(trusted, pub)))
+            rc = tk__err(TK_ERR_UNTRUSTED, "the signer %s is not trusted for org '%s' on this server", keyid, r->org);
+        else if (rc == TK_OK && (rc = tk_hub__verify(trusted, sig, stmt, strlen(stmt))) == TK_OK &&
+                 (rc = tk_hub__yank_parse(&y, stmt, strlen(stmt))) == TK_OK &&
+                 (strcmp(y.ref.org, r->org) || strcmp(y.ref.pkg, r->pkg)))
+            rc = tk__err(TK_ERR_MANIFEST, "the statement yanks %s, but was sent to %s/%s", y.ref.name, r->org, r->pkg);
+    }
+    if (rc == TK_OK)
+        rc = tk_hub__tree_yank(moved, &already, s->root, stmt, strlen(stmt), stext, strlen(stext));
+    json_t *reply = NULL;
+    if (rc == TK_OK) {
+        say(s, TK_LOG_INFO, "yanked %s %s%s%s", y.ref.name, y.version, moved[0] ? "; branch moved back to " : "", moved);
+        reply = json_pack("{s:s, s:s, s:b, s:s?}", "name", y.ref.name, "version", y.version, "already", already,
+                          "branch_commit", moved[0] ? moved : NULL);
+    }
+    json_decref(j);
+    free(body);
+    if (rc != TK_OK) {
+        const char *msg = tk_last_error();
+        say(s, TK_LOG_WARN, "yank in %s/%s refused: %s", r->org, r->pkg, msg);
+        switch (rc) {
+        case TK_ERR_UNTRUSTED: return reply_error(c, r, MHD_HTTP_FORBIDDEN, "UntrustedSigner", "%s", msg);
+        case TK_ERR_SIGNATURE: return reply_error(c, r, MHD_HTTP_UNPROCESSABLE_CONTENT, "SignatureInvalid", "%s", msg);
+        case TK_ERR_MANIFEST: return reply_error(c, r, MHD_HTTP_UNPROCESSABLE_CONTENT, "ManifestInvalid", "%s", msg);
+        case TK_ERR_NOT_FOUND: return reply_error(c, r, MHD_HTTP_NOT_FOUND, "EntryNotFound", "%s", msg);
+        case TK_ERR_INVALID: return reply_error(c, r, MHD_HTTP_CONFLICT, "VersionConflict", "%s", msg);
+        default: return reply_error(c, r, MHD_HTTP_INTERNAL_SERVER_ERROR, "InternalError", "%s", msg);
+        }
+    }
+    char *text = reply ? json_dumps(reply, 0) : NULL;
+    json_decref(reply);
+    struct MHD_Response *resp = text ? mem_response(text, strlen(text), "application/json") : NULL;
+    free(text);
+    return queue(c, r, MHD_HTTP_OK, resp);
+}
+
 static enum MHD_Result upload_finish(tk_server *s, struct MHD_Connection *c, req *r)
 {
     close(r->fd);
@@ -1224,6 +1289,8 @@ static enum MHD_Result upload_finish(tk_server *s, struct MHD_Connection *c, req
     if (r->overflow)
         return reply_error(c, r, MHD_HTTP_CONTENT_TOO_LARGE, "PayloadTooLarge", "the upload exceeds %lld bytes",
                            (long long)s->max_upload);
+    if (r->yank)
+        return yank_finish(s, c, r);
     char commit[41], version[32];
     int created = 0;
     int rc = receive_version(commit, &created, version, s, r->org, r->pkg, r->tmp);
@@ -1274,7 +1341,7 @@ static enum MHD_Result dispatch(tk_server *s, struct MHD_Connection *c, req *r, 
     int is_get = !strcmp(m, MHD_HTTP_METHOD_GET) || !strcmp(m, MHD_HTTP_METHOD_HEAD);
     int is_put = !strcmp(m, MHD_HTTP_METHOD_PUT) || !strcmp(m, MHD_HTTP_METHOD_POST);
     int ok = split_path(parts, 32, &n, path);
-    int upload = ok && n >= 2 && !strcmp(parts[0], "api") && !strcmp(parts[1], "upload");
+    int upload = ok && n >= 2 && !strcmp(parts[0], "api") && (!strcmp(parts[1], "upload") || !strcmp(parts[1], "yank"));
     if (first && !(upload && is_put)) {
         ret = MHD_YES; /* answer once the request is complete, so the connection can be kept alive */
     } else if (!ok) {

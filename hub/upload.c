@@ -216,3 +216,66 @@ done:
     tk__rmtree(tmpl);
     return rc;
 }
+
+int tk_hub__yank_send(char moved_to[41], int *already, const char *registry, const char *token, const char *stmt,
+                      const char *sig)
+{
+    tk_hub_yank y;
+    tk_hub_http *h = NULL;
+    tk_hub_http_meta meta;
+    char origin[512], *url = NULL, *body = NULL, *reply = NULL;
+    size_t reply_len = 0;
+    json_t *j = NULL;
+    moved_to[0] = '\0';
+    *already = 0;
+    int rc = tk_hub__yank_parse(&y, stmt, strlen(stmt));
+    if (rc != TK_OK)
+        return rc;
+    if (strncmp(registry, "http://", 7) != 0 && strncmp(registry, "https://", 8) != 0)
+        return tk__err(TK_ERR_INVALID, "--registry wants the http(s) URL of a 'tk serve' registry, got '%s'", registry);
+    if (!token || !*token)
+        return tk__err(TK_ERR_INVALID, "yanking on %s needs the org's upload token (TK_TOKEN or --token)", registry);
+    size_t n = strlen(registry);
+    while (n && registry[n - 1] == '/')
+        n--;
+    const char *p = strstr(registry, "://") + 3;
+    snprintf(origin, sizeof origin, "%.*s", (int)((p - registry) + strcspn(p, "/?#")), registry);
+    url = tk__fmt("%.*s/api/yank/%s/%s", (int)n, registry, y.ref.org, y.ref.pkg);
+    j = json_pack("{s:s, s:s}", "statement", stmt, "signature", sig);
+    body = j ? json_dumps(j, JSON_COMPACT) : NULL;
+    json_decref(j);
+    if (!url || !body) {
+        rc = tk__err(TK_ERR_NOMEM, "out of memory");
+        goto done;
+    }
+    tk_hub_http_opts ho;
+    memset(&ho, 0, sizeof ho);
+    ho.token = token;
+    ho.auth_origin = origin;
+    memset(&meta, 0, sizeof meta);
+    if ((rc = tk_hub__http_new(&h, &ho)) != TK_OK)
+        goto done;
+    rc = tk_hub__http_send(h, "PUT", url, "application/json", body, strlen(body), UPLOAD_REPLY_MAX, 1, &reply,
+                           &reply_len, &meta);
+    if (rc != TK_OK) {
+        int st = refusal_status(&meta, rc);
+        if (meta.status == 401 || (meta.status == 403 && strcmp(meta.error_code, "UntrustedSigner") != 0))
+            st = TK_ERR_INVALID;
+        if (meta.status == 404 && strcmp(meta.error_code, "EntryNotFound") == 0)
+            st = TK_ERR_NOT_FOUND;
+        rc = st == rc ? rc : tk__err_wrap(st, "the registry refused the yank of %s %s", y.ref.name, y.version);
+        goto done;
+    }
+    j = json_loadb(reply, reply_len, 0, NULL);
+    *already = json_is_true(json_object_get(j, "already"));
+    const char *m = json_string_value(json_object_get(j, "branch_commit"));
+    if (m && strlen(m) == 40)
+        memcpy(moved_to, m, 41);
+    json_decref(j);
+done:
+    tk_hub__http_free(h);
+    free(url);
+    free(body);
+    free(reply);
+    return rc;
+}

@@ -260,6 +260,19 @@ TK_API int tk_publish(char **commit, tk_ctx *ctx, const char *pkgdir, const char
  * TK_ERR_UNTRUSTED, TK_ERR_SIGNATURE, TK_ERR_MANIFEST, TK_ERR_DIGEST, TK_ERR_ARCHIVE, TK_ERR_ROLLBACK
  * (the registry has this major at a newer or equal version with other content), TK_ERR_NOSPACE,
  * TK_ERR_NETWORK, TK_ERR_IO. */
+/* Yanks (withdraws) a published version: `ref` is "org/name@MAJOR.MINOR.PATCH". Signs a yank statement
+ * with the publisher's key (opts->key_path) and records it in the static tree `to_dir`, or sends it to
+ * the `tk serve` registry at `registry` with the token (NULL: the context's); exactly one of to_dir and
+ * registry. The version's files stay, so lock files that pin its commit still install it; if it heads
+ * its branch, the branch moves back to the newest version of that major that is not yanked, and
+ * clients that already saw the yanked version accept the move because the statement is signed by a
+ * key they trust. A yanked version is never published again. moved_to (may be NULL; 41 bytes)
+ * receives the commit the branch moved to, or "" when it did not move. Errors: TK_ERR_INVALID (bad
+ * ref; or it is the last version of its major that is not yanked), TK_ERR_NOT_FOUND (no such version),
+ * TK_ERR_UNTRUSTED (the server does not trust the key), TK_ERR_NETWORK, TK_ERR_IO. */
+TK_API int tk_yank(tk_ctx *ctx, const char *ref, const char *reason, const char *to_dir, const char *registry,
+                   const char *token, const tk_publish_opts *opts, char *moved_to);
+
 TK_API int tk_publish_upload(char **commit, int *created, tk_ctx *ctx, const char *pkgdir, const char *registry,
                              const char *token, const tk_publish_opts *opts);
 

@@ -212,6 +212,49 @@ t_rollback_refused() {
   expect_out "1.1.0"
 }
 
+t_yank_moves_branch_back_and_keeps_locks() {
+  "$TK" trust add tktest "$PUB" -q
+  local r=$WORK/yk; rm -rf "$r" "$WORK/yk-pre" "$WORK/yk-forged"; cp -a "$REG" "$r"
+  make_pkg "$WORK/y2" 1.0.1; "$TK" publish "$WORK/y2" --to "$r" --key "$KEY" -q >/dev/null
+  cp -a "$r" "$WORK/yk-pre"
+  use_file "$r"
+  expect_rc 0 "$TK" get tktest/demo
+  expect_out "1.0.1"
+  (cd "$WORK" && "$TK" lock -o "$WORK/yk.lock" >/dev/null) || fail "lock"
+  expect_rc 0 "$TK" yank tktest/demo@1.0.1 --to "$r" --key "$KEY" --reason "wrong results on sm_90"
+  [ "$(readlink "$r/kernels/tktest/demo/resolve/v1")" = "$(readlink "$REG/kernels/tktest/demo/resolve/v1")" ] \
+    || fail "branch v1 did not move back to 1.0.0"
+  grep -q "$(readlink "$REG/kernels/tktest/demo/resolve/v1")" "$r/api/kernels/tktest/demo/refs" || fail "refs not rewritten"
+  expect_rc 0 "$TK" yank tktest/demo@1.0.1 --to "$r" --key "$KEY"   # again: nothing changes
+  # this machine saw 1.0.1; it accepts 1.0.0 because the publisher's key signed the yank
+  expect_rc 0 "$TK" get tktest/demo
+  expect_out "yanked by its publisher (wrong results on sm_90)"
+  expect_out "1.0.0"
+  # the lock that pins the yanked commit still installs it
+  "$TK" remove -q tktest/demo
+  expect_rc 0 "$TK" get --locked "$WORK/yk.lock"
+  expect_out "1.0.1"
+  # the last version of a major cannot be yanked, a yanked version is never published again, and a
+  # missing version is a clear error
+  expect_rc 2 "$TK" yank tktest/demo@1.0.0 --to "$r" --key "$KEY"
+  expect_out "only version of major 1"
+  make_pkg "$WORK/y3" 1.0.1; echo "// again" >>"$WORK/y3/scale.cu"
+  expect_rc 5 "$TK" publish "$WORK/y3" --to "$r" --key "$KEY"
+  expect_out "was yanked"
+  expect_rc 3 "$TK" yank tktest/demo@1.0.7 --to "$r" --key "$KEY"
+  expect_out "no version 1.0.7"
+  expect_rc 2 "$TK" yank tktest/demo --to "$r" --key "$KEY"
+  # a yank signed by a key nobody trusts does not excuse a rollback on a machine that saw 1.0.1
+  "$TK" keygen "$WORK/stranger.key" >/dev/null
+  cp -a "$WORK/yk-pre" "$WORK/yk-forged"
+  "$TK" -q yank tktest/demo@1.0.1 --to "$WORK/yk-forged" --key "$WORK/stranger.key" >/dev/null || fail "forged yank"
+  export TK_HOME=$WORK/home-b; "$TK" trust add tktest "$PUB" -q
+  use_file "$WORK/yk-pre"; expect_rc 0 "$TK" get tktest/demo
+  use_file "$WORK/yk-forged"
+  expect_rc 5 "$TK" get tktest/demo
+  expect_out "rollback refused"
+}
+
 t_publish_rules_and_history() {
   local r=$WORK/hist; rm -rf "$r"
   make_pkg "$WORK/p" 1.0.0

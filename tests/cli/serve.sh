@@ -407,7 +407,36 @@ t_page_in_headless_chromium() {
   stop_serve
 }
 
+t_yank_over_http() {
+  server_tree yank; start_serve "$SRV" || return
+  local v
+  for v in 1.0.0 1.0.1; do make_pkg "$WORK/yv-$v" "$v"
+    "$TK" -q publish "$WORK/yv-$v" --registry "$URL" --token "$TOKEN" --key "$KEY" >/dev/null || fail "publish $v"; done
+  local c100; c100=$(ls "$SRV/kernels/tktest/demo/resolve" | while read -r d; do
+    [ -f "$SRV/kernels/tktest/demo/resolve/$d/manifest.json" ] && grep -q '"1.0.0"' "$SRV/kernels/tktest/demo/resolve/$d/manifest.json" && echo "$d"; done | head -n 1)
+  "$TK" trust add tktest "$PUB" -q
+  TK_ENDPOINT=$URL expect_rc 0 "$TK" get tktest/demo
+  expect_out "1.0.1"
+  "$TK" keygen "$WORK/stranger.key" >/dev/null
+  expect_rc 5 "$TK" yank tktest/demo@1.0.1 --registry "$URL" --token "$TOKEN" --key "$WORK/stranger.key"
+  expect_out "UntrustedSigner"
+  expect_rc 2 "$TK" yank tktest/demo@1.0.1 --registry "$URL" --token "$(printf '0%.0s' $(seq 64))" --key "$KEY"
+  expect_rc 0 "$TK" --json yank tktest/demo@1.0.1 --registry "$URL" --token "$TOKEN" --key "$KEY" --reason "bad build"
+  expect_out "\"branch_commit\": \"$c100\""
+  req "$URL/api/kernels/tktest/demo/revision/v1"; expect_code 200; expect_hdr X-Repo-Commit "$c100"
+  req "$URL/kernels/tktest/demo/yanked/1.0.1.json"; expect_code 200
+  grep -q '"bad build"' "$WORK/body" || fail "the yank statement is not served"
+  req "$URL/kernels/tktest/demo/yanked/9.9.9.json"; expect_code 404
+  TK_ENDPOINT=$URL expect_rc 0 "$TK" get tktest/demo
+  expect_out "yanked by its publisher (bad build)"
+  expect_out "1.0.0"
+  version_tar 1.0.1 "$WORK/again.tar" || return
+  upload "$WORK/again.tar" "$TOKEN"; expect_code 409
+  stop_serve
+}
+
 t_upload_bad_content_refused() {
+
   server_tree bad; start_serve "$SRV" || return
   version_tar 1.0.0 "$WORK/good.tar" || return
   local x=$WORK/x; rm -rf "$x"; mkdir -p "$x"; tar xf "$WORK/good.tar" -C "$x"
