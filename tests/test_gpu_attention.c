@@ -1,0 +1,503 @@
+/*
+ * test_gpu_attention.c — the attention ops of kernels-community/flash-attn on a GPU against the CPU
+ * references (ops/attention.c, themselves checked against float64 in test_ops_attention.c): attention
+ * (masks, GQA/MQA, varlen, fully masked rows, head dims 64/128/256 and a small one), attention_backward,
+ * attention_decode (paged, shuffled block table, T / i8 / fp8_e4m3 caches, Sq = 1 and 4),
+ * paged_kv_append and mla_decode, each through tk_op_run on CUDA tensors (dispatch, JIT compile, launch
+ * rules, launch). Skips without a CUDA device.
+ *
+ * Every tensor is uploaded with the same bytes the CPU reference starts from, so outputs a kernel must
+ * not touch (varlen padding rows, cache slots no token is appended to) are compared too. Float caches
+ * hold NaN (fp8 caches the NaN code) in every slot no sequence owns: a kernel that lets such a slot
+ * reach a result fails. Tolerances per output dtype: the relative norm of tests/gpu_util.h (twice it
+ * for gradients), a worst-element bound relative to the largest reference value, NaN never passes;
+ * lse (f32) within 1e-4 relative norm; quantised caches byte-exact except at most 0.1% of elements
+ * (a division rounded differently at a tie).
+ */
+#include <math.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+
+#include "gpu_util.h"
+#include "harness.h"
+#include "tensor_util.h"
+
+static const tk_dtype I8 = {TK_DL_INT, 8, 1}, FP8 = {TK_DL_FLOAT8_E4M3FN, 8, 1}, I32 = {TK_DL_INT, 32, 1},
+                      I64 = {TK_DL_INT, 64, 1};
+
+typedef struct {
+    tk_tensor t;
+    int64_t shape[6];
+    void *buf;
+} ht;
+
+#define SHAPE(...) ((const int64_t[]){__VA_ARGS__})
+
+static void ht_new(ht *h, tk_dtype dt, int ndim, const int64_t *shape)
+{
+    memset(h, 0, sizeof *h);
+    int64_t n = 1;
+    for (int i = 0; i < ndim; i++)
+        n *= (h->shape[i] = shape[i]);
+    h->buf = calloc((size_t)n + 16, dt.bits / 8);
+    h->t.data = h->buf;
+    h->t.device.device_type = TK_DEV_CPU;
+    h->t.ndim = ndim;
+    h->t.dtype = dt;
+    h->t.shape = h->shape;
+}
+
+static void ht_rand(ht *h, double lo, double hi)
+{
+    for (int64_t i = 0, n = numel(&h->t); i < n; i++)
+        set(&h->t, i, uniform(lo, hi));
+}
+
+static gpu_ctx g;
+
+/* ---- run on both and compare ------------------------------------------------------------------ */
+
+/* Runs op on the host tensors of args (the CPU reference, writing into copies of the outputs) and on
+ * device copies of the same tensors, then compares every output. */
+static void run_both(const char *op, const tk_arg *args, size_t n, const char *what)
+{
+    const tk_op_desc *d = tk_ops__find(op);
+    tk_arg hargs[16], dargs[16];
+    ht refs[16];
+    dev_tensor dev[16];
+    int out[16] = {0};
+    memset(refs, 0, sizeof refs);
+    memset(dev, 0, sizeof dev);
+    CHECK(d != NULL && n <= 16);
+    if (!d || n > 16)
+        return;
+    for (size_t i = 0; i < n; i++) {
+        hargs[i] = dargs[i] = args[i];
+        if (args[i].kind != TK_ARG_TENSOR)
+            continue;
+        int idx = tk_ops__param_index(d, args[i].name);
+        out[i] = idx >= 0 && d->params[idx].role == TK_OPS_OUT;
+        if (out[i]) {
+            ht_new(&refs[i], args[i].t->dtype, args[i].t->ndim, args[i].t->shape);
+            memcpy(refs[i].buf, args[i].t->data, host_bytes(args[i].t));
+            hargs[i].t = &refs[i].t;
+        }
+        CHECK_RC(dev_upload(&dev[i], args[i].t), TK_OK);
+        dargs[i].t = &dev[i].t;
+    }
+    const char *impl = NULL;
+    CHECK_RC(tk_op_run(g.ctx, op, hargs, n, NULL, NULL), TK_OK);
+    int rc = tk_op_run(g.ctx, op, dargs, n, NULL, &impl);
+    if (rc != TK_OK)
+        fprintf(stderr, "%s %s: no GPU run: %s\n", op, what, tk_last_error());
+    CHECK_RC(rc, TK_OK);
+    CHECK(rc != TK_OK || (impl && strcmp(impl, "cpu-reference") != 0));
+    for (size_t i = 0; rc == TK_OK && i < n; i++) {
+        if (!out[i])
+            continue;
+        tk_tensor *got = (tk_tensor *)args[i].t; /* the caller's host tensor receives the GPU result */
+        CHECK_RC(dev_download(&dev[i], got), TK_OK);
+        char w[320];
+        snprintf(w, sizeof w, "%s '%s' %s (%s)", op, args[i].name, what, impl ? impl : "?");
+        tk_dtype dt = got->dtype;
+        int ok;
+        if (dt.bits == 8) {
+            int64_t diff = 0, m = numel(got);
+            for (int64_t e = 0; e < m; e++)
+                diff += ((const uint8_t *)got->data)[e] != ((const uint8_t *)refs[i].buf)[e];
+            ok = diff * 1000 <= m;
+            if (!ok || diff)
+                printf("%s: %lld of %lld bytes differ\n", w, (long long)diff, (long long)m);
+        } else {
+            cmp_t c = compare_tensors(got, &refs[i].t);
+            double big = 1e-30;
+            for (int64_t e = 0, m = numel(got); e < m; e++) {
+                double r = elem_at(&refs[i].t, e);
+                if (isfinite(r))
+                    big = fmax(big, fabs(r));
+            }
+            if (strcmp(args[i].name, "lse") == 0)
+                ok = cmp_ok(&c, 1e-4, 2e-3 * big);
+            else {
+                int grad = args[i].name[0] == 'd';
+                double worst = dt.code == TK_DL_BFLOAT ? 0.05 : dt.bits == 16 ? 0.01 : 1e-4;
+                ok = cmp_ok(&c, tol_rel(dt) * (grad ? 2 : 1), worst * big);
+            }
+            if (!ok)
+                cmp_print(w, &c);
+        }
+        CHECK(ok);
+    }
+    for (size_t i = 0; i < n; i++) {
+        dev_free(&dev[i]);
+        free(refs[i].buf);
+    }
+}
+
+/* ---- attention and its backward --------------------------------------------------------------- */
+
+typedef struct {
+    int64_t b, sq, sk, hq, hkv, d;
+    int causal;
+    int64_t wl, wr;
+    int alibi;
+    double softcap;
+} fcase;
+
+static size_t mask_args(tk_arg *a, size_t n, const fcase *f, const tk_tensor *alibi)
+{
+    if (f->alibi)
+        a[n++] = (tk_arg){TK_ARG_TENSOR, "alibi_slopes", alibi, 0, 0};
+    a[n++] = (tk_arg){TK_ARG_I64, "causal", NULL, f->causal, 0};
+    a[n++] = (tk_arg){TK_ARG_I64, "window_left", NULL, f->wl, 0};
+    a[n++] = (tk_arg){TK_ARG_I64, "window_right", NULL, f->wr, 0};
+    a[n++] = (tk_arg){TK_ARG_F64, "softcap", NULL, 0, f->softcap};
+    return n;
+}
+
+static void fwd_case(tk_dtype dt, const fcase *f, int backward)
+{
+    ht q, k, v, out, lse, al, dout, dq, dk, dv;
+    ht_new(&q, dt, 4, SHAPE(f->b, f->sq, f->hq, f->d));
+    ht_new(&k, dt, 4, SHAPE(f->b, f->sk, f->hkv, f->d));
+    ht_new(&v, dt, 4, SHAPE(f->b, f->sk, f->hkv, f->d));
+    ht_new(&out, dt, 4, SHAPE(f->b, f->sq, f->hq, f->d));
+    ht_new(&lse, F32, 3, SHAPE(f->b, f->hq, f->sq));
+    ht_new(&al, F32, 1, SHAPE(f->hq));
+    ht_rand(&q, -2, 2);
+    ht_rand(&k, -2, 2);
+    ht_rand(&v, -1, 1);
+    ht_rand(&al, 0.02, 0.3);
+    char what[200];
+    snprintf(what, sizeof what, "%s B%lld Sq%lld Sk%lld Hq%lld Hkv%lld D%lld causal %d wl %lld wr %lld alibi %d softcap %g",
+             tk_dtype_name(dt), (long long)f->b, (long long)f->sq, (long long)f->sk, (long long)f->hq,
+             (long long)f->hkv, (long long)f->d, f->causal, (long long)f->wl, (long long)f->wr, f->alibi, f->softcap);
+    tk_arg a[16] = {{TK_ARG_TENSOR, "out", &out.t, 0, 0}, {TK_ARG_TENSOR, "q", &q.t, 0, 0},
+                    {TK_ARG_TENSOR, "k", &k.t, 0, 0},     {TK_ARG_TENSOR, "v", &v.t, 0, 0},
+                    {TK_ARG_TENSOR, "lse", &lse.t, 0, 0}};
+    size_t na = mask_args(a, 5, f, &al.t);
+    run_both("attention", a, na, what);
+    if (backward) {
+        /* out and lse from the CPU reference, so both sides differentiate the same forward */
+        tk_arg c[16];
+        memcpy(c, a, sizeof c);
+        CHECK_RC(tk_op_run(g.ctx, "attention", c, na, NULL, NULL), TK_OK);
+        ht_new(&dout, dt, 4, SHAPE(f->b, f->sq, f->hq, f->d));
+        ht_new(&dq, dt, 4, SHAPE(f->b, f->sq, f->hq, f->d));
+        ht_new(&dk, dt, 4, SHAPE(f->b, f->sk, f->hkv, f->d));
+        ht_new(&dv, dt, 4, SHAPE(f->b, f->sk, f->hkv, f->d));
+        ht_rand(&dout, -1, 1);
+        tk_arg b[16] = {{TK_ARG_TENSOR, "dq", &dq.t, 0, 0},     {TK_ARG_TENSOR, "dk", &dk.t, 0, 0},
+                        {TK_ARG_TENSOR, "dv", &dv.t, 0, 0},     {TK_ARG_TENSOR, "dout", &dout.t, 0, 0},
+                        {TK_ARG_TENSOR, "q", &q.t, 0, 0},       {TK_ARG_TENSOR, "k", &k.t, 0, 0},
+                        {TK_ARG_TENSOR, "v", &v.t, 0, 0},       {TK_ARG_TENSOR, "out", &out.t, 0, 0},
+                        {TK_ARG_TENSOR, "lse", &lse.t, 0, 0}};
+        size_t nb = mask_args(b, 9, f, &al.t);
+        run_both("attention_backward", b, nb, what);
+        free(dout.buf);
+        free(dq.buf);
+        free(dk.buf);
+        free(dv.buf);
+    }
+    free(q.buf);
+    free(k.buf);
+    free(v.buf);
+    free(out.buf);
+    free(lse.buf);
+    free(al.buf);
+}
+
+static const tk_dtype *halves[] = {&F16, &BF16};
+
+static void test_attention(void)
+{
+    if (!gpu_device())
+        SKIP("no CUDA device");
+    const fcase cases[] = {
+        {2, 200, 200, 8, 2, 128, 1, -1, -1, 0, 0},   /* causal, GQA */
+        {1, 130, 300, 4, 1, 64, 1, 64, -1, 1, 30},   /* causal window, ALiBi, softcap, MQA, Sq < Sk */
+        {2, 77, 77, 4, 4, 64, 0, 16, 8, 0, 0},       /* local window both sides */
+        {1, 1, 333, 8, 2, 128, 1, -1, -1, 0, 0},     /* one query */
+        {1, 40, 9, 4, 2, 64, 1, -1, -1, 0, 0},       /* Sq > Sk causal: fully masked rows */
+        {1, 65, 129, 2, 1, 256, 0, -1, -1, 1, 0},    /* D = 256 */
+    };
+    for (size_t t = 0; t < 2; t++)
+        for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++)
+            fwd_case(*halves[t], &cases[i], 0);
+    fcase small = {1, 9, 13, 3, 1, 8, 1, -1, -1, 0, 0}; /* a head dim the tensor-core kernels do not take */
+    fwd_case(F32, &small, 0);
+    fwd_case(BF16, &small, 0);
+}
+
+static void test_attention_varlen(void)
+{
+    if (!gpu_device())
+        SKIP("no CUDA device");
+    const int32_t cq[4] = {0, 100, 101, 230}, ck[4] = {0, 60, 200, 330};
+    for (size_t t = 0; t < 2; t++)
+        for (int causal = 0; causal < 2; causal++) {
+            ht q, k, v, out, lse, cuq, cuk;
+            ht_new(&q, *halves[t], 4, SHAPE(1, 240, 8, 128));
+            ht_new(&k, *halves[t], 4, SHAPE(1, 340, 2, 128));
+            ht_new(&v, *halves[t], 4, SHAPE(1, 340, 2, 128));
+            ht_new(&out, *halves[t], 4, SHAPE(1, 240, 8, 128));
+            ht_new(&lse, F32, 3, SHAPE(1, 8, 240));
+            ht_new(&cuq, I32, 1, SHAPE(4));
+            ht_new(&cuk, I32, 1, SHAPE(4));
+            memcpy(cuq.buf, cq, sizeof cq);
+            memcpy(cuk.buf, ck, sizeof ck);
+            ht_rand(&q, -2, 2);
+            ht_rand(&k, -2, 2);
+            ht_rand(&v, -1, 1);
+            tk_arg a[10] = {{TK_ARG_TENSOR, "out", &out.t, 0, 0},          {TK_ARG_TENSOR, "q", &q.t, 0, 0},
+                            {TK_ARG_TENSOR, "k", &k.t, 0, 0},              {TK_ARG_TENSOR, "v", &v.t, 0, 0},
+                            {TK_ARG_TENSOR, "lse", &lse.t, 0, 0},          {TK_ARG_TENSOR, "cu_seqlens_q", &cuq.t, 0, 0},
+                            {TK_ARG_TENSOR, "cu_seqlens_k", &cuk.t, 0, 0}, {TK_ARG_I64, "max_seqlen_q", NULL, 129, 0},
+                            {TK_ARG_I64, "causal", NULL, causal, 0},       {TK_ARG_I64, "window_left", NULL, 50, 0}};
+            char what[64];
+            snprintf(what, sizeof what, "varlen %s causal %d", tk_dtype_name(*halves[t]), causal);
+            run_both("attention", a, 10, what);
+            ht *all[] = {&q, &k, &v, &out, &lse, &cuq, &cuk};
+            for (size_t i = 0; i < 7; i++)
+                free(all[i]->buf);
+        }
+}
+
+static void test_attention_backward(void)
+{
+    if (!gpu_device())
+        SKIP("no CUDA device");
+    const fcase cases[] = {
+        {1, 70, 70, 4, 2, 64, 1, -1, -1, 0, 0},
+        {2, 33, 90, 4, 1, 128, 1, 32, -1, 1, 20},
+        {1, 64, 64, 2, 2, 64, 0, -1, -1, 0, 0},
+    };
+    for (size_t t = 0; t < 2; t++)
+        for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++)
+            fwd_case(*halves[t], &cases[i], 1);
+}
+
+/* ---- paged caches ----------------------------------------------------------------------------- */
+
+typedef struct {
+    int64_t nblocks, mb;
+    ht bt, sl;
+} pages_t;
+
+static void pages_new(pages_t *pg, const int *lens, int nseq, int64_t bs)
+{
+    int64_t used = 0, mb = 1;
+    for (int s = 0; s < nseq; s++) {
+        int64_t nb = (lens[s] + bs - 1) / bs;
+        used += nb;
+        mb = nb + 1 > mb ? nb + 1 : mb;
+    }
+    pg->nblocks = used + 2;
+    pg->mb = mb;
+    int64_t *perm = malloc(sizeof(int64_t) * (size_t)pg->nblocks);
+    for (int64_t i = 0; i < pg->nblocks; i++)
+        perm[i] = i;
+    for (int64_t i = pg->nblocks - 1; i > 0; i--) {
+        int64_t j = (int64_t)(next_u64() % (uint64_t)(i + 1)), t = perm[i];
+        perm[i] = perm[j];
+        perm[j] = t;
+    }
+    ht_new(&pg->bt, I32, 2, SHAPE(nseq, mb));
+    ht_new(&pg->sl, I32, 1, SHAPE(nseq));
+    int32_t *bt = pg->bt.buf, *sl = pg->sl.buf;
+    int64_t next = 0;
+    for (int s = 0; s < nseq; s++) {
+        sl[s] = lens[s];
+        for (int64_t b = 0; b < mb; b++)
+            bt[s * mb + b] = b * bs < lens[s] ? (int32_t)perm[next++] : 0;
+    }
+    free(perm);
+}
+
+/* Random values in the slots the sequences own, NaN (the NaN code for fp8; 127 for i8) elsewhere. */
+static void fill_cache(ht *c, const pages_t *pg, const int *lens, int nseq, int64_t bs, int64_t row)
+{
+    tk_dtype dt = c->t.dtype;
+    uint8_t *raw = c->buf;
+    for (int64_t i = 0, n = numel(&c->t); i < n; i++) {
+        if (dt.bits == 8)
+            raw[i] = 0x7f;
+        else
+            set(&c->t, i, NAN);
+    }
+    const int32_t *bt = pg->bt.buf;
+    for (int s = 0; s < nseq; s++)
+        for (int64_t j = 0; j < lens[s]; j++) {
+            int64_t slot = (int64_t)bt[s * pg->mb + j / bs] * bs + j % bs;
+            for (int64_t e = slot * row; e < (slot + 1) * row; e++) {
+                if (dt.bits != 8)
+                    set(&c->t, e, uniform(-2, 2));
+                else if (dt.code == TK_DL_INT)
+                    raw[e] = (uint8_t)(int8_t)((int)(next_u64() % 255) - 127);
+                else
+                    raw[e] = (uint8_t)((next_u64() % 72) | (next_u64() & 1 ? 0x80 : 0)); /* |x| <= 3.75 */
+            }
+        }
+}
+
+static void test_attention_decode(void)
+{
+    if (!gpu_device())
+        SKIP("no CUDA device");
+    const int lens[4] = {37, 1, 700, 16};
+    const tk_dtype *caches[3] = {NULL, &I8, &FP8};
+    int n = 0;
+    for (size_t t = 0; t < 2; t++)
+        for (int c = 0; c < 3; c++)
+            for (int sq = 1; sq <= 4; sq += 3, n++) {
+                tk_dtype qdt = *halves[t], cdt = caches[c] ? *caches[c] : qdt;
+                int64_t bs = 16, hq = 8, hkv = 2, d = n % 2 ? 64 : 128;
+                pages_t pg;
+                pages_new(&pg, lens, 4, bs);
+                ht kc, vc, q, out, lse, ks, vs, al;
+                ht_new(&kc, cdt, 4, SHAPE(pg.nblocks, bs, hkv, d));
+                ht_new(&vc, cdt, 4, SHAPE(pg.nblocks, bs, hkv, d));
+                fill_cache(&kc, &pg, lens, 4, bs, hkv * d);
+                fill_cache(&vc, &pg, lens, 4, bs, hkv * d);
+                ht_new(&q, qdt, 4, SHAPE(4, sq, hq, d));
+                ht_new(&out, qdt, 4, SHAPE(4, sq, hq, d));
+                ht_new(&lse, F32, 3, SHAPE(4, hq, sq));
+                ht_new(&ks, F32, 1, SHAPE(hkv));
+                ht_new(&vs, F32, 1, SHAPE(hkv));
+                ht_new(&al, F32, 1, SHAPE(hq));
+                ht_rand(&q, -1.5, 1.5);
+                ht_rand(&ks, cdt.code == TK_DL_INT ? 0.01 : 0.25, cdt.code == TK_DL_INT ? 0.02 : 0.5);
+                ht_rand(&vs, cdt.code == TK_DL_INT ? 0.01 : 0.25, cdt.code == TK_DL_INT ? 0.02 : 0.5);
+                ht_rand(&al, 0.02, 0.3);
+                tk_arg a[16] = {{TK_ARG_TENSOR, "out", &out.t, 0, 0},
+                                {TK_ARG_TENSOR, "q", &q.t, 0, 0},
+                                {TK_ARG_TENSOR, "k_cache", &kc.t, 0, 0},
+                                {TK_ARG_TENSOR, "v_cache", &vc.t, 0, 0},
+                                {TK_ARG_TENSOR, "block_table", &pg.bt.t, 0, 0},
+                                {TK_ARG_TENSOR, "seq_lens", &pg.sl.t, 0, 0},
+                                {TK_ARG_TENSOR, "lse", &lse.t, 0, 0}};
+                size_t na = 7;
+                if (caches[c]) {
+                    a[na++] = (tk_arg){TK_ARG_TENSOR, "k_scale", &ks.t, 0, 0};
+                    a[na++] = (tk_arg){TK_ARG_TENSOR, "v_scale", &vs.t, 0, 0};
+                }
+                if (n % 3 == 1)
+                    a[na++] = (tk_arg){TK_ARG_TENSOR, "alibi_slopes", &al.t, 0, 0};
+                if (n % 4 == 2)
+                    a[na++] = (tk_arg){TK_ARG_I64, "window_left", NULL, 100, 0};
+                if (n % 4 == 3)
+                    a[na++] = (tk_arg){TK_ARG_F64, "softcap", NULL, 0, 20.0};
+                char what[96];
+                snprintf(what, sizeof what, "q %s cache %s Sq %d D %lld", tk_dtype_name(qdt), tk_dtype_name(cdt), sq,
+                         (long long)d);
+                run_both("attention_decode", a, na, what);
+                ht *all[] = {&kc, &vc, &q, &out, &lse, &ks, &vs, &al, &pg.bt, &pg.sl};
+                for (size_t i = 0; i < sizeof all / sizeof all[0]; i++)
+                    free(all[i]->buf);
+            }
+}
+
+static void test_paged_kv_append(void)
+{
+    if (!gpu_device())
+        SKIP("no CUDA device");
+    const tk_dtype *caches[3] = {NULL, &I8, &FP8};
+    for (size_t t = 0; t < 2; t++)
+        for (int c = 0; c < 3; c++) {
+            tk_dtype dt = *halves[t], cdt = caches[c] ? *caches[c] : dt;
+            const int64_t nb = 40, bs = 16, hkv = 4, d = 128, ntok = 300;
+            ht kc, vc, k, v, sm, ks, vs;
+            ht_new(&kc, cdt, 4, SHAPE(nb, bs, hkv, d));
+            ht_new(&vc, cdt, 4, SHAPE(nb, bs, hkv, d));
+            ht_new(&k, dt, 3, SHAPE(ntok, hkv, d));
+            ht_new(&v, dt, 3, SHAPE(ntok, hkv, d));
+            ht_new(&sm, I64, 1, SHAPE(ntok));
+            ht_new(&ks, F32, 1, SHAPE(hkv));
+            ht_new(&vs, F32, 1, SHAPE(hkv));
+            memset(kc.buf, 0x33, (size_t)(numel(&kc.t) * cdt.bits / 8));
+            memset(vc.buf, 0x33, (size_t)(numel(&vc.t) * cdt.bits / 8));
+            ht_rand(&k, -3, 3);
+            ht_rand(&v, -3, 3);
+            ht_rand(&ks, 0.005, 0.05); /* some values saturate */
+            ht_rand(&vs, 0.005, 0.05);
+            /* distinct slots in a shuffled order, every 7th token skipped */
+            int64_t *slots = sm.buf, total = nb * bs, *perm = malloc(sizeof(int64_t) * (size_t)total);
+            for (int64_t i = 0; i < total; i++)
+                perm[i] = i;
+            for (int64_t i = total - 1; i > 0; i--) {
+                int64_t j = (int64_t)(next_u64() % (uint64_t)(i + 1)), tmp = perm[i];
+                perm[i] = perm[j];
+                perm[j] = tmp;
+            }
+            for (int64_t i = 0; i < ntok; i++)
+                slots[i] = i % 7 == 3 ? -1 : perm[i];
+            free(perm);
+            tk_arg a[7] = {{TK_ARG_TENSOR, "k_cache", &kc.t, 0, 0}, {TK_ARG_TENSOR, "v_cache", &vc.t, 0, 0},
+                           {TK_ARG_TENSOR, "k", &k.t, 0, 0},        {TK_ARG_TENSOR, "v", &v.t, 0, 0},
+                           {TK_ARG_TENSOR, "slot_mapping", &sm.t, 0, 0}, {TK_ARG_TENSOR, "k_scale", &ks.t, 0, 0},
+                           {TK_ARG_TENSOR, "v_scale", &vs.t, 0, 0}};
+            char what[64];
+            snprintf(what, sizeof what, "k %s cache %s", tk_dtype_name(dt), tk_dtype_name(cdt));
+            run_both("paged_kv_append", a, caches[c] ? 7 : 5, what);
+            ht *all[] = {&kc, &vc, &k, &v, &sm, &ks, &vs};
+            for (size_t i = 0; i < sizeof all / sizeof all[0]; i++)
+                free(all[i]->buf);
+        }
+}
+
+static void test_mla_decode(void)
+{
+    if (!gpu_device())
+        SKIP("no CUDA device");
+    const int lens[3] = {1, 100, 700};
+    for (size_t t = 0; t < 2; t++) {
+        const int64_t hq = 16, r = 512, p = 64, bs = 64;
+        pages_t pg;
+        pages_new(&pg, lens, 3, bs);
+        ht kv, qn, qp, out, lse;
+        ht_new(&kv, *halves[t], 3, SHAPE(pg.nblocks, bs, r + p));
+        fill_cache(&kv, &pg, lens, 3, bs, r + p);
+        ht_new(&qn, *halves[t], 3, SHAPE(3, hq, r));
+        ht_new(&qp, *halves[t], 3, SHAPE(3, hq, p));
+        ht_new(&out, *halves[t], 3, SHAPE(3, hq, r));
+        ht_new(&lse, F32, 2, SHAPE(3, hq));
+        ht_rand(&qn, -0.5, 0.5);
+        ht_rand(&qp, -0.5, 0.5);
+        tk_arg a[8] = {{TK_ARG_TENSOR, "out", &out.t, 0, 0},         {TK_ARG_TENSOR, "q_nope", &qn.t, 0, 0},
+                       {TK_ARG_TENSOR, "q_pe", &qp.t, 0, 0},         {TK_ARG_TENSOR, "kv_cache", &kv.t, 0, 0},
+                       {TK_ARG_TENSOR, "block_table", &pg.bt.t, 0, 0}, {TK_ARG_TENSOR, "seq_lens", &pg.sl.t, 0, 0},
+                       {TK_ARG_TENSOR, "lse", &lse.t, 0, 0},         {TK_ARG_F64, "scale", NULL, 0, 1.0 / sqrt(192.0)}};
+        run_both("mla_decode", a, 8, tk_dtype_name(*halves[t]));
+        ht *all[] = {&kv, &qn, &qp, &out, &lse, &pg.bt, &pg.sl};
+        for (size_t i = 0; i < sizeof all / sizeof all[0]; i++)
+            free(all[i]->buf);
+    }
+}
+
+int main(void)
+{
+    const char *e = getenv("TK_TEST_SEED");
+    seed = e ? strtoull(e, NULL, 10) : (uint64_t)time(NULL);
+    rng = seed;
+    printf("seed %llu\n", (unsigned long long)seed);
+    int have = gpu_device();
+    if (have) {
+        const char *pkgs[] = {"kernels-community/flash-attn", NULL};
+        if (gpu_ctx_new(&g, pkgs) != TK_OK) {
+            fprintf(stderr, "cannot install kernels-community/flash-attn: %s\n", tk_last_error());
+            return 1;
+        }
+    }
+    RUN(test_attention);
+    RUN(test_attention_varlen);
+    RUN(test_attention_backward);
+    RUN(test_attention_decode);
+    RUN(test_paged_kv_append);
+    RUN(test_mla_decode);
+    if (have)
+        gpu_ctx_free(&g);
+    return th_done();
+}
