@@ -49,5 +49,13 @@ void tk_api__log(const tk_ctx *ctx, int level, const char *fmt, ...) TK_PRINTF(3
 int tk_api__validate_kernels(void *user, const char *manifest, size_t len);
 /* The config's string value for key, or NULL. */
 const char *tk_api__config_str(const tk_ctx *ctx, const char *key);
+/* The context's compiled-binary cache (cache.db), opened on first use; it also holds autotune
+ * results (api/kernel.c). */
+struct tk_kcache;
+int tk_api__kcache(struct tk_kcache **out, tk_ctx *ctx);
+/* The text autotune keys its cache.db entry on (its sha256 is the key): device name, arch, op, each
+ * tensor argument's dtype and shape with every dimension rounded up to a power of two, and each
+ * integer scalar exactly (api/op.c). */
+int tk_api__tune_text(tk_buf *b, const char *device_name, int cc, const void *call /* const tk_op_call * */);
 
 #endif

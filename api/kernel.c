@@ -178,6 +178,8 @@ static int get_cache(tk_kcache **out, tk_ctx *ctx)
     return TK_OK;
 }
 
+int tk_api__kcache(struct tk_kcache **out, tk_ctx *ctx) { return get_cache(out, ctx); }
+
 /* ---- kernel declarations from the manifest ---------------------------------------------------- */
 
 typedef struct {

@@ -9,13 +9,23 @@
  * the choice per op: {"ops": {"silu_and_mul": "org/name"}} ("org/name@2", or "org/name:kernel" for one
  * kernel). Loaded tk_kernel handles are kept in the context (ctx->ops) until tk_ctx_free.
  *
- * Only the public API reaches the package and JIT layers from here (tk_pkg_*, tk_get_kernel,
- * tk_function_call), so the dispatch sees exactly what users of tk.h see.
+ * Autotune: when more than one implementation fits a call on a GPU, each is timed (CUDA events; a
+ * warm-up, then the best of three launches) on the call's own tensors, with every output tensor saved
+ * before and restored before each run and at the end, so in-place ops see their original inputs and the
+ * caller's data is as if only the final run happened. The winner is stored in cache.db per device
+ * name, arch, op, dtypes and shape bucket (each dimension rounded up to a power of two, integer scalars
+ * exact) and used directly next time. TK_AUTOTUNE=0 or config "autotune": false ranks by priority only;
+ * a config "ops" override always wins. Candidate order without a measurement is priority, then name.
+ *
+ * Launching goes through the public API (tk_get_kernel, tk_function_call), so the dispatch sees
+ * exactly what users of tk.h see; only autotune's timing and saving use jit/ directly.
  */
 #include <stdlib.h>
 #include <string.h>
 
 #include "api/api.h"
+#include "cache/kcache.h"
+#include "jit/jit.h"
 #include "ops/ops.h"
 
 #define TK_OPS_IMPL_CPU "cpu-reference"
@@ -357,6 +367,173 @@ static int launch(const cand *c, const tk_function *fn, const tk_op_call *k, voi
     return tk_function_call(fn, args, n, stream);
 }
 
+/* ---- autotune --------------------------------------------------------------------------------- */
+
+static int autotune_on(const tk_ctx *ctx)
+{
+    const char *e = getenv("TK_AUTOTUNE");
+    if (e && *e)
+        return strcmp(e, "0") != 0 && strcmp(e, "off") != 0;
+    json_t *v = json_object_get(ctx->config, "autotune");
+    return !json_is_false(v);
+}
+
+/* Rounds up to a power of two (0 stays 0): the shape bucket of one dimension. */
+static int64_t bucket(int64_t v)
+{
+    int64_t b = 1;
+    if (v <= 0)
+        return 0;
+    while (b < v && b < ((int64_t)1 << 62))
+        b <<= 1;
+    return b;
+}
+
+/* The tune key's text: device, arch, op, then each given argument (tensors as dtype and bucketed
+ * shape, integer scalars exactly; float scalars do not change which kernel is fastest). */
+int tk_api__tune_text(tk_buf *b, const char *device_name, int cc, const void *call)
+{
+    const tk_op_call *k = call;
+    tk__buf_printf(b, "tune-1|%s|sm_%d|%s", device_name, cc, k->op->name);
+    for (size_t i = 0; i < k->op->nparams; i++) {
+        const tk_op_param *p = &k->op->params[i];
+        if (p->kind == TK_ARG_TENSOR) {
+            const tk_tensor *t = k->t[i];
+            if (!t) {
+                tk__buf_printf(b, "|%s:-", p->name);
+                continue;
+            }
+            tk__buf_printf(b, "|%s:%s[", p->name, tk_ops__dtype_str(t->dtype));
+            for (int32_t d = 0; d < t->ndim; d++)
+                tk__buf_printf(b, "%s%lld", d ? "," : "", (long long)bucket(t->shape[d]));
+            tk__buf_puts(b, "]");
+        } else if (p->kind == TK_ARG_I64) {
+            tk__buf_printf(b, "|%s=%lld", p->name, (long long)k->i[i]);
+        }
+    }
+    return b->data ? TK_OK : tk__err(TK_ERR_NOMEM, "out of memory");
+}
+
+static int launch(const cand *c, const tk_function *fn, const tk_op_call *k, void *stream);
+static int kernel_for(tk_kernel **out, ops_state *s, tk_ctx *ctx, const cand *c, int device);
+
+typedef struct {
+    uint64_t save;  /* device copy of an output tensor's bytes */
+    uint64_t data;  /* the tensor's first byte */
+    size_t bytes;
+} saved_out;
+
+/* Times candidates order[0..n) on the call and sorts order by time (failures last). The outputs are
+ * restored to what they held before. *detail receives "impl=us;..." for the cache. */
+static int measure(ops_state *s, tk_ctx *ctx, const tk_op_call *k, void *stream, size_t *order, size_t n,
+                   double *us, tk_buf *detail)
+{
+    saved_out sv[TK_OPS_MAX_PARAMS];
+    size_t nsv = 0;
+    tk_jit_timer *tm = NULL;
+    int rc = tk_jit__timer_new(&tm, k->device_id);
+    for (size_t i = 0; rc == TK_OK && i < k->op->nparams; i++) {
+        const tk_tensor *t = k->t[i];
+        if (!t || k->op->params[i].role != TK_OPS_OUT || tk_ops__numel(t) == 0)
+            continue;
+        saved_out *o = &sv[nsv];
+        o->bytes = (size_t)tk_ops__numel(t) * tk_ops__dtype_size(t->dtype);
+        o->data = (uint64_t)(uintptr_t)tk_ops__base(t);
+        if ((rc = tk_jit__mem_alloc(&o->save, k->device_id, o->bytes)) != TK_OK)
+            break;
+        nsv++;
+        rc = tk_jit__mem_copy_async(o->save, o->data, o->bytes, k->device_id, stream);
+    }
+    for (size_t j = 0; rc == TK_OK && j < n; j++) {
+        const cand *c = &s->c[order[j]];
+        tk_kernel *kern = NULL;
+        const tk_function *fn = NULL;
+        double best = 1e300;
+        if (kernel_for(&kern, s, ctx, c, k->device_id) == TK_OK && tk_kernel_function(&fn, kern, c->kernel) == TK_OK) {
+            for (int rep = 0; rep < 4; rep++) {
+                float ms = 0;
+                int lr = TK_OK;
+                for (size_t v = 0; lr == TK_OK && v < nsv; v++)
+                    lr = tk_jit__mem_copy_async(sv[v].data, sv[v].save, sv[v].bytes, k->device_id, stream);
+                if (lr == TK_OK)
+                    lr = tk_jit__timer_start(tm, stream);
+                if (lr == TK_OK)
+                    lr = launch(c, fn, k, stream);
+                if (lr == TK_OK)
+                    lr = tk_jit__timer_stop(tm, stream, &ms);
+                if (lr != TK_OK) {
+                    if (lr != TK_ERR_UNSUPPORTED && lr != TK_ERR_INVALID)
+                        rc = lr; /* a device fault: stop tuning */
+                    best = 1e300;
+                    break;
+                }
+                if (rep > 0 && ms * 1000.0 < best) /* rep 0 warms up */
+                    best = ms * 1000.0;
+            }
+        }
+        us[j] = best;
+        tk__buf_printf(detail, "%s%s=%.2f", j ? ";" : "", c->impl, best < 1e300 ? best : -1.0);
+    }
+    for (size_t v = 0; v < nsv; v++) {
+        if (rc == TK_OK)
+            rc = tk_jit__mem_copy_async(sv[v].data, sv[v].save, sv[v].bytes, k->device_id, stream);
+    }
+    if (nsv && tk_jit__sync(k->device_id) != TK_OK && rc == TK_OK)
+        rc = TK_ERR_LAUNCH;
+    for (size_t v = 0; v < nsv; v++)
+        tk_jit__mem_free(sv[v].save, k->device_id);
+    tk_jit__timer_free(tm);
+    /* insertion sort by time: n is small */
+    for (size_t a = 1; a < n; a++)
+        for (size_t b = a; b > 0 && us[b] < us[b - 1]; b--) {
+            double t = us[b];
+            us[b] = us[b - 1];
+            us[b - 1] = t;
+            size_t o = order[b];
+            order[b] = order[b - 1];
+            order[b - 1] = o;
+        }
+    return rc;
+}
+
+/* Puts the fastest fitting candidate first in order[], from cache.db or by measuring. Best effort:
+ * any failure leaves the priority order and logs why. */
+static void autotune(ops_state *s, tk_ctx *ctx, const tk_op_call *k, void *stream, const tk_device_info *dev,
+                     int cc, size_t *order, size_t n)
+{
+    tk_buf text = TK_BUF_INIT, detail = TK_BUF_INIT;
+    struct tk_kcache *kc = NULL;
+    char key[TK_SHA256_HEX], *best = NULL;
+    double us[64];
+    if (n < 2 || n > 64 || !autotune_on(ctx) || tk_api__tune_text(&text, dev->name, cc, k) != TK_OK ||
+        tk_api__kcache(&kc, ctx) != TK_OK)
+        goto done;
+    tk__sha256_hex(key, text.data, text.len);
+    if (tk_kcache__tune_get(kc, key, &best) == TK_OK) {
+        for (size_t j = 0; j < n; j++)
+            if (strcmp(s->c[order[j]].impl, best) == 0) {
+                size_t o = order[j];
+                memmove(order + 1, order, j * sizeof *order);
+                order[0] = o;
+                tk_api__log(ctx, TK_LOG_DEBUG, "%s: tuned choice %s (cache.db)", k->op->name, best);
+                goto done;
+            }
+    }
+    if (measure(s, ctx, k, stream, order, n, us, &detail) != TK_OK) {
+        tk_api__log(ctx, TK_LOG_WARN, "%s: autotune failed (%s); using priority order", k->op->name, tk_last_error());
+        goto done;
+    }
+    if (us[0] < 1e300) {
+        tk_kcache__tune_put(kc, key, s->c[order[0]].impl, us[0], detail.data);
+        tk_api__log(ctx, TK_LOG_INFO, "%s: autotuned for %s: %s (%.1f us; %s)", k->op->name, text.data,
+                    s->c[order[0]].impl, us[0], detail.data ? detail.data : "");
+    }
+done:
+    free(best);
+    tk__buf_free(&text);
+    tk__buf_free(&detail);
+}
+
 static int run_cuda(ops_state *s, tk_ctx *ctx, const tk_op_call *k, void *stream, const char **impl)
 {
     const tk_op_desc *op = k->op;
@@ -391,14 +568,21 @@ static int run_cuda(ops_state *s, tk_ctx *ctx, const tk_op_call *k, void *stream
         int tried = 0;
         char last_err[512] = "", last_impl[256] = "";
         int last_rc = TK_OK;
+        /* the candidates that fit, in priority order, then (autotune) fastest first */
+        size_t *order = s->n ? malloc(s->n * sizeof *order) : NULL, nfit = 0;
+        if (s->n && !order)
+            return tk__err(TK_ERR_NOMEM, "out of memory");
         for (size_t i = 0; i < s->n; i++) {
-            const cand *c = &s->c[i];
-            const char *why = unfit(c, k, cc, ov);
-            if (why) {
-                if (strcmp(why, "another op") != 0)
-                    tk_api__log(ctx, TK_LOG_DEBUG, "%s: skipping %s (%s)", op->name, c->impl, why);
-                continue;
-            }
+            const char *why = unfit(&s->c[i], k, cc, ov);
+            if (!why)
+                order[nfit++] = i;
+            else if (strcmp(why, "another op") != 0)
+                tk_api__log(ctx, TK_LOG_DEBUG, "%s: skipping %s (%s)", op->name, s->c[i].impl, why);
+        }
+        if (!ov)
+            autotune(s, ctx, k, stream, &dev, cc, order, nfit);
+        for (size_t f = 0; f < nfit; f++) {
+            const cand *c = &s->c[order[f]];
             tried++;
             tk_kernel *kern = NULL;
             const tk_function *fn = NULL;
@@ -411,6 +595,7 @@ static int run_cuda(ops_state *s, tk_ctx *ctx, const tk_op_call *k, void *stream
                 tk_api__log(ctx, TK_LOG_DEBUG, "%s: ran %s", op->name, c->impl);
                 if (impl)
                     *impl = intern(s, c->impl); /* NULL only when out of memory */
+                free(order);
                 return TK_OK;
             }
             /* Try the next one; a device-wide failure will fail them all the same way. */
@@ -423,6 +608,7 @@ static int run_cuda(ops_state *s, tk_ctx *ctx, const tk_op_call *k, void *stream
             if (rc == TK_ERR_NO_DEVICE || rc == TK_ERR_NOMEM)
                 break;
         }
+        free(order);
         if (tried)
             return tk__err(last_rc, "%s: %d implementation%s found for %s on cuda:%d, none could run; %s: %s",
                            op->name, tried, tried == 1 ? "" : "s", tk_ops__dtype_str(k->dtype), k->device_id,

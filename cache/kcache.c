@@ -16,7 +16,7 @@
 #include "cache/kcache.h"
 
 #define KC_MAGIC 0x746b6b63u /* "tkkc" */
-#define KC_SCHEMA 1          /* PRAGMA user_version */
+#define KC_SCHEMA 2          /* PRAGMA user_version; 2 added the tune table */
 #define KC_BLOB_MAGIC "TKKC"
 #define KC_BLOB_VERSION 1u
 #define KC_HDR 8
@@ -63,6 +63,11 @@ static void rollback(tk_kcache *c)
         sqlite3_exec(c->db, "ROLLBACK", NULL, NULL, NULL);
 }
 
+/* Measured op choices: key = device, arch, op and shape bucket (api/op.c); impl = "org/name:kernel". */
+#define TUNE_TABLE                                                                                     \
+    "CREATE TABLE tune(key TEXT PRIMARY KEY, impl TEXT NOT NULL, us REAL NOT NULL, detail TEXT,"        \
+    " measured INTEGER NOT NULL)"
+
 static int migrate(tk_kcache *c)
 {
     sqlite3_stmt *st = NULL;
@@ -89,8 +94,15 @@ static int migrate(tk_kcache *c)
         rc = exec(c, "COMMIT");
         goto fail;
     }
-    /* older or new: it is a cache, so an old schema is simply replaced */
-    if ((rc = exec(c, "DROP TABLE IF EXISTS entries")) != TK_OK ||
+    /* schema 1 -> 2: only the autotune table is new; the compiled binaries stay */
+    if (ver == 1) {
+        if ((rc = exec(c, TUNE_TABLE)) != TK_OK || (rc = exec(c, "PRAGMA user_version = 2")) != TK_OK ||
+            (rc = exec(c, "COMMIT")) != TK_OK)
+            goto fail;
+        return TK_OK;
+    }
+    /* new: it is a cache, so anything else is simply replaced */
+    if ((rc = exec(c, "DROP TABLE IF EXISTS entries")) != TK_OK || (rc = exec(c, "DROP TABLE IF EXISTS tune")) != TK_OK ||
         (rc = exec(c, "CREATE TABLE entries("
                       " key TEXT PRIMARY KEY,"
                       " package TEXT, unit TEXT, target TEXT, nvrtc TEXT,"
@@ -101,7 +113,7 @@ static int migrate(tk_kcache *c)
                       " last_used INTEGER NOT NULL,"
                       " hits INTEGER NOT NULL DEFAULT 0)")) != TK_OK ||
         (rc = exec(c, "CREATE INDEX entries_lru ON entries(last_used)")) != TK_OK ||
-        (rc = exec(c, "PRAGMA user_version = 1")) != TK_OK ||
+        (rc = exec(c, TUNE_TABLE)) != TK_OK || (rc = exec(c, "PRAGMA user_version = 2")) != TK_OK ||
         (rc = exec(c, "COMMIT")) != TK_OK)
         goto fail;
     return TK_OK;
@@ -389,8 +401,50 @@ int tk_kcache__gc(tk_kcache *c, int64_t max_bytes, int64_t *freed)
     return TK_OK;
 }
 
+int tk_kcache__tune_get(tk_kcache *c, const char *key, char **impl)
+{
+    sqlite3_stmt *st = NULL;
+    int rc;
+    *impl = NULL;
+    if ((rc = check(c, key)) != TK_OK)
+        return rc;
+    if (sqlite3_prepare_v2(c->db, "SELECT impl FROM tune WHERE key = ?", -1, &st, NULL) != SQLITE_OK)
+        return dberr(c, "reading a tuned choice");
+    sqlite3_bind_text(st, 1, key, -1, SQLITE_STATIC);
+    int r = sqlite3_step(st);
+    if (r == SQLITE_ROW)
+        rc = (*impl = tk__strdup((const char *)sqlite3_column_text(st, 0))) ? TK_OK : tk__err(TK_ERR_NOMEM, "out of memory");
+    else
+        rc = r == SQLITE_DONE ? TK_ERR_NOT_FOUND : dberr(c, "reading a tuned choice");
+    sqlite3_finalize(st);
+    return rc;
+}
+
+int tk_kcache__tune_put(tk_kcache *c, const char *key, const char *impl, double us, const char *detail)
+{
+    sqlite3_stmt *st = NULL;
+    int rc;
+    if ((rc = check(c, key)) != TK_OK)
+        return rc;
+    if (!impl)
+        return tk__err(TK_ERR_INVALID, "tune_put: impl is NULL");
+    if (sqlite3_prepare_v2(c->db, "INSERT OR REPLACE INTO tune(key, impl, us, detail, measured) VALUES(?,?,?,?,?)", -1,
+                           &st, NULL) != SQLITE_OK)
+        return dberr(c, "recording a tuned choice");
+    sqlite3_bind_text(st, 1, key, -1, SQLITE_STATIC);
+    sqlite3_bind_text(st, 2, impl, -1, SQLITE_STATIC);
+    sqlite3_bind_double(st, 3, us);
+    sqlite3_bind_text(st, 4, detail ? detail : "", -1, SQLITE_STATIC);
+    sqlite3_bind_int64(st, 5, tk__now());
+    rc = sqlite3_step(st) == SQLITE_DONE ? TK_OK : dberr(c, "recording a tuned choice");
+    sqlite3_finalize(st);
+    return rc;
+}
+
 int tk_kcache__clear(tk_kcache *c, int64_t *freed)
 {
+    if (check(c, NULL) == TK_OK && sqlite3_exec(c->db, "DELETE FROM tune", NULL, NULL, NULL) != SQLITE_OK)
+        return dberr(c, "clearing the tuned choices");
     int rc = tk_kcache__gc(c, 0, freed);
     if (rc == TK_OK)
         sqlite3_exec(c->db, "PRAGMA wal_checkpoint(TRUNCATE)", NULL, NULL, NULL);

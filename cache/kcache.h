@@ -47,7 +47,13 @@ int tk_kcache__remove(tk_kcache *c, const char *key);
 
 /* Evicts least-recently-used entries until the payloads total at most max_bytes. */
 int tk_kcache__gc(tk_kcache *c, int64_t max_bytes, int64_t *freed);
+/* Removes every compiled binary and every tuned choice. */
 int tk_kcache__clear(tk_kcache *c, int64_t *freed);
+/* Autotune results: the implementation measured fastest for a key (api/op.c builds it from the
+ * device, the arch, the op and the shape bucket). get: TK_ERR_NOT_FOUND when none; *impl malloc'd.
+ * put replaces the previous choice; detail records every candidate's time for `tk cache`. */
+int tk_kcache__tune_get(tk_kcache *c, const char *key, char **impl);
+int tk_kcache__tune_put(tk_kcache *c, const char *key, const char *impl, double us, const char *detail);
 /* Entry count and total payload bytes. */
 int tk_kcache__stats(tk_kcache *c, int64_t *entries, int64_t *bytes);
 /* One entry as the listing shows it (borrowed during the callback). */

@@ -100,6 +100,14 @@ static void cu_init_once(void)
     CU_SYM(cuMemFreeAsync, "cuMemFreeAsync");
     CU_SYM(cuMemsetD8Async, "cuMemsetD8Async");
     CU_SYM(cuCtxSynchronize, "cuCtxSynchronize");
+    CU_SYM(cuMemcpyDtoDAsync, "cuMemcpyDtoDAsync_v2");
+    CU_SYM(cuEventCreate, "cuEventCreate");
+    CU_SYM(cuEventRecord, "cuEventRecord");
+    CU_SYM(cuEventSynchronize, "cuEventSynchronize");
+    CU_SYM(cuEventDestroy, "cuEventDestroy_v2");
+    /* drivers before 12.8 have only the first version, with the same signature */
+    if (!(*(void **)&cu.cuEventElapsedTime = dlsym(h, "cuEventElapsedTime_v2")))
+        CU_SYM(cuEventElapsedTime, "cuEventElapsedTime");
 
     r = cu.cuInit(0);
     if (r == CUDA_ERROR_NO_DEVICE) {

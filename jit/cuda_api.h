@@ -16,6 +16,7 @@ typedef struct CUmod_st *CUmodule;
 typedef struct CUfunc_st *CUfunction;
 typedef struct CUstream_st *CUstream;
 typedef uint64_t CUdeviceptr;
+typedef struct CUevent_st *CUevent;
 
 enum {
     CUDA_SUCCESS = 0,
@@ -71,6 +72,13 @@ typedef struct {
     CUresult (*cuMemFreeAsync)(CUdeviceptr, CUstream);
     CUresult (*cuMemsetD8Async)(CUdeviceptr, unsigned char, size_t, CUstream);
     CUresult (*cuCtxSynchronize)(void);
+    /* timing (autotune) */
+    CUresult (*cuMemcpyDtoDAsync)(CUdeviceptr, CUdeviceptr, size_t, CUstream);   /* _v2 */
+    CUresult (*cuEventCreate)(CUevent *, unsigned);
+    CUresult (*cuEventRecord)(CUevent, CUstream);
+    CUresult (*cuEventSynchronize)(CUevent);
+    CUresult (*cuEventElapsedTime)(float *, CUevent, CUevent);                   /* _v2, else the old one */
+    CUresult (*cuEventDestroy)(CUevent);                                         /* _v2 */
 } tk_cu_api;
 
 typedef int nvrtcResult;

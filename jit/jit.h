@@ -173,5 +173,15 @@ int tk_jit__mem_free(uint64_t p, int device);
 int tk_jit__mem_copy(void *dst, const void *src, size_t bytes, int kind, int device);
 int tk_jit__mem_set(uint64_t p, int value, size_t bytes, int device);
 int tk_jit__sync(int device);
+/* Stream-ordered device-to-device copy. */
+int tk_jit__mem_copy_async(uint64_t dst, uint64_t src, size_t bytes, int device, void *stream);
+
+/* A pair of CUDA events for timing work on a stream: start records the first, stop records the second,
+ * waits for it and gives the milliseconds between them. */
+typedef struct tk_jit_timer tk_jit_timer;
+int tk_jit__timer_new(tk_jit_timer **out, int device);
+int tk_jit__timer_start(tk_jit_timer *t, void *stream);
+int tk_jit__timer_stop(tk_jit_timer *t, void *stream, float *ms);
+void tk_jit__timer_free(tk_jit_timer *t);
 
 #endif

@@ -7,6 +7,7 @@
  * the caller's current context is left as it was.
  */
 #include <pthread.h>
+#include <stdlib.h>
 
 #include "jit/cuda_api.h"
 #include "jit/jit.h"
@@ -124,4 +125,77 @@ int tk_jit__sync(int device)
     CUresult r = tk_jit__cu()->cuCtxSynchronize();
     pop();
     return r == CUDA_SUCCESS ? TK_OK : fail(r, "cuCtxSynchronize (a kernel launched earlier failed)", device);
+}
+
+int tk_jit__mem_copy_async(uint64_t dst, uint64_t src, size_t bytes, int device, void *stream)
+{
+    int rc = push(device);
+    if (rc != TK_OK)
+        return rc;
+    CUresult r = tk_jit__cu()->cuMemcpyDtoDAsync(dst, src, bytes, (CUstream)stream);
+    pop();
+    return r == CUDA_SUCCESS ? TK_OK : fail(r, "cuMemcpyDtoDAsync", device);
+}
+
+struct tk_jit_timer {
+    int device;
+    CUevent a, b;
+};
+
+int tk_jit__timer_new(tk_jit_timer **out, int device)
+{
+    *out = NULL;
+    int rc = push(device);
+    if (rc != TK_OK)
+        return rc;
+    const tk_cu_api *cu = tk_jit__cu();
+    tk_jit_timer *t = calloc(1, sizeof *t);
+    CUresult r = CUDA_ERROR_OUT_OF_MEMORY;
+    if (t && (r = cu->cuEventCreate(&t->a, 0)) == CUDA_SUCCESS && (r = cu->cuEventCreate(&t->b, 0)) != CUDA_SUCCESS)
+        cu->cuEventDestroy(t->a);
+    pop();
+    if (r != CUDA_SUCCESS) {
+        free(t);
+        return fail(r, "cuEventCreate", device);
+    }
+    t->device = device;
+    *out = t;
+    return TK_OK;
+}
+
+int tk_jit__timer_start(tk_jit_timer *t, void *stream)
+{
+    int rc = push(t->device);
+    if (rc != TK_OK)
+        return rc;
+    CUresult r = tk_jit__cu()->cuEventRecord(t->a, (CUstream)stream);
+    pop();
+    return r == CUDA_SUCCESS ? TK_OK : fail(r, "cuEventRecord", t->device);
+}
+
+int tk_jit__timer_stop(tk_jit_timer *t, void *stream, float *ms)
+{
+    const tk_cu_api *cu = tk_jit__cu();
+    int rc = push(t->device);
+    if (rc != TK_OK)
+        return rc;
+    CUresult r = cu->cuEventRecord(t->b, (CUstream)stream);
+    if (r == CUDA_SUCCESS)
+        r = cu->cuEventSynchronize(t->b);
+    if (r == CUDA_SUCCESS)
+        r = cu->cuEventElapsedTime(ms, t->a, t->b);
+    pop();
+    return r == CUDA_SUCCESS ? TK_OK : fail(r, "timing a launch", t->device);
+}
+
+void tk_jit__timer_free(tk_jit_timer *t)
+{
+    if (!t)
+        return;
+    if (push(t->device) == TK_OK) {
+        tk_jit__cu()->cuEventDestroy(t->a);
+        tk_jit__cu()->cuEventDestroy(t->b);
+        pop();
+    }
+    free(t);
 }

@@ -230,6 +230,39 @@ static void test_schema(void)
     free(dir);
 }
 
+/* Autotune results: put/get/replace, cleared with the cache, and kept when a schema-1 cache (from
+ * before autotune) is opened: the binaries stay, the tune table is added. */
+static void test_tune(void)
+{
+    tk_kcache *c = NULL;
+    char *dir = fresh_dir(), key[TK_SHA256_HEX], k2[TK_SHA256_HEX], *impl = NULL;
+    int64_t n = -1;
+    key_of(key, 7);
+    key_of(k2, 8);
+    CHECK_RC(tk_kcache__open(&c, dir, 0), TK_OK);
+    CHECK_RC(tk_kcache__tune_get(c, key, &impl), TK_ERR_NOT_FOUND);
+    CHECK(impl == NULL);
+    CHECK_RC(tk_kcache__tune_put(c, key, "org/a:k1", 12.5, "org/a:k1=12.50;org/b:k2=20.00"), TK_OK);
+    CHECK_RC(tk_kcache__tune_put(c, key, "org/b:k2", 9.0, "org/b:k2=9.00"), TK_OK);
+    CHECK_RC(tk_kcache__tune_get(c, key, &impl), TK_OK);
+    CHECK_STR(impl, "org/b:k2");
+    free(impl);
+    CHECK_RC(tk_kcache__tune_put(c, "not-hex", "x", 1, NULL), TK_ERR_INVALID);
+    CHECK_RC(tk_kcache__put(c, k2, NULL, "blob", 4, NULL), TK_OK);
+    tk_kcache__close(c);
+    /* a schema-1 cache: no tune table; opening migrates and keeps the binaries */
+    CHECK_EQ_INT(sql(dir, "DROP TABLE tune; PRAGMA user_version = 1"), SQLITE_OK);
+    CHECK_RC(tk_kcache__open(&c, dir, 0), TK_OK);
+    CHECK_RC(tk_kcache__stats(c, &n, NULL), TK_OK);
+    CHECK_EQ_INT(n, 1);
+    CHECK_RC(tk_kcache__tune_get(c, key, &impl), TK_ERR_NOT_FOUND);
+    CHECK_RC(tk_kcache__tune_put(c, key, "org/a:k1", 3, NULL), TK_OK);
+    CHECK_RC(tk_kcache__clear(c, NULL), TK_OK);
+    CHECK_RC(tk_kcache__tune_get(c, key, &impl), TK_ERR_NOT_FOUND);
+    tk_kcache__close(c);
+    free(dir);
+}
+
 static void test_parse_size(void)
 {
     int64_t v;
@@ -466,6 +499,7 @@ int main(void)
     RUN(test_lru);
     RUN(test_corrupt);
     RUN(test_schema);
+    RUN(test_tune);
     RUN(test_parse_size);
     RUN(test_key);
     RUN(test_options);

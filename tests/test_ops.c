@@ -15,6 +15,7 @@
 
 #include "harness.h"
 #include "tensor_util.h"
+#include "api/api.h"
 #include "ops/ops.h"
 
 /* ---- host tensors ----------------------------------------------------------------------------- */
@@ -642,6 +643,41 @@ static void test_validation(void)
     host_free(&out);
 }
 
+/* The autotune key text (api/op.c): shapes bucketed to powers of two, integer scalars exact, float
+ * scalars left out, absent optional tensors marked. */
+static void test_tune_key(void)
+{
+    host_t in, out, w;
+    int64_t s2[2] = {3, 4097}, s1[1] = {4097};
+    host_new(&in, F32, 2, s2, 0);
+    host_new(&out, F32, 2, s2, 0);
+    host_new(&w, F32, 1, s1, 0);
+    tk_arg a[] = {{TK_ARG_TENSOR, "out", &out.t, 0, 0}, {TK_ARG_TENSOR, "input", &in.t, 0, 0},
+                  {TK_ARG_TENSOR, "weight", &w.t, 0, 0}, {TK_ARG_F64, "eps", NULL, 0, 1e-5}};
+    tk_op_call c;
+    CHECK_RC(tk_ops__prepare(&c, "rms_norm", a, 4), TK_OK);
+    tk_buf b = TK_BUF_INIT;
+    CHECK_RC(tk_api__tune_text(&b, "NVIDIA H100 80GB HBM3", 90, &c), TK_OK);
+    CHECK_STR(b.data, "tune-1|NVIDIA H100 80GB HBM3|sm_90|rms_norm|out:f32[4,8192]|input:f32[4,8192]|weight:f32[8192]");
+    tk__buf_free(&b);
+    /* a shape in the same bucket gives the same text; the next bucket does not */
+    tk_buf b2 = TK_BUF_INIT, b3 = TK_BUF_INIT;
+    in.shape[1] = out.shape[1] = w.shape[0] = 8192;
+    in.shape[0] = out.shape[0] = 4;
+    CHECK_RC(tk_ops__prepare(&c, "rms_norm", a, 4), TK_OK);
+    CHECK_RC(tk_api__tune_text(&b2, "NVIDIA H100 80GB HBM3", 90, &c), TK_OK);
+    CHECK_STR(b2.data, "tune-1|NVIDIA H100 80GB HBM3|sm_90|rms_norm|out:f32[4,8192]|input:f32[4,8192]|weight:f32[8192]");
+    in.shape[0] = out.shape[0] = 5;
+    CHECK_RC(tk_ops__prepare(&c, "rms_norm", a, 4), TK_OK);
+    CHECK_RC(tk_api__tune_text(&b3, "NVIDIA H100 80GB HBM3", 90, &c), TK_OK);
+    CHECK(strstr(b3.data, "out:f32[8,8192]") != NULL);
+    tk__buf_free(&b2);
+    tk__buf_free(&b3);
+    host_free(&in);
+    host_free(&out);
+    host_free(&w);
+}
+
 int main(void)
 {
     const char *s = getenv("TK_TEST_SEED");
@@ -660,5 +696,6 @@ int main(void)
     RUN(test_f32_formula_order);
     RUN(test_empty);
     RUN(test_validation);
+    RUN(test_tune_key);
     return th_done();
 }
