@@ -456,7 +456,7 @@ static void nv_init_once(void)
     }
     if (!h) {
         snprintf(nv_err, sizeof nv_err,
-                 "NVRTC could not be loaded (tried %s)\n"
+                 "NVRTC could not be loaded (tried %.700s)\n"
                  "HINT: install the CUDA toolkit's NVRTC (apt install cuda-nvrtc-13-0, or pip install "
                  "nvidia-cuda-nvrtc), or set TK_NVRTC=/path/to/libnvrtc.so or CUDA_HOME",
                  tried);
