@@ -309,6 +309,21 @@ static const char *unfit(const cand *c, const tk_op_call *k, int cc, const overr
         if (p->tensor && k->t[idx] && p->dtype != tk_ops__dtype_bit(k->t[idx]->dtype))
             return "dtype";
     }
+    /* An argument the call gives that the kernel does not take would be silently dropped: an output
+     * left unwritten, or an option ignored. A scalar left at its default is fine. */
+    for (size_t i = 0; i < k->op->nparams; i++) {
+        const tk_op_param *op = &k->op->params[i];
+        int given = op->kind == TK_ARG_TENSOR ? k->t[i] != NULL
+                    : op->kind == TK_ARG_I64  ? k->given[i] && k->i[i] != (int64_t)op->def
+                                              : k->given[i] && k->f[i] != op->def;
+        if (!given)
+            continue;
+        size_t j = 0;
+        while (j < c->nparams && strcmp(c->params[j].name, op->name) != 0)
+            j++;
+        if (j == c->nparams)
+            return "does not take an argument the call gives";
+    }
     return NULL;
 }
 
@@ -644,13 +659,19 @@ TK_API int tk_op_run(tk_ctx *ctx, const char *op, const tk_arg *args, size_t nar
             *impl = TK_OPS_IMPL_CPU;
         return rc;
     }
-    /* Nothing to compute: no launch (a grid of zero blocks is a launch error). */
+    /* Nothing to compute when every output is empty: no launch (a grid of zero blocks is a launch
+     * error). One empty output among others (dk with no keys beside dq) still launches. */
+    int outs = 0, empty = 0;
     for (size_t i = 0; i < call.op->nparams; i++)
-        if (call.t[i] && call.op->params[i].role == TK_OPS_OUT && tk_ops__numel(call.t[i]) == 0) {
-            if (impl)
-                *impl = "empty";
-            return TK_OK;
+        if (call.t[i] && call.op->params[i].role == TK_OPS_OUT) {
+            outs++;
+            empty += tk_ops__numel(call.t[i]) == 0;
         }
+    if (outs && empty == outs) {
+        if (impl)
+            *impl = "empty";
+        return TK_OK;
+    }
     ops_state *s = NULL;
     if ((rc = get_state(&s, ctx)) != TK_OK)
         return rc;
