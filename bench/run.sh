@@ -8,7 +8,7 @@ for b in bench/*.sh; do
   echo "== $b"; bash "$b" || echo "(failed: $b)"
 done
 B=${TK_BUILD:-build}
-for b in "$B"/bench/*; do
-  [ -x "$b" ] || continue
-  echo "== $b"; "$b" kernels-community/activation sm_80; "$b" kernels-community/activation sm_90
-done
+echo "== $B/bench/jit_build"
+"$B/bench/jit_build" kernels-community/activation sm_80; "$B/bench/jit_build" kernels-community/activation sm_90
+echo "== $B/bench/ce_memory (fused linear + cross-entropy vs unfused, CPU reference; minutes on 2 cores)"
+"$B/bench/ce_memory" 1024 1024 32768 1
