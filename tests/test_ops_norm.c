@@ -1,7 +1,9 @@
 /*
  * test_ops_norm.c — the norm ops (ops/norm.c): each CPU reference against an independent float64
  * computation on fresh random inputs (ragged d including 1 and non-multiples of 8, one row, strided
- * views, large and tiny magnitudes, f32/f16/bf16), and the validation messages.
+ * views, large and tiny magnitudes, f32/f16/bf16), and the validation messages. The backward passes
+ * are also checked against central finite differences of the float64 forward (tiny cases), which
+ * checks the float64 backward formulas themselves.
  *
  * Uses only ops/ and common/. Inputs are random with a seed printed on any failure; set TK_TEST_SEED
  * to replay one.
@@ -79,13 +81,15 @@ static void tolerances(tk_dtype dt, double *atol, double *rtol)
 }
 
 /* Compares every element of got (n elements of d columns) with ref; prints the worst on failure.
- * `unit` scales atol (the output's typical magnitude). Returns 1 when all match. */
+ * `unit` scales atol (the output's typical magnitude); the dtype's subnormal spacing is added to it.
+ * Returns 1 when all match. */
 static int compare(const char *op, const char *which, const tk_tensor *got, const double *ref, double unit,
                    const char *what)
 {
     double atol, rtol;
     tolerances(got->dtype, &atol, &rtol);
-    atol *= unit;
+    /* plus the spacing of the dtype's subnormals: a result that small is rounded to that grid */
+    atol = atol * unit + (got->dtype.bits == 32 ? 0x1p-149 : got->dtype.code == TK_DL_BFLOAT ? 0x1p-133 : 0x1p-24);
     int64_t n = numel(got), d = got->shape[got->ndim - 1], bad = 0, worst = 0;
     double worst_ratio = -1, worst_got = 0;
     for (int64_t i = 0; i < n; i++) {
@@ -129,52 +133,149 @@ static void ref_rms(double *ref, const double *x, const double *w, int64_t n, in
     }
 }
 
-/* One case: rows x d (as ndim dims), one dtype, values of magnitude `scale`, the weights of
- * magnitude 1. With `fused` runs fused_add_rms_norm, else rms_norm (in place when `inplace`). */
-static int check_case(int fused, tk_dtype dt, int ndim, const int64_t *shape, int64_t pad, double scale,
-                      double eps, int inplace)
+/* ref[r, :] = (x[r, :] - mu) / sqrt(var + eps) * w + b (b may be NULL), mu the row mean and var the
+ * biased variance (two passes), all in double. */
+static void ref_ln(double *ref, const double *x, const double *w, const double *b, int64_t n, int64_t d,
+                   double eps)
 {
-    const char *op = fused ? "fused_add_rms_norm" : "rms_norm";
+    for (int64_t r = 0; r < n / d; r++) {
+        const double *xr = x + r * d;
+        double mu = 0, var = 0;
+        for (int64_t c = 0; c < d; c++)
+            mu += xr[c];
+        mu /= (double)d;
+        for (int64_t c = 0; c < d; c++)
+            var += (xr[c] - mu) * (xr[c] - mu);
+        var /= (double)d;
+        double inv = 1.0 / sqrt(var + eps);
+        for (int64_t c = 0; c < d; c++)
+            ref[r * d + c] = (xr[c] - mu) * inv * w[c] + (b ? b[c] : 0.0);
+    }
+}
+
+/* The backward passes in double, by the textbook formulas (rows of d; gb may be NULL):
+ *   rms:   y = x r w, r = (mean(x^2) + eps)^(-1/2):  dx_i = r w_i g_i - x_i r^3 / d * sum_j w_j g_j x_j,
+ *          dw_j = sum over rows of g_j x_j r
+ *   layer: xh = (x - mu) rstd:  dx_i = rstd / d * (d w_i g_i - sum_j w_j g_j - xh_i * sum_j w_j g_j xh_j),
+ *          dw_j = sum over rows of g_j xh_j,  db_j = sum over rows of g_j */
+static void ref_bwd(int layer, double *gi, double *gw, double *gb, const double *x, const double *g,
+                    const double *w, int64_t n, int64_t d, double eps)
+{
+    for (int64_t c = 0; c < d; c++) {
+        gw[c] = 0;
+        if (gb)
+            gb[c] = 0;
+    }
+    for (int64_t r = 0; r < n / d; r++) {
+        const double *xr = x + r * d, *gr = g + r * d;
+        double *o = gi + r * d;
+        if (!layer) {
+            double ss = 0, dot = 0;
+            for (int64_t c = 0; c < d; c++) {
+                ss += xr[c] * xr[c];
+                dot += w[c] * gr[c] * xr[c];
+            }
+            double rr = 1.0 / sqrt(ss / (double)d + eps);
+            for (int64_t c = 0; c < d; c++) {
+                o[c] = rr * w[c] * gr[c] - xr[c] * rr * rr * rr / (double)d * dot;
+                gw[c] += gr[c] * xr[c] * rr;
+            }
+            continue;
+        }
+        double mu = 0, var = 0, s1 = 0, s2 = 0;
+        for (int64_t c = 0; c < d; c++)
+            mu += xr[c];
+        mu /= (double)d;
+        for (int64_t c = 0; c < d; c++)
+            var += (xr[c] - mu) * (xr[c] - mu);
+        double rstd = 1.0 / sqrt(var / (double)d + eps);
+        for (int64_t c = 0; c < d; c++) {
+            s1 += w[c] * gr[c];
+            s2 += w[c] * gr[c] * (xr[c] - mu) * rstd;
+        }
+        for (int64_t c = 0; c < d; c++) {
+            double xh = (xr[c] - mu) * rstd;
+            o[c] = rstd / (double)d * ((double)d * w[c] * gr[c] - s1 - xh * s2);
+            gw[c] += gr[c] * xh;
+            if (gb)
+                gb[c] += gr[c];
+        }
+    }
+}
+
+static double *dalloc(int64_t n) { return malloc(sizeof(double) * (size_t)(n > 0 ? n : 1)); }
+
+/* The root mean square of n values (the scale of an output, for atol); 1 when they are all zero. */
+static double rms_of(const double *v, int64_t n)
+{
+    double s = 0;
+    for (int64_t i = 0; i < n; i++)
+        s += v[i] * v[i];
+    return s > 0 && n > 0 ? sqrt(s / (double)n) : 1.0;
+}
+
+static void rand_weight(host_t *w, int64_t d)
+{
+    for (int64_t c = 0; c < d; c++)
+        set(&w->t, c, uniform(0.25, 2.0) * (next_u64() & 1 ? 1 : -1));
+}
+
+/* One forward case: rows x d (as ndim dims), one dtype, values of magnitude `scale`, the weights of
+ * magnitude 1. layer: layer_norm / fused_add_layer_norm (with a bias when `bias`), else rms_norm /
+ * fused_add_rms_norm; `fused` picks the fused form, `inplace` runs the plain form with out == input. */
+static int check_fwd(int layer, int fused, tk_dtype dt, int ndim, const int64_t *shape, int64_t pad, double scale,
+                     double eps, int inplace, int bias)
+{
+    const char *op = layer ? (fused ? "fused_add_layer_norm" : "layer_norm")
+                           : (fused ? "fused_add_rms_norm" : "rms_norm");
     int64_t d = shape[ndim - 1];
-    host_t a, b, w;
-    host_new(&a, dt, ndim, shape, pad);       /* rms_norm: input; fused: input */
-    host_new(&b, dt, ndim, shape, pad ? 0 : 1); /* rms_norm: out; fused: residual */
+    host_t a, b, w, bi;
+    host_new(&a, dt, ndim, shape, pad);       /* plain: input; fused: input */
+    host_new(&b, dt, ndim, shape, pad ? 0 : 1); /* plain: out; fused: residual */
     host_new(&w, dt, 1, &d, 0);
+    host_new(&bi, dt, 1, &d, 0);
     fill(&a, scale);
     fill(&b, scale);
-    for (int64_t c = 0; c < d; c++)
-        set(&w.t, c, uniform(0.25, 2.0) * (next_u64() & 1 ? 1 : -1));
+    rand_weight(&w, d);
+    fill(&bi, 1.0);
     int64_t n = numel(&a.t);
-    double *x = malloc(sizeof(double) * (size_t)n), *ref = malloc(sizeof(double) * (size_t)n);
-    double *sum = malloc(sizeof(double) * (size_t)n), *wd = malloc(sizeof(double) * (size_t)d);
-    for (int64_t c = 0; c < d; c++)
+    double *x = dalloc(n), *ref = dalloc(n), *sum = dalloc(n), *wd = dalloc(d), *bd = dalloc(d);
+    for (int64_t c = 0; c < d; c++) {
         wd[c] = get(&w.t, c);
+        bd[c] = get(&bi.t, c);
+    }
     for (int64_t i = 0; i < n; i++) {
         x[i] = get(&a.t, i);
         sum[i] = quantize(x[i] + get(&b.t, i), dt); /* fused: the residual it must write, in T */
     }
-    ref_rms(ref, fused ? sum : x, wd, n, d, (double)(float)eps);
+    if (layer)
+        ref_ln(ref, fused ? sum : x, wd, bias ? bd : NULL, n, d, (double)(float)eps);
+    else
+        ref_rms(ref, fused ? sum : x, wd, n, d, (double)(float)eps);
 
     const tk_tensor *out = fused ? &a.t : inplace ? &a.t : &b.t;
-    tk_arg args[4] = {{TK_ARG_TENSOR, fused ? "input" : "out", fused ? &a.t : out, 0, 0},
+    tk_arg args[5] = {{TK_ARG_TENSOR, fused ? "input" : "out", fused ? &a.t : out, 0, 0},
                       {TK_ARG_TENSOR, fused ? "residual" : "input", fused ? &b.t : &a.t, 0, 0},
                       {TK_ARG_TENSOR, "weight", &w.t, 0, 0},
-                      {TK_ARG_F64, "eps", NULL, 0, eps}};
+                      {TK_ARG_F64, "eps", NULL, 0, eps},
+                      {TK_ARG_TENSOR, "bias", &bi.t, 0, 0}};
     tk_op_call call;
-    int rc = tk_ops__prepare(&call, op, args, 4);
+    int rc = tk_ops__prepare(&call, op, args, layer && bias ? 5 : 4);
     if (rc == TK_OK)
         rc = tk_ops__run_cpu(&call);
-    char what[96];
-    snprintf(what, sizeof what, "%s%sscale %g eps %g", pad ? "strided " : "", inplace ? "in-place " : "", scale,
-             eps);
+    char what[128];
+    snprintf(what, sizeof what, "%s%s%sscale %g eps %g", pad ? "strided " : "", inplace ? "in-place " : "",
+             layer && bias ? "bias " : "", scale, eps);
     int ok = 1;
     if (rc != TK_OK) {
         fprintf(stderr, "  %s %s %s: rc %d: %s (seed %llu)\n", op, tk_ops__dtype_str(dt), what, rc, tk_last_error(),
                 (unsigned long long)seed);
         ok = 0;
     } else {
-        /* The output's scale: x / rms(x) is O(1) unless eps dominates mean(x^2). */
+        /* The output's scale: x / rms(x) is O(1) unless eps dominates mean(x^2); a bias adds O(1). */
         double ms = scale * scale / 3.0, unit = sqrt(ms / (ms + eps));
+        if (layer && bias && unit < 1)
+            unit = 1;
         ok &= compare(op, fused ? "input" : "out", out, ref, unit, what);
         if (fused)
             ok &= compare(op, "residual", &b.t, sum, scale, what);
@@ -183,9 +284,102 @@ static int check_case(int fused, tk_dtype dt, int ndim, const int64_t *shape, in
     free(ref);
     free(sum);
     free(wd);
+    free(bd);
     host_free(&a);
     host_free(&b);
     host_free(&w);
+    host_free(&bi);
+    return ok;
+}
+
+/* One backward case (rms_norm_backward, layer_norm_backward and the fused forms): x of magnitude
+ * `scale`, grad_out and grad_residual of magnitude 1; strided views of x, grad_out, grad_residual and
+ * grad_input when pad > 0. bias: pass grad_bias (layer norm); inplace: grad_input is grad_residual. */
+static int check_bwd(int layer, int fused, tk_dtype dt, int ndim, const int64_t *shape, int64_t pad, double scale,
+                     double eps, int bias, int inplace)
+{
+    const char *op = layer ? (fused ? "fused_add_layer_norm_backward" : "layer_norm_backward")
+                           : (fused ? "fused_add_rms_norm_backward" : "rms_norm_backward");
+    int64_t d = shape[ndim - 1];
+    host_t x, go, gr, gi, w, gw, gb;
+    host_new(&x, dt, ndim, shape, pad);
+    host_new(&go, dt, ndim, shape, pad ? pad + 1 : 0);
+    host_new(&gr, dt, ndim, shape, pad);
+    host_new(&gi, dt, ndim, shape, pad ? 2 * pad : 0);
+    host_new(&w, dt, 1, &d, 0);
+    host_new(&gw, dt, 1, &d, 0);
+    host_new(&gb, dt, 1, &d, 0);
+    fill(&x, scale);
+    fill(&go, 1.0);
+    fill(&gr, 1.0);
+    fill(&gi, 7.0); /* overwritten */
+    fill(&gw, 7.0);
+    fill(&gb, 7.0);
+    rand_weight(&w, d);
+    double *gb0 = dalloc(d); /* grad_bias left out must stay untouched */
+    for (int64_t c = 0; c < d; c++)
+        gb0[c] = get(&gb.t, c);
+    const tk_tensor *gin = inplace ? &gr.t : &gi.t;
+    int64_t n = numel(&x.t);
+    double *xd = dalloc(n), *gd = dalloc(n), *rgi = dalloc(n), *wd = dalloc(d), *rgw = dalloc(d), *rgb = dalloc(d);
+    for (int64_t i = 0; i < n; i++) {
+        xd[i] = get(&x.t, i);
+        gd[i] = get(&go.t, i);
+    }
+    for (int64_t c = 0; c < d; c++)
+        wd[c] = get(&w.t, c);
+    double feps = (double)(float)eps;
+    ref_bwd(layer, rgi, rgw, rgb, xd, gd, wd, n, d, feps);
+    if (fused)
+        for (int64_t i = 0; i < n; i++)
+            rgi[i] += get(&gr.t, i);
+
+    tk_arg args[8] = {{TK_ARG_TENSOR, "grad_out", &go.t, 0, 0},
+                      {TK_ARG_TENSOR, fused ? "residual" : "input", &x.t, 0, 0},
+                      {TK_ARG_TENSOR, "weight", &w.t, 0, 0},
+                      {TK_ARG_TENSOR, "grad_input", (tk_tensor *)gin, 0, 0},
+                      {TK_ARG_TENSOR, "grad_weight", &gw.t, 0, 0},
+                      {TK_ARG_F64, "eps", NULL, 0, eps}};
+    size_t na = 6;
+    if (fused)
+        args[na++] = (tk_arg){TK_ARG_TENSOR, "grad_residual", &gr.t, 0, 0};
+    if (layer && bias)
+        args[na++] = (tk_arg){TK_ARG_TENSOR, "grad_bias", &gb.t, 0, 0};
+    tk_op_call call;
+    int rc = tk_ops__prepare(&call, op, args, na);
+    if (rc == TK_OK)
+        rc = tk_ops__run_cpu(&call);
+    char what[128];
+    snprintf(what, sizeof what, "%s%s%sscale %g eps %g", pad ? "strided " : "", inplace ? "in-place " : "",
+             layer && bias ? "bias " : "", scale, eps);
+    int ok = 1;
+    if (rc != TK_OK) {
+        fprintf(stderr, "  %s %s %s: rc %d: %s (seed %llu)\n", op, tk_ops__dtype_str(dt), what, rc, tk_last_error(),
+                (unsigned long long)seed);
+        ok = 0;
+    } else {
+        ok &= compare(op, "grad_input", gin, rgi, rms_of(rgi, n), what);
+        ok &= compare(op, "grad_weight", &gw.t, rgw, rms_of(rgw, d), what);
+        if (layer && bias)
+            ok &= compare(op, "grad_bias", &gb.t, rgb, rms_of(rgb, d), what);
+        else
+            for (int64_t c = 0; c < d; c++)
+                ok &= get(&gb.t, c) == gb0[c];
+    }
+    free(gb0);
+    free(xd);
+    free(gd);
+    free(rgi);
+    free(wd);
+    free(rgw);
+    free(rgb);
+    host_free(&x);
+    host_free(&go);
+    host_free(&gr);
+    host_free(&gi);
+    host_free(&w);
+    host_free(&gw);
+    host_free(&gb);
     return ok;
 }
 
@@ -195,7 +389,8 @@ static const int64_t shapes[][3] = {
     {1, 1, 1}, {1, 1, 7}, {1, 3, 1}, {1, 5, 8}, {2, 3, 13}, {1, 4, 100}, {1, 1, 1000}, {1, 2, 2049}, {3, 7, 33},
 };
 
-static int check_op(int fused)
+/* Every shape and dtype, contiguous and strided (and in place for the plain forwards). */
+static int check_op(int layer, int fused)
 {
     int ok = 1;
     for (size_t s = 0; s < sizeof shapes / sizeof shapes[0]; s++)
@@ -204,11 +399,168 @@ static int check_op(int fused)
             int nd = shapes[s][0] == 1 ? 2 : 3;
             tk_dtype dt = *all_dtypes[k];
             double eps = uniform(1e-6, 1e-5);
-            ok &= check_case(fused, dt, nd, sh, 0, uniform(0.5, 4.0), eps, 0);
-            ok &= check_case(fused, dt, nd, sh, 3, uniform(0.5, 4.0), eps, 0);
+            int bias = layer && (s + k) % 2;
+            ok &= check_fwd(layer, fused, dt, nd, sh, 0, uniform(0.5, 4.0), eps, 0, bias);
+            ok &= check_fwd(layer, fused, dt, nd, sh, 3, uniform(0.5, 4.0), eps, 0, !bias && layer);
             if (!fused)
-                ok &= check_case(fused, dt, nd, sh, 0, uniform(0.5, 4.0), eps, 1);
+                ok &= check_fwd(layer, fused, dt, nd, sh, 0, uniform(0.5, 4.0), eps, 1, bias);
         }
+    return ok;
+}
+
+static int check_bwd_op(int layer, int fused)
+{
+    int ok = 1;
+    for (size_t s = 0; s < sizeof shapes / sizeof shapes[0]; s++)
+        for (size_t k = 0; k < 3; k++) {
+            const int64_t *sh = shapes[s][0] == 1 ? shapes[s] + 1 : shapes[s];
+            int nd = shapes[s][0] == 1 ? 2 : 3;
+            tk_dtype dt = *all_dtypes[k];
+            double eps = uniform(1e-6, 1e-5);
+            int bias = layer && (s + k) % 2;
+            ok &= check_bwd(layer, fused, dt, nd, sh, 0, uniform(0.5, 4.0), eps, bias, 0);
+            ok &= check_bwd(layer, fused, dt, nd, sh, 2, uniform(0.5, 4.0), eps, layer && !bias, 0);
+            if (fused)
+                ok &= check_bwd(layer, fused, dt, nd, sh, 0, uniform(0.5, 4.0), eps, bias, 1);
+        }
+    return ok;
+}
+
+/* ---- finite differences of the float64 forward ------------------------------------------------ */
+
+/* L = sum(g * norm(s)) + sum(gr * s) with s = in + res (res NULL: s = in), rows of d, in double. */
+static double fd_loss(int layer, const double *in, const double *res, const double *w, const double *b,
+                      const double *g, const double *gr, int64_t n, int64_t d, double eps)
+{
+    double *s = dalloc(n), *y = dalloc(n), L = 0;
+    for (int64_t i = 0; i < n; i++)
+        s[i] = in[i] + (res ? res[i] : 0.0);
+    if (layer)
+        ref_ln(y, s, w, b, n, d, eps);
+    else
+        ref_rms(y, s, w, n, d, eps);
+    for (int64_t i = 0; i < n; i++)
+        L += g[i] * y[i] + (gr ? gr[i] * s[i] : 0.0);
+    free(s);
+    free(y);
+    return L;
+}
+
+/* The central difference of fd_loss in v[i]. */
+static double fd_at(double *v, int64_t i, int layer, const double *in, const double *res, const double *w,
+                    const double *b, const double *g, const double *gr, int64_t n, int64_t d, double eps)
+{
+    const double h = 1e-5, v0 = v[i];
+    v[i] = v0 + h;
+    double lp = fd_loss(layer, in, res, w, b, g, gr, n, d, eps);
+    v[i] = v0 - h;
+    double lm = fd_loss(layer, in, res, w, b, g, gr, n, d, eps);
+    v[i] = v0;
+    return (lp - lm) / (2 * h);
+}
+
+/* |got - fd| <= tol * (unit + |fd|); prints the first miss. */
+static int fd_match(const char *op, const char *which, int64_t i, double got, double fd, double unit, double tol)
+{
+    if (fabs(got - fd) <= tol * (unit + fabs(fd)))
+        return 1;
+    fprintf(stderr, "  %s '%s'[%lld]: got %.9g, finite difference %.9g (seed %llu)\n", op, which, (long long)i, got,
+            fd, (unsigned long long)seed);
+    return 0;
+}
+
+/* Tiny f32 cases: every gradient the op writes against the finite difference of the float64 forward,
+ * and the float64 backward formulas (ref_bwd) against it too. Values are multiples of 2^-10, so the
+ * fused forms' input + residual is exact in f32 and the op sees exactly the sum the float64 forward
+ * differentiates. */
+static int check_fd(int layer, int fused, int64_t rows, int64_t d)
+{
+    const char *op = layer ? (fused ? "fused_add_layer_norm_backward" : "layer_norm_backward")
+                           : (fused ? "fused_add_rms_norm_backward" : "rms_norm_backward");
+    int64_t sh[2] = {rows, d}, n = rows * d;
+    const double eps = (double)(float)1e-2;
+    double *in = dalloc(n), *res = dalloc(n), *s = dalloc(n), *g = dalloc(n), *gr = dalloc(n), *w = dalloc(d),
+           *b = dalloc(d), *rgi = dalloc(n), *rgw = dalloc(d), *rgb = dalloc(d);
+    for (int64_t i = 0; i < n; i++) {
+        in[i] = (double)((int64_t)(next_u64() % 4097) - 2048) / 1024.0;
+        res[i] = fused ? (double)((int64_t)(next_u64() % 4097) - 2048) / 1024.0 : 0.0;
+        s[i] = in[i] + res[i];
+        g[i] = (double)((int64_t)(next_u64() % 2049) - 1024) / 1024.0;
+        gr[i] = (double)((int64_t)(next_u64() % 2049) - 1024) / 1024.0;
+    }
+    for (int64_t c = 0; c < d; c++) {
+        w[c] = (double)((int64_t)(next_u64() % 512) + 64) / 256.0 * (next_u64() & 1 ? 1 : -1);
+        b[c] = (double)((int64_t)(next_u64() % 513) - 256) / 256.0;
+    }
+    host_t hx, hg, hgr, hgi, hw, hgw, hgb;
+    host_new(&hx, F32, 2, sh, 0);
+    host_new(&hg, F32, 2, sh, 0);
+    host_new(&hgr, F32, 2, sh, 0);
+    host_new(&hgi, F32, 2, sh, 0);
+    host_new(&hw, F32, 1, &d, 0);
+    host_new(&hgw, F32, 1, &d, 0);
+    host_new(&hgb, F32, 1, &d, 0);
+    for (int64_t i = 0; i < n; i++) {
+        set(&hx.t, i, s[i]);
+        set(&hg.t, i, g[i]);
+        set(&hgr.t, i, gr[i]);
+    }
+    for (int64_t c = 0; c < d; c++)
+        set(&hw.t, c, w[c]);
+    tk_arg args[8] = {{TK_ARG_TENSOR, "grad_input", &hgi.t, 0, 0}, {TK_ARG_TENSOR, "grad_weight", &hgw.t, 0, 0},
+                      {TK_ARG_TENSOR, "grad_out", &hg.t, 0, 0},
+                      {TK_ARG_TENSOR, fused ? "residual" : "input", &hx.t, 0, 0},
+                      {TK_ARG_TENSOR, "weight", &hw.t, 0, 0}, {TK_ARG_F64, "eps", NULL, 0, 1e-2}};
+    size_t na = 6;
+    if (fused)
+        args[na++] = (tk_arg){TK_ARG_TENSOR, "grad_residual", &hgr.t, 0, 0};
+    if (layer)
+        args[na++] = (tk_arg){TK_ARG_TENSOR, "grad_bias", &hgb.t, 0, 0};
+    tk_op_call call;
+    int rc = tk_ops__prepare(&call, op, args, na);
+    if (rc == TK_OK)
+        rc = tk_ops__run_cpu(&call);
+    int ok = rc == TK_OK;
+    if (!ok)
+        fprintf(stderr, "  %s: rc %d: %s\n", op, rc, tk_last_error());
+    ref_bwd(layer, rgi, rgw, rgb, s, g, w, n, d, eps);
+    const double *gr_or_null = fused ? gr : NULL, *b_or_null = layer ? b : NULL;
+    for (int64_t i = 0; ok && i < n; i++) {
+        /* the gradient of the input (fused: of the input and of the residual, the same) */
+        double fd = fd_at(in, i, layer, in, fused ? res : NULL, w, b_or_null, g, gr_or_null, n, d, eps);
+        ok &= fd_match(op, "grad_input", i, get(&hgi.t, i), fd, 1.0, 2e-6);
+        ok &= fd_match("float64 reference", "grad_input", i, rgi[i] + (fused ? gr[i] : 0.0), fd, 1.0, 1e-8);
+        if (fused)
+            ok &= fd_match(op, "grad_input (as the residual's)", i, get(&hgi.t, i),
+                           fd_at(res, i, layer, in, res, w, b_or_null, g, gr, n, d, eps), 1.0, 2e-6);
+    }
+    for (int64_t c = 0; ok && c < d; c++) {
+        double fd = fd_at(w, c, layer, in, fused ? res : NULL, w, b_or_null, g, gr_or_null, n, d, eps);
+        ok &= fd_match(op, "grad_weight", c, get(&hgw.t, c), fd, 1.0, 2e-6);
+        ok &= fd_match("float64 reference", "grad_weight", c, rgw[c], fd, 1.0, 1e-8);
+        if (layer) {
+            fd = fd_at(b, c, layer, in, fused ? res : NULL, w, b, g, gr_or_null, n, d, eps);
+            ok &= fd_match(op, "grad_bias", c, get(&hgb.t, c), fd, 1.0, 2e-6);
+            ok &= fd_match("float64 reference", "grad_bias", c, rgb[c], fd, 1.0, 1e-8);
+        }
+    }
+    free(in);
+    free(res);
+    free(s);
+    free(g);
+    free(gr);
+    free(w);
+    free(b);
+    free(rgi);
+    free(rgw);
+    free(rgb);
+    host_free(&hx);
+    host_free(&hg);
+    host_free(&hgr);
+    host_free(&hgi);
+    host_free(&hw);
+    host_free(&hgw);
+    host_free(&hgb);
     return ok;
 }
 
@@ -216,8 +568,10 @@ static int check_op(int fused)
 
 static void test_registry(void)
 {
-    const char *names[] = {"rms_norm", "fused_add_rms_norm"};
-    for (size_t i = 0; i < 2; i++) {
+    const char *names[] = {"rms_norm",          "fused_add_rms_norm",          "layer_norm",
+                           "fused_add_layer_norm", "rms_norm_backward",        "fused_add_rms_norm_backward",
+                           "layer_norm_backward",  "fused_add_layer_norm_backward"};
+    for (size_t i = 0; i < sizeof names / sizeof names[0]; i++) {
         const tk_op_desc *op = tk_ops__find(names[i]);
         CHECK(op != NULL);
         if (!op)
@@ -234,24 +588,144 @@ static void test_registry(void)
     CHECK_RC(tk_ops__signature(&b, tk_ops__find("fused_add_rms_norm")), TK_OK);
     CHECK_CONTAINS(b.data, ") -> input, residual; T in {f32, f16, bf16}");
     tk__buf_free(&b);
+    CHECK_RC(tk_ops__signature(&b, tk_ops__find("layer_norm")), TK_OK);
+    CHECK_STR(b.data, "layer_norm(out: T[..., d], input: T[..., d], weight: T[d], bias: T[d], eps: f64 = 1e-05) "
+                      "-> out; T in {f32, f16, bf16}");
+    tk__buf_free(&b);
+    CHECK_RC(tk_ops__signature(&b, tk_ops__find("fused_add_layer_norm_backward")), TK_OK);
+    CHECK_STR(b.data, "fused_add_layer_norm_backward(grad_input: T[..., d], grad_weight: T[d], grad_bias: T[d], "
+                      "grad_out: T[..., d], grad_residual: T[..., d], residual: T[..., d], weight: T[d], "
+                      "eps: f64 = 1e-05) -> grad_input, grad_weight, grad_bias; T in {f32, f16, bf16}");
+    tk__buf_free(&b);
+    /* bias and grad_bias may be left out, nothing else */
+    const tk_op_desc *ln = tk_ops__find("layer_norm_backward");
+    for (size_t i = 0; ln && i < ln->nparams; i++)
+        CHECK_EQ_INT(ln->params[i].optional,
+                     !strcmp(ln->params[i].name, "grad_bias") || !strcmp(ln->params[i].name, "eps"));
 }
 
-static void test_rms_norm(void) { CHECK(check_op(0)); }
-static void test_fused_add_rms_norm(void) { CHECK(check_op(1)); }
+static void test_rms_norm(void) { CHECK(check_op(0, 0)); }
+static void test_fused_add_rms_norm(void) { CHECK(check_op(0, 1)); }
+static void test_layer_norm(void) { CHECK(check_op(1, 0)); }
+static void test_fused_add_layer_norm(void) { CHECK(check_op(1, 1)); }
+static void test_rms_norm_backward(void) { CHECK(check_bwd_op(0, 0)); }
+static void test_fused_add_rms_norm_backward(void) { CHECK(check_bwd_op(0, 1)); }
+static void test_layer_norm_backward(void) { CHECK(check_bwd_op(1, 0)); }
+static void test_fused_add_layer_norm_backward(void) { CHECK(check_bwd_op(1, 1)); }
 
-/* Magnitudes near each dtype's ends: the sum of squares must not overflow or underflow on the way. */
+/* Every backward op against finite differences of the float64 forward: d of 1 (layer norm's gradient
+ * is then zero, rms norm's is not) and 5, one and two rows. */
+static void test_backward_finite_differences(void)
+{
+    for (int layer = 0; layer < 2; layer++)
+        for (int fused = 0; fused < 2; fused++) {
+            CHECK(check_fd(layer, fused, 2, 5));
+            CHECK(check_fd(layer, fused, 1, 1));
+            CHECK(check_fd(layer, fused, 3, 1));
+        }
+}
+
+/* Magnitudes near each dtype's ends: the sums must not overflow or underflow on the way. */
 static void test_magnitudes(void)
 {
     const int64_t sh[2] = {3, 37};
-    for (int fused = 0; fused < 2; fused++) {
-        CHECK(check_case(fused, F32, 2, sh, 0, 1e30, 1e-6, 0));  /* x^2 overflows f32 */
-        CHECK(check_case(fused, F32, 2, sh, 0, 1e-20, 1e-6, 0)); /* eps dominates */
-        CHECK(check_case(fused, F32, 2, sh, 0, 1e-20, 0.0, 0));  /* x^2 underflows f32 without eps */
-        CHECK(check_case(fused, F16, 2, sh, 0, 2e4, 1e-6, 0));   /* x^2 overflows f16 */
-        CHECK(check_case(fused, F16, 2, sh, 0, 1e-3, 1e-6, 0));
-        CHECK(check_case(fused, BF16, 2, sh, 0, 1e30, 1e-6, 0));
-        CHECK(check_case(fused, BF16, 2, sh, 0, 1e-20, 1e-6, 0));
+    for (int layer = 0; layer < 2; layer++)
+        for (int fused = 0; fused < 2; fused++) {
+            CHECK(check_fwd(layer, fused, F32, 2, sh, 0, 1e30, 1e-6, 0, layer));  /* x^2 overflows f32 */
+            CHECK(check_fwd(layer, fused, F32, 2, sh, 0, 1e-20, 1e-6, 0, 0));    /* eps dominates */
+            CHECK(check_fwd(layer, fused, F32, 2, sh, 0, 1e-20, 0.0, 0, 0));     /* x^2 underflows f32 */
+            CHECK(check_fwd(layer, fused, F16, 2, sh, 0, 2e4, 1e-6, 0, layer));   /* x^2 overflows f16 */
+            CHECK(check_fwd(layer, fused, F16, 2, sh, 0, 1e-3, 1e-6, 0, 0));
+            CHECK(check_fwd(layer, fused, BF16, 2, sh, 0, 1e30, 1e-6, 0, layer));
+            CHECK(check_fwd(layer, fused, BF16, 2, sh, 0, 1e-20, 1e-6, 0, 0));
+            /* backward: rstd of 1e-30 and 1e20, gradients near the ends of f32 */
+            CHECK(check_bwd(layer, fused, F32, 2, sh, 0, 1e30, 1e-6, layer, 0));
+            CHECK(check_bwd(layer, fused, F32, 2, sh, 0, 1e-20, 0.0, layer, 0));
+            CHECK(check_bwd(layer, fused, F32, 2, sh, 0, 1e-20, 1e-6, 0, 0));
+            CHECK(check_bwd(layer, fused, F16, 2, sh, 0, 100.0, 1e-6, layer, 0));
+            CHECK(check_bwd(layer, fused, F16, 2, sh, 0, 1e-3, 1e-6, 0, 0));
+            CHECK(check_bwd(layer, fused, BF16, 2, sh, 0, 1e30, 1e-6, layer, 0));
+            CHECK(check_bwd(layer, fused, BF16, 2, sh, 0, 1e-20, 1e-6, 0, 0));
+        }
+}
+
+/* Many rows (more than the reference's 64 grad_weight chunks, and enough to run on several threads):
+ * the sums over rows. */
+static void test_backward_many_rows(void)
+{
+    const int64_t sh[2] = {1000, 67}, sh2[2] = {70, 1030};
+    for (size_t k = 0; k < 3; k++) {
+        CHECK(check_bwd(1, 0, *all_dtypes[k], 2, sh, 0, 1.0, 1e-5, 1, 0));
+        CHECK(check_bwd(0, 1, *all_dtypes[k], 2, sh, 0, 1.0, 1e-6, 0, 0));
+        CHECK(check_bwd(1, 1, *all_dtypes[k], 2, sh2, 1, 1.0, 1e-5, 1, 0));
+        CHECK(check_bwd(0, 0, *all_dtypes[k], 2, sh2, 0, 1.0, 1e-6, 0, 0));
     }
+}
+
+/* No rows: the sums over rows are zero, written (grad_weight, grad_bias); grad_input is empty. */
+static void test_backward_no_rows(void)
+{
+    int64_t sh[2] = {0, 6}, d = 6;
+    host_t x, g, gi, w, gw, gb;
+    host_new(&x, BF16, 2, sh, 0);
+    host_new(&g, BF16, 2, sh, 0);
+    host_new(&gi, BF16, 2, sh, 0);
+    host_new(&w, BF16, 1, &d, 0);
+    host_new(&gw, BF16, 1, &d, 0);
+    host_new(&gb, BF16, 1, &d, 0);
+    fill(&gw, 3.0);
+    fill(&gb, 3.0);
+    tk_arg args[6] = {{TK_ARG_TENSOR, "grad_input", &gi.t, 0, 0}, {TK_ARG_TENSOR, "grad_weight", &gw.t, 0, 0},
+                      {TK_ARG_TENSOR, "grad_bias", &gb.t, 0, 0},  {TK_ARG_TENSOR, "grad_out", &g.t, 0, 0},
+                      {TK_ARG_TENSOR, "input", &x.t, 0, 0},       {TK_ARG_TENSOR, "weight", &w.t, 0, 0}};
+    tk_op_call c;
+    CHECK_RC(tk_ops__prepare(&c, "layer_norm_backward", args, 6), TK_OK);
+    CHECK_RC(tk_ops__run_cpu(&c), TK_OK);
+    for (int64_t i = 0; i < d; i++) {
+        CHECK(get(&gw.t, i) == 0.0);
+        CHECK(get(&gb.t, i) == 0.0);
+    }
+    host_free(&x);
+    host_free(&g);
+    host_free(&gi);
+    host_free(&w);
+    host_free(&gw);
+    host_free(&gb);
+}
+
+/* layer_norm: eps defaults to 1e-5; a constant row gives exactly the bias (or zero without one). */
+static void test_layer_norm_defaults(void)
+{
+    int64_t sh[2] = {2, 5}, d = 5;
+    host_t x, y, w, b;
+    host_new(&x, F32, 2, sh, 0);
+    host_new(&y, F32, 2, sh, 0);
+    host_new(&w, F32, 1, &d, 0);
+    host_new(&b, F32, 1, &d, 0);
+    for (int64_t i = 0; i < 10; i++)
+        set(&x.t, i, 3.5);
+    for (int64_t c = 0; c < d; c++) {
+        set(&w.t, c, 2.0);
+        set(&b.t, c, 0.25 * (double)c);
+    }
+    tk_arg args[4] = {{TK_ARG_TENSOR, "out", &y.t, 0, 0}, {TK_ARG_TENSOR, "input", &x.t, 0, 0},
+                      {TK_ARG_TENSOR, "weight", &w.t, 0, 0}, {TK_ARG_TENSOR, "bias", &b.t, 0, 0}};
+    tk_op_call c;
+    CHECK_RC(tk_ops__prepare(&c, "layer_norm", args, 4), TK_OK);
+    CHECK(c.f[4] == 1e-5);
+    CHECK(c.t[3] == &b.t);
+    CHECK_RC(tk_ops__run_cpu(&c), TK_OK);
+    for (int64_t i = 0; i < 10; i++)
+        CHECK(get(&y.t, i) == 0.25 * (double)(i % 5));
+    CHECK_RC(tk_ops__prepare(&c, "layer_norm", args, 3), TK_OK);
+    CHECK(c.t[3] == NULL);
+    CHECK_RC(tk_ops__run_cpu(&c), TK_OK);
+    for (int64_t i = 0; i < 10; i++)
+        CHECK(get(&y.t, i) == 0.0);
+    host_free(&x);
+    host_free(&y);
+    host_free(&w);
+    host_free(&b);
 }
 
 /* An all-zero row with eps > 0 gives zeros; eps left out takes the default 1e-6. */
@@ -381,6 +855,96 @@ static void test_validation(void)
     host_free(&xf16);
 }
 
+/* The new ops' messages name the argument and the shape it got. */
+static void test_validation_ln_and_backward(void)
+{
+    int64_t s48[2] = {4, 8}, s47[2] = {4, 7}, s8 = 8, s7 = 7;
+    host_t x, y, y2, w, w7, gw, gb, xf16;
+    host_new(&x, F32, 2, s48, 0);
+    host_new(&y, F32, 2, s48, 0);
+    host_new(&y2, F32, 2, s47, 0);
+    host_new(&w, F32, 1, &s8, 0);
+    host_new(&w7, F32, 1, &s7, 0);
+    host_new(&gw, F32, 1, &s8, 0);
+    host_new(&gb, F32, 1, &s8, 0);
+    host_new(&xf16, F16, 1, &s8, 0);
+    tk_op_call c;
+
+    tk_arg a1[5] = {{TK_ARG_TENSOR, "out", &y.t, 0, 0}, {TK_ARG_TENSOR, "input", &x.t, 0, 0},
+                    {TK_ARG_TENSOR, "weight", &w.t, 0, 0}, {TK_ARG_TENSOR, "bias", &w7.t, 0, 0},
+                    {TK_ARG_F64, "eps", NULL, 0, 1e-5}};
+    CHECK_RC(tk_ops__prepare(&c, "layer_norm", a1, 5), TK_ERR_INVALID);
+    CHECK_CONTAINS(tk_last_error(),
+                   "layer_norm: 'bias' has shape [7], want [8] (the last dimension of 'input' [4, 8])");
+    a1[3].t = &xf16.t;
+    CHECK_RC(tk_ops__prepare(&c, "layer_norm", a1, 5), TK_ERR_INVALID);
+    CHECK_CONTAINS(tk_last_error(), "layer_norm: 'bias' has dtype f16, want f32 (the dtype of 'input')");
+    a1[3].t = &w.t;
+    a1[4].f = -1e-5;
+    CHECK_RC(tk_ops__prepare(&c, "layer_norm", a1, 5), TK_ERR_INVALID);
+    CHECK_CONTAINS(tk_last_error(), "layer_norm: 'eps' is -1e-05, want a finite value >= 0");
+
+    tk_arg a2[4] = {{TK_ARG_TENSOR, "input", &x.t, 0, 0}, {TK_ARG_TENSOR, "residual", &x.t, 0, 0},
+                    {TK_ARG_TENSOR, "weight", &w.t, 0, 0}, {TK_ARG_TENSOR, "bias", &w.t, 0, 0}};
+    CHECK_RC(tk_ops__prepare(&c, "fused_add_layer_norm", a2, 4), TK_ERR_INVALID);
+    CHECK_CONTAINS(tk_last_error(), "fused_add_layer_norm: 'input' and 'residual' are the same tensor");
+    a2[1].t = &y2.t;
+    CHECK_RC(tk_ops__prepare(&c, "fused_add_layer_norm", a2, 4), TK_ERR_INVALID);
+    CHECK_CONTAINS(tk_last_error(),
+                   "fused_add_layer_norm: 'residual' has shape [4, 7], want [4, 8] (the shape of 'input')");
+
+    tk_arg a3[7] = {{TK_ARG_TENSOR, "grad_input", &y.t, 0, 0}, {TK_ARG_TENSOR, "grad_weight", &gw.t, 0, 0},
+                    {TK_ARG_TENSOR, "grad_bias", &gb.t, 0, 0},  {TK_ARG_TENSOR, "grad_out", &y2.t, 0, 0},
+                    {TK_ARG_TENSOR, "input", &x.t, 0, 0},       {TK_ARG_TENSOR, "weight", &w.t, 0, 0},
+                    {TK_ARG_F64, "eps", NULL, 0, 1e-5}};
+    CHECK_RC(tk_ops__prepare(&c, "layer_norm_backward", a3, 7), TK_ERR_INVALID);
+    CHECK_CONTAINS(tk_last_error(),
+                   "layer_norm_backward: 'grad_out' has shape [4, 7], want [4, 8] (the shape of 'input')");
+    a3[3].t = &y.t;
+    a3[0].t = &y2.t;
+    CHECK_RC(tk_ops__prepare(&c, "layer_norm_backward", a3, 7), TK_ERR_INVALID);
+    CHECK_CONTAINS(tk_last_error(),
+                   "layer_norm_backward: 'grad_input' has shape [4, 7], want [4, 8] (the shape of 'input')");
+    a3[0].t = &y.t;
+    a3[1].t = &w7.t;
+    CHECK_RC(tk_ops__prepare(&c, "layer_norm_backward", a3, 7), TK_ERR_INVALID);
+    CHECK_CONTAINS(tk_last_error(), "layer_norm_backward: 'grad_weight' has shape [7], want [8] (the last "
+                                    "dimension of 'input' [4, 8])");
+    a3[1].t = &gw.t;
+    a3[2].t = &w7.t;
+    CHECK_RC(tk_ops__prepare(&c, "layer_norm_backward", a3, 7), TK_ERR_INVALID);
+    CHECK_CONTAINS(tk_last_error(), "layer_norm_backward: 'grad_bias' has shape [7], want [8]");
+    a3[2].t = &gw.t;
+    CHECK_RC(tk_ops__prepare(&c, "layer_norm_backward", a3, 7), TK_ERR_INVALID);
+    CHECK_CONTAINS(tk_last_error(),
+                   "layer_norm_backward: 'grad_weight' and 'grad_bias' are the same tensor; both are written");
+    a3[2].t = &gb.t;
+    CHECK_RC(tk_ops__prepare(&c, "layer_norm_backward", a3, 7), TK_OK);
+    /* rms norm has no bias */
+    CHECK_RC(tk_ops__prepare(&c, "rms_norm_backward", a3, 7), TK_ERR_INVALID);
+    CHECK_CONTAINS(tk_last_error(), "rms_norm_backward: no parameter named 'grad_bias'");
+    tk_arg a4[6] = {{TK_ARG_TENSOR, "grad_input", &y.t, 0, 0}, {TK_ARG_TENSOR, "grad_out", &y.t, 0, 0},
+                    {TK_ARG_TENSOR, "grad_residual", &y2.t, 0, 0}, {TK_ARG_TENSOR, "residual", &x.t, 0, 0},
+                    {TK_ARG_TENSOR, "weight", &w.t, 0, 0},        {TK_ARG_TENSOR, "grad_weight", &gw.t, 0, 0}};
+    CHECK_RC(tk_ops__prepare(&c, "fused_add_rms_norm_backward", a4, 5), TK_ERR_INVALID);
+    CHECK_CONTAINS(tk_last_error(), "fused_add_rms_norm_backward: missing argument 'grad_weight'");
+    CHECK_RC(tk_ops__prepare(&c, "fused_add_rms_norm_backward", a4, 6), TK_ERR_INVALID);
+    CHECK_CONTAINS(tk_last_error(), "fused_add_rms_norm_backward: 'grad_residual' has shape [4, 7], want [4, 8] "
+                                    "(the shape of 'residual')");
+    /* accumulating in place into grad_residual is allowed */
+    a4[2].t = &y.t;
+    CHECK_RC(tk_ops__prepare(&c, "fused_add_rms_norm_backward", a4, 6), TK_OK);
+
+    host_free(&x);
+    host_free(&y);
+    host_free(&y2);
+    host_free(&w);
+    host_free(&w7);
+    host_free(&gw);
+    host_free(&gb);
+    host_free(&xf16);
+}
+
 int main(void)
 {
     const char *env = getenv("TK_TEST_SEED");
@@ -390,9 +954,20 @@ int main(void)
     RUN(test_registry);
     RUN(test_rms_norm);
     RUN(test_fused_add_rms_norm);
+    RUN(test_layer_norm);
+    RUN(test_fused_add_layer_norm);
+    RUN(test_rms_norm_backward);
+    RUN(test_fused_add_rms_norm_backward);
+    RUN(test_layer_norm_backward);
+    RUN(test_fused_add_layer_norm_backward);
+    RUN(test_backward_finite_differences);
     RUN(test_magnitudes);
+    RUN(test_backward_many_rows);
+    RUN(test_backward_no_rows);
+    RUN(test_layer_norm_defaults);
     RUN(test_zero_row);
     RUN(test_empty);
     RUN(test_validation);
+    RUN(test_validation_ln_and_backward);
     return th_done();
 }

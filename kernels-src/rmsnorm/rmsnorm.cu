@@ -1,18 +1,22 @@
-// rmsnorm.cu — RMS normalisation kernels of kernels-community/rmsnorm (vLLM's rms_norm and
-// fused_add_rms_norm ops).
+// rmsnorm.cu — RMS normalisation kernels of kernels-community/rmsnorm: vLLM's rms_norm and
+// fused_add_rms_norm, and their backward passes.
 //
 // Variants (each a template over T = float, __half, __nv_bfloat16; one manifest entry per op and dtype):
-//   tk_rms_norm            out[r, :] = x[r, :] * rsqrt(mean(x[r, :]^2) + eps) * weight
-//   tk_fused_add_rms_norm  residual[r, :] = input[r, :] + residual[r, :]   (rounded to T, stored), then
-//                          input[r, :] = rms_norm(residual[r, :]) * weight
+//   tk_rms_norm                     out[r, :] = x[r, :] * rsqrt(mean(x[r, :]^2) + eps) * weight
+//   tk_fused_add_rms_norm           residual[r, :] = input[r, :] + residual[r, :]   (rounded to T, stored),
+//                                   then input[r, :] = rms_norm(residual[r, :]) * weight
+//   tk_rms_norm_backward            grad_input = rstd * (gw - xh * mean(gw * xh)), xh = x * rstd,
+//                                   gw = grad_out * weight; grad_weight = sum over rows of grad_out * xh
+//   tk_fused_add_rms_norm_backward  the same on the forward's updated residual, plus grad_residual
 //
-// Launch assumptions:
+// Launch assumptions (forward):
 //   - every tensor is contiguous and row-major; weight is (d,); rms_norm may run in place (out == input),
 //     fused_add_rms_norm needs input and residual not to overlap;
 //   - one block per row (grid.x = rows = numel(input) / d, rows < 2^31), any block size that is a
 //     multiple of 32 up to 1024; d >= 1, any value;
 //   - 16-byte vector loads and stores when d is a multiple of the vector width (4 for f32, 8 for
 //     f16/bf16) and every pointer is 16-byte aligned; scalar code otherwise.
+// The backward kernels' launch and workspace are described in norm_backward.cuh.
 //
 // Numerics: elements are loaded as fp32; each thread sums its squares in fp32, the block reduces them
 // with warp shuffles and shared memory, scale = rsqrtf(sum / d + eps), and x * scale * weight is computed
@@ -22,59 +26,9 @@
 // from vLLM's by one unit in the last place. The fp32 sum of squares overflows for |x| above ~1e19.
 //
 // NVRTC-compatible: no host code, no standard headers.
-#include <cuda_bf16.h>
-#include <cuda_fp16.h>
+#include "norm_backward.cuh"
 
-typedef long long tk_i64; // manifest type i64
-typedef unsigned long long tk_u64;
-
-namespace tk_rms {
-
-__device__ __forceinline__ float to_f32(float x) { return x; }
-__device__ __forceinline__ float to_f32(__half x) { return __half2float(x); }
-__device__ __forceinline__ float to_f32(__nv_bfloat16 x) { return __bfloat162float(x); }
-
-template <typename T> __device__ __forceinline__ T from_f32(float x);
-template <> __device__ __forceinline__ float from_f32<float>(float x) { return x; }
-template <> __device__ __forceinline__ __half from_f32<__half>(float x) { return __float2half_rn(x); }
-template <> __device__ __forceinline__ __nv_bfloat16 from_f32<__nv_bfloat16>(float x)
-{
-    return __float2bfloat16_rn(x);
-}
-
-// N elements of T in 16 bytes: 4 for f32, 8 for f16 and bf16.
-template <typename T> struct Vec {
-    static constexpr int N = 16 / (int)sizeof(T);
-};
-template <typename T> struct __align__(16) Pack {
-    T v[Vec<T>::N];
-};
-
-__device__ __forceinline__ bool aligned16(const void *p) { return (reinterpret_cast<tk_u64>(p) & 15ull) == 0; }
-
-// The sum of v over the block, returned to every thread. blockDim.x is a multiple of 32, <= 1024.
-__device__ __forceinline__ float block_sum(float v)
-{
-    __shared__ float warp_sums[32];
-    __shared__ float total;
-    const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, nwarps = (blockDim.x + 31) >> 5;
-#pragma unroll
-    for (int o = 16; o > 0; o >>= 1)
-        v += __shfl_xor_sync(0xffffffffu, v, o);
-    if (lane == 0)
-        warp_sums[warp] = v;
-    __syncthreads();
-    if (warp == 0) {
-        v = lane < nwarps ? warp_sums[lane] : 0.0f;
-#pragma unroll
-        for (int o = 16; o > 0; o >>= 1)
-            v += __shfl_xor_sync(0xffffffffu, v, o);
-        if (lane == 0)
-            total = v;
-    }
-    __syncthreads();
-    return total;
-}
+namespace tk_norm {
 
 // One row. With Fused: res = x + res (stored rounded), then x = norm(res); else out = norm(x).
 template <typename T, bool Fused>
@@ -122,7 +76,9 @@ __device__ __forceinline__ void rms_row(T *out,                        // (rows,
         }
     }
 
-    const float scale = rsqrtf(block_sum(ss) / (float)d + eps);
+    float t[1] = {ss};
+    block_sum(t);
+    const float scale = rsqrtf(t[0] / (float)d + eps);
 
     // Each thread reads back only the elements it wrote above (same index mapping).
     if (vec) {
@@ -142,7 +98,7 @@ __device__ __forceinline__ void rms_row(T *out,                        // (rows,
     }
 }
 
-} // namespace tk_rms
+} // namespace tk_norm
 
 // ---- entry points (name expressions "tk_<op><float>", "<__half>", "<__nv_bfloat16>") -------------
 
@@ -153,7 +109,7 @@ __global__ void __launch_bounds__(1024) tk_rms_norm(T *out,                     
                                                     const T *__restrict__ weight, // (d,) T
                                                     float eps, tk_i64 d)
 {
-    tk_rms::rms_row<T, false>(out, const_cast<T *>(input), input, weight, eps, d);
+    tk_norm::rms_row<T, false>(out, const_cast<T *>(input), input, weight, eps, d);
 }
 
 template <typename T>
@@ -162,5 +118,35 @@ __global__ void __launch_bounds__(1024) tk_fused_add_rms_norm(T *input,         
                                                               const T *__restrict__ weight, // (d,) T
                                                               float eps, tk_i64 d)
 {
-    tk_rms::rms_row<T, true>(input, residual, input, weight, eps, d);
+    tk_norm::rms_row<T, true>(input, residual, input, weight, eps, d);
+}
+
+// grad_input must not overlap grad_out or input.
+template <typename T>
+__global__ void __launch_bounds__(1024, 1) tk_rms_norm_backward(T *grad_input,                 // (..., d) T
+                                                            T *grad_weight,                // (d,) T
+                                                            const T *grad_out,             // (..., d) T
+                                                            const T *input,                // (..., d) T
+                                                            const T *__restrict__ weight,  // (d,) T
+                                                            float eps, tk_i64 d,
+                                                            tk_i64 rows,                   // numel(input) / d
+                                                            float *ws)                     // see norm_backward.cuh
+{
+    tk_norm::norm_bwd<T, false, false>(grad_input, grad_weight, nullptr, grad_out, nullptr, input, weight, eps, d,
+                                       rows, ws);
+}
+
+// grad_input may be grad_residual (accumulated in place).
+template <typename T>
+__global__ void __launch_bounds__(1024, 1)
+    tk_fused_add_rms_norm_backward(T *grad_input,                // (..., d) T
+                                   T *grad_weight,               // (d,) T
+                                   const T *grad_out,            // (..., d) T: of the forward's input
+                                   const T *grad_residual,       // (..., d) T: of its updated residual
+                                   const T *residual,            // (..., d) T: the updated residual
+                                   const T *__restrict__ weight, // (d,) T
+                                   float eps, tk_i64 d, tk_i64 rows, float *ws)
+{
+    tk_norm::norm_bwd<T, false, true>(grad_input, grad_weight, nullptr, grad_out, grad_residual, residual, weight,
+                                      eps, d, rows, ws);
 }
