@@ -757,6 +757,8 @@ TK_API int tk_ops_json(char **out, tk_ctx *ctx)
             json_array_append_new(ps, param_json(op, &op->params[p]));
         json_object_set_new(j, "params", ps);
         json_object_set_new(j, "cpu_reference", json_boolean(op->cpu != NULL));
+        if (op->package)
+            json_object_set_new(j, "package", json_string(op->package)); /* where tk ships kernels for it */
         for (size_t c = 0; c < s->n; c++)
             if (strcmp(s->c[c].op, op->name) == 0)
                 json_array_append_new(impls, impl_json(&s->c[c]));

@@ -275,8 +275,11 @@ static void print_op_detail(const jv *op)
     }
     const jv *cpu = jv_get(op, "cpu_reference");
     printf("  implementations:%s\n", cpu && cpu->num ? " cpu-reference (host tensors)" : "");
-    if (!impls || impls->n == 0)
-        printf("    (no installed package; try 'tk get kernels-community/activation')\n");
+    const jv *pkg = jv_get(op, "package");
+    if ((!impls || impls->n == 0) && pkg && jv_str(pkg))
+        printf("    (no installed package; try 'tk get %s')\n", jv_str(pkg));
+    else if (!impls || impls->n == 0)
+        printf("    (no installed package implements it)\n");
     for (size_t i = 0; impls && i < impls->n; i++) {
         const jv *m = impls->items[i];
         const jv *dts = jv_get(m, "dtypes"), *cc = jv_get(m, "min_cc"), *pr = jv_get(m, "priority");

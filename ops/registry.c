@@ -392,6 +392,8 @@ int tk_ops__signature(tk_buf *b, const tk_op_desc *op)
             }
             if (rc == TK_OK)
                 rc = tk__buf_puts(b, p->shape ? p->shape : "[...]");
+            if (rc == TK_OK && p->optional)
+                rc = tk__buf_puts(b, "?"); /* may be left out */
         } else {
             rc = tk__buf_puts(b, p->kind == TK_ARG_F64 ? "f64" : "i64");
             if (rc == TK_OK && p->optional)

@@ -589,11 +589,11 @@ static void test_registry(void)
     CHECK_CONTAINS(b.data, ") -> input, residual; T in {f32, f16, bf16}");
     tk__buf_free(&b);
     CHECK_RC(tk_ops__signature(&b, tk_ops__find("layer_norm")), TK_OK);
-    CHECK_STR(b.data, "layer_norm(out: T[..., d], input: T[..., d], weight: T[d], bias: T[d], eps: f64 = 1e-05) "
+    CHECK_STR(b.data, "layer_norm(out: T[..., d], input: T[..., d], weight: T[d], bias: T[d]?, eps: f64 = 1e-05) "
                       "-> out; T in {f32, f16, bf16}");
     tk__buf_free(&b);
     CHECK_RC(tk_ops__signature(&b, tk_ops__find("fused_add_layer_norm_backward")), TK_OK);
-    CHECK_STR(b.data, "fused_add_layer_norm_backward(grad_input: T[..., d], grad_weight: T[d], grad_bias: T[d], "
+    CHECK_STR(b.data, "fused_add_layer_norm_backward(grad_input: T[..., d], grad_weight: T[d], grad_bias: T[d]?, "
                       "grad_out: T[..., d], grad_residual: T[..., d], residual: T[..., d], weight: T[d], "
                       "eps: f64 = 1e-05) -> grad_input, grad_weight, grad_bias; T in {f32, f16, bf16}");
     tk__buf_free(&b);
