@@ -860,7 +860,7 @@ static void test_registry(void)
     tk_buf b = TK_BUF_INIT;
     CHECK_RC(tk_ops__signature(&b, tk_ops__find("casted_linear")), TK_OK);
     CHECK_STR(b.data, "casted_linear(out: T[..., N], x: T[..., K], weight: i8|fp8_e4m3[N, K], scale: f32[N], "
-                      "bias: T[N]) -> out; T in {f32, f16, bf16}");
+                      "bias: T[N]?) -> out; T in {f32, f16, bf16}");
     tk__buf_free(&b);
 }
 

@@ -303,8 +303,8 @@ static void test_registry(void)
     tk__buf_free(&b);
     CHECK_RC(tk_ops__signature(&b, tk_ops__find("sample")), TK_OK);
     CHECK_STR(b.data, "sample(out: i64[b], logits: f32|f16|bf16[b, v], temperature: f64 = 1, top_k: i64 = 0, "
-                      "top_p: f64 = 1, seed: i64 = 0, offset: i64 = 0, temperatures: f32[b], top_ks: i32[b], "
-                      "top_ps: f32[b], seeds: i64[b]) -> out");
+                      "top_p: f64 = 1, seed: i64 = 0, offset: i64 = 0, temperatures: f32[b]?, top_ks: i32[b]?, "
+                      "top_ps: f32[b]?, seeds: i64[b]?) -> out");
     tk__buf_free(&b);
 }
 
