@@ -5,7 +5,7 @@
 # Prints wrk's report (latency percentiles, requests/s, transfer/s, errors) and the publish count;
 # exits 1 when any request failed (socket errors or non-2xx) or any publish failed.
 #
-#   bash bench/serve_load.sh [CONNECTIONS] [SECONDS] [THREADS]
+#   bash bench/serve_load.sh [CONNECTIONS] [SECONDS] [THREADS]   (TK_LOAD_PKG=flash-attn: a bigger archive)
 set -u
 cd "$(dirname "$0")/.."
 B=${TK_BUILD:-build}; TK=$B/tk
@@ -18,7 +18,7 @@ trap '[ -n "$SRV_PID" ] && kill $SRV_PID 2>/dev/null; wait 2>/dev/null; rm -rf "
 export TK_HOME=$W/home
 "$TK" keygen "$W/key" >/dev/null
 mkpkg() { # mkpkg DIR VERSION: the activation package's sources renamed tktest/load
-  rm -rf "$1"; cp -r kernels-src/activation "$1"
+  rm -rf "$1"; cp -r "kernels-src/${TK_LOAD_PKG:-activation}" "$1"
   python3 - "$1/kernel.json" "$2" <<'PY'
 import json, sys
 p, v = sys.argv[1], sys.argv[2]
