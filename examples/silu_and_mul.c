@@ -3,21 +3,18 @@
  * kernels-community/activation, run silu_and_mul_f32 on the GPU through the declarative call, and
  * check it against a CPU reference in double precision.
  *
- * Only tk.h and libtk are used for tk; device memory comes from the CUDA driver, loaded with dlopen
- * (a real application would use its framework's tensors: tk_tensor is DLPack's DLTensor). Without a
- * GPU it prints why and exits 0 with a skip message.
+ * Only tk.h and libtk are used: device memory comes from tk_device_alloc (a real application would
+ * pass its framework's tensors instead: tk_tensor is DLPack's DLTensor). Without a GPU it prints why
+ * and exits 0 with a skip message.
  *
  *     build/examples/silu_and_mul [ROWS D]
  */
-#include <dlfcn.h>
 #include <math.h>
 #include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
 
 #include "tk.h"
-
-typedef int (*cu_fn)();
 
 static double silu(double x) { return x / (1.0 + exp(-x)); }
 
@@ -29,10 +26,7 @@ int main(int argc, char **argv)
     tk_kernel *k = NULL;
     const tk_function *fn = NULL;
     float *in = NULL, *out = NULL;
-    uint64_t din = 0, dout = 0;
-    void *h = NULL, *cuctx = NULL;
-    cu_fn retain, setcur, memalloc, memfree = NULL, htod, dtoh, sync;
-    int cudev = 0;
+    void *din = NULL, *dout = NULL;
 
     if (rows < 1 || d < 1) {
         fprintf(stderr, "usage: silu_and_mul [ROWS D]\n");
@@ -57,18 +51,6 @@ int main(int argc, char **argv)
         goto done;
     }
 
-    h = dlopen("libcuda.so.1", RTLD_NOW);
-    retain = (cu_fn)dlsym(h, "cuDevicePrimaryCtxRetain");
-    setcur = (cu_fn)dlsym(h, "cuCtxSetCurrent");
-    memalloc = (cu_fn)dlsym(h, "cuMemAlloc_v2");
-    memfree = (cu_fn)dlsym(h, "cuMemFree_v2");
-    htod = (cu_fn)dlsym(h, "cuMemcpyHtoD_v2");
-    dtoh = (cu_fn)dlsym(h, "cuMemcpyDtoH_v2");
-    sync = (cu_fn)dlsym(h, "cuCtxSynchronize");
-    if (!retain || retain(&cuctx, cudev) != 0 || setcur(cuctx) != 0) {
-        fprintf(stderr, "cannot make the primary CUDA context current\n");
-        goto done;
-    }
     in = malloc((size_t)(rows * 2 * d) * sizeof *in);
     out = malloc((size_t)(rows * d) * sizeof *out);
     if (!in || !out)
@@ -76,16 +58,16 @@ int main(int argc, char **argv)
     srand(1);
     for (int64_t i = 0; i < rows * 2 * d; i++)
         in[i] = (float)rand() / (float)RAND_MAX * 8.0f - 4.0f;
-    if (memalloc(&din, (size_t)(rows * 2 * d) * sizeof *in) != 0 ||
-        memalloc(&dout, (size_t)(rows * d) * sizeof *out) != 0 ||
-        htod(din, in, (size_t)(rows * 2 * d) * sizeof *in) != 0) {
-        fprintf(stderr, "device allocation or copy failed\n");
+    if (tk_device_alloc(&din, 0, (size_t)(rows * 2 * d) * sizeof *in) != TK_OK ||
+        tk_device_alloc(&dout, 0, (size_t)(rows * d) * sizeof *out) != TK_OK ||
+        tk_device_copy(din, in, (size_t)(rows * 2 * d) * sizeof *in, TK_COPY_H2D, 0) != TK_OK) {
+        fprintf(stderr, "device memory: %s\n", tk_last_error());
         goto done;
     }
     {
         int64_t in_shape[2] = {rows, 2 * d}, out_shape[2] = {rows, d};
-        tk_tensor tin = {(void *)(uintptr_t)din, {TK_DEV_CUDA, 0}, 2, {TK_DL_FLOAT, 32, 1}, in_shape, NULL, 0};
-        tk_tensor tout = {(void *)(uintptr_t)dout, {TK_DEV_CUDA, 0}, 2, {TK_DL_FLOAT, 32, 1}, out_shape, NULL, 0};
+        tk_tensor tin = {din, {TK_DEV_CUDA, 0}, 2, {TK_DL_FLOAT, 32, 1}, in_shape, NULL, 0};
+        tk_tensor tout = {dout, {TK_DEV_CUDA, 0}, 2, {TK_DL_FLOAT, 32, 1}, out_shape, NULL, 0};
         tk_arg args[2] = {{TK_ARG_TENSOR, "out", &tout, 0, 0}, {TK_ARG_TENSOR, "input", &tin, 0, 0}};
         rc = tk_function_call(fn, args, 2, NULL);
         if (rc != TK_OK) {
@@ -93,8 +75,9 @@ int main(int argc, char **argv)
             goto done;
         }
     }
-    if (sync() != 0 || dtoh(out, dout, (size_t)(rows * d) * sizeof *out) != 0) {
-        fprintf(stderr, "the kernel failed on the GPU\n");
+    /* the sync reports a fault of the kernel; the copy brings the result back */
+    if (tk_device_sync(0) != TK_OK || tk_device_copy(out, dout, (size_t)(rows * d) * sizeof *out, TK_COPY_D2H, 0) != TK_OK) {
+        fprintf(stderr, "the kernel failed on the GPU: %s\n", tk_last_error());
         goto done;
     }
     {
@@ -117,10 +100,8 @@ int main(int argc, char **argv)
         status = bad ? 1 : 0;
     }
 done:
-    if (din && memfree)
-        memfree(din);
-    if (dout && memfree)
-        memfree(dout);
+    tk_device_free(din, 0);
+    tk_device_free(dout, 0);
     free(in);
     free(out);
     tk_kernel_free(k);
