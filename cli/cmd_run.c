@@ -2,10 +2,9 @@
  * cmd_run.c — tk run: call one kernel of a package on random inputs, time it and print checksums.
  *
  * The parameters come from the package's manifest (tk_pkg_manifest), so any published kernel runs
- * without tk knowing its op. Device memory is allocated through the CUDA driver, loaded here with
- * dlopen (tk.h has no allocator); launches go through tk_function_call and the manifest's launch rule.
+ * without tk knowing its op. Device memory comes from tk_device_alloc; launches go through
+ * tk_function_call and the manifest's launch rule.
  */
-#include <dlfcn.h>
 #include <jansson.h>
 #include <math.h>
 #include <stdint.h>
@@ -53,41 +52,6 @@ static const char *HELP =
     "EXAMPLES\n"
     "    tk run kernels-community/activation silu_and_mul_f32 --shape 16x4096 --shape 16x8192\n"
     "    tk run kernels-community/activation silu_and_mul_bf16 --shape out=8x128 --shape input=8x256\n";
-
-/* ---- the few driver calls, through dlopen ----------------------------------------------------- */
-
-typedef struct {
-    int (*cuDeviceGet)(int *, int);
-    int (*cuDevicePrimaryCtxRetain)(void **, int);
-    int (*cuDevicePrimaryCtxRelease)(int);
-    int (*cuCtxSetCurrent)(void *);
-    int (*cuMemAlloc)(uint64_t *, size_t);
-    int (*cuMemFree)(uint64_t);
-    int (*cuMemcpyHtoD)(uint64_t, const void *, size_t);
-    int (*cuMemcpyDtoH)(void *, uint64_t, size_t);
-    int (*cuCtxSynchronize)(void);
-} drv;
-
-static int drv_load(drv *d)
-{
-    void *h = dlopen("libcuda.so.1", RTLD_NOW | RTLD_LOCAL);
-    if (!h)
-        return -1;
-    *(void **)&d->cuDeviceGet = dlsym(h, "cuDeviceGet");
-    *(void **)&d->cuDevicePrimaryCtxRetain = dlsym(h, "cuDevicePrimaryCtxRetain");
-    *(void **)&d->cuDevicePrimaryCtxRelease = dlsym(h, "cuDevicePrimaryCtxRelease_v2");
-    *(void **)&d->cuCtxSetCurrent = dlsym(h, "cuCtxSetCurrent");
-    *(void **)&d->cuMemAlloc = dlsym(h, "cuMemAlloc_v2");
-    *(void **)&d->cuMemFree = dlsym(h, "cuMemFree_v2");
-    *(void **)&d->cuMemcpyHtoD = dlsym(h, "cuMemcpyHtoD_v2");
-    *(void **)&d->cuMemcpyDtoH = dlsym(h, "cuMemcpyDtoH_v2");
-    *(void **)&d->cuCtxSynchronize = dlsym(h, "cuCtxSynchronize");
-    return d->cuDeviceGet && d->cuDevicePrimaryCtxRetain && d->cuDevicePrimaryCtxRelease &&
-                   d->cuCtxSetCurrent && d->cuMemAlloc && d->cuMemFree && d->cuMemcpyHtoD &&
-                   d->cuMemcpyDtoH && d->cuCtxSynchronize
-               ? 0
-               : -1;
-}
 
 /* ---- host values in every dtype --------------------------------------------------------------- */
 
@@ -188,7 +152,7 @@ typedef struct {
     int64_t shape[8];
     int ndim; /* -1: no shape given */
     tk_tensor t;
-    uint64_t dptr;
+    void *dptr;
     size_t bytes;
     void *host;
     const char *argval;
@@ -231,12 +195,9 @@ int tk_cmd_run(tk_cli *cli, int argc, char **argv)
     tk_pkg *pkg = NULL;
     const tk_function *fn = NULL;
     json_t *man = NULL, *kern = NULL;
-    drv d;
-    void *cuctx = NULL;
-    int code = TK_EXIT_FAIL, rc, ndev = 0, cudev = 0;
+    int code = TK_EXIT_FAIL, rc, ndev = 0;
 
     memset(ps, 0, sizeof ps);
-    memset(&d, 0, sizeof d);
     for (int i = 1; i < argc; i++) {
         const char *a = argv[i];
         long *num = NULL;
@@ -392,13 +353,6 @@ int tk_cmd_run(tk_cli *cli, int argc, char **argv)
         }
     }
     /* device memory and random contents */
-    if (drv_load(&d) != 0 || d.cuDeviceGet(&cudev, (int)device) != 0 ||
-        d.cuDevicePrimaryCtxRetain(&cuctx, cudev) != 0 || d.cuCtxSetCurrent(cuctx) != 0) {
-        fprintf(stderr, "tk: cannot use the CUDA driver for device memory\n");
-        cuctx = NULL;
-        code = TK_EXIT_DEVICE;
-        goto done;
-    }
     for (size_t i = 0; i < np; i++) {
         rparam *p = &ps[i];
         if (p->derived)
@@ -438,12 +392,13 @@ int tk_cmd_run(tk_cli *cli, int argc, char **argv)
             goto done;
         for (size_t e = 0; e < n; e++)
             put(p->host, e, p->dt, urand());
-        if (p->bytes && (d.cuMemAlloc(&p->dptr, p->bytes) != 0 || d.cuMemcpyHtoD(p->dptr, p->host, p->bytes) != 0)) {
-            fprintf(stderr, "tk: cannot allocate %zu bytes on the GPU for '%s'\n", p->bytes, p->name);
+        if (p->bytes && ((rc = tk_device_alloc(&p->dptr, (int)device, p->bytes)) != TK_OK ||
+                         (rc = tk_device_copy(p->dptr, p->host, p->bytes, TK_COPY_H2D, (int)device)) != TK_OK)) {
+            fprintf(stderr, "tk: %zu bytes on the GPU for '%s': %s\n", p->bytes, p->name, tk_last_error());
             code = TK_EXIT_DEVICE;
             goto done;
         }
-        p->t.data = (void *)(uintptr_t)p->dptr;
+        p->t.data = p->dptr;
         p->t.device.device_type = TK_DEV_CUDA;
         p->t.device.device_id = (int32_t)device;
         p->t.ndim = p->ndim;
@@ -459,15 +414,18 @@ int tk_cmd_run(tk_cli *cli, int argc, char **argv)
             code = tk_cli_fail(cli, rc, NULL);
             goto done;
         }
-    d.cuCtxSynchronize();
+    if ((rc = tk_device_sync((int)device)) != TK_OK) {
+        code = tk_cli_fail(cli, rc, NULL);
+        goto done;
+    }
     double t0 = now_ms();
     for (long it = 0; it < iters; it++)
         if ((rc = tk_function_call(fn, args, nargs, NULL)) != TK_OK) {
             code = tk_cli_fail(cli, rc, NULL);
             goto done;
         }
-    if (d.cuCtxSynchronize() != 0) {
-        fprintf(stderr, "tk: the kernel failed on the GPU (cuCtxSynchronize)\n");
+    if ((rc = tk_device_sync((int)device)) != TK_OK) {
+        fprintf(stderr, "tk: the kernel failed on the GPU: %s\n", tk_last_error());
         code = TK_EXIT_DEVICE;
         goto done;
     }
@@ -485,8 +443,11 @@ int tk_cmd_run(tk_cli *cli, int argc, char **argv)
             if (!p->is_tensor || p->derived)
                 continue;
             n = p->bytes / (p->dt.bits / 8);
-            if (p->bytes)
-                d.cuMemcpyDtoH(p->host, p->dptr, p->bytes);
+            if (p->bytes && tk_device_copy(p->host, p->dptr, p->bytes, TK_COPY_D2H, (int)device) != TK_OK) {
+                fprintf(stderr, "tk: reading '%s' back: %s\n", p->name, tk_last_error());
+                code = TK_EXIT_DEVICE;
+                goto done;
+            }
             for (size_t e = 0; e < n; e++) {
                 double v = get(p->host, e, p->dt);
                 sum += v;
@@ -504,12 +465,9 @@ int tk_cmd_run(tk_cli *cli, int argc, char **argv)
     code = TK_EXIT_OK;
 done:
     for (size_t i = 0; i < np; i++) {
-        if (ps[i].dptr)
-            d.cuMemFree(ps[i].dptr);
+        tk_device_free(ps[i].dptr, (int)device);
         free(ps[i].host);
     }
-    if (cuctx)
-        d.cuDevicePrimaryCtxRelease(cudev);
     json_decref(man);
     tk_pkg_free(pkg);
     tk_kernel_free(k);
