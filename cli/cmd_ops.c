@@ -380,7 +380,7 @@ int tk_cmd_ops(tk_cli *cli, int argc, char **argv)
 /* ---- tk run-op -------------------------------------------------------------------------------- */
 
 static const char *RUN_USAGE =
-    "tk run-op OP --shape D0,D1,... [--dtype f32|f16|bf16] [--seed N] [--repeat N] [--arg NAME=VALUE]...";
+    "tk run-op OP --shape [NAME=]D0,D1,... [--dtype [NAME=]DT] [--seed N] [--repeat N] [--arg NAME=VALUE]...";
 
 #define MAX_T 16
 #define MAX_D 16
@@ -400,7 +400,7 @@ typedef struct {
 typedef struct {
     int ellipsis;
     int64_t k;        /* multiplier, or the literal when sym is empty */
-    char sym[16];
+    char sym[32];
 } dim_pat;
 
 static int parse_pattern(const char *s, dim_pat *pat, int *n)
@@ -441,7 +441,7 @@ static int parse_pattern(const char *s, dim_pat *pat, int *n)
 }
 
 typedef struct {
-    char sym[16];
+    char sym[32];
     int64_t v;
 } binding;
 
@@ -567,8 +567,29 @@ static float from_f16(uint16_t h)
     return bitsf(sign | ((e + 112) << 23) | (m << 13));
 }
 
+/* fp8 (OCP e4m3fn / e5m2) to double, for checksums and printing only. */
+static double fp8(uint8_t c, int e5m2)
+{
+    int mb = e5m2 ? 2 : 3, bias = e5m2 ? 15 : 7, e = (c & 0x7f) >> mb, m = c & ((1 << mb) - 1);
+    double sign = (c & 0x80) ? -1 : 1;
+    if (e5m2 ? e == 31 : (c & 0x7f) == 0x7f)
+        return (e5m2 && m == 0) ? sign * INFINITY : NAN;
+    return e ? sign * ldexp(1.0 + m / (double)(1 << mb), e - bias) : sign * ldexp((double)m, 1 - bias - mb);
+}
+
 static double elem(const host_tensor *h, size_t i)
 {
+    const tk_dtype d = h->t.dtype;
+    if (d.code == TK_DL_INT)
+        return d.bits == 64 ? (double)((const int64_t *)h->data)[i]
+               : d.bits == 32 ? (double)((const int32_t *)h->data)[i]
+                              : (double)((const int8_t *)h->data)[i];
+    if (d.code == TK_DL_UINT)
+        return ((const uint8_t *)h->data)[i];
+    if (d.code == TK_DL_FLOAT8_E4M3FN || d.code == TK_DL_FLOAT8_E5M2)
+        return fp8(((const uint8_t *)h->data)[i], d.code == TK_DL_FLOAT8_E5M2);
+    if (d.bits == 64)
+        return ((const double *)h->data)[i];
     if (h->t.dtype.bits == 32)
         return ((const float *)h->data)[i];
     uint16_t v = ((const uint16_t *)h->data)[i];
@@ -580,6 +601,89 @@ static double now_ms(void)
     struct timespec ts;
     clock_gettime(CLOCK_MONOTONIC, &ts);
     return (double)ts.tv_sec * 1e3 + (double)ts.tv_nsec / 1e6;
+}
+
+/* "4,4096" into shape; 0 or -1. */
+static int parse_dims(const char *text, int64_t *shape, int *nd)
+{
+    *nd = 0;
+    for (const char *s = text; *s;) {
+        char *end;
+        long long v = strtoll(s, &end, 10);
+        if (end == s || v < 0 || v > ((int64_t)1 << 40) || *nd >= MAX_D || (*end && *end != ','))
+            return -1;
+        shape[(*nd)++] = v;
+        s = *end ? end + 1 : end;
+    }
+    return *nd ? 0 : -1;
+}
+
+/* Adds the bindings of one tensor's pattern; a symbol bound twice must agree. 0, or -1 with a message. */
+static int bind_more(const char *opname, const char *pname, const char *pattern, const int64_t *shape, int nd,
+                     binding *b, int *nb, int64_t *lead, int *nlead, int quiet)
+{
+    dim_pat pat[MAX_D];
+    binding nbind[MAX_D];
+    int np = 0, n = 0, nl = 0;
+    int64_t l[MAX_D];
+    if (parse_pattern(pattern, pat, &np) != 0) {
+        if (!quiet)
+            fprintf(stderr, "tk: %s: cannot read the shape pattern of '%s'\n", opname, pname);
+        return -1;
+    }
+    int brc = bind_shape(pat, np, shape, nd, nbind, &n, l, &nl);
+    if (brc == -1) {
+        if (!quiet)
+            fprintf(stderr, "tk: %s: '%s' %s does not have %d dimensions\n", opname, pname, pattern, nd);
+        return -1;
+    } else if (brc) {
+        if (!quiet)
+            fprintf(stderr, "tk: %s: that dimension of '%s' %s must be a multiple of %lld\n", opname, pname, pattern,
+                    (long long)pat[-2 - brc].k);
+        return -2;
+    }
+    for (int i = 0; i < n; i++) {
+        int k = 0;
+        while (k < *nb && strcmp(b[k].sym, nbind[i].sym) != 0)
+            k++;
+        if (k < *nb && b[k].v != nbind[i].v) {
+            if (!quiet)
+                fprintf(stderr, "tk: %s: '%s' makes %s = %lld, but another shape made it %lld\n", opname, pname,
+                        nbind[i].sym, (long long)nbind[i].v, (long long)b[k].v);
+            return -2;
+        }
+        if (k == *nb && *nb < MAX_D)
+            b[(*nb)++] = nbind[i];
+    }
+    if (nl && !*nlead) {
+        memcpy(lead, l, (size_t)nl * sizeof *l);
+        *nlead = nl;
+    }
+    return 0;
+}
+
+/* The dtype a tensor parameter gets: the requested one if it takes it, else its first allowed one; a
+ * parameter whose dtype follows another's ("dtype_like") gets that one's. */
+static int pick_dtype(tk_dtype *out, const jv *p, const jv *params, tk_dtype want, const char *want_name)
+{
+    const jv *like = jv_get(p, "dtype_like");
+    for (int depth = 0; like && jv_str(like) && depth < 8; depth++) {
+        const jv *q = NULL;
+        for (size_t i = 0; i < params->n && !q; i++)
+            if (!strcmp(jv_str(jv_get(params->items[i], "name")), jv_str(like)))
+                q = params->items[i];
+        if (!q)
+            return -1;
+        p = q;
+        like = jv_get(p, "dtype_like");
+    }
+    const jv *dts = jv_get(p, "dtypes");
+    for (size_t i = 0; dts && i < dts->n; i++)
+        if (!strcmp(jv_str(dts->items[i]), want_name)) {
+            *out = want;
+            return 0;
+        }
+    return dts && dts->n ? (tk_dtype_parse(out, jv_str(dts->items[0])) == TK_OK ? 0 : -1) : -1;
 }
 
 static void shape_text(char *buf, size_t n, const int64_t *shape, int nd)
@@ -594,6 +698,8 @@ static void shape_text(char *buf, size_t n, const int64_t *shape, int nd)
 int tk_cmd_run_op(tk_cli *cli, int argc, char **argv)
 {
     const char *opname = NULL, *shape_s = NULL, *dtype_s = "f32";
+    const char *named_shapes[MAX_T], *named_dtypes[MAX_T];
+    int nnamed = 0, nndt = 0;
     uint64_t seed = 0;
     long long repeat = 1;
     const char *scalar_args[MAX_T];
@@ -611,17 +717,28 @@ int tk_cmd_run_op(tk_cli *cli, int argc, char **argv)
                    "  OP                 the op ('tk ops' lists them)\n"
                    "  --shape D0,D1,...  the shape of the op's first input tensor; the other shapes follow\n"
                    "                     from the signature (silu_and_mul: input [4, 4096] -> out [4, 2048])\n"
-                   "  --dtype DT         f32 (default), f16 or bf16\n"
+                   "  --shape NAME=D0,.. the shape of tensor NAME (repeatable); it binds that tensor's\n"
+                   "                     symbols too, so ops with several independent sizes can run\n"
+                   "                     (attention: --shape q=1,128,8,64 --shape k=1,256,2,64). An\n"
+                   "                     optional tensor is passed only when it is given a shape.\n"
+                   "  --dtype DT         f32 (default), f16 or bf16, for the tensors that take it; the\n"
+                   "                     others get their first allowed dtype (i64 targets, i8 weights)\n"
+                   "  --dtype NAME=DT    tensor NAME's dtype (casted_linear: --dtype weight=fp8_e4m3)\n"
                    "  --seed N           seed of the random inputs, uniform in [-3, 3] (default 0)\n"
                    "  --repeat N         run N times and report the fastest and the mean (default 1)\n"
                    "  --arg NAME=VALUE   a scalar parameter (fatrelu_and_mul: --arg threshold=0.5);\n"
-                   "                     scalars left out take their defaults\n"
+                   "                     scalars left out take their defaults. For an integer input\n"
+                   "                     tensor it is the value every element gets; by default element\n"
+                   "                     i holds i (distinct ids, positions, slots and blocks). Float\n"
+                   "                     tensors are uniform in [-3, 3], 8-bit ones random codes.\n"
                    "  --json             print the result as a JSON object\n"
                    "\n"
                    "examples:\n"
                    "  tk run-op silu_and_mul --shape 4,4096 --dtype bf16\n"
                    "  tk run-op gelu --shape 128,768 --seed 7 --repeat 10\n"
                    "  tk run-op fatrelu_and_mul --shape 8,1024 --arg threshold=0.25 --json\n"
+                   "  tk run-op cross_entropy --shape 16,32000 --shape loss=1 --dtype bf16 --arg target=7\n"
+                   "  tk run-op attention --shape q=1,128,8,64 --shape k=1,256,2,64 --arg causal=1\n"
                    "\n"
                    "exit status: 0 ok, 2 bad arguments or shapes, 3 unknown op.\n",
                    RUN_USAGE);
@@ -633,9 +750,17 @@ int tk_cmd_run_op(tk_cli *cli, int argc, char **argv)
             if (!val)
                 return tk_cli_usage(RUN_USAGE, "%s needs a value", a);
             i++;
-            if (!strcmp(a, "--shape"))
+            if (!strcmp(a, "--shape") && strchr(val, '=')) {
+                if (nnamed >= MAX_T)
+                    return tk_cli_usage(RUN_USAGE, "too many --shape NAME=... options");
+                named_shapes[nnamed++] = val;
+            } else if (!strcmp(a, "--shape"))
                 shape_s = val;
-            else if (!strcmp(a, "--dtype"))
+            else if (!strcmp(a, "--dtype") && strchr(val, '=')) {
+                if (nndt >= MAX_T)
+                    return tk_cli_usage(RUN_USAGE, "too many --dtype NAME=... options");
+                named_dtypes[nndt++] = val;
+            } else if (!strcmp(a, "--dtype"))
                 dtype_s = val;
             else if (!strcmp(a, "--arg")) {
                 if (nscalar >= MAX_T || !strchr(val, '='))
@@ -663,8 +788,8 @@ int tk_cmd_run_op(tk_cli *cli, int argc, char **argv)
     }
     if (!opname)
         return tk_cli_usage(RUN_USAGE, "which op? ('tk ops' lists them)");
-    if (!shape_s)
-        return tk_cli_usage(RUN_USAGE, "--shape is required (e.g. --shape 4,4096)");
+    if (!shape_s && !nnamed)
+        return tk_cli_usage(RUN_USAGE, "--shape is required (e.g. --shape 4,4096, or --shape NAME=4,4096)");
     tk_dtype dt;
     if (!strcmp(dtype_s, "f32"))
         dt = (tk_dtype){TK_DL_FLOAT, 32, 1};
@@ -676,13 +801,18 @@ int tk_cmd_run_op(tk_cli *cli, int argc, char **argv)
         return tk_cli_usage(RUN_USAGE, "--dtype wants f32, f16 or bf16, got '%s'", dtype_s);
     int64_t shape[MAX_D];
     int nd = 0;
-    for (const char *s = shape_s; *s;) {
-        char *end;
-        long long v = strtoll(s, &end, 10);
-        if (end == s || v < 0 || v > ((int64_t)1 << 40) || nd >= MAX_D || (*end && *end != ','))
-            return tk_cli_usage(RUN_USAGE, "--shape wants sizes separated by commas (4,4096), got '%s'", shape_s);
-        shape[nd++] = v;
-        s = *end ? end + 1 : end;
+    if (shape_s && parse_dims(shape_s, shape, &nd) != 0)
+        return tk_cli_usage(RUN_USAGE, "--shape wants sizes separated by commas (4,4096), got '%s'", shape_s);
+    struct {
+        char name[64];
+        int64_t shape[MAX_D];
+        int nd;
+    } named[MAX_T];
+    for (int i = 0; i < nnamed; i++) {
+        size_t len = strcspn(named_shapes[i], "=");
+        snprintf(named[i].name, sizeof named[i].name, "%.*s", (int)len, named_shapes[i]);
+        if (parse_dims(named_shapes[i] + len + 1, named[i].shape, &named[i].nd) != 0)
+            return tk_cli_usage(RUN_USAGE, "--shape %s: want NAME=sizes separated by commas", named_shapes[i]);
     }
 
     int code;
@@ -707,34 +837,63 @@ int tk_cmd_run_op(tk_cli *cli, int argc, char **argv)
         goto done;
     }
 
-    /* Bind the symbols of the first input's pattern to --shape, then shape every tensor. */
+    /* Bind the symbols of the named tensors' patterns, then of the first input's pattern to the plain
+     * --shape, then shape every tensor. */
     binding b[MAX_D];
     int nb = 0, nlead = 0;
     int64_t lead[MAX_D];
-    const jv *first = NULL;
-    for (size_t i = 0; i < params->n && !first; i++)
-        if (!strcmp(jv_str(jv_get(params->items[i], "kind")), "tensor") &&
-            !strcmp(jv_str(jv_get(params->items[i], "role")), "in"))
-            first = params->items[i];
-    if (!first) {
-        fprintf(stderr, "tk: %s has no input tensor to shape\n", opname);
-        goto done;
-    }
     dim_pat pat[MAX_D];
     int np;
-    if (parse_pattern(jv_str(jv_get(first, "shape")), pat, &np) != 0) {
-        fprintf(stderr, "tk: %s: cannot read the shape pattern of '%s'\n", opname, jv_str(jv_get(first, "name")));
-        goto done;
+    for (int i = 0; i < nnamed; i++) {
+        const jv *p = NULL;
+        for (size_t j = 0; j < params->n && !p; j++)
+            if (!strcmp(jv_str(jv_get(params->items[j], "name")), named[i].name) &&
+                !strcmp(jv_str(jv_get(params->items[j], "kind")), "tensor"))
+                p = params->items[j];
+        if (!p) {
+            fprintf(stderr, "tk: %s has no tensor '%s' (see 'tk ops %s')\n", opname, named[i].name, opname);
+            goto done;
+        }
+        int tmp_np;
+        dim_pat tmp[MAX_D];
+        if (parse_pattern(jv_str(jv_get(p, "shape")), tmp, &tmp_np) != 0 ||
+            strchr(jv_str(jv_get(p, "shape")) ? jv_str(jv_get(p, "shape")) : "", '|'))
+            continue; /* alternatives ("[N] | [1]") or sums ("[R+P]"): the shape is used as given, binds nothing */
+        if (bind_more(opname, named[i].name, jv_str(jv_get(p, "shape")), named[i].shape, named[i].nd, b, &nb, lead,
+                      &nlead, 0) != 0)
+            goto done;
     }
-    int brc = bind_shape(pat, np, shape, nd, b, &nb, lead, &nlead);
-    if (brc == -1) {
-        fprintf(stderr, "tk: %s: --shape %s has the wrong rank for '%s' %s\n", opname, shape_s,
-                jv_str(jv_get(first, "name")), jv_str(jv_get(first, "shape")));
-        goto done;
-    } else if (brc) {
-        fprintf(stderr, "tk: %s: --shape %s does not fit '%s' %s: that dimension must be a multiple of %lld\n", opname,
-                shape_s, jv_str(jv_get(first, "name")), jv_str(jv_get(first, "shape")), (long long)pat[-2 - brc].k);
-        goto done;
+    if (shape_s) {
+        /* the plain --shape is the first input tensor's; in-place ops have their data tensors as outputs,
+         * so when the first input has another rank, the first tensor (of any role) of that rank */
+        const jv *first = NULL;
+        for (int pass = 0; pass < 2 && !first; pass++)
+            for (size_t i = 0; i < params->n && !first; i++) {
+                const jv *p = params->items[i];
+                int nb2 = nb, nl2 = nlead;
+                if (strcmp(jv_str(jv_get(p, "kind")), "tensor") != 0 ||
+                    (pass == 0 && strcmp(jv_str(jv_get(p, "role")), "in") != 0))
+                    continue;
+                int brc = bind_more(opname, jv_str(jv_get(p, "name")), jv_str(jv_get(p, "shape")), shape, nd, b, &nb2,
+                                    lead, &nl2, 1);
+                if (brc == -2) { /* the right rank, but the sizes do not fit: say why */
+                    bind_more(opname, jv_str(jv_get(p, "name")), jv_str(jv_get(p, "shape")), shape, nd, b, &nb2, lead,
+                              &nl2, 0);
+                    goto done;
+                }
+                if (brc == 0) {
+                    first = p;
+                    nb = nb2;
+                    nlead = nl2;
+                }
+                if (pass == 0)
+                    break; /* pass 0 tries the first input only */
+            }
+        if (!first) {
+            fprintf(stderr, "tk: %s: no tensor of the signature has the shape --shape %s (see 'tk ops %s'); "
+                    "use --shape NAME=...\n", opname, shape_s, opname);
+            goto done;
+        }
     }
     uint64_t rng = seed;
     for (size_t i = 0; i < params->n; i++) {
@@ -743,35 +902,79 @@ int tk_cmd_run_op(tk_cli *cli, int argc, char **argv)
         const char *kind = jv_str(jv_get(p, "kind"));
         if (!strcmp(kind, "tensor")) {
             host_tensor *h = &ht[nt];
+            int given = -1;
+            for (int g = 0; g < nnamed; g++)
+                if (!strcmp(named[g].name, pname))
+                    given = g;
+            const jv *opt = jv_get(p, "optional");
+            if (given < 0 && opt && opt->num)
+                continue; /* optional and not asked for */
             snprintf(h->name, sizeof h->name, "%s", pname);
             h->out = !strcmp(jv_str(jv_get(p, "role")), "out");
-            if (parse_pattern(jv_str(jv_get(p, "shape")), pat, &np) != 0 ||
-                make_shape(pat, np, b, nb, lead, nlead, h->shape, &h->ndim) != 0) {
-                fprintf(stderr, "tk: %s: cannot derive the shape of '%s' %s from --shape\n", opname, pname,
-                        jv_str(jv_get(p, "shape")));
+            if (given >= 0) {
+                h->ndim = named[given].nd;
+                memcpy(h->shape, named[given].shape, (size_t)h->ndim * sizeof *h->shape);
+            } else if (parse_pattern(jv_str(jv_get(p, "shape")), pat, &np) != 0 ||
+                       make_shape(pat, np, b, nb, lead, nlead, h->shape, &h->ndim) != 0) {
+                fprintf(stderr, "tk: %s: cannot derive the shape of '%s' %s; give it with --shape %s=...\n", opname,
+                        pname, jv_str(jv_get(p, "shape")), pname);
+                goto done;
+            }
+            tk_dtype tdt;
+            const char *ndt = NULL;
+            for (int g = 0; g < nndt; g++)
+                if (strlen(pname) == strcspn(named_dtypes[g], "=") && !strncmp(named_dtypes[g], pname, strlen(pname)))
+                    ndt = named_dtypes[g] + strlen(pname) + 1;
+            if (ndt && tk_dtype_parse(&tdt, ndt) != TK_OK) {
+                fprintf(stderr, "tk: --dtype %s=%s: %s\n", pname, ndt, tk_last_error());
+                goto done;
+            }
+            if (!ndt && pick_dtype(&tdt, p, params, dt, dtype_s) != 0) {
+                fprintf(stderr, "tk: %s: '%s' takes no dtype tk run-op can make\n", opname, pname);
                 goto done;
             }
             size_t n = 1;
             for (int k = 0; k < h->ndim; k++)
                 n *= (size_t)h->shape[k];
-            h->bytes = n * dt.bits / 8;
+            h->bytes = n * tdt.bits / 8;
             h->data = malloc(h->bytes ? h->bytes : 1);
             if (!h->data) {
                 fprintf(stderr, "tk: out of memory for '%s' (%zu bytes)\n", pname, h->bytes);
                 code = TK_EXIT_FAIL;
                 goto done;
             }
+            int64_t ival = -1; /* integer inputs: --arg NAME=V fills V, else 0, 1, 2, ... */
+            for (int a2 = 0; a2 < nscalar; a2++) {
+                size_t len = strcspn(scalar_args[a2], "=");
+                if (len == strlen(pname) && !strncmp(scalar_args[a2], pname, len))
+                    ival = strtoll(scalar_args[a2] + len + 1, NULL, 10);
+            }
             for (size_t k = 0; k < n; k++) {
-                float v = h->out ? 0.0f : (float)((double)(splitmix(&rng) >> 11) * 0x1.0p-53 * 6.0 - 3.0);
-                if (dt.bits == 32)
+                uint64_t r = splitmix(&rng);
+                /* outputs get random contents too: in-place ops (rotary, fused_add_*) read them */
+                float v = (float)((double)(r >> 11) * 0x1.0p-53 * 6.0 - 3.0);
+                if (tdt.code == TK_DL_INT || tdt.code == TK_DL_UINT) {
+                    int64_t iv = h->out ? 0 : ival >= 0 ? ival : (int64_t)k;
+                    if (tdt.bits == 64)
+                        ((int64_t *)h->data)[k] = iv;
+                    else if (tdt.bits == 32)
+                        ((int32_t *)h->data)[k] = (int32_t)iv;
+                    else /* 8-bit integers are quantised weights: random codes */
+                        ((uint8_t *)h->data)[k] = h->out ? 0 : (uint8_t)(tdt.code == TK_DL_INT ? (r % 255) - 127 : r % 256);
+                } else if (tdt.bits == 8) { /* fp8: a random finite code of magnitude <= 2 */
+                    ((uint8_t *)h->data)[k] = (uint8_t)((r & 0x80) | (r % 0x40));
+                } else if (tdt.bits == 64) {
+                    ((double *)h->data)[k] = v;
+                } else if (tdt.bits == 32) {
                     ((float *)h->data)[k] = v;
-                else
-                    ((uint16_t *)h->data)[k] = dt.code == TK_DL_BFLOAT ? to_bf16(v) : to_f16(v);
+                } else {
+                    ((uint16_t *)h->data)[k] = tdt.code == TK_DL_BFLOAT ? to_bf16(v) : to_f16(v);
+                }
             }
             h->t.data = h->data;
             h->t.device.device_type = TK_DEV_CPU;
             h->t.ndim = h->ndim;
-            h->t.dtype = dt;
+            h->t.dtype = tdt;
             h->t.shape = h->shape;
             args[nargs] = (tk_arg){TK_ARG_TENSOR, h->name, &h->t, 0, 0};
             nargs++;
@@ -801,11 +1004,10 @@ int tk_cmd_run_op(tk_cli *cli, int argc, char **argv)
         size_t len = strcspn(scalar_args[s], "="), known = 0;
         for (size_t i = 0; i < params->n; i++) {
             const char *pname = jv_str(jv_get(params->items[i], "name"));
-            known |= strcmp(jv_str(jv_get(params->items[i], "kind")), "tensor") && strlen(pname) == len &&
-                     !strncmp(pname, scalar_args[s], len);
+            known |= strlen(pname) == len && !strncmp(pname, scalar_args[s], len);
         }
         if (!known) {
-            fprintf(stderr, "tk: %s has no scalar parameter '%.*s' (see 'tk ops %s')\n", opname, (int)len,
+            fprintf(stderr, "tk: %s has no parameter '%.*s' (see 'tk ops %s')\n", opname, (int)len,
                     scalar_args[s], opname);
             goto done;
         }
@@ -839,7 +1041,7 @@ int tk_cmd_run_op(tk_cli *cli, int argc, char **argv)
     }
     for (size_t i = 0; i < nt; i++) {
         const host_tensor *h = &ht[i];
-        size_t n = h->bytes / (dt.bits / 8);
+        size_t n = h->bytes / (h->t.dtype.bits / 8);
         double sum = 0;
         uint64_t fnv = 0xcbf29ce484222325ull;
         for (size_t k = 0; k < n; k++)

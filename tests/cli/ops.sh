@@ -1,0 +1,68 @@
+#!/usr/bin/env bash
+# tk ops and tk run-op through the real tk binary: the op list, and every op family run on its CPU
+# reference from the shell (shapes from one --shape or per tensor, per-tensor dtypes, integer inputs),
+# deterministic per seed, with clear errors for unknown ops and shapes that do not fit.
+. "$(dirname "$0")/lib.sh"
+
+t_ops_lists_every_family() {
+  expect_rc 0 "$TK" ops
+  local op
+  for op in silu_and_mul rms_norm layer_norm_backward rotary_embedding softmax cross_entropy casted_linear \
+            sample attention attention_decode mla_decode; do
+    expect_out "$op"
+  done
+  expect_rc 0 "$TK" ops layer_norm
+  expect_out "bias: T[d]?"
+  expect_out "tk get kernels-community/rmsnorm"
+  "$TK" --json ops | python3 -c 'import json,sys; d=json.load(sys.stdin); assert len(d) >= 40, len(d); assert all(o["cpu_reference"] for o in d)' \
+    || fail "tk --json ops: fewer than 40 ops, or one without a CPU reference"
+}
+
+# run_op ARGS...: tk --json run-op ARGS; prints the output tensors' fnv1a64 hashes (one line)
+run_op() { "$TK" --json run-op "$@" | python3 -c 'import json,sys; d=json.load(sys.stdin); assert d["impl"] == "cpu-reference"; print(" ".join(t["fnv1a64"] for t in d["tensors"] if t["role"] == "out"))'; }
+
+t_run_op_every_family() {
+  local cmd
+  while IFS= read -r cmd; do
+    [ -n "$cmd" ] || continue
+    # shellcheck disable=SC2086
+    local a b c
+    a=$(run_op $cmd --seed 3) || { fail "tk run-op $cmd failed: $("$TK" run-op $cmd 2>&1 | tail -n 2)"; continue; }
+    b=$(run_op $cmd --seed 3)
+    c=$(run_op $cmd --seed 4)
+    [ -n "$a" ] && [ "$a" = "$b" ] || fail "tk run-op $cmd is not deterministic for a seed ('$a' vs '$b')"
+    [ "$a" != "$c" ] || fail "tk run-op $cmd gives the same outputs for seeds 3 and 4"
+  done <<'CMDS'
+silu_and_mul --shape 4,4096 --dtype bf16
+fused_add_rms_norm --shape 4,512
+layer_norm_backward --shape 3,100 --dtype f16
+rotary_embedding --shape query=16,8,64 --shape key=16,2,64 --shape cos_sin_cache=64,64
+log_softmax --shape 2,3000
+cross_entropy --shape 16,320 --shape loss=1 --dtype bf16
+casted_linear --shape x=4,256 --shape weight=64,256 --dtype weight=fp8_e4m3 --dtype bf16
+sample --shape logits=4,1000 --arg top_k=50
+attention --shape q=1,33,4,64 --shape k=1,40,2,64 --arg causal=1 --dtype bf16
+attention_decode --shape q=2,1,8,64 --shape k_cache=8,16,2,64 --shape block_table=2,4 --arg seq_lens=40 --dtype bf16
+mla_decode --shape q_nope=2,16,512 --shape q_pe=2,16,64 --shape kv_cache=4,16,576 --shape block_table=2,2 --arg seq_lens=20
+CMDS
+}
+
+t_run_op_errors() {
+  expect_rc 3 "$TK" run-op silu_and_mull --shape 4,8
+  expect_out "did you mean"
+  expect_rc 2 "$TK" run-op silu_and_mul --shape 4,7
+  expect_out "multiple of 2"
+  expect_rc 2 "$TK" run-op silu_and_mul
+  expect_out "--shape is required"
+  expect_rc 2 "$TK" run-op attention --shape q=1,8,4,64
+  expect_out "give it with --shape k="
+  expect_rc 2 "$TK" run-op attention --shape q=1,8,4,64 --shape k=1,8,2,32
+  expect_out "another shape made it"
+  expect_rc 2 "$TK" run-op casted_linear --shape x=4,256 --shape weight=64,256 --dtype weight=nope
+  expect_rc 2 "$TK" run-op cross_entropy --shape 4,10 --shape loss=1 --arg target=10
+  expect_out "target"
+  expect_rc 2 "$TK" run-op silu_and_mul --shape 4,8 --arg nope=1
+  expect_out "no parameter 'nope'"
+}
+
+run_tests
