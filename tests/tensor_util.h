@@ -6,6 +6,8 @@
 #define TK_TEST_TENSOR_UTIL_H
 
 #include <stdint.h>
+#include <stdlib.h>
+#include <string.h>
 
 #include "ops/ops.h"
 #include "tk.h"
@@ -74,6 +76,51 @@ static inline double quantize(double v, tk_dtype dt)
         return f;
     return dt.code == TK_DL_BFLOAT ? tk_ops__bf16_to_f32(tk_ops__f32_to_bf16(f))
                                    : tk_ops__f16_to_f32(tk_ops__f32_to_f16(f));
+}
+
+/* ---- host tensors ----------------------------------------------------------------------------- */
+
+/* A host tensor owning its buffer: t describes it, shape/strides back t's arrays. */
+typedef struct {
+    tk_tensor t;
+    int64_t shape[8], strides[8];
+    void *buf;
+} host_t;
+
+/* A zeroed tensor of `ndim` dims (0 for a scalar []); with pad > 0 each row of the last dimension is
+ * pad elements longer than the shape (a strided view of a bigger buffer). Contiguous when pad is 0. */
+static inline void host_new(host_t *h, tk_dtype dt, int ndim, const int64_t *shape, int64_t pad)
+{
+    memset(h, 0, sizeof *h);
+    int64_t rowlen = ndim ? shape[ndim - 1] + pad : 1, rows = 1;
+    for (int i = 0; i < ndim; i++) {
+        h->shape[i] = shape[i];
+        if (i < ndim - 1)
+            rows *= shape[i];
+    }
+    h->buf = calloc(1, (size_t)(rows * rowlen) * dt.bits / 8 + 16);
+    h->t.data = h->buf;
+    h->t.device.device_type = TK_DEV_CPU;
+    h->t.ndim = ndim;
+    h->t.dtype = dt;
+    h->t.shape = h->shape;
+    if (pad > 0 && ndim > 0) {
+        int64_t s = 1;
+        for (int i = ndim - 1; i >= 0; i--) {
+            h->strides[i] = s;
+            s *= i == ndim - 1 ? rowlen : shape[i];
+        }
+        h->t.strides = h->strides;
+    }
+}
+
+static inline void host_free(host_t *h) { free(h->buf); }
+
+/* Uniform values in [-scale, scale], rounded to the tensor's dtype. */
+static inline void fill(host_t *h, double scale)
+{
+    for (int64_t i = 0, n = numel(&h->t); i < n; i++)
+        set(&h->t, i, uniform(-scale, scale));
 }
 
 #endif

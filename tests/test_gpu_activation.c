@@ -20,26 +20,6 @@
 #include "harness.h"
 #include "tensor_util.h"
 
-typedef struct {
-    tk_tensor t;
-    int64_t shape[4];
-    void *buf;
-} host_t;
-
-static void host_new(host_t *h, tk_dtype dt, int ndim, const int64_t *shape)
-{
-    memset(h, 0, sizeof *h);
-    int64_t n = 1;
-    for (int i = 0; i < ndim; i++)
-        n *= (h->shape[i] = shape[i]);
-    h->buf = calloc((size_t)n + 1, dt.bits / 8);
-    h->t.data = h->buf;
-    h->t.device.device_type = TK_DEV_CPU;
-    h->t.ndim = ndim;
-    h->t.dtype = dt;
-    h->t.shape = h->shape;
-}
-
 /* ulps between two finite floats of the same sign region. */
 static int64_t ulps(float a, float b)
 {
@@ -61,9 +41,9 @@ static void run_case(const char *op, tk_dtype dt, int64_t rows, int64_t d)
     int64_t ishape[2] = {rows, gated ? 2 * d : d}, oshape[2] = {rows, d};
     host_t in, ref, got;
     dev_tensor din, dout;
-    host_new(&in, dt, 2, ishape);
-    host_new(&ref, dt, 2, oshape);
-    host_new(&got, dt, 2, oshape);
+    host_new(&in, dt, 2, ishape, 0);
+    host_new(&ref, dt, 2, oshape, 0);
+    host_new(&got, dt, 2, oshape, 0);
     for (int64_t i = 0; i < numel(&in.t); i++)
         set(&in.t, i, uniform(-6, 6));
     tk_arg cargs[] = {{TK_ARG_TENSOR, "out", &ref.t, 0, 0}, {TK_ARG_TENSOR, "input", &in.t, 0, 0}};

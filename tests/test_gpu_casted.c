@@ -27,26 +27,6 @@ static const tk_dtype I8 = {TK_DL_INT, 8, 1}, E4M3 = {TK_DL_FLOAT8_E4M3FN, 8, 1}
                       I32 = {TK_DL_INT, 32, 1}, I64 = {TK_DL_INT, 64, 1};
 #define PKG "kernels-community/casted"
 
-typedef struct {
-    tk_tensor t;
-    int64_t shape[4];
-    void *buf;
-} host_t;
-
-static void host_new(host_t *h, tk_dtype dt, int ndim, const int64_t *shape)
-{
-    memset(h, 0, sizeof *h);
-    int64_t n = 1;
-    for (int i = 0; i < ndim; i++)
-        n *= (h->shape[i] = shape[i]);
-    h->buf = calloc((size_t)n + 1, dt.bits / 8);
-    h->t.data = h->buf;
-    h->t.device.device_type = TK_DEV_CPU;
-    h->t.ndim = ndim;
-    h->t.dtype = dt;
-    h->t.shape = h->shape;
-}
-
 static int64_t rand_below(int64_t n) { return (int64_t)(next_u64() % (uint64_t)n); }
 
 /* Random codes; e4m3 NaN codes only when nan_ok. */
@@ -132,11 +112,11 @@ static void emb_case(tk_dtype wdt, tk_dtype odt, tk_dtype idt, int64_t V, int64_
 {
     int64_t wsh[2] = {V, D}, osh[2] = {n, D};
     host_t w, s, ids, ref, got;
-    host_new(&w, wdt, 2, wsh);
-    host_new(&s, F32, 1, &V);
-    host_new(&ids, idt, 1, &n);
-    host_new(&ref, odt, 2, osh);
-    host_new(&got, odt, 2, osh);
+    host_new(&w, wdt, 2, wsh, 0);
+    host_new(&s, F32, 1, &V, 0);
+    host_new(&ids, idt, 1, &n, 0);
+    host_new(&ref, odt, 2, osh, 0);
+    host_new(&got, odt, 2, osh, 0);
     fill_codes(&w, 1);
     for (int64_t v = 0; v < V; v++)
         set(&s.t, v, uniform(-2, 2));
@@ -204,8 +184,8 @@ static void bs_case(tk_dtype vdt, tk_dtype odt, tk_dtype idt, int64_t nrb, int64
 {
     int64_t n1 = nrb + 1, cap = nrb * ncb, nnzb = 0, D = ncb * bs_c, osh[2] = {n, D};
     host_t rp, ci, vals, s, ids, ref, got;
-    host_new(&rp, I32, 1, &n1);
-    host_new(&ci, I32, 1, &cap);
+    host_new(&rp, I32, 1, &n1, 0);
+    host_new(&ci, I32, 1, &cap, 0);
     int32_t *rpp = rp.buf, *cip = ci.buf;
     for (int64_t rb = 0; rb < nrb; rb++) {
         for (int64_t cb = 0; cb < ncb; cb++)
@@ -215,11 +195,11 @@ static void bs_case(tk_dtype vdt, tk_dtype odt, tk_dtype idt, int64_t nrb, int64
     }
     ci.shape[0] = nnzb;
     int64_t vsh[3] = {nnzb, bs_r, bs_c};
-    host_new(&vals, vdt, 3, vsh);
-    host_new(&s, F32, 1, &nnzb);
-    host_new(&ids, idt, 1, &n);
-    host_new(&ref, odt, 2, osh);
-    host_new(&got, odt, 2, osh);
+    host_new(&vals, vdt, 3, vsh, 0);
+    host_new(&s, F32, 1, &nnzb, 0);
+    host_new(&ids, idt, 1, &n, 0);
+    host_new(&ref, odt, 2, osh, 0);
+    host_new(&got, odt, 2, osh, 0);
     fill_codes(&vals, 1);
     for (int64_t k = 0; k < nnzb; k++)
         set(&s.t, k, uniform(-2, 2));
@@ -266,12 +246,12 @@ static void lin_case(tk_ctx *ctx, tk_dtype wdt, int64_t M, int64_t N, int64_t K,
 {
     int64_t xs[2] = {M, K}, wsh[2] = {N, K}, osh[2] = {M, N};
     host_t x, w, s, b, ref, got;
-    host_new(&x, BF16, 2, xs);
-    host_new(&w, wdt, 2, wsh);
-    host_new(&s, F32, 1, &N);
-    host_new(&b, BF16, 1, &N);
-    host_new(&ref, BF16, 2, osh);
-    host_new(&got, BF16, 2, osh);
+    host_new(&x, BF16, 2, xs, 0);
+    host_new(&w, wdt, 2, wsh, 0);
+    host_new(&s, F32, 1, &N, 0);
+    host_new(&b, BF16, 1, &N, 0);
+    host_new(&ref, BF16, 2, osh, 0);
+    host_new(&got, BF16, 2, osh, 0);
     for (int64_t i = 0; i < M * K; i++)
         set(&x.t, i, uniform(-1, 1));
     fill_codes(&w, 0);
@@ -373,11 +353,11 @@ static void test_linear_nan(void)
     for (size_t i = 0; i < 3; i++) {
         int64_t M = ms[i], N = 40, K = 64, xs[2] = {M, K}, wsh[2] = {N, K}, osh[2] = {M, N};
         host_t x, w, s, ref, got;
-        host_new(&x, BF16, 2, xs);
-        host_new(&w, E4M3, 2, wsh);
-        host_new(&s, F32, 1, &N);
-        host_new(&ref, BF16, 2, osh);
-        host_new(&got, BF16, 2, osh);
+        host_new(&x, BF16, 2, xs, 0);
+        host_new(&w, E4M3, 2, wsh, 0);
+        host_new(&s, F32, 1, &N, 0);
+        host_new(&ref, BF16, 2, osh, 0);
+        host_new(&got, BF16, 2, osh, 0);
         for (int64_t e = 0; e < M * K; e++)
             set(&x.t, e, uniform(-1, 1));
         fill_codes(&w, 0);

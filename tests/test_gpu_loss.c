@@ -25,26 +25,6 @@
 
 static const tk_dtype I64 = {TK_DL_INT, 64, 1};
 
-typedef struct {
-    tk_tensor t;
-    int64_t shape[4];
-    void *buf;
-} host_t;
-
-static void host_new(host_t *h, tk_dtype dt, int ndim, const int64_t *shape)
-{
-    memset(h, 0, sizeof *h);
-    int64_t n = 1;
-    for (int i = 0; i < ndim; i++)
-        n *= (h->shape[i] = shape[i]);
-    h->buf = calloc((size_t)n + 1, dt.bits / 8);
-    h->t.data = h->buf;
-    h->t.device.device_type = TK_DEV_CPU;
-    h->t.ndim = ndim;
-    h->t.dtype = dt;
-    h->t.shape = h->shape;
-}
-
 static tk_arg T_(const char *name, const tk_tensor *t) { return (tk_arg){TK_ARG_TENSOR, name, t, 0, 0}; }
 static tk_arg I_(const char *name, int64_t v) { return (tk_arg){TK_ARG_I64, name, NULL, v, 0}; }
 static tk_arg F_(const char *name, double v) { return (tk_arg){TK_ARG_F64, name, NULL, 0, v}; }
@@ -101,7 +81,7 @@ static const char *run_both(const char *op, tk_arg *args, size_t nargs, const in
     CHECK(impl && strcmp(impl, "cpu-reference") != 0);
     for (size_t k = 0; k < nouts; k++) {
         size_t i = (size_t)outs[k];
-        host_new(&got[k], args[i].t->dtype, args[i].t->ndim, args[i].t->shape);
+        host_new(&got[k], args[i].t->dtype, args[i].t->ndim, args[i].t->shape, 0);
         const dev_tensor *d = NULL;
         for (size_t j = 0; j <= i; j++)
             if (args[j].kind == TK_ARG_TENSOR && orig[j] == orig[i] && dev[j].ptr) {
@@ -126,11 +106,11 @@ static void ce_case(tk_dtype dt, int64_t n, int64_t v, int red, double eps, int 
 {
     int64_t sh[2] = {n, v}, one = 1;
     host_t x, t, loss, grad, lse, got[3];
-    host_new(&x, dt, 2, sh);
-    host_new(&t, I64, 1, &n);
-    host_new(&loss, F32, red == 0 ? 1 : 0, red == 0 ? &n : &one);
-    host_new(&grad, dt, 2, sh);
-    host_new(&lse, F32, 1, &n);
+    host_new(&x, dt, 2, sh, 0);
+    host_new(&t, I64, 1, &n, 0);
+    host_new(&loss, F32, red == 0 ? 1 : 0, red == 0 ? &n : &one, 0);
+    host_new(&grad, dt, 2, sh, 0);
+    host_new(&lse, F32, 1, &n, 0);
     for (int64_t i = 0; i < n * v; i++)
         set(&x.t, i, uniform(-8, 8));
     int64_t *tv = t.buf;
@@ -197,15 +177,15 @@ static void fl_case(tk_dtype dt, int64_t n, int64_t hd, int64_t v, int red, int 
 {
     int64_t sh[2] = {n, hd}, sw[2] = {v, hd}, one = 1;
     host_t h, w, b, t, loss, gh, gw, gb, lse, got[5];
-    host_new(&h, dt, 2, sh);
-    host_new(&w, dt, 2, sw);
-    host_new(&b, dt, 1, &v);
-    host_new(&t, I64, 1, &n);
-    host_new(&loss, F32, red == 0 ? 1 : 0, red == 0 ? &n : &one);
-    host_new(&gh, dt, 2, sh);
-    host_new(&gw, F32, 2, sw);
-    host_new(&gb, F32, 1, &v);
-    host_new(&lse, F32, 1, &n);
+    host_new(&h, dt, 2, sh, 0);
+    host_new(&w, dt, 2, sw, 0);
+    host_new(&b, dt, 1, &v, 0);
+    host_new(&t, I64, 1, &n, 0);
+    host_new(&loss, F32, red == 0 ? 1 : 0, red == 0 ? &n : &one, 0);
+    host_new(&gh, dt, 2, sh, 0);
+    host_new(&gw, F32, 2, sw, 0);
+    host_new(&gb, F32, 1, &v, 0);
+    host_new(&lse, F32, 1, &n, 0);
     double sc = 2.0 / sqrt((double)hd);
     for (int64_t i = 0; i < n * hd; i++)
         set(&h.t, i, uniform(-1.5, 1.5));
@@ -273,14 +253,14 @@ static void mm_case(tk_dtype dt, int64_t n, int64_t k, int red)
 {
     int64_t sn[2] = {n, k}, one = 1;
     host_t p, ng, loss, gp, gn, got[3];
-    host_new(&p, dt, 1, &n);
-    host_new(&ng, dt, 2, sn);
+    host_new(&p, dt, 1, &n, 0);
+    host_new(&ng, dt, 2, sn, 0);
     if (red == 0)
-        host_new(&loss, F32, 2, sn);
+        host_new(&loss, F32, 2, sn, 0);
     else
-        host_new(&loss, F32, 1, &one);
-    host_new(&gp, dt, 1, &n);
-    host_new(&gn, dt, 2, sn);
+        host_new(&loss, F32, 1, &one, 0);
+    host_new(&gp, dt, 1, &n, 0);
+    host_new(&gn, dt, 2, sn, 0);
     for (int64_t i = 0; i < n; i++)
         set(&p.t, i, uniform(-2, 2));
     for (int64_t i = 0; i < n * k; i++) {

@@ -22,26 +22,6 @@
 #include "harness.h"
 #include "tensor_util.h"
 
-typedef struct {
-    tk_tensor t;
-    int64_t shape[4];
-    void *buf;
-} host_t;
-
-static void host_new(host_t *h, tk_dtype dt, int ndim, const int64_t *shape)
-{
-    memset(h, 0, sizeof *h);
-    int64_t n = 1;
-    for (int i = 0; i < ndim; i++)
-        n *= (h->shape[i] = shape[i]);
-    h->buf = calloc((size_t)n + 1, dt.bits / 8);
-    h->t.data = h->buf;
-    h->t.device.device_type = TK_DEV_CPU;
-    h->t.ndim = ndim;
-    h->t.dtype = dt;
-    h->t.shape = h->shape;
-}
-
 /* A tensor parameter of an op: [d] (vec) or [rows, d]; out: the op writes it (compared). */
 typedef struct {
     const char *name;
@@ -98,8 +78,8 @@ static void run_case(const op_t *o, tk_dtype dt, int64_t rows, int64_t d, int bi
     for (int i = 0; i < o->n; i++) {
         const slot *s = &o->s[i];
         use[i] = bias || (strcmp(s->name, "bias") && strcmp(s->name, "grad_bias"));
-        host_new(&cpu[i], dt, s->vec ? 1 : 2, s->vec ? &d : rs);
-        host_new(&gpu[i], dt, s->vec ? 1 : 2, s->vec ? &d : rs);
+        host_new(&cpu[i], dt, s->vec ? 1 : 2, s->vec ? &d : rs, 0);
+        host_new(&gpu[i], dt, s->vec ? 1 : 2, s->vec ? &d : rs, 0);
         for (int64_t k = 0; k < numel(&cpu[i].t); k++) {
             double v = !strcmp(s->name, "weight") ? uniform(0.25, 2.0) * (next_u64() & 1 ? 1 : -1)
                        : strstr(s->name, "grad") || !strcmp(s->name, "bias") ? uniform(-1, 1)
@@ -149,7 +129,7 @@ static void run_case(const op_t *o, tk_dtype dt, int64_t rows, int64_t d, int bi
             if (!use[i] || !o->s[i].out || !o->s[i].vec)
                 continue;
             host_t again;
-            host_new(&again, dt, 1, &d);
+            host_new(&again, dt, 1, &d, 0);
             CHECK_RC(dev_download(&dev[i], &again.t), TK_OK);
             CHECK(memcmp(again.buf, gpu[i].buf, (size_t)d * (dt.bits / 8)) == 0);
             free(again.buf);

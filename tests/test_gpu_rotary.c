@@ -25,26 +25,6 @@
 static const tk_dtype I64 = {TK_DL_INT, 64, 1};
 static const tk_dtype *all_dtypes[] = {&F32, &F16, &BF16};
 
-typedef struct {
-    tk_tensor t;
-    int64_t shape[6];
-    void *buf;
-} host_t;
-
-static void host_new(host_t *h, tk_dtype dt, int ndim, const int64_t *shape)
-{
-    memset(h, 0, sizeof *h);
-    int64_t n = 1;
-    for (int i = 0; i < ndim; i++)
-        n *= (h->shape[i] = shape[i]);
-    h->buf = calloc((size_t)n + 1, dt.bits / 8);
-    h->t.data = h->buf;
-    h->t.device.device_type = TK_DEV_CPU;
-    h->t.ndim = ndim;
-    h->t.dtype = dt;
-    h->t.shape = h->shape;
-}
-
 static gpu_ctx g;
 
 /* The largest |got - ref| allowed: `ulps` units in the last place of the dtype at magnitude `mag`. */
@@ -77,12 +57,12 @@ static void rope_case(tk_dtype dt, tk_dtype cdt, int pn, const int64_t *ps, int6
     ks[pn] = hkv;
     qs[pn + 1] = ks[pn + 1] = d;
     host_t pos, q, k, cache, gq, gk;
-    host_new(&pos, I64, pn, ps);
-    host_new(&q, dt, pn + 2, qs);
-    host_new(&k, dt, pn + 2, ks);
-    host_new(&gq, dt, pn + 2, qs);
-    host_new(&gk, dt, pn + 2, ks);
-    host_new(&cache, cdt, 2, cs);
+    host_new(&pos, I64, pn, ps, 0);
+    host_new(&q, dt, pn + 2, qs, 0);
+    host_new(&k, dt, pn + 2, ks, 0);
+    host_new(&gq, dt, pn + 2, qs, 0);
+    host_new(&gk, dt, pn + 2, ks, 0);
+    host_new(&cache, cdt, 2, cs, 0);
     for (int64_t t = 0; t < ntok; t++)
         ((int64_t *)pos.buf)[t] = (int64_t)(next_u64() % (uint64_t)max_pos);
     for (int64_t p = 0; p < max_pos; p++)
@@ -192,7 +172,7 @@ static void test_rotary_embedding(void)
 static void table_case(const char *op, tk_arg *args, size_t nargs, host_t *ref, double worst_tol, const char *what)
 {
     host_t got;
-    host_new(&got, ref->t.dtype, ref->t.ndim, ref->shape);
+    host_new(&got, ref->t.dtype, ref->t.ndim, ref->shape, 0);
     dev_tensor d;
     CHECK_RC(dev_upload(&d, &got.t), TK_OK);
     args[0].t = &ref->t;
@@ -229,7 +209,7 @@ static void test_rope_cos_sin_cache(void)
                 if (k[0] == 2 && shapes[s][1] <= 2)
                     continue;
                 host_t ref;
-                host_new(&ref, *all_dtypes[di], 2, shapes[s]);
+                host_new(&ref, *all_dtypes[di], 2, shapes[s], 0);
                 tk_arg a[12] = {{TK_ARG_TENSOR, "out", NULL, 0, 0},
                                 {TK_ARG_F64, "base", NULL, 0, k[1]},
                                 {TK_ARG_I64, "scaling", NULL, (int64_t)k[0], 0},
@@ -258,7 +238,7 @@ static void test_alibi(void)
     const int64_t heads[] = {1, 8, 12, 33, 64, 300};
     for (size_t i = 0; i < sizeof heads / sizeof heads[0]; i++) {
         host_t ref;
-        host_new(&ref, F32, 1, &heads[i]);
+        host_new(&ref, F32, 1, &heads[i], 0);
         tk_arg a[2] = {{TK_ARG_TENSOR, "out", NULL, 0, 0}, {TK_ARG_F64, "max_bias", NULL, 0, i == 5 ? 4.0 : 8.0}};
         char what[32];
         snprintf(what, sizeof what, "%lld heads", (long long)heads[i]);
@@ -269,8 +249,8 @@ static void test_alibi(void)
     for (size_t s = 0; s < sizeof shapes / sizeof shapes[0]; s++)
         for (size_t di = 0; di < 3; di++) {
             host_t ref, sl;
-            host_new(&ref, *all_dtypes[di], 3, shapes[s]);
-            host_new(&sl, F32, 1, &shapes[s][0]);
+            host_new(&ref, *all_dtypes[di], 3, shapes[s], 0);
+            host_new(&sl, F32, 1, &shapes[s][0], 0);
             for (int64_t h = 0; h < shapes[s][0]; h++)
                 set(&sl.t, h, uniform(0.001, 1));
             dev_tensor dsl;
@@ -278,7 +258,7 @@ static void test_alibi(void)
             /* the CPU call takes the host slopes, the GPU call the device copy */
             tk_arg a[2] = {{TK_ARG_TENSOR, "out", NULL, 0, 0}, {TK_ARG_TENSOR, "slopes", &sl.t, 0, 0}};
             host_t got;
-            host_new(&got, ref.t.dtype, 3, ref.shape);
+            host_new(&got, ref.t.dtype, 3, ref.shape, 0);
             dev_tensor d;
             CHECK_RC(dev_upload(&d, &got.t), TK_OK);
             a[0].t = &ref.t;
@@ -309,7 +289,7 @@ static void test_sinusoidal(void)
     for (size_t s = 0; s < sizeof shapes / sizeof shapes[0]; s++)
         for (size_t di = 0; di < 3; di++) {
             host_t ref;
-            host_new(&ref, *all_dtypes[di], 2, shapes[s]);
+            host_new(&ref, *all_dtypes[di], 2, shapes[s], 0);
             tk_arg a[3] = {{TK_ARG_TENSOR, "out", NULL, 0, 0}, {TK_ARG_F64, "base", NULL, 0, 10000.0},
                            {TK_ARG_I64, "offset", NULL, s == 3 ? 5000 : 0, 0}};
             char what[64];

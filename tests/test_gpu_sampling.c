@@ -21,23 +21,11 @@
 
 static const tk_dtype I64 = {TK_DL_INT, 64, 1}, I32 = {TK_DL_INT, 32, 1};
 
-typedef struct {
-    tk_tensor t;
-    int64_t shape[2];
-    void *buf;
-} host_t;
-
-static void host_new(host_t *h, tk_dtype dt, int ndim, int64_t rows, int64_t v)
+/* [rows, v] (ndim 2) or [rows] (ndim 1). */
+static void host_rows(host_t *h, tk_dtype dt, int ndim, int64_t rows, int64_t v)
 {
-    memset(h, 0, sizeof *h);
-    h->shape[0] = rows;
-    h->shape[1] = v;
-    h->buf = calloc((size_t)(ndim == 2 ? rows * v : rows) + 1, dt.bits / 8);
-    h->t.data = h->buf;
-    h->t.device.device_type = TK_DEV_CPU;
-    h->t.ndim = ndim;
-    h->t.dtype = dt;
-    h->t.shape = h->shape;
+    int64_t shape[2] = {rows, v};
+    host_new(h, dt, ndim, shape, 0);
 }
 
 static gpu_ctx g;
@@ -124,9 +112,9 @@ static void test_argmax(void)
         for (size_t s = 0; s < sizeof shapes / sizeof shapes[0]; s++) {
             int64_t rows = shapes[s][0], v = shapes[s][1];
             host_t x, cpu, gpu;
-            host_new(&x, *dts[t], 2, rows, v);
-            host_new(&cpu, I64, 1, rows, 1);
-            host_new(&gpu, I64, 1, rows, 1);
+            host_rows(&x, *dts[t], 2, rows, v);
+            host_rows(&cpu, I64, 1, rows, 1);
+            host_rows(&gpu, I64, 1, rows, 1);
             fill_logits(&x, rows, v, 1);
             tk_arg args[] = {{TK_ARG_TENSOR, "out", &cpu.t, 0, 0}, {TK_ARG_TENSOR, "input", &x.t, 0, 0}};
             const char *impl = NULL;
@@ -153,13 +141,13 @@ typedef struct {
 static void sample_case(tk_dtype dt, int64_t rows, int64_t v, const config *c, int64_t sd)
 {
     host_t x, cpu, gpu, temps, ks, ps, seeds;
-    host_new(&x, dt, 2, rows, v);
-    host_new(&cpu, I64, 1, rows, 1);
-    host_new(&gpu, I64, 1, rows, 1);
-    host_new(&temps, F32, 1, rows, 1);
-    host_new(&ks, I32, 1, rows, 1);
-    host_new(&ps, F32, 1, rows, 1);
-    host_new(&seeds, I64, 1, rows, 1);
+    host_rows(&x, dt, 2, rows, v);
+    host_rows(&cpu, I64, 1, rows, 1);
+    host_rows(&gpu, I64, 1, rows, 1);
+    host_rows(&temps, F32, 1, rows, 1);
+    host_rows(&ks, I32, 1, rows, 1);
+    host_rows(&ps, F32, 1, rows, 1);
+    host_rows(&seeds, I64, 1, rows, 1);
     fill_logits(&x, rows, v, 1);
     for (int64_t r = 0; r < rows; r++) {
         set(&temps.t, r, r % 5 == 0 ? 0.0 : uniform(0.3, 2));

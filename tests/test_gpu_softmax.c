@@ -20,23 +20,10 @@
 #include "harness.h"
 #include "tensor_util.h"
 
-typedef struct {
-    tk_tensor t;
-    int64_t shape[2];
-    void *buf;
-} host_t;
-
-static void host_new(host_t *h, tk_dtype dt, int64_t rows, int64_t d)
+static void host_rows(host_t *h, tk_dtype dt, int64_t rows, int64_t d)
 {
-    memset(h, 0, sizeof *h);
-    h->shape[0] = rows;
-    h->shape[1] = d;
-    h->buf = calloc((size_t)(rows * d) + 1, dt.bits / 8);
-    h->t.data = h->buf;
-    h->t.device.device_type = TK_DEV_CPU;
-    h->t.ndim = 2;
-    h->t.dtype = dt;
-    h->t.shape = h->shape;
+    int64_t shape[2] = {rows, d};
+    host_new(h, dt, 2, shape, 0);
 }
 
 static gpu_ctx g;
@@ -65,9 +52,9 @@ static void run_case(const char *op, tk_dtype dt, int64_t rows, int64_t d, int i
     int is_log = strcmp(op, "log_softmax") == 0;
     host_t in, ref, got;
     dev_tensor din, dout;
-    host_new(&in, dt, rows, d);
-    host_new(&ref, dt, rows, d);
-    host_new(&got, dt, rows, d);
+    host_rows(&in, dt, rows, d);
+    host_rows(&ref, dt, rows, d);
+    host_rows(&got, dt, rows, d);
     double shift = uniform(-20, 20);
     for (int64_t i = 0; i < rows * d; i++)
         set(&in.t, i, shift + uniform(-8, 8));

@@ -21,44 +21,6 @@
 /* ---- host tensors ----------------------------------------------------------------------------- */
 
 
-typedef struct {
-    tk_tensor t;
-    int64_t shape[8], strides[8];
-    void *buf;
-} host_t;
-
-/* A tensor of `ndim` dims; with `pad` > 0 the last dimension's rows are `pad` elements longer than the
- * shape (a strided view of a bigger buffer). */
-static void host_new(host_t *h, tk_dtype dt, int ndim, const int64_t *shape, int64_t pad)
-{
-    memset(h, 0, sizeof *h);
-    int64_t n = 1, rowlen = ndim ? shape[ndim - 1] + pad : 1, rows = 1;
-    for (int i = 0; i < ndim; i++) {
-        h->shape[i] = shape[i];
-        n *= shape[i];
-        if (i < ndim - 1)
-            rows *= shape[i];
-    }
-    size_t alloc = (size_t)(rows * rowlen) * dt.bits / 8 + 16;
-    h->buf = calloc(1, alloc);
-    h->t.data = h->buf;
-    h->t.device.device_type = TK_DEV_CPU;
-    h->t.ndim = ndim;
-    h->t.dtype = dt;
-    h->t.shape = h->shape;
-    if (pad > 0) {
-        int64_t s = 1;
-        for (int i = ndim - 1; i >= 0; i--) {
-            h->strides[i] = s;
-            s *= i == ndim - 1 ? rowlen : shape[i];
-        }
-        h->t.strides = h->strides;
-    }
-    (void)n;
-}
-
-static void host_free(host_t *h) { free(h->buf); }
-
 /* ---- the float64 references (independent of ops/activation.c) --------------------------------- */
 
 static double r_silu(double x, double p) { (void)p; return x / (1.0 + exp(-x)); }
@@ -168,13 +130,6 @@ static int run_and_compare(const ref_op *r, host_t *out, host_t *in, double thre
                 worst_ref, fabs(worst_got - worst_ref), atol + rtol * fabs(worst_ref), (unsigned long long)seed);
     }
     return bad == 0;
-}
-
-/* Fills a tensor with uniform values in [-scale, scale], rounded to its dtype. */
-static void fill(host_t *h, double scale)
-{
-    for (int64_t i = 0, n = numel(&h->t); i < n; i++)
-        set(&h->t, i, uniform(-scale, scale));
 }
 
 static const tk_dtype *all_dtypes[] = {&F32, &F16, &BF16};

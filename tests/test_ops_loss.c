@@ -29,47 +29,6 @@ static const tk_dtype *all_dtypes[] = {&F32, &F16, &BF16};
 
 /* ---- host tensors ----------------------------------------------------------------------------- */
 
-typedef struct {
-    tk_tensor t;
-    int64_t shape[4], strides[4];
-    void *buf;
-} host_t;
-
-/* A tensor of `ndim` dims (0 for a scalar []); with pad > 0 each row of the last dimension is pad
- * elements longer than the shape (a strided view). */
-static void host_new(host_t *h, tk_dtype dt, int ndim, const int64_t *shape, int64_t pad)
-{
-    memset(h, 0, sizeof *h);
-    int64_t rows = 1, rowlen = ndim ? shape[ndim - 1] + pad : 1;
-    for (int i = 0; i < ndim; i++) {
-        h->shape[i] = shape[i];
-        if (i < ndim - 1)
-            rows *= shape[i];
-    }
-    h->buf = calloc(1, (size_t)(rows * rowlen) * dt.bits / 8 + 16);
-    h->t.data = h->buf;
-    h->t.device.device_type = TK_DEV_CPU;
-    h->t.ndim = ndim;
-    h->t.dtype = dt;
-    h->t.shape = h->shape;
-    if (pad > 0 && ndim > 0) {
-        int64_t s = 1;
-        for (int i = ndim - 1; i >= 0; i--) {
-            h->strides[i] = s;
-            s *= i == ndim - 1 ? rowlen : shape[i];
-        }
-        h->t.strides = h->strides;
-    }
-}
-
-static void host_free(host_t *h) { free(h->buf); }
-
-static void fill(host_t *h, double scale)
-{
-    for (int64_t i = 0, n = numel(&h->t); i < n; i++)
-        set(&h->t, i, uniform(-scale, scale));
-}
-
 /* Elements as doubles (what the op reads). */
 static double *values(const host_t *h)
 {

@@ -25,38 +25,6 @@
 static const tk_dtype I64 = {TK_DL_INT, 64, 1}, I32 = {TK_DL_INT, 32, 1};
 static const tk_dtype *float_dtypes[] = {&F32, &F16, &BF16};
 
-typedef struct {
-    tk_tensor t;
-    int64_t shape[8], strides[8];
-    void *buf;
-} host_t;
-
-static void host_new(host_t *h, tk_dtype dt, int ndim, const int64_t *shape, int64_t pad)
-{
-    memset(h, 0, sizeof *h);
-    int64_t rowlen = ndim ? shape[ndim - 1] + pad : 1, rows = 1;
-    for (int i = 0; i < ndim; i++) {
-        h->shape[i] = shape[i];
-        if (i < ndim - 1)
-            rows *= shape[i];
-    }
-    h->buf = calloc(1, (size_t)(rows * rowlen) * dt.bits / 8 + 16);
-    h->t.data = h->buf;
-    h->t.device.device_type = TK_DEV_CPU;
-    h->t.ndim = ndim;
-    h->t.dtype = dt;
-    h->t.shape = h->shape;
-    if (pad > 0) {
-        int64_t s = 1;
-        for (int i = ndim - 1; i >= 0; i--) {
-            h->strides[i] = s;
-            s *= i == ndim - 1 ? rowlen : shape[i];
-        }
-        h->t.strides = h->strides;
-    }
-}
-
-static void host_free(host_t *h) { free(h->buf); }
 static int64_t *ids(host_t *h) { return h->buf; }
 
 /* ---- an independent Philox-4x32-10 (Salmon et al., SC'11), from the paper's definition ---------- */
