@@ -82,11 +82,62 @@ static int refusal_status(const tk_hub_http_meta *m, int rc)
         {"ManifestInvalid", TK_ERR_MANIFEST},  {"DigestMismatch", TK_ERR_DIGEST},
         {"ArchiveInvalid", TK_ERR_ARCHIVE},    {"VersionConflict", TK_ERR_ROLLBACK},
         {"NoSpace", TK_ERR_NOSPACE},           {"PayloadTooLarge", TK_ERR_INVALID},
-        {"BadRequest", TK_ERR_INVALID},
+        {"BadRequest", TK_ERR_INVALID},        {"EntryNotFound", TK_ERR_NOT_FOUND},
     };
     for (size_t i = 0; i < sizeof map / sizeof map[0]; i++)
         if (strcmp(m->error_code, map[i].code) == 0)
             return map[i].status;
+    if (m->status == 401 || m->status == 403) /* no token, a bad one, or one for another org */
+        return TK_ERR_INVALID;
+    return rc;
+}
+
+/* Checks that registry is a `tk serve` URL and that there is a token; `doing` names the action. */
+static int registry_check(const char *registry, const char *token, const char *doing)
+{
+    if (strncmp(registry, "http://", 7) != 0 && strncmp(registry, "https://", 8) != 0)
+        return tk__err(TK_ERR_INVALID, "--registry wants the http(s) URL of a 'tk serve' registry, got '%s'\n"
+                       "HINT: to write a static tree on this machine, use --to DIR", registry);
+    if (!token || !*token)
+        return tk__err(TK_ERR_INVALID, "%s %s needs a token\nHINT: the registry's operator makes one with 'tk serve "
+                       "token add --org ORG'; pass it as TK_TOKEN or --token", doing, registry);
+    return TK_OK;
+}
+
+/* PUTs body to {registry}/api/{endpoint}/{org}/{name} with the bearer token, which goes to the
+ * registry's own origin only. Idempotent on the server (the same upload or yank again changes
+ * nothing), so it may be retried. The reply in *reply; a refusal becomes the status its X-Error-Code
+ * names, with `what` in front of the server's message. */
+static int registry_put(char **reply, size_t *reply_len, const char *registry, const char *token, const char *endpoint,
+                        const char *org, const char *name, const char *ctype, const void *body, size_t len,
+                        const char *what)
+{
+    char origin[512];
+    size_t n = strlen(registry);
+    while (n && registry[n - 1] == '/')
+        n--;
+    const char *p = strstr(registry, "://") + 3;
+    snprintf(origin, sizeof origin, "%.*s", (int)((p - registry) + strcspn(p, "/?#")), registry);
+    char *url = tk__fmt("%.*s/api/%s/%s/%s", (int)n, registry, endpoint, org, name);
+    if (!url)
+        return tk__err(TK_ERR_NOMEM, "out of memory");
+    tk_hub_http *h = NULL;
+    tk_hub_http_opts ho;
+    tk_hub_http_meta meta;
+    memset(&ho, 0, sizeof ho);
+    memset(&meta, 0, sizeof meta);
+    ho.token = token;
+    ho.auth_origin = origin;
+    int rc = tk_hub__http_new(&h, &ho);
+    if (rc == TK_OK)
+        rc = tk_hub__http_send(h, "PUT", url, ctype, body, len, UPLOAD_REPLY_MAX, 1, reply, reply_len, &meta);
+    if (rc != TK_OK) {
+        int st = refusal_status(&meta, rc);
+        if (st != rc)
+            rc = tk__err_wrap(st, "%s", what);
+    }
+    tk_hub__http_free(h);
+    free(url);
     return rc;
 }
 
@@ -94,24 +145,17 @@ int tk_hub__upload(char **commit_out, int *created, const char *pkgdir, const ch
                    const char *key_path, const char *compression, const char *token, tk_log_fn log,
                    void *log_user)
 {
-    char tmpl[] = "/tmp/tk-upload.XXXXXX", org[65], name[65], *commit = NULL, *vdir = NULL, *url = NULL,
-         *reply = NULL, *tar = NULL, origin[512];
+    char tmpl[] = "/tmp/tk-upload.XXXXXX", org[65], name[65], *commit = NULL, *vdir = NULL, *reply = NULL,
+         *tar = NULL;
     size_t tar_len = 0, reply_len = 0;
     const char *files[3] = {"manifest.json", "manifest.json.sig", NULL};
-    tk_hub_http *h = NULL;
-    tk_hub_http_meta meta;
     struct archive *a = NULL;
-    tk_buf body = TK_BUF_INIT;
     int rc;
 
     if (commit_out)
         *commit_out = NULL;
-    if (strncmp(registry, "http://", 7) != 0 && strncmp(registry, "https://", 8) != 0)
-        return tk__err(TK_ERR_INVALID, "--registry wants the http(s) URL of a 'tk serve' registry, got '%s'\n"
-                       "HINT: to write a static tree on this machine, use --to DIR", registry);
-    if (!token || !*token)
-        return tk__err(TK_ERR_INVALID, "publishing to %s needs a token\nHINT: the registry's operator makes "
-                       "one with 'tk serve token add --org ORG'; pass it as TK_TOKEN or --token", registry);
+    if ((rc = registry_check(registry, token, "publishing to")) != TK_OK)
+        return rc;
     if (!mkdtemp(tmpl))
         return tk__err_sys("cannot create a staging directory", "/tmp");
     /* the staging tree is private: its own messages ("published ... as") would mislead */
@@ -156,38 +200,12 @@ int tk_hub__upload(char **commit_out, int *created, const char *pkgdir, const ch
         if (rc != TK_OK)
             goto done;
     }
-    /* send it */
-    {
-        size_t n = strlen(registry);
-        while (n && registry[n - 1] == '/')
-            n--;
-        url = tk__fmt("%.*s/api/upload/%s/%s", (int)n, registry, org, name);
-        const char *p = strstr(registry, "://") + 3;
-        snprintf(origin, sizeof origin, "%.*s", (int)((p - registry) + strcspn(p, "/?#")), registry);
-    }
-    tk_hub_http_opts ho;
-    memset(&ho, 0, sizeof ho);
-    ho.token = token;
-    ho.auth_origin = origin;
-    if (!url) {
-        rc = tk__err(TK_ERR_NOMEM, "out of memory");
-        goto done;
-    }
-    if ((rc = tk_hub__http_new(&h, &ho)) != TK_OK)
-        goto done;
-    memset(&meta, 0, sizeof meta);
     tk__logf(log, log_user, TK_LOG_INFO, "uploading %s/%s (%zu bytes) to %s", org, name, tar_len, registry);
-    /* idempotent: the server answers "already had" to the same content, so a retry cannot duplicate */
-    rc = tk_hub__http_send(h, "PUT", url, "application/x-tar", tar, tar_len, UPLOAD_REPLY_MAX, 1, &reply,
-                           &reply_len, &meta);
-    if (rc != TK_OK) {
-        int st = refusal_status(&meta, rc);
-        if (meta.status == 401 || meta.status == 403)
-            st = meta.error_code[0] && strcmp(meta.error_code, "UntrustedSigner") == 0 ? TK_ERR_UNTRUSTED
-                                                                                       : TK_ERR_INVALID;
-        rc = st == rc ? rc : tk__err_wrap(st, "the registry refused %s/%s", org, name);
+    char what[160];
+    snprintf(what, sizeof what, "the registry refused %s/%s", org, name);
+    if ((rc = registry_put(&reply, &reply_len, registry, token, "upload", org, name, "application/x-tar", tar, tar_len,
+                           what)) != TK_OK)
         goto done;
-    }
     {
         json_t *j = json_loadb(reply, reply_len, 0, NULL);
         const char *c = json_string_value(json_object_get(j, "commit"));
@@ -205,12 +223,9 @@ int tk_hub__upload(char **commit_out, int *created, const char *pkgdir, const ch
 done:
     if (a)
         archive_write_free(a);
-    tk_hub__http_free(h);
-    tk__buf_free(&body);
     free((char *)files[2]);
     free(commit);
     free(vdir);
-    free(url);
     free(reply);
     free(tar);
     tk__rmtree(tmpl);
@@ -221,60 +236,29 @@ int tk_hub__yank_send(char moved_to[41], int *already, const char *registry, con
                       const char *sig)
 {
     tk_hub_yank y;
-    tk_hub_http *h = NULL;
-    tk_hub_http_meta meta;
-    char origin[512], *url = NULL, *body = NULL, *reply = NULL;
+    char *body = NULL, *reply = NULL, what[256];
     size_t reply_len = 0;
-    json_t *j = NULL;
     moved_to[0] = '\0';
     *already = 0;
     int rc = tk_hub__yank_parse(&y, stmt, strlen(stmt));
-    if (rc != TK_OK)
+    if (rc != TK_OK || (rc = registry_check(registry, token, "yanking on")) != TK_OK)
         return rc;
-    if (strncmp(registry, "http://", 7) != 0 && strncmp(registry, "https://", 8) != 0)
-        return tk__err(TK_ERR_INVALID, "--registry wants the http(s) URL of a 'tk serve' registry, got '%s'", registry);
-    if (!token || !*token)
-        return tk__err(TK_ERR_INVALID, "yanking on %s needs the org's upload token (TK_TOKEN or --token)", registry);
-    size_t n = strlen(registry);
-    while (n && registry[n - 1] == '/')
-        n--;
-    const char *p = strstr(registry, "://") + 3;
-    snprintf(origin, sizeof origin, "%.*s", (int)((p - registry) + strcspn(p, "/?#")), registry);
-    url = tk__fmt("%.*s/api/yank/%s/%s", (int)n, registry, y.ref.org, y.ref.pkg);
-    j = json_pack("{s:s, s:s}", "statement", stmt, "signature", sig);
+    json_t *j = json_pack("{s:s, s:s}", "statement", stmt, "signature", sig);
     body = j ? json_dumps(j, JSON_COMPACT) : NULL;
     json_decref(j);
-    if (!url || !body) {
-        rc = tk__err(TK_ERR_NOMEM, "out of memory");
-        goto done;
+    if (!body)
+        return tk__err(TK_ERR_NOMEM, "out of memory");
+    snprintf(what, sizeof what, "the registry refused the yank of %s %s", y.ref.name, y.version);
+    rc = registry_put(&reply, &reply_len, registry, token, "yank", y.ref.org, y.ref.pkg, "application/json", body,
+                      strlen(body), what);
+    if (rc == TK_OK) {
+        j = json_loadb(reply, reply_len, 0, NULL);
+        *already = json_is_true(json_object_get(j, "already"));
+        const char *m = json_string_value(json_object_get(j, "branch_commit"));
+        if (m && strlen(m) == 40)
+            memcpy(moved_to, m, 41);
+        json_decref(j);
     }
-    tk_hub_http_opts ho;
-    memset(&ho, 0, sizeof ho);
-    ho.token = token;
-    ho.auth_origin = origin;
-    memset(&meta, 0, sizeof meta);
-    if ((rc = tk_hub__http_new(&h, &ho)) != TK_OK)
-        goto done;
-    rc = tk_hub__http_send(h, "PUT", url, "application/json", body, strlen(body), UPLOAD_REPLY_MAX, 1, &reply,
-                           &reply_len, &meta);
-    if (rc != TK_OK) {
-        int st = refusal_status(&meta, rc);
-        if (meta.status == 401 || (meta.status == 403 && strcmp(meta.error_code, "UntrustedSigner") != 0))
-            st = TK_ERR_INVALID;
-        if (meta.status == 404 && strcmp(meta.error_code, "EntryNotFound") == 0)
-            st = TK_ERR_NOT_FOUND;
-        rc = st == rc ? rc : tk__err_wrap(st, "the registry refused the yank of %s %s", y.ref.name, y.version);
-        goto done;
-    }
-    j = json_loadb(reply, reply_len, 0, NULL);
-    *already = json_is_true(json_object_get(j, "already"));
-    const char *m = json_string_value(json_object_get(j, "branch_commit"));
-    if (m && strlen(m) == 40)
-        memcpy(moved_to, m, 41);
-    json_decref(j);
-done:
-    tk_hub__http_free(h);
-    free(url);
     free(body);
     free(reply);
     return rc;
