@@ -1231,6 +1231,24 @@ static enum MHD_Result upload_begin(tk_server *s, struct MHD_Connection *c, req 
     return MHD_YES;
 }
 
+/* Refuses an upload or a yank with the HTTP status and X-Error-Code of its tk status (the codes the
+ * client maps back in hub/upload.c). */
+static enum MHD_Result reply_refusal(struct MHD_Connection *c, req *r, int rc, const char *msg)
+{
+    switch (rc) {
+    case TK_ERR_INVALID: return reply_error(c, r, MHD_HTTP_BAD_REQUEST, "BadRequest", "%s", msg);
+    case TK_ERR_UNTRUSTED: return reply_error(c, r, MHD_HTTP_FORBIDDEN, "UntrustedSigner", "%s", msg);
+    case TK_ERR_SIGNATURE: return reply_error(c, r, MHD_HTTP_UNPROCESSABLE_CONTENT, "SignatureInvalid", "%s", msg);
+    case TK_ERR_MANIFEST: return reply_error(c, r, MHD_HTTP_UNPROCESSABLE_CONTENT, "ManifestInvalid", "%s", msg);
+    case TK_ERR_DIGEST: return reply_error(c, r, MHD_HTTP_UNPROCESSABLE_CONTENT, "DigestMismatch", "%s", msg);
+    case TK_ERR_ARCHIVE: return reply_error(c, r, MHD_HTTP_UNPROCESSABLE_CONTENT, "ArchiveInvalid", "%s", msg);
+    case TK_ERR_NOT_FOUND: return reply_error(c, r, MHD_HTTP_NOT_FOUND, "EntryNotFound", "%s", msg);
+    case TK_ERR_ROLLBACK: return reply_error(c, r, MHD_HTTP_CONFLICT, "VersionConflict", "%s", msg);
+    case TK_ERR_NOSPACE: return reply_error(c, r, MHD_HTTP_INSUFFICIENT_STORAGE, "NoSpace", "%s", msg);
+    default: return reply_error(c, r, MHD_HTTP_INTERNAL_SERVER_ERROR, "InternalError", "%s", msg);
+    }
+}
+
 /* A yank: the body is {"statement": "<yank.json text>", "signature": "<its .sig text>"}. The statement
  * must be signed by a key this server trusts for the org, and name the package of the URL. */
 static enum MHD_Result yank_finish(tk_server *s, struct MHD_Connection *c, req *r)
@@ -1253,8 +1271,10 @@ static enum MHD_Result yank_finish(tk_server *s, struct MHD_Connection *c, req *
                  (strcmp(y.ref.org, r->org) || strcmp(y.ref.pkg, r->pkg)))
             rc = tk__err(TK_ERR_MANIFEST, "the statement yanks %s, but was sent to %s/%s", y.ref.name, r->org, r->pkg);
     }
-    if (rc == TK_OK)
-        rc = tk_hub__tree_yank(moved, &already, s->root, stmt, strlen(stmt), stext, strlen(stext));
+    /* the tree refuses to yank a major's last version (TK_ERR_INVALID): a conflict with its state */
+    if (rc == TK_OK && (rc = tk_hub__tree_yank(moved, &already, s->root, stmt, strlen(stmt), stext, strlen(stext))) ==
+                           TK_ERR_INVALID)
+        rc = TK_ERR_ROLLBACK;
     json_t *reply = NULL;
     if (rc == TK_OK) {
         say(s, TK_LOG_INFO, "yanked %s %s%s%s", y.ref.name, y.version, moved[0] ? "; branch moved back to " : "", moved);
@@ -1266,14 +1286,7 @@ static enum MHD_Result yank_finish(tk_server *s, struct MHD_Connection *c, req *
     if (rc != TK_OK) {
         const char *msg = tk_last_error();
         say(s, TK_LOG_WARN, "yank in %s/%s refused: %s", r->org, r->pkg, msg);
-        switch (rc) {
-        case TK_ERR_UNTRUSTED: return reply_error(c, r, MHD_HTTP_FORBIDDEN, "UntrustedSigner", "%s", msg);
-        case TK_ERR_SIGNATURE: return reply_error(c, r, MHD_HTTP_UNPROCESSABLE_CONTENT, "SignatureInvalid", "%s", msg);
-        case TK_ERR_MANIFEST: return reply_error(c, r, MHD_HTTP_UNPROCESSABLE_CONTENT, "ManifestInvalid", "%s", msg);
-        case TK_ERR_NOT_FOUND: return reply_error(c, r, MHD_HTTP_NOT_FOUND, "EntryNotFound", "%s", msg);
-        case TK_ERR_INVALID: return reply_error(c, r, MHD_HTTP_CONFLICT, "VersionConflict", "%s", msg);
-        default: return reply_error(c, r, MHD_HTTP_INTERNAL_SERVER_ERROR, "InternalError", "%s", msg);
-        }
+        return reply_refusal(c, r, rc, msg);
     }
     char *text = reply ? json_dumps(reply, 0) : NULL;
     json_decref(reply);
@@ -1297,17 +1310,7 @@ static enum MHD_Result upload_finish(tk_server *s, struct MHD_Connection *c, req
     if (rc != TK_OK) {
         const char *msg = tk_last_error();
         say(s, TK_LOG_WARN, "upload to %s/%s refused: %s", r->org, r->pkg, msg);
-        switch (rc) {
-        case TK_ERR_INVALID: return reply_error(c, r, MHD_HTTP_BAD_REQUEST, "BadRequest", "%s", msg);
-        case TK_ERR_UNTRUSTED: return reply_error(c, r, MHD_HTTP_FORBIDDEN, "UntrustedSigner", "%s", msg);
-        case TK_ERR_SIGNATURE: return reply_error(c, r, MHD_HTTP_UNPROCESSABLE_CONTENT, "SignatureInvalid", "%s", msg);
-        case TK_ERR_MANIFEST: return reply_error(c, r, MHD_HTTP_UNPROCESSABLE_CONTENT, "ManifestInvalid", "%s", msg);
-        case TK_ERR_DIGEST: return reply_error(c, r, MHD_HTTP_UNPROCESSABLE_CONTENT, "DigestMismatch", "%s", msg);
-        case TK_ERR_ARCHIVE: return reply_error(c, r, MHD_HTTP_UNPROCESSABLE_CONTENT, "ArchiveInvalid", "%s", msg);
-        case TK_ERR_ROLLBACK: return reply_error(c, r, MHD_HTTP_CONFLICT, "VersionConflict", "%s", msg);
-        case TK_ERR_NOSPACE: return reply_error(c, r, MHD_HTTP_INSUFFICIENT_STORAGE, "NoSpace", "%s", msg);
-        default: return reply_error(c, r, MHD_HTTP_INTERNAL_SERVER_ERROR, "InternalError", "%s", msg);
-        }
+        return reply_refusal(c, r, rc, msg);
     }
     say(s, TK_LOG_INFO, "%s %s/%s %s as %s", created ? "published" : "already had", r->org, r->pkg, version, commit);
     char name[140];
