@@ -113,60 +113,37 @@ int tk_hub__tree_is_yanked(const char *resolve_dir, const char *version)
     return yes;
 }
 
-/* The commit of `version` in the tree (a 40-hex directory under resolve/), or TK_ERR_NOT_FOUND. */
-static int find_commit(char out[41], const char *resolve_dir, const char *version)
+/* One pass over the commits (40-hex directories under resolve/), reading each one's version once:
+ * *commit receives the commit of `version` (TK_ERR_NOT_FOUND when the tree has none), and *prev the
+ * newest other version of `major` that is not yanked ("" when there is none): where its branch goes
+ * if `version` is withdrawn. */
+static int scan_versions(char commit[41], char prev[41], const char *resolve_dir, const char *version, int major)
 {
     DIR *d = opendir(resolve_dir);
     if (!d)
-        return tk__err(TK_ERR_NOT_FOUND, "the registry has no such package");
+        return TK_ERR_NOT_FOUND;
     struct dirent *e;
-    int rc = TK_ERR_NOT_FOUND;
-    while (rc != TK_OK && (e = readdir(d)) != NULL) {
+    char *best = NULL;
+    commit[0] = prev[0] = '\0';
+    while ((e = readdir(d)) != NULL) {
+        int vmajor = 0;
         if (strlen(e->d_name) != 40 || strspn(e->d_name, "0123456789abcdef") != 40)
             continue;
         char *v = tk_hub__tree_commit_version(resolve_dir, e->d_name);
         if (v && strcmp(v, version) == 0) {
-            memcpy(out, e->d_name, 41);
-            rc = TK_OK;
+            memcpy(commit, e->d_name, 41);
+        } else if (v && tk_hub__version_parse(v, &vmajor) == 0 && vmajor == major &&
+                   !tk_hub__tree_is_yanked(resolve_dir, v) && (!best || tk_state__version_cmp(v, best) > 0)) {
+            free(best);
+            best = v;
+            v = NULL;
+            memcpy(prev, e->d_name, 41);
         }
         free(v);
     }
     closedir(d);
-    return rc;
-}
-
-/* The newest version of `major` that is not yanked, other than the commit `except`: its commit in
- * out, or out[0] = 0 when there is none. */
-static int newest_unyanked(char out[41], const char *resolve_dir, int major, const char *except)
-{
-    DIR *d = opendir(resolve_dir);
-    if (!d)
-        return tk__err_sys("cannot read", resolve_dir);
-    struct dirent *e;
-    char *best = NULL;
-    out[0] = '\0';
-    while ((e = readdir(d)) != NULL) {
-        int vmajor = 0;
-        if (strlen(e->d_name) != 40 || strspn(e->d_name, "0123456789abcdef") != 40 || !strcmp(e->d_name, except))
-            continue;
-        char *v = tk_hub__tree_commit_version(resolve_dir, e->d_name);
-        if (v && tk_hub__version_parse(v, &vmajor) == 0 && vmajor == major && !tk_hub__tree_is_yanked(resolve_dir, v) &&
-            (!best || tk_state__version_cmp(v, best) > 0)) {
-            free(best);
-            best = v;
-            memcpy(out, e->d_name, 41);
-        } else {
-            free(v);
-        }
-    }
-    closedir(d);
     free(best);
-    return TK_OK;
-}
-
-static int write_file(const char *path, const char *text, size_t len)
-{
-    return tk__write_atomic(path, text, len, 0644);
+    return commit[0] ? TK_OK : TK_ERR_NOT_FOUND;
 }
 
 int tk_hub__tree_yank(char moved_to[41], int *already, const char *tree, const char *stmt, size_t slen,
@@ -176,7 +153,7 @@ int tk_hub__tree_yank(char moved_to[41], int *already, const char *tree, const c
     int rc = tk_hub__yank_parse(&y, stmt, slen), lock_fd = -1;
     char *resolve_dir = NULL, *api_dir = NULL, *ydir = NULL, *spath = NULL, *gpath = NULL, *lock_path = NULL,
          *head = NULL;
-    char commit[41], branch[24];
+    char commit[41], prev[41], branch[24];
     moved_to[0] = '\0';
     *already = 0;
     if (rc != TK_OK)
@@ -195,7 +172,7 @@ int tk_hub__tree_yank(char moved_to[41], int *already, const char *tree, const c
         rc = tk__err_sys("cannot lock the registry tree", lock_path);
         goto done;
     }
-    if ((rc = find_commit(commit, resolve_dir, y.version)) != TK_OK) {
+    if ((rc = scan_versions(commit, prev, resolve_dir, y.version, y.major)) != TK_OK) {
         rc = tk__err(TK_ERR_NOT_FOUND, "%s has no version %s in this registry", y.ref.name, y.version);
         goto done;
     }
@@ -205,21 +182,18 @@ int tk_hub__tree_yank(char moved_to[41], int *already, const char *tree, const c
         *already = 1;
         goto done;
     }
-    /* When it heads its branch, the branch moves back; refuse before writing anything if it would be
-     * left empty. */
-    char prev[41] = "";
-    if (head && strcmp(head, commit) == 0) {
-        if ((rc = newest_unyanked(prev, resolve_dir, y.major, commit)) != TK_OK)
-            goto done;
-        if (!prev[0]) {
-            rc = tk__err(TK_ERR_INVALID, "%s %s is the only version of major %d that is not yanked; yanking it "
-                         "would leave branch %s empty\nHINT: publish a fixed %d.x version first, then yank %s",
-                         y.ref.name, y.version, y.major, branch, y.major, y.version);
-            goto done;
-        }
+    /* When it heads its branch, the branch moves back to prev; refuse before writing anything if it
+     * would be left empty. */
+    if (!head || strcmp(head, commit) != 0) {
+        prev[0] = '\0'; /* the branch stays */
+    } else if (!prev[0]) {
+        rc = tk__err(TK_ERR_INVALID, "%s %s is the only version of major %d that is not yanked; yanking it "
+                     "would leave branch %s empty\nHINT: publish a fixed %d.x version first, then yank %s",
+                     y.ref.name, y.version, y.major, branch, y.major, y.version);
+        goto done;
     }
-    if ((rc = tk__mkdirs(ydir, 0755)) != TK_OK || (rc = write_file(gpath, sig, siglen)) != TK_OK ||
-        (rc = write_file(spath, stmt, slen)) != TK_OK) /* the statement last: it is what marks the yank */
+    if ((rc = tk__mkdirs(ydir, 0755)) != TK_OK || (rc = tk__write_atomic(gpath, sig, siglen, 0644)) != TK_OK ||
+        (rc = tk__write_atomic(spath, stmt, slen, 0644)) != TK_OK) /* the statement last: it is what marks the yank */
         goto done;
     if (prev[0]) {
         json_t *pm = tk_hub__tree_commit_manifest(resolve_dir, prev);
