@@ -30,17 +30,6 @@ struct tk_pkg_list {
     tk_pkg **v;
 };
 
-static int origin_of(char *out, size_t cap, const char *url)
-{
-    const char *p = strstr(url, "://");
-    if (!p)
-        return -1;
-    p += 3;
-    size_t n = strcspn(p, "/?#");
-    snprintf(out, cap, "%.*s", (int)((p - url) + n), url);
-    return 0;
-}
-
 static int ensure_http(tk_ctx *ctx)
 {
     if (ctx->http)
@@ -48,7 +37,7 @@ static int ensure_http(tk_ctx *ctx)
     char origin[512] = "";
     tk_hub_http_opts o;
     memset(&o, 0, sizeof o);
-    if (ctx->token && origin_of(origin, sizeof origin, ctx->endpoint) == 0) {
+    if (ctx->token && tk_hub__http_origin(origin, sizeof origin, ctx->endpoint) == 0) {
         o.token = ctx->token;
         o.auth_origin = origin;
     }

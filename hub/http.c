@@ -789,6 +789,16 @@ static int run_request(req *r, tk_hub_http_meta *meta)
 
 /* ---- public (internal) API -------------------------------------------------------------------- */
 
+int tk_hub__http_origin(char *out, size_t cap, const char *url)
+{
+    const char *p = strstr(url, "://");
+    if (!p)
+        return -1;
+    p += 3;
+    snprintf(out, cap, "%.*s", (int)((p - url) + strcspn(p, "/?#")), url);
+    return 0;
+}
+
 int tk_hub__http_new(tk_hub_http **out, const tk_hub_http_opts *opts)
 {
     static const tk_hub_http_opts defaults;

@@ -47,6 +47,10 @@ typedef struct {
     int attempts;             /* how many requests it took (redirect hops not counted) */
 } tk_hub_http_meta;
 
+/* The origin of a URL, "scheme://host[:port]" (path, query and fragment dropped), into out: what
+ * tk_hub_http_opts.auth_origin takes. 0, or -1 when url has no "://". */
+int tk_hub__http_origin(char *out, size_t cap, const char *url);
+
 /* opts may be NULL (all defaults); the strings are copied. Errors: TK_ERR_INVALID (a token with a line
  * break, an auth_origin that is not an http(s) URL). A handle is for one thread at a time. */
 int tk_hub__http_new(tk_hub_http **out, const tk_hub_http_opts *opts);

@@ -116,8 +116,7 @@ static int registry_put(char **reply, size_t *reply_len, const char *registry, c
     size_t n = strlen(registry);
     while (n && registry[n - 1] == '/')
         n--;
-    const char *p = strstr(registry, "://") + 3;
-    snprintf(origin, sizeof origin, "%.*s", (int)((p - registry) + strcspn(p, "/?#")), registry);
+    tk_hub__http_origin(origin, sizeof origin, registry); /* registry_check saw its "://" */
     char *url = tk__fmt("%.*s/api/%s/%s/%s", (int)n, registry, endpoint, org, name);
     if (!url)
         return tk__err(TK_ERR_NOMEM, "out of memory");
