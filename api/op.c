@@ -68,6 +68,11 @@ typedef struct {
     size_t nl;
     char **names; /* every impl string handed out: they live as long as the context */
     size_t nnames;
+    struct {
+        char key[TK_SHA256_HEX];
+        const char *impl; /* interned */
+    } *tuned;             /* autotune choices met in this context: cache.db is read once per key */
+    size_t ntuned;
 } ops_state;
 
 static void cand_clear(cand *c)
@@ -108,6 +113,7 @@ static void state_free(void *p)
     for (size_t i = 0; i < s->nnames; i++)
         free(s->names[i]);
     free(s->names);
+    free(s->tuned);
     free(s);
 }
 
@@ -518,33 +524,44 @@ static void autotune(ops_state *s, tk_ctx *ctx, const tk_op_call *k, void *strea
 {
     tk_buf text = TK_BUF_INIT, detail = TK_BUF_INIT;
     struct tk_kcache *kc = NULL;
-    char key[TK_SHA256_HEX], *best = NULL;
+    char key[TK_SHA256_HEX], *stored = NULL;
+    const char *best = NULL;
     double us[64];
-    if (n < 2 || n > 64 || !autotune_on(ctx) || tk_api__tune_text(&text, dev->name, cc, k) != TK_OK ||
-        tk_api__kcache(&kc, ctx) != TK_OK)
+    if (n < 2 || n > 64 || !autotune_on(ctx) || tk_api__tune_text(&text, dev->name, cc, k) != TK_OK)
         goto done;
     tk__sha256_hex(key, text.data, text.len);
-    if (tk_kcache__tune_get(kc, key, &best) == TK_OK) {
-        for (size_t j = 0; j < n; j++)
-            if (strcmp(s->c[order[j]].impl, best) == 0) {
-                size_t o = order[j];
-                memmove(order + 1, order, j * sizeof *order);
-                order[0] = o;
-                tk_api__log(ctx, TK_LOG_DEBUG, "%s: tuned choice %s (cache.db)", k->op->name, best);
-                goto done;
-            }
+    for (size_t i = 0; i < s->ntuned && !best; i++) /* met before in this context */
+        if (strcmp(s->tuned[i].key, key) == 0)
+            best = s->tuned[i].impl;
+    if (!best && tk_api__kcache(&kc, ctx) == TK_OK) {
+        if (tk_kcache__tune_get(kc, key, &stored) == TK_OK) {
+            best = intern(s, stored);
+            tk_api__log(ctx, TK_LOG_DEBUG, "%s: tuned choice %s (cache.db)", k->op->name, stored);
+        } else if (measure(s, ctx, k, stream, order, n, us, &detail) != TK_OK) {
+            tk_api__log(ctx, TK_LOG_WARN, "%s: autotune failed (%s); using priority order", k->op->name,
+                        tk_last_error());
+        } else if (us[0] < 1e300) {
+            best = intern(s, s->c[order[0]].impl);
+            tk_kcache__tune_put(kc, key, s->c[order[0]].impl, us[0], detail.data);
+            tk_api__log(ctx, TK_LOG_INFO, "%s: autotuned for %s: %s (%.1f us; %s)", k->op->name, text.data,
+                        s->c[order[0]].impl, us[0], detail.data ? detail.data : "");
+        }
+        void *nt = best ? realloc(s->tuned, (s->ntuned + 1) * sizeof *s->tuned) : NULL;
+        if (nt) {
+            s->tuned = nt;
+            memcpy(s->tuned[s->ntuned].key, key, sizeof key);
+            s->tuned[s->ntuned++].impl = best;
+        }
     }
-    if (measure(s, ctx, k, stream, order, n, us, &detail) != TK_OK) {
-        tk_api__log(ctx, TK_LOG_WARN, "%s: autotune failed (%s); using priority order", k->op->name, tk_last_error());
-        goto done;
-    }
-    if (us[0] < 1e300) {
-        tk_kcache__tune_put(kc, key, s->c[order[0]].impl, us[0], detail.data);
-        tk_api__log(ctx, TK_LOG_INFO, "%s: autotuned for %s: %s (%.1f us; %s)", k->op->name, text.data,
-                    s->c[order[0]].impl, us[0], detail.data ? detail.data : "");
-    }
+    for (size_t j = 0; best && j < n; j++) /* the choice first; the rest keep their order */
+        if (strcmp(s->c[order[j]].impl, best) == 0) {
+            size_t o = order[j];
+            memmove(order + 1, order, j * sizeof *order);
+            order[0] = o;
+            break;
+        }
 done:
-    free(best);
+    free(stored);
     tk__buf_free(&text);
     tk__buf_free(&detail);
 }
