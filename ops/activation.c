@@ -102,18 +102,6 @@ static int check_gated(const tk_op_call *c)
     return TK_OK;
 }
 
-static int check_plain(const tk_op_call *c)
-{
-    const tk_tensor *out = c->t[0], *in = c->t[1];
-    int same = out->ndim == in->ndim;
-    for (int32_t k = 0; same && k < in->ndim; k++)
-        same = out->shape[k] == in->shape[k];
-    if (!same)
-        return tk__err(TK_ERR_INVALID, "%s: 'out' has shape %s, want %s (the shape of 'input')", c->op->name,
-                       tk_ops__shape_fmt(out->ndim, out->shape), tk_ops__shape_fmt(in->ndim, in->shape));
-    return TK_OK;
-}
-
 /* ---- CPU references --------------------------------------------------------------------------- */
 
 #define BLK 1024 /* columns per work item: the scratch rows live on the stack */
@@ -210,7 +198,7 @@ static const act_info a_gelu_quick = {gelu_quick, 0, 0, -1};
 #define GATED(nm, summ, params, info)                                                                  \
     {nm, "activation", summ, params, sizeof params / sizeof params[0], check_gated, cpu_act, &info, PKG}
 #define PLAIN(nm, summ, info)                                                                          \
-    {nm, "activation", summ, plain_params, 2, check_plain, cpu_act, &info, PKG}
+    {nm, "activation", summ, plain_params, 2, tk_ops__check_out_like_input, cpu_act, &info, PKG}
 
 const tk_op_desc tk_ops__activation[] = {
     GATED("silu_and_mul", "out = silu(x[..., :d]) * x[..., d:]  (SwiGLU)", gated_params, a_silu_and_mul),

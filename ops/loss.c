@@ -43,16 +43,6 @@ static const char *red_name(int64_t r) { return r == RED_NONE ? "none" : r == RE
 
 /* ---- shared shape checks ---------------------------------------------------------------------- */
 
-static int same_shape(const tk_tensor *a, const tk_tensor *b)
-{
-    if (a->ndim != b->ndim)
-        return 0;
-    for (int32_t k = 0; k < a->ndim; k++)
-        if (a->shape[k] != b->shape[k])
-            return 0;
-    return 1;
-}
-
 static int check_reduction(const tk_op_call *c, int ir)
 {
     int64_t r = c->i[ir];
@@ -87,7 +77,7 @@ static int check_loss(const tk_op_call *c, int il, int ir, int32_t none_ndim, co
 static int check_like(const tk_op_call *c, int i, int like)
 {
     const tk_tensor *t = c->t[i], *l = c->t[like];
-    if (t && !same_shape(t, l))
+    if (t && !tk_ops__same_shape(t, l))
         return tk__err(TK_ERR_INVALID, "%s: '%s' has shape %s, want %s (the shape of '%s')", c->op->name,
                        c->op->params[i].name, tk_ops__shape_fmt(t->ndim, t->shape),
                        tk_ops__shape_fmt(l->ndim, l->shape), c->op->params[like].name);
@@ -129,7 +119,8 @@ static void byte_span(const tk_tensor *t, uintptr_t *lo, uintptr_t *hi)
 /* 1 when a and b are the same view: same first element, shape, dtype and (effective) strides. */
 static int same_view(const tk_tensor *a, const tk_tensor *b)
 {
-    if (tk_ops__base(a) != tk_ops__base(b) || !same_shape(a, b) || tk_ops__dtype_bit(a->dtype) != tk_ops__dtype_bit(b->dtype))
+    if (tk_ops__base(a) != tk_ops__base(b) || !tk_ops__same_shape(a, b) ||
+        tk_ops__dtype_bit(a->dtype) != tk_ops__dtype_bit(b->dtype))
         return 0;
     int64_t sa = 1, sb = 1;
     for (int32_t k = a->ndim - 1; k >= 0; k--) {
@@ -787,7 +778,7 @@ static int check_nce(const tk_op_call *c)
     const tk_tensor *a = c->t[NCE_A], *b = c->t[NCE_B];
     int64_t n = a->shape[0];
     int rc;
-    if (!same_shape(a, b))
+    if (!tk_ops__same_shape(a, b))
         return tk__err(TK_ERR_INVALID, "%s: 'b' has shape %s, want %s (the shape of 'a': row i of b is the positive of row i of a)",
                        c->op->name, tk_ops__shape_fmt(b->ndim, b->shape), tk_ops__shape_fmt(a->ndim, a->shape));
     double tau = c->f[NCE_TEMP];

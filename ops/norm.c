@@ -51,21 +51,11 @@ typedef struct {
 
 /* ---- shape checks ----------------------------------------------------------------------------- */
 
-static int same_shape(const tk_tensor *a, const tk_tensor *b)
-{
-    if (a->ndim != b->ndim)
-        return 0;
-    for (int32_t k = 0; k < a->ndim; k++)
-        if (a->shape[k] != b->shape[k])
-            return 0;
-    return 1;
-}
-
 /* The tensor at param ia must have the shape of the one at param ib. */
 static int check_same(const tk_op_call *c, int ia, int ib)
 {
     const tk_tensor *a = c->t[ia], *b = c->t[ib];
-    if (!same_shape(a, b))
+    if (!tk_ops__same_shape(a, b))
         return tk__err(TK_ERR_INVALID, "%s: '%s' has shape %s, want %s (the shape of '%s')", c->op->name,
                        c->op->params[ia].name, tk_ops__shape_fmt(a->ndim, a->shape),
                        tk_ops__shape_fmt(b->ndim, b->shape), c->op->params[ib].name);

@@ -138,6 +138,12 @@ int tk_ops__signature(tk_buf *b, const tk_op_desc *op);
 
 /* ---- helpers for op tables -------------------------------------------------------------------- */
 
+/* 1 when a and b have the same shape. */
+int tk_ops__same_shape(const tk_tensor *a, const tk_tensor *b);
+/* The check of an op whose params 0 and 1 are 'out' and 'input' of one shape: TK_ERR_INVALID
+ * "op: 'out' has shape [..], want [..] (the shape of 'input')". */
+int tk_ops__check_out_like_input(const tk_op_call *c);
+
 /* numel of a tensor (1 for rank 0). */
 int64_t tk_ops__numel(const tk_tensor *t);
 /* 1 when t is contiguous row-major (NULL strides, or strides that equal the row-major ones). */

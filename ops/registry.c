@@ -82,6 +82,25 @@ static int unknown_op(const char *name)
 
 /* ---- tensor helpers --------------------------------------------------------------------------- */
 
+int tk_ops__same_shape(const tk_tensor *a, const tk_tensor *b)
+{
+    if (a->ndim != b->ndim)
+        return 0;
+    for (int32_t k = 0; k < a->ndim; k++)
+        if (a->shape[k] != b->shape[k])
+            return 0;
+    return 1;
+}
+
+int tk_ops__check_out_like_input(const tk_op_call *c)
+{
+    const tk_tensor *out = c->t[0], *in = c->t[1];
+    if (!tk_ops__same_shape(out, in))
+        return tk__err(TK_ERR_INVALID, "%s: 'out' has shape %s, want %s (the shape of 'input')", c->op->name,
+                       tk_ops__shape_fmt(out->ndim, out->shape), tk_ops__shape_fmt(in->ndim, in->shape));
+    return TK_OK;
+}
+
 int64_t tk_ops__numel(const tk_tensor *t)
 {
     int64_t n = 1;

@@ -21,20 +21,6 @@
 
 #include "ops/ops.h"
 
-/* ---- shape checks ----------------------------------------------------------------------------- */
-
-static int check_softmax(const tk_op_call *c)
-{
-    const tk_tensor *out = c->t[0], *in = c->t[1];
-    int same = out->ndim == in->ndim;
-    for (int32_t k = 0; same && k < in->ndim; k++)
-        same = out->shape[k] == in->shape[k];
-    if (!same)
-        return tk__err(TK_ERR_INVALID, "%s: 'out' has shape %s, want %s (the shape of 'input')", c->op->name,
-                       tk_ops__shape_fmt(out->ndim, out->shape), tk_ops__shape_fmt(in->ndim, in->shape));
-    return TK_OK;
-}
-
 /* ---- CPU reference ---------------------------------------------------------------------------- */
 
 #define BLK 1024 /* columns per step: the scratch rows live on the stack */
@@ -124,8 +110,8 @@ static const int plain = 0, logarithmic = 1;
 
 const tk_op_desc tk_ops__softmax[] = {
     {"softmax", "softmax", "out = exp(x - max(x)) / sum(exp(x - max(x))) over the last dimension", softmax_params,
-     NPARAMS, check_softmax, cpu_softmax, &plain, PKG},
+     NPARAMS, tk_ops__check_out_like_input, cpu_softmax, &plain, PKG},
     {"log_softmax", "softmax", "out = x - max(x) - log(sum(exp(x - max(x)))) over the last dimension",
-     softmax_params, NPARAMS, check_softmax, cpu_softmax, &logarithmic, PKG},
+     softmax_params, NPARAMS, tk_ops__check_out_like_input, cpu_softmax, &logarithmic, PKG},
 };
 const size_t tk_ops__softmax_count = sizeof tk_ops__softmax / sizeof tk_ops__softmax[0];
