@@ -14,6 +14,7 @@
 #include <string.h>
 
 #include "api/api.h"
+#include "ops/ops.h"
 #include "cache/kcache.h"
 #include "jit/jit.h"
 
@@ -26,41 +27,15 @@
 
 /* ---- dtypes ----------------------------------------------------------------------------------- */
 
-static const struct {
-    const char *name;
-    uint8_t code, bits;
-} dtypes[] = {
-    {"f32", TK_DL_FLOAT, 32},  {"f16", TK_DL_FLOAT, 16}, {"bf16", TK_DL_BFLOAT, 16},
-    {"f64", TK_DL_FLOAT, 64},  {"i8", TK_DL_INT, 8},     {"u8", TK_DL_UINT, 8},
-    {"i32", TK_DL_INT, 32},    {"i64", TK_DL_INT, 64},   {"fp8_e4m3", TK_DL_FLOAT8_E4M3FN, 8},
-    {"fp8_e5m2", TK_DL_FLOAT8_E5M2, 8},
-};
-
-const char *tk_dtype_name(tk_dtype dt)
-{
-    if (dt.lanes != 1)
-        return "?";
-    for (size_t i = 0; i < sizeof dtypes / sizeof *dtypes; i++)
-        if (dtypes[i].code == dt.code && dtypes[i].bits == dt.bits)
-            return dtypes[i].name;
-    return "?";
-}
+/* The dtype names are the op registry's (ops/dtype.c), so manifests, ops and the API agree. */
+const char *tk_dtype_name(tk_dtype dt) { return tk_ops__dtype_str(dt); }
 
 int tk_dtype_parse(tk_dtype *out, const char *name)
 {
     if (!out)
         return tk__err(TK_ERR_INVALID, "tk_dtype_parse: out is NULL");
     memset(out, 0, sizeof *out);
-    for (size_t i = 0; name && i < sizeof dtypes / sizeof *dtypes; i++)
-        if (strcmp(dtypes[i].name, name) == 0) {
-            out->code = dtypes[i].code;
-            out->bits = dtypes[i].bits;
-            out->lanes = 1;
-            return TK_OK;
-        }
-    return tk__err(TK_ERR_INVALID,
-                   "unknown dtype '%s' (known: f32 f16 bf16 f64 i8 u8 i32 i64 fp8_e4m3 fp8_e5m2)",
-                   name ? name : "(null)");
+    return tk_ops__dtype_parse(out, name);
 }
 
 /* ---- devices ---------------------------------------------------------------------------------- */
