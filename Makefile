@@ -10,6 +10,8 @@
 
 B       ?= build
 PKGS    := libcurl libarchive libcrypto sqlite3 jansson libmicrohttpd
+# OpenBLAS: the CPU reference of the linear op (cblas_sgemm)
+PKGS    += openblas
 CC      ?= cc
 OPT     ?= -O2 -g
 WERROR  := $(if $(CI),-Werror,)
