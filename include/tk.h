@@ -531,6 +531,37 @@ TK_API int tk_serve_token_add(char **token, const char *root, const char *org);
  * its fingerprint (tk_free). Errors: TK_ERR_INVALID (bad org or key), TK_ERR_IO. */
 TK_API int tk_serve_trust_add(char **keyid, const char *root, const char *org, const char *pubkey);
 
+/* ---------------------------------------------------------------------------------------------- */
+/* Tokenizers                                                                                      */
+/*
+ * A Hugging Face tokenizer.json, as the `tokenizers` library reads it: normalizers, pre-tokenizers,
+ * BPE (byte-level, or SentencePiece-style with byte fallback), WordPiece or WordLevel, added and
+ * special tokens, post-processors and decoders. Token ids are those of `tokenizers`; truncation and
+ * padding in the file are ignored (the caller decides). A loaded tokenizer is immutable: any number
+ * of threads may encode and decode with it at once. See docs/tokenizers.md.
+ */
+typedef struct tk_tokenizer tk_tokenizer;
+/* Loads tokenizer.json from a file path or a model directory. Errors: TK_ERR_NOT_FOUND,
+ * TK_ERR_INVALID (malformed: the message names the field), TK_ERR_UNSUPPORTED (a component tk does
+ * not implement: the message names it and lists the supported ones), TK_ERR_NOMEM. */
+TK_API int tk_tokenizer_load(tk_tokenizer **out, const char *path_or_dir);
+TK_API void tk_tokenizer_free(tk_tokenizer *tok);
+/* Encodes UTF-8 text (len bytes; invalid UTF-8 is TK_ERR_INVALID). add_special: 1 applies the
+ * post-processor (BERT's [CLS] ... [SEP], Llama's <s>) as tokenizers' encode(add_special_tokens=True).
+ * *ids is owned by the caller (tk_free). */
+TK_API int tk_tokenizer_encode(int32_t **ids, size_t *n, const tk_tokenizer *tok,
+                               const char *text, size_t len, int add_special);
+/* Decodes ids to UTF-8 as tokenizers' decode(ids, skip_special_tokens=skip_special).
+ * *text is owned by the caller (tk_free). Errors: TK_ERR_INVALID (an id outside the vocabulary). */
+TK_API int tk_tokenizer_decode(char **text, const tk_tokenizer *tok, const int32_t *ids, size_t n,
+                               int skip_special);
+/* The number of ids: one more than the highest id of the model's vocabulary and the added tokens. */
+TK_API size_t tk_tokenizer_vocab_size(const tk_tokenizer *tok);
+/* The id of a token string (added/special tokens included); TK_ERR_NOT_FOUND when absent. */
+TK_API int tk_tokenizer_token_id(int32_t *id, const tk_tokenizer *tok, const char *token);
+/* Borrowed token text of an id, or NULL when out of range. */
+TK_API const char *tk_tokenizer_token(const tk_tokenizer *tok, int32_t id);
+
 #ifdef __cplusplus
 }
 #endif
