@@ -146,8 +146,9 @@ static int cmd_info(tk_cli *cli, int argc, char **argv)
                    "supported architectures: LlamaForCausalLM, MistralForCausalLM, Qwen2ForCausalLM,\n"
                    "GPT2LMHeadModel, BertModel.\n"
                    "\n"
-                   "exit status: 0 ok, 1 a malformed or unsupported checkpoint, 2 usage, 3 no config.json\n"
-                   "or no weights, 7 no GPU.\n",
+                   "exit status: 0 ok, 1 an unsupported architecture or config value, 2 usage or\n"
+                   "invalid input (a malformed or mismatched checkpoint: the tensor is named), 3 no\n"
+                   "config.json or no weights, 7 no GPU.\n",
                    INFO_USAGE);
             return TK_EXIT_OK;
         } else if (argv[i][0] == '-') {
@@ -240,8 +241,9 @@ static int cmd_logits(tk_cli *cli, int argc, char **argv)
                    "  tk model logits ./gpt2 --ids $(tk tokenize ./gpt2 'Hello, my dog' --no-special)\n"
                    "  tk model logits ./tiny-llama --ids 1,15043,3186 --dtype bf16 --json\n"
                    "\n"
-                   "exit status: 0 ok, 1 a malformed or unsupported checkpoint or a bad id, 2 usage,\n"
-                   "3 no config.json or no weights, 7 no GPU.\n",
+                   "exit status: 0 ok, 1 an unsupported architecture or config value, 2 usage or\n"
+                   "invalid input (a malformed checkpoint, an id outside the vocabulary), 3 no\n"
+                   "config.json or no weights, 7 no GPU.\n",
                    LOGITS_USAGE);
             ec = TK_EXIT_OK;
             goto done;
@@ -411,8 +413,9 @@ int tk_cmd_embed(tk_cli *cli, int argc, char **argv)
                    "example:\n"
                    "  tk embed ./all-MiniLM-L6-v2 'A man is eating food.' 'A man is riding a horse.' --json\n"
                    "\n"
-                   "exit status: 0 ok, 1 a malformed or unsupported checkpoint or tokenizer, 2 usage,\n"
-                   "3 no config.json, weights or tokenizer.json, 7 no GPU.\n",
+                   "exit status: 0 ok, 1 an unsupported model, tokenizer or pooling, 2 usage or invalid\n"
+                   "input (a malformed checkpoint or tokenizer.json), 3 no config.json, weights or\n"
+                   "tokenizer.json, 7 no GPU.\n",
                    EMBED_USAGE);
             goto done;
         } else if (argv[i][0] == '-' && argv[i][1]) {
