@@ -291,11 +291,12 @@ static int weight(const tk_mt **out, tk_model *m, const char *name, int ndim, co
     void *host = malloc((size_t)(n ? n : 1) * dt_size(m->dtype));
     if (!host)
         return tk__err(TK_ERR_NOMEM, "out of memory loading '%s'", name);
-    if ((rc = convert(m, host, t, 0, n, 1, 0)) != TK_OK || (rc = place(m, w, host, t->ndim, t->shape)) != TK_OK) {
-        if (rc != TK_OK && m->dev_type == TK_DEV_CPU)
-            free(host);
+    if ((rc = convert(m, host, t, 0, n, 1, 0)) != TK_OK) {
+        free(host);
         return tk__err_wrap(rc, "tensor '%s'", name);
     }
+    if ((rc = place(m, w, host, t->ndim, t->shape)) != TK_OK) /* place owns host from here */
+        return tk__err_wrap(rc, "tensor '%s'", name);
     *out = &w->mt;
     return TK_OK;
 }
@@ -533,7 +534,9 @@ int tk_model_load(tk_model **out, tk_ctx *ctx, const char *dir, const tk_model_o
     m->dev_type = opts->device_type;
     m->dev_id = opts->device_id;
     int rc;
-    if ((rc = parse_dtype(&m->dtype, opts->dtype)) != TK_OK)
+    /* NULL: f32 on the CPU; bf16 on a GPU, whose attention kernels take bf16 and f16 */
+    if ((rc = parse_dtype(&m->dtype, opts->dtype ? opts->dtype
+                                                 : m->dev_type == TK_DEV_CUDA ? "bf16" : "f32")) != TK_OK)
         goto fail;
     if (m->dev_type == TK_DEV_CUDA) {
         int n = 0;

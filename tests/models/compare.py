@@ -120,7 +120,9 @@ def embed_case(name, d):
     from sentence_transformers import SentenceTransformer
     texts = ["A man is eating food.", "A man is riding a white horse on an enclosed ground.",
              "The quick brown fox jumps over the lazy dog!", "tk runs all-MiniLM-L6-v2 through tk_op_run.",
-             "Un homme mange de la nourriture; ça va très bien."]
+             "Un homme mange de la nourriture; ça va très bien.",
+             # over max_seq_length (256 tokens): both truncate, keeping [SEP]
+             " ".join(["A long sentence about kernels, models and tokenizers number %d." % i for i in range(40)])]
     r = subprocess.run([TK, "embed", d] + texts + ["--json"], capture_output=True, text=True)
     if r.returncode != 0:
         print("CASE %s FAIL tk embed failed (%d): %s" % (name, r.returncode, r.stderr.strip()), flush=True)
