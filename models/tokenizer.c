@@ -2123,9 +2123,12 @@ static int post_wrap(tk_tokenizer *t, const int32_t *pre, size_t npre, const int
     int32_t *p = malloc((npre + nold + nsuf) * sizeof *p);
     if (!p)
         return tk__err(TK_ERR_NOMEM, "out of memory");
-    memcpy(p, pre, npre * sizeof *p);
-    memcpy(p + npre, old, nold * sizeof *p);
-    memcpy(p + npre + nold, suf, nsuf * sizeof *p);
+    if (npre)
+        memcpy(p, pre, npre * sizeof *p);
+    if (nold)
+        memcpy(p + npre, old, nold * sizeof *p);
+    if (nsuf)
+        memcpy(p + npre + nold, suf, nsuf * sizeof *p);
     if (t->has_post)
         free(t->post);
     t->post = p;
