@@ -257,10 +257,13 @@ static int is_numeric(int32_t c) /* Rust char::is_numeric: N* */
     return k == UTF8PROC_CATEGORY_ND || k == UTF8PROC_CATEGORY_NL || k == UTF8PROC_CATEGORY_NO;
 }
 
-static int is_alnum(int32_t c)
+/* Rust regex's \w, which tokenizers uses for an added token's single_word: letters, marks, Nd, Nl,
+ * connector punctuation and the joiners. */
+static int is_word(int32_t c)
 {
     utf8proc_category_t k = utf8proc_category(c);
-    return (k >= UTF8PROC_CATEGORY_LU && k <= UTF8PROC_CATEGORY_LO) || is_numeric(c);
+    return (k >= UTF8PROC_CATEGORY_LU && k <= UTF8PROC_CATEGORY_ME) || k == UTF8PROC_CATEGORY_ND ||
+           k == UTF8PROC_CATEGORY_NL || k == UTF8PROC_CATEGORY_PC || c == 0x200C || c == 0x200D;
 }
 
 /* BERT's "Chinese character" blocks (the CJK Unified Ideographs ranges of the original BERT code). */
@@ -679,13 +682,17 @@ static int unicode_form(tk_buf *o, const char *s, size_t n, int opts)
     return rc;
 }
 
-static int strip_marks(tk_buf *o, const char *s, size_t n) /* drops Mn (nonspacing marks) */
+/* Drops marks: all of them (Mn, Mc, Me) for StripAccents, as unicode-normalization's
+ * is_combining_mark; only Mn for BertNormalizer (is_mark_nonspacing). */
+static int strip_marks(tk_buf *o, const char *s, size_t n, int all)
 {
     int rc = TK_OK;
     for (size_t i = 0; i < n && rc == TK_OK;) {
         int32_t c;
         size_t k = u8_next(s, n, i, &c);
-        if (utf8proc_category(c) != UTF8PROC_CATEGORY_MN)
+        utf8proc_category_t cat = utf8proc_category(c);
+        if (!(cat == UTF8PROC_CATEGORY_MN ||
+              (all && (cat == UTF8PROC_CATEGORY_MC || cat == UTF8PROC_CATEGORY_ME))))
             rc = tk__buf_append(o, s + i, k);
         i += k;
     }
@@ -713,7 +720,7 @@ static int norm_apply(const norm_step *st, tk_buf *o, const char *s, size_t n)
     case NM_NFKC: return unicode_form(o, s, n, UTF8PROC_COMPOSE | UTF8PROC_COMPAT);
     case NM_NFKD: return unicode_form(o, s, n, UTF8PROC_DECOMPOSE | UTF8PROC_COMPAT);
     case NM_LOWER: return lower_into(o, s, n);
-    case NM_STRIPACC: return strip_marks(o, s, n);
+    case NM_STRIPACC: return strip_marks(o, s, n, 1);
     case NM_PREPEND:
         if (n && (rc = tk__buf_append(o, st->s.s, st->s.n)))
             return rc;
@@ -766,7 +773,7 @@ static int norm_apply(const norm_step *st, tk_buf *o, const char *s, size_t n)
         if (rc == TK_OK && st->strip_accents) {
             if (!(rc = unicode_form(&t2, t1.data ? t1.data : "", t1.len, UTF8PROC_DECOMPOSE))) {
                 t1.len = 0;
-                rc = strip_marks(&t1, t2.data ? t2.data : "", t2.len);
+                rc = strip_marks(&t1, t2.data ? t2.data : "", t2.len, 0);
             }
         }
         if (rc == TK_OK)
@@ -1202,11 +1209,11 @@ static int added_segments(const tk_tokenizer *t, segv *sg, int normalized, const
                 while (j > 0 && ((uint8_t)s[j] & 0xC0) == 0x80)
                     j--;
                 u8_next(s, n, j, &c);
-                before = is_alnum(c) || c == '_';
+                before = is_word(c);
             }
             if (me < n) {
                 u8_next(s, n, me, &c);
-                after = is_alnum(c) || c == '_';
+                after = is_word(c);
             }
             if (before || after)
                 continue;

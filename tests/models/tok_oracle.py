@@ -45,6 +45,8 @@ HELLO WORLD, Hello World, hello world. New York is a big city; NEW YORK never sl
 Emoji are bytes too: 🤗 🚀 ❤️ and so are tabs\tand\tnewlines.
 """ * 3
 
+CASES_LONG_TAIL = ["🤗" * 40, "a" * 300, " " * 64, "\n" * 20, "漢字" * 50]
+
 CASES = [
     "Hello, world!",
     "The quick brown fox jumps over the lazy dog.",
@@ -86,6 +88,15 @@ CASES = [
     "Ōtautahi ṓ ǖ",
     "x" + " " * 20 + "y",
     "!!! ??? ... ,,, ;;;",
+    "   <mask>   <mask><sw>  <sw>x",
+    "ΟΔΟΣ ὈΔΥΣΣΕΎΣ ẞ ß ı İ Ǉ ǈ ǉ",
+    "नमस्ते दुनिया, مرحبا بالعالم, שלום עולם, สวัสดีชาวโลก",
+    "Z\u0351\u0352a\u0357\u035b\u0300lgo\u0489 te\u0301\u0302xt",
+    "\ufeffBOM and \u200eLRM \u200fRLM soft\u00adhyphen \ue000 private",
+    "tabs\t\t\tand\u000bvertical\u000cfeed\u0085nel",
+    "'s 't 're 've 'm 'll 'd 'S 'T 'RE 'VE 'M 'LL 'D",
+    "1234567890123 ٠١٢٣٤٥ ０１２３ ²³ ¼",
+    TRAIN[:1500] + " ".join(CASES_LONG_TAIL),
 ]
 
 
