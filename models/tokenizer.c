@@ -203,6 +203,10 @@ static int pairmap_get(const pairmap *m, int32_t a, int32_t b, uint32_t *rank, i
 /* Decodes the code point at s[i] (valid UTF-8 assumed: checked once on entry); returns its length. */
 static size_t u8_next(const char *s, size_t n, size_t i, int32_t *cp)
 {
+    if ((uint8_t)s[i] < 0x80) {
+        *cp = (uint8_t)s[i];
+        return 1;
+    }
     utf8proc_int32_t c = 0;
     utf8proc_ssize_t k = utf8proc_iterate((const uint8_t *)s + i, (utf8proc_ssize_t)(n - i), &c);
     if (k <= 0) { /* cannot happen on validated text; step one byte so loops end */
@@ -228,6 +232,11 @@ static int u8_valid(const char *s, size_t n)
 
 static int buf_putc(tk_buf *b, int32_t c)
 {
+    if (c < 0x80 && b->len + 1 < b->cap) { /* the common case, without a call */
+        b->data[b->len++] = (char)c;
+        b->data[b->len] = 0;
+        return TK_OK;
+    }
     uint8_t u[4];
     utf8proc_ssize_t k = utf8proc_encode_char(c, u);
     return tk__buf_append(b, u, (size_t)k);
@@ -238,6 +247,8 @@ static int is_ws(int32_t c)
 {
     if ((c >= 9 && c <= 13) || c == 0x85 || c == ' ')
         return 1;
+    if (c < 0x80)
+        return 0;
     utf8proc_category_t k = utf8proc_category(c);
     return k == UTF8PROC_CATEGORY_ZS || k == UTF8PROC_CATEGORY_ZL || k == UTF8PROC_CATEGORY_ZP;
 }
@@ -247,6 +258,8 @@ static int is_punct(int32_t c) /* Rust is_ascii_punctuation || Unicode P* (BERT'
     if (c < 128 && ((c >= 33 && c <= 47) || (c >= 58 && c <= 64) || (c >= 91 && c <= 96) ||
                     (c >= 123 && c <= 126)))
         return 1;
+    if (c < 0x80)
+        return 0;
     utf8proc_category_t k = utf8proc_category(c);
     return k >= UTF8PROC_CATEGORY_PC && k <= UTF8PROC_CATEGORY_PO;
 }
@@ -583,6 +596,10 @@ struct tk_tokenizer {
     size_t nadded;
     strmap amap;     /* content → index in added */
     str *akeys;      /* the contents, for amap */
+    /* added tokens by first byte, longest first ([0]: matched in the raw text, [1]: normalised):
+     * abidx[k][abstart[k][b] .. abstart[k][b + 1]) */
+    uint32_t *abidx[2];
+    uint32_t abstart[2][257];
     /* pipeline */
     norm_step *norm;
     size_t nnorm;
@@ -630,6 +647,8 @@ void tk_tokenizer_free(tk_tokenizer *t)
     free(t->added);
     free(t->akeys);
     free(t->amap.slot);
+    free(t->abidx[0]);
+    free(t->abidx[1]);
     for (size_t i = 0; i < t->nnorm; i++) {
         free(t->norm[i].s.s);
         pattern_free(&t->norm[i].pat);
@@ -655,6 +674,11 @@ static int lower_into(tk_buf *o, const char *s, size_t n)
     int rc = TK_OK;
     for (size_t i = 0; i < n && rc == TK_OK;) {
         int32_t c;
+        if ((uint8_t)s[i] < 0x80) {
+            c = (uint8_t)s[i++];
+            rc = buf_putc(o, c >= 'A' && c <= 'Z' ? c + 32 : c);
+            continue;
+        }
         i += u8_next(s, n, i, &c);
         if (c == 0x130) /* İ: Rust's to_lowercase gives i + combining dot (SpecialCasing.txt) */
             rc = tk__buf_puts(o, "i\xCC\x87");
@@ -664,10 +688,20 @@ static int lower_into(tk_buf *o, const char *s, size_t n)
     return rc;
 }
 
+static int is_ascii(const char *s, size_t n)
+{
+    for (size_t i = 0; i < n; i++)
+        if ((uint8_t)s[i] >= 0x80)
+            return 0;
+    return 1;
+}
+
 static int unicode_form(tk_buf *o, const char *s, size_t n, int opts)
 {
     if (n == 0)
         return TK_OK;
+    if (is_ascii(s, n)) /* ASCII is the same in every normalisation form */
+        return tk__buf_append(o, s, n);
     utf8proc_uint8_t *dst = NULL;
     utf8proc_ssize_t k = utf8proc_map((const utf8proc_uint8_t *)s, (utf8proc_ssize_t)n, &dst,
                                       (utf8proc_option_t)(UTF8PROC_STABLE | opts));
@@ -752,7 +786,12 @@ static int norm_apply(const norm_step *st, tk_buf *o, const char *s, size_t n)
             int32_t c;
             size_t k = u8_next(s, n, i, &c);
             i += k;
-            if (st->clean_text) {
+            if (st->clean_text && c < 0x80) {
+                if (c == 0 || (c < 0x20 && c != '\t' && c != '\n' && c != '\r') || c == 0x7f)
+                    continue; /* Cc */
+                if (is_ws(c))
+                    c = ' ';
+            } else if (st->clean_text) {
                 utf8proc_category_t cat = utf8proc_category(c);
                 int control = c != '\t' && c != '\n' && c != '\r' &&
                               (cat == UTF8PROC_CATEGORY_CC || cat == UTF8PROC_CATEGORY_CF ||
@@ -1181,21 +1220,25 @@ static int added_segments(const tk_tokenizer *t, segv *sg, int normalized, const
     sg->n = 0;
     size_t last = 0; /* end of what is already assigned */
     int rc = TK_OK;
+    const uint32_t *idx = t->abidx[normalized];
+    const uint32_t *start = t->abstart[normalized];
     for (size_t i = 0; i < n;) {
+        /* the candidates start with this byte, longest first: the first that matches wins. A
+         * token starts with a UTF-8 lead byte, so stepping one byte never starts a match inside
+         * a character. */
+        uint8_t b = (uint8_t)s[i];
         size_t best = 0, bestlen = 0;
-        for (size_t a = 0; a < t->nadded; a++) {
-            const added_tok *at = &t->added[a];
-            if (at->normalized != normalized)
-                continue;
+        for (uint32_t k = start[b]; k < start[b + 1]; k++) {
+            const added_tok *at = &t->added[idx[k]];
             const str *c = normalized ? &at->norm : &at->content;
-            if (c->n > bestlen && c->n <= n - i && memcmp(s + i, c->s, c->n) == 0) {
-                best = a + 1;
+            if (c->n <= n - i && memcmp(s + i, c->s, c->n) == 0) {
+                best = idx[k] + 1;
                 bestlen = c->n;
+                break;
             }
         }
         if (!best) {
-            int32_t c;
-            i += u8_next(s, n, i, &c);
+            i++;
             continue;
         }
         const added_tok *at = &t->added[best - 1];
@@ -2476,6 +2519,40 @@ static int parse_added(ld *L, json_t *a)
     return TK_OK;
 }
 
+/* The first-byte index of the added tokens (see abidx), built once at load. */
+static int added_index(tk_tokenizer *t)
+{
+    for (int k = 0; k < 2; k++) {
+        uint32_t *idx = malloc((t->nadded ? t->nadded : 1) * sizeof *idx);
+        if (!idx)
+            return tk__err(TK_ERR_NOMEM, "out of memory");
+        t->abidx[k] = idx;
+        size_t m = 0;
+        for (int b = 0; b < 256; b++) {
+            t->abstart[k][b] = (uint32_t)m;
+            size_t first = m;
+            for (size_t a = 0; a < t->nadded; a++) {
+                const added_tok *at = &t->added[a];
+                const str *c = k ? &at->norm : &at->content;
+                if (at->normalized == k && c->n && (uint8_t)c->s[0] == b)
+                    idx[m++] = (uint32_t)a;
+            }
+            for (size_t i = first + 1; i < m; i++) { /* insertion sort: longest first */
+                uint32_t v = idx[i];
+                size_t vn = k ? t->added[v].norm.n : t->added[v].content.n;
+                size_t j = i;
+                while (j > first && (k ? t->added[idx[j - 1]].norm.n : t->added[idx[j - 1]].content.n) < vn) {
+                    idx[j] = idx[j - 1];
+                    j--;
+                }
+                idx[j] = v;
+            }
+        }
+        t->abstart[k][256] = (uint32_t)m;
+    }
+    return TK_OK;
+}
+
 /* GPT-2's bytes_to_unicode(): printable bytes map to themselves, the rest to 256, 257, ... */
 static void bytelevel_tables(tk_tokenizer *t)
 {
@@ -2547,6 +2624,8 @@ int tk_models__tokenizer_parse(tk_tokenizer **out, const char *json, size_t len,
         if (at->norm.n == 0)
             at->normalized = 2; /* normalises to nothing: it can never match */
     }
+    if ((rc = added_index(t)))
+        goto fail;
     /* ids → text: the model's vocabulary, with the added tokens over it */
     t->nids = t->nvocab;
     for (size_t i = 0; i < t->nadded; i++)
