@@ -246,6 +246,40 @@ def roberta():
     return Tokenizer.from_str(json.dumps(d))
 
 
+def byte_bpe(pre, vocab_size=600):
+    """A byte-level BPE behind the given pre-tokenisers: BPE never merges across pieces, so the ids
+    show exactly where the pre-tokenisers split."""
+    tok = Tokenizer(models.BPE())
+    tok.pre_tokenizer = pre_tokenizers.Sequence(
+        pre + [pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=False)])
+    tok.decoder = decoders.ByteLevel()
+    return train(tok, trainers.BpeTrainer(vocab_size=vocab_size, show_progress=False,
+                                          initial_alphabet=pre_tokenizers.ByteLevel.alphabet()))
+
+
+def split_behaviors():
+    return [
+        ("split_merged", byte_bpe([pre_tokenizers.Split(" ", behavior="merged_with_previous"),
+                                   pre_tokenizers.Punctuation(behavior="merged_with_next")])),
+        ("split_removed_inverted", byte_bpe([pre_tokenizers.Split(Regex(r"\p{L}+|\p{N}+"),
+                                                                  behavior="removed", invert=True)])),
+        ("split_contiguous", byte_bpe([pre_tokenizers.Split(Regex(r"[,.!?]"), behavior="contiguous"),
+                                       pre_tokenizers.Digits(individual_digits=False),
+                                       pre_tokenizers.Split(Regex(r"\s"), behavior="isolated",
+                                                            invert=True)])),
+    ]
+
+
+def metaspace_never():
+    d = sentencepiece_bpe()
+    d["normalizer"] = {"type": "Replace", "pattern": {"Regex": " +"}, "content": " "}
+    d["pre_tokenizer"] = {"type": "Metaspace", "replacement": "\u2581", "prepend_scheme": "never",
+                          "split": True}
+    d["decoder"] = {"type": "Metaspace", "replacement": "\u2581", "prepend_scheme": "never",
+                    "split": True}
+    return Tokenizer.from_str(json.dumps(d))
+
+
 def legacy_merges(tok):
     """The same tokenizer with merges written as "a b" strings (older tokenizer.json files)."""
     d = json.loads(tok.to_str())
@@ -280,6 +314,8 @@ def main():
         ("misc_bpe", misc_bpe()),
         ("wordlevel", wordlevel()),
         ("roberta", roberta()),
+        ("metaspace_never", metaspace_never()),
+    ] + split_behaviors() + [
         ("minilm", minilm()),
     ]
     result = []
