@@ -17,7 +17,10 @@
 #include <time.h>
 #include <unistd.h>
 
+#include <dirent.h>
+
 #include "common/common.h"
+#include "fuzz/fuzz_tokenizer.c" /* LLVMFuzzerTestOneInput, replayed below */
 #include "harness.h"
 #include "models/tokenizer.h"
 #include "tk.h"
@@ -519,6 +522,34 @@ static void test_files_and_input(void)
     tk_tokenizer_free(NULL);
 }
 
+/* The fuzz target's seeds and every input that once broke it, through the same code. */
+static void test_fuzz_inputs(void)
+{
+    const char *dirs[] = {"tests/fuzz/corpus/tokenizer", "tests/fuzz/regress/tokenizer"};
+    size_t n = 0;
+    for (size_t d = 0; d < 2; d++) {
+        DIR *dir = opendir(dirs[d]);
+        CHECK(dir != NULL);
+        if (!dir)
+            continue;
+        struct dirent *e;
+        while ((e = readdir(dir))) {
+            if (e->d_name[0] == '.')
+                continue;
+            char path[512], *data = NULL;
+            size_t len = 0;
+            snprintf(path, sizeof path, "%s/%s", dirs[d], e->d_name);
+            CHECK_RC(tk__read_file(&data, &len, path, 1 << 20), TK_OK);
+            if (data)
+                CHECK_EQ_INT(LLVMFuzzerTestOneInput((const uint8_t *)data, len), 0);
+            free(data);
+            n++;
+        }
+        closedir(dir);
+    }
+    CHECK(n >= 7);
+}
+
 int main(void)
 {
     if (!mkdtemp(tmpdir)) {
@@ -533,6 +564,7 @@ int main(void)
     RUN(test_malformed);
     RUN(test_truncated);
     RUN(test_files_and_input);
+    RUN(test_fuzz_inputs);
     json_decref(oracle);
     tk__rmtree(tmpdir);
     return th_done();
