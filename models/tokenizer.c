@@ -109,9 +109,11 @@ static void piecev_free(piecev *a)
     memset(a, 0, sizeof *a);
 }
 
-/* String → index, open addressing over an array of strings the caller keeps. */
+/* String → index, open addressing over an array of strings the caller keeps. A slot holds the
+ * index + 1 (0: empty) in its low half and the key's hash in its high half, so a probe rarely has
+ * to read the key itself. */
 typedef struct {
-    uint32_t *slot; /* index + 1; 0 is empty */
+    uint64_t *slot;
     size_t mask;
 } strmap;
 
@@ -140,13 +142,16 @@ static int64_t strmap_get(const strmap *m, const str *keys, const char *s, size_
 {
     if (!m->slot)
         return -1;
-    for (size_t i = hash_bytes(s, n) & m->mask;; i = (i + 1) & m->mask) {
-        uint32_t k = m->slot[i];
-        if (!k)
+    uint64_t h = hash_bytes(s, n), tag = h >> 32;
+    for (size_t i = h & m->mask;; i = (i + 1) & m->mask) {
+        uint64_t e = m->slot[i];
+        if (!e)
             return -1;
-        const str *e = &keys[k - 1];
-        if (e->n == n && memcmp(e->s, s, n) == 0)
-            return k - 1;
+        if (e >> 32 != tag)
+            continue;
+        const str *k = &keys[(uint32_t)e - 1];
+        if (k->n == n && memcmp(k->s, s, n) == 0)
+            return (uint32_t)e - 1;
     }
 }
 
@@ -154,13 +159,15 @@ static int64_t strmap_get(const strmap *m, const str *keys, const char *s, size_
 static void strmap_put(strmap *m, const str *keys, uint32_t idx)
 {
     const str *k = &keys[idx];
-    for (size_t i = hash_bytes(k->s, k->n) & m->mask;; i = (i + 1) & m->mask) {
-        uint32_t e = m->slot[i];
+    uint64_t h = hash_bytes(k->s, k->n), tag = h >> 32;
+    for (size_t i = h & m->mask;; i = (i + 1) & m->mask) {
+        uint64_t e = m->slot[i];
         if (!e) {
-            m->slot[i] = idx + 1;
+            m->slot[i] = tag << 32 | (uint64_t)(idx + 1);
             return;
         }
-        if (keys[e - 1].n == k->n && memcmp(keys[e - 1].s, k->s, k->n) == 0)
+        const str *o = &keys[(uint32_t)e - 1];
+        if (e >> 32 == tag && o->n == k->n && memcmp(o->s, k->s, k->n) == 0)
             return;
     }
 }
