@@ -2289,12 +2289,24 @@ static int parse_post(ld *L, json_t *o, const char *field, int depth)
                "post_processor type '%s' is not supported\nHINT: tk supports %s", ty, SUP_POST);
 }
 
-static int set_vocab(ld *L, const char *key, int64_t id, const char *field)
+/* The largest id a file may use: real vocabularies are dense, and a sparse one would make a tiny
+ * file allocate gigabytes (one pointer per id). */
+static int64_t id_limit(size_t ntokens)
+{
+    int64_t lim = (int64_t)1 << 20;
+    if ((int64_t)ntokens * 64 > lim)
+        lim = (int64_t)ntokens * 64;
+    return lim < TOK_MAX_ID ? lim : TOK_MAX_ID;
+}
+
+static int set_vocab(ld *L, const char *key, int64_t id, int64_t limit, const char *field)
 {
     tk_tokenizer *t = L->t;
-    if (id < 0 || id >= TOK_MAX_ID)
-        return bad(L, TK_ERR_INVALID, field, "token '%s' has id %lld, outside [0, 2^30)", key,
-                   (long long)id);
+    if (id < 0 || id >= limit)
+        return bad(L, TK_ERR_INVALID, field,
+                   "token '%s' has id %lld, outside [0, %lld) (ids are dense: at most 64 per token "
+                   "or 2^20)",
+                   key, (long long)id, (long long)limit);
     if ((size_t)id >= t->nvocab) {
         size_t n = (size_t)id + 1;
         str *v = realloc(t->vocab, n * sizeof *v);
@@ -2429,12 +2441,25 @@ static int parse_model(ld *L, json_t *o)
                    vocab ? jtype(vocab) : "missing");
     const char *key;
     json_t *v;
+    int64_t maxid = -1, limit = id_limit(json_object_size(vocab));
+    json_object_foreach(vocab, key, v) /* first the size, so the table is allocated once */
+    {
+        if (json_is_integer(v) && json_integer_value(v) > maxid && json_integer_value(v) < limit)
+            maxid = json_integer_value(v);
+    }
+    if (maxid >= 0) {
+        t->vocab = calloc((size_t)maxid + 1, sizeof *t->vocab);
+        if (!t->vocab)
+            return tk__err(TK_ERR_NOMEM, "out of memory");
+        t->nvocab = (size_t)maxid + 1;
+    }
     json_object_foreach(vocab, key, v)
     {
         if (!json_is_integer(v))
             return bad(L, TK_ERR_INVALID, "model.vocab", "the id of '%s' must be an integer, not %s",
                        key, jtype(v));
-        if ((rc = set_vocab(L, key, json_integer_value(v), "model.vocab")))
+        if ((rc = set_vocab(L, key, json_integer_value(v), id_limit(json_object_size(vocab)),
+                            "model.vocab")))
             return rc;
     }
     if ((rc = strmap_init(&t->vmap, t->nvocab)))
@@ -2505,7 +2530,7 @@ static int parse_added(ld *L, json_t *a)
         added_tok *at = &t->added[t->nadded++];
         int64_t id;
         if ((rc = req_str(L, e, "content", f, &at->content)) ||
-            (rc = opt_int(L, e, "id", f, &id, -1, 0, TOK_MAX_ID - 1)) ||
+            (rc = opt_int(L, e, "id", f, &id, -1, 0, id_limit(t->nvocab + n) - 1)) ||
             (rc = opt_bool(L, e, "special", f, &at->special, 0)) ||
             (rc = opt_bool(L, e, "lstrip", f, &at->lstrip, 0)) ||
             (rc = opt_bool(L, e, "rstrip", f, &at->rstrip, 0)) ||

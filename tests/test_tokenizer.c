@@ -373,6 +373,12 @@ static void test_malformed(void)
                  TK_ERR_INVALID, "the id of 'a' must be an integer");
     expect_parse("{\"model\": {\"type\": \"BPE\", \"vocab\": {\"a\": -4}, \"merges\": []}}",
                  TK_ERR_INVALID, "outside");
+    /* a tiny file must not make tk allocate an entry for every id up to a huge one */
+    expect_parse("{\"model\": {\"type\": \"WordLevel\", \"vocab\": {\"a\": 999999999}}}",
+                 TK_ERR_INVALID, "ids are dense");
+    expect_parse("{\"model\": {\"type\": \"WordLevel\", \"vocab\": {\"a\": 0}},"
+                 " \"added_tokens\": [{\"id\": 123456789, \"content\": \"<x>\"}]}",
+                 TK_ERR_INVALID, "added_tokens[0]: \"id\" must be an integer in [0, 1048575]");
     expect_parse("{\"model\": {\"type\": \"BPE\", \"vocab\": {\"a\": 0}, \"merges\": {}}}",
                  TK_ERR_INVALID, "model.merges: must be an array");
     expect_parse("{\"model\": {\"type\": 3, \"vocab\": {}}}", TK_ERR_INVALID, "\"type\" must be a string");
