@@ -34,12 +34,13 @@ compare_once() {
 
 # match NAME: compare.py's line for NAME says ok.
 match() {
-  if ! compare_once && grep -q "no venv" "$RESULTS"; then
+  compare_once
+  if grep -q "^no venv" "$RESULTS"; then
     [ -n "${CI:-}" ] && { fail "the test venv is missing ($PY): run scripts/setup.sh --test"; return; }
     skip "no test venv ($PY); run scripts/setup.sh --test"; return
   fi
   local line; line=$(grep "^CASE $1 " "$RESULTS")
-  [ -n "$line" ] || { fail "compare.py printed nothing for $1"; tail -n 20 "$WORK/compare.err" >&2; return; }
+  [ -n "$line" ] || { fail "compare.py printed nothing for $1"; tail -n 20 "$WORK/compare.err" "$WORK/make_tiny.log" >&2 2>/dev/null; return; }
   echo "    ${line#CASE }"
   case "$line" in "CASE $1 ok "*) ;; *) fail "$line" ;; esac
 }
