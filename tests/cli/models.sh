@@ -57,6 +57,8 @@ t_match_qwen2_bias_tied_f32() { match qwen2_bias_tied_f32; }
 t_match_qwen2_bf16() { match qwen2_bf16; }
 t_match_gpt2_sharded_f32() { match gpt2_sharded_f32; }
 t_match_gpt2_bf16() { match gpt2_bf16; }
+t_match_gpt2_unprefixed_f32() { match gpt2_unprefixed_f32; }
+t_match_qwen2_sliding_layers_f32() { match qwen2_sliding_layers_f32; }
 t_match_bert_pooler_f32() { match bert_pooler_f32; }
 t_match_minilm_embeddings() { match minilm_embeddings_vs_sentence_transformers; }
 

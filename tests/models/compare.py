@@ -155,6 +155,8 @@ def main():
     case("qwen2_bf16", os.path.join(TINY, "qwen2"), [p12], "bf16")
     case("gpt2_sharded_f32", os.path.join(TINY, "gpt2"), [p12, p7])
     case("gpt2_bf16", os.path.join(TINY, "gpt2"), [p12], "bf16")
+    case("gpt2_unprefixed_f32", os.path.join(TINY, "gpt2-unprefixed"), [p12])
+    case("qwen2_sliding_layers_f32", os.path.join(TINY, "qwen2-sliding"), [p20])
     case("bert_pooler_f32", os.path.join(TINY, "bert"), [p12, p7])
     if MINILM:
         embed_case("minilm_embeddings_vs_sentence_transformers", MINILM)
