@@ -447,8 +447,10 @@ typedef struct {
     unsigned version;  /* TK_MODEL_OPTS_VERSION */
     int device_type;   /* TK_DEV_CPU (default: the ops' CPU references) or TK_DEV_CUDA */
     int device_id;     /* the CUDA device ordinal */
-    const char *dtype; /* compute dtype: "f32", "bf16" or "f16"; NULL: "f32" on the CPU, "bf16" on a GPU
-                          (the GPU attention kernels take bf16 and f16, head sizes 64, 128, 256) */
+    const char *dtype; /* compute dtype: "f32", "bf16" or "f16"; "auto": the checkpoint's own (config.json's
+                          torch_dtype: no conversion, weights read in place); NULL: "f32" on the CPU,
+                          "bf16" on a GPU (its attention kernels take bf16 and f16, head sizes 64, 128,
+                          256) */
 } tk_model_opts;
 #define TK_MODEL_OPTS_INIT {TK_MODEL_OPTS_VERSION, TK_DEV_CPU, 0, NULL}
 

@@ -446,7 +446,7 @@ static int parse_dtype(tk_dtype *out, const char *s)
     else if (!strcmp(s, "f16") || !strcmp(s, "float16"))
         *out = dt_of(TK_DL_FLOAT, 16);
     else
-        return tk__err(TK_ERR_INVALID, "model dtype '%s' is not one of f32, bf16, f16", s);
+        return tk__err(TK_ERR_INVALID, "model dtype '%s' is not one of f32, bf16, f16, auto", s);
     return TK_OK;
 }
 
@@ -534,9 +534,11 @@ int tk_model_load(tk_model **out, tk_ctx *ctx, const char *dir, const tk_model_o
     m->dev_type = opts->device_type;
     m->dev_id = opts->device_id;
     int rc;
-    /* NULL: f32 on the CPU; bf16 on a GPU, whose attention kernels take bf16 and f16 */
-    if ((rc = parse_dtype(&m->dtype, opts->dtype ? opts->dtype
-                                                 : m->dev_type == TK_DEV_CUDA ? "bf16" : "f32")) != TK_OK)
+    /* NULL: f32 on the CPU; bf16 on a GPU, whose attention kernels take bf16 and f16. "auto": the
+     * checkpoint's torch_dtype (known after config.json), so its weights need no conversion. */
+    int autodt = opts->dtype && !strcmp(opts->dtype, "auto");
+    if (!autodt && (rc = parse_dtype(&m->dtype, opts->dtype ? opts->dtype
+                                                            : m->dev_type == TK_DEV_CUDA ? "bf16" : "f32")) != TK_OK)
         goto fail;
     if (m->dev_type == TK_DEV_CUDA) {
         int n = 0;
@@ -553,6 +555,10 @@ int tk_model_load(tk_model **out, tk_ctx *ctx, const char *dir, const tk_model_o
     }
     if ((rc = tk_models__config_load(&m->cfg, dir)) != TK_OK)
         goto fail;
+    if (autodt) {
+        const char *t = m->cfg.torch_dtype;
+        parse_dtype(&m->dtype, !strcmp(t, "bfloat16") || !strcmp(t, "float16") ? t : "float32");
+    }
     switch (m->cfg.family) {
     case TK_FAMILY_LLAMA: m->arch = &tk_models__llama; break;
     case TK_FAMILY_GPT2: m->arch = &tk_models__gpt2; break;

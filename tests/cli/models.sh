@@ -109,7 +109,7 @@ t_logits_bad_ids() {
   expect_out "not a comma-separated list"
   expect_rc 2 "$TK" model logits "$BASE"
   expect_rc 2 "$TK" model logits "$BASE" --ids 1 --dtype f64
-  expect_out "want f32, bf16 or f16"
+  expect_out "want f32, bf16, f16 or auto"
   expect_rc 2 "$TK" model logits "$BASE" --ids 1 --device tpu
 }
 
