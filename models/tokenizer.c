@@ -1416,15 +1416,7 @@ static int bufv_push(bufv *a, const char *s, size_t n)
         a->cap = cap;
     }
     tk_buf b = TK_BUF_INIT;
-    int rc = tk__buf_append(&b, s, n);
-    if (!rc && !b.data)
-        rc = tk__buf_append(&b, "", 0);
-    if (!rc && !b.data) { /* tk__buf_append of nothing may leave data NULL: force an allocation */
-        b.data = calloc(1, 1);
-        b.cap = 1;
-        if (!b.data)
-            rc = tk__err(TK_ERR_NOMEM, "out of memory");
-    }
+    int rc = tk__buf_append(&b, s, n); /* allocates even for n == 0: b.data is never NULL after */
     if (rc) {
         tk__buf_free(&b);
         return rc;
@@ -1549,8 +1541,6 @@ static int dec_apply(const tk_tokenizer *t, const dec_step *st, bufv *in, bufv *
                 if (!rc)
                     rc = tk__buf_append(&o, b->data, b->len);
             }
-            if (!rc && !o.data)
-                rc = tk__buf_append(&o, "", 0);
             if (!rc && st->cleanup)
                 rc = wp_cleanup(&o);
             if (!rc)
@@ -1688,12 +1678,7 @@ int tk_tokenizer_decode(char **text, const tk_tokenizer *t, const int32_t *ids, 
     bufv_free(&cur);
     bufv_free(&nxt);
     if (rc == TK_OK && !o.data)
-        rc = tk__buf_puts(&o, "");
-    if (rc == TK_OK && !o.data) {
-        o.data = calloc(1, 1);
-        if (!o.data)
-            rc = tk__err(TK_ERR_NOMEM, "out of memory");
-    }
+        rc = tk__buf_puts(&o, ""); /* an empty text is still an allocated string */
     if (rc) {
         tk__buf_free(&o);
         return rc;
