@@ -2558,7 +2558,8 @@ static int added_index(tk_tokenizer *t)
                 uint32_t v = idx[i];
                 size_t vn = k ? t->added[v].norm.n : t->added[v].content.n;
                 size_t j = i;
-                while (j > first && (k ? t->added[idx[j - 1]].norm.n : t->added[idx[j - 1]].content.n) < vn) {
+                while (j > first && (k ? t->added[idx[j - 1]].norm.n
+                                        : t->added[idx[j - 1]].content.n) < vn) {
                     idx[j] = idx[j - 1];
                     j--;
                 }
