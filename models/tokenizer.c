@@ -33,14 +33,14 @@
 #define TOK_MAX_FILE ((size_t)1 << 30) /* 1 GiB: the largest real tokenizer.json are ~35 MB */
 #define TOK_MAX_ID ((int64_t)1 << 30)
 
-static const char *SUP_NORM = "NFC, NFD, NFKC, NFKD, Lowercase, StripAccents, BertNormalizer, "
+static const char *const SUP_NORM = "NFC, NFD, NFKC, NFKD, Lowercase, StripAccents, BertNormalizer, "
                               "Prepend, Replace, Strip, Sequence";
-static const char *SUP_PRE = "ByteLevel, Split, Metaspace, BertPreTokenizer, Whitespace, "
+static const char *const SUP_PRE = "ByteLevel, Split, Metaspace, BertPreTokenizer, Whitespace, "
                              "WhitespaceSplit, Digits, Punctuation, CharDelimiterSplit, Sequence";
-static const char *SUP_MODEL = "BPE, WordPiece, WordLevel";
-static const char *SUP_POST = "TemplateProcessing, BertProcessing, RobertaProcessing, ByteLevel, "
+static const char *const SUP_MODEL = "BPE, WordPiece, WordLevel";
+static const char *const SUP_POST = "TemplateProcessing, BertProcessing, RobertaProcessing, ByteLevel, "
                               "Sequence";
-static const char *SUP_DEC = "ByteLevel, Metaspace, WordPiece, ByteFallback, Fuse, Strip, Replace, "
+static const char *const SUP_DEC = "ByteLevel, Metaspace, WordPiece, ByteFallback, Fuse, Strip, Replace, "
                              "BPEDecoder, Sequence";
 
 /* ---- small containers ------------------------------------------------------------------------ */
@@ -1973,10 +1973,10 @@ static int parse_normalizer(ld *L, json_t *o, const char *field, int depth)
                "normalizer type '%s' is not supported\nHINT: tk supports %s", ty, SUP_NORM);
 }
 
-static const char *BYTELEVEL_RE =
+static const char *const BYTELEVEL_RE =
     "'s|'t|'re|'ve|'m|'ll|'d| ?\\p{L}+| ?\\p{N}+| ?[^\\s\\p{L}\\p{N}]+|\\s+(?!\\S)|\\s+";
 /* Rust regex's \w and \s (the Whitespace pre-tokenizer runs on the regex crate, not Oniguruma). */
-static const char *WHITESPACE_RE =
+static const char *const WHITESPACE_RE =
     "[\\p{Alphabetic}\\p{M}\\p{Nd}\\p{Pc}\\x{200C}\\x{200D}]+|"
     "[^\\p{Alphabetic}\\p{M}\\p{Nd}\\p{Pc}\\x{200C}\\x{200D}\\p{White_Space}]+";
 
