@@ -33,8 +33,10 @@ if [ $domake = 1 ]; then
     'LDFLAGS=-Wl,--disable-new-dtags,-rpath,\$$ORIGIN/lib:\$$ORIGIN/../lib' all >&2
 fi
 
-files=("$b/tk" "$b/libtk.so.0" "$b"/tests/test_gpu_* "$b/tests/test_nvrtc")
-for f in "$b"/examples/* "$b"/bench/*; do [ -f "$f" ] && [ -x "$f" ] && files+=("$f"); done
+files=("$b/tk" "$b/libtk.so.0" "$b/tests/test_nvrtc")
+for f in "$b"/tests/test_gpu_* "$b"/examples/* "$b"/bench/*; do
+  [ -f "$f" ] && [ -x "$f" ] && [[ $f != *.d ]] && files+=("$f")
+done
 for f in "${files[@]}"; do
   [ -f "$f" ] || { echo "gpu-bundle: $f is missing" >&2; echo "HINT: run without --no-make" >&2; exit 1; }
   rp=$(readelf -d "$f" | sed -n 's/.*(RPATH).*\[\(.*\)\]/\1/p')
