@@ -97,7 +97,7 @@ $(B)/registry/.stamp: $(B)/tk $(KEY) $(PKG_FILES)
 	@rm -rf $(B)/registry && mv $(B)/registry.tmp $(B)/registry && touch $@
 	@echo "registry: $(REGISTRY)"
 
-test: all
+test: all gpu-bundle
 	@bash scripts/setup.sh --test
 	@bash tests/run.sh
 
