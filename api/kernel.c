@@ -710,6 +710,7 @@ struct tk_function {
 struct tk_kernel {
     uint32_t magic;
     int device;
+    int sm_count; /* the device's multiprocessors: launch rules' sm_count */
     char *pkgname;
     tk_jit_module **mods;
     size_t nmods;
@@ -832,6 +833,10 @@ int tk_get_kernel(tk_kernel **out, tk_ctx *ctx, const char *ref, const tk_kernel
     }
     k->magic = KERNEL_MAGIC;
     k->device = opts->device;
+    {
+        tk_device_info di;
+        k->sm_count = tk_device_info_get(&di, opts->device) == TK_OK ? di.sm_count : 0;
+    }
     for (size_t i = 0; i < p.n; i++) {
         cunit *c = &p.u[i];
         tk_jit_module *m = NULL;
@@ -944,13 +949,13 @@ typedef union {
     double f64;
 } argslot;
 
-static int eval_dim(int64_t *v, const tk_jit_expr *e, const tk_jit_value *vals, size_t n)
+static int eval_dim(int64_t *v, const tk_jit_expr *e, const tk_jit_value *vals, size_t n, int sm_count)
 {
     if (!e) {
         *v = 1;
         return TK_OK;
     }
-    return tk_jit__expr_eval(v, e, vals, n);
+    return tk_jit__expr_eval_dev(v, e, vals, n, sm_count);
 }
 
 int tk_function_call(const tk_function *fn, const tk_arg *args, size_t nargs, void *stream)
@@ -1073,7 +1078,7 @@ int tk_function_call(const tk_function *fn, const tk_arg *args, size_t nargs, vo
         int64_t v;
         if (!p->value)
             continue;
-        if ((rc = tk_jit__expr_eval(&v, p->value, vals, d->nparams)) != TK_OK)
+        if ((rc = tk_jit__expr_eval_dev(&v, p->value, vals, d->nparams, fn->k->sm_count)) != TK_OK)
             return rc;
         if (p->type == TK_JIT_P_WORKSPACE) {
             if (v < 0 || (uint64_t)v > (uint64_t)1 << 40)
@@ -1102,7 +1107,7 @@ int tk_function_call(const tk_function *fn, const tk_arg *args, size_t nargs, vo
         }
     for (size_t m = 0; m < d->nmax; m++) {
         int64_t v;
-        if ((rc = tk_jit__expr_eval(&v, d->max_e[m], vals, d->nparams)) != TK_OK)
+        if ((rc = tk_jit__expr_eval_dev(&v, d->max_e[m], vals, d->nparams, fn->k->sm_count)) != TK_OK)
             return rc;
         if (d->is_min[m] ? v < d->max_v[m] : v > d->max_v[m])
             return tk__err(TK_ERR_UNSUPPORTED, "%s: %s = %lld is %s the kernel's limit %lld (constraints.%s)",
@@ -1110,11 +1115,11 @@ int tk_function_call(const tk_function *fn, const tk_arg *args, size_t nargs, vo
                            d->is_min[m] ? "below" : "above", (long long)d->max_v[m], d->is_min[m] ? "min" : "max");
     }
     for (int j = 0; j < 3; j++) {
-        if ((rc = eval_dim(&g[j], d->grid[j], vals, d->nparams)) != TK_OK ||
-            (rc = eval_dim(&b[j], d->block[j], vals, d->nparams)) != TK_OK)
+        if ((rc = eval_dim(&g[j], d->grid[j], vals, d->nparams, fn->k->sm_count)) != TK_OK ||
+            (rc = eval_dim(&b[j], d->block[j], vals, d->nparams, fn->k->sm_count)) != TK_OK)
             return rc;
     }
-    if ((rc = tk_jit__expr_eval(&smem, d->smem, vals, d->nparams)) != TK_OK)
+    if ((rc = tk_jit__expr_eval_dev(&smem, d->smem, vals, d->nparams, fn->k->sm_count)) != TK_OK)
         return rc;
     if (g[0] == 0 || g[1] == 0 || g[2] == 0)
         return TK_OK; /* empty tensors: nothing to do */
