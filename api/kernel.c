@@ -171,6 +171,7 @@ typedef struct {
     size_t nparams;
     tk_jit_expr *grid[3], *block[3], *smem; /* NULL dims are 1 */
     int min_cc, max_cc, arch_specific;
+    int64_t align; /* constraints.align: every tensor's data + byte_offset a multiple (0: any) */
     tk_jit_expr **max_e; /* constraints.max and .min: expression, bound, and which */
     int64_t *max_v;
     char *is_min;
@@ -317,6 +318,8 @@ static int parse_kernel(kdecl *d, json_t *k, size_t idx)
         if (json_is_integer(json_object_get(cons, "max_cc")))
             d->max_cc = (int)json_integer_value(json_object_get(cons, "max_cc"));
         d->arch_specific = json_is_true(json_object_get(cons, "arch_specific"));
+        if (json_is_integer(json_object_get(cons, "align")))
+            d->align = json_integer_value(json_object_get(cons, "align"));
         size_t n = json_object_size(mx) + json_object_size(mn);
         if (n) {
             d->max_e = calloc(n, sizeof *d->max_e);
@@ -1046,6 +1049,11 @@ int tk_function_call(const tk_function *fn, const tk_arg *args, size_t nargs, vo
             vals[i].shape = t->shape;
             vals[i].strides = t->strides;
             slots[i].ptr = (uint64_t)(uintptr_t)t->data + t->byte_offset;
+            if (d->align > 1 && slots[i].ptr % (uint64_t)d->align)
+                return tk__err(TK_ERR_UNSUPPORTED,
+                               "%s: '%s' starts at 0x%llx, not a multiple of %lld bytes (constraints.align)\n"
+                               "HINT: pass an aligned tensor (a fresh allocation, or a contiguous copy of the view)",
+                               d->name, p->name, (unsigned long long)slots[i].ptr, (long long)d->align);
         } else if (p->type == TK_JIT_P_I32 || p->type == TK_JIT_P_I64) {
             if (a->kind != TK_ARG_I64)
                 return tk__err(TK_ERR_INVALID, "%s: '%s' must be an integer (TK_ARG_I64)", d->name, p->name);

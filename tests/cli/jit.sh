@@ -96,6 +96,56 @@ t_gpu_paths_fail_clearly_without_gpu() {
   expect_out "skip"
 }
 
+# constraints.align (bytes every tensor address must be a multiple of) and sm_count in launch rules
+# are checked when a package is installed: a power of two, and a name the evaluator knows.
+t_align_and_sm_count_validated() {
+  local key=$WORK/k2.pem d=$WORK/al n=0
+  "$TK" keygen "$key" >/dev/null
+  mkdir -p "$d"
+  printf 'extern "C" __global__ void k(float *out) { out[0] = 1; }\n' >"$d/k.cu"
+  publish_al() { # ALIGN GRID -> a registry holding tktest/al with them; sets TK_ENDPOINT
+    n=$((n + 1))
+    cat >"$d/kernel.json" <<EOF
+{"name": "tktest/al", "version": "1.0.$n", "license": "MIT",
+ "kernels": [{"name": "k", "op": "k", "source": "k.cu", "symbol": "k",
+   "params": [{"name": "out", "type": "tensor", "dtype": "f32"}],
+   "constraints": {"align": $1},
+   "launch": {"grid": ["$2"], "block": ["32"], "smem": "0"}}]}
+EOF
+    "$TK" publish "$d" --to "$WORK/alreg$n" --key "$key" -q >/dev/null || fail "publish $1 $2"
+    export TK_ENDPOINT=file://$WORK/alreg$n
+  }
+  for al in 12 0 '"16"'; do
+    publish_al "$al" 1
+    expect_rc 5 "$TK" get --trust --no-build tktest/al
+    expect_out "constraints.align must be a power of two"
+  done
+  publish_al 16 "2 * sm_count"
+  expect_rc 0 "$TK" get --trust --no-build tktest/al
+  publish_al 16 "2 * sm_counts"
+  expect_rc 5 "$TK" get --trust --no-build tktest/al
+  expect_out "unknown name 'sm_counts'"
+  unset TK_ENDPOINT
+}
+
+t_run_fill_is_checked() {
+  expect_rc 2 "$TK" run $PKG silu_and_mul_f32 --fill input=lots
+  expect_out "want iota or an integer"
+  expect_rc 2 "$TK" run $PKG silu_and_mul_f32 --fill input
+  expect_out "--fill needs NAME=iota or NAME=INTEGER"
+}
+
+# On a GPU: a kernel with index tensors (block table, sequence lengths) runs through tk run, its
+# integer tensors filled in range (0, or --fill), its optional tensors left out.
+t_run_index_kernel_on_gpu() {
+  "$TK" doctor >/dev/null 2>&1 || { skip "no GPU"; return; }
+  expect_rc 0 "$TK" run kernels-community/flash-attn attention_decode_bf16_d128 \
+    --shape out=2x1x8x128 --shape q=2x1x8x128 --shape k_cache=4x16x2x128 --shape v_cache=4x16x2x128 \
+    --shape block_table=2x2 --shape seq_lens=2 --fill seq_lens=20 \
+    --arg scale=0.0883883 --arg window_left=-1 --arg softcap=0.0 --iters 3
+  expect_out "out"
+}
+
 t_check_kernels_sm80_sm90() {
   TK_BUILD=${TK_BUILD:-build} expect_rc 0 bash "$ROOT/tests/check_kernels.sh"
   expect_out "passed, 0 failed"
