@@ -792,7 +792,13 @@ int tk_get_kernel(tk_kernel **out, tk_ctx *ctx, const char *ref, const tk_kernel
         goto fail;
     if ((rc = pkgsrc_load(&s, pkg)) != TK_OK || (rc = tk_jit__nvrtc_id(&nvid)) != TK_OK)
         goto fail;
-    if ((rc = plan_make(&p, &s, cc, 0, nvid)) != TK_OK)
+    /* TK_JIT_FORCE_PTX=1 (tests): PTX for compute_XY, JIT-compiled by the driver, as for a GPU newer
+     * than NVRTC; only for packages without arch-specific (sm_XYa) kernels */
+    {
+        const char *fp = getenv("TK_JIT_FORCE_PTX");
+        ptx_only = fp && !strcmp(fp, "1");
+    }
+    if ((rc = plan_make(&p, &s, cc, ptx_only, nvid)) != TK_OK)
         goto fail;
     if (p.n == 0) {
         rc = tk__err(TK_ERR_UNSUPPORTED, "%s has no kernel for compute capability %d.%d (device %d: %s)",

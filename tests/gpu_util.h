@@ -175,9 +175,18 @@ static inline void gpu_main(int argc, char **argv, const char *const *ops)
 typedef struct {
     tk_tensor t; /* the device tensor: shape and dtype of the host one, contiguous, on cuda:0 */
     int64_t shape[TK_OPS_MAX_RANK];
-    void *ptr;
+    void *ptr;   /* the allocation; the tensor's first byte is ptr + off (t.byte_offset) */
+    size_t off;
     size_t bytes;
 } dev_tensor;
+
+/* Bytes by which dev_upload shifts every new device tensor from its 256-byte aligned allocation (as
+ * t.byte_offset): 0 normally; a test sets it to an element size to check that kernels take
+ * misaligned views (scalar fallbacks) or refuse them clearly (constraints.align), never fault. */
+static size_t gpu_misalign;
+
+/* The device address of d's first byte. */
+static inline void *dev_data(const dev_tensor *d) { return (char *)d->ptr + d->off; }
 
 static inline size_t host_bytes(const tk_tensor *h)
 {
@@ -191,15 +200,16 @@ static inline int dev_upload(dev_tensor *d, const tk_tensor *h)
     if (!tk_ops__contiguous(h) || h->ndim > TK_OPS_MAX_RANK)
         return TK_ERR_INVALID;
     d->bytes = host_bytes(h);
-    int rc = tk_device_alloc(&d->ptr, 0, d->bytes ? d->bytes : 1);
+    d->off = gpu_misalign;
+    int rc = tk_device_alloc(&d->ptr, 0, d->bytes + d->off + 1);
     if (rc != TK_OK)
         return rc;
-    if (d->bytes && (rc = tk_device_copy(d->ptr, tk_ops__base(h), d->bytes, TK_COPY_H2D, 0)) != TK_OK)
+    if (d->bytes && (rc = tk_device_copy(dev_data(d), tk_ops__base(h), d->bytes, TK_COPY_H2D, 0)) != TK_OK)
         return rc;
     memcpy(d->shape, h->shape, (size_t)h->ndim * sizeof *d->shape);
     d->t = *h;
     d->t.data = d->ptr;
-    d->t.byte_offset = 0;
+    d->t.byte_offset = d->off;
     d->t.strides = NULL;
     d->t.shape = d->shape;
     d->t.device.device_type = TK_DEV_CUDA;
@@ -215,7 +225,7 @@ static inline int dev_download(const dev_tensor *d, tk_tensor *h)
         return rc;
     if (host_bytes(h) != d->bytes || !tk_ops__contiguous(h))
         return TK_ERR_INVALID;
-    return d->bytes ? tk_device_copy(tk_ops__base(h), d->ptr, d->bytes, TK_COPY_D2H, 0) : TK_OK;
+    return d->bytes ? tk_device_copy(tk_ops__base(h), dev_data(d), d->bytes, TK_COPY_D2H, 0) : TK_OK;
 }
 
 static inline void dev_free(dev_tensor *d)

@@ -102,6 +102,25 @@ static void test_every_op_dtype_and_shape(void)
     gpu_ctx_free(&g);
 }
 
+/* Every tensor one element past a 16-byte boundary: the vector path cannot run, the scalar one must. */
+static void test_misaligned_views(void)
+{
+    if (!gpu_device())
+        SKIP("no CUDA device");
+    const char *pkgs[] = {"kernels-community/activation", NULL};
+    CHECK_RC(gpu_ctx_new(&g, pkgs), TK_OK);
+    const tk_dtype *dts[] = {&F32, &F16, &BF16};
+    const int64_t shapes[][2] = {{3, 7}, {64, 4096}, {2, 11008}};
+    for (size_t o = 0; o < sizeof ops / sizeof ops[0]; o++)
+        for (size_t t = 0; t < 3; t++)
+            for (size_t s = 0; s < sizeof shapes / sizeof shapes[0]; s++) {
+                gpu_misalign = dts[t]->bits / 8;
+                run_case(ops[o], *dts[t], shapes[s][0], shapes[s][1]);
+                gpu_misalign = 0;
+            }
+    gpu_ctx_free(&g);
+}
+
 static void test_coverage(void)
 {
     const char *pkgs[] = {"kernels-community/activation", NULL};
@@ -117,6 +136,7 @@ int main(int argc, char **argv)
     rng = seed;
     printf("seed %llu\n", (unsigned long long)seed);
     RUN(test_every_op_dtype_and_shape);
+    RUN(test_misaligned_views);
     RUN(test_coverage);
     return th_done();
 }

@@ -73,6 +73,8 @@ static struct {
 } pinned[96];
 static size_t npinned;
 
+static const char *last_impl; /* what dispatch chose in the last run_both */
+
 static tk_ctx *pinned_for(const char *op, const char *kernel)
 {
     for (size_t i = 0; i < npinned; i++)
@@ -176,6 +178,7 @@ static void run_both(const char *op, const tk_arg *args, size_t n, const char *w
         fprintf(stderr, "%s %s: no GPU run: %s\n", op, what, tk_last_error());
     CHECK_RC(rc, TK_OK);
     CHECK(rc != TK_OK || (impl && strcmp(impl, "cpu-reference") != 0));
+    last_impl = impl;
     if (rc == TK_OK)
         compare_outputs(args, n, out, dev, refs, op, what, impl, into);
 
@@ -195,7 +198,7 @@ static void run_both(const char *op, const tk_arg *args, size_t n, const char *w
             continue;
         for (size_t i = 0; i < n; i++)
             if (args[i].kind == TK_ARG_TENSOR)
-                CHECK_RC(tk_device_copy(dev[i].ptr, orig[i].buf, dev[i].bytes, TK_COPY_H2D, 0), TK_OK);
+                CHECK_RC(tk_device_copy(dev_data(&dev[i]), orig[i].buf, dev[i].bytes, TK_COPY_H2D, 0), TK_OK);
         const char *kimpl = NULL;
         int krc = gpu_op_run(ctx, op, dargs, n, NULL, &kimpl);
         if (krc == TK_ERR_UNSUPPORTED)
@@ -566,6 +569,57 @@ static void test_mla_decode(void)
     }
 }
 
+/* Views 2 bytes past a 16-byte boundary: the tensor-core kernels declare constraints.align 16, so
+ * dispatch gives the forward to the CUDA-core kernel (and every forced tensor-core kernel refuses);
+ * the backward and decode, which have no such kernel, fail with a clear error, and nothing faults:
+ * aligned calls still pass afterwards. */
+static void test_misaligned_views(void)
+{
+    if (!gpu_device())
+        SKIP("no CUDA device");
+    fcase f = {1, 70, 90, 4, 2, 128, 1, -1, -1, 0, 0};
+    gpu_misalign = 2;
+    last_impl = NULL;
+    fwd_case(BF16, &f, 0);
+    CHECK(last_impl && strstr(last_impl, "attention_simple"));
+    if (last_impl)
+        printf("misaligned forward ran %s\n", last_impl);
+    ht q, k, v, out, lse, dout, dq, dk, dv;
+    ht *all[] = {&q, &k, &v, &out, &lse, &dout, &dq, &dk, &dv};
+    ht_new(&q, BF16, 4, SHAPE(1, 70, 4, 128));
+    ht_new(&k, BF16, 4, SHAPE(1, 90, 2, 128));
+    ht_new(&v, BF16, 4, SHAPE(1, 90, 2, 128));
+    ht_new(&out, BF16, 4, SHAPE(1, 70, 4, 128));
+    ht_new(&lse, F32, 3, SHAPE(1, 4, 70));
+    ht_new(&dout, BF16, 4, SHAPE(1, 70, 4, 128));
+    ht_new(&dq, BF16, 4, SHAPE(1, 70, 4, 128));
+    ht_new(&dk, BF16, 4, SHAPE(1, 90, 2, 128));
+    ht_new(&dv, BF16, 4, SHAPE(1, 90, 2, 128));
+    dev_tensor d[9];
+    memset(d, 0, sizeof d);
+    for (size_t i = 0; i < 9; i++) {
+        ht_rand(all[i], -1, 1);
+        CHECK_RC(dev_upload(&d[i], &all[i]->t), TK_OK);
+    }
+    tk_arg b[9] = {{TK_ARG_TENSOR, "dq", &d[6].t, 0, 0},   {TK_ARG_TENSOR, "dk", &d[7].t, 0, 0},
+                   {TK_ARG_TENSOR, "dv", &d[8].t, 0, 0},   {TK_ARG_TENSOR, "dout", &d[5].t, 0, 0},
+                   {TK_ARG_TENSOR, "q", &d[0].t, 0, 0},    {TK_ARG_TENSOR, "k", &d[1].t, 0, 0},
+                   {TK_ARG_TENSOR, "v", &d[2].t, 0, 0},    {TK_ARG_TENSOR, "out", &d[3].t, 0, 0},
+                   {TK_ARG_TENSOR, "lse", &d[4].t, 0, 0}};
+    int rc = gpu_op_run(g.ctx, "attention_backward", b, 9, NULL, NULL);
+    CHECK_EQ_INT(rc, TK_ERR_UNSUPPORTED);
+    CHECK_CONTAINS(tk_last_error(), "constraints.align");
+    printf("misaligned backward: %s\n", tk_last_error());
+    gpu_misalign = 0;
+    CHECK_RC(tk_device_sync(0), TK_OK); /* no fault happened */
+    for (size_t i = 0; i < 9; i++) {
+        dev_free(&d[i]);
+        free(all[i]->buf);
+    }
+    fwd_case(BF16, &f, 1); /* aligned again: the tensor-core kernels run (and the backward) */
+    CHECK(last_impl && !strstr(last_impl, "attention_simple"));
+}
+
 static void test_coverage(void)
 {
     const char *pkgs[] = {PKG, NULL};
@@ -595,6 +649,7 @@ int main(int argc, char **argv)
     RUN(test_attention_decode);
     RUN(test_paged_kv_append);
     RUN(test_mla_decode);
+    RUN(test_misaligned_views);
     RUN(test_coverage);
     for (size_t i = 0; i < npinned; i++)
         tk_ctx_free(pinned[i].ctx);
