@@ -18,12 +18,12 @@
 # (glibc too old, missing library): then env.txt says why and nothing else runs.
 #
 # Options: --bundle DIR (.gpu), --work DIR (/tmp/tkg: unpacked here), --out DIR ($OUT, else
-# WORK/out), --expect-gpu / --dry-run, --test-timeout S (240 per binary), --san-timeout S (240),
-# --bench-timeout S (200), --only REGEX (test binaries to run), --no-bench, --no-memcheck,
+# WORK/out), --expect-gpu / --dry-run, --test-timeout S (240 per binary), --san-timeout S (270),
+# --bench-timeout S (180), --only REGEX (test binaries to run), --no-bench, --no-memcheck,
 # --python PY (python3: the one with torch; a dry run uses it for the bench's --cpu-check).
 set -uo pipefail
 root=$(cd "$(dirname "$0")/.." && pwd)
-bundle=$root/.gpu work=/tmp/tkg out=${OUT:-} expect= t_test=240 t_san=240 t_bench=200 only= bench=1 san=1 py=python3
+bundle=$root/.gpu work=/tmp/tkg out=${OUT:-} expect= t_test=240 t_san=270 t_bench=180 only= bench=1 san=1 py=python3
 while [ $# -gt 0 ]; do
   case $1 in
     --bundle) bundle=$2; shift 2 ;;

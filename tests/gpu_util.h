@@ -19,7 +19,7 @@
  * - Tests call gpu_op_run, not tk_op_run: it fills every output that starts all zero with 0xff bytes
  *   (NaN in every float dtype, -1 in integers) on both the CPU and the GPU side, so a kernel that
  *   skips rows differs from the reference; it records which implementation ran, and TK_TEST_LOG=1
- *   prints that (and the library's own log) to stderr.
+ *   prints that (and the library's info/warning log; 2: its debug log too) to stderr.
  * - A test declares the ops it covers (gpu_main: `--list-ops` prints them without a GPU, which the CI
  *   check tests/cli/gpu_coverage.sh compares with every kernel of kernels-src/PKG/kernel.json), and
  *   gpu_coverage (last RUN) fails unless every kernel of those ops that fits the device ran.
@@ -67,11 +67,14 @@ static int gpu_log_on(void)
     return e && *e && strcmp(e, "0") != 0;
 }
 
-/* The context's log callback: the library's messages to stderr under TK_TEST_LOG=1. */
+/* The context's log callback: the library's messages to stderr under TK_TEST_LOG=1 (info and
+ * warnings: autotune's choices, a kernel that failed and the one tried next), TK_TEST_LOG=2 also the
+ * debug ones (every candidate skipped and why). */
 static void gpu_log(void *user, int level, const char *msg)
 {
     (void)user;
-    if (gpu_log_on())
+    const char *e = getenv("TK_TEST_LOG");
+    if (gpu_log_on() && (level >= TK_LOG_INFO || (e && strcmp(e, "2") == 0)))
         fprintf(stderr, "tk[%s]: %s\n", level >= TK_LOG_WARN ? "warn" : level >= TK_LOG_INFO ? "info" : "debug", msg);
 }
 
