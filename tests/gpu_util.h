@@ -17,7 +17,8 @@
  * - TK_TEST_GPU=1 (make test-gpu, scripts/gpu-check.sh) turns "no device / libcuda not loadable" into
  *   a failure of every test that would skip; TK_TEST_GPU=0 forces the skip.
  * - Tests call gpu_op_run, not tk_op_run: it fills every output that starts all zero with 0xff bytes
- *   (NaN in every float dtype, -1 in integers) on both the CPU and the GPU side, so a kernel that
+ *   (NaN in every float dtype, -1 in integers; not the ones the op accumulates into, documented
+ *   "+= ..." in its signature) on both the CPU and the GPU side, so a kernel that
  *   skips rows differs from the reference; it records which implementation ran, and TK_TEST_LOG=1
  *   prints that (and the library's info/warning log; 2: its debug log too) to stderr.
  * - A test declares the ops it covers (gpu_main: `--list-ops` prints them without a GPU, which the CI
@@ -140,7 +141,10 @@ static inline int gpu_op_run(tk_ctx *ctx, const char *op, const tk_arg *args, si
             continue;
         cuda |= args[i].t->device.device_type == TK_DEV_CUDA;
         int idx = tk_ops__param_index(d, args[i].name);
-        if (idx >= 0 && d->params[idx].role == TK_OPS_OUT)
+        /* not the outputs the op accumulates into ("+= ..." in its signature, e.g. grad_weight):
+         * their zeros are the caller's starting value */
+        const char *doc = idx >= 0 ? d->params[idx].doc : NULL;
+        if (idx >= 0 && d->params[idx].role == TK_OPS_OUT && !(doc && strncmp(doc, "+=", 2) == 0))
             gpu_poison_if_zero((tk_tensor *)args[i].t);
     }
     const char *ran = NULL;
