@@ -282,3 +282,12 @@ def device_count():
     """Number of CUDA devices tk sees; 0 when there is no driver or no GPU."""
     n = ctypes.c_int(0)
     return n.value if tk_device_count(ctypes.byref(n)) == 0 else 0
+
+
+def reset_current_context():
+    """Drops this thread's default Context, so the next call makes a new one from the environment (a
+    changed TK_HOME, for instance)."""
+    ctx = getattr(_local, "ctx", None)
+    _local.ctx = None
+    if ctx is not None:
+        ctx.close()

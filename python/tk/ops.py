@@ -162,22 +162,30 @@ def _bind(spec, args, kwargs):
 
 # ---- torch.library ----------------------------------------------------------------------------
 
+def _last_required(spec):
+    return max([i for i, p in enumerate(spec.params) if not p.optional], default=-1)
+
+
 def _schema(spec):
+    # Defaults only after the last required parameter (a schema has no required argument after a
+    # default one); an optional tensor before it is "Tensor?" without a default (None is passed).
     parts = []
     alias = 0
-    for p in spec.params:
+    last = _last_required(spec)
+    for i, p in enumerate(spec.params):
+        dflt = p.optional and i > last
         if p.kind == "tensor":
             if p.out:
                 t = "Tensor(a%d!)" % alias
                 alias += 1
             else:
                 t = "Tensor"
-            parts.append("%s%s %s%s" % (t, "?" if p.optional else "", p.pyname, "=None" if p.optional else ""))
+            parts.append("%s%s %s%s" % (t, "?" if p.optional else "", p.pyname, "=None" if dflt else ""))
         elif p.kind == "i64":
-            d = "=%d" % int(p.default) if p.optional and p.default is not None else ""
+            d = "=%d" % int(p.default) if dflt and p.default is not None else ""
             parts.append("int %s%s" % (p.pyname, d))
         else:
-            d = "=%r" % float(p.default) if p.optional and p.default is not None else ""
+            d = "=%r" % float(p.default) if dflt and p.default is not None else ""
             parts.append("float %s%s" % (p.pyname, d))
     return "(%s) -> ()" % ", ".join(parts)
 
@@ -237,7 +245,10 @@ def _generate(spec):
     g = {"_REQUIRED": _REQUIRED, "_is_torch": _tensor.is_torch, "_plain": _plain(spec), "_top": None}
     if _tensor.torch is not None:
         g["_top"] = _register_torch(spec)
-    src = ("def {name}({decl}):\n"
+    req = [p.pyname for i, p in enumerate(ps) if not p.optional and seen_before(ps, i)]
+    check = "".join("    if {n} is _REQUIRED: _missing({n!r})\n".format(n=n) for n in req)
+    g["_missing"] = _missing(spec)
+    src = ("def {name}({decl}):\n" + check +
            "    if _is_torch({first}):\n"
            "        _top({names})\n"
            "    else:\n"
@@ -250,6 +261,18 @@ def _generate(spec):
     f.__qualname__ = spec.name
     f.tk_spec = spec
     return f
+
+
+def seen_before(ps, i):
+    """1 when an optional parameter comes before parameter i (i then has the _REQUIRED default)."""
+    return any(p.optional for p in ps[:i])
+
+
+def _missing(spec):
+    def missing(name):
+        raise _lib.InvalidArgumentError(_lib.TK_ERR_INVALID, "%s: missing argument '%s'\nHINT: the signature is %s"
+                                        % (spec.name, name, spec.signature))
+    return missing
 
 
 def _plain(spec):
