@@ -30,6 +30,17 @@ def is_torch(x):
     return torch is not None and isinstance(x, torch.Tensor)
 
 
+def all_torch(*xs):
+    """1 when every tensor argument given is a torch tensor (None: an optional one left out), so the
+    call can go through torch.ops.tk; anything else goes straight to tk_op_run."""
+    if torch is None:
+        return False
+    for x in xs:
+        if x is not None and not isinstance(x, torch.Tensor):
+            return False
+    return True
+
+
 _get_pointer = ctypes.pythonapi.PyCapsule_GetPointer
 _get_pointer.restype = ctypes.c_void_p
 _get_pointer.argtypes = [ctypes.py_object, ctypes.c_char_p]

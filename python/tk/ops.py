@@ -237,23 +237,23 @@ def _generate(spec):
             # a required parameter after an optional one: tk reports it if it is left out
             decl.append("%s=_REQUIRED" % p.pyname if seen_default else p.pyname)
     names = ", ".join(p.pyname for p in ps)
-    first = next(p.pyname for p in ps if p.kind == "tensor")
+    tensors = ", ".join(p.pyname for p in ps if p.kind == "tensor")
     outs = [p.pyname for p in spec.outs]
     ret = outs[0] if len(outs) == 1 else "(%s)" % ", ".join(outs) + ("," if len(outs) == 1 else "")
     if not outs:
         ret = "None"
-    g = {"_REQUIRED": _REQUIRED, "_is_torch": _tensor.is_torch, "_plain": _plain(spec), "_top": None}
+    g = {"_REQUIRED": _REQUIRED, "_all_torch": _tensor.all_torch, "_plain": _plain(spec), "_top": None}
     if _tensor.torch is not None:
         g["_top"] = _register_torch(spec)
     req = [p.pyname for i, p in enumerate(ps) if not p.optional and seen_before(ps, i)]
     check = "".join("    if {n} is _REQUIRED: _missing({n!r})\n".format(n=n) for n in req)
     g["_missing"] = _missing(spec)
     src = ("def {name}({decl}):\n" + check +
-           "    if _is_torch({first}):\n"
+           "    if _all_torch({tensors}):\n"
            "        _top({names})\n"
            "    else:\n"
            "        _plain({names})\n"
-           "    return {ret}\n").format(name=spec.name, decl=", ".join(decl), first=first, names=names, ret=ret)
+           "    return {ret}\n").format(name=spec.name, decl=", ".join(decl), tensors=tensors, names=names, ret=ret)
     exec(compile(src, "<tk op %s>" % spec.name, "exec"), g)
     f = g[spec.name]
     f.__doc__ = "%s\n\n%s\n\nOutputs are written in place and returned.\n" % (spec.signature, spec.summary)
