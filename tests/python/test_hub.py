@@ -126,7 +126,8 @@ def test_op_errors_are_exceptions():
         (lambda: act.fatrelu_and_mul(torch.empty(2, 2), torch.randn(2, 4), "x"), RuntimeError,
          "argument 'threshold'"),
         (lambda: tk.ops.run("silu_and_mull", torch.empty(1)), tk.NotFoundError, "did you mean 'silu_and_mul'"),
-        (lambda: tk.ops.silu_and_mul(torch.empty(2, 2)), tk.InvalidArgumentError, "missing argument 'input'"),
+        (lambda: tk.ops.silu_and_mul(torch.empty(2, 2)), TypeError, "missing 1 required positional argument"),
+        (lambda: tk.ops.run("silu_and_mul", torch.empty(2, 2)), tk.InvalidArgumentError, "missing argument 'input'"),
         (lambda: tk.ops.silu_and_mul(torch.empty(2, 2), torch.randn(2, 4), bogus=1), TypeError, "bogus"),
         (lambda: tk.ops.run("silu_and_mul", torch.empty(2, 2), torch.randn(2, 4), bogus=1),
          tk.InvalidArgumentError, "no parameter named 'bogus'"),
@@ -142,7 +143,7 @@ def test_op_errors_are_exceptions():
             assert text in str(e), "case %d: %r lacks %r" % (i, str(e), text)
     # the missing-argument hint carries the signature
     try:
-        tk.ops.silu_and_mul(torch.empty(2, 2))
+        tk.ops.run("silu_and_mul", torch.empty(2, 2))
     except tk.InvalidArgumentError as e:
         assert e.hint and "silu_and_mul(out:" in e.hint, e.hint
     # a failed call leaves the output as it was
