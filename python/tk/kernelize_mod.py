@@ -180,7 +180,10 @@ def _mlp(report, path, m):
         ref = m.act_fn(t)
         for unary, gated in _GATED:
             got = torch.empty_like(t)
-            _fn(unary)(got, t)
+            try:
+                _fn(unary)(got, t)
+            except _lib.TkError as e:
+                return "tk cannot run %s here: %s" % (unary, e.message)
             if _agree(got, ref) is None:
                 act = gated
                 break
@@ -244,7 +247,10 @@ def _wrap_rotary(modname):
 
     def apply_rotary_pos_emb(q, k, cos, sin, unsqueeze_dim=1, *rest, **kwargs):
         if _in_kernelized_attention() and _rotary_usable(q, k, cos, sin, unsqueeze_dim, rest, kwargs):
-            return _tk_rotary(q, k, cos, sin)
+            try:
+                return _tk_rotary(q, k, cos, sin)
+            except _lib.UnsupportedError as e:  # no installed kernel takes this call
+                log.debug("tk rotary: %s; using the original", e.message)
         return orig(q, k, cos, sin, unsqueeze_dim, *rest, **kwargs)
 
     apply_rotary_pos_emb._tk_wrapper = True
@@ -307,8 +313,20 @@ def tk_attention_forward(module, query, key, value, attention_mask, scaling=None
     v = value.transpose(1, 2).contiguous()
     out = torch.empty_like(q)
     causal = int(bool(is_causal) and q.shape[1] > 1)
-    _fn("attention")(out, q, k, v, scale=float(scaling or 0.0), causal=causal, softcap=float(softcap))
+    try:
+        _fn("attention")(out, q, k, v, scale=float(scaling or 0.0), causal=causal, softcap=float(softcap))
+    except _lib.UnsupportedError as e:
+        # no installed kernel takes this call (a head dim, dtype or length outside every kernel's
+        # constraints): transformers' sdpa computes it instead, and the log says so once per reason
+        if e.message not in _attention_fallbacks:
+            _attention_fallbacks.add(e.message)
+            log.warning("tk attention: %s; using sdpa for such calls", e.message)
+        return sdpa_attention_forward(module, query, key, value, attention_mask, scaling=scaling, dropout=dropout,
+                                      **kwargs)
     return out, None
+
+
+_attention_fallbacks = set()
 
 
 def _register_attention():
@@ -344,6 +362,29 @@ def _attention(report, model):
 
 # ---- the walk ---------------------------------------------------------------------------------
 
+_OPS_OF = {"norm": ("rms_norm", "layer_norm"), "mlp": ("silu", "gelu", "gelu_tanh") + tuple(g for _, g in _GATED),
+           "rotary": ("rotary_embedding",), "attention": ("attention",)}
+
+
+def _install_packages(model, layers):
+    """On CUDA an op needs an installed package that implements it (on the CPU tk's reference runs
+    anyway): get the packages tk ships for the ops kernelize may use. A failure is logged, and the
+    layers whose check then fails keep their forward."""
+    if not any(p.is_cuda for p in model.parameters()):
+        return
+    from .hub import get_kernel
+    pkgs = []
+    for kind in layers:
+        for op in _OPS_OF[kind]:
+            pkg = _ops._spec(op).package
+            if pkg and pkg not in pkgs:
+                pkgs.append(pkg)
+    for pkg in pkgs:
+        try:
+            get_kernel(pkg)
+        except _lib.TkError as e:
+            log.warning("tk.kernelize: cannot install %s: %s", pkg, e)
+
 _LAYERS = ("norm", "mlp", "rotary", "attention")
 
 
@@ -359,6 +400,7 @@ def kernelize(model, *, mode="inference", layers=_LAYERS, verbose=True):
     if bad:
         raise ValueError("tk.kernelize: unknown layer kinds %s (known: %s)" % (sorted(bad), ", ".join(_LAYERS)))
     report = KernelizeReport(model)
+    _install_packages(model, layers)
     rotary_checked = {}
     for path, m in model.named_modules():
         name = type(m).__name__

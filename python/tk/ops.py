@@ -48,6 +48,7 @@ class OpSpec:
         self.family = j.get("family")
         self.summary = j.get("summary", "")
         self.signature = j.get("signature", self.name)
+        self.package = j.get("package")  # a package tk ships that implements it, or None
         self.params = [Param(p) for p in j["params"]]
         self.outs = [p for p in self.params if p.kind == "tensor" and p.out]
         self.cname = self.name.encode()
