@@ -31,17 +31,19 @@ def _package_ops():
 
 
 def _cases():
+    """op -> list of `tk run-op` argument lists (one per line of op_cases.txt)."""
     cases = {}
     for line in open(os.path.join(os.path.dirname(__file__), "op_cases.txt")):
         line = line.strip()
         if line and not line.startswith("#"):
-            cases[line.split()[0]] = shlex.split(line)[1:]
+            cases.setdefault(line.split()[0], []).append(shlex.split(line)[1:])
     return cases
 
 
 PKG_OPS = _package_ops()
 CASES = _cases()
-PARAMS = {"test_op_matches_c": ["%s:%s" % (op, dt) for op in PKG_OPS for dt in DTYPES]}
+PARAMS = {"test_op_matches_c": ["%s%s:%s" % (op, "#%d" % i if i else "", dt) for op in PKG_OPS
+                                for i in range(len(CASES.get(op, [None]))) for dt in DTYPES]}
 
 
 def _parse(args):
@@ -69,7 +71,8 @@ def _padded(x):
 
 def test_op_matches_c(case):
     op, dt = case.split(":")
-    args = CASES.get(op)
+    op, _, i = op.partition("#")
+    args = CASES[op][int(i or 0)] if op in CASES else None
     missing = args is None
     if missing:
         args = ["--shape", "4,64"]
