@@ -113,9 +113,13 @@ def _run_values(spec, values, ctx=None):
         elif p.kind == "i64":
             a.kind = _lib.TK_ARG_I64
             try:
-                a.i = int(v) if float(v) == int(v) else _bad_int(spec, p, v)
-            except (TypeError, ValueError):
-                _bad_scalar(spec, p, v, "an integer")
+                iv = int(v)
+                ok = iv == float(v) and -2 ** 63 <= iv < 2 ** 63
+            except (TypeError, ValueError, OverflowError):
+                ok = False
+            if not ok:
+                _bad_scalar(spec, p, v, "a 64-bit integer")
+            a.i = iv
         else:
             a.kind = _lib.TK_ARG_F64
             try:
@@ -136,10 +140,6 @@ def _run_values(spec, values, ctx=None):
 
 def _bad_scalar(spec, p, v, want):
     raise _lib.InvalidArgumentError(_lib.TK_ERR_INVALID, "%s: '%s' must be %s, got %r" % (spec.name, p.name, want, v))
-
-
-def _bad_int(spec, p, v):
-    _bad_scalar(spec, p, v, "an integer")
 
 
 def run(name, *args, **kwargs):
