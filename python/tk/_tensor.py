@@ -30,15 +30,21 @@ def is_torch(x):
     return torch is not None and isinstance(x, torch.Tensor)
 
 
-def all_torch(*xs):
-    """1 when every tensor argument given is a torch tensor (None: an optional one left out), so the
-    call can go through torch.ops.tk; anything else goes straight to tk_op_run."""
+def via_torch_op(*xs):
+    """1 when the call should go through torch.ops.tk: every tensor argument given is a torch tensor
+    (None: an optional one left out) and torch is tracing (torch.compile, export) or a tensor has no
+    memory (meta). Eager calls on real tensors go straight to tk_op_run: the custom op's Python
+    dispatch would cost more than the op on small tensors, and does nothing more in eager mode."""
     if torch is None:
         return False
+    meta = False
     for x in xs:
-        if x is not None and not isinstance(x, torch.Tensor):
+        if x is None:
+            continue
+        if not isinstance(x, torch.Tensor):
             return False
-    return True
+        meta = meta or x.device.type == "meta"
+    return meta or torch.compiler.is_compiling()
 
 
 _get_pointer = ctypes.pythonapi.PyCapsule_GetPointer
@@ -89,12 +95,15 @@ def _describe_torch(x, name):
             _lib.TK_ERR_UNSUPPORTED, "'%s' is on %s; tk runs ops on cpu and cuda tensors\nHINT: move it with "
             ".to('cpu') or .to('cuda')" % (name, x.device))
     nd = x.dim()
-    shape = (ctypes.c_int64 * max(nd, 1))(*x.shape)
-    strides = (ctypes.c_int64 * max(nd, 1))(*x.stride())
-    t = _lib.Tensor(x.data_ptr() or None, _lib.Device(*dev), nd, _lib.Dtype(dt[0], dt[1], 1),
-                    ctypes.cast(shape, ctypes.POINTER(ctypes.c_int64)),
-                    ctypes.cast(strides, ctypes.POINTER(ctypes.c_int64)), 0)
-    return Described(t, (shape, strides), dev)
+    dims = _DIMS[nd](*x.shape, *x.stride()) if nd else _DIMS[1]()  # shape, then strides: one allocation
+    t = _lib.Tensor(x.data_ptr() or None, _lib.Device(*dev), nd, _lib.Dtype(dt[0], dt[1], 1), dims,
+                    ctypes.cast(ctypes.addressof(dims) + 8 * nd, _I64P) if nd else None, 0)
+    return Described(t, dims, dev)
+
+
+_I64P = ctypes.POINTER(ctypes.c_int64)
+_DIMS = [ctypes.c_int64 * (2 * n) for n in range(17)]
+_DIMS[0] = _DIMS[1]
 
 
 def _describe_dlpack(x, name):

@@ -7,7 +7,8 @@ writes the outputs in place and returns them (one tensor, or a tuple when the op
 
 With torch installed, each op is also a torch.library custom op `torch.ops.tk.<name>` that mutates its
 output arguments and has a fake (meta) implementation, so torch.compile(fullgraph=True) keeps a call to
-it in the graph. A torch call runs the op on the tensors' device: the CPU reference for host tensors,
+it in the graph: the generated functions go through it while torch traces, and straight to tk_op_run
+in eager mode (the custom op's Python dispatch costs more than a small op). A torch call runs the op on the tensors' device: the CPU reference for host tensors,
 the best installed kernel on torch's current CUDA stream for CUDA tensors. Other frameworks' tensors
 go through DLPack (see _tensor.py) and CUDA ones run on the legacy default stream.
 
@@ -243,14 +244,14 @@ def _generate(spec):
     ret = outs[0] if len(outs) == 1 else "(%s)" % ", ".join(outs) + ("," if len(outs) == 1 else "")
     if not outs:
         ret = "None"
-    g = {"_REQUIRED": _REQUIRED, "_all_torch": _tensor.all_torch, "_plain": _plain(spec), "_top": None}
+    g = {"_REQUIRED": _REQUIRED, "_via_torch_op": _tensor.via_torch_op, "_plain": _plain(spec), "_top": None}
     if _tensor.torch is not None:
         g["_top"] = _register_torch(spec)
     req = [p.pyname for i, p in enumerate(ps) if not p.optional and seen_before(ps, i)]
     check = "".join("    if {n} is _REQUIRED: _missing({n!r})\n".format(n=n) for n in req)
     g["_missing"] = _missing(spec)
     src = ("def {name}({decl}):\n" + check +
-           "    if _all_torch({tensors}):\n"
+           "    if _via_torch_op({tensors}):\n"
            "        _top({names})\n"
            "    else:\n"
            "        _plain({names})\n"

@@ -120,11 +120,15 @@ def test_op_errors_are_exceptions():
         (lambda: act.gelu(torch.empty(4, dtype=torch.complex64), torch.randn(4)), tk.InvalidArgumentError,
          "tk has no name for"),
         (lambda: act.gelu(torch.empty(4), [1.0, 2.0]), tk.InvalidArgumentError, "not a tensor"),
-        # a bad scalar: tk's check on the DLPack path, torch's schema check on the torch.ops path
+        # a bad scalar: tk's check (numpy, eager torch), torch's schema check (torch.ops.tk)
         (lambda: act.fatrelu_and_mul(np.zeros((2, 2), np.float32), np.ones((2, 4), np.float32), "x"),
          tk.InvalidArgumentError, "'threshold' must be a number"),
-        (lambda: act.fatrelu_and_mul(torch.empty(2, 2), torch.randn(2, 4), "x"), RuntimeError,
+        (lambda: act.fatrelu_and_mul(torch.empty(2, 2), torch.randn(2, 4), "x"), tk.InvalidArgumentError,
+         "'threshold' must be a number"),
+        (lambda: torch.ops.tk.fatrelu_and_mul(torch.empty(2, 2), torch.randn(2, 4), "x"), RuntimeError,
          "argument 'threshold'"),
+        (lambda: torch.ops.tk.silu_and_mul(torch.empty(4, 4), torch.randn(4, 7)), tk.InvalidArgumentError,
+         "silu_and_mul: 'input' has shape [4, 7]"),
         (lambda: tk.ops.run("silu_and_mull", torch.empty(1)), tk.NotFoundError, "did you mean 'silu_and_mul'"),
         (lambda: tk.ops.silu_and_mul(torch.empty(2, 2)), TypeError, "missing 1 required positional argument"),
         (lambda: tk.ops.run("silu_and_mul", torch.empty(2, 2)), tk.InvalidArgumentError, "missing argument 'input'"),
@@ -173,6 +177,13 @@ def test_no_gpu_error():
     e = _lib.error(rc)
     assert isinstance(e, (tk.NoDeviceError, tk.UnsupportedError)), (type(e), str(e))
     assert e.message, str(e)
+
+
+def test_meta_tensors_go_through_the_fake_op():
+    """Tensors without memory (meta) take the torch.ops path, whose fake implementation runs."""
+    act = tk.get_kernel("kernels-community/activation")
+    y = torch.empty(4, 8, device="meta")
+    assert act.silu_and_mul(y, torch.empty(4, 16, device="meta")) is y
 
 
 def test_dlpack_numpy():
