@@ -299,7 +299,7 @@ def _enter_attention(report, m):
 def tk_attention_forward(module, query, key, value, attention_mask, scaling=None, dropout=0.0, **kwargs):
     """transformers' attention interface: query [B, Hq, S, D], key/value [B, Hkv, Sk, D]; returns
     ([B, S, Hq, D], None). Calls with a mask, dropout or autograd go to transformers' sdpa."""
-    from transformers.integrations.sdpa_attention import sdpa_attention_forward
+    sdpa_attention_forward = _sdpa[0]
     is_causal = kwargs.get("is_causal")
     is_causal = getattr(module, "is_causal", True) if is_causal is None else is_causal
     softcap = kwargs.get("softcap") or 0.0
@@ -329,9 +329,14 @@ def tk_attention_forward(module, query, key, value, attention_mask, scaling=None
 _attention_fallbacks = set()
 
 
+_sdpa = [None]  # transformers' sdpa_attention_forward, imported once (an import in a forward breaks dynamo)
+
+
 def _register_attention():
     from transformers import AttentionInterface
+    from transformers.integrations.sdpa_attention import sdpa_attention_forward
     from transformers.masking_utils import ALL_MASK_ATTENTION_FUNCTIONS, sdpa_mask
+    _sdpa[0] = sdpa_attention_forward
     AttentionInterface.register("tk", tk_attention_forward)
     ALL_MASK_ATTENTION_FUNCTIONS.register("tk", sdpa_mask)
 
@@ -400,6 +405,9 @@ def kernelize(model, *, mode="inference", layers=_LAYERS, verbose=True):
     if bad:
         raise ValueError("tk.kernelize: unknown layer kinds %s (known: %s)" % (sorted(bad), ", ".join(_LAYERS)))
     report = KernelizeReport(model)
+    for kind in layers:  # generated now, so a traced forward (torch.compile) only looks them up
+        for op in _OPS_OF[kind]:
+            _fn(op)
     _install_packages(model, layers)
     rotary_checked = {}
     for path, m in model.named_modules():

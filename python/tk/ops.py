@@ -57,6 +57,8 @@ class OpSpec:
 
 def _load():
     global _specs
+    if _specs is not None:
+        return _specs
     with _lock:
         if _specs is None:
             specs = {}

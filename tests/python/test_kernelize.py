@@ -168,3 +168,26 @@ def test_modes_and_other_modules():
     with Counter() as c:
         seq(x.requires_grad_()).sum().backward()
     assert not c.n
+
+
+def test_compiled_kernelized_llama_is_one_graph():
+    """torch.compile(fullgraph=True) of a kernelized Llama: one graph that holds every tk op, and the
+    logits of the eager original."""
+    m = _llama(torch.float32, "cpu", seed=5)
+    ids = torch.randint(3, 128, (2, 7), generator=torch.Generator().manual_seed(6))
+    with torch.no_grad():
+        ref = m(ids).logits
+    tk.kernelize(m, verbose=False)
+    graphs = []
+
+    def backend(gm, example_inputs):
+        graphs.append(gm)
+        return gm.forward
+    torch._dynamo.reset()
+    with torch.no_grad():
+        got = torch.compile(m, fullgraph=True, backend=backend)(ids).logits
+    assert len(graphs) == 1, "%d graphs" % len(graphs)
+    ops = collections.Counter(str(n.target).split(".")[1] for n in graphs[0].graph.nodes
+                              if n.op == "call_function" and str(n.target).startswith("tk."))
+    assert ops == {"rms_norm": 5, "silu_and_mul": 2, "rotary_embedding": 2, "attention": 2}, ops
+    assert (got - ref).abs().max() <= 1e-4
