@@ -36,8 +36,8 @@ def _ref(repo_id, version=None, revision=None):
 
 class KernelModule(types.ModuleType):
     """A package's ops as functions (`activation.gelu_fast(out, x)`), plus its metadata: `name`,
-    `version`, `major`, `commit`, `manifest_sha256`, `signer`, `ops` (the op names it implements) and
-    `info` (what `tk info --json` prints)."""
+    `version`, `major`, `commit`, `manifest_sha256`, `signer`, `ops` (the op names it implements),
+    `info` (what `tk info --json` prints) and `layers` (torch modules, see _layers)."""
 
     def __init__(self, info, manifest):
         super().__init__(info["name"].replace("/", "."), info.get("description"))
@@ -59,10 +59,64 @@ class KernelModule(types.ModuleType):
         self.other_ops = [o for o in wanted if o not in known]
         for o in self.ops:
             setattr(self, o, ops.function(o))
+        self.layers = _layers(self.ops)
 
     def __repr__(self):
         return "<tk kernel %s %s (%s) ops: %s>" % (self.name, self.version, (self.commit or "")[:12],
                                                   ", ".join(self.ops))
+
+
+# Hugging Face kernels' layer names for ops whose tk name CamelCases differently
+_HF_LAYER_NAMES = {"gelu_fast": "FastGELU", "gelu_new": "NewGELU", "gelu_quick": "QuickGELU"}
+
+
+def _layers(op_names):
+    """torch.nn.Module classes for the package's elementwise ops, as Hugging Face kernels' `layers`
+    (activation.layers.SiluAndMul()(x)): out-of-place forwards over ops whose signature is
+    (out, input, scalars...) with out shaped like input or like its first half ("[..., 2*d]").
+    Scalars become constructor arguments with the op's defaults. Empty without torch."""
+    ns = types.SimpleNamespace()
+    try:
+        import torch
+    except ImportError:
+        return ns
+    for name in op_names:
+        spec = ops._spec(name)
+        ps = spec.params
+        if (len(ps) < 2 or ps[0].kind != "tensor" or not ps[0].out or ps[1].kind != "tensor" or ps[1].out
+                or any(p.kind == "tensor" for p in ps[2:])):
+            continue
+        if ps[0].shape == ps[1].shape:
+            half = False
+        elif ps[1].shape.endswith("2*d]") and ps[0].shape.endswith("d]"):
+            half = True
+        else:
+            continue
+        cls = _HF_LAYER_NAMES.get(name) or "".join(w.capitalize() for w in name.split("_"))
+        ns.__dict__[cls] = _layer_class(torch, cls, spec, ops.function(name), half)
+    return ns
+
+
+def _layer_class(torch, cls, spec, fn, half):
+    scalars = spec.params[2:]
+
+    def __init__(self, *args, **kwargs):
+        torch.nn.Module.__init__(self)
+        vals = [p.default for p in scalars]
+        for i, a in enumerate(args):
+            vals[i] = a
+        for k, v in kwargs.items():
+            vals[[p.name for p in scalars].index(k)] = v
+        self.scalars = vals
+
+    def forward(self, x):
+        shape = (*x.shape[:-1], x.shape[-1] // 2) if half else x.shape
+        out = torch.empty(shape, dtype=x.dtype, device=x.device)
+        fn(out, x, *self.scalars)
+        return out
+
+    doc = "%s as a module: forward(x) returns a new tensor.\n\n%s" % (spec.name, spec.summary)
+    return type(cls, (torch.nn.Module,), {"__init__": __init__, "forward": forward, "__doc__": doc})
 
 
 def _pkg_json(pkg):

@@ -29,7 +29,7 @@ _torch_ops = {}    # name -> torch.ops.tk.<name>
 
 
 class Param:
-    __slots__ = ("name", "pyname", "kind", "out", "optional", "default", "cname")
+    __slots__ = ("name", "pyname", "kind", "out", "optional", "default", "cname", "shape")
 
     def __init__(self, j):
         self.name = j["name"]
@@ -37,6 +37,7 @@ class Param:
         self.kind = j["kind"]  # "tensor", "i64", "f64"
         self.out = j.get("role") == "out"
         self.optional = bool(j.get("optional"))
+        self.shape = j.get("shape", "")
         self.default = j.get("default")
         self.cname = self.name.encode()
 

@@ -225,3 +225,23 @@ def test_new_ops_need_no_code():
             if j["kind"] != "tensor" and j.get("optional"):
                 assert float(p.default) == float(j["default"]), (o["name"], p.name)
         assert hasattr(torch.ops.tk, o["name"])
+
+
+def test_layers_like_hf_kernels():
+    """activation.layers.SiluAndMul()(x) as Hugging Face kernels' layers: out-of-place modules over the
+    package's elementwise ops, named as the Hub's activation package names them."""
+    act = tk.get_kernel("kernels-community/activation")
+    for name in ("SiluAndMul", "MulAndSilu", "GeluAndMul", "GeluTanhAndMul", "FatreluAndMul", "FastGELU",
+                 "NewGELU", "QuickGELU"):
+        assert issubclass(getattr(act.layers, name), torch.nn.Module), name
+    x = torch.randn(3, 5, 16, dtype=torch.bfloat16)
+    y = act.layers.SiluAndMul()(x)
+    assert y.shape == (3, 5, 8) and y.dtype == torch.bfloat16
+    xf = x.float()
+    assert (y.float() - torch.nn.functional.silu(xf[..., :8]) * xf[..., 8:]).abs().max() < 5e-2
+    z = act.layers.FatreluAndMul(threshold=0.5)(x)
+    ref = torch.where(xf[..., :8] > 0.5, xf[..., :8], torch.zeros(())) * xf[..., 8:]
+    assert (z.float() - ref).abs().max() < 5e-2
+    q = act.layers.QuickGELU()(xf)
+    assert q.shape == xf.shape and (q - xf * torch.sigmoid(1.702 * xf)).abs().max() < 1e-5
+    assert sorted(vars(tk.get_kernel("kernels-community/softmax").layers)) == ["LogSoftmax", "Softmax"]
