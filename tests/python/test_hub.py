@@ -245,3 +245,31 @@ def test_layers_like_hf_kernels():
     q = act.layers.QuickGELU()(xf)
     assert q.shape == xf.shape and (q - xf * torch.sigmoid(1.702 * xf)).abs().max() < 1e-5
     assert sorted(vars(tk.get_kernel("kernels-community/softmax").layers)) == ["LogSoftmax", "Softmax"]
+
+
+def test_threads_each_get_a_context():
+    """Calls from several threads at once: each thread has its own tk context (tk.h: one thread per
+    context), and every result is right."""
+    import threading
+    act = tk.get_kernel("kernels-community/activation")
+    errors, ctxs = [], []  # the contexts themselves: kept alive, their ids cannot be reused
+
+    def work(seed):
+        try:
+            g = torch.Generator().manual_seed(seed)
+            for _ in range(50):
+                x = torch.randn(7, 64, generator=g)
+                y = torch.empty(7, 32)
+                act.silu_and_mul(y, x)
+                if not torch.allclose(y, torch.nn.functional.silu(x[:, :32]) * x[:, 32:], atol=1e-6):
+                    errors.append("thread %d: wrong result" % seed)
+            ctxs.append(tk.current_context())
+        except Exception as e:  # reported below
+            errors.append("thread %d: %r" % (seed, e))
+    ts = [threading.Thread(target=work, args=(i,)) for i in range(4)]
+    for t in ts:
+        t.start()
+    for t in ts:
+        t.join()
+    assert not errors, errors
+    assert len(set(map(id, ctxs))) == 4, ctxs
