@@ -438,10 +438,9 @@ def kernelize(model, *, mode="inference", layers=_LAYERS, verbose=True):
             if why is None:
                 _enter_attention(report, m)
                 report.replaced.append((path, name, "rotary_embedding"))
-        elif name.endswith(("Norm", "MLP", "Attention", "RotaryEmbedding")) or "norm" in name.lower():
+        elif name.endswith(("Norm", "MLP")) or ("norm" in name.lower() and not list(m.children())):
+            # (attention layers are the model's business: AttentionInterface, below)
             why = "no tk mapping for %s" % name
-            if name.endswith("RotaryEmbedding"):
-                why = None  # computes cos/sin only; the rotation is apply_rotary_pos_emb (above)
         if why:
             report.kept.append((path, name, why))
     if "attention" in layers:

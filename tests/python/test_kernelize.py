@@ -191,3 +191,21 @@ def test_compiled_kernelized_llama_is_one_graph():
                               if n.op == "call_function" and str(n.target).startswith("tk."))
     assert ops == {"rms_norm": 5, "silu_and_mul": 2, "rotary_embedding": 2, "attention": 2}, ops
     assert (got - ref).abs().max() <= 1e-4
+
+
+def test_gpt2_layer_norm_and_attention():
+    """Another architecture: GPT-2's nn.LayerNorm layers and its attention move to tk, its MLP (no gate)
+    is kept and reported, and the logits stay."""
+    from transformers import GPT2Config, GPT2LMHeadModel
+    torch.manual_seed(0)
+    m = GPT2LMHeadModel(GPT2Config(vocab_size=128, n_embd=64, n_layer=2, n_head=4, n_positions=64)).eval()
+    ids = torch.randint(0, 128, (2, 9), generator=torch.Generator().manual_seed(7))
+    with torch.no_grad():
+        ref = m(ids).logits
+    r = tk.kernelize(m, verbose=False)
+    assert [(p, why) for p, _, why in r.kept] == [("transformer.h.%d.mlp" % i, "no tk mapping for GPT2MLP")
+                                                   for i in range(2)], r.kept
+    with Counter() as c, torch.no_grad():
+        got = m(ids).logits
+    assert c.n == {"layer_norm": 5, "attention": 2}, dict(c.n)
+    assert (got - ref).abs().max() <= 1e-4
