@@ -670,6 +670,26 @@ int tk_state__trust_get(char **pubkey, tk_state *st, const char *org, const char
     return rc;
 }
 
+/* One key id trusted for org (the oldest), or *keyid NULL when the store has none for it. */
+int tk_state__trust_org_key(char **keyid, tk_state *st, const char *org)
+{
+    *keyid = NULL;
+    sqlite3_stmt *s = NULL;
+    if (sqlite3_prepare_v2(st->db, "SELECT keyid FROM trust WHERE org=? ORDER BY added, keyid LIMIT 1", -1, &s,
+                           NULL) != SQLITE_OK)
+        return tk_state__dberr(st, "cannot read the trust store");
+    sqlite3_bind_text(s, 1, org, -1, SQLITE_STATIC);
+    int rc = TK_OK, r = sqlite3_step(s);
+    if (r == SQLITE_ROW) {
+        if (!(*keyid = col_text(s, 0)))
+            rc = tk__err(TK_ERR_NOMEM, "out of memory");
+    } else if (r != SQLITE_DONE) {
+        rc = tk_state__dberr(st, "cannot read the trust store");
+    }
+    sqlite3_finalize(s);
+    return rc;
+}
+
 /* ---- garbage collection ----------------------------------------------------------------------- */
 
 static int referenced(tk_state *st, const char *sha, int *yes)

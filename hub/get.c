@@ -184,16 +184,19 @@ done:
     return rc;
 }
 
-/* Finds the signer's public key: the build's key, the trust store, or (with trust_unknown) the key
- * the signature file names, which is then added to the trust store. */
-static int check_signer(const tk_hub_env *env, const tk_hub_ref *ref, const char *keyid, const char *pubkey)
+/* Checks that the signer keyid (public key pubkey) is trusted for ref's org: the build's key, or a
+ * key in the trust store. An unknown signer is trusted only on first contact, when the caller allows
+ * it (may_add: --trust on a manifest, never for a yank statement) and the org has no trusted key at
+ * all; an org that has one never gains another from a download, whatever the flags (rotation goes
+ * through 'tk trust add'). */
+static int check_signer(const tk_hub_env *env, const tk_hub_ref *ref, const char *keyid, const char *pubkey,
+                        int may_add)
 {
-    if (env->builtin_org && env->builtin_pubkey && strcmp(env->builtin_org, ref->org) == 0) {
-        char bid[TK_KEYID_LEN];
-        if (tk_hub__pubkey_check(env->builtin_pubkey, bid) == TK_OK && strcmp(bid, keyid) == 0)
-            return TK_OK;
-    }
-    char *trusted = NULL;
+    char bid[TK_KEYID_LEN] = "";
+    if (env->builtin_org && env->builtin_pubkey && strcmp(env->builtin_org, ref->org) == 0 &&
+        tk_hub__pubkey_check(env->builtin_pubkey, bid) == TK_OK && strcmp(bid, keyid) == 0)
+        return TK_OK;
+    char *trusted = NULL, *pinned = NULL;
     int rc = tk_state__trust_get(&trusted, env->state, ref->org, keyid);
     if (rc != TK_OK)
         return rc;
@@ -204,10 +207,29 @@ static int check_signer(const tk_hub_env *env, const tk_hub_ref *ref, const char
         free(trusted);
         return rc;
     }
-    if (env->trust_unknown) {
-        say(env, TK_LOG_WARN, "trusting new signer %s for org '%s' (--trust)", keyid, ref->org);
+    if ((rc = tk_state__trust_org_key(&pinned, env->state, ref->org)) != TK_OK)
+        return rc;
+    if (!pinned && bid[0])
+        pinned = tk__strdup(bid);
+    if (pinned) {
+        rc = tk__err(TK_ERR_UNTRUSTED,
+                     "%s is signed by %s, but org '%s' is pinned to key %s; tk refuses the new signer%s\n"
+                     "HINT: a registry or the network may have swapped the key. If the publisher really rotated "
+                     "its key, confirm the new key with them and run 'tk trust add %s %s' (see \"Rotating a "
+                     "publisher key\" in docs/registry.md)",
+                     ref->name, keyid, ref->org, pinned,
+                     env->trust_unknown ? " (--trust only trusts the first key of an org)" : "", ref->org, pubkey);
+        free(pinned);
+        return rc;
+    }
+    if (env->trust_unknown && may_add) {
+        say(env, TK_LOG_WARN, "trusting new signer %s for org '%s' (--trust; first key of this org)", keyid,
+            ref->org);
         return tk_state__trust_add(env->state, ref->org, keyid, pubkey, "added by tk get --trust");
     }
+    if (!may_add)
+        return tk__err(TK_ERR_UNTRUSTED, "%s: the statement is signed by %s, which is not trusted for org '%s'",
+                       ref->name, keyid, ref->org);
     return tk__err(TK_ERR_UNTRUSTED,
                    "%s is signed by %s, which is not trusted for org '%s'\n"
                    "HINT: if you trust this publisher, run 'tk trust add %s %s', or pass --trust once",
@@ -230,7 +252,7 @@ static int yanked_by_publisher(const tk_hub_env *env, const tk_hub_ref *ref, con
     if (rc == TK_OK && (rc = tk_hub__http_get_mem(env->http, url, 65536, &stmt, &slen, NULL)) == TK_OK &&
         (rc = tk_hub__http_get_mem(env->http, surl, 16384, &sigtext, &glen, NULL)) == TK_OK &&
         (rc = tk_hub__sig_parse(keyid, pubkey, sig, sigtext, glen)) == TK_OK &&
-        (rc = tk_hub__verify(pubkey, sig, stmt, slen)) == TK_OK && (rc = check_signer(env, ref, keyid, pubkey)) == TK_OK &&
+        (rc = tk_hub__verify(pubkey, sig, stmt, slen)) == TK_OK && (rc = check_signer(env, ref, keyid, pubkey, 0)) == TK_OK &&
         (rc = tk_hub__yank_parse(&y, stmt, slen)) == TK_OK) {
         if (strcmp(y.ref.name, ref->name) != 0 || strcmp(y.version, version) != 0)
             rc = tk__err(TK_ERR_SIGNATURE, "the yank statement at %s is for %s %s", url, y.ref.name, y.version);
@@ -412,7 +434,7 @@ int tk_hub__get(tk_state_pkg **out, int *fresh, const tk_hub_env *env, const cha
                      ref.name, commit);
         goto done;
     }
-    if ((rc = check_signer(env, &ref, keyid, pubkey)) != TK_OK)
+    if ((rc = check_signer(env, &ref, keyid, pubkey, 1)) != TK_OK)
         goto done;
     char msha[TK_SHA256_HEX];
     tk__sha256_hex(msha, mtext, mlen);

@@ -78,6 +78,39 @@ t_trust_flag_and_list() {
   expect_rc 5 "$TK" get tktest/demo
 }
 
+# --trust is trust on first use: an org that has a key never gains a second one from a download.
+t_trust_flag_never_adds_a_second_key() {
+  "$TK" keygen "$WORK/evil.key" >/dev/null; local evil; evil=$(cat "$WORK/evil.key.pub")
+  local evilreg=$WORK/evilreg; rm -rf "$evilreg"
+  make_pkg "$WORK/evilpkg" 1.0.0
+  "$TK" publish "$WORK/evilpkg" --to "$evilreg" --key "$WORK/evil.key" -q >/dev/null || { fail "publish"; return; }
+  "$TK" trust add tktest "$PUB" -q
+  local pinned; pinned=$("$TK" --json trust list | python3 -c 'import json,sys; print([k["keyid"] for k in json.load(sys.stdin) if k["org"]=="tktest"][0])')
+  local evilid; evilid=$(python3 -c "import hashlib; print('SHA256:'+hashlib.sha256(bytes.fromhex('${evil#ed25519:}')).hexdigest()[:32])")
+  use_file "$evilreg"
+  for flags in "" "--trust"; do
+    expect_rc 5 "$TK" get $flags tktest/demo
+    expect_out "pinned to key $pinned"
+    expect_out "$evilid"
+    expect_out "tk trust add tktest $evil"
+    expect_no_out "trusting new signer"
+  done
+  expect_rc 0 "$TK" --json trust list
+  [ "$(echo "$OUT" | python3 -c 'import json,sys; print(len([k for k in json.load(sys.stdin) if k["org"]=="tktest"]))')" = 1 ] \
+    || fail "the trust store gained a key for tktest: $OUT"
+  expect_rc 0 "$TK" list --json
+  [ "$OUT" = "[]" ] || fail "a package signed by a stranger was installed: $OUT"
+  # the build's own org is pinned by the built-in key, even with an empty trust store
+  local org; org=$("$TK" --json trust list | python3 -c 'import json,sys; print([k["org"] for k in json.load(sys.stdin) if k.get("builtin")][0])')
+  make_pkg "$WORK/evilpkg2" 1.0.0; sed -i "s#tktest/demo#$org/demo#" "$WORK/evilpkg2/kernel.json"
+  "$TK" publish "$WORK/evilpkg2" --to "$evilreg" --key "$WORK/evil.key" -q >/dev/null || { fail "publish"; return; }
+  expect_rc 5 "$TK" get --trust "$org/demo"
+  expect_out "org '$org' is pinned to key"
+  # the rotation the README describes still works: 'tk trust add' the new key, then get
+  expect_rc 0 "$TK" trust add tktest "$evil"
+  expect_rc 0 "$TK" get tktest/demo
+}
+
 t_unknown_package_and_version() {
   use_file "$REG"
   "$TK" trust add tktest "$PUB" -q
@@ -253,6 +286,15 @@ t_yank_moves_branch_back_and_keeps_locks() {
   use_file "$WORK/yk-forged"
   expect_rc 5 "$TK" get tktest/demo
   expect_out "rollback refused"
+  # --trust changes nothing: a yank statement never adds a key, so the stranger's yank excuses nothing
+  expect_rc 5 "$TK" get --trust tktest/demo
+  expect_out "rollback refused"
+  expect_no_out "trusting new signer"
+  expect_rc 0 "$TK" --json trust list
+  [ "$(echo "$OUT" | python3 -c 'import json,sys; print(len([k for k in json.load(sys.stdin) if k["org"]=="tktest"]))')" = 1 ] \
+    || fail "a stranger's yank added a key: $OUT"
+  expect_rc 0 "$TK" info tktest/demo
+  expect_out "1.0.1"
 }
 
 t_publish_rules_and_history() {
