@@ -3,11 +3,12 @@
  * signature and the source archive, verify them, unpack safely and record the install.
  *
  * Order matters for safety:
- *   signature verified → manifest parsed → rollback and name checks → JIT validation hook →
- *   archive downloaded and its sha256 checked → unpacked (allowlist, per-file digests) →
+ *   signature verified → manifest parsed → name and commit-id checks → rollback check → JIT
+ *   validation hook → archive downloaded and its sha256 checked → unpacked (allowlist, per-file digests) →
  *   objects moved into the store → rows committed in one short transaction.
  * Nothing is installed until the last step, and a failure at any step leaves the old state.
- * Requests: refs (unless an exact commit is given), then at most manifest, signature and archive.
+ * Requests: refs (unless an exact commit is given), then at most manifest, signature, the commit's
+ * info document (for its parent, to recompute the commit id) and archive.
  */
 #include <errno.h>
 #include <fcntl.h>
@@ -24,6 +25,7 @@
 #include "hub/hub.h"
 #include "hub/manifest.h"
 #include "hub/sign.h"
+#include "hub/tree.h"
 
 #define say(env, level, ...) tk__logf((env)->log, (env)->log_user, (level), __VA_ARGS__)
 
@@ -282,6 +284,54 @@ static int fetch_small(const tk_hub_env *env, const tk_hub_ref *ref, const char 
     return rc;
 }
 
+/* Checks that commit names what was downloaded: recomputes the id from the parent the registry
+ * gives in the commit's info document (api/kernels/{org}/{name}/revision/{commit}, "tk"."parent")
+ * and the digests of the manifest, the signature and the archive the signed manifest names (the
+ * archive is checked against that digest when it arrives). A registry that serves another
+ * version's files under this commit cannot make the ids agree without a sha256 preimage. */
+static int check_commit(const tk_hub_env *env, const tk_hub_ref *ref, const char *commit, const char *msha,
+                        const char *sigtext, size_t siglen, const tk_hub_manifest *m)
+{
+    char *url = tk__fmt("%s/api/kernels/%s/%s/revision/%s", env->endpoint, ref->org, ref->pkg, commit);
+    char *body = NULL;
+    size_t len = 0;
+    json_t *j = NULL;
+    int rc = url ? tk_hub__http_get_mem(env->http, url, 1u << 20, &body, &len, NULL)
+                 : tk__err(TK_ERR_NOMEM, "out of memory");
+    if (rc == TK_ERR_NOT_FOUND)
+        rc = tk__err(TK_ERR_MANIFEST, "%s: the registry has no info document for commit %s (%s), so tk cannot "
+                     "check that the commit holds what it names\nHINT: republish the package with this tk "
+                     "version, or use a registry written by 'tk publish'", ref->name, commit, url);
+    if (rc != TK_OK)
+        goto done;
+    j = json_loadb(body, len, 0, NULL);
+    const char *sha = json_string_value(json_object_get(j, "sha"));
+    const char *parent = json_string_value(json_object_get(json_object_get(j, "tk"), "parent"));
+    if (!sha || strcmp(sha, commit) != 0 || !parent || !tk__is_hex(parent, 40)) {
+        rc = tk__err(TK_ERR_MANIFEST, "%s: the info document of commit %s (%s) %s\nHINT: the registry was "
+                     "written by an older tk (republish with this one), or it is damaged", ref->name, commit, url,
+                     !j ? "is not valid JSON" : !sha || strcmp(sha, commit) ? "names another commit"
+                                                              : "does not give the commit's parent (tk.parent)");
+        goto done;
+    }
+    char ssha[TK_SHA256_HEX], got[41];
+    tk__sha256_hex(ssha, sigtext, siglen);
+    const char *names[3] = {"manifest.json", "manifest.json.sig", m->archive.path};
+    const char *shas[3] = {msha, ssha, m->archive.sha256};
+    if ((rc = tk_hub__tree_commit_id(got, parent, names, shas)) != TK_OK)
+        goto done;
+    if (strcmp(got, commit) != 0)
+        rc = tk__err(TK_ERR_DIGEST, "%s: commit %s does not hold what it names: the files the registry served "
+                     "there (%s %s) make commit %s\nHINT: the registry or a mirror put another version's files "
+                     "under this commit; do not use it, and report it to the registry's operator",
+                     ref->name, commit, m->name, m->version, got);
+done:
+    json_decref(j);
+    free(body);
+    free(url);
+    return rc;
+}
+
 /* Downloads the archive into the store's tmp dir under a name derived from its digest, so a killed
  * get resumes where it stopped. An flock on "<file>.lock" keeps two processes off the same file. */
 static int fetch_archive(const tk_hub_env *env, const tk_hub_ref *ref, const char *commit,
@@ -454,6 +504,8 @@ int tk_hub__get(tk_state_pkg **out, int *fresh, const tk_hub_env *env, const cha
                      ref.name);
         goto done;
     }
+    if ((rc = check_commit(env, &ref, commit, msha, sigtext, siglen, m)) != TK_OK)
+        goto done;
     if (major && m->major != major) {
         rc = tk__err(TK_ERR_MANIFEST, "%s: branch v%d holds version %s (major %d)", ref.name, major, m->version,
                      m->major);

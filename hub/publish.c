@@ -326,7 +326,7 @@ int tk_hub__publish(char **commit_out, const char *pkgdir, const char *to_dir, c
     /* 7. Revision document for the commit, then move the branch and rewrite the refs. */
     char *revdir = tk__path_join(api_dir, "revision");
     char *revpath = revdir ? tk__path_join(revdir, commit) : NULL;
-    json_t *doc = tk_hub__tree_info_doc(name, commit, ext, version, major);
+    json_t *doc = tk_hub__tree_info_doc(name, commit, ext, version, major, head);
     if (!revdir || !revpath || !doc)
         rc = tk__err(TK_ERR_NOMEM, "out of memory");
     if (rc == TK_OK)

@@ -503,7 +503,7 @@ static int receive_version(char commit[41], int *created, char version[32], tk_s
         goto done;
     revdir = tk__path_join(api_dir, "revision");
     revpath = revdir ? tk__path_join(revdir, commit) : NULL;
-    doc = tk_hub__tree_info_doc(m->name, commit, archive_name, m->version, m->major);
+    doc = tk_hub__tree_info_doc(m->name, commit, archive_name, m->version, m->major, head);
     if (!revpath || !doc) {
         rc = tk__err(TK_ERR_NOMEM, "out of memory");
         goto done;

@@ -61,12 +61,30 @@ int tk_hub__tree_write_json(const char *path, json_t *j)
 }
 
 json_t *tk_hub__tree_info_doc(const char *name, const char *commit, const char *archive_name, const char *version,
-                        int major)
+                              int major, const char *parent)
 {
-    return json_pack("{s:s, s:s, s:s, s:b, s:b, s:b, s:[s], s:[{s:s},{s:s},{s:s}], s:{s:s, s:i}}", "id", name,
+    return json_pack("{s:s, s:s, s:s, s:b, s:b, s:b, s:[s], s:[{s:s},{s:s},{s:s}], s:{s:s, s:i, s:s}}", "id", name,
                      "_id", commit, "sha", commit, "private", 0, "disabled", 0, "gated", 0, "tags", "kernel",
                      "siblings", "rfilename", "manifest.json", "rfilename", "manifest.json.sig", "rfilename",
-                     archive_name, "tk", "version", version, "major", major);
+                     archive_name, "tk", "version", version, "major", major, "parent",
+                     parent ? parent : TK_HUB_NO_PARENT);
+}
+
+char *tk_hub__tree_commit_parent(const char *api_dir, const char *commit)
+{
+    char *path = tk__fmt("%s/revision/%s", api_dir, commit);
+    char *text = NULL, *parent = NULL;
+    size_t n = 0;
+    if (path && tk__read_file(&text, &n, path, 1u << 20) == TK_OK) {
+        json_t *j = json_loadb(text, n, 0, NULL);
+        const char *p = json_string_value(json_object_get(json_object_get(j, "tk"), "parent"));
+        if (p && tk__is_hex(p, 40))
+            parent = tk__strdup(p);
+        json_decref(j);
+    }
+    free(path);
+    free(text);
+    return parent;
 }
 
 /* A commit's manifest in the tree, parsed as plain JSON (NULL when missing). */
@@ -96,7 +114,7 @@ int tk_hub__tree_update_refs(const char *tree, const char *api_dir, const char *
 {
     int rc = TK_OK, best = 0;
     json_t *branches = json_array(), *refs = NULL, *vdoc = NULL, *mdoc = NULL, *reg = NULL, *bm = NULL;
-    char *best_commit = NULL, *nv = NULL, *bv = NULL, *vpath = NULL, *mpath = NULL, *ipath = NULL,
+    char *best_commit = NULL, *nv = NULL, *bv = NULL, *np = NULL, *bp = NULL, *vpath = NULL, *mpath = NULL, *ipath = NULL,
          *refs_path = NULL, *rpath = NULL, *text = NULL;
     DIR *d = opendir(resolve_dir);
     if (!d || !branches) {
@@ -143,8 +161,11 @@ int tk_hub__tree_update_refs(const char *tree, const char *api_dir, const char *
     bv = tk_hub__tree_commit_version(resolve_dir, best_commit);
     bm = tk_hub__tree_commit_manifest(resolve_dir, best_commit);
     const char *best_archive = json_string_value(json_object_get(json_object_get(bm, "archive"), "path"));
-    vdoc = tk_hub__tree_info_doc(name, new_commit, archive_name, nv ? nv : "", new_major);
-    mdoc = tk_hub__tree_info_doc(name, best_commit, best_archive ? best_archive : archive_name, bv ? bv : "", best);
+    np = tk_hub__tree_commit_parent(api_dir, new_commit);
+    bp = tk_hub__tree_commit_parent(api_dir, best_commit);
+    vdoc = tk_hub__tree_info_doc(name, new_commit, archive_name, nv ? nv : "", new_major, np);
+    mdoc = tk_hub__tree_info_doc(name, best_commit, best_archive ? best_archive : archive_name, bv ? bv : "", best,
+                                 bp);
     vpath = tk__fmt("%s/revision/v%d", api_dir, new_major);
     mpath = tk__fmt("%s/revision/main", api_dir);
     ipath = tk__path_join(api_dir, "index.json");
@@ -182,6 +203,8 @@ done:
     free(best_commit);
     free(nv);
     free(bv);
+    free(np);
+    free(bp);
     free(vpath);
     free(mpath);
     free(ipath);
@@ -194,7 +217,7 @@ done:
 int tk_hub__tree_commit_id(char out[41], const char *parent, const char *const names[3], const char *const shas[3])
 {
     tk_buf b = TK_BUF_INIT;
-    int rc = tk__buf_printf(&b, "tk-commit-1\n%s\n", parent ? parent : "0000000000000000000000000000000000000000");
+    int rc = tk__buf_printf(&b, "tk-commit-1\n%s\n", parent ? parent : TK_HUB_NO_PARENT);
     for (int i = 0; i < 3 && rc == TK_OK; i++)
         rc = tk__buf_printf(&b, "%s %s\n", names[i], shas[i]);
     uint8_t md[TK_SHA256_LEN];

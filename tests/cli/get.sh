@@ -51,8 +51,8 @@ t_get_nginx_request_count() {
   local before; before=$(nginx_requests)
   expect_rc 0 "$TK" get tktest/demo@1
   local n=$(( $(nginx_requests) - before ))
-  # refs + manifest + signature + archive
-  [ "$n" -eq 4 ] || fail "get made $n requests, want 4 (refs, then at most three)"
+  # refs + manifest + signature + the commit's info document (its parent) + archive
+  [ "$n" -eq 5 ] || fail "get made $n requests, want 5 (refs, then at most four)"
   before=$(nginx_requests)
   expect_rc 0 "$TK" get tktest/demo
   n=$(( $(nginx_requests) - before ))
@@ -125,6 +125,9 @@ t_unknown_package_and_version() {
 
 # copy_reg: a private copy of the registry to tamper with.
 copy_reg() { rm -rf "$WORK/bad"; cp -a "$REG" "$WORK/bad"; use_file "$WORK/bad"; BAD=$WORK/bad/kernels/tktest/demo/resolve/$(readlink "$WORK/bad/kernels/tktest/demo/resolve/v1"); }
+# recommit_bad: after editing $BAD's files, moves them to the commit id they make (as a hostile
+# registry would), so the test reaches the check it is about rather than the commit-id check.
+recommit_bad() { recommit "$WORK/bad" tktest/demo v1 >/dev/null; BAD=$WORK/bad/kernels/tktest/demo/resolve/$(readlink "$WORK/bad/kernels/tktest/demo/resolve/v1"); }
 
 t_tampered_manifest() {
   copy_reg; "$TK" trust add tktest "$PUB" -q
@@ -163,7 +166,7 @@ t_malformed_manifest_validly_signed() {
 t_bad_launch_rule_refused_at_install() {
   copy_reg; "$TK" trust add tktest "$PUB" -q
   sed -i 's/cdiv(n, 256)/cdiv(n, 256) + bogus.shape[0]/' "$BAD/manifest.json"
-  sign_file "$KEY" "$BAD/manifest.json"
+  sign_file "$KEY" "$BAD/manifest.json"; recommit_bad
   expect_rc 5 "$TK" get tktest/demo
   expect_out "launch.grid[0]"
   expect_out "bogus"
@@ -187,7 +190,7 @@ else:
     k["params"].append({"name": "flag", "type": "i64", "optional": True})
 json.dump(m, open(sys.argv[2], "w"))
 EOF
-    sign_file "$KEY" "$BAD/manifest.json"
+    sign_file "$KEY" "$BAD/manifest.json"; recommit_bad
     expect_rc 5 "$TK" get tktest/demo
     case $kind in
       nosize) expect_out "needs a 'value'" ;;
@@ -225,9 +228,51 @@ m = json.load(open(d + "/manifest.json"))
 m["archive"]["sha256"] = hashlib.sha256(arc).hexdigest(); m["archive"]["size"] = len(arc)
 open(d + "/manifest.json", "w").write(json.dumps(m, indent=2) + "\n")
 EOF
-  sign_file "$KEY" "$BAD/manifest.json"
+  sign_file "$KEY" "$BAD/manifest.json"; recommit_bad
   expect_rc 5 "$TK" get tktest/demo
+  expect_out "escape.cu"
   [ ! -e "$TK_HOME/store/escape.cu" ] && [ ! -e "$TK_HOME/escape.cu" ] || fail "archive escaped"
+}
+
+# A commit id names its content: a mirror that serves 1.0.0's signed files under 1.1.0's commit is
+# refused, by commit and by branch, on a machine that never saw 1.1.0.
+t_commit_holds_what_it_names() {
+  "$TK" trust add tktest "$PUB" -q
+  local r=$WORK/swap; rm -rf "$r"; cp -a "$REG" "$r"
+  make_pkg "$WORK/pkgsw" 1.1.0
+  local c0 c1; c0=$(readlink "$r/kernels/tktest/demo/resolve/v1")
+  c1=$("$TK" publish "$WORK/pkgsw" --to "$r" --key "$KEY" -q) || { fail "publish"; return; }
+  rm "$r/kernels/tktest/demo/resolve/$c1"/*
+  cp "$r/kernels/tktest/demo/resolve/$c0"/* "$r/kernels/tktest/demo/resolve/$c1/"
+  use_file "$r"
+  expect_rc 5 "$TK" get "tktest/demo@$c1"
+  expect_out "commit $c1 does not hold what it names"
+  expect_out "tktest/demo 1.0.0"
+  expect_rc 5 "$TK" get tktest/demo
+  expect_out "does not hold what it names"
+  # a forged parent in the info document does not help: the id is a hash over it
+  python3 - "$r/api/kernels/tktest/demo/revision/$c1" "$c0" <<'EOF'
+import json, sys
+d = json.load(open(sys.argv[1])); d["tk"]["parent"] = sys.argv[2]; json.dump(d, open(sys.argv[1], "w"))
+EOF
+  expect_rc 5 "$TK" get "tktest/demo@$c1"
+  expect_out "does not hold what it names"
+  # an info document without the parent (an older tk's tree) is refused with a hint, not trusted
+  python3 - "$r/api/kernels/tktest/demo/revision/$c1" <<'EOF'
+import json, sys
+d = json.load(open(sys.argv[1])); del d["tk"]["parent"]; json.dump(d, open(sys.argv[1], "w"))
+EOF
+  expect_rc 5 "$TK" get "tktest/demo@$c1"
+  expect_out "does not give the commit's parent"
+  expect_out "HINT"
+  rm "$r/api/kernels/tktest/demo/revision/$c1"
+  expect_rc 5 "$TK" get "tktest/demo@$c1"
+  expect_out "no info document for commit $c1"
+  expect_rc 0 "$TK" list --json
+  [ "$OUT" = "[]" ] || fail "something was installed: $OUT"
+  # the honest commits still install, each as the version it names
+  expect_rc 0 "$TK" get "tktest/demo@$c0"
+  expect_out "1.0.0"
 }
 
 t_rollback_refused() {
