@@ -30,6 +30,7 @@ typedef struct {
     int offline;   /* --offline */
     int tty;       /* stderr is a terminal: progress bars */
     tk_ctx *ctx;   /* created on first use by tk_cli_ctx() */
+    int ctx_exit;  /* the exit code for tk_cli_ctx's failure (main returns it), 0 if none */
 } tk_cli;
 
 /* The context, created on first call with the global options. NULL after printing an error. */

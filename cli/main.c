@@ -122,6 +122,8 @@ int main(int argc, char **argv)
     for (size_t i = 0; i < sizeof commands / sizeof *commands; i++) {
         if (!strcmp(argv[1], commands[i].name)) {
             int rc = commands[i].fn(&cli, argc - 1, argv + 1);
+            if (rc == TK_EXIT_FAIL && cli.ctx_exit) /* commands return 1 when the context failed */
+                rc = cli.ctx_exit;
             tk_ctx_free(cli.ctx);
             return rc;
         }

@@ -694,7 +694,7 @@ int tk_hub__archive_extract(const char *archive_path, const char *dest_dir,
         goto done;
     }
 
-    afd = open(archive_path, O_RDONLY | O_CLOEXEC);
+    afd = open(archive_path, O_RDONLY | O_NOFOLLOW | O_CLOEXEC);
     struct stat st;
     if (afd < 0) {
         rc = tk__err_sys("cannot open archive", archive_path);

@@ -349,7 +349,9 @@ static int fetch_archive(const tk_hub_env *env, const tk_hub_ref *ref, const cha
         rc = tk__err(TK_ERR_NOMEM, "out of memory");
         goto done;
     }
-    if ((lfd = open(lock, O_RDWR | O_CREAT | O_CLOEXEC, 0644)) < 0 || flock(lfd, LOCK_EX) != 0) {
+    if ((rc = tk__open_nofollow(&lfd, lock, O_RDWR | O_CREAT, 0644)) != TK_OK)
+        goto done;
+    if (flock(lfd, LOCK_EX) != 0) {
         rc = tk__err_sys("cannot lock", lock);
         goto done;
     }
@@ -359,8 +361,13 @@ static int fetch_archive(const tk_hub_env *env, const tk_hub_ref *ref, const cha
     if (tk__path_exists(path)) {
         char sha[TK_SHA256_HEX];
         int64_t size = 0;
-        if (tk__sha256_file(sha, &size, path) == TK_OK && strcmp(sha, m->archive.sha256) == 0)
+        int hrc = tk__sha256_file_nofollow(sha, &size, path);
+        if (hrc == TK_OK && strcmp(sha, m->archive.sha256) == 0)
             goto ok;
+        if (hrc != TK_OK && hrc != TK_ERR_NOT_FOUND) { /* a link, or not a file: refused, named */
+            rc = hrc;
+            goto done;
+        }
         unlink(path);
     }
     /* A little slack over the signed size, so an oversized body is reported as the digest mismatch
@@ -393,7 +400,7 @@ static int unpack_and_store(const tk_hub_env *env, const tk_hub_manifest *m, con
     char *stage = tk__tmp_path(tk_state__tmp_dir(env->state), "unpack");
     if (!stage)
         return tk__err(TK_ERR_NOMEM, "out of memory");
-    if ((rc = tk__mkdirs(stage, 0700)) != TK_OK)
+    if ((rc = tk__mkdir_new(stage, 0700)) != TK_OK)
         goto done;
     if ((rc = tk_hub__archive_extract(archive, stage, m->files, m->nfiles, NULL)) != TK_OK) {
         rc = tk__err_wrap(rc, "%s", m->name);

@@ -405,6 +405,67 @@ t_verify_detects_tampering() {
   expect_rc 0 "$TK" verify
 }
 
+# A symlink planted at each path tk writes under its home, pointing outside it: tk refuses the link,
+# naming it, and nothing outside the home changes (files, sizes, times, modes and contents checked).
+t_planted_symlinks_never_followed() {
+  use_file "$REG"
+  local out=$WORK/outside m asha fsha i=0
+  rm -rf "$out"; mkdir -p "$out/dir"
+  m=$DEMO_DIR/$(readlink "$DEMO_DIR/v1")/manifest.json
+  asha=$(python3 -c "import json; print(json.load(open('$m'))['archive']['sha256'])")
+  fsha=$(python3 -c "import json; print(json.load(open('$m'))['files'][0]['sha256'])")
+  cp "$DEMO_DIR/v1/source.tar.gz" "$out/archive-copy"
+  echo precious >"$out/victim"; echo keep >"$out/dir/unreferenced"
+  snap() { (cd "$out" && find . -printf '%p %s %T@ %m %n\n' | sort && find . -type f -exec sha256sum {} + | sort); }
+  local before; before=$(snap)
+  local cases=(
+    "store/tmp/$asha-source.tar.gz.part|$out/victim"
+    "store/tmp/$asha-source.tar.gz.lock|$out/created-lock"
+    "store/tmp/$asha-source.tar.gz|$out/archive-copy"
+    "store/objects/${fsha:0:2}|$out/dir"
+    "store/objects/${fsha:0:2}/$fsha|$out/victim"
+    "store/.lock|$out/created-store-lock"
+    "state.db-wal|$out/created-wal"
+    "state.db-shm|$out/created-shm"
+    "store/tmp|$out/dir"
+    "state.db|$out/created-db"
+    "cache/cache.db|$out/created-cache-db"
+    "cache/cache.db-wal|$out/created-cache-wal"
+    "cache|$out/dir"
+  )
+  local c rel target
+  for c in "${cases[@]}"; do
+    rel=${c%%|*}; target=${c#*|}; i=$((i + 1))
+    export TK_HOME=$WORK/home-sym-$i; rm -rf "$TK_HOME"; mkdir -p "$TK_HOME"
+    if [ "$rel" != state.db ]; then "$TK" trust add tktest "$PUB" -q || { fail "trust add ($rel)"; continue; }; fi
+    case $rel in store/tmp|cache) rm -rf "${TK_HOME:?}/$rel" ;; esac
+    mkdir -p "$(dirname "$TK_HOME/$rel")"; ln -s "$target" "$TK_HOME/$rel"
+    case $rel in
+      state.db) expect_rc 6 "$TK" trust add tktest "$PUB" ;;
+      cache|cache/*) expect_rc 6 "$TK" cache stats ;;   # the compiled-binary cache (SQLite)
+      *) expect_rc 6 "$TK" get tktest/demo ;;
+    esac
+    expect_out "$TK_HOME/$rel"
+    [ "$(snap)" = "$before" ] || { fail "a link at $rel changed something outside the home:"; diff <(echo "$before") <(snap) >&2; }
+    rm "$TK_HOME/$rel"
+    [ "$rel" = state.db ] && "$TK" trust add tktest "$PUB" -q
+    case $rel in cache*) expect_rc 0 "$TK" cache stats ;; esac
+    expect_rc 0 "$TK" get tktest/demo
+  done
+  # verify: an object replaced by a link to an identical copy outside is tampering
+  local obj; obj=$TK_HOME/store/objects/${fsha:0:2}/$fsha
+  cp "$obj" "$out/same"; chmod u+w "$obj"; rm -f "$obj"; ln -s "$out/same" "$obj"
+  before=$(snap)
+  expect_rc 5 "$TK" verify
+  expect_out "symbolic link"
+  expect_out "tampering"
+  # a planted objects/<ab> link to a directory elsewhere: remove (which collects unreferenced
+  # objects) deletes nothing there
+  rm "$obj"; ln -s "$out/dir" "$TK_HOME/store/objects/zz"
+  expect_rc 0 "$TK" remove tktest/demo
+  [ "$(snap)" = "$before" ] || { fail "remove changed something outside the home:"; diff <(echo "$before") <(snap) >&2; }
+}
+
 t_remove_collects_files() {
   use_file "$REG"; "$TK" trust add tktest "$PUB" -q
   "$TK" get -q tktest/demo >/dev/null
