@@ -66,6 +66,8 @@ static const char *path_problem(const char *p, int dir)
             return "the path has a '.' component";
         if (len == 2 && p[start] == '.' && p[start + 1] == '.')
             return "the path has a '..' component";
+        if (len > 255)
+            return "a path component is longer than 255 bytes";
         if (i < n && ++depth > MAX_DEPTH)
             return "the path is nested more than 64 levels deep";
         start = i + 1;

@@ -274,8 +274,14 @@ static int fetch_small(const tk_hub_env *env, const tk_hub_ref *ref, const char 
     char *url = tk__fmt("%s/kernels/%s/%s/resolve/%s/%s", env->endpoint, ref->org, ref->pkg, commit, file);
     if (!url)
         return tk__err(TK_ERR_NOMEM, "out of memory");
-    int rc = tk_hub__http_get_mem(env->http, url, max, out, len, NULL);
-    if (rc == TK_ERR_NOT_FOUND && strcmp(file, "manifest.json.sig") == 0)
+    tk_hub_http_meta meta;
+    int rc = tk_hub__http_get_mem(env->http, url, max, out, len, &meta);
+    int is_sig = strcmp(file, "manifest.json.sig") == 0;
+    if (rc != TK_OK && meta.too_big) /* the package's own file, whatever the transport: refused */
+        rc = tk__err(is_sig ? TK_ERR_SIGNATURE : TK_ERR_MANIFEST, "%s at %s: %s is larger than the %zu bytes tk "
+                     "accepts for it; tk refuses the package\nHINT: the registry's copy is damaged or hostile; "
+                     "report it to the publisher", ref->name, commit, file, max);
+    else if (rc == TK_ERR_NOT_FOUND && is_sig)
         rc = tk__err(TK_ERR_SIGNATURE, "%s at %s has no signature (manifest.json.sig is missing); tk refuses "
                      "unsigned packages", ref->name, commit);
     else if (rc == TK_ERR_NOT_FOUND)

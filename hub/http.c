@@ -783,6 +783,7 @@ static int run_request(req *r, tk_hub_http_meta *meta)
         copy_field(meta->repo_commit, sizeof meta->repo_commit, r->repo_commit);
         copy_field(meta->error_code, sizeof meta->error_code, r->error_code);
         meta->attempts = attempt;
+        meta->too_big = r->too_big;
     }
     return rc;
 }

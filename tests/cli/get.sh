@@ -509,6 +509,85 @@ t_sigkill_mid_get() {
   stop_nginx
 }
 
+# One exit code per class of failure, as 'tk --help' documents them: 5 a package refused, 6 local I/O
+# (disk full, read-only home), 4 the network.
+t_exit_codes_package_refused() {
+  copy_reg; "$TK" trust add tktest "$PUB" -q
+  local orig=$WORK/class-orig; rm -rf "$orig"; cp -a "$BAD" "$orig"
+  local kind
+  for kind in longname deep; do
+    rm -f "$BAD"/*; cp "$orig"/* "$BAD/"
+    # a validly signed package whose archive (and manifest) hold a hostile path
+    python3 - "$BAD" "$kind" <<'EOF'
+import hashlib, io, json, sys, tarfile
+d, kind = sys.argv[1:3]
+name = ("n" * 300 + ".cu") if kind == "longname" else "/".join(["d"] * 200) + "/x.cu"
+data = b"x\n"
+buf = io.BytesIO()
+with tarfile.open(fileobj=buf, mode="w:gz", format=tarfile.PAX_FORMAT) as t:
+    ti = tarfile.TarInfo(name); ti.size = len(data); t.addfile(ti, io.BytesIO(data))
+arc = buf.getvalue()
+open(d + "/source.tar.gz", "wb").write(arc)
+m = json.load(open(d + "/manifest.json"))
+m["files"] = [{"path": name, "sha256": hashlib.sha256(data).hexdigest(), "size": len(data)}]
+m["archive"]["sha256"] = hashlib.sha256(arc).hexdigest(); m["archive"]["size"] = len(arc)
+open(d + "/manifest.json", "w").write(json.dumps(m, indent=2) + "\n")
+EOF
+    sign_file "$KEY" "$BAD/manifest.json"; recommit_bad
+    expect_rc 5 "$TK" get tktest/demo
+    expect_out "not a safe relative path"
+  done
+  # oversized signature and manifest, over file:// as over http: a refused package, not the network
+  rm -f "$BAD"/*; cp "$orig"/* "$BAD/"
+  head -c 20000 /dev/zero | tr '\0' ' ' >>"$BAD/manifest.json.sig"
+  expect_rc 5 "$TK" get tktest/demo
+  expect_out "manifest.json.sig is larger than"
+  cp "$orig/manifest.json.sig" "$BAD/"
+  head -c $((5 << 20)) /dev/zero | tr '\0' ' ' >>"$BAD/manifest.json"
+  expect_rc 5 "$TK" get tktest/demo
+  expect_out "manifest.json is larger than"
+  start_nginx "$WORK/bad" || { fail "nginx"; return; }
+  export TK_ENDPOINT=$NGINX_URL
+  expect_rc 5 "$TK" get tktest/demo
+  expect_out "manifest.json is larger than"
+  stop_nginx
+  expect_rc 0 "$TK" list --json
+  [ "$OUT" = "[]" ] || fail "a refused package was installed: $OUT"
+}
+
+t_exit_codes_local_io() {
+  local mnt=$WORK/tiny-io; mkdir -p "$mnt"
+  mount -t tmpfs -o size=1m tmpfs "$mnt" 2>/dev/null || { skip "cannot mount a tmpfs here (needs root)"; return; }
+  use_file "$REG"
+  export TK_HOME=$mnt/home
+  "$TK" trust add tktest "$PUB" -q || fail "trust add"
+  dd if=/dev/zero of="$mnt/fill" bs=4k 2>/dev/null   # the disk is full now
+  local c
+  for c in "list" "verify" "trust add tktest2 $PUB" "get tktest/demo"; do
+    expect_rc 6 "$TK" $c
+    expect_out "HINT"
+  done
+  rm -f "$mnt/fill"
+  "$TK" get -q tktest/demo >/dev/null || fail "get after freeing space"
+  mount -o remount,ro "$mnt" || { fail "remount read-only"; umount "$mnt"; return; }
+  for c in "list" "verify" "remove tktest/demo"; do
+    expect_rc 6 "$TK" $c
+    expect_out "$mnt/home"
+  done
+  TK_HOME=$mnt/absent expect_rc 6 "$TK" list
+  expect_out "Read-only file system"
+  umount "$mnt"
+}
+
+t_exit_codes_network() {
+  local port; port=$(free_port)   # nothing listens there
+  export TK_ENDPOINT=http://127.0.0.1:$port
+  "$TK" trust add tktest "$PUB" -q
+  expect_rc 4 "$TK" get tktest/demo
+  TK_OFFLINE=1 expect_rc 4 "$TK" get tktest/demo
+  expect_out "offline"
+}
+
 t_full_disk() {
   local mnt=$WORK/tiny; mkdir -p "$mnt"
   mount -t tmpfs -o size=2m tmpfs "$mnt" 2>/dev/null || { skip "cannot mount a tmpfs here (needs root)"; return; }
