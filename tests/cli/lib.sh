@@ -67,7 +67,7 @@ tree, name, branch = sys.argv[1:4]
 res = f"{tree}/kernels/{name}/resolve"; api = f"{tree}/api/kernels/{name}"
 old = os.readlink(f"{res}/{branch}")
 doc = json.load(open(f"{api}/revision/{old}"))
-parent = doc["tk"]["parent"]
+parent = doc.get("tk", {}).get("parent", "0" * 40)
 names = [s["rfilename"] for s in doc["siblings"]]
 sha = lambda p: hashlib.sha256(open(p, "rb").read()).hexdigest()
 m = json.load(open(f"{res}/{old}/manifest.json"))
