@@ -190,9 +190,11 @@ done:
  * key in the trust store. An unknown signer is trusted only on first contact, when the caller allows
  * it (may_add: --trust on a manifest, never for a yank statement) and the org has no trusted key at
  * all; an org that has one never gains another from a download, whatever the flags (rotation goes
- * through 'tk trust add'). */
+ * through 'tk trust add'). *add (NULL: may_add is 0) is set to 1 when the signer is to be trusted on
+ * first use: the caller records it in the install's transaction, so a package refused later leaves
+ * no key behind. */
 static int check_signer(const tk_hub_env *env, const tk_hub_ref *ref, const char *keyid, const char *pubkey,
-                        int may_add)
+                        int may_add, int *add)
 {
     char bid[TK_KEYID_LEN] = "";
     if (env->builtin_org && env->builtin_pubkey && strcmp(env->builtin_org, ref->org) == 0 &&
@@ -224,10 +226,11 @@ static int check_signer(const tk_hub_env *env, const tk_hub_ref *ref, const char
         free(pinned);
         return rc;
     }
-    if (env->trust_unknown && may_add) {
+    if (env->trust_unknown && may_add && add) {
         say(env, TK_LOG_WARN, "trusting new signer %s for org '%s' (--trust; first key of this org)", keyid,
             ref->org);
-        return tk_state__trust_add(env->state, ref->org, keyid, pubkey, "added by tk get --trust");
+        *add = 1;
+        return TK_OK;
     }
     if (!may_add)
         return tk__err(TK_ERR_UNTRUSTED, "%s: the statement is signed by %s, which is not trusted for org '%s'",
@@ -254,7 +257,7 @@ static int yanked_by_publisher(const tk_hub_env *env, const tk_hub_ref *ref, con
     if (rc == TK_OK && (rc = tk_hub__http_get_mem(env->http, url, 65536, &stmt, &slen, NULL)) == TK_OK &&
         (rc = tk_hub__http_get_mem(env->http, surl, 16384, &sigtext, &glen, NULL)) == TK_OK &&
         (rc = tk_hub__sig_parse(keyid, pubkey, sig, sigtext, glen)) == TK_OK &&
-        (rc = tk_hub__verify(pubkey, sig, stmt, slen)) == TK_OK && (rc = check_signer(env, ref, keyid, pubkey, 0)) == TK_OK &&
+        (rc = tk_hub__verify(pubkey, sig, stmt, slen)) == TK_OK && (rc = check_signer(env, ref, keyid, pubkey, 0, NULL)) == TK_OK &&
         (rc = tk_hub__yank_parse(&y, stmt, slen)) == TK_OK) {
         if (strcmp(y.ref.name, ref->name) != 0 || strcmp(y.version, version) != 0)
             rc = tk__err(TK_ERR_SIGNATURE, "the yank statement at %s is for %s %s", url, y.ref.name, y.version);
@@ -449,7 +452,7 @@ int tk_hub__get(tk_state_pkg **out, int *fresh, const tk_hub_env *env, const cha
     char *mtext = NULL, *sigtext = NULL, *archive = NULL, *seen = NULL;
     size_t mlen = 0, siglen = 0;
     char commit[41] = "", yanked_seen[68] = "";
-    int major = 0, locked = 0, in_tx = 0, archive_lock = -1;
+    int major = 0, locked = 0, in_tx = 0, archive_lock = -1, trust_new = 0;
     int rc = tk_hub__ref_parse(&ref, refstr);
     if (rc != TK_OK)
         return rc;
@@ -498,7 +501,7 @@ int tk_hub__get(tk_state_pkg **out, int *fresh, const tk_hub_env *env, const cha
                      ref.name, commit);
         goto done;
     }
-    if ((rc = check_signer(env, &ref, keyid, pubkey, 1)) != TK_OK)
+    if ((rc = check_signer(env, &ref, keyid, pubkey, 1, &trust_new)) != TK_OK)
         goto done;
     char msha[TK_SHA256_HEX];
     tk__sha256_hex(msha, mtext, mlen);
@@ -593,6 +596,20 @@ int tk_hub__get(tk_state_pkg **out, int *fresh, const tk_hub_env *env, const cha
         rc = tk__err(TK_ERR_ROLLBACK, "%s: version %s is older than %s, installed meanwhile", m->name,
                      m->version, seen);
         goto done;
+    }
+    if (trust_new) {
+        /* first use, recorded with the install; another process may have pinned a key meanwhile */
+        char *pinned = NULL;
+        if ((rc = tk_state__trust_org_key(&pinned, env->state, ref.org)) != TK_OK)
+            goto done;
+        if (pinned && strcmp(pinned, keyid) != 0)
+            rc = tk__err(TK_ERR_UNTRUSTED, "%s is signed by %s, but org '%s' was pinned to key %s meanwhile",
+                         ref.name, keyid, ref.org, pinned);
+        else if (!pinned)
+            rc = tk_state__trust_add(env->state, ref.org, keyid, pubkey, "added by tk get --trust");
+        free(pinned);
+        if (rc != TK_OK)
+            goto done;
     }
     if ((rc = tk_state__pkg_put(env->state, p)) != TK_OK ||
         (rc = (yank_accepted ? tk_state__seen_set : tk_state__seen_put)(env->state, m->name, m->major, m->version,

@@ -84,6 +84,14 @@ t_trust_flag_never_adds_a_second_key() {
   local evilreg=$WORK/evilreg; rm -rf "$evilreg"
   make_pkg "$WORK/evilpkg" 1.0.0
   "$TK" publish "$WORK/evilpkg" --to "$evilreg" --key "$WORK/evil.key" -q >/dev/null || { fail "publish"; return; }
+  # first contact with --trust, but the package is refused (its archive does not match): no key is
+  # left trusted, since the key is recorded with the install
+  copy_reg; echo junk >>"$BAD/source.tar.gz"
+  expect_rc 5 "$TK" get --trust tktest/demo
+  expect_out "does not match"
+  expect_rc 0 "$TK" --json trust list
+  [ "$(echo "$OUT" | python3 -c 'import json,sys; print(len([k for k in json.load(sys.stdin) if k["org"]=="tktest"]))')" = 0 ] \
+    || fail "a refused first-contact package left its key trusted: $OUT"
   "$TK" trust add tktest "$PUB" -q
   local pinned; pinned=$("$TK" --json trust list | python3 -c 'import json,sys; print([k["keyid"] for k in json.load(sys.stdin) if k["org"]=="tktest"][0])')
   local evilid; evilid=$(python3 -c "import hashlib; print('SHA256:'+hashlib.sha256(bytes.fromhex('${evil#ed25519:}')).hexdigest()[:32])")
