@@ -310,7 +310,7 @@ static int check_commit(const tk_hub_env *env, const tk_hub_ref *ref, const char
     if (rc == TK_ERR_NOT_FOUND)
         rc = tk__err(TK_ERR_MANIFEST, "%s: the registry has no info document for commit %s (%s), so tk cannot "
                      "check that the commit holds what it names\nHINT: the registry was not written by 'tk publish' "
-                     "or 'tk serve', or by an older tk; a version published with this tk carries it", ref->name, commit, url);
+                     "or 'tk serve', or by an older tk; its publisher runs 'tk publish' again to record it", ref->name, commit, url);
     if (rc != TK_OK)
         goto done;
     j = json_loadb(body, len, 0, NULL);
@@ -318,8 +318,8 @@ static int check_commit(const tk_hub_env *env, const tk_hub_ref *ref, const char
     const char *parent = json_string_value(json_object_get(json_object_get(j, "tk"), "parent"));
     if (!sha || strcmp(sha, commit) != 0 || !parent || !tk__is_hex(parent, 40)) {
         rc = tk__err(TK_ERR_MANIFEST, "%s: the info document of commit %s (%s) %s\nHINT: the registry was "
-                     "written by an older tk (a version published with this one carries the parent), or it "
-                     "is damaged", ref->name, commit, url,
+                     "written by an older tk (its publisher runs 'tk publish' again, which records the "
+                     "parents), or it is damaged", ref->name, commit, url,
                      !j ? "is not valid JSON" : !sha || strcmp(sha, commit) ? "names another commit"
                                                               : "does not give the commit's parent (tk.parent)");
         goto done;

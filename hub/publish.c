@@ -267,6 +267,9 @@ int tk_hub__publish(char **commit_out, const char *pkgdir, const char *to_dir, c
             strcmp(head_manifest, mtext) == 0) {
             free(hp);
             snprintf(commit, sizeof commit, "%s", head);
+            /* identical content: nothing new, but a tree from an older tk gets its commits' parents */
+            if ((rc = tk_hub__tree_backfill_parents(api_dir, resolve_dir)) != TK_OK)
+                goto done;
             if (log) {
                 char msg[256];
                 snprintf(msg, sizeof msg, "%s %s is already published as %s (nothing to do)", name, version, head);

@@ -469,6 +469,7 @@ static int receive_version(char commit[41], int *created, char version[32], tk_s
         free(hp);
         if (same) {
             snprintf(commit, 41, "%s", head);
+            rc = tk_hub__tree_backfill_parents(api_dir, resolve_dir); /* as tk publish does */
             goto done;
         }
         head_version = tk_hub__tree_commit_version(resolve_dir, head);

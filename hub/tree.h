@@ -31,6 +31,10 @@ char *tk_hub__tree_commit_version(const char *resolve_dir, const char *commit);
  * after branch v<new_major> moved to new_commit. */
 int tk_hub__tree_update_refs(const char *tree, const char *api_dir, const char *resolve_dir, const char *name,
                              int new_major, const char *new_commit, const char *archive_name);
+/* Writes the info document (with its parent) of every commit in resolve_dir whose document lacks
+ * the parent: trees written before commit ids were checked. The parent is found by recomputing the
+ * id over each candidate (another commit, or none); a commit no candidate explains is left alone. */
+int tk_hub__tree_backfill_parents(const char *api_dir, const char *resolve_dir);
 /* The commit id of a version: 40 hex of sha256 over the parent and the three files' names and digests
  * (parent NULL: TK_HUB_NO_PARENT). hub/get.c recomputes it from what it downloaded. */
 int tk_hub__tree_commit_id(char out[41], const char *parent, const char *const names[3],

@@ -283,6 +283,34 @@ EOF
   expect_out "1.0.0"
 }
 
+# A tree written before commit ids were checked has no parents in its info documents: its commits
+# are refused until a publish (identical content: a no-op) records them, recomputed from the ids.
+t_old_tree_gets_parents_on_publish() {
+  "$TK" trust add tktest "$PUB" -q
+  local r=$WORK/oldtree; rm -rf "$r"; cp -a "$REG" "$r"
+  make_pkg "$WORK/pkgold" 1.0.1
+  local c0 c1; c0=$(readlink "$r/kernels/tktest/demo/resolve/v1")
+  c1=$("$TK" publish "$WORK/pkgold" --to "$r" --key "$KEY" -q) || { fail "publish"; return; }
+  python3 - "$r/api/kernels/tktest/demo" <<'EOF'
+import json, os, sys
+for root, _, files in os.walk(sys.argv[1]):
+    for f in files:
+        p = os.path.join(root, f); d = json.load(open(p))
+        if isinstance(d, dict) and "tk" in d: d["tk"].pop("parent", None); json.dump(d, open(p, "w"))
+EOF
+  use_file "$r"
+  expect_rc 5 "$TK" get "tktest/demo@$c0"
+  expect_out "does not give the commit's parent"
+  expect_rc 0 "$TK" publish "$WORK/pkgold" --to "$r" --key "$KEY"
+  expect_out "already published"
+  [ "$(python3 -c "import json; print(json.load(open('$r/api/kernels/tktest/demo/revision/$c1'))['tk']['parent'])")" = "$c0" ] \
+    || fail "the parent of $c1 was not recorded as $c0"
+  expect_rc 0 "$TK" get "tktest/demo@$c0"
+  expect_out "1.0.0"
+  expect_rc 0 "$TK" get tktest/demo
+  expect_out "1.0.1"
+}
+
 t_rollback_refused() {
   "$TK" trust add tktest "$PUB" -q
   rm -rf "$WORK/newer"; cp -a "$REG" "$WORK/newer"
