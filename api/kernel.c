@@ -405,7 +405,7 @@ static int pkgsrc_load(pkgsrc *s, const tk_pkg *pkg)
     for (i = 0; i < s->nfiles; i++) {
         char *data = NULL;
         size_t len = 0;
-        if ((rc = tk__read_file(&data, &len, tk_pkg_file_store_path(pkg, i), MAX_FILE)) != TK_OK) {
+        if ((rc = tk__read_file_nofollow(&data, &len, tk_pkg_file_store_path(pkg, i), MAX_FILE)) != TK_OK) {
             rc = tk__err_wrap(rc, "reading %s of %s", tk_pkg_file_path(pkg, i), tk_pkg_name(pkg));
             goto fail;
         }

@@ -5,6 +5,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/stat.h>
 
 #include "api/api.h"
 #include "cache/state.h"
@@ -290,8 +291,14 @@ int tk_pkg_verify(tk_ctx *ctx, const char *ref, size_t *nbad)
             char *path = tk_state__object_path(ctx->state, v[i]->files[f].sha256);
             char sha[TK_SHA256_HEX];
             int64_t size = 0;
-            int hrc = path ? tk__sha256_file(sha, &size, path) : TK_ERR_NOMEM;
-            if (hrc != TK_OK) {
+            struct stat lsb;
+            int hrc = path ? tk__sha256_file_nofollow(sha, &size, path) : TK_ERR_NOMEM;
+            if (path && lstat(path, &lsb) == 0 && !S_ISREG(lsb.st_mode)) {
+                bad++; /* a link to an identical copy elsewhere is tampering too: the store holds files */
+                tk__buf_printf(&msg, "\n  %s: %s is %s in the store (%s), not a file: tampering", v[i]->name,
+                               v[i]->files[f].path, S_ISLNK(lsb.st_mode) ? "a symbolic link" : "something else",
+                               path);
+            } else if (hrc != TK_OK) {
                 bad++;
                 tk__buf_printf(&msg, "\n  %s: %s is missing from the store", v[i]->name, v[i]->files[f].path);
             } else if (strcmp(sha, v[i]->files[f].sha256) != 0 || size != v[i]->files[f].size) {

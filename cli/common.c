@@ -83,7 +83,7 @@ tk_ctx *tk_cli_ctx(tk_cli *cli)
     o.progress_user = cli;
     int rc = tk_ctx_new(&cli->ctx, &o);
     if (rc != TK_OK) {
-        tk_cli_fail(cli, rc, "cannot start");
+        cli->ctx_exit = tk_cli_fail(cli, rc, "cannot start");
         return NULL;
     }
     return cli->ctx;

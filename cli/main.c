@@ -85,8 +85,10 @@ static void usage(FILE *f)
             "  TK_TOKEN     bearer token sent to the registry's host only\n"
             "  TK_OFFLINE   1 to work offline\n"
             "\n"
-            "exit status: 0 ok, 1 other failure, 2 usage, 3 not found, 4 network, 5 signature or digest,\n"
-            "6 I/O or disk full, 7 GPU, NVRTC or compile error.\n");
+            "exit status: 0 ok, 1 other failure, 2 usage, 3 not found, 4 network (connection, timeout, a\n"
+            "server error), 5 package refused (signature, trust, digest, manifest, archive, commit or\n"
+            "rollback), 6 local I/O (disk full, read-only or unusable TK_HOME, a planted link), 7 GPU, NVRTC\n"
+            "or compile error.\n");
 }
 
 int main(int argc, char **argv)
@@ -130,6 +132,8 @@ int main(int argc, char **argv)
     for (size_t i = 0; i < sizeof commands / sizeof *commands; i++) {
         if (!strcmp(argv[1], commands[i].name)) {
             int rc = commands[i].fn(&cli, argc - 1, argv + 1);
+            if (rc == TK_EXIT_FAIL && cli.ctx_exit) /* commands return 1 when the context failed */
+                rc = cli.ctx_exit;
             tk_ctx_free(cli.ctx);
             return rc;
         }

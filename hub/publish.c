@@ -267,6 +267,9 @@ int tk_hub__publish(char **commit_out, const char *pkgdir, const char *to_dir, c
             strcmp(head_manifest, mtext) == 0) {
             free(hp);
             snprintf(commit, sizeof commit, "%s", head);
+            /* identical content: nothing new, but a tree from an older tk gets its commits' parents */
+            if ((rc = tk_hub__tree_backfill_parents(api_dir, resolve_dir)) != TK_OK)
+                goto done;
             if (log) {
                 char msg[256];
                 snprintf(msg, sizeof msg, "%s %s is already published as %s (nothing to do)", name, version, head);
@@ -326,7 +329,7 @@ int tk_hub__publish(char **commit_out, const char *pkgdir, const char *to_dir, c
     /* 7. Revision document for the commit, then move the branch and rewrite the refs. */
     char *revdir = tk__path_join(api_dir, "revision");
     char *revpath = revdir ? tk__path_join(revdir, commit) : NULL;
-    json_t *doc = tk_hub__tree_info_doc(name, commit, ext, version, major);
+    json_t *doc = tk_hub__tree_info_doc(name, commit, ext, version, major, head);
     if (!revdir || !revpath || !doc)
         rc = tk__err(TK_ERR_NOMEM, "out of memory");
     if (rc == TK_OK)

@@ -149,7 +149,11 @@ typedef struct tk_pkg tk_pkg;
 #define TK_GET_OPTS_VERSION 1
 typedef struct {
     unsigned version;             /* TK_GET_OPTS_VERSION */
-    int trust_unknown;            /* 1: accept (and remember) a signer not in the trust store */
+    int trust_unknown;            /* 1: trust on first use: accept (and remember) the signer of an org
+                                     that has no trusted key at all. An org with a key (in the trust
+                                     store or built in) refuses any other signer with TK_ERR_UNTRUSTED
+                                     whatever this says; rotation is tk_trust_add. Never applies to
+                                     yank statements. */
     int force;                    /* 1: download and install again even if installed */
     const char *expect_manifest;  /* hex sha256 the manifest must have (lock files), or NULL */
 } tk_get_opts;
