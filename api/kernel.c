@@ -385,36 +385,16 @@ static void pkgsrc_free(pkgsrc *s)
     memset(s, 0, sizeof *s);
 }
 
-static int pkgsrc_load(pkgsrc *s, const tk_pkg *pkg)
+/* Parses the manifest's compile options and kernels into s (whose files are loaded). */
+static int pkgsrc_parse(pkgsrc *s, const char *name, const char *manifest)
 {
     json_error_t jerr;
     json_t *m = NULL, *ks, *co, *x;
     size_t i;
     int rc;
 
-    memset(s, 0, sizeof *s);
-    s->pkgname = tk__fmt("%s@%s", tk_pkg_name(pkg), tk_pkg_commit(pkg));
-    s->nfiles = tk_pkg_file_count(pkg);
-    if (!s->pkgname || (s->nfiles && !(s->files = calloc(s->nfiles, sizeof *s->files)))) {
-        rc = tk__err(TK_ERR_NOMEM, "out of memory");
-        goto fail;
-    }
-    for (i = 0; i < s->nfiles; i++) {
-        char *data = NULL;
-        size_t len = 0;
-        if ((rc = tk__read_file(&data, &len, tk_pkg_file_store_path(pkg, i), MAX_FILE)) != TK_OK) {
-            rc = tk__err_wrap(rc, "reading %s of %s", tk_pkg_file_path(pkg, i), tk_pkg_name(pkg));
-            goto fail;
-        }
-        s->files[i].data = data;
-        s->files[i].len = len;
-        if (!(s->files[i].path = tk__strdup(tk_pkg_file_path(pkg, i)))) {
-            rc = tk__err(TK_ERR_NOMEM, "out of memory");
-            goto fail;
-        }
-    }
-    if (!(m = json_loads(tk_pkg_manifest(pkg), 0, &jerr))) {
-        rc = tk__err(TK_ERR_MANIFEST, "manifest of %s: %s (line %d)", tk_pkg_name(pkg), jerr.text, jerr.line);
+    if (!(m = json_loads(manifest, 0, &jerr))) {
+        rc = tk__err(TK_ERR_MANIFEST, "manifest of %s: %s (line %d)", name, jerr.text, jerr.line);
         goto fail;
     }
     co = json_object_get(json_object_get(m, "compile"), "options");
@@ -425,7 +405,7 @@ static int pkgsrc_load(pkgsrc *s, const tk_pkg *pkg)
         }
         json_array_foreach(co, i, x) {
             if (!json_is_string(x) || (rc = tk_jit__option_check(json_string_value(x))) != TK_OK) {
-                rc = tk__err_wrap(TK_ERR_MANIFEST, "%s: compile.options[%zu]", tk_pkg_name(pkg), i);
+                rc = tk__err_wrap(TK_ERR_MANIFEST, "%s: compile.options[%zu]", name, i);
                 goto fail;
             }
             if (!(s->copts[s->ncopts++] = tk__strdup(json_string_value(x)))) {
@@ -436,7 +416,7 @@ static int pkgsrc_load(pkgsrc *s, const tk_pkg *pkg)
     }
     ks = json_object_get(m, "kernels");
     if (!json_is_array(ks) || json_array_size(ks) == 0) {
-        rc = tk__err(TK_ERR_MANIFEST, "%s declares no kernels", tk_pkg_name(pkg));
+        rc = tk__err(TK_ERR_MANIFEST, "%s declares no kernels", name);
         goto fail;
     }
     if (!(s->k = calloc(json_array_size(ks), sizeof *s->k))) {
@@ -462,6 +442,73 @@ static int pkgsrc_load(pkgsrc *s, const tk_pkg *pkg)
     return TK_OK;
 fail:
     json_decref(m);
+    return rc;
+}
+
+static int pkgsrc_load(pkgsrc *s, const tk_pkg *pkg)
+{
+    size_t i;
+    int rc;
+
+    memset(s, 0, sizeof *s);
+    s->pkgname = tk__fmt("%s@%s", tk_pkg_name(pkg), tk_pkg_commit(pkg));
+    s->nfiles = tk_pkg_file_count(pkg);
+    if (!s->pkgname || (s->nfiles && !(s->files = calloc(s->nfiles, sizeof *s->files)))) {
+        rc = tk__err(TK_ERR_NOMEM, "out of memory");
+        goto fail;
+    }
+    for (i = 0; i < s->nfiles; i++) {
+        char *data = NULL;
+        size_t len = 0;
+        if ((rc = tk__read_file(&data, &len, tk_pkg_file_store_path(pkg, i), MAX_FILE)) != TK_OK) {
+            rc = tk__err_wrap(rc, "reading %s of %s", tk_pkg_file_path(pkg, i), tk_pkg_name(pkg));
+            goto fail;
+        }
+        s->files[i].data = data;
+        s->files[i].len = len;
+        if (!(s->files[i].path = tk__strdup(tk_pkg_file_path(pkg, i)))) {
+            rc = tk__err(TK_ERR_NOMEM, "out of memory");
+            goto fail;
+        }
+    }
+    if ((rc = pkgsrc_parse(s, tk_pkg_name(pkg), tk_pkg_manifest(pkg))) != TK_OK)
+        goto fail;
+    return TK_OK;
+fail:
+    pkgsrc_free(s);
+    return rc;
+}
+
+/* A package directory that was never published (api/check.c checked it): its files are read from
+ * the directory, and it is named "org/name@local" wherever it shows (logs, the cache's labels). */
+static int pkgsrc_load_dir(pkgsrc *s, const tk_api_localpkg *lp)
+{
+    int rc;
+    memset(s, 0, sizeof *s);
+    s->pkgname = tk__fmt("%s@local", lp->name);
+    s->nfiles = lp->nfiles;
+    if (!s->pkgname || (s->nfiles && !(s->files = calloc(s->nfiles, sizeof *s->files)))) {
+        rc = tk__err(TK_ERR_NOMEM, "out of memory");
+        goto fail;
+    }
+    for (size_t i = 0; i < s->nfiles; i++) {
+        char *full = tk__path_join(lp->dir, lp->paths[i]), *data = NULL;
+        size_t len = 0;
+        rc = full ? tk__read_file(&data, &len, full, MAX_FILE) : tk__err(TK_ERR_NOMEM, "out of memory");
+        free(full);
+        if (rc != TK_OK)
+            goto fail;
+        s->files[i].data = data;
+        s->files[i].len = len;
+        if (!(s->files[i].path = tk__strdup(lp->paths[i]))) {
+            rc = tk__err(TK_ERR_NOMEM, "out of memory");
+            goto fail;
+        }
+    }
+    if ((rc = pkgsrc_parse(s, lp->name, lp->manifest)) != TK_OK)
+        goto fail;
+    return TK_OK;
+fail:
     pkgsrc_free(s);
     return rc;
 }
@@ -694,6 +741,112 @@ done:
     free(outs);
     free(st);
     free(which);
+    return rc;
+}
+
+/* NVRTC reports a name expression that names nothing as an error in its generated "__nv_name_map"
+ * code, several lines long; a kernel author needs one line: which symbol of which kernel. */
+static void symbol_message(tk_buf *b, const cunit *c, const pkgsrc *s, const char *msg)
+{
+    if (msg && strstr(msg, "__nv_name_map")) {
+        for (size_t j = 0; j < c->nk; j++) {
+            const kdecl *d = &s->k[c->kidx[j]];
+            const char *sym = d->symbol, *lt = strchr(sym, '<');
+            size_t n = lt ? (size_t)(lt - sym) : strlen(sym);
+            char quoted[300];
+            const char *base = sym;
+            for (const char *q = sym; q < sym + n; q++)
+                if (*q == ':')
+                    base = q + 1;
+            snprintf(quoted, sizeof quoted, "\"%.*s\"", (int)(sym + n - base), base);
+            if (strstr(msg, quoted) || strstr(msg, sym)) {
+                tk__buf_printf(b, "%s (%s): kernel '%s': symbol '%s' is not declared in %s\n"
+                               "    HINT: 'symbol' names a __global__ function or template of the source "
+                               "(extern \"C\" or a name expression such as ns::kern<float>)\n",
+                               d->source, c->target, d->name, sym, d->source);
+                return;
+            }
+        }
+    }
+    tk__buf_printf(b, "%s (%s):\n", c->label, c->target);
+    for (const char *p = msg ? msg : "(no message)"; *p;) {
+        const char *nl = strchr(p, '\n');
+        size_t n = nl ? (size_t)(nl - p) : strlen(p);
+        /* NVRTC writes "file.cu(12): error"; editors and terminals jump to "file.cu:12:" */
+        const char *paren = memchr(p, '(', n);
+        size_t digits = 0;
+        while (paren && paren + 1 + digits < p + n && paren[1 + digits] >= '0' && paren[1 + digits] <= '9')
+            digits++;
+        if (paren && digits && paren + digits + 3 <= p + n && paren[1 + digits] == ')' && paren[2 + digits] == ':')
+            tk__buf_printf(b, "    %.*s:%.*s:%.*s\n", (int)(paren - p), p, (int)digits, paren + 1,
+                           (int)(n - (size_t)(paren + digits + 3 - p)), paren + digits + 3);
+        else if (n)
+            tk__buf_printf(b, "    %.*s\n", (int)n, p);
+        p += n + (nl ? 1 : 0);
+    }
+}
+
+int tk_api__compile_local(tk_ctx *ctx, const tk_api_localpkg *lp, const int *ccs, size_t nccs, int jobs,
+                          tk_buf *report, size_t *nunits, size_t *nfailed)
+{
+    pkgsrc s;
+    const char *nvid = NULL;
+    int rc;
+    *nunits = *nfailed = 0;
+    if ((rc = pkgsrc_load_dir(&s, lp)) != TK_OK)
+        return rc;
+    if ((rc = tk_jit__nvrtc_load()) != TK_OK || (rc = tk_jit__nvrtc_id(&nvid)) != TK_OK)
+        goto done;
+    for (size_t a = 0; a < nccs; a++) {
+        plan p;
+        tk_jit_unit *units = NULL;
+        tk_jit_binary **outs = NULL;
+        int *st = NULL;
+        char **emsg = NULL;
+        if ((rc = plan_make(&p, &s, ccs[a], 0, nvid)) != TK_OK)
+            goto done;
+        if (p.n == 0)
+            tk_api__log(ctx, TK_LOG_INFO, "%s: no kernel targets sm_%d", s.pkgname, ccs[a]);
+        units = calloc(p.n + 1, sizeof *units);
+        outs = calloc(p.n + 1, sizeof *outs);
+        st = calloc(p.n + 1, sizeof *st);
+        emsg = calloc(p.n + 1, sizeof *emsg);
+        if (!units || !outs || !st || !emsg) {
+            rc = tk__err(TK_ERR_NOMEM, "out of memory");
+        } else if (p.n) {
+            for (size_t i = 0; i < p.n; i++)
+                units[i] = p.u[i].u;
+            tk_jit__compile_many(outs, st, emsg, units, p.n, jobs);
+            for (size_t i = 0; i < p.n; i++) {
+                (*nunits)++;
+                if (st[i] == TK_OK) {
+                    tk_api__log(ctx, TK_LOG_DEBUG, "ok %s (%s)", p.u[i].label, p.u[i].target);
+                    continue;
+                }
+                if (st[i] == TK_ERR_NO_NVRTC) {
+                    rc = tk__err(TK_ERR_NO_NVRTC, "%s", emsg[i] ? emsg[i] : "NVRTC is missing");
+                    break;
+                }
+                (*nfailed)++;
+                symbol_message(report, &p.u[i], &s, emsg[i]);
+            }
+        }
+        for (size_t i = 0; outs && i < p.n; i++)
+            tk_jit__binary_free(outs[i]);
+        for (size_t i = 0; emsg && i < p.n; i++)
+            free(emsg[i]);
+        free(units);
+        free(outs);
+        free(st);
+        free(emsg);
+        plan_free(&p);
+        if (rc != TK_OK)
+            goto done;
+    }
+    if (*nfailed)
+        rc = TK_ERR_COMPILE;
+done:
+    pkgsrc_free(&s);
     return rc;
 }
 

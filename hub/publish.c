@@ -108,6 +108,23 @@ static int walk(filelist *l, const char *root, const char *rel)
     return rc;
 }
 
+int tk_hub__pkgdir_files(char ***paths, size_t *n, const char *pkgdir)
+{
+    filelist l = {0};
+    int rc = walk(&l, pkgdir, "");
+    *paths = NULL;
+    *n = 0;
+    if (rc != TK_OK) {
+        filelist_free(&l);
+        return rc;
+    }
+    if (l.n)
+        qsort(l.paths, l.n, sizeof *l.paths, cmp_str);
+    *paths = l.paths;
+    *n = l.n;
+    return TK_OK;
+}
+
 int tk_hub__publish(char **commit_out, const char *pkgdir, const char *to_dir, const char *key_path,
                     const char *compression, tk_log_fn log, void *log_user)
 {

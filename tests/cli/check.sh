@@ -1,0 +1,165 @@
+#!/usr/bin/env bash
+# Kernel authors' loop (issue 14): every mistake in kernel.json is refused by `tk publish` before it
+# signs or writes anything; `tk check` / `tk publish --check` also find compile errors; the JSON Schema
+# (docs/kernel.schema.json) accepts every kernels-src package and agrees with tk on bad manifests.
+. "$(dirname "$0")/lib.sh"
+
+KEY=$WORK/pub.key
+"$TK" keygen "$KEY" >/dev/null || { echo "keygen failed"; exit 1; }
+PUB=$(cat "$KEY.pub")
+PY=${TK_PY_VENV:-$ROOT/build/py-venv}/bin/python
+
+# good_pkg DIR: a correct ReLU package "me/relu".
+good_pkg() {
+  rm -rf "$1"; mkdir -p "$1"
+  cat >"$1/kernel.json" <<'EOF'
+{
+  "name": "me/relu",
+  "version": "1.0.0",
+  "license": "MIT",
+  "description": "ReLU",
+  "kernels": [
+    {
+      "name": "relu_f32", "op": "relu", "source": "relu.cu", "symbol": "tk_relu_f32",
+      "params": [
+        {"name": "out", "type": "tensor", "dtype": "f32"},
+        {"name": "x", "type": "tensor", "dtype": "f32"},
+        {"name": "n", "type": "i64", "value": "numel(x)"}
+      ],
+      "launch": {"grid": ["cdiv(numel(out), 256)"], "block": ["256"], "smem": "0"},
+      "constraints": {"dtypes": ["f32"], "min_cc": 75},
+      "priority": 0
+    }
+  ]
+}
+EOF
+  cat >"$1/relu.cu" <<'EOF'
+// relu: out[i] = max(x[i], 0)
+extern "C" __global__ void tk_relu_f32(float *out, const float *x, long long n)
+{
+    long long i = (long long)blockIdx.x * blockDim.x + threadIdx.x;
+    if (i < n)
+        out[i] = x[i] > 0.f ? x[i] : 0.f;
+}
+EOF
+}
+
+# The issue's list of mistakes: "sed expression on kernel.json|what the error must say".
+BAD_CASES=(
+  's/"source": "relu.cu"/"source": "relux.cu"/|source '"'"'relux.cu'"'"' is not one of the package'"'"'s files'
+  's/"dtype": "f32"}/"dtype": "float32"}/|dtype '"'"'float32'"'"''
+  's/"launch"/"lanuch"/|did you mean '"'"'launch'"'"'?'
+  's/cdiv(numel(out)/cdiv(numel(outt)/|'"'"'outt'"'"' is not a tensor parameter'
+  's/"constraints"/"constraint"/|did you mean '"'"'constraints'"'"'?'
+  's/"priority"/"prority"/|did you mean '"'"'priority'"'"'?'
+  's/"license"/"licence"/|did you mean '"'"'license'"'"'?'
+  's/"priority": 0/"priority": "high"/|'"'"'priority'"'"' must be an integer'
+  's/"min_cc": 75/"min_cc": "75"/|constraints.min_cc must be an integer'
+  's/"dtypes": \["f32"\]/"dtypes": ["float"]/|constraints.dtypes[0] is not a dtype'
+  's/"version": "1.0.0"/"version": "1.0"/|'"'"'version'"'"' must be MAJOR.MINOR.PATCH'
+  's/"block": \["256"\], //|launch.block must be a list'
+  's/"value": "numel(x)"/"value": "numel(x)", "dtype": "i64"/|only a tensor has a '"'"'dtype'"'"''
+)
+
+t_bad_manifests_refused_at_publish() {
+  local c sedexp want reg=$WORK/reg-bad
+  for c in "${BAD_CASES[@]}"; do
+    sedexp=${c%%|*}; want=${c#*|}
+    good_pkg "$WORK/bad"; sed -i "$sedexp" "$WORK/bad/kernel.json"
+    cmp -s "$WORK/bad/kernel.json" <(good_pkg "$WORK/g"; cat "$WORK/g/kernel.json") && fail "case '$sedexp' changed nothing"
+    expect_rc 5 "$TK" publish "$WORK/bad" --to "$reg" --key "$KEY"
+    expect_out "$want"
+    expect_out "not published"
+    [ -e "$reg/kernels" ] || [ -e "$reg/api" ] && fail "case '$sedexp': the registry tree was written"
+    expect_rc 5 "$TK" check "$WORK/bad" --no-compile
+    expect_out "$want"
+  done
+  # the line, column and caret of an unknown key
+  good_pkg "$WORK/bad"; sed -i 's/"launch"/"lanuch"/' "$WORK/bad/kernel.json"
+  expect_rc 5 "$TK" check "$WORK/bad"
+  expect_out "kernel.json:14:7: unknown key 'lanuch' in kernels[0] (kernel 'relu_f32')"
+  expect_out "      ^"
+  # a missing source file (not only a misnamed one) and a missing directory
+  good_pkg "$WORK/bad"; rm "$WORK/bad/relu.cu"; echo x >"$WORK/bad/README.md"
+  expect_rc 5 "$TK" publish "$WORK/bad" --to "$reg" --key "$KEY"
+  expect_out "source 'relu.cu' is not one of the package's files"
+  expect_rc 3 "$TK" check "$WORK/nothing-here"
+  [ -e "$reg" ] && fail "a refused publish created the registry directory"
+  return 0
+}
+
+t_good_package_publishes_and_installs() {
+  good_pkg "$WORK/ok"
+  expect_rc 0 "$TK" check "$WORK/ok" --no-compile
+  expect_rc 0 "$TK" publish "$WORK/ok" --to "$WORK/reg" --key "$KEY" -q
+  export TK_ENDPOINT=file://$WORK/reg
+  "$TK" trust add me "$PUB" -q
+  expect_rc 0 "$TK" get me/relu
+}
+
+have_nvrtc() {
+  good_pkg "$WORK/probe"
+  "$TK" check "$WORK/probe" --arch sm_80 >/dev/null 2>&1 && return 0
+  [ "${CI:-}" = true ] && { fail "NVRTC is needed in CI"; return 1; }
+  skip "no NVRTC"; return 1
+}
+
+t_check_compiles() {
+  have_nvrtc || return 0
+  good_pkg "$WORK/c"
+  expect_rc 0 "$TK" publish "$WORK/c" --check --arch sm_80,sm_90
+  expect_out "every kernel compiled"
+  # a symbol the source does not declare: one line per arch, no name-map noise
+  sed -i 's/"symbol": "tk_relu_f32"/"symbol": "tk_relu_f33"/' "$WORK/c/kernel.json"
+  expect_rc 7 "$TK" check "$WORK/c" --arch sm_80,sm_90
+  expect_out "relu.cu (sm_80): kernel 'relu_f32': symbol 'tk_relu_f33' is not declared in relu.cu"
+  expect_out "relu.cu (sm_90): kernel 'relu_f32': symbol 'tk_relu_f33' is not declared in relu.cu"
+  expect_out "2 of 2 compiles failed"
+  expect_no_out "__nv_name_map"
+  # a syntax error, reported as file:line; --check writes nothing, not even the cache
+  good_pkg "$WORK/c"; sed -i 's/x\[i\] : 0.f;/x[i] : 0.f/' "$WORK/c/relu.cu"
+  expect_rc 7 "$TK" publish "$WORK/c" --check --arch sm_90 --to "$WORK/reg-c" --key "$KEY"
+  expect_out "relu.cu:7: error: expected a \";\""
+  [ -e "$WORK/reg-c" ] && fail "--check wrote the registry"
+  "$TK" cache ls >"$WORK/cache.txt" 2>&1
+  grep -q relu "$WORK/cache.txt" && fail "--check wrote the binary cache"
+  return 0
+}
+
+t_schema_agrees_with_tk() {
+  if ! "$PY" -c 'import jsonschema' 2>/dev/null; then
+    [ "${CI:-}" = true ] && { fail "jsonschema missing from $PY (scripts/setup.sh --test)"; return; }
+    skip "no jsonschema in $PY"; return
+  fi
+  # every shipped package validates against the schema (and passes tk check)
+  local f d
+  for f in "$ROOT"/kernels-src/*/kernel.json; do
+    d=$(dirname "$f")
+    expect_rc 0 "$PY" - "$ROOT/docs/kernel.schema.json" "$f" <<'EOF'
+import json, sys, jsonschema
+schema = json.load(open(sys.argv[1]))
+jsonschema.Draft202012Validator.check_schema(schema)
+errs = list(jsonschema.Draft202012Validator(schema).iter_errors(json.load(open(sys.argv[2]))))
+for e in errs: print(sys.argv[2], list(e.absolute_path), e.message[:200])
+sys.exit(1 if errs else 0)
+EOF
+    expect_rc 0 "$TK" check "$d" --no-compile
+  done
+  # each bad manifest: both refuse it (the ones tk refuses for a reason beyond the schema's reach,
+  # an unknown tensor in an expression or a missing file, are left out)
+  local c sedexp
+  for c in "${BAD_CASES[@]}"; do
+    sedexp=${c%%|*}
+    case "$sedexp" in *outt*|*relux*) continue ;; esac
+    good_pkg "$WORK/s"; sed -i "$sedexp" "$WORK/s/kernel.json"
+    expect_rc 5 "$TK" check "$WORK/s" --no-compile
+    expect_rc 1 "$PY" - "$ROOT/docs/kernel.schema.json" "$WORK/s/kernel.json" <<'EOF'
+import json, sys, jsonschema
+errs = list(jsonschema.Draft202012Validator(json.load(open(sys.argv[1]))).iter_errors(json.load(open(sys.argv[2]))))
+sys.exit(1 if errs else 0)
+EOF
+  done
+  return 0
+}
+
+run_tests
