@@ -513,6 +513,43 @@ fail:
     return rc;
 }
 
+/* The sources of `ref`: a package directory (never signed or installed, named org/name@local) or
+ * an installed package, fetched first when `get` is given. *manifest (may be NULL) receives a copy
+ * of the manifest text. */
+static int pkgsrc_for_ref(pkgsrc *s, char **manifest, tk_ctx *ctx, const char *ref, const tk_get_opts *get)
+{
+    int rc;
+    memset(s, 0, sizeof *s);
+    if (manifest)
+        *manifest = NULL;
+    if (tk_api__is_local_ref(ref)) {
+        tk_api_localpkg lp;
+        if ((rc = tk_api__local_load(&lp, ref)) != TK_OK)
+            return rc;
+        tk_api__log(ctx, TK_LOG_WARN, "%s %s from %s is local: not signed, not installed", lp.name, lp.version, ref);
+        rc = pkgsrc_load_dir(s, &lp);
+        if (rc == TK_OK && manifest && !(*manifest = tk__strdup(lp.manifest)))
+            rc = tk__err(TK_ERR_NOMEM, "out of memory");
+        tk_api__local_free(&lp);
+    } else {
+        tk_pkg *pkg = NULL;
+        rc = get ? tk_pkg_get(&pkg, ctx, ref, get) : tk_pkg_info(&pkg, ctx, ref);
+        if (rc == TK_OK)
+            rc = pkgsrc_load(s, pkg);
+        if (rc == TK_OK && manifest && !(*manifest = tk__strdup(tk_pkg_manifest(pkg))))
+            rc = tk__err(TK_ERR_NOMEM, "out of memory");
+        tk_pkg_free(pkg);
+    }
+    if (rc != TK_OK) {
+        pkgsrc_free(s);
+        if (manifest) {
+            free(*manifest);
+            *manifest = NULL;
+        }
+    }
+    return rc;
+}
+
 /* One compile unit of a plan: the kernels sharing source, options and arch-specific flag. */
 typedef struct {
     tk_jit_unit u;
@@ -864,6 +901,7 @@ struct tk_kernel {
     uint32_t magic;
     int device;
     char *pkgname;
+    char *manifest; /* the package's manifest text (a local package's as a publish would write it) */
     tk_jit_module **mods;
     size_t nmods;
     struct tk_function *fns;
@@ -883,6 +921,7 @@ void tk_kernel_free(tk_kernel *k)
         tk_jit__module_release(k->mods[i]);
     free(k->mods);
     free(k->pkgname);
+    free(k->manifest);
     k->magic = 0;
     free(k);
 }
@@ -907,9 +946,9 @@ int tk_get_kernel(tk_kernel **out, tk_ctx *ctx, const char *ref, const tk_kernel
 {
     tk_kernel_opts def = TK_KERNEL_OPTS_INIT;
     tk_device_info info;
-    tk_pkg *pkg = NULL;
     tk_kernel *k = NULL;
     tk_kcache *kc = NULL;
+    char *manifest = NULL;
     pkgsrc s;
     plan p;
     const char *nvid = NULL;
@@ -937,15 +976,13 @@ int tk_get_kernel(tk_kernel **out, tk_ctx *ctx, const char *ref, const tk_kernel
     if ((rc = tk_jit__device_info(&info, opts->device)) != TK_OK)
         return rc;
     cc = info.cc_major * 10 + info.cc_minor;
-    if ((rc = tk_pkg_get(&pkg, ctx, ref, &opts->get)) != TK_OK)
-        goto fail;
-    if ((rc = pkgsrc_load(&s, pkg)) != TK_OK || (rc = tk_jit__nvrtc_id(&nvid)) != TK_OK)
+    if ((rc = pkgsrc_for_ref(&s, &manifest, ctx, ref, &opts->get)) != TK_OK || (rc = tk_jit__nvrtc_id(&nvid)) != TK_OK)
         goto fail;
     if ((rc = plan_make(&p, &s, cc, 0, nvid)) != TK_OK)
         goto fail;
     if (p.n == 0) {
         rc = tk__err(TK_ERR_UNSUPPORTED, "%s has no kernel for compute capability %d.%d (device %d: %s)",
-                     tk_pkg_name(pkg), info.cc_major, info.cc_minor, opts->device, info.name);
+                     s.pkgname, info.cc_major, info.cc_minor, opts->device, info.name);
         goto fail;
     }
     /* a GPU newer than NVRTC: PTX for the newest arch NVRTC knows, which the driver JITs */
@@ -985,6 +1022,8 @@ int tk_get_kernel(tk_kernel **out, tk_ctx *ctx, const char *ref, const tk_kernel
     }
     k->magic = KERNEL_MAGIC;
     k->device = opts->device;
+    k->manifest = manifest;
+    manifest = NULL;
     for (size_t i = 0; i < p.n; i++) {
         cunit *c = &p.u[i];
         tk_jit_module *m = NULL;
@@ -1028,8 +1067,13 @@ fail:
     tk_kernel_free(k);
     plan_free(&p);
     pkgsrc_free(&s);
-    tk_pkg_free(pkg);
+    free(manifest);
     return rc;
+}
+
+const char *tk_kernel_manifest(const tk_kernel *k)
+{
+    return k && k->magic == KERNEL_MAGIC ? k->manifest : NULL;
 }
 
 size_t tk_kernel_function_count(const tk_kernel *k)
@@ -1320,7 +1364,6 @@ static int parse_arch(int *cc, const char *s)
 int tk_build(tk_ctx *ctx, const char *ref, const tk_build_opts *opts, size_t *compiled, size_t *cached)
 {
     tk_build_opts def = TK_BUILD_OPTS_INIT;
-    tk_pkg *pkg = NULL;
     pkgsrc s;
     int ccs[64];
     size_t nccs = 0, nc = 0, nh = 0;
@@ -1381,9 +1424,7 @@ int tk_build(tk_ctx *ctx, const char *ref, const tk_build_opts *opts, size_t *co
                 ccs[j] = ccs[--nccs];
             else
                 j++;
-    if ((rc = tk_pkg_info(&pkg, ctx, ref)) != TK_OK)
-        goto fail;
-    if ((rc = pkgsrc_load(&s, pkg)) != TK_OK || (rc = tk_jit__nvrtc_id(&nvid)) != TK_OK)
+    if ((rc = pkgsrc_for_ref(&s, NULL, ctx, ref, NULL)) != TK_OK || (rc = tk_jit__nvrtc_id(&nvid)) != TK_OK)
         goto fail;
     for (size_t a = 0; a < nccs; a++) {
         plan p;
@@ -1402,7 +1443,6 @@ int tk_build(tk_ctx *ctx, const char *ref, const tk_build_opts *opts, size_t *co
         *cached = nh;
 fail:
     pkgsrc_free(&s);
-    tk_pkg_free(pkg);
     return rc;
 }
 

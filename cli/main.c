@@ -26,6 +26,7 @@ int tk_cmd_run_op(tk_cli *cli, int argc, char **argv);
 int tk_cmd_serve(tk_cli *cli, int argc, char **argv);
 /* authoring (h14) */
 int tk_cmd_check(tk_cli *cli, int argc, char **argv);
+int tk_cmd_init(tk_cli *cli, int argc, char **argv);
 
 static const struct {
     const char *name;
@@ -49,6 +50,7 @@ static const struct {
     {"ops", tk_cmd_ops, "list standard ops, their signatures and implementations"},
     {"run-op", tk_cmd_run_op, "run an op on random inputs through the op registry"},
     {"serve", tk_cmd_serve, "serve a registry tree over HTTP, with uploads and a web page"},
+    {"init", tk_cmd_init, "write a new kernel package skeleton that passes tk check"},
     {"check", tk_cmd_check, "check a package directory: manifest and an NVRTC compile, nothing written"},
 };
 

@@ -381,6 +381,9 @@ typedef struct {
 } tk_kernel_opts;
 #define TK_KERNEL_OPTS_INIT {TK_KERNEL_OPTS_VERSION, 0, TK_GET_OPTS_INIT}
 
+/* `ref` may also be a package directory ("./relu", "../x", "/abs/dir", "."): its kernel.json and
+ * sources are checked as tk_check does and compiled as they are, without a signature and without
+ * being installed (a warning says so; the cache names it org/name@local). */
 /* Resolves and installs `ref` if needed (as tk_pkg_get), compiles every kernel for the device's
  * architecture with NVRTC unless the compiled binary is in the cache, and loads them with the CUDA
  * Driver API. A warm call does no compile and does not load NVRTC.
@@ -389,6 +392,9 @@ typedef struct {
 TK_API int tk_get_kernel(tk_kernel **out, tk_ctx *ctx, const char *ref, const tk_kernel_opts *opts);
 TK_API void tk_kernel_free(tk_kernel *k);
 
+/* The manifest text of the package k was built from (borrowed, valid until tk_kernel_free). For a
+ * package directory it is the manifest a publish would sign, less its archive entry. */
+TK_API const char *tk_kernel_manifest(const tk_kernel *k);
 TK_API size_t tk_kernel_function_count(const tk_kernel *k);
 TK_API const tk_function *tk_kernel_function_at(const tk_kernel *k, size_t i);
 /* Looks a function up by its manifest name ("silu_and_mul_f32"). Errors: TK_ERR_NOT_FOUND. */
@@ -415,7 +421,8 @@ typedef struct {
 } tk_build_opts;
 #define TK_BUILD_OPTS_INIT {TK_BUILD_OPTS_VERSION, NULL, 0, 0}
 
-/* Compiles every kernel of the installed package `ref` for each arch into the cache (ahead of time,
+/* Compiles every kernel of the installed package `ref` (or of a package directory, as for
+ * tk_get_kernel) for each arch into the cache (ahead of time,
  * no GPU needed). *compiled / *cached (may be NULL) receive how many binaries were compiled now and
  * how many were already cached. Errors: TK_ERR_NOT_FOUND, TK_ERR_NO_NVRTC, TK_ERR_COMPILE. */
 TK_API int tk_build(tk_ctx *ctx, const char *ref, const tk_build_opts *opts, size_t *compiled,

@@ -162,4 +162,53 @@ EOF
   return 0
 }
 
+t_init_skeleton_passes_check() {
+  cd "$WORK" || return
+  expect_rc 0 "$TK" init me/vec-add
+  expect_out "next: tk check ./vec-add"
+  [ -f vec-add/kernel.json ] && [ -f vec-add/vec-add.cu ] && [ -f vec-add/README.md ] || fail "files missing"
+  expect_rc 0 "$TK" check ./vec-add --no-compile
+  expect_rc 6 "$TK" init me/vec-add
+  expect_out "already holds a kernel.json"
+  expect_rc 2 "$TK" init 'me/bad name'
+  expect_rc 0 "$TK" init plain --dir "$WORK/p2" -q
+  grep -q '"name": "my-org/plain"' "$WORK/p2/kernel.json" || fail "default org"
+  have_nvrtc || return 0
+  expect_rc 0 "$TK" publish ./vec-add --check
+  expect_rc 0 "$TK" publish ./vec-add --to "$WORK/reg-i" --key "$KEY" -q
+  export TK_ENDPOINT=file://$WORK/reg-i
+  "$TK" trust add me "$PUB" -q
+  expect_rc 0 "$TK" build me/vec-add --arch sm_80
+  expect_out "1 compiled"
+}
+
+t_build_and_run_from_directory() {
+  have_nvrtc || return 0
+  good_pkg "$WORK/d"
+  expect_rc 0 "$TK" build "$WORK/d" --arch sm_80,sm_90
+  expect_out "2 compiled"
+  expect_out "is local: not signed, not installed"
+  expect_rc 0 "$TK" build "$WORK/d" --arch sm_90
+  expect_out "1 already cached"
+  expect_rc 0 "$TK" cache ls
+  expect_out "me/relu@local"
+  # nothing installed, no store entry
+  expect_rc 0 "$TK" list
+  expect_out "no packages installed"
+  # a broken directory is refused as publish would refuse it
+  sed -i 's/"launch"/"lanuch"/' "$WORK/d/kernel.json"
+  expect_rc 5 "$TK" build "$WORK/d" --arch sm_90
+  expect_out "did you mean 'launch'?"
+  # tk run takes a directory too (tk_get_kernel(ctx, "./dir")); without a GPU it stops at the
+  # device with exit 7, on a GPU it runs
+  good_pkg "$WORK/d"
+  OUT=$("$TK" run "$WORK/d" relu_f32 --shape 1024 --shape 1024 2>&1); local rc=$?
+  if [ $rc = 7 ]; then
+    case "$OUT" in *"CUDA"*|*"GPU"*) ;; *) fail "tk run exited 7 without naming the device: $OUT" ;; esac
+  elif [ $rc != 0 ]; then
+    fail "tk run ./dir exited $rc: $OUT"
+  fi
+  return 0
+}
+
 run_tests
