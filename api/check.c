@@ -57,6 +57,7 @@ int tk_api__local_load(tk_api_localpkg *out, const char *dir)
     size_t len = 0, bad = (size_t)-1;
     json_t *spec = NULL, *files = NULL;
     json_error_t jerr;
+    size_t *origin = NULL, nexp = 0;
     int rc;
 
     memset(out, 0, sizeof *out);
@@ -79,6 +80,10 @@ int tk_api__local_load(tk_api_localpkg *out, const char *dir)
         goto fail;
     if (!(spec = json_loadb(text, len, JSON_REJECT_DUPLICATES, &jerr))) {
         rc = tk__err(TK_ERR_MANIFEST, "%s:%d:%d: %s", out->spec_path, jerr.line, jerr.column, jerr.text);
+        goto fail;
+    }
+    if ((rc = tk_hub__expand_variants(spec, &origin, &nexp)) != TK_OK) {
+        rc = tk__err_wrap(rc, "%s", out->spec_path);
         goto fail;
     }
     {
@@ -139,7 +144,7 @@ int tk_api__local_load(tk_api_localpkg *out, const char *dir)
     json_object_set(spec, "files", files);
     if ((rc = tk_api__validate_json(spec, &bad)) != TK_OK) {
         if (bad != (size_t)-1)
-            rc = located(rc, text, len, out->spec_path, NULL, bad);
+            rc = located(rc, text, len, out->spec_path, NULL, origin && bad < nexp ? origin[bad] : bad);
         else
             rc = tk__err_wrap(rc, "%s", out->spec_path);
         goto fail;
@@ -150,10 +155,12 @@ int tk_api__local_load(tk_api_localpkg *out, const char *dir)
     }
     free(dumped);
     free(text);
+    free(origin);
     json_decref(spec);
     json_decref(files);
     return TK_OK;
 fail:
+    free(origin);
     free(dumped);
     free(text);
     json_decref(spec);

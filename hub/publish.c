@@ -169,6 +169,11 @@ int tk_hub__publish(char **commit_out, const char *pkgdir, const char *to_dir, c
                      spec ? "not a JSON object" : jerr.text);
         goto done;
     }
+    /* a kernel with "dtypes" is published as its variants: clients never see a template */
+    if ((rc = tk_hub__expand_variants(spec, NULL, NULL)) != TK_OK) {
+        rc = tk__err_wrap(rc, "%s", spec_path);
+        goto done;
+    }
     const char *name = json_string_value(json_object_get(spec, "name"));
     const char *version = json_string_value(json_object_get(spec, "version"));
     const char *license = json_string_value(json_object_get(spec, "license"));

@@ -8,6 +8,7 @@
  * the offending key to find where it is.
  */
 #include <stdio.h>
+#include <stdlib.h>
 #include <string.h>
 
 #include "common/common.h"
@@ -17,7 +18,7 @@ static const char *const K_TOP[] = {"name", "version", "license", "description",
 static const char *const K_TOP_MANIFEST[] = {"format_version", "files", "archive", NULL};
 static const char *const K_COMPILE[] = {"options", NULL};
 static const char *const K_KERNEL[] = {"name", "op", "source", "symbol", "params", "launch", "constraints",
-                                       "options", "priority", NULL};
+                                       "options", "priority", "dtypes", NULL};
 static const char *const K_PARAM[] = {"name", "type", "dtype", "value", "optional", NULL};
 static const char *const K_LAUNCH[] = {"grid", "block", "smem", NULL};
 static const char *const K_CONS[] = {"dtypes", "min_cc", "max_cc", "arch_specific", "max", "min", "align", NULL};
@@ -379,5 +380,165 @@ int tk_hub__schema_check(const char *text, size_t n, const char *file, int manif
             rc = sub_object(&w, root, "archive", K_ARCHIVE);
     }
     json_decref(root);
+    return rc;
+}
+
+/* ---- variant expansion ---------------------------------------------------------------------------- */
+
+static const struct {
+    const char *dtype, *ctype;
+    int size;
+} VARIANTS[] = {
+    {"f32", "float", 4},          {"f16", "__half", 2},           {"bf16", "__nv_bfloat16", 2},
+    {"f64", "double", 8},         {"i8", "signed char", 1},       {"u8", "unsigned char", 1},
+    {"i32", "int", 4},            {"i64", "long long", 8},        {"fp8_e4m3", "__nv_fp8_e4m3", 1},
+    {"fp8_e5m2", "__nv_fp8_e5m2", 1},
+};
+
+/* Replaces {dtype} {T} {size} {vec} in s; an unknown {word} is an error. */
+static int subst(tk_buf *out, const char *s, size_t v, const char *kname)
+{
+    char num[16];
+    while (*s) {
+        if (*s == '{') {
+            const char *e = s + 1;
+            while ((*e >= 'a' && *e <= 'z') || (*e >= 'A' && *e <= 'Z') || *e == '_')
+                e++;
+            if (*e == '}' && e > s + 1) {
+                size_t n = (size_t)(e - s - 1);
+                const char *rep = NULL;
+                if (n == 5 && !memcmp(s + 1, "dtype", 5))
+                    rep = VARIANTS[v].dtype;
+                else if (n == 1 && s[1] == 'T')
+                    rep = VARIANTS[v].ctype;
+                else if (n == 4 && !memcmp(s + 1, "size", 4))
+                    snprintf(num, sizeof num, "%d", VARIANTS[v].size), rep = num;
+                else if (n == 3 && !memcmp(s + 1, "vec", 3))
+                    snprintf(num, sizeof num, "%d", 16 / VARIANTS[v].size), rep = num;
+                if (!rep)
+                    return tk__err(TK_ERR_MANIFEST, "kernel '%s': '{%.*s}' is not a variant placeholder\nHINT: a "
+                                   "kernel with \"dtypes\" may use {dtype} (f16), {T} (__half), {size} (bytes of "
+                                   "one element) and {vec} (elements in 16 bytes)", kname, (int)n, s + 1);
+                if (tk__buf_puts(out, rep) != TK_OK)
+                    return tk__err(TK_ERR_NOMEM, "out of memory");
+                s = e + 1;
+                continue;
+            }
+        }
+        if (tk__buf_append(out, s, 1) != TK_OK)
+            return tk__err(TK_ERR_NOMEM, "out of memory");
+        s++;
+    }
+    return TK_OK;
+}
+
+/* A copy of x with every string (values and object keys) substituted for variant v. */
+static int instantiate(json_t **out, json_t *x, size_t v, const char *kname)
+{
+    int rc = TK_OK;
+    *out = NULL;
+    if (json_is_string(x)) {
+        tk_buf b = TK_BUF_INIT;
+        if ((rc = subst(&b, json_string_value(x), v, kname)) == TK_OK)
+            *out = json_string(b.data ? b.data : "");
+        tk__buf_free(&b);
+    } else if (json_is_array(x)) {
+        size_t i;
+        json_t *e, *c;
+        *out = json_array();
+        json_array_foreach(x, i, e) {
+            if ((rc = instantiate(&c, e, v, kname)) != TK_OK)
+                break;
+            json_array_append_new(*out, c);
+        }
+    } else if (json_is_object(x)) {
+        const char *key;
+        json_t *e, *c;
+        *out = json_object();
+        json_object_foreach(x, key, e) {
+            tk_buf b = TK_BUF_INIT;
+            if ((rc = subst(&b, key, v, kname)) != TK_OK || (rc = instantiate(&c, e, v, kname)) != TK_OK) {
+                tk__buf_free(&b);
+                break;
+            }
+            json_object_set_new(*out, b.data ? b.data : "", c);
+            tk__buf_free(&b);
+        }
+    } else {
+        *out = json_deep_copy(x);
+    }
+    if (rc != TK_OK || !*out) {
+        json_decref(*out);
+        *out = NULL;
+        return rc != TK_OK ? rc : tk__err(TK_ERR_NOMEM, "out of memory");
+    }
+    return TK_OK;
+}
+
+int tk_hub__expand_variants(json_t *spec, size_t **origin, size_t *n)
+{
+    json_t *ks = json_object_get(spec, "kernels"), *out = NULL, *k;
+    size_t i, total = 0, *org = NULL;
+    int rc = TK_OK;
+    if (origin)
+        *origin = NULL;
+    if (n)
+        *n = 0;
+    if (!json_is_array(ks))
+        return TK_OK;
+    if (!(out = json_array()) || !(org = calloc(json_array_size(ks) * 10 + 1, sizeof *org))) {
+        json_decref(out);
+        free(org);
+        return tk__err(TK_ERR_NOMEM, "out of memory");
+    }
+    json_array_foreach(ks, i, k) {
+        json_t *dts = json_object_get(k, "dtypes"), *d;
+        const char *kname = json_string_value(json_object_get(k, "name"));
+        size_t j;
+        if (!dts) {
+            json_array_append(out, k);
+            org[total++] = i;
+            continue;
+        }
+        if (!kname)
+            kname = "(unnamed)";
+        if (!json_is_array(dts) || json_array_size(dts) == 0 || json_array_size(dts) > 10) {
+            rc = tk__err(TK_ERR_MANIFEST, "kernels[%zu] ('%s'): \"dtypes\" must be a list of 1 to 10 dtypes", i, kname);
+            goto done;
+        }
+        if (!strstr(kname, "{dtype}")) {
+            rc = tk__err(TK_ERR_MANIFEST, "kernel '%s': a kernel with \"dtypes\" needs '{dtype}' in its name, so each "
+                         "variant has its own (e.g. \"%s_{dtype}\")", kname, kname);
+            goto done;
+        }
+        json_array_foreach(dts, j, d) {
+            size_t v;
+            const char *ds = json_string_value(d);
+            for (v = 0; v < sizeof VARIANTS / sizeof VARIANTS[0]; v++)
+                if (ds && !strcmp(ds, VARIANTS[v].dtype))
+                    break;
+            if (v == sizeof VARIANTS / sizeof VARIANTS[0]) {
+                rc = tk__err(TK_ERR_MANIFEST, "kernel '%s': dtypes[%zu] ('%s') is not a dtype; want one of f32 f16 bf16 "
+                             "f64 i8 u8 i32 i64 fp8_e4m3 fp8_e5m2", kname, j, ds ? ds : "not a string");
+                goto done;
+            }
+            json_t *c = NULL;
+            if ((rc = instantiate(&c, k, v, kname)) != TK_OK)
+                goto done;
+            json_object_del(c, "dtypes");
+            json_array_append_new(out, c);
+            org[total++] = i;
+        }
+    }
+    json_object_set(spec, "kernels", out);
+    if (origin) {
+        *origin = org;
+        org = NULL;
+    }
+    if (n)
+        *n = total;
+done:
+    json_decref(out);
+    free(org);
     return rc;
 }

@@ -162,6 +162,44 @@ EOF
   return 0
 }
 
+t_variant_expansion_matches_expanded_manifest() {
+  # kernels-src/activation declares 11 templated entries; published, they are the 33 kernels of the
+  # hand-expanded manifest it replaced (tests/data/activation.expanded.json), in the same order
+  expect_rc 0 "$TK" publish "$ROOT/kernels-src/activation" --to "$WORK/reg-a" --key "$KEY" -q
+  expect_rc 0 python3 -c '
+import json, sys
+got = json.load(open(sys.argv[1]))["kernels"]
+want = json.load(open(sys.argv[2]))["kernels"]
+src = json.load(open(sys.argv[3]))["kernels"]
+assert len(src) == 11 and len(got) == 33 and len(want) == 33, (len(src), len(got))
+for i, (g, w) in enumerate(zip(got, want)):
+    assert g == w, (i, g, w)
+' "$WORK/reg-a/kernels/kernels-community/activation/resolve/v1/manifest.json" \
+    "$ROOT/tests/data/activation.expanded.json" "$ROOT/kernels-src/activation/kernel.json"
+  # a template of the test package, then mistakes in it
+  good_pkg "$WORK/v"
+  sed -i -e 's/"name": "relu_f32"/"name": "relu_{dtype}", "dtypes": ["f32", "f16"]/' \
+    -e 's/"symbol": "tk_relu_f32"/"symbol": "tk_relu<{T}>"/' -e 's/"dtype": "f32"}/"dtype": "{dtype}"}/' \
+    -e 's/"dtypes": \["f32"\], "min_cc"/"dtypes": ["{dtype}"], "min_cc"/' "$WORK/v/kernel.json"
+  expect_rc 0 "$TK" check "$WORK/v" --no-compile
+  cp "$WORK/v/kernel.json" "$WORK/v.json"
+  sed -i 's/"relu_{dtype}"/"relu"/' "$WORK/v/kernel.json"
+  expect_rc 5 "$TK" check "$WORK/v" --no-compile
+  expect_out "needs '{dtype}' in its name"
+  cp "$WORK/v.json" "$WORK/v/kernel.json"; sed -i 's/"f32", "f16"\]/"f32", "float16"]/' "$WORK/v/kernel.json"
+  expect_rc 5 "$TK" publish "$WORK/v" --to "$WORK/reg-v" --key "$KEY"
+  expect_out "dtypes[1] ('float16') is not a dtype"
+  cp "$WORK/v.json" "$WORK/v/kernel.json"; sed -i 's/tk_relu<{T}>/tk_relu<{Type}>/' "$WORK/v/kernel.json"
+  expect_rc 5 "$TK" check "$WORK/v" --no-compile
+  expect_out "'{Type}' is not a variant placeholder"
+  # a failure inside a variant is located at its template entry
+  cp "$WORK/v.json" "$WORK/v/kernel.json"; sed -i 's/numel(out), 256/numel(outt), 256/' "$WORK/v/kernel.json"
+  expect_rc 5 "$TK" check "$WORK/v" --no-compile
+  expect_out "kernel.json:7:5: kernel 'relu_f32', launch.grid[0]"
+  [ -e "$WORK/reg-v" ] && fail "a refused publish wrote the registry"
+  return 0
+}
+
 t_init_skeleton_passes_check() {
   cd "$WORK" || return
   expect_rc 0 "$TK" init me/vec-add
