@@ -686,6 +686,42 @@ fail2:
     return rc;
 }
 
+/* Compile progress: a "[3/7] decode.cu sm_90 12.4 s" log line per unit as it finishes, and the
+ * context's progress callback (a terminal status line in the CLI) as units start and finish. */
+typedef struct {
+    const tk_ctx *ctx;
+    const tk_jit_unit *units;
+    size_t n;
+    double t0;
+} progress;
+
+static void unit_name(char *out, size_t cap, const tk_jit_unit *u)
+{
+    char target[32];
+    size_t n = strlen(u->src_path);
+    tk_jit__target(target, u);
+    /* at most 60 columns of path: keep its end, which names the file */
+    if (n > 60)
+        snprintf(out, cap, "...%s %s", u->src_path + n - 57, target);
+    else
+        snprintf(out, cap, "%s %s", u->src_path, target);
+}
+
+static void on_unit(void *user, size_t i, int started, int status, size_t ndone, size_t nrunning, double secs)
+{
+    progress *pr = user;
+    char name[96], what[128];
+    unit_name(name, sizeof name, &pr->units[i]);
+    if (!started)
+        tk_api__log(pr->ctx, status == TK_OK ? TK_LOG_INFO : TK_LOG_WARN, "[%zu/%zu] %s %.1f s%s", ndone, pr->n,
+                    name, secs, status == TK_OK ? "" : " FAILED");
+    if (pr->ctx->progress) {
+        snprintf(what, sizeof what, "compile %zu running, %.0f s: %s", nrunning, (tk__now_ms() - pr->t0) / 1000.0,
+                 name);
+        pr->ctx->progress(pr->ctx->progress_user, what, (int64_t)ndone, (int64_t)pr->n);
+    }
+}
+
 /* Fills every unit's binary: from the cache, else compiled (in parallel) and stored. `force` skips
  * the lookup (a stale entry). */
 static int plan_build(plan *p, tk_ctx *ctx, const pkgsrc *s, int jobs, size_t *ncompiled, size_t *ncached)
@@ -738,12 +774,24 @@ static int plan_build(plan *p, tk_ctx *ctx, const pkgsrc *s, int jobs, size_t *n
     nmiss = 0;
     for (size_t i = 0; i < p->n; i++)
         if (!p->u[i].bin) {
-            tk_api__log(ctx, TK_LOG_INFO, "compiling %s for %s", p->u[i].label, p->u[i].target);
+            tk_api__log(ctx, TK_LOG_DEBUG, "compiling %s for %s", p->u[i].label, p->u[i].target);
             which[nmiss] = i;
             units[nmiss++] = p->u[i].u;
         }
     /* Worker threads fail with their own thread-local message: collect them to report here. */
-    rc = tk_jit__compile_many(outs, st, emsg, units, nmiss, jobs);
+    {
+        progress pr = {ctx, units, nmiss, tk__now_ms()};
+        size_t nfail = 0;
+        rc = tk_jit__compile_many_cb(outs, st, emsg, units, nmiss, jobs, on_unit, &pr);
+        for (size_t m = 0; m < nmiss; m++)
+            nfail += st[m] != TK_OK;
+        if (nfail)
+            tk_api__log(ctx, TK_LOG_INFO, "%s: %zu compiled, %zu failed in %.1f s", s->pkgname, nmiss - nfail, nfail,
+                        (tk__now_ms() - pr.t0) / 1000.0);
+        else
+            tk_api__log(ctx, TK_LOG_INFO, "%s: %zu compiled in %.1f s", s->pkgname, nmiss,
+                        (tk__now_ms() - pr.t0) / 1000.0);
+    }
     if (tk_jit__nvrtc_version(&vmaj, &vmin, NULL) == TK_OK)
         snprintf(ver, sizeof ver, "%d.%d", vmaj, vmin);
     for (size_t m = 0; m < nmiss; m++) {
@@ -827,62 +875,77 @@ int tk_api__compile_local(tk_ctx *ctx, const tk_api_localpkg *lp, const int *ccs
                           tk_buf *report, size_t *nunits, size_t *nfailed)
 {
     pkgsrc s;
+    plan *plans = NULL;
     const char *nvid = NULL;
-    int rc;
+    tk_jit_unit *units = NULL;
+    tk_jit_binary **outs = NULL;
+    cunit **cu = NULL;
+    int *st = NULL, rc;
+    char **emsg = NULL;
+    size_t total = 0, k = 0;
     *nunits = *nfailed = 0;
     if ((rc = pkgsrc_load_dir(&s, lp)) != TK_OK)
         return rc;
     if ((rc = tk_jit__nvrtc_load()) != TK_OK || (rc = tk_jit__nvrtc_id(&nvid)) != TK_OK)
         goto done;
+    if (!(plans = calloc(nccs + 1, sizeof *plans))) {
+        rc = tk__err(TK_ERR_NOMEM, "out of memory");
+        goto done;
+    }
+    /* every arch's units in one batch, so progress counts them all and they share the workers */
     for (size_t a = 0; a < nccs; a++) {
-        plan p;
-        tk_jit_unit *units = NULL;
-        tk_jit_binary **outs = NULL;
-        int *st = NULL;
-        char **emsg = NULL;
-        if ((rc = plan_make(&p, &s, ccs[a], 0, nvid)) != TK_OK)
+        if ((rc = plan_make(&plans[a], &s, ccs[a], 0, nvid)) != TK_OK)
             goto done;
-        if (p.n == 0)
+        if (plans[a].n == 0)
             tk_api__log(ctx, TK_LOG_INFO, "%s: no kernel targets sm_%d", s.pkgname, ccs[a]);
-        units = calloc(p.n + 1, sizeof *units);
-        outs = calloc(p.n + 1, sizeof *outs);
-        st = calloc(p.n + 1, sizeof *st);
-        emsg = calloc(p.n + 1, sizeof *emsg);
-        if (!units || !outs || !st || !emsg) {
-            rc = tk__err(TK_ERR_NOMEM, "out of memory");
-        } else if (p.n) {
-            for (size_t i = 0; i < p.n; i++)
-                units[i] = p.u[i].u;
-            tk_jit__compile_many(outs, st, emsg, units, p.n, jobs);
-            for (size_t i = 0; i < p.n; i++) {
-                (*nunits)++;
-                if (st[i] == TK_OK) {
-                    tk_api__log(ctx, TK_LOG_DEBUG, "ok %s (%s)", p.u[i].label, p.u[i].target);
-                    continue;
-                }
-                if (st[i] == TK_ERR_NO_NVRTC) {
-                    rc = tk__err(TK_ERR_NO_NVRTC, "%s", emsg[i] ? emsg[i] : "NVRTC is missing");
-                    break;
-                }
-                (*nfailed)++;
-                symbol_message(report, &p.u[i], &s, emsg[i]);
-            }
+        total += plans[a].n;
+    }
+    units = calloc(total + 1, sizeof *units);
+    outs = calloc(total + 1, sizeof *outs);
+    st = calloc(total + 1, sizeof *st);
+    emsg = calloc(total + 1, sizeof *emsg);
+    cu = calloc(total + 1, sizeof *cu);
+    if (!units || !outs || !st || !emsg || !cu) {
+        rc = tk__err(TK_ERR_NOMEM, "out of memory");
+        goto done;
+    }
+    for (size_t a = 0; a < nccs; a++)
+        for (size_t i = 0; i < plans[a].n; i++) {
+            cu[k] = &plans[a].u[i];
+            units[k++] = plans[a].u[i].u;
         }
-        for (size_t i = 0; outs && i < p.n; i++)
-            tk_jit__binary_free(outs[i]);
-        for (size_t i = 0; emsg && i < p.n; i++)
-            free(emsg[i]);
-        free(units);
-        free(outs);
-        free(st);
-        free(emsg);
-        plan_free(&p);
-        if (rc != TK_OK)
-            goto done;
+    {
+        progress pr = {ctx, units, total, tk__now_ms()};
+        tk_jit__compile_many_cb(outs, st, emsg, units, total, jobs, on_unit, &pr);
+        for (size_t i = 0; i < total; i++) {
+            (*nunits)++;
+            if (st[i] == TK_OK)
+                continue;
+            if (st[i] == TK_ERR_NO_NVRTC) {
+                rc = tk__err(TK_ERR_NO_NVRTC, "%s", emsg[i] ? emsg[i] : "NVRTC is missing");
+                goto done;
+            }
+            (*nfailed)++;
+            symbol_message(report, cu[i], &s, emsg[i]);
+        }
+        tk_api__log(ctx, TK_LOG_INFO, "%s: %zu of %zu compiles ok in %.1f s", s.pkgname, total - *nfailed, total,
+                    (tk__now_ms() - pr.t0) / 1000.0);
     }
     if (*nfailed)
         rc = TK_ERR_COMPILE;
 done:
+    for (size_t i = 0; outs && i < total; i++)
+        tk_jit__binary_free(outs[i]);
+    for (size_t i = 0; emsg && i < total; i++)
+        free(emsg[i]);
+    for (size_t a = 0; plans && a < nccs; a++)
+        plan_free(&plans[a]);
+    free(plans);
+    free(units);
+    free(outs);
+    free(st);
+    free(emsg);
+    free(cu);
     pkgsrc_free(&s);
     return rc;
 }
@@ -1426,14 +1489,31 @@ int tk_build(tk_ctx *ctx, const char *ref, const tk_build_opts *opts, size_t *co
                 j++;
     if ((rc = pkgsrc_for_ref(&s, NULL, ctx, ref, NULL)) != TK_OK || (rc = tk_jit__nvrtc_id(&nvid)) != TK_OK)
         goto fail;
-    for (size_t a = 0; a < nccs; a++) {
-        plan p;
-        if ((rc = plan_make(&p, &s, ccs[a], 0, nvid)) != TK_OK)
-            goto fail;
-        if (p.n == 0)
-            tk_api__log(ctx, TK_LOG_INFO, "%s: no kernel targets sm_%d", s.pkgname, ccs[a]);
-        rc = plan_build(&p, ctx, &s, opts->jobs, &nc, &nh);
-        plan_free(&p);
+    {
+        /* every arch's units in one plan: one batch of compiles, counted together ([3/7] ...) */
+        plan all = {NULL, 0};
+        for (size_t a = 0; a < nccs && rc == TK_OK; a++) {
+            plan p;
+            cunit *grown;
+            if ((rc = plan_make(&p, &s, ccs[a], 0, nvid)) != TK_OK)
+                break;
+            if (p.n == 0)
+                tk_api__log(ctx, TK_LOG_INFO, "%s: no kernel targets sm_%d", s.pkgname, ccs[a]);
+            if (p.n && !(grown = realloc(all.u, (all.n + p.n) * sizeof *all.u))) {
+                rc = tk__err(TK_ERR_NOMEM, "out of memory");
+                plan_free(&p);
+                break;
+            }
+            if (p.n) {
+                all.u = grown;
+                memcpy(all.u + all.n, p.u, p.n * sizeof *p.u);
+                all.n += p.n;
+            }
+            free(p.u); /* its units moved into all */
+        }
+        if (rc == TK_OK)
+            rc = plan_build(&all, ctx, &s, opts->jobs, &nc, &nh);
+        plan_free(&all);
         if (rc != TK_OK)
             goto fail;
     }

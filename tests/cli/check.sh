@@ -225,6 +225,11 @@ t_build_and_run_from_directory() {
   good_pkg "$WORK/d"
   expect_rc 0 "$TK" build "$WORK/d" --arch sm_80,sm_90
   expect_out "2 compiled"
+  # progress: one line per unit as it finishes, counted over both archs, then one summary
+  expect_out "[1/2] relu.cu sm_"
+  expect_out "[2/2] relu.cu sm_"
+  expect_out "me/relu@local: 2 compiled in "
+  echo "$OUT" | awk 'length > 100 {bad = 1} END {exit bad}' || fail "a progress line is over 100 columns"
   expect_out "is local: not signed, not installed"
   expect_rc 0 "$TK" build "$WORK/d" --arch sm_90
   expect_out "1 already cached"
