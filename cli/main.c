@@ -24,6 +24,10 @@ int tk_cmd_run(tk_cli *cli, int argc, char **argv);
 int tk_cmd_ops(tk_cli *cli, int argc, char **argv);
 int tk_cmd_run_op(tk_cli *cli, int argc, char **argv);
 int tk_cmd_serve(tk_cli *cli, int argc, char **argv);
+int tk_cmd_tokenize(tk_cli *cli, int argc, char **argv);
+int tk_cmd_detokenize(tk_cli *cli, int argc, char **argv);
+int tk_cmd_model(tk_cli *cli, int argc, char **argv);
+int tk_cmd_embed(tk_cli *cli, int argc, char **argv);
 /* authoring (h14) */
 int tk_cmd_check(tk_cli *cli, int argc, char **argv);
 int tk_cmd_init(tk_cli *cli, int argc, char **argv);
@@ -50,6 +54,10 @@ static const struct {
     {"ops", tk_cmd_ops, "list standard ops, their signatures and implementations"},
     {"run-op", tk_cmd_run_op, "run an op on random inputs through the op registry"},
     {"serve", tk_cmd_serve, "serve a registry tree over HTTP, with uploads and a web page"},
+    {"tokenize", tk_cmd_tokenize, "encode text to token ids with a model's tokenizer.json"},
+    {"detokenize", tk_cmd_detokenize, "decode token ids to text with a model's tokenizer.json"},
+    {"model", tk_cmd_model, "a Hugging Face checkpoint: info, logits (Llama, Mistral, Qwen2, GPT-2, BERT)"},
+    {"embed", tk_cmd_embed, "sentence embeddings of texts with an encoder checkpoint (all-MiniLM-L6-v2)"},
     {"init", tk_cmd_init, "write a new kernel package skeleton that passes tk check"},
     {"check", tk_cmd_check, "check a package directory: manifest and an NVRTC compile, nothing written"},
 };
@@ -64,7 +72,7 @@ static void usage(FILE *f)
             "commands:\n",
             tk_version_string());
     for (size_t i = 0; i < sizeof commands / sizeof *commands; i++)
-        fprintf(f, "  %-8s %s\n", commands[i].name, commands[i].summary);
+        fprintf(f, "  %-10s %s\n", commands[i].name, commands[i].summary);
     fprintf(f,
             "\n"
             "global options (accepted anywhere on the line):\n"

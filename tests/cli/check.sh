@@ -59,6 +59,7 @@ BAD_CASES=(
   's/"version": "1.0.0"/"version": "1.0"/|'"'"'version'"'"' must be MAJOR.MINOR.PATCH'
   's/"block": \["256"\], //|launch.block must be a list'
   's/"value": "numel(x)"/"value": "numel(x)", "dtype": "i64"/|only a tensor has a '"'"'dtype'"'"''
+  's/"min_cc": 75/"min_cc": 75, "align": 3/|constraints.align must be a power of two'
 )
 
 t_bad_manifests_refused_at_publish() {
