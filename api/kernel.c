@@ -837,6 +837,7 @@ done:
 static void symbol_message(tk_buf *b, const cunit *c, const pkgsrc *s, const char *msg)
 {
     if (msg && strstr(msg, "__nv_name_map")) {
+        int any = 0;
         for (size_t j = 0; j < c->nk; j++) {
             const kdecl *d = &s->k[c->kidx[j]];
             const char *sym = d->symbol, *lt = strchr(sym, '<');
@@ -848,12 +849,15 @@ static void symbol_message(tk_buf *b, const cunit *c, const pkgsrc *s, const cha
                     base = q + 1;
             snprintf(quoted, sizeof quoted, "\"%.*s\"", (int)(sym + n - base), base);
             if (strstr(msg, quoted) || strstr(msg, sym)) {
-                tk__buf_printf(b, "%s (%s): kernel '%s': symbol '%s' is not declared in %s\n"
-                               "    HINT: 'symbol' names a __global__ function or template of the source "
-                               "(extern \"C\" or a name expression such as ns::kern<float>)\n",
-                               d->source, c->target, d->name, sym, d->source);
-                return;
+                tk__buf_printf(b, "%s (%s): kernel '%s': symbol '%s' is not declared in %s\n", d->source,
+                               c->target, d->name, sym, d->source);
+                any = 1;
             }
+        }
+        if (any) {
+            tk__buf_puts(b, "    HINT: 'symbol' names a __global__ function of the source: extern \"C\" or "
+                            "ns::kern<float>\n");
+            return;
         }
     }
     tk__buf_printf(b, "%s (%s):\n", c->label, c->target);
