@@ -187,17 +187,20 @@ int tk_hub__json_where(char *out, size_t cap, const char *text, size_t n, const 
             line++;
             ls = i + 1;
         }
-    size_t le = ls;
-    while (le < n && text[le] != '\n' && le - ls < 160)
+    /* a window of the line around the spot, so a long (minified) line still shows it */
+    size_t col = off - ls, ws = col > 80 ? off - 60 : ls, le = ws, k = 0;
+    while (le < n && text[le] != '\n' && le - ws < 120)
         le++;
-    char caret[170];
-    size_t col = off - ls, k;
-    for (k = 0; k < col && k < 160; k++)
-        caret[k] = text[ls + k] == '\t' ? '\t' : ' ';
+    const char *dots = ws > ls ? "..." : "";
+    char caret[200];
+    for (size_t i = 0; i < strlen(dots); i++)
+        caret[k++] = ' ';
+    for (size_t i = ws; i < off && k < 160; i++)
+        caret[k++] = text[i] == '\t' ? '\t' : ' ';
     caret[k++] = '^';
     caret[k] = '\0';
-    snprintf(out, cap, "%s:%zu:%zu|%.*s|%s", file ? file : "kernel.json", line, col + 1, (int)(le - ls),
-             text + ls, caret);
+    snprintf(out, cap, "%s:%zu:%zu|%s%.*s|%s", file ? file : "kernel.json", line, col + 1, dots, (int)(le - ws),
+             text + ws, caret);
     return 0;
 }
 

@@ -80,6 +80,13 @@ t_bad_manifests_refused_at_publish() {
   expect_rc 5 "$TK" check "$WORK/bad"
   expect_out "kernel.json:14:7: unknown key 'lanuch' in kernels[0] (kernel 'relu_f32')"
   expect_out "      ^"
+  # a minified kernel.json: the line is shown around the key, the caret under it
+  good_pkg "$WORK/bad"
+  python3 -c 'import json, sys; d = json.load(open(sys.argv[1])); d["compile"] = {"option": []}; open(sys.argv[1], "w").write(json.dumps(d))' "$WORK/bad/kernel.json"
+  expect_rc 5 "$TK" check "$WORK/bad"
+  expect_out "unknown key 'option' in compile"
+  echo "$OUT" | awk '/^    \.\.\..*"option"/ {getline c; i = index($0, "\"option\""); if (substr(c, i, 1) == "^") ok = 1} END {exit !ok}' ||
+    fail "the caret is not under the key: $OUT"
   # a missing source file (not only a misnamed one) and a missing directory
   good_pkg "$WORK/bad"; rm "$WORK/bad/relu.cu"; echo x >"$WORK/bad/README.md"
   expect_rc 5 "$TK" publish "$WORK/bad" --to "$reg" --key "$KEY"
