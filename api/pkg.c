@@ -522,6 +522,19 @@ int tk_trust_list_json(char **out, tk_ctx *ctx)
     return *out ? TK_OK : tk__err(TK_ERR_NOMEM, "out of memory");
 }
 
+/* Every check install would run, before anything is signed or written (api/check.c): a package
+ * that could never install never reaches a registry, and no version number is burnt on it. */
+static int precheck(const char *pkgdir)
+{
+    tk_api_localpkg lp;
+    int rc = tk_api__local_load(&lp, pkgdir);
+    if (rc == TK_OK)
+        tk_api__local_free(&lp);
+    else
+        rc = tk__err_wrap(rc, "not published");
+    return rc;
+}
+
 int tk_publish(char **commit, tk_ctx *ctx, const char *pkgdir, const char *to_dir, const tk_publish_opts *opts)
 {
     if (commit)
@@ -533,6 +546,8 @@ int tk_publish(char **commit, tk_ctx *ctx, const char *pkgdir, const char *to_di
         return tk__err(TK_ERR_INVALID, "tk_publish: pkgdir, to_dir and opts (with key_path) are required");
     if (opts->version < 1 || opts->version > TK_PUBLISH_OPTS_VERSION)
         return tk__err(TK_ERR_INVALID, "tk_publish_opts version %u is not supported", opts->version);
+    if ((rc = precheck(pkgdir)) != TK_OK)
+        return rc;
     return tk_hub__publish(commit, pkgdir, to_dir, opts->key_path, opts->compression, ctx->log, ctx->log_user);
 }
 
@@ -550,6 +565,8 @@ int tk_publish_upload(char **commit, int *created, tk_ctx *ctx, const char *pkgd
         return tk__err(TK_ERR_INVALID, "tk_publish_opts version %u is not supported", opts->version);
     if (ctx->offline)
         return tk__err(TK_ERR_OFFLINE, "cannot publish to %s in offline mode", registry);
+    if ((rc = precheck(pkgdir)) != TK_OK)
+        return rc;
     return tk_hub__upload(commit, created, pkgdir, registry, opts->key_path, opts->compression,
                           token ? token : ctx->token, ctx->log, ctx->log_user);
 }

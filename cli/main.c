@@ -28,6 +28,9 @@ int tk_cmd_tokenize(tk_cli *cli, int argc, char **argv);
 int tk_cmd_detokenize(tk_cli *cli, int argc, char **argv);
 int tk_cmd_model(tk_cli *cli, int argc, char **argv);
 int tk_cmd_embed(tk_cli *cli, int argc, char **argv);
+/* authoring (h14) */
+int tk_cmd_check(tk_cli *cli, int argc, char **argv);
+int tk_cmd_init(tk_cli *cli, int argc, char **argv);
 
 static const struct {
     const char *name;
@@ -55,6 +58,8 @@ static const struct {
     {"detokenize", tk_cmd_detokenize, "decode token ids to text with a model's tokenizer.json"},
     {"model", tk_cmd_model, "a Hugging Face checkpoint: info, logits (Llama, Mistral, Qwen2, GPT-2, BERT)"},
     {"embed", tk_cmd_embed, "sentence embeddings of texts with an encoder checkpoint (all-MiniLM-L6-v2)"},
+    {"init", tk_cmd_init, "write a new kernel package skeleton that passes tk check"},
+    {"check", tk_cmd_check, "check a package directory: manifest and an NVRTC compile, nothing written"},
 };
 
 static void usage(FILE *f)

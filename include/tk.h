@@ -250,10 +250,30 @@ typedef struct {
 /* Publishes the package in `pkgdir` (its kernel.json and sources) into the static registry tree
  * `to_dir`: writes the manifest, its signature and the source archive under a new commit, moves branch
  * v<major> to it and keeps the history. Republishing identical content is a no-op that returns the
- * same commit. *commit (may be NULL) receives the commit id. Errors: TK_ERR_MANIFEST for a bad
+ * same commit. It first runs tk_check's checks (no compile) and refuses the package, writing
+ * nothing, when one fails. *commit (may be NULL) receives the commit id. Errors: TK_ERR_MANIFEST for a bad
  * kernel.json, TK_ERR_ROLLBACK if the version is not newer than the branch head, TK_ERR_IO. */
 TK_API int tk_publish(char **commit, tk_ctx *ctx, const char *pkgdir, const char *to_dir,
                       const tk_publish_opts *opts);
+
+/* Checks the package in `pkgdir` as tk_publish does before it signs anything (every key of
+ * kernel.json against the format, with file:line:column and "did you mean"; name, version, license;
+ * each kernel's source present, params, dtypes, launch and constraint expressions), and with
+ * opts->compile also compiles every kernel with NVRTC for each arch. It writes nothing: no signature,
+ * no registry, no cache entry. *report (may be NULL) receives, on TK_ERR_COMPILE, every failing
+ * compile's message (file:line, a missing symbol in one line); free it with tk_free.
+ * Errors: TK_ERR_NOT_FOUND (no such directory or kernel.json), TK_ERR_MANIFEST, TK_ERR_COMPILE,
+ * TK_ERR_NO_NVRTC, TK_ERR_INVALID (a bad arch). */
+#define TK_CHECK_OPTS_VERSION 1
+typedef struct {
+    unsigned version;          /* TK_CHECK_OPTS_VERSION */
+    int compile;               /* 1: also compile every kernel */
+    const char *const *archs;  /* "sm_80", "sm_90a" ...; NULL: sm_80 and sm_90 */
+    size_t narchs;
+    int jobs;                  /* parallel compiles; 0: by cores and memory */
+} tk_check_opts;
+#define TK_CHECK_OPTS_INIT {TK_CHECK_OPTS_VERSION, 0, NULL, 0, 0}
+TK_API int tk_check(char **report, tk_ctx *ctx, const char *pkgdir, const tk_check_opts *opts);
 
 /* Publishes pkgdir to a `tk serve` registry over HTTP: builds and signs the version as tk_publish
  * does, then uploads it (PUT {registry}/api/upload/{org}/{name}) with the bearer token (NULL: the
@@ -365,6 +385,9 @@ typedef struct {
 } tk_kernel_opts;
 #define TK_KERNEL_OPTS_INIT {TK_KERNEL_OPTS_VERSION, 0, TK_GET_OPTS_INIT}
 
+/* `ref` may also be a package directory ("./relu", "../x", "/abs/dir", "."): its kernel.json and
+ * sources are checked as tk_check does and compiled as they are, without a signature and without
+ * being installed (a warning says so; the cache names it org/name@local). */
 /* Resolves and installs `ref` if needed (as tk_pkg_get), compiles every kernel for the device's
  * architecture with NVRTC unless the compiled binary is in the cache, and loads them with the CUDA
  * Driver API. A warm call does no compile and does not load NVRTC.
@@ -373,6 +396,9 @@ typedef struct {
 TK_API int tk_get_kernel(tk_kernel **out, tk_ctx *ctx, const char *ref, const tk_kernel_opts *opts);
 TK_API void tk_kernel_free(tk_kernel *k);
 
+/* The manifest text of the package k was built from (borrowed, valid until tk_kernel_free). For a
+ * package directory it is the manifest a publish would sign, less its archive entry. */
+TK_API const char *tk_kernel_manifest(const tk_kernel *k);
 TK_API size_t tk_kernel_function_count(const tk_kernel *k);
 TK_API const tk_function *tk_kernel_function_at(const tk_kernel *k, size_t i);
 /* Looks a function up by its manifest name ("silu_and_mul_f32"). Errors: TK_ERR_NOT_FOUND. */
@@ -399,7 +425,8 @@ typedef struct {
 } tk_build_opts;
 #define TK_BUILD_OPTS_INIT {TK_BUILD_OPTS_VERSION, NULL, 0, 0}
 
-/* Compiles every kernel of the installed package `ref` for each arch into the cache (ahead of time,
+/* Compiles every kernel of the installed package `ref` (or of a package directory, as for
+ * tk_get_kernel) for each arch into the cache (ahead of time,
  * no GPU needed). *compiled / *cached (may be NULL) receive how many binaries were compiled now and
  * how many were already cached. Errors: TK_ERR_NOT_FOUND, TK_ERR_NO_NVRTC, TK_ERR_COMPILE. */
 TK_API int tk_build(tk_ctx *ctx, const char *ref, const tk_build_opts *opts, size_t *compiled,
