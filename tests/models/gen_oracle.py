@@ -1,0 +1,117 @@
+#!/usr/bin/env python3
+"""gen_oracle.py — transformers as the oracle for tk's generation (tests/test_generate.c and
+tests/cli/generate.sh run it; never tk).
+
+  gen_oracle.py processors
+      Random and tie-heavy rows through transformers' LogitsProcessor classes, one case per block:
+        case NAME PARAM MIN_KEEP MODE      (MODE: exact, or count when torch.sort's order of tied
+                                            scores is not a stable sort's, so only how many survive
+                                            is comparable)
+        ids N id...
+        in V x...                           (f32 values as float.hex(), or inf/-inf)
+        out V x...
+  gen_oracle.py generate DIR IDS [key=value ...]
+      model.generate() on the checkpoint in DIR (float32, CPU) for the prompt IDS (comma-separated),
+      with GenerationConfig fields as key=value (ints, floats, true/false, or a list as a,b,c for
+      eos_token_id); prints {"ids": [new ids]} as JSON.
+"""
+import json
+import sys
+
+import torch
+from transformers.generation import logits_process as lp
+
+
+def fmt(t):
+    out = []
+    for x in t.tolist():
+        out.append("-inf" if x == float("-inf") else "inf" if x == float("inf") else float(x).hex())
+    return " ".join(out)
+
+
+def emit(name, param, min_keep, ids, scores, out, mode="exact"):
+    print(f"case {name} {param!r} {min_keep} {mode}")
+    print(f"ids {len(ids)} " + " ".join(str(i) for i in ids))
+    print(f"in {scores.shape[-1]} {fmt(scores[0])}")
+    print(f"out {out.shape[-1]} {fmt(out[0])}")
+
+
+def stable_ties(row):
+    """True when torch.sort (as TopPLogitsWarper calls it) orders this row as a stable sort does."""
+    a = torch.sort(row, descending=False).indices
+    b = torch.sort(row, descending=False, stable=True).indices
+    return bool(torch.equal(a, b))
+
+
+def processors():
+    g = torch.Generator().manual_seed(1234)
+    rows = []
+    for V in (7, 16, 50, 1000):
+        for _ in range(3):
+            rows.append(torch.randn(1, V, generator=g) * 3)
+        # ties: few distinct values
+        rows.append(torch.round(torch.randn(1, V, generator=g) * 2) / 2)
+        # a row with -inf entries
+        r = torch.randn(1, V, generator=g)
+        r[0, torch.randint(0, V, (max(1, V // 5),), generator=g)] = float("-inf")
+        rows.append(r)
+    # a flat row (every score tied) and a peaked one
+    rows.append(torch.zeros(1, 12))
+    rows.append(torch.tensor([[10.0, 0.0, 0.0, 0.0, 0.0, -1.0]]))
+    rows.append(torch.tensor([[1.0, 2.0, 2.0, 2.0, 2.0, 0.5, 2.0, 2.0]]))
+    for row in rows:
+        V = row.shape[-1]
+        n = int(torch.randint(0, 12, (1,), generator=g))
+        ids = torch.randint(0, V + 3, (1, n), generator=g)  # some ids past the vocabulary
+        # repeated n-grams so no_repeat_ngram has something to ban
+        if n >= 4:
+            ids[0, -2:] = ids[0, :2]
+        idl = ids[0].tolist()
+        for t in (0.7, 1.3):
+            emit("temperature", t, 1, idl, row, lp.TemperatureLogitsWarper(t)(ids, row.clone()))
+        for p in (1.2, 0.8):
+            emit("repetition_penalty", p, 1, idl, row, lp.RepetitionPenaltyLogitsProcessor(p)(ids, row.clone()))
+        for ng in (1, 2, 3):
+            emit("no_repeat_ngram", ng, 1, idl, row, lp.NoRepeatNGramLogitsProcessor(ng)(ids, row.clone()))
+        for k, mk in ((1, 1), (3, 1), (5, 2), (V + 2, 1)):
+            emit("top_k", k, mk, idl, row, lp.TopKLogitsWarper(k, min_tokens_to_keep=mk)(ids, row.clone()))
+        for p, mk in ((0.1, 1), (0.5, 1), (0.9, 1), (0.95, 3), (0.999, 1)):
+            out = lp.TopPLogitsWarper(p, min_tokens_to_keep=mk)(ids, row.clone())
+            emit("top_p", p, mk, idl, row, out, "exact" if stable_ties(row[0]) else "count")
+        for p, mk in ((0.05, 1), (0.2, 1), (0.5, 2), (1.0, 1)):
+            emit("min_p", p, mk, idl, row, lp.MinPLogitsWarper(p, min_tokens_to_keep=mk)(ids, row.clone()))
+        if torch.isfinite(row).any():
+            emit("log_softmax", 0, 1, idl, row, torch.log_softmax(row, dim=-1))
+
+
+def parse_value(v):
+    if v in ("true", "false"):
+        return v == "true"
+    if v == "never":
+        return v
+    if "," in v:
+        return [int(x) for x in v.split(",") if x]
+    try:
+        return int(v)
+    except ValueError:
+        return float(v)
+
+
+def generate(d, ids, kvs):
+    from transformers import AutoModelForCausalLM, GenerationConfig
+    model = AutoModelForCausalLM.from_pretrained(d, torch_dtype=torch.float32)
+    model.eval()
+    kw = {k: parse_value(v) for k, v in (a.split("=", 1) for a in kvs)}
+    prompt = torch.tensor([[int(x) for x in ids.split(",")]])
+    with torch.no_grad():
+        out = model.generate(prompt, attention_mask=torch.ones_like(prompt), **kw)
+    print(json.dumps({"ids": out[0, prompt.shape[1]:].tolist()}))
+
+
+if __name__ == "__main__":
+    if len(sys.argv) >= 2 and sys.argv[1] == "processors":
+        processors()
+    elif len(sys.argv) >= 4 and sys.argv[1] == "generate":
+        generate(sys.argv[2], sys.argv[3], sys.argv[4:])
+    else:
+        sys.exit(__doc__)
