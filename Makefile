@@ -10,6 +10,10 @@
 
 B       ?= build
 PKGS    := libcurl libarchive libcrypto sqlite3 jansson libmicrohttpd
+# OpenBLAS: the CPU reference of the linear op (cblas_sgemm)
+PKGS    += openblas
+# tokenizers (models/tokenizer.c): Unicode regexes and normalisation
+PKGS    += libpcre2-8 libutf8proc
 CC      ?= cc
 OPT     ?= -O2 -g
 WERROR  := $(if $(CI),-Werror,)

@@ -24,6 +24,8 @@ int tk_cmd_run(tk_cli *cli, int argc, char **argv);
 int tk_cmd_ops(tk_cli *cli, int argc, char **argv);
 int tk_cmd_run_op(tk_cli *cli, int argc, char **argv);
 int tk_cmd_serve(tk_cli *cli, int argc, char **argv);
+int tk_cmd_tokenize(tk_cli *cli, int argc, char **argv);
+int tk_cmd_detokenize(tk_cli *cli, int argc, char **argv);
 
 static const struct {
     const char *name;
@@ -47,6 +49,8 @@ static const struct {
     {"ops", tk_cmd_ops, "list standard ops, their signatures and implementations"},
     {"run-op", tk_cmd_run_op, "run an op on random inputs through the op registry"},
     {"serve", tk_cmd_serve, "serve a registry tree over HTTP, with uploads and a web page"},
+    {"tokenize", tk_cmd_tokenize, "encode text to token ids with a model's tokenizer.json"},
+    {"detokenize", tk_cmd_detokenize, "decode token ids to text with a model's tokenizer.json"},
 };
 
 static void usage(FILE *f)

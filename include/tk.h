@@ -423,6 +423,68 @@ TK_API int tk_op_run(tk_ctx *ctx, const char *op, const tk_arg *args, size_t nar
 TK_API int tk_ops_json(char **out, tk_ctx *ctx);
 
 /* ---------------------------------------------------------------------------------------------- */
+/* Models                                                                                          */
+
+/* A Hugging Face checkpoint directory loaded as it is (config.json, *.safetensors, tokenizer.json):
+ * Llama (LlamaForCausalLM, with MistralForCausalLM and Qwen2ForCausalLM), GPT2LMHeadModel and
+ * BertModel. Every layer runs through tk_op_run, so the model runs on the CPU reference or on the GPU
+ * kernels of installed packages, chosen by the device at load. See docs/models.md.
+ *
+ *     tk_model *m = NULL;
+ *     tk_model_opts o = TK_MODEL_OPTS_INIT;                 // CPU, f32
+ *     if (tk_model_load(&m, ctx, "path/to/checkpoint", &o) != TK_OK) { ... tk_last_error() ... }
+ *     int32_t ids[] = {1, 15043, 3186};
+ *     size_t len = 3;
+ *     float *logits = malloc(sizeof(float) * 3 * tk_model_vocab_size(m));
+ *     tk_model_forward(m, ids, &len, 1, logits, NULL);     // one row of logits per position
+ *     tk_model_free(m);
+ *
+ * A tk_model is used from one thread at a time (it holds the activations of its last forward). */
+typedef struct tk_model tk_model;
+
+#define TK_MODEL_OPTS_VERSION 1
+typedef struct {
+    unsigned version;  /* TK_MODEL_OPTS_VERSION */
+    int device_type;   /* TK_DEV_CPU (default: the ops' CPU references) or TK_DEV_CUDA */
+    int device_id;     /* the CUDA device ordinal */
+    const char *dtype; /* compute dtype: "f32", "bf16" or "f16"; NULL: "f32" */
+} tk_model_opts;
+#define TK_MODEL_OPTS_INIT {TK_MODEL_OPTS_VERSION, TK_DEV_CPU, 0, NULL}
+
+/* Loads the checkpoint in directory `dir`: reads config.json (and generation_config.json), maps the
+ * safetensors files (sharded ones through model.safetensors.index.json), validates every header, and
+ * looks each weight up by its Hugging Face name. Weights stay mapped on the CPU when their dtype is the
+ * compute dtype, are converted once otherwise, and are uploaded once to a GPU. ctx must outlive the
+ * model. Errors: TK_ERR_NOT_FOUND (no config.json or no weights), TK_ERR_INVALID (a malformed file, a
+ * missing tensor, a shape or dtype that disagrees with the config: the message names it),
+ * TK_ERR_UNSUPPORTED (an architecture or config value tk does not implement: the message names it and
+ * lists what is supported), TK_ERR_NO_DEVICE, TK_ERR_NOMEM, TK_ERR_IO. */
+TK_API int tk_model_load(tk_model **out, tk_ctx *ctx, const char *dir, const tk_model_opts *opts);
+TK_API void tk_model_free(tk_model *m);
+
+/* Borrowed facts about a loaded model. */
+TK_API const char *tk_model_arch(const tk_model *m);     /* config's architectures[0] */
+TK_API int64_t tk_model_vocab_size(const tk_model *m);   /* columns of a logits row */
+TK_API int64_t tk_model_hidden_size(const tk_model *m);  /* columns of a hidden-state row */
+TK_API int tk_model_has_lm_head(const tk_model *m);      /* 0 for BertModel: no logits */
+/* The model as JSON: architecture, family, sizes, parameters, dtypes, device, weight memory. */
+TK_API int tk_model_info_json(char **out, const tk_model *m);
+
+/* Runs the model on a batch of nseq sequences whose token ids are concatenated in `ids` (sequence s has
+ * lens[s] tokens, each >= 1). Sequences are independent: positions restart at 0 and attention never
+ * crosses them. Writes, for every token in order, one row of vocabulary logits into `logits`
+ * (sum(lens) x vocab_size floats; NULL: not computed) and the last hidden state (after the final norm
+ * for Llama and GPT-2, the encoder output for BERT) into `hidden` (sum(lens) x hidden_size; NULL: not
+ * copied). Outputs are f32 whatever the compute dtype. Activations are planned once per batch shape
+ * and kept. Errors: TK_ERR_INVALID (an id outside the vocabulary, a sequence longer than the model's
+ * positions, logits asked of a model without an LM head), TK_ERR_NOMEM, and those of tk_op_run. */
+TK_API int tk_model_forward(tk_model *m, const int32_t *ids, const size_t *lens, size_t nseq, float *logits,
+                            float *hidden);
+/* BertModel's pooler output of the last forward: tanh(dense(hidden state of each sequence's first
+ * token)), nseq x hidden_size floats. Errors: TK_ERR_INVALID (no forward yet, or not a BertModel). */
+TK_API int tk_model_pooler_output(float *out, tk_model *m);
+
+/* ---------------------------------------------------------------------------------------------- */
 /* Registry server (tk serve)                                                                      */
 
 /* A running registry server: it serves a static registry tree (the layout `tk publish --to` writes)
@@ -468,6 +530,37 @@ TK_API int tk_serve_token_add(char **token, const char *root, const char *org);
  * `root` (<root>/.tk-serve/trust.json). Adding a key twice is a no-op. *keyid (may be NULL) receives
  * its fingerprint (tk_free). Errors: TK_ERR_INVALID (bad org or key), TK_ERR_IO. */
 TK_API int tk_serve_trust_add(char **keyid, const char *root, const char *org, const char *pubkey);
+
+/* ---------------------------------------------------------------------------------------------- */
+/* Tokenizers                                                                                      */
+/*
+ * A Hugging Face tokenizer.json, as the `tokenizers` library reads it: normalizers, pre-tokenizers,
+ * BPE (byte-level, or SentencePiece-style with byte fallback), WordPiece or WordLevel, added and
+ * special tokens, post-processors and decoders. Token ids are those of `tokenizers`; truncation and
+ * padding in the file are ignored (the caller decides). A loaded tokenizer is immutable: any number
+ * of threads may encode and decode with it at once. See docs/tokenizers.md.
+ */
+typedef struct tk_tokenizer tk_tokenizer;
+/* Loads tokenizer.json from a file path or a model directory. Errors: TK_ERR_NOT_FOUND,
+ * TK_ERR_INVALID (malformed: the message names the field), TK_ERR_UNSUPPORTED (a component tk does
+ * not implement: the message names it and lists the supported ones), TK_ERR_NOMEM. */
+TK_API int tk_tokenizer_load(tk_tokenizer **out, const char *path_or_dir);
+TK_API void tk_tokenizer_free(tk_tokenizer *tok);
+/* Encodes UTF-8 text (len bytes; invalid UTF-8 is TK_ERR_INVALID). add_special: 1 applies the
+ * post-processor (BERT's [CLS] ... [SEP], Llama's <s>) as tokenizers' encode(add_special_tokens=True).
+ * *ids is owned by the caller (tk_free). */
+TK_API int tk_tokenizer_encode(int32_t **ids, size_t *n, const tk_tokenizer *tok,
+                               const char *text, size_t len, int add_special);
+/* Decodes ids to UTF-8 as tokenizers' decode(ids, skip_special_tokens=skip_special).
+ * *text is owned by the caller (tk_free). Errors: TK_ERR_INVALID (an id outside the vocabulary). */
+TK_API int tk_tokenizer_decode(char **text, const tk_tokenizer *tok, const int32_t *ids, size_t n,
+                               int skip_special);
+/* The number of ids: one more than the highest id of the model's vocabulary and the added tokens. */
+TK_API size_t tk_tokenizer_vocab_size(const tk_tokenizer *tok);
+/* The id of a token string (added/special tokens included); TK_ERR_NOT_FOUND when absent. */
+TK_API int tk_tokenizer_token_id(int32_t *id, const tk_tokenizer *tok, const char *token);
+/* Borrowed token text of an id, or NULL when out of range. */
+TK_API const char *tk_tokenizer_token(const tk_tokenizer *tok, int32_t id);
 
 /* ---------------------------------------------------------------------------------------------- */
 /* Generation                                                                                      */
@@ -527,19 +620,18 @@ typedef struct {
      NULL, 0, NULL, NULL, 1, NULL, 16, 0}
 
 typedef struct tk_gen_result tk_gen_result;
-struct tk_model; /* the handle of the "Models" section */
 
 /* Sets o's fields from the model's generation_config.json (and config.json's eos/pad ids), over
  * transformers' defaults, as GenerationConfig.from_pretrained does; fields the file does not name keep
  * their values. Errors: TK_ERR_INVALID (a malformed file or field, named). */
-TK_API int tk_gen_opts_from_model(tk_gen_opts *o, struct tk_model *model);
+TK_API int tk_gen_opts_from_model(tk_gen_opts *o, tk_model *model);
 
 /* Generates for np prompts (prompts[i]: lens[i] token ids) in one batch; each sequence finishes on its
  * own. On success *out holds np sequences. opts NULL: transformers' defaults. Errors: TK_ERR_INVALID
  * (an empty prompt, a prompt that does not fit the context, max_new_tokens 0, an option out of range:
  * the message names it), TK_ERR_UNSUPPORTED (sampling with beams; a stop string without a tokenizer),
  * TK_ERR_NOMEM (the KV cache would pass kv_max_bytes), and the model's and ops' errors. */
-TK_API int tk_generate(tk_gen_result **out, struct tk_model *model, const int32_t *const *prompts,
+TK_API int tk_generate(tk_gen_result **out, tk_model *model, const int32_t *const *prompts,
                        const size_t *lens, size_t np, const tk_gen_opts *opts);
 TK_API void tk_gen_result_free(tk_gen_result *r);
 TK_API size_t tk_gen_result_count(const tk_gen_result *r);

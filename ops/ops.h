@@ -190,5 +190,7 @@ extern const tk_op_desc tk_ops__sampling[]; /* ops/sampling.c */
 extern const size_t tk_ops__sampling_count;
 extern const tk_op_desc tk_ops__attention[]; /* ops/attention.c */
 extern const size_t tk_ops__attention_count;
+extern const tk_op_desc tk_ops__layers[]; /* ops/layers.c */
+extern const size_t tk_ops__layers_count;
 
 #endif /* TK_OPS_H */

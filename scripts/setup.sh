@@ -15,6 +15,8 @@ cd "$(dirname "$0")/.."
 pkgs=(build-essential pkg-config
       libcurl4-openssl-dev libarchive-dev libssl-dev libsqlite3-dev libjansson-dev libzstd-dev
       libmicrohttpd-dev
+      libopenblas-dev
+      libpcre2-dev libutf8proc-dev
       nginx-light zstd curl openssl python3)
 test_tools=0
 [ "${1:-}" = "--test" ] && { test_tools=1; pkgs+=(chromium wrk python3-venv); }

@@ -8,7 +8,7 @@ t_ops_lists_every_family() {
   expect_rc 0 "$TK" ops
   local op
   for op in silu_and_mul rms_norm layer_norm_backward rotary_embedding softmax cross_entropy casted_linear \
-            sample attention attention_decode mla_decode; do
+            sample attention attention_decode mla_decode linear embedding add tanh; do
     expect_out "$op"
   done
   expect_rc 0 "$TK" ops layer_norm
@@ -44,6 +44,11 @@ sample --shape logits=4,1000 --arg top_k=50
 attention --shape q=1,33,4,64 --shape k=1,40,2,64 --arg causal=1 --dtype bf16
 attention_decode --shape q=2,1,8,64 --shape k_cache=8,16,2,64 --shape block_table=2,4 --arg seq_lens=40 --dtype bf16
 mla_decode --shape q_nope=2,16,512 --shape q_pe=2,16,64 --shape kv_cache=4,16,576 --shape block_table=2,2 --arg seq_lens=20
+linear --shape x=4,256 --shape weight=64,256 --dtype bf16
+linear --shape 3,5,100 --shape weight=7,100 --shape bias=7
+embedding --shape ids=3,5 --shape weight=100,16 --dtype f16
+add --shape 4,1000 --dtype bf16
+tanh --shape 3,77
 CMDS
 }
 
@@ -63,6 +68,11 @@ t_run_op_errors() {
   expect_out "target"
   expect_rc 2 "$TK" run-op silu_and_mul --shape 4,8 --arg nope=1
   expect_out "no parameter 'nope'"
+  # the layer ops: an id outside the table, a weight whose K does not match x
+  expect_rc 2 "$TK" run-op embedding --shape ids=40 --shape weight=7,4
+  expect_out "embedding: ids[7] = 7 is out of range for 'weight' [7, 4] (want 0 <= id < 7)"
+  expect_rc 2 "$TK" run-op linear --shape x=4,256 --shape weight=64,255 --shape out=4,64
+  expect_out "another shape made it"
 }
 
 run_tests

@@ -1,0 +1,474 @@
+/*
+ * config.c — a checkpoint's config.json (and generation_config.json) into one typed struct.
+ *
+ * Field names and defaults are those of transformers' LlamaConfig, MistralConfig, Qwen2Config,
+ * GPT2Config and BertConfig. Both spellings of the rope settings are read: transformers v4's
+ * "rope_scaling" with a top-level "rope_theta", and v5's "rope_parameters" (which holds rope_theta).
+ * A value that would change the forward in a way tk does not implement (another activation, relative
+ * position embeddings, a quantisation config, ...) is an error that names the field and its value and
+ * lists what is supported, never silently ignored.
+ */
+#include <jansson.h>
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "models/models.h"
+
+static const struct {
+    const char *arch;
+    int family;
+} archs[] = {
+    {"LlamaForCausalLM", TK_FAMILY_LLAMA},   {"MistralForCausalLM", TK_FAMILY_LLAMA},
+    {"Qwen2ForCausalLM", TK_FAMILY_LLAMA},   {"GPT2LMHeadModel", TK_FAMILY_GPT2},
+    {"BertModel", TK_FAMILY_BERT},
+};
+
+const char *tk_models__supported_archs(void)
+{
+    return "LlamaForCausalLM, MistralForCausalLM, Qwen2ForCausalLM, GPT2LMHeadModel, BertModel";
+}
+
+/* ---- typed field readers ---------------------------------------------------------------------- */
+
+typedef struct {
+    const char *what; /* "config.json" path for messages */
+    json_t *root;
+} reader;
+
+/* An integer field: absent or null gives def (or an error when def < -1 means required). */
+static int get_int(const reader *r, const char *key, int64_t def, int64_t lo, int64_t *out)
+{
+    json_t *v = json_object_get(r->root, key);
+    if (!v || json_is_null(v)) {
+        if (def == INT64_MIN)
+            return tk__err(TK_ERR_INVALID, "%s: required field '%s' is missing", r->what, key);
+        *out = def;
+        return TK_OK;
+    }
+    if (!json_is_integer(v) || json_integer_value(v) < lo || json_integer_value(v) > ((int64_t)1 << 40))
+        return tk__err(TK_ERR_INVALID, "%s: '%s' must be an integer >= %lld", r->what, key, (long long)lo);
+    *out = json_integer_value(v);
+    return TK_OK;
+}
+
+static int get_num(const json_t *obj, const char *what, const char *key, double def, double *out)
+{
+    json_t *v = json_object_get(obj, key);
+    if (!v || json_is_null(v)) {
+        *out = def;
+        return TK_OK;
+    }
+    if (!json_is_number(v) || !isfinite(json_number_value(v)))
+        return tk__err(TK_ERR_INVALID, "%s: '%s' must be a number", what, key);
+    *out = json_number_value(v);
+    return TK_OK;
+}
+
+static int get_bool(const reader *r, const char *key, int def, int *out)
+{
+    json_t *v = json_object_get(r->root, key);
+    if (!v || json_is_null(v)) {
+        *out = def;
+        return TK_OK;
+    }
+    if (!json_is_boolean(v))
+        return tk__err(TK_ERR_INVALID, "%s: '%s' must be true or false", r->what, key);
+    *out = json_is_true(v);
+    return TK_OK;
+}
+
+static int get_str(const reader *r, const char *key, const char *def, char *out, size_t cap)
+{
+    json_t *v = json_object_get(r->root, key);
+    const char *s = def;
+    if (v && !json_is_null(v)) {
+        if (!json_is_string(v))
+            return tk__err(TK_ERR_INVALID, "%s: '%s' must be a string", r->what, key);
+        s = json_string_value(v);
+    }
+    if (strlen(s) >= cap)
+        return tk__err(TK_ERR_INVALID, "%s: '%s' is too long (%zu bytes)", r->what, key, strlen(s));
+    snprintf(out, cap, "%s", s);
+    return TK_OK;
+}
+
+/* bos/eos/pad: an integer, a list (its first), or absent (-1). */
+static int64_t token_id(const reader *r, const char *key)
+{
+    json_t *v = json_object_get(r->root, key);
+    if (json_is_array(v))
+        v = json_array_get(v, 0);
+    return json_is_integer(v) ? json_integer_value(v) : -1;
+}
+
+static int unsupported(const reader *r, const char *field, const char *got, const char *supported)
+{
+    return tk__err(TK_ERR_UNSUPPORTED, "%s: '%s' is %s, which tk does not implement\nHINT: supported: %s", r->what,
+                   field, got, supported);
+}
+
+/* ---- rope --------------------------------------------------------------------------------------- */
+
+static int parse_rope(tk_models_config *c, const reader *r)
+{
+    tk_models_rope *k = &c->rope;
+    memset(k, 0, sizeof *k);
+    k->beta_fast = 32;
+    k->beta_slow = 1;
+    k->truncate = 1;
+    k->low_freq_factor = 1;
+    k->high_freq_factor = 4;
+    k->factor = 1;
+    int rc;
+    double theta;
+    if ((rc = get_num(r->root, r->what, "rope_theta", 10000.0, &theta)) != TK_OK)
+        return rc;
+    if ((rc = get_num(r->root, r->what, "partial_rotary_factor", 1.0, &k->partial_rotary_factor)) != TK_OK)
+        return rc;
+    json_t *p = json_object_get(r->root, "rope_parameters");
+    const char *pname = "rope_parameters";
+    if (!p || json_is_null(p)) {
+        p = json_object_get(r->root, "rope_scaling");
+        pname = "rope_scaling";
+    }
+    k->theta = theta;
+    if (!p || json_is_null(p))
+        return TK_OK;
+    if (!json_is_object(p))
+        return tk__err(TK_ERR_INVALID, "%s: '%s' must be an object", r->what, pname);
+    char what[96];
+    snprintf(what, sizeof what, "%s: '%s'", r->what, pname);
+    json_t *ty = json_object_get(p, "rope_type");
+    if (!ty)
+        ty = json_object_get(p, "type"); /* transformers v4's older spelling */
+    const char *t = json_is_string(ty) ? json_string_value(ty) : "default";
+    static const char *names[] = {"default", "linear", "dynamic", "yarn", "llama3"};
+    k->type = -1;
+    for (int i = 0; i < 5; i++)
+        if (!strcmp(t, names[i]))
+            k->type = i;
+    if (k->type < 0) {
+        char got[80];
+        snprintf(got, sizeof got, "'%s'", t);
+        char field[64];
+        snprintf(field, sizeof field, "%s.rope_type", pname);
+        return unsupported(r, field, got, "default, linear, dynamic, yarn, llama3");
+    }
+    if ((rc = get_num(p, what, "rope_theta", theta, &k->theta)) ||
+        (rc = get_num(p, what, "factor", 1.0, &k->factor)) ||
+        (rc = get_num(p, what, "partial_rotary_factor", k->partial_rotary_factor, &k->partial_rotary_factor)) ||
+        (rc = get_num(p, what, "beta_fast", 32.0, &k->beta_fast)) ||
+        (rc = get_num(p, what, "beta_slow", 1.0, &k->beta_slow)) ||
+        (rc = get_num(p, what, "attention_factor", 0.0, &k->attention_factor)) ||
+        (rc = get_num(p, what, "low_freq_factor", 1.0, &k->low_freq_factor)) ||
+        (rc = get_num(p, what, "high_freq_factor", 4.0, &k->high_freq_factor)))
+        return rc;
+    if (json_object_get(p, "mscale") || json_object_get(p, "mscale_all_dim"))
+        return unsupported(r, "rope mscale", "set", "YaRN with attention_factor (not DeepSeek's mscale)");
+    json_t *trunc = json_object_get(p, "truncate");
+    if (json_is_boolean(trunc))
+        k->truncate = json_is_true(trunc);
+    double om = 0;
+    if ((rc = get_num(p, what, "original_max_position_embeddings", 0, &om)) != TK_OK)
+        return rc;
+    k->original_max_pos = (int64_t)om;
+    if (k->type == TK_ROPE_DYNAMIC && !k->original_max_pos)
+        k->original_max_pos = c->max_pos; /* HF: max_position_embeddings */
+    if (k->type == TK_ROPE_YARN && !k->original_max_pos) {
+        /* HF: original_max_position_embeddings, else max_position_embeddings (factor already applied) */
+        k->original_max_pos = c->max_pos;
+    }
+    if (k->type == TK_ROPE_LLAMA3 && !k->original_max_pos)
+        return tk__err(TK_ERR_INVALID, "%s lacks original_max_position_embeddings (llama3 rope)", what);
+    if (!(k->factor > 0) || !(k->theta > 0))
+        return tk__err(TK_ERR_INVALID, "%s: factor and rope_theta must be > 0", what);
+    return TK_OK;
+}
+
+/* ---- per family ------------------------------------------------------------------------------- */
+
+static int act_ok(const char *act, const char *const *ok)
+{
+    for (; *ok; ok++)
+        if (!strcmp(act, *ok))
+            return 1;
+    return 0;
+}
+
+static int parse_llama(tk_models_config *c, const reader *r)
+{
+    int rc;
+    if ((rc = get_int(r, "vocab_size", INT64_MIN, 1, &c->vocab)) ||
+        (rc = get_int(r, "hidden_size", INT64_MIN, 1, &c->hidden)) ||
+        (rc = get_int(r, "intermediate_size", INT64_MIN, 1, &c->intermediate)) ||
+        (rc = get_int(r, "num_hidden_layers", INT64_MIN, 1, &c->layers)) ||
+        (rc = get_int(r, "num_attention_heads", INT64_MIN, 1, &c->heads)) ||
+        (rc = get_int(r, "num_key_value_heads", c->heads, 1, &c->kv_heads)) ||
+        (rc = get_int(r, "head_dim", c->hidden / c->heads, 1, &c->head_dim)) ||
+        (rc = get_int(r, "max_position_embeddings", 2048, 1, &c->max_pos)) ||
+        (rc = get_num(r->root, r->what, "rms_norm_eps", 1e-6, &c->eps)) ||
+        (rc = get_bool(r, "tie_word_embeddings", 0, &c->tie_embeddings)) ||
+        (rc = get_str(r, "hidden_act", "silu", c->act, sizeof c->act)))
+        return rc;
+    if (c->heads % c->kv_heads)
+        return tk__err(TK_ERR_INVALID, "%s: num_attention_heads %lld is not a multiple of num_key_value_heads %lld",
+                       r->what, (long long)c->heads, (long long)c->kv_heads);
+    static const char *const acts[] = {"silu", "swish", NULL};
+    if (!act_ok(c->act, acts)) {
+        char got[48];
+        snprintf(got, sizeof got, "'%s'", c->act);
+        return unsupported(r, "hidden_act", got, "silu (the gated MLP of Llama, Mistral and Qwen2)");
+    }
+    int bias = 0;
+    if ((rc = get_bool(r, "attention_bias", 0, &bias)) || (rc = get_bool(r, "mlp_bias", 0, &c->mlp_bias)))
+        return rc;
+    c->qkv_bias = c->o_bias = bias;
+    if (!strcmp(c->model_type, "qwen2")) {
+        c->qkv_bias = 1; /* Qwen2Attention: q/k/v with bias, o_proj without */
+        c->o_bias = 0;
+    }
+    if ((rc = parse_rope(c, r)) != TK_OK)
+        return rc;
+    /* Sliding windows: Mistral's applies to every layer; Qwen2's to the layers layer_types (or, in v4
+     * configs, use_sliding_window with max_window_layers) says. */
+    if ((rc = get_int(r, "sliding_window", 0, 0, &c->sliding_window)) != TK_OK)
+        return rc;
+    if (c->layers > TK_MODELS_MAX_LAYERS)
+        return tk__err(TK_ERR_UNSUPPORTED, "%s: %lld layers, tk supports at most %d", r->what, (long long)c->layers,
+                       TK_MODELS_MAX_LAYERS);
+    json_t *lt = json_object_get(r->root, "layer_types");
+    if (c->sliding_window && !strcmp(c->model_type, "qwen2")) {
+        int use = 0;
+        int64_t mwl = 0;
+        if ((rc = get_bool(r, "use_sliding_window", 0, &use)) ||
+            (rc = get_int(r, "max_window_layers", c->layers, 0, &mwl)))
+            return rc;
+        for (int64_t l = 0; l < c->layers; l++)
+            c->sliding[l] = use && l >= mwl;
+    } else if (c->sliding_window) {
+        for (int64_t l = 0; l < c->layers; l++)
+            c->sliding[l] = 1;
+    }
+    if (json_is_array(lt)) {
+        if ((int64_t)json_array_size(lt) != c->layers)
+            return tk__err(TK_ERR_INVALID, "%s: 'layer_types' has %zu entries for %lld layers", r->what,
+                           json_array_size(lt), (long long)c->layers);
+        for (int64_t l = 0; l < c->layers; l++) {
+            const char *s = json_string_value(json_array_get(lt, (size_t)l));
+            if (s && !strcmp(s, "full_attention"))
+                c->sliding[l] = 0;
+            else if (s && !strcmp(s, "sliding_attention"))
+                c->sliding[l] = c->sliding_window > 0;
+            else
+                return unsupported(r, "layer_types", s ? s : "not a string", "full_attention, sliding_attention");
+        }
+    }
+    return TK_OK;
+}
+
+static int parse_gpt2(tk_models_config *c, const reader *r)
+{
+    int rc, flag;
+    if ((rc = get_int(r, "vocab_size", INT64_MIN, 1, &c->vocab)) ||
+        (rc = get_int(r, "n_embd", INT64_MIN, 1, &c->hidden)) ||
+        (rc = get_int(r, "n_layer", INT64_MIN, 1, &c->layers)) ||
+        (rc = get_int(r, "n_head", INT64_MIN, 1, &c->heads)) ||
+        (rc = get_int(r, "n_positions", 1024, 1, &c->max_pos)) ||
+        (rc = get_int(r, "n_inner", 4 * c->hidden, 1, &c->intermediate)) ||
+        (rc = get_num(r->root, r->what, "layer_norm_epsilon", 1e-5, &c->eps)) ||
+        (rc = get_bool(r, "tie_word_embeddings", 1, &c->tie_embeddings)) ||
+        (rc = get_str(r, "activation_function", "gelu_new", c->act, sizeof c->act)))
+        return rc;
+    if (c->hidden % c->heads)
+        return tk__err(TK_ERR_INVALID, "%s: n_embd %lld is not a multiple of n_head %lld", r->what,
+                       (long long)c->hidden, (long long)c->heads);
+    c->kv_heads = c->heads;
+    c->head_dim = c->hidden / c->heads;
+    static const char *const acts[] = {"gelu_new", "gelu", "gelu_pytorch_tanh", "gelu_fast", "quick_gelu", NULL};
+    if (!act_ok(c->act, acts)) {
+        char got[48];
+        snprintf(got, sizeof got, "'%s'", c->act);
+        return unsupported(r, "activation_function", got, "gelu_new, gelu, gelu_pytorch_tanh, gelu_fast, quick_gelu");
+    }
+    if ((rc = get_bool(r, "scale_attn_by_inverse_layer_idx", 0, &flag)) != TK_OK)
+        return rc;
+    if (flag)
+        return unsupported(r, "scale_attn_by_inverse_layer_idx", "true", "false");
+    if ((rc = get_bool(r, "add_cross_attention", 0, &flag)) != TK_OK)
+        return rc;
+    if (flag)
+        return unsupported(r, "add_cross_attention", "true", "false (GPT2LMHeadModel without an encoder)");
+    if ((rc = get_bool(r, "scale_attn_weights", 1, &flag)) != TK_OK)
+        return rc;
+    c->unscaled_attn = !flag;
+    return TK_OK;
+}
+
+static int parse_bert(tk_models_config *c, const reader *r)
+{
+    int rc, flag;
+    char pet[32];
+    if ((rc = get_int(r, "vocab_size", INT64_MIN, 1, &c->vocab)) ||
+        (rc = get_int(r, "hidden_size", INT64_MIN, 1, &c->hidden)) ||
+        (rc = get_int(r, "num_hidden_layers", INT64_MIN, 1, &c->layers)) ||
+        (rc = get_int(r, "num_attention_heads", INT64_MIN, 1, &c->heads)) ||
+        (rc = get_int(r, "intermediate_size", INT64_MIN, 1, &c->intermediate)) ||
+        (rc = get_int(r, "max_position_embeddings", 512, 1, &c->max_pos)) ||
+        (rc = get_int(r, "type_vocab_size", 2, 1, &c->type_vocab)) ||
+        (rc = get_num(r->root, r->what, "layer_norm_eps", 1e-12, &c->eps)) ||
+        (rc = get_str(r, "hidden_act", "gelu", c->act, sizeof c->act)) ||
+        (rc = get_str(r, "position_embedding_type", "absolute", pet, sizeof pet)))
+        return rc;
+    if (c->hidden % c->heads)
+        return tk__err(TK_ERR_INVALID, "%s: hidden_size %lld is not a multiple of num_attention_heads %lld", r->what,
+                       (long long)c->hidden, (long long)c->heads);
+    c->kv_heads = c->heads;
+    c->head_dim = c->hidden / c->heads;
+    static const char *const acts[] = {"gelu", "gelu_new", "gelu_pytorch_tanh", "gelu_fast", "quick_gelu", NULL};
+    if (!act_ok(c->act, acts)) {
+        char got[48];
+        snprintf(got, sizeof got, "'%s'", c->act);
+        return unsupported(r, "hidden_act", got, "gelu, gelu_new, gelu_pytorch_tanh, gelu_fast, quick_gelu");
+    }
+    if (strcmp(pet, "absolute")) {
+        char got[48];
+        snprintf(got, sizeof got, "'%s'", pet);
+        return unsupported(r, "position_embedding_type", got, "absolute");
+    }
+    if ((rc = get_bool(r, "is_decoder", 0, &flag)) != TK_OK)
+        return rc;
+    if (flag)
+        return unsupported(r, "is_decoder", "true", "false (BertModel as an encoder)");
+    return TK_OK;
+}
+
+int tk_models__config_parse(tk_models_config *c, const char *text, size_t len, const char *what)
+{
+    memset(c, 0, sizeof *c);
+    c->bos_id = c->eos_id = c->pad_id = -1;
+    json_error_t jerr;
+    reader r = {what, json_loadb(text, len, JSON_REJECT_DUPLICATES, &jerr)};
+    int rc = TK_OK;
+    if (!r.root || !json_is_object(r.root)) {
+        rc = tk__err(TK_ERR_INVALID, "%s: not a JSON object: %s (line %d)", what, r.root ? "" : jerr.text,
+                     r.root ? 0 : jerr.line);
+        goto done;
+    }
+    json_t *a = json_object_get(r.root, "architectures");
+    const char *arch = json_is_array(a) ? json_string_value(json_array_get(a, 0)) : NULL;
+    if (!arch) {
+        rc = tk__err(TK_ERR_INVALID, "%s: no \"architectures\" list naming the model class\nHINT: supported: %s", what,
+                     tk_models__supported_archs());
+        goto done;
+    }
+    for (size_t i = 0; i < sizeof archs / sizeof *archs; i++)
+        if (!strcmp(arch, archs[i].arch))
+            c->family = archs[i].family;
+    if (!c->family) {
+        rc = tk__err(TK_ERR_UNSUPPORTED, "%s: architecture '%s' is not supported\nHINT: supported: %s", what, arch,
+                     tk_models__supported_archs());
+        goto done;
+    }
+    snprintf(c->arch, sizeof c->arch, "%s", arch);
+    if ((rc = get_str(&r, "model_type", "", c->model_type, sizeof c->model_type)) != TK_OK)
+        goto done;
+    char dt[16] = "";
+    if ((rc = get_str(&r, "torch_dtype", "", dt, sizeof dt)) != TK_OK ||
+        (!dt[0] && (rc = get_str(&r, "dtype", "", dt, sizeof dt)) != TK_OK))
+        goto done;
+    snprintf(c->torch_dtype, sizeof c->torch_dtype, "%s", dt);
+    if (json_object_get(r.root, "quantization_config")) {
+        rc = unsupported(&r, "quantization_config", "set", "unquantised checkpoints (f32, f16, bf16 weights)");
+        goto done;
+    }
+    c->bos_id = token_id(&r, "bos_token_id");
+    c->eos_id = token_id(&r, "eos_token_id");
+    c->pad_id = token_id(&r, "pad_token_id");
+    switch (c->family) {
+    case TK_FAMILY_LLAMA: rc = parse_llama(c, &r); break;
+    case TK_FAMILY_GPT2: rc = parse_gpt2(c, &r); break;
+    default: rc = parse_bert(c, &r); break;
+    }
+    if (rc == TK_OK && c->layers > TK_MODELS_MAX_LAYERS)
+        rc = tk__err(TK_ERR_UNSUPPORTED, "%s: %lld layers, tk supports at most %d", what, (long long)c->layers,
+                     TK_MODELS_MAX_LAYERS);
+    if (rc == TK_OK && (c->head_dim % 2 || c->head_dim > 512))
+        rc = tk__err(TK_ERR_UNSUPPORTED, "%s: head size %lld; the attention op takes even head sizes up to 512", what,
+                     (long long)c->head_dim);
+done:
+    json_decref(r.root);
+    return rc;
+}
+
+int tk_models__config_load(tk_models_config *c, const char *dir)
+{
+    memset(c, 0, sizeof *c);
+    char *path = tk__path_join(dir, "config.json"), *gpath = tk__path_join(dir, "generation_config.json");
+    char *text = NULL;
+    size_t len = 0;
+    int rc;
+    if (!path || !gpath) {
+        rc = tk__err(TK_ERR_NOMEM, "out of memory");
+        goto done;
+    }
+    if (!tk__is_dir(dir)) {
+        rc = tk__err(TK_ERR_NOT_FOUND, "model directory '%s' does not exist\nHINT: pass a directory holding a Hugging "
+                                       "Face checkpoint (config.json and *.safetensors)",
+                     dir);
+        goto done;
+    }
+    if (!tk__path_exists(path)) {
+        rc = tk__err(TK_ERR_NOT_FOUND, "'%s' has no config.json\nHINT: pass a directory holding a Hugging Face "
+                                       "checkpoint (config.json and *.safetensors)",
+                     dir);
+        goto done;
+    }
+    if ((rc = tk__read_file(&text, &len, path, 16u << 20)) != TK_OK)
+        goto done;
+    if ((rc = tk_models__config_parse(c, text, len, path)) != TK_OK)
+        goto done;
+    if (tk__path_exists(gpath)) {
+        char *g = NULL;
+        size_t glen;
+        if ((rc = tk__read_file(&g, &glen, gpath, 16u << 20)) != TK_OK)
+            goto done;
+        json_error_t jerr;
+        json_t *gj = json_loadb(g, glen, 0, &jerr);
+        if (!json_is_object(gj)) {
+            rc = tk__err(TK_ERR_INVALID, "%s: not a JSON object: %s", gpath, gj ? "" : jerr.text);
+            free(g);
+            json_decref(gj);
+            goto done;
+        }
+        json_decref(gj);
+        c->generation_json = g;
+    }
+done:
+    if (rc != TK_OK)
+        tk_models__config_free(c);
+    free(text);
+    free(path);
+    free(gpath);
+    return rc;
+}
+
+void tk_models__config_free(tk_models_config *c)
+{
+    free(c->generation_json);
+    c->generation_json = NULL;
+}
+
+const char *tk_models__act_op(const char *act)
+{
+    static const struct {
+        const char *hf, *op;
+    } map[] = {{"gelu", "gelu"},           {"gelu_new", "gelu_new"},     {"gelu_pytorch_tanh", "gelu_tanh"},
+               {"gelu_fast", "gelu_fast"}, {"quick_gelu", "gelu_quick"}, {"silu", "silu"},
+               {"swish", "silu"}};
+    for (size_t i = 0; i < sizeof map / sizeof *map; i++)
+        if (!strcmp(act, map[i].hf))
+            return map[i].op;
+    return NULL;
+}

@@ -1,0 +1,282 @@
+/*
+ * llama.c — the Llama family: LlamaForCausalLM, MistralForCausalLM (sliding window) and
+ * Qwen2ForCausalLM (q/k/v bias), as transformers' modeling_llama.py computes them.
+ *
+ *   x = embed_tokens[ids]
+ *   per layer: h = rms_norm(x); q, k, v = h Wq, h Wk, h Wv (+ bias); RoPE on q, k at each token's
+ *              position; a = attention(q, k, v) (causal, GQA, the sliding window on its layers);
+ *              x += a Wo; h = rms_norm(x); x += down(silu(h Wgate) * (h Wup))
+ *   hidden = rms_norm(x); logits = hidden lm_head^T (lm_head = embed_tokens when tied)
+ *
+ * The residual add and the next norm are one fused_add_rms_norm; gate_proj and up_proj are one [2I, H]
+ * weight so the MLP's activation is one silu_and_mul. The batch is packed (varlen): attention sees
+ * cu_seqlens and never crosses sequences; positions restart at 0 in each. Mistral's window keeps keys
+ * j > p - sliding_window (transformers' sliding_window_overlay), the attention op's window_left =
+ * sliding_window - 1.
+ */
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "models/models.h"
+
+typedef struct {
+    const tk_mt *in_norm, *q, *k, *v, *qb, *kb, *vb, *o, *ob, *post_norm, *gate_up, *gate_up_b, *down, *down_b;
+} layer_w;
+
+typedef struct {
+    const tk_mt *embed, *norm, *lm_head;
+    layer_w *l;
+    int64_t rot;          /* rotary dims of a head */
+    /* RoPE's cos/sin rows, grown on demand (not part of the per-shape plan: it depends on positions). */
+    tk_mt cs;
+    void *cs_mem;
+    int64_t cs_rows, cs_seq_len;
+    /* Activations, planned per batch shape. */
+    tk_mt x, h1, h2, q, k, v, att, o, gu, act, logits;
+} llama;
+
+static int load(tk_model *m)
+{
+    const tk_models_config *c = &m->cfg;
+    llama *s = calloc(1, sizeof *s);
+    if (!s)
+        return tk__err(TK_ERR_NOMEM, "out of memory");
+    m->state = s;
+    s->l = calloc((size_t)c->layers, sizeof *s->l);
+    if (!s->l)
+        return tk__err(TK_ERR_NOMEM, "out of memory");
+    int64_t H = c->hidden, D = c->head_dim, I = c->intermediate, Q = c->heads * D, KV = c->kv_heads * D;
+    int64_t vh[2] = {c->vocab, H}, h1[1] = {H}, qw[2] = {Q, H}, kvw[2] = {KV, H}, ow[2] = {H, Q}, dw[2] = {H, I};
+    int64_t q1[1] = {Q}, kv1[1] = {KV};
+    s->rot = (int64_t)((double)D * c->rope.partial_rotary_factor);
+    s->rot -= s->rot % 2;
+    if (s->rot <= 0 || s->rot > D)
+        return tk__err(TK_ERR_INVALID, "%s: partial_rotary_factor %g gives %lld rotary dims of head size %lld",
+                       c->arch, c->rope.partial_rotary_factor, (long long)s->rot, (long long)D);
+    int rc;
+    if ((rc = tk_models__weight(&s->embed, m, "model.embed_tokens.weight", 2, vh)) ||
+        (rc = tk_models__weight(&s->norm, m, "model.norm.weight", 1, h1)))
+        return rc;
+    char n[8][128];
+    for (int64_t l = 0; l < c->layers; l++) {
+        layer_w *w = &s->l[l];
+#define NM(i, fmt) (snprintf(n[i], sizeof n[i], "model.layers.%lld." fmt, (long long)l), n[i])
+        if ((rc = tk_models__weight(&w->in_norm, m, NM(0, "input_layernorm.weight"), 1, h1)) ||
+            (rc = tk_models__weight(&w->post_norm, m, NM(0, "post_attention_layernorm.weight"), 1, h1)) ||
+            (rc = tk_models__weight(&w->q, m, NM(0, "self_attn.q_proj.weight"), 2, qw)) ||
+            (rc = tk_models__weight(&w->k, m, NM(0, "self_attn.k_proj.weight"), 2, kvw)) ||
+            (rc = tk_models__weight(&w->v, m, NM(0, "self_attn.v_proj.weight"), 2, kvw)) ||
+            (rc = tk_models__weight(&w->o, m, NM(0, "self_attn.o_proj.weight"), 2, ow)) ||
+            (rc = tk_models__weight(&w->down, m, NM(0, "mlp.down_proj.weight"), 2, dw)))
+            return rc;
+        const char *gu[2] = {NM(1, "mlp.gate_proj.weight"), NM(2, "mlp.up_proj.weight")};
+        if ((rc = tk_models__weight_cat(&w->gate_up, m, gu, 2, I, H)) != TK_OK)
+            return rc;
+        if (c->qkv_bias &&
+            ((rc = tk_models__weight(&w->qb, m, NM(0, "self_attn.q_proj.bias"), 1, q1)) ||
+             (rc = tk_models__weight(&w->kb, m, NM(0, "self_attn.k_proj.bias"), 1, kv1)) ||
+             (rc = tk_models__weight(&w->vb, m, NM(0, "self_attn.v_proj.bias"), 1, kv1))))
+            return rc;
+        if (c->o_bias && (rc = tk_models__weight(&w->ob, m, NM(0, "self_attn.o_proj.bias"), 1, h1)) != TK_OK)
+            return rc;
+        if (c->mlp_bias) {
+            const char *gub[2] = {NM(3, "mlp.gate_proj.bias"), NM(4, "mlp.up_proj.bias")};
+            if ((rc = tk_models__weight_cat(&w->gate_up_b, m, gub, 2, I, 0)) ||
+                (rc = tk_models__weight(&w->down_b, m, NM(0, "mlp.down_proj.bias"), 1, h1)))
+                return rc;
+        }
+#undef NM
+    }
+    if (c->tie_embeddings) {
+        s->lm_head = s->embed;
+    } else if ((rc = tk_models__weight_opt(&s->lm_head, m, "lm_head.weight", 2, vh)) != TK_OK) {
+        return rc;
+    } else if (!s->lm_head) {
+        return tk__err(TK_ERR_INVALID,
+                       "%s checkpoint '%s': tensor 'lm_head.weight' is missing and tie_word_embeddings is false\n"
+                       "HINT: the checkpoint does not match its config.json",
+                       c->arch, m->dir);
+    }
+    return TK_OK;
+}
+
+static int plan(tk_model *m, tk_models_batch *b)
+{
+    const tk_models_config *c = &m->cfg;
+    llama *s = m->state;
+    int64_t T = b->T, H = c->hidden, D = c->head_dim, I = c->intermediate;
+    int64_t th[2] = {T, H}, tq[3] = {T, c->heads, D}, tkv[3] = {T, c->kv_heads, D}, tgu[2] = {T, 2 * I},
+            ti[2] = {T, I}, tv[2] = {T, c->vocab};
+    int rc;
+    if ((rc = tk_models__ws_tensor(m, &s->x, m->dtype, 2, th)) ||
+        (rc = tk_models__ws_tensor(m, &s->h1, m->dtype, 2, th)) ||
+        (rc = tk_models__ws_tensor(m, &s->h2, m->dtype, 2, th)) ||
+        (rc = tk_models__ws_tensor(m, &s->q, m->dtype, 3, tq)) ||
+        (rc = tk_models__ws_tensor(m, &s->k, m->dtype, 3, tkv)) ||
+        (rc = tk_models__ws_tensor(m, &s->v, m->dtype, 3, tkv)) ||
+        (rc = tk_models__ws_tensor(m, &s->att, m->dtype, 3, tq)) ||
+        (rc = tk_models__ws_tensor(m, &s->o, m->dtype, 2, th)) ||
+        (rc = tk_models__ws_tensor(m, &s->gu, m->dtype, 2, tgu)) ||
+        (rc = tk_models__ws_tensor(m, &s->act, m->dtype, 2, ti)) ||
+        (rc = tk_models__ws_tensor(m, &s->logits, m->dtype, 2, tv)))
+        return rc;
+    b->logits = &s->logits;
+    b->hidden = &s->h1;
+    return TK_OK;
+}
+
+/* cos/sin rows for positions [0, max_len): grown by doubling; recomputed for dynamic NTK when the
+ * longest sequence changes what HF's dynamic_rope_update would use. */
+static int rope_cache(tk_model *m, llama *s, int64_t max_len)
+{
+    const tk_models_rope *r = &m->cfg.rope;
+    int dynamic = r->type == TK_ROPE_DYNAMIC;
+    int64_t seq_len = dynamic ? (max_len > r->original_max_pos ? max_len : r->original_max_pos) : 0;
+    if (s->cs_rows >= max_len && (!dynamic || s->cs_seq_len == seq_len))
+        return TK_OK;
+    int64_t rows = s->cs_rows >= max_len ? s->cs_rows : 256;
+    while (rows < max_len)
+        rows *= 2;
+    if (rows != s->cs_rows) {
+        if (m->dev_type == TK_DEV_CUDA)
+            tk_device_free(s->cs_mem, m->dev_id);
+        else
+            free(s->cs_mem);
+        s->cs_mem = NULL;
+        s->cs_rows = 0;
+        size_t bytes = (size_t)(rows * s->rot) * sizeof(float);
+        int rc = m->dev_type == TK_DEV_CUDA ? tk_device_alloc(&s->cs_mem, m->dev_id, bytes)
+                                            : ((s->cs_mem = malloc(bytes)) ? TK_OK : tk__err(TK_ERR_NOMEM, "out of memory"));
+        if (rc != TK_OK)
+            return rc;
+        s->cs_rows = rows;
+    }
+    memset(&s->cs, 0, sizeof s->cs);
+    s->cs.t.data = s->cs_mem;
+    s->cs.t.device.device_type = m->dev_type;
+    s->cs.t.device.device_id = m->dev_id;
+    s->cs.t.ndim = 2;
+    s->cs.t.dtype = (tk_dtype){TK_DL_FLOAT, 32, 1};
+    s->cs.shape[0] = rows;
+    s->cs.shape[1] = s->rot;
+    s->cs.t.shape = s->cs.shape;
+    tk_arg a[] = {TK_A_T("out", &s->cs),
+                  TK_A_F("base", r->theta),
+                  TK_A_I("scaling", r->type),
+                  TK_A_F("factor", r->factor),
+                  TK_A_I("original_max_position_embeddings", r->original_max_pos),
+                  TK_A_I("seq_len", seq_len),
+                  TK_A_F("beta_fast", r->beta_fast),
+                  TK_A_F("beta_slow", r->beta_slow),
+                  TK_A_I("truncate", r->truncate),
+                  TK_A_F("attention_factor", r->attention_factor),
+                  TK_A_F("low_freq_factor", r->low_freq_factor),
+                  TK_A_F("high_freq_factor", r->high_freq_factor)};
+    int rc = tk_models__op(m, "rope_cos_sin_cache", a, TK_NARGS(a));
+    s->cs_seq_len = seq_len;
+    return rc;
+}
+
+static int linear(tk_model *m, const tk_mt *out, const tk_mt *x, const tk_mt *w, const tk_mt *bias)
+{
+    tk_arg a[] = {TK_A_T("out", out), TK_A_T("x", x), TK_A_T("weight", w), TK_A_T("bias", bias)};
+    return tk_models__op(m, "linear", a, bias ? 4 : 3);
+}
+
+static int forward(tk_model *m, tk_models_batch *b)
+{
+    const tk_models_config *c = &m->cfg;
+    llama *s = m->state;
+    int64_t T = b->T, D = c->head_dim;
+    int rc;
+    if ((rc = rope_cache(m, s, b->max_len)) != TK_OK)
+        return rc;
+    /* 4-D views for attention ([1, T, H, D], varlen) and 2-D ones for the projections. */
+    tk_mt q4, k4, v4, a4, a2;
+    int64_t sq[4] = {1, T, c->heads, D}, skv[4] = {1, T, c->kv_heads, D}, s2[2] = {T, c->heads * D};
+    tk_models__view(&q4, &s->q, 4, sq);
+    tk_models__view(&k4, &s->k, 4, skv);
+    tk_models__view(&v4, &s->v, 4, skv);
+    tk_models__view(&a4, &s->att, 4, sq);
+    tk_models__view(&a2, &s->att, 2, s2);
+    tk_mt q2, k2, v2;
+    int64_t kv2[2] = {T, c->kv_heads * D};
+    tk_models__view(&q2, &s->q, 2, s2);
+    tk_models__view(&k2, &s->k, 2, kv2);
+    tk_models__view(&v2, &s->v, 2, kv2);
+
+    tk_arg emb[] = {TK_A_T("out", &s->x), TK_A_T("ids", &b->ids), TK_A_T("weight", s->embed)};
+    if ((rc = tk_models__op(m, "embedding", emb, TK_NARGS(emb))) != TK_OK)
+        return rc;
+    /* h: the normed input of the current layer; the other buffer takes the MLP's output. */
+    tk_mt *h = &s->h1, *other = &s->h2;
+    tk_arg n0[] = {TK_A_T("out", h), TK_A_T("input", &s->x), TK_A_T("weight", s->l[0].in_norm), TK_A_F("eps", c->eps)};
+    if ((rc = tk_models__op(m, "rms_norm", n0, TK_NARGS(n0))) != TK_OK)
+        return rc;
+    for (int64_t l = 0; l < c->layers; l++) {
+        const layer_w *w = &s->l[l];
+        /* attention */
+        if ((rc = linear(m, &q2, h, w->q, w->qb)) || (rc = linear(m, &k2, h, w->k, w->kb)) ||
+            (rc = linear(m, &v2, h, w->v, w->vb)))
+            return rc;
+        tk_arg rot[] = {TK_A_T("query", &s->q), TK_A_T("key", &s->k), TK_A_T("positions", &b->pos),
+                        TK_A_T("cos_sin_cache", &s->cs), TK_A_I("is_neox", 1)};
+        if ((rc = tk_models__op(m, "rotary_embedding", rot, TK_NARGS(rot))) != TK_OK)
+            return rc;
+        tk_arg at[] = {TK_A_T("out", &a4),
+                       TK_A_T("q", &q4),
+                       TK_A_T("k", &k4),
+                       TK_A_T("v", &v4),
+                       TK_A_T("cu_seqlens_q", &b->cu),
+                       TK_A_T("cu_seqlens_k", &b->cu),
+                       TK_A_I("max_seqlen_q", b->max_len),
+                       TK_A_I("causal", 1),
+                       TK_A_I("window_left", c->sliding[l] ? c->sliding_window - 1 : -1)};
+        if ((rc = tk_models__op(m, "attention", at, TK_NARGS(at))) != TK_OK)
+            return rc;
+        if ((rc = linear(m, &s->o, &a2, w->o, w->ob)) != TK_OK)
+            return rc;
+        /* x += o; o = rms_norm(x) */
+        tk_arg an[] = {TK_A_T("input", &s->o), TK_A_T("residual", &s->x), TK_A_T("weight", w->post_norm),
+                       TK_A_F("eps", c->eps)};
+        if ((rc = tk_models__op(m, "fused_add_rms_norm", an, TK_NARGS(an))) != TK_OK)
+            return rc;
+        /* MLP: down(silu(gate) * up) */
+        if ((rc = linear(m, &s->gu, &s->o, w->gate_up, w->gate_up_b)) != TK_OK)
+            return rc;
+        tk_arg sm[] = {TK_A_T("out", &s->act), TK_A_T("input", &s->gu)};
+        if ((rc = tk_models__op(m, "silu_and_mul", sm, TK_NARGS(sm))) != TK_OK)
+            return rc;
+        if ((rc = linear(m, other, &s->act, w->down, w->down_b)) != TK_OK)
+            return rc;
+        /* x += mlp; other = rms_norm(x) with the next layer's input norm, or the final norm */
+        const tk_mt *nw = l + 1 < c->layers ? s->l[l + 1].in_norm : s->norm;
+        tk_arg mn[] = {TK_A_T("input", other), TK_A_T("residual", &s->x), TK_A_T("weight", nw), TK_A_F("eps", c->eps)};
+        if ((rc = tk_models__op(m, "fused_add_rms_norm", mn, TK_NARGS(mn))) != TK_OK)
+            return rc;
+        tk_mt *t = h;
+        h = other;
+        other = t;
+    }
+    b->hidden = h;
+    if (b->want_logits && (rc = linear(m, &s->logits, h, s->lm_head, NULL)) != TK_OK)
+        return rc;
+    return TK_OK;
+}
+
+static void free_state(tk_model *m)
+{
+    llama *s = m->state;
+    if (!s)
+        return;
+    if (m->dev_type == TK_DEV_CUDA)
+        tk_device_free(s->cs_mem, m->dev_id);
+    else
+        free(s->cs_mem);
+    free(s->l);
+    free(s);
+    m->state = NULL;
+}
+
+const tk_models_arch tk_models__llama = {"llama", load, plan, forward, free_state};

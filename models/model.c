@@ -1,0 +1,762 @@
+/*
+ * model.c — loading a checkpoint directory, its weights and activations, and the public tk_model_* API.
+ *
+ * Load: config.json picks the family (llama.c, gpt2.c, bert.c); the safetensors files are mapped; the
+ * family looks up each weight by its Hugging Face name through tk_models__weight, which checks shape
+ * and dtype and converts once to the compute dtype (a CPU weight whose dtype already matches stays a
+ * view into the mapping; on a GPU every weight is uploaded once). Forward: the batch's inputs and every
+ * activation are carved out of one arena planned for the batch shape (T tokens, nseq sequences) and
+ * kept until the shape changes; the family's forward then runs one tk_op_run per step.
+ */
+#include <jansson.h>
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "models/models.h"
+
+#define MODEL_MAGIC 0x6d6f646cu /* "modl" */
+
+static size_t dt_size(tk_dtype dt) { return dt.bits / 8u; }
+
+static tk_dtype dt_of(uint8_t code, uint8_t bits)
+{
+    tk_dtype d = {code, bits, 1};
+    return d;
+}
+
+/* The safetensors dtype that holds a compute dtype unchanged. */
+static tk_st_dtype st_of(tk_dtype dt)
+{
+    if (dt.code == TK_DL_BFLOAT)
+        return TK_ST_BF16;
+    return dt.bits == 16 ? TK_ST_F16 : TK_ST_F32;
+}
+
+static const char *torch_name(tk_st_dtype dt)
+{
+    switch (dt) {
+    case TK_ST_F32: return "float32";
+    case TK_ST_F16: return "float16";
+    case TK_ST_BF16: return "bfloat16";
+    case TK_ST_F64: return "float64";
+    case TK_ST_F8_E4M3: return "float8_e4m3fn";
+    case TK_ST_F8_E5M2: return "float8_e5m2";
+    default: return "?";
+    }
+}
+
+static int is_float_st(tk_st_dtype dt)
+{
+    return dt == TK_ST_F32 || dt == TK_ST_F16 || dt == TK_ST_BF16 || dt == TK_ST_F64 || dt == TK_ST_F8_E4M3 ||
+           dt == TK_ST_F8_E5M2 || dt == TK_ST_I8;
+}
+
+static void mt_set(tk_mt *t, void *data, tk_dtype dt, int ndim, const int64_t *shape, int dev_type, int dev_id)
+{
+    memset(t, 0, sizeof *t);
+    t->t.data = data;
+    t->t.device.device_type = dev_type;
+    t->t.device.device_id = dev_id;
+    t->t.ndim = ndim;
+    t->t.dtype = dt;
+    for (int i = 0; i < ndim; i++)
+        t->shape[i] = shape[i];
+    t->t.shape = t->shape;
+}
+
+static int64_t numel(int ndim, const int64_t *shape)
+{
+    int64_t n = 1;
+    for (int i = 0; i < ndim; i++)
+        n *= shape[i];
+    return n;
+}
+
+void tk_models__view(tk_mt *v, const tk_mt *t, int ndim, const int64_t *shape)
+{
+    mt_set(v, t->t.data, t->t.dtype, ndim, shape, t->t.device.device_type, t->t.device.device_id);
+}
+
+void tk_models__rows(tk_mt *v, const tk_mt *t, int64_t r0, int64_t nr)
+{
+    int64_t row = numel(t->t.ndim - 1, t->shape + 1) * (int64_t)dt_size(t->t.dtype);
+    int64_t shape[4];
+    memcpy(shape, t->shape, sizeof shape);
+    shape[0] = nr;
+    mt_set(v, (char *)t->t.data + r0 * row, t->t.dtype, t->t.ndim, shape, t->t.device.device_type,
+           t->t.device.device_id);
+}
+
+int tk_models__op(tk_model *m, const char *op, const tk_arg *args, size_t nargs)
+{
+    int rc = tk_op_run(m->ctx, op, args, nargs, NULL, NULL);
+    if (rc != TK_OK)
+        return tk__err_wrap(rc, "%s forward, op %s", m->arch->name, op);
+    return TK_OK;
+}
+
+/* ---- device memory ---------------------------------------------------------------------------- */
+
+static int dev_alloc(tk_model *m, void **p, size_t bytes)
+{
+    *p = NULL;
+    if (m->dev_type == TK_DEV_CUDA)
+        return tk_device_alloc(p, m->dev_id, bytes ? bytes : 1);
+    *p = aligned_alloc(64, (bytes + 63) / 64 * 64 + 64);
+    return *p ? TK_OK : tk__err(TK_ERR_NOMEM, "out of memory (%zu bytes for the model)", bytes);
+}
+
+static void dev_free(tk_model *m, void *p)
+{
+    if (!p)
+        return;
+    if (m->dev_type == TK_DEV_CUDA)
+        tk_device_free(p, m->dev_id);
+    else
+        free(p);
+}
+
+/* Copies host bytes to the model's memory (a memcpy on the CPU). */
+static int to_dev(tk_model *m, void *dst, const void *src, size_t n)
+{
+    if (m->dev_type == TK_DEV_CUDA)
+        return tk_device_copy(dst, src, n, TK_COPY_H2D, m->dev_id);
+    memcpy(dst, src, n);
+    return TK_OK;
+}
+
+static int from_dev(tk_model *m, void *dst, const void *src, size_t n)
+{
+    if (m->dev_type == TK_DEV_CUDA)
+        return tk_device_copy(dst, src, n, TK_COPY_D2H, m->dev_id);
+    memcpy(dst, src, n);
+    return TK_OK;
+}
+
+static int host_tmp(tk_model *m, size_t bytes)
+{
+    if (m->host_tmp_bytes >= bytes)
+        return TK_OK;
+    free(m->host_tmp);
+    m->host_tmp = malloc(bytes);
+    m->host_tmp_bytes = m->host_tmp ? bytes : 0;
+    return m->host_tmp ? TK_OK : tk__err(TK_ERR_NOMEM, "out of memory (%zu bytes)", bytes);
+}
+
+/* ---- weights ---------------------------------------------------------------------------------- */
+
+static int new_weight(tk_model *m, tk_models_weight **out)
+{
+    *out = NULL;
+    if (m->nw == m->capw) {
+        size_t cap = m->capw ? 2 * m->capw : 64;
+        tk_models_weight **nw = realloc(m->w, cap * sizeof *nw);
+        if (!nw)
+            return tk__err(TK_ERR_NOMEM, "out of memory");
+        m->w = nw;
+        m->capw = cap;
+    }
+    tk_models_weight *w = calloc(1, sizeof *w);
+    if (!w)
+        return tk__err(TK_ERR_NOMEM, "out of memory");
+    m->w[m->nw++] = w;
+    *out = w;
+    return TK_OK;
+}
+
+static void shape_str(char *out, size_t cap, int ndim, const int64_t *shape)
+{
+    size_t k = (size_t)snprintf(out, cap, "[");
+    for (int d = 0; d < ndim && k < cap; d++)
+        k += (size_t)snprintf(out + k, cap - k, "%s%lld", d ? ", " : "", (long long)shape[d]);
+    if (k < cap)
+        snprintf(out + k, cap - k, "]");
+}
+
+/* Finds `name` and checks its shape against want (-1: any) and its dtype against the config. */
+static int find_checked(const tk_st_tensor **out, tk_model *m, const char *name, int ndim, const int64_t *want,
+                        int optional)
+{
+    *out = NULL;
+    const tk_st_tensor *t = tk_models__st_find(m->st, name);
+    if (!t) {
+        if (optional)
+            return TK_OK;
+        /* Name a close tensor of the checkpoint, to tell a prefix mix-up from a missing weight. */
+        const char *best = NULL;
+        size_t bd = (size_t)-1;
+        for (size_t i = 0; i < tk_models__st_count(m->st); i++) {
+            const char *n = tk_models__st_at(m->st, i)->name;
+            size_t d = tk__edit_distance(name, n);
+            if (d < bd) {
+                bd = d;
+                best = n;
+            }
+        }
+        return tk__err(TK_ERR_INVALID,
+                       "%s checkpoint '%s': tensor '%s' is missing (%zu tensors in the checkpoint%s%s%s)\n"
+                       "HINT: the checkpoint does not match config.json's architecture %s",
+                       m->cfg.arch, m->dir, name, tk_models__st_count(m->st), best ? ", the closest is '" : "",
+                       best ? best : "", best ? "'" : "", m->cfg.arch);
+    }
+    int ok = t->ndim == ndim;
+    for (int d = 0; ok && d < ndim; d++)
+        ok = want[d] < 0 || t->shape[d] == want[d];
+    if (!ok) {
+        char got[128], exp[128];
+        shape_str(got, sizeof got, t->ndim, t->shape);
+        shape_str(exp, sizeof exp, ndim, want);
+        return tk__err(TK_ERR_INVALID, "%s checkpoint '%s': tensor '%s' has shape %s, want %s (from config.json)",
+                       m->cfg.arch, t->file, name, got, exp);
+    }
+    if (!is_float_st(t->dtype))
+        return tk__err(TK_ERR_INVALID, "%s checkpoint '%s': tensor '%s' has dtype %s, want a float weight", m->cfg.arch,
+                       t->file, name, tk_models__st_dtype_name(t->dtype));
+    if (m->cfg.torch_dtype[0] && strcmp(m->cfg.torch_dtype, torch_name(t->dtype)))
+        return tk__err(TK_ERR_INVALID,
+                       "%s checkpoint '%s': tensor '%s' is %s, but config.json says the weights are %s\n"
+                       "HINT: the config and the weights disagree; re-save the checkpoint with save_pretrained",
+                       m->cfg.arch, t->file, name, torch_name(t->dtype), m->cfg.torch_dtype);
+    *out = t;
+    return TK_OK;
+}
+
+/* Converts n elements at src (safetensors dtype sdt, elements `stride` apart in groups of `run`) to the
+ * compute dtype into dst (host). Rows of `run` contiguous elements, `nrun` of them, `stride` elements
+ * between row starts. */
+static int convert(tk_model *m, void *dst, const tk_st_tensor *t, int64_t first, int64_t run, int64_t nrun,
+                   int64_t stride)
+{
+    size_t es = tk_models__st_dtype_size(t->dtype), ds = dt_size(m->dtype);
+    float *tmp = malloc(sizeof(float) * (size_t)(run ? run : 1));
+    if (!tmp)
+        return tk__err(TK_ERR_NOMEM, "out of memory");
+    int rc = TK_OK;
+    for (int64_t r = 0; r < nrun && rc == TK_OK; r++) {
+        const char *src = (const char *)t->data + (size_t)(first + r * stride) * es;
+        if (t->dtype == st_of(m->dtype)) {
+            memcpy((char *)dst + (size_t)(r * run) * ds, src, (size_t)run * ds);
+            continue;
+        }
+        rc = tk_models__to_f32(tmp, src, (size_t)run, t->dtype);
+        if (rc == TK_OK)
+            tk_models__from_f32((char *)dst + (size_t)(r * run) * ds, tmp, (size_t)run, m->dtype);
+    }
+    free(tmp);
+    return rc;
+}
+
+/* Puts host memory `host` (owned, in the compute dtype) into weight w on the model's device. */
+static int place(tk_model *m, tk_models_weight *w, void *host, int ndim, const int64_t *shape)
+{
+    size_t bytes = (size_t)numel(ndim, shape) * dt_size(m->dtype);
+    void *data = host;
+    if (m->dev_type == TK_DEV_CUDA) {
+        int rc = dev_alloc(m, &data, bytes);
+        if (rc == TK_OK)
+            rc = to_dev(m, data, host, bytes);
+        free(host);
+        if (rc != TK_OK) {
+            dev_free(m, data);
+            return tk__err_wrap(rc, "uploading the weights");
+        }
+    }
+    w->owned = data;
+    mt_set(&w->mt, data, m->dtype, ndim, shape, m->dev_type, m->dev_id);
+    m->weight_bytes += (int64_t)bytes;
+    return TK_OK;
+}
+
+static int weight(const tk_mt **out, tk_model *m, const char *name, int ndim, const int64_t *want, int optional)
+{
+    *out = NULL;
+    const tk_st_tensor *t;
+    int rc = find_checked(&t, m, name, ndim, want, optional);
+    if (rc != TK_OK || !t)
+        return rc;
+    tk_models_weight *w;
+    if ((rc = new_weight(m, &w)) != TK_OK)
+        return rc;
+    int64_t n = numel(t->ndim, t->shape);
+    m->params += n;
+    if (m->dev_type == TK_DEV_CPU && t->dtype == st_of(m->dtype)) {
+        mt_set(&w->mt, (void *)t->data, m->dtype, t->ndim, t->shape, TK_DEV_CPU, 0);
+        m->weight_bytes += n * (int64_t)dt_size(m->dtype);
+        m->mapped_bytes += n * (int64_t)dt_size(m->dtype);
+        *out = &w->mt;
+        return TK_OK;
+    }
+    void *host = malloc((size_t)(n ? n : 1) * dt_size(m->dtype));
+    if (!host)
+        return tk__err(TK_ERR_NOMEM, "out of memory loading '%s'", name);
+    if ((rc = convert(m, host, t, 0, n, 1, 0)) != TK_OK || (rc = place(m, w, host, t->ndim, t->shape)) != TK_OK) {
+        if (rc != TK_OK && m->dev_type == TK_DEV_CPU)
+            free(host);
+        return tk__err_wrap(rc, "tensor '%s'", name);
+    }
+    *out = &w->mt;
+    return TK_OK;
+}
+
+int tk_models__weight(const tk_mt **out, tk_model *m, const char *name, int ndim, const int64_t *want)
+{
+    return weight(out, m, name, ndim, want, 0);
+}
+
+int tk_models__weight_opt(const tk_mt **out, tk_model *m, const char *name, int ndim, const int64_t *want)
+{
+    return weight(out, m, name, ndim, want, 1);
+}
+
+int tk_models__weight_cat(const tk_mt **out, tk_model *m, const char *const *names, int n, int64_t rows,
+                          int64_t cols)
+{
+    *out = NULL;
+    int ndim = cols ? 2 : 1;
+    int64_t want[2] = {rows, cols}, per = rows * (cols ? cols : 1);
+    const tk_st_tensor *ts[8];
+    if (n > 8)
+        return tk__err(TK_ERR_INTERNAL, "weight_cat: %d tensors", n);
+    for (int i = 0; i < n; i++) {
+        int rc = find_checked(&ts[i], m, names[i], ndim, want, 0);
+        if (rc != TK_OK)
+            return rc;
+    }
+    tk_models_weight *w;
+    int rc = new_weight(m, &w);
+    if (rc != TK_OK)
+        return rc;
+    size_t ds = dt_size(m->dtype);
+    char *host = malloc((size_t)(per * n) * ds + 1);
+    if (!host)
+        return tk__err(TK_ERR_NOMEM, "out of memory loading '%s'", names[0]);
+    for (int i = 0; i < n && rc == TK_OK; i++)
+        rc = convert(m, host + (size_t)(per * i) * ds, ts[i], 0, per, 1, 0);
+    int64_t shape[2] = {rows * n, cols};
+    if (rc == TK_OK)
+        rc = place(m, w, host, ndim, shape);
+    else
+        free(host);
+    if (rc != TK_OK)
+        return tk__err_wrap(rc, "tensor '%s'", names[0]);
+    m->params += per * n;
+    *out = &w->mt;
+    return TK_OK;
+}
+
+int tk_models__weight_cols(const tk_mt **out, tk_model *m, const char *name, int64_t rows, int64_t cols,
+                           int64_t c0, int64_t nc)
+{
+    *out = NULL;
+    int ndim = rows ? 2 : 1;
+    int64_t want[2] = {rows ? rows : cols, cols};
+    const tk_st_tensor *t;
+    int rc = find_checked(&t, m, name, ndim, want, 0);
+    if (rc != TK_OK)
+        return rc;
+    tk_models_weight *w;
+    if ((rc = new_weight(m, &w)) != TK_OK)
+        return rc;
+    int64_t nr = rows ? rows : 1;
+    char *host = malloc((size_t)(nr * nc) * dt_size(m->dtype) + 1);
+    if (!host)
+        return tk__err(TK_ERR_NOMEM, "out of memory loading '%s'", name);
+    rc = convert(m, host, t, c0, nc, nr, cols);
+    int64_t shape[2] = {rows ? rows : nc, nc};
+    if (rc == TK_OK)
+        rc = place(m, w, host, ndim, shape);
+    else
+        free(host);
+    if (rc != TK_OK)
+        return tk__err_wrap(rc, "tensor '%s'", name);
+    m->params += nr * nc;
+    *out = &w->mt;
+    return TK_OK;
+}
+
+/* ---- the activation arena --------------------------------------------------------------------- */
+
+int tk_models__ws_tensor(tk_model *m, tk_mt *t, tk_dtype dt, int ndim, const int64_t *shape)
+{
+    size_t bytes = ((size_t)numel(ndim, shape) * dt_size(dt) + 255) / 256 * 256;
+    size_t off = m->ws_used;
+    m->ws_used += bytes;
+    if (m->ws_counting) {
+        mt_set(t, NULL, dt, ndim, shape, m->dev_type, m->dev_id);
+        return TK_OK;
+    }
+    if (m->ws_used > m->ws_bytes)
+        return tk__err(TK_ERR_INTERNAL, "model: the activation plan grew between its two passes");
+    mt_set(t, (char *)m->ws + off, dt, ndim, shape, m->dev_type, m->dev_id);
+    return TK_OK;
+}
+
+static int plan_pass(tk_model *m, tk_models_batch *b)
+{
+    tk_dtype i32 = dt_of(TK_DL_INT, 32), i64 = dt_of(TK_DL_INT, 64);
+    int64_t T = b->T, S1 = b->nseq + 1;
+    int rc;
+    m->ws_used = 0;
+    if ((rc = tk_models__ws_tensor(m, &b->ids, i32, 1, &T)) || (rc = tk_models__ws_tensor(m, &b->pos, i64, 1, &T)) ||
+        (rc = tk_models__ws_tensor(m, &b->pos32, i32, 1, &T)) || (rc = tk_models__ws_tensor(m, &b->cu, i32, 1, &S1)) ||
+        (rc = tk_models__ws_tensor(m, &b->tt, i32, 1, &T)))
+        return rc;
+    return m->arch->plan(m, b);
+}
+
+/* Plans the arena for T tokens of nseq sequences, unless it is planned for that shape already. */
+static int plan(tk_model *m, int64_t T, int64_t nseq)
+{
+    tk_models_batch *b = &m->batch;
+    if (m->planned && b->T == T && b->nseq == nseq)
+        return TK_OK;
+    m->planned = 0;
+    dev_free(m, m->ws);
+    m->ws = NULL;
+    m->ws_bytes = 0;
+    memset(b, 0, sizeof *b);
+    b->T = T;
+    b->nseq = nseq;
+    m->ws_counting = 1;
+    int rc = plan_pass(m, b);
+    m->ws_counting = 0;
+    if (rc != TK_OK)
+        return rc;
+    size_t need = m->ws_used;
+    if ((rc = dev_alloc(m, &m->ws, need)) != TK_OK)
+        return tk__err_wrap(rc, "activations for %lld tokens", (long long)T);
+    m->ws_bytes = need;
+    if ((rc = plan_pass(m, b)) != TK_OK)
+        return rc;
+    m->planned = 1;
+    return TK_OK;
+}
+
+/* ---- load ------------------------------------------------------------------------------------- */
+
+static int parse_dtype(tk_dtype *out, const char *s)
+{
+    if (!s || !strcmp(s, "f32") || !strcmp(s, "float32"))
+        *out = dt_of(TK_DL_FLOAT, 32);
+    else if (!strcmp(s, "bf16") || !strcmp(s, "bfloat16"))
+        *out = dt_of(TK_DL_BFLOAT, 16);
+    else if (!strcmp(s, "f16") || !strcmp(s, "float16"))
+        *out = dt_of(TK_DL_FLOAT, 16);
+    else
+        return tk__err(TK_ERR_INVALID, "model dtype '%s' is not one of f32, bf16, f16", s);
+    return TK_OK;
+}
+
+/* sentence-transformers' settings beside the checkpoint: pooling, normalisation, max length. */
+static int load_st_settings(tk_model *m)
+{
+    m->pool_mode = TK_POOL_MEAN;
+    m->normalize = 0;
+    m->max_seq_len = 0;
+    char *p = tk__path_join(m->dir, "modules.json");
+    char *text = NULL;
+    size_t len;
+    int rc = TK_OK;
+    json_t *j = NULL;
+    if (!p)
+        return tk__err(TK_ERR_NOMEM, "out of memory");
+    if (tk__path_exists(p) && tk__read_file(&text, &len, p, 1u << 20) == TK_OK) {
+        j = json_loadb(text, len, 0, NULL);
+        size_t i;
+        json_t *mod;
+        json_array_foreach(j, i, mod) {
+            const char *ty = json_string_value(json_object_get(mod, "type"));
+            if (ty && tk__has_suffix(ty, ".Normalize"))
+                m->normalize = 1;
+            if (ty && tk__has_suffix(ty, ".Pooling")) {
+                const char *sub = json_string_value(json_object_get(mod, "path"));
+                char *pc = sub ? tk__fmt("%s/%s/config.json", m->dir, sub) : NULL;
+                char *ptext = NULL;
+                size_t plen;
+                if (pc && tk__read_file(&ptext, &plen, pc, 1u << 20) == TK_OK) {
+                    json_t *pj = json_loadb(ptext, plen, 0, NULL);
+                    if (json_is_true(json_object_get(pj, "pooling_mode_cls_token")))
+                        m->pool_mode = TK_POOL_CLS;
+                    else if (json_is_true(json_object_get(pj, "pooling_mode_max_tokens")))
+                        m->pool_mode = TK_POOL_MAX;
+                    else if (json_is_true(json_object_get(pj, "pooling_mode_mean_sqrt_len_tokens")) ||
+                             json_is_true(json_object_get(pj, "pooling_mode_weightedmean_tokens")) ||
+                             json_is_true(json_object_get(pj, "pooling_mode_lasttoken")))
+                        rc = tk__err(TK_ERR_UNSUPPORTED, "'%s': this pooling mode is not implemented\n"
+                                                         "HINT: supported: mean, cls, max",
+                                     pc);
+                    json_decref(pj);
+                }
+                free(ptext);
+                free(pc);
+            }
+        }
+        json_decref(j);
+        free(text);
+        text = NULL;
+    }
+    free(p);
+    p = tk__path_join(m->dir, "sentence_bert_config.json");
+    if (p && tk__path_exists(p) && tk__read_file(&text, &len, p, 1u << 20) == TK_OK) {
+        j = json_loadb(text, len, 0, NULL);
+        json_t *ms = json_object_get(j, "max_seq_length");
+        if (json_is_integer(ms) && json_integer_value(ms) > 0)
+            m->max_seq_len = json_integer_value(ms);
+        json_decref(j);
+    }
+    free(text);
+    free(p);
+    return rc;
+}
+
+int tk_model_load(tk_model **out, tk_ctx *ctx, const char *dir, const tk_model_opts *opts)
+{
+    *out = NULL;
+    tk_model_opts def = TK_MODEL_OPTS_INIT;
+    if (!opts)
+        opts = &def;
+    if (!ctx || !dir)
+        return tk__err(TK_ERR_INVALID, "tk_model_load: ctx and dir are required");
+    if (opts->version != TK_MODEL_OPTS_VERSION)
+        return tk__err(TK_ERR_INVALID, "tk_model_load: opts->version is %u, want %d (TK_MODEL_OPTS_INIT)",
+                       opts->version, TK_MODEL_OPTS_VERSION);
+    if (opts->device_type != TK_DEV_CPU && opts->device_type != TK_DEV_CUDA)
+        return tk__err(TK_ERR_INVALID, "tk_model_load: device_type %d is not TK_DEV_CPU or TK_DEV_CUDA",
+                       opts->device_type);
+    tk_model *m = calloc(1, sizeof *m);
+    if (!m)
+        return tk__err(TK_ERR_NOMEM, "out of memory");
+    m->magic = MODEL_MAGIC;
+    m->ctx = ctx;
+    m->dev_type = opts->device_type;
+    m->dev_id = opts->device_id;
+    int rc;
+    if ((rc = parse_dtype(&m->dtype, opts->dtype)) != TK_OK)
+        goto fail;
+    if (m->dev_type == TK_DEV_CUDA) {
+        int n = 0;
+        if ((rc = tk_device_count(&n)) != TK_OK)
+            goto fail;
+        if (opts->device_id < 0 || opts->device_id >= n) {
+            rc = tk__err(TK_ERR_NO_DEVICE, "CUDA device %d does not exist (%d devices)", opts->device_id, n);
+            goto fail;
+        }
+    }
+    if (!(m->dir = tk__strdup(dir))) {
+        rc = tk__err(TK_ERR_NOMEM, "out of memory");
+        goto fail;
+    }
+    if ((rc = tk_models__config_load(&m->cfg, dir)) != TK_OK)
+        goto fail;
+    switch (m->cfg.family) {
+    case TK_FAMILY_LLAMA: m->arch = &tk_models__llama; break;
+    case TK_FAMILY_GPT2: m->arch = &tk_models__gpt2; break;
+    default: m->arch = &tk_models__bert; break;
+    }
+    if ((rc = tk_models__st_open_dir(&m->st, dir)) != TK_OK)
+        goto fail;
+    if ((rc = m->arch->load(m)) != TK_OK)
+        goto fail;
+    if ((rc = load_st_settings(m)) != TK_OK)
+        goto fail;
+    *out = m;
+    return TK_OK;
+fail:
+    tk_model_free(m);
+    return rc;
+}
+
+void tk_model_free(tk_model *m)
+{
+    if (!m || m->magic != MODEL_MAGIC)
+        return;
+    if (m->arch && m->arch->free_state)
+        m->arch->free_state(m);
+    for (size_t i = 0; i < m->nw; i++) {
+        dev_free(m, m->w[i]->owned);
+        free(m->w[i]);
+    }
+    free(m->w);
+    dev_free(m, m->ws);
+    free(m->host_tmp);
+    tk_models__st_close(m->st);
+    tk_models__config_free(&m->cfg);
+#ifdef TK_MODELS_HAVE_TOKENIZER
+    tk_tokenizer_free(m->tok);
+#endif
+    free(m->dir);
+    m->magic = 0;
+    free(m);
+}
+
+static int check_model(const tk_model *m, const char *fn)
+{
+    if (!m || m->magic != MODEL_MAGIC)
+        return tk__err(TK_ERR_INVALID, "%s: not a tk_model (NULL or freed)", fn);
+    return TK_OK;
+}
+
+const char *tk_model_arch(const tk_model *m) { return m && m->magic == MODEL_MAGIC ? m->cfg.arch : ""; }
+int64_t tk_model_vocab_size(const tk_model *m) { return m && m->magic == MODEL_MAGIC ? m->cfg.vocab : 0; }
+int64_t tk_model_hidden_size(const tk_model *m) { return m && m->magic == MODEL_MAGIC ? m->cfg.hidden : 0; }
+int tk_model_has_lm_head(const tk_model *m)
+{
+    return m && m->magic == MODEL_MAGIC && m->cfg.family != TK_FAMILY_BERT;
+}
+
+/* ---- forward ---------------------------------------------------------------------------------- */
+
+/* Checks the batch, plans for its shape and fills the inputs. */
+static int prepare(tk_model *m, const int32_t *ids, const size_t *lens, size_t nseq)
+{
+    if (!ids || !lens || nseq == 0)
+        return tk__err(TK_ERR_INVALID, "model forward: no sequences (ids, lens and nseq >= 1 are required)");
+    int64_t T = 0, max_len = 0;
+    for (size_t s = 0; s < nseq; s++) {
+        if (lens[s] == 0)
+            return tk__err(TK_ERR_INVALID, "model forward: sequence %zu is empty", s);
+        if (m->cfg.family != TK_FAMILY_LLAMA && (int64_t)lens[s] > m->cfg.max_pos)
+            return tk__err(TK_ERR_INVALID,
+                           "model forward: sequence %zu has %zu tokens, more than the %lld positions of %s", s,
+                           lens[s], (long long)m->cfg.max_pos, m->cfg.arch);
+        if ((int64_t)lens[s] > INT32_MAX || T > INT32_MAX - (int64_t)lens[s])
+            return tk__err(TK_ERR_INVALID, "model forward: more than 2^31 tokens");
+        T += (int64_t)lens[s];
+        if ((int64_t)lens[s] > max_len)
+            max_len = (int64_t)lens[s];
+    }
+    for (int64_t i = 0; i < T; i++)
+        if (ids[i] < 0 || ids[i] >= m->cfg.vocab)
+            return tk__err(TK_ERR_INVALID, "model forward: token id %d at position %lld is outside the vocabulary [0, %lld)",
+                           ids[i], (long long)i, (long long)m->cfg.vocab);
+    int rc = plan(m, T, (int64_t)nseq);
+    if (rc != TK_OK)
+        return rc;
+    tk_models_batch *b = &m->batch;
+    b->max_len = max_len;
+    /* Inputs: staged on the host, then copied (a memcpy on the CPU). */
+    size_t need = (size_t)T * 16 + ((size_t)nseq + 1) * 4;
+    if ((rc = host_tmp(m, need)) != TK_OK)
+        return rc;
+    int64_t *pos = m->host_tmp;
+    int32_t *pos32 = (int32_t *)(pos + T), *cu = pos32 + T, *zeros = cu + nseq + 1;
+    int64_t k = 0;
+    cu[0] = 0;
+    for (size_t s = 0; s < nseq; s++) {
+        for (size_t j = 0; j < lens[s]; j++, k++) {
+            pos[k] = (int64_t)j;
+            pos32[k] = (int32_t)j;
+            zeros[k] = 0;
+        }
+        cu[s + 1] = (int32_t)k;
+    }
+    if ((rc = to_dev(m, b->ids.t.data, ids, (size_t)T * 4)) || (rc = to_dev(m, b->pos.t.data, pos, (size_t)T * 8)) ||
+        (rc = to_dev(m, b->pos32.t.data, pos32, (size_t)T * 4)) ||
+        (rc = to_dev(m, b->cu.t.data, cu, ((size_t)nseq + 1) * 4)) ||
+        (rc = to_dev(m, b->tt.t.data, zeros, (size_t)T * 4)))
+        return rc;
+    return TK_OK;
+}
+
+/* Copies a [rows, cols] activation in the compute dtype to f32 host memory. */
+static int copy_out(tk_model *m, float *dst, const tk_mt *src)
+{
+    size_t n = (size_t)numel(src->t.ndim, src->shape);
+    if (m->dev_type == TK_DEV_CPU) {
+        tk_models__dtype_to_f32(dst, src->t.data, n, src->t.dtype);
+        return TK_OK;
+    }
+    int rc = host_tmp(m, n * dt_size(src->t.dtype));
+    if (rc == TK_OK)
+        rc = from_dev(m, m->host_tmp, src->t.data, n * dt_size(src->t.dtype));
+    if (rc == TK_OK)
+        tk_models__dtype_to_f32(dst, m->host_tmp, n, src->t.dtype);
+    return rc;
+}
+
+int tk_model_forward(tk_model *m, const int32_t *ids, const size_t *lens, size_t nseq, float *logits,
+                     float *hidden)
+{
+    int rc = check_model(m, "tk_model_forward");
+    if (rc != TK_OK)
+        return rc;
+    if (logits && !tk_model_has_lm_head(m))
+        return tk__err(TK_ERR_INVALID, "%s has no LM head, so no logits\nHINT: ask for the hidden states, or "
+                                       "sentence embeddings (tk embed)",
+                       m->cfg.arch);
+    if ((rc = prepare(m, ids, lens, nseq)) != TK_OK)
+        return rc;
+    m->batch.want_logits = logits != NULL;
+    if ((rc = m->arch->forward(m, &m->batch)) != TK_OK)
+        return rc;
+    if (logits && (rc = copy_out(m, logits, m->batch.logits)) != TK_OK)
+        return rc;
+    if (hidden && (rc = copy_out(m, hidden, m->batch.hidden)) != TK_OK)
+        return rc;
+    return TK_OK;
+}
+
+int tk_model_pooler_output(float *out, tk_model *m)
+{
+    int rc = check_model(m, "tk_model_pooler_output");
+    if (rc != TK_OK)
+        return rc;
+    if (!m->planned || !m->batch.pooled)
+        return tk__err(TK_ERR_INVALID, "%s: no pooler output (%s)", m->cfg.arch,
+                       m->batch.pooled || m->cfg.family == TK_FAMILY_BERT ? "run tk_model_forward first"
+                                                                          : "only BertModel has a pooler");
+    return copy_out(m, out, m->batch.pooled);
+}
+
+/* ---- info ------------------------------------------------------------------------------------- */
+
+int tk_model_info_json(char **out, const tk_model *m)
+{
+    *out = NULL;
+    int rc = check_model(m, "tk_model_info_json");
+    if (rc != TK_OK)
+        return rc;
+    const tk_models_config *c = &m->cfg;
+    /* The checkpoint's dtypes, counted by parameters. */
+    int64_t by[TK_ST_COUNT] = {0};
+    for (size_t i = 0; i < tk_models__st_count(m->st); i++) {
+        const tk_st_tensor *t = tk_models__st_at(m->st, i);
+        by[t->dtype] += numel(t->ndim, t->shape);
+    }
+    json_t *dts = json_object();
+    for (int i = 0; i < TK_ST_COUNT; i++)
+        if (by[i])
+            json_object_set_new(dts, tk_models__st_dtype_name((tk_st_dtype)i), json_integer(by[i]));
+    static const char *rope_names[] = {"default", "linear", "dynamic", "yarn", "llama3"};
+    static const char *fam[] = {"", "llama", "gpt2", "bert"};
+    int64_t sliding_layers = 0;
+    for (int64_t l = 0; l < c->layers; l++)
+        sliding_layers += c->sliding[l];
+    json_t *o = json_pack(
+        "{s:s, s:s, s:s, s:I, s:I, s:I, s:I, s:I, s:I, s:I, s:I, s:I, s:s, s:s, s:s, s:o, s:s, s:I, s:I, s:I, "
+        "s:b, s:s, s:I, s:I}",
+        "architecture", c->arch, "family", fam[c->family], "model_type", c->model_type, "vocab_size",
+        (json_int_t)c->vocab, "hidden_size", (json_int_t)c->hidden, "layers", (json_int_t)c->layers, "heads",
+        (json_int_t)c->heads, "kv_heads", (json_int_t)c->kv_heads, "head_dim", (json_int_t)c->head_dim,
+        "intermediate_size", (json_int_t)c->intermediate, "max_positions", (json_int_t)c->max_pos, "parameters",
+        (json_int_t)m->params, "dtype", tk_dtype_name(m->dtype), "device",
+        m->dev_type == TK_DEV_CUDA ? "cuda" : "cpu", "checkpoint_dtype", c->torch_dtype[0] ? c->torch_dtype : "",
+        "checkpoint_dtypes", dts, "activation", c->act, "checkpoint_bytes", (json_int_t)tk_models__st_bytes(m->st),
+        "weight_bytes", (json_int_t)m->weight_bytes, "mapped_bytes", (json_int_t)m->mapped_bytes,
+        "tie_word_embeddings", c->tie_embeddings, "rope_type",
+        c->family == TK_FAMILY_LLAMA ? rope_names[c->rope.type] : "none", "sliding_window",
+        (json_int_t)c->sliding_window, "sliding_layers", (json_int_t)sliding_layers);
+    if (!o)
+        return tk__err(TK_ERR_NOMEM, "out of memory");
+    if (c->family == TK_FAMILY_BERT) {
+        static const char *pools[] = {"mean", "cls", "max"};
+        json_object_set_new(o, "pooling", json_string(pools[m->pool_mode]));
+        json_object_set_new(o, "normalize", json_boolean(m->normalize));
+    }
+    json_object_set_new(o, "generation_config", json_boolean(c->generation_json != NULL));
+    *out = json_dumps(o, JSON_INDENT(2) | JSON_PRESERVE_ORDER);
+    json_decref(o);
+    return *out ? TK_OK : tk__err(TK_ERR_NOMEM, "out of memory");
+}

@@ -1,0 +1,225 @@
+/*
+ * models.h — the model pipelines' internals: safetensors checkpoints (mmap, header checked before use),
+ * config.json as one typed struct, the loaded model with its weights and planned activations, and the
+ * architecture families (llama.c: Llama/Mistral/Qwen2, gpt2.c, bert.c).
+ *
+ * Models reach ops only through the public tk_op_run (tk.h), as a host program would, and use common/
+ * for errors and files; nothing here includes ops/ or api/ internals. Internal names are tk_models__*.
+ */
+#ifndef TK_MODELS_H
+#define TK_MODELS_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#include "common/common.h"
+
+/* ---- safetensors (models/safetensors.c) ------------------------------------------------------- */
+
+/* The dtypes of the safetensors format, by their header names. */
+typedef enum {
+    TK_ST_BOOL, TK_ST_U8, TK_ST_I8, TK_ST_I16, TK_ST_U16, TK_ST_F16, TK_ST_BF16, TK_ST_I32, TK_ST_U32,
+    TK_ST_F32, TK_ST_F64, TK_ST_I64, TK_ST_U64, TK_ST_F8_E4M3, TK_ST_F8_E5M2, TK_ST_COUNT
+} tk_st_dtype;
+
+#define TK_ST_MAX_RANK 8
+/* The header may be at most this long (the reference implementation's cap is 100 MB). */
+#define TK_ST_MAX_HEADER (100u << 20)
+
+typedef struct {
+    char *name;
+    tk_st_dtype dtype;
+    int ndim;
+    int64_t shape[TK_ST_MAX_RANK];
+    uint64_t begin, end;   /* byte offsets in the data area (after the header) */
+    const void *data;      /* into the mapping; NULL for a parsed-only header */
+    const char *file;      /* the file it lives in (borrowed from the checkpoint) */
+} tk_st_tensor;
+
+const char *tk_models__st_dtype_name(tk_st_dtype dt); /* "BF16" */
+size_t tk_models__st_dtype_size(tk_st_dtype dt);      /* bytes per element */
+
+/* Parses and validates a safetensors file image (buf, len = the whole file): the 8-byte little-endian
+ * header length (at most TK_ST_MAX_HEADER and inside the file), a JSON object header, and for every
+ * tensor a known dtype, a shape of at most TK_ST_MAX_RANK non-negative sizes, data_offsets inside the
+ * data area, numel * dtype size == end - begin (no overflow), and no two tensors overlapping.
+ * "__metadata__" must be an object of strings. `what` names the file in messages. On success *out is
+ * an array of *n tensors (data pointing into buf), sorted by name; free with tk_models__st_free.
+ * Errors: TK_ERR_INVALID, naming the file, the tensor and the field. Never reads outside buf. */
+int tk_models__st_parse(tk_st_tensor **out, size_t *n, const uint8_t *buf, size_t len, const char *what);
+void tk_models__st_free(tk_st_tensor *t, size_t n);
+
+/* The safetensors files of a checkpoint directory: model.safetensors, or the shards named by
+ * model.safetensors.index.json (every shard's tensors must be where the index says). Files are mapped
+ * read-only (MAP_PRIVATE) for the lifetime of the set. */
+typedef struct tk_st_set tk_st_set;
+int tk_models__st_open_dir(tk_st_set **out, const char *dir);
+void tk_models__st_close(tk_st_set *s);
+/* NULL when absent. */
+const tk_st_tensor *tk_models__st_find(const tk_st_set *s, const char *name);
+size_t tk_models__st_count(const tk_st_set *s);
+const tk_st_tensor *tk_models__st_at(const tk_st_set *s, size_t i);
+int64_t tk_models__st_bytes(const tk_st_set *s); /* sum of the files' sizes */
+
+/* Converts n elements of a safetensors dtype to f32 / from f32 into tk dtype dst (f32, f16, bf16).
+ * Round to nearest even. TK_ERR_UNSUPPORTED for dtypes that hold no real numbers we convert (bool, u*,
+ * i16, i32, i64). */
+int tk_models__to_f32(float *dst, const void *src, size_t n, tk_st_dtype dt);
+void tk_models__from_f32(void *dst, const float *src, size_t n, tk_dtype dt);
+void tk_models__dtype_to_f32(float *dst, const void *src, size_t n, tk_dtype dt);
+
+/* ---- config.json (models/config.c) ------------------------------------------------------------ */
+
+enum { TK_FAMILY_LLAMA = 1, TK_FAMILY_GPT2 = 2, TK_FAMILY_BERT = 3 };
+enum { TK_ROPE_DEFAULT = 0, TK_ROPE_LINEAR = 1, TK_ROPE_DYNAMIC = 2, TK_ROPE_YARN = 3, TK_ROPE_LLAMA3 = 4 };
+
+typedef struct {
+    int type; /* TK_ROPE_*: the rope_cos_sin_cache op's 'scaling' */
+    double theta, factor;
+    int64_t original_max_pos;
+    double beta_fast, beta_slow, attention_factor, low_freq_factor, high_freq_factor;
+    int truncate;
+    double partial_rotary_factor; /* rot_dim = head_dim * this */
+} tk_models_rope;
+
+#define TK_MODELS_MAX_LAYERS 1024
+
+typedef struct {
+    char arch[64];          /* architectures[0]: "LlamaForCausalLM" */
+    char model_type[32];    /* "llama", "mistral", "qwen2", "gpt2", "bert" */
+    int family;             /* TK_FAMILY_* */
+    int64_t vocab, hidden, layers, heads, kv_heads, head_dim, intermediate, max_pos, type_vocab;
+    double eps;
+    tk_models_rope rope;
+    int64_t sliding_window;      /* 0: none */
+    unsigned char sliding[TK_MODELS_MAX_LAYERS]; /* 1: layer l uses the sliding window */
+    int tie_embeddings;
+    int qkv_bias, o_bias, mlp_bias; /* Llama family: attention_bias, Qwen2's q/k/v bias, mlp_bias */
+    int unscaled_attn;      /* GPT-2's scale_attn_weights = false: scores are not divided by sqrt(D) */
+    char act[32];           /* hidden_act / activation_function */
+    char torch_dtype[16];   /* "float32", "bfloat16", ... ("" when absent) */
+    int64_t bos_id, eos_id, pad_id; /* -1 when absent */
+    char *generation_json;  /* generation_config.json's text, kept for generation (NULL when absent) */
+} tk_models_config;
+
+/* Reads dir/config.json (and dir/generation_config.json when present). Errors: TK_ERR_NOT_FOUND (no
+ * config.json), TK_ERR_INVALID (malformed; a missing or out-of-range field, named),
+ * TK_ERR_UNSUPPORTED (an architecture or a config value tk does not implement: the message names it
+ * and lists what is supported). */
+int tk_models__config_load(tk_models_config *cfg, const char *dir);
+/* Parses config.json's text (for tests and fuzzing); `what` names it in messages. */
+int tk_models__config_parse(tk_models_config *cfg, const char *text, size_t len, const char *what);
+void tk_models__config_free(tk_models_config *cfg);
+/* The op of an HF activation name ("gelu_pytorch_tanh" -> "gelu_tanh"), NULL for an unknown one. */
+const char *tk_models__act_op(const char *act);
+/* "LlamaForCausalLM, MistralForCausalLM, ..." */
+const char *tk_models__supported_archs(void);
+
+/* ---- the model (models/model.c) --------------------------------------------------------------- */
+
+/* A tensor the model owns or views: its shape lives beside it, so it never points elsewhere. Never
+ * copied by value once handed out (t.shape points into the struct). */
+typedef struct {
+    tk_tensor t;
+    int64_t shape[4];
+} tk_mt;
+
+/* One forward's batch: T tokens of nseq sequences packed one after another (rows cu[s]..cu[s+1] are
+ * sequence s). model.c plans and fills the inputs; the family plans its activations and points hidden
+ * (and logits, pooled) at them. */
+typedef struct {
+    int64_t T, nseq, max_len;
+    int want_logits; /* this forward's caller asked for logits */
+    tk_mt ids; /* [T] i32 */
+    tk_mt pos; /* [T] i64: the position of each token in its sequence */
+    tk_mt pos32; /* [T] i32: the same, for learned position embeddings */
+    tk_mt cu;  /* [nseq + 1] i32 */
+    tk_mt tt;  /* [T] i32 zeros: BERT's token types */
+    tk_mt *hidden; /* [T, H] */
+    tk_mt *logits; /* [T, V], NULL without an LM head */
+    tk_mt *pooled; /* [nseq, H] BERT's pooler output, or NULL */
+} tk_models_batch;
+
+typedef struct tk_models_arch tk_models_arch;
+
+typedef struct {
+    tk_mt mt;
+    void *owned; /* memory this weight owns (host, or device when on a GPU), or NULL for a mapped view */
+} tk_models_weight;
+
+struct tk_model {
+    uint32_t magic;
+    tk_ctx *ctx;
+    char *dir;
+    tk_models_config cfg;
+    tk_st_set *st;
+    const tk_models_arch *arch;
+    int dev_type, dev_id;     /* TK_DEV_CPU / TK_DEV_CUDA */
+    tk_dtype dtype;           /* compute dtype: weights and activations */
+    tk_models_weight **w;     /* every weight, each allocated once (pointers to them stay valid) */
+    size_t nw, capw;
+    int64_t params;           /* parameters of the checkpoint the model uses (tied ones once) */
+    int64_t weight_bytes;     /* bytes the weights take in the compute dtype */
+    int64_t mapped_bytes;     /* of those, bytes read in place from the mapping */
+    void *state;              /* the family's weight table and activations */
+    /* The activation arena, planned for one batch shape (T, nseq). */
+    void *ws;
+    size_t ws_bytes, ws_used;
+    int ws_counting;          /* 1 while planning: tk_models__ws_tensor only counts */
+    int planned;
+    tk_models_batch batch;
+    void *host_tmp;           /* host staging for inputs and outputs */
+    size_t host_tmp_bytes;
+    struct tk_tokenizer *tok; /* loaded on first use */
+    int pool_mode;            /* TK_POOL_*: sentence-transformers' 1_Pooling/config.json */
+    int normalize;            /* sentence-transformers' Normalize module */
+    int64_t max_seq_len;      /* sentence_bert_config.json's max_seq_length; 0: max_pos */
+};
+
+enum { TK_POOL_MEAN = 0, TK_POOL_CLS = 1, TK_POOL_MAX = 2 };
+
+struct tk_models_arch {
+    const char *name; /* "llama" */
+    /* Looks up and converts the weights (tk_models__weight*) into the family's state (m->state). */
+    int (*load)(tk_model *m);
+    /* Plans the activations for b (tk_models__ws_tensor); runs twice: counting, then carving. */
+    int (*plan)(tk_model *m, tk_models_batch *b);
+    /* The forward, top to bottom: one op call per step. */
+    int (*forward)(tk_model *m, tk_models_batch *b);
+    void (*free_state)(tk_model *m);
+};
+
+extern const tk_models_arch tk_models__llama, tk_models__gpt2, tk_models__bert;
+
+/* Looks up the HF tensor `name` (with the shape want[0..ndim), -1 for any size), converts it once to
+ * the compute dtype and puts it on the model's device. On the CPU a tensor whose dtype already matches
+ * is a view into the mapping. Errors: TK_ERR_INVALID naming the tensor: missing (with the names of
+ * the checkpoint it was looked for in), wrong shape, or a dtype that disagrees with the config. */
+int tk_models__weight(const tk_mt **out, tk_model *m, const char *name, int ndim, const int64_t *want);
+/* Like tk_models__weight, for a tensor that may be absent: *out = NULL and TK_OK then. */
+int tk_models__weight_opt(const tk_mt **out, tk_model *m, const char *name, int ndim, const int64_t *want);
+/* Concatenates n HF tensors, each [rows, cols] (1-D [rows] when cols == 0), along dim 0 into one
+ * weight the model owns: Llama's gate_proj and up_proj become one [2I, H] for silu_and_mul. */
+int tk_models__weight_cat(const tk_mt **out, tk_model *m, const char *const *names, int n, int64_t rows,
+                          int64_t cols);
+/* Columns [c0, c0 + nc) of a [rows, cols] HF tensor (1-D [cols] when rows == 0) as a weight of its own:
+ * GPT-2's fused c_attn (Conv1D [in, 3 out]) split into q, k and v, each still [in, out]. */
+int tk_models__weight_cols(const tk_mt **out, tk_model *m, const char *name, int64_t rows, int64_t cols,
+                           int64_t c0, int64_t nc);
+
+/* Carves an activation tensor out of the arena: during planning it only counts bytes. */
+int tk_models__ws_tensor(tk_model *m, tk_mt *t, tk_dtype dt, int ndim, const int64_t *shape);
+/* A view of t with another shape of the same numel (a reshape). */
+void tk_models__view(tk_mt *v, const tk_mt *t, int ndim, const int64_t *shape);
+/* Rows [r0, r0 + nr) of a tensor whose first dimension is rows. */
+void tk_models__rows(tk_mt *v, const tk_mt *t, int64_t r0, int64_t nr);
+
+/* Runs an op through tk_op_run on the model's context and device; a failure names the op. */
+int tk_models__op(tk_model *m, const char *op, const tk_arg *args, size_t nargs);
+
+#define TK_A_T(nm, tensor) {TK_ARG_TENSOR, nm, &(tensor)->t, 0, 0}
+#define TK_A_I(nm, v) {TK_ARG_I64, nm, NULL, (int64_t)(v), 0}
+#define TK_A_F(nm, v) {TK_ARG_F64, nm, NULL, 0, (double)(v)}
+#define TK_NARGS(a) (sizeof(a) / sizeof((a)[0]))
+
+#endif /* TK_MODELS_H */
