@@ -26,6 +26,7 @@ int tk_cmd_run_op(tk_cli *cli, int argc, char **argv);
 int tk_cmd_serve(tk_cli *cli, int argc, char **argv);
 int tk_cmd_tokenize(tk_cli *cli, int argc, char **argv);
 int tk_cmd_detokenize(tk_cli *cli, int argc, char **argv);
+int tk_cmd_generate(tk_cli *cli, int argc, char **argv);
 
 static const struct {
     const char *name;
@@ -51,6 +52,7 @@ static const struct {
     {"serve", tk_cmd_serve, "serve a registry tree over HTTP, with uploads and a web page"},
     {"tokenize", tk_cmd_tokenize, "encode text to token ids with a model's tokenizer.json"},
     {"detokenize", tk_cmd_detokenize, "decode token ids to text with a model's tokenizer.json"},
+    {"generate", tk_cmd_generate, "generate text with a Llama or GPT-2 checkpoint (greedy, sampling, beams)"},
 };
 
 static void usage(FILE *f)

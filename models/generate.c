@@ -9,11 +9,14 @@
  * registry: `argmax` for greedy, `sample` (seeded Philox, the same token on the CPU and the GPU) for
  * sampling, over the processed row.
  */
+#include <jansson.h>
 #include <math.h>
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
 #include "models/generate.h"
+#include "models/models.h"
 
 /* ---- logits processors ------------------------------------------------------------------------ */
 
@@ -1315,4 +1318,405 @@ void tk_gen__kv_layer(const tk_gen_kv *kv, int64_t l, tk_tensor *k, int64_t *ksh
         ks->data = kv->quant ? kv->scales + l * 2 * kv->heads : NULL;
         vs->data = kv->quant ? kv->scales + (l * 2 + 1) * kv->heads : NULL;
     }
+}
+
+/* ---- the language models generation drives ---------------------------------------------------- */
+
+typedef struct {
+    tk_model *m;
+    tk_gen_kv *kv;
+    /* full recompute: each slot's whole sequence */
+    struct {
+        int32_t *ids;
+        size_t n, cap;
+        int used;
+    } *full;
+    size_t nfull;
+    float *all_logits;
+    size_t all_cap;
+} lm_state;
+
+static int lm_decode(void *self, const int32_t *ids, size_t n, char **text)
+{
+    lm_state *s = self;
+    return tk_tokenizer_decode(text, s->m->tok, ids, n, 1);
+}
+
+static int kv_step(void *self, const int32_t *slots, size_t nseq, const int32_t *ids, const int32_t *cu, float *logits)
+{
+    lm_state *s = self;
+    return tk_models__forward_kv(s->m, s->kv, slots, nseq, ids, cu, logits);
+}
+
+static int kv_new(void *self, int32_t *slot) { return tk_gen__kv_seq_new(((lm_state *)self)->kv, slot); }
+static int kv_fork(void *self, int32_t *dst, int32_t src) { return tk_gen__kv_seq_fork(((lm_state *)self)->kv, dst, src); }
+static void kv_del(void *self, int32_t slot) { tk_gen__kv_seq_free(((lm_state *)self)->kv, slot); }
+
+static int full_new(void *self, int32_t *slot)
+{
+    lm_state *s = self;
+    for (size_t i = 0; i < s->nfull; i++)
+        if (!s->full[i].used) {
+            s->full[i].used = 1;
+            s->full[i].n = 0;
+            *slot = (int32_t)i;
+            return TK_OK;
+        }
+    void *p = realloc(s->full, (s->nfull + 1) * sizeof *s->full);
+    if (!p)
+        return tk__err(TK_ERR_NOMEM, "generate: out of memory");
+    s->full = p;
+    memset(&s->full[s->nfull], 0, sizeof *s->full);
+    s->full[s->nfull].used = 1;
+    *slot = (int32_t)s->nfull++;
+    return TK_OK;
+}
+
+static int full_push(lm_state *s, int32_t slot, const int32_t *ids, size_t n)
+{
+    if (s->full[slot].n + n > s->full[slot].cap) {
+        size_t c = (s->full[slot].n + n) * 2;
+        int32_t *p = realloc(s->full[slot].ids, c * sizeof *p);
+        if (!p)
+            return tk__err(TK_ERR_NOMEM, "generate: out of memory");
+        s->full[slot].ids = p;
+        s->full[slot].cap = c;
+    }
+    memcpy(s->full[slot].ids + s->full[slot].n, ids, n * sizeof *ids);
+    s->full[slot].n += n;
+    return TK_OK;
+}
+
+static int full_fork(void *self, int32_t *dst, int32_t src)
+{
+    lm_state *s = self;
+    int rc = full_new(self, dst);
+    if (!rc)
+        rc = full_push(s, *dst, s->full[src].ids, s->full[src].n);
+    return rc;
+}
+
+static void full_del(void *self, int32_t slot) { ((lm_state *)self)->full[slot].used = 0; }
+
+/* The reference: every step runs the whole sequences through tk_model_forward. */
+static int full_step(void *self, const int32_t *slots, size_t nseq, const int32_t *ids, const int32_t *cu, float *logits)
+{
+    lm_state *s = self;
+    int64_t V = s->m->cfg.vocab;
+    size_t tot = 0;
+    int rc;
+    for (size_t i = 0; i < nseq; i++) {
+        if ((rc = full_push(s, slots[i], ids + cu[i], (size_t)(cu[i + 1] - cu[i]))))
+            return rc;
+        tot += s->full[slots[i]].n;
+    }
+    int32_t *all = malloc(tot * sizeof *all);
+    size_t *lens = malloc(nseq * sizeof *lens);
+    if (tot * (size_t)V > s->all_cap) {
+        free(s->all_logits);
+        s->all_logits = malloc(tot * (size_t)V * sizeof *s->all_logits);
+        s->all_cap = s->all_logits ? tot * (size_t)V : 0;
+    }
+    if (!all || !lens || !s->all_logits) {
+        free(all);
+        free(lens);
+        return tk__err(TK_ERR_NOMEM, "generate: out of memory for the logits of %zu tokens", tot);
+    }
+    size_t p = 0;
+    for (size_t i = 0; i < nseq; i++) {
+        memcpy(all + p, s->full[slots[i]].ids, s->full[slots[i]].n * sizeof *all);
+        p += lens[i] = s->full[slots[i]].n;
+    }
+    rc = tk_model_forward(s->m, all, lens, nseq, s->all_logits, NULL);
+    p = 0;
+    for (size_t i = 0; rc == TK_OK && i < nseq; i++) {
+        p += lens[i];
+        memcpy(logits + i * (size_t)V, s->all_logits + (p - 1) * (size_t)V, (size_t)V * sizeof *logits);
+    }
+    free(all);
+    free(lens);
+    return rc;
+}
+
+static void lm_state_free(lm_state *s)
+{
+    tk_gen__kv_free(s->kv);
+    for (size_t i = 0; i < s->nfull; i++)
+        free(s->full[i].ids);
+    free(s->full);
+    free(s->all_logits);
+}
+
+/* ---- the public API --------------------------------------------------------------------------- */
+
+#define RESULT_MAGIC 0x67656e72u /* "genr" */
+
+struct tk_gen_result {
+    uint32_t magic;
+    size_t n;
+    tk_gen_seq *seq;
+    tk_gen_stats st;
+    int64_t kv_bytes, kv_peak_bytes, kv_blocks, kv_block_size;
+    char kv_dtype[16];
+    int use_cache;
+};
+
+static int json_num(double *out, json_t *o, const char *key, const char *what)
+{
+    json_t *v = json_object_get(o, key);
+    if (!v || json_is_null(v))
+        return 0;
+    if (!json_is_number(v))
+        return tk__err(TK_ERR_INVALID, "%s: '%s' is not a number", what, key);
+    *out = json_number_value(v);
+    return 1;
+}
+
+static int json_int(int64_t *out, json_t *o, const char *key, const char *what)
+{
+    json_t *v = json_object_get(o, key);
+    if (!v || json_is_null(v))
+        return 0;
+    if (!json_is_integer(v))
+        return tk__err(TK_ERR_INVALID, "%s: '%s' is not an integer", what, key);
+    *out = json_integer_value(v);
+    return 1;
+}
+
+/* eos_token_id: an integer or a list of them. */
+static int json_eos(tk_gen_opts *o, json_t *root, const char *what)
+{
+    json_t *v = json_object_get(root, "eos_token_id");
+    if (!v || json_is_null(v))
+        return TK_OK;
+    size_t n = 0;
+    if (json_is_integer(v)) {
+        o->eos_token_id[n++] = (int32_t)json_integer_value(v);
+    } else if (json_is_array(v)) {
+        size_t i;
+        json_t *e;
+        json_array_foreach(v, i, e) {
+            if (!json_is_integer(e))
+                return tk__err(TK_ERR_INVALID, "%s: eos_token_id[%zu] is not an integer", what, i);
+            if (n == TK_GEN_MAX_EOS)
+                return tk__err(TK_ERR_UNSUPPORTED, "%s: more than %d eos_token_id values", what, TK_GEN_MAX_EOS);
+            o->eos_token_id[n++] = (int32_t)json_integer_value(e);
+        }
+    } else {
+        return tk__err(TK_ERR_INVALID, "%s: eos_token_id is neither an integer nor a list of them", what);
+    }
+    o->n_eos = n;
+    return TK_OK;
+}
+
+static int apply_json(tk_gen_opts *o, const char *text, const char *what, int generation)
+{
+    json_error_t je;
+    json_t *r = json_loads(text, 0, &je);
+    if (!r || !json_is_object(r)) {
+        json_decref(r);
+        return tk__err(TK_ERR_INVALID, "%s: not a JSON object (line %d: %s)", what, je.line, je.text);
+    }
+    int rc = json_eos(o, r, what);
+    int64_t iv;
+    double dv;
+    if (rc == TK_OK && (rc = json_int(&iv, r, "pad_token_id", what)) > 0)
+        o->pad_token_id = iv;
+    if (rc > 0)
+        rc = TK_OK;
+    if (generation && rc == TK_OK) {
+#define INT_FIELD(name)                                                                                     \
+        if (rc >= 0 && (rc = json_int(&iv, r, #name, what)) > 0)                                            \
+            o->name = iv;
+#define NUM_FIELD(name)                                                                                     \
+        if (rc >= 0 && (rc = json_num(&dv, r, #name, what)) > 0)                                            \
+            o->name = dv;
+        INT_FIELD(max_length)
+        INT_FIELD(max_new_tokens)
+        INT_FIELD(top_k)
+        INT_FIELD(no_repeat_ngram_size)
+        INT_FIELD(num_beams)
+        NUM_FIELD(temperature)
+        NUM_FIELD(top_p)
+        NUM_FIELD(min_p)
+        NUM_FIELD(repetition_penalty)
+        NUM_FIELD(length_penalty)
+#undef INT_FIELD
+#undef NUM_FIELD
+        if (rc > 0)
+            rc = TK_OK;
+        json_t *v = json_object_get(r, "do_sample");
+        if (rc == TK_OK && v && !json_is_null(v)) {
+            if (!json_is_boolean(v))
+                rc = tk__err(TK_ERR_INVALID, "%s: 'do_sample' is not true or false", what);
+            else
+                o->do_sample = json_is_true(v);
+        }
+        v = json_object_get(r, "early_stopping");
+        if (rc == TK_OK && v && !json_is_null(v)) {
+            if (json_is_boolean(v))
+                o->early_stopping = json_is_true(v) ? TK_GEN_EARLY_TRUE : TK_GEN_EARLY_HEURISTIC;
+            else if (json_is_string(v) && !strcmp(json_string_value(v), "never"))
+                o->early_stopping = TK_GEN_EARLY_NEVER;
+            else
+                rc = tk__err(TK_ERR_INVALID, "%s: 'early_stopping' is not true, false or \"never\"", what);
+        }
+    }
+    json_decref(r);
+    return rc;
+}
+
+int tk_gen_opts_from_model(tk_gen_opts *o, tk_model *m)
+{
+    if (!o || !m || m->magic == 0)
+        return tk__err(TK_ERR_INVALID, "tk_gen_opts_from_model: options and a loaded model are required");
+    if (m->cfg.generation_json) {
+        char *what = tk__fmt("%s/generation_config.json", m->dir);
+        int rc = apply_json(o, m->cfg.generation_json, what ? what : "generation_config.json", 1);
+        free(what);
+        return rc;
+    }
+    /* no generation_config.json: transformers takes the token ids from config.json */
+    char *path = tk__path_join(m->dir, "config.json"), *text = NULL;
+    size_t len = 0;
+    int rc = path ? tk__read_file(&text, &len, path, 64u << 20) : tk__err(TK_ERR_NOMEM, "out of memory");
+    if (rc == TK_OK)
+        rc = apply_json(o, text, path, 0);
+    free(text);
+    free(path);
+    return rc;
+}
+
+int tk_generate(tk_gen_result **out, tk_model *m, const int32_t *const *prompts, const size_t *lens, size_t np,
+                const tk_gen_opts *opts)
+{
+    if (!out)
+        return tk__err(TK_ERR_INVALID, "tk_generate: out is NULL");
+    *out = NULL;
+    tk_gen_opts def = TK_GEN_OPTS_INIT;
+    const tk_gen_opts *o = opts ? opts : &def;
+    if (!m || m->magic == 0)
+        return tk__err(TK_ERR_INVALID, "tk_generate: not a loaded tk_model");
+    if (!tk_model_has_lm_head(m))
+        return tk__err(TK_ERR_INVALID, "%s has no LM head: it cannot generate text\nHINT: generation needs a causal "
+                       "LM (LlamaForCausalLM, GPT2LMHeadModel, ...)", m->cfg.arch);
+    lm_state s = {m, NULL, NULL, 0, NULL, 0};
+    tk_gen_result *r = calloc(1, sizeof *r);
+    int rc = TK_OK;
+    if (!r)
+        return tk__err(TK_ERR_NOMEM, "out of memory");
+    r->magic = RESULT_MAGIC;
+    r->use_cache = o->use_cache;
+    if (!m->tok) {
+        char *tj = tk__path_join(m->dir, "tokenizer.json");
+        if (tj && tk__path_exists(tj) && (rc = tk_tokenizer_load(&m->tok, m->dir)) != TK_OK) {
+            free(tj);
+            goto fail;
+        }
+        free(tj);
+    }
+    tk_gen_lm lm = {&s, m->ctx, m->cfg.vocab, m->cfg.max_pos, full_step, full_new, full_fork, full_del,
+                    m->tok ? lm_decode : NULL};
+    if (o->use_cache) {
+        tk_dtype dt = m->dtype;
+        if (o->kv_dtype && (rc = tk_dtype_parse(&dt, o->kv_dtype)) != TK_OK)
+            goto fail;
+        int quant = dt.code == TK_DL_INT || dt.code == TK_DL_FLOAT8_E4M3FN;
+        if (quant || !(dt.code == TK_DL_FLOAT || dt.code == TK_DL_BFLOAT) || dt.bits == 64) {
+            rc = quant ? tk__err(TK_ERR_UNSUPPORTED, "generate: an %s KV cache is not implemented yet\nHINT: use the "
+                                 "model's dtype, bf16, f16 or f32", o->kv_dtype)
+                       : tk__err(TK_ERR_INVALID, "generate: kv_dtype '%s' is not a cache dtype (f32, f16, bf16)",
+                                 o->kv_dtype);
+            goto fail;
+        }
+        const tk_models_config *c = &m->cfg;
+        int64_t heads = c->family == TK_FAMILY_LLAMA ? c->kv_heads : c->heads;
+        int64_t hd = c->family == TK_FAMILY_LLAMA ? c->head_dim : c->hidden / c->heads;
+        if ((rc = tk_gen__kv_new(&s.kv, c->layers, heads, hd, dt, o->kv_block_size, o->kv_max_bytes, m->dev_type,
+                                 m->dev_id)) != TK_OK)
+            goto fail;
+        lm.step = kv_step;
+        lm.seq_new = kv_new;
+        lm.seq_fork = kv_fork;
+        lm.seq_free = kv_del;
+        snprintf(r->kv_dtype, sizeof r->kv_dtype, "%s", tk_dtype_name(dt));
+        r->kv_block_size = o->kv_block_size;
+    }
+    if (!(r->seq = calloc(np ? np : 1, sizeof *r->seq))) {
+        rc = tk__err(TK_ERR_NOMEM, "out of memory");
+        goto fail;
+    }
+    if ((rc = tk_gen__run(r->seq, &r->st, &lm, prompts, lens, np, o)) != TK_OK)
+        goto fail;
+    r->n = np;
+    if (s.kv) {
+        r->kv_blocks = s.kv->nblocks;
+        r->kv_bytes = s.kv->nblocks * tk_gen__kv_block_bytes(s.kv);
+        r->kv_peak_bytes = s.kv->peak_blocks * tk_gen__kv_block_bytes(s.kv);
+    }
+    lm_state_free(&s);
+    *out = r;
+    return TK_OK;
+fail:
+    lm_state_free(&s);
+    tk_gen_result_free(r);
+    return rc;
+}
+
+void tk_gen_result_free(tk_gen_result *r)
+{
+    if (!r || r->magic != RESULT_MAGIC)
+        return;
+    for (size_t i = 0; r->seq && i < r->n; i++)
+        tk_gen__seq_free(&r->seq[i]);
+    free(r->seq);
+    r->magic = 0;
+    free(r);
+}
+
+size_t tk_gen_result_count(const tk_gen_result *r) { return r && r->magic == RESULT_MAGIC ? r->n : 0; }
+
+const int32_t *tk_gen_result_ids(const tk_gen_result *r, size_t i, size_t *n)
+{
+    if (n)
+        *n = 0;
+    if (!r || r->magic != RESULT_MAGIC || i >= r->n)
+        return NULL;
+    if (n)
+        *n = r->seq[i].n;
+    return r->seq[i].ids;
+}
+
+const char *tk_gen_result_text(const tk_gen_result *r, size_t i)
+{
+    return r && r->magic == RESULT_MAGIC && i < r->n ? r->seq[i].text : NULL;
+}
+
+const char *tk_gen_result_end(const tk_gen_result *r, size_t i)
+{
+    static const char *names[] = {"length", "eos", "stop_string", "callback"};
+    if (!r || r->magic != RESULT_MAGIC || i >= r->n)
+        return "";
+    return names[r->seq[i].end];
+}
+
+int tk_gen_result_stats_json(char **json, const tk_gen_result *r)
+{
+    *json = NULL;
+    if (!r || r->magic != RESULT_MAGIC)
+        return tk__err(TK_ERR_INVALID, "tk_gen_result_stats_json: not a tk_gen_result");
+    const tk_gen_stats *st = &r->st;
+    double tps = st->decode_ms > 0 ? (double)st->decode_tokens * 1000.0 / st->decode_ms : 0;
+    json_t *o = json_pack("{s:f, s:f, s:I, s:I, s:I, s:f, s:b, s:I, s:I, s:I, s:I, s:s}", "prefill_ms", st->prefill_ms,
+                          "decode_ms", st->decode_ms, "prefill_tokens", (json_int_t)st->prefill_tokens,
+                          "decode_tokens", (json_int_t)st->decode_tokens, "steps", (json_int_t)st->steps,
+                          "decode_tokens_per_s", tps, "kv_cache", r->use_cache, "kv_bytes",
+                          (json_int_t)r->kv_bytes, "kv_peak_bytes", (json_int_t)r->kv_peak_bytes, "kv_blocks",
+                          (json_int_t)r->kv_blocks, "kv_block_size", (json_int_t)r->kv_block_size, "kv_dtype",
+                          r->kv_dtype);
+    if (!o)
+        return tk__err(TK_ERR_NOMEM, "out of memory");
+    *json = json_dumps(o, JSON_COMPACT | JSON_PRESERVE_ORDER);
+    json_decref(o);
+    return *json ? TK_OK : tk__err(TK_ERR_NOMEM, "out of memory");
 }

@@ -155,16 +155,7 @@ static int forward(tk_model *m, tk_models_batch *b)
         if ((rc = linear(m, &q2, h, w->q, w->qb, 1)) || (rc = linear(m, &k2, h, w->k, w->kb, 1)) ||
             (rc = linear(m, &v2, h, w->v, w->vb, 1)))
             return rc;
-        tk_arg at[] = {TK_A_T("out", &s->att),
-                       TK_A_T("q", &s->q),
-                       TK_A_T("k", &s->k),
-                       TK_A_T("v", &s->v),
-                       TK_A_T("cu_seqlens_q", &b->cu),
-                       TK_A_T("cu_seqlens_k", &b->cu),
-                       TK_A_I("max_seqlen_q", b->max_len),
-                       TK_A_F("scale", c->unscaled_attn ? 1.0 : 0.0),
-                       TK_A_I("causal", 1)};
-        if ((rc = tk_models__op(m, "attention", at, TK_NARGS(at))) ||
+        if ((rc = tk_models__attend(m, b, l, &s->att, &s->q, &s->k, &s->v, c->unscaled_attn ? 1.0 : 0.0, -1)) ||
             (rc = linear(m, &s->o, &a2, w->proj, w->proj_b, 1)) ||
             (rc = add_norm(m, &s->o, &s->x, w->ln2_w, w->ln2_b)))
             return rc;

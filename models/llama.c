@@ -224,16 +224,8 @@ static int forward(tk_model *m, tk_models_batch *b)
                         TK_A_T("cos_sin_cache", &s->cs), TK_A_I("is_neox", 1)};
         if ((rc = tk_models__op(m, "rotary_embedding", rot, TK_NARGS(rot))) != TK_OK)
             return rc;
-        tk_arg at[] = {TK_A_T("out", &a4),
-                       TK_A_T("q", &q4),
-                       TK_A_T("k", &k4),
-                       TK_A_T("v", &v4),
-                       TK_A_T("cu_seqlens_q", &b->cu),
-                       TK_A_T("cu_seqlens_k", &b->cu),
-                       TK_A_I("max_seqlen_q", b->max_len),
-                       TK_A_I("causal", 1),
-                       TK_A_I("window_left", c->sliding[l] ? c->sliding_window - 1 : -1)};
-        if ((rc = tk_models__op(m, "attention", at, TK_NARGS(at))) != TK_OK)
+        if ((rc = tk_models__attend(m, b, l, &a4, &q4, &k4, &v4, 0.0,
+                                    c->sliding[l] ? c->sliding_window - 1 : -1)) != TK_OK)
             return rc;
         if ((rc = linear(m, &s->o, &a2, w->o, w->ob)) != TK_OK)
             return rc;

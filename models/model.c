@@ -14,6 +14,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "models/generate.h"
 #include "models/models.h"
 
 #define MODEL_MAGIC 0x6d6f646cu /* "modl" */
@@ -583,9 +584,7 @@ void tk_model_free(tk_model *m)
     free(m->host_tmp);
     tk_models__st_close(m->st);
     tk_models__config_free(&m->cfg);
-#ifdef TK_MODELS_HAVE_TOKENIZER
     tk_tokenizer_free(m->tok);
-#endif
     free(m->dir);
     m->magic = 0;
     free(m);
@@ -759,4 +758,152 @@ int tk_model_info_json(char **out, const tk_model *m)
     *out = json_dumps(o, JSON_INDENT(2) | JSON_PRESERVE_ORDER);
     json_decref(o);
     return *out ? TK_OK : tk__err(TK_ERR_NOMEM, "out of memory");
+}
+
+/* ---- generation's forward over the paged KV cache (generate.c drives it) ----------------------- */
+
+int tk_models__attend(tk_model *m, tk_models_batch *b, int64_t l, const tk_mt *out, const tk_mt *q, const tk_mt *k,
+                      const tk_mt *v, double scale, int64_t window_left)
+{
+    int rc;
+    if (b->kv) {
+        tk_gen_kv *kv = b->kv;
+        int64_t T = b->T, Hkv = k->shape[2], D = k->shape[3], Hq = q->shape[2];
+        int64_t s3[3] = {T, Hkv, D}, kshp[4], vshp[4], sshp[1];
+        tk_mt k3, v3;
+        tk_models__view(&k3, k, 3, s3);
+        tk_models__view(&v3, v, 3, s3);
+        tk_tensor kc, vc, ks, vs;
+        tk_gen__kv_layer(kv, l, &kc, kshp, &vc, vshp, &ks, &vs, sshp);
+        tk_arg ap[] = {{TK_ARG_TENSOR, "k_cache", &kc, 0, 0}, {TK_ARG_TENSOR, "v_cache", &vc, 0, 0},
+                       TK_A_T("k", &k3), TK_A_T("v", &v3), TK_A_T("slot_mapping", &b->kv_slots),
+                       {TK_ARG_TENSOR, "k_scale", &ks, 0, 0}, {TK_ARG_TENSOR, "v_scale", &vs, 0, 0}};
+        if ((rc = tk_models__op(m, "paged_kv_append", ap, kv->quant ? 7 : 5)) != TK_OK)
+            return rc;
+        if (!b->kv_prefill) {
+            int64_t nseq = b->nseq, Sq = T / nseq, s4[4] = {nseq, Sq, Hq, D};
+            tk_mt q4, o4;
+            tk_models__view(&q4, q, 4, s4);
+            tk_models__view(&o4, out, 4, s4);
+            tk_arg ad[] = {TK_A_T("out", &o4), TK_A_T("q", &q4), {TK_ARG_TENSOR, "k_cache", &kc, 0, 0},
+                           {TK_ARG_TENSOR, "v_cache", &vc, 0, 0}, TK_A_T("block_table", &b->kv_bt),
+                           TK_A_T("seq_lens", &b->kv_sl), TK_A_F("scale", scale),
+                           TK_A_I("window_left", window_left), {TK_ARG_TENSOR, "k_scale", &ks, 0, 0},
+                           {TK_ARG_TENSOR, "v_scale", &vs, 0, 0}};
+            return tk_models__op(m, "attention_decode", ad, kv->quant ? 10 : 8);
+        }
+    }
+    tk_arg at[] = {TK_A_T("out", out),
+                   TK_A_T("q", q),
+                   TK_A_T("k", k),
+                   TK_A_T("v", v),
+                   TK_A_T("cu_seqlens_q", &b->cu),
+                   TK_A_T("cu_seqlens_k", &b->cu),
+                   TK_A_I("max_seqlen_q", b->max_len),
+                   TK_A_F("scale", scale),
+                   TK_A_I("causal", 1),
+                   TK_A_I("window_left", window_left)};
+    return tk_models__op(m, "attention", at, TK_NARGS(at));
+}
+
+int tk_models__forward_kv(tk_model *m, tk_gen_kv *kv, const int32_t *slots, size_t nseq, const int32_t *ids,
+                          const int32_t *cu, float *logits)
+{
+    int rc = check_model(m, "generate");
+    if (rc != TK_OK)
+        return rc;
+    if (!tk_model_has_lm_head(m))
+        return tk__err(TK_ERR_INVALID, "%s has no LM head: it cannot generate text\nHINT: generation needs a "
+                       "causal LM (LlamaForCausalLM, GPT2LMHeadModel, ...)", m->cfg.arch);
+    int64_t T = cu[nseq], V = m->cfg.vocab;
+    int32_t *n = malloc(nseq * sizeof *n), *bt = NULL, *sl = NULL;
+    int64_t *sm = NULL, *st = NULL, w = 0;
+    void *dsm = NULL, *dbt = NULL, *dsl = NULL;
+    tk_models_batch *b = &m->batch;
+    if (!n) {
+        rc = tk__err(TK_ERR_NOMEM, "out of memory");
+        goto done;
+    }
+    for (size_t s = 0; s < nseq; s++)
+        n[s] = cu[s + 1] - cu[s];
+    for (int64_t i = 0; i < T; i++)
+        if (ids[i] < 0 || ids[i] >= V) {
+            rc = tk__err(TK_ERR_INVALID, "generate: token id %d is outside the vocabulary [0, %lld)", ids[i],
+                         (long long)V);
+            goto done;
+        }
+    if ((rc = tk_gen__kv_prepare(kv, slots, nseq, n, &sm, &bt, &w, &sl, &st)) != TK_OK)
+        goto done;
+    int prefill = 1;
+    int64_t maxn = 0, maxl = 0;
+    for (size_t s = 0; s < nseq; s++) {
+        prefill &= st[s] == 0;
+        maxn = n[s] > maxn ? n[s] : maxn;
+        maxl = sl[s] > maxl ? sl[s] : maxl;
+    }
+    for (size_t s = 0; !prefill && s < nseq; s++)
+        if (n[s] != n[0] || n[0] > 16) {
+            rc = tk__err(TK_ERR_INTERNAL, "generate: a decode step with %d and %d new tokens in one batch "
+                         "(attention_decode takes the same 1..16 for every sequence)", n[0], n[s]);
+            goto done;
+        }
+    if (m->cfg.family != TK_FAMILY_LLAMA && maxl > m->cfg.max_pos) {
+        rc = tk__err(TK_ERR_INVALID, "generate: a sequence reaches %lld tokens, more than the %lld positions of %s",
+                     (long long)maxl, (long long)m->cfg.max_pos, m->cfg.arch);
+        goto done;
+    }
+    if ((rc = plan(m, T, (int64_t)nseq)) != TK_OK)
+        goto done;
+    b->max_len = prefill ? maxn : maxl;
+    size_t need = (size_t)T * 16 + (nseq + 1) * 4;
+    if ((rc = host_tmp(m, need)) != TK_OK)
+        goto done;
+    int64_t *pos = m->host_tmp;
+    int32_t *pos32 = (int32_t *)(pos + T), *cu2 = pos32 + T, *zeros = cu2 + nseq + 1;
+    int64_t k = 0;
+    for (size_t s = 0; s < nseq; s++)
+        for (int32_t j = 0; j < n[s]; j++, k++) {
+            pos[k] = st[s] + j;
+            pos32[k] = (int32_t)(st[s] + j);
+            zeros[k] = 0;
+        }
+    memcpy(cu2, cu, (nseq + 1) * sizeof *cu2);
+    if ((rc = to_dev(m, b->ids.t.data, ids, (size_t)T * 4)) || (rc = to_dev(m, b->pos.t.data, pos, (size_t)T * 8)) ||
+        (rc = to_dev(m, b->pos32.t.data, pos32, (size_t)T * 4)) ||
+        (rc = to_dev(m, b->cu.t.data, cu2, (nseq + 1) * 4)) || (rc = to_dev(m, b->tt.t.data, zeros, (size_t)T * 4)))
+        goto done;
+    /* the cache's index tensors: host arrays on the CPU, copies on a GPU */
+    size_t bsm = (size_t)T * 8, bbt = nseq * (size_t)w * 4, bsl = nseq * 4;
+    if (m->dev_type == TK_DEV_CUDA) {
+        if ((rc = dev_alloc(m, &dsm, bsm)) || (rc = dev_alloc(m, &dbt, bbt)) || (rc = dev_alloc(m, &dsl, bsl)) ||
+            (rc = to_dev(m, dsm, sm, bsm)) || (rc = to_dev(m, dbt, bt, bbt)) || (rc = to_dev(m, dsl, sl, bsl)))
+            goto done;
+    }
+    int64_t shp_bt[2] = {(int64_t)nseq, w}, shp_sl[1] = {(int64_t)nseq};
+    mt_set(&b->kv_slots, dsm ? dsm : sm, dt_of(TK_DL_INT, 64), 1, &T, m->dev_type, m->dev_id);
+    mt_set(&b->kv_bt, dbt ? dbt : bt, dt_of(TK_DL_INT, 32), 2, shp_bt, m->dev_type, m->dev_id);
+    mt_set(&b->kv_sl, dsl ? dsl : sl, dt_of(TK_DL_INT, 32), 1, shp_sl, m->dev_type, m->dev_id);
+    b->kv = kv;
+    b->kv_prefill = prefill;
+    b->want_logits = 1;
+    rc = m->arch->forward(m, b);
+    b->kv = NULL;
+    if (rc != TK_OK)
+        goto done;
+    for (size_t s = 0; s < nseq; s++) {
+        tk_mt row;
+        tk_models__rows(&row, b->logits, cu[s + 1] - 1, 1);
+        if ((rc = copy_out(m, logits + s * (size_t)V, &row)) != TK_OK)
+            goto done;
+    }
+done:
+    dev_free(m, dsm);
+    dev_free(m, dbt);
+    dev_free(m, dsl);
+    free(n);
+    free(sm);
+    free(bt);
+    free(sl);
+    free(st);
+    return rc;
 }

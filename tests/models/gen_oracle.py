@@ -10,6 +10,11 @@ tests/cli/generate.sh run it; never tk).
         ids N id...
         in V x...                           (f32 values as float.hex(), or inf/-inf)
         out V x...
+  gen_oracle.py make DIR llama|gpt2
+      Writes a tiny random checkpoint (seeded, so the same bytes each time) with a tokenizer.json
+      trained on a few sentences: Llama with a SentencePiece-style byte-fallback BPE, GPT-2 with a
+      byte-level BPE. Weights are drawn wider than transformers' init so that logits are far apart
+      and greedy and beam choices are not decided by rounding.
   gen_oracle.py generate DIR IDS [key=value ...]
       model.generate() on the checkpoint in DIR (float32, CPU) for the prompt IDS (comma-separated),
       with GenerationConfig fields as key=value (ints, floats, true/false, or a list as a,b,c for
@@ -108,9 +113,63 @@ def generate(d, ids, kvs):
     print(json.dumps({"ids": out[0, prompt.shape[1]:].tolist()}))
 
 
+TEXT = [
+    "The quick brown fox jumps over the lazy dog.",
+    "A journey of a thousand miles begins with a single step.",
+    "Caf\u00e9 cr\u00e8me br\u00fbl\u00e9e, na\u00efve r\u00e9sum\u00e9 \u2014 \u65e5\u672c\u8a9e\u306e\u30c6\u30ad\u30b9\u30c8 \U0001F600.",
+    "Once upon a time there was a little model that generated text, token by token.",
+    "To be, or not to be, that is the question.",
+] * 4
+
+
+def make_tokenizer(kind):
+    from tokenizers import Tokenizer, decoders, models, normalizers, pre_tokenizers, trainers
+    if kind == "gpt2":
+        tok = Tokenizer(models.BPE())
+        tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+        tok.decoder = decoders.ByteLevel()
+        tr = trainers.BpeTrainer(vocab_size=400, special_tokens=["<|endoftext|>"],
+                                 initial_alphabet=pre_tokenizers.ByteLevel.alphabet())
+        tok.train_from_iterator(TEXT, tr)
+        return tok, tok.token_to_id("<|endoftext|>"), tok.token_to_id("<|endoftext|>")
+    tok = Tokenizer(models.BPE(byte_fallback=True, unk_token="<unk>"))
+    tok.normalizer = normalizers.Sequence([normalizers.Prepend("\u2581"), normalizers.Replace(" ", "\u2581")])
+    tok.decoder = decoders.Sequence([decoders.Replace("\u2581", " "), decoders.ByteFallback(), decoders.Fuse(),
+                                     decoders.Strip(" ", 1, 0)])
+    special = ["<unk>", "<s>", "</s>"] + [f"<0x{i:02X}>" for i in range(256)]
+    tr = trainers.BpeTrainer(vocab_size=420, special_tokens=special, limit_alphabet=40)
+    tok.train_from_iterator(TEXT, tr)
+    return tok, tok.token_to_id("<s>"), tok.token_to_id("</s>")
+
+
+def make(d, kind):
+    import os
+    torch.manual_seed(0)
+    tok, bos, eos = make_tokenizer(kind)
+    V = tok.get_vocab_size()
+    if kind == "gpt2":
+        from transformers import GPT2Config, GPT2LMHeadModel
+        cfg = GPT2Config(vocab_size=V, n_positions=128, n_embd=64, n_layer=2, n_head=4, bos_token_id=bos,
+                         eos_token_id=eos, initializer_range=0.3)
+        model = GPT2LMHeadModel(cfg)
+    else:
+        from transformers import LlamaConfig, LlamaForCausalLM
+        cfg = LlamaConfig(vocab_size=V, hidden_size=64, intermediate_size=128, num_hidden_layers=2,
+                          num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=128,
+                          bos_token_id=bos, eos_token_id=eos, initializer_range=0.3, tie_word_embeddings=False)
+        model = LlamaForCausalLM(cfg)
+    model = model.float().eval()
+    os.makedirs(d, exist_ok=True)
+    model.save_pretrained(d, safe_serialization=True)
+    tok.save(os.path.join(d, "tokenizer.json"))
+    print(json.dumps({"dir": d, "vocab": V, "bos": bos, "eos": eos}))
+
+
 if __name__ == "__main__":
     if len(sys.argv) >= 2 and sys.argv[1] == "processors":
         processors()
+    elif len(sys.argv) == 4 and sys.argv[1] == "make":
+        make(sys.argv[2], sys.argv[3])
     elif len(sys.argv) >= 4 and sys.argv[1] == "generate":
         generate(sys.argv[2], sys.argv[3], sys.argv[4:])
     else:
