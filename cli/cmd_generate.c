@@ -74,7 +74,7 @@ static void help(void)
            "  --dtype f32|bf16|f16       compute dtype (default f32)\n"
            "  --device cpu|cuda[:N]      where the model runs (default cpu)\n"
            "  --kv-dtype DT              KV cache dtype (default: the compute dtype)\n"
-           "  --kv-block-size N          tokens per KV block (default 16)\n"
+           "  --kv-block-size N          tokens per KV block: a power of two, 8 to 256 (default 16)\n"
            "  --kv-max-bytes N           bound on the KV cache (default: none)\n"
            "  --no-cache                 recompute the whole sequence every step (the reference path)\n"
            "  --stats                    print timings and KV-cache memory to stderr\n"
@@ -86,8 +86,9 @@ static void help(void)
            "  tk generate ./gpt2 --ids 464,2068 --num-beams 4 --max-new-tokens 10 --json\n"
            "  tk generate ./gpt2 --prompt 'Hi' --do-sample --top-p 0.9 --temperature 0.7 --seed 7\n"
            "\n"
-           "exit status: 0 ok, 1 a model or generation error, 2 usage (a bad option value included),\n"
-           "3 no checkpoint or tokenizer, 7 no GPU for --device cuda.\n",
+           "exit status: 0 ok, 1 a model or generation failure (out of memory, an op error), 2 usage or\n"
+           "invalid input (an empty or too long prompt, an option out of range), 3 no checkpoint or\n"
+           "tokenizer, 7 no GPU for --device cuda.\n",
            USAGE);
 }
 
@@ -307,7 +308,7 @@ int tk_cmd_generate(tk_cli *cli, int argc, char **argv)
         else if (!strcmp(n, "--kv-dtype"))
             o.kv_dtype = v;
         else if (!strcmp(n, "--kv-block-size"))
-            u = parse_i(n, v, 1, 4096, &x), o.kv_block_size = x;
+            u = parse_i(n, v, 8, 256, &x), o.kv_block_size = x;
         else if (!strcmp(n, "--kv-max-bytes"))
             u = parse_i(n, v, 1, INT64_MAX, &x), o.kv_max_bytes = x;
         else if (!strcmp(n, "--early-stopping")) {

@@ -274,7 +274,11 @@ int tk_gen__check(const tk_gen_lm *lm, const int32_t *const *prompts, const size
             return tk__err(TK_ERR_INVALID, "generate: prompt %zu has %zu tokens, and max_length %lld leaves no "
                            "room for new ones\nHINT: set max_new_tokens (--max-new-tokens N)", i, lens[i],
                            (long long)o->max_length);
-        if ((int64_t)lens[i] >= lm->max_pos || want > lm->max_pos)
+        if ((int64_t)lens[i] >= lm->max_pos)
+            return tk__err(TK_ERR_INVALID, "generate: prompt %zu has %zu tokens, but the model's context holds %lld "
+                           "positions, prompt and new tokens together\nHINT: shorten the prompt to fewer than %lld "
+                           "tokens", i, lens[i], (long long)lm->max_pos, (long long)lm->max_pos);
+        if (want > lm->max_pos)
             return tk__err(TK_ERR_INVALID, "generate: prompt %zu has %zu tokens and asks for %lld in all, but the "
                            "model's context holds %lld positions\nHINT: shorten the prompt or lower "
                            "max_new_tokens to at most %lld", i, lens[i], (long long)want, (long long)lm->max_pos,
@@ -1012,8 +1016,9 @@ int tk_gen__kv_new(tk_gen_kv **out, int64_t layers, int64_t heads, int64_t head_
                    int64_t block_size, int64_t max_bytes, int dev_type, int dev_id)
 {
     *out = NULL;
-    if (block_size < 1 || block_size > 4096)
-        return tk__err(TK_ERR_INVALID, "KV cache: block size %lld, want 1 to 4096 tokens", (long long)block_size);
+    if (block_size < 8 || block_size > 256 || (block_size & (block_size - 1)))
+        return tk__err(TK_ERR_INVALID, "KV cache: block size %lld tokens, want a power of two from 8 to 256 (what "
+                       "attention_decode takes)", (long long)block_size);
     int quant = dtype.code == TK_DL_INT || dtype.code == TK_DL_FLOAT8_E4M3FN;
     tk_gen_kv *kv = calloc(1, sizeof *kv);
     if (!kv)

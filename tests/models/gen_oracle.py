@@ -19,6 +19,11 @@ tests/cli/generate.sh run it; never tk).
       model.generate() on the checkpoint in DIR (float32, CPU) for the prompt IDS (comma-separated),
       with GenerationConfig fields as key=value (ints, floats, true/false, or a list as a,b,c for
       eos_token_id); prints {"ids": [new ids]} as JSON.
+  gen_oracle.py generate-many DIR < JOBS
+      The same for many prompts with one model load: each input line is "IDS key=value ...", each
+      output line the JSON for it.
+  gen_oracle.py logits DIR IDS
+      The model's logits at every position of IDS as JSON rows (for the cache tests).
 """
 import json
 import sys
@@ -102,15 +107,18 @@ def parse_value(v):
         return float(v)
 
 
-def generate(d, ids, kvs):
-    from transformers import AutoModelForCausalLM, GenerationConfig
-    model = AutoModelForCausalLM.from_pretrained(d, torch_dtype=torch.float32)
-    model.eval()
+def load(d):
+    from transformers import AutoModelForCausalLM
+    model = AutoModelForCausalLM.from_pretrained(d, dtype=torch.float32)
+    return model.eval()
+
+
+def generate(model, ids, kvs):
     kw = {k: parse_value(v) for k, v in (a.split("=", 1) for a in kvs)}
     prompt = torch.tensor([[int(x) for x in ids.split(",")]])
     with torch.no_grad():
         out = model.generate(prompt, attention_mask=torch.ones_like(prompt), **kw)
-    print(json.dumps({"ids": out[0, prompt.shape[1]:].tolist()}))
+    print(json.dumps({"ids": out[0, prompt.shape[1]:].tolist()}), flush=True)
 
 
 TEXT = [
@@ -171,6 +179,17 @@ if __name__ == "__main__":
     elif len(sys.argv) == 4 and sys.argv[1] == "make":
         make(sys.argv[2], sys.argv[3])
     elif len(sys.argv) >= 4 and sys.argv[1] == "generate":
-        generate(sys.argv[2], sys.argv[3], sys.argv[4:])
+        generate(load(sys.argv[2]), sys.argv[3], sys.argv[4:])
+    elif len(sys.argv) == 3 and sys.argv[1] == "generate-many":
+        m = load(sys.argv[2])
+        for line in sys.stdin:
+            if line.strip():
+                a = line.split()
+                generate(m, a[0], a[1:])
+    elif len(sys.argv) == 4 and sys.argv[1] == "logits":
+        m = load(sys.argv[2])
+        with torch.no_grad():
+            lg = m(torch.tensor([[int(x) for x in sys.argv[3].split(",")]])).logits[0]
+        print(json.dumps(lg.tolist()))
     else:
         sys.exit(__doc__)
