@@ -26,6 +26,8 @@ int tk_cmd_run_op(tk_cli *cli, int argc, char **argv);
 int tk_cmd_serve(tk_cli *cli, int argc, char **argv);
 int tk_cmd_tokenize(tk_cli *cli, int argc, char **argv);
 int tk_cmd_detokenize(tk_cli *cli, int argc, char **argv);
+int tk_cmd_model(tk_cli *cli, int argc, char **argv);
+int tk_cmd_embed(tk_cli *cli, int argc, char **argv);
 int tk_cmd_generate(tk_cli *cli, int argc, char **argv);
 
 static const struct {
@@ -52,6 +54,8 @@ static const struct {
     {"serve", tk_cmd_serve, "serve a registry tree over HTTP, with uploads and a web page"},
     {"tokenize", tk_cmd_tokenize, "encode text to token ids with a model's tokenizer.json"},
     {"detokenize", tk_cmd_detokenize, "decode token ids to text with a model's tokenizer.json"},
+    {"model", tk_cmd_model, "a Hugging Face checkpoint: info, logits (Llama, Mistral, Qwen2, GPT-2, BERT)"},
+    {"embed", tk_cmd_embed, "sentence embeddings of texts with an encoder checkpoint (all-MiniLM-L6-v2)"},
     {"generate", tk_cmd_generate, "generate text with a Llama or GPT-2 checkpoint (greedy, sampling, beams)"},
 };
 

@@ -562,6 +562,18 @@ TK_API int tk_tokenizer_token_id(int32_t *id, const tk_tokenizer *tok, const cha
 /* Borrowed token text of an id, or NULL when out of range. */
 TK_API const char *tk_tokenizer_token(const tk_tokenizer *tok, int32_t id);
 
+/* The model directory's tokenizer (tokenizer.json), loaded on first use and owned by the model.
+ * Errors: those of tk_tokenizer_load. */
+TK_API int tk_model_tokenizer(const tk_tokenizer **out, tk_model *m);
+
+/* Sentence embeddings of n UTF-8 texts, as sentence-transformers computes them for the directory's
+ * modules.json: each text is encoded with special tokens ([CLS] ... [SEP]), truncated to
+ * sentence_bert_config.json's max_seq_length, run through the model in one packed batch, pooled
+ * (1_Pooling/config.json: mean (the default), cls or max over the text's tokens) and L2-normalised when
+ * a Normalize module is listed. Writes n x hidden_size floats to out. Errors: TK_ERR_UNSUPPORTED (not
+ * an encoder model, or a pooling mode tk lacks), those of the tokenizer and of tk_model_forward. */
+TK_API int tk_model_embed(float *out, tk_model *m, const char *const *texts, size_t n);
+
 /* ---------------------------------------------------------------------------------------------- */
 /* Generation                                                                                      */
 

@@ -47,8 +47,8 @@ static int get_int(const reader *r, const char *key, int64_t def, int64_t lo, in
         *out = def;
         return TK_OK;
     }
-    if (!json_is_integer(v) || json_integer_value(v) < lo || json_integer_value(v) > ((int64_t)1 << 40))
-        return tk__err(TK_ERR_INVALID, "%s: '%s' must be an integer >= %lld", r->what, key, (long long)lo);
+    if (!json_is_integer(v) || json_integer_value(v) < lo || json_integer_value(v) > ((int64_t)1 << 24))
+        return tk__err(TK_ERR_INVALID, "%s: '%s' must be an integer in [%lld, 2^24]", r->what, key, (long long)lo);
     *out = json_integer_value(v);
     return TK_OK;
 }
@@ -394,6 +394,9 @@ int tk_models__config_parse(tk_models_config *c, const char *text, size_t len, c
     if (rc == TK_OK && c->layers > TK_MODELS_MAX_LAYERS)
         rc = tk__err(TK_ERR_UNSUPPORTED, "%s: %lld layers, tk supports at most %d", what, (long long)c->layers,
                      TK_MODELS_MAX_LAYERS);
+    if (rc == TK_OK && c->head_dim < 1)
+        rc = tk__err(TK_ERR_INVALID, "%s: the head size is 0 (hidden size %lld over %lld heads)", what,
+                     (long long)c->hidden, (long long)c->heads);
     if (rc == TK_OK && (c->head_dim % 2 || c->head_dim > 512))
         rc = tk__err(TK_ERR_UNSUPPORTED, "%s: head size %lld; the attention op takes even head sizes up to 512", what,
                      (long long)c->head_dim);

@@ -760,6 +760,108 @@ int tk_model_info_json(char **out, const tk_model *m)
     return *out ? TK_OK : tk__err(TK_ERR_NOMEM, "out of memory");
 }
 
+/* ---- tokenizer and sentence embeddings -------------------------------------------------------- */
+
+int tk_model_tokenizer(const tk_tokenizer **out, tk_model *m)
+{
+    *out = NULL;
+    int rc = check_model(m, "tk_model_tokenizer");
+    if (rc != TK_OK)
+        return rc;
+    if (!m->tok && (rc = tk_tokenizer_load(&m->tok, m->dir)) != TK_OK)
+        return rc;
+    *out = m->tok;
+    return TK_OK;
+}
+
+int tk_model_embed(float *out, tk_model *m, const char *const *texts, size_t n)
+{
+    int rc = check_model(m, "tk_model_embed");
+    if (rc != TK_OK)
+        return rc;
+    if (m->cfg.family != TK_FAMILY_BERT)
+        return tk__err(TK_ERR_UNSUPPORTED, "sentence embeddings come from encoder models; %s is a causal LM\n"
+                                           "HINT: supported: BertModel (e.g. sentence-transformers/all-MiniLM-L6-v2)",
+                       m->cfg.arch);
+    if (!out || !texts || n == 0)
+        return tk__err(TK_ERR_INVALID, "tk_model_embed: out, texts and n >= 1 are required");
+    const tk_tokenizer *tok;
+    if ((rc = tk_model_tokenizer(&tok, m)) != TK_OK)
+        return rc;
+    int64_t H = m->cfg.hidden, max = m->max_seq_len > 0 && m->max_seq_len < m->cfg.max_pos ? m->max_seq_len
+                                                                                           : m->cfg.max_pos;
+    int32_t *all = NULL, *ids = NULL;
+    size_t *lens = calloc(n, sizeof *lens), total = 0;
+    float *hidden = NULL;
+    if (!lens)
+        return tk__err(TK_ERR_NOMEM, "out of memory");
+    for (size_t i = 0; i < n; i++) {
+        size_t k = 0;
+        if (!texts[i]) {
+            rc = tk__err(TK_ERR_INVALID, "tk_model_embed: text %zu is NULL", i);
+            goto done;
+        }
+        if ((rc = tk_tokenizer_encode(&ids, &k, tok, texts[i], strlen(texts[i]), 1)) != TK_OK)
+            goto done;
+        /* sentence-transformers truncates to max_seq_length, keeping the final special token ([SEP]) */
+        if ((int64_t)k > max) {
+            ids[max - 1] = ids[k - 1];
+            k = (size_t)max;
+        }
+        if (k == 0) {
+            rc = tk__err(TK_ERR_INVALID, "tk_model_embed: text %zu encodes to no tokens", i);
+            goto done;
+        }
+        int32_t *na = realloc(all, (total + k) * sizeof *all);
+        if (!na) {
+            rc = tk__err(TK_ERR_NOMEM, "out of memory");
+            goto done;
+        }
+        all = na;
+        memcpy(all + total, ids, k * sizeof *ids);
+        total += k;
+        lens[i] = k;
+        tk_free(ids);
+        ids = NULL;
+    }
+    if (!(hidden = malloc(total * (size_t)H * sizeof *hidden))) {
+        rc = tk__err(TK_ERR_NOMEM, "out of memory");
+        goto done;
+    }
+    if ((rc = tk_model_forward(m, all, lens, n, NULL, hidden)) != TK_OK)
+        goto done;
+    /* Pooling (sentence_transformers.models.Pooling) and Normalize (F.normalize, eps 1e-12). */
+    size_t row = 0;
+    for (size_t i = 0; i < n; i++) {
+        float *o = out + i * (size_t)H;
+        const float *h = hidden + row * (size_t)H;
+        for (int64_t d = 0; d < H; d++) {
+            double acc = m->pool_mode == TK_POOL_MAX ? -INFINITY : 0;
+            size_t cnt = m->pool_mode == TK_POOL_CLS ? 1 : lens[i];
+            for (size_t t = 0; t < cnt; t++) {
+                double v = h[t * (size_t)H + (size_t)d];
+                acc = m->pool_mode == TK_POOL_MAX ? (v > acc ? v : acc) : acc + v;
+            }
+            o[d] = (float)(m->pool_mode == TK_POOL_MEAN ? acc / (double)lens[i] : acc);
+        }
+        if (m->normalize) {
+            double ss = 0;
+            for (int64_t d = 0; d < H; d++)
+                ss += (double)o[d] * o[d];
+            double nrm = sqrt(ss);
+            if (nrm < 1e-12)
+                nrm = 1e-12;
+            for (int64_t d = 0; d < H; d++)
+                o[d] = (float)(o[d] / nrm);
+        }
+        row += lens[i];
+    }
+done:
+    tk_free(ids);
+    free(all);
+    free(lens);
+    free(hidden);
+
 /* ---- generation's forward over the paged KV cache (generate.c drives it) ----------------------- */
 
 int tk_models__attend(tk_model *m, tk_models_batch *b, int64_t l, const tk_mt *out, const tk_mt *q, const tk_mt *k,

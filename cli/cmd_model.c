@@ -1,0 +1,464 @@
+/*
+ * cmd_model.c — tk model info / tk model logits / tk embed: a Hugging Face checkpoint directory on the
+ * command line, through tk_model_*. Logits and embeddings print as JSON with every float in full
+ * precision (%.9g), so scripts compare them with transformers' own numbers.
+ */
+#include <errno.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "cli/cli.h"
+
+static const char *INFO_USAGE = "tk model info DIR [--dtype f32|bf16|f16] [--device cpu|cuda[:N]] [--json]";
+static const char *LOGITS_USAGE =
+    "tk model logits DIR --ids ID,ID,... [--ids ...] [--dtype f32|bf16|f16] [--device cpu|cuda[:N]] [--hidden] "
+    "[--json]";
+static const char *EMBED_USAGE = "tk embed DIR TEXT... [--dtype f32|bf16|f16] [--device cpu|cuda[:N]] [--json]";
+
+/* --device cpu | cuda | cuda:N */
+static int parse_device(tk_model_opts *o, const char *s)
+{
+    if (!strcmp(s, "cpu")) {
+        o->device_type = TK_DEV_CPU;
+        return 0;
+    }
+    if (!strncmp(s, "cuda", 4)) {
+        o->device_type = TK_DEV_CUDA;
+        o->device_id = 0;
+        if (!s[4])
+            return 0;
+        char *end;
+        errno = 0;
+        long n = s[4] == ':' ? strtol(s + 5, &end, 10) : -1;
+        if (s[4] != ':' || errno || *end || n < 0 || n > 1024)
+            return -1;
+        o->device_id = (int)n;
+        return 0;
+    }
+    return -1;
+}
+
+static int parse_dtype(const char *s)
+{
+    return !strcmp(s, "f32") || !strcmp(s, "bf16") || !strcmp(s, "f16") ? 0 : -1;
+}
+
+/* One --ids list: "1,2,3" (spaces and brackets allowed). */
+static int parse_ids(int32_t **v, size_t *n, size_t *cap, const char *arg)
+{
+    const char *p = arg;
+    size_t start = *n;
+    while (*p) {
+        while (*p == ',' || *p == ' ' || *p == '[' || *p == ']')
+            p++;
+        if (!*p)
+            break;
+        char *end;
+        errno = 0;
+        long x = strtol(p, &end, 10);
+        if (end == p || errno || x < INT32_MIN || x > INT32_MAX || (*end && *end != ',' && *end != ' ' && *end != ']'))
+            return -1;
+        if (*n == *cap) {
+            size_t nc = *cap ? 2 * *cap : 64;
+            int32_t *nv = realloc(*v, nc * sizeof **v);
+            if (!nv)
+                return -1;
+            *v = nv;
+            *cap = nc;
+        }
+        (*v)[(*n)++] = (int32_t)x;
+        p = end;
+    }
+    return *n > start ? 0 : -1;
+}
+
+static void print_rows(const char *key, const float *x, size_t rows, size_t cols)
+{
+    printf("\"%s\": [", key);
+    for (size_t r = 0; r < rows; r++) {
+        printf("%s[", r ? ", " : "");
+        for (size_t c = 0; c < cols; c++)
+            printf("%s%.9g", c ? ", " : "", x[r * cols + c]);
+        printf("]");
+    }
+    printf("]");
+}
+
+static int load(tk_cli *cli, tk_model **m, const char *dir, const tk_model_opts *o)
+{
+    tk_ctx *ctx = tk_cli_ctx(cli);
+    if (!ctx)
+        return TK_EXIT_FAIL;
+    int rc = tk_model_load(m, ctx, dir, o);
+    return rc == TK_OK ? TK_EXIT_OK : tk_cli_fail(cli, rc, NULL);
+}
+
+/* Options shared by the three commands; returns 1 when argv[*i] was one of them, -1 on a bad value. */
+static int common_opt(tk_model_opts *o, int argc, char **argv, int *i, const char *usage, int *exit_code)
+{
+    if (!strcmp(argv[*i], "--dtype") || !strcmp(argv[*i], "--device")) {
+        int dev = argv[*i][3] == 'v';
+        if (*i + 1 >= argc) {
+            *exit_code = tk_cli_usage(usage, "%s needs a value", argv[*i]);
+            return -1;
+        }
+        const char *v = argv[++*i];
+        if (dev ? parse_device(o, v) : parse_dtype(v)) {
+            *exit_code = tk_cli_usage(usage, "%s '%s': want %s", argv[*i - 1], v,
+                                      dev ? "cpu, cuda or cuda:N" : "f32, bf16 or f16");
+            return -1;
+        }
+        if (!dev)
+            o->dtype = v;
+        return 1;
+    }
+    return 0;
+}
+
+static int cmd_info(tk_cli *cli, int argc, char **argv)
+{
+    const char *dir = NULL;
+    tk_model_opts o = TK_MODEL_OPTS_INIT;
+    for (int i = 1; i < argc; i++) {
+        int ec = 0, r = common_opt(&o, argc, argv, &i, INFO_USAGE, &ec);
+        if (r < 0)
+            return ec;
+        if (r)
+            continue;
+        if (tk_cli_is_help(argv[i])) {
+            printf("usage: %s\n"
+                   "\n"
+                   "Loads a Hugging Face checkpoint directory (config.json, model.safetensors or a sharded\n"
+                   "model.safetensors.index.json) and prints what tk made of it: architecture and family,\n"
+                   "sizes (vocabulary, hidden, layers, heads, kv heads, head size), parameters, the\n"
+                   "checkpoint's dtypes, the compute dtype and device, the memory the weights take and how\n"
+                   "much of it is read in place from the mapped files, rope scaling and sliding window.\n"
+                   "Every safetensors header is validated and every weight looked up, so a damaged or\n"
+                   "mismatched checkpoint fails here with the tensor named.\n"
+                   "\n"
+                   "options:\n"
+                   "  --dtype T     compute dtype the weights are converted to: f32 (default), bf16, f16\n"
+                   "  --device D    cpu (default: the ops' CPU references) or cuda[:N]\n"
+                   "  --json        the same as one JSON object\n"
+                   "\n"
+                   "supported architectures: LlamaForCausalLM, MistralForCausalLM, Qwen2ForCausalLM,\n"
+                   "GPT2LMHeadModel, BertModel.\n"
+                   "\n"
+                   "exit status: 0 ok, 1 an unsupported architecture or config value, 2 usage or\n"
+                   "invalid input (a malformed or mismatched checkpoint: the tensor is named), 3 no\n"
+                   "config.json or no weights, 7 no GPU.\n",
+                   INFO_USAGE);
+            return TK_EXIT_OK;
+        } else if (argv[i][0] == '-') {
+            return tk_cli_usage(INFO_USAGE, "unknown option '%s'", argv[i]);
+        } else if (!dir) {
+            dir = argv[i];
+        } else {
+            return tk_cli_usage(INFO_USAGE, "one model directory");
+        }
+    }
+    if (!dir)
+        return tk_cli_usage(INFO_USAGE, "a model directory, e.g. tk model info ./TinyLlama-1.1B");
+    tk_model *m = NULL;
+    int ec = load(cli, &m, dir, &o);
+    if (ec != TK_EXIT_OK)
+        return ec;
+    char *js = NULL;
+    int rc = tk_model_info_json(&js, m);
+    if (rc != TK_OK) {
+        tk_model_free(m);
+        return tk_cli_fail(cli, rc, NULL);
+    }
+    if (cli->json) {
+        printf("%s\n", js);
+    } else {
+        /* The JSON's lines ("  \"key\": value,") as "key: value", nested objects indented. */
+        const char *p = js;
+        while (*p) {
+            const char *e = strchr(p, '\n');
+            size_t len = e ? (size_t)(e - p) : strlen(p);
+            size_t ind = 0;
+            while (ind < len && p[ind] == ' ')
+                ind++;
+            if (len > ind && p[len - 1] == ',')
+                len--;
+            if (len > ind && !(len - ind == 1 && (p[ind] == '{' || p[ind] == '}'))) {
+                printf("%*s", (int)(ind > 2 ? ind - 2 : 0), "");
+                for (size_t k = ind; k < len; k++)
+                    if (p[k] != '"' && !(p[k] == '{' && k + 1 == len))
+                        putchar(p[k]);
+                putchar('\n');
+            }
+            p += e ? (size_t)(e - p) + 1 : len;
+            if (!e)
+                break;
+        }
+    }
+    tk_free(js);
+    tk_model_free(m);
+    return TK_EXIT_OK;
+}
+
+static int cmd_logits(tk_cli *cli, int argc, char **argv)
+{
+    const char *dir = NULL;
+    tk_model_opts o = TK_MODEL_OPTS_INIT;
+    int32_t *ids = NULL;
+    size_t nids = 0, capids = 0, *lens = NULL, nseq = 0;
+    int want_hidden = 0, ec = TK_EXIT_OK;
+    float *logits = NULL, *hidden = NULL, *pooled = NULL;
+    tk_model *m = NULL;
+    if (!(lens = calloc((size_t)argc + 1, sizeof *lens)))
+        return TK_EXIT_FAIL;
+    for (int i = 1; i < argc; i++) {
+        int r = common_opt(&o, argc, argv, &i, LOGITS_USAGE, &ec);
+        if (r < 0)
+            goto done;
+        if (r)
+            continue;
+        if (tk_cli_is_help(argv[i])) {
+            printf("usage: %s\n"
+                   "\n"
+                   "Runs a Hugging Face checkpoint directory on token ids and prints the logits: one row\n"
+                   "of vocabulary logits per input position, computed by tk's pipeline (every layer a\n"
+                   "tk_op_run: the CPU references, or the installed GPU kernels with --device cuda).\n"
+                   "Without --json it prints the five most likely next tokens after the last position\n"
+                   "(with their text when the directory has a tokenizer.json).\n"
+                   "\n"
+                   "options:\n"
+                   "  --ids LIST    comma-separated token ids of one sequence (see 'tk tokenize'); give\n"
+                   "                --ids again for a batch: sequences run together but independently,\n"
+                   "                and the rows follow one another in order\n"
+                   "  --dtype T     compute dtype: f32 (default), bf16, f16; the output is f32 either way\n"
+                   "  --device D    cpu (default) or cuda[:N]\n"
+                   "  --hidden      also the last hidden states (after the final norm; BERT: the encoder\n"
+                   "                output and the pooler output); the only output for BertModel\n"
+                   "  --json        {\"logits\": [[...], ...]} (and \"hidden\", \"pooled\") on stdout\n"
+                   "\n"
+                   "examples:\n"
+                   "  tk model logits ./gpt2 --ids $(tk tokenize ./gpt2 'Hello, my dog' --no-special)\n"
+                   "  tk model logits ./tiny-llama --ids 1,15043,3186 --dtype bf16 --json\n"
+                   "\n"
+                   "exit status: 0 ok, 1 an unsupported architecture or config value, 2 usage or\n"
+                   "invalid input (a malformed checkpoint, an id outside the vocabulary), 3 no\n"
+                   "config.json or no weights, 7 no GPU.\n",
+                   LOGITS_USAGE);
+            ec = TK_EXIT_OK;
+            goto done;
+        } else if (!strcmp(argv[i], "--ids")) {
+            if (i + 1 >= argc) {
+                ec = tk_cli_usage(LOGITS_USAGE, "--ids needs a list of token ids");
+                goto done;
+            }
+            size_t before = nids;
+            if (parse_ids(&ids, &nids, &capids, argv[++i])) {
+                ec = tk_cli_usage(LOGITS_USAGE, "--ids '%s' is not a comma-separated list of token ids", argv[i]);
+                goto done;
+            }
+            lens[nseq++] = nids - before;
+        } else if (!strcmp(argv[i], "--hidden")) {
+            want_hidden = 1;
+        } else if (argv[i][0] == '-') {
+            ec = tk_cli_usage(LOGITS_USAGE, "unknown option '%s'", argv[i]);
+            goto done;
+        } else if (!dir) {
+            dir = argv[i];
+        } else {
+            ec = tk_cli_usage(LOGITS_USAGE, "one model directory (token ids go after --ids)");
+            goto done;
+        }
+    }
+    if (!dir || !nseq) {
+        ec = tk_cli_usage(LOGITS_USAGE, "a model directory and --ids, e.g. tk model logits ./gpt2 --ids 15496,11");
+        goto done;
+    }
+    if ((ec = load(cli, &m, dir, &o)) != TK_EXIT_OK)
+        goto done;
+    int lm = tk_model_has_lm_head(m);
+    if (!lm && !want_hidden) {
+        fprintf(stderr, "tk: %s has no LM head, so no logits\nHINT: add --hidden for its hidden states, or use "
+                        "'tk embed' for sentence embeddings\n",
+                tk_model_arch(m));
+        ec = TK_EXIT_FAIL;
+        goto done;
+    }
+    size_t V = (size_t)tk_model_vocab_size(m), H = (size_t)tk_model_hidden_size(m);
+    logits = lm ? malloc(nids * V * sizeof *logits) : NULL;
+    hidden = want_hidden ? malloc(nids * H * sizeof *hidden) : NULL;
+    if ((lm && !logits) || (want_hidden && !hidden)) {
+        fprintf(stderr, "tk: out of memory\n");
+        ec = TK_EXIT_FAIL;
+        goto done;
+    }
+    int rc = tk_model_forward(m, ids, lens, nseq, logits, hidden);
+    if (rc != TK_OK) {
+        ec = tk_cli_fail(cli, rc, NULL);
+        goto done;
+    }
+    if (want_hidden && !lm) {
+        pooled = malloc(nseq * H * sizeof *pooled);
+        if (pooled && tk_model_pooler_output(pooled, m) != TK_OK) {
+            free(pooled);
+            pooled = NULL;
+        }
+    }
+    if (cli->json) {
+        printf("{");
+        const char *sep = "";
+        if (lm) {
+            print_rows("logits", logits, nids, V);
+            sep = ", ";
+        }
+        if (want_hidden) {
+            printf("%s", sep);
+            print_rows("hidden", hidden, nids, H);
+        }
+        if (pooled) {
+            printf(", ");
+            print_rows("pooled", pooled, nseq, H);
+        }
+        printf("}\n");
+    } else if (lm) {
+        const tk_tokenizer *tok = NULL;
+        if (tk_model_tokenizer(&tok, m) != TK_OK)
+            tok = NULL;
+        const float *last = logits + (nids - 1) * V;
+        int top[5];
+        int k = 0;
+        for (; k < 5 && (size_t)k < V; k++) {
+            int best = -1;
+            for (size_t v = 0; v < V; v++) {
+                int taken = 0;
+                for (int j = 0; j < k; j++)
+                    taken |= top[j] == (int)v;
+                if (!taken && (best < 0 || last[v] > last[best]))
+                    best = (int)v;
+            }
+            top[k] = best;
+        }
+        printf("top %d next tokens after position %zu:\n", k, lens[nseq - 1] - 1);
+        for (int j = 0; j < k; j++) {
+            const char *t = tok ? tk_tokenizer_token(tok, top[j]) : NULL;
+            printf("  %8d  %12.6f  %s\n", top[j], last[top[j]], t ? t : "");
+        }
+    } else {
+        printf("hidden states: %zu rows of %zu (use --json to print them)\n", nids, H);
+    }
+done:
+    free(ids);
+    free(lens);
+    free(logits);
+    free(hidden);
+    free(pooled);
+    tk_model_free(m);
+    return ec;
+}
+
+int tk_cmd_model(tk_cli *cli, int argc, char **argv)
+{
+    if (argc < 2 || tk_cli_is_help(argv[1])) {
+        printf("usage: tk model <info|logits> DIR [options]\n"
+               "\n"
+               "Hugging Face checkpoint directories, loaded as they are (config.json, *.safetensors,\n"
+               "tokenizer.json): LlamaForCausalLM (and Mistral, Qwen2), GPT2LMHeadModel, BertModel.\n"
+               "\n"
+               "  %s\n"
+               "  %s\n"
+               "\n"
+               "'tk model <command> --help' for details; 'tk embed' for sentence embeddings.\n",
+               INFO_USAGE, LOGITS_USAGE);
+        return argc < 2 ? TK_EXIT_USAGE : TK_EXIT_OK;
+    }
+    if (!strcmp(argv[1], "info"))
+        return cmd_info(cli, argc - 1, argv + 1);
+    if (!strcmp(argv[1], "logits"))
+        return cmd_logits(cli, argc - 1, argv + 1);
+    return tk_cli_usage("tk model <info|logits> DIR [options]", "unknown model command '%s'", argv[1]);
+}
+
+int tk_cmd_embed(tk_cli *cli, int argc, char **argv)
+{
+    const char *dir = NULL;
+    tk_model_opts o = TK_MODEL_OPTS_INIT;
+    const char **texts = calloc((size_t)argc + 1, sizeof *texts);
+    size_t n = 0;
+    int ec = TK_EXIT_OK;
+    float *emb = NULL;
+    tk_model *m = NULL;
+    if (!texts)
+        return TK_EXIT_FAIL;
+    for (int i = 1; i < argc; i++) {
+        int r = common_opt(&o, argc, argv, &i, EMBED_USAGE, &ec);
+        if (r < 0)
+            goto done;
+        if (r)
+            continue;
+        if (tk_cli_is_help(argv[i])) {
+            printf("usage: %s\n"
+                   "\n"
+                   "Sentence embeddings of each TEXT with an encoder checkpoint directory, as\n"
+                   "sentence-transformers computes them: the text is tokenized with the directory's\n"
+                   "tokenizer.json ([CLS] ... [SEP]), truncated to sentence_bert_config.json's\n"
+                   "max_seq_length, run through the model (all texts in one batch, each attending only\n"
+                   "to itself), pooled as 1_Pooling/config.json says (mean by default, cls, max) and\n"
+                   "L2-normalised when modules.json lists a Normalize module (all-MiniLM-L6-v2 does).\n"
+                   "\n"
+                   "options:\n"
+                   "  --dtype T     compute dtype: f32 (default), bf16, f16\n"
+                   "  --device D    cpu (default) or cuda[:N]\n"
+                   "  --json        {\"embeddings\": [[...], ...]} on stdout, one row per TEXT\n"
+                   "\n"
+                   "example:\n"
+                   "  tk embed ./all-MiniLM-L6-v2 'A man is eating food.' 'A man is riding a horse.' --json\n"
+                   "\n"
+                   "exit status: 0 ok, 1 an unsupported model, tokenizer or pooling, 2 usage or invalid\n"
+                   "input (a malformed checkpoint or tokenizer.json), 3 no config.json, weights or\n"
+                   "tokenizer.json, 7 no GPU.\n",
+                   EMBED_USAGE);
+            goto done;
+        } else if (argv[i][0] == '-' && argv[i][1]) {
+            ec = tk_cli_usage(EMBED_USAGE, "unknown option '%s'", argv[i]);
+            goto done;
+        } else if (!dir) {
+            dir = argv[i];
+        } else {
+            texts[n++] = argv[i];
+        }
+    }
+    if (!dir || !n) {
+        ec = tk_cli_usage(EMBED_USAGE, "a model directory and at least one text");
+        goto done;
+    }
+    if ((ec = load(cli, &m, dir, &o)) != TK_EXIT_OK)
+        goto done;
+    size_t H = (size_t)tk_model_hidden_size(m);
+    if (!(emb = malloc(n * H * sizeof *emb))) {
+        fprintf(stderr, "tk: out of memory\n");
+        ec = TK_EXIT_FAIL;
+        goto done;
+    }
+    int rc = tk_model_embed(emb, m, texts, n);
+    if (rc != TK_OK) {
+        ec = tk_cli_fail(cli, rc, NULL);
+        goto done;
+    }
+    if (cli->json) {
+        printf("{");
+        print_rows("embeddings", emb, n, H);
+        printf("}\n");
+    } else {
+        for (size_t i = 0; i < n; i++) {
+            printf("%zu: [", i);
+            for (size_t d = 0; d < H && d < 6; d++)
+                printf("%s%.6f", d ? ", " : "", emb[i * H + d]);
+            printf("%s] (%zu dims)\n", H > 6 ? ", ..." : "", H);
+        }
+    }
+done:
+    free(texts);
+    free(emb);
+    tk_model_free(m);
+    return ec;
+}

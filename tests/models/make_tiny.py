@@ -1,0 +1,74 @@
+#!/usr/bin/env python3
+"""Writes tiny random-weight Hugging Face checkpoints for tk's model tests, with transformers'
+save_pretrained (so the files are exactly what the Hub holds for real models), into OUT/<name>/.
+
+    make_tiny.py OUT
+
+Each model is small enough to run in milliseconds but keeps the features under test: GQA and Llama-3
+rope scaling, YaRN and dynamic NTK rope, Mistral's sliding window (shorter than the test prompt),
+Qwen2's q/k/v biases with tied embeddings, a bf16 Llama with a transformers-v4 style config
+(rope_scaling + rope_theta + torch_dtype), GPT-2 (sharded into several files), BERT with its pooler.
+Seeds are fixed: the same script writes the same weights.
+"""
+import json
+import os
+import sys
+
+import torch
+from transformers import (BertConfig, BertModel, GPT2Config, GPT2LMHeadModel, LlamaConfig, LlamaForCausalLM,
+                          MistralConfig, MistralForCausalLM, Qwen2Config, Qwen2ForCausalLM)
+
+OUT = sys.argv[1]
+V = 256  # vocabulary of every tiny model
+
+
+def save(name, model, seed, **kw):
+    d = os.path.join(OUT, name)
+    os.makedirs(d, exist_ok=True)
+    # Larger random weights than the default init, so logits differ clearly between tokens.
+    g = torch.Generator().manual_seed(seed)
+    with torch.no_grad():
+        for n, p in model.named_parameters():
+            r = torch.randn(p.shape, generator=g).to(p.dtype)
+            is_norm = p.dim() == 1 and n.endswith("weight") and ("norm" in n.lower() or ".ln_" in n)
+            p.copy_(1.0 + 0.1 * r if is_norm else 0.2 * r)
+    model.save_pretrained(d, **kw)
+    return d
+
+
+def llama_cfg(**kw):
+    base = dict(vocab_size=V, hidden_size=64, intermediate_size=96, num_hidden_layers=2, num_attention_heads=4,
+                num_key_value_heads=2, max_position_embeddings=256, rms_norm_eps=1e-5)
+    base.update(kw)
+    return base
+
+
+def main():
+    os.makedirs(OUT, exist_ok=True)
+    save("llama", LlamaForCausalLM(LlamaConfig(**llama_cfg(
+        rope_theta=500000.0, rope_scaling={"rope_type": "llama3", "factor": 8.0, "low_freq_factor": 1.0,
+                                           "high_freq_factor": 4.0, "original_max_position_embeddings": 16}))), 1)
+    save("llama-yarn", LlamaForCausalLM(LlamaConfig(**llama_cfg(
+        max_position_embeddings=128, rope_scaling={"rope_type": "yarn", "factor": 4.0, "original_max_position_embeddings": 32}))), 2)
+    save("llama-dynamic", LlamaForCausalLM(LlamaConfig(**llama_cfg(
+        max_position_embeddings=8, rope_scaling={"rope_type": "dynamic", "factor": 2.0}))), 3)
+    save("mistral", MistralForCausalLM(MistralConfig(**llama_cfg(sliding_window=4))), 4)
+    save("qwen2", Qwen2ForCausalLM(Qwen2Config(**llama_cfg(tie_word_embeddings=True))), 5)
+    # bf16 weights on disk and a transformers-v4 config: rope_scaling (linear) + rope_theta, torch_dtype.
+    m = LlamaForCausalLM(LlamaConfig(**llama_cfg(rope_scaling={"rope_type": "linear", "factor": 2.0})))
+    d = save("llama-bf16-v4", m.to(torch.bfloat16), 6)
+    p = os.path.join(d, "config.json")
+    c = json.load(open(p))
+    rp = c.pop("rope_parameters")
+    c["rope_theta"] = rp.pop("rope_theta")
+    c["rope_scaling"] = {"type": rp["rope_type"], "factor": rp["factor"]}
+    c["torch_dtype"] = c.pop("dtype")
+    json.dump(c, open(p, "w"), indent=2)
+    save("gpt2", GPT2LMHeadModel(GPT2Config(vocab_size=V, n_embd=64, n_layer=2, n_head=4, n_positions=64,
+                                            bos_token_id=0, eos_token_id=0)), 7, max_shard_size="100KB")
+    save("bert", BertModel(BertConfig(vocab_size=V, hidden_size=64, num_hidden_layers=2, num_attention_heads=4,
+                                      intermediate_size=128, max_position_embeddings=64)), 8)
+
+
+if __name__ == "__main__":
+    main()

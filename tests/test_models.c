@@ -1,0 +1,343 @@
+/*
+ * test_models.c — the model API (tk_model_*) and the safetensors parser, without Python: a small
+ * LlamaForCausalLM checkpoint is written here (config.json + model.safetensors with deterministic
+ * weights). What transformers computes on real checkpoints is tests/cli/models.sh's job; this file
+ * checks the API's contracts: *out NULL on failure, errors that name things, a model that stays
+ * usable after a failed call, plans reused and replanned across batch shapes, batching that does not
+ * change a sequence's rows, and the parser's refusals.
+ */
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include "harness.h"
+#include "models/models.h"
+#include "tk.h"
+
+enum { V = 48, H = 32, I = 40, L = 2, NH = 4, NKV = 2, D = H / NH };
+
+static char dir[256];
+static tk_ctx *ctx;
+
+/* ---- a checkpoint written by hand ------------------------------------------------------------- */
+
+typedef struct {
+    const char *name;
+    int64_t r, c; /* c == 0: 1-D */
+} spec;
+
+static int write_checkpoint(const char *d, const char *dtype_in_config)
+{
+    spec s[64];
+    int n = 0;
+    s[n++] = (spec){"lm_head.weight", V, H};
+    s[n++] = (spec){"model.embed_tokens.weight", V, H};
+    s[n++] = (spec){"model.norm.weight", H, 0};
+    static char names[L][9][96];
+    static const char *suf[9] = {"input_layernorm.weight", "post_attention_layernorm.weight", "self_attn.q_proj.weight",
+                                 "self_attn.k_proj.weight", "self_attn.v_proj.weight", "self_attn.o_proj.weight",
+                                 "mlp.gate_proj.weight", "mlp.up_proj.weight", "mlp.down_proj.weight"};
+    int64_t rows[9] = {H, H, NH * D, NKV * D, NKV * D, H, I, I, H}, cols[9] = {0, 0, H, H, H, NH * D, H, H, I};
+    for (int l = 0; l < L; l++)
+        for (int k = 0; k < 9; k++) {
+            snprintf(names[l][k], sizeof names[l][k], "model.layers.%d.%s", l, suf[k]);
+            s[n++] = (spec){names[l][k], rows[k], cols[k]};
+        }
+    char *hdr = malloc(1 << 16), path[512];
+    size_t off = 0, hl = (size_t)snprintf(hdr, 1 << 16, "{\"__metadata__\":{\"format\":\"pt\"}");
+    for (int i = 0; i < n; i++) {
+        size_t bytes = (size_t)(s[i].r * (s[i].c ? s[i].c : 1)) * 4;
+        if (s[i].c)
+            hl += (size_t)snprintf(hdr + hl, (1 << 16) - hl, ",\"%s\":{\"dtype\":\"F32\",\"shape\":[%lld,%lld],"
+                                                            "\"data_offsets\":[%zu,%zu]}",
+                                   s[i].name, (long long)s[i].r, (long long)s[i].c, off, off + bytes);
+        else
+            hl += (size_t)snprintf(hdr + hl, (1 << 16) - hl,
+                                   ",\"%s\":{\"dtype\":\"F32\",\"shape\":[%lld],\"data_offsets\":[%zu,%zu]}", s[i].name,
+                                   (long long)s[i].r, off, off + bytes);
+        off += bytes;
+    }
+    hl += (size_t)snprintf(hdr + hl, (1 << 16) - hl, "}");
+    while (hl % 8)
+        hdr[hl++] = ' ';
+    mkdir(d, 0755);
+    snprintf(path, sizeof path, "%s/model.safetensors", d);
+    FILE *f = fopen(path, "wb");
+    if (!f)
+        return -1;
+    uint64_t h64 = hl;
+    fwrite(&h64, 8, 1, f);
+    fwrite(hdr, 1, hl, f);
+    uint32_t x = 12345;
+    for (int i = 0; i < n; i++) {
+        int64_t cnt = s[i].r * (s[i].c ? s[i].c : 1);
+        int norm = strstr(s[i].name, "norm") != NULL;
+        for (int64_t k = 0; k < cnt; k++) {
+            x = x * 1664525u + 1013904223u;
+            float v = ((float)(x >> 8) / 16777216.0f - 0.5f) * 0.6f;
+            if (norm)
+                v = 1.0f + v / 3;
+            fwrite(&v, 4, 1, f);
+        }
+    }
+    fclose(f);
+    free(hdr);
+    snprintf(path, sizeof path, "%s/config.json", d);
+    f = fopen(path, "w");
+    if (!f)
+        return -1;
+    fprintf(f,
+            "{\"architectures\": [\"LlamaForCausalLM\"], \"model_type\": \"llama\", \"vocab_size\": %d, "
+            "\"hidden_size\": %d, \"intermediate_size\": %d, \"num_hidden_layers\": %d, \"num_attention_heads\": %d, "
+            "\"num_key_value_heads\": %d, \"rms_norm_eps\": 1e-5, \"max_position_embeddings\": 64, "
+            "\"rope_theta\": 10000.0, \"dtype\": \"%s\"}\n",
+            V, H, I, L, NH, NKV, dtype_in_config);
+    fclose(f);
+    return 0;
+}
+
+static float max_diff(const float *a, const float *b, size_t n)
+{
+    float m = 0;
+    for (size_t i = 0; i < n; i++)
+        m = fmaxf(m, fabsf(a[i] - b[i]));
+    return m;
+}
+
+/* ---- the API ---------------------------------------------------------------------------------- */
+
+static void test_load_errors(void)
+{
+    tk_model *m = (tk_model *)1;
+    CHECK_RC(tk_model_load(&m, NULL, dir, NULL), TK_ERR_INVALID);
+    CHECK(m == NULL);
+    m = (tk_model *)1;
+    CHECK_RC(tk_model_load(&m, ctx, "/nonexistent/model", NULL), TK_ERR_NOT_FOUND);
+    CHECK(m == NULL);
+    tk_model_opts o = TK_MODEL_OPTS_INIT;
+    o.version = 99;
+    CHECK_RC(tk_model_load(&m, ctx, dir, &o), TK_ERR_INVALID);
+    o = (tk_model_opts)TK_MODEL_OPTS_INIT;
+    o.dtype = "f64";
+    CHECK_RC(tk_model_load(&m, ctx, dir, &o), TK_ERR_INVALID);
+    CHECK(strstr(tk_last_error(), "f32, bf16, f16") != NULL);
+    CHECK(m == NULL);
+    tk_model_free(NULL);
+}
+
+static void test_forward_contracts(void)
+{
+    tk_model *m = NULL;
+    CHECK_RC(tk_model_load(&m, ctx, dir, NULL), TK_OK);
+    if (!m)
+        return;
+    CHECK_STR(tk_model_arch(m), "LlamaForCausalLM");
+    CHECK_EQ_INT(tk_model_vocab_size(m), V);
+    CHECK_EQ_INT(tk_model_hidden_size(m), H);
+    CHECK(tk_model_has_lm_head(m));
+    int32_t ids[12] = {1, 5, 9, 2, 47, 0, 3, 3, 8, 13, 21, 34};
+    size_t n5 = 5, n7 = 7, n12 = 12, lens[2] = {5, 7}, zero = 0;
+    float *a = calloc(12 * V, sizeof(float)), *b = calloc(12 * V, sizeof(float)), *c = calloc(12 * V, sizeof(float));
+    float *h = calloc(12 * H, sizeof(float));
+    CHECK_RC(tk_model_forward(m, ids, &n5, 1, a, h), TK_OK);
+    /* errors leave the model usable */
+    int32_t bad[2] = {1, V};
+    size_t n2 = 2;
+    CHECK_RC(tk_model_forward(m, bad, &n2, 1, b, NULL), TK_ERR_INVALID);
+    CHECK(strstr(tk_last_error(), "token id 48 at position 1") != NULL);
+    CHECK_RC(tk_model_forward(m, ids, &zero, 1, b, NULL), TK_ERR_INVALID);
+    CHECK_RC(tk_model_forward(m, ids, &n5, 0, b, NULL), TK_ERR_INVALID);
+    CHECK_RC(tk_model_pooler_output(b, m), TK_ERR_INVALID);
+    const char *txt = "hi";
+    CHECK_RC(tk_model_embed(b, m, &txt, 1), TK_ERR_UNSUPPORTED);
+    /* replanned for 12 tokens, then back to 5: the same rows as the first call, bit for bit */
+    CHECK_RC(tk_model_forward(m, ids, &n12, 1, c, NULL), TK_OK);
+    CHECK_RC(tk_model_forward(m, ids, &n5, 1, b, NULL), TK_OK);
+    CHECK(memcmp(a, b, 5 * V * sizeof(float)) == 0);
+    /* causal: a sequence's first 5 rows do not depend on what follows */
+    CHECK(max_diff(a, c, 5 * V) < 1e-5f);
+    /* a batch {ids[0..5), ids[5..12)}: each sequence's rows equal the sequence alone */
+    CHECK_RC(tk_model_forward(m, ids, lens, 2, c, NULL), TK_OK);
+    CHECK(max_diff(a, c, 5 * V) < 1e-5f);
+    CHECK_RC(tk_model_forward(m, ids + 5, &n7, 1, b, NULL), TK_OK);
+    CHECK(max_diff(b, c + 5 * V, 7 * V) < 1e-5f);
+    /* finite, and not all equal */
+    int finite = 1;
+    for (int i = 0; i < 5 * V; i++)
+        finite &= isfinite(a[i]);
+    CHECK(finite && a[0] != a[1]);
+    char *js = NULL;
+    CHECK_RC(tk_model_info_json(&js, m), TK_OK);
+    CHECK(js && strstr(js, "\"parameters\": ") && strstr(js, "\"kv_heads\": 2"));
+    tk_free(js);
+    tk_model_free(m);
+
+    /* bf16: every activation rounded, close to f32 */
+    tk_model_opts o = TK_MODEL_OPTS_INIT;
+    o.dtype = "bf16";
+    CHECK_RC(tk_model_load(&m, ctx, dir, &o), TK_OK);
+    if (m) {
+        CHECK_RC(tk_model_forward(m, ids, &n5, 1, b, NULL), TK_OK);
+        float d = max_diff(a, b, 5 * V);
+        CHECK(d > 0 && d < 0.1f);
+        tk_model_free(m);
+    }
+    free(a);
+    free(b);
+    free(c);
+    free(h);
+}
+
+static void test_config_dtype_mismatch(void)
+{
+    char d2[300];
+    snprintf(d2, sizeof d2, "%s-bf16cfg", dir);
+    CHECK_EQ_INT(write_checkpoint(d2, "bfloat16"), 0);
+    tk_model *m = (tk_model *)1;
+    CHECK_RC(tk_model_load(&m, ctx, d2, NULL), TK_ERR_INVALID);
+    CHECK(m == NULL);
+    CHECK(strstr(tk_last_error(), "is float32, but config.json says the weights are bfloat16") != NULL);
+    char cmd[400];
+    snprintf(cmd, sizeof cmd, "rm -rf '%s'", d2);
+    CHECK_EQ_INT(system(cmd), 0);
+}
+
+/* ---- the safetensors parser ------------------------------------------------------------------- */
+
+static int parse(const char *header, size_t data_len, tk_st_tensor **t, size_t *n)
+{
+    size_t hl = strlen(header), len = 8 + hl + data_len;
+    uint8_t *buf = calloc(1, len);
+    uint64_t h64 = hl;
+    memcpy(buf, &h64, 8);
+    memcpy(buf + 8, header, hl);
+    int rc = tk_models__st_parse(t, n, buf, len, "t");
+    if (rc == TK_OK) /* the tests only look at metadata; data points into buf */
+        for (size_t i = 0; i < *n; i++)
+            (*t)[i].data = NULL;
+    free(buf);
+    return rc;
+}
+
+static void test_parser(void)
+{
+    tk_st_tensor *t = NULL;
+    size_t n = 0;
+    CHECK_RC(parse("{}", 0, &t, &n), TK_OK);
+    CHECK_EQ_INT(n, 0);
+    tk_models__st_free(t, n);
+    CHECK_RC(parse("{\"b\":{\"dtype\":\"BF16\",\"shape\":[2,3],\"data_offsets\":[8,20]},"
+                   "\"a\":{\"dtype\":\"F32\",\"shape\":[2],\"data_offsets\":[0,8]},"
+                   "\"z\":{\"dtype\":\"F32\",\"shape\":[0],\"data_offsets\":[4,4]}}",
+                   20, &t, &n),
+             TK_OK);
+    CHECK_EQ_INT(n, 3);
+    if (n == 3) {
+        CHECK_STR(t[0].name, "a"); /* sorted by name */
+        CHECK_EQ_INT(t[1].dtype, TK_ST_BF16);
+        CHECK_EQ_INT(t[1].shape[1], 3);
+    }
+    tk_models__st_free(t, n);
+    static const struct {
+        const char *hdr;
+        size_t data;
+        const char *want;
+    } bad[] = {
+        {"{\"a\":{\"dtype\":\"F32\",\"shape\":[4],\"data_offsets\":[0,16]}}", 8, "past the end of the data"},
+        {"{\"a\":{\"dtype\":\"F32\",\"shape\":[3],\"data_offsets\":[0,16]}}", 16, "which is 12 bytes"},
+        {"{\"a\":{\"dtype\":\"F32\",\"shape\":[4294967296,4294967296,4294967296],\"data_offsets\":[0,16]}}", 16,
+         "more than 2^64"},
+        {"{\"a\":{\"dtype\":\"F31\",\"shape\":[4],\"data_offsets\":[0,16]}}", 16, "dtype 'F31'"},
+        {"{\"a\":{\"dtype\":\"F32\",\"shape\":[-1],\"data_offsets\":[0,16]}}", 16, "shape entry"},
+        {"{\"a\":{\"dtype\":\"F32\",\"shape\":[1],\"data_offsets\":[8,4]}}", 16, "0 <= begin <= end"},
+        {"{\"a\":{\"dtype\":\"F32\",\"shape\":[2],\"data_offsets\":[0,8]},"
+         "\"b\":{\"dtype\":\"F32\",\"shape\":[2],\"data_offsets\":[4,12]}}",
+         16, "overlap"},
+        {"{\"a\":{\"dtype\":\"F32\",\"shape\":[1],\"data_offsets\":[0,4]},"
+         "\"a\":{\"dtype\":\"F32\",\"shape\":[1],\"data_offsets\":[4,8]}}",
+         8, "not a JSON object"},
+        {"{\"__metadata__\":{\"k\":1}}", 0, "not a string"},
+        {"{\"a\":[1,2]}", 0, "lacks dtype"},
+        {"[1]", 0, "not a JSON object"},
+    };
+    for (size_t i = 0; i < sizeof bad / sizeof *bad; i++) {
+        t = (tk_st_tensor *)1;
+        n = 99;
+        int rc = parse(bad[i].hdr, bad[i].data, &t, &n);
+        CHECK_EQ_INT(rc, TK_ERR_INVALID);
+        CHECK(t == NULL && n == 0);
+        if (!strstr(tk_last_error(), bad[i].want)) {
+            fprintf(stderr, "case %zu: '%s' lacks '%s'\n", i, tk_last_error(), bad[i].want);
+            CHECK(0);
+        }
+    }
+    /* a header length past the file, and a file too short for one */
+    uint8_t small[12] = {200, 0, 0, 0, 0, 0, 0, 0, '{', '}', ' ', ' '};
+    CHECK_RC(tk_models__st_parse(&t, &n, small, sizeof small, "t"), TK_ERR_INVALID);
+    CHECK(strstr(tk_last_error(), "runs past the end of the file") != NULL);
+    CHECK_RC(tk_models__st_parse(&t, &n, small, 5, "t"), TK_ERR_INVALID);
+    uint8_t huge[16] = {0, 0, 0, 0, 0, 0, 0, 0x80, '{', '}'};
+    CHECK_RC(tk_models__st_parse(&t, &n, huge, sizeof huge, "t"), TK_ERR_INVALID);
+    CHECK(strstr(tk_last_error(), "cap") != NULL);
+}
+
+static void test_dtype_conversion(void)
+{
+    /* bf16 1.5, f16 -2.0, f16 subnormal 2^-24, e4m3 448 (0x7e), e5m2 -inf (0xfc), i8 -127 */
+    uint16_t bf = 0x3fc0, hf[2] = {0xc000, 0x0001};
+    uint8_t e4 = 0x7e, e5 = 0xfc, i8 = 0x81;
+    float out[2];
+    CHECK_RC(tk_models__to_f32(out, &bf, 1, TK_ST_BF16), TK_OK);
+    CHECK(out[0] == 1.5f);
+    CHECK_RC(tk_models__to_f32(out, hf, 2, TK_ST_F16), TK_OK);
+    CHECK(out[0] == -2.0f && out[1] == ldexpf(1, -24));
+    CHECK_RC(tk_models__to_f32(out, &e4, 1, TK_ST_F8_E4M3), TK_OK);
+    CHECK(out[0] == 448.0f);
+    CHECK_RC(tk_models__to_f32(out, &e5, 1, TK_ST_F8_E5M2), TK_OK);
+    CHECK(isinf(out[0]) && out[0] < 0);
+    CHECK_RC(tk_models__to_f32(out, &i8, 1, TK_ST_I8), TK_OK);
+    CHECK(out[0] == -127.0f);
+    int64_t i64 = 3;
+    CHECK_RC(tk_models__to_f32(out, &i64, 1, TK_ST_I64), TK_ERR_UNSUPPORTED);
+    /* f32 -> bf16/f16 rounds to nearest even and back */
+    float src[3] = {1.0f + ldexpf(1, -8), 65520.0f, 1e-8f};
+    uint16_t dst[3];
+    tk_dtype tbf = {TK_DL_BFLOAT, 16, 1}, tf16 = {TK_DL_FLOAT, 16, 1};
+    tk_models__from_f32(dst, src, 1, tbf);
+    CHECK_EQ_INT(dst[0], 0x3f80); /* a tie rounds to even: 1.0 */
+    tk_models__from_f32(dst, src, 3, tf16);
+    CHECK_EQ_INT(dst[1], 0x7c00); /* 65520 overflows to inf */
+    CHECK_EQ_INT(dst[2], 0x0000); /* 1e-8 < 2^-25: 0 */
+}
+
+int main(void)
+{
+    snprintf(dir, sizeof dir, "/tmp/tk-test-models-%d", (int)getpid());
+    if (write_checkpoint(dir, "float32") != 0) {
+        fprintf(stderr, "cannot write %s\n", dir);
+        return 1;
+    }
+    char home[300];
+    snprintf(home, sizeof home, "%s-home", dir);
+    tk_ctx_opts co = TK_CTX_OPTS_INIT;
+    co.home = home;
+    co.offline = 1;
+    if (tk_ctx_new(&ctx, &co) != TK_OK) {
+        fprintf(stderr, "tk_ctx_new: %s\n", tk_last_error());
+        return 1;
+    }
+    RUN(test_load_errors);
+    RUN(test_forward_contracts);
+    RUN(test_config_dtype_mismatch);
+    RUN(test_parser);
+    RUN(test_dtype_conversion);
+    tk_ctx_free(ctx);
+    char cmd[700];
+    snprintf(cmd, sizeof cmd, "rm -rf '%s' '%s'", dir, home);
+    if (system(cmd) != 0)
+        fprintf(stderr, "could not remove %s\n", dir);
+    return th_done();
+}
