@@ -861,6 +861,8 @@ done:
     free(all);
     free(lens);
     free(hidden);
+    return rc;
+}
 
 /* ---- generation's forward over the paged KV cache (generate.c drives it) ----------------------- */
 
