@@ -654,7 +654,10 @@ TK_API const char *tk_gen_result_text(const tk_gen_result *r, size_t i);
 /* Why sequence i ended: "length", "eos", "stop_string" or "callback". */
 TK_API const char *tk_gen_result_end(const tk_gen_result *r, size_t i);
 /* Measurements of the call, as JSON: {"prefill_ms", "decode_ms", "prefill_tokens", "decode_tokens",
- * "decode_tokens_per_s", "kv_bytes", "kv_blocks", "kv_block_size", "kv_dtype"}. *json is the caller's (tk_free). */
+ * "steps", "decode_tokens_per_s", "kv_cache", "kv_bytes", "kv_peak_bytes", "kv_blocks", "kv_block_size",
+ * "kv_dtype"}. decode_* time the tokens after each sequence's first (which the prefill gives);
+ * kv_bytes is what the cache allocated, kv_peak_bytes what its sequences held at most. *json is the
+ * caller's (tk_free). */
 TK_API int tk_gen_result_stats_json(char **json, const tk_gen_result *r);
 
 #ifdef __cplusplus

@@ -569,7 +569,10 @@ static int run_sample(gseq *S, tk_gen_stats *st, const tk_gen_lm *lm, size_t np,
                 nn++;
             }
         }
-        st->decode_tokens += (int64_t)na;
+        if (step == 0) /* the first tokens came from the prefill: decode timing starts here */
+            t0 = now_ms();
+        else
+            st->decode_tokens += (int64_t)na;
         st->steps++;
         na = nn;
         if (na == 0)

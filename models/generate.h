@@ -71,7 +71,10 @@ typedef struct {
 } tk_gen_seq;
 
 typedef struct {
-    double prefill_ms, decode_ms; /* wall time of the prefill step and of every later step */
+    /* prefill: the step over the prompts; decode: from the first new token to the last (greedy and
+     * sampling: decode_tokens excludes the first token of each sequence, which the prefill gave, as
+     * a streamer's inter-token timing does; beam search: every step after the prefill) */
+    double prefill_ms, decode_ms;
     int64_t prefill_tokens, decode_tokens, steps;
 } tk_gen_stats;
 
