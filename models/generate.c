@@ -1054,6 +1054,10 @@ int tk_gen__kv_new(tk_gen_kv **out, int64_t layers, int64_t heads, int64_t head_
     }
     if (quant) {
         size_t sb = (size_t)(layers * 2 * heads) * sizeof(float);
+        if (!(kv->calibrated = calloc((size_t)layers, 1))) {
+            rc = tk__err(TK_ERR_NOMEM, "KV cache: out of memory");
+            goto fail;
+        }
         rc = dev_type == TK_DEV_CUDA ? tk_device_alloc((void **)&kv->scales, dev_id, sb)
                                      : ((kv->scales = malloc(sb)) ? TK_OK : tk__err(TK_ERR_NOMEM, "out of memory"));
         if (rc)
@@ -1075,6 +1079,7 @@ void tk_gen__kv_free(tk_gen_kv *kv)
         kv_mem_free(kv, kv->v ? kv->v[l] : NULL);
     }
     kv_mem_free(kv, kv->scales);
+    free(kv->calibrated);
     for (int64_t i = 0; i < kv->nseq; i++)
         free(kv->seq[i].blocks);
     free(kv->seq);
@@ -1302,6 +1307,36 @@ fail:
     free(st);
     free(sl);
     free(bt);
+    return rc;
+}
+
+int tk_gen__kv_calibrate(tk_gen_kv *kv, int64_t l, const float *k, const float *v, int64_t n)
+{
+    int64_t H = kv->heads, D = kv->head_dim;
+    float qmax = kv->dtype.code == TK_DL_INT ? 127.0f : 448.0f, sc[2 * 1024];
+    if (H > 1024)
+        return tk__err(TK_ERR_UNSUPPORTED, "KV cache: %lld heads, at most 1024 with a quantised cache", (long long)H);
+    for (int j = 0; j < 2; j++) {
+        const float *x = j ? v : k;
+        for (int64_t h = 0; h < H; h++) {
+            float amax = 0;
+            for (int64_t t = 0; t < n; t++)
+                for (int64_t d = 0; d < D; d++) {
+                    float a = fabsf(x[(t * H + h) * D + d]);
+                    if (a > amax) /* NaN never passes */
+                        amax = a;
+                }
+            sc[j * H + h] = amax > 0 && isfinite(amax) ? 1.25f * amax / qmax : 1.0f;
+        }
+    }
+    float *dst = kv->scales + l * 2 * H;
+    int rc = TK_OK;
+    if (kv->dev_type == TK_DEV_CUDA)
+        rc = tk_device_copy(dst, sc, (size_t)(2 * H) * sizeof(float), TK_COPY_H2D, kv->dev_id);
+    else
+        memcpy(dst, sc, (size_t)(2 * H) * sizeof(float));
+    if (rc == TK_OK)
+        kv->calibrated[l] = 1;
     return rc;
 }
 
@@ -1629,12 +1664,12 @@ int tk_generate(tk_gen_result **out, tk_model *m, const int32_t *const *prompts,
         tk_dtype dt = m->dtype;
         if (o->kv_dtype && (rc = tk_dtype_parse(&dt, o->kv_dtype)) != TK_OK)
             goto fail;
-        int quant = dt.code == TK_DL_INT || dt.code == TK_DL_FLOAT8_E4M3FN;
-        if (quant || !(dt.code == TK_DL_FLOAT || dt.code == TK_DL_BFLOAT) || dt.bits == 64) {
-            rc = quant ? tk__err(TK_ERR_UNSUPPORTED, "generate: an %s KV cache is not implemented yet\nHINT: use the "
-                                 "model's dtype, bf16, f16 or f32", o->kv_dtype)
-                       : tk__err(TK_ERR_INVALID, "generate: kv_dtype '%s' is not a cache dtype (f32, f16, bf16)",
-                                 o->kv_dtype);
+        int quant = (dt.code == TK_DL_INT && dt.bits == 8) || dt.code == TK_DL_FLOAT8_E4M3FN;
+        if (!quant && (dt.code != m->dtype.code || dt.bits != m->dtype.bits)) {
+            rc = tk__err(TK_ERR_INVALID, "generate: kv_dtype '%s' is not a cache dtype for this %s model: the "
+                         "cache holds the compute dtype (%s), or i8 / fp8_e4m3\nHINT: load the model in %s "
+                         "(--dtype), or quantise the cache (--kv-dtype i8)", o->kv_dtype, tk_dtype_name(m->dtype),
+                         tk_dtype_name(m->dtype), o->kv_dtype);
             goto fail;
         }
         const tk_models_config *c = &m->cfg;

@@ -113,7 +113,7 @@ typedef struct tk_gen_kv {
     int64_t used_blocks, peak_blocks;
     void **k, **v;          /* per layer */
     float *scales;          /* quant: [layers][2][heads] (k then v), on the device */
-    int scales_set;
+    unsigned char *calibrated; /* quant: per layer, 1 once its scales are set */
     int32_t *ref;           /* per block */
     int32_t *freel;         /* free block ids (a stack) */
     int64_t nfree;
@@ -135,6 +135,10 @@ void tk_gen__kv_seq_free(tk_gen_kv *kv, int32_t slot);
  * Errors: TK_ERR_NOMEM naming the bound when the pool may not grow. */
 int tk_gen__kv_prepare(tk_gen_kv *kv, const int32_t *slots, size_t nseq, const int32_t *n, int64_t **slot_mapping,
                        int32_t **block_table, int64_t *mbps, int32_t **seq_lens, int64_t **start);
+/* An i8 / fp8 cache's per-head scales of layer l from the first keys and values written to it (k, v:
+ * n rows of heads x head_dim, f32 host): scale = 1.25 x max|x| / (127 for i8, 448 for fp8_e4m3), so
+ * later tokens up to 1.25x the prefill's largest value are not clipped; values past it saturate. */
+int tk_gen__kv_calibrate(tk_gen_kv *kv, int64_t l, const float *k, const float *v, int64_t n);
 /* Layer l's cache tensors (views; shape [nblocks, block_size, heads, head_dim]) and scales (quant:
  * f32[heads] views, NULL otherwise). shape must hold 4 int64s for each. */
 void tk_gen__kv_layer(const tk_gen_kv *kv, int64_t l, tk_tensor *k, int64_t *kshape, tk_tensor *v, int64_t *vshape,

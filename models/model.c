@@ -879,6 +879,31 @@ int tk_models__attend(tk_model *m, tk_models_batch *b, int64_t l, const tk_mt *o
         tk_models__view(&v3, v, 3, s3);
         tk_tensor kc, vc, ks, vs;
         tk_gen__kv_layer(kv, l, &kc, kshp, &vc, vshp, &ks, &vs, sshp);
+        if (kv->quant && !kv->calibrated[l]) { /* the per-head scales, from this (first) step's keys */
+            size_t nel = (size_t)(T * Hkv * D);
+            float *kf = malloc(nel * sizeof *kf), *vf = malloc(nel * sizeof *vf);
+            void *tmp = NULL;
+            size_t es = k3.t.dtype.bits / 8u;
+            rc = kf && vf ? TK_OK : tk__err(TK_ERR_NOMEM, "out of memory");
+            if (rc == TK_OK && m->dev_type == TK_DEV_CUDA) {
+                rc = (tmp = malloc(nel * es)) ? TK_OK : tk__err(TK_ERR_NOMEM, "out of memory");
+                if (rc == TK_OK && (rc = from_dev(m, tmp, k3.t.data, nel * es)) == TK_OK) {
+                    tk_models__dtype_to_f32(kf, tmp, nel, k3.t.dtype);
+                    if ((rc = from_dev(m, tmp, v3.t.data, nel * es)) == TK_OK)
+                        tk_models__dtype_to_f32(vf, tmp, nel, v3.t.dtype);
+                }
+            } else if (rc == TK_OK) {
+                tk_models__dtype_to_f32(kf, k3.t.data, nel, k3.t.dtype);
+                tk_models__dtype_to_f32(vf, v3.t.data, nel, v3.t.dtype);
+            }
+            if (rc == TK_OK)
+                rc = tk_gen__kv_calibrate(kv, l, kf, vf, T);
+            free(kf);
+            free(vf);
+            free(tmp);
+            if (rc != TK_OK)
+                return rc;
+        }
         tk_arg ap[] = {{TK_ARG_TENSOR, "k_cache", &kc, 0, 0}, {TK_ARG_TENSOR, "v_cache", &vc, 0, 0},
                        TK_A_T("k", &k3), TK_A_T("v", &v3), TK_A_T("slot_mapping", &b->kv_slots),
                        {TK_ARG_TENSOR, "k_scale", &ks, 0, 0}, {TK_ARG_TENSOR, "v_scale", &vs, 0, 0}};
