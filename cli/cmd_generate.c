@@ -76,6 +76,10 @@ static void help(void)
            "  --kv-dtype DT              KV cache dtype (default: the compute dtype)\n"
            "  --kv-block-size N          tokens per KV block: a power of two, 8 to 256 (default 16)\n"
            "  --kv-max-bytes N           bound on the KV cache (default: none)\n"
+           "  --quant int8|fp8           weight-only quantisation: every linear layer runs as casted_linear\n"
+           "                             over an int8 or fp8_e4m3 copy of its weight (a scale per row);\n"
+           "                             the memory it saves and the prompt's logit error are reported\n"
+           "                             (--stats, or \"quant\" in --json)\n"
            "  --no-cache                 recompute the whole sequence every step (the reference path)\n"
            "  --stats                    print timings and KV-cache memory to stderr\n"
            "  --json                     print {\"ids\": [new ids], \"text\": \"...\", \"end\": \"eos\", \"stats\":\n"
@@ -171,7 +175,7 @@ static int parse_id_list(const char *flag, const char *v, int32_t **out, size_t 
 
 int tk_cmd_generate(tk_cli *cli, int argc, char **argv)
 {
-    const char *dir = NULL, *dtype = NULL, *device = "cpu";
+    const char *dir = NULL, *dtype = NULL, *device = "cpu", *quant = NULL;
     const char *texts[MAX_PROMPTS], *idlists[MAX_PROMPTS], *stops[MAX_STOPS];
     int is_text[MAX_PROMPTS];
     size_t np = 0, nstop = 0;
@@ -210,13 +214,17 @@ int tk_cmd_generate(tk_cli *cli, int argc, char **argv)
             set[nset++].val = NULL;
         } else if (!strcmp(a, "--stats")) {
             stats = 1;
-        } else if (!strcmp(a, "--dtype") || !strcmp(a, "--device")) {
+        } else if (!strcmp(a, "--dtype") || !strcmp(a, "--device") || !strcmp(a, "--quant")) {
             if (!has_val)
                 return tk_cli_usage(USAGE, "%s needs a value", a);
             if (!strcmp(a, "--dtype"))
                 dtype = argv[++i];
+            else if (!strcmp(a, "--quant"))
+                quant = argv[++i];
             else
                 device = argv[++i];
+            if (quant && strcmp(quant, "int8") && strcmp(quant, "fp8") && strcmp(quant, "none"))
+                return tk_cli_usage(USAGE, "--quant wants int8, fp8 or none, got '%s'", quant);
         } else if (!strcmp(a, "--max-new-tokens") || !strcmp(a, "--max-length") || !strcmp(a, "--temperature") ||
                    !strcmp(a, "--top-k") || !strcmp(a, "--top-p") || !strcmp(a, "--min-p") ||
                    !strcmp(a, "--repetition-penalty") || !strcmp(a, "--no-repeat-ngram-size") ||
@@ -354,6 +362,39 @@ int tk_cmd_generate(tk_cli *cli, int argc, char **argv)
             goto done;
         }
     }
+    /* weight-only quantisation: the prompt's logits before and after say what it costs */
+    char qinfo[512] = "";
+    if (quant && strcmp(quant, "none")) {
+        int64_t V = tk_model_vocab_size(m);
+        float *f = malloc(plens[0] * (size_t)V * sizeof *f), *g = malloc(plens[0] * (size_t)V * sizeof *g);
+        char *qj = NULL;
+        if (!f || !g) {
+            free(f);
+            free(g);
+            fprintf(stderr, "tk: out of memory for the prompt's logits\n");
+            rc_exit = TK_EXIT_FAIL;
+            goto done;
+        }
+        if ((rc = tk_model_forward(m, pids[0], &plens[0], 1, f, NULL)) != TK_OK ||
+            (rc = tk_model_quantize(m, quant)) != TK_OK || (rc = tk_model_forward(m, pids[0], &plens[0], 1, g, NULL)) != TK_OK ||
+            (rc = tk_model_quant_json(&qj, m)) != TK_OK) {
+            free(f);
+            free(g);
+            rc_exit = tk_cli_fail(cli, rc, NULL);
+            goto done;
+        }
+        double worst = 0, range = 0;
+        for (size_t i = 0; i < plens[0] * (size_t)V; i++) {
+            worst = fmax(worst, fabs((double)f[i] - g[i]));
+            range = fmax(range, fabs((double)f[i]));
+        }
+        size_t ql = strlen(qj);
+        snprintf(qinfo, sizeof qinfo, "%.*s, \"prompt_logits_max_abs_diff\": %.6g, \"prompt_logits_max_abs\": %.6g}",
+                 (int)(ql ? ql - 1 : 0), qj, worst, range);
+        tk_free(qj);
+        free(f);
+        free(g);
+    }
     stream_ctx sc = {!cli->json && np == 1};
     o.stream = on_token;
     o.stream_user = &sc;
@@ -383,7 +424,10 @@ int tk_cmd_generate(tk_cli *cli, int argc, char **argv)
                 json_str(stdout, t);
             else
                 printf("null");
-            printf(", \"end\": \"%s\", \"stats\": %s}", tk_gen_result_end(res, p), sj);
+            printf(", \"end\": \"%s\", \"stats\": %s", tk_gen_result_end(res, p), sj);
+            if (qinfo[0])
+                printf(", \"quant\": %s", qinfo);
+            printf("}");
         }
         printf(np > 1 ? "]\n" : "\n");
     } else if (np == 1) {
@@ -404,6 +448,8 @@ int tk_cmd_generate(tk_cli *cli, int argc, char **argv)
     }
     if (stats)
         fprintf(stderr, "%s\n", sj);
+    if (stats && qinfo[0])
+        fprintf(stderr, "%s\n", qinfo);
     tk_free(sj);
 done:
     for (size_t p = 0; p < np; p++)

@@ -631,6 +631,17 @@ typedef struct {
     {TK_GEN_OPTS_VERSION, -1, 20, 0, 1.0, 50, 1.0, 0.0, 1.0, 0, 1, 1.0, TK_GEN_EARLY_HEURISTIC, {0}, 0, -1, 0, \
      NULL, 0, NULL, NULL, 1, NULL, 16, 0}
 
+/* Weight-only quantisation for inference: from the next forward on, every linear layer's weight
+ * (attention, MLP and LM head projections; not embeddings or norms) runs as `casted_linear` over an
+ * "i8" or "fp8_e4m3" copy with one f32 scale per output row (max |row| / 127 or / 448), made the first
+ * time the layer runs; activations stay in the compute dtype. "none" (or NULL) turns it off (the copies
+ * are freed). tk_model_quant_json reports what the copies save. Errors: TK_ERR_INVALID (another
+ * dtype). */
+TK_API int tk_model_quantize(tk_model *m, const char *dtype);
+/* {"quant": "i8", "weights": N, "float_bytes": B, "quant_bytes": Q}: what the quantised copies made so
+ * far replace (bytes in the compute dtype) and take (values and scales). *json is the caller's. */
+TK_API int tk_model_quant_json(char **json, const tk_model *m);
+
 typedef struct tk_gen_result tk_gen_result;
 
 /* Sets o's fields from the model's generation_config.json (and config.json's eos/pad ids), over

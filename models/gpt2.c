@@ -108,9 +108,7 @@ static int plan(tk_model *m, tk_models_batch *b)
 /* out = x W (+ bias), W stored [in, out] (Conv1D) unless plain. */
 static int linear(tk_model *m, const tk_mt *out, const tk_mt *x, const tk_mt *w, const tk_mt *bias, int conv1d)
 {
-    tk_arg a[] = {TK_A_T("out", out), TK_A_T("x", x), TK_A_T("weight", w), TK_A_I("transposed", conv1d),
-                  TK_A_T("bias", bias)};
-    return tk_models__op(m, "linear", a, bias ? 5 : 4);
+    return tk_models__linear(m, out, x, w, bias, conv1d);
 }
 
 static int layer_norm(tk_model *m, const tk_mt *out, const tk_mt *in, const tk_mt *w, const tk_mt *bias)

@@ -180,8 +180,7 @@ static int rope_cache(tk_model *m, llama *s, int64_t max_len)
 
 static int linear(tk_model *m, const tk_mt *out, const tk_mt *x, const tk_mt *w, const tk_mt *bias)
 {
-    tk_arg a[] = {TK_A_T("out", out), TK_A_T("x", x), TK_A_T("weight", w), TK_A_T("bias", bias)};
-    return tk_models__op(m, "linear", a, bias ? 4 : 3);
+    return tk_models__linear(m, out, x, w, bias, 0);
 }
 
 static int forward(tk_model *m, tk_models_batch *b)

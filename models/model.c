@@ -585,6 +585,9 @@ void tk_model_free(tk_model *m)
     tk_models__st_close(m->st);
     tk_models__config_free(&m->cfg);
     tk_tokenizer_free(m->tok);
+    for (size_t i = 0; i < m->nqw; i++)
+        dev_free(m, m->qw[i].mem);
+    free(m->qw);
     free(m->dir);
     m->magic = 0;
     free(m);
@@ -1035,4 +1038,160 @@ done:
     free(sl);
     free(st);
     return rc;
+}
+
+/* ---- weight-only quantisation (casted_linear) ------------------------------------------------- */
+
+/* f32 -> fp8 e4m3fn (bias 7, no infinities, max 448): round to nearest even, saturating. */
+static uint8_t to_e4m3(float x)
+{
+    uint8_t sign = signbit(x) ? 0x80 : 0;
+    float a = fabsf(x);
+    if (a != a)
+        return sign | 0x7F;
+    if (a >= 448.0f)
+        return sign | 0x7E;
+    if (a < 0.015625f) /* below 2^-6: subnormal steps of 2^-9 (a count of 8 is the smallest normal) */
+        return sign | (uint8_t)rintf(a * 512.0f);
+    int e;
+    float f = frexpf(a, &e); /* a = f 2^e, f in [0.5, 1) */
+    int E = e - 1, mant = (int)rintf((2 * f - 1) * 8);
+    if (mant == 8) {
+        mant = 0;
+        E++;
+    }
+    if (E > 8 || (E == 8 && mant == 7))
+        return sign | 0x7E;
+    return sign | (uint8_t)(((E + 7) << 3) | mant);
+}
+
+int tk_model_quantize(tk_model *m, const char *dtype)
+{
+    int rc = check_model(m, "tk_model_quantize");
+    if (rc != TK_OK)
+        return rc;
+    tk_dtype q = {0, 0, 0};
+    if (dtype && strcmp(dtype, "none")) {
+        if (!strcmp(dtype, "int8") || !strcmp(dtype, "i8"))
+            q = dt_of(TK_DL_INT, 8);
+        else if (!strcmp(dtype, "fp8") || !strcmp(dtype, "fp8_e4m3"))
+            q = dt_of(TK_DL_FLOAT8_E4M3FN, 8);
+        else
+            return tk__err(TK_ERR_INVALID, "quantisation '%s': want int8 (i8), fp8 (fp8_e4m3) or none", dtype);
+    }
+    for (size_t i = 0; i < m->nqw; i++)
+        dev_free(m, m->qw[i].mem);
+    m->nqw = 0;
+    m->q_float_bytes = m->q_bytes = 0;
+    m->quant = q;
+    return TK_OK;
+}
+
+int tk_model_quant_json(char **json, const tk_model *m)
+{
+    *json = NULL;
+    int rc = check_model(m, "tk_model_quant_json");
+    if (rc != TK_OK)
+        return rc;
+    json_t *o = json_pack("{s:s, s:I, s:I, s:I}", "quant", m->quant.code || m->quant.bits ? tk_dtype_name(m->quant) : "none",
+                          "weights", (json_int_t)m->nqw, "float_bytes", (json_int_t)m->q_float_bytes, "quant_bytes",
+                          (json_int_t)m->q_bytes);
+    if (!o)
+        return tk__err(TK_ERR_NOMEM, "out of memory");
+    *json = json_dumps(o, JSON_COMPACT | JSON_PRESERVE_ORDER);
+    json_decref(o);
+    return *json ? TK_OK : tk__err(TK_ERR_NOMEM, "out of memory");
+}
+
+/* The quantised copy of w (made now if need be): rows are output features, so a Conv1D weight
+ * ([K, N], transposed) is transposed on the way. */
+static int qweight(struct tk_models_qweight **out, tk_model *m, const tk_mt *w, int transposed)
+{
+    for (size_t i = 0; i < m->nqw; i++)
+        if (m->qw[i].w == w) {
+            *out = &m->qw[i];
+            return TK_OK;
+        }
+    if (m->nqw == m->capqw) {
+        size_t c = m->capqw ? 2 * m->capqw : 64;
+        struct tk_models_qweight *p = realloc(m->qw, c * sizeof *p);
+        if (!p)
+            return tk__err(TK_ERR_NOMEM, "out of memory");
+        m->qw = p;
+        m->capqw = c;
+    }
+    int64_t R = w->shape[0], C = w->shape[1], N = transposed ? C : R, K = transposed ? R : C;
+    size_t nel = (size_t)(N * K), es = w->t.dtype.bits / 8u;
+    float *wf = malloc(nel * sizeof *wf), *sc = malloc((size_t)N * sizeof *sc);
+    uint8_t *qv = malloc(nel);
+    void *tmp = NULL, *mem = NULL;
+    int rc = wf && sc && qv ? TK_OK : tk__err(TK_ERR_NOMEM, "out of memory quantising a [%lld, %lld] weight",
+                                              (long long)R, (long long)C);
+    if (rc == TK_OK && m->dev_type == TK_DEV_CUDA) {
+        if (!(tmp = malloc(nel * es)))
+            rc = tk__err(TK_ERR_NOMEM, "out of memory");
+        else if ((rc = from_dev(m, tmp, w->t.data, nel * es)) == TK_OK)
+            tk_models__dtype_to_f32(wf, tmp, nel, w->t.dtype);
+    } else if (rc == TK_OK) {
+        tk_models__dtype_to_f32(wf, w->t.data, nel, w->t.dtype);
+    }
+    int i8 = m->quant.code == TK_DL_INT;
+    float qmax = i8 ? 127.0f : 448.0f;
+    for (int64_t n = 0; rc == TK_OK && n < N; n++) {
+        float amax = 0;
+        for (int64_t k = 0; k < K; k++) {
+            float x = wf[transposed ? k * N + n : n * K + k];
+            amax = fabsf(x) > amax ? fabsf(x) : amax;
+        }
+        float s = amax > 0 && isfinite(amax) ? amax / qmax : 1.0f;
+        sc[n] = s;
+        for (int64_t k = 0; k < K; k++) {
+            float y = wf[transposed ? k * N + n : n * K + k] / s;
+            if (i8) {
+                float r = rintf(y);
+                qv[n * K + k] = (uint8_t)(int8_t)(r > 127 ? 127 : r < -127 ? -127 : r);
+            } else {
+                qv[n * K + k] = to_e4m3(y);
+            }
+        }
+    }
+    size_t qbytes = nel + (size_t)N * sizeof(float);
+    if (rc == TK_OK && (rc = dev_alloc(m, &mem, qbytes)) == TK_OK &&
+        (rc = to_dev(m, mem, qv, nel)) == TK_OK)
+        rc = to_dev(m, (char *)mem + nel, sc, (size_t)N * sizeof(float));
+    if (rc == TK_OK) {
+        struct tk_models_qweight *e = &m->qw[m->nqw++];
+        int64_t qs[2] = {N, K};
+        e->w = w;
+        e->mem = mem;
+        mt_set(&e->q, mem, m->quant, 2, qs, m->dev_type, m->dev_id);
+        mt_set(&e->scale, (char *)mem + nel, dt_of(TK_DL_FLOAT, 32), 1, &N, m->dev_type, m->dev_id);
+        m->q_float_bytes += (int64_t)(nel * es);
+        m->q_bytes += (int64_t)qbytes;
+        *out = e;
+        mem = NULL;
+    }
+    dev_free(m, mem);
+    free(wf);
+    free(sc);
+    free(qv);
+    free(tmp);
+    return rc;
+}
+
+int tk_models__linear(tk_model *m, const tk_mt *out, const tk_mt *x, const tk_mt *w, const tk_mt *bias,
+                      int transposed)
+{
+    if (m->quant.bits) {
+        struct tk_models_qweight *q = NULL;
+        int rc = qweight(&q, m, w, transposed);
+        if (rc != TK_OK)
+            return rc;
+        tk_arg a[] = {TK_A_T("out", out), TK_A_T("x", x), TK_A_T("weight", &q->q), TK_A_T("scale", &q->scale),
+                      TK_A_T("bias", bias)};
+        return tk_models__op(m, "casted_linear", a, bias ? 5 : 4);
+    }
+    tk_arg a[] = {TK_A_T("out", out), TK_A_T("x", x), TK_A_T("weight", w), TK_A_I("transposed", transposed),
+                  TK_A_T("bias", bias)};
+    return tk_models__op(m, "linear", a, bias ? 5 : 4);
 }

@@ -114,6 +114,19 @@ t_prompt_text_and_streaming() {
   [ "$s" = "$t" ] || fail "streamed '$s', --json text '$t'"
 }
 
+t_quantised_weights_and_cache() {
+  need_models || return
+  local j
+  j=$("$TK" --json generate "$CK/gpt2" --ids 0,50,60,70 --max-new-tokens 8 --quant int8 --kv-dtype i8)
+  echo "$j" | python3 -c '
+import json, sys
+d = json.load(sys.stdin)
+q, st = d["quant"], d["stats"]
+assert q["quant"] == "i8" and q["weights"] == 13 and 3 * q["quant_bytes"] < q["float_bytes"], q
+assert 0 < q["prompt_logits_max_abs_diff"] < 0.1 * q["prompt_logits_max_abs"], q
+assert st["kv_dtype"] == "i8" and len(d["ids"]) == 8, st' || fail "--quant int8 --kv-dtype i8: $j"
+}
+
 t_sampling_is_seeded() {
   need_models || return
   local a b c
@@ -154,6 +167,8 @@ t_bad_input_is_refused_clearly() {
   expect_rc 3 "$TK" generate "$WORK/nowhere" --ids 0,1
   expect_rc 1 "$TK" --json generate "$CK/gpt2" --ids 0,1 --max-new-tokens 40 --kv-max-bytes 40000 --kv-block-size 8
   expect_out "kv_max_bytes"
+  expect_rc 2 "$TK" generate "$CK/gpt2" --ids 0,1 --quant int4
+  expect_out "--quant wants int8, fp8 or none"
   expect_rc 0 "$TK" generate --help
   expect_out "--repetition-penalty"
 }
