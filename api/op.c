@@ -24,6 +24,7 @@
 #include <string.h>
 
 #include "api/api.h"
+#include "api/builtin.h"
 #include "cache/kcache.h"
 #include "jit/jit.h"
 #include "ops/ops.h"
@@ -52,6 +53,7 @@ typedef struct {
     int64_t priority;
     kparam *params;
     size_t nparams;
+    const tk_api_builtin *builtin; /* non-NULL: tk's own implementation (api/builtin.h), not a kernel */
 } cand;
 
 typedef struct {
@@ -232,6 +234,36 @@ static int add_manifest(ops_state *s, const tk_pkg *pkg)
     return rc;
 }
 
+/* Adds tk's built-in implementations (api/builtin.h) as candidates like any kernel. */
+static int add_builtins(ops_state *s)
+{
+    for (size_t i = 0; i < tk_api__builtin_count(); i++) {
+        const tk_api_builtin *b = tk_api__builtin_at(i);
+        cand *nc = realloc(s->c, (s->n + 1) * sizeof *s->c);
+        if (!nc)
+            return tk__err(TK_ERR_NOMEM, "out of memory");
+        s->c = nc;
+        cand *c = &s->c[s->n];
+        memset(c, 0, sizeof *c);
+        c->pkg = tk__strdup(TK_API_BUILTIN_PKG);
+        c->version = tk__strdup(b->version);
+        c->commit = tk__strdup("");
+        c->kernel = tk__strdup(b->kernel);
+        c->op = tk__strdup(b->op);
+        c->impl = tk__fmt("%s:%s", TK_API_BUILTIN_PKG, b->kernel);
+        if (!c->pkg || !c->version || !c->commit || !c->kernel || !c->op || !c->impl) {
+            cand_clear(c);
+            return tk__err(TK_ERR_NOMEM, "out of memory");
+        }
+        c->dtypes = b->dtypes;
+        c->min_cc = b->min_cc;
+        c->priority = b->priority;
+        c->builtin = b;
+        s->n++;
+    }
+    return TK_OK;
+}
+
 static int scan(ops_state *s, tk_ctx *ctx)
 {
     tk_pkg_list *list = NULL;
@@ -242,6 +274,8 @@ static int scan(ops_state *s, tk_ctx *ctx)
     for (size_t i = 0; rc == TK_OK && i < tk_pkg_list_count(list); i++)
         rc = add_manifest(s, tk_pkg_list_at(list, i));
     tk_pkg_list_free(list);
+    if (rc == TK_OK)
+        rc = add_builtins(s);
     if (rc != TK_OK) {
         cands_free(s);
         return rc;
@@ -300,6 +334,8 @@ static const char *unfit(const cand *c, const tk_op_call *k, int cc, const overr
         return "dtype";
     if ((c->min_cc && cc < c->min_cc) || (c->max_cc && cc > c->max_cc))
         return "compute capability";
+    if (c->builtin) /* takes every parameter of its op */
+        return NULL;
     for (size_t i = 0; i < c->nparams; i++) {
         const kparam *p = &c->params[i];
         if (p->derived)
@@ -368,6 +404,8 @@ static int kernel_for(tk_kernel **out, ops_state *s, tk_ctx *ctx, const cand *c,
 /* Binds the call's arguments to the kernel's caller-given params by name and launches. */
 static int launch(const cand *c, const tk_function *fn, const tk_op_call *k, void *stream)
 {
+    if (c->builtin)
+        return c->builtin->run(k, stream);
     tk_arg args[TK_OPS_MAX_PARAMS];
     size_t n = 0;
     for (size_t i = 0; i < c->nparams && n < TK_OPS_MAX_PARAMS; i++) {
@@ -470,7 +508,8 @@ static int measure(ops_state *s, tk_ctx *ctx, const tk_op_call *k, void *stream,
         tk_kernel *kern = NULL;
         const tk_function *fn = NULL;
         double best = 1e300;
-        if (kernel_for(&kern, s, ctx, c, k->device_id) == TK_OK && tk_kernel_function(&fn, kern, c->kernel) == TK_OK) {
+        if (c->builtin ||
+            (kernel_for(&kern, s, ctx, c, k->device_id) == TK_OK && tk_kernel_function(&fn, kern, c->kernel) == TK_OK)) {
             for (int rep = 0; rep < 4; rep++) {
                 float ms = 0;
                 int lr = TK_OK;
@@ -618,8 +657,8 @@ static int run_cuda(ops_state *s, tk_ctx *ctx, const tk_op_call *k, void *stream
             tried++;
             tk_kernel *kern = NULL;
             const tk_function *fn = NULL;
-            rc = kernel_for(&kern, s, ctx, c, k->device_id);
-            if (rc == TK_OK)
+            rc = c->builtin ? TK_OK : kernel_for(&kern, s, ctx, c, k->device_id);
+            if (rc == TK_OK && !c->builtin)
                 rc = tk_kernel_function(&fn, kern, c->kernel);
             if (rc == TK_OK)
                 rc = launch(c, fn, k, stream);

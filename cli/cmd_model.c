@@ -11,7 +11,7 @@
 
 #include "cli/cli.h"
 
-static const char *INFO_USAGE = "tk model info DIR [--dtype f32|bf16|f16] [--device cpu|cuda[:N]] [--json]";
+static const char *INFO_USAGE = "tk model info DIR [--dtype auto|f32|bf16|f16] [--device cpu|cuda[:N]] [--json]";
 static const char *LOGITS_USAGE =
     "tk model logits DIR --ids ID,ID,... [--ids ...] [--dtype f32|bf16|f16] [--device cpu|cuda[:N]] [--hidden] "
     "[--json]";
@@ -42,7 +42,7 @@ static int parse_device(tk_model_opts *o, const char *s)
 
 static int parse_dtype(const char *s)
 {
-    return !strcmp(s, "f32") || !strcmp(s, "bf16") || !strcmp(s, "f16") ? 0 : -1;
+    return !strcmp(s, "f32") || !strcmp(s, "bf16") || !strcmp(s, "f16") || !strcmp(s, "auto") ? 0 : -1;
 }
 
 /* One --ids list: "1,2,3" (spaces and brackets allowed). */
@@ -107,7 +107,7 @@ static int common_opt(tk_model_opts *o, int argc, char **argv, int *i, const cha
         const char *v = argv[++*i];
         if (dev ? parse_device(o, v) : parse_dtype(v)) {
             *exit_code = tk_cli_usage(usage, "%s '%s': want %s", argv[*i - 1], v,
-                                      dev ? "cpu, cuda or cuda:N" : "f32, bf16 or f16");
+                                      dev ? "cpu, cuda or cuda:N" : "f32, bf16, f16 or auto");
             return -1;
         }
         if (!dev)
@@ -121,6 +121,7 @@ static int cmd_info(tk_cli *cli, int argc, char **argv)
 {
     const char *dir = NULL;
     tk_model_opts o = TK_MODEL_OPTS_INIT;
+    o.dtype = "auto"; /* what the checkpoint holds, read in place: info of a large model stays cheap */
     for (int i = 1; i < argc; i++) {
         int ec = 0, r = common_opt(&o, argc, argv, &i, INFO_USAGE, &ec);
         if (r < 0)
@@ -139,7 +140,8 @@ static int cmd_info(tk_cli *cli, int argc, char **argv)
                    "mismatched checkpoint fails here with the tensor named.\n"
                    "\n"
                    "options:\n"
-                   "  --dtype T     compute dtype the weights are converted to: f32 (default), bf16, f16\n"
+                   "  --dtype T     compute dtype the weights are converted to: f32, bf16, f16, or auto\n"
+                   "                (the default here: the checkpoint's own dtype, nothing converted)\n"
                    "  --device D    cpu (default: the ops' CPU references) or cuda[:N]\n"
                    "  --json        the same as one JSON object\n"
                    "\n"
@@ -231,7 +233,8 @@ static int cmd_logits(tk_cli *cli, int argc, char **argv)
                    "  --ids LIST    comma-separated token ids of one sequence (see 'tk tokenize'); give\n"
                    "                --ids again for a batch: sequences run together but independently,\n"
                    "                and the rows follow one another in order\n"
-                   "  --dtype T     compute dtype: f32 (default), bf16, f16; the output is f32 either way\n"
+                   "  --dtype T     compute dtype: f32, bf16, f16, auto (the checkpoint's); default: f32\n"
+                   "                on the CPU, bf16 on a GPU; the output is f32 either way\n"
                    "  --device D    cpu (default) or cuda[:N]\n"
                    "  --hidden      also the last hidden states (after the final norm; BERT: the encoder\n"
                    "                output and the pooler output); the only output for BertModel\n"
@@ -406,7 +409,8 @@ int tk_cmd_embed(tk_cli *cli, int argc, char **argv)
                    "L2-normalised when modules.json lists a Normalize module (all-MiniLM-L6-v2 does).\n"
                    "\n"
                    "options:\n"
-                   "  --dtype T     compute dtype: f32 (default), bf16, f16\n"
+                   "  --dtype T     compute dtype: f32, bf16, f16, auto (the checkpoint's); default: f32\n"
+                   "                on the CPU, bf16 on a GPU\n"
                    "  --device D    cpu (default) or cuda[:N]\n"
                    "  --json        {\"embeddings\": [[...], ...]} on stdout, one row per TEXT\n"
                    "\n"

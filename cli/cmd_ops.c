@@ -720,7 +720,9 @@ int tk_cmd_run_op(tk_cli *cli, int argc, char **argv)
                    "  --shape NAME=D0,.. the shape of tensor NAME (repeatable); it binds that tensor's\n"
                    "                     symbols too, so ops with several independent sizes can run\n"
                    "                     (attention: --shape q=1,128,8,64 --shape k=1,256,2,64). An\n"
-                   "                     optional tensor is passed only when it is given a shape.\n"
+                   "                     optional tensor is passed only when it is given a shape. When\n"
+                   "                     every tensor is given one, none is derived and the op checks\n"
+                   "                     them (linear --arg transposed=1 with weight=K,N)\n"
                    "  --dtype DT         f32 (default), f16 or bf16, for the tensors that take it; the\n"
                    "                     others get their first allowed dtype (i64 targets, i8 weights)\n"
                    "  --dtype NAME=DT    tensor NAME's dtype (casted_linear: --dtype weight=fp8_e4m3)\n"
@@ -844,7 +846,18 @@ int tk_cmd_run_op(tk_cli *cli, int argc, char **argv)
     int64_t lead[MAX_D];
     dim_pat pat[MAX_D];
     int np;
-    for (int i = 0; i < nnamed; i++) {
+    /* When every tensor the call needs has its shape given, nothing is derived: the op's own check
+     * judges the shapes (a pattern holds only one layout: linear's weight is [N, K], or [K, N] with
+     * transposed=1). */
+    int all_named = !shape_s;
+    for (size_t j = 0; all_named && j < params->n; j++) {
+        const jv *p = params->items[j], *opt = jv_get(p, "optional");
+        int given = 0;
+        for (int i = 0; i < nnamed; i++)
+            given |= !strcmp(named[i].name, jv_str(jv_get(p, "name")));
+        all_named = given || strcmp(jv_str(jv_get(p, "kind")), "tensor") != 0 || (opt && opt->num);
+    }
+    for (int i = 0; i < nnamed && !all_named; i++) {
         const jv *p = NULL;
         for (size_t j = 0; j < params->n && !p; j++)
             if (!strcmp(jv_str(jv_get(params->items[j], "name")), named[i].name) &&

@@ -36,6 +36,13 @@ static void json_str(FILE *f, const char *s)
     fputc('"', f);
 }
 
+/* Reports a failed call. Malformed files and input are exit 1, not 2: 2 is for the command line. */
+static int fail(tk_cli *cli, int rc)
+{
+    int code = tk_cli_fail(cli, rc, NULL);
+    return rc == TK_ERR_INVALID ? TK_EXIT_FAIL : code;
+}
+
 /* TEXT "-" reads standard input (all of it). */
 static char *read_stdin(size_t *n)
 {
@@ -63,9 +70,18 @@ static char *read_stdin(size_t *n)
 int tk_cmd_tokenize(tk_cli *cli, int argc, char **argv)
 {
     const char *dir = NULL, *text = NULL;
-    int special = 1, tokens = 0;
+    int special = 1, tokens = 0, opts = 1;
     for (int i = 1; i < argc; i++) {
-        if (tk_cli_is_help(argv[i])) {
+        if (opts && !strcmp(argv[i], "--")) {
+            opts = 0;
+        } else if (!opts) {
+            if (!dir)
+                dir = argv[i];
+            else if (!text)
+                text = argv[i];
+            else
+                return tk_cli_usage(TOK_USAGE, "one TEXT argument (quote it, or give '-' for stdin)");
+        } else if (tk_cli_is_help(argv[i])) {
             printf("usage: %s\n"
                    "\n"
                    "Encodes TEXT with the tokenizer of a Hugging Face model directory (DIR/tokenizer.json,\n"
@@ -79,13 +95,14 @@ int tk_cmd_tokenize(tk_cli *cli, int argc, char **argv)
                    "                Llama's <s>): encode(add_special_tokens=False)\n"
                    "  --tokens      one line per token: id, a tab, the token's text\n"
                    "  --json        {\"ids\": [...], \"tokens\": [...]} on stdout\n"
+                   "  --            ends the options: for a TEXT that starts with '-'\n"
                    "\n"
                    "examples:\n"
                    "  tk tokenize ./all-MiniLM-L6-v2 'Hello, world!'      101,7592,1010,2088,999,102\n"
                    "  tk detokenize ./all-MiniLM-L6-v2 $(tk tokenize ./all-MiniLM-L6-v2 hi)\n"
                    "\n"
-                   "exit status: 0 ok, 1 a malformed or unsupported tokenizer.json or input that is\n"
-                   "not UTF-8, 2 usage, 3 no tokenizer.json.\n",
+                   "exit status: 0 ok, 1 a malformed or unsupported tokenizer.json, or a text that is\n"
+                   "not UTF-8; 2 usage; 3 no tokenizer.json there.\n",
                    TOK_USAGE);
             return TK_EXIT_OK;
         } else if (!strcmp(argv[i], "--no-special")) {
@@ -107,7 +124,7 @@ int tk_cmd_tokenize(tk_cli *cli, int argc, char **argv)
     tk_tokenizer *tok = NULL;
     int rc = tk_tokenizer_load(&tok, dir);
     if (rc != TK_OK)
-        return tk_cli_fail(cli, rc, NULL);
+        return fail(cli, rc);
     char *in = NULL;
     size_t len = strlen(text);
     if (!strcmp(text, "-")) {
@@ -124,7 +141,7 @@ int tk_cmd_tokenize(tk_cli *cli, int argc, char **argv)
     free(in);
     if (rc != TK_OK) {
         tk_tokenizer_free(tok);
-        return tk_cli_fail(cli, rc, NULL);
+        return fail(cli, rc);
     }
     if (cli->json) {
         printf("{\"ids\": [");
@@ -197,11 +214,18 @@ int tk_cmd_detokenize(tk_cli *cli, int argc, char **argv)
     const char *dir = NULL;
     int skip = 0;
     char **idargs = calloc((size_t)argc + 1, sizeof *idargs);
-    int nid = 0;
+    int nid = 0, opts = 1;
     if (!idargs)
         return tk_cli_fail(cli, TK_ERR_NOMEM, NULL);
     for (int i = 1; i < argc; i++) {
-        if (tk_cli_is_help(argv[i])) {
+        if (opts && !strcmp(argv[i], "--")) {
+            opts = 0;
+        } else if (!opts) {
+            if (!dir)
+                dir = argv[i];
+            else
+                idargs[nid++] = argv[i];
+        } else if (tk_cli_is_help(argv[i])) {
             printf("usage: %s\n"
                    "\n"
                    "Decodes token ids with the tokenizer of a Hugging Face model directory\n"
@@ -212,12 +236,13 @@ int tk_cmd_detokenize(tk_cli *cli, int argc, char **argv)
                    "options:\n"
                    "  --skip-special  leave out special tokens: decode(skip_special_tokens=True)\n"
                    "  --json          {\"text\": \"...\"} on stdout\n"
+                   "  --              ends the options (negative ids are read as ids anyway)\n"
                    "\n"
                    "example:\n"
                    "  tk detokenize ./all-MiniLM-L6-v2 101,7592,1010,2088,999,102   [CLS] hello, world! [SEP]\n"
                    "\n"
-                   "exit status: 0 ok, 1 an id outside the vocabulary or a malformed tokenizer.json,\n"
-                   "2 usage, 3 no tokenizer.json.\n",
+                   "exit status: 0 ok, 1 an id outside the vocabulary or a malformed or unsupported\n"
+                   "tokenizer.json; 2 usage; 3 no tokenizer.json there.\n",
                    DETOK_USAGE);
             free(idargs);
             return TK_EXIT_OK;
@@ -251,7 +276,7 @@ int tk_cmd_detokenize(tk_cli *cli, int argc, char **argv)
     free(ids);
     tk_tokenizer_free(tok);
     if (rc != TK_OK)
-        return tk_cli_fail(cli, rc, NULL);
+        return fail(cli, rc);
     if (cli->json) {
         printf("{\"text\": ");
         json_str(stdout, text);

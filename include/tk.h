@@ -447,7 +447,10 @@ typedef struct {
     unsigned version;  /* TK_MODEL_OPTS_VERSION */
     int device_type;   /* TK_DEV_CPU (default: the ops' CPU references) or TK_DEV_CUDA */
     int device_id;     /* the CUDA device ordinal */
-    const char *dtype; /* compute dtype: "f32", "bf16" or "f16"; NULL: "f32" */
+    const char *dtype; /* compute dtype: "f32", "bf16" or "f16"; "auto": the checkpoint's own (config.json's
+                          torch_dtype: no conversion, weights read in place); NULL: "f32" on the CPU,
+                          "bf16" on a GPU (its attention kernels take bf16 and f16, head sizes 64, 128,
+                          256) */
 } tk_model_opts;
 #define TK_MODEL_OPTS_INIT {TK_MODEL_OPTS_VERSION, TK_DEV_CPU, 0, NULL}
 
@@ -476,8 +479,8 @@ TK_API int tk_model_info_json(char **out, const tk_model *m);
  * (sum(lens) x vocab_size floats; NULL: not computed) and the last hidden state (after the final norm
  * for Llama and GPT-2, the encoder output for BERT) into `hidden` (sum(lens) x hidden_size; NULL: not
  * copied). Outputs are f32 whatever the compute dtype. Activations are planned once per batch shape
- * and kept. Errors: TK_ERR_INVALID (an id outside the vocabulary, a sequence longer than the model's
- * positions, logits asked of a model without an LM head), TK_ERR_NOMEM, and those of tk_op_run. */
+ * and kept. Errors: TK_ERR_INVALID (an id outside the vocabulary, a sequence longer than the learned
+ * positions of GPT-2 or BERT, logits asked of a model without an LM head), TK_ERR_NOMEM, and those of tk_op_run. */
 TK_API int tk_model_forward(tk_model *m, const int32_t *ids, const size_t *lens, size_t nseq, float *logits,
                             float *hidden);
 /* BertModel's pooler output of the last forward: tanh(dense(hidden state of each sequence's first

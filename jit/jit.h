@@ -173,6 +173,11 @@ int tk_jit__mem_free(uint64_t p, int device);
 int tk_jit__mem_copy(void *dst, const void *src, size_t bytes, int kind, int device);
 int tk_jit__mem_set(uint64_t p, int value, size_t bytes, int device);
 int tk_jit__sync(int device);
+/* Makes the device's primary context current on this thread (retained once per process) for driver
+ * or CUDA-library calls; tk_jit__ctx_pop restores the caller's. TK_ERR_NO_DEVICE, TK_ERR_INVALID for
+ * a device that does not exist, TK_ERR_LAUNCH. */
+int tk_jit__ctx_push(int device);
+void tk_jit__ctx_pop(void);
 /* Stream-ordered device-to-device copy. */
 int tk_jit__mem_copy_async(uint64_t dst, uint64_t src, size_t bytes, int device, void *stream);
 

@@ -17,7 +17,7 @@
 static pthread_mutex_t ctx_mu = PTHREAD_MUTEX_INITIALIZER;
 static CUcontext ctxs[MAX_DEVICES];
 
-static int push(int device)
+int tk_jit__ctx_push(int device)
 {
     const tk_cu_api *cu;
     CUresult r;
@@ -49,7 +49,7 @@ static int push(int device)
     return TK_OK;
 }
 
-static void pop(void)
+void tk_jit__ctx_pop(void)
 {
     CUcontext c;
     tk_jit__cu()->cuCtxPopCurrent(&c);
@@ -68,12 +68,12 @@ static int fail(CUresult r, const char *what, int device)
 
 int tk_jit__mem_alloc(uint64_t *out, int device, size_t bytes)
 {
-    int rc = push(device);
+    int rc = tk_jit__ctx_push(device);
     if (rc != TK_OK)
         return rc;
     CUdeviceptr p = 0;
     CUresult r = tk_jit__cu()->cuMemAlloc(&p, bytes ? bytes : 1);
-    pop();
+    tk_jit__ctx_pop();
     if (r != CUDA_SUCCESS)
         return fail(r, "cuMemAlloc", device);
     *out = p;
@@ -82,11 +82,11 @@ int tk_jit__mem_alloc(uint64_t *out, int device, size_t bytes)
 
 int tk_jit__mem_free(uint64_t p, int device)
 {
-    int rc = push(device);
+    int rc = tk_jit__ctx_push(device);
     if (rc != TK_OK)
         return rc;
     CUresult r = tk_jit__cu()->cuMemFree(p);
-    pop();
+    tk_jit__ctx_pop();
     return r == CUDA_SUCCESS ? TK_OK : fail(r, "cuMemFree", device);
 }
 
@@ -94,7 +94,7 @@ int tk_jit__mem_copy(void *dst, const void *src, size_t bytes, int kind, int dev
 {
     const tk_cu_api *cu;
     CUresult r;
-    int rc = push(device);
+    int rc = tk_jit__ctx_push(device);
     if (rc != TK_OK)
         return rc;
     cu = tk_jit__cu();
@@ -103,37 +103,37 @@ int tk_jit__mem_copy(void *dst, const void *src, size_t bytes, int kind, int dev
     case TK_JIT_COPY_D2H: r = cu->cuMemcpyDtoH(dst, (CUdeviceptr)(uintptr_t)src, bytes); break;
     default: r = cu->cuMemcpyDtoD((CUdeviceptr)(uintptr_t)dst, (CUdeviceptr)(uintptr_t)src, bytes); break;
     }
-    pop();
+    tk_jit__ctx_pop();
     return r == CUDA_SUCCESS ? TK_OK : fail(r, "cuMemcpy", device);
 }
 
 int tk_jit__mem_set(uint64_t p, int value, size_t bytes, int device)
 {
-    int rc = push(device);
+    int rc = tk_jit__ctx_push(device);
     if (rc != TK_OK)
         return rc;
     CUresult r = tk_jit__cu()->cuMemsetD8(p, (unsigned char)value, bytes);
-    pop();
+    tk_jit__ctx_pop();
     return r == CUDA_SUCCESS ? TK_OK : fail(r, "cuMemsetD8", device);
 }
 
 int tk_jit__sync(int device)
 {
-    int rc = push(device);
+    int rc = tk_jit__ctx_push(device);
     if (rc != TK_OK)
         return rc;
     CUresult r = tk_jit__cu()->cuCtxSynchronize();
-    pop();
+    tk_jit__ctx_pop();
     return r == CUDA_SUCCESS ? TK_OK : fail(r, "cuCtxSynchronize (a kernel launched earlier failed)", device);
 }
 
 int tk_jit__mem_copy_async(uint64_t dst, uint64_t src, size_t bytes, int device, void *stream)
 {
-    int rc = push(device);
+    int rc = tk_jit__ctx_push(device);
     if (rc != TK_OK)
         return rc;
     CUresult r = tk_jit__cu()->cuMemcpyDtoDAsync(dst, src, bytes, (CUstream)stream);
-    pop();
+    tk_jit__ctx_pop();
     return r == CUDA_SUCCESS ? TK_OK : fail(r, "cuMemcpyDtoDAsync", device);
 }
 
@@ -145,7 +145,7 @@ struct tk_jit_timer {
 int tk_jit__timer_new(tk_jit_timer **out, int device)
 {
     *out = NULL;
-    int rc = push(device);
+    int rc = tk_jit__ctx_push(device);
     if (rc != TK_OK)
         return rc;
     const tk_cu_api *cu = tk_jit__cu();
@@ -153,7 +153,7 @@ int tk_jit__timer_new(tk_jit_timer **out, int device)
     CUresult r = CUDA_ERROR_OUT_OF_MEMORY;
     if (t && (r = cu->cuEventCreate(&t->a, 0)) == CUDA_SUCCESS && (r = cu->cuEventCreate(&t->b, 0)) != CUDA_SUCCESS)
         cu->cuEventDestroy(t->a);
-    pop();
+    tk_jit__ctx_pop();
     if (r != CUDA_SUCCESS) {
         free(t);
         return fail(r, "cuEventCreate", device);
@@ -165,18 +165,18 @@ int tk_jit__timer_new(tk_jit_timer **out, int device)
 
 int tk_jit__timer_start(tk_jit_timer *t, void *stream)
 {
-    int rc = push(t->device);
+    int rc = tk_jit__ctx_push(t->device);
     if (rc != TK_OK)
         return rc;
     CUresult r = tk_jit__cu()->cuEventRecord(t->a, (CUstream)stream);
-    pop();
+    tk_jit__ctx_pop();
     return r == CUDA_SUCCESS ? TK_OK : fail(r, "cuEventRecord", t->device);
 }
 
 int tk_jit__timer_stop(tk_jit_timer *t, void *stream, float *ms)
 {
     const tk_cu_api *cu = tk_jit__cu();
-    int rc = push(t->device);
+    int rc = tk_jit__ctx_push(t->device);
     if (rc != TK_OK)
         return rc;
     CUresult r = cu->cuEventRecord(t->b, (CUstream)stream);
@@ -184,7 +184,7 @@ int tk_jit__timer_stop(tk_jit_timer *t, void *stream, float *ms)
         r = cu->cuEventSynchronize(t->b);
     if (r == CUDA_SUCCESS)
         r = cu->cuEventElapsedTime(ms, t->a, t->b);
-    pop();
+    tk_jit__ctx_pop();
     return r == CUDA_SUCCESS ? TK_OK : fail(r, "timing a launch", t->device);
 }
 
@@ -192,10 +192,10 @@ void tk_jit__timer_free(tk_jit_timer *t)
 {
     if (!t)
         return;
-    if (push(t->device) == TK_OK) {
+    if (tk_jit__ctx_push(t->device) == TK_OK) {
         tk_jit__cu()->cuEventDestroy(t->a);
         tk_jit__cu()->cuEventDestroy(t->b);
-        pop();
+        tk_jit__ctx_pop();
     }
     free(t);
 }

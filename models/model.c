@@ -292,11 +292,12 @@ static int weight(const tk_mt **out, tk_model *m, const char *name, int ndim, co
     void *host = malloc((size_t)(n ? n : 1) * dt_size(m->dtype));
     if (!host)
         return tk__err(TK_ERR_NOMEM, "out of memory loading '%s'", name);
-    if ((rc = convert(m, host, t, 0, n, 1, 0)) != TK_OK || (rc = place(m, w, host, t->ndim, t->shape)) != TK_OK) {
-        if (rc != TK_OK && m->dev_type == TK_DEV_CPU)
-            free(host);
+    if ((rc = convert(m, host, t, 0, n, 1, 0)) != TK_OK) {
+        free(host);
         return tk__err_wrap(rc, "tensor '%s'", name);
     }
+    if ((rc = place(m, w, host, t->ndim, t->shape)) != TK_OK) /* place owns host from here */
+        return tk__err_wrap(rc, "tensor '%s'", name);
     *out = &w->mt;
     return TK_OK;
 }
@@ -446,7 +447,7 @@ static int parse_dtype(tk_dtype *out, const char *s)
     else if (!strcmp(s, "f16") || !strcmp(s, "float16"))
         *out = dt_of(TK_DL_FLOAT, 16);
     else
-        return tk__err(TK_ERR_INVALID, "model dtype '%s' is not one of f32, bf16, f16", s);
+        return tk__err(TK_ERR_INVALID, "model dtype '%s' is not one of f32, bf16, f16, auto", s);
     return TK_OK;
 }
 
@@ -534,7 +535,11 @@ int tk_model_load(tk_model **out, tk_ctx *ctx, const char *dir, const tk_model_o
     m->dev_type = opts->device_type;
     m->dev_id = opts->device_id;
     int rc;
-    if ((rc = parse_dtype(&m->dtype, opts->dtype)) != TK_OK)
+    /* NULL: f32 on the CPU; bf16 on a GPU, whose attention kernels take bf16 and f16. "auto": the
+     * checkpoint's torch_dtype (known after config.json), so its weights need no conversion. */
+    int autodt = opts->dtype && !strcmp(opts->dtype, "auto");
+    if (!autodt && (rc = parse_dtype(&m->dtype, opts->dtype ? opts->dtype
+                                                            : m->dev_type == TK_DEV_CUDA ? "bf16" : "f32")) != TK_OK)
         goto fail;
     if (m->dev_type == TK_DEV_CUDA) {
         int n = 0;
@@ -551,6 +556,10 @@ int tk_model_load(tk_model **out, tk_ctx *ctx, const char *dir, const tk_model_o
     }
     if ((rc = tk_models__config_load(&m->cfg, dir)) != TK_OK)
         goto fail;
+    if (autodt) {
+        const char *t = m->cfg.torch_dtype;
+        parse_dtype(&m->dtype, !strcmp(t, "bfloat16") || !strcmp(t, "float16") ? t : "float32");
+    }
     switch (m->cfg.family) {
     case TK_FAMILY_LLAMA: m->arch = &tk_models__llama; break;
     case TK_FAMILY_GPT2: m->arch = &tk_models__gpt2; break;

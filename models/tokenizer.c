@@ -109,9 +109,11 @@ static void piecev_free(piecev *a)
     memset(a, 0, sizeof *a);
 }
 
-/* String → index, open addressing over an array of strings the caller keeps. */
+/* String → index, open addressing over an array of strings the caller keeps. A slot holds the
+ * index + 1 (0: empty) in its low half and the key's hash in its high half, so a probe rarely has
+ * to read the key itself. */
 typedef struct {
-    uint32_t *slot; /* index + 1; 0 is empty */
+    uint64_t *slot;
     size_t mask;
 } strmap;
 
@@ -140,13 +142,16 @@ static int64_t strmap_get(const strmap *m, const str *keys, const char *s, size_
 {
     if (!m->slot)
         return -1;
-    for (size_t i = hash_bytes(s, n) & m->mask;; i = (i + 1) & m->mask) {
-        uint32_t k = m->slot[i];
-        if (!k)
+    uint64_t h = hash_bytes(s, n), tag = h >> 32;
+    for (size_t i = h & m->mask;; i = (i + 1) & m->mask) {
+        uint64_t e = m->slot[i];
+        if (!e)
             return -1;
-        const str *e = &keys[k - 1];
-        if (e->n == n && memcmp(e->s, s, n) == 0)
-            return k - 1;
+        if (e >> 32 != tag)
+            continue;
+        const str *k = &keys[(uint32_t)e - 1];
+        if (k->n == n && memcmp(k->s, s, n) == 0)
+            return (uint32_t)e - 1;
     }
 }
 
@@ -154,13 +159,15 @@ static int64_t strmap_get(const strmap *m, const str *keys, const char *s, size_
 static void strmap_put(strmap *m, const str *keys, uint32_t idx)
 {
     const str *k = &keys[idx];
-    for (size_t i = hash_bytes(k->s, k->n) & m->mask;; i = (i + 1) & m->mask) {
-        uint32_t e = m->slot[i];
+    uint64_t h = hash_bytes(k->s, k->n), tag = h >> 32;
+    for (size_t i = h & m->mask;; i = (i + 1) & m->mask) {
+        uint64_t e = m->slot[i];
         if (!e) {
-            m->slot[i] = idx + 1;
+            m->slot[i] = tag << 32 | (uint64_t)(idx + 1);
             return;
         }
-        if (keys[e - 1].n == k->n && memcmp(keys[e - 1].s, k->s, k->n) == 0)
+        const str *o = &keys[(uint32_t)e - 1];
+        if (e >> 32 == tag && o->n == k->n && memcmp(o->s, k->s, k->n) == 0)
             return;
     }
 }
@@ -203,6 +210,10 @@ static int pairmap_get(const pairmap *m, int32_t a, int32_t b, uint32_t *rank, i
 /* Decodes the code point at s[i] (valid UTF-8 assumed: checked once on entry); returns its length. */
 static size_t u8_next(const char *s, size_t n, size_t i, int32_t *cp)
 {
+    if ((uint8_t)s[i] < 0x80) {
+        *cp = (uint8_t)s[i];
+        return 1;
+    }
     utf8proc_int32_t c = 0;
     utf8proc_ssize_t k = utf8proc_iterate((const uint8_t *)s + i, (utf8proc_ssize_t)(n - i), &c);
     if (k <= 0) { /* cannot happen on validated text; step one byte so loops end */
@@ -228,6 +239,11 @@ static int u8_valid(const char *s, size_t n)
 
 static int buf_putc(tk_buf *b, int32_t c)
 {
+    if (c < 0x80 && b->len + 1 < b->cap) { /* the common case, without a call */
+        b->data[b->len++] = (char)c;
+        b->data[b->len] = 0;
+        return TK_OK;
+    }
     uint8_t u[4];
     utf8proc_ssize_t k = utf8proc_encode_char(c, u);
     return tk__buf_append(b, u, (size_t)k);
@@ -238,6 +254,8 @@ static int is_ws(int32_t c)
 {
     if ((c >= 9 && c <= 13) || c == 0x85 || c == ' ')
         return 1;
+    if (c < 0x80)
+        return 0;
     utf8proc_category_t k = utf8proc_category(c);
     return k == UTF8PROC_CATEGORY_ZS || k == UTF8PROC_CATEGORY_ZL || k == UTF8PROC_CATEGORY_ZP;
 }
@@ -247,6 +265,8 @@ static int is_punct(int32_t c) /* Rust is_ascii_punctuation || Unicode P* (BERT'
     if (c < 128 && ((c >= 33 && c <= 47) || (c >= 58 && c <= 64) || (c >= 91 && c <= 96) ||
                     (c >= 123 && c <= 126)))
         return 1;
+    if (c < 0x80)
+        return 0;
     utf8proc_category_t k = utf8proc_category(c);
     return k >= UTF8PROC_CATEGORY_PC && k <= UTF8PROC_CATEGORY_PO;
 }
@@ -257,10 +277,13 @@ static int is_numeric(int32_t c) /* Rust char::is_numeric: N* */
     return k == UTF8PROC_CATEGORY_ND || k == UTF8PROC_CATEGORY_NL || k == UTF8PROC_CATEGORY_NO;
 }
 
-static int is_alnum(int32_t c)
+/* Rust regex's \w, which tokenizers uses for an added token's single_word: letters, marks, Nd, Nl,
+ * connector punctuation and the joiners. */
+static int is_word(int32_t c)
 {
     utf8proc_category_t k = utf8proc_category(c);
-    return (k >= UTF8PROC_CATEGORY_LU && k <= UTF8PROC_CATEGORY_LO) || is_numeric(c);
+    return (k >= UTF8PROC_CATEGORY_LU && k <= UTF8PROC_CATEGORY_ME) || k == UTF8PROC_CATEGORY_ND ||
+           k == UTF8PROC_CATEGORY_NL || k == UTF8PROC_CATEGORY_PC || c == 0x200C || c == 0x200D;
 }
 
 /* BERT's "Chinese character" blocks (the CJK Unified Ideographs ranges of the original BERT code). */
@@ -580,6 +603,10 @@ struct tk_tokenizer {
     size_t nadded;
     strmap amap;     /* content → index in added */
     str *akeys;      /* the contents, for amap */
+    /* added tokens by first byte, longest first ([0]: matched in the raw text, [1]: normalised):
+     * abidx[k][abstart[k][b] .. abstart[k][b + 1]) */
+    uint32_t *abidx[2];
+    uint32_t abstart[2][257];
     /* pipeline */
     norm_step *norm;
     size_t nnorm;
@@ -627,6 +654,8 @@ void tk_tokenizer_free(tk_tokenizer *t)
     free(t->added);
     free(t->akeys);
     free(t->amap.slot);
+    free(t->abidx[0]);
+    free(t->abidx[1]);
     for (size_t i = 0; i < t->nnorm; i++) {
         free(t->norm[i].s.s);
         pattern_free(&t->norm[i].pat);
@@ -652,6 +681,11 @@ static int lower_into(tk_buf *o, const char *s, size_t n)
     int rc = TK_OK;
     for (size_t i = 0; i < n && rc == TK_OK;) {
         int32_t c;
+        if ((uint8_t)s[i] < 0x80) {
+            c = (uint8_t)s[i++];
+            rc = buf_putc(o, c >= 'A' && c <= 'Z' ? c + 32 : c);
+            continue;
+        }
         i += u8_next(s, n, i, &c);
         if (c == 0x130) /* İ: Rust's to_lowercase gives i + combining dot (SpecialCasing.txt) */
             rc = tk__buf_puts(o, "i\xCC\x87");
@@ -661,10 +695,20 @@ static int lower_into(tk_buf *o, const char *s, size_t n)
     return rc;
 }
 
+static int is_ascii(const char *s, size_t n)
+{
+    for (size_t i = 0; i < n; i++)
+        if ((uint8_t)s[i] >= 0x80)
+            return 0;
+    return 1;
+}
+
 static int unicode_form(tk_buf *o, const char *s, size_t n, int opts)
 {
     if (n == 0)
         return TK_OK;
+    if (is_ascii(s, n)) /* ASCII is the same in every normalisation form */
+        return tk__buf_append(o, s, n);
     utf8proc_uint8_t *dst = NULL;
     utf8proc_ssize_t k = utf8proc_map((const utf8proc_uint8_t *)s, (utf8proc_ssize_t)n, &dst,
                                       (utf8proc_option_t)(UTF8PROC_STABLE | opts));
@@ -679,13 +723,17 @@ static int unicode_form(tk_buf *o, const char *s, size_t n, int opts)
     return rc;
 }
 
-static int strip_marks(tk_buf *o, const char *s, size_t n) /* drops Mn (nonspacing marks) */
+/* Drops marks: all of them (Mn, Mc, Me) for StripAccents, as unicode-normalization's
+ * is_combining_mark; only Mn for BertNormalizer (is_mark_nonspacing). */
+static int strip_marks(tk_buf *o, const char *s, size_t n, int all)
 {
     int rc = TK_OK;
     for (size_t i = 0; i < n && rc == TK_OK;) {
         int32_t c;
         size_t k = u8_next(s, n, i, &c);
-        if (utf8proc_category(c) != UTF8PROC_CATEGORY_MN)
+        utf8proc_category_t cat = utf8proc_category(c);
+        if (!(cat == UTF8PROC_CATEGORY_MN ||
+              (all && (cat == UTF8PROC_CATEGORY_MC || cat == UTF8PROC_CATEGORY_ME))))
             rc = tk__buf_append(o, s + i, k);
         i += k;
     }
@@ -713,7 +761,7 @@ static int norm_apply(const norm_step *st, tk_buf *o, const char *s, size_t n)
     case NM_NFKC: return unicode_form(o, s, n, UTF8PROC_COMPOSE | UTF8PROC_COMPAT);
     case NM_NFKD: return unicode_form(o, s, n, UTF8PROC_DECOMPOSE | UTF8PROC_COMPAT);
     case NM_LOWER: return lower_into(o, s, n);
-    case NM_STRIPACC: return strip_marks(o, s, n);
+    case NM_STRIPACC: return strip_marks(o, s, n, 1);
     case NM_PREPEND:
         if (n && (rc = tk__buf_append(o, st->s.s, st->s.n)))
             return rc;
@@ -745,7 +793,12 @@ static int norm_apply(const norm_step *st, tk_buf *o, const char *s, size_t n)
             int32_t c;
             size_t k = u8_next(s, n, i, &c);
             i += k;
-            if (st->clean_text) {
+            if (st->clean_text && c < 0x80) {
+                if (c == 0 || (c < 0x20 && c != '\t' && c != '\n' && c != '\r') || c == 0x7f)
+                    continue; /* Cc */
+                if (is_ws(c))
+                    c = ' ';
+            } else if (st->clean_text) {
                 utf8proc_category_t cat = utf8proc_category(c);
                 int control = c != '\t' && c != '\n' && c != '\r' &&
                               (cat == UTF8PROC_CATEGORY_CC || cat == UTF8PROC_CATEGORY_CF ||
@@ -766,7 +819,7 @@ static int norm_apply(const norm_step *st, tk_buf *o, const char *s, size_t n)
         if (rc == TK_OK && st->strip_accents) {
             if (!(rc = unicode_form(&t2, t1.data ? t1.data : "", t1.len, UTF8PROC_DECOMPOSE))) {
                 t1.len = 0;
-                rc = strip_marks(&t1, t2.data ? t2.data : "", t2.len);
+                rc = strip_marks(&t1, t2.data ? t2.data : "", t2.len, 0);
             }
         }
         if (rc == TK_OK)
@@ -1174,21 +1227,25 @@ static int added_segments(const tk_tokenizer *t, segv *sg, int normalized, const
     sg->n = 0;
     size_t last = 0; /* end of what is already assigned */
     int rc = TK_OK;
+    const uint32_t *idx = t->abidx[normalized];
+    const uint32_t *start = t->abstart[normalized];
     for (size_t i = 0; i < n;) {
+        /* the candidates start with this byte, longest first: the first that matches wins. A
+         * token starts with a UTF-8 lead byte, so stepping one byte never starts a match inside
+         * a character. */
+        uint8_t b = (uint8_t)s[i];
         size_t best = 0, bestlen = 0;
-        for (size_t a = 0; a < t->nadded; a++) {
-            const added_tok *at = &t->added[a];
-            if (at->normalized != normalized)
-                continue;
+        for (uint32_t k = start[b]; k < start[b + 1]; k++) {
+            const added_tok *at = &t->added[idx[k]];
             const str *c = normalized ? &at->norm : &at->content;
-            if (c->n > bestlen && c->n <= n - i && memcmp(s + i, c->s, c->n) == 0) {
-                best = a + 1;
+            if (c->n <= n - i && memcmp(s + i, c->s, c->n) == 0) {
+                best = idx[k] + 1;
                 bestlen = c->n;
+                break;
             }
         }
         if (!best) {
-            int32_t c;
-            i += u8_next(s, n, i, &c);
+            i++;
             continue;
         }
         const added_tok *at = &t->added[best - 1];
@@ -1202,11 +1259,11 @@ static int added_segments(const tk_tokenizer *t, segv *sg, int normalized, const
                 while (j > 0 && ((uint8_t)s[j] & 0xC0) == 0x80)
                     j--;
                 u8_next(s, n, j, &c);
-                before = is_alnum(c) || c == '_';
+                before = is_word(c);
             }
             if (me < n) {
                 u8_next(s, n, me, &c);
-                after = is_alnum(c) || c == '_';
+                after = is_word(c);
             }
             if (before || after)
                 continue;
@@ -2123,9 +2180,12 @@ static int post_wrap(tk_tokenizer *t, const int32_t *pre, size_t npre, const int
     int32_t *p = malloc((npre + nold + nsuf) * sizeof *p);
     if (!p)
         return tk__err(TK_ERR_NOMEM, "out of memory");
-    memcpy(p, pre, npre * sizeof *p);
-    memcpy(p + npre, old, nold * sizeof *p);
-    memcpy(p + npre + nold, suf, nsuf * sizeof *p);
+    if (npre)
+        memcpy(p, pre, npre * sizeof *p);
+    if (nold)
+        memcpy(p + npre, old, nold * sizeof *p);
+    if (nsuf)
+        memcpy(p + npre + nold, suf, nsuf * sizeof *p);
     if (t->has_post)
         free(t->post);
     t->post = p;
@@ -2229,12 +2289,24 @@ static int parse_post(ld *L, json_t *o, const char *field, int depth)
                "post_processor type '%s' is not supported\nHINT: tk supports %s", ty, SUP_POST);
 }
 
-static int set_vocab(ld *L, const char *key, int64_t id, const char *field)
+/* The largest id a file may use: real vocabularies are dense, and a sparse one would make a tiny
+ * file allocate gigabytes (one pointer per id). */
+static int64_t id_limit(size_t ntokens)
+{
+    int64_t lim = (int64_t)1 << 20;
+    if ((int64_t)ntokens * 64 > lim)
+        lim = (int64_t)ntokens * 64;
+    return lim < TOK_MAX_ID ? lim : TOK_MAX_ID;
+}
+
+static int set_vocab(ld *L, const char *key, int64_t id, int64_t limit, const char *field)
 {
     tk_tokenizer *t = L->t;
-    if (id < 0 || id >= TOK_MAX_ID)
-        return bad(L, TK_ERR_INVALID, field, "token '%s' has id %lld, outside [0, 2^30)", key,
-                   (long long)id);
+    if (id < 0 || id >= limit)
+        return bad(L, TK_ERR_INVALID, field,
+                   "token '%s' has id %lld, outside [0, %lld) (ids are dense: at most 64 per token "
+                   "or 2^20)",
+                   key, (long long)id, (long long)limit);
     if ((size_t)id >= t->nvocab) {
         size_t n = (size_t)id + 1;
         str *v = realloc(t->vocab, n * sizeof *v);
@@ -2369,12 +2441,25 @@ static int parse_model(ld *L, json_t *o)
                    vocab ? jtype(vocab) : "missing");
     const char *key;
     json_t *v;
+    int64_t maxid = -1, limit = id_limit(json_object_size(vocab));
+    json_object_foreach(vocab, key, v) /* first the size, so the table is allocated once */
+    {
+        if (json_is_integer(v) && json_integer_value(v) > maxid && json_integer_value(v) < limit)
+            maxid = json_integer_value(v);
+    }
+    if (maxid >= 0) {
+        t->vocab = calloc((size_t)maxid + 1, sizeof *t->vocab);
+        if (!t->vocab)
+            return tk__err(TK_ERR_NOMEM, "out of memory");
+        t->nvocab = (size_t)maxid + 1;
+    }
     json_object_foreach(vocab, key, v)
     {
         if (!json_is_integer(v))
             return bad(L, TK_ERR_INVALID, "model.vocab", "the id of '%s' must be an integer, not %s",
                        key, jtype(v));
-        if ((rc = set_vocab(L, key, json_integer_value(v), "model.vocab")))
+        if ((rc = set_vocab(L, key, json_integer_value(v), id_limit(json_object_size(vocab)),
+                            "model.vocab")))
             return rc;
     }
     if ((rc = strmap_init(&t->vmap, t->nvocab)))
@@ -2445,7 +2530,7 @@ static int parse_added(ld *L, json_t *a)
         added_tok *at = &t->added[t->nadded++];
         int64_t id;
         if ((rc = req_str(L, e, "content", f, &at->content)) ||
-            (rc = opt_int(L, e, "id", f, &id, -1, 0, TOK_MAX_ID - 1)) ||
+            (rc = opt_int(L, e, "id", f, &id, -1, 0, id_limit(t->nvocab + n) - 1)) ||
             (rc = opt_bool(L, e, "special", f, &at->special, 0)) ||
             (rc = opt_bool(L, e, "lstrip", f, &at->lstrip, 0)) ||
             (rc = opt_bool(L, e, "rstrip", f, &at->rstrip, 0)) ||
@@ -2463,6 +2548,40 @@ static int parse_added(ld *L, json_t *a)
         return rc;
     for (size_t i = 0; i < t->nadded; i++)
         strmap_put(&t->amap, t->akeys, (uint32_t)i);
+    return TK_OK;
+}
+
+/* The first-byte index of the added tokens (see abidx), built once at load. */
+static int added_index(tk_tokenizer *t)
+{
+    for (int k = 0; k < 2; k++) {
+        uint32_t *idx = malloc((t->nadded ? t->nadded : 1) * sizeof *idx);
+        if (!idx)
+            return tk__err(TK_ERR_NOMEM, "out of memory");
+        t->abidx[k] = idx;
+        size_t m = 0;
+        for (int b = 0; b < 256; b++) {
+            t->abstart[k][b] = (uint32_t)m;
+            size_t first = m;
+            for (size_t a = 0; a < t->nadded; a++) {
+                const added_tok *at = &t->added[a];
+                const str *c = k ? &at->norm : &at->content;
+                if (at->normalized == k && c->n && (uint8_t)c->s[0] == b)
+                    idx[m++] = (uint32_t)a;
+            }
+            for (size_t i = first + 1; i < m; i++) { /* insertion sort: longest first */
+                uint32_t v = idx[i];
+                size_t vn = k ? t->added[v].norm.n : t->added[v].content.n;
+                size_t j = i;
+                while (j > first && (k ? t->added[idx[j - 1]].norm.n : t->added[idx[j - 1]].content.n) < vn) {
+                    idx[j] = idx[j - 1];
+                    j--;
+                }
+                idx[j] = v;
+            }
+        }
+        t->abstart[k][256] = (uint32_t)m;
+    }
     return TK_OK;
 }
 
@@ -2537,6 +2656,8 @@ int tk_models__tokenizer_parse(tk_tokenizer **out, const char *json, size_t len,
         if (at->norm.n == 0)
             at->normalized = 2; /* normalises to nothing: it can never match */
     }
+    if ((rc = added_index(t)))
+        goto fail;
     /* ids → text: the model's vocabulary, with the added tokens over it */
     t->nids = t->nvocab;
     for (size_t i = 0; i < t->nadded; i++)

@@ -6,6 +6,7 @@
  * usable after a failed call, plans reused and replanned across batch shapes, batching that does not
  * change a sequence's rows, and the parser's refusals.
  */
+#include <dirent.h>
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -13,6 +14,7 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
+#include "fuzz/fuzz_safetensors.c" /* LLVMFuzzerTestOneInput, replayed below */
 #include "harness.h"
 #include "models/models.h"
 #include "tk.h"
@@ -313,6 +315,39 @@ static void test_dtype_conversion(void)
     CHECK_EQ_INT(dst[2], 0x0000); /* 1e-8 < 2^-25: 0 */
 }
 
+/* The fuzz target's seeds and every input that once broke it, with each prefix (truncations), through
+ * the same code; the target aborts when an invariant breaks. */
+static void test_fuzz_inputs(void)
+{
+    const char *dirs[] = {"tests/fuzz/corpus/safetensors", "tests/fuzz/regress/safetensors"};
+    size_t n = 0;
+    for (size_t d = 0; d < 2; d++) {
+        DIR *dir = opendir(dirs[d]);
+        CHECK(dir != NULL);
+        if (!dir)
+            continue;
+        struct dirent *e;
+        while ((e = readdir(dir))) {
+            if (e->d_name[0] == '.')
+                continue;
+            char path[512], *data = NULL;
+            size_t len = 0;
+            snprintf(path, sizeof path, "%s/%s", dirs[d], e->d_name);
+            CHECK_RC(tk__read_file(&data, &len, path, 1 << 20), TK_OK);
+            for (size_t k = 0; data && k <= len; k++) {
+                uint8_t *copy = malloc(k ? k : 1); /* exactly k bytes, so a read past them is caught */
+                memcpy(copy, data, k);
+                CHECK_EQ_INT(LLVMFuzzerTestOneInput(copy, k), 0);
+                free(copy);
+            }
+            free(data);
+            n++;
+        }
+        closedir(dir);
+    }
+    CHECK(n >= 13);
+}
+
 int main(void)
 {
     snprintf(dir, sizeof dir, "/tmp/tk-test-models-%d", (int)getpid());
@@ -334,6 +369,7 @@ int main(void)
     RUN(test_config_dtype_mismatch);
     RUN(test_parser);
     RUN(test_dtype_conversion);
+    RUN(test_fuzz_inputs);
     tk_ctx_free(ctx);
     char cmd[700];
     snprintf(cmd, sizeof cmd, "rm -rf '%s' '%s'", dir, home);

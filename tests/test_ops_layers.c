@@ -25,6 +25,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <pthread.h>
 #include <sys/wait.h>
 #include <time.h>
 #include <unistd.h>
@@ -140,6 +141,71 @@ static void test_linear_panels(void)
     CHECK(lin_case(&a));
     lin_spec b = {F16, 2, {3, 4097}, 4099, 0, 1, 0, 0, 0};
     CHECK(lin_case(&b));
+}
+
+/* Several host threads calling linear at once (each cblas_sgemm shares OpenBLAS's one thread pool):
+ * every result within the float64 bound. (Not compared bit for bit with a call made alone: OpenBLAS may
+ * split a product differently when its pool is busy, which changes the summation order.) */
+typedef struct {
+    tk_tensor *out, *x, *w, *b;
+    int rc;
+} lin_thread;
+
+static void *lin_thread_main(void *p)
+{
+    lin_thread *t = p;
+    tk_op_call c;
+    tk_arg args[4] = {T("out", t->out), T("x", t->x), T("weight", t->w), T("bias", t->b)};
+    t->rc = tk_ops__prepare(&c, "linear", args, 4);
+    for (int rep = 0; t->rc == TK_OK && rep < 5; rep++)
+        t->rc = tk_ops__run_cpu(&c);
+    return NULL;
+}
+
+static void test_linear_threads(void)
+{
+    enum { NT = 4 };
+    int64_t xs[2] = {64, 300}, ws[2] = {200, 300}, os[2] = {64, 200}, n = 200;
+    host_t x[NT], w, b, out[NT];
+    host_new(&w, F32, 2, ws, 0);
+    host_new(&b, F32, 1, &n, 0);
+    fill(&w, 0.1);
+    fill(&b, 1.0);
+    lin_thread th[NT];
+    pthread_t tid[NT];
+    int started[NT] = {0};
+    for (int i = 0; i < NT; i++) {
+        host_new(&x[i], F32, 2, xs, 0);
+        host_new(&out[i], F32, 2, os, 0);
+        fill(&x[i], 2.0);
+        th[i] = (lin_thread){&out[i].t, &x[i].t, &w.t, &b.t, TK_ERR_INTERNAL};
+    }
+    for (int i = 0; i < NT; i++)
+        started[i] = pthread_create(&tid[i], NULL, lin_thread_main, &th[i]) == 0;
+    for (int i = 0; i < NT; i++) {
+        if (started[i])
+            pthread_join(tid[i], NULL);
+        CHECK(started[i]);
+        CHECK_RC(th[i].rc, TK_OK);
+        int64_t bad = 0;
+        for (int64_t r = 0; r < 64; r++)
+            for (int64_t j = 0; j < n; j++) {
+                double acc = get(&b.t, j), mag = fabs(acc);
+                for (int64_t k = 0; k < 300; k++) {
+                    acc += get(&x[i].t, r * 300 + k) * get(&w.t, j * 300 + k);
+                    mag += fabs(get(&x[i].t, r * 300 + k) * get(&w.t, j * 300 + k));
+                }
+                double got = get(&out[i].t, r * n + j), tol = ldexp(1, -24) * (fabs(acc) + 302 * mag);
+                if (!(fabs(got - acc) <= tol) && bad++ < 3)
+                    fprintf(stderr, "  thread %d: out[%lld, %lld] = %.9g, want %.9g (seed %llu)\n", i, (long long)r,
+                            (long long)j, got, acc, (unsigned long long)seed);
+            }
+        CHECK_EQ_INT(bad, 0);
+        host_free(&x[i]);
+        host_free(&out[i]);
+    }
+    host_free(&w);
+    host_free(&b);
 }
 
 /* A K = 0 product is the bias (or 0); M = 0 writes nothing. */
@@ -658,6 +724,7 @@ int main(void)
     RUN(test_registry);
     RUN(test_linear);
     RUN(test_linear_panels);
+    RUN(test_linear_threads);
     RUN(test_linear_empty);
     RUN(test_linear_validation);
     RUN(test_linear_torch);

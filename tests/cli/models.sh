@@ -34,12 +34,13 @@ compare_once() {
 
 # match NAME: compare.py's line for NAME says ok.
 match() {
-  if ! compare_once && grep -q "no venv" "$RESULTS"; then
+  compare_once
+  if grep -q "^no venv" "$RESULTS"; then
     [ -n "${CI:-}" ] && { fail "the test venv is missing ($PY): run scripts/setup.sh --test"; return; }
     skip "no test venv ($PY); run scripts/setup.sh --test"; return
   fi
   local line; line=$(grep "^CASE $1 " "$RESULTS")
-  [ -n "$line" ] || { fail "compare.py printed nothing for $1"; tail -n 20 "$WORK/compare.err" >&2; return; }
+  [ -n "$line" ] || { fail "compare.py printed nothing for $1"; tail -n 20 "$WORK/compare.err" "$WORK/make_tiny.log" >&2 2>/dev/null; return; }
   echo "    ${line#CASE }"
   case "$line" in "CASE $1 ok "*) ;; *) fail "$line" ;; esac
 }
@@ -56,6 +57,8 @@ t_match_qwen2_bias_tied_f32() { match qwen2_bias_tied_f32; }
 t_match_qwen2_bf16() { match qwen2_bf16; }
 t_match_gpt2_sharded_f32() { match gpt2_sharded_f32; }
 t_match_gpt2_bf16() { match gpt2_bf16; }
+t_match_gpt2_unprefixed_f32() { match gpt2_unprefixed_f32; }
+t_match_qwen2_sliding_layers_f32() { match qwen2_sliding_layers_f32; }
 t_match_bert_pooler_f32() { match bert_pooler_f32; }
 t_match_minilm_embeddings() { match minilm_embeddings_vs_sentence_transformers; }
 
@@ -106,7 +109,7 @@ t_logits_bad_ids() {
   expect_out "not a comma-separated list"
   expect_rc 2 "$TK" model logits "$BASE"
   expect_rc 2 "$TK" model logits "$BASE" --ids 1 --dtype f64
-  expect_out "want f32, bf16 or f16"
+  expect_out "want f32, bf16, f16 or auto"
   expect_rc 2 "$TK" model logits "$BASE" --ids 1 --device tpu
 }
 

@@ -71,8 +71,13 @@ t_run_op_errors() {
   # the layer ops: an id outside the table, a weight whose K does not match x
   expect_rc 2 "$TK" run-op embedding --shape ids=40 --shape weight=7,4
   expect_out "embedding: ids[7] = 7 is out of range for 'weight' [7, 4] (want 0 <= id < 7)"
-  expect_rc 2 "$TK" run-op linear --shape x=4,256 --shape weight=64,255 --shape out=4,64
+  expect_rc 2 "$TK" run-op linear --shape x=4,256 --shape weight=64,255
   expect_out "another shape made it"
+  # every tensor named: the op itself judges the shapes (transposed=1 takes weight [K, N])
+  expect_rc 2 "$TK" run-op linear --shape x=4,256 --shape weight=64,255 --shape out=4,64
+  expect_out "linear: 'x' has shape [4, 256], want [4, 255]"
+  expect_rc 0 "$TK" run-op linear --shape x=4,256 --shape weight=256,64 --shape out=4,64 --shape bias=64 --arg transposed=1
+  expect_out "cpu-reference"
 }
 
 run_tests

@@ -120,7 +120,9 @@ def embed_case(name, d):
     from sentence_transformers import SentenceTransformer
     texts = ["A man is eating food.", "A man is riding a white horse on an enclosed ground.",
              "The quick brown fox jumps over the lazy dog!", "tk runs all-MiniLM-L6-v2 through tk_op_run.",
-             "Un homme mange de la nourriture; ça va très bien."]
+             "Un homme mange de la nourriture; ça va très bien.",
+             # over max_seq_length (256 tokens): both truncate, keeping [SEP]
+             " ".join(["A long sentence about kernels, models and tokenizers number %d." % i for i in range(40)])]
     r = subprocess.run([TK, "embed", d] + texts + ["--json"], capture_output=True, text=True)
     if r.returncode != 0:
         print("CASE %s FAIL tk embed failed (%d): %s" % (name, r.returncode, r.stderr.strip()), flush=True)
@@ -153,6 +155,8 @@ def main():
     case("qwen2_bf16", os.path.join(TINY, "qwen2"), [p12], "bf16")
     case("gpt2_sharded_f32", os.path.join(TINY, "gpt2"), [p12, p7])
     case("gpt2_bf16", os.path.join(TINY, "gpt2"), [p12], "bf16")
+    case("gpt2_unprefixed_f32", os.path.join(TINY, "gpt2-unprefixed"), [p12])
+    case("qwen2_sliding_layers_f32", os.path.join(TINY, "qwen2-sliding"), [p20])
     case("bert_pooler_f32", os.path.join(TINY, "bert"), [p12, p7])
     if MINILM:
         embed_case("minilm_embeddings_vs_sentence_transformers", MINILM)

@@ -7,11 +7,14 @@ save_pretrained (so the files are exactly what the Hub holds for real models), i
 Each model is small enough to run in milliseconds but keeps the features under test: GQA and Llama-3
 rope scaling, YaRN and dynamic NTK rope, Mistral's sliding window (shorter than the test prompt),
 Qwen2's q/k/v biases with tied embeddings, a bf16 Llama with a transformers-v4 style config
-(rope_scaling + rope_theta + torch_dtype), GPT-2 (sharded into several files), BERT with its pooler.
+(rope_scaling + rope_theta + torch_dtype), Qwen2 with a sliding window on its upper layers, GPT-2
+(sharded into several files, and again unprefixed in one file as the original gpt2 upload is), BERT
+with its pooler.
 Seeds are fixed: the same script writes the same weights.
 """
 import json
 import os
+import shutil
 import sys
 
 import torch
@@ -66,6 +69,20 @@ def main():
     json.dump(c, open(p, "w"), indent=2)
     save("gpt2", GPT2LMHeadModel(GPT2Config(vocab_size=V, n_embd=64, n_layer=2, n_head=4, n_positions=64,
                                             bos_token_id=0, eos_token_id=0)), 7, max_shard_size="100KB")
+    # The original gpt2 upload's layout: no "transformer." prefix, one file.
+    from safetensors.torch import load_file, save_file
+    d = os.path.join(OUT, "gpt2-unprefixed")
+    os.makedirs(d, exist_ok=True)
+    src = os.path.join(OUT, "gpt2")
+    tensors = {}
+    for f in sorted(os.listdir(src)):
+        if f.endswith(".safetensors"):
+            tensors.update({k.removeprefix("transformer."): v for k, v in load_file(os.path.join(src, f)).items()})
+    save_file(tensors, os.path.join(d, "model.safetensors"), metadata={"format": "pt"})
+    shutil.copy(os.path.join(src, "config.json"), d)
+    # Qwen2 with its sliding window on the layers from max_window_layers on (here: layer 1 of 2).
+    save("qwen2-sliding", Qwen2ForCausalLM(Qwen2Config(**llama_cfg(use_sliding_window=True, sliding_window=4,
+                                                                   max_window_layers=1))), 9)
     save("bert", BertModel(BertConfig(vocab_size=V, hidden_size=64, num_hidden_layers=2, num_attention_heads=4,
                                       intermediate_size=128, max_position_embeddings=64)), 8)
 

@@ -1,0 +1,433 @@
+/*
+ * cublaslt.c — cuBLASLt through dlopen: the GPU implementation of the `linear` op (see cublaslt.h).
+ *
+ * The types, constants and entry points are declared here with the values of CUDA 13's cublasLt.h,
+ * cublas_api.h and library_types.h, so nothing includes a CUDA header. The library is loaded once
+ * per process; one cublasLtHandle_t per device is created on first use under that device's primary
+ * context and kept for the life of the process (like the retained primary contexts of mem.c).
+ * cuBLASLt handles are thread-safe and carry no stream, so threads and streams share them.
+ *
+ * Row-major to column-major: y[m, n] row-major is D = y^T, column-major [n, m] with ld n. D = op(A) B
+ * with A = w (transposed: [n, k] row-major is column-major [k, n], so op(A) = A^T; [k, n] row-major is
+ * column-major [n, k], op(A) = A) and B = x^T (x [m, k] row-major is column-major [k, m], ld k). The
+ * bias is a vector over D's rows, i.e. over n: CUBLASLT_EPILOGUE_BIAS.
+ *
+ * Each call creates its (host-only) descriptors, takes an algorithm from a small per-device cache
+ * keyed by the problem (or asks cublasLtMatmulAlgoGetHeuristic once and caches the answer), and
+ * allocates the workspace that algorithm needs on the call's stream (cuMemAllocAsync, freed on the
+ * stream after the product), so concurrent calls on other streams never share scratch. The
+ * heuristic is told the operands' real alignment, so sliced tensors get algorithms that can read them.
+ */
+#include <dlfcn.h>
+#include <pthread.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "jit/cublaslt.h"
+#include "jit/cuda_api.h"
+#include "jit/jit.h"
+
+/* ---- the slice of the cuBLASLt API tk uses ------------------------------------------------------ */
+
+typedef int cublasStatus_t;
+typedef struct cublasLtContext *cublasLtHandle_t;
+typedef struct cublasLtMatmulDescOpaque *cublasLtMatmulDesc_t;
+typedef struct cublasLtMatrixLayoutOpaque *cublasLtMatrixLayout_t;
+typedef struct cublasLtMatmulPreferenceOpaque *cublasLtMatmulPreference_t;
+typedef struct {
+    uint64_t data[8];
+} cublasLtMatmulAlgo_t;
+typedef struct {
+    cublasLtMatmulAlgo_t algo;
+    size_t workspaceSize;
+    cublasStatus_t state;
+    float wavesCount;
+    int reserved[4];
+} cublasLtMatmulHeuristicResult_t;
+
+enum {
+    CUBLAS_STATUS_SUCCESS = 0,
+    CUBLAS_OP_N = 0,
+    CUBLAS_OP_T = 1,
+    CUBLAS_COMPUTE_32F = 68,
+    CUBLAS_COMPUTE_32F_FAST_TF32 = 77,
+    CUDA_R_32F = 0,
+    CUDA_R_16F = 2,
+    CUDA_R_16BF = 14,
+    CUBLASLT_MATMUL_DESC_TRANSA = 3,
+    CUBLASLT_MATMUL_DESC_TRANSB = 4,
+    CUBLASLT_MATMUL_DESC_EPILOGUE = 7,
+    CUBLASLT_MATMUL_DESC_BIAS_POINTER = 8,
+    CUBLASLT_EPILOGUE_DEFAULT = 1,
+    CUBLASLT_EPILOGUE_BIAS = 4,
+    CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES = 1,
+    CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_A_BYTES = 5,
+    CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_B_BYTES = 6,
+    CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_C_BYTES = 7,
+    CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_D_BYTES = 8,
+};
+
+typedef struct {
+    cublasStatus_t (*Create)(cublasLtHandle_t *);
+    size_t (*GetVersion)(void);
+    const char *(*GetStatusName)(cublasStatus_t);
+    const char *(*GetStatusString)(cublasStatus_t);
+    cublasStatus_t (*MatmulDescCreate)(cublasLtMatmulDesc_t *, int, int);
+    cublasStatus_t (*MatmulDescDestroy)(cublasLtMatmulDesc_t);
+    cublasStatus_t (*MatmulDescSetAttribute)(cublasLtMatmulDesc_t, int, const void *, size_t);
+    cublasStatus_t (*MatrixLayoutCreate)(cublasLtMatrixLayout_t *, int, uint64_t, uint64_t, int64_t);
+    cublasStatus_t (*MatrixLayoutDestroy)(cublasLtMatrixLayout_t);
+    cublasStatus_t (*MatmulPreferenceCreate)(cublasLtMatmulPreference_t *);
+    cublasStatus_t (*MatmulPreferenceDestroy)(cublasLtMatmulPreference_t);
+    cublasStatus_t (*MatmulPreferenceSetAttribute)(cublasLtMatmulPreference_t, int, const void *, size_t);
+    cublasStatus_t (*MatmulAlgoGetHeuristic)(cublasLtHandle_t, cublasLtMatmulDesc_t, cublasLtMatrixLayout_t,
+                                             cublasLtMatrixLayout_t, cublasLtMatrixLayout_t, cublasLtMatrixLayout_t,
+                                             cublasLtMatmulPreference_t, int, cublasLtMatmulHeuristicResult_t *,
+                                             int *);
+    cublasStatus_t (*Matmul)(cublasLtHandle_t, cublasLtMatmulDesc_t, const void *, const void *,
+                             cublasLtMatrixLayout_t, const void *, cublasLtMatrixLayout_t, const void *, const void *,
+                             cublasLtMatrixLayout_t, void *, cublasLtMatrixLayout_t, const cublasLtMatmulAlgo_t *,
+                             void *, size_t, CUstream);
+} lt_api;
+
+/* ---- loading ------------------------------------------------------------------------------------ */
+
+#define MAX_DEVICES 64
+#define MAX_WORKSPACE ((uint64_t)32 << 20) /* what NVIDIA recommends for Hopper; enough for Ampere */
+#define ALGO_CACHE 64                      /* problems remembered per device */
+
+static pthread_once_t lt_once = PTHREAD_ONCE_INIT;
+static lt_api lt;
+static int lt_status = TK_ERR_INTERNAL;
+static char lt_err[1024], lt_path[512];
+
+static void lt_init_once(void)
+{
+    const char *names[] = {"libcublasLt.so.13", "libcublasLt.so.12", "libcublasLt.so"};
+    const char *homes[] = {getenv("CUDA_HOME"), getenv("CUDA_PATH"), "/usr/local/cuda"};
+    const char *env = getenv("TK_CUBLASLT");
+    char cands[24][512], tried[700] = "";
+    size_t nc = 0, tl = 0;
+    void *h = NULL;
+
+    if (env && *env)
+        snprintf(cands[nc++], sizeof cands[0], "%s", env);
+    for (size_t i = 0; i < 3; i++)
+        snprintf(cands[nc++], sizeof cands[0], "%s", names[i]);
+    for (size_t d = 0; d < 3; d++)
+        for (size_t i = 0; homes[d] && *homes[d] && i < 3 && nc + 2 <= 24; i++) {
+            snprintf(cands[nc++], sizeof cands[0], "%.400s/lib64/%s", homes[d], names[i]);
+            snprintf(cands[nc++], sizeof cands[0], "%.400s/lib/%s", homes[d], names[i]);
+        }
+    for (size_t i = 0; i < nc && !h; i++) {
+        h = dlopen(cands[i], RTLD_NOW | RTLD_LOCAL);
+        if (h)
+            snprintf(lt_path, sizeof lt_path, "%s", cands[i]);
+        else if (tl < sizeof tried - 1)
+            tl += (size_t)snprintf(tried + tl, sizeof tried - tl, "%s%s", tl ? ", " : "", cands[i]);
+        if (tl >= sizeof tried)
+            tl = sizeof tried - 1;
+    }
+    if (!h) {
+        snprintf(lt_err, sizeof lt_err,
+                 "cuBLASLt could not be loaded (tried %s)\nHINT: install the CUDA toolkit's cuBLAS (apt install "
+                 "libcublas-13-0, or pip install nvidia-cublas), or set TK_CUBLASLT=/path/to/libcublasLt.so",
+                 tried);
+        lt_status = TK_ERR_UNSUPPORTED;
+        return;
+    }
+    const char *missing = NULL;
+#define LT_SYM(field, name)                                                                            \
+    do {                                                                                               \
+        *(void **)&lt.field = dlsym(h, name);                                                          \
+        if (!lt.field && !missing)                                                                     \
+            missing = name;                                                                            \
+    } while (0)
+    LT_SYM(Create, "cublasLtCreate");
+    LT_SYM(GetVersion, "cublasLtGetVersion");
+    LT_SYM(GetStatusName, "cublasLtGetStatusName");
+    LT_SYM(GetStatusString, "cublasLtGetStatusString");
+    LT_SYM(MatmulDescCreate, "cublasLtMatmulDescCreate");
+    LT_SYM(MatmulDescDestroy, "cublasLtMatmulDescDestroy");
+    LT_SYM(MatmulDescSetAttribute, "cublasLtMatmulDescSetAttribute");
+    LT_SYM(MatrixLayoutCreate, "cublasLtMatrixLayoutCreate");
+    LT_SYM(MatrixLayoutDestroy, "cublasLtMatrixLayoutDestroy");
+    LT_SYM(MatmulPreferenceCreate, "cublasLtMatmulPreferenceCreate");
+    LT_SYM(MatmulPreferenceDestroy, "cublasLtMatmulPreferenceDestroy");
+    LT_SYM(MatmulPreferenceSetAttribute, "cublasLtMatmulPreferenceSetAttribute");
+    LT_SYM(MatmulAlgoGetHeuristic, "cublasLtMatmulAlgoGetHeuristic");
+    LT_SYM(Matmul, "cublasLtMatmul");
+#undef LT_SYM
+    if (missing) {
+        snprintf(lt_err, sizeof lt_err, "%s has no symbol %s (a cuBLASLt older than CUDA 11?)", lt_path, missing);
+        lt_status = TK_ERR_UNSUPPORTED;
+        dlclose(h);
+        return;
+    }
+    lt_status = TK_OK;
+}
+
+int tk_jit__blaslt_load(void)
+{
+    pthread_once(&lt_once, lt_init_once);
+    return lt_status == TK_OK ? TK_OK : tk__err(lt_status, "%s", lt_err);
+}
+
+int tk_jit__blaslt_version(size_t *version, const char **path)
+{
+    int rc = tk_jit__blaslt_load();
+    if (rc != TK_OK)
+        return rc;
+    if (version)
+        *version = lt.GetVersion();
+    if (path)
+        *path = lt_path;
+    return TK_OK;
+}
+
+static int lt_fail(cublasStatus_t st, const char *what, int device)
+{
+    const char *name = lt.GetStatusName ? lt.GetStatusName(st) : NULL;
+    const char *text = lt.GetStatusString ? lt.GetStatusString(st) : NULL;
+    return tk__err(TK_ERR_LAUNCH, "%s on device %d: %s (%d): %s", what, device, name ? name : "cuBLAS status", st,
+                   text ? text : "");
+}
+
+/* ---- per-device handles and chosen algorithms --------------------------------------------------- */
+
+typedef struct {
+    int dtype, w_kn, bias, tf32;
+    int64_t m, n, k;
+    uint32_t align[4];
+} problem;
+
+typedef struct {
+    problem p;
+    cublasLtMatmulAlgo_t algo;
+    size_t ws;
+    int used;
+} algo_entry;
+
+static pthread_mutex_t dev_mu = PTHREAD_MUTEX_INITIALIZER;
+static struct {
+    cublasLtHandle_t h;
+    algo_entry algos[ALGO_CACHE];
+    unsigned next;
+} devs[MAX_DEVICES];
+
+/* The handle of a device; the device's primary context must be current. */
+static int handle_for(cublasLtHandle_t *out, int device)
+{
+    int rc = TK_OK;
+    pthread_mutex_lock(&dev_mu);
+    if (!devs[device].h) {
+        cublasStatus_t st = lt.Create(&devs[device].h);
+        if (st != CUBLAS_STATUS_SUCCESS) {
+            devs[device].h = NULL;
+            rc = lt_fail(st, "cublasLtCreate", device);
+        }
+    }
+    *out = devs[device].h;
+    pthread_mutex_unlock(&dev_mu);
+    return rc;
+}
+
+static int algo_get(int device, const problem *p, cublasLtMatmulAlgo_t *algo, size_t *ws)
+{
+    int found = 0;
+    pthread_mutex_lock(&dev_mu);
+    for (size_t i = 0; i < ALGO_CACHE && !found; i++) {
+        algo_entry *e = &devs[device].algos[i];
+        if (e->used && memcmp(&e->p, p, sizeof *p) == 0) {
+            *algo = e->algo;
+            *ws = e->ws;
+            found = 1;
+        }
+    }
+    pthread_mutex_unlock(&dev_mu);
+    return found;
+}
+
+static void algo_put(int device, const problem *p, const cublasLtMatmulAlgo_t *algo, size_t ws)
+{
+    pthread_mutex_lock(&dev_mu);
+    algo_entry *e = &devs[device].algos[devs[device].next++ % ALGO_CACHE];
+    e->p = *p;
+    e->algo = *algo;
+    e->ws = ws;
+    e->used = 1;
+    pthread_mutex_unlock(&dev_mu);
+}
+
+/* The largest power of two (at most 256) that divides the address: what the heuristic may assume. */
+static uint32_t alignment(const void *ptr)
+{
+    uintptr_t a = (uintptr_t)ptr;
+    uint32_t al = 256;
+    while (al > 1 && (a & (al - 1)))
+        al >>= 1;
+    return al;
+}
+
+/* ---- the product -------------------------------------------------------------------------------- */
+
+/* k == 0: y = bias broadcast over the rows, or 0. Stream-ordered copies. */
+static int gemm_k0(const tk_jit_gemm *g, size_t esz)
+{
+    const tk_cu_api *cu = tk_jit__cu();
+    CUresult r = CUDA_SUCCESS;
+    size_t row = (size_t)g->n * esz;
+    if (!g->bias)
+        r = cu->cuMemsetD8Async((CUdeviceptr)(uintptr_t)g->y, 0, row * (size_t)g->m, (CUstream)g->stream);
+    for (int64_t i = 0; g->bias && r == CUDA_SUCCESS && i < g->m; i++)
+        r = cu->cuMemcpyDtoDAsync((CUdeviceptr)(uintptr_t)g->y + (CUdeviceptr)(row * (size_t)i),
+                                  (CUdeviceptr)(uintptr_t)g->bias, row, (CUstream)g->stream);
+    if (r != CUDA_SUCCESS) {
+        char eb[256];
+        return tk__err(TK_ERR_LAUNCH, "linear with K = 0 on device %d: %s", g->device,
+                       tk_jit__cu_errstr(r, eb, sizeof eb));
+    }
+    return TK_OK;
+}
+
+int tk_jit__blaslt_gemm(const tk_jit_gemm *g)
+{
+    static const int cuda_type[] = {CUDA_R_32F, CUDA_R_16F, CUDA_R_16BF};
+    static const size_t esize[] = {4, 2, 2};
+    if (!g || g->dtype < 0 || g->dtype > TK_JIT_BLASLT_BF16 || g->m < 0 || g->n < 0 || g->k < 0)
+        return tk__err(TK_ERR_INVALID, "cuBLASLt product: bad arguments");
+    if (g->device < 0 || g->device >= MAX_DEVICES)
+        return tk__err(TK_ERR_INVALID, "cuBLASLt product: device %d out of range", g->device);
+    if (g->m == 0 || g->n == 0)
+        return TK_OK;
+    int rc = tk_jit__blaslt_load();
+    if (rc != TK_OK)
+        return rc;
+    if ((rc = tk_jit__ctx_push(g->device)) != TK_OK)
+        return rc;
+    if (g->k == 0) {
+        rc = gemm_k0(g, esize[g->dtype]);
+        tk_jit__ctx_pop();
+        return rc;
+    }
+
+    const tk_cu_api *cu = tk_jit__cu();
+    int type = cuda_type[g->dtype];
+    cublasLtHandle_t h = NULL;
+    cublasLtMatmulDesc_t op = NULL;
+    cublasLtMatrixLayout_t la = NULL, lb = NULL, ld = NULL;
+    cublasLtMatmulPreference_t pref = NULL;
+    CUdeviceptr ws = 0;
+    cublasStatus_t st = CUBLAS_STATUS_SUCCESS;
+    const char *what = NULL;
+    int compute = g->dtype == TK_JIT_BLASLT_F32 && g->allow_tf32 ? CUBLAS_COMPUTE_32F_FAST_TF32 : CUBLAS_COMPUTE_32F;
+    int32_t ta = g->w_kn ? CUBLAS_OP_N : CUBLAS_OP_T, tb = CUBLAS_OP_N;
+    uint32_t epi = g->bias ? CUBLASLT_EPILOGUE_BIAS : CUBLASLT_EPILOGUE_DEFAULT;
+    problem p;
+    memset(&p, 0, sizeof p);
+    p.dtype = g->dtype;
+    p.w_kn = g->w_kn;
+    p.bias = g->bias != NULL;
+    p.tf32 = compute == CUBLAS_COMPUTE_32F_FAST_TF32;
+    p.m = g->m;
+    p.n = g->n;
+    p.k = g->k;
+    p.align[0] = alignment(g->w);
+    p.align[1] = alignment(g->x);
+    p.align[2] = p.align[3] = alignment(g->y);
+    cublasLtMatmulAlgo_t algo;
+    size_t wsz = 0;
+    float alpha = 1.0f, beta = 0.0f;
+
+    if ((rc = handle_for(&h, g->device)) != TK_OK)
+        goto done;
+#define LT(call, name)                                                                                 \
+    do {                                                                                               \
+        if ((st = (call)) != CUBLAS_STATUS_SUCCESS) {                                                  \
+            what = name;                                                                               \
+            goto lt_error;                                                                             \
+        }                                                                                              \
+    } while (0)
+    LT(lt.MatmulDescCreate(&op, compute, CUDA_R_32F), "cublasLtMatmulDescCreate");
+    LT(lt.MatmulDescSetAttribute(op, CUBLASLT_MATMUL_DESC_TRANSA, &ta, sizeof ta), "cublasLtMatmulDescSetAttribute");
+    LT(lt.MatmulDescSetAttribute(op, CUBLASLT_MATMUL_DESC_TRANSB, &tb, sizeof tb), "cublasLtMatmulDescSetAttribute");
+    LT(lt.MatmulDescSetAttribute(op, CUBLASLT_MATMUL_DESC_EPILOGUE, &epi, sizeof epi),
+       "cublasLtMatmulDescSetAttribute");
+    if (g->bias)
+        LT(lt.MatmulDescSetAttribute(op, CUBLASLT_MATMUL_DESC_BIAS_POINTER, &g->bias, sizeof g->bias),
+           "cublasLtMatmulDescSetAttribute");
+    /* A = w as stored (column-major view of the row-major array), B = x^T, D = y^T */
+    if (g->w_kn)
+        LT(lt.MatrixLayoutCreate(&la, type, (uint64_t)g->n, (uint64_t)g->k, g->n), "cublasLtMatrixLayoutCreate");
+    else
+        LT(lt.MatrixLayoutCreate(&la, type, (uint64_t)g->k, (uint64_t)g->n, g->k), "cublasLtMatrixLayoutCreate");
+    LT(lt.MatrixLayoutCreate(&lb, type, (uint64_t)g->k, (uint64_t)g->m, g->k), "cublasLtMatrixLayoutCreate");
+    LT(lt.MatrixLayoutCreate(&ld, type, (uint64_t)g->n, (uint64_t)g->m, g->n), "cublasLtMatrixLayoutCreate");
+
+    if (!algo_get(g->device, &p, &algo, &wsz)) {
+        uint64_t maxws = MAX_WORKSPACE;
+        cublasLtMatmulHeuristicResult_t res;
+        int nres = 0;
+        memset(&res, 0, sizeof res);
+        LT(lt.MatmulPreferenceCreate(&pref), "cublasLtMatmulPreferenceCreate");
+        LT(lt.MatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES, &maxws, sizeof maxws),
+           "cublasLtMatmulPreferenceSetAttribute");
+        static const int align_attr[4] = {CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_A_BYTES,
+                                          CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_B_BYTES,
+                                          CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_C_BYTES,
+                                          CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_D_BYTES};
+        for (int i = 0; i < 4; i++)
+            LT(lt.MatmulPreferenceSetAttribute(pref, align_attr[i], &p.align[i], sizeof p.align[i]),
+               "cublasLtMatmulPreferenceSetAttribute");
+        st = lt.MatmulAlgoGetHeuristic(h, op, la, lb, ld, ld, pref, 1, &res, &nres);
+        if (st != CUBLAS_STATUS_SUCCESS || nres < 1 || res.state != CUBLAS_STATUS_SUCCESS) {
+            const char *name = lt.GetStatusName(st != CUBLAS_STATUS_SUCCESS ? st : res.state);
+            rc = tk__err(TK_ERR_UNSUPPORTED,
+                         "cuBLASLt has no algorithm for %s [%lld, %lld] x %s [%lld, %lld]%s on device %d (%s; "
+                         "alignments w %u, x %u, y %u bytes)",
+                         g->dtype == TK_JIT_BLASLT_F32 ? "f32" : g->dtype == TK_JIT_BLASLT_F16 ? "f16" : "bf16",
+                         (long long)g->m, (long long)g->k, g->w_kn ? "weight^T" : "weight", (long long)g->n,
+                         (long long)g->k, g->bias ? " + bias" : "", g->device,
+                         nres < 1 && st == CUBLAS_STATUS_SUCCESS ? "no result" : name ? name : "?", p.align[0],
+                         p.align[1], p.align[2]);
+            goto done;
+        }
+        algo = res.algo;
+        wsz = res.workspaceSize;
+        algo_put(g->device, &p, &algo, wsz);
+    }
+    if (wsz) {
+        CUresult r = cu->cuMemAllocAsync(&ws, wsz, (CUstream)g->stream);
+        if (r != CUDA_SUCCESS) {
+            char eb[256];
+            ws = 0;
+            rc = tk__err(r == CUDA_ERROR_OUT_OF_MEMORY ? TK_ERR_NOMEM : TK_ERR_LAUNCH,
+                         "cuBLASLt workspace of %zu bytes on device %d: %s", wsz, g->device,
+                         tk_jit__cu_errstr(r, eb, sizeof eb));
+            goto done;
+        }
+    }
+    LT(lt.Matmul(h, op, &alpha, g->w, la, g->x, lb, &beta, g->y, ld, g->y, ld, &algo, (void *)(uintptr_t)ws, wsz,
+                 (CUstream)g->stream),
+       "cublasLtMatmul");
+#undef LT
+    goto done;
+lt_error:
+    rc = lt_fail(st, what, g->device);
+done:
+    if (ws)
+        cu->cuMemFreeAsync(ws, (CUstream)g->stream);
+    if (pref)
+        lt.MatmulPreferenceDestroy(pref);
+    if (la)
+        lt.MatrixLayoutDestroy(la);
+    if (lb)
+        lt.MatrixLayoutDestroy(lb);
+    if (ld)
+        lt.MatrixLayoutDestroy(ld);
+    if (op)
+        lt.MatmulDescDestroy(op);
+    tk_jit__ctx_pop();
+    return rc;
+}

@@ -1,0 +1,49 @@
+/*
+ * cublaslt.h — matrix products on the GPU through cuBLASLt, loaded at run time with dlopen (never
+ * linked, as libcuda and NVRTC are), so libtk builds and runs where the CUDA toolkit is absent.
+ *
+ * One call is one row-major product with an optional bias, the shape of the `linear` op:
+ *
+ *     y[m, n] = sum_k x[m, k] * w[n, k] + bias[n]     (w_kn = 0: w is [n, k], nn.Linear)
+ *     y[m, n] = sum_k x[m, k] * w[k, n] + bias[n]     (w_kn = 1: w is [k, n], GPT-2's Conv1D)
+ *
+ * x, w, bias and y share one dtype (f32, f16 or bf16); the product accumulates in fp32
+ * (CUBLAS_COMPUTE_32F; TF32 only when allow_tf32 is set) and the bias is added in the epilogue
+ * before the one rounding to the output dtype. Internal names are tk_jit__blaslt_*.
+ */
+#ifndef TK_JIT_CUBLASLT_H
+#define TK_JIT_CUBLASLT_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#include "common/common.h"
+
+enum { TK_JIT_BLASLT_F32 = 0, TK_JIT_BLASLT_F16 = 1, TK_JIT_BLASLT_BF16 = 2 };
+
+typedef struct {
+    int device;          /* CUDA ordinal: the pointers are on it */
+    void *stream;        /* CUstream (NULL: the legacy default stream) */
+    int dtype;           /* TK_JIT_BLASLT_* of every operand */
+    int64_t m, n, k;
+    const void *x;       /* [m, k] row-major, dense */
+    const void *w;       /* [n, k] row-major (w_kn = 0) or [k, n] (w_kn = 1), dense */
+    int w_kn;
+    const void *bias;    /* [n], or NULL */
+    void *y;             /* [m, n] row-major, dense; must not overlap the inputs */
+    int allow_tf32;      /* f32 only: CUBLAS_COMPUTE_32F_FAST_TF32 (10-bit mantissa products) */
+} tk_jit_gemm;
+
+/* Loads cuBLASLt once per process: $TK_CUBLASLT, then libcublasLt.so.13 / .so.12 / .so from the
+ * loader's path, $CUDA_HOME, $CUDA_PATH and /usr/local/cuda. TK_ERR_UNSUPPORTED with a hint when
+ * it cannot be found; the result is remembered. Thread-safe. */
+int tk_jit__blaslt_load(void);
+/* The loaded library's version (cublasLtGetVersion: 130000 for 13.0.0) and path; loads it. */
+int tk_jit__blaslt_version(size_t *version, const char **path);
+
+/* Enqueues the product on g->stream (asynchronous, like a kernel launch). Errors: TK_ERR_UNSUPPORTED
+ * (no cuBLASLt, or no algorithm for this shape, dtype and alignment), TK_ERR_NOMEM (workspace),
+ * TK_ERR_NO_DEVICE, TK_ERR_LAUNCH (any other cuBLASLt or driver failure, with its status name). */
+int tk_jit__blaslt_gemm(const tk_jit_gemm *g);
+
+#endif /* TK_JIT_CUBLASLT_H */

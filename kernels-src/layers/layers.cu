@@ -1,0 +1,146 @@
+// layers.cu — the layer kernels of kernels-community/layers, for tk's model pipelines.
+//
+// Variants (templates over T = float, __half, __nv_bfloat16; ids I = int or long long; one manifest
+// entry per op and dtype):
+//   tk_embedding<T, I>  out[i, :] = weight[ids[i], :]     out (n, D), ids (n,), weight (V, D)
+//   tk_add<T>           out[i] = a[i] + b[i]              (n,) each
+//   tk_tanh<T>          out[i] = tanh(input[i])           (n,) each
+//
+// Launch assumptions:
+//   - every tensor is contiguous and row-major;
+//   - add and tanh: a grid-stride loop over all n elements, any grid and block size; out may be an
+//     input itself (each element is read before it is written, by the same thread) but must not
+//     partly overlap one;
+//   - embedding: a grid-stride loop over (row, 16-byte chunk) items, any grid and block size; out
+//     must not overlap weight or ids.
+//   16-byte vector loads and stores are used when every pointer is 16-byte aligned (and, for the
+//   embedding, the row is a whole number of 16-byte chunks); otherwise scalar code runs.
+//
+// Numerics: add and tanh load each element as fp32, compute in fp32 (__fadd_rn, so no contraction;
+// tanhf, the accurate CUDA version: these entries are built without fast math) and round once to T
+// (round to nearest even), as tk's CPU reference (ops/layers.c) does. The embedding copies rows bit
+// for bit. An id outside [0, V) writes a zero row: a kernel cannot report an error (the CPU
+// reference rejects it).
+//
+// NVRTC-compatible: no host code, no standard headers, only cuda_fp16.h and cuda_bf16.h.
+#include <cuda_bf16.h>
+#include <cuda_fp16.h>
+
+typedef long long tk_i64; // manifest type i64
+typedef unsigned long long tk_u64;
+
+namespace tk_layers {
+
+__device__ __forceinline__ float to_f32(float x) { return x; }
+__device__ __forceinline__ float to_f32(__half x) { return __half2float(x); }
+__device__ __forceinline__ float to_f32(__nv_bfloat16 x) { return __bfloat162float(x); }
+
+template <typename T> __device__ __forceinline__ T from_f32(float x);
+template <> __device__ __forceinline__ float from_f32<float>(float x) { return x; }
+template <> __device__ __forceinline__ __half from_f32<__half>(float x) { return __float2half_rn(x); }
+template <> __device__ __forceinline__ __nv_bfloat16 from_f32<__nv_bfloat16>(float x)
+{
+    return __float2bfloat16_rn(x);
+}
+
+// VEC elements of T in 16 bytes: 4 for f32, 8 for f16 and bf16.
+template <typename T> struct Vec {
+    static constexpr int N = 16 / (int)sizeof(T);
+};
+
+template <typename T> struct __align__(16) Pack {
+    T v[Vec<T>::N];
+};
+
+__device__ __forceinline__ bool aligned16(const void *p) { return (reinterpret_cast<tk_u64>(p) & 15ull) == 0; }
+
+struct Add {
+    static __device__ __forceinline__ float f(float a, float b) { return __fadd_rn(a, b); }
+};
+struct Tanh {
+    static __device__ __forceinline__ float f(float a, float) { return tanhf(a); }
+};
+
+// out[i] = Op(a[i], b[i]) for i < n; b == nullptr for a unary op. No __restrict__: out may be a or b.
+template <typename T, typename Op>
+__device__ __forceinline__ void elementwise(T *out,        // (n,) T
+                                            const T *a,    // (n,) T
+                                            const T *b,    // (n,) T or nullptr
+                                            tk_i64 n)
+{
+    constexpr int N = Vec<T>::N;
+    const tk_i64 tid = (tk_i64)blockIdx.x * blockDim.x + threadIdx.x;
+    const tk_i64 stride = (tk_i64)gridDim.x * blockDim.x;
+    const bool vec = aligned16(out) && aligned16(a) && (b == nullptr || aligned16(b));
+    const tk_i64 nvec = vec ? n / N : 0;
+    for (tk_i64 i = tid; i < nvec; i += stride) {
+        Pack<T> x = reinterpret_cast<const Pack<T> *>(a)[i], y, r;
+        if (b)
+            y = reinterpret_cast<const Pack<T> *>(b)[i];
+#pragma unroll
+        for (int k = 0; k < N; k++)
+            r.v[k] = from_f32<T>(Op::f(to_f32(x.v[k]), b ? to_f32(y.v[k]) : 0.0f));
+        reinterpret_cast<Pack<T> *>(out)[i] = r;
+    }
+    for (tk_i64 i = nvec * N + tid; i < n; i += stride)
+        out[i] = from_f32<T>(Op::f(to_f32(a[i]), b ? to_f32(b[i]) : 0.0f));
+}
+
+} // namespace tk_layers
+
+// out[i] = a[i] + b[i]
+template <typename T>
+__global__ void tk_add(T *out,     // (n,) T
+                       const T *a, // (n,) T
+                       const T *b, // (n,) T
+                       tk_i64 n)
+{
+    tk_layers::elementwise<T, tk_layers::Add>(out, a, b, n);
+}
+
+// out[i] = tanh(input[i])
+template <typename T>
+__global__ void tk_tanh(T *out,         // (n,) T
+                        const T *input, // (n,) T
+                        tk_i64 n)
+{
+    tk_layers::elementwise<T, tk_layers::Tanh>(out, input, nullptr, n);
+}
+
+// out[i, :] = weight[ids[i], :], a zero row for an id outside [0, V). Items are (row i, 16-byte chunk
+// c) pairs: chunk c of a row covers bytes [16c, 16c + 16) of it.
+template <typename T, typename I>
+__global__ void tk_embedding(T *__restrict__ out,          // (n, D) T
+                             const I *__restrict__ ids,    // (n,) i32 or i64
+                             const T *__restrict__ weight, // (V, D) T
+                             tk_i64 n, tk_i64 V, tk_i64 D)
+{
+    using namespace tk_layers;
+    constexpr int N = Vec<T>::N;
+    const tk_i64 chunks = (D + N - 1) / N;
+    const tk_i64 tid = (tk_i64)blockIdx.x * blockDim.x + threadIdx.x;
+    const tk_i64 stride = (tk_i64)gridDim.x * blockDim.x;
+    const bool vec = D % N == 0 && aligned16(out) && aligned16(weight);
+    for (tk_i64 it = tid; it < n * chunks; it += stride) {
+        const tk_i64 i = it / chunks, c = it % chunks;
+        const tk_i64 id = (tk_i64)ids[i];
+        const bool ok = id >= 0 && id < V;
+        T *o = out + i * D;
+        const T *w = weight + (ok ? id : 0) * D;
+        if (vec) {
+            Pack<T> r;
+            if (ok) {
+                r = reinterpret_cast<const Pack<T> *>(w)[c];
+            } else {
+#pragma unroll
+                for (int k = 0; k < N; k++)
+                    r.v[k] = from_f32<T>(0.0f);
+            }
+            reinterpret_cast<Pack<T> *>(o)[c] = r;
+        } else {
+            const tk_i64 end = (c + 1) * N < D ? (c + 1) * N : D;
+            for (tk_i64 d = c * N; d < end; d++)
+                o[d] = ok ? w[d] : from_f32<T>(0.0f);
+        }
+    }
+}
