@@ -69,7 +69,7 @@ static void usage(FILE *f)
             "commands:\n",
             tk_version_string());
     for (size_t i = 0; i < sizeof commands / sizeof *commands; i++)
-        fprintf(f, "  %-8s %s\n", commands[i].name, commands[i].summary);
+        fprintf(f, "  %-10s %s\n", commands[i].name, commands[i].summary);
     fprintf(f,
             "\n"
             "global options (accepted anywhere on the line):\n"
