@@ -1197,10 +1197,10 @@ int tk_models__linear(tk_model *m, const tk_mt *out, const tk_mt *x, const tk_mt
         if (rc != TK_OK)
             return rc;
         tk_arg a[] = {TK_A_T("out", out), TK_A_T("x", x), TK_A_T("weight", &q->q), TK_A_T("scale", &q->scale),
-                      TK_A_T("bias", bias)};
+                      {TK_ARG_TENSOR, "bias", bias ? &bias->t : NULL, 0, 0}};
         return tk_models__op(m, "casted_linear", a, bias ? 5 : 4);
     }
     tk_arg a[] = {TK_A_T("out", out), TK_A_T("x", x), TK_A_T("weight", w), TK_A_I("transposed", transposed),
-                  TK_A_T("bias", bias)};
+                  {TK_ARG_TENSOR, "bias", bias ? &bias->t : NULL, 0, 0}};
     return tk_models__op(m, "linear", a, bias ? 5 : 4);
 }
