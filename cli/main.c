@@ -31,6 +31,7 @@ int tk_cmd_embed(tk_cli *cli, int argc, char **argv);
 /* authoring (h14) */
 int tk_cmd_check(tk_cli *cli, int argc, char **argv);
 int tk_cmd_init(tk_cli *cli, int argc, char **argv);
+int tk_cmd_generate(tk_cli *cli, int argc, char **argv);
 
 static const struct {
     const char *name;
@@ -60,6 +61,7 @@ static const struct {
     {"embed", tk_cmd_embed, "sentence embeddings of texts with an encoder checkpoint (all-MiniLM-L6-v2)"},
     {"init", tk_cmd_init, "write a new kernel package skeleton that passes tk check"},
     {"check", tk_cmd_check, "check a package directory: manifest and an NVRTC compile, nothing written"},
+    {"generate", tk_cmd_generate, "generate text with a Llama or GPT-2 checkpoint (greedy, sampling, beams)"},
 };
 
 static void usage(FILE *f)
