@@ -212,6 +212,15 @@ with tempfile.TemporaryDirectory() as t:
     ydir = os.path.join(tree, "kernels/fuzz/pkg/yanked")
     signed_yank = json.dumps({"statement": open(os.path.join(ydir, "1.0.0.json")).read(),
                               "signature": open(os.path.join(ydir, "1.0.0.json.sig")).read()})
+    # get: a registry's answers for fuzz/pkg (refs, manifest, signature, archive, yank), "@@PART@@\n" apart
+    refs = open(os.path.join(tree, "api/kernels/fuzz/pkg/refs"), "rb").read()
+    ystmt = open(os.path.join(ydir, "1.0.0.json"), "rb").read()
+    SEP = b"@@PART@@\n"
+    put("get", "install", SEP.join([refs] + [u[1] for u in up] + [b""]))
+    put("get", "yanked-statement", SEP.join([refs] + [u[1] for u in up] + [ystmt]))
+    put("get", "bad-signature", SEP.join([refs, up[0][1], up[1][1].replace(b'"sig": "', b'"sig": "00'), up[2][1], b""]))
+    put("get", "no-branches", SEP.join([b'{"branches": [], "tags": []}', b"", b"", b"", b""]))
+    put("get", "not-found", b"")
 put("serve_live", "yank-signed", "PUT /api/yank/fuzz/pkg HTTP/1.1\r\nHost: x\r\nAuthorization: Bearer @TOKEN@\r\n"
     "Content-Length: %d\r\nConnection: close\r\n\r\n%s" % (len(signed_yank), signed_yank))
 body = tar(up).decode("latin-1")
