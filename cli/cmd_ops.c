@@ -386,6 +386,9 @@ static const char *RUN_USAGE =
 #define MAX_T 16
 #define MAX_D TK_CLI_MAX_D
 
+typedef tk_cli_dim_pat dim_pat; /* cli/shape.h */
+typedef tk_cli_binding binding;
+
 typedef struct {
     char name[64];
     int ndim;
@@ -498,10 +501,10 @@ static double now_ms(void)
 
 /* Adds the bindings of one tensor's pattern; a symbol bound twice must agree. 0, or -1 with a message. */
 static int bind_more(const char *opname, const char *pname, const char *pattern, const int64_t *shape, int nd,
-                     tk_cli_binding *b, int *nb, int64_t *lead, int *nlead, int quiet)
+                     binding *b, int *nb, int64_t *lead, int *nlead, int quiet)
 {
-    tk_cli_dim_pat pat[MAX_D];
-    tk_cli_binding nbind[MAX_D];
+    dim_pat pat[MAX_D];
+    binding nbind[MAX_D];
     int np = 0, n = 0, nl = 0;
     int64_t l[MAX_D];
     if (tk_cli_pattern_parse(pattern, pat, &np) != 0) {
@@ -717,10 +720,10 @@ int tk_cmd_run_op(tk_cli *cli, int argc, char **argv)
 
     /* Bind the symbols of the named tensors' patterns, then of the first input's pattern to the plain
      * --shape, then shape every tensor. */
-    tk_cli_binding b[MAX_D];
+    binding b[MAX_D];
     int nb = 0, nlead = 0;
     int64_t lead[MAX_D];
-    tk_cli_dim_pat pat[MAX_D];
+    dim_pat pat[MAX_D];
     int np;
     for (int i = 0; i < nnamed; i++) {
         const jv *p = NULL;
@@ -733,7 +736,7 @@ int tk_cmd_run_op(tk_cli *cli, int argc, char **argv)
             goto done;
         }
         int tmp_np;
-        tk_cli_dim_pat tmp[MAX_D];
+        dim_pat tmp[MAX_D];
         if (tk_cli_pattern_parse(jv_str(jv_get(p, "shape")), tmp, &tmp_np) != 0 ||
             strchr(jv_str(jv_get(p, "shape")) ? jv_str(jv_get(p, "shape")) : "", '|'))
             continue; /* alternatives ("[N] | [1]") or sums ("[R+P]"): the shape is used as given, binds nothing */

@@ -15,10 +15,11 @@ cd "$(dirname "$0")/.."
 pkgs=(build-essential pkg-config
       libcurl4-openssl-dev libarchive-dev libssl-dev libsqlite3-dev libjansson-dev libzstd-dev
       libmicrohttpd-dev
-      nginx-light zstd curl openssl python3
-      clang llvm libclang-rt-dev)  # clang's libFuzzer + ASan/UBSan: make fuzz, and the replay in make test
+      nginx-light zstd curl openssl python3)
 test_tools=0
 [ "${1:-}" = "--test" ] && { test_tools=1; pkgs+=(chromium wrk python3-venv); }
+# clang with libFuzzer, ASan and UBSan: `make fuzz`, and the sanitizer replay of the fuzz corpora in make test
+pkgs+=(clang llvm libclang-rt-dev)
 
 missing=()
 for p in "${pkgs[@]}"; do
