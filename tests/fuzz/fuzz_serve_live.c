@@ -116,13 +116,13 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
     }
     shutdown(fd, SHUT_WR);
     /* Read until the response is complete (its headers and Content-Length bytes), or the server is
-     * silent for 150 ms: libmicrohttpd keeps a half-closed connection open until its timeout, and
+     * silent for 100 ms: libmicrohttpd keeps a half-closed connection open until its timeout, and
      * waiting for that would make this target a hundred times slower. */
     char buf[65536];
     size_t total = 0;
     struct pollfd pfd = {fd, POLLIN, 0};
     ssize_t got;
-    while (poll(&pfd, 1, 150) > 0 && (got = recv(fd, buf + total, sizeof buf - 1 - total, 0)) > 0) {
+    while (poll(&pfd, 1, 100) > 0 && (got = recv(fd, buf + total, sizeof buf - 1 - total, 0)) > 0) {
         total += (size_t)got;
         buf[total] = '\0';
         if (total == (size_t)got && getenv("TK_FUZZ_VERBOSE")) /* the status line, when debugging a seed */
