@@ -54,7 +54,7 @@ REGISTRY := $(abspath $(B))/registry
 DEFAULT_ORG := kernels-community
 PKG_FILES := $(shell find kernels-src -type f 2>/dev/null)
 
-.PHONY: all lib test test-gpu check-kernels asan bench format clean registry fuzz fuzz-build fuzz-targets
+.PHONY: all lib test test-gpu check-kernels asan bench format clean registry
 all: lib $(B)/tk registry $(TESTS) $(EXAMPLES) $(BENCHES) $(FUZZ_REPLAY)
 lib: $(B)/libtk.a $(B)/libtk.so.$(SOMAJOR)
 
@@ -119,8 +119,7 @@ $(B)/registry/.stamp: $(B)/tk $(KEY) $(PKG_FILES)
 
 test: all
 	@bash scripts/setup.sh --test
-	@if bash tests/fuzz/have-libfuzzer.sh $(FUZZ_CC); then $(MAKE) --no-print-directory fuzz-build; fi
-	@if bash tests/fuzz/have-libfuzzer.sh $(FUZZ_CC); then export TK_FUZZ_BIN=$(FB)/fuzz; fi; bash tests/run.sh
+	@bash tests/run.sh
 
 test-gpu: all
 	@TK_TEST_GPU=1 bash tests/run.sh gpu
@@ -132,6 +131,14 @@ asan:
 	$(MAKE) B=build-asan OPT="-O1 -g -fsanitize=address,undefined -fno-omit-frame-pointer" \
 	  LDFLAGS="-fsanitize=address,undefined" all
 	TK_BUILD=build-asan bash tests/run.sh
+
+.PHONY: fuzz fuzz-build fuzz-targets fuzz-replay-build
+# make test replays the fuzz corpora (tests/fuzz/replay.sh, run by tests/run.sh) with the libFuzzer +
+# ASan + UBSan build where clang has libFuzzer: $(B)/fuzz/libfuzzer-bin names it; else the drivers.
+test: fuzz-replay-build
+fuzz-replay-build: $(FUZZ_REPLAY)
+	@if bash tests/fuzz/have-libfuzzer.sh $(FUZZ_CC); then $(MAKE) --no-print-directory fuzz-build && \
+	  echo $(FB)/fuzz > $(B)/fuzz/libfuzzer-bin; else rm -f $(B)/fuzz/libfuzzer-bin; fi
 
 # The fuzz build: the library and every target with clang, libFuzzer, ASan and UBSan, in $(FB)/.
 fuzz-build:

@@ -3,13 +3,22 @@
 # tests/fuzz/regress/<name>/. No fuzzing: each input runs once, so a fixed bug stays fixed and a parser
 # change that breaks an old input fails here. Run by tests/run.sh (and so by `make test`).
 #
-# The binaries: $TK_FUZZ_BIN/fuzz_<name> (libFuzzer with ASan and UBSan; `make test` sets it when clang
-# has libFuzzer) or else $TK_BUILD/fuzz/replay_<name> (the standalone driver, any compiler; built by
-# `make`). Prints one line per target and "N passed, N failed, N skipped" last.
+# The binaries: $TK_FUZZ_BIN/fuzz_<name> (libFuzzer with ASan and UBSan), by default the folder named in
+# $TK_BUILD/fuzz/libfuzzer-bin (written by `make test` where clang has libFuzzer) when that build is
+# newer than $TK_BUILD/libtk.a; else $TK_BUILD/fuzz/replay_<name> (the standalone driver, any compiler;
+# built by `make`). Prints one line per target and "N passed, N failed, N skipped" last.
 set -u
 cd "$(dirname "$0")/../.."
 B=${TK_BUILD:-build}
 bin=${TK_FUZZ_BIN:-}
+if [ -z "$bin" ] && [ -f "$B/fuzz/libfuzzer-bin" ]; then
+  bin=$(cat "$B/fuzz/libfuzzer-bin")
+  # a sanitizer build older than the library under test would replay yesterday's code
+  for src in tests/fuzz/fuzz_*.c; do
+    n=$(basename "$src" .c)
+    [ "$bin/$n" -nt "$B/libtk.a" ] || { bin=; break; }
+  done
+fi
 passed=0; failed=0; skipped=0
 log=$(mktemp); trap 'rm -f "$log"' EXIT
 for src in tests/fuzz/fuzz_*.c; do
