@@ -55,7 +55,7 @@ DEFAULT_ORG := kernels-community
 PKG_FILES := $(shell find kernels-src -type f 2>/dev/null)
 
 .PHONY: all lib test test-gpu check-kernels asan bench format clean registry
-all: lib $(B)/tk registry $(TESTS) $(EXAMPLES) $(BENCHES) $(FUZZ_REPLAY)
+all: lib $(B)/tk registry $(TESTS) $(EXAMPLES) $(BENCHES)
 lib: $(B)/libtk.a $(B)/libtk.so.$(SOMAJOR)
 
 $(KEY):
@@ -133,6 +133,7 @@ asan:
 	TK_BUILD=build-asan bash tests/run.sh
 
 .PHONY: fuzz fuzz-build fuzz-targets fuzz-replay-build
+all: $(FUZZ_REPLAY)
 # make test replays the fuzz corpora (tests/fuzz/replay.sh, run by tests/run.sh) with the libFuzzer +
 # ASan + UBSan build where clang has libFuzzer: $(B)/fuzz/libfuzzer-bin names it; else the drivers.
 test: fuzz-replay-build
