@@ -5,6 +5,7 @@
 #   make test-gpu     the tests that need a GPU (skip cleanly without one)
 #   make check-kernels   NVRTC over every package in kernels-src/ for sm_80 and sm_90
 #   make asan         build + test with AddressSanitizer and UBSan into build-asan/
+#   make fuzz         libFuzzer over every tests/fuzz/fuzz_*.c target (FUZZ_SECONDS each, 2 at a time)
 #   make bench        benchmarks (see bench/RESULTS.md)
 #   make gpu-bundle   build-gpu/ + .gpu/*.tgz: a relocatable bundle for a GPU machine (README: Running on a GPU)
 #   make format       clang-format the C sources
@@ -35,6 +36,21 @@ CLI_OBJ := $(CLI_SRC:%.c=$(B)/obj/%.o)
 TESTS   := $(TEST_SRC:tests/%.c=$(B)/tests/%)
 EXAMPLES := $(EX_SRC:examples/%.c=$(B)/examples/%)
 BENCHES := $(BENCH_SRC:bench/%.c=$(B)/bench/%)
+
+# Fuzz targets (tests/fuzz/README.md): every tests/fuzz/fuzz_<name>.c. Each links the library and the
+# cli units in FUZZ_LINK; `all` builds it with a standalone driver ($(B)/fuzz/replay_<name>) so
+# `make test` replays its corpus with any compiler; `make fuzz` builds it with clang's libFuzzer, ASan
+# and UBSan into $(FB)/.
+FUZZ_SRC   := $(wildcard tests/fuzz/fuzz_*.c)
+FUZZ_NAMES := $(FUZZ_SRC:tests/fuzz/fuzz_%.c=%)
+FUZZ_LINK  := $(B)/obj/cli/shape.o
+FUZZ_REPLAY := $(FUZZ_NAMES:%=$(B)/fuzz/replay_%)
+FB         := build-fuzz
+FUZZ_CC    ?= clang
+FUZZ_SAN   := -fsanitize=address,undefined -fno-sanitize-recover=undefined -fno-omit-frame-pointer
+FUZZ_SECONDS ?= 180
+FUZZ_JOBS  ?= 2
+.SECONDARY: $(FUZZ_NAMES:%=$(B)/obj/tests/fuzz/fuzz_%.o) $(B)/obj/tests/fuzz/driver.o
 
 # The embedded default registry: every package in kernels-src/, published by this build with a key
 # this build makes (kept across builds in $(B)/default-key.pem) and trusts.
@@ -91,6 +107,14 @@ $(B)/bench/%: bench/%.c $(B)/libtk.a
 	@mkdir -p $(dir $@)
 	$(CC) $(CFLAGS) $(LDFLAGS) $< -o $@ $(B)/libtk.a $(LDLIBS)
 
+$(B)/fuzz/replay_%: $(B)/obj/tests/fuzz/fuzz_%.o $(B)/obj/tests/fuzz/driver.o $(FUZZ_LINK) $(B)/libtk.a
+	@mkdir -p $(dir $@)
+	$(CC) $(LDFLAGS) -o $@ $^ $(LDLIBS)
+
+$(B)/fuzz/fuzz_%: $(B)/obj/tests/fuzz/fuzz_%.o $(FUZZ_LINK) $(B)/libtk.a
+	@mkdir -p $(dir $@)
+	$(CC) $(LDFLAGS) -fsanitize=fuzzer -o $@ $^ $(LDLIBS)
+
 registry: $(B)/registry/.stamp
 $(B)/registry/.stamp: $(B)/tk $(KEY) $(PKG_FILES)
 	@rm -rf $(B)/registry.tmp
@@ -116,6 +140,26 @@ asan:
 	  LDFLAGS="-fsanitize=address,undefined" all
 	TK_BUILD=build-asan bash tests/run.sh
 
+.PHONY: fuzz fuzz-build fuzz-targets fuzz-replay-build
+all: $(FUZZ_REPLAY)
+# make test replays the fuzz corpora (tests/fuzz/replay.sh, run by tests/run.sh) with the libFuzzer +
+# ASan + UBSan build where clang has libFuzzer: $(B)/fuzz/libfuzzer-bin names it; else the drivers.
+test: fuzz-replay-build
+fuzz-replay-build: $(FUZZ_REPLAY)
+	@if bash tests/fuzz/have-libfuzzer.sh $(FUZZ_CC); then $(MAKE) --no-print-directory fuzz-build && \
+	  echo $(FB)/fuzz > $(B)/fuzz/libfuzzer-bin; else rm -f $(B)/fuzz/libfuzzer-bin; fi
+
+# The fuzz build: the library and every target with clang, libFuzzer, ASan and UBSan, in $(FB)/.
+fuzz-build:
+	@bash tests/fuzz/have-libfuzzer.sh $(FUZZ_CC) || { echo "make fuzz needs clang with libFuzzer (scripts/setup.sh installs it)"; exit 1; }
+	@$(MAKE) --no-print-directory B=$(FB) CC=$(FUZZ_CC) OPT="-O1 -g $(FUZZ_SAN) -fsanitize=fuzzer-no-link" \
+	  LDFLAGS="$(FUZZ_SAN)" fuzz-targets
+fuzz-targets: $(FUZZ_NAMES:%=$(B)/fuzz/fuzz_%)
+
+# Runs every target for FUZZ_SECONDS, FUZZ_JOBS at a time; a crash is minimised into its regress/.
+fuzz: fuzz-build
+	@FUZZ_SECONDS=$(FUZZ_SECONDS) FUZZ_JOBS=$(FUZZ_JOBS) bash tests/fuzz/run.sh $(FB)/fuzz
+
 bench: all
 	@bash bench/run.sh
 
@@ -127,6 +171,6 @@ format:
 	clang-format -i $(LIB_SRC) $(CLI_SRC) $(TEST_SRC) $(EX_SRC) include/tk.h $(wildcard */*.h)
 
 clean:
-	rm -rf $(B)/obj $(B)/tests $(B)/examples $(B)/tk $(B)/libtk.* $(B)/registry $(B)/gen
+	rm -rf $(B)/obj $(B)/tests $(B)/examples $(B)/tk $(B)/libtk.* $(B)/registry $(B)/gen $(B)/fuzz
 
 -include $(shell find $(B)/obj -name '*.d' 2>/dev/null)

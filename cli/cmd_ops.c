@@ -15,6 +15,7 @@
 #include <time.h>
 
 #include "cli/cli.h"
+#include "cli/shape.h"
 
 /* ---- a small JSON reader (enough for tk_ops_json) --------------------------------------------- */
 
@@ -383,7 +384,10 @@ static const char *RUN_USAGE =
     "tk run-op OP --shape [NAME=]D0,D1,... [--dtype [NAME=]DT] [--seed N] [--repeat N] [--arg NAME=VALUE]...";
 
 #define MAX_T 16
-#define MAX_D 16
+#define MAX_D TK_CLI_MAX_D
+
+typedef tk_cli_dim_pat dim_pat; /* cli/shape.h */
+typedef tk_cli_binding binding;
 
 typedef struct {
     char name[64];
@@ -394,114 +398,6 @@ typedef struct {
     tk_tensor t;
     int out;
 } host_tensor;
-
-/* Shape patterns of the signature: "[...]", "[..., d]", "[..., 2*d]", "[d]", "[4, n]". A token is
- * "...", an integer, a symbol, or INT*symbol. */
-typedef struct {
-    int ellipsis;
-    int64_t k;        /* multiplier, or the literal when sym is empty */
-    char sym[32];
-} dim_pat;
-
-static int parse_pattern(const char *s, dim_pat *pat, int *n)
-{
-    *n = 0;
-    if (!s || *s != '[')
-        return -1;
-    s++;
-    while (*s && *s != ']') {
-        while (*s == ' ' || *s == ',')
-            s++;
-        if (*s == ']')
-            break;
-        if (*n >= MAX_D)
-            return -1;
-        dim_pat *d = &pat[(*n)++];
-        memset(d, 0, sizeof *d);
-        if (!strncmp(s, "...", 3)) {
-            d->ellipsis = 1;
-            s += 3;
-            continue;
-        }
-        d->k = 1;
-        if (*s >= '0' && *s <= '9') {
-            d->k = strtoll(s, (char **)&s, 10);
-            if (*s == '*')
-                s++;
-        }
-        size_t len = 0;
-        while ((*s == '_' || (*s >= 'a' && *s <= 'z') || (*s >= 'A' && *s <= 'Z') || (*s >= '0' && *s <= '9')) &&
-               len + 1 < sizeof d->sym)
-            d->sym[len++] = *s++;
-        d->sym[len] = '\0';
-        if (*s && *s != ',' && *s != ']')
-            return -1;
-    }
-    return 0;
-}
-
-typedef struct {
-    char sym[32];
-    int64_t v;
-} binding;
-
-/* Binds the pattern to a concrete shape: the ellipsis takes what the other dims leave. */
-static int bind_shape(const dim_pat *pat, int np, const int64_t *shape, int nd, binding *b, int *nb,
-                      int64_t *lead, int *nlead)
-{
-    int fixed = 0, ell = -1;
-    for (int i = 0; i < np; i++) {
-        if (pat[i].ellipsis)
-            ell = i;
-        else
-            fixed++;
-    }
-    if (ell < 0 ? nd != fixed : nd < fixed)
-        return -1;
-    *nlead = ell < 0 ? 0 : nd - fixed;
-    for (int i = 0; i < *nlead; i++)
-        lead[i] = shape[ell + i];
-    for (int i = 0, s = 0; i < np; i++) {
-        if (pat[i].ellipsis) {
-            s += *nlead;
-            continue;
-        }
-        int64_t dim = shape[s++];
-        if (!pat[i].sym[0])
-            continue;
-        if (pat[i].k <= 0 || dim % pat[i].k)
-            return -2 - i;
-        b[(*nb)].v = dim / pat[i].k;
-        snprintf(b[(*nb)++].sym, sizeof b->sym, "%s", pat[i].sym);
-    }
-    return 0;
-}
-
-static int make_shape(const dim_pat *pat, int np, const binding *b, int nb, const int64_t *lead, int nlead,
-                      int64_t *shape, int *nd)
-{
-    *nd = 0;
-    for (int i = 0; i < np; i++) {
-        if (pat[i].ellipsis) {
-            for (int k = 0; k < nlead; k++)
-                shape[(*nd)++] = lead[k];
-            continue;
-        }
-        if (!pat[i].sym[0]) {
-            shape[(*nd)++] = pat[i].k;
-            continue;
-        }
-        int found = 0;
-        for (int k = 0; k < nb && !found; k++)
-            if (!strcmp(b[k].sym, pat[i].sym)) {
-                shape[(*nd)++] = pat[i].k * b[k].v;
-                found = 1;
-            }
-        if (!found)
-            return -1;
-    }
-    return 0;
-}
 
 static uint64_t splitmix(uint64_t *s)
 {
@@ -603,21 +499,6 @@ static double now_ms(void)
     return (double)ts.tv_sec * 1e3 + (double)ts.tv_nsec / 1e6;
 }
 
-/* "4,4096" into shape; 0 or -1. */
-static int parse_dims(const char *text, int64_t *shape, int *nd)
-{
-    *nd = 0;
-    for (const char *s = text; *s;) {
-        char *end;
-        long long v = strtoll(s, &end, 10);
-        if (end == s || v < 0 || v > ((int64_t)1 << 40) || *nd >= MAX_D || (*end && *end != ','))
-            return -1;
-        shape[(*nd)++] = v;
-        s = *end ? end + 1 : end;
-    }
-    return *nd ? 0 : -1;
-}
-
 /* Adds the bindings of one tensor's pattern; a symbol bound twice must agree. 0, or -1 with a message. */
 static int bind_more(const char *opname, const char *pname, const char *pattern, const int64_t *shape, int nd,
                      binding *b, int *nb, int64_t *lead, int *nlead, int quiet)
@@ -626,12 +507,12 @@ static int bind_more(const char *opname, const char *pname, const char *pattern,
     binding nbind[MAX_D];
     int np = 0, n = 0, nl = 0;
     int64_t l[MAX_D];
-    if (parse_pattern(pattern, pat, &np) != 0) {
+    if (tk_cli_pattern_parse(pattern, pat, &np) != 0) {
         if (!quiet)
             fprintf(stderr, "tk: %s: cannot read the shape pattern of '%s'\n", opname, pname);
         return -1;
     }
-    int brc = bind_shape(pat, np, shape, nd, nbind, &n, l, &nl);
+    int brc = tk_cli_pattern_bind(pat, np, shape, nd, nbind, &n, l, &nl);
     if (brc == -1) {
         if (!quiet)
             fprintf(stderr, "tk: %s: '%s' %s does not have %d dimensions\n", opname, pname, pattern, nd);
@@ -803,7 +684,7 @@ int tk_cmd_run_op(tk_cli *cli, int argc, char **argv)
         return tk_cli_usage(RUN_USAGE, "--dtype wants f32, f16 or bf16, got '%s'", dtype_s);
     int64_t shape[MAX_D];
     int nd = 0;
-    if (shape_s && parse_dims(shape_s, shape, &nd) != 0)
+    if (shape_s && tk_cli_dims_parse(shape_s, shape, &nd) != 0)
         return tk_cli_usage(RUN_USAGE, "--shape wants sizes separated by commas (4,4096), got '%s'", shape_s);
     struct {
         char name[64];
@@ -813,7 +694,7 @@ int tk_cmd_run_op(tk_cli *cli, int argc, char **argv)
     for (int i = 0; i < nnamed; i++) {
         size_t len = strcspn(named_shapes[i], "=");
         snprintf(named[i].name, sizeof named[i].name, "%.*s", (int)len, named_shapes[i]);
-        if (parse_dims(named_shapes[i] + len + 1, named[i].shape, &named[i].nd) != 0)
+        if (tk_cli_dims_parse(named_shapes[i] + len + 1, named[i].shape, &named[i].nd) != 0)
             return tk_cli_usage(RUN_USAGE, "--shape %s: want NAME=sizes separated by commas", named_shapes[i]);
     }
 
@@ -869,7 +750,7 @@ int tk_cmd_run_op(tk_cli *cli, int argc, char **argv)
         }
         int tmp_np;
         dim_pat tmp[MAX_D];
-        if (parse_pattern(jv_str(jv_get(p, "shape")), tmp, &tmp_np) != 0 ||
+        if (tk_cli_pattern_parse(jv_str(jv_get(p, "shape")), tmp, &tmp_np) != 0 ||
             strchr(jv_str(jv_get(p, "shape")) ? jv_str(jv_get(p, "shape")) : "", '|'))
             continue; /* alternatives ("[N] | [1]") or sums ("[R+P]"): the shape is used as given, binds nothing */
         if (bind_more(opname, named[i].name, jv_str(jv_get(p, "shape")), named[i].shape, named[i].nd, b, &nb, lead,
@@ -927,8 +808,8 @@ int tk_cmd_run_op(tk_cli *cli, int argc, char **argv)
             if (given >= 0) {
                 h->ndim = named[given].nd;
                 memcpy(h->shape, named[given].shape, (size_t)h->ndim * sizeof *h->shape);
-            } else if (parse_pattern(jv_str(jv_get(p, "shape")), pat, &np) != 0 ||
-                       make_shape(pat, np, b, nb, lead, nlead, h->shape, &h->ndim) != 0) {
+            } else if (tk_cli_pattern_parse(jv_str(jv_get(p, "shape")), pat, &np) != 0 ||
+                       tk_cli_pattern_make(pat, np, b, nb, lead, nlead, h->shape, &h->ndim) != 0) {
                 fprintf(stderr, "tk: %s: cannot derive the shape of '%s' %s; give it with --shape %s=...\n", opname,
                         pname, jv_str(jv_get(p, "shape")), pname);
                 goto done;
@@ -947,8 +828,13 @@ int tk_cmd_run_op(tk_cli *cli, int argc, char **argv)
                 goto done;
             }
             size_t n = 1;
-            for (int k = 0; k < h->ndim; k++)
-                n *= (size_t)h->shape[k];
+            if (tk_cli_dims_count(&n, h->shape, h->ndim, (size_t)1 << 48) != 0) {
+                char sbuf[256];
+                shape_text(sbuf, sizeof sbuf, h->shape, h->ndim);
+                fprintf(stderr, "tk: %s: '%s' %s has more than 2^48 elements\n"
+                        "HINT: give smaller sizes with --shape\n", opname, pname, sbuf);
+                goto done;
+            }
             h->bytes = n * tdt.bits / 8;
             h->data = malloc(h->bytes ? h->bytes : 1);
             if (!h->data) {

@@ -46,7 +46,8 @@
 
 struct tk_hub_http {
     uint32_t magic;
-    CURL *curl;
+    CURL *curl;        /* the current request's handle: a fresh one each request (see setup) */
+    CURLSH *share;     /* connections, DNS and TLS sessions, kept across requests */
     char *token;       /* NULL: never authenticate */
     char *auth_origin; /* normalized by origin_of(), or NULL */
     char *user_agent;
@@ -450,20 +451,28 @@ static int on_progress(void *user, curl_off_t dltotal, curl_off_t dlnow, curl_of
 static int setup(req *r, const char *url, int with_auth, struct curl_slist **hdrs)
 {
     tk_hub_http *h = r->h;
-    CURL *c = h->curl;
     CURLcode cc = CURLE_OK;
     char range[32];
     const char *add[3] = {NULL, NULL, NULL};
     char *auth = NULL, *ctype = NULL;
     int rc = TK_OK;
 
-    curl_easy_reset(c); /* keeps the connection, DNS and TLS session caches */
+    /* A fresh easy handle for every request, never curl_easy_reset of the last one: libcurl before
+     * 8.1.0 (Debian 12 has 7.88) kept a pointer to the previous transfer's freed headers in a reused
+     * handle, and a folded header line in the next response read through it (curl/curl#11103, found
+     * by tests/fuzz/fuzz_http.c). The share handle keeps connections, DNS and TLS sessions. */
+    CURL *c = curl_easy_init();
+    if (!c)
+        return tk__err(TK_ERR_NOMEM, "out of memory creating a libcurl handle");
+    curl_easy_cleanup(h->curl);
+    h->curl = c;
     h->errbuf[0] = '\0';
 #define SET(opt, val)                                                                              \
     do {                                                                                           \
         if (cc == CURLE_OK)                                                                        \
             cc = curl_easy_setopt(c, opt, val);                                                    \
     } while (0)
+    SET(CURLOPT_SHARE, h->share);
     SET(CURLOPT_URL, url);
     SET(CURLOPT_PROTOCOLS_STR, "http,https,file");
     SET(CURLOPT_REDIR_PROTOCOLS_STR, "http,https");
@@ -819,7 +828,10 @@ int tk_hub__http_new(tk_hub_http **out, const tk_hub_http_opts *opts)
     if (!(h = calloc(1, sizeof *h)))
         goto nomem;
     h->magic = HTTP_MAGIC;
-    if (!(h->curl = curl_easy_init())) {
+    if (!(h->curl = curl_easy_init()) || !(h->share = curl_share_init()) ||
+        curl_share_setopt(h->share, CURLSHOPT_SHARE, CURL_LOCK_DATA_CONNECT) != CURLSHE_OK ||
+        curl_share_setopt(h->share, CURLSHOPT_SHARE, CURL_LOCK_DATA_DNS) != CURLSHE_OK ||
+        curl_share_setopt(h->share, CURLSHOPT_SHARE, CURL_LOCK_DATA_SSL_SESSION) != CURLSHE_OK) {
         rc = tk__err(TK_ERR_INTERNAL, "cannot create a libcurl handle");
         goto fail;
     }
@@ -859,7 +871,9 @@ void tk_hub__http_free(tk_hub_http *h)
 {
     if (!h || h->magic != HTTP_MAGIC)
         return;
-    curl_easy_cleanup(h->curl);
+    curl_easy_cleanup(h->curl); /* before the share it uses */
+    if (h->share)
+        curl_share_cleanup(h->share);
     if (h->token) {
         explicit_bzero(h->token, strlen(h->token));
         free(h->token);

@@ -1,7 +1,8 @@
 /*
  * http.h — tk's HTTP(S)/file client, on libcurl.
  *
- * One tk_hub_http per context: it keeps a curl easy handle so connections are reused. Requests retry
+ * One tk_hub_http per context: it keeps a libcurl share of connections, DNS and TLS sessions, so
+ * connections are reused (each request runs on a fresh easy handle). Requests retry
  * with exponential backoff on connection errors, 408, 429 and 5xx, honouring Retry-After; apply connect
  * and low-speed timeouts; enforce a size cap inside the write callback; and allow only the http, https
  * and file protocols (redirects too). The bearer token is sent only to `auth_origin`

@@ -271,7 +271,7 @@ static int token_org(char org[65], const char *root, const char *token)
 
 /* Unpacks the upload (a plain tar) into stage: exactly manifest.json, manifest.json.sig and one
  * source.tar.{gz,zst}, regular files within their size caps. *archive_name is borrowed static text. */
-static int upload_untar(const char **archive_name, const char *tar_path, const char *stage, int64_t max)
+int tk_hub__serve_upload_untar(const char **archive_name, const char *tar_path, const char *stage, int64_t max)
 {
     static const char *const allowed[] = {"manifest.json", "manifest.json.sig", "source.tar.gz", "source.tar.zst"};
     const int64_t caps[] = {TK_MANIFEST_MAX, SIG_MAX, max, max};
@@ -400,7 +400,7 @@ static int receive_version(char commit[41], int *created, char version[32], tk_s
     }
     if ((rc = tk__mkdirs(stage, 0755)) != TK_OK || (rc = tk__mkdirs(check, 0700)) != TK_OK)
         goto done;
-    if ((rc = upload_untar(&archive_name, tar_path, stage, s->max_upload)) != TK_OK)
+    if ((rc = tk_hub__serve_upload_untar(&archive_name, tar_path, stage, s->max_upload)) != TK_OK)
         goto done;
     mpath = tk__path_join(stage, "manifest.json");
     spath = tk__path_join(stage, "manifest.json.sig");
@@ -649,7 +649,7 @@ static char *inside_root(tk_server *s, const char *rel)
 }
 
 /* Does If-None-Match list this etag (quoted)? */
-static int etag_matches(const char *inm, const char *etag)
+int tk_hub__serve_etag_matches(const char *inm, const char *etag)
 {
     size_t n = strlen(etag);
     for (const char *p = inm; *p;) {
@@ -669,7 +669,7 @@ static int etag_matches(const char *inm, const char *etag)
 
 /* Parses a single "bytes=a-b" / "bytes=a-" / "bytes=-n" range. 1: a range; 0: ignore the header
  * (absent, malformed or several ranges: serve the whole file); -1: unsatisfiable. */
-static int parse_range(const char *h, int64_t size, int64_t *from, int64_t *to)
+int tk_hub__serve_parse_range(const char *h, int64_t size, int64_t *from, int64_t *to)
 {
     if (!h || strncmp(h, "bytes=", 6) != 0 || strchr(h, ','))
         return 0;
@@ -725,12 +725,12 @@ static enum MHD_Result serve_file(tk_server *s, struct MHD_Connection *c, req *r
     snprintf(etag, sizeof etag, "\"%s\"", sha);
     const char *inm = MHD_lookup_connection_value(c, MHD_HEADER_KIND, "If-None-Match");
     int64_t size = st.st_size, from = 0, to = size - 1;
-    int ranged = inm && etag_matches(inm, etag) ? 0 :
-                 parse_range(MHD_lookup_connection_value(c, MHD_HEADER_KIND, "Range"), size, &from, &to);
+    int ranged = inm && tk_hub__serve_etag_matches(inm, etag) ? 0 :
+                 tk_hub__serve_parse_range(MHD_lookup_connection_value(c, MHD_HEADER_KIND, "Range"), size, &from, &to);
     struct MHD_Response *resp;
     unsigned status;
     char cr[96];
-    if (inm && etag_matches(inm, etag)) {
+    if (inm && tk_hub__serve_etag_matches(inm, etag)) {
         close(fd);
         resp = MHD_create_response_from_buffer(0, (void *)"", MHD_RESPMEM_PERSISTENT);
         status = MHD_HTTP_NOT_MODIFIED;
@@ -779,7 +779,7 @@ static int component_ok(const char *p, size_t n)
 }
 
 /* Splits a decoded path into at most max components; 0 when a component is refused. */
-static int split_path(char **parts, int max, int *n, char *path)
+int tk_hub__serve_split_path(char **parts, int max, int *n, char *path)
 {
     *n = 0;
     char *p = path;
@@ -1344,7 +1344,7 @@ static enum MHD_Result dispatch(tk_server *s, struct MHD_Connection *c, req *r, 
     const char *m = r->method;
     int is_get = !strcmp(m, MHD_HTTP_METHOD_GET) || !strcmp(m, MHD_HTTP_METHOD_HEAD);
     int is_put = !strcmp(m, MHD_HTTP_METHOD_PUT) || !strcmp(m, MHD_HTTP_METHOD_POST);
-    int ok = split_path(parts, 32, &n, path);
+    int ok = tk_hub__serve_split_path(parts, 32, &n, path);
     int upload = ok && n >= 2 && !strcmp(parts[0], "api") && (!strcmp(parts[1], "upload") || !strcmp(parts[1], "yank"));
     if (first && !(upload && is_put)) {
         ret = MHD_YES; /* answer once the request is complete, so the connection can be kept alive */

@@ -17,6 +17,26 @@
 #ifndef TK_HUB_SERVE_H
 #define TK_HUB_SERVE_H
 
+#include <stdint.h>
+
 #include "tk.h"
+
+/* The request parsing of serve.c, internal names so the fuzz targets (tests/fuzz/fuzz_serve.c) reach
+ * them directly. */
+
+/* Splits a decoded URL path ("/a/b/c") in place into at most max components; 0 when the path does not
+ * start with '/', has more components, or one is refused (empty, a dot-name, a control character,
+ * '\\' or ':'); 1 otherwise. */
+int tk_hub__serve_split_path(char **parts, int max, int *n, char *path);
+/* Parses a single "bytes=a-b" / "bytes=a-" / "bytes=-n" Range header against a file of `size` bytes.
+ * 1: a range [*from, *to] inside the file; 0: ignore the header (absent, malformed or several
+ * ranges); -1: unsatisfiable. */
+int tk_hub__serve_parse_range(const char *h, int64_t size, int64_t *from, int64_t *to);
+/* Does the If-None-Match header list this (quoted) etag, or '*'? */
+int tk_hub__serve_etag_matches(const char *inm, const char *etag);
+/* Unpacks an upload (a plain tar) into the empty folder stage: exactly manifest.json,
+ * manifest.json.sig and one source.tar.{gz,zst}, regular files within their caps (the archive within
+ * max bytes). *archive_name is borrowed static text. TK_ERR_INVALID when the upload is refused. */
+int tk_hub__serve_upload_untar(const char **archive_name, const char *tar_path, const char *stage, int64_t max);
 
 #endif

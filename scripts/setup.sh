@@ -20,6 +20,8 @@ pkgs=(build-essential pkg-config
       nginx-light zstd curl openssl python3)
 test_tools=0
 [ "${1:-}" = "--test" ] && { test_tools=1; pkgs+=(chromium wrk python3-venv); }
+# clang with libFuzzer, ASan and UBSan: `make fuzz`, and the sanitizer replay of the fuzz corpora in make test
+pkgs+=(clang llvm libclang-rt-dev)
 
 missing=()
 for p in "${pkgs[@]}"; do

@@ -28,6 +28,7 @@ Routes (GET unless noted; <key> makes per-test state independent):
   /echo-auth              body: the Authorization header received, or "none"
   /echo (PUT/POST)        body: "<method> <length> <sha256 of body> <content-type>"
   /last-headers           the request line and headers of the last request (other than this one)
+  /conn                   body: the client's port, so two requests on one connection get the same
 """
 import argparse
 import hashlib
@@ -118,6 +119,8 @@ class Handler(http.server.BaseHTTPRequestHandler):
 
         if name == "ok" and len(parts) == 2:
             return self.serve_data(int(parts[1]))
+        if path == "/conn":
+            return self.reply(200, str(self.client_address[1]).encode())
         if name == "norange" and len(parts) == 2:
             return self.serve_data(int(parts[1]), ranges=False)
         if name == "drop" and len(parts) == 3:

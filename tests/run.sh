@@ -49,6 +49,11 @@ for t in tests/cli/*.sh; do
   run_one "$name" bash "$t"
 done
 
+# every fuzz target over its committed corpus and regression inputs (tests/fuzz/README.md)
+if [ -z "$filter" ] || [[ fuzz_replay == *"$filter"* ]]; then
+  run_one fuzz_replay bash tests/fuzz/replay.sh
+fi
+
 echo
 [ ${#broken[@]} -gt 0 ] && echo "broken: ${broken[*]}"
 echo "$passed passed, $failed failed, $skipped skipped"

@@ -181,6 +181,15 @@ static void test_get_mem_ok(void)
     CHECK_EQ_INT(len, 1000);
     free(out);
     free(u);
+    /* each request runs on a fresh libcurl handle (hub/http.c, setup): the share keeps the connection */
+    char *first = NULL;
+    u = url("/conn");
+    CHECK_RC(tk_hub__http_get_mem(h, u, 64, &first, NULL, NULL), TK_OK);
+    CHECK_RC(tk_hub__http_get_mem(h, u, 64, &out, NULL, NULL), TK_OK);
+    CHECK_STR(out, first);
+    free(first);
+    free(out);
+    free(u);
     tk_hub__http_free(h);
 }
 

@@ -52,6 +52,16 @@ tanh --shape 3,77
 CMDS
 }
 
+t_run_op_shape_limits() {
+  # sizes whose product overflows (2^40 * 2^40 wraps to 0 in 64 bits): refused, not a 1-byte buffer
+  expect_rc 2 "$TK" run-op silu_and_mul --shape 1099511627776,1099511627776,2
+  expect_out "more than 2^48 elements"
+  expect_rc 2 "$TK" run-op silu_and_mul --shape 4,8,
+  expect_out "--shape wants sizes"
+  expect_rc 2 "$TK" run-op silu_and_mul --shape 4,1099511627777
+  expect_out "--shape wants sizes"
+}
+
 t_run_op_errors() {
   expect_rc 3 "$TK" run-op silu_and_mull --shape 4,8
   expect_out "did you mean"
