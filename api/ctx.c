@@ -1,10 +1,20 @@
 /*
  * ctx.c — tk_ctx: where state lives (TK_HOME or the XDG directories), which registry to use
  * (argument, then $TK_ENDPOINT, then config.json, then the build's default) and the open state.
+ *
+ * The build's default is the registry it published (file://<build>/registry). Where that directory
+ * does not exist (a relocated copy, an unpacked tarball) or the build named none (`make gpu-bundle`
+ * builds with DEFAULT_ENDPOINT empty), the default follows the binary instead: <dir of libtk.so or the program>/registry, then ../registry
+ * (the test binaries sit in tests/ beside it).
  */
+#define _GNU_SOURCE /* dladdr */
+#include <dlfcn.h>
+#include <limits.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/stat.h>
+#include <unistd.h>
 
 #include "api/api.h"
 #include "cache/state.h"
@@ -50,6 +60,53 @@ static int env_true(const char *name)
 {
     const char *v = getenv(name);
     return v && (!strcmp(v, "1") || !strcasecmp(v, "true") || !strcasecmp(v, "yes") || !strcasecmp(v, "on"));
+}
+
+static int is_dir(const char *path)
+{
+    struct stat st;
+    return path && stat(path, &st) == 0 && S_ISDIR(st.st_mode);
+}
+
+/* The default registry: the build's own if it exists, else a registry/ beside the code that runs
+ * (libtk.so, or the program libtk.a is linked into), else beside its parent. Returns a new string. */
+static char *default_endpoint(void)
+{
+    const char *built = TK_DEFAULT_ENDPOINT;
+    if (built[0] && (!tk__has_prefix(built, "file://") || is_dir(built + 7)))
+        return tk__strdup(built);
+    char self[PATH_MAX] = "";
+    Dl_info info;
+    if (dladdr((void *)&default_endpoint, &info) && info.dli_fname && strchr(info.dli_fname, '/')) {
+        if (!realpath(info.dli_fname, self))
+            self[0] = '\0';
+    }
+    if (!self[0]) { /* the main program, found through PATH: dladdr names it without a directory */
+        ssize_t n = readlink("/proc/self/exe", self, sizeof self - 1);
+        self[n > 0 ? n : 0] = '\0';
+    }
+    char *slash = strrchr(self, '/');
+    if (slash && !built[0]) /* where it was looked for first, so an error names that */
+        built = NULL;
+    if (slash) {
+        *slash = '\0';
+        const char *rel[] = {"registry", "../registry"};
+        for (size_t i = 0; i < 2; i++) {
+            char *dir = tk__fmt("%s/%s", self, rel[i]);
+            char *real = dir ? realpath(dir, NULL) : NULL;
+            free(dir);
+            if (real && is_dir(real)) {
+                char *url = tk__fmt("file://%s", real);
+                free(real);
+                return url;
+            }
+            free(real);
+        }
+    }
+    /* nothing found: keep a URL that names what was looked for, so the error says where */
+    if (!built && slash)
+        return tk__fmt("file://%s/registry", self);
+    return tk__strdup(built && built[0] ? built : "file:///tk-registry-not-found");
 }
 
 static int load_config(tk_ctx *ctx)
@@ -126,9 +183,7 @@ int tk_ctx_new(tk_ctx **out, const tk_ctx_opts *opts)
         ep = getenv("TK_ENDPOINT");
     if (!ep || !*ep)
         ep = tk_api__config_str(ctx, "endpoint");
-    if (!ep || !*ep)
-        ep = TK_DEFAULT_ENDPOINT;
-    if (!(ctx->endpoint = tk__strdup(ep))) {
+    if (!(ctx->endpoint = ep && *ep ? tk__strdup(ep) : default_endpoint())) {
         rc = tk__err(TK_ERR_NOMEM, "out of memory");
         goto fail;
     }

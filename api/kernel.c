@@ -171,6 +171,7 @@ typedef struct {
     size_t nparams;
     tk_jit_expr *grid[3], *block[3], *smem; /* NULL dims are 1 */
     int min_cc, max_cc, arch_specific;
+    int64_t align; /* constraints.align: every tensor's data + byte_offset a multiple (0: any) */
     tk_jit_expr **max_e; /* constraints.max and .min: expression, bound, and which */
     int64_t *max_v;
     char *is_min;
@@ -317,6 +318,8 @@ static int parse_kernel(kdecl *d, json_t *k, size_t idx)
         if (json_is_integer(json_object_get(cons, "max_cc")))
             d->max_cc = (int)json_integer_value(json_object_get(cons, "max_cc"));
         d->arch_specific = json_is_true(json_object_get(cons, "arch_specific"));
+        if (json_is_integer(json_object_get(cons, "align")))
+            d->align = json_integer_value(json_object_get(cons, "align"));
         size_t n = json_object_size(mx) + json_object_size(mn);
         if (n) {
             d->max_e = calloc(n, sizeof *d->max_e);
@@ -710,6 +713,7 @@ struct tk_function {
 struct tk_kernel {
     uint32_t magic;
     int device;
+    int sm_count; /* the device's multiprocessors: launch rules' sm_count */
     char *pkgname;
     tk_jit_module **mods;
     size_t nmods;
@@ -788,7 +792,13 @@ int tk_get_kernel(tk_kernel **out, tk_ctx *ctx, const char *ref, const tk_kernel
         goto fail;
     if ((rc = pkgsrc_load(&s, pkg)) != TK_OK || (rc = tk_jit__nvrtc_id(&nvid)) != TK_OK)
         goto fail;
-    if ((rc = plan_make(&p, &s, cc, 0, nvid)) != TK_OK)
+    /* TK_JIT_FORCE_PTX=1 (tests): PTX for compute_XY, JIT-compiled by the driver, as for a GPU newer
+     * than NVRTC; only for packages without arch-specific (sm_XYa) kernels */
+    {
+        const char *fp = getenv("TK_JIT_FORCE_PTX");
+        ptx_only = fp && !strcmp(fp, "1");
+    }
+    if ((rc = plan_make(&p, &s, cc, ptx_only, nvid)) != TK_OK)
         goto fail;
     if (p.n == 0) {
         rc = tk__err(TK_ERR_UNSUPPORTED, "%s has no kernel for compute capability %d.%d (device %d: %s)",
@@ -832,6 +842,10 @@ int tk_get_kernel(tk_kernel **out, tk_ctx *ctx, const char *ref, const tk_kernel
     }
     k->magic = KERNEL_MAGIC;
     k->device = opts->device;
+    {
+        tk_device_info di;
+        k->sm_count = tk_device_info_get(&di, opts->device) == TK_OK ? di.sm_count : 0;
+    }
     for (size_t i = 0; i < p.n; i++) {
         cunit *c = &p.u[i];
         tk_jit_module *m = NULL;
@@ -944,13 +958,13 @@ typedef union {
     double f64;
 } argslot;
 
-static int eval_dim(int64_t *v, const tk_jit_expr *e, const tk_jit_value *vals, size_t n)
+static int eval_dim(int64_t *v, const tk_jit_expr *e, const tk_jit_value *vals, size_t n, int sm_count)
 {
     if (!e) {
         *v = 1;
         return TK_OK;
     }
-    return tk_jit__expr_eval(v, e, vals, n);
+    return tk_jit__expr_eval_dev(v, e, vals, n, sm_count);
 }
 
 int tk_function_call(const tk_function *fn, const tk_arg *args, size_t nargs, void *stream)
@@ -1041,6 +1055,11 @@ int tk_function_call(const tk_function *fn, const tk_arg *args, size_t nargs, vo
             vals[i].shape = t->shape;
             vals[i].strides = t->strides;
             slots[i].ptr = (uint64_t)(uintptr_t)t->data + t->byte_offset;
+            if (d->align > 1 && slots[i].ptr % (uint64_t)d->align)
+                return tk__err(TK_ERR_UNSUPPORTED,
+                               "%s: '%s' starts at 0x%llx, not a multiple of %lld bytes (constraints.align)\n"
+                               "HINT: pass an aligned tensor (a fresh allocation, or a contiguous copy of the view)",
+                               d->name, p->name, (unsigned long long)slots[i].ptr, (long long)d->align);
         } else if (p->type == TK_JIT_P_I32 || p->type == TK_JIT_P_I64) {
             if (a->kind != TK_ARG_I64)
                 return tk__err(TK_ERR_INVALID, "%s: '%s' must be an integer (TK_ARG_I64)", d->name, p->name);
@@ -1073,7 +1092,7 @@ int tk_function_call(const tk_function *fn, const tk_arg *args, size_t nargs, vo
         int64_t v;
         if (!p->value)
             continue;
-        if ((rc = tk_jit__expr_eval(&v, p->value, vals, d->nparams)) != TK_OK)
+        if ((rc = tk_jit__expr_eval_dev(&v, p->value, vals, d->nparams, fn->k->sm_count)) != TK_OK)
             return rc;
         if (p->type == TK_JIT_P_WORKSPACE) {
             if (v < 0 || (uint64_t)v > (uint64_t)1 << 40)
@@ -1102,7 +1121,7 @@ int tk_function_call(const tk_function *fn, const tk_arg *args, size_t nargs, vo
         }
     for (size_t m = 0; m < d->nmax; m++) {
         int64_t v;
-        if ((rc = tk_jit__expr_eval(&v, d->max_e[m], vals, d->nparams)) != TK_OK)
+        if ((rc = tk_jit__expr_eval_dev(&v, d->max_e[m], vals, d->nparams, fn->k->sm_count)) != TK_OK)
             return rc;
         if (d->is_min[m] ? v < d->max_v[m] : v > d->max_v[m])
             return tk__err(TK_ERR_UNSUPPORTED, "%s: %s = %lld is %s the kernel's limit %lld (constraints.%s)",
@@ -1110,11 +1129,11 @@ int tk_function_call(const tk_function *fn, const tk_arg *args, size_t nargs, vo
                            d->is_min[m] ? "below" : "above", (long long)d->max_v[m], d->is_min[m] ? "min" : "max");
     }
     for (int j = 0; j < 3; j++) {
-        if ((rc = eval_dim(&g[j], d->grid[j], vals, d->nparams)) != TK_OK ||
-            (rc = eval_dim(&b[j], d->block[j], vals, d->nparams)) != TK_OK)
+        if ((rc = eval_dim(&g[j], d->grid[j], vals, d->nparams, fn->k->sm_count)) != TK_OK ||
+            (rc = eval_dim(&b[j], d->block[j], vals, d->nparams, fn->k->sm_count)) != TK_OK)
             return rc;
     }
-    if ((rc = tk_jit__expr_eval(&smem, d->smem, vals, d->nparams)) != TK_OK)
+    if ((rc = tk_jit__expr_eval_dev(&smem, d->smem, vals, d->nparams, fn->k->sm_count)) != TK_OK)
         return rc;
     if (g[0] == 0 || g[1] == 0 || g[2] == 0)
         return TK_OK; /* empty tensors: nothing to do */

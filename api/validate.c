@@ -152,6 +152,11 @@ static int check_kernel(json_t *k, size_t idx, json_t *files, json_t *seen_names
     json_t *cons = json_object_get(k, "constraints");
     if (cons && !json_is_object(cons))
         return tk__err(TK_ERR_MANIFEST, "kernel '%s': 'constraints' must be an object", name);
+    json_t *al = json_object_get(cons, "align");
+    if (al && (!json_is_integer(al) || json_integer_value(al) < 1 || json_integer_value(al) > 4096 ||
+               (json_integer_value(al) & (json_integer_value(al) - 1))))
+        return tk__err(TK_ERR_MANIFEST, "kernel '%s': constraints.align must be a power of two from 1 to 4096 "
+                       "(bytes every tensor's address is a multiple of)", name);
     const char *key;
     json_t *bound;
     for (int lo = 0; lo < 2; lo++) {

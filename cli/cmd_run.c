@@ -16,7 +16,7 @@
 #include "cli/cli.h"
 
 static const char *USAGE =
-    "tk run ORG/NAME[@VERSION] FUNCTION --shape [PARAM=]DIMS ... [--arg NAME=VALUE] [--iters N]";
+    "tk run ORG/NAME[@VERSION] FUNCTION --shape [PARAM=]DIMS ... [--arg NAME=VALUE] [--fill NAME=iota|N] [--iters N]";
 
 static const char *HELP =
     "NAME\n"
@@ -24,7 +24,7 @@ static const char *HELP =
     "\n"
     "SYNOPSIS\n"
     "    tk run ORG/NAME[@VERSION] FUNCTION --shape [PARAM=]DIMS ... [--arg NAME=VALUE ...]\n"
-    "           [--iters N] [--warmup N] [--seed S] [--device N]\n"
+    "           [--fill NAME=iota|N ...] [--iters N] [--warmup N] [--seed S] [--device N]\n"
     "\n"
     "DESCRIPTION\n"
     "    Installs the package if needed, compiles it for the GPU (or takes it from the cache),\n"
@@ -37,12 +37,19 @@ static const char *HELP =
     "    parameters without a derived value in the manifest take --arg NAME=VALUE. FUNCTION is\n"
     "    the kernel's manifest name ('tk info ORG/NAME' lists them).\n"
     "\n"
+    "    Floating-point and 8-bit tensors get random values. Integer tensors (i32, i64) are index\n"
+    "    tensors in practice (block tables, sequence lengths, cu_seqlens, ids, positions, slot\n"
+    "    mappings, targets): they are filled with 0, which is in range for any non-empty\n"
+    "    dimension, unless --fill NAME=iota (0, 1, 2, ...) or --fill NAME=N (a constant) says\n"
+    "    otherwise. An optional tensor parameter without a --shape is left out (a null pointer).\n"
+    "\n"
     "    Without a GPU it explains why it cannot run and exits 7; 'tk build' still compiles\n"
     "    ahead of time.\n"
     "\n"
     "OPTIONS\n"
     "    --shape [PARAM=]DIMS   dimensions separated by x or commas, e.g. 8x1024\n"
     "    --arg NAME=VALUE       a scalar parameter (integer or floating point)\n"
+    "    --fill NAME=iota|N     an integer tensor's contents: 0, 1, 2, ... or the constant N (default 0)\n"
     "    --iters N              timed calls (default 20)\n"
     "    --warmup N             untimed calls first (default 3)\n"
     "    --seed S               random seed (default 1)\n"
@@ -147,7 +154,8 @@ static double get(const void *buf, size_t i, tk_dtype dt)
 
 typedef struct {
     const char *name;
-    int is_tensor, derived;
+    int is_tensor, derived, optional;
+    const char *fill; /* --fill: "iota" or an integer; NULL: 0 for integer tensors */
     tk_dtype dt;
     int64_t shape[8];
     int ndim; /* -1: no shape given */
@@ -157,6 +165,16 @@ typedef struct {
     void *host;
     const char *argval;
 } rparam;
+
+/* --fill's value: "iota" or an integer. */
+static int fill_ok(const char *v)
+{
+    char *end = NULL;
+    if (!strcmp(v, "iota"))
+        return 1;
+    strtoll(v, &end, 10);
+    return *v && end && !*end;
+}
 
 static int parse_dims(int64_t *shape, int *ndim, const char *s)
 {
@@ -185,8 +203,8 @@ static double now_ms(void)
 
 int tk_cmd_run(tk_cli *cli, int argc, char **argv)
 {
-    const char *ref = NULL, *fname = NULL, *shapes[MAXP], *sargs[MAXP];
-    size_t nshapes = 0, nsargs = 0, np = 0;
+    const char *ref = NULL, *fname = NULL, *shapes[MAXP], *sargs[MAXP], *fills[MAXP];
+    size_t nshapes = 0, nsargs = 0, nfills = 0, np = 0;
     long iters = 20, warmup = 3, device = 0, seed = 1;
     rparam ps[MAXP];
     tk_arg args[MAXP];
@@ -212,6 +230,12 @@ int tk_cmd_run(tk_cli *cli, int argc, char **argv)
             if (++i >= argc || !strchr(argv[i], '=') || nsargs == MAXP)
                 return tk_cli_usage(USAGE, "--arg needs NAME=VALUE");
             sargs[nsargs++] = argv[i];
+        } else if (!strcmp(a, "--fill")) {
+            if (++i >= argc || !strchr(argv[i], '=') || nfills == MAXP)
+                return tk_cli_usage(USAGE, "--fill needs NAME=iota or NAME=INTEGER");
+            if (!fill_ok(strchr(argv[i], '=') + 1))
+                return tk_cli_usage(USAGE, "--fill %s: want iota or an integer", argv[i]);
+            fills[nfills++] = argv[i];
         } else if (!strcmp(a, "--iters")) {
             num = &iters;
         } else if (!strcmp(a, "--warmup")) {
@@ -301,6 +325,7 @@ int tk_cmd_run(tk_cli *cli, int argc, char **argv)
             p->name = json_string_value(json_object_get(x, "name"));
             p->is_tensor = type && !strcmp(type, "tensor");
             p->derived = json_object_get(x, "value") != NULL;
+            p->optional = json_is_true(json_object_get(x, "optional"));
             p->ndim = -1;
             if (p->is_tensor && tk_dtype_parse(&p->dt, json_string_value(json_object_get(x, "dtype"))) != TK_OK) {
                 code = tk_cli_fail(cli, TK_ERR_MANIFEST, fname);
@@ -351,6 +376,20 @@ int tk_cmd_run(tk_cli *cli, int argc, char **argv)
             }
             ps[i].argval = eq + 1;
         }
+        for (size_t s = 0; s < nfills; s++) {
+            const char *eq = strchr(fills[s], '=');
+            size_t i;
+            for (i = 0; i < np; i++)
+                if (ps[i].is_tensor && strlen(ps[i].name) == (size_t)(eq - fills[s]) &&
+                    !strncmp(ps[i].name, fills[s], (size_t)(eq - fills[s])))
+                    break;
+            if (i == np || ps[i].dt.code != TK_DL_INT || ps[i].dt.bits < 32) {
+                code = tk_cli_usage(USAGE, "--fill %.*s: %s has no i32/i64 tensor parameter of that name",
+                                    (int)(eq - fills[s]), fills[s], fname);
+                goto done;
+            }
+            ps[i].fill = eq + 1;
+        }
     }
     /* device memory and random contents */
     for (size_t i = 0; i < np; i++) {
@@ -379,6 +418,8 @@ int tk_cmd_run(tk_cli *cli, int argc, char **argv)
             nargs++;
             continue;
         }
+        if (p->ndim < 0 && p->optional)
+            continue; /* left out: the kernel gets a null pointer */
         if (p->ndim < 0) {
             code = tk_cli_usage(USAGE, "%s needs a --shape for tensor '%s'", fname, p->name);
             goto done;
@@ -390,8 +431,17 @@ int tk_cmd_run(tk_cli *cli, int argc, char **argv)
         p->host = malloc(p->bytes ? p->bytes : 1);
         if (!p->host)
             goto done;
-        for (size_t e = 0; e < n; e++)
-            put(p->host, e, p->dt, urand());
+        int index = p->dt.code == TK_DL_INT && p->dt.bits >= 32; /* an index tensor: in range */
+        long long cst = p->fill && strcmp(p->fill, "iota") != 0 ? strtoll(p->fill, NULL, 10) : 0;
+        for (size_t e = 0; e < n; e++) {
+            double v = !index ? urand() : p->fill && !strcmp(p->fill, "iota") ? (double)e : (double)cst;
+            if (index && p->dt.bits == 32)
+                ((int32_t *)p->host)[e] = (int32_t)v;
+            else if (index)
+                ((int64_t *)p->host)[e] = (int64_t)v;
+            else
+                put(p->host, e, p->dt, v);
+        }
         if (p->bytes && ((rc = tk_device_alloc(&p->dptr, (int)device, p->bytes)) != TK_OK ||
                          (rc = tk_device_copy(p->dptr, p->host, p->bytes, TK_COPY_H2D, (int)device)) != TK_OK)) {
             fprintf(stderr, "tk: %zu bytes on the GPU for '%s': %s\n", p->bytes, p->name, tk_last_error());

@@ -7,11 +7,15 @@
  * is named by its relative path, so NVRTC's log reads "activation.cu(12): error: ...". The toolkit's
  * include directory is passed with -I for cuda_fp16.h and friends. The key never covers that path or
  * any modification time: only the bytes, names, options, target and the NVRTC version.
+ *
+ * TK_NVRTC_LINEINFO=1 adds -lineinfo to every compile (and to the key, so such binaries never mix
+ * with the others in the cache): compute-sanitizer and profilers then name source lines.
  */
 #include <pthread.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <strings.h>
 #include <unistd.h>
 
 #include "jit/cuda_api.h"
@@ -108,6 +112,13 @@ static int put_field(tk_sha256 *h, const char *tag, const char *s, const void *d
 }
 
 /* Trims blanks at both ends into a fresh string. */
+/* TK_NVRTC_LINEINFO set and not 0/off/false: compile with -lineinfo. */
+static int lineinfo_on(void)
+{
+    const char *e = getenv("TK_NVRTC_LINEINFO");
+    return e && *e && strcmp(e, "0") != 0 && strcasecmp(e, "off") != 0 && strcasecmp(e, "false") != 0;
+}
+
 static char *norm_opt(const char *o)
 {
     size_t n;
@@ -165,6 +176,8 @@ int tk_jit__key(char out[TK_SHA256_HEX], const tk_jit_unit *u, const char *nvrtc
         if (r != TK_OK)
             goto fail;
     }
+    if (lineinfo_on() && put_field(h, "opt", "-lineinfo", NULL, 0) != TK_OK)
+        goto fail;
     tk_jit__target(target, u);
     if (put_field(h, "target", target, NULL, 0) != TK_OK ||
         put_field(h, "nvrtc", nvrtc_version, NULL, 0) != TK_OK ||
@@ -249,7 +262,7 @@ int tk_jit__compile(tk_jit_binary **out, const tk_jit_unit *u)
     src = tk__strndup(u->src, u->src_len);
     hsrc = calloc(u->nheaders + 1, sizeof *hsrc);
     hname = calloc(u->nheaders + 1, sizeof *hname);
-    opts = calloc(u->noptions + 4, sizeof *opts);
+    opts = calloc(u->noptions + 5, sizeof *opts);
     b = calloc(1, sizeof *b);
     archopt = tk__fmt("--gpu-architecture=%s", target);
     if (!src || !hsrc || !hname || !opts || !b || !archopt)
@@ -263,6 +276,8 @@ int tk_jit__compile(tk_jit_binary **out, const tk_jit_unit *u)
         opts[nopts++] = u->options[i];
     opts[nopts++] = archopt;
     opts[nopts++] = "-default-device";
+    if (lineinfo_on())
+        opts[nopts++] = "-lineinfo";
     if (tk_jit__cuda_include_dir()) {
         if (!(incopt = tk__fmt("-I%s", tk_jit__cuda_include_dir())))
             goto fail;

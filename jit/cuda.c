@@ -87,6 +87,7 @@ static void cu_init_once(void)
     CU_SYM(cuModuleUnload, "cuModuleUnload");
     CU_SYM(cuModuleGetFunction, "cuModuleGetFunction");
     CU_SYM(cuFuncSetAttribute, "cuFuncSetAttribute");
+    CU_SYM(cuFuncGetAttribute, "cuFuncGetAttribute");
     CU_SYM(cuLaunchKernel, "cuLaunchKernel");
     CU_SYM(cuGetErrorName, "cuGetErrorName");
     CU_SYM(cuGetErrorString, "cuGetErrorString");

@@ -11,8 +11,11 @@
  *     term    := unary (('*' | '/' | '%') unary)*
  *     unary   := '-' unary | primary
  *     primary := INT | '(' expr ')' | FUNC '(' args ')' | T '.' ('shape' | 'stride') '[' expr ']'
- *              | T '.' 'ndim' | SCALAR
+ *              | T '.' 'ndim' | SCALAR | 'sm_count'
  *     FUNC    := numel(T) | min(a, b) | max(a, b) | cdiv(a, b) | align(a, b)
+ *
+ * sm_count is the number of multiprocessors of the device the kernel launches on (a launch rule's way
+ * to size a grid to the GPU instead of a constant such as 132); a parameter of that name shadows it.
  */
 #include <ctype.h>
 #include <stdio.h>
@@ -27,7 +30,7 @@
 
 enum {
     N_NUM, N_ADD, N_SUB, N_MUL, N_DIV, N_MOD, N_NEG, N_MIN, N_MAX, N_CDIV, N_ALIGN,
-    N_SHAPE, N_STRIDE, N_NDIM, N_NUMEL, N_SCALAR
+    N_SHAPE, N_STRIDE, N_NDIM, N_NUMEL, N_SCALAR, N_SM
 };
 
 typedef struct {
@@ -248,6 +251,8 @@ static int parse_primary(parser *p)
     }
     {
         int k = find_param(p, st, len);
+        if (k < 0 && len == 8 && strncmp(p->s + st, "sm_count", 8) == 0)
+            return new_node(p, N_SM, -1, -1, -1, 0, st);
         if (k < 0) {
             list_params(names, sizeof names, p, -1);
             return perr(p, st, "unknown name '%.*s' (this kernel's params: %s)", (int)len, p->s + st,
@@ -454,6 +459,7 @@ typedef struct {
     const tk_jit_expr *e;
     const tk_jit_value *vals;
     size_t nvals;
+    int64_t sm_count; /* 0: no device */
     int rc;
 } evalctx;
 
@@ -493,6 +499,11 @@ static int ev(evalctx *c, int ni, int64_t *out)
     switch (n->op) {
     case N_NUM:
         *out = n->v;
+        return 0;
+    case N_SM:
+        if (c->sm_count <= 0)
+            return eerr(c, "sm_count is known only when launching on a device");
+        *out = c->sm_count;
         return 0;
     case N_SCALAR:
         if (!(v = value_of(c, n->param)))
@@ -597,7 +608,13 @@ static int ev(evalctx *c, int ni, int64_t *out)
 
 int tk_jit__expr_eval(int64_t *out, const tk_jit_expr *e, const tk_jit_value *vals, size_t nvals)
 {
-    evalctx c = {e, vals, nvals, TK_OK};
+    return tk_jit__expr_eval_dev(out, e, vals, nvals, 0);
+}
+
+int tk_jit__expr_eval_dev(int64_t *out, const tk_jit_expr *e, const tk_jit_value *vals, size_t nvals,
+                          int64_t sm_count)
+{
+    evalctx c = {e, vals, nvals, sm_count, TK_OK};
     int64_t v = 0;
     if (!out || !e)
         return tk__err(TK_ERR_INVALID, "tk_jit__expr_eval: NULL argument");

@@ -136,6 +136,10 @@ typedef struct {
 /* Evaluates with int64 arithmetic. TK_ERR_INVALID on overflow, division by zero, an index out of
  * range or an unbound value; the message names the expression. */
 int tk_jit__expr_eval(int64_t *out, const tk_jit_expr *e, const tk_jit_value *vals, size_t nvals);
+/* The same on a device with sm_count multiprocessors (the value of the name sm_count; 0: unknown, and
+ * an expression that uses it fails with TK_ERR_INVALID). */
+int tk_jit__expr_eval_dev(int64_t *out, const tk_jit_expr *e, const tk_jit_value *vals, size_t nvals,
+                          int64_t sm_count);
 
 /* ---- modules and launches (jit/load.c) -------------------------------------------------------- */
 
@@ -151,6 +155,10 @@ void tk_jit__module_retain(tk_jit_module *m);
 void tk_jit__module_release(tk_jit_module *m);
 /* The CUfunction of a lowered name, cached in the module. Thread-safe. */
 int tk_jit__module_function(void **fn, tk_jit_module *m, const char *lowered);
+/* The MAX_DYNAMIC_SHARED_SIZE_BYTES a launch must set for a function with static_bytes of static and
+ * dynamic_bytes of dynamic shared memory: dynamic_bytes when the sum exceeds the default 48 KiB, else
+ * 0 (no opt-in needed). */
+size_t tk_jit__smem_optin(size_t static_bytes, size_t dynamic_bytes);
 int tk_jit__module_device(const tk_jit_module *m);
 
 /* Launches fn (from m) with the module's context current on this thread. Thread-safe. Raises the

@@ -22,6 +22,7 @@ typedef struct {
     char *name;
     CUfunction fn;
     size_t smem_limit; /* the dynamic shared memory limit set on fn (0: the default 48 KiB) */
+    size_t smem_static; /* the function's static __shared__ bytes */
 } fn_entry;
 
 struct tk_jit_module {
@@ -174,8 +175,12 @@ int tk_jit__module_function(void **fn, tk_jit_module *m, const char *lowered)
         rc = tk__err(TK_ERR_NOMEM, "out of memory");
         goto done;
     }
+    int st = 0;
+    if (cu->cuFuncGetAttribute(&st, CU_FUNC_ATTRIBUTE_SHARED_SIZE_BYTES, f) != CUDA_SUCCESS || st < 0)
+        st = 0;
     m->fns[m->nfns].fn = f;
     m->fns[m->nfns].smem_limit = 0;
+    m->fns[m->nfns].smem_static = (size_t)st;
     m->nfns++;
     *fn = f;
 done:
@@ -183,18 +188,24 @@ done:
     return rc;
 }
 
-/* Raises fn's dynamic shared memory limit to smem (beyond the default 48 KiB needs an opt-in). */
+size_t tk_jit__smem_optin(size_t static_bytes, size_t dynamic_bytes)
+{
+    return dynamic_bytes && static_bytes + dynamic_bytes > 48 * 1024 ? dynamic_bytes : 0;
+}
+
+/* Raises fn's dynamic shared memory limit to smem when static + dynamic shared memory exceeds the
+ * default 48 KiB (the default dynamic limit is 48 KiB minus the static part; beyond needs an opt-in). */
 static int ensure_smem(tk_jit_module *m, CUfunction fn, size_t smem)
 {
     const tk_cu_api *cu = tk_jit__cu();
     int rc = TK_OK;
-    if (smem <= 48 * 1024)
+    if (!smem)
         return TK_OK;
     pthread_mutex_lock(&m->mu);
     for (size_t i = 0; i < m->nfns; i++) {
         if (m->fns[i].fn != fn)
             continue;
-        if (m->fns[i].smem_limit < smem) {
+        if (tk_jit__smem_optin(m->fns[i].smem_static, smem) && m->fns[i].smem_limit < smem) {
             CUresult r = cu->cuFuncSetAttribute(fn, CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES,
                                                 (int)smem);
             if (r != CUDA_SUCCESS) {
@@ -203,9 +214,9 @@ static int ensure_smem(tk_jit_module *m, CUfunction fn, size_t smem)
                 cu->cuDeviceGetAttribute(&optin, CU_DEVICE_ATTRIBUTE_MAX_SHARED_MEMORY_PER_BLOCK_OPTIN,
                                          m->dev);
                 rc = tk__err(TK_ERR_LAUNCH,
-                             "the kernel asks for %zu bytes of dynamic shared memory; device %d allows "
-                             "%d: %s",
-                             smem, m->device, optin, tk_jit__cu_errstr(r, eb, sizeof eb));
+                             "the kernel asks for %zu bytes of dynamic shared memory (plus %zu static); "
+                             "device %d allows %d in all: %s",
+                             smem, m->fns[i].smem_static, m->device, optin, tk_jit__cu_errstr(r, eb, sizeof eb));
             } else {
                 m->fns[i].smem_limit = smem;
             }

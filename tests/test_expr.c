@@ -5,6 +5,7 @@
 #include "harness.h"
 
 #include "jit/jit.h"
+#include "tk.h"
 
 static const tk_jit_param params[] = {
     {"out", TK_JIT_P_TENSOR, 1},
@@ -222,6 +223,44 @@ static void test_src_kept(void)
     tk_jit__expr_free(NULL);
 }
 
+/* sm_count: the device's multiprocessors, known only at launch; a parameter of that name wins. */
+static void test_sm_count(void)
+{
+    tk_jit_expr *e = NULL;
+    tk_jit_value v[NP];
+    int64_t g = 0;
+    values(v);
+    CHECK_RC(tk_jit__expr_parse(&e, "max(1, min(64, cdiv(2 * sm_count, d)))", params, NP, "k"), TK_OK);
+    CHECK_RC(tk_jit__expr_eval_dev(&g, e, v, NP, 132), TK_OK);
+    CHECK_EQ_INT(g, 33); /* cdiv(264, 8) */
+    CHECK_RC(tk_jit__expr_eval_dev(&g, e, v, NP, 108), TK_OK);
+    CHECK_EQ_INT(g, 27);
+    CHECK_RC(tk_jit__expr_eval(&g, e, v, NP), TK_ERR_INVALID); /* no device */
+    CHECK_CONTAINS(tk_last_error(), "sm_count is known only when launching on a device");
+    tk_jit__expr_free(e);
+    e = NULL;
+    const tk_jit_param shadow[] = {{"sm_count", TK_JIT_P_I64, 1}};
+    tk_jit_value sv = {1, 7, 0, NULL, NULL};
+    CHECK_RC(tk_jit__expr_parse(&e, "sm_count + 1", shadow, 1, "k"), TK_OK);
+    CHECK_RC(tk_jit__expr_eval_dev(&g, e, &sv, 1, 132), TK_OK);
+    CHECK_EQ_INT(g, 8);
+    tk_jit__expr_free(e);
+    e = NULL;
+    CHECK_RC(tk_jit__expr_parse(&e, "sm_counts + 1", params, NP, "k"), TK_ERR_MANIFEST);
+    CHECK_CONTAINS(tk_last_error(), "unknown name 'sm_counts'");
+}
+
+/* The dynamic shared memory opt-in counts static + dynamic against the default 48 KiB. */
+static void test_smem_optin(void)
+{
+    CHECK_EQ_INT(tk_jit__smem_optin(0, 48 * 1024), 0);
+    CHECK_EQ_INT(tk_jit__smem_optin(0, 48 * 1024 + 1), 48 * 1024 + 1);
+    CHECK_EQ_INT(tk_jit__smem_optin(1024, 48 * 1024), 48 * 1024);    /* 49 KiB in all: opt in */
+    CHECK_EQ_INT(tk_jit__smem_optin(8708, 40 * 1024), 40 * 1024);     /* dynamic alone fits, the sum does not */
+    CHECK_EQ_INT(tk_jit__smem_optin(8708, 30 * 1024), 0);
+    CHECK_EQ_INT(tk_jit__smem_optin(60 * 1024, 0), 0);                /* static only: nothing to raise */
+}
+
 int main(void)
 {
     RUN(test_arithmetic);
@@ -230,5 +269,7 @@ int main(void)
     RUN(test_eval_errors);
     RUN(test_malformed);
     RUN(test_src_kept);
+    RUN(test_sm_count);
+    RUN(test_smem_optin);
     return th_done();
 }

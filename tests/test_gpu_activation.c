@@ -47,12 +47,12 @@ static void run_case(const char *op, tk_dtype dt, int64_t rows, int64_t d)
     for (int64_t i = 0; i < numel(&in.t); i++)
         set(&in.t, i, uniform(-6, 6));
     tk_arg cargs[] = {{TK_ARG_TENSOR, "out", &ref.t, 0, 0}, {TK_ARG_TENSOR, "input", &in.t, 0, 0}};
-    CHECK_RC(tk_op_run(g.ctx, op, cargs, 2, NULL, NULL), TK_OK);
+    CHECK_RC(gpu_op_run(g.ctx, op, cargs, 2, NULL, NULL), TK_OK);
     CHECK_RC(dev_upload(&din, &in.t), TK_OK);
     CHECK_RC(dev_upload(&dout, &got.t), TK_OK);
     const char *impl = NULL;
     tk_arg gargs[] = {{TK_ARG_TENSOR, "out", &dout.t, 0, 0}, {TK_ARG_TENSOR, "input", &din.t, 0, 0}};
-    CHECK_RC(tk_op_run(g.ctx, op, gargs, 2, NULL, &impl), TK_OK);
+    CHECK_RC(gpu_op_run(g.ctx, op, gargs, 2, NULL, &impl), TK_OK);
     CHECK(impl && strcmp(impl, "cpu-reference") != 0);
     CHECK_RC(dev_download(&dout, &got.t), TK_OK);
     char what[128];
@@ -102,12 +102,41 @@ static void test_every_op_dtype_and_shape(void)
     gpu_ctx_free(&g);
 }
 
-int main(void)
+/* Every tensor one element past a 16-byte boundary: the vector path cannot run, the scalar one must. */
+static void test_misaligned_views(void)
 {
+    if (!gpu_device())
+        SKIP("no CUDA device");
+    const char *pkgs[] = {"kernels-community/activation", NULL};
+    CHECK_RC(gpu_ctx_new(&g, pkgs), TK_OK);
+    const tk_dtype *dts[] = {&F32, &F16, &BF16};
+    const int64_t shapes[][2] = {{3, 7}, {64, 4096}, {2, 11008}};
+    for (size_t o = 0; o < sizeof ops / sizeof ops[0]; o++)
+        for (size_t t = 0; t < 3; t++)
+            for (size_t s = 0; s < sizeof shapes / sizeof shapes[0]; s++) {
+                gpu_misalign = dts[t]->bits / 8;
+                run_case(ops[o], *dts[t], shapes[s][0], shapes[s][1]);
+                gpu_misalign = 0;
+            }
+    gpu_ctx_free(&g);
+}
+
+static void test_coverage(void)
+{
+    const char *pkgs[] = {"kernels-community/activation", NULL};
+    gpu_coverage_check(pkgs);
+}
+
+int main(int argc, char **argv)
+{
+    static const char *const ops[] = {"silu_and_mul", "mul_and_silu", "gelu_and_mul", "gelu_tanh_and_mul", "fatrelu_and_mul", "gelu", "gelu_tanh", "silu", "gelu_new", "gelu_fast", "gelu_quick", NULL};
+    gpu_main(argc, argv, ops);
     const char *e = getenv("TK_TEST_SEED");
     seed = e ? strtoull(e, NULL, 10) : (uint64_t)time(NULL);
     rng = seed;
     printf("seed %llu\n", (unsigned long long)seed);
     RUN(test_every_op_dtype_and_shape);
+    RUN(test_misaligned_views);
+    RUN(test_coverage);
     return th_done();
 }

@@ -6,6 +6,10 @@
  * paged_kv_append and mla_decode, each through tk_op_run on CUDA tensors (dispatch, JIT compile, launch
  * rules, launch). Skips without a CUDA device.
  *
+ * Each case runs through dispatch (autotune's choice), then once per kernel of the package that fits
+ * it, forced by a pinned context (tests/gpu_util.h), so sm80, sm90, simple and tiny kernels are all
+ * compared, not only the fastest; the last test fails unless every kernel that fits the device ran.
+ *
  * Every tensor is uploaded with the same bytes the CPU reference starts from, so outputs a kernel must
  * not touch (varlen padding rows, cache slots no token is appended to) are compared too. Float caches
  * hold NaN (fp8 caches the NaN code) in every slot no sequence owns: a kernel that lets such a slot
@@ -60,47 +64,44 @@ static gpu_ctx g;
 
 /* ---- run on both and compare ------------------------------------------------------------------ */
 
-/* Runs op on the host tensors of args (the CPU reference, writing into copies of the outputs) and on
- * device copies of the same tensors, then compares every output. */
-static void run_both(const char *op, const tk_arg *args, size_t n, const char *what)
+#define PKG "kernels-community/flash-attn"
+
+/* One context per kernel of the package, each pinning its op to that kernel (gpu_pinned_ctx). */
+static struct {
+    char name[96];
+    tk_ctx *ctx;
+} pinned[96];
+static size_t npinned;
+
+static const char *last_impl; /* what dispatch chose in the last run_both */
+
+static tk_ctx *pinned_for(const char *op, const char *kernel)
 {
-    const tk_op_desc *d = tk_ops__find(op);
-    tk_arg hargs[16], dargs[16];
-    ht refs[16];
-    dev_tensor dev[16];
-    int out[16] = {0};
-    memset(refs, 0, sizeof refs);
-    memset(dev, 0, sizeof dev);
-    CHECK(d != NULL && n <= 16);
-    if (!d || n > 16)
-        return;
-    for (size_t i = 0; i < n; i++) {
-        hargs[i] = dargs[i] = args[i];
-        if (args[i].kind != TK_ARG_TENSOR)
-            continue;
-        int idx = tk_ops__param_index(d, args[i].name);
-        out[i] = idx >= 0 && d->params[idx].role == TK_OPS_OUT;
-        if (out[i]) {
-            ht_new(&refs[i], args[i].t->dtype, args[i].t->ndim, args[i].t->shape);
-            memcpy(refs[i].buf, args[i].t->data, host_bytes(args[i].t));
-            hargs[i].t = &refs[i].t;
-        }
-        CHECK_RC(dev_upload(&dev[i], args[i].t), TK_OK);
-        dargs[i].t = &dev[i].t;
+    for (size_t i = 0; i < npinned; i++)
+        if (strcmp(pinned[i].name, kernel) == 0)
+            return pinned[i].ctx;
+    if (npinned == sizeof pinned / sizeof pinned[0])
+        return NULL;
+    tk_ctx *ctx = gpu_pinned_ctx(&g, op, PKG, kernel);
+    if (ctx) {
+        snprintf(pinned[npinned].name, sizeof pinned[npinned].name, "%s", kernel);
+        pinned[npinned++].ctx = ctx;
     }
-    const char *impl = NULL;
-    CHECK_RC(tk_op_run(g.ctx, op, hargs, n, NULL, NULL), TK_OK);
-    int rc = tk_op_run(g.ctx, op, dargs, n, NULL, &impl);
-    if (rc != TK_OK)
-        fprintf(stderr, "%s %s: no GPU run: %s\n", op, what, tk_last_error());
-    CHECK_RC(rc, TK_OK);
-    CHECK(rc != TK_OK || (impl && strcmp(impl, "cpu-reference") != 0));
-    for (size_t i = 0; rc == TK_OK && i < n; i++) {
+    return ctx;
+}
+
+/* Downloads every output of a GPU run into scratch host tensors and compares it with refs. */
+static void compare_outputs(const tk_arg *args, size_t n, const int *out, dev_tensor *dev, ht *refs, const char *op,
+                            const char *what, const char *impl, tk_tensor **into)
+{
+    for (size_t i = 0; i < n; i++) {
         if (!out[i])
             continue;
-        tk_tensor *got = (tk_tensor *)args[i].t; /* the caller's host tensor receives the GPU result */
+        ht scratch;
+        ht_new(&scratch, args[i].t->dtype, args[i].t->ndim, args[i].t->shape);
+        tk_tensor *got = into ? into[i] : &scratch.t;
         CHECK_RC(dev_download(&dev[i], got), TK_OK);
-        char w[320];
+        char w[360];
         snprintf(w, sizeof w, "%s '%s' %s (%s)", op, args[i].name, what, impl ? impl : "?");
         tk_dtype dt = got->dtype;
         int ok;
@@ -130,10 +131,95 @@ static void run_both(const char *op, const tk_arg *args, size_t n, const char *w
                 cmp_print(w, &c);
         }
         CHECK(ok);
+        free(scratch.buf);
     }
+}
+
+/* Runs op on the host tensors of args (the CPU reference, writing into copies of the outputs) and on
+ * device copies of the same tensors, then compares every output. Then once more for every kernel of
+ * the package that implements op and fits this device, each forced by a pinned context with every
+ * tensor reset to its first bytes: a kernel that does not fit the call answers TK_ERR_UNSUPPORTED,
+ * every other one must match the reference too (not only autotune's winner). */
+static void run_both(const char *op, const tk_arg *args, size_t n, const char *what)
+{
+    const tk_op_desc *d = tk_ops__find(op);
+    tk_arg hargs[16], dargs[16];
+    ht refs[16], orig[16];
+    dev_tensor dev[16];
+    tk_tensor *into[16] = {0};
+    int out[16] = {0};
+    memset(refs, 0, sizeof refs);
+    memset(orig, 0, sizeof orig);
+    memset(dev, 0, sizeof dev);
+    CHECK(d != NULL && n <= 16);
+    if (!d || n > 16)
+        return;
+    for (size_t i = 0; i < n; i++) {
+        hargs[i] = dargs[i] = args[i];
+        if (args[i].kind != TK_ARG_TENSOR)
+            continue;
+        int idx = tk_ops__param_index(d, args[i].name);
+        out[i] = idx >= 0 && d->params[idx].role == TK_OPS_OUT;
+        ht_new(&orig[i], args[i].t->dtype, args[i].t->ndim, args[i].t->shape);
+        memcpy(orig[i].buf, args[i].t->data, host_bytes(args[i].t));
+        if (out[i]) {
+            ht_new(&refs[i], args[i].t->dtype, args[i].t->ndim, args[i].t->shape);
+            memcpy(refs[i].buf, args[i].t->data, host_bytes(args[i].t));
+            hargs[i].t = &refs[i].t;
+            into[i] = (tk_tensor *)args[i].t; /* the caller's host tensor receives the GPU result */
+        }
+        CHECK_RC(dev_upload(&dev[i], args[i].t), TK_OK);
+        dargs[i].t = &dev[i].t;
+    }
+    const char *impl = NULL;
+    CHECK_RC(gpu_op_run(g.ctx, op, hargs, n, NULL, NULL), TK_OK);
+    int rc = gpu_op_run(g.ctx, op, dargs, n, NULL, &impl);
+    if (rc != TK_OK)
+        fprintf(stderr, "%s %s: no GPU run: %s\n", op, what, tk_last_error());
+    CHECK_RC(rc, TK_OK);
+    CHECK(rc != TK_OK || (impl && strcmp(impl, "cpu-reference") != 0));
+    last_impl = impl;
+    if (rc == TK_OK)
+        compare_outputs(args, n, out, dev, refs, op, what, impl, into);
+
+    /* every other kernel that fits, forced */
+    tk_device_info di;
+    json_t *ks = tk_device_info_get(&di, 0) == TK_OK ? gpu_pkg_kernels(g.ctx, PKG, op, di.cc_major * 10 + di.cc_minor)
+                                                     : NULL;
+    size_t ki, fits = 0;
+    json_t *k;
+    json_array_foreach(ks, ki, k) {
+        const char *kname = json_string_value(json_object_get(k, "name"));
+        char want[192];
+        snprintf(want, sizeof want, PKG ":%s", kname);
+        tk_ctx *ctx = pinned_for(op, kname);
+        CHECK(ctx != NULL);
+        if (!ctx)
+            continue;
+        for (size_t i = 0; i < n; i++)
+            if (args[i].kind == TK_ARG_TENSOR)
+                CHECK_RC(tk_device_copy(dev_data(&dev[i]), orig[i].buf, dev[i].bytes, TK_COPY_H2D, 0), TK_OK);
+        const char *kimpl = NULL;
+        int krc = gpu_op_run(ctx, op, dargs, n, NULL, &kimpl);
+        if (krc == TK_ERR_UNSUPPORTED)
+            continue; /* does not fit this call (dtype, head dim, varlen or not, shape limits) */
+        fits++;
+        if (krc != TK_OK)
+            fprintf(stderr, "%s %s forced %s: %s\n", op, what, want, tk_last_error());
+        CHECK_RC(krc, TK_OK);
+        if (krc != TK_OK)
+            continue;
+        CHECK_STR(kimpl, want);
+        compare_outputs(args, n, out, dev, refs, op, what, kimpl, NULL);
+    }
+    json_decref(ks);
+    if (gpu_log_on())
+        fprintf(stderr, "%s %s: default %s, %zu kernels fit\n", op, what, impl ? impl : "-", fits);
+    CHECK(fits >= 1);
     for (size_t i = 0; i < n; i++) {
         dev_free(&dev[i]);
         free(refs[i].buf);
+        free(orig[i].buf);
     }
 }
 
@@ -184,7 +270,7 @@ static void fwd_case(tk_dtype dt, const fcase *f, int backward)
         /* out and lse from the CPU reference, so both sides differentiate the same forward */
         tk_arg c[16];
         memcpy(c, a, sizeof c);
-        CHECK_RC(tk_op_run(g.ctx, "attention", c, na, NULL, NULL), TK_OK);
+        CHECK_RC(gpu_op_run(g.ctx, "attention", c, na, NULL, NULL), TK_OK);
         ht_new(&dout, dt, 4, SHAPE(f->b, f->sq, f->hq, f->d));
         ht_new(&dq, dt, 4, SHAPE(f->b, f->sq, f->hq, f->d));
         ht_new(&dk, dt, 4, SHAPE(f->b, f->sk, f->hkv, f->d));
@@ -237,33 +323,37 @@ static void test_attention_varlen(void)
     if (!gpu_device())
         SKIP("no CUDA device");
     const int32_t cq[4] = {0, 100, 101, 230}, ck[4] = {0, 60, 200, 330};
-    for (size_t t = 0; t < 2; t++)
-        for (int causal = 0; causal < 2; causal++) {
-            ht q, k, v, out, lse, cuq, cuk;
-            ht_new(&q, *halves[t], 4, SHAPE(1, 240, 8, 128));
-            ht_new(&k, *halves[t], 4, SHAPE(1, 340, 2, 128));
-            ht_new(&v, *halves[t], 4, SHAPE(1, 340, 2, 128));
-            ht_new(&out, *halves[t], 4, SHAPE(1, 240, 8, 128));
-            ht_new(&lse, F32, 3, SHAPE(1, 8, 240));
-            ht_new(&cuq, I32, 1, SHAPE(4));
-            ht_new(&cuk, I32, 1, SHAPE(4));
-            memcpy(cuq.buf, cq, sizeof cq);
-            memcpy(cuk.buf, ck, sizeof ck);
-            ht_rand(&q, -2, 2);
-            ht_rand(&k, -2, 2);
-            ht_rand(&v, -1, 1);
-            tk_arg a[10] = {{TK_ARG_TENSOR, "out", &out.t, 0, 0},          {TK_ARG_TENSOR, "q", &q.t, 0, 0},
-                            {TK_ARG_TENSOR, "k", &k.t, 0, 0},              {TK_ARG_TENSOR, "v", &v.t, 0, 0},
-                            {TK_ARG_TENSOR, "lse", &lse.t, 0, 0},          {TK_ARG_TENSOR, "cu_seqlens_q", &cuq.t, 0, 0},
-                            {TK_ARG_TENSOR, "cu_seqlens_k", &cuk.t, 0, 0}, {TK_ARG_I64, "max_seqlen_q", NULL, 129, 0},
-                            {TK_ARG_I64, "causal", NULL, causal, 0},       {TK_ARG_I64, "window_left", NULL, 50, 0}};
-            char what[64];
-            snprintf(what, sizeof what, "varlen %s causal %d", tk_dtype_name(*halves[t]), causal);
-            run_both("attention", a, 10, what);
-            ht *all[] = {&q, &k, &v, &out, &lse, &cuq, &cuk};
-            for (size_t i = 0; i < 7; i++)
-                free(all[i]->buf);
-        }
+    const tk_dtype *dts[3] = {&F16, &BF16, &F32};
+    const int64_t dims[3] = {64, 128, 256};
+    for (size_t t = 0; t < 3; t++)
+        for (size_t di = 0; di < (t < 2 ? 3 : 1); di++)
+            for (int causal = 0; causal < 2; causal++) {
+                int64_t D = t < 2 ? dims[di] : 32; /* f32: the simple varlen kernel only */
+                ht q, k, v, out, lse, cuq, cuk;
+                ht_new(&q, *dts[t], 4, SHAPE(1, 240, 8, D));
+                ht_new(&k, *dts[t], 4, SHAPE(1, 340, 2, D));
+                ht_new(&v, *dts[t], 4, SHAPE(1, 340, 2, D));
+                ht_new(&out, *dts[t], 4, SHAPE(1, 240, 8, D));
+                ht_new(&lse, F32, 3, SHAPE(1, 8, 240));
+                ht_new(&cuq, I32, 1, SHAPE(4));
+                ht_new(&cuk, I32, 1, SHAPE(4));
+                memcpy(cuq.buf, cq, sizeof cq);
+                memcpy(cuk.buf, ck, sizeof ck);
+                ht_rand(&q, -2, 2);
+                ht_rand(&k, -2, 2);
+                ht_rand(&v, -1, 1);
+                tk_arg a[10] = {{TK_ARG_TENSOR, "out", &out.t, 0, 0},          {TK_ARG_TENSOR, "q", &q.t, 0, 0},
+                                {TK_ARG_TENSOR, "k", &k.t, 0, 0},              {TK_ARG_TENSOR, "v", &v.t, 0, 0},
+                                {TK_ARG_TENSOR, "lse", &lse.t, 0, 0},          {TK_ARG_TENSOR, "cu_seqlens_q", &cuq.t, 0, 0},
+                                {TK_ARG_TENSOR, "cu_seqlens_k", &cuk.t, 0, 0}, {TK_ARG_I64, "max_seqlen_q", NULL, 129, 0},
+                                {TK_ARG_I64, "causal", NULL, causal, 0},       {TK_ARG_I64, "window_left", NULL, 50, 0}};
+                char what[64];
+                snprintf(what, sizeof what, "varlen %s D %lld causal %d", tk_dtype_name(*dts[t]), (long long)D, causal);
+                run_both("attention", a, 10, what);
+                ht *all[] = {&q, &k, &v, &out, &lse, &cuq, &cuk};
+                for (size_t i = 0; i < 7; i++)
+                    free(all[i]->buf);
+            }
 }
 
 static void test_attention_backward(void)
@@ -274,6 +364,7 @@ static void test_attention_backward(void)
         {1, 70, 70, 4, 2, 64, 1, -1, -1, 0, 0},
         {2, 33, 90, 4, 1, 128, 1, 32, -1, 1, 20},
         {1, 64, 64, 2, 2, 64, 0, -1, -1, 0, 0},
+        {1, 45, 70, 2, 1, 256, 1, -1, -1, 0, 0}, /* D = 256 */
     };
     for (size_t t = 0; t < 2; t++)
         for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++)
@@ -352,9 +443,10 @@ static void test_attention_decode(void)
     int n = 0;
     for (size_t t = 0; t < 2; t++)
         for (int c = 0; c < 3; c++)
-            for (int sq = 1; sq <= 4; sq += 3, n++) {
+            for (int di = 0; di < 3; di++, n++) { /* every head dim of every (q, cache) dtype pair */
+                int sq = n % 2 ? 4 : 1;
                 tk_dtype qdt = *halves[t], cdt = caches[c] ? *caches[c] : qdt;
-                int64_t bs = 16, hq = 8, hkv = 2, d = n % 2 ? 64 : 128;
+                int64_t bs = 16, hq = 8, hkv = 2, d = (int64_t[]){128, 64, 256}[di];
                 pages_t pg;
                 pages_new(&pg, lens, 4, bs);
                 ht kc, vc, q, out, lse, ks, vs, al;
@@ -477,8 +569,68 @@ static void test_mla_decode(void)
     }
 }
 
-int main(void)
+/* Views 2 bytes past a 16-byte boundary: the tensor-core kernels declare constraints.align 16, so
+ * dispatch gives the forward to the CUDA-core kernel (and every forced tensor-core kernel refuses);
+ * the backward and decode, which have no such kernel, fail with a clear error, and nothing faults:
+ * aligned calls still pass afterwards. */
+static void test_misaligned_views(void)
 {
+    if (!gpu_device())
+        SKIP("no CUDA device");
+    fcase f = {1, 70, 90, 4, 2, 128, 1, -1, -1, 0, 0};
+    gpu_misalign = 2;
+    last_impl = NULL;
+    fwd_case(BF16, &f, 0);
+    CHECK(last_impl && strstr(last_impl, "attention_simple"));
+    if (last_impl)
+        printf("misaligned forward ran %s\n", last_impl);
+    ht q, k, v, out, lse, dout, dq, dk, dv;
+    ht *all[] = {&q, &k, &v, &out, &lse, &dout, &dq, &dk, &dv};
+    ht_new(&q, BF16, 4, SHAPE(1, 70, 4, 128));
+    ht_new(&k, BF16, 4, SHAPE(1, 90, 2, 128));
+    ht_new(&v, BF16, 4, SHAPE(1, 90, 2, 128));
+    ht_new(&out, BF16, 4, SHAPE(1, 70, 4, 128));
+    ht_new(&lse, F32, 3, SHAPE(1, 4, 70));
+    ht_new(&dout, BF16, 4, SHAPE(1, 70, 4, 128));
+    ht_new(&dq, BF16, 4, SHAPE(1, 70, 4, 128));
+    ht_new(&dk, BF16, 4, SHAPE(1, 90, 2, 128));
+    ht_new(&dv, BF16, 4, SHAPE(1, 90, 2, 128));
+    dev_tensor d[9];
+    memset(d, 0, sizeof d);
+    for (size_t i = 0; i < 9; i++) {
+        ht_rand(all[i], -1, 1);
+        CHECK_RC(dev_upload(&d[i], &all[i]->t), TK_OK);
+    }
+    tk_arg b[9] = {{TK_ARG_TENSOR, "dq", &d[6].t, 0, 0},   {TK_ARG_TENSOR, "dk", &d[7].t, 0, 0},
+                   {TK_ARG_TENSOR, "dv", &d[8].t, 0, 0},   {TK_ARG_TENSOR, "dout", &d[5].t, 0, 0},
+                   {TK_ARG_TENSOR, "q", &d[0].t, 0, 0},    {TK_ARG_TENSOR, "k", &d[1].t, 0, 0},
+                   {TK_ARG_TENSOR, "v", &d[2].t, 0, 0},    {TK_ARG_TENSOR, "out", &d[3].t, 0, 0},
+                   {TK_ARG_TENSOR, "lse", &d[4].t, 0, 0}};
+    int rc = gpu_op_run(g.ctx, "attention_backward", b, 9, NULL, NULL);
+    CHECK_EQ_INT(rc, TK_ERR_UNSUPPORTED);
+    CHECK_CONTAINS(tk_last_error(), "constraints.align");
+    printf("misaligned backward: %s\n", tk_last_error());
+    gpu_misalign = 0;
+    CHECK_RC(tk_device_sync(0), TK_OK); /* no fault happened */
+    for (size_t i = 0; i < 9; i++) {
+        dev_free(&d[i]);
+        free(all[i]->buf);
+    }
+    fwd_case(BF16, &f, 1); /* aligned again: the tensor-core kernels run (and the backward) */
+    CHECK(last_impl && !strstr(last_impl, "attention_simple"));
+}
+
+static void test_coverage(void)
+{
+    const char *pkgs[] = {PKG, NULL};
+    gpu_coverage_check(pkgs);
+}
+
+int main(int argc, char **argv)
+{
+    static const char *const ops[] = {"attention", "attention_backward", "attention_decode", "paged_kv_append",
+                                      "mla_decode", NULL};
+    gpu_main(argc, argv, ops);
     const char *e = getenv("TK_TEST_SEED");
     seed = e ? strtoull(e, NULL, 10) : (uint64_t)time(NULL);
     rng = seed;
@@ -497,6 +649,10 @@ int main(void)
     RUN(test_attention_decode);
     RUN(test_paged_kv_append);
     RUN(test_mla_decode);
+    RUN(test_misaligned_views);
+    RUN(test_coverage);
+    for (size_t i = 0; i < npinned; i++)
+        tk_ctx_free(pinned[i].ctx);
     if (have)
         gpu_ctx_free(&g);
     return th_done();

@@ -70,7 +70,7 @@ static const char *run_both(tk_ctx *ctx, const char *op, tk_arg *args, size_t n,
     const char *impl = NULL;
     int ok = 1;
     args[0].t = &ref->t;
-    CHECK_RC(tk_op_run(g.ctx, op, args, n, NULL, NULL), TK_OK);
+    CHECK_RC(gpu_op_run(g.ctx, op, args, n, NULL, NULL), TK_OK);
     for (size_t i = 0; i < n; i++) {
         gargs[i] = args[i];
         memset(&d[i], 0, sizeof d[i]);
@@ -83,7 +83,7 @@ static const char *run_both(tk_ctx *ctx, const char *op, tk_arg *args, size_t n,
         }
     }
     if (ok) {
-        int rc = tk_op_run(ctx, op, gargs, n, NULL, &impl);
+        int rc = gpu_op_run(ctx, op, gargs, n, NULL, &impl);
         CHECK_RC(rc, TK_OK);
         if (rc == TK_OK)
             CHECK_RC(dev_download(&d[0], &got->t), TK_OK);
@@ -132,7 +132,7 @@ static void emb_case(tk_dtype wdt, tk_dtype odt, tk_dtype idt, int64_t V, int64_
     tk_arg args[4] = {{TK_ARG_TENSOR, "out", NULL, 0, 0}, {TK_ARG_TENSOR, "ids", &ids.t, 0, 0},
                       {TK_ARG_TENSOR, "weight", &w.t, 0, 0}, {TK_ARG_TENSOR, "scale", &s.t, 0, 0}};
     args[0].t = &ref.t;
-    CHECK_RC(tk_op_run(g.ctx, "casted_embedding", args, with_scale ? 4 : 3, NULL, NULL), TK_OK);
+    CHECK_RC(gpu_op_run(g.ctx, "casted_embedding", args, with_scale ? 4 : 3, NULL, NULL), TK_OK);
     if (bad_ids) /* the GPU writes zero rows for them */
         for (int64_t i = 0; i < n; i += 3)
             for (int64_t c = 0; c < D; c++)
@@ -146,7 +146,7 @@ static void emb_case(tk_dtype wdt, tk_dtype odt, tk_dtype idt, int64_t V, int64_
         gargs[i].t = &d[i].t;
     }
     const char *impl = NULL;
-    CHECK_RC(tk_op_run(g.ctx, "casted_embedding", gargs, with_scale ? 4 : 3, NULL, &impl), TK_OK);
+    CHECK_RC(gpu_op_run(g.ctx, "casted_embedding", gargs, with_scale ? 4 : 3, NULL, &impl), TK_OK);
     CHECK(impl && strstr(impl, PKG ":embedding_"));
     CHECK_RC(dev_download(&d[0], &got.t), TK_OK);
     char what[160];
@@ -423,8 +423,16 @@ static void test_linear_nan_gpu(void)
     test_linear_nan();
 }
 
-int main(void)
+static void test_coverage(void)
 {
+    const char *pkgs[] = {"kernels-community/casted", NULL};
+    gpu_coverage_check(pkgs);
+}
+
+int main(int argc, char **argv)
+{
+    static const char *const ops[] = {"casted_embedding", "casted_embedding_block_sparse", "casted_linear", NULL};
+    gpu_main(argc, argv, ops);
     const char *e = getenv("TK_TEST_SEED");
     seed = e ? strtoull(e, NULL, 10) : (uint64_t)time(NULL);
     rng = seed;
@@ -437,5 +445,6 @@ int main(void)
     RUN(test_linear_nan_gpu);
     if (g.home[0])
         gpu_ctx_free(&g);
+    RUN(test_coverage);
     return th_done();
 }

@@ -77,7 +77,7 @@ static const char *run_both(const char *op, tk_arg *args, size_t nargs, const in
         dargs[i].t = &dev[i].t;
     }
     const char *impl = NULL;
-    CHECK_RC(tk_op_run(g.ctx, op, dargs, nargs, NULL, &impl), TK_OK);
+    CHECK_RC(gpu_op_run(g.ctx, op, dargs, nargs, NULL, &impl), TK_OK);
     CHECK(impl && strcmp(impl, "cpu-reference") != 0);
     for (size_t k = 0; k < nouts; k++) {
         size_t i = (size_t)outs[k];
@@ -95,7 +95,7 @@ static const char *run_both(const char *op, tk_arg *args, size_t nargs, const in
     for (size_t i = 0; i < nargs; i++)
         dev_free(&dev[i]);
     /* the CPU reference last: it may overwrite inputs (in place) */
-    CHECK_RC(tk_op_run(g.ctx, op, args, nargs, NULL, NULL), TK_OK);
+    CHECK_RC(gpu_op_run(g.ctx, op, args, nargs, NULL, NULL), TK_OK);
     return impl;
 }
 
@@ -304,8 +304,16 @@ static void test_max_margin_loss(void)
     gpu_ctx_free(&g);
 }
 
-int main(void)
+static void test_coverage(void)
 {
+    const char *pkgs[] = {"kernels-community/cross-entropy", NULL};
+    gpu_coverage_check(pkgs);
+}
+
+int main(int argc, char **argv)
+{
+    static const char *const ops[] = {"cross_entropy", "fused_linear_cross_entropy", "max_margin_loss", NULL};
+    gpu_main(argc, argv, ops);
     const char *e = getenv("TK_TEST_SEED");
     seed = e ? strtoull(e, NULL, 10) : (uint64_t)time(NULL);
     rng = seed;
@@ -313,5 +321,6 @@ int main(void)
     RUN(test_cross_entropy);
     RUN(test_fused_linear_cross_entropy);
     RUN(test_max_margin_loss);
+    RUN(test_coverage);
     return th_done();
 }

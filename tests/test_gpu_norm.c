@@ -104,9 +104,9 @@ static void run_case(const op_t *o, tk_dtype dt, int64_t rows, int64_t d, int bi
     na++;
 
     const char *impl = NULL;
-    CHECK_RC(tk_op_run(g.ctx, o->op, ga, na, NULL, &impl), TK_OK);
+    CHECK_RC(gpu_op_run(g.ctx, o->op, ga, na, NULL, &impl), TK_OK);
     CHECK(impl && strcmp(impl, "cpu-reference") != 0);
-    CHECK_RC(tk_op_run(g.ctx, o->op, ca, na, NULL, NULL), TK_OK); /* the CPU reference, in place on cpu[] */
+    CHECK_RC(gpu_op_run(g.ctx, o->op, ca, na, NULL, NULL), TK_OK); /* the CPU reference, in place on cpu[] */
     char what[160];
     for (int i = 0; i < o->n; i++) {
         int src = inplace && gr >= 0 && !strcmp(o->s[i].name, "grad_input") ? gr : i;
@@ -124,7 +124,7 @@ static void run_case(const op_t *o, tk_dtype dt, int64_t rows, int64_t d, int bi
     }
     /* Determinism: the backward's sums over rows again, bit for bit. */
     if (o->bwd && !inplace) {
-        CHECK_RC(tk_op_run(g.ctx, o->op, ga, na, NULL, NULL), TK_OK);
+        CHECK_RC(gpu_op_run(g.ctx, o->op, ga, na, NULL, NULL), TK_OK);
         for (int i = 0; i < o->n; i++) {
             if (!use[i] || !o->s[i].out || !o->s[i].vec)
                 continue;
@@ -179,13 +179,42 @@ static void test_backward_many_rows(void)
     gpu_ctx_free(&g);
 }
 
-int main(void)
+/* Every tensor one element past a 16-byte boundary: the scalar paths (forward and backward). */
+static void test_misaligned_views(void)
 {
+    if (!gpu_device())
+        SKIP("no CUDA device");
+    const char *pkgs[] = {"kernels-community/rmsnorm", NULL};
+    CHECK_RC(gpu_ctx_new(&g, pkgs), TK_OK);
+    const tk_dtype *dts[] = {&F32, &F16, &BF16};
+    const int64_t shapes[][2] = {{3, 7}, {64, 4096}, {4, 8200}};
+    for (size_t o = 0; o < sizeof ops / sizeof ops[0]; o++)
+        for (size_t t = 0; t < 3; t++)
+            for (size_t s = 0; s < sizeof shapes / sizeof shapes[0]; s++) {
+                gpu_misalign = dts[t]->bits / 8;
+                run_case(&ops[o], *dts[t], shapes[s][0], shapes[s][1], strstr(ops[o].op, "layer") != NULL, 0);
+                gpu_misalign = 0;
+            }
+    gpu_ctx_free(&g);
+}
+
+static void test_coverage(void)
+{
+    const char *pkgs[] = {"kernels-community/rmsnorm", NULL};
+    gpu_coverage_check(pkgs);
+}
+
+int main(int argc, char **argv)
+{
+    static const char *const ops[] = {"rms_norm", "fused_add_rms_norm", "layer_norm", "fused_add_layer_norm", "rms_norm_backward", "fused_add_rms_norm_backward", "layer_norm_backward", "fused_add_layer_norm_backward", NULL};
+    gpu_main(argc, argv, ops);
     const char *e = getenv("TK_TEST_SEED");
     seed = e ? strtoull(e, NULL, 10) : (uint64_t)time(NULL);
     rng = seed;
     printf("seed %llu\n", (unsigned long long)seed);
     RUN(test_every_op_dtype_and_shape);
     RUN(test_backward_many_rows);
+    RUN(test_misaligned_views);
+    RUN(test_coverage);
     return th_done();
 }

@@ -96,7 +96,7 @@ static void rope_case(tk_dtype dt, tk_dtype cdt, int pn, const int64_t *ps, int6
                     {TK_ARG_TENSOR, "positions", &pos.t, 0, 0},
                     {TK_ARG_TENSOR, "cos_sin_cache", &cache.t, 0, 0},
                     {TK_ARG_I64, "is_neox", NULL, neox, 0}};
-    CHECK_RC(tk_op_run(g.ctx, "rotary_embedding", ca, 5, NULL, NULL), TK_OK);
+    CHECK_RC(gpu_op_run(g.ctx, "rotary_embedding", ca, 5, NULL, NULL), TK_OK);
     if (bad_pos) { /* the last token's rows of the reference: the input unchanged */
         size_t es = dt.bits / 8, qrow = (size_t)(hq * d), krow = (size_t)(hkv * d);
         memcpy((char *)q.buf + (size_t)(ntok - 1) * qrow * es, (char *)gq.buf + (size_t)(ntok - 1) * qrow * es,
@@ -110,7 +110,7 @@ static void rope_case(tk_dtype dt, tk_dtype cdt, int pn, const int64_t *ps, int6
                     {TK_ARG_TENSOR, "cos_sin_cache", &dcache.t, 0, 0},
                     {TK_ARG_I64, "is_neox", NULL, neox, 0}};
     const char *impl = NULL;
-    CHECK_RC(tk_op_run(g.ctx, "rotary_embedding", da, 5, NULL, &impl), TK_OK);
+    CHECK_RC(gpu_op_run(g.ctx, "rotary_embedding", da, 5, NULL, &impl), TK_OK);
     CHECK(impl && strcmp(impl, "cpu-reference") != 0);
     CHECK_RC(dev_download(&dq, &gq.t), TK_OK);
     CHECK_RC(dev_download(&dk, &gk.t), TK_OK);
@@ -176,10 +176,10 @@ static void table_case(const char *op, tk_arg *args, size_t nargs, host_t *ref, 
     dev_tensor d;
     CHECK_RC(dev_upload(&d, &got.t), TK_OK);
     args[0].t = &ref->t;
-    CHECK_RC(tk_op_run(g.ctx, op, args, nargs, NULL, NULL), TK_OK);
+    CHECK_RC(gpu_op_run(g.ctx, op, args, nargs, NULL, NULL), TK_OK);
     args[0].t = &d.t;
     const char *impl = NULL;
-    CHECK_RC(tk_op_run(g.ctx, op, args, nargs, NULL, &impl), TK_OK);
+    CHECK_RC(gpu_op_run(g.ctx, op, args, nargs, NULL, &impl), TK_OK);
     CHECK(impl && strcmp(impl, "cpu-reference") != 0);
     CHECK_RC(dev_download(&d, &got.t), TK_OK);
     char w[256];
@@ -262,11 +262,11 @@ static void test_alibi(void)
             dev_tensor d;
             CHECK_RC(dev_upload(&d, &got.t), TK_OK);
             a[0].t = &ref.t;
-            CHECK_RC(tk_op_run(g.ctx, "alibi_bias", a, 2, NULL, NULL), TK_OK);
+            CHECK_RC(gpu_op_run(g.ctx, "alibi_bias", a, 2, NULL, NULL), TK_OK);
             a[0].t = &d.t;
             a[1].t = &dsl.t;
             const char *impl = NULL;
-            CHECK_RC(tk_op_run(g.ctx, "alibi_bias", a, 2, NULL, &impl), TK_OK);
+            CHECK_RC(gpu_op_run(g.ctx, "alibi_bias", a, 2, NULL, &impl), TK_OK);
             CHECK(impl && strcmp(impl, "cpu-reference") != 0);
             CHECK_RC(dev_download(&d, &got.t), TK_OK);
             char what[96];
@@ -307,8 +307,16 @@ static void test_setup(void)
     CHECK_RC(gpu_ctx_new(&g, pkgs), TK_OK);
 }
 
-int main(void)
+static void test_coverage(void)
 {
+    const char *pkgs[] = {"kernels-community/rotary", NULL};
+    gpu_coverage_check(pkgs);
+}
+
+int main(int argc, char **argv)
+{
+    static const char *const ops[] = {"rotary_embedding", "rope_cos_sin_cache", "alibi_bias", "sinusoidal_position_encoding", "alibi_slopes", NULL};
+    gpu_main(argc, argv, ops);
     const char *e = getenv("TK_TEST_SEED");
     seed = e ? strtoull(e, NULL, 10) : (uint64_t)time(NULL);
     rng = seed;
@@ -320,5 +328,6 @@ int main(void)
     RUN(test_sinusoidal);
     if (g.ctx)
         gpu_ctx_free(&g);
+    RUN(test_coverage);
     return th_done();
 }

@@ -56,7 +56,7 @@ static int run_both(const char *op, tk_arg *args, size_t n, host_t *cpu, host_t 
 {
     dev_tensor dev[12];
     const tk_tensor *host[12];
-    int rc = tk_op_run(g.ctx, op, args, n, NULL, NULL);
+    int rc = gpu_op_run(g.ctx, op, args, n, NULL, NULL);
     if (rc != TK_OK) {
         fprintf(stderr, "%s on the CPU: %s\n", op, tk_last_error());
         return rc;
@@ -71,7 +71,7 @@ static int run_both(const char *op, tk_arg *args, size_t n, host_t *cpu, host_t 
             goto done;
         args[i].t = &dev[i].t;
     }
-    rc = tk_op_run(g.ctx, op, args, n, NULL, impl);
+    rc = gpu_op_run(g.ctx, op, args, n, NULL, impl);
     if (rc != TK_OK)
         fprintf(stderr, "%s on the GPU: %s\n", op, tk_last_error());
     for (size_t i = 0; rc == TK_OK && i < n; i++)
@@ -202,13 +202,22 @@ static void test_sample(void)
     gpu_ctx_free(&g);
 }
 
-int main(void)
+static void test_coverage(void)
 {
+    const char *pkgs[] = {"kernels-community/sampling", NULL};
+    gpu_coverage_check(pkgs);
+}
+
+int main(int argc, char **argv)
+{
+    static const char *const ops[] = {"argmax", "sample", NULL};
+    gpu_main(argc, argv, ops);
     const char *e = getenv("TK_TEST_SEED");
     seed = e ? strtoull(e, NULL, 10) : (uint64_t)time(NULL);
     rng = seed;
     printf("seed %llu\n", (unsigned long long)seed);
     RUN(test_argmax);
     RUN(test_sample);
+    RUN(test_coverage);
     return th_done();
 }

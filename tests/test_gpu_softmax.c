@@ -68,13 +68,13 @@ static void run_case(const char *op, tk_dtype dt, int64_t rows, int64_t d, int i
         set(&in.t, 3 * d + d / 3, NAN);
     }
     tk_arg cargs[] = {{TK_ARG_TENSOR, "out", &ref.t, 0, 0}, {TK_ARG_TENSOR, "input", &in.t, 0, 0}};
-    CHECK_RC(tk_op_run(g.ctx, op, cargs, 2, NULL, NULL), TK_OK);
+    CHECK_RC(gpu_op_run(g.ctx, op, cargs, 2, NULL, NULL), TK_OK);
     CHECK_RC(dev_upload(&din, &in.t), TK_OK);
     CHECK_RC(dev_upload(&dout, &got.t), TK_OK);
     const char *impl = NULL;
     tk_arg gargs[] = {{TK_ARG_TENSOR, "out", inplace ? &din.t : &dout.t, 0, 0},
                       {TK_ARG_TENSOR, "input", &din.t, 0, 0}};
-    CHECK_RC(tk_op_run(g.ctx, op, gargs, 2, NULL, &impl), TK_OK);
+    CHECK_RC(gpu_op_run(g.ctx, op, gargs, 2, NULL, &impl), TK_OK);
     CHECK(impl && strstr(impl, tier(d)) != NULL);
     CHECK_RC(dev_download(inplace ? &din : &dout, &got.t), TK_OK);
 
@@ -128,12 +128,42 @@ static void test_every_op_dtype_and_tier(void)
     gpu_ctx_free(&g);
 }
 
-int main(void)
+/* Every tensor one element past a 16-byte boundary, in each tier (warp, block, split), and in place. */
+static void test_misaligned_views(void)
 {
+    if (!gpu_device())
+        SKIP("no CUDA device");
+    const char *pkgs[] = {"kernels-community/softmax", NULL};
+    CHECK_RC(gpu_ctx_new(&g, pkgs), TK_OK);
+    static const char *const ops[] = {"softmax", "log_softmax"};
+    static const tk_dtype *dts[] = {&F32, &F16, &BF16};
+    static const int64_t shapes[][2] = {{7, 1000}, {64, 4096}, {3, 300000}};
+    for (size_t o = 0; o < 2; o++)
+        for (size_t t = 0; t < 3; t++)
+            for (size_t s = 0; s < sizeof shapes / sizeof shapes[0]; s++) {
+                gpu_misalign = dts[t]->bits / 8;
+                run_case(ops[o], *dts[t], shapes[s][0], shapes[s][1], (int)(s & 1));
+                gpu_misalign = 0;
+            }
+    gpu_ctx_free(&g);
+}
+
+static void test_coverage(void)
+{
+    const char *pkgs[] = {"kernels-community/softmax", NULL};
+    gpu_coverage_check(pkgs);
+}
+
+int main(int argc, char **argv)
+{
+    static const char *const ops[] = {"softmax", "log_softmax", NULL};
+    gpu_main(argc, argv, ops);
     const char *e = getenv("TK_TEST_SEED");
     seed = e ? strtoull(e, NULL, 10) : (uint64_t)time(NULL);
     rng = seed;
     printf("seed %llu\n", (unsigned long long)seed);
     RUN(test_every_op_dtype_and_tier);
+    RUN(test_misaligned_views);
+    RUN(test_coverage);
     return th_done();
 }

@@ -117,6 +117,29 @@ static void test_sm90a(void)
     compile_for(90, 1, "sm_90a");
 }
 
+/* TK_NVRTC_LINEINFO=1: -lineinfo (line tables in the PTX, .loc) and a cache key of its own. */
+static void test_lineinfo(void)
+{
+    if (!have_nvrtc())
+        SKIP("no NVRTC");
+    tk_jit_unit u;
+    tk_jit_binary *plain = NULL, *lined = NULL;
+    char k1[TK_SHA256_HEX], k2[TK_SHA256_HEX];
+    unit(&u, 90, 0);
+    unsetenv("TK_NVRTC_LINEINFO");
+    CHECK_RC(tk_jit__key(k1, &u, "13.0"), TK_OK);
+    CHECK_RC(tk_jit__compile(&plain, &u), TK_OK);
+    setenv("TK_NVRTC_LINEINFO", "1", 1);
+    CHECK_RC(tk_jit__key(k2, &u, "13.0"), TK_OK);
+    CHECK_RC(tk_jit__compile(&lined, &u), TK_OK);
+    unsetenv("TK_NVRTC_LINEINFO");
+    CHECK(strcmp(k1, k2) != 0);
+    CHECK(plain && plain->ptx && !strstr(plain->ptx, ".loc"));
+    CHECK(lined && lined->ptx && strstr(lined->ptx, ".loc"));
+    tk_jit__binary_free(plain);
+    tk_jit__binary_free(lined);
+}
+
 static void test_ptx_only(void)
 {
     tk_jit_unit u;
@@ -358,6 +381,7 @@ int main(void)
     RUN(test_sm90);
     RUN(test_sm90a);
     RUN(test_ptx_only);
+    RUN(test_lineinfo);
     RUN(test_compile_error);
     RUN(test_parallel);
     RUN(test_stub_driver);

@@ -10,7 +10,7 @@
 // Launch: grid.x = G blocks (any G >= 1), blockDim.x = B, a multiple of 32 up to 1024 (the manifest
 // gives 256 for d <= 2048, else align(cdiv(d, 8), 32) up to 1024). G is best at most what the GPU holds
 // at once: a second wave of blocks would nearly double the time. At 64 registers an SM holds 1024 / B
-// blocks; the manifest's G is at most 108 * (1024 / B), one wave on GPUs of 108 SMs or more. Every
+// blocks; the manifest's G is at most sm_count * (1024 / B), one wave on the launching GPU. Every
 // tensor contiguous; grad_input must not overlap grad_out or the saved input, except that the fused
 // forms may accumulate in place (grad_input == grad_residual).
 //

@@ -1,0 +1,203 @@
+#!/usr/bin/env bash
+# gpu-check.sh — tk's GPU truth in one command, from the bundle of `make gpu-bundle` (.gpu/), never
+# calling make: unpack, print the environment, run every GPU test (per-binary timeout), compute-
+# sanitizer memcheck on the attention, softmax and norm tests, then bench/gpu_vs_torch.py. After
+# every phase the logs and results go to $OUT, so a hang in one phase still returns the others.
+#
+# On the device machine (the session's device tool), verbatim:
+#   run(command="bash scripts/gpu-check.sh", carry=[".gpu"], timeout_s=600)
+#
+# Prepare here first: `make gpu-bundle` (writes .gpu/, git-ignored; ~30 MB travels). Without a GPU
+# the same command is a dry run: every phase runs, GPU work is reported as skipped, exit 0 (CI runs
+# it: tests/cli/gpu_check.sh). On a machine with a GPU (nvidia-smi lists one, or /dev/nvidia0, or
+# --expect-gpu) every test runs with TK_TEST_GPU=1, so "no device" is a failure, not a skip.
+#
+# Files under $OUT (at most 8, for the device tool): summary.txt (the table printed last),
+# summary.csv, summary.json, env.txt, bench.csv, bench.json, logs.tgz (every log).
+# Exit: 0 all passed (or dry run), 1 a test/memcheck/bench failed, 2 bad usage, 3 unusable bundle
+# (glibc too old, missing library): then env.txt says why and nothing else runs.
+#
+# Options: --bundle DIR (.gpu), --work DIR (/tmp/tkg: unpacked here), --out DIR ($OUT, else
+# WORK/out), --expect-gpu / --dry-run, --test-timeout S (240 per binary), --san-timeout S (270),
+# --bench-timeout S (180), --only REGEX (test binaries to run), --no-bench, --no-memcheck,
+# --python PY (python3: the one with torch; a dry run uses it for the bench's --cpu-check).
+set -uo pipefail
+root=$(cd "$(dirname "$0")/.." && pwd)
+bundle=$root/.gpu work=/tmp/tkg out=${OUT:-} expect= t_test=240 t_san=270 t_bench=180 only= bench=1 san=1 py=python3
+while [ $# -gt 0 ]; do
+  case $1 in
+    --bundle) bundle=$2; shift 2 ;;
+    --work) work=$2; shift 2 ;;
+    --out) out=$2; shift 2 ;;
+    --expect-gpu) expect=1; shift ;;
+    --dry-run) expect=0; shift ;;
+    --test-timeout) t_test=$2; shift 2 ;;
+    --san-timeout) t_san=$2; shift 2 ;;
+    --bench-timeout) t_bench=$2; shift 2 ;;
+    --only) only=$2; shift 2 ;;
+    --no-bench) bench=0; shift ;;
+    --no-memcheck) san=0; shift ;;
+    --python) py=$2; shift 2 ;;
+    -h|--help) sed -n '2,27p' "$0" | sed 's/^# \{0,1\}//'; exit 0 ;;
+    *) echo "gpu-check: unknown argument '$1'" >&2; echo "HINT: bash scripts/gpu-check.sh --help" >&2; exit 2 ;;
+  esac
+done
+for v in "$t_test" "$t_san" "$t_bench"; do
+  [[ $v =~ ^[0-9]+$ ]] || { echo "gpu-check: timeout '$v' is not a number of seconds" >&2; exit 2; }
+done
+out=${out:-$work/out}
+start=$(date +%s)
+mkdir -p "$work" "$out" || exit 2
+L=$work/log; rm -rf "$L"; mkdir -p "$L"
+B=$work/build-gpu
+summary=$out/summary.txt csv=$out/summary.csv
+echo "phase,name,status,passed,failed,skipped,seconds,note" >"$csv"
+: >"$summary"
+
+# row PHASE NAME STATUS PASSED FAILED SKIPPED SECONDS NOTE
+row() {
+  echo "$1,$2,$3,$4,$5,$6,$7,\"${8//\"/\'}\"" >>"$csv"
+  printf '%-9s %-22s %-8s %5s %5s %5s %6ss  %s\n' "$1" "$2" "$3" "$4" "$5" "$6" "$7" "$8" >>"$summary"
+}
+# save: the logs and the summary into $OUT (after every phase)
+save() {
+  tar czf "$out/logs.tgz" -C "$work" log 2>/dev/null
+  python3 - "$csv" "$out/summary.json" <<'EOF' 2>/dev/null || true
+import csv, json, sys
+rows = list(csv.DictReader(open(sys.argv[1])))
+json.dump({"rows": rows, "failed": [r for r in rows if r["status"] in ("FAIL", "TIMEOUT", "ERROR")]},
+          open(sys.argv[2], "w"), indent=1)
+EOF
+}
+finish() {
+  save
+  echo
+  echo "== gpu-check summary ($(( $(date +%s) - start ))s; logs: \$OUT/logs.tgz)"
+  printf '%-9s %-22s %-8s %5s %5s %5s %7s  %s\n' phase name status pass fail skip time note
+  cat "$summary"
+  exit "$1"
+}
+
+# ---- phase 0: unpack and environment --------------------------------------------------------------
+echo "== unpack $bundle into $work"
+for f in lib.tgz build.tgz; do
+  [ -f "$bundle/$f" ] || { echo "gpu-check: $bundle/$f is missing" >&2
+    echo "HINT: run 'make gpu-bundle' on the build machine and carry .gpu" >&2
+    row env bundle ERROR 0 0 0 0 "$bundle/$f missing"; finish 3; }
+done
+rm -rf "$B"
+tar xzf "$bundle/lib.tgz" -C "$work" && tar xzf "$bundle/build.tgz" -C "$work" ||
+  { row env unpack ERROR 0 0 0 0 "tar failed"; finish 3; }
+export PATH=$PATH:/usr/local/cuda/bin TK_HOME=$work/home PYTHONUNBUFFERED=1 TK_TEST_LOG=1
+unset TK_ENDPOINT   # the bundle's own registry (api/ctx.c: beside the binaries)
+rm -rf "$TK_HOME"
+
+gpus=$(nvidia-smi -L 2>/dev/null | grep -c '^GPU' || true)
+if [ -z "$expect" ]; then
+  expect=0; { [ "${gpus:-0}" -gt 0 ] || [ -e /dev/nvidia0 ]; } && expect=1
+fi
+need=$(cat "$bundle/GLIBC" 2>/dev/null || echo "?")
+lddv=$(ldd --version 2>&1); have=$(echo "$lddv" | head -n1 | grep -oE '[0-9]+\.[0-9]+$'); have=${have:-?}
+{
+  echo "date: $(date -u +%Y-%m-%dT%H:%M:%SZ)   host: $(uname -srm)"
+  echo "bundle: $(head -n1 "$bundle/MANIFEST" 2>/dev/null)"
+  echo "glibc: have $have, bundle needs $need"
+  echo "expect GPU: $expect (nvidia-smi lists ${gpus:-0})"
+  if command -v nvidia-smi >/dev/null; then
+    nvidia-smi --query-gpu=name,driver_version,memory.total,clocks.max.sm --format=csv 2>&1 | head -n 4
+  else echo "nvidia-smi: not found"; fi
+  command -v compute-sanitizer >/dev/null && compute-sanitizer --version 2>&1 | tail -n1 || echo "compute-sanitizer: not found"
+  "$py" -c 'import torch; print("torch", torch.__version__, "cuda", torch.version.cuda, "available", torch.cuda.is_available())' 2>&1 | tail -n1
+  echo "-- libraries not found:"; ldd "$B/tk" "$B"/tests/test_gpu_* 2>&1 | grep 'not found' | sort -u || echo "none"
+  echo "-- tk doctor"; "$B/tk" doctor 2>&1
+} >"$L/env.txt" 2>&1
+cp "$L/env.txt" "$out/env.txt"
+sed -n '1,12p' "$L/env.txt"
+if [ "$need" != "?" ] && [ "$have" != "?" ] && [ "$(printf '%s\n%s\n' "$need" "$have" | sort -V | head -n1)" != "$need" ]; then
+  echo "gpu-check: this machine's glibc $have is older than the bundle's $need" >&2
+  echo "HINT: build the bundle on a machine with glibc <= $have, or build tk here" >&2
+  row env glibc ERROR 0 0 0 0 "have $have, need $need"; finish 3
+fi
+if grep -q 'not found' <(ldd "$B/tk" "$B/libtk.so.0" 2>&1); then
+  row env libraries ERROR 0 0 0 0 "a library is not found: env.txt"; finish 3
+fi
+"$B/tk" doctor >/dev/null 2>&1; doctor=$?
+if [ "$expect" = 1 ] && [ $doctor != 0 ]; then
+  row env doctor FAIL 0 1 0 0 "a GPU was expected but tk doctor failed (env.txt)"
+else
+  row env doctor "$([ $doctor = 0 ] && echo ok || echo no-gpu)" 0 0 0 0 "glibc $have (needs $need), $gpus GPU(s)"
+fi
+export TK_TEST_GPU=$([ "$expect" = 1 ] && echo 1 || echo 0)
+save
+
+# ---- phase 1: GPU tests, with memcheck beside them (both are correctness, not timing) --------------
+# one binary: timeout, log, one summary row from its last line
+run_test() { # PHASE NAME TIMEOUT CMD...
+  local phase=$1 name=$2 to=$3; shift 3
+  local log=$L/$phase-$name.log t0 rc last p=0 f=0 s=0 st note=""
+  t0=$(date +%s)
+  timeout -k 5 "$to" "$@" >"$log" 2>&1; rc=$?
+  last=$(grep -E '^[0-9]+ passed, [0-9]+ failed' "$log" | tail -n1)
+  if [ -n "$last" ]; then
+    p=$(echo "$last" | sed -E 's/^([0-9]+) passed.*/\1/'); f=$(echo "$last" | sed -E 's/.* ([0-9]+) failed.*/\1/')
+    s=$(echo "$last" | sed -nE 's/.* ([0-9]+) skipped.*/\1/p'); s=${s:-0}
+  fi
+  if [ $rc = 124 ] || [ $rc = 137 ]; then st=TIMEOUT note="killed after ${to}s; last: $(tail -n1 "$log" | cut -c1-80)"
+  elif [ $rc != 0 ] || [ "$f" != 0 ] || [ -z "$last" ]; then st=FAIL note="exit $rc; $(grep -m1 -E 'CHECK|FAIL|rror' "$log" | cut -c1-100)"
+  elif [ "$p" = 0 ] && [ "$s" != 0 ]; then st=skip note="$(grep -m1 '^skip' "$log" | cut -c1-80)"
+  else st=ok; fi
+  [ "$phase" = memcheck ] && note="$note $(grep -m1 'ERROR SUMMARY' "$log")"
+  row "$phase" "$name" "$st" "$p" "$f" "$s" "$(( $(date +%s) - t0 ))" "$note"
+}
+export -f run_test row
+export L csv summary
+
+echo "== phase 1: GPU tests (TK_TEST_GPU=$TK_TEST_GPU, ${t_test}s each) and memcheck"
+jobs_=()
+for t in "$B"/tests/test_gpu_* "$B"/tests/test_nvrtc; do
+  [ -x "$t" ] && [ -f "$t" ] || continue
+  n=$(basename "$t")
+  [ -n "$only" ] && ! [[ $n =~ $only ]] && continue
+  jobs_+=("run_test test $n $t_test $t")
+done
+if [ $san = 1 ]; then
+  for n in attention softmax norm; do
+    [ -n "$only" ] && ! [[ test_gpu_$n =~ $only ]] && continue
+    if ! command -v compute-sanitizer >/dev/null; then
+      row memcheck "test_gpu_$n" skip 0 0 1 0 "compute-sanitizer not found"; continue
+    fi
+    if [ "$TK_TEST_GPU" != 1 ]; then row memcheck "test_gpu_$n" skip 0 0 1 0 "no GPU"; continue; fi
+    # -lineinfo in NVRTC (jit/compile.c) so reports name source lines
+    jobs_+=("TK_NVRTC_LINEINFO=1 run_test memcheck test_gpu_$n $t_san compute-sanitizer --tool memcheck --error-exitcode 7 --print-limit 30 $B/tests/test_gpu_$n")
+  done
+fi
+# the bench's packages, installed and compiled for the GPU beside the tests, so the bench runs warm
+if [ $bench = 1 ] && [ "$TK_TEST_GPU" = 1 ]; then
+  pk=""; for p in activation rmsnorm rotary softmax sampling cross-entropy flash-attn casted; do pk="$pk kernels-community/$p"; done
+  jobs_+=("TK_HOME=$work/bench-home run_test prepare bench-tk-get $t_test $B/tk get$pk")
+fi
+printf '%s\n' "${jobs_[@]}" | xargs -P 12 -I{} bash -c '{}'
+save
+
+# ---- phase 2: benchmarks against PyTorch (alone on the GPU) ----------------------------------------
+if [ $bench = 1 ]; then
+  left=$(( 540 - ($(date +%s) - start) ))
+  [ $left -lt "$t_bench" ] && t_bench=$(( left > 30 ? left : 30 ))
+  echo "== phase 2: bench/gpu_vs_torch.py (${t_bench}s)"
+  t0=$(date +%s)
+  if ! "$py" -c 'import torch' >/dev/null 2>&1; then
+    row bench gpu_vs_torch "$([ "$TK_TEST_GPU" = 1 ] && echo FAIL || echo skip)" 0 0 1 0 "$py cannot import torch"
+  else
+    mode=(--home "$work/bench-home"); [ "$TK_TEST_GPU" = 1 ] || mode=(--cpu-check)
+    timeout -k 5 "$t_bench" "$py" "$root/bench/gpu_vs_torch.py" --lib "$B/libtk.so.0" "${mode[@]}" \
+      --csv "$out/bench.csv" --json "$out/bench.json" >"$L/bench.log" 2>&1
+    rc=$?
+    st=$([ $rc = 0 ] && echo ok || { [ $rc = 124 ] && echo TIMEOUT || echo FAIL; })
+    row bench "gpu_vs_torch$([ "$TK_TEST_GPU" = 1 ] || echo _cpu_check)" "$st" "$([ $rc = 0 ] && echo 1 || echo 0)" "$([ $rc = 0 ] && echo 0 || echo 1)" 0 \
+      "$(( $(date +%s) - t0 ))" "$(tail -n1 "$L/bench.log" | cut -c1-100)"
+    echo "-- bench"; grep -E '^\| ' "$L/bench.log" | head -n 45
+  fi
+fi
+
+bad=$(tail -n +2 "$csv" | cut -d, -f3 | grep -cE '^(FAIL|TIMEOUT|ERROR)$')
+finish $([ "$bad" = 0 ] && echo 0 || echo 1)

@@ -1,0 +1,72 @@
+#!/usr/bin/env bash
+# scripts/gpu-check.sh without a GPU, end to end from the bundle of `make gpu-bundle` (.gpu/): every
+# phase runs and GPU work is reported as skipped, the results land in --out, and its failure paths
+# (no bundle, bad arguments, a failing test binary) are reported, not hidden. In CI a missing bundle
+# or torch venv is a failure.
+. "$(dirname "$0")/lib.sh"
+
+CHECK=$ROOT/scripts/gpu-check.sh
+PY=${TK_PY_VENV:-build/py-venv}/bin/python
+case $PY in /*) ;; *) PY=$ROOT/$PY ;; esac
+
+have_bundle() {
+  [ -f "$ROOT/.gpu/build.tgz" ] && [ -f "$ROOT/.gpu/lib.tgz" ] && return 0
+  [ -n "${CI:-}" ] && { fail "no bundle in $ROOT/.gpu (make gpu-bundle; make test builds it)"; return 1; }
+  skip "no bundle in .gpu; run make gpu-bundle"; return 1
+}
+
+t_dry_run_every_phase() {
+  have_bundle || return
+  "$PY" -c "import torch" 2>/dev/null || { [ -n "${CI:-}" ] && { fail "no torch in $PY"; return; }; }
+  local out=$WORK/out
+  expect_rc 0 env -u OUT bash "$CHECK" --dry-run --work "$WORK/w" --out "$out" --python "$PY"
+  expect_out "== gpu-check summary"
+  expect_out "test_gpu_attention"
+  expect_out "compute-sanitizer"
+  for f in summary.txt summary.csv summary.json env.txt logs.tgz; do
+    [ -s "$out/$f" ] || fail "$f is missing from --out"
+  done
+  [ "$(ls "$out" | wc -l)" -le 8 ] || fail "more than 8 files in --out (the device tool returns 8)"
+  # every GPU test binary of the bundle has a row, and none failed; nothing needs make
+  local n; n=$(grep -c '^test,test_gpu_' "$out/summary.csv")
+  [ "$n" -ge 8 ] || fail "$n GPU test rows in summary.csv, want 8 or more"
+  grep -qE ',(FAIL|TIMEOUT|ERROR),' "$out/summary.csv" && fail "a row failed: $(grep -E ',(FAIL|TIMEOUT|ERROR),' "$out/summary.csv")"
+  tar tzf "$out/logs.tgz" | grep -q 'log/test-test_gpu_attention.log' || fail "logs.tgz lacks the attention log"
+  grep -q 'glibc: have' "$out/env.txt" || fail "env.txt lacks the glibc line"
+  grep -q "registry" "$out/env.txt" || fail "env.txt lacks tk doctor's registry"
+  grep -q "file://$WORK/w/build-gpu/registry" "$out/env.txt" || fail "tk doctor does not use the unpacked registry: $(grep -i registry "$out/env.txt")"
+  if "$PY" -c "import torch" 2>/dev/null; then
+    grep -q '^bench,gpu_vs_torch_cpu_check,ok' "$out/summary.csv" || fail "bench --cpu-check did not pass: $(grep bench "$out/summary.csv")"
+    [ -s "$out/bench.csv" ] || fail "no bench.csv"
+  fi
+}
+
+t_missing_bundle_is_an_error() {
+  mkdir -p "$WORK/empty"
+  expect_rc 3 bash "$CHECK" --bundle "$WORK/empty" --work "$WORK/w2" --out "$WORK/out2"
+  expect_out "HINT: run 'make gpu-bundle'"
+  grep -q ',ERROR,' "$WORK/out2/summary.csv" || fail "no ERROR row in summary.csv"
+}
+
+t_bad_arguments() {
+  expect_rc 2 bash "$CHECK" --frobnicate
+  expect_out "HINT"
+  expect_rc 2 bash "$CHECK" --test-timeout soon
+  expect_out "not a number"
+  expect_rc 0 bash "$CHECK" --help
+  expect_out "carry=[\".gpu\"]"
+}
+
+# A test binary that fails (here: the GPU tests with TK_TEST_GPU=1 and no GPU, as on a GPU machine
+# whose driver cannot be loaded) makes the whole run fail, with the test named in the summary.
+t_failing_test_fails_the_run() {
+  have_bundle || return
+  "$ROOT/build/tk" doctor >/dev/null 2>&1 && { skip "a GPU is present"; return; }
+  expect_rc 1 env -u OUT bash "$CHECK" --expect-gpu --no-bench --no-memcheck --only 'test_gpu_softmax' \
+    --work "$WORK/w3" --out "$WORK/out3" --python "$PY"
+  expect_out "test_gpu_softmax"
+  grep -q '^test,test_gpu_softmax,FAIL' "$WORK/out3/summary.csv" || fail "softmax row: $(cat "$WORK/out3/summary.csv")"
+  grep -q '^env,doctor,FAIL' "$WORK/out3/summary.csv" || fail "doctor row: $(cat "$WORK/out3/summary.csv")"
+}
+
+run_tests
