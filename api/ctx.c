@@ -5,7 +5,8 @@
  * The build's default is the registry it published (file://<build>/registry). Where that directory
  * does not exist (a relocated copy, an unpacked tarball) or the build named none (`make gpu-bundle`
  * builds with DEFAULT_ENDPOINT empty), the default follows the binary instead: <dir of libtk.so or the program>/registry, then ../registry
- * (the test binaries sit in tests/ beside it).
+ * (the test binaries sit in tests/ beside it), then ../share/tkhub/registry (make install's layout; an
+ * installed build's own default is file://PREFIX/share/tkhub/registry, scripts/install.mk).
  */
 #define _GNU_SOURCE /* dladdr */
 #include <dlfcn.h>
@@ -90,8 +91,9 @@ static char *default_endpoint(void)
         built = NULL;
     if (slash) {
         *slash = '\0';
-        const char *rel[] = {"registry", "../registry"};
-        for (size_t i = 0; i < 2; i++) {
+        /* ../share/tkhub/registry: an installed tk or libtkhub (make install) in a moved prefix */
+        const char *rel[] = {"registry", "../registry", "../share/tkhub/registry"};
+        for (size_t i = 0; i < 3; i++) {
             char *dir = tk__fmt("%s/%s", self, rel[i]);
             char *real = dir ? realpath(dir, NULL) : NULL;
             free(dir);
