@@ -15,6 +15,15 @@
 
 #define TK_PKG_MAGIC 0x746b706bu /* "tkpk" */
 
+/* One kernel of a package as tk_pkg_kernel_* reports it (from the installed, validated manifest). */
+typedef struct {
+    const char *name, *op; /* borrowed from tk_pkg.manifest */
+    char *dtypes;          /* "f32,f16,bf16"; "" when the kernel does not restrict them */
+    int min_cc, max_cc;    /* 0: no bound */
+    int arch_specific;
+    char *archs;           /* "sm_75+", "sm_80-sm_89", "sm_90a" */
+} tk_pkg_kernel_row;
+
 struct tk_pkg {
     uint32_t magic;
     tk_state_pkg *p;
@@ -22,6 +31,11 @@ struct tk_pkg {
     int fresh;
     char *license;
     char *description;
+    json_t *manifest;       /* parsed; owns the kernels' name and op strings */
+    size_t nkernels;
+    tk_pkg_kernel_row *kernels;
+    size_t nops;
+    const char **ops;       /* distinct ops of the kernels, sorted; borrowed from manifest */
 };
 
 struct tk_pkg_list {
@@ -46,6 +60,62 @@ static int ensure_http(tk_ctx *ctx)
     return tk_hub__http_new(&ctx->http, &o);
 }
 
+static int cmp_cstr(const void *a, const void *b) { return strcmp(*(const char *const *)a, *(const char *const *)b); }
+
+/* The archs a kernel runs on, from its constraints: "sm_90a" (arch-specific code runs on exactly
+ * that arch), "sm_80-sm_89", "sm_75+", "any". */
+static char *archs_str(int min_cc, int max_cc, int arch_specific)
+{
+    if (arch_specific && min_cc && (min_cc == max_cc || !max_cc))
+        return tk__fmt("sm_%da", min_cc);
+    if (arch_specific)
+        return tk__fmt("sm_%da-sm_%da", min_cc, max_cc);
+    if (min_cc && max_cc)
+        return min_cc == max_cc ? tk__fmt("sm_%d", min_cc) : tk__fmt("sm_%d-sm_%d", min_cc, max_cc);
+    if (min_cc)
+        return tk__fmt("sm_%d+", min_cc);
+    if (max_cc)
+        return tk__fmt("up to sm_%d", max_cc);
+    return tk__strdup("any");
+}
+
+/* Fills k->kernels and k->ops from k->manifest (validated when installed). -1: out of memory. */
+static int load_kernels(tk_pkg *k)
+{
+    json_t *arr = json_object_get(k->manifest, "kernels"), *kv;
+    size_t n = json_array_size(arr), i;
+    if (!n)
+        return 0;
+    if (!(k->kernels = calloc(n, sizeof *k->kernels)) || !(k->ops = calloc(n, sizeof *k->ops)))
+        return -1;
+    json_array_foreach(arr, i, kv) {
+        tk_pkg_kernel_row *r = &k->kernels[k->nkernels++];
+        json_t *cons = json_object_get(kv, "constraints"), *d;
+        r->name = json_string_value(json_object_get(kv, "name")) ? json_string_value(json_object_get(kv, "name")) : "";
+        r->op = json_string_value(json_object_get(kv, "op")) ? json_string_value(json_object_get(kv, "op")) : "";
+        r->min_cc = (int)json_integer_value(json_object_get(cons, "min_cc"));
+        r->max_cc = (int)json_integer_value(json_object_get(cons, "max_cc"));
+        r->arch_specific = json_is_true(json_object_get(cons, "arch_specific"));
+        tk_buf b = {0};
+        size_t j;
+        int bad = 0;
+        json_array_foreach(json_object_get(cons, "dtypes"), j, d)
+            bad |= tk__buf_printf(&b, "%s%s", j ? "," : "", json_string_value(d) ? json_string_value(d) : "?") != TK_OK;
+        r->dtypes = bad ? NULL : b.len ? tk__buf_steal(&b) : tk__strdup("");
+        tk__buf_free(&b);
+        r->archs = archs_str(r->min_cc, r->max_cc, r->arch_specific);
+        if (!r->dtypes || !r->archs)
+            return -1;
+        size_t o;
+        for (o = 0; o < k->nops && strcmp(k->ops[o], r->op); o++)
+            ;
+        if (o == k->nops)
+            k->ops[k->nops++] = r->op;
+    }
+    qsort(k->ops, k->nops, sizeof *k->ops, cmp_cstr);
+    return 0;
+}
+
 static int wrap(tk_pkg **out, tk_ctx *ctx, tk_state_pkg *p, int fresh)
 {
     tk_pkg *k = calloc(1, sizeof *k);
@@ -61,13 +131,12 @@ static int wrap(tk_pkg **out, tk_ctx *ctx, tk_state_pkg *p, int fresh)
     for (size_t i = 0; i < p->nfiles; i++)
         if (!(k->store_paths[i] = tk_state__object_path(ctx->state, p->files[i].sha256)))
             goto oom;
-    json_t *j = json_loadb(p->manifest, p->manifest_len, 0, NULL);
+    json_t *j = k->manifest = json_loadb(p->manifest, p->manifest_len, 0, NULL);
     k->license = tk__strdup(json_string_value(json_object_get(j, "license")) ?
                             json_string_value(json_object_get(j, "license")) : "");
     k->description = tk__strdup(json_string_value(json_object_get(j, "description")) ?
                                 json_string_value(json_object_get(j, "description")) : "");
-    json_decref(j);
-    if (!k->license || !k->description)
+    if (!k->license || !k->description || load_kernels(k) != 0)
         goto oom;
     *out = k;
     return TK_OK;
@@ -140,6 +209,13 @@ void tk_pkg_free(tk_pkg *k)
     tk_state__pkg_free(k->p);
     free(k->license);
     free(k->description);
+    for (size_t i = 0; i < k->nkernels; i++) {
+        free(k->kernels[i].dtypes);
+        free(k->kernels[i].archs);
+    }
+    free(k->kernels);
+    free(k->ops);
+    json_decref(k->manifest);
     k->magic = 0;
     free(k);
 }
@@ -171,26 +247,45 @@ const char *tk_pkg_file_store_path(const tk_pkg *k, size_t i)
     return PKG_OK(k) && i < k->p->nfiles ? k->store_paths[i] : NULL;
 }
 
+size_t tk_pkg_kernel_count(const tk_pkg *k) { return PKG_OK(k) ? k->nkernels : 0; }
+static const tk_pkg_kernel_row *krow(const tk_pkg *k, size_t i)
+{
+    return PKG_OK(k) && i < k->nkernels ? &k->kernels[i] : NULL;
+}
+const char *tk_pkg_kernel_name(const tk_pkg *k, size_t i) { return krow(k, i) ? krow(k, i)->name : NULL; }
+const char *tk_pkg_kernel_op(const tk_pkg *k, size_t i) { return krow(k, i) ? krow(k, i)->op : NULL; }
+const char *tk_pkg_kernel_dtypes(const tk_pkg *k, size_t i) { return krow(k, i) ? krow(k, i)->dtypes : NULL; }
+int tk_pkg_kernel_min_cc(const tk_pkg *k, size_t i) { return krow(k, i) ? krow(k, i)->min_cc : -1; }
+int tk_pkg_kernel_max_cc(const tk_pkg *k, size_t i) { return krow(k, i) ? krow(k, i)->max_cc : -1; }
+int tk_pkg_kernel_arch_specific(const tk_pkg *k, size_t i) { return krow(k, i) ? krow(k, i)->arch_specific : -1; }
+const char *tk_pkg_kernel_archs(const tk_pkg *k, size_t i) { return krow(k, i) ? krow(k, i)->archs : NULL; }
+size_t tk_pkg_op_count(const tk_pkg *k) { return PKG_OK(k) ? k->nops : 0; }
+const char *tk_pkg_op_at(const tk_pkg *k, size_t i) { return PKG_OK(k) && i < k->nops ? k->ops[i] : NULL; }
+
 static json_t *pkg_json(const tk_pkg *k)
 {
     json_t *files = json_array();
     for (size_t i = 0; i < k->p->nfiles; i++)
         json_array_append_new(files, json_pack("{s:s, s:s, s:I}", "path", k->p->files[i].path, "sha256",
                                                k->p->files[i].sha256, "size", (json_int_t)k->p->files[i].size));
-    json_t *kernels = json_array();
-    json_t *m = json_loadb(k->p->manifest, k->p->manifest_len, 0, NULL);
-    size_t i;
-    json_t *kv;
-    json_array_foreach(json_object_get(m, "kernels"), i, kv) {
-        json_array_append_new(kernels, json_pack("{s:s?, s:s?}", "name", json_string_value(json_object_get(kv, "name")),
-                                                 "op", json_string_value(json_object_get(kv, "op"))));
+    json_t *kernels = json_array(), *ops = json_array();
+    for (size_t i = 0; i < k->nkernels; i++) {
+        const tk_pkg_kernel_row *r = &k->kernels[i];
+        json_t *dt = json_array();
+        json_t *cons = json_object_get(json_array_get(json_object_get(k->manifest, "kernels"), i), "constraints");
+        json_array_extend(dt, json_object_get(cons, "dtypes") ? json_object_get(cons, "dtypes") : dt);
+        json_array_append_new(kernels, json_pack("{s:s, s:s, s:o, s:o, s:o, s:b, s:s}", "name", r->name, "op", r->op,
+                                                 "dtypes", dt, "min_cc", r->min_cc ? json_integer(r->min_cc) : json_null(),
+                                                 "max_cc", r->max_cc ? json_integer(r->max_cc) : json_null(),
+                                                 "arch_specific", r->arch_specific, "archs", r->archs));
     }
-    json_decref(m);
-    return json_pack("{s:s, s:i, s:s, s:s, s:s, s:s, s:s, s:s, s:s, s:I, s:o, s:o}", "name", k->p->name, "major",
+    for (size_t i = 0; i < k->nops; i++)
+        json_array_append_new(ops, json_string(k->ops[i]));
+    return json_pack("{s:s, s:i, s:s, s:s, s:s, s:s, s:s, s:s, s:s, s:I, s:o, s:o, s:o}", "name", k->p->name, "major",
                      k->p->major, "version", k->p->version, "commit", k->p->commit, "manifest_sha256",
                      k->p->manifest_sha256, "license", k->license, "description", k->description, "signer",
                      k->p->signer, "registry", k->p->registry, "installed_at", (json_int_t)k->p->installed_at,
-                     "files", files, "kernels", kernels);
+                     "files", files, "kernels", kernels, "ops", ops);
 }
 
 int tk_pkg_to_json(char **out, const tk_pkg *k)

@@ -190,6 +190,21 @@ TK_API int64_t tk_pkg_file_size(const tk_pkg *pkg, size_t i);
 /* Absolute path of file i in the content-addressed store (read-only). */
 TK_API const char *tk_pkg_file_store_path(const tk_pkg *pkg, size_t i);
 
+/* The kernels the package declares (its manifest's "kernels", in order), readable without a GPU.
+ * Strings are borrowed from pkg; an index out of range gives NULL (or -1). */
+TK_API size_t tk_pkg_kernel_count(const tk_pkg *pkg);
+TK_API const char *tk_pkg_kernel_name(const tk_pkg *pkg, size_t i); /* "silu_and_mul_f32" */
+TK_API const char *tk_pkg_kernel_op(const tk_pkg *pkg, size_t i);   /* "silu_and_mul" */
+TK_API const char *tk_pkg_kernel_dtypes(const tk_pkg *pkg, size_t i); /* "f16,bf16"; "" = any */
+TK_API int tk_pkg_kernel_min_cc(const tk_pkg *pkg, size_t i);        /* 80 = sm_80; 0 = no bound */
+TK_API int tk_pkg_kernel_max_cc(const tk_pkg *pkg, size_t i);        /* 0 = no bound */
+TK_API int tk_pkg_kernel_arch_specific(const tk_pkg *pkg, size_t i); /* 1: compiled for sm_XYa */
+/* The archs it runs on, from those constraints: "sm_90a", "sm_80-sm_89", "sm_75+" or "any". */
+TK_API const char *tk_pkg_kernel_archs(const tk_pkg *pkg, size_t i);
+/* The distinct ops its kernels implement, sorted. */
+TK_API size_t tk_pkg_op_count(const tk_pkg *pkg);
+TK_API const char *tk_pkg_op_at(const tk_pkg *pkg, size_t i);
+
 /* The package as a JSON object, for scripts. *out is owned by the caller (tk_free). */
 TK_API int tk_pkg_to_json(char **out, const tk_pkg *pkg);
 
