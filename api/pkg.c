@@ -355,7 +355,9 @@ void tk_pkg_list_free(tk_pkg_list *l)
     free(l);
 }
 
-int tk_pkg_verify(tk_ctx *ctx, const char *ref, size_t *nbad)
+/* Re-hashes the installed files; appends one object per bad file to `list` (may be NULL):
+ * {"package", "file", "problem": "missing" | "altered" | "manifest_altered", "sha256", "want"}. */
+static int verify_impl(tk_ctx *ctx, const char *ref, size_t *nbad, size_t *nchecked, json_t *list)
 {
     if (nbad)
         *nbad = 0;
@@ -363,7 +365,7 @@ int tk_pkg_verify(tk_ctx *ctx, const char *ref, size_t *nbad)
     if (rc != TK_OK)
         return rc;
     tk_state_pkg **v = NULL, *one = NULL;
-    size_t n = 0, bad = 0;
+    size_t n = 0, bad = 0, checked = 0;
     if (ref) {
         if ((rc = tk_hub__installed(&one, ctx->state, ref)) != TK_OK)
             return rc;
@@ -377,22 +379,36 @@ int tk_pkg_verify(tk_ctx *ctx, const char *ref, size_t *nbad)
         /* The manifest itself must still hash to what was recorded. */
         char msha[TK_SHA256_HEX];
         tk__sha256_hex(msha, v[i]->manifest, v[i]->manifest_len);
+        checked++;
         if (strcmp(msha, v[i]->manifest_sha256) != 0) {
             bad++;
             tk__buf_printf(&msg, "\n  %s: recorded manifest altered", v[i]->name);
+            if (list)
+                json_array_append_new(list, json_pack("{s:s, s:s, s:s, s:s, s:s}", "package", v[i]->name, "file",
+                                                      "manifest.json", "problem", "manifest_altered", "sha256", msha,
+                                                      "want", v[i]->manifest_sha256));
         }
         for (size_t f = 0; f < v[i]->nfiles; f++) {
             char *path = tk_state__object_path(ctx->state, v[i]->files[f].sha256);
             char sha[TK_SHA256_HEX];
             int64_t size = 0;
             int hrc = path ? tk__sha256_file(sha, &size, path) : TK_ERR_NOMEM;
+            checked++;
             if (hrc != TK_OK) {
                 bad++;
                 tk__buf_printf(&msg, "\n  %s: %s is missing from the store", v[i]->name, v[i]->files[f].path);
+                if (list)
+                    json_array_append_new(list, json_pack("{s:s, s:s, s:s, s:n, s:s}", "package", v[i]->name, "file",
+                                                          v[i]->files[f].path, "problem", "missing", "sha256", "want",
+                                                          v[i]->files[f].sha256));
             } else if (strcmp(sha, v[i]->files[f].sha256) != 0 || size != v[i]->files[f].size) {
                 bad++;
                 tk__buf_printf(&msg, "\n  %s: %s has sha256 %s, want %s", v[i]->name, v[i]->files[f].path, sha,
                                v[i]->files[f].sha256);
+                if (list)
+                    json_array_append_new(list, json_pack("{s:s, s:s, s:s, s:s, s:s}", "package", v[i]->name, "file",
+                                                          v[i]->files[f].path, "problem", "altered", "sha256", sha,
+                                                          "want", v[i]->files[f].sha256));
             }
             free(path);
         }
@@ -407,6 +423,40 @@ int tk_pkg_verify(tk_ctx *ctx, const char *ref, size_t *nbad)
         tk_state__pkg_list_free(v, n);
     if (nbad)
         *nbad = bad;
+    if (nchecked)
+        *nchecked = checked;
+    return rc;
+}
+
+int tk_pkg_verify(tk_ctx *ctx, const char *ref, size_t *nbad) { return verify_impl(ctx, ref, nbad, NULL, NULL); }
+
+int tk_pkg_verify_json(char **out, tk_ctx *ctx, const char *ref)
+{
+    if (!out)
+        return tk__err(TK_ERR_INVALID, "tk_pkg_verify_json: out is NULL");
+    *out = NULL;
+    json_t *list = json_array();
+    if (!list)
+        return tk__err(TK_ERR_NOMEM, "out of memory");
+    size_t bad = 0, checked = 0;
+    int rc = verify_impl(ctx, ref, &bad, &checked, list);
+    if (rc != TK_OK && rc != TK_ERR_DIGEST) {
+        json_decref(list);
+        return rc;
+    }
+    char *saved = rc == TK_OK ? NULL : tk__strdup(tk_last_error());
+    json_t *j = json_pack("{s:b, s:I, s:I, s:o}", "ok", rc == TK_OK, "checked", (json_int_t)checked, "bad_count",
+                          (json_int_t)bad, "bad_files", list);
+    char *text = j ? json_dumps(j, JSON_INDENT(2)) : NULL;
+    json_decref(j);
+    if (!text) {
+        free(saved);
+        return tk__err(TK_ERR_NOMEM, "out of memory");
+    }
+    *out = text;
+    if (saved) /* the verification's own message stays tk_last_error() */
+        rc = tk__err(TK_ERR_DIGEST, "%s", saved);
+    free(saved);
     return rc;
 }
 

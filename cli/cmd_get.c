@@ -2,6 +2,7 @@
  * cmd_get.c — tk get: resolve, download, verify and install packages (or exactly what tk.lock pins).
  */
 #include <stdio.h>
+#include <stdlib.h>
 #include <string.h>
 #include <time.h>
 
@@ -41,12 +42,16 @@ static void help(void)
            USAGE);
 }
 
+/* --json: the packages' objects collect here and are printed only when every get succeeded, so
+ * stdout holds either the array or the error object (docs/json.md). */
+static FILE *json_out;
+
 static void print_pkg(tk_cli *cli, const tk_pkg *p, int *first)
 {
     if (cli->json) {
         char *j = NULL;
         if (tk_pkg_to_json(&j, p) == TK_OK)
-            printf("%s%s", *first ? "" : ",\n", j);
+            fprintf(json_out ? json_out : stdout, "%s%s", *first ? "" : ",\n", j);
         tk_free(j);
         *first = 0;
         return;
@@ -152,8 +157,12 @@ int tk_cmd_get(tk_cli *cli, int argc, char **argv)
     if (!ctx)
         return TK_EXIT_FAIL;
     int first = 1;
-    if (cli->json)
-        printf("[");
+    char *jbuf = NULL;
+    size_t jlen = 0;
+    if (cli->json && !(json_out = open_memstream(&jbuf, &jlen))) {
+        perror("tk: open_memstream");
+        return TK_EXIT_FAIL;
+    }
     int rc = TK_OK;
     if (locked) {
         struct lock_cb cb = {cli, 1};
@@ -170,8 +179,13 @@ int tk_cmd_get(tk_cli *cli, int argc, char **argv)
             tk_pkg_free(p);
         }
     }
-    if (cli->json)
-        printf("%s]\n", first ? "" : "\n");
+    if (cli->json) {
+        fclose(json_out);
+        json_out = NULL;
+        if (rc == TK_OK)
+            printf("[%s%s]\n", jbuf ? jbuf : "", first ? "" : "\n");
+        free(jbuf);
+    }
     if (rc != TK_OK)
         return tk_cli_fail(cli, rc, NULL);
     return TK_EXIT_OK;

@@ -219,6 +219,11 @@ TK_API void tk_pkg_list_free(tk_pkg_list *list);
  * match; TK_ERR_DIGEST when any file is missing or altered, and tk_last_error() lists them.
  * *nbad (may be NULL) receives how many files failed. */
 TK_API int tk_pkg_verify(tk_ctx *ctx, const char *ref, size_t *nbad);
+/* tk_pkg_verify with the result as JSON in *out (free with tk_free), also when files are bad:
+ * {"ok": bool, "checked": n, "bad_count": n, "bad_files": [{"package": "org/name", "file": "a.cu",
+ *   "problem": "missing" | "altered" | "manifest_altered", "sha256": "<found or null>", "want": "<hex>"}]}.
+ * Returns TK_OK, TK_ERR_DIGEST (with *out set) or, with *out NULL, the errors of tk_pkg_verify. */
+TK_API int tk_pkg_verify_json(char **out, tk_ctx *ctx, const char *ref);
 
 /* Uninstalls `ref` (with no version: every installed major). Files still used by another package stay
  * in the store. Errors: TK_ERR_NOT_FOUND. */
