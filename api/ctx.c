@@ -111,6 +111,42 @@ static char *default_endpoint(void)
     return tk__strdup(built && built[0] ? built : "file:///tk-registry-not-found");
 }
 
+/* The known settings must have their type: a wrong one ("archs": "sm_90") is an error naming the key,
+ * never silently ignored. Unknown keys are left alone (a newer tk's settings). */
+static int check_config(const json_t *cfg, const char *path)
+{
+    const char *key;
+    json_t *v;
+    json_object_foreach((json_t *)cfg, key, v) {
+        const char *want = NULL, *example = NULL;
+        if (!strcmp(key, "endpoint") && !json_is_string(v)) {
+            want = "a string (a registry URL)", example = "\"endpoint\": \"https://registry.example.com\"";
+        } else if (!strcmp(key, "archs")) {
+            int ok = json_is_array(v);
+            size_t i;
+            json_t *x;
+            json_array_foreach(v, i, x) ok &= json_is_string(x);
+            if (!ok)
+                want = "an array of arch strings", example = "\"archs\": [\"sm_80\", \"sm_90\"]";
+        } else if (!strcmp(key, "ops")) {
+            int ok = json_is_object(v);
+            const char *k2;
+            json_t *x;
+            if (ok)
+                json_object_foreach(v, k2, x) ok &= json_is_string(x);
+            if (!ok)
+                want = "an object of op name to package", example = "\"ops\": {\"silu_and_mul\": \"org/name\"}";
+        } else if (!strcmp(key, "autotune") && !json_is_boolean(v)) {
+            want = "true or false", example = "\"autotune\": false";
+        } else if (!strcmp(key, "cache_max") && !json_is_string(v) && !(json_is_integer(v) && json_integer_value(v) >= 0)) {
+            want = "a size (bytes, or a string with K/M/G)", example = "\"cache_max\": \"4G\"";
+        }
+        if (want)
+            return tk__err(TK_ERR_INVALID, "%s: \"%s\" must be %s\nHINT: for example %s", path, key, want, example);
+    }
+    return TK_OK;
+}
+
 static int load_config(tk_ctx *ctx)
 {
     char *path = tk__path_join(ctx->config_dir, "config.json");
@@ -129,6 +165,8 @@ static int load_config(tk_ctx *ctx)
             rc = tk__err(TK_ERR_INVALID, "%s: line %d, column %d: %s\nHINT: the config is a JSON object such as "
                          "{\"endpoint\": \"https://...\", \"archs\": [\"sm_90\"]}", path, jerr.line, jerr.column,
                          ctx->config ? "not a JSON object" : jerr.text);
+        else
+            rc = check_config(ctx->config, path);
     }
     free(text);
     free(path);
@@ -237,6 +275,7 @@ void tk_ctx_free(tk_ctx *ctx)
 const char *tk_ctx_endpoint(const tk_ctx *ctx) { return tk_api__check_ctx(ctx) == TK_OK ? ctx->endpoint : NULL; }
 const char *tk_ctx_home(const tk_ctx *ctx) { return tk_api__check_ctx(ctx) == TK_OK ? ctx->data_dir : NULL; }
 const char *tk_ctx_cache_dir(const tk_ctx *ctx) { return tk_api__check_ctx(ctx) == TK_OK ? ctx->cache_dir : NULL; }
+const char *tk_ctx_config_dir(const tk_ctx *ctx) { return tk_api__check_ctx(ctx) == TK_OK ? ctx->config_dir : NULL; }
 int tk_ctx_offline(const tk_ctx *ctx) { return tk_api__check_ctx(ctx) == TK_OK ? ctx->offline : 0; }
 
 void tk_free(void *p) { free(p); }

@@ -586,6 +586,20 @@ int tk_keygen(char **pubkey, const char *key_path)
 {
     if (!pubkey || !key_path)
         return tk__err(TK_ERR_INVALID, "tk_keygen: pubkey and key_path are required");
+    /* missing parent directories are created (0700: they hold a private key) */
+    const char *slash = strrchr(key_path, '/');
+    if (slash && slash != key_path) {
+        char *dir = tk__strndup(key_path, (size_t)(slash - key_path));
+        if (!dir)
+            return tk__err(TK_ERR_NOMEM, "out of memory");
+        int rc = tk__mkdirs(dir, 0700);
+        if (rc != TK_OK) {
+            rc = tk__err(TK_ERR_IO, "cannot create %s for the key: %s", dir, tk_last_error());
+            free(dir);
+            return rc;
+        }
+        free(dir);
+    }
     return tk_hub__key_generate(pubkey, key_path);
 }
 

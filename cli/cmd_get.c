@@ -5,6 +5,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <time.h>
+#include <unistd.h>
 
 #include "cli/cli.h"
 
@@ -88,11 +89,24 @@ static int build_after_get(tk_cli *cli, const tk_pkg *p, const char *arch_list)
     bo.narchs = narchs;
     size_t compiled = 0, cached = 0;
     int rc = tk_build(cli->ctx, ref, &bo, &compiled, &cached);
+    /* The "no GPU" hint is shown once per machine state: a marker in the cache directory records
+     * that it was; a build that succeeds (a GPU or archs appeared) removes it, so the hint comes back
+     * if the machine loses them again. -v shows it every time. */
+    char marker[4096];
+    snprintf(marker, sizeof marker, "%s/no-gpu-hint-shown", tk_ctx_cache_dir(cli->ctx));
     if (rc == TK_ERR_INVALID && !arch_list) {
-        tk_cli_info(cli, "tk: no GPU found and no archs configured, so nothing was compiled\n"
-                         "HINT: 'tk get --arch sm_90 ...', or set \"archs\" in config.json to compile ahead of time\n");
+        if (cli->verbose || access(marker, F_OK) != 0) {
+            tk_cli_info(cli, "tk: no GPU found and no archs configured, so nothing was compiled\n"
+                             "HINT: 'tk get --arch sm_90 ...', or set \"archs\" in config.json to compile ahead of "
+                             "time (this hint is shown once; 'tk doctor' shows the state)\n");
+            FILE *f = fopen(marker, "w");
+            if (f)
+                fclose(f);
+        }
         return TK_OK;
     }
+    if (rc == TK_OK)
+        unlink(marker);
     if (rc == TK_ERR_NO_NVRTC) {
         fprintf(stderr, "tk: warning: installed, but not compiled: %s\n", tk_last_error());
         return TK_OK;

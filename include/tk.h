@@ -134,6 +134,7 @@ TK_API const char *tk_ctx_endpoint(const tk_ctx *ctx); /* the registry URL in us
 TK_API const char *tk_ctx_home(const tk_ctx *ctx);     /* the data directory (state.db, store/) */
 TK_API int tk_ctx_offline(const tk_ctx *ctx);
 TK_API const char *tk_ctx_cache_dir(const tk_ctx *ctx); /* compiled-binary cache (cache.db) */
+TK_API const char *tk_ctx_config_dir(const tk_ctx *ctx); /* config.json and keys/ */
 
 /* ---------------------------------------------------------------------------------------------- */
 /* Packages                                                                                        */
