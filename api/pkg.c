@@ -5,6 +5,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/stat.h>
 
 #include "api/api.h"
 #include "cache/state.h"
@@ -57,6 +58,8 @@ static int ensure_http(tk_ctx *ctx)
     }
     o.progress = ctx->progress;
     o.progress_user = ctx->progress_user;
+    o.log = ctx->log;
+    o.log_user = ctx->log_user;
     return tk_hub__http_new(&ctx->http, &o);
 }
 
@@ -175,6 +178,13 @@ int tk_pkg_get(tk_pkg **out, tk_ctx *ctx, const char *ref, const tk_get_opts *op
         return tk__err(TK_ERR_INVALID, "tk_get_opts version %u is not supported", opts->version);
     if (!ctx->offline && (rc = ensure_http(ctx)) != TK_OK)
         return rc;
+    /* a file:// registry that is not there is a dead registry, not a missing package */
+    struct stat rst;
+    if (!ctx->offline && tk__has_prefix(ctx->endpoint, "file://") &&
+        (stat(ctx->endpoint + 7, &rst) != 0 || !S_ISDIR(rst.st_mode)))
+        return tk__err(TK_ERR_NETWORK, "the registry %s cannot be read: %s is not a directory\nHINT: check "
+                       "TK_ENDPOINT or \"endpoint\" in config.json ('tk doctor' shows which is used); --offline "
+                       "works from installed packages", ctx->endpoint, ctx->endpoint + 7);
     tk_hub_env env;
     hub_env(&env, ctx, opts);
     tk_state_pkg *p = NULL;

@@ -37,4 +37,31 @@ t_config_wrong_type_is_an_error() {
   expect_rc 0 "$TK" list
 }
 
+t_verbose_shows_urls_and_statuses() {
+  command -v nginx >/dev/null || { skip "no nginx"; return; }
+  start_nginx "$B/registry" || { fail "nginx"; return; }
+  export TK_ENDPOINT=$NGINX_URL
+  expect_rc 0 "$TK" -v get kernels-community/activation
+  expect_out "GET $NGINX_URL/api/kernels/kernels-community/activation/refs -> HTTP 200 (attempt 1)"
+  expect_out "/manifest.json -> HTTP 200"
+  expect_rc 3 "$TK" -v get kernels-community/no-such-thing
+  expect_out "-> HTTP 404"
+  # without -v: no request lines
+  expect_rc 0 "$TK" get --force kernels-community/activation
+  expect_no_out "GET $NGINX_URL"
+  stop_nginx
+}
+
+t_dead_registry_says_so() {
+  # a file:// registry that does not exist: a network-class failure naming it, no did-you-mean
+  TK_ENDPOINT=file://$WORK/no-registry expect_rc 4 "$TK" get kernels-community/activation
+  expect_out "the registry file://$WORK/no-registry cannot be read"
+  expect_no_out "did you mean"; expect_no_out "not found in the registry"
+  # an http registry nobody listens on
+  TK_ENDPOINT=http://127.0.0.1:$(free_port) expect_rc 4 "$TK" get kernels-community/activation
+  expect_out "Couldn't connect"; expect_no_out "did you mean"
+  OUT=$(TK_ENDPOINT=file://$WORK/no-registry "$TK" --json get kernels-community/activation 2>/dev/null)
+  expect_out '"status": "network"'
+}
+
 run_tests
