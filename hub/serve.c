@@ -241,6 +241,131 @@ int tk_serve_trust_add(char **keyid_out, const char *root, const char *org, cons
     return rc;
 }
 
+/* ---- listing and revoking (tk serve token list|revoke, tk serve trust list|remove) ------------- */
+
+/* A token's id: the first 16 hex of its sha256 (what tokens.json keeps), enough to name it. */
+#define TOKEN_ID_LEN 16
+
+int tk_serve_token_list_json(char **out, const char *root)
+{
+    if (!out || !root)
+        return tk__err(TK_ERR_INVALID, "tk_serve_token_list_json: out and root are required");
+    *out = NULL;
+    json_t *doc = NULL, *t, *list = json_array();
+    int rc = list ? state_load(&doc, root, "tokens.json", "tokens") : tk__err(TK_ERR_NOMEM, "out of memory");
+    size_t i;
+    if (rc == TK_OK)
+        json_array_foreach(json_object_get(doc, "tokens"), i, t) {
+            const char *sha = json_string_value(json_object_get(t, "sha256"));
+            json_array_append_new(list, json_pack("{s:s%, s:s?, s:O?}", "id", sha ? sha : "",
+                                                  (size_t)(sha && strlen(sha) >= TOKEN_ID_LEN ? TOKEN_ID_LEN : 0),
+                                                  "org", json_string_value(json_object_get(t, "org")), "created",
+                                                  json_object_get(t, "created")));
+        }
+    if (rc == TK_OK && !(*out = json_dumps(list, JSON_INDENT(2))))
+        rc = tk__err(TK_ERR_NOMEM, "out of memory");
+    json_decref(list);
+    json_decref(doc);
+    return rc;
+}
+
+int tk_serve_token_revoke(const char *root, const char *id_or_token)
+{
+    if (!root || !id_or_token)
+        return tk__err(TK_ERR_INVALID, "tk_serve_token_revoke: root and the token id are required");
+    char sha[TK_SHA256_HEX];
+    size_t n = strlen(id_or_token);
+    if (n == 64) /* the token itself: match by its sha256 */
+        tk__sha256_hex(sha, id_or_token, 64);
+    else if (n >= 8 && n <= 64 && strspn(id_or_token, "0123456789abcdef") == n)
+        snprintf(sha, sizeof sha, "%s", id_or_token);
+    else
+        return tk__err(TK_ERR_INVALID, "'%s' is not a token id\nHINT: 'tk serve token list --root %s' shows the "
+                       "ids (16 hex digits); the token itself works too", id_or_token, root);
+    json_t *doc = NULL;
+    int fd = state_lock(root);
+    if (fd < 0)
+        return fd;
+    int rc = state_load(&doc, root, "tokens.json", "tokens");
+    if (rc == TK_OK) {
+        json_t *arr = json_object_get(doc, "tokens");
+        size_t removed = 0;
+        for (size_t i = 0; i < json_array_size(arr);) {
+            const char *h = json_string_value(json_object_get(json_array_get(arr, i), "sha256"));
+            if (h && !strncmp(h, sha, strlen(sha))) {
+                json_array_remove(arr, i);
+                removed++;
+            } else {
+                i++;
+            }
+        }
+        if (!removed)
+            rc = tk__err(TK_ERR_NOT_FOUND, "no token %s on the server at %s\nHINT: 'tk serve token list --root %s'",
+                         id_or_token, root, root);
+        else if (removed > 1 && n < 64)
+            rc = tk__err(TK_ERR_INVALID, "'%s' names %zu tokens\nHINT: give more digits of the id", id_or_token,
+                         removed);
+        else
+            rc = state_save(root, "tokens.json", doc);
+    }
+    json_decref(doc);
+    close(fd);
+    return rc;
+}
+
+int tk_serve_trust_list_json(char **out, const char *root)
+{
+    if (!out || !root)
+        return tk__err(TK_ERR_INVALID, "tk_serve_trust_list_json: out and root are required");
+    *out = NULL;
+    json_t *doc = NULL;
+    int rc = state_load(&doc, root, "trust.json", "keys");
+    if (rc == TK_OK && !(*out = json_dumps(json_object_get(doc, "keys"), JSON_INDENT(2))))
+        rc = tk__err(TK_ERR_NOMEM, "out of memory");
+    json_decref(doc);
+    return rc;
+}
+
+int tk_serve_trust_remove(const char *root, const char *org, const char *key)
+{
+    if (!root || !org || !key)
+        return tk__err(TK_ERR_INVALID, "tk_serve_trust_remove: root, org and the key are required");
+    char keyid[TK_KEYID_LEN];
+    if (tk__has_prefix(key, "ed25519:")) {
+        int rc = tk_hub__pubkey_check(key, keyid);
+        if (rc != TK_OK)
+            return rc;
+        key = keyid;
+    }
+    json_t *doc = NULL;
+    int fd = state_lock(root);
+    if (fd < 0)
+        return fd;
+    int rc = state_load(&doc, root, "trust.json", "keys");
+    if (rc == TK_OK) {
+        json_t *arr = json_object_get(doc, "keys");
+        size_t removed = 0;
+        for (size_t i = 0; i < json_array_size(arr);) {
+            json_t *k = json_array_get(arr, i);
+            const char *id = json_string_value(json_object_get(k, "keyid"));
+            if (tk__streq(json_string_value(json_object_get(k, "org")), org) && id &&
+                (tk__streq(id, key) || (!tk__has_prefix(key, "SHA256:") && tk__has_prefix(id, "SHA256:") &&
+                                        tk__streq(id + 7, key)))) {
+                json_array_remove(arr, i);
+                removed++;
+            } else {
+                i++;
+            }
+        }
+        rc = removed ? state_save(root, "trust.json", doc)
+                     : tk__err(TK_ERR_NOT_FOUND, "org '%s' has no key %s on the server at %s\nHINT: 'tk serve trust "
+                               "list --root %s'", org, key, root, root);
+    }
+    json_decref(doc);
+    close(fd);
+    return rc;
+}
+
 /* The org a token may write to: TK_OK and org filled, TK_ERR_NOT_FOUND for an unknown token. */
 static int token_org(char org[65], const char *root, const char *token)
 {

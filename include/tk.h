@@ -554,6 +554,17 @@ TK_API int tk_serve_token_add(char **token, const char *root, const char *org);
  * `root` (<root>/.tk-serve/trust.json). Adding a key twice is a no-op. *keyid (may be NULL) receives
  * its fingerprint (tk_free). Errors: TK_ERR_INVALID (bad org or key), TK_ERR_IO. */
 TK_API int tk_serve_trust_add(char **keyid, const char *root, const char *org, const char *pubkey);
+/* The server's upload tokens as a JSON array of {"id": "<16 hex>", "org", "created"} (the tokens
+ * themselves are not stored; id is the start of their sha256). */
+TK_API int tk_serve_token_list_json(char **out, const char *root);
+/* Revokes the token named by its id (8 to 64 hex digits of its sha256, as listed) or by the token
+ * itself. Errors: TK_ERR_NOT_FOUND, TK_ERR_INVALID (not an id, or an id prefix naming several). */
+TK_API int tk_serve_token_revoke(const char *root, const char *id_or_token);
+/* The keys trusted for uploads: a JSON array of {"org", "keyid", "pubkey", "added"}. */
+TK_API int tk_serve_trust_list_json(char **out, const char *root);
+/* Stops trusting a key (its key id, with or without "SHA256:", or its public key) for org.
+ * Errors: TK_ERR_NOT_FOUND. */
+TK_API int tk_serve_trust_remove(const char *root, const char *org, const char *key);
 
 /* ---------------------------------------------------------------------------------------------- */
 /* Tokenizers                                                                                      */

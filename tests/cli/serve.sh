@@ -46,15 +46,16 @@ SERVE_PID=
 start_serve() {
   local root=$1; shift
   : >"$WORK/serve.log"
-  "$TK" serve --root "$root" --listen 127.0.0.1:0 "$@" 2>>"$WORK/serve.log" &
+  : >"$WORK/serve.url"
+  "$TK" serve --root "$root" --listen 127.0.0.1:0 "$@" >"$WORK/serve.url" 2>>"$WORK/serve.log" &
   SERVE_PID=$!
-  local port=
+  URL=
+  # the URL, with the port the system chose, is the one line tk serve prints on stdout
   for _ in $(seq 100); do
-    port=$(sed -n 's#.*serving .* on http://127.0.0.1:\([0-9]*\).*#\1#p' "$WORK/serve.log")
-    [ -n "$port" ] && break; sleep 0.05
+    URL=$(head -n 1 "$WORK/serve.url"); [ -n "$URL" ] && break; sleep 0.05
   done
-  [ -n "$port" ] || { fail "tk serve did not start: $(cat "$WORK/serve.log")"; return 1; }
-  URL=http://127.0.0.1:$port
+  [ -n "$URL" ] || { fail "tk serve did not start: $(cat "$WORK/serve.log")"; return 1; }
+  case "$URL" in http://127.0.0.1:[1-9]*) ;; *) fail "tk serve printed '$URL', not its URL"; return 1 ;; esac
 }
 # stop_serve: SIGTERM, then the server must exit 0 with no sanitizer report in its log.
 stop_serve() {
@@ -264,7 +265,7 @@ server_tree() {
   SRV=$WORK/srv-$1; rm -rf "$SRV"
   TOKEN=$("$TK" serve token add --org tktest --root "$SRV" -q) || fail "token add"
   [ ${#TOKEN} = 64 ] || fail "the token is not 64 hex: $TOKEN"
-  expect_rc 0 "$TK" serve trust add --org tktest "$PUB" --root "$SRV"
+  expect_rc 0 "$TK" serve trust add tktest "$PUB" --root "$SRV"   # the syntax of tk trust add
   grep -q "$TOKEN" "$SRV/.tk-serve/tokens.json" && fail "the token itself was stored"
 }
 upload() { req -T "$1" -H "Authorization: Bearer $2" "$URL/api/upload/${3:-tktest/demo}"; }
@@ -282,6 +283,49 @@ t_upload_auth() {
   expect_rc 2 "$TK" serve trust add --org tktest --root "$SRV"
   expect_rc 2 "$TK" serve --listen 127.0.0.1:0
   stop_serve
+}
+
+t_admin_token_and_trust_lifecycle() {
+  server_tree admin
+  # lists: text and JSON; the token's id is the start of its sha256, never the token
+  local id; id=$(printf %s "$TOKEN" | sha256sum | cut -c1-16)
+  expect_rc 0 "$TK" serve token list --root "$SRV"; expect_out "$id"; expect_out "tktest"; expect_no_out "$TOKEN"
+  expect_rc 0 "$TK" --json serve token list --root "$SRV"
+  echo "$OUT" | python3 -c 'import json,sys; d=json.load(sys.stdin); assert [t["id"] for t in d] == [sys.argv[1]] and d[0]["org"] == "tktest", d' "$id" \
+    || fail "token list --json: $OUT"
+  expect_rc 0 "$TK" serve trust list --root "$SRV"; expect_out "tktest"; expect_out "$PUB"
+  local keyid; keyid=$("$TK" --json serve trust list --root "$SRV" | python3 -c 'import json,sys; print(json.load(sys.stdin)[0]["keyid"])')
+  # an upload works, then the token is revoked: refused (401); a new token, but the key removed: 403
+  start_serve "$SRV" || return
+  version_tar 1.0.0 "$WORK/adm1.tar" || return
+  upload "$WORK/adm1.tar" "$TOKEN"; expect_code 201
+  expect_rc 0 "$TK" serve token revoke "$id" --root "$SRV"
+  expect_rc 3 "$TK" serve token revoke "$id" --root "$SRV"; expect_out "no token $id"
+  expect_rc 2 "$TK" serve token revoke not-an-id --root "$SRV"
+  version_tar 1.0.1 "$WORK/adm2.tar" || return
+  upload "$WORK/adm2.tar" "$TOKEN"; expect_code 401
+  local t2; t2=$("$TK" serve token add tktest --root "$SRV" -q)
+  expect_rc 0 "$TK" serve trust remove tktest "$keyid" --root "$SRV"
+  expect_rc 3 "$TK" serve trust remove tktest "$keyid" --root "$SRV"
+  upload "$WORK/adm2.tar" "$t2"; expect_code 403; expect_hdr X-Error-Code UntrustedSigner
+  # trusted again: accepted
+  expect_rc 0 "$TK" serve trust add tktest "$PUB" --root "$SRV"
+  upload "$WORK/adm2.tar" "$t2"; expect_code 201
+  # revoking by the token itself works too
+  expect_rc 0 "$TK" serve token revoke "$t2" --root "$SRV"
+  expect_rc 0 "$TK" --json serve token list --root "$SRV"; expect_out "[]"
+  stop_serve
+}
+
+t_listen_port_zero_prints_url() {
+  local root=$WORK/lz; mkdir -p "$root"
+  "$TK" serve --root "$root" --listen :0 >"$WORK/lz.url" 2>"$WORK/lz.log" &
+  local pid=$! u=
+  for _ in $(seq 100); do u=$(head -n 1 "$WORK/lz.url"); [ -n "$u" ] && break; sleep 0.05; done
+  case "$u" in http://127.0.0.1:[1-9]*) ;; *) fail "--listen :0 printed '$u'" ;; esac
+  [ "$(wc -l <"$WORK/lz.url")" = 1 ] || fail "more than the URL on stdout: $(cat "$WORK/lz.url")"
+  curl -fsS -o /dev/null "$u/" || fail "the printed URL does not answer"
+  kill "$pid"; wait "$pid" 2>/dev/null
 }
 
 t_upload_publish_and_get() {
