@@ -545,7 +545,7 @@ static int receive_version(char commit[41], int *created, char version[32], tk_s
         goto done;
     if ((rc = trusted_key(trusted, s->root, org, keyid)) == TK_ERR_NOT_FOUND || (rc == TK_OK && strcmp(trusted, sig_pub))) {
         rc = tk__err(TK_ERR_UNTRUSTED, "the signer %s is not trusted to publish for org '%s' on this server\n"
-                     "HINT: on the server, run 'tk serve trust add --org %s %s --root DIR'", keyid, org, org, sig_pub);
+                     "HINT: on the server, run 'tk serve trust add %s %s --root DIR'", keyid, org, org, sig_pub);
         goto done;
     }
     if (rc != TK_OK || (rc = tk_hub__verify(trusted, sig, mtext, mlen)) != TK_OK)
@@ -1235,8 +1235,18 @@ static enum MHD_Result serve_page(tk_server *s, struct MHD_Connection *c, req *r
                      ".t td{border:0;padding:.1rem 0}.t td::before{content:attr(data-l) \": \";font-weight:600}}"
                      "pre{white-space:pre-wrap;background:#f6f6f6;padding:.7rem;border-radius:6px;font-size:.85rem}"
                      "</style></head><body><h1>tk registry</h1>");
-    tk__buf_printf(&b, "<p class=m>%zu package%s. Point tk here with <code>TK_ENDPOINT=</code>this URL.</p>\n", n,
-                   n == 1 ? "" : "s");
+    /* The URL clients use: the Host the browser asked for (checked: host[:port] characters only), with
+     * https when a proxy in front says so; else the text says "this page's address". */
+    const char *host = MHD_lookup_connection_value(c, MHD_HEADER_KIND, MHD_HTTP_HEADER_HOST);
+    const char *proto = MHD_lookup_connection_value(c, MHD_HEADER_KIND, "X-Forwarded-Proto");
+    int host_ok = host && *host && strlen(host) < 256 &&
+                  strspn(host, "abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ0123456789.-:[]") == strlen(host);
+    tk__buf_printf(&b, "<p class=m>%zu package%s. Point tk here:</p>\n<pre>", n, n == 1 ? "" : "s");
+    if (host_ok)
+        tk__buf_printf(&b, "export TK_ENDPOINT=%s://%s", proto && !strcmp(proto, "https") ? "https" : "http", host);
+    else
+        tk__buf_puts(&b, "export TK_ENDPOINT=&lt;this page's address&gt;");
+    tk__buf_puts(&b, "</pre>\n");
     for (size_t i = 0; i < n; i++) {
         char *slash = strchr(names[i], '/');
         *slash = '\0';

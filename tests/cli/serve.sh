@@ -357,6 +357,13 @@ t_upload_publish_and_get() {
     || fail "page: signer fingerprint missing"
   grep -q '&lt;script&gt;alert(1)&lt;/script&gt;' "$WORK/body" || fail "page: README missing or not escaped"
   grep -q '<script>' "$WORK/body" && fail "page: unescaped HTML"
+  # the TK_ENDPOINT line names the address the page was fetched from, https behind a TLS proxy
+  grep -q "export TK_ENDPOINT=$URL<" "$WORK/body" || fail "page: TK_ENDPOINT line is not $URL"
+  req -H 'Host: kernels.example.com' -H 'X-Forwarded-Proto: https' "$URL/"
+  grep -q 'export TK_ENDPOINT=https://kernels.example.com<' "$WORK/body" || fail "page: proxied TK_ENDPOINT line"
+  req -H 'Host: "><script>x' "$URL/"
+  grep -q '<script>x' "$WORK/body" && fail "page: Host header injected"
+  grep -q "TK_ENDPOINT=&lt;this page's address&gt;" "$WORK/body" || fail "page: bad Host not replaced"
   grep -q '"GET / HTTP\|"GET /"' "$WORK/serve.log" || fail "no request log line"
   stop_serve
 }
