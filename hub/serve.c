@@ -1116,6 +1116,7 @@ static void page_package(tk_buf *b, tk_server *s, const char *org, const char *p
     html_esc(b, pkg);
     tk__buf_puts(b, "</h2>");
     char *readme = NULL;
+    char first_pub[TK_PUBKEY_LEN] = ""; /* the newest branch's signer: the trust line under the table */
     for (size_t i = 0; i < nb; i++) {
         char *head = tk_hub__tree_branch_head(resolve_dir, branches[i]);
         json_t *m = head ? tk_hub__tree_commit_manifest(resolve_dir, head) : NULL;
@@ -1168,6 +1169,8 @@ static void page_package(tk_buf *b, tk_server *s, const char *org, const char *p
             tk__buf_puts(b, "<code>");
             html_esc(b, keyid);
             tk__buf_puts(b, "</code>");
+            if (!first_pub[0] && pub[0])
+                snprintf(first_pub, sizeof first_pub, "%s", pub);
         }
         free(sp);
         free(stext);
@@ -1177,6 +1180,13 @@ static void page_package(tk_buf *b, tk_server *s, const char *org, const char *p
     }
     if (nb)
         tk__buf_puts(b, "</table></div>");
+    if (first_pub[0]) { /* verify the fingerprint out of band before running it */
+        tk__buf_puts(b, "<p class=m>Publisher key (check its fingerprint with the publisher, then trust it):</p><pre>tk trust add ");
+        html_esc(b, org);
+        tk__buf_puts(b, " ");
+        html_esc(b, first_pub);
+        tk__buf_puts(b, "</pre>");
+    }
     if (readme) {
         tk__buf_puts(b, "<details><summary>README</summary><pre>");
         html_esc(b, readme);

@@ -357,6 +357,8 @@ t_upload_publish_and_get() {
     || fail "page: signer fingerprint missing"
   grep -q '&lt;script&gt;alert(1)&lt;/script&gt;' "$WORK/body" || fail "page: README missing or not escaped"
   grep -q '<script>' "$WORK/body" && fail "page: unescaped HTML"
+  # the publisher's public key as a line to copy
+  grep -q "tk trust add tktest $PUB</pre>" "$WORK/body" || fail "page: no 'tk trust add' line with the key"
   # the TK_ENDPOINT line names the address the page was fetched from, https behind a TLS proxy
   grep -q "export TK_ENDPOINT=$URL<" "$WORK/body" || fail "page: TK_ENDPOINT line is not $URL"
   req -H 'Host: kernels.example.com' -H 'X-Forwarded-Proto: https' "$URL/"
