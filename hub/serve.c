@@ -1101,6 +1101,54 @@ static size_t list_branches(char majors[][24], size_t max, const char *resolve_d
     return n;
 }
 
+/* Every version the tree holds (the commit directories under resolve/), newest first, "1.0.1
+ * (yanked)" for a yanked one, comma-separated into b. */
+static int cmp_ver_desc(const void *a, const void *b)
+{
+    int x[3] = {0, 0, 0}, y[3] = {0, 0, 0};
+    sscanf(*(char *const *)a, "%d.%d.%d", &x[0], &x[1], &x[2]);
+    sscanf(*(char *const *)b, "%d.%d.%d", &y[0], &y[1], &y[2]);
+    for (int i = 0; i < 3; i++)
+        if (x[i] != y[i])
+            return y[i] - x[i];
+    return 0;
+}
+
+static void page_versions(tk_buf *b, const char *resolve_dir)
+{
+    char *v[256];
+    size_t n = 0;
+    DIR *d = opendir(resolve_dir);
+    struct dirent *e;
+    while (d && (e = readdir(d)) != NULL && n < 256) {
+        if (strlen(e->d_name) != 40 || strspn(e->d_name, "0123456789abcdef") != 40)
+            continue;
+        char *ver = tk_hub__tree_commit_version(resolve_dir, e->d_name);
+        int dup = 0;
+        for (size_t i = 0; ver && i < n; i++)
+            dup |= !strcmp(v[i], ver);
+        if (ver && !dup)
+            v[n++] = ver;
+        else
+            free(ver);
+    }
+    if (d)
+        closedir(d);
+    if (!n)
+        return;
+    qsort(v, n, sizeof *v, cmp_ver_desc);
+    tk__buf_puts(b, "<p class=m>versions: ");
+    for (size_t i = 0; i < n; i++) {
+        int yanked = tk_hub__tree_is_yanked(resolve_dir, v[i]) == 1;
+        tk__buf_puts(b, i ? ", " : "");
+        tk__buf_puts(b, yanked ? "<s>" : "");
+        html_esc(b, v[i]);
+        tk__buf_puts(b, yanked ? "</s> (yanked)" : "");
+        free(v[i]);
+    }
+    tk__buf_puts(b, "</p>");
+}
+
 static void page_package(tk_buf *b, tk_server *s, const char *org, const char *pkg)
 {
     char *resolve_dir = tk__fmt("%s/kernels/%s/%s/resolve", s->root, org, pkg);
@@ -1180,6 +1228,8 @@ static void page_package(tk_buf *b, tk_server *s, const char *org, const char *p
     }
     if (nb)
         tk__buf_puts(b, "</table></div>");
+    if (nb)
+        page_versions(b, resolve_dir);
     if (first_pub[0]) { /* verify the fingerprint out of band before running it */
         tk__buf_puts(b, "<p class=m>Publisher key (check its fingerprint with the publisher, then trust it):</p><pre>tk trust add ");
         html_esc(b, org);

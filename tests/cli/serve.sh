@@ -480,6 +480,9 @@ t_yank_over_http() {
   req "$URL/kernels/tktest/demo/yanked/1.0.1.json"; expect_code 200
   grep -q '"bad build"' "$WORK/body" || fail "the yank statement is not served"
   req "$URL/kernels/tktest/demo/yanked/9.9.9.json"; expect_code 404
+  # the page lists every version, the yanked one marked
+  req "$URL/"; expect_code 200
+  grep -q 'versions: <s>1.0.1</s> (yanked), 1.0.0' "$WORK/body" || fail "page: versions line: $(grep -o 'versions: [^<]*<[^p]*' "$WORK/body")"
   TK_ENDPOINT=$URL expect_rc 0 "$TK" get tktest/demo
   expect_out "yanked by its publisher (bad build)"
   expect_out "1.0.0"
