@@ -23,6 +23,8 @@
  * client; it blocks only on the file system and the publish flock. Nothing global is mutable: the
  * server's state is in tk_server.
  */
+#define _GNU_SOURCE /* strcasestr */
+#include <ctype.h>
 #include <archive.h>
 #include <archive_entry.h>
 #include <dirent.h>
@@ -1149,7 +1151,7 @@ static void page_versions(tk_buf *b, const char *resolve_dir)
     tk__buf_puts(b, "</p>");
 }
 
-static void page_package(tk_buf *b, tk_server *s, const char *org, const char *pkg)
+static void page_package(tk_buf *b, tk_server *s, const char *org, const char *pkg, int detail)
 {
     char *resolve_dir = tk__fmt("%s/kernels/%s/%s/resolve", s->root, org, pkg);
     char branches[32][24];
@@ -1158,11 +1160,16 @@ static void page_package(tk_buf *b, tk_server *s, const char *org, const char *p
     html_esc(b, org);
     tk__buf_puts(b, "/");
     html_esc(b, pkg);
+    tk__buf_puts(b, "\"><a href=\"/?p=");
+    html_esc(b, org);
+    tk__buf_puts(b, "/");
+    html_esc(b, pkg);
     tk__buf_puts(b, "\">");
     html_esc(b, org);
     tk__buf_puts(b, "/");
     html_esc(b, pkg);
-    tk__buf_puts(b, "</h2>");
+    tk__buf_puts(b, "</a></h2>");
+    json_t *kernels_of_head = NULL; /* the newest version's kernels, for the detail view's table */
     char *readme = NULL;
     char first_pub[TK_PUBKEY_LEN] = ""; /* the newest branch's signer: the trust line under the table */
     for (size_t i = 0; i < nb; i++) {
@@ -1187,6 +1194,7 @@ static void page_package(tk_buf *b, tk_server *s, const char *org, const char *p
             char *arch = ap && tk_hub__path_check(ap) == TK_OK ? tk__fmt("%s/%s/%s", resolve_dir, head, ap) : NULL;
             readme = arch ? archive_readme(arch) : NULL;
             free(arch);
+            kernels_of_head = json_incref(json_object_get(m, "kernels"));
         }
         /* data-l labels the cells when a phone-width screen stacks each row (see the CSS) */
         tk__buf_puts(b, "<tr><td data-l=branch>");
@@ -1237,14 +1245,95 @@ static void page_package(tk_buf *b, tk_server *s, const char *org, const char *p
         html_esc(b, first_pub);
         tk__buf_puts(b, "</pre>");
     }
+    if (detail && json_array_size(kernels_of_head)) { /* the kernels of the newest version */
+        json_t *k, *d;
+        size_t i, j;
+        tk__buf_printf(b, "<h3>kernels (%zu)</h3><div class=t><table><tr><th>kernel</th><th>op</th><th>dtypes</th>"
+                          "<th>archs</th></tr>", json_array_size(kernels_of_head));
+        json_array_foreach(kernels_of_head, i, k) {
+            json_t *cons = json_object_get(k, "constraints");
+            int lo = (int)json_integer_value(json_object_get(cons, "min_cc"));
+            int hi = (int)json_integer_value(json_object_get(cons, "max_cc"));
+            tk__buf_puts(b, "<tr><td data-l=kernel><code>");
+            html_esc(b, json_string_value(json_object_get(k, "name")));
+            tk__buf_puts(b, "</code></td><td data-l=op>");
+            html_esc(b, json_string_value(json_object_get(k, "op")));
+            tk__buf_puts(b, "</td><td data-l=dtypes>");
+            json_array_foreach(json_object_get(cons, "dtypes"), j, d) {
+                tk__buf_puts(b, j ? ", " : "");
+                html_esc(b, json_string_value(d));
+            }
+            tk__buf_puts(b, "</td><td data-l=archs>");
+            if (json_is_true(json_object_get(cons, "arch_specific")) && lo)
+                tk__buf_printf(b, "sm_%da", lo);
+            else if (lo && hi)
+                tk__buf_printf(b, "sm_%d-sm_%d", lo, hi);
+            else if (lo)
+                tk__buf_printf(b, "sm_%d+", lo);
+            else
+                tk__buf_puts(b, "any");
+            tk__buf_puts(b, "</td></tr>");
+        }
+        tk__buf_puts(b, "</table></div>");
+    }
+    json_decref(kernels_of_head);
     if (readme) {
-        tk__buf_puts(b, "<details><summary>README</summary><pre>");
+        tk__buf_puts(b, detail ? "<h3>README</h3><pre>" : "<details><summary>README</summary><pre>");
         html_esc(b, readme);
-        tk__buf_puts(b, "</pre></details>");
+        tk__buf_puts(b, detail ? "</pre>" : "</pre></details>");
     }
     tk__buf_puts(b, "</section>\n");
     free(readme);
     free(resolve_dir);
+}
+
+/* A query argument, percent- and '+'-decoded (the server sees URLs undecoded: no_unescape), at most
+ * cap-1 bytes; "" when absent or when it decodes to a NUL. */
+static void query_arg(char *out, size_t cap, struct MHD_Connection *c, const char *name)
+{
+    const char *v = MHD_lookup_connection_value(c, MHD_GET_ARGUMENT_KIND, name);
+    size_t o = 0;
+    out[0] = '\0';
+    for (size_t i = 0; v && v[i] && o + 1 < cap; i++) {
+        unsigned x;
+        if (v[i] == '%' && isxdigit((unsigned char)v[i + 1]) && isxdigit((unsigned char)v[i + 2]) &&
+            sscanf(v + i + 1, "%2x", &x) == 1) {
+            if (!x) {
+                out[0] = '\0';
+                return;
+            }
+            out[o++] = (char)x;
+            i += 2;
+        } else {
+            out[o++] = v[i] == '+' ? ' ' : v[i];
+        }
+    }
+    out[o] = '\0';
+}
+
+/* Search: the package's name, or its newest version's description, kernel names or ops, contain q
+ * (case-insensitive). */
+static int pkg_matches(tk_server *s, const char *name, const char *q)
+{
+    if (!q[0] || strcasestr(name, q))
+        return 1;
+    const char *slash = strchr(name, '/');
+    char *resolve_dir = tk__fmt("%s/kernels/%.*s/%s/resolve", s->root, (int)(slash - name), name, slash + 1);
+    char branches[32][24];
+    size_t nb = resolve_dir ? list_branches(branches, 32, resolve_dir) : 0;
+    char *head = nb ? tk_hub__tree_branch_head(resolve_dir, branches[0]) : NULL;
+    json_t *m = head ? tk_hub__tree_commit_manifest(resolve_dir, head) : NULL, *k;
+    const char *desc = json_string_value(json_object_get(m, "description"));
+    int hit = desc && strcasestr(desc, q);
+    size_t i;
+    json_array_foreach(json_object_get(m, "kernels"), i, k) {
+        const char *kn = json_string_value(json_object_get(k, "name")), *op = json_string_value(json_object_get(k, "op"));
+        hit |= (kn && strcasestr(kn, q)) || (op && strcasestr(op, q));
+    }
+    json_decref(m);
+    free(head);
+    free(resolve_dir);
+    return hit;
 }
 
 static enum MHD_Result serve_page(tk_server *s, struct MHD_Connection *c, req *r)
@@ -1293,7 +1382,7 @@ static enum MHD_Result serve_page(tk_server *s, struct MHD_Connection *c, req *r
                      "@media (max-width:40rem){.t table,.t tbody,.t tr,.t td{display:block}"
                      ".t tr:first-child{display:none}.t tr{padding:.4rem 0;border-bottom:1px solid #eee}"
                      ".t td{border:0;padding:.1rem 0}.t td::before{content:attr(data-l) \": \";font-weight:600}}"
-                     "pre{white-space:pre-wrap;background:#f6f6f6;padding:.7rem;border-radius:6px;font-size:.85rem}"
+                     "pre{white-space:pre-wrap;overflow-wrap:anywhere;background:#f6f6f6;padding:.7rem;border-radius:6px;font-size:.85rem}"
                      "</style></head><body><h1>tk registry</h1>");
     /* The URL clients use: the Host the browser asked for (checked: host[:port] characters only), with
      * https when a proxy in front says so; else the text says "this page's address". */
@@ -1307,11 +1396,29 @@ static enum MHD_Result serve_page(tk_server *s, struct MHD_Connection *c, req *r
     else
         tk__buf_puts(&b, "export TK_ENDPOINT=&lt;this page's address&gt;");
     tk__buf_puts(&b, "</pre>\n");
+    char q[200], only[140];
+    query_arg(q, sizeof q, c, "q");
+    query_arg(only, sizeof only, c, "p");
+    tk__buf_puts(&b, "<form action=/ method=get role=search><input type=search name=q placeholder=\"search packages, "
+                     "kernels, ops\" aria-label=search style=\"width:100%;box-sizing:border-box;font:inherit;"
+                     "padding:.4rem\" value=\"");
+    html_esc(&b, q);
+    tk__buf_puts(&b, "\"></form>\n");
+    size_t shown = 0;
     for (size_t i = 0; i < n; i++) {
+        int show = only[0] ? !strcmp(names[i], only) : pkg_matches(s, names[i], q);
         char *slash = strchr(names[i], '/');
         *slash = '\0';
-        page_package(&b, s, names[i], slash + 1);
+        if (show) {
+            page_package(&b, s, names[i], slash + 1, only[0] != '\0');
+            shown++;
+        }
         free(names[i]);
+    }
+    if (!shown && (q[0] || only[0])) {
+        tk__buf_puts(&b, "<p>No package matches <code>");
+        html_esc(&b, q[0] ? q : only);
+        tk__buf_puts(&b, "</code>. <a href=\"/\">All packages</a></p>");
     }
     free(names);
     tk__buf_puts(&b, "</body></html>\n");

@@ -357,6 +357,20 @@ t_upload_publish_and_get() {
     || fail "page: signer fingerprint missing"
   grep -q '&lt;script&gt;alert(1)&lt;/script&gt;' "$WORK/body" || fail "page: README missing or not escaped"
   grep -q '<script>' "$WORK/body" && fail "page: unescaped HTML"
+  # the search box, and searches by name, op and description; a query matching nothing says so
+  grep -q '<input type=search name=q' "$WORK/body" || fail "page: no search box"
+  req "$URL/?q=DEMO"; grep -q 'id="tktest/demo"' "$WORK/body" || fail "search by name (any case)"
+  req "$URL/?q=scale"; grep -q 'id="tktest/demo"' "$WORK/body" || fail "search by op"
+  req "$URL/?q=no+such%20thing"; grep -q 'id="tktest/demo"' "$WORK/body" && fail "search matched nothing, but listed demo"
+  grep -q 'No package matches <code>no such thing</code>' "$WORK/body" || fail "search: no 'no match' line"
+  req "$URL/?q=%3Cscript%3E"; grep -q '<script>' "$WORK/body" && fail "search: query echoed unescaped"
+  # the package's own page: its kernels table and the README open
+  req "$URL/?p=tktest/demo"; expect_code 200
+  grep -q '<h3>kernels (' "$WORK/body" || fail "package page: no kernels table"
+  grep -q '<td data-l=op>scale</td>' "$WORK/body" || fail "package page: kernel row lacks its op"
+  grep -q '<h3>README</h3>' "$WORK/body" || fail "package page: README not shown"
+  grep -q '<a href="/?p=tktest/demo">' "$WORK/body" || fail "package page: no link"
+  req "$URL/"
   # the publisher's public key as a line to copy
   grep -q "tk trust add tktest $PUB</pre>" "$WORK/body" || fail "page: no 'tk trust add' line with the key"
   # the TK_ENDPOINT line names the address the page was fetched from, https behind a TLS proxy
@@ -445,10 +459,12 @@ t_page_in_headless_chromium() {
   version_tar 2.0.0 "$WORK/pg2.tar" && upload "$WORK/pg2.tar" "$TOKEN"
   local logs=$B/test-logs size shot
   mkdir -p "$logs"
-  for size in phone:390,844 desktop:1280,900; do
+  # the list and (phone) the package's own page with its kernels table
+  for size in phone:390,844 desktop:1280,900 pkg-phone:390,844; do
+    local path=/; [ "${size%%:*}" = pkg-phone ] && path="/?p=tktest/demo"
     shot=$logs/page-${size%%:*}.png; rm -f "$shot"
     timeout 60 "$chrome" --headless=new --no-sandbox --disable-gpu --hide-scrollbars --no-first-run \
-      --user-data-dir="$WORK/chrome-profile" --window-size="${size#*:}" --screenshot="$shot" "$URL/" \
+      --user-data-dir="$WORK/chrome-profile" --window-size="${size#*:}" --screenshot="$shot" "$URL$path" \
       >"$WORK/chrome.log" 2>&1
     [ -s "$shot" ] || { fail "no screenshot from $chrome: $(tail -n 5 "$WORK/chrome.log")"; continue; }
     python3 tests/png_check.py "$shot" "$(echo "${size#*:}" | cut -d, -f1)" "$(echo "${size#*:}" | cut -d, -f2)" \
