@@ -47,6 +47,35 @@ void tk_api__log(const tk_ctx *ctx, int level, const char *fmt, ...) TK_PRINTF(3
  * that every launch-rule expression parses and names only the kernel's params. `user` is the
  * tk_ctx. TK_ERR_MANIFEST with the kernel and expression named. (api/validate.c) */
 int tk_api__validate_kernels(void *user, const char *manifest, size_t len);
+/* ---- packages that live in a directory (api/check.c) -------------------------------------------- */
+
+/* A package directory read as `tk publish` would read it, never signed or installed. */
+typedef struct {
+    char *dir;
+    char *spec_path;   /* dir/kernel.json */
+    char *name;        /* org/name */
+    char *version;
+    char *manifest;    /* the manifest a publish would sign (its archive entry left out) */
+    char **paths;      /* the package's files, sorted */
+    size_t nfiles;
+} tk_api_localpkg;
+
+/* 1 when ref names a directory rather than a package: it starts with "./", "../" or "/", or is ".". */
+int tk_api__is_local_ref(const char *ref);
+/* Reads dir/kernel.json and the files beside it and runs every check a publish runs and install
+ * repeats: keys (file:line:column, did you mean), name, version, license, sources present, every
+ * kernel's params, dtypes, launch and constraint expressions. TK_ERR_MANIFEST, TK_ERR_NOT_FOUND. */
+int tk_api__local_load(tk_api_localpkg *out, const char *dir);
+void tk_api__local_free(tk_api_localpkg *lp);
+/* Compiles every kernel of a local package for each cc, writing nothing; each failing unit adds a
+ * paragraph to report. *nunits / *nfailed count the compiles. TK_ERR_COMPILE when one failed; NVRTC
+ * missing is TK_ERR_NO_NVRTC. (api/kernel.c) */
+int tk_api__compile_local(tk_ctx *ctx, const tk_api_localpkg *lp, const int *ccs, size_t nccs, int jobs,
+                          tk_buf *report, size_t *nunits, size_t *nfailed);
+/* Validates the kernels of a parsed manifest; *bad receives the index of the failing kernel ((size_t)-1
+ * when the failure is not one kernel's). (api/validate.c) */
+int tk_api__validate_json(json_t *m, size_t *bad);
+
 /* The config's string value for key, or NULL. */
 const char *tk_api__config_str(const tk_ctx *ctx, const char *key);
 /* The context's compiled-binary cache (cache.db), opened on first use; it also holds autotune

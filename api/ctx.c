@@ -215,6 +215,8 @@ int tk_ctx_new(tk_ctx **out, const tk_ctx_opts *opts)
     }
     if ((rc = tk__mkdirs(ctx->data_dir, 0755)) != TK_OK || (rc = tk__mkdirs(ctx->cache_dir, 0755)) != TK_OK)
         goto fail;
+    if (home && *home && (rc = tk__check_real_dir(ctx->cache_dir)) != TK_OK) /* TK_HOME/cache: never a link */
+        goto fail;
     if ((rc = load_config(ctx)) != TK_OK)
         goto fail;
 

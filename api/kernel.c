@@ -388,36 +388,16 @@ static void pkgsrc_free(pkgsrc *s)
     memset(s, 0, sizeof *s);
 }
 
-static int pkgsrc_load(pkgsrc *s, const tk_pkg *pkg)
+/* Parses the manifest's compile options and kernels into s (whose files are loaded). */
+static int pkgsrc_parse(pkgsrc *s, const char *name, const char *manifest)
 {
     json_error_t jerr;
     json_t *m = NULL, *ks, *co, *x;
     size_t i;
     int rc;
 
-    memset(s, 0, sizeof *s);
-    s->pkgname = tk__fmt("%s@%s", tk_pkg_name(pkg), tk_pkg_commit(pkg));
-    s->nfiles = tk_pkg_file_count(pkg);
-    if (!s->pkgname || (s->nfiles && !(s->files = calloc(s->nfiles, sizeof *s->files)))) {
-        rc = tk__err(TK_ERR_NOMEM, "out of memory");
-        goto fail;
-    }
-    for (i = 0; i < s->nfiles; i++) {
-        char *data = NULL;
-        size_t len = 0;
-        if ((rc = tk__read_file(&data, &len, tk_pkg_file_store_path(pkg, i), MAX_FILE)) != TK_OK) {
-            rc = tk__err_wrap(rc, "reading %s of %s", tk_pkg_file_path(pkg, i), tk_pkg_name(pkg));
-            goto fail;
-        }
-        s->files[i].data = data;
-        s->files[i].len = len;
-        if (!(s->files[i].path = tk__strdup(tk_pkg_file_path(pkg, i)))) {
-            rc = tk__err(TK_ERR_NOMEM, "out of memory");
-            goto fail;
-        }
-    }
-    if (!(m = json_loads(tk_pkg_manifest(pkg), 0, &jerr))) {
-        rc = tk__err(TK_ERR_MANIFEST, "manifest of %s: %s (line %d)", tk_pkg_name(pkg), jerr.text, jerr.line);
+    if (!(m = json_loads(manifest, 0, &jerr))) {
+        rc = tk__err(TK_ERR_MANIFEST, "manifest of %s: %s (line %d)", name, jerr.text, jerr.line);
         goto fail;
     }
     co = json_object_get(json_object_get(m, "compile"), "options");
@@ -428,7 +408,7 @@ static int pkgsrc_load(pkgsrc *s, const tk_pkg *pkg)
         }
         json_array_foreach(co, i, x) {
             if (!json_is_string(x) || (rc = tk_jit__option_check(json_string_value(x))) != TK_OK) {
-                rc = tk__err_wrap(TK_ERR_MANIFEST, "%s: compile.options[%zu]", tk_pkg_name(pkg), i);
+                rc = tk__err_wrap(TK_ERR_MANIFEST, "%s: compile.options[%zu]", name, i);
                 goto fail;
             }
             if (!(s->copts[s->ncopts++] = tk__strdup(json_string_value(x)))) {
@@ -439,7 +419,7 @@ static int pkgsrc_load(pkgsrc *s, const tk_pkg *pkg)
     }
     ks = json_object_get(m, "kernels");
     if (!json_is_array(ks) || json_array_size(ks) == 0) {
-        rc = tk__err(TK_ERR_MANIFEST, "%s declares no kernels", tk_pkg_name(pkg));
+        rc = tk__err(TK_ERR_MANIFEST, "%s declares no kernels", name);
         goto fail;
     }
     if (!(s->k = calloc(json_array_size(ks), sizeof *s->k))) {
@@ -465,7 +445,111 @@ static int pkgsrc_load(pkgsrc *s, const tk_pkg *pkg)
     return TK_OK;
 fail:
     json_decref(m);
+    return rc;
+}
+
+static int pkgsrc_load(pkgsrc *s, const tk_pkg *pkg)
+{
+    size_t i;
+    int rc;
+
+    memset(s, 0, sizeof *s);
+    s->pkgname = tk__fmt("%s@%s", tk_pkg_name(pkg), tk_pkg_commit(pkg));
+    s->nfiles = tk_pkg_file_count(pkg);
+    if (!s->pkgname || (s->nfiles && !(s->files = calloc(s->nfiles, sizeof *s->files)))) {
+        rc = tk__err(TK_ERR_NOMEM, "out of memory");
+        goto fail;
+    }
+    for (i = 0; i < s->nfiles; i++) {
+        char *data = NULL;
+        size_t len = 0;
+        if ((rc = tk__read_file_nofollow(&data, &len, tk_pkg_file_store_path(pkg, i), MAX_FILE)) != TK_OK) {
+            rc = tk__err_wrap(rc, "reading %s of %s", tk_pkg_file_path(pkg, i), tk_pkg_name(pkg));
+            goto fail;
+        }
+        s->files[i].data = data;
+        s->files[i].len = len;
+        if (!(s->files[i].path = tk__strdup(tk_pkg_file_path(pkg, i)))) {
+            rc = tk__err(TK_ERR_NOMEM, "out of memory");
+            goto fail;
+        }
+    }
+    if ((rc = pkgsrc_parse(s, tk_pkg_name(pkg), tk_pkg_manifest(pkg))) != TK_OK)
+        goto fail;
+    return TK_OK;
+fail:
     pkgsrc_free(s);
+    return rc;
+}
+
+/* A package directory that was never published (api/check.c checked it): its files are read from
+ * the directory, and it is named "org/name@local" wherever it shows (logs, the cache's labels). */
+static int pkgsrc_load_dir(pkgsrc *s, const tk_api_localpkg *lp)
+{
+    int rc;
+    memset(s, 0, sizeof *s);
+    s->pkgname = tk__fmt("%s@local", lp->name);
+    s->nfiles = lp->nfiles;
+    if (!s->pkgname || (s->nfiles && !(s->files = calloc(s->nfiles, sizeof *s->files)))) {
+        rc = tk__err(TK_ERR_NOMEM, "out of memory");
+        goto fail;
+    }
+    for (size_t i = 0; i < s->nfiles; i++) {
+        char *full = tk__path_join(lp->dir, lp->paths[i]), *data = NULL;
+        size_t len = 0;
+        rc = full ? tk__read_file(&data, &len, full, MAX_FILE) : tk__err(TK_ERR_NOMEM, "out of memory");
+        free(full);
+        if (rc != TK_OK)
+            goto fail;
+        s->files[i].data = data;
+        s->files[i].len = len;
+        if (!(s->files[i].path = tk__strdup(lp->paths[i]))) {
+            rc = tk__err(TK_ERR_NOMEM, "out of memory");
+            goto fail;
+        }
+    }
+    if ((rc = pkgsrc_parse(s, lp->name, lp->manifest)) != TK_OK)
+        goto fail;
+    return TK_OK;
+fail:
+    pkgsrc_free(s);
+    return rc;
+}
+
+/* The sources of `ref`: a package directory (never signed or installed, named org/name@local) or
+ * an installed package, fetched first when `get` is given. *manifest (may be NULL) receives a copy
+ * of the manifest text. */
+static int pkgsrc_for_ref(pkgsrc *s, char **manifest, tk_ctx *ctx, const char *ref, const tk_get_opts *get)
+{
+    int rc;
+    memset(s, 0, sizeof *s);
+    if (manifest)
+        *manifest = NULL;
+    if (tk_api__is_local_ref(ref)) {
+        tk_api_localpkg lp;
+        if ((rc = tk_api__local_load(&lp, ref)) != TK_OK)
+            return rc;
+        tk_api__log(ctx, TK_LOG_WARN, "%s %s from %s is local: not signed, not installed", lp.name, lp.version, ref);
+        rc = pkgsrc_load_dir(s, &lp);
+        if (rc == TK_OK && manifest && !(*manifest = tk__strdup(lp.manifest)))
+            rc = tk__err(TK_ERR_NOMEM, "out of memory");
+        tk_api__local_free(&lp);
+    } else {
+        tk_pkg *pkg = NULL;
+        rc = get ? tk_pkg_get(&pkg, ctx, ref, get) : tk_pkg_info(&pkg, ctx, ref);
+        if (rc == TK_OK)
+            rc = pkgsrc_load(s, pkg);
+        if (rc == TK_OK && manifest && !(*manifest = tk__strdup(tk_pkg_manifest(pkg))))
+            rc = tk__err(TK_ERR_NOMEM, "out of memory");
+        tk_pkg_free(pkg);
+    }
+    if (rc != TK_OK) {
+        pkgsrc_free(s);
+        if (manifest) {
+            free(*manifest);
+            *manifest = NULL;
+        }
+    }
     return rc;
 }
 
@@ -605,6 +689,42 @@ fail2:
     return rc;
 }
 
+/* Compile progress: a "[3/7] decode.cu sm_90 12.4 s" log line per unit as it finishes, and the
+ * context's progress callback (a terminal status line in the CLI) as units start and finish. */
+typedef struct {
+    const tk_ctx *ctx;
+    const tk_jit_unit *units;
+    size_t n;
+    double t0;
+} progress;
+
+static void unit_name(char *out, size_t cap, const tk_jit_unit *u)
+{
+    char target[32];
+    size_t n = strlen(u->src_path);
+    tk_jit__target(target, u);
+    /* at most 60 columns of path: keep its end, which names the file */
+    if (n > 60)
+        snprintf(out, cap, "...%s %s", u->src_path + n - 57, target);
+    else
+        snprintf(out, cap, "%s %s", u->src_path, target);
+}
+
+static void on_unit(void *user, size_t i, int started, int status, size_t ndone, size_t nrunning, double secs)
+{
+    progress *pr = user;
+    char name[96], what[128];
+    unit_name(name, sizeof name, &pr->units[i]);
+    if (!started)
+        tk_api__log(pr->ctx, status == TK_OK ? TK_LOG_INFO : TK_LOG_WARN, "[%zu/%zu] %s %.1f s%s", ndone, pr->n,
+                    name, secs, status == TK_OK ? "" : " FAILED");
+    if (pr->ctx->progress) {
+        snprintf(what, sizeof what, "compile %zu running, %.0f s: %s", nrunning, (tk__now_ms() - pr->t0) / 1000.0,
+                 name);
+        pr->ctx->progress(pr->ctx->progress_user, what, (int64_t)ndone, (int64_t)pr->n);
+    }
+}
+
 /* Fills every unit's binary: from the cache, else compiled (in parallel) and stored. `force` skips
  * the lookup (a stale entry). */
 static int plan_build(plan *p, tk_ctx *ctx, const pkgsrc *s, int jobs, size_t *ncompiled, size_t *ncached)
@@ -657,12 +777,24 @@ static int plan_build(plan *p, tk_ctx *ctx, const pkgsrc *s, int jobs, size_t *n
     nmiss = 0;
     for (size_t i = 0; i < p->n; i++)
         if (!p->u[i].bin) {
-            tk_api__log(ctx, TK_LOG_INFO, "compiling %s for %s", p->u[i].label, p->u[i].target);
+            tk_api__log(ctx, TK_LOG_DEBUG, "compiling %s for %s", p->u[i].label, p->u[i].target);
             which[nmiss] = i;
             units[nmiss++] = p->u[i].u;
         }
     /* Worker threads fail with their own thread-local message: collect them to report here. */
-    rc = tk_jit__compile_many(outs, st, emsg, units, nmiss, jobs);
+    {
+        progress pr = {ctx, units, nmiss, tk__now_ms()};
+        size_t nfail = 0;
+        rc = tk_jit__compile_many_cb(outs, st, emsg, units, nmiss, jobs, on_unit, &pr);
+        for (size_t m = 0; m < nmiss; m++)
+            nfail += st[m] != TK_OK;
+        if (nfail)
+            tk_api__log(ctx, TK_LOG_INFO, "%s: %zu compiled, %zu failed in %.1f s", s->pkgname, nmiss - nfail, nfail,
+                        (tk__now_ms() - pr.t0) / 1000.0);
+        else
+            tk_api__log(ctx, TK_LOG_INFO, "%s: %zu compiled in %.1f s", s->pkgname, nmiss,
+                        (tk__now_ms() - pr.t0) / 1000.0);
+    }
     if (tk_jit__nvrtc_version(&vmaj, &vmin, NULL) == TK_OK)
         snprintf(ver, sizeof ver, "%d.%d", vmaj, vmin);
     for (size_t m = 0; m < nmiss; m++) {
@@ -700,6 +832,131 @@ done:
     return rc;
 }
 
+/* NVRTC reports a name expression that names nothing as an error in its generated "__nv_name_map"
+ * code, several lines long; a kernel author needs one line: which symbol of which kernel. */
+static void symbol_message(tk_buf *b, const cunit *c, const pkgsrc *s, const char *msg)
+{
+    if (msg && strstr(msg, "__nv_name_map")) {
+        int any = 0;
+        for (size_t j = 0; j < c->nk; j++) {
+            const kdecl *d = &s->k[c->kidx[j]];
+            const char *sym = d->symbol, *lt = strchr(sym, '<');
+            size_t n = lt ? (size_t)(lt - sym) : strlen(sym);
+            char quoted[300];
+            const char *base = sym;
+            for (const char *q = sym; q < sym + n; q++)
+                if (*q == ':')
+                    base = q + 1;
+            snprintf(quoted, sizeof quoted, "\"%.*s\"", (int)(sym + n - base), base);
+            if (strstr(msg, quoted) || strstr(msg, sym)) {
+                tk__buf_printf(b, "%s (%s): kernel '%s': symbol '%s' is not declared in %s\n", d->source,
+                               c->target, d->name, sym, d->source);
+                any = 1;
+            }
+        }
+        if (any) {
+            tk__buf_puts(b, "    HINT: 'symbol' names a __global__ function of the source: extern \"C\" or "
+                            "ns::kern<float>\n");
+            return;
+        }
+    }
+    tk__buf_printf(b, "%s (%s):\n", c->label, c->target);
+    for (const char *p = msg ? msg : "(no message)"; *p;) {
+        const char *nl = strchr(p, '\n');
+        size_t n = nl ? (size_t)(nl - p) : strlen(p);
+        /* NVRTC writes "file.cu(12): error"; editors and terminals jump to "file.cu:12:" */
+        const char *paren = memchr(p, '(', n);
+        size_t digits = 0;
+        while (paren && paren + 1 + digits < p + n && paren[1 + digits] >= '0' && paren[1 + digits] <= '9')
+            digits++;
+        if (paren && digits && paren + digits + 3 <= p + n && paren[1 + digits] == ')' && paren[2 + digits] == ':')
+            tk__buf_printf(b, "    %.*s:%.*s:%.*s\n", (int)(paren - p), p, (int)digits, paren + 1,
+                           (int)(n - (size_t)(paren + digits + 3 - p)), paren + digits + 3);
+        else if (n)
+            tk__buf_printf(b, "    %.*s\n", (int)n, p);
+        p += n + (nl ? 1 : 0);
+    }
+}
+
+int tk_api__compile_local(tk_ctx *ctx, const tk_api_localpkg *lp, const int *ccs, size_t nccs, int jobs,
+                          tk_buf *report, size_t *nunits, size_t *nfailed)
+{
+    pkgsrc s;
+    plan *plans = NULL;
+    const char *nvid = NULL;
+    tk_jit_unit *units = NULL;
+    tk_jit_binary **outs = NULL;
+    cunit **cu = NULL;
+    int *st = NULL, rc;
+    char **emsg = NULL;
+    size_t total = 0, k = 0;
+    *nunits = *nfailed = 0;
+    if ((rc = pkgsrc_load_dir(&s, lp)) != TK_OK)
+        return rc;
+    if ((rc = tk_jit__nvrtc_load()) != TK_OK || (rc = tk_jit__nvrtc_id(&nvid)) != TK_OK)
+        goto done;
+    if (!(plans = calloc(nccs + 1, sizeof *plans))) {
+        rc = tk__err(TK_ERR_NOMEM, "out of memory");
+        goto done;
+    }
+    /* every arch's units in one batch, so progress counts them all and they share the workers */
+    for (size_t a = 0; a < nccs; a++) {
+        if ((rc = plan_make(&plans[a], &s, ccs[a], 0, nvid)) != TK_OK)
+            goto done;
+        if (plans[a].n == 0)
+            tk_api__log(ctx, TK_LOG_INFO, "%s: no kernel targets sm_%d", s.pkgname, ccs[a]);
+        total += plans[a].n;
+    }
+    units = calloc(total + 1, sizeof *units);
+    outs = calloc(total + 1, sizeof *outs);
+    st = calloc(total + 1, sizeof *st);
+    emsg = calloc(total + 1, sizeof *emsg);
+    cu = calloc(total + 1, sizeof *cu);
+    if (!units || !outs || !st || !emsg || !cu) {
+        rc = tk__err(TK_ERR_NOMEM, "out of memory");
+        goto done;
+    }
+    for (size_t a = 0; a < nccs; a++)
+        for (size_t i = 0; i < plans[a].n; i++) {
+            cu[k] = &plans[a].u[i];
+            units[k++] = plans[a].u[i].u;
+        }
+    {
+        progress pr = {ctx, units, total, tk__now_ms()};
+        tk_jit__compile_many_cb(outs, st, emsg, units, total, jobs, on_unit, &pr);
+        for (size_t i = 0; i < total; i++) {
+            (*nunits)++;
+            if (st[i] == TK_OK)
+                continue;
+            if (st[i] == TK_ERR_NO_NVRTC) {
+                rc = tk__err(TK_ERR_NO_NVRTC, "%s", emsg[i] ? emsg[i] : "NVRTC is missing");
+                goto done;
+            }
+            (*nfailed)++;
+            symbol_message(report, cu[i], &s, emsg[i]);
+        }
+        tk_api__log(ctx, TK_LOG_INFO, "%s: %zu of %zu compiles ok in %.1f s", s.pkgname, total - *nfailed, total,
+                    (tk__now_ms() - pr.t0) / 1000.0);
+    }
+    if (*nfailed)
+        rc = TK_ERR_COMPILE;
+done:
+    for (size_t i = 0; outs && i < total; i++)
+        tk_jit__binary_free(outs[i]);
+    for (size_t i = 0; emsg && i < total; i++)
+        free(emsg[i]);
+    for (size_t a = 0; plans && a < nccs; a++)
+        plan_free(&plans[a]);
+    free(plans);
+    free(units);
+    free(outs);
+    free(st);
+    free(emsg);
+    free(cu);
+    pkgsrc_free(&s);
+    return rc;
+}
+
 /* ---- kernels and functions -------------------------------------------------------------------- */
 
 struct tk_function {
@@ -715,6 +972,7 @@ struct tk_kernel {
     int device;
     int sm_count; /* the device's multiprocessors: launch rules' sm_count */
     char *pkgname;
+    char *manifest; /* the package's manifest text (a local package's as a publish would write it) */
     tk_jit_module **mods;
     size_t nmods;
     struct tk_function *fns;
@@ -734,6 +992,7 @@ void tk_kernel_free(tk_kernel *k)
         tk_jit__module_release(k->mods[i]);
     free(k->mods);
     free(k->pkgname);
+    free(k->manifest);
     k->magic = 0;
     free(k);
 }
@@ -758,9 +1017,9 @@ int tk_get_kernel(tk_kernel **out, tk_ctx *ctx, const char *ref, const tk_kernel
 {
     tk_kernel_opts def = TK_KERNEL_OPTS_INIT;
     tk_device_info info;
-    tk_pkg *pkg = NULL;
     tk_kernel *k = NULL;
     tk_kcache *kc = NULL;
+    char *manifest = NULL;
     pkgsrc s;
     plan p;
     const char *nvid = NULL;
@@ -788,9 +1047,7 @@ int tk_get_kernel(tk_kernel **out, tk_ctx *ctx, const char *ref, const tk_kernel
     if ((rc = tk_jit__device_info(&info, opts->device)) != TK_OK)
         return rc;
     cc = info.cc_major * 10 + info.cc_minor;
-    if ((rc = tk_pkg_get(&pkg, ctx, ref, &opts->get)) != TK_OK)
-        goto fail;
-    if ((rc = pkgsrc_load(&s, pkg)) != TK_OK || (rc = tk_jit__nvrtc_id(&nvid)) != TK_OK)
+    if ((rc = pkgsrc_for_ref(&s, &manifest, ctx, ref, &opts->get)) != TK_OK || (rc = tk_jit__nvrtc_id(&nvid)) != TK_OK)
         goto fail;
     /* TK_JIT_FORCE_PTX=1 (tests): PTX for compute_XY, JIT-compiled by the driver, as for a GPU newer
      * than NVRTC; only for packages without arch-specific (sm_XYa) kernels */
@@ -802,7 +1059,7 @@ int tk_get_kernel(tk_kernel **out, tk_ctx *ctx, const char *ref, const tk_kernel
         goto fail;
     if (p.n == 0) {
         rc = tk__err(TK_ERR_UNSUPPORTED, "%s has no kernel for compute capability %d.%d (device %d: %s)",
-                     tk_pkg_name(pkg), info.cc_major, info.cc_minor, opts->device, info.name);
+                     s.pkgname, info.cc_major, info.cc_minor, opts->device, info.name);
         goto fail;
     }
     /* a GPU newer than NVRTC: PTX for the newest arch NVRTC knows, which the driver JITs */
@@ -842,6 +1099,8 @@ int tk_get_kernel(tk_kernel **out, tk_ctx *ctx, const char *ref, const tk_kernel
     }
     k->magic = KERNEL_MAGIC;
     k->device = opts->device;
+    k->manifest = manifest;
+    manifest = NULL;
     {
         tk_device_info di;
         k->sm_count = tk_device_info_get(&di, opts->device) == TK_OK ? di.sm_count : 0;
@@ -889,8 +1148,13 @@ fail:
     tk_kernel_free(k);
     plan_free(&p);
     pkgsrc_free(&s);
-    tk_pkg_free(pkg);
+    free(manifest);
     return rc;
+}
+
+const char *tk_kernel_manifest(const tk_kernel *k)
+{
+    return k && k->magic == KERNEL_MAGIC ? k->manifest : NULL;
 }
 
 size_t tk_kernel_function_count(const tk_kernel *k)
@@ -1186,7 +1450,6 @@ static int parse_arch(int *cc, const char *s)
 int tk_build(tk_ctx *ctx, const char *ref, const tk_build_opts *opts, size_t *compiled, size_t *cached)
 {
     tk_build_opts def = TK_BUILD_OPTS_INIT;
-    tk_pkg *pkg = NULL;
     pkgsrc s;
     int ccs[64];
     size_t nccs = 0, nc = 0, nh = 0;
@@ -1247,18 +1510,33 @@ int tk_build(tk_ctx *ctx, const char *ref, const tk_build_opts *opts, size_t *co
                 ccs[j] = ccs[--nccs];
             else
                 j++;
-    if ((rc = tk_pkg_info(&pkg, ctx, ref)) != TK_OK)
+    if ((rc = pkgsrc_for_ref(&s, NULL, ctx, ref, NULL)) != TK_OK || (rc = tk_jit__nvrtc_id(&nvid)) != TK_OK)
         goto fail;
-    if ((rc = pkgsrc_load(&s, pkg)) != TK_OK || (rc = tk_jit__nvrtc_id(&nvid)) != TK_OK)
-        goto fail;
-    for (size_t a = 0; a < nccs; a++) {
-        plan p;
-        if ((rc = plan_make(&p, &s, ccs[a], 0, nvid)) != TK_OK)
-            goto fail;
-        if (p.n == 0)
-            tk_api__log(ctx, TK_LOG_INFO, "%s: no kernel targets sm_%d", s.pkgname, ccs[a]);
-        rc = plan_build(&p, ctx, &s, opts->jobs, &nc, &nh);
-        plan_free(&p);
+    {
+        /* every arch's units in one plan: one batch of compiles, counted together ([3/7] ...) */
+        plan all = {NULL, 0};
+        for (size_t a = 0; a < nccs && rc == TK_OK; a++) {
+            plan p;
+            cunit *grown;
+            if ((rc = plan_make(&p, &s, ccs[a], 0, nvid)) != TK_OK)
+                break;
+            if (p.n == 0)
+                tk_api__log(ctx, TK_LOG_INFO, "%s: no kernel targets sm_%d", s.pkgname, ccs[a]);
+            if (p.n && !(grown = realloc(all.u, (all.n + p.n) * sizeof *all.u))) {
+                rc = tk__err(TK_ERR_NOMEM, "out of memory");
+                plan_free(&p);
+                break;
+            }
+            if (p.n) {
+                all.u = grown;
+                memcpy(all.u + all.n, p.u, p.n * sizeof *p.u);
+                all.n += p.n;
+            }
+            free(p.u); /* its units moved into all */
+        }
+        if (rc == TK_OK)
+            rc = plan_build(&all, ctx, &s, opts->jobs, &nc, &nh);
+        plan_free(&all);
         if (rc != TK_OK)
             goto fail;
     }
@@ -1268,7 +1546,6 @@ int tk_build(tk_ctx *ctx, const char *ref, const tk_build_opts *opts, size_t *co
         *cached = nh;
 fail:
     pkgsrc_free(&s);
-    tk_pkg_free(pkg);
     return rc;
 }
 

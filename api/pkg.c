@@ -402,9 +402,19 @@ static int verify_impl(tk_ctx *ctx, const char *ref, size_t *nbad, size_t *nchec
             char *path = tk_state__object_path(ctx->state, v[i]->files[f].sha256);
             char sha[TK_SHA256_HEX];
             int64_t size = 0;
-            int hrc = path ? tk__sha256_file(sha, &size, path) : TK_ERR_NOMEM;
+            struct stat lsb;
+            int hrc = path ? tk__sha256_file_nofollow(sha, &size, path) : TK_ERR_NOMEM;
             checked++;
-            if (hrc != TK_OK) {
+            if (path && lstat(path, &lsb) == 0 && !S_ISREG(lsb.st_mode)) {
+                bad++; /* a link to an identical copy elsewhere is tampering too: the store holds files */
+                tk__buf_printf(&msg, "\n  %s: %s is %s in the store (%s), not a file: tampering", v[i]->name,
+                               v[i]->files[f].path, S_ISLNK(lsb.st_mode) ? "a symbolic link" : "something else",
+                               path);
+                if (list)
+                    json_array_append_new(list, json_pack("{s:s, s:s, s:s, s:n, s:s}", "package", v[i]->name, "file",
+                                                          v[i]->files[f].path, "problem", "not_a_file", "sha256",
+                                                          "want", v[i]->files[f].sha256));
+            } else if (hrc != TK_OK) {
                 bad++;
                 tk__buf_printf(&msg, "\n  %s: %s is missing from the store", v[i]->name, v[i]->files[f].path);
                 if (list)
@@ -684,6 +694,19 @@ int tk_trust_list_json(char **out, tk_ctx *ctx)
     return *out ? TK_OK : tk__err(TK_ERR_NOMEM, "out of memory");
 }
 
+/* Every check install would run, before anything is signed or written (api/check.c): a package
+ * that could never install never reaches a registry, and no version number is burnt on it. */
+static int precheck(const char *pkgdir)
+{
+    tk_api_localpkg lp;
+    int rc = tk_api__local_load(&lp, pkgdir);
+    if (rc == TK_OK)
+        tk_api__local_free(&lp);
+    else
+        rc = tk__err_wrap(rc, "not published");
+    return rc;
+}
+
 int tk_publish(char **commit, tk_ctx *ctx, const char *pkgdir, const char *to_dir, const tk_publish_opts *opts)
 {
     if (commit)
@@ -695,6 +718,8 @@ int tk_publish(char **commit, tk_ctx *ctx, const char *pkgdir, const char *to_di
         return tk__err(TK_ERR_INVALID, "tk_publish: pkgdir, to_dir and opts (with key_path) are required");
     if (opts->version < 1 || opts->version > TK_PUBLISH_OPTS_VERSION)
         return tk__err(TK_ERR_INVALID, "tk_publish_opts version %u is not supported", opts->version);
+    if ((rc = precheck(pkgdir)) != TK_OK)
+        return rc;
     return tk_hub__publish(commit, pkgdir, to_dir, opts->key_path, opts->compression, ctx->log, ctx->log_user);
 }
 
@@ -712,6 +737,8 @@ int tk_publish_upload(char **commit, int *created, tk_ctx *ctx, const char *pkgd
         return tk__err(TK_ERR_INVALID, "tk_publish_opts version %u is not supported", opts->version);
     if (ctx->offline)
         return tk__err(TK_ERR_OFFLINE, "cannot publish to %s in offline mode", registry);
+    if ((rc = precheck(pkgdir)) != TK_OK)
+        return rc;
     return tk_hub__upload(commit, created, pkgdir, registry, opts->key_path, opts->compression,
                           token ? token : ctx->token, ctx->log, ctx->log_user);
 }

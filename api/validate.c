@@ -38,6 +38,46 @@ static int check_expr(const char *src, const tk_jit_param *params, size_t n, con
     return rc;
 }
 
+/* The value types docs/kernel.schema.json states and the code below would otherwise read loosely
+ * (a string priority, a min_cc of "80", a dtype of "float32" in constraints). */
+static int check_types(json_t *k, const char *name)
+{
+    json_t *cons = json_object_get(k, "constraints"), *v, *x;
+    json_t *prio = json_object_get(k, "priority");
+    size_t i;
+    if (prio && !json_is_integer(prio))
+        return tk__err(TK_ERR_MANIFEST, "kernel '%s': 'priority' must be an integer (higher ranks first)", name);
+    json_array_foreach(json_object_get(k, "params"), i, x) {
+        const char *pt = json_string_value(json_object_get(x, "type"));
+        if (pt && strcmp(pt, "tensor") != 0 && json_object_get(x, "dtype"))
+            return tk__err(TK_ERR_MANIFEST, "kernel '%s': params[%zu] is a %s: only a tensor has a 'dtype' (a "
+                           "scalar's C type is its 'type')", name, i, pt);
+    }
+    if (!json_is_object(cons))
+        return TK_OK;
+    static const char *const ccs[] = {"min_cc", "max_cc"};
+    for (int c = 0; c < 2; c++)
+        if ((v = json_object_get(cons, ccs[c])) && (!json_is_integer(v) || json_integer_value(v) < 10))
+            return tk__err(TK_ERR_MANIFEST, "kernel '%s': constraints.%s must be an integer compute capability "
+                           "times 10 (80 for sm_80)", name, ccs[c]);
+    if ((v = json_object_get(cons, "arch_specific")) && !json_is_boolean(v))
+        return tk__err(TK_ERR_MANIFEST, "kernel '%s': constraints.arch_specific must be true or false", name);
+    if ((v = json_object_get(cons, "dtypes")) && !json_is_array(v))
+        return tk__err(TK_ERR_MANIFEST, "kernel '%s': constraints.dtypes must be a list of dtypes", name);
+    json_array_foreach(v, i, x) {
+        tk_dtype dt;
+        if (!json_is_string(x) || tk_dtype_parse(&dt, json_string_value(x)) != TK_OK)
+            return tk__err(TK_ERR_MANIFEST, "kernel '%s': constraints.dtypes[%zu] is not a dtype; want one of f32 "
+                           "f16 bf16 f64 i8 u8 i32 i64 fp8_e4m3 fp8_e5m2", name, i);
+    }
+    static const char *const bounds[] = {"max", "min"};
+    for (int b = 0; b < 2; b++)
+        if ((v = json_object_get(cons, bounds[b])) && !json_is_object(v))
+            return tk__err(TK_ERR_MANIFEST, "kernel '%s': constraints.%s must be an object of expression: bound",
+                           name, bounds[b]);
+    return TK_OK;
+}
+
 static int check_kernel(json_t *k, size_t idx, json_t *files, json_t *seen_names)
 {
     char what[200];
@@ -51,6 +91,9 @@ static int check_kernel(json_t *k, size_t idx, json_t *files, json_t *seen_names
         return tk__err(TK_ERR_MANIFEST, "kernel '%s': needs an 'op' string", name);
     if (!json_is_string(json_object_get(k, "symbol")))
         return tk__err(TK_ERR_MANIFEST, "kernel '%s': needs a 'symbol' (entry point or name expression)", name);
+    int trc = check_types(k, name);
+    if (trc != TK_OK)
+        return trc;
     const char *source = json_string_value(json_object_get(k, "source"));
     int found = 0;
     size_t i;
@@ -180,15 +223,14 @@ static int check_kernel(json_t *k, size_t idx, json_t *files, json_t *seen_names
     return TK_OK;
 }
 
-int tk_api__validate_kernels(void *user, const char *manifest, size_t len)
+int tk_api__validate_json(json_t *m, size_t *bad)
 {
-    (void)user;
-    json_t *m = json_loadb(manifest, len, 0, NULL);
     json_t *kernels = json_object_get(m, "kernels");
     json_t *names = json_object();
     int rc = TK_OK;
-    if (!m || !names) {
-        rc = tk__err(TK_ERR_MANIFEST, "manifest is not valid JSON");
+    *bad = (size_t)-1;
+    if (!json_is_object(m) || !names) {
+        rc = tk__err(TK_ERR_MANIFEST, "manifest is not a JSON object");
         goto done;
     }
     json_t *copts = json_object_get(json_object_get(m, "compile"), "options");
@@ -201,11 +243,24 @@ int tk_api__validate_kernels(void *user, const char *manifest, size_t len)
         }
     }
     json_array_foreach(kernels, i, k) {
-        if ((rc = check_kernel(k, i, json_object_get(m, "files"), names)) != TK_OK)
+        if ((rc = check_kernel(k, i, json_object_get(m, "files"), names)) != TK_OK) {
+            *bad = i;
             goto done;
+        }
     }
 done:
     json_decref(names);
+    return rc;
+}
+
+int tk_api__validate_kernels(void *user, const char *manifest, size_t len)
+{
+    (void)user;
+    size_t bad;
+    json_t *m = json_loadb(manifest, len, 0, NULL);
+    if (!m)
+        return tk__err(TK_ERR_MANIFEST, "manifest is not valid JSON");
+    int rc = tk_api__validate_json(m, &bad);
     json_decref(m);
     return rc;
 }

@@ -139,7 +139,11 @@ int tk_kcache__open(tk_kcache **out, const char *dir, int64_t max_bytes)
     }
     c->magic = KC_MAGIC;
     c->max_bytes = max_bytes > 0 ? max_bytes : 0;
-    if (sqlite3_open_v2(c->path, &c->db, SQLITE_OPEN_READWRITE | SQLITE_OPEN_CREATE, NULL) != SQLITE_OK) {
+    if ((rc = tk__check_not_link(c->path, "-wal")) != TK_OK || (rc = tk__check_not_link(c->path, "-shm")) != TK_OK ||
+        (rc = tk__check_not_link(c->path, "-journal")) != TK_OK || (rc = tk__check_not_link(c->path, "")) != TK_OK)
+        goto fail;
+    if (sqlite3_open_v2(c->path, &c->db, SQLITE_OPEN_READWRITE | SQLITE_OPEN_CREATE | SQLITE_OPEN_NOFOLLOW, NULL) !=
+        SQLITE_OK) {
         rc = dberr(c, "open");
         goto fail;
     }

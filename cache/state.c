@@ -50,9 +50,16 @@ int tk_state__dberr(tk_state *st, const char *what)
 {
     const char *msg = st && st->db ? sqlite3_errmsg(st->db) : "no database";
     int code = st && st->db ? sqlite3_errcode(st->db) : 0;
-    if (code == SQLITE_FULL)
-        return tk__err(TK_ERR_NOSPACE, "%s: %s\nHINT: free some disk space and retry", what, msg);
-    if (code == SQLITE_BUSY || code == SQLITE_LOCKED)
+    int primary = code & 0xff;
+    if (primary == SQLITE_FULL)
+        return tk__err(TK_ERR_NOSPACE, "%s: %s (state.db in %s)\nHINT: free some disk space (or point TK_HOME "
+                       "elsewhere) and retry", what, msg, st->dir);
+    if (primary == SQLITE_IOERR || primary == SQLITE_CANTOPEN || primary == SQLITE_READONLY ||
+        primary == SQLITE_PERM)
+        return tk__err(code == SQLITE_IOERR_NOMEM ? TK_ERR_NOMEM : TK_ERR_IO,
+                       "%s: %s (state.db in %s)\nHINT: check that this directory is writable by you and its "
+                       "disk is not full or read-only (or point TK_HOME elsewhere)", what, msg, st->dir);
+    if (primary == SQLITE_BUSY || primary == SQLITE_LOCKED)
         return tk__err(TK_ERR_CACHE,
                        "%s: the state database stayed locked for %d s (%s)\n"
                        "HINT: another tk process is holding it; retry when it has finished",
@@ -119,10 +126,18 @@ int tk_state__open(tk_state **out, const char *data_dir)
         rc = tk__err(TK_ERR_NOMEM, "out of memory");
         goto fail;
     }
-    if ((rc = tk__mkdirs(st->objects, 0755)) != TK_OK || (rc = tk__mkdirs(st->tmp, 0755)) != TK_OK)
+    /* No directory tk writes into below the data dir may be a link (the data dir itself may). */
+    if ((rc = tk__mkdirs(st->objects, 0755)) != TK_OK || (rc = tk__mkdirs(st->tmp, 0755)) != TK_OK ||
+        (rc = tk__check_real_dir(st->store)) != TK_OK || (rc = tk__check_real_dir(st->objects)) != TK_OK ||
+        (rc = tk__check_real_dir(st->tmp)) != TK_OK)
         goto fail;
-    if (sqlite3_open_v2(dbpath, &st->db, SQLITE_OPEN_READWRITE | SQLITE_OPEN_CREATE |
-                        SQLITE_OPEN_FULLMUTEX, NULL) != SQLITE_OK) {
+    /* NOFOLLOW: SQLite refuses a state.db that is a link, and then opens no -wal or -shm through one
+     * either; the checks before name a planted link instead of SQLite's "unable to open". */
+    if ((rc = tk__check_not_link(dbpath, "-wal")) != TK_OK || (rc = tk__check_not_link(dbpath, "-shm")) != TK_OK ||
+        (rc = tk__check_not_link(dbpath, "-journal")) != TK_OK || (rc = tk__check_not_link(dbpath, "")) != TK_OK)
+        goto fail;
+    if (sqlite3_open_v2(dbpath, &st->db, SQLITE_OPEN_READWRITE | SQLITE_OPEN_CREATE | SQLITE_OPEN_FULLMUTEX |
+                        SQLITE_OPEN_NOFOLLOW, NULL) != SQLITE_OK) {
         rc = tk_state__dberr(st, "cannot open state.db");
         goto fail;
     }
@@ -174,13 +189,10 @@ int tk_state__lock_store(tk_state *st, int exclusive)
         char *p = tk__path_join(st->store, ".lock");
         if (!p)
             return tk__err(TK_ERR_NOMEM, "out of memory");
-        st->lock_fd = open(p, O_RDWR | O_CREAT | O_CLOEXEC, 0644);
-        if (st->lock_fd < 0) {
-            int rc = tk__err_sys("cannot open the store lock", p);
-            free(p);
-            return rc;
-        }
+        int rc = tk__open_nofollow(&st->lock_fd, p, O_RDWR | O_CREAT, 0644);
         free(p);
+        if (rc != TK_OK)
+            return rc;
     }
     while (flock(st->lock_fd, exclusive ? LOCK_EX : LOCK_SH) != 0) {
         if (errno != EINTR)
@@ -202,41 +214,64 @@ char *tk_state__object_path(const tk_state *st, const char *sha256)
 
 int tk_state__object_put(tk_state *st, const char *src, const char *sha256)
 {
-    int rc = TK_OK;
+    /* Relative to directory descriptors opened without following links, so neither a planted
+     * objects/<ab> link nor an object that is a link can send the file (or a read) outside the store. */
+    int rc = TK_OK, ofd = -1, dfd = -1, fd = -1;
+    char sub[3] = {sha256[0], sha256[1], '\0'};
     char *dst = tk_state__object_path(st, sha256);
     char *dir = tk__fmt("%s/%.2s", st->objects, sha256);
+    struct stat sb;
     if (!dst || !dir) {
         rc = tk__err(TK_ERR_NOMEM, "out of memory");
         goto done;
     }
-    if ((rc = tk__mkdirs(dir, 0755)) != TK_OK)
+    if ((ofd = open(st->objects, O_RDONLY | O_DIRECTORY | O_NOFOLLOW | O_CLOEXEC)) < 0) {
+        rc = errno == ELOOP || errno == ENOTDIR ? tk__check_real_dir(st->objects) : tk__err_sys("cannot open", st->objects);
         goto done;
-    if (tk__path_exists(dst)) {
+    }
+    if (mkdirat(ofd, sub, 0755) != 0 && errno != EEXIST) {
+        rc = tk__err_sys("cannot create directory", dir);
+        goto done;
+    }
+    if ((dfd = openat(ofd, sub, O_RDONLY | O_DIRECTORY | O_NOFOLLOW | O_CLOEXEC)) < 0) {
+        rc = errno == ELOOP || errno == ENOTDIR ? tk__check_real_dir(dir) : tk__err_sys("cannot open", dir);
+        goto done;
+    }
+    if (fstatat(dfd, sha256, &sb, AT_SYMLINK_NOFOLLOW) == 0) {
+        if (!S_ISREG(sb.st_mode)) {
+            rc = tk__open_nofollow(&fd, dst, O_RDONLY, 0); /* the error that names what is there */
+            if (rc == TK_OK)
+                rc = tk__err(TK_ERR_IO, "'%s' is not a regular file", dst);
+            goto done;
+        }
         /* Keep the existing object only if it is intact; a damaged one is replaced below. */
         char have[TK_SHA256_HEX];
-        if (tk__sha256_file(have, NULL, dst) == TK_OK && strcmp(have, sha256) == 0) {
+        if (tk__sha256_file_nofollow(have, NULL, dst) == TK_OK && strcmp(have, sha256) == 0) {
             unlink(src);
             goto done;
         }
     }
-    int fd = open(src, O_RDONLY | O_CLOEXEC);
-    if (fd < 0) {
-        rc = tk__err_sys("cannot open", src);
+    if ((rc = tk__open_nofollow(&fd, src, O_RDONLY, 0)) != TK_OK)
         goto done;
-    }
     int sync_failed = fsync(fd) != 0;
     fchmod(fd, 0444);
-    close(fd);
     if (sync_failed) {
         rc = tk__err_sys("cannot fsync", src);
         goto done;
     }
-    if (rename(src, dst) != 0) {
+    if (renameat(AT_FDCWD, src, dfd, sha256) != 0) {
         rc = tk__err_sys("cannot move into the store", dst);
         goto done;
     }
-    rc = tk__fsync_dir(dir);
+    if (fsync(dfd) != 0 && errno != EINVAL)
+        rc = tk__err_sys("cannot fsync directory", dir);
 done:
+    if (fd >= 0)
+        close(fd);
+    if (dfd >= 0)
+        close(dfd);
+    if (ofd >= 0)
+        close(ofd);
     free(dst);
     free(dir);
     return rc;
@@ -670,6 +705,26 @@ int tk_state__trust_get(char **pubkey, tk_state *st, const char *org, const char
     return rc;
 }
 
+/* One key id trusted for org (the oldest), or *keyid NULL when the store has none for it. */
+int tk_state__trust_org_key(char **keyid, tk_state *st, const char *org)
+{
+    *keyid = NULL;
+    sqlite3_stmt *s = NULL;
+    if (sqlite3_prepare_v2(st->db, "SELECT keyid FROM trust WHERE org=? ORDER BY added, keyid LIMIT 1", -1, &s,
+                           NULL) != SQLITE_OK)
+        return tk_state__dberr(st, "cannot read the trust store");
+    sqlite3_bind_text(s, 1, org, -1, SQLITE_STATIC);
+    int rc = TK_OK, r = sqlite3_step(s);
+    if (r == SQLITE_ROW) {
+        if (!(*keyid = col_text(s, 0)))
+            rc = tk__err(TK_ERR_NOMEM, "out of memory");
+    } else if (r != SQLITE_DONE) {
+        rc = tk_state__dberr(st, "cannot read the trust store");
+    }
+    sqlite3_finalize(s);
+    return rc;
+}
+
 /* ---- garbage collection ----------------------------------------------------------------------- */
 
 static int referenced(tk_state *st, const char *sha, int *yes)
@@ -701,8 +756,15 @@ int tk_state__gc(tk_state *st, int64_t *freed)
     while (rc == TK_OK && (e = readdir(top)) != NULL) {
         if (e->d_name[0] == '.')
             continue;
-        char *sub = tk__path_join(st->objects, e->d_name);
-        DIR *d = sub ? opendir(sub) : NULL;
+        /* never through a link: a planted objects/<ab> link to a directory elsewhere is removed,
+         * and nothing in that directory is touched */
+        int sfd = openat(dirfd(top), e->d_name, O_RDONLY | O_DIRECTORY | O_NOFOLLOW | O_CLOEXEC);
+        struct stat lsb;
+        if (sfd < 0 && fstatat(dirfd(top), e->d_name, &lsb, AT_SYMLINK_NOFOLLOW) == 0 && S_ISLNK(lsb.st_mode))
+            unlinkat(dirfd(top), e->d_name, 0);
+        DIR *d = sfd >= 0 ? fdopendir(sfd) : NULL;
+        if (sfd >= 0 && !d)
+            close(sfd);
         struct dirent *f;
         while (d && rc == TK_OK && (f = readdir(d)) != NULL) {
             if (f->d_name[0] == '.')
@@ -710,15 +772,12 @@ int tk_state__gc(tk_state *st, int64_t *freed)
             int yes = 1;
             if ((rc = referenced(st, f->d_name, &yes)) != TK_OK || yes)
                 continue;
-            char *p = tk__path_join(sub, f->d_name);
             struct stat sb;
-            if (p && lstat(p, &sb) == 0 && unlink(p) == 0)
-                total += sb.st_size;
-            free(p);
+            if (fstatat(dirfd(d), f->d_name, &sb, AT_SYMLINK_NOFOLLOW) == 0 && unlinkat(dirfd(d), f->d_name, 0) == 0)
+                total += S_ISREG(sb.st_mode) ? sb.st_size : 0;
         }
         if (d)
             closedir(d);
-        free(sub);
     }
     closedir(top);
     /* Stale staging files: anything left in tmp/ by a killed process. Holding the exclusive lock

@@ -95,6 +95,8 @@ int tk_state__trust_add(tk_state *st, const char *org, const char *keyid, const 
 int tk_state__trust_remove(tk_state *st, const char *org, const char *keyid);
 /* *pubkey NULL when (org, keyid) is not trusted. */
 int tk_state__trust_get(char **pubkey, tk_state *st, const char *org, const char *keyid);
+/* A key id trusted for org in the store (malloc'd), or *keyid NULL when it has none. */
+int tk_state__trust_org_key(char **keyid, tk_state *st, const char *org);
 
 /* Removes objects no installed package references and stale tmp files. *freed may be NULL. */
 int tk_state__gc(tk_state *st, int64_t *freed);

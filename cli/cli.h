@@ -18,8 +18,8 @@ enum {
     TK_EXIT_USAGE = 2,     /* bad command line */
     TK_EXIT_NOT_FOUND = 3, /* package, version or file not found */
     TK_EXIT_NETWORK = 4,   /* network error, or offline and it was needed */
-    TK_EXIT_SIGNATURE = 5, /* bad or untrusted signature, digest mismatch, rollback */
-    TK_EXIT_IO = 6,        /* file system error or disk full */
+    TK_EXIT_SIGNATURE = 5, /* package refused: signature, trust, digest, manifest, archive, commit, rollback */
+    TK_EXIT_IO = 6,        /* local file system or state database error, disk full, a planted link */
     TK_EXIT_DEVICE = 7,    /* no GPU, no NVRTC, compile or launch error */
 };
 
@@ -30,6 +30,7 @@ typedef struct {
     int offline;   /* --offline */
     int tty;       /* stderr is a terminal: progress bars */
     tk_ctx *ctx;   /* created on first use by tk_cli_ctx() */
+    int ctx_exit;  /* the exit code for tk_cli_ctx's failure (main returns it), 0 if none */
 } tk_cli;
 
 /* The context, created on first call with the global options. NULL after printing an error. */

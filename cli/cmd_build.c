@@ -8,7 +8,7 @@
 
 #include "cli/cli.h"
 
-static const char *USAGE = "tk build ORG/NAME[@VERSION] [--arch sm_80,sm_90] [--jobs N]";
+static const char *USAGE = "tk build (ORG/NAME[@VERSION] | ./DIR) [--arch sm_80,sm_90] [--jobs N]";
 
 static const char *HELP =
     "NAME\n"
@@ -16,6 +16,7 @@ static const char *HELP =
     "\n"
     "SYNOPSIS\n"
     "    tk build ORG/NAME[@VERSION] [--arch ARCHS] [--jobs N]\n"
+    "    tk build ./DIR [--arch ARCHS] [--jobs N]\n"
     "\n"
     "DESCRIPTION\n"
     "    Installs the package if it is not installed yet (as 'tk get'), then compiles every\n"
@@ -26,6 +27,10 @@ static const char *HELP =
     "    No GPU is needed. Kernels whose constraints exclude an architecture (min_cc, max_cc)\n"
     "    are skipped for it. Kernels that share a source file are compiled as one unit, and\n"
     "    independent units compile in parallel. Binaries already in the cache are not rebuilt.\n"
+    "\n"
+    "    A path (./DIR, ../DIR, /DIR or .) names a package directory that was never published:\n"
+    "    its kernel.json is checked as 'tk check' does and its kernels are compiled as they are,\n"
+    "    with no signature and nothing installed (the cache labels it ORG/NAME@local).\n"
     "\n"
     "OPTIONS\n"
     "    --arch ARCHS\n"
@@ -46,7 +51,8 @@ static const char *HELP =
     "\n"
     "EXAMPLES\n"
     "    tk build kernels-community/activation --arch sm_80,sm_90\n"
-    "    tk build kernels-community/activation@1 --arch sm_90a --jobs 4\n";
+    "    tk build kernels-community/activation@1 --arch sm_90a --jobs 4\n"
+    "    tk build ./my-kernel --arch sm_90\n";
 
 static double now_s(void)
 {
@@ -121,7 +127,7 @@ int tk_cmd_build(tk_cli *cli, int argc, char **argv)
         return TK_EXIT_FAIL;
     }
     t0 = now_s();
-    {
+    if (ref[0] != '.' && ref[0] != '/') { /* a directory is compiled as it is, never installed */
         tk_pkg *pkg = NULL;
         rc = tk_pkg_info(&pkg, ctx, ref);
         if (rc == TK_ERR_NOT_FOUND) {

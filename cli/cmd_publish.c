@@ -9,12 +9,33 @@
 #include "cli/cli.h"
 
 static const char *USAGE = "tk publish <pkgdir> (--to <registry-dir> | --registry <url> [--token T]) --key <key-file> "
-                            "[--zstd]";
+                            "[--zstd]\n       tk publish <pkgdir> --check [--arch sm_80,sm_90]";
+
+int tk_cmd_check(tk_cli *cli, int argc, char **argv);
 
 int tk_cmd_publish(tk_cli *cli, int argc, char **argv)
 {
     const char *dir = NULL, *to = NULL, *registry = NULL, *token = NULL, *key = getenv("TK_PUBLISH_KEY");
     tk_publish_opts o = TK_PUBLISH_OPTS_INIT;
+    for (int i = 1; i < argc; i++)
+        if (!strcmp(argv[i], "--check")) {
+            /* tk publish DIR --check [--arch A] is tk check DIR [--arch A]: publish's own options
+             * (where it would go, the key) are dropped, as nothing is published */
+            char *args[64];
+            int n = 0;
+            for (int j = 0; j < argc && n < 63; j++) {
+                if (j == i || !strcmp(argv[j], "--zstd"))
+                    continue;
+                if (!strcmp(argv[j], "--to") || !strcmp(argv[j], "--key") || !strcmp(argv[j], "--registry") ||
+                    !strcmp(argv[j], "--token")) {
+                    j++;
+                    continue;
+                }
+                args[n++] = argv[j];
+            }
+            args[n] = NULL;
+            return tk_cmd_check(cli, n, args);
+        }
     for (int i = 1; i < argc; i++) {
         if (tk_cli_is_help(argv[i])) {
             printf("usage: %s\n\n"
@@ -28,6 +49,11 @@ int tk_cmd_publish(tk_cli *cli, int argc, char **argv)
                    "(PUT URL/api/upload/ORG/NAME with a bearer token). The server checks the signature\n"
                    "against its own trust store, the digests and the archive rules, and writes the version\n"
                    "atomically; it prints the commit the server wrote.\n\n"
+                   "Before it signs anything, it runs every check 'tk get' runs at install (each key of\n"
+                   "kernel.json, with line, column and \"did you mean\"; each kernel's source, params, dtypes\n"
+                   "and launch expressions) and refuses the package, writing nothing, when one fails.\n"
+                   "--check runs those checks and an NVRTC compile of every kernel instead of publishing\n"
+                   "(the same as 'tk check <pkgdir>').\n\n"
                    "options:\n"
                    "  --to DIR        the registry tree (created if missing)\n"
                    "  --registry URL  a 'tk serve' registry (http:// or https://)\n"
@@ -35,6 +61,7 @@ int tk_cmd_publish(tk_cli *cli, int argc, char **argv)
                    "                  registry's operator makes one with 'tk serve token add --org ORG'\n"
                    "  --key FILE      the publisher's private key from 'tk keygen' (or TK_PUBLISH_KEY)\n"
                    "  --zstd          compress the archive with zstd instead of gzip\n"
+                   "  --check         check and compile only (--arch ARCHS, default sm_80,sm_90); see tk check\n"
                    "  --json          print {\"commit\": ..., \"created\": ...}\n\n"
                    "examples:\n"
                    "  tk publish ./my-kernels --to /srv/registry --key ~/.config/tk/publisher.pem\n"

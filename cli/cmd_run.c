@@ -16,7 +16,8 @@
 #include "cli/cli.h"
 
 static const char *USAGE =
-    "tk run ORG/NAME[@VERSION] FUNCTION --shape [PARAM=]DIMS ... [--arg NAME=VALUE] [--fill NAME=iota|N] [--iters N]";
+    "tk run (ORG/NAME[@VERSION] | ./DIR) FUNCTION --shape [PARAM=]DIMS ... [--arg NAME=VALUE] [--fill NAME=iota|N]\n"
+    "       [--iters N]";
 
 static const char *HELP =
     "NAME\n"
@@ -35,7 +36,8 @@ static const char *HELP =
     "    Tensor shapes are given with --shape, once per tensor parameter: in parameter order\n"
     "    ('--shape 16x4096 --shape 16x8192') or by name ('--shape input=16x8192'). Scalar\n"
     "    parameters without a derived value in the manifest take --arg NAME=VALUE. FUNCTION is\n"
-    "    the kernel's manifest name ('tk info ORG/NAME' lists them).\n"
+    "    the kernel's manifest name ('tk info ORG/NAME' lists them). A path (./DIR, /DIR)\n"
+    "    runs an unpublished package directory as it is: checked, compiled, never installed.\n"
     "\n"
     "    Floating-point and 8-bit tensors get random values. Integer tensors (i32, i64) are index\n"
     "    tensors in practice (block tables, sequence lengths, cu_seqlens, ids, positions, slot\n"
@@ -297,12 +299,8 @@ int tk_cmd_run(tk_cli *cli, int argc, char **argv)
         code = tk_cli_fail(cli, rc, NULL);
         goto done;
     }
-    /* the params, from the manifest */
-    if ((rc = tk_pkg_info(&pkg, ctx, ref)) != TK_OK) {
-        code = tk_cli_fail(cli, rc, NULL);
-        goto done;
-    }
-    man = json_loads(tk_pkg_manifest(pkg), 0, NULL);
+    /* the params, from the manifest the kernel was built from (a package directory's too) */
+    man = json_loads(tk_kernel_manifest(k), 0, NULL);
     {
         size_t i;
         json_t *x;

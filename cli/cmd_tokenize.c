@@ -11,8 +11,8 @@
 
 #include "cli/cli.h"
 
-static const char *TOK_USAGE = "tk tokenize [--json] [--no-special] [--tokens] DIR TEXT";
-static const char *DETOK_USAGE = "tk detokenize [--json] [--skip-special] DIR ID,ID,...";
+static const char *const TOK_USAGE = "tk tokenize [--json] [--no-special] [--tokens] DIR TEXT";
+static const char *const DETOK_USAGE = "tk detokenize [--json] [--skip-special] DIR ID,ID,...";
 
 /* Writes s as a JSON string (quotes included). Bytes >= 0x80 pass through: the text is UTF-8. */
 static void json_str(FILE *f, const char *s)

@@ -53,6 +53,14 @@ static void on_progress(void *user, const char *what, int64_t done, int64_t tota
     if (!finished && t - last < 0.1)
         return;
     last = t;
+    if (!strncmp(what, "compile ", 8)) {
+        /* compiles: units, not bytes; one line of at most 100 columns, cleared at the end */
+        fprintf(stderr, "\r\033[K  [%lld/%lld] %.80s", (long long)done, (long long)total, what + 8);
+        if (finished)
+            fputs("\r\033[K", stderr);
+        fflush(stderr);
+        return;
+    }
     char d[32], tot[32];
     tk_cli_human(d, sizeof d, (double)done);
     if (total > 0) {
@@ -84,7 +92,7 @@ tk_ctx *tk_cli_ctx(tk_cli *cli)
     o.progress_user = cli;
     int rc = tk_ctx_new(&cli->ctx, &o);
     if (rc != TK_OK) {
-        tk_cli_fail(cli, rc, "cannot start");
+        cli->ctx_exit = tk_cli_fail(cli, rc, "cannot start");
         return NULL;
     }
     return cli->ctx;

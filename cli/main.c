@@ -28,6 +28,10 @@ int tk_cmd_tokenize(tk_cli *cli, int argc, char **argv);
 int tk_cmd_detokenize(tk_cli *cli, int argc, char **argv);
 int tk_cmd_model(tk_cli *cli, int argc, char **argv);
 int tk_cmd_embed(tk_cli *cli, int argc, char **argv);
+/* authoring (h14) */
+int tk_cmd_check(tk_cli *cli, int argc, char **argv);
+int tk_cmd_init(tk_cli *cli, int argc, char **argv);
+int tk_cmd_generate(tk_cli *cli, int argc, char **argv);
 
 static const struct {
     const char *name;
@@ -55,6 +59,9 @@ static const struct {
     {"detokenize", tk_cmd_detokenize, "decode token ids to text with a model's tokenizer.json"},
     {"model", tk_cmd_model, "a Hugging Face checkpoint: info, logits (Llama, Mistral, Qwen2, GPT-2, BERT)"},
     {"embed", tk_cmd_embed, "sentence embeddings of texts with an encoder checkpoint (all-MiniLM-L6-v2)"},
+    {"init", tk_cmd_init, "write a new kernel package skeleton that passes tk check"},
+    {"check", tk_cmd_check, "check a package directory: manifest and an NVRTC compile, nothing written"},
+    {"generate", tk_cmd_generate, "generate text with a Llama or GPT-2 checkpoint (greedy, sampling, beams)"},
 };
 
 static void usage(FILE *f)
@@ -67,7 +74,7 @@ static void usage(FILE *f)
             "commands:\n",
             tk_version_string());
     for (size_t i = 0; i < sizeof commands / sizeof *commands; i++)
-        fprintf(f, "  %-8s %s\n", commands[i].name, commands[i].summary);
+        fprintf(f, "  %-10s %s\n", commands[i].name, commands[i].summary);
     fprintf(f,
             "\n"
             "global options (accepted anywhere on the line):\n"
@@ -85,8 +92,10 @@ static void usage(FILE *f)
             "  TK_TOKEN     bearer token sent to the registry's host only\n"
             "  TK_OFFLINE   1 to work offline\n"
             "\n"
-            "exit status: 0 ok, 1 other failure, 2 usage, 3 not found, 4 network, 5 signature or digest,\n"
-            "6 I/O or disk full, 7 GPU, NVRTC or compile error.\n");
+            "exit status: 0 ok, 1 other failure, 2 usage, 3 not found, 4 network (connection, timeout, a\n"
+            "server error), 5 package refused (signature, trust, digest, manifest, archive, commit or\n"
+            "rollback), 6 local I/O (disk full, read-only or unusable TK_HOME, a planted link), 7 GPU, NVRTC\n"
+            "or compile error.\n");
 }
 
 int main(int argc, char **argv)
@@ -131,6 +140,8 @@ int main(int argc, char **argv)
     for (size_t i = 0; i < sizeof commands / sizeof *commands; i++) {
         if (!strcmp(argv[1], commands[i].name)) {
             int rc = commands[i].fn(&cli, argc - 1, argv + 1);
+            if (rc == TK_EXIT_FAIL && cli.ctx_exit) /* commands return 1 when the context failed */
+                rc = cli.ctx_exit;
             tk_ctx_free(cli.ctx);
             return rc;
         }

@@ -97,6 +97,19 @@ int tk__write_all(int fd, const void *p, size_t n, const char *path_for_errors);
 int tk__rmtree(const char *path);
 int tk__path_exists(const char *path);
 int tk__is_dir(const char *path);
+/* Files under tk's home are opened without following links: a planted symlink (or, when opened
+ * for writing, a hard link) where tk expects its own regular file is refused with TK_ERR_IO naming
+ * it, so nothing outside the home is ever read or written through one. open_nofollow adds
+ * O_NOFOLLOW | O_CLOEXEC to flags and checks the result is a regular file. */
+int tk__open_nofollow(int *fd, const char *path, int flags, mode_t mode);
+int tk__sha256_file_nofollow(char out[TK_SHA256_HEX], int64_t *size, const char *path);
+int tk__read_file_nofollow(char **out, size_t *len, const char *path, size_t max);
+/* TK_OK when path is a directory and not a symlink to one; TK_ERR_IO naming it otherwise. */
+int tk__check_real_dir(const char *path);
+/* TK_OK when path+suffix is missing or a regular file; TK_ERR_IO naming a link or anything else. */
+int tk__check_not_link(const char *path, const char *suffix);
+/* mkdir that fails (TK_ERR_IO, naming it) when path exists already: for fresh staging dirs. */
+int tk__mkdir_new(const char *path, mode_t mode);
 /* Copies src to dst atomically. */
 int tk__copy_file(const char *src, const char *dst, mode_t mode);
 /* The directory part of path ("." or "/" at the ends), malloc'd. */

@@ -288,13 +288,27 @@ int tk__sha256_hex(char out[TK_SHA256_HEX], const void *p, size_t n)
     return rc;
 }
 
+static int sha256_fd(char out[TK_SHA256_HEX], int64_t *size, int fd, const char *path);
+
 int tk__sha256_file(char out[TK_SHA256_HEX], int64_t *size, const char *path)
 {
-    int rc = TK_OK;
-    tk_sha256 *h = NULL;
     int fd = open(path, O_RDONLY | O_CLOEXEC);
     if (fd < 0)
         return tk__err_sys("cannot open", path);
+    return sha256_fd(out, size, fd, path);
+}
+
+int tk__sha256_file_nofollow(char out[TK_SHA256_HEX], int64_t *size, const char *path)
+{
+    int fd, rc = tk__open_nofollow(&fd, path, O_RDONLY, 0);
+    return rc == TK_OK ? sha256_fd(out, size, fd, path) : rc;
+}
+
+/* Hashes what fd holds from its current offset, and closes it. */
+static int sha256_fd(char out[TK_SHA256_HEX], int64_t *size, int fd, const char *path)
+{
+    int rc = TK_OK;
+    tk_sha256 *h = NULL;
     if ((rc = tk__sha256_new(&h)) != TK_OK)
         goto done;
     char buf[1 << 16];
@@ -437,14 +451,29 @@ done:
     return rc;
 }
 
+static int read_fd(char **out, size_t *len, int fd, const char *path, size_t max);
+
 int tk__read_file(char **out, size_t *len, const char *path, size_t max)
 {
     *out = NULL;
-    int rc = TK_OK;
-    tk_buf b = TK_BUF_INIT;
     int fd = open(path, O_RDONLY | O_CLOEXEC);
     if (fd < 0)
         return tk__err_sys("cannot open", path);
+    return read_fd(out, len, fd, path, max);
+}
+
+int tk__read_file_nofollow(char **out, size_t *len, const char *path, size_t max)
+{
+    *out = NULL;
+    int fd, rc = tk__open_nofollow(&fd, path, O_RDONLY, 0);
+    return rc == TK_OK ? read_fd(out, len, fd, path, max) : rc;
+}
+
+/* Reads all of fd (NUL-terminated), and closes it. */
+static int read_fd(char **out, size_t *len, int fd, const char *path, size_t max)
+{
+    int rc = TK_OK;
+    tk_buf b = TK_BUF_INIT;
     char chunk[1 << 16];
     for (;;) {
         ssize_t r = read(fd, chunk, sizeof chunk);
@@ -472,6 +501,73 @@ done:
     close(fd);
     tk__buf_free(&b);
     return rc;
+}
+
+/* ---- files under tk's home: never through a link ----------------------------------------------- */
+
+static int planted(const char *path, const char *what)
+{
+    return tk__err(TK_ERR_IO, "'%s' is %s; tk never follows links in its home, so it refuses it (someone "
+                   "who can write there may have planted it to redirect tk's writes)\nHINT: look at it "
+                   "('ls -l %s'), remove it, and check who can write to that directory", path, what, path);
+}
+
+int tk__open_nofollow(int *fd_out, const char *path, int flags, mode_t mode)
+{
+    *fd_out = -1;
+    int fd = open(path, flags | O_NOFOLLOW | O_CLOEXEC | O_NONBLOCK, mode);
+    if (fd < 0) {
+        if (errno == ELOOP)
+            return planted(path, "a symbolic link");
+        return tk__err_sys((flags & O_CREAT) ? "cannot create" : "cannot open", path);
+    }
+    struct stat st;
+    int rc = TK_OK;
+    if (fstat(fd, &st) != 0)
+        rc = tk__err_sys("cannot stat", path);
+    else if (!S_ISREG(st.st_mode))
+        rc = planted(path, "not a regular file");
+    else if ((flags & O_ACCMODE) != O_RDONLY && st.st_nlink > 1)
+        rc = planted(path, "a file with more than one hard link");
+    else if (fcntl(fd, F_SETFL, fcntl(fd, F_GETFL) & ~O_NONBLOCK) != 0)
+        rc = tk__err_sys("cannot open", path);
+    if (rc != TK_OK) {
+        close(fd);
+        return rc;
+    }
+    *fd_out = fd;
+    return TK_OK;
+}
+
+int tk__check_real_dir(const char *path)
+{
+    struct stat st;
+    if (lstat(path, &st) != 0)
+        return tk__err_sys("cannot stat", path);
+    if (S_ISLNK(st.st_mode))
+        return planted(path, "a symbolic link where tk keeps a directory");
+    if (!S_ISDIR(st.st_mode))
+        return tk__err(TK_ERR_IO, "'%s' exists and is not a directory", path);
+    return TK_OK;
+}
+
+int tk__check_not_link(const char *path, const char *suffix)
+{
+    char *p = tk__fmt("%s%s", path, suffix);
+    struct stat st;
+    int rc = p ? TK_OK : tk__err(TK_ERR_NOMEM, "out of memory");
+    if (p && lstat(p, &st) == 0 && !S_ISREG(st.st_mode))
+        rc = planted(p, S_ISLNK(st.st_mode) ? "a symbolic link" : "not a regular file");
+    free(p);
+    return rc;
+}
+
+int tk__mkdir_new(const char *path, mode_t mode)
+{
+    if (mkdir(path, mode) != 0)
+        return errno == EEXIST ? planted(path, "already there (tk makes this directory fresh)")
+                               : tk__err_sys("cannot create directory", path);
+    return TK_OK;
 }
 
 int tk__rmtree(const char *path)

@@ -66,6 +66,8 @@ static const char *path_problem(const char *p, int dir)
             return "the path has a '.' component";
         if (len == 2 && p[start] == '.' && p[start + 1] == '.')
             return "the path has a '..' component";
+        if (len > 255)
+            return "a path component is longer than 255 bytes";
         if (i < n && ++depth > MAX_DEPTH)
             return "the path is nested more than 64 levels deep";
         start = i + 1;
@@ -694,7 +696,7 @@ int tk_hub__archive_extract(const char *archive_path, const char *dest_dir,
         goto done;
     }
 
-    afd = open(archive_path, O_RDONLY | O_CLOEXEC);
+    afd = open(archive_path, O_RDONLY | O_NOFOLLOW | O_CLOEXEC);
     struct stat st;
     if (afd < 0) {
         rc = tk__err_sys("cannot open archive", archive_path);

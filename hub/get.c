@@ -3,11 +3,12 @@
  * signature and the source archive, verify them, unpack safely and record the install.
  *
  * Order matters for safety:
- *   signature verified → manifest parsed → rollback and name checks → JIT validation hook →
- *   archive downloaded and its sha256 checked → unpacked (allowlist, per-file digests) →
+ *   signature verified → manifest parsed → name and commit-id checks → rollback check → JIT
+ *   validation hook → archive downloaded and its sha256 checked → unpacked (allowlist, per-file digests) →
  *   objects moved into the store → rows committed in one short transaction.
  * Nothing is installed until the last step, and a failure at any step leaves the old state.
- * Requests: refs (unless an exact commit is given), then at most manifest, signature and archive.
+ * Requests: refs (unless an exact commit is given), then at most manifest, signature, the commit's
+ * info document (for its parent, to recompute the commit id) and archive.
  */
 #include <errno.h>
 #include <fcntl.h>
@@ -24,6 +25,7 @@
 #include "hub/hub.h"
 #include "hub/manifest.h"
 #include "hub/sign.h"
+#include "hub/tree.h"
 
 #define say(env, level, ...) tk__logf((env)->log, (env)->log_user, (level), __VA_ARGS__)
 
@@ -184,16 +186,21 @@ done:
     return rc;
 }
 
-/* Finds the signer's public key: the build's key, the trust store, or (with trust_unknown) the key
- * the signature file names, which is then added to the trust store. */
-static int check_signer(const tk_hub_env *env, const tk_hub_ref *ref, const char *keyid, const char *pubkey)
+/* Checks that the signer keyid (public key pubkey) is trusted for ref's org: the build's key, or a
+ * key in the trust store. An unknown signer is trusted only on first contact, when the caller allows
+ * it (may_add: --trust on a manifest, never for a yank statement) and the org has no trusted key at
+ * all; an org that has one never gains another from a download, whatever the flags (rotation goes
+ * through 'tk trust add'). *add (NULL: may_add is 0) is set to 1 when the signer is to be trusted on
+ * first use: the caller records it in the install's transaction, so a package refused later leaves
+ * no key behind. */
+static int check_signer(const tk_hub_env *env, const tk_hub_ref *ref, const char *keyid, const char *pubkey,
+                        int may_add, int *add)
 {
-    if (env->builtin_org && env->builtin_pubkey && strcmp(env->builtin_org, ref->org) == 0) {
-        char bid[TK_KEYID_LEN];
-        if (tk_hub__pubkey_check(env->builtin_pubkey, bid) == TK_OK && strcmp(bid, keyid) == 0)
-            return TK_OK;
-    }
-    char *trusted = NULL;
+    char bid[TK_KEYID_LEN] = "";
+    if (env->builtin_org && env->builtin_pubkey && strcmp(env->builtin_org, ref->org) == 0 &&
+        tk_hub__pubkey_check(env->builtin_pubkey, bid) == TK_OK && strcmp(bid, keyid) == 0)
+        return TK_OK;
+    char *trusted = NULL, *pinned = NULL;
     int rc = tk_state__trust_get(&trusted, env->state, ref->org, keyid);
     if (rc != TK_OK)
         return rc;
@@ -204,10 +211,30 @@ static int check_signer(const tk_hub_env *env, const tk_hub_ref *ref, const char
         free(trusted);
         return rc;
     }
-    if (env->trust_unknown) {
-        say(env, TK_LOG_WARN, "trusting new signer %s for org '%s' (--trust)", keyid, ref->org);
-        return tk_state__trust_add(env->state, ref->org, keyid, pubkey, "added by tk get --trust");
+    if ((rc = tk_state__trust_org_key(&pinned, env->state, ref->org)) != TK_OK)
+        return rc;
+    if (!pinned && bid[0])
+        pinned = tk__strdup(bid);
+    if (pinned) {
+        rc = tk__err(TK_ERR_UNTRUSTED,
+                     "%s is signed by %s, but org '%s' is pinned to key %s; tk refuses the new signer%s\n"
+                     "HINT: a registry or the network may have swapped the key. If the publisher really rotated "
+                     "its key, confirm the new key with them and run 'tk trust add %s %s' (see \"Rotating a "
+                     "publisher key\" in docs/registry.md)",
+                     ref->name, keyid, ref->org, pinned,
+                     env->trust_unknown ? " (--trust only trusts the first key of an org)" : "", ref->org, pubkey);
+        free(pinned);
+        return rc;
     }
+    if (env->trust_unknown && may_add && add) {
+        say(env, TK_LOG_WARN, "trusting new signer %s for org '%s' (--trust; first key of this org)", keyid,
+            ref->org);
+        *add = 1;
+        return TK_OK;
+    }
+    if (!may_add)
+        return tk__err(TK_ERR_UNTRUSTED, "%s: the statement is signed by %s, which is not trusted for org '%s'",
+                       ref->name, keyid, ref->org);
     return tk__err(TK_ERR_UNTRUSTED,
                    "%s is signed by %s, which is not trusted for org '%s'\n"
                    "HINT: if you trust this publisher, run 'tk trust add %s %s', or pass --trust once",
@@ -230,7 +257,7 @@ static int yanked_by_publisher(const tk_hub_env *env, const tk_hub_ref *ref, con
     if (rc == TK_OK && (rc = tk_hub__http_get_mem(env->http, url, 65536, &stmt, &slen, NULL)) == TK_OK &&
         (rc = tk_hub__http_get_mem(env->http, surl, 16384, &sigtext, &glen, NULL)) == TK_OK &&
         (rc = tk_hub__sig_parse(keyid, pubkey, sig, sigtext, glen)) == TK_OK &&
-        (rc = tk_hub__verify(pubkey, sig, stmt, slen)) == TK_OK && (rc = check_signer(env, ref, keyid, pubkey)) == TK_OK &&
+        (rc = tk_hub__verify(pubkey, sig, stmt, slen)) == TK_OK && (rc = check_signer(env, ref, keyid, pubkey, 0, NULL)) == TK_OK &&
         (rc = tk_hub__yank_parse(&y, stmt, slen)) == TK_OK) {
         if (strcmp(y.ref.name, ref->name) != 0 || strcmp(y.version, version) != 0)
             rc = tk__err(TK_ERR_SIGNATURE, "the yank statement at %s is for %s %s", url, y.ref.name, y.version);
@@ -250,12 +277,67 @@ static int fetch_small(const tk_hub_env *env, const tk_hub_ref *ref, const char 
     char *url = tk__fmt("%s/kernels/%s/%s/resolve/%s/%s", env->endpoint, ref->org, ref->pkg, commit, file);
     if (!url)
         return tk__err(TK_ERR_NOMEM, "out of memory");
-    int rc = tk_hub__http_get_mem(env->http, url, max, out, len, NULL);
-    if (rc == TK_ERR_NOT_FOUND && strcmp(file, "manifest.json.sig") == 0)
+    tk_hub_http_meta meta;
+    int rc = tk_hub__http_get_mem(env->http, url, max, out, len, &meta);
+    int is_sig = strcmp(file, "manifest.json.sig") == 0;
+    if (rc != TK_OK && meta.too_big) /* the package's own file, whatever the transport: refused */
+        rc = tk__err(is_sig ? TK_ERR_SIGNATURE : TK_ERR_MANIFEST, "%s at %s: %s is larger than the %zu bytes tk "
+                     "accepts for it; tk refuses the package\nHINT: the registry's copy is damaged or hostile; "
+                     "report it to the publisher", ref->name, commit, file, max);
+    else if (rc == TK_ERR_NOT_FOUND && is_sig)
         rc = tk__err(TK_ERR_SIGNATURE, "%s at %s has no signature (manifest.json.sig is missing); tk refuses "
                      "unsigned packages", ref->name, commit);
     else if (rc == TK_ERR_NOT_FOUND)
         rc = tk__err_wrap(rc, "%s at commit %s", ref->name, commit);
+    free(url);
+    return rc;
+}
+
+/* Checks that commit names what was downloaded: recomputes the id from the parent the registry
+ * gives in the commit's info document (api/kernels/{org}/{name}/revision/{commit}, "tk"."parent")
+ * and the digests of the manifest, the signature and the archive the signed manifest names (the
+ * archive is checked against that digest when it arrives). A registry that serves another
+ * version's files under this commit cannot make the ids agree without a sha256 preimage. */
+static int check_commit(const tk_hub_env *env, const tk_hub_ref *ref, const char *commit, const char *msha,
+                        const char *sigtext, size_t siglen, const tk_hub_manifest *m)
+{
+    char *url = tk__fmt("%s/api/kernels/%s/%s/revision/%s", env->endpoint, ref->org, ref->pkg, commit);
+    char *body = NULL;
+    size_t len = 0;
+    json_t *j = NULL;
+    int rc = url ? tk_hub__http_get_mem(env->http, url, 1u << 20, &body, &len, NULL)
+                 : tk__err(TK_ERR_NOMEM, "out of memory");
+    if (rc == TK_ERR_NOT_FOUND)
+        rc = tk__err(TK_ERR_MANIFEST, "%s: the registry has no info document for commit %s (%s), so tk cannot "
+                     "check that the commit holds what it names\nHINT: the registry was not written by 'tk publish' "
+                     "or 'tk serve', or by an older tk; its publisher runs 'tk publish' again to record it", ref->name, commit, url);
+    if (rc != TK_OK)
+        goto done;
+    j = json_loadb(body, len, 0, NULL);
+    const char *sha = json_string_value(json_object_get(j, "sha"));
+    const char *parent = json_string_value(json_object_get(json_object_get(j, "tk"), "parent"));
+    if (!sha || strcmp(sha, commit) != 0 || !parent || !tk__is_hex(parent, 40)) {
+        rc = tk__err(TK_ERR_MANIFEST, "%s: the info document of commit %s (%s) %s\nHINT: the registry was "
+                     "written by an older tk (its publisher runs 'tk publish' again, which records the "
+                     "parents), or it is damaged", ref->name, commit, url,
+                     !j ? "is not valid JSON" : !sha || strcmp(sha, commit) ? "names another commit"
+                                                              : "does not give the commit's parent (tk.parent)");
+        goto done;
+    }
+    char ssha[TK_SHA256_HEX], got[41];
+    tk__sha256_hex(ssha, sigtext, siglen);
+    const char *names[3] = {"manifest.json", "manifest.json.sig", m->archive.path};
+    const char *shas[3] = {msha, ssha, m->archive.sha256};
+    if ((rc = tk_hub__tree_commit_id(got, parent, names, shas)) != TK_OK)
+        goto done;
+    if (strcmp(got, commit) != 0)
+        rc = tk__err(TK_ERR_DIGEST, "%s: commit %s does not hold what it names: the files the registry served "
+                     "there (%s %s) make commit %s\nHINT: the registry or a mirror put another version's files "
+                     "under this commit; do not use it, and report it to the registry's operator",
+                     ref->name, commit, m->name, m->version, got);
+done:
+    json_decref(j);
+    free(body);
     free(url);
     return rc;
 }
@@ -276,7 +358,9 @@ static int fetch_archive(const tk_hub_env *env, const tk_hub_ref *ref, const cha
         rc = tk__err(TK_ERR_NOMEM, "out of memory");
         goto done;
     }
-    if ((lfd = open(lock, O_RDWR | O_CREAT | O_CLOEXEC, 0644)) < 0 || flock(lfd, LOCK_EX) != 0) {
+    if ((rc = tk__open_nofollow(&lfd, lock, O_RDWR | O_CREAT, 0644)) != TK_OK)
+        goto done;
+    if (flock(lfd, LOCK_EX) != 0) {
         rc = tk__err_sys("cannot lock", lock);
         goto done;
     }
@@ -286,8 +370,13 @@ static int fetch_archive(const tk_hub_env *env, const tk_hub_ref *ref, const cha
     if (tk__path_exists(path)) {
         char sha[TK_SHA256_HEX];
         int64_t size = 0;
-        if (tk__sha256_file(sha, &size, path) == TK_OK && strcmp(sha, m->archive.sha256) == 0)
+        int hrc = tk__sha256_file_nofollow(sha, &size, path);
+        if (hrc == TK_OK && strcmp(sha, m->archive.sha256) == 0)
             goto ok;
+        if (hrc != TK_OK && hrc != TK_ERR_NOT_FOUND) { /* a link, or not a file: refused, named */
+            rc = hrc;
+            goto done;
+        }
         unlink(path);
     }
     /* A little slack over the signed size, so an oversized body is reported as the digest mismatch
@@ -320,7 +409,7 @@ static int unpack_and_store(const tk_hub_env *env, const tk_hub_manifest *m, con
     char *stage = tk__tmp_path(tk_state__tmp_dir(env->state), "unpack");
     if (!stage)
         return tk__err(TK_ERR_NOMEM, "out of memory");
-    if ((rc = tk__mkdirs(stage, 0700)) != TK_OK)
+    if ((rc = tk__mkdir_new(stage, 0700)) != TK_OK)
         goto done;
     if ((rc = tk_hub__archive_extract(archive, stage, m->files, m->nfiles, NULL)) != TK_OK) {
         rc = tk__err_wrap(rc, "%s", m->name);
@@ -363,7 +452,7 @@ int tk_hub__get(tk_state_pkg **out, int *fresh, const tk_hub_env *env, const cha
     char *mtext = NULL, *sigtext = NULL, *archive = NULL, *seen = NULL;
     size_t mlen = 0, siglen = 0;
     char commit[41] = "", yanked_seen[68] = "";
-    int major = 0, locked = 0, in_tx = 0, archive_lock = -1;
+    int major = 0, locked = 0, in_tx = 0, archive_lock = -1, trust_new = 0;
     int rc = tk_hub__ref_parse(&ref, refstr);
     if (rc != TK_OK)
         return rc;
@@ -412,7 +501,7 @@ int tk_hub__get(tk_state_pkg **out, int *fresh, const tk_hub_env *env, const cha
                      ref.name, commit);
         goto done;
     }
-    if ((rc = check_signer(env, &ref, keyid, pubkey)) != TK_OK)
+    if ((rc = check_signer(env, &ref, keyid, pubkey, 1, &trust_new)) != TK_OK)
         goto done;
     char msha[TK_SHA256_HEX];
     tk__sha256_hex(msha, mtext, mlen);
@@ -432,6 +521,8 @@ int tk_hub__get(tk_state_pkg **out, int *fresh, const tk_hub_env *env, const cha
                      ref.name);
         goto done;
     }
+    if ((rc = check_commit(env, &ref, commit, msha, sigtext, siglen, m)) != TK_OK)
+        goto done;
     if (major && m->major != major) {
         rc = tk__err(TK_ERR_MANIFEST, "%s: branch v%d holds version %s (major %d)", ref.name, major, m->version,
                      m->major);
@@ -505,6 +596,20 @@ int tk_hub__get(tk_state_pkg **out, int *fresh, const tk_hub_env *env, const cha
         rc = tk__err(TK_ERR_ROLLBACK, "%s: version %s is older than %s, installed meanwhile", m->name,
                      m->version, seen);
         goto done;
+    }
+    if (trust_new) {
+        /* first use, recorded with the install; another process may have pinned a key meanwhile */
+        char *pinned = NULL;
+        if ((rc = tk_state__trust_org_key(&pinned, env->state, ref.org)) != TK_OK)
+            goto done;
+        if (pinned && strcmp(pinned, keyid) != 0)
+            rc = tk__err(TK_ERR_UNTRUSTED, "%s is signed by %s, but org '%s' was pinned to key %s meanwhile",
+                         ref.name, keyid, ref.org, pinned);
+        else if (!pinned)
+            rc = tk_state__trust_add(env->state, ref.org, keyid, pubkey, "added by tk get --trust");
+        free(pinned);
+        if (rc != TK_OK)
+            goto done;
     }
     if ((rc = tk_state__pkg_put(env->state, p)) != TK_OK ||
         (rc = (yank_accepted ? tk_state__seen_set : tk_state__seen_put)(env->state, m->name, m->major, m->version,

@@ -796,6 +796,7 @@ static int run_request(req *r, tk_hub_http_meta *meta)
         copy_field(meta->repo_commit, sizeof meta->repo_commit, r->repo_commit);
         copy_field(meta->error_code, sizeof meta->error_code, r->error_code);
         meta->attempts = attempt;
+        meta->too_big = r->too_big;
     }
     return rc;
 }
@@ -939,15 +940,15 @@ static int open_part(const char *part, int *fd_out)
     *fd_out = -1;
     for (int tries = 0; tries < 16; tries++) {
         struct stat a, b;
-        int fd = open(part, O_RDWR | O_CREAT | O_CLOEXEC, 0644);
-        if (fd < 0)
-            return local_err("cannot create", part);
+        int fd, rc = tk__open_nofollow(&fd, part, O_RDWR | O_CREAT, 0644); /* never through a planted link */
+        if (rc != TK_OK)
+            return rc == TK_ERR_NOT_FOUND ? TK_ERR_IO : rc;
         if (flock(fd, LOCK_EX) != 0) {
             int rc = tk__err_sys("cannot lock", part);
             close(fd);
             return rc;
         }
-        if (fstat(fd, &a) == 0 && stat(part, &b) == 0 && a.st_dev == b.st_dev && a.st_ino == b.st_ino) {
+        if (fstat(fd, &a) == 0 && lstat(part, &b) == 0 && a.st_dev == b.st_dev && a.st_ino == b.st_ino) {
             *fd_out = fd;
             return TK_OK;
         }

@@ -47,6 +47,8 @@ typedef struct {
     char repo_commit[64];     /* X-Repo-Commit */
     char error_code[64];      /* X-Error-Code */
     int attempts;             /* how many requests it took (redirect hops not counted) */
+    int too_big;              /* 1: refused because the body was larger than max (the caller may
+                                 classify that: an oversized signed file is a refused package) */
 } tk_hub_http_meta;
 
 /* The origin of a URL, "scheme://host[:port]" (path, query and fragment dropped), into out: what

@@ -44,10 +44,14 @@ int tk_hub__path_check(const char *path)
     if (!path || !*path || path[0] == '/' || strlen(path) > 1024 || strchr(path, '\\'))
         return -1;
     const char *p = path;
+    int depth = 0;
     while (*p) {
         const char *end = strchr(p, '/');
         size_t n = end ? (size_t)(end - p) : strlen(p);
-        if (n == 0 || (n == 1 && p[0] == '.') || (n == 2 && p[0] == '.' && p[1] == '.'))
+        /* also the unpacker's limits (hub/archive.c): components of at most 255 bytes (NAME_MAX), at
+         * most 64 levels, so a manifest that lists a path no file system takes is refused as such */
+        if (n == 0 || (n == 1 && p[0] == '.') || (n == 2 && p[0] == '.' && p[1] == '.') || n > 255 ||
+            ++depth > 64)
             return -1;
         for (size_t i = 0; i < n; i++)
             if ((unsigned char)p[i] < 0x20)
@@ -119,7 +123,8 @@ static int entry(tk_hub_archive_entry *e, json_t *o, const char *where)
         return tk__err(TK_ERR_MANIFEST, "manifest: %s 'size' must be a non-negative integer", where);
     e->size = json_integer_value(size);
     if (tk_hub__path_check(e->path) != 0)
-        return tk__err(TK_ERR_MANIFEST, "manifest: %s path '%s' is not a safe relative path", where, e->path);
+        return tk__err(TK_ERR_MANIFEST, "manifest: %s path '%s' is not a safe relative path (no absolute, empty, '.' or '..' "
+                       "parts; at most 64 levels of at most 255 bytes each)", where, e->path);
     if (!tk__is_hex(e->sha256, 64))
         return tk__err(TK_ERR_MANIFEST, "manifest: %s '%s' has a malformed sha256 (want 64 lowercase hex)",
                        where, e->path);

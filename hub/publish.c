@@ -108,6 +108,23 @@ static int walk(filelist *l, const char *root, const char *rel)
     return rc;
 }
 
+int tk_hub__pkgdir_files(char ***paths, size_t *n, const char *pkgdir)
+{
+    filelist l = {0};
+    int rc = walk(&l, pkgdir, "");
+    *paths = NULL;
+    *n = 0;
+    if (rc != TK_OK) {
+        filelist_free(&l);
+        return rc;
+    }
+    if (l.n)
+        qsort(l.paths, l.n, sizeof *l.paths, cmp_str);
+    *paths = l.paths;
+    *n = l.n;
+    return TK_OK;
+}
+
 int tk_hub__publish(char **commit_out, const char *pkgdir, const char *to_dir, const char *key_path,
                     const char *compression, tk_log_fn log, void *log_user)
 {
@@ -150,6 +167,11 @@ int tk_hub__publish(char **commit_out, const char *pkgdir, const char *to_dir, c
     if (!json_is_object(spec)) {
         rc = tk__err(TK_ERR_MANIFEST, "%s: line %d, column %d: %s", spec_path, jerr.line, jerr.column,
                      spec ? "not a JSON object" : jerr.text);
+        goto done;
+    }
+    /* a kernel with "dtypes" is published as its variants: clients never see a template */
+    if ((rc = tk_hub__expand_variants(spec, NULL, NULL)) != TK_OK) {
+        rc = tk__err_wrap(rc, "%s", spec_path);
         goto done;
     }
     const char *name = json_string_value(json_object_get(spec, "name"));
@@ -267,6 +289,9 @@ int tk_hub__publish(char **commit_out, const char *pkgdir, const char *to_dir, c
             strcmp(head_manifest, mtext) == 0) {
             free(hp);
             snprintf(commit, sizeof commit, "%s", head);
+            /* identical content: nothing new, but a tree from an older tk gets its commits' parents */
+            if ((rc = tk_hub__tree_backfill_parents(api_dir, resolve_dir)) != TK_OK)
+                goto done;
             if (log) {
                 char msg[256];
                 snprintf(msg, sizeof msg, "%s %s is already published as %s (nothing to do)", name, version, head);
@@ -326,7 +351,7 @@ int tk_hub__publish(char **commit_out, const char *pkgdir, const char *to_dir, c
     /* 7. Revision document for the commit, then move the branch and rewrite the refs. */
     char *revdir = tk__path_join(api_dir, "revision");
     char *revpath = revdir ? tk__path_join(revdir, commit) : NULL;
-    json_t *doc = tk_hub__tree_info_doc(name, commit, ext, version, major);
+    json_t *doc = tk_hub__tree_info_doc(name, commit, ext, version, major, head);
     if (!revdir || !revpath || !doc)
         rc = tk__err(TK_ERR_NOMEM, "out of memory");
     if (rc == TK_OK)

@@ -596,6 +596,7 @@ static int receive_version(char commit[41], int *created, char version[32], tk_s
         free(hp);
         if (same) {
             snprintf(commit, 41, "%s", head);
+            rc = tk_hub__tree_backfill_parents(api_dir, resolve_dir); /* as tk publish does */
             goto done;
         }
         head_version = tk_hub__tree_commit_version(resolve_dir, head);
@@ -630,7 +631,7 @@ static int receive_version(char commit[41], int *created, char version[32], tk_s
         goto done;
     revdir = tk__path_join(api_dir, "revision");
     revpath = revdir ? tk__path_join(revdir, commit) : NULL;
-    doc = tk_hub__tree_info_doc(m->name, commit, archive_name, m->version, m->major);
+    doc = tk_hub__tree_info_doc(m->name, commit, archive_name, m->version, m->major, head);
     if (!revpath || !doc) {
         rc = tk__err(TK_ERR_NOMEM, "out of memory");
         goto done;

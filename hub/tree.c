@@ -4,6 +4,7 @@
  */
 #include <dirent.h>
 #include <errno.h>
+#include <sys/stat.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -61,12 +62,30 @@ int tk_hub__tree_write_json(const char *path, json_t *j)
 }
 
 json_t *tk_hub__tree_info_doc(const char *name, const char *commit, const char *archive_name, const char *version,
-                        int major)
+                              int major, const char *parent)
 {
-    return json_pack("{s:s, s:s, s:s, s:b, s:b, s:b, s:[s], s:[{s:s},{s:s},{s:s}], s:{s:s, s:i}}", "id", name,
+    return json_pack("{s:s, s:s, s:s, s:b, s:b, s:b, s:[s], s:[{s:s},{s:s},{s:s}], s:{s:s, s:i, s:s}}", "id", name,
                      "_id", commit, "sha", commit, "private", 0, "disabled", 0, "gated", 0, "tags", "kernel",
                      "siblings", "rfilename", "manifest.json", "rfilename", "manifest.json.sig", "rfilename",
-                     archive_name, "tk", "version", version, "major", major);
+                     archive_name, "tk", "version", version, "major", major, "parent",
+                     parent ? parent : TK_HUB_NO_PARENT);
+}
+
+char *tk_hub__tree_commit_parent(const char *api_dir, const char *commit)
+{
+    char *path = tk__fmt("%s/revision/%s", api_dir, commit);
+    char *text = NULL, *parent = NULL;
+    size_t n = 0;
+    if (path && tk__read_file(&text, &n, path, 1u << 20) == TK_OK) {
+        json_t *j = json_loadb(text, n, 0, NULL);
+        const char *p = json_string_value(json_object_get(json_object_get(j, "tk"), "parent"));
+        if (p && tk__is_hex(p, 40))
+            parent = tk__strdup(p);
+        json_decref(j);
+    }
+    free(path);
+    free(text);
+    return parent;
 }
 
 /* A commit's manifest in the tree, parsed as plain JSON (NULL when missing). */
@@ -91,12 +110,108 @@ char *tk_hub__tree_commit_version(const char *resolve_dir, const char *commit)
     return v;
 }
 
+/* The digests a commit id is made of (tree.h), from the commit's files in the tree. 0 on success. */
+static int commit_parts(const char *resolve_dir, const char *commit, char *archive, size_t cap,
+                        char msha[TK_SHA256_HEX], char ssha[TK_SHA256_HEX], char asha[TK_SHA256_HEX])
+{
+    char *mp = tk__fmt("%s/%s/manifest.json", resolve_dir, commit);
+    char *sp = tk__fmt("%s/%s/manifest.json.sig", resolve_dir, commit);
+    json_t *m = tk_hub__tree_commit_manifest(resolve_dir, commit);
+    json_t *a = json_object_get(m, "archive");
+    const char *ap = json_string_value(json_object_get(a, "path")), *ah = json_string_value(json_object_get(a, "sha256"));
+    int ok = mp && sp && ap && ah && strlen(ah) == 64 && tk__sha256_file(msha, NULL, mp) == TK_OK &&
+             tk__sha256_file(ssha, NULL, sp) == TK_OK;
+    if (ok) {
+        snprintf(archive, cap, "%s", ap);
+        snprintf(asha, TK_SHA256_HEX, "%s", ah);
+    }
+    json_decref(m);
+    free(mp);
+    free(sp);
+    return ok ? 0 : -1;
+}
+
+int tk_hub__tree_backfill_parents(const char *api_dir, const char *resolve_dir)
+{
+    int rc = TK_OK;
+    char **commits = NULL;
+    size_t n = 0, cap = 0;
+    DIR *d = opendir(resolve_dir);
+    if (!d)
+        return TK_OK; /* nothing published yet */
+    struct dirent *e;
+    while ((e = readdir(d)) != NULL) {
+        struct stat st;
+        char *p = tk__is_hex(e->d_name, 40) ? tk__path_join(resolve_dir, e->d_name) : NULL;
+        int dir = p && lstat(p, &st) == 0 && S_ISDIR(st.st_mode);
+        free(p);
+        if (!dir)
+            continue;
+        if (n == cap) {
+            cap = cap ? 2 * cap : 16;
+            char **nc = realloc(commits, cap * sizeof *nc);
+            if (!nc) {
+                rc = tk__err(TK_ERR_NOMEM, "out of memory");
+                break;
+            }
+            commits = nc;
+        }
+        if (!(commits[n] = tk__strdup(e->d_name))) {
+            rc = tk__err(TK_ERR_NOMEM, "out of memory");
+            break;
+        }
+        n++;
+    }
+    closedir(d);
+    for (size_t i = 0; rc == TK_OK && i < n; i++) {
+        char *parent = tk_hub__tree_commit_parent(api_dir, commits[i]);
+        char archive[256], msha[TK_SHA256_HEX], ssha[TK_SHA256_HEX], asha[TK_SHA256_HEX], id[41];
+        if (parent || commit_parts(resolve_dir, commits[i], archive, sizeof archive, msha, ssha, asha) != 0) {
+            free(parent);
+            continue;
+        }
+        const char *names[3] = {"manifest.json", "manifest.json.sig", archive};
+        const char *shas[3] = {msha, ssha, asha};
+        const char *found = NULL;
+        for (size_t j = 0; j <= n && !found; j++) { /* the parent is another commit, or none */
+            const char *cand = j < n ? commits[j] : NULL;
+            if (cand && j == i)
+                continue;
+            if (tk_hub__tree_commit_id(id, cand, names, shas) == TK_OK && strcmp(id, commits[i]) == 0)
+                found = cand ? cand : TK_HUB_NO_PARENT;
+        }
+        if (!found)
+            continue; /* not made by tk's formula: left as it is, and clients refuse it */
+        json_t *m = tk_hub__tree_commit_manifest(resolve_dir, commits[i]);
+        const char *nm = json_string_value(json_object_get(m, "name")), *v = json_string_value(json_object_get(m, "version"));
+        int major = 0;
+        char *path = tk__fmt("%s/revision/%s", api_dir, commits[i]), *rdir = tk__fmt("%s/revision", api_dir);
+        json_t *doc = nm && v && tk_hub__version_parse(v, &major) == 0
+                          ? tk_hub__tree_info_doc(nm, commits[i], archive, v, major, found) : NULL;
+        if (!path || !rdir)
+            rc = tk__err(TK_ERR_NOMEM, "out of memory");
+        else if (doc && (rc = tk__mkdirs(rdir, 0755)) == TK_OK)
+            rc = tk_hub__tree_write_json(path, doc);
+        json_decref(doc);
+        json_decref(m);
+        free(path);
+        free(rdir);
+    }
+    for (size_t i = 0; i < n; i++)
+        free(commits[i]);
+    free(commits);
+    return rc;
+}
+
 int tk_hub__tree_update_refs(const char *tree, const char *api_dir, const char *resolve_dir, const char *name,
                        int new_major, const char *new_commit, const char *archive_name)
 {
+    int brc = tk_hub__tree_backfill_parents(api_dir, resolve_dir);
+    if (brc != TK_OK)
+        return brc;
     int rc = TK_OK, best = 0;
     json_t *branches = json_array(), *refs = NULL, *vdoc = NULL, *mdoc = NULL, *reg = NULL, *bm = NULL;
-    char *best_commit = NULL, *nv = NULL, *bv = NULL, *vpath = NULL, *mpath = NULL, *ipath = NULL,
+    char *best_commit = NULL, *nv = NULL, *bv = NULL, *np = NULL, *bp = NULL, *vpath = NULL, *mpath = NULL, *ipath = NULL,
          *refs_path = NULL, *rpath = NULL, *text = NULL;
     DIR *d = opendir(resolve_dir);
     if (!d || !branches) {
@@ -143,8 +258,11 @@ int tk_hub__tree_update_refs(const char *tree, const char *api_dir, const char *
     bv = tk_hub__tree_commit_version(resolve_dir, best_commit);
     bm = tk_hub__tree_commit_manifest(resolve_dir, best_commit);
     const char *best_archive = json_string_value(json_object_get(json_object_get(bm, "archive"), "path"));
-    vdoc = tk_hub__tree_info_doc(name, new_commit, archive_name, nv ? nv : "", new_major);
-    mdoc = tk_hub__tree_info_doc(name, best_commit, best_archive ? best_archive : archive_name, bv ? bv : "", best);
+    np = tk_hub__tree_commit_parent(api_dir, new_commit);
+    bp = tk_hub__tree_commit_parent(api_dir, best_commit);
+    vdoc = tk_hub__tree_info_doc(name, new_commit, archive_name, nv ? nv : "", new_major, np);
+    mdoc = tk_hub__tree_info_doc(name, best_commit, best_archive ? best_archive : archive_name, bv ? bv : "", best,
+                                 bp);
     vpath = tk__fmt("%s/revision/v%d", api_dir, new_major);
     mpath = tk__fmt("%s/revision/main", api_dir);
     ipath = tk__path_join(api_dir, "index.json");
@@ -182,6 +300,8 @@ done:
     free(best_commit);
     free(nv);
     free(bv);
+    free(np);
+    free(bp);
     free(vpath);
     free(mpath);
     free(ipath);
@@ -194,7 +314,7 @@ done:
 int tk_hub__tree_commit_id(char out[41], const char *parent, const char *const names[3], const char *const shas[3])
 {
     tk_buf b = TK_BUF_INIT;
-    int rc = tk__buf_printf(&b, "tk-commit-1\n%s\n", parent ? parent : "0000000000000000000000000000000000000000");
+    int rc = tk__buf_printf(&b, "tk-commit-1\n%s\n", parent ? parent : TK_HUB_NO_PARENT);
     for (int i = 0; i < 3 && rc == TK_OK; i++)
         rc = tk__buf_printf(&b, "%s %s\n", names[i], shas[i]);
     uint8_t md[TK_SHA256_LEN];

@@ -8,15 +8,21 @@
 
 #include <jansson.h>
 
+#define TK_HUB_NO_PARENT "0000000000000000000000000000000000000000"
+
 /* The commit a branch link (resolve/v<N>, resolve/main) points to, or NULL (malloc'd). */
 char *tk_hub__tree_branch_head(const char *resolve_dir, const char *branch);
 /* Points dir/name at target by an atomic rename of a fresh symlink. */
 int tk_hub__tree_set_symlink(const char *dir, const char *name, const char *target);
 /* Writes j (indented, newline-terminated) to path atomically. */
 int tk_hub__tree_write_json(const char *path, json_t *j);
-/* The Hub-shaped info document of one revision (new reference). */
+/* The Hub-shaped info document of one revision (new reference). Its "tk" object carries the
+ * version, the major and the commit's parent (TK_HUB_NO_PARENT for a first commit; parent NULL),
+ * so a client can recompute the commit id from what it downloads (docs/registry.md). */
 json_t *tk_hub__tree_info_doc(const char *name, const char *commit, const char *archive_name,
-                              const char *version, int major);
+                              const char *version, int major, const char *parent);
+/* The parent recorded in api_dir/revision/<commit>, or NULL (malloc'd). */
+char *tk_hub__tree_commit_parent(const char *api_dir, const char *commit);
 /* A commit's manifest in the tree as JSON, or NULL. */
 json_t *tk_hub__tree_commit_manifest(const char *resolve_dir, const char *commit);
 /* The version in a commit's manifest, or NULL (malloc'd). */
@@ -25,7 +31,12 @@ char *tk_hub__tree_commit_version(const char *resolve_dir, const char *commit);
  * after branch v<new_major> moved to new_commit. */
 int tk_hub__tree_update_refs(const char *tree, const char *api_dir, const char *resolve_dir, const char *name,
                              int new_major, const char *new_commit, const char *archive_name);
-/* The commit id of a version: 40 hex of sha256 over the parent and the three files' names and digests. */
+/* Writes the info document (with its parent) of every commit in resolve_dir whose document lacks
+ * the parent: trees written before commit ids were checked. The parent is found by recomputing the
+ * id over each candidate (another commit, or none); a commit no candidate explains is left alone. */
+int tk_hub__tree_backfill_parents(const char *api_dir, const char *resolve_dir);
+/* The commit id of a version: 40 hex of sha256 over the parent and the three files' names and digests
+ * (parent NULL: TK_HUB_NO_PARENT). hub/get.c recomputes it from what it downloaded. */
 int tk_hub__tree_commit_id(char out[41], const char *parent, const char *const names[3],
                            const char *const shas[3]);
 

@@ -150,7 +150,11 @@ typedef struct tk_pkg tk_pkg;
 #define TK_GET_OPTS_VERSION 1
 typedef struct {
     unsigned version;             /* TK_GET_OPTS_VERSION */
-    int trust_unknown;            /* 1: accept (and remember) a signer not in the trust store */
+    int trust_unknown;            /* 1: trust on first use: accept (and remember) the signer of an org
+                                     that has no trusted key at all. An org with a key (in the trust
+                                     store or built in) refuses any other signer with TK_ERR_UNTRUSTED
+                                     whatever this says; rotation is tk_trust_add. Never applies to
+                                     yank statements. */
     int force;                    /* 1: download and install again even if installed */
     const char *expect_manifest;  /* hex sha256 the manifest must have (lock files), or NULL */
 } tk_get_opts;
@@ -222,7 +226,8 @@ TK_API void tk_pkg_list_free(tk_pkg_list *list);
 TK_API int tk_pkg_verify(tk_ctx *ctx, const char *ref, size_t *nbad);
 /* tk_pkg_verify with the result as JSON in *out (free with tk_free), also when files are bad:
  * {"ok": bool, "checked": n, "bad_count": n, "bad_files": [{"package": "org/name", "file": "a.cu",
- *   "problem": "missing" | "altered" | "manifest_altered", "sha256": "<found or null>", "want": "<hex>"}]}.
+ *   "problem": "missing" | "altered" | "not_a_file" | "manifest_altered", "sha256": "<found or null>",
+ *   "want": "<hex>"}]}.
  * Returns TK_OK, TK_ERR_DIGEST (with *out set) or, with *out NULL, the errors of tk_pkg_verify. */
 TK_API int tk_pkg_verify_json(char **out, tk_ctx *ctx, const char *ref);
 
@@ -267,10 +272,30 @@ typedef struct {
 /* Publishes the package in `pkgdir` (its kernel.json and sources) into the static registry tree
  * `to_dir`: writes the manifest, its signature and the source archive under a new commit, moves branch
  * v<major> to it and keeps the history. Republishing identical content is a no-op that returns the
- * same commit. *commit (may be NULL) receives the commit id. Errors: TK_ERR_MANIFEST for a bad
+ * same commit. It first runs tk_check's checks (no compile) and refuses the package, writing
+ * nothing, when one fails. *commit (may be NULL) receives the commit id. Errors: TK_ERR_MANIFEST for a bad
  * kernel.json, TK_ERR_ROLLBACK if the version is not newer than the branch head, TK_ERR_IO. */
 TK_API int tk_publish(char **commit, tk_ctx *ctx, const char *pkgdir, const char *to_dir,
                       const tk_publish_opts *opts);
+
+/* Checks the package in `pkgdir` as tk_publish does before it signs anything (every key of
+ * kernel.json against the format, with file:line:column and "did you mean"; name, version, license;
+ * each kernel's source present, params, dtypes, launch and constraint expressions), and with
+ * opts->compile also compiles every kernel with NVRTC for each arch. It writes nothing: no signature,
+ * no registry, no cache entry. *report (may be NULL) receives, on TK_ERR_COMPILE, every failing
+ * compile's message (file:line, a missing symbol in one line); free it with tk_free.
+ * Errors: TK_ERR_NOT_FOUND (no such directory or kernel.json), TK_ERR_MANIFEST, TK_ERR_COMPILE,
+ * TK_ERR_NO_NVRTC, TK_ERR_INVALID (a bad arch). */
+#define TK_CHECK_OPTS_VERSION 1
+typedef struct {
+    unsigned version;          /* TK_CHECK_OPTS_VERSION */
+    int compile;               /* 1: also compile every kernel */
+    const char *const *archs;  /* "sm_80", "sm_90a" ...; NULL: sm_80 and sm_90 */
+    size_t narchs;
+    int jobs;                  /* parallel compiles; 0: by cores and memory */
+} tk_check_opts;
+#define TK_CHECK_OPTS_INIT {TK_CHECK_OPTS_VERSION, 0, NULL, 0, 0}
+TK_API int tk_check(char **report, tk_ctx *ctx, const char *pkgdir, const tk_check_opts *opts);
 
 /* Publishes pkgdir to a `tk serve` registry over HTTP: builds and signs the version as tk_publish
  * does, then uploads it (PUT {registry}/api/upload/{org}/{name}) with the bearer token (NULL: the
@@ -382,6 +407,9 @@ typedef struct {
 } tk_kernel_opts;
 #define TK_KERNEL_OPTS_INIT {TK_KERNEL_OPTS_VERSION, 0, TK_GET_OPTS_INIT}
 
+/* `ref` may also be a package directory ("./relu", "../x", "/abs/dir", "."): its kernel.json and
+ * sources are checked as tk_check does and compiled as they are, without a signature and without
+ * being installed (a warning says so; the cache names it org/name@local). */
 /* Resolves and installs `ref` if needed (as tk_pkg_get), compiles every kernel for the device's
  * architecture with NVRTC unless the compiled binary is in the cache, and loads them with the CUDA
  * Driver API. A warm call does no compile and does not load NVRTC.
@@ -390,6 +418,9 @@ typedef struct {
 TK_API int tk_get_kernel(tk_kernel **out, tk_ctx *ctx, const char *ref, const tk_kernel_opts *opts);
 TK_API void tk_kernel_free(tk_kernel *k);
 
+/* The manifest text of the package k was built from (borrowed, valid until tk_kernel_free). For a
+ * package directory it is the manifest a publish would sign, less its archive entry. */
+TK_API const char *tk_kernel_manifest(const tk_kernel *k);
 TK_API size_t tk_kernel_function_count(const tk_kernel *k);
 TK_API const tk_function *tk_kernel_function_at(const tk_kernel *k, size_t i);
 /* Looks a function up by its manifest name ("silu_and_mul_f32"). Errors: TK_ERR_NOT_FOUND. */
@@ -416,7 +447,8 @@ typedef struct {
 } tk_build_opts;
 #define TK_BUILD_OPTS_INIT {TK_BUILD_OPTS_VERSION, NULL, 0, 0}
 
-/* Compiles every kernel of the installed package `ref` for each arch into the cache (ahead of time,
+/* Compiles every kernel of the installed package `ref` (or of a package directory, as for
+ * tk_get_kernel) for each arch into the cache (ahead of time,
  * no GPU needed). *compiled / *cached (may be NULL) receive how many binaries were compiled now and
  * how many were already cached. Errors: TK_ERR_NOT_FOUND, TK_ERR_NO_NVRTC, TK_ERR_COMPILE. */
 TK_API int tk_build(tk_ctx *ctx, const char *ref, const tk_build_opts *opts, size_t *compiled,
@@ -608,6 +640,103 @@ TK_API int tk_model_tokenizer(const tk_tokenizer **out, tk_model *m);
  * a Normalize module is listed. Writes n x hidden_size floats to out. Errors: TK_ERR_UNSUPPORTED (not
  * an encoder model, or a pooling mode tk lacks), those of the tokenizer and of tk_model_forward. */
 TK_API int tk_model_embed(float *out, tk_model *m, const char *const *texts, size_t n);
+
+/* ---------------------------------------------------------------------------------------------- */
+/* Generation                                                                                      */
+
+/* Text generation over a loaded causal LM (Llama family, GPT-2) with transformers' GenerationConfig
+ * semantics: greedy, sampling and beam search, the same logits processors in the same order, eos
+ * lists and stop strings; a paged KV cache; a per-token stream callback; several prompts in one batch.
+ *
+ *     tk_gen_opts o = TK_GEN_OPTS_INIT;
+ *     tk_gen_opts_from_model(&o, model);         // generation_config.json's defaults
+ *     o.max_new_tokens = 32;
+ *     tk_gen_result *r = NULL;
+ *     if (tk_generate(&r, model, &ids, &n, 1, &o) == TK_OK) puts(tk_gen_result_text(r, 0));
+ *     tk_gen_result_free(r);
+ */
+
+#define TK_GEN_MAX_EOS 16
+
+/* Receives each new token of sequence `seq` (the prompt's index) as it is chosen, with the text it
+ * completes: `text` (len bytes, not NUL-terminated, possibly empty) never ends inside a multi-byte
+ * UTF-8 character, and the pieces of one sequence concatenate to its decoded text. Beam search calls
+ * it once the winning beam is known. Return 0 to go on, nonzero to stop that sequence. */
+typedef int (*tk_gen_stream_fn)(void *user, size_t seq, int32_t token, const char *text, size_t len);
+
+enum { TK_GEN_EARLY_HEURISTIC = 0, TK_GEN_EARLY_TRUE = 1, TK_GEN_EARLY_NEVER = 2 };
+
+#define TK_GEN_OPTS_VERSION 1
+typedef struct {
+    unsigned version;             /* TK_GEN_OPTS_VERSION */
+    int64_t max_new_tokens;       /* tokens to generate at most (> 0); -1: max_length - prompt length */
+    int64_t max_length;           /* prompt + new tokens, when max_new_tokens is -1; default 20 */
+    int do_sample;                /* 0: greedy (num_beams 1) or beam search; 1: sampling */
+    double temperature;           /* sampling: > 0; default 1 */
+    int64_t top_k;                /* sampling: keep the k most likely (0: off); default 50 */
+    double top_p;                 /* sampling: nucleus mass in (0, 1]; default 1 (off) */
+    double min_p;                 /* sampling: in [0, 1]; 0: off */
+    double repetition_penalty;    /* > 0; 1: off */
+    int64_t no_repeat_ngram_size; /* 0: off */
+    int64_t num_beams;            /* 1: no beam search */
+    double length_penalty;        /* beam scores are divided by length^length_penalty; default 1 */
+    int early_stopping;           /* TK_GEN_EARLY_*: transformers' False, True, "never" */
+    int32_t eos_token_id[TK_GEN_MAX_EOS]; /* generation ends after any of these */
+    size_t n_eos;
+    int64_t pad_token_id;         /* -1: none (informational; sequences are never padded) */
+    uint64_t seed;                /* sampling: the Philox seed of the registry's sample op */
+    const char *const *stop_strings; /* generation ends once the text contains one (needs a tokenizer) */
+    size_t n_stop;
+    tk_gen_stream_fn stream;      /* NULL: no streaming */
+    void *stream_user;
+    int use_cache;                /* 1: paged KV cache (default); 0: recompute the whole sequence each step */
+    const char *kv_dtype;         /* NULL: the model's dtype; "bf16", "f16", "f32", "i8", "fp8_e4m3" */
+    int64_t kv_block_size;        /* tokens per KV block; default 16 */
+    int64_t kv_max_bytes;         /* the KV cache may grow to this many bytes; 0: no bound */
+} tk_gen_opts;
+#define TK_GEN_OPTS_INIT                                                                            \
+    {TK_GEN_OPTS_VERSION, -1, 20, 0, 1.0, 50, 1.0, 0.0, 1.0, 0, 1, 1.0, TK_GEN_EARLY_HEURISTIC, {0}, 0, -1, 0, \
+     NULL, 0, NULL, NULL, 1, NULL, 16, 0}
+
+/* Weight-only quantisation for inference: from the next forward on, every linear layer's weight
+ * (attention, MLP and LM head projections; not embeddings or norms) runs as `casted_linear` over an
+ * "i8" or "fp8_e4m3" copy with one f32 scale per output row (max |row| / 127 or / 448), made the first
+ * time the layer runs; activations stay in the compute dtype. "none" (or NULL) turns it off (the copies
+ * are freed). tk_model_quant_json reports what the copies save. Errors: TK_ERR_INVALID (another
+ * dtype). */
+TK_API int tk_model_quantize(tk_model *m, const char *dtype);
+/* {"quant": "i8", "weights": N, "float_bytes": B, "quant_bytes": Q}: what the quantised copies made so
+ * far replace (bytes in the compute dtype) and take (values and scales). *json is the caller's. */
+TK_API int tk_model_quant_json(char **json, const tk_model *m);
+
+typedef struct tk_gen_result tk_gen_result;
+
+/* Sets o's fields from the model's generation_config.json (and config.json's eos/pad ids), over
+ * transformers' defaults, as GenerationConfig.from_pretrained does; fields the file does not name keep
+ * their values. Errors: TK_ERR_INVALID (a malformed file or field, named). */
+TK_API int tk_gen_opts_from_model(tk_gen_opts *o, tk_model *model);
+
+/* Generates for np prompts (prompts[i]: lens[i] token ids) in one batch; each sequence finishes on its
+ * own. On success *out holds np sequences. opts NULL: transformers' defaults. Errors: TK_ERR_INVALID
+ * (an empty prompt, a prompt that does not fit the context, max_new_tokens 0, an option out of range:
+ * the message names it), TK_ERR_UNSUPPORTED (sampling with beams; a stop string without a tokenizer),
+ * TK_ERR_NOMEM (the KV cache would pass kv_max_bytes), and the model's and ops' errors. */
+TK_API int tk_generate(tk_gen_result **out, tk_model *model, const int32_t *const *prompts,
+                       const size_t *lens, size_t np, const tk_gen_opts *opts);
+TK_API void tk_gen_result_free(tk_gen_result *r);
+TK_API size_t tk_gen_result_count(const tk_gen_result *r);
+/* The new token ids of sequence i (eos included when it ended on one); borrowed. */
+TK_API const int32_t *tk_gen_result_ids(const tk_gen_result *r, size_t i, size_t *n);
+/* Their decoded text (special tokens skipped), or NULL when the model has no tokenizer; borrowed. */
+TK_API const char *tk_gen_result_text(const tk_gen_result *r, size_t i);
+/* Why sequence i ended: "length", "eos", "stop_string" or "callback". */
+TK_API const char *tk_gen_result_end(const tk_gen_result *r, size_t i);
+/* Measurements of the call, as JSON: {"prefill_ms", "decode_ms", "prefill_tokens", "decode_tokens",
+ * "steps", "decode_tokens_per_s", "kv_cache", "kv_bytes", "kv_peak_bytes", "kv_blocks", "kv_block_size",
+ * "kv_dtype"}. decode_* time the tokens after each sequence's first (which the prefill gives);
+ * kv_bytes is what the cache allocated, kv_peak_bytes what its sequences held at most. *json is the
+ * caller's (tk_free). */
+TK_API int tk_gen_result_stats_json(char **json, const tk_gen_result *r);
 
 #ifdef __cplusplus
 }

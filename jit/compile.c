@@ -410,11 +410,13 @@ int tk_jit__default_jobs(void)
 
 typedef struct {
     pthread_mutex_t mu;
-    size_t next, n;
+    size_t next, n, ndone;
     const tk_jit_unit *units;
     tk_jit_binary **outs;
     int *status;
     char **errmsg;
+    tk_jit_done_fn done;
+    void *user;
 } pool;
 
 static void *worker(void *arg)
@@ -424,18 +426,34 @@ static void *worker(void *arg)
         size_t i;
         pthread_mutex_lock(&p->mu);
         i = p->next++;
+        if (p->done && i < p->n)
+            p->done(p->user, i, 1, TK_OK, p->ndone, p->next < p->n ? p->next - p->ndone : p->n - p->ndone, 0);
         pthread_mutex_unlock(&p->mu);
         if (i >= p->n)
             break;
+        double t0 = tk__now_ms();
         p->status[i] = tk_jit__compile(&p->outs[i], &p->units[i]);
         if (p->status[i] != TK_OK && p->errmsg)
             p->errmsg[i] = tk__strdup(tk_last_error());
+        if (p->done) {
+            pthread_mutex_lock(&p->mu);
+            p->ndone++;
+            p->done(p->user, i, 0, p->status[i], p->ndone, (p->next < p->n ? p->next : p->n) - p->ndone,
+                    (tk__now_ms() - t0) / 1000.0);
+            pthread_mutex_unlock(&p->mu);
+        }
     }
     return NULL;
 }
 
 int tk_jit__compile_many(tk_jit_binary **outs, int *status, char **errmsg, const tk_jit_unit *units,
                          size_t n, int jobs)
+{
+    return tk_jit__compile_many_cb(outs, status, errmsg, units, n, jobs, NULL, NULL);
+}
+
+int tk_jit__compile_many_cb(tk_jit_binary **outs, int *status, char **errmsg, const tk_jit_unit *units,
+                            size_t n, int jobs, tk_jit_done_fn done, void *user)
 {
     pool p;
     pthread_t th[64];
@@ -471,6 +489,8 @@ int tk_jit__compile_many(tk_jit_binary **outs, int *status, char **errmsg, const
     p.outs = outs;
     p.status = status;
     p.errmsg = errmsg;
+    p.done = done;
+    p.user = user;
     if (want > 1)
         for (; nth < want; nth++)
             if (pthread_create(&th[nth], NULL, worker, &p) != 0)

@@ -95,6 +95,13 @@ int tk_jit__compile(tk_jit_binary **out, const tk_jit_unit *u);
  * Returns TK_OK when all succeeded, else the status of the first failing unit (its message set). */
 int tk_jit__compile_many(tk_jit_binary **outs, int *status, char **errmsg, const tk_jit_unit *units,
                          size_t n, int jobs);
+/* Progress of compile_many_cb, called under its lock (one call at a time, from any worker thread):
+ * when unit i starts (started 1) and when it finishes (started 0, with its status and seconds).
+ * ndone: units finished so far; nrunning: units started and not finished. */
+typedef void (*tk_jit_done_fn)(void *user, size_t i, int started, int status, size_t ndone, size_t nrunning,
+                               double seconds);
+int tk_jit__compile_many_cb(tk_jit_binary **outs, int *status, char **errmsg, const tk_jit_unit *units,
+                            size_t n, int jobs, tk_jit_done_fn done, void *user);
 /* How many compiles may run at once: cores, and free memory / 512 MiB, at least 1. */
 int tk_jit__default_jobs(void);
 

@@ -108,9 +108,7 @@ static int plan(tk_model *m, tk_models_batch *b)
 /* out = x W (+ bias), W stored [in, out] (Conv1D) unless plain. */
 static int linear(tk_model *m, const tk_mt *out, const tk_mt *x, const tk_mt *w, const tk_mt *bias, int conv1d)
 {
-    tk_arg a[] = {TK_A_T("out", out), TK_A_T("x", x), TK_A_T("weight", w), TK_A_I("transposed", conv1d),
-                  TK_A_T("bias", bias)};
-    return tk_models__op(m, "linear", a, bias ? 5 : 4);
+    return tk_models__linear(m, out, x, w, bias, conv1d);
 }
 
 static int layer_norm(tk_model *m, const tk_mt *out, const tk_mt *in, const tk_mt *w, const tk_mt *bias)
@@ -155,16 +153,7 @@ static int forward(tk_model *m, tk_models_batch *b)
         if ((rc = linear(m, &q2, h, w->q, w->qb, 1)) || (rc = linear(m, &k2, h, w->k, w->kb, 1)) ||
             (rc = linear(m, &v2, h, w->v, w->vb, 1)))
             return rc;
-        tk_arg at[] = {TK_A_T("out", &s->att),
-                       TK_A_T("q", &s->q),
-                       TK_A_T("k", &s->k),
-                       TK_A_T("v", &s->v),
-                       TK_A_T("cu_seqlens_q", &b->cu),
-                       TK_A_T("cu_seqlens_k", &b->cu),
-                       TK_A_I("max_seqlen_q", b->max_len),
-                       TK_A_F("scale", c->unscaled_attn ? 1.0 : 0.0),
-                       TK_A_I("causal", 1)};
-        if ((rc = tk_models__op(m, "attention", at, TK_NARGS(at))) ||
+        if ((rc = tk_models__attend(m, b, l, &s->att, &s->q, &s->k, &s->v, c->unscaled_attn ? 1.0 : 0.0, -1)) ||
             (rc = linear(m, &s->o, &a2, w->proj, w->proj_b, 1)) ||
             (rc = add_norm(m, &s->o, &s->x, w->ln2_w, w->ln2_b)))
             return rc;

@@ -180,8 +180,7 @@ static int rope_cache(tk_model *m, llama *s, int64_t max_len)
 
 static int linear(tk_model *m, const tk_mt *out, const tk_mt *x, const tk_mt *w, const tk_mt *bias)
 {
-    tk_arg a[] = {TK_A_T("out", out), TK_A_T("x", x), TK_A_T("weight", w), TK_A_T("bias", bias)};
-    return tk_models__op(m, "linear", a, bias ? 4 : 3);
+    return tk_models__linear(m, out, x, w, bias, 0);
 }
 
 static int forward(tk_model *m, tk_models_batch *b)
@@ -224,16 +223,8 @@ static int forward(tk_model *m, tk_models_batch *b)
                         TK_A_T("cos_sin_cache", &s->cs), TK_A_I("is_neox", 1)};
         if ((rc = tk_models__op(m, "rotary_embedding", rot, TK_NARGS(rot))) != TK_OK)
             return rc;
-        tk_arg at[] = {TK_A_T("out", &a4),
-                       TK_A_T("q", &q4),
-                       TK_A_T("k", &k4),
-                       TK_A_T("v", &v4),
-                       TK_A_T("cu_seqlens_q", &b->cu),
-                       TK_A_T("cu_seqlens_k", &b->cu),
-                       TK_A_I("max_seqlen_q", b->max_len),
-                       TK_A_I("causal", 1),
-                       TK_A_I("window_left", c->sliding[l] ? c->sliding_window - 1 : -1)};
-        if ((rc = tk_models__op(m, "attention", at, TK_NARGS(at))) != TK_OK)
+        if ((rc = tk_models__attend(m, b, l, &a4, &q4, &k4, &v4, 0.0,
+                                    c->sliding[l] ? c->sliding_window - 1 : -1)) != TK_OK)
             return rc;
         if ((rc = linear(m, &s->o, &a2, w->o, w->ob)) != TK_OK)
             return rc;

@@ -14,6 +14,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "models/generate.h"
 #include "models/models.h"
 
 #define MODEL_MAGIC 0x6d6f646cu /* "modl" */
@@ -593,6 +594,9 @@ void tk_model_free(tk_model *m)
     tk_models__st_close(m->st);
     tk_models__config_free(&m->cfg);
     tk_tokenizer_free(m->tok);
+    for (size_t i = 0; i < m->nqw; i++)
+        dev_free(m, m->qw[i].mem);
+    free(m->qw);
     free(m->dir);
     m->magic = 0;
     free(m);
@@ -870,4 +874,333 @@ done:
     free(lens);
     free(hidden);
     return rc;
+}
+
+/* ---- generation's forward over the paged KV cache (generate.c drives it) ----------------------- */
+
+int tk_models__attend(tk_model *m, tk_models_batch *b, int64_t l, const tk_mt *out, const tk_mt *q, const tk_mt *k,
+                      const tk_mt *v, double scale, int64_t window_left)
+{
+    int rc;
+    if (b->kv) {
+        tk_gen_kv *kv = b->kv;
+        int64_t T = b->T, Hkv = k->shape[2], D = k->shape[3], Hq = q->shape[2];
+        int64_t s3[3] = {T, Hkv, D}, kshp[4], vshp[4], sshp[1];
+        tk_mt k3, v3;
+        tk_models__view(&k3, k, 3, s3);
+        tk_models__view(&v3, v, 3, s3);
+        tk_tensor kc, vc, ks, vs;
+        tk_gen__kv_layer(kv, l, &kc, kshp, &vc, vshp, &ks, &vs, sshp);
+        if (kv->quant && !kv->calibrated[l]) { /* the per-head scales, from this (first) step's keys */
+            size_t nel = (size_t)(T * Hkv * D);
+            float *kf = malloc(nel * sizeof *kf), *vf = malloc(nel * sizeof *vf);
+            void *tmp = NULL;
+            size_t es = k3.t.dtype.bits / 8u;
+            rc = kf && vf ? TK_OK : tk__err(TK_ERR_NOMEM, "out of memory");
+            if (rc == TK_OK && m->dev_type == TK_DEV_CUDA) {
+                rc = (tmp = malloc(nel * es)) ? TK_OK : tk__err(TK_ERR_NOMEM, "out of memory");
+                if (rc == TK_OK && (rc = from_dev(m, tmp, k3.t.data, nel * es)) == TK_OK) {
+                    tk_models__dtype_to_f32(kf, tmp, nel, k3.t.dtype);
+                    if ((rc = from_dev(m, tmp, v3.t.data, nel * es)) == TK_OK)
+                        tk_models__dtype_to_f32(vf, tmp, nel, v3.t.dtype);
+                }
+            } else if (rc == TK_OK) {
+                tk_models__dtype_to_f32(kf, k3.t.data, nel, k3.t.dtype);
+                tk_models__dtype_to_f32(vf, v3.t.data, nel, v3.t.dtype);
+            }
+            if (rc == TK_OK)
+                rc = tk_gen__kv_calibrate(kv, l, kf, vf, T);
+            free(kf);
+            free(vf);
+            free(tmp);
+            if (rc != TK_OK)
+                return rc;
+        }
+        tk_arg ap[] = {{TK_ARG_TENSOR, "k_cache", &kc, 0, 0}, {TK_ARG_TENSOR, "v_cache", &vc, 0, 0},
+                       TK_A_T("k", &k3), TK_A_T("v", &v3), TK_A_T("slot_mapping", &b->kv_slots),
+                       {TK_ARG_TENSOR, "k_scale", &ks, 0, 0}, {TK_ARG_TENSOR, "v_scale", &vs, 0, 0}};
+        if ((rc = tk_models__op(m, "paged_kv_append", ap, kv->quant ? 7 : 5)) != TK_OK)
+            return rc;
+        if (!b->kv_prefill) {
+            int64_t nseq = b->nseq, Sq = T / nseq, s4[4] = {nseq, Sq, Hq, D};
+            tk_mt q4, o4;
+            tk_models__view(&q4, q, 4, s4);
+            tk_models__view(&o4, out, 4, s4);
+            tk_arg ad[] = {TK_A_T("out", &o4), TK_A_T("q", &q4), {TK_ARG_TENSOR, "k_cache", &kc, 0, 0},
+                           {TK_ARG_TENSOR, "v_cache", &vc, 0, 0}, TK_A_T("block_table", &b->kv_bt),
+                           TK_A_T("seq_lens", &b->kv_sl), TK_A_F("scale", scale),
+                           TK_A_I("window_left", window_left), {TK_ARG_TENSOR, "k_scale", &ks, 0, 0},
+                           {TK_ARG_TENSOR, "v_scale", &vs, 0, 0}};
+            return tk_models__op(m, "attention_decode", ad, kv->quant ? 10 : 8);
+        }
+    }
+    tk_arg at[] = {TK_A_T("out", out),
+                   TK_A_T("q", q),
+                   TK_A_T("k", k),
+                   TK_A_T("v", v),
+                   TK_A_T("cu_seqlens_q", &b->cu),
+                   TK_A_T("cu_seqlens_k", &b->cu),
+                   TK_A_I("max_seqlen_q", b->max_len),
+                   TK_A_F("scale", scale),
+                   TK_A_I("causal", 1),
+                   TK_A_I("window_left", window_left)};
+    return tk_models__op(m, "attention", at, TK_NARGS(at));
+}
+
+int tk_models__forward_kv(tk_model *m, tk_gen_kv *kv, const int32_t *slots, size_t nseq, const int32_t *ids,
+                          const int32_t *cu, float *logits)
+{
+    int rc = check_model(m, "generate");
+    if (rc != TK_OK)
+        return rc;
+    if (!tk_model_has_lm_head(m))
+        return tk__err(TK_ERR_INVALID, "%s has no LM head: it cannot generate text\nHINT: generation needs a "
+                       "causal LM (LlamaForCausalLM, GPT2LMHeadModel, ...)", m->cfg.arch);
+    int64_t T = cu[nseq], V = m->cfg.vocab;
+    int32_t *n = malloc(nseq * sizeof *n), *bt = NULL, *sl = NULL;
+    int64_t *sm = NULL, *st = NULL, w = 0;
+    void *dsm = NULL, *dbt = NULL, *dsl = NULL;
+    tk_models_batch *b = &m->batch;
+    if (!n) {
+        rc = tk__err(TK_ERR_NOMEM, "out of memory");
+        goto done;
+    }
+    for (size_t s = 0; s < nseq; s++)
+        n[s] = cu[s + 1] - cu[s];
+    for (int64_t i = 0; i < T; i++)
+        if (ids[i] < 0 || ids[i] >= V) {
+            rc = tk__err(TK_ERR_INVALID, "generate: token id %d is outside the vocabulary [0, %lld)", ids[i],
+                         (long long)V);
+            goto done;
+        }
+    if ((rc = tk_gen__kv_prepare(kv, slots, nseq, n, &sm, &bt, &w, &sl, &st)) != TK_OK)
+        goto done;
+    int prefill = 1;
+    int64_t maxn = 0, maxl = 0;
+    for (size_t s = 0; s < nseq; s++) {
+        prefill &= st[s] == 0;
+        maxn = n[s] > maxn ? n[s] : maxn;
+        maxl = sl[s] > maxl ? sl[s] : maxl;
+    }
+    for (size_t s = 0; !prefill && s < nseq; s++)
+        if (n[s] != n[0] || n[0] > 16) {
+            rc = tk__err(TK_ERR_INTERNAL, "generate: a decode step with %d and %d new tokens in one batch "
+                         "(attention_decode takes the same 1..16 for every sequence)", n[0], n[s]);
+            goto done;
+        }
+    if (m->cfg.family != TK_FAMILY_LLAMA && maxl > m->cfg.max_pos) {
+        rc = tk__err(TK_ERR_INVALID, "generate: a sequence reaches %lld tokens, more than the %lld positions of %s",
+                     (long long)maxl, (long long)m->cfg.max_pos, m->cfg.arch);
+        goto done;
+    }
+    if ((rc = plan(m, T, (int64_t)nseq)) != TK_OK)
+        goto done;
+    b->max_len = prefill ? maxn : maxl;
+    size_t need = (size_t)T * 16 + (nseq + 1) * 4;
+    if ((rc = host_tmp(m, need)) != TK_OK)
+        goto done;
+    int64_t *pos = m->host_tmp;
+    int32_t *pos32 = (int32_t *)(pos + T), *cu2 = pos32 + T, *zeros = cu2 + nseq + 1;
+    int64_t k = 0;
+    for (size_t s = 0; s < nseq; s++)
+        for (int32_t j = 0; j < n[s]; j++, k++) {
+            pos[k] = st[s] + j;
+            pos32[k] = (int32_t)(st[s] + j);
+            zeros[k] = 0;
+        }
+    memcpy(cu2, cu, (nseq + 1) * sizeof *cu2);
+    if ((rc = to_dev(m, b->ids.t.data, ids, (size_t)T * 4)) || (rc = to_dev(m, b->pos.t.data, pos, (size_t)T * 8)) ||
+        (rc = to_dev(m, b->pos32.t.data, pos32, (size_t)T * 4)) ||
+        (rc = to_dev(m, b->cu.t.data, cu2, (nseq + 1) * 4)) || (rc = to_dev(m, b->tt.t.data, zeros, (size_t)T * 4)))
+        goto done;
+    /* the cache's index tensors: host arrays on the CPU, copies on a GPU */
+    size_t bsm = (size_t)T * 8, bbt = nseq * (size_t)w * 4, bsl = nseq * 4;
+    if (m->dev_type == TK_DEV_CUDA) {
+        if ((rc = dev_alloc(m, &dsm, bsm)) || (rc = dev_alloc(m, &dbt, bbt)) || (rc = dev_alloc(m, &dsl, bsl)) ||
+            (rc = to_dev(m, dsm, sm, bsm)) || (rc = to_dev(m, dbt, bt, bbt)) || (rc = to_dev(m, dsl, sl, bsl)))
+            goto done;
+    }
+    int64_t shp_bt[2] = {(int64_t)nseq, w}, shp_sl[1] = {(int64_t)nseq};
+    mt_set(&b->kv_slots, dsm ? dsm : sm, dt_of(TK_DL_INT, 64), 1, &T, m->dev_type, m->dev_id);
+    mt_set(&b->kv_bt, dbt ? dbt : bt, dt_of(TK_DL_INT, 32), 2, shp_bt, m->dev_type, m->dev_id);
+    mt_set(&b->kv_sl, dsl ? dsl : sl, dt_of(TK_DL_INT, 32), 1, shp_sl, m->dev_type, m->dev_id);
+    b->kv = kv;
+    b->kv_prefill = prefill;
+    b->want_logits = 1;
+    rc = m->arch->forward(m, b);
+    b->kv = NULL;
+    if (rc != TK_OK)
+        goto done;
+    for (size_t s = 0; s < nseq; s++) {
+        tk_mt row;
+        tk_models__rows(&row, b->logits, cu[s + 1] - 1, 1);
+        if ((rc = copy_out(m, logits + s * (size_t)V, &row)) != TK_OK)
+            goto done;
+    }
+done:
+    dev_free(m, dsm);
+    dev_free(m, dbt);
+    dev_free(m, dsl);
+    free(n);
+    free(sm);
+    free(bt);
+    free(sl);
+    free(st);
+    return rc;
+}
+
+/* ---- weight-only quantisation (casted_linear) ------------------------------------------------- */
+
+/* f32 -> fp8 e4m3fn (bias 7, no infinities, max 448): round to nearest even, saturating. */
+static uint8_t to_e4m3(float x)
+{
+    uint8_t sign = signbit(x) ? 0x80 : 0;
+    float a = fabsf(x);
+    if (a != a)
+        return sign | 0x7F;
+    if (a >= 448.0f)
+        return sign | 0x7E;
+    if (a < 0.015625f) /* below 2^-6: subnormal steps of 2^-9 (a count of 8 is the smallest normal) */
+        return sign | (uint8_t)rintf(a * 512.0f);
+    int e;
+    float f = frexpf(a, &e); /* a = f 2^e, f in [0.5, 1) */
+    int E = e - 1, mant = (int)rintf((2 * f - 1) * 8);
+    if (mant == 8) {
+        mant = 0;
+        E++;
+    }
+    if (E > 8 || (E == 8 && mant == 7))
+        return sign | 0x7E;
+    return sign | (uint8_t)(((E + 7) << 3) | mant);
+}
+
+int tk_model_quantize(tk_model *m, const char *dtype)
+{
+    int rc = check_model(m, "tk_model_quantize");
+    if (rc != TK_OK)
+        return rc;
+    tk_dtype q = {0, 0, 0};
+    if (dtype && strcmp(dtype, "none")) {
+        if (!strcmp(dtype, "int8") || !strcmp(dtype, "i8"))
+            q = dt_of(TK_DL_INT, 8);
+        else if (!strcmp(dtype, "fp8") || !strcmp(dtype, "fp8_e4m3"))
+            q = dt_of(TK_DL_FLOAT8_E4M3FN, 8);
+        else
+            return tk__err(TK_ERR_INVALID, "quantisation '%s': want int8 (i8), fp8 (fp8_e4m3) or none", dtype);
+    }
+    for (size_t i = 0; i < m->nqw; i++)
+        dev_free(m, m->qw[i].mem);
+    m->nqw = 0;
+    m->q_float_bytes = m->q_bytes = 0;
+    m->quant = q;
+    return TK_OK;
+}
+
+int tk_model_quant_json(char **json, const tk_model *m)
+{
+    *json = NULL;
+    int rc = check_model(m, "tk_model_quant_json");
+    if (rc != TK_OK)
+        return rc;
+    json_t *o = json_pack("{s:s, s:I, s:I, s:I}", "quant", m->quant.code || m->quant.bits ? tk_dtype_name(m->quant) : "none",
+                          "weights", (json_int_t)m->nqw, "float_bytes", (json_int_t)m->q_float_bytes, "quant_bytes",
+                          (json_int_t)m->q_bytes);
+    if (!o)
+        return tk__err(TK_ERR_NOMEM, "out of memory");
+    *json = json_dumps(o, JSON_COMPACT | JSON_PRESERVE_ORDER);
+    json_decref(o);
+    return *json ? TK_OK : tk__err(TK_ERR_NOMEM, "out of memory");
+}
+
+/* The quantised copy of w (made now if need be): rows are output features, so a Conv1D weight
+ * ([K, N], transposed) is transposed on the way. */
+static int qweight(struct tk_models_qweight **out, tk_model *m, const tk_mt *w, int transposed)
+{
+    for (size_t i = 0; i < m->nqw; i++)
+        if (m->qw[i].w == w) {
+            *out = &m->qw[i];
+            return TK_OK;
+        }
+    if (m->nqw == m->capqw) {
+        size_t c = m->capqw ? 2 * m->capqw : 64;
+        struct tk_models_qweight *p = realloc(m->qw, c * sizeof *p);
+        if (!p)
+            return tk__err(TK_ERR_NOMEM, "out of memory");
+        m->qw = p;
+        m->capqw = c;
+    }
+    int64_t R = w->shape[0], C = w->shape[1], N = transposed ? C : R, K = transposed ? R : C;
+    size_t nel = (size_t)(N * K), es = w->t.dtype.bits / 8u;
+    float *wf = malloc(nel * sizeof *wf), *sc = malloc((size_t)N * sizeof *sc);
+    uint8_t *qv = malloc(nel);
+    void *tmp = NULL, *mem = NULL;
+    int rc = wf && sc && qv ? TK_OK : tk__err(TK_ERR_NOMEM, "out of memory quantising a [%lld, %lld] weight",
+                                              (long long)R, (long long)C);
+    if (rc == TK_OK && m->dev_type == TK_DEV_CUDA) {
+        if (!(tmp = malloc(nel * es)))
+            rc = tk__err(TK_ERR_NOMEM, "out of memory");
+        else if ((rc = from_dev(m, tmp, w->t.data, nel * es)) == TK_OK)
+            tk_models__dtype_to_f32(wf, tmp, nel, w->t.dtype);
+    } else if (rc == TK_OK) {
+        tk_models__dtype_to_f32(wf, w->t.data, nel, w->t.dtype);
+    }
+    int i8 = m->quant.code == TK_DL_INT;
+    float qmax = i8 ? 127.0f : 448.0f;
+    for (int64_t n = 0; rc == TK_OK && n < N; n++) {
+        float amax = 0;
+        for (int64_t k = 0; k < K; k++) {
+            float x = wf[transposed ? k * N + n : n * K + k];
+            amax = fabsf(x) > amax ? fabsf(x) : amax;
+        }
+        float s = amax > 0 && isfinite(amax) ? amax / qmax : 1.0f;
+        sc[n] = s;
+        for (int64_t k = 0; k < K; k++) {
+            float y = wf[transposed ? k * N + n : n * K + k] / s;
+            if (i8) {
+                float r = rintf(y);
+                qv[n * K + k] = (uint8_t)(int8_t)(r > 127 ? 127 : r < -127 ? -127 : r);
+            } else {
+                qv[n * K + k] = to_e4m3(y);
+            }
+        }
+    }
+    size_t qbytes = nel + (size_t)N * sizeof(float);
+    if (rc == TK_OK && (rc = dev_alloc(m, &mem, qbytes)) == TK_OK &&
+        (rc = to_dev(m, mem, qv, nel)) == TK_OK)
+        rc = to_dev(m, (char *)mem + nel, sc, (size_t)N * sizeof(float));
+    if (rc == TK_OK) {
+        struct tk_models_qweight *e = &m->qw[m->nqw++];
+        int64_t qs[2] = {N, K};
+        e->w = w;
+        e->mem = mem;
+        mt_set(&e->q, mem, m->quant, 2, qs, m->dev_type, m->dev_id);
+        mt_set(&e->scale, (char *)mem + nel, dt_of(TK_DL_FLOAT, 32), 1, &N, m->dev_type, m->dev_id);
+        m->q_float_bytes += (int64_t)(nel * es);
+        m->q_bytes += (int64_t)qbytes;
+        *out = e;
+        mem = NULL;
+    }
+    dev_free(m, mem);
+    free(wf);
+    free(sc);
+    free(qv);
+    free(tmp);
+    return rc;
+}
+
+int tk_models__linear(tk_model *m, const tk_mt *out, const tk_mt *x, const tk_mt *w, const tk_mt *bias,
+                      int transposed)
+{
+    if (m->quant.bits) {
+        struct tk_models_qweight *q = NULL;
+        int rc = qweight(&q, m, w, transposed);
+        if (rc != TK_OK)
+            return rc;
+        tk_arg a[] = {TK_A_T("out", out), TK_A_T("x", x), TK_A_T("weight", &q->q), TK_A_T("scale", &q->scale),
+                      {TK_ARG_TENSOR, "bias", bias ? &bias->t : NULL, 0, 0}};
+        return tk_models__op(m, "casted_linear", a, bias ? 5 : 4);
+    }
+    tk_arg a[] = {TK_A_T("out", out), TK_A_T("x", x), TK_A_T("weight", w), TK_A_I("transposed", transposed),
+                  {TK_ARG_TENSOR, "bias", bias ? &bias->t : NULL, 0, 0}};
+    return tk_models__op(m, "linear", a, bias ? 5 : 4);
 }

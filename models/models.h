@@ -138,6 +138,14 @@ typedef struct {
     tk_mt *hidden; /* [T, H] */
     tk_mt *logits; /* [T, V], NULL without an LM head */
     tk_mt *pooled; /* [nseq, H] BERT's pooler output, or NULL */
+    /* Generation's paged KV cache (generate.c; NULL for a plain forward): this step's keys and values
+     * go to cache slots kv_slots, and attention reads the cache through the block tables, unless every
+     * sequence starts empty (kv_prefill: attention over the batch's own keys, as a plain forward). */
+    struct tk_gen_kv *kv;
+    int kv_prefill;
+    tk_mt kv_slots; /* [T] i64 */
+    tk_mt kv_bt;    /* [nseq, max_blocks_per_seq] i32 */
+    tk_mt kv_sl;    /* [nseq] i32: lengths after this step */
 } tk_models_batch;
 
 typedef struct tk_models_arch tk_models_arch;
@@ -174,6 +182,12 @@ struct tk_model {
     int pool_mode;            /* TK_POOL_*: sentence-transformers' 1_Pooling/config.json */
     int normalize;            /* sentence-transformers' Normalize module */
     int64_t max_seq_len;      /* sentence_bert_config.json's max_seq_length; 0: max_pos */
+    /* Weight-only quantisation (tk_model_quantize): the dtype of the linear weights' copies (code 0:
+     * off), and the copies, keyed by the float weight they replace. */
+    tk_dtype quant;
+    struct tk_models_qweight *qw;
+    size_t nqw, capqw;
+    int64_t q_float_bytes, q_bytes; /* the replaced weights' bytes in the compute dtype, and quantised */
 };
 
 enum { TK_POOL_MEAN = 0, TK_POOL_CLS = 1, TK_POOL_MAX = 2 };
@@ -216,6 +230,30 @@ void tk_models__rows(tk_mt *v, const tk_mt *t, int64_t r0, int64_t nr);
 
 /* Runs an op through tk_op_run on the model's context and device; a failure names the op. */
 int tk_models__op(tk_model *m, const char *op, const tk_arg *args, size_t nargs);
+
+/* A linear weight's quantised copy (tk_model_quantize). */
+struct tk_models_qweight {
+    const tk_mt *w; /* the float weight it stands for */
+    tk_mt q, scale; /* [N, K] i8 / fp8_e4m3, [N] f32 */
+    void *mem;      /* q's and scale's memory (device on a GPU) */
+};
+
+/* y = x W^T (+ bias) for a linear layer's weight w ([N, K], or [K, N] with transposed: GPT-2's
+ * Conv1D): the `linear` op, or with weight-only quantisation on (tk_model_quantize) `casted_linear`
+ * over w's i8 / fp8_e4m3 copy with per-row scales, made the first time w is used. */
+int tk_models__linear(tk_model *m, const tk_mt *out, const tk_mt *x, const tk_mt *w, const tk_mt *bias,
+                      int transposed);
+
+/* The attention of layer l over q, k, v ([1, T, heads, D] views; out likewise): a plain forward's
+ * (varlen, causal), or with generation's KV cache, after appending k and v to the layer's cache, the
+ * decode attention over the cache (attention_decode with the batch's block tables). scale 0: 1/sqrt(D);
+ * window_left -1: none. */
+int tk_models__attend(tk_model *m, tk_models_batch *b, int64_t l, const tk_mt *out, const tk_mt *q, const tk_mt *k,
+                      const tk_mt *v, double scale, int64_t window_left);
+/* Generation's step (generate.c): sequence s of nseq gets tokens ids[cu[s]..cu[s+1]) after the ones its
+ * KV slot slots[s] holds; writes each sequence's last-token logits (f32, host) to logits [nseq, V]. */
+int tk_models__forward_kv(tk_model *m, struct tk_gen_kv *kv, const int32_t *slots, size_t nseq, const int32_t *ids,
+                          const int32_t *cu, float *logits);
 
 #define TK_A_T(nm, tensor) {TK_ARG_TENSOR, nm, &(tensor)->t, 0, 0}
 #define TK_A_I(nm, v) {TK_ARG_I64, nm, NULL, (int64_t)(v), 0}

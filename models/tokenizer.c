@@ -33,14 +33,14 @@
 #define TOK_MAX_FILE ((size_t)1 << 30) /* 1 GiB: the largest real tokenizer.json are ~35 MB */
 #define TOK_MAX_ID ((int64_t)1 << 30)
 
-static const char *SUP_NORM = "NFC, NFD, NFKC, NFKD, Lowercase, StripAccents, BertNormalizer, "
+static const char *const SUP_NORM = "NFC, NFD, NFKC, NFKD, Lowercase, StripAccents, BertNormalizer, "
                               "Prepend, Replace, Strip, Sequence";
-static const char *SUP_PRE = "ByteLevel, Split, Metaspace, BertPreTokenizer, Whitespace, "
+static const char *const SUP_PRE = "ByteLevel, Split, Metaspace, BertPreTokenizer, Whitespace, "
                              "WhitespaceSplit, Digits, Punctuation, CharDelimiterSplit, Sequence";
-static const char *SUP_MODEL = "BPE, WordPiece, WordLevel";
-static const char *SUP_POST = "TemplateProcessing, BertProcessing, RobertaProcessing, ByteLevel, "
+static const char *const SUP_MODEL = "BPE, WordPiece, WordLevel";
+static const char *const SUP_POST = "TemplateProcessing, BertProcessing, RobertaProcessing, ByteLevel, "
                               "Sequence";
-static const char *SUP_DEC = "ByteLevel, Metaspace, WordPiece, ByteFallback, Fuse, Strip, Replace, "
+static const char *const SUP_DEC = "ByteLevel, Metaspace, WordPiece, ByteFallback, Fuse, Strip, Replace, "
                              "BPEDecoder, Sequence";
 
 /* ---- small containers ------------------------------------------------------------------------ */
@@ -1416,15 +1416,7 @@ static int bufv_push(bufv *a, const char *s, size_t n)
         a->cap = cap;
     }
     tk_buf b = TK_BUF_INIT;
-    int rc = tk__buf_append(&b, s, n);
-    if (!rc && !b.data)
-        rc = tk__buf_append(&b, "", 0);
-    if (!rc && !b.data) { /* tk__buf_append of nothing may leave data NULL: force an allocation */
-        b.data = calloc(1, 1);
-        b.cap = 1;
-        if (!b.data)
-            rc = tk__err(TK_ERR_NOMEM, "out of memory");
-    }
+    int rc = tk__buf_append(&b, s, n); /* allocates even for n == 0: b.data is never NULL after */
     if (rc) {
         tk__buf_free(&b);
         return rc;
@@ -1549,8 +1541,6 @@ static int dec_apply(const tk_tokenizer *t, const dec_step *st, bufv *in, bufv *
                 if (!rc)
                     rc = tk__buf_append(&o, b->data, b->len);
             }
-            if (!rc && !o.data)
-                rc = tk__buf_append(&o, "", 0);
             if (!rc && st->cleanup)
                 rc = wp_cleanup(&o);
             if (!rc)
@@ -1688,12 +1678,7 @@ int tk_tokenizer_decode(char **text, const tk_tokenizer *t, const int32_t *ids, 
     bufv_free(&cur);
     bufv_free(&nxt);
     if (rc == TK_OK && !o.data)
-        rc = tk__buf_puts(&o, "");
-    if (rc == TK_OK && !o.data) {
-        o.data = calloc(1, 1);
-        if (!o.data)
-            rc = tk__err(TK_ERR_NOMEM, "out of memory");
-    }
+        rc = tk__buf_puts(&o, ""); /* an empty text is still an allocated string */
     if (rc) {
         tk__buf_free(&o);
         return rc;
@@ -1988,10 +1973,10 @@ static int parse_normalizer(ld *L, json_t *o, const char *field, int depth)
                "normalizer type '%s' is not supported\nHINT: tk supports %s", ty, SUP_NORM);
 }
 
-static const char *BYTELEVEL_RE =
+static const char *const BYTELEVEL_RE =
     "'s|'t|'re|'ve|'m|'ll|'d| ?\\p{L}+| ?\\p{N}+| ?[^\\s\\p{L}\\p{N}]+|\\s+(?!\\S)|\\s+";
 /* Rust regex's \w and \s (the Whitespace pre-tokenizer runs on the regex crate, not Oniguruma). */
-static const char *WHITESPACE_RE =
+static const char *const WHITESPACE_RE =
     "[\\p{Alphabetic}\\p{M}\\p{Nd}\\p{Pc}\\x{200C}\\x{200D}]+|"
     "[^\\p{Alphabetic}\\p{M}\\p{Nd}\\p{Pc}\\x{200C}\\x{200D}\\p{White_Space}]+";
 
@@ -2573,7 +2558,8 @@ static int added_index(tk_tokenizer *t)
                 uint32_t v = idx[i];
                 size_t vn = k ? t->added[v].norm.n : t->added[v].content.n;
                 size_t j = i;
-                while (j > first && (k ? t->added[idx[j - 1]].norm.n : t->added[idx[j - 1]].content.n) < vn) {
+                while (j > first && (k ? t->added[idx[j - 1]].norm.n
+                                        : t->added[idx[j - 1]].content.n) < vn) {
                     idx[j] = idx[j - 1];
                     j--;
                 }

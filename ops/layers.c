@@ -268,7 +268,15 @@ static int cpu_linear(const tk_op_call *c)
             bp = wbuf;
             ldb = k;
         }
-        /* y[:, n0:n0+cnt] = x @ B, B = weight^T (transposed=0) or weight (transposed=1) */
+        /* y[:, n0:n0+cnt] = x @ B, B = weight^T (transposed=0) or weight (transposed=1). One row (a
+         * decode step) goes through sgemv: sgemm would pack the whole weight for a single row. */
+        if (m == 1) {
+            if (tr)
+                cblas_sgemv(CblasRowMajor, CblasTrans, (int)k, (int)cnt, 1.0f, bp, (int)ldb, xf, 1, 0.0f, y + n0, 1);
+            else
+                cblas_sgemv(CblasRowMajor, CblasNoTrans, (int)cnt, (int)k, 1.0f, bp, (int)ldb, xf, 1, 0.0f, y + n0, 1);
+            continue;
+        }
         cblas_sgemm(CblasRowMajor, CblasNoTrans, tr ? CblasNoTrans : CblasTrans, (int)m, (int)cnt, (int)k, 1.0f, xf,
                     (int)ldx, bp, (int)ldb, 0.0f, y + n0, (int)ldy);
     }

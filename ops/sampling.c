@@ -18,9 +18,13 @@
  *   3. weights: W_i = floor(e^(z_i - z_max) * 2^32) as an integer, with e^ computed by exp_det below
  *      (fp32 operations with explicit fmas only, so the CPU and the GPU agree bit for bit). W_i = 0
  *      once e^(z_i - z_max) < 2^-32: a token 2^32 times less likely than the best is never drawn.
- *   4. top-p keeps the tokens whose key is >= t, for the largest t with sum_{key >= t} W >= need,
- *      need = ceil(p * sum_{top-k} W) (in double, at least 1): the smallest set of most likely tokens
- *      whose mass reaches p, ties at the boundary all kept; never empty.
+ *   4. top-p keeps the shortest prefix of the top-k tokens, ordered by key descending and, among
+ *      equal keys, by index descending, whose mass reaches need = ceil(p * sum_{top-k} W) (in double,
+ *      at least 1); never empty. That is transformers' TopPLogitsWarper (and vLLM): its stable
+ *      ascending sort drops the lowest indices of a tie first, so of the tokens tied at the boundary
+ *      only as many are kept as the mass needs, the highest indices. Found as the largest key t with
+ *      sum_{key >= t} W >= need; every key > t is kept (mass A), and of the n tokens with key t (each
+ *      of weight w) the c = ceil((need - A) / w) highest indices; the n - c lowest are dropped.
  *   5. r = a 64-bit draw of Philox-4x32-10 (key = seed, counter = (row, offset); with per-row seeds the
  *      row part is 0, so a request's draw does not depend on its batch slot); target = floor(r * S /
  *      2^64) for S = the kept mass; the token is the first kept index (vocabulary order) whose
@@ -154,9 +158,9 @@ static uint64_t top_p_need(double p, uint64_t total)
 
 /* The largest t with sum_{key >= t, key >= lo} w(key) >= need (need in [1, that sum over all]), digit
  * by digit from the top (11, 11, then 10 bits, as the kernel's histograms); w = 1 (by_mass 0) or the
- * weight. *mass gets the sum at t. hist has 2048 entries. */
+ * weight. *mass gets the sum at t, *mass_above the sum over key > t. hist has 2048 entries. */
 static uint32_t select_key(const uint32_t *keys, int64_t n, uint32_t lo, uint64_t need, int by_mass, float zmax,
-                           uint64_t *mass, uint64_t *hist)
+                           uint64_t *mass, uint64_t *mass_above, uint64_t *hist)
 {
     static const int shift[3] = {21, 10, 0}, nbits[3] = {11, 11, 10};
     uint32_t mask = 0, val = 0;
@@ -183,6 +187,7 @@ static uint32_t select_key(const uint32_t *keys, int64_t n, uint32_t lo, uint64_
         mask |= (nb - 1) << shift[p];
     }
     *mass = above + at;
+    *mass_above = above;
     return val;
 }
 
@@ -348,25 +353,32 @@ static int64_t sample_row(const smp_job *j, int64_t r, uint32_t *keys, uint64_t 
         return arg;
     float zmax = float_of_key(kmax);
 
-    uint64_t mass;
+    uint64_t mass, above, drop = 0; /* drop: the lowest indices of the tie at t that top-p leaves out */
     uint32_t t = 0;
     if (k > 0 && k < v)
-        t = select_key(keys, v, 0, (uint64_t)k, 0, zmax, &mass, hist);
+        t = select_key(keys, v, 0, (uint64_t)k, 0, zmax, &mass, &above, hist);
     if (p < 1) {
         uint64_t total = 0;
         for (int64_t i = 0; i < v; i++)
             if (keys[i] >= t)
                 total += weight_of(float_of_key(keys[i]), zmax);
-        t = select_key(keys, v, t, top_p_need(p, total), 1, zmax, &mass, hist);
+        uint64_t need = top_p_need(p, total);
+        t = select_key(keys, v, t, need, 1, zmax, &mass, &above, hist);
+        uint64_t w = weight_of(float_of_key(t), zmax);
+        if (w > 0 && need > above) {
+            uint64_t tied = (mass - above) / w, keep = (need - above + w - 1) / w;
+            drop = keep < tied ? tied - keep : 0;
+            mass = above + (tied - drop) * w;
+        }
     } else {
         mass = 0;
         for (int64_t i = 0; i < v; i++)
             if (keys[i] >= t)
                 mass += weight_of(float_of_key(keys[i]), zmax);
     }
-    uint64_t target = mulhi64(draw(seed, ctr_row, (uint64_t)c->i[S_OFFSET]), mass), acc = 0;
+    uint64_t target = mulhi64(draw(seed, ctr_row, (uint64_t)c->i[S_OFFSET]), mass), acc = 0, seen_tied = 0;
     for (int64_t i = 0; i < v; i++) {
-        if (keys[i] < t)
+        if (keys[i] < t || (keys[i] == t && seen_tied++ < drop))
             continue;
         acc += weight_of(float_of_key(keys[i]), zmax);
         if (acc > target)

@@ -95,13 +95,13 @@ static int lin_case(tk_dtype dt, int64_t m, int64_t n, int64_t k, int tr, int bi
     fill(&w, 1.0 / sqrt((double)(k ? k : 1)));
     fill(&b, 1.0);
     tk_arg ca[5] = {T("out", &ref.t), T("x", &x.t), T("weight", &w.t), I("transposed", tr), T("bias", &b.t)};
-    CHECK_RC(tk_op_run(g.ctx, "linear", ca, bias ? 5 : 4, NULL, NULL), TK_OK);
+    CHECK_RC(gpu_op_run(g.ctx, "linear", ca, bias ? 5 : 4, NULL, NULL), TK_OK);
     int ok = dev_upload(&dx, &x.t) == TK_OK && dev_upload(&dw, &w.t) == TK_OK && dev_upload(&db, &b.t) == TK_OK &&
              dev_upload(&dout, &got.t) == TK_OK;
     CHECK(ok);
     const char *impl = NULL;
     tk_arg ga[5] = {T("out", &dout.t), T("x", &dx.t), T("weight", &dw.t), I("transposed", tr), T("bias", &db.t)};
-    int rc = tk_op_run(g.ctx, "linear", ga, bias ? 5 : 4, NULL, &impl);
+    int rc = gpu_op_run(g.ctx, "linear", ga, bias ? 5 : 4, NULL, &impl);
     if (rc != TK_OK)
         fprintf(stderr, "  linear on cuda: %s\n", tk_last_error());
     ok &= rc == TK_OK && impl && strcmp(impl, "builtin:cublaslt") == 0;
@@ -181,7 +181,7 @@ static void test_embedding(void)
                 CHECK_RC(dev_upload(&dw, &w.t), TK_OK);
                 CHECK_RC(dev_upload(&dout, &got.t), TK_OK);
                 const char *impl = NULL;
-                CHECK_RC(tk_op_run(g.ctx, "embedding", (tk_arg[]){T("out", &dout.t), T("ids", &di.t), T("weight", &dw.t)},
+                CHECK_RC(gpu_op_run(g.ctx, "embedding", (tk_arg[]){T("out", &dout.t), T("ids", &di.t), T("weight", &dw.t)},
                                    3, NULL, &impl), TK_OK);
                 CHECK(impl && strstr(impl, "kernels-community/layers:embedding_") == impl);
                 CHECK_RC(dev_download(&dout, &got.t), TK_OK);
@@ -221,12 +221,12 @@ static int ew_case(const char *op, tk_dtype dt, int64_t rows, int64_t cols, int 
     fill(&a, 5.0);
     fill(&b, 5.0);
     tk_arg ca[3] = {T("out", &ref.t), T(is_add ? "a" : "input", &a.t), T("b", &b.t)};
-    CHECK_RC(tk_op_run(g.ctx, op, ca, is_add ? 3 : 2, NULL, NULL), TK_OK);
+    CHECK_RC(gpu_op_run(g.ctx, op, ca, is_add ? 3 : 2, NULL, NULL), TK_OK);
     int ok = dev_upload(&da, &a.t) == TK_OK && dev_upload(&db, &b.t) == TK_OK && dev_upload(&dout, &got.t) == TK_OK;
     tk_tensor *o = alias ? &da.t : &dout.t;
     const char *impl = NULL;
     tk_arg ga[3] = {T("out", o), T(is_add ? "a" : "input", &da.t), T("b", &db.t)};
-    ok &= tk_op_run(g.ctx, op, ga, is_add ? 3 : 2, NULL, &impl) == TK_OK;
+    ok &= gpu_op_run(g.ctx, op, ga, is_add ? 3 : 2, NULL, &impl) == TK_OK;
     ok &= impl && strstr(impl, "kernels-community/layers:") == impl;
     ok &= dev_download(alias ? &da : &dout, &got.t) == TK_OK;
     int64_t bad = 0;
@@ -266,8 +266,16 @@ static void test_add_tanh(void)
     gpu_ctx_free(&g);
 }
 
-int main(void)
+static void test_coverage(void)
 {
+    const char *pkgs[] = {"kernels-community/layers", NULL};
+    gpu_coverage_check(pkgs);
+}
+
+int main(int argc, char **argv)
+{
+    static const char *const ops[] = {"linear", "embedding", "add", "tanh", NULL};
+    gpu_main(argc, argv, ops);
     const char *e = getenv("TK_TEST_SEED");
     seed = e ? strtoull(e, NULL, 10) : (uint64_t)time(NULL);
     rng = seed;
@@ -277,5 +285,6 @@ int main(void)
     RUN(test_linear);
     RUN(test_embedding);
     RUN(test_add_tanh);
+    RUN(test_coverage);
     return th_done();
 }

@@ -6,7 +6,9 @@
  * the same fp32 operations on both sides (ops/sampling.c), so every token must equal the CPU's:
  *   argmax: f32/f16/bf16, rows of 1 to 2M (both tiers), planted ties, NaN, -0, all -inf rows;
  *   sample: vocabularies of 1 to 262144, greedy, temperature, top-k, top-p and both, per-row
- *           temperatures / top_ks / top_ps / seeds, NaN / +inf / all -inf rows, several seeds.
+ *           temperatures / top_ks / top_ps / seeds, NaN / +inf / all -inf rows, rows of 9 tied levels
+ *           (top-p's partial tie at its boundary), several seeds; and the draws of the issue's
+ *           TopPLogitsWarper tie example.
  */
 #include <math.h>
 #include <stdint.h>
@@ -136,7 +138,16 @@ typedef struct {
     int64_t k;
     double p;
     int per_row;
+    int ties; /* logits from 9 levels only: top-p's boundary falls in a tie of thousands of tokens */
 } config;
+
+/* Rows of logits 0, 0.25, ..., 2 (exact in every dtype), so every value is tied many times. */
+static void fill_ties(host_t *x, int64_t rows, int64_t v)
+{
+    for (int64_t r = 0; r < rows; r++)
+        for (int64_t i = 0; i < v; i++)
+            set(&x->t, r * v + i, 0.25 * (double)(next_u64() % 9));
+}
 
 static void sample_case(tk_dtype dt, int64_t rows, int64_t v, const config *c, int64_t sd)
 {
@@ -148,7 +159,10 @@ static void sample_case(tk_dtype dt, int64_t rows, int64_t v, const config *c, i
     host_rows(&ks, I32, 1, rows, 1);
     host_rows(&ps, F32, 1, rows, 1);
     host_rows(&seeds, I64, 1, rows, 1);
-    fill_logits(&x, rows, v, 1);
+    if (c->ties)
+        fill_ties(&x, rows, v);
+    else
+        fill_logits(&x, rows, v, 1);
     for (int64_t r = 0; r < rows; r++) {
         set(&temps.t, r, r % 5 == 0 ? 0.0 : uniform(0.3, 2));
         ((int32_t *)ks.buf)[r] = r % 3 == 0 ? 0 : (int32_t)(1 + next_u64() % 200);
@@ -169,9 +183,9 @@ static void sample_case(tk_dtype dt, int64_t rows, int64_t v, const config *c, i
     const char *impl = NULL;
     CHECK_RC(run_both("sample", args, n, &cpu, &gpu, &impl), TK_OK);
     char what[160];
-    snprintf(what, sizeof what, "sample %s [%lld, %lld] T %g top_k %lld top_p %g%s seed %lld (%s)", tk_dtype_name(dt),
-             (long long)rows, (long long)v, c->t, (long long)c->k, c->p, c->per_row ? " per-row" : "", (long long)sd,
-             impl ? impl : "?");
+    snprintf(what, sizeof what, "sample %s [%lld, %lld] T %g top_k %lld top_p %g%s%s seed %lld (%s)",
+             tk_dtype_name(dt), (long long)rows, (long long)v, c->t, (long long)c->k, c->p,
+             c->per_row ? " per-row" : "", c->ties ? " ties" : "", (long long)sd, impl ? impl : "?");
     CHECK(mismatches(&cpu, &gpu, rows, what) == 0);
     free(x.buf);
     free(cpu.buf);
@@ -191,14 +205,56 @@ static void test_sample(void)
     static const tk_dtype *dts[] = {&F32, &F16, &BF16};
     static const int64_t shapes[][2] = {{1, 1}, {7, 7}, {64, 1000}, {8, 32000}, {4, 151936}, {2, 262144}};
     static const config configs[] = {
-        {1.0, 0, 1.0, 0}, {0.0, 0, 1.0, 0}, {0.7, 50, 1.0, 0}, {1.2, 0, 0.9, 0},
-        {0.8, 100, 0.95, 0}, {1.0, 1, 1.0, 0}, {1.0, 0, 1e-6, 0}, {1.0, 0, 1.0, 1},
+        {1.0, 0, 1.0, 0, 0}, {0.0, 0, 1.0, 0, 0}, {0.7, 50, 1.0, 0, 0}, {1.2, 0, 0.9, 0, 0},
+        {0.8, 100, 0.95, 0, 0}, {1.0, 1, 1.0, 0, 0}, {1.0, 0, 1e-6, 0, 0}, {1.0, 0, 1.0, 1, 0},
+        {1.0, 0, 0.5, 0, 1}, {0.9, 300, 0.7, 0, 1}, {1.0, 0, 0.9, 1, 1},
     };
     for (size_t t = 0; t < 3; t++)
         for (size_t s = 0; s < sizeof shapes / sizeof shapes[0]; s++)
             for (size_t c = 0; c < sizeof configs / sizeof configs[0]; c++)
                 for (int k = 0; k < 2; k++)
                     sample_case(*dts[t], shapes[s][0], shapes[s][1], &configs[c], (int64_t)next_u64());
+    gpu_ctx_free(&g);
+}
+
+/* The issue's example on the GPU: TopPLogitsWarper(0.5) keeps {0, 3, 7} of these logits, of the four
+ * tied at 1 only the two the mass needs (the highest ids); 2000 draws hit all three and nothing else,
+ * and every token equals the CPU's. */
+static void test_sample_top_p_ties(void)
+{
+    if (!gpu_device())
+        SKIP("no CUDA device");
+    const char *pkgs[] = {"kernels-community/sampling", NULL};
+    CHECK_RC(gpu_ctx_new(&g, pkgs), TK_OK);
+    static const double row[12] = {2, 1, 1, 1, .5, 0, -1, 1, -2, .3, .2, .1};
+    static const tk_dtype *dts[] = {&F32, &F16, &BF16};
+    const int64_t rows = 2000;
+    for (size_t t = 0; t < 3; t++) {
+        host_t x, cpu, gpu;
+        host_rows(&x, *dts[t], 2, rows, 12);
+        host_rows(&cpu, I64, 1, rows, 1);
+        host_rows(&gpu, I64, 1, rows, 1);
+        for (int64_t r = 0; r < rows; r++)
+            for (int i = 0; i < 12; i++)
+                set(&x.t, r * 12 + i, row[i]);
+        tk_arg args[7] = {{TK_ARG_TENSOR, "out", &cpu.t, 0, 0},   {TK_ARG_TENSOR, "logits", &x.t, 0, 0},
+                          {TK_ARG_F64, "temperature", NULL, 0, 1.0}, {TK_ARG_I64, "top_k", NULL, 0, 0},
+                          {TK_ARG_F64, "top_p", NULL, 0, 0.5},    {TK_ARG_I64, "seed", NULL, (int64_t)next_u64(), 0},
+                          {TK_ARG_I64, "offset", NULL, 0, 0}};
+        CHECK_RC(run_both("sample", args, 7, &cpu, &gpu, NULL), TK_OK);
+        CHECK(mismatches(&cpu, &gpu, rows, "sample top-p ties example") == 0);
+        int hit[12] = {0};
+        for (int64_t r = 0; r < rows; r++) {
+            int64_t k = ((int64_t *)gpu.buf)[r];
+            CHECK(k == 0 || k == 3 || k == 7);
+            if (k >= 0 && k < 12)
+                hit[k] = 1;
+        }
+        CHECK(hit[0] && hit[3] && hit[7]);
+        free(x.buf);
+        free(cpu.buf);
+        free(gpu.buf);
+    }
     gpu_ctx_free(&g);
 }
 
@@ -218,6 +274,7 @@ int main(int argc, char **argv)
     printf("seed %llu\n", (unsigned long long)seed);
     RUN(test_argmax);
     RUN(test_sample);
+    RUN(test_sample_top_p_ties);
     RUN(test_coverage);
     return th_done();
 }

@@ -126,7 +126,8 @@ static int cmp_desc(const void *a, const void *b)
 }
 
 /* The probabilities HF's warpers give (temperature, top-k keeping ties, top-p keeping the fewest most
- * likely tokens whose mass reaches p, ties kept), in double. NaN logits are -inf. T > 0. */
+ * likely tokens whose mass reaches p, of a tie the highest indices first), in double. NaN logits are
+ * -inf. T > 0. */
 static void ref_probs(double *prob, const double *x, int64_t v, double t, int64_t k, double p)
 {
     double *z = malloc(sizeof(double) * (size_t)v), *s = malloc(sizeof(double) * (size_t)v);
@@ -147,22 +148,27 @@ static void ref_probs(double *prob, const double *x, int64_t v, double t, int64_
     for (int64_t i = 0; i < v; i++)
         prob[i] /= sum;
     if (p < 1) {
-        for (int64_t i = 0; i < v; i++)
-            s[i] = prob[i];
-        qsort(s, (size_t)v, sizeof *s, cmp_desc);
-        double cum = 0, tau = 0;
-        for (int64_t j = 0; j < v; j++) {
-            cum += s[j];
-            if (cum >= p) {
-                tau = s[j];
+        /* HF's order: most likely first, and of equal ones the highest index first (its stable
+         * ascending sort drops the lowest indices of a tie first); keep the shortest prefix whose mass
+         * reaches p. Selection by repeated scans: v is small wherever top_p < 1 here. */
+        char *kept = calloc((size_t)v, 1);
+        double cum = 0;
+        while (cum < p) {
+            int64_t best = -1;
+            for (int64_t i = v - 1; i >= 0; i--)
+                if (!kept[i] && prob[i] > 0 && (best < 0 || prob[i] > prob[best]))
+                    best = i;
+            if (best < 0)
                 break;
-            }
+            kept[best] = 1;
+            cum += prob[best];
         }
         sum = 0;
         for (int64_t i = 0; i < v; i++) {
-            prob[i] = prob[i] >= tau ? prob[i] : 0;
+            prob[i] = kept[i] ? prob[i] : 0;
             sum += prob[i];
         }
+        free(kept);
         for (int64_t i = 0; i < v; i++)
             prob[i] /= sum;
     }
@@ -707,6 +713,129 @@ static void test_large_vocab(void)
     host_free(&out);
 }
 
+/* The set of tokens sample draws from `row` (T = 1, no top-k, top_p p) in `draws` independent draws
+ * (one per row of a batch), as 0/1 flags in seen[v]; 0 on an op failure. */
+static int drawn_set(char *seen, const double *row, int64_t v, double p, int64_t draws, tk_dtype dt)
+{
+    const int64_t sh[2] = {draws, v};
+    host_t x, out;
+    host_new(&x, dt, 2, sh, 0);
+    host_new(&out, I64, 1, sh, 0);
+    for (int64_t r = 0; r < draws; r++)
+        for (int64_t i = 0; i < v; i++)
+            set(&x.t, r * v + i, row[i]);
+    sopts o = defaults();
+    o.top_p = p;
+    o.seed = (int64_t)next_u64();
+    int ok = run_sample(&out, &x, &o) == TK_OK;
+    memset(seen, 0, (size_t)v);
+    for (int64_t r = 0; ok && r < draws; r++) {
+        int64_t t = ids(&out)[r];
+        if (t < 0 || t >= v)
+            ok = 0;
+        else
+            seen[t] = 1;
+    }
+    host_free(&x);
+    host_free(&out);
+    return ok;
+}
+
+/* seen[] against the kept ids; prints both sets on a mismatch. */
+static int same_set(const char *seen, int64_t v, const int64_t *kept, int64_t nkept, const char *what)
+{
+    char *want = calloc((size_t)v, 1);
+    for (int64_t j = 0; j < nkept; j++)
+        want[kept[j]] = 1;
+    int same = memcmp(want, seen, (size_t)v) == 0;
+    if (!same) {
+        fprintf(stderr, "  top-p %s: tk keeps {", what);
+        for (int64_t i = 0; i < v; i++)
+            if (seen[i])
+                fprintf(stderr, " %lld", (long long)i);
+        fprintf(stderr, " }, transformers keeps {");
+        for (int64_t i = 0; i < v; i++)
+            if (want[i])
+                fprintf(stderr, " %lld", (long long)i);
+        fprintf(stderr, " } (seed %llu)\n", (unsigned long long)seed);
+    }
+    free(want);
+    return same;
+}
+
+/* The issue's example: TopPLogitsWarper(0.5) keeps {0, 3, 7} of these logits (mass 0.511): of the four
+ * tokens tied at 1, only as many as the mass needs, the highest ids. 2000 draws hit each of the three
+ * (probabilities 0.72, 0.14, 0.14 after renormalising) with certainty for practical purposes. */
+static void test_top_p_ties_example(void)
+{
+    static const double row[12] = {2, 1, 1, 1, .5, 0, -1, 1, -2, .3, .2, .1};
+    static const int64_t kept[3] = {0, 3, 7};
+    char seen[12];
+    for (size_t k = 0; k < 3; k++) {
+        CHECK(drawn_set(seen, row, 12, 0.5, 2000, *float_dtypes[k]));
+        CHECK(same_set(seen, 12, kept, 3, tk_ops__dtype_str(*float_dtypes[k])));
+    }
+}
+
+/* sample's kept set against transformers' TopPLogitsWarper itself, run by tests/top_p_oracle.py on rows
+ * full of exact ties (small vocabularies with a few levels; 2000- and 4099-token rows with a tie group of
+ * tens where the nucleus ends), in f32, f16 and bf16. Each case gives enough draws to hit every kept
+ * token (with probability 1 - e^-30); a token outside the kept set is never drawn. The venv is
+ * $TK_PY_VENV (default build/py-venv); without it the test skips, and fails in CI. */
+static void test_top_p_ties_vs_transformers(void)
+{
+    const char *venv = getenv("TK_PY_VENV");
+    char py[1024], cmd[2300];
+    snprintf(py, sizeof py, "%s/bin/python", venv && *venv ? venv : "build/py-venv");
+    snprintf(cmd, sizeof cmd, "'%s' -c 'import transformers' 2>/dev/null", py);
+    if (system(cmd) != 0) {
+        if (getenv("CI") && *getenv("CI")) {
+            fprintf(stderr, "  %s cannot import transformers (scripts/setup.sh --test installs it)\n", py);
+            CHECK(0);
+            return;
+        }
+        SKIP("no transformers venv; run scripts/setup.sh --test or set TK_PY_VENV");
+    }
+    snprintf(cmd, sizeof cmd, "'%s' tests/top_p_oracle.py %llu 15", py, (unsigned long long)(seed % 1000000007));
+    FILE *f = popen(cmd, "r");
+    CHECK(f != NULL);
+    if (!f)
+        return;
+    size_t cap = 1 << 20;
+    char *line = malloc(cap);
+    int cases = 0;
+    while (fgets(line, (int)cap, f)) {
+        char *s = line, *end;
+        double p = strtod(s, &end);
+        int64_t v = strtoll(end, &end, 10), draws = strtoll(end, &end, 10), nk = strtoll(end, &end, 10);
+        int64_t *kept = malloc(sizeof(int64_t) * (size_t)(nk > 0 ? nk : 1));
+        double *row = malloc(sizeof(double) * (size_t)v);
+        char *seen = malloc((size_t)v);
+        for (int64_t j = 0; j < nk; j++)
+            kept[j] = strtoll(end, &end, 10);
+        end = strchr(end, '|');
+        CHECK(end != NULL && v > 0 && nk > 0);
+        for (int64_t i = 0; end && i < v; i++)
+            row[i] = strtod(end + (i == 0), &end);
+        if (end) {
+            for (size_t k = 0; k < 3; k++) {
+                char what[160];
+                snprintf(what, sizeof what, "case %d (v %lld, p %.6f, %s)", cases, (long long)v, p,
+                         tk_ops__dtype_str(*float_dtypes[k]));
+                CHECK(drawn_set(seen, row, v, p, draws, *float_dtypes[k]));
+                CHECK(same_set(seen, v, kept, nk, what));
+            }
+        }
+        cases++;
+        free(kept);
+        free(row);
+        free(seen);
+    }
+    free(line);
+    CHECK(pclose(f) == 0);
+    CHECK(cases == 15);
+}
+
 static void test_empty(void)
 {
     const int64_t sh[2] = {0, 16};
@@ -818,6 +947,8 @@ int main(void)
     RUN(test_distribution);
     RUN(test_per_row);
     RUN(test_large_vocab);
+    RUN(test_top_p_ties_example);
+    RUN(test_top_p_ties_vs_transformers);
     RUN(test_empty);
     RUN(test_validation);
     return th_done();

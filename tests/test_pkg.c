@@ -54,6 +54,15 @@ static void test_paths_and_versions(void)
     CHECK_EQ_INT(tk_hub__path_check("a/./b"), -1);
     CHECK_EQ_INT(tk_hub__path_check("a\\b"), -1);
     CHECK_EQ_INT(tk_hub__path_check("dir/"), -1);
+    char longc[300], deep[400] = "";
+    memset(longc, 'n', sizeof longc - 1);
+    longc[sizeof longc - 1] = '\0';
+    CHECK_EQ_INT(tk_hub__path_check(longc), -1); /* a component longer than NAME_MAX */
+    for (int i = 0; i < 65; i++)
+        strcat(deep, i ? "/d" : "d");
+    CHECK_EQ_INT(tk_hub__path_check(deep), -1); /* 65 levels */
+    deep[strlen(deep) - 2] = '\0';
+    CHECK_EQ_INT(tk_hub__path_check(deep), 0);  /* 64 levels */
     int major = 0;
     CHECK_EQ_INT(tk_hub__version_parse("1.2.3", &major), 0);
     CHECK_EQ_INT(major, 1);
@@ -279,6 +288,76 @@ static void test_write_atomic_and_errors(void)
     free(p);
 }
 
+/* Writes a small package "tktest/demo" (as tests/cli/get.sh's make_pkg) into dir. */
+static void write_pkg(const char *dir)
+{
+    char *spec = tk__fmt("%s/kernel.json", dir), *src = tk__fmt("%s/scale.cu", dir);
+    static const char k[] =
+        "{\"name\": \"tktest/demo\", \"version\": \"1.0.0\", \"license\": \"MIT\", \"kernels\": [{\"name\": "
+        "\"scale_f32\", \"op\": \"scale\", \"source\": \"scale.cu\", \"symbol\": \"scale\", \"params\": [{\"name\": "
+        "\"out\", \"type\": \"tensor\", \"dtype\": \"f32\"}, {\"name\": \"n\", \"type\": \"i64\", \"value\": "
+        "\"numel(out)\"}], \"launch\": {\"grid\": [\"cdiv(n, 256)\"], \"block\": [\"256\"], \"smem\": \"0\"}}]}\n";
+    static const char c[] = "extern \"C\" __global__ void scale(float *out, long long n) {}\n";
+    CHECK_RC(tk__mkdirs(dir, 0755), TK_OK);
+    CHECK_RC(tk__write_atomic(spec, k, strlen(k), 0644), TK_OK);
+    CHECK_RC(tk__write_atomic(src, c, strlen(c), 0644), TK_OK);
+    free(spec);
+    free(src);
+}
+
+/* The C API follows --trust's rules: trust_unknown trusts the signer of an org with no key (first
+ * use) and never replaces one. (tk_get_kernel installs through tk_pkg_get with its opts.get; it
+ * needs a device before it gets there, so it is not called here.) */
+static void test_trust_first_use_api(void)
+{
+    char *ka = tmp("a.key"), *kb = tmp("b.key"), *pkg = tmp("pkg"), *tree = tmp("tree"), *home1 = tmp("home1"),
+         *home2 = tmp("home2"), *pub_a = NULL, *pub_b = NULL, *url = tk__fmt("file://%s", tree);
+    tk_ctx *ctx = NULL;
+    tk_pkg *p = NULL;
+    CHECK_RC(tk_keygen(&pub_a, ka), TK_OK);
+    CHECK_RC(tk_keygen(&pub_b, kb), TK_OK);
+    write_pkg(pkg);
+    tk_ctx_opts co = TK_CTX_OPTS_INIT;
+    co.home = home1;
+    co.endpoint = url;
+    co.offline = 0;
+    CHECK_RC(tk_ctx_new(&ctx, &co), TK_OK);
+    tk_publish_opts po = TK_PUBLISH_OPTS_INIT;
+    po.key_path = kb;
+    CHECK_RC(tk_publish(NULL, ctx, pkg, tree, &po), TK_OK);
+    /* org pinned to key a; the registry's key b is refused, --trust or not */
+    CHECK_RC(tk_trust_add(ctx, "tktest", pub_a, NULL), TK_OK);
+    tk_get_opts go = TK_GET_OPTS_INIT;
+    go.trust_unknown = 1;
+    CHECK_RC(tk_pkg_get(&p, ctx, "tktest/demo", &go), TK_ERR_UNTRUSTED);
+    CHECK_CONTAINS(tk_last_error(), "is pinned to key");
+    CHECK(p == NULL);
+    char *json = NULL;
+    CHECK_RC(tk_trust_list_json(&json, ctx), TK_OK);
+    CHECK(json && strstr(json, pub_b + 8) == NULL);
+    free(json);
+    tk_ctx_free(ctx);
+    /* a home with no key for the org: first use trusts b */
+    co.home = home2;
+    CHECK_RC(tk_ctx_new(&ctx, &co), TK_OK);
+    CHECK_RC(tk_pkg_get(&p, ctx, "tktest/demo", &go), TK_OK);
+    tk_pkg_free(p);
+    json = NULL;
+    CHECK_RC(tk_trust_list_json(&json, ctx), TK_OK);
+    CHECK(json && strstr(json, pub_b + 8) != NULL);
+    free(json);
+    tk_ctx_free(ctx);
+    free(ka);
+    free(kb);
+    free(pkg);
+    free(tree);
+    free(home1);
+    free(home2);
+    free(pub_a);
+    free(pub_b);
+    free(url);
+}
+
 int main(void)
 {
     snprintf(tmpdir, sizeof tmpdir, "/tmp/tk-test-pkg.%d", (int)getpid());
@@ -290,6 +369,7 @@ int main(void)
     RUN(test_state);
     RUN(test_store_objects);
     RUN(test_write_atomic_and_errors);
+    RUN(test_trust_first_use_api);
     tk__rmtree(tmpdir);
     return th_done();
 }

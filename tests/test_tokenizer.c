@@ -189,8 +189,8 @@ static void test_matches_tokenizers(void)
     }
     printf("    %zu tokenizers, %zu cases, %zu round trips, %zu mismatching cases\n", ntok, ncase,
            nround, bad);
-    CHECK(ntok >= 17);
-    CHECK(ncase >= 17 * 49);
+    CHECK(ntok >= 18);
+    CHECK(ncase >= 18 * 49);
     CHECK(nround >= 100);
     CHECK_EQ_INT(bad, 0);
 }
@@ -204,6 +204,32 @@ static const char *oracle_path(const char *name)
             return json_string_value(json_object_get(tj, "path"));
     }
     return NULL;
+}
+
+/* The JSON of a tokenizer: the oracle's trained file when the venv is there, else the fuzz seed of
+ * the same shape (tests/fuzz/corpus/tokenizer/NAME: JSON, NUL, text), so these tests run anyway. */
+static char *tokenizer_json(const char *name, size_t *len)
+{
+    char path[512], *text = NULL;
+    if (oracle)
+        snprintf(path, sizeof path, "%s", oracle_path(name));
+    else
+        snprintf(path, sizeof path, "tests/fuzz/corpus/tokenizer/%s", name);
+    if (tk__read_file(&text, len, path, 1 << 24) != TK_OK)
+        return NULL;
+    char *nul = memchr(text, 0, *len);
+    if (nul)
+        *len = (size_t)(nul - text);
+    return text;
+}
+
+static int load_shape(tk_tokenizer **tok, const char *name)
+{
+    size_t len = 0;
+    char *text = tokenizer_json(name, &len);
+    int rc = text ? tk_models__tokenizer_parse(tok, text, len, name) : TK_ERR_NOT_FOUND;
+    free(text);
+    return rc;
 }
 
 /* The real all-MiniLM-L6-v2 tokenizer, loaded from its model directory. */
@@ -249,17 +275,24 @@ static void test_minilm_dir(void)
     tk_tokenizer_free(tok);
 }
 
+static double cpu_ms(void) /* process CPU time: the test machines are shared */
+{
+    struct timespec ts;
+    clock_gettime(CLOCK_PROCESS_CPUTIME_ID, &ts);
+    return ts.tv_sec * 1e3 + ts.tv_nsec / 1e6;
+}
+
 /* A long text without a pre-tokenizer is one BPE piece (llama2's layout): merging must stay
  * O(n log n), and the result must equal encoding the same text split at spaces the same way. */
 static void test_bpe_long_piece(void)
 {
-    NEED_ORACLE();
-    const char *path = oracle_path("llama2");
     tk_tokenizer *tok = NULL;
-    CHECK_RC(tk_tokenizer_load(&tok, path), TK_OK);
+    CHECK_RC(load_shape(&tok, "llama2"), TK_OK);
     if (!tok)
         return;
-    const char *unit = "The tokenizer turns text into numbers, caf\xC3\xA9 \xE6\xBC\xA2\xE5\xAD\x97 123 ";
+    /* "hello world" merges in the fuzz seed's small vocabulary too */
+    const char *unit = "hello world. The tokenizer turns text into numbers, caf\xC3\xA9 "
+                       "\xE6\xBC\xA2\xE5\xAD\x97 123 ";
     size_t un = strlen(unit), reps = 20000;
     char *big = malloc(un * reps + 1);
     for (size_t i = 0; i < reps; i++)
@@ -267,11 +300,12 @@ static void test_bpe_long_piece(void)
     big[un * reps] = 0;
     int32_t *ids = NULL, *one = NULL;
     size_t n = 0, n1 = 0;
-    double t0 = tk__now_ms();
+    double t0 = cpu_ms();
     CHECK_RC(tk_tokenizer_encode(&ids, &n, tok, big, un * reps, 0), TK_OK);
-    double ms = tk__now_ms() - t0;
-    printf("    %zu bytes as one BPE piece: %zu ids in %.0f ms\n", un * reps, n, ms);
-    CHECK(ms < 20000);
+    double ms = cpu_ms() - t0;
+    printf("    %zu bytes as one BPE piece: %zu ids in %.0f ms of CPU\n", un * reps, n, ms);
+    /* ~0.3 s here, ~6 s under ASan; a quadratic merge loop would take hours */
+    CHECK(ms < 60000);
     CHECK_RC(tk_tokenizer_encode(&one, &n1, tok, unit, un, 0), TK_OK);
     /* the first repetition starts the text, so its ids begin the long encoding */
     CHECK(n > n1 * (reps / 2));
@@ -311,9 +345,8 @@ static void *encode_job(void *p)
 /* One tokenizer, four threads encoding at once: the same ids as one thread alone. */
 static void test_threads(void)
 {
-    NEED_ORACLE();
     tk_tokenizer *tok = NULL;
-    CHECK_RC(tk_tokenizer_load(&tok, oracle_path("llama3")), TK_OK);
+    CHECK_RC(load_shape(&tok, "llama3"), TK_OK);
     if (!tok)
         return;
     const char *text = "Hello<|eot_id|> world, caf\xC3\xA9 \xF0\x9F\xA4\x97 1234567 don't   stop\n\n";
@@ -446,10 +479,9 @@ static void test_malformed(void)
 /* Every prefix of a real tokenizer.json fails cleanly (a truncated download). */
 static void test_truncated(void)
 {
-    NEED_ORACLE();
-    char *text = NULL;
     size_t len = 0;
-    CHECK_RC(tk__read_file(&text, &len, oracle_path("llama3"), 1 << 24), TK_OK);
+    char *text = tokenizer_json("llama3", &len);
+    CHECK(text != NULL);
     if (!text)
         return;
     size_t tried = 0;
@@ -459,6 +491,9 @@ static void test_truncated(void)
         CHECK(rc != TK_OK && tok == NULL);
         tried++;
     }
+    tk_tokenizer *tok = NULL; /* and the whole file parses */
+    CHECK_RC(tk_models__tokenizer_parse(&tok, text, len, "whole.json"), TK_OK);
+    tk_tokenizer_free(tok);
     CHECK(tried > 90);
     free(text);
 }

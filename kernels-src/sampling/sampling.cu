@@ -17,7 +17,9 @@
 // The definition of `sample` is tk's ops/sampling.c, and the code below is the same computation in
 // the same order: z = x * (1 / T) in fp32, keys, W = floor(exp_det(z - zmax) * 2^32) with exp_det
 // built from fp32 multiplies and explicit fmas only (no libm: CUDA's expf is not glibc's), integer
-// sums (order-independent, so atomics are deterministic), top-p's need = ceil(p * W1) in double, a
+// sums (order-independent, so atomics are deterministic), top-p's need = ceil(p * W1) in double, of
+// the tokens tied at top-p's threshold only as many as the mass needs (the highest indices, as
+// transformers' TopPLogitsWarper with a stable sort; a block-wide scan of tie counts in the draw), a
 // Philox-4x32-10 draw keyed by the seed with counter (row, offset) (row part 0 with per-row seeds),
 // target = umulhi(r, S). So the GPU picks exactly the CPU reference's token for the same seed. The
 // package compiles with --fmad=false as well, so no multiply-add is contracted behind the code's back.
@@ -382,7 +384,7 @@ __global__ void __launch_bounds__(1024) tk_sample(tk_i64 *out,               // 
 
     // The digits of a selection: 11, 11, 10 bits from the top. Pass 0's histogram is built by the
     // caller; lo filters keys (top-k's threshold, for top-p); w = 1 (counts) or the weight.
-    auto select = [&](unsigned lo, tk_u64 need, bool by_mass, tk_u64 *mass) -> unsigned {
+    auto select = [&](unsigned lo, tk_u64 need, bool by_mass, tk_u64 *mass, tk_u64 *mass_above) -> unsigned {
         unsigned mask = 0, val = 0;
         tk_u64 above = 0, at = 0;
         for (int ps = 0; ps < 3; ps++) {
@@ -406,13 +408,14 @@ __global__ void __launch_bounds__(1024) tk_sample(tk_i64 *out,               // 
             mask |= (unsigned)(nb - 1) << shift;
         }
         *mass = above + at;
+        *mass_above = above;
         return val;
     };
 
     unsigned t = 0;
-    tk_u64 mass = 0;
+    tk_u64 mass = 0, above = 0, drop = 0; // drop: the lowest indices of the tie at t that top-p leaves out
     if (topk_on)
-        t = select(0, (tk_u64)k, false, &mass);
+        t = select(0, (tk_u64)k, false, &mass, &above);
     if (p < 1.0) {
         // top-p's first digit over the top-k set, with its total mass W1
         __syncthreads(); // select's last find_bin readers are done with hist
@@ -431,7 +434,16 @@ __global__ void __launch_bounds__(1024) tk_sample(tk_i64 *out,               // 
             }
         });
         const tk_u64 w1 = block_reduce_u64<false>(mine);
-        t = select(t, top_p_need(p, w1), true, &mass);
+        const tk_u64 need = top_p_need(p, w1);
+        t = select(t, need, true, &mass, &above);
+        // Of the tokens tied at t (each of weight wt), keep only as many as the mass needs: the
+        // highest indices, as TopPLogitsWarper's stable ascending sort does (ops/sampling.c, step 4).
+        const tk_u64 wt = weight_of(float_of_key(t), zmax);
+        if (wt > 0 && need > above) {
+            const tk_u64 tied = (mass - above) / wt, keep = (need - above + wt - 1) / wt;
+            drop = keep < tied ? tied - keep : 0;
+            mass = above + (tied - drop) * wt;
+        }
     } else {
         tk_u64 mine = 0;
         for_each<T>(x, v, vec, [&](tk_i64, float xv) {
@@ -447,7 +459,7 @@ __global__ void __launch_bounds__(1024) tk_sample(tk_i64 *out,               // 
     // scan orders the partial sums by index.
     const tk_u64 target = __umul64hi(draw(sd, ctr_row, (tk_u64)offset), mass);
     constexpr int N = Vec<T>::N;
-    tk_u64 running = 0;
+    tk_u64 running = 0, tied_before = 0; // tied_before: tokens with key t in the tiles before
     if (threadIdx.x == 0)
         s_pick = -1;
     for (tk_i64 tile = 0; tile < v; tile += (tk_i64)blockDim.x * N) {
@@ -464,12 +476,26 @@ __global__ void __launch_bounds__(1024) tk_sample(tk_i64 *out,               // 
             for (int q = 0; q < N; q++)
                 xs[q] = base + q < v ? to_f32(x[base + q]) : __int_as_float(0xff800000);
         }
+        unsigned keys[N];
+        tk_u64 ties = 0;
 #pragma unroll
         for (int q = 0; q < N; q++) {
-            const unsigned key = key_of(__fmul_rn(xs[q], inv_t));
-            w[q] = (base + q < v && key >= t) ? weight_of(float_of_key(key), zmax) : 0ull;
+            keys[q] = key_of(__fmul_rn(xs[q], inv_t));
+            ties += (base + q < v && keys[q] == t) ? 1ull : 0ull;
+        }
+        // The rank of this thread's first tied token among the row's tied tokens, in index order
+        // (drop is the same in every thread, so every thread takes the scan or none does).
+        tk_u64 rank = 0, tile_ties = 0;
+        if (drop > 0)
+            rank = tied_before + block_exclusive_scan(ties, &tile_ties);
+#pragma unroll
+        for (int q = 0; q < N; q++) {
+            const bool in = base + q < v && keys[q] >= t;
+            const bool dropped = in && keys[q] == t && rank++ < drop;
+            w[q] = (in && !dropped) ? weight_of(float_of_key(keys[q]), zmax) : 0ull;
             local += w[q];
         }
+        tied_before += tile_ties;
         tk_u64 tile_total;
         const tk_u64 excl = block_exclusive_scan(local, &tile_total);
         if (running + excl <= target && target < running + excl + local) {

@@ -51,8 +51,8 @@ t_get_nginx_request_count() {
   local before; before=$(nginx_requests)
   expect_rc 0 "$TK" get tktest/demo@1
   local n=$(( $(nginx_requests) - before ))
-  # refs + manifest + signature + archive
-  [ "$n" -eq 4 ] || fail "get made $n requests, want 4 (refs, then at most three)"
+  # refs + manifest + signature + the commit's info document (its parent) + archive
+  [ "$n" -eq 5 ] || fail "get made $n requests, want 5 (refs, then at most four)"
   before=$(nginx_requests)
   expect_rc 0 "$TK" get tktest/demo
   n=$(( $(nginx_requests) - before ))
@@ -78,6 +78,47 @@ t_trust_flag_and_list() {
   expect_rc 5 "$TK" get tktest/demo
 }
 
+# --trust is trust on first use: an org that has a key never gains a second one from a download.
+t_trust_flag_never_adds_a_second_key() {
+  "$TK" keygen "$WORK/evil.key" >/dev/null; local evil; evil=$(cat "$WORK/evil.key.pub")
+  local evilreg=$WORK/evilreg; rm -rf "$evilreg"
+  make_pkg "$WORK/evilpkg" 1.0.0
+  "$TK" publish "$WORK/evilpkg" --to "$evilreg" --key "$WORK/evil.key" -q >/dev/null || { fail "publish"; return; }
+  # first contact with --trust, but the package is refused (its archive does not match): no key is
+  # left trusted, since the key is recorded with the install
+  copy_reg; echo junk >>"$BAD/source.tar.gz"
+  expect_rc 5 "$TK" get --trust tktest/demo
+  expect_out "does not match"
+  expect_rc 0 "$TK" --json trust list
+  [ "$(echo "$OUT" | python3 -c 'import json,sys; print(len([k for k in json.load(sys.stdin) if k["org"]=="tktest"]))')" = 0 ] \
+    || fail "a refused first-contact package left its key trusted: $OUT"
+  "$TK" trust add tktest "$PUB" -q
+  local pinned; pinned=$("$TK" --json trust list | python3 -c 'import json,sys; print([k["keyid"] for k in json.load(sys.stdin) if k["org"]=="tktest"][0])')
+  local evilid; evilid=$(python3 -c "import hashlib; print('SHA256:'+hashlib.sha256(bytes.fromhex('${evil#ed25519:}')).hexdigest()[:32])")
+  use_file "$evilreg"
+  for flags in "" "--trust"; do
+    expect_rc 5 "$TK" get $flags tktest/demo
+    expect_out "pinned to key $pinned"
+    expect_out "$evilid"
+    expect_out "tk trust add tktest $evil"
+    expect_no_out "trusting new signer"
+  done
+  expect_rc 0 "$TK" --json trust list
+  [ "$(echo "$OUT" | python3 -c 'import json,sys; print(len([k for k in json.load(sys.stdin) if k["org"]=="tktest"]))')" = 1 ] \
+    || fail "the trust store gained a key for tktest: $OUT"
+  expect_rc 0 "$TK" list --json
+  [ "$OUT" = "[]" ] || fail "a package signed by a stranger was installed: $OUT"
+  # the build's own org is pinned by the built-in key, even with an empty trust store
+  local org; org=$("$TK" --json trust list | python3 -c 'import json,sys; print([k["org"] for k in json.load(sys.stdin) if k.get("builtin")][0])')
+  make_pkg "$WORK/evilpkg2" 1.0.0; sed -i "s#tktest/demo#$org/demo#" "$WORK/evilpkg2/kernel.json"
+  "$TK" publish "$WORK/evilpkg2" --to "$evilreg" --key "$WORK/evil.key" -q >/dev/null || { fail "publish"; return; }
+  expect_rc 5 "$TK" get --trust "$org/demo"
+  expect_out "org '$org' is pinned to key"
+  # the rotation the README describes still works: 'tk trust add' the new key, then get
+  expect_rc 0 "$TK" trust add tktest "$evil"
+  expect_rc 0 "$TK" get tktest/demo
+}
+
 t_unknown_package_and_version() {
   use_file "$REG"
   "$TK" trust add tktest "$PUB" -q
@@ -92,6 +133,9 @@ t_unknown_package_and_version() {
 
 # copy_reg: a private copy of the registry to tamper with.
 copy_reg() { rm -rf "$WORK/bad"; cp -a "$REG" "$WORK/bad"; use_file "$WORK/bad"; BAD=$WORK/bad/kernels/tktest/demo/resolve/$(readlink "$WORK/bad/kernels/tktest/demo/resolve/v1"); }
+# recommit_bad: after editing $BAD's files, moves them to the commit id they make (as a hostile
+# registry would), so the test reaches the check it is about rather than the commit-id check.
+recommit_bad() { recommit "$WORK/bad" tktest/demo v1 >/dev/null; BAD=$WORK/bad/kernels/tktest/demo/resolve/$(readlink "$WORK/bad/kernels/tktest/demo/resolve/v1"); }
 
 t_tampered_manifest() {
   copy_reg; "$TK" trust add tktest "$PUB" -q
@@ -130,7 +174,7 @@ t_malformed_manifest_validly_signed() {
 t_bad_launch_rule_refused_at_install() {
   copy_reg; "$TK" trust add tktest "$PUB" -q
   sed -i 's/cdiv(n, 256)/cdiv(n, 256) + bogus.shape[0]/' "$BAD/manifest.json"
-  sign_file "$KEY" "$BAD/manifest.json"
+  sign_file "$KEY" "$BAD/manifest.json"; recommit_bad
   expect_rc 5 "$TK" get tktest/demo
   expect_out "launch.grid[0]"
   expect_out "bogus"
@@ -154,7 +198,7 @@ else:
     k["params"].append({"name": "flag", "type": "i64", "optional": True})
 json.dump(m, open(sys.argv[2], "w"))
 EOF
-    sign_file "$KEY" "$BAD/manifest.json"
+    sign_file "$KEY" "$BAD/manifest.json"; recommit_bad
     expect_rc 5 "$TK" get tktest/demo
     case $kind in
       nosize) expect_out "needs a 'value'" ;;
@@ -192,9 +236,79 @@ m = json.load(open(d + "/manifest.json"))
 m["archive"]["sha256"] = hashlib.sha256(arc).hexdigest(); m["archive"]["size"] = len(arc)
 open(d + "/manifest.json", "w").write(json.dumps(m, indent=2) + "\n")
 EOF
-  sign_file "$KEY" "$BAD/manifest.json"
+  sign_file "$KEY" "$BAD/manifest.json"; recommit_bad
   expect_rc 5 "$TK" get tktest/demo
+  expect_out "escape.cu"
   [ ! -e "$TK_HOME/store/escape.cu" ] && [ ! -e "$TK_HOME/escape.cu" ] || fail "archive escaped"
+}
+
+# A commit id names its content: a mirror that serves 1.0.0's signed files under 1.1.0's commit is
+# refused, by commit and by branch, on a machine that never saw 1.1.0.
+t_commit_holds_what_it_names() {
+  "$TK" trust add tktest "$PUB" -q
+  local r=$WORK/swap; rm -rf "$r"; cp -a "$REG" "$r"
+  make_pkg "$WORK/pkgsw" 1.1.0
+  local c0 c1; c0=$(readlink "$r/kernels/tktest/demo/resolve/v1")
+  c1=$("$TK" publish "$WORK/pkgsw" --to "$r" --key "$KEY" -q) || { fail "publish"; return; }
+  rm "$r/kernels/tktest/demo/resolve/$c1"/*
+  cp "$r/kernels/tktest/demo/resolve/$c0"/* "$r/kernels/tktest/demo/resolve/$c1/"
+  use_file "$r"
+  expect_rc 5 "$TK" get "tktest/demo@$c1"
+  expect_out "commit $c1 does not hold what it names"
+  expect_out "tktest/demo 1.0.0"
+  expect_rc 5 "$TK" get tktest/demo
+  expect_out "does not hold what it names"
+  # a forged parent in the info document does not help: the id is a hash over it
+  python3 - "$r/api/kernels/tktest/demo/revision/$c1" "$c0" <<'EOF'
+import json, sys
+d = json.load(open(sys.argv[1])); d["tk"]["parent"] = sys.argv[2]; json.dump(d, open(sys.argv[1], "w"))
+EOF
+  expect_rc 5 "$TK" get "tktest/demo@$c1"
+  expect_out "does not hold what it names"
+  # an info document without the parent (an older tk's tree) is refused with a hint, not trusted
+  python3 - "$r/api/kernels/tktest/demo/revision/$c1" <<'EOF'
+import json, sys
+d = json.load(open(sys.argv[1])); del d["tk"]["parent"]; json.dump(d, open(sys.argv[1], "w"))
+EOF
+  expect_rc 5 "$TK" get "tktest/demo@$c1"
+  expect_out "does not give the commit's parent"
+  expect_out "HINT"
+  rm "$r/api/kernels/tktest/demo/revision/$c1"
+  expect_rc 5 "$TK" get "tktest/demo@$c1"
+  expect_out "no info document for commit $c1"
+  expect_rc 0 "$TK" list --json
+  [ "$OUT" = "[]" ] || fail "something was installed: $OUT"
+  # the honest commits still install, each as the version it names
+  expect_rc 0 "$TK" get "tktest/demo@$c0"
+  expect_out "1.0.0"
+}
+
+# A tree written before commit ids were checked has no parents in its info documents: its commits
+# are refused until a publish (identical content: a no-op) records them, recomputed from the ids.
+t_old_tree_gets_parents_on_publish() {
+  "$TK" trust add tktest "$PUB" -q
+  local r=$WORK/oldtree; rm -rf "$r"; cp -a "$REG" "$r"
+  make_pkg "$WORK/pkgold" 1.0.1
+  local c0 c1; c0=$(readlink "$r/kernels/tktest/demo/resolve/v1")
+  c1=$("$TK" publish "$WORK/pkgold" --to "$r" --key "$KEY" -q) || { fail "publish"; return; }
+  python3 - "$r/api/kernels/tktest/demo" <<'EOF'
+import json, os, sys
+for root, _, files in os.walk(sys.argv[1]):
+    for f in files:
+        p = os.path.join(root, f); d = json.load(open(p))
+        if isinstance(d, dict) and "tk" in d: d["tk"].pop("parent", None); json.dump(d, open(p, "w"))
+EOF
+  use_file "$r"
+  expect_rc 5 "$TK" get "tktest/demo@$c0"
+  expect_out "does not give the commit's parent"
+  expect_rc 0 "$TK" publish "$WORK/pkgold" --to "$r" --key "$KEY"
+  expect_out "already published"
+  [ "$(python3 -c "import json; print(json.load(open('$r/api/kernels/tktest/demo/revision/$c1'))['tk']['parent'])")" = "$c0" ] \
+    || fail "the parent of $c1 was not recorded as $c0"
+  expect_rc 0 "$TK" get "tktest/demo@$c0"
+  expect_out "1.0.0"
+  expect_rc 0 "$TK" get tktest/demo
+  expect_out "1.0.1"
 }
 
 t_rollback_refused() {
@@ -253,6 +367,15 @@ t_yank_moves_branch_back_and_keeps_locks() {
   use_file "$WORK/yk-forged"
   expect_rc 5 "$TK" get tktest/demo
   expect_out "rollback refused"
+  # --trust changes nothing: a yank statement never adds a key, so the stranger's yank excuses nothing
+  expect_rc 5 "$TK" get --trust tktest/demo
+  expect_out "rollback refused"
+  expect_no_out "trusting new signer"
+  expect_rc 0 "$TK" --json trust list
+  [ "$(echo "$OUT" | python3 -c 'import json,sys; print(len([k for k in json.load(sys.stdin) if k["org"]=="tktest"]))')" = 1 ] \
+    || fail "a stranger's yank added a key: $OUT"
+  expect_rc 0 "$TK" info tktest/demo
+  expect_out "1.0.1"
 }
 
 t_publish_rules_and_history() {
@@ -318,6 +441,67 @@ t_verify_detects_tampering() {
   expect_rc 0 "$TK" verify
 }
 
+# A symlink planted at each path tk writes under its home, pointing outside it: tk refuses the link,
+# naming it, and nothing outside the home changes (files, sizes, times, modes and contents checked).
+t_planted_symlinks_never_followed() {
+  use_file "$REG"
+  local out=$WORK/outside m asha fsha i=0
+  rm -rf "$out"; mkdir -p "$out/dir"
+  m=$DEMO_DIR/$(readlink "$DEMO_DIR/v1")/manifest.json
+  asha=$(python3 -c "import json; print(json.load(open('$m'))['archive']['sha256'])")
+  fsha=$(python3 -c "import json; print(json.load(open('$m'))['files'][0]['sha256'])")
+  cp "$DEMO_DIR/v1/source.tar.gz" "$out/archive-copy"
+  echo precious >"$out/victim"; echo keep >"$out/dir/unreferenced"
+  snap() { (cd "$out" && find . -printf '%p %s %T@ %m %n\n' | sort && find . -type f -exec sha256sum {} + | sort); }
+  local before; before=$(snap)
+  local cases=(
+    "store/tmp/$asha-source.tar.gz.part|$out/victim"
+    "store/tmp/$asha-source.tar.gz.lock|$out/created-lock"
+    "store/tmp/$asha-source.tar.gz|$out/archive-copy"
+    "store/objects/${fsha:0:2}|$out/dir"
+    "store/objects/${fsha:0:2}/$fsha|$out/victim"
+    "store/.lock|$out/created-store-lock"
+    "state.db-wal|$out/created-wal"
+    "state.db-shm|$out/created-shm"
+    "store/tmp|$out/dir"
+    "state.db|$out/created-db"
+    "cache/cache.db|$out/created-cache-db"
+    "cache/cache.db-wal|$out/created-cache-wal"
+    "cache|$out/dir"
+  )
+  local c rel target
+  for c in "${cases[@]}"; do
+    rel=${c%%|*}; target=${c#*|}; i=$((i + 1))
+    export TK_HOME=$WORK/home-sym-$i; rm -rf "$TK_HOME"; mkdir -p "$TK_HOME"
+    if [ "$rel" != state.db ]; then "$TK" trust add tktest "$PUB" -q || { fail "trust add ($rel)"; continue; }; fi
+    case $rel in store/tmp|cache) rm -rf "${TK_HOME:?}/$rel" ;; esac
+    mkdir -p "$(dirname "$TK_HOME/$rel")"; ln -s "$target" "$TK_HOME/$rel"
+    case $rel in
+      state.db) expect_rc 6 "$TK" trust add tktest "$PUB" ;;
+      cache|cache/*) expect_rc 6 "$TK" cache stats ;;   # the compiled-binary cache (SQLite)
+      *) expect_rc 6 "$TK" get tktest/demo ;;
+    esac
+    expect_out "$TK_HOME/$rel"
+    [ "$(snap)" = "$before" ] || { fail "a link at $rel changed something outside the home:"; diff <(echo "$before") <(snap) >&2; }
+    rm "$TK_HOME/$rel"
+    [ "$rel" = state.db ] && "$TK" trust add tktest "$PUB" -q
+    case $rel in cache*) expect_rc 0 "$TK" cache stats ;; esac
+    expect_rc 0 "$TK" get tktest/demo
+  done
+  # verify: an object replaced by a link to an identical copy outside is tampering
+  local obj; obj=$TK_HOME/store/objects/${fsha:0:2}/$fsha
+  cp "$obj" "$out/same"; chmod u+w "$obj"; rm -f "$obj"; ln -s "$out/same" "$obj"
+  before=$(snap)
+  expect_rc 5 "$TK" verify
+  expect_out "symbolic link"
+  expect_out "tampering"
+  # a planted objects/<ab> link to a directory elsewhere: remove (which collects unreferenced
+  # objects) deletes nothing there
+  rm "$obj"; ln -s "$out/dir" "$TK_HOME/store/objects/zz"
+  expect_rc 0 "$TK" remove tktest/demo
+  [ "$(snap)" = "$before" ] || { fail "remove changed something outside the home:"; diff <(echo "$before") <(snap) >&2; }
+}
+
 t_remove_collects_files() {
   use_file "$REG"; "$TK" trust add tktest "$PUB" -q
   "$TK" get -q tktest/demo >/dev/null
@@ -359,6 +543,85 @@ t_sigkill_mid_get() {
   grep -q ' 206 ' "$WORK/nginx/access.log" || fail "the second get did not resume (no 206 in the access log)"
   expect_rc 0 "$TK" verify
   stop_nginx
+}
+
+# One exit code per class of failure, as 'tk --help' documents them: 5 a package refused, 6 local I/O
+# (disk full, read-only home), 4 the network.
+t_exit_codes_package_refused() {
+  copy_reg; "$TK" trust add tktest "$PUB" -q
+  local orig=$WORK/class-orig; rm -rf "$orig"; cp -a "$BAD" "$orig"
+  local kind
+  for kind in longname deep; do
+    rm -f "$BAD"/*; cp "$orig"/* "$BAD/"
+    # a validly signed package whose archive (and manifest) hold a hostile path
+    python3 - "$BAD" "$kind" <<'EOF'
+import hashlib, io, json, sys, tarfile
+d, kind = sys.argv[1:3]
+name = ("n" * 300 + ".cu") if kind == "longname" else "/".join(["d"] * 200) + "/x.cu"
+data = b"x\n"
+buf = io.BytesIO()
+with tarfile.open(fileobj=buf, mode="w:gz", format=tarfile.PAX_FORMAT) as t:
+    ti = tarfile.TarInfo(name); ti.size = len(data); t.addfile(ti, io.BytesIO(data))
+arc = buf.getvalue()
+open(d + "/source.tar.gz", "wb").write(arc)
+m = json.load(open(d + "/manifest.json"))
+m["files"] = [{"path": name, "sha256": hashlib.sha256(data).hexdigest(), "size": len(data)}]
+m["archive"]["sha256"] = hashlib.sha256(arc).hexdigest(); m["archive"]["size"] = len(arc)
+open(d + "/manifest.json", "w").write(json.dumps(m, indent=2) + "\n")
+EOF
+    sign_file "$KEY" "$BAD/manifest.json"; recommit_bad
+    expect_rc 5 "$TK" get tktest/demo
+    expect_out "not a safe relative path"
+  done
+  # oversized signature and manifest, over file:// as over http: a refused package, not the network
+  rm -f "$BAD"/*; cp "$orig"/* "$BAD/"
+  head -c 20000 /dev/zero | tr '\0' ' ' >>"$BAD/manifest.json.sig"
+  expect_rc 5 "$TK" get tktest/demo
+  expect_out "manifest.json.sig is larger than"
+  cp "$orig/manifest.json.sig" "$BAD/"
+  head -c $((5 << 20)) /dev/zero | tr '\0' ' ' >>"$BAD/manifest.json"
+  expect_rc 5 "$TK" get tktest/demo
+  expect_out "manifest.json is larger than"
+  start_nginx "$WORK/bad" || { fail "nginx"; return; }
+  export TK_ENDPOINT=$NGINX_URL
+  expect_rc 5 "$TK" get tktest/demo
+  expect_out "manifest.json is larger than"
+  stop_nginx
+  expect_rc 0 "$TK" list --json
+  [ "$OUT" = "[]" ] || fail "a refused package was installed: $OUT"
+}
+
+t_exit_codes_local_io() {
+  local mnt=$WORK/tiny-io; mkdir -p "$mnt"
+  mount -t tmpfs -o size=1m tmpfs "$mnt" 2>/dev/null || { skip "cannot mount a tmpfs here (needs root)"; return; }
+  use_file "$REG"
+  export TK_HOME=$mnt/home
+  "$TK" trust add tktest "$PUB" -q || fail "trust add"
+  dd if=/dev/zero of="$mnt/fill" bs=4k 2>/dev/null   # the disk is full now
+  local c
+  for c in "list" "verify" "trust add tktest2 $PUB" "get tktest/demo"; do
+    expect_rc 6 "$TK" $c
+    expect_out "HINT"
+  done
+  rm -f "$mnt/fill"
+  "$TK" get -q tktest/demo >/dev/null || fail "get after freeing space"
+  mount -o remount,ro "$mnt" || { fail "remount read-only"; umount "$mnt"; return; }
+  for c in "list" "verify" "remove tktest/demo"; do
+    expect_rc 6 "$TK" $c
+    expect_out "$mnt/home"
+  done
+  TK_HOME=$mnt/absent expect_rc 6 "$TK" list
+  expect_out "Read-only file system"
+  umount "$mnt"
+}
+
+t_exit_codes_network() {
+  local port; port=$(free_port)   # nothing listens there
+  export TK_ENDPOINT=http://127.0.0.1:$port
+  "$TK" trust add tktest "$PUB" -q
+  expect_rc 4 "$TK" get tktest/demo
+  TK_OFFLINE=1 expect_rc 4 "$TK" get tktest/demo
+  expect_out "offline"
 }
 
 t_full_disk() {

@@ -120,18 +120,17 @@ t_align_and_sm_count_validated() {
    "constraints": {"align": $1},
    "launch": {"grid": ["$2"], "block": ["32"], "smem": "0"}}]}
 EOF
-    "$TK" publish "$d" --to "$WORK/alreg$n" --key "$key" -q >/dev/null || fail "publish $1 $2"
     export TK_ENDPOINT=file://$WORK/alreg$n
+    OUT=$("$TK" publish "$d" --to "$WORK/alreg$n" --key "$key" -q 2>&1)
   }
+  # tk publish runs the install checks first (issue 14), so a bad rule never reaches a registry
   for al in 12 0 '"16"'; do
-    publish_al "$al" 1
-    expect_rc 5 "$TK" get --trust --no-build tktest/al
+    publish_al "$al" 1 && fail "published align $al"
     expect_out "constraints.align must be a power of two"
   done
-  publish_al 16 "2 * sm_count"
+  publish_al 16 "2 * sm_count" || fail "publish align 16 with sm_count: $OUT"
   expect_rc 0 "$TK" get --trust --no-build tktest/al
-  publish_al 16 "2 * sm_counts"
-  expect_rc 5 "$TK" get --trust --no-build tktest/al
+  publish_al 16 "2 * sm_counts" && fail "published sm_counts"
   expect_out "unknown name 'sm_counts'"
   unset TK_ENDPOINT
 }

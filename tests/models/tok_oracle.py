@@ -216,6 +216,19 @@ def misc_bpe():
     return tok
 
 
+def bpe_subword_prefix():
+    """BPE with a continuing-subword prefix ("##"), whose merges drop the prefix of their right
+    side, a fused unknown token, and a regex Replace decoder."""
+    tok = Tokenizer(models.BPE(unk_token="[UNK]", continuing_subword_prefix="##", fuse_unk=True))
+    tok.normalizer = normalizers.NFD()
+    tok.pre_tokenizer = pre_tokenizers.BertPreTokenizer()
+    train(tok, trainers.BpeTrainer(vocab_size=500, continuing_subword_prefix="##", limit_alphabet=70,
+                                   special_tokens=["[UNK]"], show_progress=False))
+    tok.decoder = decoders.Sequence([decoders.WordPiece(prefix="##", cleanup=False),
+                                     decoders.Replace(Regex(r"\s+([.,!?])"), "$1")])
+    return tok
+
+
 def wordlevel():
     tok = Tokenizer(models.WordLevel(unk_token="<unk>"))
     tok.normalizer = normalizers.NFKC()
@@ -313,6 +326,7 @@ def main():
         ("bert_cased", bert(False)),
         ("misc_bpe", misc_bpe()),
         ("wordlevel", wordlevel()),
+        ("bpe_subword_prefix", bpe_subword_prefix()),
         ("roberta", roberta()),
         ("metaspace_never", metaspace_never()),
     ] + split_behaviors() + [

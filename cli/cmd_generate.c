@@ -1,0 +1,463 @@
+/*
+ * cmd_generate.c — tk generate: text generation with a Hugging Face checkpoint directory (Llama
+ * family, GPT-2) through tk_generate, with the checkpoint's generation_config.json as defaults and
+ * flags named like transformers' GenerationConfig fields. Text streams to stdout as it is generated.
+ */
+#include <errno.h>
+#include <math.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "cli/cli.h"
+
+static const char *USAGE = "tk generate [options] DIR (--prompt TEXT | --ids ID,ID,...) ...";
+
+static void json_str(FILE *f, const char *s)
+{
+    fputc('"', f);
+    for (; s && *s; s++) {
+        unsigned char c = (unsigned char)*s;
+        if (c == '"' || c == '\\')
+            fprintf(f, "\\%c", c);
+        else if (c == '\n')
+            fputs("\\n", f);
+        else if (c == '\r')
+            fputs("\\r", f);
+        else if (c == '\t')
+            fputs("\\t", f);
+        else if (c < 0x20 || c == 0x7f)
+            fprintf(f, "\\u%04x", c);
+        else
+            fputc(c, f);
+    }
+    fputc('"', f);
+}
+
+static void help(void)
+{
+    printf("usage: %s\n"
+           "\n"
+           "Continues a prompt with a causal language model from a Hugging Face checkpoint directory\n"
+           "(config.json, *.safetensors, tokenizer.json: LlamaForCausalLM, MistralForCausalLM,\n"
+           "Qwen2ForCausalLM, GPT2LMHeadModel) the way transformers' generate() does: the same logits\n"
+           "processors in the same order, greedy decoding, sampling or beam search. Defaults come from\n"
+           "the checkpoint's generation_config.json, then from transformers' defaults (max_length 20,\n"
+           "top_k 50 when sampling); flags override them. Every layer runs through the op registry, with\n"
+           "a paged KV cache (paged_kv_append, attention_decode). Text prints as it is generated, never\n"
+           "splitting a UTF-8 character.\n"
+           "\n"
+           "input (one of; --prompt and --ids may repeat: the prompts run as one batch):\n"
+           "  --prompt TEXT              text, encoded with DIR/tokenizer.json (special tokens added, as\n"
+           "                             tokenizer(text))\n"
+           "  --ids ID,ID,...            token ids\n"
+           "\n"
+           "generation (GenerationConfig's fields):\n"
+           "  --max-new-tokens N         tokens to generate at most (> 0)\n"
+           "  --max-length N             prompt + new tokens, when --max-new-tokens is not given\n"
+           "  --do-sample                sample (seeded) instead of greedy decoding\n"
+           "  --temperature T            sampling temperature (> 0)\n"
+           "  --top-k K                  sampling: keep the K most likely tokens (0: off)\n"
+           "  --top-p P                  sampling: nucleus mass in (0, 1]\n"
+           "  --min-p P                  sampling: drop tokens below P x the top probability\n"
+           "  --repetition-penalty R     penalise tokens already in the sequence (1: off)\n"
+           "  --no-repeat-ngram-size N   never repeat an N-gram (0: off)\n"
+           "  --num-beams N              beam search with N beams (1: off)\n"
+           "  --length-penalty L         beam scores divided by length^L\n"
+           "  --early-stopping V         beam search: true, false or never\n"
+           "  --eos-token-id ID[,ID...]  end on any of these (replaces the checkpoint's)\n"
+           "  --stop STRING              end once the text contains STRING (may repeat)\n"
+           "  --seed S                   the sampler's seed (default 0)\n"
+           "\n"
+           "runtime:\n"
+           "  --dtype f32|bf16|f16       compute dtype (default f32)\n"
+           "  --device cpu|cuda[:N]      where the model runs (default cpu)\n"
+           "  --kv-dtype DT              KV cache dtype: the compute dtype (default), or i8 / fp8_e4m3 with\n"
+           "                             per-head scales set from the prefill (a quarter of f32's bytes)\n"
+           "  --kv-block-size N          tokens per KV block: a power of two, 8 to 256 (default 16)\n"
+           "  --kv-max-bytes N           bound on the KV cache (default: none)\n"
+           "  --quant int8|fp8           weight-only quantisation: every linear layer runs as casted_linear\n"
+           "                             over an int8 or fp8_e4m3 copy of its weight (a scale per row);\n"
+           "                             the memory it saves and the prompt's logit error are reported\n"
+           "                             (--stats, or \"quant\" in --json)\n"
+           "  --no-cache                 recompute the whole sequence every step (the reference path)\n"
+           "  --stats                    print timings and KV-cache memory to stderr\n"
+           "  --json                     print {\"ids\": [new ids], \"text\": \"...\", \"end\": \"eos\", \"stats\":\n"
+           "                             {...}} instead of streaming (an array of them for several prompts)\n"
+           "\n"
+           "examples:\n"
+           "  tk generate ./TinyLlama --prompt 'Once upon a time' --max-new-tokens 40\n"
+           "  tk generate ./gpt2 --ids 464,2068 --num-beams 4 --max-new-tokens 10 --json\n"
+           "  tk generate ./gpt2 --prompt 'Hi' --do-sample --top-p 0.9 --temperature 0.7 --seed 7\n"
+           "\n"
+           "exit status: 0 ok, 1 a model or generation failure (out of memory, an op error), 2 usage or\n"
+           "invalid input (an empty or too long prompt, an option out of range), 3 no checkpoint or\n"
+           "tokenizer, 7 no GPU for --device cuda.\n",
+           USAGE);
+}
+
+typedef struct {
+    int stream_text; /* print pieces to stdout */
+} stream_ctx;
+
+static int on_token(void *user, size_t seq, int32_t token, const char *text, size_t len)
+{
+    stream_ctx *s = user;
+    (void)seq;
+    (void)token;
+    if (s->stream_text && len) {
+        fwrite(text, 1, len, stdout);
+        fflush(stdout);
+    }
+    return 0;
+}
+
+static int parse_f(const char *flag, const char *v, double lo, double hi, double *out)
+{
+    char *end;
+    errno = 0;
+    double d = v ? strtod(v, &end) : NAN;
+    if (!v || errno || end == v || *end || !(d >= lo && d <= hi))
+        return tk_cli_usage(USAGE, "%s wants a number in [%g, %g], got '%s'", flag, lo, hi, v ? v : "");
+    *out = d;
+    return 0;
+}
+
+static int parse_i(const char *flag, const char *v, long long lo, long long hi, long long *out)
+{
+    char *end;
+    errno = 0;
+    long long x = v ? strtoll(v, &end, 10) : 0;
+    if (!v || errno || end == v || *end || x < lo || x > hi)
+        return tk_cli_usage(USAGE, "%s wants an integer in [%lld, %lld], got '%s'", flag, lo, hi, v ? v : "");
+    *out = x;
+    return 0;
+}
+
+/* "1,2,3" → ids (malloc'd). */
+static int parse_id_list(const char *flag, const char *v, int32_t **out, size_t *n)
+{
+    size_t cap = 16, k = 0;
+    int32_t *ids = malloc(cap * sizeof *ids);
+    const char *p = v;
+    if (!ids)
+        return TK_EXIT_FAIL;
+    while (p && *p) {
+        while (*p == ',' || *p == ' ')
+            p++;
+        if (!*p)
+            break;
+        char *end;
+        errno = 0;
+        long long x = strtoll(p, &end, 10);
+        if (errno || end == p || x < 0 || x > INT32_MAX || (*end && *end != ',' && *end != ' ')) {
+            free(ids);
+            return tk_cli_usage(USAGE, "%s wants non-negative token ids separated by commas, got '%s'", flag, v);
+        }
+        if (k == cap) {
+            int32_t *q = realloc(ids, (cap *= 2) * sizeof *q);
+            if (!q) {
+                free(ids);
+                return TK_EXIT_FAIL;
+            }
+            ids = q;
+        }
+        ids[k++] = (int32_t)x;
+        p = end;
+    }
+    *out = ids;
+    *n = k;
+    return 0;
+}
+
+#define MAX_PROMPTS 256
+#define MAX_STOPS 32
+
+int tk_cmd_generate(tk_cli *cli, int argc, char **argv)
+{
+    const char *dir = NULL, *dtype = NULL, *device = "cpu", *quant = NULL;
+    const char *texts[MAX_PROMPTS], *idlists[MAX_PROMPTS], *stops[MAX_STOPS];
+    int is_text[MAX_PROMPTS];
+    size_t np = 0, nstop = 0;
+    int stats = 0, rc_exit = TK_EXIT_OK;
+    /* flags are applied over generation_config.json after the model loads: remember them */
+    struct {
+        const char *name;
+        const char *val;
+    } set[64];
+    size_t nset = 0;
+    for (int i = 1; i < argc; i++) {
+        const char *a = argv[i];
+        if (tk_cli_is_help(a)) {
+            help();
+            return TK_EXIT_OK;
+        }
+        int has_val = i + 1 < argc;
+        if (!strcmp(a, "--prompt") || !strcmp(a, "--ids")) {
+            if (!has_val)
+                return tk_cli_usage(USAGE, "%s needs a value", a);
+            if (np == MAX_PROMPTS)
+                return tk_cli_usage(USAGE, "at most %d prompts", MAX_PROMPTS);
+            is_text[np] = !strcmp(a, "--prompt");
+            texts[np] = is_text[np] ? argv[i + 1] : NULL;
+            idlists[np] = is_text[np] ? NULL : argv[i + 1];
+            np++;
+            i++;
+        } else if (!strcmp(a, "--stop")) {
+            if (!has_val || !argv[i + 1][0])
+                return tk_cli_usage(USAGE, "--stop needs a non-empty string");
+            if (nstop == MAX_STOPS)
+                return tk_cli_usage(USAGE, "at most %d stop strings", MAX_STOPS);
+            stops[nstop++] = argv[++i];
+        } else if (!strcmp(a, "--do-sample") || !strcmp(a, "--no-cache")) {
+            set[nset].name = a;
+            set[nset++].val = NULL;
+        } else if (!strcmp(a, "--stats")) {
+            stats = 1;
+        } else if (!strcmp(a, "--dtype") || !strcmp(a, "--device") || !strcmp(a, "--quant")) {
+            if (!has_val)
+                return tk_cli_usage(USAGE, "%s needs a value", a);
+            if (!strcmp(a, "--dtype"))
+                dtype = argv[++i];
+            else if (!strcmp(a, "--quant"))
+                quant = argv[++i];
+            else
+                device = argv[++i];
+            if (quant && strcmp(quant, "int8") && strcmp(quant, "fp8") && strcmp(quant, "none"))
+                return tk_cli_usage(USAGE, "--quant wants int8, fp8 or none, got '%s'", quant);
+        } else if (!strcmp(a, "--max-new-tokens") || !strcmp(a, "--max-length") || !strcmp(a, "--temperature") ||
+                   !strcmp(a, "--top-k") || !strcmp(a, "--top-p") || !strcmp(a, "--min-p") ||
+                   !strcmp(a, "--repetition-penalty") || !strcmp(a, "--no-repeat-ngram-size") ||
+                   !strcmp(a, "--num-beams") || !strcmp(a, "--length-penalty") || !strcmp(a, "--early-stopping") ||
+                   !strcmp(a, "--eos-token-id") || !strcmp(a, "--seed") || !strcmp(a, "--kv-dtype") ||
+                   !strcmp(a, "--kv-block-size") || !strcmp(a, "--kv-max-bytes")) {
+            if (!has_val)
+                return tk_cli_usage(USAGE, "%s needs a value", a);
+            if (nset == sizeof set / sizeof set[0])
+                return tk_cli_usage(USAGE, "too many options");
+            set[nset].name = a;
+            set[nset++].val = argv[++i];
+        } else if (a[0] == '-' && a[1]) {
+            return tk_cli_usage(USAGE, "unknown option '%s' (see tk generate --help)", a);
+        } else if (!dir) {
+            dir = a;
+        } else {
+            return tk_cli_usage(USAGE, "unexpected argument '%s' (the prompt goes after --prompt)", a);
+        }
+    }
+    if (!dir)
+        return tk_cli_usage(USAGE, "a checkpoint directory, e.g. tk generate ./gpt2 --prompt 'Hello'");
+    if (np == 0)
+        return tk_cli_usage(USAGE, "a prompt: --prompt TEXT or --ids ID,ID,...");
+
+    tk_gen_opts o = TK_GEN_OPTS_INIT;
+    tk_model_opts mo = TK_MODEL_OPTS_INIT;
+    mo.dtype = dtype;
+    if (!strcmp(device, "cpu")) {
+        mo.device_type = TK_DEV_CPU;
+    } else if (!strncmp(device, "cuda", 4)) {
+        long long d = 0;
+        if (device[4] == ':' && parse_i("--device", device + 5, 0, 1023, &d))
+            return TK_EXIT_USAGE;
+        if (device[4] && device[4] != ':')
+            return tk_cli_usage(USAGE, "--device wants cpu, cuda or cuda:N, got '%s'", device);
+        mo.device_type = TK_DEV_CUDA;
+        mo.device_id = (int)d;
+    } else {
+        return tk_cli_usage(USAGE, "--device wants cpu, cuda or cuda:N, got '%s'", device);
+    }
+    tk_ctx *ctx = tk_cli_ctx(cli);
+    if (!ctx)
+        return TK_EXIT_FAIL;
+    tk_model *m = NULL;
+    tk_tokenizer *tok = NULL;
+    tk_gen_result *res = NULL;
+    int32_t *pids[MAX_PROMPTS] = {0};
+    size_t plens[MAX_PROMPTS] = {0};
+    int32_t *eos = NULL;
+    int rc = tk_model_load(&m, ctx, dir, &mo);
+    if (rc != TK_OK)
+        return tk_cli_fail(cli, rc, NULL);
+    if ((rc = tk_gen_opts_from_model(&o, m)) != TK_OK) {
+        rc_exit = tk_cli_fail(cli, rc, NULL);
+        goto done;
+    }
+    for (size_t k = 0; k < nset; k++) {
+        const char *n = set[k].name, *v = set[k].val;
+        long long x;
+        double d;
+        int u = 0;
+        if (!strcmp(n, "--do-sample"))
+            o.do_sample = 1;
+        else if (!strcmp(n, "--no-cache"))
+            o.use_cache = 0;
+        else if (!strcmp(n, "--max-new-tokens"))
+            u = parse_i(n, v, 0, INT32_MAX, &x), o.max_new_tokens = x;
+        else if (!strcmp(n, "--max-length"))
+            u = parse_i(n, v, 1, INT32_MAX, &x), o.max_length = x;
+        else if (!strcmp(n, "--temperature"))
+            u = parse_f(n, v, 0, 1e6, &d), o.temperature = d;
+        else if (!strcmp(n, "--top-k"))
+            u = parse_i(n, v, 0, INT32_MAX, &x), o.top_k = x;
+        else if (!strcmp(n, "--top-p"))
+            u = parse_f(n, v, 0, 1, &d), o.top_p = d;
+        else if (!strcmp(n, "--min-p"))
+            u = parse_f(n, v, 0, 1, &d), o.min_p = d;
+        else if (!strcmp(n, "--repetition-penalty"))
+            u = parse_f(n, v, 0, 1e6, &d), o.repetition_penalty = d;
+        else if (!strcmp(n, "--no-repeat-ngram-size"))
+            u = parse_i(n, v, 0, INT32_MAX, &x), o.no_repeat_ngram_size = x;
+        else if (!strcmp(n, "--num-beams"))
+            u = parse_i(n, v, 1, 256, &x), o.num_beams = x;
+        else if (!strcmp(n, "--length-penalty"))
+            u = parse_f(n, v, -1e6, 1e6, &d), o.length_penalty = d;
+        else if (!strcmp(n, "--seed"))
+            u = parse_i(n, v, 0, INT64_MAX, &x), o.seed = (uint64_t)x;
+        else if (!strcmp(n, "--kv-dtype"))
+            o.kv_dtype = v;
+        else if (!strcmp(n, "--kv-block-size"))
+            u = parse_i(n, v, 8, 256, &x), o.kv_block_size = x;
+        else if (!strcmp(n, "--kv-max-bytes"))
+            u = parse_i(n, v, 1, INT64_MAX, &x), o.kv_max_bytes = x;
+        else if (!strcmp(n, "--early-stopping")) {
+            if (!strcmp(v, "true"))
+                o.early_stopping = TK_GEN_EARLY_TRUE;
+            else if (!strcmp(v, "false"))
+                o.early_stopping = TK_GEN_EARLY_HEURISTIC;
+            else if (!strcmp(v, "never"))
+                o.early_stopping = TK_GEN_EARLY_NEVER;
+            else
+                u = tk_cli_usage(USAGE, "--early-stopping wants true, false or never, got '%s'", v);
+        } else if (!strcmp(n, "--eos-token-id")) {
+            size_t ne = 0;
+            free(eos);
+            eos = NULL;
+            if (!(u = parse_id_list(n, v, &eos, &ne))) {
+                if (ne > TK_GEN_MAX_EOS)
+                    u = tk_cli_usage(USAGE, "--eos-token-id: at most %d ids", TK_GEN_MAX_EOS);
+                for (size_t e = 0; !u && e < ne; e++)
+                    o.eos_token_id[e] = eos[e];
+                o.n_eos = ne;
+            }
+        }
+        if (u) {
+            rc_exit = u;
+            goto done;
+        }
+    }
+    o.stop_strings = nstop ? stops : NULL;
+    o.n_stop = nstop;
+    /* the prompts */
+    for (size_t p = 0; p < np; p++) {
+        if (is_text[p]) {
+            if (!tok && (rc = tk_tokenizer_load(&tok, dir)) != TK_OK) {
+                rc_exit = tk_cli_fail(cli, rc, "--prompt needs the checkpoint's tokenizer.json (or use --ids)");
+                goto done;
+            }
+            if ((rc = tk_tokenizer_encode(&pids[p], &plens[p], tok, texts[p], strlen(texts[p]), 1)) != TK_OK) {
+                rc_exit = tk_cli_fail(cli, rc, NULL);
+                goto done;
+            }
+        } else if ((rc_exit = parse_id_list("--ids", idlists[p], &pids[p], &plens[p])) != 0) {
+            goto done;
+        }
+    }
+    /* weight-only quantisation: the prompt's logits before and after say what it costs */
+    char qinfo[512] = "";
+    if (quant && strcmp(quant, "none")) {
+        int64_t V = tk_model_vocab_size(m);
+        float *f = malloc(plens[0] * (size_t)V * sizeof *f), *g = malloc(plens[0] * (size_t)V * sizeof *g);
+        char *qj = NULL;
+        if (!f || !g) {
+            free(f);
+            free(g);
+            fprintf(stderr, "tk: out of memory for the prompt's logits\n");
+            rc_exit = TK_EXIT_FAIL;
+            goto done;
+        }
+        if ((rc = tk_model_forward(m, pids[0], &plens[0], 1, f, NULL)) != TK_OK ||
+            (rc = tk_model_quantize(m, quant)) != TK_OK || (rc = tk_model_forward(m, pids[0], &plens[0], 1, g, NULL)) != TK_OK ||
+            (rc = tk_model_quant_json(&qj, m)) != TK_OK) {
+            free(f);
+            free(g);
+            rc_exit = tk_cli_fail(cli, rc, NULL);
+            goto done;
+        }
+        double worst = 0, range = 0;
+        for (size_t i = 0; i < plens[0] * (size_t)V; i++) {
+            worst = fmax(worst, fabs((double)f[i] - g[i]));
+            range = fmax(range, fabs((double)f[i]));
+        }
+        size_t ql = strlen(qj);
+        snprintf(qinfo, sizeof qinfo, "%.*s, \"prompt_logits_max_abs_diff\": %.6g, \"prompt_logits_max_abs\": %.6g}",
+                 (int)(ql ? ql - 1 : 0), qj, worst, range);
+        tk_free(qj);
+        free(f);
+        free(g);
+    }
+    stream_ctx sc = {!cli->json && np == 1};
+    o.stream = on_token;
+    o.stream_user = &sc;
+    if ((rc = tk_generate(&res, m, (const int32_t *const *)pids, plens, np, &o)) != TK_OK) {
+        if (sc.stream_text)
+            fflush(stdout);
+        rc_exit = tk_cli_fail(cli, rc, NULL);
+        goto done;
+    }
+    char *sj = NULL;
+    if ((cli->json || stats) && (rc = tk_gen_result_stats_json(&sj, res)) != TK_OK) {
+        rc_exit = tk_cli_fail(cli, rc, NULL);
+        goto done;
+    }
+    if (cli->json) {
+        if (np > 1)
+            printf("[");
+        for (size_t p = 0; p < np; p++) {
+            size_t n = 0;
+            const int32_t *ids = tk_gen_result_ids(res, p, &n);
+            printf("%s{\"ids\": [", p ? ", " : "");
+            for (size_t i = 0; i < n; i++)
+                printf("%s%d", i ? ", " : "", (int)ids[i]);
+            printf("], \"text\": ");
+            const char *t = tk_gen_result_text(res, p);
+            if (t)
+                json_str(stdout, t);
+            else
+                printf("null");
+            printf(", \"end\": \"%s\", \"stats\": %s", tk_gen_result_end(res, p), sj);
+            if (qinfo[0])
+                printf(", \"quant\": %s", qinfo);
+            printf("}");
+        }
+        printf(np > 1 ? "]\n" : "\n");
+    } else if (np == 1) {
+        printf("\n");
+    } else {
+        for (size_t p = 0; p < np; p++) {
+            const char *t = tk_gen_result_text(res, p);
+            if (t) {
+                printf("%s%s\n", p ? "\n" : "", t);
+            } else {
+                size_t n = 0;
+                const int32_t *ids = tk_gen_result_ids(res, p, &n);
+                for (size_t i = 0; i < n; i++)
+                    printf("%s%d", i ? "," : "", (int)ids[i]);
+                printf("\n");
+            }
+        }
+    }
+    if (stats)
+        fprintf(stderr, "%s\n", sj);
+    if (stats && qinfo[0])
+        fprintf(stderr, "%s\n", qinfo);
+    tk_free(sj);
+done:
+    for (size_t p = 0; p < np; p++)
+        tk_free(pids[p]);
+    free(eos);
+    tk_gen_result_free(res);
+    tk_tokenizer_free(tok);
+    tk_model_free(m);
+    return rc_exit;
+}

@@ -1,0 +1,220 @@
+/*
+ * cmd_init.c — tk init NAME: a working package skeleton (one kernel, its manifest, a README with a
+ * test shape) that passes `tk publish --check` as written, for an author to start from.
+ */
+#include <errno.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+
+#include "cli/cli.h"
+
+static const char *USAGE = "tk init [ORG/]NAME [--dir DIR] [--force]";
+
+static const char *HELP =
+    "NAME\n"
+    "    tk init - write a new kernel package skeleton\n"
+    "\n"
+    "SYNOPSIS\n"
+    "    tk init [ORG/]NAME [--dir DIR] [--force]\n"
+    "\n"
+    "DESCRIPTION\n"
+    "    Writes a directory (DIR, default ./NAME) holding a working package: kernel.json\n"
+    "    declaring one kernel, NAME_f32 (an element-wise scale, out = x * alpha, with f32\n"
+    "    tensors, an f32 scalar given by the caller and an i64 derived from the shape), its\n"
+    "    source NAME.cu, and a README.md saying how to check, run and publish it. It passes\n"
+    "    'tk publish DIR --check' as written; edit it from there (docs/authoring.md).\n"
+    "    ORG defaults to 'my-org'. The version starts at 1.0.0 (tk versions start at major 1).\n"
+    "\n"
+    "OPTIONS\n"
+    "    --dir DIR   where to write (default: ./NAME); it must not exist or be empty\n"
+    "    --force     write into a directory that is not empty (files tk init writes are replaced)\n"
+    "\n"
+    "EXIT STATUS\n"
+    "    0 written; 2 usage or a bad name; 6 the directory exists and is not empty, or a write failed.\n"
+    "\n"
+    "EXAMPLES\n"
+    "    tk init my-org/scale && tk check ./scale\n";
+
+static int write_file(const char *dir, const char *name, const char *text)
+{
+    char path[4096];
+    snprintf(path, sizeof path, "%s/%s", dir, name);
+    FILE *f = fopen(path, "w");
+    if (!f) {
+        fprintf(stderr, "tk: cannot write %s: %s\n", path, strerror(errno));
+        return -1;
+    }
+    int bad = fputs(text, f) < 0;
+    bad |= fclose(f) != 0;
+    if (bad)
+        fprintf(stderr, "tk: cannot write %s: %s\n", path, strerror(errno));
+    return bad ? -1 : 0;
+}
+
+static int ident_ok(const char *s)
+{
+    if (!*s || strlen(s) > 40 || !((*s >= 'a' && *s <= 'z') || (*s >= 'A' && *s <= 'Z')))
+        return 0;
+    for (; *s; s++)
+        if (!((*s >= 'a' && *s <= 'z') || (*s >= 'A' && *s <= 'Z') || (*s >= '0' && *s <= '9') || *s == '_' ||
+              *s == '-'))
+            return 0;
+    return 1;
+}
+
+int tk_cmd_init(tk_cli *cli, int argc, char **argv)
+{
+    const char *name = NULL, *dir = NULL;
+    int force = 0;
+    for (int i = 1; i < argc; i++) {
+        if (tk_cli_is_help(argv[i])) {
+            fputs(HELP, stdout);
+            return TK_EXIT_OK;
+        } else if (!strcmp(argv[i], "--dir")) {
+            if (++i >= argc)
+                return tk_cli_usage(USAGE, "--dir needs a directory");
+            dir = argv[i];
+        } else if (!strcmp(argv[i], "--force")) {
+            force = 1;
+        } else if (argv[i][0] == '-') {
+            return tk_cli_usage(USAGE, "unknown option '%s'", argv[i]);
+        } else if (!name) {
+            name = argv[i];
+        } else {
+            return tk_cli_usage(USAGE, "one package at a time");
+        }
+    }
+    if (!name)
+        return tk_cli_usage(USAGE, "which name? e.g. tk init my-org/scale");
+    char org[64] = "my-org", pkg[64];
+    const char *slash = strchr(name, '/');
+    if (slash) {
+        if ((size_t)(slash - name) >= sizeof org || !ident_ok(slash + 1))
+            return tk_cli_usage(USAGE, "'%s' is not ORG/NAME (NAME: a letter, then letters, digits, '_' or '-')",
+                                name);
+        snprintf(org, sizeof org, "%.*s", (int)(slash - name), name);
+        snprintf(pkg, sizeof pkg, "%s", slash + 1);
+    } else {
+        if (!ident_ok(name))
+            return tk_cli_usage(USAGE, "'%s' is not a package name (a letter, then letters, digits, '_' or '-')",
+                                name);
+        snprintf(pkg, sizeof pkg, "%s", name);
+    }
+    if (!ident_ok(org) && !strchr(org, '.'))
+        return tk_cli_usage(USAGE, "'%s' is not an org name", org);
+    /* the C identifier of the kernel: the package name with '-' as '_' */
+    char ident[64];
+    snprintf(ident, sizeof ident, "%s", pkg);
+    for (char *p = ident; *p; p++)
+        if (*p == '-')
+            *p = '_';
+    if (!dir)
+        dir = pkg;
+    if (mkdir(dir, 0755) != 0) {
+        if (errno != EEXIST) {
+            fprintf(stderr, "tk: cannot create %s: %s\n", dir, strerror(errno));
+            return TK_EXIT_IO;
+        }
+        char probe[4096];
+        snprintf(probe, sizeof probe, "%s/kernel.json", dir);
+        struct stat st;
+        if (!force && stat(probe, &st) == 0) {
+            fprintf(stderr, "tk: %s already holds a kernel.json\nHINT: pick another --dir, or --force to "
+                    "replace it\n", dir);
+            return TK_EXIT_IO;
+        }
+    }
+    /* how the README and the hint name the directory: a path tk reads as a directory, not a package */
+    char shown[4096];
+    snprintf(shown, sizeof shown, "%s%s", dir[0] == '/' || !strncmp(dir, "./", 2) || !strncmp(dir, "../", 3) ? "" : "./",
+             dir);
+    char *kjson = NULL, *cu = NULL, *readme = NULL;
+    size_t n1 = 0, n2 = 0, n3 = 0;
+    FILE *f1 = open_memstream(&kjson, &n1), *f2 = open_memstream(&cu, &n2), *f3 = open_memstream(&readme, &n3);
+    if (!f1 || !f2 || !f3)
+        return TK_EXIT_FAIL;
+    fprintf(f1,
+            "{\n"
+            "  \"name\": \"%s/%s\",\n"
+            "  \"version\": \"1.0.0\",\n"
+            "  \"license\": \"Apache-2.0\",\n"
+            "  \"description\": \"%s: out = x * alpha, element-wise (a tk init skeleton)\",\n"
+            "  \"compile\": {\"options\": [\"-std=c++17\"]},\n"
+            "  \"kernels\": [\n"
+            "    {\n"
+            "      \"name\": \"%s_f32\",\n"
+            "      \"op\": \"%s\",\n"
+            "      \"source\": \"%s.cu\",\n"
+            "      \"symbol\": \"tk_%s<float>\",\n"
+            "      \"params\": [\n"
+            "        {\"name\": \"out\", \"type\": \"tensor\", \"dtype\": \"f32\"},\n"
+            "        {\"name\": \"x\", \"type\": \"tensor\", \"dtype\": \"f32\"},\n"
+            "        {\"name\": \"alpha\", \"type\": \"f32\"},\n"
+            "        {\"name\": \"n\", \"type\": \"i64\", \"value\": \"numel(out)\"}\n"
+            "      ],\n"
+            "      \"launch\": {\"grid\": [\"cdiv(numel(out), 256)\"], \"block\": [\"256\"], \"smem\": \"0\"},\n"
+            "      \"constraints\": {\"dtypes\": [\"f32\"], \"min_cc\": 70, \"max\": {\"cdiv(numel(out), 256)\": "
+            "2147483647}},\n"
+            "      \"priority\": 0\n"
+            "    }\n"
+            "  ]\n"
+            "}\n",
+            org, pkg, pkg, ident, ident, pkg, ident);
+    fprintf(f2,
+            "// %s.cu - out = x * alpha, element-wise.\n"
+            "//\n"
+            "// Variants: tk_%s<float> (kernel.json: %s_f32). Launch: one thread per element, 256 a\n"
+            "// block, grid cdiv(n, 256). Numerics: one multiply in the tensor's type.\n"
+            "// A kernel receives raw pointers (a tensor param is a T *), an i64 param as long long, an\n"
+            "// f32 as float; headers: the package's own files and cuda_fp16.h / cuda_bf16.h.\n"
+            "\n"
+            "template <typename T>\n"
+            "__global__ void tk_%s(T *__restrict__ out,      // (n) f32\n"
+            "                    const T *__restrict__ x,  // (n) f32\n"
+            "                    float alpha, long long n)\n"
+            "{\n"
+            "    long long i = (long long)blockIdx.x * blockDim.x + threadIdx.x;\n"
+            "    if (i < n)\n"
+            "        out[i] = (T)((float)x[i] * alpha);\n"
+            "}\n",
+            pkg, ident, ident, ident);
+    fprintf(f3,
+            "# %s/%s\n"
+            "\n"
+            "out = x * alpha, element-wise. Made by `tk init`; see docs/authoring.md in tk.\n"
+            "\n"
+            "## Check, run, publish\n"
+            "\n"
+            "```sh\n"
+            "tk check %s    # manifest and an NVRTC compile, sm_80 and sm_90\n"
+            "tk build %s --arch sm_90    # compile into the cache, no GPU needed\n"
+            "tk run %s %s_f32 --shape 4096 --shape 4096 --arg alpha=2   # on a GPU\n"
+            "tk keygen ~/.config/tk/publisher.pem\n"
+            "tk publish %s --to /srv/registry --key ~/.config/tk/publisher.pem\n"
+            "```\n"
+            "\n"
+            "## Test shape\n"
+            "\n"
+            "`out` and `x`: any shape with the same number of elements, e.g. 4096 or 8x1024.\n",
+            org, pkg, shown, shown, shown, ident, shown);
+    fclose(f1);
+    fclose(f2);
+    fclose(f3);
+    char cuname[80];
+    snprintf(cuname, sizeof cuname, "%s.cu", pkg);
+    int bad = write_file(dir, "kernel.json", kjson) || write_file(dir, cuname, cu) ||
+              write_file(dir, "README.md", readme);
+    free(kjson);
+    free(cu);
+    free(readme);
+    if (bad)
+        return TK_EXIT_IO;
+    if (cli->json)
+        printf("{\"dir\": \"%s\", \"name\": \"%s/%s\", \"kernel\": \"%s_f32\"}\n", dir, org, pkg, ident);
+    else if (!cli->quiet)
+        printf("wrote %s/: kernel.json, %s, README.md (package %s/%s, kernel %s_f32)\nnext: tk check %s\n",
+               dir, cuname, org, pkg, ident, shown);
+    return TK_EXIT_OK;
+}

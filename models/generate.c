@@ -1,0 +1,1765 @@
+/*
+ * generate.c — text generation over the model pipelines: logits processors with transformers'
+ * GenerationConfig semantics, the strategies (greedy, sampling, beam search), the paged KV cache,
+ * streaming and batching.
+ *
+ * The logits processors follow transformers' LogitsProcessor classes one by one (generation/
+ * logits_process.py) in f32, in the order generate() applies them: repetition penalty, no-repeat
+ * n-gram, then (sampling only) temperature, top-k, top-p, min-p. The final pick goes through the op
+ * registry: `argmax` for greedy, `sample` (seeded Philox, the same token on the CPU and the GPU) for
+ * sampling, over the processed row.
+ */
+#include <jansson.h>
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "models/generate.h"
+#include "models/models.h"
+
+/* ---- logits processors ------------------------------------------------------------------------ */
+
+void tk_gen__temperature(float *s, int64_t V, double t)
+{
+    float tf = (float)t; /* torch divides an f32 tensor by the scalar as f32 */
+    for (int64_t i = 0; i < V; i++)
+        s[i] = s[i] / tf;
+}
+
+int tk_gen__repetition_penalty(float *s, int64_t V, const int32_t *ids, size_t n, double p)
+{
+    /* transformers gathers every listed score first and scatters back, so a repeated id is penalised
+     * once: mark the ids, then penalise each marked token */
+    unsigned char *seen = calloc((size_t)V + 1, 1);
+    if (!seen)
+        return tk__err(TK_ERR_NOMEM, "repetition_penalty: out of memory for a row of %lld scores", (long long)V);
+    float pf = (float)p;
+    for (size_t j = 0; j < n; j++) {
+        int32_t id = ids[j];
+        if (id < 0 || id >= V || seen[id])
+            continue;
+        seen[id] = 1;
+        s[id] = s[id] < 0 ? s[id] * pf : s[id] / pf;
+    }
+    free(seen);
+    return TK_OK;
+}
+
+void tk_gen__no_repeat_ngram(float *s, int64_t V, const int32_t *ids, size_t n, int64_t ngram)
+{
+    if (ngram <= 0 || n < (size_t)ngram)
+        return;
+    size_t g = (size_t)ngram, plen = g - 1;
+    const int32_t *prefix = ids + n - plen; /* the last ngram-1 tokens */
+    for (size_t i = 0; i + g <= n; i++) {
+        if (memcmp(ids + i, prefix, plen * sizeof *ids) != 0)
+            continue;
+        int32_t ban = ids[i + plen];
+        if (ban >= 0 && ban < V)
+            s[ban] = -INFINITY;
+    }
+}
+
+int tk_gen__top_k(float *s, int64_t V, int64_t k, int64_t min_keep)
+{
+    if (k < min_keep)
+        k = min_keep;
+    if (k <= 0 || k >= V)
+        return TK_OK;
+    float *heap = malloc((size_t)k * sizeof *heap); /* a min-heap of the k largest scores */
+    if (!heap)
+        return tk__err(TK_ERR_NOMEM, "top_k: out of memory for k = %lld", (long long)k);
+    int64_t h = 0;
+    for (int64_t i = 0; i < V; i++) {
+        float x = s[i];
+        if (x != x)
+            continue;
+        if (h < k) { /* sift up */
+            int64_t j = h++;
+            while (j > 0 && heap[(j - 1) / 2] > x) {
+                heap[j] = heap[(j - 1) / 2];
+                j = (j - 1) / 2;
+            }
+            heap[j] = x;
+        } else if (x > heap[0]) { /* replace the root, sift down */
+            int64_t j = 0;
+            for (;;) {
+                int64_t c = 2 * j + 1;
+                if (c >= k)
+                    break;
+                if (c + 1 < k && heap[c + 1] < heap[c])
+                    c++;
+                if (heap[c] >= x)
+                    break;
+                heap[j] = heap[c];
+                j = c;
+            }
+            heap[j] = x;
+        }
+    }
+    if (h == k) { /* scores < the k-th largest go; ties with it stay (transformers' filter) */
+        float thr = heap[0];
+        for (int64_t i = 0; i < V; i++)
+            if (s[i] < thr)
+                s[i] = -INFINITY;
+    }
+    free(heap);
+    return TK_OK;
+}
+
+/* f32 softmax of s into p, as torch: e = exp(x - max), divided by the sum. */
+static void softmax_f32(float *p, const float *s, int64_t V)
+{
+    float m = -INFINITY;
+    for (int64_t i = 0; i < V; i++)
+        if (s[i] > m)
+            m = s[i];
+    double sum = 0;
+    for (int64_t i = 0; i < V; i++) {
+        p[i] = m == -INFINITY ? 0.0f : expf(s[i] - m);
+        sum += p[i];
+    }
+    float inv = sum > 0 ? (float)(1.0 / sum) : 0.0f;
+    for (int64_t i = 0; i < V; i++)
+        p[i] = p[i] * inv;
+}
+
+typedef struct {
+    float v;
+    int32_t i;
+} vi;
+
+/* ascending by value, ties by index: a stable ascending sort's order */
+static int cmp_vi_asc(const void *a, const void *b)
+{
+    const vi *x = a, *y = b;
+    if (x->v != y->v)
+        return x->v < y->v ? -1 : 1;
+    return (x->i > y->i) - (x->i < y->i);
+}
+
+int tk_gen__top_p(float *s, int64_t V, double p, int64_t min_keep)
+{
+    if (p >= 1.0 || V <= 0)
+        return TK_OK;
+    vi *o = malloc((size_t)V * sizeof *o);
+    float *sv = malloc((size_t)V * sizeof *sv), *pr = malloc((size_t)V * sizeof *pr);
+    if (!o || !sv || !pr) {
+        free(o);
+        free(sv);
+        free(pr);
+        return tk__err(TK_ERR_NOMEM, "top_p: out of memory for a row of %lld scores", (long long)V);
+    }
+    for (int64_t i = 0; i < V; i++) {
+        o[i].v = s[i] != s[i] ? -INFINITY : s[i];
+        o[i].i = (int32_t)i;
+    }
+    qsort(o, (size_t)V, sizeof *o, cmp_vi_asc);
+    for (int64_t i = 0; i < V; i++)
+        sv[i] = o[i].v;
+    softmax_f32(pr, sv, V);
+    /* cumulative_probs <= (1 - top_p): torch's cumsum accumulates f32 in double on the CPU, and the
+     * comparison casts the scalar to f32 */
+    float cut = (float)(1.0 - p);
+    double acc = 0;
+    for (int64_t i = 0; i < V; i++) {
+        acc += pr[i];
+        float cum = (float)acc;
+        if (cum <= cut && i < V - min_keep)
+            s[o[i].i] = -INFINITY;
+    }
+    free(o);
+    free(sv);
+    free(pr);
+    return TK_OK;
+}
+
+/* descending by value, ties by index (torch.topk's order on the CPU for ties is unspecified) */
+static int cmp_vi_desc(const void *a, const void *b)
+{
+    const vi *x = a, *y = b;
+    if (x->v != y->v)
+        return x->v > y->v ? -1 : 1;
+    return (x->i > y->i) - (x->i < y->i);
+}
+
+int tk_gen__min_p(float *s, int64_t V, double min_p, int64_t min_keep)
+{
+    if (V <= 0)
+        return TK_OK;
+    float *pr = malloc((size_t)V * sizeof *pr);
+    unsigned char *keep = calloc((size_t)V, 1);
+    vi *o = NULL;
+    if (!pr || !keep)
+        goto nomem;
+    softmax_f32(pr, s, V);
+    float top = 0;
+    for (int64_t i = 0; i < V; i++)
+        if (pr[i] > top)
+            top = pr[i];
+    float thr = (float)min_p * top;
+    if (min_keep > V)
+        min_keep = V;
+    if (min_keep > 1) {
+        if (!(o = malloc((size_t)V * sizeof *o)))
+            goto nomem;
+        for (int64_t i = 0; i < V; i++) {
+            o[i].v = pr[i];
+            o[i].i = (int32_t)i;
+        }
+        qsort(o, (size_t)V, sizeof *o, cmp_vi_desc);
+        for (int64_t i = 0; i < min_keep; i++)
+            keep[o[i].i] = 1;
+    } else if (min_keep == 1) {
+        int64_t best = 0;
+        for (int64_t i = 1; i < V; i++)
+            if (pr[i] > pr[best])
+                best = i;
+        keep[best] = 1;
+    }
+    for (int64_t i = 0; i < V; i++)
+        if (pr[i] < thr && !keep[i])
+            s[i] = -INFINITY;
+    free(pr);
+    free(keep);
+    free(o);
+    return TK_OK;
+nomem:
+    free(pr);
+    free(keep);
+    free(o);
+    return tk__err(TK_ERR_NOMEM, "min_p: out of memory for a row of %lld scores", (long long)V);
+}
+
+void tk_gen__log_softmax(float *s, int64_t V)
+{
+    float m = -INFINITY;
+    for (int64_t i = 0; i < V; i++)
+        if (s[i] > m)
+            m = s[i];
+    if (m == -INFINITY)
+        return;
+    double sum = 0;
+    for (int64_t i = 0; i < V; i++)
+        sum += exp((double)(s[i] - m));
+    float lse = (float)log(sum);
+    for (int64_t i = 0; i < V; i++)
+        s[i] = (s[i] - m) - lse;
+}
+
+/* ---- options ---------------------------------------------------------------------------------- */
+
+int tk_gen__check(const tk_gen_lm *lm, const int32_t *const *prompts, const size_t *lens, size_t np,
+                  const tk_gen_opts *o)
+{
+    if (!o || o->version != TK_GEN_OPTS_VERSION)
+        return tk__err(TK_ERR_INVALID, "generate: options have version %u, want %u\nHINT: declare them with "
+                       "TK_GEN_OPTS_INIT", o ? o->version : 0u, (unsigned)TK_GEN_OPTS_VERSION);
+    if (np == 0 || !prompts || !lens)
+        return tk__err(TK_ERR_INVALID, "generate: no prompt given\nHINT: pass at least one prompt of token ids");
+    if (o->max_new_tokens == 0 || o->max_new_tokens < -1)
+        return tk__err(TK_ERR_INVALID, "generate: max_new_tokens is %lld, want a number > 0 (or -1: up to "
+                       "max_length)", (long long)o->max_new_tokens);
+    for (size_t i = 0; i < np; i++) {
+        if (lens[i] == 0 || !prompts[i])
+            return tk__err(TK_ERR_INVALID, "generate: prompt %zu is empty: generation continues a prompt of at "
+                           "least one token\nHINT: give some text, or the model's BOS token id", i);
+        for (size_t j = 0; j < lens[i]; j++)
+            if (prompts[i][j] < 0 || prompts[i][j] >= lm->vocab)
+                return tk__err(TK_ERR_INVALID, "generate: prompt %zu: token %zu is id %d, outside the vocabulary "
+                               "[0, %lld)", i, j, (int)prompts[i][j], (long long)lm->vocab);
+        int64_t want = o->max_new_tokens > 0 ? (int64_t)lens[i] + o->max_new_tokens : o->max_length;
+        if (o->max_new_tokens < 0 && o->max_length <= (int64_t)lens[i])
+            return tk__err(TK_ERR_INVALID, "generate: prompt %zu has %zu tokens, and max_length %lld leaves no "
+                           "room for new ones\nHINT: set max_new_tokens (--max-new-tokens N)", i, lens[i],
+                           (long long)o->max_length);
+        if ((int64_t)lens[i] >= lm->max_pos)
+            return tk__err(TK_ERR_INVALID, "generate: prompt %zu has %zu tokens, but the model's context holds %lld "
+                           "positions, prompt and new tokens together\nHINT: shorten the prompt to fewer than %lld "
+                           "tokens", i, lens[i], (long long)lm->max_pos, (long long)lm->max_pos);
+        if (want > lm->max_pos)
+            return tk__err(TK_ERR_INVALID, "generate: prompt %zu has %zu tokens and asks for %lld in all, but the "
+                           "model's context holds %lld positions\nHINT: shorten the prompt or lower "
+                           "max_new_tokens to at most %lld", i, lens[i], (long long)want, (long long)lm->max_pos,
+                           (long long)(lm->max_pos - (int64_t)lens[i]));
+    }
+    if (o->do_sample && !(o->temperature > 0) )
+        return tk__err(TK_ERR_INVALID, "generate: temperature is %g, want a value > 0 when sampling\nHINT: for "
+                       "greedy decoding leave do_sample off", o->temperature);
+    if (o->top_k < 0)
+        return tk__err(TK_ERR_INVALID, "generate: top_k is %lld, want >= 0 (0: off)", (long long)o->top_k);
+    if (!(o->top_p > 0 && o->top_p <= 1))
+        return tk__err(TK_ERR_INVALID, "generate: top_p is %g, want a value in (0, 1] (1: off)", o->top_p);
+    if (!(o->min_p >= 0 && o->min_p <= 1))
+        return tk__err(TK_ERR_INVALID, "generate: min_p is %g, want a value in [0, 1] (0: off)", o->min_p);
+    if (!(o->repetition_penalty > 0) || !isfinite(o->repetition_penalty))
+        return tk__err(TK_ERR_INVALID, "generate: repetition_penalty is %g, want a value > 0 (1: off)",
+                       o->repetition_penalty);
+    if (o->no_repeat_ngram_size < 0)
+        return tk__err(TK_ERR_INVALID, "generate: no_repeat_ngram_size is %lld, want >= 0 (0: off)",
+                       (long long)o->no_repeat_ngram_size);
+    if (o->num_beams < 1 || o->num_beams > 256)
+        return tk__err(TK_ERR_INVALID, "generate: num_beams is %lld, want 1 to 256", (long long)o->num_beams);
+    if (!isfinite(o->length_penalty))
+        return tk__err(TK_ERR_INVALID, "generate: length_penalty is %g, want a finite number", o->length_penalty);
+    if (o->early_stopping < TK_GEN_EARLY_HEURISTIC || o->early_stopping > TK_GEN_EARLY_NEVER)
+        return tk__err(TK_ERR_INVALID, "generate: early_stopping is %d, want TK_GEN_EARLY_HEURISTIC, _TRUE or "
+                       "_NEVER", o->early_stopping);
+    if (o->do_sample && o->num_beams > 1)
+        return tk__err(TK_ERR_UNSUPPORTED, "generate: beam sampling (do_sample with num_beams %lld) is not "
+                       "implemented\nHINT: use beam search (do_sample off) or sampling with num_beams 1",
+                       (long long)o->num_beams);
+    if (o->n_eos > TK_GEN_MAX_EOS)
+        return tk__err(TK_ERR_INVALID, "generate: %zu eos ids, at most %d", o->n_eos, TK_GEN_MAX_EOS);
+    for (size_t i = 0; i < o->n_eos; i++)
+        if (o->eos_token_id[i] < 0 || o->eos_token_id[i] >= lm->vocab)
+            return tk__err(TK_ERR_INVALID, "generate: eos_token_id %d is outside the vocabulary [0, %lld)",
+                           (int)o->eos_token_id[i], (long long)lm->vocab);
+    if (o->n_stop && !o->stop_strings)
+        return tk__err(TK_ERR_INVALID, "generate: n_stop is %zu but stop_strings is NULL", o->n_stop);
+    for (size_t i = 0; i < o->n_stop; i++)
+        if (!o->stop_strings[i] || !*o->stop_strings[i])
+            return tk__err(TK_ERR_INVALID, "generate: stop string %zu is empty", i);
+    if (o->n_stop && !lm->decode)
+        return tk__err(TK_ERR_UNSUPPORTED, "generate: stop strings need the model's tokenizer, and it has none\n"
+                       "HINT: put tokenizer.json in the model directory, or use eos ids");
+    return TK_OK;
+}
+
+/* ---- the pieces every strategy shares ---------------------------------------------------------- */
+
+typedef struct {
+    int32_t *ids; /* prompt + generated */
+    size_t n, cap, plen;
+    int32_t slot;
+    int done, end;
+    float score;
+    char *text;      /* decoded generated text, when decoding */
+    size_t emitted;  /* bytes of text already streamed */
+} gseq;
+
+static int seq_push(gseq *s, int32_t id)
+{
+    if (s->n == s->cap) {
+        size_t nc = s->cap ? 2 * s->cap : 64;
+        int32_t *p = realloc(s->ids, nc * sizeof *p);
+        if (!p)
+            return tk__err(TK_ERR_NOMEM, "generate: out of memory for a sequence of %zu tokens", nc);
+        s->ids = p;
+        s->cap = nc;
+    }
+    s->ids[s->n++] = id;
+    return TK_OK;
+}
+
+static int seq_copy(gseq *d, const gseq *s)
+{
+    *d = *s;
+    d->ids = NULL;
+    d->cap = d->n = 0;
+    d->text = NULL;
+    d->slot = -1;
+    for (size_t i = 0; i < s->n; i++)
+        if (seq_push(d, s->ids[i]))
+            return TK_ERR_NOMEM;
+    return TK_OK;
+}
+
+static void seq_clear(gseq *s)
+{
+    free(s->ids);
+    free(s->text);
+    memset(s, 0, sizeof *s);
+    s->slot = -1;
+}
+
+static int is_eos(const tk_gen_opts *o, int32_t id)
+{
+    for (size_t i = 0; i < o->n_eos; i++)
+        if (o->eos_token_id[i] == id)
+            return 1;
+    return 0;
+}
+
+/* The processors of transformers' generate(), in its order, on one row (raw logits for greedy and
+ * sampling, log-probabilities for beam search). */
+static int process_row(float *row, int64_t V, const gseq *s, const tk_gen_opts *o)
+{
+    int rc;
+    if (o->repetition_penalty != 1.0 && (rc = tk_gen__repetition_penalty(row, V, s->ids, s->n, o->repetition_penalty)))
+        return rc;
+    if (o->no_repeat_ngram_size > 0)
+        tk_gen__no_repeat_ngram(row, V, s->ids, s->n, o->no_repeat_ngram_size);
+    if (!o->do_sample)
+        return TK_OK;
+    if (o->temperature != 1.0)
+        tk_gen__temperature(row, V, o->temperature);
+    if (o->top_k != 0 && (rc = tk_gen__top_k(row, V, o->top_k, 1)))
+        return rc;
+    if (o->top_p < 1.0 && (rc = tk_gen__top_p(row, V, o->top_p, 1)))
+        return rc;
+    if (o->min_p > 0 && (rc = tk_gen__min_p(row, V, o->min_p, 1)))
+        return rc;
+    return TK_OK;
+}
+
+/* Length in bytes of text without a trailing incomplete UTF-8 character or a trailing U+FFFD (a byte-
+ * fallback token waiting for the rest of its character). */
+static size_t utf8_complete(const char *t, size_t n)
+{
+    size_t i = n, back = 0;
+    while (i > 0 && back < 4 && ((unsigned char)t[i - 1] & 0xC0) == 0x80) {
+        i--;
+        back++;
+    }
+    if (i > 0) {
+        unsigned char c = (unsigned char)t[i - 1];
+        size_t need = c >= 0xF0 ? 4 : c >= 0xE0 ? 3 : c >= 0xC0 ? 2 : 1;
+        if (c >= 0xC0 && back + 1 < need)
+            n = i - 1; /* the lead byte and its continuation bytes so far wait */
+    }
+    while (n >= 3 && (unsigned char)t[n - 3] == 0xEF && (unsigned char)t[n - 2] == 0xBF &&
+           (unsigned char)t[n - 1] == 0xBD)
+        n -= 3;
+    return n;
+}
+
+/* Decodes s's generated tokens into s->text. */
+static int seq_decode(const tk_gen_lm *lm, gseq *s)
+{
+    if (!lm->decode)
+        return TK_OK;
+    char *t = NULL;
+    int rc = lm->decode(lm->self, s->ids + s->plen, s->n - s->plen, &t);
+    if (rc)
+        return rc;
+    free(s->text);
+    s->text = t;
+    return TK_OK;
+}
+
+/* 1 when the generated text contains a stop string that ends past byte `from` - (longest - 1). */
+static int hits_stop(const tk_gen_opts *o, const char *text, size_t prev_len)
+{
+    if (!text)
+        return 0;
+    for (size_t i = 0; i < o->n_stop; i++) {
+        size_t sl = strlen(o->stop_strings[i]);
+        size_t from = prev_len >= sl ? prev_len - sl + 1 : 0;
+        if (from <= strlen(text) && strstr(text + from, o->stop_strings[i]))
+            return 1;
+    }
+    return 0;
+}
+
+/* Streams the new complete text of s with its last token; at the end (final) everything left. */
+static int stream_token(const tk_gen_opts *o, size_t seq, gseq *s, int32_t tok, int final)
+{
+    if (!o->stream)
+        return 0;
+    size_t len = s->text ? strlen(s->text) : 0;
+    size_t upto = final ? len : utf8_complete(s->text ? s->text : "", len);
+    const char *piece = "";
+    size_t plen = 0;
+    if (upto > s->emitted) {
+        piece = s->text + s->emitted;
+        plen = upto - s->emitted;
+        s->emitted = upto;
+    }
+    return o->stream(o->stream_user, seq, tok, piece, plen);
+}
+
+/* The registry's final pick over rows [nrows, V] (f32, host): argmax for greedy, the seeded sample op
+ * (Philox; per-row seeds, so a sequence draws the same token whatever its batch slot) for sampling.
+ * Every processor already ran, so sample runs at temperature 1 with its own top-k/top-p off. */
+static int pick(const tk_gen_lm *lm, const tk_gen_opts *o, float *rows, size_t nrows, int64_t step, int64_t *tok)
+{
+    int64_t shp[2] = {(int64_t)nrows, lm->vocab}, shp1[1] = {(int64_t)nrows};
+    tk_tensor lg = {rows, {TK_DEV_CPU, 0}, 2, {TK_DL_FLOAT, 32, 1}, shp, NULL, 0};
+    tk_tensor out = {tok, {TK_DEV_CPU, 0}, 1, {TK_DL_INT, 64, 1}, shp1, NULL, 0};
+    if (!o->do_sample) {
+        tk_arg a[] = {{TK_ARG_TENSOR, "out", &out, 0, 0}, {TK_ARG_TENSOR, "input", &lg, 0, 0}};
+        return tk_op_run(lm->ctx, "argmax", a, 2, NULL, NULL);
+    }
+    int64_t *seeds = malloc(nrows * sizeof *seeds);
+    if (!seeds)
+        return tk__err(TK_ERR_NOMEM, "generate: out of memory");
+    for (size_t i = 0; i < nrows; i++)
+        seeds[i] = (int64_t)o->seed;
+    tk_tensor sd = {seeds, {TK_DEV_CPU, 0}, 1, {TK_DL_INT, 64, 1}, shp1, NULL, 0};
+    tk_arg a[] = {{TK_ARG_TENSOR, "out", &out, 0, 0},   {TK_ARG_TENSOR, "logits", &lg, 0, 0},
+                  {TK_ARG_F64, "temperature", NULL, 0, 1.0}, {TK_ARG_I64, "top_k", NULL, 0, 0},
+                  {TK_ARG_F64, "top_p", NULL, 0, 1.0},     {TK_ARG_I64, "offset", NULL, step, 0},
+                  {TK_ARG_TENSOR, "seeds", &sd, 0, 0}};
+    int rc = tk_op_run(lm->ctx, "sample", a, sizeof a / sizeof a[0], NULL, NULL);
+    free(seeds);
+    return rc;
+}
+
+static double now_ms(void) { return tk__now_ms(); }
+
+/* ---- greedy and sampling ---------------------------------------------------------------------- */
+
+static int run_sample(gseq *S, tk_gen_stats *st, const tk_gen_lm *lm, size_t np, int64_t *max_new,
+                      const tk_gen_opts *o)
+{
+    int64_t V = lm->vocab;
+    int rc = TK_OK;
+    size_t tot = 0;
+    for (size_t i = 0; i < np; i++)
+        tot += S[i].n;
+    int32_t *slots = malloc(np * sizeof *slots), *cu = malloc((np + 1) * sizeof *cu);
+    int32_t *ids = malloc((tot > np ? tot : np) * sizeof *ids);
+    size_t *act = malloc(np * sizeof *act);
+    float *logits = malloc(np * (size_t)V * sizeof *logits);
+    int64_t *tok = malloc(np * sizeof *tok);
+    if (!slots || !cu || !ids || !act || !logits || !tok) {
+        rc = tk__err(TK_ERR_NOMEM, "generate: out of memory for %zu sequences", np);
+        goto done;
+    }
+    /* prefill: every prompt in one varlen step */
+    size_t na = np, pos = 0;
+    cu[0] = 0;
+    for (size_t i = 0; i < np; i++) {
+        act[i] = i;
+        slots[i] = S[i].slot;
+        memcpy(ids + pos, S[i].ids, S[i].n * sizeof *ids);
+        pos += S[i].n;
+        cu[i + 1] = (int32_t)pos;
+    }
+    double t0 = now_ms();
+    if ((rc = lm->step(lm->self, slots, np, ids, cu, logits)))
+        goto done;
+    st->prefill_ms += now_ms() - t0;
+    st->prefill_tokens += (int64_t)tot;
+    t0 = now_ms();
+    for (int64_t step = 0;; step++) {
+        for (size_t k = 0; k < na; k++)
+            if ((rc = process_row(logits + k * (size_t)V, V, &S[act[k]], o)))
+                goto done;
+        if ((rc = pick(lm, o, logits, na, step, tok)))
+            goto done;
+        size_t nn = 0;
+        for (size_t k = 0; k < na; k++) {
+            gseq *s = &S[act[k]];
+            int32_t t = (int32_t)tok[k];
+            if (t < 0 || t >= V) { /* sample gives -1 when every token was removed */
+                rc = tk__err(TK_ERR_INVALID, "generate: sequence %zu: the logits processors removed every token "
+                             "at step %lld (or the logits are NaN)\nHINT: loosen top_k/top_p/min_p or the "
+                             "n-gram and repetition settings", act[k], (long long)step);
+                goto done;
+            }
+            size_t prev = s->text ? strlen(s->text) : 0;
+            if ((rc = seq_push(s, t)) || (rc = seq_decode(lm, s)))
+                goto done;
+            if (is_eos(o, t))
+                s->done = 1, s->end = TK_GEN_END_EOS;
+            else if (hits_stop(o, s->text, prev))
+                s->done = 1, s->end = TK_GEN_END_STOP;
+            else if ((int64_t)(s->n - s->plen) >= max_new[act[k]])
+                s->done = 1, s->end = TK_GEN_END_LENGTH;
+            if (stream_token(o, act[k], s, t, s->done) && !s->done)
+                s->done = 1, s->end = TK_GEN_END_CALLBACK;
+            if (!s->done) {
+                act[nn] = act[k];
+                slots[nn] = s->slot;
+                ids[nn] = t;
+                cu[nn + 1] = (int32_t)(nn + 1);
+                nn++;
+            }
+        }
+        if (step == 0) /* the first tokens came from the prefill: decode timing starts here */
+            t0 = now_ms();
+        else
+            st->decode_tokens += (int64_t)na;
+        st->steps++;
+        na = nn;
+        if (na == 0)
+            break;
+        if ((rc = lm->step(lm->self, slots, na, ids, cu, logits)))
+            goto done;
+    }
+    st->decode_ms += now_ms() - t0;
+done:
+    free(slots);
+    free(cu);
+    free(ids);
+    free(act);
+    free(logits);
+    free(tok);
+    return rc;
+}
+
+/* ---- beam search ------------------------------------------------------------------------------ */
+
+/* transformers' vectorised beam search (generation/utils.py _beam_search), one prompt's state: the
+ * running beams with their summed log-probabilities, the best finished hypotheses with their
+ * length-penalised scores, and the early-stop heuristic. Scores are f32 as there, the -1e9 markers
+ * included. */
+typedef struct {
+    gseq *run, *fin;
+    int *is_fin;
+    int unsat, active;
+    int64_t max_len;
+} bstate;
+
+typedef struct {
+    float v;
+    int64_t i;
+} cand;
+
+/* Keeps the k largest of (v, i) in c[0..*n), sorted by v descending then i ascending. */
+static void topk_insert(cand *c, size_t *n, size_t k, float v, int64_t i)
+{
+    if (v != v)
+        return;
+    if (*n == k && !(v > c[k - 1].v))
+        return; /* ties keep the lower index, already in */
+    size_t j = *n < k ? (*n)++ : k - 1;
+    while (j > 0 && v > c[j - 1].v) {
+        c[j] = c[j - 1];
+        j--;
+    }
+    c[j].v = v;
+    c[j].i = i;
+}
+
+static float lp_div(float score, int64_t len, double length_penalty)
+{
+    return score / (float)pow((double)len, length_penalty);
+}
+
+static int beam_hit(const tk_gen_lm *lm, const tk_gen_opts *o, const gseq *b, int32_t tok, int64_t max_len, int *why)
+{
+    if (is_eos(o, tok))
+        return *why = TK_GEN_END_EOS, 1;
+    if ((int64_t)b->n + 1 >= max_len)
+        return *why = TK_GEN_END_LENGTH, 1;
+    if (o->n_stop) {
+        gseq t = {0};
+        int rc = seq_copy(&t, b);
+        if (!rc)
+            rc = seq_push(&t, tok);
+        if (!rc)
+            rc = seq_decode(lm, &t);
+        if (rc) {
+            seq_clear(&t);
+            return rc;
+        }
+        int hit = hits_stop(o, t.text, 0);
+        seq_clear(&t);
+        if (hit)
+            return *why = TK_GEN_END_STOP, 1;
+    }
+    return 0;
+}
+
+static int run_beam(gseq *S, tk_gen_stats *st, const tk_gen_lm *lm, size_t np, int64_t *max_new, const tk_gen_opts *o)
+{
+    const int64_t V = lm->vocab;
+    const size_t nb = (size_t)o->num_beams;
+    const size_t K = (size_t)(o->n_eos + 1 > 2 ? o->n_eos + 1 : 2) * nb;
+    int rc = TK_OK;
+    bstate *B = calloc(np, sizeof *B);
+    size_t tot = 0, maxrows = np * nb;
+    for (size_t p = 0; p < np; p++)
+        tot += S[p].n;
+    int32_t *slots = malloc(maxrows * sizeof *slots), *cu = malloc((maxrows + 1) * sizeof *cu);
+    int32_t *ids = malloc((tot > maxrows ? tot : maxrows) * sizeof *ids);
+    float *logits = malloc(maxrows * (size_t)V * sizeof *logits), *row = malloc((size_t)V * sizeof *row);
+    cand *c = malloc(K * sizeof *c), *nx = malloc((nb + K) * sizeof *nx);
+    int *hit = malloc(K * sizeof *hit), *why = malloc(K * sizeof *why);
+    gseq *nrun = calloc(nb, sizeof *nrun), *nfin = calloc(nb, sizeof *nfin);
+    int *nis = calloc(nb, sizeof *nis);
+    if (!B || !slots || !cu || !ids || !logits || !row || !c || !nx || !hit || !why || !nrun || !nfin || !nis) {
+        rc = tk__err(TK_ERR_NOMEM, "generate: out of memory for %zu beams of %zu prompts", nb, np);
+        goto done;
+    }
+    for (size_t j = 0; j < nb; j++)
+        nrun[j].slot = nfin[j].slot = -1;
+    /* prefill each prompt once */
+    size_t pos = 0;
+    cu[0] = 0;
+    for (size_t p = 0; p < np; p++) {
+        slots[p] = S[p].slot;
+        memcpy(ids + pos, S[p].ids, S[p].n * sizeof *ids);
+        pos += S[p].n;
+        cu[p + 1] = (int32_t)pos;
+    }
+    double t0 = now_ms();
+    if ((rc = lm->step(lm->self, slots, np, ids, cu, logits)))
+        goto done;
+    st->prefill_ms += now_ms() - t0;
+    st->prefill_tokens += (int64_t)tot;
+    t0 = now_ms();
+    /* the running beams: the prompt nb times (beam 0 scores 0, the others -1e9), sharing its cache */
+    for (size_t p = 0; p < np; p++) {
+        bstate *b = &B[p];
+        b->run = calloc(nb, sizeof *b->run);
+        b->fin = calloc(nb, sizeof *b->fin);
+        b->is_fin = calloc(nb, sizeof *b->is_fin);
+        for (size_t j = 0; j < nb; j++) {
+            if (b->run)
+                b->run[j].slot = -1;
+            if (b->fin)
+                b->fin[j].slot = -1;
+        }
+        if (!b->run || !b->fin || !b->is_fin) {
+            rc = tk__err(TK_ERR_NOMEM, "generate: out of memory for beams");
+            goto done;
+        }
+        b->unsat = b->active = 1;
+        b->max_len = (int64_t)S[p].plen + max_new[p];
+        for (size_t j = 0; j < nb; j++) {
+            if ((rc = seq_copy(&b->run[j], &S[p])) || (rc = seq_copy(&b->fin[j], &S[p])))
+                goto done;
+            b->run[j].score = j ? -1e9f : 0.0f;
+            b->fin[j].score = -1e9f;
+            b->run[j].slot = b->fin[j].slot = -1;
+        }
+        b->run[0].slot = S[p].slot;
+        S[p].slot = -1; /* the beams own it now */
+        for (size_t j = 1; j < nb; j++)
+            if ((rc = lm->seq_fork(lm->self, &b->run[j].slot, b->run[0].slot)))
+                goto done;
+    }
+    /* logits rows: after the prefill, row p serves every beam of prompt p */
+    int first = 1;
+    for (;;) {
+        size_t r = 0, nrows = 0;
+        for (size_t p = 0; p < np; p++) {
+            bstate *b = &B[p];
+            if (!b->active)
+                continue;
+            int64_t cur_len = (int64_t)b->run[0].n;
+            size_t nc = 0;
+            for (size_t j = 0; j < nb; j++) {
+                memcpy(row, logits + (first ? p : r + j) * (size_t)V, (size_t)V * sizeof *row);
+                tk_gen__log_softmax(row, V);
+                if ((rc = process_row(row, V, &b->run[j], o)))
+                    goto done;
+                float sc = b->run[j].score;
+                for (int64_t v = 0; v < V; v++)
+                    topk_insert(c, &nc, K, row[v] + sc, (int64_t)j * V + v);
+            }
+            if (!first)
+                r += nb;
+            for (size_t j = 0; j < nc; j++) {
+                const gseq *src = &b->run[c[j].i / V];
+                why[j] = 0;
+                int h = beam_hit(lm, o, src, (int32_t)(c[j].i % V), b->max_len, &why[j]);
+                if (h < 0) {
+                    rc = h;
+                    goto done;
+                }
+                hit[j] = h;
+            }
+            int all_hit = 1;
+            for (size_t j = 0; j < nc; j++)
+                all_hit &= hit[j];
+            /* the next running beams: the best candidates that did not finish */
+            size_t nn = 0;
+            for (size_t j = 0; j < nc; j++)
+                topk_insert(nx, &nn, nb, c[j].v + (hit[j] ? -1.0e9f : 0.0f), (int64_t)j);
+            for (size_t i = 0; i < nn; i++) {
+                const cand *cj = &c[nx[i].i];
+                const gseq *src = &b->run[cj->i / V];
+                seq_clear(&nrun[i]);
+                if ((rc = seq_copy(&nrun[i], src)) || (rc = seq_push(&nrun[i], (int32_t)(cj->i % V))))
+                    goto done;
+                nrun[i].score = nx[i].v;
+                nrun[i].slot = -1;
+                if (!all_hit && (rc = lm->seq_fork(lm->self, &nrun[i].slot, src->slot)))
+                    goto done;
+            }
+            /* the finished hypotheses: the old ones and the top-nb candidates that just finished */
+            int full = 1;
+            for (size_t j = 0; j < nb; j++)
+                full &= b->is_fin[j];
+            full &= o->early_stopping == TK_GEN_EARLY_TRUE;
+            size_t nm = 0;
+            for (size_t j = 0; j < nb; j++)
+                topk_insert(nx, &nm, nb, b->fin[j].score, (int64_t)j);
+            for (size_t j = 0; j < nc; j++) {
+                float f = lp_div(c[j].v, cur_len + 1 - (int64_t)S[p].plen, o->length_penalty);
+                f += full ? -1.0e9f : 0.0f;
+                f += b->unsat ? 0.0f : -1.0e9f;
+                f += (hit[j] && j < nb) ? 0.0f : -1.0e9f;
+                topk_insert(nx, &nm, nb, f, (int64_t)(nb + j));
+            }
+            for (size_t i = 0; i < nm; i++) {
+                seq_clear(&nfin[i]);
+                int64_t m = nx[i].i;
+                if (m < (int64_t)nb) {
+                    if ((rc = seq_copy(&nfin[i], &b->fin[m])))
+                        goto done;
+                    nis[i] = b->is_fin[m];
+                } else {
+                    const cand *cj = &c[m - (int64_t)nb];
+                    if ((rc = seq_copy(&nfin[i], &b->run[cj->i / V])) ||
+                        (rc = seq_push(&nfin[i], (int32_t)(cj->i % V))))
+                        goto done;
+                    nis[i] = hit[m - (int64_t)nb] && (size_t)(m - (int64_t)nb) < nb;
+                    nfin[i].end = why[m - (int64_t)nb];
+                }
+                nfin[i].score = nx[i].v;
+                nfin[i].slot = -1;
+            }
+            for (size_t j = 0; j < nb; j++) {
+                if (b->run[j].slot >= 0)
+                    lm->seq_free(lm->self, b->run[j].slot);
+                seq_clear(&b->run[j]);
+                seq_clear(&b->fin[j]);
+                b->run[j] = nrun[j];
+                b->fin[j] = nfin[j];
+                b->is_fin[j] = nis[j];
+                memset(&nrun[j], 0, sizeof nrun[j]);
+                memset(&nfin[j], 0, sizeof nfin[j]);
+                nrun[j].slot = nfin[j].slot = -1;
+            }
+            /* the early-stop heuristic, with the new length */
+            int64_t best_len = (o->early_stopping == TK_GEN_EARLY_NEVER && o->length_penalty > 0)
+                                   ? b->max_len - (int64_t)S[p].plen
+                                   : cur_len + 1 - (int64_t)S[p].plen;
+            float best_run = lp_div(b->run[0].score, best_len, o->length_penalty);
+            float worst = INFINITY;
+            for (size_t j = 0; j < nb; j++)
+                if (b->fin[j].score < worst)
+                    worst = b->fin[j].score;
+            int any = 0;
+            for (size_t j = 0; j < nb; j++)
+                any |= best_run > (b->is_fin[j] ? worst : -1.0e9f);
+            b->unsat = b->unsat && any;
+            int all_fin = 1;
+            for (size_t j = 0; j < nb; j++)
+                all_fin &= b->is_fin[j];
+            int open = !(all_fin && o->early_stopping == TK_GEN_EARLY_TRUE);
+            b->active = b->unsat && open && !all_hit;
+            if (!b->active) {
+                for (size_t j = 0; j < nb; j++)
+                    if (b->run[j].slot >= 0) {
+                        lm->seq_free(lm->self, b->run[j].slot);
+                        b->run[j].slot = -1;
+                    }
+                continue;
+            }
+            for (size_t j = 0; j < nb; j++) {
+                slots[nrows] = b->run[j].slot;
+                ids[nrows] = b->run[j].ids[b->run[j].n - 1];
+                cu[nrows + 1] = (int32_t)(nrows + 1);
+                nrows++;
+            }
+        }
+        st->steps++;
+        st->decode_tokens += (int64_t)nrows;
+        first = 0;
+        if (nrows == 0)
+            break;
+        if ((rc = lm->step(lm->self, slots, nrows, ids, cu, logits)))
+            goto done;
+    }
+    st->decode_ms += now_ms() - t0;
+    /* each prompt's answer: its best finished hypothesis */
+    for (size_t p = 0; p < np; p++) {
+        gseq *best = &B[p].fin[0];
+        free(S[p].ids);
+        free(S[p].text);
+        S[p].ids = best->ids;
+        S[p].n = best->n;
+        S[p].cap = best->cap;
+        S[p].text = NULL;
+        S[p].score = best->score;
+        int32_t last = S[p].n > S[p].plen ? S[p].ids[S[p].n - 1] : -1;
+        S[p].end = is_eos(o, last) ? TK_GEN_END_EOS : best->end == TK_GEN_END_STOP ? TK_GEN_END_STOP : TK_GEN_END_LENGTH;
+        best->ids = NULL;
+        if ((rc = seq_decode(lm, &S[p])))
+            goto done;
+        if (o->stream) { /* the winner, token by token */
+            gseq t = {0};
+            t.plen = S[p].plen;
+            for (size_t i = 0; i < S[p].plen && !rc; i++)
+                rc = seq_push(&t, S[p].ids[i]);
+            for (size_t i = S[p].plen; i < S[p].n && !rc; i++) {
+                if ((rc = seq_push(&t, S[p].ids[i])) || (rc = seq_decode(lm, &t)))
+                    break;
+                if (stream_token(o, p, &t, S[p].ids[i], i + 1 == S[p].n))
+                    break;
+            }
+            seq_clear(&t);
+            if (rc)
+                goto done;
+        }
+    }
+done:
+    for (size_t p = 0; B && p < np; p++) {
+        for (size_t j = 0; j < nb; j++) {
+            if (B[p].run && B[p].run[j].slot >= 0)
+                lm->seq_free(lm->self, B[p].run[j].slot);
+            if (B[p].run)
+                seq_clear(&B[p].run[j]);
+            if (B[p].fin)
+                seq_clear(&B[p].fin[j]);
+        }
+        free(B[p].run);
+        free(B[p].fin);
+        free(B[p].is_fin);
+    }
+    for (size_t j = 0; nrun && j < nb; j++) {
+        if (nrun[j].slot >= 0)
+            lm->seq_free(lm->self, nrun[j].slot);
+        seq_clear(&nrun[j]);
+    }
+    for (size_t j = 0; nfin && j < nb; j++)
+        seq_clear(&nfin[j]);
+    free(B);
+    free(slots);
+    free(cu);
+    free(ids);
+    free(logits);
+    free(row);
+    free(c);
+    free(nx);
+    free(hit);
+    free(why);
+    free(nrun);
+    free(nfin);
+    free(nis);
+    return rc;
+}
+
+/* ---- the driver ------------------------------------------------------------------------------- */
+
+int tk_gen__run(tk_gen_seq *out, tk_gen_stats *stats, const tk_gen_lm *lm, const int32_t *const *prompts,
+                const size_t *lens, size_t np, const tk_gen_opts *o)
+{
+    int rc = tk_gen__check(lm, prompts, lens, np, o);
+    if (rc)
+        return rc;
+    memset(out, 0, np * sizeof *out);
+    tk_gen_stats st = {0};
+    gseq *S = calloc(np, sizeof *S);
+    int64_t *max_new = calloc(np, sizeof *max_new);
+    if (!S || !max_new) {
+        rc = tk__err(TK_ERR_NOMEM, "generate: out of memory for %zu prompts", np);
+        goto done;
+    }
+    for (size_t i = 0; i < np; i++) {
+        S[i].slot = -1;
+        S[i].plen = lens[i];
+        for (size_t j = 0; j < lens[i]; j++)
+            if ((rc = seq_push(&S[i], prompts[i][j])))
+                goto done;
+        max_new[i] = o->max_new_tokens > 0 ? o->max_new_tokens : o->max_length - (int64_t)lens[i];
+        if ((rc = lm->seq_new(lm->self, &S[i].slot)))
+            goto done;
+    }
+    rc = o->num_beams > 1 ? run_beam(S, &st, lm, np, max_new, o) : run_sample(S, &st, lm, np, max_new, o);
+    if (rc)
+        goto done;
+    for (size_t i = 0; i < np; i++) {
+        size_t n = S[i].n - S[i].plen;
+        out[i].ids = malloc((n ? n : 1) * sizeof *out[i].ids);
+        if (!out[i].ids) {
+            rc = tk__err(TK_ERR_NOMEM, "generate: out of memory");
+            goto done;
+        }
+        memcpy(out[i].ids, S[i].ids + S[i].plen, n * sizeof *out[i].ids);
+        out[i].n = n;
+        out[i].text = S[i].text;
+        S[i].text = NULL;
+        out[i].end = S[i].end;
+        out[i].score = S[i].score;
+    }
+    if (stats)
+        *stats = st;
+done:
+    for (size_t i = 0; S && i < np; i++) {
+        if (S[i].slot >= 0)
+            lm->seq_free(lm->self, S[i].slot);
+        seq_clear(&S[i]);
+    }
+    if (rc)
+        for (size_t i = 0; i < np; i++)
+            tk_gen__seq_free(&out[i]);
+    free(S);
+    free(max_new);
+    return rc;
+}
+
+void tk_gen__seq_free(tk_gen_seq *s)
+{
+    if (!s)
+        return;
+    free(s->ids);
+    free(s->text);
+    memset(s, 0, sizeof *s);
+}
+
+/* ---- the paged KV cache ----------------------------------------------------------------------- */
+
+static size_t kv_layer_block_bytes(const tk_gen_kv *kv)
+{
+    return (size_t)(kv->block_size * kv->heads * kv->head_dim) * (kv->dtype.bits / 8u);
+}
+
+int64_t tk_gen__kv_block_bytes(const tk_gen_kv *kv) { return (int64_t)kv_layer_block_bytes(kv) * 2 * kv->layers; }
+
+static void kv_mem_free(const tk_gen_kv *kv, void *p)
+{
+    if (!p)
+        return;
+    if (kv->dev_type == TK_DEV_CUDA)
+        tk_device_free(p, kv->dev_id);
+    else
+        free(p);
+}
+
+int tk_gen__kv_new(tk_gen_kv **out, int64_t layers, int64_t heads, int64_t head_dim, tk_dtype dtype,
+                   int64_t block_size, int64_t max_bytes, int dev_type, int dev_id)
+{
+    *out = NULL;
+    if (block_size < 8 || block_size > 256 || (block_size & (block_size - 1)))
+        return tk__err(TK_ERR_INVALID, "KV cache: block size %lld tokens, want a power of two from 8 to 256 (what "
+                       "attention_decode takes)", (long long)block_size);
+    int quant = dtype.code == TK_DL_INT || dtype.code == TK_DL_FLOAT8_E4M3FN;
+    tk_gen_kv *kv = calloc(1, sizeof *kv);
+    if (!kv)
+        return tk__err(TK_ERR_NOMEM, "KV cache: out of memory");
+    kv->dev_type = dev_type;
+    kv->dev_id = dev_id;
+    kv->layers = layers;
+    kv->heads = heads;
+    kv->head_dim = head_dim;
+    kv->block_size = block_size;
+    kv->dtype = dtype;
+    kv->quant = quant;
+    int rc = TK_OK;
+    int64_t bb = tk_gen__kv_block_bytes(kv);
+    if (max_bytes > 0) {
+        kv->max_blocks = max_bytes / bb;
+        if (kv->max_blocks < 1) {
+            rc = tk__err(TK_ERR_INVALID, "KV cache: kv_max_bytes %lld is less than one block (%lld bytes: %lld "
+                         "tokens x %lld layers x K and V x %lld heads x %lld dims in %s)",
+                         (long long)max_bytes, (long long)bb, (long long)block_size, (long long)layers,
+                         (long long)heads, (long long)head_dim, tk_dtype_name(dtype));
+            goto fail;
+        }
+    }
+    kv->k = calloc((size_t)layers, sizeof *kv->k);
+    kv->v = calloc((size_t)layers, sizeof *kv->v);
+    if (!kv->k || !kv->v) {
+        rc = tk__err(TK_ERR_NOMEM, "KV cache: out of memory");
+        goto fail;
+    }
+    if (quant) {
+        size_t sb = (size_t)(layers * 2 * heads) * sizeof(float);
+        if (!(kv->calibrated = calloc((size_t)layers, 1))) {
+            rc = tk__err(TK_ERR_NOMEM, "KV cache: out of memory");
+            goto fail;
+        }
+        rc = dev_type == TK_DEV_CUDA ? tk_device_alloc((void **)&kv->scales, dev_id, sb)
+                                     : ((kv->scales = malloc(sb)) ? TK_OK : tk__err(TK_ERR_NOMEM, "out of memory"));
+        if (rc)
+            goto fail;
+    }
+    *out = kv;
+    return TK_OK;
+fail:
+    tk_gen__kv_free(kv);
+    return rc;
+}
+
+void tk_gen__kv_free(tk_gen_kv *kv)
+{
+    if (!kv)
+        return;
+    for (int64_t l = 0; kv->k && l < kv->layers; l++) {
+        kv_mem_free(kv, kv->k[l]);
+        kv_mem_free(kv, kv->v ? kv->v[l] : NULL);
+    }
+    kv_mem_free(kv, kv->scales);
+    free(kv->calibrated);
+    for (int64_t i = 0; i < kv->nseq; i++)
+        free(kv->seq[i].blocks);
+    free(kv->seq);
+    free(kv->k);
+    free(kv->v);
+    free(kv->ref);
+    free(kv->freel);
+    free(kv);
+}
+
+/* Grows the pool so that at least `need` blocks are free. */
+static int kv_grow(tk_gen_kv *kv, int64_t need)
+{
+    if (kv->nfree >= need)
+        return TK_OK;
+    int64_t n = kv->nblocks ? kv->nblocks : 8;
+    while (n - kv->nblocks + kv->nfree < need)
+        n *= 2;
+    if (kv->max_blocks && n > kv->max_blocks)
+        n = kv->max_blocks;
+    if (n - kv->nblocks + kv->nfree < need)
+        return tk__err(TK_ERR_NOMEM, "KV cache: %lld more blocks needed, but the cache is at its bound of %lld "
+                       "blocks (%lld bytes, kv_max_bytes)\nHINT: raise the bound (--kv-max-bytes), or generate "
+                       "fewer or shorter sequences at once", (long long)(need - kv->nfree),
+                       (long long)kv->max_blocks, (long long)(kv->max_blocks * tk_gen__kv_block_bytes(kv)));
+    size_t lb = kv_layer_block_bytes(kv), old = lb * (size_t)kv->nblocks, nw = lb * (size_t)n;
+    int32_t *ref = realloc(kv->ref, (size_t)n * sizeof *ref), *fl;
+    if (!ref)
+        return tk__err(TK_ERR_NOMEM, "KV cache: out of memory");
+    kv->ref = ref;
+    if (!(fl = realloc(kv->freel, (size_t)n * sizeof *fl)))
+        return tk__err(TK_ERR_NOMEM, "KV cache: out of memory");
+    kv->freel = fl;
+    for (int64_t l = 0; l < kv->layers; l++) {
+        void **pp[2] = {&kv->k[l], &kv->v[l]};
+        for (int j = 0; j < 2; j++) {
+            void *p = NULL;
+            if (kv->dev_type == TK_DEV_CUDA) {
+                int rc = tk_device_alloc(&p, kv->dev_id, nw);
+                if (!rc && old)
+                    rc = tk_device_copy(p, *pp[j], old, TK_COPY_D2D, kv->dev_id);
+                if (rc) {
+                    kv_mem_free(kv, p);
+                    return rc;
+                }
+                kv_mem_free(kv, *pp[j]);
+            } else if (!(p = realloc(*pp[j], nw))) {
+                return tk__err(TK_ERR_NOMEM, "KV cache: out of memory for %lld blocks (%zu bytes a layer)",
+                               (long long)n, nw);
+            }
+            *pp[j] = p;
+        }
+    }
+    for (int64_t b = n - 1; b >= kv->nblocks; b--) { /* the lowest id is popped first */
+        kv->ref[b] = 0;
+        kv->freel[kv->nfree++] = (int32_t)b;
+    }
+    kv->nblocks = n;
+    return TK_OK;
+}
+
+static int kv_alloc_block(tk_gen_kv *kv, int32_t *b)
+{
+    int rc = kv_grow(kv, 1);
+    if (rc)
+        return rc;
+    *b = kv->freel[--kv->nfree];
+    kv->ref[*b] = 1;
+    if (++kv->used_blocks > kv->peak_blocks)
+        kv->peak_blocks = kv->used_blocks;
+    return TK_OK;
+}
+
+static void kv_decref(tk_gen_kv *kv, int32_t b)
+{
+    if (--kv->ref[b] == 0) {
+        kv->freel[kv->nfree++] = b;
+        kv->used_blocks--;
+    }
+}
+
+int tk_gen__kv_seq_new(tk_gen_kv *kv, int32_t *slot)
+{
+    for (int64_t i = 0; i < kv->nseq; i++)
+        if (!kv->seq[i].used) {
+            kv->seq[i].used = 1;
+            kv->seq[i].len = kv->seq[i].nblk = 0;
+            *slot = (int32_t)i;
+            return TK_OK;
+        }
+    tk_gen_kvseq *s = realloc(kv->seq, (size_t)(kv->nseq + 1) * sizeof *s);
+    if (!s)
+        return tk__err(TK_ERR_NOMEM, "KV cache: out of memory");
+    kv->seq = s;
+    memset(&s[kv->nseq], 0, sizeof *s);
+    s[kv->nseq].used = 1;
+    *slot = (int32_t)kv->nseq++;
+    return TK_OK;
+}
+
+static int kvseq_reserve(tk_gen_kvseq *s, int64_t nblk)
+{
+    if (nblk <= s->cap)
+        return TK_OK;
+    int64_t c = s->cap ? 2 * s->cap : 16;
+    while (c < nblk)
+        c *= 2;
+    int32_t *p = realloc(s->blocks, (size_t)c * sizeof *p);
+    if (!p)
+        return tk__err(TK_ERR_NOMEM, "KV cache: out of memory");
+    s->blocks = p;
+    s->cap = c;
+    return TK_OK;
+}
+
+int tk_gen__kv_seq_fork(tk_gen_kv *kv, int32_t *dst, int32_t src)
+{
+    int32_t d;
+    int rc = tk_gen__kv_seq_new(kv, &d);
+    if (rc)
+        return rc;
+    tk_gen_kvseq *s = &kv->seq[src], *t = &kv->seq[d];
+    if ((rc = kvseq_reserve(t, s->nblk))) {
+        t->used = 0;
+        return rc;
+    }
+    memcpy(t->blocks, s->blocks, (size_t)s->nblk * sizeof *t->blocks);
+    t->nblk = s->nblk;
+    t->len = s->len;
+    for (int64_t i = 0; i < s->nblk; i++)
+        kv->ref[s->blocks[i]]++;
+    *dst = d;
+    return TK_OK;
+}
+
+void tk_gen__kv_seq_free(tk_gen_kv *kv, int32_t slot)
+{
+    if (!kv || slot < 0 || slot >= kv->nseq || !kv->seq[slot].used)
+        return;
+    tk_gen_kvseq *s = &kv->seq[slot];
+    for (int64_t i = 0; i < s->nblk; i++)
+        kv_decref(kv, s->blocks[i]);
+    s->nblk = s->len = 0;
+    s->used = 0;
+}
+
+/* Copy-on-write of block index bi of s, shared with another sequence. */
+static int kv_unshare(tk_gen_kv *kv, tk_gen_kvseq *s, int64_t bi)
+{
+    int32_t old = s->blocks[bi], nb;
+    int rc = kv_alloc_block(kv, &nb);
+    if (rc)
+        return rc;
+    size_t lb = kv_layer_block_bytes(kv);
+    for (int64_t l = 0; l < kv->layers; l++) {
+        char *k = kv->k[l], *v = kv->v[l];
+        if (kv->dev_type == TK_DEV_CUDA) {
+            if ((rc = tk_device_copy(k + lb * (size_t)nb, k + lb * (size_t)old, lb, TK_COPY_D2D, kv->dev_id)) ||
+                (rc = tk_device_copy(v + lb * (size_t)nb, v + lb * (size_t)old, lb, TK_COPY_D2D, kv->dev_id)))
+                return rc;
+        } else {
+            memcpy(k + lb * (size_t)nb, k + lb * (size_t)old, lb);
+            memcpy(v + lb * (size_t)nb, v + lb * (size_t)old, lb);
+        }
+    }
+    kv_decref(kv, old);
+    s->blocks[bi] = nb;
+    return TK_OK;
+}
+
+int tk_gen__kv_prepare(tk_gen_kv *kv, const int32_t *slots, size_t nseq, const int32_t *n, int64_t **slot_mapping,
+                       int32_t **block_table, int64_t *mbps, int32_t **seq_lens, int64_t **start)
+{
+    *slot_mapping = NULL;
+    *block_table = NULL;
+    *seq_lens = NULL;
+    *start = NULL;
+    int64_t T = 0, bs = kv->block_size, w = 1;
+    int rc = TK_OK;
+    for (size_t i = 0; i < nseq; i++)
+        T += n[i];
+    int64_t *sm = malloc((size_t)(T ? T : 1) * sizeof *sm), *st = malloc(nseq * sizeof *st);
+    int32_t *sl = malloc(nseq * sizeof *sl), *bt = NULL;
+    if (!sm || !st || !sl) {
+        rc = tk__err(TK_ERR_NOMEM, "KV cache: out of memory");
+        goto fail;
+    }
+    int64_t t = 0;
+    for (size_t i = 0; i < nseq; i++) {
+        tk_gen_kvseq *s = &kv->seq[slots[i]];
+        int64_t L = s->len, L2 = L + n[i], need = (L2 + bs - 1) / bs;
+        if (L % bs && kv->ref[s->blocks[L / bs]] > 1 && (rc = kv_unshare(kv, s, L / bs)))
+            goto fail;
+        if ((rc = kvseq_reserve(s, need)))
+            goto fail;
+        while (s->nblk < need)
+            if ((rc = kv_alloc_block(kv, &s->blocks[s->nblk++]))) {
+                s->nblk--;
+                goto fail;
+            }
+        for (int64_t p = L; p < L2; p++)
+            sm[t++] = (int64_t)s->blocks[p / bs] * bs + p % bs;
+        st[i] = L;
+        sl[i] = (int32_t)L2;
+        s->len = L2;
+        if (need > w)
+            w = need;
+    }
+    if (!(bt = calloc(nseq * (size_t)w, sizeof *bt))) {
+        rc = tk__err(TK_ERR_NOMEM, "KV cache: out of memory");
+        goto fail;
+    }
+    for (size_t i = 0; i < nseq; i++) {
+        tk_gen_kvseq *s = &kv->seq[slots[i]];
+        memcpy(bt + i * (size_t)w, s->blocks, (size_t)s->nblk * sizeof *bt);
+    }
+    *slot_mapping = sm;
+    *block_table = bt;
+    *mbps = w;
+    *seq_lens = sl;
+    *start = st;
+    return TK_OK;
+fail:
+    free(sm);
+    free(st);
+    free(sl);
+    free(bt);
+    return rc;
+}
+
+int tk_gen__kv_calibrate(tk_gen_kv *kv, int64_t l, const float *k, const float *v, int64_t n)
+{
+    int64_t H = kv->heads, D = kv->head_dim;
+    float qmax = kv->dtype.code == TK_DL_INT ? 127.0f : 448.0f, sc[2 * 1024];
+    if (H > 1024)
+        return tk__err(TK_ERR_UNSUPPORTED, "KV cache: %lld heads, at most 1024 with a quantised cache", (long long)H);
+    for (int j = 0; j < 2; j++) {
+        const float *x = j ? v : k;
+        for (int64_t h = 0; h < H; h++) {
+            float amax = 0;
+            for (int64_t t = 0; t < n; t++)
+                for (int64_t d = 0; d < D; d++) {
+                    float a = fabsf(x[(t * H + h) * D + d]);
+                    if (a > amax) /* NaN never passes */
+                        amax = a;
+                }
+            sc[j * H + h] = amax > 0 && isfinite(amax) ? 1.25f * amax / qmax : 1.0f;
+        }
+    }
+    float *dst = kv->scales + l * 2 * H;
+    int rc = TK_OK;
+    if (kv->dev_type == TK_DEV_CUDA)
+        rc = tk_device_copy(dst, sc, (size_t)(2 * H) * sizeof(float), TK_COPY_H2D, kv->dev_id);
+    else
+        memcpy(dst, sc, (size_t)(2 * H) * sizeof(float));
+    if (rc == TK_OK)
+        kv->calibrated[l] = 1;
+    return rc;
+}
+
+void tk_gen__kv_layer(const tk_gen_kv *kv, int64_t l, tk_tensor *k, int64_t *kshape, tk_tensor *v, int64_t *vshape,
+                      tk_tensor *ks, tk_tensor *vs, int64_t *sshape)
+{
+    int64_t shp[4] = {kv->nblocks, kv->block_size, kv->heads, kv->head_dim};
+    memcpy(kshape, shp, sizeof shp);
+    memcpy(vshape, shp, sizeof shp);
+    tk_tensor base = {NULL, {kv->dev_type, kv->dev_id}, 4, kv->dtype, NULL, NULL, 0};
+    *k = base;
+    k->data = kv->k[l];
+    k->shape = kshape;
+    *v = base;
+    v->data = kv->v[l];
+    v->shape = vshape;
+    if (ks && vs) {
+        sshape[0] = kv->heads;
+        tk_tensor sb = {NULL, {kv->dev_type, kv->dev_id}, 1, {TK_DL_FLOAT, 32, 1}, sshape, NULL, 0};
+        *ks = sb;
+        *vs = sb;
+        ks->data = kv->quant ? kv->scales + l * 2 * kv->heads : NULL;
+        vs->data = kv->quant ? kv->scales + (l * 2 + 1) * kv->heads : NULL;
+    }
+}
+
+/* ---- the language models generation drives ---------------------------------------------------- */
+
+typedef struct {
+    tk_model *m;
+    tk_gen_kv *kv;
+    /* full recompute: each slot's whole sequence */
+    struct {
+        int32_t *ids;
+        size_t n, cap;
+        int used;
+    } *full;
+    size_t nfull;
+    float *all_logits;
+    size_t all_cap;
+} lm_state;
+
+static int lm_decode(void *self, const int32_t *ids, size_t n, char **text)
+{
+    lm_state *s = self;
+    return tk_tokenizer_decode(text, s->m->tok, ids, n, 1);
+}
+
+static int kv_step(void *self, const int32_t *slots, size_t nseq, const int32_t *ids, const int32_t *cu, float *logits)
+{
+    lm_state *s = self;
+    return tk_models__forward_kv(s->m, s->kv, slots, nseq, ids, cu, logits);
+}
+
+static int kv_new(void *self, int32_t *slot) { return tk_gen__kv_seq_new(((lm_state *)self)->kv, slot); }
+static int kv_fork(void *self, int32_t *dst, int32_t src) { return tk_gen__kv_seq_fork(((lm_state *)self)->kv, dst, src); }
+static void kv_del(void *self, int32_t slot) { tk_gen__kv_seq_free(((lm_state *)self)->kv, slot); }
+
+static int full_new(void *self, int32_t *slot)
+{
+    lm_state *s = self;
+    for (size_t i = 0; i < s->nfull; i++)
+        if (!s->full[i].used) {
+            s->full[i].used = 1;
+            s->full[i].n = 0;
+            *slot = (int32_t)i;
+            return TK_OK;
+        }
+    void *p = realloc(s->full, (s->nfull + 1) * sizeof *s->full);
+    if (!p)
+        return tk__err(TK_ERR_NOMEM, "generate: out of memory");
+    s->full = p;
+    memset(&s->full[s->nfull], 0, sizeof *s->full);
+    s->full[s->nfull].used = 1;
+    *slot = (int32_t)s->nfull++;
+    return TK_OK;
+}
+
+static int full_push(lm_state *s, int32_t slot, const int32_t *ids, size_t n)
+{
+    if (s->full[slot].n + n > s->full[slot].cap) {
+        size_t c = (s->full[slot].n + n) * 2;
+        int32_t *p = realloc(s->full[slot].ids, c * sizeof *p);
+        if (!p)
+            return tk__err(TK_ERR_NOMEM, "generate: out of memory");
+        s->full[slot].ids = p;
+        s->full[slot].cap = c;
+    }
+    memcpy(s->full[slot].ids + s->full[slot].n, ids, n * sizeof *ids);
+    s->full[slot].n += n;
+    return TK_OK;
+}
+
+static int full_fork(void *self, int32_t *dst, int32_t src)
+{
+    lm_state *s = self;
+    int rc = full_new(self, dst);
+    if (!rc)
+        rc = full_push(s, *dst, s->full[src].ids, s->full[src].n);
+    return rc;
+}
+
+static void full_del(void *self, int32_t slot) { ((lm_state *)self)->full[slot].used = 0; }
+
+/* The reference: every step runs the whole sequences through tk_model_forward. */
+static int full_step(void *self, const int32_t *slots, size_t nseq, const int32_t *ids, const int32_t *cu, float *logits)
+{
+    lm_state *s = self;
+    int64_t V = s->m->cfg.vocab;
+    size_t tot = 0;
+    int rc;
+    for (size_t i = 0; i < nseq; i++) {
+        if ((rc = full_push(s, slots[i], ids + cu[i], (size_t)(cu[i + 1] - cu[i]))))
+            return rc;
+        tot += s->full[slots[i]].n;
+    }
+    int32_t *all = malloc(tot * sizeof *all);
+    size_t *lens = malloc(nseq * sizeof *lens);
+    if (tot * (size_t)V > s->all_cap) {
+        free(s->all_logits);
+        s->all_logits = malloc(tot * (size_t)V * sizeof *s->all_logits);
+        s->all_cap = s->all_logits ? tot * (size_t)V : 0;
+    }
+    if (!all || !lens || !s->all_logits) {
+        free(all);
+        free(lens);
+        return tk__err(TK_ERR_NOMEM, "generate: out of memory for the logits of %zu tokens", tot);
+    }
+    size_t p = 0;
+    for (size_t i = 0; i < nseq; i++) {
+        memcpy(all + p, s->full[slots[i]].ids, s->full[slots[i]].n * sizeof *all);
+        p += lens[i] = s->full[slots[i]].n;
+    }
+    rc = tk_model_forward(s->m, all, lens, nseq, s->all_logits, NULL);
+    p = 0;
+    for (size_t i = 0; rc == TK_OK && i < nseq; i++) {
+        p += lens[i];
+        memcpy(logits + i * (size_t)V, s->all_logits + (p - 1) * (size_t)V, (size_t)V * sizeof *logits);
+    }
+    free(all);
+    free(lens);
+    return rc;
+}
+
+static void lm_state_free(lm_state *s)
+{
+    tk_gen__kv_free(s->kv);
+    for (size_t i = 0; i < s->nfull; i++)
+        free(s->full[i].ids);
+    free(s->full);
+    free(s->all_logits);
+}
+
+/* ---- the public API --------------------------------------------------------------------------- */
+
+#define RESULT_MAGIC 0x67656e72u /* "genr" */
+
+struct tk_gen_result {
+    uint32_t magic;
+    size_t n;
+    tk_gen_seq *seq;
+    tk_gen_stats st;
+    int64_t kv_bytes, kv_peak_bytes, kv_blocks, kv_block_size;
+    char kv_dtype[16];
+    int use_cache;
+};
+
+static int json_num(double *out, json_t *o, const char *key, const char *what)
+{
+    json_t *v = json_object_get(o, key);
+    if (!v || json_is_null(v))
+        return 0;
+    if (!json_is_number(v))
+        return tk__err(TK_ERR_INVALID, "%s: '%s' is not a number", what, key);
+    *out = json_number_value(v);
+    return 1;
+}
+
+static int json_int(int64_t *out, json_t *o, const char *key, const char *what)
+{
+    json_t *v = json_object_get(o, key);
+    if (!v || json_is_null(v))
+        return 0;
+    if (!json_is_integer(v))
+        return tk__err(TK_ERR_INVALID, "%s: '%s' is not an integer", what, key);
+    *out = json_integer_value(v);
+    return 1;
+}
+
+/* eos_token_id: an integer or a list of them. */
+static int json_eos(tk_gen_opts *o, json_t *root, const char *what)
+{
+    json_t *v = json_object_get(root, "eos_token_id");
+    if (!v || json_is_null(v))
+        return TK_OK;
+    size_t n = 0;
+    if (json_is_integer(v)) {
+        o->eos_token_id[n++] = (int32_t)json_integer_value(v);
+    } else if (json_is_array(v)) {
+        size_t i;
+        json_t *e;
+        json_array_foreach(v, i, e) {
+            if (!json_is_integer(e))
+                return tk__err(TK_ERR_INVALID, "%s: eos_token_id[%zu] is not an integer", what, i);
+            if (n == TK_GEN_MAX_EOS)
+                return tk__err(TK_ERR_UNSUPPORTED, "%s: more than %d eos_token_id values", what, TK_GEN_MAX_EOS);
+            o->eos_token_id[n++] = (int32_t)json_integer_value(e);
+        }
+    } else {
+        return tk__err(TK_ERR_INVALID, "%s: eos_token_id is neither an integer nor a list of them", what);
+    }
+    o->n_eos = n;
+    return TK_OK;
+}
+
+static int apply_json(tk_gen_opts *o, const char *text, const char *what, int generation)
+{
+    json_error_t je;
+    json_t *r = json_loads(text, 0, &je);
+    if (!r || !json_is_object(r)) {
+        json_decref(r);
+        return tk__err(TK_ERR_INVALID, "%s: not a JSON object (line %d: %s)", what, je.line, je.text);
+    }
+    int rc = json_eos(o, r, what);
+    int64_t iv;
+    double dv;
+    if (rc == TK_OK && (rc = json_int(&iv, r, "pad_token_id", what)) > 0)
+        o->pad_token_id = iv;
+    if (rc > 0)
+        rc = TK_OK;
+    if (generation && rc == TK_OK) {
+#define INT_FIELD(name)                                                                                     \
+        if (rc >= 0 && (rc = json_int(&iv, r, #name, what)) > 0)                                            \
+            o->name = iv;
+#define NUM_FIELD(name)                                                                                     \
+        if (rc >= 0 && (rc = json_num(&dv, r, #name, what)) > 0)                                            \
+            o->name = dv;
+        INT_FIELD(max_length)
+        INT_FIELD(max_new_tokens)
+        INT_FIELD(top_k)
+        INT_FIELD(no_repeat_ngram_size)
+        INT_FIELD(num_beams)
+        NUM_FIELD(temperature)
+        NUM_FIELD(top_p)
+        NUM_FIELD(min_p)
+        NUM_FIELD(repetition_penalty)
+        NUM_FIELD(length_penalty)
+#undef INT_FIELD
+#undef NUM_FIELD
+        if (rc > 0)
+            rc = TK_OK;
+        json_t *v = json_object_get(r, "do_sample");
+        if (rc == TK_OK && v && !json_is_null(v)) {
+            if (!json_is_boolean(v))
+                rc = tk__err(TK_ERR_INVALID, "%s: 'do_sample' is not true or false", what);
+            else
+                o->do_sample = json_is_true(v);
+        }
+        v = json_object_get(r, "early_stopping");
+        if (rc == TK_OK && v && !json_is_null(v)) {
+            if (json_is_boolean(v))
+                o->early_stopping = json_is_true(v) ? TK_GEN_EARLY_TRUE : TK_GEN_EARLY_HEURISTIC;
+            else if (json_is_string(v) && !strcmp(json_string_value(v), "never"))
+                o->early_stopping = TK_GEN_EARLY_NEVER;
+            else
+                rc = tk__err(TK_ERR_INVALID, "%s: 'early_stopping' is not true, false or \"never\"", what);
+        }
+    }
+    json_decref(r);
+    return rc;
+}
+
+int tk_gen_opts_from_model(tk_gen_opts *o, tk_model *m)
+{
+    if (!o || !m || m->magic == 0)
+        return tk__err(TK_ERR_INVALID, "tk_gen_opts_from_model: options and a loaded model are required");
+    if (m->cfg.generation_json) {
+        char *what = tk__fmt("%s/generation_config.json", m->dir);
+        int rc = apply_json(o, m->cfg.generation_json, what ? what : "generation_config.json", 1);
+        free(what);
+        return rc;
+    }
+    /* no generation_config.json: transformers takes the token ids from config.json */
+    char *path = tk__path_join(m->dir, "config.json"), *text = NULL;
+    size_t len = 0;
+    int rc = path ? tk__read_file(&text, &len, path, 64u << 20) : tk__err(TK_ERR_NOMEM, "out of memory");
+    if (rc == TK_OK)
+        rc = apply_json(o, text, path, 0);
+    free(text);
+    free(path);
+    return rc;
+}
+
+int tk_generate(tk_gen_result **out, tk_model *m, const int32_t *const *prompts, const size_t *lens, size_t np,
+                const tk_gen_opts *opts)
+{
+    if (!out)
+        return tk__err(TK_ERR_INVALID, "tk_generate: out is NULL");
+    *out = NULL;
+    tk_gen_opts def = TK_GEN_OPTS_INIT;
+    const tk_gen_opts *o = opts ? opts : &def;
+    if (!m || m->magic == 0)
+        return tk__err(TK_ERR_INVALID, "tk_generate: not a loaded tk_model");
+    if (!tk_model_has_lm_head(m))
+        return tk__err(TK_ERR_INVALID, "%s has no LM head: it cannot generate text\nHINT: generation needs a causal "
+                       "LM (LlamaForCausalLM, GPT2LMHeadModel, ...)", m->cfg.arch);
+    lm_state s = {m, NULL, NULL, 0, NULL, 0};
+    tk_gen_result *r = calloc(1, sizeof *r);
+    int rc = TK_OK;
+    if (!r)
+        return tk__err(TK_ERR_NOMEM, "out of memory");
+    r->magic = RESULT_MAGIC;
+    r->use_cache = o->use_cache;
+    if (!m->tok) {
+        char *tj = tk__path_join(m->dir, "tokenizer.json");
+        if (tj && tk__path_exists(tj) && (rc = tk_tokenizer_load(&m->tok, m->dir)) != TK_OK) {
+            free(tj);
+            goto fail;
+        }
+        free(tj);
+    }
+    tk_gen_lm lm = {&s, m->ctx, m->cfg.vocab, m->cfg.max_pos, full_step, full_new, full_fork, full_del,
+                    m->tok ? lm_decode : NULL};
+    if (o->use_cache) {
+        tk_dtype dt = m->dtype;
+        if (o->kv_dtype && (rc = tk_dtype_parse(&dt, o->kv_dtype)) != TK_OK)
+            goto fail;
+        int quant = (dt.code == TK_DL_INT && dt.bits == 8) || dt.code == TK_DL_FLOAT8_E4M3FN;
+        if (!quant && (dt.code != m->dtype.code || dt.bits != m->dtype.bits)) {
+            rc = tk__err(TK_ERR_INVALID, "generate: kv_dtype '%s' is not a cache dtype for this %s model: the "
+                         "cache holds the compute dtype (%s), or i8 / fp8_e4m3\nHINT: load the model in %s "
+                         "(--dtype), or quantise the cache (--kv-dtype i8)", o->kv_dtype, tk_dtype_name(m->dtype),
+                         tk_dtype_name(m->dtype), o->kv_dtype);
+            goto fail;
+        }
+        const tk_models_config *c = &m->cfg;
+        int64_t heads = c->family == TK_FAMILY_LLAMA ? c->kv_heads : c->heads;
+        int64_t hd = c->family == TK_FAMILY_LLAMA ? c->head_dim : c->hidden / c->heads;
+        if ((rc = tk_gen__kv_new(&s.kv, c->layers, heads, hd, dt, o->kv_block_size, o->kv_max_bytes, m->dev_type,
+                                 m->dev_id)) != TK_OK)
+            goto fail;
+        lm.step = kv_step;
+        lm.seq_new = kv_new;
+        lm.seq_fork = kv_fork;
+        lm.seq_free = kv_del;
+        snprintf(r->kv_dtype, sizeof r->kv_dtype, "%s", tk_dtype_name(dt));
+        r->kv_block_size = o->kv_block_size;
+    }
+    if (!(r->seq = calloc(np ? np : 1, sizeof *r->seq))) {
+        rc = tk__err(TK_ERR_NOMEM, "out of memory");
+        goto fail;
+    }
+    if ((rc = tk_gen__run(r->seq, &r->st, &lm, prompts, lens, np, o)) != TK_OK)
+        goto fail;
+    r->n = np;
+    if (s.kv) {
+        r->kv_blocks = s.kv->nblocks;
+        r->kv_bytes = s.kv->nblocks * tk_gen__kv_block_bytes(s.kv);
+        r->kv_peak_bytes = s.kv->peak_blocks * tk_gen__kv_block_bytes(s.kv);
+    }
+    lm_state_free(&s);
+    *out = r;
+    return TK_OK;
+fail:
+    lm_state_free(&s);
+    tk_gen_result_free(r);
+    return rc;
+}
+
+void tk_gen_result_free(tk_gen_result *r)
+{
+    if (!r || r->magic != RESULT_MAGIC)
+        return;
+    for (size_t i = 0; r->seq && i < r->n; i++)
+        tk_gen__seq_free(&r->seq[i]);
+    free(r->seq);
+    r->magic = 0;
+    free(r);
+}
+
+size_t tk_gen_result_count(const tk_gen_result *r) { return r && r->magic == RESULT_MAGIC ? r->n : 0; }
+
+const int32_t *tk_gen_result_ids(const tk_gen_result *r, size_t i, size_t *n)
+{
+    if (n)
+        *n = 0;
+    if (!r || r->magic != RESULT_MAGIC || i >= r->n)
+        return NULL;
+    if (n)
+        *n = r->seq[i].n;
+    return r->seq[i].ids;
+}
+
+const char *tk_gen_result_text(const tk_gen_result *r, size_t i)
+{
+    return r && r->magic == RESULT_MAGIC && i < r->n ? r->seq[i].text : NULL;
+}
+
+const char *tk_gen_result_end(const tk_gen_result *r, size_t i)
+{
+    static const char *names[] = {"length", "eos", "stop_string", "callback"};
+    if (!r || r->magic != RESULT_MAGIC || i >= r->n)
+        return "";
+    return names[r->seq[i].end];
+}
+
+int tk_gen_result_stats_json(char **json, const tk_gen_result *r)
+{
+    *json = NULL;
+    if (!r || r->magic != RESULT_MAGIC)
+        return tk__err(TK_ERR_INVALID, "tk_gen_result_stats_json: not a tk_gen_result");
+    const tk_gen_stats *st = &r->st;
+    double tps = st->decode_ms > 0 ? (double)st->decode_tokens * 1000.0 / st->decode_ms : 0;
+    json_t *o = json_pack("{s:f, s:f, s:I, s:I, s:I, s:f, s:b, s:I, s:I, s:I, s:I, s:s}", "prefill_ms", st->prefill_ms,
+                          "decode_ms", st->decode_ms, "prefill_tokens", (json_int_t)st->prefill_tokens,
+                          "decode_tokens", (json_int_t)st->decode_tokens, "steps", (json_int_t)st->steps,
+                          "decode_tokens_per_s", tps, "kv_cache", r->use_cache, "kv_bytes",
+                          (json_int_t)r->kv_bytes, "kv_peak_bytes", (json_int_t)r->kv_peak_bytes, "kv_blocks",
+                          (json_int_t)r->kv_blocks, "kv_block_size", (json_int_t)r->kv_block_size, "kv_dtype",
+                          r->kv_dtype);
+    if (!o)
+        return tk__err(TK_ERR_NOMEM, "out of memory");
+    *json = json_dumps(o, JSON_COMPACT | JSON_PRESERVE_ORDER);
+    json_decref(o);
+    return *json ? TK_OK : tk__err(TK_ERR_NOMEM, "out of memory");
+}

@@ -1,0 +1,176 @@
+#!/usr/bin/env bash
+# tk generate against transformers' generate() on tiny random Llama and GPT-2 checkpoints (made by
+# tests/models/gen_oracle.py, seeded): greedy and beam search token for token, with repetition
+# penalty, no-repeat n-grams, eos lists, length penalties and every early_stopping mode; batches; the
+# cache-less reference path; --prompt through the tokenizer; streaming; and clear errors for bad input.
+# Needs the test venv ($TK_PY_VENV, default build/py-venv); under CI=true its absence is a failure.
+. "$(dirname "$0")/lib.sh"
+
+PY=${TK_PY_VENV:-$ROOT/build/py-venv}/bin/python
+ORACLE=$ROOT/tests/models/gen_oracle.py
+CK=$WORK/ck
+
+need_models() {
+  if [ ! -x "$PY" ]; then
+    if [ "${CI:-}" = true ]; then fail "no oracle venv at $PY (CI=true: a missing oracle is a failure)"; else skip "no venv at $PY (scripts/setup.sh --test)"; fi
+    return 1
+  fi
+  local k
+  for k in llama gpt2; do
+    [ -f "$CK/$k/model.safetensors" ] && continue
+    "$PY" "$ORACLE" make "$CK/$k" "$k" >/dev/null 2>"$WORK/make-$k.log" || { fail "making the tiny $k checkpoint failed:"; tail -n 5 "$WORK/make-$k.log" >&2; return 1; }
+  done
+}
+
+# compare MODEL JOBS: each JOBS line is "IDS key=value ..."; tk generate with the same settings as
+# flags must print the same new ids as transformers.
+compare() {
+  local k=$1 jobs=$2 want got line n=0 bad=0
+  want=$(printf '%s\n' "$jobs" | "$PY" "$ORACLE" generate-many "$CK/$k" 2>"$WORK/oracle.log") || { fail "oracle failed: $(tail -n 3 "$WORK/oracle.log")"; return; }
+  while IFS= read -r line; do
+    [ -n "$line" ] || continue
+    n=$((n + 1))
+    local ids=${line%% *} rest=${line#* } flags
+    flags=$(echo "$rest" | sed -E 's/(^| )([a-z_]+)=/\1--\2 /g' | sed -E 's/--([a-z]+)_([a-z]+)_([a-z]+)_([a-z]+)/--\1-\2-\3-\4/g; s/--([a-z]+)_([a-z]+)_([a-z]+)/--\1-\2-\3/g; s/--([a-z]+)_([a-z]+)/--\1-\2/g')
+    # shellcheck disable=SC2086
+    got=$("$TK" --json generate "$CK/$k" --ids "$ids" $flags 2>&1 | python3 -c 'import json,sys; print(json.dumps({"ids": json.load(sys.stdin)["ids"]}))' 2>&1)
+    local w; w=$(printf '%s\n' "$want" | sed -n "${n}p")
+    if [ "$got" != "$w" ]; then
+      fail "$k $line: tk $got, transformers $w"; bad=$((bad + 1))
+    fi
+  done <<<"$jobs"
+  [ "$n" -gt 0 ] || fail "no jobs"
+  echo "    $k: $n settings compared, $bad differ"
+}
+
+t_greedy_and_beams_match_transformers_llama() {
+  need_models || return
+  compare llama "1,50,60,70 max_new_tokens=24
+1,9 max_new_tokens=24
+1,300,301,302,303,304,305,306 max_new_tokens=16
+20 max_length=12
+1,50,60,70 max_new_tokens=24 eos_token_id=390
+1,9 max_new_tokens=24 eos_token_id=152,390,2
+1,50,60,70 max_new_tokens=20 repetition_penalty=1.3
+1,9 max_new_tokens=20 repetition_penalty=0.8 no_repeat_ngram_size=2
+20 max_new_tokens=20 no_repeat_ngram_size=1
+1,50,60,70 max_new_tokens=12 num_beams=3
+1,9 max_new_tokens=16 num_beams=4 eos_token_id=390,152
+1,300,301,302,303,304,305,306 max_new_tokens=16 num_beams=2 eos_token_id=390 length_penalty=0.0
+20 max_new_tokens=16 num_beams=3 eos_token_id=390,254 early_stopping=true
+20 max_new_tokens=16 num_beams=3 eos_token_id=390,254 early_stopping=never length_penalty=2.0
+1,50,60,70 max_new_tokens=16 num_beams=5 eos_token_id=390,212 length_penalty=-1.0
+1,9 max_new_tokens=12 num_beams=2 repetition_penalty=1.5 no_repeat_ngram_size=2"
+}
+
+t_greedy_and_beams_match_transformers_gpt2() {
+  need_models || return
+  compare gpt2 "0,50,60,70 max_new_tokens=24
+0,9 max_new_tokens=24
+0,300,301,302,303,304,305,306 max_new_tokens=24
+20 max_length=12
+0,50,60,70 max_new_tokens=24 eos_token_id=97
+0,300,301,302,303,304,305,306 max_new_tokens=24 eos_token_id=306,97
+0,50,60,70 max_new_tokens=24 repetition_penalty=1.3
+0,300,301,302,303,304,305,306 max_new_tokens=24 no_repeat_ngram_size=2
+20 max_new_tokens=24 repetition_penalty=2.0 no_repeat_ngram_size=3
+0,50,60,70 max_new_tokens=12 num_beams=3
+0,9 max_new_tokens=16 num_beams=4 eos_token_id=97,252
+0,300,301,302,303,304,305,306 max_new_tokens=16 num_beams=2 eos_token_id=306 early_stopping=true
+20 max_new_tokens=16 num_beams=3 eos_token_id=306,259 early_stopping=never length_penalty=1.5
+0,50,60,70 max_new_tokens=16 num_beams=3 eos_token_id=97 length_penalty=-0.5
+0,9 max_new_tokens=12 num_beams=2 no_repeat_ngram_size=2"
+}
+
+t_no_cache_and_batches_agree() {
+  need_models || return
+  local a b c
+  a=$("$TK" --json generate "$CK/llama" --ids 1,50,60,70 --max-new-tokens 16)
+  b=$("$TK" --json generate "$CK/llama" --ids 1,50,60,70 --max-new-tokens 16 --no-cache)
+  [ "${a%%\"stats*}" = "${b%%\"stats*}" ] || fail "the KV-cache and the recompute paths differ: $a vs $b"
+  # three prompts of different lengths in one batch, each as it is alone
+  c=$("$TK" --json generate "$CK/gpt2" --ids 0,50,60,70 --ids 9 --ids 0,300,301,302,303,304,305,306 --max-new-tokens 12 --eos-token-id 97 --kv-block-size 8)
+  local i p
+  i=0
+  for p in 0,50,60,70 9 0,300,301,302,303,304,305,306; do
+    local one; one=$("$TK" --json generate "$CK/gpt2" --ids "$p" --max-new-tokens 12 --eos-token-id 97 | python3 -c 'import json,sys; print(json.load(sys.stdin)["ids"])')
+    local inb; inb=$(echo "$c" | python3 -c "import json,sys; print(json.load(sys.stdin)[$i]['ids'])")
+    [ "$one" = "$inb" ] || fail "prompt $p: alone $one, in the batch $inb"
+    i=$((i + 1))
+  done
+}
+
+t_prompt_text_and_streaming() {
+  need_models || return
+  local ids j s
+  ids=$("$TK" tokenize "$CK/llama" "Once upon a time")
+  j=$("$TK" --json generate "$CK/llama" --prompt "Once upon a time" --max-new-tokens 20)
+  want=$("$PY" "$ORACLE" generate "$CK/llama" "$ids" max_new_tokens=20 2>/dev/null)
+  [ "$(echo "$j" | python3 -c 'import json,sys; print(json.load(sys.stdin)["ids"])')" = "$(echo "$want" | python3 -c 'import json,sys; print(json.load(sys.stdin)["ids"])')" ] \
+    || fail "--prompt: tk $j, transformers $want"
+  # the streamed text is the decoded text, and valid UTF-8 as printed
+  s=$("$TK" generate "$CK/llama" --prompt "Once upon a time" --max-new-tokens 20 | python3 -c 'import sys; sys.stdout.write(sys.stdin.buffer.read().decode("utf-8"))')
+  local t; t=$(echo "$j" | python3 -c 'import json,sys; print(json.load(sys.stdin)["text"])')
+  [ "$s" = "$t" ] || fail "streamed '$s', --json text '$t'"
+}
+
+t_quantised_weights_and_cache() {
+  need_models || return
+  local j
+  j=$("$TK" --json generate "$CK/gpt2" --ids 0,50,60,70 --max-new-tokens 8 --quant int8 --kv-dtype i8)
+  echo "$j" | python3 -c '
+import json, sys
+d = json.load(sys.stdin)
+q, st = d["quant"], d["stats"]
+assert q["quant"] == "i8" and q["weights"] == 13 and 3 * q["quant_bytes"] < q["float_bytes"], q
+assert 0 < q["prompt_logits_max_abs_diff"] < 0.1 * q["prompt_logits_max_abs"], q
+assert st["kv_dtype"] == "i8" and len(d["ids"]) == 8, st' || fail "--quant int8 --kv-dtype i8: $j"
+}
+
+t_sampling_is_seeded() {
+  need_models || return
+  local a b c
+  a=$("$TK" --json generate "$CK/gpt2" --ids 0,50 --do-sample --top-p 0.9 --temperature 1.5 --seed 7 --max-new-tokens 16)
+  b=$("$TK" --json generate "$CK/gpt2" --ids 0,50 --do-sample --top-p 0.9 --temperature 1.5 --seed 7 --max-new-tokens 16 --no-cache)
+  c=$("$TK" --json generate "$CK/gpt2" --ids 0,50 --do-sample --top-p 0.9 --temperature 1.5 --seed 8 --max-new-tokens 16)
+  [ "${a%%\"stats*}" = "${b%%\"stats*}" ] || fail "seed 7 twice gave $a and $b"
+  [ "${a%%\"stats*}" != "${c%%\"stats*}" ] || fail "seeds 7 and 8 gave the same tokens: $a"
+}
+
+t_bad_input_is_refused_clearly() {
+  need_models || return
+  expect_rc 2 "$TK" generate "$CK/gpt2" --prompt "" --max-new-tokens 4
+  expect_out "prompt 0 is empty"
+  expect_rc 2 "$TK" generate "$CK/gpt2" --ids "$(seq -s, 1 130)" --max-new-tokens 4
+  expect_out "prompt 0 has 130 tokens, but the model's context holds 128 positions"
+  expect_rc 2 "$TK" generate "$CK/gpt2" --ids 0,1 --max-new-tokens 127
+  expect_out "HINT: shorten the prompt or lower max_new_tokens to at most 126"
+  expect_rc 2 "$TK" generate "$CK/gpt2" --ids 0,1 --max-new-tokens 0
+  expect_out "max_new_tokens is 0"
+  expect_rc 2 "$TK" generate "$CK/gpt2" --ids 0,1 --top-p 1.5
+  expect_out "--top-p wants a number in [0, 1]"
+  expect_rc 2 "$TK" generate "$CK/gpt2" --ids 0,1 --top-p 0 --do-sample
+  expect_out "top_p is 0"
+  expect_rc 2 "$TK" generate "$CK/gpt2" --ids 0,1 --do-sample --temperature 0
+  expect_out "temperature is 0"
+  expect_rc 1 "$TK" generate "$CK/gpt2" --ids 0,1 --do-sample --num-beams 2
+  expect_out "beam sampling"
+  expect_rc 2 "$TK" generate "$CK/gpt2" --ids 0,5000
+  expect_out "outside the vocabulary"
+  expect_rc 2 "$TK" generate "$CK/gpt2" --ids 0,1 --eos-token-id 9999
+  expect_out "eos_token_id 9999"
+  expect_rc 2 "$TK" generate "$CK/gpt2" --ids 0,x
+  expect_rc 2 "$TK" generate "$CK/gpt2" --ids 0,1 --early-stopping maybe
+  expect_rc 2 "$TK" generate "$CK/gpt2" --ids 0,1 --kv-block-size 12
+  expect_rc 2 "$TK" generate "$CK/gpt2" --ids 0,1 --frobnicate
+  expect_rc 2 "$TK" generate "$CK/gpt2"
+  expect_rc 3 "$TK" generate "$WORK/nowhere" --ids 0,1
+  expect_rc 1 "$TK" --json generate "$CK/gpt2" --ids 0,1 --max-new-tokens 40 --kv-max-bytes 40000 --kv-block-size 8
+  expect_out "kv_max_bytes"
+  expect_rc 2 "$TK" generate "$CK/gpt2" --ids 0,1 --quant int4
+  expect_out "--quant wants int8, fp8 or none"
+  expect_rc 0 "$TK" generate --help
+  expect_out "--repetition-penalty"
+}
+
+run_tests
