@@ -5,7 +5,8 @@
  * The build's default is the registry it published (file://<build>/registry). Where that directory
  * does not exist (a relocated copy, an unpacked tarball) or the build named none (`make gpu-bundle`
  * builds with DEFAULT_ENDPOINT empty), the default follows the binary instead: <dir of libtk.so or the program>/registry, then ../registry
- * (the test binaries sit in tests/ beside it).
+ * (the test binaries sit in tests/ beside it), then ../share/tkhub/registry (make install's layout; an
+ * installed build's own default is file://PREFIX/share/tkhub/registry, scripts/install.mk).
  */
 #define _GNU_SOURCE /* dladdr */
 #include <dlfcn.h>
@@ -90,8 +91,9 @@ static char *default_endpoint(void)
         built = NULL;
     if (slash) {
         *slash = '\0';
-        const char *rel[] = {"registry", "../registry"};
-        for (size_t i = 0; i < 2; i++) {
+        /* ../share/tkhub/registry: an installed tk or libtkhub (make install) in a moved prefix */
+        const char *rel[] = {"registry", "../registry", "../share/tkhub/registry"};
+        for (size_t i = 0; i < 3; i++) {
             char *dir = tk__fmt("%s/%s", self, rel[i]);
             char *real = dir ? realpath(dir, NULL) : NULL;
             free(dir);
@@ -107,6 +109,42 @@ static char *default_endpoint(void)
     if (!built && slash)
         return tk__fmt("file://%s/registry", self);
     return tk__strdup(built && built[0] ? built : "file:///tk-registry-not-found");
+}
+
+/* The known settings must have their type: a wrong one ("archs": "sm_90") is an error naming the key,
+ * never silently ignored. Unknown keys are left alone (a newer tk's settings). */
+static int check_config(const json_t *cfg, const char *path)
+{
+    const char *key;
+    json_t *v;
+    json_object_foreach((json_t *)cfg, key, v) {
+        const char *want = NULL, *example = NULL;
+        if (!strcmp(key, "endpoint") && !json_is_string(v)) {
+            want = "a string (a registry URL)", example = "\"endpoint\": \"https://registry.example.com\"";
+        } else if (!strcmp(key, "archs")) {
+            int ok = json_is_array(v);
+            size_t i;
+            json_t *x;
+            json_array_foreach(v, i, x) ok &= json_is_string(x);
+            if (!ok)
+                want = "an array of arch strings", example = "\"archs\": [\"sm_80\", \"sm_90\"]";
+        } else if (!strcmp(key, "ops")) {
+            int ok = json_is_object(v);
+            const char *k2;
+            json_t *x;
+            if (ok)
+                json_object_foreach(v, k2, x) ok &= json_is_string(x);
+            if (!ok)
+                want = "an object of op name to package", example = "\"ops\": {\"silu_and_mul\": \"org/name\"}";
+        } else if (!strcmp(key, "autotune") && !json_is_boolean(v)) {
+            want = "true or false", example = "\"autotune\": false";
+        } else if (!strcmp(key, "cache_max") && !json_is_string(v) && !(json_is_integer(v) && json_integer_value(v) >= 0)) {
+            want = "a size (bytes, or a string with K/M/G)", example = "\"cache_max\": \"4G\"";
+        }
+        if (want)
+            return tk__err(TK_ERR_INVALID, "%s: \"%s\" must be %s\nHINT: for example %s", path, key, want, example);
+    }
+    return TK_OK;
 }
 
 static int load_config(tk_ctx *ctx)
@@ -127,6 +165,8 @@ static int load_config(tk_ctx *ctx)
             rc = tk__err(TK_ERR_INVALID, "%s: line %d, column %d: %s\nHINT: the config is a JSON object such as "
                          "{\"endpoint\": \"https://...\", \"archs\": [\"sm_90\"]}", path, jerr.line, jerr.column,
                          ctx->config ? "not a JSON object" : jerr.text);
+        else
+            rc = check_config(ctx->config, path);
     }
     free(text);
     free(path);
@@ -237,6 +277,7 @@ void tk_ctx_free(tk_ctx *ctx)
 const char *tk_ctx_endpoint(const tk_ctx *ctx) { return tk_api__check_ctx(ctx) == TK_OK ? ctx->endpoint : NULL; }
 const char *tk_ctx_home(const tk_ctx *ctx) { return tk_api__check_ctx(ctx) == TK_OK ? ctx->data_dir : NULL; }
 const char *tk_ctx_cache_dir(const tk_ctx *ctx) { return tk_api__check_ctx(ctx) == TK_OK ? ctx->cache_dir : NULL; }
+const char *tk_ctx_config_dir(const tk_ctx *ctx) { return tk_api__check_ctx(ctx) == TK_OK ? ctx->config_dir : NULL; }
 int tk_ctx_offline(const tk_ctx *ctx) { return tk_api__check_ctx(ctx) == TK_OK ? ctx->offline : 0; }
 
 void tk_free(void *p) { free(p); }

@@ -16,6 +16,15 @@
 
 #define TK_PKG_MAGIC 0x746b706bu /* "tkpk" */
 
+/* One kernel of a package as tk_pkg_kernel_* reports it (from the installed, validated manifest). */
+typedef struct {
+    const char *name, *op; /* borrowed from tk_pkg.manifest */
+    char *dtypes;          /* "f32,f16,bf16"; "" when the kernel does not restrict them */
+    int min_cc, max_cc;    /* 0: no bound */
+    int arch_specific;
+    char *archs;           /* "sm_75+", "sm_80-sm_89", "sm_90a" */
+} tk_pkg_kernel_row;
+
 struct tk_pkg {
     uint32_t magic;
     tk_state_pkg *p;
@@ -23,6 +32,11 @@ struct tk_pkg {
     int fresh;
     char *license;
     char *description;
+    json_t *manifest;       /* parsed; owns the kernels' name and op strings */
+    size_t nkernels;
+    tk_pkg_kernel_row *kernels;
+    size_t nops;
+    const char **ops;       /* distinct ops of the kernels, sorted; borrowed from manifest */
 };
 
 struct tk_pkg_list {
@@ -44,7 +58,65 @@ static int ensure_http(tk_ctx *ctx)
     }
     o.progress = ctx->progress;
     o.progress_user = ctx->progress_user;
+    o.log = ctx->log;
+    o.log_user = ctx->log_user;
     return tk_hub__http_new(&ctx->http, &o);
+}
+
+static int cmp_cstr(const void *a, const void *b) { return strcmp(*(const char *const *)a, *(const char *const *)b); }
+
+/* The archs a kernel runs on, from its constraints: "sm_90a" (arch-specific code runs on exactly
+ * that arch), "sm_80-sm_89", "sm_75+", "any". */
+static char *archs_str(int min_cc, int max_cc, int arch_specific)
+{
+    if (arch_specific && min_cc && (min_cc == max_cc || !max_cc))
+        return tk__fmt("sm_%da", min_cc);
+    if (arch_specific)
+        return tk__fmt("sm_%da-sm_%da", min_cc, max_cc);
+    if (min_cc && max_cc)
+        return min_cc == max_cc ? tk__fmt("sm_%d", min_cc) : tk__fmt("sm_%d-sm_%d", min_cc, max_cc);
+    if (min_cc)
+        return tk__fmt("sm_%d+", min_cc);
+    if (max_cc)
+        return tk__fmt("up to sm_%d", max_cc);
+    return tk__strdup("any");
+}
+
+/* Fills k->kernels and k->ops from k->manifest (validated when installed). -1: out of memory. */
+static int load_kernels(tk_pkg *k)
+{
+    json_t *arr = json_object_get(k->manifest, "kernels"), *kv;
+    size_t n = json_array_size(arr), i;
+    if (!n)
+        return 0;
+    if (!(k->kernels = calloc(n, sizeof *k->kernels)) || !(k->ops = calloc(n, sizeof *k->ops)))
+        return -1;
+    json_array_foreach(arr, i, kv) {
+        tk_pkg_kernel_row *r = &k->kernels[k->nkernels++];
+        json_t *cons = json_object_get(kv, "constraints"), *d;
+        r->name = json_string_value(json_object_get(kv, "name")) ? json_string_value(json_object_get(kv, "name")) : "";
+        r->op = json_string_value(json_object_get(kv, "op")) ? json_string_value(json_object_get(kv, "op")) : "";
+        r->min_cc = (int)json_integer_value(json_object_get(cons, "min_cc"));
+        r->max_cc = (int)json_integer_value(json_object_get(cons, "max_cc"));
+        r->arch_specific = json_is_true(json_object_get(cons, "arch_specific"));
+        tk_buf b = {0};
+        size_t j;
+        int bad = 0;
+        json_array_foreach(json_object_get(cons, "dtypes"), j, d)
+            bad |= tk__buf_printf(&b, "%s%s", j ? "," : "", json_string_value(d) ? json_string_value(d) : "?") != TK_OK;
+        r->dtypes = bad ? NULL : b.len ? tk__buf_steal(&b) : tk__strdup("");
+        tk__buf_free(&b);
+        r->archs = archs_str(r->min_cc, r->max_cc, r->arch_specific);
+        if (!r->dtypes || !r->archs)
+            return -1;
+        size_t o;
+        for (o = 0; o < k->nops && strcmp(k->ops[o], r->op); o++)
+            ;
+        if (o == k->nops)
+            k->ops[k->nops++] = r->op;
+    }
+    qsort(k->ops, k->nops, sizeof *k->ops, cmp_cstr);
+    return 0;
 }
 
 static int wrap(tk_pkg **out, tk_ctx *ctx, tk_state_pkg *p, int fresh)
@@ -62,13 +134,12 @@ static int wrap(tk_pkg **out, tk_ctx *ctx, tk_state_pkg *p, int fresh)
     for (size_t i = 0; i < p->nfiles; i++)
         if (!(k->store_paths[i] = tk_state__object_path(ctx->state, p->files[i].sha256)))
             goto oom;
-    json_t *j = json_loadb(p->manifest, p->manifest_len, 0, NULL);
+    json_t *j = k->manifest = json_loadb(p->manifest, p->manifest_len, 0, NULL);
     k->license = tk__strdup(json_string_value(json_object_get(j, "license")) ?
                             json_string_value(json_object_get(j, "license")) : "");
     k->description = tk__strdup(json_string_value(json_object_get(j, "description")) ?
                                 json_string_value(json_object_get(j, "description")) : "");
-    json_decref(j);
-    if (!k->license || !k->description)
+    if (!k->license || !k->description || load_kernels(k) != 0)
         goto oom;
     *out = k;
     return TK_OK;
@@ -107,6 +178,13 @@ int tk_pkg_get(tk_pkg **out, tk_ctx *ctx, const char *ref, const tk_get_opts *op
         return tk__err(TK_ERR_INVALID, "tk_get_opts version %u is not supported", opts->version);
     if (!ctx->offline && (rc = ensure_http(ctx)) != TK_OK)
         return rc;
+    /* a file:// registry that is not there is a dead registry, not a missing package */
+    struct stat rst;
+    if (!ctx->offline && tk__has_prefix(ctx->endpoint, "file://") &&
+        (stat(ctx->endpoint + 7, &rst) != 0 || !S_ISDIR(rst.st_mode)))
+        return tk__err(TK_ERR_NETWORK, "the registry %s cannot be read: %s is not a directory\nHINT: check "
+                       "TK_ENDPOINT or \"endpoint\" in config.json ('tk doctor' shows which is used); --offline "
+                       "works from installed packages", ctx->endpoint, ctx->endpoint + 7);
     tk_hub_env env;
     hub_env(&env, ctx, opts);
     tk_state_pkg *p = NULL;
@@ -141,6 +219,13 @@ void tk_pkg_free(tk_pkg *k)
     tk_state__pkg_free(k->p);
     free(k->license);
     free(k->description);
+    for (size_t i = 0; i < k->nkernels; i++) {
+        free(k->kernels[i].dtypes);
+        free(k->kernels[i].archs);
+    }
+    free(k->kernels);
+    free(k->ops);
+    json_decref(k->manifest);
     k->magic = 0;
     free(k);
 }
@@ -172,26 +257,45 @@ const char *tk_pkg_file_store_path(const tk_pkg *k, size_t i)
     return PKG_OK(k) && i < k->p->nfiles ? k->store_paths[i] : NULL;
 }
 
+size_t tk_pkg_kernel_count(const tk_pkg *k) { return PKG_OK(k) ? k->nkernels : 0; }
+static const tk_pkg_kernel_row *krow(const tk_pkg *k, size_t i)
+{
+    return PKG_OK(k) && i < k->nkernels ? &k->kernels[i] : NULL;
+}
+const char *tk_pkg_kernel_name(const tk_pkg *k, size_t i) { return krow(k, i) ? krow(k, i)->name : NULL; }
+const char *tk_pkg_kernel_op(const tk_pkg *k, size_t i) { return krow(k, i) ? krow(k, i)->op : NULL; }
+const char *tk_pkg_kernel_dtypes(const tk_pkg *k, size_t i) { return krow(k, i) ? krow(k, i)->dtypes : NULL; }
+int tk_pkg_kernel_min_cc(const tk_pkg *k, size_t i) { return krow(k, i) ? krow(k, i)->min_cc : -1; }
+int tk_pkg_kernel_max_cc(const tk_pkg *k, size_t i) { return krow(k, i) ? krow(k, i)->max_cc : -1; }
+int tk_pkg_kernel_arch_specific(const tk_pkg *k, size_t i) { return krow(k, i) ? krow(k, i)->arch_specific : -1; }
+const char *tk_pkg_kernel_archs(const tk_pkg *k, size_t i) { return krow(k, i) ? krow(k, i)->archs : NULL; }
+size_t tk_pkg_op_count(const tk_pkg *k) { return PKG_OK(k) ? k->nops : 0; }
+const char *tk_pkg_op_at(const tk_pkg *k, size_t i) { return PKG_OK(k) && i < k->nops ? k->ops[i] : NULL; }
+
 static json_t *pkg_json(const tk_pkg *k)
 {
     json_t *files = json_array();
     for (size_t i = 0; i < k->p->nfiles; i++)
         json_array_append_new(files, json_pack("{s:s, s:s, s:I}", "path", k->p->files[i].path, "sha256",
                                                k->p->files[i].sha256, "size", (json_int_t)k->p->files[i].size));
-    json_t *kernels = json_array();
-    json_t *m = json_loadb(k->p->manifest, k->p->manifest_len, 0, NULL);
-    size_t i;
-    json_t *kv;
-    json_array_foreach(json_object_get(m, "kernels"), i, kv) {
-        json_array_append_new(kernels, json_pack("{s:s?, s:s?}", "name", json_string_value(json_object_get(kv, "name")),
-                                                 "op", json_string_value(json_object_get(kv, "op"))));
+    json_t *kernels = json_array(), *ops = json_array();
+    for (size_t i = 0; i < k->nkernels; i++) {
+        const tk_pkg_kernel_row *r = &k->kernels[i];
+        json_t *dt = json_array();
+        json_t *cons = json_object_get(json_array_get(json_object_get(k->manifest, "kernels"), i), "constraints");
+        json_array_extend(dt, json_object_get(cons, "dtypes") ? json_object_get(cons, "dtypes") : dt);
+        json_array_append_new(kernels, json_pack("{s:s, s:s, s:o, s:o, s:o, s:b, s:s}", "name", r->name, "op", r->op,
+                                                 "dtypes", dt, "min_cc", r->min_cc ? json_integer(r->min_cc) : json_null(),
+                                                 "max_cc", r->max_cc ? json_integer(r->max_cc) : json_null(),
+                                                 "arch_specific", r->arch_specific, "archs", r->archs));
     }
-    json_decref(m);
-    return json_pack("{s:s, s:i, s:s, s:s, s:s, s:s, s:s, s:s, s:s, s:I, s:o, s:o}", "name", k->p->name, "major",
+    for (size_t i = 0; i < k->nops; i++)
+        json_array_append_new(ops, json_string(k->ops[i]));
+    return json_pack("{s:s, s:i, s:s, s:s, s:s, s:s, s:s, s:s, s:s, s:I, s:o, s:o, s:o}", "name", k->p->name, "major",
                      k->p->major, "version", k->p->version, "commit", k->p->commit, "manifest_sha256",
                      k->p->manifest_sha256, "license", k->license, "description", k->description, "signer",
                      k->p->signer, "registry", k->p->registry, "installed_at", (json_int_t)k->p->installed_at,
-                     "files", files, "kernels", kernels);
+                     "files", files, "kernels", kernels, "ops", ops);
 }
 
 int tk_pkg_to_json(char **out, const tk_pkg *k)
@@ -261,7 +365,9 @@ void tk_pkg_list_free(tk_pkg_list *l)
     free(l);
 }
 
-int tk_pkg_verify(tk_ctx *ctx, const char *ref, size_t *nbad)
+/* Re-hashes the installed files; appends one object per bad file to `list` (may be NULL):
+ * {"package", "file", "problem": "missing" | "altered" | "manifest_altered", "sha256", "want"}. */
+static int verify_impl(tk_ctx *ctx, const char *ref, size_t *nbad, size_t *nchecked, json_t *list)
 {
     if (nbad)
         *nbad = 0;
@@ -269,7 +375,7 @@ int tk_pkg_verify(tk_ctx *ctx, const char *ref, size_t *nbad)
     if (rc != TK_OK)
         return rc;
     tk_state_pkg **v = NULL, *one = NULL;
-    size_t n = 0, bad = 0;
+    size_t n = 0, bad = 0, checked = 0;
     if (ref) {
         if ((rc = tk_hub__installed(&one, ctx->state, ref)) != TK_OK)
             return rc;
@@ -283,9 +389,14 @@ int tk_pkg_verify(tk_ctx *ctx, const char *ref, size_t *nbad)
         /* The manifest itself must still hash to what was recorded. */
         char msha[TK_SHA256_HEX];
         tk__sha256_hex(msha, v[i]->manifest, v[i]->manifest_len);
+        checked++;
         if (strcmp(msha, v[i]->manifest_sha256) != 0) {
             bad++;
             tk__buf_printf(&msg, "\n  %s: recorded manifest altered", v[i]->name);
+            if (list)
+                json_array_append_new(list, json_pack("{s:s, s:s, s:s, s:s, s:s}", "package", v[i]->name, "file",
+                                                      "manifest.json", "problem", "manifest_altered", "sha256", msha,
+                                                      "want", v[i]->manifest_sha256));
         }
         for (size_t f = 0; f < v[i]->nfiles; f++) {
             char *path = tk_state__object_path(ctx->state, v[i]->files[f].sha256);
@@ -293,18 +404,31 @@ int tk_pkg_verify(tk_ctx *ctx, const char *ref, size_t *nbad)
             int64_t size = 0;
             struct stat lsb;
             int hrc = path ? tk__sha256_file_nofollow(sha, &size, path) : TK_ERR_NOMEM;
+            checked++;
             if (path && lstat(path, &lsb) == 0 && !S_ISREG(lsb.st_mode)) {
                 bad++; /* a link to an identical copy elsewhere is tampering too: the store holds files */
                 tk__buf_printf(&msg, "\n  %s: %s is %s in the store (%s), not a file: tampering", v[i]->name,
                                v[i]->files[f].path, S_ISLNK(lsb.st_mode) ? "a symbolic link" : "something else",
                                path);
+                if (list)
+                    json_array_append_new(list, json_pack("{s:s, s:s, s:s, s:n, s:s}", "package", v[i]->name, "file",
+                                                          v[i]->files[f].path, "problem", "not_a_file", "sha256",
+                                                          "want", v[i]->files[f].sha256));
             } else if (hrc != TK_OK) {
                 bad++;
                 tk__buf_printf(&msg, "\n  %s: %s is missing from the store", v[i]->name, v[i]->files[f].path);
+                if (list)
+                    json_array_append_new(list, json_pack("{s:s, s:s, s:s, s:n, s:s}", "package", v[i]->name, "file",
+                                                          v[i]->files[f].path, "problem", "missing", "sha256", "want",
+                                                          v[i]->files[f].sha256));
             } else if (strcmp(sha, v[i]->files[f].sha256) != 0 || size != v[i]->files[f].size) {
                 bad++;
                 tk__buf_printf(&msg, "\n  %s: %s has sha256 %s, want %s", v[i]->name, v[i]->files[f].path, sha,
                                v[i]->files[f].sha256);
+                if (list)
+                    json_array_append_new(list, json_pack("{s:s, s:s, s:s, s:s, s:s}", "package", v[i]->name, "file",
+                                                          v[i]->files[f].path, "problem", "altered", "sha256", sha,
+                                                          "want", v[i]->files[f].sha256));
             }
             free(path);
         }
@@ -319,6 +443,40 @@ int tk_pkg_verify(tk_ctx *ctx, const char *ref, size_t *nbad)
         tk_state__pkg_list_free(v, n);
     if (nbad)
         *nbad = bad;
+    if (nchecked)
+        *nchecked = checked;
+    return rc;
+}
+
+int tk_pkg_verify(tk_ctx *ctx, const char *ref, size_t *nbad) { return verify_impl(ctx, ref, nbad, NULL, NULL); }
+
+int tk_pkg_verify_json(char **out, tk_ctx *ctx, const char *ref)
+{
+    if (!out)
+        return tk__err(TK_ERR_INVALID, "tk_pkg_verify_json: out is NULL");
+    *out = NULL;
+    json_t *list = json_array();
+    if (!list)
+        return tk__err(TK_ERR_NOMEM, "out of memory");
+    size_t bad = 0, checked = 0;
+    int rc = verify_impl(ctx, ref, &bad, &checked, list);
+    if (rc != TK_OK && rc != TK_ERR_DIGEST) {
+        json_decref(list);
+        return rc;
+    }
+    char *saved = rc == TK_OK ? NULL : tk__strdup(tk_last_error());
+    json_t *j = json_pack("{s:b, s:I, s:I, s:o}", "ok", rc == TK_OK, "checked", (json_int_t)checked, "bad_count",
+                          (json_int_t)bad, "bad_files", list);
+    char *text = j ? json_dumps(j, JSON_INDENT(2)) : NULL;
+    json_decref(j);
+    if (!text) {
+        free(saved);
+        return tk__err(TK_ERR_NOMEM, "out of memory");
+    }
+    *out = text;
+    if (saved) /* the verification's own message stays tk_last_error() */
+        rc = tk__err(TK_ERR_DIGEST, "%s", saved);
+    free(saved);
     return rc;
 }
 
@@ -448,6 +606,20 @@ int tk_keygen(char **pubkey, const char *key_path)
 {
     if (!pubkey || !key_path)
         return tk__err(TK_ERR_INVALID, "tk_keygen: pubkey and key_path are required");
+    /* missing parent directories are created (0700: they hold a private key) */
+    const char *slash = strrchr(key_path, '/');
+    if (slash && slash != key_path) {
+        char *dir = tk__strndup(key_path, (size_t)(slash - key_path));
+        if (!dir)
+            return tk__err(TK_ERR_NOMEM, "out of memory");
+        int rc = tk__mkdirs(dir, 0700);
+        if (rc != TK_OK) {
+            rc = tk__err(TK_ERR_IO, "cannot create %s for the key: %s", dir, tk_last_error());
+            free(dir);
+            return rc;
+        }
+        free(dir);
+    }
     return tk_hub__key_generate(pubkey, key_path);
 }
 

@@ -40,6 +40,13 @@ int tk_cli_fail(tk_cli *cli, int status, const char *what);
 /* Prints a usage error with the subcommand's usage line; returns TK_EXIT_USAGE. */
 int tk_cli_usage(const char *usage, const char *fmt, ...);
 int tk_cli_exit_code(int status);
+/* --json: set by main.c; tk_cli_fail and tk_cli_usage then print {"error": {"status", "exit_code",
+ * "message", "hint"}} on stdout (nothing on stderr). docs/json.md lists the shapes. */
+extern int tk_cli_json_mode;
+#define TK_CLI_STATUS_USAGE (-1000) /* status token "usage" for tk_cli_json_error */
+/* Prints the JSON error object for status (a TK_ERR_* or TK_CLI_STATUS_USAGE) and message
+ * ("text\nHINT: hint"), prefixed by what (may be NULL). */
+void tk_cli_json_error(int status, const char *what, const char *msg);
 /* Prints an informational line to stderr unless --quiet. */
 void tk_cli_info(tk_cli *cli, const char *fmt, ...);
 /* Formats a byte count as "12.3 MiB". */

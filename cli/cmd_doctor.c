@@ -9,6 +9,7 @@
 #include <dlfcn.h>
 #include <jansson.h>
 #include <stdio.h>
+#include <unistd.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -120,6 +121,10 @@ int tk_cmd_doctor(tk_cli *cli, int argc, char **argv)
         char *js = NULL;
         json_object_set_new(out, "home", json_string(tk_ctx_home(ctx)));
         json_object_set_new(out, "cache_dir", json_string(tk_ctx_cache_dir(ctx)));
+        char cfg[4096];
+        snprintf(cfg, sizeof cfg, "%s/config.json", tk_ctx_config_dir(ctx));
+        json_object_set_new(out, "config_file", json_string(cfg));
+        json_object_set_new(out, "config_exists", json_boolean(access(cfg, F_OK) == 0));
         json_object_set_new(out, "endpoint", json_string(tk_ctx_endpoint(ctx)));
         json_object_set_new(out, "offline", json_boolean(tk_ctx_offline(ctx)));
         if (tk_cache_stats_json(&js, ctx) == TK_OK) {
@@ -166,6 +171,8 @@ int tk_cmd_doctor(tk_cli *cli, int argc, char **argv)
     if (ctx) {
         json_t *c = json_object_get(out, "cache");
         printf("home:     %s\n", tk_ctx_home(ctx));
+        printf("config:   %s%s\n", json_string_value(json_object_get(out, "config_file")),
+               json_is_true(json_object_get(out, "config_exists")) ? "" : " (none: the defaults)");
         if (c)
             printf("cache:    %s: %lld entries, %.1f MiB of %.1f MiB\n", json_string_value(json_object_get(c, "path")),
                    (long long)json_integer_value(json_object_get(c, "entries")),

@@ -2,8 +2,10 @@
  * cmd_get.c — tk get: resolve, download, verify and install packages (or exactly what tk.lock pins).
  */
 #include <stdio.h>
+#include <stdlib.h>
 #include <string.h>
 #include <time.h>
+#include <unistd.h>
 
 #include "cli/cli.h"
 
@@ -43,12 +45,16 @@ static void help(void)
            USAGE);
 }
 
+/* --json: the packages' objects collect here and are printed only when every get succeeded, so
+ * stdout holds either the array or the error object (docs/json.md). */
+static FILE *json_out;
+
 static void print_pkg(tk_cli *cli, const tk_pkg *p, int *first)
 {
     if (cli->json) {
         char *j = NULL;
         if (tk_pkg_to_json(&j, p) == TK_OK)
-            printf("%s%s", *first ? "" : ",\n", j);
+            fprintf(json_out ? json_out : stdout, "%s%s", *first ? "" : ",\n", j);
         tk_free(j);
         *first = 0;
         return;
@@ -85,11 +91,24 @@ static int build_after_get(tk_cli *cli, const tk_pkg *p, const char *arch_list)
     bo.narchs = narchs;
     size_t compiled = 0, cached = 0;
     int rc = tk_build(cli->ctx, ref, &bo, &compiled, &cached);
+    /* The "no GPU" hint is shown once per machine state: a marker in the cache directory records
+     * that it was; a build that succeeds (a GPU or archs appeared) removes it, so the hint comes back
+     * if the machine loses them again. -v shows it every time. */
+    char marker[4096];
+    snprintf(marker, sizeof marker, "%s/no-gpu-hint-shown", tk_ctx_cache_dir(cli->ctx));
     if (rc == TK_ERR_INVALID && !arch_list) {
-        tk_cli_info(cli, "tk: no GPU found and no archs configured, so nothing was compiled\n"
-                         "HINT: 'tk get --arch sm_90 ...', or set \"archs\" in config.json to compile ahead of time\n");
+        if (cli->verbose || access(marker, F_OK) != 0) {
+            tk_cli_info(cli, "tk: no GPU found and no archs configured, so nothing was compiled\n"
+                             "HINT: 'tk get --arch sm_90 ...', or set \"archs\" in config.json to compile ahead of "
+                             "time (this hint is shown once; 'tk doctor' shows the state)\n");
+            FILE *f = fopen(marker, "w");
+            if (f)
+                fclose(f);
+        }
         return TK_OK;
     }
+    if (rc == TK_OK)
+        unlink(marker);
     if (rc == TK_ERR_NO_NVRTC) {
         fprintf(stderr, "tk: warning: installed, but not compiled: %s\n", tk_last_error());
         return TK_OK;
@@ -154,8 +173,12 @@ int tk_cmd_get(tk_cli *cli, int argc, char **argv)
     if (!ctx)
         return TK_EXIT_FAIL;
     int first = 1;
-    if (cli->json)
-        printf("[");
+    char *jbuf = NULL;
+    size_t jlen = 0;
+    if (cli->json && !(json_out = open_memstream(&jbuf, &jlen))) {
+        perror("tk: open_memstream");
+        return TK_EXIT_FAIL;
+    }
     int rc = TK_OK;
     if (locked) {
         struct lock_cb cb = {cli, 1};
@@ -172,8 +195,13 @@ int tk_cmd_get(tk_cli *cli, int argc, char **argv)
             tk_pkg_free(p);
         }
     }
-    if (cli->json)
-        printf("%s]\n", first ? "" : "\n");
+    if (cli->json) {
+        fclose(json_out);
+        json_out = NULL;
+        if (rc == TK_OK)
+            printf("[%s%s]\n", jbuf ? jbuf : "", first ? "" : "\n");
+        free(jbuf);
+    }
     if (rc != TK_OK)
         return tk_cli_fail(cli, rc, NULL);
     return TK_EXIT_OK;

@@ -9,6 +9,32 @@
 
 static const char *USAGE = "tk info [--json] [--manifest] <org/name[@version]>";
 
+/* The kernels table (name, op, dtypes, archs) and the ops, columns sized to their contents. */
+static void print_kernels(const tk_pkg *p)
+{
+    size_t n = tk_pkg_kernel_count(p);
+    int wn = 6, wo = 2, wd = 6;
+    for (size_t i = 0; i < n; i++) {
+        int a = (int)strlen(tk_pkg_kernel_name(p, i)), b = (int)strlen(tk_pkg_kernel_op(p, i));
+        int c = (int)strlen(tk_pkg_kernel_dtypes(p, i));
+        wn = a > wn ? a : wn;
+        wo = b > wo ? b : wo;
+        wd = c > wd ? c : wd;
+    }
+    printf("  kernels (%zu):\n", n);
+    if (n)
+        printf("    %-*s  %-*s  %-*s  %s\n", wn, "KERNEL", wo, "OP", wd, "DTYPES", "ARCHS");
+    for (size_t i = 0; i < n; i++) {
+        const char *dt = tk_pkg_kernel_dtypes(p, i);
+        printf("    %-*s  %-*s  %-*s  %s\n", wn, tk_pkg_kernel_name(p, i), wo, tk_pkg_kernel_op(p, i), wd,
+               dt[0] ? dt : "any", tk_pkg_kernel_archs(p, i));
+    }
+    printf("  ops (%zu):", tk_pkg_op_count(p));
+    for (size_t i = 0; i < tk_pkg_op_count(p); i++)
+        printf("%s%s", i ? ", " : " ", tk_pkg_op_at(p, i));
+    printf("\n");
+}
+
 int tk_cmd_info(tk_cli *cli, int argc, char **argv)
 {
     const char *ref = NULL;
@@ -16,7 +42,8 @@ int tk_cmd_info(tk_cli *cli, int argc, char **argv)
     for (int i = 1; i < argc; i++) {
         if (tk_cli_is_help(argv[i])) {
             printf("usage: %s\n\nShows an installed package: version, commit, manifest digest, signer, registry,\n"
-                   "files with their sha256 and the kernels it declares. Never uses the network.\n\n"
+                   "files with their sha256, the kernels it declares (name, op, dtypes, the archs they run on)\n"
+                   "and the ops they implement. Never uses the network or a GPU.\n\n"
                    "  --json      print it as a JSON object\n"
                    "  --manifest  print the signed manifest exactly as installed\n", USAGE);
             return TK_EXIT_OK;
@@ -59,6 +86,7 @@ int tk_cmd_info(tk_cli *cli, int argc, char **argv)
         for (size_t i = 0; i < tk_pkg_file_count(p); i++)
             printf("    %-30s %8lld  %s\n", tk_pkg_file_path(p, i), (long long)tk_pkg_file_size(p, i),
                    tk_pkg_file_sha256(p, i));
+        print_kernels(p);
     }
     tk_pkg_free(p);
     return rc == TK_OK ? TK_EXIT_OK : tk_cli_fail(cli, rc, NULL);

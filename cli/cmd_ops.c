@@ -12,6 +12,8 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <unistd.h>
+#include <sys/ioctl.h>
 #include <time.h>
 
 #include "cli/cli.h"
@@ -261,6 +263,44 @@ static const jv *find_op(const jv *ops, const char *name)
 
 /* ---- tk ops ----------------------------------------------------------------------------------- */
 
+/* The width to wrap `tk ops` to: $COLUMNS, else the terminal's, else 80 (at least 40). */
+static int term_width(void)
+{
+    const char *c = getenv("COLUMNS");
+    int w = c ? atoi(c) : 0;
+    struct winsize ws;
+    if (w <= 0 && isatty(STDOUT_FILENO) && ioctl(STDOUT_FILENO, TIOCGWINSZ, &ws) == 0)
+        w = ws.ws_col;
+    if (w <= 0)
+        w = 80;
+    return w < 40 ? 40 : w;
+}
+
+/* Prints text indented by `indent`, broken after ", " or at spaces so no line passes width; the
+ * continuation lines get 4 more spaces. A single word longer than the line is printed whole. */
+static void print_wrapped(const char *text, int indent, int width)
+{
+    int col = printf("%*s", indent, ""), line_start = 1;
+    for (const char *p = text; *p;) {
+        while (*p == ' ')
+            p++;
+        size_t n = strcspn(p, " ");
+        if (!n)
+            break;
+        if (!line_start && col + 1 + (int)n > width) {
+            col = printf("\n%*s", indent + 4, "") - 1;
+            line_start = 1;
+        }
+        if (!line_start)
+            col += printf(" ");
+        fwrite(p, 1, n, stdout);
+        col += (int)n;
+        line_start = 0;
+        p += n;
+    }
+    printf("\n");
+}
+
 static const char *OPS_USAGE = "tk ops [--json] [OP]";
 
 static void print_op_detail(const jv *op)
@@ -332,7 +372,12 @@ int tk_cmd_ops(tk_cli *cli, int argc, char **argv)
     code = TK_EXIT_OK;
     const jv *one = only ? find_op(ops, only) : NULL;
     if (only && !one) {
-        fprintf(stderr, "tk: unknown op '%s'\nHINT: 'tk ops' lists every op\n", only);
+        char msg[512];
+        snprintf(msg, sizeof msg, "unknown op '%s'\nHINT: 'tk ops' lists every op", only);
+        if (cli->json)
+            tk_cli_json_error(TK_ERR_NOT_FOUND, NULL, msg);
+        else
+            fprintf(stderr, "tk: %s\n", msg);
         code = TK_EXIT_NOT_FOUND;
     } else if (cli->json) {
         jv_print(one ? one : ops, 0);
@@ -340,23 +385,22 @@ int tk_cmd_ops(tk_cli *cli, int argc, char **argv)
     } else if (one) {
         print_op_detail(one);
     } else {
-        /* the signature without the repeated op name */
-        int wn = 2, ws = 9;
-        for (size_t i = 0; i < ops->n; i++) {
-            const char *name = jv_str(jv_get(ops->items[i], "name")), *sig = jv_str(jv_get(ops->items[i], "signature"));
-            int ln = name ? (int)strlen(name) : 0, ls = sig ? (int)(strlen(sig) - (size_t)ln) : 22;
-            wn = ln > wn ? ln : wn;
-            ws = ls > ws ? ls : ws;
-        }
-        printf("%-*s  %-*s  %s\n", wn, "OP", ws, "SIGNATURE", "IMPLEMENTATIONS");
+        /* one block per op, wrapped to the terminal (COLUMNS, else the tty's width, else 80):
+         *   silu_and_mul
+         *       (out: T[..., d], input: T[..., 2*d]) -> out; T in {f32, f16, bf16}
+         *       implementations: cpu-reference, kernels-community/activation (3 kernels)          */
+        int width = term_width();
         for (size_t i = 0; i < ops->n; i++) {
             const jv *op = ops->items[i], *impls = jv_get(op, "implementations"), *cpu = jv_get(op, "cpu_reference");
             const char *sig = jv_str(jv_get(op, "signature"));
             const char *name = jv_str(jv_get(op, "name"));
             const char *args = sig && name && !strncmp(sig, name, strlen(name)) ? sig + strlen(name) : sig;
-            printf("%-*s  %-*s  %s", wn, name, ws, args ? args : "(defined by a package)",
-                   cpu && cpu->num ? "cpu-reference" : "");
+            char impl[2048] = "implementations: ";
             size_t shown = 0;
+            if (cpu && cpu->num) {
+                strncat(impl, "cpu-reference", sizeof impl - strlen(impl) - 1);
+                shown++;
+            }
             for (size_t k = 0; impls && k < impls->n; k++) {
                 /* one entry per package: "org/name (3 kernels)" */
                 const char *pkg = jv_str(jv_get(impls->items[k], "package"));
@@ -368,10 +412,16 @@ int tk_cmd_ops(tk_cli *cli, int argc, char **argv)
                 size_t nk = 0;
                 for (size_t j = 0; j < impls->n; j++)
                     nk += !strcmp(jv_str(jv_get(impls->items[j], "package")), pkg);
-                printf("%s%s (%zu kernel%s)", shown || (cpu && cpu->num) ? ", " : "", pkg, nk, nk == 1 ? "" : "s");
+                char one[300];
+                snprintf(one, sizeof one, "%s%s (%zu kernel%s)", shown ? ", " : "", pkg, nk, nk == 1 ? "" : "s");
+                strncat(impl, one, sizeof impl - strlen(impl) - 1);
                 shown++;
             }
-            printf("\n");
+            if (!shown)
+                strncat(impl, "none installed", sizeof impl - strlen(impl) - 1);
+            printf("%s%s\n", i ? "\n" : "", name ? name : "?");
+            print_wrapped(args ? args : "(defined by a package)", 4, width);
+            print_wrapped(impl, 4, width);
         }
     }
     jv_free(ops);

@@ -8,11 +8,14 @@
 #include <string.h>
 #include <time.h>
 
+#include <jansson.h>
+
 #include "cli/cli.h"
 
 static const char *USAGE = "tk serve --root DIR [--listen HOST:PORT] [options]\n"
-                           "       tk serve token add --org ORG --root DIR\n"
-                           "       tk serve trust add --org ORG PUBKEY --root DIR";
+                           "       tk serve token add ORG --root DIR | token list --root DIR | token revoke ID --root DIR\n"
+                           "       tk serve trust add ORG PUBKEY --root DIR | trust list --root DIR |\n"
+                           "       tk serve trust remove ORG KEYID --root DIR";
 
 static void help(void)
 {
@@ -51,16 +54,26 @@ static void help(void)
            "  --timeout S          close a connection idle or stalled for S seconds (default 30)\n"
            "  --max-upload BYTES   largest upload accepted (default 536870912)\n"
            "\n"
-           "subcommands:\n"
-           "  token add --org ORG --root DIR\n"
+           "subcommands (ORG may also be given as --org ORG):\n"
+           "  token add ORG --root DIR\n"
            "      prints a new upload token for ORG once; the server keeps only its sha256. Publishers send\n"
            "      it as 'Authorization: Bearer TOKEN' (or TK_TOKEN). A token writes only to its org.\n"
-           "  trust add --org ORG PUBKEY --root DIR\n"
-           "      lets the key PUBKEY (ed25519:<64 hex>, from 'tk keygen') sign uploads for ORG.\n"
+           "  token list --root DIR\n"
+           "      the tokens: ID (16 hex digits of the token's sha256), org and creation time.\n"
+           "  token revoke ID --root DIR\n"
+           "      refuses that token from now on (the ID as listed, or the token itself).\n"
+           "  trust add ORG PUBKEY --root DIR\n"
+           "      lets the key PUBKEY (ed25519:<64 hex>, from 'tk keygen') sign uploads for ORG; the same\n"
+           "      syntax as 'tk trust add ORG PUBKEY' on a client.\n"
+           "  trust list --root DIR\n"
+           "      the keys trusted for uploads, per org.\n"
+           "  trust remove ORG KEYID --root DIR\n"
+           "      stops trusting the key (its key id SHA256:..., or its public key) for ORG.\n"
+           "  With --json each prints JSON (docs/json.md).\n"
            "\n"
            "example:\n"
-           "  tk serve trust add --org myorg \"$(cat key.pub)\" --root /srv/reg\n"
-           "  TOKEN=$(tk serve token add --org myorg --root /srv/reg)\n"
+           "  tk serve trust add myorg \"$(cat key.pub)\" --root /srv/reg\n"
+           "  TOKEN=$(tk serve token add myorg --root /srv/reg)\n"
            "  tk serve --root /srv/reg --listen 127.0.0.1:8080 &\n"
            "  tk publish ./mypkg --to /tmp/out --key key\n"
            "  (cd /tmp/out/kernels/myorg/mypkg/resolve/v1 && tar cf - manifest.json manifest.json.sig source.tar.gz) |\n"
@@ -94,12 +107,46 @@ static void log_line(void *user, int level, const char *msg)
     fprintf(stderr, "%s %s%s\n", ts, level >= TK_LOG_WARN ? "warning: " : "", msg);
 }
 
-/* token add / trust add */
+/* tk serve token add|list|revoke, tk serve trust add|list|remove: the server's state under --root.
+ * Positional arguments follow 'tk trust' (ORG PUBKEY); --org ORG is accepted too. */
+static int print_json_list(tk_cli *cli, const char *j, int is_token)
+{
+    if (cli->json) {
+        printf("%s\n", j);
+        return TK_EXIT_OK;
+    }
+    json_t *a = json_loads(j, 0, NULL), *e;
+    size_t i;
+    if (!json_array_size(a))
+        tk_cli_info(cli, is_token ? "no upload tokens\n" : "no trusted keys\n");
+    else if (is_token)
+        printf("%-16s  %-24s  %s\n", "ID", "ORG", "CREATED");
+    else
+        printf("%-24s  %-39s  %s\n", "ORG", "KEYID", "PUBKEY");
+    json_array_foreach(a, i, e) {
+        if (is_token) {
+            char when[64] = "";
+            time_t t = (time_t)json_integer_value(json_object_get(e, "created"));
+            strftime(when, sizeof when, "%Y-%m-%d %H:%M UTC", gmtime(&t));
+            printf("%-16s  %-24s  %s\n", json_string_value(json_object_get(e, "id")),
+                   json_string_value(json_object_get(e, "org")), when);
+        } else {
+            printf("%-24s  %-39s  %s\n", json_string_value(json_object_get(e, "org")),
+                   json_string_value(json_object_get(e, "keyid")), json_string_value(json_object_get(e, "pubkey")));
+        }
+    }
+    json_decref(a);
+    return TK_EXIT_OK;
+}
+
 static int admin(tk_cli *cli, int argc, char **argv)
 {
-    const char *what = argv[0], *org = NULL, *root = NULL, *pubkey = NULL;
-    if (argc < 2 || strcmp(argv[1], "add") != 0)
-        return tk_cli_usage(USAGE, "'tk serve %s' takes 'add'", what);
+    const char *what = argv[0], *verb = argc >= 2 ? argv[1] : "", *org = NULL, *root = NULL;
+    const char *pos[2] = {NULL, NULL};
+    int npos = 0;
+    int is_token = !strcmp(what, "token");
+    if (strcmp(verb, "add") && strcmp(verb, "list") && strcmp(verb, is_token ? "revoke" : "remove"))
+        return tk_cli_usage(USAGE, "'tk serve %s' takes add, list or %s", what, is_token ? "revoke" : "remove");
     for (int i = 2; i < argc; i++) {
         if (tk_cli_is_help(argv[i])) {
             help();
@@ -113,17 +160,62 @@ static int admin(tk_cli *cli, int argc, char **argv)
                 root = argv[++i];
         } else if (argv[i][0] == '-') {
             return tk_cli_usage(USAGE, "unknown option '%s'", argv[i]);
-        } else if (!strcmp(what, "trust") && !pubkey) {
-            pubkey = argv[i];
+        } else if (npos < 2) {
+            pos[npos++] = argv[i];
         } else {
             return tk_cli_usage(USAGE, "unexpected argument '%s'", argv[i]);
         }
     }
-    if (!org || !root)
-        return tk_cli_usage(USAGE, "'tk serve %s add' needs --org and --root", what);
-    if (!strcmp(what, "token")) {
+    if (!root)
+        return tk_cli_usage(USAGE, "'tk serve %s %s' needs --root DIR (the served tree)", what, verb);
+    /* ORG as the first positional argument, as in 'tk trust add ORG PUBKEY' */
+    int want_org = !strcmp(verb, "add") || (!is_token && !strcmp(verb, "remove"));
+    if (want_org && !org && npos > (is_token ? 0 : 1)) {
+        org = pos[0];
+        pos[0] = pos[1];
+        npos--;
+    }
+    int rc;
+    if (!strcmp(verb, "list")) {
+        if (npos)
+            return tk_cli_usage(USAGE, "unexpected argument '%s'", pos[0]);
+        char *j = NULL;
+        rc = is_token ? tk_serve_token_list_json(&j, root) : tk_serve_trust_list_json(&j, root);
+        if (rc != TK_OK)
+            return tk_cli_fail(cli, rc, root);
+        int ec = print_json_list(cli, j, is_token);
+        tk_free(j);
+        return ec;
+    }
+    if (is_token && !strcmp(verb, "revoke")) {
+        if (npos != 1)
+            return tk_cli_usage(USAGE, "'tk serve token revoke' takes one token id ('tk serve token list' shows them)");
+        if ((rc = tk_serve_token_revoke(root, pos[0])) != TK_OK)
+            return tk_cli_fail(cli, rc, NULL);
+        if (cli->json)
+            printf("{\"revoked\": \"%s\"}\n", pos[0]);
+        else
+            tk_cli_info(cli, "tk: token %s revoked: uploads with it are refused from now on\n", pos[0]);
+        return TK_EXIT_OK;
+    }
+    if (!org)
+        return tk_cli_usage(USAGE, "'tk serve %s %s' needs the org", what, verb);
+    if (!strcmp(verb, "remove")) {
+        if (npos != 1)
+            return tk_cli_usage(USAGE, "'tk serve trust remove ORG KEYID' takes the key id or public key");
+        if ((rc = tk_serve_trust_remove(root, org, pos[0])) != TK_OK)
+            return tk_cli_fail(cli, rc, NULL);
+        if (cli->json)
+            printf("{\"org\": \"%s\", \"removed\": \"%s\"}\n", org, pos[0]);
+        else
+            tk_cli_info(cli, "tk: uploads for org '%s' signed by %s are no longer accepted\n", org, pos[0]);
+        return TK_EXIT_OK;
+    }
+    if (is_token) {
+        if (npos)
+            return tk_cli_usage(USAGE, "unexpected argument '%s'", pos[0]);
         char *token = NULL;
-        int rc = tk_serve_token_add(&token, root, org);
+        rc = tk_serve_token_add(&token, root, org);
         if (rc != TK_OK)
             return tk_cli_fail(cli, rc, root);
         if (cli->json)
@@ -134,12 +226,12 @@ static int admin(tk_cli *cli, int argc, char **argv)
         tk_free(token);
         return TK_EXIT_OK;
     }
-    if (!pubkey)
-        return tk_cli_usage(USAGE, "'tk serve trust add' needs the public key (ed25519:<64 hex>)");
+    if (npos != 1)
+        return tk_cli_usage(USAGE, "'tk serve trust add ORG PUBKEY' needs the public key (ed25519:<64 hex>)");
     char *keyid = NULL;
-    int rc = tk_serve_trust_add(&keyid, root, org, pubkey);
+    rc = tk_serve_trust_add(&keyid, root, org, pos[0]);
     if (rc != TK_OK)
-        return tk_cli_fail(cli, rc, pubkey);
+        return tk_cli_fail(cli, rc, pos[0]);
     if (cli->json)
         printf("{\"org\": \"%s\", \"keyid\": \"%s\"}\n", org, keyid);
     else
@@ -208,10 +300,24 @@ int tk_cmd_serve(tk_cli *cli, int argc, char **argv)
     int rc = tk_server_new(&srv, &o);
     if (rc != TK_OK)
         return tk_cli_fail(cli, rc, o.listen ? o.listen : "127.0.0.1:8080");
+    /* The URL clients use, on stdout (one line, flushed) so a script can read it, with the port the
+     * system chose for port 0; a wildcard host (":0", "0.0.0.0", "[::]") is reached through loopback. */
     const char *listen = o.listen ? o.listen : "127.0.0.1:8080";
     const char *colon = strrchr(listen, ':');
-    fprintf(stderr, "tk serve: serving %s on http://%.*s:%d (stop with Ctrl-C)\n", o.root, (int)(colon - listen),
-            listen, tk_server_port(srv));
+    char host[300];
+    snprintf(host, sizeof host, "%.*s", (int)(colon - listen), listen);
+    if (!host[0] || !strcmp(host, "0.0.0.0") || !strcmp(host, "*"))
+        snprintf(host, sizeof host, "127.0.0.1");
+    else if (!strcmp(host, "[::]"))
+        snprintf(host, sizeof host, "[::1]");
+    char url[400];
+    snprintf(url, sizeof url, "http://%s:%d", host, tk_server_port(srv));
+    if (cli->json)
+        printf("{\"url\": \"%s\"}\n", url);
+    else
+        printf("%s\n", url);
+    fflush(stdout);
+    fprintf(stderr, "tk serve: serving %s on %s (stop with Ctrl-C)\n", o.root, url);
     sigdelset(&set, SIGPIPE);
     int sig = 0;
     sigwait(&set, &sig);

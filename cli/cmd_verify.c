@@ -28,10 +28,18 @@ int tk_cmd_verify(tk_cli *cli, int argc, char **argv)
     tk_ctx *ctx = tk_cli_ctx(cli);
     if (!ctx)
         return TK_EXIT_FAIL;
+    if (cli->json) {
+        /* the report names every bad file; a failed verification prints it and exits non-zero */
+        char *j = NULL;
+        int rc = tk_pkg_verify_json(&j, ctx, ref);
+        if (!j)
+            return tk_cli_fail(cli, rc, NULL);
+        printf("%s\n", j);
+        tk_free(j);
+        return tk_cli_exit_code(rc);
+    }
     size_t bad = 0;
     int rc = tk_pkg_verify(ctx, ref, &bad);
-    if (cli->json)
-        printf("{\"ok\": %s, \"bad_files\": %zu}\n", rc == TK_OK ? "true" : "false", bad);
     if (rc != TK_OK)
         return tk_cli_fail(cli, rc, NULL);
     if (!cli->json)

@@ -4,6 +4,7 @@
  */
 #include <stdarg.h>
 #include <stdio.h>
+#include <stdlib.h>
 #include <string.h>
 #include <time.h>
 #include <unistd.h>
@@ -122,21 +123,119 @@ int tk_cli_exit_code(int status)
     }
 }
 
+int tk_cli_json_mode; /* --json was given: errors go to stdout as a JSON object (main.c sets it) */
+
+/* A stable machine name for a status, for {"error": {"status": ...}}. */
+static const char *status_token(int status)
+{
+    switch (status) {
+    case TK_ERR_INVALID: return "invalid";
+    case TK_ERR_NOT_FOUND: return "not_found";
+    case TK_ERR_NETWORK: return "network";
+    case TK_ERR_SIGNATURE: return "signature";
+    case TK_ERR_UNTRUSTED: return "untrusted";
+    case TK_ERR_DIGEST: return "digest";
+    case TK_ERR_MANIFEST: return "manifest";
+    case TK_ERR_ARCHIVE: return "archive";
+    case TK_ERR_IO: return "io";
+    case TK_ERR_NOSPACE: return "no_space";
+    case TK_ERR_CACHE: return "cache";
+    case TK_ERR_ROLLBACK: return "rollback";
+    case TK_ERR_NOMEM: return "no_memory";
+    case TK_ERR_OFFLINE: return "offline";
+    case TK_ERR_NO_DEVICE: return "no_device";
+    case TK_ERR_NO_NVRTC: return "no_nvrtc";
+    case TK_ERR_COMPILE: return "compile";
+    case TK_ERR_LAUNCH: return "launch";
+    case TK_ERR_UNSUPPORTED: return "unsupported";
+    case TK_ERR_INTERNAL: return "internal";
+    case TK_CLI_STATUS_USAGE: return "usage";
+    default: return "failed";
+    }
+}
+
+/* Writes s[0..n) as a JSON string literal. */
+static void json_str(FILE *f, const char *s, size_t n)
+{
+    fputc('"', f);
+    for (size_t i = 0; i < n; i++) {
+        unsigned char c = (unsigned char)s[i];
+        if (c == '"' || c == '\\')
+            fprintf(f, "\\%c", c);
+        else if (c == '\n')
+            fputs("\\n", f);
+        else if (c == '\t')
+            fputs("\\t", f);
+        else if (c < 0x20)
+            fprintf(f, "\\u%04x", c);
+        else
+            fputc(c, f);
+    }
+    fputc('"', f);
+}
+
+void tk_cli_json_error(int status, const char *what, const char *msg)
+{
+    /* "message\nHINT: hint" (the library's convention): the hint goes to its own field */
+    const char *h = msg ? strstr(msg, "\nHINT: ") : NULL;
+    size_t mlen = msg ? (h ? (size_t)(h - msg) : strlen(msg)) : 0;
+    printf("{\"error\": {\"status\": \"%s\", \"exit_code\": %d, \"message\": ", status_token(status),
+           status == TK_CLI_STATUS_USAGE ? TK_EXIT_USAGE : tk_cli_exit_code(status));
+    if (what && *what) {
+        size_t wl = strlen(what);
+        char *both = malloc(wl + 2 + mlen + 1);
+        if (both) {
+            memcpy(both, what, wl);
+            memcpy(both + wl, ": ", 2);
+            memcpy(both + wl + 2, msg ? msg : "", mlen);
+            json_str(stdout, both, wl + 2 + mlen);
+            free(both);
+        } else {
+            json_str(stdout, msg ? msg : "", mlen);
+        }
+    } else {
+        json_str(stdout, msg ? msg : "", mlen);
+    }
+    fputs(", \"hint\": ", stdout);
+    if (h)
+        json_str(stdout, h + 7, strlen(h + 7));
+    else
+        fputs("null", stdout);
+    fputs("}}\n", stdout);
+    fflush(stdout);
+}
+
 int tk_cli_fail(tk_cli *cli, int status, const char *what)
 {
     if (cli && cli->tty)
         fputs("\r\033[K", stderr);
     const char *msg = tk_last_error();
+    if (!msg || !*msg)
+        msg = tk_status_str(status);
+    if ((cli && cli->json) || tk_cli_json_mode) {
+        tk_cli_json_error(status, what, msg);
+        return tk_cli_exit_code(status);
+    }
     if (what && *what)
-        fprintf(stderr, "tk: %s: %s\n", what, msg && *msg ? msg : tk_status_str(status));
+        fprintf(stderr, "tk: %s: %s\n", what, msg);
     else
-        fprintf(stderr, "tk: %s\n", msg && *msg ? msg : tk_status_str(status));
+        fprintf(stderr, "tk: %s\n", msg);
     return tk_cli_exit_code(status);
 }
 
 int tk_cli_usage(const char *usage, const char *fmt, ...)
 {
     va_list ap;
+    if (tk_cli_json_mode) {
+        char msg[1024];
+        va_start(ap, fmt);
+        vsnprintf(msg, sizeof msg - 200, fmt, ap);
+        va_end(ap);
+        size_t n = strlen(msg);
+        snprintf(msg + n, sizeof msg - n, "\nHINT: usage: %s", usage);
+        tk_cli_json_error(TK_CLI_STATUS_USAGE, NULL, msg);
+        return TK_EXIT_USAGE;
+    }
     va_start(ap, fmt);
     fputs("tk: ", stderr);
     vfprintf(stderr, fmt, ap);

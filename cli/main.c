@@ -124,6 +124,7 @@ int main(int argc, char **argv)
     }
     argc = n;
     argv[argc] = NULL;
+    tk_cli_json_mode = cli.json;
     if (argc < 2) {
         usage(stderr);
         return TK_EXIT_USAGE;
@@ -145,11 +146,18 @@ int main(int argc, char **argv)
             return rc;
         }
     }
-    fprintf(stderr, "tk: unknown command '%s'\n", argv[1]);
     const char *best = NULL;
     for (size_t i = 0; i < sizeof commands / sizeof *commands; i++)
         if (!strncmp(argv[1], commands[i].name, 2))
             best = commands[i].name;
+    if (cli.json) {
+        char msg[512];
+        snprintf(msg, sizeof msg, "unknown command '%s'\nHINT: %s%s%srun 'tk --help' for the list of commands",
+                 argv[1], best ? "did you mean 'tk " : "", best ? best : "", best ? "'? " : "");
+        tk_cli_json_error(TK_CLI_STATUS_USAGE, NULL, msg);
+        return TK_EXIT_USAGE;
+    }
+    fprintf(stderr, "tk: unknown command '%s'\n", argv[1]);
     if (best)
         fprintf(stderr, "HINT: did you mean 'tk %s'?\n", best);
     fprintf(stderr, "run 'tk --help' for the list of commands\n");

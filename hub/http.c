@@ -53,6 +53,8 @@ struct tk_hub_http {
     char *user_agent;
     tk_progress_fn progress;
     void *progress_user;
+    tk_log_fn log; /* debug: each attempt's URL and status (tk -v) */
+    void *log_user;
     int max_attempts;
     double backoff_ms;
     double max_wait_s;
@@ -715,6 +717,17 @@ static int run_request(req *r, tk_hub_http_meta *meta)
         r->local_rc = TK_OK;
         if ((rc = exchange(r, &cc)) != TK_OK)
             break;
+        if (h->log) { /* tk -v: every request's URL and what came back */
+            char line[1600];
+            describe(r, where, sizeof where);
+            if (cc != CURLE_OK)
+                snprintf(line, sizeof line, "%s -> %s (attempt %d)", where, curl_easy_strerror(cc), attempt);
+            else if (r->is_file_url)
+                snprintf(line, sizeof line, "%s -> read", where);
+            else
+                snprintf(line, sizeof line, "%s -> HTTP %ld (attempt %d)", where, r->status, attempt);
+            h->log(h->log_user, TK_LOG_DEBUG, line);
+        }
         if (r->local_rc != TK_OK) { /* its message is set already */
             rc = r->local_rc;
             break;
@@ -849,6 +862,8 @@ int tk_hub__http_new(tk_hub_http **out, const tk_hub_http_opts *opts)
         goto nomem;
     h->progress = opts->progress;
     h->progress_user = opts->progress_user;
+    h->log = opts->log;
+    h->log_user = opts->log_user;
     h->max_attempts = opts->max_attempts > 0 ? opts->max_attempts : 4;
     h->backoff_ms = opts->backoff_ms > 0 ? opts->backoff_ms : 250.0;
     h->max_wait_s = opts->max_wait_s > 0 ? opts->max_wait_s : 30.0;

@@ -37,6 +37,8 @@ typedef struct {
     long low_speed_time_s;    /* abort when below low_speed_bytes/s for this long; 0: default (30) */
     long low_speed_bytes;     /* 0: default (1024) */
     const char *user_agent;   /* NULL: "tk/<version>" */
+    tk_log_fn log;            /* NULL: none; TK_LOG_DEBUG "GET <url> -> HTTP <status>" per attempt */
+    void *log_user;
 } tk_hub_http_opts;
 
 /* What the server said about a response. Strings are empty when absent. */

@@ -23,6 +23,8 @@
  * client; it blocks only on the file system and the publish flock. Nothing global is mutable: the
  * server's state is in tk_server.
  */
+#define _GNU_SOURCE /* strcasestr */
+#include <ctype.h>
 #include <archive.h>
 #include <archive_entry.h>
 #include <dirent.h>
@@ -241,6 +243,131 @@ int tk_serve_trust_add(char **keyid_out, const char *root, const char *org, cons
     return rc;
 }
 
+/* ---- listing and revoking (tk serve token list|revoke, tk serve trust list|remove) ------------- */
+
+/* A token's id: the first 16 hex of its sha256 (what tokens.json keeps), enough to name it. */
+#define TOKEN_ID_LEN 16
+
+int tk_serve_token_list_json(char **out, const char *root)
+{
+    if (!out || !root)
+        return tk__err(TK_ERR_INVALID, "tk_serve_token_list_json: out and root are required");
+    *out = NULL;
+    json_t *doc = NULL, *t, *list = json_array();
+    int rc = list ? state_load(&doc, root, "tokens.json", "tokens") : tk__err(TK_ERR_NOMEM, "out of memory");
+    size_t i;
+    if (rc == TK_OK)
+        json_array_foreach(json_object_get(doc, "tokens"), i, t) {
+            const char *sha = json_string_value(json_object_get(t, "sha256"));
+            json_array_append_new(list, json_pack("{s:s%, s:s?, s:O?}", "id", sha ? sha : "",
+                                                  (size_t)(sha && strlen(sha) >= TOKEN_ID_LEN ? TOKEN_ID_LEN : 0),
+                                                  "org", json_string_value(json_object_get(t, "org")), "created",
+                                                  json_object_get(t, "created")));
+        }
+    if (rc == TK_OK && !(*out = json_dumps(list, JSON_INDENT(2))))
+        rc = tk__err(TK_ERR_NOMEM, "out of memory");
+    json_decref(list);
+    json_decref(doc);
+    return rc;
+}
+
+int tk_serve_token_revoke(const char *root, const char *id_or_token)
+{
+    if (!root || !id_or_token)
+        return tk__err(TK_ERR_INVALID, "tk_serve_token_revoke: root and the token id are required");
+    char sha[TK_SHA256_HEX];
+    size_t n = strlen(id_or_token);
+    if (n == 64) /* the token itself: match by its sha256 */
+        tk__sha256_hex(sha, id_or_token, 64);
+    else if (n >= 8 && n <= 64 && strspn(id_or_token, "0123456789abcdef") == n)
+        snprintf(sha, sizeof sha, "%s", id_or_token);
+    else
+        return tk__err(TK_ERR_INVALID, "'%s' is not a token id\nHINT: 'tk serve token list --root %s' shows the "
+                       "ids (16 hex digits); the token itself works too", id_or_token, root);
+    json_t *doc = NULL;
+    int fd = state_lock(root);
+    if (fd < 0)
+        return fd;
+    int rc = state_load(&doc, root, "tokens.json", "tokens");
+    if (rc == TK_OK) {
+        json_t *arr = json_object_get(doc, "tokens");
+        size_t removed = 0;
+        for (size_t i = 0; i < json_array_size(arr);) {
+            const char *h = json_string_value(json_object_get(json_array_get(arr, i), "sha256"));
+            if (h && !strncmp(h, sha, strlen(sha))) {
+                json_array_remove(arr, i);
+                removed++;
+            } else {
+                i++;
+            }
+        }
+        if (!removed)
+            rc = tk__err(TK_ERR_NOT_FOUND, "no token %s on the server at %s\nHINT: 'tk serve token list --root %s'",
+                         id_or_token, root, root);
+        else if (removed > 1 && n < 64)
+            rc = tk__err(TK_ERR_INVALID, "'%s' names %zu tokens\nHINT: give more digits of the id", id_or_token,
+                         removed);
+        else
+            rc = state_save(root, "tokens.json", doc);
+    }
+    json_decref(doc);
+    close(fd);
+    return rc;
+}
+
+int tk_serve_trust_list_json(char **out, const char *root)
+{
+    if (!out || !root)
+        return tk__err(TK_ERR_INVALID, "tk_serve_trust_list_json: out and root are required");
+    *out = NULL;
+    json_t *doc = NULL;
+    int rc = state_load(&doc, root, "trust.json", "keys");
+    if (rc == TK_OK && !(*out = json_dumps(json_object_get(doc, "keys"), JSON_INDENT(2))))
+        rc = tk__err(TK_ERR_NOMEM, "out of memory");
+    json_decref(doc);
+    return rc;
+}
+
+int tk_serve_trust_remove(const char *root, const char *org, const char *key)
+{
+    if (!root || !org || !key)
+        return tk__err(TK_ERR_INVALID, "tk_serve_trust_remove: root, org and the key are required");
+    char keyid[TK_KEYID_LEN];
+    if (tk__has_prefix(key, "ed25519:")) {
+        int rc = tk_hub__pubkey_check(key, keyid);
+        if (rc != TK_OK)
+            return rc;
+        key = keyid;
+    }
+    json_t *doc = NULL;
+    int fd = state_lock(root);
+    if (fd < 0)
+        return fd;
+    int rc = state_load(&doc, root, "trust.json", "keys");
+    if (rc == TK_OK) {
+        json_t *arr = json_object_get(doc, "keys");
+        size_t removed = 0;
+        for (size_t i = 0; i < json_array_size(arr);) {
+            json_t *k = json_array_get(arr, i);
+            const char *id = json_string_value(json_object_get(k, "keyid"));
+            if (tk__streq(json_string_value(json_object_get(k, "org")), org) && id &&
+                (tk__streq(id, key) || (!tk__has_prefix(key, "SHA256:") && tk__has_prefix(id, "SHA256:") &&
+                                        tk__streq(id + 7, key)))) {
+                json_array_remove(arr, i);
+                removed++;
+            } else {
+                i++;
+            }
+        }
+        rc = removed ? state_save(root, "trust.json", doc)
+                     : tk__err(TK_ERR_NOT_FOUND, "org '%s' has no key %s on the server at %s\nHINT: 'tk serve trust "
+                               "list --root %s'", org, key, root, root);
+    }
+    json_decref(doc);
+    close(fd);
+    return rc;
+}
+
 /* The org a token may write to: TK_OK and org filled, TK_ERR_NOT_FOUND for an unknown token. */
 static int token_org(char org[65], const char *root, const char *token)
 {
@@ -420,7 +547,7 @@ static int receive_version(char commit[41], int *created, char version[32], tk_s
         goto done;
     if ((rc = trusted_key(trusted, s->root, org, keyid)) == TK_ERR_NOT_FOUND || (rc == TK_OK && strcmp(trusted, sig_pub))) {
         rc = tk__err(TK_ERR_UNTRUSTED, "the signer %s is not trusted to publish for org '%s' on this server\n"
-                     "HINT: on the server, run 'tk serve trust add --org %s %s --root DIR'", keyid, org, org, sig_pub);
+                     "HINT: on the server, run 'tk serve trust add %s %s --root DIR'", keyid, org, org, sig_pub);
         goto done;
     }
     if (rc != TK_OK || (rc = tk_hub__verify(trusted, sig, mtext, mlen)) != TK_OK)
@@ -977,7 +1104,55 @@ static size_t list_branches(char majors[][24], size_t max, const char *resolve_d
     return n;
 }
 
-static void page_package(tk_buf *b, tk_server *s, const char *org, const char *pkg)
+/* Every version the tree holds (the commit directories under resolve/), newest first, "1.0.1
+ * (yanked)" for a yanked one, comma-separated into b. */
+static int cmp_ver_desc(const void *a, const void *b)
+{
+    int x[3] = {0, 0, 0}, y[3] = {0, 0, 0};
+    sscanf(*(char *const *)a, "%d.%d.%d", &x[0], &x[1], &x[2]);
+    sscanf(*(char *const *)b, "%d.%d.%d", &y[0], &y[1], &y[2]);
+    for (int i = 0; i < 3; i++)
+        if (x[i] != y[i])
+            return y[i] - x[i];
+    return 0;
+}
+
+static void page_versions(tk_buf *b, const char *resolve_dir)
+{
+    char *v[256];
+    size_t n = 0;
+    DIR *d = opendir(resolve_dir);
+    struct dirent *e;
+    while (d && (e = readdir(d)) != NULL && n < 256) {
+        if (strlen(e->d_name) != 40 || strspn(e->d_name, "0123456789abcdef") != 40)
+            continue;
+        char *ver = tk_hub__tree_commit_version(resolve_dir, e->d_name);
+        int dup = 0;
+        for (size_t i = 0; ver && i < n; i++)
+            dup |= !strcmp(v[i], ver);
+        if (ver && !dup)
+            v[n++] = ver;
+        else
+            free(ver);
+    }
+    if (d)
+        closedir(d);
+    if (!n)
+        return;
+    qsort(v, n, sizeof *v, cmp_ver_desc);
+    tk__buf_puts(b, "<p class=m>versions: ");
+    for (size_t i = 0; i < n; i++) {
+        int yanked = tk_hub__tree_is_yanked(resolve_dir, v[i]) == 1;
+        tk__buf_puts(b, i ? ", " : "");
+        tk__buf_puts(b, yanked ? "<s>" : "");
+        html_esc(b, v[i]);
+        tk__buf_puts(b, yanked ? "</s> (yanked)" : "");
+        free(v[i]);
+    }
+    tk__buf_puts(b, "</p>");
+}
+
+static void page_package(tk_buf *b, tk_server *s, const char *org, const char *pkg, int detail)
 {
     char *resolve_dir = tk__fmt("%s/kernels/%s/%s/resolve", s->root, org, pkg);
     char branches[32][24];
@@ -986,12 +1161,18 @@ static void page_package(tk_buf *b, tk_server *s, const char *org, const char *p
     html_esc(b, org);
     tk__buf_puts(b, "/");
     html_esc(b, pkg);
+    tk__buf_puts(b, "\"><a href=\"/?p=");
+    html_esc(b, org);
+    tk__buf_puts(b, "/");
+    html_esc(b, pkg);
     tk__buf_puts(b, "\">");
     html_esc(b, org);
     tk__buf_puts(b, "/");
     html_esc(b, pkg);
-    tk__buf_puts(b, "</h2>");
+    tk__buf_puts(b, "</a></h2>");
+    json_t *kernels_of_head = NULL; /* the newest version's kernels, for the detail view's table */
     char *readme = NULL;
+    char first_pub[TK_PUBKEY_LEN] = ""; /* the newest branch's signer: the trust line under the table */
     for (size_t i = 0; i < nb; i++) {
         char *head = tk_hub__tree_branch_head(resolve_dir, branches[i]);
         json_t *m = head ? tk_hub__tree_commit_manifest(resolve_dir, head) : NULL;
@@ -1014,6 +1195,7 @@ static void page_package(tk_buf *b, tk_server *s, const char *org, const char *p
             char *arch = ap && tk_hub__path_check(ap) == TK_OK ? tk__fmt("%s/%s/%s", resolve_dir, head, ap) : NULL;
             readme = arch ? archive_readme(arch) : NULL;
             free(arch);
+            kernels_of_head = json_incref(json_object_get(m, "kernels"));
         }
         /* data-l labels the cells when a phone-width screen stacks each row (see the CSS) */
         tk__buf_puts(b, "<tr><td data-l=branch>");
@@ -1044,6 +1226,8 @@ static void page_package(tk_buf *b, tk_server *s, const char *org, const char *p
             tk__buf_puts(b, "<code>");
             html_esc(b, keyid);
             tk__buf_puts(b, "</code>");
+            if (!first_pub[0] && pub[0])
+                snprintf(first_pub, sizeof first_pub, "%s", pub);
         }
         free(sp);
         free(stext);
@@ -1053,14 +1237,104 @@ static void page_package(tk_buf *b, tk_server *s, const char *org, const char *p
     }
     if (nb)
         tk__buf_puts(b, "</table></div>");
+    if (nb)
+        page_versions(b, resolve_dir);
+    if (first_pub[0]) { /* verify the fingerprint out of band before running it */
+        tk__buf_puts(b, "<p class=m>Publisher key (check its fingerprint with the publisher, then trust it):</p><pre>tk trust add ");
+        html_esc(b, org);
+        tk__buf_puts(b, " ");
+        html_esc(b, first_pub);
+        tk__buf_puts(b, "</pre>");
+    }
+    if (detail && json_array_size(kernels_of_head)) { /* the kernels of the newest version */
+        json_t *k, *d;
+        size_t i, j;
+        tk__buf_printf(b, "<h3>kernels (%zu)</h3><div class=t><table><tr><th>kernel</th><th>op</th><th>dtypes</th>"
+                          "<th>archs</th></tr>", json_array_size(kernels_of_head));
+        json_array_foreach(kernels_of_head, i, k) {
+            json_t *cons = json_object_get(k, "constraints");
+            int lo = (int)json_integer_value(json_object_get(cons, "min_cc"));
+            int hi = (int)json_integer_value(json_object_get(cons, "max_cc"));
+            tk__buf_puts(b, "<tr><td data-l=kernel><code>");
+            html_esc(b, json_string_value(json_object_get(k, "name")));
+            tk__buf_puts(b, "</code></td><td data-l=op>");
+            html_esc(b, json_string_value(json_object_get(k, "op")));
+            tk__buf_puts(b, "</td><td data-l=dtypes>");
+            json_array_foreach(json_object_get(cons, "dtypes"), j, d) {
+                tk__buf_puts(b, j ? ", " : "");
+                html_esc(b, json_string_value(d));
+            }
+            tk__buf_puts(b, "</td><td data-l=archs>");
+            if (json_is_true(json_object_get(cons, "arch_specific")) && lo)
+                tk__buf_printf(b, "sm_%da", lo);
+            else if (lo && hi)
+                tk__buf_printf(b, "sm_%d-sm_%d", lo, hi);
+            else if (lo)
+                tk__buf_printf(b, "sm_%d+", lo);
+            else
+                tk__buf_puts(b, "any");
+            tk__buf_puts(b, "</td></tr>");
+        }
+        tk__buf_puts(b, "</table></div>");
+    }
+    json_decref(kernels_of_head);
     if (readme) {
-        tk__buf_puts(b, "<details><summary>README</summary><pre>");
+        tk__buf_puts(b, detail ? "<h3>README</h3><pre>" : "<details><summary>README</summary><pre>");
         html_esc(b, readme);
-        tk__buf_puts(b, "</pre></details>");
+        tk__buf_puts(b, detail ? "</pre>" : "</pre></details>");
     }
     tk__buf_puts(b, "</section>\n");
     free(readme);
     free(resolve_dir);
+}
+
+/* A query argument, percent- and '+'-decoded (the server sees URLs undecoded: no_unescape), at most
+ * cap-1 bytes; "" when absent or when it decodes to a NUL. */
+static void query_arg(char *out, size_t cap, struct MHD_Connection *c, const char *name)
+{
+    const char *v = MHD_lookup_connection_value(c, MHD_GET_ARGUMENT_KIND, name);
+    size_t o = 0;
+    out[0] = '\0';
+    for (size_t i = 0; v && v[i] && o + 1 < cap; i++) {
+        unsigned x;
+        if (v[i] == '%' && isxdigit((unsigned char)v[i + 1]) && isxdigit((unsigned char)v[i + 2]) &&
+            sscanf(v + i + 1, "%2x", &x) == 1) {
+            if (!x) {
+                out[0] = '\0';
+                return;
+            }
+            out[o++] = (char)x;
+            i += 2;
+        } else {
+            out[o++] = v[i] == '+' ? ' ' : v[i];
+        }
+    }
+    out[o] = '\0';
+}
+
+/* Search: the package's name, or its newest version's description, kernel names or ops, contain q
+ * (case-insensitive). */
+static int pkg_matches(tk_server *s, const char *name, const char *q)
+{
+    if (!q[0] || strcasestr(name, q))
+        return 1;
+    const char *slash = strchr(name, '/');
+    char *resolve_dir = tk__fmt("%s/kernels/%.*s/%s/resolve", s->root, (int)(slash - name), name, slash + 1);
+    char branches[32][24];
+    size_t nb = resolve_dir ? list_branches(branches, 32, resolve_dir) : 0;
+    char *head = nb ? tk_hub__tree_branch_head(resolve_dir, branches[0]) : NULL;
+    json_t *m = head ? tk_hub__tree_commit_manifest(resolve_dir, head) : NULL, *k;
+    const char *desc = json_string_value(json_object_get(m, "description"));
+    int hit = desc && strcasestr(desc, q);
+    size_t i;
+    json_array_foreach(json_object_get(m, "kernels"), i, k) {
+        const char *kn = json_string_value(json_object_get(k, "name")), *op = json_string_value(json_object_get(k, "op"));
+        hit |= (kn && strcasestr(kn, q)) || (op && strcasestr(op, q));
+    }
+    json_decref(m);
+    free(head);
+    free(resolve_dir);
+    return hit;
 }
 
 static enum MHD_Result serve_page(tk_server *s, struct MHD_Connection *c, req *r)
@@ -1109,15 +1383,43 @@ static enum MHD_Result serve_page(tk_server *s, struct MHD_Connection *c, req *r
                      "@media (max-width:40rem){.t table,.t tbody,.t tr,.t td{display:block}"
                      ".t tr:first-child{display:none}.t tr{padding:.4rem 0;border-bottom:1px solid #eee}"
                      ".t td{border:0;padding:.1rem 0}.t td::before{content:attr(data-l) \": \";font-weight:600}}"
-                     "pre{white-space:pre-wrap;background:#f6f6f6;padding:.7rem;border-radius:6px;font-size:.85rem}"
+                     "pre{white-space:pre-wrap;overflow-wrap:anywhere;background:#f6f6f6;padding:.7rem;border-radius:6px;font-size:.85rem}"
                      "</style></head><body><h1>tk registry</h1>");
-    tk__buf_printf(&b, "<p class=m>%zu package%s. Point tk here with <code>TK_ENDPOINT=</code>this URL.</p>\n", n,
-                   n == 1 ? "" : "s");
+    /* The URL clients use: the Host the browser asked for (checked: host[:port] characters only), with
+     * https when a proxy in front says so; else the text says "this page's address". */
+    const char *host = MHD_lookup_connection_value(c, MHD_HEADER_KIND, MHD_HTTP_HEADER_HOST);
+    const char *proto = MHD_lookup_connection_value(c, MHD_HEADER_KIND, "X-Forwarded-Proto");
+    int host_ok = host && *host && strlen(host) < 256 &&
+                  strspn(host, "abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ0123456789.-:[]") == strlen(host);
+    tk__buf_printf(&b, "<p class=m>%zu package%s. Point tk here:</p>\n<pre>", n, n == 1 ? "" : "s");
+    if (host_ok)
+        tk__buf_printf(&b, "export TK_ENDPOINT=%s://%s", proto && !strcmp(proto, "https") ? "https" : "http", host);
+    else
+        tk__buf_puts(&b, "export TK_ENDPOINT=&lt;this page's address&gt;");
+    tk__buf_puts(&b, "</pre>\n");
+    char q[200], only[140];
+    query_arg(q, sizeof q, c, "q");
+    query_arg(only, sizeof only, c, "p");
+    tk__buf_puts(&b, "<form action=/ method=get role=search><input type=search name=q placeholder=\"search packages, "
+                     "kernels, ops\" aria-label=search style=\"width:100%;box-sizing:border-box;font:inherit;"
+                     "padding:.4rem\" value=\"");
+    html_esc(&b, q);
+    tk__buf_puts(&b, "\"></form>\n");
+    size_t shown = 0;
     for (size_t i = 0; i < n; i++) {
+        int show = only[0] ? !strcmp(names[i], only) : pkg_matches(s, names[i], q);
         char *slash = strchr(names[i], '/');
         *slash = '\0';
-        page_package(&b, s, names[i], slash + 1);
+        if (show) {
+            page_package(&b, s, names[i], slash + 1, only[0] != '\0');
+            shown++;
+        }
         free(names[i]);
+    }
+    if (!shown && (q[0] || only[0])) {
+        tk__buf_puts(&b, "<p>No package matches <code>");
+        html_esc(&b, q[0] ? q : only);
+        tk__buf_puts(&b, "</code>. <a href=\"/\">All packages</a></p>");
     }
     free(names);
     tk__buf_puts(&b, "</body></html>\n");

@@ -134,6 +134,7 @@ TK_API const char *tk_ctx_endpoint(const tk_ctx *ctx); /* the registry URL in us
 TK_API const char *tk_ctx_home(const tk_ctx *ctx);     /* the data directory (state.db, store/) */
 TK_API int tk_ctx_offline(const tk_ctx *ctx);
 TK_API const char *tk_ctx_cache_dir(const tk_ctx *ctx); /* compiled-binary cache (cache.db) */
+TK_API const char *tk_ctx_config_dir(const tk_ctx *ctx); /* config.json and keys/ */
 
 /* ---------------------------------------------------------------------------------------------- */
 /* Packages                                                                                        */
@@ -194,6 +195,21 @@ TK_API int64_t tk_pkg_file_size(const tk_pkg *pkg, size_t i);
 /* Absolute path of file i in the content-addressed store (read-only). */
 TK_API const char *tk_pkg_file_store_path(const tk_pkg *pkg, size_t i);
 
+/* The kernels the package declares (its manifest's "kernels", in order), readable without a GPU.
+ * Strings are borrowed from pkg; an index out of range gives NULL (or -1). */
+TK_API size_t tk_pkg_kernel_count(const tk_pkg *pkg);
+TK_API const char *tk_pkg_kernel_name(const tk_pkg *pkg, size_t i); /* "silu_and_mul_f32" */
+TK_API const char *tk_pkg_kernel_op(const tk_pkg *pkg, size_t i);   /* "silu_and_mul" */
+TK_API const char *tk_pkg_kernel_dtypes(const tk_pkg *pkg, size_t i); /* "f16,bf16"; "" = any */
+TK_API int tk_pkg_kernel_min_cc(const tk_pkg *pkg, size_t i);        /* 80 = sm_80; 0 = no bound */
+TK_API int tk_pkg_kernel_max_cc(const tk_pkg *pkg, size_t i);        /* 0 = no bound */
+TK_API int tk_pkg_kernel_arch_specific(const tk_pkg *pkg, size_t i); /* 1: compiled for sm_XYa */
+/* The archs it runs on, from those constraints: "sm_90a", "sm_80-sm_89", "sm_75+" or "any". */
+TK_API const char *tk_pkg_kernel_archs(const tk_pkg *pkg, size_t i);
+/* The distinct ops its kernels implement, sorted. */
+TK_API size_t tk_pkg_op_count(const tk_pkg *pkg);
+TK_API const char *tk_pkg_op_at(const tk_pkg *pkg, size_t i);
+
 /* The package as a JSON object, for scripts. *out is owned by the caller (tk_free). */
 TK_API int tk_pkg_to_json(char **out, const tk_pkg *pkg);
 
@@ -208,6 +224,12 @@ TK_API void tk_pkg_list_free(tk_pkg_list *list);
  * match; TK_ERR_DIGEST when any file is missing or altered, and tk_last_error() lists them.
  * *nbad (may be NULL) receives how many files failed. */
 TK_API int tk_pkg_verify(tk_ctx *ctx, const char *ref, size_t *nbad);
+/* tk_pkg_verify with the result as JSON in *out (free with tk_free), also when files are bad:
+ * {"ok": bool, "checked": n, "bad_count": n, "bad_files": [{"package": "org/name", "file": "a.cu",
+ *   "problem": "missing" | "altered" | "not_a_file" | "manifest_altered", "sha256": "<found or null>",
+ *   "want": "<hex>"}]}.
+ * Returns TK_OK, TK_ERR_DIGEST (with *out set) or, with *out NULL, the errors of tk_pkg_verify. */
+TK_API int tk_pkg_verify_json(char **out, tk_ctx *ctx, const char *ref);
 
 /* Uninstalls `ref` (with no version: every installed major). Files still used by another package stay
  * in the store. Errors: TK_ERR_NOT_FOUND. */
@@ -564,6 +586,17 @@ TK_API int tk_serve_token_add(char **token, const char *root, const char *org);
  * `root` (<root>/.tk-serve/trust.json). Adding a key twice is a no-op. *keyid (may be NULL) receives
  * its fingerprint (tk_free). Errors: TK_ERR_INVALID (bad org or key), TK_ERR_IO. */
 TK_API int tk_serve_trust_add(char **keyid, const char *root, const char *org, const char *pubkey);
+/* The server's upload tokens as a JSON array of {"id": "<16 hex>", "org", "created"} (the tokens
+ * themselves are not stored; id is the start of their sha256). */
+TK_API int tk_serve_token_list_json(char **out, const char *root);
+/* Revokes the token named by its id (8 to 64 hex digits of its sha256, as listed) or by the token
+ * itself. Errors: TK_ERR_NOT_FOUND, TK_ERR_INVALID (not an id, or an id prefix naming several). */
+TK_API int tk_serve_token_revoke(const char *root, const char *id_or_token);
+/* The keys trusted for uploads: a JSON array of {"org", "keyid", "pubkey", "added"}. */
+TK_API int tk_serve_trust_list_json(char **out, const char *root);
+/* Stops trusting a key (its key id, with or without "SHA256:", or its public key) for org.
+ * Errors: TK_ERR_NOT_FOUND. */
+TK_API int tk_serve_trust_remove(const char *root, const char *org, const char *key);
 
 /* ---------------------------------------------------------------------------------------------- */
 /* Tokenizers                                                                                      */

@@ -18,6 +18,8 @@ pkgs=(build-essential pkg-config
       libopenblas-dev
       libpcre2-dev libutf8proc-dev
       nginx-light zstd curl openssl python3)
+# cmake: tests/cli/install.sh builds host programs against the installed tkhub CMake package
+pkgs+=(cmake)
 test_tools=0
 [ "${1:-}" = "--test" ] && { test_tools=1; pkgs+=(chromium wrk python3-venv); }
 # clang with libFuzzer, ASan and UBSan: `make fuzz`, and the sanitizer replay of the fuzz corpora in make test

@@ -29,6 +29,11 @@ t_get_without_gpu_or_archs_installs_only() {
     expect_no_out "no GPU found"
   else
     expect_out "no GPU found and no archs configured"
+    # once per machine state: not again on the next get, again with -v
+    expect_rc 0 "$TK" get --force $PKG
+    expect_no_out "no GPU found"
+    expect_rc 0 "$TK" get -v --force $PKG
+    expect_out "no GPU found and no archs configured"
   fi
 }
 

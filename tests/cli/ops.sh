@@ -11,9 +11,20 @@ t_ops_lists_every_family() {
             sample attention attention_decode mla_decode linear embedding add tanh; do
     expect_out "$op"
   done
+  # it fits the terminal: no line wider than COLUMNS, no trailing blanks, one block per op
+  local w
+  for w in 80 60; do
+    OUT=$(COLUMNS=$w "$TK" ops) || fail "COLUMNS=$w tk ops failed"
+    echo "$OUT" | awk -v w=$w 'length($0) > w || / $/ { bad = 1; print "      too wide or trailing blank: " $0 } END { exit bad }' >&2 \
+      || fail "tk ops at $w columns"
+  done
+  echo "$OUT" | grep -q '^layer_norm$' || fail "no layer_norm block"
+  echo "$OUT" | grep -A8 '^layer_norm$' | grep -q 'implementations: cpu-reference' || fail "layer_norm block lacks its implementations"
   expect_rc 0 "$TK" ops layer_norm
   expect_out "bias: T[d]?"
+
   expect_out "tk get kernels-community/rmsnorm"
+  OUT=$("$TK" --json ops no_such_op 2>&1); expect_out '"status": "not_found"'
   "$TK" --json ops | python3 -c 'import json,sys; d=json.load(sys.stdin); assert len(d) >= 40, len(d); assert all(o["cpu_reference"] for o in d)' \
     || fail "tk --json ops: fewer than 40 ops, or one without a CPU reference"
 }

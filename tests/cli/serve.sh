@@ -46,15 +46,16 @@ SERVE_PID=
 start_serve() {
   local root=$1; shift
   : >"$WORK/serve.log"
-  "$TK" serve --root "$root" --listen 127.0.0.1:0 "$@" 2>>"$WORK/serve.log" &
+  : >"$WORK/serve.url"
+  "$TK" serve --root "$root" --listen 127.0.0.1:0 "$@" >"$WORK/serve.url" 2>>"$WORK/serve.log" &
   SERVE_PID=$!
-  local port=
+  URL=
+  # the URL, with the port the system chose, is the one line tk serve prints on stdout
   for _ in $(seq 100); do
-    port=$(sed -n 's#.*serving .* on http://127.0.0.1:\([0-9]*\).*#\1#p' "$WORK/serve.log")
-    [ -n "$port" ] && break; sleep 0.05
+    URL=$(head -n 1 "$WORK/serve.url"); [ -n "$URL" ] && break; sleep 0.05
   done
-  [ -n "$port" ] || { fail "tk serve did not start: $(cat "$WORK/serve.log")"; return 1; }
-  URL=http://127.0.0.1:$port
+  [ -n "$URL" ] || { fail "tk serve did not start: $(cat "$WORK/serve.log")"; return 1; }
+  case "$URL" in http://127.0.0.1:[1-9]*) ;; *) fail "tk serve printed '$URL', not its URL"; return 1 ;; esac
 }
 # stop_serve: SIGTERM, then the server must exit 0 with no sanitizer report in its log.
 stop_serve() {
@@ -264,7 +265,7 @@ server_tree() {
   SRV=$WORK/srv-$1; rm -rf "$SRV"
   TOKEN=$("$TK" serve token add --org tktest --root "$SRV" -q) || fail "token add"
   [ ${#TOKEN} = 64 ] || fail "the token is not 64 hex: $TOKEN"
-  expect_rc 0 "$TK" serve trust add --org tktest "$PUB" --root "$SRV"
+  expect_rc 0 "$TK" serve trust add tktest "$PUB" --root "$SRV"   # the syntax of tk trust add
   grep -q "$TOKEN" "$SRV/.tk-serve/tokens.json" && fail "the token itself was stored"
 }
 upload() { req -T "$1" -H "Authorization: Bearer $2" "$URL/api/upload/${3:-tktest/demo}"; }
@@ -282,6 +283,49 @@ t_upload_auth() {
   expect_rc 2 "$TK" serve trust add --org tktest --root "$SRV"
   expect_rc 2 "$TK" serve --listen 127.0.0.1:0
   stop_serve
+}
+
+t_admin_token_and_trust_lifecycle() {
+  server_tree admin
+  # lists: text and JSON; the token's id is the start of its sha256, never the token
+  local id; id=$(printf %s "$TOKEN" | sha256sum | cut -c1-16)
+  expect_rc 0 "$TK" serve token list --root "$SRV"; expect_out "$id"; expect_out "tktest"; expect_no_out "$TOKEN"
+  expect_rc 0 "$TK" --json serve token list --root "$SRV"
+  echo "$OUT" | python3 -c 'import json,sys; d=json.load(sys.stdin); assert [t["id"] for t in d] == [sys.argv[1]] and d[0]["org"] == "tktest", d' "$id" \
+    || fail "token list --json: $OUT"
+  expect_rc 0 "$TK" serve trust list --root "$SRV"; expect_out "tktest"; expect_out "$PUB"
+  local keyid; keyid=$("$TK" --json serve trust list --root "$SRV" | python3 -c 'import json,sys; print(json.load(sys.stdin)[0]["keyid"])')
+  # an upload works, then the token is revoked: refused (401); a new token, but the key removed: 403
+  start_serve "$SRV" || return
+  version_tar 1.0.0 "$WORK/adm1.tar" || return
+  upload "$WORK/adm1.tar" "$TOKEN"; expect_code 201
+  expect_rc 0 "$TK" serve token revoke "$id" --root "$SRV"
+  expect_rc 3 "$TK" serve token revoke "$id" --root "$SRV"; expect_out "no token $id"
+  expect_rc 2 "$TK" serve token revoke not-an-id --root "$SRV"
+  version_tar 1.0.1 "$WORK/adm2.tar" || return
+  upload "$WORK/adm2.tar" "$TOKEN"; expect_code 401
+  local t2; t2=$("$TK" serve token add tktest --root "$SRV" -q)
+  expect_rc 0 "$TK" serve trust remove tktest "$keyid" --root "$SRV"
+  expect_rc 3 "$TK" serve trust remove tktest "$keyid" --root "$SRV"
+  upload "$WORK/adm2.tar" "$t2"; expect_code 403; expect_hdr X-Error-Code UntrustedSigner
+  # trusted again: accepted
+  expect_rc 0 "$TK" serve trust add tktest "$PUB" --root "$SRV"
+  upload "$WORK/adm2.tar" "$t2"; expect_code 201
+  # revoking by the token itself works too
+  expect_rc 0 "$TK" serve token revoke "$t2" --root "$SRV"
+  expect_rc 0 "$TK" --json serve token list --root "$SRV"; expect_out "[]"
+  stop_serve
+}
+
+t_listen_port_zero_prints_url() {
+  local root=$WORK/lz; mkdir -p "$root"
+  "$TK" serve --root "$root" --listen :0 >"$WORK/lz.url" 2>"$WORK/lz.log" &
+  local pid=$! u=
+  for _ in $(seq 100); do u=$(head -n 1 "$WORK/lz.url"); [ -n "$u" ] && break; sleep 0.05; done
+  case "$u" in http://127.0.0.1:[1-9]*) ;; *) fail "--listen :0 printed '$u'" ;; esac
+  [ "$(wc -l <"$WORK/lz.url")" = 1 ] || fail "more than the URL on stdout: $(cat "$WORK/lz.url")"
+  curl -fsS -o /dev/null "$u/" || fail "the printed URL does not answer"
+  kill "$pid"; wait "$pid" 2>/dev/null
 }
 
 t_upload_publish_and_get() {
@@ -313,6 +357,29 @@ t_upload_publish_and_get() {
     || fail "page: signer fingerprint missing"
   grep -q '&lt;script&gt;alert(1)&lt;/script&gt;' "$WORK/body" || fail "page: README missing or not escaped"
   grep -q '<script>' "$WORK/body" && fail "page: unescaped HTML"
+  # the search box, and searches by name, op and description; a query matching nothing says so
+  grep -q '<input type=search name=q' "$WORK/body" || fail "page: no search box"
+  req "$URL/?q=DEMO"; grep -q 'id="tktest/demo"' "$WORK/body" || fail "search by name (any case)"
+  req "$URL/?q=scale"; grep -q 'id="tktest/demo"' "$WORK/body" || fail "search by op"
+  req "$URL/?q=no+such%20thing"; grep -q 'id="tktest/demo"' "$WORK/body" && fail "search matched nothing, but listed demo"
+  grep -q 'No package matches <code>no such thing</code>' "$WORK/body" || fail "search: no 'no match' line"
+  req "$URL/?q=%3Cscript%3E"; grep -q '<script>' "$WORK/body" && fail "search: query echoed unescaped"
+  # the package's own page: its kernels table and the README open
+  req "$URL/?p=tktest/demo"; expect_code 200
+  grep -q '<h3>kernels (' "$WORK/body" || fail "package page: no kernels table"
+  grep -q '<td data-l=op>scale</td>' "$WORK/body" || fail "package page: kernel row lacks its op"
+  grep -q '<h3>README</h3>' "$WORK/body" || fail "package page: README not shown"
+  grep -q '<a href="/?p=tktest/demo">' "$WORK/body" || fail "package page: no link"
+  req "$URL/"
+  # the publisher's public key as a line to copy
+  grep -q "tk trust add tktest $PUB</pre>" "$WORK/body" || fail "page: no 'tk trust add' line with the key"
+  # the TK_ENDPOINT line names the address the page was fetched from, https behind a TLS proxy
+  grep -q "export TK_ENDPOINT=$URL<" "$WORK/body" || fail "page: TK_ENDPOINT line is not $URL"
+  req -H 'Host: kernels.example.com' -H 'X-Forwarded-Proto: https' "$URL/"
+  grep -q 'export TK_ENDPOINT=https://kernels.example.com<' "$WORK/body" || fail "page: proxied TK_ENDPOINT line"
+  req -H 'Host: "><script>x' "$URL/"
+  grep -q '<script>x' "$WORK/body" && fail "page: Host header injected"
+  grep -q "TK_ENDPOINT=&lt;this page's address&gt;" "$WORK/body" || fail "page: bad Host not replaced"
   grep -q '"GET / HTTP\|"GET /"' "$WORK/serve.log" || fail "no request log line"
   stop_serve
 }
@@ -392,10 +459,12 @@ t_page_in_headless_chromium() {
   version_tar 2.0.0 "$WORK/pg2.tar" && upload "$WORK/pg2.tar" "$TOKEN"
   local logs=$B/test-logs size shot
   mkdir -p "$logs"
-  for size in phone:390,844 desktop:1280,900; do
+  # the list and (phone) the package's own page with its kernels table
+  for size in phone:390,844 desktop:1280,900 pkg-phone:390,844; do
+    local path=/; [ "${size%%:*}" = pkg-phone ] && path="/?p=tktest/demo"
     shot=$logs/page-${size%%:*}.png; rm -f "$shot"
     timeout 60 "$chrome" --headless=new --no-sandbox --disable-gpu --hide-scrollbars --no-first-run \
-      --user-data-dir="$WORK/chrome-profile" --window-size="${size#*:}" --screenshot="$shot" "$URL/" \
+      --user-data-dir="$WORK/chrome-profile" --window-size="${size#*:}" --screenshot="$shot" "$URL$path" \
       >"$WORK/chrome.log" 2>&1
     [ -s "$shot" ] || { fail "no screenshot from $chrome: $(tail -n 5 "$WORK/chrome.log")"; continue; }
     python3 tests/png_check.py "$shot" "$(echo "${size#*:}" | cut -d, -f1)" "$(echo "${size#*:}" | cut -d, -f2)" \
@@ -427,6 +496,9 @@ t_yank_over_http() {
   req "$URL/kernels/tktest/demo/yanked/1.0.1.json"; expect_code 200
   grep -q '"bad build"' "$WORK/body" || fail "the yank statement is not served"
   req "$URL/kernels/tktest/demo/yanked/9.9.9.json"; expect_code 404
+  # the page lists every version, the yanked one marked
+  req "$URL/"; expect_code 200
+  grep -q 'versions: <s>1.0.1</s> (yanked), 1.0.0' "$WORK/body" || fail "page: versions line: $(grep -o 'versions: [^<]*<[^p]*' "$WORK/body")"
   TK_ENDPOINT=$URL expect_rc 0 "$TK" get tktest/demo
   expect_out "yanked by its publisher (bad build)"
   expect_out "1.0.0"
