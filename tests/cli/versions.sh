@@ -124,6 +124,25 @@ assert v["1.2.0"]["description"] == "version test 1.2.0"
   expect_rc 2 "$TK" get tktest/ver@0.1.0
   expect_out "versions start at 1.0.0"
   expect_rc 4 "$TK" --offline versions tktest/ver
+  for bad in "1.2" ">=1.2," ">=" "=>1" "<1.x" "1.2.3.4" "latest"; do
+    expect_rc 2 "$TK" get "tktest/ver@$bad"
+    expect_out "is not a version of tktest/ver"
+  done
+}
+
+# Offline, a version spec resolves against what is installed; remove takes a major, not a version.
+t_offline_spec_and_remove() {
+  use_file "$REG"; trust
+  "$TK" get -q tktest/ver@1.2.0 >/dev/null || fail "get 1.2.0"
+  expect_rc 0 "$TK" --offline get "tktest/ver@>=1.2,<2"
+  expect_out "tktest/ver 1.2.0"
+  expect_rc 4 "$TK" --offline get "tktest/ver@>=1.3"
+  expect_out "not installed, and tk is offline"
+  expect_rc 0 "$TK" info tktest/ver@1.2.0
+  expect_out "tktest/ver 1.2.0"
+  expect_rc 2 "$TK" remove tktest/ver@1.2.0
+  expect_out "not a commit or a version"
+  expect_rc 0 "$TK" remove tktest/ver@1
 }
 
 t_remote_info() {
