@@ -212,6 +212,11 @@ t_versions_doc_lie_refused() {
   expect_rc 5 "$TK" versions tktest/ver
   expect_out "does not hold what it names"
   expect_rc 5 "$TK" get "tktest/ver@>=1.2,<2"
+  # an oversized versions document is refused, not read
+  cp -a "$REG/kernels/tktest/ver/resolve/." "$res/"
+  head -c $((5 << 20)) /dev/zero | tr '\0' ' ' >>"$r/api/kernels/tktest/ver/versions"
+  expect_rc 5 "$TK" versions tktest/ver
+  expect_out "larger than the 4194304 bytes"
 }
 
 run_tests
