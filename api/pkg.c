@@ -7,6 +7,8 @@
 #include <string.h>
 #include <sys/stat.h>
 
+#include <jansson.h>
+
 #include "api/api.h"
 #include "cache/state.h"
 #include "hub/hub.h"
@@ -488,8 +490,9 @@ int tk_pkg_remove(tk_ctx *ctx, const char *refstr)
     tk_hub_ref ref;
     if ((rc = tk_hub__ref_parse(&ref, refstr)) != TK_OK)
         return rc;
-    if (ref.commit[0])
-        return tk__err(TK_ERR_INVALID, "remove takes org/name or org/name@<major>, not a commit");
+    if (ref.commit[0] || tk_hub__ref_is_spec(&ref))
+        return tk__err(TK_ERR_INVALID, "remove takes org/name or org/name@<major>, not a commit or a version\n"
+                       "HINT: a major holds one installed version; remove it with org/name@<major>");
     if ((rc = tk_state__begin(ctx->state)) != TK_OK)
         return rc;
     if ((rc = tk_state__pkg_delete(ctx->state, ref.name, ref.major)) != TK_OK) {
@@ -774,4 +777,99 @@ int tk_yank(tk_ctx *ctx, const char *ref, const char *reason, const char *to_dir
             memcpy(moved_to, moved, 41);
     }
     return rc;
+}
+
+/* ---- versions in the registry ---------------------------------------------------------------- */
+
+struct tk_version_list {
+    char name[132];
+    tk_hub_version *v;
+    size_t n;
+};
+
+int tk_pkg_versions(tk_version_list **out, tk_ctx *ctx, const char *refstr)
+{
+    if (!out)
+        return tk__err(TK_ERR_INVALID, "tk_pkg_versions: out is NULL");
+    *out = NULL;
+    int rc = tk_api__check_ctx(ctx);
+    if (rc != TK_OK)
+        return rc;
+    tk_hub_ref ref;
+    if ((rc = tk_hub__ref_parse(&ref, refstr)) != TK_OK)
+        return rc;
+    if (ref.commit[0])
+        return tk__err(TK_ERR_INVALID, "list the versions of org/name (or org/name@<major> or a range), not of a "
+                       "commit");
+    if (!ctx->offline && (rc = ensure_http(ctx)) != TK_OK)
+        return rc;
+    tk_hub_env env;
+    hub_env(&env, ctx, NULL);
+    tk_version_list *l = calloc(1, sizeof *l);
+    if (!l)
+        return tk__err(TK_ERR_NOMEM, "out of memory");
+    snprintf(l->name, sizeof l->name, "%s", ref.name);
+    if ((rc = tk_hub__versions(&l->v, &l->n, &env, &ref)) != TK_OK) {
+        free(l);
+        return rc;
+    }
+    size_t k = 0; /* keep what the version part allows (an exact version keeps a yanked one) */
+    for (size_t i = 0; i < l->n; i++)
+        if (tk_hub__ref_matches(&ref, l->v[i].version))
+            l->v[k++] = l->v[i];
+    l->n = k;
+    *out = l;
+    return TK_OK;
+}
+
+size_t tk_version_list_count(const tk_version_list *l) { return l ? l->n : 0; }
+#define VAT(l, i) ((l) && (i) < (l)->n)
+const char *tk_version_list_version(const tk_version_list *l, size_t i) { return VAT(l, i) ? l->v[i].version : NULL; }
+const char *tk_version_list_commit(const tk_version_list *l, size_t i) { return VAT(l, i) ? l->v[i].commit : NULL; }
+int tk_version_list_major(const tk_version_list *l, size_t i) { return VAT(l, i) ? l->v[i].major : 0; }
+int tk_version_list_yanked(const tk_version_list *l, size_t i) { return VAT(l, i) ? l->v[i].yanked : 0; }
+const char *tk_version_list_yank_reason(const tk_version_list *l, size_t i)
+{
+    return VAT(l, i) ? l->v[i].yank_reason : NULL;
+}
+const char *tk_version_list_published(const tk_version_list *l, size_t i)
+{
+    return VAT(l, i) ? l->v[i].published : NULL;
+}
+
+const char *tk_version_list_latest(const tk_version_list *l, int major)
+{
+    for (size_t i = 0; l && i < l->n; i++) /* newest first */
+        if (!l->v[i].yanked && (!major || l->v[i].major == major))
+            return l->v[i].version;
+    return NULL;
+}
+
+int tk_version_list_to_json(char **out, const tk_version_list *l)
+{
+    *out = NULL;
+    json_t *arr = json_array();
+    for (size_t i = 0; arr && l && i < l->n; i++) {
+        const tk_hub_version *v = &l->v[i];
+        json_array_append_new(arr, json_pack("{s:s, s:s, s:i, s:b, s:b, s:s, s:s?, s:s, s:b, s:s}", "version",
+                                             v->version, "commit", v->commit, "major", v->major, "head", v->head,
+                                             "yanked", v->yanked, "yank_reason", v->yank_reason, "published",
+                                             v->published[0] ? v->published : NULL, "signer", v->signer, "trusted",
+                                             v->trusted, "description", v->description));
+    }
+    json_t *j = arr ? json_pack("{s:s, s:o}", "name", l ? l->name : "", "versions", arr) : NULL;
+    char *text = j ? json_dumps(j, JSON_INDENT(2) | JSON_PRESERVE_ORDER) : NULL;
+    json_decref(j);
+    if (!text)
+        return tk__err(TK_ERR_NOMEM, "out of memory");
+    *out = text;
+    return TK_OK;
+}
+
+void tk_version_list_free(tk_version_list *l)
+{
+    if (!l)
+        return;
+    free(l->v);
+    free(l);
 }

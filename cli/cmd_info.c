@@ -35,6 +35,33 @@ static void print_kernels(const tk_pkg *p)
     printf("\n");
 }
 
+/* A package that is not installed: what the registry has (tk_pkg_versions checks each commit).
+ * -1 when the registry cannot say (offline, no such package): the caller reports the local error. */
+static int remote_info(tk_cli *cli, tk_ctx *ctx, const char *ref)
+{
+    tk_version_list *l = NULL;
+    if (tk_pkg_versions(&l, ctx, ref) != TK_OK || tk_version_list_count(l) == 0) {
+        tk_version_list_free(l);
+        return -1;
+    }
+    if (cli->json) {
+        char *j = NULL;
+        if (tk_version_list_to_json(&j, l) == TK_OK) /* {"name", "installed": false, "versions": [...]} */
+            printf("{\"installed\": false, %s\n", strchr(j, '{') + 1);
+        tk_free(j);
+    } else {
+        const char *newest = tk_version_list_latest(l, 0);
+        printf("%s (not installed; from the registry)\n", ref);
+        printf("  newest     %s\n", newest ? newest : "- (every version is yanked)");
+        printf("  versions  ");
+        for (size_t i = tk_version_list_count(l); i-- > 0;)
+            printf(" %s%s", tk_version_list_version(l, i), tk_version_list_yanked(l, i) ? " (yanked)" : "");
+        printf("\n  install    tk get %s\n", ref);
+    }
+    tk_version_list_free(l);
+    return TK_EXIT_OK;
+}
+
 int tk_cmd_info(tk_cli *cli, int argc, char **argv)
 {
     const char *ref = NULL;
@@ -43,7 +70,8 @@ int tk_cmd_info(tk_cli *cli, int argc, char **argv)
         if (tk_cli_is_help(argv[i])) {
             printf("usage: %s\n\nShows an installed package: version, commit, manifest digest, signer, registry,\n"
                    "files with their sha256, the kernels it declares (name, op, dtypes, the archs they run on)\n"
-                   "and the ops they implement. Never uses the network or a GPU.\n\n"
+                   "and the ops they implement, without the network or a GPU. A package that is not installed\n"
+                   "is looked up in the registry: its versions (as tk versions lists them).\n\n"
                    "  --json      print it as a JSON object\n"
                    "  --manifest  print the signed manifest exactly as installed\n", USAGE);
             return TK_EXIT_OK;
@@ -64,6 +92,12 @@ int tk_cmd_info(tk_cli *cli, int argc, char **argv)
         return TK_EXIT_FAIL;
     tk_pkg *p = NULL;
     int rc = tk_pkg_info(&p, ctx, ref);
+    if (rc == TK_ERR_NOT_FOUND && !manifest) {
+        int code = remote_info(cli, ctx, ref);
+        if (code >= 0)
+            return code;
+        rc = tk_pkg_info(&p, ctx, ref); /* offline or not in the registry: the local error again */
+    }
     if (rc != TK_OK)
         return tk_cli_fail(cli, rc, NULL);
     if (manifest) {

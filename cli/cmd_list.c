@@ -2,19 +2,78 @@
  * cmd_list.c — tk list: installed packages, one line each (or JSON).
  */
 #include <stdio.h>
+#include <stdlib.h>
 #include <string.h>
 
 #include "cli/cli.h"
 
-static const char *USAGE = "tk list [--json]";
+static const char *USAGE = "tk list [--json] [--outdated]";
+
+/* tk list --outdated: each installed package whose major has a newer version in the registry, or
+ * whose package has a newer major (not yanked either way). */
+static int list_outdated(tk_cli *cli, tk_ctx *ctx, tk_pkg_list *l)
+{
+    size_t n = tk_pkg_list_count(l), shown = 0;
+    int exit_code = TK_EXIT_OK;
+    if (cli->json)
+        printf("[");
+    for (size_t i = 0; i < n; i++) {
+        const tk_pkg *p = tk_pkg_list_at(l, i);
+        tk_version_list *vl = NULL;
+        int rc = tk_pkg_versions(&vl, ctx, tk_pkg_name(p));
+        if (rc != TK_OK) {
+            int code = tk_cli_fail(cli, rc, tk_pkg_name(p));
+            if (exit_code == TK_EXIT_OK)
+                exit_code = code;
+            continue;
+        }
+        const char *latest = tk_version_list_latest(vl, tk_pkg_major(p)), *newest = tk_version_list_latest(vl, 0);
+        int major_behind = latest && strcmp(latest, tk_pkg_version(p)) != 0;
+        int top = 0; /* the highest major of this package installed */
+        for (size_t k = 0; k < n; k++)
+            if (!strcmp(tk_pkg_name(tk_pkg_list_at(l, k)), tk_pkg_name(p)) && tk_pkg_major(tk_pkg_list_at(l, k)) > top)
+                top = tk_pkg_major(tk_pkg_list_at(l, k));
+        int newer_major = newest && strtol(newest, NULL, 10) > top;
+        if (major_behind || newer_major) {
+            if (cli->json)
+                printf("%s{\"name\": \"%s\", \"major\": %d, \"installed\": \"%s\", \"latest\": \"%s\", "
+                       "\"newest\": \"%s\"}", shown ? ",\n" : "", tk_pkg_name(p), tk_pkg_major(p), tk_pkg_version(p),
+                       latest ? latest : tk_pkg_version(p), newest);
+            else {
+                if (!shown)
+                    printf("%-40s %-10s %-10s %s\n", "PACKAGE", "INSTALLED", "LATEST", "NEWEST MAJOR");
+                printf("%-40s %-10s %-10s %s\n", tk_pkg_name(p), tk_pkg_version(p), latest ? latest : "-",
+                       newer_major ? newest : "-");
+            }
+            shown++;
+        }
+        tk_version_list_free(vl);
+    }
+    if (cli->json)
+        printf("]\n");
+    else if (!shown && exit_code == TK_EXIT_OK)
+        tk_cli_info(cli, "every installed package is the newest of its major, and no newer major exists\n");
+    if (!cli->json && shown)
+        tk_cli_info(cli, "LATEST is what 'tk update' installs; a newer major needs 'tk get ORG/NAME@MAJOR'\n");
+    return exit_code;
+}
 
 int tk_cmd_list(tk_cli *cli, int argc, char **argv)
 {
+    int outdated = 0;
     for (int i = 1; i < argc; i++) {
         if (tk_cli_is_help(argv[i])) {
             printf("usage: %s\n\nLists installed packages: name, version, major, commit and file count.\n"
-                   "With --json, prints an array of the same objects 'tk info --json' prints.\n", USAGE);
+                   "With --json, prints an array of the same objects 'tk info --json' prints.\n\n"
+                   "  --outdated  ask the registry: only the packages with a newer version in their major\n"
+                   "              (LATEST: what 'tk update' installs) or a newer major (NEWEST MAJOR); with\n"
+                   "              --json, [{\"name\", \"major\", \"installed\", \"latest\", \"newest\"}].\n"
+                   "              Yanked versions never count. Needs the network.\n", USAGE);
             return TK_EXIT_OK;
+        }
+        if (!strcmp(argv[i], "--outdated")) {
+            outdated = 1;
+            continue;
         }
         return tk_cli_usage(USAGE, "unexpected argument '%s'", argv[i]);
     }
@@ -25,6 +84,11 @@ int tk_cmd_list(tk_cli *cli, int argc, char **argv)
     int rc = tk_pkg_list_installed(&l, ctx);
     if (rc != TK_OK)
         return tk_cli_fail(cli, rc, NULL);
+    if (outdated) {
+        int code = list_outdated(cli, ctx, l);
+        tk_pkg_list_free(l);
+        return code;
+    }
     size_t n = tk_pkg_list_count(l);
     if (cli->json) {
         printf("[");

@@ -32,6 +32,9 @@ int tk_cmd_embed(tk_cli *cli, int argc, char **argv);
 int tk_cmd_check(tk_cli *cli, int argc, char **argv);
 int tk_cmd_init(tk_cli *cli, int argc, char **argv);
 int tk_cmd_generate(tk_cli *cli, int argc, char **argv);
+/* versions (issue 14, item 7) */
+int tk_cmd_versions(tk_cli *cli, int argc, char **argv);
+int tk_cmd_update(tk_cli *cli, int argc, char **argv);
 
 static const struct {
     const char *name;
@@ -60,6 +63,8 @@ static const struct {
     {"model", tk_cmd_model, "a Hugging Face checkpoint: info, logits (Llama, Mistral, Qwen2, GPT-2, BERT)"},
     {"embed", tk_cmd_embed, "sentence embeddings of texts with an encoder checkpoint (all-MiniLM-L6-v2)"},
     {"init", tk_cmd_init, "write a new kernel package skeleton that passes tk check"},
+    {"versions", tk_cmd_versions, "every version of a package in the registry (yanked ones marked)"},
+    {"update", tk_cmd_update, "move installed packages to the newest version of their major"},
     {"check", tk_cmd_check, "check a package directory: manifest and an NVRTC compile, nothing written"},
     {"generate", tk_cmd_generate, "generate text with a Llama or GPT-2 checkpoint (greedy, sampling, beams)"},
 };

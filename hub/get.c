@@ -29,35 +29,6 @@
 
 #define say(env, level, ...) tk__logf((env)->log, (env)->log_user, (level), __VA_ARGS__)
 
-int tk_hub__ref_parse(tk_hub_ref *out, const char *ref)
-{
-    memset(out, 0, sizeof *out);
-    if (!ref || !*ref)
-        return tk__err(TK_ERR_INVALID, "empty package reference\nHINT: use org/name, org/name@2 or org/name@<commit>");
-    const char *at = strchr(ref, '@');
-    size_t n = at ? (size_t)(at - ref) : strlen(ref);
-    if (n >= sizeof out->name)
-        return tk__err(TK_ERR_INVALID, "package name too long: '%s'", ref);
-    memcpy(out->name, ref, n);
-    out->name[n] = '\0';
-    int rc = tk_hub__name_check(out->name, out->org, out->pkg);
-    if (rc != TK_OK)
-        return rc;
-    if (!at)
-        return TK_OK;
-    const char *v = at + 1;
-    int64_t major;
-    if (tk__is_hex(v, 40)) {
-        memcpy(out->commit, v, 41);
-    } else if (tk__parse_i64(v[0] == 'v' ? v + 1 : v, 1, 1000000, &major) == 0) {
-        out->major = (int)major;
-    } else {
-        return tk__err(TK_ERR_INVALID, "'%s' is not a version of %s\nHINT: use @<major> (like @1 or @v1) or "
-                       "@<40-hex commit>", v, out->name);
-    }
-    return TK_OK;
-}
-
 int tk_hub__installed(tk_state_pkg **out, tk_state *st, const char *refstr)
 {
     *out = NULL;
@@ -65,10 +36,29 @@ int tk_hub__installed(tk_state_pkg **out, tk_state *st, const char *refstr)
     int rc = tk_hub__ref_parse(&ref, refstr);
     if (rc != TK_OK)
         return rc;
-    if (ref.commit[0])
+    if (ref.commit[0]) {
         rc = tk_state__pkg_get_commit(out, st, ref.name, ref.commit);
-    else
+    } else if (tk_hub__ref_is_spec(&ref)) { /* the newest installed version the spec allows */
+        tk_state_pkg **all = NULL;
+        size_t n = 0, best = (size_t)-1;
+        if ((rc = tk_state__pkg_list(&all, &n, st)) != TK_OK)
+            return rc;
+        for (size_t i = 0; i < n; i++)
+            if (!strcmp(all[i]->name, ref.name) && tk_hub__ref_matches(&ref, all[i]->version) &&
+                (best == (size_t)-1 || tk_state__version_cmp(all[i]->version, all[best]->version) > 0))
+                best = i;
+        rc = TK_ERR_NOT_FOUND;
+        if (best != (size_t)-1) {
+            *out = all[best];
+            all[best] = NULL;
+            rc = TK_OK;
+        }
+        for (size_t i = 0; i < n; i++)
+            tk_state__pkg_free(all[i]);
+        free(all);
+    } else {
         rc = tk_state__pkg_get(out, st, ref.name, ref.major);
+    }
     if (rc == TK_ERR_NOT_FOUND)
         rc = tk__err(TK_ERR_NOT_FOUND, "%s is not installed\nHINT: run 'tk get %s'", refstr, refstr);
     return rc;
@@ -240,6 +230,23 @@ static int check_signer(const tk_hub_env *env, const tk_hub_ref *ref, const char
                    "HINT: if you trust this publisher, run 'tk trust add %s %s', or pass --trust once",
                    ref->name, keyid, ref->org, ref->org, pubkey);
 }
+
+int tk_hub__signer_trusted(const tk_hub_env *env, const tk_hub_ref *ref, const char *keyid, const char *pubkey)
+{
+    return check_signer(env, ref, keyid, pubkey, 0, NULL);
+}
+
+int tk_hub__org_pinned(const tk_hub_env *env, const char *org)
+{
+    char *pinned = NULL;
+    if (env->builtin_org && env->builtin_pubkey && strcmp(env->builtin_org, org) == 0)
+        return 1;
+    int yes = tk_state__trust_org_key(&pinned, env->state, org) == TK_OK && pinned;
+    free(pinned);
+    return yes;
+}
+
+void tk_hub__suggest(const tk_hub_env *env, const char *name, tk_buf *hint) { suggest(env, name, hint); }
 
 /* TK_OK when the publisher has withdrawn ref@version with a yank statement signed by a key trusted
  * for the org (hub/yank.c); *reason receives its reason. Anything else (no statement, a bad or
@@ -466,8 +473,47 @@ int tk_hub__get(tk_state_pkg **out, int *fresh, const tk_hub_env *env, const cha
     }
 
     /* 1. Resolve to a commit, and stop early when that commit is installed. */
+    char want[40] = "", downgrade[40] = "";
     if (ref.commit[0]) {
         memcpy(commit, ref.commit, sizeof commit);
+    } else if (tk_hub__ref_is_spec(&ref)) {
+        /* an exact version or a range: list the versions (each commit checked) and pick */
+        tk_hub_version *vs = NULL;
+        size_t nv = 0;
+        if ((rc = tk_hub__versions(&vs, &nv, env, &ref)) != TK_OK)
+            goto done;
+        const tk_hub_version *pick = tk_hub__versions_pick(vs, nv, &ref);
+        if (!pick) {
+            char *avail = tk_hub__versions_str(vs, nv);
+            rc = tk__err(TK_ERR_NOT_FOUND, "%s has no version %s%s\nHINT: available: %s%s", ref.name,
+                         ref.exact[0] ? ref.exact : "matching ", ref.exact[0] ? "" : ref.range,
+                         avail ? avail : "?", ref.range[0] ? " (a range never picks a yanked version; name "
+                         "one exactly to install it)" : "");
+            free(avail);
+        } else {
+            memcpy(commit, pick->commit, sizeof commit);
+            major = pick->major;
+            /* Asked for by version, an older version than one this machine saw is a downgrade the
+             * user wants, not a registry rolling it back: allowed when the (checked) listing still
+             * holds the version seen, so a stale registry that hides it is still refused. */
+            char *sv = NULL;
+            if (tk_state__seen_get(&sv, env->state, ref.name, pick->major) == TK_OK && sv &&
+                tk_state__version_cmp(pick->version, sv) < 0)
+                for (size_t i = 0; i < nv; i++)
+                    if (!strcmp(vs[i].version, sv))
+                        snprintf(downgrade, sizeof downgrade, "%s", sv);
+            free(sv);
+            snprintf(want, sizeof want, "%s", pick->version);
+            if (pick->yanked)
+                say(env, TK_LOG_WARN, "%s %s was yanked by its publisher (%s); installing it because you named "
+                    "it exactly", ref.name, pick->version, pick->yank_reason[0] ? pick->yank_reason : "no reason given");
+            else
+                say(env, TK_LOG_INFO, "%s@%s: using %s (commit %.12s)", ref.name, ref.exact[0] ? ref.exact : ref.range,
+                    pick->version, pick->commit);
+        }
+        free(vs);
+        if (rc != TK_OK)
+            goto done;
     } else if ((rc = resolve(env, &ref, commit, &major)) != TK_OK) {
         goto done;
     }
@@ -523,6 +569,10 @@ int tk_hub__get(tk_state_pkg **out, int *fresh, const tk_hub_env *env, const cha
     }
     if ((rc = check_commit(env, &ref, commit, msha, sigtext, siglen, m)) != TK_OK)
         goto done;
+    if (want[0] && strcmp(m->version, want) != 0) {
+        rc = tk__err(TK_ERR_MANIFEST, "%s: commit %s holds version %s, not %s", ref.name, commit, m->version, want);
+        goto done;
+    }
     if (major && m->major != major) {
         rc = tk__err(TK_ERR_MANIFEST, "%s: branch v%d holds version %s (major %d)", ref.name, major, m->version,
                      m->major);
@@ -537,6 +587,9 @@ int tk_hub__get(tk_state_pkg **out, int *fresh, const tk_hub_env *env, const cha
         say(env, TK_LOG_WARN, "%s %s was yanked by its publisher (%s); installing %s", m->name, seen, yank_reason,
             m->version);
         snprintf(yanked_seen, sizeof yanked_seen, "%s", seen);
+    } else if (seen && downgrade[0] && !strcmp(seen, downgrade)) {
+        say(env, TK_LOG_INFO, "%s: installing %s, older than %s which this machine has seen, because you asked for "
+            "it by version", m->name, m->version, seen);
     } else if (seen && tk_state__version_cmp(m->version, seen) < 0) {
         rc = tk__err(TK_ERR_ROLLBACK, "%s: the registry offers version %s, older than %s which this machine has "
                      "already seen for major %d (rollback refused)\nHINT: the registry may be stale or "
@@ -592,7 +645,8 @@ int tk_hub__get(tk_state_pkg **out, int *fresh, const tk_hub_env *env, const cha
     if ((rc = tk_state__seen_get(&seen, env->state, m->name, m->major)) != TK_OK)
         goto done;
     int yank_accepted = yanked_seen[0] && seen && strcmp(seen, yanked_seen) == 0;
-    if (seen && tk_state__version_cmp(m->version, seen) < 0 && !yank_accepted) {
+    if (seen && tk_state__version_cmp(m->version, seen) < 0 && !yank_accepted &&
+        !(downgrade[0] && !strcmp(seen, downgrade))) {
         rc = tk__err(TK_ERR_ROLLBACK, "%s: version %s is older than %s, installed meanwhile", m->name,
                      m->version, seen);
         goto done;

@@ -13,16 +13,23 @@
 #include "hub/http.h"
 #include "tk.h"
 
-/* A parsed package reference: org/name[@major | @v<major> | @<40-hex commit>]. */
+/* A parsed package reference (hub/ref.c): org/name[@major | @v<major> | @MAJOR.MINOR.PATCH |
+ * @<range> | @<40-hex commit>], at most one of major, exact, range and commit set. */
 typedef struct {
     char name[132];   /* org/name */
     char org[65];
     char pkg[65];
     int major;        /* 0: not given */
     char commit[41];  /* "" unless an exact commit was given */
+    char exact[40];   /* "" unless an exact version was given */
+    char range[128];  /* "" unless a range (">=1.2,<2") was given */
 } tk_hub_ref;
 
 int tk_hub__ref_parse(tk_hub_ref *out, const char *ref);
+/* 1 when the reference names a version (exact or range) that only a version listing resolves. */
+int tk_hub__ref_is_spec(const tk_hub_ref *ref);
+/* 1 when version satisfies the reference's major, exact version or range (no constraint: 1). */
+int tk_hub__ref_matches(const tk_hub_ref *ref, const char *version);
 
 typedef struct {
     tk_state *state;
@@ -94,5 +101,37 @@ int tk_hub__yank_send(char moved_to[41], int *already, const char *registry, con
                       const char *sig);
 /* 1 when resolve_dir/../yanked/{version}.json exists. */
 int tk_hub__tree_is_yanked(const char *resolve_dir, const char *version);
+
+/* ---- versions (hub/versions.c) --------------------------------------------------------------- */
+
+typedef struct {
+    char version[40];
+    char commit[41];
+    int major;
+    int head;              /* 1: the head of its branch v<major> */
+    int yanked;            /* 1: a yank statement signed by the publisher withdraws it */
+    char yank_reason[512];
+    char published[32];    /* "2026-11-24T10:00:00Z" from the registry's versions document, "" unknown */
+    char signer[48];       /* key id of the manifest's signature */
+    int trusted;           /* 1: the signer is trusted for the org (else the org has no key yet) */
+    char description[256];
+} tk_hub_version;
+
+/* Every version of ref's package in the registry, newest first: the commits reached from each branch
+ * head through their parents, plus those the registry's versions document names (a yanked head is
+ * off every chain). Each commit is checked as get checks it: its manifest's signature verifies, the
+ * signer is the org's trusted key when the org has one, and the commit id recomputed from its parent
+ * and files is the commit. Every document is size-capped. */
+int tk_hub__versions(tk_hub_version **out, size_t *n, const tk_hub_env *env, const tk_hub_ref *ref);
+/* The newest version in v[0..n) matching ref (yanked ones only for an exact version), or NULL. */
+const tk_hub_version *tk_hub__versions_pick(const tk_hub_version *v, size_t n, const tk_hub_ref *ref);
+/* "1.0.0, 1.0.2 (yanked), 2.0.0" for an error's hint (malloc'd). */
+char *tk_hub__versions_str(const tk_hub_version *v, size_t n);
+
+/* For hub/versions.c (hub/get.c): the signer is trusted for ref's org; the org has a trusted key; a
+ * "did you mean" hint for an unknown name. */
+int tk_hub__signer_trusted(const tk_hub_env *env, const tk_hub_ref *ref, const char *keyid, const char *pubkey);
+int tk_hub__org_pinned(const tk_hub_env *env, const char *org);
+void tk_hub__suggest(const tk_hub_env *env, const char *name, tk_buf *hint);
 
 #endif

@@ -1454,6 +1454,10 @@ static enum MHD_Result route_read(tk_server *s, struct MHD_Connection *c, req *r
             snprintf(rel, sizeof rel, "api/kernels/%s/%s/index.json", org, pkg);
             return serve_file(s, c, r, rel, "RepoNotFound", "application/json", NULL, 0);
         }
+        if (n == 5 && !strcmp(p[4], "versions")) { /* every commit with its version (hub/versions.c) */
+            snprintf(rel, sizeof rel, "api/kernels/%s/%s/versions", org, pkg);
+            return serve_file(s, c, r, rel, "EntryNotFound", "application/json", NULL, 0);
+        }
         if (n == 5 && !strcmp(p[4], "refs")) {
             snprintf(rel, sizeof rel, "api/kernels/%s/%s/refs", org, pkg);
             return serve_file(s, c, r, rel, "RepoNotFound", "application/json", NULL, 0);

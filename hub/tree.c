@@ -8,6 +8,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <time.h>
 #include <unistd.h>
 
 #include <jansson.h>
@@ -203,6 +204,65 @@ int tk_hub__tree_backfill_parents(const char *api_dir, const char *resolve_dir)
     return rc;
 }
 
+/* api_dir/versions: every commit in resolve_dir with its version, major and publish date (kept from
+ * the previous document; a commit new to it gets its directory's modification time). Clients check
+ * each commit it names (hub/versions.c); it exists so a yanked head, which no branch chain reaches,
+ * is still listed. */
+static int write_versions_doc(const char *api_dir, const char *resolve_dir)
+{
+    char *path = tk__path_join(api_dir, "versions"), *text = NULL;
+    size_t n = 0;
+    json_t *old = NULL, *list = json_array(), *doc = NULL;
+    int rc = TK_OK;
+    DIR *d = opendir(resolve_dir);
+    if (!path || !list || !d) {
+        rc = d ? tk__err(TK_ERR_NOMEM, "out of memory") : tk__err_sys("cannot read", resolve_dir);
+        goto done;
+    }
+    if (tk__read_file(&text, &n, path, JSON_DOC_MAX) == TK_OK)
+        old = json_loadb(text, n, 0, NULL);
+    struct dirent *e;
+    while ((e = readdir(d)) != NULL) {
+        struct stat st;
+        char *p = tk__is_hex(e->d_name, 40) ? tk__path_join(resolve_dir, e->d_name) : NULL;
+        int dir = p && lstat(p, &st) == 0 && S_ISDIR(st.st_mode);
+        free(p);
+        char *v = dir ? tk_hub__tree_commit_version(resolve_dir, e->d_name) : NULL;
+        int major = 0;
+        if (!v || tk_hub__version_parse(v, &major) != 0) {
+            free(v);
+            continue;
+        }
+        char when[32] = "";
+        size_t i;
+        json_t *o;
+        json_array_foreach(json_object_get(old, "versions"), i, o) {
+            const char *c = json_string_value(json_object_get(o, "commit"));
+            const char *t = json_string_value(json_object_get(o, "published"));
+            if (c && t && !strcmp(c, e->d_name))
+                snprintf(when, sizeof when, "%s", t);
+        }
+        if (!when[0]) {
+            struct tm tm;
+            strftime(when, sizeof when, "%Y-%m-%dT%H:%M:%SZ", gmtime_r(&st.st_mtime, &tm));
+        }
+        json_array_append_new(list, json_pack("{s:s, s:s, s:i, s:s}", "version", v, "commit", e->d_name, "major",
+                                              major, "published", when));
+        free(v);
+    }
+    doc = json_pack("{s:i, s:O}", "format_version", 1, "versions", list);
+    rc = doc ? tk_hub__tree_write_json(path, doc) : tk__err(TK_ERR_NOMEM, "out of memory");
+done:
+    if (d)
+        closedir(d);
+    json_decref(old);
+    json_decref(list);
+    json_decref(doc);
+    free(path);
+    free(text);
+    return rc;
+}
+
 int tk_hub__tree_update_refs(const char *tree, const char *api_dir, const char *resolve_dir, const char *name,
                        int new_major, const char *new_commit, const char *archive_name)
 {
@@ -251,7 +311,8 @@ int tk_hub__tree_update_refs(const char *tree, const char *api_dir, const char *
         rc = tk__err(TK_ERR_NOMEM, "out of memory");
         goto done;
     }
-    if ((rc = tk_hub__tree_write_json(refs_path, refs)) != TK_OK)
+    if ((rc = tk_hub__tree_write_json(refs_path, refs)) != TK_OK ||
+        (rc = write_versions_doc(api_dir, resolve_dir)) != TK_OK)
         goto done;
 
     nv = tk_hub__tree_commit_version(resolve_dir, new_commit);

@@ -220,6 +220,29 @@ TK_API size_t tk_pkg_list_count(const tk_pkg_list *list);
 TK_API const tk_pkg *tk_pkg_list_at(const tk_pkg_list *list, size_t i); /* borrowed */
 TK_API void tk_pkg_list_free(tk_pkg_list *list);
 
+/* ---- versions in the registry (hub/versions.c) ---- */
+/* Every version of ref's package (org/name; a version part only narrows the list to what it matches)
+ * in the registry, newest first, each commit checked as tk_pkg_get checks it: the manifest's signature
+ * (the org's trusted key when it has one) and the commit id. Errors: TK_ERR_NOT_FOUND, TK_ERR_OFFLINE,
+ * TK_ERR_NETWORK, TK_ERR_SIGNATURE/_UNTRUSTED/_DIGEST/_MANIFEST for a registry that serves bad data. */
+typedef struct tk_version_list tk_version_list;
+TK_API int tk_pkg_versions(tk_version_list **out, tk_ctx *ctx, const char *ref);
+TK_API size_t tk_version_list_count(const tk_version_list *l);
+TK_API const char *tk_version_list_version(const tk_version_list *l, size_t i);
+TK_API const char *tk_version_list_commit(const tk_version_list *l, size_t i);
+TK_API int tk_version_list_major(const tk_version_list *l, size_t i);
+/* 1 when the publisher yanked it; its reason ("" none). */
+TK_API int tk_version_list_yanked(const tk_version_list *l, size_t i);
+TK_API const char *tk_version_list_yank_reason(const tk_version_list *l, size_t i);
+/* "2026-11-24T10:00:00Z" as the registry recorded the publish (unsigned), "" when unknown. */
+TK_API const char *tk_version_list_published(const tk_version_list *l, size_t i);
+/* The newest version that is not yanked: of major `major` (0: of any major); NULL when none. */
+TK_API const char *tk_version_list_latest(const tk_version_list *l, int major);
+/* {"name": ..., "versions": [{"version", "commit", "major", "head", "yanked", "yank_reason",
+ * "published", "signer", "trusted", "description"}]} (tk_free). */
+TK_API int tk_version_list_to_json(char **out, const tk_version_list *l);
+TK_API void tk_version_list_free(tk_version_list *l);
+
 /* Re-hashes every installed file of `ref` (NULL: every installed package). Returns TK_OK when all
  * match; TK_ERR_DIGEST when any file is missing or altered, and tk_last_error() lists them.
  * *nbad (may be NULL) receives how many files failed. */

@@ -1,0 +1,145 @@
+/*
+ * ref.c — package references and version specs, the one parser that get (hub/get.c), yank
+ * (hub/yank.c) and the version listing (hub/versions.c) share.
+ *
+ *     org/name                 the highest major's branch head
+ *     org/name@2, @v2          the head of branch v2 (the newest version of major 2 not yanked)
+ *     org/name@1.0.0           exactly that version (a yanked one installs with a warning)
+ *     org/name@>=1.2,<2        the newest version that is not yanked and satisfies every comparator
+ *                              (>=, >, <=, <, = or none; MAJOR, MAJOR.MINOR or MAJOR.MINOR.PATCH,
+ *                              missing parts are 0)
+ *     org/name@<40-hex>        exactly that commit
+ */
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "cache/state.h"
+#include "common/common.h"
+#include "hub/hub.h"
+#include "hub/manifest.h"
+
+/* One comparator of a range: its operator in op (">=", ">", "<=", "<", "=") and its version padded to
+ * MAJOR.MINOR.PATCH in v. p points after it (at ',' or the end). 0 or -1. */
+static int comparator(const char **p, char op[3], char v[40])
+{
+    const char *s = *p;
+    size_t o = 0;
+    while (o < 2 && (s[o] == '>' || s[o] == '<' || s[o] == '='))
+        o++;
+    if (o == 2 && s[1] != '=')
+        return -1;
+    memcpy(op, s, o);
+    op[o] = '\0';
+    if (!o)
+        strcpy(op, "=");
+    s += o;
+    while (*s == ' ')
+        s++;
+    size_t n = strcspn(s, ",");
+    while (n && s[n - 1] == ' ')
+        n--;
+    if (n == 0 || n >= 32)
+        return -1;
+    char raw[32];
+    memcpy(raw, s, n);
+    raw[n] = '\0';
+    int dots = 0;
+    for (size_t i = 0; i < n; i++)
+        dots += raw[i] == '.';
+    snprintf(v, 40, "%s%s", raw, dots == 0 ? ".0.0" : dots == 1 ? ".0" : "");
+    if (tk_hub__version_parse(v, NULL) != 0)
+        return -1;
+    s += strcspn(s, ",");
+    *p = s;
+    return 0;
+}
+
+static int range_check(const char *range)
+{
+    const char *p = range;
+    char op[3], v[40];
+    for (;;) {
+        while (*p == ' ')
+            p++;
+        if (comparator(&p, op, v) != 0)
+            return -1;
+        if (!*p)
+            return 0;
+        p++; /* ',' */
+    }
+}
+
+int tk_hub__ref_parse(tk_hub_ref *out, const char *ref)
+{
+    memset(out, 0, sizeof *out);
+    if (!ref || !*ref)
+        return tk__err(TK_ERR_INVALID, "empty package reference\nHINT: use org/name, org/name@2, org/name@1.2.0, "
+                       "org/name@'>=1.2,<2' or org/name@<commit>");
+    const char *at = strchr(ref, '@');
+    size_t n = at ? (size_t)(at - ref) : strlen(ref);
+    if (n >= sizeof out->name)
+        return tk__err(TK_ERR_INVALID, "package name too long: '%s'", ref);
+    memcpy(out->name, ref, n);
+    out->name[n] = '\0';
+    int rc = tk_hub__name_check(out->name, out->org, out->pkg);
+    if (rc != TK_OK)
+        return rc;
+    if (!at)
+        return TK_OK;
+    const char *v = at + 1;
+    int64_t major;
+    if (tk__is_hex(v, 40)) {
+        memcpy(out->commit, v, 41);
+    } else if (tk__parse_i64(v[0] == 'v' ? v + 1 : v, 1, 1000000, &major) == 0) {
+        out->major = (int)major;
+    } else if (strlen(v) < sizeof out->exact && tk_hub__version_parse(v, NULL) == 0) {
+        snprintf(out->exact, sizeof out->exact, "%s", v);
+    } else if (strlen(v) < sizeof out->range && strpbrk(v, "<>=") && range_check(v) == 0) {
+        snprintf(out->range, sizeof out->range, "%s", v);
+    } else if (v[0] == '0' && (v[1] == '\0' || v[1] == '.')) {
+        return tk__err(TK_ERR_INVALID, "'%s' is not a version of %s: versions start at 1.0.0 (a major is a "
+                       "registry branch, v1, v2, ...; there is no v0)\nHINT: use @1, @1.0.0 or a range like "
+                       "@'>=1.2,<2'", v, out->name);
+    } else {
+        return tk__err(TK_ERR_INVALID, "'%s' is not a version of %s\nHINT: use @<major> (like @1 or @v1), an exact "
+                       "version (@1.2.0), a range (@'>=1.2,<2': >=, >, <=, <, = joined by commas) or "
+                       "@<40-hex commit>", v, out->name);
+    }
+    return TK_OK;
+}
+
+int tk_hub__ref_is_spec(const tk_hub_ref *ref) { return ref->exact[0] || ref->range[0]; }
+
+int tk_hub__ref_matches(const tk_hub_ref *ref, const char *version)
+{
+    if (ref->commit[0])
+        return 0;
+    if (ref->exact[0])
+        return tk_state__version_cmp(version, ref->exact) == 0;
+    int major = 0;
+    if (tk_hub__version_parse(version, &major) != 0)
+        return 0;
+    if (ref->major)
+        return major == ref->major;
+    if (!ref->range[0])
+        return 1;
+    const char *p = ref->range;
+    char op[3], v[40];
+    for (;;) {
+        while (*p == ' ')
+            p++;
+        if (comparator(&p, op, v) != 0)
+            return 0;
+        int c = tk_state__version_cmp(version, v);
+        if (c == -2)
+            return 0;
+        int ok = !strcmp(op, ">=") ? c >= 0 : !strcmp(op, ">") ? c > 0 : !strcmp(op, "<=") ? c <= 0
+               : !strcmp(op, "<") ? c < 0 : c == 0;
+        if (!ok)
+            return 0;
+        if (!*p)
+            return 1;
+        p++;
+    }
+}
