@@ -32,6 +32,8 @@ int tk_cmd_embed(tk_cli *cli, int argc, char **argv);
 int tk_cmd_check(tk_cli *cli, int argc, char **argv);
 int tk_cmd_init(tk_cli *cli, int argc, char **argv);
 int tk_cmd_generate(tk_cli *cli, int argc, char **argv);
+/* chat templates (hchat) */
+int tk_cmd_chat(tk_cli *cli, int argc, char **argv);
 
 static const struct {
     const char *name;
@@ -62,6 +64,7 @@ static const struct {
     {"init", tk_cmd_init, "write a new kernel package skeleton that passes tk check"},
     {"check", tk_cmd_check, "check a package directory: manifest and an NVRTC compile, nothing written"},
     {"generate", tk_cmd_generate, "generate text with a Llama or GPT-2 checkpoint (greedy, sampling, beams)"},
+    {"chat", tk_cmd_chat, "chat with a checkpoint through its tokenizer's chat template (stdin turns)"},
 };
 
 static void usage(FILE *f)
