@@ -1049,15 +1049,16 @@ static void list_push(st *S, vlist *l, val x)
     }
     l->v[l->n++] = x;
 }
-static val vdict_new(st *S, int t)
+static val vdict_cap(st *S, int t, size_t cap)
 {
     val v = {t, {0}};
     v.u.d = amem(S, sizeof *v.u.d);
-    v.u.d->cap = 8;
-    v.u.d->k = amem(S, 8 * sizeof(val));
-    v.u.d->v = amem(S, 8 * sizeof(val));
+    v.u.d->cap = cap;
+    v.u.d->k = amem(S, cap * sizeof(val));
+    v.u.d->v = amem(S, cap * sizeof(val));
     return v;
 }
+static val vdict_new(st *S, int t) { return vdict_cap(S, t, 8); }
 static int seq(val a, const char *s, size_t n) { return a.t == V_STR && a.u.s.n == n && !memcmp(a.u.s.s, s, n); }
 static val *dict_find(vdict *d, const char *k, size_t n)
 {
@@ -2056,8 +2057,11 @@ static int exec_stmt(st *S, scope *sc, stmt *s)
             l = kept.u.l;
         }
         for (size_t i = 0; i < l->n; i++) {
-            inner.names = vdict_new(S, V_DICT);
-            val loop = vdict_new(S, V_DICT);
+            if (++S->steps > TK_CHAT_MAX_STEPS)
+                fail_(S, TK_ERR_INVALID, "chat template line %d: the rendering passes %d steps", s->line,
+                      TK_CHAT_MAX_STEPS);
+            inner.names = vdict_cap(S, V_DICT, 3);
+            val loop = vdict_cap(S, V_DICT, 9);
             int64_t n = (int64_t)l->n, k = (int64_t)i;
             dict_sets(S, loop.u.d, "index0", vint(k));
             dict_sets(S, loop.u.d, "index", vint(k + 1));

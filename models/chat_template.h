@@ -12,7 +12,7 @@
 /* Hard limits of one rendering. */
 #define TK_CHAT_MAX_TEMPLATE ((size_t)1 << 20) /* template bytes */
 #define TK_CHAT_MAX_OUTPUT ((size_t)16 << 20)  /* rendered bytes */
-#define TK_CHAT_MAX_STEPS 1000000              /* loop iterations + output statements */
+#define TK_CHAT_MAX_STEPS 200000               /* loop iterations, range() items and statements */
 #define TK_CHAT_MAX_DEPTH 128                  /* nesting of expressions and blocks */
 #define TK_CHAT_MAX_ARENA ((size_t)256 << 20)  /* interpreter memory */
 
