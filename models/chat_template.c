@@ -117,8 +117,12 @@ static char *astrn(st *S, const char *s, size_t n)
 
 static void enter(st *S, int line)
 {
-    if (++S->depth > TK_CHAT_MAX_DEPTH)
-        fail_(S, TK_ERR_INVALID, "chat template line %d: nested deeper than %d levels", line, TK_CHAT_MAX_DEPTH);
+    if (++S->depth > TK_CHAT_MAX_DEPTH) {
+        if (line > 0)
+            fail_(S, TK_ERR_INVALID, "chat template line %d: nested deeper than %d levels", line, TK_CHAT_MAX_DEPTH);
+        fail_(S, TK_ERR_INVALID, "chat template: a value nested deeper than %d levels (a namespace holding itself?)",
+              TK_CHAT_MAX_DEPTH);
+    }
 }
 
 /* ---------------------------------------------------------------------------------------------- */
@@ -1158,6 +1162,7 @@ static void py_repr_str(sbuf *b, const char *s, size_t n)
 static void to_str(sbuf *b, val v, int repr)
 {
     char num[64];
+    enter(b->S, 0); /* a namespace can hold itself */
     switch (v.t) {
     case V_UNDEF: break;
     case V_NONE: sb_str(b, "None"); break;
@@ -1205,6 +1210,7 @@ static void to_str(sbuf *b, val v, int repr)
         sb_str(b, v.t == V_NS ? "}>" : "}");
         break;
     }
+    b->S->depth--;
 }
 
 static val stringify(st *S, val v)
