@@ -54,4 +54,10 @@ void tk_cli_human(char *out, size_t cap, double bytes);
 /* True when argv[i] is -h or --help. */
 int tk_cli_is_help(const char *arg);
 
+/* Generation flags shared by tk generate and tk chat (cli/cmd_generate.c): tk_cli_gen_flag says
+ * whether `flag` is one (0: no, 1: takes no value, 2: takes a value); tk_cli_gen_apply sets it on o
+ * (0, or a usage error's exit code printed with `usage`). */
+int tk_cli_gen_flag(const char *flag);
+int tk_cli_gen_apply(tk_gen_opts *o, const char *usage, const char *flag, const char *val);
+
 #endif

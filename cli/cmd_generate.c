@@ -113,30 +113,30 @@ static int on_token(void *user, size_t seq, int32_t token, const char *text, siz
     return 0;
 }
 
-static int parse_f(const char *flag, const char *v, double lo, double hi, double *out)
+static int parse_f(const char *usage, const char *flag, const char *v, double lo, double hi, double *out)
 {
     char *end;
     errno = 0;
     double d = v ? strtod(v, &end) : NAN;
     if (!v || errno || end == v || *end || !(d >= lo && d <= hi))
-        return tk_cli_usage(USAGE, "%s wants a number in [%g, %g], got '%s'", flag, lo, hi, v ? v : "");
+        return tk_cli_usage(usage, "%s wants a number in [%g, %g], got '%s'", flag, lo, hi, v ? v : "");
     *out = d;
     return 0;
 }
 
-static int parse_i(const char *flag, const char *v, long long lo, long long hi, long long *out)
+static int parse_i(const char *usage, const char *flag, const char *v, long long lo, long long hi, long long *out)
 {
     char *end;
     errno = 0;
     long long x = v ? strtoll(v, &end, 10) : 0;
     if (!v || errno || end == v || *end || x < lo || x > hi)
-        return tk_cli_usage(USAGE, "%s wants an integer in [%lld, %lld], got '%s'", flag, lo, hi, v ? v : "");
+        return tk_cli_usage(usage, "%s wants an integer in [%lld, %lld], got '%s'", flag, lo, hi, v ? v : "");
     *out = x;
     return 0;
 }
 
 /* "1,2,3" → ids (malloc'd). */
-static int parse_id_list(const char *flag, const char *v, int32_t **out, size_t *n)
+static int parse_id_list(const char *usage, const char *flag, const char *v, int32_t **out, size_t *n)
 {
     size_t cap = 16, k = 0;
     int32_t *ids = malloc(cap * sizeof *ids);
@@ -153,7 +153,7 @@ static int parse_id_list(const char *flag, const char *v, int32_t **out, size_t 
         long long x = strtoll(p, &end, 10);
         if (errno || end == p || x < 0 || x > INT32_MAX || (*end && *end != ',' && *end != ' ')) {
             free(ids);
-            return tk_cli_usage(USAGE, "%s wants non-negative token ids separated by commas, got '%s'", flag, v);
+            return tk_cli_usage(usage, "%s wants non-negative token ids separated by commas, got '%s'", flag, v);
         }
         if (k == cap) {
             int32_t *q = realloc(ids, (cap *= 2) * sizeof *q);
@@ -169,6 +169,82 @@ static int parse_id_list(const char *flag, const char *v, int32_t **out, size_t 
     *out = ids;
     *n = k;
     return 0;
+}
+
+/* Generation flags shared with tk chat (cli.h). */
+int tk_cli_gen_flag(const char *a)
+{
+    static const char *const valued[] = {"--max-new-tokens", "--max-length", "--temperature", "--top-k", "--top-p",
+                                         "--min-p", "--repetition-penalty", "--no-repeat-ngram-size", "--num-beams",
+                                         "--length-penalty", "--early-stopping", "--eos-token-id", "--seed",
+                                         "--kv-dtype", "--kv-block-size", "--kv-max-bytes", NULL};
+    if (!strcmp(a, "--do-sample") || !strcmp(a, "--no-cache"))
+        return 1;
+    for (size_t i = 0; valued[i]; i++)
+        if (!strcmp(a, valued[i]))
+            return 2;
+    return 0;
+}
+
+int tk_cli_gen_apply(tk_gen_opts *o, const char *usage, const char *n, const char *v)
+{
+    int32_t *eos = NULL;
+    long long x = 0;
+    double d = 0;
+    int u = 0;
+    if (!strcmp(n, "--do-sample"))
+        o->do_sample = 1;
+    else if (!strcmp(n, "--no-cache"))
+        o->use_cache = 0;
+    else if (!strcmp(n, "--max-new-tokens"))
+        u = parse_i(usage, n, v, 0, INT32_MAX, &x), o->max_new_tokens = x;
+    else if (!strcmp(n, "--max-length"))
+        u = parse_i(usage, n, v, 1, INT32_MAX, &x), o->max_length = x;
+    else if (!strcmp(n, "--temperature"))
+        u = parse_f(usage, n, v, 0, 1e6, &d), o->temperature = d;
+    else if (!strcmp(n, "--top-k"))
+        u = parse_i(usage, n, v, 0, INT32_MAX, &x), o->top_k = x;
+    else if (!strcmp(n, "--top-p"))
+        u = parse_f(usage, n, v, 0, 1, &d), o->top_p = d;
+    else if (!strcmp(n, "--min-p"))
+        u = parse_f(usage, n, v, 0, 1, &d), o->min_p = d;
+    else if (!strcmp(n, "--repetition-penalty"))
+        u = parse_f(usage, n, v, 0, 1e6, &d), o->repetition_penalty = d;
+    else if (!strcmp(n, "--no-repeat-ngram-size"))
+        u = parse_i(usage, n, v, 0, INT32_MAX, &x), o->no_repeat_ngram_size = x;
+    else if (!strcmp(n, "--num-beams"))
+        u = parse_i(usage, n, v, 1, 256, &x), o->num_beams = x;
+    else if (!strcmp(n, "--length-penalty"))
+        u = parse_f(usage, n, v, -1e6, 1e6, &d), o->length_penalty = d;
+    else if (!strcmp(n, "--seed"))
+        u = parse_i(usage, n, v, 0, INT64_MAX, &x), o->seed = (uint64_t)x;
+    else if (!strcmp(n, "--kv-dtype"))
+        o->kv_dtype = v;
+    else if (!strcmp(n, "--kv-block-size"))
+        u = parse_i(usage, n, v, 8, 256, &x), o->kv_block_size = x;
+    else if (!strcmp(n, "--kv-max-bytes"))
+        u = parse_i(usage, n, v, 1, INT64_MAX, &x), o->kv_max_bytes = x;
+    else if (!strcmp(n, "--early-stopping")) {
+        if (!strcmp(v, "true"))
+            o->early_stopping = TK_GEN_EARLY_TRUE;
+        else if (!strcmp(v, "false"))
+            o->early_stopping = TK_GEN_EARLY_HEURISTIC;
+        else if (!strcmp(v, "never"))
+            o->early_stopping = TK_GEN_EARLY_NEVER;
+        else
+            u = tk_cli_usage(usage, "--early-stopping wants true, false or never, got '%s'", v);
+    } else if (!strcmp(n, "--eos-token-id")) {
+        size_t ne = 0;
+        if (!(u = parse_id_list(usage, n, v, &eos, &ne))) {
+            if (ne > TK_GEN_MAX_EOS)
+                u = tk_cli_usage(usage, "--eos-token-id: at most %d ids", TK_GEN_MAX_EOS);
+            for (size_t e = 0; !u && e < ne; e++)
+                o->eos_token_id[e] = eos[e];
+            o->n_eos = ne;
+        }
+    }
+    free(eos);
+    return u;
 }
 
 #define MAX_PROMPTS 256
@@ -258,7 +334,7 @@ int tk_cmd_generate(tk_cli *cli, int argc, char **argv)
         mo.device_type = TK_DEV_CPU;
     } else if (!strncmp(device, "cuda", 4)) {
         long long d = 0;
-        if (device[4] == ':' && parse_i("--device", device + 5, 0, 1023, &d))
+        if (device[4] == ':' && parse_i(USAGE, "--device", device + 5, 0, 1023, &d))
             return TK_EXIT_USAGE;
         if (device[4] && device[4] != ':')
             return tk_cli_usage(USAGE, "--device wants cpu, cuda or cuda:N, got '%s'", device);
@@ -275,7 +351,6 @@ int tk_cmd_generate(tk_cli *cli, int argc, char **argv)
     tk_gen_result *res = NULL;
     int32_t *pids[MAX_PROMPTS] = {0};
     size_t plens[MAX_PROMPTS] = {0};
-    int32_t *eos = NULL;
     int rc = tk_model_load(&m, ctx, dir, &mo);
     if (rc != TK_OK)
         return tk_cli_fail(cli, rc, NULL);
@@ -284,63 +359,7 @@ int tk_cmd_generate(tk_cli *cli, int argc, char **argv)
         goto done;
     }
     for (size_t k = 0; k < nset; k++) {
-        const char *n = set[k].name, *v = set[k].val;
-        long long x;
-        double d;
-        int u = 0;
-        if (!strcmp(n, "--do-sample"))
-            o.do_sample = 1;
-        else if (!strcmp(n, "--no-cache"))
-            o.use_cache = 0;
-        else if (!strcmp(n, "--max-new-tokens"))
-            u = parse_i(n, v, 0, INT32_MAX, &x), o.max_new_tokens = x;
-        else if (!strcmp(n, "--max-length"))
-            u = parse_i(n, v, 1, INT32_MAX, &x), o.max_length = x;
-        else if (!strcmp(n, "--temperature"))
-            u = parse_f(n, v, 0, 1e6, &d), o.temperature = d;
-        else if (!strcmp(n, "--top-k"))
-            u = parse_i(n, v, 0, INT32_MAX, &x), o.top_k = x;
-        else if (!strcmp(n, "--top-p"))
-            u = parse_f(n, v, 0, 1, &d), o.top_p = d;
-        else if (!strcmp(n, "--min-p"))
-            u = parse_f(n, v, 0, 1, &d), o.min_p = d;
-        else if (!strcmp(n, "--repetition-penalty"))
-            u = parse_f(n, v, 0, 1e6, &d), o.repetition_penalty = d;
-        else if (!strcmp(n, "--no-repeat-ngram-size"))
-            u = parse_i(n, v, 0, INT32_MAX, &x), o.no_repeat_ngram_size = x;
-        else if (!strcmp(n, "--num-beams"))
-            u = parse_i(n, v, 1, 256, &x), o.num_beams = x;
-        else if (!strcmp(n, "--length-penalty"))
-            u = parse_f(n, v, -1e6, 1e6, &d), o.length_penalty = d;
-        else if (!strcmp(n, "--seed"))
-            u = parse_i(n, v, 0, INT64_MAX, &x), o.seed = (uint64_t)x;
-        else if (!strcmp(n, "--kv-dtype"))
-            o.kv_dtype = v;
-        else if (!strcmp(n, "--kv-block-size"))
-            u = parse_i(n, v, 8, 256, &x), o.kv_block_size = x;
-        else if (!strcmp(n, "--kv-max-bytes"))
-            u = parse_i(n, v, 1, INT64_MAX, &x), o.kv_max_bytes = x;
-        else if (!strcmp(n, "--early-stopping")) {
-            if (!strcmp(v, "true"))
-                o.early_stopping = TK_GEN_EARLY_TRUE;
-            else if (!strcmp(v, "false"))
-                o.early_stopping = TK_GEN_EARLY_HEURISTIC;
-            else if (!strcmp(v, "never"))
-                o.early_stopping = TK_GEN_EARLY_NEVER;
-            else
-                u = tk_cli_usage(USAGE, "--early-stopping wants true, false or never, got '%s'", v);
-        } else if (!strcmp(n, "--eos-token-id")) {
-            size_t ne = 0;
-            free(eos);
-            eos = NULL;
-            if (!(u = parse_id_list(n, v, &eos, &ne))) {
-                if (ne > TK_GEN_MAX_EOS)
-                    u = tk_cli_usage(USAGE, "--eos-token-id: at most %d ids", TK_GEN_MAX_EOS);
-                for (size_t e = 0; !u && e < ne; e++)
-                    o.eos_token_id[e] = eos[e];
-                o.n_eos = ne;
-            }
-        }
+        int u = tk_cli_gen_apply(&o, USAGE, set[k].name, set[k].val);
         if (u) {
             rc_exit = u;
             goto done;
@@ -359,7 +378,7 @@ int tk_cmd_generate(tk_cli *cli, int argc, char **argv)
                 rc_exit = tk_cli_fail(cli, rc, NULL);
                 goto done;
             }
-        } else if ((rc_exit = parse_id_list("--ids", idlists[p], &pids[p], &plens[p])) != 0) {
+        } else if ((rc_exit = parse_id_list(USAGE, "--ids", idlists[p], &pids[p], &plens[p])) != 0) {
             goto done;
         }
     }
@@ -455,7 +474,6 @@ int tk_cmd_generate(tk_cli *cli, int argc, char **argv)
 done:
     for (size_t p = 0; p < np; p++)
         tk_free(pids[p]);
-    free(eos);
     tk_gen_result_free(res);
     tk_tokenizer_free(tok);
     tk_model_free(m);

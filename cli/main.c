@@ -35,6 +35,8 @@ int tk_cmd_generate(tk_cli *cli, int argc, char **argv);
 /* versions (issue 14, item 7) */
 int tk_cmd_versions(tk_cli *cli, int argc, char **argv);
 int tk_cmd_update(tk_cli *cli, int argc, char **argv);
+/* chat templates (hchat) */
+int tk_cmd_chat(tk_cli *cli, int argc, char **argv);
 
 static const struct {
     const char *name;
@@ -67,6 +69,7 @@ static const struct {
     {"update", tk_cmd_update, "move installed packages to the newest version of their major"},
     {"check", tk_cmd_check, "check a package directory: manifest and an NVRTC compile, nothing written"},
     {"generate", tk_cmd_generate, "generate text with a Llama or GPT-2 checkpoint (greedy, sampling, beams)"},
+    {"chat", tk_cmd_chat, "chat with a checkpoint through its tokenizer's chat template (stdin turns)"},
 };
 
 static void usage(FILE *f)

@@ -761,6 +761,27 @@ TK_API const char *tk_gen_result_end(const tk_gen_result *r, size_t i);
  * caller's (tk_free). */
 TK_API int tk_gen_result_stats_json(char **json, const tk_gen_result *r);
 
+/* ---------------------------------------------------------------------------------------------- */
+/* Chat templates                                                                                  */
+
+/* One turn of a conversation: role ("system", "user", "assistant", ...) and UTF-8 content. */
+typedef struct {
+    const char *role, *content;
+} tk_chat_message;
+
+/* Renders n messages with the chat template of `dir`'s tokenizer_config.json (chat_template: a string,
+ * or a list of {name, template} whose "default" is used; a path to the file itself works too), as
+ * transformers' apply_chat_template(messages, tokenize=False, add_generation_prompt=...) does: the
+ * template sees messages, add_generation_prompt and the file's special tokens (bos_token, eos_token,
+ * ...). tk interprets a Jinja2 subset (docs/generation.md, "Chat"), with bounds on output size, steps
+ * and nesting. The text is not tokenized: encode it without special tokens (the template adds them).
+ * *out is the caller's (tk_free). Errors: TK_ERR_NOT_FOUND (no tokenizer_config.json, or no
+ * chat_template in it), TK_ERR_UNSUPPORTED (a construct outside the subset: the message names it and
+ * its line), TK_ERR_INVALID (a malformed file or template, a limit passed, or the template's own
+ * raise_exception, whose message is quoted), TK_ERR_NOMEM, TK_ERR_IO. */
+TK_API int tk_chat_render(char **out, const char *dir, const tk_chat_message *msgs, size_t n,
+                          int add_generation_prompt);
+
 #ifdef __cplusplus
 }
 #endif
