@@ -67,6 +67,9 @@ int tk_api__is_local_ref(const char *ref);
  * kernel's params, dtypes, launch and constraint expressions. TK_ERR_MANIFEST, TK_ERR_NOT_FOUND. */
 int tk_api__local_load(tk_api_localpkg *out, const char *dir);
 void tk_api__local_free(tk_api_localpkg *lp);
+
+/* "sm_90", "sm_90a", "compute_80" or "90" -> 90 in *cc. Returns 0, or -1 for anything else. */
+int tk_api__parse_arch(int *cc, const char *s);
 /* Compiles every kernel of a local package for each cc, writing nothing; each failing unit adds a
  * paragraph to report. *nunits / *nfailed count the compiles. TK_ERR_COMPILE when one failed; NVRTC
  * missing is TK_ERR_NO_NVRTC. (api/kernel.c) */

@@ -169,29 +169,6 @@ fail:
     return rc;
 }
 
-static int parse_cc(int *cc, const char *s)
-{
-    int64_t v;
-    char buf[16];
-    size_t n;
-    if (!s)
-        return -1;
-    if (!strncmp(s, "sm_", 3))
-        s += 3;
-    else if (!strncmp(s, "compute_", 8))
-        s += 8;
-    n = strlen(s);
-    if (n == 0 || n >= sizeof buf)
-        return -1;
-    memcpy(buf, s, n + 1);
-    if (buf[n - 1] == 'a' || buf[n - 1] == 'f')
-        buf[n - 1] = '\0';
-    if (tk__parse_i64(buf, 10, 10000, &v) != 0)
-        return -1;
-    *cc = (int)v;
-    return 0;
-}
-
 int tk_check(char **report, tk_ctx *ctx, const char *pkgdir, const tk_check_opts *opts)
 {
     tk_check_opts def = TK_CHECK_OPTS_INIT;
@@ -212,7 +189,7 @@ int tk_check(char **report, tk_ctx *ctx, const char *pkgdir, const tk_check_opts
         return tk__err(TK_ERR_INVALID, "tk_check: unknown opts version %u", opts->version);
     for (size_t i = 0; opts->archs && i < opts->narchs && nccs < 64; i++) {
         int cc;
-        if (parse_cc(&cc, opts->archs[i]) != 0)
+        if (tk_api__parse_arch(&cc, opts->archs[i]) != 0)
             return tk__err(TK_ERR_INVALID, "bad arch '%s'\nHINT: write archs as sm_80, sm_90 or sm_90a",
                            opts->archs[i] ? opts->archs[i] : "(null)");
         ccs[nccs++] = cc;

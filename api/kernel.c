@@ -1424,7 +1424,7 @@ int tk_function_call(const tk_function *fn, const tk_arg *args, size_t nargs, vo
 
 /* ---- ahead-of-time builds --------------------------------------------------------------------- */
 
-static int parse_arch(int *cc, const char *s)
+int tk_api__parse_arch(int *cc, const char *s)
 {
     int64_t v;
     char buf[16];
@@ -1472,7 +1472,7 @@ int tk_build(tk_ctx *ctx, const char *ref, const tk_build_opts *opts, size_t *co
     if (opts->archs && opts->narchs) {
         for (size_t i = 0; i < opts->narchs && nccs < 64; i++) {
             int cc;
-            if (parse_arch(&cc, opts->archs[i]) != 0)
+            if (tk_api__parse_arch(&cc, opts->archs[i]) != 0)
                 return tk__err(TK_ERR_INVALID, "bad arch '%s'\nHINT: write archs as sm_80, sm_90 or sm_90a",
                                opts->archs[i] ? opts->archs[i] : "(null)");
             ccs[nccs++] = cc;
@@ -1492,7 +1492,7 @@ int tk_build(tk_ctx *ctx, const char *ref, const tk_build_opts *opts, size_t *co
                 int cc;
                 if (nccs >= 64)
                     break;
-                if (parse_arch(&cc, json_string_value(x)) != 0)
+                if (tk_api__parse_arch(&cc, json_string_value(x)) != 0)
                     return tk__err(TK_ERR_INVALID, "config archs[%zu] is not an arch like \"sm_90\"", i);
                 ccs[nccs++] = cc;
             }

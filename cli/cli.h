@@ -37,6 +37,8 @@ typedef struct {
 tk_ctx *tk_cli_ctx(tk_cli *cli);
 /* Prints "tk: <message>" (and the hint lines) for a failed status; returns the exit code for it. */
 int tk_cli_fail(tk_cli *cli, int status, const char *what);
+/* Writes s as a JSON string (quotes included; NULL as ""), UTF-8 passed through. */
+void tk_cli_json_str(FILE *f, const char *s);
 /* Prints a usage error with the subcommand's usage line; returns TK_EXIT_USAGE. */
 int tk_cli_usage(const char *usage, const char *fmt, ...);
 int tk_cli_exit_code(int status);

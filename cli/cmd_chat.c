@@ -58,27 +58,6 @@ static void help(void)
            USAGE);
 }
 
-static void json_str(FILE *f, const char *s)
-{
-    fputc('"', f);
-    for (; s && *s; s++) {
-        unsigned char c = (unsigned char)*s;
-        if (c == '"' || c == '\\')
-            fprintf(f, "\\%c", c);
-        else if (c == '\n')
-            fputs("\\n", f);
-        else if (c == '\r')
-            fputs("\\r", f);
-        else if (c == '\t')
-            fputs("\\t", f);
-        else if (c < 0x20 || c == 0x7f)
-            fprintf(f, "\\u%04x", c);
-        else
-            fputc(c, f);
-    }
-    fputc('"', f);
-}
-
 static void json_ids(FILE *f, const int32_t *ids, size_t n)
 {
     fputc('[', f);
@@ -160,7 +139,7 @@ static int render(tk_cli *cli, const char *dir, convo *c, int agp, int json)
         return tk_cli_fail(cli, rc, NULL);
     }
     printf("{\"prompt\": ");
-    json_str(stdout, text);
+    tk_cli_json_str(stdout, text);
     printf(", \"ids\": ");
     json_ids(stdout, ids, n);
     printf("}\n");
@@ -357,7 +336,7 @@ int tk_cmd_chat(tk_cli *cli, int argc, char **argv)
             printf(", \"ids\": ");
             json_ids(stdout, out, nn);
             printf(", \"text\": ");
-            json_str(stdout, text ? text : "");
+            tk_cli_json_str(stdout, text ? text : "");
             printf(", \"end\": \"%s\"}\n", tk_gen_result_end(res, 0));
         } else {
             printf("\n");

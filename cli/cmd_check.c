@@ -42,23 +42,6 @@ static const char *HELP =
     "    tk check ./relu\n"
     "    tk check ./relu --arch sm_90a --jobs 2\n";
 
-static void json_str(const char *s)
-{
-    putchar('"');
-    for (; s && *s; s++) {
-        unsigned char c = (unsigned char)*s;
-        if (c == '"' || c == '\\')
-            printf("\\%c", c);
-        else if (c == '\n')
-            fputs("\\n", stdout);
-        else if (c < 0x20)
-            printf("\\u%04x", c);
-        else
-            putchar(c);
-    }
-    putchar('"');
-}
-
 /* Shared with tk publish --check: argv holds only check's own options besides the directory. */
 int tk_cmd_check(tk_cli *cli, int argc, char **argv)
 {
@@ -120,11 +103,11 @@ int tk_cmd_check(tk_cli *cli, int argc, char **argv)
     int rc = tk_check(&report, ctx, dir, &o), code = TK_EXIT_OK;
     if (cli->json) {
         printf("{\"ok\": %s, \"dir\": ", rc == TK_OK ? "true" : "false");
-        json_str(dir);
+        tk_cli_json_str(stdout, dir);
         printf(", \"status\": \"%s\", \"error\": ", tk_status_str(rc));
-        json_str(rc == TK_OK ? "" : tk_last_error());
+        tk_cli_json_str(stdout, rc == TK_OK ? "" : tk_last_error());
         printf(", \"report\": ");
-        json_str(report ? report : "");
+        tk_cli_json_str(stdout, report ? report : "");
         printf("}\n");
         code = rc == TK_OK ? TK_EXIT_OK : tk_cli_exit_code(rc);
     } else if (rc != TK_OK) {

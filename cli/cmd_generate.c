@@ -14,27 +14,6 @@
 
 static const char *USAGE = "tk generate [options] DIR (--prompt TEXT | --ids ID,ID,...) ...";
 
-static void json_str(FILE *f, const char *s)
-{
-    fputc('"', f);
-    for (; s && *s; s++) {
-        unsigned char c = (unsigned char)*s;
-        if (c == '"' || c == '\\')
-            fprintf(f, "\\%c", c);
-        else if (c == '\n')
-            fputs("\\n", f);
-        else if (c == '\r')
-            fputs("\\r", f);
-        else if (c == '\t')
-            fputs("\\t", f);
-        else if (c < 0x20 || c == 0x7f)
-            fprintf(f, "\\u%04x", c);
-        else
-            fputc(c, f);
-    }
-    fputc('"', f);
-}
-
 static void help(void)
 {
     printf("usage: %s\n"
@@ -441,7 +420,7 @@ int tk_cmd_generate(tk_cli *cli, int argc, char **argv)
             printf("], \"text\": ");
             const char *t = tk_gen_result_text(res, p);
             if (t)
-                json_str(stdout, t);
+                tk_cli_json_str(stdout, t);
             else
                 printf("null");
             printf(", \"end\": \"%s\", \"stats\": %s", tk_gen_result_end(res, p), sj);

@@ -14,28 +14,6 @@
 static const char *const TOK_USAGE = "tk tokenize [--json] [--no-special] [--tokens] DIR TEXT";
 static const char *const DETOK_USAGE = "tk detokenize [--json] [--skip-special] DIR ID,ID,...";
 
-/* Writes s as a JSON string (quotes included). Bytes >= 0x80 pass through: the text is UTF-8. */
-static void json_str(FILE *f, const char *s)
-{
-    fputc('"', f);
-    for (; *s; s++) {
-        unsigned char c = (unsigned char)*s;
-        if (c == '"' || c == '\\')
-            fprintf(f, "\\%c", c);
-        else if (c == '\n')
-            fputs("\\n", f);
-        else if (c == '\r')
-            fputs("\\r", f);
-        else if (c == '\t')
-            fputs("\\t", f);
-        else if (c < 0x20 || c == 0x7f)
-            fprintf(f, "\\u%04x", c);
-        else
-            fputc(c, f);
-    }
-    fputc('"', f);
-}
-
 /* Reports a failed call. Malformed files and input are exit 1, not 2: 2 is for the command line. */
 static int fail(tk_cli *cli, int rc)
 {
@@ -151,7 +129,7 @@ int tk_cmd_tokenize(tk_cli *cli, int argc, char **argv)
         for (size_t i = 0; i < n; i++) {
             const char *t = tk_tokenizer_token(tok, ids[i]);
             printf("%s", i ? ", " : "");
-            json_str(stdout, t ? t : "");
+            tk_cli_json_str(stdout, t ? t : "");
         }
         printf("]}\n");
     } else if (tokens) {
@@ -279,7 +257,7 @@ int tk_cmd_detokenize(tk_cli *cli, int argc, char **argv)
         return fail(cli, rc);
     if (cli->json) {
         printf("{\"text\": ");
-        json_str(stdout, text);
+        tk_cli_json_str(stdout, text);
         printf("}\n");
     } else {
         printf("%s\n", text);
