@@ -74,7 +74,7 @@ struct st {
     int depth;
 };
 
-static void fail_(st *S, int code, const char *fmt, ...) TK_PRINTF(3, 4);
+static void fail_(st *S, int code, const char *fmt, ...) TK_PRINTF(3, 4) __attribute__((noreturn));
 static void fail_(st *S, int code, const char *fmt, ...)
 {
     va_list ap;
