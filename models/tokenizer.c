@@ -1910,27 +1910,42 @@ static void *grow(void **v, size_t *n, size_t size)
     return (char *)p + (*n)++ * size;
 }
 
+/* The head every component parser shares: the component's "type", a bound on nesting, and a
+ * "Sequence" whose members (under `key`) are parsed by `fn` one level deeper. Returns 1 when the
+ * parser is done (an error, or a whole Sequence parsed), *rc holding its status; else 0 with *ty set. */
+typedef int (*component_fn)(ld *L, json_t *o, const char *field, int depth);
+static int parse_head(const char **ty, int *rc, ld *L, json_t *o, const char *field, int depth, const char *key,
+                      component_fn fn)
+{
+    if (!(*ty = type_of(L, o, field, rc)))
+        return 1;
+    if (depth > 16) {
+        *rc = bad(L, TK_ERR_INVALID, field, "Sequences nest too deep");
+        return 1;
+    }
+    if (strcmp(*ty, "Sequence"))
+        return 0;
+    json_t *a = json_object_get(o, key);
+    if (!json_is_array(a)) {
+        *rc = bad(L, TK_ERR_INVALID, field, "\"%s\" must be an array", key);
+        return 1;
+    }
+    *rc = TK_OK;
+    for (size_t i = 0; i < json_array_size(a) && *rc == TK_OK; i++) {
+        char f[256];
+        snprintf(f, sizeof f, "%s.%s[%zu]", field, key, i);
+        *rc = fn(L, json_array_get(a, i), f, depth + 1);
+    }
+    return 1;
+}
+
 static int parse_normalizer(ld *L, json_t *o, const char *field, int depth)
 {
     tk_tokenizer *t = L->t;
     int rc;
-    const char *ty = type_of(L, o, field, &rc);
-    if (!ty)
+    const char *ty;
+    if (parse_head(&ty, &rc, L, o, field, depth, "normalizers", parse_normalizer))
         return rc;
-    if (depth > 16)
-        return bad(L, TK_ERR_INVALID, field, "Sequences nest too deep");
-    if (!strcmp(ty, "Sequence")) {
-        json_t *a = json_object_get(o, "normalizers");
-        if (!json_is_array(a))
-            return bad(L, TK_ERR_INVALID, field, "\"normalizers\" must be an array");
-        for (size_t i = 0; i < json_array_size(a); i++) {
-            char f[256];
-            snprintf(f, sizeof f, "%s.normalizers[%zu]", field, i);
-            if ((rc = parse_normalizer(L, json_array_get(a, i), f, depth + 1)))
-                return rc;
-        }
-        return TK_OK;
-    }
     norm_step *st = grow((void **)&t->norm, &t->nnorm, sizeof *st);
     if (!st)
         return tk__err(TK_ERR_NOMEM, "out of memory");
@@ -1984,23 +1999,9 @@ static int parse_pretok(ld *L, json_t *o, const char *field, int depth)
 {
     tk_tokenizer *t = L->t;
     int rc;
-    const char *ty = type_of(L, o, field, &rc);
-    if (!ty)
+    const char *ty;
+    if (parse_head(&ty, &rc, L, o, field, depth, "pretokenizers", parse_pretok))
         return rc;
-    if (depth > 16)
-        return bad(L, TK_ERR_INVALID, field, "Sequences nest too deep");
-    if (!strcmp(ty, "Sequence")) {
-        json_t *a = json_object_get(o, "pretokenizers");
-        if (!json_is_array(a))
-            return bad(L, TK_ERR_INVALID, field, "\"pretokenizers\" must be an array");
-        for (size_t i = 0; i < json_array_size(a); i++) {
-            char f[256];
-            snprintf(f, sizeof f, "%s.pretokenizers[%zu]", field, i);
-            if ((rc = parse_pretok(L, json_array_get(a, i), f, depth + 1)))
-                return rc;
-        }
-        return TK_OK;
-    }
     pre_step *st = grow((void **)&t->pre, &t->npre, sizeof *st);
     if (!st)
         return tk__err(TK_ERR_NOMEM, "out of memory");
@@ -2070,23 +2071,9 @@ static int parse_decoder(ld *L, json_t *o, const char *field, int depth)
 {
     tk_tokenizer *t = L->t;
     int rc;
-    const char *ty = type_of(L, o, field, &rc);
-    if (!ty)
+    const char *ty;
+    if (parse_head(&ty, &rc, L, o, field, depth, "decoders", parse_decoder))
         return rc;
-    if (depth > 16)
-        return bad(L, TK_ERR_INVALID, field, "Sequences nest too deep");
-    if (!strcmp(ty, "Sequence")) {
-        json_t *a = json_object_get(o, "decoders");
-        if (!json_is_array(a))
-            return bad(L, TK_ERR_INVALID, field, "\"decoders\" must be an array");
-        for (size_t i = 0; i < json_array_size(a); i++) {
-            char f[256];
-            snprintf(f, sizeof f, "%s.decoders[%zu]", field, i);
-            if ((rc = parse_decoder(L, json_array_get(a, i), f, depth + 1)))
-                return rc;
-        }
-        return TK_OK;
-    }
     dec_step *st = grow((void **)&t->dec, &t->ndec, sizeof *st);
     if (!st)
         return tk__err(TK_ERR_NOMEM, "out of memory");
@@ -2195,23 +2182,9 @@ static int parse_post(ld *L, json_t *o, const char *field, int depth)
 {
     tk_tokenizer *t = L->t;
     int rc;
-    const char *ty = type_of(L, o, field, &rc);
-    if (!ty)
+    const char *ty;
+    if (parse_head(&ty, &rc, L, o, field, depth, "processors", parse_post))
         return rc;
-    if (depth > 16)
-        return bad(L, TK_ERR_INVALID, field, "Sequences nest too deep");
-    if (!strcmp(ty, "Sequence")) {
-        json_t *a = json_object_get(o, "processors");
-        if (!json_is_array(a))
-            return bad(L, TK_ERR_INVALID, field, "\"processors\" must be an array");
-        for (size_t i = 0; i < json_array_size(a); i++) {
-            char f[256];
-            snprintf(f, sizeof f, "%s.processors[%zu]", field, i);
-            if ((rc = parse_post(L, json_array_get(a, i), f, depth + 1)))
-                return rc;
-        }
-        return TK_OK;
-    }
     if (!strcmp(ty, "ByteLevel"))
         return TK_OK; /* it only adjusts offsets */
     if (!strcmp(ty, "BertProcessing") || !strcmp(ty, "RobertaProcessing")) {
