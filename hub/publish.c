@@ -4,10 +4,11 @@
  * serve it.
  *
  * Order of writes, so a reader (or a crash) never sees a half-published version:
- *   1. a staging dir resolve/.tmp-publish-* gets the three files, then is renamed to resolve/<commit>/;
- *   2. api/.../revision/<commit> is written;
+ *   1. a staging dir resolve/.tmp-publish-* gets the three files and their .etag links (tree.h), then
+ *      is renamed to resolve/<commit>/;
+ *   2. api/.../revision/<commit> and api/.../tree/<commit> are written;
  *   3. the branch symlink resolve/v<N> is swapped atomically (rename), then revision/v<N>, refs,
- *      index.json and the registry's index.json are rewritten atomically.
+ *      tree/v<N>, tree/main, index.json and the registry's index.json are rewritten atomically.
  * A publish killed before step 3 leaves an unreferenced commit directory and nothing else changed.
  * Publishers to one tree are serialised with an flock on <tree>/.tk-publish.lock.
  */
@@ -125,278 +126,302 @@ int tk_hub__pkgdir_files(char ***paths, size_t *n, const char *pkgdir)
     return TK_OK;
 }
 
-int tk_hub__publish(char **commit_out, const char *pkgdir, const char *to_dir, const char *key_path,
-                    const char *compression, tk_log_fn log, void *log_user)
+/* One publish, step by step (tk_hub__publish): what each step reads and what it leaves for the next. */
+typedef struct {
+    const char *pkgdir, *to_dir, *compression, *archive_name; /* inputs; archive_name: source.tar.gz|zst */
+    tk_hub_key *key;
+    json_t *spec;                                            /* kernel.json, variants expanded */
+    char *spec_path;
+    const char *name, *version, *license;                    /* in spec */
+    int major;
+    char org[65], pkg[65], branch[24];
+    filelist files;                                          /* the package's files, sorted */
+    json_t *jfiles;                                          /* their manifest entries */
+    int lock_fd;
+    char *api_dir, *resolve_dir, *stage;                     /* stage: resolve/.tmp-publish-*, then the commit */
+    char archive_sha[TK_SHA256_HEX];
+    int64_t archive_size;
+    char *mtext, *sig, *head;                                /* manifest text, its signature, branch head */
+    char commit[41];
+} publish_job;
+
+static void job_free(publish_job *j)
 {
-    if (commit_out)
-        *commit_out = NULL;
-    int rc = TK_OK, lock_fd = -1;
-    filelist files = {0};
-    json_t *spec = NULL, *manifest = NULL, *jfiles = NULL;
-    tk_hub_key *key = NULL;
-    char *spec_text = NULL, *spec_path = NULL, *stage = NULL, *archive_path = NULL, *mtext = NULL,
-         *sig = NULL, *api_dir = NULL, *resolve_dir = NULL, *head = NULL, *head_version = NULL,
-         *final_dir = NULL, *lock_path = NULL, *head_manifest = NULL;
-    char org[65], pkg[65], commit[41] = "";
-    size_t spec_len = 0;
-    const char *ext = NULL;
+    if (j->stage && tk__path_exists(j->stage))
+        tk__rmtree(j->stage);
+    if (j->lock_fd >= 0)
+        close(j->lock_fd);
+    filelist_free(&j->files);
+    json_decref(j->spec);
+    json_decref(j->jfiles);
+    tk_hub__key_free(j->key);
+    free(j->spec_path);
+    free(j->api_dir);
+    free(j->resolve_dir);
+    free(j->stage);
+    free(j->mtext);
+    free(j->sig);
+    free(j->head);
+}
 
-    if (!compression)
-        compression = "gz";
-    if (strcmp(compression, "gz") != 0 && strcmp(compression, "zst") != 0)
-        return tk__err(TK_ERR_INVALID, "compression '%s' is not gz or zst", compression);
-    ext = strcmp(compression, "gz") == 0 ? "source.tar.gz" : "source.tar.zst";
-    if (!key_path)
-        return tk__err(TK_ERR_INVALID, "publishing needs a private key\nHINT: pass --key FILE ('tk keygen' makes one)");
-    if ((rc = tk_hub__key_load(&key, key_path)) != TK_OK)
-        goto done;
-
-    /* 1. The author's kernel.json. */
-    if (!(spec_path = tk__path_join(pkgdir, "kernel.json"))) {
-        rc = tk__err(TK_ERR_NOMEM, "out of memory");
-        goto done;
-    }
-    if ((rc = tk__read_file(&spec_text, &spec_len, spec_path, TK_MANIFEST_MAX)) != TK_OK) {
+/* Parse: the author's kernel.json, its variants expanded, and the fields every manifest needs. */
+static int read_spec(publish_job *j)
+{
+    char *text = NULL;
+    size_t len = 0;
+    json_error_t jerr;
+    int rc;
+    if (!(j->spec_path = tk__path_join(j->pkgdir, "kernel.json")))
+        return tk__err(TK_ERR_NOMEM, "out of memory");
+    if ((rc = tk__read_file(&text, &len, j->spec_path, TK_MANIFEST_MAX)) != TK_OK) {
         if (rc == TK_ERR_NOT_FOUND)
             rc = tk__err(TK_ERR_NOT_FOUND, "'%s' has no kernel.json\nHINT: a package directory holds kernel.json "
-                         "and its sources; see docs/package-format.md", pkgdir);
-        goto done;
+                         "and its sources; see docs/package-format.md", j->pkgdir);
+        return rc;
     }
-    json_error_t jerr;
-    spec = json_loadb(spec_text, spec_len, JSON_REJECT_DUPLICATES, &jerr);
-    if (!json_is_object(spec)) {
-        rc = tk__err(TK_ERR_MANIFEST, "%s: line %d, column %d: %s", spec_path, jerr.line, jerr.column,
-                     spec ? "not a JSON object" : jerr.text);
-        goto done;
-    }
+    j->spec = json_loadb(text, len, JSON_REJECT_DUPLICATES, &jerr);
+    free(text);
+    if (!json_is_object(j->spec))
+        return tk__err(TK_ERR_MANIFEST, "%s: line %d, column %d: %s", j->spec_path, jerr.line, jerr.column,
+                       j->spec ? "not a JSON object" : jerr.text);
     /* a kernel with "dtypes" is published as its variants: clients never see a template */
-    if ((rc = tk_hub__expand_variants(spec, NULL, NULL)) != TK_OK) {
-        rc = tk__err_wrap(rc, "%s", spec_path);
-        goto done;
-    }
-    const char *name = json_string_value(json_object_get(spec, "name"));
-    const char *version = json_string_value(json_object_get(spec, "version"));
-    const char *license = json_string_value(json_object_get(spec, "license"));
-    int major = 0;
-    if (!name || tk_hub__name_check(name, org, pkg) != TK_OK) {
-        rc = tk__err(TK_ERR_MANIFEST, "%s: 'name' must be org/name (got %s)", spec_path, name ? name : "nothing");
-        goto done;
-    }
-    if (!version || tk_hub__version_parse(version, &major) != 0) {
-        rc = tk__err(TK_ERR_MANIFEST, "%s: 'version' must be MAJOR.MINOR.PATCH with MAJOR >= 1 (got %s)",
-                     spec_path, version ? version : "nothing");
-        goto done;
-    }
-    if (!license) {
-        rc = tk__err(TK_ERR_MANIFEST, "%s: 'license' is missing (an SPDX id such as Apache-2.0)", spec_path);
-        goto done;
-    }
+    if ((rc = tk_hub__expand_variants(j->spec, NULL, NULL)) != TK_OK)
+        return tk__err_wrap(rc, "%s", j->spec_path);
+    j->name = json_string_value(json_object_get(j->spec, "name"));
+    j->version = json_string_value(json_object_get(j->spec, "version"));
+    j->license = json_string_value(json_object_get(j->spec, "license"));
+    if (!j->name || tk_hub__name_check(j->name, j->org, j->pkg) != TK_OK)
+        return tk__err(TK_ERR_MANIFEST, "%s: 'name' must be org/name (got %s)", j->spec_path,
+                       j->name ? j->name : "nothing");
+    if (!j->version || tk_hub__version_parse(j->version, &j->major) != 0)
+        return tk__err(TK_ERR_MANIFEST, "%s: 'version' must be MAJOR.MINOR.PATCH with MAJOR >= 1 (got %s)",
+                       j->spec_path, j->version ? j->version : "nothing");
+    if (!j->license)
+        return tk__err(TK_ERR_MANIFEST, "%s: 'license' is missing (an SPDX id such as Apache-2.0)", j->spec_path);
+    snprintf(j->branch, sizeof j->branch, "v%d", j->major);
+    return TK_OK;
+}
 
-    /* 2. Files, sorted, with digests. */
-    if ((rc = walk(&files, pkgdir, "")) != TK_OK)
-        goto done;
-    if (files.n == 0) {
-        rc = tk__err(TK_ERR_INVALID, "'%s' has no source files besides kernel.json", pkgdir);
-        goto done;
-    }
-    qsort(files.paths, files.n, sizeof *files.paths, cmp_str);
-    jfiles = json_array();
-    for (size_t i = 0; i < files.n && rc == TK_OK; i++) {
+/* Parse: the package's files, sorted, with their digests. */
+static int hash_files(publish_job *j)
+{
+    int rc = walk(&j->files, j->pkgdir, "");
+    if (rc != TK_OK)
+        return rc;
+    if (j->files.n == 0)
+        return tk__err(TK_ERR_INVALID, "'%s' has no source files besides kernel.json", j->pkgdir);
+    qsort(j->files.paths, j->files.n, sizeof *j->files.paths, cmp_str);
+    if (!(j->jfiles = json_array()))
+        return tk__err(TK_ERR_NOMEM, "out of memory");
+    for (size_t i = 0; i < j->files.n && rc == TK_OK; i++) {
         char sha[TK_SHA256_HEX];
         int64_t size = 0;
-        char *full = tk__path_join(pkgdir, files.paths[i]);
+        char *full = tk__path_join(j->pkgdir, j->files.paths[i]);
         if (!full)
             rc = tk__err(TK_ERR_NOMEM, "out of memory");
         else if ((rc = tk__sha256_file(sha, &size, full)) == TK_OK)
-            json_array_append_new(jfiles, json_pack("{s:s, s:s, s:I}", "path", files.paths[i], "sha256", sha,
-                                                    "size", (json_int_t)size));
+            json_array_append_new(j->jfiles, json_pack("{s:s, s:s, s:I}", "path", j->files.paths[i], "sha256", sha,
+                                                       "size", (json_int_t)size));
         free(full);
     }
+    return rc;
+}
+
+/* Takes the tree's publish lock and makes the staging directory inside it (same file system). */
+static int lock_tree(publish_job *j)
+{
+    int rc = tk__mkdirs(j->to_dir, 0755);
+    char *lock_path = rc == TK_OK ? tk__path_join(j->to_dir, ".tk-publish.lock") : NULL;
     if (rc != TK_OK)
-        goto done;
-
-    /* 3. The archive, built in a staging directory inside the tree (same file system). */
-    if ((rc = tk__mkdirs(to_dir, 0755)) != TK_OK)
-        goto done;
-    if (!(lock_path = tk__path_join(to_dir, ".tk-publish.lock"))) {
-        rc = tk__err(TK_ERR_NOMEM, "out of memory");
-        goto done;
-    }
-    if ((lock_fd = open(lock_path, O_RDWR | O_CREAT | O_CLOEXEC, 0644)) < 0 || flock(lock_fd, LOCK_EX) != 0) {
+        return rc;
+    if (!lock_path)
+        return tk__err(TK_ERR_NOMEM, "out of memory");
+    if ((j->lock_fd = open(lock_path, O_RDWR | O_CREAT | O_CLOEXEC, 0644)) < 0 || flock(j->lock_fd, LOCK_EX) != 0)
         rc = tk__err_sys("cannot lock the registry tree", lock_path);
-        goto done;
-    }
-    api_dir = tk__fmt("%s/api/kernels/%s/%s", to_dir, org, pkg);
-    resolve_dir = tk__fmt("%s/kernels/%s/%s/resolve", to_dir, org, pkg);
-    if (!api_dir || !resolve_dir || !(stage = tk__tmp_path(resolve_dir, "publish"))) {
-        rc = tk__err(TK_ERR_NOMEM, "out of memory");
-        goto done;
-    }
-    if ((rc = tk__mkdirs(stage, 0755)) != TK_OK)
-        goto done;
-    if (!(archive_path = tk__path_join(stage, ext))) {
-        rc = tk__err(TK_ERR_NOMEM, "out of memory");
-        goto done;
-    }
-    if ((rc = tk_hub__archive_create(archive_path, pkgdir, (const char *const *)files.paths, files.n,
-                                     compression)) != TK_OK)
-        goto done;
-    char archive_sha[TK_SHA256_HEX];
-    int64_t archive_size = 0;
-    if ((rc = tk__sha256_file(archive_sha, &archive_size, archive_path)) != TK_OK)
-        goto done;
+    free(lock_path);
+    if (rc != TK_OK)
+        return rc;
+    j->api_dir = tk__fmt("%s/api/kernels/%s/%s", j->to_dir, j->org, j->pkg);
+    j->resolve_dir = tk__fmt("%s/kernels/%s/%s/resolve", j->to_dir, j->org, j->pkg);
+    if (!j->api_dir || !j->resolve_dir || !(j->stage = tk__tmp_path(j->resolve_dir, "publish")))
+        return tk__err(TK_ERR_NOMEM, "out of memory");
+    return tk__mkdirs(j->stage, 0755);
+}
 
-    /* 4. The manifest: header fields first, then the author's other fields, then files and archive. */
-    manifest = json_pack("{s:i, s:s, s:s, s:s, s:s}", "format_version", TK_MANIFEST_FORMAT, "name", name,
-                         "version", version, "license", license, "description",
-                         json_string_value(json_object_get(spec, "description")) ?
-                             json_string_value(json_object_get(spec, "description")) : "");
+/* The deterministic source archive, in the staging directory, and its digest. */
+static int build_archive(publish_job *j)
+{
+    char *path = tk__path_join(j->stage, j->archive_name);
+    int rc = path ? tk_hub__archive_create(path, j->pkgdir, (const char *const *)j->files.paths, j->files.n,
+                                           j->compression)
+                  : tk__err(TK_ERR_NOMEM, "out of memory");
+    if (rc == TK_OK)
+        rc = tk__sha256_file(j->archive_sha, &j->archive_size, path);
+    free(path);
+    return rc;
+}
+
+/* Validate: the manifest text (header fields first, then the author's other fields, then files and
+ * archive), parsed back as clients parse it: what we publish must be what clients accept. */
+static int build_manifest(publish_job *j)
+{
+    const char *desc = json_string_value(json_object_get(j->spec, "description"));
+    json_t *m = json_pack("{s:i, s:s, s:s, s:s, s:s}", "format_version", TK_MANIFEST_FORMAT, "name", j->name,
+                          "version", j->version, "license", j->license, "description", desc ? desc : "");
     const char *key_name;
     json_t *value;
-    json_object_foreach(spec, key_name, value) {
-        if (json_object_get(manifest, key_name) || !strcmp(key_name, "files") || !strcmp(key_name, "archive") ||
+    if (!m)
+        return tk__err(TK_ERR_NOMEM, "out of memory");
+    json_object_foreach(j->spec, key_name, value) {
+        if (json_object_get(m, key_name) || !strcmp(key_name, "files") || !strcmp(key_name, "archive") ||
             !strcmp(key_name, "format_version"))
             continue;
-        json_object_set(manifest, key_name, value);
+        json_object_set(m, key_name, value);
     }
-    json_object_set_new(manifest, "files", jfiles);
-    jfiles = NULL;
-    json_object_set_new(manifest, "archive", json_pack("{s:s, s:s, s:I, s:s}", "path", ext, "sha256", archive_sha,
-                                                       "size", (json_int_t)archive_size, "compression", compression));
-    char *dumped = json_dumps(manifest, JSON_INDENT(2));
-    if (!dumped || !(mtext = tk__fmt("%s\n", dumped))) {
-        free(dumped);
-        rc = tk__err(TK_ERR_NOMEM, "out of memory");
-        goto done;
-    }
+    json_object_set_new(m, "files", j->jfiles);
+    j->jfiles = NULL;
+    json_object_set_new(m, "archive", json_pack("{s:s, s:s, s:I, s:s}", "path", j->archive_name, "sha256",
+                                                j->archive_sha, "size", (json_int_t)j->archive_size,
+                                                "compression", j->compression));
+    char *dumped = json_dumps(m, JSON_INDENT(2));
+    json_decref(m);
+    j->mtext = dumped ? tk__fmt("%s\n", dumped) : NULL;
     free(dumped);
-    {
-        /* Parse our own output: what we publish must be what clients accept. */
-        tk_hub_manifest *check = NULL;
-        if ((rc = tk_hub__manifest_parse(&check, mtext, strlen(mtext))) != TK_OK)
-            goto done;
-        tk_hub__manifest_free(check);
-    }
+    if (!j->mtext)
+        return tk__err(TK_ERR_NOMEM, "out of memory");
+    tk_hub_manifest *check = NULL;
+    int rc = tk_hub__manifest_parse(&check, j->mtext, strlen(j->mtext));
+    tk_hub__manifest_free(check);
+    return rc;
+}
 
-    /* 5. Rollback rules against the branch head. */
-    char branch[24];
-    snprintf(branch, sizeof branch, "v%d", major);
-    head = tk_hub__tree_branch_head(resolve_dir, branch);
-    if (head) {
-        char *hp = tk__fmt("%s/%s/manifest.json", resolve_dir, head);
+/* Validate: the rollback rules against the branch head. *same: the head holds this very manifest. */
+static int check_head(publish_job *j, int *same)
+{
+    *same = 0;
+    if ((j->head = tk_hub__tree_branch_head(j->resolve_dir, j->branch)) != NULL) {
+        char *hp = tk__fmt("%s/%s/manifest.json", j->resolve_dir, j->head), *head_text = NULL, *head_version;
         size_t hn = 0;
-        if (hp && tk__read_file(&head_manifest, &hn, hp, TK_MANIFEST_MAX) == TK_OK &&
-            strcmp(head_manifest, mtext) == 0) {
-            free(hp);
-            snprintf(commit, sizeof commit, "%s", head);
-            /* identical content: nothing new, but a tree from an older tk gets its commits' parents */
-            if ((rc = tk_hub__tree_backfill_parents(api_dir, resolve_dir)) != TK_OK)
-                goto done;
-            if (log) {
-                char msg[256];
-                snprintf(msg, sizeof msg, "%s %s is already published as %s (nothing to do)", name, version, head);
-                log(log_user, TK_LOG_INFO, msg);
-            }
-            goto publish_done;
-        }
+        *same = hp && tk__read_file(&head_text, &hn, hp, TK_MANIFEST_MAX) == TK_OK && !strcmp(head_text, j->mtext);
         free(hp);
-        head_version = tk_hub__tree_commit_version(resolve_dir, head);
-        if (head_version && tk_state__version_cmp(version, head_version) <= 0) {
-            rc = tk__err(TK_ERR_ROLLBACK, "%s %s is not newer than %s, the head of branch %s\n"
-                         "HINT: raise 'version' in kernel.json (for example to the next patch version)",
-                         name, version, head_version, branch);
-            goto done;
+        free(head_text);
+        if (*same) {
+            snprintf(j->commit, sizeof j->commit, "%s", j->head);
+            return TK_OK;
         }
+        head_version = tk_hub__tree_commit_version(j->resolve_dir, j->head);
+        int older = head_version && tk_state__version_cmp(j->version, head_version) <= 0;
+        int rc = older ? tk__err(TK_ERR_ROLLBACK, "%s %s is not newer than %s, the head of branch %s\n"
+                                 "HINT: raise 'version' in kernel.json (for example to the next patch version)",
+                                 j->name, j->version, head_version, j->branch) : TK_OK;
+        free(head_version);
+        if (rc != TK_OK)
+            return rc;
     }
-    if (tk_hub__tree_is_yanked(resolve_dir, version)) {
-        rc = tk__err(TK_ERR_ROLLBACK, "%s %s was yanked; a yanked version is never published again\n"
-                     "HINT: raise 'version' in kernel.json", name, version);
-        goto done;
-    }
+    if (tk_hub__tree_is_yanked(j->resolve_dir, j->version))
+        return tk__err(TK_ERR_ROLLBACK, "%s %s was yanked; a yanked version is never published again\n"
+                       "HINT: raise 'version' in kernel.json", j->name, j->version);
+    return TK_OK;
+}
 
-    /* 6. Sign, compute the commit, write the version's files. */
-    if ((rc = tk_hub__sign(&sig, key, mtext, strlen(mtext))) != TK_OK)
-        goto done;
+/* Sign: the signature, the commit id (over the branch head as parent), and the manifest, its
+ * signature and the .etag links written beside the archive in the staging directory. */
+static int sign_stage(publish_job *j)
+{
+    int rc = tk_hub__sign(&j->sig, j->key, j->mtext, strlen(j->mtext));
+    if (rc != TK_OK)
+        return rc;
     char msha[TK_SHA256_HEX], ssha[TK_SHA256_HEX];
-    tk__sha256_hex(msha, mtext, strlen(mtext));
-    tk__sha256_hex(ssha, sig, strlen(sig));
-    const char *names[3] = {"manifest.json", "manifest.json.sig", ext};
-    const char *shas[3] = {msha, ssha, archive_sha};
-    if ((rc = tk_hub__tree_commit_id(commit, head, names, shas)) != TK_OK)
-        goto done;
-    char *mp = tk__path_join(stage, "manifest.json"), *sp = tk__path_join(stage, "manifest.json.sig");
+    tk__sha256_hex(msha, j->mtext, strlen(j->mtext));
+    tk__sha256_hex(ssha, j->sig, strlen(j->sig));
+    const char *names[3] = {"manifest.json", "manifest.json.sig", j->archive_name};
+    const char *shas[3] = {msha, ssha, j->archive_sha};
+    if ((rc = tk_hub__tree_commit_id(j->commit, j->head, names, shas)) != TK_OK)
+        return rc;
+    char *mp = tk__path_join(j->stage, "manifest.json"), *sp = tk__path_join(j->stage, "manifest.json.sig");
     if (!mp || !sp)
         rc = tk__err(TK_ERR_NOMEM, "out of memory");
     if (rc == TK_OK)
-        rc = tk__write_atomic(mp, mtext, strlen(mtext), 0644);
+        rc = tk__write_atomic(mp, j->mtext, strlen(j->mtext), 0644);
     if (rc == TK_OK)
-        rc = tk__write_atomic(sp, sig, strlen(sig), 0644);
+        rc = tk__write_atomic(sp, j->sig, strlen(j->sig), 0644);
+    if (rc == TK_OK)
+        rc = tk_hub__tree_etag_links(j->stage);
     free(mp);
     free(sp);
-    if (rc != TK_OK)
-        goto done;
-    if (!(final_dir = tk__path_join(resolve_dir, commit))) {
-        rc = tk__err(TK_ERR_NOMEM, "out of memory");
-        goto done;
-    }
-    if (tk__path_exists(final_dir)) {
-        tk__rmtree(stage);
-    } else if (rename(stage, final_dir) != 0) {
-        rc = tk__err_sys("cannot move the new version into place", final_dir);
-        goto done;
-    }
-    if ((rc = tk__fsync_dir(resolve_dir)) != TK_OK)
-        goto done;
+    return rc;
+}
 
-    /* 7. Revision document for the commit, then move the branch and rewrite the refs. */
-    char *revdir = tk__path_join(api_dir, "revision");
-    char *revpath = revdir ? tk__path_join(revdir, commit) : NULL;
-    json_t *doc = tk_hub__tree_info_doc(name, commit, ext, version, major, head);
-    if (!revdir || !revpath || !doc)
-        rc = tk__err(TK_ERR_NOMEM, "out of memory");
+/* Write: the staged commit moves into place, gets its info document and listing, and then the branch
+ * moves to it and the refs are rewritten (the order the header comment gives). */
+static int write_version(publish_job *j)
+{
+    char *final_dir = tk__path_join(j->resolve_dir, j->commit);
+    char *revdir = tk__path_join(j->api_dir, "revision");
+    char *revpath = revdir ? tk__path_join(revdir, j->commit) : NULL;
+    json_t *doc = tk_hub__tree_info_doc(j->name, j->commit, j->archive_name, j->version, j->major, j->head);
+    int rc = final_dir && revpath && doc ? TK_OK : tk__err(TK_ERR_NOMEM, "out of memory");
+    if (rc == TK_OK && tk__path_exists(final_dir))
+        tk__rmtree(j->stage);
+    else if (rc == TK_OK && rename(j->stage, final_dir) != 0)
+        rc = tk__err_sys("cannot move the new version into place", final_dir);
     if (rc == TK_OK)
-        rc = tk__mkdirs(revdir, 0755);
-    if (rc == TK_OK)
+        rc = tk__fsync_dir(j->resolve_dir);
+    if (rc == TK_OK && (rc = tk__mkdirs(revdir, 0755)) == TK_OK)
         rc = tk_hub__tree_write_json(revpath, doc);
+    if (rc == TK_OK)
+        rc = tk_hub__tree_commit_hub_docs(j->api_dir, j->resolve_dir, j->commit);
+    if (rc == TK_OK)
+        rc = tk_hub__tree_set_symlink(j->resolve_dir, j->branch, j->commit);
+    if (rc == TK_OK)
+        rc = tk_hub__tree_update_refs(j->to_dir, j->api_dir, j->resolve_dir, j->name, j->major, j->commit,
+                                      j->archive_name);
     json_decref(doc);
+    free(final_dir);
     free(revdir);
     free(revpath);
-    if (rc != TK_OK)
-        goto done;
-    if ((rc = tk_hub__tree_set_symlink(resolve_dir, branch, commit)) != TK_OK)
-        goto done;
-    if ((rc = tk_hub__tree_update_refs(to_dir, api_dir, resolve_dir, name, major, commit, ext)) != TK_OK)
-        goto done;
-    if (log) {
-        char msg[256];
-        snprintf(msg, sizeof msg, "published %s %s as %s (branch %s)", name, version, commit, branch);
-        log(log_user, TK_LOG_INFO, msg);
-    }
-publish_done:
-    if (commit_out && !(*commit_out = tk__strdup(commit)))
+    return rc;
+}
+
+/* Identical content: nothing new, but a tree from an older tk gets its commits' parents and the
+ * files huggingface_hub reads. */
+static int refresh_tree(publish_job *j)
+{
+    int rc = tk_hub__tree_backfill_parents(j->api_dir, j->resolve_dir);
+    return rc == TK_OK ? tk_hub__tree_write_hub_docs(j->api_dir, j->resolve_dir) : rc;
+}
+
+int tk_hub__publish(char **commit_out, const char *pkgdir, const char *to_dir, const char *key_path,
+                    const char *compression, tk_log_fn log, void *log_user)
+{
+    publish_job j = {.pkgdir = pkgdir, .to_dir = to_dir, .compression = compression ? compression : "gz",
+                     .lock_fd = -1};
+    int rc, same = 0;
+    if (commit_out)
+        *commit_out = NULL;
+    if (strcmp(j.compression, "gz") != 0 && strcmp(j.compression, "zst") != 0)
+        return tk__err(TK_ERR_INVALID, "compression '%s' is not gz or zst", j.compression);
+    j.archive_name = strcmp(j.compression, "gz") == 0 ? "source.tar.gz" : "source.tar.zst";
+    if (!key_path)
+        return tk__err(TK_ERR_INVALID, "publishing needs a private key\nHINT: pass --key FILE ('tk keygen' makes one)");
+    /* parse, validate, sign, write */
+    if ((rc = tk_hub__key_load(&j.key, key_path)) == TK_OK && (rc = read_spec(&j)) == TK_OK &&
+        (rc = hash_files(&j)) == TK_OK && (rc = lock_tree(&j)) == TK_OK && (rc = build_archive(&j)) == TK_OK &&
+        (rc = build_manifest(&j)) == TK_OK)
+        rc = check_head(&j, &same);
+    if (rc == TK_OK && same)
+        rc = refresh_tree(&j);
+    else if (rc == TK_OK && (rc = sign_stage(&j)) == TK_OK)
+        rc = write_version(&j);
+    /* report */
+    if (rc == TK_OK && same)
+        tk__logf(log, log_user, TK_LOG_INFO, "%s %s is already published as %s (nothing to do)", j.name, j.version,
+                 j.commit);
+    else if (rc == TK_OK)
+        tk__logf(log, log_user, TK_LOG_INFO, "published %s %s as %s (branch %s)", j.name, j.version, j.commit,
+                 j.branch);
+    if (rc == TK_OK && commit_out && !(*commit_out = tk__strdup(j.commit)))
         rc = tk__err(TK_ERR_NOMEM, "out of memory");
-done:
-    if (stage && tk__path_exists(stage))
-        tk__rmtree(stage);
-    if (lock_fd >= 0)
-        close(lock_fd);
-    filelist_free(&files);
-    json_decref(spec);
-    json_decref(manifest);
-    json_decref(jfiles);
-    tk_hub__key_free(key);
-    free(spec_text);
-    free(spec_path);
-    free(stage);
-    free(archive_path);
-    free(mtext);
-    free(sig);
-    free(api_dir);
-    free(resolve_dir);
-    free(head);
-    free(head_version);
-    free(head_manifest);
-    free(final_dir);
-    free(lock_path);
+    job_free(&j);
     return rc;
 }

@@ -132,11 +132,14 @@ static int commit_parts(const char *resolve_dir, const char *commit, char *archi
     return ok ? 0 : -1;
 }
 
-int tk_hub__tree_backfill_parents(const char *api_dir, const char *resolve_dir)
+/* The commit directories in resolve_dir (40-hex names, real directories), malloc'd names. */
+static int list_commits(char ***out, size_t *count, const char *resolve_dir)
 {
-    int rc = TK_OK;
     char **commits = NULL;
     size_t n = 0, cap = 0;
+    int rc = TK_OK;
+    *out = NULL;
+    *count = 0;
     DIR *d = opendir(resolve_dir);
     if (!d)
         return TK_OK; /* nothing published yet */
@@ -164,6 +167,23 @@ int tk_hub__tree_backfill_parents(const char *api_dir, const char *resolve_dir)
         n++;
     }
     closedir(d);
+    *out = commits;
+    *count = n;
+    return rc;
+}
+
+static void free_list(char **names, size_t n)
+{
+    for (size_t i = 0; i < n; i++)
+        free(names[i]);
+    free(names);
+}
+
+int tk_hub__tree_backfill_parents(const char *api_dir, const char *resolve_dir)
+{
+    char **commits = NULL;
+    size_t n = 0;
+    int rc = list_commits(&commits, &n, resolve_dir);
     for (size_t i = 0; rc == TK_OK && i < n; i++) {
         char *parent = tk_hub__tree_commit_parent(api_dir, commits[i]);
         char archive[256], msha[TK_SHA256_HEX], ssha[TK_SHA256_HEX], asha[TK_SHA256_HEX], id[41];
@@ -198,9 +218,7 @@ int tk_hub__tree_backfill_parents(const char *api_dir, const char *resolve_dir)
         free(path);
         free(rdir);
     }
-    for (size_t i = 0; i < n; i++)
-        free(commits[i]);
-    free(commits);
+    free_list(commits, n);
     return rc;
 }
 
@@ -263,16 +281,15 @@ done:
     return rc;
 }
 
-int tk_hub__tree_update_refs(const char *tree, const char *api_dir, const char *resolve_dir, const char *name,
-                       int new_major, const char *new_commit, const char *archive_name)
+/* Moves main to the head of the highest major and writes api_dir/refs: every branch v<N> and main
+ * with its head. *best_commit (malloc'd) and *best: that head and its major. */
+static int write_refs(char **best_commit, int *best, const char *api_dir, const char *resolve_dir)
 {
-    int brc = tk_hub__tree_backfill_parents(api_dir, resolve_dir);
-    if (brc != TK_OK)
-        return brc;
-    int rc = TK_OK, best = 0;
-    json_t *branches = json_array(), *refs = NULL, *vdoc = NULL, *mdoc = NULL, *reg = NULL, *bm = NULL;
-    char *best_commit = NULL, *nv = NULL, *bv = NULL, *np = NULL, *bp = NULL, *vpath = NULL, *mpath = NULL, *ipath = NULL,
-         *refs_path = NULL, *rpath = NULL, *text = NULL;
+    int rc = TK_OK;
+    json_t *branches = json_array(), *refs = NULL;
+    char *refs_path = NULL;
+    *best_commit = NULL;
+    *best = 0;
     DIR *d = opendir(resolve_dir);
     if (!d || !branches) {
         rc = tk__err_sys("cannot read", resolve_dir);
@@ -289,57 +306,63 @@ int tk_hub__tree_update_refs(const char *tree, const char *api_dir, const char *
             json_array_append_new(branches, json_pack("{s:s, s:s, s:s}", "name", e->d_name, "ref", refname,
                                                       "targetCommit", head));
         free(refname);
-        if (head && major > best) {
-            best = (int)major;
-            free(best_commit);
-            best_commit = head;
+        if (head && major > *best) {
+            *best = (int)major;
+            free(*best_commit);
+            *best_commit = head;
         } else {
             free(head);
         }
     }
     closedir(d);
-    if (!best_commit) {
+    if (!*best_commit) {
         rc = tk__err(TK_ERR_INTERNAL, "no branch found after publishing");
         goto done;
     }
-    if ((rc = tk_hub__tree_set_symlink(resolve_dir, "main", best_commit)) != TK_OK)
+    if ((rc = tk_hub__tree_set_symlink(resolve_dir, "main", *best_commit)) != TK_OK)
         goto done;
     json_array_append_new(branches, json_pack("{s:s, s:s, s:s}", "name", "main", "ref", "refs/heads/main",
-                                              "targetCommit", best_commit));
+                                              "targetCommit", *best_commit));
     refs = json_pack("{s:O, s:[], s:[]}", "branches", branches, "tags", "converts");
-    if (!(refs_path = tk__path_join(api_dir, "refs"))) {
+    if (!(refs_path = tk__path_join(api_dir, "refs")))
         rc = tk__err(TK_ERR_NOMEM, "out of memory");
-        goto done;
-    }
-    if ((rc = tk_hub__tree_write_json(refs_path, refs)) != TK_OK ||
-        (rc = write_versions_doc(api_dir, resolve_dir)) != TK_OK)
-        goto done;
+    else
+        rc = tk_hub__tree_write_json(refs_path, refs);
+done:
+    json_decref(branches);
+    json_decref(refs);
+    free(refs_path);
+    return rc;
+}
 
-    nv = tk_hub__tree_commit_version(resolve_dir, new_commit);
-    bv = tk_hub__tree_commit_version(resolve_dir, best_commit);
-    bm = tk_hub__tree_commit_manifest(resolve_dir, best_commit);
-    const char *best_archive = json_string_value(json_object_get(json_object_get(bm, "archive"), "path"));
-    np = tk_hub__tree_commit_parent(api_dir, new_commit);
-    bp = tk_hub__tree_commit_parent(api_dir, best_commit);
-    vdoc = tk_hub__tree_info_doc(name, new_commit, archive_name, nv ? nv : "", new_major, np);
-    mdoc = tk_hub__tree_info_doc(name, best_commit, best_archive ? best_archive : archive_name, bv ? bv : "", best,
-                                 bp);
-    vpath = tk__fmt("%s/revision/v%d", api_dir, new_major);
-    mpath = tk__fmt("%s/revision/main", api_dir);
-    ipath = tk__path_join(api_dir, "index.json");
-    if (!vpath || !mpath || !ipath) {
-        rc = tk__err(TK_ERR_NOMEM, "out of memory");
-        goto done;
-    }
-    if ((rc = tk_hub__tree_write_json(vpath, vdoc)) != TK_OK || (rc = tk_hub__tree_write_json(mpath, mdoc)) != TK_OK ||
-        (rc = tk_hub__tree_write_json(ipath, mdoc)) != TK_OK)
-        goto done;
+/* The info document of commit (its version, parent and archive from the tree) at api_dir/<rel>. */
+static int write_info_doc(const char *api_dir, const char *resolve_dir, const char *rel, const char *name,
+                          const char *commit, int major, const char *fallback_archive)
+{
+    char *version = tk_hub__tree_commit_version(resolve_dir, commit);
+    char *parent = tk_hub__tree_commit_parent(api_dir, commit);
+    json_t *m = tk_hub__tree_commit_manifest(resolve_dir, commit);
+    const char *archive = json_string_value(json_object_get(json_object_get(m, "archive"), "path"));
+    json_t *doc = tk_hub__tree_info_doc(name, commit, archive ? archive : fallback_archive, version ? version : "",
+                                        major, parent);
+    char *path = tk__path_join(api_dir, rel);
+    int rc = doc && path ? tk_hub__tree_write_json(path, doc) : tk__err(TK_ERR_NOMEM, "out of memory");
+    json_decref(doc);
+    json_decref(m);
+    free(path);
+    free(version);
+    free(parent);
+    return rc;
+}
 
+/* The registry's index.json: name's entry says main is best_commit, of major best. */
+static int write_registry_index(const char *tree, const char *name, const char *best_commit, int best)
+{
+    char *rpath = tk__path_join(tree, "index.json"), *text = NULL;
     size_t n = 0;
-    if (!(rpath = tk__path_join(tree, "index.json"))) {
-        rc = tk__err(TK_ERR_NOMEM, "out of memory");
-        goto done;
-    }
+    json_t *reg = NULL;
+    if (!rpath)
+        return tk__err(TK_ERR_NOMEM, "out of memory");
     if (tk__read_file(&text, &n, rpath, JSON_DOC_MAX) == TK_OK)
         reg = json_loadb(text, n, 0, NULL);
     if (!json_is_object(reg)) {
@@ -350,25 +373,193 @@ int tk_hub__tree_update_refs(const char *tree, const char *api_dir, const char *
         json_object_set_new(reg, "packages", json_object());
     json_object_set_new(json_object_get(reg, "packages"), name,
                         json_pack("{s:s, s:i}", "main", best_commit, "latest_major", best));
-    rc = tk_hub__tree_write_json(rpath, reg);
-done:
-    json_decref(branches);
-    json_decref(refs);
-    json_decref(vdoc);
-    json_decref(mdoc);
+    int rc = tk_hub__tree_write_json(rpath, reg);
     json_decref(reg);
-    json_decref(bm);
-    free(best_commit);
-    free(nv);
-    free(bv);
-    free(np);
-    free(bp);
-    free(vpath);
-    free(mpath);
-    free(ipath);
-    free(refs_path);
     free(rpath);
     free(text);
+    return rc;
+}
+
+int tk_hub__tree_update_refs(const char *tree, const char *api_dir, const char *resolve_dir, const char *name,
+                             int new_major, const char *new_commit, const char *archive_name)
+{
+    char *best_commit = NULL, vrel[32];
+    int best = 0, rc = tk_hub__tree_backfill_parents(api_dir, resolve_dir);
+    snprintf(vrel, sizeof vrel, "revision/v%d", new_major);
+    if (rc == TK_OK)
+        rc = write_refs(&best_commit, &best, api_dir, resolve_dir);
+    if (rc == TK_OK)
+        rc = write_versions_doc(api_dir, resolve_dir);
+    if (rc == TK_OK)
+        rc = write_info_doc(api_dir, resolve_dir, vrel, name, new_commit, new_major, archive_name);
+    if (rc == TK_OK)
+        rc = write_info_doc(api_dir, resolve_dir, "revision/main", name, best_commit, best, archive_name);
+    if (rc == TK_OK)
+        rc = write_info_doc(api_dir, resolve_dir, "index.json", name, best_commit, best, archive_name);
+    if (rc == TK_OK)
+        rc = tk_hub__tree_write_hub_docs(api_dir, resolve_dir);
+    if (rc == TK_OK)
+        rc = write_registry_index(tree, name, best_commit, best);
+    free(best_commit);
+    return rc;
+}
+
+/* ---- what huggingface_hub reads besides the files (docs/registry.md, "huggingface_hub") ------------ */
+
+static int cmp_listing(const void *a, const void *b)
+{
+    return strcmp(json_string_value(json_object_get(*(json_t *const *)a, "path")),
+                  json_string_value(json_object_get(*(json_t *const *)b, "path")));
+}
+
+int tk_hub__tree_listing(json_t **out, const char *commit_dir)
+{
+    json_t *entries[64];
+    size_t n = 0;
+    int rc = TK_OK;
+    *out = NULL;
+    DIR *d = opendir(commit_dir);
+    if (!d)
+        return tk__err_sys("cannot read", commit_dir);
+    struct dirent *e;
+    while (rc == TK_OK && (e = readdir(d)) != NULL) {
+        struct stat st;
+        char sha[TK_SHA256_HEX];
+        int64_t size = 0;
+        char *p = e->d_name[0] != '.' ? tk__path_join(commit_dir, e->d_name) : NULL;
+        if (p && lstat(p, &st) == 0 && S_ISREG(st.st_mode)) {
+            if (n == sizeof entries / sizeof *entries)
+                rc = tk__err(TK_ERR_INVALID, "'%s' holds more than %zu files", commit_dir, n);
+            else if ((rc = tk__sha256_file_nofollow(sha, &size, p)) == TK_OK &&
+                     !(entries[n++] = json_pack("{s:s, s:s, s:I, s:s}", "type", "file", "path", e->d_name, "size",
+                                                (json_int_t)size, "oid", sha)))
+                rc = tk__err(TK_ERR_NOMEM, "out of memory");
+        }
+        free(p);
+    }
+    closedir(d);
+    json_t *list = rc == TK_OK ? json_array() : NULL;
+    if (rc == TK_OK && !list)
+        rc = tk__err(TK_ERR_NOMEM, "out of memory");
+    if (rc == TK_OK)
+        qsort(entries, n, sizeof *entries, cmp_listing);
+    for (size_t i = 0; i < n; i++)
+        if (rc == TK_OK)
+            json_array_append_new(list, entries[i]);
+        else
+            json_decref(entries[i]);
+    *out = list;
+    return rc;
+}
+
+/* Fills dir (empty) with the links of tree.h's tk_hub__tree_etag_links for the files in list. */
+static int fill_etag_dir(const char *dir, json_t *list)
+{
+    size_t i;
+    json_t *f;
+    int rc = TK_OK;
+    json_array_foreach(list, i, f) {
+        const char *path = json_string_value(json_object_get(f, "path"));
+        const char *sha = json_string_value(json_object_get(f, "oid"));
+        char *shadir = tk__path_join(dir, sha), *inner = tk__fmt("%s/%s/%s", dir, sha, path);
+        char *target = tk__fmt("../../%s", path), *outer = tk__path_join(dir, path);
+        if (!shadir || !inner || !target || !outer)
+            rc = tk__err(TK_ERR_NOMEM, "out of memory");
+        else if (mkdir(shadir, 0755) != 0 && errno != EEXIST)
+            rc = tk__err_sys("cannot create", shadir);
+        else if (symlink(target, inner) != 0 || symlink(sha, outer) != 0)
+            rc = tk__err_sys("cannot create a link", outer);
+        free(shadir);
+        free(inner);
+        free(target);
+        free(outer);
+        if (rc != TK_OK)
+            break;
+    }
+    return rc;
+}
+
+int tk_hub__tree_etag_links(const char *commit_dir)
+{
+    char *links = tk__path_join(commit_dir, ".etag"), *tmp = tk__tmp_path(commit_dir, "etag");
+    json_t *list = NULL;
+    int rc = links && tmp ? TK_OK : tk__err(TK_ERR_NOMEM, "out of memory");
+    if (rc != TK_OK || tk__path_exists(links)) /* .etag appears whole, by a rename; a commit never changes */
+        goto done;
+    if ((rc = tk_hub__tree_listing(&list, commit_dir)) != TK_OK)
+        goto done;
+    if (mkdir(tmp, 0755) != 0)
+        rc = tk__err_sys("cannot create", tmp);
+    else if ((rc = fill_etag_dir(tmp, list)) == TK_OK && rename(tmp, links) != 0)
+        rc = tk__err_sys("cannot move into place", links);
+    if (rc == TK_OK)
+        rc = tk__fsync_dir(commit_dir);
+    else
+        tk__rmtree(tmp);
+done:
+    json_decref(list);
+    free(links);
+    free(tmp);
+    return rc;
+}
+
+/* api_dir/tree/<rev> from list, unless keep_existing and it is there already. */
+static int write_listing(const char *api_dir, const char *rev, json_t *list, int keep_existing)
+{
+    char *dir = tk__path_join(api_dir, "tree"), *path = dir ? tk__path_join(dir, rev) : NULL;
+    int rc = TK_OK;
+    if (!path)
+        rc = tk__err(TK_ERR_NOMEM, "out of memory");
+    else if (!(keep_existing && tk__path_exists(path)) && (rc = tk__mkdirs(dir, 0755)) == TK_OK)
+        rc = tk_hub__tree_write_json(path, list);
+    free(dir);
+    free(path);
+    return rc;
+}
+
+int tk_hub__tree_commit_hub_docs(const char *api_dir, const char *resolve_dir, const char *commit)
+{
+    char *cdir = tk__path_join(resolve_dir, commit), *tpath = tk__fmt("%s/tree/%s", api_dir, commit);
+    json_t *list = NULL;
+    int rc = cdir && tpath ? TK_OK : tk__err(TK_ERR_NOMEM, "out of memory");
+    if (rc == TK_OK)
+        rc = tk_hub__tree_etag_links(cdir);
+    if (rc == TK_OK && !tk__path_exists(tpath))
+        rc = tk_hub__tree_listing(&list, cdir);
+    if (list)
+        rc = write_listing(api_dir, commit, list, 1);
+    json_decref(list);
+    free(cdir);
+    free(tpath);
+    return rc;
+}
+
+int tk_hub__tree_write_hub_docs(const char *api_dir, const char *resolve_dir)
+{
+    char **commits = NULL;
+    size_t n = 0;
+    int rc = list_commits(&commits, &n, resolve_dir);
+    for (size_t i = 0; rc == TK_OK && i < n; i++)
+        rc = tk_hub__tree_commit_hub_docs(api_dir, resolve_dir, commits[i]);
+    free_list(commits, n);
+    DIR *d = rc == TK_OK ? opendir(resolve_dir) : NULL;
+    struct dirent *e;
+    while (d && rc == TK_OK && (e = readdir(d)) != NULL) {
+        int64_t major;
+        if (strcmp(e->d_name, "main") != 0 &&
+            (e->d_name[0] != 'v' || tk__parse_i64(e->d_name + 1, 1, 1000000, &major) != 0))
+            continue;
+        char *head = tk_hub__tree_branch_head(resolve_dir, e->d_name);
+        char *cdir = head && tk__is_hex(head, 40) ? tk__path_join(resolve_dir, head) : NULL;
+        json_t *list = NULL;
+        if (cdir && tk__is_dir(cdir) && (rc = tk_hub__tree_listing(&list, cdir)) == TK_OK)
+            rc = write_listing(api_dir, e->d_name, list, 0);
+        json_decref(list);
+        free(head);
+        free(cdir);
+    }
+    if (d)
+        closedir(d);
     return rc;
 }
 

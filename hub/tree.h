@@ -27,10 +27,26 @@ char *tk_hub__tree_commit_parent(const char *api_dir, const char *commit);
 json_t *tk_hub__tree_commit_manifest(const char *resolve_dir, const char *commit);
 /* The version in a commit's manifest, or NULL (malloc'd). */
 char *tk_hub__tree_commit_version(const char *resolve_dir, const char *commit);
-/* Rewrites refs, the branch revision documents, the package's index.json and the tree's index.json
- * after branch v<new_major> moved to new_commit. */
+/* Rewrites refs, the branch revision documents, the package's index.json, the Hub listings
+ * (tk_hub__tree_write_hub_docs) and the tree's index.json after branch v<new_major> moved to
+ * new_commit (a publish, an upload or a yank). */
 int tk_hub__tree_update_refs(const char *tree, const char *api_dir, const char *resolve_dir, const char *name,
                              int new_major, const char *new_commit, const char *archive_name);
+/* The Hub's listing of a commit directory, what GET /api/kernels/{org}/{name}/tree/{rev} answers:
+ * its regular files (dot-names left out) sorted by path, each {"type": "file", "path", "size",
+ * "oid": sha256}. *out is a new reference. */
+int tk_hub__tree_listing(json_t **out, const char *commit_dir);
+/* Writes commit_dir/.etag once (a commit never changes): for each file F with sha256 S, the links
+ * .etag/F -> S and .etag/S/F -> ../../F. The real path of resolve/{rev}/.etag/F is then
+ * resolve/{commit}/.etag/{sha256}, through the branch link when rev is a branch, which is how nginx
+ * sends X-Repo-Commit and ETag without reading a file (docs/nginx-registry.conf). Built in a
+ * temporary directory and renamed into place, so a reader sees all of it or none. */
+int tk_hub__tree_etag_links(const char *commit_dir);
+/* The .etag links and api_dir/tree/<commit> of one commit, each written when missing. */
+int tk_hub__tree_commit_hub_docs(const char *api_dir, const char *resolve_dir, const char *commit);
+/* tk_hub__tree_commit_hub_docs for every commit in resolve_dir, then api_dir/tree/<branch> for every
+ * branch link (v<N>, main), rewritten: what huggingface_hub reads from a plain-files registry. */
+int tk_hub__tree_write_hub_docs(const char *api_dir, const char *resolve_dir);
 /* Writes the info document (with its parent) of every commit in resolve_dir whose document lacks
  * the parent: trees written before commit ids were checked. The parent is found by recomputing the
  * id over each candidate (another commit, or none); a commit no candidate explains is left alone. */
