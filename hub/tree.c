@@ -549,14 +549,18 @@ int tk_hub__tree_write_hub_docs(const char *api_dir, const char *resolve_dir)
         if (strcmp(e->d_name, "main") != 0 &&
             (e->d_name[0] != 'v' || tk__parse_i64(e->d_name + 1, 1, 1000000, &major) != 0))
             continue;
-        char *head = tk_hub__tree_branch_head(resolve_dir, e->d_name);
-        char *cdir = head && tk__is_hex(head, 40) ? tk__path_join(resolve_dir, head) : NULL;
-        json_t *list = NULL;
-        if (cdir && tk__is_dir(cdir) && (rc = tk_hub__tree_listing(&list, cdir)) == TK_OK)
+        /* a branch's listing is its head's, written above (no file is hashed again) */
+        char *head = tk_hub__tree_branch_head(resolve_dir, e->d_name), *text = NULL;
+        char *tpath = head && tk__is_hex(head, 40) ? tk__fmt("%s/tree/%s", api_dir, head) : NULL;
+        size_t len = 0;
+        json_t *list = tpath && tk__read_file(&text, &len, tpath, JSON_DOC_MAX) == TK_OK ? json_loadb(text, len, 0, NULL)
+                                                                                        : NULL;
+        if (list)
             rc = write_listing(api_dir, e->d_name, list, 0);
         json_decref(list);
         free(head);
-        free(cdir);
+        free(tpath);
+        free(text);
     }
     if (d)
         closedir(d);
