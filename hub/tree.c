@@ -397,9 +397,9 @@ int tk_hub__tree_update_refs(const char *tree, const char *api_dir, const char *
     if (rc == TK_OK)
         rc = write_info_doc(api_dir, resolve_dir, "index.json", name, best_commit, best, archive_name);
     if (rc == TK_OK)
-        rc = tk_hub__tree_write_hub_docs(api_dir, resolve_dir);
-    if (rc == TK_OK)
         rc = write_registry_index(tree, name, best_commit, best);
+    if (rc == TK_OK) /* last: what tk's clients read is current even when this fails */
+        rc = tk_hub__tree_write_hub_docs(api_dir, resolve_dir);
     free(best_commit);
     return rc;
 }
@@ -512,6 +512,12 @@ static int write_listing(const char *api_dir, const char *rev, json_t *list, int
         rc = tk__err(TK_ERR_NOMEM, "out of memory");
     else if (!(keep_existing && tk__path_exists(path)) && (rc = tk__mkdirs(dir, 0755)) == TK_OK)
         rc = tk_hub__tree_write_json(path, list);
+    if (rc != TK_OK && path) {
+        char why[512];
+        snprintf(why, sizeof why, "%s", tk_last_error());
+        rc = tk__err(rc, "cannot write %s, the listing huggingface_hub reads: %s\nHINT: %s holds only the "
+                     "listings tk writes; move away what is in the way and publish again", path, why, dir);
+    }
     free(dir);
     free(path);
     return rc;

@@ -27,9 +27,9 @@ char *tk_hub__tree_commit_parent(const char *api_dir, const char *commit);
 json_t *tk_hub__tree_commit_manifest(const char *resolve_dir, const char *commit);
 /* The version in a commit's manifest, or NULL (malloc'd). */
 char *tk_hub__tree_commit_version(const char *resolve_dir, const char *commit);
-/* Rewrites refs, the branch revision documents, the package's index.json, the Hub listings
- * (tk_hub__tree_write_hub_docs) and the tree's index.json after branch v<new_major> moved to
- * new_commit (a publish, an upload or a yank). */
+/* Rewrites refs, the branch revision documents, the package's index.json and the tree's index.json,
+ * then the Hub listings (tk_hub__tree_write_hub_docs), after branch v<new_major> moved to new_commit
+ * (a publish, an upload or a yank). */
 int tk_hub__tree_update_refs(const char *tree, const char *api_dir, const char *resolve_dir, const char *name,
                              int new_major, const char *new_commit, const char *archive_name);
 /* The Hub's listing of a commit directory, what GET /api/kernels/{org}/{name}/tree/{rev} answers:

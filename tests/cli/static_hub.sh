@@ -146,6 +146,28 @@ sys.exit(1 if bad else 0)
 EOF
 }
 
+# Something in the way of a listing: the publish fails before its branch moves (nothing a client
+# reads changes), says what and where, and publishing again once it is moved away completes it.
+t_listing_in_the_way() {
+  local r=$WORK/inway c1
+  publish "$r" 1.0.0; c1=$(head_of "$r" v1)
+  cp -a "$r/api" "$WORK/api-before"
+  rm -rf "$r/api/kernels/$REPO/tree"; echo "not a folder" >"$r/api/kernels/$REPO/tree"
+  rm -rf "$WORK/api-before/kernels/$REPO/tree"; cp "$r/api/kernels/$REPO/tree" "$WORK/api-before/kernels/$REPO/tree"
+  make_pkg "$WORK/p-in" 1.0.1
+  expect_rc 6 "$TK" publish "$WORK/p-in" --to "$r" --key "$KEY"
+  expect_out "the listing huggingface_hub reads"
+  expect_out "is not a directory"
+  expect_out "HINT: "
+  [ "$(head_of "$r" v1)" = "$c1" ] || fail "the failed publish moved v1"
+  # (the new commit's own info document may be there: nothing refers to it)
+  diff -r -x revision "$WORK/api-before" "$r/api" >/dev/null || fail "the failed publish changed what clients read"
+  rm "$r/api/kernels/$REPO/tree"
+  expect_rc 0 "$TK" publish "$WORK/p-in" --to "$r" --key "$KEY"
+  [ "$(head_of "$r" v1)" != "$c1" ] || fail "publishing again did not move v1"
+  [ "$(ls "$r/api/kernels/$REPO/tree" | wc -l)" = 4 ] || fail "tree/ holds $(ls "$r/api/kernels/$REPO/tree")"
+}
+
 # The lifecycle of a package, each step read by huggingface_hub from nginx and from tk serve.
 t_hub_client_nginx_matches_serve() {
   needs || return
