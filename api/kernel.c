@@ -1555,20 +1555,26 @@ int tk_cache_stats_json(char **out, tk_ctx *ctx)
 {
     tk_kcache *kc = NULL;
     int64_t n = 0, bytes = 0;
-    json_t *o = NULL;
-    const char *nvid = NULL;
-    int rc;
+    json_t *o = NULL, *nv = NULL;
+    const char *nvpath = NULL;
+    char ver[32];
+    int rc, vmaj = 0, vmin = 0;
     if (out)
         *out = NULL;
     if (!out)
         return tk__err(TK_ERR_INVALID, "tk_cache_stats_json: out is NULL");
     if ((rc = get_cache(&kc, ctx)) != TK_OK || (rc = tk_kcache__stats(kc, &n, &bytes)) != TK_OK)
         return rc;
-    if (tk_jit__nvrtc_id(&nvid) != TK_OK) /* only probes, unless the file cannot be found */
-        nvid = NULL;
-    o = json_pack("{s:s, s:I, s:I, s:I, s:s?}", "path", tk_kcache__path(kc), "entries", (json_int_t)n,
-                  "bytes", (json_int_t)bytes, "max_bytes", (json_int_t)tk_kcache__max_bytes(kc), "nvrtc",
-                  nvid);
+    /* the NVRTC new entries are compiled with (and keyed by): its version and file, or null */
+    if (tk_jit__nvrtc_version(&vmaj, &vmin, &nvpath) == TK_OK) {
+        snprintf(ver, sizeof ver, "%d.%d", vmaj, vmin);
+        nv = json_pack("{s:s, s:s}", "version", ver, "path", nvpath ? nvpath : "");
+    } else {
+        nv = json_null();
+        tk__err_clear();
+    }
+    o = json_pack("{s:s, s:I, s:I, s:I, s:o}", "path", tk_kcache__path(kc), "entries", (json_int_t)n,
+                  "bytes", (json_int_t)bytes, "max_bytes", (json_int_t)tk_kcache__max_bytes(kc), "nvrtc", nv);
     if (!o || !(*out = json_dumps(o, JSON_INDENT(2)))) {
         json_decref(o);
         return tk__err(TK_ERR_NOMEM, "out of memory");
@@ -1577,14 +1583,46 @@ int tk_cache_stats_json(char **out, tk_ctx *ctx)
     return TK_OK;
 }
 
+/* An entry's unit label ("activation.cu: k1, k2, k3 ... (33 kernels)", made by plan_make) as fields:
+ * "source", "kernels" (the names the label keeps: at most 3) and "kernel_count". */
+static int unit_fields(json_t *o, const char *unit)
+{
+    const char *colon = strstr(unit, ": "), *p, *more;
+    json_t *names = json_array();
+    size_t count = 0;
+    if (!names)
+        return -1;
+    if (json_object_set_new(o, "kernels", names) != 0 ||
+        json_object_set_new(o, "source", colon ? json_stringn(unit, (size_t)(colon - unit)) : json_string(unit)) != 0)
+        return -1;
+    p = colon ? colon + 2 : unit + strlen(unit);
+    more = strstr(p, " ... (");
+    while (*p && p != more) {
+        const char *end = strstr(p, ", ");
+        if (!end || (more && end > more))
+            end = more ? more : p + strlen(p);
+        if (json_array_append_new(names, json_stringn(p, (size_t)(end - p))) != 0)
+            return -1;
+        count++;
+        p = *end == ',' ? end + 2 : end;
+    }
+    if (more)
+        count = (size_t)strtoull(more + 6, NULL, 10);
+    return json_object_set_new(o, "kernel_count", json_integer((json_int_t)count));
+}
+
 static int list_one(void *user, const tk_kcache_entry *e)
 {
     json_t *arr = user;
-    json_t *o = json_pack("{s:s, s:s, s:s, s:s, s:s, s:I, s:I, s:I, s:I}", "key", e->key, "package",
-                          e->package, "unit", e->unit, "target", e->target, "nvrtc", e->nvrtc, "size",
-                          (json_int_t)e->size, "created", (json_int_t)e->created, "last_used",
+    const char *at = strrchr(e->package, '@');
+    int local = at && !strcmp(at + 1, "local");
+    /* "org/name@commit" as "package" and "commit" (null for a package directory: org/name@local) */
+    json_t *o = json_pack("{s:s, s:s%, s:o, s:s, s:s, s:I, s:I, s:I, s:I}", "key", e->key, "package", e->package,
+                          at ? (size_t)(at - e->package) : strlen(e->package), "commit",
+                          at && !local ? json_string(at + 1) : json_null(), "target", e->target, "nvrtc", e->nvrtc,
+                          "size", (json_int_t)e->size, "created", (json_int_t)e->created, "last_used",
                           (json_int_t)e->last_used, "hits", (json_int_t)e->hits);
-    if (!o || json_array_append_new(arr, o) != 0)
+    if (!o || unit_fields(o, e->unit) != 0 || json_array_append_new(arr, o) != 0)
         return 1;
     return 0;
 }

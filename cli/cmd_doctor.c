@@ -117,6 +117,10 @@ int tk_cmd_doctor(tk_cli *cli, int argc, char **argv)
     }
     /* state, cache, registry */
     tk_ctx *ctx = tk_cli_ctx(cli);
+    if (!ctx && cli->json) { /* the error object is out: no second object after it */
+        json_decref(out);
+        return cli->ctx_exit ? cli->ctx_exit : TK_EXIT_FAIL;
+    }
     if (ctx) {
         char *js = NULL;
         json_object_set_new(out, "home", json_string(tk_ctx_home(ctx)));
