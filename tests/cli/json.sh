@@ -87,7 +87,8 @@ assert all(b["package"] == "kernels-community/activation" for b in d["bad_files"
 # a line in the table fails the test: a new command must say how it fails under --json.
 t_every_command_fails_as_json() {
   local W=$WORK; : >"$W/afile"
-  # COMMAND|STATUS(ES)|ARGS   (ARGS split on spaces; "@file-home" first: TK_HOME is a plain file)
+  # COMMAND|STATUS(ES)|ARGS   (ARGS split on spaces; "@file-home" first: TK_HOME is a plain file;
+  # run: -q, as on a GPU machine it installs and compiles before the usage error)
   local table="get|not_found|kernels-community/no-such-package
 list|io|@file-home
 info|not_found|nosuch/pkg
@@ -101,7 +102,7 @@ trust|not_found|remove nosuch-org SHA256:00000000000000000000000000000000
 build|not_found|kernels-community/no-such-package
 cache|io|@file-home stats
 doctor|io|@file-home
-run|no_device usage|kernels-community/activation silu_and_mul_f32 --shape 4
+run|no_device usage|-q kernels-community/activation silu_and_mul_f32 --shape 4
 ops|not_found|no_such_op
 run-op|not_found|no_such_op --shape 4
 serve|io|--root $W/afile
