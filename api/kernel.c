@@ -1013,6 +1013,101 @@ static int load_unit(tk_jit_module **m, cunit *c, int device, int *stale)
     return tk__err(rc, "%s", first);
 }
 
+/* The device a kernel is for: a GPU must exist; *info and *cc (x10) describe the one asked for. */
+static int kernel_device(tk_device_info *info, int *cc, const char *ref, int device)
+{
+    int rc, ndev = 0;
+    if ((rc = tk_jit__device_count(&ndev)) != TK_OK)
+        return rc;
+    if (ndev == 0)
+        return tk__err(TK_ERR_NO_DEVICE,
+                       "no CUDA device: the driver loaded but found no GPU\n"
+                       "HINT: check 'nvidia-smi' and CUDA_VISIBLE_DEVICES; without a GPU, compile ahead "
+                       "of time with 'tk build %s --arch sm_90'", ref);
+    if ((rc = tk_jit__device_info(info, device)) != TK_OK)
+        return rc;
+    *cc = info->cc_major * 10 + info->cc_minor;
+    return TK_OK;
+}
+
+/* The compile plan for the device: its arch's units (PTX for compute_XY under TK_JIT_FORCE_PTX=1, in
+ * tests), or, for a GPU newer than NVRTC whose binaries are not all cached, PTX for the newest arch
+ * NVRTC knows, which the driver JITs. *kc receives the cache. */
+static int kernel_plan(plan *p, tk_kcache **kc, tk_ctx *ctx, const pkgsrc *s, const tk_device_info *info, int cc,
+                       int device, const char *nvid)
+{
+    const char *fp = getenv("TK_JIT_FORCE_PTX"); /* only for packages without sm_XYa kernels */
+    int rc, any_miss = 0;
+    if ((rc = plan_make(p, s, cc, fp && !strcmp(fp, "1"), nvid)) != TK_OK)
+        return rc;
+    if (p->n == 0)
+        return tk__err(TK_ERR_UNSUPPORTED, "%s has no kernel for compute capability %d.%d (device %d: %s)",
+                       s->pkgname, info->cc_major, info->cc_minor, device, info->name);
+    if ((rc = get_cache(kc, ctx)) != TK_OK)
+        return rc;
+    for (size_t i = 0; i < p->n && !any_miss; i++) {
+        uint8_t *d = NULL;
+        size_t l;
+        any_miss = tk_kcache__get(*kc, p->u[i].key, &d, &l) != TK_OK;
+        free(d);
+    }
+    if (any_miss) {
+        int archs[64];
+        size_t na = 0;
+        if ((rc = tk_jit__nvrtc_archs(archs, 64, &na)) != TK_OK)
+            return rc;
+        if (na && cc > archs[na - 1]) {
+            tk_api__log(ctx, TK_LOG_WARN, "sm_%d is newer than this NVRTC knows (up to sm_%d): using PTX for compute_%d",
+                        cc, archs[na - 1], archs[na - 1]);
+            plan_free(p);
+            if ((rc = plan_make(p, s, archs[na - 1], 1, nvid)) != TK_OK)
+                return rc;
+        }
+    }
+    return TK_OK;
+}
+
+/* Loads each unit's module on the device and makes a tk_function of each of its kernels (their
+ * declarations move from s into k). A cached binary the driver rejects is dropped and recompiled
+ * once. */
+static int kernel_load(tk_kernel *k, tk_ctx *ctx, plan *p, pkgsrc *s, tk_kcache *kc)
+{
+    int rc;
+    for (size_t i = 0; i < p->n; i++) {
+        cunit *c = &p->u[i];
+        tk_jit_module *m = NULL;
+        int stale = 0;
+        rc = load_unit(&m, c, k->device, &stale);
+        if (rc != TK_OK && stale && c->cached) {
+            tk_api__log(ctx, TK_LOG_WARN, "cached binary for %s rejected by the driver; recompiling", c->label);
+            tk_kcache__remove(kc, c->key);
+            tk_jit__binary_free(c->bin);
+            c->bin = NULL;
+            c->cached = 0;
+            if ((rc = plan_build(p, ctx, s, 0, NULL, NULL)) != TK_OK)
+                return rc;
+            rc = load_unit(&m, c, k->device, &stale);
+        }
+        if (rc != TK_OK)
+            return tk__err_wrap(rc, "%s (%s)", c->label, c->target);
+        k->mods[k->nmods++] = m;
+        for (size_t j = 0; j < c->nk; j++) {
+            struct tk_function *f = &k->fns[k->nfns];
+            void *fn = NULL;
+            if ((rc = tk_jit__module_function(&fn, m, c->bin->lowered[c->kname[j]])) != TK_OK)
+                return rc;
+            f->magic = FUNCTION_MAGIC;
+            f->k = k;
+            f->d = s->k[c->kidx[j]];
+            memset(&s->k[c->kidx[j]], 0, sizeof s->k[0]); /* moved into the function */
+            f->mod = m;
+            f->fn = fn;
+            k->nfns++;
+        }
+    }
+    return TK_OK;
+}
+
 int tk_get_kernel(tk_kernel **out, tk_ctx *ctx, const char *ref, const tk_kernel_opts *opts)
 {
     tk_kernel_opts def = TK_KERNEL_OPTS_INIT;
@@ -1023,7 +1118,7 @@ int tk_get_kernel(tk_kernel **out, tk_ctx *ctx, const char *ref, const tk_kernel
     pkgsrc s;
     plan p;
     const char *nvid = NULL;
-    int rc, ndev = 0, cc, ptx_only = 0;
+    int rc, cc = 0;
 
     memset(&s, 0, sizeof s);
     memset(&p, 0, sizeof p);
@@ -1037,61 +1132,14 @@ int tk_get_kernel(tk_kernel **out, tk_ctx *ctx, const char *ref, const tk_kernel
         opts = &def;
     if (opts->version < 1 || opts->version > TK_KERNEL_OPTS_VERSION)
         return tk__err(TK_ERR_INVALID, "tk_get_kernel: unknown opts version %u", opts->version);
-    if ((rc = tk_jit__device_count(&ndev)) != TK_OK)
+    if ((rc = kernel_device(&info, &cc, ref, opts->device)) != TK_OK)
         return rc;
-    if (ndev == 0)
-        return tk__err(TK_ERR_NO_DEVICE,
-                       "no CUDA device: the driver loaded but found no GPU\n"
-                       "HINT: check 'nvidia-smi' and CUDA_VISIBLE_DEVICES; without a GPU, compile ahead "
-                       "of time with 'tk build %s --arch sm_90'", ref);
-    if ((rc = tk_jit__device_info(&info, opts->device)) != TK_OK)
-        return rc;
-    cc = info.cc_major * 10 + info.cc_minor;
-    if ((rc = pkgsrc_for_ref(&s, &manifest, ctx, ref, &opts->get)) != TK_OK || (rc = tk_jit__nvrtc_id(&nvid)) != TK_OK)
+    /* the package's sources, the plan for this GPU, and every binary built or taken from the cache */
+    if ((rc = pkgsrc_for_ref(&s, &manifest, ctx, ref, &opts->get)) != TK_OK ||
+        (rc = tk_jit__nvrtc_id(&nvid)) != TK_OK ||
+        (rc = kernel_plan(&p, &kc, ctx, &s, &info, cc, opts->device, nvid)) != TK_OK ||
+        (rc = plan_build(&p, ctx, &s, 0, NULL, NULL)) != TK_OK)
         goto fail;
-    /* TK_JIT_FORCE_PTX=1 (tests): PTX for compute_XY, JIT-compiled by the driver, as for a GPU newer
-     * than NVRTC; only for packages without arch-specific (sm_XYa) kernels */
-    {
-        const char *fp = getenv("TK_JIT_FORCE_PTX");
-        ptx_only = fp && !strcmp(fp, "1");
-    }
-    if ((rc = plan_make(&p, &s, cc, ptx_only, nvid)) != TK_OK)
-        goto fail;
-    if (p.n == 0) {
-        rc = tk__err(TK_ERR_UNSUPPORTED, "%s has no kernel for compute capability %d.%d (device %d: %s)",
-                     s.pkgname, info.cc_major, info.cc_minor, opts->device, info.name);
-        goto fail;
-    }
-    /* a GPU newer than NVRTC: PTX for the newest arch NVRTC knows, which the driver JITs */
-    {
-        int any_miss = 0;
-        if ((rc = get_cache(&kc, ctx)) != TK_OK)
-            goto fail;
-        for (size_t i = 0; i < p.n && !any_miss; i++) {
-            uint8_t *d = NULL;
-            size_t l;
-            any_miss = tk_kcache__get(kc, p.u[i].key, &d, &l) != TK_OK;
-            free(d);
-        }
-        if (any_miss) {
-            int archs[64];
-            size_t na = 0;
-            if ((rc = tk_jit__nvrtc_archs(archs, 64, &na)) != TK_OK)
-                goto fail;
-            if (na && cc > archs[na - 1]) {
-                tk_api__log(ctx, TK_LOG_WARN,
-                            "sm_%d is newer than this NVRTC knows (up to sm_%d): using PTX for compute_%d",
-                            cc, archs[na - 1], archs[na - 1]);
-                plan_free(&p);
-                ptx_only = 1;
-                if ((rc = plan_make(&p, &s, archs[na - 1], 1, nvid)) != TK_OK)
-                    goto fail;
-            }
-        }
-    }
-    if ((rc = plan_build(&p, ctx, &s, 0, NULL, NULL)) != TK_OK)
-        goto fail;
-
     if (!(k = calloc(1, sizeof *k)) || !(k->mods = calloc(p.n, sizeof *k->mods)) ||
         !(k->fns = calloc(s.nk, sizeof *k->fns)) || !(k->pkgname = tk__strdup(s.pkgname))) {
         rc = tk__err(TK_ERR_NOMEM, "out of memory");
@@ -1105,42 +1153,8 @@ int tk_get_kernel(tk_kernel **out, tk_ctx *ctx, const char *ref, const tk_kernel
         tk_device_info di;
         k->sm_count = tk_device_info_get(&di, opts->device) == TK_OK ? di.sm_count : 0;
     }
-    for (size_t i = 0; i < p.n; i++) {
-        cunit *c = &p.u[i];
-        tk_jit_module *m = NULL;
-        int stale = 0;
-        rc = load_unit(&m, c, opts->device, &stale);
-        if (rc != TK_OK && stale && c->cached) {
-            /* the cached binary does not fit this GPU or driver: drop it, recompile once */
-            tk_api__log(ctx, TK_LOG_WARN, "cached binary for %s rejected by the driver; recompiling", c->label);
-            tk_kcache__remove(kc, c->key);
-            tk_jit__binary_free(c->bin);
-            c->bin = NULL;
-            c->cached = 0;
-            if ((rc = plan_build(&p, ctx, &s, 0, NULL, NULL)) != TK_OK)
-                goto fail;
-            rc = load_unit(&m, c, opts->device, &stale);
-        }
-        if (rc != TK_OK) {
-            rc = tk__err_wrap(rc, "%s (%s)", c->label, c->target);
-            goto fail;
-        }
-        k->mods[k->nmods++] = m;
-        for (size_t j = 0; j < c->nk; j++) {
-            struct tk_function *f = &k->fns[k->nfns];
-            void *fn = NULL;
-            if ((rc = tk_jit__module_function(&fn, m, c->bin->lowered[c->kname[j]])) != TK_OK)
-                goto fail;
-            f->magic = FUNCTION_MAGIC;
-            f->k = k;
-            f->d = s.k[c->kidx[j]];
-            memset(&s.k[c->kidx[j]], 0, sizeof s.k[0]); /* moved into the function */
-            f->mod = m;
-            f->fn = fn;
-            k->nfns++;
-        }
-    }
-    (void)ptx_only;
+    if ((rc = kernel_load(k, ctx, &p, &s, kc)) != TK_OK)
+        goto fail;
     *out = k;
     k = NULL;
     rc = TK_OK;
@@ -1231,28 +1245,23 @@ static int eval_dim(int64_t *v, const tk_jit_expr *e, const tk_jit_value *vals, 
     return tk_jit__expr_eval_dev(v, e, vals, n, sm_count);
 }
 
-int tk_function_call(const tk_function *fn, const tk_arg *args, size_t nargs, void *stream)
-{
-    const kdecl *d;
-    int bound[MAX_PARAMS];
+/* One call's state: which argument each parameter is bound to, what the launch rule knows of it,
+ * and the kernel argument slots. */
+typedef struct {
+    int bound[MAX_PARAMS]; /* index into args, -1 when not given */
     tk_jit_value vals[MAX_PARAMS];
     argslot slots[MAX_PARAMS];
-    void *argv[MAX_PARAMS];
-    int64_t g[3], b[3], smem;
-    unsigned grid[3], block[3];
-    size_t next = 0, ws_bytes = 0;
-    int rc, ws_slot = -1;
+    int ws_slot; /* the workspace parameter, -1 if none */
+    size_t ws_bytes;
+} call_state;
 
-    if ((rc = check_fn(fn)) != TK_OK)
-        return rc;
-    d = &fn->d;
-    if (nargs && !args)
-        return tk__err(TK_ERR_INVALID, "%s: args is NULL", d->name);
+/* Binds args to parameters: named arguments first, then the unnamed ones fill the remaining caller
+ * (not derived) parameters in order. */
+static int bind_args(call_state *cs, const kdecl *d, const tk_arg *args, size_t nargs)
+{
+    size_t next = 0;
     for (size_t i = 0; i < d->nparams; i++)
-        bound[i] = -1;
-    memset(vals, 0, sizeof vals);
-    memset(slots, 0, sizeof slots);
-    /* named arguments first, then the unnamed ones fill the remaining caller params in order */
+        cs->bound[i] = -1;
     for (size_t a = 0; a < nargs; a++) {
         size_t i;
         if (!args[a].name)
@@ -1272,140 +1281,189 @@ int tk_function_call(const tk_function *fn, const tk_arg *args, size_t nargs, vo
         if (d->params[i].value)
             return tk__err(TK_ERR_INVALID, "%s: '%s' is derived by the launch rule (%s); do not pass it",
                            d->name, args[a].name, tk_jit__expr_src(d->params[i].value));
-        if (bound[i] >= 0)
+        if (cs->bound[i] >= 0)
             return tk__err(TK_ERR_INVALID, "%s: '%s' is given twice", d->name, args[a].name);
-        bound[i] = (int)a;
+        cs->bound[i] = (int)a;
     }
     for (size_t a = 0; a < nargs; a++) {
         if (args[a].name)
             continue;
-        while (next < d->nparams && (bound[next] >= 0 || d->params[next].value))
+        while (next < d->nparams && (cs->bound[next] >= 0 || d->params[next].value))
             next++;
         if (next == d->nparams)
             return tk__err(TK_ERR_INVALID, "%s: too many arguments (%zu given)", d->name, nargs);
-        bound[next++] = (int)a;
+        cs->bound[next++] = (int)a;
     }
+    return TK_OK;
+}
+
+/* A tensor argument: dtype, device, shape and alignment checked; its pointer and shape recorded. */
+static int take_tensor(const tk_function *fn, const kparam *p, const tk_arg *a, tk_jit_value *val, argslot *slot)
+{
+    const kdecl *d = &fn->d;
+    const tk_tensor *t = a->t;
+    if (a->kind != TK_ARG_TENSOR || !t)
+        return tk__err(TK_ERR_INVALID, "%s: '%s' must be a tensor", d->name, p->name);
+    if (t->dtype.code != p->dtype.code || t->dtype.bits != p->dtype.bits || t->dtype.lanes != 1)
+        return tk__err(TK_ERR_INVALID, "%s: '%s' must be %s, got %s", d->name, p->name, tk_dtype_name(p->dtype),
+                       tk_dtype_name(t->dtype));
+    if (t->device.device_type != TK_DEV_CUDA || t->device.device_id != fn->k->device)
+        return tk__err(TK_ERR_INVALID, "%s: '%s' is on %s:%d; this function runs on cuda:%d", d->name, p->name,
+                       t->device.device_type == TK_DEV_CPU ? "cpu" : "device", (int)t->device.device_id,
+                       fn->k->device);
+    if (t->ndim < 0 || t->ndim > 32 || (t->ndim && !t->shape))
+        return tk__err(TK_ERR_INVALID, "%s: '%s' has a bad ndim %d", d->name, p->name, (int)t->ndim);
+    for (int32_t j = 0; j < t->ndim; j++)
+        if (t->shape[j] < 0)
+            return tk__err(TK_ERR_INVALID, "%s: '%s' has a negative size in dimension %d", d->name, p->name,
+                           (int)j);
+    val->known = 1;
+    val->ndim = t->ndim;
+    val->shape = t->shape;
+    val->strides = t->strides;
+    slot->ptr = (uint64_t)(uintptr_t)t->data + t->byte_offset;
+    if (d->align > 1 && slot->ptr % (uint64_t)d->align)
+        return tk__err(TK_ERR_UNSUPPORTED,
+                       "%s: '%s' starts at 0x%llx, not a multiple of %lld bytes (constraints.align)\n"
+                       "HINT: pass an aligned tensor (a fresh allocation, or a contiguous copy of the view)",
+                       d->name, p->name, (unsigned long long)slot->ptr, (long long)d->align);
+    return TK_OK;
+}
+
+/* A scalar argument: an integer (i32 range-checked) or a floating-point number. */
+static int take_scalar(const kdecl *d, const kparam *p, const tk_arg *a, tk_jit_value *val, argslot *slot)
+{
+    if (p->type == TK_JIT_P_I32 || p->type == TK_JIT_P_I64) {
+        if (a->kind != TK_ARG_I64)
+            return tk__err(TK_ERR_INVALID, "%s: '%s' must be an integer (TK_ARG_I64)", d->name, p->name);
+        if (p->type == TK_JIT_P_I32 && (a->i < INT32_MIN || a->i > INT32_MAX))
+            return tk__err(TK_ERR_INVALID, "%s: '%s' = %lld does not fit i32", d->name, p->name, (long long)a->i);
+        val->known = 1;
+        val->i = a->i;
+        if (p->type == TK_JIT_P_I32)
+            slot->i32 = (int32_t)a->i;
+        else
+            slot->i64 = a->i;
+        return TK_OK;
+    }
+    double v;
+    if (a->kind == TK_ARG_F64)
+        v = a->f;
+    else if (a->kind == TK_ARG_I64)
+        v = (double)a->i;
+    else
+        return tk__err(TK_ERR_INVALID, "%s: '%s' must be a number", d->name, p->name);
+    if (p->type == TK_JIT_P_F32)
+        slot->f32 = (float)v;
+    else
+        slot->f64 = v;
+    return TK_OK;
+}
+
+/* Every caller parameter's argument, checked and converted (an optional one left out is null). */
+static int take_args(call_state *cs, const tk_function *fn, const tk_arg *args)
+{
+    const kdecl *d = &fn->d;
+    int rc;
     for (size_t i = 0; i < d->nparams; i++) {
         const kparam *p = &d->params[i];
-        const tk_arg *a;
+        int b = cs->bound[i];
         if (p->value)
             continue;
-        if (p->optional && (bound[i] < 0 || (args[bound[i]].kind == TK_ARG_TENSOR && !args[bound[i]].t))) {
-            slots[i].ptr = 0; /* left out: a null pointer, and unknown to the launch rule */
+        if (p->optional && (b < 0 || (args[b].kind == TK_ARG_TENSOR && !args[b].t))) {
+            cs->slots[i].ptr = 0; /* left out: a null pointer, and unknown to the launch rule */
             continue;
         }
-        if (bound[i] < 0)
+        if (b < 0)
             return tk__err(TK_ERR_INVALID, "%s: missing argument '%s'", d->name, p->name);
-        a = &args[bound[i]];
-        if (p->type == TK_JIT_P_TENSOR) {
-            const tk_tensor *t = a->t;
-            if (a->kind != TK_ARG_TENSOR || !t)
-                return tk__err(TK_ERR_INVALID, "%s: '%s' must be a tensor", d->name, p->name);
-            if (t->dtype.code != p->dtype.code || t->dtype.bits != p->dtype.bits || t->dtype.lanes != 1)
-                return tk__err(TK_ERR_INVALID, "%s: '%s' must be %s, got %s", d->name, p->name,
-                               tk_dtype_name(p->dtype), tk_dtype_name(t->dtype));
-            if (t->device.device_type != TK_DEV_CUDA || t->device.device_id != fn->k->device)
-                return tk__err(TK_ERR_INVALID, "%s: '%s' is on %s:%d; this function runs on cuda:%d",
-                               d->name, p->name, t->device.device_type == TK_DEV_CPU ? "cpu" : "device",
-                               (int)t->device.device_id, fn->k->device);
-            if (t->ndim < 0 || t->ndim > 32 || (t->ndim && !t->shape))
-                return tk__err(TK_ERR_INVALID, "%s: '%s' has a bad ndim %d", d->name, p->name, (int)t->ndim);
-            for (int32_t j = 0; j < t->ndim; j++)
-                if (t->shape[j] < 0)
-                    return tk__err(TK_ERR_INVALID, "%s: '%s' has a negative size in dimension %d", d->name,
-                                   p->name, (int)j);
-            vals[i].known = 1;
-            vals[i].ndim = t->ndim;
-            vals[i].shape = t->shape;
-            vals[i].strides = t->strides;
-            slots[i].ptr = (uint64_t)(uintptr_t)t->data + t->byte_offset;
-            if (d->align > 1 && slots[i].ptr % (uint64_t)d->align)
-                return tk__err(TK_ERR_UNSUPPORTED,
-                               "%s: '%s' starts at 0x%llx, not a multiple of %lld bytes (constraints.align)\n"
-                               "HINT: pass an aligned tensor (a fresh allocation, or a contiguous copy of the view)",
-                               d->name, p->name, (unsigned long long)slots[i].ptr, (long long)d->align);
-        } else if (p->type == TK_JIT_P_I32 || p->type == TK_JIT_P_I64) {
-            if (a->kind != TK_ARG_I64)
-                return tk__err(TK_ERR_INVALID, "%s: '%s' must be an integer (TK_ARG_I64)", d->name, p->name);
-            if (p->type == TK_JIT_P_I32 && (a->i < INT32_MIN || a->i > INT32_MAX))
-                return tk__err(TK_ERR_INVALID, "%s: '%s' = %lld does not fit i32", d->name, p->name,
-                               (long long)a->i);
-            vals[i].known = 1;
-            vals[i].i = a->i;
-            if (p->type == TK_JIT_P_I32)
-                slots[i].i32 = (int32_t)a->i;
-            else
-                slots[i].i64 = a->i;
-        } else {
-            double v;
-            if (a->kind == TK_ARG_F64)
-                v = a->f;
-            else if (a->kind == TK_ARG_I64)
-                v = (double)a->i;
-            else
-                return tk__err(TK_ERR_INVALID, "%s: '%s' must be a number", d->name, p->name);
-            if (p->type == TK_JIT_P_F32)
-                slots[i].f32 = (float)v;
-            else
-                slots[i].f64 = v;
-        }
+        rc = p->type == TK_JIT_P_TENSOR ? take_tensor(fn, p, &args[b], &cs->vals[i], &cs->slots[i])
+                                        : take_scalar(d, p, &args[b], &cs->vals[i], &cs->slots[i]);
+        if (rc != TK_OK)
+            return rc;
     }
-    /* derived scalars (they may use tensors and caller scalars only) and the workspace size */
+    return TK_OK;
+}
+
+/* Derived scalars (they may use tensors and caller scalars only) and the workspace size; then the
+ * derived integers are known to the launch rule too. */
+static int derive_params(call_state *cs, const tk_function *fn)
+{
+    const kdecl *d = &fn->d;
+    int rc;
     for (size_t i = 0; i < d->nparams; i++) {
         const kparam *p = &d->params[i];
         int64_t v;
         if (!p->value)
             continue;
-        if ((rc = tk_jit__expr_eval_dev(&v, p->value, vals, d->nparams, fn->k->sm_count)) != TK_OK)
+        if ((rc = tk_jit__expr_eval_dev(&v, p->value, cs->vals, d->nparams, fn->k->sm_count)) != TK_OK)
             return rc;
         if (p->type == TK_JIT_P_WORKSPACE) {
             if (v < 0 || (uint64_t)v > (uint64_t)1 << 40)
-                return tk__err(TK_ERR_INVALID, "%s: workspace '%s' = %lld bytes is out of range", d->name,
-                               p->name, (long long)v);
-            if (ws_slot >= 0)
+                return tk__err(TK_ERR_INVALID, "%s: workspace '%s' = %lld bytes is out of range", d->name, p->name,
+                               (long long)v);
+            if (cs->ws_slot >= 0)
                 return tk__err(TK_ERR_INVALID, "%s: more than one workspace parameter", d->name);
-            ws_slot = (int)i;
-            ws_bytes = (size_t)v;
+            cs->ws_slot = (int)i;
+            cs->ws_bytes = (size_t)v;
             continue;
         }
         if (p->type == TK_JIT_P_I32 && (v < INT32_MIN || v > INT32_MAX))
             return tk__err(TK_ERR_INVALID, "%s: derived '%s' = %lld does not fit i32", d->name, p->name,
                            (long long)v);
         switch (p->type) {
-        case TK_JIT_P_I32: slots[i].i32 = (int32_t)v; break;
-        case TK_JIT_P_I64: slots[i].i64 = v; break;
-        case TK_JIT_P_F32: slots[i].f32 = (float)v; break;
-        default: slots[i].f64 = (double)v; break;
+        case TK_JIT_P_I32: cs->slots[i].i32 = (int32_t)v; break;
+        case TK_JIT_P_I64: cs->slots[i].i64 = v; break;
+        case TK_JIT_P_F32: cs->slots[i].f32 = (float)v; break;
+        default: cs->slots[i].f64 = (double)v; break;
         }
     }
-    for (size_t i = 0; i < d->nparams; i++) /* derived values are known for the launch rule */
+    for (size_t i = 0; i < d->nparams; i++)
         if (d->params[i].value && (d->params[i].type == TK_JIT_P_I32 || d->params[i].type == TK_JIT_P_I64)) {
-            vals[i].known = 1;
-            vals[i].i = d->params[i].type == TK_JIT_P_I32 ? slots[i].i32 : slots[i].i64;
+            cs->vals[i].known = 1;
+            cs->vals[i].i = d->params[i].type == TK_JIT_P_I32 ? cs->slots[i].i32 : cs->slots[i].i64;
         }
+    return TK_OK;
+}
+
+/* The manifest's constraints.max / .min on expressions of the arguments. */
+static int check_limits(const call_state *cs, const tk_function *fn)
+{
+    const kdecl *d = &fn->d;
+    int rc;
     for (size_t m = 0; m < d->nmax; m++) {
         int64_t v;
-        if ((rc = tk_jit__expr_eval_dev(&v, d->max_e[m], vals, d->nparams, fn->k->sm_count)) != TK_OK)
+        if ((rc = tk_jit__expr_eval_dev(&v, d->max_e[m], cs->vals, d->nparams, fn->k->sm_count)) != TK_OK)
             return rc;
         if (d->is_min[m] ? v < d->max_v[m] : v > d->max_v[m])
             return tk__err(TK_ERR_UNSUPPORTED, "%s: %s = %lld is %s the kernel's limit %lld (constraints.%s)",
-                           d->name, tk_jit__expr_src(d->max_e[m]), (long long)v,
-                           d->is_min[m] ? "below" : "above", (long long)d->max_v[m], d->is_min[m] ? "min" : "max");
+                           d->name, tk_jit__expr_src(d->max_e[m]), (long long)v, d->is_min[m] ? "below" : "above",
+                           (long long)d->max_v[m], d->is_min[m] ? "min" : "max");
     }
+    return TK_OK;
+}
+
+/* The launch rule: grid, block and dynamic shared memory, range-checked. *empty is set when the grid
+ * has no block (empty tensors: nothing to launch). */
+static int launch_geometry(unsigned grid[3], unsigned block[3], size_t *smem_out, int *empty, const call_state *cs,
+                           const tk_function *fn)
+{
+    const kdecl *d = &fn->d;
+    int64_t g[3], b[3], smem;
+    int rc;
     for (int j = 0; j < 3; j++) {
-        if ((rc = eval_dim(&g[j], d->grid[j], vals, d->nparams, fn->k->sm_count)) != TK_OK ||
-            (rc = eval_dim(&b[j], d->block[j], vals, d->nparams, fn->k->sm_count)) != TK_OK)
+        if ((rc = eval_dim(&g[j], d->grid[j], cs->vals, d->nparams, fn->k->sm_count)) != TK_OK ||
+            (rc = eval_dim(&b[j], d->block[j], cs->vals, d->nparams, fn->k->sm_count)) != TK_OK)
             return rc;
     }
-    if ((rc = tk_jit__expr_eval_dev(&smem, d->smem, vals, d->nparams, fn->k->sm_count)) != TK_OK)
+    if ((rc = tk_jit__expr_eval_dev(&smem, d->smem, cs->vals, d->nparams, fn->k->sm_count)) != TK_OK)
         return rc;
-    if (g[0] == 0 || g[1] == 0 || g[2] == 0)
-        return TK_OK; /* empty tensors: nothing to do */
+    *empty = g[0] == 0 || g[1] == 0 || g[2] == 0;
+    if (*empty)
+        return TK_OK;
     if (g[0] < 0 || g[0] > INT32_MAX || g[1] < 0 || g[1] > 65535 || g[2] < 0 || g[2] > 65535)
         return tk__err(TK_ERR_INVALID, "%s: launch grid (%lld, %lld, %lld) is out of range", d->name,
                        (long long)g[0], (long long)g[1], (long long)g[2]);
-    if (b[0] < 1 || b[1] < 1 || b[2] < 1 || b[0] > 1024 || b[1] > 1024 || b[2] > 64 ||
-        b[0] * b[1] * b[2] > 1024)
+    if (b[0] < 1 || b[1] < 1 || b[2] < 1 || b[0] > 1024 || b[1] > 1024 || b[2] > 64 || b[0] * b[1] * b[2] > 1024)
         return tk__err(TK_ERR_INVALID, "%s: launch block (%lld, %lld, %lld) is out of range (1 to 1024 threads)",
                        d->name, (long long)b[0], (long long)b[1], (long long)b[2]);
     if (smem < 0 || smem > INT32_MAX)
@@ -1414,11 +1472,35 @@ int tk_function_call(const tk_function *fn, const tk_arg *args, size_t nargs, vo
         grid[j] = (unsigned)g[j];
         block[j] = (unsigned)b[j];
     }
-    for (size_t i = 0; i < d->nparams; i++)
-        argv[i] = &slots[i];
-    if ((rc = tk_jit__launch(fn->mod, fn->fn, grid, block, (size_t)smem, stream, argv, ws_bytes,
-                             ws_slot >= 0 ? &slots[ws_slot].ptr : NULL)) != TK_OK)
-        return tk__err_wrap(rc, "%s", d->name);
+    *smem_out = (size_t)smem;
+    return TK_OK;
+}
+
+int tk_function_call(const tk_function *fn, const tk_arg *args, size_t nargs, void *stream)
+{
+    call_state cs;
+    void *argv[MAX_PARAMS];
+    unsigned grid[3], block[3];
+    size_t smem = 0;
+    int rc, empty = 0;
+
+    if ((rc = check_fn(fn)) != TK_OK)
+        return rc;
+    if (nargs && !args)
+        return tk__err(TK_ERR_INVALID, "%s: args is NULL", fn->d.name);
+    memset(&cs, 0, sizeof cs);
+    cs.ws_slot = -1;
+    if ((rc = bind_args(&cs, &fn->d, args, nargs)) != TK_OK || (rc = take_args(&cs, fn, args)) != TK_OK ||
+        (rc = derive_params(&cs, fn)) != TK_OK || (rc = check_limits(&cs, fn)) != TK_OK ||
+        (rc = launch_geometry(grid, block, &smem, &empty, &cs, fn)) != TK_OK)
+        return rc;
+    if (empty)
+        return TK_OK; /* empty tensors: nothing to do */
+    for (size_t i = 0; i < fn->d.nparams; i++)
+        argv[i] = &cs.slots[i];
+    if ((rc = tk_jit__launch(fn->mod, fn->fn, grid, block, smem, stream, argv, cs.ws_bytes,
+                             cs.ws_slot >= 0 ? &cs.slots[cs.ws_slot].ptr : NULL)) != TK_OK)
+        return tk__err_wrap(rc, "%s", fn->d.name);
     return TK_OK;
 }
 
@@ -1555,20 +1637,26 @@ int tk_cache_stats_json(char **out, tk_ctx *ctx)
 {
     tk_kcache *kc = NULL;
     int64_t n = 0, bytes = 0;
-    json_t *o = NULL;
-    const char *nvid = NULL;
-    int rc;
+    json_t *o = NULL, *nv = NULL;
+    const char *nvpath = NULL;
+    char ver[32];
+    int rc, vmaj = 0, vmin = 0;
     if (out)
         *out = NULL;
     if (!out)
         return tk__err(TK_ERR_INVALID, "tk_cache_stats_json: out is NULL");
     if ((rc = get_cache(&kc, ctx)) != TK_OK || (rc = tk_kcache__stats(kc, &n, &bytes)) != TK_OK)
         return rc;
-    if (tk_jit__nvrtc_id(&nvid) != TK_OK) /* only probes, unless the file cannot be found */
-        nvid = NULL;
-    o = json_pack("{s:s, s:I, s:I, s:I, s:s?}", "path", tk_kcache__path(kc), "entries", (json_int_t)n,
-                  "bytes", (json_int_t)bytes, "max_bytes", (json_int_t)tk_kcache__max_bytes(kc), "nvrtc",
-                  nvid);
+    /* the NVRTC new entries are compiled with (and keyed by): its version and file, or null */
+    if (tk_jit__nvrtc_version(&vmaj, &vmin, &nvpath) == TK_OK) {
+        snprintf(ver, sizeof ver, "%d.%d", vmaj, vmin);
+        nv = json_pack("{s:s, s:s}", "version", ver, "path", nvpath ? nvpath : "");
+    } else {
+        nv = json_null();
+        tk__err_clear();
+    }
+    o = json_pack("{s:s, s:I, s:I, s:I, s:o}", "path", tk_kcache__path(kc), "entries", (json_int_t)n,
+                  "bytes", (json_int_t)bytes, "max_bytes", (json_int_t)tk_kcache__max_bytes(kc), "nvrtc", nv);
     if (!o || !(*out = json_dumps(o, JSON_INDENT(2)))) {
         json_decref(o);
         return tk__err(TK_ERR_NOMEM, "out of memory");
@@ -1577,14 +1665,46 @@ int tk_cache_stats_json(char **out, tk_ctx *ctx)
     return TK_OK;
 }
 
+/* An entry's unit label ("activation.cu: k1, k2, k3 ... (33 kernels)", made by plan_make) as fields:
+ * "source", "kernels" (the names the label keeps: at most 3) and "kernel_count". */
+static int unit_fields(json_t *o, const char *unit)
+{
+    const char *colon = strstr(unit, ": "), *p, *more;
+    json_t *names = json_array();
+    size_t count = 0;
+    if (!names)
+        return -1;
+    if (json_object_set_new(o, "kernels", names) != 0 ||
+        json_object_set_new(o, "source", colon ? json_stringn(unit, (size_t)(colon - unit)) : json_string(unit)) != 0)
+        return -1;
+    p = colon ? colon + 2 : unit + strlen(unit);
+    more = strstr(p, " ... (");
+    while (*p && p != more) {
+        const char *end = strstr(p, ", ");
+        if (!end || (more && end > more))
+            end = more ? more : p + strlen(p);
+        if (json_array_append_new(names, json_stringn(p, (size_t)(end - p))) != 0)
+            return -1;
+        count++;
+        p = *end == ',' ? end + 2 : end;
+    }
+    if (more)
+        count = (size_t)strtoull(more + 6, NULL, 10);
+    return json_object_set_new(o, "kernel_count", json_integer((json_int_t)count));
+}
+
 static int list_one(void *user, const tk_kcache_entry *e)
 {
     json_t *arr = user;
-    json_t *o = json_pack("{s:s, s:s, s:s, s:s, s:s, s:I, s:I, s:I, s:I}", "key", e->key, "package",
-                          e->package, "unit", e->unit, "target", e->target, "nvrtc", e->nvrtc, "size",
-                          (json_int_t)e->size, "created", (json_int_t)e->created, "last_used",
+    const char *at = strrchr(e->package, '@');
+    int local = at && !strcmp(at + 1, "local");
+    /* "org/name@commit" as "package" and "commit" (null for a package directory: org/name@local) */
+    json_t *o = json_pack("{s:s, s:s%, s:o, s:s, s:s, s:I, s:I, s:I, s:I}", "key", e->key, "package", e->package,
+                          at ? (size_t)(at - e->package) : strlen(e->package), "commit",
+                          at && !local ? json_string(at + 1) : json_null(), "target", e->target, "nvrtc", e->nvrtc,
+                          "size", (json_int_t)e->size, "created", (json_int_t)e->created, "last_used",
                           (json_int_t)e->last_used, "hits", (json_int_t)e->hits);
-    if (!o || json_array_append_new(arr, o) != 0)
+    if (!o || unit_fields(o, e->unit) != 0 || json_array_append_new(arr, o) != 0)
         return 1;
     return 0;
 }

@@ -49,6 +49,11 @@ extern int tk_cli_json_mode;
 /* Prints the JSON error object for status (a TK_ERR_* or TK_CLI_STATUS_USAGE) and message
  * ("text\nHINT: hint"), prefixed by what (may be NULL). */
 void tk_cli_json_error(int status, const char *what, const char *msg);
+/* A failure the command found itself (not a library call's): "tk: MESSAGE" on stderr (MESSAGE may
+ * end in "\nHINT: ..."), or under --json the error object for status on stdout. Returns exit_code,
+ * or the exit code for status when exit_code is 0. */
+int tk_cli_errorf(tk_cli *cli, int status, int exit_code, const char *fmt, ...)
+    __attribute__((format(printf, 4, 5)));
 /* Prints an informational line to stderr unless --quiet. */
 void tk_cli_info(tk_cli *cli, const char *fmt, ...);
 /* Formats a byte count as "12.3 MiB". */

@@ -103,7 +103,7 @@ int tk_cmd_build(tk_cli *cli, int argc, char **argv)
     if (archarg) {
         char *save = NULL, *tok;
         if (!(archbuf = strdup(archarg)))
-            return TK_EXIT_FAIL;
+            return tk_cli_errorf(cli, TK_ERR_NOMEM, TK_EXIT_FAIL, "out of memory");
         for (tok = strtok_r(archbuf, ",", &save); tok; tok = strtok_r(NULL, ",", &save)) {
             while (*tok == ' ')
                 tok++;
@@ -132,7 +132,8 @@ int tk_cmd_build(tk_cli *cli, int argc, char **argv)
         rc = tk_pkg_info(&pkg, ctx, ref);
         if (rc == TK_ERR_NOT_FOUND) {
             tk_get_opts go = TK_GET_OPTS_INIT;
-            tk_cli_info(cli, "installing %s", ref);
+            if (!cli->json) /* --json: stdout's object only, nothing on stderr */
+                tk_cli_info(cli, "installing %s", ref);
             rc = tk_pkg_get(&pkg, ctx, ref, &go);
         }
         if (rc != TK_OK) {
@@ -151,9 +152,13 @@ int tk_cmd_build(tk_cli *cli, int argc, char **argv)
         goto done;
     }
     if (cli->json) {
-        printf("{\"package\": \"%s\", \"archs\": [", ref);
-        for (size_t i = 0; i < narchs; i++)
-            printf("%s\"%s\"", i ? ", " : "", archs[i]);
+        printf("{\"package\": ");
+        tk_cli_json_str(stdout, ref);
+        printf(", \"archs\": [");
+        for (size_t i = 0; i < narchs; i++) {
+            printf("%s", i ? ", " : "");
+            tk_cli_json_str(stdout, archs[i]);
+        }
         printf("], \"compiled\": %zu, \"cached\": %zu, \"seconds\": %.3f}\n", compiled, cached,
                now_s() - t0);
     } else {

@@ -92,10 +92,17 @@ static int do_ls(tk_cli *cli, tk_ctx *ctx)
         struct tm tm;
         tk_cli_human(size, sizeof size, (double)json_integer_value(json_object_get(e, "size")));
         strftime(when, sizeof when, "%Y-%m-%d %H:%M", localtime_r(&t, &tm));
-        printf("%-12.12s  %-12s  %10s  %-16s  %s\n              %s\n",
+        const char *commit = json_string_value(json_object_get(e, "commit"));
+        json_t *ks = json_object_get(e, "kernels"), *k;
+        size_t j;
+        printf("%-12.12s  %-12s  %10s  %-16s  %s@%s\n              %s:",
                json_string_value(json_object_get(e, "key")), json_string_value(json_object_get(e, "target")),
-               size, when, json_string_value(json_object_get(e, "package")),
-               json_string_value(json_object_get(e, "unit")));
+               size, when, json_string_value(json_object_get(e, "package")), commit ? commit : "local",
+               json_string_value(json_object_get(e, "source")));
+        json_array_foreach(ks, j, k) printf("%s%s", j ? ", " : " ", json_string_value(k));
+        if ((size_t)json_integer_value(json_object_get(e, "kernel_count")) > json_array_size(ks))
+            printf(" ... (%lld kernels)", (long long)json_integer_value(json_object_get(e, "kernel_count")));
+        printf("\n");
     }
     json_decref(arr);
     return TK_EXIT_OK;
@@ -120,8 +127,12 @@ static int do_stats(tk_cli *cli, tk_ctx *ctx)
     printf("path:     %s\nentries:  %lld\nsize:     %s\ncap:      %s\n",
            json_string_value(json_object_get(o, "path")),
            (long long)json_integer_value(json_object_get(o, "entries")), size, cap);
-    if (json_string_value(json_object_get(o, "nvrtc")))
-        printf("nvrtc:    %s\n", json_string_value(json_object_get(o, "nvrtc")));
+    json_t *nv = json_object_get(o, "nvrtc");
+    if (json_is_object(nv))
+        printf("nvrtc:    %s at %s\n", json_string_value(json_object_get(nv, "version")),
+               json_string_value(json_object_get(nv, "path")));
+    else
+        printf("nvrtc:    not found (cached binaries still load; nothing new compiles)\n");
     json_decref(o);
     return TK_EXIT_OK;
 }

@@ -149,15 +149,33 @@ static int render(tk_cli *cli, const char *dir, convo *c, int agp, int json)
     return TK_EXIT_OK;
 }
 
-int tk_cmd_chat(tk_cli *cli, int argc, char **argv)
-{
-    const char *dir = NULL, *system = NULL, *dtype = NULL, *device = "cpu";
-    int do_render = 0, agp = 1, has_len = 0, rc_exit = TK_EXIT_OK;
+/* What tk chat works on: the command line, then the model, the tokenizer and the conversation. */
+typedef struct {
+    const char *dir, *system, *dtype, *device;
+    int do_render, agp, has_len;
     const char *set_name[MAX_SET], *set_val[MAX_SET];
-    size_t nset = 0;
-    convo c = {0};
-    const char *roles_msgs[MAX_TURNS];
-    size_t nmsg = 0;
+    size_t nset;
+    const char *roles_msgs[MAX_TURNS]; /* --message ROLE=TEXT, borrowed from argv */
+    size_t nmsg;
+    convo c;
+    tk_model_opts mo;
+    tk_gen_opts o;
+    tk_model *m;
+    tk_tokenizer *tok;
+} chat_job;
+
+#define GO (-1) /* a step's "go on": anything else is the command's exit code */
+
+static int oom(tk_cli *cli)
+{
+    return tk_cli_errorf(cli, TK_ERR_NOMEM, TK_EXIT_FAIL, "out of memory");
+}
+
+/* parse options: the directory, --render and its turns, the runtime and the generation flags. */
+static int chat_parse(chat_job *j, int argc, char **argv)
+{
+    j->device = "cpu";
+    j->agp = 1;
     for (int i = 1; i < argc; i++) {
         const char *a = argv[i];
         if (tk_cli_is_help(a)) {
@@ -168,138 +186,182 @@ int tk_cmd_chat(tk_cli *cli, int argc, char **argv)
         if (g) {
             if (g == 2 && !has_val)
                 return tk_cli_usage(USAGE, "%s needs a value", a);
-            if (nset == MAX_SET)
+            if (j->nset == MAX_SET)
                 return tk_cli_usage(USAGE, "too many options");
-            set_name[nset] = a;
-            set_val[nset++] = g == 2 ? argv[++i] : NULL;
+            j->set_name[j->nset] = a;
+            j->set_val[j->nset++] = g == 2 ? argv[++i] : NULL;
             if (!strcmp(a, "--max-new-tokens") || !strcmp(a, "--max-length"))
-                has_len = 1;
+                j->has_len = 1;
         } else if (!strcmp(a, "--render")) {
-            do_render = 1;
+            j->do_render = 1;
         } else if (!strcmp(a, "--no-generation-prompt")) {
-            agp = 0;
+            j->agp = 0;
         } else if (!strcmp(a, "--system") || !strcmp(a, "--message") || !strcmp(a, "--dtype") ||
                    !strcmp(a, "--device")) {
             if (!has_val)
                 return tk_cli_usage(USAGE, "%s needs a value", a);
             const char *v = argv[++i];
             if (!strcmp(a, "--system"))
-                system = v;
+                j->system = v;
             else if (!strcmp(a, "--dtype"))
-                dtype = v;
+                j->dtype = v;
             else if (!strcmp(a, "--device"))
-                device = v;
+                j->device = v;
             else {
                 const char *eq = strchr(v, '=');
                 if (!eq || eq == v)
                     return tk_cli_usage(USAGE, "--message wants ROLE=TEXT (e.g. user=Hello), got '%s'", v);
-                if (nmsg == MAX_TURNS)
+                if (j->nmsg == MAX_TURNS)
                     return tk_cli_usage(USAGE, "at most %d --message turns", MAX_TURNS);
-                roles_msgs[nmsg++] = v;
+                j->roles_msgs[j->nmsg++] = v;
             }
         } else if (a[0] == '-' && a[1]) {
             return tk_cli_usage(USAGE, "unknown option '%s' (see tk chat --help)", a);
-        } else if (!dir) {
-            dir = a;
+        } else if (!j->dir) {
+            j->dir = a;
         } else {
             return tk_cli_usage(USAGE, "unexpected argument '%s' (user turns are read from stdin)", a);
         }
     }
-    if (!dir)
+    if (!j->dir)
         return tk_cli_usage(USAGE, "a checkpoint directory, e.g. tk chat ./Qwen2-0.5B-Instruct");
-    if (nmsg && !do_render)
+    if (j->nmsg && !j->do_render)
         return tk_cli_usage(USAGE, "--message goes with --render (a chat reads its user turns from stdin)");
-    if (!agp && !do_render)
+    if (!j->agp && !j->do_render)
         return tk_cli_usage(USAGE, "--no-generation-prompt goes with --render");
-    if (system && convo_add(&c, "system", system))
-        goto oom;
-    if (do_render) {
-        /* roles borrowed from argv: split ROLE=TEXT in place copies */
-        char *roles[MAX_TURNS];
-        size_t nr = 0;
-        for (size_t k = 0; k < nmsg; k++) {
-            const char *eq = strchr(roles_msgs[k], '=');
-            roles[nr] = strndup(roles_msgs[k], (size_t)(eq - roles_msgs[k]));
-            if (!roles[nr] || convo_add(&c, roles[nr], eq + 1)) {
-                free(roles[nr]);
-                for (size_t j = 0; j < nr; j++)
-                    free(roles[j]);
-                goto oom;
-            }
+    return GO;
+}
+
+/* --render: the --message turns (after --system) rendered with the template; no model is loaded. */
+static int chat_render_only(chat_job *j, tk_cli *cli)
+{
+    char *roles[MAX_TURNS]; /* ROLE of each ROLE=TEXT, copied: the conversation borrows roles */
+    size_t nr = 0;
+    int ec = GO;
+    for (size_t k = 0; k < j->nmsg && ec == GO; k++) {
+        const char *eq = strchr(j->roles_msgs[k], '=');
+        roles[nr] = strndup(j->roles_msgs[k], (size_t)(eq - j->roles_msgs[k]));
+        if (!roles[nr] || convo_add(&j->c, roles[nr], eq + 1)) {
+            free(roles[nr]);
+            ec = oom(cli);
+        } else {
             nr++;
         }
-        rc_exit = render(cli, dir, &c, agp, cli->json);
-        for (size_t j = 0; j < nr; j++)
-            free(roles[j]);
-        convo_free(&c);
-        return rc_exit;
     }
+    if (ec == GO)
+        ec = render(cli, j->dir, &j->c, j->agp, cli->json);
+    for (size_t k = 0; k < nr; k++)
+        free(roles[k]);
+    return ec;
+}
 
-    /* the template must render before the model loads: no template, or one outside the subset, fails now */
-    {
-        tk_chat_message probe[2] = {{"system", system ? system : ""}, {"user", "Hello"}};
-        char *t = NULL;
-        int rc = tk_chat_render(&t, dir, system ? probe : probe + 1, system ? 2 : 1, 1);
-        tk_free(t);
-        if (rc != TK_OK) {
-            convo_free(&c);
-            return tk_cli_fail(cli, rc, NULL);
-        }
-    }
-    tk_model_opts mo = TK_MODEL_OPTS_INIT;
-    mo.dtype = dtype;
+/* validate: the template must render before the model loads (no template, or one outside the subset,
+ * fails now), and --device must be cpu, cuda or cuda:N. */
+static int chat_validate(chat_job *j, tk_cli *cli)
+{
+    tk_chat_message probe[2] = {{"system", j->system ? j->system : ""}, {"user", "Hello"}};
+    char *t = NULL;
+    int rc = tk_chat_render(&t, j->dir, j->system ? probe : probe + 1, j->system ? 2 : 1, 1);
+    const char *device = j->device;
+    tk_free(t);
+    if (rc != TK_OK)
+        return tk_cli_fail(cli, rc, NULL);
+    j->mo = (tk_model_opts)TK_MODEL_OPTS_INIT;
+    j->mo.dtype = j->dtype;
     if (!strcmp(device, "cpu")) {
-        mo.device_type = TK_DEV_CPU;
+        j->mo.device_type = TK_DEV_CPU;
     } else if (!strncmp(device, "cuda", 4) && (!device[4] || device[4] == ':')) {
         char *end = NULL;
         long d = 0;
         if (device[4] == ':') {
             errno = 0;
             d = strtol(device + 5, &end, 10);
-            if (errno || end == device + 5 || *end || d < 0 || d > 1023) {
-                convo_free(&c);
+            if (errno || end == device + 5 || *end || d < 0 || d > 1023)
                 return tk_cli_usage(USAGE, "--device wants cpu, cuda or cuda:N, got '%s'", device);
-            }
         }
-        mo.device_type = TK_DEV_CUDA;
-        mo.device_id = (int)d;
+        j->mo.device_type = TK_DEV_CUDA;
+        j->mo.device_id = (int)d;
     } else {
-        convo_free(&c);
         return tk_cli_usage(USAGE, "--device wants cpu, cuda or cuda:N, got '%s'", device);
     }
+    return GO;
+}
+
+/* resolve: the model, its generation defaults (at most 256 new tokens a reply unless told), the flags
+ * over them, and the tokenizer. */
+static int chat_load(chat_job *j, tk_cli *cli)
+{
     tk_ctx *ctx = tk_cli_ctx(cli);
-    if (!ctx) {
-        convo_free(&c);
+    int rc, u;
+    if (!ctx)
         return TK_EXIT_FAIL;
-    }
-    tk_model *m = NULL;
-    tk_tokenizer *tok = NULL;
-    char *line = NULL;
-    size_t cap = 0;
-    int rc = tk_model_load(&m, ctx, dir, &mo);
-    if (rc != TK_OK) {
-        convo_free(&c);
+    if ((rc = tk_model_load(&j->m, ctx, j->dir, &j->mo)) != TK_OK)
+        return tk_cli_fail(cli, rc, NULL);
+    j->o = (tk_gen_opts)TK_GEN_OPTS_INIT;
+    if ((rc = tk_gen_opts_from_model(&j->o, j->m)) != TK_OK)
+        return tk_cli_fail(cli, rc, NULL);
+    if (!j->has_len)
+        j->o.max_new_tokens = 256;
+    for (size_t k = 0; k < j->nset; k++)
+        if ((u = tk_cli_gen_apply(&j->o, USAGE, j->set_name[k], j->set_val[k])) != 0)
+            return u;
+    if ((rc = tk_tokenizer_load(&j->tok, j->dir)) != TK_OK)
+        return tk_cli_fail(cli, rc, "tk chat needs the checkpoint's tokenizer.json");
+    return GO;
+}
+
+/* One user turn: render the conversation, encode, generate (streamed unless --json), report the reply
+ * and add it as the assistant's turn. */
+static int chat_turn(chat_job *j, tk_cli *cli, const char *line, size_t turn, int streaming)
+{
+    char *prompt = NULL;
+    int32_t *ids = NULL;
+    size_t n = 0;
+    tk_gen_result *res = NULL;
+    int rc, ec = GO;
+    if (convo_add(&j->c, "user", line))
+        return oom(cli);
+    if ((rc = tk_chat_render(&prompt, j->dir, j->c.v, j->c.n, 1)) != TK_OK ||
+        (rc = tk_tokenizer_encode(&ids, &n, j->tok, prompt, strlen(prompt), 0)) != TK_OK ||
+        (rc = tk_generate(&res, j->m, (const int32_t *const *)&ids, &n, 1, &j->o)) != TK_OK) {
+        if (streaming)
+            fflush(stdout);
+        tk_free(prompt);
+        tk_free(ids);
         return tk_cli_fail(cli, rc, NULL);
     }
-    tk_gen_opts o = TK_GEN_OPTS_INIT;
-    if ((rc = tk_gen_opts_from_model(&o, m)) != TK_OK) {
-        rc_exit = tk_cli_fail(cli, rc, NULL);
-        goto done;
+    const char *text = tk_gen_result_text(res, 0);
+    if (cli->json) {
+        size_t nn = 0;
+        const int32_t *out = tk_gen_result_ids(res, 0, &nn);
+        printf("{\"turn\": %zu, \"prompt_ids\": ", turn);
+        json_ids(stdout, ids, n);
+        printf(", \"ids\": ");
+        json_ids(stdout, out, nn);
+        printf(", \"text\": ");
+        tk_cli_json_str(stdout, text ? text : "");
+        printf(", \"end\": \"%s\"}\n", tk_gen_result_end(res, 0));
+    } else {
+        printf("\n");
     }
-    if (!has_len)
-        o.max_new_tokens = 256;
-    for (size_t k = 0; k < nset; k++)
-        if ((rc_exit = tk_cli_gen_apply(&o, USAGE, set_name[k], set_val[k])) != 0)
-            goto done;
-    if ((rc = tk_tokenizer_load(&tok, dir)) != TK_OK) {
-        rc_exit = tk_cli_fail(cli, rc, "tk chat needs the checkpoint's tokenizer.json");
-        goto done;
-    }
-    int streaming = !cli->json, interactive = isatty(0) && !cli->json;
-    o.stream = on_token;
-    o.stream_user = &streaming;
+    fflush(stdout);
+    if (convo_add(&j->c, "assistant", text ? text : ""))
+        ec = oom(cli);
+    tk_gen_result_free(res);
+    tk_free(prompt);
+    tk_free(ids);
+    return ec;
+}
+
+/* run: each line of stdin is a user turn (empty ones skipped) until the end of input. */
+static int chat_loop(chat_job *j, tk_cli *cli)
+{
+    int streaming = !cli->json, interactive = isatty(0) && !cli->json, ec = GO;
+    char *line = NULL;
+    size_t cap = 0, turn = 0;
     ssize_t got;
-    size_t turn = 0;
+    j->o.stream = on_token;
+    j->o.stream_user = &streaming;
     for (;;) {
         if (interactive) {
             fputs("> ", stderr);
@@ -311,57 +373,36 @@ int tk_cmd_chat(tk_cli *cli, int argc, char **argv)
             line[--got] = 0;
         if (!got)
             continue;
-        if (convo_add(&c, "user", line))
-            goto oom_model;
-        char *prompt = NULL;
-        int32_t *ids = NULL;
-        size_t n = 0;
-        tk_gen_result *res = NULL;
-        if ((rc = tk_chat_render(&prompt, dir, c.v, c.n, 1)) != TK_OK ||
-            (rc = tk_tokenizer_encode(&ids, &n, tok, prompt, strlen(prompt), 0)) != TK_OK ||
-            (rc = tk_generate(&res, m, (const int32_t *const *)&ids, &n, 1, &o)) != TK_OK) {
-            if (streaming)
-                fflush(stdout);
-            tk_free(prompt);
-            tk_free(ids);
-            rc_exit = tk_cli_fail(cli, rc, NULL);
-            goto done;
-        }
-        const char *text = tk_gen_result_text(res, 0);
-        if (cli->json) {
-            size_t nn = 0;
-            const int32_t *out = tk_gen_result_ids(res, 0, &nn);
-            printf("{\"turn\": %zu, \"prompt_ids\": ", turn);
-            json_ids(stdout, ids, n);
-            printf(", \"ids\": ");
-            json_ids(stdout, out, nn);
-            printf(", \"text\": ");
-            tk_cli_json_str(stdout, text ? text : "");
-            printf(", \"end\": \"%s\"}\n", tk_gen_result_end(res, 0));
-        } else {
-            printf("\n");
-        }
-        fflush(stdout);
-        int bad = convo_add(&c, "assistant", text ? text : "");
-        tk_gen_result_free(res);
-        tk_free(prompt);
-        tk_free(ids);
-        if (bad)
-            goto oom_model;
+        if ((ec = chat_turn(j, cli, line, turn, streaming)) != GO)
+            break;
         turn++;
     }
-    goto done;
-oom_model:
-    fprintf(stderr, "tk: out of memory\n");
-    rc_exit = TK_EXIT_FAIL;
-done:
     free(line);
-    tk_tokenizer_free(tok);
-    tk_model_free(m);
-    convo_free(&c);
-    return rc_exit;
-oom:
-    convo_free(&c);
-    fprintf(stderr, "tk: out of memory\n");
-    return TK_EXIT_FAIL;
+    return ec;
+}
+
+int tk_cmd_chat(tk_cli *cli, int argc, char **argv)
+{
+    chat_job *j = calloc(1, sizeof *j);
+    int ec;
+    if (!j)
+        return oom(cli);
+    if ((ec = chat_parse(j, argc, argv)) != GO)
+        goto done;
+    if (j->system && convo_add(&j->c, "system", j->system)) {
+        ec = oom(cli);
+        goto done;
+    }
+    if (j->do_render)
+        ec = chat_render_only(j, cli);
+    else if ((ec = chat_validate(j, cli)) == GO && (ec = chat_load(j, cli)) == GO)
+        ec = chat_loop(j, cli);
+    if (ec == GO)
+        ec = TK_EXIT_OK;
+done:
+    tk_tokenizer_free(j->tok);
+    tk_model_free(j->m);
+    convo_free(&j->c);
+    free(j);
+    return ec;
 }

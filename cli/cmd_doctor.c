@@ -71,6 +71,31 @@ static int find_nvrtc(int *major, int *minor, char *path, size_t n)
     return -1;
 }
 
+/* The GPU lines of the report: each GPU, or why there is none. */
+static void print_gpus(json_t *gpus, int devrc, int ndev, const char *deverr)
+{
+    size_t i;
+    json_t *g;
+    if (devrc != TK_OK) {
+        printf("GPU:      none — %s\n", deverr);
+        return;
+    }
+    if (ndev == 0) {
+        printf("GPU:      none — the CUDA driver loaded but reports no device\n"
+               "          HINT: check 'nvidia-smi' and CUDA_VISIBLE_DEVICES\n");
+        return;
+    }
+    json_array_foreach(gpus, i, g) {
+        printf("GPU %lld:    %s (%s, %lld SMs, %.1f GiB), driver %lld.%lld\n",
+               (long long)json_integer_value(json_object_get(g, "ordinal")),
+               json_string_value(json_object_get(g, "name")), json_string_value(json_object_get(g, "arch")),
+               (long long)json_integer_value(json_object_get(g, "sm_count")),
+               (double)json_integer_value(json_object_get(g, "total_mem")) / (1024.0 * 1024 * 1024),
+               (long long)json_integer_value(json_object_get(g, "driver_version")) / 1000,
+               (long long)json_integer_value(json_object_get(g, "driver_version")) % 1000 / 10);
+    }
+}
+
 int tk_cmd_doctor(tk_cli *cli, int argc, char **argv)
 {
     int ndev = 0, devrc, nvmaj = 0, nvmin = 0, ok = 1;
@@ -117,6 +142,10 @@ int tk_cmd_doctor(tk_cli *cli, int argc, char **argv)
     }
     /* state, cache, registry */
     tk_ctx *ctx = tk_cli_ctx(cli);
+    if (!ctx && cli->json) { /* the error object is out: no second object after it */
+        json_decref(out);
+        return cli->ctx_exit ? cli->ctx_exit : TK_EXIT_FAIL;
+    }
     if (ctx) {
         char *js = NULL;
         json_object_set_new(out, "home", json_string(tk_ctx_home(ctx)));
@@ -144,24 +173,7 @@ int tk_cmd_doctor(tk_cli *cli, int argc, char **argv)
         return ok ? TK_EXIT_OK : TK_EXIT_DEVICE;
     }
     printf("tk %s\n\n", tk_version_string());
-    if (devrc != TK_OK) {
-        printf("GPU:      none — %s\n", deverr);
-    } else if (ndev == 0) {
-        printf("GPU:      none — the CUDA driver loaded but reports no device\n"
-               "          HINT: check 'nvidia-smi' and CUDA_VISIBLE_DEVICES\n");
-    } else {
-        size_t i;
-        json_t *g;
-        json_array_foreach(gpus, i, g) {
-            printf("GPU %lld:    %s (%s, %lld SMs, %.1f GiB), driver %lld.%lld\n",
-                   (long long)json_integer_value(json_object_get(g, "ordinal")),
-                   json_string_value(json_object_get(g, "name")), json_string_value(json_object_get(g, "arch")),
-                   (long long)json_integer_value(json_object_get(g, "sm_count")),
-                   (double)json_integer_value(json_object_get(g, "total_mem")) / (1024.0 * 1024 * 1024),
-                   (long long)json_integer_value(json_object_get(g, "driver_version")) / 1000,
-                   (long long)json_integer_value(json_object_get(g, "driver_version")) % 1000 / 10);
-        }
-    }
+    print_gpus(gpus, devrc, ndev, deverr);
     if (nvpath[0])
         printf("NVRTC:    %d.%d at %s\n", nvmaj, nvmin, nvpath);
     else

@@ -229,19 +229,36 @@ int tk_cli_gen_apply(tk_gen_opts *o, const char *usage, const char *n, const cha
 #define MAX_PROMPTS 256
 #define MAX_STOPS 32
 
-int tk_cmd_generate(tk_cli *cli, int argc, char **argv)
-{
-    const char *dir = NULL, *dtype = NULL, *device = "cpu", *quant = NULL;
+/* What tk generate works on: the command line, then the model, the prompts and the result. */
+typedef struct {
+    const char *dir, *dtype, *device, *quant;
     const char *texts[MAX_PROMPTS], *idlists[MAX_PROMPTS], *stops[MAX_STOPS];
     int is_text[MAX_PROMPTS];
-    size_t np = 0, nstop = 0;
-    int stats = 0, rc_exit = TK_EXIT_OK;
+    size_t np, nstop;
+    int stats;
     /* flags are applied over generation_config.json after the model loads: remember them */
     struct {
         const char *name;
         const char *val;
     } set[64];
-    size_t nset = 0;
+    size_t nset;
+    tk_model_opts mo;
+    tk_gen_opts o;
+    tk_model *m;
+    tk_tokenizer *tok;
+    tk_gen_result *res;
+    int32_t *pids[MAX_PROMPTS];
+    size_t plens[MAX_PROMPTS];
+    char qinfo[512]; /* --quant: the quant JSON with the prompt's logit error, or "" */
+    char *sj;        /* the result's stats JSON (--json, --stats) */
+} gen_job;
+
+#define GO (-1) /* a step's "go on": anything else is the command's exit code */
+
+/* parse options: the directory, the prompts, stop strings, runtime flags and the generation flags. */
+static int gen_parse(gen_job *j, int argc, char **argv)
+{
+    j->device = "cpu";
     for (int i = 1; i < argc; i++) {
         const char *a = argv[i];
         if (tk_cli_is_help(a)) {
@@ -252,209 +269,245 @@ int tk_cmd_generate(tk_cli *cli, int argc, char **argv)
         if (!strcmp(a, "--prompt") || !strcmp(a, "--ids")) {
             if (!has_val)
                 return tk_cli_usage(USAGE, "%s needs a value", a);
-            if (np == MAX_PROMPTS)
+            if (j->np == MAX_PROMPTS)
                 return tk_cli_usage(USAGE, "at most %d prompts", MAX_PROMPTS);
-            is_text[np] = !strcmp(a, "--prompt");
-            texts[np] = is_text[np] ? argv[i + 1] : NULL;
-            idlists[np] = is_text[np] ? NULL : argv[i + 1];
-            np++;
+            j->is_text[j->np] = !strcmp(a, "--prompt");
+            j->texts[j->np] = j->is_text[j->np] ? argv[i + 1] : NULL;
+            j->idlists[j->np] = j->is_text[j->np] ? NULL : argv[i + 1];
+            j->np++;
             i++;
         } else if (!strcmp(a, "--stop")) {
             if (!has_val || !argv[i + 1][0])
                 return tk_cli_usage(USAGE, "--stop needs a non-empty string");
-            if (nstop == MAX_STOPS)
+            if (j->nstop == MAX_STOPS)
                 return tk_cli_usage(USAGE, "at most %d stop strings", MAX_STOPS);
-            stops[nstop++] = argv[++i];
+            j->stops[j->nstop++] = argv[++i];
         } else if (!strcmp(a, "--do-sample") || !strcmp(a, "--no-cache")) {
-            set[nset].name = a;
-            set[nset++].val = NULL;
+            j->set[j->nset].name = a;
+            j->set[j->nset++].val = NULL;
         } else if (!strcmp(a, "--stats")) {
-            stats = 1;
+            j->stats = 1;
         } else if (!strcmp(a, "--dtype") || !strcmp(a, "--device") || !strcmp(a, "--quant")) {
             if (!has_val)
                 return tk_cli_usage(USAGE, "%s needs a value", a);
             if (!strcmp(a, "--dtype"))
-                dtype = argv[++i];
+                j->dtype = argv[++i];
             else if (!strcmp(a, "--quant"))
-                quant = argv[++i];
+                j->quant = argv[++i];
             else
-                device = argv[++i];
-            if (quant && strcmp(quant, "int8") && strcmp(quant, "fp8") && strcmp(quant, "none"))
-                return tk_cli_usage(USAGE, "--quant wants int8, fp8 or none, got '%s'", quant);
-        } else if (!strcmp(a, "--max-new-tokens") || !strcmp(a, "--max-length") || !strcmp(a, "--temperature") ||
-                   !strcmp(a, "--top-k") || !strcmp(a, "--top-p") || !strcmp(a, "--min-p") ||
-                   !strcmp(a, "--repetition-penalty") || !strcmp(a, "--no-repeat-ngram-size") ||
-                   !strcmp(a, "--num-beams") || !strcmp(a, "--length-penalty") || !strcmp(a, "--early-stopping") ||
-                   !strcmp(a, "--eos-token-id") || !strcmp(a, "--seed") || !strcmp(a, "--kv-dtype") ||
-                   !strcmp(a, "--kv-block-size") || !strcmp(a, "--kv-max-bytes")) {
+                j->device = argv[++i];
+            if (j->quant && strcmp(j->quant, "int8") && strcmp(j->quant, "fp8") && strcmp(j->quant, "none"))
+                return tk_cli_usage(USAGE, "--quant wants int8, fp8 or none, got '%s'", j->quant);
+        } else if (tk_cli_gen_flag(a) == 2) { /* a GenerationConfig field with a value */
             if (!has_val)
                 return tk_cli_usage(USAGE, "%s needs a value", a);
-            if (nset == sizeof set / sizeof set[0])
+            if (j->nset == sizeof j->set / sizeof j->set[0])
                 return tk_cli_usage(USAGE, "too many options");
-            set[nset].name = a;
-            set[nset++].val = argv[++i];
+            j->set[j->nset].name = a;
+            j->set[j->nset++].val = argv[++i];
         } else if (a[0] == '-' && a[1]) {
             return tk_cli_usage(USAGE, "unknown option '%s' (see tk generate --help)", a);
-        } else if (!dir) {
-            dir = a;
+        } else if (!j->dir) {
+            j->dir = a;
         } else {
             return tk_cli_usage(USAGE, "unexpected argument '%s' (the prompt goes after --prompt)", a);
         }
     }
-    if (!dir)
+    if (!j->dir)
         return tk_cli_usage(USAGE, "a checkpoint directory, e.g. tk generate ./gpt2 --prompt 'Hello'");
-    if (np == 0)
+    if (j->np == 0)
         return tk_cli_usage(USAGE, "a prompt: --prompt TEXT or --ids ID,ID,...");
+    return GO;
+}
 
-    tk_gen_opts o = TK_GEN_OPTS_INIT;
-    tk_model_opts mo = TK_MODEL_OPTS_INIT;
-    mo.dtype = dtype;
+/* validate --device (cpu, cuda, cuda:N) and --dtype into the model options. */
+static int gen_model_opts(gen_job *j)
+{
+    const char *device = j->device;
+    j->mo = (tk_model_opts)TK_MODEL_OPTS_INIT;
+    j->mo.dtype = j->dtype;
     if (!strcmp(device, "cpu")) {
-        mo.device_type = TK_DEV_CPU;
+        j->mo.device_type = TK_DEV_CPU;
     } else if (!strncmp(device, "cuda", 4)) {
         long long d = 0;
         if (device[4] == ':' && parse_i(USAGE, "--device", device + 5, 0, 1023, &d))
             return TK_EXIT_USAGE;
         if (device[4] && device[4] != ':')
             return tk_cli_usage(USAGE, "--device wants cpu, cuda or cuda:N, got '%s'", device);
-        mo.device_type = TK_DEV_CUDA;
-        mo.device_id = (int)d;
+        j->mo.device_type = TK_DEV_CUDA;
+        j->mo.device_id = (int)d;
     } else {
         return tk_cli_usage(USAGE, "--device wants cpu, cuda or cuda:N, got '%s'", device);
     }
+    return GO;
+}
+
+/* resolve: the model, its generation_config.json, then the flags over it. */
+static int gen_load(gen_job *j, tk_cli *cli)
+{
     tk_ctx *ctx = tk_cli_ctx(cli);
+    int rc;
     if (!ctx)
         return TK_EXIT_FAIL;
-    tk_model *m = NULL;
-    tk_tokenizer *tok = NULL;
-    tk_gen_result *res = NULL;
-    int32_t *pids[MAX_PROMPTS] = {0};
-    size_t plens[MAX_PROMPTS] = {0};
-    int rc = tk_model_load(&m, ctx, dir, &mo);
-    if (rc != TK_OK)
+    if ((rc = tk_model_load(&j->m, ctx, j->dir, &j->mo)) != TK_OK)
         return tk_cli_fail(cli, rc, NULL);
-    if ((rc = tk_gen_opts_from_model(&o, m)) != TK_OK) {
-        rc_exit = tk_cli_fail(cli, rc, NULL);
-        goto done;
+    j->o = (tk_gen_opts)TK_GEN_OPTS_INIT;
+    if ((rc = tk_gen_opts_from_model(&j->o, j->m)) != TK_OK)
+        return tk_cli_fail(cli, rc, NULL);
+    for (size_t k = 0; k < j->nset; k++) {
+        int u = tk_cli_gen_apply(&j->o, USAGE, j->set[k].name, j->set[k].val);
+        if (u)
+            return u;
     }
-    for (size_t k = 0; k < nset; k++) {
-        int u = tk_cli_gen_apply(&o, USAGE, set[k].name, set[k].val);
-        if (u) {
-            rc_exit = u;
-            goto done;
+    j->o.stop_strings = j->nstop ? j->stops : NULL;
+    j->o.n_stop = j->nstop;
+    return GO;
+}
+
+/* the prompts as token ids: --prompt through the checkpoint's tokenizer.json, --ids as given */
+static int gen_prompts(gen_job *j, tk_cli *cli)
+{
+    int rc, u;
+    for (size_t p = 0; p < j->np; p++) {
+        if (!j->is_text[p]) {
+            if ((u = parse_id_list(USAGE, "--ids", j->idlists[p], &j->pids[p], &j->plens[p])) != 0)
+                return u;
+            continue;
         }
+        if (!j->tok && (rc = tk_tokenizer_load(&j->tok, j->dir)) != TK_OK)
+            return tk_cli_fail(cli, rc, "--prompt needs the checkpoint's tokenizer.json (or use --ids)");
+        if ((rc = tk_tokenizer_encode(&j->pids[p], &j->plens[p], j->tok, j->texts[p], strlen(j->texts[p]), 1)) !=
+            TK_OK)
+            return tk_cli_fail(cli, rc, NULL);
     }
-    o.stop_strings = nstop ? stops : NULL;
-    o.n_stop = nstop;
-    /* the prompts */
-    for (size_t p = 0; p < np; p++) {
-        if (is_text[p]) {
-            if (!tok && (rc = tk_tokenizer_load(&tok, dir)) != TK_OK) {
-                rc_exit = tk_cli_fail(cli, rc, "--prompt needs the checkpoint's tokenizer.json (or use --ids)");
-                goto done;
-            }
-            if ((rc = tk_tokenizer_encode(&pids[p], &plens[p], tok, texts[p], strlen(texts[p]), 1)) != TK_OK) {
-                rc_exit = tk_cli_fail(cli, rc, NULL);
-                goto done;
-            }
-        } else if ((rc_exit = parse_id_list(USAGE, "--ids", idlists[p], &pids[p], &plens[p])) != 0) {
-            goto done;
-        }
-    }
-    /* weight-only quantisation: the prompt's logits before and after say what it costs */
-    char qinfo[512] = "";
-    if (quant && strcmp(quant, "none")) {
-        int64_t V = tk_model_vocab_size(m);
-        float *f = malloc(plens[0] * (size_t)V * sizeof *f), *g = malloc(plens[0] * (size_t)V * sizeof *g);
-        char *qj = NULL;
-        if (!f || !g) {
-            free(f);
-            free(g);
-            fprintf(stderr, "tk: out of memory for the prompt's logits\n");
-            rc_exit = TK_EXIT_FAIL;
-            goto done;
-        }
-        if ((rc = tk_model_forward(m, pids[0], &plens[0], 1, f, NULL)) != TK_OK ||
-            (rc = tk_model_quantize(m, quant)) != TK_OK || (rc = tk_model_forward(m, pids[0], &plens[0], 1, g, NULL)) != TK_OK ||
-            (rc = tk_model_quant_json(&qj, m)) != TK_OK) {
-            free(f);
-            free(g);
-            rc_exit = tk_cli_fail(cli, rc, NULL);
-            goto done;
-        }
-        double worst = 0, range = 0;
-        for (size_t i = 0; i < plens[0] * (size_t)V; i++) {
-            worst = fmax(worst, fabs((double)f[i] - g[i]));
-            range = fmax(range, fabs((double)f[i]));
-        }
-        size_t ql = strlen(qj);
-        snprintf(qinfo, sizeof qinfo, "%.*s, \"prompt_logits_max_abs_diff\": %.6g, \"prompt_logits_max_abs\": %.6g}",
-                 (int)(ql ? ql - 1 : 0), qj, worst, range);
-        tk_free(qj);
+    return GO;
+}
+
+/* --quant: weight-only quantisation; the prompt's logits before and after say what it costs. */
+static int gen_quantize(gen_job *j, tk_cli *cli)
+{
+    if (!j->quant || !strcmp(j->quant, "none"))
+        return GO;
+    int64_t V = tk_model_vocab_size(j->m);
+    size_t n = j->plens[0] * (size_t)V;
+    float *f = malloc(n * sizeof *f), *g = malloc(n * sizeof *g);
+    char *qj = NULL;
+    int rc;
+    if (!f || !g) {
         free(f);
         free(g);
+        return tk_cli_errorf(cli, TK_ERR_NOMEM, TK_EXIT_FAIL, "out of memory for the prompt's logits");
     }
-    stream_ctx sc = {!cli->json && np == 1};
-    o.stream = on_token;
-    o.stream_user = &sc;
-    if ((rc = tk_generate(&res, m, (const int32_t *const *)pids, plens, np, &o)) != TK_OK) {
-        if (sc.stream_text)
+    if ((rc = tk_model_forward(j->m, j->pids[0], &j->plens[0], 1, f, NULL)) != TK_OK ||
+        (rc = tk_model_quantize(j->m, j->quant)) != TK_OK ||
+        (rc = tk_model_forward(j->m, j->pids[0], &j->plens[0], 1, g, NULL)) != TK_OK ||
+        (rc = tk_model_quant_json(&qj, j->m)) != TK_OK) {
+        free(f);
+        free(g);
+        return tk_cli_fail(cli, rc, NULL);
+    }
+    double worst = 0, range = 0;
+    for (size_t i = 0; i < n; i++) {
+        worst = fmax(worst, fabs((double)f[i] - g[i]));
+        range = fmax(range, fabs((double)f[i]));
+    }
+    size_t ql = strlen(qj);
+    snprintf(j->qinfo, sizeof j->qinfo, "%.*s, \"prompt_logits_max_abs_diff\": %.6g, \"prompt_logits_max_abs\": %.6g}",
+             (int)(ql ? ql - 1 : 0), qj, worst, range);
+    tk_free(qj);
+    free(f);
+    free(g);
+    return GO;
+}
+
+/* run: generate (one prompt streams its text to stdout as it comes, unless --json) */
+static int gen_run(gen_job *j, tk_cli *cli, stream_ctx *sc)
+{
+    int rc;
+    sc->stream_text = !cli->json && j->np == 1;
+    j->o.stream = on_token;
+    j->o.stream_user = sc;
+    if ((rc = tk_generate(&j->res, j->m, (const int32_t *const *)j->pids, j->plens, j->np, &j->o)) != TK_OK) {
+        if (sc->stream_text)
             fflush(stdout);
-        rc_exit = tk_cli_fail(cli, rc, NULL);
-        goto done;
+        return tk_cli_fail(cli, rc, NULL);
     }
-    char *sj = NULL;
-    if ((cli->json || stats) && (rc = tk_gen_result_stats_json(&sj, res)) != TK_OK) {
-        rc_exit = tk_cli_fail(cli, rc, NULL);
-        goto done;
+    if ((cli->json || j->stats) && (rc = tk_gen_result_stats_json(&j->sj, j->res)) != TK_OK)
+        return tk_cli_fail(cli, rc, NULL);
+    return GO;
+}
+
+/* report, --json: one object per prompt (an array of them for several) */
+static void gen_report_json(const gen_job *j)
+{
+    if (j->np > 1)
+        printf("[");
+    for (size_t p = 0; p < j->np; p++) {
+        size_t n = 0;
+        const int32_t *ids = tk_gen_result_ids(j->res, p, &n);
+        printf("%s{\"ids\": [", p ? ", " : "");
+        for (size_t i = 0; i < n; i++)
+            printf("%s%d", i ? ", " : "", (int)ids[i]);
+        printf("], \"text\": ");
+        const char *t = tk_gen_result_text(j->res, p);
+        if (t)
+            tk_cli_json_str(stdout, t);
+        else
+            printf("null");
+        printf(", \"end\": \"%s\", \"stats\": %s", tk_gen_result_end(j->res, p), j->sj);
+        if (j->qinfo[0])
+            printf(", \"quant\": %s", j->qinfo);
+        printf("}");
     }
+    printf(j->np > 1 ? "]\n" : "\n");
+}
+
+/* report: JSON, the end of the streamed line, or each prompt's text (its ids without a tokenizer);
+ * --stats to stderr */
+static void gen_report(const gen_job *j, const tk_cli *cli)
+{
     if (cli->json) {
-        if (np > 1)
-            printf("[");
-        for (size_t p = 0; p < np; p++) {
-            size_t n = 0;
-            const int32_t *ids = tk_gen_result_ids(res, p, &n);
-            printf("%s{\"ids\": [", p ? ", " : "");
-            for (size_t i = 0; i < n; i++)
-                printf("%s%d", i ? ", " : "", (int)ids[i]);
-            printf("], \"text\": ");
-            const char *t = tk_gen_result_text(res, p);
-            if (t)
-                tk_cli_json_str(stdout, t);
-            else
-                printf("null");
-            printf(", \"end\": \"%s\", \"stats\": %s", tk_gen_result_end(res, p), sj);
-            if (qinfo[0])
-                printf(", \"quant\": %s", qinfo);
-            printf("}");
-        }
-        printf(np > 1 ? "]\n" : "\n");
-    } else if (np == 1) {
+        gen_report_json(j);
+    } else if (j->np == 1) {
         printf("\n");
     } else {
-        for (size_t p = 0; p < np; p++) {
-            const char *t = tk_gen_result_text(res, p);
+        for (size_t p = 0; p < j->np; p++) {
+            const char *t = tk_gen_result_text(j->res, p);
             if (t) {
                 printf("%s%s\n", p ? "\n" : "", t);
             } else {
                 size_t n = 0;
-                const int32_t *ids = tk_gen_result_ids(res, p, &n);
+                const int32_t *ids = tk_gen_result_ids(j->res, p, &n);
                 for (size_t i = 0; i < n; i++)
                     printf("%s%d", i ? "," : "", (int)ids[i]);
                 printf("\n");
             }
         }
     }
-    if (stats)
-        fprintf(stderr, "%s\n", sj);
-    if (stats && qinfo[0])
-        fprintf(stderr, "%s\n", qinfo);
-    tk_free(sj);
-done:
-    for (size_t p = 0; p < np; p++)
-        tk_free(pids[p]);
-    tk_gen_result_free(res);
-    tk_tokenizer_free(tok);
-    tk_model_free(m);
-    return rc_exit;
+    if (j->stats)
+        fprintf(stderr, "%s\n", j->sj);
+    if (j->stats && j->qinfo[0])
+        fprintf(stderr, "%s\n", j->qinfo);
+}
+
+int tk_cmd_generate(tk_cli *cli, int argc, char **argv)
+{
+    gen_job *j = calloc(1, sizeof *j);
+    stream_ctx sc = {0};
+    int ec;
+    if (!j)
+        return tk_cli_errorf(cli, TK_ERR_NOMEM, TK_EXIT_FAIL, "out of memory");
+    if ((ec = gen_parse(j, argc, argv)) == GO && (ec = gen_model_opts(j)) == GO && (ec = gen_load(j, cli)) == GO &&
+        (ec = gen_prompts(j, cli)) == GO && (ec = gen_quantize(j, cli)) == GO && (ec = gen_run(j, cli, &sc)) == GO) {
+        gen_report(j, cli);
+        ec = TK_EXIT_OK;
+    }
+    for (size_t p = 0; p < j->np; p++)
+        tk_free(j->pids[p]);
+    tk_free(j->sj);
+    tk_gen_result_free(j->res);
+    tk_tokenizer_free(j->tok);
+    tk_model_free(j->m);
+    free(j);
+    return ec;
 }

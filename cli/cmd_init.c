@@ -37,20 +37,26 @@ static const char *HELP =
     "EXAMPLES\n"
     "    tk init my-org/scale && tk check ./scale\n";
 
-static int write_file(const char *dir, const char *name, const char *text)
+/* The names a package is written with. */
+typedef struct {
+    const char *dir;
+    char org[64], pkg[64];
+    char ident[64];   /* the C identifier of the kernel: the package name with '-' as '_' */
+    char shown[4096]; /* how the README and the hint name the directory: a path tk reads as a directory */
+} init_names;
+
+static int write_file(tk_cli *cli, const char *dir, const char *name, const char *text)
 {
     char path[4096];
     snprintf(path, sizeof path, "%s/%s", dir, name);
     FILE *f = fopen(path, "w");
-    if (!f) {
-        fprintf(stderr, "tk: cannot write %s: %s\n", path, strerror(errno));
-        return -1;
-    }
+    if (!f)
+        return tk_cli_errorf(cli, TK_ERR_IO, TK_EXIT_IO, "cannot write %s: %s", path, strerror(errno));
     int bad = fputs(text, f) < 0;
     bad |= fclose(f) != 0;
     if (bad)
-        fprintf(stderr, "tk: cannot write %s: %s\n", path, strerror(errno));
-    return bad ? -1 : 0;
+        return tk_cli_errorf(cli, TK_ERR_IO, TK_EXIT_IO, "cannot write %s: %s", path, strerror(errno));
+    return 0;
 }
 
 static int ident_ok(const char *s)
@@ -64,10 +70,11 @@ static int ident_ok(const char *s)
     return 1;
 }
 
-int tk_cmd_init(tk_cli *cli, int argc, char **argv)
+#define GO (-1) /* a step's "go on": anything else is the command's exit code */
+
+/* parse options: [ORG/]NAME, --dir, --force. */
+static int init_parse(const char **name, const char **dir, int *force, int argc, char **argv)
 {
-    const char *name = NULL, *dir = NULL;
-    int force = 0;
     for (int i = 1; i < argc; i++) {
         if (tk_cli_is_help(argv[i])) {
             fputs(HELP, stdout);
@@ -75,67 +82,70 @@ int tk_cmd_init(tk_cli *cli, int argc, char **argv)
         } else if (!strcmp(argv[i], "--dir")) {
             if (++i >= argc)
                 return tk_cli_usage(USAGE, "--dir needs a directory");
-            dir = argv[i];
+            *dir = argv[i];
         } else if (!strcmp(argv[i], "--force")) {
-            force = 1;
+            *force = 1;
         } else if (argv[i][0] == '-') {
             return tk_cli_usage(USAGE, "unknown option '%s'", argv[i]);
-        } else if (!name) {
-            name = argv[i];
+        } else if (!*name) {
+            *name = argv[i];
         } else {
             return tk_cli_usage(USAGE, "one package at a time");
         }
     }
-    if (!name)
+    if (!*name)
         return tk_cli_usage(USAGE, "which name? e.g. tk init my-org/scale");
-    char org[64] = "my-org", pkg[64];
+    return GO;
+}
+
+/* resolve and validate the names: ORG (default my-org), NAME, the kernel's identifier, the directory. */
+static int init_resolve(init_names *n, const char *name, const char *dir)
+{
     const char *slash = strchr(name, '/');
+    snprintf(n->org, sizeof n->org, "my-org");
     if (slash) {
-        if ((size_t)(slash - name) >= sizeof org || !ident_ok(slash + 1))
+        if ((size_t)(slash - name) >= sizeof n->org || !ident_ok(slash + 1))
             return tk_cli_usage(USAGE, "'%s' is not ORG/NAME (NAME: a letter, then letters, digits, '_' or '-')",
                                 name);
-        snprintf(org, sizeof org, "%.*s", (int)(slash - name), name);
-        snprintf(pkg, sizeof pkg, "%s", slash + 1);
+        snprintf(n->org, sizeof n->org, "%.*s", (int)(slash - name), name);
+        snprintf(n->pkg, sizeof n->pkg, "%s", slash + 1);
     } else {
         if (!ident_ok(name))
             return tk_cli_usage(USAGE, "'%s' is not a package name (a letter, then letters, digits, '_' or '-')",
                                 name);
-        snprintf(pkg, sizeof pkg, "%s", name);
+        snprintf(n->pkg, sizeof n->pkg, "%s", name);
     }
-    if (!ident_ok(org) && !strchr(org, '.'))
-        return tk_cli_usage(USAGE, "'%s' is not an org name", org);
-    /* the C identifier of the kernel: the package name with '-' as '_' */
-    char ident[64];
-    snprintf(ident, sizeof ident, "%s", pkg);
-    for (char *p = ident; *p; p++)
+    if (!ident_ok(n->org) && !strchr(n->org, '.'))
+        return tk_cli_usage(USAGE, "'%s' is not an org name", n->org);
+    snprintf(n->ident, sizeof n->ident, "%s", n->pkg);
+    for (char *p = n->ident; *p; p++)
         if (*p == '-')
             *p = '_';
-    if (!dir)
-        dir = pkg;
-    if (mkdir(dir, 0755) != 0) {
-        if (errno != EEXIST) {
-            fprintf(stderr, "tk: cannot create %s: %s\n", dir, strerror(errno));
-            return TK_EXIT_IO;
-        }
-        char probe[4096];
-        snprintf(probe, sizeof probe, "%s/kernel.json", dir);
-        struct stat st;
-        if (!force && stat(probe, &st) == 0) {
-            fprintf(stderr, "tk: %s already holds a kernel.json\nHINT: pick another --dir, or --force to "
-                    "replace it\n", dir);
-            return TK_EXIT_IO;
-        }
-    }
-    /* how the README and the hint name the directory: a path tk reads as a directory, not a package */
-    char shown[4096];
-    snprintf(shown, sizeof shown, "%s%s", dir[0] == '/' || !strncmp(dir, "./", 2) || !strncmp(dir, "../", 3) ? "" : "./",
-             dir);
-    char *kjson = NULL, *cu = NULL, *readme = NULL;
-    size_t n1 = 0, n2 = 0, n3 = 0;
-    FILE *f1 = open_memstream(&kjson, &n1), *f2 = open_memstream(&cu, &n2), *f3 = open_memstream(&readme, &n3);
-    if (!f1 || !f2 || !f3)
-        return TK_EXIT_FAIL;
-    fprintf(f1,
+    n->dir = dir ? dir : n->pkg;
+    snprintf(n->shown, sizeof n->shown, "%s%s",
+             n->dir[0] == '/' || !strncmp(n->dir, "./", 2) || !strncmp(n->dir, "../", 3) ? "" : "./", n->dir);
+    return GO;
+}
+
+/* validate the directory: created, or existing without a kernel.json (unless --force). */
+static int init_prepare_dir(tk_cli *cli, const char *dir, int force)
+{
+    char probe[4096];
+    struct stat st;
+    if (mkdir(dir, 0755) == 0)
+        return GO;
+    if (errno != EEXIST)
+        return tk_cli_errorf(cli, TK_ERR_IO, TK_EXIT_IO, "cannot create %s: %s", dir, strerror(errno));
+    snprintf(probe, sizeof probe, "%s/kernel.json", dir);
+    if (!force && stat(probe, &st) == 0)
+        return tk_cli_errorf(cli, TK_ERR_IO, TK_EXIT_IO,
+                             "%s already holds a kernel.json\nHINT: pick another --dir, or --force to replace it", dir);
+    return GO;
+}
+
+static void emit_manifest(FILE *f, const init_names *n)
+{
+    fprintf(f,
             "{\n"
             "  \"name\": \"%s/%s\",\n"
             "  \"version\": \"1.0.0\",\n"
@@ -161,8 +171,12 @@ int tk_cmd_init(tk_cli *cli, int argc, char **argv)
             "    }\n"
             "  ]\n"
             "}\n",
-            org, pkg, pkg, ident, ident, pkg, ident);
-    fprintf(f2,
+            n->org, n->pkg, n->pkg, n->ident, n->ident, n->pkg, n->ident);
+}
+
+static void emit_source(FILE *f, const init_names *n)
+{
+    fprintf(f,
             "// %s.cu - out = x * alpha, element-wise.\n"
             "//\n"
             "// Variants: tk_%s<float> (kernel.json: %s_f32). Launch: one thread per element, 256 a\n"
@@ -179,8 +193,12 @@ int tk_cmd_init(tk_cli *cli, int argc, char **argv)
             "    if (i < n)\n"
             "        out[i] = (T)((float)x[i] * alpha);\n"
             "}\n",
-            pkg, ident, ident, ident);
-    fprintf(f3,
+            n->pkg, n->ident, n->ident, n->ident);
+}
+
+static void emit_readme(FILE *f, const init_names *n)
+{
+    fprintf(f,
             "# %s/%s\n"
             "\n"
             "out = x * alpha, element-wise. Made by `tk init`; see docs/authoring.md in tk.\n"
@@ -198,23 +216,57 @@ int tk_cmd_init(tk_cli *cli, int argc, char **argv)
             "## Test shape\n"
             "\n"
             "`out` and `x`: any shape with the same number of elements, e.g. 4096 or 8x1024.\n",
-            org, pkg, shown, shown, shown, ident, shown);
-    fclose(f1);
-    fclose(f2);
-    fclose(f3);
+            n->org, n->pkg, n->shown, n->shown, n->shown, n->ident, n->shown);
+}
+
+/* One file of the skeleton, written by emit into memory, then to DIR/NAME. */
+static int write_emitted(tk_cli *cli, const init_names *n, const char *name,
+                         void (*emit)(FILE *, const init_names *))
+{
+    char *text = NULL;
+    size_t len = 0;
+    FILE *f = open_memstream(&text, &len);
+    if (!f)
+        return tk_cli_errorf(cli, TK_ERR_NOMEM, TK_EXIT_FAIL, "out of memory");
+    emit(f, n);
+    fclose(f);
+    int bad = write_file(cli, n->dir, name, text);
+    free(text);
+    return bad ? bad : GO;
+}
+
+/* report: what was written, and what to do next. */
+static void init_report(const tk_cli *cli, const init_names *n, const char *cuname)
+{
+    if (cli->json) {
+        char full[160];
+        snprintf(full, sizeof full, "%s/%s", n->org, n->pkg);
+        printf("{\"dir\": ");
+        tk_cli_json_str(stdout, n->dir);
+        printf(", \"name\": ");
+        tk_cli_json_str(stdout, full);
+        printf(", \"kernel\": \"%s_f32\"}\n", n->ident);
+    } else if (!cli->quiet) {
+        printf("wrote %s/: kernel.json, %s, README.md (package %s/%s, kernel %s_f32)\nnext: tk check %s\n", n->dir,
+               cuname, n->org, n->pkg, n->ident, n->shown);
+    }
+}
+
+int tk_cmd_init(tk_cli *cli, int argc, char **argv)
+{
+    const char *name = NULL, *dir = NULL;
+    int force = 0, ec;
+    init_names n;
     char cuname[80];
-    snprintf(cuname, sizeof cuname, "%s.cu", pkg);
-    int bad = write_file(dir, "kernel.json", kjson) || write_file(dir, cuname, cu) ||
-              write_file(dir, "README.md", readme);
-    free(kjson);
-    free(cu);
-    free(readme);
-    if (bad)
-        return TK_EXIT_IO;
-    if (cli->json)
-        printf("{\"dir\": \"%s\", \"name\": \"%s/%s\", \"kernel\": \"%s_f32\"}\n", dir, org, pkg, ident);
-    else if (!cli->quiet)
-        printf("wrote %s/: kernel.json, %s, README.md (package %s/%s, kernel %s_f32)\nnext: tk check %s\n",
-               dir, cuname, org, pkg, ident, shown);
+    memset(&n, 0, sizeof n);
+    if ((ec = init_parse(&name, &dir, &force, argc, argv)) != GO || (ec = init_resolve(&n, name, dir)) != GO ||
+        (ec = init_prepare_dir(cli, n.dir, force)) != GO)
+        return ec;
+    snprintf(cuname, sizeof cuname, "%s.cu", n.pkg);
+    if ((ec = write_emitted(cli, &n, "kernel.json", emit_manifest)) != GO ||
+        (ec = write_emitted(cli, &n, cuname, emit_source)) != GO ||
+        (ec = write_emitted(cli, &n, "README.md", emit_readme)) != GO)
+        return ec;
+    init_report(cli, &n, cuname);
     return TK_EXIT_OK;
 }

@@ -203,164 +203,202 @@ static int cmd_info(tk_cli *cli, int argc, char **argv)
     return TK_EXIT_OK;
 }
 
-static int cmd_logits(tk_cli *cli, int argc, char **argv)
+static void logits_help(void)
 {
-    const char *dir = NULL;
-    tk_model_opts o = TK_MODEL_OPTS_INIT;
-    int32_t *ids = NULL;
-    size_t nids = 0, capids = 0, *lens = NULL, nseq = 0;
-    int want_hidden = 0, ec = TK_EXIT_OK;
-    float *logits = NULL, *hidden = NULL, *pooled = NULL;
-    tk_model *m = NULL;
-    if (!(lens = calloc((size_t)argc + 1, sizeof *lens)))
-        return TK_EXIT_FAIL;
+    printf("usage: %s\n"
+           "\n"
+           "Runs a Hugging Face checkpoint directory on token ids and prints the logits: one row\n"
+           "of vocabulary logits per input position, computed by tk's pipeline (every layer a\n"
+           "tk_op_run: the CPU references, or the installed GPU kernels with --device cuda).\n"
+           "Without --json it prints the five most likely next tokens after the last position\n"
+           "(with their text when the directory has a tokenizer.json).\n"
+           "\n"
+           "options:\n"
+           "  --ids LIST    comma-separated token ids of one sequence (see 'tk tokenize'); give\n"
+           "                --ids again for a batch: sequences run together but independently,\n"
+           "                and the rows follow one another in order\n"
+           "  --dtype T     compute dtype: f32, bf16, f16, auto (the checkpoint's); default: f32\n"
+           "                on the CPU, bf16 on a GPU; the output is f32 either way\n"
+           "  --device D    cpu (default) or cuda[:N]\n"
+           "  --hidden      also the last hidden states (after the final norm; BERT: the encoder\n"
+           "                output and the pooler output); the only output for BertModel\n"
+           "  --json        {\"logits\": [[...], ...]} (and \"hidden\", \"pooled\") on stdout\n"
+           "\n"
+           "examples:\n"
+           "  tk model logits ./gpt2 --ids $(tk tokenize ./gpt2 'Hello, my dog' --no-special)\n"
+           "  tk model logits ./tiny-llama --ids 1,15043,3186 --dtype bf16 --json\n"
+           "\n"
+           "exit status: 0 ok, 1 an unsupported architecture or config value, 2 usage or\n"
+           "invalid input (a malformed checkpoint, an id outside the vocabulary), 3 no\n"
+           "config.json or no weights, 7 no GPU.\n",
+           LOGITS_USAGE);
+}
+
+/* What tk model logits works on: the command line, then the model and its outputs. */
+typedef struct {
+    const char *dir;
+    tk_model_opts o;
+    int32_t *ids;
+    size_t nids, capids, *lens, nseq;
+    int want_hidden, lm;
+    tk_model *m;
+    size_t V, H;
+    float *logits, *hidden, *pooled;
+} logits_job;
+
+#define GO (-1) /* a step's "go on": anything else is the command's exit code */
+
+/* parse options: the directory, --ids lists (one sequence each), --hidden and the shared options. */
+static int logits_parse(logits_job *j, int argc, char **argv)
+{
+    int ec = TK_EXIT_OK;
+    if (!(j->lens = calloc((size_t)argc + 1, sizeof *j->lens)))
+        return tk_cli_errorf(NULL, TK_ERR_NOMEM, 0, "out of memory");
     for (int i = 1; i < argc; i++) {
-        int r = common_opt(&o, argc, argv, &i, LOGITS_USAGE, &ec);
+        int r = common_opt(&j->o, argc, argv, &i, LOGITS_USAGE, &ec);
         if (r < 0)
-            goto done;
+            return ec;
         if (r)
             continue;
         if (tk_cli_is_help(argv[i])) {
-            printf("usage: %s\n"
-                   "\n"
-                   "Runs a Hugging Face checkpoint directory on token ids and prints the logits: one row\n"
-                   "of vocabulary logits per input position, computed by tk's pipeline (every layer a\n"
-                   "tk_op_run: the CPU references, or the installed GPU kernels with --device cuda).\n"
-                   "Without --json it prints the five most likely next tokens after the last position\n"
-                   "(with their text when the directory has a tokenizer.json).\n"
-                   "\n"
-                   "options:\n"
-                   "  --ids LIST    comma-separated token ids of one sequence (see 'tk tokenize'); give\n"
-                   "                --ids again for a batch: sequences run together but independently,\n"
-                   "                and the rows follow one another in order\n"
-                   "  --dtype T     compute dtype: f32, bf16, f16, auto (the checkpoint's); default: f32\n"
-                   "                on the CPU, bf16 on a GPU; the output is f32 either way\n"
-                   "  --device D    cpu (default) or cuda[:N]\n"
-                   "  --hidden      also the last hidden states (after the final norm; BERT: the encoder\n"
-                   "                output and the pooler output); the only output for BertModel\n"
-                   "  --json        {\"logits\": [[...], ...]} (and \"hidden\", \"pooled\") on stdout\n"
-                   "\n"
-                   "examples:\n"
-                   "  tk model logits ./gpt2 --ids $(tk tokenize ./gpt2 'Hello, my dog' --no-special)\n"
-                   "  tk model logits ./tiny-llama --ids 1,15043,3186 --dtype bf16 --json\n"
-                   "\n"
-                   "exit status: 0 ok, 1 an unsupported architecture or config value, 2 usage or\n"
-                   "invalid input (a malformed checkpoint, an id outside the vocabulary), 3 no\n"
-                   "config.json or no weights, 7 no GPU.\n",
-                   LOGITS_USAGE);
-            ec = TK_EXIT_OK;
-            goto done;
+            logits_help();
+            return TK_EXIT_OK;
         } else if (!strcmp(argv[i], "--ids")) {
-            if (i + 1 >= argc) {
-                ec = tk_cli_usage(LOGITS_USAGE, "--ids needs a list of token ids");
-                goto done;
-            }
-            size_t before = nids;
-            if (parse_ids(&ids, &nids, &capids, argv[++i])) {
-                ec = tk_cli_usage(LOGITS_USAGE, "--ids '%s' is not a comma-separated list of token ids", argv[i]);
-                goto done;
-            }
-            lens[nseq++] = nids - before;
+            if (i + 1 >= argc)
+                return tk_cli_usage(LOGITS_USAGE, "--ids needs a list of token ids");
+            size_t before = j->nids;
+            if (parse_ids(&j->ids, &j->nids, &j->capids, argv[++i]))
+                return tk_cli_usage(LOGITS_USAGE, "--ids '%s' is not a comma-separated list of token ids", argv[i]);
+            j->lens[j->nseq++] = j->nids - before;
         } else if (!strcmp(argv[i], "--hidden")) {
-            want_hidden = 1;
+            j->want_hidden = 1;
         } else if (argv[i][0] == '-') {
-            ec = tk_cli_usage(LOGITS_USAGE, "unknown option '%s'", argv[i]);
-            goto done;
-        } else if (!dir) {
-            dir = argv[i];
+            return tk_cli_usage(LOGITS_USAGE, "unknown option '%s'", argv[i]);
+        } else if (!j->dir) {
+            j->dir = argv[i];
         } else {
-            ec = tk_cli_usage(LOGITS_USAGE, "one model directory (token ids go after --ids)");
-            goto done;
+            return tk_cli_usage(LOGITS_USAGE, "one model directory (token ids go after --ids)");
         }
     }
-    if (!dir || !nseq) {
-        ec = tk_cli_usage(LOGITS_USAGE, "a model directory and --ids, e.g. tk model logits ./gpt2 --ids 15496,11");
-        goto done;
-    }
-    if ((ec = load(cli, &m, dir, &o)) != TK_EXIT_OK)
-        goto done;
-    int lm = tk_model_has_lm_head(m);
-    if (!lm && !want_hidden) {
-        fprintf(stderr, "tk: %s has no LM head, so no logits\nHINT: add --hidden for its hidden states, or use "
-                        "'tk embed' for sentence embeddings\n",
-                tk_model_arch(m));
-        ec = TK_EXIT_FAIL;
-        goto done;
-    }
-    size_t V = (size_t)tk_model_vocab_size(m), H = (size_t)tk_model_hidden_size(m);
-    logits = lm ? malloc(nids * V * sizeof *logits) : NULL;
-    hidden = want_hidden ? malloc(nids * H * sizeof *hidden) : NULL;
-    if ((lm && !logits) || (want_hidden && !hidden)) {
-        fprintf(stderr, "tk: out of memory\n");
-        ec = TK_EXIT_FAIL;
-        goto done;
-    }
-    int rc = tk_model_forward(m, ids, lens, nseq, logits, hidden);
-    if (rc != TK_OK) {
-        ec = tk_cli_fail(cli, rc, NULL);
-        goto done;
-    }
-    if (want_hidden && !lm) {
-        pooled = malloc(nseq * H * sizeof *pooled);
-        if (pooled && tk_model_pooler_output(pooled, m) != TK_OK) {
-            free(pooled);
-            pooled = NULL;
+    if (!j->dir || !j->nseq)
+        return tk_cli_usage(LOGITS_USAGE, "a model directory and --ids, e.g. tk model logits ./gpt2 --ids 15496,11");
+    return GO;
+}
+
+/* resolve and validate: the model, which must have an LM head unless only hidden states are wanted. */
+static int logits_load(logits_job *j, tk_cli *cli)
+{
+    int ec = load(cli, &j->m, j->dir, &j->o);
+    if (ec != TK_EXIT_OK)
+        return ec;
+    j->lm = tk_model_has_lm_head(j->m);
+    if (!j->lm && !j->want_hidden)
+        return tk_cli_errorf(cli, TK_ERR_UNSUPPORTED, TK_EXIT_FAIL,
+                             "%s has no LM head, so no logits\nHINT: add --hidden for its hidden states, or use "
+                             "'tk embed' for sentence embeddings",
+                             tk_model_arch(j->m));
+    j->V = (size_t)tk_model_vocab_size(j->m);
+    j->H = (size_t)tk_model_hidden_size(j->m);
+    return GO;
+}
+
+/* run: the forward pass over every sequence (and BERT's pooler output with --hidden). */
+static int logits_run(logits_job *j, tk_cli *cli)
+{
+    j->logits = j->lm ? malloc(j->nids * j->V * sizeof *j->logits) : NULL;
+    j->hidden = j->want_hidden ? malloc(j->nids * j->H * sizeof *j->hidden) : NULL;
+    if ((j->lm && !j->logits) || (j->want_hidden && !j->hidden))
+        return tk_cli_errorf(cli, TK_ERR_NOMEM, TK_EXIT_FAIL, "out of memory");
+    int rc = tk_model_forward(j->m, j->ids, j->lens, j->nseq, j->logits, j->hidden);
+    if (rc != TK_OK)
+        return tk_cli_fail(cli, rc, NULL);
+    if (j->want_hidden && !j->lm) {
+        j->pooled = malloc(j->nseq * j->H * sizeof *j->pooled);
+        if (j->pooled && tk_model_pooler_output(j->pooled, j->m) != TK_OK) {
+            free(j->pooled);
+            j->pooled = NULL;
         }
     }
+    return GO;
+}
+
+/* report, without --json: the five most likely tokens after the last position, with their text. */
+static void logits_print_top(const logits_job *j)
+{
+    const tk_tokenizer *tok = NULL;
+    if (tk_model_tokenizer(&tok, j->m) != TK_OK)
+        tok = NULL;
+    const float *last = j->logits + (j->nids - 1) * j->V;
+    int top[5];
+    int k = 0;
+    for (; k < 5 && (size_t)k < j->V; k++) {
+        int best = -1;
+        for (size_t v = 0; v < j->V; v++) {
+            int taken = 0;
+            for (int t = 0; t < k; t++)
+                taken |= top[t] == (int)v;
+            if (!taken && (best < 0 || last[v] > last[best]))
+                best = (int)v;
+        }
+        top[k] = best;
+    }
+    printf("top %d next tokens after position %zu:\n", k, j->lens[j->nseq - 1] - 1);
+    for (int t = 0; t < k; t++) {
+        const char *s = tok ? tk_tokenizer_token(tok, top[t]) : NULL;
+        printf("  %8d  %12.6f  %s\n", top[t], last[top[t]], s ? s : "");
+    }
+}
+
+/* report: {"logits", "hidden", "pooled"} with --json, else the top tokens or a line about the states. */
+static void logits_report(const logits_job *j, const tk_cli *cli)
+{
     if (cli->json) {
-        printf("{");
         const char *sep = "";
-        if (lm) {
-            print_rows("logits", logits, nids, V);
+        printf("{");
+        if (j->lm) {
+            print_rows("logits", j->logits, j->nids, j->V);
             sep = ", ";
         }
-        if (want_hidden) {
+        if (j->want_hidden) {
             printf("%s", sep);
-            print_rows("hidden", hidden, nids, H);
+            print_rows("hidden", j->hidden, j->nids, j->H);
         }
-        if (pooled) {
+        if (j->pooled) {
             printf(", ");
-            print_rows("pooled", pooled, nseq, H);
+            print_rows("pooled", j->pooled, j->nseq, j->H);
         }
         printf("}\n");
-    } else if (lm) {
-        const tk_tokenizer *tok = NULL;
-        if (tk_model_tokenizer(&tok, m) != TK_OK)
-            tok = NULL;
-        const float *last = logits + (nids - 1) * V;
-        int top[5];
-        int k = 0;
-        for (; k < 5 && (size_t)k < V; k++) {
-            int best = -1;
-            for (size_t v = 0; v < V; v++) {
-                int taken = 0;
-                for (int j = 0; j < k; j++)
-                    taken |= top[j] == (int)v;
-                if (!taken && (best < 0 || last[v] > last[best]))
-                    best = (int)v;
-            }
-            top[k] = best;
-        }
-        printf("top %d next tokens after position %zu:\n", k, lens[nseq - 1] - 1);
-        for (int j = 0; j < k; j++) {
-            const char *t = tok ? tk_tokenizer_token(tok, top[j]) : NULL;
-            printf("  %8d  %12.6f  %s\n", top[j], last[top[j]], t ? t : "");
-        }
+    } else if (j->lm) {
+        logits_print_top(j);
     } else {
-        printf("hidden states: %zu rows of %zu (use --json to print them)\n", nids, H);
+        printf("hidden states: %zu rows of %zu (use --json to print them)\n", j->nids, j->H);
     }
-done:
-    free(ids);
-    free(lens);
-    free(logits);
-    free(hidden);
-    free(pooled);
-    tk_model_free(m);
+}
+
+static int cmd_logits(tk_cli *cli, int argc, char **argv)
+{
+    logits_job j;
+    int ec;
+    memset(&j, 0, sizeof j);
+    j.o = (tk_model_opts)TK_MODEL_OPTS_INIT;
+    if ((ec = logits_parse(&j, argc, argv)) == GO && (ec = logits_load(&j, cli)) == GO &&
+        (ec = logits_run(&j, cli)) == GO) {
+        logits_report(&j, cli);
+        ec = TK_EXIT_OK;
+    }
+    free(j.ids);
+    free(j.lens);
+    free(j.logits);
+    free(j.hidden);
+    free(j.pooled);
+    tk_model_free(j.m);
     return ec;
 }
 
 int tk_cmd_model(tk_cli *cli, int argc, char **argv)
 {
+    if (argc < 2 && cli->json)
+        return tk_cli_usage("tk model <info|logits> DIR [options]", "which model command? info or logits");
     if (argc < 2 || tk_cli_is_help(argv[1])) {
         printf("usage: tk model <info|logits> DIR [options]\n"
                "\n"
@@ -391,7 +429,7 @@ int tk_cmd_embed(tk_cli *cli, int argc, char **argv)
     float *emb = NULL;
     tk_model *m = NULL;
     if (!texts)
-        return TK_EXIT_FAIL;
+        return tk_cli_errorf(cli, TK_ERR_NOMEM, TK_EXIT_FAIL, "out of memory");
     for (int i = 1; i < argc; i++) {
         int r = common_opt(&o, argc, argv, &i, EMBED_USAGE, &ec);
         if (r < 0)
@@ -439,8 +477,7 @@ int tk_cmd_embed(tk_cli *cli, int argc, char **argv)
         goto done;
     size_t H = (size_t)tk_model_hidden_size(m);
     if (!(emb = malloc(n * H * sizeof *emb))) {
-        fprintf(stderr, "tk: out of memory\n");
-        ec = TK_EXIT_FAIL;
+        ec = tk_cli_errorf(cli, TK_ERR_NOMEM, TK_EXIT_FAIL, "out of memory");
         goto done;
     }
     int rc = tk_model_embed(emb, m, texts, n);

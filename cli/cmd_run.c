@@ -203,21 +203,33 @@ static double now_ms(void)
     return (double)ts.tv_sec * 1e3 + (double)ts.tv_nsec / 1e6;
 }
 
-int tk_cmd_run(tk_cli *cli, int argc, char **argv)
-{
-    const char *ref = NULL, *fname = NULL, *shapes[MAXP], *sargs[MAXP], *fills[MAXP];
-    size_t nshapes = 0, nsargs = 0, nfills = 0, np = 0;
-    long iters = 20, warmup = 3, device = 0, seed = 1;
-    rparam ps[MAXP];
-    tk_arg args[MAXP];
-    size_t nargs = 0;
-    tk_kernel *k = NULL;
-    tk_pkg *pkg = NULL;
-    const tk_function *fn = NULL;
-    json_t *man = NULL, *kern = NULL;
-    int code = TK_EXIT_FAIL, rc, ndev = 0;
+/* The command line. */
+typedef struct {
+    const char *ref, *fname, *shapes[MAXP], *sargs[MAXP], *fills[MAXP];
+    size_t nshapes, nsargs, nfills;
+    long iters, warmup, device, seed;
+} run_opts;
 
-    memset(ps, 0, sizeof ps);
+/* What a run holds: the kernel, its parameters (from the manifest) and the call's arguments. */
+typedef struct {
+    tk_kernel *k;
+    const tk_function *fn;
+    json_t *man;
+    rparam ps[MAXP];
+    size_t np;
+    tk_arg args[MAXP];
+    size_t nargs;
+    double sum[MAXP], abs_sum[MAXP]; /* per parameter, after the run */
+} run_state;
+
+#define RUN_GO (-1) /* a step's "go on": anything else is the command's exit code */
+
+/* parse options: fills o; RUN_GO, or an exit code (help printed, or a usage error). */
+static int parse_options(run_opts *o, tk_cli *cli, int argc, char **argv)
+{
+    o->iters = 20;
+    o->warmup = 3;
+    o->seed = 1;
     for (int i = 1; i < argc; i++) {
         const char *a = argv[i];
         long *num = NULL;
@@ -225,35 +237,35 @@ int tk_cmd_run(tk_cli *cli, int argc, char **argv)
             fputs(HELP, stdout);
             return TK_EXIT_OK;
         } else if (!strcmp(a, "--shape") || !strcmp(a, "-s")) {
-            if (++i >= argc || nshapes == MAXP)
+            if (++i >= argc || o->nshapes == MAXP)
                 return tk_cli_usage(USAGE, "--shape needs [PARAM=]DIMS");
-            shapes[nshapes++] = argv[i];
+            o->shapes[o->nshapes++] = argv[i];
         } else if (!strcmp(a, "--arg")) {
-            if (++i >= argc || !strchr(argv[i], '=') || nsargs == MAXP)
+            if (++i >= argc || !strchr(argv[i], '=') || o->nsargs == MAXP)
                 return tk_cli_usage(USAGE, "--arg needs NAME=VALUE");
-            sargs[nsargs++] = argv[i];
+            o->sargs[o->nsargs++] = argv[i];
         } else if (!strcmp(a, "--fill")) {
-            if (++i >= argc || !strchr(argv[i], '=') || nfills == MAXP)
+            if (++i >= argc || !strchr(argv[i], '=') || o->nfills == MAXP)
                 return tk_cli_usage(USAGE, "--fill needs NAME=iota or NAME=INTEGER");
             if (!fill_ok(strchr(argv[i], '=') + 1))
                 return tk_cli_usage(USAGE, "--fill %s: want iota or an integer", argv[i]);
-            fills[nfills++] = argv[i];
+            o->fills[o->nfills++] = argv[i];
         } else if (!strcmp(a, "--iters")) {
-            num = &iters;
+            num = &o->iters;
         } else if (!strcmp(a, "--warmup")) {
-            num = &warmup;
+            num = &o->warmup;
         } else if (!strcmp(a, "--seed")) {
-            num = &seed;
+            num = &o->seed;
         } else if (!strcmp(a, "--device")) {
-            num = &device;
+            num = &o->device;
         } else if (!strcmp(a, "--json")) {
             cli->json = 1;
         } else if (a[0] == '-') {
             return tk_cli_usage(USAGE, "unknown option '%s'", a);
-        } else if (!ref) {
-            ref = a;
-        } else if (!fname) {
-            fname = a;
+        } else if (!o->ref) {
+            o->ref = a;
+        } else if (!o->fname) {
+            o->fname = a;
         } else {
             return tk_cli_usage(USAGE, "unexpected '%s'", a);
         }
@@ -266,258 +278,311 @@ int tk_cmd_run(tk_cli *cli, int argc, char **argv)
                 return tk_cli_usage(USAGE, "%s wants a number, not '%s'", a, argv[i]);
         }
     }
-    if (!ref || !fname)
+    if (!o->ref || !o->fname)
         return tk_cli_usage(USAGE, "which package and function? e.g. tk run kernels-community/activation "
                                    "silu_and_mul_f32 --shape 8x128 --shape 8x256");
-    if (iters < 1)
-        iters = 1;
-    rng_state = (uint64_t)seed * 0x9E3779B97F4A7C15ull + 1;
+    if (o->iters < 1)
+        o->iters = 1;
+    return RUN_GO;
+}
 
-    /* no GPU: say why, before touching the network */
-    rc = tk_device_count(&ndev);
-    if (rc != TK_OK || ndev == 0) {
-        if (rc != TK_OK)
-            fprintf(stderr, "tk: cannot run %s on a GPU: %s\n", fname, tk_last_error());
-        else
-            fprintf(stderr, "tk: cannot run %s: the CUDA driver reports no GPU\n"
-                            "HINT: check 'nvidia-smi' and CUDA_VISIBLE_DEVICES\n", fname);
-        fprintf(stderr, "tk: 'tk build %s --arch sm_90' still compiles it ahead of time\n", ref);
-        return TK_EXIT_DEVICE;
+/* validate the machine: a GPU, and the --device asked for; said before touching the network. */
+static int check_device(tk_cli *cli, const run_opts *o)
+{
+    int ndev = 0, rc = tk_device_count(&ndev);
+    if (rc != TK_OK) {
+        const char *why = tk_last_error();
+        if (strstr(why, "\nHINT: ")) /* the driver's hint already names tk build */
+            return tk_cli_errorf(cli, rc, TK_EXIT_DEVICE, "cannot run %s on a GPU: %s", o->fname, why);
+        return tk_cli_errorf(cli, rc, TK_EXIT_DEVICE,
+                             "cannot run %s on a GPU: %s\nHINT: 'tk build %s --arch sm_90' still compiles it ahead of "
+                             "time",
+                             o->fname, why, o->ref);
     }
-    if (device >= ndev) {
-        fprintf(stderr, "tk: no CUDA device %ld (this machine has %d)\n", device, ndev);
-        return TK_EXIT_DEVICE;
-    }
+    if (ndev == 0)
+        return tk_cli_errorf(cli, TK_ERR_NO_DEVICE, TK_EXIT_DEVICE,
+                             "cannot run %s: the CUDA driver reports no GPU\nHINT: check 'nvidia-smi' and "
+                             "CUDA_VISIBLE_DEVICES; 'tk build %s --arch sm_90' still compiles it ahead of time",
+                             o->fname, o->ref);
+    if (o->device >= ndev)
+        return tk_cli_errorf(cli, TK_ERR_NO_DEVICE, TK_EXIT_DEVICE, "no CUDA device %ld (this machine has %d)",
+                             o->device, ndev);
+    return RUN_GO;
+}
+
+/* resolve: the kernel, the function and its parameters, from the manifest the kernel was built from
+ * (a package directory's too). */
+static int resolve_kernel(run_state *st, tk_cli *cli, const run_opts *o)
+{
     tk_ctx *ctx = tk_cli_ctx(cli);
+    json_t *kern = NULL, *x;
+    size_t i;
+    int rc;
     if (!ctx)
         return TK_EXIT_FAIL;
     tk_kernel_opts ko = TK_KERNEL_OPTS_INIT;
-    ko.device = (int)device;
-    if ((rc = tk_get_kernel(&k, ctx, ref, &ko)) != TK_OK)
+    ko.device = (int)o->device;
+    if ((rc = tk_get_kernel(&st->k, ctx, o->ref, &ko)) != TK_OK ||
+        (rc = tk_kernel_function(&st->fn, st->k, o->fname)) != TK_OK)
         return tk_cli_fail(cli, rc, NULL);
-    if ((rc = tk_kernel_function(&fn, k, fname)) != TK_OK) {
-        code = tk_cli_fail(cli, rc, NULL);
-        goto done;
+    st->man = json_loads(tk_kernel_manifest(st->k), 0, NULL);
+    json_array_foreach(json_object_get(st->man, "kernels"), i, x) {
+        const char *name = json_string_value(json_object_get(x, "name"));
+        if (!strcmp(name ? name : "", o->fname))
+            kern = x;
     }
-    /* the params, from the manifest the kernel was built from (a package directory's too) */
-    man = json_loads(tk_kernel_manifest(k), 0, NULL);
-    {
-        size_t i;
-        json_t *x;
-        json_array_foreach(json_object_get(man, "kernels"), i, x) if (!strcmp(
-            json_string_value(json_object_get(x, "name")) ? json_string_value(json_object_get(x, "name")) : "",
-            fname)) kern = x;
+    if (!kern)
+        return tk_cli_errorf(cli, TK_ERR_MANIFEST, TK_EXIT_FAIL, "%s's manifest has no kernel '%s'", o->ref, o->fname);
+    json_array_foreach(json_object_get(kern, "params"), i, x) {
+        if (st->np == MAXP)
+            break;
+        rparam *p = &st->ps[st->np++];
+        const char *type = json_string_value(json_object_get(x, "type"));
+        p->name = json_string_value(json_object_get(x, "name"));
+        p->is_tensor = type && !strcmp(type, "tensor");
+        p->derived = json_object_get(x, "value") != NULL;
+        p->optional = json_is_true(json_object_get(x, "optional"));
+        p->ndim = -1;
+        if (p->is_tensor && tk_dtype_parse(&p->dt, json_string_value(json_object_get(x, "dtype"))) != TK_OK)
+            return tk_cli_fail(cli, TK_ERR_MANIFEST, o->fname);
     }
-    if (!kern) {
-        fprintf(stderr, "tk: %s's manifest has no kernel '%s'\n", ref, fname);
-        goto done;
-    }
-    {
-        size_t i;
-        json_t *x;
-        json_array_foreach(json_object_get(kern, "params"), i, x) {
-            if (np == MAXP)
-                break;
-            rparam *p = &ps[np++];
-            const char *type = json_string_value(json_object_get(x, "type"));
-            p->name = json_string_value(json_object_get(x, "name"));
-            p->is_tensor = type && !strcmp(type, "tensor");
-            p->derived = json_object_get(x, "value") != NULL;
-            p->optional = json_is_true(json_object_get(x, "optional"));
-            p->ndim = -1;
-            if (p->is_tensor && tk_dtype_parse(&p->dt, json_string_value(json_object_get(x, "dtype"))) != TK_OK) {
-                code = tk_cli_fail(cli, TK_ERR_MANIFEST, fname);
-                goto done;
-            }
+    return RUN_GO;
+}
+
+/* The parameter "NAME=..." names (a tensor one when tensor is set); NULL if none. */
+static rparam *param_named(run_state *st, const char *spec, int tensor)
+{
+    size_t len = (size_t)(strchr(spec, '=') - spec);
+    for (size_t i = 0; i < st->np; i++)
+        if (st->ps[i].is_tensor == tensor && strlen(st->ps[i].name) == len && !strncmp(st->ps[i].name, spec, len))
+            return &st->ps[i];
+    return NULL;
+}
+
+/* validate: bind --shape (by name, then in order), --arg and --fill to the parameters. */
+static int bind_options(run_state *st, const run_opts *o)
+{
+    size_t next = 0;
+    for (size_t s = 0; s < o->nshapes; s++) {
+        const char *eq = strchr(o->shapes[s], '='), *dims = eq ? eq + 1 : o->shapes[s];
+        rparam *p = NULL;
+        if (eq) {
+            if (!(p = param_named(st, o->shapes[s], 1)))
+                return tk_cli_usage(USAGE, "%s has no tensor parameter '%.*s'", o->fname, (int)(eq - o->shapes[s]),
+                                    o->shapes[s]);
+        } else {
+            while (next < st->np && (!st->ps[next].is_tensor || st->ps[next].ndim >= 0))
+                next++;
+            if (next == st->np)
+                return tk_cli_usage(USAGE, "more --shape than tensor parameters");
+            p = &st->ps[next];
         }
+        if (parse_dims(p->shape, &p->ndim, dims) != 0)
+            return tk_cli_usage(USAGE, "bad shape '%s' (want e.g. 8x1024)", dims);
     }
-    /* bind shapes: by name, then in order */
-    {
-        size_t next = 0;
-        for (size_t s = 0; s < nshapes; s++) {
-            const char *eq = strchr(shapes[s], '='), *dims = eq ? eq + 1 : shapes[s];
-            rparam *p = NULL;
-            if (eq) {
-                for (size_t i = 0; i < np; i++)
-                    if (ps[i].is_tensor && strlen(ps[i].name) == (size_t)(eq - shapes[s]) &&
-                        !strncmp(ps[i].name, shapes[s], (size_t)(eq - shapes[s])))
-                        p = &ps[i];
-                if (!p) {
-                    code = tk_cli_usage(USAGE, "%s has no tensor parameter '%.*s'", fname, (int)(eq - shapes[s]),
-                                        shapes[s]);
-                    goto done;
-                }
-            } else {
-                while (next < np && (!ps[next].is_tensor || ps[next].ndim >= 0))
-                    next++;
-                if (next == np) {
-                    code = tk_cli_usage(USAGE, "more --shape than tensor parameters");
-                    goto done;
-                }
-                p = &ps[next];
-            }
-            if (parse_dims(p->shape, &p->ndim, dims) != 0) {
-                code = tk_cli_usage(USAGE, "bad shape '%s' (want e.g. 8x1024)", dims);
-                goto done;
-            }
-        }
-        for (size_t s = 0; s < nsargs; s++) {
-            const char *eq = strchr(sargs[s], '=');
-            size_t i;
-            for (i = 0; i < np; i++)
-                if (!ps[i].is_tensor && strlen(ps[i].name) == (size_t)(eq - sargs[s]) &&
-                    !strncmp(ps[i].name, sargs[s], (size_t)(eq - sargs[s])))
-                    break;
-            if (i == np) {
-                code = tk_cli_usage(USAGE, "%s has no scalar parameter '%.*s'", fname, (int)(eq - sargs[s]), sargs[s]);
-                goto done;
-            }
-            ps[i].argval = eq + 1;
-        }
-        for (size_t s = 0; s < nfills; s++) {
-            const char *eq = strchr(fills[s], '=');
-            size_t i;
-            for (i = 0; i < np; i++)
-                if (ps[i].is_tensor && strlen(ps[i].name) == (size_t)(eq - fills[s]) &&
-                    !strncmp(ps[i].name, fills[s], (size_t)(eq - fills[s])))
-                    break;
-            if (i == np || ps[i].dt.code != TK_DL_INT || ps[i].dt.bits < 32) {
-                code = tk_cli_usage(USAGE, "--fill %.*s: %s has no i32/i64 tensor parameter of that name",
-                                    (int)(eq - fills[s]), fills[s], fname);
-                goto done;
-            }
-            ps[i].fill = eq + 1;
-        }
+    for (size_t s = 0; s < o->nsargs; s++) {
+        const char *eq = strchr(o->sargs[s], '=');
+        rparam *p = param_named(st, o->sargs[s], 0);
+        if (!p)
+            return tk_cli_usage(USAGE, "%s has no scalar parameter '%.*s'", o->fname, (int)(eq - o->sargs[s]),
+                                o->sargs[s]);
+        p->argval = eq + 1;
     }
-    /* device memory and random contents */
-    for (size_t i = 0; i < np; i++) {
-        rparam *p = &ps[i];
+    for (size_t s = 0; s < o->nfills; s++) {
+        const char *eq = strchr(o->fills[s], '=');
+        rparam *p = param_named(st, o->fills[s], 1);
+        if (!p || p->dt.code != TK_DL_INT || p->dt.bits < 32)
+            return tk_cli_usage(USAGE, "--fill %.*s: %s has no i32/i64 tensor parameter of that name",
+                                (int)(eq - o->fills[s]), o->fills[s], o->fname);
+        p->fill = eq + 1;
+    }
+    return RUN_GO;
+}
+
+/* A scalar parameter's --arg as the call's next argument. */
+static int add_scalar(run_state *st, const run_opts *o, rparam *p)
+{
+    tk_arg *a = &st->args[st->nargs];
+    char *end = NULL;
+    if (!p->argval)
+        return tk_cli_usage(USAGE, "%s needs --arg %s=VALUE", o->fname, p->name);
+    a->name = p->name;
+    if (strpbrk(p->argval, ".eE")) {
+        a->kind = TK_ARG_F64;
+        a->f = strtod(p->argval, &end);
+    } else {
+        a->kind = TK_ARG_I64;
+        a->i = strtoll(p->argval, &end, 10);
+    }
+    if (!end || *end)
+        return tk_cli_usage(USAGE, "--arg %s: '%s' is not a number", p->name, p->argval);
+    a->t = NULL;
+    st->nargs++;
+    return RUN_GO;
+}
+
+/* A tensor parameter: host contents (random; an index tensor 0, iota or --fill's constant), copied to
+ * device memory, as the call's next argument. */
+static int add_tensor(run_state *st, tk_cli *cli, const run_opts *o, rparam *p)
+{
+    size_t n = 1;
+    int rc;
+    for (int j = 0; j < p->ndim; j++)
+        n *= (size_t)p->shape[j];
+    p->bytes = n * (p->dt.bits / 8);
+    p->host = malloc(p->bytes ? p->bytes : 1);
+    if (!p->host)
+        return tk_cli_errorf(cli, TK_ERR_NOMEM, 0, "out of memory for '%s' (%zu bytes)", p->name, p->bytes);
+    int index = p->dt.code == TK_DL_INT && p->dt.bits >= 32; /* an index tensor: in range */
+    long long cst = p->fill && strcmp(p->fill, "iota") != 0 ? strtoll(p->fill, NULL, 10) : 0;
+    for (size_t e = 0; e < n; e++) {
+        double v = !index ? urand() : p->fill && !strcmp(p->fill, "iota") ? (double)e : (double)cst;
+        if (index && p->dt.bits == 32)
+            ((int32_t *)p->host)[e] = (int32_t)v;
+        else if (index)
+            ((int64_t *)p->host)[e] = (int64_t)v;
+        else
+            put(p->host, e, p->dt, v);
+    }
+    if (p->bytes && ((rc = tk_device_alloc(&p->dptr, (int)o->device, p->bytes)) != TK_OK ||
+                     (rc = tk_device_copy(p->dptr, p->host, p->bytes, TK_COPY_H2D, (int)o->device)) != TK_OK))
+        return tk_cli_errorf(cli, rc, TK_EXIT_DEVICE, "%zu bytes on the GPU for '%s': %s", p->bytes, p->name,
+                             tk_last_error());
+    p->t.data = p->dptr;
+    p->t.device.device_type = TK_DEV_CUDA;
+    p->t.device.device_id = (int32_t)o->device;
+    p->t.ndim = p->ndim;
+    p->t.dtype = p->dt;
+    p->t.shape = p->shape;
+    st->args[st->nargs].kind = TK_ARG_TENSOR;
+    st->args[st->nargs].name = p->name;
+    st->args[st->nargs].t = &p->t;
+    st->nargs++;
+    return RUN_GO;
+}
+
+/* the call's arguments, in parameter order (derived ones come from the launch rule) */
+static int prepare_args(run_state *st, tk_cli *cli, const run_opts *o)
+{
+    for (size_t i = 0; i < st->np; i++) {
+        rparam *p = &st->ps[i];
+        int r = RUN_GO;
         if (p->derived)
             continue;
-        if (!p->is_tensor) {
-            char *end = NULL;
-            if (!p->argval) {
-                code = tk_cli_usage(USAGE, "%s needs --arg %s=VALUE", fname, p->name);
-                goto done;
-            }
-            args[nargs].name = p->name;
-            if (strpbrk(p->argval, ".eE")) {
-                args[nargs].kind = TK_ARG_F64;
-                args[nargs].f = strtod(p->argval, &end);
-            } else {
-                args[nargs].kind = TK_ARG_I64;
-                args[nargs].i = strtoll(p->argval, &end, 10);
-            }
-            if (!end || *end) {
-                code = tk_cli_usage(USAGE, "--arg %s: '%s' is not a number", p->name, p->argval);
-                goto done;
-            }
-            args[nargs].t = NULL;
-            nargs++;
-            continue;
-        }
-        if (p->ndim < 0 && p->optional)
+        if (!p->is_tensor)
+            r = add_scalar(st, o, p);
+        else if (p->ndim < 0 && p->optional)
             continue; /* left out: the kernel gets a null pointer */
-        if (p->ndim < 0) {
-            code = tk_cli_usage(USAGE, "%s needs a --shape for tensor '%s'", fname, p->name);
-            goto done;
-        }
-        size_t n = 1;
-        for (int j = 0; j < p->ndim; j++)
-            n *= (size_t)p->shape[j];
-        p->bytes = n * (p->dt.bits / 8);
-        p->host = malloc(p->bytes ? p->bytes : 1);
-        if (!p->host)
-            goto done;
-        int index = p->dt.code == TK_DL_INT && p->dt.bits >= 32; /* an index tensor: in range */
-        long long cst = p->fill && strcmp(p->fill, "iota") != 0 ? strtoll(p->fill, NULL, 10) : 0;
-        for (size_t e = 0; e < n; e++) {
-            double v = !index ? urand() : p->fill && !strcmp(p->fill, "iota") ? (double)e : (double)cst;
-            if (index && p->dt.bits == 32)
-                ((int32_t *)p->host)[e] = (int32_t)v;
-            else if (index)
-                ((int64_t *)p->host)[e] = (int64_t)v;
-            else
-                put(p->host, e, p->dt, v);
-        }
-        if (p->bytes && ((rc = tk_device_alloc(&p->dptr, (int)device, p->bytes)) != TK_OK ||
-                         (rc = tk_device_copy(p->dptr, p->host, p->bytes, TK_COPY_H2D, (int)device)) != TK_OK)) {
-            fprintf(stderr, "tk: %zu bytes on the GPU for '%s': %s\n", p->bytes, p->name, tk_last_error());
-            code = TK_EXIT_DEVICE;
-            goto done;
-        }
-        p->t.data = p->dptr;
-        p->t.device.device_type = TK_DEV_CUDA;
-        p->t.device.device_id = (int32_t)device;
-        p->t.ndim = p->ndim;
-        p->t.dtype = p->dt;
-        p->t.shape = p->shape;
-        args[nargs].kind = TK_ARG_TENSOR;
-        args[nargs].name = p->name;
-        args[nargs].t = &p->t;
-        nargs++;
+        else if (p->ndim < 0)
+            r = tk_cli_usage(USAGE, "%s needs a --shape for tensor '%s'", o->fname, p->name);
+        else
+            r = add_tensor(st, cli, o, p);
+        if (r != RUN_GO)
+            return r;
     }
-    for (long w = 0; w < warmup; w++)
-        if ((rc = tk_function_call(fn, args, nargs, NULL)) != TK_OK) {
-            code = tk_cli_fail(cli, rc, NULL);
-            goto done;
-        }
-    if ((rc = tk_device_sync((int)device)) != TK_OK) {
-        code = tk_cli_fail(cli, rc, NULL);
-        goto done;
-    }
+    return RUN_GO;
+}
+
+/* run: warmup calls, then the timed ones; *ms receives the mean time per call. */
+static int time_calls(run_state *st, tk_cli *cli, const run_opts *o, double *ms)
+{
+    int rc;
+    for (long w = 0; w < o->warmup; w++)
+        if ((rc = tk_function_call(st->fn, st->args, st->nargs, NULL)) != TK_OK)
+            return tk_cli_fail(cli, rc, NULL);
+    if ((rc = tk_device_sync((int)o->device)) != TK_OK)
+        return tk_cli_fail(cli, rc, NULL);
     double t0 = now_ms();
-    for (long it = 0; it < iters; it++)
-        if ((rc = tk_function_call(fn, args, nargs, NULL)) != TK_OK) {
-            code = tk_cli_fail(cli, rc, NULL);
-            goto done;
+    for (long it = 0; it < o->iters; it++)
+        if ((rc = tk_function_call(st->fn, st->args, st->nargs, NULL)) != TK_OK)
+            return tk_cli_fail(cli, rc, NULL);
+    if ((rc = tk_device_sync((int)o->device)) != TK_OK)
+        return tk_cli_errorf(cli, rc, TK_EXIT_DEVICE, "the kernel failed on the GPU: %s", tk_last_error());
+    *ms = (now_ms() - t0) / (double)o->iters;
+    return RUN_GO;
+}
+
+/* Every tensor read back and summed in double precision (before anything is printed). */
+static int checksums(run_state *st, tk_cli *cli, const run_opts *o)
+{
+    for (size_t i = 0; i < st->np; i++) {
+        rparam *p = &st->ps[i];
+        if (!p->is_tensor || p->derived)
+            continue;
+        size_t n = p->bytes / (p->dt.bits / 8);
+        int rc;
+        if (p->bytes && (rc = tk_device_copy(p->host, p->dptr, p->bytes, TK_COPY_D2H, (int)o->device)) != TK_OK)
+            return tk_cli_errorf(cli, rc, TK_EXIT_DEVICE, "reading '%s' back: %s", p->name, tk_last_error());
+        for (size_t e = 0; e < n; e++) {
+            double v = get(p->host, e, p->dt);
+            st->sum[i] += v;
+            st->abs_sum[i] += fabs(v);
         }
-    if ((rc = tk_device_sync((int)device)) != TK_OK) {
-        fprintf(stderr, "tk: the kernel failed on the GPU: %s\n", tk_last_error());
-        code = TK_EXIT_DEVICE;
-        goto done;
     }
-    double ms = (now_ms() - t0) / (double)iters;
-    if (cli->json)
-        printf("{\"function\": \"%s\", \"ms\": %.6f, \"iters\": %ld, \"checksums\": {", fname, ms, iters);
-    else
-        printf("%s: %.4f ms per call (%ld calls)\n", fname, ms, iters);
-    {
-        int first = 1;
-        for (size_t i = 0; i < np; i++) {
-            rparam *p = &ps[i];
-            double sum = 0, asum = 0;
-            size_t n;
-            if (!p->is_tensor || p->derived)
-                continue;
-            n = p->bytes / (p->dt.bits / 8);
-            if (p->bytes && tk_device_copy(p->host, p->dptr, p->bytes, TK_COPY_D2H, (int)device) != TK_OK) {
-                fprintf(stderr, "tk: reading '%s' back: %s\n", p->name, tk_last_error());
-                code = TK_EXIT_DEVICE;
-                goto done;
-            }
-            for (size_t e = 0; e < n; e++) {
-                double v = get(p->host, e, p->dt);
-                sum += v;
-                asum += fabs(v);
-            }
-            if (cli->json)
-                printf("%s\"%s\": {\"sum\": %.9g, \"abs_sum\": %.9g}", first ? "" : ", ", p->name, sum, asum);
-            else
-                printf("  checksum %-12s %s sum %.9g  abs_sum %.9g\n", p->name, tk_dtype_name(p->dt), sum, asum);
-            first = 0;
+    return RUN_GO;
+}
+
+/* report: the time and every tensor's checksums, as text or one JSON object. */
+static void report(const run_state *st, const tk_cli *cli, const run_opts *o, double ms)
+{
+    int first = 1;
+    if (cli->json) {
+        printf("{\"function\": ");
+        tk_cli_json_str(stdout, o->fname);
+        printf(", \"ms\": %.6f, \"iters\": %ld, \"checksums\": {", ms, o->iters);
+    } else {
+        printf("%s: %.4f ms per call (%ld calls)\n", o->fname, ms, o->iters);
+    }
+    for (size_t i = 0; i < st->np; i++) {
+        const rparam *p = &st->ps[i];
+        if (!p->is_tensor || p->derived)
+            continue;
+        if (cli->json) {
+            printf("%s", first ? "" : ", ");
+            tk_cli_json_str(stdout, p->name);
+            printf(": {\"sum\": %.9g, \"abs_sum\": %.9g}", st->sum[i], st->abs_sum[i]);
+        } else {
+            printf("  checksum %-12s %s sum %.9g  abs_sum %.9g\n", p->name, tk_dtype_name(p->dt), st->sum[i],
+                   st->abs_sum[i]);
         }
+        first = 0;
     }
     if (cli->json)
         printf("}}\n");
-    code = TK_EXIT_OK;
-done:
-    for (size_t i = 0; i < np; i++) {
-        tk_device_free(ps[i].dptr, (int)device);
-        free(ps[i].host);
+}
+
+static void run_state_free(run_state *st, const run_opts *o)
+{
+    for (size_t i = 0; i < st->np; i++) {
+        tk_device_free(st->ps[i].dptr, (int)o->device);
+        free(st->ps[i].host);
     }
-    json_decref(man);
-    tk_pkg_free(pkg);
-    tk_kernel_free(k);
+    json_decref(st->man);
+    tk_kernel_free(st->k);
+}
+
+int tk_cmd_run(tk_cli *cli, int argc, char **argv)
+{
+    run_opts o;
+    run_state *st = NULL;
+    double ms = 0;
+    int code;
+
+    memset(&o, 0, sizeof o);
+    if ((code = parse_options(&o, cli, argc, argv)) != RUN_GO)
+        return code;
+    rng_state = (uint64_t)o.seed * 0x9E3779B97F4A7C15ull + 1;
+    if ((code = check_device(cli, &o)) != RUN_GO)
+        return code;
+    if (!(st = calloc(1, sizeof *st)))
+        return tk_cli_errorf(cli, TK_ERR_NOMEM, 0, "out of memory");
+    if ((code = resolve_kernel(st, cli, &o)) == RUN_GO && (code = bind_options(st, &o)) == RUN_GO &&
+        (code = prepare_args(st, cli, &o)) == RUN_GO && (code = time_calls(st, cli, &o, &ms)) == RUN_GO &&
+        (code = checksums(st, cli, &o)) == RUN_GO) {
+        report(st, cli, &o, ms);
+        code = TK_EXIT_OK;
+    }
+    run_state_free(st, &o);
+    free(st);
     return code;
 }

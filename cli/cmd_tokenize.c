@@ -17,8 +17,8 @@ static const char *const DETOK_USAGE = "tk detokenize [--json] [--skip-special] 
 /* Reports a failed call. Malformed files and input are exit 1, not 2: 2 is for the command line. */
 static int fail(tk_cli *cli, int rc)
 {
-    int code = tk_cli_fail(cli, rc, NULL);
-    return rc == TK_ERR_INVALID ? TK_EXIT_FAIL : code;
+    const char *msg = tk_last_error();
+    return tk_cli_errorf(cli, rc, rc == TK_ERR_INVALID ? TK_EXIT_FAIL : 0, "%s", msg && *msg ? msg : tk_status_str(rc));
 }
 
 /* TEXT "-" reads standard input (all of it). */
@@ -108,8 +108,7 @@ int tk_cmd_tokenize(tk_cli *cli, int argc, char **argv)
     if (!strcmp(text, "-")) {
         if (!(in = read_stdin(&len))) {
             tk_tokenizer_free(tok);
-            fprintf(stderr, "tk: cannot read standard input: %s\n", strerror(errno));
-            return TK_EXIT_IO;
+            return tk_cli_errorf(cli, TK_ERR_IO, TK_EXIT_IO, "cannot read standard input: %s", strerror(errno));
         }
         text = in;
     }
@@ -147,8 +146,9 @@ int tk_cmd_tokenize(tk_cli *cli, int argc, char **argv)
     return TK_EXIT_OK;
 }
 
-/* "1,2, 3" or "1 2 3" (as one argument or several) → ids. */
-static int parse_ids(int32_t **out, size_t *n, char **args, int nargs)
+/* "1,2, 3" or "1 2 3" (as one argument or several) → ids. On a bad id (not out of memory) *bad_arg
+ * is the argument holding it and *bad points at it. */
+static int parse_ids(int32_t **out, size_t *n, char **args, int nargs, const char **bad_arg, const char **bad)
 {
     size_t cap = 64;
     int32_t *v = malloc(cap * sizeof *v);
@@ -167,7 +167,8 @@ static int parse_ids(int32_t **out, size_t *n, char **args, int nargs)
             long x = strtol(p, &end, 10);
             if (end == p || errno || x < INT32_MIN || x > INT32_MAX ||
                 (*end && *end != ',' && *end != ' ' && *end != '\t' && *end != '\n' && *end != ']')) {
-                fprintf(stderr, "tk: '%s' is not a list of token ids (at '%.20s')\n", args[a], p);
+                *bad_arg = args[a];
+                *bad = p;
                 free(v);
                 return -1;
             }
@@ -194,7 +195,7 @@ int tk_cmd_detokenize(tk_cli *cli, int argc, char **argv)
     char **idargs = calloc((size_t)argc + 1, sizeof *idargs);
     int nid = 0, opts = 1;
     if (!idargs)
-        return tk_cli_fail(cli, TK_ERR_NOMEM, NULL);
+        return tk_cli_errorf(cli, TK_ERR_NOMEM, 0, "out of memory");
     for (int i = 1; i < argc; i++) {
         if (opts && !strcmp(argv[i], "--")) {
             opts = 0;
@@ -241,9 +242,13 @@ int tk_cmd_detokenize(tk_cli *cli, int argc, char **argv)
     }
     int32_t *ids = NULL;
     size_t n = 0;
-    if (parse_ids(&ids, &n, idargs, nid) != 0) {
+    const char *bad_arg = NULL, *bad = NULL;
+    if (parse_ids(&ids, &n, idargs, nid, &bad_arg, &bad) != 0) {
         free(idargs);
-        return tk_cli_usage(DETOK_USAGE, "ids are integers separated by commas, e.g. 101,7592,102");
+        if (!bad)
+            return tk_cli_errorf(cli, TK_ERR_NOMEM, 0, "out of memory");
+        return tk_cli_usage(DETOK_USAGE, "'%s' is not a list of token ids (at '%.20s'): ids are integers separated "
+                                         "by commas, e.g. 101,7592,102", bad_arg, bad);
     }
     free(idargs);
     tk_tokenizer *tok = NULL;

@@ -55,8 +55,10 @@ int tk_cmd_update(tk_cli *cli, int argc, char **argv)
         for (size_t k = 0; k < tk_pkg_list_count(l); k++)
             found |= !strcmp(tk_pkg_name(tk_pkg_list_at(l, k)), argv[i]);
         if (!found) {
-            fprintf(stderr, "tk: %s is not installed\nHINT: run 'tk get %s'\n", argv[i], argv[i]);
-            exit_code = TK_EXIT_NOT_FOUND;
+            exit_code = tk_cli_errorf(cli, TK_ERR_NOT_FOUND, 0, "%s is not installed\nHINT: run 'tk get %s'", argv[i],
+                                      argv[i]);
+            if (cli->json)
+                break; /* one error object */
         }
     }
     if (exit_code != TK_EXIT_OK) {

@@ -174,13 +174,13 @@ static void json_str(FILE *f, const char *s, size_t n)
     fputc('"', f);
 }
 
-void tk_cli_json_error(int status, const char *what, const char *msg)
+/* The error object with an explicit exit code (tk_cli_errorf may differ from the status's own). */
+static void json_error(int status, int exit_code, const char *what, const char *msg)
 {
     /* "message\nHINT: hint" (the library's convention): the hint goes to its own field */
     const char *h = msg ? strstr(msg, "\nHINT: ") : NULL;
     size_t mlen = msg ? (h ? (size_t)(h - msg) : strlen(msg)) : 0;
-    printf("{\"error\": {\"status\": \"%s\", \"exit_code\": %d, \"message\": ", status_token(status),
-           status == TK_CLI_STATUS_USAGE ? TK_EXIT_USAGE : tk_cli_exit_code(status));
+    printf("{\"error\": {\"status\": \"%s\", \"exit_code\": %d, \"message\": ", status_token(status), exit_code);
     if (what && *what) {
         size_t wl = strlen(what);
         char *both = malloc(wl + 2 + mlen + 1);
@@ -203,6 +203,11 @@ void tk_cli_json_error(int status, const char *what, const char *msg)
         fputs("null", stdout);
     fputs("}}\n", stdout);
     fflush(stdout);
+}
+
+void tk_cli_json_error(int status, const char *what, const char *msg)
+{
+    json_error(status, status == TK_CLI_STATUS_USAGE ? TK_EXIT_USAGE : tk_cli_exit_code(status), what, msg);
 }
 
 int tk_cli_fail(tk_cli *cli, int status, const char *what)
@@ -277,4 +282,25 @@ void tk_cli_json_str(FILE *f, const char *s)
             fputc(c, f);
     }
     fputc('"', f);
+}
+
+/* ---- failures a command finds itself (issue 15, item 4) -------------------------------------- */
+
+int tk_cli_errorf(tk_cli *cli, int status, int exit_code, const char *fmt, ...)
+{
+    char msg[2048];
+    va_list ap;
+    va_start(ap, fmt);
+    vsnprintf(msg, sizeof msg, fmt, ap);
+    va_end(ap);
+    if (!exit_code)
+        exit_code = status == TK_CLI_STATUS_USAGE ? TK_EXIT_USAGE : tk_cli_exit_code(status);
+    if ((cli && cli->json) || tk_cli_json_mode) {
+        json_error(status, exit_code, NULL, msg);
+        return exit_code;
+    }
+    if (cli && cli->tty)
+        fputs("\r\033[K", stderr);
+    fprintf(stderr, "tk: %s\n", msg);
+    return exit_code;
 }

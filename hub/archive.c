@@ -643,6 +643,121 @@ static int check_limits(const tk_hub_unpack_limits *l)
     return TK_OK;
 }
 
+/* The manifest's list: each path acceptable, a 64-hex sha256, a size >= 0. */
+static int check_expect(const tk_hub_archive_entry *expect, size_t nexpect)
+{
+    for (size_t i = 0; i < nexpect; i++) {
+        const char *why = expect[i].path ? path_problem(expect[i].path, 0) : "the path is NULL";
+        if (why)
+            return tk__err(TK_ERR_INVALID, "expected file '%s' is refused: %s", expect[i].path ? expect[i].path : "",
+                           why);
+        if (!tk__is_hex(expect[i].sha256, 64) || expect[i].size < 0)
+            return tk__err(TK_ERR_INVALID, "expected file '%s' needs a 64-hex sha256 and a size >= 0",
+                           expect[i].path);
+    }
+    return TK_OK;
+}
+
+/* x->order: the expected paths sorted (for lookups by name), none twice; x->seen: none seen yet. */
+static int index_expect(xstate *x)
+{
+    if (!x->nexp)
+        return TK_OK;
+    if (!(x->order = malloc(x->nexp * sizeof *x->order)) || !(x->seen = calloc(x->nexp, 1)))
+        return tk__err(TK_ERR_NOMEM, "out of memory");
+    for (size_t i = 0; i < x->nexp; i++)
+        x->order[i] = (xref){x->exp[i].path, i};
+    qsort(x->order, x->nexp, sizeof *x->order, cmp_ref);
+    for (size_t i = 1; i < x->nexp; i++)
+        if (strcmp(x->order[i - 1].path, x->order[i].path) == 0)
+            return tk__err(TK_ERR_INVALID, "expected file '%s' is listed twice", x->order[i].path);
+    return TK_OK;
+}
+
+/* x->root: the unpack directory, opened without following a link, and empty. */
+static int open_dest(xstate *x, const char *dest_dir)
+{
+    int empty = 0;
+    x->root = open(dest_dir, O_RDONLY | O_DIRECTORY | O_NOFOLLOW | O_CLOEXEC);
+    if (x->root < 0)
+        return tk__err_sys("cannot open the unpack directory", dest_dir);
+    if (dir_is_empty(x->root, &empty) != 0)
+        return tk__err_sys("cannot list the unpack directory", dest_dir);
+    if (!empty)
+        return tk__err(TK_ERR_INVALID, "the unpack directory '%s' is not empty", dest_dir);
+    return TK_OK;
+}
+
+/* Opens the archive (a regular file, not a link) for reading as exactly one gzip or zstd stream over
+ * a tar, with no external program; *bud's ratio cap follows its compressed size. */
+static int open_archive(struct archive **out, int *afd, budget *bud, const char *archive_path,
+                        const tk_hub_unpack_limits *lim)
+{
+    struct stat st;
+    struct archive *a;
+    *afd = open(archive_path, O_RDONLY | O_NOFOLLOW | O_CLOEXEC);
+    if (*afd < 0)
+        return tk__err_sys("cannot open archive", archive_path);
+    if (fstat(*afd, &st) != 0 || !S_ISREG(st.st_mode))
+        return tk__err(TK_ERR_IO, "archive '%s' is not a regular file", archive_path);
+    *bud = (budget){0, INT64_MAX};
+    if (st.st_size <= INT64_MAX / lim->max_ratio)
+        bud->ratio_cap = (int64_t)st.st_size * lim->max_ratio;
+    if (bud->ratio_cap < RATIO_FLOOR)
+        bud->ratio_cap = RATIO_FLOOR;
+    if (!(*out = a = archive_read_new()))
+        return tk__err(TK_ERR_NOMEM, "out of memory");
+    /* ARCHIVE_WARN here means libarchive would run an external program: refuse that. */
+    if (archive_read_support_filter_gzip(a) != ARCHIVE_OK || archive_read_support_filter_zstd(a) != ARCHIVE_OK ||
+        archive_read_support_format_tar(a) != ARCHIVE_OK)
+        return tk__err(TK_ERR_UNSUPPORTED, "this libarchive cannot read tar.gz and tar.zst by itself: %s", arc_msg(a));
+    if (archive_read_open_fd(a, *afd, CHUNK) != ARCHIVE_OK)
+        return arc_err(a, TK_ERR_ARCHIVE, "cannot read archive", archive_path);
+    /* Exactly one decompressor over the tar (filter 0 is the outermost; the last is "none"). */
+    int nf = archive_filter_count(a), code0 = archive_filter_code(a, 0);
+    if (nf != 2 || (code0 != ARCHIVE_FILTER_GZIP && code0 != ARCHIVE_FILTER_ZSTD))
+        return tk__err(TK_ERR_ARCHIVE, "archive '%s' is not a gzip- or zstd-compressed tar (filters: %s)" HINT_HOSTILE,
+                       archive_path, nf > 1 ? archive_filter_name(a, 0) : "none");
+    return TK_OK;
+}
+
+/* Every entry, within the limits; *wrote is set once an entry was read (something may be on disk).
+ * A digest mismatch is reported only when the rest of the archive is sound (else it is an archive
+ * error). */
+static int extract_entries(struct archive *a, xstate *x, budget *bud, const tk_hub_unpack_limits *lim, tk_sha256 *h,
+                           const char *archive_path, int *wrote)
+{
+    int64_t nentries = 0;
+    int rc;
+    for (;;) {
+        struct archive_entry *e = NULL;
+        int r = archive_read_next_header(a, &e);
+        if (r == ARCHIVE_EOF)
+            return TK_OK;
+        if (r != ARCHIVE_OK) /* WARN included: e.g. a name libarchive had to mangle */
+            return arc_err(a, TK_ERR_ARCHIVE, "cannot read archive", archive_path);
+        *wrote = 1;
+        if (++nentries > lim->max_entries)
+            return tk__err(TK_ERR_ARCHIVE, "archive '%s' has more than %lld entries" HINT_HOSTILE, archive_path,
+                           (long long)lim->max_entries);
+        /* Headers, padding and skipped data decompress too: hold the whole stream to the ratio. */
+        if (archive_filter_bytes(a, 0) > bud->ratio_cap)
+            return tk__err(TK_ERR_ARCHIVE, "archive '%s' unpacks to more than %lld times its compressed "
+                           "size: a decompression bomb?" HINT_HOSTILE, archive_path, (long long)lim->max_ratio);
+        if ((rc = extract_entry(a, e, x, bud, lim, h)) != TK_OK) {
+            if (rc == TK_ERR_DIGEST) {
+                char mismatch[2048];
+                snprintf(mismatch, sizeof mismatch, "%s", tk_last_error());
+                if (drain(a, archive_path, bud, lim, nentries) == TK_OK)
+                    tk__err(rc, "%s", mismatch);
+                else
+                    rc = TK_ERR_ARCHIVE;
+            }
+            return rc;
+        }
+    }
+}
+
 int tk_hub__archive_extract(const char *archive_path, const char *dest_dir,
                             const tk_hub_archive_entry *expect, size_t nexpect,
                             const tk_hub_unpack_limits *limits)
@@ -653,124 +768,16 @@ int tk_hub__archive_extract(const char *archive_path, const char *dest_dir,
     xstate x = {dest_dir, -1, expect, nexpect, NULL, NULL};
     struct archive *a = NULL;
     tk_sha256 *h = NULL;
+    budget bud;
 
     if (!archive_path || !dest_dir || (nexpect && !expect))
         return tk__err(TK_ERR_INVALID, "archive_extract: archive_path, dest_dir and expect are required");
-    if ((rc = check_limits(lim)) != TK_OK)
+    if ((rc = check_limits(lim)) != TK_OK || (rc = check_expect(expect, nexpect)) != TK_OK)
         return rc;
-    for (size_t i = 0; i < nexpect; i++) {
-        const char *why = expect[i].path ? path_problem(expect[i].path, 0) : "the path is NULL";
-        if (why)
-            return tk__err(TK_ERR_INVALID, "expected file '%s' is refused: %s",
-                           expect[i].path ? expect[i].path : "", why);
-        if (!tk__is_hex(expect[i].sha256, 64) || expect[i].size < 0)
-            return tk__err(TK_ERR_INVALID, "expected file '%s' needs a 64-hex sha256 and a size >= 0",
-                           expect[i].path);
-    }
-    if (nexpect && (!(x.order = malloc(nexpect * sizeof *x.order)) || !(x.seen = calloc(nexpect, 1)))) {
-        rc = tk__err(TK_ERR_NOMEM, "out of memory");
+    if ((rc = index_expect(&x)) != TK_OK || (rc = open_dest(&x, dest_dir)) != TK_OK ||
+        (rc = open_archive(&a, &afd, &bud, archive_path, lim)) != TK_OK || (rc = tk__sha256_new(&h)) != TK_OK ||
+        (rc = extract_entries(a, &x, &bud, lim, h, archive_path, &wrote)) != TK_OK)
         goto done;
-    }
-    for (size_t i = 0; i < nexpect; i++)
-        x.order[i] = (xref){expect[i].path, i};
-    if (nexpect)
-        qsort(x.order, nexpect, sizeof *x.order, cmp_ref);
-    for (size_t i = 1; i < nexpect; i++)
-        if (strcmp(x.order[i - 1].path, x.order[i].path) == 0) {
-            rc = tk__err(TK_ERR_INVALID, "expected file '%s' is listed twice", x.order[i].path);
-            goto done;
-        }
-
-    x.root = open(dest_dir, O_RDONLY | O_DIRECTORY | O_NOFOLLOW | O_CLOEXEC);
-    if (x.root < 0) {
-        rc = tk__err_sys("cannot open the unpack directory", dest_dir);
-        goto done;
-    }
-    int empty = 0;
-    if (dir_is_empty(x.root, &empty) != 0) {
-        rc = tk__err_sys("cannot list the unpack directory", dest_dir);
-        goto done;
-    }
-    if (!empty) {
-        rc = tk__err(TK_ERR_INVALID, "the unpack directory '%s' is not empty", dest_dir);
-        goto done;
-    }
-
-    afd = open(archive_path, O_RDONLY | O_NOFOLLOW | O_CLOEXEC);
-    struct stat st;
-    if (afd < 0) {
-        rc = tk__err_sys("cannot open archive", archive_path);
-        goto done;
-    }
-    if (fstat(afd, &st) != 0 || !S_ISREG(st.st_mode)) {
-        rc = tk__err(TK_ERR_IO, "archive '%s' is not a regular file", archive_path);
-        goto done;
-    }
-    budget bud = {0, INT64_MAX};
-    if (st.st_size <= INT64_MAX / lim->max_ratio)
-        bud.ratio_cap = (int64_t)st.st_size * lim->max_ratio;
-    if (bud.ratio_cap < RATIO_FLOOR)
-        bud.ratio_cap = RATIO_FLOOR;
-
-    if ((rc = tk__sha256_new(&h)) != TK_OK)
-        goto done;
-    if (!(a = archive_read_new())) {
-        rc = tk__err(TK_ERR_NOMEM, "out of memory");
-        goto done;
-    }
-    /* ARCHIVE_WARN here means libarchive would run an external program: refuse that. */
-    if (archive_read_support_filter_gzip(a) != ARCHIVE_OK || archive_read_support_filter_zstd(a) != ARCHIVE_OK ||
-        archive_read_support_format_tar(a) != ARCHIVE_OK) {
-        rc = tk__err(TK_ERR_UNSUPPORTED, "this libarchive cannot read tar.gz and tar.zst by itself: %s",
-                     arc_msg(a));
-        goto done;
-    }
-    if (archive_read_open_fd(a, afd, CHUNK) != ARCHIVE_OK) {
-        rc = arc_err(a, TK_ERR_ARCHIVE, "cannot read archive", archive_path);
-        goto done;
-    }
-    /* Exactly one decompressor over the tar (filter 0 is the outermost; the last is "none"). */
-    int nf = archive_filter_count(a), code0 = archive_filter_code(a, 0);
-    if (nf != 2 || (code0 != ARCHIVE_FILTER_GZIP && code0 != ARCHIVE_FILTER_ZSTD)) {
-        rc = tk__err(TK_ERR_ARCHIVE, "archive '%s' is not a gzip- or zstd-compressed tar (filters: %s)"
-                     HINT_HOSTILE, archive_path, nf > 1 ? archive_filter_name(a, 0) : "none");
-        goto done;
-    }
-
-    int64_t nentries = 0;
-    for (;;) {
-        struct archive_entry *e = NULL;
-        int r = archive_read_next_header(a, &e);
-        if (r == ARCHIVE_EOF)
-            break;
-        if (r != ARCHIVE_OK) { /* WARN included: e.g. a name libarchive had to mangle */
-            rc = arc_err(a, TK_ERR_ARCHIVE, "cannot read archive", archive_path);
-            goto done;
-        }
-        wrote = 1;
-        if (++nentries > lim->max_entries) {
-            rc = tk__err(TK_ERR_ARCHIVE, "archive '%s' has more than %lld entries" HINT_HOSTILE,
-                         archive_path, (long long)lim->max_entries);
-            goto done;
-        }
-        /* Headers, padding and skipped data decompress too: hold the whole stream to the ratio. */
-        if (archive_filter_bytes(a, 0) > bud.ratio_cap) {
-            rc = tk__err(TK_ERR_ARCHIVE, "archive '%s' unpacks to more than %lld times its compressed "
-                         "size: a decompression bomb?" HINT_HOSTILE, archive_path, (long long)lim->max_ratio);
-            goto done;
-        }
-        if ((rc = extract_entry(a, e, &x, &bud, lim, h)) != TK_OK) {
-            if (rc == TK_ERR_DIGEST) {
-                char mismatch[2048];
-                snprintf(mismatch, sizeof mismatch, "%s", tk_last_error());
-                if (drain(a, archive_path, &bud, lim, nentries) == TK_OK)
-                    tk__err(rc, "%s", mismatch);
-                else
-                    rc = TK_ERR_ARCHIVE;
-            }
-            goto done;
-        }
-    }
     for (size_t i = 0; i < nexpect; i++)
         if (!x.seen[x.order[i].i]) {
             rc = tk__err(TK_ERR_DIGEST, "file '%s' is listed in the manifest but missing from the archive",

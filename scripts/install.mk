@@ -15,6 +15,7 @@
 #                                             tkhub::serve, tkhub::serve_static
 #   $(PREFIX)/share/tkhub/registry/           the default registry this build published
 #   $(PREFIX)/share/doc/tkhub/                README.md and docs/
+#   $(PREFIX)/share/man/man1/tk.1             the manual page (docs/tk.1; `man tk`)
 #
 # The installed objects are the build's, except api/ctx.c, compiled again with the default endpoint
 # file://$(PREFIX)/share/tkhub/registry. Where that does not exist (a DESTDIR staging tree, a moved
@@ -28,6 +29,7 @@ LIBDIR   = $(PREFIX)/lib
 INCDIR   = $(PREFIX)/include
 DATADIR  = $(PREFIX)/share/tkhub
 DOCDIR   = $(PREFIX)/share/doc/tkhub
+MANDIR   = $(PREFIX)/share/man
 PCDIR    = $(LIBDIR)/pkgconfig
 CMAKEDIR = $(LIBDIR)/cmake/tkhub
 IB      := $(B)/install
@@ -84,7 +86,7 @@ INST_FILES := $(IB)/tk $(IB)/libtkhub.a $(IB)/libtkhub-serve.a $(IB)/libtkhub.so
 install: $(INST_FILES) registry
 	@D='$(DESTDIR)'; set -e; \
 	install -d "$$D$(BINDIR)" "$$D$(LIBDIR)" "$$D$(INCDIR)/tkhub" "$$D$(PCDIR)" "$$D$(CMAKEDIR)" \
-	           "$$D$(DATADIR)" "$$D$(DOCDIR)/docs"; \
+	           "$$D$(DATADIR)" "$$D$(DOCDIR)/docs" "$$D$(MANDIR)/man1"; \
 	install -m 755 $(IB)/tk "$$D$(BINDIR)/tk"; \
 	for l in libtkhub libtkhub-serve; do \
 	  install -m 644 $(IB)/$$l.a "$$D$(LIBDIR)/$$l.a"; \
@@ -98,11 +100,12 @@ install: $(INST_FILES) registry
 	rm -f "$$D$(DATADIR)/registry/.stamp"; chmod -R u+rwX,go+rX "$$D$(DATADIR)/registry"; \
 	install -m 644 README.md "$$D$(DOCDIR)/README.md"; \
 	install -m 644 docs/*.md "$$D$(DOCDIR)/docs/"; \
+	install -m 644 docs/tk.1 "$$D$(MANDIR)/man1/tk.1"; \
 	echo "installed tk $(TK_VERSION) into $$D$(PREFIX)"
 
 uninstall:
 	rm -f '$(DESTDIR)$(BINDIR)/tk' '$(DESTDIR)$(INCDIR)/tkhub/tk.h' \
-	      '$(DESTDIR)$(PCDIR)/tkhub.pc' '$(DESTDIR)$(PCDIR)/tkhub-serve.pc'
+	      '$(DESTDIR)$(PCDIR)/tkhub.pc' '$(DESTDIR)$(PCDIR)/tkhub-serve.pc' '$(DESTDIR)$(MANDIR)/man1/tk.1'
 	rm -f '$(DESTDIR)$(LIBDIR)'/libtkhub.* '$(DESTDIR)$(LIBDIR)'/libtkhub-serve.*
 	rm -rf '$(DESTDIR)$(CMAKEDIR)' '$(DESTDIR)$(DATADIR)' '$(DESTDIR)$(DOCDIR)'
 	-rmdir '$(DESTDIR)$(INCDIR)/tkhub' 2>/dev/null

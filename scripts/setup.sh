@@ -20,6 +20,8 @@ pkgs=(build-essential pkg-config
       nginx-light zstd curl openssl python3)
 # cmake: tests/cli/install.sh builds host programs against the installed tkhub CMake package
 pkgs+=(cmake)
+# groff-base, man-db: tests/cli/install.sh renders docs/tk.1 (groff -ww) and reads the installed page (man)
+pkgs+=(groff-base man-db)
 test_tools=0
 [ "${1:-}" = "--test" ] && { test_tools=1; pkgs+=(chromium wrk python3-venv); }
 # clang with libFuzzer, ASan and UBSan: `make fuzz`, and the sanitizer replay of the fuzz corpora in make test

@@ -2,7 +2,7 @@
 # install.sh — `make install` into scratch prefixes: the layout and names (no Tcl/Tk clash), the
 # pkg-config and CMake files, C and C++ host programs built with each and run, the default endpoint
 # following the install (prefix, DESTDIR staging, moved prefix), only `tk serve` linking
-# libmicrohttpd, and `make uninstall`.
+# libmicrohttpd, the manual page, and `make uninstall`.
 . "$(dirname "$0")/lib.sh"
 
 if [ "${TK_BUILD:-build}" != build ]; then
@@ -118,6 +118,40 @@ t_destdir_and_moved_prefix() {
   mv "$P" "$P.away"
   TK_HOME=$WORK/home-moved check_host "$WORK/host_moved" "$moved"
   mv "$P.away" "$P"
+}
+
+# docs/tk.1: renders without a warning, names every command of cli/main.c's table (and each with the
+# options its --help lists), the version of this build, every TK_* variable the code reads, the
+# exit codes of cli/cli.h; installed as share/man/man1/tk.1 and read by man from there.
+t_man_page() {
+  local page=$ROOT/docs/tk.1 c v o
+  command -v groff >/dev/null || { [ -n "${CI:-}" ] && fail "groff is missing (scripts/setup.sh)"; skip "no groff"; return; }
+  OUT=$(groff -man -Tutf8 -ww -z "$page" 2>&1); [ -z "$OUT" ] || fail "groff warns about docs/tk.1: $OUT"
+  local text; text=$(LC_ALL=C.UTF-8 MANWIDTH=200 groff -man -Tutf8 -rLL=200n "$page" 2>/dev/null | sed 's/\x1b\[[0-9;]*m//g; s/.\x08//g')
+  for c in $(sed -n 's/^ *{"\([a-z-]*\)", tk_cmd_[a-z_]*, ".*/\1/p' "$ROOT/cli/main.c"); do
+    case "$text" in *"tk $c "*|*"tk $c"$'\n'*) ;; *) fail "docs/tk.1 does not describe 'tk $c'" ;; esac
+    # every long option the command's --help names is in the page
+    for o in $("$TK" "$c" --help 2>/dev/null | grep -o -- '--[a-z][a-z0-9-]*' | sort -u); do
+      case "$o" in --help|--json|--quiet|--verbose|--offline) continue ;; esac
+      case "$text" in *"$o"*) ;; *) fail "docs/tk.1 lacks $o of tk $c" ;; esac
+    done
+  done
+  [ "$(sed -n 's/^ *{"\([a-z-]*\)", tk_cmd_.*/\1/p' "$ROOT/cli/main.c" | wc -l)" -ge 20 ] || fail "read too few commands from cli/main.c"
+  v=$("$TK" --version | awk '{print $2}')
+  grep -q "^\.TH TK 1 .*\"tk $v\"" "$page" || fail "docs/tk.1's .TH does not say tk $v"
+  for v in $(cd "$ROOT" && grep -rhoE 'getenv\("TK_[A-Z0-9_]+"\)|"TK_[A-Z_]+", "CUDA_HOME"' api hub jit ops cache cli common models 2>/dev/null |
+             grep -oE 'TK_[A-Z0-9_]+' | sort -u); do
+    case "$text" in *"$v"*) ;; *) fail "docs/tk.1's ENVIRONMENT lacks $v, which the code reads" ;; esac
+  done
+  for v in $(sed -n 's/^ *TK_EXIT_[A-Z_]* = \([0-9]\),.*/\1/p' "$ROOT/cli/cli.h"); do
+    printf '%s\n' "$text" | grep -qE "^ +$v +[A-Z]" || fail "docs/tk.1's EXIT STATUS lacks $v"
+  done
+  [ -f "$P/share/man/man1/tk.1" ] || { fail "make install did not install share/man/man1/tk.1"; return; }
+  cmp -s "$page" "$P/share/man/man1/tk.1" || fail "the installed tk.1 differs from docs/tk.1"
+  if command -v man >/dev/null; then
+    OUT=$(MANPATH=$P/share/man LC_ALL=C.UTF-8 MANWIDTH=100 man tk 2>&1); expect_out "a kernel hub and JIT kernel package manager"
+    expect_out "EXIT STATUS"
+  fi
 }
 
 t_uninstall() {
