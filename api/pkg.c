@@ -617,7 +617,7 @@ int tk_keygen(char **pubkey, const char *key_path)
             return tk__err(TK_ERR_NOMEM, "out of memory");
         int rc = tk__mkdirs(dir, 0700);
         if (rc != TK_OK) {
-            rc = tk__err(TK_ERR_IO, "cannot create %s for the key: %s", dir, tk_last_error());
+            rc = tk__err_wrap(TK_ERR_IO, "cannot create %s for the key", dir);
             free(dir);
             return rc;
         }

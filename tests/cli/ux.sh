@@ -12,6 +12,11 @@ t_keygen_creates_directories() {
   : >"$WORK/afile"
   expect_rc 6 "$TK" keygen "$WORK/afile/key.pem"
   expect_out "cannot create $WORK/afile"
+  # the message says it once, with the reason (it once printed itself twice and ended in garbage)
+  [ "$(grep -o "cannot create $WORK/afile for the key" <<<"$OUT" | wc -l)" = 1 ] || fail "message repeated: $OUT"
+  expect_out "exists and is not a directory"
+  [ -e "$WORK/afile/key.pem" ] && fail "a key was written"
+  return 0
 }
 
 t_doctor_names_config_file() {
