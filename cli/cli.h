@@ -49,6 +49,9 @@ extern int tk_cli_json_mode;
 /* Prints the JSON error object for status (a TK_ERR_* or TK_CLI_STATUS_USAGE) and message
  * ("text\nHINT: hint"), prefixed by what (may be NULL). */
 void tk_cli_json_error(int status, const char *what, const char *msg);
+/* Only the inner object {"status", "exit_code", "message", "hint"} (no newline), for a command whose
+ * --json output carries its error beside other fields (tk check). */
+void tk_cli_json_error_body(int status, const char *msg);
 /* A failure the command found itself (not a library call's): "tk: MESSAGE" on stderr (MESSAGE may
  * end in "\nHINT: ..."), or under --json the error object for status on stdout. Returns exit_code,
  * or the exit code for status when exit_code is 0. */

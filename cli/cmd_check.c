@@ -32,7 +32,8 @@ static const char *HELP =
     "    --arch ARCHS    comma-separated targets (sm_80, sm_90, sm_90a, ...). Default: sm_80,sm_90\n"
     "    --no-compile    the manifest checks only (what 'tk publish' runs)\n"
     "    --jobs N, -j N  at most N compiles at once (default: by cores and memory)\n"
-    "    --json          print {\"ok\", \"package\", \"errors\": [...]} on stdout\n"
+    "    --json          print {\"ok\", \"dir\", \"compiled\", \"report\", \"error\"} on stdout, whether\n"
+    "                    the check passes or not (docs/json.md)\n"
     "\n"
     "EXIT STATUS\n"
     "    0 the package is fine; 2 usage; 3 no such directory or kernel.json; 5 a manifest error;\n"
@@ -104,10 +105,16 @@ int tk_cmd_check(tk_cli *cli, int argc, char **argv)
     if (cli->json) {
         printf("{\"ok\": %s, \"dir\": ", rc == TK_OK ? "true" : "false");
         tk_cli_json_str(stdout, dir);
-        printf(", \"status\": \"%s\", \"error\": ", tk_status_str(rc));
-        tk_cli_json_str(stdout, rc == TK_OK ? "" : tk_last_error());
-        printf(", \"report\": ");
-        tk_cli_json_str(stdout, report ? report : "");
+        printf(", \"compiled\": %s, \"report\": ", o.compile ? "true" : "false");
+        if (report)
+            tk_cli_json_str(stdout, report);
+        else
+            fputs("null", stdout);
+        fputs(", \"error\": ", stdout);
+        if (rc == TK_OK)
+            fputs("null", stdout);
+        else
+            tk_cli_json_error_body(rc, tk_last_error());
         printf("}\n");
         code = rc == TK_OK ? TK_EXIT_OK : tk_cli_exit_code(rc);
     } else if (rc != TK_OK) {

@@ -175,12 +175,13 @@ static void json_str(FILE *f, const char *s, size_t n)
 }
 
 /* The error object with an explicit exit code (tk_cli_errorf may differ from the status's own). */
-static void json_error(int status, int exit_code, const char *what, const char *msg)
+/* The inner object {"status", "exit_code", "message", "hint"}, without a newline. */
+static void json_error_body(int status, int exit_code, const char *what, const char *msg)
 {
     /* "message\nHINT: hint" (the library's convention): the hint goes to its own field */
     const char *h = msg ? strstr(msg, "\nHINT: ") : NULL;
     size_t mlen = msg ? (h ? (size_t)(h - msg) : strlen(msg)) : 0;
-    printf("{\"error\": {\"status\": \"%s\", \"exit_code\": %d, \"message\": ", status_token(status), exit_code);
+    printf("{\"status\": \"%s\", \"exit_code\": %d, \"message\": ", status_token(status), exit_code);
     if (what && *what) {
         size_t wl = strlen(what);
         char *both = malloc(wl + 2 + mlen + 1);
@@ -201,8 +202,20 @@ static void json_error(int status, int exit_code, const char *what, const char *
         json_str(stdout, h + 7, strlen(h + 7));
     else
         fputs("null", stdout);
-    fputs("}}\n", stdout);
+    fputs("}", stdout);
+}
+
+static void json_error(int status, int exit_code, const char *what, const char *msg)
+{
+    fputs("{\"error\": ", stdout);
+    json_error_body(status, exit_code, what, msg);
+    fputs("}\n", stdout);
     fflush(stdout);
+}
+
+void tk_cli_json_error_body(int status, const char *msg)
+{
+    json_error_body(status, tk_cli_exit_code(status), NULL, msg);
 }
 
 void tk_cli_json_error(int status, const char *what, const char *msg)

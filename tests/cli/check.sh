@@ -262,4 +262,25 @@ t_build_and_run_from_directory() {
   return 0
 }
 
+t_check_json_shape() {
+  # one object whether the check passes or not: ok, dir, compiled, report, error (the error object's
+  # inner shape, status as a token and the hint in its own field)
+  local d="$WORK/cj"
+  good_pkg "$d"
+  OUT=$("$TK" check --json --no-compile "$d") || fail "good package: $OUT"
+  "$PY" -c 'import json,sys; d=json.loads(sys.argv[1]); assert d=={"ok":True,"dir":sys.argv[2],"compiled":False,"report":None,"error":None}, d' "$OUT" "$d" \
+    || fail "good package shape: $OUT"
+  sed -i 's/"lanuch"/"launch"/; s/"launch"/"lanuch"/' "$d/kernel.json"
+  OUT=$("$TK" check --json --no-compile "$d"); local rc=$?
+  [ "$rc" = 5 ] || fail "bad manifest exit $rc"
+  "$PY" -c 'import json,sys; d=json.loads(sys.argv[1]); e=d["error"]; assert d["ok"] is False and e["status"]=="manifest" and e["exit_code"]==5 and "lanuch" in e["message"] and "HINT" not in e["message"] and e["hint"], d' "$OUT" \
+    || fail "bad manifest shape: $OUT"
+  good_pkg "$d"; sed -i 's/out\[i\] = x\[i\] > 0.f/out[i] = x[i] >>> 0.f/' "$d/relu.cu"
+  OUT=$("$TK" check --json --arch sm_80 "$d"); rc=$?
+  [ "$rc" = 0 ] && fail "compile error passed"
+  "$PY" -c 'import json,sys; d=json.loads(sys.argv[1]); assert d["ok"] is False and d["compiled"] and "relu.cu" in d["report"] and d["error"]["status"]=="compile", d' "$OUT" \
+    || fail "compile error shape: $OUT"
+  return 0
+}
+
 run_tests
