@@ -23,10 +23,10 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-#include <time.h>
 
 #include "gpu_util.h"
 #include "harness.h"
+#include "op_test.h"
 #include "tensor_util.h"
 
 static const tk_dtype I8 = {TK_DL_INT, 8, 1}, FP8 = {TK_DL_FLOAT8_E4M3FN, 8, 1}, I32 = {TK_DL_INT, 32, 1},
@@ -631,10 +631,7 @@ int main(int argc, char **argv)
     static const char *const ops[] = {"attention", "attention_backward", "attention_decode", "paged_kv_append",
                                       "mla_decode", NULL};
     gpu_main(argc, argv, ops);
-    const char *e = getenv("TK_TEST_SEED");
-    seed = e ? strtoull(e, NULL, 10) : (uint64_t)time(NULL);
-    rng = seed;
-    printf("seed %llu\n", (unsigned long long)seed);
+    op_test_seed();
     int have = gpu_device();
     if (have) {
         const char *pkgs[] = {"kernels-community/flash-attn", NULL};

@@ -16,11 +16,11 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-#include <time.h>
 
 #include "gpu_util.h"
 #include "harness.h"
 #include "jit/cublaslt.h"
+#include "op_test.h"
 #include "tensor_util.h"
 
 static const tk_dtype I32 = {TK_DL_INT, 32, 1}, I64 = {TK_DL_INT, 64, 1};
@@ -276,10 +276,7 @@ int main(int argc, char **argv)
 {
     static const char *const ops[] = {"linear", "embedding", "add", "tanh", NULL};
     gpu_main(argc, argv, ops);
-    const char *e = getenv("TK_TEST_SEED");
-    seed = e ? strtoull(e, NULL, 10) : (uint64_t)time(NULL);
-    rng = seed;
-    printf("seed %llu\n", (unsigned long long)seed);
+    op_test_seed();
     RUN(test_cublaslt_loader);
     RUN(test_builtin_listed);
     RUN(test_linear);

@@ -17,10 +17,10 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-#include <time.h>
 
 #include "gpu_util.h"
 #include "harness.h"
+#include "op_test.h"
 #include "tensor_util.h"
 
 static const tk_dtype I64 = {TK_DL_INT, 64, 1};
@@ -314,10 +314,7 @@ int main(int argc, char **argv)
 {
     static const char *const ops[] = {"cross_entropy", "fused_linear_cross_entropy", "max_margin_loss", NULL};
     gpu_main(argc, argv, ops);
-    const char *e = getenv("TK_TEST_SEED");
-    seed = e ? strtoull(e, NULL, 10) : (uint64_t)time(NULL);
-    rng = seed;
-    printf("seed %llu\n", (unsigned long long)seed);
+    op_test_seed();
     RUN(test_cross_entropy);
     RUN(test_fused_linear_cross_entropy);
     RUN(test_max_margin_loss);

@@ -16,10 +16,10 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-#include <time.h>
 
 #include "gpu_util.h"
 #include "harness.h"
+#include "op_test.h"
 #include "tensor_util.h"
 
 static const tk_dtype I64 = {TK_DL_INT, 64, 1};
@@ -317,10 +317,7 @@ int main(int argc, char **argv)
 {
     static const char *const ops[] = {"rotary_embedding", "rope_cos_sin_cache", "alibi_bias", "sinusoidal_position_encoding", "alibi_slopes", NULL};
     gpu_main(argc, argv, ops);
-    const char *e = getenv("TK_TEST_SEED");
-    seed = e ? strtoull(e, NULL, 10) : (uint64_t)time(NULL);
-    rng = seed;
-    printf("seed %llu\n", (unsigned long long)seed);
+    op_test_seed();
     RUN(test_setup);
     RUN(test_rotary_embedding);
     RUN(test_rope_cos_sin_cache);

@@ -14,10 +14,10 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-#include <time.h>
 
 #include "gpu_util.h"
 #include "harness.h"
+#include "op_test.h"
 #include "tensor_util.h"
 
 static void host_rows(host_t *h, tk_dtype dt, int64_t rows, int64_t d)
@@ -158,10 +158,7 @@ int main(int argc, char **argv)
 {
     static const char *const ops[] = {"softmax", "log_softmax", NULL};
     gpu_main(argc, argv, ops);
-    const char *e = getenv("TK_TEST_SEED");
-    seed = e ? strtoull(e, NULL, 10) : (uint64_t)time(NULL);
-    rng = seed;
-    printf("seed %llu\n", (unsigned long long)seed);
+    op_test_seed();
     RUN(test_every_op_dtype_and_tier);
     RUN(test_misaligned_views);
     RUN(test_coverage);

@@ -11,15 +11,12 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-#include <time.h>
 
 #include "harness.h"
+#include "op_test.h"
 #include "tensor_util.h"
 #include "api/api.h"
 #include "ops/ops.h"
-
-/* ---- host tensors ----------------------------------------------------------------------------- */
-
 
 /* ---- the float64 references (independent of ops/activation.c) --------------------------------- */
 
@@ -75,16 +72,14 @@ static void tolerances(tk_dtype dt, double *atol, double *rtol)
 }
 
 /* Runs op on `in` into `out` through the registry, then compares every element with the float64
- * reference. Returns 1 when all match; prints the worst element otherwise. */
+ * reference (a reference beyond the dtype's range wants the inf it rounds to). Returns 1 when all
+ * match; prints the worst element and its input otherwise. */
 static int run_and_compare(const ref_op *r, host_t *out, host_t *in, double threshold, const char *what)
 {
     tk_arg args[3] = {{TK_ARG_TENSOR, "out", &out->t, 0, 0}, {TK_ARG_TENSOR, "input", &in->t, 0, 0},
                       {TK_ARG_F64, "threshold", NULL, 0, threshold}};
     size_t nargs = strcmp(r->op, "fatrelu_and_mul") == 0 ? 3 : 2;
-    tk_op_call c;
-    int rc = tk_ops__prepare(&c, r->op, args, nargs);
-    if (rc == TK_OK)
-        rc = tk_ops__run_cpu(&c);
+    int rc = op_run_cpu(r->op, args, nargs);
     if (rc != TK_OK) {
         fprintf(stderr, "  %s %s %s: rc %d: %s (seed %llu)\n", r->op, tk_ops__dtype_str(in->t.dtype), what, rc,
                 tk_last_error(), (unsigned long long)seed);
@@ -92,44 +87,26 @@ static int run_and_compare(const ref_op *r, host_t *out, host_t *in, double thre
     }
     double atol, rtol;
     tolerances(out->t.dtype, &atol, &rtol);
-    int64_t n = numel(&out->t), d = out->t.ndim ? out->t.shape[out->t.ndim - 1] : 1, bad = 0, worst = -1;
-    double worst_ratio = 0, worst_got = 0, worst_ref = 0;
+    int64_t n = numel(&out->t), d = out->t.ndim ? out->t.shape[out->t.ndim - 1] : 1;
+    op_cmp c = op_cmp_begin(atol, rtol, "%s %s %s %s", r->op, tk_ops__dtype_str(in->t.dtype), what,
+                            tk_ops__shape_fmt(out->t.ndim, out->t.shape));
+    c.cols = d;
     for (int64_t i = 0; i < n; i++) {
         int64_t row = i / d, col = i % d;
-        double got = get(&out->t, i), ref;
+        double ref;
         if (r->gated) {
             double x = get(&in->t, row * 2 * d + col), y = get(&in->t, row * 2 * d + d + col);
             ref = r->act_first ? r->f(x, threshold) * y : x * r->f(y, threshold);
         } else {
             ref = r->f(get(&in->t, i), threshold);
         }
-        double refq = quantize(ref, out->t.dtype), ratio;
-        if (isnan(ref))
-            ratio = isnan(got) ? 0 : INFINITY;
-        else if (isinf(refq))
-            ratio = got == refq ? 0 : INFINITY;
-        else
-            ratio = isnan(got) ? INFINITY : fabs(got - ref) / (atol + rtol * fabs(ref));
-        if (ratio > 1)
-            bad++;
-        if (ratio > worst_ratio || worst < 0) {
-            worst_ratio = ratio;
-            worst = i;
-            worst_got = got;
-            worst_ref = ref;
-        }
+        op_cmp_at(&c, i, get(&out->t, i), op_stored_inf(ref, out->t.dtype));
     }
-    if (bad) {
-        int64_t row = worst / d, col = worst % d;
-        double x = r->gated ? get(&in->t, row * 2 * d + col) : get(&in->t, worst);
-        fprintf(stderr,
-                "  %s %s %s %s: %lld of %lld elements off; worst [%lld] (row %lld, col %lld): x=%.9g got %.9g "
-                "ref %.9g |diff| %.3g > %.3g (seed %llu)\n",
-                r->op, tk_ops__dtype_str(in->t.dtype), what, tk_ops__shape_fmt(out->t.ndim, out->t.shape),
-                (long long)bad, (long long)n, (long long)worst, (long long)row, (long long)col, x, worst_got,
-                worst_ref, fabs(worst_got - worst_ref), atol + rtol * fabs(worst_ref), (unsigned long long)seed);
-    }
-    return bad == 0;
+    if (op_cmp_end(&c))
+        return 1;
+    int64_t row = c.worst / d, col = c.worst % d;
+    fprintf(stderr, "    at the worst element x=%.9g\n", r->gated ? get(&in->t, row * 2 * d + col) : get(&in->t, c.worst));
+    return 0;
 }
 
 static const tk_dtype *all_dtypes[] = {&F32, &F16, &BF16};
@@ -635,11 +612,7 @@ static void test_tune_key(void)
 
 int main(void)
 {
-    const char *s = getenv("TK_TEST_SEED");
-    seed = s ? strtoull(s, NULL, 10) : (uint64_t)time(NULL);
-    rng = seed;
-    printf("test_ops: seed %llu (TK_TEST_SEED=%llu replays it)\n", (unsigned long long)seed,
-           (unsigned long long)seed);
+    op_test_seed();
     RUN(test_registry);
     RUN(test_dtype_names);
     RUN(test_f16_exhaustive);

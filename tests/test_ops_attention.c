@@ -22,9 +22,9 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-#include <time.h>
 
 #include "harness.h"
+#include "op_test.h"
 #include "tensor_util.h"
 #include "ops/ops.h"
 
@@ -140,32 +140,15 @@ static void tol_of(tk_dtype dt, double *atol, double *rtol)
     }
 }
 
-/* |got - ref| <= atol + rtol |ref| everywhere; an infinite ref wants exactly that value; NaN never
- * passes. Prints the worst element. */
+/* |got - ref| <= atol + rtol |ref| everywhere (op_test.h); an infinite ref wants exactly that value;
+ * NaN never passes, not even against a NaN reference. Prints the worst element. */
 static int compare(const char *what, const double *got, const double *ref, int64_t n, double atol, double rtol)
 {
-    int64_t bad = 0, worst = -1;
-    double wratio = -1;
-    for (int64_t i = 0; i < n; i++) {
-        double g = got[i], r = ref[i], ratio;
-        if (isinf(r))
-            ratio = g == r ? 0 : INFINITY;
-        else if (!isfinite(g) || !isfinite(r))
-            ratio = INFINITY;
-        else
-            ratio = fabs(g - r) / (atol + rtol * fabs(r));
-        if (!(ratio <= 1))
-            bad++;
-        if (worst < 0 || ratio > wratio || isnan(ratio)) {
-            wratio = ratio;
-            worst = i;
-        }
-    }
-    if (bad)
-        fprintf(stderr, "  %s: %lld of %lld elements off; worst [%lld]: got %.9g ref %.9g (atol %g rtol %g, seed %llu)\n",
-                what, (long long)bad, (long long)n, (long long)worst, got[worst], ref[worst], atol, rtol,
-                (unsigned long long)seed);
-    return bad == 0;
+    op_cmp c = op_cmp_begin(atol, rtol, "%s", what);
+    c.nan_fails = 1;
+    for (int64_t i = 0; i < n; i++)
+        op_cmp_at(&c, i, got[i], ref[i]);
+    return op_cmp_end(&c);
 }
 
 #define TA(nm, tp) ((tk_arg){TK_ARG_TENSOR, nm, tp, 0, 0})
@@ -174,10 +157,7 @@ static int compare(const char *what, const double *got, const double *ref, int64
 
 static int run(const char *op, const tk_arg *a, size_t n, const char *what)
 {
-    tk_op_call c;
-    int rc = tk_ops__prepare(&c, op, a, n);
-    if (rc == TK_OK)
-        rc = tk_ops__run_cpu(&c);
+    int rc = op_run_cpu(op, a, n);
     if (rc != TK_OK)
         fprintf(stderr, "  %s %s: rc %d: %s (seed %llu)\n", op, what, rc, tk_last_error(), (unsigned long long)seed);
     return rc == TK_OK;
@@ -1332,10 +1312,7 @@ static void test_registry(void)
 /* Runs prepare (and the CPU reference when prepare passes) and wants TK_ERR_INVALID with `msg`. */
 static int expect_invalid(const char *op, const tk_arg *a, size_t n, const char *msg)
 {
-    tk_op_call c;
-    int rc = tk_ops__prepare(&c, op, a, n);
-    if (rc == TK_OK)
-        rc = tk_ops__run_cpu(&c);
+    int rc = op_run_cpu(op, a, n);
     if (rc != TK_ERR_INVALID || !strstr(tk_last_error(), msg)) {
         fprintf(stderr, "  %s: rc %d, error \"%s\"; want TK_ERR_INVALID with \"%s\"\n", op, rc, tk_last_error(), msg);
         return 0;
@@ -1535,10 +1512,7 @@ static void test_validation(void)
 
 int main(void)
 {
-    const char *env = getenv("TK_TEST_SEED");
-    seed = env ? strtoull(env, NULL, 10) : (uint64_t)time(NULL);
-    rng = seed;
-    printf("seed %llu\n", (unsigned long long)seed);
+    op_test_seed();
     RUN(test_registry);
     RUN(test_attention_masks);
     RUN(test_attention_dims);

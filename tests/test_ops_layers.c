@@ -27,10 +27,10 @@
 #include <string.h>
 #include <pthread.h>
 #include <sys/wait.h>
-#include <time.h>
 #include <unistd.h>
 
 #include "harness.h"
+#include "op_test.h"
 #include "tensor_util.h"
 #include "ops/ops.h"
 
@@ -441,15 +441,6 @@ static void test_linear_torch(void)
 
 /* ---- embedding -------------------------------------------------------------------------------- */
 
-static void set_id(host_t *h, int64_t i, int64_t v)
-{
-    int64_t o = elem_off(&h->t, i);
-    if (h->t.dtype.bits == 64)
-        ((int64_t *)h->buf)[o] = v;
-    else
-        ((int32_t *)h->buf)[o] = (int32_t)v;
-}
-
 static int emb_case(tk_dtype dt, tk_dtype idt, int nd, const int64_t *is, int64_t V, int64_t D, int64_t pad)
 {
     int64_t osh[8], wsh[2] = {V, D}, n = 1;
@@ -464,7 +455,7 @@ static int emb_case(tk_dtype dt, tk_dtype idt, int nd, const int64_t *is, int64_
     host_new(&out, dt, nd + 1, osh, pad ? pad + 1 : 0);
     fill(&w, 3.0);
     for (int64_t i = 0; i < n; i++)
-        set_id(&ids, i, i == 0 ? V - 1 : i == 1 ? 0 : (int64_t)(next_u64() % (uint64_t)V));
+        id_set(&ids, i, i == 0 ? V - 1 : i == 1 ? 0 : (int64_t)(next_u64() % (uint64_t)V));
     int rc = run_op("embedding", (tk_arg[]){T("out", &out.t), T("ids", &ids.t), T("weight", &w.t)}, 3);
     int bad = rc != TK_OK;
     if (bad)
@@ -514,24 +505,24 @@ static void test_embedding_validation(void)
     host_new(&of, BF16, 2, flat, 0);
     fill(&w, 1.0);
     for (int64_t i = 0; i < 6; i++) {
-        set_id(&ids, i, i);
-        set_id(&ids64, i, i);
+        id_set(&ids, i, i);
+        id_set(&ids64, i, i);
     }
     for (int64_t i = 0; i < 24; i++)
         set(&out.t, i, 5.0);
     const char *op = "embedding";
-    set_id(&ids, 4, 10);
+    id_set(&ids, 4, 10);
     CHECK_RC(run_op(op, (tk_arg[]){T("out", &out.t), T("ids", &ids.t), T("weight", &w.t)}, 3), TK_ERR_INVALID);
     CHECK_CONTAINS(tk_last_error(), "embedding: ids[1, 1] = 10 is out of range for 'weight' [10, 4] (want 0 <= id < 10)");
     int untouched = 1;
     for (int64_t i = 0; i < 24; i++)
         untouched &= get(&out.t, i) == 5.0;
     CHECK(untouched); /* nothing written before the bad id was found */
-    set_id(&ids, 4, 4);
-    set_id(&ids64, 5, -1);
+    id_set(&ids, 4, 4);
+    id_set(&ids64, 5, -1);
     CHECK_RC(run_op(op, (tk_arg[]){T("out", &out.t), T("ids", &ids64.t), T("weight", &w.t)}, 3), TK_ERR_INVALID);
     CHECK_CONTAINS(tk_last_error(), "embedding: ids[1, 2] = -1 is out of range");
-    set_id(&ids64, 5, (int64_t)1 << 40);
+    id_set(&ids64, 5, (int64_t)1 << 40);
     CHECK_RC(run_op(op, (tk_arg[]){T("out", &out.t), T("ids", &ids64.t), T("weight", &w.t)}, 3), TK_ERR_INVALID);
     CHECK_CONTAINS(tk_last_error(), "ids[1, 2] = 1099511627776 is out of range");
     CHECK_RC(run_op(op, (tk_arg[]){T("out", &ob.t), T("ids", &ids.t), T("weight", &w.t)}, 3), TK_ERR_INVALID);
@@ -717,10 +708,7 @@ static void test_registry(void)
 
 int main(void)
 {
-    const char *env = getenv("TK_TEST_SEED");
-    seed = env ? strtoull(env, NULL, 10) : (uint64_t)time(NULL);
-    rng = seed;
-    printf("seed %llu\n", (unsigned long long)seed);
+    op_test_seed();
     RUN(test_registry);
     RUN(test_linear);
     RUN(test_linear_panels);

@@ -18,9 +18,9 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-#include <time.h>
 
 #include "harness.h"
+#include "op_test.h"
 #include "tensor_util.h"
 #include "ops/ops.h"
 
@@ -1110,10 +1110,7 @@ static void test_registry(void)
 
 int main(void)
 {
-    const char *env = getenv("TK_TEST_SEED");
-    seed = env ? strtoull(env, NULL, 10) : (uint64_t)time(NULL);
-    rng = seed;
-    printf("seed %llu\n", (unsigned long long)seed);
+    op_test_seed();
     RUN(test_registry);
     RUN(test_ce_random);
     RUN(test_ce_modes);
