@@ -53,6 +53,39 @@ static inline void op_test_seed(void)
     printf("seed %llu (TK_TEST_SEED=%llu replays it)\n", (unsigned long long)seed, (unsigned long long)seed);
 }
 
+/* ---- host tensors ---------------------------------------------------------------------------- */
+
+/* The elements of t as doubles (what an op reads), in a malloc'd array of numel + 1; free it. */
+static inline double *op_values(const tk_tensor *t)
+{
+    int64_t n = numel(t);
+    double *v = malloc(sizeof(double) * (size_t)(n + 1));
+    for (int64_t i = 0; v && i < n; i++)
+        v[i] = get(t, i);
+    return v;
+}
+
+/* Uniform values in [lo, hi] rounded to the tensor's dtype (one draw per element, in order). */
+static inline void fill_range(host_t *h, double lo, double hi)
+{
+    for (int64_t i = 0, n = numel(&h->t); i < n; i++)
+        set(&h->t, i, uniform(lo, hi));
+}
+
+/* fill_range, returning the stored values as op_values does. */
+static inline double *op_rand(host_t *h, double lo, double hi)
+{
+    fill_range(h, lo, hi);
+    return op_values(&h->t);
+}
+
+/* Every element v. */
+static inline void fill_const(host_t *h, double v)
+{
+    for (int64_t i = 0, n = numel(&h->t); i < n; i++)
+        set(&h->t, i, v);
+}
+
 /* ---- integer tensors ------------------------------------------------------------------------- */
 
 /* Element i of an i32 or i64 host tensor (ids, positions), honouring strides. */
