@@ -83,10 +83,7 @@ static int run_sample(host_t *out, host_t *logits, const sopts *o)
         a[n++] = (tk_arg){TK_ARG_TENSOR, "top_ps", o->top_ps, 0, 0};
     if (o->seeds)
         a[n++] = (tk_arg){TK_ARG_TENSOR, "seeds", o->seeds, 0, 0};
-    tk_op_call c;
-    int rc = tk_ops__prepare(&c, "sample", a, n);
-    if (rc == TK_OK)
-        rc = tk_ops__run_cpu(&c);
+    int rc = op_run_cpu("sample", a, n);
     if (rc != TK_OK)
         fprintf(stderr, "  sample: rc %d: %s (seed %llu)\n", rc, tk_last_error(), (unsigned long long)seed);
     return rc;
@@ -95,10 +92,7 @@ static int run_sample(host_t *out, host_t *logits, const sopts *o)
 static int run_argmax(host_t *out, host_t *in)
 {
     tk_arg a[2] = {{TK_ARG_TENSOR, "out", &out->t, 0, 0}, {TK_ARG_TENSOR, "input", &in->t, 0, 0}};
-    tk_op_call c;
-    int rc = tk_ops__prepare(&c, "argmax", a, 2);
-    if (rc == TK_OK)
-        rc = tk_ops__run_cpu(&c);
+    int rc = op_run_cpu("argmax", a, 2);
     if (rc != TK_OK)
         fprintf(stderr, "  argmax: rc %d: %s (seed %llu)\n", rc, tk_last_error(), (unsigned long long)seed);
     return rc;
@@ -314,21 +308,13 @@ static void test_argmax_random(void)
                 host_new(&x, *float_dtypes[k], nd, sh, pad ? 3 : 0);
                 host_new(&out, I64, nd - 1, sh, 0);
                 int64_t n = numel(&x.t), rows = n / v;
-                double *xd = malloc(sizeof(double) * (size_t)n);
-                for (int64_t i = 0; i < n; i++) {
-                    set(&x.t, i, uniform(-50, 50));
-                    xd[i] = get(&x.t, i);
-                }
+                double *xd = op_rand(&x, -50, 50);
                 CHECK_RC(run_argmax(&out, &x), TK_OK);
-                for (int64_t r = 0; r < rows; r++) {
-                    int64_t want = ref_argmax(xd + r * v, v);
-                    if (ids(&out)[r] != want) {
-                        fprintf(stderr, "  argmax %s %s row %lld: got %lld want %lld (seed %llu)\n",
-                                tk_ops__dtype_str(x.t.dtype), tk_ops__shape_fmt(nd, sh), (long long)r,
-                                (long long)ids(&out)[r], (long long)want, (unsigned long long)seed);
-                        CHECK(0);
-                    }
-                }
+                op_cmp c = op_cmp_begin(0, 0, "argmax %s %s%s, index per row", tk_ops__dtype_str(x.t.dtype),
+                                        tk_ops__shape_fmt(nd, sh), pad ? " strided" : "");
+                for (int64_t r = 0; r < rows; r++)
+                    op_cmp_exact(&c, r, (double)ids(&out)[r], (double)ref_argmax(xd + r * v, v));
+                CHECK(op_cmp_end(&c));
                 free(xd);
                 host_free(&x);
                 host_free(&out);
