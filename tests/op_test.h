@@ -16,7 +16,7 @@
  *
  * What passes, element by element:
  *     ref NaN      got NaN (c.nan_fails = 1: nothing passes, NaN is never a right answer)
- *     ref +-inf    got the same inf
+ *     ref +-inf    got the same inf (c.inf_fails = 1: nothing passes)
  *     otherwise    |got - ref| <= tol, tol = atol + rtol*|ref| or the caller's; a NaN or inf got fails
  * A reference that is finite but overflows the output dtype is only an inf where the test says so:
  * op_cmp_at(&c, i, got, op_stored_inf(ref, dt)).
@@ -124,6 +124,7 @@ typedef struct {
     double atol, rtol; /* op_cmp_at's tolerance */
     int64_t cols;     /* > 0: the worst element is also shown as [row, col] of rows of cols */
     int nan_fails;    /* 1: a NaN reference fails whatever got is */
+    int inf_fails;    /* 1: so does an infinite one (the tests whose references are finite by construction) */
     int64_t n, bad;   /* elements compared, and those off */
     int64_t worst;    /* the worst element's index (-1 before the first) */
     int worst_ok, worst_kind;
@@ -169,7 +170,7 @@ static inline void op_cmp__elem(op_cmp *c, int64_t i, double got, double ref, do
         ok = !c->nan_fails && isnan(got);
         ratio = ok ? 0 : INFINITY;
     } else if (isinf(ref)) {
-        ok = got == ref;
+        ok = !c->inf_fails && got == ref;
         ratio = ok ? 0 : INFINITY;
     } else {
         double d = fabs(got - ref); /* NaN when got is NaN: fails */
@@ -191,11 +192,12 @@ static inline void op_cmp_tol(op_cmp *c, int64_t i, double got, double ref, doub
     op_cmp__elem(c, i, got, ref, tol, OP_CMP_OWN_TOL);
 }
 
-/* Element i exactly: the same value with the same sign of zero, or both NaN (c->nan_fails aside). */
+/* Element i exactly: the same value with the same sign of zero, or both NaN (c->nan_fails and
+ * c->inf_fails as at the top). */
 static inline void op_cmp_exact(op_cmp *c, int64_t i, double got, double ref)
 {
     int ok = isnan(got) || isnan(ref) ? !c->nan_fails && isnan(got) && isnan(ref)
-                                      : got == ref && !signbit(got) == !signbit(ref);
+                                      : got == ref && !signbit(got) == !signbit(ref) && !(c->inf_fails && isinf(ref));
     double d = fabs(got - ref);
     op_cmp__keep(c, i, ok, ok ? 0 : isfinite(d) ? d : INFINITY, got, ref, 0, OP_CMP_EXACT);
 }

@@ -608,6 +608,7 @@ static int lin_case(tk_dtype wdt, tk_dtype xdt, int nd, const int64_t *xs, int64
                               tk_ops__dtype_str(wdt), (long long)M, (long long)N, (long long)K,
                               with_bias ? " + bias" : "");
     cmp.cols = N;
+    cmp.inf_fails = 1;
     for (int64_t m = 0; ok && m < M; m++)
         for (int64_t n = 0; n < N; n++) {
             double acc = 0, mag = 0, sc = get(&s.t, n), b = with_bias ? get(&bias.t, n) : 0;

@@ -81,6 +81,7 @@ static int lin_case(const lin_spec *s)
                             (long long)N, (long long)K, s->bias ? " + bias" : "", s->tr ? " transposed" : "");
     c.cols = N;
     c.nan_fails = 1;
+    c.inf_fails = 1;
     for (int64_t m = 0; ok && m < M; m++)
         for (int64_t n = 0; n < N; n++) {
             double acc = 0, mag = 0, bb = s->bias ? get(&b.t, n) : 0;
@@ -182,6 +183,7 @@ static void test_linear_threads(void)
         op_cmp c = op_cmp_begin(0, 0, "linear f32 [64, 300] x [200, 300]^T + bias on thread %d, out", i);
         c.cols = n;
         c.nan_fails = 1;
+        c.inf_fails = 1;
         for (int64_t r = 0; r < 64; r++)
             for (int64_t j = 0; j < n; j++) {
                 double acc = get(&b.t, j), mag = fabs(acc);
@@ -398,6 +400,7 @@ static void test_linear_torch(void)
                                   (long long)torch_cases[c].m, (long long)n, (long long)kk, (int)tr);
         cmp.cols = n;
         cmp.nan_fails = 1;
+        cmp.inf_fails = 1;
         for (int64_t i = 0; f && i < cnt; i++) {
             float want;
             if (fread(&want, sizeof want, 1, f) != 1) {
@@ -564,6 +567,7 @@ static int add_case(tk_dtype dt, int nd, const int64_t *sh, int64_t pad, int ali
         fprintf(stderr, "  add: rc %d: %s\n", rc, tk_last_error());
     op_cmp c = op_cmp_begin(0, 0, "add %s %s alias %d out", tk_ops__dtype_str(dt), tk_ops__shape_fmt(nd, sh), alias);
     c.nan_fails = 1;
+    c.inf_fails = 1;
     for (int64_t i = 0; ok && i < n; i++) {
         double ref = get(&a0.t, i) + get(&b0.t, i);
         op_cmp_tol(&c, i, get(o, i), ref, out_rel(dt) * fabs(ref) + out_abs(dt));
@@ -648,6 +652,7 @@ static int tanh_case(tk_dtype dt, int nd, const int64_t *sh, int64_t pad, int in
     op_cmp c = op_cmp_begin(0, 0, "tanh %s %s%s out", tk_ops__dtype_str(dt), tk_ops__shape_fmt(nd, sh),
                             inplace ? " in place" : "");
     c.nan_fails = 1;
+    c.inf_fails = 1;
     for (int64_t i = 0; ok && i < n; i++) {
         double ref = tanh(get(&x0.t, i));
         op_cmp_tol(&c, i, get(o, i), ref, (8 * ldexp(1, -24) + out_rel(dt)) * fabs(ref) + ldexp(1, -30) + out_abs(dt));

@@ -222,6 +222,7 @@ static int rope_case(tk_dtype dt, tk_dtype cdt, int pn, const int64_t *pshape, i
         op_cmp c = op_cmp_begin(atol * scale, rtol, "%s %s", what, w ? "key" : "query");
         c.cols = d;
         c.nan_fails = 1;
+        c.inf_fails = 1;
         int64_t n = numel(&qk[w]->t), pass_bad = 0;
         for (int64_t i = 0; i < n; i++) {
             double g = get(&qk[w]->t, i);
@@ -345,6 +346,7 @@ static void test_rope_end_to_end(void)
                     op_cmp c = op_cmp_begin(atol * 2, rtol, "%s %s", what, w ? "key" : "query");
                     c.cols = d;
                     c.nan_fails = 1;
+                    c.inf_fails = 1;
                     for (int64_t i = 0; i < numel(&qk[w]->t); i++)
                         op_cmp_at(&c, i, get(&qk[w]->t, i), ref[w][i]);
                     ok &= op_cmp_end(&c);
@@ -442,6 +444,7 @@ static int cache_case(tk_dtype dt, const rcfg *k, int64_t rows, int64_t rot, int
              k->attention_factor, k->low_ff, k->high_ff);
     c.cols = rot;
     c.nan_fails = 1;
+    c.inf_fails = 1;
     for (int64_t p = 0; ok && p < rows; p++)
         for (int64_t i = 0; i < half; i++) {
             double a = (double)p * inv[i];
@@ -602,6 +605,7 @@ static void test_alibi_slopes(void)
         press_slopes(ref, n);
         op_cmp c = op_cmp_begin(0, 1e-7, "alibi_slopes %d heads", n);
         c.nan_fails = 1;
+        c.inf_fails = 1;
         for (int h = 0; h < n; h++)
             op_cmp_at(&c, h, get(&s.t, h), ref[h]);
         ok &= op_cmp_end(&c);
@@ -620,6 +624,7 @@ static void test_alibi_slopes(void)
         double m0 = pow(2.0, -mb / (double)p), m1 = pow(2.0, -mb / 2.0 / (double)p);
         op_cmp c = op_cmp_begin(0, 2e-7, "alibi_slopes %lld heads max_bias %g", (long long)n, mb);
         c.nan_fails = 1;
+        c.inf_fails = 1;
         for (int64_t h = 0; h < n; h++)
             op_cmp_at(&c, h, get(&s.t, h), h < p ? pow(m0, (double)(h + 1)) : pow(m1, (double)(2 * (h - p) + 1)));
         ok &= op_cmp_end(&c);
@@ -644,6 +649,7 @@ static int bias_case(tk_dtype dt, int64_t h, int64_t sq, int64_t sk, int64_t pad
                             (long long)sq, (long long)sk, pad ? " strided" : "");
     c.cols = sk;
     c.nan_fails = 1;
+    c.inf_fails = 1;
     for (int64_t hh = 0; ok && hh < h; hh++)
         for (int64_t i = 0; i < sq; i++)
             for (int64_t j = 0; j < sk; j++) {
@@ -711,6 +717,7 @@ static void test_sinusoidal(void)
                                     (long long)rows, (long long)d, base, (long long)off);
             c.cols = d;
             c.nan_fails = 1;
+            c.inf_fails = 1;
             for (int64_t p = 0; p < rows; p++)
                 for (int64_t i = 0; 2 * i < d; i++) {
                     /* PE(pos, 2i) = sin(pos / base^(2i/d)), PE(pos, 2i+1) = cos(...) */
