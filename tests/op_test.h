@@ -1,15 +1,20 @@
 /*
  * op_test.h — the scaffolding every op test shares (tests/test_ops*.c on the CPU references,
- * tests/test_gpu_*.c on the kernels): the seed, one CPU run of an op, and the element-by-element
- * comparison of a result with a float64 reference. Header-only, static; builds on tensor_util.h.
+ * tests/test_gpu_*.c on the kernels): the seed, random and integer host tensors, one CPU run of an
+ * op, and the element-by-element comparison of a result with a float64 reference. Header-only,
+ * static; builds on tensor_util.h (host_t, get/set, uniform).
  *
  *     int main(void) { op_test_seed(); RUN(test_x); return th_done(); }      TK_TEST_SEED=N replays
+ *
+ *     double *xv = op_rand(&x, -2, 2);                    random x (rounded to its dtype), its values
+ *     CHECK_RC(op_run_cpu("rms_norm", args, 4), TK_OK);   prepare + the CPU reference
  *
  *     op_cmp c = op_cmp_begin(atol, rtol, "rms_norm %s %s out", dtype, shape);
  *     c.cols = d;                                         optional: report the worst as [row, col]
  *     for (i = 0; i < n; i++)
  *         op_cmp_at(&c, i, got_i, ref_i);                 |got - ref| <= atol + rtol*|ref|
- *         (or op_cmp_tol(&c, i, got_i, ref_i, tol_i)      a tolerance of the test's own making)
+ *         (or op_cmp_tol(&c, i, got_i, ref_i, tol_i)      a tolerance of the test's own formula,
+ *          or op_cmp_exact(&c, i, got_i, ref_i))          or equal, the sign of a zero included)
  *     ok &= op_cmp_end(&c);                               prints the worst element when any is off
  *
  *     ok &= op_close_tensor("softmax out", &out.t, ref, atol, rtol);     the loop above in one call
@@ -22,8 +27,9 @@
  * op_cmp_at(&c, i, got, op_stored_inf(ref, dt)).
  *
  * A failure prints one line, e.g.
- *     rms_norm bf16 [3, 17] out: 2 of 51 elements off; worst [20] (row 1, col 3): got 1.5 want 1.25,
- *     |diff| 0.25 > tol 0.0100 (atol 1e-05 + rtol 0.008*|want|), rel err 0.2 (seed 7; TK_TEST_SEED=7 replays it)
+ *     rms_norm bf16 'out' [5, 8]: 35 of 40 elements off; worst [37] (row 4, col 5): got -2.375 want
+ *     -2.36862607, |diff| 0.00637 > tol 0.000337 (atol 0.0001 + rtol 0.0001*|want|), rel err 0.00269
+ *     (seed 7; TK_TEST_SEED=7 replays it)
  * where the worst element is the one with the largest |got - want| / tol (a failing one before any
  * that passes). After op_cmp_end, c.worst is its index for a test that prints more about it.
  */
@@ -213,10 +219,10 @@ static inline int op_cmp_end(const op_cmp *c)
                  (long long)(c->worst % c->cols));
     double d = fabs(c->worst_got - c->worst_ref);
     if (c->worst_kind == OP_CMP_EXACT)
-        snprintf(tol, sizeof tol, "want it exactly (the sign of a zero too)");
+        snprintf(tol, sizeof tol, "|diff| %.3g, want them equal (the sign of a zero counts)", d);
     else
         snprintf(tol, sizeof tol, "|diff| %.3g > tol %.3g%s", d, c->worst_tol,
-                 c->worst_kind == OP_CMP_ATOL_RTOL ? "" : " (the test's own)");
+                 c->worst_kind == OP_CMP_ATOL_RTOL ? "" : " (the test's formula)");
     char how[80] = "";
     if (c->worst_kind == OP_CMP_ATOL_RTOL)
         snprintf(how, sizeof how, " (atol %.3g + rtol %.3g*|want|)", c->atol, c->rtol);

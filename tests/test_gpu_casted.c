@@ -244,8 +244,7 @@ static void lin_case(tk_ctx *ctx, tk_dtype wdt, int64_t M, int64_t N, int64_t K,
     host_new(&b, BF16, 1, &N, 0);
     host_new(&ref, BF16, 2, osh, 0);
     host_new(&got, BF16, 2, osh, 0);
-    for (int64_t i = 0; i < M * K; i++)
-        set(&x.t, i, uniform(-1, 1));
+    fill_range(&x, -1, 1);
     fill_codes(&w, 0);
     double unit = (wdt.code == TK_DL_INT ? 1.0 / 64 : 1.0 / 128) / sqrt((double)(K ? K : 1));
     for (int64_t n = 0; n < N; n++) {

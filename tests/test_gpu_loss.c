@@ -111,8 +111,7 @@ static void ce_case(tk_dtype dt, int64_t n, int64_t v, int red, double eps, int 
     host_new(&loss, F32, red == 0 ? 1 : 0, red == 0 ? &n : &one, 0);
     host_new(&grad, dt, 2, sh, 0);
     host_new(&lse, F32, 1, &n, 0);
-    for (int64_t i = 0; i < n * v; i++)
-        set(&x.t, i, uniform(-8, 8));
+    fill_range(&x, -8, 8);
     int64_t *tv = t.buf;
     for (int64_t i = 0; i < n; i++)
         tv[i] = uniform(0, 1) < p_ignore ? -100 : (int64_t)(next_u64() % (uint64_t)v);
@@ -187,12 +186,9 @@ static void fl_case(tk_dtype dt, int64_t n, int64_t hd, int64_t v, int red, int 
     host_new(&gb, F32, 1, &v, 0);
     host_new(&lse, F32, 1, &n, 0);
     double sc = 2.0 / sqrt((double)hd);
-    for (int64_t i = 0; i < n * hd; i++)
-        set(&h.t, i, uniform(-1.5, 1.5));
-    for (int64_t i = 0; i < v * hd; i++)
-        set(&w.t, i, uniform(-sc, sc));
-    for (int64_t i = 0; i < v; i++)
-        set(&b.t, i, uniform(-0.5, 0.5));
+    fill_range(&h, -1.5, 1.5);
+    fill_range(&w, -sc, sc);
+    fill_range(&b, -0.5, 0.5);
     int64_t *tv = t.buf;
     for (int64_t i = 0; i < n; i++)
         tv[i] = uniform(0, 1) < 0.2 ? -100 : (int64_t)(next_u64() % (uint64_t)v);
@@ -261,8 +257,7 @@ static void mm_case(tk_dtype dt, int64_t n, int64_t k, int red)
         host_new(&loss, F32, 1, &one, 0);
     host_new(&gp, dt, 1, &n, 0);
     host_new(&gn, dt, 2, sn, 0);
-    for (int64_t i = 0; i < n; i++)
-        set(&p.t, i, uniform(-2, 2));
+    fill_range(&p, -2, 2);
     for (int64_t i = 0; i < n * k; i++) {
         set(&ng.t, i, uniform(-2, 2));
         double x = 1.0 - get(&p.t, i / k) + get(&ng.t, i); /* keep pairs off the kink */

@@ -71,10 +71,8 @@ static void rope_case(tk_dtype dt, tk_dtype cdt, int pn, const int64_t *ps, int6
             set(&cache.t, p * rot + i, cos(a));
             set(&cache.t, p * rot + half + i, sin(a));
         }
-    for (int64_t i = 0; i < numel(&q.t); i++)
-        set(&q.t, i, uniform(-4, 4));
-    for (int64_t i = 0; i < numel(&k.t); i++)
-        set(&k.t, i, uniform(-4, 4));
+    fill_range(&q, -4, 4);
+    fill_range(&k, -4, 4);
 
     dev_tensor dpos, dq, dk, dcache;
     CHECK_RC(dev_upload(&dq, &q.t), TK_OK);

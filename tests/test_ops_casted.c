@@ -584,8 +584,7 @@ static int lin_case(tk_dtype wdt, tk_dtype xdt, int nd, const int64_t *xs, int64
     host_new(&s, F32, 1, &N, 0);
     host_new(&bias, xdt, 1, &N, 0);
     host_new(&out, xdt, nd, osh, pad ? pad + 1 : 0);
-    for (int64_t i = 0; i < M * K; i++)
-        set(&x.t, i, uniform(-xmag, xmag));
+    fill_range(&x, -xmag, xmag);
     for (int64_t i = 0; i < N * K; i++) {
         uint8_t c = rand_code(wdt, edge_every);
         while (!nan_ok && isnan(decode(wdt, c)))

@@ -543,8 +543,7 @@ static void test_determinism(void)
     host_new(&x, BF16, 2, sh, 0);
     host_new(&a, I64, 1, sh, 0);
     host_new(&b, I64, 1, sh, 0);
-    for (int64_t i = 0; i < numel(&x.t); i++)
-        set(&x.t, i, uniform(-2, 2));
+    fill_range(&x, -2, 2);
     sopts o = defaults();
     o.top_k = 200;
     o.top_p = 0.95;

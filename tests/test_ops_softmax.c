@@ -219,8 +219,7 @@ static void test_sums_to_one(void)
     host_t x, y;
     host_new(&x, F32, 2, sh, 0);
     host_new(&y, F32, 2, sh, 0);
-    for (int64_t i = 0; i < numel(&x.t); i++)
-        set(&x.t, i, uniform(-20, 20));
+    fill_range(&x, -20, 20);
     for (size_t o = 0; o < 2; o++) {
         tk_arg args[2] = {{TK_ARG_TENSOR, "out", &y.t, 0, 0}, {TK_ARG_TENSOR, "input", &x.t, 0, 0}};
         tk_op_call c;
