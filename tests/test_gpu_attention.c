@@ -29,9 +29,6 @@
 #include "op_test.h"
 #include "tensor_util.h"
 
-static const tk_dtype I8 = {TK_DL_INT, 8, 1}, FP8 = {TK_DL_FLOAT8_E4M3FN, 8, 1}, I32 = {TK_DL_INT, 32, 1},
-                      I64 = {TK_DL_INT, 64, 1};
-
 #define SHAPE(...) ((const int64_t[]){__VA_ARGS__})
 
 static gpu_ctx g;
@@ -413,7 +410,7 @@ static void test_attention_decode(void)
     if (!gpu_device())
         SKIP("no CUDA device");
     const int lens[4] = {37, 1, 700, 16};
-    const tk_dtype *caches[3] = {NULL, &I8, &FP8};
+    const tk_dtype *caches[3] = {NULL, &I8, &E4M3};
     int n = 0;
     for (size_t t = 0; t < 2; t++)
         for (int c = 0; c < 3; c++)
@@ -470,7 +467,7 @@ static void test_paged_kv_append(void)
 {
     if (!gpu_device())
         SKIP("no CUDA device");
-    const tk_dtype *caches[3] = {NULL, &I8, &FP8};
+    const tk_dtype *caches[3] = {NULL, &I8, &E4M3};
     for (size_t t = 0; t < 2; t++)
         for (int c = 0; c < 3; c++) {
             tk_dtype dt = *halves[t], cdt = caches[c] ? *caches[c] : dt;

@@ -23,8 +23,6 @@
 #include "op_test.h"
 #include "tensor_util.h"
 
-static const tk_dtype I8 = {TK_DL_INT, 8, 1}, E4M3 = {TK_DL_FLOAT8_E4M3FN, 8, 1}, E5M2 = {TK_DL_FLOAT8_E5M2, 8, 1},
-                      I32 = {TK_DL_INT, 32, 1}, I64 = {TK_DL_INT, 64, 1};
 #define PKG "kernels-community/casted"
 
 static int64_t rand_below(int64_t n) { return (int64_t)(next_u64() % (uint64_t)n); }

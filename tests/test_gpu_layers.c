@@ -23,7 +23,6 @@
 #include "op_test.h"
 #include "tensor_util.h"
 
-static const tk_dtype I32 = {TK_DL_INT, 32, 1}, I64 = {TK_DL_INT, 64, 1};
 static gpu_ctx g;
 
 static double out_rel(tk_dtype dt) { return dt.bits == 32 ? ldexp(1, -24) : dt.code == TK_DL_BFLOAT ? ldexp(1, -8) : ldexp(1, -11); }

@@ -23,8 +23,6 @@
 #include "op_test.h"
 #include "tensor_util.h"
 
-static const tk_dtype I64 = {TK_DL_INT, 64, 1};
-
 static tk_arg T_(const char *name, const tk_tensor *t) { return (tk_arg){TK_ARG_TENSOR, name, t, 0, 0}; }
 static tk_arg I_(const char *name, int64_t v) { return (tk_arg){TK_ARG_I64, name, NULL, v, 0}; }
 static tk_arg F_(const char *name, double v) { return (tk_arg){TK_ARG_F64, name, NULL, 0, v}; }

@@ -22,9 +22,6 @@
 #include "op_test.h"
 #include "tensor_util.h"
 
-static const tk_dtype I64 = {TK_DL_INT, 64, 1};
-static const tk_dtype *all_dtypes[] = {&F32, &F16, &BF16};
-
 static gpu_ctx g;
 
 /* The largest |got - ref| allowed: `ulps` units in the last place of the dtype at magnitude `mag`. */

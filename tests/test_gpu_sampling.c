@@ -21,8 +21,6 @@
 #include "op_test.h"
 #include "tensor_util.h"
 
-static const tk_dtype I64 = {TK_DL_INT, 64, 1}, I32 = {TK_DL_INT, 32, 1};
-
 /* [rows, v] (ndim 2) or [rows] (ndim 1). */
 static void host_rows(host_t *h, tk_dtype dt, int ndim, int64_t rows, int64_t v)
 {

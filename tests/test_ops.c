@@ -109,8 +109,6 @@ static int run_and_compare(const ref_op *r, host_t *out, host_t *in, double thre
     return 0;
 }
 
-static const tk_dtype *all_dtypes[] = {&F32, &F16, &BF16};
-
 /* One op on one shape (the shape of out's rows: rows x d, written as ndim dims) in every dtype. */
 static int check_shape(const ref_op *r, int ndim, const int64_t *oshape, int64_t pad_in, int64_t pad_out)
 {

@@ -28,9 +28,6 @@
 #include "tensor_util.h"
 #include "ops/ops.h"
 
-static const tk_dtype I8 = {TK_DL_INT, 8, 1}, FP8 = {TK_DL_FLOAT8_E4M3FN, 8, 1}, I32 = {TK_DL_INT, 32, 1},
-                      I64 = {TK_DL_INT, 64, 1};
-
 /* ---- host tensors ----------------------------------------------------------------------------- */
 
 #define SHAPE(...) ((const int64_t[]){__VA_ARGS__})
@@ -337,8 +334,6 @@ static int fwd_case(tk_dtype dt, const fcase *f)
 static const int64_t seq_shapes[][2] = {{1, 1}, {7, 7}, {33, 33}, {7, 33}, {33, 7}, {1, 33}, {5, 150}};
 static const int64_t head_cfgs[][2] = {{4, 2}, {4, 1}, {2, 2}, {3, 1}};
 static const int64_t head_dims[] = {8, 64, 5, 32};
-static const tk_dtype *float_dtypes[] = {&F32, &F16, &BF16};
-
 /* Mask combination c (0..31): causal, window_left, window_right, ALiBi, softcap bits. */
 static void combo(fcase *f, int c, int variant)
 {
@@ -363,7 +358,7 @@ static void test_attention_masks(void)
             f.hkv = head_cfgs[n % 4][1];
             f.d = head_dims[n % 4];
             f.scale = n % 5 == 0 ? 0.3 : 0;
-            CHECK(fwd_case(*float_dtypes[n % 3], &f));
+            CHECK(fwd_case(*all_dtypes[n % 3], &f));
         }
 }
 
@@ -374,7 +369,7 @@ static void test_attention_dims(void)
     for (size_t i = 0; i < sizeof dims / sizeof dims[0]; i++)
         for (int t = 0; t < 3; t++) {
             fcase f = {1, 9, 70, 4, 2, dims[i], 1, -1, -1, 0, 0.0, 0};
-            CHECK(fwd_case(*float_dtypes[t], &f));
+            CHECK(fwd_case(*all_dtypes[t], &f));
         }
     /* big enough for several threads and several key chunks per query */
     fcase big = {2, 257, 300, 8, 2, 128, 1, 100, -1, 1, 30.0, 0};
@@ -502,7 +497,7 @@ static void test_attention_varlen(void)
         f.hq = head_cfgs[c % 4][0];
         f.hkv = head_cfgs[c % 4][1];
         f.d = head_dims[c % 4];
-        CHECK(varlen_case(*float_dtypes[c % 3], &f));
+        CHECK(varlen_case(*all_dtypes[c % 3], &f));
     }
 }
 
@@ -601,7 +596,7 @@ static void test_backward(void)
             f.hkv = head_cfgs[n % 4][1];
             f.d = head_dims[n % 4] > 32 ? 16 : head_dims[n % 4];
             f.scale = n % 5 == 0 ? 0.3 : 0;
-            CHECK(bwd_case(*float_dtypes[n % 3], &f));
+            CHECK(bwd_case(*all_dtypes[n % 3], &f));
         }
 }
 
@@ -859,14 +854,14 @@ static void test_decode(void)
             dcase c = {sqi ? 4 : 1, bss[n % 3], head_cfgs[n % 4][0], head_cfgs[n % 4][1], n % 2 ? 64 : 16,
                        m & 1 ? 5 : -1, (m >> 1) & 1, m & 4 ? 4.0 : 0.0, 4, {0}};
             memcpy(c.lens, lens[n % 2], sizeof c.lens);
-            CHECK(decode_case(*float_dtypes[n % 3], *float_dtypes[n % 3], &c));
+            CHECK(decode_case(*all_dtypes[n % 3], *all_dtypes[n % 3], &c));
             CHECK(decode_case(n % 2 ? BF16 : F16, I8, &c));
-            CHECK(decode_case(n % 2 ? F16 : F32, FP8, &c));
+            CHECK(decode_case(n % 2 ? F16 : F32, E4M3, &c));
         }
     /* D = 128 over many keys; a sequence of length 0 (padding: out 0, lse -inf) */
     dcase c = {2, 16, 8, 2, 128, -1, 0, 0.0, 3, {300, 0, 17, 0}};
     CHECK(decode_case(F32, F32, &c));
-    CHECK(decode_case(BF16, FP8, &c));
+    CHECK(decode_case(BF16, E4M3, &c));
 }
 
 /* ---- paged_kv_append -------------------------------------------------------------------------- */
@@ -1035,9 +1030,9 @@ static int append_case(tk_dtype dt, tk_dtype cdt)
 static void test_paged_kv_append(void)
 {
     for (int t = 0; t < 3; t++) {
-        CHECK(append_case(*float_dtypes[t], *float_dtypes[t]));
-        CHECK(append_case(*float_dtypes[t], I8));
-        CHECK(append_case(*float_dtypes[t], FP8));
+        CHECK(append_case(*all_dtypes[t], *all_dtypes[t]));
+        CHECK(append_case(*all_dtypes[t], I8));
+        CHECK(append_case(*all_dtypes[t], E4M3));
     }
     /* the encoder written here against a few fixed points */
     CHECK(e4m3_round(448) == 448 && e4m3_round(1e9) == 448 && e4m3_round(-500) == -448);
@@ -1394,7 +1389,7 @@ static void test_validation(void)
     host_new(&nk, F32, 3, SHAPE(3, 2, 8), 0);
     host_new(&sm, I64, 1, SHAPE(3), 0);
     host_new(&sm2, I64, 1, SHAPE(2), 0);
-    host_new(&kcq, FP8, 4, SHAPE(4, 16, 2, 8), 0);
+    host_new(&kcq, E4M3, 4, SHAPE(4, 16, 2, 8), 0);
     int64_t *smv = sm.buf;
     smv[0] = 5, smv[1] = -1, smv[2] = 64;
     tk_arg p[7] = {TA("k_cache", &kc.t), TA("v_cache", &kc.t), TA("k", &nk.t), TA("v", &nk.t), TA("slot_mapping", &sm.t),

@@ -24,9 +24,6 @@
 #include "tensor_util.h"
 #include "ops/ops.h"
 
-static const tk_dtype I8 = {TK_DL_INT, 8, 1}, E4M3 = {TK_DL_FLOAT8_E4M3FN, 8, 1}, E5M2 = {TK_DL_FLOAT8_E5M2, 8, 1},
-                      I32 = {TK_DL_INT, 32, 1}, I64 = {TK_DL_INT, 64, 1};
-
 /* ---- independent fp8 decoding and output rounding ---------------------------------------------- */
 
 static double tab_e4m3[256], tab_e5m2[256];

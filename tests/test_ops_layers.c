@@ -34,8 +34,6 @@
 #include "tensor_util.h"
 #include "ops/ops.h"
 
-static const tk_dtype I32 = {TK_DL_INT, 32, 1}, I64 = {TK_DL_INT, 64, 1};
-
 /* Relative rounding of one store in dtype dt, and its absolute floor (f16 subnormals). */
 static double out_rel(tk_dtype dt) { return dt.bits == 32 ? ldexp(1, -24) : dt.code == TK_DL_BFLOAT ? ldexp(1, -8) : ldexp(1, -11); }
 static double out_abs(tk_dtype dt) { return dt.code == TK_DL_FLOAT && dt.bits == 16 ? ldexp(1, -24) : 0; }

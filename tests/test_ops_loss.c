@@ -24,9 +24,6 @@
 #include "tensor_util.h"
 #include "ops/ops.h"
 
-static const tk_dtype I64 = {TK_DL_INT, 64, 1};
-static const tk_dtype *all_dtypes[] = {&F32, &F16, &BF16};
-
 /* ---- host tensors ----------------------------------------------------------------------------- */
 
 static tk_arg T_(const char *name, const host_t *h) { return (tk_arg){TK_ARG_TENSOR, name, &h->t, 0, 0}; }

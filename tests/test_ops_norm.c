@@ -21,8 +21,6 @@
 
 /* ---- host tensors ----------------------------------------------------------------------------- */
 
-static const tk_dtype *all_dtypes[] = {&F32, &F16, &BF16};
-
 /* |got-ref| <= atol + rtol*|ref|, per dtype; atol is relative to the output's scale (see compare). */
 static void tolerances(tk_dtype dt, double *atol, double *rtol)
 {

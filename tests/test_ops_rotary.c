@@ -30,9 +30,6 @@
 
 #define PI 3.14159265358979323846
 
-static const tk_dtype I64 = {TK_DL_INT, 64, 1}, I32 = {TK_DL_INT, 32, 1};
-static const tk_dtype *all_dtypes[] = {&F32, &F16, &BF16};
-
 /* ---- host tensors ----------------------------------------------------------------------------- */
 
 static int64_t *i64_at(host_t *h, int64_t i) { return (int64_t *)h->buf + elem_off(&h->t, i); }

@@ -22,9 +22,6 @@
 #include "tensor_util.h"
 #include "ops/ops.h"
 
-static const tk_dtype I64 = {TK_DL_INT, 64, 1}, I32 = {TK_DL_INT, 32, 1};
-static const tk_dtype *float_dtypes[] = {&F32, &F16, &BF16};
-
 static int64_t *ids(host_t *h) { return h->buf; }
 
 /* ---- an independent Philox-4x32-10 (Salmon et al., SC'11), from the paper's definition ---------- */
@@ -305,7 +302,7 @@ static void test_argmax_random(void)
                 const int64_t *sh = shapes[s] + 1;
                 int64_t v = sh[nd - 1];
                 host_t x, out;
-                host_new(&x, *float_dtypes[k], nd, sh, pad ? 3 : 0);
+                host_new(&x, *all_dtypes[k], nd, sh, pad ? 3 : 0);
                 host_new(&out, I64, nd - 1, sh, 0);
                 int64_t n = numel(&x.t), rows = n / v;
                 double *xd = op_rand(&x, -50, 50);
@@ -332,7 +329,7 @@ static void test_argmax_ties_and_nan(void)
     static const int64_t want[6] = {1, 2, 0, 1, 0, 0};
     for (size_t k = 0; k < 3; k++) {
         host_t x, out;
-        host_new(&x, *float_dtypes[k], 2, sh, 0);
+        host_new(&x, *all_dtypes[k], 2, sh, 0);
         host_new(&out, I64, 1, sh, 0);
         for (int r = 0; r < 6; r++)
             for (int c = 0; c < 5; c++)
@@ -382,7 +379,7 @@ static void test_exact_draws(void)
             for (int per_row_seed = 0; per_row_seed < 2; per_row_seed++) {
                 host_t x, out, seeds;
                 const int64_t b = B;
-                host_new(&x, *float_dtypes[k], 2, sh, 0);
+                host_new(&x, *all_dtypes[k], 2, sh, 0);
                 host_new(&out, I64, 1, sh, 0);
                 host_new(&seeds, I64, 1, &b, 0);
                 for (int r = 0; r < B; r++) {
@@ -504,7 +501,7 @@ static void test_greedy_equivalents(void)
         for (size_t k = 0; k < 3; k++) {
             int64_t b = shapes[s][0], v = shapes[s][1];
             host_t x, out, am;
-            host_new(&x, *float_dtypes[k], 2, shapes[s], 0);
+            host_new(&x, *all_dtypes[k], 2, shapes[s], 0);
             host_new(&out, I64, 1, shapes[s], 0);
             host_new(&am, I64, 1, shapes[s], 0);
             for (int64_t r = 0; r < b; r++) {
@@ -587,7 +584,7 @@ static void test_distribution(void)
     for (size_t cs = 0; cs < sizeof cases / sizeof cases[0]; cs++) {
         int64_t v = cases[cs].v, sh[2] = {N, v};
         host_t x, out;
-        host_new(&x, *float_dtypes[cases[cs].dt], 2, sh, 0);
+        host_new(&x, *all_dtypes[cases[cs].dt], 2, sh, 0);
         host_new(&out, I64, 1, sh, 0);
         double *xd = malloc(sizeof(double) * (size_t)v), *prob = malloc(sizeof(double) * (size_t)v);
         fill_distinct(&x, N, v, xd);
@@ -757,8 +754,8 @@ static void test_top_p_ties_example(void)
     static const int64_t kept[3] = {0, 3, 7};
     char seen[12];
     for (size_t k = 0; k < 3; k++) {
-        CHECK(drawn_set(seen, row, 12, 0.5, 2000, *float_dtypes[k]));
-        CHECK(same_set(seen, 12, kept, 3, tk_ops__dtype_str(*float_dtypes[k])));
+        CHECK(drawn_set(seen, row, 12, 0.5, 2000, *all_dtypes[k]));
+        CHECK(same_set(seen, 12, kept, 3, tk_ops__dtype_str(*all_dtypes[k])));
     }
 }
 
@@ -806,8 +803,8 @@ static void test_top_p_ties_vs_transformers(void)
             for (size_t k = 0; k < 3; k++) {
                 char what[160];
                 snprintf(what, sizeof what, "case %d (v %lld, p %.6f, %s)", cases, (long long)v, p,
-                         tk_ops__dtype_str(*float_dtypes[k]));
-                CHECK(drawn_set(seen, row, v, p, draws, *float_dtypes[k]));
+                         tk_ops__dtype_str(*all_dtypes[k]));
+                CHECK(drawn_set(seen, row, v, p, draws, *all_dtypes[k]));
                 CHECK(same_set(seen, v, kept, nk, what));
             }
         }

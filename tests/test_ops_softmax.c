@@ -18,8 +18,6 @@
 #include "tensor_util.h"
 #include "ops/ops.h"
 
-static const tk_dtype *all_dtypes[] = {&F32, &F16, &BF16};
-
 /* ---- the float64 reference (independent of ops/softmax.c) ------------------------------------- */
 
 /* The plain formula in double with IEEE special values: max propagates NaN, so NaN rows are NaN;
