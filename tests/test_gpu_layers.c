@@ -173,10 +173,7 @@ static void test_embedding(void)
                 fill(&w, 3.0);
                 for (int64_t i = 0; i < 27; i++) {
                     int64_t id = i == 5 ? V : i == 6 ? -1 : (int64_t)(next_u64() % (uint64_t)V); /* two bad ids */
-                    if (it)
-                        ((int64_t *)ids.buf)[i] = id;
-                    else
-                        ((int32_t *)ids.buf)[i] = (int32_t)id;
+                    id_set(&ids, i, id);
                 }
                 CHECK_RC(dev_upload(&di, &ids.t), TK_OK);
                 CHECK_RC(dev_upload(&dw, &w.t), TK_OK);
@@ -186,18 +183,17 @@ static void test_embedding(void)
                                    3, NULL, &impl), TK_OK);
                 CHECK(impl && strstr(impl, "kernels-community/layers:embedding_") == impl);
                 CHECK_RC(dev_download(&dout, &got.t), TK_OK);
-                int64_t bad = 0;
+                /* the row's values (0 for an id out of range), equal: a tolerance of 0 */
+                op_cmp cmp = op_cmp_begin(0, 0, "embedding %s V %lld D %lld out, cuda", tk_dtype_name(dts[d]),
+                                          (long long)V, (long long)D);
+                cmp.cols = D;
+                cmp.nan_fails = 1;
                 for (int64_t i = 0; i < 27; i++) {
-                    int64_t id = it ? ((int64_t *)ids.buf)[i] : ((int32_t *)ids.buf)[i];
-                    for (int64_t c = 0; c < D; c++) {
-                        double want = id >= 0 && id < V ? get(&w.t, id * D + c) : 0.0;
-                        if (get(&got.t, i * D + c) != want && bad++ < 3)
-                            fprintf(stderr, "  embedding %s V %lld D %lld: out[%lld, %lld] = %g, want %g\n",
-                                    tk_dtype_name(dts[d]), (long long)V, (long long)D, (long long)i, (long long)c,
-                                    get(&got.t, i * D + c), want);
-                    }
+                    int64_t id = id_get(&ids, i);
+                    for (int64_t c = 0; c < D; c++)
+                        op_cmp_tol(&cmp, i * D + c, get(&got.t, i * D + c), id >= 0 && id < V ? get(&w.t, id * D + c) : 0.0, 0);
                 }
-                CHECK_EQ_INT(bad, 0);
+                CHECK(op_cmp_end(&cmp));
                 dev_free(&di);
                 dev_free(&dw);
                 dev_free(&dout);

@@ -329,7 +329,9 @@ static void test_ce_finite_differences(void)
     tk_arg a[6] = {T_("logits", &x), T_("target", &t), T_("loss", &loss), T_("grad", &g), F_("label_smoothing", eps)};
     CHECK_RC(op_run_cpu("cross_entropy", a, 5), TK_OK);
     double *xv = op_values(&x.t), rows[3], lse[3], red;
-    double worst = 0;
+    op_cmp c = op_cmp_begin(2e-7, 0, "cross_entropy f32 [%lld, %lld] grad against central differences", (long long)n,
+                            (long long)v);
+    c.cols = v;
     for (int64_t i = 0; i < n * v; i++) {
         const double h = 1e-6;
         double keep = xv[i], lp, lm;
@@ -338,15 +340,11 @@ static void test_ce_finite_differences(void)
         xv[i] = keep - h;
         ref_ce(xv, tv, n, v, -100, eps, 1, rows, lse, NULL, &lm);
         xv[i] = keep;
-        double fd = (lp - lm) / (2 * h), d = fabs(fd - get(&g.t, i));
-        worst = d > worst ? d : worst;
+        op_cmp_at(&c, i, get(&g.t, i), (lp - lm) / (2 * h));
     }
     ref_ce(xv, tv, n, v, -100, eps, 1, rows, lse, NULL, &red);
     CHECK(fabs(get(&loss.t, 0) - red) < 1e-6);
-    if (worst > 2e-7)
-        fprintf(stderr, "  cross_entropy finite differences: worst |fd - grad| %.3g (seed %llu)\n", worst,
-                (unsigned long long)seed);
-    CHECK(worst <= 2e-7);
+    CHECK(op_cmp_end(&c));
     free(xv);
     host_free(&x);
     host_free(&t);
@@ -650,18 +648,16 @@ static void test_fl_fused_vs_unfused(void)
     tk_arg c[4] = {T_("logits", &lg), T_("target", &t), T_("loss", &lce), T_("grad", &gce)};
     CHECK_RC(op_run_cpu("cross_entropy", c, 4), TK_OK);
     ok &= fabs(get(&lce.t, 0) - get(&loss[0].t, 0)) <= 1e-5 * fabs(get(&lce.t, 0)) + 1e-6;
-    double worst = 0;
+    op_cmp cg = op_cmp_begin(1e-6, 0, "fused_linear_cross_entropy grad_hidden against the unfused path");
+    cg.cols = hd;
     for (int64_t i = 0; i < n; i++)
         for (int64_t k = 0; k < hd; k++) {
             double s = 0;
             for (int64_t j = 0; j < v; j++)
                 s += get(&gce.t, i * v + j) * get(&w.t, j * hd + k);
-            double d = fabs(s - get(&gh[0].t, i * hd + k));
-            worst = d > worst ? d : worst;
+            op_cmp_at(&cg, i * hd + k, get(&gh[0].t, i * hd + k), s);
         }
-    if (worst > 1e-6)
-        fprintf(stderr, "  fused vs unfused grad_hidden: worst |diff| %.3g (seed %llu)\n", worst, (unsigned long long)seed);
-    ok &= worst <= 1e-6;
+    ok &= op_cmp_end(&cg);
     CHECK(ok);
     host_free(&h);
     host_free(&w);
@@ -700,11 +696,14 @@ static void test_fl_finite_differences(void)
                     T_("loss", &loss),      T_("bias", &b),        T_("grad_hidden", &gh),
                     T_("grad_weight", &gw), T_("grad_bias", &gb), F_("label_smoothing", eps), I_("chunk_size", 2)};
     CHECK_RC(op_run_cpu("fused_linear_cross_entropy", a, 10), TK_OK);
-    double *hv = op_values(&h.t), *wv = op_values(&w.t), *bv = op_values(&b.t), worst = 0;
+    double *hv = op_values(&h.t), *wv = op_values(&w.t), *bv = op_values(&b.t);
     double *params[3] = {hv, wv, bv};
     const tk_tensor *grads[3] = {&gh.t, &gw.t, &gb.t};
+    const char *names[3] = {"grad_hidden", "grad_weight", "grad_bias"};
     int64_t counts[3] = {n * hd, v * hd, v};
-    for (int p = 0; p < 3; p++)
+    int ok = 1;
+    for (int p = 0; p < 3; p++) {
+        op_cmp c = op_cmp_begin(1e-6, 0, "fused_linear_cross_entropy %s against central differences", names[p]);
         for (int64_t i = 0; i < counts[p]; i++) {
             const double step = 1e-6;
             double keep = params[p][i];
@@ -714,15 +713,13 @@ static void test_fl_finite_differences(void)
             params[p][i] = keep - step;
             ref_fl(&rm, hv, wv, bv, tg, n, hd, v, -100, eps, 1);
             params[p][i] = keep;
-            double fd = (rp.reduced - rm.reduced) / (2 * step), d = fabs(fd - get(grads[p], i));
-            worst = d > worst ? d : worst;
+            op_cmp_at(&c, i, get(grads[p], i), (rp.reduced - rm.reduced) / (2 * step));
             fl_ref_free(&rp);
             fl_ref_free(&rm);
         }
-    if (worst > 1e-6)
-        fprintf(stderr, "  fused_linear_cross_entropy finite differences: worst %.3g (seed %llu)\n", worst,
-                (unsigned long long)seed);
-    CHECK(worst <= 1e-6);
+        ok &= op_cmp_end(&c);
+    }
+    CHECK(ok);
     free(hv);
     free(wv);
     free(bv);
