@@ -221,30 +221,29 @@ static inline int op_cmp_end(const op_cmp *c)
     if (c->cols > 0)
         snprintf(where, sizeof where, " (row %lld, col %lld)", (long long)(c->worst / c->cols),
                  (long long)(c->worst % c->cols));
-    double d = fabs(c->worst_got - c->worst_ref);
-    if (c->worst_kind == OP_CMP_EXACT)
+    double got = c->worst_got, ref = c->worst_ref, d = fabs(got - ref);
+    char how[96] = "", rel[32] = "";
+    if (isnan(ref))
+        snprintf(tol, sizeof tol, "%s", c->nan_fails ? "a NaN reference fails here (nan_fails)" : "want NaN");
+    else if (isinf(ref))
+        snprintf(tol, sizeof tol, "%s", c->inf_fails ? "an infinite reference fails here (inf_fails)" : "want that inf");
+    else if (c->worst_kind == OP_CMP_EXACT)
         snprintf(tol, sizeof tol, "|diff| %.3g, want them equal (the sign of a zero counts)", d);
+    else if (isnan(got))
+        snprintf(tol, sizeof tol, "NaN is never within tol %.3g", c->worst_tol);
     else
         snprintf(tol, sizeof tol, "|diff| %.3g > tol %.3g%s", d, c->worst_tol,
                  c->worst_kind == OP_CMP_ATOL_RTOL ? "" : " (the test's formula)");
-    char how[80] = "";
-    if (c->worst_kind == OP_CMP_ATOL_RTOL)
+    if (c->worst_kind == OP_CMP_ATOL_RTOL && isfinite(ref))
         snprintf(how, sizeof how, " (atol %.3g + rtol %.3g*|want|)", c->atol, c->rtol);
+    if (isfinite(ref) && ref != 0 && isfinite(d))
+        snprintf(rel, sizeof rel, ", rel err %.3g", d / fabs(ref));
     fprintf(stderr,
-            "  %s: %lld of %lld elements off; worst [%lld]%s: got %.9g want %.9g, %s%s, rel err %.3g "
+            "  %s: %lld of %lld elements off; worst [%lld]%s: got %.9g want %.9g, %s%s%s "
             "(seed %llu; TK_TEST_SEED=%llu replays it)\n",
-            c->what, (long long)c->bad, (long long)c->n, (long long)c->worst, where, c->worst_got, c->worst_ref, tol,
-            how, c->worst_ref != 0 ? d / fabs(c->worst_ref) : d, (unsigned long long)seed, (unsigned long long)seed);
+            c->what, (long long)c->bad, (long long)c->n, (long long)c->worst, where, got, ref, tol, how, rel,
+            (unsigned long long)seed, (unsigned long long)seed);
     return 0;
-}
-
-/* got[i] against ref[i] for i < n, |got - ref| <= atol + rtol*|ref|. */
-static inline int op_close(const char *what, const double *got, const double *ref, int64_t n, double atol, double rtol)
-{
-    op_cmp c = op_cmp_begin(atol, rtol, "%s", what);
-    for (int64_t i = 0; i < n; i++)
-        op_cmp_at(&c, i, got[i], ref[i]);
-    return op_cmp_end(&c);
 }
 
 /* Every element of host tensor got (any float dtype, any strides) against ref[i], |got - ref| <=

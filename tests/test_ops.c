@@ -363,6 +363,79 @@ static void test_activations_edges(void)
     }
 }
 
+/* The comparison every op test relies on (tests/op_test.h) fails where it must: an element just past
+ * its tolerance, NaN or inf where the reference is finite, the policies for NaN and inf references,
+ * the sign of a zero when exact; and it names the worst element. */
+static void test_op_cmp(void)
+{
+    fprintf(stderr, "test_op_cmp: the comparison failures printed below are expected\n");
+    op_cmp c = op_cmp_begin(1e-3, 1e-2, "inside");
+    op_cmp_at(&c, 0, 1.0 + 0.011 - 1e-12, 1.0); /* tol = 1e-3 + 1e-2 * 1 */
+    op_cmp_at(&c, 1, -2.0 - 0.021 + 1e-12, -2.0);
+    op_cmp_at(&c, 2, NAN, NAN);
+    op_cmp_at(&c, 3, -INFINITY, -INFINITY);
+    CHECK(op_cmp_end(&c));
+    CHECK_EQ_INT(c.n, 4);
+
+    c = op_cmp_begin(1e-3, 1e-2, "outside");
+    c.cols = 2;
+    op_cmp_at(&c, 0, 1.0, 1.0);
+    op_cmp_at(&c, 1, 2.0 + 0.021 + 1e-9, 2.0); /* just past */
+    op_cmp_at(&c, 2, 5.5, 5.0);                /* far past: the worst */
+    op_cmp_at(&c, 3, 3.0, 3.0);
+    CHECK(!op_cmp_end(&c));
+    CHECK_EQ_INT(c.bad, 2);
+    CHECK_EQ_INT(c.worst, 2);
+
+    const double gots[] = {NAN, INFINITY, 1e30, 0.0, -INFINITY};
+    const double refs[] = {0.0, 1e300, INFINITY, NAN, INFINITY};
+    for (int i = 0; i < 5; i++) { /* NaN or inf against a finite ref, a finite or other value against them */
+        c = op_cmp_begin(1e300, 1, "non-finite %d", i);
+        op_cmp_at(&c, 0, gots[i], refs[i]);
+        CHECK(!op_cmp_end(&c));
+    }
+    c = op_cmp_begin(0, 0, "nan_fails");
+    c.nan_fails = 1;
+    op_cmp_at(&c, 0, NAN, NAN);
+    CHECK(!op_cmp_end(&c));
+    c = op_cmp_begin(0, 0, "inf_fails");
+    c.inf_fails = 1;
+    op_cmp_tol(&c, 0, INFINITY, INFINITY, INFINITY);
+    CHECK(!op_cmp_end(&c));
+
+    c = op_cmp_begin(0, 0, "own tolerance");
+    op_cmp_tol(&c, 0, 1.5, 1.0, 0.5);
+    CHECK(op_cmp_end(&c));
+    op_cmp_tol(&c, 1, 1.5, 1.0, 0.25);
+    CHECK(!op_cmp_end(&c));
+    CHECK_EQ_INT(c.worst, 1);
+
+    c = op_cmp_begin(0, 0, "exact");
+    op_cmp_exact(&c, 0, 0.0, 0.0);
+    op_cmp_exact(&c, 1, NAN, NAN);
+    op_cmp_exact(&c, 2, 0x1p-1074, 0x1p-1074);
+    CHECK(op_cmp_end(&c));
+    op_cmp_exact(&c, 3, -0.0, 0.0);
+    CHECK(!op_cmp_end(&c));
+    CHECK_EQ_INT(c.worst, 3);
+
+    /* a reference beyond the dtype's range is that inf only through op_stored_inf */
+    CHECK(op_stored_inf(1e6, F16) == INFINITY && op_stored_inf(-1e39, BF16) == -INFINITY);
+    CHECK(op_stored_inf(1e6, F32) == 1e6 && op_stored_inf(1.25, F16) == 1.25);
+
+    /* the tensor form reads a strided view and reports [row, col] of its last dimension */
+    int64_t shp[2] = {3, 5};
+    host_t h;
+    host_new(&h, BF16, 2, shp, 2);
+    fill_range(&h, -1, 1);
+    double *want = op_values(&h.t);
+    CHECK(op_close_tensor("strided bf16", &h.t, want, 0, 0));
+    want[7] += 0.5;
+    CHECK(!op_close_tensor("strided bf16, element [1, 2] off", &h.t, want, 0.1, 0));
+    free(want);
+    host_free(&h);
+}
+
 static void test_fatrelu_semantics(void)
 {
     /* x[:d] = {-1, 0.5, 0.7, 2, NaN}, x[d:] = 3: threshold 0.6 keeps 0.7 and 2, NaN becomes 0. */
@@ -618,6 +691,7 @@ int main(void)
     RUN(test_activations_ragged);
     RUN(test_activations_strided);
     RUN(test_activations_edges);
+    RUN(test_op_cmp);
     RUN(test_fatrelu_semantics);
     RUN(test_f32_formula_order);
     RUN(test_empty);
