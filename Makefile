@@ -104,7 +104,7 @@ $(B)/libtk.so.$(SOMAJOR): $(LIB_OBJ)
 $(B)/tk: $(CLI_OBJ) $(SERVE_OBJ) $(B)/libtk.a
 	$(CC) $(LDFLAGS) -o $@ $(CLI_OBJ) $(SERVE_OBJ) $(B)/libtk.a $(LDLIBS) $(SERVE_LDLIBS)
 
-$(B)/tests/%: tests/%.c $(B)/libtk.a tests/harness.h tests/tensor_util.h tests/gpu_util.h
+$(B)/tests/%: tests/%.c $(B)/libtk.a $(wildcard tests/*.h)
 	@mkdir -p $(dir $@)
 	$(CC) $(CFLAGS) $(LDFLAGS) -Itests $< -o $@ $(B)/libtk.a $(LDLIBS)
 
@@ -188,3 +188,6 @@ clean:
 	rm -rf $(B)/obj $(B)/tests $(B)/examples $(B)/tk $(B)/libtk.* $(B)/registry $(B)/gen $(B)/fuzz $(B)/install
 
 -include $(shell find $(B)/obj -name '*.d' 2>/dev/null)
+# Test, example and bench binaries are compiled and linked in one step; -MMD writes their header
+# dependencies beside them ($(B)/tests/test_x.d), so a changed header rebuilds them too.
+-include $(wildcard $(B)/tests/*.d $(B)/examples/*.d $(B)/bench/*.d)

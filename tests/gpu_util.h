@@ -1,6 +1,7 @@
 /*
  * gpu_util.h — for the GPU tests (tests/test_gpu_*.c, run by `make test-gpu`): device copies of host
- * tensors and the comparison of a kernel's result with the CPU reference. Header-only, static.
+ * tensors, contexts with packages installed, and the coverage check; the comparison of a kernel's
+ * result with the CPU reference is op_test.h's (compare_tensors, op_cmp). Header-only, static.
  *
  *     if (!gpu_device()) { SKIP("no CUDA device"); }
  *     gpu_ctx g; const char *pkgs[] = {"kernels-community/activation", NULL};
@@ -8,8 +9,8 @@
  *     dev_tensor dx; CHECK_RC(dev_upload(&dx, &host_x), TK_OK);        dx.t is a CUDA tk_tensor
  *     ... tk_op_run(ctx, "op", args with &dx.t ..., NULL, &impl) ...; tk_device_sync(0);
  *     CHECK_RC(dev_download(&dx, &host_got), TK_OK);
- *     cmp_t c = compare_tensors(&host_got, &host_ref);
- *     CHECK(cmp_ok(&c, tol_rel(dt), tol_abs(dt)));  cmp_print("op bf16 [4, 4096]", &c) on failure
+ *     cmp_t c = compare_tensors(&host_got, &host_ref);                 (op_test.h)
+ *     CHECK(cmp_ok(&c, tol_rel(dt), worst_tol));  cmp_print("op bf16 [4, 4096]", &c) on failure
  *
  * Everything runs on device 0. Host tensors must be contiguous (the tests make them so).
  *
@@ -37,6 +38,7 @@
 #include <jansson.h>
 
 #include "harness.h"
+#include "op_test.h"
 #include "ops/ops.h"
 #include "tk.h"
 
@@ -372,95 +374,6 @@ static inline void gpu_coverage_check(const char *const *pkgs)
     CHECK(total > 0);
     CHECK_EQ_INT(missing, 0);
     gpu_ctx_free(&g);
-}
-
-/* ---- comparison ------------------------------------------------------------------------------- */
-
-typedef struct {
-    double rel;        /* ||got - ref||_2 / ||ref||_2 over the finite reference elements */
-    double worst;      /* max |got - ref| over them */
-    int64_t worst_i;   /* its flat index */
-    double worst_got, worst_ref;
-    int64_t bad_nan;   /* elements where exactly one of got/ref is NaN, or an inf that differs */
-    int64_t n;
-} cmp_t;
-
-static inline double elem_at(const tk_tensor *t, int64_t i)
-{
-    const void *b = tk_ops__base(t);
-    if (t->dtype.code == TK_DL_INT) {
-        switch (t->dtype.bits) {
-        case 64: return (double)((const int64_t *)b)[i];
-        case 32: return (double)((const int32_t *)b)[i];
-        case 8: return (double)((const int8_t *)b)[i];
-        default: return NAN;
-        }
-    }
-    if (t->dtype.code == TK_DL_FLOAT && t->dtype.bits == 64)
-        return ((const double *)b)[i];
-    float f;
-    tk_ops__load_f32(&f, b, i, 1, 1, t->dtype);
-    return f;
-}
-
-/* Compares two host tensors of the same numel element by element, as doubles. NaN matches NaN and an
- * inf matches the same inf; anything else involving them counts in bad_nan (NaN never passes). */
-static inline cmp_t compare_tensors(const tk_tensor *got, const tk_tensor *ref)
-{
-    cmp_t c;
-    memset(&c, 0, sizeof c);
-    c.worst_i = -1;
-    int64_t n = tk_ops__numel(ref);
-    if (tk_ops__numel(got) != n) {
-        c.bad_nan = 1;
-        return c;
-    }
-    double num = 0, den = 0;
-    for (int64_t i = 0; i < n; i++) {
-        double g = elem_at(got, i), r = elem_at(ref, i);
-        if (isnan(r) || isnan(g) || isinf(r) || isinf(g)) {
-            if (!((isnan(r) && isnan(g)) || (isinf(r) && g == r)))
-                c.bad_nan++;
-            continue;
-        }
-        double d = fabs(g - r);
-        num += d * d;
-        den += r * r;
-        if (d > c.worst || c.worst_i < 0) {
-            c.worst = d;
-            c.worst_i = i;
-            c.worst_got = g;
-            c.worst_ref = r;
-        }
-    }
-    c.n = n;
-    c.rel = den > 0 ? sqrt(num / den) : sqrt(num);
-    return c;
-}
-
-/* Relative-norm tolerances per dtype of the compared output: the rounding of one store in that dtype,
- * with room for a different summation order. */
-static inline double tol_rel(tk_dtype dt)
-{
-    if (dt.code == TK_DL_BFLOAT)
-        return 1e-2;
-    if (dt.code == TK_DL_FLOAT && dt.bits == 16)
-        return 2e-3;
-    if (dt.bits == 8)
-        return 6e-2;
-    return 1e-5;
-}
-
-static inline int cmp_ok(const cmp_t *c, double rel_tol, double worst_tol)
-{
-    return c->bad_nan == 0 && c->rel <= rel_tol && c->worst <= worst_tol;
-}
-
-static inline void cmp_print(const char *what, const cmp_t *c)
-{
-    fprintf(stderr, "%s: rel %.3g, worst |d| %.3g at %lld (got %.9g, ref %.9g), NaN/inf mismatches %lld of %lld\n",
-            what, c->rel, c->worst, (long long)c->worst_i, c->worst_got, c->worst_ref, (long long)c->bad_nan,
-            (long long)c->n);
 }
 
 #endif /* TK_TEST_GPU_UTIL_H */

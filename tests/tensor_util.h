@@ -26,6 +26,10 @@ static inline uint64_t next_u64(void)
 static inline double uniform(double lo, double hi) { return lo + (hi - lo) * ((next_u64() >> 11) * 0x1.0p-53); }
 
 static const tk_dtype F32 = {TK_DL_FLOAT, 32, 1}, F16 = {TK_DL_FLOAT, 16, 1}, BF16 = {TK_DL_BFLOAT, 16, 1};
+static const tk_dtype I8 = {TK_DL_INT, 8, 1}, I32 = {TK_DL_INT, 32, 1}, I64 = {TK_DL_INT, 64, 1},
+                      E4M3 = {TK_DL_FLOAT8_E4M3FN, 8, 1}, E5M2 = {TK_DL_FLOAT8_E5M2, 8, 1};
+/* The float dtypes an op test runs every case in. */
+static const tk_dtype *const all_dtypes[] = {&F32, &F16, &BF16};
 
 static inline int64_t numel(const tk_tensor *t)
 {

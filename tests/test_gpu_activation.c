@@ -14,10 +14,10 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-#include <time.h>
 
 #include "gpu_util.h"
 #include "harness.h"
+#include "op_test.h"
 #include "tensor_util.h"
 
 /* ulps between two finite floats of the same sign region. */
@@ -131,10 +131,7 @@ int main(int argc, char **argv)
 {
     static const char *const ops[] = {"silu_and_mul", "mul_and_silu", "gelu_and_mul", "gelu_tanh_and_mul", "fatrelu_and_mul", "gelu", "gelu_tanh", "silu", "gelu_new", "gelu_fast", "gelu_quick", NULL};
     gpu_main(argc, argv, ops);
-    const char *e = getenv("TK_TEST_SEED");
-    seed = e ? strtoull(e, NULL, 10) : (uint64_t)time(NULL);
-    rng = seed;
-    printf("seed %llu\n", (unsigned long long)seed);
+    op_test_seed();
     RUN(test_every_op_dtype_and_shape);
     RUN(test_misaligned_views);
     RUN(test_coverage);

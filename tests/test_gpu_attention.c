@@ -23,42 +23,13 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-#include <time.h>
 
 #include "gpu_util.h"
 #include "harness.h"
+#include "op_test.h"
 #include "tensor_util.h"
 
-static const tk_dtype I8 = {TK_DL_INT, 8, 1}, FP8 = {TK_DL_FLOAT8_E4M3FN, 8, 1}, I32 = {TK_DL_INT, 32, 1},
-                      I64 = {TK_DL_INT, 64, 1};
-
-typedef struct {
-    tk_tensor t;
-    int64_t shape[6];
-    void *buf;
-} ht;
-
 #define SHAPE(...) ((const int64_t[]){__VA_ARGS__})
-
-static void ht_new(ht *h, tk_dtype dt, int ndim, const int64_t *shape)
-{
-    memset(h, 0, sizeof *h);
-    int64_t n = 1;
-    for (int i = 0; i < ndim; i++)
-        n *= (h->shape[i] = shape[i]);
-    h->buf = calloc((size_t)n + 16, dt.bits / 8);
-    h->t.data = h->buf;
-    h->t.device.device_type = TK_DEV_CPU;
-    h->t.ndim = ndim;
-    h->t.dtype = dt;
-    h->t.shape = h->shape;
-}
-
-static void ht_rand(ht *h, double lo, double hi)
-{
-    for (int64_t i = 0, n = numel(&h->t); i < n; i++)
-        set(&h->t, i, uniform(lo, hi));
-}
 
 static gpu_ctx g;
 
@@ -91,14 +62,14 @@ static tk_ctx *pinned_for(const char *op, const char *kernel)
 }
 
 /* Downloads every output of a GPU run into scratch host tensors and compares it with refs. */
-static void compare_outputs(const tk_arg *args, size_t n, const int *out, dev_tensor *dev, ht *refs, const char *op,
+static void compare_outputs(const tk_arg *args, size_t n, const int *out, dev_tensor *dev, host_t *refs, const char *op,
                             const char *what, const char *impl, tk_tensor **into)
 {
     for (size_t i = 0; i < n; i++) {
         if (!out[i])
             continue;
-        ht scratch;
-        ht_new(&scratch, args[i].t->dtype, args[i].t->ndim, args[i].t->shape);
+        host_t scratch;
+        host_new(&scratch, args[i].t->dtype, args[i].t->ndim, args[i].t->shape, 0);
         tk_tensor *got = into ? into[i] : &scratch.t;
         CHECK_RC(dev_download(&dev[i], got), TK_OK);
         char w[360];
@@ -144,7 +115,7 @@ static void run_both(const char *op, const tk_arg *args, size_t n, const char *w
 {
     const tk_op_desc *d = tk_ops__find(op);
     tk_arg hargs[16], dargs[16];
-    ht refs[16], orig[16];
+    host_t refs[16], orig[16];
     dev_tensor dev[16];
     tk_tensor *into[16] = {0};
     int out[16] = {0};
@@ -160,10 +131,10 @@ static void run_both(const char *op, const tk_arg *args, size_t n, const char *w
             continue;
         int idx = tk_ops__param_index(d, args[i].name);
         out[i] = idx >= 0 && d->params[idx].role == TK_OPS_OUT;
-        ht_new(&orig[i], args[i].t->dtype, args[i].t->ndim, args[i].t->shape);
+        host_new(&orig[i], args[i].t->dtype, args[i].t->ndim, args[i].t->shape, 0);
         memcpy(orig[i].buf, args[i].t->data, host_bytes(args[i].t));
         if (out[i]) {
-            ht_new(&refs[i], args[i].t->dtype, args[i].t->ndim, args[i].t->shape);
+            host_new(&refs[i], args[i].t->dtype, args[i].t->ndim, args[i].t->shape, 0);
             memcpy(refs[i].buf, args[i].t->data, host_bytes(args[i].t));
             hargs[i].t = &refs[i].t;
             into[i] = (tk_tensor *)args[i].t; /* the caller's host tensor receives the GPU result */
@@ -246,17 +217,17 @@ static size_t mask_args(tk_arg *a, size_t n, const fcase *f, const tk_tensor *al
 
 static void fwd_case(tk_dtype dt, const fcase *f, int backward)
 {
-    ht q, k, v, out, lse, al, dout, dq, dk, dv;
-    ht_new(&q, dt, 4, SHAPE(f->b, f->sq, f->hq, f->d));
-    ht_new(&k, dt, 4, SHAPE(f->b, f->sk, f->hkv, f->d));
-    ht_new(&v, dt, 4, SHAPE(f->b, f->sk, f->hkv, f->d));
-    ht_new(&out, dt, 4, SHAPE(f->b, f->sq, f->hq, f->d));
-    ht_new(&lse, F32, 3, SHAPE(f->b, f->hq, f->sq));
-    ht_new(&al, F32, 1, SHAPE(f->hq));
-    ht_rand(&q, -2, 2);
-    ht_rand(&k, -2, 2);
-    ht_rand(&v, -1, 1);
-    ht_rand(&al, 0.02, 0.3);
+    host_t q, k, v, out, lse, al, dout, dq, dk, dv;
+    host_new(&q, dt, 4, SHAPE(f->b, f->sq, f->hq, f->d), 0);
+    host_new(&k, dt, 4, SHAPE(f->b, f->sk, f->hkv, f->d), 0);
+    host_new(&v, dt, 4, SHAPE(f->b, f->sk, f->hkv, f->d), 0);
+    host_new(&out, dt, 4, SHAPE(f->b, f->sq, f->hq, f->d), 0);
+    host_new(&lse, F32, 3, SHAPE(f->b, f->hq, f->sq), 0);
+    host_new(&al, F32, 1, SHAPE(f->hq), 0);
+    fill_range(&q, -2, 2);
+    fill_range(&k, -2, 2);
+    fill_range(&v, -1, 1);
+    fill_range(&al, 0.02, 0.3);
     char what[200];
     snprintf(what, sizeof what, "%s B%lld Sq%lld Sk%lld Hq%lld Hkv%lld D%lld causal %d wl %lld wr %lld alibi %d softcap %g",
              tk_dtype_name(dt), (long long)f->b, (long long)f->sq, (long long)f->sk, (long long)f->hq,
@@ -271,11 +242,11 @@ static void fwd_case(tk_dtype dt, const fcase *f, int backward)
         tk_arg c[16];
         memcpy(c, a, sizeof c);
         CHECK_RC(gpu_op_run(g.ctx, "attention", c, na, NULL, NULL), TK_OK);
-        ht_new(&dout, dt, 4, SHAPE(f->b, f->sq, f->hq, f->d));
-        ht_new(&dq, dt, 4, SHAPE(f->b, f->sq, f->hq, f->d));
-        ht_new(&dk, dt, 4, SHAPE(f->b, f->sk, f->hkv, f->d));
-        ht_new(&dv, dt, 4, SHAPE(f->b, f->sk, f->hkv, f->d));
-        ht_rand(&dout, -1, 1);
+        host_new(&dout, dt, 4, SHAPE(f->b, f->sq, f->hq, f->d), 0);
+        host_new(&dq, dt, 4, SHAPE(f->b, f->sq, f->hq, f->d), 0);
+        host_new(&dk, dt, 4, SHAPE(f->b, f->sk, f->hkv, f->d), 0);
+        host_new(&dv, dt, 4, SHAPE(f->b, f->sk, f->hkv, f->d), 0);
+        fill_range(&dout, -1, 1);
         tk_arg b[16] = {{TK_ARG_TENSOR, "dq", &dq.t, 0, 0},     {TK_ARG_TENSOR, "dk", &dk.t, 0, 0},
                         {TK_ARG_TENSOR, "dv", &dv.t, 0, 0},     {TK_ARG_TENSOR, "dout", &dout.t, 0, 0},
                         {TK_ARG_TENSOR, "q", &q.t, 0, 0},       {TK_ARG_TENSOR, "k", &k.t, 0, 0},
@@ -329,19 +300,19 @@ static void test_attention_varlen(void)
         for (size_t di = 0; di < (t < 2 ? 3 : 1); di++)
             for (int causal = 0; causal < 2; causal++) {
                 int64_t D = t < 2 ? dims[di] : 32; /* f32: the simple varlen kernel only */
-                ht q, k, v, out, lse, cuq, cuk;
-                ht_new(&q, *dts[t], 4, SHAPE(1, 240, 8, D));
-                ht_new(&k, *dts[t], 4, SHAPE(1, 340, 2, D));
-                ht_new(&v, *dts[t], 4, SHAPE(1, 340, 2, D));
-                ht_new(&out, *dts[t], 4, SHAPE(1, 240, 8, D));
-                ht_new(&lse, F32, 3, SHAPE(1, 8, 240));
-                ht_new(&cuq, I32, 1, SHAPE(4));
-                ht_new(&cuk, I32, 1, SHAPE(4));
+                host_t q, k, v, out, lse, cuq, cuk;
+                host_new(&q, *dts[t], 4, SHAPE(1, 240, 8, D), 0);
+                host_new(&k, *dts[t], 4, SHAPE(1, 340, 2, D), 0);
+                host_new(&v, *dts[t], 4, SHAPE(1, 340, 2, D), 0);
+                host_new(&out, *dts[t], 4, SHAPE(1, 240, 8, D), 0);
+                host_new(&lse, F32, 3, SHAPE(1, 8, 240), 0);
+                host_new(&cuq, I32, 1, SHAPE(4), 0);
+                host_new(&cuk, I32, 1, SHAPE(4), 0);
                 memcpy(cuq.buf, cq, sizeof cq);
                 memcpy(cuk.buf, ck, sizeof ck);
-                ht_rand(&q, -2, 2);
-                ht_rand(&k, -2, 2);
-                ht_rand(&v, -1, 1);
+                fill_range(&q, -2, 2);
+                fill_range(&k, -2, 2);
+                fill_range(&v, -1, 1);
                 tk_arg a[10] = {{TK_ARG_TENSOR, "out", &out.t, 0, 0},          {TK_ARG_TENSOR, "q", &q.t, 0, 0},
                                 {TK_ARG_TENSOR, "k", &k.t, 0, 0},              {TK_ARG_TENSOR, "v", &v.t, 0, 0},
                                 {TK_ARG_TENSOR, "lse", &lse.t, 0, 0},          {TK_ARG_TENSOR, "cu_seqlens_q", &cuq.t, 0, 0},
@@ -350,7 +321,7 @@ static void test_attention_varlen(void)
                 char what[64];
                 snprintf(what, sizeof what, "varlen %s D %lld causal %d", tk_dtype_name(*dts[t]), (long long)D, causal);
                 run_both("attention", a, 10, what);
-                ht *all[] = {&q, &k, &v, &out, &lse, &cuq, &cuk};
+                host_t *all[] = {&q, &k, &v, &out, &lse, &cuq, &cuk};
                 for (size_t i = 0; i < 7; i++)
                     free(all[i]->buf);
             }
@@ -375,7 +346,7 @@ static void test_attention_backward(void)
 
 typedef struct {
     int64_t nblocks, mb;
-    ht bt, sl;
+    host_t bt, sl;
 } pages_t;
 
 static void pages_new(pages_t *pg, const int *lens, int nseq, int64_t bs)
@@ -396,8 +367,8 @@ static void pages_new(pages_t *pg, const int *lens, int nseq, int64_t bs)
         perm[i] = perm[j];
         perm[j] = t;
     }
-    ht_new(&pg->bt, I32, 2, SHAPE(nseq, mb));
-    ht_new(&pg->sl, I32, 1, SHAPE(nseq));
+    host_new(&pg->bt, I32, 2, SHAPE(nseq, mb), 0);
+    host_new(&pg->sl, I32, 1, SHAPE(nseq), 0);
     int32_t *bt = pg->bt.buf, *sl = pg->sl.buf;
     int64_t next = 0;
     for (int s = 0; s < nseq; s++) {
@@ -409,7 +380,7 @@ static void pages_new(pages_t *pg, const int *lens, int nseq, int64_t bs)
 }
 
 /* Random values in the slots the sequences own, NaN (the NaN code for fp8; 127 for i8) elsewhere. */
-static void fill_cache(ht *c, const pages_t *pg, const int *lens, int nseq, int64_t bs, int64_t row)
+static void fill_cache(host_t *c, const pages_t *pg, const int *lens, int nseq, int64_t bs, int64_t row)
 {
     tk_dtype dt = c->t.dtype;
     uint8_t *raw = c->buf;
@@ -439,7 +410,7 @@ static void test_attention_decode(void)
     if (!gpu_device())
         SKIP("no CUDA device");
     const int lens[4] = {37, 1, 700, 16};
-    const tk_dtype *caches[3] = {NULL, &I8, &FP8};
+    const tk_dtype *caches[3] = {NULL, &I8, &E4M3};
     int n = 0;
     for (size_t t = 0; t < 2; t++)
         for (int c = 0; c < 3; c++)
@@ -449,21 +420,21 @@ static void test_attention_decode(void)
                 int64_t bs = 16, hq = 8, hkv = 2, d = (int64_t[]){128, 64, 256}[di];
                 pages_t pg;
                 pages_new(&pg, lens, 4, bs);
-                ht kc, vc, q, out, lse, ks, vs, al;
-                ht_new(&kc, cdt, 4, SHAPE(pg.nblocks, bs, hkv, d));
-                ht_new(&vc, cdt, 4, SHAPE(pg.nblocks, bs, hkv, d));
+                host_t kc, vc, q, out, lse, ks, vs, al;
+                host_new(&kc, cdt, 4, SHAPE(pg.nblocks, bs, hkv, d), 0);
+                host_new(&vc, cdt, 4, SHAPE(pg.nblocks, bs, hkv, d), 0);
                 fill_cache(&kc, &pg, lens, 4, bs, hkv * d);
                 fill_cache(&vc, &pg, lens, 4, bs, hkv * d);
-                ht_new(&q, qdt, 4, SHAPE(4, sq, hq, d));
-                ht_new(&out, qdt, 4, SHAPE(4, sq, hq, d));
-                ht_new(&lse, F32, 3, SHAPE(4, hq, sq));
-                ht_new(&ks, F32, 1, SHAPE(hkv));
-                ht_new(&vs, F32, 1, SHAPE(hkv));
-                ht_new(&al, F32, 1, SHAPE(hq));
-                ht_rand(&q, -1.5, 1.5);
-                ht_rand(&ks, cdt.code == TK_DL_INT ? 0.01 : 0.25, cdt.code == TK_DL_INT ? 0.02 : 0.5);
-                ht_rand(&vs, cdt.code == TK_DL_INT ? 0.01 : 0.25, cdt.code == TK_DL_INT ? 0.02 : 0.5);
-                ht_rand(&al, 0.02, 0.3);
+                host_new(&q, qdt, 4, SHAPE(4, sq, hq, d), 0);
+                host_new(&out, qdt, 4, SHAPE(4, sq, hq, d), 0);
+                host_new(&lse, F32, 3, SHAPE(4, hq, sq), 0);
+                host_new(&ks, F32, 1, SHAPE(hkv), 0);
+                host_new(&vs, F32, 1, SHAPE(hkv), 0);
+                host_new(&al, F32, 1, SHAPE(hq), 0);
+                fill_range(&q, -1.5, 1.5);
+                fill_range(&ks, cdt.code == TK_DL_INT ? 0.01 : 0.25, cdt.code == TK_DL_INT ? 0.02 : 0.5);
+                fill_range(&vs, cdt.code == TK_DL_INT ? 0.01 : 0.25, cdt.code == TK_DL_INT ? 0.02 : 0.5);
+                fill_range(&al, 0.02, 0.3);
                 tk_arg a[16] = {{TK_ARG_TENSOR, "out", &out.t, 0, 0},
                                 {TK_ARG_TENSOR, "q", &q.t, 0, 0},
                                 {TK_ARG_TENSOR, "k_cache", &kc.t, 0, 0},
@@ -486,7 +457,7 @@ static void test_attention_decode(void)
                 snprintf(what, sizeof what, "q %s cache %s Sq %d D %lld", tk_dtype_name(qdt), tk_dtype_name(cdt), sq,
                          (long long)d);
                 run_both("attention_decode", a, na, what);
-                ht *all[] = {&kc, &vc, &q, &out, &lse, &ks, &vs, &al, &pg.bt, &pg.sl};
+                host_t *all[] = {&kc, &vc, &q, &out, &lse, &ks, &vs, &al, &pg.bt, &pg.sl};
                 for (size_t i = 0; i < sizeof all / sizeof all[0]; i++)
                     free(all[i]->buf);
             }
@@ -496,25 +467,25 @@ static void test_paged_kv_append(void)
 {
     if (!gpu_device())
         SKIP("no CUDA device");
-    const tk_dtype *caches[3] = {NULL, &I8, &FP8};
+    const tk_dtype *caches[3] = {NULL, &I8, &E4M3};
     for (size_t t = 0; t < 2; t++)
         for (int c = 0; c < 3; c++) {
             tk_dtype dt = *halves[t], cdt = caches[c] ? *caches[c] : dt;
             const int64_t nb = 40, bs = 16, hkv = 4, d = 128, ntok = 300;
-            ht kc, vc, k, v, sm, ks, vs;
-            ht_new(&kc, cdt, 4, SHAPE(nb, bs, hkv, d));
-            ht_new(&vc, cdt, 4, SHAPE(nb, bs, hkv, d));
-            ht_new(&k, dt, 3, SHAPE(ntok, hkv, d));
-            ht_new(&v, dt, 3, SHAPE(ntok, hkv, d));
-            ht_new(&sm, I64, 1, SHAPE(ntok));
-            ht_new(&ks, F32, 1, SHAPE(hkv));
-            ht_new(&vs, F32, 1, SHAPE(hkv));
+            host_t kc, vc, k, v, sm, ks, vs;
+            host_new(&kc, cdt, 4, SHAPE(nb, bs, hkv, d), 0);
+            host_new(&vc, cdt, 4, SHAPE(nb, bs, hkv, d), 0);
+            host_new(&k, dt, 3, SHAPE(ntok, hkv, d), 0);
+            host_new(&v, dt, 3, SHAPE(ntok, hkv, d), 0);
+            host_new(&sm, I64, 1, SHAPE(ntok), 0);
+            host_new(&ks, F32, 1, SHAPE(hkv), 0);
+            host_new(&vs, F32, 1, SHAPE(hkv), 0);
             memset(kc.buf, 0x33, (size_t)(numel(&kc.t) * cdt.bits / 8));
             memset(vc.buf, 0x33, (size_t)(numel(&vc.t) * cdt.bits / 8));
-            ht_rand(&k, -3, 3);
-            ht_rand(&v, -3, 3);
-            ht_rand(&ks, 0.005, 0.05); /* some values saturate */
-            ht_rand(&vs, 0.005, 0.05);
+            fill_range(&k, -3, 3);
+            fill_range(&v, -3, 3);
+            fill_range(&ks, 0.005, 0.05); /* some values saturate */
+            fill_range(&vs, 0.005, 0.05);
             /* distinct slots in a shuffled order, every 7th token skipped */
             int64_t *slots = sm.buf, total = nb * bs, *perm = malloc(sizeof(int64_t) * (size_t)total);
             for (int64_t i = 0; i < total; i++)
@@ -534,7 +505,7 @@ static void test_paged_kv_append(void)
             char what[64];
             snprintf(what, sizeof what, "k %s cache %s", tk_dtype_name(dt), tk_dtype_name(cdt));
             run_both("paged_kv_append", a, caches[c] ? 7 : 5, what);
-            ht *all[] = {&kc, &vc, &k, &v, &sm, &ks, &vs};
+            host_t *all[] = {&kc, &vc, &k, &v, &sm, &ks, &vs};
             for (size_t i = 0; i < sizeof all / sizeof all[0]; i++)
                 free(all[i]->buf);
         }
@@ -549,21 +520,21 @@ static void test_mla_decode(void)
         const int64_t hq = 16, r = 512, p = 64, bs = 64;
         pages_t pg;
         pages_new(&pg, lens, 3, bs);
-        ht kv, qn, qp, out, lse;
-        ht_new(&kv, *halves[t], 3, SHAPE(pg.nblocks, bs, r + p));
+        host_t kv, qn, qp, out, lse;
+        host_new(&kv, *halves[t], 3, SHAPE(pg.nblocks, bs, r + p), 0);
         fill_cache(&kv, &pg, lens, 3, bs, r + p);
-        ht_new(&qn, *halves[t], 3, SHAPE(3, hq, r));
-        ht_new(&qp, *halves[t], 3, SHAPE(3, hq, p));
-        ht_new(&out, *halves[t], 3, SHAPE(3, hq, r));
-        ht_new(&lse, F32, 2, SHAPE(3, hq));
-        ht_rand(&qn, -0.5, 0.5);
-        ht_rand(&qp, -0.5, 0.5);
+        host_new(&qn, *halves[t], 3, SHAPE(3, hq, r), 0);
+        host_new(&qp, *halves[t], 3, SHAPE(3, hq, p), 0);
+        host_new(&out, *halves[t], 3, SHAPE(3, hq, r), 0);
+        host_new(&lse, F32, 2, SHAPE(3, hq), 0);
+        fill_range(&qn, -0.5, 0.5);
+        fill_range(&qp, -0.5, 0.5);
         tk_arg a[8] = {{TK_ARG_TENSOR, "out", &out.t, 0, 0},         {TK_ARG_TENSOR, "q_nope", &qn.t, 0, 0},
                        {TK_ARG_TENSOR, "q_pe", &qp.t, 0, 0},         {TK_ARG_TENSOR, "kv_cache", &kv.t, 0, 0},
                        {TK_ARG_TENSOR, "block_table", &pg.bt.t, 0, 0}, {TK_ARG_TENSOR, "seq_lens", &pg.sl.t, 0, 0},
                        {TK_ARG_TENSOR, "lse", &lse.t, 0, 0},         {TK_ARG_F64, "scale", NULL, 0, 1.0 / sqrt(192.0)}};
         run_both("mla_decode", a, 8, tk_dtype_name(*halves[t]));
-        ht *all[] = {&kv, &qn, &qp, &out, &lse, &pg.bt, &pg.sl};
+        host_t *all[] = {&kv, &qn, &qp, &out, &lse, &pg.bt, &pg.sl};
         for (size_t i = 0; i < sizeof all / sizeof all[0]; i++)
             free(all[i]->buf);
     }
@@ -584,21 +555,21 @@ static void test_misaligned_views(void)
     CHECK(last_impl && strstr(last_impl, "attention_simple"));
     if (last_impl)
         printf("misaligned forward ran %s\n", last_impl);
-    ht q, k, v, out, lse, dout, dq, dk, dv;
-    ht *all[] = {&q, &k, &v, &out, &lse, &dout, &dq, &dk, &dv};
-    ht_new(&q, BF16, 4, SHAPE(1, 70, 4, 128));
-    ht_new(&k, BF16, 4, SHAPE(1, 90, 2, 128));
-    ht_new(&v, BF16, 4, SHAPE(1, 90, 2, 128));
-    ht_new(&out, BF16, 4, SHAPE(1, 70, 4, 128));
-    ht_new(&lse, F32, 3, SHAPE(1, 4, 70));
-    ht_new(&dout, BF16, 4, SHAPE(1, 70, 4, 128));
-    ht_new(&dq, BF16, 4, SHAPE(1, 70, 4, 128));
-    ht_new(&dk, BF16, 4, SHAPE(1, 90, 2, 128));
-    ht_new(&dv, BF16, 4, SHAPE(1, 90, 2, 128));
+    host_t q, k, v, out, lse, dout, dq, dk, dv;
+    host_t *all[] = {&q, &k, &v, &out, &lse, &dout, &dq, &dk, &dv};
+    host_new(&q, BF16, 4, SHAPE(1, 70, 4, 128), 0);
+    host_new(&k, BF16, 4, SHAPE(1, 90, 2, 128), 0);
+    host_new(&v, BF16, 4, SHAPE(1, 90, 2, 128), 0);
+    host_new(&out, BF16, 4, SHAPE(1, 70, 4, 128), 0);
+    host_new(&lse, F32, 3, SHAPE(1, 4, 70), 0);
+    host_new(&dout, BF16, 4, SHAPE(1, 70, 4, 128), 0);
+    host_new(&dq, BF16, 4, SHAPE(1, 70, 4, 128), 0);
+    host_new(&dk, BF16, 4, SHAPE(1, 90, 2, 128), 0);
+    host_new(&dv, BF16, 4, SHAPE(1, 90, 2, 128), 0);
     dev_tensor d[9];
     memset(d, 0, sizeof d);
     for (size_t i = 0; i < 9; i++) {
-        ht_rand(all[i], -1, 1);
+        fill_range(all[i], -1, 1);
         CHECK_RC(dev_upload(&d[i], &all[i]->t), TK_OK);
     }
     tk_arg b[9] = {{TK_ARG_TENSOR, "dq", &d[6].t, 0, 0},   {TK_ARG_TENSOR, "dk", &d[7].t, 0, 0},
@@ -631,10 +602,7 @@ int main(int argc, char **argv)
     static const char *const ops[] = {"attention", "attention_backward", "attention_decode", "paged_kv_append",
                                       "mla_decode", NULL};
     gpu_main(argc, argv, ops);
-    const char *e = getenv("TK_TEST_SEED");
-    seed = e ? strtoull(e, NULL, 10) : (uint64_t)time(NULL);
-    rng = seed;
-    printf("seed %llu\n", (unsigned long long)seed);
+    op_test_seed();
     int have = gpu_device();
     if (have) {
         const char *pkgs[] = {"kernels-community/flash-attn", NULL};

@@ -17,14 +17,12 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-#include <time.h>
 
 #include "gpu_util.h"
 #include "harness.h"
+#include "op_test.h"
 #include "tensor_util.h"
 
-static const tk_dtype I8 = {TK_DL_INT, 8, 1}, E4M3 = {TK_DL_FLOAT8_E4M3FN, 8, 1}, E5M2 = {TK_DL_FLOAT8_E5M2, 8, 1},
-                      I32 = {TK_DL_INT, 32, 1}, I64 = {TK_DL_INT, 64, 1};
 #define PKG "kernels-community/casted"
 
 static int64_t rand_below(int64_t n) { return (int64_t)(next_u64() % (uint64_t)n); }
@@ -49,14 +47,6 @@ static void fill_ids(host_t *h, int64_t v)
         else
             ((int32_t *)h->buf)[i] = (int32_t)id;
     }
-}
-
-static void set_id(host_t *h, int64_t i, int64_t id)
-{
-    if (h->t.dtype.bits == 64)
-        ((int64_t *)h->buf)[i] = id;
-    else
-        ((int32_t *)h->buf)[i] = (int32_t)id;
 }
 
 static gpu_ctx g;
@@ -128,7 +118,7 @@ static void emb_case(tk_dtype wdt, tk_dtype odt, tk_dtype idt, int64_t V, int64_
     gids.t.shape = gids.shape;
     if (bad_ids)
         for (int64_t i = 0; i < n; i += 3)
-            set_id(&gids, i, i % 2 ? -1 - i : V + i);
+            id_set(&gids, i, i % 2 ? -1 - i : V + i);
     tk_arg args[4] = {{TK_ARG_TENSOR, "out", NULL, 0, 0}, {TK_ARG_TENSOR, "ids", &ids.t, 0, 0},
                       {TK_ARG_TENSOR, "weight", &w.t, 0, 0}, {TK_ARG_TENSOR, "scale", &s.t, 0, 0}};
     args[0].t = &ref.t;
@@ -252,8 +242,7 @@ static void lin_case(tk_ctx *ctx, tk_dtype wdt, int64_t M, int64_t N, int64_t K,
     host_new(&b, BF16, 1, &N, 0);
     host_new(&ref, BF16, 2, osh, 0);
     host_new(&got, BF16, 2, osh, 0);
-    for (int64_t i = 0; i < M * K; i++)
-        set(&x.t, i, uniform(-1, 1));
+    fill_range(&x, -1, 1);
     fill_codes(&w, 0);
     double unit = (wdt.code == TK_DL_INT ? 1.0 / 64 : 1.0 / 128) / sqrt((double)(K ? K : 1));
     for (int64_t n = 0; n < N; n++) {
@@ -433,10 +422,7 @@ int main(int argc, char **argv)
 {
     static const char *const ops[] = {"casted_embedding", "casted_embedding_block_sparse", "casted_linear", NULL};
     gpu_main(argc, argv, ops);
-    const char *e = getenv("TK_TEST_SEED");
-    seed = e ? strtoull(e, NULL, 10) : (uint64_t)time(NULL);
-    rng = seed;
-    printf("seed %llu\n", (unsigned long long)seed);
+    op_test_seed();
     RUN(test_setup);
     RUN(test_embedding_gpu);
     RUN(test_block_sparse_gpu);

@@ -16,14 +16,13 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-#include <time.h>
 
 #include "gpu_util.h"
 #include "harness.h"
 #include "jit/cublaslt.h"
+#include "op_test.h"
 #include "tensor_util.h"
 
-static const tk_dtype I32 = {TK_DL_INT, 32, 1}, I64 = {TK_DL_INT, 64, 1};
 static gpu_ctx g;
 
 static double out_rel(tk_dtype dt) { return dt.bits == 32 ? ldexp(1, -24) : dt.code == TK_DL_BFLOAT ? ldexp(1, -8) : ldexp(1, -11); }
@@ -106,19 +105,21 @@ static int lin_case(tk_dtype dt, int64_t m, int64_t n, int64_t k, int tr, int bi
         fprintf(stderr, "  linear on cuda: %s\n", tk_last_error());
     ok &= rc == TK_OK && impl && strcmp(impl, "builtin:cublaslt") == 0;
     ok &= dev_download(&dout, &got.t) == TK_OK;
-    int64_t bad = 0;
+    op_cmp c = op_cmp_begin(0, 0, "linear %s M %lld N %lld K %lld tr %d bias %d out, cuda against cpu",
+                            tk_dtype_name(dt), (long long)m, (long long)n, (long long)k, tr, bias);
+    c.cols = n;
+    c.nan_fails = 1;
+    c.inf_fails = 1;
     for (int64_t i = 0; ok && i < m; i++)
         for (int64_t j = 0; j < n; j++) {
             double mag = bias ? fabs(get(&b.t, j)) : 0;
             for (int64_t kk = 0; kk < k; kk++)
                 mag += fabs(get(&x.t, i * k + kk) * get(&w.t, tr ? kk * n + j : j * k + kk));
-            double r = get(&ref.t, i * n + j), v = get(&got.t, i * n + j);
+            double r = get(&ref.t, i * n + j);
             double tol = 2 * out_rel(dt) * fabs(r) + 2.0 * (double)(k + 2) * ldexp(1, -24) * mag + 2 * out_abs(dt);
-            if (!(fabs(v - r) <= tol) && bad++ < 3)
-                fprintf(stderr, "  linear %s M %lld N %lld K %lld tr %d bias %d: out[%lld, %lld] = %.9g, cpu %.9g "
-                        "(tol %.3g) (seed %llu)\n", tk_dtype_name(dt), (long long)m, (long long)n, (long long)k, tr,
-                        bias, (long long)i, (long long)j, v, r, tol, (unsigned long long)seed);
+            op_cmp_tol(&c, i * n + j, get(&got.t, i * n + j), r, tol);
         }
+    ok = ok && op_cmp_end(&c);
     dev_free(&dx);
     dev_free(&dw);
     dev_free(&db);
@@ -128,7 +129,7 @@ static int lin_case(tk_dtype dt, int64_t m, int64_t n, int64_t k, int tr, int bi
     host_free(&b);
     host_free(&ref);
     host_free(&got);
-    return ok && bad == 0;
+    return ok;
 }
 
 static void test_linear(void)
@@ -172,10 +173,7 @@ static void test_embedding(void)
                 fill(&w, 3.0);
                 for (int64_t i = 0; i < 27; i++) {
                     int64_t id = i == 5 ? V : i == 6 ? -1 : (int64_t)(next_u64() % (uint64_t)V); /* two bad ids */
-                    if (it)
-                        ((int64_t *)ids.buf)[i] = id;
-                    else
-                        ((int32_t *)ids.buf)[i] = (int32_t)id;
+                    id_set(&ids, i, id);
                 }
                 CHECK_RC(dev_upload(&di, &ids.t), TK_OK);
                 CHECK_RC(dev_upload(&dw, &w.t), TK_OK);
@@ -185,18 +183,17 @@ static void test_embedding(void)
                                    3, NULL, &impl), TK_OK);
                 CHECK(impl && strstr(impl, "kernels-community/layers:embedding_") == impl);
                 CHECK_RC(dev_download(&dout, &got.t), TK_OK);
-                int64_t bad = 0;
+                /* the row's values (0 for an id out of range), equal: a tolerance of 0 */
+                op_cmp cmp = op_cmp_begin(0, 0, "embedding %s V %lld D %lld out, cuda", tk_dtype_name(dts[d]),
+                                          (long long)V, (long long)D);
+                cmp.cols = D;
+                cmp.nan_fails = 1;
                 for (int64_t i = 0; i < 27; i++) {
-                    int64_t id = it ? ((int64_t *)ids.buf)[i] : ((int32_t *)ids.buf)[i];
-                    for (int64_t c = 0; c < D; c++) {
-                        double want = id >= 0 && id < V ? get(&w.t, id * D + c) : 0.0;
-                        if (get(&got.t, i * D + c) != want && bad++ < 3)
-                            fprintf(stderr, "  embedding %s V %lld D %lld: out[%lld, %lld] = %g, want %g\n",
-                                    tk_dtype_name(dts[d]), (long long)V, (long long)D, (long long)i, (long long)c,
-                                    get(&got.t, i * D + c), want);
-                    }
+                    int64_t id = id_get(&ids, i);
+                    for (int64_t c = 0; c < D; c++)
+                        op_cmp_tol(&cmp, i * D + c, get(&got.t, i * D + c), id >= 0 && id < V ? get(&w.t, id * D + c) : 0.0, 0);
                 }
-                CHECK_EQ_INT(bad, 0);
+                CHECK(op_cmp_end(&cmp));
                 dev_free(&di);
                 dev_free(&dw);
                 dev_free(&dout);
@@ -229,14 +226,17 @@ static int ew_case(const char *op, tk_dtype dt, int64_t rows, int64_t cols, int 
     ok &= gpu_op_run(g.ctx, op, ga, is_add ? 3 : 2, NULL, &impl) == TK_OK;
     ok &= impl && strstr(impl, "kernels-community/layers:") == impl;
     ok &= dev_download(alias ? &da : &dout, &got.t) == TK_OK;
-    int64_t bad = 0;
+    op_cmp c = op_cmp_begin(0, 0, "%s %s [%lld, %lld] alias %d out, cuda against cpu", op, tk_dtype_name(dt),
+                            (long long)rows, (long long)cols, alias);
+    c.cols = cols;
+    c.nan_fails = 1;
+    c.inf_fails = 1;
     for (int64_t i = 0; ok && i < rows * cols; i++) {
-        double r = get(&ref.t, i), v = get(&got.t, i);
+        double r = get(&ref.t, i);
         double tol = is_add ? 0 : 4 * ldexp(1, -24) * fabs(r) + out_rel(dt) * fabs(r) + out_abs(dt);
-        if (!(fabs(v - r) <= tol) && bad++ < 3)
-            fprintf(stderr, "  %s %s [%lld, %lld] alias %d: out[%lld] = %.9g, cpu %.9g\n", op, tk_dtype_name(dt),
-                    (long long)rows, (long long)cols, alias, (long long)i, v, r);
+        op_cmp_tol(&c, i, get(&got.t, i), r, tol);
     }
+    ok = ok && op_cmp_end(&c);
     dev_free(&da);
     dev_free(&db);
     dev_free(&dout);
@@ -244,7 +244,7 @@ static int ew_case(const char *op, tk_dtype dt, int64_t rows, int64_t cols, int 
     host_free(&b);
     host_free(&ref);
     host_free(&got);
-    return ok && bad == 0;
+    return ok;
 }
 
 static void test_add_tanh(void)
@@ -276,10 +276,7 @@ int main(int argc, char **argv)
 {
     static const char *const ops[] = {"linear", "embedding", "add", "tanh", NULL};
     gpu_main(argc, argv, ops);
-    const char *e = getenv("TK_TEST_SEED");
-    seed = e ? strtoull(e, NULL, 10) : (uint64_t)time(NULL);
-    rng = seed;
-    printf("seed %llu\n", (unsigned long long)seed);
+    op_test_seed();
     RUN(test_cublaslt_loader);
     RUN(test_builtin_listed);
     RUN(test_linear);

@@ -17,13 +17,11 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-#include <time.h>
 
 #include "gpu_util.h"
 #include "harness.h"
+#include "op_test.h"
 #include "tensor_util.h"
-
-static const tk_dtype I64 = {TK_DL_INT, 64, 1};
 
 static tk_arg T_(const char *name, const tk_tensor *t) { return (tk_arg){TK_ARG_TENSOR, name, t, 0, 0}; }
 static tk_arg I_(const char *name, int64_t v) { return (tk_arg){TK_ARG_I64, name, NULL, v, 0}; }
@@ -111,8 +109,7 @@ static void ce_case(tk_dtype dt, int64_t n, int64_t v, int red, double eps, int 
     host_new(&loss, F32, red == 0 ? 1 : 0, red == 0 ? &n : &one, 0);
     host_new(&grad, dt, 2, sh, 0);
     host_new(&lse, F32, 1, &n, 0);
-    for (int64_t i = 0; i < n * v; i++)
-        set(&x.t, i, uniform(-8, 8));
+    fill_range(&x, -8, 8);
     int64_t *tv = t.buf;
     for (int64_t i = 0; i < n; i++)
         tv[i] = uniform(0, 1) < p_ignore ? -100 : (int64_t)(next_u64() % (uint64_t)v);
@@ -187,12 +184,9 @@ static void fl_case(tk_dtype dt, int64_t n, int64_t hd, int64_t v, int red, int 
     host_new(&gb, F32, 1, &v, 0);
     host_new(&lse, F32, 1, &n, 0);
     double sc = 2.0 / sqrt((double)hd);
-    for (int64_t i = 0; i < n * hd; i++)
-        set(&h.t, i, uniform(-1.5, 1.5));
-    for (int64_t i = 0; i < v * hd; i++)
-        set(&w.t, i, uniform(-sc, sc));
-    for (int64_t i = 0; i < v; i++)
-        set(&b.t, i, uniform(-0.5, 0.5));
+    fill_range(&h, -1.5, 1.5);
+    fill_range(&w, -sc, sc);
+    fill_range(&b, -0.5, 0.5);
     int64_t *tv = t.buf;
     for (int64_t i = 0; i < n; i++)
         tv[i] = uniform(0, 1) < 0.2 ? -100 : (int64_t)(next_u64() % (uint64_t)v);
@@ -261,8 +255,7 @@ static void mm_case(tk_dtype dt, int64_t n, int64_t k, int red)
         host_new(&loss, F32, 1, &one, 0);
     host_new(&gp, dt, 1, &n, 0);
     host_new(&gn, dt, 2, sn, 0);
-    for (int64_t i = 0; i < n; i++)
-        set(&p.t, i, uniform(-2, 2));
+    fill_range(&p, -2, 2);
     for (int64_t i = 0; i < n * k; i++) {
         set(&ng.t, i, uniform(-2, 2));
         double x = 1.0 - get(&p.t, i / k) + get(&ng.t, i); /* keep pairs off the kink */
@@ -314,10 +307,7 @@ int main(int argc, char **argv)
 {
     static const char *const ops[] = {"cross_entropy", "fused_linear_cross_entropy", "max_margin_loss", NULL};
     gpu_main(argc, argv, ops);
-    const char *e = getenv("TK_TEST_SEED");
-    seed = e ? strtoull(e, NULL, 10) : (uint64_t)time(NULL);
-    rng = seed;
-    printf("seed %llu\n", (unsigned long long)seed);
+    op_test_seed();
     RUN(test_cross_entropy);
     RUN(test_fused_linear_cross_entropy);
     RUN(test_max_margin_loss);

@@ -16,10 +16,10 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-#include <time.h>
 
 #include "gpu_util.h"
 #include "harness.h"
+#include "op_test.h"
 #include "tensor_util.h"
 
 /* A tensor parameter of an op: [d] (vec) or [rows, d]; out: the op writes it (compared). */
@@ -208,10 +208,7 @@ int main(int argc, char **argv)
 {
     static const char *const ops[] = {"rms_norm", "fused_add_rms_norm", "layer_norm", "fused_add_layer_norm", "rms_norm_backward", "fused_add_rms_norm_backward", "layer_norm_backward", "fused_add_layer_norm_backward", NULL};
     gpu_main(argc, argv, ops);
-    const char *e = getenv("TK_TEST_SEED");
-    seed = e ? strtoull(e, NULL, 10) : (uint64_t)time(NULL);
-    rng = seed;
-    printf("seed %llu\n", (unsigned long long)seed);
+    op_test_seed();
     RUN(test_every_op_dtype_and_shape);
     RUN(test_backward_many_rows);
     RUN(test_misaligned_views);

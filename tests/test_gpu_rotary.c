@@ -16,14 +16,11 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-#include <time.h>
 
 #include "gpu_util.h"
 #include "harness.h"
+#include "op_test.h"
 #include "tensor_util.h"
-
-static const tk_dtype I64 = {TK_DL_INT, 64, 1};
-static const tk_dtype *all_dtypes[] = {&F32, &F16, &BF16};
 
 static gpu_ctx g;
 
@@ -71,10 +68,8 @@ static void rope_case(tk_dtype dt, tk_dtype cdt, int pn, const int64_t *ps, int6
             set(&cache.t, p * rot + i, cos(a));
             set(&cache.t, p * rot + half + i, sin(a));
         }
-    for (int64_t i = 0; i < numel(&q.t); i++)
-        set(&q.t, i, uniform(-4, 4));
-    for (int64_t i = 0; i < numel(&k.t); i++)
-        set(&k.t, i, uniform(-4, 4));
+    fill_range(&q, -4, 4);
+    fill_range(&k, -4, 4);
 
     dev_tensor dpos, dq, dk, dcache;
     CHECK_RC(dev_upload(&dq, &q.t), TK_OK);
@@ -317,10 +312,7 @@ int main(int argc, char **argv)
 {
     static const char *const ops[] = {"rotary_embedding", "rope_cos_sin_cache", "alibi_bias", "sinusoidal_position_encoding", "alibi_slopes", NULL};
     gpu_main(argc, argv, ops);
-    const char *e = getenv("TK_TEST_SEED");
-    seed = e ? strtoull(e, NULL, 10) : (uint64_t)time(NULL);
-    rng = seed;
-    printf("seed %llu\n", (unsigned long long)seed);
+    op_test_seed();
     RUN(test_setup);
     RUN(test_rotary_embedding);
     RUN(test_rope_cos_sin_cache);

@@ -16,6 +16,7 @@
 
 #include "gpu_util.h"
 #include "harness.h"
+#include "op_test.h"
 #include "tensor_util.h"
 
 static double now_ms(void)
@@ -268,10 +269,7 @@ int main(int argc, char **argv)
 {
     static const char *const ops[] = {"silu_and_mul", "softmax", NULL};
     gpu_main(argc, argv, ops);
-    const char *e = getenv("TK_TEST_SEED");
-    seed = e ? strtoull(e, NULL, 10) : (uint64_t)time(NULL);
-    rng = seed;
-    printf("seed %llu\n", (unsigned long long)seed);
+    op_test_seed();
     RUN(test_warm_get_kernel);
     RUN(test_ptx_load_path);
     RUN(test_two_streams);

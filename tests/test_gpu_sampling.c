@@ -15,13 +15,11 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-#include <time.h>
 
 #include "gpu_util.h"
 #include "harness.h"
+#include "op_test.h"
 #include "tensor_util.h"
-
-static const tk_dtype I64 = {TK_DL_INT, 64, 1}, I32 = {TK_DL_INT, 32, 1};
 
 /* [rows, v] (ndim 2) or [rows] (ndim 1). */
 static void host_rows(host_t *h, tk_dtype dt, int ndim, int64_t rows, int64_t v)
@@ -268,10 +266,7 @@ int main(int argc, char **argv)
 {
     static const char *const ops[] = {"argmax", "sample", NULL};
     gpu_main(argc, argv, ops);
-    const char *e = getenv("TK_TEST_SEED");
-    seed = e ? strtoull(e, NULL, 10) : (uint64_t)time(NULL);
-    rng = seed;
-    printf("seed %llu\n", (unsigned long long)seed);
+    op_test_seed();
     RUN(test_argmax);
     RUN(test_sample);
     RUN(test_sample_top_p_ties);

@@ -14,10 +14,10 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-#include <time.h>
 
 #include "gpu_util.h"
 #include "harness.h"
+#include "op_test.h"
 #include "tensor_util.h"
 
 static void host_rows(host_t *h, tk_dtype dt, int64_t rows, int64_t d)
@@ -80,26 +80,13 @@ static void run_case(const char *op, tk_dtype dt, int64_t rows, int64_t d, int i
 
     double atol, rtol;
     tolerances(is_log, dt, &atol, &rtol);
-    int64_t n = rows * d, bad = 0, worst = -1;
-    double worst_ratio = -1;
-    for (int64_t i = 0; i < n; i++) {
-        double a = get(&got.t, i), r = get(&ref.t, i), ratio;
-        if (isnan(r) || isnan(a) || isinf(r) || isinf(a))
-            ratio = (isnan(r) && isnan(a)) || a == r ? 0 : INFINITY;
-        else
-            ratio = fabs(a - r) / (atol + rtol * fabs(r));
-        bad += ratio > 1;
-        if (ratio > worst_ratio) {
-            worst_ratio = ratio;
-            worst = i;
-        }
-    }
-    if (bad)
-        fprintf(stderr, "%s %s [%lld, %lld]%s (%s): %lld of %lld off; worst [%lld, %lld]: got %.9g ref %.9g (seed %llu)\n",
-                op, tk_dtype_name(dt), (long long)rows, (long long)d, inplace ? " in place" : "", impl ? impl : "?",
-                (long long)bad, (long long)n, (long long)(worst / d), (long long)(worst % d), get(&got.t, worst),
-                get(&ref.t, worst), (unsigned long long)seed);
-    CHECK(bad == 0);
+    /* NaN must be NaN, an inf the same inf, else |got - cpu| <= atol + rtol*|cpu| (op_test.h) */
+    op_cmp c = op_cmp_begin(atol, rtol, "%s %s [%lld, %lld]%s (%s), cuda against cpu", op, tk_dtype_name(dt),
+                            (long long)rows, (long long)d, inplace ? " in place" : "", impl ? impl : "?");
+    c.cols = d;
+    for (int64_t i = 0; i < rows * d; i++)
+        op_cmp_at(&c, i, get(&got.t, i), get(&ref.t, i));
+    CHECK(op_cmp_end(&c));
     dev_free(&din);
     dev_free(&dout);
     free(in.buf);
@@ -158,10 +145,7 @@ int main(int argc, char **argv)
 {
     static const char *const ops[] = {"softmax", "log_softmax", NULL};
     gpu_main(argc, argv, ops);
-    const char *e = getenv("TK_TEST_SEED");
-    seed = e ? strtoull(e, NULL, 10) : (uint64_t)time(NULL);
-    rng = seed;
-    printf("seed %llu\n", (unsigned long long)seed);
+    op_test_seed();
     RUN(test_every_op_dtype_and_tier);
     RUN(test_misaligned_views);
     RUN(test_coverage);

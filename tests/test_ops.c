@@ -11,15 +11,12 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-#include <time.h>
 
 #include "harness.h"
+#include "op_test.h"
 #include "tensor_util.h"
 #include "api/api.h"
 #include "ops/ops.h"
-
-/* ---- host tensors ----------------------------------------------------------------------------- */
-
 
 /* ---- the float64 references (independent of ops/activation.c) --------------------------------- */
 
@@ -75,16 +72,14 @@ static void tolerances(tk_dtype dt, double *atol, double *rtol)
 }
 
 /* Runs op on `in` into `out` through the registry, then compares every element with the float64
- * reference. Returns 1 when all match; prints the worst element otherwise. */
+ * reference (a reference beyond the dtype's range wants the inf it rounds to). Returns 1 when all
+ * match; prints the worst element and its input otherwise. */
 static int run_and_compare(const ref_op *r, host_t *out, host_t *in, double threshold, const char *what)
 {
     tk_arg args[3] = {{TK_ARG_TENSOR, "out", &out->t, 0, 0}, {TK_ARG_TENSOR, "input", &in->t, 0, 0},
                       {TK_ARG_F64, "threshold", NULL, 0, threshold}};
     size_t nargs = strcmp(r->op, "fatrelu_and_mul") == 0 ? 3 : 2;
-    tk_op_call c;
-    int rc = tk_ops__prepare(&c, r->op, args, nargs);
-    if (rc == TK_OK)
-        rc = tk_ops__run_cpu(&c);
+    int rc = op_run_cpu(r->op, args, nargs);
     if (rc != TK_OK) {
         fprintf(stderr, "  %s %s %s: rc %d: %s (seed %llu)\n", r->op, tk_ops__dtype_str(in->t.dtype), what, rc,
                 tk_last_error(), (unsigned long long)seed);
@@ -92,47 +87,27 @@ static int run_and_compare(const ref_op *r, host_t *out, host_t *in, double thre
     }
     double atol, rtol;
     tolerances(out->t.dtype, &atol, &rtol);
-    int64_t n = numel(&out->t), d = out->t.ndim ? out->t.shape[out->t.ndim - 1] : 1, bad = 0, worst = -1;
-    double worst_ratio = 0, worst_got = 0, worst_ref = 0;
+    int64_t n = numel(&out->t), d = out->t.ndim ? out->t.shape[out->t.ndim - 1] : 1;
+    op_cmp c = op_cmp_begin(atol, rtol, "%s %s %s %s", r->op, tk_ops__dtype_str(in->t.dtype), what,
+                            tk_ops__shape_fmt(out->t.ndim, out->t.shape));
+    c.cols = d;
     for (int64_t i = 0; i < n; i++) {
         int64_t row = i / d, col = i % d;
-        double got = get(&out->t, i), ref;
+        double ref;
         if (r->gated) {
             double x = get(&in->t, row * 2 * d + col), y = get(&in->t, row * 2 * d + d + col);
             ref = r->act_first ? r->f(x, threshold) * y : x * r->f(y, threshold);
         } else {
             ref = r->f(get(&in->t, i), threshold);
         }
-        double refq = quantize(ref, out->t.dtype), ratio;
-        if (isnan(ref))
-            ratio = isnan(got) ? 0 : INFINITY;
-        else if (isinf(refq))
-            ratio = got == refq ? 0 : INFINITY;
-        else
-            ratio = isnan(got) ? INFINITY : fabs(got - ref) / (atol + rtol * fabs(ref));
-        if (ratio > 1)
-            bad++;
-        if (ratio > worst_ratio || worst < 0) {
-            worst_ratio = ratio;
-            worst = i;
-            worst_got = got;
-            worst_ref = ref;
-        }
+        op_cmp_at(&c, i, get(&out->t, i), op_stored_inf(ref, out->t.dtype));
     }
-    if (bad) {
-        int64_t row = worst / d, col = worst % d;
-        double x = r->gated ? get(&in->t, row * 2 * d + col) : get(&in->t, worst);
-        fprintf(stderr,
-                "  %s %s %s %s: %lld of %lld elements off; worst [%lld] (row %lld, col %lld): x=%.9g got %.9g "
-                "ref %.9g |diff| %.3g > %.3g (seed %llu)\n",
-                r->op, tk_ops__dtype_str(in->t.dtype), what, tk_ops__shape_fmt(out->t.ndim, out->t.shape),
-                (long long)bad, (long long)n, (long long)worst, (long long)row, (long long)col, x, worst_got,
-                worst_ref, fabs(worst_got - worst_ref), atol + rtol * fabs(worst_ref), (unsigned long long)seed);
-    }
-    return bad == 0;
+    if (op_cmp_end(&c))
+        return 1;
+    int64_t row = c.worst / d, col = c.worst % d;
+    fprintf(stderr, "    at the worst element x=%.9g\n", r->gated ? get(&in->t, row * 2 * d + col) : get(&in->t, c.worst));
+    return 0;
 }
-
-static const tk_dtype *all_dtypes[] = {&F32, &F16, &BF16};
 
 /* One op on one shape (the shape of out's rows: rows x d, written as ndim dims) in every dtype. */
 static int check_shape(const ref_op *r, int ndim, const int64_t *oshape, int64_t pad_in, int64_t pad_out)
@@ -388,6 +363,79 @@ static void test_activations_edges(void)
     }
 }
 
+/* The comparison every op test relies on (tests/op_test.h) fails where it must: an element just past
+ * its tolerance, NaN or inf where the reference is finite, the policies for NaN and inf references,
+ * the sign of a zero when exact; and it names the worst element. */
+static void test_op_cmp(void)
+{
+    fprintf(stderr, "test_op_cmp: the comparison failures printed below are expected\n");
+    op_cmp c = op_cmp_begin(1e-3, 1e-2, "inside");
+    op_cmp_at(&c, 0, 1.0 + 0.011 - 1e-12, 1.0); /* tol = 1e-3 + 1e-2 * 1 */
+    op_cmp_at(&c, 1, -2.0 - 0.021 + 1e-12, -2.0);
+    op_cmp_at(&c, 2, NAN, NAN);
+    op_cmp_at(&c, 3, -INFINITY, -INFINITY);
+    CHECK(op_cmp_end(&c));
+    CHECK_EQ_INT(c.n, 4);
+
+    c = op_cmp_begin(1e-3, 1e-2, "outside");
+    c.cols = 2;
+    op_cmp_at(&c, 0, 1.0, 1.0);
+    op_cmp_at(&c, 1, 2.0 + 0.021 + 1e-9, 2.0); /* just past */
+    op_cmp_at(&c, 2, 5.5, 5.0);                /* far past: the worst */
+    op_cmp_at(&c, 3, 3.0, 3.0);
+    CHECK(!op_cmp_end(&c));
+    CHECK_EQ_INT(c.bad, 2);
+    CHECK_EQ_INT(c.worst, 2);
+
+    const double gots[] = {NAN, INFINITY, 1e30, 0.0, -INFINITY};
+    const double refs[] = {0.0, 1e300, INFINITY, NAN, INFINITY};
+    for (int i = 0; i < 5; i++) { /* NaN or inf against a finite ref, a finite or other value against them */
+        c = op_cmp_begin(1e300, 1, "non-finite %d", i);
+        op_cmp_at(&c, 0, gots[i], refs[i]);
+        CHECK(!op_cmp_end(&c));
+    }
+    c = op_cmp_begin(0, 0, "nan_fails");
+    c.nan_fails = 1;
+    op_cmp_at(&c, 0, NAN, NAN);
+    CHECK(!op_cmp_end(&c));
+    c = op_cmp_begin(0, 0, "inf_fails");
+    c.inf_fails = 1;
+    op_cmp_tol(&c, 0, INFINITY, INFINITY, INFINITY);
+    CHECK(!op_cmp_end(&c));
+
+    c = op_cmp_begin(0, 0, "own tolerance");
+    op_cmp_tol(&c, 0, 1.5, 1.0, 0.5);
+    CHECK(op_cmp_end(&c));
+    op_cmp_tol(&c, 1, 1.5, 1.0, 0.25);
+    CHECK(!op_cmp_end(&c));
+    CHECK_EQ_INT(c.worst, 1);
+
+    c = op_cmp_begin(0, 0, "exact");
+    op_cmp_exact(&c, 0, 0.0, 0.0);
+    op_cmp_exact(&c, 1, NAN, NAN);
+    op_cmp_exact(&c, 2, 0x1p-1074, 0x1p-1074);
+    CHECK(op_cmp_end(&c));
+    op_cmp_exact(&c, 3, -0.0, 0.0);
+    CHECK(!op_cmp_end(&c));
+    CHECK_EQ_INT(c.worst, 3);
+
+    /* a reference beyond the dtype's range is that inf only through op_stored_inf */
+    CHECK(op_stored_inf(1e6, F16) == INFINITY && op_stored_inf(-1e39, BF16) == -INFINITY);
+    CHECK(op_stored_inf(1e6, F32) == 1e6 && op_stored_inf(1.25, F16) == 1.25);
+
+    /* the tensor form reads a strided view and reports [row, col] of its last dimension */
+    int64_t shp[2] = {3, 5};
+    host_t h;
+    host_new(&h, BF16, 2, shp, 2);
+    fill_range(&h, -1, 1);
+    double *want = op_values(&h.t);
+    CHECK(op_close_tensor("strided bf16", &h.t, want, 0, 0));
+    want[7] += 0.5;
+    CHECK(!op_close_tensor("strided bf16, element [1, 2] off", &h.t, want, 0.1, 0));
+    free(want);
+    host_free(&h);
+}
+
 static void test_fatrelu_semantics(void)
 {
     /* x[:d] = {-1, 0.5, 0.7, 2, NaN}, x[d:] = 3: threshold 0.6 keeps 0.7 and 2, NaN becomes 0. */
@@ -635,11 +683,7 @@ static void test_tune_key(void)
 
 int main(void)
 {
-    const char *s = getenv("TK_TEST_SEED");
-    seed = s ? strtoull(s, NULL, 10) : (uint64_t)time(NULL);
-    rng = seed;
-    printf("test_ops: seed %llu (TK_TEST_SEED=%llu replays it)\n", (unsigned long long)seed,
-           (unsigned long long)seed);
+    op_test_seed();
     RUN(test_registry);
     RUN(test_dtype_names);
     RUN(test_f16_exhaustive);
@@ -647,6 +691,7 @@ int main(void)
     RUN(test_activations_ragged);
     RUN(test_activations_strided);
     RUN(test_activations_edges);
+    RUN(test_op_cmp);
     RUN(test_fatrelu_semantics);
     RUN(test_f32_formula_order);
     RUN(test_empty);

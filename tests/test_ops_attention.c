@@ -22,69 +22,15 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-#include <time.h>
 
 #include "harness.h"
+#include "op_test.h"
 #include "tensor_util.h"
 #include "ops/ops.h"
 
-static const tk_dtype I8 = {TK_DL_INT, 8, 1}, FP8 = {TK_DL_FLOAT8_E4M3FN, 8, 1}, I32 = {TK_DL_INT, 32, 1},
-                      I64 = {TK_DL_INT, 64, 1};
-
 /* ---- host tensors ----------------------------------------------------------------------------- */
 
-typedef struct {
-    tk_tensor t;
-    int64_t shape[6];
-    void *buf;
-} ht;
-
 #define SHAPE(...) ((const int64_t[]){__VA_ARGS__})
-
-static void ht_new(ht *h, tk_dtype dt, int ndim, const int64_t *shape)
-{
-    memset(h, 0, sizeof *h);
-    int64_t n = 1;
-    for (int i = 0; i < ndim; i++) {
-        h->shape[i] = shape[i];
-        n *= shape[i];
-    }
-    h->buf = calloc(1, (size_t)n * dt.bits / 8 + 16);
-    h->t.data = h->buf;
-    h->t.device.device_type = TK_DEV_CPU;
-    h->t.ndim = ndim;
-    h->t.dtype = dt;
-    h->t.shape = h->shape;
-}
-
-static void ht_free(ht *h) { free(h->buf); }
-
-/* Uniform values in [lo, hi] rounded to the (float) dtype; returns the stored values as doubles. */
-static double *ht_rand(ht *h, double lo, double hi)
-{
-    int64_t n = numel(&h->t);
-    double *d = malloc(sizeof(double) * (size_t)(n + 1));
-    for (int64_t i = 0; i < n; i++) {
-        set(&h->t, i, uniform(lo, hi));
-        d[i] = get(&h->t, i);
-    }
-    return d;
-}
-
-static double *ht_read(const ht *h)
-{
-    int64_t n = numel(&h->t);
-    double *d = malloc(sizeof(double) * (size_t)(n + 1));
-    for (int64_t i = 0; i < n; i++)
-        d[i] = get(&h->t, i);
-    return d;
-}
-
-static void ht_fill(ht *h, double v)
-{
-    for (int64_t i = 0, n = numel(&h->t); i < n; i++)
-        set(&h->t, i, v);
-}
 
 static void shuffle(int64_t *a, int64_t n)
 {
@@ -140,32 +86,15 @@ static void tol_of(tk_dtype dt, double *atol, double *rtol)
     }
 }
 
-/* |got - ref| <= atol + rtol |ref| everywhere; an infinite ref wants exactly that value; NaN never
- * passes. Prints the worst element. */
+/* |got - ref| <= atol + rtol |ref| everywhere (op_test.h); an infinite ref wants exactly that value;
+ * NaN never passes, not even against a NaN reference. Prints the worst element. */
 static int compare(const char *what, const double *got, const double *ref, int64_t n, double atol, double rtol)
 {
-    int64_t bad = 0, worst = -1;
-    double wratio = -1;
-    for (int64_t i = 0; i < n; i++) {
-        double g = got[i], r = ref[i], ratio;
-        if (isinf(r))
-            ratio = g == r ? 0 : INFINITY;
-        else if (!isfinite(g) || !isfinite(r))
-            ratio = INFINITY;
-        else
-            ratio = fabs(g - r) / (atol + rtol * fabs(r));
-        if (!(ratio <= 1))
-            bad++;
-        if (worst < 0 || ratio > wratio || isnan(ratio)) {
-            wratio = ratio;
-            worst = i;
-        }
-    }
-    if (bad)
-        fprintf(stderr, "  %s: %lld of %lld elements off; worst [%lld]: got %.9g ref %.9g (atol %g rtol %g, seed %llu)\n",
-                what, (long long)bad, (long long)n, (long long)worst, got[worst], ref[worst], atol, rtol,
-                (unsigned long long)seed);
-    return bad == 0;
+    op_cmp c = op_cmp_begin(atol, rtol, "%s", what);
+    c.nan_fails = 1;
+    for (int64_t i = 0; i < n; i++)
+        op_cmp_at(&c, i, got[i], ref[i]);
+    return op_cmp_end(&c);
 }
 
 #define TA(nm, tp) ((tk_arg){TK_ARG_TENSOR, nm, tp, 0, 0})
@@ -174,10 +103,7 @@ static int compare(const char *what, const double *got, const double *ref, int64
 
 static int run(const char *op, const tk_arg *a, size_t n, const char *what)
 {
-    tk_op_call c;
-    int rc = tk_ops__prepare(&c, op, a, n);
-    if (rc == TK_OK)
-        rc = tk_ops__run_cpu(&c);
+    int rc = op_run_cpu(op, a, n);
     if (rc != TK_OK)
         fprintf(stderr, "  %s %s: rc %d: %s (seed %llu)\n", op, what, rc, tk_last_error(), (unsigned long long)seed);
     return rc == TK_OK;
@@ -359,16 +285,16 @@ static int fwd_case(tk_dtype dt, const fcase *f)
 {
     char what[256];
     fcase_str(what, sizeof what, dt, f);
-    ht q, k, v, out, lse, al;
-    ht_new(&q, dt, 4, SHAPE(f->b, f->sq, f->hq, f->d));
-    ht_new(&k, dt, 4, SHAPE(f->b, f->sk, f->hkv, f->d));
-    ht_new(&v, dt, 4, SHAPE(f->b, f->sk, f->hkv, f->d));
-    ht_new(&out, dt, 4, SHAPE(f->b, f->sq, f->hq, f->d));
-    ht_new(&lse, F32, 3, SHAPE(f->b, f->hq, f->sq));
-    ht_new(&al, F32, 1, SHAPE(f->hq));
-    double *qd = ht_rand(&q, -2, 2), *kd = ht_rand(&k, -2, 2), *vd = ht_rand(&v, -1, 1), *ad = ht_rand(&al, 0.05, 0.5);
-    ht_fill(&out, 7);
-    ht_fill(&lse, 7);
+    host_t q, k, v, out, lse, al;
+    host_new(&q, dt, 4, SHAPE(f->b, f->sq, f->hq, f->d), 0);
+    host_new(&k, dt, 4, SHAPE(f->b, f->sk, f->hkv, f->d), 0);
+    host_new(&v, dt, 4, SHAPE(f->b, f->sk, f->hkv, f->d), 0);
+    host_new(&out, dt, 4, SHAPE(f->b, f->sq, f->hq, f->d), 0);
+    host_new(&lse, F32, 3, SHAPE(f->b, f->hq, f->sq), 0);
+    host_new(&al, F32, 1, SHAPE(f->hq), 0);
+    double *qd = op_rand(&q, -2, 2), *kd = op_rand(&k, -2, 2), *vd = op_rand(&v, -1, 1), *ad = op_rand(&al, 0.05, 0.5);
+    fill_const(&out, 7);
+    fill_const(&lse, 7);
     tk_arg a[16] = {TA("out", &out.t), TA("q", &q.t), TA("k", &k.t), TA("v", &v.t), TA("lse", &lse.t)};
     size_t na = mask_args(a, 5, f, &al.t);
     int ok = run("attention", a, na, what);
@@ -380,7 +306,7 @@ static int fwd_case(tk_dtype dt, const fcase *f)
                    kd + b * f->sk * f->hkv * f->d, vd + b * f->sk * f->hkv * f->d, f->sq, f->sk, f->hq, f->hkv, f->d,
                    f->d, &o);
     if (ok) {
-        double *go = ht_read(&out), *gl = ht_read(&lse), atol, rtol;
+        double *go = op_values(&out.t), *gl = op_values(&lse.t), atol, rtol;
         tol_of(dt, &atol, &rtol);
         char w2[300];
         snprintf(w2, sizeof w2, "attention out %s", what);
@@ -396,20 +322,18 @@ static int fwd_case(tk_dtype dt, const fcase *f)
     free(kd);
     free(vd);
     free(ad);
-    ht_free(&q);
-    ht_free(&k);
-    ht_free(&v);
-    ht_free(&out);
-    ht_free(&lse);
-    ht_free(&al);
+    host_free(&q);
+    host_free(&k);
+    host_free(&v);
+    host_free(&out);
+    host_free(&lse);
+    host_free(&al);
     return ok;
 }
 
 static const int64_t seq_shapes[][2] = {{1, 1}, {7, 7}, {33, 33}, {7, 33}, {33, 7}, {1, 33}, {5, 150}};
 static const int64_t head_cfgs[][2] = {{4, 2}, {4, 1}, {2, 2}, {3, 1}};
 static const int64_t head_dims[] = {8, 64, 5, 32};
-static const tk_dtype *float_dtypes[] = {&F32, &F16, &BF16};
-
 /* Mask combination c (0..31): causal, window_left, window_right, ALiBi, softcap bits. */
 static void combo(fcase *f, int c, int variant)
 {
@@ -434,7 +358,7 @@ static void test_attention_masks(void)
             f.hkv = head_cfgs[n % 4][1];
             f.d = head_dims[n % 4];
             f.scale = n % 5 == 0 ? 0.3 : 0;
-            CHECK(fwd_case(*float_dtypes[n % 3], &f));
+            CHECK(fwd_case(*all_dtypes[n % 3], &f));
         }
 }
 
@@ -445,7 +369,7 @@ static void test_attention_dims(void)
     for (size_t i = 0; i < sizeof dims / sizeof dims[0]; i++)
         for (int t = 0; t < 3; t++) {
             fcase f = {1, 9, 70, 4, 2, dims[i], 1, -1, -1, 0, 0.0, 0};
-            CHECK(fwd_case(*float_dtypes[t], &f));
+            CHECK(fwd_case(*all_dtypes[t], &f));
         }
     /* big enough for several threads and several key chunks per query */
     fcase big = {2, 257, 300, 8, 2, 128, 1, 100, -1, 1, 30.0, 0};
@@ -458,16 +382,16 @@ static void test_fully_masked(void)
     fcase f = {1, 7, 3, 2, 1, 8, 1, -1, -1, 0, 0.0, 0};
     CHECK(fwd_case(F32, &f));
     /* and explicitly */
-    ht q, k, v, out, lse;
-    ht_new(&q, F32, 4, SHAPE(1, 7, 2, 8));
-    ht_new(&k, F32, 4, SHAPE(1, 3, 1, 8));
-    ht_new(&v, F32, 4, SHAPE(1, 3, 1, 8));
-    ht_new(&out, F32, 4, SHAPE(1, 7, 2, 8));
-    ht_new(&lse, F32, 3, SHAPE(1, 2, 7));
-    free(ht_rand(&q, -1, 1));
-    free(ht_rand(&k, -1, 1));
-    free(ht_rand(&v, -1, 1));
-    ht_fill(&out, 3);
+    host_t q, k, v, out, lse;
+    host_new(&q, F32, 4, SHAPE(1, 7, 2, 8), 0);
+    host_new(&k, F32, 4, SHAPE(1, 3, 1, 8), 0);
+    host_new(&v, F32, 4, SHAPE(1, 3, 1, 8), 0);
+    host_new(&out, F32, 4, SHAPE(1, 7, 2, 8), 0);
+    host_new(&lse, F32, 3, SHAPE(1, 2, 7), 0);
+    free(op_rand(&q, -1, 1));
+    free(op_rand(&k, -1, 1));
+    free(op_rand(&v, -1, 1));
+    fill_const(&out, 3);
     tk_arg a[6] = {TA("out", &out.t), TA("q", &q.t), TA("k", &k.t), TA("v", &v.t), TA("lse", &lse.t),
                    IA("causal", 1)};
     CHECK(run("attention", a, 6, "fully masked"));
@@ -487,11 +411,11 @@ static void test_fully_masked(void)
         CHECK(l[h * 7 + 0] == -INFINITY);
         CHECK(isfinite(l[h * 7 + 6]));
     }
-    ht_free(&q);
-    ht_free(&k);
-    ht_free(&v);
-    ht_free(&out);
-    ht_free(&lse);
+    host_free(&q);
+    host_free(&k);
+    host_free(&v);
+    host_free(&out);
+    host_free(&lse);
 }
 
 /* Varlen: 3 sequences (one with Sq > Sk, one of a single query) packed with padding rows after them,
@@ -502,20 +426,20 @@ static int varlen_case(tk_dtype dt, const fcase *f)
     fcase_str(what, sizeof what, dt, f);
     const int32_t cq[4] = {0, 5, 6, 18}, ck[4] = {0, 3, 12, 32};
     const int64_t tq = 20, tk = 33, hq = f->hq, hkv = f->hkv, d = f->d;
-    ht q, k, v, out, lse, al, cuq, cuk;
-    ht_new(&q, dt, 4, SHAPE(1, tq, hq, d));
-    ht_new(&k, dt, 4, SHAPE(1, tk, hkv, d));
-    ht_new(&v, dt, 4, SHAPE(1, tk, hkv, d));
-    ht_new(&out, dt, 4, SHAPE(1, tq, hq, d));
-    ht_new(&lse, F32, 3, SHAPE(1, hq, tq));
-    ht_new(&al, F32, 1, SHAPE(hq));
-    ht_new(&cuq, I32, 1, SHAPE(4));
-    ht_new(&cuk, I32, 1, SHAPE(4));
+    host_t q, k, v, out, lse, al, cuq, cuk;
+    host_new(&q, dt, 4, SHAPE(1, tq, hq, d), 0);
+    host_new(&k, dt, 4, SHAPE(1, tk, hkv, d), 0);
+    host_new(&v, dt, 4, SHAPE(1, tk, hkv, d), 0);
+    host_new(&out, dt, 4, SHAPE(1, tq, hq, d), 0);
+    host_new(&lse, F32, 3, SHAPE(1, hq, tq), 0);
+    host_new(&al, F32, 1, SHAPE(hq), 0);
+    host_new(&cuq, I32, 1, SHAPE(4), 0);
+    host_new(&cuk, I32, 1, SHAPE(4), 0);
     memcpy(cuq.buf, cq, sizeof cq);
     memcpy(cuk.buf, ck, sizeof ck);
-    double *qd = ht_rand(&q, -2, 2), *kd = ht_rand(&k, -2, 2), *vd = ht_rand(&v, -1, 1), *ad = ht_rand(&al, 0.05, 0.5);
-    ht_fill(&out, 7);
-    ht_fill(&lse, 7);
+    double *qd = op_rand(&q, -2, 2), *kd = op_rand(&k, -2, 2), *vd = op_rand(&v, -1, 1), *ad = op_rand(&al, 0.05, 0.5);
+    fill_const(&out, 7);
+    fill_const(&lse, 7);
     tk_arg a[16] = {TA("out", &out.t), TA("q", &q.t), TA("k", &k.t), TA("v", &v.t), TA("lse", &lse.t),
                     TA("cu_seqlens_q", &cuq.t), TA("cu_seqlens_k", &cuk.t), IA("max_seqlen_q", 12)};
     size_t na = mask_args(a, 8, f, &al.t);
@@ -536,7 +460,7 @@ static int varlen_case(tk_dtype dt, const fcase *f)
                 rl[h * tq + cq[s] + i] = sl[h * nq + i];
     }
     if (ok) {
-        double *go = ht_read(&out), *gl = ht_read(&lse), atol, rtol;
+        double *go = op_values(&out.t), *gl = op_values(&lse.t), atol, rtol;
         tol_of(dt, &atol, &rtol);
         char w2[300];
         snprintf(w2, sizeof w2, "varlen out %s", what);
@@ -553,14 +477,14 @@ static int varlen_case(tk_dtype dt, const fcase *f)
     free(kd);
     free(vd);
     free(ad);
-    ht_free(&q);
-    ht_free(&k);
-    ht_free(&v);
-    ht_free(&out);
-    ht_free(&lse);
-    ht_free(&al);
-    ht_free(&cuq);
-    ht_free(&cuk);
+    host_free(&q);
+    host_free(&k);
+    host_free(&v);
+    host_free(&out);
+    host_free(&lse);
+    host_free(&al);
+    host_free(&cuq);
+    host_free(&cuk);
     return ok;
 }
 
@@ -573,7 +497,7 @@ static void test_attention_varlen(void)
         f.hq = head_cfgs[c % 4][0];
         f.hkv = head_cfgs[c % 4][1];
         f.d = head_dims[c % 4];
-        CHECK(varlen_case(*float_dtypes[c % 3], &f));
+        CHECK(varlen_case(*all_dtypes[c % 3], &f));
     }
 }
 
@@ -585,19 +509,19 @@ static int bwd_case(tk_dtype dt, const fcase *f)
     fcase_str(what, sizeof what, dt, f);
     int64_t b = f->b, sq = f->sq, sk = f->sk, hq = f->hq, hkv = f->hkv, d = f->d;
     int64_t nq = b * sq * hq * d, nk = b * sk * hkv * d;
-    ht q, k, v, dout, out, lse, al, dq, dk, dv;
-    ht_new(&q, dt, 4, SHAPE(b, sq, hq, d));
-    ht_new(&k, dt, 4, SHAPE(b, sk, hkv, d));
-    ht_new(&v, dt, 4, SHAPE(b, sk, hkv, d));
-    ht_new(&dout, dt, 4, SHAPE(b, sq, hq, d));
-    ht_new(&out, dt, 4, SHAPE(b, sq, hq, d));
-    ht_new(&dq, dt, 4, SHAPE(b, sq, hq, d));
-    ht_new(&dk, dt, 4, SHAPE(b, sk, hkv, d));
-    ht_new(&dv, dt, 4, SHAPE(b, sk, hkv, d));
-    ht_new(&lse, F32, 3, SHAPE(b, hq, sq));
-    ht_new(&al, F32, 1, SHAPE(hq));
-    double *qd = ht_rand(&q, -2, 2), *kd = ht_rand(&k, -2, 2), *vd = ht_rand(&v, -1, 1), *gd = ht_rand(&dout, -1, 1);
-    double *ad = ht_rand(&al, 0.05, 0.5);
+    host_t q, k, v, dout, out, lse, al, dq, dk, dv;
+    host_new(&q, dt, 4, SHAPE(b, sq, hq, d), 0);
+    host_new(&k, dt, 4, SHAPE(b, sk, hkv, d), 0);
+    host_new(&v, dt, 4, SHAPE(b, sk, hkv, d), 0);
+    host_new(&dout, dt, 4, SHAPE(b, sq, hq, d), 0);
+    host_new(&out, dt, 4, SHAPE(b, sq, hq, d), 0);
+    host_new(&dq, dt, 4, SHAPE(b, sq, hq, d), 0);
+    host_new(&dk, dt, 4, SHAPE(b, sk, hkv, d), 0);
+    host_new(&dv, dt, 4, SHAPE(b, sk, hkv, d), 0);
+    host_new(&lse, F32, 3, SHAPE(b, hq, sq), 0);
+    host_new(&al, F32, 1, SHAPE(hq), 0);
+    double *qd = op_rand(&q, -2, 2), *kd = op_rand(&k, -2, 2), *vd = op_rand(&v, -1, 1), *gd = op_rand(&dout, -1, 1);
+    double *ad = op_rand(&al, 0.05, 0.5);
     opts_t o = opts_of(f, ad);
     /* the forward in float64, handed to the op as out (rounded to T) and lse (f32) */
     double *fo = malloc(sizeof(double) * (size_t)(nq + 1)), *fl = malloc(sizeof(double) * (size_t)(b * hq * sq + 1));
@@ -608,7 +532,7 @@ static int bwd_case(tk_dtype dt, const fcase *f)
         set(&out.t, i, fo[i]);
     for (int64_t i = 0; i < b * hq * sq; i++)
         set(&lse.t, i, fl[i]);
-    double *oq = ht_read(&out);
+    double *oq = op_values(&out.t);
     tk_arg a[16] = {TA("dq", &dq.t),     TA("dk", &dk.t), TA("dv", &dv.t),   TA("dout", &dout.t), TA("q", &q.t),
                     TA("k", &k.t),       TA("v", &v.t),   TA("out", &out.t), TA("lse", &lse.t)};
     size_t na = mask_args(a, 9, f, &al.t);
@@ -626,7 +550,7 @@ static int bwd_case(tk_dtype dt, const fcase *f)
             unit = fmax(unit, fabs(rq[i]));
         for (int64_t i = 0; i < nk; i++)
             unit = fmax(unit, fmax(fabs(rk[i]), fabs(rv[i])));
-        double *g1 = ht_read(&dq), *g2 = ht_read(&dk), *g3 = ht_read(&dv);
+        double *g1 = op_values(&dq.t), *g2 = op_values(&dk.t), *g3 = op_values(&dv.t);
         char w2[300];
         snprintf(w2, sizeof w2, "backward dq %s", what);
         ok &= compare(w2, g1, rq, nq, atol * unit, rtol);
@@ -649,9 +573,9 @@ static int bwd_case(tk_dtype dt, const fcase *f)
     free(rq);
     free(rk);
     free(rv);
-    ht *all[] = {&q, &k, &v, &dout, &out, &lse, &al, &dq, &dk, &dv};
+    host_t *all[] = {&q, &k, &v, &dout, &out, &lse, &al, &dq, &dk, &dv};
     for (size_t i = 0; i < sizeof all / sizeof all[0]; i++)
-        ht_free(all[i]);
+        host_free(all[i]);
     return ok;
 }
 
@@ -672,7 +596,7 @@ static void test_backward(void)
             f.hkv = head_cfgs[n % 4][1];
             f.d = head_dims[n % 4] > 32 ? 16 : head_dims[n % 4];
             f.scale = n % 5 == 0 ? 0.3 : 0;
-            CHECK(bwd_case(*float_dtypes[n % 3], &f));
+            CHECK(bwd_case(*all_dtypes[n % 3], &f));
         }
 }
 
@@ -696,19 +620,19 @@ static int fd_case(const fcase *f)
     char what[256];
     fcase_str(what, sizeof what, F32, f);
     int64_t nq = f->sq * f->hq * f->d, nk = f->sk * f->hkv * f->d;
-    ht q, k, v, dout, out, lse, al, dq, dk, dv;
-    ht_new(&q, F32, 4, SHAPE(1, f->sq, f->hq, f->d));
-    ht_new(&k, F32, 4, SHAPE(1, f->sk, f->hkv, f->d));
-    ht_new(&v, F32, 4, SHAPE(1, f->sk, f->hkv, f->d));
-    ht_new(&dout, F32, 4, SHAPE(1, f->sq, f->hq, f->d));
-    ht_new(&out, F32, 4, SHAPE(1, f->sq, f->hq, f->d));
-    ht_new(&dq, F32, 4, SHAPE(1, f->sq, f->hq, f->d));
-    ht_new(&dk, F32, 4, SHAPE(1, f->sk, f->hkv, f->d));
-    ht_new(&dv, F32, 4, SHAPE(1, f->sk, f->hkv, f->d));
-    ht_new(&lse, F32, 3, SHAPE(1, f->hq, f->sq));
-    ht_new(&al, F32, 1, SHAPE(f->hq));
-    double *x[3] = {ht_rand(&q, -1.5, 1.5), ht_rand(&k, -1.5, 1.5), ht_rand(&v, -1, 1)};
-    double *gd = ht_rand(&dout, -1, 1), *ad = ht_rand(&al, 0.1, 0.6);
+    host_t q, k, v, dout, out, lse, al, dq, dk, dv;
+    host_new(&q, F32, 4, SHAPE(1, f->sq, f->hq, f->d), 0);
+    host_new(&k, F32, 4, SHAPE(1, f->sk, f->hkv, f->d), 0);
+    host_new(&v, F32, 4, SHAPE(1, f->sk, f->hkv, f->d), 0);
+    host_new(&dout, F32, 4, SHAPE(1, f->sq, f->hq, f->d), 0);
+    host_new(&out, F32, 4, SHAPE(1, f->sq, f->hq, f->d), 0);
+    host_new(&dq, F32, 4, SHAPE(1, f->sq, f->hq, f->d), 0);
+    host_new(&dk, F32, 4, SHAPE(1, f->sk, f->hkv, f->d), 0);
+    host_new(&dv, F32, 4, SHAPE(1, f->sk, f->hkv, f->d), 0);
+    host_new(&lse, F32, 3, SHAPE(1, f->hq, f->sq), 0);
+    host_new(&al, F32, 1, SHAPE(f->hq), 0);
+    double *x[3] = {op_rand(&q, -1.5, 1.5), op_rand(&k, -1.5, 1.5), op_rand(&v, -1, 1)};
+    double *gd = op_rand(&dout, -1, 1), *ad = op_rand(&al, 0.1, 0.6);
     opts_t o = opts_of(f, ad);
     tk_arg a[16] = {TA("out", &out.t), TA("q", &q.t), TA("k", &k.t), TA("v", &v.t), TA("lse", &lse.t)};
     size_t na = mask_args(a, 5, f, &al.t);
@@ -717,11 +641,11 @@ static int fd_case(const fcase *f)
                     TA("k", &k.t),   TA("v", &v.t),   TA("out", &out.t), TA("lse", &lse.t)};
     size_t nb = mask_args(b, 9, f, &al.t);
     ok = ok && run("attention_backward", b, nb, what);
-    const ht *grads[3] = {&dq, &dk, &dv};
+    const host_t *grads[3] = {&dq, &dk, &dv};
     const int64_t lens[3] = {nq, nk, nk};
     const char *names[3] = {"dq", "dk", "dv"};
     for (int t = 0; ok && t < 3; t++) {
-        double *fd = malloc(sizeof(double) * (size_t)lens[t]), *got = ht_read(grads[t]), h = 1e-5;
+        double *fd = malloc(sizeof(double) * (size_t)lens[t]), *got = op_values(&(grads[t])->t), h = 1e-5;
         for (int64_t i = 0; i < lens[t]; i++) {
             double keep = x[t][i];
             x[t][i] = keep + h;
@@ -741,9 +665,9 @@ static int fd_case(const fcase *f)
         free(x[t]);
     free(gd);
     free(ad);
-    ht *all[] = {&q, &k, &v, &dout, &out, &lse, &al, &dq, &dk, &dv};
+    host_t *all[] = {&q, &k, &v, &dout, &out, &lse, &al, &dq, &dk, &dv};
     for (size_t i = 0; i < sizeof all / sizeof all[0]; i++)
-        ht_free(all[i]);
+        host_free(all[i]);
     return ok;
 }
 
@@ -770,7 +694,7 @@ typedef struct {
 /* The paged layout of a decode case: a shuffled block table (unused entries hold junk ids). */
 typedef struct {
     int64_t nblocks, mb;
-    ht bt, sl;
+    host_t bt, sl;
 } pages_t;
 
 static void pages_new(pages_t *pg, const int *lens, int nseq, int64_t bs)
@@ -788,8 +712,8 @@ static void pages_new(pages_t *pg, const int *lens, int nseq, int64_t bs)
     for (int64_t i = 0; i < pg->nblocks; i++)
         perm[i] = i;
     shuffle(perm, pg->nblocks);
-    ht_new(&pg->bt, I32, 2, SHAPE(nseq, mb));
-    ht_new(&pg->sl, I32, 1, SHAPE(nseq));
+    host_new(&pg->bt, I32, 2, SHAPE(nseq, mb), 0);
+    host_new(&pg->sl, I32, 1, SHAPE(nseq), 0);
     int32_t *bt = pg->bt.buf, *sl = pg->sl.buf;
     int64_t next = 0;
     for (int s = 0; s < nseq; s++) {
@@ -802,8 +726,8 @@ static void pages_new(pages_t *pg, const int *lens, int nseq, int64_t bs)
 
 static void pages_free(pages_t *pg)
 {
-    ht_free(&pg->bt);
-    ht_free(&pg->sl);
+    host_free(&pg->bt);
+    host_free(&pg->sl);
 }
 
 static int64_t slot_of(const pages_t *pg, int s, int64_t j, int64_t bs)
@@ -813,7 +737,7 @@ static int64_t slot_of(const pages_t *pg, int s, int64_t j, int64_t bs)
 
 /* Stores random values into every key slot of every sequence of a paged cache (junk NaN elsewhere);
  * returns per sequence the dequantised values [len, hkv, d] in *vals[s]. */
-static void fill_cache(ht *cache, const pages_t *pg, const int *lens, int nseq, int64_t hkv, int64_t d, int64_t bs,
+static void fill_cache(host_t *cache, const pages_t *pg, const int *lens, int nseq, int64_t hkv, int64_t d, int64_t bs,
                        const double *scale, double **vals)
 {
     int64_t n = numel(&cache->t);
@@ -856,21 +780,21 @@ static int decode_case(tk_dtype qdt, tk_dtype cdt, const dcase *c)
     int64_t hq = c->hq, hkv = c->hkv, d = c->d, sq = c->sq;
     pages_t pg;
     pages_new(&pg, c->lens, nseq, c->bs);
-    ht kc, vc, q, out, lse, ks, vs, al;
-    ht_new(&kc, cdt, 4, SHAPE(pg.nblocks, c->bs, hkv, d));
-    ht_new(&vc, cdt, 4, SHAPE(pg.nblocks, c->bs, hkv, d));
-    ht_new(&q, qdt, 4, SHAPE(nseq, sq, hq, d));
-    ht_new(&out, qdt, 4, SHAPE(nseq, sq, hq, d));
-    ht_new(&lse, F32, 3, SHAPE(nseq, hq, sq));
-    ht_new(&ks, F32, 1, SHAPE(hkv));
-    ht_new(&vs, F32, 1, SHAPE(hkv));
-    ht_new(&al, F32, 1, SHAPE(hq));
+    host_t kc, vc, q, out, lse, ks, vs, al;
+    host_new(&kc, cdt, 4, SHAPE(pg.nblocks, c->bs, hkv, d), 0);
+    host_new(&vc, cdt, 4, SHAPE(pg.nblocks, c->bs, hkv, d), 0);
+    host_new(&q, qdt, 4, SHAPE(nseq, sq, hq, d), 0);
+    host_new(&out, qdt, 4, SHAPE(nseq, sq, hq, d), 0);
+    host_new(&lse, F32, 3, SHAPE(nseq, hq, sq), 0);
+    host_new(&ks, F32, 1, SHAPE(hkv), 0);
+    host_new(&vs, F32, 1, SHAPE(hkv), 0);
+    host_new(&al, F32, 1, SHAPE(hq), 0);
     double qs = cdt.code == TK_DL_INT ? 0.02 : 0.5;
-    double *ksd = ht_rand(&ks, qs * 0.5, qs), *vsd = ht_rand(&vs, qs * 0.5, qs), *ad = ht_rand(&al, 0.05, 0.5);
+    double *ksd = op_rand(&ks, qs * 0.5, qs), *vsd = op_rand(&vs, qs * 0.5, qs), *ad = op_rand(&al, 0.05, 0.5);
     double *kv[4], *vv[4];
     fill_cache(&kc, &pg, c->lens, nseq, hkv, d, c->bs, ksd, kv);
     fill_cache(&vc, &pg, c->lens, nseq, hkv, d, c->bs, vsd, vv);
-    double *qd = ht_rand(&q, -1.5, 1.5);
+    double *qd = op_rand(&q, -1.5, 1.5);
     tk_arg a[16] = {TA("out", &out.t),        TA("q", &q.t),          TA("k_cache", &kc.t), TA("v_cache", &vc.t),
                     TA("block_table", &pg.bt.t), TA("seq_lens", &pg.sl.t), TA("lse", &lse.t)};
     size_t na = 7;
@@ -891,7 +815,7 @@ static int decode_case(tk_dtype qdt, tk_dtype cdt, const dcase *c)
         naive_attn(ro + s * sq * hq * d, rl + s * hq * sq, qd + s * sq * hq * d, kv[s], vv[s], sq, c->lens[s], hq, hkv,
                    d, d, &o);
     if (ok) {
-        double *go = ht_read(&out), *gl = ht_read(&lse), atol, rtol;
+        double *go = op_values(&out.t), *gl = op_values(&lse.t), atol, rtol;
         tol_of(qdt, &atol, &rtol);
         char w2[300];
         snprintf(w2, sizeof w2, "decode out %s", what);
@@ -911,9 +835,9 @@ static int decode_case(tk_dtype qdt, tk_dtype cdt, const dcase *c)
     free(ksd);
     free(vsd);
     free(ad);
-    ht *all[] = {&kc, &vc, &q, &out, &lse, &ks, &vs, &al};
+    host_t *all[] = {&kc, &vc, &q, &out, &lse, &ks, &vs, &al};
     for (size_t i = 0; i < sizeof all / sizeof all[0]; i++)
-        ht_free(all[i]);
+        host_free(all[i]);
     pages_free(&pg);
     return ok;
 }
@@ -930,14 +854,14 @@ static void test_decode(void)
             dcase c = {sqi ? 4 : 1, bss[n % 3], head_cfgs[n % 4][0], head_cfgs[n % 4][1], n % 2 ? 64 : 16,
                        m & 1 ? 5 : -1, (m >> 1) & 1, m & 4 ? 4.0 : 0.0, 4, {0}};
             memcpy(c.lens, lens[n % 2], sizeof c.lens);
-            CHECK(decode_case(*float_dtypes[n % 3], *float_dtypes[n % 3], &c));
+            CHECK(decode_case(*all_dtypes[n % 3], *all_dtypes[n % 3], &c));
             CHECK(decode_case(n % 2 ? BF16 : F16, I8, &c));
-            CHECK(decode_case(n % 2 ? F16 : F32, FP8, &c));
+            CHECK(decode_case(n % 2 ? F16 : F32, E4M3, &c));
         }
     /* D = 128 over many keys; a sequence of length 0 (padding: out 0, lse -inf) */
     dcase c = {2, 16, 8, 2, 128, -1, 0, 0.0, 3, {300, 0, 17, 0}};
     CHECK(decode_case(F32, F32, &c));
-    CHECK(decode_case(BF16, FP8, &c));
+    CHECK(decode_case(BF16, E4M3, &c));
 }
 
 /* ---- paged_kv_append -------------------------------------------------------------------------- */
@@ -954,14 +878,14 @@ static int append_case(tk_dtype dt, tk_dtype cdt)
     pages_t pg;
     pages_new(&pg, lens, 3, bs);
     int64_t ntok = 5 + 20 + 33 + nskip, nslots = pg.nblocks * bs;
-    ht kc, vc, k, v, sm, ks, vs;
-    ht_new(&kc, cdt, 4, SHAPE(pg.nblocks, bs, hkv, d));
-    ht_new(&vc, cdt, 4, SHAPE(pg.nblocks, bs, hkv, d));
-    ht_new(&k, dt, 3, SHAPE(ntok, hkv, d));
-    ht_new(&v, dt, 3, SHAPE(ntok, hkv, d));
-    ht_new(&sm, I64, 1, SHAPE(ntok));
-    ht_new(&ks, F32, 1, SHAPE(hkv));
-    ht_new(&vs, F32, 1, SHAPE(hkv));
+    host_t kc, vc, k, v, sm, ks, vs;
+    host_new(&kc, cdt, 4, SHAPE(pg.nblocks, bs, hkv, d), 0);
+    host_new(&vc, cdt, 4, SHAPE(pg.nblocks, bs, hkv, d), 0);
+    host_new(&k, dt, 3, SHAPE(ntok, hkv, d), 0);
+    host_new(&v, dt, 3, SHAPE(ntok, hkv, d), 0);
+    host_new(&sm, I64, 1, SHAPE(ntok), 0);
+    host_new(&ks, F32, 1, SHAPE(hkv), 0);
+    host_new(&vs, F32, 1, SHAPE(hkv), 0);
     /* head 0's scales make many values saturate (|x / scale| past 127 or 448) */
     float *ksf = ks.buf, *vsf = vs.buf;
     double big = cdt.code == TK_DL_INT ? 1.0 / 200 : 1.0 / 600, fine = cdt.code == TK_DL_INT ? 1.0 / 100 : 1.0 / 200;
@@ -969,7 +893,7 @@ static int append_case(tk_dtype dt, tk_dtype cdt)
     vsf[0] = (float)(big * 1.3);
     ksf[1] = (float)fine;
     vsf[1] = (float)(fine * 0.7);
-    double *kd = ht_rand(&k, -1, 1), *vd = ht_rand(&v, -1, 1);
+    double *kd = op_rand(&k, -1, 1), *vd = op_rand(&v, -1, 1);
     /* token order: shuffled (sequence, position) pairs, then the skipped ones */
     int64_t *order = malloc(sizeof(int64_t) * (size_t)ntok), *owner = malloc(sizeof(int64_t) * (size_t)ntok);
     int64_t t = 0;
@@ -1006,7 +930,7 @@ static int append_case(tk_dtype dt, tk_dtype cdt)
     int64_t bad = 0;
     for (int64_t s = 0; ok && s < nslots; s++)
         for (int kvi = 0; kvi < 2; kvi++) {
-            const ht *cache = kvi ? &vc : &kc;
+            const host_t *cache = kvi ? &vc : &kc;
             const double *src = kvi ? vd : kd;
             const float *sc = kvi ? vsf : ksf;
             for (int64_t e = 0; e < hkv * d; e++) {
@@ -1040,11 +964,11 @@ static int append_case(tk_dtype dt, tk_dtype cdt)
 
     /* decode over the appended cache, against attention on the dequantised values */
     if (ok) {
-        ht q, out, lse;
-        ht_new(&q, dt, 4, SHAPE(3, 1, hq, d));
-        ht_new(&out, dt, 4, SHAPE(3, 1, hq, d));
-        ht_new(&lse, F32, 3, SHAPE(3, hq, 1));
-        double *qd = ht_rand(&q, -2, 2);
+        host_t q, out, lse;
+        host_new(&q, dt, 4, SHAPE(3, 1, hq, d), 0);
+        host_new(&out, dt, 4, SHAPE(3, 1, hq, d), 0);
+        host_new(&lse, F32, 3, SHAPE(3, hq, 1), 0);
+        double *qd = op_rand(&q, -2, 2);
         tk_arg b[9] = {TA("out", &out.t),           TA("q", &q.t),           TA("k_cache", &kc.t),
                        TA("v_cache", &vc.t),        TA("block_table", &pg.bt.t), TA("seq_lens", &pg.sl.t),
                        TA("lse", &lse.t),           TA("k_scale", &ks.t),    TA("v_scale", &vs.t)};
@@ -1074,7 +998,7 @@ static int append_case(tk_dtype dt, tk_dtype cdt)
             free(vv);
         }
         if (ok) {
-            double *go = ht_read(&out), *gl = ht_read(&lse), atol, rtol;
+            double *go = op_values(&out.t), *gl = op_values(&lse.t), atol, rtol;
             tol_of(dt, &atol, &rtol);
             char w2[200];
             snprintf(w2, sizeof w2, "decode after append out %s", what);
@@ -1087,18 +1011,18 @@ static int append_case(tk_dtype dt, tk_dtype cdt)
         free(ro);
         free(rl);
         free(qd);
-        ht_free(&q);
-        ht_free(&out);
-        ht_free(&lse);
+        host_free(&q);
+        host_free(&out);
+        host_free(&lse);
     }
     free(tok_at);
     free(order);
     free(owner);
     free(kd);
     free(vd);
-    ht *all[] = {&kc, &vc, &k, &v, &sm, &ks, &vs};
+    host_t *all[] = {&kc, &vc, &k, &v, &sm, &ks, &vs};
     for (size_t i = 0; i < sizeof all / sizeof all[0]; i++)
-        ht_free(all[i]);
+        host_free(all[i]);
     pages_free(&pg);
     return ok;
 }
@@ -1106,9 +1030,9 @@ static int append_case(tk_dtype dt, tk_dtype cdt)
 static void test_paged_kv_append(void)
 {
     for (int t = 0; t < 3; t++) {
-        CHECK(append_case(*float_dtypes[t], *float_dtypes[t]));
-        CHECK(append_case(*float_dtypes[t], I8));
-        CHECK(append_case(*float_dtypes[t], FP8));
+        CHECK(append_case(*all_dtypes[t], *all_dtypes[t]));
+        CHECK(append_case(*all_dtypes[t], I8));
+        CHECK(append_case(*all_dtypes[t], E4M3));
     }
     /* the encoder written here against a few fixed points */
     CHECK(e4m3_round(448) == 448 && e4m3_round(1e9) == 448 && e4m3_round(-500) == -448);
@@ -1128,13 +1052,13 @@ static int mla_case(tk_dtype dt, int with_weights)
     const int64_t hq = 4, r = 32, p = 8, dn = 16, dvh = 12, bs = 16, w = r + p;
     pages_t pg;
     pages_new(&pg, lens, 3, bs);
-    ht kv, qn, qp, out, lse;
-    ht_new(&kv, dt, 3, SHAPE(pg.nblocks, bs, w));
-    ht_new(&qn, dt, 3, SHAPE(3, hq, r));
-    ht_new(&qp, dt, 3, SHAPE(3, hq, p));
-    ht_new(&out, dt, 3, SHAPE(3, hq, r));
-    ht_new(&lse, F32, 2, SHAPE(3, hq));
-    ht_fill(&kv, NAN);
+    host_t kv, qn, qp, out, lse;
+    host_new(&kv, dt, 3, SHAPE(pg.nblocks, bs, w), 0);
+    host_new(&qn, dt, 3, SHAPE(3, hq, r), 0);
+    host_new(&qp, dt, 3, SHAPE(3, hq, p), 0);
+    host_new(&out, dt, 3, SHAPE(3, hq, r), 0);
+    host_new(&lse, F32, 2, SHAPE(3, hq), 0);
+    fill_const(&kv, NAN);
     double *lat[3]; /* per sequence [len, R + P]: c_kv then k_pe */
     for (int s = 0; s < 3; s++) {
         lat[s] = malloc(sizeof(double) * (size_t)(lens[s] * w + 1));
@@ -1145,7 +1069,7 @@ static int mla_case(tk_dtype dt, int with_weights)
                 lat[s][j * w + x] = get(&kv.t, e);
             }
     }
-    double *qpd = ht_rand(&qp, -1, 1), *qnd;
+    double *qpd = op_rand(&qp, -1, 1), *qnd;
     double *wuk = NULL, *wuv = NULL, *qfull = NULL, scale;
     if (with_weights) {
         scale = 1.0 / sqrt((double)(dn + p));
@@ -1167,15 +1091,15 @@ static int mla_case(tk_dtype dt, int with_weights)
                         acc += qfull[(b * hq + h) * dn + x] * wuk[(h * dn + x) * r + c];
                     set(&qn.t, (b * hq + h) * r + c, acc);
                 }
-        qnd = ht_read(&qn);
+        qnd = op_values(&qn.t);
     } else {
         scale = 0.15;
-        qnd = ht_rand(&qn, -2, 2);
+        qnd = op_rand(&qn, -2, 2);
     }
     tk_arg a[8] = {TA("out", &out.t),         TA("q_nope", &qn.t),     TA("q_pe", &qp.t), TA("kv_cache", &kv.t),
                    TA("block_table", &pg.bt.t), TA("seq_lens", &pg.sl.t), TA("lse", &lse.t), FA("scale", scale)};
     int ok = run("mla_decode", a, 8, what);
-    double *got = ht_read(&out), *gl = ht_read(&lse);
+    double *got = op_values(&out.t), *gl = op_values(&lse.t);
     for (int64_t b = 0; ok && b < 3; b++) {
         int64_t L = lens[b];
         opts_t o = {scale, 0, 1, -1, -1, NULL};
@@ -1255,9 +1179,9 @@ static int mla_case(tk_dtype dt, int with_weights)
     free(wuk);
     free(wuv);
     free(qfull);
-    ht *all[] = {&kv, &qn, &qp, &out, &lse};
+    host_t *all[] = {&kv, &qn, &qp, &out, &lse};
     for (size_t i = 0; i < sizeof all / sizeof all[0]; i++)
-        ht_free(all[i]);
+        host_free(all[i]);
     pages_free(&pg);
     return ok;
 }
@@ -1332,10 +1256,7 @@ static void test_registry(void)
 /* Runs prepare (and the CPU reference when prepare passes) and wants TK_ERR_INVALID with `msg`. */
 static int expect_invalid(const char *op, const tk_arg *a, size_t n, const char *msg)
 {
-    tk_op_call c;
-    int rc = tk_ops__prepare(&c, op, a, n);
-    if (rc == TK_OK)
-        rc = tk_ops__run_cpu(&c);
+    int rc = op_run_cpu(op, a, n);
     if (rc != TK_ERR_INVALID || !strstr(tk_last_error(), msg)) {
         fprintf(stderr, "  %s: rc %d, error \"%s\"; want TK_ERR_INVALID with \"%s\"\n", op, rc, tk_last_error(), msg);
         return 0;
@@ -1345,17 +1266,17 @@ static int expect_invalid(const char *op, const tk_arg *a, size_t n, const char 
 
 static void test_validation(void)
 {
-    ht q, k, v, out, k3, lse, cu, cu3, q600, k600;
-    ht_new(&q, F32, 4, SHAPE(2, 5, 4, 8));
-    ht_new(&out, F32, 4, SHAPE(2, 5, 4, 8));
-    ht_new(&k, F32, 4, SHAPE(2, 6, 2, 8));
-    ht_new(&v, F32, 4, SHAPE(2, 6, 2, 8));
-    ht_new(&k3, F32, 4, SHAPE(2, 6, 3, 8));
-    ht_new(&lse, F32, 3, SHAPE(2, 5, 4));
-    ht_new(&cu, I32, 1, SHAPE(3));
-    ht_new(&cu3, I32, 1, SHAPE(4));
-    ht_new(&q600, F32, 4, SHAPE(1, 1, 1, 600));
-    ht_new(&k600, F32, 4, SHAPE(1, 1, 1, 600));
+    host_t q, k, v, out, k3, lse, cu, cu3, q600, k600;
+    host_new(&q, F32, 4, SHAPE(2, 5, 4, 8), 0);
+    host_new(&out, F32, 4, SHAPE(2, 5, 4, 8), 0);
+    host_new(&k, F32, 4, SHAPE(2, 6, 2, 8), 0);
+    host_new(&v, F32, 4, SHAPE(2, 6, 2, 8), 0);
+    host_new(&k3, F32, 4, SHAPE(2, 6, 3, 8), 0);
+    host_new(&lse, F32, 3, SHAPE(2, 5, 4), 0);
+    host_new(&cu, I32, 1, SHAPE(3), 0);
+    host_new(&cu3, I32, 1, SHAPE(4), 0);
+    host_new(&q600, F32, 4, SHAPE(1, 1, 1, 600), 0);
+    host_new(&k600, F32, 4, SHAPE(1, 1, 1, 600), 0);
     tk_arg a[10] = {TA("out", &out.t), TA("q", &q.t), TA("k", &k3.t), TA("v", &k3.t)};
     CHECK(expect_invalid("attention", a, 4,
                          "attention: 'q' [2, 5, 4, 8] has 4 heads and 'k' [2, 6, 3, 8] has 3: want Hq % Hkv == 0"));
@@ -1385,12 +1306,12 @@ static void test_validation(void)
     CHECK(expect_invalid("attention", kd, 4, "attention: 'k' has shape [1, 1, 1, 600], want [2, Sk, Hkv, 8]"));
 
     /* varlen value checks (CPU) */
-    ht q1, o1, k1, cq, ck;
-    ht_new(&q1, F32, 4, SHAPE(1, 10, 2, 4));
-    ht_new(&o1, F32, 4, SHAPE(1, 10, 2, 4));
-    ht_new(&k1, F32, 4, SHAPE(1, 12, 2, 4));
-    ht_new(&cq, I32, 1, SHAPE(3));
-    ht_new(&ck, I32, 1, SHAPE(3));
+    host_t q1, o1, k1, cq, ck;
+    host_new(&q1, F32, 4, SHAPE(1, 10, 2, 4), 0);
+    host_new(&o1, F32, 4, SHAPE(1, 10, 2, 4), 0);
+    host_new(&k1, F32, 4, SHAPE(1, 12, 2, 4), 0);
+    host_new(&cq, I32, 1, SHAPE(3), 0);
+    host_new(&ck, I32, 1, SHAPE(3), 0);
     int32_t *cqv = cq.buf, *ckv = ck.buf;
     cqv[0] = 0, cqv[1] = 6, cqv[2] = 4;
     ckv[0] = 0, ckv[1] = 6, ckv[2] = 12;
@@ -1411,19 +1332,19 @@ static void test_validation(void)
     CHECK_RC(tk_ops__run_cpu(&call), TK_OK);
 
     /* decode */
-    ht dq, dout, kc, kc12, kci8, kcf16, bt, bt3, sl, ks, q17, sl3;
-    ht_new(&dq, F32, 4, SHAPE(2, 1, 4, 8));
-    ht_new(&dout, F32, 4, SHAPE(2, 1, 4, 8));
-    ht_new(&q17, F32, 4, SHAPE(2, 17, 4, 8));
-    ht_new(&kc, F32, 4, SHAPE(4, 16, 2, 8));
-    ht_new(&kc12, F32, 4, SHAPE(4, 12, 2, 8));
-    ht_new(&kci8, I8, 4, SHAPE(4, 16, 2, 8));
-    ht_new(&kcf16, F16, 4, SHAPE(4, 16, 2, 8));
-    ht_new(&bt, I32, 2, SHAPE(2, 2));
-    ht_new(&bt3, I32, 2, SHAPE(3, 2));
-    ht_new(&sl, I32, 1, SHAPE(2));
-    ht_new(&sl3, I32, 1, SHAPE(3));
-    ht_new(&ks, F32, 1, SHAPE(2));
+    host_t dq, dout, kc, kc12, kci8, kcf16, bt, bt3, sl, ks, q17, sl3;
+    host_new(&dq, F32, 4, SHAPE(2, 1, 4, 8), 0);
+    host_new(&dout, F32, 4, SHAPE(2, 1, 4, 8), 0);
+    host_new(&q17, F32, 4, SHAPE(2, 17, 4, 8), 0);
+    host_new(&kc, F32, 4, SHAPE(4, 16, 2, 8), 0);
+    host_new(&kc12, F32, 4, SHAPE(4, 12, 2, 8), 0);
+    host_new(&kci8, I8, 4, SHAPE(4, 16, 2, 8), 0);
+    host_new(&kcf16, F16, 4, SHAPE(4, 16, 2, 8), 0);
+    host_new(&bt, I32, 2, SHAPE(2, 2), 0);
+    host_new(&bt3, I32, 2, SHAPE(3, 2), 0);
+    host_new(&sl, I32, 1, SHAPE(2), 0);
+    host_new(&sl3, I32, 1, SHAPE(3), 0);
+    host_new(&ks, F32, 1, SHAPE(2), 0);
     tk_arg d[8] = {TA("out", &dout.t),   TA("q", &dq.t),        TA("k_cache", &kc.t), TA("v_cache", &kc.t),
                    TA("block_table", &bt.t), TA("seq_lens", &sl.t), TA("k_scale", &ks.t), TA("v_scale", &ks.t)};
     CHECK(expect_invalid("attention_decode", d, 7,
@@ -1464,11 +1385,11 @@ static void test_validation(void)
     CHECK_RC(tk_ops__run_cpu(&call), TK_OK);
 
     /* paged_kv_append */
-    ht nk, sm, sm2, kcq;
-    ht_new(&nk, F32, 3, SHAPE(3, 2, 8));
-    ht_new(&sm, I64, 1, SHAPE(3));
-    ht_new(&sm2, I64, 1, SHAPE(2));
-    ht_new(&kcq, FP8, 4, SHAPE(4, 16, 2, 8));
+    host_t nk, sm, sm2, kcq;
+    host_new(&nk, F32, 3, SHAPE(3, 2, 8), 0);
+    host_new(&sm, I64, 1, SHAPE(3), 0);
+    host_new(&sm2, I64, 1, SHAPE(2), 0);
+    host_new(&kcq, E4M3, 4, SHAPE(4, 16, 2, 8), 0);
     int64_t *smv = sm.buf;
     smv[0] = 5, smv[1] = -1, smv[2] = 64;
     tk_arg p[7] = {TA("k_cache", &kc.t), TA("v_cache", &kc.t), TA("k", &nk.t), TA("v", &nk.t), TA("slot_mapping", &sm.t),
@@ -1495,12 +1416,12 @@ static void test_validation(void)
     CHECK(expect_invalid("paged_kv_append", p, 7, "paged_kv_append: 'k' has rank 4"));
 
     /* mla_decode */
-    ht mq, mp, mkv, mkvbad, mo;
-    ht_new(&mq, BF16, 3, SHAPE(2, 4, 32));
-    ht_new(&mo, BF16, 3, SHAPE(2, 4, 32));
-    ht_new(&mp, BF16, 3, SHAPE(2, 4, 8));
-    ht_new(&mkv, BF16, 3, SHAPE(4, 16, 40));
-    ht_new(&mkvbad, BF16, 3, SHAPE(4, 16, 32));
+    host_t mq, mp, mkv, mkvbad, mo;
+    host_new(&mq, BF16, 3, SHAPE(2, 4, 32), 0);
+    host_new(&mo, BF16, 3, SHAPE(2, 4, 32), 0);
+    host_new(&mp, BF16, 3, SHAPE(2, 4, 8), 0);
+    host_new(&mkv, BF16, 3, SHAPE(4, 16, 40), 0);
+    host_new(&mkvbad, BF16, 3, SHAPE(4, 16, 32), 0);
     tk_arg m[6] = {TA("out", &mo.t), TA("q_nope", &mq.t), TA("q_pe", &mp.t), TA("kv_cache", &mkvbad.t),
                    TA("block_table", &bt.t), TA("seq_lens", &sl.t)};
     CHECK(expect_invalid("mla_decode", m, 6, "mla_decode: 'kv_cache' has shape [4, 16, 32], want [num_blocks, block_size, 40]"));
@@ -1519,26 +1440,23 @@ static void test_validation(void)
                     TA("q", &q.t),  TA("k", &k.t),  TA("v", &v.t),  TA("out", &out.t)};
     CHECK(expect_invalid("attention_backward", bw, 8, "attention_backward: missing argument 'lse'"));
     int64_t strides[4] = {160, 32, 8, 2};
-    ht qs;
-    ht_new(&qs, F32, 4, SHAPE(2, 5, 4, 16));
+    host_t qs;
+    host_new(&qs, F32, 4, SHAPE(2, 5, 4, 16), 0);
     qs.shape[3] = 8;
     qs.t.strides = strides;
     tk_arg ns[4] = {TA("out", &out.t), TA("q", &qs.t), TA("k", &k.t), TA("v", &v.t)};
     CHECK(expect_invalid("attention", ns, 4, "attention: 'q' (shape [2, 5, 4, 8]) is not contiguous"));
 
-    ht *all[] = {&q,  &k,  &v,   &out,  &k3,   &lse,  &cu,  &cu3, &q600, &k600, &q1, &o1, &k1, &cq, &ck, &dq,  &dout,
+    host_t *all[] = {&q,  &k,  &v,   &out,  &k3,   &lse,  &cu,  &cu3, &q600, &k600, &q1, &o1, &k1, &cq, &ck, &dq,  &dout,
                  &kc, &kc12, &kci8, &kcf16, &bt, &bt3, &sl, &ks, &q17, &sl3, &nk, &sm, &sm2, &kcq, &mq, &mp,
                  &mkv, &mkvbad, &mo, &qs};
     for (size_t i = 0; i < sizeof all / sizeof all[0]; i++)
-        ht_free(all[i]);
+        host_free(all[i]);
 }
 
 int main(void)
 {
-    const char *env = getenv("TK_TEST_SEED");
-    seed = env ? strtoull(env, NULL, 10) : (uint64_t)time(NULL);
-    rng = seed;
-    printf("seed %llu\n", (unsigned long long)seed);
+    op_test_seed();
     RUN(test_registry);
     RUN(test_attention_masks);
     RUN(test_attention_dims);

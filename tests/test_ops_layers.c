@@ -27,22 +27,12 @@
 #include <string.h>
 #include <pthread.h>
 #include <sys/wait.h>
-#include <time.h>
 #include <unistd.h>
 
 #include "harness.h"
+#include "op_test.h"
 #include "tensor_util.h"
 #include "ops/ops.h"
-
-static const tk_dtype I32 = {TK_DL_INT, 32, 1}, I64 = {TK_DL_INT, 64, 1};
-
-static tk_op_call call;
-
-static int run_op(const char *op, const tk_arg *args, size_t n)
-{
-    int rc = tk_ops__prepare(&call, op, args, n);
-    return rc == TK_OK ? tk_ops__run_cpu(&call) : rc;
-}
 
 /* Relative rounding of one store in dtype dt, and its absolute floor (f16 subnormals). */
 static double out_rel(tk_dtype dt) { return dt.bits == 32 ? ldexp(1, -24) : dt.code == TK_DL_BFLOAT ? ldexp(1, -8) : ldexp(1, -11); }
@@ -82,10 +72,14 @@ static int lin_case(const lin_spec *s)
     for (int64_t i = 0; i < M * N; i++)
         set(&out.t, i, 12345.0);
     tk_arg args[5] = {T("out", &out.t), T("x", &x.t), T("weight", &w.t), I("transposed", s->tr), T("bias", &b.t)};
-    int rc = run_op("linear", args, s->bias ? 5 : 4), ok = rc == TK_OK;
+    int rc = op_run_cpu("linear", args, s->bias ? 5 : 4), ok = rc == TK_OK;
     if (!ok)
         fprintf(stderr, "  linear: rc %d: %s (seed %llu)\n", rc, tk_last_error(), (unsigned long long)seed);
-    int64_t bad = 0;
+    op_cmp c = op_cmp_begin(0, 0, "linear %s M %lld N %lld K %lld%s%s out", tk_ops__dtype_str(s->dt), (long long)M,
+                            (long long)N, (long long)K, s->bias ? " + bias" : "", s->tr ? " transposed" : "");
+    c.cols = N;
+    c.nan_fails = 1;
+    c.inf_fails = 1;
     for (int64_t m = 0; ok && m < M; m++)
         for (int64_t n = 0; n < N; n++) {
             double acc = 0, mag = 0, bb = s->bias ? get(&b.t, n) : 0;
@@ -94,19 +88,16 @@ static int lin_case(const lin_spec *s)
                 acc += p;
                 mag += fabs(p);
             }
-            double ref = acc + bb, got = get(&out.t, m * N + n);
+            double ref = acc + bb;
             double tol = out_rel(s->dt) * fabs(ref) + (double)(K + 2) * ldexp(1, -24) * (mag + fabs(bb)) + out_abs(s->dt);
-            if (!(fabs(got - ref) <= tol) && bad++ < 3)
-                fprintf(stderr, "  linear %s M %lld N %lld K %lld%s%s: out[%lld, %lld] = %.9g, want %.9g (tol %.3g) "
-                        "(seed %llu)\n", tk_ops__dtype_str(s->dt), (long long)M, (long long)N, (long long)K,
-                        s->bias ? " + bias" : "", s->tr ? " transposed" : "", (long long)m, (long long)n, got, ref,
-                        tol, (unsigned long long)seed);
+            op_cmp_tol(&c, m * N + n, get(&out.t, m * N + n), ref, tol);
         }
+    ok = ok && op_cmp_end(&c);
     host_free(&x);
     host_free(&w);
     host_free(&b);
     host_free(&out);
-    return ok && bad == 0;
+    return ok;
 }
 
 static void test_linear(void)
@@ -187,7 +178,10 @@ static void test_linear_threads(void)
             pthread_join(tid[i], NULL);
         CHECK(started[i]);
         CHECK_RC(th[i].rc, TK_OK);
-        int64_t bad = 0;
+        op_cmp c = op_cmp_begin(0, 0, "linear f32 [64, 300] x [200, 300]^T + bias on thread %d, out", i);
+        c.cols = n;
+        c.nan_fails = 1;
+        c.inf_fails = 1;
         for (int64_t r = 0; r < 64; r++)
             for (int64_t j = 0; j < n; j++) {
                 double acc = get(&b.t, j), mag = fabs(acc);
@@ -195,12 +189,9 @@ static void test_linear_threads(void)
                     acc += get(&x[i].t, r * 300 + k) * get(&w.t, j * 300 + k);
                     mag += fabs(get(&x[i].t, r * 300 + k) * get(&w.t, j * 300 + k));
                 }
-                double got = get(&out[i].t, r * n + j), tol = ldexp(1, -24) * (fabs(acc) + 302 * mag);
-                if (!(fabs(got - acc) <= tol) && bad++ < 3)
-                    fprintf(stderr, "  thread %d: out[%lld, %lld] = %.9g, want %.9g (seed %llu)\n", i, (long long)r,
-                            (long long)j, got, acc, (unsigned long long)seed);
+                op_cmp_tol(&c, r * n + j, get(&out[i].t, r * n + j), acc, ldexp(1, -24) * (fabs(acc) + 302 * mag));
             }
-        CHECK_EQ_INT(bad, 0);
+        CHECK(op_cmp_end(&c));
         host_free(&x[i]);
         host_free(&out[i]);
     }
@@ -221,10 +212,10 @@ static void test_linear_empty(void)
     for (int64_t i = 0; i < 12; i++)
         set(&out.t, i, 7.0);
     tk_arg args[4] = {T("out", &out.t), T("x", &x.t), T("weight", &w.t), T("bias", &b.t)};
-    CHECK_RC(run_op("linear", args, 4), TK_OK);
+    CHECK_RC(op_run_cpu("linear", args, 4), TK_OK);
     for (int64_t i = 0; i < 12; i++)
         CHECK(get(&out.t, i) == get(&b.t, i % 4));
-    CHECK_RC(run_op("linear", args, 3), TK_OK);
+    CHECK_RC(op_run_cpu("linear", args, 3), TK_OK);
     for (int64_t i = 0; i < 12; i++)
         CHECK(get(&out.t, i) == 0.0);
     host_free(&x);
@@ -234,7 +225,7 @@ static void test_linear_empty(void)
     host_new(&w, F32, 2, ws0, 0);
     host_new(&out, F32, 2, os0, 0);
     tk_arg a0[4] = {T("out", &out.t), T("x", &x.t), T("weight", &w.t), T("bias", &b.t)};
-    CHECK_RC(run_op("linear", a0, 4), TK_OK);
+    CHECK_RC(op_run_cpu("linear", a0, 4), TK_OK);
     host_free(&x);
     host_free(&w);
     host_free(&b);
@@ -258,50 +249,50 @@ static void test_linear_validation(void)
     host_new(&wt, BF16, 2, wts, 0);
     const char *op = "linear";
     tk_arg a[5] = {T("out", &out.t), T("x", &xb.t), T("weight", &w.t), T("bias", &b.t), I("transposed", 0)};
-    CHECK_RC(run_op(op, a, 5), TK_ERR_INVALID);
+    CHECK_RC(op_run_cpu(op, a, 5), TK_ERR_INVALID);
     CHECK_CONTAINS(tk_last_error(), "linear: 'x' has shape [4, 31], want [4, 32] (its last dimension is K, the row "
                                     "width of 'weight' [16, 32], [N, K])");
     CHECK_CONTAINS(tk_last_error(), "HINT: nn.Linear weights are [out, in]; pass transposed=1");
     a[1].t = &x.t;
     a[0].t = &ob.t;
-    CHECK_RC(run_op(op, a, 5), TK_ERR_INVALID);
+    CHECK_RC(op_run_cpu(op, a, 5), TK_ERR_INVALID);
     CHECK_CONTAINS(tk_last_error(), "linear: 'out' has shape [4, 15], want [4, 16] (the leading dimensions of 'x' "
                                     "[4, 32], then N, the rows of 'weight' [16, 32], [N, K])");
     a[0].t = &out.t;
     a[3].t = &b15.t;
-    CHECK_RC(run_op(op, a, 5), TK_ERR_INVALID);
+    CHECK_RC(op_run_cpu(op, a, 5), TK_ERR_INVALID);
     CHECK_CONTAINS(tk_last_error(), "linear: 'bias' has shape [15], want [16] (one per output channel");
     a[3].t = &bf.t;
-    CHECK_RC(run_op(op, a, 5), TK_ERR_INVALID);
+    CHECK_RC(op_run_cpu(op, a, 5), TK_ERR_INVALID);
     CHECK_CONTAINS(tk_last_error(), "linear: 'bias' has dtype f32, want bf16 (the dtype of 'x')");
     a[3].t = &b.t;
     a[4].i = 2;
-    CHECK_RC(run_op(op, a, 5), TK_ERR_INVALID);
+    CHECK_RC(op_run_cpu(op, a, 5), TK_ERR_INVALID);
     CHECK_CONTAINS(tk_last_error(), "linear: 'transposed' is 2, want 0");
     /* a [K, N] weight without transposed=1: named, with the hint */
     a[4].i = 0;
     a[2].t = &wt.t;
-    CHECK_RC(run_op(op, a, 5), TK_ERR_INVALID);
+    CHECK_RC(op_run_cpu(op, a, 5), TK_ERR_INVALID);
     CHECK_CONTAINS(tk_last_error(), "linear: 'x' has shape [4, 32], want [4, 16]");
     a[4].i = 1;
-    CHECK_RC(run_op(op, a, 5), TK_OK);
+    CHECK_RC(op_run_cpu(op, a, 5), TK_OK);
     /* transposed=1 with an [N, K] weight */
     a[2].t = &w.t;
-    CHECK_RC(run_op(op, a, 5), TK_ERR_INVALID);
+    CHECK_RC(op_run_cpu(op, a, 5), TK_ERR_INVALID);
     CHECK_CONTAINS(tk_last_error(), "(its last dimension is K, the rows of 'weight' [16, 32], [K, N] with transposed=1)");
     CHECK_CONTAINS(tk_last_error(), "HINT: GPT-2's Conv1D weights are [in, out]");
     a[4].i = 0;
     /* a 1-D weight, a missing weight */
-    CHECK_RC(run_op(op, (tk_arg[]){T("out", &out.t), T("x", &x.t), T("weight", &b.t)}, 3), TK_ERR_INVALID);
+    CHECK_RC(op_run_cpu(op, (tk_arg[]){T("out", &out.t), T("x", &x.t), T("weight", &b.t)}, 3), TK_ERR_INVALID);
     CHECK_CONTAINS(tk_last_error(), "linear: 'weight' has rank 1 (shape [16]), want 2");
-    CHECK_RC(run_op(op, (tk_arg[]){T("out", &out.t), T("x", &x.t)}, 2), TK_ERR_INVALID);
+    CHECK_RC(op_run_cpu(op, (tk_arg[]){T("out", &out.t), T("x", &x.t)}, 2), TK_ERR_INVALID);
     CHECK_CONTAINS(tk_last_error(), "linear: missing argument 'weight'");
     /* out over x */
     int64_t sq[2] = {4, 16}, wsq[2] = {16, 16};
     host_t xsq, wsq_;
     host_new(&xsq, F32, 2, sq, 0);
     host_new(&wsq_, F32, 2, wsq, 0);
-    CHECK_RC(run_op(op, (tk_arg[]){T("out", &xsq.t), T("x", &xsq.t), T("weight", &wsq_.t)}, 3), TK_ERR_INVALID);
+    CHECK_RC(op_run_cpu(op, (tk_arg[]){T("out", &xsq.t), T("x", &xsq.t), T("weight", &wsq_.t)}, 3), TK_ERR_INVALID);
     CHECK_CONTAINS(tk_last_error(), "linear: 'out' overlaps 'x' in memory");
     host_free(&xsq);
     host_free(&wsq_);
@@ -380,7 +371,7 @@ static void test_linear_torch(void)
         fill(&b[c], 1.0);
         tk_arg args[5] = {T("out", &out[c].t), T("x", &x[c].t), T("weight", &w[c].t), I("transposed", tr),
                           T("bias", &b[c].t)};
-        CHECK_RC(run_op("linear", args, torch_cases[c].bias ? 5 : 4), TK_OK);
+        CHECK_RC(op_run_cpu("linear", args, torch_cases[c].bias ? 5 : 4), TK_OK);
         const char *names[3] = {"x", "w", "b"};
         const tk_tensor *ts[3] = {&x[c].t, &w[c].t, &b[c].t};
         for (int i = 0; i < 3; i++) {
@@ -402,7 +393,12 @@ static void test_linear_torch(void)
         snprintf(path, sizeof path, "%s/%zu.out.bin", dir, c);
         FILE *f = fopen(path, "rb");
         CHECK(f != NULL);
-        int64_t bad = 0, cnt = torch_cases[c].m * n;
+        int64_t cnt = torch_cases[c].m * n;
+        op_cmp cmp = op_cmp_begin(0, 0, "linear vs torch %s M %lld N %lld K %lld tr %d out", tk_ops__dtype_str(dt),
+                                  (long long)torch_cases[c].m, (long long)n, (long long)kk, (int)tr);
+        cmp.cols = n;
+        cmp.nan_fails = 1;
+        cmp.inf_fails = 1;
         for (int64_t i = 0; f && i < cnt; i++) {
             float want;
             if (fread(&want, sizeof want, 1, f) != 1) {
@@ -416,14 +412,11 @@ static void test_linear_torch(void)
             double got = get(&out[c].t, i);
             double tol = out_rel(dt) * (fabs(got) + fabs(want)) + 2.0 * (double)(kk + 2) * ldexp(1, -24) * mag +
                          2 * out_abs(dt);
-            if (!(fabs(got - want) <= tol) && bad++ < 3)
-                fprintf(stderr, "  linear vs torch %s M %lld N %lld K %lld tr %d: out[%lld] = %.9g, torch %.9g (tol "
-                        "%.3g) (seed %llu)\n", tk_ops__dtype_str(dt), (long long)torch_cases[c].m, (long long)n,
-                        (long long)kk, (int)tr, (long long)i, got, (double)want, tol, (unsigned long long)seed);
+            op_cmp_tol(&cmp, i, got, want, tol);
         }
         if (f)
             fclose(f);
-        CHECK_EQ_INT(bad, 0);
+        CHECK(op_cmp_end(&cmp));
         const char *names[4] = {"x", "w", "b", "out"};
         for (int i = 0; i < 4; i++) {
             snprintf(path, sizeof path, "%s/%zu.%s.bin", dir, c, names[i]);
@@ -441,15 +434,6 @@ static void test_linear_torch(void)
 
 /* ---- embedding -------------------------------------------------------------------------------- */
 
-static void set_id(host_t *h, int64_t i, int64_t v)
-{
-    int64_t o = elem_off(&h->t, i);
-    if (h->t.dtype.bits == 64)
-        ((int64_t *)h->buf)[o] = v;
-    else
-        ((int32_t *)h->buf)[o] = (int32_t)v;
-}
-
 static int emb_case(tk_dtype dt, tk_dtype idt, int nd, const int64_t *is, int64_t V, int64_t D, int64_t pad)
 {
     int64_t osh[8], wsh[2] = {V, D}, n = 1;
@@ -464,23 +448,25 @@ static int emb_case(tk_dtype dt, tk_dtype idt, int nd, const int64_t *is, int64_
     host_new(&out, dt, nd + 1, osh, pad ? pad + 1 : 0);
     fill(&w, 3.0);
     for (int64_t i = 0; i < n; i++)
-        set_id(&ids, i, i == 0 ? V - 1 : i == 1 ? 0 : (int64_t)(next_u64() % (uint64_t)V));
-    int rc = run_op("embedding", (tk_arg[]){T("out", &out.t), T("ids", &ids.t), T("weight", &w.t)}, 3);
-    int bad = rc != TK_OK;
-    if (bad)
+        id_set(&ids, i, i == 0 ? V - 1 : i == 1 ? 0 : (int64_t)(next_u64() % (uint64_t)V));
+    int rc = op_run_cpu("embedding", (tk_arg[]){T("out", &out.t), T("ids", &ids.t), T("weight", &w.t)}, 3);
+    int ok = rc == TK_OK;
+    if (!ok)
         fprintf(stderr, "  embedding: rc %d: %s\n", rc, tk_last_error());
-    for (int64_t i = 0; !bad && i < n; i++) {
-        int64_t id = idt.bits == 64 ? ((int64_t *)ids.buf)[elem_off(&ids.t, i)] : ((int32_t *)ids.buf)[elem_off(&ids.t, i)];
-        for (int64_t d = 0; d < D; d++)
-            if (get(&out.t, i * D + d) != get(&w.t, id * D + d) && bad++ < 3)
-                fprintf(stderr, "  embedding %s: out[%lld, %lld] = %.9g, want %.9g (seed %llu)\n", tk_ops__dtype_str(dt),
-                        (long long)i, (long long)d, get(&out.t, i * D + d), get(&w.t, id * D + d),
-                        (unsigned long long)seed);
+    op_cmp c = op_cmp_begin(0, 0, "embedding %s, ids %s, V %lld D %lld out", tk_ops__dtype_str(dt),
+                            tk_ops__dtype_str(idt), (long long)V, (long long)D);
+    c.cols = D;
+    c.nan_fails = 1;
+    for (int64_t i = 0; ok && i < n; i++) {
+        int64_t id = id_get(&ids, i);
+        for (int64_t d = 0; d < D; d++) /* a copy: the row's values exactly */
+            op_cmp_exact(&c, i * D + d, get(&out.t, i * D + d), get(&w.t, id * D + d));
     }
+    ok = ok && op_cmp_end(&c);
     host_free(&ids);
     host_free(&w);
     host_free(&out);
-    return !bad;
+    return ok;
 }
 
 static void test_embedding(void)
@@ -514,36 +500,36 @@ static void test_embedding_validation(void)
     host_new(&of, BF16, 2, flat, 0);
     fill(&w, 1.0);
     for (int64_t i = 0; i < 6; i++) {
-        set_id(&ids, i, i);
-        set_id(&ids64, i, i);
+        id_set(&ids, i, i);
+        id_set(&ids64, i, i);
     }
     for (int64_t i = 0; i < 24; i++)
         set(&out.t, i, 5.0);
     const char *op = "embedding";
-    set_id(&ids, 4, 10);
-    CHECK_RC(run_op(op, (tk_arg[]){T("out", &out.t), T("ids", &ids.t), T("weight", &w.t)}, 3), TK_ERR_INVALID);
+    id_set(&ids, 4, 10);
+    CHECK_RC(op_run_cpu(op, (tk_arg[]){T("out", &out.t), T("ids", &ids.t), T("weight", &w.t)}, 3), TK_ERR_INVALID);
     CHECK_CONTAINS(tk_last_error(), "embedding: ids[1, 1] = 10 is out of range for 'weight' [10, 4] (want 0 <= id < 10)");
     int untouched = 1;
     for (int64_t i = 0; i < 24; i++)
         untouched &= get(&out.t, i) == 5.0;
     CHECK(untouched); /* nothing written before the bad id was found */
-    set_id(&ids, 4, 4);
-    set_id(&ids64, 5, -1);
-    CHECK_RC(run_op(op, (tk_arg[]){T("out", &out.t), T("ids", &ids64.t), T("weight", &w.t)}, 3), TK_ERR_INVALID);
+    id_set(&ids, 4, 4);
+    id_set(&ids64, 5, -1);
+    CHECK_RC(op_run_cpu(op, (tk_arg[]){T("out", &out.t), T("ids", &ids64.t), T("weight", &w.t)}, 3), TK_ERR_INVALID);
     CHECK_CONTAINS(tk_last_error(), "embedding: ids[1, 2] = -1 is out of range");
-    set_id(&ids64, 5, (int64_t)1 << 40);
-    CHECK_RC(run_op(op, (tk_arg[]){T("out", &out.t), T("ids", &ids64.t), T("weight", &w.t)}, 3), TK_ERR_INVALID);
+    id_set(&ids64, 5, (int64_t)1 << 40);
+    CHECK_RC(op_run_cpu(op, (tk_arg[]){T("out", &out.t), T("ids", &ids64.t), T("weight", &w.t)}, 3), TK_ERR_INVALID);
     CHECK_CONTAINS(tk_last_error(), "ids[1, 2] = 1099511627776 is out of range");
-    CHECK_RC(run_op(op, (tk_arg[]){T("out", &ob.t), T("ids", &ids.t), T("weight", &w.t)}, 3), TK_ERR_INVALID);
+    CHECK_RC(op_run_cpu(op, (tk_arg[]){T("out", &ob.t), T("ids", &ids.t), T("weight", &w.t)}, 3), TK_ERR_INVALID);
     CHECK_CONTAINS(tk_last_error(), "embedding: 'out' has shape [2, 3, 5], want [2, 3, 4] (the shape of 'ids' [2, 3], "
                                     "then D, the row width of 'weight' [10, 4])");
-    CHECK_RC(run_op(op, (tk_arg[]){T("out", &of.t), T("ids", &ids.t), T("weight", &w.t)}, 3), TK_ERR_INVALID);
+    CHECK_RC(op_run_cpu(op, (tk_arg[]){T("out", &of.t), T("ids", &ids.t), T("weight", &w.t)}, 3), TK_ERR_INVALID);
     CHECK_CONTAINS(tk_last_error(), "embedding: 'out' has shape [6, 4], want [2, 3, 4]");
-    CHECK_RC(run_op(op, (tk_arg[]){T("out", &out.t), T("ids", &ids.t), T("weight", &wf.t)}, 3), TK_ERR_INVALID);
+    CHECK_RC(op_run_cpu(op, (tk_arg[]){T("out", &out.t), T("ids", &ids.t), T("weight", &wf.t)}, 3), TK_ERR_INVALID);
     CHECK_CONTAINS(tk_last_error(), "embedding: 'weight' has dtype f32, want bf16 (the dtype of 'out')");
-    CHECK_RC(run_op(op, (tk_arg[]){T("out", &out.t), T("ids", &w.t), T("weight", &w.t)}, 3), TK_ERR_INVALID);
+    CHECK_RC(op_run_cpu(op, (tk_arg[]){T("out", &out.t), T("ids", &w.t), T("weight", &w.t)}, 3), TK_ERR_INVALID);
     CHECK_CONTAINS(tk_last_error(), "embedding: 'ids' has dtype bf16, want i32 or i64");
-    CHECK_RC(run_op(op, (tk_arg[]){T("out", &out.t), T("ids", &ids.t), T("weight", &w.t)}, 3), TK_OK);
+    CHECK_RC(op_run_cpu(op, (tk_arg[]){T("out", &out.t), T("ids", &ids.t), T("weight", &w.t)}, 3), TK_OK);
     host_free(&ids);
     host_free(&ids64);
     host_free(&w);
@@ -574,22 +560,23 @@ static int add_case(tk_dtype dt, int nd, const int64_t *sh, int64_t pad, int ali
         set(&b0.t, i, get(&b.t, i));
     }
     tk_tensor *o = alias == 1 ? &a.t : alias == 2 ? &b.t : &out.t;
-    int rc = run_op("add", (tk_arg[]){T("out", o), T("a", &a.t), T("b", &b.t)}, 3), bad = rc != TK_OK;
-    if (bad)
+    int rc = op_run_cpu("add", (tk_arg[]){T("out", o), T("a", &a.t), T("b", &b.t)}, 3), ok = rc == TK_OK;
+    if (!ok)
         fprintf(stderr, "  add: rc %d: %s\n", rc, tk_last_error());
-    for (int64_t i = 0; !bad && i < n; i++) {
-        double ref = get(&a0.t, i) + get(&b0.t, i), got = get(o, i);
-        double tol = out_rel(dt) * fabs(ref) + out_abs(dt);
-        if (!(fabs(got - ref) <= tol) && bad++ < 3)
-            fprintf(stderr, "  add %s alias %d: out[%lld] = %.9g, want %.9g (seed %llu)\n", tk_ops__dtype_str(dt), alias,
-                    (long long)i, got, ref, (unsigned long long)seed);
+    op_cmp c = op_cmp_begin(0, 0, "add %s %s alias %d out", tk_ops__dtype_str(dt), tk_ops__shape_fmt(nd, sh), alias);
+    c.nan_fails = 1;
+    c.inf_fails = 1;
+    for (int64_t i = 0; ok && i < n; i++) {
+        double ref = get(&a0.t, i) + get(&b0.t, i);
+        op_cmp_tol(&c, i, get(o, i), ref, out_rel(dt) * fabs(ref) + out_abs(dt));
     }
+    ok = ok && op_cmp_end(&c);
     host_free(&a);
     host_free(&b);
     host_free(&out);
     host_free(&a0);
     host_free(&b0);
-    return !bad;
+    return ok;
 }
 
 static void test_add(void)
@@ -616,13 +603,13 @@ static void test_add_validation(void)
     host_new(&c, F16, 2, s, 0);
     host_new(&f, F32, 2, s, 0);
     host_new(&r, F16, 1, s1, 0);
-    CHECK_RC(run_op("add", (tk_arg[]){T("out", &c.t), T("a", &a.t), T("b", &b.t)}, 3), TK_ERR_INVALID);
+    CHECK_RC(op_run_cpu("add", (tk_arg[]){T("out", &c.t), T("a", &a.t), T("b", &b.t)}, 3), TK_ERR_INVALID);
     CHECK_CONTAINS(tk_last_error(), "add: 'b' has shape [4, 9], want [4, 8] (the shape of 'a'; add does not broadcast)");
-    CHECK_RC(run_op("add", (tk_arg[]){T("out", &c.t), T("a", &a.t), T("b", &r.t)}, 3), TK_ERR_INVALID);
+    CHECK_RC(op_run_cpu("add", (tk_arg[]){T("out", &c.t), T("a", &a.t), T("b", &r.t)}, 3), TK_ERR_INVALID);
     CHECK_CONTAINS(tk_last_error(), "add: 'b' has shape [8], want [4, 8]");
-    CHECK_RC(run_op("add", (tk_arg[]){T("out", &b.t), T("a", &a.t), T("b", &c.t)}, 3), TK_ERR_INVALID);
+    CHECK_RC(op_run_cpu("add", (tk_arg[]){T("out", &b.t), T("a", &a.t), T("b", &c.t)}, 3), TK_ERR_INVALID);
     CHECK_CONTAINS(tk_last_error(), "add: 'out' has shape [4, 9], want [4, 8] (the shape of 'a')");
-    CHECK_RC(run_op("add", (tk_arg[]){T("out", &c.t), T("a", &a.t), T("b", &f.t)}, 3), TK_ERR_INVALID);
+    CHECK_RC(op_run_cpu("add", (tk_arg[]){T("out", &c.t), T("a", &a.t), T("b", &f.t)}, 3), TK_ERR_INVALID);
     CHECK_CONTAINS(tk_last_error(), "add: 'b' has dtype f32, want f16 (the dtype of 'a')");
     /* out shifted one element into a: a partial overlap */
     tk_tensor shifted = a.t;
@@ -632,11 +619,11 @@ static void test_add_validation(void)
     tk_tensor a3 = a.t, c3 = c.t;
     a3.shape = s31;
     c3.shape = s31;
-    CHECK_RC(run_op("add", (tk_arg[]){T("out", &shifted), T("a", &a3), T("b", &c3)}, 3), TK_ERR_INVALID);
+    CHECK_RC(op_run_cpu("add", (tk_arg[]){T("out", &shifted), T("a", &a3), T("b", &c3)}, 3), TK_ERR_INVALID);
     CHECK_CONTAINS(tk_last_error(), "add: 'out' partly overlaps 'a' in memory");
-    CHECK_RC(run_op("tanh", (tk_arg[]){T("out", &shifted), T("input", &a3)}, 2), TK_ERR_INVALID);
+    CHECK_RC(op_run_cpu("tanh", (tk_arg[]){T("out", &shifted), T("input", &a3)}, 2), TK_ERR_INVALID);
     CHECK_CONTAINS(tk_last_error(), "tanh: 'out' partly overlaps 'input' in memory");
-    CHECK_RC(run_op("tanh", (tk_arg[]){T("out", &b.t), T("input", &a.t)}, 2), TK_ERR_INVALID);
+    CHECK_RC(op_run_cpu("tanh", (tk_arg[]){T("out", &b.t), T("input", &a.t)}, 2), TK_ERR_INVALID);
     CHECK_CONTAINS(tk_last_error(), "tanh: 'out' has shape [4, 9], want [4, 8] (the shape of 'input')");
     host_free(&a);
     host_free(&b);
@@ -659,18 +646,23 @@ static int tanh_case(tk_dtype dt, int nd, const int64_t *sh, int64_t pad, int in
         set(&x0.t, i, get(&x.t, i));
     }
     tk_tensor *o = inplace ? &x.t : &out.t;
-    int rc = run_op("tanh", (tk_arg[]){T("out", o), T("input", &x.t)}, 2), bad = rc != TK_OK;
-    for (int64_t i = 0; !bad && i < n; i++) {
-        double ref = tanh(get(&x0.t, i)), got = get(o, i);
-        double tol = (8 * ldexp(1, -24) + out_rel(dt)) * fabs(ref) + ldexp(1, -30) + out_abs(dt);
-        if (!(fabs(got - ref) <= tol) && bad++ < 3)
-            fprintf(stderr, "  tanh %s: out[%lld] = %.9g, want %.9g (x %.9g) (seed %llu)\n", tk_ops__dtype_str(dt),
-                    (long long)i, got, ref, get(&x0.t, i), (unsigned long long)seed);
+    int rc = op_run_cpu("tanh", (tk_arg[]){T("out", o), T("input", &x.t)}, 2), ok = rc == TK_OK;
+    op_cmp c = op_cmp_begin(0, 0, "tanh %s %s%s out", tk_ops__dtype_str(dt), tk_ops__shape_fmt(nd, sh),
+                            inplace ? " in place" : "");
+    c.nan_fails = 1;
+    c.inf_fails = 1;
+    for (int64_t i = 0; ok && i < n; i++) {
+        double ref = tanh(get(&x0.t, i));
+        op_cmp_tol(&c, i, get(o, i), ref, (8 * ldexp(1, -24) + out_rel(dt)) * fabs(ref) + ldexp(1, -30) + out_abs(dt));
+    }
+    if (ok && !op_cmp_end(&c)) {
+        fprintf(stderr, "    at the worst element x=%.9g\n", get(&x0.t, c.worst));
+        ok = 0;
     }
     host_free(&x);
     host_free(&out);
     host_free(&x0);
-    return !bad;
+    return ok;
 }
 
 static void test_tanh(void)
@@ -717,10 +709,7 @@ static void test_registry(void)
 
 int main(void)
 {
-    const char *env = getenv("TK_TEST_SEED");
-    seed = env ? strtoull(env, NULL, 10) : (uint64_t)time(NULL);
-    rng = seed;
-    printf("seed %llu\n", (unsigned long long)seed);
+    op_test_seed();
     RUN(test_registry);
     RUN(test_linear);
     RUN(test_linear_panels);

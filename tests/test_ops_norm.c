@@ -13,15 +13,13 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-#include <time.h>
 
 #include "harness.h"
+#include "op_test.h"
 #include "tensor_util.h"
 #include "ops/ops.h"
 
 /* ---- host tensors ----------------------------------------------------------------------------- */
-
-static const tk_dtype *all_dtypes[] = {&F32, &F16, &BF16};
 
 /* |got-ref| <= atol + rtol*|ref|, per dtype; atol is relative to the output's scale (see compare). */
 static void tolerances(tk_dtype dt, double *atol, double *rtol)
@@ -38,9 +36,9 @@ static void tolerances(tk_dtype dt, double *atol, double *rtol)
     }
 }
 
-/* Compares every element of got (n elements of d columns) with ref; prints the worst on failure.
- * `unit` scales atol (the output's typical magnitude); the dtype's subnormal spacing is added to it.
- * Returns 1 when all match. */
+/* Compares every element of got (rows of d columns) with ref (op_test.h); a reference beyond the
+ * dtype's range wants the inf it rounds to, and a NaN reference never passes. `unit` scales atol (the
+ * output's typical magnitude); the dtype's subnormal spacing is added to it. Returns 1 when all match. */
 static int compare(const char *op, const char *which, const tk_tensor *got, const double *ref, double unit,
                    const char *what)
 {
@@ -48,31 +46,13 @@ static int compare(const char *op, const char *which, const tk_tensor *got, cons
     tolerances(got->dtype, &atol, &rtol);
     /* plus the spacing of the dtype's subnormals: a result that small is rounded to that grid */
     atol = atol * unit + (got->dtype.bits == 32 ? 0x1p-149 : got->dtype.code == TK_DL_BFLOAT ? 0x1p-133 : 0x1p-24);
-    int64_t n = numel(got), d = got->shape[got->ndim - 1], bad = 0, worst = 0;
-    double worst_ratio = -1, worst_got = 0;
-    for (int64_t i = 0; i < n; i++) {
-        double g = get(got, i), refq = quantize(ref[i], got->dtype), ratio;
-        if (isinf(refq))
-            ratio = g == refq ? 0 : INFINITY;
-        else
-            ratio = isfinite(g) ? fabs(g - ref[i]) / (atol + rtol * fabs(ref[i])) : INFINITY;
-        if (ratio > 1)
-            bad++;
-        if (ratio > worst_ratio) {
-            worst_ratio = ratio;
-            worst = i;
-            worst_got = g;
-        }
-    }
-    if (bad)
-        fprintf(stderr,
-                "  %s %s '%s' %s %s: %lld of %lld elements off; worst [%lld] (row %lld, col %lld): got %.9g "
-                "ref %.9g |diff| %.3g > %.3g (seed %llu)\n",
-                op, tk_ops__dtype_str(got->dtype), which, what, tk_ops__shape_fmt(got->ndim, got->shape),
-                (long long)bad, (long long)n, (long long)worst, (long long)(worst / d), (long long)(worst % d),
-                worst_got, ref[worst], fabs(worst_got - ref[worst]), atol + rtol * fabs(ref[worst]),
-                (unsigned long long)seed);
-    return bad == 0;
+    op_cmp c = op_cmp_begin(atol, rtol, "%s %s '%s' %s %s", op, tk_ops__dtype_str(got->dtype), which, what,
+                            tk_ops__shape_fmt(got->ndim, got->shape));
+    c.cols = got->shape[got->ndim - 1];
+    c.nan_fails = 1;
+    for (int64_t i = 0, n = numel(got); i < n; i++)
+        op_cmp_at(&c, i, get(got, i), op_stored_inf(ref[i], got->dtype));
+    return op_cmp_end(&c);
 }
 
 /* ---- the float64 references (independent of ops/norm.c) -------------------------------------- */
@@ -217,10 +197,7 @@ static int check_fwd(int layer, int fused, tk_dtype dt, int ndim, const int64_t 
                       {TK_ARG_TENSOR, "weight", &w.t, 0, 0},
                       {TK_ARG_F64, "eps", NULL, 0, eps},
                       {TK_ARG_TENSOR, "bias", &bi.t, 0, 0}};
-    tk_op_call call;
-    int rc = tk_ops__prepare(&call, op, args, layer && bias ? 5 : 4);
-    if (rc == TK_OK)
-        rc = tk_ops__run_cpu(&call);
+    int rc = op_run_cpu(op, args, layer && bias ? 5 : 4);
     char what[128];
     snprintf(what, sizeof what, "%s%s%sscale %g eps %g", pad ? "strided " : "", inplace ? "in-place " : "",
              layer && bias ? "bias " : "", scale, eps);
@@ -303,10 +280,7 @@ static int check_bwd(int layer, int fused, tk_dtype dt, int ndim, const int64_t 
         args[na++] = (tk_arg){TK_ARG_TENSOR, "grad_residual", &gr.t, 0, 0};
     if (layer && bias)
         args[na++] = (tk_arg){TK_ARG_TENSOR, "grad_bias", &gb.t, 0, 0};
-    tk_op_call call;
-    int rc = tk_ops__prepare(&call, op, args, na);
-    if (rc == TK_OK)
-        rc = tk_ops__run_cpu(&call);
+    int rc = op_run_cpu(op, args, na);
     char what[128];
     snprintf(what, sizeof what, "%s%s%sscale %g eps %g", pad ? "strided " : "", inplace ? "in-place " : "",
              layer && bias ? "bias " : "", scale, eps);
@@ -474,10 +448,7 @@ static int check_fd(int layer, int fused, int64_t rows, int64_t d)
         args[na++] = (tk_arg){TK_ARG_TENSOR, "grad_residual", &hgr.t, 0, 0};
     if (layer)
         args[na++] = (tk_arg){TK_ARG_TENSOR, "grad_bias", &hgb.t, 0, 0};
-    tk_op_call call;
-    int rc = tk_ops__prepare(&call, op, args, na);
-    if (rc == TK_OK)
-        rc = tk_ops__run_cpu(&call);
+    int rc = op_run_cpu(op, args, na);
     int ok = rc == TK_OK;
     if (!ok)
         fprintf(stderr, "  %s: rc %d: %s\n", op, rc, tk_last_error());
@@ -905,10 +876,7 @@ static void test_validation_ln_and_backward(void)
 
 int main(void)
 {
-    const char *env = getenv("TK_TEST_SEED");
-    seed = env ? strtoull(env, NULL, 10) : (uint64_t)time(NULL);
-    rng = seed;
-    printf("seed %llu\n", (unsigned long long)seed);
+    op_test_seed();
     RUN(test_registry);
     RUN(test_rms_norm);
     RUN(test_fused_add_rms_norm);

@@ -22,16 +22,13 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-#include <time.h>
 
 #include "harness.h"
+#include "op_test.h"
 #include "tensor_util.h"
 #include "ops/ops.h"
 
 #define PI 3.14159265358979323846
-
-static const tk_dtype I64 = {TK_DL_INT, 64, 1}, I32 = {TK_DL_INT, 32, 1};
-static const tk_dtype *all_dtypes[] = {&F32, &F16, &BF16};
 
 /* ---- host tensors ----------------------------------------------------------------------------- */
 
@@ -52,41 +49,9 @@ static void tolerances(tk_dtype dt, double *atol, double *rtol)
     }
 }
 
-/* Element i of got against ref[i]; counts and remembers the worst. */
-typedef struct {
-    int64_t bad, worst, n;
-    double worst_ratio, worst_got, worst_ref;
-} cmp_t;
-
-static void cmp_one(cmp_t *c, int64_t i, double g, double r, double atol, double rtol)
-{
-    double ratio = isfinite(g) ? fabs(g - r) / (atol + rtol * fabs(r)) : INFINITY;
-    if (ratio > 1)
-        c->bad++;
-    if (ratio > c->worst_ratio || c->n == 0) {
-        c->worst_ratio = ratio;
-        c->worst = i;
-        c->worst_got = g;
-        c->worst_ref = r;
-    }
-    c->n++;
-}
-
-static int cmp_report(const cmp_t *c, const char *what)
-{
-    if (c->bad)
-        fprintf(stderr, "  %s: %lld of %lld elements off; worst [%lld]: got %.9g ref %.9g (ratio %.3g) (seed %llu)\n",
-                what, (long long)c->bad, (long long)c->n, (long long)c->worst, c->worst_got, c->worst_ref,
-                c->worst_ratio, (unsigned long long)seed);
-    return c->bad == 0;
-}
-
 static int run_op(const char *op, const tk_arg *args, size_t n)
 {
-    tk_op_call call;
-    int rc = tk_ops__prepare(&call, op, args, n);
-    if (rc == TK_OK)
-        rc = tk_ops__run_cpu(&call);
+    int rc = op_run_cpu(op, args, n);
     if (rc != TK_OK)
         fprintf(stderr, "  %s: rc %d: %s (seed %llu)\n", op, rc, tk_last_error(), (unsigned long long)seed);
     return rc;
@@ -251,21 +216,23 @@ static int rope_case(tk_dtype dt, tk_dtype cdt, int pn, const int64_t *pshape, i
     double atol, rtol;
     tolerances(dt, &atol, &rtol);
     for (int w = 0; ok && w < 2; w++) {
-        cmp_t c = {0};
-        int64_t n = numel(&qk[w]->t), pass_bad = 0;
+        op_cmp c = op_cmp_begin(atol * scale, rtol, "%s %s", what, w ? "key" : "query");
+        c.cols = d;
+        c.nan_fails = 1;
+        c.inf_fails = 1;
+        op_cmp kept = op_cmp_begin(0, 0, "%s %s columns past rot_dim (untouched)", what, w ? "key" : "query");
+        kept.cols = d;
+        kept.nan_fails = 1;
+        int64_t n = numel(&qk[w]->t);
         for (int64_t i = 0; i < n; i++) {
             double g = get(&qk[w]->t, i);
             if (i % d >= rot) /* not rotated: untouched, bit for bit */
-                pass_bad += g != x[w][i];
+                op_cmp_exact(&kept, i, g, x[w][i]);
             else
-                cmp_one(&c, i, g, ref[w][i], atol * scale, rtol);
+                op_cmp_at(&c, i, g, ref[w][i]);
         }
-        ok &= cmp_report(&c, what);
-        if (pass_bad) {
-            fprintf(stderr, "  %s: %lld columns past rot_dim changed (seed %llu)\n", what, (long long)pass_bad,
-                    (unsigned long long)seed);
-            ok = 0;
-        }
+        ok &= op_cmp_end(&c);
+        ok &= op_cmp_end(&kept);
     }
     for (int w = 0; w < 2; w++) {
         free(x[w]);
@@ -372,10 +339,13 @@ static void test_rope_end_to_end(void)
                 snprintf(what, sizeof what, "rope end to end %s %s rot %lld base %g", tk_ops__dtype_str(dt),
                          neox ? "neox" : "gptj", (long long)rot, base);
                 for (int w = 0; w < 2; w++) {
-                    cmp_t c = {0};
+                    op_cmp c = op_cmp_begin(atol * 2, rtol, "%s %s", what, w ? "key" : "query");
+                    c.cols = d;
+                    c.nan_fails = 1;
+                    c.inf_fails = 1;
                     for (int64_t i = 0; i < numel(&qk[w]->t); i++)
-                        cmp_one(&c, i, get(&qk[w]->t, i), ref[w][i], atol * 2, rtol);
-                    ok &= cmp_report(&c, what);
+                        op_cmp_at(&c, i, get(&qk[w]->t, i), ref[w][i]);
+                    ok &= op_cmp_end(&c);
                     free(x[w]);
                     free(ref[w]);
                 }
@@ -462,21 +432,22 @@ static int cache_case(tk_dtype dt, const rcfg *k, int64_t rows, int64_t rot, int
     atol = dt.bits == 32 ? 1e-7 : 1e-6; /* the values are one rounding of an exact number */
     if (dt.bits == 32)
         rtol = 2e-7;
-    cmp_t c = {0};
-    for (int64_t p = 0; ok && p < rows; p++)
-        for (int64_t i = 0; i < half; i++) {
-            double a = (double)p * inv[i];
-            cmp_one(&c, p * rot + i, get(&out.t, p * rot + i), cos(a) * ms, atol * ms, rtol);
-            cmp_one(&c, p * rot + half + i, get(&out.t, p * rot + half + i), sin(a) * ms, atol * ms, rtol);
-        }
-    char what[192];
-    snprintf(what, sizeof what,
+    op_cmp c = op_cmp_begin(atol * ms, rtol,
              "rope_cos_sin_cache %s %s [%lld, %lld]%s base %g factor %g omax %lld seq %lld beta %g/%g trunc %d "
              "attn %g low/high %g/%g",
              tk_ops__dtype_str(dt), scaling_names[k->scaling], (long long)rows, (long long)rot, pad ? " strided" : "",
              k->base, k->factor, (long long)k->omax, (long long)k->seq_len, k->beta_fast, k->beta_slow, k->truncate,
              k->attention_factor, k->low_ff, k->high_ff);
-    ok &= cmp_report(&c, what);
+    c.cols = rot;
+    c.nan_fails = 1;
+    c.inf_fails = 1;
+    for (int64_t p = 0; ok && p < rows; p++)
+        for (int64_t i = 0; i < half; i++) {
+            double a = (double)p * inv[i];
+            op_cmp_at(&c, p * rot + i, get(&out.t, p * rot + i), cos(a) * ms);
+            op_cmp_at(&c, p * rot + half + i, get(&out.t, p * rot + half + i), sin(a) * ms);
+        }
+    ok &= op_cmp_end(&c);
     free(inv);
     host_free(&out);
     return ok;
@@ -628,12 +599,12 @@ static void test_alibi_slopes(void)
         ok &= run_op("alibi_slopes", a, 1) == TK_OK;
         double ref[80];
         press_slopes(ref, n);
-        cmp_t c = {0};
+        op_cmp c = op_cmp_begin(0, 1e-7, "alibi_slopes %d heads", n);
+        c.nan_fails = 1;
+        c.inf_fails = 1;
         for (int h = 0; h < n; h++)
-            cmp_one(&c, h, get(&s.t, h), ref[h], 0, 1e-7);
-        char what[64];
-        snprintf(what, sizeof what, "alibi_slopes %d heads", n);
-        ok &= cmp_report(&c, what);
+            op_cmp_at(&c, h, get(&s.t, h), ref[h]);
+        ok &= op_cmp_end(&c);
         host_free(&s);
     }
     /* other max_bias: ggml's m0 = 2^(-max_bias / p), m1 = 2^(-max_bias / 2 / p) */
@@ -647,13 +618,12 @@ static void test_alibi_slopes(void)
         while (p * 2 <= n)
             p *= 2;
         double m0 = pow(2.0, -mb / (double)p), m1 = pow(2.0, -mb / 2.0 / (double)p);
-        cmp_t c = {0};
+        op_cmp c = op_cmp_begin(0, 2e-7, "alibi_slopes %lld heads max_bias %g", (long long)n, mb);
+        c.nan_fails = 1;
+        c.inf_fails = 1;
         for (int64_t h = 0; h < n; h++)
-            cmp_one(&c, h, get(&s.t, h), h < p ? pow(m0, (double)(h + 1)) : pow(m1, (double)(2 * (h - p) + 1)), 0,
-                    2e-7);
-        char what[64];
-        snprintf(what, sizeof what, "alibi_slopes %lld heads max_bias %g", (long long)n, mb);
-        ok &= cmp_report(&c, what);
+            op_cmp_at(&c, h, get(&s.t, h), h < p ? pow(m0, (double)(h + 1)) : pow(m1, (double)(2 * (h - p) + 1)));
+        ok &= op_cmp_end(&c);
         host_free(&s);
     }
     CHECK(ok);
@@ -671,18 +641,19 @@ static int bias_case(tk_dtype dt, int64_t h, int64_t sq, int64_t sk, int64_t pad
     int ok = run_op("alibi_bias", a, 2) == TK_OK;
     double atol, rtol;
     tolerances(dt, &atol, &rtol);
-    cmp_t c = {0};
+    op_cmp c = op_cmp_begin(1e-30, rtol, "alibi_bias %s [%lld, %lld, %lld]%s", tk_ops__dtype_str(dt), (long long)h,
+                            (long long)sq, (long long)sk, pad ? " strided" : "");
+    c.cols = sk;
+    c.nan_fails = 1;
+    c.inf_fails = 1;
     for (int64_t hh = 0; ok && hh < h; hh++)
         for (int64_t i = 0; i < sq; i++)
             for (int64_t j = 0; j < sk; j++) {
                 /* query i sits at key position i + sk - sq */
                 double ref = -get(&sl.t, hh) * fabs((double)(i + sk - sq) - (double)j);
-                cmp_one(&c, (hh * sq + i) * sk + j, get(&out.t, (hh * sq + i) * sk + j), ref, 1e-30, rtol);
+                op_cmp_at(&c, (hh * sq + i) * sk + j, get(&out.t, (hh * sq + i) * sk + j), ref);
             }
-    char what[96];
-    snprintf(what, sizeof what, "alibi_bias %s [%lld, %lld, %lld]%s", tk_ops__dtype_str(dt), (long long)h,
-             (long long)sq, (long long)sk, pad ? " strided" : "");
-    ok &= cmp_report(&c, what);
+    ok &= op_cmp_end(&c);
     host_free(&out);
     host_free(&sl);
     return ok;
@@ -738,19 +709,20 @@ static void test_sinusoidal(void)
             atol = dt.bits == 32 ? 1e-7 : 1e-6;
             if (dt.bits == 32)
                 rtol = 2e-7;
-            cmp_t c = {0};
+            op_cmp c = op_cmp_begin(atol, rtol, "sinusoidal %s [%lld, %lld] base %g offset %lld", tk_ops__dtype_str(dt),
+                                    (long long)rows, (long long)d, base, (long long)off);
+            c.cols = d;
+            c.nan_fails = 1;
+            c.inf_fails = 1;
             for (int64_t p = 0; p < rows; p++)
                 for (int64_t i = 0; 2 * i < d; i++) {
                     /* PE(pos, 2i) = sin(pos / base^(2i/d)), PE(pos, 2i+1) = cos(...) */
                     double a = (double)(p + off) / pow(base, (double)(2 * i) / (double)d);
-                    cmp_one(&c, p * d + 2 * i, get(&out.t, p * d + 2 * i), sin(a), atol, rtol);
+                    op_cmp_at(&c, p * d + 2 * i, get(&out.t, p * d + 2 * i), sin(a));
                     if (2 * i + 1 < d)
-                        cmp_one(&c, p * d + 2 * i + 1, get(&out.t, p * d + 2 * i + 1), cos(a), atol, rtol);
+                        op_cmp_at(&c, p * d + 2 * i + 1, get(&out.t, p * d + 2 * i + 1), cos(a));
                 }
-            char what[96];
-            snprintf(what, sizeof what, "sinusoidal %s [%lld, %lld] base %g offset %lld", tk_ops__dtype_str(dt),
-                     (long long)rows, (long long)d, base, (long long)off);
-            ok &= cmp_report(&c, what);
+            ok &= op_cmp_end(&c);
             host_free(&out);
         }
     CHECK(ok);
@@ -1023,10 +995,7 @@ static void test_validation_tables(void)
 
 int main(void)
 {
-    const char *env = getenv("TK_TEST_SEED");
-    seed = env ? strtoull(env, NULL, 10) : (uint64_t)time(NULL);
-    rng = seed;
-    printf("seed %llu\n", (unsigned long long)seed);
+    op_test_seed();
     RUN(test_registry);
     RUN(test_rotary_embedding);
     RUN(test_rope_end_to_end);

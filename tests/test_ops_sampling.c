@@ -16,14 +16,11 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-#include <time.h>
 
 #include "harness.h"
+#include "op_test.h"
 #include "tensor_util.h"
 #include "ops/ops.h"
-
-static const tk_dtype I64 = {TK_DL_INT, 64, 1}, I32 = {TK_DL_INT, 32, 1};
-static const tk_dtype *float_dtypes[] = {&F32, &F16, &BF16};
 
 static int64_t *ids(host_t *h) { return h->buf; }
 
@@ -83,10 +80,7 @@ static int run_sample(host_t *out, host_t *logits, const sopts *o)
         a[n++] = (tk_arg){TK_ARG_TENSOR, "top_ps", o->top_ps, 0, 0};
     if (o->seeds)
         a[n++] = (tk_arg){TK_ARG_TENSOR, "seeds", o->seeds, 0, 0};
-    tk_op_call c;
-    int rc = tk_ops__prepare(&c, "sample", a, n);
-    if (rc == TK_OK)
-        rc = tk_ops__run_cpu(&c);
+    int rc = op_run_cpu("sample", a, n);
     if (rc != TK_OK)
         fprintf(stderr, "  sample: rc %d: %s (seed %llu)\n", rc, tk_last_error(), (unsigned long long)seed);
     return rc;
@@ -95,10 +89,7 @@ static int run_sample(host_t *out, host_t *logits, const sopts *o)
 static int run_argmax(host_t *out, host_t *in)
 {
     tk_arg a[2] = {{TK_ARG_TENSOR, "out", &out->t, 0, 0}, {TK_ARG_TENSOR, "input", &in->t, 0, 0}};
-    tk_op_call c;
-    int rc = tk_ops__prepare(&c, "argmax", a, 2);
-    if (rc == TK_OK)
-        rc = tk_ops__run_cpu(&c);
+    int rc = op_run_cpu("argmax", a, 2);
     if (rc != TK_OK)
         fprintf(stderr, "  argmax: rc %d: %s (seed %llu)\n", rc, tk_last_error(), (unsigned long long)seed);
     return rc;
@@ -311,24 +302,16 @@ static void test_argmax_random(void)
                 const int64_t *sh = shapes[s] + 1;
                 int64_t v = sh[nd - 1];
                 host_t x, out;
-                host_new(&x, *float_dtypes[k], nd, sh, pad ? 3 : 0);
+                host_new(&x, *all_dtypes[k], nd, sh, pad ? 3 : 0);
                 host_new(&out, I64, nd - 1, sh, 0);
                 int64_t n = numel(&x.t), rows = n / v;
-                double *xd = malloc(sizeof(double) * (size_t)n);
-                for (int64_t i = 0; i < n; i++) {
-                    set(&x.t, i, uniform(-50, 50));
-                    xd[i] = get(&x.t, i);
-                }
+                double *xd = op_rand(&x, -50, 50);
                 CHECK_RC(run_argmax(&out, &x), TK_OK);
-                for (int64_t r = 0; r < rows; r++) {
-                    int64_t want = ref_argmax(xd + r * v, v);
-                    if (ids(&out)[r] != want) {
-                        fprintf(stderr, "  argmax %s %s row %lld: got %lld want %lld (seed %llu)\n",
-                                tk_ops__dtype_str(x.t.dtype), tk_ops__shape_fmt(nd, sh), (long long)r,
-                                (long long)ids(&out)[r], (long long)want, (unsigned long long)seed);
-                        CHECK(0);
-                    }
-                }
+                op_cmp c = op_cmp_begin(0, 0, "argmax %s %s%s, index per row", tk_ops__dtype_str(x.t.dtype),
+                                        tk_ops__shape_fmt(nd, sh), pad ? " strided" : "");
+                for (int64_t r = 0; r < rows; r++)
+                    op_cmp_exact(&c, r, (double)ids(&out)[r], (double)ref_argmax(xd + r * v, v));
+                CHECK(op_cmp_end(&c));
                 free(xd);
                 host_free(&x);
                 host_free(&out);
@@ -346,7 +329,7 @@ static void test_argmax_ties_and_nan(void)
     static const int64_t want[6] = {1, 2, 0, 1, 0, 0};
     for (size_t k = 0; k < 3; k++) {
         host_t x, out;
-        host_new(&x, *float_dtypes[k], 2, sh, 0);
+        host_new(&x, *all_dtypes[k], 2, sh, 0);
         host_new(&out, I64, 1, sh, 0);
         for (int r = 0; r < 6; r++)
             for (int c = 0; c < 5; c++)
@@ -396,7 +379,7 @@ static void test_exact_draws(void)
             for (int per_row_seed = 0; per_row_seed < 2; per_row_seed++) {
                 host_t x, out, seeds;
                 const int64_t b = B;
-                host_new(&x, *float_dtypes[k], 2, sh, 0);
+                host_new(&x, *all_dtypes[k], 2, sh, 0);
                 host_new(&out, I64, 1, sh, 0);
                 host_new(&seeds, I64, 1, &b, 0);
                 for (int r = 0; r < B; r++) {
@@ -518,7 +501,7 @@ static void test_greedy_equivalents(void)
         for (size_t k = 0; k < 3; k++) {
             int64_t b = shapes[s][0], v = shapes[s][1];
             host_t x, out, am;
-            host_new(&x, *float_dtypes[k], 2, shapes[s], 0);
+            host_new(&x, *all_dtypes[k], 2, shapes[s], 0);
             host_new(&out, I64, 1, shapes[s], 0);
             host_new(&am, I64, 1, shapes[s], 0);
             for (int64_t r = 0; r < b; r++) {
@@ -557,8 +540,7 @@ static void test_determinism(void)
     host_new(&x, BF16, 2, sh, 0);
     host_new(&a, I64, 1, sh, 0);
     host_new(&b, I64, 1, sh, 0);
-    for (int64_t i = 0; i < numel(&x.t); i++)
-        set(&x.t, i, uniform(-2, 2));
+    fill_range(&x, -2, 2);
     sopts o = defaults();
     o.top_k = 200;
     o.top_p = 0.95;
@@ -602,7 +584,7 @@ static void test_distribution(void)
     for (size_t cs = 0; cs < sizeof cases / sizeof cases[0]; cs++) {
         int64_t v = cases[cs].v, sh[2] = {N, v};
         host_t x, out;
-        host_new(&x, *float_dtypes[cases[cs].dt], 2, sh, 0);
+        host_new(&x, *all_dtypes[cases[cs].dt], 2, sh, 0);
         host_new(&out, I64, 1, sh, 0);
         double *xd = malloc(sizeof(double) * (size_t)v), *prob = malloc(sizeof(double) * (size_t)v);
         fill_distinct(&x, N, v, xd);
@@ -772,8 +754,8 @@ static void test_top_p_ties_example(void)
     static const int64_t kept[3] = {0, 3, 7};
     char seen[12];
     for (size_t k = 0; k < 3; k++) {
-        CHECK(drawn_set(seen, row, 12, 0.5, 2000, *float_dtypes[k]));
-        CHECK(same_set(seen, 12, kept, 3, tk_ops__dtype_str(*float_dtypes[k])));
+        CHECK(drawn_set(seen, row, 12, 0.5, 2000, *all_dtypes[k]));
+        CHECK(same_set(seen, 12, kept, 3, tk_ops__dtype_str(*all_dtypes[k])));
     }
 }
 
@@ -821,8 +803,8 @@ static void test_top_p_ties_vs_transformers(void)
             for (size_t k = 0; k < 3; k++) {
                 char what[160];
                 snprintf(what, sizeof what, "case %d (v %lld, p %.6f, %s)", cases, (long long)v, p,
-                         tk_ops__dtype_str(*float_dtypes[k]));
-                CHECK(drawn_set(seen, row, v, p, draws, *float_dtypes[k]));
+                         tk_ops__dtype_str(*all_dtypes[k]));
+                CHECK(drawn_set(seen, row, v, p, draws, *all_dtypes[k]));
                 CHECK(same_set(seen, v, kept, nk, what));
             }
         }
@@ -931,10 +913,7 @@ static void test_validation(void)
 
 int main(void)
 {
-    const char *env = getenv("TK_TEST_SEED");
-    seed = env ? strtoull(env, NULL, 10) : (uint64_t)time(NULL);
-    rng = seed;
-    printf("seed %llu\n", (unsigned long long)seed);
+    op_test_seed();
     RUN(test_registry);
     RUN(test_philox_known_answers);
     RUN(test_argmax_random);

@@ -12,13 +12,11 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-#include <time.h>
 
 #include "harness.h"
+#include "op_test.h"
 #include "tensor_util.h"
 #include "ops/ops.h"
-
-static const tk_dtype *all_dtypes[] = {&F32, &F16, &BF16};
 
 /* ---- the float64 reference (independent of ops/softmax.c) ------------------------------------- */
 
@@ -59,38 +57,17 @@ static void tolerances(tk_dtype dt, double *atol, double *rtol)
 }
 
 /* NaN must be NaN, an inf the same inf (a reference beyond the dtype's range rounds to inf); else
- * |got - ref| <= atol + rtol * |ref|. */
+ * |got - ref| <= atol + rtol * |ref| (op_test.h). */
 static int compare(const char *op, const tk_tensor *got, const double *ref, const char *what)
 {
     double atol, rtol;
     tolerances(got->dtype, &atol, &rtol);
-    int64_t n = numel(got), d = got->shape[got->ndim - 1], bad = 0, worst = -1;
-    double worst_ratio = -1;
-    for (int64_t i = 0; i < n; i++) {
-        double g = get(got, i), r = ref[i], ratio;
-        if (isinf(quantize(r, got->dtype)))
-            r = quantize(r, got->dtype); /* beyond the dtype's range: the rounding is that inf */
-        if (isnan(r) || isnan(g))
-            ratio = isnan(r) && isnan(g) ? 0 : INFINITY;
-        else if (isinf(r) || isinf(g))
-            ratio = g == r ? 0 : INFINITY;
-        else
-            ratio = fabs(g - r) / (atol + rtol * fabs(r));
-        if (ratio > 1)
-            bad++;
-        if (ratio > worst_ratio) {
-            worst_ratio = ratio;
-            worst = i;
-        }
-    }
-    if (bad)
-        fprintf(stderr,
-                "  %s %s %s %s: %lld of %lld elements off; worst [%lld] (row %lld, col %lld): got %.9g ref %.9g "
-                "(seed %llu)\n",
-                op, tk_ops__dtype_str(got->dtype), what, tk_ops__shape_fmt(got->ndim, got->shape), (long long)bad,
-                (long long)n, (long long)worst, (long long)(worst / d), (long long)(worst % d), get(got, worst),
-                ref[worst], (unsigned long long)seed);
-    return bad == 0;
+    op_cmp c = op_cmp_begin(atol, rtol, "%s %s %s %s", op, tk_ops__dtype_str(got->dtype), what,
+                            tk_ops__shape_fmt(got->ndim, got->shape));
+    c.cols = got->shape[got->ndim - 1];
+    for (int64_t i = 0, n = numel(got); i < n; i++)
+        op_cmp_at(&c, i, get(got, i), op_stored_inf(ref[i], got->dtype));
+    return op_cmp_end(&c);
 }
 
 /* Runs op on input x (already filled) into out (or in place) and compares with the reference. */
@@ -105,10 +82,7 @@ static int run_and_compare(const char *op, host_t *x, host_t *out, const char *w
         ref_softmax(ref, xd, n, d, is_log);
     const tk_tensor *o = out ? &out->t : &x->t;
     tk_arg args[2] = {{TK_ARG_TENSOR, "out", o, 0, 0}, {TK_ARG_TENSOR, "input", &x->t, 0, 0}};
-    tk_op_call call;
-    int rc = tk_ops__prepare(&call, op, args, 2);
-    if (rc == TK_OK)
-        rc = tk_ops__run_cpu(&call);
+    int rc = op_run_cpu(op, args, 2);
     int ok = rc == TK_OK;
     if (!ok)
         fprintf(stderr, "  %s %s: rc %d: %s (seed %llu)\n", op, what, rc, tk_last_error(), (unsigned long long)seed);
@@ -243,8 +217,7 @@ static void test_sums_to_one(void)
     host_t x, y;
     host_new(&x, F32, 2, sh, 0);
     host_new(&y, F32, 2, sh, 0);
-    for (int64_t i = 0; i < numel(&x.t); i++)
-        set(&x.t, i, uniform(-20, 20));
+    fill_range(&x, -20, 20);
     for (size_t o = 0; o < 2; o++) {
         tk_arg args[2] = {{TK_ARG_TENSOR, "out", &y.t, 0, 0}, {TK_ARG_TENSOR, "input", &x.t, 0, 0}};
         tk_op_call c;
@@ -317,10 +290,7 @@ static void test_validation(void)
 
 int main(void)
 {
-    const char *env = getenv("TK_TEST_SEED");
-    seed = env ? strtoull(env, NULL, 10) : (uint64_t)time(NULL);
-    rng = seed;
-    printf("seed %llu\n", (unsigned long long)seed);
+    op_test_seed();
     RUN(test_registry);
     RUN(test_random);
     RUN(test_magnitudes);
