@@ -458,7 +458,7 @@ static int stage_offline(tk_hub_staged *s, const tk_hub_env *env, const char *re
 /* The registry the package resolves in: the only candidate, or the first of env->search whose refs
  * document for it exists. A registry that fails otherwise (down, not a registry) stops the search:
  * tk never takes a package from a later registry because an earlier one could not answer. */
-static int pick_registry(char **out, const tk_hub_env *env, const tk_hub_ref *ref)
+int tk_hub__pick_registry(char **out, const tk_hub_env *env, const tk_hub_ref *ref)
 {
     *out = NULL;
     if (env->nsearch <= 1) {
@@ -716,7 +716,7 @@ int tk_hub__stage(tk_hub_staged **out, const tk_hub_env *env0, const char *refst
         rc = stage_offline(s, &env, refstr);
         goto done;
     }
-    if ((rc = pick_registry(&s->registry, &env, &s->ref)) != TK_OK)
+    if ((rc = tk_hub__pick_registry(&s->registry, &env, &s->ref)) != TK_OK)
         goto done;
     env.endpoint = s->registry;
     /* 1. Resolve to a commit, and stop early when that commit is installed. */

@@ -71,6 +71,9 @@ typedef struct tk_hub_staged tk_hub_staged;
 int tk_hub__stage(tk_hub_staged **out, const tk_hub_env *env, const char *ref);
 int tk_hub__commit(tk_state_pkg **outs, int *fresh, tk_hub_staged *const *v, size_t n, const tk_hub_env *env);
 void tk_hub__staged_free(tk_hub_staged *s);
+/* The registry ref's package resolves in: env->endpoint, or with env->search the first that has it
+ * (malloc'd). TK_ERR_NOT_FOUND when none has it; a registry that fails otherwise stops the search. */
+int tk_hub__pick_registry(char **out, const tk_hub_env *env, const tk_hub_ref *ref);
 /* The registry a staged package resolved in (NULL offline). */
 const char *tk_hub__staged_registry(const tk_hub_staged *s);
 
