@@ -29,6 +29,7 @@
 #include "api/api.h"
 #include "cache/state.h"
 #include "hub/hub.h"
+#include "hub/manifest.h"
 
 #define TK_PROJECT_MAGIC 0x746b7072u /* "tkpr" */
 #define PROJECT_FILE "tk.json"
@@ -170,7 +171,13 @@ static int parse_pkg(project_pkg *pp, const char *name, json_t *v, const char *f
     const char *path[3] = {"packages", name, NULL};
     char at[PATH_MAX + 64];
     const char *spec = json_string_value(v), *reg = NULL;
-    int rc = TK_OK;
+    int rc = tk_hub__name_check(name, NULL, NULL);
+    if (rc != TK_OK || strchr(name, '@')) {
+        where(at, sizeof at, file, text, len, path, 2, 1);
+        return rc != TK_OK ? tk__err_wrap(TK_ERR_INVALID, "%s", at)
+                           : tk__err(TK_ERR_INVALID, "%s: '%s': a package name has no '@' (the version is the "
+                                     "value)\nHINT: \"org/name\": \"VERSION\"", at, name);
+    }
     if (json_is_object(v)) {
         const char *k;
         json_t *x;
@@ -197,11 +204,10 @@ static int parse_pkg(project_pkg *pp, const char *name, json_t *v, const char *f
     tk_hub_ref r;
     int any = !*spec || !strcmp(spec, "*");
     snprintf(ref, sizeof ref, "%s%s%s", name, any ? "" : "@", any ? "" : spec);
-    if ((rc = tk_hub__ref_parse(&r, ref)) != TK_OK || (any && strchr(name, '@'))) {
+    if ((rc = tk_hub__ref_parse(&r, ref)) != TK_OK) {
         path[2] = "version";
-        where(at, sizeof at, file, text, len, path, json_is_object(v) ? 3 : 2, json_is_object(v) && !*spec);
-        return rc != TK_OK ? tk__err_wrap(TK_ERR_INVALID, "%s", at)
-                           : tk__err(TK_ERR_INVALID, "%s: a package name has no '@'", at);
+        where(at, sizeof at, file, text, len, path, json_is_object(v) ? 3 : 2, 0);
+        return tk__err_wrap(TK_ERR_INVALID, "%s", at);
     }
     if (reg) {
         path[2] = "registry";

@@ -88,7 +88,7 @@ static void print_registries(const json_t *regs, int offline)
             json_array_foreach(pats, j, p) if (o < sizeof serves)
                 o += (size_t)snprintf(serves + o, sizeof serves - o, "%s%s", j ? ", " : "", json_string_value(p));
         }
-        printf("%-10s%s  (%s%s; %s)\n", i == 0 ? (n > 1 ? "registries" : "registry:") : "",
+        printf("%-10s%s  (%s%s; %s)\n", i == 0 ? "registry:" : "",
                json_string_value(json_object_get(r, "url")), n > 1 ? "" : "", serves,
                !strcmp(src, "TK_ENDPOINT") ? "TK_ENDPOINT overrides config.json"
                : !strcmp(src, "config") ? "config.json" : "the build's default");
