@@ -832,8 +832,12 @@ int tk_hub__get_all(tk_state_pkg **outs, int *fresh, const tk_hub_env *envs, con
         outs[i] = NULL;
         fresh[i] = 0;
     }
+    if (n == 0) { /* nothing to install (an empty project or lock) */
+        free(v);
+        return rc;
+    }
     /* The store's shared lock keeps GC off the staging dirs and the objects until the rows commit. */
-    if (rc == TK_OK && n && !envs[0].offline && (rc = tk_state__lock_store(envs[0].state, 0)) == TK_OK)
+    if (rc == TK_OK && !envs[0].offline && (rc = tk_state__lock_store(envs[0].state, 0)) == TK_OK)
         locked = 1;
     for (size_t i = 0; i < n && rc == TK_OK; i++)
         rc = tk_hub__stage(&v[i], &envs[i], refs[i]);
