@@ -72,6 +72,31 @@ static int find_nvrtc(int *major, int *minor, char *path, size_t n)
     return -1;
 }
 
+/* The state, config, registries and cache of the context, into out. */
+static void ctx_info(json_t *out, tk_ctx *ctx)
+{
+    char *js = NULL;
+    json_object_set_new(out, "home", json_string(tk_ctx_home(ctx)));
+    json_object_set_new(out, "cache_dir", json_string(tk_ctx_cache_dir(ctx)));
+    char cfg[4096];
+    snprintf(cfg, sizeof cfg, "%s/config.json", tk_ctx_config_dir(ctx));
+    json_object_set_new(out, "config_file", json_string(cfg));
+    json_object_set_new(out, "config_exists", json_boolean(access(cfg, F_OK) == 0));
+    json_object_set_new(out, "endpoint", json_string(tk_ctx_endpoint(ctx)));
+    if (tk_ctx_registries_json(&js, ctx) == TK_OK) {
+        json_object_set_new(out, "registries", json_loads(js, 0, NULL));
+        tk_free(js);
+        js = NULL;
+    }
+    json_object_set_new(out, "offline", json_boolean(tk_ctx_offline(ctx)));
+    if (tk_cache_stats_json(&js, ctx) == TK_OK) {
+        json_object_set_new(out, "cache", json_loads(js, 0, NULL));
+        tk_free(js);
+    } else {
+        json_object_set_new(out, "cache_error", json_string(tk_last_error()));
+    }
+}
+
 /* "registry: URL", or one line a registry in lookup order with what it serves and where it is set. */
 static void print_registries(const json_t *regs, int offline)
 {
@@ -143,28 +168,8 @@ int tk_cmd_doctor(tk_cli *cli, int argc, char **argv)
     }
     /* state, cache, registry */
     tk_ctx *ctx = tk_cli_ctx(cli);
-    if (ctx) {
-        char *js = NULL;
-        json_object_set_new(out, "home", json_string(tk_ctx_home(ctx)));
-        json_object_set_new(out, "cache_dir", json_string(tk_ctx_cache_dir(ctx)));
-        char cfg[4096];
-        snprintf(cfg, sizeof cfg, "%s/config.json", tk_ctx_config_dir(ctx));
-        json_object_set_new(out, "config_file", json_string(cfg));
-        json_object_set_new(out, "config_exists", json_boolean(access(cfg, F_OK) == 0));
-        json_object_set_new(out, "endpoint", json_string(tk_ctx_endpoint(ctx)));
-        if (tk_ctx_registries_json(&js, ctx) == TK_OK) {
-            json_object_set_new(out, "registries", json_loads(js, 0, NULL));
-            tk_free(js);
-            js = NULL;
-        }
-        json_object_set_new(out, "offline", json_boolean(tk_ctx_offline(ctx)));
-        if (tk_cache_stats_json(&js, ctx) == TK_OK) {
-            json_object_set_new(out, "cache", json_loads(js, 0, NULL));
-            tk_free(js);
-        } else {
-            json_object_set_new(out, "cache_error", json_string(tk_last_error()));
-        }
-    }
+    if (ctx)
+        ctx_info(out, ctx);
     ok = devrc == TK_OK && ndev > 0 && nvpath[0];
 
     if (cli->json) {
