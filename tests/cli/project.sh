@@ -259,6 +259,12 @@ t_project_file_errors() {
   expect_out "which package?"
   # nothing was installed by any of it
   nothing_installed
+  # an empty project is not an error: nothing to install, an empty lock
+  printf '{"format_version": 1, "packages": {}}\n' >"$d/tk.json"
+  at "$d" expect_rc 0 "$TK" get
+  at "$d" expect_rc 0 "$TK" -q lock --json
+  echo "$OUT" | python3 -c 'import json,sys; assert json.load(sys.stdin)["packages"]==[]' || fail "empty project's lock"
+  at "$d" expect_rc 0 "$TK" get --locked
 }
 
 t_registry_remembered() {
