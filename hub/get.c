@@ -443,8 +443,6 @@ void tk_hub__staged_free(tk_hub_staged *s)
     free(s);
 }
 
-const char *tk_hub__staged_registry(const tk_hub_staged *s) { return s->registry; }
-
 /* Offline: only what is installed resolves. */
 static int stage_offline(tk_hub_staged *s, const tk_hub_env *env, const char *refstr)
 {

@@ -74,8 +74,6 @@ void tk_hub__staged_free(tk_hub_staged *s);
 /* The registry ref's package resolves in: env->endpoint, or with env->search the first that has it
  * (malloc'd). TK_ERR_NOT_FOUND when none has it; a registry that fails otherwise stops the search. */
 int tk_hub__pick_registry(char **out, const tk_hub_env *env, const tk_hub_ref *ref);
-/* The registry a staged package resolved in (NULL offline). */
-const char *tk_hub__staged_registry(const tk_hub_staged *s);
 
 /* Resolves ref against what is installed only (offline). */
 int tk_hub__installed(tk_state_pkg **out, tk_state *st, const char *ref);
