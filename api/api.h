@@ -11,18 +11,31 @@
 #include <jansson.h>
 
 #include "common/common.h"
+#include "hub/hub.h"
 
 #define TK_CTX_MAGIC 0x746b6374u /* "tkct" */
 
 struct tk_state;
 struct tk_hub_http;
 
+/* A registry the context uses (api/registry.c). */
+typedef struct {
+    char *url;           /* no trailing slash */
+    char **patterns;     /* org/name patterns it is limited to (fnmatch); none: it serves any package */
+    size_t npatterns;
+    const char *source;  /* "TK_ENDPOINT", "config" or "default" (static) */
+} tk_api_registry;
+#define TK_API_MAX_REGISTRIES 32
+
 struct tk_ctx {
     uint32_t magic;
     char *data_dir;      /* state.db, store/ ($TK_HOME or $XDG_DATA_HOME/tk) */
     char *cache_dir;     /* cache.db, tmp/ ($TK_HOME/cache or $XDG_CACHE_HOME/tk) */
     char *config_dir;    /* config.json, keys/ ($TK_HOME or $XDG_CONFIG_HOME/tk) */
-    char *endpoint;      /* registry base URL, no trailing slash */
+    char *endpoint;      /* the first registry's base URL, no trailing slash */
+    tk_api_registry *regs; /* the registries in lookup order (at least one) */
+    size_t nregs;
+    int endpoint_override; /* TK_ENDPOINT or tk_ctx_opts.endpoint: regs[0] serves everything */
     char *token;         /* bearer token or NULL */
     int offline;
     json_t *config;      /* config.json (an object; empty when there is none) */
@@ -78,6 +91,36 @@ int tk_api__compile_local(tk_ctx *ctx, const tk_api_localpkg *lp, const int *ccs
 /* Validates the kernels of a parsed manifest; *bad receives the index of the failing kernel ((size_t)-1
  * when the failure is not one kernel's). (api/validate.c) */
 int tk_api__validate_json(json_t *m, size_t *bad);
+
+/* ---- registries (api/registry.c) ---- */
+/* Fills ctx->regs and ctx->endpoint from override (TK_ENDPOINT; NULL/"": none), else the config's
+ * "registries" or "endpoint", else default_endpoint() (a malloc'd URL). TK_ERR_INVALID names the bad
+ * config entry. */
+int tk_api__registries_load(tk_ctx *ctx, const char *override, char *(*default_endpoint)(void));
+void tk_api__registries_free(tk_ctx *ctx);
+/* TK_OK when url is an http, https or file URL; else TK_ERR_INVALID naming `where`. */
+int tk_api__registry_url_check(const char *url, const char *where);
+/* The registries package `name` is looked up in, in order. */
+typedef struct {
+    const char *v[TK_API_MAX_REGISTRIES];
+    size_t n;
+    char *owned;        /* the one copy v[0] may point to */
+    const char *why;    /* "TK_ENDPOINT", "named", "scoped", "installed" or "search" */
+} tk_api_registries;
+/* named: the registry named for the package (a project file, tk_get_opts.registry), or NULL. A
+ * file:// candidate that is not a directory is TK_ERR_NETWORK (a dead registry, never skipped).
+ * Release with tk_api__registries_release (also after a failure). */
+int tk_api__registries_for(tk_api_registries *out, tk_ctx *ctx, const char *name, const char *named);
+void tk_api__registries_release(tk_api_registries *r);
+
+/* ---- gets (api/pkg.c), for api/project.c ---- */
+/* Checks ctx and opts and opens the HTTP client (unless offline). */
+int tk_api__get_prepare(tk_ctx *ctx, const tk_get_opts *opts);
+/* The hub's environment for a get with opts (may be NULL) from the registries regs (NULL: offline,
+ * or the context's first registry). */
+void tk_api__hub_env(tk_hub_env *env, tk_ctx *ctx, const tk_get_opts *opts, const tk_api_registries *regs);
+/* Wraps an installed record (taken, also on failure) into a tk_pkg. */
+int tk_api__wrap_pkg(tk_pkg **out, tk_ctx *ctx, tk_state_pkg *p, int fresh);
 
 /* The config's string value for key, or NULL. */
 const char *tk_api__config_str(const tk_ctx *ctx, const char *key);

@@ -119,7 +119,11 @@ static int check_config(const json_t *cfg, const char *path)
     json_t *v;
     json_object_foreach((json_t *)cfg, key, v) {
         const char *want = NULL, *example = NULL;
-        if (!strcmp(key, "endpoint") && !json_is_string(v)) {
+        if (!strcmp(key, "registries") && !json_is_array(v)) {
+            want = "an array of registries (URLs, or {\"url\", \"packages\"})",
+            example = "\"registries\": [{\"url\": \"https://private.example.com\", \"packages\": [\"acme/*\"]}, "
+                      "\"https://registry.example.com\"]";
+        } else if (!strcmp(key, "endpoint") && !json_is_string(v)) {
             want = "a string (a registry URL)", example = "\"endpoint\": \"https://registry.example.com\"";
         } else if (!strcmp(key, "archs")) {
             int ok = json_is_array(v);
@@ -223,17 +227,9 @@ int tk_ctx_new(tk_ctx **out, const tk_ctx_opts *opts)
     const char *ep = opts->endpoint;
     if (!ep || !*ep)
         ep = getenv("TK_ENDPOINT");
-    if (!ep || !*ep)
-        ep = tk_api__config_str(ctx, "endpoint");
-    if (!(ctx->endpoint = ep && *ep ? tk__strdup(ep) : default_endpoint())) {
-        rc = tk__err(TK_ERR_NOMEM, "out of memory");
+    if ((rc = tk_api__registries_load(ctx, ep, default_endpoint)) != TK_OK)
         goto fail;
-    }
-    size_t n = strlen(ctx->endpoint);
-    while (n > 0 && ctx->endpoint[n - 1] == '/')
-        ctx->endpoint[--n] = '\0';
-    if (!tk__has_prefix(ctx->endpoint, "http://") && !tk__has_prefix(ctx->endpoint, "https://") &&
-        !tk__has_prefix(ctx->endpoint, "file://")) {
+    if (ep && *ep && tk_api__registry_url_check(ctx->endpoint, "registry endpoint") != TK_OK) {
         rc = tk__err(TK_ERR_INVALID, "registry endpoint '%s' is not an http, https or file URL\n"
                      "HINT: set TK_ENDPOINT to something like https://registry.example.com or file:///srv/registry",
                      ctx->endpoint);
@@ -269,6 +265,7 @@ void tk_ctx_free(tk_ctx *ctx)
     free(ctx->cache_dir);
     free(ctx->config_dir);
     free(ctx->endpoint);
+    tk_api__registries_free(ctx);
     free(ctx->token);
     ctx->magic = 0;
     free(ctx);

@@ -150,50 +150,65 @@ oom:
     return tk__err(TK_ERR_NOMEM, "out of memory");
 }
 
-static void hub_env(tk_hub_env *env, tk_ctx *ctx, const tk_get_opts *opts)
+void tk_api__hub_env(tk_hub_env *env, tk_ctx *ctx, const tk_get_opts *opts, const tk_api_registries *regs)
 {
     memset(env, 0, sizeof *env);
     env->state = ctx->state;
     env->http = ctx->offline ? NULL : ctx->http;
-    env->endpoint = ctx->endpoint;
+    env->endpoint = regs && regs->n ? regs->v[0] : ctx->endpoint;
+    env->search = regs ? regs->v : NULL;
+    env->nsearch = regs ? regs->n : 0;
     env->offline = ctx->offline;
     env->builtin_org = TK_DEFAULT_ORG;
     env->builtin_pubkey = TK_DEFAULT_PUBKEY;
     env->trust_unknown = opts ? opts->trust_unknown : 0;
     env->force = opts ? opts->force : 0;
     env->expect_manifest = opts ? opts->expect_manifest : NULL;
+    env->expect_signer = opts && opts->version >= 2 ? opts->expect_signer : NULL;
     env->log = ctx->log;
     env->log_user = ctx->log_user;
     env->validate = tk_api__validate_kernels;
     env->validate_user = ctx;
 }
 
-int tk_pkg_get(tk_pkg **out, tk_ctx *ctx, const char *ref, const tk_get_opts *opts)
+int tk_api__get_prepare(tk_ctx *ctx, const tk_get_opts *opts)
 {
-    if (!out)
-        return tk__err(TK_ERR_INVALID, "tk_pkg_get: out is NULL");
-    *out = NULL;
     int rc = tk_api__check_ctx(ctx);
     if (rc != TK_OK)
         return rc;
     if (opts && (opts->version < 1 || opts->version > TK_GET_OPTS_VERSION))
         return tk__err(TK_ERR_INVALID, "tk_get_opts version %u is not supported", opts->version);
-    if (!ctx->offline && (rc = ensure_http(ctx)) != TK_OK)
+    if (opts && opts->version >= 2 && opts->registry &&
+        (rc = tk_api__registry_url_check(opts->registry, "tk_get_opts.registry")) != TK_OK)
         return rc;
-    /* a file:// registry that is not there is a dead registry, not a missing package */
-    struct stat rst;
-    if (!ctx->offline && tk__has_prefix(ctx->endpoint, "file://") &&
-        (stat(ctx->endpoint + 7, &rst) != 0 || !S_ISDIR(rst.st_mode)))
-        return tk__err(TK_ERR_NETWORK, "the registry %s cannot be read: %s is not a directory\nHINT: check "
-                       "TK_ENDPOINT or \"endpoint\" in config.json ('tk doctor' shows which is used); --offline "
-                       "works from installed packages", ctx->endpoint, ctx->endpoint + 7);
+    return ctx->offline ? TK_OK : ensure_http(ctx);
+}
+
+int tk_api__wrap_pkg(tk_pkg **out, tk_ctx *ctx, tk_state_pkg *p, int fresh) { return wrap(out, ctx, p, fresh); }
+
+int tk_pkg_get(tk_pkg **out, tk_ctx *ctx, const char *ref, const tk_get_opts *opts)
+{
+    if (!out)
+        return tk__err(TK_ERR_INVALID, "tk_pkg_get: out is NULL");
+    *out = NULL;
+    tk_hub_ref r;
+    int rc = tk_api__get_prepare(ctx, opts);
+    if (rc != TK_OK || (rc = tk_hub__ref_parse(&r, ref)) != TK_OK)
+        return rc;
+    tk_api_registries regs;
+    const char *named = opts && opts->version >= 2 ? opts->registry : NULL;
+    if (!ctx->offline && (rc = tk_api__registries_for(&regs, ctx, r.name, named)) != TK_OK) {
+        tk_api__registries_release(&regs);
+        return rc;
+    }
     tk_hub_env env;
-    hub_env(&env, ctx, opts);
+    tk_api__hub_env(&env, ctx, opts, ctx->offline ? NULL : &regs);
     tk_state_pkg *p = NULL;
     int fresh = 0;
-    if ((rc = tk_hub__get(&p, &fresh, &env, ref)) != TK_OK)
-        return rc;
-    return wrap(out, ctx, p, fresh);
+    rc = tk_hub__get(&p, &fresh, &env, ref);
+    if (!ctx->offline)
+        tk_api__registries_release(&regs);
+    return rc != TK_OK ? rc : wrap(out, ctx, p, fresh);
 }
 
 int tk_pkg_info(tk_pkg **out, tk_ctx *ctx, const char *ref)
@@ -241,6 +256,7 @@ const char *tk_pkg_manifest_sha256(const tk_pkg *k) { return PKG_OK(k) ? k->p->m
 const char *tk_pkg_license(const tk_pkg *k) { return PKG_OK(k) ? k->license : NULL; }
 const char *tk_pkg_description(const tk_pkg *k) { return PKG_OK(k) ? k->description : NULL; }
 const char *tk_pkg_signer(const tk_pkg *k) { return PKG_OK(k) ? k->p->signer : NULL; }
+const char *tk_pkg_registry(const tk_pkg *k) { return PKG_OK(k) ? k->p->registry : NULL; }
 const char *tk_pkg_manifest(const tk_pkg *k) { return PKG_OK(k) ? k->p->manifest : NULL; }
 int64_t tk_pkg_installed_at(const tk_pkg *k) { return PKG_OK(k) ? k->p->installed_at : 0; }
 int tk_pkg_fresh(const tk_pkg *k) { return PKG_OK(k) ? k->fresh : 0; }
@@ -386,8 +402,9 @@ static int verify_impl(tk_ctx *ctx, const char *ref, size_t *nbad, size_t *nchec
     } else if ((rc = tk_state__pkg_list(&v, &n, ctx->state)) != TK_OK) {
         return rc;
     }
-    tk_buf msg = TK_BUF_INIT;
+    tk_buf msg = TK_BUF_INIT, fix = TK_BUF_INIT;
     for (size_t i = 0; i < n; i++) {
+        size_t bad_before = bad;
         /* The manifest itself must still hash to what was recorded. */
         char msha[TK_SHA256_HEX];
         tk__sha256_hex(msha, v[i]->manifest, v[i]->manifest_len);
@@ -434,11 +451,16 @@ static int verify_impl(tk_ctx *ctx, const char *ref, size_t *nbad, size_t *nchec
             }
             free(path);
         }
+        /* the fix names the registry it came from, which tk get uses again for it */
+        if (bad > bad_before)
+            tk__buf_printf(&fix, "%s'tk get --force %s@%d' (from %s)", fix.len ? "; " : "", v[i]->name, v[i]->major,
+                           v[i]->registry[0] ? v[i]->registry : "the configured registries");
     }
     if (bad)
-        rc = tk__err(TK_ERR_DIGEST, "%zu installed file%s failed verification:%s\nHINT: reinstall with "
-                     "'tk get --force <package>'", bad, bad == 1 ? "" : "s", msg.data ? msg.data : "");
+        rc = tk__err(TK_ERR_DIGEST, "%zu installed file%s failed verification:%s\nHINT: reinstall with %s", bad,
+                     bad == 1 ? "" : "s", msg.data ? msg.data : "", fix.data ? fix.data : "'tk get --force'");
     tk__buf_free(&msg);
+    tk__buf_free(&fix);
     if (ref)
         tk_state__pkg_free(one);
     else
@@ -504,102 +526,6 @@ int tk_pkg_remove(tk_ctx *ctx, const char *refstr)
     int64_t freed = 0;
     rc = tk_state__gc(ctx->state, &freed);
     tk_api__log(ctx, TK_LOG_INFO, "removed %s (%lld bytes freed)", refstr, (long long)freed);
-    return rc;
-}
-
-/* ---- lock files ------------------------------------------------------------------------------- */
-
-int tk_lock_write(tk_ctx *ctx, const char *path, const char *const *refs, size_t nrefs)
-{
-    int rc = tk_api__check_ctx(ctx);
-    if (rc != TK_OK)
-        return rc;
-    json_t *pkgs = json_array();
-    tk_state_pkg **all = NULL;
-    size_t nall = 0;
-    if (nrefs == 0) {
-        if ((rc = tk_state__pkg_list(&all, &nall, ctx->state)) != TK_OK)
-            goto done;
-        if (nall == 0) {
-            rc = tk__err(TK_ERR_NOT_FOUND, "nothing is installed, so there is nothing to lock\nHINT: 'tk get <package>' first");
-            goto done;
-        }
-        for (size_t i = 0; i < nall; i++)
-            json_array_append_new(pkgs, json_pack("{s:s, s:i, s:s, s:s, s:s}", "name", all[i]->name, "major",
-                                                  all[i]->major, "version", all[i]->version, "commit", all[i]->commit,
-                                                  "manifest_sha256", all[i]->manifest_sha256));
-    }
-    for (size_t i = 0; i < nrefs; i++) {
-        tk_state_pkg *p = NULL;
-        if ((rc = tk_hub__installed(&p, ctx->state, refs[i])) != TK_OK)
-            goto done;
-        json_array_append_new(pkgs, json_pack("{s:s, s:i, s:s, s:s, s:s}", "name", p->name, "major", p->major,
-                                              "version", p->version, "commit", p->commit, "manifest_sha256",
-                                              p->manifest_sha256));
-        tk_state__pkg_free(p);
-    }
-    json_t *doc = json_pack("{s:i, s:s, s:O}", "format_version", 1, "registry", ctx->endpoint, "packages", pkgs);
-    char *text = doc ? json_dumps(doc, JSON_INDENT(2)) : NULL;
-    json_decref(doc);
-    char *withnl = text ? tk__fmt("%s\n", text) : NULL;
-    free(text);
-    if (!withnl) {
-        rc = tk__err(TK_ERR_NOMEM, "out of memory");
-        goto done;
-    }
-    rc = tk__write_atomic(path, withnl, strlen(withnl), 0644);
-    free(withnl);
-done:
-    tk_state__pkg_list_free(all, nall);
-    json_decref(pkgs);
-    return rc;
-}
-
-int tk_lock_install(tk_ctx *ctx, const char *path, const tk_get_opts *opts,
-                    void (*each)(void *user, const tk_pkg *pkg), void *user)
-{
-    int rc = tk_api__check_ctx(ctx);
-    if (rc != TK_OK)
-        return rc;
-    char *text = NULL;
-    size_t n = 0;
-    if ((rc = tk__read_file(&text, &n, path, 4u << 20)) != TK_OK) {
-        if (rc == TK_ERR_NOT_FOUND)
-            rc = tk__err(TK_ERR_NOT_FOUND, "no lock file at '%s'\nHINT: 'tk lock' writes one", path);
-        return rc;
-    }
-    json_error_t jerr;
-    json_t *doc = json_loadb(text, n, 0, &jerr);
-    free(text);
-    json_t *pkgs = json_object_get(doc, "packages");
-    if (!json_is_array(pkgs) || json_integer_value(json_object_get(doc, "format_version")) != 1) {
-        json_decref(doc);
-        return tk__err(TK_ERR_INVALID, "%s is not a tk lock file (format_version 1 with a 'packages' array)", path);
-    }
-    size_t i;
-    json_t *e;
-    json_array_foreach(pkgs, i, e) {
-        const char *name = json_string_value(json_object_get(e, "name"));
-        const char *commit = json_string_value(json_object_get(e, "commit"));
-        const char *msha = json_string_value(json_object_get(e, "manifest_sha256"));
-        if (!name || !commit || !tk__is_hex(commit, 40) || !msha || !tk__is_hex(msha, 64)) {
-            rc = tk__err(TK_ERR_INVALID, "%s: entry %zu needs name, a 40-hex commit and a manifest_sha256", path, i);
-            break;
-        }
-        char ref[256];
-        snprintf(ref, sizeof ref, "%s@%s", name, commit);
-        tk_get_opts o = TK_GET_OPTS_INIT;
-        if (opts)
-            o = *opts;
-        o.expect_manifest = msha;
-        tk_pkg *pkg = NULL;
-        if ((rc = tk_pkg_get(&pkg, ctx, ref, &o)) != TK_OK)
-            break;
-        if (each)
-            each(user, pkg);
-        tk_pkg_free(pkg);
-    }
-    json_decref(doc);
     return rc;
 }
 
@@ -803,16 +729,30 @@ int tk_pkg_versions(tk_version_list **out, tk_ctx *ctx, const char *refstr)
                        "commit");
     if (!ctx->offline && (rc = ensure_http(ctx)) != TK_OK)
         return rc;
+    tk_api_registries regs;
+    char *where = NULL;
     tk_hub_env env;
-    hub_env(&env, ctx, NULL);
-    tk_version_list *l = calloc(1, sizeof *l);
-    if (!l)
-        return tk__err(TK_ERR_NOMEM, "out of memory");
-    snprintf(l->name, sizeof l->name, "%s", ref.name);
-    if ((rc = tk_hub__versions(&l->v, &l->n, &env, &ref)) != TK_OK) {
-        free(l);
-        return rc;
+    if (ctx->offline) { /* tk_hub__versions refuses with TK_ERR_OFFLINE */
+        tk_api__hub_env(&env, ctx, NULL, NULL);
+    } else if ((rc = tk_api__registries_for(&regs, ctx, ref.name, NULL)) == TK_OK) {
+        tk_api__hub_env(&env, ctx, NULL, &regs);
+        if ((rc = tk_hub__pick_registry(&where, &env, &ref)) == TK_OK)
+            env.endpoint = where;
     }
+    tk_version_list *l = rc == TK_OK ? calloc(1, sizeof *l) : NULL;
+    if (rc == TK_OK && !l)
+        rc = tk__err(TK_ERR_NOMEM, "out of memory");
+    if (l)
+        snprintf(l->name, sizeof l->name, "%s", ref.name);
+    if (rc == TK_OK && (rc = tk_hub__versions(&l->v, &l->n, &env, &ref)) != TK_OK) {
+        free(l);
+        l = NULL;
+    }
+    free(where);
+    if (!ctx->offline)
+        tk_api__registries_release(&regs);
+    if (rc != TK_OK)
+        return rc;
     size_t k = 0; /* keep what the version part allows (an exact version keeps a yanked one) */
     for (size_t i = 0; i < l->n; i++)
         if (tk_hub__ref_matches(&ref, l->v[i].version))

@@ -27,7 +27,8 @@ static const char *HELP =
     "DESCRIPTION\n"
     "    Reports the CUDA driver and each GPU (name, compute capability, SMs, memory), the NVRTC\n"
     "    library tk compiles with (version and path), the compiled-binary cache (path, entries,\n"
-    "    size, cap), the state directory and the registry endpoint. For anything missing it says\n"
+    "    size, cap), the state directory and the registries in lookup order (what each serves, and\n"
+    "    whether config.json or TK_ENDPOINT sets it). For anything missing it says\n"
     "    what that costs and how to fix it. Without a GPU tk still installs, verifies and builds\n"
     "    packages ahead of time ('tk build --arch sm_90') and runs ops on the CPU reference.\n"
     "\n"
@@ -96,6 +97,56 @@ static void print_gpus(json_t *gpus, int devrc, int ndev, const char *deverr)
     }
 }
 
+/* The state, config, registries and cache of the context, into out. */
+static void ctx_info(json_t *out, tk_ctx *ctx)
+{
+    char *js = NULL;
+    json_object_set_new(out, "home", json_string(tk_ctx_home(ctx)));
+    json_object_set_new(out, "cache_dir", json_string(tk_ctx_cache_dir(ctx)));
+    char cfg[4096];
+    snprintf(cfg, sizeof cfg, "%s/config.json", tk_ctx_config_dir(ctx));
+    json_object_set_new(out, "config_file", json_string(cfg));
+    json_object_set_new(out, "config_exists", json_boolean(access(cfg, F_OK) == 0));
+    json_object_set_new(out, "endpoint", json_string(tk_ctx_endpoint(ctx)));
+    if (tk_ctx_registries_json(&js, ctx) == TK_OK) {
+        json_object_set_new(out, "registries", json_loads(js, 0, NULL));
+        tk_free(js);
+        js = NULL;
+    }
+    json_object_set_new(out, "offline", json_boolean(tk_ctx_offline(ctx)));
+    if (tk_cache_stats_json(&js, ctx) == TK_OK) {
+        json_object_set_new(out, "cache", json_loads(js, 0, NULL));
+        tk_free(js);
+    } else {
+        json_object_set_new(out, "cache_error", json_string(tk_last_error()));
+    }
+}
+
+/* "registry: URL", or one line a registry in lookup order with what it serves and where it is set. */
+static void print_registries(const json_t *regs, int offline)
+{
+    size_t i, n = json_array_size(regs);
+    json_t *r;
+    json_array_foreach(regs, i, r) {
+        const char *src = json_string_value(json_object_get(r, "source"));
+        json_t *pats = json_object_get(r, "packages");
+        char serves[512] = "any package";
+        if (json_array_size(pats)) {
+            size_t j, o = 0;
+            json_t *p;
+            o += (size_t)snprintf(serves, sizeof serves, "only ");
+            json_array_foreach(pats, j, p) if (o < sizeof serves)
+                o += (size_t)snprintf(serves + o, sizeof serves - o, "%s%s", j ? ", " : "", json_string_value(p));
+        }
+        printf("%-10s%s  (%s%s; %s)\n", i == 0 ? "registry:" : "",
+               json_string_value(json_object_get(r, "url")), n > 1 ? "" : "", serves,
+               !strcmp(src, "TK_ENDPOINT") ? "TK_ENDPOINT overrides config.json"
+               : !strcmp(src, "config") ? "config.json" : "the build's default");
+    }
+    if (offline)
+        printf("          (offline: no registry is used)\n");
+}
+
 int tk_cmd_doctor(tk_cli *cli, int argc, char **argv)
 {
     int ndev = 0, devrc, nvmaj = 0, nvmin = 0, ok = 1;
@@ -146,23 +197,8 @@ int tk_cmd_doctor(tk_cli *cli, int argc, char **argv)
         json_decref(out);
         return cli->ctx_exit ? cli->ctx_exit : TK_EXIT_FAIL;
     }
-    if (ctx) {
-        char *js = NULL;
-        json_object_set_new(out, "home", json_string(tk_ctx_home(ctx)));
-        json_object_set_new(out, "cache_dir", json_string(tk_ctx_cache_dir(ctx)));
-        char cfg[4096];
-        snprintf(cfg, sizeof cfg, "%s/config.json", tk_ctx_config_dir(ctx));
-        json_object_set_new(out, "config_file", json_string(cfg));
-        json_object_set_new(out, "config_exists", json_boolean(access(cfg, F_OK) == 0));
-        json_object_set_new(out, "endpoint", json_string(tk_ctx_endpoint(ctx)));
-        json_object_set_new(out, "offline", json_boolean(tk_ctx_offline(ctx)));
-        if (tk_cache_stats_json(&js, ctx) == TK_OK) {
-            json_object_set_new(out, "cache", json_loads(js, 0, NULL));
-            tk_free(js);
-        } else {
-            json_object_set_new(out, "cache_error", json_string(tk_last_error()));
-        }
-    }
+    if (ctx)
+        ctx_info(out, ctx);
     ok = devrc == TK_OK && ndev > 0 && nvpath[0];
 
     if (cli->json) {
@@ -192,7 +228,7 @@ int tk_cmd_doctor(tk_cli *cli, int argc, char **argv)
                    (double)json_integer_value(json_object_get(c, "max_bytes")) / (1024.0 * 1024));
         else
             printf("cache:    unusable — %s\n", json_string_value(json_object_get(out, "cache_error")));
-        printf("registry: %s%s\n", tk_ctx_endpoint(ctx), tk_ctx_offline(ctx) ? " (offline)" : "");
+        print_registries(json_object_get(out, "registries"), tk_ctx_offline(ctx));
     }
     printf("\n%s\n", ok ? "ok: this machine can compile and run kernels"
                         : devrc != TK_OK || ndev == 0

@@ -10,41 +10,67 @@
 #include "cli/cli.h"
 
 static const char *USAGE = "tk get [--trust] [--force] [--arch LIST] [--no-build] [--json] <org/name[@version]>...\n"
-                           "       tk get --locked [FILE]";
+                           "       tk get [--project FILE] [--locked [LOCKFILE]] [options]   (a project's packages)";
 
 static void help(void)
 {
-    printf("usage: %s\n"
+    printf("NAME\n"
+           "    tk get - download, verify and install kernel packages\n"
            "\n"
-           "Downloads each package from the registry, checks its Ed25519 signature against the trust store,\n"
-           "checks the archive's sha256, unpacks it under strict rules (regular files only, no '..', bounded\n"
-           "size) and verifies every file against the signed manifest. Nothing is installed unless all\n"
-           "checks pass. A package already installed at the resolved commit is not downloaded again.\n"
+           "SYNOPSIS\n"
+           "    %s\n"
            "\n"
-           "references:\n"
-           "  org/name           the highest major version (you are told which)\n"
-           "  org/name@2         major version 2 (branch v2); @v2 also works\n"
-           "  org/name@1.2.0     exactly 1.2.0 (a yanked version installs, with a warning)\n"
-           "  org/name@'>=1.2,<2'  the newest version not yanked in the range (>=, >, <=, <, =;\n"
-           "                     comma = and); see 'tk versions --help'\n"
-           "  org/name@<commit>  exactly that 40-hex commit\n"
+           "DESCRIPTION\n"
+           "    Downloads each package from its registry, checks its Ed25519 signature against the trust\n"
+           "    store, checks the archive's sha256, unpacks it under strict rules (regular files only, no\n"
+           "    '..', bounded size) and verifies every file against the signed manifest. Nothing is\n"
+           "    installed unless all checks pass. A package already installed at the resolved commit is\n"
+           "    not downloaded again.\n"
            "\n"
-           "options:\n"
-           "  --trust         first contact: accept and remember the signer of an org that has no\n"
-           "                  trusted key yet (prints its fingerprint). An org with a key never gains\n"
-           "                  another this way: rotate keys with 'tk trust add'\n"
-           "  --force         download and install again even if installed\n"
-           "  --arch LIST     after installing, compile for these archs (sm_80,sm_90); default: the\n"
-           "                  GPUs found, else \"archs\" in config.json, else nothing\n"
-           "  --no-build      install only; compile nothing\n"
-           "  --locked [FILE] install exactly the commits and manifest digests FILE pins (default tk.lock)\n"
-           "  --json          print the installed packages as JSON\n"
-           "  --offline       resolve from installed packages only\n"
+           "    With no package named, tk get installs the packages of the project file (tk.json in this\n"
+           "    directory or one above it, or --project FILE; docs/project.md). Several packages - a\n"
+           "    project's, a lock file's - install all or nothing: every one is resolved, downloaded and\n"
+           "    verified into staging first, then all are recorded in one step, so a refused package leaves\n"
+           "    the store exactly as it was.\n"
            "\n"
-           "examples:\n"
-           "  tk get kernels-community/activation\n"
-           "  tk get kernels-community/activation@1 --json\n"
-           "  TK_ENDPOINT=https://registry.example.com tk get acme/fused-norm --trust\n",
+           "    Registries: a package comes from the registry named for it (the project file), else the\n"
+           "    one config.json's \"registries\" scopes it to, else the one it was installed from, else the\n"
+           "    first configured registry that has it. TK_ENDPOINT makes one registry serve everything.\n"
+           "    'tk doctor' lists them.\n"
+           "\n"
+           "REFERENCES\n"
+           "    org/name             the highest major version (you are told which)\n"
+           "    org/name@2           major version 2 (branch v2); @v2 also works\n"
+           "    org/name@1.2.0       exactly 1.2.0 (a yanked version installs, with a warning)\n"
+           "    org/name@'>=1.2,<2'  the newest version not yanked in the range (>=, >, <=, <, =;\n"
+           "                         comma = and); see 'tk versions --help'\n"
+           "    org/name@<commit>    exactly that 40-hex commit\n"
+           "\n"
+           "OPTIONS\n"
+           "    --trust            first contact: accept and remember the signer of an org that has no\n"
+           "                       trusted key yet (prints its fingerprint). An org with a key never gains\n"
+           "                       another this way: rotate keys with 'tk trust add'\n"
+           "    --force            download and install again even if installed\n"
+           "    --arch LIST        after installing, compile for these archs (sm_80,sm_90); default: the\n"
+           "                       GPUs found, else \"archs\" in config.json, else nothing\n"
+           "    --no-build         install only; compile nothing\n"
+           "    --project FILE     the project file to use instead of looking for tk.json\n"
+           "    --locked [FILE]    install exactly the commits, manifest digests, registries and signers\n"
+           "                       the lock file pins (default: the project's tk.lock, which must match the\n"
+           "                       project file; without a project, ./tk.lock)\n"
+           "    --json             print the installed packages as a JSON array (docs/json.md)\n"
+           "    --offline          resolve from installed packages only\n"
+           "\n"
+           "EXAMPLES\n"
+           "    tk get kernels-community/activation\n"
+           "    tk get kernels-community/activation@1 --json\n"
+           "    tk get                      # the project's packages (tk.json)\n"
+           "    tk get --locked             # exactly what tk.lock pins, all or nothing\n"
+           "    TK_ENDPOINT=https://registry.example.com tk get acme/fused-norm --trust\n"
+           "\n"
+           "EXIT STATUS\n"
+           "    0 ok, 2 usage or a bad project/lock file, 3 not found, 4 network, 5 refused (signature,\n"
+           "    trust, digest, rollback), 6 local I/O.\n",
            USAGE);
 }
 
@@ -123,15 +149,29 @@ static int build_after_get(tk_cli *cli, const tk_pkg *p, const char *arch_list)
     return TK_OK;
 }
 
-struct lock_cb {
+struct each_cb {
     tk_cli *cli;
     int first;
+    int no_build;
+    const char *arch_list;
+    int rc; /* the first build failure */
 };
 
-static void each_locked(void *user, const tk_pkg *p)
+static void each_pkg(void *user, const tk_pkg *p)
 {
-    struct lock_cb *cb = user;
+    struct each_cb *cb = user;
     print_pkg(cb->cli, p, &cb->first);
+    if (!cb->no_build && cb->rc == TK_OK)
+        cb->rc = build_after_get(cb->cli, p, cb->arch_list);
+}
+
+/* The packages of a project (tk.json), all or nothing. */
+static int get_project(tk_cli *cli, tk_ctx *ctx, tk_project *p, int locked, const tk_get_opts *o, struct each_cb *cb)
+{
+    if (!cli->quiet && !cli->json)
+        fprintf(stderr, "tk: %s: %zu package%s%s\n", tk_project_path(p), tk_project_package_count(p),
+                tk_project_package_count(p) == 1 ? "" : "s", locked ? ", as its tk.lock pins them" : "");
+    return tk_project_get(ctx, p, locked, o, each_pkg, cb);
 }
 
 int tk_cmd_get(tk_cli *cli, int argc, char **argv)
@@ -139,8 +179,8 @@ int tk_cmd_get(tk_cli *cli, int argc, char **argv)
     tk_get_opts o = TK_GET_OPTS_INIT;
     const char *refs[256];
     size_t nrefs = 0;
-    const char *locked = NULL, *arch_list = NULL;
-    int no_build = 0;
+    const char *lockfile = NULL, *arch_list = NULL, *project = NULL;
+    int no_build = 0, locked = 0;
     for (int i = 1; i < argc; i++) {
         if (tk_cli_is_help(argv[i])) {
             help();
@@ -155,11 +195,15 @@ int tk_cmd_get(tk_cli *cli, int argc, char **argv)
             if (++i >= argc)
                 return tk_cli_usage(USAGE, "--arch needs a list such as sm_80,sm_90");
             arch_list = argv[i];
+        } else if (!strcmp(argv[i], "--project")) {
+            if (++i >= argc)
+                return tk_cli_usage(USAGE, "--project needs a file (a tk.json)");
+            project = argv[i];
         } else if (!strcmp(argv[i], "--locked")) {
-            locked = (i + 1 < argc && argv[i + 1][0] != '-' && !strchr(argv[i + 1], '/')) ||
-                             (i + 1 < argc && strstr(argv[i + 1], ".lock"))
-                         ? argv[++i]
-                         : "tk.lock";
+            locked = 1;
+            if ((i + 1 < argc && argv[i + 1][0] != '-' && !strchr(argv[i + 1], '/')) ||
+                (i + 1 < argc && strstr(argv[i + 1], ".lock")))
+                lockfile = argv[++i];
         } else if (argv[i][0] == '-') {
             return tk_cli_usage(USAGE, "unknown option '%s'", argv[i]);
         } else if (nrefs < sizeof refs / sizeof *refs) {
@@ -168,41 +212,55 @@ int tk_cmd_get(tk_cli *cli, int argc, char **argv)
             return tk_cli_usage(USAGE, "too many packages on one line");
         }
     }
-    if (!locked && nrefs == 0)
-        return tk_cli_usage(USAGE, "which package? for example: tk get kernels-community/activation");
     if (locked && nrefs)
         return tk_cli_usage(USAGE, "--locked installs what the lock file pins; give no package names with it");
+    if (project && nrefs)
+        return tk_cli_usage(USAGE, "--project installs the project's packages; give no package names with it");
     tk_ctx *ctx = tk_cli_ctx(cli);
     if (!ctx)
         return TK_EXIT_FAIL;
-    int first = 1;
     char *jbuf = NULL;
     size_t jlen = 0;
     if (cli->json && !(json_out = open_memstream(&jbuf, &jlen))) {
         perror("tk: open_memstream");
         return TK_EXIT_FAIL;
     }
+    struct each_cb cb = {cli, 1, no_build, arch_list, TK_OK};
     int rc = TK_OK;
-    if (locked) {
-        struct lock_cb cb = {cli, 1};
-        rc = tk_lock_install(ctx, locked, &o, each_locked, &cb);
-        first = cb.first;
+    tk_project *prj = NULL;
+    if (!nrefs && !lockfile && (rc = tk_project_open(&prj, project)) == TK_ERR_NOT_FOUND && !project) {
+        rc = TK_OK;
+        if (!locked) { /* nothing named, no project */
+            if (json_out)
+                fclose(json_out);
+            free(jbuf);
+            return tk_cli_usage(USAGE, "which package? for example: tk get kernels-community/activation (or "
+                                "write a tk.json listing the project's packages: docs/project.md)");
+        }
+        lockfile = "tk.lock"; /* no project: ./tk.lock, as before projects */
+    }
+    if (rc != TK_OK) {
+        /* the project file could not be read */
+    } else if (lockfile) {
+        rc = tk_lock_install(ctx, lockfile, &o, each_pkg, &cb);
+    } else if (prj) {
+        rc = get_project(cli, ctx, prj, locked, &o, &cb);
     } else {
-        for (size_t i = 0; i < nrefs && rc == TK_OK; i++) {
+        for (size_t i = 0; i < nrefs && rc == TK_OK && cb.rc == TK_OK; i++) {
             tk_pkg *p = NULL;
-            if ((rc = tk_pkg_get(&p, ctx, refs[i], &o)) == TK_OK) {
-                print_pkg(cli, p, &first);
-                if (!no_build)
-                    rc = build_after_get(cli, p, arch_list);
-            }
+            if ((rc = tk_pkg_get(&p, ctx, refs[i], &o)) == TK_OK)
+                each_pkg(&cb, p);
             tk_pkg_free(p);
         }
     }
+    tk_project_free(prj);
+    if (rc == TK_OK)
+        rc = cb.rc;
     if (cli->json) {
         fclose(json_out);
         json_out = NULL;
         if (rc == TK_OK)
-            printf("[%s%s]\n", jbuf ? jbuf : "", first ? "" : "\n");
+            printf("[%s%s]\n", jbuf ? jbuf : "", cb.first ? "" : "\n");
         free(jbuf);
     }
     if (rc != TK_OK)

@@ -6,16 +6,36 @@
 
 #include "cli/cli.h"
 
-static const char *USAGE = "tk verify [org/name[@version]]";
+static const char *USAGE = "tk verify [--json] [org/name[@version]]";
+
+static const char *HELP =
+    "NAME\n"
+    "    tk verify - re-hash installed files against their signed manifests\n"
+    "\n"
+    "SYNOPSIS\n"
+    "    tk verify [--json] [org/name[@version]]\n"
+    "\n"
+    "DESCRIPTION\n"
+    "    Re-hashes every installed file (of one package, or of all) in the content-addressed store and\n"
+    "    compares it with the sha256 in the signed manifest recorded at install; the recorded manifest\n"
+    "    itself must still hash to its recorded digest. A missing, altered or replaced file (a link\n"
+    "    planted in the store counts as tampering) is named, and the hint gives, for each bad package,\n"
+    "    the 'tk get --force ORG/NAME@MAJOR' that reinstalls it and the registry it comes back from\n"
+    "    (the one it was installed from; docs/project.md).\n"
+    "\n"
+    "OPTIONS\n"
+    "    --json   print {\"ok\", \"checked\", \"bad_count\", \"bad_files\": [{\"package\", \"file\",\n"
+    "             \"problem\", \"sha256\", \"want\"}]} (docs/json.md), also when files are bad\n"
+    "\n"
+    "EXIT STATUS\n"
+    "    0 every file matches; 3 the package is not installed; 5 a file is missing or altered.\n";
 
 int tk_cmd_verify(tk_cli *cli, int argc, char **argv)
 {
     const char *ref = NULL;
     for (int i = 1; i < argc; i++) {
         if (tk_cli_is_help(argv[i])) {
-            printf("usage: %s\n\nRe-hashes every installed file (of one package, or of all) and compares it\n"
-                   "with the sha256 in the signed manifest. Exit status 5 when anything is missing or altered.\n",
-                   USAGE);
+            fputs(HELP, stdout);
             return TK_EXIT_OK;
         } else if (argv[i][0] == '-') {
             return tk_cli_usage(USAGE, "unknown option '%s'", argv[i]);

@@ -48,7 +48,7 @@ static const struct {
     {"info", tk_cmd_info, "show an installed package: version, commit, files, kernels"},
     {"verify", tk_cmd_verify, "re-hash installed files against their manifests"},
     {"remove", tk_cmd_remove, "uninstall a package"},
-    {"lock", tk_cmd_lock, "write tk.lock pinning installed commits and manifest digests"},
+    {"lock", tk_cmd_lock, "pin a project's packages (tk.json) in tk.lock: commit, digest, registry, signer"},
     {"keygen", tk_cmd_keygen, "make an Ed25519 publisher key pair"},
     {"publish", tk_cmd_publish, "sign a package directory and add it to a registry tree"},
     {"yank", tk_cmd_yank, "withdraw a published version (signed; locks keep working)"},
@@ -96,7 +96,8 @@ static void usage(FILE *f)
             "environment:\n"
             "  TK_HOME      where tk keeps its state (default: $XDG_DATA_HOME/tk, $XDG_CACHE_HOME/tk,\n"
             "               $XDG_CONFIG_HOME/tk)\n"
-            "  TK_ENDPOINT  registry URL (http, https or file); overrides config.json's \"endpoint\"\n"
+            "  TK_ENDPOINT  registry URL (http, https or file); one registry for everything, overriding\n"
+            "               config.json's \"registries\" and \"endpoint\" ('tk doctor' lists them)\n"
             "  TK_TOKEN     bearer token sent to the registry's host only\n"
             "  TK_OFFLINE   1 to work offline\n"
             "\n"

@@ -408,289 +408,452 @@ done:
     return rc;
 }
 
-/* Unpacks into a staging dir, moves every file into the store and builds the package record. */
-static int unpack_and_store(const tk_hub_env *env, const tk_hub_manifest *m, const char *archive,
-                            tk_state_pkg *p)
+/* ---- an install in two steps ------------------------------------------------------------------
+ * tk_hub__stage does everything that can fail because of the registry (resolve, download, verify,
+ * unpack into a private staging dir); tk_hub__commit moves the staged files into the store and
+ * records every package in one transaction. Installing several packages stages them all first, so a
+ * refusal of the last one leaves the store as it was. */
+
+struct tk_hub_staged {
+    tk_hub_ref ref;
+    char *registry;       /* the registry it resolved in */
+    char commit[41];
+    int major;            /* the branch (or the version a spec picked) it resolved to; 0: by commit */
+    char want[40];        /* the version a spec picked, "" none */
+    char downgrade[40];   /* a version seen that the user's spec goes below on purpose, "" none */
+    char yanked_seen[68]; /* the version seen, withdrawn by its publisher: the branch moved back */
+    char keyid[TK_KEYID_LEN], pubkey[TK_PUBKEY_LEN];
+    int trust_new;        /* trust the signer on first use, recorded in the install's transaction */
+    tk_state_pkg *have;   /* installed already at the resolved commit: nothing to commit */
+    tk_state_pkg *p;      /* the record to install; p->files are in dir */
+    char *dir;            /* the staging dir (store/tmp/unpack-*) holding the verified files */
+};
+
+void tk_hub__staged_free(tk_hub_staged *s)
+{
+    if (!s)
+        return;
+    if (s->dir) {
+        tk__rmtree(s->dir);
+        free(s->dir);
+    }
+    tk_state__pkg_free(s->have);
+    tk_state__pkg_free(s->p);
+    free(s->registry);
+    free(s);
+}
+
+/* Offline: only what is installed resolves. */
+static int stage_offline(tk_hub_staged *s, const tk_hub_env *env, const char *refstr)
+{
+    int rc = tk_hub__installed(&s->have, env->state, refstr);
+    if (rc == TK_ERR_NOT_FOUND)
+        rc = tk__err(TK_ERR_OFFLINE, "%s is not installed, and tk is offline\n"
+                     "HINT: unset TK_OFFLINE (or drop --offline) to download it", refstr);
+    return rc;
+}
+
+/* The registry the package resolves in: the only candidate, or the first of env->search whose refs
+ * document for it exists. A registry that fails otherwise (down, not a registry) stops the search:
+ * tk never takes a package from a later registry because an earlier one could not answer. */
+int tk_hub__pick_registry(char **out, const tk_hub_env *env, const tk_hub_ref *ref)
+{
+    *out = NULL;
+    if (env->nsearch <= 1) {
+        *out = tk__strdup(env->nsearch ? env->search[0] : env->endpoint);
+        return *out ? TK_OK : tk__err(TK_ERR_NOMEM, "out of memory");
+    }
+    tk_buf looked = TK_BUF_INIT;
+    int rc = TK_ERR_NOT_FOUND;
+    for (size_t i = 0; i < env->nsearch && rc == TK_ERR_NOT_FOUND; i++) {
+        char *url = tk__fmt("%s/api/kernels/%s/%s/refs", env->search[i], ref->org, ref->pkg), *body = NULL;
+        rc = url ? tk_hub__http_get_mem(env->http, url, 1u << 20, &body, NULL, NULL)
+                 : tk__err(TK_ERR_NOMEM, "out of memory");
+        if (rc == TK_OK && !(*out = tk__strdup(env->search[i])))
+            rc = tk__err(TK_ERR_NOMEM, "out of memory");
+        else if (rc != TK_OK && rc != TK_ERR_NOT_FOUND)
+            rc = tk__err_wrap(rc, "registry %s (searched for %s)", env->search[i], ref->name);
+        tk__buf_printf(&looked, "%s%s", i ? ", " : "", env->search[i]);
+        free(body);
+        free(url);
+    }
+    if (rc == TK_ERR_NOT_FOUND) {
+        tk_buf hint = TK_BUF_INIT;
+        tk_hub_env first = *env;
+        first.endpoint = env->search[0];
+        suggest(&first, ref->name, &hint);
+        rc = tk__err(TK_ERR_NOT_FOUND, "package %s is in none of the configured registries (%s)%s", ref->name,
+                     looked.data ? looked.data : "", hint.data ? hint.data : "");
+        tk__buf_free(&hint);
+    } else if (rc == TK_OK) {
+        say(env, TK_LOG_DEBUG, "%s: found in registry %s", ref->name, *out);
+    }
+    tk__buf_free(&looked);
+    return rc;
+}
+
+/* An exact version or a range: list the versions (each commit checked) and pick. */
+static int resolve_spec(const tk_hub_env *env, tk_hub_staged *s)
+{
+    const tk_hub_ref *ref = &s->ref;
+    tk_hub_version *vs = NULL;
+    size_t nv = 0;
+    int rc = tk_hub__versions(&vs, &nv, env, ref);
+    if (rc != TK_OK)
+        return rc;
+    const tk_hub_version *pick = tk_hub__versions_pick(vs, nv, ref);
+    if (!pick) {
+        char *avail = tk_hub__versions_str(vs, nv);
+        rc = tk__err(TK_ERR_NOT_FOUND, "%s has no version %s%s\nHINT: available: %s%s", ref->name,
+                     ref->exact[0] ? ref->exact : "matching ", ref->exact[0] ? "" : ref->range, avail ? avail : "?",
+                     ref->range[0] ? " (a range never picks a yanked version; name one exactly to install it)" : "");
+        free(avail);
+        free(vs);
+        return rc;
+    }
+    memcpy(s->commit, pick->commit, sizeof s->commit);
+    s->major = pick->major;
+    /* Asked for by version, an older version than one this machine saw is a downgrade the user
+     * wants, not a registry rolling it back: allowed when the (checked) listing still holds the
+     * version seen, so a stale registry that hides it is still refused. */
+    char *sv = NULL;
+    if (tk_state__seen_get(&sv, env->state, ref->name, pick->major) == TK_OK && sv &&
+        tk_state__version_cmp(pick->version, sv) < 0)
+        for (size_t i = 0; i < nv; i++)
+            if (!strcmp(vs[i].version, sv))
+                snprintf(s->downgrade, sizeof s->downgrade, "%s", sv);
+    free(sv);
+    snprintf(s->want, sizeof s->want, "%s", pick->version);
+    if (pick->yanked)
+        say(env, TK_LOG_WARN, "%s %s was yanked by its publisher (%s); installing it because you named it exactly",
+            ref->name, pick->version, pick->yank_reason[0] ? pick->yank_reason : "no reason given");
+    else
+        say(env, TK_LOG_INFO, "%s@%s: using %s (commit %.12s)", ref->name, ref->exact[0] ? ref->exact : ref->range,
+            pick->version, pick->commit);
+    free(vs);
+    return TK_OK;
+}
+
+/* Step 1: the commit the reference names, and the installed package when that commit is installed
+ * already (s->have: nothing more to do). */
+static int resolve_commit(const tk_hub_env *env, tk_hub_staged *s)
 {
     int rc = TK_OK;
-    char *stage = tk__tmp_path(tk_state__tmp_dir(env->state), "unpack");
-    if (!stage)
-        return tk__err(TK_ERR_NOMEM, "out of memory");
-    if ((rc = tk__mkdir_new(stage, 0700)) != TK_OK)
-        goto done;
-    if ((rc = tk_hub__archive_extract(archive, stage, m->files, m->nfiles, NULL)) != TK_OK) {
-        rc = tk__err_wrap(rc, "%s", m->name);
-        goto done;
+    if (s->ref.commit[0])
+        memcpy(s->commit, s->ref.commit, sizeof s->commit);
+    else if (tk_hub__ref_is_spec(&s->ref))
+        rc = resolve_spec(env, s);
+    else
+        rc = resolve(env, &s->ref, s->commit, &s->major);
+    if (rc != TK_OK || env->force)
+        return rc;
+    rc = tk_state__pkg_get_commit(&s->have, env->state, s->ref.name, s->commit);
+    if (rc == TK_OK && env->expect_manifest && strcmp(s->have->manifest_sha256, env->expect_manifest) != 0) {
+        tk_state__pkg_free(s->have); /* installed, but not what the lock pins: fetch and let it fail */
+        s->have = NULL;
     }
-    if (!(p->files = calloc(m->nfiles, sizeof *p->files))) {
+    return rc == TK_ERR_NOT_FOUND ? TK_OK : rc;
+}
+
+/* Step 2: the manifest and its signature, checked (signature, trusted signer, pins) before the
+ * manifest is parsed. msha receives the manifest's sha256. */
+static int fetch_signed(const tk_hub_env *env, tk_hub_staged *s, char **mtext, size_t *mlen, char **sigtext,
+                        size_t *siglen, char msha[TK_SHA256_HEX])
+{
+    const tk_hub_ref *ref = &s->ref;
+    uint8_t sig[64];
+    int rc;
+    if ((rc = fetch_small(env, ref, s->commit, "manifest.json", TK_MANIFEST_MAX, mtext, mlen)) != TK_OK ||
+        (rc = fetch_small(env, ref, s->commit, "manifest.json.sig", 16384, sigtext, siglen)) != TK_OK)
+        return rc;
+    if ((rc = tk_hub__sig_parse(s->keyid, s->pubkey, sig, *sigtext, *siglen)) != TK_OK)
+        return tk__err_wrap(rc, "%s", ref->name);
+    if ((rc = tk_hub__verify(s->pubkey, sig, *mtext, *mlen)) != TK_OK)
+        return tk__err(rc, "%s at %s: the signature does not match the manifest (the manifest was altered, or "
+                       "signed by another key)\nHINT: do not use this registry copy; report it to the publisher",
+                       ref->name, s->commit);
+    if ((rc = check_signer(env, ref, s->keyid, s->pubkey, 1, &s->trust_new)) != TK_OK)
+        return rc;
+    if (env->expect_signer && strcmp(s->keyid, env->expect_signer) != 0)
+        return tk__err(TK_ERR_UNTRUSTED, "%s at %s is signed by %s, but the lock file pins signer %s\nHINT: the "
+                       "publisher's key changed since the lock was written; check with the publisher, then run "
+                       "'tk lock' again", ref->name, s->commit, s->keyid, env->expect_signer);
+    tk__sha256_hex(msha, *mtext, *mlen);
+    if (env->expect_manifest && strcmp(msha, env->expect_manifest) != 0)
+        return tk__err(TK_ERR_DIGEST, "%s at %s: the manifest's sha256 is %s, but the lock file pins %s",
+                       ref->name, s->commit, msha, env->expect_manifest);
+    return TK_OK;
+}
+
+/* Step 3: the parsed manifest is the one asked for: its name, the commit id, the version a spec
+ * picked, the branch's major. */
+static int check_manifest(const tk_hub_env *env, const tk_hub_staged *s, const tk_hub_manifest *m,
+                          const char *msha, const char *sigtext, size_t siglen)
+{
+    int rc;
+    if (strcmp(m->name, s->ref.name) != 0)
+        return tk__err(TK_ERR_MANIFEST, "the registry served the manifest of %s when %s was asked for", m->name,
+                       s->ref.name);
+    if ((rc = check_commit(env, &s->ref, s->commit, msha, sigtext, siglen, m)) != TK_OK)
+        return rc;
+    if (s->want[0] && strcmp(m->version, s->want) != 0)
+        return tk__err(TK_ERR_MANIFEST, "%s: commit %s holds version %s, not %s", s->ref.name, s->commit, m->version,
+                       s->want);
+    if (s->major && m->major != s->major)
+        return tk__err(TK_ERR_MANIFEST, "%s: branch v%d holds version %s (major %d)", s->ref.name, s->major,
+                       m->version, m->major);
+    return TK_OK;
+}
+
+/* Step 3, continued: a version older than the newest this machine has seen of its major is a
+ * rollback, refused unless the publisher yanked the newer one or the user asked for it by version. */
+static int check_rollback(const tk_hub_env *env, tk_hub_staged *s, const tk_hub_manifest *m)
+{
+    char *seen = NULL, yank_reason[512] = "";
+    int rc = tk_state__seen_get(&seen, env->state, m->name, m->major);
+    if (rc != TK_OK || !seen || tk_state__version_cmp(m->version, seen) >= 0) {
+        free(seen);
+        return rc;
+    }
+    if (!s->ref.commit[0] && yanked_by_publisher(env, &s->ref, seen, yank_reason, sizeof yank_reason) == TK_OK) {
+        /* the publisher withdrew the newer version it saw: the branch moved back on purpose */
+        say(env, TK_LOG_WARN, "%s %s was yanked by its publisher (%s); installing %s", m->name, seen, yank_reason,
+            m->version);
+        snprintf(s->yanked_seen, sizeof s->yanked_seen, "%s", seen);
+    } else if (s->downgrade[0] && !strcmp(seen, s->downgrade)) {
+        say(env, TK_LOG_INFO, "%s: installing %s, older than %s which this machine has seen, because you asked for "
+            "it by version", m->name, m->version, seen);
+    } else {
+        rc = tk__err(TK_ERR_ROLLBACK, "%s: the registry offers version %s, older than %s which this machine has "
+                     "already seen for major %d (rollback refused)\nHINT: the registry may be stale or "
+                     "compromised; if the downgrade is intended, pin the commit in a lock file",
+                     m->name, m->version, seen, m->major);
+    }
+    free(seen);
+    return rc;
+}
+
+/* Step 4: downloads the archive (its sha256 checked), unpacks it into a private staging dir (the
+ * allowlist and every file's digest checked) and drops the download. s->have is set instead when
+ * another process installed the commit meanwhile. */
+static int fetch_and_unpack(const tk_hub_env *env, tk_hub_staged *s, const tk_hub_manifest *m)
+{
+    char *archive = NULL;
+    int archive_lock = -1;
+    say(env, TK_LOG_INFO, "%s %s: downloading %s (%lld bytes)", m->name, m->version, m->archive.path,
+        (long long)m->archive.size);
+    int rc = fetch_archive(env, &s->ref, s->commit, m, &archive, &archive_lock, &s->have);
+    if (rc != TK_OK || s->have)
+        goto done;
+    if (!(s->dir = tk__tmp_path(tk_state__tmp_dir(env->state), "unpack"))) {
         rc = tk__err(TK_ERR_NOMEM, "out of memory");
         goto done;
     }
-    for (size_t i = 0; i < m->nfiles; i++) {
-        char *src = tk__path_join(stage, m->files[i].path);
-        tk_state_file *f = &p->files[p->nfiles];
-        f->path = tk__strdup(m->files[i].path);
-        f->sha256 = tk__strdup(m->files[i].sha256);
-        f->size = m->files[i].size;
-        if (f->path || f->sha256)
-            p->nfiles++;
-        if (!src || !f->path || !f->sha256)
-            rc = tk__err(TK_ERR_NOMEM, "out of memory");
-        else
-            rc = tk_state__object_put(env->state, src, m->files[i].sha256);
-        free(src);
-        if (rc != TK_OK)
-            goto done;
+    if ((rc = tk__mkdir_new(s->dir, 0700)) != TK_OK) {
+        free(s->dir);
+        s->dir = NULL;
+        goto done;
     }
+    if ((rc = tk_hub__archive_extract(archive, s->dir, m->files, m->nfiles, NULL)) != TK_OK)
+        rc = tk__err_wrap(rc, "%s", m->name);
+    else
+        unlink(archive); /* unpacked and verified: a failed commit downloads it again */
 done:
-    tk__rmtree(stage);
-    free(stage);
+    if (archive_lock >= 0)
+        close(archive_lock);
+    free(archive);
+    return rc;
+}
+
+/* The package record the commit writes, from the verified manifest (takes *mtext). */
+static int make_record(tk_hub_staged *s, const tk_hub_manifest *m, const char *msha, char **mtext, size_t mlen)
+{
+    tk_state_pkg *p = s->p = calloc(1, sizeof *p);
+    if (!p || (m->nfiles && !(p->files = calloc(m->nfiles, sizeof *p->files))))
+        return tk__err(TK_ERR_NOMEM, "out of memory");
+    for (; p->nfiles < m->nfiles; p->nfiles++) {
+        tk_state_file *f = &p->files[p->nfiles];
+        f->path = tk__strdup(m->files[p->nfiles].path);
+        f->sha256 = tk__strdup(m->files[p->nfiles].sha256);
+        f->size = m->files[p->nfiles].size;
+        if (!f->path || !f->sha256) {
+            p->nfiles++;
+            return tk__err(TK_ERR_NOMEM, "out of memory");
+        }
+    }
+    p->name = tk__strdup(m->name);
+    p->major = m->major;
+    p->version = tk__strdup(m->version);
+    p->commit = tk__strdup(s->commit);
+    p->manifest_sha256 = tk__strdup(msha);
+    p->manifest = *mtext;
+    p->manifest_len = mlen;
+    *mtext = NULL;
+    p->signer = tk__strdup(s->keyid);
+    p->registry = tk__strdup(s->registry);
+    p->installed_at = tk__now();
+    if (!p->name || !p->version || !p->commit || !p->manifest_sha256 || !p->signer || !p->registry)
+        return tk__err(TK_ERR_NOMEM, "out of memory");
+    return TK_OK;
+}
+
+int tk_hub__stage(tk_hub_staged **out, const tk_hub_env *env0, const char *refstr)
+{
+    *out = NULL;
+    tk_hub_env env = *env0;
+    tk_hub_manifest *m = NULL;
+    char *mtext = NULL, *sigtext = NULL, msha[TK_SHA256_HEX];
+    size_t mlen = 0, siglen = 0;
+    int rc;
+    tk_hub_staged *s = calloc(1, sizeof *s);
+    if (!s)
+        return tk__err(TK_ERR_NOMEM, "out of memory");
+    if ((rc = tk_hub__ref_parse(&s->ref, refstr)) != TK_OK)
+        goto done;
+    if (env.offline || !env.http) {
+        rc = stage_offline(s, &env, refstr);
+        goto done;
+    }
+    if ((rc = tk_hub__pick_registry(&s->registry, &env, &s->ref)) != TK_OK)
+        goto done;
+    env.endpoint = s->registry;
+    /* 1. Resolve to a commit, and stop early when that commit is installed. */
+    if ((rc = resolve_commit(&env, s)) != TK_OK || s->have)
+        goto done;
+    /* 2. Manifest and signature; the signature is checked before the manifest is parsed. */
+    if ((rc = fetch_signed(&env, s, &mtext, &mlen, &sigtext, &siglen, msha)) != TK_OK)
+        goto done;
+    /* 3. Parse and cross-check the manifest; rollback; the JIT's checks of its kernels. */
+    if ((rc = tk_hub__manifest_parse(&m, mtext, mlen)) != TK_OK) {
+        rc = tk__err_wrap(rc, "%s at %s", s->ref.name, s->commit);
+        goto done;
+    }
+    if ((rc = check_manifest(&env, s, m, msha, sigtext, siglen)) != TK_OK || (rc = check_rollback(&env, s, m)) != TK_OK)
+        goto done;
+    if (env.validate && (rc = env.validate(env.validate_user, mtext, mlen)) != TK_OK) {
+        rc = tk__err_wrap(rc, "%s %s", m->name, m->version);
+        goto done;
+    }
+    /* 4. Archive into staging, every file verified; the record the commit will write. */
+    if ((rc = fetch_and_unpack(&env, s, m)) != TK_OK || s->have)
+        goto done;
+    rc = make_record(s, m, msha, &mtext, mlen);
+done:
+    tk_hub__manifest_free(m);
+    free(mtext);
+    free(sigtext);
+    if (rc != TK_OK)
+        tk_hub__staged_free(s);
+    else
+        *out = s;
+    return rc;
+}
+
+/* Inside the commit's transaction: re-checks rollback (another process may have installed a newer
+ * version meanwhile), trusts a first-use signer, writes the package's rows. */
+static int record_one(const tk_hub_env *env, const tk_hub_staged *s)
+{
+    const tk_state_pkg *p = s->p;
+    char *seen = NULL, *pinned = NULL;
+    int rc = tk_state__seen_get(&seen, env->state, p->name, p->major);
+    int yank_accepted = s->yanked_seen[0] && seen && strcmp(seen, s->yanked_seen) == 0;
+    if (rc == TK_OK && seen && tk_state__version_cmp(p->version, seen) < 0 && !yank_accepted &&
+        !(s->downgrade[0] && !strcmp(seen, s->downgrade)))
+        rc = tk__err(TK_ERR_ROLLBACK, "%s: version %s is older than %s, installed meanwhile", p->name, p->version,
+                     seen);
+    if (rc == TK_OK && s->trust_new) {
+        /* first use, recorded with the install; another process may have pinned a key meanwhile */
+        if ((rc = tk_state__trust_org_key(&pinned, env->state, s->ref.org)) == TK_OK && pinned &&
+            strcmp(pinned, s->keyid) != 0)
+            rc = tk__err(TK_ERR_UNTRUSTED, "%s is signed by %s, but org '%s' was pinned to key %s meanwhile",
+                         p->name, s->keyid, s->ref.org, pinned);
+        else if (rc == TK_OK && !pinned)
+            rc = tk_state__trust_add(env->state, s->ref.org, s->keyid, s->pubkey, "added by tk get --trust");
+    }
+    if (rc == TK_OK && (rc = tk_state__pkg_put(env->state, p)) == TK_OK)
+        rc = (yank_accepted ? tk_state__seen_set : tk_state__seen_put)(env->state, p->name, p->major, p->version,
+                                                                       p->commit);
+    free(seen);
+    free(pinned);
+    return rc;
+}
+
+/* Moves a staged package's files into the store. An object no row references yet is invisible to
+ * readers, and GC (which the store lock holds off until the commit) removes it if the commit fails. */
+static int put_files(const tk_hub_env *env, const tk_hub_staged *s)
+{
+    int rc = TK_OK;
+    for (size_t i = 0; i < s->p->nfiles && rc == TK_OK; i++) {
+        char *src = tk__path_join(s->dir, s->p->files[i].path);
+        rc = src ? tk_state__object_put(env->state, src, s->p->files[i].sha256) : tk__err(TK_ERR_NOMEM, "out of memory");
+        free(src);
+    }
+    return rc;
+}
+
+int tk_hub__commit(tk_state_pkg **outs, int *fresh, tk_hub_staged *const *v, size_t n, const tk_hub_env *env)
+{
+    int rc = TK_OK;
+    for (size_t i = 0; i < n; i++) {
+        outs[i] = NULL;
+        fresh[i] = 0;
+    }
+    for (size_t i = 0; i < n && rc == TK_OK; i++)
+        if (v[i]->p)
+            rc = put_files(env, v[i]);
+    if (rc != TK_OK || (rc = tk_state__begin(env->state)) != TK_OK)
+        return rc;
+    for (size_t i = 0; i < n && rc == TK_OK; i++)
+        if (v[i]->p)
+            rc = record_one(env, v[i]);
+    if (rc != TK_OK || (rc = tk_state__commit(env->state)) != TK_OK) {
+        tk_state__rollback(env->state);
+        return rc;
+    }
+    for (size_t i = 0; i < n; i++) { /* hand the records out */
+        tk_hub_staged *s = v[i];
+        fresh[i] = s->p != NULL;
+        if (s->p)
+            say(env, TK_LOG_INFO, "%s %s installed (%zu files, commit %.12s)", s->p->name, s->p->version,
+                s->p->nfiles, s->p->commit);
+        outs[i] = s->p ? s->p : s->have;
+        s->p = s->have = NULL;
+    }
+    return TK_OK;
+}
+
+int tk_hub__get_all(tk_state_pkg **outs, int *fresh, const tk_hub_env *envs, const char *const *refs, size_t n)
+{
+    tk_hub_staged **v = calloc(n ? n : 1, sizeof *v);
+    int rc = v ? TK_OK : tk__err(TK_ERR_NOMEM, "out of memory"), locked = 0;
+    for (size_t i = 0; i < n; i++) {
+        outs[i] = NULL;
+        fresh[i] = 0;
+    }
+    if (n == 0) { /* nothing to install (an empty project or lock) */
+        free(v);
+        return rc;
+    }
+    /* The store's shared lock keeps GC off the staging dirs and the objects until the rows commit. */
+    if (rc == TK_OK && !envs[0].offline && (rc = tk_state__lock_store(envs[0].state, 0)) == TK_OK)
+        locked = 1;
+    for (size_t i = 0; i < n && rc == TK_OK; i++)
+        rc = tk_hub__stage(&v[i], &envs[i], refs[i]);
+    if (rc == TK_OK)
+        rc = tk_hub__commit(outs, fresh, v, n, &envs[0]);
+    for (size_t i = 0; v && i < n; i++)
+        tk_hub__staged_free(v[i]);
+    free(v);
+    if (locked)
+        tk_state__unlock_store(envs[0].state);
     return rc;
 }
 
 int tk_hub__get(tk_state_pkg **out, int *fresh, const tk_hub_env *env, const char *refstr)
 {
-    *out = NULL;
+    int f = 0;
+    int rc = tk_hub__get_all(out, &f, env, &refstr, 1);
     if (fresh)
-        *fresh = 0;
-    tk_hub_ref ref;
-    tk_hub_manifest *m = NULL;
-    tk_state_pkg *p = NULL, *have = NULL;
-    char *mtext = NULL, *sigtext = NULL, *archive = NULL, *seen = NULL;
-    size_t mlen = 0, siglen = 0;
-    char commit[41] = "", yanked_seen[68] = "";
-    int major = 0, locked = 0, in_tx = 0, archive_lock = -1, trust_new = 0;
-    int rc = tk_hub__ref_parse(&ref, refstr);
-    if (rc != TK_OK)
-        return rc;
-
-    if (env->offline || !env->http) {
-        rc = tk_hub__installed(out, env->state, refstr);
-        if (rc == TK_ERR_NOT_FOUND)
-            rc = tk__err(TK_ERR_OFFLINE, "%s is not installed, and tk is offline\n"
-                         "HINT: unset TK_OFFLINE (or drop --offline) to download it", refstr);
-        return rc;
-    }
-
-    /* 1. Resolve to a commit, and stop early when that commit is installed. */
-    char want[40] = "", downgrade[40] = "";
-    if (ref.commit[0]) {
-        memcpy(commit, ref.commit, sizeof commit);
-    } else if (tk_hub__ref_is_spec(&ref)) {
-        /* an exact version or a range: list the versions (each commit checked) and pick */
-        tk_hub_version *vs = NULL;
-        size_t nv = 0;
-        if ((rc = tk_hub__versions(&vs, &nv, env, &ref)) != TK_OK)
-            goto done;
-        const tk_hub_version *pick = tk_hub__versions_pick(vs, nv, &ref);
-        if (!pick) {
-            char *avail = tk_hub__versions_str(vs, nv);
-            rc = tk__err(TK_ERR_NOT_FOUND, "%s has no version %s%s\nHINT: available: %s%s", ref.name,
-                         ref.exact[0] ? ref.exact : "matching ", ref.exact[0] ? "" : ref.range,
-                         avail ? avail : "?", ref.range[0] ? " (a range never picks a yanked version; name "
-                         "one exactly to install it)" : "");
-            free(avail);
-        } else {
-            memcpy(commit, pick->commit, sizeof commit);
-            major = pick->major;
-            /* Asked for by version, an older version than one this machine saw is a downgrade the
-             * user wants, not a registry rolling it back: allowed when the (checked) listing still
-             * holds the version seen, so a stale registry that hides it is still refused. */
-            char *sv = NULL;
-            if (tk_state__seen_get(&sv, env->state, ref.name, pick->major) == TK_OK && sv &&
-                tk_state__version_cmp(pick->version, sv) < 0)
-                for (size_t i = 0; i < nv; i++)
-                    if (!strcmp(vs[i].version, sv))
-                        snprintf(downgrade, sizeof downgrade, "%s", sv);
-            free(sv);
-            snprintf(want, sizeof want, "%s", pick->version);
-            if (pick->yanked)
-                say(env, TK_LOG_WARN, "%s %s was yanked by its publisher (%s); installing it because you named "
-                    "it exactly", ref.name, pick->version, pick->yank_reason[0] ? pick->yank_reason : "no reason given");
-            else
-                say(env, TK_LOG_INFO, "%s@%s: using %s (commit %.12s)", ref.name, ref.exact[0] ? ref.exact : ref.range,
-                    pick->version, pick->commit);
-        }
-        free(vs);
-        if (rc != TK_OK)
-            goto done;
-    } else if ((rc = resolve(env, &ref, commit, &major)) != TK_OK) {
-        goto done;
-    }
-    if (!env->force) {
-        int hrc = tk_state__pkg_get_commit(&have, env->state, ref.name, commit);
-        if (hrc == TK_OK && (!env->expect_manifest || strcmp(have->manifest_sha256, env->expect_manifest) == 0)) {
-            *out = have;
-            have = NULL;
-            goto done;
-        }
-        if (hrc != TK_OK && hrc != TK_ERR_NOT_FOUND) {
-            rc = hrc;
-            goto done;
-        }
-    }
-
-    /* 2. Manifest and signature; the signature is checked before the manifest is parsed. */
-    if ((rc = fetch_small(env, &ref, commit, "manifest.json", TK_MANIFEST_MAX, &mtext, &mlen)) != TK_OK)
-        goto done;
-    if ((rc = fetch_small(env, &ref, commit, "manifest.json.sig", 16384, &sigtext, &siglen)) != TK_OK)
-        goto done;
-    char keyid[TK_KEYID_LEN], pubkey[TK_PUBKEY_LEN];
-    uint8_t sig[64];
-    if ((rc = tk_hub__sig_parse(keyid, pubkey, sig, sigtext, siglen)) != TK_OK) {
-        rc = tk__err_wrap(rc, "%s", ref.name);
-        goto done;
-    }
-    if ((rc = tk_hub__verify(pubkey, sig, mtext, mlen)) != TK_OK) {
-        rc = tk__err(rc, "%s at %s: the signature does not match the manifest (the manifest was altered, or "
-                     "signed by another key)\nHINT: do not use this registry copy; report it to the publisher",
-                     ref.name, commit);
-        goto done;
-    }
-    if ((rc = check_signer(env, &ref, keyid, pubkey, 1, &trust_new)) != TK_OK)
-        goto done;
-    char msha[TK_SHA256_HEX];
-    tk__sha256_hex(msha, mtext, mlen);
-    if (env->expect_manifest && strcmp(msha, env->expect_manifest) != 0) {
-        rc = tk__err(TK_ERR_DIGEST, "%s at %s: the manifest's sha256 is %s, but the lock file pins %s",
-                     ref.name, commit, msha, env->expect_manifest);
-        goto done;
-    }
-
-    /* 3. Parse and cross-check the manifest. */
-    if ((rc = tk_hub__manifest_parse(&m, mtext, mlen)) != TK_OK) {
-        rc = tk__err_wrap(rc, "%s at %s", ref.name, commit);
-        goto done;
-    }
-    if (strcmp(m->name, ref.name) != 0) {
-        rc = tk__err(TK_ERR_MANIFEST, "the registry served the manifest of %s when %s was asked for", m->name,
-                     ref.name);
-        goto done;
-    }
-    if ((rc = check_commit(env, &ref, commit, msha, sigtext, siglen, m)) != TK_OK)
-        goto done;
-    if (want[0] && strcmp(m->version, want) != 0) {
-        rc = tk__err(TK_ERR_MANIFEST, "%s: commit %s holds version %s, not %s", ref.name, commit, m->version, want);
-        goto done;
-    }
-    if (major && m->major != major) {
-        rc = tk__err(TK_ERR_MANIFEST, "%s: branch v%d holds version %s (major %d)", ref.name, major, m->version,
-                     m->major);
-        goto done;
-    }
-    if ((rc = tk_state__seen_get(&seen, env->state, m->name, m->major)) != TK_OK)
-        goto done;
-    char yank_reason[512] = "";
-    if (seen && tk_state__version_cmp(m->version, seen) < 0 && !ref.commit[0] &&
-        yanked_by_publisher(env, &ref, seen, yank_reason, sizeof yank_reason) == TK_OK) {
-        /* the publisher withdrew the newer version it saw: the branch moved back on purpose */
-        say(env, TK_LOG_WARN, "%s %s was yanked by its publisher (%s); installing %s", m->name, seen, yank_reason,
-            m->version);
-        snprintf(yanked_seen, sizeof yanked_seen, "%s", seen);
-    } else if (seen && downgrade[0] && !strcmp(seen, downgrade)) {
-        say(env, TK_LOG_INFO, "%s: installing %s, older than %s which this machine has seen, because you asked for "
-            "it by version", m->name, m->version, seen);
-    } else if (seen && tk_state__version_cmp(m->version, seen) < 0) {
-        rc = tk__err(TK_ERR_ROLLBACK, "%s: the registry offers version %s, older than %s which this machine has "
-                     "already seen for major %d (rollback refused)\nHINT: the registry may be stale or "
-                     "compromised; if the downgrade is intended, pin the commit in a lock file",
-                     m->name, m->version, seen, m->major);
-        goto done;
-    }
-    if (env->validate && (rc = env->validate(env->validate_user, mtext, mlen)) != TK_OK) {
-        rc = tk__err_wrap(rc, "%s %s", m->name, m->version);
-        goto done;
-    }
-
-    /* 4. Archive, unpack, store, commit. */
-    if ((rc = tk_state__lock_store(env->state, 0)) != TK_OK)
-        goto done;
-    locked = 1;
-    say(env, TK_LOG_INFO, "%s %s: downloading %s (%lld bytes)", m->name, m->version, m->archive.path,
-        (long long)m->archive.size);
-    if ((rc = fetch_archive(env, &ref, commit, m, &archive, &archive_lock, &have)) != TK_OK)
-        goto done;
-    if (have) {
-        *out = have;
-        have = NULL;
-        goto done;
-    }
-    if (!(p = calloc(1, sizeof *p))) {
-        rc = tk__err(TK_ERR_NOMEM, "out of memory");
-        goto done;
-    }
-    if ((rc = unpack_and_store(env, m, archive, p)) != TK_OK)
-        goto done;
-    p->name = tk__strdup(m->name);
-    p->major = m->major;
-    p->version = tk__strdup(m->version);
-    p->commit = tk__strdup(commit);
-    p->manifest_sha256 = tk__strdup(msha);
-    p->manifest = mtext;
-    p->manifest_len = mlen;
-    mtext = NULL;
-    p->signer = tk__strdup(keyid);
-    p->registry = tk__strdup(env->endpoint);
-    p->installed_at = tk__now();
-    if (!p->name || !p->version || !p->commit || !p->manifest_sha256 || !p->signer || !p->registry) {
-        rc = tk__err(TK_ERR_NOMEM, "out of memory");
-        goto done;
-    }
-    if ((rc = tk_state__begin(env->state)) != TK_OK)
-        goto done;
-    in_tx = 1;
-    /* Re-check rollback inside the write lock: another process may have installed a newer one. */
-    free(seen);
-    seen = NULL;
-    if ((rc = tk_state__seen_get(&seen, env->state, m->name, m->major)) != TK_OK)
-        goto done;
-    int yank_accepted = yanked_seen[0] && seen && strcmp(seen, yanked_seen) == 0;
-    if (seen && tk_state__version_cmp(m->version, seen) < 0 && !yank_accepted &&
-        !(downgrade[0] && !strcmp(seen, downgrade))) {
-        rc = tk__err(TK_ERR_ROLLBACK, "%s: version %s is older than %s, installed meanwhile", m->name,
-                     m->version, seen);
-        goto done;
-    }
-    if (trust_new) {
-        /* first use, recorded with the install; another process may have pinned a key meanwhile */
-        char *pinned = NULL;
-        if ((rc = tk_state__trust_org_key(&pinned, env->state, ref.org)) != TK_OK)
-            goto done;
-        if (pinned && strcmp(pinned, keyid) != 0)
-            rc = tk__err(TK_ERR_UNTRUSTED, "%s is signed by %s, but org '%s' was pinned to key %s meanwhile",
-                         ref.name, keyid, ref.org, pinned);
-        else if (!pinned)
-            rc = tk_state__trust_add(env->state, ref.org, keyid, pubkey, "added by tk get --trust");
-        free(pinned);
-        if (rc != TK_OK)
-            goto done;
-    }
-    if ((rc = tk_state__pkg_put(env->state, p)) != TK_OK ||
-        (rc = (yank_accepted ? tk_state__seen_set : tk_state__seen_put)(env->state, m->name, m->major, m->version,
-                                                                        commit)) != TK_OK)
-        goto done;
-    if ((rc = tk_state__commit(env->state)) != TK_OK)
-        goto done;
-    in_tx = 0;
-    unlink(archive);
-    say(env, TK_LOG_INFO, "%s %s installed (%zu files, commit %.12s)", p->name, p->version, p->nfiles, commit);
-    if (fresh)
-        *fresh = 1;
-    *out = p;
-    p = NULL;
-done:
-    if (in_tx)
-        tk_state__rollback(env->state);
-    if (archive_lock >= 0)
-        close(archive_lock);
-    if (locked)
-        tk_state__unlock_store(env->state);
-    tk_hub__manifest_free(m);
-    tk_state__pkg_free(p);
-    tk_state__pkg_free(have);
-    free(mtext);
-    free(sigtext);
-    free(archive);
-    free(seen);
+        *fresh = f;
     return rc;
 }

@@ -35,12 +35,17 @@ typedef struct {
     tk_state *state;
     tk_hub_http *http;          /* NULL when offline */
     const char *endpoint;       /* base URL without trailing slash */
+    /* Registries to look the package up in, in order: it resolves in the first whose refs document
+     * for it exists (a registry that fails otherwise stops the search). NULL/0: endpoint only. */
+    const char *const *search;
+    size_t nsearch;
     int offline;
     const char *builtin_org;    /* org trusted through the build's key, or NULL */
     const char *builtin_pubkey;
     int trust_unknown;
     int force;
     const char *expect_manifest; /* hex sha256, or NULL */
+    const char *expect_signer;   /* key id the manifest's signature must have (lock files), or NULL */
     tk_log_fn log;
     void *log_user;
     /* Called with the verified manifest before anything is downloaded or installed; a non-OK
@@ -52,6 +57,23 @@ typedef struct {
 /* Resolves and installs ref (see tk_pkg_get in tk.h). *fresh (may be NULL) is 1 when this call
  * installed it. */
 int tk_hub__get(tk_state_pkg **out, int *fresh, const tk_hub_env *env, const char *ref);
+/* Installs refs[0..n), each with its env (its registry, its pins), all or nothing: every package is
+ * resolved, downloaded and verified into staging first, then all are recorded in one transaction. A
+ * failure leaves the installed state as it was. outs[i] and fresh[i] as tk_hub__get's. */
+int tk_hub__get_all(tk_state_pkg **outs, int *fresh, const tk_hub_env *envs, const char *const *refs, size_t n);
+
+/* The two steps of an install (hub/get.c). tk_hub__stage resolves ref and, unless that commit is
+ * installed already, downloads and verifies everything into a staging dir under the store's tmp; it
+ * writes nothing a reader of the store sees. tk_hub__commit moves the staged files into the store
+ * and records every package in one transaction. The caller holds the store's shared lock from the
+ * first stage until the commit (GC clears tmp/). */
+typedef struct tk_hub_staged tk_hub_staged;
+int tk_hub__stage(tk_hub_staged **out, const tk_hub_env *env, const char *ref);
+int tk_hub__commit(tk_state_pkg **outs, int *fresh, tk_hub_staged *const *v, size_t n, const tk_hub_env *env);
+void tk_hub__staged_free(tk_hub_staged *s);
+/* The registry ref's package resolves in: env->endpoint, or with env->search the first that has it
+ * (malloc'd). TK_ERR_NOT_FOUND when none has it; a registry that fails otherwise stops the search. */
+int tk_hub__pick_registry(char **out, const tk_hub_env *env, const tk_hub_ref *ref);
 
 /* Resolves ref against what is installed only (offline). */
 int tk_hub__installed(tk_state_pkg **out, tk_state *st, const char *ref);

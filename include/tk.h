@@ -135,6 +135,11 @@ TK_API const char *tk_ctx_home(const tk_ctx *ctx);     /* the data directory (st
 TK_API int tk_ctx_offline(const tk_ctx *ctx);
 TK_API const char *tk_ctx_cache_dir(const tk_ctx *ctx); /* compiled-binary cache (cache.db) */
 TK_API const char *tk_ctx_config_dir(const tk_ctx *ctx); /* config.json and keys/ */
+/* The registries in lookup order as JSON (tk_free): [{"url", "packages": [patterns] | null, "source":
+ * "TK_ENDPOINT" | "config" | "default"}]. A package resolves in the registry named for it, else the
+ * one whose "packages" patterns match it, else the one it was installed from, else the first of
+ * those without patterns that has it. $TK_ENDPOINT makes one registry serve everything. */
+TK_API int tk_ctx_registries_json(char **out, const tk_ctx *ctx);
 
 /* ---------------------------------------------------------------------------------------------- */
 /* Packages                                                                                        */
@@ -147,7 +152,7 @@ TK_API const char *tk_ctx_config_dir(const tk_ctx *ctx); /* config.json and keys
 
 typedef struct tk_pkg tk_pkg;
 
-#define TK_GET_OPTS_VERSION 1
+#define TK_GET_OPTS_VERSION 2
 typedef struct {
     unsigned version;             /* TK_GET_OPTS_VERSION */
     int trust_unknown;            /* 1: trust on first use: accept (and remember) the signer of an org
@@ -157,8 +162,14 @@ typedef struct {
                                      yank statements. */
     int force;                    /* 1: download and install again even if installed */
     const char *expect_manifest;  /* hex sha256 the manifest must have (lock files), or NULL */
+    /* version 2: */
+    const char *registry;         /* the registry to get it from (a project file's "registry"); NULL:
+                                     the context's rules (tk_ctx_registries_json). TK_ENDPOINT still
+                                     overrides it. */
+    const char *expect_signer;    /* key id ("SHA256:...") the manifest's signer must have (lock
+                                     files), or NULL */
 } tk_get_opts;
-#define TK_GET_OPTS_INIT {TK_GET_OPTS_VERSION, 0, 0, NULL}
+#define TK_GET_OPTS_INIT {TK_GET_OPTS_VERSION, 0, 0, NULL, NULL, NULL}
 
 /* Resolves `ref` against the registry, downloads the manifest, its signature and the source archive,
  * verifies them, unpacks the archive safely and records the package as installed. If the resolved
@@ -184,6 +195,7 @@ TK_API const char *tk_pkg_manifest_sha256(const tk_pkg *pkg);
 TK_API const char *tk_pkg_license(const tk_pkg *pkg);
 TK_API const char *tk_pkg_description(const tk_pkg *pkg);
 TK_API const char *tk_pkg_signer(const tk_pkg *pkg);      /* key id of the publisher */
+TK_API const char *tk_pkg_registry(const tk_pkg *pkg);    /* the registry it was installed from */
 TK_API const char *tk_pkg_manifest(const tk_pkg *pkg);    /* the manifest's exact JSON text */
 TK_API int64_t tk_pkg_installed_at(const tk_pkg *pkg);    /* unix seconds */
 /* 1 if this tk_pkg_get call downloaded and installed it, 0 if it was installed already. */
@@ -258,11 +270,42 @@ TK_API int tk_pkg_verify_json(char **out, tk_ctx *ctx, const char *ref);
  * in the store. Errors: TK_ERR_NOT_FOUND. */
 TK_API int tk_pkg_remove(tk_ctx *ctx, const char *ref);
 
-/* Writes a lock file (JSON) pinning the installed commit and manifest digest of each ref. */
+/* ---- projects and lock files (api/project.c, docs/project.md) ---- */
+/* A project file (tk.json) lists the packages a project needs: {"packages": {"org/name": "VERSION" |
+ * {"version": "VERSION", "registry": "URL"}}}, VERSION being what tk_pkg_get takes after '@' ("" or
+ * "*": the highest major). Its lock file (tk.lock) sits beside it and pins, for each package, the
+ * commit, the manifest's sha256, the registry and the signer's key id (format_version 2). */
+typedef struct tk_project tk_project;
+/* Reads the project file at `path`, or with NULL the first tk.json in the current directory or a
+ * directory above it. Errors: TK_ERR_NOT_FOUND (none), TK_ERR_INVALID naming FILE:LINE:COLUMN (not
+ * JSON, an unknown key with a did-you-mean, a bad name, version or registry URL). */
+TK_API int tk_project_open(tk_project **out, const char *path);
+TK_API void tk_project_free(tk_project *p);
+TK_API const char *tk_project_path(const tk_project *p);      /* absolute */
+TK_API const char *tk_project_lock_path(const tk_project *p); /* tk.lock beside it */
+TK_API size_t tk_project_package_count(const tk_project *p);
+TK_API const char *tk_project_package_name(const tk_project *p, size_t i);
+TK_API const char *tk_project_package_version(const tk_project *p, size_t i);  /* "" any */
+TK_API const char *tk_project_package_registry(const tk_project *p, size_t i); /* NULL: the config's */
+
+/* Installs the project's packages all or nothing: each is resolved (its registry, else the context's
+ * rules), downloaded and verified into staging, then all are recorded in one transaction; any failure
+ * leaves the installed state as it was. locked = 1: installs exactly what the project's lock file pins
+ * instead, and fails with TK_ERR_INVALID when the lock does not match the project file. `each` (may
+ * be NULL) is called for every package after the commit. Errors as tk_pkg_get. */
+TK_API int tk_project_get(tk_ctx *ctx, const tk_project *p, int locked, const tk_get_opts *opts,
+                          void (*each)(void *user, const tk_pkg *pkg), void *user);
+/* tk_project_get (not locked), then writes the lock file pinning exactly the project's packages.
+ * *text (may be NULL) receives the lock file's text (tk_free). */
+TK_API int tk_project_lock(char **text, tk_ctx *ctx, const tk_project *p, const tk_get_opts *opts);
+
+/* Writes a lock file pinning the installed commit, manifest digest, registry and signer of each ref
+ * (nrefs 0: of every installed package), for use without a project file. */
 TK_API int tk_lock_write(tk_ctx *ctx, const char *path, const char *const *refs, size_t nrefs);
 
-/* Installs exactly what a lock file pins: each commit is fetched and its manifest must have the pinned
- * digest. Calls `each` (may be NULL) after every package. Errors as tk_pkg_get. */
+/* Installs exactly what a lock file pins (format 1 or 2), all or nothing: each commit from its
+ * registry, with its manifest digest and signer checked. Calls `each` (may be NULL) for every package
+ * after the commit. Errors as tk_pkg_get. */
 TK_API int tk_lock_install(tk_ctx *ctx, const char *path, const tk_get_opts *opts,
                            void (*each)(void *user, const tk_pkg *pkg), void *user);
 

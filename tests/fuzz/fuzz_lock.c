@@ -1,5 +1,5 @@
 /*
- * fuzz_lock.c — lock files (api/pkg.c): tk_lock_install reads the file, checks each entry and asks
+ * fuzz_lock.c — lock files (api/project.c): tk_lock_install reads the file, checks each entry and asks
  * for exactly the pinned commit and manifest digest. The context is offline with an empty home, so
  * every well-formed entry ends in "not installed" after its name, commit and digest were read.
  *
