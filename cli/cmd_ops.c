@@ -230,6 +230,23 @@ static void jv_print(const jv *v, int indent)
     }
 }
 
+/* Reports a failure of tk ops or run-op: a JSON error object under --json, else "tk: ..." on stderr. status is
+ * a TK_ERR_* or TK_CLI_STATUS_USAGE (bad arguments or shapes: exit 2). Returns the exit code. */
+static int run_fail(int status, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
+static int run_fail(int status, const char *fmt, ...)
+{
+    char msg[1024];
+    va_list ap;
+    va_start(ap, fmt);
+    vsnprintf(msg, sizeof msg, fmt, ap);
+    va_end(ap);
+    if (tk_cli_json_mode)
+        tk_cli_json_error(status, NULL, msg);
+    else
+        fprintf(stderr, "tk: %s\n", msg);
+    return status == TK_CLI_STATUS_USAGE ? TK_EXIT_USAGE : tk_cli_exit_code(status);
+}
+
 /* tk_ops_json, parsed. NULL after printing the error. */
 static jv *load_ops(tk_cli *cli, int *exit_code)
 {
@@ -248,7 +265,7 @@ static jv *load_ops(tk_cli *cli, int *exit_code)
     tk_free(text);
     if (!v || v->type != JV_ARR) {
         jv_free(v);
-        fprintf(stderr, "tk: internal error: tk_ops_json returned text this tk cannot read\n");
+        run_fail(TK_ERR_INTERNAL, "internal error: tk_ops_json returned text this tk cannot read");
         return NULL;
     }
     return v;
@@ -302,7 +319,7 @@ static void print_wrapped(const char *text, int indent, int width)
     printf("\n");
 }
 
-static const char *OPS_USAGE = "tk ops [--json] [OP]";
+static const char *OPS_USAGE = "tk ops [--json] [--package DIR] [OP]";
 
 static void print_op_detail(const jv *op)
 {
@@ -315,7 +332,10 @@ static void print_op_detail(const jv *op)
         const jv *p = ps->items[i];
         printf("    %-10s %s\n", jv_str(jv_get(p, "name")), jv_str(jv_get(p, "doc")) ? jv_str(jv_get(p, "doc")) : "");
     }
-    const jv *cpu = jv_get(op, "cpu_reference");
+    const jv *cpu = jv_get(op, "cpu_reference"), *local = jv_get(op, "local");
+    if (jv_str(jv_get(op, "declared_by")))
+        printf("  declared by %s%s; no CPU reference\n", jv_str(jv_get(op, "declared_by")),
+               local && local->num ? " (a local package directory)" : "");
     printf("  implementations:%s\n", cpu && cpu->num ? " cpu-reference (host tensors)" : "");
     const jv *pkg = jv_get(op, "package");
     if ((!impls || impls->n == 0) && pkg && jv_str(pkg))
@@ -336,17 +356,22 @@ static void print_op_detail(const jv *op)
 
 int tk_cmd_ops(tk_cli *cli, int argc, char **argv)
 {
-    const char *only = NULL;
+    const char *only = NULL, *package = NULL;
     for (int i = 1; i < argc; i++) {
         if (tk_cli_is_help(argv[i])) {
             printf("usage: %s\n"
                    "\n"
                    "Lists the ops tk knows: each standard op's signature, whether it has a CPU reference,\n"
                    "and the kernels of installed packages that implement it. Ops that installed packages\n"
-                   "define and tk does not know are listed too (without a signature).\n"
+                   "declare (kernel.json \"ops\") follow, marked \"declared by ORG/NAME\", with their\n"
+                   "signatures and no CPU reference; then the op names of other package kernels (no\n"
+                   "signature: call those kernels with 'tk run').\n"
                    "\n"
-                   "  OP        show one op in detail: parameters and every implementation\n"
-                   "  --json    print the list as JSON (name, signature, params, implementations)\n"
+                   "  OP             show one op in detail: parameters and every implementation\n"
+                   "  --package DIR  add a package directory's op declarations and kernels (checked as\n"
+                   "                 'tk check' does, never installed; its kernels are marked @local)\n"
+                   "  --json         print the list as JSON (name, signature, params, implementations,\n"
+                   "                 declared_by and local for declared ops); errors as a JSON object\n"
                    "\n"
                    "tk_op_run() picks, for CUDA tensors, the installed implementation with the highest\n"
                    "priority that fits the dtype and the GPU; config.json can pin one per op:\n"
@@ -356,9 +381,16 @@ int tk_cmd_ops(tk_cli *cli, int argc, char **argv)
                    "examples:\n"
                    "  tk ops\n"
                    "  tk ops silu_and_mul\n"
+                   "  tk ops --package ./my-op my_op\n"
                    "  tk run-op silu_and_mul --shape 4,4096 --dtype bf16\n",
                    OPS_USAGE);
             return TK_EXIT_OK;
+        }
+        if (!strcmp(argv[i], "--package")) {
+            if (i + 1 >= argc)
+                return tk_cli_usage(OPS_USAGE, "--package needs a directory");
+            package = argv[++i];
+            continue;
         }
         if (argv[i][0] == '-')
             return tk_cli_usage(OPS_USAGE, "unknown option '%s'", argv[i]);
@@ -366,20 +398,16 @@ int tk_cmd_ops(tk_cli *cli, int argc, char **argv)
             return tk_cli_usage(OPS_USAGE, "unexpected argument '%s'", argv[i]);
         only = argv[i];
     }
-    int code;
+    int code, rc;
+    if (package && tk_cli_ctx(cli) && (rc = tk_ops_add_package(tk_cli_ctx(cli), package)) != TK_OK)
+        return tk_cli_fail(cli, rc, "--package");
     jv *ops = load_ops(cli, &code);
     if (!ops)
         return code;
     code = TK_EXIT_OK;
     const jv *one = only ? find_op(ops, only) : NULL;
     if (only && !one) {
-        char msg[512];
-        snprintf(msg, sizeof msg, "unknown op '%s'\nHINT: 'tk ops' lists every op", only);
-        if (cli->json)
-            tk_cli_json_error(TK_ERR_NOT_FOUND, NULL, msg);
-        else
-            fprintf(stderr, "tk: %s\n", msg);
-        code = TK_EXIT_NOT_FOUND;
+        code = run_fail(TK_ERR_NOT_FOUND, "unknown op '%s'\nHINT: 'tk ops' lists every op", only);
     } else if (cli->json) {
         jv_print(one ? one : ops, 0);
         printf("\n");
@@ -420,7 +448,10 @@ int tk_cmd_ops(tk_cli *cli, int argc, char **argv)
             }
             if (!shown)
                 strncat(impl, "none installed", sizeof impl - strlen(impl) - 1);
-            printf("%s%s\n", i ? "\n" : "", name ? name : "?");
+            const char *by = jv_str(jv_get(op, "declared_by"));
+            const jv *local = jv_get(op, "local");
+            printf("%s%s%s%s%s\n", i ? "\n" : "", name ? name : "?", by ? "  (declared by " : "", by ? by : "",
+                   by ? (local && local->num ? ", local)" : ")") : "");
             print_wrapped(args ? args : "(defined by a package)", 4, width);
             print_wrapped(impl, 4, width);
         }
@@ -660,23 +691,6 @@ typedef struct {
     int64_t lead[MAX_D];
 } run_call;
 
-/* Reports a failure of run-op: a JSON error object under --json, else "tk: ..." on stderr. status is
- * a TK_ERR_* or TK_CLI_STATUS_USAGE (bad arguments or shapes: exit 2). Returns the exit code. */
-static int run_fail(int status, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
-static int run_fail(int status, const char *fmt, ...)
-{
-    char msg[1024];
-    va_list ap;
-    va_start(ap, fmt);
-    vsnprintf(msg, sizeof msg, fmt, ap);
-    va_end(ap);
-    if (tk_cli_json_mode)
-        tk_cli_json_error(status, NULL, msg);
-    else
-        fprintf(stderr, "tk: %s\n", msg);
-    return status == TK_CLI_STATUS_USAGE ? TK_EXIT_USAGE : tk_cli_exit_code(status);
-}
-
 static int run_help(void)
 {
     printf("usage: %s\n"
@@ -812,7 +826,7 @@ static jv *run_resolve(tk_cli *cli, const run_opts *o, const jv **op, int *code)
         return NULL;
     }
     if (o->package && (rc = tk_ops_add_package(ctx, o->package)) != TK_OK) {
-        *code = tk_cli_fail(cli, rc, o->package);
+        *code = tk_cli_fail(cli, rc, "--package");
         return NULL;
     }
     jv *ops = load_ops(cli, code);
@@ -1046,9 +1060,9 @@ static int run_exec(tk_cli *cli, const run_opts *o, const jv *op, run_call *rc, 
         double dt_ms = now_ms() - t0;
         if (st == TK_ERR_UNSUPPORTED && jv_get(op, "declared_by") && !jv_get(op, "cpu_reference")->num)
             /* the shapes were checked: say what cannot run here */
-            return run_fail(st, "no CPU reference for op %s (declared by %s); --check unavailable: tk run-op runs "
-                            "ops on host tensors\nHINT: the shapes check out; run its kernels on a GPU (tk.ops.%s "
-                            "on CUDA tensors in Python, or 'tk run %s KERNEL')", o->opname,
+            return run_fail(st, "no CPU reference for op %s (declared by %s): the shapes check out, but nothing "
+                            "ran (tk run-op runs ops on host tensors)\nHINT: run its kernels on a GPU: tk.ops.%s on "
+                            "CUDA tensors in Python, tk_op_run in C, or 'tk run %s KERNEL'", o->opname,
                             jv_str(jv_get(op, "declared_by")), o->opname,
                             o->package ? o->package : jv_str(jv_get(op, "declared_by")));
         if (st != TK_OK)
