@@ -923,6 +923,12 @@ TK_API int tk_ops_add_package(tk_ctx *ctx, const char *pkgdir)
         return rc;
     if ((rc = get_state(&s, ctx)) != TK_OK || (rc = tk_api__local_load(&lp, pkgdir)) != TK_OK)
         return rc;
+    /* kept absolute: tk_get_kernel takes it as a directory (a bare "dir" would be a package name) */
+    char *abs = realpath(lp.dir, NULL);
+    if (abs) {
+        free(lp.dir);
+        lp.dir = abs;
+    }
     localpkg *nl = realloc(s->local, (s->nlocal + 1) * sizeof *s->local);
     if (!nl) {
         tk_api__local_free(&lp);

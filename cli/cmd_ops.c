@@ -354,6 +354,52 @@ static void print_op_detail(const jv *op)
     }
 }
 
+/* The list: one block per op, wrapped to the terminal (COLUMNS, else the tty's width, else 80). */
+static void print_op_list(const jv *ops)
+{
+    /* one block per op, wrapped to the terminal (COLUMNS, else the tty's width, else 80):
+     *   silu_and_mul
+     *       (out: T[..., d], input: T[..., 2*d]) -> out; T in {f32, f16, bf16}
+     *       implementations: cpu-reference, kernels-community/activation (3 kernels)          */
+    int width = term_width();
+    for (size_t i = 0; i < ops->n; i++) {
+        const jv *op = ops->items[i], *impls = jv_get(op, "implementations"), *cpu = jv_get(op, "cpu_reference");
+        const char *sig = jv_str(jv_get(op, "signature"));
+        const char *name = jv_str(jv_get(op, "name"));
+        const char *args = sig && name && !strncmp(sig, name, strlen(name)) ? sig + strlen(name) : sig;
+        char impl[2048] = "implementations: ";
+        size_t shown = 0;
+        if (cpu && cpu->num) {
+            strncat(impl, "cpu-reference", sizeof impl - strlen(impl) - 1);
+            shown++;
+        }
+        for (size_t k = 0; impls && k < impls->n; k++) {
+            /* one entry per package: "org/name (3 kernels)" */
+            const char *pkg = jv_str(jv_get(impls->items[k], "package"));
+            int dup = 0;
+            for (size_t j = 0; j < k; j++)
+                dup |= !strcmp(jv_str(jv_get(impls->items[j], "package")), pkg);
+            if (dup)
+                continue;
+            size_t nk = 0;
+            for (size_t j = 0; j < impls->n; j++)
+                nk += !strcmp(jv_str(jv_get(impls->items[j], "package")), pkg);
+            char one[300];
+            snprintf(one, sizeof one, "%s%s (%zu kernel%s)", shown ? ", " : "", pkg, nk, nk == 1 ? "" : "s");
+            strncat(impl, one, sizeof impl - strlen(impl) - 1);
+            shown++;
+        }
+        if (!shown)
+            strncat(impl, "none installed", sizeof impl - strlen(impl) - 1);
+        const char *by = jv_str(jv_get(op, "declared_by"));
+        const jv *local = jv_get(op, "local");
+        printf("%s%s%s%s%s\n", i ? "\n" : "", name ? name : "?", by ? "  (declared by " : "", by ? by : "",
+               by ? (local && local->num ? ", local)" : ")") : "");
+        print_wrapped(args ? args : "(defined by a package)", 4, width);
+        print_wrapped(impl, 4, width);
+    }
+}
+
 int tk_cmd_ops(tk_cli *cli, int argc, char **argv)
 {
     const char *only = NULL, *package = NULL;
@@ -414,47 +460,7 @@ int tk_cmd_ops(tk_cli *cli, int argc, char **argv)
     } else if (one) {
         print_op_detail(one);
     } else {
-        /* one block per op, wrapped to the terminal (COLUMNS, else the tty's width, else 80):
-         *   silu_and_mul
-         *       (out: T[..., d], input: T[..., 2*d]) -> out; T in {f32, f16, bf16}
-         *       implementations: cpu-reference, kernels-community/activation (3 kernels)          */
-        int width = term_width();
-        for (size_t i = 0; i < ops->n; i++) {
-            const jv *op = ops->items[i], *impls = jv_get(op, "implementations"), *cpu = jv_get(op, "cpu_reference");
-            const char *sig = jv_str(jv_get(op, "signature"));
-            const char *name = jv_str(jv_get(op, "name"));
-            const char *args = sig && name && !strncmp(sig, name, strlen(name)) ? sig + strlen(name) : sig;
-            char impl[2048] = "implementations: ";
-            size_t shown = 0;
-            if (cpu && cpu->num) {
-                strncat(impl, "cpu-reference", sizeof impl - strlen(impl) - 1);
-                shown++;
-            }
-            for (size_t k = 0; impls && k < impls->n; k++) {
-                /* one entry per package: "org/name (3 kernels)" */
-                const char *pkg = jv_str(jv_get(impls->items[k], "package"));
-                int dup = 0;
-                for (size_t j = 0; j < k; j++)
-                    dup |= !strcmp(jv_str(jv_get(impls->items[j], "package")), pkg);
-                if (dup)
-                    continue;
-                size_t nk = 0;
-                for (size_t j = 0; j < impls->n; j++)
-                    nk += !strcmp(jv_str(jv_get(impls->items[j], "package")), pkg);
-                char one[300];
-                snprintf(one, sizeof one, "%s%s (%zu kernel%s)", shown ? ", " : "", pkg, nk, nk == 1 ? "" : "s");
-                strncat(impl, one, sizeof impl - strlen(impl) - 1);
-                shown++;
-            }
-            if (!shown)
-                strncat(impl, "none installed", sizeof impl - strlen(impl) - 1);
-            const char *by = jv_str(jv_get(op, "declared_by"));
-            const jv *local = jv_get(op, "local");
-            printf("%s%s%s%s%s\n", i ? "\n" : "", name ? name : "?", by ? "  (declared by " : "", by ? by : "",
-                   by ? (local && local->num ? ", local)" : ")") : "");
-            print_wrapped(args ? args : "(defined by a package)", 4, width);
-            print_wrapped(impl, 4, width);
-        }
+        print_op_list(ops);
     }
     jv_free(ops);
     return code;
@@ -463,7 +469,7 @@ int tk_cmd_ops(tk_cli *cli, int argc, char **argv)
 /* ---- tk run-op -------------------------------------------------------------------------------- */
 
 static const char *RUN_USAGE = "tk run-op OP --shape [NAME=]D0,D1,... [--dtype [NAME=]DT] [--seed N] [--repeat N] "
-                               "[--arg NAME=VALUE]... [--package DIR]";
+                               "[--arg NAME=VALUE]... [--package DIR] [--device cpu|cuda[:N]] [--check]";
 
 #define MAX_T 16
 #define MAX_D TK_CLI_MAX_D
@@ -479,6 +485,11 @@ typedef struct {
     size_t bytes;
     tk_tensor t;
     int out;
+    void *dptr;  /* --device cuda: the device copy t points at */
+    void *ref;   /* --check: the CPU reference's result (outputs), or the initial contents */
+    int checked; /* --check, outputs: 1 when compared */
+    size_t nbad, at; /* elements outside the tolerance; where the largest difference is */
+    double worst, tol;
 } host_tensor;
 
 static uint64_t splitmix(uint64_t *s)
@@ -667,6 +678,8 @@ static void shape_text(char *buf, size_t n, const int64_t *shape, int nd)
 /* Everything the command line says. */
 typedef struct {
     const char *opname, *shape_s, *dtype_s, *package;
+    int device;   /* -1: host tensors (cpu); else the CUDA ordinal */
+    int check;    /* --check: compare the device's outputs with the CPU reference */
     const char *named_shapes[MAX_T], *named_dtypes[MAX_T], *scalar_args[MAX_T];
     int nnamed, nndt, nscalar;
     uint64_t seed;
@@ -722,6 +735,13 @@ static int run_help(void)
            "  --package DIR      add a package directory's op declarations and kernels, checked as\n"
            "                     'tk check' does and never installed (its kernels are marked @local):\n"
            "                     an op the package declares runs its shape and dtype checks here\n"
+           "  --device DEV       cpu (default: host tensors, the CPU reference), cuda or cuda:N: the\n"
+           "                     tensors are copied to that GPU and tk_op_run runs the best kernel\n"
+           "                     (a --package directory's first); the time includes a sync\n"
+           "  --check            with --device cuda: also run the CPU reference on the same inputs and\n"
+           "                     compare every output after the first run (|diff| <= atol + rtol*|ref|,\n"
+           "                     1e-4 f32, 2e-3 f16, 1.6e-2 bf16); exit 1 when one differs. Ops a\n"
+           "                     package declares have no CPU reference: --check says it is unavailable\n"
            "  --json             print the result as a JSON object; errors as a JSON error object\n"
            "\n"
            "examples:\n"
@@ -731,12 +751,15 @@ static int run_help(void)
            "  tk run-op cross_entropy --shape 16,32000 --shape loss=1 --dtype bf16 --arg target=7\n"
            "  tk run-op attention --shape q=1,128,8,64 --shape k=1,256,2,64 --arg causal=1\n"
            "  tk run-op scale_add --package ./scale-add --shape 4,4096\n"
+           "  tk run-op scale_add --package ./scale-add --shape 4,4096 --device cuda\n"
+           "  tk run-op silu_and_mul --package ./activation --shape 4,4096 --device cuda --check\n"
            "\n"
-           "An op a package declares has no CPU reference: once its shapes check out, run-op says so\n"
-           "and exits 1 (its kernels run on CUDA tensors: tk_op_run in C, tk.ops in Python).\n"
+           "An op a package declares has no CPU reference: on the host, once its shapes check out,\n"
+           "run-op says so and exits 1; its kernels run with --device cuda.\n"
            "\n"
-           "exit status: 0 ok, 1 nothing can run on the host, 2 bad arguments or shapes, 3 unknown op or\n"
-           "package directory, 5 a bad package directory or two packages declaring the op differently.\n",
+           "exit status: 0 ok, 1 nothing can run on the host or --check found a difference, 2 bad\n"
+           "arguments or shapes, 3 unknown op or package directory, 7 no GPU or a kernel failed, 5 a\n"
+           "bad package directory or two packages declaring the op differently.\n",
            RUN_USAGE);
     return TK_EXIT_OK;
 }
@@ -748,6 +771,8 @@ static int run_parse_values(run_opts *o)
         return tk_cli_usage(RUN_USAGE, "which op? ('tk ops' lists them)");
     if (!o->shape_s && !o->nnamed)
         return tk_cli_usage(RUN_USAGE, "--shape is required (e.g. --shape 4,4096, or --shape NAME=4,4096)");
+    if (o->check && o->device < 0)
+        return tk_cli_usage(RUN_USAGE, "--check compares a GPU run with the CPU reference: add --device cuda");
     if (!strcmp(o->dtype_s, "f32"))
         o->dt = (tk_dtype){TK_DL_FLOAT, 32, 1};
     else if (!strcmp(o->dtype_s, "f16"))
@@ -771,14 +796,19 @@ static int run_parse_values(run_opts *o)
 static int run_parse(run_opts *o, int argc, char **argv)
 {
     memset(o, 0, sizeof *o);
+    o->device = -1;
     o->dtype_s = "f32";
     o->repeat = 1;
     for (int i = 1; i < argc; i++) {
         const char *a = argv[i], *val = i + 1 < argc ? argv[i + 1] : NULL;
         if (tk_cli_is_help(a))
             return run_help(), -1;
+        if (!strcmp(a, "--check")) {
+            o->check = 1;
+            continue;
+        }
         if (strcmp(a, "--shape") && strcmp(a, "--dtype") && strcmp(a, "--seed") && strcmp(a, "--repeat") &&
-            strcmp(a, "--arg") && strcmp(a, "--package")) {
+            strcmp(a, "--arg") && strcmp(a, "--package") && strcmp(a, "--device")) {
             if (a[0] == '-')
                 return tk_cli_usage(RUN_USAGE, "unknown option '%s'", a);
             if (o->opname)
@@ -791,6 +821,14 @@ static int run_parse(run_opts *o, int argc, char **argv)
         i++;
         if (!strcmp(a, "--package")) {
             o->package = val;
+        } else if (!strcmp(a, "--device")) {
+            char *end = NULL;
+            long d = !strcmp(val, "cpu") ? -1 : !strcmp(val, "cuda") ? 0 : -2;
+            if (!strncmp(val, "cuda:", 5))
+                d = strtol(val + 5, &end, 10);
+            if (d < -1 || (end && (*end || end == val + 5)) || d > 1024)
+                return tk_cli_usage(RUN_USAGE, "--device wants cpu, cuda or cuda:N, got '%s'", val);
+            o->device = (int)d;
         } else if (!strcmp(a, "--shape") && strchr(val, '=')) {
             if (o->nnamed >= MAX_T)
                 return tk_cli_usage(RUN_USAGE, "too many --shape NAME=... options");
@@ -1056,35 +1094,138 @@ static int run_make_args(run_call *rc, const run_opts *o, const jv *params)
     return 0;
 }
 
-/* 5. Runs the op --repeat times through tk_op_run. 0, or the exit code after printing why. */
-static int run_exec(tk_cli *cli, const run_opts *o, const jv *op, run_call *rc, const char **impl, double *best,
-                    double *total)
+/* --device cuda: a device copy of every tensor, which the call's arguments then point at. */
+static int run_to_device(tk_cli *cli, run_call *rc, int device)
 {
-    *best = 1e300;
-    *total = 0;
-    for (long long r = 0; r < o->repeat; r++) {
-        double t0 = now_ms();
-        int st = tk_op_run(tk_cli_ctx(cli), o->opname, rc->args, rc->nargs, NULL, impl);
-        double dt_ms = now_ms() - t0;
-        if (st == TK_ERR_UNSUPPORTED && jv_get(op, "declared_by") && !jv_get(op, "cpu_reference")->num)
-            /* the shapes were checked: say what cannot run here */
-            return run_fail(st, "no CPU reference for op %s (declared by %s): the shapes check out, but nothing "
-                            "ran (tk run-op runs ops on host tensors)\nHINT: run its kernels on a GPU: tk.ops.%s on "
-                            "CUDA tensors in Python, tk_op_run in C, or 'tk run %s KERNEL'", o->opname,
-                            jv_str(jv_get(op, "declared_by")), o->opname,
-                            o->package ? o->package : jv_str(jv_get(op, "declared_by")));
-        if (st != TK_OK)
-            return tk_cli_fail(cli, st, NULL);
-        *total += dt_ms;
-        if (dt_ms < *best)
-            *best = dt_ms;
+    int n = 0, st = tk_device_count(&n);
+    if (st != TK_OK)
+        return tk_cli_fail(cli, st, "--device");
+    if (device >= n)
+        return run_fail(TK_ERR_NO_DEVICE, "no CUDA device %d (this machine has %d)", device, n);
+    for (size_t i = 0; i < rc->nt; i++) {
+        host_tensor *h = &rc->ht[i];
+        if (h->bytes && ((st = tk_device_alloc(&h->dptr, device, h->bytes)) != TK_OK ||
+                         (st = tk_device_copy(h->dptr, h->data, h->bytes, TK_COPY_H2D, device)) != TK_OK))
+            return tk_cli_fail(cli, st, h->name);
+        h->t.data = h->dptr;
+        h->t.device.device_type = TK_DEV_CUDA;
+        h->t.device.device_id = device;
     }
     return 0;
 }
 
+/* The device's results back into the host buffers (for checksums and --check). */
+static int run_from_device(tk_cli *cli, run_call *rc, int device)
+{
+    int st = tk_device_sync(device);
+    for (size_t i = 0; st == TK_OK && i < rc->nt; i++)
+        if (rc->ht[i].dptr)
+            st = tk_device_copy(rc->ht[i].data, rc->ht[i].dptr, rc->ht[i].bytes, TK_COPY_D2H, device);
+    return st == TK_OK ? 0 : tk_cli_fail(cli, st, "--device");
+}
+
+/* --check, before the device run: the CPU reference on the host tensors, its results kept in ->ref
+ * and the inputs restored. *avail 0 (with a note) when the op has no CPU reference. */
+static int run_reference(tk_cli *cli, const run_opts *o, run_call *rc, int *avail)
+{
+    const char *impl = NULL;
+    *avail = 0;
+    for (size_t i = 0; i < rc->nt; i++) {
+        host_tensor *h = &rc->ht[i];
+        if (!(h->ref = malloc(h->bytes ? h->bytes : 1)))
+            return run_fail(TK_ERR_NOMEM, "out of memory");
+        memcpy(h->ref, h->data, h->bytes);
+    }
+    int st = tk_op_run(tk_cli_ctx(cli), o->opname, rc->args, rc->nargs, NULL, &impl);
+    if (st == TK_ERR_UNSUPPORTED) {
+        fprintf(stderr, "tk: --check unavailable: %s\n", tk_last_error());
+        return 0;
+    }
+    if (st != TK_OK)
+        return tk_cli_fail(cli, st, "the CPU reference");
+    for (size_t i = 0; i < rc->nt; i++) { /* swap: ->ref gets the reference, ->data the inputs again */
+        void *t = rc->ht[i].ref;
+        rc->ht[i].ref = rc->ht[i].data;
+        rc->ht[i].data = t;
+    }
+    *avail = 1;
+    return 0;
+}
+
+/* --check, after the first device run: each output against the reference, |got-ref| <= atol +
+ * rtol*|ref| with the op tests' tolerances per dtype. 1 when one is outside. */
+static int run_compare(run_call *rc)
+{
+    int bad = 0;
+    for (size_t i = 0; i < rc->nt; i++) {
+        host_tensor *h = &rc->ht[i];
+        if (!h->out)
+            continue;
+        host_tensor r = *h;
+        r.data = h->ref;
+        double tol = h->t.dtype.bits == 16 ? (h->t.dtype.code == TK_DL_BFLOAT ? 1.6e-2 : 2e-3)
+                     : h->t.dtype.bits == 8 ? 1.25e-1 : 1e-4, worst = 0;
+        size_t n = h->bytes / (h->t.dtype.bits / 8), at = 0, nbad = 0;
+        for (size_t k = 0; k < n; k++) {
+            double g = elem(h, k), f = elem(&r, k), d = fabs(g - f);
+            if (!(d <= tol + tol * fabs(f)) && !(isnan(g) && isnan(f)))
+                nbad++;
+            if (d > worst || (isnan(d) && !isnan(worst))) {
+                worst = d;
+                at = k;
+            }
+        }
+        bad |= nbad > 0;
+        h->checked = 1;
+        h->nbad = nbad;
+        h->at = at;
+        h->worst = worst;
+        h->tol = tol;
+    }
+    return bad;
+}
+
+/* 5. Runs the op --repeat times through tk_op_run (on the device with --device, compared with the
+ * CPU reference after the first run with --check). 0, or the exit code after printing why. */
+static int run_exec(tk_cli *cli, const run_opts *o, const jv *op, run_call *rc, const char **impl, double *best,
+                    double *total, int *checked)
+{
+    int code, avail = 0;
+    *best = 1e300;
+    *total = 0;
+    *checked = -1;
+    if (o->check && (code = run_reference(cli, o, rc, &avail)) != 0)
+        return code;
+    if (o->device >= 0 && (code = run_to_device(cli, rc, o->device)) != 0)
+        return code;
+    for (long long r = 0; r < o->repeat; r++) {
+        double t0 = now_ms();
+        int st = tk_op_run(tk_cli_ctx(cli), o->opname, rc->args, rc->nargs, NULL, impl);
+        if (st == TK_OK && o->device >= 0)
+            st = tk_device_sync(o->device);
+        double dt_ms = now_ms() - t0;
+        if (st == TK_ERR_UNSUPPORTED && o->device < 0 && jv_get(op, "declared_by"))
+            /* the shapes were checked: say what cannot run here */
+            return run_fail(st, "no CPU reference for op %s (declared by %s): the shapes check out, but nothing "
+                            "ran on the host\nHINT: run its kernels on a GPU with --device cuda (tk_op_run in C, "
+                            "tk.ops on CUDA tensors in Python)", o->opname, jv_str(jv_get(op, "declared_by")));
+        if (st != TK_OK)
+            return tk_cli_fail(cli, st, NULL);
+        if (r == 0 && avail) {
+            if ((code = run_from_device(cli, rc, o->device)) != 0)
+                return code;
+            *checked = run_compare(rc);
+        }
+        *total += dt_ms;
+        if (dt_ms < *best)
+            *best = dt_ms;
+    }
+    return o->device >= 0 ? run_from_device(cli, rc, o->device) : 0;
+}
+
 /* 6. What ran, the time, and each tensor's sum and FNV-1a hash. */
 static void run_report(tk_cli *cli, const run_opts *o, const run_call *rc, const char *impl, double best,
-                       double total)
+                       double total, int checked)
 {
     char buf[256];
     if (cli->json) {
@@ -1092,8 +1233,13 @@ static void run_report(tk_cli *cli, const run_opts *o, const run_call *rc, const
         tk_cli_json_str(stdout, o->opname);
         printf(", \"impl\": ");
         tk_cli_json_str(stdout, impl ? impl : "");
-        printf(", \"dtype\": \"%s\", \"seed\": %llu, \"repeat\": %lld, \"ms_best\": %.6f, \"ms_mean\": %.6f, "
-               "\"tensors\": [", o->dtype_s, (unsigned long long)o->seed, o->repeat, best, total / (double)o->repeat);
+        printf(", \"dtype\": \"%s\", \"seed\": %llu, \"repeat\": %lld, \"ms_best\": %.6f, \"ms_mean\": %.6f, ",
+               o->dtype_s, (unsigned long long)o->seed, o->repeat, best, total / (double)o->repeat);
+        if (o->device >= 0)
+            printf("\"device\": \"cuda:%d\", ", o->device);
+        if (o->check)
+            printf("\"check\": \"%s\", ", checked < 0 ? "unavailable" : checked ? "failed" : "ok");
+        printf("\"tensors\": [");
     } else {
         printf("%s %s: %s, %.3f ms%s", o->opname, o->dtype_s, impl ? impl : "?", best, o->repeat > 1 ? " (best)" : "");
         if (o->repeat > 1)
@@ -1110,14 +1256,24 @@ static void run_report(tk_cli *cli, const run_opts *o, const run_call *rc, const
         for (size_t k = 0; k < h->bytes; k++)
             fnv = (fnv ^ ((const uint8_t *)h->data)[k]) * 0x100000001b3ull;
         shape_text(buf, sizeof buf, h->shape, h->ndim);
-        if (cli->json)
+        if (cli->json) {
             printf("%s{\"name\": \"%s\", \"role\": \"%s\", \"shape\": %s, \"sum\": %.17g, \"fnv1a64\": "
-                   "\"%016llx\"}",
+                   "\"%016llx\"",
                    i ? ", " : "", h->name, h->out ? "out" : "in", buf, isfinite(sum) ? sum : 0.0,
                    (unsigned long long)fnv);
-        else
+            if (h->checked)
+                printf(", \"max_abs_diff\": %.6g, \"mismatches\": %zu", isfinite(h->worst) ? h->worst : -1.0, h->nbad);
+            printf("}");
+        } else {
             printf("  %-3s %-10s %-20s sum %-22.10g fnv1a64 %016llx\n", h->out ? "out" : "in", h->name, buf, sum,
                    (unsigned long long)fnv);
+        }
+    }
+    for (size_t i = 0; !cli->json && i < rc->nt; i++) {
+        const host_tensor *h = &rc->ht[i];
+        if (h->checked)
+            printf("  check %-10s vs cpu-reference: max |diff| %.3g at element %zu, %zu outside atol = rtol = %g: "
+                   "%s\n", h->name, h->worst, h->at, h->nbad, h->tol, h->nbad ? "FAILED" : "ok");
     }
     if (cli->json)
         printf("]}\n");
@@ -1138,14 +1294,22 @@ int tk_cmd_run_op(tk_cli *cli, int argc, char **argv)
     run_call *rc = calloc(1, sizeof *rc);
     const char *impl = NULL;
     double best = 0, total = 0;
+    int checked = -1;
     const jv *params = jv_get(op, "params");
     if (!rc)
         code = run_fail(TK_ERR_NOMEM, "out of memory");
     else if (!(code = run_bind(rc, &o, params)) && !(code = run_make_args(rc, &o, params)) &&
-             !(code = run_exec(cli, &o, op, rc, &impl, &best, &total)))
-        run_report(cli, &o, rc, impl, best, total);
-    for (size_t i = 0; rc && i < MAX_T; i++)
+             !(code = run_exec(cli, &o, op, rc, &impl, &best, &total, &checked))) {
+        run_report(cli, &o, rc, impl, best, total, checked);
+        if (checked > 0) /* the outputs differ from the CPU reference */
+            code = TK_EXIT_FAIL;
+    }
+    for (size_t i = 0; rc && i < MAX_T; i++) {
         free(rc->ht[i].data);
+        free(rc->ht[i].ref);
+        if (rc->ht[i].dptr)
+            tk_device_free(rc->ht[i].dptr, o.device);
+    }
     free(rc);
     jv_free(ops);
     return code;

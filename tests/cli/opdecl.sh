@@ -96,6 +96,23 @@ assert o["local"] is True and o["implementations"][0]["local"] is True, o' || fa
   # a built-in op with a package directory's kernels: host tensors still run the CPU reference
   expect_rc 0 "$TK" run-op silu_and_mul --package "$ROOT/kernels-src/activation" --shape 4,8
   expect_out "cpu-reference"
+  # --check needs a GPU run to compare; --device cuda runs the directory's kernel where there is a GPU
+  expect_rc 2 "$TK" run-op scale_add --package "$WORK/sa" --shape 4,8 --check
+  expect_out "--check compares a GPU run with the CPU reference: add --device cuda"
+  expect_rc 2 "$TK" run-op scale_add --package "$WORK/sa" --shape 4,8 --device gpu
+  expect_out "--device wants cpu, cuda or cuda:N, got 'gpu'"
+  OUT=$("$TK" --json run-op scale_add --package "$WORK/sa" --shape 4,8 --device cuda --check 2>"$WORK/err")
+  local rc=$?
+  if [ $rc = 7 ]; then # no GPU: a clear device error, as a JSON object
+    expect_out '"status": "no_device"'
+  elif [ $rc = 0 ]; then # a GPU: the local kernel ran; no CPU reference to check against
+    expect_out '"impl": "test-org/scale-add@local:scale_add_f32"'
+    expect_out '"check": "unavailable"'
+    grep -q "check unavailable: no CPU reference for op scale_add (declared by test-org/scale-add)" "$WORK/err" \
+      || fail "--check did not say it is unavailable: $(cat "$WORK/err")"
+  else
+    fail "tk run-op --device cuda exited $rc: $OUT $(cat "$WORK/err")"
+  fi
   # errors, plain and as JSON objects
   expect_rc 3 "$TK" run-op scale_add --package "$WORK/none" --shape 4,8
   expect_out "--package: '$WORK/none' is not a directory"
