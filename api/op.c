@@ -9,13 +9,18 @@
  * the choice per op: {"ops": {"silu_and_mul": "org/name"}} ("org/name@2", or "org/name:kernel" for one
  * kernel). Loaded tk_kernel handles are kept in the context (ctx->ops) until tk_ctx_free.
  *
+ * Ops that packages declare (kernel.json "ops", api/opdecl.c) are read with the kernels: tk_op_run
+ * checks a call against the declaration as against a built-in signature. A package directory added
+ * with tk_ops_add_package joins them, marked local: its declarations replace its installed version's,
+ * and its kernels are tried first, without autotune.
+ *
  * Autotune: when more than one implementation fits a call on a GPU, each is timed (CUDA events; a
  * warm-up, then the best of three launches) on the call's own tensors, with every output tensor saved
  * before and restored before each run and at the end, so in-place ops see their original inputs and the
  * caller's data is as if only the final run happened. The winner is stored in cache.db per device
  * name, arch, op, dtypes and shape bucket (each dimension rounded up to a power of two, integer scalars
  * exact) and used directly next time. TK_AUTOTUNE=0 or config "autotune": false ranks by priority only;
- * a config "ops" override always wins. Candidate order without a measurement is priority, then name.
+ * a config "ops" override and a package directory's kernel always win. Candidate order without a measurement is priority, then name.
  *
  * Launching goes through the public API (tk_get_kernel, tk_function_call), so the dispatch sees
  * exactly what users of tk.h see; only autotune's timing and saving use jit/ directly.
@@ -794,7 +799,8 @@ static int run_cuda(ops_state *s, tk_ctx *ctx, const tk_op_call *k, void *stream
             else if (strcmp(why, "another op") != 0)
                 tk_api__log(ctx, TK_LOG_DEBUG, "%s: skipping %s (%s)", op->name, s->c[i].impl, why);
         }
-        if (!ov)
+        /* a package directory's kernel (sorted first) is what the caller came to run: no autotune */
+        if (!ov && !(nfit && s->c[order[0]].local))
             autotune(s, ctx, k, stream, &dev, cc, order, nfit);
         for (size_t f = 0; f < nfit; f++) {
             const cand *c = &s->c[order[f]];

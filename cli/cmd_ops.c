@@ -251,7 +251,7 @@ static int run_fail(int status, const char *fmt, ...)
 static jv *load_ops(tk_cli *cli, int *exit_code)
 {
     tk_ctx *ctx = tk_cli_ctx(cli);
-    *exit_code = TK_EXIT_FAIL;
+    *exit_code = cli->ctx_exit ? cli->ctx_exit : TK_EXIT_FAIL;
     if (!ctx)
         return NULL;
     char *text = NULL;
