@@ -488,9 +488,9 @@ TK_API int tk_cache_clear(tk_ctx *ctx);
 /* ---------------------------------------------------------------------------------------------- */
 /* Ops                                                                                             */
 
-/* Runs an op (see `tk ops`: tk's own, or one an installed package declares) on tensors: validates shapes and dtypes, picks the best
- * implementation for the tensors' device (a kernel from an installed package, or the CPU reference
- * for host tensors) and runs it. *impl (may be NULL) receives a borrowed description of what ran
+/* Runs an op (see `tk ops`: tk's own, or one an installed package declares) on tensors: validates
+ * shapes and dtypes, picks the best implementation for the tensors' device (a kernel from an installed
+ * package, or the CPU reference for host tensors; an op a package declares has none) and runs it. *impl (may be NULL) receives a borrowed description of what ran
  * ("cpu-reference" or "org/name:kernel"), valid until tk_ctx_free(ctx). Errors: TK_ERR_NOT_FOUND (unknown op), TK_ERR_INVALID
  * (the message names the argument and the shape it got), TK_ERR_UNSUPPORTED. */
 TK_API int tk_op_run(tk_ctx *ctx, const char *op, const tk_arg *args, size_t nargs, void *stream,
