@@ -1095,13 +1095,19 @@ static int run_make_args(run_call *rc, const run_opts *o, const jv *params)
 }
 
 /* --device cuda: a device copy of every tensor, which the call's arguments then point at. */
-static int run_to_device(tk_cli *cli, run_call *rc, int device)
+static int run_has_device(tk_cli *cli, int device)
 {
     int n = 0, st = tk_device_count(&n);
     if (st != TK_OK)
         return tk_cli_fail(cli, st, "--device");
     if (device >= n)
         return run_fail(TK_ERR_NO_DEVICE, "no CUDA device %d (this machine has %d)", device, n);
+    return 0;
+}
+
+static int run_to_device(tk_cli *cli, run_call *rc, int device)
+{
+    int st;
     for (size_t i = 0; i < rc->nt; i++) {
         host_tensor *h = &rc->ht[i];
         if (h->bytes && ((st = tk_device_alloc(&h->dptr, device, h->bytes)) != TK_OK ||
@@ -1194,6 +1200,8 @@ static int run_exec(tk_cli *cli, const run_opts *o, const jv *op, run_call *rc, 
     *best = 1e300;
     *total = 0;
     *checked = -1;
+    if (o->device >= 0 && (code = run_has_device(cli, o->device)) != 0)
+        return code;
     if (o->check && (code = run_reference(cli, o, rc, &avail)) != 0)
         return code;
     if (o->device >= 0 && (code = run_to_device(cli, rc, o->device)) != 0)
