@@ -88,9 +88,27 @@ int tk_api__parse_arch(int *cc, const char *s);
  * missing is TK_ERR_NO_NVRTC. (api/kernel.c) */
 int tk_api__compile_local(tk_ctx *ctx, const tk_api_localpkg *lp, const int *ccs, size_t nccs, int jobs,
                           tk_buf *report, size_t *nunits, size_t *nfailed);
-/* Validates the kernels of a parsed manifest; *bad receives the index of the failing kernel ((size_t)-1
- * when the failure is not one kernel's). (api/validate.c) */
-int tk_api__validate_json(json_t *m, size_t *bad);
+/* Validates the op declarations ("ops") and kernels of a parsed manifest; on failure *bad_in is
+ * "kernels" or "ops" and *bad the index of the failing entry (NULL and (size_t)-1 when the failure is
+ * not one entry's). (api/validate.c) */
+int tk_api__validate_json(json_t *m, const char **bad_in, size_t *bad);
+
+/* ---- ops that packages declare (api/opdecl.c) ---------------------------------------------------- */
+
+struct tk_op_desc;
+/* The descriptor of an entry of kernel.json "ops" declared by package pkg ("org/name"): params as
+ * `tk ops --json` prints them, checked (kinds, dtypes, dtype_like, shapes, no built-in op's name).
+ * TK_ERR_MANIFEST "op 'x': ...". Free with tk_api__op_declared_free. */
+int tk_api__op_declare(struct tk_op_desc **out, json_t *decl, const char *pkg);
+void tk_api__op_declared_free(struct tk_op_desc *op);
+/* 1 when two declarations of an op have the same signature (names, kinds, dtypes, shapes, defaults). */
+int tk_api__op_same(const struct tk_op_desc *a, const struct tk_op_desc *b);
+/* Checks kernel k (a "kernels" entry) against the signature of the op it implements: each caller-given
+ * param is the op's, of its kind, with a dtype it allows; every required tensor is taken. */
+int tk_api__op_check_kernel(const struct tk_op_desc *op, json_t *k);
+/* Refuses manifest m (about to be installed) when it declares an op that an installed package of
+ * another name declares with another signature: TK_ERR_MANIFEST naming both. (api/op.c) */
+int tk_api__ops_check_declared(tk_ctx *ctx, json_t *m);
 
 /* ---- registries (api/registry.c) ---- */
 /* Fills ctx->regs and ctx->endpoint from override (TK_ENDPOINT; NULL/"": none), else the config's

@@ -9,13 +9,18 @@
  * the choice per op: {"ops": {"silu_and_mul": "org/name"}} ("org/name@2", or "org/name:kernel" for one
  * kernel). Loaded tk_kernel handles are kept in the context (ctx->ops) until tk_ctx_free.
  *
+ * Ops that packages declare (kernel.json "ops", api/opdecl.c) are read with the kernels: tk_op_run
+ * checks a call against the declaration as against a built-in signature. A package directory added
+ * with tk_ops_add_package joins them, marked local: its declarations replace its installed version's,
+ * and its kernels are tried first, without autotune.
+ *
  * Autotune: when more than one implementation fits a call on a GPU, each is timed (CUDA events; a
  * warm-up, then the best of three launches) on the call's own tensors, with every output tensor saved
  * before and restored before each run and at the end, so in-place ops see their original inputs and the
  * caller's data is as if only the final run happened. The winner is stored in cache.db per device
  * name, arch, op, dtypes and shape bucket (each dimension rounded up to a power of two, integer scalars
  * exact) and used directly next time. TK_AUTOTUNE=0 or config "autotune": false ranks by priority only;
- * a config "ops" override always wins. Candidate order without a measurement is priority, then name.
+ * a config "ops" override and a package directory's kernel always win. Candidate order without a measurement is priority, then name.
  *
  * Launching goes through the public API (tk_get_kernel, tk_function_call), so the dispatch sees
  * exactly what users of tk.h see; only autotune's timing and saving use jit/ directly.
@@ -26,6 +31,7 @@
 #include "api/api.h"
 #include "api/builtin.h"
 #include "cache/kcache.h"
+#include "hub/manifest.h"
 #include "jit/jit.h"
 #include "ops/ops.h"
 
@@ -54,7 +60,23 @@ typedef struct {
     kparam *params;
     size_t nparams;
     const tk_api_builtin *builtin; /* non-NULL: tk's own implementation (api/builtin.h), not a kernel */
+    char *local;      /* a package directory (tk_ops_add_package): never installed; NULL otherwise */
 } cand;
+
+/* An op a package declares (kernel.json "ops"), as the registry holds it. */
+typedef struct {
+    tk_op_desc *op;   /* api/opdecl.c; op->package is the declaring "org/name" */
+    int major;
+    char *local;      /* the declaring package's directory when it is local */
+} declared;
+
+/* A package directory added with tk_ops_add_package. */
+typedef struct {
+    char *dir;
+    char *name;
+    char *version;
+    char *manifest;
+} localpkg;
 
 typedef struct {
     char *commit;
@@ -75,6 +97,12 @@ typedef struct {
         const char *impl; /* interned */
     } *tuned;             /* autotune choices met in this context: cache.db is read once per key */
     size_t ntuned;
+    declared *decl;       /* read with the candidates */
+    size_t ndecl;
+    char **conflicts;     /* "op\0message": ops two packages declare differently */
+    size_t nconflicts;
+    localpkg *local;      /* kept until the context is freed */
+    size_t nlocal;
 } ops_state;
 
 static void cand_clear(cand *c)
@@ -85,6 +113,7 @@ static void cand_clear(cand *c)
     free(c->kernel);
     free(c->op);
     free(c->impl);
+    free(c->local);
     for (size_t i = 0; i < c->nparams; i++)
         free(c->params[i].name);
     free(c->params);
@@ -98,6 +127,18 @@ static void cands_free(ops_state *s)
     free(s->c);
     s->c = NULL;
     s->n = 0;
+    for (size_t i = 0; i < s->ndecl; i++) {
+        tk_api__op_declared_free(s->decl[i].op);
+        free(s->decl[i].local);
+    }
+    free(s->decl);
+    s->decl = NULL;
+    s->ndecl = 0;
+    for (size_t i = 0; i < s->nconflicts; i++)
+        free(s->conflicts[i]);
+    free(s->conflicts);
+    s->conflicts = NULL;
+    s->nconflicts = 0;
     s->scanned = 0;
 }
 
@@ -116,6 +157,13 @@ static void state_free(void *p)
         free(s->names[i]);
     free(s->names);
     free(s->tuned);
+    for (size_t i = 0; i < s->nlocal; i++) {
+        free(s->local[i].dir);
+        free(s->local[i].name);
+        free(s->local[i].version);
+        free(s->local[i].manifest);
+    }
+    free(s->local);
     free(s);
 }
 
@@ -152,6 +200,8 @@ static int get_state(ops_state **out, tk_ctx *ctx)
 static int cmp_cand(const void *a, const void *b)
 {
     const cand *x = a, *y = b;
+    if (!x->local != !y->local) /* the package directory being tried comes first */
+        return x->local ? -1 : 1;
     if (x->priority != y->priority)
         return x->priority > y->priority ? -1 : 1;
     int r = strcmp(x->pkg, y->pkg);
@@ -162,11 +212,16 @@ static int cmp_cand(const void *a, const void *b)
     return strcmp(x->kernel, y->kernel);
 }
 
+/* Where a manifest comes from: an installed package, or a package directory (local). */
+typedef struct {
+    const char *name, *version, *commit, *local;
+    int major;
+} origin;
+
 /* Adds the kernels of one manifest. A kernel entry this version of tk cannot read is skipped: the
  * package was validated at install time, so this only happens with newer manifest fields. */
-static int add_manifest(ops_state *s, const tk_pkg *pkg)
+static int add_kernels(ops_state *s, json_t *m, const origin *o)
 {
-    json_t *m = json_loads(tk_pkg_manifest(pkg) ? tk_pkg_manifest(pkg) : "", 0, NULL);
     json_t *ks = json_object_get(m, "kernels");
     int rc = TK_OK;
     size_t i;
@@ -185,15 +240,17 @@ static int add_manifest(ops_state *s, const tk_pkg *pkg)
         s->c = nc;
         cand *c = &s->c[s->n];
         memset(c, 0, sizeof *c);
-        c->pkg = tk__strdup(tk_pkg_name(pkg));
-        c->major = tk_pkg_major(pkg);
-        c->version = tk__strdup(tk_pkg_version(pkg));
-        c->commit = tk__strdup(tk_pkg_commit(pkg));
+        c->pkg = tk__strdup(o->name);
+        c->major = o->major;
+        c->version = tk__strdup(o->version);
+        c->commit = o->local ? tk__fmt("local:%s", o->local) : tk__strdup(o->commit);
         c->kernel = tk__strdup(kname);
         c->op = tk__strdup(op);
-        c->impl = tk__fmt("%s:%s", tk_pkg_name(pkg), kname);
+        c->impl = tk__fmt("%s%s:%s", o->name, o->local ? "@local" : "", kname);
         c->params = calloc(json_array_size(jp) + 1, sizeof *c->params);
-        if (!c->pkg || !c->version || !c->commit || !c->kernel || !c->op || !c->impl || !c->params) {
+        c->local = o->local ? tk__strdup(o->local) : NULL;
+        if (!c->pkg || !c->version || !c->commit || !c->kernel || !c->op || !c->impl || !c->params ||
+            (o->local && !c->local)) {
             cand_clear(c);
             rc = tk__err(TK_ERR_NOMEM, "out of memory");
             break;
@@ -230,6 +287,88 @@ static int add_manifest(ops_state *s, const tk_pkg *pkg)
         c->max_cc = (int)json_integer_value(json_object_get(cons, "max_cc"));
         c->priority = json_integer_value(json_object_get(k, "priority"));
     }
+    return rc;
+}
+
+static int add_conflict(ops_state *s, const tk_op_desc *a, const tk_op_desc *b)
+{
+    tk_buf sa = TK_BUF_INIT, sb = TK_BUF_INIT;
+    tk_ops__signature(&sa, a);
+    tk_ops__signature(&sb, b);
+    char *msg = tk__fmt("%s%cop '%s' is declared differently by %s and %s:\n    %s: %s\n    %s: %s\nHINT: keep one "
+                        "of them ('tk remove %s'), or ask the authors to agree on one signature",
+                        a->name, '\0', a->name, a->package, b->package, a->package, sa.data ? sa.data : "?",
+                        b->package, sb.data ? sb.data : "?", b->package);
+    tk__buf_free(&sa);
+    tk__buf_free(&sb);
+    char **nc = msg ? realloc(s->conflicts, (s->nconflicts + 1) * sizeof *s->conflicts) : NULL;
+    if (!nc) {
+        free(msg);
+        return tk__err(TK_ERR_NOMEM, "out of memory");
+    }
+    s->conflicts = nc;
+    s->conflicts[s->nconflicts++] = msg;
+    return TK_OK;
+}
+
+/* Adds one declaration. The same package's newest major (or its directory, when it is local) wins;
+ * another package may declare the op again only with the same signature. Takes op. */
+static int add_decl(ops_state *s, tk_op_desc *op, const origin *o)
+{
+    for (size_t i = 0; i < s->ndecl; i++) {
+        declared *d = &s->decl[i];
+        if (strcmp(d->op->name, op->name) != 0)
+            continue;
+        int replace = 0, rc = TK_OK;
+        if (!strcmp(d->op->package, op->package))
+            replace = o->local ? 1 : !d->local && o->major > d->major;
+        else if (!tk_api__op_same(d->op, op))
+            rc = add_conflict(s, d->op, op);
+        if (replace) {
+            char *local = o->local ? tk__strdup(o->local) : NULL;
+            if (o->local && !local)
+                rc = tk__err(TK_ERR_NOMEM, "out of memory");
+            else {
+                tk_api__op_declared_free(d->op);
+                free(d->local);
+                *d = (declared){op, o->major, local};
+                return TK_OK;
+            }
+        }
+        tk_api__op_declared_free(op);
+        return rc;
+    }
+    declared *nd = realloc(s->decl, (s->ndecl + 1) * sizeof *s->decl);
+    char *local = o->local ? tk__strdup(o->local) : NULL;
+    if (!nd || (o->local && !local)) {
+        if (nd)
+            s->decl = nd;
+        free(local);
+        tk_api__op_declared_free(op);
+        return tk__err(TK_ERR_NOMEM, "out of memory");
+    }
+    s->decl = nd;
+    s->decl[s->ndecl++] = (declared){op, o->major, local};
+    return TK_OK;
+}
+
+/* The op declarations and kernels of one manifest. A declaration this tk cannot read is skipped, as
+ * a kernel is (install validated it). */
+static int add_manifest(ops_state *s, const char *text, const origin *o)
+{
+    json_t *m = json_loads(text ? text : "", 0, NULL);
+    json_t *decls = json_object_get(m, "ops"), *j;
+    size_t i;
+    int rc = TK_OK;
+    json_array_foreach(decls, i, j) {
+        tk_op_desc *op = NULL;
+        if (tk_api__op_declare(&op, j, o->name) != TK_OK)
+            continue;
+        if ((rc = add_decl(s, op, o)) != TK_OK)
+            break;
+    }
+    if (rc == TK_OK)
+        rc = add_kernels(s, m, o);
     json_decref(m);
     return rc;
 }
@@ -271,9 +410,19 @@ static int scan(ops_state *s, tk_ctx *ctx)
     int rc = tk_pkg_list_installed(&list, ctx);
     if (rc != TK_OK)
         return rc;
-    for (size_t i = 0; rc == TK_OK && i < tk_pkg_list_count(list); i++)
-        rc = add_manifest(s, tk_pkg_list_at(list, i));
+    for (size_t i = 0; rc == TK_OK && i < tk_pkg_list_count(list); i++) {
+        const tk_pkg *p = tk_pkg_list_at(list, i);
+        origin o = {tk_pkg_name(p), tk_pkg_version(p), tk_pkg_commit(p), NULL, tk_pkg_major(p)};
+        rc = add_manifest(s, tk_pkg_manifest(p), &o);
+    }
     tk_pkg_list_free(list);
+    for (size_t i = 0; rc == TK_OK && i < s->nlocal; i++) {
+        const localpkg *lp = &s->local[i];
+        int major = 0;
+        tk_hub__version_parse(lp->version, &major);
+        origin o = {lp->name, lp->version, "", lp->dir, major};
+        rc = add_manifest(s, lp->manifest, &o);
+    }
     if (rc == TK_OK)
         rc = add_builtins(s);
     if (rc != TK_OK) {
@@ -380,7 +529,7 @@ static int kernel_for(tk_kernel **out, ops_state *s, tk_ctx *ctx, const cand *c,
     if (!nl)
         return tk__err(TK_ERR_NOMEM, "out of memory");
     s->l = nl;
-    char *ref = tk__fmt("%s@%s", c->pkg, c->commit);
+    char *ref = c->local ? tk__strdup(c->local) : tk__fmt("%s@%s", c->pkg, c->commit);
     char *commit = tk__strdup(c->commit);
     if (!ref || !commit) {
         free(ref);
@@ -650,7 +799,8 @@ static int run_cuda(ops_state *s, tk_ctx *ctx, const tk_op_call *k, void *stream
             else if (strcmp(why, "another op") != 0)
                 tk_api__log(ctx, TK_LOG_DEBUG, "%s: skipping %s (%s)", op->name, s->c[i].impl, why);
         }
-        if (!ov)
+        /* a package directory's kernel (sorted first) is what the caller came to run: no autotune */
+        if (!ov && !(nfit && s->c[order[0]].local))
             autotune(s, ctx, k, stream, &dev, cc, order, nfit);
         for (size_t f = 0; f < nfit; f++) {
             const cand *c = &s->c[order[f]];
@@ -697,6 +847,109 @@ static int run_cuda(ops_state *s, tk_ctx *ctx, const tk_op_call *k, void *stream
                    op->package ? op->package : "<a package that provides it>");
 }
 
+/* ---- declared ops ------------------------------------------------------------------------------ */
+
+/* The declaration of op `name` among the scanned packages: *out NULL when none declares it. An op two
+ * packages declare differently is an error naming both. */
+static int find_declared(const tk_op_desc **out, const ops_state *s, const char *name)
+{
+    *out = NULL;
+    for (size_t i = 0; i < s->nconflicts; i++)
+        if (!strcmp(s->conflicts[i], name))
+            return tk__err(TK_ERR_MANIFEST, "%s", s->conflicts[i] + strlen(name) + 1);
+    for (size_t i = 0; i < s->ndecl; i++)
+        if (!strcmp(s->decl[i].op->name, name)) {
+            *out = s->decl[i].op;
+            return TK_OK;
+        }
+    return TK_OK;
+}
+
+/* tk's own op, else one a package declares (scanning again once, for a package installed since). */
+static int resolve_op(const tk_op_desc **out, tk_ctx *ctx, const char *name)
+{
+    ops_state *s = NULL;
+    int rc;
+    if ((*out = tk_ops__find(name)) || !name)
+        return TK_OK;
+    if ((rc = get_state(&s, ctx)) != TK_OK)
+        return rc;
+    for (int pass = 0; pass < 2 && !*out; pass++) {
+        if ((!s->scanned || pass == 1) && (rc = scan(s, ctx)) != TK_OK)
+            return rc;
+        if ((rc = find_declared(out, s, name)) != TK_OK)
+            return rc;
+    }
+    return TK_OK;
+}
+
+int tk_api__ops_check_declared(tk_ctx *ctx, json_t *m)
+{
+    const char *pkg = json_string_value(json_object_get(m, "name"));
+    json_t *decls = json_object_get(m, "ops"), *j;
+    ops_state *s = NULL;
+    size_t i;
+    int rc = TK_OK;
+    if (!json_array_size(decls) || !pkg)
+        return TK_OK;
+    if ((rc = get_state(&s, ctx)) != TK_OK || (rc = scan(s, ctx)) != TK_OK)
+        return rc;
+    json_array_foreach(decls, i, j) {
+        tk_op_desc *op = NULL;
+        const tk_op_desc *have = NULL;
+        if ((rc = tk_api__op_declare(&op, j, pkg)) != TK_OK)
+            return rc;
+        for (size_t d = 0; d < s->ndecl && !have; d++)
+            if (!strcmp(s->decl[d].op->name, op->name) && strcmp(s->decl[d].op->package, pkg) != 0)
+                have = s->decl[d].op;
+        if (have && !tk_api__op_same(have, op)) {
+            tk_buf sa = TK_BUF_INIT, sb = TK_BUF_INIT;
+            tk_ops__signature(&sa, have);
+            tk_ops__signature(&sb, op);
+            rc = tk__err(TK_ERR_MANIFEST, "op '%s' is declared differently by the installed %s and by %s:\n    %s: "
+                         "%s\n    %s: %s\nHINT: an op has one signature on a machine: remove %s first ('tk remove "
+                         "%s') or ask the authors to agree on one", op->name, have->package, pkg, have->package,
+                         sa.data ? sa.data : "?", pkg, sb.data ? sb.data : "?", have->package, have->package);
+            tk__buf_free(&sa);
+            tk__buf_free(&sb);
+        }
+        tk_api__op_declared_free(op);
+        if (rc != TK_OK)
+            return rc;
+    }
+    return TK_OK;
+}
+
+TK_API int tk_ops_add_package(tk_ctx *ctx, const char *pkgdir)
+{
+    ops_state *s = NULL;
+    tk_api_localpkg lp;
+    int rc = tk_api__check_ctx(ctx);
+    if (rc != TK_OK)
+        return rc;
+    if ((rc = get_state(&s, ctx)) != TK_OK || (rc = tk_api__local_load(&lp, pkgdir)) != TK_OK)
+        return rc;
+    /* kept absolute: tk_get_kernel takes it as a directory (a bare "dir" would be a package name) */
+    char *abs = realpath(lp.dir, NULL);
+    if (abs) {
+        free(lp.dir);
+        lp.dir = abs;
+    }
+    localpkg *nl = realloc(s->local, (s->nlocal + 1) * sizeof *s->local);
+    if (!nl) {
+        tk_api__local_free(&lp);
+        return tk__err(TK_ERR_NOMEM, "out of memory");
+    }
+    s->local = nl;
+    s->local[s->nlocal++] = (localpkg){lp.dir, lp.name, lp.version, lp.manifest};
+    lp.dir = lp.name = lp.version = lp.manifest = NULL;
+    tk_api__local_free(&lp);
+    tk_api__log(ctx, TK_LOG_WARN, "%s %s from %s is local: not signed, not installed", s->local[s->nlocal - 1].name,
+                s->local[s->nlocal - 1].version, pkgdir);
+    s->scanned = 0; /* read again, with it */
+    return TK_OK;
+}
+
 /* ---- the public functions --------------------------------------------------------------------- */
 
 TK_API int tk_op_run(tk_ctx *ctx, const char *op, const tk_arg *args, size_t nargs, void *stream,
@@ -708,7 +961,11 @@ TK_API int tk_op_run(tk_ctx *ctx, const char *op, const tk_arg *args, size_t nar
     if (rc != TK_OK)
         return rc;
     tk_op_call call;
-    if ((rc = tk_ops__prepare(&call, op, args, nargs)) != TK_OK)
+    const tk_op_desc *desc = NULL;
+    if ((rc = resolve_op(&desc, ctx, op)) != TK_OK)
+        return rc;
+    rc = desc ? tk_ops__prepare_op(&call, desc, args, nargs) : tk_ops__prepare(&call, op, args, nargs);
+    if (rc != TK_OK)
         return rc;
     if (call.device_type == TK_DEV_CPU) {
         if ((rc = tk_ops__run_cpu(&call)) == TK_OK && impl)
@@ -781,6 +1038,36 @@ static json_t *impl_json(const cand *c)
     json_object_set_new(j, "min_cc", c->min_cc ? json_integer(c->min_cc) : json_null());
     json_object_set_new(j, "max_cc", c->max_cc ? json_integer(c->max_cc) : json_null());
     json_object_set_new(j, "priority", json_integer(c->priority));
+    json_object_set_new(j, "local", json_boolean(c->local != NULL));
+    return j;
+}
+
+/* One op as tk_ops_json lists it: tk's own (d NULL), or one a package declares. */
+static json_t *op_json(const ops_state *s, const tk_op_desc *op, const declared *d)
+{
+    json_t *j = json_object(), *ps = json_array(), *impls = json_array();
+    tk_buf sig = TK_BUF_INIT;
+    tk_ops__signature(&sig, op);
+    json_object_set_new(j, "name", json_string(op->name));
+    json_object_set_new(j, "standard", json_boolean(!d));
+    json_object_set_new(j, "family", json_string(op->family));
+    json_object_set_new(j, "summary", json_string(op->summary));
+    json_object_set_new(j, "signature", json_string(sig.data ? sig.data : op->name));
+    tk__buf_free(&sig);
+    for (size_t p = 0; p < op->nparams; p++)
+        json_array_append_new(ps, param_json(op, &op->params[p]));
+    json_object_set_new(j, "params", ps);
+    json_object_set_new(j, "cpu_reference", json_boolean(op->cpu != NULL));
+    if (op->package) /* where tk ships kernels for it, or the package that declares it */
+        json_object_set_new(j, "package", json_string(op->package));
+    if (d) {
+        json_object_set_new(j, "declared_by", json_string(op->package));
+        json_object_set_new(j, "local", json_boolean(d->local != NULL));
+    }
+    for (size_t c = 0; c < s->n; c++)
+        if (strcmp(s->c[c].op, op->name) == 0)
+            json_array_append_new(impls, impl_json(&s->c[c]));
+    json_object_set_new(j, "implementations", impls);
     return j;
 }
 
@@ -796,31 +1083,17 @@ TK_API int tk_ops_json(char **out, tk_ctx *ctx)
     if ((rc = get_state(&s, ctx)) != TK_OK || (rc = scan(s, ctx)) != TK_OK)
         return rc;
 
+    if (s->nconflicts) /* an op with two signatures: say so rather than list one of them */
+        return tk__err(TK_ERR_MANIFEST, "%s", s->conflicts[0] + strlen(s->conflicts[0]) + 1);
     json_t *arr = json_array();
     json_t *seen = json_object();
     for (size_t i = 0, n = tk_ops__count(); arr && i < n; i++) {
-        const tk_op_desc *op = tk_ops__at(i);
-        json_t *j = json_object(), *ps = json_array(), *impls = json_array();
-        tk_buf sig = TK_BUF_INIT;
-        tk_ops__signature(&sig, op);
-        json_object_set_new(j, "name", json_string(op->name));
-        json_object_set_new(j, "standard", json_true());
-        json_object_set_new(j, "family", json_string(op->family));
-        json_object_set_new(j, "summary", json_string(op->summary));
-        json_object_set_new(j, "signature", json_string(sig.data ? sig.data : op->name));
-        tk__buf_free(&sig);
-        for (size_t p = 0; p < op->nparams; p++)
-            json_array_append_new(ps, param_json(op, &op->params[p]));
-        json_object_set_new(j, "params", ps);
-        json_object_set_new(j, "cpu_reference", json_boolean(op->cpu != NULL));
-        if (op->package)
-            json_object_set_new(j, "package", json_string(op->package)); /* where tk ships kernels for it */
-        for (size_t c = 0; c < s->n; c++)
-            if (strcmp(s->c[c].op, op->name) == 0)
-                json_array_append_new(impls, impl_json(&s->c[c]));
-        json_object_set_new(j, "implementations", impls);
-        json_array_append_new(arr, j);
-        json_object_set_new(seen, op->name, json_true());
+        json_array_append_new(arr, op_json(s, tk_ops__at(i), NULL));
+        json_object_set_new(seen, tk_ops__at(i)->name, json_true());
+    }
+    for (size_t i = 0; arr && i < s->ndecl; i++) {
+        json_array_append_new(arr, op_json(s, s->decl[i].op, &s->decl[i]));
+        json_object_set_new(seen, s->decl[i].op->name, json_true());
     }
     /* Ops that packages define and tk does not know: callable through tk_function_call / `tk run`. */
     for (size_t c = 0; arr && seen && c < s->n; c++) {

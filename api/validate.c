@@ -4,10 +4,12 @@
  * surprise. Runs after the signature check, before anything is downloaded.
  */
 #include <stdio.h>
+#include <stdlib.h>
 #include <string.h>
 
 #include "api/api.h"
 #include "jit/jit.h"
+#include "ops/ops.h"
 
 #define MAX_PARAMS 64
 
@@ -78,9 +80,9 @@ static int check_types(json_t *k, const char *name)
     return TK_OK;
 }
 
-static int check_kernel(json_t *k, size_t idx, json_t *files, json_t *seen_names)
+/* Name (unique), op, symbol, value types, and a source that is one of the package's files. */
+static int check_head(json_t *k, size_t idx, json_t *files, json_t *seen_names)
 {
-    char what[200];
     const char *name = json_string_value(json_object_get(k, "name"));
     if (!json_is_object(k) || !name || !*name)
         return tk__err(TK_ERR_MANIFEST, "kernels[%zu]: needs a 'name' string", idx);
@@ -105,49 +107,63 @@ static int check_kernel(json_t *k, size_t idx, json_t *files, json_t *seen_names
     if (!found)
         return tk__err(TK_ERR_MANIFEST, "kernel '%s': source '%s' is not one of the package's files", name,
                        source ? source : "(missing)");
+    return TK_OK;
+}
 
-    json_t *jp = json_object_get(k, "params");
+/* One param's name, type, optional flag, workspace rule and tensor dtype into params[i]. */
+static int check_param(tk_jit_param *params, size_t i, json_t *p, const char *name)
+{
+    const char *pn = json_string_value(json_object_get(p, "name"));
+    const char *pt = json_string_value(json_object_get(p, "type"));
+    if (!pn || param_type(pt) < 0)
+        return tk__err(TK_ERR_MANIFEST, "kernel '%s': params[%zu] needs a 'name' and a 'type' of tensor, i32, "
+                       "i64, f32, f64 or workspace", name, i);
+    for (size_t j = 0; j < i; j++)
+        if (!strcmp(params[j].name, pn))
+            return tk__err(TK_ERR_MANIFEST, "kernel '%s': param '%s' is declared twice", name, pn);
+    params[i].name = pn;
+    params[i].type = param_type(pt);
+    params[i].usable = params[i].type != TK_JIT_P_WORKSPACE; /* a pointer: no expression may use it */
+    json_t *opt = json_object_get(p, "optional");
+    if (opt && (!json_is_boolean(opt) || (json_is_true(opt) && params[i].type != TK_JIT_P_TENSOR)))
+        return tk__err(TK_ERR_MANIFEST, "kernel '%s': param '%s': 'optional' must be true or false, and only "
+                       "tensors can be optional", name, pn);
+    if (params[i].type == TK_JIT_P_WORKSPACE) {
+        for (size_t j = 0; j < i; j++)
+            if (params[j].type == TK_JIT_P_WORKSPACE)
+                return tk__err(TK_ERR_MANIFEST, "kernel '%s': more than one workspace param ('%s', '%s')", name,
+                               params[j].name, pn);
+        if (!json_is_string(json_object_get(p, "value")))
+            return tk__err(TK_ERR_MANIFEST, "kernel '%s': workspace '%s' needs a 'value': an expression for its "
+                           "size in bytes", name, pn);
+    }
+    if (params[i].type == TK_JIT_P_TENSOR) {
+        tk_dtype dt;
+        const char *ds = json_string_value(json_object_get(p, "dtype"));
+        if (!ds || tk_dtype_parse(&dt, ds) != TK_OK)
+            return tk__err(TK_ERR_MANIFEST, "kernel '%s': tensor param '%s' has dtype '%s'; want one of f32 f16 "
+                           "bf16 f64 i8 u8 i32 i64 fp8_e4m3 fp8_e5m2", name, pn, ds ? ds : "(missing)");
+    }
+    return TK_OK;
+}
+
+/* Every param, then the derived scalars' value expressions: they may use tensors and caller scalars,
+ * not other derived scalars. */
+static int check_params(tk_jit_param *params, size_t *np, json_t *k, const char *name)
+{
+    char what[200];
+    json_t *jp = json_object_get(k, "params"), *p;
+    size_t i;
     if (!json_is_array(jp) || json_array_size(jp) > MAX_PARAMS)
         return tk__err(TK_ERR_MANIFEST, "kernel '%s': 'params' must be an array of at most %d", name, MAX_PARAMS);
-    tk_jit_param params[MAX_PARAMS];
-    size_t np = json_array_size(jp);
-    json_t *p;
+    *np = json_array_size(jp);
     json_array_foreach(jp, i, p) {
-        const char *pn = json_string_value(json_object_get(p, "name"));
-        const char *pt = json_string_value(json_object_get(p, "type"));
-        if (!pn || param_type(pt) < 0)
-            return tk__err(TK_ERR_MANIFEST, "kernel '%s': params[%zu] needs a 'name' and a 'type' of tensor, i32, "
-                           "i64, f32, f64 or workspace", name, i);
-        for (size_t j = 0; j < i; j++)
-            if (!strcmp(params[j].name, pn))
-                return tk__err(TK_ERR_MANIFEST, "kernel '%s': param '%s' is declared twice", name, pn);
-        params[i].name = pn;
-        params[i].type = param_type(pt);
-        params[i].usable = params[i].type != TK_JIT_P_WORKSPACE; /* a pointer: no expression may use it */
-        json_t *opt = json_object_get(p, "optional");
-        if (opt && (!json_is_boolean(opt) || (json_is_true(opt) && params[i].type != TK_JIT_P_TENSOR)))
-            return tk__err(TK_ERR_MANIFEST, "kernel '%s': param '%s': 'optional' must be true or false, and only "
-                           "tensors can be optional", name, pn);
-        if (params[i].type == TK_JIT_P_WORKSPACE) {
-            for (size_t j = 0; j < i; j++)
-                if (params[j].type == TK_JIT_P_WORKSPACE)
-                    return tk__err(TK_ERR_MANIFEST, "kernel '%s': more than one workspace param ('%s', '%s')",
-                                   name, params[j].name, pn);
-            if (!json_is_string(json_object_get(p, "value")))
-                return tk__err(TK_ERR_MANIFEST, "kernel '%s': workspace '%s' needs a 'value': an expression for its "
-                               "size in bytes", name, pn);
-        }
-        if (params[i].type == TK_JIT_P_TENSOR) {
-            tk_dtype dt;
-            const char *ds = json_string_value(json_object_get(p, "dtype"));
-            if (!ds || tk_dtype_parse(&dt, ds) != TK_OK)
-                return tk__err(TK_ERR_MANIFEST, "kernel '%s': tensor param '%s' has dtype '%s'; want one of f32 f16 "
-                               "bf16 f64 i8 u8 i32 i64 fp8_e4m3 fp8_e5m2", name, pn, ds ? ds : "(missing)");
-        }
+        int rc = check_param(params, i, p, name);
+        if (rc != TK_OK)
+            return rc;
     }
-    /* Derived scalars may use tensors and caller scalars, not other derived scalars. */
     tk_jit_param vparams[MAX_PARAMS];
-    memcpy(vparams, params, np * sizeof *params);
+    memcpy(vparams, params, *np * sizeof *params);
     json_array_foreach(jp, i, p) {
         if (json_object_get(p, "value"))
             vparams[i].usable = 0;
@@ -160,11 +176,18 @@ static int check_kernel(json_t *k, size_t idx, json_t *files, json_t *seen_names
             return tk__err(TK_ERR_MANIFEST, "kernel '%s': param '%s': 'value' must be an expression string on a "
                            "scalar param", name, params[i].name);
         snprintf(what, sizeof what, "kernel '%s', params.%s.value", name, params[i].name);
-        int rc = check_expr(json_string_value(v), vparams, np, what);
+        int rc = check_expr(json_string_value(v), vparams, *np, what);
         if (rc != TK_OK)
             return rc;
     }
+    return TK_OK;
+}
+
+static int check_launch(json_t *k, const char *name, const tk_jit_param *params, size_t np)
+{
+    char what[200];
     json_t *launch = json_object_get(k, "launch");
+    size_t i;
     if (!json_is_object(launch))
         return tk__err(TK_ERR_MANIFEST, "kernel '%s': needs a 'launch' rule with grid, block and smem", name);
     static const char *const dims[] = {"grid", "block"};
@@ -188,10 +211,15 @@ static int check_kernel(json_t *k, size_t idx, json_t *files, json_t *seen_names
         snprintf(what, sizeof what, "kernel '%s', launch.smem", name);
         if (!json_is_string(smem))
             return tk__err(TK_ERR_MANIFEST, "%s: not a string", what);
-        int rc = check_expr(json_string_value(smem), params, np, what);
-        if (rc != TK_OK)
-            return rc;
+        return check_expr(json_string_value(smem), params, np, what);
     }
+    return TK_OK;
+}
+
+/* constraints (align, min/max bound expressions) and options. */
+static int check_limits(json_t *k, const char *name, const tk_jit_param *params, size_t np)
+{
+    char what[200];
     json_t *cons = json_object_get(k, "constraints");
     if (cons && !json_is_object(cons))
         return tk__err(TK_ERR_MANIFEST, "kernel '%s': 'constraints' must be an object", name);
@@ -212,10 +240,10 @@ static int check_kernel(json_t *k, size_t idx, json_t *files, json_t *seen_names
                 return rc;
         }
     }
-    json_t *opts = json_object_get(k, "options");
+    json_t *opts = json_object_get(k, "options"), *o;
+    size_t i;
     if (opts && !json_is_array(opts))
         return tk__err(TK_ERR_MANIFEST, "kernel '%s': 'options' must be an array of strings", name);
-    json_t *o;
     json_array_foreach(opts, i, o) {
         if (!json_is_string(o) || tk_jit__option_check(json_string_value(o)) != TK_OK)
             return tk__err_wrap(TK_ERR_MANIFEST, "kernel '%s': options[%zu]", name, i);
@@ -223,12 +251,69 @@ static int check_kernel(json_t *k, size_t idx, json_t *files, json_t *seen_names
     return TK_OK;
 }
 
-int tk_api__validate_json(json_t *m, size_t *bad)
+/* One kernel: its head, params, launch rule and limits, then its params against the signature of the
+ * op it implements when that op is known here (tk's own, or declared in this manifest). */
+static int check_kernel(json_t *k, size_t idx, json_t *files, json_t *seen_names, struct tk_op_desc *const *ops,
+                        size_t nops)
+{
+    tk_jit_param params[MAX_PARAMS];
+    size_t np = 0;
+    int rc = check_head(k, idx, files, seen_names);
+    const char *name = json_string_value(json_object_get(k, "name"));
+    if (rc == TK_OK)
+        rc = check_params(params, &np, k, name);
+    if (rc == TK_OK)
+        rc = check_launch(k, name, params, np);
+    if (rc == TK_OK)
+        rc = check_limits(k, name, params, np);
+    if (rc != TK_OK)
+        return rc;
+    const char *opname = json_string_value(json_object_get(k, "op"));
+    const tk_op_desc *op = NULL;
+    for (size_t i = 0; i < nops && !op; i++)
+        if (!strcmp(ops[i]->name, opname))
+            op = ops[i];
+    if (!op)
+        op = tk_ops__find(opname);
+    return op ? tk_api__op_check_kernel(op, k) : TK_OK;
+}
+
+/* The manifest's "ops" into *ops (*nops of them; tk_api__op_declared_free each). */
+static int declare_ops(json_t *m, tk_op_desc ***ops, size_t *nops, size_t *bad)
+{
+    json_t *decls = json_object_get(m, "ops"), *d;
+    size_t i;
+    *ops = NULL;
+    *nops = 0;
+    if (!decls)
+        return TK_OK;
+    if (!json_is_array(decls))
+        return tk__err(TK_ERR_MANIFEST, "'ops' must be a list of op declarations (docs/package-format.md)");
+    if (!(*ops = calloc(json_array_size(decls) + 1, sizeof **ops)))
+        return tk__err(TK_ERR_NOMEM, "out of memory");
+    json_array_foreach(decls, i, d) {
+        int rc = tk_api__op_declare(&(*ops)[i], d, json_string_value(json_object_get(m, "name")));
+        for (size_t j = 0; rc == TK_OK && j < i; j++)
+            if (!strcmp((*ops)[j]->name, (*ops)[i]->name))
+                rc = tk__err(TK_ERR_MANIFEST, "op '%s' is declared twice", (*ops)[i]->name);
+        if (rc != TK_OK) {
+            *bad = i;
+            return rc;
+        }
+        (*nops)++;
+    }
+    return TK_OK;
+}
+
+int tk_api__validate_json(json_t *m, const char **bad_in, size_t *bad)
 {
     json_t *kernels = json_object_get(m, "kernels");
     json_t *names = json_object();
+    tk_op_desc **ops = NULL;
+    size_t nops = 0;
     int rc = TK_OK;
     *bad = (size_t)-1;
+    *bad_in = NULL;
     if (!json_is_object(m) || !names) {
         rc = tk__err(TK_ERR_MANIFEST, "manifest is not a JSON object");
         goto done;
@@ -242,25 +327,35 @@ int tk_api__validate_json(json_t *m, size_t *bad)
             goto done;
         }
     }
+    if ((rc = declare_ops(m, &ops, &nops, bad)) != TK_OK) {
+        *bad_in = *bad != (size_t)-1 ? "ops" : NULL;
+        goto done;
+    }
     json_array_foreach(kernels, i, k) {
-        if ((rc = check_kernel(k, i, json_object_get(m, "files"), names)) != TK_OK) {
+        if ((rc = check_kernel(k, i, json_object_get(m, "files"), names, ops, nops)) != TK_OK) {
             *bad = i;
+            *bad_in = "kernels";
             goto done;
         }
     }
 done:
+    for (size_t j = 0; j < nops; j++)
+        tk_api__op_declared_free(ops[j]);
+    free(ops);
     json_decref(names);
     return rc;
 }
 
 int tk_api__validate_kernels(void *user, const char *manifest, size_t len)
 {
-    (void)user;
     size_t bad;
+    const char *bad_in;
     json_t *m = json_loadb(manifest, len, 0, NULL);
     if (!m)
         return tk__err(TK_ERR_MANIFEST, "manifest is not valid JSON");
-    int rc = tk_api__validate_json(m, &bad);
+    int rc = tk_api__validate_json(m, &bad_in, &bad);
+    if (rc == TK_OK && user) /* an op declared here must not contradict an installed package's */
+        rc = tk_api__ops_check_declared(user, m);
     json_decref(m);
     return rc;
 }

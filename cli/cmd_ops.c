@@ -8,6 +8,7 @@
  * and the shape patterns of the signature ("[..., 2*d]"), so it needs no per-op code.
  */
 #include <math.h>
+#include <stdarg.h>
 #include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -229,11 +230,28 @@ static void jv_print(const jv *v, int indent)
     }
 }
 
+/* Reports a failure of tk ops or run-op: a JSON error object under --json, else "tk: ..." on stderr. status is
+ * a TK_ERR_* or TK_CLI_STATUS_USAGE (bad arguments or shapes: exit 2). Returns the exit code. */
+static int run_fail(int status, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
+static int run_fail(int status, const char *fmt, ...)
+{
+    char msg[1024];
+    va_list ap;
+    va_start(ap, fmt);
+    vsnprintf(msg, sizeof msg, fmt, ap);
+    va_end(ap);
+    if (tk_cli_json_mode)
+        tk_cli_json_error(status, NULL, msg);
+    else
+        fprintf(stderr, "tk: %s\n", msg);
+    return status == TK_CLI_STATUS_USAGE ? TK_EXIT_USAGE : tk_cli_exit_code(status);
+}
+
 /* tk_ops_json, parsed. NULL after printing the error. */
 static jv *load_ops(tk_cli *cli, int *exit_code)
 {
     tk_ctx *ctx = tk_cli_ctx(cli);
-    *exit_code = TK_EXIT_FAIL;
+    *exit_code = cli->ctx_exit ? cli->ctx_exit : TK_EXIT_FAIL;
     if (!ctx)
         return NULL;
     char *text = NULL;
@@ -247,7 +265,7 @@ static jv *load_ops(tk_cli *cli, int *exit_code)
     tk_free(text);
     if (!v || v->type != JV_ARR) {
         jv_free(v);
-        fprintf(stderr, "tk: internal error: tk_ops_json returned text this tk cannot read\n");
+        run_fail(TK_ERR_INTERNAL, "internal error: tk_ops_json returned text this tk cannot read");
         return NULL;
     }
     return v;
@@ -301,7 +319,7 @@ static void print_wrapped(const char *text, int indent, int width)
     printf("\n");
 }
 
-static const char *OPS_USAGE = "tk ops [--json] [OP]";
+static const char *OPS_USAGE = "tk ops [--json] [--package DIR] [OP]";
 
 static void print_op_detail(const jv *op)
 {
@@ -314,7 +332,10 @@ static void print_op_detail(const jv *op)
         const jv *p = ps->items[i];
         printf("    %-10s %s\n", jv_str(jv_get(p, "name")), jv_str(jv_get(p, "doc")) ? jv_str(jv_get(p, "doc")) : "");
     }
-    const jv *cpu = jv_get(op, "cpu_reference");
+    const jv *cpu = jv_get(op, "cpu_reference"), *local = jv_get(op, "local");
+    if (jv_str(jv_get(op, "declared_by")))
+        printf("  declared by %s%s; no CPU reference\n", jv_str(jv_get(op, "declared_by")),
+               local && local->num ? " (a local package directory)" : "");
     printf("  implementations:%s\n", cpu && cpu->num ? " cpu-reference (host tensors)" : "");
     const jv *pkg = jv_get(op, "package");
     if ((!impls || impls->n == 0) && pkg && jv_str(pkg))
@@ -333,19 +354,70 @@ static void print_op_detail(const jv *op)
     }
 }
 
+/* The list: one block per op, wrapped to the terminal (COLUMNS, else the tty's width, else 80). */
+static void print_op_list(const jv *ops)
+{
+    /* one block per op, wrapped to the terminal (COLUMNS, else the tty's width, else 80):
+     *   silu_and_mul
+     *       (out: T[..., d], input: T[..., 2*d]) -> out; T in {f32, f16, bf16}
+     *       implementations: cpu-reference, kernels-community/activation (3 kernels)          */
+    int width = term_width();
+    for (size_t i = 0; i < ops->n; i++) {
+        const jv *op = ops->items[i], *impls = jv_get(op, "implementations"), *cpu = jv_get(op, "cpu_reference");
+        const char *sig = jv_str(jv_get(op, "signature"));
+        const char *name = jv_str(jv_get(op, "name"));
+        const char *args = sig && name && !strncmp(sig, name, strlen(name)) ? sig + strlen(name) : sig;
+        char impl[2048] = "implementations: ";
+        size_t shown = 0;
+        if (cpu && cpu->num) {
+            strncat(impl, "cpu-reference", sizeof impl - strlen(impl) - 1);
+            shown++;
+        }
+        for (size_t k = 0; impls && k < impls->n; k++) {
+            /* one entry per package: "org/name (3 kernels)" */
+            const char *pkg = jv_str(jv_get(impls->items[k], "package"));
+            int dup = 0;
+            for (size_t j = 0; j < k; j++)
+                dup |= !strcmp(jv_str(jv_get(impls->items[j], "package")), pkg);
+            if (dup)
+                continue;
+            size_t nk = 0;
+            for (size_t j = 0; j < impls->n; j++)
+                nk += !strcmp(jv_str(jv_get(impls->items[j], "package")), pkg);
+            char one[300];
+            snprintf(one, sizeof one, "%s%s (%zu kernel%s)", shown ? ", " : "", pkg, nk, nk == 1 ? "" : "s");
+            strncat(impl, one, sizeof impl - strlen(impl) - 1);
+            shown++;
+        }
+        if (!shown)
+            strncat(impl, "none installed", sizeof impl - strlen(impl) - 1);
+        const char *by = jv_str(jv_get(op, "declared_by"));
+        const jv *local = jv_get(op, "local");
+        printf("%s%s%s%s%s\n", i ? "\n" : "", name ? name : "?", by ? "  (declared by " : "", by ? by : "",
+               by ? (local && local->num ? ", local)" : ")") : "");
+        print_wrapped(args ? args : "(defined by a package)", 4, width);
+        print_wrapped(impl, 4, width);
+    }
+}
+
 int tk_cmd_ops(tk_cli *cli, int argc, char **argv)
 {
-    const char *only = NULL;
+    const char *only = NULL, *package = NULL;
     for (int i = 1; i < argc; i++) {
         if (tk_cli_is_help(argv[i])) {
             printf("usage: %s\n"
                    "\n"
                    "Lists the ops tk knows: each standard op's signature, whether it has a CPU reference,\n"
                    "and the kernels of installed packages that implement it. Ops that installed packages\n"
-                   "define and tk does not know are listed too (without a signature).\n"
+                   "declare (kernel.json \"ops\") follow, marked \"declared by ORG/NAME\", with their\n"
+                   "signatures and no CPU reference; then the op names of other package kernels (no\n"
+                   "signature: call those kernels with 'tk run').\n"
                    "\n"
-                   "  OP        show one op in detail: parameters and every implementation\n"
-                   "  --json    print the list as JSON (name, signature, params, implementations)\n"
+                   "  OP             show one op in detail: parameters and every implementation\n"
+                   "  --package DIR  add a package directory's op declarations and kernels (checked as\n"
+                   "                 'tk check' does, never installed; its kernels are marked @local)\n"
+                   "  --json         print the list as JSON (name, signature, params, implementations,\n"
+                   "                 declared_by and local for declared ops); errors as a JSON object\n"
                    "\n"
                    "tk_op_run() picks, for CUDA tensors, the installed implementation with the highest\n"
                    "priority that fits the dtype and the GPU; config.json can pin one per op:\n"
@@ -355,9 +427,16 @@ int tk_cmd_ops(tk_cli *cli, int argc, char **argv)
                    "examples:\n"
                    "  tk ops\n"
                    "  tk ops silu_and_mul\n"
+                   "  tk ops --package ./my-op my_op\n"
                    "  tk run-op silu_and_mul --shape 4,4096 --dtype bf16\n",
                    OPS_USAGE);
             return TK_EXIT_OK;
+        }
+        if (!strcmp(argv[i], "--package")) {
+            if (i + 1 >= argc)
+                return tk_cli_usage(OPS_USAGE, "--package needs a directory");
+            package = argv[++i];
+            continue;
         }
         if (argv[i][0] == '-')
             return tk_cli_usage(OPS_USAGE, "unknown option '%s'", argv[i]);
@@ -365,64 +444,23 @@ int tk_cmd_ops(tk_cli *cli, int argc, char **argv)
             return tk_cli_usage(OPS_USAGE, "unexpected argument '%s'", argv[i]);
         only = argv[i];
     }
-    int code;
+    int code, rc;
+    if (package && tk_cli_ctx(cli) && (rc = tk_ops_add_package(tk_cli_ctx(cli), package)) != TK_OK)
+        return tk_cli_fail(cli, rc, "--package");
     jv *ops = load_ops(cli, &code);
     if (!ops)
         return code;
     code = TK_EXIT_OK;
     const jv *one = only ? find_op(ops, only) : NULL;
     if (only && !one) {
-        char msg[512];
-        snprintf(msg, sizeof msg, "unknown op '%s'\nHINT: 'tk ops' lists every op", only);
-        if (cli->json)
-            tk_cli_json_error(TK_ERR_NOT_FOUND, NULL, msg);
-        else
-            fprintf(stderr, "tk: %s\n", msg);
-        code = TK_EXIT_NOT_FOUND;
+        code = run_fail(TK_ERR_NOT_FOUND, "unknown op '%s'\nHINT: 'tk ops' lists every op", only);
     } else if (cli->json) {
         jv_print(one ? one : ops, 0);
         printf("\n");
     } else if (one) {
         print_op_detail(one);
     } else {
-        /* one block per op, wrapped to the terminal (COLUMNS, else the tty's width, else 80):
-         *   silu_and_mul
-         *       (out: T[..., d], input: T[..., 2*d]) -> out; T in {f32, f16, bf16}
-         *       implementations: cpu-reference, kernels-community/activation (3 kernels)          */
-        int width = term_width();
-        for (size_t i = 0; i < ops->n; i++) {
-            const jv *op = ops->items[i], *impls = jv_get(op, "implementations"), *cpu = jv_get(op, "cpu_reference");
-            const char *sig = jv_str(jv_get(op, "signature"));
-            const char *name = jv_str(jv_get(op, "name"));
-            const char *args = sig && name && !strncmp(sig, name, strlen(name)) ? sig + strlen(name) : sig;
-            char impl[2048] = "implementations: ";
-            size_t shown = 0;
-            if (cpu && cpu->num) {
-                strncat(impl, "cpu-reference", sizeof impl - strlen(impl) - 1);
-                shown++;
-            }
-            for (size_t k = 0; impls && k < impls->n; k++) {
-                /* one entry per package: "org/name (3 kernels)" */
-                const char *pkg = jv_str(jv_get(impls->items[k], "package"));
-                int dup = 0;
-                for (size_t j = 0; j < k; j++)
-                    dup |= !strcmp(jv_str(jv_get(impls->items[j], "package")), pkg);
-                if (dup)
-                    continue;
-                size_t nk = 0;
-                for (size_t j = 0; j < impls->n; j++)
-                    nk += !strcmp(jv_str(jv_get(impls->items[j], "package")), pkg);
-                char one[300];
-                snprintf(one, sizeof one, "%s%s (%zu kernel%s)", shown ? ", " : "", pkg, nk, nk == 1 ? "" : "s");
-                strncat(impl, one, sizeof impl - strlen(impl) - 1);
-                shown++;
-            }
-            if (!shown)
-                strncat(impl, "none installed", sizeof impl - strlen(impl) - 1);
-            printf("%s%s\n", i ? "\n" : "", name ? name : "?");
-            print_wrapped(args ? args : "(defined by a package)", 4, width);
-            print_wrapped(impl, 4, width);
-        }
+        print_op_list(ops);
     }
     jv_free(ops);
     return code;
@@ -430,8 +468,8 @@ int tk_cmd_ops(tk_cli *cli, int argc, char **argv)
 
 /* ---- tk run-op -------------------------------------------------------------------------------- */
 
-static const char *RUN_USAGE =
-    "tk run-op OP --shape [NAME=]D0,D1,... [--dtype [NAME=]DT] [--seed N] [--repeat N] [--arg NAME=VALUE]...";
+static const char *RUN_USAGE = "tk run-op OP --shape [NAME=]D0,D1,... [--dtype [NAME=]DT] [--seed N] [--repeat N] "
+                               "[--arg NAME=VALUE]... [--package DIR] [--device cpu|cuda[:N]] [--check]";
 
 #define MAX_T 16
 #define MAX_D TK_CLI_MAX_D
@@ -447,6 +485,11 @@ typedef struct {
     size_t bytes;
     tk_tensor t;
     int out;
+    void *dptr;  /* --device cuda: the device copy t points at */
+    void *ref;   /* --check: the CPU reference's result (outputs), or the initial contents */
+    int checked; /* --check, outputs: 1 when compared */
+    size_t nbad, at; /* elements outside the tolerance; where the largest difference is */
+    double worst, tol;
 } host_tensor;
 
 static uint64_t splitmix(uint64_t *s)
@@ -549,28 +592,35 @@ static double now_ms(void)
     return (double)ts.tv_sec * 1e3 + (double)ts.tv_nsec / 1e6;
 }
 
-/* Adds the bindings of one tensor's pattern; a symbol bound twice must agree. 0, or -1 with a message. */
+static void errf(char *err, size_t n, const char *fmt, ...) __attribute__((format(printf, 3, 4)));
+static void errf(char *err, size_t n, const char *fmt, ...)
+{
+    va_list ap;
+    va_start(ap, fmt);
+    vsnprintf(err, n, fmt, ap);
+    va_end(ap);
+}
+
+/* Adds the bindings of one tensor's pattern; a symbol bound twice must agree. 0, or -1 / -2 with why
+ * (may be NULL) written into err. */
 static int bind_more(const char *opname, const char *pname, const char *pattern, const int64_t *shape, int nd,
-                     binding *b, int *nb, int64_t *lead, int *nlead, int quiet)
+                     binding *b, int *nb, int64_t *lead, int *nlead, char *err, size_t errn)
 {
     dim_pat pat[MAX_D];
     binding nbind[MAX_D];
     int np = 0, n = 0, nl = 0;
     int64_t l[MAX_D];
     if (tk_cli_pattern_parse(pattern, pat, &np) != 0) {
-        if (!quiet)
-            fprintf(stderr, "tk: %s: cannot read the shape pattern of '%s'\n", opname, pname);
+        errf(err, errn, "%s: cannot read the shape pattern of '%s'", opname, pname);
         return -1;
     }
     int brc = tk_cli_pattern_bind(pat, np, shape, nd, nbind, &n, l, &nl);
     if (brc == -1) {
-        if (!quiet)
-            fprintf(stderr, "tk: %s: '%s' %s does not have %d dimensions\n", opname, pname, pattern, nd);
+        errf(err, errn, "%s: '%s' %s does not have %d dimensions", opname, pname, pattern, nd);
         return -1;
     } else if (brc) {
-        if (!quiet)
-            fprintf(stderr, "tk: %s: that dimension of '%s' %s must be a multiple of %lld\n", opname, pname, pattern,
-                    (long long)pat[-2 - brc].k);
+        errf(err, errn, "%s: that dimension of '%s' %s must be a multiple of %lld", opname, pname, pattern,
+                 (long long)pat[-2 - brc].k);
         return -2;
     }
     for (int i = 0; i < n; i++) {
@@ -578,9 +628,8 @@ static int bind_more(const char *opname, const char *pname, const char *pattern,
         while (k < *nb && strcmp(b[k].sym, nbind[i].sym) != 0)
             k++;
         if (k < *nb && b[k].v != nbind[i].v) {
-            if (!quiet)
-                fprintf(stderr, "tk: %s: '%s' makes %s = %lld, but another shape made it %lld\n", opname, pname,
-                        nbind[i].sym, (long long)nbind[i].v, (long long)b[k].v);
+            errf(err, errn, "%s: '%s' makes %s = %lld, but another shape made it %lld", opname, pname,
+                     nbind[i].sym, (long long)nbind[i].v, (long long)b[k].v);
             return -2;
         }
         if (k == *nb && *nb < MAX_D)
@@ -626,370 +675,587 @@ static void shape_text(char *buf, size_t n, const int64_t *shape, int nd)
         snprintf(buf + len, n - len, "]");
 }
 
-int tk_cmd_run_op(tk_cli *cli, int argc, char **argv)
-{
-    const char *opname = NULL, *shape_s = NULL, *dtype_s = "f32";
-    const char *named_shapes[MAX_T], *named_dtypes[MAX_T];
-    int nnamed = 0, nndt = 0;
-    uint64_t seed = 0;
-    long long repeat = 1;
-    const char *scalar_args[MAX_T];
-    int nscalar = 0;
-    for (int i = 1; i < argc; i++) {
-        const char *a = argv[i];
-        if (tk_cli_is_help(a)) {
-            printf("usage: %s\n"
-                   "\n"
-                   "Runs an op on random host tensors through tk_op_run() and prints the implementation\n"
-                   "that ran (the CPU reference, for host tensors), the time and a checksum of every\n"
-                   "tensor: the sum of its elements and an FNV-1a hash of its bytes, so two runs, two\n"
-                   "machines or two builds can be compared.\n"
-                   "\n"
-                   "  OP                 the op ('tk ops' lists them)\n"
-                   "  --shape D0,D1,...  the shape of the op's first input tensor; the other shapes follow\n"
-                   "                     from the signature (silu_and_mul: input [4, 4096] -> out [4, 2048])\n"
-                   "  --shape NAME=D0,.. the shape of tensor NAME (repeatable); it binds that tensor's\n"
-                   "                     symbols too, so ops with several independent sizes can run\n"
-                   "                     (attention: --shape q=1,128,8,64 --shape k=1,256,2,64). An\n"
-                   "                     optional tensor is passed only when it is given a shape. When\n"
-                   "                     every tensor is given one, none is derived and the op checks\n"
-                   "                     them (linear --arg transposed=1 with weight=K,N)\n"
-                   "  --dtype DT         f32 (default), f16 or bf16, for the tensors that take it; the\n"
-                   "                     others get their first allowed dtype (i64 targets, i8 weights)\n"
-                   "  --dtype NAME=DT    tensor NAME's dtype (casted_linear: --dtype weight=fp8_e4m3)\n"
-                   "  --seed N           seed of the random inputs, uniform in [-3, 3] (default 0)\n"
-                   "  --repeat N         run N times and report the fastest and the mean (default 1)\n"
-                   "  --arg NAME=VALUE   a scalar parameter (fatrelu_and_mul: --arg threshold=0.5);\n"
-                   "                     scalars left out take their defaults. For an integer input\n"
-                   "                     tensor it is the value every element gets; by default element\n"
-                   "                     i holds i (distinct ids, positions, slots and blocks). Float\n"
-                   "                     tensors are uniform in [-3, 3], 8-bit ones random codes.\n"
-                   "  --json             print the result as a JSON object\n"
-                   "\n"
-                   "examples:\n"
-                   "  tk run-op silu_and_mul --shape 4,4096 --dtype bf16\n"
-                   "  tk run-op gelu --shape 128,768 --seed 7 --repeat 10\n"
-                   "  tk run-op fatrelu_and_mul --shape 8,1024 --arg threshold=0.25 --json\n"
-                   "  tk run-op cross_entropy --shape 16,32000 --shape loss=1 --dtype bf16 --arg target=7\n"
-                   "  tk run-op attention --shape q=1,128,8,64 --shape k=1,256,2,64 --arg causal=1\n"
-                   "\n"
-                   "exit status: 0 ok, 2 bad arguments or shapes, 3 unknown op.\n",
-                   RUN_USAGE);
-            return TK_EXIT_OK;
-        }
-        const char *val = i + 1 < argc ? argv[i + 1] : NULL;
-        if (!strcmp(a, "--shape") || !strcmp(a, "--dtype") || !strcmp(a, "--seed") || !strcmp(a, "--repeat") ||
-            !strcmp(a, "--arg")) {
-            if (!val)
-                return tk_cli_usage(RUN_USAGE, "%s needs a value", a);
-            i++;
-            if (!strcmp(a, "--shape") && strchr(val, '=')) {
-                if (nnamed >= MAX_T)
-                    return tk_cli_usage(RUN_USAGE, "too many --shape NAME=... options");
-                named_shapes[nnamed++] = val;
-            } else if (!strcmp(a, "--shape"))
-                shape_s = val;
-            else if (!strcmp(a, "--dtype") && strchr(val, '=')) {
-                if (nndt >= MAX_T)
-                    return tk_cli_usage(RUN_USAGE, "too many --dtype NAME=... options");
-                named_dtypes[nndt++] = val;
-            } else if (!strcmp(a, "--dtype"))
-                dtype_s = val;
-            else if (!strcmp(a, "--arg")) {
-                if (nscalar >= MAX_T || !strchr(val, '='))
-                    return tk_cli_usage(RUN_USAGE, "--arg wants NAME=VALUE, got '%s'", val);
-                scalar_args[nscalar++] = val;
-            } else {
-                char *end;
-                unsigned long long v = strtoull(val, &end, 10);
-                if (*end || end == val || val[0] == '-' || (!strcmp(a, "--repeat") && (v < 1 || v > 1000000)))
-                    return tk_cli_usage(RUN_USAGE, "%s wants a %s, got '%s'", a,
-                                        !strcmp(a, "--seed") ? "non-negative integer" : "count from 1 to 1000000",
-                                        val);
-                if (!strcmp(a, "--seed"))
-                    seed = v;
-                else
-                    repeat = (long long)v;
-            }
-        } else if (a[0] == '-') {
-            return tk_cli_usage(RUN_USAGE, "unknown option '%s'", a);
-        } else if (!opname) {
-            opname = a;
-        } else {
-            return tk_cli_usage(RUN_USAGE, "unexpected argument '%s'", a);
-        }
-    }
-    if (!opname)
-        return tk_cli_usage(RUN_USAGE, "which op? ('tk ops' lists them)");
-    if (!shape_s && !nnamed)
-        return tk_cli_usage(RUN_USAGE, "--shape is required (e.g. --shape 4,4096, or --shape NAME=4,4096)");
+/* Everything the command line says. */
+typedef struct {
+    const char *opname, *shape_s, *dtype_s, *package;
+    int device;   /* -1: host tensors (cpu); else the CUDA ordinal */
+    int check;    /* --check: compare the device's outputs with the CPU reference */
+    const char *named_shapes[MAX_T], *named_dtypes[MAX_T], *scalar_args[MAX_T];
+    int nnamed, nndt, nscalar;
+    uint64_t seed;
+    long long repeat;
     tk_dtype dt;
-    if (!strcmp(dtype_s, "f32"))
-        dt = (tk_dtype){TK_DL_FLOAT, 32, 1};
-    else if (!strcmp(dtype_s, "f16"))
-        dt = (tk_dtype){TK_DL_FLOAT, 16, 1};
-    else if (!strcmp(dtype_s, "bf16"))
-        dt = (tk_dtype){TK_DL_BFLOAT, 16, 1};
-    else
-        return tk_cli_usage(RUN_USAGE, "--dtype wants f32, f16 or bf16, got '%s'", dtype_s);
-    int64_t shape[MAX_D];
-    int nd = 0;
-    if (shape_s && tk_cli_dims_parse(shape_s, shape, &nd) != 0)
-        return tk_cli_usage(RUN_USAGE, "--shape wants sizes separated by commas (4,4096), got '%s'", shape_s);
+    int64_t shape[MAX_D]; /* --shape D0,D1,... */
+    int nd;
     struct {
         char name[64];
         int64_t shape[MAX_D];
         int nd;
-    } named[MAX_T];
-    for (int i = 0; i < nnamed; i++) {
-        size_t len = strcspn(named_shapes[i], "=");
-        snprintf(named[i].name, sizeof named[i].name, "%.*s", (int)len, named_shapes[i]);
-        if (tk_cli_dims_parse(named_shapes[i] + len + 1, named[i].shape, &named[i].nd) != 0)
-            return tk_cli_usage(RUN_USAGE, "--shape %s: want NAME=sizes separated by commas", named_shapes[i]);
-    }
+    } named[MAX_T]; /* --shape NAME=... */
+} run_opts;
 
-    int code;
-    jv *ops = load_ops(cli, &code);
-    if (!ops)
-        return code;
+/* The call being built: host tensors and the arguments that point at them. */
+typedef struct {
     host_tensor ht[MAX_T];
     tk_arg args[MAX_T];
-    size_t nargs = 0, nt = 0;
-    memset(ht, 0, sizeof ht);
-    code = TK_EXIT_USAGE;
-    const jv *op = find_op(ops, opname);
-    const jv *params = jv_get(op, "params");
-    if (!op) { /* the library's message has the "did you mean" hint */
-        code = tk_cli_fail(cli, tk_op_run(tk_cli_ctx(cli), opname, NULL, 0, NULL, NULL), NULL);
-        goto done;
-    }
-    if (!params) {
-        fprintf(stderr, "tk: %s is defined by a package, not by tk: it has no signature to build inputs from\n"
-                "HINT: call its kernel with 'tk run' instead\n", opname);
-        code = TK_EXIT_FAIL;
-        goto done;
-    }
-
-    /* Bind the symbols of the named tensors' patterns, then of the first input's pattern to the plain
-     * --shape, then shape every tensor. */
-    binding b[MAX_D];
-    int nb = 0, nlead = 0;
+    size_t nargs, nt;
+    binding b[MAX_D]; /* the signature's symbols, bound from the given shapes */
+    int nb, nlead;
     int64_t lead[MAX_D];
-    dim_pat pat[MAX_D];
-    int np;
+} run_call;
+
+static int run_help(void)
+{
+    printf("usage: %s\n"
+           "\n"
+           "Runs an op on random host tensors through tk_op_run() and prints the implementation\n"
+           "that ran (the CPU reference, for host tensors), the time and a checksum of every\n"
+           "tensor: the sum of its elements and an FNV-1a hash of its bytes, so two runs, two\n"
+           "machines or two builds can be compared.\n"
+           "\n"
+           "  OP                 the op ('tk ops' lists them): tk's own, or one a package declares\n"
+           "  --shape D0,D1,...  the shape of the op's first input tensor; the other shapes follow\n"
+           "                     from the signature (silu_and_mul: input [4, 4096] -> out [4, 2048])\n"
+           "  --shape NAME=D0,.. the shape of tensor NAME (repeatable); it binds that tensor's\n"
+           "                     symbols too, so ops with several independent sizes can run\n"
+           "                     (attention: --shape q=1,128,8,64 --shape k=1,256,2,64). An\n"
+           "                     optional tensor is passed only when it is given a shape. When\n"
+           "                     every tensor is given one, none is derived and the op checks\n"
+           "                     them (linear --arg transposed=1 with weight=K,N)\n"
+           "  --dtype DT         f32 (default), f16 or bf16, for the tensors that take it; the\n"
+           "                     others get their first allowed dtype (i64 targets, i8 weights)\n"
+           "  --dtype NAME=DT    tensor NAME's dtype (casted_linear: --dtype weight=fp8_e4m3)\n"
+           "  --seed N           seed of the random inputs, uniform in [-3, 3] (default 0)\n"
+           "  --repeat N         run N times and report the fastest and the mean (default 1)\n"
+           "  --arg NAME=VALUE   a scalar parameter (fatrelu_and_mul: --arg threshold=0.5);\n"
+           "                     scalars left out take their defaults. For an integer input\n"
+           "                     tensor it is the value every element gets; by default element\n"
+           "                     i holds i (distinct ids, positions, slots and blocks). Float\n"
+           "                     tensors are uniform in [-3, 3], 8-bit ones random codes.\n"
+           "  --package DIR      add a package directory's op declarations and kernels, checked as\n"
+           "                     'tk check' does and never installed (its kernels are marked @local):\n"
+           "                     an op the package declares runs its shape and dtype checks here\n"
+           "  --device DEV       cpu (default: host tensors, the CPU reference), cuda or cuda:N: the\n"
+           "                     tensors are copied to that GPU and tk_op_run runs the best kernel\n"
+           "                     (a --package directory's first); the time includes a sync\n"
+           "  --check            with --device cuda: also run the CPU reference on the same inputs and\n"
+           "                     compare every output after the first run (|diff| <= atol + rtol*|ref|,\n"
+           "                     1e-4 f32, 2e-3 f16, 1.6e-2 bf16); exit 1 when one differs. Ops a\n"
+           "                     package declares have no CPU reference: --check says it is unavailable\n"
+           "  --json             print the result as a JSON object; errors as a JSON error object\n"
+           "\n"
+           "examples:\n"
+           "  tk run-op silu_and_mul --shape 4,4096 --dtype bf16\n"
+           "  tk run-op gelu --shape 128,768 --seed 7 --repeat 10\n"
+           "  tk run-op fatrelu_and_mul --shape 8,1024 --arg threshold=0.25 --json\n"
+           "  tk run-op cross_entropy --shape 16,32000 --shape loss=1 --dtype bf16 --arg target=7\n"
+           "  tk run-op attention --shape q=1,128,8,64 --shape k=1,256,2,64 --arg causal=1\n"
+           "  tk run-op scale_add --package ./scale-add --shape 4,4096\n"
+           "  tk run-op scale_add --package ./scale-add --shape 4,4096 --device cuda\n"
+           "  tk run-op silu_and_mul --package ./activation --shape 4,4096 --device cuda --check\n"
+           "\n"
+           "An op a package declares has no CPU reference: on the host, once its shapes check out,\n"
+           "run-op says so and exits 1; its kernels run with --device cuda.\n"
+           "\n"
+           "exit status: 0 ok, 1 nothing can run on the host or --check found a difference, 2 bad\n"
+           "arguments or shapes, 3 unknown op or package directory, 7 no GPU or a kernel failed, 5 a\n"
+           "bad package directory or two packages declaring the op differently.\n",
+           RUN_USAGE);
+    return TK_EXIT_OK;
+}
+
+/* The values of --dtype and --shape, parsed. 0 or a usage error's exit code. */
+static int run_parse_values(run_opts *o)
+{
+    if (!o->opname)
+        return tk_cli_usage(RUN_USAGE, "which op? ('tk ops' lists them)");
+    if (!o->shape_s && !o->nnamed)
+        return tk_cli_usage(RUN_USAGE, "--shape is required (e.g. --shape 4,4096, or --shape NAME=4,4096)");
+    if (o->check && o->device < 0)
+        return tk_cli_usage(RUN_USAGE, "--check compares a GPU run with the CPU reference: add --device cuda");
+    if (!strcmp(o->dtype_s, "f32"))
+        o->dt = (tk_dtype){TK_DL_FLOAT, 32, 1};
+    else if (!strcmp(o->dtype_s, "f16"))
+        o->dt = (tk_dtype){TK_DL_FLOAT, 16, 1};
+    else if (!strcmp(o->dtype_s, "bf16"))
+        o->dt = (tk_dtype){TK_DL_BFLOAT, 16, 1};
+    else
+        return tk_cli_usage(RUN_USAGE, "--dtype wants f32, f16 or bf16, got '%s'", o->dtype_s);
+    if (o->shape_s && tk_cli_dims_parse(o->shape_s, o->shape, &o->nd) != 0)
+        return tk_cli_usage(RUN_USAGE, "--shape wants sizes separated by commas (4,4096), got '%s'", o->shape_s);
+    for (int i = 0; i < o->nnamed; i++) {
+        size_t len = strcspn(o->named_shapes[i], "=");
+        snprintf(o->named[i].name, sizeof o->named[i].name, "%.*s", (int)len, o->named_shapes[i]);
+        if (tk_cli_dims_parse(o->named_shapes[i] + len + 1, o->named[i].shape, &o->named[i].nd) != 0)
+            return tk_cli_usage(RUN_USAGE, "--shape %s: want NAME=sizes separated by commas", o->named_shapes[i]);
+    }
+    return 0;
+}
+
+/* 1. The command line into *o. 0, or the exit code of a usage error (-1: --help was printed). */
+static int run_parse(run_opts *o, int argc, char **argv)
+{
+    memset(o, 0, sizeof *o);
+    o->device = -1;
+    o->dtype_s = "f32";
+    o->repeat = 1;
+    for (int i = 1; i < argc; i++) {
+        const char *a = argv[i], *val = i + 1 < argc ? argv[i + 1] : NULL;
+        if (tk_cli_is_help(a))
+            return run_help(), -1;
+        if (!strcmp(a, "--check")) {
+            o->check = 1;
+            continue;
+        }
+        if (strcmp(a, "--shape") && strcmp(a, "--dtype") && strcmp(a, "--seed") && strcmp(a, "--repeat") &&
+            strcmp(a, "--arg") && strcmp(a, "--package") && strcmp(a, "--device")) {
+            if (a[0] == '-')
+                return tk_cli_usage(RUN_USAGE, "unknown option '%s'", a);
+            if (o->opname)
+                return tk_cli_usage(RUN_USAGE, "unexpected argument '%s'", a);
+            o->opname = a;
+            continue;
+        }
+        if (!val)
+            return tk_cli_usage(RUN_USAGE, "%s needs a value", a);
+        i++;
+        if (!strcmp(a, "--package")) {
+            o->package = val;
+        } else if (!strcmp(a, "--device")) {
+            char *end = NULL;
+            long d = !strcmp(val, "cpu") ? -1 : !strcmp(val, "cuda") ? 0 : -2;
+            if (!strncmp(val, "cuda:", 5))
+                d = strtol(val + 5, &end, 10);
+            if (d < -1 || (end && (*end || end == val + 5)) || d > 1024)
+                return tk_cli_usage(RUN_USAGE, "--device wants cpu, cuda or cuda:N, got '%s'", val);
+            o->device = (int)d;
+        } else if (!strcmp(a, "--shape") && strchr(val, '=')) {
+            if (o->nnamed >= MAX_T)
+                return tk_cli_usage(RUN_USAGE, "too many --shape NAME=... options");
+            o->named_shapes[o->nnamed++] = val;
+        } else if (!strcmp(a, "--shape")) {
+            o->shape_s = val;
+        } else if (!strcmp(a, "--dtype") && strchr(val, '=')) {
+            if (o->nndt >= MAX_T)
+                return tk_cli_usage(RUN_USAGE, "too many --dtype NAME=... options");
+            o->named_dtypes[o->nndt++] = val;
+        } else if (!strcmp(a, "--dtype")) {
+            o->dtype_s = val;
+        } else if (!strcmp(a, "--arg")) {
+            if (o->nscalar >= MAX_T || !strchr(val, '='))
+                return tk_cli_usage(RUN_USAGE, "--arg wants NAME=VALUE, got '%s'", val);
+            o->scalar_args[o->nscalar++] = val;
+        } else {
+            char *end;
+            unsigned long long v = strtoull(val, &end, 10);
+            if (*end || end == val || val[0] == '-' || (!strcmp(a, "--repeat") && (v < 1 || v > 1000000)))
+                return tk_cli_usage(RUN_USAGE, "%s wants a %s, got '%s'", a,
+                                    !strcmp(a, "--seed") ? "non-negative integer" : "count from 1 to 1000000", val);
+            if (!strcmp(a, "--seed"))
+                o->seed = v;
+            else
+                o->repeat = (long long)v;
+        }
+    }
+    return run_parse_values(o);
+}
+
+/* 2. The op's description from tk_ops_json (with --package's declarations and kernels added first).
+ * *op NULL and the exit code in *code after printing the error. */
+static jv *run_resolve(tk_cli *cli, const run_opts *o, const jv **op, int *code)
+{
+    *op = NULL;
+    tk_ctx *ctx = tk_cli_ctx(cli);
+    int rc;
+    if (!ctx) {
+        *code = cli->ctx_exit ? cli->ctx_exit : TK_EXIT_FAIL;
+        return NULL;
+    }
+    if (o->package && (rc = tk_ops_add_package(ctx, o->package)) != TK_OK) {
+        *code = tk_cli_fail(cli, rc, "--package");
+        return NULL;
+    }
+    jv *ops = load_ops(cli, code);
+    if (!ops)
+        return NULL;
+    *op = find_op(ops, o->opname);
+    if (!*op) { /* the library's message has the "did you mean" hint */
+        *code = tk_cli_fail(cli, tk_op_run(ctx, o->opname, NULL, 0, NULL, NULL), NULL);
+    } else if (!jv_get(*op, "params")) {
+        *code = run_fail(TK_ERR_UNSUPPORTED, "%s is the op of a package's kernels, but no package declares its "
+                         "signature: there is nothing to build inputs from\nHINT: call its kernel with 'tk run', or "
+                         "declare the op in the package's kernel.json \"ops\" (docs/package-format.md)", o->opname);
+        *op = NULL;
+    }
+    return ops;
+}
+
+static const jv *param_named(const jv *params, const char *name, int tensor)
+{
+    for (size_t j = 0; j < params->n; j++) {
+        const jv *p = params->items[j];
+        if (!strcmp(jv_str(jv_get(p, "name")), name) && (!tensor || !strcmp(jv_str(jv_get(p, "kind")), "tensor")))
+            return p;
+    }
+    return NULL;
+}
+
+/* 3. Binds the symbols of the named tensors' patterns, then of the first input's pattern to the plain
+ * --shape. 0, or the exit code after printing why. */
+static int run_bind(run_call *rc, const run_opts *o, const jv *params)
+{
+    char err[512];
+    const char *opname = o->opname;
     /* When every tensor the call needs has its shape given, nothing is derived: the op's own check
      * judges the shapes (a pattern holds only one layout: linear's weight is [N, K], or [K, N] with
      * transposed=1). */
-    int all_named = !shape_s;
+    int all_named = !o->shape_s;
     for (size_t j = 0; all_named && j < params->n; j++) {
         const jv *p = params->items[j], *opt = jv_get(p, "optional");
         int given = 0;
-        for (int i = 0; i < nnamed; i++)
-            given |= !strcmp(named[i].name, jv_str(jv_get(p, "name")));
+        for (int i = 0; i < o->nnamed; i++)
+            given |= !strcmp(o->named[i].name, jv_str(jv_get(p, "name")));
         all_named = given || strcmp(jv_str(jv_get(p, "kind")), "tensor") != 0 || (opt && opt->num);
     }
-    for (int i = 0; i < nnamed && !all_named; i++) {
-        const jv *p = NULL;
-        for (size_t j = 0; j < params->n && !p; j++)
-            if (!strcmp(jv_str(jv_get(params->items[j], "name")), named[i].name) &&
-                !strcmp(jv_str(jv_get(params->items[j], "kind")), "tensor"))
-                p = params->items[j];
-        if (!p) {
-            fprintf(stderr, "tk: %s has no tensor '%s' (see 'tk ops %s')\n", opname, named[i].name, opname);
-            goto done;
-        }
+    for (int i = 0; i < o->nnamed && !all_named; i++) {
+        const jv *p = param_named(params, o->named[i].name, 1);
+        if (!p)
+            return run_fail(TK_CLI_STATUS_USAGE, "%s has no tensor '%s' (see 'tk ops %s')", opname, o->named[i].name,
+                            opname);
+        const char *shape = jv_str(jv_get(p, "shape"));
         int tmp_np;
         dim_pat tmp[MAX_D];
-        if (tk_cli_pattern_parse(jv_str(jv_get(p, "shape")), tmp, &tmp_np) != 0 ||
-            strchr(jv_str(jv_get(p, "shape")) ? jv_str(jv_get(p, "shape")) : "", '|'))
+        if (tk_cli_pattern_parse(shape, tmp, &tmp_np) != 0 || strchr(shape ? shape : "", '|'))
             continue; /* alternatives ("[N] | [1]") or sums ("[R+P]"): the shape is used as given, binds nothing */
-        if (bind_more(opname, named[i].name, jv_str(jv_get(p, "shape")), named[i].shape, named[i].nd, b, &nb, lead,
-                      &nlead, 0) != 0)
-            goto done;
+        if (bind_more(opname, o->named[i].name, shape, o->named[i].shape, o->named[i].nd, rc->b, &rc->nb, rc->lead,
+                      &rc->nlead, err, sizeof err) != 0)
+            return run_fail(TK_CLI_STATUS_USAGE, "%s", err);
     }
-    if (shape_s) {
-        /* the plain --shape is the first input tensor's; in-place ops have their data tensors as outputs,
-         * so when the first input has another rank, the first tensor (of any role) of that rank */
-        const jv *first = NULL;
-        for (int pass = 0; pass < 2 && !first; pass++)
-            for (size_t i = 0; i < params->n && !first; i++) {
-                const jv *p = params->items[i];
-                int nb2 = nb, nl2 = nlead;
-                if (strcmp(jv_str(jv_get(p, "kind")), "tensor") != 0 ||
-                    (pass == 0 && strcmp(jv_str(jv_get(p, "role")), "in") != 0))
-                    continue;
-                int brc = bind_more(opname, jv_str(jv_get(p, "name")), jv_str(jv_get(p, "shape")), shape, nd, b, &nb2,
-                                    lead, &nl2, 1);
-                if (brc == -2) { /* the right rank, but the sizes do not fit: say why */
-                    bind_more(opname, jv_str(jv_get(p, "name")), jv_str(jv_get(p, "shape")), shape, nd, b, &nb2, lead,
-                              &nl2, 0);
-                    goto done;
-                }
-                if (brc == 0) {
-                    first = p;
-                    nb = nb2;
-                    nlead = nl2;
-                }
-                if (pass == 0)
-                    break; /* pass 0 tries the first input only */
+    if (!o->shape_s)
+        return 0;
+    /* the plain --shape is the first input tensor's; in-place ops have their data tensors as outputs,
+     * so when the first input has another rank, the first tensor (of any role) of that rank */
+    for (int pass = 0; pass < 2; pass++)
+        for (size_t i = 0; i < params->n; i++) {
+            const jv *p = params->items[i];
+            int nb2 = rc->nb, nl2 = rc->nlead;
+            if (strcmp(jv_str(jv_get(p, "kind")), "tensor") != 0 ||
+                (pass == 0 && strcmp(jv_str(jv_get(p, "role")), "in") != 0))
+                continue;
+            int brc = bind_more(opname, jv_str(jv_get(p, "name")), jv_str(jv_get(p, "shape")), o->shape, o->nd, rc->b,
+                                &nb2, rc->lead, &nl2, err, sizeof err);
+            if (brc == -2) /* the right rank, but the sizes do not fit: say why */
+                return run_fail(TK_CLI_STATUS_USAGE, "%s", err);
+            if (brc == 0) {
+                rc->nb = nb2;
+                rc->nlead = nl2;
+                return 0;
             }
-        if (!first) {
-            fprintf(stderr, "tk: %s: no tensor of the signature has the shape --shape %s (see 'tk ops %s'); "
-                    "use --shape NAME=...\n", opname, shape_s, opname);
-            goto done;
+            if (pass == 0)
+                break; /* pass 0 tries the first input only */
+        }
+    return run_fail(TK_CLI_STATUS_USAGE, "%s: no tensor of the signature has the shape --shape %s (see 'tk ops %s'); "
+                    "use --shape NAME=...", opname, o->shape_s, opname);
+}
+
+/* The value of --arg NAME=V for name, or NULL. */
+static const char *scalar_arg(const run_opts *o, const char *name)
+{
+    const char *v = NULL;
+    for (int s = 0; s < o->nscalar; s++) {
+        size_t len = strcspn(o->scalar_args[s], "=");
+        if (len == strlen(name) && !strncmp(o->scalar_args[s], name, len))
+            v = o->scalar_args[s] + len + 1;
+    }
+    return v;
+}
+
+/* Random contents: floats uniform in [-3, 3], integer inputs ival or 0, 1, 2, ... (outputs 0), 8-bit
+ * integers random codes, fp8 random finite codes of magnitude <= 2. */
+static void fill(host_tensor *h, size_t n, tk_dtype tdt, int64_t ival, uint64_t *rng)
+{
+    for (size_t k = 0; k < n; k++) {
+        uint64_t r = splitmix(rng);
+        /* outputs get random contents too: in-place ops (rotary, fused_add_*) read them */
+        float v = (float)((double)(r >> 11) * 0x1.0p-53 * 6.0 - 3.0);
+        if (tdt.code == TK_DL_INT || tdt.code == TK_DL_UINT) {
+            int64_t iv = h->out ? 0 : ival >= 0 ? ival : (int64_t)k;
+            if (tdt.bits == 64)
+                ((int64_t *)h->data)[k] = iv;
+            else if (tdt.bits == 32)
+                ((int32_t *)h->data)[k] = (int32_t)iv;
+            else /* 8-bit integers are quantised weights: random codes */
+                ((uint8_t *)h->data)[k] = h->out ? 0 : (uint8_t)(tdt.code == TK_DL_INT ? (r % 255) - 127 : r % 256);
+        } else if (tdt.bits == 8) {
+            ((uint8_t *)h->data)[k] = (uint8_t)((r & 0x80) | (r % 0x40));
+        } else if (tdt.bits == 64) {
+            ((double *)h->data)[k] = v;
+        } else if (tdt.bits == 32) {
+            ((float *)h->data)[k] = v;
+        } else {
+            ((uint16_t *)h->data)[k] = tdt.code == TK_DL_BFLOAT ? to_bf16(v) : to_f16(v);
         }
     }
-    uint64_t rng = seed;
+}
+
+/* One tensor parameter p: its shape (given, or derived from the bindings), its dtype and random
+ * contents, appended to the call. 0, 1 when it is optional and left out, or the exit code. */
+static int make_tensor(run_call *rc, const run_opts *o, const jv *p, const jv *params, uint64_t *rng)
+{
+    const char *opname = o->opname, *pname = jv_str(jv_get(p, "name"));
+    host_tensor *h = &rc->ht[rc->nt];
+    dim_pat pat[MAX_D];
+    int np, given = -1;
+    for (int g = 0; g < o->nnamed; g++)
+        if (!strcmp(o->named[g].name, pname))
+            given = g;
+    const jv *opt = jv_get(p, "optional");
+    if (given < 0 && opt && opt->num)
+        return 1; /* optional and not asked for */
+    snprintf(h->name, sizeof h->name, "%s", pname);
+    h->out = !strcmp(jv_str(jv_get(p, "role")), "out");
+    if (given >= 0) {
+        h->ndim = o->named[given].nd;
+        memcpy(h->shape, o->named[given].shape, (size_t)h->ndim * sizeof *h->shape);
+    } else if (tk_cli_pattern_parse(jv_str(jv_get(p, "shape")), pat, &np) != 0 ||
+               tk_cli_pattern_make(pat, np, rc->b, rc->nb, rc->lead, rc->nlead, h->shape, &h->ndim) != 0) {
+        return run_fail(TK_CLI_STATUS_USAGE, "%s: cannot derive the shape of '%s' %s; give it with --shape %s=...",
+                        opname, pname, jv_str(jv_get(p, "shape")), pname);
+    }
+    tk_dtype tdt;
+    const char *ndt = NULL;
+    for (int g = 0; g < o->nndt; g++)
+        if (strlen(pname) == strcspn(o->named_dtypes[g], "=") && !strncmp(o->named_dtypes[g], pname, strlen(pname)))
+            ndt = o->named_dtypes[g] + strlen(pname) + 1;
+    if (ndt && tk_dtype_parse(&tdt, ndt) != TK_OK)
+        return run_fail(TK_CLI_STATUS_USAGE, "--dtype %s=%s: %s", pname, ndt, tk_last_error());
+    if (!ndt && pick_dtype(&tdt, p, params, o->dt, o->dtype_s) != 0)
+        return run_fail(TK_CLI_STATUS_USAGE, "%s: '%s' takes no dtype tk run-op can make", opname, pname);
+    size_t n = 1;
+    if (tk_cli_dims_count(&n, h->shape, h->ndim, (size_t)1 << 48) != 0) {
+        char sbuf[256];
+        shape_text(sbuf, sizeof sbuf, h->shape, h->ndim);
+        return run_fail(TK_CLI_STATUS_USAGE, "%s: '%s' %s has more than 2^48 elements\nHINT: give smaller sizes with "
+                        "--shape", opname, pname, sbuf);
+    }
+    h->bytes = n * tdt.bits / 8;
+    if (!(h->data = malloc(h->bytes ? h->bytes : 1)))
+        return run_fail(TK_ERR_NOMEM, "out of memory for '%s' (%zu bytes)", pname, h->bytes);
+    const char *iv = scalar_arg(o, pname); /* integer inputs: --arg NAME=V fills V, else 0, 1, 2, ... */
+    fill(h, n, tdt, iv ? strtoll(iv, NULL, 10) : -1, rng);
+    h->t.data = h->data;
+    h->t.device.device_type = TK_DEV_CPU;
+    h->t.ndim = h->ndim;
+    h->t.dtype = tdt;
+    h->t.shape = h->shape;
+    rc->args[rc->nargs++] = (tk_arg){TK_ARG_TENSOR, h->name, &h->t, 0, 0};
+    rc->nt++;
+    return 0;
+}
+
+/* 4. Every tensor and scalar argument of the call. 0, or the exit code after printing why. */
+static int run_make_args(run_call *rc, const run_opts *o, const jv *params)
+{
+    uint64_t rng = o->seed;
     for (size_t i = 0; i < params->n; i++) {
         const jv *p = params->items[i];
-        const char *pname = jv_str(jv_get(p, "name"));
-        const char *kind = jv_str(jv_get(p, "kind"));
+        const char *pname = jv_str(jv_get(p, "name")), *kind = jv_str(jv_get(p, "kind"));
         if (!strcmp(kind, "tensor")) {
-            host_tensor *h = &ht[nt];
-            int given = -1;
-            for (int g = 0; g < nnamed; g++)
-                if (!strcmp(named[g].name, pname))
-                    given = g;
-            const jv *opt = jv_get(p, "optional");
-            if (given < 0 && opt && opt->num)
-                continue; /* optional and not asked for */
-            snprintf(h->name, sizeof h->name, "%s", pname);
-            h->out = !strcmp(jv_str(jv_get(p, "role")), "out");
-            if (given >= 0) {
-                h->ndim = named[given].nd;
-                memcpy(h->shape, named[given].shape, (size_t)h->ndim * sizeof *h->shape);
-            } else if (tk_cli_pattern_parse(jv_str(jv_get(p, "shape")), pat, &np) != 0 ||
-                       tk_cli_pattern_make(pat, np, b, nb, lead, nlead, h->shape, &h->ndim) != 0) {
-                fprintf(stderr, "tk: %s: cannot derive the shape of '%s' %s; give it with --shape %s=...\n", opname,
-                        pname, jv_str(jv_get(p, "shape")), pname);
-                goto done;
-            }
-            tk_dtype tdt;
-            const char *ndt = NULL;
-            for (int g = 0; g < nndt; g++)
-                if (strlen(pname) == strcspn(named_dtypes[g], "=") && !strncmp(named_dtypes[g], pname, strlen(pname)))
-                    ndt = named_dtypes[g] + strlen(pname) + 1;
-            if (ndt && tk_dtype_parse(&tdt, ndt) != TK_OK) {
-                fprintf(stderr, "tk: --dtype %s=%s: %s\n", pname, ndt, tk_last_error());
-                goto done;
-            }
-            if (!ndt && pick_dtype(&tdt, p, params, dt, dtype_s) != 0) {
-                fprintf(stderr, "tk: %s: '%s' takes no dtype tk run-op can make\n", opname, pname);
-                goto done;
-            }
-            size_t n = 1;
-            if (tk_cli_dims_count(&n, h->shape, h->ndim, (size_t)1 << 48) != 0) {
-                char sbuf[256];
-                shape_text(sbuf, sizeof sbuf, h->shape, h->ndim);
-                fprintf(stderr, "tk: %s: '%s' %s has more than 2^48 elements\n"
-                        "HINT: give smaller sizes with --shape\n", opname, pname, sbuf);
-                goto done;
-            }
-            h->bytes = n * tdt.bits / 8;
-            h->data = malloc(h->bytes ? h->bytes : 1);
-            if (!h->data) {
-                fprintf(stderr, "tk: out of memory for '%s' (%zu bytes)\n", pname, h->bytes);
-                code = TK_EXIT_FAIL;
-                goto done;
-            }
-            int64_t ival = -1; /* integer inputs: --arg NAME=V fills V, else 0, 1, 2, ... */
-            for (int a2 = 0; a2 < nscalar; a2++) {
-                size_t len = strcspn(scalar_args[a2], "=");
-                if (len == strlen(pname) && !strncmp(scalar_args[a2], pname, len))
-                    ival = strtoll(scalar_args[a2] + len + 1, NULL, 10);
-            }
-            for (size_t k = 0; k < n; k++) {
-                uint64_t r = splitmix(&rng);
-                /* outputs get random contents too: in-place ops (rotary, fused_add_*) read them */
-                float v = (float)((double)(r >> 11) * 0x1.0p-53 * 6.0 - 3.0);
-                if (tdt.code == TK_DL_INT || tdt.code == TK_DL_UINT) {
-                    int64_t iv = h->out ? 0 : ival >= 0 ? ival : (int64_t)k;
-                    if (tdt.bits == 64)
-                        ((int64_t *)h->data)[k] = iv;
-                    else if (tdt.bits == 32)
-                        ((int32_t *)h->data)[k] = (int32_t)iv;
-                    else /* 8-bit integers are quantised weights: random codes */
-                        ((uint8_t *)h->data)[k] = h->out ? 0 : (uint8_t)(tdt.code == TK_DL_INT ? (r % 255) - 127 : r % 256);
-                } else if (tdt.bits == 8) { /* fp8: a random finite code of magnitude <= 2 */
-                    ((uint8_t *)h->data)[k] = (uint8_t)((r & 0x80) | (r % 0x40));
-                } else if (tdt.bits == 64) {
-                    ((double *)h->data)[k] = v;
-                } else if (tdt.bits == 32) {
-                    ((float *)h->data)[k] = v;
-                } else {
-                    ((uint16_t *)h->data)[k] = tdt.code == TK_DL_BFLOAT ? to_bf16(v) : to_f16(v);
-                }
-            }
-            h->t.data = h->data;
-            h->t.device.device_type = TK_DEV_CPU;
-            h->t.ndim = h->ndim;
-            h->t.dtype = tdt;
-            h->t.shape = h->shape;
-            args[nargs] = (tk_arg){TK_ARG_TENSOR, h->name, &h->t, 0, 0};
-            nargs++;
-            nt++;
-        } else {
-            for (int s = 0; s < nscalar; s++) {
-                size_t len = strcspn(scalar_args[s], "=");
-                if (len != strlen(pname) || strncmp(scalar_args[s], pname, len))
-                    continue;
-                const char *v = scalar_args[s] + len + 1;
-                char *end;
-                args[nargs] = (tk_arg){!strcmp(kind, "i64") ? TK_ARG_I64 : TK_ARG_F64, pname, NULL, 0, 0};
-                if (args[nargs].kind == TK_ARG_I64)
-                    args[nargs].i = strtoll(v, &end, 10);
-                else
-                    args[nargs].f = strtod(v, &end);
-                if (end == v || *end) {
-                    fprintf(stderr, "tk: --arg %s wants %s, got '%s'\n", pname,
-                            args[nargs].kind == TK_ARG_I64 ? "an integer" : "a number", v);
-                    goto done;
-                }
-                nargs++;
-            }
+            int r = make_tensor(rc, o, p, params, &rng);
+            if (r > 1 || r < 0)
+                return r;
+            continue;
         }
+        const char *v = scalar_arg(o, pname);
+        if (!v)
+            continue;
+        char *end;
+        tk_arg *a = &rc->args[rc->nargs];
+        *a = (tk_arg){!strcmp(kind, "i64") ? TK_ARG_I64 : TK_ARG_F64, pname, NULL, 0, 0};
+        if (a->kind == TK_ARG_I64)
+            a->i = strtoll(v, &end, 10);
+        else
+            a->f = strtod(v, &end);
+        if (end == v || *end)
+            return run_fail(TK_CLI_STATUS_USAGE, "--arg %s wants %s, got '%s'", pname,
+                            a->kind == TK_ARG_I64 ? "an integer" : "a number", v);
+        rc->nargs++;
     }
-    for (int s = 0; s < nscalar; s++) {
-        size_t len = strcspn(scalar_args[s], "="), known = 0;
+    for (int s = 0; s < o->nscalar; s++) {
+        size_t len = strcspn(o->scalar_args[s], "="), known = 0;
         for (size_t i = 0; i < params->n; i++) {
             const char *pname = jv_str(jv_get(params->items[i], "name"));
-            known |= strlen(pname) == len && !strncmp(pname, scalar_args[s], len);
+            known |= strlen(pname) == len && !strncmp(pname, o->scalar_args[s], len);
         }
-        if (!known) {
-            fprintf(stderr, "tk: %s has no parameter '%.*s' (see 'tk ops %s')\n", opname, (int)len,
-                    scalar_args[s], opname);
-            goto done;
-        }
+        if (!known)
+            return run_fail(TK_CLI_STATUS_USAGE, "%s has no parameter '%.*s' (see 'tk ops %s')", o->opname, (int)len,
+                            o->scalar_args[s], o->opname);
     }
+    return 0;
+}
 
+/* --device cuda: a device copy of every tensor, which the call's arguments then point at. */
+static int run_has_device(tk_cli *cli, int device)
+{
+    int n = 0, st = tk_device_count(&n);
+    if (st != TK_OK)
+        return tk_cli_fail(cli, st, "--device");
+    if (device >= n)
+        return run_fail(TK_ERR_NO_DEVICE, "no CUDA device %d (this machine has %d)", device, n);
+    return 0;
+}
+
+static int run_to_device(tk_cli *cli, run_call *rc, int device)
+{
+    int st;
+    for (size_t i = 0; i < rc->nt; i++) {
+        host_tensor *h = &rc->ht[i];
+        if (h->bytes && ((st = tk_device_alloc(&h->dptr, device, h->bytes)) != TK_OK ||
+                         (st = tk_device_copy(h->dptr, h->data, h->bytes, TK_COPY_H2D, device)) != TK_OK))
+            return tk_cli_fail(cli, st, h->name);
+        h->t.data = h->dptr;
+        h->t.device.device_type = TK_DEV_CUDA;
+        h->t.device.device_id = device;
+    }
+    return 0;
+}
+
+/* The device's results back into the host buffers (for checksums and --check). */
+static int run_from_device(tk_cli *cli, run_call *rc, int device)
+{
+    int st = tk_device_sync(device);
+    for (size_t i = 0; st == TK_OK && i < rc->nt; i++)
+        if (rc->ht[i].dptr)
+            st = tk_device_copy(rc->ht[i].data, rc->ht[i].dptr, rc->ht[i].bytes, TK_COPY_D2H, device);
+    return st == TK_OK ? 0 : tk_cli_fail(cli, st, "--device");
+}
+
+/* --check, before the device run: the CPU reference on the host tensors, its results kept in ->ref
+ * and the inputs restored. *avail 0 (with a note) when the op has no CPU reference. */
+static int run_reference(tk_cli *cli, const run_opts *o, run_call *rc, int *avail)
+{
     const char *impl = NULL;
-    double best = 1e300, total = 0;
-    for (long long r = 0; r < repeat; r++) {
-        double t0 = now_ms();
-        int rc = tk_op_run(tk_cli_ctx(cli), opname, args, nargs, NULL, &impl);
-        double dt_ms = now_ms() - t0;
-        if (rc != TK_OK) {
-            code = tk_cli_fail(cli, rc, NULL);
-            goto done;
-        }
-        total += dt_ms;
-        if (dt_ms < best)
-            best = dt_ms;
+    *avail = 0;
+    for (size_t i = 0; i < rc->nt; i++) {
+        host_tensor *h = &rc->ht[i];
+        if (!(h->ref = malloc(h->bytes ? h->bytes : 1)))
+            return run_fail(TK_ERR_NOMEM, "out of memory");
+        memcpy(h->ref, h->data, h->bytes);
     }
+    int st = tk_op_run(tk_cli_ctx(cli), o->opname, rc->args, rc->nargs, NULL, &impl);
+    if (st == TK_ERR_UNSUPPORTED) {
+        fprintf(stderr, "tk: --check unavailable: %s\n", tk_last_error());
+        return 0;
+    }
+    if (st != TK_OK)
+        return tk_cli_fail(cli, st, "the CPU reference");
+    for (size_t i = 0; i < rc->nt; i++) { /* swap: ->ref gets the reference, ->data the inputs again */
+        void *t = rc->ht[i].ref;
+        rc->ht[i].ref = rc->ht[i].data;
+        rc->ht[i].data = t;
+    }
+    *avail = 1;
+    return 0;
+}
 
+/* --check, after the first device run: each output against the reference, |got-ref| <= atol +
+ * rtol*|ref| with the op tests' tolerances per dtype. 1 when one is outside. */
+static int run_compare(run_call *rc)
+{
+    int bad = 0;
+    for (size_t i = 0; i < rc->nt; i++) {
+        host_tensor *h = &rc->ht[i];
+        if (!h->out)
+            continue;
+        host_tensor r = *h;
+        r.data = h->ref;
+        double tol = h->t.dtype.bits == 16 ? (h->t.dtype.code == TK_DL_BFLOAT ? 1.6e-2 : 2e-3)
+                     : h->t.dtype.bits == 8 ? 1.25e-1 : 1e-4, worst = 0;
+        size_t n = h->bytes / (h->t.dtype.bits / 8), at = 0, nbad = 0;
+        for (size_t k = 0; k < n; k++) {
+            double g = elem(h, k), f = elem(&r, k), d = fabs(g - f);
+            if (!(d <= tol + tol * fabs(f)) && !(isnan(g) && isnan(f)))
+                nbad++;
+            if (d > worst || (isnan(d) && !isnan(worst))) {
+                worst = d;
+                at = k;
+            }
+        }
+        bad |= nbad > 0;
+        h->checked = 1;
+        h->nbad = nbad;
+        h->at = at;
+        h->worst = worst;
+        h->tol = tol;
+    }
+    return bad;
+}
+
+/* 5. Runs the op --repeat times through tk_op_run (on the device with --device, compared with the
+ * CPU reference after the first run with --check). 0, or the exit code after printing why. */
+static int run_exec(tk_cli *cli, const run_opts *o, const jv *op, run_call *rc, const char **impl, double *best,
+                    double *total, int *checked)
+{
+    int code, avail = 0;
+    *best = 1e300;
+    *total = 0;
+    *checked = -1;
+    if (o->device >= 0 && (code = run_has_device(cli, o->device)) != 0)
+        return code;
+    if (o->check && (code = run_reference(cli, o, rc, &avail)) != 0)
+        return code;
+    if (o->device >= 0 && (code = run_to_device(cli, rc, o->device)) != 0)
+        return code;
+    for (long long r = 0; r < o->repeat; r++) {
+        double t0 = now_ms();
+        int st = tk_op_run(tk_cli_ctx(cli), o->opname, rc->args, rc->nargs, NULL, impl);
+        if (st == TK_OK && o->device >= 0)
+            st = tk_device_sync(o->device);
+        double dt_ms = now_ms() - t0;
+        if (st == TK_ERR_UNSUPPORTED && o->device < 0 && jv_get(op, "declared_by"))
+            /* the shapes were checked: say what cannot run here */
+            return run_fail(st, "no CPU reference for op %s (declared by %s): the shapes check out, but nothing "
+                            "ran on the host\nHINT: run its kernels on a GPU with --device cuda (tk_op_run in C, "
+                            "tk.ops on CUDA tensors in Python)", o->opname, jv_str(jv_get(op, "declared_by")));
+        if (st != TK_OK)
+            return tk_cli_fail(cli, st, NULL);
+        if (r == 0 && avail) {
+            if ((code = run_from_device(cli, rc, o->device)) != 0)
+                return code;
+            *checked = run_compare(rc);
+        }
+        *total += dt_ms;
+        if (dt_ms < *best)
+            *best = dt_ms;
+    }
+    return o->device >= 0 ? run_from_device(cli, rc, o->device) : 0;
+}
+
+/* 6. What ran, the time, and each tensor's sum and FNV-1a hash. */
+static void run_report(tk_cli *cli, const run_opts *o, const run_call *rc, const char *impl, double best,
+                       double total, int checked)
+{
     char buf[256];
     if (cli->json) {
-        printf("{\"op\": \"%s\", \"impl\": \"%s\", \"dtype\": \"%s\", \"seed\": %llu, \"repeat\": %lld, "
-               "\"ms_best\": %.6f, \"ms_mean\": %.6f, \"tensors\": [",
-               opname, impl ? impl : "", dtype_s, (unsigned long long)seed, repeat, best, total / (double)repeat);
+        printf("{\"op\": ");
+        tk_cli_json_str(stdout, o->opname);
+        printf(", \"impl\": ");
+        tk_cli_json_str(stdout, impl ? impl : "");
+        printf(", \"dtype\": \"%s\", \"seed\": %llu, \"repeat\": %lld, \"ms_best\": %.6f, \"ms_mean\": %.6f, ",
+               o->dtype_s, (unsigned long long)o->seed, o->repeat, best, total / (double)o->repeat);
+        if (o->device >= 0)
+            printf("\"device\": \"cuda:%d\", ", o->device);
+        if (o->check)
+            printf("\"check\": \"%s\", ", checked < 0 ? "unavailable" : checked ? "failed" : "ok");
+        printf("\"tensors\": [");
     } else {
-        printf("%s %s: %s, %.3f ms%s", opname, dtype_s, impl ? impl : "?", best, repeat > 1 ? " (best)" : "");
-        if (repeat > 1)
-            printf(", %.3f ms mean of %lld", total / (double)repeat, repeat);
-        printf(", seed %llu\n", (unsigned long long)seed);
+        printf("%s %s: %s, %.3f ms%s", o->opname, o->dtype_s, impl ? impl : "?", best, o->repeat > 1 ? " (best)" : "");
+        if (o->repeat > 1)
+            printf(", %.3f ms mean of %lld", total / (double)o->repeat, o->repeat);
+        printf(", seed %llu\n", (unsigned long long)o->seed);
     }
-    for (size_t i = 0; i < nt; i++) {
-        const host_tensor *h = &ht[i];
+    for (size_t i = 0; i < rc->nt; i++) {
+        const host_tensor *h = &rc->ht[i];
         size_t n = h->bytes / (h->t.dtype.bits / 8);
         double sum = 0;
         uint64_t fnv = 0xcbf29ce484222325ull;
@@ -998,21 +1264,61 @@ int tk_cmd_run_op(tk_cli *cli, int argc, char **argv)
         for (size_t k = 0; k < h->bytes; k++)
             fnv = (fnv ^ ((const uint8_t *)h->data)[k]) * 0x100000001b3ull;
         shape_text(buf, sizeof buf, h->shape, h->ndim);
-        if (cli->json)
+        if (cli->json) {
             printf("%s{\"name\": \"%s\", \"role\": \"%s\", \"shape\": %s, \"sum\": %.17g, \"fnv1a64\": "
-                   "\"%016llx\"}",
+                   "\"%016llx\"",
                    i ? ", " : "", h->name, h->out ? "out" : "in", buf, isfinite(sum) ? sum : 0.0,
                    (unsigned long long)fnv);
-        else
+            if (h->checked)
+                printf(", \"max_abs_diff\": %.6g, \"mismatches\": %zu", isfinite(h->worst) ? h->worst : -1.0, h->nbad);
+            printf("}");
+        } else {
             printf("  %-3s %-10s %-20s sum %-22.10g fnv1a64 %016llx\n", h->out ? "out" : "in", h->name, buf, sum,
                    (unsigned long long)fnv);
+        }
+    }
+    for (size_t i = 0; !cli->json && i < rc->nt; i++) {
+        const host_tensor *h = &rc->ht[i];
+        if (h->checked)
+            printf("  check %-10s vs cpu-reference: max |diff| %.3g at element %zu, %zu outside atol = rtol = %g: "
+                   "%s\n", h->name, h->worst, h->at, h->nbad, h->tol, h->nbad ? "FAILED" : "ok");
     }
     if (cli->json)
         printf("]}\n");
-    code = TK_EXIT_OK;
-done:
-    for (size_t i = 0; i < MAX_T; i++)
-        free(ht[i].data);
+}
+
+int tk_cmd_run_op(tk_cli *cli, int argc, char **argv)
+{
+    run_opts o;
+    int code = run_parse(&o, argc, argv);
+    if (code)
+        return code < 0 ? TK_EXIT_OK : code;
+    const jv *op = NULL;
+    jv *ops = run_resolve(cli, &o, &op, &code);
+    if (!op) {
+        jv_free(ops);
+        return code;
+    }
+    run_call *rc = calloc(1, sizeof *rc);
+    const char *impl = NULL;
+    double best = 0, total = 0;
+    int checked = -1;
+    const jv *params = jv_get(op, "params");
+    if (!rc)
+        code = run_fail(TK_ERR_NOMEM, "out of memory");
+    else if (!(code = run_bind(rc, &o, params)) && !(code = run_make_args(rc, &o, params)) &&
+             !(code = run_exec(cli, &o, op, rc, &impl, &best, &total, &checked))) {
+        run_report(cli, &o, rc, impl, best, total, checked);
+        if (checked > 0) /* the outputs differ from the CPU reference */
+            code = TK_EXIT_FAIL;
+    }
+    for (size_t i = 0; rc && i < MAX_T; i++) {
+        free(rc->ht[i].data);
+        free(rc->ht[i].ref);
+        if (rc->ht[i].dptr)
+            tk_device_free(rc->ht[i].dptr, o.device);
+    }
+    free(rc);
     jv_free(ops);
     return code;
 }

@@ -14,7 +14,7 @@
 #include "common/common.h"
 #include "hub/manifest.h"
 
-static const char *const K_TOP[] = {"name", "version", "license", "description", "compile", "kernels", NULL};
+static const char *const K_TOP[] = {"name", "version", "license", "description", "compile", "kernels", "ops", NULL};
 static const char *const K_TOP_MANIFEST[] = {"format_version", "files", "archive", NULL};
 static const char *const K_COMPILE[] = {"options", NULL};
 static const char *const K_KERNEL[] = {"name", "op", "source", "symbol", "params", "launch", "constraints",
@@ -22,6 +22,10 @@ static const char *const K_KERNEL[] = {"name", "op", "source", "symbol", "params
 static const char *const K_PARAM[] = {"name", "type", "dtype", "value", "optional", NULL};
 static const char *const K_LAUNCH[] = {"grid", "block", "smem", NULL};
 static const char *const K_CONS[] = {"dtypes", "min_cc", "max_cc", "arch_specific", "max", "min", "align", NULL};
+/* ops a package declares: the shape `tk ops --json` prints (api/opdecl.c) */
+static const char *const K_OP[] = {"name", "summary", "params", NULL};
+static const char *const K_OP_PARAM[] = {"name", "kind", "role", "dtypes", "dtype_like", "shape", "optional",
+                                         "default", "doc", NULL};
 static const char *const K_FILE[] = {"path", "sha256", "size", NULL};
 static const char *const K_ARCHIVE[] = {"path", "sha256", "size", "compression", NULL};
 
@@ -355,6 +359,11 @@ static int kernel_sub(walker *w, json_t *k)
     return sub_object(w, k, "constraints", K_CONS);
 }
 
+static int op_sub(walker *w, json_t *op)
+{
+    return each(w, json_object_get(op, "params"), "params", K_OP_PARAM, NULL, NULL);
+}
+
 int tk_hub__schema_check(const char *text, size_t n, const char *file, int manifest)
 {
     json_error_t jerr;
@@ -377,6 +386,8 @@ int tk_hub__schema_check(const char *text, size_t n, const char *file, int manif
         rc = sub_object(&w, root, "compile", K_COMPILE);
     if (rc == TK_OK)
         rc = each(&w, json_object_get(root, "kernels"), "kernels", K_KERNEL, "kernel", kernel_sub);
+    if (rc == TK_OK)
+        rc = each(&w, json_object_get(root, "ops"), "ops", K_OP, "op", op_sub);
     if (rc == TK_OK && manifest) {
         rc = each(&w, json_object_get(root, "files"), "files", K_FILE, NULL, NULL);
         if (rc == TK_OK)

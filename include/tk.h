@@ -531,15 +531,24 @@ TK_API int tk_cache_clear(tk_ctx *ctx);
 /* ---------------------------------------------------------------------------------------------- */
 /* Ops                                                                                             */
 
-/* Runs a standard op (see `tk ops`) on tensors: validates shapes and dtypes, picks the best
- * implementation for the tensors' device (a kernel from an installed package, or the CPU reference
- * for host tensors) and runs it. *impl (may be NULL) receives a borrowed description of what ran
+/* Runs an op (see `tk ops`: tk's own, or one an installed package declares) on tensors: validates
+ * shapes and dtypes, picks the best implementation for the tensors' device (a kernel from an installed
+ * package, or the CPU reference for host tensors; an op a package declares has none) and runs it. *impl (may be NULL) receives a borrowed description of what ran
  * ("cpu-reference" or "org/name:kernel"), valid until tk_ctx_free(ctx). Errors: TK_ERR_NOT_FOUND (unknown op), TK_ERR_INVALID
  * (the message names the argument and the shape it got), TK_ERR_UNSUPPORTED. */
 TK_API int tk_op_run(tk_ctx *ctx, const char *op, const tk_arg *args, size_t nargs, void *stream,
                      const char **impl);
-/* Every op with its signature and implementations, as JSON. */
+/* Every op with its signature and implementations, as JSON: tk's own ("standard": true), those that
+ * packages declare in kernel.json "ops" ("declared_by": "org/name", no CPU reference), and the op names
+ * of other package kernels (no signature). TK_ERR_MANIFEST when two packages declare one op with two
+ * signatures (the message names both). */
 TK_API int tk_ops_json(char **out, tk_ctx *ctx);
+/* Adds a package directory's op declarations and kernels to ctx's ops until tk_ctx_free, as tk_check
+ * reads it (checked, not compiled, never signed or installed): tk_op_run then tries its kernels first
+ * ("org/name@local:kernel", compiled from the directory on first use) and tk_ops_json lists them with
+ * "local": true. Its declarations replace the installed same package's. Errors: those of tk_check
+ * without a compile (TK_ERR_NOT_FOUND, TK_ERR_MANIFEST). */
+TK_API int tk_ops_add_package(tk_ctx *ctx, const char *pkgdir);
 
 /* ---------------------------------------------------------------------------------------------- */
 /* Models                                                                                          */

@@ -128,6 +128,8 @@ int tk_ops__param_index(const tk_op_desc *op, const char *name);
  * Errors: TK_ERR_NOT_FOUND (unknown op, with a hint naming a close one), TK_ERR_INVALID (the message
  * names the argument, what it got and what is wanted). */
 int tk_ops__prepare(tk_op_call *c, const char *op, const tk_arg *args, size_t nargs);
+/* The same for an op descriptor found elsewhere (a declared op, api/op.c). */
+int tk_ops__prepare_op(tk_op_call *c, const tk_op_desc *op, const tk_arg *args, size_t nargs);
 
 /* Runs the CPU reference of a prepared call. TK_ERR_UNSUPPORTED if a tensor is not on the host. */
 int tk_ops__run_cpu(const tk_op_call *c);
@@ -171,6 +173,21 @@ void tk_ops__store_f32(void *base, int64_t off, int64_t stride, const float *src
  * Falls back to fewer threads (down to the calling thread alone) when threads cannot be created. */
 void tk_ops__parallel(int64_t n, int64_t cost_per_item, void (*fn)(void *arg, int64_t lo, int64_t hi),
                       void *arg);
+
+/* ---- ops that packages declare (ops/declared.c) ------------------------------------------------- */
+
+/* A package may declare an op tk does not know (kernel.json "ops"). api/ builds its tk_op_desc: family
+ * TK_OPS_FAMILY_DECLARED, package the declaring "org/name", check tk_ops__check_patterns, no cpu. */
+#define TK_OPS_FAMILY_DECLARED "declared"
+int tk_ops__is_declared(const tk_op_desc *op);
+/* Checks a declared shape: "[...]", "[..., n]", "[b, 2*d]", "[4]", "[]": dims are "..." (at most one),
+ * an integer, a symbol or INT*symbol. *min_rank / *max_rank (-1: any) get its rank bounds. 0, or -1
+ * with *why a static text saying what is wrong. */
+int tk_ops__pattern_check(const char *shape, int *min_rank, int *max_rank, const char **why);
+/* The shape check of a declared op: binds each given tensor's pattern in parameter order; a symbol has
+ * one value across tensors, and every "..." the same dims. TK_ERR_INVALID "op: 'y' has shape [4, 6],
+ * want [..., n] with n = 8 (from 'x' [4, 8])". */
+int tk_ops__check_patterns(const tk_op_call *c);
 
 /* ---- op tables -------------------------------------------------------------------------------- */
 

@@ -318,6 +318,12 @@ int tk_ops__prepare(tk_op_call *c, const char *name, const tk_arg *args, size_t 
     const tk_op_desc *op = tk_ops__find(name);
     if (!op)
         return unknown_op(name);
+    return tk_ops__prepare_op(c, op, args, nargs);
+}
+
+int tk_ops__prepare_op(tk_op_call *c, const tk_op_desc *op, const tk_arg *args, size_t nargs)
+{
+    memset(c, 0, sizeof *c);
     c->op = op;
     int rc = bind(c, args, nargs);
     if (rc != TK_OK)
@@ -379,6 +385,9 @@ int tk_ops__run_cpu(const tk_op_call *c)
     if (c->device_type != TK_DEV_CPU)
         return tk__err(TK_ERR_UNSUPPORTED, "%s: the CPU reference needs host tensors, these are on cuda:%d",
                        c->op->name, c->device_id);
+    if (!c->op->cpu && tk_ops__is_declared(c->op))
+        return tk__err(TK_ERR_UNSUPPORTED, "no CPU reference for op %s (declared by %s)\nHINT: tk has CPU "
+                       "references for its own ops only; run it on CUDA tensors", c->op->name, c->op->package);
     if (!c->op->cpu)
         return tk__err(TK_ERR_UNSUPPORTED, "%s: no CPU reference", c->op->name);
     return c->op->cpu(c);

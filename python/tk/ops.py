@@ -12,6 +12,10 @@ in eager mode (the custom op's Python dispatch costs more than a small op). A to
 the best installed kernel on torch's current CUDA stream for CUDA tensors. Other frameworks' tensors
 go through DLPack (see _tensor.py) and CUDA ones run on the legacy default stream.
 
+Ops that packages declare (kernel.json "ops") are here too, once the package is installed (or its
+directory added with add_package): tk.ops.scale_add(out, x, y, 2.0). They have no CPU reference, so
+host tensors get an UnsupportedError after their shapes and dtypes are checked.
+
 Usage:  tk.ops.silu_and_mul(out, x);  tk.ops.rms_norm(out, x, weight, 1e-5);  tk.ops.names()
 """
 import ctypes
@@ -20,7 +24,7 @@ import threading
 
 from . import _lib, _tensor
 
-__all__ = ["names", "signature", "run"]
+__all__ = ["names", "signature", "run", "add_package"]
 
 _lock = threading.Lock()
 _specs = None      # name -> OpSpec
@@ -51,27 +55,51 @@ class OpSpec:
         self.summary = j.get("summary", "")
         self.signature = j.get("signature", self.name)
         self.package = j.get("package")  # a package tk ships that implements it, or None
+        self.declared_by = j.get("declared_by")  # the package that declares it, None for tk's own ops
         self.params = [Param(p) for p in j["params"]]
         self.outs = [p for p in self.params if p.kind == "tensor" and p.out]
         self.cname = self.name.encode()
 
 
-def _load():
+def _load(refresh=False):
+    """name -> OpSpec of every op with a signature: tk's own, then those packages declare. refresh:
+    read tk_ops_json again (a package installed or added since declares more)."""
     global _specs
-    if _specs is not None:
+    if _specs is not None and not refresh:
         return _specs
     with _lock:
-        if _specs is None:
+        if _specs is None or refresh:
             specs = {}
             for j in _lib.current_context().ops_json():
-                if j.get("standard") and "params" in j:
+                if "params" in j:
                     specs[j["name"]] = OpSpec(j)
             _specs = specs
     return _specs
 
 
+def _find(name):
+    s = _load().get(name)
+    return s if s is not None else _load(refresh=True).get(name)
+
+
+_add_package = _lib._fn("tk_ops_add_package", ctypes.c_int, ctypes.c_void_p, ctypes.c_char_p)
+
+
+def add_package(path, ctx=None):
+    """Adds the op declarations and kernels of a package directory (checked as `tk check` does, never
+    installed or signed) to the context's ops: its ops appear here, and tk_op_run tries its kernels
+    first for CUDA tensors."""
+    import os
+    ctx = ctx or _lib.current_context()
+    rc = _add_package(ctx.handle, os.fsencode(path))
+    if rc != 0:
+        raise _lib.error(rc)
+    _load(refresh=True)
+
+
 def names():
-    """The names of every standard op tk knows, in registry order."""
+    """The names of every op with a signature, in registry order: tk's own, then those that installed
+    packages declare."""
     return list(_load())
 
 
@@ -81,7 +109,7 @@ def signature(name):
 
 
 def _spec(name):
-    s = _load().get(name)
+    s = _find(name)
     if s is None:
         # tk's own message, with its "did you mean" hint
         rc = _lib.tk_op_run(_lib.current_context().handle, name.encode(), None, 0, None, None)
@@ -289,7 +317,7 @@ def _plain(spec):
 def __getattr__(name):
     if name.startswith("__"):
         raise AttributeError(name)
-    if name not in _load():
+    if _find(name) is None:
         raise AttributeError("tk.ops has no op '%s' ('tk ops' lists them)" % name)
     return function(name)
 
