@@ -60,6 +60,8 @@ BAD_CASES=(
   's/"block": \["256"\], //|launch.block must be a list'
   's/"value": "numel(x)"/"value": "numel(x)", "dtype": "i64"/|only a tensor has a '"'"'dtype'"'"''
   's/"min_cc": 75/"min_cc": 75, "align": 3/|constraints.align must be a power of two'
+  's/"license": "MIT"/"license": "MIT", "device_toolkit": 2/|needs device toolkit 2; this tk has <tk/device.cuh> version 1'
+  's/"license": "MIT"/"license": "MIT", "device_toolkit": "1"/|'"'"'device_toolkit'"'"' must be a positive integer'
 )
 
 t_bad_manifests_refused_at_publish() {
@@ -131,6 +133,36 @@ t_check_compiles() {
   [ -e "$WORK/reg-c" ] && fail "--check wrote the registry"
   "$TK" cache ls >"$WORK/cache.txt" 2>&1
   grep -q relu "$WORK/cache.txt" && fail "--check wrote the binary cache"
+  return 0
+}
+
+# <tk/device.cuh> (docs/device-toolkit.md): a package that includes it and declares "device_toolkit": 1
+# checks, compiles for sm_80 and sm_90 and publishes with the field kept; a newer one is refused with
+# a hint at check and at publish, writing nothing.
+t_device_toolkit_package() {
+  good_pkg "$WORK/t"
+  sed -i 's/"license": "MIT"/"license": "MIT", "device_toolkit": 1/' "$WORK/t/kernel.json"
+  cat >"$WORK/t/relu.cu" <<'EOF'
+#include <tk/device.cuh>
+extern "C" __global__ void tk_relu_f32(float *out, const float *x, tk_i64 n)
+{
+    tk::map(out, x, n, [](float v) { return v > 0.f ? v : 0.f; });
+}
+EOF
+  expect_rc 0 "$TK" check "$WORK/t" --no-compile
+  expect_rc 0 "$TK" publish "$WORK/t" --to "$WORK/reg-t" --key "$KEY" -q
+  grep -q '"device_toolkit": 1' "$WORK"/reg-t/kernels/me/relu/resolve/*/manifest.json \
+    || fail "the published manifest lost device_toolkit"
+  sed -i 's/"device_toolkit": 1/"device_toolkit": 99/' "$WORK/t/kernel.json"
+  expect_rc 5 "$TK" check "$WORK/t" --no-compile
+  expect_out "needs device toolkit 99"
+  expect_out "HINT: upgrade tk"
+  expect_rc 5 "$TK" publish "$WORK/t" --to "$WORK/reg-t2" --key "$KEY"
+  [ -e "$WORK/reg-t2" ] && fail "a refused publish wrote the registry"
+  have_nvrtc || return 0
+  sed -i 's/"device_toolkit": 99/"device_toolkit": 1/' "$WORK/t/kernel.json"
+  expect_rc 0 "$TK" check "$WORK/t" --arch sm_80,sm_90
+  expect_out "every kernel compiled"
   return 0
 }
 
