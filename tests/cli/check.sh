@@ -240,6 +240,33 @@ for i, (g, w) in enumerate(zip(got, want)):
   return 0
 }
 
+# softmax, sampling, casted and flash-attn declare variants too: published, their templates give the
+# kernels they were listed as before (tests/data/PKG.expanded.json), the same set, and in the same
+# order among the kernels a call can choose between (same op, same tensor dtypes), so dispatch and
+# its tie-breaks are unchanged.
+t_variant_packages_match_snapshots() {
+  local p
+  for p in softmax sampling casted flash-attn; do
+    expect_rc 0 "$TK" publish "$ROOT/kernels-src/$p" --to "$WORK/reg-$p" --key "$KEY" -q
+    expect_rc 0 python3 -c '
+import json, sys
+got = json.load(open(sys.argv[1]))["kernels"]
+want = json.load(open(sys.argv[2]))["kernels"]
+src = json.load(open(sys.argv[3]))["kernels"]
+assert sum(1 for k in src if "dtypes" in k) > 0 and len(src) < len(want), (len(src), len(want))
+key = lambda k: json.dumps(k, sort_keys=True)
+assert sorted(map(key, got)) == sorted(map(key, want)), "the expanded kernels differ from the snapshot"
+sig = lambda k: (k["op"], tuple(p.get("dtype", "") for p in k["params"] if p["type"] == "tensor"))
+for s in set(map(sig, want)):
+    a = [k["name"] for k in want if sig(k) == s]
+    b = [k["name"] for k in got if sig(k) == s]
+    assert a == b, (s, a, b)
+' "$WORK"/reg-$p/kernels/kernels-community/$p/resolve/v1/manifest.json "$ROOT/tests/data/$p.expanded.json" \
+      "$ROOT/kernels-src/$p/kernel.json"
+  done
+  return 0
+}
+
 t_init_skeleton_passes_check() {
   cd "$WORK" || return
   expect_rc 0 "$TK" init me/vec-add
