@@ -1,5 +1,5 @@
 // common.cuh — shared pieces of the prefill attention kernels of kernels-community/flash-attn
-// (fwd_sm80.cu, fwd_sm90.cu, bwd_sm80.cu, fwd_simple.cu): dtype traits, inline-PTX wrappers for
+// (fwd_sm80.cu, fwd_sm90.cu, bwd_sm80.cu, fwd_simple.cu): inline-PTX wrappers for
 // mma.sync / ldmatrix / cp.async, the XOR swizzle of the shared-memory tiles, fast exp2/tanh and the
 // masking rules every attention op shares.
 //
