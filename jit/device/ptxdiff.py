@@ -35,11 +35,16 @@ CT = {"f32": "float", "f16": "__half", "bf16": "__nv_bfloat16", "f64": "double",
       "u8": "unsigned char", "i32": "int", "i64": "long long", "fp8_e4m3": "__nv_fp8_e4m3", "fp8_e5m2": "__nv_fp8_e5m2"}
 SZ = {"f32": 4, "f16": 2, "bf16": 2, "f64": 8, "i8": 1, "u8": 1, "i32": 4, "i64": 8, "fp8_e4m3": 1, "fp8_e5m2": 1}
 
-def units(d):
+def units(d, cc):
+    """The compile units for compute capability cc, as tk forms them: the kernels that fit cc, grouped by
+    source, options and arch-specific flag."""
     m = json.load(open(os.path.join(d, "kernel.json")))
     copts = m.get("compile", {}).get("options", [])
     u = {}
     for k in m["kernels"]:
+        cons = k.get("constraints", {})
+        if not cons.get("min_cc", 0) <= cc <= cons.get("max_cc", 1 << 30):
+            continue
         dts = k.get("dtypes") or [None]
         for dt in dts:
             sym = k["symbol"]
@@ -94,7 +99,8 @@ def compile_unit(d, src, opts, names, arch):
 
 old, new = sys.argv[1], sys.argv[2]
 arch = sys.argv[3] if len(sys.argv) > 3 else "sm_90"
-uo, un = units(old), units(new)
+cc = int(re.sub(r"\D", "", arch))
+uo, un = units(old, cc), units(new, cc)
 same = diff = fsame = 0
 FOP = re.compile(r"^\s*(@%\w+\s+)?([a-z][\w.]*)")
 def fops(text):
