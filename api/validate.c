@@ -305,6 +305,21 @@ static int declare_ops(json_t *m, tk_op_desc ***ops, size_t *nops, size_t *bad)
     return TK_OK;
 }
 
+/* "device_toolkit" (optional): the <tk/device.cuh> version the sources need, at most this tk's. */
+static int check_device_toolkit(json_t *v)
+{
+    if (!v)
+        return TK_OK;
+    if (!json_is_integer(v) || json_integer_value(v) < 1)
+        return tk__err(TK_ERR_MANIFEST, "'device_toolkit' must be a positive integer: the version of "
+                       "<tk/device.cuh> the sources need (docs/device-toolkit.md)");
+    if (json_integer_value(v) > TK_JIT_DEVICE_TOOLKIT_VERSION)
+        return tk__err(TK_ERR_MANIFEST, "the package needs device toolkit %lld; this tk has <tk/device.cuh> "
+                       "version %d\nHINT: upgrade tk, or use a version of the package made for this one",
+                       (long long)json_integer_value(v), TK_JIT_DEVICE_TOOLKIT_VERSION);
+    return TK_OK;
+}
+
 int tk_api__validate_json(json_t *m, const char **bad_in, size_t *bad)
 {
     json_t *kernels = json_object_get(m, "kernels");
@@ -321,6 +336,8 @@ int tk_api__validate_json(json_t *m, const char **bad_in, size_t *bad)
     json_t *copts = json_object_get(json_object_get(m, "compile"), "options");
     size_t i;
     json_t *k;
+    if ((rc = check_device_toolkit(json_object_get(m, "device_toolkit"))) != TK_OK)
+        goto done;
     json_array_foreach(copts, i, k) {
         if (!json_is_string(k) || tk_jit__option_check(json_string_value(k)) != TK_OK) {
             rc = tk__err_wrap(TK_ERR_MANIFEST, "compile.options[%zu]", i);

@@ -14,7 +14,8 @@
 #include "common/common.h"
 #include "hub/manifest.h"
 
-static const char *const K_TOP[] = {"name", "version", "license", "description", "compile", "kernels", "ops", NULL};
+static const char *const K_TOP[] = {"name", "version", "license", "description", "compile", "kernels",
+                                    "ops", "device_toolkit", NULL};
 static const char *const K_TOP_MANIFEST[] = {"format_version", "files", "archive", NULL};
 static const char *const K_COMPILE[] = {"options", NULL};
 static const char *const K_KERNEL[] = {"name", "op", "source", "symbol", "params", "launch", "constraints",

@@ -4,9 +4,11 @@
  * independent units in parallel.
  *
  * A unit's headers are passed to NVRTC in memory under their package-relative paths, and the source
- * is named by its relative path, so NVRTC's log reads "activation.cu(12): error: ...". The toolkit's
- * include directory is passed with -I for cuda_fp16.h and friends. The key never covers that path or
- * any modification time: only the bytes, names, options, target and the NVRTC version.
+ * is named by its relative path, so NVRTC's log reads "activation.cu(12): error: ...". tk's device
+ * toolkit, <tk/device.cuh> (jit/toolkit.c), is one more in-memory header of every compile, and its
+ * bytes are in every key. The CUDA toolkit's include directory is passed with -I for cuda_fp16.h and
+ * friends. The key never covers that path or any modification time: only the bytes, names, options,
+ * target and the NVRTC version.
  *
  * TK_NVRTC_LINEINFO=1 adds -lineinfo to every compile (and to the key, so such binaries never mix
  * with the others in the cache): compute-sanitizer and profilers then name source lines.
@@ -111,7 +113,6 @@ static int put_field(tk_sha256 *h, const char *tag, const char *s, const void *d
     return TK_OK;
 }
 
-/* Trims blanks at both ends into a fresh string. */
 /* TK_NVRTC_LINEINFO set and not 0/off/false: compile with -lineinfo. */
 static int lineinfo_on(void)
 {
@@ -119,6 +120,7 @@ static int lineinfo_on(void)
     return e && *e && strcmp(e, "0") != 0 && strcasecmp(e, "off") != 0 && strcasecmp(e, "false") != 0;
 }
 
+/* Trims blanks at both ends into a fresh string. */
 static char *norm_opt(const char *o)
 {
     size_t n;
@@ -135,6 +137,7 @@ int tk_jit__key(char out[TK_SHA256_HEX], const tk_jit_unit *u, const char *nvrtc
     tk_sha256 *h = NULL;
     const char **names = NULL;
     const tk_jit_file **hdrs = NULL;
+    const tk_jit_file tk = u && u->toolkit ? *u->toolkit : tk_jit__device_toolkit();
     char target[32];
     int rc = TK_ERR_NOMEM;
 
@@ -161,6 +164,8 @@ int tk_jit__key(char out[TK_SHA256_HEX], const tk_jit_unit *u, const char *nvrtc
     for (size_t i = 0; i < u->nheaders; i++)
         if (put_field(h, "hdr", hdrs[i]->path, hdrs[i]->data, hdrs[i]->len) != TK_OK)
             goto fail;
+    if (put_field(h, "toolkit", tk.path, tk.data, tk.len) != TK_OK)
+        goto fail;
     for (size_t i = 0; i < u->nnames; i++)
         if (put_field(h, "name", names[i], NULL, 0) != TK_OK)
             goto fail;
@@ -223,27 +228,11 @@ static char *program_log(const tk_nvrtc_api *nv, nvrtcProgram p)
     return log;
 }
 
-int tk_jit__compile(tk_jit_binary **out, const tk_jit_unit *u)
+/* The unit's header, option and target checks that need no NVRTC call beyond its arch list. */
+static int check_unit(const tk_jit_unit *u, const char *target)
 {
-    const tk_nvrtc_api *nv;
-    nvrtcProgram prog = NULL;
-    tk_jit_binary *b = NULL;
-    const char **hsrc = NULL, **hname = NULL, **opts = NULL;
-    char *src = NULL, *archopt = NULL, *incopt = NULL;
-    char target[32];
-    size_t nopts = 0, n = 0;
     int rc, supported = 0, archs[64];
     size_t narchs = 0;
-    nvrtcResult r;
-
-    *out = NULL;
-    if (!u || !u->src_path || !u->src)
-        return tk__err(TK_ERR_INVALID, "tk_jit__compile: no source");
-    if ((rc = tk_jit__nvrtc_load()) != TK_OK)
-        return rc;
-    nv = tk_jit__nvrtc();
-    tk_jit__target(target, u);
-
     if (tk_jit__nvrtc_archs(archs, 64, &narchs) == TK_OK && narchs) {
         for (size_t i = 0; i < narchs; i++)
             supported |= archs[i] == u->cc;
@@ -256,121 +245,188 @@ int tk_jit__compile(tk_jit_binary **out, const tk_jit_unit *u)
     for (size_t i = 0; i < u->noptions; i++)
         if ((rc = tk_jit__option_check(u->options[i])) != TK_OK)
             return rc;
+    for (size_t i = 0; i < u->nheaders; i++)
+        if (strcmp(u->headers[i].path, TK_JIT_DEVICE_TOOLKIT_PATH) == 0)
+            return tk__err(TK_ERR_MANIFEST,
+                           "%s: the package's file '%s' would hide tk's device toolkit\n"
+                           "HINT: rename the file; <" TK_JIT_DEVICE_TOOLKIT_PATH "> is tk's own header "
+                           "(docs/device-toolkit.md)",
+                           u->src_path, u->headers[i].path);
+    return TK_OK;
+}
 
-    rc = TK_ERR_NOMEM;
+/* What nvrtcCreateProgram and nvrtcCompileProgram take for a unit: a NUL-terminated source, the
+ * headers in memory (the package's, then the toolkit) and the options (the package's, then tk's). */
+typedef struct {
+    char *src;
+    const char **hsrc, **hname;
+    int nheaders;
+    const char **opts;
+    int nopts;
+    char *archopt, *incopt;
+} nv_args;
+
+static void args_free(nv_args *a)
+{
+    free(a->src);
+    free(a->hsrc);
+    free(a->hname);
+    free(a->opts);
+    free(a->archopt);
+    free(a->incopt);
+}
+
+static int args_make(nv_args *a, const tk_jit_unit *u, const char *target)
+{
+    tk_jit_file tk = u->toolkit ? *u->toolkit : tk_jit__device_toolkit();
+    memset(a, 0, sizeof *a);
     /* NVRTC wants a NUL-terminated source; ours may not be */
-    src = tk__strndup(u->src, u->src_len);
-    hsrc = calloc(u->nheaders + 1, sizeof *hsrc);
-    hname = calloc(u->nheaders + 1, sizeof *hname);
-    opts = calloc(u->noptions + 5, sizeof *opts);
-    b = calloc(1, sizeof *b);
-    archopt = tk__fmt("--gpu-architecture=%s", target);
-    if (!src || !hsrc || !hname || !opts || !b || !archopt)
-        goto fail;
+    a->src = tk__strndup(u->src, u->src_len);
+    a->hsrc = calloc(u->nheaders + 1, sizeof *a->hsrc);
+    a->hname = calloc(u->nheaders + 1, sizeof *a->hname);
+    a->opts = calloc(u->noptions + 5, sizeof *a->opts);
+    a->archopt = tk__fmt("--gpu-architecture=%s", target);
+    if (!a->src || !a->hsrc || !a->hname || !a->opts || !a->archopt)
+        return TK_ERR_NOMEM;
     for (size_t i = 0; i < u->nheaders; i++) {
-        /* the data of the store's files is NUL-terminated by tk__read_file; copy when it is not */
-        hsrc[i] = u->headers[i].data;
-        hname[i] = u->headers[i].path;
+        /* the data of the store's files is NUL-terminated by tk__read_file */
+        a->hsrc[a->nheaders] = u->headers[i].data;
+        a->hname[a->nheaders++] = u->headers[i].path;
     }
+    a->hsrc[a->nheaders] = tk.data;
+    a->hname[a->nheaders++] = tk.path;
     for (size_t i = 0; i < u->noptions; i++)
-        opts[nopts++] = u->options[i];
-    opts[nopts++] = archopt;
-    opts[nopts++] = "-default-device";
+        a->opts[a->nopts++] = u->options[i];
+    a->opts[a->nopts++] = a->archopt;
+    a->opts[a->nopts++] = "-default-device";
     if (lineinfo_on())
-        opts[nopts++] = "-lineinfo";
+        a->opts[a->nopts++] = "-lineinfo";
     if (tk_jit__cuda_include_dir()) {
-        if (!(incopt = tk__fmt("-I%s", tk_jit__cuda_include_dir())))
-            goto fail;
-        opts[nopts++] = incopt;
+        if (!(a->incopt = tk__fmt("-I%s", tk_jit__cuda_include_dir())))
+            return TK_ERR_NOMEM;
+        a->opts[a->nopts++] = a->incopt;
     }
+    return TK_OK;
+}
 
-    r = nv->nvrtcCreateProgram(&prog, src, u->src_path, (int)u->nheaders, hsrc, hname);
+/* Creates the program and registers the unit's name expressions. *prog stays NULL on failure. */
+static int program_create(nvrtcProgram *prog, const tk_nvrtc_api *nv, const nv_args *a, const tk_jit_unit *u)
+{
+    nvrtcResult r = nv->nvrtcCreateProgram(prog, a->src, u->src_path, a->nheaders, a->hsrc, a->hname);
     if (r != NVRTC_SUCCESS) {
-        rc = nv_fail(TK_ERR_COMPILE, nv, r, "nvrtcCreateProgram", u);
-        prog = NULL;
-        goto fail;
+        *prog = NULL;
+        return nv_fail(TK_ERR_COMPILE, nv, r, "nvrtcCreateProgram", u);
     }
     for (size_t i = 0; i < u->nnames; i++) {
-        r = nv->nvrtcAddNameExpression(prog, u->names[i]);
-        if (r != NVRTC_SUCCESS) {
-            rc = tk__err(TK_ERR_COMPILE, "NVRTC rejected the name expression '%s' of %s: %s",
-                         u->names[i], u->src_path, nv->nvrtcGetErrorString(r));
-            goto fail;
-        }
+        r = nv->nvrtcAddNameExpression(*prog, u->names[i]);
+        if (r != NVRTC_SUCCESS)
+            return tk__err(TK_ERR_COMPILE, "NVRTC rejected the name expression '%s' of %s: %s", u->names[i],
+                           u->src_path, nv->nvrtcGetErrorString(r));
     }
-    r = nv->nvrtcCompileProgram(prog, (int)nopts, opts);
+    return TK_OK;
+}
+
+/* Compiles; b->log receives NVRTC's log (warnings too) either way. */
+static int program_compile(tk_jit_binary *b, const tk_nvrtc_api *nv, nvrtcProgram prog, const nv_args *a,
+                           const tk_jit_unit *u, const char *target)
+{
+    nvrtcResult r = nv->nvrtcCompileProgram(prog, a->nopts, a->opts);
     b->log = program_log(nv, prog);
-    if (r != NVRTC_SUCCESS) {
-        if (r == NVRTC_ERROR_COMPILATION)
-            rc = tk__err(TK_ERR_COMPILE, "compiling %s for %s failed:\n%s", u->src_path, target,
-                         b->log ? b->log : "(NVRTC gave no log)");
-        else
-            rc = tk__err(TK_ERR_COMPILE, "NVRTC could not compile %s for %s: %s%s%s", u->src_path,
-                         target, nv->nvrtcGetErrorString(r), b->log ? "\n" : "",
-                         b->log ? b->log : "");
+    if (r == NVRTC_SUCCESS)
+        return TK_OK;
+    if (r == NVRTC_ERROR_COMPILATION)
+        return tk__err(TK_ERR_COMPILE, "compiling %s for %s failed:\n%s", u->src_path, target,
+                       b->log ? b->log : "(NVRTC gave no log)");
+    return tk__err(TK_ERR_COMPILE, "NVRTC could not compile %s for %s: %s%s%s", u->src_path, target,
+                   nv->nvrtcGetErrorString(r), b->log ? "\n" : "", b->log ? b->log : "");
+}
+
+static int take_cubin(tk_jit_binary *b, const tk_nvrtc_api *nv, nvrtcProgram prog, const tk_jit_unit *u,
+                      const char *target)
+{
+    size_t n = 0;
+    nvrtcResult r;
+    if ((r = nv->nvrtcGetCUBINSize(prog, &n)) != NVRTC_SUCCESS)
+        return nv_fail(TK_ERR_COMPILE, nv, r, "nvrtcGetCUBINSize", u);
+    if (n == 0)
+        return tk__err(TK_ERR_COMPILE, "NVRTC produced no CUBIN for %s (%s)", u->src_path, target);
+    if (!(b->cubin = malloc(n)))
+        return TK_ERR_NOMEM;
+    if ((r = nv->nvrtcGetCUBIN(prog, (char *)b->cubin)) != NVRTC_SUCCESS)
+        return nv_fail(TK_ERR_COMPILE, nv, r, "nvrtcGetCUBIN", u);
+    b->cubin_len = n;
+    return TK_OK;
+}
+
+/* NVRTC keeps the PTX of an sm_XY compile too; it is the fallback for newer GPUs (and the whole
+ * result of a ptx_only unit, where it must exist). */
+static int take_ptx(tk_jit_binary *b, const tk_nvrtc_api *nv, nvrtcProgram prog, const tk_jit_unit *u,
+                    const char *target)
+{
+    size_t n = 0;
+    nvrtcResult r;
+    if (nv->nvrtcGetPTXSize(prog, &n) != NVRTC_SUCCESS || n <= 1) {
+        if (u->ptx_only)
+            return tk__err(TK_ERR_COMPILE, "NVRTC produced no PTX for %s (%s)", u->src_path, target);
+        return TK_OK;
+    }
+    if (!(b->ptx = malloc(n + 1)))
+        return TK_ERR_NOMEM;
+    if ((r = nv->nvrtcGetPTX(prog, b->ptx)) != NVRTC_SUCCESS)
+        return nv_fail(TK_ERR_COMPILE, nv, r, "nvrtcGetPTX", u);
+    b->ptx[n] = '\0';
+    b->ptx_len = strlen(b->ptx);
+    return TK_OK;
+}
+
+/* The mangled name of every name expression, in the unit's order. */
+static int take_lowered(tk_jit_binary *b, const tk_nvrtc_api *nv, nvrtcProgram prog, const tk_jit_unit *u)
+{
+    if (!u->nnames)
+        return TK_OK;
+    if (!(b->lowered = calloc(u->nnames, sizeof *b->lowered)))
+        return TK_ERR_NOMEM;
+    for (size_t i = 0; i < u->nnames; i++) {
+        const char *low = NULL;
+        nvrtcResult r = nv->nvrtcGetLoweredName(prog, u->names[i], &low);
+        if (r != NVRTC_SUCCESS || !low)
+            return tk__err(TK_ERR_COMPILE,
+                           "%s: the kernel '%s' was not found after compiling (%s)\n"
+                           "HINT: the manifest's symbol must name a __global__ function or template "
+                           "instance of the source, e.g. 'ns::kern<float>'",
+                           u->src_path, u->names[i], nv->nvrtcGetErrorString(r));
+        if (!(b->lowered[i] = tk__strdup(low)))
+            return TK_ERR_NOMEM;
+        b->nlowered = i + 1;
+    }
+    return TK_OK;
+}
+
+int tk_jit__compile(tk_jit_binary **out, const tk_jit_unit *u)
+{
+    const tk_nvrtc_api *nv;
+    nvrtcProgram prog = NULL;
+    tk_jit_binary *b = NULL;
+    nv_args a = {0};
+    char target[32];
+    int rc;
+
+    *out = NULL;
+    if (!u || !u->src_path || !u->src)
+        return tk__err(TK_ERR_INVALID, "tk_jit__compile: no source");
+    if ((rc = tk_jit__nvrtc_load()) != TK_OK)
+        return rc;
+    nv = tk_jit__nvrtc();
+    tk_jit__target(target, u);
+    if ((rc = check_unit(u, target)) != TK_OK)
+        return rc;
+
+    rc = TK_ERR_NOMEM;
+    if (!(b = calloc(1, sizeof *b)) || (rc = args_make(&a, u, target)) != TK_OK ||
+        (rc = program_create(&prog, nv, &a, u)) != TK_OK || (rc = program_compile(b, nv, prog, &a, u, target)) != TK_OK ||
+        (!u->ptx_only && (rc = take_cubin(b, nv, prog, u, target)) != TK_OK) ||
+        (rc = take_ptx(b, nv, prog, u, target)) != TK_OK || (rc = take_lowered(b, nv, prog, u)) != TK_OK)
         goto fail;
-    }
-    rc = TK_ERR_COMPILE;
-    if (!u->ptx_only) {
-        if ((r = nv->nvrtcGetCUBINSize(prog, &n)) != NVRTC_SUCCESS) {
-            rc = nv_fail(TK_ERR_COMPILE, nv, r, "nvrtcGetCUBINSize", u);
-            goto fail;
-        }
-        if (n == 0) {
-            rc = tk__err(TK_ERR_COMPILE, "NVRTC produced no CUBIN for %s (%s)", u->src_path, target);
-            goto fail;
-        }
-        if (!(b->cubin = malloc(n))) {
-            rc = TK_ERR_NOMEM;
-            goto fail;
-        }
-        if ((r = nv->nvrtcGetCUBIN(prog, (char *)b->cubin)) != NVRTC_SUCCESS) {
-            rc = nv_fail(TK_ERR_COMPILE, nv, r, "nvrtcGetCUBIN", u);
-            goto fail;
-        }
-        b->cubin_len = n;
-    }
-    /* NVRTC keeps the PTX of an sm_XY compile too; it is the fallback for newer GPUs */
-    n = 0;
-    if (nv->nvrtcGetPTXSize(prog, &n) == NVRTC_SUCCESS && n > 1) {
-        if (!(b->ptx = malloc(n + 1))) {
-            rc = TK_ERR_NOMEM;
-            goto fail;
-        }
-        if ((r = nv->nvrtcGetPTX(prog, b->ptx)) != NVRTC_SUCCESS) {
-            rc = nv_fail(TK_ERR_COMPILE, nv, r, "nvrtcGetPTX", u);
-            goto fail;
-        }
-        b->ptx[n] = '\0';
-        b->ptx_len = strlen(b->ptx);
-    } else if (u->ptx_only) {
-        rc = tk__err(TK_ERR_COMPILE, "NVRTC produced no PTX for %s (%s)", u->src_path, target);
-        goto fail;
-    }
-    if (u->nnames) {
-        if (!(b->lowered = calloc(u->nnames, sizeof *b->lowered))) {
-            rc = TK_ERR_NOMEM;
-            goto fail;
-        }
-        for (size_t i = 0; i < u->nnames; i++) {
-            const char *low = NULL;
-            r = nv->nvrtcGetLoweredName(prog, u->names[i], &low);
-            if (r != NVRTC_SUCCESS || !low) {
-                rc = tk__err(TK_ERR_COMPILE,
-                             "%s: the kernel '%s' was not found after compiling (%s)\n"
-                             "HINT: the manifest's symbol must name a __global__ function or template "
-                             "instance of the source, e.g. 'ns::kern<float>'",
-                             u->src_path, u->names[i], nv->nvrtcGetErrorString(r));
-                goto fail;
-            }
-            if (!(b->lowered[i] = tk__strdup(low))) {
-                rc = TK_ERR_NOMEM;
-                goto fail;
-            }
-            b->nlowered = i + 1;
-        }
-    }
-    rc = TK_OK;
     *out = b;
     b = NULL;
 fail:
@@ -379,12 +435,7 @@ fail:
     if (prog)
         nv->nvrtcDestroyProgram(&prog);
     tk_jit__binary_free(b);
-    free(src);
-    free(hsrc);
-    free(hname);
-    free(opts);
-    free(archopt);
-    free(incopt);
+    args_free(&a);
     return rc;
 }
 

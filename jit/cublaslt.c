@@ -291,6 +291,150 @@ static int gemm_k0(const tk_jit_gemm *g, size_t esz)
     return TK_OK;
 }
 
+/* Returns lt_fail(...) from the calling step when a cuBLASLt call fails (g names the device). */
+#define LT(call, name)                                                                                 \
+    do {                                                                                               \
+        cublasStatus_t st_ = (call);                                                                   \
+        if (st_ != CUBLAS_STATUS_SUCCESS)                                                              \
+            return lt_fail(st_, name, g->device);                                                      \
+    } while (0)
+
+/* The key of a product in the algorithm cache: everything the heuristic's choice depends on. */
+static void problem_of(problem *p, const tk_jit_gemm *g, int compute)
+{
+    memset(p, 0, sizeof *p);
+    p->dtype = g->dtype;
+    p->w_kn = g->w_kn;
+    p->bias = g->bias != NULL;
+    p->tf32 = compute == CUBLAS_COMPUTE_32F_FAST_TF32;
+    p->m = g->m;
+    p->n = g->n;
+    p->k = g->k;
+    p->align[0] = alignment(g->w);
+    p->align[1] = alignment(g->x);
+    p->align[2] = p->align[3] = alignment(g->y);
+}
+
+/* The operation and the three matrix layouts of one product; NULL members are not created yet. */
+typedef struct {
+    cublasLtMatmulDesc_t op;
+    cublasLtMatrixLayout_t la, lb, ld;
+} descs;
+
+static void descs_free(descs *d)
+{
+    if (d->la)
+        lt.MatrixLayoutDestroy(d->la);
+    if (d->lb)
+        lt.MatrixLayoutDestroy(d->lb);
+    if (d->ld)
+        lt.MatrixLayoutDestroy(d->ld);
+    if (d->op)
+        lt.MatmulDescDestroy(d->op);
+}
+
+/* y^T = op(w) x^T in cuBLASLt's column-major view: A = w as stored, B = x^T, D = y^T, with the bias
+ * epilogue when there is a bias. */
+static int descs_make(descs *d, const tk_jit_gemm *g, int type, int compute)
+{
+    int32_t ta = g->w_kn ? CUBLAS_OP_N : CUBLAS_OP_T, tb = CUBLAS_OP_N;
+    uint32_t epi = g->bias ? CUBLASLT_EPILOGUE_BIAS : CUBLASLT_EPILOGUE_DEFAULT;
+    LT(lt.MatmulDescCreate(&d->op, compute, CUDA_R_32F), "cublasLtMatmulDescCreate");
+    LT(lt.MatmulDescSetAttribute(d->op, CUBLASLT_MATMUL_DESC_TRANSA, &ta, sizeof ta), "cublasLtMatmulDescSetAttribute");
+    LT(lt.MatmulDescSetAttribute(d->op, CUBLASLT_MATMUL_DESC_TRANSB, &tb, sizeof tb), "cublasLtMatmulDescSetAttribute");
+    LT(lt.MatmulDescSetAttribute(d->op, CUBLASLT_MATMUL_DESC_EPILOGUE, &epi, sizeof epi),
+       "cublasLtMatmulDescSetAttribute");
+    if (g->bias)
+        LT(lt.MatmulDescSetAttribute(d->op, CUBLASLT_MATMUL_DESC_BIAS_POINTER, &g->bias, sizeof g->bias),
+           "cublasLtMatmulDescSetAttribute");
+    if (g->w_kn)
+        LT(lt.MatrixLayoutCreate(&d->la, type, (uint64_t)g->n, (uint64_t)g->k, g->n), "cublasLtMatrixLayoutCreate");
+    else
+        LT(lt.MatrixLayoutCreate(&d->la, type, (uint64_t)g->k, (uint64_t)g->n, g->k), "cublasLtMatrixLayoutCreate");
+    LT(lt.MatrixLayoutCreate(&d->lb, type, (uint64_t)g->k, (uint64_t)g->m, g->k), "cublasLtMatrixLayoutCreate");
+    LT(lt.MatrixLayoutCreate(&d->ld, type, (uint64_t)g->n, (uint64_t)g->m, g->n), "cublasLtMatrixLayoutCreate");
+    return TK_OK;
+}
+
+/* Asks the heuristic for the best algorithm under MAX_WORKSPACE and the operands' alignments.
+ * TK_ERR_UNSUPPORTED naming the product when there is none. */
+static int algo_ask(cublasLtMatmulAlgo_t *algo, size_t *wsz, cublasLtMatmulPreference_t *pref, cublasLtHandle_t h,
+                    const descs *d, const problem *p, const tk_jit_gemm *g)
+{
+    static const int align_attr[4] = {CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_A_BYTES,
+                                      CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_B_BYTES,
+                                      CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_C_BYTES,
+                                      CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_D_BYTES};
+    uint64_t maxws = MAX_WORKSPACE;
+    cublasLtMatmulHeuristicResult_t res;
+    int nres = 0;
+    memset(&res, 0, sizeof res);
+    LT(lt.MatmulPreferenceCreate(pref), "cublasLtMatmulPreferenceCreate");
+    LT(lt.MatmulPreferenceSetAttribute(*pref, CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES, &maxws, sizeof maxws),
+       "cublasLtMatmulPreferenceSetAttribute");
+    for (int i = 0; i < 4; i++)
+        LT(lt.MatmulPreferenceSetAttribute(*pref, align_attr[i], &p->align[i], sizeof p->align[i]),
+           "cublasLtMatmulPreferenceSetAttribute");
+    cublasStatus_t st = lt.MatmulAlgoGetHeuristic(h, d->op, d->la, d->lb, d->ld, d->ld, *pref, 1, &res, &nres);
+    if (st != CUBLAS_STATUS_SUCCESS || nres < 1 || res.state != CUBLAS_STATUS_SUCCESS) {
+        const char *name = lt.GetStatusName(st != CUBLAS_STATUS_SUCCESS ? st : res.state);
+        return tk__err(TK_ERR_UNSUPPORTED,
+                       "cuBLASLt has no algorithm for %s [%lld, %lld] x %s [%lld, %lld]%s on device %d (%s; "
+                       "alignments w %u, x %u, y %u bytes)",
+                       g->dtype == TK_JIT_BLASLT_F32 ? "f32" : g->dtype == TK_JIT_BLASLT_F16 ? "f16" : "bf16",
+                       (long long)g->m, (long long)g->k, g->w_kn ? "weight^T" : "weight", (long long)g->n,
+                       (long long)g->k, g->bias ? " + bias" : "", g->device,
+                       nres < 1 && st == CUBLAS_STATUS_SUCCESS ? "no result" : name ? name : "?", p->align[0],
+                       p->align[1], p->align[2]);
+    }
+    *algo = res.algo;
+    *wsz = res.workspaceSize;
+    return TK_OK;
+}
+
+/* The algorithm for p: from the device's cache, else from the heuristic (then cached). */
+static int algo_for(cublasLtMatmulAlgo_t *algo, size_t *wsz, cublasLtHandle_t h, const descs *d, const problem *p,
+                    const tk_jit_gemm *g)
+{
+    cublasLtMatmulPreference_t pref = NULL;
+    int rc = TK_OK;
+    if (algo_get(g->device, p, algo, wsz))
+        return TK_OK;
+    if ((rc = algo_ask(algo, wsz, &pref, h, d, p, g)) == TK_OK)
+        algo_put(g->device, p, algo, *wsz);
+    if (pref)
+        lt.MatmulPreferenceDestroy(pref);
+    return rc;
+}
+
+/* wsz bytes of workspace on the stream (cuMemAllocAsync: the pool makes it cheap); *ws = 0 for none. */
+static int workspace_alloc(CUdeviceptr *ws, size_t wsz, const tk_jit_gemm *g)
+{
+    *ws = 0;
+    if (!wsz)
+        return TK_OK;
+    CUresult r = tk_jit__cu()->cuMemAllocAsync(ws, wsz, (CUstream)g->stream);
+    if (r != CUDA_SUCCESS) {
+        char eb[256];
+        *ws = 0;
+        return tk__err(r == CUDA_ERROR_OUT_OF_MEMORY ? TK_ERR_NOMEM : TK_ERR_LAUNCH,
+                       "cuBLASLt workspace of %zu bytes on device %d: %s", wsz, g->device,
+                       tk_jit__cu_errstr(r, eb, sizeof eb));
+    }
+    return TK_OK;
+}
+
+static int matmul(cublasLtHandle_t h, const descs *d, const cublasLtMatmulAlgo_t *algo, CUdeviceptr ws, size_t wsz,
+                  const tk_jit_gemm *g)
+{
+    float alpha = 1.0f, beta = 0.0f;
+    LT(lt.Matmul(h, d->op, &alpha, g->w, d->la, g->x, d->lb, &beta, g->y, d->ld, g->y, d->ld, algo,
+                 (void *)(uintptr_t)ws, wsz, (CUstream)g->stream),
+       "cublasLtMatmul");
+    return TK_OK;
+}
+#undef LT
+
 int tk_jit__blaslt_gemm(const tk_jit_gemm *g)
 {
     static const int cuda_type[] = {CUDA_R_32F, CUDA_R_16F, CUDA_R_16BF};
@@ -312,122 +456,20 @@ int tk_jit__blaslt_gemm(const tk_jit_gemm *g)
         return rc;
     }
 
-    const tk_cu_api *cu = tk_jit__cu();
-    int type = cuda_type[g->dtype];
-    cublasLtHandle_t h = NULL;
-    cublasLtMatmulDesc_t op = NULL;
-    cublasLtMatrixLayout_t la = NULL, lb = NULL, ld = NULL;
-    cublasLtMatmulPreference_t pref = NULL;
-    CUdeviceptr ws = 0;
-    cublasStatus_t st = CUBLAS_STATUS_SUCCESS;
-    const char *what = NULL;
     int compute = g->dtype == TK_JIT_BLASLT_F32 && g->allow_tf32 ? CUBLAS_COMPUTE_32F_FAST_TF32 : CUBLAS_COMPUTE_32F;
-    int32_t ta = g->w_kn ? CUBLAS_OP_N : CUBLAS_OP_T, tb = CUBLAS_OP_N;
-    uint32_t epi = g->bias ? CUBLASLT_EPILOGUE_BIAS : CUBLASLT_EPILOGUE_DEFAULT;
+    cublasLtHandle_t h = NULL;
+    descs d = {0};
     problem p;
-    memset(&p, 0, sizeof p);
-    p.dtype = g->dtype;
-    p.w_kn = g->w_kn;
-    p.bias = g->bias != NULL;
-    p.tf32 = compute == CUBLAS_COMPUTE_32F_FAST_TF32;
-    p.m = g->m;
-    p.n = g->n;
-    p.k = g->k;
-    p.align[0] = alignment(g->w);
-    p.align[1] = alignment(g->x);
-    p.align[2] = p.align[3] = alignment(g->y);
     cublasLtMatmulAlgo_t algo;
     size_t wsz = 0;
-    float alpha = 1.0f, beta = 0.0f;
-
-    if ((rc = handle_for(&h, g->device)) != TK_OK)
-        goto done;
-#define LT(call, name)                                                                                 \
-    do {                                                                                               \
-        if ((st = (call)) != CUBLAS_STATUS_SUCCESS) {                                                  \
-            what = name;                                                                               \
-            goto lt_error;                                                                             \
-        }                                                                                              \
-    } while (0)
-    LT(lt.MatmulDescCreate(&op, compute, CUDA_R_32F), "cublasLtMatmulDescCreate");
-    LT(lt.MatmulDescSetAttribute(op, CUBLASLT_MATMUL_DESC_TRANSA, &ta, sizeof ta), "cublasLtMatmulDescSetAttribute");
-    LT(lt.MatmulDescSetAttribute(op, CUBLASLT_MATMUL_DESC_TRANSB, &tb, sizeof tb), "cublasLtMatmulDescSetAttribute");
-    LT(lt.MatmulDescSetAttribute(op, CUBLASLT_MATMUL_DESC_EPILOGUE, &epi, sizeof epi),
-       "cublasLtMatmulDescSetAttribute");
-    if (g->bias)
-        LT(lt.MatmulDescSetAttribute(op, CUBLASLT_MATMUL_DESC_BIAS_POINTER, &g->bias, sizeof g->bias),
-           "cublasLtMatmulDescSetAttribute");
-    /* A = w as stored (column-major view of the row-major array), B = x^T, D = y^T */
-    if (g->w_kn)
-        LT(lt.MatrixLayoutCreate(&la, type, (uint64_t)g->n, (uint64_t)g->k, g->n), "cublasLtMatrixLayoutCreate");
-    else
-        LT(lt.MatrixLayoutCreate(&la, type, (uint64_t)g->k, (uint64_t)g->n, g->k), "cublasLtMatrixLayoutCreate");
-    LT(lt.MatrixLayoutCreate(&lb, type, (uint64_t)g->k, (uint64_t)g->m, g->k), "cublasLtMatrixLayoutCreate");
-    LT(lt.MatrixLayoutCreate(&ld, type, (uint64_t)g->n, (uint64_t)g->m, g->n), "cublasLtMatrixLayoutCreate");
-
-    if (!algo_get(g->device, &p, &algo, &wsz)) {
-        uint64_t maxws = MAX_WORKSPACE;
-        cublasLtMatmulHeuristicResult_t res;
-        int nres = 0;
-        memset(&res, 0, sizeof res);
-        LT(lt.MatmulPreferenceCreate(&pref), "cublasLtMatmulPreferenceCreate");
-        LT(lt.MatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES, &maxws, sizeof maxws),
-           "cublasLtMatmulPreferenceSetAttribute");
-        static const int align_attr[4] = {CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_A_BYTES,
-                                          CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_B_BYTES,
-                                          CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_C_BYTES,
-                                          CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_D_BYTES};
-        for (int i = 0; i < 4; i++)
-            LT(lt.MatmulPreferenceSetAttribute(pref, align_attr[i], &p.align[i], sizeof p.align[i]),
-               "cublasLtMatmulPreferenceSetAttribute");
-        st = lt.MatmulAlgoGetHeuristic(h, op, la, lb, ld, ld, pref, 1, &res, &nres);
-        if (st != CUBLAS_STATUS_SUCCESS || nres < 1 || res.state != CUBLAS_STATUS_SUCCESS) {
-            const char *name = lt.GetStatusName(st != CUBLAS_STATUS_SUCCESS ? st : res.state);
-            rc = tk__err(TK_ERR_UNSUPPORTED,
-                         "cuBLASLt has no algorithm for %s [%lld, %lld] x %s [%lld, %lld]%s on device %d (%s; "
-                         "alignments w %u, x %u, y %u bytes)",
-                         g->dtype == TK_JIT_BLASLT_F32 ? "f32" : g->dtype == TK_JIT_BLASLT_F16 ? "f16" : "bf16",
-                         (long long)g->m, (long long)g->k, g->w_kn ? "weight^T" : "weight", (long long)g->n,
-                         (long long)g->k, g->bias ? " + bias" : "", g->device,
-                         nres < 1 && st == CUBLAS_STATUS_SUCCESS ? "no result" : name ? name : "?", p.align[0],
-                         p.align[1], p.align[2]);
-            goto done;
-        }
-        algo = res.algo;
-        wsz = res.workspaceSize;
-        algo_put(g->device, &p, &algo, wsz);
-    }
-    if (wsz) {
-        CUresult r = cu->cuMemAllocAsync(&ws, wsz, (CUstream)g->stream);
-        if (r != CUDA_SUCCESS) {
-            char eb[256];
-            ws = 0;
-            rc = tk__err(r == CUDA_ERROR_OUT_OF_MEMORY ? TK_ERR_NOMEM : TK_ERR_LAUNCH,
-                         "cuBLASLt workspace of %zu bytes on device %d: %s", wsz, g->device,
-                         tk_jit__cu_errstr(r, eb, sizeof eb));
-            goto done;
-        }
-    }
-    LT(lt.Matmul(h, op, &alpha, g->w, la, g->x, lb, &beta, g->y, ld, g->y, ld, &algo, (void *)(uintptr_t)ws, wsz,
-                 (CUstream)g->stream),
-       "cublasLtMatmul");
-#undef LT
-    goto done;
-lt_error:
-    rc = lt_fail(st, what, g->device);
-done:
+    CUdeviceptr ws = 0;
+    problem_of(&p, g, compute);
+    if ((rc = handle_for(&h, g->device)) == TK_OK && (rc = descs_make(&d, g, cuda_type[g->dtype], compute)) == TK_OK &&
+        (rc = algo_for(&algo, &wsz, h, &d, &p, g)) == TK_OK && (rc = workspace_alloc(&ws, wsz, g)) == TK_OK)
+        rc = matmul(h, &d, &algo, ws, wsz, g);
     if (ws)
-        cu->cuMemFreeAsync(ws, (CUstream)g->stream);
-    if (pref)
-        lt.MatmulPreferenceDestroy(pref);
-    if (la)
-        lt.MatrixLayoutDestroy(la);
-    if (lb)
-        lt.MatrixLayoutDestroy(lb);
-    if (ld)
-        lt.MatrixLayoutDestroy(ld);
-    if (op)
-        lt.MatmulDescDestroy(op);
+        tk_jit__cu()->cuMemFreeAsync(ws, (CUstream)g->stream);
+    descs_free(&d);
     tk_jit__ctx_pop();
     return rc;
 }

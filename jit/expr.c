@@ -177,33 +177,111 @@ static int tensor_param(parser *p, const char *context)
     return k;
 }
 
+/* An integer literal at p->pos (a digit). */
+static int parse_number(parser *p)
+{
+    size_t st = p->pos;
+    int64_t v = 0;
+    while (isdigit((unsigned char)p->s[p->pos])) {
+        int d = p->s[p->pos] - '0';
+        if (v > (INT64_MAX - d) / 10)
+            return perr(p, st, "integer literal out of range"), -1;
+        v = v * 10 + d;
+        p->pos++;
+    }
+    if (isalpha((unsigned char)p->s[p->pos]) || p->s[p->pos] == '_' || p->s[p->pos] == '.')
+        return perr(p, p->pos, "unexpected '%c' after a number (only integers are allowed)", p->s[p->pos]), -1;
+    return new_node(p, N_NUM, -1, -1, -1, v, st);
+}
+
+/* A call of the function named s[st, st+len), p->pos at its '('. */
+static int parse_call(parser *p, size_t st, size_t len)
+{
+    static const struct {
+        const char *name;
+        int op;
+    } fns[] = {{"numel", N_NUMEL}, {"min", N_MIN}, {"max", N_MAX}, {"cdiv", N_CDIV}, {"align", N_ALIGN}};
+    int op = -1, a, b;
+    for (size_t i = 0; i < sizeof fns / sizeof *fns; i++)
+        if (strlen(fns[i].name) == len && strncmp(fns[i].name, p->s + st, len) == 0)
+            op = fns[i].op;
+    if (op < 0)
+        return perr(p, st, "unknown function '%.*s' (functions: numel, min, max, cdiv, align)", (int)len,
+                    p->s + st),
+               -1;
+    p->pos++;
+    if (op == N_NUMEL) {
+        int k = tensor_param(p, "in numel()");
+        if (k < 0 || expect(p, ')', "after numel's argument") != 0)
+            return -1;
+        return new_node(p, N_NUMEL, -1, -1, k, 0, st);
+    }
+    if ((a = parse_expr(p)) < 0 || expect(p, ',', "between the two arguments") != 0 || (b = parse_expr(p)) < 0 ||
+        expect(p, ')', "after the second argument") != 0)
+        return -1;
+    return new_node(p, op, a, b, -1, 0, st);
+}
+
+/* T.ndim, T.shape[i] or T.stride[i] for tensor param k named s[st, st+len), p->pos after the name. */
+static int parse_tensor_attr(parser *p, int k, size_t st, size_t len)
+{
+    size_t ast, alen;
+    int op, ix;
+    if (p->s[p->pos] != '.')
+        return perr(p, p->pos, "'%.*s' is a tensor: use %.*s.shape[i], .stride[i], .ndim or numel(%.*s)", (int)len,
+                    p->s + st, (int)len, p->s + st, (int)len, p->s + st),
+               -1;
+    p->pos++;
+    if (!ident(p, &ast, &alen))
+        return perr(p, p->pos, "expected shape, stride or ndim after '.'"), -1;
+    if (alen == 4 && strncmp(p->s + ast, "ndim", 4) == 0)
+        return new_node(p, N_NDIM, -1, -1, k, 0, st);
+    if (alen == 5 && strncmp(p->s + ast, "shape", 5) == 0)
+        op = N_SHAPE;
+    else if (alen == 6 && strncmp(p->s + ast, "stride", 6) == 0)
+        op = N_STRIDE;
+    else
+        return perr(p, ast, "unknown tensor attribute '%.*s' (shape, stride, ndim)", (int)alen, p->s + ast), -1;
+    if (expect(p, '[', "after shape/stride") != 0 || (ix = parse_expr(p)) < 0 ||
+        expect(p, ']', "to close the index") != 0)
+        return -1;
+    return new_node(p, op, ix, -1, k, 0, st);
+}
+
+/* A name s[st, st+len) that is not a call: sm_count, a scalar param, or a tensor's attribute. */
+static int parse_name(parser *p, size_t st, size_t len)
+{
+    char names[256];
+    int k = find_param(p, st, len);
+    if (k < 0 && len == 8 && strncmp(p->s + st, "sm_count", 8) == 0)
+        return new_node(p, N_SM, -1, -1, -1, 0, st);
+    if (k < 0) {
+        list_params(names, sizeof names, p, -1);
+        return perr(p, st, "unknown name '%.*s' (this kernel's params: %s)", (int)len, p->s + st, names), -1;
+    }
+    if (!p->params[k].usable)
+        return perr(p, st, "'%.*s' cannot be used here: it is a derived value not yet computed", (int)len,
+                    p->s + st),
+               -1;
+    if (p->params[k].type == TK_JIT_P_TENSOR)
+        return parse_tensor_attr(p, k, st, len);
+    if (p->params[k].type == TK_JIT_P_F32 || p->params[k].type == TK_JIT_P_F64)
+        return perr(p, st, "'%.*s' is a floating-point parameter; launch rules are integer", (int)len, p->s + st),
+               -1;
+    return new_node(p, N_SCALAR, -1, -1, k, 0, st);
+}
+
+/* A number, a parenthesised expression, a call or a name. */
 static int parse_primary(parser *p)
 {
     size_t st, len;
-    char names[256];
     skip_ws(p);
-    st = p->pos;
-    if (isdigit((unsigned char)p->s[p->pos])) {
-        int64_t v = 0;
-        while (isdigit((unsigned char)p->s[p->pos])) {
-            int d = p->s[p->pos] - '0';
-            if (v > (INT64_MAX - d) / 10)
-                return perr(p, st, "integer literal out of range"), -1;
-            v = v * 10 + d;
-            p->pos++;
-        }
-        if (isalpha((unsigned char)p->s[p->pos]) || p->s[p->pos] == '_' || p->s[p->pos] == '.')
-            return perr(p, p->pos, "unexpected '%c' after a number (only integers are allowed)",
-                        p->s[p->pos]),
-                   -1;
-        return new_node(p, N_NUM, -1, -1, -1, v, st);
-    }
+    if (isdigit((unsigned char)p->s[p->pos]))
+        return parse_number(p);
     if (p->s[p->pos] == '(') {
         int n;
         p->pos++;
-        if ((n = parse_expr(p)) < 0)
-            return -1;
-        if (expect(p, ')', "to close the parenthesis") != 0)
+        if ((n = parse_expr(p)) < 0 || expect(p, ')', "to close the parenthesis") != 0)
             return -1;
         return n;
     }
@@ -213,94 +291,9 @@ static int parse_primary(parser *p)
         return perr(p, p->pos, "unexpected '%c'", p->s[p->pos]), -1;
     }
     skip_ws(p);
-    if (p->s[p->pos] == '(') { /* a function */
-        static const struct { const char *name; int op; int nargs; } fns[] = {
-            {"numel", N_NUMEL, 1}, {"min", N_MIN, 2}, {"max", N_MAX, 2},
-            {"cdiv", N_CDIV, 2},   {"align", N_ALIGN, 2},
-        };
-        int op = -1, nargs = 0;
-        for (size_t i = 0; i < sizeof fns / sizeof *fns; i++)
-            if (strlen(fns[i].name) == len && strncmp(fns[i].name, p->s + st, len) == 0) {
-                op = fns[i].op;
-                nargs = fns[i].nargs;
-            }
-        if (op < 0)
-            return perr(p, st, "unknown function '%.*s' (functions: numel, min, max, cdiv, align)",
-                        (int)len, p->s + st),
-                   -1;
-        p->pos++;
-        if (op == N_NUMEL) {
-            int k = tensor_param(p, "in numel()");
-            if (k < 0 || expect(p, ')', "after numel's argument") != 0)
-                return -1;
-            return new_node(p, N_NUMEL, -1, -1, k, 0, st);
-        }
-        {
-            int a, b;
-            if ((a = parse_expr(p)) < 0)
-                return -1;
-            if (expect(p, ',', "between the two arguments") != 0)
-                return -1;
-            if ((b = parse_expr(p)) < 0)
-                return -1;
-            if (expect(p, ')', "after the second argument") != 0)
-                return -1;
-            (void)nargs;
-            return new_node(p, op, a, b, -1, 0, st);
-        }
-    }
-    {
-        int k = find_param(p, st, len);
-        if (k < 0 && len == 8 && strncmp(p->s + st, "sm_count", 8) == 0)
-            return new_node(p, N_SM, -1, -1, -1, 0, st);
-        if (k < 0) {
-            list_params(names, sizeof names, p, -1);
-            return perr(p, st, "unknown name '%.*s' (this kernel's params: %s)", (int)len, p->s + st,
-                        names),
-                   -1;
-        }
-        if (!p->params[k].usable)
-            return perr(p, st, "'%.*s' cannot be used here: it is a derived value not yet computed",
-                        (int)len, p->s + st),
-                   -1;
-        if (p->params[k].type == TK_JIT_P_TENSOR) {
-            size_t ast, alen;
-            int op;
-            if (p->s[p->pos] != '.')
-                return perr(p, p->pos,
-                            "'%.*s' is a tensor: use %.*s.shape[i], .stride[i], .ndim or numel(%.*s)",
-                            (int)len, p->s + st, (int)len, p->s + st, (int)len, p->s + st),
-                       -1;
-            p->pos++;
-            if (!ident(p, &ast, &alen))
-                return perr(p, p->pos, "expected shape, stride or ndim after '.'"), -1;
-            if (alen == 4 && strncmp(p->s + ast, "ndim", 4) == 0)
-                return new_node(p, N_NDIM, -1, -1, k, 0, st);
-            if (alen == 5 && strncmp(p->s + ast, "shape", 5) == 0)
-                op = N_SHAPE;
-            else if (alen == 6 && strncmp(p->s + ast, "stride", 6) == 0)
-                op = N_STRIDE;
-            else
-                return perr(p, ast, "unknown tensor attribute '%.*s' (shape, stride, ndim)", (int)alen,
-                            p->s + ast),
-                       -1;
-            {
-                int ix;
-                if (expect(p, '[', "after shape/stride") != 0)
-                    return -1;
-                if ((ix = parse_expr(p)) < 0)
-                    return -1;
-                if (expect(p, ']', "to close the index") != 0)
-                    return -1;
-                return new_node(p, op, ix, -1, k, 0, st);
-            }
-        }
-        if (p->params[k].type == TK_JIT_P_F32 || p->params[k].type == TK_JIT_P_F64)
-            return perr(p, st, "'%.*s' is a floating-point parameter; launch rules are integer",
-                        (int)len, p->s + st),
-                   -1;
-        return new_node(p, N_SCALAR, -1, -1, k, 0, st);
-    }
+    if (p->s[p->pos] == '(')
+        return parse_call(p, st, len);
+    return parse_name(p, st, len);
 }
 
 static int parse_unary(parser *p)

@@ -61,7 +61,18 @@ typedef struct {
     int cc;                              /* 80, 90, 100 ... */
     int arch_specific;                   /* 1: sm_XYa */
     int ptx_only;                        /* 1: compute_XY PTX only (the GPU is newer than NVRTC) */
+    const tk_jit_file *toolkit;          /* NULL: the built-in <tk/device.cuh> (tests pass another) */
 } tk_jit_unit;
+
+/* ---- the device toolkit (jit/toolkit.c; source: jit/device/tk_device.cuh) ---------------------- */
+
+/* The version of <tk/device.cuh> this tk hands to NVRTC; a manifest's "device_toolkit" may not ask
+ * for a higher one. */
+#define TK_JIT_DEVICE_TOOLKIT_VERSION 1
+/* The include name every compile sees the toolkit under. */
+#define TK_JIT_DEVICE_TOOLKIT_PATH "tk/device.cuh"
+/* The toolkit as a header file: its path, its bytes (static, NUL-terminated) and length. */
+tk_jit_file tk_jit__device_toolkit(void);
 
 /* The result of a compile (or of a cache hit). */
 typedef struct {
@@ -81,8 +92,8 @@ void tk_jit__binary_free(tk_jit_binary *b);
 int tk_jit__option_check(const char *opt);
 
 /* The cache key (64 hex) of a unit: sha256 over the key-schema version, the source and every header
- * (path and bytes), the sorted name expressions, the normalised options with the target, and the
- * NVRTC version ("13.0"). */
+ * (path and bytes), the device toolkit's bytes, the sorted name expressions, the normalised options
+ * with the target, and the NVRTC version ("13.0"). */
 int tk_jit__key(char out[TK_SHA256_HEX], const tk_jit_unit *u, const char *nvrtc_version);
 /* The target name of a unit: "sm_90", "sm_90a" or "compute_120". out holds 32 bytes. */
 void tk_jit__target(char out[32], const tk_jit_unit *u);

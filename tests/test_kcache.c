@@ -381,6 +381,47 @@ static void test_key(void)
     }
 }
 
+/* The device toolkit (<tk/device.cuh>) is in every key: one byte of it more or less, or other bytes,
+ * give another key; the built-in one and an explicit copy of it give the same key. */
+static void test_key_toolkit(void)
+{
+    tk_jit_unit u;
+    tk_jit_file hdrs[2], tk = tk_jit__device_toolkit(), other;
+    const char *names[2], *opts[2];
+    char base[TK_SHA256_HEX], k[TK_SHA256_HEX];
+    char *copy;
+
+    CHECK_STR(tk.path, "tk/device.cuh");
+    CHECK(tk.len > 1000 && tk.data[tk.len] == '\0' && strlen(tk.data) == tk.len);
+    CHECK_CONTAINS(tk.data, "#define TK_DEVICE_TOOLKIT_VERSION 1\n");
+    CHECK_EQ_INT(TK_JIT_DEVICE_TOOLKIT_VERSION, 1);
+    unit_init(&u, hdrs, names, opts);
+    CHECK_RC(tk_jit__key(base, &u, "13.0"), TK_OK);
+    if (!(copy = malloc(tk.len + 2)))
+        return;
+    memcpy(copy, tk.data, tk.len + 1);
+    other = (tk_jit_file){tk.path, copy, tk.len};
+    u.toolkit = &other;
+    CHECK_RC(tk_jit__key(k, &u, "13.0"), TK_OK);
+    CHECK_STR(k, base); /* the same bytes: the same key */
+    copy[tk.len / 2] ^= 1;
+    CHECK_RC(tk_jit__key(k, &u, "13.0"), TK_OK);
+    CHECK(strcmp(k, base) != 0);
+    copy[tk.len / 2] ^= 1;
+    memcpy(copy + tk.len, "\n", 2);
+    other.len = tk.len + 1;
+    CHECK_RC(tk_jit__key(k, &u, "13.0"), TK_OK);
+    CHECK(strcmp(k, base) != 0);
+    /* the toolkit's bytes are framed apart from the headers': the same bytes as a header differ */
+    other.len = tk.len;
+    copy[tk.len] = '\0';
+    u.toolkit = NULL;
+    hdrs[1] = (tk_jit_file){"tk/device.cuh", tk.data, tk.len};
+    CHECK_RC(tk_jit__key(k, &u, "13.0"), TK_OK);
+    CHECK(strcmp(k, base) != 0);
+    free(copy);
+}
+
 static void test_options(void)
 {
     CHECK_RC(tk_jit__option_check("-std=c++17"), TK_OK);
@@ -502,6 +543,7 @@ int main(void)
     RUN(test_tune);
     RUN(test_parse_size);
     RUN(test_key);
+    RUN(test_key_toolkit);
     RUN(test_options);
     RUN(test_blob);
     RUN(test_concurrent_processes);

@@ -117,6 +117,63 @@ static void test_sm90a(void)
     compile_for(90, 1, "sm_90a");
 }
 
+/* <tk/device.cuh> is in every compile without a file on disk: a kernel that uses each helper
+ * compiles for sm_80 and sm_90, and a package header of the same name is refused. */
+static const char tk_src[] =
+    "#include <tk/device.cuh>\n"
+    "#if TK_DEVICE_TOOLKIT_VERSION != 1\n#error wrong toolkit\n#endif\n"
+    "template <typename T>\n"
+    "__global__ void every(T *out, const T *in, float *f, tk_u64 *u, unsigned char *q, tk_i64 n) {\n"
+    "    tk::map(out, in, n, [](float x) { return 2.0f * x; });\n"
+    "    float r[2] = {tk::to_f32(in[0]), 1.0f};\n"
+    "    tk::block_sum(r);\n"
+    "    f[0] = tk::block_sum(r[0]) + tk::block_max(r[1]) + tk::warp_sum(r[0]) + tk::warp_max(r[1]);\n"
+    "    f[1] = (float)tk::block_sum((double)r[0]);\n"
+    "    u[0] = tk::block_sum(u[1]) + tk::block_max(u[2]) + tk::philox_u64(u[3], 1, 2);\n"
+    "    uint4 p = tk::philox4x32_10(make_uint4(1, 2, 3, 4), make_uint2(5, 6));\n"
+    "    q[0] = tk::f32_to_fp8_e4m3(f[2]); q[1] = tk::f32_to_fp8_e5m2(f[2]); q[2] = tk::f32_to_i8(f[2]);\n"
+    "    f[3] = tk::fp8_e4m3_to_f32(q[3]) + tk::fp8_e5m2_to_f32(q[4]) + tk::i8_to_f32(q[5]);\n"
+    "    float2 two = tk::unpack2<__nv_bfloat16>(tk::pack2<__nv_bfloat16>(f[4], f[5]));\n"
+    "    float2 h2 = tk::unpack2<__half>(tk::pack2<__half>(f[4], f[5]));\n"
+    "    f[6] = two.x + h2.y + (float)p.x + (float)tk::cdiv(n, 7) + (tk::aligned(in, 8) ? 1.0f : 0.0f);\n"
+    "    for (tk_i64 i = tk::grid_index(); i < n; i += tk::grid_stride()) out[i] = tk::from_f32<T>(f[7]);\n"
+    "}\n"
+    "template __global__ void every<float>(float *, const float *, float *, tk_u64 *, unsigned char *, tk_i64);\n";
+
+static void test_device_toolkit(void)
+{
+    static const char *tk_names[] = {"every<float>", "every<__half>", "every<__nv_bfloat16>"};
+    static const char *tk_opts[] = {"-std=c++17"};
+    static const int ccs[] = {80, 90};
+    tk_jit_unit u;
+    tk_jit_binary *b = NULL;
+    if (!have_nvrtc())
+        SKIP("no NVRTC");
+    for (size_t i = 0; i < 2; i++) {
+        memset(&u, 0, sizeof u);
+        u.src_path = "every.cu";
+        u.src = tk_src;
+        u.src_len = sizeof tk_src - 1;
+        u.names = tk_names;
+        u.nnames = 3;
+        u.options = tk_opts;
+        u.noptions = 1;
+        u.cc = ccs[i];
+        CHECK_RC(tk_jit__compile(&b, &u), TK_OK);
+        CHECK(b && b->cubin && b->nlowered == 3);
+        tk_jit__binary_free(b);
+        b = NULL;
+    }
+    /* a package file named tk/device.cuh would hide the toolkit */
+    tk_jit_file shadow[] = {{"tk/device.cuh", hdr, sizeof hdr - 1}};
+    u.headers = shadow;
+    u.nheaders = 1;
+    CHECK_RC(tk_jit__compile(&b, &u), TK_ERR_MANIFEST);
+    CHECK(b == NULL);
+    CHECK_CONTAINS(tk_last_error(), "would hide tk's device toolkit");
+    CHECK_CONTAINS(tk_last_error(), "HINT:");
+}
+
 /* TK_NVRTC_LINEINFO=1: -lineinfo (line tables in the PTX, .loc) and a cache key of its own. */
 static void test_lineinfo(void)
 {
@@ -380,6 +437,7 @@ int main(void)
     RUN(test_sm80);
     RUN(test_sm90);
     RUN(test_sm90a);
+    RUN(test_device_toolkit);
     RUN(test_ptx_only);
     RUN(test_lineinfo);
     RUN(test_compile_error);

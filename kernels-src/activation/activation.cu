@@ -64,28 +64,13 @@ __device__ __forceinline__ void and_mul(T *__restrict__ out,         // (rows, d
     }
 }
 
-// out[i] = act(input[i]) for i < n
+// out[i] = act(input[i]) for i < n: 16-byte packs, then the scalar tail (tk::map)
 template <typename T, typename Act>
 __device__ __forceinline__ void unary(T *__restrict__ out,         // (n,) T
                                       const T *__restrict__ input, // (n,) T
                                       tk_i64 n)
 {
-    constexpr int N = Vec<T>::N;
-    const tk_i64 tid = (tk_i64)blockIdx.x * blockDim.x + threadIdx.x;
-    const tk_i64 stride = (tk_i64)gridDim.x * blockDim.x;
-    const tk_i64 nvec = (aligned16(input) && aligned16(out)) ? n / N : 0;
-
-    const Pack<T> *iv = reinterpret_cast<const Pack<T> *>(input);
-    Pack<T> *ov = reinterpret_cast<Pack<T> *>(out);
-    for (tk_i64 i = tid; i < nvec; i += stride) {
-        Pack<T> a = iv[i], r;
-#pragma unroll
-        for (int k = 0; k < N; k++)
-            r.v[k] = from_f32<T>(Act::f(to_f32(a.v[k]), 0.0f));
-        ov[i] = r;
-    }
-    for (tk_i64 i = nvec * N + tid; i < n; i += stride) // the scalar tail, or everything if unaligned
-        out[i] = from_f32<T>(Act::f(to_f32(input[i]), 0.0f));
+    map(out, input, n, [](float x) { return Act::f(x, 0.0f); });
 }
 
 } // namespace tk_act

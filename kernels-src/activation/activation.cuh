@@ -1,4 +1,5 @@
-// activation.cuh — scalar activation functions, dtype conversions and 16-byte packs for activation.cu.
+// activation.cuh — the scalar activation functions of activation.cu. Conversions, 16-byte packs and the
+// vector loop come from tk's device toolkit, <tk/device.cuh> (docs/device-toolkit.md).
 //
 // Every function computes in fp32. The expression order is part of the contract: tk's CPU reference
 // (ops/activation.c) evaluates the same operations in the same order with expf / erff / tanhf, so the
@@ -6,46 +7,14 @@
 // 2 ulp; glibc's are within 1). Multiplies that feed an add are written with __fmul_rn / __fadd_rn so
 // that -fmad cannot contract them into an FMA the CPU does not do.
 //
-// NVRTC-compatible: no host code, no standard headers, only cuda_fp16.h and cuda_bf16.h.
+// NVRTC-compatible: no host code, no standard headers, only <tk/device.cuh>.
 #pragma once
 
-#include <cuda_bf16.h>
-#include <cuda_fp16.h>
-
-typedef long long tk_i64;            // manifest type i64
-typedef unsigned long long tk_u64;
+#include <tk/device.cuh>
 
 namespace tk_act {
 
-// ---- dtype conversions: load as fp32, store with one round-to-nearest-even --------------------
-
-__device__ __forceinline__ float to_f32(float x) { return x; }
-__device__ __forceinline__ float to_f32(__half x) { return __half2float(x); }
-__device__ __forceinline__ float to_f32(__nv_bfloat16 x) { return __bfloat162float(x); }
-
-template <typename T> __device__ __forceinline__ T from_f32(float x);
-template <> __device__ __forceinline__ float from_f32<float>(float x) { return x; }
-template <> __device__ __forceinline__ __half from_f32<__half>(float x) { return __float2half_rn(x); }
-template <> __device__ __forceinline__ __nv_bfloat16 from_f32<__nv_bfloat16>(float x)
-{
-    return __float2bfloat16_rn(x);
-}
-
-// ---- 16-byte packs -----------------------------------------------------------------------------
-
-// VEC elements of T in 16 bytes: 4 for f32, 8 for f16 and bf16.
-template <typename T> struct Vec {
-    static constexpr int N = 16 / (int)sizeof(T);
-};
-
-template <typename T> struct __align__(16) Pack {
-    T v[Vec<T>::N];
-};
-
-__device__ __forceinline__ bool aligned16(const void *p)
-{
-    return (reinterpret_cast<tk_u64>(p) & 15ull) == 0;
-}
+using namespace tk; // to_f32, from_f32, Vec, Pack, aligned16, map (<tk/device.cuh>)
 
 // ---- activations (fp32 in, fp32 out) -----------------------------------------------------------
 

@@ -10,21 +10,19 @@
 //         (sign, then exponent+mantissa one bit lower) are the value * 2^-8, subnormals included, so one
 //         f16x2 multiply by 256 gives the value; S.1111.111 (NaN in e4m3fn) is patched to an f16 NaN.
 //
+// The scalar types, alignment tests, RNE packing and stores come from tk's device toolkit,
+// <tk/device.cuh>; what stays here is the casted package's own vectorised decoding.
+//
 // NVRTC-compatible: no host code, no standard headers.
 #pragma once
 
-#include <cuda_bf16.h>
-#include <cuda_fp16.h>
-
-typedef long long tk_i64; // manifest type i64
-typedef unsigned long long tk_u64;
-typedef unsigned int tk_u32;
+#include <tk/device.cuh>
 
 namespace tk_casted {
 
-enum Fmt { I8 = 0, E4M3 = 1, E5M2 = 2 };
+using namespace tk; // tk_u32 / tk_u64 / tk_i64, aligned, pack2, from_f32 (<tk/device.cuh>)
 
-__device__ __forceinline__ bool aligned(const void *p, unsigned n) { return (reinterpret_cast<tk_u64>(p) & (n - 1)) == 0; }
+enum Fmt { I8 = 0, E4M3 = 1, E5M2 = 2 };
 
 // ---- f16x2 / bf16x2 / f32 conversions on raw bits --------------------------------------------------
 
@@ -35,13 +33,8 @@ __device__ __forceinline__ void f16x2_to_f32(tk_u32 h, float &lo, float &hi)
         : "r"(h));
 }
 
-// {lo, hi} rounded to nearest even into a bf16x2 (lo in the low half).
-__device__ __forceinline__ tk_u32 pack_bf16x2(float lo, float hi)
-{
-    tk_u32 d;
-    asm("cvt.rn.bf16x2.f32 %0, %1, %2;" : "=r"(d) : "f"(hi), "f"(lo));
-    return d;
-}
+// {lo, hi} rounded to nearest even into a bf16x2 (lo in the low half): cvt.rn.bf16x2.f32.
+__device__ __forceinline__ tk_u32 pack_bf16x2(float lo, float hi) { return pack2<__nv_bfloat16>(lo, hi); }
 
 // bf16 halves of a 32-bit word as fp32 (exact).
 __device__ __forceinline__ float bf16_lo(tk_u32 u) { return __uint_as_float(u << 16); }
@@ -128,8 +121,7 @@ template <int F> __device__ __forceinline__ void dq4_bf16(tk_u32 w, tk_u32 &lo, 
 
 // ---- stores ----------------------------------------------------------------------------------------
 
-__device__ __forceinline__ void store1(float *o, float v) { *o = v; }
-__device__ __forceinline__ void store1(__nv_bfloat16 *o, float v) { *o = __float2bfloat16_rn(v); }
+template <typename T> __device__ __forceinline__ void store1(T *o, float v) { *o = from_f32<T>(v); }
 
 // N (a multiple of 4) values to 16-byte aligned o.
 template <int N> __device__ __forceinline__ void storev(float *o, const float *f)

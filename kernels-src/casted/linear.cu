@@ -37,14 +37,6 @@
 
 namespace tk_casted {
 
-__device__ __forceinline__ float warp_sum(float v)
-{
-#pragma unroll
-    for (int o = 16; o > 0; o >>= 1)
-        v += __shfl_xor_sync(0xffffffffu, v, o);
-    return v;
-}
-
 __device__ __forceinline__ float bf16_at(const __nv_bfloat16 *p, tk_i64 i)
 {
     return bf16_lo((tk_u32) reinterpret_cast<const unsigned short *>(p)[i]);

@@ -1,40 +1,17 @@
-// ce_common.cuh — pieces shared by the kernels of kernels-community/cross-entropy: dtype conversion,
-// 16-byte packs, the online log-sum-exp state and its block reduction, and the one-launch cross-block
-// reduction of a loss (partials in the workspace, the last block to arrive combines them in block order).
+// ce_common.cuh — pieces shared by the kernels of kernels-community/cross-entropy: the online
+// log-sum-exp state and its block reduction, and the one-launch cross-block reduction of a loss
+// (partials in the workspace, the last block to arrive combines them in block order). Conversions,
+// 16-byte packs and the block sum come from tk's device toolkit, <tk/device.cuh>.
 //
 // NVRTC-compatible: no host code, no standard headers.
 #pragma once
-#include <cuda_bf16.h>
-#include <cuda_fp16.h>
-
-typedef long long tk_i64; // manifest type i64
-typedef unsigned long long tk_u64;
+#include <tk/device.cuh>
 
 namespace tk_ce {
 
+using namespace tk; // to_f32, from_f32, Vec, Pack, aligned16, block_sum (<tk/device.cuh>)
+
 enum { RED_NONE = 0, RED_MEAN = 1, RED_SUM = 2 };
-
-__device__ __forceinline__ float to_f32(float x) { return x; }
-__device__ __forceinline__ float to_f32(__half x) { return __half2float(x); }
-__device__ __forceinline__ float to_f32(__nv_bfloat16 x) { return __bfloat162float(x); }
-
-template <typename T> __device__ __forceinline__ T from_f32(float x);
-template <> __device__ __forceinline__ float from_f32<float>(float x) { return x; }
-template <> __device__ __forceinline__ __half from_f32<__half>(float x) { return __float2half_rn(x); }
-template <> __device__ __forceinline__ __nv_bfloat16 from_f32<__nv_bfloat16>(float x)
-{
-    return __float2bfloat16_rn(x);
-}
-
-// N elements of T in 16 bytes: 4 for f32, 8 for f16 and bf16.
-template <typename T> struct Vec {
-    static constexpr int N = 16 / (int)sizeof(T);
-};
-template <typename T> struct __align__(16) Pack {
-    T v[Vec<T>::N];
-};
-
-__device__ __forceinline__ bool aligned16(const void *p) { return (reinterpret_cast<tk_u64>(p) & 15ull) == 0; }
 
 #define TK_CE_NEG_INF (-__int_as_float(0x7f800000))
 
@@ -137,31 +114,6 @@ __device__ __forceinline__ Lse block_lse(Lse v)
 #pragma unroll
         for (int o = 16; o > 0; o >>= 1)
             v = lse_merge(v, lse_shfl_xor(v, o));
-        if (lane == 0)
-            total = v;
-    }
-    __syncthreads();
-    return total;
-}
-
-// The sum of v over the block (every thread gets it). Starts with a barrier (reusable slots).
-__device__ __forceinline__ double block_sum(double v)
-{
-    __shared__ double slots[32];
-    __shared__ double total;
-    const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, nwarps = blockDim.x >> 5;
-#pragma unroll
-    for (int o = 16; o > 0; o >>= 1)
-        v += __shfl_xor_sync(0xffffffffu, v, o);
-    __syncthreads();
-    if (lane == 0)
-        slots[warp] = v;
-    __syncthreads();
-    if (warp == 0) {
-        v = lane < nwarps ? slots[lane] : 0.0;
-#pragma unroll
-        for (int o = 16; o > 0; o >>= 1)
-            v += __shfl_xor_sync(0xffffffffu, v, o);
         if (lane == 0)
             total = v;
     }

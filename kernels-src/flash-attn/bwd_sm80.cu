@@ -129,9 +129,7 @@ bwd_sm80(T *__restrict__ dq,               // (B, Sq, Hq, D)
                 for (int u = 0; u < 8; u++)
                     s = fmaf(to_f32(xa[u]), to_f32(ya[u]), s);
             }
-#pragma unroll
-            for (int o2 = 16; o2 > 0; o2 >>= 1)
-                s += __shfl_xor_sync(0xffffffffu, s, o2);
+            s = warp_sum(s);
             if (lane == 0) {
                 sDelta[r] = s;
                 sLse[r] = ok ? __ldg(lh + m0 + r) * TK_FA_LOG2E : TK_FA_NEG_INF; // -inf: P = 0

@@ -1,5 +1,5 @@
 // common.cuh — shared pieces of the prefill attention kernels of kernels-community/flash-attn
-// (fwd_sm80.cu, fwd_sm90.cu, bwd_sm80.cu, fwd_simple.cu): dtype traits, inline-PTX wrappers for
+// (fwd_sm80.cu, fwd_sm90.cu, bwd_sm80.cu, fwd_simple.cu): inline-PTX wrappers for
 // mma.sync / ldmatrix / cp.async, the XOR swizzle of the shared-memory tiles, fast exp2/tanh and the
 // masking rules every attention op shares.
 //
@@ -10,13 +10,16 @@
 //       - slope * log2(e) * |p - j|          (ALiBi, when slopes are given)
 // so that softmax weights are exp2(x - max). lse is converted back to natural log on the way out.
 //
-// NVRTC-compatible: no host code, no standard headers, only cuda_fp16.h and cuda_bf16.h.
+// Conversions and RNE pair packing come from tk's device toolkit, <tk/device.cuh>.
+//
+// NVRTC-compatible: no host code, no standard headers, only <tk/device.cuh>.
 #pragma once
 
-#include <cuda_bf16.h>
-#include <cuda_fp16.h>
+#include <tk/device.cuh>
 
 namespace tk_fa {
+
+using namespace tk; // to_f32, from_f32, pack2 (<tk/device.cuh>)
 
 typedef unsigned int u32;
 typedef unsigned long long u64;
@@ -25,34 +28,6 @@ typedef long long i64;
 #define TK_FA_LOG2E 1.4426950408889634f
 #define TK_FA_LN2 0.6931471805599453f
 #define TK_FA_NEG_INF __int_as_float(0xff800000)
-
-// ---- dtypes ------------------------------------------------------------------------------------
-
-__device__ __forceinline__ float to_f32(float x) { return x; }
-__device__ __forceinline__ float to_f32(__half x) { return __half2float(x); }
-__device__ __forceinline__ float to_f32(__nv_bfloat16 x) { return __bfloat162float(x); }
-
-template <typename T> __device__ __forceinline__ T from_f32(float x);
-template <> __device__ __forceinline__ float from_f32<float>(float x) { return x; }
-template <> __device__ __forceinline__ __half from_f32<__half>(float x) { return __float2half_rn(x); }
-template <> __device__ __forceinline__ __nv_bfloat16 from_f32<__nv_bfloat16>(float x)
-{
-    return __float2bfloat16_rn(x);
-}
-
-// Two floats as one 32-bit register of two 16-bit values, `lo` in the low half (the lower column of
-// an mma fragment pair). Round to nearest even.
-template <typename T> __device__ __forceinline__ u32 pack2(float lo, float hi);
-template <> __device__ __forceinline__ u32 pack2<__half>(float lo, float hi)
-{
-    __half2 h = __floats2half2_rn(lo, hi);
-    return *reinterpret_cast<u32 *>(&h);
-}
-template <> __device__ __forceinline__ u32 pack2<__nv_bfloat16>(float lo, float hi)
-{
-    __nv_bfloat162 h = __floats2bfloat162_rn(lo, hi);
-    return *reinterpret_cast<u32 *>(&h);
-}
 
 // ---- fast math ---------------------------------------------------------------------------------
 

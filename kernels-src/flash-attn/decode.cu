@@ -116,8 +116,8 @@ __device__ __forceinline__ void decode_cta(unsigned char *smem,
     const int wl = window_left < 0 ? -1 : (int)min(window_left, (i64)0x3fffffff);
     const int kbeg = wl < 0 ? 0 : max(0, seq - Sq - wl);
     const int n = max(0, kend - kbeg);
-    const int chunk = max(DEC_MIN_CHUNK, (int)((cdiv64(n, ns) + 63) / 64 * 64));
-    const int active = max(1, (int)cdiv64(n, chunk));
+    const int chunk = max(DEC_MIN_CHUNK, (int)((cdiv(n, ns) + 63) / 64 * 64));
+    const int active = max(1, (int)cdiv(n, chunk));
     if (split >= active)
         return;
     const int s0 = kbeg + split * chunk, s1 = min(kend, s0 + chunk);
@@ -262,8 +262,8 @@ __device__ __forceinline__ void decode_cta(unsigned char *smem,
             }
 
         // O += P V: P's A fragment is the S accumulator layout (keys 0..7 from h = 0, 8..15 from h = 1)
-        const u32 pa0 = Pair<T>::pack(acc[0][0], acc[0][1]), pa1 = Pair<T>::pack(acc[0][2], acc[0][3]);
-        const u32 pa2 = Pair<T>::pack(acc[1][0], acc[1][1]), pa3 = Pair<T>::pack(acc[1][2], acc[1][3]);
+        const u32 pa0 = pack2<T>(acc[0][0], acc[0][1]), pa1 = pack2<T>(acc[0][2], acc[0][3]);
+        const u32 pa2 = pack2<T>(acc[1][0], acc[1][1]), pa3 = pack2<T>(acc[1][2], acc[1][3]);
 #pragma unroll
         for (int cg = 0; cg < NC; cg += CG) {
             if (!VEARLY) {

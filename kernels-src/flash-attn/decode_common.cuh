@@ -2,12 +2,13 @@
 // (decode.cu: attention_decode, mla_decode.cu: mla_decode, paged_kv_append.cu: paged_kv_append).
 //
 // What is here:
-//   - bit-level helpers for f16 / bf16 pairs packed in a 32-bit register (the operand format of the
-//     tensor-core instructions);
+//   - 16-byte stores of f16 / bf16 pairs packed in 32-bit registers (tk::pack2, the operand format of
+//     the tensor-core instructions);
 //   - the PTX wrappers (mma.sync m16n8k16 with fp32 accumulation, movmatrix, ldmatrix, cp.async);
 //   - loads of 8 consecutive KV-cache elements as 4 packed pairs of T, dequantising 8-bit caches
 //     (i8, fp8 e4m3fn) exactly into T in registers (every i8 and e4m3 value is exact in f16 and bf16);
-//   - the quantisers of paged_kv_append, bit for bit those of the CPU references (ops/dtype.c);
+//   - (the quantisers of paged_kv_append, bit for bit those of the CPU references (ops/dtype.c), are
+//     tk::f32_to_i8 and tk::f32_to_fp8_e4m3 of the device toolkit);
 //   - the split-KV combine run by the last CTA of a split reduction.
 //
 // Numerics shared by the attention kernels: scores and the online softmax are fp32, kept in the base-2
@@ -18,10 +19,12 @@
 // simulator used while developing these kernels (it provides the PTX wrappers itself); the package
 // never defines it.
 #pragma once
-#include <cuda_bf16.h>
-#include <cuda_fp16.h>
+#include <tk/device.cuh>
 
 namespace tkd {
+
+// pack2 / unpack2 (f16 and bf16 pairs), f32_to_i8, f32_to_fp8_e4m3, cdiv (<tk/device.cuh>)
+using namespace tk;
 
 typedef long long i64;
 typedef unsigned int u32;
@@ -35,47 +38,14 @@ enum { KV_SAME = 0, KV_I8 = 1, KV_FP8 = 2 };
 
 __device__ __forceinline__ float neg_inf() { return __int_as_float(0xff800000); }
 
-__device__ __forceinline__ i64 cdiv64(i64 a, i64 b) { return (a + b - 1) / b; }
-
-// ---- packed pairs of T ------------------------------------------------------------------------
-
-template <typename T> struct Pair;
-
-template <> struct Pair<__half> {
-    // lo goes to the low 16 bits (the lower column of an mma fragment), hi to the high 16 bits
-    static __device__ __forceinline__ u32 pack(float lo, float hi)
-    {
-        __half2 h = __floats2half2_rn(lo, hi);
-        return *reinterpret_cast<u32 *>(&h);
-    }
-    static __device__ __forceinline__ float2 unpack(u32 v)
-    {
-        __half2 h = *reinterpret_cast<__half2 *>(&v);
-        return __half22float2(h);
-    }
-};
-
-template <> struct Pair<__nv_bfloat16> {
-    static __device__ __forceinline__ u32 pack(float lo, float hi)
-    {
-        __nv_bfloat162 h = __floats2bfloat162_rn(lo, hi);
-        return *reinterpret_cast<u32 *>(&h);
-    }
-    static __device__ __forceinline__ float2 unpack(u32 v)
-    {
-        __nv_bfloat162 h = *reinterpret_cast<__nv_bfloat162 *>(&v);
-        return __bfloat1622float2(h);
-    }
-};
-
 // 8 floats rounded to T and stored with one 16-byte store (p 16-byte aligned).
 template <typename T> __device__ __forceinline__ void store8(T *p, const float (&v)[8])
 {
     uint4 w;
-    w.x = Pair<T>::pack(v[0], v[1]);
-    w.y = Pair<T>::pack(v[2], v[3]);
-    w.z = Pair<T>::pack(v[4], v[5]);
-    w.w = Pair<T>::pack(v[6], v[7]);
+    w.x = pack2<T>(v[0], v[1]);
+    w.y = pack2<T>(v[2], v[3]);
+    w.z = pack2<T>(v[4], v[5]);
+    w.w = pack2<T>(v[6], v[7]);
     *reinterpret_cast<uint4 *>(p) = w;
 }
 
@@ -173,7 +143,7 @@ template <> __device__ __forceinline__ u32 i8_pair<__nv_bfloat16>(u32 w, int hi)
     // 2^23 + u is exact in fp32; subtracting 2^23 + 128 gives the signed byte exactly
     const float f0 = __uint_as_float(0x4b000000u | b0) - 8388736.0f;
     const float f1 = __uint_as_float(0x4b000000u | b1) - 8388736.0f;
-    return Pair<__nv_bfloat16>::pack(f0, f1);
+    return pack2<__nv_bfloat16>(f0, f1);
 }
 
 // Two fp8 e4m3fn bytes as a half2: the byte S.EEEE.MMM shifted into S.0EEEE.MMM0000000 is the half
@@ -198,7 +168,7 @@ template <> __device__ __forceinline__ u32 fp8_pair<__half>(u32 w, int hi)
 template <> __device__ __forceinline__ u32 fp8_pair<__nv_bfloat16>(u32 w, int hi)
 {
     const float2 f = __half22float2(fp8x2_to_half2(w, hi)); // exact, then exact in bf16
-    return Pair<__nv_bfloat16>::pack(f.x, f.y);
+    return pack2<__nv_bfloat16>(f.x, f.y);
 }
 
 // 8 consecutive cache elements starting at element index off (8-element aligned) as 4 packed pairs
@@ -227,50 +197,6 @@ __device__ __forceinline__ void load8(u32 (&r)[4], const void *__restrict__ base
             r[3] = fp8_pair<T>(v.y, 1);
         }
     }
-}
-
-// ---- quantisers (paged_kv_append), bit for bit tk_ops__f32_to_i8 / tk_ops__f32_to_fp8_e4m3 ---------
-
-// Round to nearest even, saturate to [-127, 127]; NaN gives 0.
-__device__ __forceinline__ unsigned char quant_i8(float f)
-{
-    if (f != f)
-        return 0;
-    const float r = fminf(fmaxf(rintf(f), -127.0f), 127.0f);
-    return (unsigned char)(signed char)(int)r;
-}
-
-// OCP e4m3fn, round to nearest even, saturating to +-448 (inf too); NaN gives S.1111.111; the sign
-// of zero is kept.
-__device__ __forceinline__ unsigned char quant_fp8_e4m3(float x)
-{
-    const u32 u = __float_as_uint(x);
-    const u32 sign = (u >> 24) & 0x80u;
-    const u32 a = u & 0x7fffffffu;
-    if (a > 0x7f800000u)
-        return (unsigned char)(sign | 0x7fu);
-    if (a == 0x7f800000u)
-        return (unsigned char)(sign | 0x7eu);
-    u32 code;
-    if (a < 0x3c800000u) { // |x| < 2^-6: subnormal codes, round(|x| * 2^9) (8 is the smallest normal)
-        code = (u32)rintf(__uint_as_float(a) * 512.0f);
-    } else {
-        int e = (int)(a >> 23) - 127;
-        const u32 m = a & 0x7fffffu;
-        u32 qm = m >> 20;
-        const u32 rem = m & 0xfffffu;
-        if (rem > 0x80000u || (rem == 0x80000u && (qm & 1u)))
-            qm++;
-        if (qm == 8u) {
-            qm = 0;
-            e++;
-        }
-        const int field = e + 7;
-        code = field > 15 ? 0x7fu : ((u32)field << 3) | qm;
-    }
-    if (code > 0x7eu)
-        code = 0x7eu;
-    return (unsigned char)(sign | code);
 }
 
 // ---- split-KV combine -------------------------------------------------------------------------

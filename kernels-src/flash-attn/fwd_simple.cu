@@ -104,10 +104,7 @@ fwd_simple(T *__restrict__ out,              // (B, Sq, Hq, D)
                     }
                     x = score_l2(dot, mul, sc_l2, use_sc, slope_l2, p, j);
                 }
-                float mx = x;
-#pragma unroll
-                for (int o2 = 16; o2 > 0; o2 >>= 1)
-                    mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, o2));
+                const float mx = warp_max(x);
                 const float mnew = fmaxf(m, mx);
                 const float mu = mnew == TK_FA_NEG_INF ? 0.0f : mnew;
                 const float corr = ex2(m - mu);
@@ -131,9 +128,7 @@ fwd_simple(T *__restrict__ out,              // (B, Sq, Hq, D)
                     }
                 }
             }
-#pragma unroll
-            for (int o2 = 16; o2 > 0; o2 >>= 1)
-                l += __shfl_xor_sync(0xffffffffu, l, o2);
+            l = warp_sum(l);
             const float inv = l > 0.0f ? 1.0f / l : 0.0f;
             T *orow = out + row * qstride + (i64)h * D;
 #pragma unroll

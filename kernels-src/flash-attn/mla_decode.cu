@@ -82,8 +82,8 @@ __device__ __forceinline__ void mla_cta(unsigned char *smem,
     const int seq = seq_lens[b];
     const int kend = (int)min((i64)seq, (i64)max_blocks * bs);
     const int n = max(0, kend);
-    const int chunk = max(MLA_MIN_CHUNK, (int)((cdiv64(n, ns) + 31) / 32 * 32));
-    const int active = max(1, (int)cdiv64(n, chunk));
+    const int chunk = max(MLA_MIN_CHUNK, (int)((cdiv(n, ns) + 31) / 32 * 32));
+    const int active = max(1, (int)cdiv(n, chunk));
     if (split >= active)
         return;
     const int s0 = split * chunk, s1 = min(kend, s0 + chunk);
@@ -271,7 +271,7 @@ __device__ __forceinline__ void mla_cta(unsigned char *smem,
 #pragma unroll
                         for (int nn = 0; nn < 8; nn++)
                             *reinterpret_cast<u32 *>(dst + nn * 8) =
-                                Pair<T>::pack(o[mt][nn][2 * hi] * inv, o[mt][nn][2 * hi + 1] * inv);
+                                pack2<T>(o[mt][nn][2 * hi] * inv, o[mt][nn][2 * hi + 1] * inv);
                     }
                 }
         if (lse && tid < rows) {

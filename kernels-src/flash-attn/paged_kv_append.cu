@@ -28,12 +28,8 @@ __device__ __forceinline__ unsigned char quant_elem(u32 bits, float x, const flo
     if (KV == KV_FP8 && x != x)
         return (unsigned char)(((bits >> 8) & 0x80u) | 0x7fu);
     const float y = scale ? __fdiv_rn(x, s) : x;
-    return KV == KV_I8 ? quant_i8(y) : quant_fp8_e4m3(y);
+    return KV == KV_I8 ? f32_to_i8(y) : f32_to_fp8_e4m3(y);
 }
-
-template <typename T> __device__ __forceinline__ float to_f32(T x);
-template <> __device__ __forceinline__ float to_f32<__half>(__half x) { return __half2float(x); }
-template <> __device__ __forceinline__ float to_f32<__nv_bfloat16>(__nv_bfloat16 x) { return __bfloat162float(x); }
 
 // One token's row of one tensor: HD = Hkv * D elements from src (T) to row `slot` of cache.
 template <typename T, int KV>
@@ -55,7 +51,7 @@ __device__ __forceinline__ void append_row(void *__restrict__ cache, const T *__
                 u32 out[2] = {0u, 0u};
 #pragma unroll
                 for (int k = 0; k < 4; k++) {
-                    const float2 f = Pair<T>::unpack(w[k]);
+                    const float2 f = unpack2<T>(w[k]);
                     const u32 pair = (u32)quant_elem<T, KV>(w[k] & 0xffffu, f.x, scale, s) |
                                      ((u32)quant_elem<T, KV>(w[k] >> 16, f.y, scale, s) << 8);
                     out[k >> 1] |= pair << (16 * (k & 1));
@@ -69,7 +65,7 @@ __device__ __forceinline__ void append_row(void *__restrict__ cache, const T *__
                 reinterpret_cast<T *>(dst)[i] = src[i];
             } else {
                 const T x = src[i];
-                dst[i] = quant_elem<T, KV>(*reinterpret_cast<const unsigned short *>(&x), to_f32<T>(x), scale,
+                dst[i] = quant_elem<T, KV>(*reinterpret_cast<const unsigned short *>(&x), to_f32(x), scale,
                                            scale ? scale[i / D] : 1.0f);
             }
         }

@@ -22,37 +22,13 @@
 // for bit. An id outside [0, V) writes a zero row: a kernel cannot report an error (the CPU
 // reference rejects it).
 //
-// NVRTC-compatible: no host code, no standard headers, only cuda_fp16.h and cuda_bf16.h.
-#include <cuda_bf16.h>
-#include <cuda_fp16.h>
-
-typedef long long tk_i64; // manifest type i64
-typedef unsigned long long tk_u64;
+// Conversions, packs and grid-stride helpers come from tk's device toolkit, <tk/device.cuh>.
+// NVRTC-compatible: no host code, no standard headers, only <tk/device.cuh>.
+#include <tk/device.cuh>
 
 namespace tk_layers {
 
-__device__ __forceinline__ float to_f32(float x) { return x; }
-__device__ __forceinline__ float to_f32(__half x) { return __half2float(x); }
-__device__ __forceinline__ float to_f32(__nv_bfloat16 x) { return __bfloat162float(x); }
-
-template <typename T> __device__ __forceinline__ T from_f32(float x);
-template <> __device__ __forceinline__ float from_f32<float>(float x) { return x; }
-template <> __device__ __forceinline__ __half from_f32<__half>(float x) { return __float2half_rn(x); }
-template <> __device__ __forceinline__ __nv_bfloat16 from_f32<__nv_bfloat16>(float x)
-{
-    return __float2bfloat16_rn(x);
-}
-
-// VEC elements of T in 16 bytes: 4 for f32, 8 for f16 and bf16.
-template <typename T> struct Vec {
-    static constexpr int N = 16 / (int)sizeof(T);
-};
-
-template <typename T> struct __align__(16) Pack {
-    T v[Vec<T>::N];
-};
-
-__device__ __forceinline__ bool aligned16(const void *p) { return (reinterpret_cast<tk_u64>(p) & 15ull) == 0; }
+using namespace tk; // to_f32, from_f32, Vec, Pack, aligned16, grid_index, grid_stride, cdiv
 
 struct Add {
     static __device__ __forceinline__ float f(float a, float b) { return __fadd_rn(a, b); }
@@ -69,8 +45,7 @@ __device__ __forceinline__ void elementwise(T *out,        // (n,) T
                                             tk_i64 n)
 {
     constexpr int N = Vec<T>::N;
-    const tk_i64 tid = (tk_i64)blockIdx.x * blockDim.x + threadIdx.x;
-    const tk_i64 stride = (tk_i64)gridDim.x * blockDim.x;
+    const tk_i64 tid = grid_index(), stride = grid_stride();
     const bool vec = aligned16(out) && aligned16(a) && (b == nullptr || aligned16(b));
     const tk_i64 nvec = vec ? n / N : 0;
     for (tk_i64 i = tid; i < nvec; i += stride) {
@@ -117,9 +92,8 @@ __global__ void tk_embedding(T *__restrict__ out,          // (n, D) T
 {
     using namespace tk_layers;
     constexpr int N = Vec<T>::N;
-    const tk_i64 chunks = (D + N - 1) / N;
-    const tk_i64 tid = (tk_i64)blockIdx.x * blockDim.x + threadIdx.x;
-    const tk_i64 stride = (tk_i64)gridDim.x * blockDim.x;
+    const tk_i64 chunks = cdiv(D, N);
+    const tk_i64 tid = grid_index(), stride = grid_stride();
     const bool vec = D % N == 0 && aligned16(out) && aligned16(weight);
     for (tk_i64 it = tid; it < n * chunks; it += stride) {
         const tk_i64 i = it / chunks, c = it % chunks;

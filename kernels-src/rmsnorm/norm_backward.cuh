@@ -86,9 +86,7 @@ template <int K> __device__ __forceinline__ void team_sum(float (&v)[K], int bt)
     __shared__ float part[K][32];
 #pragma unroll
     for (int k = 0; k < K; k++)
-#pragma unroll
-        for (int o = 16; o > 0; o >>= 1)
-            v[k] += __shfl_xor_sync(0xffffffffu, v[k], o);
+        v[k] = warp_sum(v[k]);
     if (bt == 32)
         return;
     const int warp = threadIdx.x >> 5, nw = bt >> 5, w0 = (threadIdx.x / bt) * nw;

@@ -1,83 +1,22 @@
-// norm_common.cuh — what the kernels of kernels-community/rmsnorm share: dtype conversions, aligned
-// vector loads, block reductions, and the deterministic cross-block sum behind grad_weight/grad_bias.
+// norm_common.cuh — what the kernels of kernels-community/rmsnorm share beyond tk's device toolkit
+// (<tk/device.cuh>: conversions, 16-byte packs, the K-way block sum): scalar-or-vector units and the
+// deterministic cross-block sum behind grad_weight/grad_bias.
 //
-// NVRTC-compatible: no host code, no standard headers, only cuda_fp16.h and cuda_bf16.h.
+// NVRTC-compatible: no host code, no standard headers, only <tk/device.cuh>.
 #pragma once
 
-#include <cuda_bf16.h>
-#include <cuda_fp16.h>
-
-typedef long long tk_i64; // manifest type i64
-typedef unsigned long long tk_u64;
+#include <tk/device.cuh>
 
 namespace tk_norm {
 
-// ---- dtype conversions: load as fp32, store with one round-to-nearest-even --------------------
-
-__device__ __forceinline__ float to_f32(float x) { return x; }
-__device__ __forceinline__ float to_f32(__half x) { return __half2float(x); }
-__device__ __forceinline__ float to_f32(__nv_bfloat16 x) { return __bfloat162float(x); }
-
-template <typename T> __device__ __forceinline__ T from_f32(float x);
-template <> __device__ __forceinline__ float from_f32<float>(float x) { return x; }
-template <> __device__ __forceinline__ __half from_f32<__half>(float x) { return __float2half_rn(x); }
-template <> __device__ __forceinline__ __nv_bfloat16 from_f32<__nv_bfloat16>(float x)
-{
-    return __float2bfloat16_rn(x);
-}
+using namespace tk; // to_f32, from_f32, Vec, Pack, aligned16, block_sum (<tk/device.cuh>)
 
 // ---- vector loads ------------------------------------------------------------------------------
 
-// N elements of T in 16 bytes: 4 for f32, 8 for f16 and bf16.
-template <typename T> struct Vec {
-    static constexpr int N = 16 / (int)sizeof(T);
-};
-template <typename T> struct __align__(16) Pack {
-    T v[Vec<T>::N];
-};
 // U elements of T loaded and stored as one unit: U = Vec<T>::N (a 16-byte vector) or 1 (a scalar).
 template <typename T, int U> struct alignas(sizeof(T) * U) Units {
     T v[U];
 };
-
-__device__ __forceinline__ bool aligned16(const void *p) { return (reinterpret_cast<tk_u64>(p) & 15ull) == 0; }
-
-// ---- block reductions --------------------------------------------------------------------------
-
-// Replaces each v[k] with its sum over the block, in every thread. blockDim.x is a multiple of 32,
-// <= 1024, blockDim.y == blockDim.z == 1; every thread of the block must call it. Back-to-back calls
-// are safe: a call's shared slots are rewritten only after every thread has passed the previous
-// call's last barrier.
-template <int K> __device__ __forceinline__ void block_sum(float (&v)[K])
-{
-    __shared__ float part[K][32];
-    __shared__ float total[K];
-    const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, nwarps = (blockDim.x + 31) >> 5;
-#pragma unroll
-    for (int k = 0; k < K; k++) {
-#pragma unroll
-        for (int o = 16; o > 0; o >>= 1)
-            v[k] += __shfl_xor_sync(0xffffffffu, v[k], o);
-        if (lane == 0)
-            part[k][warp] = v[k];
-    }
-    __syncthreads();
-    if (warp == 0) {
-#pragma unroll
-        for (int k = 0; k < K; k++) {
-            float s = lane < nwarps ? part[k][lane] : 0.0f;
-#pragma unroll
-            for (int o = 16; o > 0; o >>= 1)
-                s += __shfl_xor_sync(0xffffffffu, s, o);
-            if (lane == 0)
-                total[k] = s;
-        }
-    }
-    __syncthreads();
-#pragma unroll
-    for (int k = 0; k < K; k++)
-        v[k] = total[k];
-}
 
 // ---- grad_weight / grad_bias across blocks -----------------------------------------------------
 //

@@ -24,41 +24,17 @@
 // computed in double — inverse frequency, angle, sincos, attention factor — and rounded to fp32, then
 // to T (round to nearest even). ALiBi bias is -(slope * |dist|) in fp32, rounded once to T.
 //
-// NVRTC-compatible: no host code, no standard headers.
-#include <cuda_bf16.h>
-#include <cuda_fp16.h>
-
-typedef long long tk_i64; // manifest type i64
-typedef unsigned long long tk_u64;
+// NVRTC-compatible: no host code, no standard headers; the device toolkit <tk/device.cuh>.
+#include <tk/device.cuh>
 
 namespace tk_rot {
+
+using namespace tk; // to_f32, from_f32, Vec, Pack, aligned16 (<tk/device.cuh>)
 
 #define TK_ROT_PI 3.14159265358979323846
 
 // rope_cos_sin_cache's 'scaling' values (ops/rotary.c uses the same numbers).
 enum { SCALE_NONE = 0, SCALE_LINEAR = 1, SCALE_DYNAMIC = 2, SCALE_YARN = 3, SCALE_LLAMA3 = 4 };
-
-__device__ __forceinline__ float to_f32(float x) { return x; }
-__device__ __forceinline__ float to_f32(__half x) { return __half2float(x); }
-__device__ __forceinline__ float to_f32(__nv_bfloat16 x) { return __bfloat162float(x); }
-
-template <typename T> __device__ __forceinline__ T from_f32(float x);
-template <> __device__ __forceinline__ float from_f32<float>(float x) { return x; }
-template <> __device__ __forceinline__ __half from_f32<__half>(float x) { return __float2half_rn(x); }
-template <> __device__ __forceinline__ __nv_bfloat16 from_f32<__nv_bfloat16>(float x)
-{
-    return __float2bfloat16_rn(x);
-}
-
-// N elements of T in 16 bytes: 4 for f32, 8 for f16 and bf16.
-template <typename T> struct Vec {
-    static constexpr int N = 16 / (int)sizeof(T);
-};
-template <typename T> struct __align__(16) Pack {
-    T v[Vec<T>::N];
-};
-
-__device__ __forceinline__ bool aligned16(const void *p) { return (reinterpret_cast<tk_u64>(p) & 15ull) == 0; }
 
 // (x1, x2) -> (x1 cos - x2 sin, x2 cos + x1 sin), each operation rounded (no contraction).
 __device__ __forceinline__ void rot2(float &x1, float &x2, float c, float s)

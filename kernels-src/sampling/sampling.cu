@@ -33,32 +33,18 @@
 // cdiv(v, 16384), a zero-filled workspace of 8 * cdiv(4 * rows, 8) + 8 * rows * cdiv(v, 16384) bytes.
 // tk_sample: grid = rows, blockDim a multiple of 32 <= 1024, 16.6 KiB of static shared memory.
 //
-// NVRTC-compatible: no host code, no standard headers.
-#include <cuda_bf16.h>
-#include <cuda_fp16.h>
-
-typedef long long tk_i64; // manifest type i64
-typedef unsigned long long tk_u64;
+// NVRTC-compatible: no host code, no standard headers; the device toolkit <tk/device.cuh>.
+#include <tk/device.cuh>
 
 namespace tk_smp {
+
+// to_f32, Vec, Pack, aligned16, block_max / block_sum over tk_u64, philox_u64 (<tk/device.cuh>)
+using namespace tk;
 
 constexpr tk_i64 CHUNK = 16384;          // argmax_split: elements per block
 constexpr unsigned KEY_NEG_INF = 0x007FFFFFu; // key_of(-inf)
 constexpr unsigned KEY_NAN = 0xFFFFFFFFu;     // argmax: NaN above +inf (0xFF800000)
 constexpr int NBINS = 2048;
-
-__device__ __forceinline__ float to_f32(float x) { return x; }
-__device__ __forceinline__ float to_f32(__half x) { return __half2float(x); }
-__device__ __forceinline__ float to_f32(__nv_bfloat16 x) { return __bfloat162float(x); }
-
-template <typename T> struct Vec {
-    static constexpr int N = 16 / (int)sizeof(T);
-};
-template <typename T> struct __align__(16) Pack {
-    T v[Vec<T>::N];
-};
-
-__device__ __forceinline__ bool aligned16(const void *p) { return (reinterpret_cast<tk_u64>(p) & 15ull) == 0; }
 
 // ---- the pieces of ops/sampling.c, bit for bit ----------------------------------------------------
 
@@ -105,24 +91,8 @@ __device__ __forceinline__ tk_u64 weight_of(float z, float zmax)
     return __float2ull_rz(__fmul_rn(exp_det(d), 4294967296.0f));
 }
 
-__device__ __forceinline__ tk_u64 draw(tk_u64 seed, tk_u64 row, tk_u64 offset)
-{
-    unsigned c0 = (unsigned)row, c1 = (unsigned)(row >> 32), c2 = (unsigned)offset, c3 = (unsigned)(offset >> 32);
-    unsigned k0 = (unsigned)seed, k1 = (unsigned)(seed >> 32);
-#pragma unroll
-    for (int i = 0; i < 10; i++) {
-        const unsigned hi0 = __umulhi(0xD2511F53u, c0), lo0 = 0xD2511F53u * c0;
-        const unsigned hi1 = __umulhi(0xCD9E8D57u, c2), lo1 = 0xCD9E8D57u * c2;
-        const unsigned n0 = hi1 ^ c1 ^ k0, n2 = hi0 ^ c3 ^ k1;
-        c1 = lo1;
-        c3 = lo0;
-        c0 = n0;
-        c2 = n2;
-        k0 += 0x9E3779B9u;
-        k1 += 0xBB67AE85u;
-    }
-    return ((tk_u64)c1 << 32) | c0;
-}
+// The draw: Philox-4x32-10 keyed by the seed, counter (row, offset) (tk::philox_u64).
+__device__ __forceinline__ tk_u64 draw(tk_u64 seed, tk_u64 row, tk_u64 offset) { return philox_u64(seed, row, offset); }
 
 __device__ __forceinline__ tk_u64 top_p_need(double p, tk_u64 total)
 {
@@ -136,44 +106,6 @@ __device__ __forceinline__ tk_u64 top_p_need(double p, tk_u64 total)
 }
 
 // ---- block-wide helpers (blockDim.x a multiple of 32; every thread calls them) ------------------
-
-__device__ __forceinline__ tk_u64 warp_max_u64(tk_u64 v)
-{
-#pragma unroll
-    for (int o = 16; o > 0; o >>= 1) {
-        const tk_u64 w = __shfl_xor_sync(0xffffffffu, v, o);
-        v = w > v ? w : v;
-    }
-    return v;
-}
-
-__device__ __forceinline__ tk_u64 warp_sum_u64(tk_u64 v)
-{
-#pragma unroll
-    for (int o = 16; o > 0; o >>= 1)
-        v += __shfl_xor_sync(0xffffffffu, v, o);
-    return v;
-}
-
-template <bool Max> __device__ __forceinline__ tk_u64 block_reduce_u64(tk_u64 v)
-{
-    __shared__ tk_u64 partial[32];
-    __shared__ tk_u64 total;
-    const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, nwarps = blockDim.x >> 5;
-    v = Max ? warp_max_u64(v) : warp_sum_u64(v);
-    __syncthreads(); // the previous call's readers are done
-    if (lane == 0)
-        partial[warp] = v;
-    __syncthreads();
-    if (warp == 0) {
-        v = lane < nwarps ? partial[lane] : 0;
-        v = Max ? warp_max_u64(v) : warp_sum_u64(v);
-        if (lane == 0)
-            total = v;
-    }
-    __syncthreads();
-    return total;
-}
 
 // The exclusive prefix sum of v over the threads in order; *total gets the sum over the block.
 __device__ __forceinline__ tk_u64 block_exclusive_scan(tk_u64 v, tk_u64 *total)
@@ -299,7 +231,7 @@ __global__ void __launch_bounds__(1024) tk_argmax(tk_i64 *out,     // (rows,) i6
 {
     using namespace tk_smp;
     const T *x = input + (tk_i64)blockIdx.x * v;
-    const tk_u64 best = block_reduce_u64<true>(best_in(x, 0, v, v % Vec<T>::N == 0 && aligned16(x)));
+    const tk_u64 best = block_max(best_in(x, 0, v, v % Vec<T>::N == 0 && aligned16(x)));
     if (threadIdx.x == 0)
         out[blockIdx.x] = unpack_index(best);
 }
@@ -318,7 +250,7 @@ __global__ void __launch_bounds__(1024) tk_argmax_split(tk_i64 *out,    // (rows
     const T *x = input + row * v;
     const tk_i64 lo = c * CHUNK, hi = lo + CHUNK < v ? lo + CHUNK : v;
     const bool vec = v % Vec<T>::N == 0 && aligned16(input); // then every chunk start is aligned too
-    const tk_u64 best = block_reduce_u64<true>(best_in(x, lo, hi, vec));
+    const tk_u64 best = block_max(best_in(x, lo, hi, vec));
     if (threadIdx.x == 0) {
         part[c] = best;
         __threadfence();
@@ -333,7 +265,7 @@ __global__ void __launch_bounds__(1024) tk_argmax_split(tk_i64 *out,    // (rows
         const tk_u64 p = __ldcg(&part[j]);
         b = p > b ? p : b;
     }
-    b = block_reduce_u64<true>(b);
+    b = block_max(b);
     if (threadIdx.x == 0)
         out[row] = unpack_index(b);
 }
@@ -374,7 +306,7 @@ __global__ void __launch_bounds__(1024) tk_sample(tk_i64 *out,               // 
         if (topk_on)
             atomicAdd(&hist[key >> 21], 1ull);
     });
-    best = block_reduce_u64<true>(best); // also orders the histogram's atomics before its readers
+    best = block_max(best); // also orders the histogram's atomics before its readers
     if ((unsigned)(best >> 32) <= KEY_NEG_INF || greedy) {
         if (threadIdx.x == 0)
             out[row] = (unsigned)(best >> 32) <= KEY_NEG_INF ? -1 : unpack_index(best);
@@ -433,7 +365,7 @@ __global__ void __launch_bounds__(1024) tk_sample(tk_i64 *out,               // 
                 atomicAdd(&hist[key >> 21], w);
             }
         });
-        const tk_u64 w1 = block_reduce_u64<false>(mine);
+        const tk_u64 w1 = block_sum(mine);
         const tk_u64 need = top_p_need(p, w1);
         t = select(t, need, true, &mass, &above);
         // Of the tokens tied at t (each of weight wt), keep only as many as the mass needs: the
@@ -451,7 +383,7 @@ __global__ void __launch_bounds__(1024) tk_sample(tk_i64 *out,               // 
             if (key >= t)
                 mine += weight_of(float_of_key(key), zmax);
         });
-        mass = block_reduce_u64<false>(mine);
+        mass = block_sum(mine);
     }
 
     // The draw: the first kept index whose running weight exceeds target. Thread j owns the N

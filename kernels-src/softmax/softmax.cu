@@ -35,82 +35,23 @@
 // log_softmax = (x - m) - log(s), rounded once to T. Special values as PyTorch: a row holding a NaN, a
 // +inf, or nothing but -inf is NaN everywhere; -inf entries of other rows give 0 / -inf.
 //
-// NVRTC-compatible: no host code, no standard headers.
-#include <cuda_bf16.h>
-#include <cuda_fp16.h>
-
-typedef long long tk_i64; // manifest type i64
-typedef unsigned long long tk_u64;
+// NVRTC-compatible: no host code, no standard headers; the device toolkit <tk/device.cuh>.
+#include <tk/device.cuh>
 
 namespace tk_sm {
+
+// to_f32, from_f32, Vec, Pack, aligned16, warp_max, warp_sum, block_max, block_sum (<tk/device.cuh>)
+using namespace tk;
 
 constexpr int WARP_ITEMS = 32;   // values per lane in the warp tier (d <= 32 * 32)
 constexpr int BLOCK_ITEMS = 16;  // values per thread in the block and split tiers
 constexpr tk_i64 CHUNK = 16384;  // split tier: elements per chunk (= 1024 threads * 16)
 
-__device__ __forceinline__ float to_f32(float x) { return x; }
-__device__ __forceinline__ float to_f32(__half x) { return __half2float(x); }
-__device__ __forceinline__ float to_f32(__nv_bfloat16 x) { return __bfloat162float(x); }
-
-template <typename T> __device__ __forceinline__ T from_f32(float x);
-template <> __device__ __forceinline__ float from_f32<float>(float x) { return x; }
-template <> __device__ __forceinline__ __half from_f32<__half>(float x) { return __float2half_rn(x); }
-template <> __device__ __forceinline__ __nv_bfloat16 from_f32<__nv_bfloat16>(float x)
-{
-    return __float2bfloat16_rn(x);
-}
-
-// N elements of T in 16 bytes: 4 for f32, 8 for f16 and bf16.
-template <typename T> struct Vec {
-    static constexpr int N = 16 / (int)sizeof(T);
-};
-template <typename T> struct __align__(16) Pack {
-    T v[Vec<T>::N];
-};
-
-__device__ __forceinline__ bool aligned16(const void *p) { return (reinterpret_cast<tk_u64>(p) & 15ull) == 0; }
 __device__ __forceinline__ float neg_inf() { return __int_as_float(0xff800000); }
 __device__ __forceinline__ float qnan() { return __int_as_float(0x7fffffff); }
 
 // exp(x - m), with -inf entries 0 whatever m is (a -inf max must not turn them into NaN).
 __device__ __forceinline__ float ex(float x, float m) { return x == neg_inf() ? 0.0f : expf(x - m); }
-
-__device__ __forceinline__ float warp_max(float v)
-{
-#pragma unroll
-    for (int o = 16; o > 0; o >>= 1)
-        v = fmaxf(v, __shfl_xor_sync(0xffffffffu, v, o));
-    return v;
-}
-
-__device__ __forceinline__ float warp_sum(float v)
-{
-#pragma unroll
-    for (int o = 16; o > 0; o >>= 1)
-        v += __shfl_xor_sync(0xffffffffu, v, o);
-    return v;
-}
-
-// The max (Max) or sum over the block, returned to every thread. blockDim.x is a multiple of 32.
-template <bool Max> __device__ __forceinline__ float block_reduce(float v)
-{
-    __shared__ float partial[32];
-    __shared__ float total;
-    const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, nwarps = blockDim.x >> 5;
-    v = Max ? warp_max(v) : warp_sum(v);
-    __syncthreads(); // the previous call's readers are done with `total`
-    if (lane == 0)
-        partial[warp] = v;
-    __syncthreads();
-    if (warp == 0) {
-        v = lane < nwarps ? partial[lane] : (Max ? neg_inf() : 0.0f);
-        v = Max ? warp_max(v) : warp_sum(v);
-        if (lane == 0)
-            total = v;
-    }
-    __syncthreads();
-    return total;
-}
 
 // x[j] = element (t + j * G) of row (scalar), or elements of vector (t + j' * G) (vec); -inf beyond d.
 template <typename T, int ITEMS>
@@ -237,8 +178,8 @@ __global__ void __launch_bounds__(1024) tk_softmax_block(T *out,        // (rows
     const bool vec = vec_ok(out, input, d);
     float x[BLOCK_ITEMS];
     load_row<T, BLOCK_ITEMS>(x, input + row * d, d, threadIdx.x, blockDim.x, vec);
-    const float m = block_reduce<true>(local_max(x));
-    const float s = block_reduce<false>(local_sum(x, m));
+    const float m = block_max(local_max(x));
+    const float s = block_sum(local_sum(x, m));
     finish<LOG>(x, m, s);
     store_row<T, BLOCK_ITEMS>(out + row * d, x, d, threadIdx.x, blockDim.x, vec);
 }
@@ -270,8 +211,8 @@ __global__ void __launch_bounds__(1024) tk_softmax_split(T *out,        // (rows
 
     if (!phase2) {
         load_row<T, BLOCK_ITEMS>(x, input + row * d + c0, n, threadIdx.x, blockDim.x, vec);
-        const float m = block_reduce<true>(local_max(x));
-        const float s = block_reduce<false>(local_sum(x, m));
+        const float m = block_max(local_max(x));
+        const float s = block_sum(local_sum(x, m));
         if (threadIdx.x == 0) {
             part[row * C + c] = make_float2(m, s);
             __threadfence();
@@ -291,13 +232,13 @@ __global__ void __launch_bounds__(1024) tk_softmax_split(T *out,        // (rows
     float pm = neg_inf();
     for (tk_i64 j = threadIdx.x; j < C; j += blockDim.x)
         pm = fmaxf(pm, __ldcg(&rp[j].x));
-    const float M = block_reduce<true>(pm);
+    const float M = block_max(pm);
     float ps = 0.0f;
     for (tk_i64 j = threadIdx.x; j < C; j += blockDim.x) {
         const float2 p = __ldcg(&rp[j]);
         ps += p.x == neg_inf() ? p.y : p.y * expf(p.x - M); // a -inf chunk holds 0, or NaN to pass on
     }
-    const float S = block_reduce<false>(ps);
+    const float S = block_sum(ps);
     load_row<T, BLOCK_ITEMS>(x, input + row * d + c0, n, threadIdx.x, blockDim.x, vec);
     finish<LOG>(x, M, S);
     store_row<T, BLOCK_ITEMS>(out + row * d + c0, x, n, threadIdx.x, blockDim.x, vec);

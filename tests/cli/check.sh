@@ -60,6 +60,8 @@ BAD_CASES=(
   's/"block": \["256"\], //|launch.block must be a list'
   's/"value": "numel(x)"/"value": "numel(x)", "dtype": "i64"/|only a tensor has a '"'"'dtype'"'"''
   's/"min_cc": 75/"min_cc": 75, "align": 3/|constraints.align must be a power of two'
+  's/"license": "MIT"/"license": "MIT", "device_toolkit": 2/|needs device toolkit 2; this tk has <tk/device.cuh> version 1'
+  's/"license": "MIT"/"license": "MIT", "device_toolkit": "1"/|'"'"'device_toolkit'"'"' must be a positive integer'
 )
 
 t_bad_manifests_refused_at_publish() {
@@ -134,6 +136,36 @@ t_check_compiles() {
   return 0
 }
 
+# <tk/device.cuh> (docs/device-toolkit.md): a package that includes it and declares "device_toolkit": 1
+# checks, compiles for sm_80 and sm_90 and publishes with the field kept; a newer one is refused with
+# a hint at check and at publish, writing nothing.
+t_device_toolkit_package() {
+  good_pkg "$WORK/t"
+  sed -i 's/"license": "MIT"/"license": "MIT", "device_toolkit": 1/' "$WORK/t/kernel.json"
+  cat >"$WORK/t/relu.cu" <<'EOF'
+#include <tk/device.cuh>
+extern "C" __global__ void tk_relu_f32(float *out, const float *x, tk_i64 n)
+{
+    tk::map(out, x, n, [](float v) { return v > 0.f ? v : 0.f; });
+}
+EOF
+  expect_rc 0 "$TK" check "$WORK/t" --no-compile
+  expect_rc 0 "$TK" publish "$WORK/t" --to "$WORK/reg-t" --key "$KEY" -q
+  grep -q '"device_toolkit": 1' "$WORK"/reg-t/kernels/me/relu/resolve/*/manifest.json \
+    || fail "the published manifest lost device_toolkit"
+  sed -i 's/"device_toolkit": 1/"device_toolkit": 99/' "$WORK/t/kernel.json"
+  expect_rc 5 "$TK" check "$WORK/t" --no-compile
+  expect_out "needs device toolkit 99"
+  expect_out "HINT: upgrade tk"
+  expect_rc 5 "$TK" publish "$WORK/t" --to "$WORK/reg-t2" --key "$KEY"
+  [ -e "$WORK/reg-t2" ] && fail "a refused publish wrote the registry"
+  have_nvrtc || return 0
+  sed -i 's/"device_toolkit": 99/"device_toolkit": 1/' "$WORK/t/kernel.json"
+  expect_rc 0 "$TK" check "$WORK/t" --arch sm_80,sm_90
+  expect_out "every kernel compiled"
+  return 0
+}
+
 t_schema_agrees_with_tk() {
   if ! "$PY" -c 'import jsonschema' 2>/dev/null; then
     [ "${CI:-}" = true ] && { fail "jsonschema missing from $PY (scripts/setup.sh --test)"; return; }
@@ -205,6 +237,33 @@ for i, (g, w) in enumerate(zip(got, want)):
   expect_rc 5 "$TK" check "$WORK/v" --no-compile
   expect_out "kernel.json:7:5: kernel 'relu_f32', launch.grid[0]"
   [ -e "$WORK/reg-v" ] && fail "a refused publish wrote the registry"
+  return 0
+}
+
+# softmax, sampling, casted and flash-attn declare variants too: published, their templates give the
+# kernels they were listed as before (tests/data/PKG.expanded.json), the same set, and in the same
+# order among the kernels a call can choose between (same op, same tensor dtypes), so dispatch and
+# its tie-breaks are unchanged.
+t_variant_packages_match_snapshots() {
+  local p
+  for p in softmax sampling casted flash-attn; do
+    expect_rc 0 "$TK" publish "$ROOT/kernels-src/$p" --to "$WORK/reg-$p" --key "$KEY" -q
+    expect_rc 0 python3 -c '
+import json, sys
+got = json.load(open(sys.argv[1]))["kernels"]
+want = json.load(open(sys.argv[2]))["kernels"]
+src = json.load(open(sys.argv[3]))["kernels"]
+assert sum(1 for k in src if "dtypes" in k) > 0 and len(src) < len(want), (len(src), len(want))
+key = lambda k: json.dumps(k, sort_keys=True)
+assert sorted(map(key, got)) == sorted(map(key, want)), "the expanded kernels differ from the snapshot"
+sig = lambda k: (k["op"], tuple(p.get("dtype", "") for p in k["params"] if p["type"] == "tensor"))
+for s in set(map(sig, want)):
+    a = [k["name"] for k in want if sig(k) == s]
+    b = [k["name"] for k in got if sig(k) == s]
+    assert a == b, (s, a, b)
+' "$WORK"/reg-$p/kernels/kernels-community/$p/resolve/v1/manifest.json "$ROOT/tests/data/$p.expanded.json" \
+      "$ROOT/kernels-src/$p/kernel.json"
+  done
   return 0
 }
 

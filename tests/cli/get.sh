@@ -180,6 +180,20 @@ t_bad_launch_rule_refused_at_install() {
   expect_out "bogus"
 }
 
+# A signed manifest that needs a newer device toolkit (<tk/device.cuh>) than this tk has is refused at
+# install with the versions and a hint, and nothing is installed.
+t_newer_device_toolkit_refused_at_install() {
+  copy_reg; "$TK" trust add tktest "$PUB" -q
+  python3 -c 'import json, sys; m = json.load(open(sys.argv[1])); m["device_toolkit"] = 99; json.dump(m, open(sys.argv[1], "w"))' \
+    "$BAD/manifest.json"
+  sign_file "$KEY" "$BAD/manifest.json"; recommit_bad
+  expect_rc 5 "$TK" get tktest/demo
+  expect_out "needs device toolkit 99; this tk has <tk/device.cuh> version 1"
+  expect_out "HINT: upgrade tk"
+  expect_rc 0 "$TK" list
+  expect_no_out "tktest/demo"
+}
+
 # Workspace and optional params are checked at install too: a workspace needs a size, no expression
 # may read a workspace (it is a pointer), and only tensors can be optional.
 t_bad_workspace_and_optional_params_refused() {
