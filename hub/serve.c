@@ -846,7 +846,7 @@ static int open_in_root(tk_server *s, const char *rel, int no_symlinks)
     if (s->root_fd >= 0) {
         struct open_how how;
         memset(&how, 0, sizeof how);
-        how.flags = O_RDONLY | O_NOFOLLOW | O_CLOEXEC;
+        how.flags = O_RDONLY | O_CLOEXEC; /* a last symlink too stays beneath the root */
         how.resolve = RESOLVE_BENEATH | RESOLVE_NO_MAGICLINKS | (no_symlinks ? RESOLVE_NO_SYMLINKS : 0);
         int fd = (int)syscall(SYS_openat2, s->root_fd, rel, &how, sizeof how);
         if (fd >= 0 || no_symlinks || (errno != EXDEV && errno != EAGAIN && errno != ENOSYS && errno != EPERM))

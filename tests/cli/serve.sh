@@ -206,6 +206,35 @@ t_traversal_refused() {
   stop_serve
 }
 
+# Symlinks that stay inside the tree are followed, as before the fast path (which refuses every
+# symlink and leaves such a file to the slow path): a relative one and an absolute one.
+t_symlinks_inside_tree_served() {
+  local root=$WORK/links; rm -rf "$root"; cp -a "$REG" "$root"
+  local d=$root/kernels/tktest/demo/resolve/$COMMIT
+  ln -s manifest.json "$d/rel-alias"
+  ln -s "$d/manifest.json" "$d/abs-alias"
+  start_serve "$root" || return
+  local p
+  for p in "resolve/v1/rel-alias" "resolve/v1/abs-alias" "resolve/$COMMIT/abs-alias"; do
+    req "$URL/kernels/tktest/demo/$p"; expect_code 200
+    cmp -s "$WORK/body" "$d/manifest.json" || fail "$p: not the manifest's bytes"
+    expect_hdr ETag "\"$(sha "$d/manifest.json")\""
+  done
+  expect_hdr X-Repo-Commit "$COMMIT"
+  # HEAD and a Range of a small file (sent from memory) and of a big one (sendfile)
+  head -c 200000 /dev/urandom >"$d/big.bin"
+  for p in manifest.json big.bin; do
+    local size; size=$(stat -c %s "$d/$p")
+    req -I "$URL/kernels/tktest/demo/resolve/v1/$p"; expect_code 200; expect_hdr Content-Length "$size"
+    req -r 5-104 "$URL/kernels/tktest/demo/resolve/v1/$p"; expect_code 206
+    cmp -s "$WORK/body" <(tail -c +6 "$d/$p" | head -c 100) || fail "$p: the range is not bytes 5-104"
+    req "$URL/kernels/tktest/demo/resolve/v1/$p"; expect_code 200; cmp -s "$WORK/body" "$d/$p" || fail "$p differs"
+  done
+  grep -q '^[0-9TZ:-]* 127.0.0.1 "GET /kernels/tktest/demo/resolve/v1/big.bin" 200 200000 [0-9]*\.[0-9]ms$' "$WORK/serve.log" \
+    || fail "no access log line for big.bin: $(grep big.bin "$WORK/serve.log" | tail -n 1)"
+  stop_serve
+}
+
 t_oversized_header_and_slow_clients() {
   start_serve "$REG" --timeout 2 || return
   local port=${URL##*:}
