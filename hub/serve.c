@@ -58,6 +58,7 @@
 #include "hub/serve.h"
 #include "hub/tree.h"
 #include "hub/sign.h"
+#include "api/api.h" /* the manifest checks of publish and install (api/validate.c) */
 
 #define SERVER_MAGIC 0x746b5356u /* "tkSV" */
 #define STATE_DIR ".tk-serve"
@@ -503,179 +504,219 @@ static int trusted_key(char pubkey[TK_PUBKEY_LEN], const char *root, const char 
     return rc;
 }
 
+/* One upload on its way into the tree. Nothing is written under the tree's package folders until every
+ * check has passed and the publish lock is held: the files are unpacked in .tk-serve/tmp. */
+typedef struct {
+    tk_server *s;
+    const char *org, *pkg;
+    char *tmpdir, *stage, *check;     /* .tk-serve/tmp, the unpacked upload, the archive unpacked */
+    char *resolve_dir, *api_dir;      /* the package's folders in the tree */
+    const char *archive_name;         /* source.tar.gz or source.tar.zst (static) */
+    char *mtext, *stext;              /* manifest.json and its .sig */
+    size_t mlen, slen;
+    char asha[TK_SHA256_HEX];         /* the archive's sha256 */
+    tk_hub_manifest *m;
+    int lock_fd;
+} upload;
+
+static void upload_free(upload *u)
+{
+    if (u->stage && tk__path_exists(u->stage))
+        tk__rmtree(u->stage);
+    if (u->check)
+        tk__rmtree(u->check);
+    if (u->lock_fd >= 0)
+        close(u->lock_fd);
+    tk_hub__manifest_free(u->m);
+    free(u->tmpdir);
+    free(u->stage);
+    free(u->check);
+    free(u->resolve_dir);
+    free(u->api_dir);
+    free(u->mtext);
+    free(u->stext);
+}
+
+/* Unpacks the upload's three files into a fresh stage folder under .tk-serve/tmp and reads the
+ * manifest and its signature. */
+static int upload_unpack(upload *u, const char *tar_path)
+{
+    int rc;
+    u->resolve_dir = tk__fmt("%s/kernels/%s/%s/resolve", u->s->root, u->org, u->pkg);
+    u->api_dir = tk__fmt("%s/api/kernels/%s/%s", u->s->root, u->org, u->pkg);
+    u->tmpdir = tk__fmt("%s/" STATE_DIR "/tmp", u->s->root);
+    u->stage = u->tmpdir ? tk__tmp_path(u->tmpdir, "upload") : NULL;
+    u->check = u->tmpdir ? tk__tmp_path(u->tmpdir, "check") : NULL;
+    if (!u->resolve_dir || !u->api_dir || !u->stage || !u->check)
+        return tk__err(TK_ERR_NOMEM, "out of memory");
+    if ((rc = tk__mkdirs(u->stage, 0755)) != TK_OK || (rc = tk__mkdirs(u->check, 0700)) != TK_OK ||
+        (rc = tk_hub__serve_upload_untar(&u->archive_name, tar_path, u->stage, u->s->max_upload)) != TK_OK)
+        return rc;
+    char *mpath = tk__path_join(u->stage, "manifest.json"), *spath = tk__path_join(u->stage, "manifest.json.sig");
+    rc = !mpath || !spath ? tk__err(TK_ERR_NOMEM, "out of memory") : tk__read_file(&u->mtext, &u->mlen, mpath, TK_MANIFEST_MAX);
+    if (rc == TK_OK)
+        rc = tk__read_file(&u->stext, &u->slen, spath, SIG_MAX);
+    free(mpath);
+    free(spath);
+    return rc;
+}
+
+/* The signature: valid, by a key this server trusts for the org. */
+static int upload_check_signature(upload *u)
+{
+    char keyid[TK_KEYID_LEN], sig_pub[TK_PUBKEY_LEN], trusted[TK_PUBKEY_LEN];
+    uint8_t sig[64];
+    int rc = tk_hub__sig_parse(keyid, sig_pub, sig, u->stext, u->slen);
+    if (rc != TK_OK)
+        return rc;
+    if ((rc = trusted_key(trusted, u->s->root, u->org, keyid)) == TK_ERR_NOT_FOUND ||
+        (rc == TK_OK && strcmp(trusted, sig_pub)))
+        return tk__err(TK_ERR_UNTRUSTED, "the signer %s is not trusted to publish for org '%s' on this server\n"
+                       "HINT: on the server, run 'tk serve trust add %s %s --root DIR'", keyid, u->org, u->org,
+                       sig_pub);
+    return rc != TK_OK ? rc : tk_hub__verify(trusted, sig, u->mtext, u->mlen);
+}
+
+/* The manifest: well formed, for this package and archive, and passing the checks tk publish runs
+ * before it signs and tk get runs before it installs: every key known (hub/schema.c), every kernel's
+ * fields, params and launch expressions, every source one of the package's files (api/validate.c).
+ * A client older than those checks, or a hand-made upload, gets the publish-time error here. */
+static int upload_check_manifest(upload *u, char version[32])
+{
+    int rc = tk_hub__manifest_parse(&u->m, u->mtext, u->mlen);
+    if (rc != TK_OK)
+        return rc;
+    snprintf(version, 32, "%s", u->m->version);
+    if (strcmp(u->m->org, u->org) || strcmp(u->m->pkg, u->pkg))
+        return tk__err(TK_ERR_MANIFEST, "the manifest is for %s, but the upload went to %s/%s", u->m->name, u->org,
+                       u->pkg);
+    if (strcmp(u->m->archive.path, u->archive_name))
+        return tk__err(TK_ERR_MANIFEST, "the manifest names the archive '%s', but the upload holds '%s'",
+                       u->m->archive.path, u->archive_name);
+    if ((rc = tk_hub__schema_check(u->mtext, u->mlen, "manifest.json", 1)) != TK_OK ||
+        (rc = tk_api__validate_kernels(NULL, u->mtext, u->mlen)) != TK_OK)
+        return tk__err_wrap(rc, "%s %s: not published", u->m->name, u->m->version);
+    return TK_OK;
+}
+
+/* The archive: the size and sha256 the manifest states, and it unpacks safely to exactly the
+ * manifest's files with their digests. */
+static int upload_check_archive(upload *u)
+{
+    char *apath = tk__path_join(u->stage, u->archive_name);
+    int64_t asize = 0;
+    int rc = apath ? tk__sha256_file(u->asha, &asize, apath) : tk__err(TK_ERR_NOMEM, "out of memory");
+    if (rc == TK_OK && (asize != u->m->archive.size || strcmp(u->asha, u->m->archive.sha256)))
+        rc = tk__err(TK_ERR_DIGEST, "%s does not match the manifest (size %lld, sha256 %s; the manifest says "
+                     "size %lld, sha256 %s)", u->archive_name, (long long)asize, u->asha,
+                     (long long)u->m->archive.size, u->m->archive.sha256);
+    if (rc == TK_OK)
+        rc = tk_hub__archive_extract(apath, u->check, u->m->files, u->m->nfiles, NULL);
+    free(apath);
+    return rc;
+}
+
+/* Takes the tree's publish lock (.tk-publish.lock, as tk publish does) for the rest of the upload. */
+static int upload_lock(upload *u)
+{
+    char *lock_path = tk__path_join(u->s->root, ".tk-publish.lock");
+    int rc = TK_OK;
+    if (!lock_path)
+        return tk__err(TK_ERR_NOMEM, "out of memory");
+    if ((u->lock_fd = open(lock_path, O_RDWR | O_CREAT | O_CLOEXEC, 0644)) < 0 || flock(u->lock_fd, LOCK_EX) != 0)
+        rc = tk__err_sys("cannot lock the registry tree", lock_path);
+    free(lock_path);
+    return rc;
+}
+
+/* Under the lock: where the version goes on its branch. 1 when the branch's head is this very manifest
+ * (commit set: nothing to write), 0 when it is new and newer than the head (*head: the parent commit,
+ * or NULL for a new branch), or an error: not newer, or a yanked version. */
+static int upload_place(upload *u, char commit[41], char **head)
+{
+    char branch[24], *head_text = NULL, *head_version = NULL;
+    size_t hn = 0;
+    int rc = 0;
+    snprintf(branch, sizeof branch, "v%d", u->m->major);
+    if ((*head = tk_hub__tree_branch_head(u->resolve_dir, branch)) != NULL) {
+        char *hp = tk__fmt("%s/%s/manifest.json", u->resolve_dir, *head);
+        if (hp && tk__read_file(&head_text, &hn, hp, TK_MANIFEST_MAX) == TK_OK && hn == u->mlen &&
+            memcmp(head_text, u->mtext, u->mlen) == 0) {
+            snprintf(commit, 41, "%s", *head);
+            rc = 1;
+        } else if ((head_version = tk_hub__tree_commit_version(u->resolve_dir, *head)) != NULL &&
+                   tk_state__version_cmp(u->m->version, head_version) <= 0) {
+            rc = tk__err(TK_ERR_ROLLBACK, "%s %s is not newer than %s, the head of branch %s\n"
+                         "HINT: raise 'version' in kernel.json (for example to the next patch version)",
+                         u->m->name, u->m->version, head_version, branch);
+        }
+        free(hp);
+    }
+    if (rc == 0 && tk_hub__tree_is_yanked(u->resolve_dir, u->m->version))
+        rc = tk__err(TK_ERR_ROLLBACK, "%s %s was yanked; a yanked version is never published again\n"
+                     "HINT: raise 'version' in kernel.json", u->m->name, u->m->version);
+    free(head_text);
+    free(head_version);
+    return rc;
+}
+
+/* Under the lock: the version's folder moves into place by rename under its commit id, then its
+ * revision document, the branch link and the refs, with the rules of hub/publish.c (hub/tree.h). */
+static int upload_write(upload *u, char commit[41], const char *head)
+{
+    char msha[TK_SHA256_HEX], ssha[TK_SHA256_HEX], branch[24];
+    tk__sha256_hex(msha, u->mtext, u->mlen);
+    tk__sha256_hex(ssha, u->stext, u->slen);
+    const char *names[3] = {"manifest.json", "manifest.json.sig", u->archive_name};
+    const char *shas[3] = {msha, ssha, u->asha};
+    snprintf(branch, sizeof branch, "v%d", u->m->major);
+    int rc = tk_hub__tree_commit_id(commit, head, names, shas);
+    char *final_dir = rc == TK_OK ? tk__path_join(u->resolve_dir, commit) : NULL;
+    char *revdir = tk__path_join(u->api_dir, "revision");
+    char *revpath = revdir && rc == TK_OK ? tk__path_join(revdir, commit) : NULL;
+    json_t *doc = NULL;
+    if (rc == TK_OK && (!final_dir || !revpath))
+        rc = tk__err(TK_ERR_NOMEM, "out of memory");
+    if (rc == TK_OK && (rc = tk__mkdirs(u->resolve_dir, 0755)) == TK_OK && !tk__path_exists(final_dir) &&
+        rename(u->stage, final_dir) != 0)
+        rc = tk__err_sys("cannot move the new version into place", final_dir);
+    if (rc == TK_OK && (rc = tk__fsync_dir(u->resolve_dir)) == TK_OK &&
+        !(doc = tk_hub__tree_info_doc(u->m->name, commit, u->archive_name, u->m->version, u->m->major, head)))
+        rc = tk__err(TK_ERR_NOMEM, "out of memory");
+    if (rc == TK_OK && (rc = tk__mkdirs(revdir, 0755)) == TK_OK && (rc = tk_hub__tree_write_json(revpath, doc)) == TK_OK &&
+        (rc = tk_hub__tree_set_symlink(u->resolve_dir, branch, commit)) == TK_OK)
+        rc = tk_hub__tree_update_refs(u->s->root, u->api_dir, u->resolve_dir, u->m->name, u->m->major, commit,
+                                      u->archive_name);
+    json_decref(doc);
+    free(final_dir);
+    free(revdir);
+    free(revpath);
+    return rc;
+}
+
 /* Verifies the upload in tar_path for org/pkg and writes it into the tree. *created: 0 when the
  * same manifest already heads its branch. */
 static int receive_version(char commit[41], int *created, char version[32], tk_server *s, const char *org,
                            const char *pkg, const char *tar_path)
 {
-    int rc = TK_OK, lock_fd = -1;
-    char *resolve_dir = NULL, *api_dir = NULL, *stage = NULL, *check = NULL, *mtext = NULL, *stext = NULL,
-         *mpath = NULL, *spath = NULL, *apath = NULL, *head = NULL, *head_version = NULL, *lock_path = NULL,
-         *final_dir = NULL, *tmpdir = NULL, *head_text = NULL, *revdir = NULL, *revpath = NULL;
-    size_t mlen = 0, slen = 0;
-    const char *archive_name = NULL;
-    tk_hub_manifest *m = NULL;
-    json_t *doc = NULL;
+    upload u = {.s = s, .org = org, .pkg = pkg, .lock_fd = -1};
+    char *head = NULL;
+    int placed = 0, rc;
     *created = 0;
     commit[0] = version[0] = '\0';
-
-    resolve_dir = tk__fmt("%s/kernels/%s/%s/resolve", s->root, org, pkg);
-    api_dir = tk__fmt("%s/api/kernels/%s/%s", s->root, org, pkg);
-    tmpdir = tk__fmt("%s/" STATE_DIR "/tmp", s->root);
-    if (!resolve_dir || !api_dir || !tmpdir) {
-        rc = tk__err(TK_ERR_NOMEM, "out of memory");
-        goto done;
-    }
-    if ((rc = tk__mkdirs(resolve_dir, 0755)) != TK_OK)
-        goto done;
-    if (!(stage = tk__tmp_path(resolve_dir, "upload")) || !(check = tk__tmp_path(tmpdir, "check"))) {
-        rc = tk__err(TK_ERR_NOMEM, "out of memory");
-        goto done;
-    }
-    if ((rc = tk__mkdirs(stage, 0755)) != TK_OK || (rc = tk__mkdirs(check, 0700)) != TK_OK)
-        goto done;
-    if ((rc = tk_hub__serve_upload_untar(&archive_name, tar_path, stage, s->max_upload)) != TK_OK)
-        goto done;
-    mpath = tk__path_join(stage, "manifest.json");
-    spath = tk__path_join(stage, "manifest.json.sig");
-    apath = tk__path_join(stage, archive_name);
-    if (!mpath || !spath || !apath) {
-        rc = tk__err(TK_ERR_NOMEM, "out of memory");
-        goto done;
-    }
-    if ((rc = tk__read_file(&mtext, &mlen, mpath, TK_MANIFEST_MAX)) != TK_OK ||
-        (rc = tk__read_file(&stext, &slen, spath, SIG_MAX)) != TK_OK)
-        goto done;
-
-    /* Signature first, by a key this server trusts for the org; then the manifest. */
-    char keyid[TK_KEYID_LEN], sig_pub[TK_PUBKEY_LEN], trusted[TK_PUBKEY_LEN];
-    uint8_t sig[64];
-    if ((rc = tk_hub__sig_parse(keyid, sig_pub, sig, stext, slen)) != TK_OK)
-        goto done;
-    if ((rc = trusted_key(trusted, s->root, org, keyid)) == TK_ERR_NOT_FOUND || (rc == TK_OK && strcmp(trusted, sig_pub))) {
-        rc = tk__err(TK_ERR_UNTRUSTED, "the signer %s is not trusted to publish for org '%s' on this server\n"
-                     "HINT: on the server, run 'tk serve trust add %s %s --root DIR'", keyid, org, org, sig_pub);
-        goto done;
-    }
-    if (rc != TK_OK || (rc = tk_hub__verify(trusted, sig, mtext, mlen)) != TK_OK)
-        goto done;
-    if ((rc = tk_hub__manifest_parse(&m, mtext, mlen)) != TK_OK)
-        goto done;
-    snprintf(version, 32, "%s", m->version);
-    if (strcmp(m->org, org) || strcmp(m->pkg, pkg)) {
-        rc = tk__err(TK_ERR_MANIFEST, "the manifest is for %s, but the upload went to %s/%s", m->name, org, pkg);
-        goto done;
-    }
-    if (strcmp(m->archive.path, archive_name)) {
-        rc = tk__err(TK_ERR_MANIFEST, "the manifest names the archive '%s', but the upload holds '%s'",
-                     m->archive.path, archive_name);
-        goto done;
-    }
-    char asha[TK_SHA256_HEX];
-    int64_t asize = 0;
-    if ((rc = tk__sha256_file(asha, &asize, apath)) != TK_OK)
-        goto done;
-    if (asize != m->archive.size || strcmp(asha, m->archive.sha256)) {
-        rc = tk__err(TK_ERR_DIGEST, "%s does not match the manifest (size %lld, sha256 %s; the manifest says "
-                     "size %lld, sha256 %s)", archive_name, (long long)asize, asha, (long long)m->archive.size,
-                     m->archive.sha256);
-        goto done;
-    }
-    if ((rc = tk_hub__archive_extract(apath, check, m->files, m->nfiles, NULL)) != TK_OK)
-        goto done;
-
-    /* Into the tree, under the same lock and rules as tk publish. */
-    if (!(lock_path = tk__path_join(s->root, ".tk-publish.lock"))) {
-        rc = tk__err(TK_ERR_NOMEM, "out of memory");
-        goto done;
-    }
-    if ((lock_fd = open(lock_path, O_RDWR | O_CREAT | O_CLOEXEC, 0644)) < 0 || flock(lock_fd, LOCK_EX) != 0) {
-        rc = tk__err_sys("cannot lock the registry tree", lock_path);
-        goto done;
-    }
-    char branch[24];
-    snprintf(branch, sizeof branch, "v%d", m->major);
-    if ((head = tk_hub__tree_branch_head(resolve_dir, branch)) != NULL) {
-        char *hp = tk__fmt("%s/%s/manifest.json", resolve_dir, head);
-        size_t hn = 0;
-        int same = hp && tk__read_file(&head_text, &hn, hp, TK_MANIFEST_MAX) == TK_OK && hn == mlen &&
-                   memcmp(head_text, mtext, mlen) == 0;
-        free(hp);
-        if (same) {
-            snprintf(commit, 41, "%s", head);
-            rc = tk_hub__tree_backfill_parents(api_dir, resolve_dir); /* as tk publish does */
-            goto done;
-        }
-        head_version = tk_hub__tree_commit_version(resolve_dir, head);
-        if (head_version && tk_state__version_cmp(m->version, head_version) <= 0) {
-            rc = tk__err(TK_ERR_ROLLBACK, "%s %s is not newer than %s, the head of branch %s\n"
-                         "HINT: raise 'version' in kernel.json (for example to the next patch version)",
-                         m->name, m->version, head_version, branch);
-            goto done;
-        }
-    }
-    if (tk_hub__tree_is_yanked(resolve_dir, m->version)) {
-        rc = tk__err(TK_ERR_ROLLBACK, "%s %s was yanked; a yanked version is never published again\n"
-                     "HINT: raise 'version' in kernel.json", m->name, m->version);
-        goto done;
-    }
-    char msha[TK_SHA256_HEX], ssha[TK_SHA256_HEX];
-    tk__sha256_hex(msha, mtext, mlen);
-    tk__sha256_hex(ssha, stext, slen);
-    const char *names[3] = {"manifest.json", "manifest.json.sig", archive_name};
-    const char *shas[3] = {msha, ssha, asha};
-    if ((rc = tk_hub__tree_commit_id(commit, head, names, shas)) != TK_OK)
-        goto done;
-    if (!(final_dir = tk__path_join(resolve_dir, commit))) {
-        rc = tk__err(TK_ERR_NOMEM, "out of memory");
-        goto done;
-    }
-    if (!tk__path_exists(final_dir) && rename(stage, final_dir) != 0) {
-        rc = tk__err_sys("cannot move the new version into place", final_dir);
-        goto done;
-    }
-    if ((rc = tk__fsync_dir(resolve_dir)) != TK_OK)
-        goto done;
-    revdir = tk__path_join(api_dir, "revision");
-    revpath = revdir ? tk__path_join(revdir, commit) : NULL;
-    doc = tk_hub__tree_info_doc(m->name, commit, archive_name, m->version, m->major, head);
-    if (!revpath || !doc) {
-        rc = tk__err(TK_ERR_NOMEM, "out of memory");
-        goto done;
-    }
-    if ((rc = tk__mkdirs(revdir, 0755)) != TK_OK || (rc = tk_hub__tree_write_json(revpath, doc)) != TK_OK ||
-        (rc = tk_hub__tree_set_symlink(resolve_dir, branch, commit)) != TK_OK ||
-        (rc = tk_hub__tree_update_refs(s->root, api_dir, resolve_dir, m->name, m->major, commit, archive_name)) != TK_OK)
-        goto done;
-    *created = 1;
-done:
-    if (stage && tk__path_exists(stage))
-        tk__rmtree(stage);
-    if (check)
-        tk__rmtree(check);
-    if (lock_fd >= 0)
-        close(lock_fd);
-    if (rc != TK_OK)
+    if ((rc = upload_unpack(&u, tar_path)) == TK_OK && (rc = upload_check_signature(&u)) == TK_OK &&
+        (rc = upload_check_manifest(&u, version)) == TK_OK && (rc = upload_check_archive(&u)) == TK_OK &&
+        (rc = upload_lock(&u)) == TK_OK && (placed = upload_place(&u, commit, &head)) >= 0)
+        rc = placed == 1 ? tk_hub__tree_backfill_parents(u.api_dir, u.resolve_dir) /* as tk publish does */
+                         : upload_write(&u, commit, head);
+    if (placed < 0)
+        rc = placed;
+    if (rc == TK_OK)
+        *created = placed == 0;
+    else
         commit[0] = '\0';
-    tk_hub__manifest_free(m);
-    json_decref(doc);
-    free(resolve_dir);
-    free(api_dir);
-    free(stage);
-    free(check);
-    free(mtext);
-    free(stext);
-    free(mpath);
-    free(spath);
-    free(apath);
     free(head);
-    free(head_version);
-    free(head_text);
-    free(lock_path);
-    free(final_dir);
-    free(tmpdir);
-    free(revdir);
-    free(revpath);
+    upload_free(&u);
     return rc;
 }
 

@@ -586,6 +586,46 @@ EOF
   stop_serve
 }
 
+# A validly signed upload that tk publish would have refused (a hand-made one, or from an older client):
+# the server runs the publish-time checks, answers 422 naming the kernel and the field, writes nothing.
+t_upload_publish_checks() {
+  server_tree checks; start_serve "$SRV" || return
+  version_tar 1.0.0 "$WORK/good.tar" || return
+  local x=$WORK/xc case
+  for case in launch-tensor misspelt-key missing-source; do
+    rm -rf "$x"; mkdir -p "$x"; tar xf "$WORK/good.tar" -C "$x"
+    python3 - "$x/manifest.json" "$case" <<'EOF'
+import json, sys
+path, case = sys.argv[1], sys.argv[2]
+m = json.load(open(path)); k = m["kernels"][0]
+if case == "launch-tensor":
+    k["launch"]["grid"] = ["cdiv(numel(outt), 256)"]
+elif case == "misspelt-key":
+    k["lanuch"] = k.pop("launch")
+else:
+    k["source"] = "gone.cu"
+open(path, "w").write(json.dumps(m, indent=2) + "\n")
+EOF
+    sign_file "$KEY" "$x/manifest.json"
+    (cd "$x" && tar cf "$WORK/t.tar" manifest.json manifest.json.sig source.tar.gz)
+    upload "$WORK/t.tar" "$TOKEN"; expect_code 422; expect_hdr X-Error-Code ManifestInvalid
+    local msg; msg=$(python3 -c 'import json,sys; print(json.load(open(sys.argv[1]))["error"])' "$WORK/body")
+    case $case in
+      launch-tensor) OUT=$msg; expect_out "kernel 'scale_f32'"; expect_out "launch.grid[0]"; expect_out "outt" ;;
+      misspelt-key) OUT=$msg; expect_out "lanuch"; expect_out "did you mean 'launch'" ;;
+      missing-source) OUT=$msg; expect_out "kernel 'scale_f32'"; expect_out "gone.cu" ;;
+    esac
+    OUT=$msg; expect_out "tktest/demo 1.0.0: not published"
+  done
+  [ -e "$SRV/kernels/tktest" ] && fail "a refused upload wrote into the tree: $(find "$SRV/kernels" | head)"
+  [ -e "$SRV/api/kernels/tktest" ] && fail "a refused upload wrote api docs"
+  [ -z "$(ls -A "$SRV/.tk-serve/tmp" 2>/dev/null)" ] || fail "temp files left behind"
+  grep -q "upload to tktest/demo refused: .*outt" "$WORK/serve.log" || fail "the refusal is not logged"
+  # the good upload still goes in
+  upload "$WORK/good.tar" "$TOKEN"; expect_code 201
+  stop_serve
+}
+
 t_upload_too_large() {
   server_tree big; start_serve "$SRV" --max-upload 2000 || return
   version_tar 1.0.0 "$WORK/up.tar" || return
