@@ -27,6 +27,7 @@
 #include <ctype.h>
 #include <archive.h>
 #include <archive_entry.h>
+#include <cmark.h>
 #include <dirent.h>
 #include <errno.h>
 #include <fcntl.h>
@@ -1218,11 +1219,13 @@ static void html_esc(tk_buf *b, const char *s)
     }
 }
 
-/* The README of a source archive (first 64 KiB), or NULL. */
-static char *archive_readme(const char *path)
+/* The README of a source archive (first 64 KiB), or NULL; *markdown: its name ends in .md or
+ * .markdown. */
+static char *archive_readme(const char *path, int *markdown)
 {
     struct archive *a = archive_read_new();
     char *out = NULL;
+    *markdown = 0;
     if (!a)
         return NULL;
     archive_read_support_filter_gzip(a);
@@ -1239,6 +1242,8 @@ static char *archive_readme(const char *path)
             if (n >= 0) {
                 buf[n] = '\0';
                 out = buf;
+                const char *dot = strrchr(p, '.');
+                *markdown = dot && (!strcasecmp(dot, ".md") || !strcasecmp(dot, ".markdown"));
             } else {
                 free(buf);
             }
@@ -1247,6 +1252,28 @@ static char *archive_readme(const char *path)
     }
     archive_read_free(a);
     return out;
+}
+
+/* A README into the page: Markdown rendered by cmark with CMARK_OPT_SAFE (raw HTML dropped, javascript:,
+ * vbscript:, file: and data: links emptied), anything else as escaped preformatted text. The page's
+ * Content-Security-Policy (no scripts, no outside content) stands behind both. */
+static void page_readme(tk_buf *b, const char *readme, int markdown, int detail)
+{
+    if (!readme)
+        return;
+    tk__buf_puts(b, detail ? "<h3>README</h3>" : "<details><summary>README</summary>");
+    char *html = markdown ? cmark_markdown_to_html(readme, strlen(readme), CMARK_OPT_SAFE) : NULL;
+    if (html) {
+        tk__buf_puts(b, "<div class=readme>");
+        tk__buf_puts(b, html);
+        tk__buf_puts(b, "</div>");
+    } else {
+        tk__buf_puts(b, "<pre>");
+        html_esc(b, readme);
+        tk__buf_puts(b, "</pre>");
+    }
+    free(html);
+    tk__buf_puts(b, detail ? "" : "</details>");
 }
 
 static int cmp_str(const void *a, const void *b)
@@ -1327,139 +1354,189 @@ static void page_versions(tk_buf *b, const char *resolve_dir)
     tk__buf_puts(b, "</p>");
 }
 
-static void page_package(tk_buf *b, tk_server *s, const char *org, const char *pkg, int detail)
+/* What a package's section shows below its branch table, gathered from the newest branch. */
+typedef struct {
+    json_t *kernels;                /* the newest version's kernels, for the detail view's table */
+    char *readme;
+    int markdown;
+    char first_pub[TK_PUBKEY_LEN];  /* the newest branch's signer: the trust line under the table */
+} pkg_view;
+
+static void page_name(tk_buf *b, const char *org, const char *pkg)
 {
-    char *resolve_dir = tk__fmt("%s/kernels/%s/%s/resolve", s->root, org, pkg);
+    html_esc(b, org);
+    tk__buf_puts(b, "/");
+    html_esc(b, pkg);
+}
+
+/* The heading, a link to the package's own page. */
+static void page_heading(tk_buf *b, const char *org, const char *pkg)
+{
+    tk__buf_puts(b, "<section><h2 id=\"");
+    page_name(b, org, pkg);
+    tk__buf_puts(b, "\"><a href=\"/?p=");
+    page_name(b, org, pkg);
+    tk__buf_puts(b, "\">");
+    page_name(b, org, pkg);
+    tk__buf_puts(b, "</a></h2>");
+}
+
+/* The newest version's description, get line and license, and the branch table's head; keeps its
+ * kernels and README for later in the section. */
+static void page_summary(tk_buf *b, pkg_view *v, json_t *m, const char *org, const char *pkg,
+                         const char *resolve_dir, const char *head)
+{
+    tk__buf_puts(b, "<p>");
+    html_esc(b, json_string_value(json_object_get(m, "description")));
+    tk__buf_puts(b, "</p><p class=m><code>tk get ");
+    page_name(b, org, pkg);
+    tk__buf_puts(b, "</code> · license ");
+    html_esc(b, json_string_value(json_object_get(m, "license")));
+    tk__buf_puts(b, "</p><div class=t><table><tr><th>branch</th><th>version</th><th>commit</th>"
+                    "<th>ops</th><th>signed by</th></tr>");
+    const char *ap = json_string_value(json_object_get(json_object_get(m, "archive"), "path"));
+    char *arch = ap && tk_hub__path_check(ap) == TK_OK ? tk__fmt("%s/%s/%s", resolve_dir, head, ap) : NULL;
+    v->readme = arch ? archive_readme(arch, &v->markdown) : NULL;
+    free(arch);
+    v->kernels = json_incref(json_object_get(m, "kernels"));
+}
+
+/* The ops a version's kernels implement, each once. */
+static void page_ops(tk_buf *b, json_t *m)
+{
+    json_t *seen = json_object(), *k;
+    size_t ki;
+    json_array_foreach(json_object_get(m, "kernels"), ki, k) {
+        const char *op = json_string_value(json_object_get(k, "op"));
+        if (!op || json_object_get(seen, op))
+            continue;
+        json_object_set_new(seen, op, json_true());
+        tk__buf_puts(b, json_object_size(seen) > 1 ? ", <code>" : "<code>");
+        html_esc(b, op);
+        tk__buf_puts(b, "</code>");
+    }
+    json_decref(seen);
+}
+
+/* The signer's key id of a commit; the first one seen is kept for the trust line. */
+static void page_signer(tk_buf *b, pkg_view *v, const char *resolve_dir, const char *head)
+{
+    char *sp = tk__fmt("%s/%s/manifest.json.sig", resolve_dir, head), *stext = NULL;
+    size_t sn = 0;
+    char keyid[TK_KEYID_LEN], pub[TK_PUBKEY_LEN];
+    uint8_t sig[64];
+    if (sp && tk__read_file(&stext, &sn, sp, SIG_MAX) == TK_OK && tk_hub__sig_parse(keyid, pub, sig, stext, sn) == TK_OK) {
+        tk__buf_puts(b, "<code>");
+        html_esc(b, keyid);
+        tk__buf_puts(b, "</code>");
+        if (!v->first_pub[0] && pub[0])
+            snprintf(v->first_pub, sizeof v->first_pub, "%s", pub);
+    }
+    free(sp);
+    free(stext);
+}
+
+/* One branch's row: branch, version, commit, ops, signer. data-l labels the cells when a phone-width
+ * screen stacks each row (see the CSS). */
+static void page_branch_row(tk_buf *b, pkg_view *v, json_t *m, const char *branch, const char *resolve_dir,
+                            const char *head)
+{
+    tk__buf_puts(b, "<tr><td data-l=branch>");
+    html_esc(b, branch);
+    tk__buf_puts(b, "</td><td data-l=version>");
+    html_esc(b, json_string_value(json_object_get(m, "version")));
+    tk__buf_printf(b, "</td><td data-l=commit><code title=\"%s\">%.10s</code></td><td data-l=ops>", head, head);
+    page_ops(b, m);
+    tk__buf_puts(b, "</td><td data-l=\"signed by\">");
+    page_signer(b, v, resolve_dir, head);
+    tk__buf_puts(b, "</td></tr>");
+}
+
+/* The summary and the table of branches, highest major first. 1 when a table was opened. */
+static int page_branches(tk_buf *b, pkg_view *v, const char *resolve_dir, const char *org, const char *pkg)
+{
     char branches[32][24];
     size_t nb = resolve_dir ? list_branches(branches, 32, resolve_dir) : 0;
-    tk__buf_puts(b, "<section><h2 id=\"");
-    html_esc(b, org);
-    tk__buf_puts(b, "/");
-    html_esc(b, pkg);
-    tk__buf_puts(b, "\"><a href=\"/?p=");
-    html_esc(b, org);
-    tk__buf_puts(b, "/");
-    html_esc(b, pkg);
-    tk__buf_puts(b, "\">");
-    html_esc(b, org);
-    tk__buf_puts(b, "/");
-    html_esc(b, pkg);
-    tk__buf_puts(b, "</a></h2>");
-    json_t *kernels_of_head = NULL; /* the newest version's kernels, for the detail view's table */
-    char *readme = NULL;
-    char first_pub[TK_PUBKEY_LEN] = ""; /* the newest branch's signer: the trust line under the table */
     for (size_t i = 0; i < nb; i++) {
         char *head = tk_hub__tree_branch_head(resolve_dir, branches[i]);
         json_t *m = head ? tk_hub__tree_commit_manifest(resolve_dir, head) : NULL;
-        if (!m) {
-            free(head);
-            continue;
-        }
-        if (i == 0) {
-            tk__buf_puts(b, "<p>");
-            html_esc(b, json_string_value(json_object_get(m, "description")));
-            tk__buf_puts(b, "</p><p class=m><code>tk get ");
-            html_esc(b, org);
-            tk__buf_puts(b, "/");
-            html_esc(b, pkg);
-            tk__buf_puts(b, "</code> · license ");
-            html_esc(b, json_string_value(json_object_get(m, "license")));
-            tk__buf_puts(b, "</p><div class=t><table><tr><th>branch</th><th>version</th><th>commit</th>"
-                            "<th>ops</th><th>signed by</th></tr>");
-            const char *ap = json_string_value(json_object_get(json_object_get(m, "archive"), "path"));
-            char *arch = ap && tk_hub__path_check(ap) == TK_OK ? tk__fmt("%s/%s/%s", resolve_dir, head, ap) : NULL;
-            readme = arch ? archive_readme(arch) : NULL;
-            free(arch);
-            kernels_of_head = json_incref(json_object_get(m, "kernels"));
-        }
-        /* data-l labels the cells when a phone-width screen stacks each row (see the CSS) */
-        tk__buf_puts(b, "<tr><td data-l=branch>");
-        html_esc(b, branches[i]);
-        tk__buf_puts(b, "</td><td data-l=version>");
-        html_esc(b, json_string_value(json_object_get(m, "version")));
-        tk__buf_printf(b, "</td><td data-l=commit><code title=\"%s\">%.10s</code></td><td data-l=ops>", head, head);
-        /* The ops its kernels implement, each once. */
-        json_t *seen = json_object(), *k;
-        size_t ki;
-        json_array_foreach(json_object_get(m, "kernels"), ki, k) {
-            const char *op = json_string_value(json_object_get(k, "op"));
-            if (!op || json_object_get(seen, op))
-                continue;
-            json_object_set_new(seen, op, json_true());
-            tk__buf_puts(b, json_object_size(seen) > 1 ? ", <code>" : "<code>");
-            html_esc(b, op);
-            tk__buf_puts(b, "</code>");
-        }
-        json_decref(seen);
-        tk__buf_puts(b, "</td><td data-l=\"signed by\">");
-        char *sp = tk__fmt("%s/%s/manifest.json.sig", resolve_dir, head), *stext = NULL;
-        size_t sn = 0;
-        char keyid[TK_KEYID_LEN], pub[TK_PUBKEY_LEN];
-        uint8_t sig[64];
-        if (sp && tk__read_file(&stext, &sn, sp, SIG_MAX) == TK_OK &&
-            tk_hub__sig_parse(keyid, pub, sig, stext, sn) == TK_OK) {
-            tk__buf_puts(b, "<code>");
-            html_esc(b, keyid);
-            tk__buf_puts(b, "</code>");
-            if (!first_pub[0] && pub[0])
-                snprintf(first_pub, sizeof first_pub, "%s", pub);
-        }
-        free(sp);
-        free(stext);
-        tk__buf_puts(b, "</td></tr>");
+        if (m && i == 0)
+            page_summary(b, v, m, org, pkg, resolve_dir, head);
+        if (m)
+            page_branch_row(b, v, m, branches[i], resolve_dir, head);
         json_decref(m);
         free(head);
     }
     if (nb)
         tk__buf_puts(b, "</table></div>");
-    if (nb)
-        page_versions(b, resolve_dir);
-    if (first_pub[0]) { /* verify the fingerprint out of band before running it */
-        tk__buf_puts(b, "<p class=m>Publisher key (check its fingerprint with the publisher, then trust it):</p><pre>tk trust add ");
-        html_esc(b, org);
-        tk__buf_puts(b, " ");
-        html_esc(b, first_pub);
-        tk__buf_puts(b, "</pre>");
-    }
-    if (detail && json_array_size(kernels_of_head)) { /* the kernels of the newest version */
-        json_t *k, *d;
-        size_t i, j;
-        tk__buf_printf(b, "<h3>kernels (%zu)</h3><div class=t><table><tr><th>kernel</th><th>op</th><th>dtypes</th>"
-                          "<th>archs</th></tr>", json_array_size(kernels_of_head));
-        json_array_foreach(kernels_of_head, i, k) {
-            json_t *cons = json_object_get(k, "constraints");
-            int lo = (int)json_integer_value(json_object_get(cons, "min_cc"));
-            int hi = (int)json_integer_value(json_object_get(cons, "max_cc"));
-            tk__buf_puts(b, "<tr><td data-l=kernel><code>");
-            html_esc(b, json_string_value(json_object_get(k, "name")));
-            tk__buf_puts(b, "</code></td><td data-l=op>");
-            html_esc(b, json_string_value(json_object_get(k, "op")));
-            tk__buf_puts(b, "</td><td data-l=dtypes>");
-            json_array_foreach(json_object_get(cons, "dtypes"), j, d) {
-                tk__buf_puts(b, j ? ", " : "");
-                html_esc(b, json_string_value(d));
-            }
-            tk__buf_puts(b, "</td><td data-l=archs>");
-            if (json_is_true(json_object_get(cons, "arch_specific")) && lo)
-                tk__buf_printf(b, "sm_%da", lo);
-            else if (lo && hi)
-                tk__buf_printf(b, "sm_%d-sm_%d", lo, hi);
-            else if (lo)
-                tk__buf_printf(b, "sm_%d+", lo);
-            else
-                tk__buf_puts(b, "any");
-            tk__buf_puts(b, "</td></tr>");
+    return nb > 0;
+}
+
+/* The publisher's key as a `tk trust add` line: verify the fingerprint out of band before running it. */
+static void page_trust_line(tk_buf *b, const char *org, const char *pub)
+{
+    if (!pub[0])
+        return;
+    tk__buf_puts(b, "<p class=m>Publisher key (check its fingerprint with the publisher, then trust it):</p><pre>tk trust add ");
+    html_esc(b, org);
+    tk__buf_puts(b, " ");
+    html_esc(b, pub);
+    tk__buf_puts(b, "</pre>");
+}
+
+/* The kernels of the newest version: name, op, dtypes, archs. */
+static void page_kernels(tk_buf *b, json_t *kernels)
+{
+    json_t *k, *d;
+    size_t i, j;
+    if (!json_array_size(kernels))
+        return;
+    tk__buf_printf(b, "<h3>kernels (%zu)</h3><div class=t><table><tr><th>kernel</th><th>op</th><th>dtypes</th>"
+                      "<th>archs</th></tr>", json_array_size(kernels));
+    json_array_foreach(kernels, i, k) {
+        json_t *cons = json_object_get(k, "constraints");
+        int lo = (int)json_integer_value(json_object_get(cons, "min_cc"));
+        int hi = (int)json_integer_value(json_object_get(cons, "max_cc"));
+        tk__buf_puts(b, "<tr><td data-l=kernel><code>");
+        html_esc(b, json_string_value(json_object_get(k, "name")));
+        tk__buf_puts(b, "</code></td><td data-l=op>");
+        html_esc(b, json_string_value(json_object_get(k, "op")));
+        tk__buf_puts(b, "</td><td data-l=dtypes>");
+        json_array_foreach(json_object_get(cons, "dtypes"), j, d) {
+            tk__buf_puts(b, j ? ", " : "");
+            html_esc(b, json_string_value(d));
         }
-        tk__buf_puts(b, "</table></div>");
+        tk__buf_puts(b, "</td><td data-l=archs>");
+        if (json_is_true(json_object_get(cons, "arch_specific")) && lo)
+            tk__buf_printf(b, "sm_%da", lo);
+        else if (lo && hi)
+            tk__buf_printf(b, "sm_%d-sm_%d", lo, hi);
+        else if (lo)
+            tk__buf_printf(b, "sm_%d+", lo);
+        else
+            tk__buf_puts(b, "any");
+        tk__buf_puts(b, "</td></tr>");
     }
-    json_decref(kernels_of_head);
-    if (readme) {
-        tk__buf_puts(b, detail ? "<h3>README</h3><pre>" : "<details><summary>README</summary><pre>");
-        html_esc(b, readme);
-        tk__buf_puts(b, detail ? "</pre>" : "</pre></details>");
-    }
+    tk__buf_puts(b, "</table></div>");
+}
+
+/* One package's section of the page; detail: its own page (?p=), with the kernels table and the README
+ * open. */
+static void page_package(tk_buf *b, tk_server *s, const char *org, const char *pkg, int detail)
+{
+    char *resolve_dir = tk__fmt("%s/kernels/%s/%s/resolve", s->root, org, pkg);
+    pkg_view v;
+    memset(&v, 0, sizeof v);
+    page_heading(b, org, pkg);
+    if (page_branches(b, &v, resolve_dir, org, pkg))
+        page_versions(b, resolve_dir);
+    page_trust_line(b, org, v.first_pub);
+    if (detail)
+        page_kernels(b, v.kernels);
+    page_readme(b, v.readme, v.markdown, detail);
     tk__buf_puts(b, "</section>\n");
-    free(readme);
+    json_decref(v.kernels);
+    free(v.readme);
     free(resolve_dir);
 }
 
@@ -1559,6 +1636,8 @@ static enum MHD_Result serve_page(tk_server *s, struct MHD_Connection *c, req *r
                      ".t tr:first-child{display:none}.t tr{padding:.4rem 0;border-bottom:1px solid #eee}"
                      ".t td{border:0;padding:.1rem 0}.t td::before{content:attr(data-l) \": \";font-weight:600}}"
                      "pre{white-space:pre-wrap;overflow-wrap:anywhere;background:#f6f6f6;padding:.7rem;border-radius:6px;font-size:.85rem}"
+                     ".readme{overflow-wrap:anywhere}.readme h1,.readme h2,.readme h3{font-size:1.05rem}"
+                     ".readme img{max-width:100%}.readme table{width:auto}"
                      "</style></head><body><h1>tk registry</h1>");
     /* The URL clients use: the Host the browser asked for (checked: host[:port] characters only), with
      * https when a proxy in front says so; else the text says "this page's address". */

@@ -389,7 +389,8 @@ sys.exit(strip(sys.argv[1]) != strip(sys.argv[2]))' "$REG/api/kernels/tktest/dem
   grep -q '<code>scale</code>' "$WORK/body" || fail "page: op missing"
   grep -q "$("$TK" --json trust list | python3 -c 'import json,sys; print([k["keyid"] for k in json.load(sys.stdin) if k["org"] == "tktest"][0])')" "$WORK/body" \
     || fail "page: signer fingerprint missing"
-  grep -q '&lt;script&gt;alert(1)&lt;/script&gt;' "$WORK/body" || fail "page: README missing or not escaped"
+  # the README is Markdown: its heading rendered, its raw <script> dropped (t_page_readme_markdown)
+  grep -q '<h1>demo 2.0.0 .*alert(1)' "$WORK/body" || fail "page: README missing or not rendered"
   grep -q '<script>' "$WORK/body" && fail "page: unescaped HTML"
   # the search box, and searches by name, op and description; a query matching nothing says so
   grep -q '<input type=search name=q' "$WORK/body" || fail "page: no search box"
@@ -415,6 +416,45 @@ sys.exit(strip(sys.argv[1]) != strip(sys.argv[2]))' "$REG/api/kernels/tktest/dem
   grep -q '<script>x' "$WORK/body" && fail "page: Host header injected"
   grep -q "TK_ENDPOINT=&lt;this page's address&gt;" "$WORK/body" || fail "page: bad Host not replaced"
   grep -q '"GET / HTTP\|"GET /"' "$WORK/serve.log" || fail "no request log line"
+  stop_serve
+}
+
+# The package page renders the README's Markdown with cmark's safe mode: headings, code, links; never
+# raw HTML, never a javascript: link.
+t_page_readme_markdown() {
+  server_tree md; start_serve "$SRV" || return
+  make_pkg "$WORK/md" 1.0.0
+  cat >"$WORK/md/README.md" <<'EOF'
+# Fast scale
+
+Scales a tensor. See [the docs](https://example.com/docs) and [this](javascript:alert(1)).
+
+```c
+scale(out, n);
+```
+
+<script>alert("raw")</script>
+<a href="javascript:alert(2)">raw link</a>
+<img src=x onerror="alert(3)">
+EOF
+  "$TK" -q publish "$WORK/md" --registry "$URL" --token "$TOKEN" --key "$KEY" >/dev/null || { fail "publish"; return; }
+  local view
+  for view in "/?p=tktest/demo" "/"; do
+    req "$URL$view"; expect_code 200
+    grep -q '<h1>Fast scale</h1>' "$WORK/body" || fail "$view: README heading not rendered"
+    grep -q '<pre><code class="language-c">scale(out, n);' "$WORK/body" || fail "$view: code block not rendered"
+    grep -q '<a href="https://example.com/docs">the docs</a>' "$WORK/body" || fail "$view: link not rendered"
+    grep -qi '<script' "$WORK/body" && fail "$view: raw <script> reached the page"
+    grep -qi 'javascript:' "$WORK/body" && fail "$view: a javascript: link reached the page"
+    grep -qi 'onerror' "$WORK/body" && fail "$view: raw HTML attributes reached the page"
+  done
+  req "$URL/?p=tktest/demo"; grep -q '<h3>README</h3><div class=readme><h1>Fast scale' "$WORK/body" \
+    || fail "package page: the README is not open under its heading"
+  # a README that is not Markdown stays preformatted text
+  make_pkg "$WORK/txt" 1.0.1; rm "$WORK/txt/README.md"; printf '# not a heading\n<b>x</b>\n' >"$WORK/txt/README.txt"
+  "$TK" -q publish "$WORK/txt" --registry "$URL" --token "$TOKEN" --key "$KEY" >/dev/null || { fail "publish txt"; return; }
+  req "$URL/?p=tktest/demo"
+  grep -q '<pre># not a heading' "$WORK/body" && grep -q '&lt;b&gt;x&lt;/b&gt;' "$WORK/body" || fail "README.txt not shown as text"
   stop_serve
 }
 
