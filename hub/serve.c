@@ -1589,9 +1589,9 @@ static int pkg_matches(tk_server *s, const char *name, const char *q)
     return hit;
 }
 
-static enum MHD_Result serve_page(tk_server *s, struct MHD_Connection *c, req *r)
+/* The packages of the tree (kernels/{org}/{name}), sorted, at most MAX_PAGE_PKGS. */
+static size_t page_collect_names(tk_server *s, char ***out)
 {
-    tk_buf b = TK_BUF_INIT;
     char **names = NULL;
     size_t n = 0;
     char *kdir = tk__path_join(s->root, "kernels");
@@ -1623,6 +1623,15 @@ static enum MHD_Result serve_page(tk_server *s, struct MHD_Connection *c, req *r
     free(kdir);
     if (n)
         qsort(names, n, sizeof *names, cmp_str);
+    *out = names;
+    return n;
+}
+
+static enum MHD_Result serve_page(tk_server *s, struct MHD_Connection *c, req *r)
+{
+    tk_buf b = TK_BUF_INIT;
+    char **names = NULL;
+    size_t n = page_collect_names(s, &names);
     tk__buf_puts(&b, "<!doctype html><html lang=en><head><meta charset=utf-8>"
                      "<meta name=viewport content=\"width=device-width, initial-scale=1\">"
                      "<title>tk registry</title><style>"
