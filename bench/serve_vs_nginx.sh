@@ -101,7 +101,10 @@ for p in $PATHS; do
     for srv in nginx tk; do
       url=$NGINX$path; [ $srv = tk ] && url=$TKS$path
       read -r rps mean p99 err < <(wrk_run "$url" "$W/wrk.txt")
-      [ "$err" = 0 ] || { errors=1; sed 's/^/    /' "$W/wrk.txt"; }
+      if [ "$err" != 0 ]; then
+        errors=1; sed 's/^/    /' "$W/wrk.txt"
+        [ $srv = tk ] && grep -v '" [23]0[0-9] ' "$W/serve.log" | tail -n 5 | sed 's/^/    tk serve: /'
+      fi
       echo "$rps" >>"$W/$name.$srv"
       printf '%-8s %-9s %4s %12s %10s %10s %7s\n' "$name" "$([ $srv = tk ] && echo "tk serve" || echo nginx)" "$i" \
         "$rps" "$mean" "$p99" "$err"

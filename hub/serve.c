@@ -87,6 +87,9 @@ struct tk_server {
     tk_log_fn log;
     void *log_user;
     pthread_mutex_t mu;        /* guards etags */
+    unsigned max_conns;        /* open connections in all (opts->max_connections) */
+    unsigned conns;            /* open now (atomic) */
+    int64_t refused_at;        /* the second the last refusal was logged (atomic) */
     etag_slot etags[ETAG_SLOTS];
 };
 
@@ -2103,6 +2106,33 @@ static void on_mhd_log(void *cls, const char *fmt, va_list ap)
         s->log(s->log_user, TK_LOG_WARN, msg);
 }
 
+/* The connection limit, over all threads. libmicrohttpd splits MHD_OPTION_CONNECTION_LIMIT evenly over
+ * its thread pool, and its threads take new connections unevenly: with 200 clients and a limit of 256,
+ * a thread over its 128 closed connections while the other had room (wrk counted thousands of read
+ * errors). So each thread may take all of them, and this callback refuses a connection past the total;
+ * a burst of accepts can pass it by at most the number of threads. */
+static enum MHD_Result on_accept(void *cls, const struct sockaddr *addr, socklen_t addrlen)
+{
+    tk_server *s = cls;
+    if (__atomic_load_n(&s->conns, __ATOMIC_RELAXED) < s->max_conns)
+        return MHD_YES;
+    int64_t now = tk__now(), last = __atomic_load_n(&s->refused_at, __ATOMIC_RELAXED);
+    if (now != last && __atomic_compare_exchange_n(&s->refused_at, &last, now, 0, __ATOMIC_RELAXED, __ATOMIC_RELAXED))
+        say(s, TK_LOG_WARN, "%u connections open, the most allowed (--max-connections): refusing new ones",
+            s->max_conns);
+    return MHD_NO;
+}
+
+static void on_connection(void *cls, struct MHD_Connection *c, void **socket_context,
+                          enum MHD_ConnectionNotificationCode code)
+{
+    tk_server *s = cls;
+    if (code == MHD_CONNECTION_NOTIFY_STARTED)
+        __atomic_add_fetch(&s->conns, 1, __ATOMIC_RELAXED);
+    else
+        __atomic_sub_fetch(&s->conns, 1, __ATOMIC_RELAXED);
+}
+
 /* ---- lifecycle ----------------------------------------------------------------------------------- */
 
 int tk_server_new(tk_server **out, const tk_serve_opts *opts)
@@ -2161,13 +2191,15 @@ int tk_server_new(tk_server **out, const tk_serve_opts *opts)
     }
     tk__rmtree(tmpdir);
     unsigned flags = MHD_USE_AUTO_INTERNAL_THREAD | MHD_USE_ERROR_LOG;
+    unsigned threads = opts->threads ? opts->threads : 4;
+    s->max_conns = opts->max_connections ? opts->max_connections : 256;
     if (ai->ai_family == AF_INET6)
         flags |= MHD_USE_IPv6;
     s->d = MHD_start_daemon(
-        flags, (uint16_t)port, NULL, NULL, on_request, s, MHD_OPTION_EXTERNAL_LOGGER, on_mhd_log, s,
-        MHD_OPTION_SOCK_ADDR, ai->ai_addr,
-        MHD_OPTION_THREAD_POOL_SIZE, (unsigned)(opts->threads ? opts->threads : 4), MHD_OPTION_CONNECTION_LIMIT,
-        (unsigned)(opts->max_connections ? opts->max_connections : 256), MHD_OPTION_PER_IP_CONNECTION_LIMIT,
+        flags, (uint16_t)port, on_accept, s, on_request, s, MHD_OPTION_EXTERNAL_LOGGER, on_mhd_log, s,
+        MHD_OPTION_SOCK_ADDR, ai->ai_addr, MHD_OPTION_THREAD_POOL_SIZE, threads,
+        MHD_OPTION_CONNECTION_LIMIT, s->max_conns > 65536 ? s->max_conns : s->max_conns * threads, MHD_OPTION_NOTIFY_CONNECTION, on_connection, s,
+        MHD_OPTION_PER_IP_CONNECTION_LIMIT,
         (unsigned)(opts->max_per_ip ? opts->max_per_ip : 32), MHD_OPTION_CONNECTION_TIMEOUT,
         (unsigned)(opts->timeout_s ? opts->timeout_s : 30),
         /* The request line and headers must fit here (16 KiB takes 15,000 bytes of headers; nginx's

@@ -288,6 +288,34 @@ EOF
   stop_serve
 }
 
+# --max-connections holds over all threads: past it a new connection is closed (and logged once a
+# second), below it none is, however the threads share them out.
+t_connection_limit() {
+  start_serve "$REG" --max-connections 6 --threads 4 || return
+  local port=${URL##*:}
+  python3 - "$port" <<'EOF' || fail "the connection limit"
+import socket, sys, time
+port = int(sys.argv[1])
+req = b"GET /kernels/tktest/demo/resolve/v1/manifest.json HTTP/1.1\r\nHost: x\r\n\r\n"
+def get(s):
+    s.settimeout(3); s.sendall(req)
+    try:
+        return s.recv(100)
+    except (ConnectionResetError, socket.timeout):
+        return b""
+held = [socket.create_connection(("127.0.0.1", port)) for _ in range(6)]
+for s in held:   # all six are served, whichever thread took them
+    assert get(s).startswith(b"HTTP/1.1 200"), "a connection under the limit was not served"
+extra = socket.create_connection(("127.0.0.1", port))
+assert get(extra) == b"", "the 7th connection was served"
+held.pop().close(); time.sleep(0.3)
+again = socket.create_connection(("127.0.0.1", port))
+assert get(again).startswith(b"HTTP/1.1 200"), "no room after a connection closed"
+EOF
+  grep -q "6 connections open, the most allowed" "$WORK/serve.log" || fail "the refusal is not logged"
+  stop_serve
+}
+
 # A server tree with a token for tktest and the test key trusted.
 SRV=
 server_tree() {
