@@ -14,9 +14,10 @@
 #
 #   bash bench/serve_vs_nginx.sh [CONNECTIONS=200] [SECONDS=10] [REPEAT=3] [WRK_THREADS=2]
 #   TK_SERVE_ARGS="--threads 2" bash bench/serve_vs_nginx.sh     (extra tk serve options)
+#   TK_BIN=/path/to/other/tk bash bench/serve_vs_nginx.sh        (another build of tk, e.g. an older one)
 set -u
 cd "$(dirname "$0")/.."
-B=${TK_BUILD:-build}; TK=$PWD/$B/tk
+B=${TK_BUILD:-build}; TK=${TK_BIN:-$PWD/$B/tk}
 CONNS=${1:-200}; SECS=${2:-10}; REPEAT=${3:-3}; WRK_THREADS=${4:-2}
 for c in wrk nginx curl python3; do
   command -v $c >/dev/null || { echo "serve_vs_nginx: $c is not installed (scripts/setup.sh --test)"; exit 1; }
@@ -84,7 +85,7 @@ def ms(s):
     return v / 1000 if u == "us" else v * 1000 if u == "s" else v
 rps = float(re.search(r"Requests/sec:\s+([\d.]+)", t).group(1))
 mean = ms(re.search(r"Latency\s+(\S+)", t).group(1))
-p99 = ms(re.search(r"99%\s+(\S+)", t).group(1))
+p99 = ms(re.search(r"^\s*99%\s+(\S+)", t, re.M).group(1))
 err = sum(int(x) for x in re.findall(r"(?:connect|read|write|timeout) (\d+)", t))
 m = re.search(r"Non-2xx or 3xx responses: (\d+)", t)
 err += int(m.group(1)) if m else 0
@@ -103,7 +104,7 @@ for p in $PATHS; do
       read -r rps mean p99 err < <(wrk_run "$url" "$W/wrk.txt")
       if [ "$err" != 0 ]; then
         errors=1; sed 's/^/    /' "$W/wrk.txt"
-        [ $srv = tk ] && grep -v '" [23]0[0-9] ' "$W/serve.log" | tail -n 5 | sed 's/^/    tk serve: /'
+        [ $srv = tk ] && grep 'warning:' "$W/serve.log" | tail -n 5 | sed 's/^/    tk serve: /'
       fi
       echo "$rps" >>"$W/$name.$srv"
       printf '%-8s %-9s %4s %12s %10s %10s %7s\n' "$name" "$([ $srv = tk ] && echo "tk serve" || echo nginx)" "$i" \
