@@ -3,8 +3,8 @@
 #
 # Publishes one package (kernels-src/activation renamed tktest/bench; TK_LOAD_PKG=flash-attn for a
 # bigger archive) into a scratch tree, serves that tree with nginx (the rules of docs/registry.md, as
-# tests/nginx.conf.in runs them, with the worker and I/O settings of a production nginx: one worker per
-# core, sendfile, keep-alive, access log on) and with tk serve (its defaults, access log on), and runs
+# tests/nginx.conf.in runs them, with the I/O settings of a production nginx: sendfile, tcp_nopush,
+# keep-alive, access log on; one worker per tk serve thread) and with tk serve (access log on), and runs
 # the same wrk load against both, one after the other, for each URL:
 #   archive   /kernels/tktest/bench/resolve/v1/source.tar.gz   (the branch resolved to its commit)
 #   api       /api/kernels/tktest/bench                         (the package's info JSON, a small file)
@@ -44,11 +44,14 @@ PY
 "$TK" -q publish "$W/pkg" --to "$W/tree" --key "$W/key" >/dev/null || { echo "publish failed"; exit 1; }
 chmod -R a+rX "$W/tree"
 
-# nginx: tests/nginx.conf.in's rules; production settings for workers and I/O.
+# nginx: tests/nginx.conf.in's rules; production settings for I/O; as many worker processes as tk serve
+# has threads (4 unless TK_SERVE_ARGS says --threads N), so that on a machine shared with other work
+# neither server gets more of the scheduler's time slices than the other.
+THREADS=$(echo "${TK_SERVE_ARGS:-}" | sed -n 's/.*--threads[ =]\([0-9]*\).*/\1/p'); THREADS=${THREADS:-4}
 mkdir -p "$W/nginx"
 NPORT=$(free_port)
 sed -e "s#@ROOT@#$W/tree#g" -e "s#@PORT@#$NPORT#g" -e "s#@DIR@#$W/nginx#g" -e "s#@RATE@#0#g" \
-    -e "s#^worker_processes 1;#worker_processes auto; worker_rlimit_nofile 4096;#" \
+    -e "s#^worker_processes 1;#worker_processes $THREADS; worker_rlimit_nofile 4096;#" \
     -e "s#events { worker_connections 256; }#events { worker_connections 1024; }#" \
     -e "s#^http {#http {\n  sendfile on; tcp_nopush on; tcp_nodelay on; keepalive_requests 1000000;#" \
     tests/nginx.conf.in >"$W/nginx/nginx.conf"
@@ -72,7 +75,7 @@ for p in $PATHS; do # both answer 200 with the same bytes
 done
 SIZE=$(curl -s -o /dev/null -w '%{size_download}' "$TKS/kernels/tktest/bench/resolve/v1/source.tar.gz")
 echo "serve_vs_nginx: $CONNS connections, ${SECS} s a run, $REPEAT runs each, wrk -t$WRK_THREADS; archive $SIZE bytes"
-echo "  $(nginx -v 2>&1); tk serve ${TK_SERVE_ARGS:-(defaults)}; $(nproc) cores; $(uptime | sed 's/.*load/load/')"
+echo "  $(nginx -v 2>&1) with $THREADS workers; tk serve ${TK_SERVE_ARGS:-(defaults: 4 threads)}; $(nproc) cores; $(uptime | sed 's/.*load/load/')"
 
 # wrk_run URL OUT: one run; prints "rps mean_ms p99_ms errors".
 wrk_run() {
