@@ -1733,7 +1733,10 @@ static int fast_api(tk_server *s, struct MHD_Connection *c, req *r, const char *
     if (doc)
         return join_rel(rel, sizeof rel, "api/kernels", org, pkg, doc, (char *)NULL) &&
                fast_file(s, c, r, rel, "application/json", NULL, 0, ret);
+    struct stat st; /* the commit's folder exists, as the slow path's resolve_rev requires */
     if (n != 6 || strcmp(p[4], "revision") || !fast_commit(s, commit, org, pkg, p[5]) ||
+        !join_rel(rel, sizeof rel, "kernels", org, pkg, "resolve", commit, (char *)NULL) ||
+        fstatat(s->root_fd, rel, &st, AT_SYMLINK_NOFOLLOW) != 0 || !S_ISDIR(st.st_mode) ||
         !join_rel(rel, sizeof rel, "api/kernels", org, pkg, "revision", p[5], (char *)NULL))
         return 0;
     return fast_file(s, c, r, rel, "application/json", commit, tk__is_hex(p[5], 40), ret);
