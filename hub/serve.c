@@ -4,20 +4,23 @@
  *
  * Reads are the tree's files, served with the Hugging Face Hub's semantics (ETag = the file's sha256,
  * X-Repo-Commit, Range, If-None-Match, X-Error-Code). Every path is checked component by component
- * (no "..", no dot-files, no NUL or backslash) and then resolved with realpath and prefix-checked
- * against the root, so neither a crafted URL nor a symlink in the tree reaches outside it. Dot-names
- * are never served: that hides the server's own state (.tk-serve/), the publish lock and staging dirs.
+ * (no "..", no dot-files, no NUL or backslash) and opened beneath the root: openat2(RESOLVE_BENEATH)
+ * where the kernel has it, else realpath and a prefix check, so neither a crafted URL nor a symlink in
+ * the tree reaches outside it. Dot-names are never served: that hides the server's own state
+ * (.tk-serve/), the publish lock and staging dirs. A read of a tree tk wrote takes a fast path (one
+ * readlinkat for the branch, one openat2 for the file, the body sent with its headers); anything else,
+ * errors included, the slow path with its exact error codes (see "the read fast path" below, and
+ * bench/RESULTS.md for what each part cost).
  *
  * Uploads: PUT /api/upload/{org}/{name} with a bearer token bound to {org}. The body (a plain tar of the
  * version's three files) streams to a temp file under .tk-serve/tmp, then the server checks what a
  * client would: signature by a key trusted for the org on this server, manifest, name against the URL,
- * archive size and sha256, and the safe-unpack rules with every file's digest. Only then does it take
- * the tree's publish lock and write the version with the rules of hub/publish.c (stage, rename, move
- * the branch, rewrite refs), so a server killed mid-upload leaves no partial version.
- *
- * The tree-writing helpers below (branch_head .. update_refs, compute_commit) repeat hub/publish.c's
- * static ones: publish.c builds and signs, this file receives signed files. They should become one
- * internal function, tk_hub__publish_files(), in publish.c.
+ * archive size and sha256, and the safe-unpack rules with every file's digest; and what tk publish
+ * would: the manifest's keys (hub/schema.c) and kernels (api/validate.c; this file implements tk.h's
+ * server calls, so it joins hub and api as api/ does). Only then does it take the tree's publish lock
+ * and write the version with the rules of hub/publish.c (hub/tree.h: stage, rename, move the branch,
+ * rewrite refs), so a refused upload writes nothing in the tree and a server killed mid-upload leaves no
+ * partial version.
  *
  * Threads: libmicrohttpd's internal thread pool (epoll on Linux). The handler never blocks on a slow
  * client; it blocks only on the file system and the publish flock. Nothing global is mutable: the
