@@ -73,12 +73,20 @@
 #define MAX_PAGE_PKGS 2000
 #define SMALL_BODY ((int64_t)64 << 10) /* bodies up to this are sent from memory: see body_response */
 
+/* A small file's bytes, shared by the etag cache and the responses sending them; freed with its last
+ * reference. */
+typedef struct {
+    unsigned refs; /* atomic */
+    char data[];
+} blob;
+
 typedef struct {
     dev_t dev;
     ino_t ino;
     off_t size;
     struct timespec mtime;
     char sha[TK_SHA256_HEX];
+    blob *body;                /* the file's bytes when it has at most SMALL_BODY of them */
 } etag_slot;
 
 struct tk_server {
@@ -89,7 +97,7 @@ struct tk_server {
     int64_t max_upload;
     tk_log_fn log;
     void *log_user;
-    pthread_mutex_t mu;        /* guards etags */
+    pthread_mutex_t mu;        /* guards etags (at most ETAG_SLOTS x SMALL_BODY bytes of bodies: 32 MiB) */
     unsigned max_conns;        /* open connections in all (opts->max_connections) */
     unsigned conns;            /* open now (atomic) */
     int64_t refused_at;        /* the second the last refusal was logged (atomic) */
@@ -771,19 +779,33 @@ static enum MHD_Result reply_error(struct MHD_Connection *c, req *r, unsigned st
     return queue(c, r, status, resp);
 }
 
-/* The sha256 of a regular file, cached by (dev, inode, size, mtime): files in the tree are replaced
- * by rename, never rewritten in place. */
-static int file_sha(tk_server *s, char out[TK_SHA256_HEX], int fd, const struct stat *st)
+static void blob_unref(void *p)
 {
-    etag_slot *slot = &s->etags[(st->st_ino ^ st->st_dev) % ETAG_SLOTS];
-    pthread_mutex_lock(&s->mu);
-    int hit = slot->ino == st->st_ino && slot->dev == st->st_dev && slot->size == st->st_size &&
-              slot->mtime.tv_sec == st->st_mtim.tv_sec && slot->mtime.tv_nsec == st->st_mtim.tv_nsec;
-    if (hit)
-        memcpy(out, slot->sha, TK_SHA256_HEX);
-    pthread_mutex_unlock(&s->mu);
-    if (hit)
-        return TK_OK;
+    blob *b = p;
+    if (b && __atomic_sub_fetch(&b->refs, 1, __ATOMIC_ACQ_REL) == 0)
+        free(b);
+}
+
+/* Reads size bytes of fd from its start. */
+static int read_exact(int fd, char *buf, int64_t size)
+{
+    int64_t got = 0;
+    while (got < size) {
+        ssize_t n = pread(fd, buf + got, (size_t)(size - got), got);
+        if (n < 0 && errno == EINTR)
+            continue;
+        if (n < 0)
+            return tk__err_sys("cannot read", "a file of the tree");
+        if (n == 0) /* files in the tree are replaced by rename, never cut short */
+            return tk__err(TK_ERR_IO, "a file of the tree was cut short while it was read");
+        got += n;
+    }
+    return TK_OK;
+}
+
+/* The sha256 of a streamed file. */
+static int sha_of_fd(char out[TK_SHA256_HEX], int fd)
+{
     tk_sha256 *h = NULL;
     int rc = tk__sha256_new(&h);
     char buf[1 << 16];
@@ -802,16 +824,59 @@ static int file_sha(tk_server *s, char out[TK_SHA256_HEX], int fd, const struct 
     if (rc == TK_OK)
         rc = tk__sha256_final_hex(h, out);
     tk__sha256_free(h);
-    if (rc == TK_OK) {
-        pthread_mutex_lock(&s->mu);
-        slot->dev = st->st_dev;
-        slot->ino = st->st_ino;
-        slot->size = st->st_size;
-        slot->mtime = st->st_mtim;
-        memcpy(slot->sha, out, TK_SHA256_HEX);
-        pthread_mutex_unlock(&s->mu);
-    }
     return rc;
+}
+
+/* The sha256 of a regular file, cached by (dev, inode, size, mtime): files in the tree are replaced
+ * by rename, never rewritten in place. A file of at most SMALL_BODY bytes is cached with its bytes,
+ * and *body (when body is not NULL) receives a reference to them (blob_unref), so that a read of a
+ * small file costs no read at all. */
+static int file_sha(tk_server *s, char out[TK_SHA256_HEX], int fd, const struct stat *st, blob **body)
+{
+    etag_slot *slot = &s->etags[(st->st_ino ^ st->st_dev) % ETAG_SLOTS];
+    if (body)
+        *body = NULL;
+    pthread_mutex_lock(&s->mu);
+    int hit = slot->ino == st->st_ino && slot->dev == st->st_dev && slot->size == st->st_size &&
+              slot->mtime.tv_sec == st->st_mtim.tv_sec && slot->mtime.tv_nsec == st->st_mtim.tv_nsec;
+    if (hit) {
+        memcpy(out, slot->sha, TK_SHA256_HEX);
+        if (body && (*body = slot->body) != NULL)
+            __atomic_add_fetch(&slot->body->refs, 1, __ATOMIC_RELAXED);
+    }
+    pthread_mutex_unlock(&s->mu);
+    if (hit)
+        return TK_OK;
+    blob *b = NULL;
+    int rc;
+    if (st->st_size <= SMALL_BODY) {
+        if (!(b = malloc(sizeof *b + (size_t)st->st_size + 1)))
+            return tk__err(TK_ERR_NOMEM, "out of memory");
+        b->refs = 1; /* the cache's */
+        if ((rc = read_exact(fd, b->data, st->st_size)) == TK_OK)
+            rc = tk__sha256_hex(out, b->data, (size_t)st->st_size);
+    } else {
+        rc = sha_of_fd(out, fd);
+    }
+    if (rc != TK_OK) {
+        free(b);
+        return rc;
+    }
+    if (b && body) {
+        b->refs++;
+        *body = b;
+    }
+    pthread_mutex_lock(&s->mu);
+    blob *old = slot->body;
+    slot->dev = st->st_dev;
+    slot->ino = st->st_ino;
+    slot->size = st->st_size;
+    slot->mtime = st->st_mtim;
+    memcpy(slot->sha, out, TK_SHA256_HEX);
+    slot->body = b;
+    pthread_mutex_unlock(&s->mu);
+    blob_unref(old);
+    return TK_OK;
 }
 
 /* rel must already be checked component by component; this resolves it and refuses anything that
@@ -911,30 +976,21 @@ static int open_in_root(tk_server *s, const char *rel, int no_symlinks)
     return fd;
 }
 
-/* The body of a response: len bytes of fd from off; takes fd over. A small body is read into memory so
- * that libmicrohttpd sends the headers and the body in one writev, one TCP segment on loopback; a big
- * one goes by sendfile after the headers. (Two sends a response, each pushing a segment, cost half the
- * throughput of nginx on small files; nginx corks the headers onto the sendfile.) */
-static struct MHD_Response *body_response(int fd, int64_t off, int64_t len)
+/* The body of a response: len bytes from off of the file, which is fd (taken over) and, for a small
+ * file, body (its bytes from the etag cache; the reference is taken over too). A small body goes from
+ * memory, so that libmicrohttpd sends it and its headers in one writev, one TCP segment on loopback; a
+ * big one by sendfile after the headers. (Two sends a response, each pushing a segment, cost half of
+ * nginx's throughput on small files: nginx corks its headers onto the sendfile.) */
+static struct MHD_Response *body_response(int fd, blob *body, int64_t off, int64_t len)
 {
-    if (len > SMALL_BODY) /* MHD owns fd from here, also when it fails. */
+    if (!body) /* MHD owns fd from here, also when it fails. */
         return MHD_create_response_from_fd_at_offset64((uint64_t)len, fd, (uint64_t)off);
-    char *buf = malloc(len ? (size_t)len : 1);
-    int64_t got = 0;
-    while (buf && got < len) {
-        ssize_t n = pread(fd, buf + got, (size_t)(len - got), off + got);
-        if (n < 0 && errno == EINTR)
-            continue;
-        if (n <= 0)
-            break;
-        got += n;
-    }
     close(fd);
-    if (!buf || got != len) { /* files in the tree are replaced by rename, never cut short: a failed disk */
-        free(buf);
-        return NULL;
-    }
-    return MHD_create_response_from_buffer((size_t)len, buf, MHD_RESPMEM_MUST_FREE);
+    struct MHD_Response *resp =
+        MHD_create_response_from_buffer_with_free_callback_cls((size_t)len, body->data + off, blob_unref, body);
+    if (!resp)
+        blob_unref(body);
+    return resp;
 }
 
 /* Answers a GET or HEAD with the open regular file fd (which it takes over): ETag (the sha256, cached),
@@ -943,7 +999,8 @@ static enum MHD_Result serve_fd(tk_server *s, struct MHD_Connection *c, req *r, 
                                 const char *type, const char *commit, int immutable)
 {
     char sha[TK_SHA256_HEX], etag[TK_SHA256_HEX + 2];
-    if (file_sha(s, sha, fd, st) != TK_OK) {
+    blob *body = NULL;
+    if (file_sha(s, sha, fd, st, &body) != TK_OK) {
         close(fd);
         return reply_error(c, r, MHD_HTTP_INTERNAL_SERVER_ERROR, "InternalError", "%s", tk_last_error());
     }
@@ -959,17 +1016,19 @@ static enum MHD_Result serve_fd(tk_server *s, struct MHD_Connection *c, req *r, 
     char cr[96];
     if (inm && tk_hub__serve_etag_matches(inm, etag)) {
         close(fd);
+        blob_unref(body);
         resp = MHD_create_response_from_buffer(0, (void *)"", MHD_RESPMEM_PERSISTENT);
         status = MHD_HTTP_NOT_MODIFIED;
     } else if (ranged < 0) {
         close(fd);
+        blob_unref(body);
         snprintf(cr, sizeof cr, "bytes */%lld", (long long)size);
         resp = MHD_create_response_from_buffer(0, (void *)"", MHD_RESPMEM_PERSISTENT);
         if (resp)
             MHD_add_response_header(resp, "Content-Range", cr);
         status = MHD_HTTP_RANGE_NOT_SATISFIABLE;
     } else {
-        resp = body_response(fd, from, to - from + 1);
+        resp = body_response(fd, body, from, to - from + 1);
         status = ranged ? MHD_HTTP_PARTIAL_CONTENT : MHD_HTTP_OK;
         if (resp && ranged) {
             snprintf(cr, sizeof cr, "bytes %lld-%lld/%lld", (long long)from, (long long)to, (long long)size);
@@ -1174,7 +1233,7 @@ static enum MHD_Result serve_tree(tk_server *s, struct MHD_Connection *c, req *r
         int fd = p ? open(p, O_RDONLY | O_NOFOLLOW | O_CLOEXEC) : -1;
         struct stat st;
         char sha[TK_SHA256_HEX];
-        if (fd >= 0 && fstat(fd, &st) == 0 && S_ISREG(st.st_mode) && file_sha(s, sha, fd, &st) == TK_OK)
+        if (fd >= 0 && fstat(fd, &st) == 0 && S_ISREG(st.st_mode) && file_sha(s, sha, fd, &st, NULL) == TK_OK)
             json_array_append_new(list, json_pack("{s:s, s:s, s:I, s:s}", "type", "file", "path", e->d_name, "size",
                                                   (json_int_t)st.st_size, "oid", sha));
         if (fd >= 0)
@@ -2243,6 +2302,8 @@ void tk_server_free(tk_server *s)
         return;
     if (s->d)
         MHD_stop_daemon(s->d);
+    for (size_t i = 0; i < ETAG_SLOTS; i++)
+        blob_unref(s->etags[i].body);
     pthread_mutex_destroy(&s->mu);
     if (s->root_fd >= 0)
         close(s->root_fd);
