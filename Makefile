@@ -26,6 +26,8 @@ LDLIBS  := $(shell pkg-config --libs $(PKGS)) -ldl -lpthread -lm
 SOMAJOR := 0
 # libmicrohttpd: only the server (hub/serve.c, linked into the tk command and libtkhub-serve)
 SERVE_PKGS := libmicrohttpd
+# libcmark: the server's package pages render each README's Markdown (hub/serve.c, CMARK_OPT_SAFE)
+SERVE_PKGS += libcmark
 CFLAGS  += $(shell pkg-config --cflags $(SERVE_PKGS))
 SERVE_LDLIBS := $(shell pkg-config --libs $(SERVE_PKGS))
 

@@ -98,13 +98,30 @@ static void log_line(void *user, int level, const char *msg)
     tk_cli *cli = user;
     if (cli->quiet && level < TK_LOG_WARN)
         return;
-    char ts[32];
+    /* The timestamp changes once a second: each thread formats it then. No printf on this path, a line
+     * a request (see access_log in hub/serve.c). */
+    static __thread time_t last = -1;
+    static __thread char ts[24];
     time_t now = time(NULL);
-    struct tm tm;
-    gmtime_r(&now, &tm);
-    strftime(ts, sizeof ts, "%Y-%m-%dT%H:%M:%SZ", &tm);
-    /* One fprintf per line: stdio locks the stream, so lines from the server's threads never mix. */
-    fprintf(stderr, "%s %s%s\n", ts, level >= TK_LOG_WARN ? "warning: " : "", msg);
+    if (now != last) {
+        struct tm tm;
+        gmtime_r(&now, &tm);
+        strftime(ts, sizeof ts, "%Y-%m-%dT%H:%M:%SZ ", &tm);
+        last = now;
+    }
+    char line[1200];
+    size_t n = 0;
+    const char *parts[] = {ts, level >= TK_LOG_WARN ? "warning: " : "", msg};
+    for (size_t i = 0; i < 3; i++) {
+        size_t k = strlen(parts[i]);
+        if (k > sizeof line - 1 - n)
+            k = sizeof line - 1 - n;
+        memcpy(line + n, parts[i], k);
+        n += k;
+    }
+    line[n++] = '\n';
+    /* One fwrite per line: stdio locks the stream, so lines from the server's threads never mix. */
+    fwrite(line, 1, n, stderr);
 }
 
 /* tk serve token add|list|revoke, tk serve trust add|list|remove: the server's state under --root.

@@ -18,6 +18,8 @@ pkgs=(build-essential pkg-config
       libopenblas-dev
       libpcre2-dev libutf8proc-dev
       nginx-light zstd curl openssl python3)
+# libcmark: tk serve renders each package's README (Markdown) on its page
+pkgs+=(libcmark-dev)
 # cmake: tests/cli/install.sh builds host programs against the installed tkhub CMake package
 pkgs+=(cmake)
 # groff-base, man-db: tests/cli/install.sh renders docs/tk.1 (groff -ww) and reads the installed page (man)

@@ -206,6 +206,35 @@ t_traversal_refused() {
   stop_serve
 }
 
+# Symlinks that stay inside the tree are followed, as before the fast path (which refuses every
+# symlink and leaves such a file to the slow path): a relative one and an absolute one.
+t_symlinks_inside_tree_served() {
+  local root=$WORK/links; rm -rf "$root"; cp -a "$REG" "$root"
+  local d=$root/kernels/tktest/demo/resolve/$COMMIT
+  ln -s manifest.json "$d/rel-alias"
+  ln -s "$d/manifest.json" "$d/abs-alias"
+  start_serve "$root" || return
+  local p
+  for p in "resolve/v1/rel-alias" "resolve/v1/abs-alias" "resolve/$COMMIT/abs-alias"; do
+    req "$URL/kernels/tktest/demo/$p"; expect_code 200
+    cmp -s "$WORK/body" "$d/manifest.json" || fail "$p: not the manifest's bytes"
+    expect_hdr ETag "\"$(sha "$d/manifest.json")\""
+  done
+  expect_hdr X-Repo-Commit "$COMMIT"
+  # HEAD and a Range of a small file (sent from memory) and of a big one (sendfile)
+  head -c 200000 /dev/urandom >"$d/big.bin"
+  for p in manifest.json big.bin; do
+    local size; size=$(stat -c %s "$d/$p")
+    req -I "$URL/kernels/tktest/demo/resolve/v1/$p"; expect_code 200; expect_hdr Content-Length "$size"
+    req -r 5-104 "$URL/kernels/tktest/demo/resolve/v1/$p"; expect_code 206
+    cmp -s "$WORK/body" <(tail -c +6 "$d/$p" | head -c 100) || fail "$p: the range is not bytes 5-104"
+    req "$URL/kernels/tktest/demo/resolve/v1/$p"; expect_code 200; cmp -s "$WORK/body" "$d/$p" || fail "$p differs"
+  done
+  grep -q '^[0-9TZ:-]* 127.0.0.1 "GET /kernels/tktest/demo/resolve/v1/big.bin" 200 200000 [0-9]*\.[0-9]ms$' "$WORK/serve.log" \
+    || fail "no access log line for big.bin: $(grep big.bin "$WORK/serve.log" | tail -n 1)"
+  stop_serve
+}
+
 t_oversized_header_and_slow_clients() {
   start_serve "$REG" --timeout 2 || return
   local port=${URL##*:}
@@ -256,6 +285,34 @@ except ConnectionResetError:
     got = b""
 assert got == b"" and time.time() - t < 7, (got, time.time() - t)
 EOF
+  stop_serve
+}
+
+# --max-connections holds over all threads: past it a new connection is closed (and logged once a
+# second), below it none is, however the threads share them out.
+t_connection_limit() {
+  start_serve "$REG" --max-connections 6 --threads 4 || return
+  local port=${URL##*:}
+  python3 - "$port" <<'EOF' || fail "the connection limit"
+import socket, sys, time
+port = int(sys.argv[1])
+req = b"GET /kernels/tktest/demo/resolve/v1/manifest.json HTTP/1.1\r\nHost: x\r\n\r\n"
+def get(s):
+    s.settimeout(3); s.sendall(req)
+    try:
+        return s.recv(100)
+    except (ConnectionResetError, socket.timeout):
+        return b""
+held = [socket.create_connection(("127.0.0.1", port)) for _ in range(6)]
+for s in held:   # all six are served, whichever thread took them
+    assert get(s).startswith(b"HTTP/1.1 200"), "a connection under the limit was not served"
+extra = socket.create_connection(("127.0.0.1", port))
+assert get(extra) == b"", "the 7th connection was served"
+held.pop().close(); time.sleep(0.3)
+again = socket.create_connection(("127.0.0.1", port))
+assert get(again).startswith(b"HTTP/1.1 200"), "no room after a connection closed"
+EOF
+  grep -q "6 connections open, the most allowed" "$WORK/serve.log" || fail "the refusal is not logged"
   stop_serve
 }
 
@@ -360,7 +417,8 @@ sys.exit(strip(sys.argv[1]) != strip(sys.argv[2]))' "$REG/api/kernels/tktest/dem
   grep -q '<code>scale</code>' "$WORK/body" || fail "page: op missing"
   grep -q "$("$TK" --json trust list | python3 -c 'import json,sys; print([k["keyid"] for k in json.load(sys.stdin) if k["org"] == "tktest"][0])')" "$WORK/body" \
     || fail "page: signer fingerprint missing"
-  grep -q '&lt;script&gt;alert(1)&lt;/script&gt;' "$WORK/body" || fail "page: README missing or not escaped"
+  # the README is Markdown: its heading rendered, its raw <script> dropped (t_page_readme_markdown)
+  grep -q '<h1>demo 2.0.0 .*alert(1)' "$WORK/body" || fail "page: README missing or not rendered"
   grep -q '<script>' "$WORK/body" && fail "page: unescaped HTML"
   # the search box, and searches by name, op and description; a query matching nothing says so
   grep -q '<input type=search name=q' "$WORK/body" || fail "page: no search box"
@@ -386,6 +444,45 @@ sys.exit(strip(sys.argv[1]) != strip(sys.argv[2]))' "$REG/api/kernels/tktest/dem
   grep -q '<script>x' "$WORK/body" && fail "page: Host header injected"
   grep -q "TK_ENDPOINT=&lt;this page's address&gt;" "$WORK/body" || fail "page: bad Host not replaced"
   grep -q '"GET / HTTP\|"GET /"' "$WORK/serve.log" || fail "no request log line"
+  stop_serve
+}
+
+# The package page renders the README's Markdown with cmark's safe mode: headings, code, links; never
+# raw HTML, never a javascript: link.
+t_page_readme_markdown() {
+  server_tree md; start_serve "$SRV" || return
+  make_pkg "$WORK/md" 1.0.0
+  cat >"$WORK/md/README.md" <<'EOF'
+# Fast scale
+
+Scales a tensor. See [the docs](https://example.com/docs) and [this](javascript:alert(1)).
+
+```c
+scale(out, n);
+```
+
+<script>alert("raw")</script>
+<a href="javascript:alert(2)">raw link</a>
+<img src=x onerror="alert(3)">
+EOF
+  "$TK" -q publish "$WORK/md" --registry "$URL" --token "$TOKEN" --key "$KEY" >/dev/null || { fail "publish"; return; }
+  local view
+  for view in "/?p=tktest/demo" "/"; do
+    req "$URL$view"; expect_code 200
+    grep -q '<h1>Fast scale</h1>' "$WORK/body" || fail "$view: README heading not rendered"
+    grep -q '<pre><code class="language-c">scale(out, n);' "$WORK/body" || fail "$view: code block not rendered"
+    grep -q '<a href="https://example.com/docs">the docs</a>' "$WORK/body" || fail "$view: link not rendered"
+    grep -qi '<script' "$WORK/body" && fail "$view: raw <script> reached the page"
+    grep -qi 'javascript:' "$WORK/body" && fail "$view: a javascript: link reached the page"
+    grep -qi 'onerror' "$WORK/body" && fail "$view: raw HTML attributes reached the page"
+  done
+  req "$URL/?p=tktest/demo"; grep -q '<h3>README</h3><div class=readme><h1>Fast scale' "$WORK/body" \
+    || fail "package page: the README is not open under its heading"
+  # a README that is not Markdown stays preformatted text
+  make_pkg "$WORK/txt" 1.0.1; rm "$WORK/txt/README.md"; printf '# not a heading\n<b>x</b>\n' >"$WORK/txt/README.txt"
+  "$TK" -q publish "$WORK/txt" --registry "$URL" --token "$TOKEN" --key "$KEY" >/dev/null || { fail "publish txt"; return; }
+  req "$URL/?p=tktest/demo"
+  grep -q '<pre># not a heading' "$WORK/body" && grep -q '&lt;b&gt;x&lt;/b&gt;' "$WORK/body" || fail "README.txt not shown as text"
   stop_serve
 }
 
@@ -554,6 +651,46 @@ EOF
   [ -z "$(ls -A "$SRV/kernels/tktest/demo/resolve" 2>/dev/null)" ] || fail "a refused upload left files in the tree"
   [ -e "$SRV/api/kernels/tktest/demo" ] && fail "a refused upload wrote api docs"
   [ -z "$(ls -A "$SRV/.tk-serve/tmp" 2>/dev/null)" ] || fail "temp files left behind"
+  stop_serve
+}
+
+# A validly signed upload that tk publish would have refused (a hand-made one, or from an older client):
+# the server runs the publish-time checks, answers 422 naming the kernel and the field, writes nothing.
+t_upload_publish_checks() {
+  server_tree checks; start_serve "$SRV" || return
+  version_tar 1.0.0 "$WORK/good.tar" || return
+  local x=$WORK/xc case
+  for case in launch-tensor misspelt-key missing-source; do
+    rm -rf "$x"; mkdir -p "$x"; tar xf "$WORK/good.tar" -C "$x"
+    python3 - "$x/manifest.json" "$case" <<'EOF'
+import json, sys
+path, case = sys.argv[1], sys.argv[2]
+m = json.load(open(path)); k = m["kernels"][0]
+if case == "launch-tensor":
+    k["launch"]["grid"] = ["cdiv(numel(outt), 256)"]
+elif case == "misspelt-key":
+    k["lanuch"] = k.pop("launch")
+else:
+    k["source"] = "gone.cu"
+open(path, "w").write(json.dumps(m, indent=2) + "\n")
+EOF
+    sign_file "$KEY" "$x/manifest.json"
+    (cd "$x" && tar cf "$WORK/t.tar" manifest.json manifest.json.sig source.tar.gz)
+    upload "$WORK/t.tar" "$TOKEN"; expect_code 422; expect_hdr X-Error-Code ManifestInvalid
+    local msg; msg=$(python3 -c 'import json,sys; print(json.load(open(sys.argv[1]))["error"])' "$WORK/body")
+    case $case in
+      launch-tensor) OUT=$msg; expect_out "kernel 'scale_f32'"; expect_out "launch.grid[0]"; expect_out "outt" ;;
+      misspelt-key) OUT=$msg; expect_out "lanuch"; expect_out "did you mean 'launch'" ;;
+      missing-source) OUT=$msg; expect_out "kernel 'scale_f32'"; expect_out "gone.cu" ;;
+    esac
+    OUT=$msg; expect_out "tktest/demo 1.0.0: not published"
+  done
+  [ -e "$SRV/kernels/tktest" ] && fail "a refused upload wrote into the tree: $(find "$SRV/kernels" | head)"
+  [ -e "$SRV/api/kernels/tktest" ] && fail "a refused upload wrote api docs"
+  [ -z "$(ls -A "$SRV/.tk-serve/tmp" 2>/dev/null)" ] || fail "temp files left behind"
+  grep -q "upload to tktest/demo refused: .*outt" "$WORK/serve.log" || fail "the refusal is not logged"
+  # the good upload still goes in
+  upload "$WORK/good.tar" "$TOKEN"; expect_code 201
   stop_serve
 }
 
