@@ -692,13 +692,15 @@ static int upload_write(upload *u, char commit[41], const char *head)
     json_t *doc = NULL;
     if (rc == TK_OK && (!final_dir || !revpath))
         rc = tk__err(TK_ERR_NOMEM, "out of memory");
+    /* the .etag links nginx reads X-Repo-Commit and ETag from go in before the folder is visible */
     if (rc == TK_OK && (rc = tk__mkdirs(u->resolve_dir, 0755)) == TK_OK && !tk__path_exists(final_dir) &&
-        rename(u->stage, final_dir) != 0)
-        rc = tk__err_sys("cannot move the new version into place", final_dir);
+        ((rc = tk_hub__tree_etag_links(u->stage)) != TK_OK || rename(u->stage, final_dir) != 0))
+        rc = rc != TK_OK ? rc : tk__err_sys("cannot move the new version into place", final_dir);
     if (rc == TK_OK && (rc = tk__fsync_dir(u->resolve_dir)) == TK_OK &&
         !(doc = tk_hub__tree_info_doc(u->m->name, commit, u->archive_name, u->m->version, u->m->major, head)))
         rc = tk__err(TK_ERR_NOMEM, "out of memory");
     if (rc == TK_OK && (rc = tk__mkdirs(revdir, 0755)) == TK_OK && (rc = tk_hub__tree_write_json(revpath, doc)) == TK_OK &&
+        (rc = tk_hub__tree_commit_hub_docs(u->api_dir, u->resolve_dir, commit)) == TK_OK && /* listing first */
         (rc = tk_hub__tree_set_symlink(u->resolve_dir, branch, commit)) == TK_OK)
         rc = tk_hub__tree_update_refs(u->s->root, u->api_dir, u->resolve_dir, u->m->name, u->m->major, commit,
                                       u->archive_name);
@@ -707,6 +709,14 @@ static int upload_write(upload *u, char commit[41], const char *head)
     free(revdir);
     free(revpath);
     return rc;
+}
+
+/* Under the lock, the same manifest again: nothing new, but a tree from an older tk gets its commits'
+ * parents and the files huggingface_hub reads, as tk publish does. */
+static int upload_refresh(upload *u)
+{
+    int rc = tk_hub__tree_backfill_parents(u->api_dir, u->resolve_dir);
+    return rc == TK_OK ? tk_hub__tree_write_hub_docs(u->api_dir, u->resolve_dir) : rc;
 }
 
 /* Verifies the upload in tar_path for org/pkg and writes it into the tree. *created: 0 when the
@@ -722,8 +732,7 @@ static int receive_version(char commit[41], int *created, char version[32], tk_s
     if ((rc = upload_unpack(&u, tar_path)) == TK_OK && (rc = upload_check_signature(&u)) == TK_OK &&
         (rc = upload_check_manifest(&u, version)) == TK_OK && (rc = upload_check_archive(&u)) == TK_OK &&
         (rc = upload_lock(&u)) == TK_OK && (placed = upload_place(&u, commit, &head)) >= 0)
-        rc = placed == 1 ? tk_hub__tree_backfill_parents(u.api_dir, u.resolve_dir) /* as tk publish does */
-                         : upload_write(&u, commit, head);
+        rc = placed == 1 ? upload_refresh(&u) : upload_write(&u, commit, head);
     if (placed < 0)
         rc = placed;
     if (rc == TK_OK)
