@@ -145,14 +145,32 @@ def get_kernel(repo_id, version=None, revision=None, *, trust=False, force=False
 
 
 def has_kernel(repo_id, version=None, revision=None, *, context=None):
-    """True when the registry has the package (and version) and it installs and verifies; False when it
-    is not found. tk compiles for the GPU at hand, so there is no build matrix to miss: unlike the
-    Hub's loader, any package that exists fits. Other failures (network, untrusted signer) raise."""
+    """True when the registry has the package with a version that is not yanked (of major `version`, or
+    the commit `revision`), False when it does not. Nothing is downloaded beyond the registry's version
+    list and signed manifests, and nothing is installed. tk compiles for the GPU at hand, so there is no
+    build matrix to miss: unlike the Hub's loader, any package that exists fits. Other failures
+    (network, a bad signature) raise."""
+    ref = _ref(repo_id, version, revision)
+    ctx = context or _lib.current_context()
+    lst = ctypes.c_void_p()
     try:
-        get_kernel(repo_id, version, revision, context=context)
-        return True
+        _lib.check(_lib.tk_pkg_versions(ctypes.byref(lst), ctx.handle, repo_id.encode()))
     except _lib.NotFoundError:
         return False
+    try:
+        n = _lib.tk_version_list_count(lst)
+        if revision is not None and re.fullmatch(r"[0-9a-f]{40}", str(revision)):
+            return any(_lib.tk_version_list_commit(lst, i).decode() == revision for i in range(n))
+        if revision is not None:  # a branch: v<major>, or main (the newest major)
+            m = re.fullmatch(r"v([0-9]+)", str(revision))
+            if not m and revision != "main":
+                raise _lib.InvalidArgumentError(_lib.TK_ERR_INVALID, "%s: revision %r is neither a 40-hex commit "
+                                                "nor a branch (v1, v2, ..., main)" % (ref, revision))
+            return _lib.tk_version_list_latest(lst, int(m.group(1)) if m else 0) is not None
+        major = int(str(version).lstrip("v")) if version is not None else 0
+        return _lib.tk_version_list_latest(lst, major) is not None
+    finally:
+        _lib.tk_version_list_free(lst)
 
 
 def list_installed(*, context=None):

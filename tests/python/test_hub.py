@@ -38,6 +38,14 @@ def test_version_revision_has_kernel_list_lock():
     assert tk.has_kernel("kernels-community/softmax")
     assert not tk.has_kernel("kernels-community/no-such-package")
     assert not tk.has_kernel("kernels-community/activation", version=99)
+    assert tk.has_kernel("kernels-community/activation", version=1)
+    assert tk.has_kernel("kernels-community/activation", revision=a1.commit)
+    assert tk.has_kernel("kernels-community/activation", revision="v1")
+    assert not tk.has_kernel("kernels-community/activation", revision="0" * 40)
+    # has_kernel installs nothing: softmax was only asked about
+    names = sorted(p["name"] for p in tk.list_installed())
+    assert names == ["kernels-community/activation"], names
+    tk.get_kernel("kernels-community/softmax")
     names = sorted(p["name"] for p in tk.list_installed())
     assert names == ["kernels-community/activation", "kernels-community/softmax"], names
     # the same list the C tool prints
