@@ -181,8 +181,11 @@ int tk_cmd_doctor(tk_cli *cli, int argc, char **argv)
                                               info.driver_version));
     }
     json_object_set_new(out, "gpus", gpus);
-    if (devrc != TK_OK)
-        json_object_set_new(out, "driver_error", json_string(deverr));
+    if (devrc != TK_OK) { /* "message\nHINT: hint": the hint in a field of its own, as in error objects */
+        const char *h = strstr(deverr, "\nHINT: ");
+        json_object_set_new(out, "driver_error", h ? json_stringn(deverr, (size_t)(h - deverr)) : json_string(deverr));
+        json_object_set_new(out, "driver_hint", h ? json_string(h + 7) : json_null());
+    }
     /* NVRTC */
     if (find_nvrtc(&nvmaj, &nvmin, nvpath, sizeof nvpath) == 0) {
         char v[32];

@@ -24,7 +24,7 @@ t_doctor_names_config_file() {
   expect_out "config:   $TK_HOME/config.json (none: the defaults)"
   echo '{"archs": ["sm_90"]}' >"$TK_HOME/config.json"
   OUT=$("$TK" doctor --json 2>&1)
-  echo "$OUT" | python3 -c 'import json,sys,os; d=json.load(sys.stdin); assert d["config_file"] == os.environ["TK_HOME"] + "/config.json" and d["config_exists"] is True, d' \
+  echo "$OUT" | python3 -c 'import json,sys,os; d=json.load(sys.stdin); assert d["config_file"] == os.environ["TK_HOME"] + "/config.json" and d["config_exists"] is True, d; assert "driver_error" not in d or ("HINT" not in d["driver_error"] and "driver_hint" in d), d' \
     || fail "doctor --json config_file: $OUT"
 }
 
