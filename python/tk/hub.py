@@ -54,6 +54,8 @@ class KernelModule(types.ModuleType):
             op = k.get("op")
             if op and op not in wanted:
                 wanted.append(op)
+        if any(o not in known for o in wanted):  # ops this package declares: read the list again
+            known = set(ops._load(refresh=True))
         self.ops = [o for o in wanted if o in known]
         # ops the package defines that tk has no standard signature for: `tk run` / tk_function_call
         self.other_ops = [o for o in wanted if o not in known]

@@ -28,6 +28,7 @@ __all__ = ["names", "signature", "run", "add_package"]
 
 _lock = threading.Lock()
 _specs = None      # name -> OpSpec
+_specs_ctx = None  # the context _specs was read from
 _funcs = {}        # name -> generated function
 _torch_ops = {}    # name -> torch.ops.tk.<name>
 
@@ -64,16 +65,19 @@ class OpSpec:
 def _load(refresh=False):
     """name -> OpSpec of every op with a signature: tk's own, then those packages declare. refresh:
     read tk_ops_json again (a package installed or added since declares more)."""
-    global _specs
-    if _specs is not None and not refresh:
+    global _specs, _specs_ctx
+    ctx = _lib.current_context()
+    # the cache belongs to one context: another one (a new TK_HOME, another thread's) has its own
+    # installed packages and so its own declared ops
+    if _specs is not None and _specs_ctx is ctx and not refresh:
         return _specs
     with _lock:
-        if _specs is None or refresh:
+        if _specs is None or _specs_ctx is not ctx or refresh:
             specs = {}
-            for j in _lib.current_context().ops_json():
+            for j in ctx.ops_json():
                 if "params" in j:
                     specs[j["name"]] = OpSpec(j)
-            _specs = specs
+            _specs, _specs_ctx = specs, ctx
     return _specs
 
 
