@@ -15,6 +15,8 @@
 #   bash bench/serve_vs_nginx.sh [CONNECTIONS=200] [SECONDS=10] [REPEAT=3] [WRK_THREADS=2]
 #   TK_SERVE_ARGS="--threads 2" bash bench/serve_vs_nginx.sh     (extra tk serve options)
 #   TK_BIN=/path/to/other/tk bash bench/serve_vs_nginx.sh        (another build of tk, e.g. an older one)
+#   NGINX_CONF_IN=FILE bash bench/serve_vs_nginx.sh             (other nginx rules, in tests/nginx.conf.in's form,
+#       e.g. plain files without the Hub headers: git show 6129905:tests/nginx.conf.in >FILE)
 set -u
 cd "$(dirname "$0")/.."
 B=${TK_BUILD:-build}; TK=${TK_BIN:-$PWD/$B/tk}
@@ -22,6 +24,7 @@ CONNS=${1:-200}; SECS=${2:-10}; REPEAT=${3:-3}; WRK_THREADS=${4:-2}
 for c in wrk nginx curl python3; do
   command -v $c >/dev/null || { echo "serve_vs_nginx: $c is not installed (scripts/setup.sh --test)"; exit 1; }
 done
+[ -r "${NGINX_CONF_IN:-tests/nginx.conf.in}" ] || { echo "serve_vs_nginx: cannot read NGINX_CONF_IN=$NGINX_CONF_IN"; exit 1; }
 W=$(mktemp -d /tmp/tk-vs-nginx.XXXXXX)
 chmod 755 "$W" # nginx's workers run as an unprivileged user
 SRV_PID=
@@ -54,7 +57,7 @@ sed -e "s#@ROOT@#$W/tree#g" -e "s#@PORT@#$NPORT#g" -e "s#@DIR@#$W/nginx#g" -e "s
     -e "s#^worker_processes 1;#worker_processes $THREADS; worker_rlimit_nofile 4096;#" \
     -e "s#events { worker_connections 256; }#events { worker_connections 1024; }#" \
     -e "s#^http {#http {\n  sendfile on; tcp_nopush on; tcp_nodelay on; keepalive_requests 1000000;#" \
-    tests/nginx.conf.in >"$W/nginx/nginx.conf"
+    "${NGINX_CONF_IN:-tests/nginx.conf.in}" >"$W/nginx/nginx.conf"
 nginx -c "$W/nginx/nginx.conf" -p "$W/nginx" || { echo "nginx failed to start"; exit 1; }
 for _ in $(seq 50); do [ -s "$W/nginx/nginx.pid" ] && break; sleep 0.1; done
 NGINX=http://127.0.0.1:$NPORT
@@ -75,7 +78,7 @@ for p in $PATHS; do # both answer 200 with the same bytes
 done
 SIZE=$(curl -s -o /dev/null -w '%{size_download}' "$TKS/kernels/tktest/bench/resolve/v1/source.tar.gz")
 echo "serve_vs_nginx: $CONNS connections, ${SECS} s a run, $REPEAT runs each, wrk -t$WRK_THREADS; archive $SIZE bytes"
-echo "  $(nginx -v 2>&1) with $THREADS workers; tk serve ${TK_SERVE_ARGS:-(defaults: 4 threads)}; $(nproc) cores; $(uptime | sed 's/.*load/load/')"
+echo "  $(nginx -v 2>&1) with $THREADS workers, rules ${NGINX_CONF_IN:-tests/nginx.conf.in}; tk serve ${TK_SERVE_ARGS:-(defaults: 4 threads)}; $(nproc) cores; $(uptime | sed 's/.*load/load/')"
 
 # wrk_run URL OUT: one run; prints "rps mean_ms p99_ms errors".
 wrk_run() {
