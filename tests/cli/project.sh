@@ -35,16 +35,16 @@ publish "$RA" alpha/one 1.0.0 "$KEYA"; publish "$RA" alpha/one 1.2.0 "$KEYA"; pu
 publish "$RB" beta/two 1.0.0 "$KEYB"; publish "$RB" gamma/both 1.1.0 "$KEYA"
 start_nginx "$RA" || exit 1
 URLA=$NGINX_URL
-SERVE_PID=
 # serve ROOT: tk serve on a free port; prints its URL (tk serve prints it on stdout).
 serve() {
   local out=$WORK/serve-$RANDOM.url
   "$TK" serve --root "$1" --listen 127.0.0.1:0 >"$out" 2>>"$WORK/serve.log" &
-  SERVE_PIDS="${SERVE_PIDS:-} $!"
+  echo "$!" >>"$WORK/serve.pids"   # a file, not a variable: serve runs in $(...), a subshell
   for _ in $(seq 100); do [ -s "$out" ] && break; sleep 0.05; done
   head -n 1 "$out"
 }
-trap 'for p in ${SERVE_PIDS:-}; do kill "$p" 2>/dev/null; done; cleanup' EXIT
+stop_serves() { [ -f "$WORK/serve.pids" ] && xargs -r kill <"$WORK/serve.pids" 2>/dev/null; return 0; }
+trap 'stop_serves; cleanup' EXIT
 URLB=$(serve "$RB")
 case "$URLB" in http://127.0.0.1:[1-9]*) ;; *) echo "tk serve did not start: $(cat "$WORK/serve.log")"; exit 1 ;; esac
 
