@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # Runs tk's test suite: every C test binary in $TK_BUILD/tests and every tests/cli/*.sh script.
 # Each prints "N passed, N failed, N skipped" as its last line; this sums them and prints the total
-# last. Usage: tests/run.sh [FILTER]   (FILTER: a substring of the test names to run)
+# last. A test that leaves a process running (a server it started) fails. Usage: tests/run.sh [FILTER]
+# (FILTER: a substring of the test names to run)
 set -u
 cd "$(dirname "$0")/.."
 B=${TK_BUILD:-build}
@@ -10,12 +11,31 @@ filter=${1:-}
 passed=0; failed=0; skipped=0; broken=()
 logdir=$B/test-logs; mkdir -p "$logdir"
 
+# Processes a finished test left running: their command line names a scratch directory
+# (/tmp/tk-test.XXXXXX, tests/cli/lib.sh) that the test's cleanup has already removed, so they
+# cannot belong to a test still running (here or in another suite beside this one).
+leftovers() {
+  ps -eo pid=,args= | while read -r pid args; do
+    local d; d=$(grep -o '/tmp/tk-test\.[A-Za-z0-9]*' <<<"$args" | head -n 1)
+    [ -n "$d" ] && [ ! -e "$d" ] && [ "$pid" != $$ ] && echo "$pid $args"
+  done
+}
+
 run_one() {
   local name=$1; shift
   local log=$logdir/$name.log
   local start=$(date +%s%N)
   "$@" >"$log" 2>&1
   local rc=$?
+  local left; left=$(leftovers)
+  if [ -n "$left" ]; then
+    sleep 1; left=$(leftovers)   # a server told to stop may take a moment to exit
+  fi
+  if [ -n "$left" ]; then
+    echo "FAIL $name left processes running (killed now): $(echo "$left" | cut -c1-160 | paste -sd';')" >>"$log"
+    echo "$left" | awk '{print $1}' | xargs -r kill 2>/dev/null
+    rc=1
+  fi
   local secs=$(awk -v a="$start" -v b="$(date +%s%N)" 'BEGIN{printf "%.1f", (b-a)/1e9}')
   local last=$(grep -E '^[0-9]+ passed, [0-9]+ failed' "$log" | tail -n 1)
   if [ -z "$last" ]; then
