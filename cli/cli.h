@@ -59,6 +59,9 @@ int tk_cli_errorf(tk_cli *cli, int status, int exit_code, const char *fmt, ...)
     __attribute__((format(printf, 4, 5)));
 /* Prints an informational line to stderr unless --quiet. */
 void tk_cli_info(tk_cli *cli, const char *fmt, ...);
+/* --device: "cpu" gives *cuda_id -1, "cuda" 0, "cuda:N" N (0..1023). Returns 0, or -1 for anything
+ * else (the caller prints its usage error). */
+int tk_cli_parse_device(const char *s, int *cuda_id);
 /* Formats a byte count as "12.3 MiB". */
 void tk_cli_human(char *out, size_t cap, double bytes);
 /* True when argv[i] is -h or --help. */

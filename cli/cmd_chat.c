@@ -268,22 +268,11 @@ static int chat_validate(chat_job *j, tk_cli *cli)
         return tk_cli_fail(cli, rc, NULL);
     j->mo = (tk_model_opts)TK_MODEL_OPTS_INIT;
     j->mo.dtype = j->dtype;
-    if (!strcmp(device, "cpu")) {
-        j->mo.device_type = TK_DEV_CPU;
-    } else if (!strncmp(device, "cuda", 4) && (!device[4] || device[4] == ':')) {
-        char *end = NULL;
-        long d = 0;
-        if (device[4] == ':') {
-            errno = 0;
-            d = strtol(device + 5, &end, 10);
-            if (errno || end == device + 5 || *end || d < 0 || d > 1023)
-                return tk_cli_usage(USAGE, "--device wants cpu, cuda or cuda:N, got '%s'", device);
-        }
-        j->mo.device_type = TK_DEV_CUDA;
-        j->mo.device_id = (int)d;
-    } else {
+    int id;
+    if (tk_cli_parse_device(device, &id))
         return tk_cli_usage(USAGE, "--device wants cpu, cuda or cuda:N, got '%s'", device);
-    }
+    j->mo.device_type = id < 0 ? TK_DEV_CPU : TK_DEV_CUDA;
+    j->mo.device_id = id < 0 ? 0 : id;
     return GO;
 }
 

@@ -326,19 +326,11 @@ static int gen_model_opts(gen_job *j)
     const char *device = j->device;
     j->mo = (tk_model_opts)TK_MODEL_OPTS_INIT;
     j->mo.dtype = j->dtype;
-    if (!strcmp(device, "cpu")) {
-        j->mo.device_type = TK_DEV_CPU;
-    } else if (!strncmp(device, "cuda", 4)) {
-        long long d = 0;
-        if (device[4] == ':' && parse_i(USAGE, "--device", device + 5, 0, 1023, &d))
-            return TK_EXIT_USAGE;
-        if (device[4] && device[4] != ':')
-            return tk_cli_usage(USAGE, "--device wants cpu, cuda or cuda:N, got '%s'", device);
-        j->mo.device_type = TK_DEV_CUDA;
-        j->mo.device_id = (int)d;
-    } else {
+    int id;
+    if (tk_cli_parse_device(device, &id))
         return tk_cli_usage(USAGE, "--device wants cpu, cuda or cuda:N, got '%s'", device);
-    }
+    j->mo.device_type = id < 0 ? TK_DEV_CPU : TK_DEV_CUDA;
+    j->mo.device_id = id < 0 ? 0 : id;
     return GO;
 }
 

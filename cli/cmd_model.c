@@ -20,24 +20,12 @@ static const char *EMBED_USAGE = "tk embed DIR TEXT... [--dtype f32|bf16|f16] [-
 /* --device cpu | cuda | cuda:N */
 static int parse_device(tk_model_opts *o, const char *s)
 {
-    if (!strcmp(s, "cpu")) {
-        o->device_type = TK_DEV_CPU;
-        return 0;
-    }
-    if (!strncmp(s, "cuda", 4)) {
-        o->device_type = TK_DEV_CUDA;
-        o->device_id = 0;
-        if (!s[4])
-            return 0;
-        char *end;
-        errno = 0;
-        long n = s[4] == ':' ? strtol(s + 5, &end, 10) : -1;
-        if (s[4] != ':' || errno || *end || n < 0 || n > 1024)
-            return -1;
-        o->device_id = (int)n;
-        return 0;
-    }
-    return -1;
+    int id;
+    if (tk_cli_parse_device(s, &id))
+        return -1;
+    o->device_type = id < 0 ? TK_DEV_CPU : TK_DEV_CUDA;
+    o->device_id = id < 0 ? 0 : id;
+    return 0;
 }
 
 static int parse_dtype(const char *s)

@@ -822,13 +822,8 @@ static int run_parse(run_opts *o, int argc, char **argv)
         if (!strcmp(a, "--package")) {
             o->package = val;
         } else if (!strcmp(a, "--device")) {
-            char *end = NULL;
-            long d = !strcmp(val, "cpu") ? -1 : !strcmp(val, "cuda") ? 0 : -2;
-            if (!strncmp(val, "cuda:", 5))
-                d = strtol(val + 5, &end, 10);
-            if (d < -1 || (end && (*end || end == val + 5)) || d > 1024)
+            if (tk_cli_parse_device(val, &o->device))
                 return tk_cli_usage(RUN_USAGE, "--device wants cpu, cuda or cuda:N, got '%s'", val);
-            o->device = (int)d;
         } else if (!strcmp(a, "--shape") && strchr(val, '=')) {
             if (o->nnamed >= MAX_T)
                 return tk_cli_usage(RUN_USAGE, "too many --shape NAME=... options");

@@ -2,6 +2,8 @@
  * common.c — what every tk subcommand shares: the context with the global options, messages,
  * the progress bar and the mapping from statuses to exit codes.
  */
+#include <ctype.h>
+#include <errno.h>
 #include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -28,6 +30,23 @@ static double now_s(void)
     struct timespec ts;
     clock_gettime(CLOCK_MONOTONIC, &ts);
     return (double)ts.tv_sec + (double)ts.tv_nsec / 1e9;
+}
+
+int tk_cli_parse_device(const char *s, int *cuda_id)
+{
+    if (!strcmp(s, "cpu") || !strcmp(s, "cuda")) {
+        *cuda_id = s[0] == 'c' && s[1] == 'p' ? -1 : 0;
+        return 0;
+    }
+    if (strncmp(s, "cuda:", 5) || !isdigit((unsigned char)s[5]))
+        return -1;
+    char *end;
+    errno = 0;
+    long n = strtol(s + 5, &end, 10);
+    if (errno || *end || n > 1023)
+        return -1;
+    *cuda_id = (int)n;
+    return 0;
 }
 
 void tk_cli_human(char *out, size_t cap, double bytes)
