@@ -17,7 +17,7 @@
 
 const char *const tk_models__tp_styles[] = {
     "all_reduce", "colwise", "colwise_gather_output", "colwise_rep", "embedding_colwise", "embedding_rowwise",
-    "local_params", "mla_kv_a_proj", "moe_identity_expert", "moe_tp_experts", "packed_colwise", "packed_rowwise",
+    "ep_dispatch_experts", "grouped_gemm", "local_params", "mla_kv_a_proj", "moe_identity_expert", "moe_tp_experts", "packed_colwise", "packed_rowwise",
     "replicate", "replicated_with_grad_allreduce", "rowwise", "rowwise_rep", "rowwise_split_input",
     "sequence_parallel", NULL};
 
@@ -441,6 +441,11 @@ int tk_models__tp_plan_load(tk_tp_plan **out, const char *dir, const char *plan_
         ndims[i] = t->ndim;
         for (int d = 0; d < t->ndim && d < TK_TP_MAX_RANK; d++)
             shapes[i][d] = t->shape[d];
+    }
+    if (cfg.tie_embeddings) { /* the LM head is the embedding: the rule has a module, not a tensor */
+        tk_tp_rule *lm = rule_find(p, "lm_head");
+        if (lm)
+            lm->used = 1;
     }
     if ((rc = tk_models__tp_assign(p, names, ndims, (const int64_t(*)[TK_TP_MAX_RANK])shapes, n, cfg.heads,
                                    llama ? cfg.kv_heads : 0, gpt2)) != TK_OK)

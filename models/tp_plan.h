@@ -15,7 +15,8 @@
  *   packed_colwise                                weight dim ndim-2 in `split` blocks (gate|up: 2),
  *                                                 each block split over the ranks; a 1-D bias dim 0
  *   packed_rowwise                                weight dim ndim-1 in `split` blocks; bias whole
- *   anything else transformers knows              the whole tensor on every rank
+ *   anything else transformers knows              the whole tensor on every rank (the expert-parallel
+ *                                                 styles included: tk runs no mixture of experts)
  *
  * A dimension of n splits as torch.chunk splits it (DTensor's Shard): ranks take ceil(n/N) each
  * from the start, so the last ones may hold less, or nothing. GPT-2's Conv1D weights are stored
