@@ -31,9 +31,20 @@ SERVE_PKGS += libcmark
 CFLAGS  += $(shell pkg-config --cflags $(SERVE_PKGS))
 SERVE_LDLIBS := $(shell pkg-config --libs $(SERVE_PKGS))
 
+# MPI (comm/mpi.c), optional: Open MPI (pkg-config ompi-c) or MPICH (mpich), linked when found.
+# MPI=0 builds without it (the GPU bundle does); MPI=ompi-c or MPI=mpich picks one. Without MPI, tk
+# runs one process alone as before, and NCCL bootstraps through a file (docs/parallel.md).
+ifeq ($(origin MPI),undefined)
+MPI     := $(firstword $(foreach p,ompi-c mpich,$(if $(shell pkg-config --exists $(p) && echo y),$(p))))
+endif
+ifneq ($(filter-out 0,$(MPI)),)
+CFLAGS  += -DTK_HAVE_MPI $(shell pkg-config --cflags $(MPI))
+LDLIBS  += $(shell pkg-config --libs $(MPI))
+endif
+
 # The registry server (hub/serve.c) is not in libtk: only `tk serve` links it and libmicrohttpd.
 SERVE_SRC := hub/serve.c
-LIB_SRC := $(filter-out $(SERVE_SRC),$(wildcard common/*.c cache/*.c hub/*.c jit/*.c ops/*.c models/*.c api/*.c))
+LIB_SRC := $(filter-out $(SERVE_SRC),$(wildcard common/*.c cache/*.c hub/*.c jit/*.c ops/*.c comm/*.c models/*.c api/*.c))
 CLI_SRC := $(wildcard cli/*.c)
 TEST_SRC := $(wildcard tests/test_*.c)
 EX_SRC  := $(wildcard examples/*.c)

@@ -32,6 +32,13 @@ static const char *HELP =
     "    what that costs and how to fix it. Without a GPU tk still installs, verifies and builds\n"
     "    packages ahead of time ('tk build --arch sm_90') and runs ops on the CPU reference.\n"
     "\n"
+    "    It also reports the communication backends for running on several processes or GPUs\n"
+    "    (docs/parallel.md): whether this tk was built with MPI and which library, and the NCCL\n"
+    "    library it would load. Started by an MPI launcher (mpirun -np N tk doctor), the ranks join\n"
+    "    one communicator and rank 0 alone prints the report, with a line a rank: its host, process\n"
+    "    id, visible GPUs and the GPU NCCL would give it. A rank that does not join within\n"
+    "    TK_COMM_TIMEOUT seconds (default 300) makes the others fail instead of waiting forever.\n"
+    "\n"
     "EXIT STATUS\n"
     "    0 everything needed to run kernels is present; 7 the GPU, driver or NVRTC is missing.\n";
 
@@ -147,6 +154,116 @@ static void print_registries(const json_t *regs, int offline)
         printf("          (offline: no registry is used)\n");
 }
 
+/* One rank's facts, gathered to every rank as bytes (tk_comm_all_gather). */
+typedef struct {
+    char host[64];
+    int32_t pid, ngpus, device; /* device: the GPU NCCL would give it (local rank % GPUs), -1 none */
+    char gpu[128];
+} rank_rec;
+
+/* The communication backends into out["parallel"]; under an MPI launcher also every rank's record
+ * (out["parallel"]["ranks"]). *quiet is set on ranks other than 0, which print nothing. Returns 0, or
+ * an exit code after printing the communicator's error. */
+static int parallel_info(tk_cli *cli, json_t *out, int ndev, int *quiet)
+{
+    char *js = NULL;
+    json_t *par, *mpi;
+    tk_comm *c = NULL;
+    rank_rec me, *all = NULL;
+    int rc, code = 0;
+    *quiet = 0;
+    if (tk_comm_backends_json(&js) != TK_OK)
+        return 0;
+    par = json_loads(js, 0, NULL);
+    tk_free(js);
+    if (!par)
+        return 0;
+    json_object_set_new(out, "parallel", par);
+    mpi = json_object_get(par, "mpi");
+    if (json_is_null(json_object_get(mpi, "launcher")))
+        return 0;
+    /* under a launcher: join, and gather every rank's record */
+    if ((rc = tk_comm_new(&c, NULL)) != TK_OK) {
+        json_object_set_new(par, "comm_error", json_string(tk_last_error()));
+        return tk_cli_fail(cli, rc, "joining the other ranks");
+    }
+    memset(&me, 0, sizeof me);
+    snprintf(me.host, sizeof me.host, "%s", tk_comm_host(c, tk_comm_rank(c)));
+    me.pid = (int32_t)getpid();
+    me.ngpus = ndev;
+    me.device = ndev > 0 ? tk_comm_local_rank(c) % ndev : -1;
+    if (me.device >= 0) {
+        tk_device_info info;
+        if (tk_device_info_get(&info, me.device) == TK_OK)
+            snprintf(me.gpu, sizeof me.gpu, "%s", info.name);
+    }
+    all = calloc((size_t)tk_comm_size(c), sizeof *all);
+    int64_t s1[1] = {sizeof me}, sn[1] = {(int64_t)sizeof me * tk_comm_size(c)};
+    tk_tensor tin = {&me, {TK_DEV_CPU, 0}, 1, {TK_DL_UINT, 8, 1}, s1, NULL, 0};
+    tk_tensor tout = {all, {TK_DEV_CPU, 0}, 1, {TK_DL_UINT, 8, 1}, sn, NULL, 0};
+    if (!all || (rc = tk_comm_all_gather(c, &tout, &tin, NULL)) != TK_OK) {
+        code = tk_cli_fail(cli, all ? rc : TK_ERR_NOMEM, "gathering the ranks' devices");
+        tk_comm_abort(c, code);
+        goto done;
+    }
+    json_object_set_new(par, "backend", json_string(tk_comm_backend(c)));
+    json_object_set_new(par, "world_size", json_integer(tk_comm_size(c)));
+    json_t *ranks = json_array();
+    for (int r = 0; r < tk_comm_size(c); r++) {
+        all[r].host[sizeof all[r].host - 1] = all[r].gpu[sizeof all[r].gpu - 1] = '\0';
+        json_array_append_new(ranks, json_pack("{s:i, s:s, s:i, s:i, s:o, s:o}", "rank", r, "host", all[r].host,
+                                               "pid", (int)all[r].pid, "gpus", (int)all[r].ngpus, "device",
+                                               all[r].device >= 0 ? json_integer(all[r].device) : json_null(),
+                                               "gpu", all[r].gpu[0] ? json_string(all[r].gpu) : json_null()));
+    }
+    json_object_set_new(par, "ranks", ranks);
+    *quiet = tk_comm_rank(c) != 0;
+done:
+    free(all);
+    tk_comm_free(c);
+    return code;
+}
+
+/* The MPI, NCCL and rank lines of the report. */
+static void print_parallel(const json_t *par)
+{
+    const json_t *mpi = json_object_get(par, "mpi"), *nccl = json_object_get(par, "nccl"), *ranks, *r;
+    const char *launcher = json_string_value(json_object_get(mpi, "launcher"));
+    size_t i;
+    if (!par)
+        return;
+    if (json_is_true(json_object_get(mpi, "built")))
+        printf("MPI:      %s\n", json_string_value(json_object_get(mpi, "library")));
+    else
+        printf("MPI:      not in this build — one process only on CPUs\n"
+               "          HINT: apt install libopenmpi-dev openmpi-bin (scripts/setup.sh), then rebuild tk\n");
+    if (json_is_true(json_object_get(nccl, "found")))
+        printf("NCCL:     %s at %s\n", json_string_value(json_object_get(nccl, "version")),
+               json_string_value(json_object_get(nccl, "path")));
+    else
+        printf("NCCL:     not found — GPUs cannot work together (one GPU a process still works)\n"
+               "          HINT: install NCCL (libnccl2, or pip install nvidia-nccl-cu12) or set TK_NCCL\n");
+    if (!launcher) {
+        if (json_is_true(json_object_get(mpi, "built")))
+            printf("ranks:    1 (not started by mpirun; 'mpirun -np N tk doctor' checks N ranks)\n");
+        return;
+    }
+    ranks = json_object_get(par, "ranks");
+    printf("ranks:    %lld, started by %s, backend %s\n", (long long)json_array_size(ranks), launcher,
+           json_string_value(json_object_get(par, "backend")));
+    json_array_foreach(ranks, i, r) {
+        const json_t *dev = json_object_get(r, "device");
+        printf("  rank %lld: %s pid %lld, %lld GPU%s", (long long)json_integer_value(json_object_get(r, "rank")),
+               json_string_value(json_object_get(r, "host")), (long long)json_integer_value(json_object_get(r, "pid")),
+               (long long)json_integer_value(json_object_get(r, "gpus")),
+               json_integer_value(json_object_get(r, "gpus")) == 1 ? "" : "s");
+        if (json_is_integer(dev))
+            printf(", NCCL would use cuda:%lld (%s)", (long long)json_integer_value(dev),
+                   json_string_value(json_object_get(r, "gpu")) ? json_string_value(json_object_get(r, "gpu")) : "?");
+        printf("\n");
+    }
+}
+
 int tk_cmd_doctor(tk_cli *cli, int argc, char **argv)
 {
     int ndev = 0, devrc, nvmaj = 0, nvmin = 0, ok = 1;
@@ -194,6 +311,12 @@ int tk_cmd_doctor(tk_cli *cli, int argc, char **argv)
     } else {
         json_object_set_new(out, "nvrtc", json_null());
     }
+    /* MPI, NCCL, and the ranks under an MPI launcher (only rank 0 prints) */
+    int pquiet = 0, pcode = parallel_info(cli, out, devrc == TK_OK ? ndev : 0, &pquiet);
+    if (pcode) {
+        json_decref(out);
+        return pcode;
+    }
     /* state, cache, registry */
     tk_ctx *ctx = tk_cli_ctx(cli);
     if (!ctx && cli->json) { /* the error object is out: no second object after it */
@@ -204,6 +327,10 @@ int tk_cmd_doctor(tk_cli *cli, int argc, char **argv)
         ctx_info(out, ctx);
     ok = devrc == TK_OK && ndev > 0 && nvpath[0];
 
+    if (pquiet) {
+        json_decref(out);
+        return ok ? TK_EXIT_OK : TK_EXIT_DEVICE;
+    }
     if (cli->json) {
         char *s = json_dumps(out, JSON_INDENT(2));
         printf("%s\n", s ? s : "{}");
@@ -233,6 +360,7 @@ int tk_cmd_doctor(tk_cli *cli, int argc, char **argv)
             printf("cache:    unusable — %s\n", json_string_value(json_object_get(out, "cache_error")));
         print_registries(json_object_get(out, "registries"), tk_ctx_offline(ctx));
     }
+    print_parallel(json_object_get(out, "parallel"));
     printf("\n%s\n", ok ? "ok: this machine can compile and run kernels"
                         : devrc != TK_OK || ndev == 0
                             ? "no GPU: packages install and build ahead of time ('tk build ORG/NAME --arch sm_90'); "

@@ -834,6 +834,119 @@ typedef struct {
 TK_API int tk_chat_render(char **out, const char *dir, const tk_chat_message *msgs, size_t n,
                           int add_generation_prompt);
 
+/* ---------------------------------------------------------------------------------------------- */
+/* Communicators: several processes or GPUs (comm/, docs/parallel.md)                              */
+/*
+ * A tk_comm is a group of ranks 0..size-1 that run collectives together: all-reduce (sum), all-gather,
+ * broadcast and barrier. tk writes no transport of its own; the backends are
+ *   - MPI (linked when the build found Open MPI or MPICH with pkg-config): processes started by mpirun
+ *     (or srun, hydra), or by a host program that already called MPI_Init. Host buffers.
+ *   - NCCL (libnccl.so.2, loaded with dlopen on first use): one rank per GPU, device buffers; the
+ *     unique id goes from rank 0 to the others over MPI, or through a file (nccl_id_file).
+ *   - self: one process alone (size 1), what tk does when neither is asked for or present.
+ *
+ *     tk_comm *c = NULL;
+ *     tk_comm_opts o = TK_COMM_OPTS_INIT;          // MPI under mpirun, else one process alone
+ *     if (tk_comm_new(&c, &o) != TK_OK) { fprintf(stderr, "%s\n", tk_last_error()); ... }
+ *     int64_t shape[1] = {n};
+ *     tk_tensor t = {buf, {TK_DEV_CPU, 0}, 1, {TK_DL_FLOAT, 32, 1}, shape, NULL, 0};
+ *     if (tk_comm_all_reduce_sum(c, &t, NULL) != TK_OK) { ...; tk_comm_abort(c, 1); }
+ *     tk_comm_free(c);
+ *
+ * Every collective must be called by every rank of the communicator, in the same order, with the same
+ * sizes and dtype; a rank that differs is a deadlock that the timeout ends. Collectives block the
+ * calling thread until they are complete on this rank (NCCL: enqueued on `stream`, then waited for),
+ * polling the backend with a deadline: when the other ranks do not take part within the timeout (a
+ * rank died, hung, or is far behind) the call fails with TK_ERR_NETWORK naming the collective, the
+ * rank and the time waited, and the communicator is broken: every later call fails at once with the
+ * same error. A rank that ends abnormally under mpirun makes mpirun end the others at once; the
+ * timeout covers the cases no launcher sees (a rank that hangs, a launcher configured not to). After
+ * such an error, end the job with tk_comm_abort, or exit: the peers then fail within their timeout.
+ * A failed collective may still write its output buffer later: keep its buffers alive until exit.
+ *
+ * Threads: a communicator is used by one thread at a time. Calls on different communicators may run
+ * concurrently only when MPI provides MPI_THREAD_MULTIPLE (tk asks for MPI_THREAD_SERIALIZED when it
+ * initialises MPI itself; a host that initialised MPI with MPI_THREAD_SINGLE or _FUNNELED must call
+ * from the thread that called MPI_Init). tk_comm_backends_json may be called from any thread.
+ */
+typedef struct tk_comm tk_comm;
+
+enum { TK_COMM_AUTO = 0, TK_COMM_SELF = 1, TK_COMM_MPI = 2, TK_COMM_NCCL = 3 };
+
+#define TK_COMM_OPTS_VERSION 1
+typedef struct {
+    unsigned version;         /* TK_COMM_OPTS_VERSION */
+    int backend;              /* TK_COMM_*. AUTO: MPI when MPI is initialised already or an MPI
+                                 launcher started the process (its environment says so), else SELF.
+                                 NCCL is used only when asked for. */
+    int64_t timeout_ms;       /* each call's deadline, creation included; 0: $TK_COMM_TIMEOUT
+                                 (seconds, may be fractional), else 300 s */
+    int expect_size;          /* > 0: a world of another size is TK_ERR_INVALID (e.g. --tp N) */
+    const void *mpi_comm;     /* MPI and NCCL-over-MPI: a pointer to the host's MPI_Comm, duplicated
+                                 (the host keeps its own); NULL: MPI_COMM_WORLD */
+    int device;               /* NCCL: this rank's CUDA ordinal; -1: local rank % visible GPUs */
+    const char *nccl_id_file; /* NCCL without MPI: rank 0 writes the unique id there (it must not
+                                 exist yet: use a fresh path per job), the others wait for it; NULL:
+                                 over MPI */
+    int rank, size;           /* NCCL with nccl_id_file: this rank and the world size; -1: from
+                                 $TK_RANK and $TK_WORLD_SIZE, else torchrun's $RANK and $WORLD_SIZE */
+} tk_comm_opts;
+#define TK_COMM_OPTS_INIT {TK_COMM_OPTS_VERSION, TK_COMM_AUTO, 0, 0, NULL, -1, NULL, -1, -1}
+
+/* Creates a communicator over all the ranks of the job (a collective: every rank calls it). With MPI it
+ * calls MPI_Init_thread when nobody has (and MPI_Finalize when the last communicator it made is freed;
+ * MPI cannot be initialised twice in a process, so keep one communicator for the process's life), or
+ * uses the host's MPI as it is. The ranks exchange their host names to know their local rank. NCCL's
+ * communicator is made non-blocking, so its creation honours the timeout too.
+ * Errors: TK_ERR_INVALID (bad options; expect_size differs from the world size; a missing rank or size
+ * for nccl_id_file), TK_ERR_UNSUPPORTED (MPI asked of a build without MPI, or MPI finalised already),
+ * TK_ERR_NOT_FOUND (NCCL asked for and libnccl.so.2 not found: $TK_NCCL names it), TK_ERR_NO_DEVICE
+ * (NCCL without a GPU), TK_ERR_NETWORK (a peer did not join within the timeout; MPI or NCCL failed),
+ * TK_ERR_IO (the id file), TK_ERR_NOMEM. */
+TK_API int tk_comm_new(tk_comm **out, const tk_comm_opts *opts);
+/* Frees the communicator (not a collective). Accepts NULL. A broken communicator is let go without
+ * touching the backend (no MPI_Finalize, ncclCommAbort for NCCL), since its peers may be gone. */
+TK_API void tk_comm_free(tk_comm *c);
+
+TK_API int tk_comm_rank(const tk_comm *c);         /* 0 .. size-1 */
+TK_API int tk_comm_size(const tk_comm *c);         /* the world size: ranks in the communicator */
+TK_API int tk_comm_local_rank(const tk_comm *c);   /* rank among the ranks on this host */
+TK_API int tk_comm_local_size(const tk_comm *c);   /* ranks on this host */
+TK_API const char *tk_comm_backend(const tk_comm *c); /* "self", "mpi" or "nccl"; borrowed */
+TK_API int tk_comm_device(const tk_comm *c);       /* NCCL: the rank's CUDA ordinal; -1 otherwise */
+/* The host name of rank r (borrowed), NULL when r is out of range. */
+TK_API const char *tk_comm_host(const tk_comm *c, int r);
+
+/* Sums t over all ranks, in place: every rank ends with the same values. t is contiguous (strides NULL
+ * or row-major), on the host for MPI and self, on the communicator's GPU for NCCL. dtypes: f32, f64,
+ * f16, bf16, i32, i64 (f16 and bf16 are summed in f32 and rounded once with MPI; NCCL sums them in
+ * its own way). stream: NCCL's CUDA stream (NULL: the default stream); ignored otherwise.
+ * Errors: TK_ERR_INVALID (NULL or not contiguous, a dtype outside the list), TK_ERR_UNSUPPORTED
+ * (a device the backend cannot reach: MPI with a GPU tensor), TK_ERR_NETWORK (timeout, a peer's
+ * failure, a broken communicator), TK_ERR_NOMEM. */
+TK_API int tk_comm_all_reduce_sum(tk_comm *c, tk_tensor *t, void *stream);
+/* Concatenates every rank's `in` along the outermost axis in rank order into `out`, on every rank:
+ * out holds size x numel(in) elements of in's dtype (any dtype: the bytes are moved). In place when
+ * in's data is rank's part of out. Errors as tk_comm_all_reduce_sum. */
+TK_API int tk_comm_all_gather(tk_comm *c, tk_tensor *out, const tk_tensor *in, void *stream);
+/* Copies root's t to every other rank's t (any dtype). Errors as tk_comm_all_reduce_sum, and
+ * TK_ERR_INVALID for a root outside 0..size-1. */
+TK_API int tk_comm_broadcast(tk_comm *c, tk_tensor *t, int root, void *stream);
+/* Returns once every rank has called it (or fails with TK_ERR_NETWORK at the timeout). */
+TK_API int tk_comm_barrier(tk_comm *c);
+/* Ends the whole job after a failure: with MPI, MPI_Abort(code), which does not return (the launcher
+ * kills every rank); with NCCL, ncclCommAbort (and MPI_Abort when MPI bootstrapped it); with self it
+ * only breaks the communicator. Returns (for self and NCCL over a file) so the caller can exit. */
+TK_API void tk_comm_abort(tk_comm *c, int code);
+
+/* What this build and process can use, without initialising anything, as JSON (tk_free):
+ * {"mpi": {"built": bool, "library": "Open MPI v4.1.4, ..." | null, "launcher": "Open MPI" | "MPICH" |
+ *  "PMIx" | "Slurm" | null, "initialized": bool, "world_size": n | null, "rank": r | null,
+ *  "local_rank": r | null},
+ *  "nccl": {"found": bool, "path": "..." | null, "version": "2.28.9" | null, "error": "..." | null}}.
+ * world_size and rank come from the launcher's environment. Loads libnccl.so.2 to read its version. */
+TK_API int tk_comm_backends_json(char **out);
+
 #ifdef __cplusplus
 }
 #endif

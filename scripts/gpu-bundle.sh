@@ -29,7 +29,9 @@ done
 
 if [ $domake = 1 ]; then
   # \$$ORIGIN: make turns $$ into $, the shell's \$ keeps it from being expanded in the recipe
-  make -j"$(nproc)" B="$b" DEFAULT_ENDPOINT= \
+  # MPI=0: Open MPI would bring a dozen libraries and its plugin directory, which a relocated bundle
+  # cannot find; on the GPU machine NCCL bootstraps through a file instead (docs/parallel.md)
+  make -j"$(nproc)" B="$b" DEFAULT_ENDPOINT= MPI=0 \
     'LDFLAGS=-Wl,--disable-new-dtags,-rpath,\$$ORIGIN/lib:\$$ORIGIN/../lib' all >&2
 fi
 

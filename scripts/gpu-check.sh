@@ -13,7 +13,7 @@
 # --expect-gpu) every test runs with TK_TEST_GPU=1, so "no device" is a failure, not a skip.
 #
 # Files under $OUT (at most 8, for the device tool): summary.txt (the table printed last),
-# summary.csv, summary.json, env.txt, bench.csv, bench.json, logs.tgz (every log).
+# summary.csv, summary.json, env.txt, bench.csv, bench.json, comm_bench.txt, logs.tgz (every log).
 # Exit: 0 all passed (or dry run), 1 a test/memcheck/bench failed, 2 bad usage, 3 unusable bundle
 # (glibc too old, missing library): then env.txt says why and nothing else runs.
 #
@@ -128,6 +128,13 @@ else
   row env doctor "$([ $doctor = 0 ] && echo ok || echo no-gpu)" 0 0 0 0 "glibc $have (needs $need), $gpus GPU(s)"
 fi
 export TK_TEST_GPU=$([ "$expect" = 1 ] && echo 1 || echo 0)
+# NCCL for the communicator (comm/nccl.c, test_gpu_comm, phase 1b): the system's, else the one a
+# pip wheel of torch brought (nvidia-nccl-cu*), named with TK_NCCL
+if [ -z "${TK_NCCL:-}" ] && ! ldconfig -p 2>/dev/null | grep -q 'libnccl.so.2' && [ ! -e /usr/local/cuda/lib64/libnccl.so.2 ]; then
+  nccl=$("$py" -c 'import nvidia.nccl, os; d=os.path.join(list(nvidia.nccl.__path__)[0], "lib"); print(os.path.join(d, "libnccl.so.2"))' 2>/dev/null)
+  [ -n "$nccl" ] && [ -e "$nccl" ] && export TK_NCCL=$nccl
+fi
+echo "nccl: ${TK_NCCL:-libnccl.so.2 from the library path}" >>"$out/env.txt"
 save
 
 # ---- phase 1: GPU tests, with memcheck beside them (both are correctness, not timing) --------------
@@ -178,6 +185,31 @@ if [ $bench = 1 ] && [ "$TK_TEST_GPU" = 1 ]; then
 fi
 printf '%s\n' "${jobs_[@]}" | xargs -P 12 -I{} bash -c '{}'
 save
+
+# ---- phase 1b: the communicator's NCCL backend (test_gpu_comm ran in phase 1): its bandwidth -------
+# bench/comm_bench --nccl: one rank on cuda:0 through an id file; with several GPUs one process each.
+if [ "$TK_TEST_GPU" = 1 ] && [ -x "$B/bench/comm_bench" ]; then
+  echo "== phase 1b: NCCL all-reduce bandwidth (bench/comm_bench)"
+  t0=$(date +%s)
+  ng=$(( gpus > 0 ? (gpus < 8 ? gpus : 8) : 1 ))
+  idf=$work/nccl-id-$$; rm -f "$idf"
+  for r in $(seq 1 $((ng - 1))); do
+    timeout -k 5 120 "$B/bench/comm_bench" --nccl --id-file "$idf" --rank "$r" --size "$ng" >"$L/comm-bench-$r.log" 2>&1 &
+  done
+  if [ "$ng" -gt 1 ]; then
+    timeout -k 5 120 "$B/bench/comm_bench" --nccl --id-file "$idf" --rank 0 --size "$ng" >"$L/comm-bench.log" 2>&1; rc=$?
+  else
+    timeout -k 5 120 "$B/bench/comm_bench" --nccl >"$L/comm-bench.log" 2>&1; rc=$?
+  fi
+  wait
+  cp "$L/comm-bench.log" "$out/comm_bench.txt" 2>/dev/null
+  row comm "nccl_bench_${ng}gpu" "$([ $rc = 0 ] && echo ok || { [ $rc = 124 ] && echo TIMEOUT || echo FAIL; })" \
+    "$([ $rc = 0 ] && echo 1 || echo 0)" "$([ $rc = 0 ] && echo 0 || echo 1)" 0 "$(( $(date +%s) - t0 ))" \
+    "$(grep -E '^\| 67108864 ' "$L/comm-bench.log" | cut -c1-80)$(grep -m1 'comm_bench:' "$L/comm-bench.log" | cut -c1-80)"
+  save
+else
+  row comm nccl_bench skip 0 0 1 0 "no GPU"
+fi
 
 # ---- phase 2: benchmarks against PyTorch (alone on the GPU) ----------------------------------------
 if [ $bench = 1 ]; then

@@ -22,6 +22,9 @@ pkgs=(build-essential pkg-config
 pkgs+=(libcmark-dev)
 # cmake: tests/cli/install.sh builds host programs against the installed tkhub CMake package
 pkgs+=(cmake)
+# Open MPI: the communicator's MPI backend (comm/mpi.c, found with pkg-config ompi-c; optional: the
+# build goes without it) and mpirun for tests/cli/comm.sh
+pkgs+=(libopenmpi-dev openmpi-bin)
 # groff-base, man-db: tests/cli/install.sh renders docs/tk.1 (groff -ww) and reads the installed page (man)
 pkgs+=(groff-base man-db)
 test_tools=0
