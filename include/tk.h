@@ -674,6 +674,76 @@ TK_API int tk_serve_trust_list_json(char **out, const char *root);
 TK_API int tk_serve_trust_remove(const char *root, const char *org, const char *key);
 
 /* ---------------------------------------------------------------------------------------------- */
+/* Model server (tk serve-model)                                                                   */
+
+/* An OpenAI-compatible HTTP server over one checkpoint: POST /v1/chat/completions and /v1/completions
+ * (streamed as Server-Sent Events or not), GET /v1/models, /health, /metrics (Prometheus, when
+ * opts.metrics), POST /tokenize and /detokenize. One scheduler thread runs the model with continuous
+ * batching (tk_gen_batch): requests join the running batch at the next step, up to opts.parallel
+ * sequences, the rest wait in a bounded queue (then 429). See docs/serving.md for every endpoint,
+ * parameter, error and metric. Like the registry server it lives in libtkhub-serve, not libtkhub.
+ *
+ *     tk_model_server_opts o = TK_MODEL_SERVER_OPTS_INIT;
+ *     o.model_dir = "path/to/checkpoint";
+ *     tk_model_server *s = NULL;
+ *     if (tk_model_server_new(&s, ctx, &o) != TK_OK) { ... }
+ *     printf("http://127.0.0.1:%d\n", tk_model_server_port(s));
+ *     int rc = tk_model_server_run(s);     // until tk_model_server_stop (e.g. from a signal handler)
+ *     tk_model_server_free(s);
+ */
+typedef struct tk_model_server tk_model_server;
+
+#define TK_MODEL_SERVER_OPTS_VERSION 1
+typedef struct {
+    unsigned version;          /* TK_MODEL_SERVER_OPTS_VERSION */
+    const char *model_dir;     /* the checkpoint directory; required */
+    const char *model_name;    /* the id clients name in "model" and /v1/models; NULL: the directory's name */
+    const char *listen;        /* "HOST:PORT"; NULL: "127.0.0.1:0" (port 0: a free port, tk_model_server_port) */
+    int device_type;           /* TK_DEV_CPU (default) or TK_DEV_CUDA */
+    int device_id;
+    const char *dtype;         /* the model's compute dtype (tk_model_opts.dtype); NULL: its default */
+    const char *kv_dtype;      /* the KV cache's (tk_gen_opts.kv_dtype); NULL: the compute dtype */
+    unsigned parallel;         /* sequences decoded at once (a request with n choices takes n); 0: 4 */
+    unsigned max_queue;        /* requests waiting for a slot; past it 429; 0: 64 */
+    int64_t ctx_size;          /* prompt + completion tokens of one sequence; 0: the model's positions */
+    const char *api_key;       /* requests must send "Authorization: Bearer KEY" (/health excepted); NULL: none */
+    int metrics;               /* 1: serve GET /metrics */
+    unsigned threads;          /* HTTP threads; 0: 4 */
+    unsigned max_connections;  /* open connections; 0: 1024 */
+    unsigned timeout_s;        /* a connection idle that long, or still sending its request after it, is
+                                  closed (slowloris); 0: 30 */
+    int64_t max_body;          /* bytes of a request body; larger gets 413; 0: 4 MiB */
+    int64_t max_step_tokens;   /* prompt tokens one step prefills (chunked prefill); 0: 512 */
+    unsigned drain_s;          /* on stop, running requests get this long to finish; 0: 30 */
+    int prefix_cache;          /* 1 (default): reuse the KV blocks of earlier prompts' prefixes */
+    tk_log_fn log;             /* one TK_LOG_INFO line per request, TK_LOG_WARN for trouble; called from
+                                  the server's threads concurrently. NULL: nothing is logged */
+    void *log_user;
+} tk_model_server_opts;
+#define TK_MODEL_SERVER_OPTS_INIT                                                                     \
+    {TK_MODEL_SERVER_OPTS_VERSION, NULL, NULL, NULL, TK_DEV_CPU, 0, NULL, NULL, 0, 0, 0, NULL, 0, 0, 0, 0, 0, \
+     0, 0, 1, NULL, NULL}
+
+/* Binds the listen address and starts serving at once: the model loads in the background (GET /health
+ * answers 503 until it is ready, and generation requests 503 too). ctx runs the model's ops and is used
+ * by the server's scheduler thread only until tk_model_server_free; it must outlive the server. The
+ * calling process should block SIGPIPE (the server's threads inherit the caller's signal mask).
+ * Errors: TK_ERR_INVALID (bad options or listen address), TK_ERR_NOT_FOUND (no such directory),
+ * TK_ERR_IO (the address cannot be bound), TK_ERR_NOMEM. */
+TK_API int tk_model_server_new(tk_model_server **out, tk_ctx *ctx, const tk_model_server_opts *opts);
+/* The TCP port it listens on. */
+TK_API int tk_model_server_port(const tk_model_server *s);
+/* Serves until tk_model_server_stop, then drains: new connections and requests are refused, queued ones
+ * answered 503, running ones get opts.drain_s seconds to finish (then they end, with finish_reason
+ * "length" on a stream and 503 otherwise), and returns. Returns TK_OK, or the model's load error
+ * (message in tk_last_error()) if it never loaded. Call it from one thread. */
+TK_API int tk_model_server_run(tk_model_server *s);
+/* Asks tk_model_server_run to drain and return. Safe from any thread and from a signal handler. */
+TK_API void tk_model_server_stop(tk_model_server *s);
+/* Frees a server whose run returned (or that never ran). Accepts NULL. */
+TK_API void tk_model_server_free(tk_model_server *s);
+
+/* ---------------------------------------------------------------------------------------------- */
 /* Tokenizers                                                                                      */
 /*
  * A Hugging Face tokenizer.json, as the `tokenizers` library reads it: normalizers, pre-tokenizers,
@@ -857,8 +927,9 @@ typedef struct {
     int prefix_cache;         /* 1: keep the full KV blocks of prompts (and of ended sequences) for later
                                  prompts that start with the same tokens; evicted oldest first */
     int use_cache;            /* 1 (default): paged KV cache; 0: recompute every step (the reference) */
+    int64_t kv_max_tokens;    /* bounds the pool to this many tokens' blocks too (rounded up); 0: none */
 } tk_gen_batch_opts;
-#define TK_GEN_BATCH_OPTS_INIT {TK_GEN_BATCH_OPTS_VERSION, NULL, 16, 0, 0, 0, 1}
+#define TK_GEN_BATCH_OPTS_INIT {TK_GEN_BATCH_OPTS_VERSION, NULL, 16, 0, 0, 0, 1, 0}
 
 /* What one step did for one sequence: the token it chose and the text that token completes. */
 typedef struct {
