@@ -5,7 +5,6 @@
  * --drain), then it exits 0.
  */
 #include <errno.h>
-#include <pthread.h>
 #include <signal.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -104,19 +103,17 @@ static void log_line(void *user, int level, const char *msg)
         fwrite(line, 1, (size_t)n < sizeof line ? (size_t)n : sizeof line - 1, stderr);
 }
 
-typedef struct {
-    tk_model_server *srv;
-    sigset_t set;
-} waiter;
+/* The running server, for the signal handler: tk_model_server_stop is async-signal-safe (a write to a
+ * pipe), so it works whichever thread the signal lands on (OpenBLAS starts its own threads before
+ * main, so a signal mask cannot steer SIGTERM away from them). */
+static tk_model_server *volatile running;
+static volatile sig_atomic_t got_signal;
 
-static void *wait_signal(void *arg)
+static void on_signal(int sig)
 {
-    waiter *w = arg;
-    int sig = 0;
-    sigwait(&w->set, &sig);
-    fprintf(stderr, "tk serve-model: %s, draining\n", sig == SIGINT ? "interrupted" : "terminated");
-    tk_model_server_stop(w->srv);
-    return NULL;
+    got_signal = sig;
+    if (running)
+        tk_model_server_stop(running);
 }
 
 int tk_cmd_serve_model(tk_cli *cli, int argc, char **argv)
@@ -214,18 +211,18 @@ int tk_cmd_serve_model(tk_cli *cli, int argc, char **argv)
     if (!ctx)
         return cli->ctx_exit ? cli->ctx_exit : TK_EXIT_FAIL;
 
-    /* The server's threads inherit this mask: SIGINT/SIGTERM reach only the waiter, and a client that
-     * hangs up never kills the process with SIGPIPE. */
-    waiter w;
-    sigemptyset(&w.set);
-    sigaddset(&w.set, SIGINT);
-    sigaddset(&w.set, SIGTERM);
-    sigset_t all = w.set;
-    sigaddset(&all, SIGPIPE);
-    pthread_sigmask(SIG_BLOCK, &all, NULL);
-    int rc = tk_model_server_new(&w.srv, ctx, &o);
+    struct sigaction sa;
+    memset(&sa, 0, sizeof sa);
+    sa.sa_handler = SIG_IGN; /* a client that hangs up never kills the process */
+    sigaction(SIGPIPE, &sa, NULL);
+    tk_model_server *srv = NULL;
+    int rc = tk_model_server_new(&srv, ctx, &o);
     if (rc != TK_OK)
         return tk_cli_fail(cli, rc, NULL);
+    running = srv;
+    sa.sa_handler = on_signal;
+    sigaction(SIGINT, &sa, NULL);
+    sigaction(SIGTERM, &sa, NULL);
     const char *listen = o.listen ? o.listen : "127.0.0.1:0";
     const char *colon = strrchr(listen, ':');
     char host[300], url[400];
@@ -234,27 +231,19 @@ int tk_cmd_serve_model(tk_cli *cli, int argc, char **argv)
         snprintf(host, sizeof host, "127.0.0.1");
     else if (!strcmp(host, "[::]"))
         snprintf(host, sizeof host, "[::1]");
-    snprintf(url, sizeof url, "http://%s:%d", host, tk_model_server_port(w.srv));
+    snprintf(url, sizeof url, "http://%s:%d", host, tk_model_server_port(srv));
     if (cli->json)
         printf("{\"url\": \"%s\"}\n", url);
     else
         printf("%s\n", url);
     fflush(stdout);
     fprintf(stderr, "tk serve-model: serving %s on %s (loading the model; stop with Ctrl-C)\n", o.model_dir, url);
-    pthread_t th;
-    if (pthread_create(&th, NULL, wait_signal, &w) != 0) {
-        tk_model_server_free(w.srv);
-        return tk_cli_errorf(cli, TK_ERR_NOMEM, TK_EXIT_FAIL, "cannot start the signal thread");
-    }
-    rc = tk_model_server_run(w.srv);
-    if (rc != TK_OK) { /* the model never loaded: the waiter still waits for a signal */
-        pthread_cancel(th);
-        pthread_join(th, NULL);
-        tk_model_server_free(w.srv);
+    rc = tk_model_server_run(srv);
+    if (got_signal)
+        fprintf(stderr, "tk serve-model: %s, stopped after draining\n", got_signal == SIGINT ? "interrupted" : "terminated");
+    running = NULL;
+    tk_model_server_free(srv);
+    if (rc != TK_OK)
         return tk_cli_fail(cli, rc, o.model_dir);
-    }
-    pthread_join(th, NULL);
-    tk_model_server_free(w.srv);
-    fprintf(stderr, "tk serve-model: stopped\n");
     return TK_EXIT_OK;
 }
