@@ -2173,6 +2173,11 @@ int tk_gen_batch_new(tk_gen_batch **out, tk_model *m, const tk_gen_batch_opts *o
     }
     b->E.lm.self = &b->s;
     b->E.kv = b->s.kv;
+    if (b->s.kv && o->kv_max_tokens > 0) {
+        int64_t mb = (o->kv_max_tokens + b->s.kv->block_size - 1) / b->s.kv->block_size;
+        if (!b->s.kv->max_blocks || mb < b->s.kv->max_blocks)
+            b->s.kv->max_blocks = mb;
+    }
     b->E.max_step_tokens = o->max_step_tokens;
     b->E.prefix_cache = o->prefix_cache && b->s.kv;
     *out = b;

@@ -220,6 +220,8 @@ static enum MHD_Result metrics(struct tk_model_server *s, struct MHD_Connection 
     M("requests_queued", "gauge", "Requests waiting for a slot.", "tk_requests_queued %zu\n", s->nq);
     M("requests_running", "gauge", "Requests in the batch.", "tk_requests_running %zu\n", s->nact);
     M("slots_busy", "gauge", "Sequences in the batch.", "tk_slots_busy %zu\n", s->busy);
+    M("batch_sequences", "gauge", "Sequences in the batch, prefilling or decoding.", "tk_batch_sequences %lld\n",
+      (long long)st->active);
     M("slots_total", "gauge", "Sequences the batch may hold (--parallel).", "tk_slots_total %u\n", par);
     M("generation_tokens_per_second", "gauge", "Tokens generated a second, over the last two seconds or more.",
       "tk_generation_tokens_per_second %.3f\n", s->nact ? s->tps : 0.0);

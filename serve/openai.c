@@ -325,7 +325,7 @@ int tk_serve__oa_parse(tk_oa_req *r, int kind, const char *body, size_t len, tk_
     json_t *o = json_loadb(body, len, 0, &je);
     if (!o)
         return tk_serve__oa_errf(e, 400, "invalid_request_error", "invalid_json", NULL,
-                                 "the body is not valid JSON (line %d, column %d: %s)", je.line, je.column, je.text);
+                                 "the body is not valid JSON in UTF-8 (line %d, column %d: %s)", je.line, je.column, je.text);
     int rc = -1;
     if (!json_is_object(o)) {
         tk_serve__oa_errf(e, 400, "invalid_request_error", "invalid_json", NULL, "the body must be a JSON object");

@@ -567,6 +567,7 @@ void *tk_serve__sched_main(void *arg)
             cut_all(s);
         }
         admit(s);
+        tk_gen_batch_stats_get(&s->st, s->b); /* cancellations change it too */
         if (s->nact == 0) {
             if (s->stopping) {
                 pthread_mutex_unlock(&s->mu);

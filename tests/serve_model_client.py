@@ -225,7 +225,9 @@ def check_openai():
 def check_auth():
     import openai
     expect_error(openai.AuthenticationError, 401, lambda: client("wrong").models.list(), "API key")
-    expect_error(openai.AuthenticationError, 401, lambda: client("").completions.create(model=MODEL, prompt="x"))
+    st, body = raw("POST", "/v1/completions", json.dumps({"prompt": "x"}).encode())
+    if st != 401 or body["error"]["code"] != "invalid_api_key":
+        fail("no key: %d %s" % (st, body))
     r = client(ARGS[0]).completions.create(model=MODEL, prompt="Hi", max_tokens=2)
     if len(r.choices) != 1:
         fail("with the key: %s" % r)
