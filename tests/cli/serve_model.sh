@@ -29,6 +29,7 @@ EOF
 
 # start_server ARGS...: tk serve-model on a free port; sets URL and SRV_PID, waits for /health 200.
 start_server() {
+  rm -f "$WORK/url"   # the last test's URL must not be read as this server's
   "$TK" serve-model "$CK" --metrics "$@" >"$WORK/url" 2>"$WORK/server.log" &
   SRV_PID=$!
   local i
@@ -39,7 +40,9 @@ start_server() {
     kill -0 "$SRV_PID" 2>/dev/null || { fail "the server exited: $(tail -n 5 "$WORK/server.log")"; return 1; }
     sleep 0.1
   done
-  fail "the server never became ready: $(tail -n 5 "$WORK/server.log")"; return 1
+  fail "the server never became ready: $(tail -n 5 "$WORK/server.log")"
+  kill -9 "$SRV_PID" 2>/dev/null; wait "$SRV_PID" 2>/dev/null; SRV_PID=
+  return 1
 }
 
 # stop_server: SIGTERM, and the server must exit 0 within 20 s.
