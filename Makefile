@@ -42,8 +42,9 @@ CFLAGS  += -DTK_HAVE_MPI $(shell pkg-config --cflags $(MPI))
 LDLIBS  += $(shell pkg-config --libs $(MPI))
 endif
 
-# The registry server (hub/serve.c) is not in libtk: only `tk serve` links it and libmicrohttpd.
-SERVE_SRC := hub/serve.c
+# The HTTP servers (hub/serve.c, the registry's, and serve/*.c, the model server's) are not in libtk: only
+# the tk command and libtkhub-serve link them and libmicrohttpd.
+SERVE_SRC := hub/serve.c $(wildcard serve/*.c)
 LIB_SRC := $(filter-out $(SERVE_SRC),$(wildcard common/*.c cache/*.c hub/*.c jit/*.c ops/*.c comm/*.c models/*.c api/*.c))
 CLI_SRC := $(wildcard cli/*.c)
 TEST_SRC := $(wildcard tests/test_*.c)

@@ -37,6 +37,8 @@ int tk_cmd_versions(tk_cli *cli, int argc, char **argv);
 int tk_cmd_update(tk_cli *cli, int argc, char **argv);
 /* chat templates (hchat) */
 int tk_cmd_chat(tk_cli *cli, int argc, char **argv);
+/* the model server (issue 26) */
+int tk_cmd_serve_model(tk_cli *cli, int argc, char **argv);
 
 static const struct {
     const char *name;
@@ -70,6 +72,7 @@ static const struct {
     {"check", tk_cmd_check, "check a package directory: manifest and an NVRTC compile, nothing written"},
     {"generate", tk_cmd_generate, "generate text with a Llama or GPT-2 checkpoint (greedy, sampling, beams)"},
     {"chat", tk_cmd_chat, "chat with a checkpoint through its tokenizer's chat template (stdin turns)"},
+    {"serve-model", tk_cmd_serve_model, "serve a checkpoint over an OpenAI-compatible HTTP API (continuous batching)"},
 };
 
 static void usage(FILE *f)

@@ -674,6 +674,76 @@ TK_API int tk_serve_trust_list_json(char **out, const char *root);
 TK_API int tk_serve_trust_remove(const char *root, const char *org, const char *key);
 
 /* ---------------------------------------------------------------------------------------------- */
+/* Model server (tk serve-model)                                                                   */
+
+/* An OpenAI-compatible HTTP server over one checkpoint: POST /v1/chat/completions and /v1/completions
+ * (streamed as Server-Sent Events or not), GET /v1/models, /health, /metrics (Prometheus, when
+ * opts.metrics), POST /tokenize and /detokenize. One scheduler thread runs the model with continuous
+ * batching (tk_gen_batch): requests join the running batch at the next step, up to opts.parallel
+ * sequences, the rest wait in a bounded queue (then 429). See docs/serving.md for every endpoint,
+ * parameter, error and metric. Like the registry server it lives in libtkhub-serve, not libtkhub.
+ *
+ *     tk_model_server_opts o = TK_MODEL_SERVER_OPTS_INIT;
+ *     o.model_dir = "path/to/checkpoint";
+ *     tk_model_server *s = NULL;
+ *     if (tk_model_server_new(&s, ctx, &o) != TK_OK) { ... }
+ *     printf("http://127.0.0.1:%d\n", tk_model_server_port(s));
+ *     int rc = tk_model_server_run(s);     // until tk_model_server_stop (e.g. from a signal handler)
+ *     tk_model_server_free(s);
+ */
+typedef struct tk_model_server tk_model_server;
+
+#define TK_MODEL_SERVER_OPTS_VERSION 1
+typedef struct {
+    unsigned version;          /* TK_MODEL_SERVER_OPTS_VERSION */
+    const char *model_dir;     /* the checkpoint directory; required */
+    const char *model_name;    /* the id clients name in "model" and /v1/models; NULL: the directory's name */
+    const char *listen;        /* "HOST:PORT"; NULL: "127.0.0.1:0" (port 0: a free port, tk_model_server_port) */
+    int device_type;           /* TK_DEV_CPU (default) or TK_DEV_CUDA */
+    int device_id;
+    const char *dtype;         /* the model's compute dtype (tk_model_opts.dtype); NULL: its default */
+    const char *kv_dtype;      /* the KV cache's (tk_gen_opts.kv_dtype); NULL: the compute dtype */
+    unsigned parallel;         /* sequences decoded at once (a request with n choices takes n); 0: 4 */
+    unsigned max_queue;        /* requests waiting for a slot; past it 429; 0: 64 */
+    int64_t ctx_size;          /* prompt + completion tokens of one sequence; 0: the model's positions */
+    const char *api_key;       /* requests must send "Authorization: Bearer KEY" (/health excepted); NULL: none */
+    int metrics;               /* 1: serve GET /metrics */
+    unsigned threads;          /* HTTP threads; 0: 4 */
+    unsigned max_connections;  /* open connections; 0: 1024 */
+    unsigned timeout_s;        /* a connection idle that long, or still sending its request after it, is
+                                  closed (slowloris); 0: 30 */
+    int64_t max_body;          /* bytes of a request body; larger gets 413; 0: 4 MiB */
+    int64_t max_step_tokens;   /* prompt tokens one step prefills (chunked prefill); 0: 512 */
+    unsigned drain_s;          /* on stop, running requests get this long to finish; 0: 30 */
+    int prefix_cache;          /* 1 (default): reuse the KV blocks of earlier prompts' prefixes */
+    tk_log_fn log;             /* one TK_LOG_INFO line per request, TK_LOG_WARN for trouble; called from
+                                  the server's threads concurrently. NULL: nothing is logged */
+    void *log_user;
+} tk_model_server_opts;
+#define TK_MODEL_SERVER_OPTS_INIT                                                                     \
+    {TK_MODEL_SERVER_OPTS_VERSION, NULL, NULL, NULL, TK_DEV_CPU, 0, NULL, NULL, 0, 0, 0, NULL, 0, 0, 0, 0, 0, \
+     0, 0, 1, NULL, NULL}
+
+/* Binds the listen address and starts serving at once: the model loads in the background (GET /health
+ * answers 503 until it is ready, and generation requests 503 too). ctx runs the model's ops and is used
+ * by the server's scheduler thread only until tk_model_server_free; it must outlive the server. The
+ * calling process should block SIGPIPE (the server's threads inherit the caller's signal mask).
+ * Errors: TK_ERR_INVALID (bad options or listen address), TK_ERR_NOT_FOUND (no such directory),
+ * TK_ERR_IO (the address cannot be bound), TK_ERR_NOMEM. */
+TK_API int tk_model_server_new(tk_model_server **out, tk_ctx *ctx, const tk_model_server_opts *opts);
+/* The TCP port it listens on. */
+TK_API int tk_model_server_port(const tk_model_server *s);
+/* Serves until tk_model_server_stop, then drains: new connections and requests are refused, queued ones
+ * answered 503, running ones get opts.drain_s seconds to finish (then they end, with finish_reason
+ * "length" on a stream and 503 otherwise), and returns. Returns TK_OK, or the model's load error
+ * (message in tk_last_error()) if it never loaded. Call it from one thread. */
+TK_API int tk_model_server_run(tk_model_server *s);
+/* Asks tk_model_server_run to drain and return. Safe from any thread and from a signal handler. */
+TK_API void tk_model_server_stop(tk_model_server *s);
+/* Frees a server whose run returned (or that never ran). Accepts NULL. */
+TK_API void tk_model_server_free(tk_model_server *s);
+
+/* ---------------------------------------------------------------------------------------------- */
 /* Tokenizers                                                                                      */
 /*
  * A Hugging Face tokenizer.json, as the `tokenizers` library reads it: normalizers, pre-tokenizers,
@@ -741,7 +811,7 @@ typedef int (*tk_gen_stream_fn)(void *user, size_t seq, int32_t token, const cha
 
 enum { TK_GEN_EARLY_HEURISTIC = 0, TK_GEN_EARLY_TRUE = 1, TK_GEN_EARLY_NEVER = 2 };
 
-#define TK_GEN_OPTS_VERSION 1
+#define TK_GEN_OPTS_VERSION 2
 typedef struct {
     unsigned version;             /* TK_GEN_OPTS_VERSION */
     int64_t max_new_tokens;       /* tokens to generate at most (> 0); -1: max_length - prompt length */
@@ -768,10 +838,16 @@ typedef struct {
     const char *kv_dtype;         /* NULL: the model's dtype; "bf16", "f16", "f32", "i8", "fp8_e4m3" */
     int64_t kv_block_size;        /* tokens per KV block; default 16 */
     int64_t kv_max_bytes;         /* the KV cache may grow to this many bytes; 0: no bound */
+    /* version 2 */
+    double presence_penalty;      /* OpenAI's: s[t] -= presence_penalty for every token t generated so far
+                                     (the prompt excluded), after repetition_penalty; in [-2, 2]; 0: off */
+    double frequency_penalty;     /* and s[t] -= frequency_penalty x (times t was generated); 0: off */
+    int logprobs;                 /* tk_gen_batch: 1 reports each chosen token's log-probability */
+    int top_logprobs;             /* tk_gen_batch: and the most likely 0..TK_GEN_MAX_TOP_LOGPROBS tokens' */
 } tk_gen_opts;
 #define TK_GEN_OPTS_INIT                                                                            \
     {TK_GEN_OPTS_VERSION, -1, 20, 0, 1.0, 50, 1.0, 0.0, 1.0, 0, 1, 1.0, TK_GEN_EARLY_HEURISTIC, {0}, 0, -1, 0, \
-     NULL, 0, NULL, NULL, 1, NULL, 16, 0}
+     NULL, 0, NULL, NULL, 1, NULL, 16, 0, 0.0, 0.0, 0, 0}
 
 /* Weight-only quantisation for inference: from the next forward on, every linear layer's weight
  * (attention, MLP and LM head projections; not embeddings or norms) runs as `casted_linear` over an
@@ -812,6 +888,102 @@ TK_API const char *tk_gen_result_end(const tk_gen_result *r, size_t i);
  * kv_bytes is what the cache allocated, kv_peak_bytes what its sequences held at most. *json is the
  * caller's (tk_free). */
 TK_API int tk_gen_result_stats_json(char **json, const tk_gen_result *r);
+
+/* Step-wise generation for servers (continuous batching): sequences join and leave a running batch
+ * between steps; each step runs the model once over every active sequence: the next prompt chunk of
+ * each new one (chunked prefill, so a long prompt does not stall the others) and one token of each
+ * decoding one. tk_generate runs greedy decoding and sampling through it, so both give the same tokens.
+ * Each sequence has its own options (sampling, penalties, eos ids, stop strings, max_new_tokens) and its
+ * own sampler stream (Philox at its seed, counter = its token index), so what it generates does not
+ * depend on the other sequences or on its slot; greedy results equal the prompt run alone up to the f32
+ * rounding of the batched matrix products (docs/serving.md, "Determinism"). Full KV blocks of prompts
+ * can be kept in a prefix cache and shared by later prompts that start with the same tokens.
+ *
+ *     tk_gen_batch *b = NULL;
+ *     tk_gen_batch_new(&b, model, NULL);
+ *     int64_t id;
+ *     tk_gen_batch_add(&id, b, ids, n, 1, &o);       // o: tk_gen_opts as for tk_generate
+ *     while (tk_gen_batch_active(b)) {
+ *         const tk_gen_event *ev; size_t nev;
+ *         if (tk_gen_batch_step(b, &ev, &nev) != TK_OK) break;
+ *         for (size_t i = 0; i < nev; i++) fwrite(ev[i].text, 1, ev[i].len, stdout);
+ *     }
+ *     tk_gen_batch_free(b);
+ *
+ * A tk_gen_batch is used from one thread at a time, and its model must not run anything else meanwhile. */
+typedef struct tk_gen_batch tk_gen_batch;
+
+#define TK_GEN_MAX_TOP_LOGPROBS 20
+
+#define TK_GEN_BATCH_OPTS_VERSION 1
+typedef struct {
+    unsigned version;         /* TK_GEN_BATCH_OPTS_VERSION */
+    const char *kv_dtype;     /* NULL: the model's dtype; or "i8", "fp8_e4m3" (as tk_gen_opts.kv_dtype) */
+    int64_t kv_block_size;    /* tokens per KV block: a power of two, 8 to 256; default 16 */
+    int64_t kv_max_bytes;     /* the KV pool's bound (grown by doubling up to it); 0: none. Past it a
+                                 step fails with TK_ERR_NOMEM, after evicting the prefix cache */
+    int64_t max_step_tokens;  /* prompt tokens one step prefills, over all new sequences; longer prompts
+                                 are prefilled in chunks over several steps; 0: each prompt in one step */
+    int prefix_cache;         /* 1: keep the full KV blocks of prompts (and of ended sequences) for later
+                                 prompts that start with the same tokens; evicted oldest first */
+    int use_cache;            /* 1 (default): paged KV cache; 0: recompute every step (the reference) */
+    int64_t kv_max_tokens;    /* bounds the pool to this many tokens' blocks too (rounded up); 0: none */
+} tk_gen_batch_opts;
+#define TK_GEN_BATCH_OPTS_INIT {TK_GEN_BATCH_OPTS_VERSION, NULL, 16, 0, 0, 0, 1, 0}
+
+/* What one step did for one sequence: the token it chose and the text that token completes. */
+typedef struct {
+    int64_t seq;              /* the sequence's id (tk_gen_batch_add) */
+    int32_t token;            /* the chosen token */
+    float logprob;            /* with opts.logprobs: its log-probability under the model (log_softmax of
+                                 the raw logits, before penalties and temperature); else 0 */
+    int ntop;                 /* with opts.top_logprobs: the most likely tokens, most likely first */
+    int32_t top_ids[TK_GEN_MAX_TOP_LOGPROBS];
+    float top_logprobs[TK_GEN_MAX_TOP_LOGPROBS];
+    const char *text;         /* the new text (len bytes, not NUL-terminated, never ending inside a UTF-8
+                                 character; the pieces of a sequence concatenate to its decoded text);
+                                 borrowed until the next tk_gen_batch_* call */
+    size_t len;
+    const char *end;          /* NULL while the sequence goes on; else why it ended and left the batch:
+                                 "length", "eos" or "stop_string" (the text contains opts' stop string
+                                 number stop_index) */
+    int stop_index;
+    int64_t prompt_tokens;    /* the sequence's prompt length */
+    int64_t cached_tokens;    /* prompt tokens whose KV came from the prefix cache */
+} tk_gen_event;
+
+/* Counters of a batch (tk_gen_batch_stats). KV blocks: total is the pool's bound (its allocated size
+ * when unbounded), used those held by sequences, cached those held only by the prefix cache (reclaimed
+ * when needed), free = total - used. */
+typedef struct {
+    int64_t active, prefilling;
+    int64_t kv_block_size, kv_blocks_total, kv_blocks_used, kv_blocks_cached, kv_blocks_free;
+    int64_t prompt_tokens, cached_tokens, generated_tokens, steps;
+} tk_gen_batch_stats;
+
+/* A new empty batch over a loaded causal LM (opts NULL: the defaults). The model must outlive it.
+ * Errors: TK_ERR_INVALID (no LM head, a bad option), TK_ERR_NOMEM. */
+TK_API int tk_gen_batch_new(tk_gen_batch **out, tk_model *model, const tk_gen_batch_opts *opts);
+TK_API void tk_gen_batch_free(tk_gen_batch *b);
+/* Adds n >= 1 sequences that continue one prompt (len token ids, copied): *first receives the id of the
+ * first, and the others are first + 1 ... first + n - 1. They share the prompt's prefill and KV blocks;
+ * sequence i samples with seed o->seed + i. o as for tk_generate (num_beams 1; stream, use_cache and the
+ * kv_* fields are ignored; stop strings are copied); it joins at the next step. Errors: those of
+ * tk_generate's checks (TK_ERR_INVALID naming the option, the prompt's length against the context),
+ * TK_ERR_UNSUPPORTED (num_beams > 1), TK_ERR_NOMEM. */
+TK_API int tk_gen_batch_add(int64_t *first, tk_gen_batch *b, const int32_t *prompt, size_t len, size_t n,
+                            const tk_gen_opts *o);
+/* Runs one step. *events (borrowed until the next call) receives one event per token chosen; a
+ * sequence that ended is gone from the batch (its KV blocks freed). A failure of one sequence (every
+ * token removed by its processors, NaN logits) ends that sequence with end "error" and tk_last_error()
+ * naming it, and the step still returns TK_OK; a model or KV failure fails the step, which leaves every
+ * sequence as it was (TK_ERR_NOMEM when the pool is at its bound). */
+TK_API int tk_gen_batch_step(tk_gen_batch *b, const tk_gen_event **events, size_t *nevents);
+/* Removes a sequence now (a cancelled request) and frees its KV blocks. Errors: TK_ERR_NOT_FOUND. */
+TK_API int tk_gen_batch_cancel(tk_gen_batch *b, int64_t seq);
+/* Sequences in the batch (added and not ended). */
+TK_API size_t tk_gen_batch_active(const tk_gen_batch *b);
+TK_API int tk_gen_batch_stats_get(tk_gen_batch_stats *out, const tk_gen_batch *b);
 
 /* ---------------------------------------------------------------------------------------------- */
 /* Chat templates                                                                                  */

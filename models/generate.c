@@ -11,6 +11,7 @@
  */
 #include <jansson.h>
 #include <math.h>
+#include <stddef.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -248,7 +249,42 @@ void tk_gen__log_softmax(float *s, int64_t V)
         s[i] = (s[i] - m) - lse;
 }
 
+int tk_gen__presence_frequency(float *s, int64_t V, const int32_t *gen, size_t n, double presence, double frequency)
+{
+    if (n == 0)
+        return TK_OK;
+    int32_t *cnt = calloc((size_t)V + 1, sizeof *cnt);
+    if (!cnt)
+        return tk__err(TK_ERR_NOMEM, "presence/frequency penalty: out of memory for a row of %lld scores", (long long)V);
+    for (size_t j = 0; j < n; j++)
+        if (gen[j] >= 0 && gen[j] < V)
+            cnt[gen[j]]++;
+    for (int64_t t = 0; t < V; t++)
+        if (cnt[t])
+            s[t] = (float)((double)s[t] - frequency * cnt[t] - presence);
+    free(cnt);
+    return TK_OK;
+}
+
 /* ---- options ---------------------------------------------------------------------------------- */
+
+int tk_gen__opts_upgrade(tk_gen_opts *out, const tk_gen_opts *in)
+{
+    tk_gen_opts def = TK_GEN_OPTS_INIT;
+    if (!in)
+        return tk__err(TK_ERR_INVALID, "generate: no options");
+    if (in->version == 1) { /* version 1 ends before presence_penalty */
+        *out = def;
+        memcpy(out, in, offsetof(tk_gen_opts, presence_penalty));
+        out->version = TK_GEN_OPTS_VERSION;
+        return TK_OK;
+    }
+    if (in->version != TK_GEN_OPTS_VERSION)
+        return tk__err(TK_ERR_INVALID, "generate: options have version %u, want 1 or %u\nHINT: declare them with "
+                       "TK_GEN_OPTS_INIT", in->version, (unsigned)TK_GEN_OPTS_VERSION);
+    *out = *in;
+    return TK_OK;
+}
 
 int tk_gen__check(const tk_gen_lm *lm, const int32_t *const *prompts, const size_t *lens, size_t np,
                   const tk_gen_opts *o)
@@ -321,6 +357,15 @@ int tk_gen__check(const tk_gen_lm *lm, const int32_t *const *prompts, const size
     for (size_t i = 0; i < o->n_stop; i++)
         if (!o->stop_strings[i] || !*o->stop_strings[i])
             return tk__err(TK_ERR_INVALID, "generate: stop string %zu is empty", i);
+    if (!(o->presence_penalty >= -2 && o->presence_penalty <= 2))
+        return tk__err(TK_ERR_INVALID, "generate: presence_penalty is %g, want a value in [-2, 2] (0: off)",
+                       o->presence_penalty);
+    if (!(o->frequency_penalty >= -2 && o->frequency_penalty <= 2))
+        return tk__err(TK_ERR_INVALID, "generate: frequency_penalty is %g, want a value in [-2, 2] (0: off)",
+                       o->frequency_penalty);
+    if (o->top_logprobs < 0 || o->top_logprobs > TK_GEN_MAX_TOP_LOGPROBS)
+        return tk__err(TK_ERR_INVALID, "generate: top_logprobs is %d, want 0 to %d", o->top_logprobs,
+                       TK_GEN_MAX_TOP_LOGPROBS);
     if (o->n_stop && !lm->decode)
         return tk__err(TK_ERR_UNSUPPORTED, "generate: stop strings need the model's tokenizer, and it has none\n"
                        "HINT: put tokenizer.json in the model directory, or use eos ids");
@@ -391,6 +436,10 @@ static int process_row(float *row, int64_t V, const gseq *s, const tk_gen_opts *
         return rc;
     if (o->no_repeat_ngram_size > 0)
         tk_gen__no_repeat_ngram(row, V, s->ids, s->n, o->no_repeat_ngram_size);
+    if ((o->presence_penalty != 0 || o->frequency_penalty != 0) &&
+        (rc = tk_gen__presence_frequency(row, V, s->ids + s->plen, s->n - s->plen, o->presence_penalty,
+                                         o->frequency_penalty)))
+        return rc;
     if (!o->do_sample)
         return TK_OK;
     if (o->temperature != 1.0)
@@ -499,95 +548,504 @@ static int pick(const tk_gen_lm *lm, const tk_gen_opts *o, float *rows, size_t n
 
 static double now_ms(void) { return tk__now_ms(); }
 
-/* ---- greedy and sampling ---------------------------------------------------------------------- */
+/* ---- the step engine: greedy and sampling, continuous batching -------------------------------- */
 
-static int run_sample(gseq *S, tk_gen_stats *st, const tk_gen_lm *lm, size_t np, int64_t *max_new,
-                      const tk_gen_opts *o)
+/* Sequences join (eng_add) and leave (an end, eng_cancel) between steps. A step feeds each decoding
+ * sequence its last token and each new one the next chunk of its prompt (at most max_step_tokens
+ * prompt tokens in all), runs the model once, and picks a token for every sequence whose logits are
+ * ready. n > 1 sequences of one prompt wait for the first one's prefill and fork its cache. */
+
+enum { S_PREFILL = 0, S_WAIT = 1, S_DECODE = 2 };
+
+typedef struct eseq {
+    int64_t id;
+    int state;
+    gseq g;               /* ids: prompt + generated; plen; slot; text; emitted */
+    tk_gen_opts o;        /* its own options; o.stop_strings points at stops */
+    char **stops;
+    int64_t max_new;
+    int64_t fed;          /* tokens of g.ids in the cache */
+    int64_t cached;       /* prompt tokens the prefix cache gave */
+    int64_t chunk;        /* this step's prompt tokens (S_PREFILL) */
+    struct eseq *leader;  /* S_WAIT: the sequence whose prefill it shares */
+} eseq;
+
+typedef struct {
+    tk_gen_lm lm;
+    tk_gen_kv *kv;        /* the KV cache, for the prefix cache (NULL: none) */
+    int64_t max_step_tokens;
+    int prefix_cache;
+    eseq **s;             /* active, in arrival order */
+    size_t n, cap;
+    eseq **dead;          /* ended in the last step: their text lives until the next call */
+    size_t ndead, capdead;
+    int64_t next_id;
+    tk_gen_event *ev;
+    size_t nev, capev;
+    int64_t prompt_tokens, cached_tokens, generated_tokens, steps;
+    char err[512];        /* the last sequence failure (an "error" end) */
+} engine;
+
+static void eseq_free(const engine *E, eseq *e)
 {
-    int64_t V = lm->vocab;
-    int rc = TK_OK;
-    size_t tot = 0;
-    for (size_t i = 0; i < np; i++)
-        tot += S[i].n;
-    int32_t *slots = malloc(np * sizeof *slots), *cu = malloc((np + 1) * sizeof *cu);
-    int32_t *ids = malloc((tot > np ? tot : np) * sizeof *ids);
-    size_t *act = malloc(np * sizeof *act);
-    float *logits = malloc(np * (size_t)V * sizeof *logits);
-    int64_t *tok = malloc(np * sizeof *tok);
-    if (!slots || !cu || !ids || !act || !logits || !tok) {
-        rc = tk__err(TK_ERR_NOMEM, "generate: out of memory for %zu sequences", np);
-        goto done;
-    }
-    /* prefill: every prompt in one varlen step */
-    size_t na = np, pos = 0;
-    cu[0] = 0;
-    for (size_t i = 0; i < np; i++) {
-        act[i] = i;
-        slots[i] = S[i].slot;
-        memcpy(ids + pos, S[i].ids, S[i].n * sizeof *ids);
-        pos += S[i].n;
-        cu[i + 1] = (int32_t)pos;
-    }
-    double t0 = now_ms();
-    if ((rc = lm->step(lm->self, slots, np, ids, cu, logits)))
-        goto done;
-    st->prefill_ms += now_ms() - t0;
-    st->prefill_tokens += (int64_t)tot;
-    t0 = now_ms();
-    for (int64_t step = 0;; step++) {
-        for (size_t k = 0; k < na; k++)
-            if ((rc = process_row(logits + k * (size_t)V, V, &S[act[k]], o)))
-                goto done;
-        if ((rc = pick(lm, o, logits, na, step, tok)))
-            goto done;
-        size_t nn = 0;
-        for (size_t k = 0; k < na; k++) {
-            gseq *s = &S[act[k]];
-            int32_t t = (int32_t)tok[k];
-            if (t < 0 || t >= V) { /* sample gives -1 when every token was removed */
-                rc = tk__err(TK_ERR_INVALID, "generate: sequence %zu: the logits processors removed every token "
-                             "at step %lld (or the logits are NaN)\nHINT: loosen top_k/top_p/min_p or the "
-                             "n-gram and repetition settings", act[k], (long long)step);
-                goto done;
+    if (!e)
+        return;
+    if (e->g.slot >= 0)
+        E->lm.seq_free(E->lm.self, e->g.slot);
+    for (size_t i = 0; e->stops && i < e->o.n_stop; i++)
+        free(e->stops[i]);
+    free(e->stops);
+    seq_clear(&e->g);
+    free(e);
+}
+
+static void eng_free_dead(engine *E)
+{
+    for (size_t i = 0; i < E->ndead; i++)
+        eseq_free(E, E->dead[i]);
+    E->ndead = 0;
+}
+
+static void eng_free(engine *E)
+{
+    eng_free_dead(E);
+    for (size_t i = 0; i < E->n; i++)
+        eseq_free(E, E->s[i]);
+    free(E->s);
+    free(E->dead);
+    free(E->ev);
+    memset(E, 0, sizeof *E);
+}
+
+static int grow(void **p, size_t *cap, size_t need, size_t el)
+{
+    if (need <= *cap)
+        return TK_OK;
+    size_t c = *cap ? *cap * 2 : 16;
+    while (c < need)
+        c *= 2;
+    void *q = realloc(*p, c * el);
+    if (!q)
+        return tk__err(TK_ERR_NOMEM, "generate: out of memory");
+    *p = q;
+    *cap = c;
+    return TK_OK;
+}
+
+static int eng_add(engine *E, int64_t *first, const int32_t *prompt, size_t len, size_t n, const tk_gen_opts *o)
+{
+    int rc;
+    if (n < 1 || n > 4096)
+        return tk__err(TK_ERR_INVALID, "generate: %zu sequences asked of one prompt, want 1 to 4096", n);
+    if (o->num_beams > 1)
+        return tk__err(TK_ERR_UNSUPPORTED, "generate: beam search (num_beams %lld) does not run step by step\n"
+                       "HINT: use tk_generate for beam search", (long long)o->num_beams);
+    if ((rc = tk_gen__check(&E->lm, &prompt, &len, 1, o)) != TK_OK)
+        return rc;
+    if ((rc = grow((void **)&E->s, &E->cap, E->n + n, sizeof *E->s)) != TK_OK)
+        return rc;
+    eseq *lead = NULL;
+    size_t added = 0;
+    for (size_t i = 0; i < n; i++) {
+        eseq *e = calloc(1, sizeof *e);
+        if (!e) {
+            rc = tk__err(TK_ERR_NOMEM, "generate: out of memory");
+            goto fail;
+        }
+        E->s[E->n + added++] = e;
+        e->g.slot = -1;
+        e->id = E->next_id + (int64_t)i;
+        e->o = *o;
+        e->o.seed = o->seed + (uint64_t)i;
+        e->o.stream = NULL;
+        e->o.stop_strings = NULL;
+        e->max_new = o->max_new_tokens > 0 ? o->max_new_tokens : o->max_length - (int64_t)len;
+        if (o->n_stop) {
+            if (!(e->stops = calloc(o->n_stop, sizeof *e->stops))) {
+                rc = tk__err(TK_ERR_NOMEM, "generate: out of memory");
+                goto fail;
             }
-            size_t prev = s->text ? strlen(s->text) : 0;
-            if ((rc = seq_push(s, t)) || (rc = seq_decode(lm, s)))
-                goto done;
-            if (is_eos(o, t))
-                s->done = 1, s->end = TK_GEN_END_EOS;
-            else if (hits_stop(o, s->text, prev))
-                s->done = 1, s->end = TK_GEN_END_STOP;
-            else if ((int64_t)(s->n - s->plen) >= max_new[act[k]])
-                s->done = 1, s->end = TK_GEN_END_LENGTH;
-            if (stream_token(o, act[k], s, t, s->done) && !s->done)
-                s->done = 1, s->end = TK_GEN_END_CALLBACK;
-            if (!s->done) {
-                act[nn] = act[k];
-                slots[nn] = s->slot;
-                ids[nn] = t;
-                cu[nn + 1] = (int32_t)(nn + 1);
-                nn++;
+            for (size_t k = 0; k < o->n_stop; k++)
+                if (!(e->stops[k] = tk__strdup(o->stop_strings[k]))) {
+                    e->o.n_stop = k;
+                    rc = tk__err(TK_ERR_NOMEM, "generate: out of memory");
+                    goto fail;
+                }
+            e->o.stop_strings = (const char *const *)e->stops;
+        }
+        e->g.plen = len;
+        for (size_t j = 0; j < len; j++)
+            if ((rc = seq_push(&e->g, prompt[j])) != TK_OK)
+                goto fail;
+        if (i == 0) {
+            lead = e;
+            e->state = S_PREFILL;
+            if ((rc = E->lm.seq_new(E->lm.self, &e->g.slot)) != TK_OK)
+                goto fail;
+            if (E->kv && E->prefix_cache)
+                e->fed = e->cached = tk_gen__kv_pc_match(E->kv, e->g.slot, prompt, len, (int64_t)len - 1);
+        } else {
+            e->state = S_WAIT;
+            e->leader = lead;
+        }
+    }
+    E->n += added;
+    *first = E->next_id;
+    E->next_id += (int64_t)n;
+    E->prompt_tokens += (int64_t)(len * n);
+    return TK_OK;
+fail:
+    for (size_t i = 0; i < added; i++)
+        eseq_free(E, E->s[E->n + i]);
+    return rc;
+}
+
+/* Takes e out of the active list (its followers get a new leader) and puts it on the dead list. */
+static int eng_retire(engine *E, size_t i)
+{
+    eseq *e = E->s[i];
+    int rc = grow((void **)&E->dead, &E->capdead, E->ndead + 1, sizeof *E->dead);
+    if (rc != TK_OK)
+        return rc;
+    if (e->state == S_PREFILL) { /* its followers wait for it: the first takes over its prefill */
+        eseq *heir = NULL;
+        for (size_t k = 0; k < E->n; k++) {
+            eseq *f = E->s[k];
+            if (f->state != S_WAIT || f->leader != e)
+                continue;
+            if (!heir) {
+                heir = f;
+                f->state = S_PREFILL;
+                f->leader = NULL;
+                f->g.slot = e->g.slot;
+                f->fed = e->fed;
+                f->cached = e->cached;
+                e->g.slot = -1;
+            } else {
+                f->leader = heir;
             }
         }
-        if (step == 0) /* the first tokens came from the prefill: decode timing starts here */
-            t0 = now_ms();
-        else
-            st->decode_tokens += (int64_t)na;
-        st->steps++;
-        na = nn;
-        if (na == 0)
-            break;
-        if ((rc = lm->step(lm->self, slots, na, ids, cu, logits)))
-            goto done;
     }
-    st->decode_ms += now_ms() - t0;
+    if (E->kv && E->prefix_cache && e->g.slot >= 0 && e->fed > 0)
+        tk_gen__kv_pc_insert(E->kv, e->g.slot, e->g.ids, (size_t)e->fed); /* best effort: a full cache keeps less */
+    if (e->g.slot >= 0) {
+        E->lm.seq_free(E->lm.self, e->g.slot);
+        e->g.slot = -1;
+    }
+    memmove(E->s + i, E->s + i + 1, (E->n - i - 1) * sizeof *E->s);
+    E->n--;
+    E->dead[E->ndead++] = e;
+    return TK_OK;
+}
+
+static int eng_cancel(engine *E, int64_t id)
+{
+    for (size_t i = 0; i < E->n; i++)
+        if (E->s[i]->id == id)
+            return eng_retire(E, i);
+    return tk__err(TK_ERR_NOT_FOUND, "generate: no sequence %lld in the batch", (long long)id);
+}
+
+/* 0-based index of the first stop string the text holds past prev_len - (its length - 1), or -1. */
+static int stop_hit(const tk_gen_opts *o, const char *text, size_t prev_len)
+{
+    if (!text)
+        return -1;
+    size_t tl = strlen(text);
+    for (size_t i = 0; i < o->n_stop; i++) {
+        size_t sl = strlen(o->stop_strings[i]);
+        size_t from = prev_len >= sl ? prev_len - sl + 1 : 0;
+        if (from <= tl && strstr(text + from, o->stop_strings[i]))
+            return (int)i;
+    }
+    return -1;
+}
+
+/* The k largest of row (log-probabilities), most likely first (ties: the lower id). */
+static void top_logprobs(const float *lp, int64_t V, int k, int32_t *ids, float *vals)
+{
+    int m = 0;
+    for (int64_t v = 0; v < V; v++) {
+        float x = lp[v];
+        if (x != x || (m == k && !(x > vals[k - 1])))
+            continue;
+        int j = m < k ? m++ : k - 1;
+        while (j > 0 && x > vals[j - 1]) {
+            vals[j] = vals[j - 1];
+            ids[j] = ids[j - 1];
+            j--;
+        }
+        vals[j] = x;
+        ids[j] = (int32_t)v;
+    }
+}
+
+/* Picks e's next token from its logits row (modified), records the event, and ends e when it should. */
+static int eng_pick(engine *E, eseq *e, float *row, float *lp, int *ended)
+{
+    const tk_gen_lm *lm = &E->lm;
+    int64_t V = lm->vocab;
+    int rc = grow((void **)&E->ev, &E->capev, E->nev + 1, sizeof *E->ev);
+    if (rc != TK_OK)
+        return rc;
+    tk_gen_event *ev = &E->ev[E->nev];
+    memset(ev, 0, sizeof *ev);
+    ev->seq = e->id;
+    ev->stop_index = -1;
+    ev->prompt_tokens = (int64_t)e->g.plen;
+    ev->cached_tokens = e->cached;
+    *ended = 0;
+    int want_lp = e->o.logprobs || e->o.top_logprobs > 0;
+    if (want_lp) {
+        memcpy(lp, row, (size_t)V * sizeof *lp);
+        tk_gen__log_softmax(lp, V);
+    }
+    int64_t tok = -1;
+    if ((rc = process_row(row, V, &e->g, &e->o)) == TK_OK)
+        rc = pick(lm, &e->o, row, 1, (int64_t)(e->g.n - e->g.plen), &tok);
+    if (rc == TK_OK && (tok < 0 || tok >= V))
+        rc = tk__err(TK_ERR_INVALID, "generate: sequence %lld: the logits processors removed every token at step "
+                     "%zu (or the logits are NaN)\nHINT: loosen top_k/top_p/min_p or the n-gram and repetition "
+                     "settings", (long long)e->id, e->g.n - e->g.plen);
+    if (rc != TK_OK) { /* this sequence fails; the others go on */
+        snprintf(E->err, sizeof E->err, "%s", tk_last_error());
+        ev->token = -1;
+        ev->end = "error";
+        E->nev++;
+        *ended = 1;
+        return TK_OK;
+    }
+    int32_t t = (int32_t)tok;
+    size_t prev = e->g.text ? strlen(e->g.text) : 0;
+    if ((rc = seq_push(&e->g, t)) != TK_OK || (rc = seq_decode(lm, &e->g)) != TK_OK)
+        return rc;
+    ev->token = t;
+    if (want_lp) {
+        ev->logprob = lp[t];
+        int k = e->o.top_logprobs > TK_GEN_MAX_TOP_LOGPROBS ? TK_GEN_MAX_TOP_LOGPROBS : e->o.top_logprobs;
+        if (k > 0) {
+            top_logprobs(lp, V, k, ev->top_ids, ev->top_logprobs);
+            ev->ntop = k < V ? k : (int)V;
+        }
+    }
+    int si = -1;
+    if (is_eos(&e->o, t))
+        ev->end = "eos";
+    else if ((si = stop_hit(&e->o, e->g.text, prev)) >= 0)
+        ev->end = "stop_string", ev->stop_index = si;
+    else if ((int64_t)(e->g.n - e->g.plen) >= e->max_new)
+        ev->end = "length";
+    size_t len = e->g.text ? strlen(e->g.text) : 0;
+    size_t upto = ev->end ? len : utf8_complete(e->g.text ? e->g.text : "", len);
+    ev->text = "";
+    if (upto > e->g.emitted) {
+        ev->text = e->g.text + e->g.emitted;
+        ev->len = upto - e->g.emitted;
+        e->g.emitted = upto;
+    }
+    E->generated_tokens++;
+    E->nev++;
+    *ended = ev->end != NULL;
+    return TK_OK;
+}
+
+static int eng_step(engine *E, const tk_gen_event **events, size_t *nevents)
+{
+    const tk_gen_lm *lm = &E->lm;
+    int64_t V = lm->vocab;
+    *events = NULL;
+    *nevents = 0;
+    eng_free_dead(E);
+    E->nev = 0;
+    /* the rows: decoding sequences first (one token each), then prompt chunks in arrival order */
+    size_t nrows = 0, ntok = 0, nfollow = 0;
+    int64_t budget = E->max_step_tokens > 0 ? E->max_step_tokens : INT64_MAX;
+    for (size_t i = 0; i < E->n; i++) {
+        eseq *e = E->s[i];
+        e->chunk = 0;
+        if (e->state == S_DECODE) {
+            nrows++;
+            ntok++;
+        } else if (e->state == S_WAIT) {
+            nfollow++;
+        }
+    }
+    for (size_t i = 0; i < E->n && budget > 0; i++) {
+        eseq *e = E->s[i];
+        if (e->state != S_PREFILL)
+            continue;
+        int64_t left = (int64_t)e->g.plen - e->fed;
+        e->chunk = left < budget ? left : budget;
+        budget -= e->chunk;
+        nrows++;
+        ntok += (size_t)e->chunk;
+    }
+    if (nrows == 0)
+        return TK_OK;
+    int rc = TK_OK;
+    int32_t *slots = malloc(nrows * sizeof *slots), *cu = malloc((nrows + 1) * sizeof *cu);
+    int32_t *ids = malloc(ntok * sizeof *ids);
+    eseq **rs = malloc((nrows + nfollow) * sizeof *rs);
+    float *logits = malloc((nrows + nfollow) * (size_t)V * sizeof *logits), *lp = malloc((size_t)V * sizeof *lp);
+    size_t *rrow = malloc((nrows + nfollow) * sizeof *rrow);
+    if (!slots || !cu || !ids || !rs || !logits || !lp || !rrow) {
+        rc = tk__err(TK_ERR_NOMEM, "generate: out of memory for a step of %zu sequences", nrows);
+        goto done;
+    }
+    size_t r = 0, p = 0;
+    cu[0] = 0;
+    for (int pass = 0; pass < 2; pass++)
+        for (size_t i = 0; i < E->n; i++) {
+            eseq *e = E->s[i];
+            if (pass == 0 && e->state == S_DECODE) {
+                ids[p++] = e->g.ids[e->g.n - 1];
+            } else if (pass == 1 && e->state == S_PREFILL && e->chunk > 0) {
+                memcpy(ids + p, e->g.ids + e->fed, (size_t)e->chunk * sizeof *ids);
+                p += (size_t)e->chunk;
+            } else {
+                continue;
+            }
+            slots[r] = e->g.slot;
+            rs[r] = e;
+            cu[++r] = (int32_t)p;
+        }
+    if ((rc = lm->step(lm->self, slots, nrows, ids, cu, logits)) != TK_OK)
+        goto done;
+    E->steps++;
+    /* the rows whose logits pick a token: decode rows, finished prompts, and their followers */
+    size_t nready = 0, extra = nrows;
+    for (size_t k = 0; k < nrows; k++) {
+        eseq *e = rs[k];
+        if (e->state == S_DECODE) {
+            e->fed++;
+            rs[nready] = e;
+            rrow[nready++] = k;
+            continue;
+        }
+        e->fed += e->chunk;
+        if (e->fed < (int64_t)e->g.plen)
+            continue;
+        e->state = S_DECODE;
+        if (E->kv && E->prefix_cache)
+            tk_gen__kv_pc_insert(E->kv, e->g.slot, e->g.ids, e->g.plen);
+        E->cached_tokens += e->cached;
+        rs[nready] = e;
+        rrow[nready++] = k;
+        for (size_t i = 0; i < E->n; i++) {
+            eseq *f = E->s[i];
+            if (f->state != S_WAIT || f->leader != e)
+                continue;
+            if ((rc = lm->seq_fork(lm->self, &f->g.slot, e->g.slot)) != TK_OK)
+                goto done;
+            f->state = S_DECODE;
+            f->leader = NULL;
+            f->fed = e->fed;
+            f->cached = e->cached;
+            E->cached_tokens += e->cached;
+            memcpy(logits + extra * (size_t)V, logits + k * (size_t)V, (size_t)V * sizeof *logits);
+            rs[nready] = f;
+            rrow[nready++] = extra++;
+        }
+    }
+    for (size_t k = 0; k < nready; k++) {
+        int ended = 0;
+        if ((rc = eng_pick(E, rs[k], logits + rrow[k] * (size_t)V, lp, &ended)) != TK_OK)
+            goto done;
+        if (!ended)
+            continue;
+        for (size_t i = 0; i < E->n; i++)
+            if (E->s[i] == rs[k]) {
+                if ((rc = eng_retire(E, i)) != TK_OK)
+                    goto done;
+                break;
+            }
+    }
+    *events = E->ev;
+    *nevents = E->nev;
 done:
     free(slots);
     free(cu);
     free(ids);
-    free(act);
+    free(rs);
     free(logits);
-    free(tok);
+    free(lp);
+    free(rrow);
+    return rc;
+}
+
+/* tk_generate's greedy decoding and sampling: every prompt in the engine, stepped to the end. */
+static int run_sample(tk_gen_seq *out, tk_gen_stats *st, const tk_gen_lm *lm, const int32_t *const *prompts,
+                      const size_t *lens, size_t np, const tk_gen_opts *o)
+{
+    engine E;
+    memset(&E, 0, sizeof E);
+    E.lm = *lm;
+    int rc = TK_OK;
+    tk_buf *texts = calloc(np, sizeof *texts);
+    int *ended = calloc(np, sizeof *ended);
+    if (!texts || !ended) {
+        rc = tk__err(TK_ERR_NOMEM, "generate: out of memory for %zu prompts", np);
+        goto done;
+    }
+    for (size_t i = 0; i < np; i++) {
+        int64_t id;
+        if ((rc = eng_add(&E, &id, prompts[i], lens[i], 1, o)) != TK_OK)
+            goto done;
+        out[i].end = TK_GEN_END_LENGTH;
+    }
+    for (size_t i = 0; i < np; i++)
+        st->prefill_tokens += (int64_t)lens[i];
+    double t0 = now_ms();
+    for (int first = 1; E.n > 0; first = 0) {
+        const tk_gen_event *ev;
+        size_t nev;
+        if ((rc = eng_step(&E, &ev, &nev)) != TK_OK)
+            goto done;
+        st->steps++;
+        for (size_t k = 0; k < nev; k++) {
+            size_t i = (size_t)ev[k].seq;
+            tk_gen_seq *s = &out[i];
+            if (ev[k].end && !strcmp(ev[k].end, "error")) {
+                rc = tk__err(TK_ERR_INVALID, "%s", E.err);
+                goto done;
+            }
+            int32_t *q = realloc(s->ids, (s->n + 1) * sizeof *q);
+            if (!q || (ev[k].len && tk__buf_append(&texts[i], ev[k].text, ev[k].len) != TK_OK)) {
+                if (q)
+                    s->ids = q;
+                rc = tk__err(TK_ERR_NOMEM, "generate: out of memory");
+                goto done;
+            }
+            s->ids = q;
+            s->ids[s->n++] = ev[k].token;
+            if (!first)
+                st->decode_tokens++;
+            if (ev[k].end)
+                s->end = !strcmp(ev[k].end, "eos") ? TK_GEN_END_EOS
+                         : !strcmp(ev[k].end, "stop_string") ? TK_GEN_END_STOP : TK_GEN_END_LENGTH;
+            if (o->stream && o->stream(o->stream_user, i, ev[k].token, ev[k].text, ev[k].len) && !ev[k].end) {
+                s->end = TK_GEN_END_CALLBACK;
+                if ((rc = eng_cancel(&E, ev[k].seq)) != TK_OK)
+                    goto done;
+            }
+        }
+        if (first) { /* the first tokens came from the prefill: decode timing starts here */
+            st->prefill_ms += now_ms() - t0;
+            t0 = now_ms();
+        }
+    }
+    st->decode_ms += now_ms() - t0;
+    for (size_t i = 0; i < np; i++)
+        if (lm->decode && !(out[i].text = texts[i].len ? tk__buf_steal(&texts[i]) : tk__strdup(""))) {
+            rc = tk__err(TK_ERR_NOMEM, "generate: out of memory");
+            goto done;
+        }
+done:
+    for (size_t i = 0; texts && i < np; i++)
+        tk__buf_free(&texts[i]);
+    free(texts);
+    free(ended);
+    eng_free(&E);
     return rc;
 }
 
@@ -938,6 +1396,16 @@ int tk_gen__run(tk_gen_seq *out, tk_gen_stats *stats, const tk_gen_lm *lm, const
         return rc;
     memset(out, 0, np * sizeof *out);
     tk_gen_stats st = {0};
+    if (o->num_beams <= 1) {
+        if ((rc = run_sample(out, &st, lm, prompts, lens, np, o)) != TK_OK) {
+            for (size_t i = 0; i < np; i++)
+                tk_gen__seq_free(&out[i]);
+            return rc;
+        }
+        if (stats)
+            *stats = st;
+        return TK_OK;
+    }
     gseq *S = calloc(np, sizeof *S);
     int64_t *max_new = calloc(np, sizeof *max_new);
     if (!S || !max_new) {
@@ -954,7 +1422,7 @@ int tk_gen__run(tk_gen_seq *out, tk_gen_stats *stats, const tk_gen_lm *lm, const
         if ((rc = lm->seq_new(lm->self, &S[i].slot)))
             goto done;
     }
-    rc = o->num_beams > 1 ? run_beam(S, &st, lm, np, max_new, o) : run_sample(S, &st, lm, np, max_new, o);
+    rc = run_beam(S, &st, lm, np, max_new, o);
     if (rc)
         goto done;
     for (size_t i = 0; i < np; i++) {
@@ -997,6 +1465,16 @@ void tk_gen__seq_free(tk_gen_seq *s)
 }
 
 /* ---- the paged KV cache ----------------------------------------------------------------------- */
+
+/* One full block of some prompt: the chained hash of its tokens and all before (FNV-1a 64 over the
+ * parent's hash and the block's tokens), the tokens themselves (compared on a hash match), and the
+ * block, on which the entry holds a reference. */
+typedef struct tk_gen_pce {
+    uint64_t hash, parent, used;
+    int32_t block;
+    int32_t *toks;
+} tk_gen_pce;
+
 
 static size_t kv_layer_block_bytes(const tk_gen_kv *kv)
 {
@@ -1083,6 +1561,9 @@ void tk_gen__kv_free(tk_gen_kv *kv)
     for (int64_t i = 0; i < kv->nseq; i++)
         free(kv->seq[i].blocks);
     free(kv->seq);
+    for (size_t i = 0; i < kv->npc; i++)
+        free(kv->pc[i].toks);
+    free(kv->pc);
     free(kv->k);
     free(kv->v);
     free(kv->ref);
@@ -1090,9 +1571,129 @@ void tk_gen__kv_free(tk_gen_kv *kv)
     free(kv);
 }
 
+/* ---- the prefix cache -------------------------------------------------------------------------- */
+
+static void kv_decref(tk_gen_kv *kv, int32_t b);
+static int kvseq_reserve(tk_gen_kvseq *s, int64_t nblk);
+
+static uint64_t pc_hash(uint64_t parent, const int32_t *t, int64_t n)
+{
+    uint64_t h = 0xcbf29ce484222325ull;
+    const unsigned char *p = (const unsigned char *)&parent;
+    for (size_t i = 0; i < sizeof parent; i++)
+        h = (h ^ p[i]) * 0x100000001b3ull;
+    p = (const unsigned char *)t;
+    for (size_t i = 0; i < (size_t)n * sizeof *t; i++)
+        h = (h ^ p[i]) * 0x100000001b3ull;
+    return h;
+}
+
+static tk_gen_pce *pc_find(tk_gen_kv *kv, uint64_t h, uint64_t parent, const int32_t *t)
+{
+    for (size_t i = 0; i < kv->npc; i++) {
+        tk_gen_pce *e = &kv->pc[i];
+        if (e->hash == h && e->parent == parent && !memcmp(e->toks, t, (size_t)kv->block_size * sizeof *t))
+            return e;
+    }
+    return NULL;
+}
+
+int tk_gen__kv_pc_insert(tk_gen_kv *kv, int32_t slot, const int32_t *ids, size_t n)
+{
+    const tk_gen_kvseq *s = &kv->seq[slot];
+    int64_t bs = kv->block_size, have = (int64_t)n < s->len ? (int64_t)n : s->len;
+    uint64_t parent = 0;
+    for (int64_t i = 0; i < have / bs && i < s->nblk; i++) {
+        const int32_t *t = ids + i * bs;
+        uint64_t h = pc_hash(parent, t, bs);
+        tk_gen_pce *e = pc_find(kv, h, parent, t);
+        if (e) {
+            e->used = ++kv->pc_clock;
+        } else {
+            if (kv->npc == kv->cappc) {
+                size_t c = kv->cappc ? 2 * kv->cappc : 64;
+                tk_gen_pce *q = realloc(kv->pc, c * sizeof *q);
+                if (!q)
+                    return tk__err(TK_ERR_NOMEM, "KV cache: out of memory for the prefix cache");
+                kv->pc = q;
+                kv->cappc = c;
+            }
+            int32_t *tc = malloc((size_t)bs * sizeof *tc);
+            if (!tc)
+                return tk__err(TK_ERR_NOMEM, "KV cache: out of memory for the prefix cache");
+            memcpy(tc, t, (size_t)bs * sizeof *tc);
+            kv->pc[kv->npc++] = (tk_gen_pce){h, parent, ++kv->pc_clock, s->blocks[i], tc};
+            kv->ref[s->blocks[i]]++;
+        }
+        parent = h;
+    }
+    return TK_OK;
+}
+
+int64_t tk_gen__kv_pc_match(tk_gen_kv *kv, int32_t slot, const int32_t *ids, size_t n, int64_t max_tokens)
+{
+    tk_gen_kvseq *s = &kv->seq[slot];
+    int64_t bs = kv->block_size, got = 0;
+    uint64_t parent = 0;
+    for (int64_t i = 0; (i + 1) * bs <= (int64_t)n && got < max_tokens; i++) {
+        const int32_t *t = ids + i * bs;
+        uint64_t h = pc_hash(parent, t, bs);
+        tk_gen_pce *e = pc_find(kv, h, parent, t);
+        if (!e || kvseq_reserve(s, s->nblk + 1) != TK_OK)
+            break;
+        s->blocks[s->nblk++] = e->block;
+        kv->ref[e->block]++;
+        e->used = ++kv->pc_clock;
+        got += bs;
+        parent = h;
+    }
+    s->len = got < max_tokens ? got : max_tokens; /* a partly used last block is copied when written */
+    return s->len;
+}
+
+int64_t tk_gen__kv_pc_cached(const tk_gen_kv *kv)
+{
+    int64_t n = 0;
+    for (size_t i = 0; i < kv->npc; i++)
+        n += kv->ref[kv->pc[i].block] == 1;
+    return n;
+}
+
+static void pc_remove(tk_gen_kv *kv, size_t i)
+{
+    kv_decref(kv, kv->pc[i].block);
+    free(kv->pc[i].toks);
+    kv->pc[i] = kv->pc[--kv->npc];
+}
+
+void tk_gen__kv_pc_drop(tk_gen_kv *kv)
+{
+    while (kv->npc)
+        pc_remove(kv, kv->npc - 1);
+}
+
+/* Evicts the oldest entries that nobody but the cache holds until `need` blocks are free or can be
+ * allocated under the bound. */
+static void pc_evict(tk_gen_kv *kv, int64_t need)
+{
+    while (kv->nfree + (kv->max_blocks - kv->nblocks) < need) {
+        size_t best = kv->npc;
+        for (size_t i = 0; i < kv->npc; i++)
+            if (kv->ref[kv->pc[i].block] == 1 && (best == kv->npc || kv->pc[i].used < kv->pc[best].used))
+                best = i;
+        if (best == kv->npc)
+            return;
+        pc_remove(kv, best);
+    }
+}
+
 /* Grows the pool so that at least `need` blocks are free. */
 static int kv_grow(tk_gen_kv *kv, int64_t need)
 {
+    if (kv->nfree >= need)
+        return TK_OK;
+    if (kv->max_blocks && kv->npc)
+        pc_evict(kv, need);
     if (kv->nfree >= need)
         return TK_OK;
     int64_t n = kv->nblocks ? kv->nblocks : 8;
@@ -1490,7 +2091,186 @@ static void lm_state_free(lm_state *s)
     free(s->all_logits);
 }
 
+/* The language model generation drives over m: its KV cache (use_cache) or the full recompute. */
+static int lm_setup(tk_gen_lm *lm, lm_state *s, tk_model *m, int use_cache, const char *kv_dtype, int64_t block_size,
+                    int64_t max_bytes)
+{
+    int rc = TK_OK;
+    if (!m->tok) {
+        char *tj = tk__path_join(m->dir, "tokenizer.json");
+        if (tj && tk__path_exists(tj) && (rc = tk_tokenizer_load(&m->tok, m->dir)) != TK_OK) {
+            free(tj);
+            return rc;
+        }
+        free(tj);
+    }
+    *lm = (tk_gen_lm){s, m->ctx, m->cfg.vocab, m->cfg.max_pos, full_step, full_new, full_fork, full_del,
+                      m->tok ? lm_decode : NULL};
+    if (!use_cache)
+        return TK_OK;
+    tk_dtype dt = m->dtype;
+    if (kv_dtype && (rc = tk_dtype_parse(&dt, kv_dtype)) != TK_OK)
+        return rc;
+    int quant = (dt.code == TK_DL_INT && dt.bits == 8) || dt.code == TK_DL_FLOAT8_E4M3FN;
+    if (!quant && (dt.code != m->dtype.code || dt.bits != m->dtype.bits))
+        return tk__err(TK_ERR_INVALID, "generate: kv_dtype '%s' is not a cache dtype for this %s model: the "
+                       "cache holds the compute dtype (%s), or i8 / fp8_e4m3\nHINT: load the model in %s "
+                       "(--dtype), or quantise the cache (--kv-dtype i8)", kv_dtype, tk_dtype_name(m->dtype),
+                       tk_dtype_name(m->dtype), kv_dtype);
+    const tk_models_config *c = &m->cfg;
+    int64_t heads = c->family == TK_FAMILY_LLAMA ? c->kv_heads : c->heads;
+    int64_t hd = c->family == TK_FAMILY_LLAMA ? c->head_dim : c->hidden / c->heads;
+    if ((rc = tk_gen__kv_new(&s->kv, c->layers, heads, hd, dt, block_size, max_bytes, m->dev_type, m->dev_id)) !=
+        TK_OK)
+        return rc;
+    lm->step = kv_step;
+    lm->seq_new = kv_new;
+    lm->seq_fork = kv_fork;
+    lm->seq_free = kv_del;
+    return TK_OK;
+}
+
 /* ---- the public API --------------------------------------------------------------------------- */
+
+#define BATCH_MAGIC 0x67656e62u /* "genb" */
+
+struct tk_gen_batch {
+    uint32_t magic;
+    tk_model *m;
+    lm_state s;
+    engine E;
+};
+
+int tk_gen_batch_new(tk_gen_batch **out, tk_model *m, const tk_gen_batch_opts *opts)
+{
+    if (!out)
+        return tk__err(TK_ERR_INVALID, "tk_gen_batch_new: out is NULL");
+    *out = NULL;
+    tk_gen_batch_opts def = TK_GEN_BATCH_OPTS_INIT;
+    const tk_gen_batch_opts *o = opts ? opts : &def;
+    if (o->version != TK_GEN_BATCH_OPTS_VERSION)
+        return tk__err(TK_ERR_INVALID, "tk_gen_batch_new: options have version %u, want %u\nHINT: declare them "
+                       "with TK_GEN_BATCH_OPTS_INIT", o->version, (unsigned)TK_GEN_BATCH_OPTS_VERSION);
+    if (!m || m->magic == 0)
+        return tk__err(TK_ERR_INVALID, "tk_gen_batch_new: not a loaded tk_model");
+    if (!tk_model_has_lm_head(m))
+        return tk__err(TK_ERR_INVALID, "%s has no LM head: it cannot generate text\nHINT: generation needs a causal "
+                       "LM (LlamaForCausalLM, GPT2LMHeadModel, ...)", m->cfg.arch);
+    if (o->max_step_tokens < 0)
+        return tk__err(TK_ERR_INVALID, "tk_gen_batch_new: max_step_tokens is %lld, want >= 0 (0: no bound)",
+                       (long long)o->max_step_tokens);
+    tk_gen_batch *b = calloc(1, sizeof *b);
+    if (!b)
+        return tk__err(TK_ERR_NOMEM, "out of memory");
+    b->magic = BATCH_MAGIC;
+    b->m = m;
+    b->s.m = m;
+    int rc = lm_setup(&b->E.lm, &b->s, m, o->use_cache, o->kv_dtype, o->kv_block_size, o->kv_max_bytes);
+    if (rc != TK_OK) {
+        lm_state_free(&b->s);
+        free(b);
+        return rc;
+    }
+    b->E.lm.self = &b->s;
+    b->E.kv = b->s.kv;
+    if (b->s.kv && o->kv_max_tokens > 0) {
+        int64_t mb = (o->kv_max_tokens + b->s.kv->block_size - 1) / b->s.kv->block_size;
+        if (!b->s.kv->max_blocks || mb < b->s.kv->max_blocks)
+            b->s.kv->max_blocks = mb;
+    }
+    b->E.max_step_tokens = o->max_step_tokens;
+    b->E.prefix_cache = o->prefix_cache && b->s.kv;
+    *out = b;
+    return TK_OK;
+}
+
+void tk_gen_batch_free(tk_gen_batch *b)
+{
+    if (!b || b->magic != BATCH_MAGIC)
+        return;
+    eng_free(&b->E);
+    if (b->s.kv)
+        tk_gen__kv_pc_drop(b->s.kv);
+    lm_state_free(&b->s);
+    b->magic = 0;
+    free(b);
+}
+
+static int check_batch(const tk_gen_batch *b, const char *fn)
+{
+    if (!b || b->magic != BATCH_MAGIC)
+        return tk__err(TK_ERR_INVALID, "%s: not a tk_gen_batch (NULL or freed)", fn);
+    return TK_OK;
+}
+
+int tk_gen_batch_add(int64_t *first, tk_gen_batch *b, const int32_t *prompt, size_t len, size_t n,
+                     const tk_gen_opts *o)
+{
+    tk_gen_opts up;
+    int rc = check_batch(b, "tk_gen_batch_add");
+    if (rc != TK_OK)
+        return rc;
+    if (!first)
+        return tk__err(TK_ERR_INVALID, "tk_gen_batch_add: first is NULL");
+    if ((rc = tk_gen__opts_upgrade(&up, o)) != TK_OK)
+        return rc;
+    eng_free_dead(&b->E);
+    return eng_add(&b->E, first, prompt, len, n, &up);
+}
+
+int tk_gen_batch_step(tk_gen_batch *b, const tk_gen_event **events, size_t *nevents)
+{
+    int rc = check_batch(b, "tk_gen_batch_step");
+    if (rc != TK_OK)
+        return rc;
+    if (!events || !nevents)
+        return tk__err(TK_ERR_INVALID, "tk_gen_batch_step: events and nevents are required");
+    rc = eng_step(&b->E, events, nevents);
+    if (rc == TK_OK && b->E.err[0]) {
+        for (size_t i = 0; i < *nevents; i++) /* a sequence failed: its message for the caller */
+            if ((*events)[i].end && !strcmp((*events)[i].end, "error")) {
+                tk__err(TK_ERR_INVALID, "%s", b->E.err);
+                break;
+            }
+        b->E.err[0] = '\0';
+    }
+    return rc;
+}
+
+int tk_gen_batch_cancel(tk_gen_batch *b, int64_t seq)
+{
+    int rc = check_batch(b, "tk_gen_batch_cancel");
+    if (rc != TK_OK)
+        return rc;
+    return eng_cancel(&b->E, seq);
+}
+
+size_t tk_gen_batch_active(const tk_gen_batch *b) { return b && b->magic == BATCH_MAGIC ? b->E.n : 0; }
+
+int tk_gen_batch_stats_get(tk_gen_batch_stats *out, const tk_gen_batch *b)
+{
+    int rc = check_batch(b, "tk_gen_batch_stats_get");
+    if (rc != TK_OK || !out)
+        return rc ? rc : tk__err(TK_ERR_INVALID, "tk_gen_batch_stats_get: out is NULL");
+    memset(out, 0, sizeof *out);
+    const engine *E = &b->E;
+    out->active = (int64_t)E->n;
+    for (size_t i = 0; i < E->n; i++)
+        out->prefilling += E->s[i]->state != S_DECODE;
+    const tk_gen_kv *kv = b->s.kv;
+    if (kv) {
+        out->kv_block_size = kv->block_size;
+        out->kv_blocks_total = kv->max_blocks ? kv->max_blocks : kv->nblocks;
+        out->kv_blocks_cached = tk_gen__kv_pc_cached(kv);
+        out->kv_blocks_used = kv->used_blocks - out->kv_blocks_cached;
+        out->kv_blocks_free = out->kv_blocks_total - out->kv_blocks_used;
+    }
+    out->prompt_tokens = E->prompt_tokens;
+    out->cached_tokens = E->cached_tokens;
+    out->generated_tokens = E->generated_tokens;
+    out->steps = E->steps;
+    return TK_OK;
+}
 
 #define RESULT_MAGIC 0x67656e72u /* "genr" */
 
@@ -1636,10 +2416,13 @@ int tk_generate(tk_gen_result **out, tk_model *m, const int32_t *const *prompts,
     if (!out)
         return tk__err(TK_ERR_INVALID, "tk_generate: out is NULL");
     *out = NULL;
-    tk_gen_opts def = TK_GEN_OPTS_INIT;
+    tk_gen_opts def = TK_GEN_OPTS_INIT, up;
     const tk_gen_opts *o = opts ? opts : &def;
     if (!m || m->magic == 0)
         return tk__err(TK_ERR_INVALID, "tk_generate: not a loaded tk_model");
+    if (tk_gen__opts_upgrade(&up, o) != TK_OK)
+        return TK_ERR_INVALID;
+    o = &up;
     if (!tk_model_has_lm_head(m))
         return tk__err(TK_ERR_INVALID, "%s has no LM head: it cannot generate text\nHINT: generation needs a causal "
                        "LM (LlamaForCausalLM, GPT2LMHeadModel, ...)", m->cfg.arch);
@@ -1650,39 +2433,11 @@ int tk_generate(tk_gen_result **out, tk_model *m, const int32_t *const *prompts,
         return tk__err(TK_ERR_NOMEM, "out of memory");
     r->magic = RESULT_MAGIC;
     r->use_cache = o->use_cache;
-    if (!m->tok) {
-        char *tj = tk__path_join(m->dir, "tokenizer.json");
-        if (tj && tk__path_exists(tj) && (rc = tk_tokenizer_load(&m->tok, m->dir)) != TK_OK) {
-            free(tj);
-            goto fail;
-        }
-        free(tj);
-    }
-    tk_gen_lm lm = {&s, m->ctx, m->cfg.vocab, m->cfg.max_pos, full_step, full_new, full_fork, full_del,
-                    m->tok ? lm_decode : NULL};
-    if (o->use_cache) {
-        tk_dtype dt = m->dtype;
-        if (o->kv_dtype && (rc = tk_dtype_parse(&dt, o->kv_dtype)) != TK_OK)
-            goto fail;
-        int quant = (dt.code == TK_DL_INT && dt.bits == 8) || dt.code == TK_DL_FLOAT8_E4M3FN;
-        if (!quant && (dt.code != m->dtype.code || dt.bits != m->dtype.bits)) {
-            rc = tk__err(TK_ERR_INVALID, "generate: kv_dtype '%s' is not a cache dtype for this %s model: the "
-                         "cache holds the compute dtype (%s), or i8 / fp8_e4m3\nHINT: load the model in %s "
-                         "(--dtype), or quantise the cache (--kv-dtype i8)", o->kv_dtype, tk_dtype_name(m->dtype),
-                         tk_dtype_name(m->dtype), o->kv_dtype);
-            goto fail;
-        }
-        const tk_models_config *c = &m->cfg;
-        int64_t heads = c->family == TK_FAMILY_LLAMA ? c->kv_heads : c->heads;
-        int64_t hd = c->family == TK_FAMILY_LLAMA ? c->head_dim : c->hidden / c->heads;
-        if ((rc = tk_gen__kv_new(&s.kv, c->layers, heads, hd, dt, o->kv_block_size, o->kv_max_bytes, m->dev_type,
-                                 m->dev_id)) != TK_OK)
-            goto fail;
-        lm.step = kv_step;
-        lm.seq_new = kv_new;
-        lm.seq_fork = kv_fork;
-        lm.seq_free = kv_del;
-        snprintf(r->kv_dtype, sizeof r->kv_dtype, "%s", tk_dtype_name(dt));
+    tk_gen_lm lm;
+    if ((rc = lm_setup(&lm, &s, m, o->use_cache, o->kv_dtype, o->kv_block_size, o->kv_max_bytes)) != TK_OK)
+        goto fail;
+    if (s.kv) {
+        snprintf(r->kv_dtype, sizeof r->kv_dtype, "%s", tk_dtype_name(s.kv->dtype));
         r->kv_block_size = o->kv_block_size;
     }
     if (!(r->seq = calloc(np ? np : 1, sizeof *r->seq))) {

@@ -35,6 +35,12 @@ int tk_gen__top_p(float *s, int64_t V, double p, int64_t min_keep);
 int tk_gen__min_p(float *s, int64_t V, double min_p, int64_t min_keep);
 /* log_softmax in f32 (beam search scores log-probabilities). */
 void tk_gen__log_softmax(float *s, int64_t V);
+/* OpenAI's presence and frequency penalties over the generated tokens gen[0..n) (ids outside [0, V)
+ * ignored): s[t] -= frequency * count(t) + presence * (count(t) > 0). Errors: TK_ERR_NOMEM. */
+int tk_gen__presence_frequency(float *s, int64_t V, const int32_t *gen, size_t n, double presence, double frequency);
+/* The options as version 2 (a version-1 struct is copied with the new fields at their defaults).
+ * Errors: TK_ERR_INVALID (NULL or an unknown version). */
+int tk_gen__opts_upgrade(tk_gen_opts *out, const tk_gen_opts *in);
 
 /* ---- the strategies over a language model ----------------------------------------------------- */
 
@@ -82,8 +88,8 @@ typedef struct {
 int tk_gen__check(const tk_gen_lm *lm, const int32_t *const *prompts, const size_t *lens, size_t np,
                   const tk_gen_opts *o);
 /* Runs generation for np prompts in one batch; out[np] receives each sequence (free with
- * tk_gen__seq_free). Greedy and sampling step every unfinished sequence together; beam search keeps
- * num_beams slots per prompt. */
+ * tk_gen__seq_free). Greedy and sampling run through the step engine (tk_gen_batch's, over lm); beam
+ * search keeps num_beams slots per prompt. */
 int tk_gen__run(tk_gen_seq *out, tk_gen_stats *stats, const tk_gen_lm *lm, const int32_t *const *prompts,
                 const size_t *lens, size_t np, const tk_gen_opts *o);
 void tk_gen__seq_free(tk_gen_seq *s);
@@ -119,6 +125,12 @@ typedef struct tk_gen_kv {
     int64_t nfree;
     tk_gen_kvseq *seq;
     int64_t nseq;
+    /* The prefix cache (tk_gen__kv_pc_*): full blocks by the chained hash of their tokens, each entry
+     * holding one reference on its block; entries whose block nobody else holds are evicted oldest
+     * first when the pool is at its bound. */
+    struct tk_gen_pce *pc;
+    size_t npc, cappc;
+    uint64_t pc_clock;
 } tk_gen_kv;
 
 int tk_gen__kv_new(tk_gen_kv **out, int64_t layers, int64_t heads, int64_t head_dim, tk_dtype dtype,
@@ -135,6 +147,15 @@ void tk_gen__kv_seq_free(tk_gen_kv *kv, int32_t slot);
  * Errors: TK_ERR_NOMEM naming the bound when the pool may not grow. */
 int tk_gen__kv_prepare(tk_gen_kv *kv, const int32_t *slots, size_t nseq, const int32_t *n, int64_t **slot_mapping,
                        int32_t **block_table, int64_t *mbps, int32_t **seq_lens, int64_t **start);
+/* The prefix cache. insert: registers the full blocks of sequence slot whose tokens (ids[0..n), the
+ * sequence's first n tokens) are all in its cache. match: gives sequence slot (empty) the cached blocks
+ * of the longest prefix of ids[0..n) held, at most max_tokens tokens (a partly used last block is
+ * copied before it is written), and returns the tokens it now holds. cached: blocks held only by the
+ * cache. drop: empties the cache. */
+int tk_gen__kv_pc_insert(tk_gen_kv *kv, int32_t slot, const int32_t *ids, size_t n);
+int64_t tk_gen__kv_pc_match(tk_gen_kv *kv, int32_t slot, const int32_t *ids, size_t n, int64_t max_tokens);
+int64_t tk_gen__kv_pc_cached(const tk_gen_kv *kv);
+void tk_gen__kv_pc_drop(tk_gen_kv *kv);
 /* An i8 / fp8 cache's per-head scales of layer l from the first keys and values written to it (k, v:
  * n rows of heads x head_dim, f32 host): scale = 1.25 x max|x| / (127 for i8, 448 for fp8_e4m3), so
  * later tokens up to 1.25x the prefill's largest value are not clipped; values past it saturate. */

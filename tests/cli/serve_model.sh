@@ -1,0 +1,152 @@
+#!/usr/bin/env bash
+# tk serve-model on a tiny random Llama checkpoint (tests/models/gen_oracle.py make, with a chat
+# template written here), started and stopped on 127.0.0.1 by each test: the official openai client
+# against it (chat and completions, streamed and not, n > 1, stop lists, logprobs, errors as the
+# client's exception classes), tokens equal to tk generate --json, the prefix cache, an API key, 32
+# concurrent clients each equal to the same request alone, and the faults: malformed and hostile
+# bodies, a 10 MB body, slowloris, 500 connections at once, clients vanishing mid-stream, SIGTERM with
+# 20 streams open. After each test the KV blocks held by sequences return to zero (the metrics).
+# Needs the test venv ($TK_PY_VENV, with openai); under CI=true its absence is a failure.
+. "$(dirname "$0")/lib.sh"
+
+PY=${TK_PY_VENV:-$ROOT/build/py-venv}/bin/python
+CK=$WORK/ck/llama
+CLIENT=$ROOT/tests/serve_model_client.py
+SRV_PID=
+
+need() {
+  if [ ! -x "$PY" ] || ! "$PY" -c "import openai, transformers" 2>/dev/null; then
+    if [ "${CI:-}" = true ]; then fail "no venv with openai at $PY (CI=true: a missing oracle is a failure)"; else skip "no venv with openai at $PY (scripts/setup.sh --test)"; fi
+    return 1
+  fi
+  [ -f "$CK/model.safetensors" ] && return 0
+  "$PY" "$ROOT/tests/models/gen_oracle.py" make "$CK" llama >/dev/null 2>"$WORK/make.log" || { fail "making the tiny llama failed:"; tail -n 5 "$WORK/make.log" >&2; return 1; }
+  # a chat template that raises on roles it does not know (the 'tool' case of the fault tests)
+  cat >"$CK/tokenizer_config.json" <<'EOF'
+{"bos_token": "<s>", "eos_token": "</s>", "chat_template": "{{ bos_token }}{% for m in messages %}{% if m['role'] == 'system' %}[SYS] {{ m['content'] }} {% elif m['role'] == 'user' %}[USER] {{ m['content'] }} {% elif m['role'] == 'assistant' %}[BOT] {{ m['content'] }}{{ eos_token }}{% else %}{{ raise_exception('unknown role ' + m['role']) }}{% endif %}{% endfor %}{% if add_generation_prompt %}[BOT]{% endif %}"}
+EOF
+}
+
+# start_server ARGS...: tk serve-model on a free port; sets URL and SRV_PID, waits for /health 200.
+start_server() {
+  rm -f "$WORK/url"   # the last test's URL must not be read as this server's
+  "$TK" serve-model "$CK" --metrics "$@" >"$WORK/url" 2>"$WORK/server.log" &
+  SRV_PID=$!
+  local i
+  for i in $(seq 100); do [ -s "$WORK/url" ] && break; sleep 0.1; done
+  URL=$(head -n 1 "$WORK/url")
+  for i in $(seq 200); do
+    curl -sf "$URL/health" >/dev/null 2>&1 && return 0
+    kill -0 "$SRV_PID" 2>/dev/null || { fail "the server exited: $(tail -n 5 "$WORK/server.log")"; return 1; }
+    sleep 0.1
+  done
+  fail "the server never became ready: $(tail -n 5 "$WORK/server.log")"
+  kill -9 "$SRV_PID" 2>/dev/null; wait "$SRV_PID" 2>/dev/null; SRV_PID=
+  return 1
+}
+
+# stop_server: SIGTERM, and the server must exit 0 within 20 s.
+stop_server() {
+  [ -n "$SRV_PID" ] || return 0
+  kill -TERM "$SRV_PID" 2>/dev/null
+  local i rc
+  for i in $(seq 200); do kill -0 "$SRV_PID" 2>/dev/null || break; sleep 0.1; done
+  if kill -0 "$SRV_PID" 2>/dev/null; then fail "the server did not stop within 20 s of SIGTERM"; kill -9 "$SRV_PID"; fi
+  wait "$SRV_PID"; rc=$?
+  [ "$rc" = 0 ] || fail "the server exited $rc after SIGTERM: $(tail -n 5 "$WORK/server.log")"
+  grep -q "AddressSanitizer\|runtime error" "$WORK/server.log" && fail "sanitizer report: $(grep -m3 'AddressSanitizer\|runtime error' "$WORK/server.log")"
+  SRV_PID=
+}
+
+client() { "$PY" "$CLIENT" "$1" "$URL" "$TK" "$CK" "${@:2}" || fail "$1: see above"; }
+
+t_openai_client_and_tk_generate_agree() {
+  need || return
+  start_server --parallel 4 || return
+  client openai
+  client metrics
+  stop_server
+  grep -q '"POST /v1/chat/completions" 200 prompt=' "$WORK/server.log" || fail "no access log line"
+}
+
+t_api_key() {
+  need || return
+  echo "s3cret-key" >"$WORK/key"
+  start_server --api-key-file "$WORK/key" || return
+  client auth s3cret-key
+  stop_server
+}
+
+t_32_concurrent_clients_equal_alone() {
+  need || return
+  start_server --parallel 16 --max-step-tokens 16 || return
+  client concurrency
+  stop_server
+}
+
+t_bad_requests_and_big_bodies() {
+  need || return
+  start_server --parallel 4 || return
+  client bad
+  stop_server
+}
+
+t_slowloris_is_timed_out() {
+  need || return
+  start_server --timeout 3 || return
+  client slowloris 3
+  stop_server
+}
+
+t_500_connections() {
+  need || return
+  ulimit -n 4096 2>/dev/null
+  start_server --parallel 4 --max-queue 32 || return
+  client connections 500
+  stop_server
+}
+
+t_vanishing_clients_cancel() {
+  need || return
+  start_server --parallel 4 || return
+  client vanish
+  stop_server
+}
+
+t_sigterm_with_20_streams() {
+  need || return
+  start_server --parallel 8 --drain 2 || return
+  client term "$SRV_PID"
+  local i
+  for i in $(seq 200); do kill -0 "$SRV_PID" 2>/dev/null || break; sleep 0.1; done
+  kill -0 "$SRV_PID" 2>/dev/null && { fail "still running after SIGTERM"; kill -9 "$SRV_PID"; }
+  wait "$SRV_PID"; local rc=$?
+  [ "$rc" = 0 ] || fail "exit $rc after SIGTERM with streams open"
+  grep -q "cut short at the drain's end\|0 running request" "$WORK/server.log" || grep -q "stopping:" "$WORK/server.log" || fail "no drain in the log"
+  SRV_PID=
+}
+
+t_usage_errors() {
+  expect_rc 2 "$TK" serve-model
+  expect_out "a checkpoint directory"
+  expect_rc 2 "$TK" serve-model /nonexistent --parallel 0
+  expect_out "--parallel needs a whole number"
+  expect_rc 3 "$TK" serve-model "$WORK/nope"
+  expect_out "no model directory"
+  expect_rc 2 "$TK" serve-model "$WORK" --api-key k --api-key-file f
+  expect_out "not both"
+  expect_rc 0 "$TK" serve-model --help
+  expect_out "/v1/chat/completions"
+}
+
+t_model_that_fails_to_load() {
+  mkdir -p "$WORK/broken" && echo '{"architectures": ["NopeForCausalLM"]}' >"$WORK/broken/config.json"
+  "$TK" serve-model "$WORK/broken" >"$WORK/url2" 2>"$WORK/err2"
+  local rc=$?
+  [ "$rc" != 0 ] || fail "a model that cannot load exited 0"
+  grep -q "NopeForCausalLM" "$WORK/err2" || fail "the load error is not shown: $(cat "$WORK/err2")"
+}
+
+cleanup_server() { [ -n "$SRV_PID" ] && kill -9 "$SRV_PID" 2>/dev/null; }
+trap 'cleanup_server; cleanup' EXIT
+run_tests

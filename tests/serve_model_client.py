@@ -1,0 +1,489 @@
+#!/usr/bin/env python3
+"""serve_model_client.py — drives a running `tk serve-model` for tests/cli/serve_model.sh: the official
+`openai` client as the outside oracle for the API's shapes and errors, raw sockets for the faults, and
+`tk generate --json` as the reference for the tokens.
+
+    serve_model_client.py CHECK URL TK CKPT [ARGS...]
+
+Each CHECK prints what it compared and exits 1 on the first mismatch (a line starting with FAIL).
+"""
+import concurrent.futures as cf
+import json
+import os
+import re
+import socket
+import subprocess
+import sys
+import threading
+import time
+import urllib.error
+import urllib.request
+
+CHECK, URL, TK, CK = sys.argv[1:5]
+ARGS = sys.argv[5:]
+HOST, PORT = re.match(r"http://([^:]+):(\d+)", URL).groups()
+PORT = int(PORT)
+MODEL = os.path.basename(CK.rstrip("/"))
+
+
+def fail(msg):
+    print("FAIL " + msg)
+    sys.exit(1)
+
+
+def client(key="none", retries=0, timeout=60):
+    import openai
+    return openai.OpenAI(base_url=URL + "/v1", api_key=key, max_retries=retries, timeout=timeout)
+
+
+def tk_generate(*args):
+    out = subprocess.run([TK, "--json", "generate", CK, *args], capture_output=True, text=True)
+    if out.returncode != 0:
+        fail("tk generate %s: %s" % (" ".join(args), out.stdout + out.stderr))
+    return json.loads(out.stdout)
+
+
+def raw(method, path, body=None, headers=None, timeout=30):
+    """(status, parsed JSON or text) of one request."""
+    req = urllib.request.Request(URL + path, data=body, method=method, headers=headers or {})
+    try:
+        with urllib.request.urlopen(req, timeout=timeout) as r:
+            data, status = r.read(), r.status
+    except urllib.error.HTTPError as e:
+        data, status = e.read(), e.code
+    try:
+        return status, json.loads(data)
+    except ValueError:
+        return status, data.decode("utf-8", "replace")
+
+
+def metrics():
+    st, text = raw("GET", "/metrics")
+    if st != 200:
+        fail("/metrics answered %d" % st)
+    return {m.group(1): float(m.group(2)) for m in re.finditer(r"^(tk_[a-z_]+(?:\{[^}]*\})?) (\S+)$", text, re.M)}
+
+
+def settle(want_used=0, secs=10):
+    """Waits until no sequence holds KV blocks and no request runs; checks free == total."""
+    t = time.time()
+    while time.time() - t < secs:
+        m = metrics()
+        if m["tk_kv_blocks_used"] == want_used and m["tk_requests_running"] == 0 and m["tk_slots_busy"] == 0:
+            if m["tk_kv_blocks_free"] != m["tk_kv_blocks_total"]:
+                fail("KV blocks: free %d of %d with none used" % (m["tk_kv_blocks_free"], m["tk_kv_blocks_total"]))
+            return m
+        time.sleep(0.1)
+    fail("KV blocks or slots never returned: %s" % {k: v for k, v in metrics().items() if "kv" in k or "slot" in k})
+
+
+def expect_error(exc_type, status, fn, contains=None):
+    import openai
+    try:
+        fn()
+    except exc_type as e:
+        if e.status_code != status:
+            fail("%s: status %d, want %d" % (exc_type.__name__, e.status_code, status))
+        body = e.body if isinstance(e.body, dict) else {}
+        msg = body.get("message", "") if "message" in body else json.dumps(body)
+        if contains and contains not in str(e):
+            fail("%s %d: '%s' lacks '%s'" % (exc_type.__name__, status, e, contains))
+        return msg
+    except openai.APIError as e:
+        fail("raised %s (%s), want %s" % (type(e).__name__, e, exc_type.__name__))
+    fail("no error, want %s %d" % (exc_type.__name__, status))
+
+
+# ---- checks ------------------------------------------------------------------------------------
+
+def check_openai():
+    import openai
+    c = client()
+    # models
+    ms = c.models.list()
+    if [m.id for m in ms.data] != [MODEL]:
+        fail("models: %s" % ms)
+    # completions, greedy, against tk generate --prompt
+    prompts = ["Once upon a time", "The quick brown fox", "To be, or not"]
+    for p in prompts:
+        want = tk_generate("--prompt", p, "--max-new-tokens", "12")
+        r = c.completions.create(model=MODEL, prompt=p, max_tokens=12, temperature=0)
+        if r.choices[0].text != want["text"] or r.usage.completion_tokens != len(want["ids"]):
+            fail("completion of %r: server %r (%d tokens), tk generate %r (%d)" % (
+                p, r.choices[0].text, r.usage.completion_tokens, want["text"], len(want["ids"])))
+        if r.object != "text_completion" or not r.id.startswith("cmpl-") or r.usage.total_tokens != \
+                r.usage.prompt_tokens + r.usage.completion_tokens:
+            fail("completion shape: %s" % r)
+    # token ids as the prompt, against tk generate --ids
+    want = tk_generate("--ids", "1,50,60,70", "--max-new-tokens", "10")
+    r = c.completions.create(model=MODEL, prompt=[1, 50, 60, 70], max_tokens=10, temperature=0)
+    if r.choices[0].text != want["text"]:
+        fail("ids prompt: %r vs tk generate %r" % (r.choices[0].text, want["text"]))
+    # streaming gives the same text in pieces, then a usage chunk
+    s = c.completions.create(model=MODEL, prompt=prompts[0], max_tokens=12, temperature=0, stream=True,
+                             stream_options={"include_usage": True})
+    pieces, usage, fin = [], None, None
+    for ch in s:
+        if ch.usage:
+            usage = ch.usage
+        for x in ch.choices:
+            pieces.append(x.text)
+            fin = x.finish_reason or fin
+    want = tk_generate("--prompt", prompts[0], "--max-new-tokens", "12")
+    if "".join(pieces) != want["text"] or fin != "length" or not usage or usage.completion_tokens != 12:
+        fail("stream: %r %s %s vs %r" % ("".join(pieces), fin, usage, want["text"]))
+    # chat: the rendered template's tokens through tk generate --ids
+    msgs = [{"role": "system", "content": "You are a tiny model."}, {"role": "user", "content": "Tell me a story."}]
+    rendered = subprocess.run([TK, "chat", CK, "--render", "--system", msgs[0]["content"], "--message",
+                               "user=" + msgs[1]["content"]], capture_output=True, text=True).stdout
+    st, tok = raw("POST", "/tokenize", json.dumps({"content": rendered, "add_special": False}).encode())
+    if st != 200:
+        fail("/tokenize: %d %s" % (st, tok))
+    ids = ",".join(str(i) for i in tok["tokens"])
+    want = tk_generate("--ids", ids, "--max-new-tokens", "16")
+    r = c.chat.completions.create(model=MODEL, messages=msgs, max_tokens=16, temperature=0)
+    if r.choices[0].message.content != want["text"] or r.choices[0].message.role != "assistant" or \
+            r.usage.prompt_tokens != len(tok["tokens"]):
+        fail("chat: %r (prompt %d) vs tk generate %r (prompt %d)" % (
+            r.choices[0].message.content, r.usage.prompt_tokens, want["text"], len(tok["tokens"])))
+    if r.object != "chat.completion" or not r.id.startswith("chatcmpl-"):
+        fail("chat shape: %s" % r)
+    # the same system prompt again: its full blocks come from the prefix cache
+    r2 = c.chat.completions.create(model=MODEL, messages=msgs[:1] + [{"role": "user", "content": "Another one."}],
+                                   max_tokens=4, temperature=0)
+    cached = r2.usage.prompt_tokens_details.cached_tokens
+    if not cached or cached <= 0:
+        fail("no cached tokens for a repeated system prompt: %s" % r2.usage)
+    # chat streaming: role first, content deltas, finish_reason
+    s = c.chat.completions.create(model=MODEL, messages=msgs, max_tokens=16, temperature=0, stream=True)
+    text, roles, fin = "", [], None
+    for ch in s:
+        for x in ch.choices:
+            if x.delta.role:
+                roles.append(x.delta.role)
+            text += x.delta.content or ""
+            fin = x.finish_reason or fin
+    if text != want["text"] or roles != ["assistant"] or fin not in ("length", "stop"):
+        fail("chat stream: %r roles %s fin %s, want %r" % (text, roles, fin, want["text"]))
+    # n > 1 with a seed: n different samples, each reproducible, choice 0 = tk generate at the seed
+    r = c.completions.create(model=MODEL, prompt=prompts[1], max_tokens=10, temperature=1.0, seed=7, n=3)
+    texts = [x.text for x in sorted(r.choices, key=lambda x: x.index)]
+    r2 = c.completions.create(model=MODEL, prompt=prompts[1], max_tokens=10, temperature=1.0, seed=7, n=3)
+    if [x.text for x in sorted(r2.choices, key=lambda x: x.index)] != texts or len(set(texts)) < 2:
+        fail("n=3 seeded: %s then %s" % (texts, [x.text for x in r2.choices]))
+    for i in range(3):
+        want = tk_generate("--prompt", prompts[1], "--max-new-tokens", "10", "--do-sample", "--temperature", "1",
+                           "--seed", str(7 + i))
+        if texts[i] != want["text"]:
+            fail("n=3 choice %d: %r, tk generate --seed %d: %r" % (i, texts[i], 7 + i, want["text"]))
+    if r.usage.completion_tokens != sum(1 for _ in range(3)) * 10 and r.usage.completion_tokens > 30:
+        fail("n=3 usage: %s" % r.usage)
+    # stop strings: the text ends before the first stop string, finish_reason stop
+    full = tk_generate("--prompt", prompts[0], "--max-new-tokens", "24")["text"]
+    stop = full[5:7] if len(full) > 8 else None
+    if stop and stop.strip():
+        r = c.completions.create(model=MODEL, prompt=prompts[0], max_tokens=24, temperature=0, stop=["zzzq", stop])
+        want = full[:full.index(stop)]
+        if r.choices[0].text != want or r.choices[0].finish_reason != "stop":
+            fail("stop %r: %r (%s), want %r" % (stop, r.choices[0].text, r.choices[0].finish_reason, want))
+        s = c.completions.create(model=MODEL, prompt=prompts[0], max_tokens=24, temperature=0, stop=[stop],
+                                 stream=True)
+        got = "".join(x.text for ch in s for x in ch.choices)
+        if got != want:
+            fail("streamed stop %r: %r, want %r (a stop string leaked)" % (stop, got, want))
+    # logprobs: chat's per-token entries, the chosen token at the top of its alternatives (greedy)
+    r = c.chat.completions.create(model=MODEL, messages=msgs, max_tokens=6, temperature=0, logprobs=True,
+                                  top_logprobs=3)
+    lp = r.choices[0].logprobs.content
+    if len(lp) != 6 or any(len(e.top_logprobs) != 3 for e in lp) or \
+            any(abs(e.logprob - e.top_logprobs[0].logprob) > 1e-6 or e.logprob > 0 for e in lp):
+        fail("chat logprobs: %s" % lp)
+    r = c.completions.create(model=MODEL, prompt=prompts[0], max_tokens=5, temperature=0, logprobs=2)
+    L = r.choices[0].logprobs
+    if len(L.tokens) != 5 or len(L.token_logprobs) != 5 or len(L.top_logprobs) != 5 or len(L.text_offset) != 5:
+        fail("completion logprobs: %s" % L)
+    # errors as the client's exception classes
+    expect_error(openai.BadRequestError, 400, lambda: c.completions.create(model=MODEL, prompt="x", max_tokens=-1),
+                 "max_tokens")
+    expect_error(openai.BadRequestError, 400, lambda: c.completions.create(model=MODEL, prompt="x", temperature=5),
+                 "temperature")
+    expect_error(openai.NotFoundError, 404, lambda: c.completions.create(model="gpt-4", prompt="x"), "gpt-4")
+    expect_error(openai.BadRequestError, 400,
+                 lambda: c.chat.completions.create(model=MODEL, messages=[{"role": "wizard", "content": "x"}]),
+                 "messages[0].role")
+    expect_error(openai.BadRequestError, 400, lambda: c.chat.completions.create(model=MODEL, messages=[]), "empty")
+    expect_error(openai.BadRequestError, 400,
+                 lambda: c.completions.create(model=MODEL, prompt="word " * 200, max_tokens=4),
+                 "maximum context length is 128 tokens")
+    expect_error(openai.BadRequestError, 400,
+                 lambda: c.completions.create(model=MODEL, prompt="Hi", max_tokens=1000000),
+                 "maximum context length")
+    print("openai client: completions, chat, streams, n=3, stop, logprobs, prefix cache, errors: ok")
+    settle()
+
+
+def check_auth():
+    import openai
+    expect_error(openai.AuthenticationError, 401, lambda: client("wrong").models.list(), "API key")
+    st, body = raw("POST", "/v1/completions", json.dumps({"prompt": "x"}).encode())
+    if st != 401 or body["error"]["code"] != "invalid_api_key":
+        fail("no key: %d %s" % (st, body))
+    r = client(ARGS[0]).completions.create(model=MODEL, prompt="Hi", max_tokens=2)
+    if len(r.choices) != 1:
+        fail("with the key: %s" % r)
+    st, body = raw("GET", "/health")
+    if st != 200:
+        fail("/health wants no key, got %d" % st)
+    print("auth: 401 without or with a wrong key, 200 with it, /health open: ok")
+
+
+def check_concurrency():
+    """32 clients, different prompts and lengths, at once; each equal to the same request run alone."""
+    c = client(timeout=300)
+    words = "the quick brown fox jumps over a lazy dog once upon time there was little model".split()
+    jobs = []
+    for i in range(32):
+        p = " ".join(words[(i * 3) % len(words):] + words[:i % 7])[: 8 + (i * 11) % 60]
+        jobs.append((p, 4 + (i * 5) % 20, i % 4 == 3))  # every fourth samples with a seed
+    def run(j):
+        p, n, sample = j
+        kw = dict(temperature=0.9, seed=1000 + n) if sample else dict(temperature=0)
+        r = c.completions.create(model=MODEL, prompt=p, max_tokens=n, **kw)
+        return r.choices[0].text, r.usage.completion_tokens
+    alone = [run(j) for j in jobs]
+    t = time.time()
+    with cf.ThreadPoolExecutor(32) as ex:
+        together = list(ex.map(run, jobs))
+    took = time.time() - t
+    bad = [(jobs[i], alone[i], together[i]) for i in range(32) if alone[i] != together[i]]
+    if bad:
+        fail("%d of 32 differ between alone and 32 at once, e.g. %s" % (len(bad), bad[0]))
+    m = settle()
+    print("32 concurrent clients: every result equals the request alone (%.1f s together); kv blocks back to %d free"
+          % (took, m["tk_kv_blocks_free"]))
+
+
+def check_bad_requests():
+    def post(path, body, ctype="application/json"):
+        return raw("POST", path, body if isinstance(body, bytes) else json.dumps(body).encode(),
+                   {"Content-Type": ctype})
+    cases = [
+        ("/v1/completions", b'{"prompt": "hi", "max_tokens": 4', 400, "not valid JSON"),
+        ("/v1/completions", b'[1, 2]', 400, "JSON object"),
+        ("/v1/completions", {"prompt": 5}, 400, "prompt"),
+        ("/v1/completions", {"prompt": "hi", "max_tokens": "4"}, 400, "max_tokens"),
+        ("/v1/completions", {"prompt": "hi", "max_tokens": 0}, 400, "max_tokens"),
+        ("/v1/completions", {"prompt": "hi", "n": 0}, 400, "'n'"),
+        ("/v1/completions", {"prompt": "hi", "stop": [1]}, 400, "stop"),
+        ("/v1/completions", {"prompt": "hi", "top_p": 0}, 400, "top_p"),
+        ("/v1/completions", {"prompt": [1, -3]}, 400, "token"),
+        ("/v1/completions", {"prompt": [100000]}, 400, "vocabulary"),
+        ("/v1/completions", {"prompt": ""}, 400, "empty"),
+        ("/v1/completions", {"prompt": "hi", "logit_bias": {"5": 10}}, 400, "logit_bias"),
+        ("/v1/completions", {"prompt": "hi", "n": 9}, 400, "--parallel"),
+        ("/v1/chat/completions", {"messages": "hi"}, 400, "messages"),
+        ("/v1/chat/completions", {"messages": [{"role": "user"}], "max_tokens": 2}, 200, None),
+        ("/v1/chat/completions", {"messages": [{"role": "tool", "content": "x"}]}, 400, "unknown role tool"),
+        ("/v1/chat/completions", {"messages": [{"role": "user", "content": [{"type": "image_url"}]}]}, 400, "text parts"),
+        ("/v1/completions", b'{"prompt": "caf\xe9"}', 400, "UTF-8"),
+        ("/v1/nothing", {}, 404, "Unknown request URL"),
+    ]
+    for path, body, want, text in cases:
+        st, r = post(path, body)
+        if st != want:
+            fail("%s %s: %d %s, want %d" % (path, body, st, r, want))
+        if text:
+            err = r.get("error", {}) if isinstance(r, dict) else {}
+            if not err or text not in err.get("message", "") or "type" not in err:
+                fail("%s %s: error %s lacks '%s'" % (path, body, r, text))
+    # the same bad input without the fields it needs is named too
+    st, r = raw("GET", "/v1/chat/completions")
+    if st != 405:
+        fail("GET on a POST route: %d" % st)
+    # 10 MB: refused with 413 before it is read, and the server goes on
+    big = b'{"prompt": "' + b"a" * (10 << 20) + b'"}'
+    s = socket.create_connection((HOST, PORT))
+    s.sendall(b"POST /v1/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\nContent-Length: %d\r\n\r\n"
+              % len(big))
+    try:
+        s.sendall(big[:1 << 20])
+    except OSError:
+        pass
+    s.settimeout(10)
+    head = s.recv(200)
+    s.close()
+    if b" 413 " not in head.split(b"\r\n")[0]:
+        fail("10 MB body: %r" % head[:100])
+    st, _ = post("/v1/completions", {"prompt": "hi", "max_tokens": 2})
+    if st != 200:
+        fail("after the 10 MB body: %d" % st)
+    # a chunked body past the bound: 413 too
+    s = socket.create_connection((HOST, PORT))
+    s.sendall(b"POST /v1/completions HTTP/1.1\r\nHost: x\r\nTransfer-Encoding: chunked\r\n\r\n")
+    try:
+        for _ in range(6):
+            s.sendall(b"100000\r\n" + b"a" * 0x100000 + b"\r\n")
+        s.sendall(b"0\r\n\r\n")
+    except OSError:
+        pass
+    s.settimeout(10)
+    head = s.recv(200)
+    s.close()
+    if head and b" 413 " not in head.split(b"\r\n")[0]:
+        fail("chunked 6 MB body: %r" % head[:100])
+    settle()
+    print("bad requests: %d cases with OpenAI-shaped errors naming the field; 10 MB body 413: ok" % len(cases))
+
+
+def check_slowloris():
+    """A client sending a byte a second is closed after the server's --timeout; others are unaffected."""
+    timeout = float(ARGS[0])
+    s = socket.create_connection((HOST, PORT))
+    req = b"POST /v1/completions HTTP/1.1\r\nHost: x\r\nContent-Length: 40\r\n\r\n" + b'{"prompt": "hello", "max_tokens": 2}    '
+    closed_at = None
+    t0 = time.time()
+    def fast():
+        t = time.time()
+        st, _ = raw("POST", "/v1/completions", json.dumps({"prompt": "hi", "max_tokens": 2}).encode())
+        return st, time.time() - t
+    for i, b in enumerate(req):
+        try:
+            s.sendall(bytes([b]))
+        except OSError:
+            closed_at = time.time() - t0
+            break
+        if i % 3 == 0:
+            st, d = fast()
+            if st != 200 or d > 5:
+                fail("a normal request during slowloris: %d in %.1f s" % (st, d))
+        time.sleep(1)
+        if time.time() - t0 > timeout + 8:
+            break
+    if closed_at is None:
+        s.settimeout(2)
+        try:
+            closed_at = time.time() - t0 if s.recv(100) in (b"",) else None
+        except OSError:
+            closed_at = time.time() - t0
+    if closed_at is None or closed_at > timeout + 6:
+        fail("the slow client was not closed after %.0f s (%s)" % (timeout, closed_at))
+    print("slowloris: closed after %.1f s (timeout %.0f s); normal requests served meanwhile: ok" % (closed_at, timeout))
+
+
+def check_many_connections():
+    """500 connections at once, each sending a small completion: every one answered 200 or 429."""
+    n = int(ARGS[0]) if ARGS else 500
+    body = json.dumps({"prompt": "Once", "max_tokens": 2, "temperature": 0}).encode()
+    req = (b"POST /v1/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\nConnection: close\r\n"
+           b"Content-Length: %d\r\n\r\n" % len(body)) + body
+    socks = []
+    for _ in range(n):
+        s = socket.create_connection((HOST, PORT), timeout=120)
+        socks.append(s)
+    for s in socks:
+        s.sendall(req)
+    codes = {}
+    def read(s):
+        data = b""
+        try:
+            while True:
+                d = s.recv(65536)
+                if not d:
+                    break
+                data += d
+        except OSError:
+            pass
+        s.close()
+        line = data.split(b"\r\n", 1)[0]
+        return line.split(b" ")[1].decode() if line.startswith(b"HTTP/1.1 ") else "closed"
+    with cf.ThreadPoolExecutor(64) as ex:
+        for code in ex.map(read, socks):
+            codes[code] = codes.get(code, 0) + 1
+    if set(codes) - {"200", "429"} or codes.get("200", 0) < 4:
+        fail("%d connections: %s" % (n, codes))
+    st, _ = raw("GET", "/health")
+    if st != 200:
+        fail("/health after %d connections: %d" % (n, st))
+    m = settle()
+    print("%d connections at once: %s; healthy after, kv blocks free %d of %d: ok" % (
+        n, codes, m["tk_kv_blocks_free"], m["tk_kv_blocks_total"]))
+
+
+def check_vanish():
+    """Clients that vanish mid-stream (and one mid-wait): their sequences leave the batch."""
+    before = metrics()
+    body = json.dumps({"prompt": "Once upon a time", "max_tokens": 100, "stream": True, "ignore_eos": True,
+                       "temperature": 0}).encode()
+    for _ in range(3):
+        s = socket.create_connection((HOST, PORT))
+        s.sendall(b"POST /v1/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\nContent-Length: %d"
+                  b"\r\n\r\n" % len(body) + body)
+        s.settimeout(30)
+        got = b""
+        while got.count(b"data: ") < 3:
+            got += s.recv(4096)
+        s.close()
+    nb = json.dumps({"prompt": "Once upon a time", "max_tokens": 100, "ignore_eos": True}).encode()
+    s = socket.create_connection((HOST, PORT))
+    s.sendall(b"POST /v1/completions HTTP/1.1\r\nHost: x\r\nContent-Length: %d\r\n\r\n" % len(nb) + nb)
+    time.sleep(0.05)
+    s.close()
+    m = settle()
+    gen = m["tk_generation_tokens_total"] - before["tk_generation_tokens_total"]
+    cancelled = m['tk_requests_total{outcome="cancelled"}'] - before['tk_requests_total{outcome="cancelled"}']
+    if cancelled != 4 or gen >= 4 * 100:
+        fail("vanished clients: %d cancelled, %d tokens generated (4 x 100 if never cancelled)" % (cancelled, gen))
+    print("vanishing clients: 4 cancelled after %d tokens in all (of 400); kv blocks back: ok" % gen)
+
+
+def check_streams_then_term():
+    """Opens 20 streams, signals the server (pid in ARGS[0]) with SIGTERM, and checks every stream
+    ended cleanly ([DONE]) and the server exited."""
+    pid = int(ARGS[0])
+    body = json.dumps({"prompt": "Once upon a time", "max_tokens": 60, "stream": True, "ignore_eos": True,
+                       "temperature": 0}).encode()
+    socks = []
+    for _ in range(20):
+        s = socket.create_connection((HOST, PORT), timeout=60)
+        s.sendall(b"POST /v1/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\nContent-Length: %d"
+                  b"\r\n\r\n" % len(body) + body)
+        socks.append(s)
+    time.sleep(1.0)
+    os.kill(pid, 15)
+    def read(s):
+        data = b""
+        try:
+            while True:
+                d = s.recv(65536)
+                if not d:
+                    break
+                data += d
+                if data.endswith(b"0\r\n\r\n"):
+                    break
+        except OSError:
+            pass
+        s.close()
+        return data
+    with cf.ThreadPoolExecutor(20) as ex:
+        outs = list(ex.map(read, socks))
+    done = sum(1 for d in outs if b"data: [DONE]" in d)
+    ok = sum(1 for d in outs if d.startswith(b"HTTP/1.1 200") or d.startswith(b"HTTP/1.1 503"))
+    if ok != 20 or done != 20:
+        fail("20 streams at SIGTERM: %d answered, %d ended with [DONE]: %s" % (ok, done, [d[:80] for d in outs if b"[DONE]" not in d][:2]))
+    print("SIGTERM with 20 streams open: all 20 ended with [DONE]")
+
+
+def check_metrics_shape():
+    m = metrics()
+    need = ["tk_prompt_tokens_total", "tk_generation_tokens_total", 'tk_requests_total{outcome="ok"}',
+            "tk_requests_queued", "tk_slots_busy", "tk_generation_tokens_per_second", "tk_kv_blocks_used",
+            "tk_kv_blocks_free", "tk_kv_blocks_total"]
+    missing = [k for k in need if k not in m]
+    if missing:
+        fail("metrics lack %s" % missing)
+    print("metrics: %d series, %s" % (len(m), {k: m[k] for k in need}))
+
+
+{"openai": check_openai, "auth": check_auth, "concurrency": check_concurrency, "bad": check_bad_requests,
+ "slowloris": check_slowloris, "connections": check_many_connections, "vanish": check_vanish,
+ "term": check_streams_then_term, "metrics": check_metrics_shape}[CHECK]()
