@@ -426,7 +426,14 @@ def check_vanish():
     nb = json.dumps({"prompt": "Once upon a time", "max_tokens": 100, "ignore_eos": True}).encode()
     s = socket.create_connection((HOST, PORT))
     s.sendall(b"POST /v1/completions HTTP/1.1\r\nHost: x\r\nContent-Length: %d\r\n\r\n" % len(nb) + nb)
-    time.sleep(0.05)
+    # Close only once the server holds the request: a client gone before the server read it (a loaded
+    # machine) was never a request, so nothing is cancelled.
+    t = time.time()
+    while time.time() - t < 30:
+        m = metrics()
+        if m["tk_requests_running"] + m["tk_requests_queued"] >= 1:
+            break
+        time.sleep(0.01)
     s.close()
     m = settle()
     gen = m["tk_generation_tokens_total"] - before["tk_generation_tokens_total"]

@@ -231,6 +231,8 @@ static void test_nccl_multi_gpu(void)
 
 int main(int argc, char **argv)
 {
+    static const char *const no_ops[] = {NULL}; /* the communicator: no op kernels */
+    gpu_main(argc, argv, no_ops);
     if (argc == 5 && !strcmp(argv[1], "--rank"))
         return rank_main((int)strtol(argv[2], NULL, 10), (int)strtol(argv[3], NULL, 10), argv[4]);
     RUN(test_nccl_one_rank);

@@ -106,6 +106,7 @@ run|no_device usage|-q kernels-community/activation silu_and_mul_f32 --shape 4
 ops|not_found|no_such_op
 run-op|not_found|no_such_op --shape 4
 serve|io|--root $W/afile
+serve-model|not_found|$W/nodir --listen 127.0.0.1:0
 tokenize|not_found|$W/nodir hi
 detokenize|usage|$W/nodir 4,x
 model|not_found|info $W/nodir
