@@ -22,7 +22,7 @@ static void help(void)
            "(config.json, *.safetensors, tokenizer.json: LlamaForCausalLM, MistralForCausalLM,\n"
            "Qwen2ForCausalLM, GPT2LMHeadModel) the way transformers' generate() does: the same logits\n"
            "processors in the same order, greedy decoding, sampling or beam search. Defaults come from\n"
-           "the checkpoint's generation_config.json, then from transformers' defaults (max_length 20,\n"
+           "the checkpoint's generation_config.json, then from transformers 5's defaults (20 new tokens,\n"
            "top_k 50 when sampling); flags override them. Every layer runs through the op registry, with\n"
            "a paged KV cache (paged_kv_append, attention_decode). Text prints as it is generated, never\n"
            "splitting a UTF-8 character.\n"
@@ -72,7 +72,8 @@ static void help(void)
            "\n"
            "exit status: 0 ok, 1 a model or generation failure (out of memory, an op error), 2 usage or\n"
            "invalid input (an empty or too long prompt, an option out of range), 3 no checkpoint or\n"
-           "tokenizer, 7 no GPU for --device cuda.\n",
+           "tokenizer, 5 a damaged checkpoint (a truncated safetensors file), 7 no GPU for --device\n"
+           "cuda, 8 an architecture, config value or option tk does not implement.\n",
            USAGE);
 }
 
@@ -460,8 +461,8 @@ static void gen_report(const gen_job *j, const tk_cli *cli)
 {
     if (cli->json) {
         gen_report_json(j);
-    } else if (j->np == 1) {
-        printf("\n");
+    } else if (j->np == 1 && tk_gen_result_text(j->res, 0)) {
+        printf("\n"); /* the text streamed */
     } else {
         for (size_t p = 0; p < j->np; p++) {
             const char *t = tk_gen_result_text(j->res, p);

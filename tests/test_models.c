@@ -269,7 +269,8 @@ static void test_parser(void)
         t = (tk_st_tensor *)1;
         n = 99;
         int rc = parse(bad[i].hdr, bad[i].data, &t, &n);
-        CHECK_EQ_INT(rc, TK_ERR_INVALID);
+        /* a damaged file, except a dtype tk does not know (a newer format's) */
+        CHECK_EQ_INT(rc, strstr(bad[i].want, "dtype") ? TK_ERR_UNSUPPORTED : TK_ERR_CORRUPT);
         CHECK(t == NULL && n == 0);
         if (!strstr(tk_last_error(), bad[i].want)) {
             fprintf(stderr, "case %zu: '%s' lacks '%s'\n", i, tk_last_error(), bad[i].want);
@@ -278,11 +279,11 @@ static void test_parser(void)
     }
     /* a header length past the file, and a file too short for one */
     uint8_t small[12] = {200, 0, 0, 0, 0, 0, 0, 0, '{', '}', ' ', ' '};
-    CHECK_RC(tk_models__st_parse(&t, &n, small, sizeof small, "t"), TK_ERR_INVALID);
+    CHECK_RC(tk_models__st_parse(&t, &n, small, sizeof small, "t"), TK_ERR_CORRUPT);
     CHECK(strstr(tk_last_error(), "runs past the end of the file") != NULL);
-    CHECK_RC(tk_models__st_parse(&t, &n, small, 5, "t"), TK_ERR_INVALID);
+    CHECK_RC(tk_models__st_parse(&t, &n, small, 5, "t"), TK_ERR_CORRUPT);
     uint8_t huge[16] = {0, 0, 0, 0, 0, 0, 0, 0x80, '{', '}'};
-    CHECK_RC(tk_models__st_parse(&t, &n, huge, sizeof huge, "t"), TK_ERR_INVALID);
+    CHECK_RC(tk_models__st_parse(&t, &n, huge, sizeof huge, "t"), TK_ERR_CORRUPT);
     CHECK(strstr(tk_last_error(), "cap") != NULL);
 }
 
