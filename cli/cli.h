@@ -62,6 +62,8 @@ int tk_cli_errorf(tk_cli *cli, int status, int exit_code, const char *fmt, ...)
     __attribute__((format(printf, 4, 5)));
 /* Prints an informational line to stderr unless --quiet. */
 void tk_cli_info(tk_cli *cli, const char *fmt, ...);
+/* Prints "tk: warning: MESSAGE" and a newline to stderr (even under --quiet). */
+void tk_cli_warn(tk_cli *cli, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
 /* --device: "cpu" gives *cuda_id -1, "cuda" 0, "cuda:N" N (0..1023). Returns 0, or -1 for anything
  * else (the caller prints its usage error). */
 int tk_cli_parse_device(const char *s, int *cuda_id);

@@ -175,7 +175,7 @@ static int list_templates(tk_cli *cli, const char *dir)
     } else {
         json_array_foreach(json_object_get(o, "templates"), i, v)
             printf("%s\n", json_string_value(v));
-        tk_cli_info(cli, "from %s", json_string_value(json_object_get(o, "source")));
+        tk_cli_info(cli, "from %s\n", json_string_value(json_object_get(o, "source")));
     }
     json_decref(o);
     tk_free(js);

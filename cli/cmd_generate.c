@@ -351,6 +351,11 @@ static int gen_load(gen_job *j, tk_cli *cli)
         int u = tk_cli_gen_apply(&j->o, USAGE, j->set[k].name, j->set[k].val);
         if (u)
             return u;
+        if (!strcmp(j->set[k].name, "--eos-token-id")) /* as transformers: accepted, but it never comes */
+            for (size_t e = 0; e < j->o.n_eos; e++)
+                if (j->o.eos_token_id[e] >= tk_model_vocab_size(j->m))
+                    tk_cli_warn(cli, "--eos-token-id %d is outside the vocabulary [0, %lld): no sequence can end on "
+                                "it", (int)j->o.eos_token_id[e], (long long)tk_model_vocab_size(j->m));
     }
     j->o.stop_strings = j->nstop ? j->stops : NULL;
     j->o.n_stop = j->nstop;
@@ -405,7 +410,7 @@ static int gen_quantize(gen_job *j, tk_cli *cli)
         range = fmax(range, fabs((double)f[i]));
     }
     size_t ql = strlen(qj);
-    snprintf(j->qinfo, sizeof j->qinfo, "%.*s, \"prompt_logits_max_abs_diff\": %.6g, \"prompt_logits_max_abs\": %.6g}",
+    snprintf(j->qinfo, sizeof j->qinfo, "%.*s, \"prompt_logits_max_abs_diff\": %.9g, \"prompt_logits_max_abs\": %.9g}",
              (int)(ql ? ql - 1 : 0), qj, worst, range);
     tk_free(qj);
     free(f);

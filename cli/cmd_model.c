@@ -319,7 +319,8 @@ static int logits_run(logits_job *j, tk_cli *cli)
     return GO;
 }
 
-/* report, without --json: the five most likely tokens after the last position, with their text. */
+/* report, without --json: the five most likely tokens after the last position, each with its text as
+ * decode([id]) gives it (quoted, escaped as JSON: a leading space or a newline shows) and its token. */
 static void logits_print_top(const logits_job *j)
 {
     const tk_tokenizer *tok = NULL;
@@ -340,9 +341,18 @@ static void logits_print_top(const logits_job *j)
         top[k] = best;
     }
     printf("top %d next tokens after position %zu:\n", k, j->lens[j->nseq - 1] - 1);
+    printf("  %8s  %12s  %s\n", "id", "logit", tok ? "text (token)" : "");
     for (int t = 0; t < k; t++) {
         const char *s = tok ? tk_tokenizer_token(tok, top[t]) : NULL;
-        printf("  %8d  %12.6f  %s\n", top[t], last[top[t]], s ? s : "");
+        char *text = NULL;
+        int32_t id = top[t];
+        printf("  %8d  %12.6f  ", top[t], last[top[t]]);
+        if (tok && tk_tokenizer_decode(&text, tok, &id, 1, 0) == TK_OK) {
+            tk_cli_json_str(stdout, text);
+            printf("%s%s%s", s ? " (" : "", s ? s : "", s ? ")" : "");
+        }
+        printf("\n");
+        tk_free(text);
     }
 }
 

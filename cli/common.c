@@ -294,6 +294,17 @@ void tk_cli_info(tk_cli *cli, const char *fmt, ...)
     va_end(ap);
 }
 
+void tk_cli_warn(tk_cli *cli, const char *fmt, ...)
+{
+    (void)cli; /* warnings show even under --quiet, as the library's do */
+    va_list ap;
+    va_start(ap, fmt);
+    fputs("tk: warning: ", stderr);
+    vfprintf(stderr, fmt, ap);
+    fputc('\n', stderr);
+    va_end(ap);
+}
+
 int tk_cli_is_help(const char *arg) { return !strcmp(arg, "-h") || !strcmp(arg, "--help"); }
 
 /* Writes s as a JSON string (quotes included; NULL as ""). Bytes >= 0x80 pass through: the text is

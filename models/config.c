@@ -127,6 +127,20 @@ static int get_int(const reader *r, const char *key, int64_t def, int64_t lo, in
     return TK_OK;
 }
 
+/* A field tk uses only as a bound (a context length, a window, a layer index): an integer >= lo, where
+ * a number beyond int64 (transformers' "no limit", 1e30) is INT64_MAX. */
+static int get_bound(const reader *r, const char *key, int64_t def, int64_t lo, int64_t *out)
+{
+    json_t *v = json_object_get(r->root, key);
+    if (!v || json_is_null(v)) {
+        *out = def;
+        return TK_OK;
+    }
+    if (!tk_models__json_bound(v, out) || *out < lo)
+        return tk__err(TK_ERR_INVALID, "%s: '%s' must be an integer >= %lld", r->what, key, (long long)lo);
+    return TK_OK;
+}
+
 static int get_num(const json_t *obj, const char *what, const char *key, double def, double *out)
 {
     json_t *v = json_object_get(obj, key);
@@ -288,7 +302,7 @@ static int parse_rope(tk_models_config *c, const reader *r)
     double om = 0;
     if ((rc = get_num(p, what, "original_max_position_embeddings", 0, &om)) != TK_OK)
         return rc;
-    k->original_max_pos = (int64_t)om;
+    k->original_max_pos = om >= 9223372036854775807.0 ? INT64_MAX : om > 0 ? (int64_t)om : 0;
     if (k->type == TK_ROPE_DYNAMIC && !k->original_max_pos)
         k->original_max_pos = c->max_pos; /* HF: max_position_embeddings */
     if (k->type == TK_ROPE_YARN && !k->original_max_pos) {
@@ -322,7 +336,7 @@ static int parse_llama(tk_models_config *c, const reader *r)
         (rc = get_int(r, "num_attention_heads", INT64_MIN, 1, &c->heads)) ||
         (rc = get_int(r, "num_key_value_heads", c->heads, 1, &c->kv_heads)) ||
         (rc = get_int(r, "head_dim", c->hidden / c->heads, 1, &c->head_dim)) ||
-        (rc = get_int(r, "max_position_embeddings", 2048, 1, &c->max_pos)) ||
+        (rc = get_bound(r, "max_position_embeddings", 2048, 1, &c->max_pos)) ||
         (rc = get_num(r->root, r->what, "rms_norm_eps", 1e-6, &c->eps)) ||
         (rc = get_bool(r, "tie_word_embeddings", 0, &c->tie_embeddings)) ||
         (rc = get_str(r, "hidden_act", "silu", c->act, sizeof c->act)))
@@ -348,8 +362,10 @@ static int parse_llama(tk_models_config *c, const reader *r)
         return rc;
     /* Sliding windows: Mistral's applies to every layer; Qwen2's to the layers layer_types (or, in v4
      * configs, use_sliding_window with max_window_layers) says. */
-    if ((rc = get_int(r, "sliding_window", 0, 0, &c->sliding_window)) != TK_OK)
+    if ((rc = get_bound(r, "sliding_window", 0, 0, &c->sliding_window)) != TK_OK)
         return rc;
+    if (c->sliding_window == INT64_MAX) /* a window past any position is none */
+        c->sliding_window = 0;
     if (c->layers > TK_MODELS_MAX_LAYERS)
         return tk__err(TK_ERR_UNSUPPORTED, "%s: %lld layers, tk supports at most %d", r->what, (long long)c->layers,
                        TK_MODELS_MAX_LAYERS);
@@ -358,7 +374,7 @@ static int parse_llama(tk_models_config *c, const reader *r)
         int use = 0;
         int64_t mwl = 0;
         if ((rc = get_bool(r, "use_sliding_window", 0, &use)) ||
-            (rc = get_int(r, "max_window_layers", c->layers, 0, &mwl)))
+            (rc = get_bound(r, "max_window_layers", c->layers, 0, &mwl)))
             return rc;
         for (int64_t l = 0; l < c->layers; l++)
             c->sliding[l] = use && l >= mwl;

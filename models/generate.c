@@ -1775,7 +1775,7 @@ int tk_gen_result_stats_json(char **json, const tk_gen_result *r)
                           r->kv_dtype);
     if (!o)
         return tk__err(TK_ERR_NOMEM, "out of memory");
-    *json = json_dumps(o, JSON_COMPACT | JSON_PRESERVE_ORDER);
+    *json = json_dumps(o, JSON_COMPACT | JSON_PRESERVE_ORDER | JSON_REAL_PRECISION(9));
     json_decref(o);
     return *json ? TK_OK : tk__err(TK_ERR_NOMEM, "out of memory");
 }

@@ -777,7 +777,7 @@ int tk_model_info_json(char **out, const tk_model *m)
         json_object_set_new(o, "normalize", json_boolean(m->normalize));
     }
     json_object_set_new(o, "generation_config", json_boolean(c->generation_json != NULL));
-    *out = json_dumps(o, JSON_INDENT(2) | JSON_PRESERVE_ORDER);
+    *out = json_dumps(o, JSON_INDENT(2) | JSON_PRESERVE_ORDER | JSON_REAL_PRECISION(9));
     json_decref(o);
     return *out ? TK_OK : tk__err(TK_ERR_NOMEM, "out of memory");
 }
@@ -1119,7 +1119,7 @@ int tk_model_quant_json(char **json, const tk_model *m)
                           (json_int_t)m->q_bytes);
     if (!o)
         return tk__err(TK_ERR_NOMEM, "out of memory");
-    *json = json_dumps(o, JSON_COMPACT | JSON_PRESERVE_ORDER);
+    *json = json_dumps(o, JSON_COMPACT | JSON_PRESERVE_ORDER | JSON_REAL_PRECISION(9));
     json_decref(o);
     return *json ? TK_OK : tk__err(TK_ERR_NOMEM, "out of memory");
 }

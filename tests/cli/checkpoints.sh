@@ -69,4 +69,15 @@ t_template_listing() {
   expect_rc 2 "$TK" chat "$LAY/chat-list" --list-templates --render
 }
 
+t_json_floats_have_9_significant_digits() {
+  layouts || return
+  expect_rc 0 "$TK" --json generate "$LAY/sharded" --ids 1,50 --max-new-tokens 2 --quant int8
+  echo "$OUT" | python3 -c '
+import json, re, sys
+text = sys.stdin.read()
+json.loads(text)
+long = [m for m in re.findall(r"-?\d+\.\d+(?:e[-+]?\d+)?", text) if len(re.sub(r"[^0-9]", "", m.split("e")[0]).lstrip("0")) > 9]
+assert not long, long' || fail "floats printed past 9 significant digits: $OUT"
+}
+
 run_tests

@@ -151,6 +151,11 @@ def make(out):
     assert json.load(open(os.path.join(d, "tokenizer_config.json")))["model_max_length"] > 2 ** 63
     assert os.path.exists(os.path.join(d, "chat_template.jinja"))
     gen_case("sharded", "sharded", m, [BOS, 50, 60, 70], 16)
+    with torch.no_grad():  # tk model logits' top 5 with their text, as decode([id]) gives it
+        last = m(torch.tensor([[BOS, 50, 60, 70]])).logits[0, -1]
+    cases.append({"group": "sharded", "kind": "top", "argv": ["model", "logits", "sharded", "--ids",
+                                                              "%d,50,60,70" % BOS],
+                  "want": [[i, json.dumps(tok.decode([i]))] for i in torch.topk(last, 5).indices.tolist()]})
     prompt_case("sharded", "sharded", m, tok, "The quick brown fox", 12)
     render_cases("sharded", "sharded", tok)
     chat_case("sharded", "sharded", m, tok, ["Once upon a time", "the fox"], 8, system="Be brief.")
@@ -371,6 +376,11 @@ def check(tk, out, group):
             err = "exit %d: %s" % (r.returncode, (r.stderr.strip() or r.stdout.strip())[-600:])
         elif c.get("want_stderr") and c["want_stderr"] not in r.stderr:
             err = "stderr lacks '%s': %s" % (c["want_stderr"], r.stderr.strip()[-400:])
+        elif c["kind"] == "top":
+            rows = [l.split(None, 2) for l in r.stdout.splitlines()[2:]]
+            got = [[int(x[0]), x[2].rsplit(" (", 1)[0]] for x in rows if len(x) == 3]
+            if got != c["want"]:
+                err = "top ids and texts %s, transformers %s" % (got, c["want"])
         elif c["kind"] in ("render", "tokenize", "detokenize"):
             got = r.stdout if c["kind"] == "render" else r.stdout.rstrip("\n")
             if got != c["want"]:
