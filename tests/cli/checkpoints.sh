@@ -24,6 +24,8 @@ layouts() {
   local stamp
   stamp=$(cat "$ROOT/tests/models/layouts.py" "$ROOT/tests/models/gen_oracle.py" "$ROOT/tests/models/chat_oracle.py" | sha256sum | cut -c1-16)
   [ "$(cat "$LAY/.stamp" 2>/dev/null)" = "$stamp" ] && return 0
+  # another build's (build/ for build-asan/): the same files
+  if [ "$(cat "$ROOT/build/layouts/.stamp" 2>/dev/null)" = "$stamp" ]; then LAY=$ROOT/build/layouts; return 0; fi
   rm -rf "$LAY"
   echo "    making the checkpoints with transformers (once; a few minutes on a loaded machine)"
   HF_HUB_OFFLINE=1 "$PY" "$ROOT/tests/models/layouts.py" make "$LAY" >"$WORK/make.log" 2>&1 \

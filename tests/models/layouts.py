@@ -378,8 +378,8 @@ def check(tk, out, group):
             err = "stderr lacks '%s': %s" % (c["want_stderr"], r.stderr.strip()[-400:])
         elif c["kind"] == "top":
             rows = [l.split(None, 2) for l in r.stdout.splitlines()[2:]]
-            got = [[int(x[0]), x[2].rsplit(" (", 1)[0]] for x in rows if len(x) == 3]
-            if got != c["want"]:
+            got = [[int(x[0]), json.loads(x[2].rsplit(" (", 1)[0])] for x in rows if len(x) == 3]
+            if got != [[i, json.loads(t)] for i, t in c["want"]]:
                 err = "top ids and texts %s, transformers %s" % (got, c["want"])
         elif c["kind"] in ("render", "tokenize", "detokenize"):
             got = r.stdout if c["kind"] == "render" else r.stdout.rstrip("\n")
