@@ -14,7 +14,8 @@ for tests/cli/checkpoints.sh.
 The layouts: a sharded checkpoint with model.safetensors.index.json; bf16 weights with v5's "dtype"
 (not "torch_dtype"); tie_word_embeddings absent (GPT-2: tied by default; Llama: not); a
 generation_config.json without eos_token_id (transformers does not fall back to config.json's then);
-tokenizer.json with no tokenizer_config.json; added tokens with special/normalized/lstrip/rstrip
+tokenizer.json with no tokenizer_config.json (and truncation without a limit: usize::MAX, past
+int64); added tokens with special/normalized/lstrip/rstrip
 flags; chat templates as chat_template.jinja, as several templates (additional_chat_templates/
 NAME.jinja), as tokenizer_config.json's list of {name, template}, as a processor's chat_template.json,
 and as both tokenizer_config.json's string and chat_template.jinja (the file wins); tokenizer_config's
@@ -218,6 +219,12 @@ def make(out):
 
     tok.save_pretrained(d)
     os.remove(os.path.join(d, "tokenizer_config.json"))
+    # truncation on with no limit: tokenizers writes usize::MAX, past int64
+    from tokenizers import Tokenizer
+    t = Tokenizer.from_file(os.path.join(d, "tokenizer.json"))
+    t.enable_truncation(max_length=2 ** 64 - 1)
+    t.save(os.path.join(d, "tokenizer.json"))
+    assert "18446744073709551615" in open(os.path.join(d, "tokenizer.json")).read()
     tok = PreTrainedTokenizerFast.from_pretrained(d)
     render_cases("tok-no-config", "tok-no-config", tok)
     prompt_case("tok-no-config", "tok-no-config", m, tok, "A journey of a thousand", 10)
@@ -368,40 +375,43 @@ def check(tk, out, group):
         r = subprocess.run(cmd, input=c.get("stdin", ""), capture_output=True, text=True)
         what = " ".join(c["argv"])
         err = None
-        if "want_rc" in c:
-            if r.returncode != c["want_rc"] or c["want_error"] not in r.stderr:
-                err = "want exit %d and '%s'; got %d: %s" % (c["want_rc"], c["want_error"], r.returncode,
-                                                             r.stderr.strip()[-400:])
-        elif r.returncode != 0:
-            err = "exit %d: %s" % (r.returncode, (r.stderr.strip() or r.stdout.strip())[-600:])
-        elif c.get("want_stderr") and c["want_stderr"] not in r.stderr:
-            err = "stderr lacks '%s': %s" % (c["want_stderr"], r.stderr.strip()[-400:])
-        elif c["kind"] == "top":
-            rows = [l.split(None, 2) for l in r.stdout.splitlines()[2:]]
-            got = [[int(x[0]), json.loads(x[2].rsplit(" (", 1)[0])] for x in rows if len(x) == 3]
-            if got != [[i, json.loads(t)] for i, t in c["want"]]:
-                err = "top ids and texts %s, transformers %s" % (got, c["want"])
-        elif c["kind"] in ("render", "tokenize", "detokenize"):
-            got = r.stdout if c["kind"] == "render" else r.stdout.rstrip("\n")
-            if got != c["want"]:
-                err = "tk %r, transformers %r" % (got, c["want"])
-        elif c["kind"] == "info":
-            d = json.loads(r.stdout)
-            for k, v in c["want_json"].items():
-                if d.get(k) != v:
-                    err = "%s is %r, want %r" % (k, d.get(k), v)
-        else:
-            lines = [json.loads(l) for l in r.stdout.splitlines() if l.strip()]
-            if c["kind"] == "generate":
-                got = lines[0]["ids"]
-                if got == c["want_ids"] and "want_text" in c and lines[0]["text"] != c["want_text"]:
-                    err = "text %r, transformers %r" % (lines[0]["text"], c["want_text"])
-            elif c["kind"] == "generate-batch":
-                got = [x["ids"] for x in lines[0]]
+        try:
+            if "want_rc" in c:
+                if r.returncode != c["want_rc"] or c["want_error"] not in r.stderr:
+                    err = "want exit %d and '%s'; got %d: %s" % (c["want_rc"], c["want_error"], r.returncode,
+                                                                 r.stderr.strip()[-400:])
+            elif r.returncode != 0:
+                err = "exit %d: %s" % (r.returncode, (r.stderr.strip() or r.stdout.strip())[-600:])
+            elif c.get("want_stderr") and c["want_stderr"] not in r.stderr:
+                err = "stderr lacks '%s': %s" % (c["want_stderr"], r.stderr.strip()[-400:])
+            elif c["kind"] == "top":
+                rows = [l.split(None, 2) for l in r.stdout.splitlines()[2:]]
+                got = [[int(x[0]), json.loads(x[2].rsplit(" (", 1)[0])] for x in rows if len(x) == 3]
+                if got != [[i, json.loads(t)] for i, t in c["want"]]:
+                    err = "top ids and texts %s, transformers %s" % (got, c["want"])
+            elif c["kind"] in ("render", "tokenize", "detokenize"):
+                got = r.stdout if c["kind"] == "render" else r.stdout.rstrip("\n")
+                if got != c["want"]:
+                    err = "tk %r, transformers %r" % (got, c["want"])
+            elif c["kind"] == "info":
+                d = json.loads(r.stdout)
+                for k, v in c["want_json"].items():
+                    if d.get(k) != v:
+                        err = "%s is %r, want %r" % (k, d.get(k), v)
             else:
-                got = [x["ids"] for x in lines]
-            if got != c["want_ids"]:
-                err = "ids %s, transformers %s" % (got, c["want_ids"])
+                lines = [json.loads(l) for l in r.stdout.splitlines() if l.strip()]
+                if c["kind"] == "generate":
+                    got = lines[0]["ids"]
+                    if got == c["want_ids"] and "want_text" in c and lines[0]["text"] != c["want_text"]:
+                        err = "text %r, transformers %r" % (lines[0]["text"], c["want_text"])
+                elif c["kind"] == "generate-batch":
+                    got = [x["ids"] for x in lines[0]]
+                else:
+                    got = [x["ids"] for x in lines]
+                if got != c["want_ids"]:
+                    err = "ids %s, transformers %s" % (got, c["want_ids"])
+        except (ValueError, KeyError, IndexError, TypeError) as e:  # output tk should not print
+            err = "unreadable output (%s): %s" % (e, (r.stdout or r.stderr)[-300:])
         if err:
             bad += 1
             print("  %s: %s" % (what, err))
