@@ -252,10 +252,13 @@ void tk_gen__log_softmax(float *s, int64_t V)
 
 int64_t tk_gen__total_length(const tk_gen_opts *o, int64_t len, int64_t max_pos)
 {
+    /* INT64_MAX is "no limit" (a file's 1e30): up to the model's context */
     if (o->max_new_tokens > 0)
-        return len + o->max_new_tokens;
+        return o->max_new_tokens == INT64_MAX           ? max_pos
+               : o->max_new_tokens > INT64_MAX - len ? INT64_MAX
+                                                      : len + o->max_new_tokens;
     if (o->max_length > 0)
-        return o->max_length;
+        return o->max_length == INT64_MAX ? max_pos : o->max_length;
     /* neither set: transformers 5 generates 20 new tokens (_prepare_generated_length), within
      * max_position_embeddings */
     return len + 20 < max_pos ? len + 20 : max_pos;

@@ -411,8 +411,15 @@ static void test_special_ids_outside_vocab(void)
     tk_gen_opts o = TK_GEN_OPTS_INIT;
     CHECK_RC(tk_gen_opts_from_model(&o, m), TK_OK);
     CHECK(o.n_eos == 2 && o.eos_token_id[0] == V + 2 && o.max_length == INT64_MAX);
-    o.max_new_tokens = 6;
     o.n_eos = 1; /* only the id that cannot come */
+    int32_t p0[3] = {1, 2, 3};
+    const int32_t *pp0 = p0;
+    size_t n0 = 3, got0 = 0;
+    tk_gen_result *r0 = NULL; /* max_length "no limit": up to the context, 64 positions */
+    CHECK_RC(tk_generate(&r0, m, &pp0, &n0, 1, &o), TK_OK);
+    CHECK(r0 && tk_gen_result_ids(r0, 0, &got0) && got0 == 61);
+    tk_gen_result_free(r0);
+    o.max_new_tokens = 6;
     int32_t p[3] = {1, 2, 3};
     const int32_t *pp = p;
     size_t n = 3, got = 0;
