@@ -277,4 +277,10 @@ const char *tk_ctx_cache_dir(const tk_ctx *ctx) { return tk_api__check_ctx(ctx) 
 const char *tk_ctx_config_dir(const tk_ctx *ctx) { return tk_api__check_ctx(ctx) == TK_OK ? ctx->config_dir : NULL; }
 int tk_ctx_offline(const tk_ctx *ctx) { return tk_api__check_ctx(ctx) == TK_OK ? ctx->offline : 0; }
 
+void tk_ctx_log(const tk_ctx *ctx, int level, const char *msg)
+{
+    if (ctx && ctx->magic == TK_CTX_MAGIC && msg) /* no error to set: the call cannot fail */
+        tk_api__log(ctx, level, "%s", msg);
+}
+
 void tk_free(void *p) { free(p); }

@@ -35,7 +35,7 @@ int tk_dtype_parse(tk_dtype *out, const char *name)
     if (!out)
         return tk__err(TK_ERR_INVALID, "tk_dtype_parse: out is NULL");
     memset(out, 0, sizeof *out);
-    return tk_ops__dtype_parse(out, name);
+    return tk_ops__dtype_parse_any(out, name);
 }
 
 /* ---- devices ---------------------------------------------------------------------------------- */
@@ -272,7 +272,7 @@ static int parse_kernel(kdecl *d, json_t *k, size_t idx)
         if (!kp->name || kp->type < 0)
             return tk__err(TK_ERR_MANIFEST, "kernel '%s': params[%zu] needs a name and a type", d->name, i);
         if (kp->type == TK_JIT_P_TENSOR &&
-            tk_dtype_parse(&kp->dtype, json_string_value(json_object_get(p, "dtype"))) != TK_OK)
+            tk_ops__dtype_parse(&kp->dtype, json_string_value(json_object_get(p, "dtype"))) != TK_OK)
             return tk__err_wrap(TK_ERR_MANIFEST, "kernel '%s': param '%s'", d->name, kp->name);
         kp->optional = json_is_true(json_object_get(p, "optional"));
         if (kp->optional && kp->type != TK_JIT_P_TENSOR)

@@ -68,7 +68,7 @@ static int check_types(json_t *k, const char *name)
         return tk__err(TK_ERR_MANIFEST, "kernel '%s': constraints.dtypes must be a list of dtypes", name);
     json_array_foreach(v, i, x) {
         tk_dtype dt;
-        if (!json_is_string(x) || tk_dtype_parse(&dt, json_string_value(x)) != TK_OK)
+        if (!json_is_string(x) || tk_ops__dtype_parse(&dt, json_string_value(x)) != TK_OK)
             return tk__err(TK_ERR_MANIFEST, "kernel '%s': constraints.dtypes[%zu] is not a dtype; want one of f32 "
                            "f16 bf16 f64 i8 u8 i32 i64 fp8_e4m3 fp8_e5m2", name, i);
     }
@@ -140,7 +140,7 @@ static int check_param(tk_jit_param *params, size_t i, json_t *p, const char *na
     if (params[i].type == TK_JIT_P_TENSOR) {
         tk_dtype dt;
         const char *ds = json_string_value(json_object_get(p, "dtype"));
-        if (!ds || tk_dtype_parse(&dt, ds) != TK_OK)
+        if (!ds || tk_ops__dtype_parse(&dt, ds) != TK_OK)
             return tk__err(TK_ERR_MANIFEST, "kernel '%s': tensor param '%s' has dtype '%s'; want one of f32 f16 "
                            "bf16 f64 i8 u8 i32 i64 fp8_e4m3 fp8_e5m2", name, pn, ds ? ds : "(missing)");
     }

@@ -18,9 +18,12 @@ enum {
     TK_EXIT_USAGE = 2,     /* bad command line */
     TK_EXIT_NOT_FOUND = 3, /* package, version or file not found */
     TK_EXIT_NETWORK = 4,   /* network error, or offline and it was needed */
-    TK_EXIT_SIGNATURE = 5, /* package refused: signature, trust, digest, manifest, archive, commit, rollback */
+    TK_EXIT_SIGNATURE = 5, /* input refused: a package's signature, trust, digest, manifest, archive, commit,
+                              rollback; a damaged model file (TK_ERR_CORRUPT) */
     TK_EXIT_IO = 6,        /* local file system or state database error, disk full, a planted link */
     TK_EXIT_DEVICE = 7,    /* no GPU, no NVRTC, compile or launch error */
+    TK_EXIT_UNSUPPORTED = 8, /* valid, but not implemented here: a model architecture or config value, an op
+                                without a CPU reference, a template construct (TK_ERR_UNSUPPORTED) */
 };
 
 typedef struct {
@@ -59,6 +62,8 @@ int tk_cli_errorf(tk_cli *cli, int status, int exit_code, const char *fmt, ...)
     __attribute__((format(printf, 4, 5)));
 /* Prints an informational line to stderr unless --quiet. */
 void tk_cli_info(tk_cli *cli, const char *fmt, ...);
+/* Prints "tk: warning: MESSAGE" and a newline to stderr (even under --quiet). */
+void tk_cli_warn(tk_cli *cli, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
 /* --device: "cpu" gives *cuda_id -1, "cuda" 0, "cuda:N" N (0..1023). Returns 0, or -1 for anything
  * else (the caller prints its usage error). */
 int tk_cli_parse_device(const char *s, int *cuda_id);

@@ -1,9 +1,10 @@
 /*
- * cmd_chat.c — tk chat: a conversation with a causal LM whose tokenizer_config.json has a chat
- * template. Each line of stdin is a user turn; the whole conversation is rendered with the template
- * (tk_chat_render), encoded without added special tokens (the template writes them), and generated
- * with tk generate's options; the reply streams to stdout and joins the conversation as the
- * assistant's turn. --render prints the rendered prompt of --message turns instead.
+ * cmd_chat.c — tk chat: a conversation with a causal LM whose tokenizer has a chat template. Each line
+ * of stdin is a user turn; the whole conversation is rendered with the template (tk_chat_render_opts,
+ * the default one or --template NAME), encoded without added special tokens (the template writes
+ * them), and generated with tk generate's options; the reply streams to stdout and joins the
+ * conversation as the assistant's turn. --render prints the rendered prompt of --message turns
+ * instead, --list-templates the checkpoint's templates.
  */
 #include <errno.h>
 #include <stdint.h>
@@ -12,30 +13,39 @@
 #include <string.h>
 #include <unistd.h>
 
+#include <jansson.h>
+
 #include "cli/cli.h"
 
-static const char *USAGE = "tk chat [options] DIR  |  tk chat DIR --render [--message ROLE=TEXT ...]";
+static const char *USAGE = "tk chat [options] DIR  |  tk chat DIR --render [--message ROLE=TEXT ...]  |  "
+                            "tk chat DIR --list-templates";
 
 static void help(void)
 {
     printf("usage: %s\n"
            "\n"
-           "Chats with a causal language model from a Hugging Face checkpoint directory whose\n"
-           "tokenizer_config.json has a chat_template (Llama 3, ChatML/Qwen2, Mistral and Llama 2 [INST],\n"
-           "Zephyr, Gemma, Phi-3 and others written in the same Jinja2 subset). Each line read from stdin is\n"
-           "one user turn; end of input ends the chat. The whole conversation is rendered with the template\n"
-           "as transformers' apply_chat_template(..., add_generation_prompt=True) does, encoded without\n"
-           "adding special tokens (the template writes them), and continued as tk generate does; the reply\n"
-           "prints as it is generated and becomes the assistant's turn (its text with special tokens\n"
-           "skipped).\n"
+           "Chats with a causal language model from a Hugging Face checkpoint directory whose tokenizer\n"
+           "has a chat template (Llama 3, ChatML/Qwen2, Mistral and Llama 2 [INST], Zephyr, Gemma, Phi-3\n"
+           "and others written in the same Jinja2 subset). The templates are read as transformers reads\n"
+           "them: chat_template.jinja and additional_chat_templates/NAME.jinja, else tokenizer_config.json's\n"
+           "chat_template (a string or a list of named templates), else a processor's chat_template.json.\n"
+           "Each line read from stdin is one user turn; end of input ends the chat. The whole conversation\n"
+           "is rendered with the template as transformers' apply_chat_template(...,\n"
+           "add_generation_prompt=True) does, encoded without adding special tokens (the template writes\n"
+           "them), and continued as tk generate does; the reply prints as it is generated and becomes the\n"
+           "assistant's turn (its text with special tokens skipped).\n"
            "\n"
            "options:\n"
            "  --system TEXT              a system turn before the conversation\n"
+           "  --template NAME            the named chat template to use (default: the one named default;\n"
+           "                             a checkpoint with several and no default needs this)\n"
+           "  --list-templates           print the checkpoint's template names and where they come from\n"
+           "                             (with --json: {\"templates\": [...], \"source\": \"...\"})\n"
            "  --render                   print the rendered prompt of the --message turns and exit (no model\n"
            "                             is loaded; with --json: {\"prompt\": \"...\", \"ids\": [...]})\n"
            "  --message ROLE=TEXT        a turn for --render (may repeat; ROLE: system, user, assistant, ...)\n"
            "  --no-generation-prompt     --render: add_generation_prompt=False\n"
-           "  --dtype f32|bf16|f16       compute dtype (default f32)\n"
+           "  --dtype f32|bf16|f16       compute dtype (default f32; also float32, bfloat16, float16, half)\n"
            "  --device cpu|cuda[:N]      where the model runs (default cpu)\n"
            "  --json                     one JSON line per reply: {\"turn\": N, \"prompt_ids\": [...], \"ids\": [...],\n"
            "                             \"text\": \"...\", \"end\": \"eos\"} instead of streaming\n"
@@ -50,11 +60,13 @@ static void help(void)
            "  tk chat ./Qwen2-0.5B-Instruct --system 'You are terse.' --max-new-tokens 64\n"
            "  printf 'Hi\\nWhat is 2+2?\\n' | tk chat ./TinyLlama-Chat --json\n"
            "  tk chat ./Llama-3-8B-Instruct --render --message system=Be\\ brief --message user=Hello\n"
+           "  tk chat ./Hermes-3 --template tool_use --render --message user=Hi\n"
            "\n"
            "exit status: 0 ok, 1 a model or generation failure, 2 usage or invalid input (a template error,\n"
-           "raise_exception, a conversation longer than the context), 3 no checkpoint, tokenizer or chat\n"
-           "template, 7 no GPU for --device cuda. A template outside tk's subset is an error naming the\n"
-           "construct and its line (status 1).\n",
+           "raise_exception, a conversation longer than the context, several templates and no default),\n"
+           "3 no checkpoint, tokenizer or chat template (or none of that --template name), 5 a damaged\n"
+           "checkpoint, 7 no GPU for --device cuda, 8 a template construct outside tk's subset (named,\n"
+           "with its line) or an architecture tk does not implement.\n",
            USAGE);
 }
 
@@ -118,10 +130,10 @@ static void convo_free(convo *c)
     free(c->v);
 }
 
-static int render(tk_cli *cli, const char *dir, convo *c, int agp, int json)
+static int render(tk_cli *cli, const char *dir, convo *c, const tk_chat_opts *co, int json)
 {
     char *text = NULL;
-    int rc = tk_chat_render(&text, dir, c->v, c->n, agp);
+    int rc = tk_chat_render_opts(&text, dir, c->v, c->n, co);
     if (rc != TK_OK)
         return tk_cli_fail(cli, rc, NULL);
     if (!json) {
@@ -149,10 +161,32 @@ static int render(tk_cli *cli, const char *dir, convo *c, int agp, int json)
     return TK_EXIT_OK;
 }
 
+/* --list-templates: the names, one a line, then where they come from (or the JSON object). */
+static int list_templates(tk_cli *cli, const char *dir)
+{
+    char *js = NULL;
+    int rc = tk_chat_templates_json(&js, dir);
+    if (rc != TK_OK)
+        return tk_cli_fail(cli, rc, NULL);
+    json_t *o = json_loads(js, 0, NULL), *v;
+    size_t i;
+    if (cli->json || !o) {
+        printf("%s\n", js);
+    } else {
+        json_array_foreach(json_object_get(o, "templates"), i, v)
+            printf("%s\n", json_string_value(v));
+        tk_cli_info(cli, "from %s\n", json_string_value(json_object_get(o, "source")));
+    }
+    json_decref(o);
+    tk_free(js);
+    return TK_EXIT_OK;
+}
+
 /* What tk chat works on: the command line, then the model, the tokenizer and the conversation. */
 typedef struct {
     const char *dir, *system, *dtype, *device;
-    int do_render, agp, has_len;
+    int do_render, agp, has_len, list;
+    tk_chat_opts co; /* the template and add_generation_prompt */
     const char *set_name[MAX_SET], *set_val[MAX_SET];
     size_t nset;
     const char *roles_msgs[MAX_TURNS]; /* --message ROLE=TEXT, borrowed from argv */
@@ -194,15 +228,19 @@ static int chat_parse(chat_job *j, int argc, char **argv)
                 j->has_len = 1;
         } else if (!strcmp(a, "--render")) {
             j->do_render = 1;
+        } else if (!strcmp(a, "--list-templates")) {
+            j->list = 1;
         } else if (!strcmp(a, "--no-generation-prompt")) {
             j->agp = 0;
         } else if (!strcmp(a, "--system") || !strcmp(a, "--message") || !strcmp(a, "--dtype") ||
-                   !strcmp(a, "--device")) {
+                   !strcmp(a, "--device") || !strcmp(a, "--template")) {
             if (!has_val)
                 return tk_cli_usage(USAGE, "%s needs a value", a);
             const char *v = argv[++i];
             if (!strcmp(a, "--system"))
                 j->system = v;
+            else if (!strcmp(a, "--template"))
+                j->co.template_name = v;
             else if (!strcmp(a, "--dtype"))
                 j->dtype = v;
             else if (!strcmp(a, "--device"))
@@ -229,6 +267,9 @@ static int chat_parse(chat_job *j, int argc, char **argv)
         return tk_cli_usage(USAGE, "--message goes with --render (a chat reads its user turns from stdin)");
     if (!j->agp && !j->do_render)
         return tk_cli_usage(USAGE, "--no-generation-prompt goes with --render");
+    if (j->list && (j->do_render || j->nmsg))
+        return tk_cli_usage(USAGE, "--list-templates goes alone (with DIR, and --json)");
+    j->co.add_generation_prompt = j->agp;
     return GO;
 }
 
@@ -249,7 +290,7 @@ static int chat_render_only(chat_job *j, tk_cli *cli)
         }
     }
     if (ec == GO)
-        ec = render(cli, j->dir, &j->c, j->agp, cli->json);
+        ec = render(cli, j->dir, &j->c, &j->co, cli->json);
     for (size_t k = 0; k < nr; k++)
         free(roles[k]);
     return ec;
@@ -261,7 +302,7 @@ static int chat_validate(chat_job *j, tk_cli *cli)
 {
     tk_chat_message probe[2] = {{"system", j->system ? j->system : ""}, {"user", "Hello"}};
     char *t = NULL;
-    int rc = tk_chat_render(&t, j->dir, j->system ? probe : probe + 1, j->system ? 2 : 1, 1);
+    int rc = tk_chat_render_opts(&t, j->dir, j->system ? probe : probe + 1, j->system ? 2 : 1, &j->co);
     const char *device = j->device;
     tk_free(t);
     if (rc != TK_OK)
@@ -310,7 +351,7 @@ static int chat_turn(chat_job *j, tk_cli *cli, const char *line, size_t turn, in
     int rc, ec = GO;
     if (convo_add(&j->c, "user", line))
         return oom(cli);
-    if ((rc = tk_chat_render(&prompt, j->dir, j->c.v, j->c.n, 1)) != TK_OK ||
+    if ((rc = tk_chat_render_opts(&prompt, j->dir, j->c.v, j->c.n, &j->co)) != TK_OK ||
         (rc = tk_tokenizer_encode(&ids, &n, j->tok, prompt, strlen(prompt), 0)) != TK_OK ||
         (rc = tk_generate(&res, j->m, (const int32_t *const *)&ids, &n, 1, &j->o)) != TK_OK) {
         if (streaming)
@@ -376,8 +417,13 @@ int tk_cmd_chat(tk_cli *cli, int argc, char **argv)
     int ec;
     if (!j)
         return oom(cli);
+    j->co = (tk_chat_opts)TK_CHAT_OPTS_INIT;
     if ((ec = chat_parse(j, argc, argv)) != GO)
         goto done;
+    if (j->list) {
+        ec = list_templates(cli, j->dir);
+        goto done;
+    }
     if (j->system && convo_add(&j->c, "system", j->system)) {
         ec = oom(cli);
         goto done;

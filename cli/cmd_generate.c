@@ -22,7 +22,7 @@ static void help(void)
            "(config.json, *.safetensors, tokenizer.json: LlamaForCausalLM, MistralForCausalLM,\n"
            "Qwen2ForCausalLM, GPT2LMHeadModel) the way transformers' generate() does: the same logits\n"
            "processors in the same order, greedy decoding, sampling or beam search. Defaults come from\n"
-           "the checkpoint's generation_config.json, then from transformers' defaults (max_length 20,\n"
+           "the checkpoint's generation_config.json, then from transformers 5's defaults (20 new tokens,\n"
            "top_k 50 when sampling); flags override them. Every layer runs through the op registry, with\n"
            "a paged KV cache (paged_kv_append, attention_decode). Text prints as it is generated, never\n"
            "splitting a UTF-8 character.\n"
@@ -72,7 +72,8 @@ static void help(void)
            "\n"
            "exit status: 0 ok, 1 a model or generation failure (out of memory, an op error), 2 usage or\n"
            "invalid input (an empty or too long prompt, an option out of range), 3 no checkpoint or\n"
-           "tokenizer, 7 no GPU for --device cuda.\n",
+           "tokenizer, 5 a damaged checkpoint (a truncated safetensors file), 7 no GPU for --device\n"
+           "cuda, 8 an architecture, config value or option tk does not implement.\n",
            USAGE);
 }
 
@@ -350,6 +351,11 @@ static int gen_load(gen_job *j, tk_cli *cli)
         int u = tk_cli_gen_apply(&j->o, USAGE, j->set[k].name, j->set[k].val);
         if (u)
             return u;
+        if (!strcmp(j->set[k].name, "--eos-token-id")) /* as transformers: accepted, but it never comes */
+            for (size_t e = 0; e < j->o.n_eos; e++)
+                if (j->o.eos_token_id[e] >= tk_model_vocab_size(j->m))
+                    tk_cli_warn(cli, "--eos-token-id %d is outside the vocabulary [0, %lld): no sequence can end on "
+                                "it", (int)j->o.eos_token_id[e], (long long)tk_model_vocab_size(j->m));
     }
     j->o.stop_strings = j->nstop ? j->stops : NULL;
     j->o.n_stop = j->nstop;
@@ -404,7 +410,7 @@ static int gen_quantize(gen_job *j, tk_cli *cli)
         range = fmax(range, fabs((double)f[i]));
     }
     size_t ql = strlen(qj);
-    snprintf(j->qinfo, sizeof j->qinfo, "%.*s, \"prompt_logits_max_abs_diff\": %.6g, \"prompt_logits_max_abs\": %.6g}",
+    snprintf(j->qinfo, sizeof j->qinfo, "%.*s, \"prompt_logits_max_abs_diff\": %.9g, \"prompt_logits_max_abs\": %.9g}",
              (int)(ql ? ql - 1 : 0), qj, worst, range);
     tk_free(qj);
     free(f);
@@ -460,8 +466,8 @@ static void gen_report(const gen_job *j, const tk_cli *cli)
 {
     if (cli->json) {
         gen_report_json(j);
-    } else if (j->np == 1) {
-        printf("\n");
+    } else if (j->np == 1 && tk_gen_result_text(j->res, 0)) {
+        printf("\n"); /* the text streamed */
     } else {
         for (size_t p = 0; p < j->np; p++) {
             const char *t = tk_gen_result_text(j->res, p);

@@ -28,9 +28,17 @@ static int parse_device(tk_model_opts *o, const char *s)
     return 0;
 }
 
+/* f32, bf16, f16 in any spelling tk_dtype_parse takes (float32, bfloat16, fp16, half, ...), or auto */
 static int parse_dtype(const char *s)
 {
-    return !strcmp(s, "f32") || !strcmp(s, "bf16") || !strcmp(s, "f16") || !strcmp(s, "auto") ? 0 : -1;
+    tk_dtype dt;
+    if (!strcmp(s, "auto"))
+        return 0;
+    if (tk_dtype_parse(&dt, s) != TK_OK)
+        return -1;
+    return (dt.code == TK_DL_FLOAT && (dt.bits == 32 || dt.bits == 16)) || (dt.code == TK_DL_BFLOAT && dt.bits == 16)
+               ? 0
+               : -1;
 }
 
 /* One --ids list: "1,2,3" (spaces and brackets allowed). */
@@ -136,9 +144,9 @@ static int cmd_info(tk_cli *cli, int argc, char **argv)
                    "supported architectures: LlamaForCausalLM, MistralForCausalLM, Qwen2ForCausalLM,\n"
                    "GPT2LMHeadModel, BertModel.\n"
                    "\n"
-                   "exit status: 0 ok, 1 an unsupported architecture or config value, 2 usage or\n"
-                   "invalid input (a malformed or mismatched checkpoint: the tensor is named), 3 no\n"
-                   "config.json or no weights, 7 no GPU.\n",
+                   "exit status: 0 ok, 2 usage or invalid input (a malformed or mismatched checkpoint:\n"
+                   "the tensor is named), 3 no config.json or no weights, 5 a damaged safetensors file\n"
+                   "or index, 7 no GPU, 8 an unsupported architecture or config value.\n",
                    INFO_USAGE);
             return TK_EXIT_OK;
         } else if (argv[i][0] == '-') {
@@ -216,9 +224,10 @@ static void logits_help(void)
            "  tk model logits ./gpt2 --ids $(tk tokenize ./gpt2 'Hello, my dog' --no-special)\n"
            "  tk model logits ./tiny-llama --ids 1,15043,3186 --dtype bf16 --json\n"
            "\n"
-           "exit status: 0 ok, 1 an unsupported architecture or config value, 2 usage or\n"
-           "invalid input (a malformed checkpoint, an id outside the vocabulary), 3 no\n"
-           "config.json or no weights, 7 no GPU.\n",
+           "exit status: 0 ok, 1 no LM head (without --hidden), 2 usage or invalid input (a\n"
+           "malformed checkpoint, an id outside the vocabulary), 3 no config.json or no weights,\n"
+           "5 a damaged safetensors file or index, 7 no GPU, 8 an unsupported architecture or\n"
+           "config value.\n",
            LOGITS_USAGE);
 }
 
@@ -310,7 +319,8 @@ static int logits_run(logits_job *j, tk_cli *cli)
     return GO;
 }
 
-/* report, without --json: the five most likely tokens after the last position, with their text. */
+/* report, without --json: the five most likely tokens after the last position, each with its text as
+ * decode([id]) gives it (quoted, escaped as JSON: a leading space or a newline shows) and its token. */
 static void logits_print_top(const logits_job *j)
 {
     const tk_tokenizer *tok = NULL;
@@ -331,9 +341,18 @@ static void logits_print_top(const logits_job *j)
         top[k] = best;
     }
     printf("top %d next tokens after position %zu:\n", k, j->lens[j->nseq - 1] - 1);
+    printf("  %8s  %12s  %s\n", "id", "logit", tok ? "text (token)" : "");
     for (int t = 0; t < k; t++) {
         const char *s = tok ? tk_tokenizer_token(tok, top[t]) : NULL;
-        printf("  %8d  %12.6f  %s\n", top[t], last[top[t]], s ? s : "");
+        char *text = NULL;
+        int32_t id = top[t];
+        printf("  %8d  %12.6f  ", top[t], last[top[t]]);
+        if (tok && tk_tokenizer_decode(&text, tok, &id, 1, 0) == TK_OK) {
+            tk_cli_json_str(stdout, text);
+            printf("%s%s%s", s ? " (" : "", s ? s : "", s ? ")" : "");
+        }
+        printf("\n");
+        tk_free(text);
     }
 }
 
@@ -443,9 +462,9 @@ int tk_cmd_embed(tk_cli *cli, int argc, char **argv)
                    "example:\n"
                    "  tk embed ./all-MiniLM-L6-v2 'A man is eating food.' 'A man is riding a horse.' --json\n"
                    "\n"
-                   "exit status: 0 ok, 1 an unsupported model, tokenizer or pooling, 2 usage or invalid\n"
-                   "input (a malformed checkpoint or tokenizer.json), 3 no config.json, weights or\n"
-                   "tokenizer.json, 7 no GPU.\n",
+                   "exit status: 0 ok, 2 usage or invalid input (a malformed checkpoint or\n"
+                   "tokenizer.json), 3 no config.json, weights or tokenizer.json, 5 a damaged safetensors\n"
+                   "file, 7 no GPU, 8 an unsupported model (a causal LM), tokenizer or pooling.\n",
                    EMBED_USAGE);
             goto done;
         } else if (argv[i][0] == '-' && argv[i][1]) {

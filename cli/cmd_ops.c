@@ -755,11 +755,11 @@ static int run_help(void)
            "  tk run-op silu_and_mul --package ./activation --shape 4,4096 --device cuda --check\n"
            "\n"
            "An op a package declares has no CPU reference: on the host, once its shapes check out,\n"
-           "run-op says so and exits 1; its kernels run with --device cuda.\n"
+           "run-op says so and exits 8 (unsupported); its kernels run with --device cuda.\n"
            "\n"
-           "exit status: 0 ok, 1 nothing can run on the host or --check found a difference, 2 bad\n"
-           "arguments or shapes, 3 unknown op or package directory, 7 no GPU or a kernel failed, 5 a\n"
-           "bad package directory or two packages declaring the op differently.\n",
+           "exit status: 0 ok, 1 --check found a difference, 2 bad arguments or shapes, 3 unknown op\n"
+           "or package directory, 5 a bad package directory or two packages declaring the op\n"
+           "differently, 7 no GPU or a kernel failed, 8 nothing can run on the host.\n",
            RUN_USAGE);
     return TK_EXIT_OK;
 }
@@ -773,14 +773,13 @@ static int run_parse_values(run_opts *o)
         return tk_cli_usage(RUN_USAGE, "--shape is required (e.g. --shape 4,4096, or --shape NAME=4,4096)");
     if (o->check && o->device < 0)
         return tk_cli_usage(RUN_USAGE, "--check compares a GPU run with the CPU reference: add --device cuda");
-    if (!strcmp(o->dtype_s, "f32"))
-        o->dt = (tk_dtype){TK_DL_FLOAT, 32, 1};
-    else if (!strcmp(o->dtype_s, "f16"))
-        o->dt = (tk_dtype){TK_DL_FLOAT, 16, 1};
-    else if (!strcmp(o->dtype_s, "bf16"))
-        o->dt = (tk_dtype){TK_DL_BFLOAT, 16, 1};
-    else
-        return tk_cli_usage(RUN_USAGE, "--dtype wants f32, f16 or bf16, got '%s'", o->dtype_s);
+    /* f32, f16, bf16 in any spelling tk_dtype_parse takes (float16, half, bfloat16, ...); the
+     * canonical name from here on, as the manifests' dtypes lists have it */
+    if (tk_dtype_parse(&o->dt, o->dtype_s) != TK_OK || o->dt.bits < 16 || o->dt.bits > 32 ||
+        (o->dt.code != TK_DL_FLOAT && o->dt.code != TK_DL_BFLOAT))
+        return tk_cli_usage(RUN_USAGE, "--dtype wants f32, f16 or bf16 (or float32, float16, fp16, half, bfloat16), "
+                            "got '%s'", o->dtype_s);
+    o->dtype_s = tk_dtype_name(o->dt);
     if (o->shape_s && tk_cli_dims_parse(o->shape_s, o->shape, &o->nd) != 0)
         return tk_cli_usage(RUN_USAGE, "--shape wants sizes separated by commas (4,4096), got '%s'", o->shape_s);
     for (int i = 0; i < o->nnamed; i++) {

@@ -79,8 +79,8 @@ int tk_cmd_tokenize(tk_cli *cli, int argc, char **argv)
                    "  tk tokenize ./all-MiniLM-L6-v2 'Hello, world!'      101,7592,1010,2088,999,102\n"
                    "  tk detokenize ./all-MiniLM-L6-v2 $(tk tokenize ./all-MiniLM-L6-v2 hi)\n"
                    "\n"
-                   "exit status: 0 ok, 1 a malformed or unsupported tokenizer.json, or a text that is\n"
-                   "not UTF-8; 2 usage; 3 no tokenizer.json there.\n",
+                   "exit status: 0 ok, 1 a malformed tokenizer.json, or a text that is not UTF-8;\n"
+                   "2 usage; 3 no tokenizer.json there; 8 a tokenizer.json tk does not implement.\n",
                    TOK_USAGE);
             return TK_EXIT_OK;
         } else if (!strcmp(argv[i], "--no-special")) {
@@ -220,8 +220,8 @@ int tk_cmd_detokenize(tk_cli *cli, int argc, char **argv)
                    "example:\n"
                    "  tk detokenize ./all-MiniLM-L6-v2 101,7592,1010,2088,999,102   [CLS] hello, world! [SEP]\n"
                    "\n"
-                   "exit status: 0 ok, 1 an id outside the vocabulary or a malformed or unsupported\n"
-                   "tokenizer.json; 2 usage; 3 no tokenizer.json there.\n",
+                   "exit status: 0 ok, 1 an id outside the vocabulary or a malformed tokenizer.json;\n"
+                   "2 usage; 3 no tokenizer.json there; 8 a tokenizer.json tk does not implement.\n",
                    DETOK_USAGE);
             free(idargs);
             return TK_EXIT_OK;

@@ -130,7 +130,8 @@ int tk_cli_exit_code(int status)
     case TK_ERR_DIGEST:
     case TK_ERR_ROLLBACK:
     case TK_ERR_MANIFEST:
-    case TK_ERR_ARCHIVE: return TK_EXIT_SIGNATURE;
+    case TK_ERR_ARCHIVE:
+    case TK_ERR_CORRUPT: return TK_EXIT_SIGNATURE;
     case TK_ERR_IO:
     case TK_ERR_NOSPACE:
     case TK_ERR_CACHE: return TK_EXIT_IO;
@@ -138,6 +139,7 @@ int tk_cli_exit_code(int status)
     case TK_ERR_NO_NVRTC:
     case TK_ERR_COMPILE:
     case TK_ERR_LAUNCH: return TK_EXIT_DEVICE;
+    case TK_ERR_UNSUPPORTED: return TK_EXIT_UNSUPPORTED;
     default: return TK_EXIT_FAIL;
     }
 }
@@ -168,6 +170,7 @@ static const char *status_token(int status)
     case TK_ERR_LAUNCH: return "launch";
     case TK_ERR_UNSUPPORTED: return "unsupported";
     case TK_ERR_INTERNAL: return "internal";
+    case TK_ERR_CORRUPT: return "corrupt";
     case TK_CLI_STATUS_USAGE: return "usage";
     default: return "failed";
     }
@@ -288,6 +291,17 @@ void tk_cli_info(tk_cli *cli, const char *fmt, ...)
     va_list ap;
     va_start(ap, fmt);
     vfprintf(stderr, fmt, ap);
+    va_end(ap);
+}
+
+void tk_cli_warn(tk_cli *cli, const char *fmt, ...)
+{
+    (void)cli; /* warnings show even under --quiet, as the library's do */
+    va_list ap;
+    va_start(ap, fmt);
+    fputs("tk: warning: ", stderr);
+    vfprintf(stderr, fmt, ap);
+    fputc('\n', stderr);
     va_end(ap);
 }
 

@@ -105,9 +105,11 @@ static void usage(FILE *f)
             "  TK_OFFLINE   1 to work offline\n"
             "\n"
             "exit status: 0 ok, 1 other failure, 2 usage, 3 not found, 4 network (connection, timeout, a\n"
-            "server error), 5 package refused (signature, trust, digest, manifest, archive, commit or\n"
-            "rollback), 6 local I/O (disk full, read-only or unusable TK_HOME, a planted link), 7 GPU, NVRTC\n"
-            "or compile error.\n");
+            "server error), 5 input refused (a package's signature, trust, digest, manifest, archive,\n"
+            "commit or rollback; a damaged model file: a truncated or malformed safetensors file or index),\n"
+            "6 local I/O (disk full, read-only or unusable TK_HOME, a planted link), 7 GPU, NVRTC or compile\n"
+            "error, 8 unsupported (a model architecture or config value, an op or template construct tk\n"
+            "does not implement).\n");
 }
 
 int main(int argc, char **argv)

@@ -81,7 +81,8 @@ enum {
     TK_ERR_COMPILE = -17,     /* NVRTC rejected a kernel's source */
     TK_ERR_LAUNCH = -18,      /* loading or launching a kernel failed */
     TK_ERR_UNSUPPORTED = -19, /* valid request that this build, device or package cannot serve */
-    TK_ERR_INTERNAL = -20     /* a bug in tk: please report it */
+    TK_ERR_INTERNAL = -20,    /* a bug in tk: please report it */
+    TK_ERR_CORRUPT = -21      /* a file is damaged: truncated, or not in its format (a checkpoint's safetensors) */
 };
 
 /* A static, English name for a status code ("not found"). Never NULL. */
@@ -140,6 +141,10 @@ TK_API const char *tk_ctx_config_dir(const tk_ctx *ctx); /* config.json and keys
  * one whose "packages" patterns match it, else the one it was installed from, else the first of
  * those without patterns that has it. $TK_ENDPOINT makes one registry serve everything. */
 TK_API int tk_ctx_registries_json(char **out, const tk_ctx *ctx);
+/* Hands msg to the context's log callback (tk_ctx_opts.log; nothing without one) at level TK_LOG_*, as
+ * tk's own warnings reach it: a host program, or tk's model pipelines (a checkpoint whose special token
+ * ids lie outside its vocabulary), report through the same channel. Same thread rules as the callback. */
+TK_API void tk_ctx_log(const tk_ctx *ctx, int level, const char *msg);
 
 /* ---------------------------------------------------------------------------------------------- */
 /* Packages                                                                                        */
@@ -415,7 +420,10 @@ typedef struct {
 } tk_tensor;
 
 /* Names used in manifests and messages: "f32", "f16", "bf16", "f64", "i8", "u8", "i32", "i64",
- * "fp8_e4m3", "fp8_e5m2". tk_dtype_name returns "?" for anything else. */
+ * "fp8_e4m3", "fp8_e5m2". tk_dtype_name returns "?" for anything else. tk_dtype_parse also takes the
+ * other spellings people type, in any case: float32/fp32/float, float16/fp16/half, bfloat16,
+ * float64/fp64/double, int8, uint8, int32, int64, float8_e4m3fn/e4m3, float8_e5m2/e5m2 (manifests take
+ * only the names above). Errors: TK_ERR_INVALID, the message listing the names. */
 TK_API const char *tk_dtype_name(tk_dtype dt);
 TK_API int tk_dtype_parse(tk_dtype *out, const char *name);
 
@@ -815,7 +823,8 @@ enum { TK_GEN_EARLY_HEURISTIC = 0, TK_GEN_EARLY_TRUE = 1, TK_GEN_EARLY_NEVER = 2
 typedef struct {
     unsigned version;             /* TK_GEN_OPTS_VERSION */
     int64_t max_new_tokens;       /* tokens to generate at most (> 0); -1: max_length - prompt length */
-    int64_t max_length;           /* prompt + new tokens, when max_new_tokens is -1; default 20 */
+    int64_t max_length;           /* prompt + new tokens, when max_new_tokens is -1; 0 (default): neither
+                                     set, so 20 new tokens within the model's context (transformers 5) */
     int do_sample;                /* 0: greedy (num_beams 1) or beam search; 1: sampling */
     double temperature;           /* sampling: > 0; default 1 */
     int64_t top_k;                /* sampling: keep the k most likely (0: off); default 50 */
@@ -846,7 +855,7 @@ typedef struct {
     int top_logprobs;             /* tk_gen_batch: and the most likely 0..TK_GEN_MAX_TOP_LOGPROBS tokens' */
 } tk_gen_opts;
 #define TK_GEN_OPTS_INIT                                                                            \
-    {TK_GEN_OPTS_VERSION, -1, 20, 0, 1.0, 50, 1.0, 0.0, 1.0, 0, 1, 1.0, TK_GEN_EARLY_HEURISTIC, {0}, 0, -1, 0, \
+    {TK_GEN_OPTS_VERSION, -1, 0, 0, 1.0, 50, 1.0, 0.0, 1.0, 0, 1, 1.0, TK_GEN_EARLY_HEURISTIC, {0}, 0, -1, 0, \
      NULL, 0, NULL, NULL, 1, NULL, 16, 0, 0.0, 0.0, 0, 0}
 
 /* Weight-only quantisation for inference: from the next forward on, every linear layer's weight
@@ -993,18 +1002,39 @@ typedef struct {
     const char *role, *content;
 } tk_chat_message;
 
-/* Renders n messages with the chat template of `dir`'s tokenizer_config.json (chat_template: a string,
- * or a list of {name, template} whose "default" is used; a path to the file itself works too), as
- * transformers' apply_chat_template(messages, tokenize=False, add_generation_prompt=...) does: the
- * template sees messages, add_generation_prompt and the file's special tokens (bos_token, eos_token,
- * ...). tk interprets a Jinja2 subset (docs/generation.md, "Chat"), with bounds on output size, steps
- * and nesting. The text is not tokenized: encode it without special tokens (the template adds them).
- * *out is the caller's (tk_free). Errors: TK_ERR_NOT_FOUND (no tokenizer_config.json, or no
- * chat_template in it), TK_ERR_UNSUPPORTED (a construct outside the subset: the message names it and
- * its line), TK_ERR_INVALID (a malformed file or template, a limit passed, or the template's own
- * raise_exception, whose message is quoted), TK_ERR_NOMEM, TK_ERR_IO. */
+#define TK_CHAT_OPTS_VERSION 1
+typedef struct {
+    unsigned version;           /* TK_CHAT_OPTS_VERSION */
+    int add_generation_prompt;  /* 1 (default): end with the assistant's header, as for a reply */
+    const char *template_name;  /* NULL: the checkpoint's "default" template; else one of its named ones
+                                   (tk_chat_templates_json lists them: "tool_use", "rag", ...) */
+} tk_chat_opts;
+#define TK_CHAT_OPTS_INIT {TK_CHAT_OPTS_VERSION, 1, NULL}
+
+/* Renders n messages with a chat template of the checkpoint directory `dir`, as transformers'
+ * apply_chat_template(messages, tokenize=False, add_generation_prompt=..., chat_template=NAME) does.
+ * The templates are read in transformers' order of precedence: chat_template.jinja (the default) and
+ * additional_chat_templates/NAME.jinja, which replace tokenizer_config.json's; else
+ * tokenizer_config.json's chat_template (a string, or a list of {name, template}); else a processor's
+ * chat_template.json. `dir` may also name a tokenizer_config.json file. The template sees messages,
+ * add_generation_prompt and the special tokens (tokenizer_config.json's "*_token" values, else
+ * special_tokens_map.json's: bos_token, eos_token, ...). tk interprets a Jinja2 subset
+ * (docs/generation.md, "Chat"), with bounds on output size, steps and nesting. The text is not
+ * tokenized: encode it without special tokens (the template adds them). opts NULL: the defaults.
+ * *out is the caller's (tk_free). Errors: TK_ERR_NOT_FOUND (no template, or none of that name: the
+ * message lists the names), TK_ERR_UNSUPPORTED (a construct outside the subset: the message names it
+ * and its line), TK_ERR_INVALID (several templates and no default and no name given, a malformed file
+ * or template, a limit passed, or the template's own raise_exception, whose message is quoted),
+ * TK_ERR_NOMEM, TK_ERR_IO. Thread-safe: it reads the files on every call. */
+TK_API int tk_chat_render_opts(char **out, const char *dir, const tk_chat_message *msgs, size_t n,
+                               const tk_chat_opts *opts);
+/* tk_chat_render_opts with the default template and add_generation_prompt as given. */
 TK_API int tk_chat_render(char **out, const char *dir, const tk_chat_message *msgs, size_t n,
                           int add_generation_prompt);
+/* The checkpoint's chat templates as JSON: {"templates": ["default", "rag", ...], "source": "the file
+ * or files they come from"}, names in the order above (additional templates sorted by name). *out is
+ * the caller's (tk_free). Errors: those of tk_chat_render_opts reading the files. */
+TK_API int tk_chat_templates_json(char **out, const char *dir);
 
 /* ---------------------------------------------------------------------------------------------- */
 /* Communicators: several processes or GPUs (comm/, docs/parallel.md)                              */

@@ -11,6 +11,7 @@
  * TK_ERR_UNSUPPORTED naming it and its line.
  */
 #include <ctype.h>
+#include <dirent.h>
 #include <setjmp.h>
 #include <stdarg.h>
 #include <stdint.h>
@@ -22,6 +23,7 @@
 
 #include "common/common.h"
 #include "models/chat_template.h"
+#include "models/models.h"
 
 /* ---------------------------------------------------------------------------------------------- */
 /* state, arena, errors */
@@ -2197,88 +2199,356 @@ int tk_models__chat_render_text(char **out, const char *tmpl, size_t len, const 
     return TK_OK;
 }
 
-/* tokenizer_config.json's chat_template (a string, or a list of {name, template}: "default") and its
- * special tokens (strings, or AddedToken objects with "content"). */
-int tk_chat_render(char **out, const char *dir, const tk_chat_message *msgs, size_t n, int add_generation_prompt)
+/* ---- a checkpoint's templates ------------------------------------------------------------------ */
+
+/* The chat templates of a checkpoint directory, in transformers' order of precedence
+ * (PreTrainedTokenizerBase._from_pretrained): chat_template.jinja ("default") and
+ * additional_chat_templates/NAME.jinja, which replace whatever tokenizer_config.json says; else
+ * tokenizer_config.json's chat_template (a string, or a list of {name, template}); else a processor's
+ * chat_template.json ({"chat_template": ...}, which ProcessorMixin reads). The template variables are
+ * the special tokens: every "*_token" of tokenizer_config.json (bos_token, eos_token, ..., and
+ * model-specific ones like image_token) as a string or an AddedToken's content, overridden by
+ * special_tokens_map.json's when tokenizer_config.json has no added_tokens_decoder (transformers'
+ * legacy path) or is absent. */
+typedef struct {
+    char **name, **text; /* ntpl entries; name "default" for an unnamed one */
+    size_t ntpl;
+    tk_chat_var *vars;
+    size_t nvars;
+    char *source;        /* what the templates came from, for messages */
+    json_t *cfg, *stm;   /* tokenizer_config.json, special_tokens_map.json (the vars point into them) */
+} ct_set;
+
+static void ct_free(ct_set *c)
+{
+    for (size_t i = 0; i < c->ntpl; i++) {
+        free(c->name[i]);
+        free(c->text[i]);
+    }
+    free(c->name);
+    free(c->text);
+    free(c->vars);
+    free(c->source);
+    json_decref(c->cfg);
+    json_decref(c->stm);
+    memset(c, 0, sizeof *c);
+}
+
+static int ct_add(ct_set *c, const char *name, size_t nlen, const char *text, size_t tlen)
+{
+    char **nn = realloc(c->name, (c->ntpl + 1) * sizeof *nn);
+    if (nn)
+        c->name = nn;
+    char **nt = realloc(c->text, (c->ntpl + 1) * sizeof *nt);
+    if (nt)
+        c->text = nt;
+    if (!nn || !nt)
+        return tk__err(TK_ERR_NOMEM, "out of memory");
+    c->name[c->ntpl] = tk__strndup(name, nlen);
+    c->text[c->ntpl] = tk__strndup(text, tlen);
+    if (!c->name[c->ntpl] || !c->text[c->ntpl]) {
+        free(c->name[c->ntpl]);
+        free(c->text[c->ntpl]);
+        return tk__err(TK_ERR_NOMEM, "out of memory");
+    }
+    c->ntpl++;
+    return TK_OK;
+}
+
+/* A JSON file of the checkpoint: *out NULL when it does not exist. */
+static int ct_json(json_t **out, const char *dir, const char *file)
+{
+    *out = NULL;
+    char *p = tk__path_join(dir, file), *text = NULL;
+    size_t len = 0;
+    if (!p)
+        return tk__err(TK_ERR_NOMEM, "out of memory");
+    int rc = tk__read_file(&text, &len, p, (size_t)64 << 20);
+    if (rc == TK_ERR_NOT_FOUND) {
+        tk__err_clear();
+        rc = TK_OK;
+    } else if (rc == TK_OK) {
+        json_error_t jerr;
+        *out = tk_models__json_loadb(text, len, 0, &jerr);
+        if (!json_is_object(*out)) {
+            rc = tk__err(TK_ERR_INVALID, "%s: %s", p, *out ? "not a JSON object" : jerr.text);
+            json_decref(*out);
+            *out = NULL;
+        }
+    }
+    free(text);
+    free(p);
+    return rc;
+}
+
+/* chat_template as tokenizer_config.json and chat_template.json hold it: a string, or a list of
+ * {name, template}. 0: absent (null or missing). */
+static int ct_from_json(ct_set *c, json_t *ct, const char *what, int *found)
+{
+    *found = 0;
+    if (!ct || json_is_null(ct))
+        return TK_OK;
+    *found = 1;
+    if (json_is_string(ct))
+        return ct_add(c, "default", 7, json_string_value(ct), json_string_length(ct));
+    if (!json_is_array(ct))
+        return tk__err(TK_ERR_INVALID, "%s: chat_template is a %s, not a string or a list of {name, template}", what,
+                       json_is_object(ct) ? "object" : "number or boolean");
+    size_t i;
+    json_t *el;
+    json_array_foreach(ct, i, el) {
+        json_t *nm = json_object_get(el, "name"), *t = json_object_get(el, "template");
+        if (!json_is_string(nm) || !json_is_string(t))
+            return tk__err(TK_ERR_INVALID, "%s: chat_template[%zu] is not a {\"name\": ..., \"template\": ...} object",
+                           what, i);
+        int rc = ct_add(c, json_string_value(nm), json_string_length(nm), json_string_value(t), json_string_length(t));
+        if (rc != TK_OK)
+            return rc;
+    }
+    return TK_OK;
+}
+
+static int cmp_str(const void *a, const void *b) { return strcmp(*(char *const *)a, *(char *const *)b); }
+
+/* chat_template.jinja and additional_chat_templates/ *.jinja (sorted by name). */
+static int ct_from_files(ct_set *c, const char *dir)
+{
+    char *p = tk__path_join(dir, "chat_template.jinja"), *text = NULL, *adir = NULL, **names = NULL;
+    size_t len = 0, nn = 0;
+    DIR *d = NULL;
+    int rc = p ? tk__read_file(&text, &len, p, TK_CHAT_MAX_TEMPLATE) : tk__err(TK_ERR_NOMEM, "out of memory");
+    if (rc == TK_OK)
+        rc = ct_add(c, "default", 7, text, len);
+    else if (rc == TK_ERR_NOT_FOUND)
+        rc = TK_OK, tk__err_clear();
+    free(text);
+    text = NULL;
+    if (rc == TK_OK && !(adir = tk__path_join(dir, "additional_chat_templates")))
+        rc = tk__err(TK_ERR_NOMEM, "out of memory");
+    if (rc == TK_OK && tk__is_dir(adir) && !(d = opendir(adir)))
+        rc = tk__err_sys("cannot read", adir);
+    for (struct dirent *e; rc == TK_OK && d && (e = readdir(d));) {
+        size_t l = strlen(e->d_name);
+        if (l <= 6 || strcmp(e->d_name + l - 6, ".jinja") || e->d_name[0] == '.')
+            continue;
+        char **nv = realloc(names, (nn + 1) * sizeof *names);
+        if (!nv || !(nv[nn] = tk__strndup(e->d_name, l - 6))) {
+            if (nv)
+                names = nv;
+            rc = tk__err(TK_ERR_NOMEM, "out of memory");
+            break;
+        }
+        names = nv;
+        nn++;
+    }
+    if (d)
+        closedir(d);
+    if (nn)
+        qsort(names, nn, sizeof *names, cmp_str);
+    for (size_t i = 0; i < nn && rc == TK_OK; i++) {
+        char *f = tk__fmt("%s/%s.jinja", adir, names[i]);
+        if (!f)
+            rc = tk__err(TK_ERR_NOMEM, "out of memory");
+        else if ((rc = tk__read_file(&text, &len, f, TK_CHAT_MAX_TEMPLATE)) == TK_OK)
+            rc = ct_add(c, names[i], strlen(names[i]), text, len);
+        free(text);
+        text = NULL;
+        free(f);
+    }
+    for (size_t i = 0; i < nn; i++)
+        free(names[i]);
+    free(names);
+    free(adir);
+    free(p);
+    return rc;
+}
+
+/* The special tokens of one file: "*_token" keys with a string or {"content": ...}, and
+ * extra_special_tokens given as an object of them. Later files override earlier names. */
+static int ct_vars_from(ct_set *c, json_t *o)
+{
+    const char *k;
+    json_t *v;
+    json_t *extra = json_object_get(o, "extra_special_tokens");
+    for (int pass = 0; pass < 2; pass++) {
+        json_t *src = pass ? extra : o;
+        if (!json_is_object(src))
+            continue;
+        json_object_foreach(src, k, v) {
+            if (!pass && !tk__has_suffix(k, "_token"))
+                continue;
+            if (json_is_object(v))
+                v = json_object_get(v, "content");
+            if (!json_is_string(v))
+                continue;
+            size_t i = 0;
+            while (i < c->nvars && strcmp(c->vars[i].name, k))
+                i++;
+            if (i == c->nvars) {
+                tk_chat_var *nv = realloc(c->vars, (c->nvars + 1) * sizeof *nv);
+                if (!nv)
+                    return tk__err(TK_ERR_NOMEM, "out of memory");
+                c->vars = nv;
+                c->nvars++;
+            }
+            c->vars[i] = (tk_chat_var){k, json_string_value(v)};
+        }
+    }
+    return TK_OK;
+}
+
+/* Loads the templates of dir (or of the tokenizer_config.json file dir names). */
+static int ct_load(ct_set *c, const char *dir)
+{
+    memset(c, 0, sizeof *c);
+    int rc = TK_OK, found = 0;
+    char *cfgdir = NULL;
+    if (tk__is_dir(dir)) {
+        if ((rc = ct_from_files(c, dir)) != TK_OK)
+            goto fail;
+        if (c->ntpl && !(c->source = tk__fmt("%s/chat_template.jinja and additional_chat_templates/", dir)))
+            goto oom;
+        if ((rc = ct_json(&c->cfg, dir, "tokenizer_config.json")) != TK_OK ||
+            (rc = ct_json(&c->stm, dir, "special_tokens_map.json")) != TK_OK)
+            goto fail;
+        if (!c->ntpl && c->cfg) {
+            if (!(c->source = tk__path_join(dir, "tokenizer_config.json")))
+                goto oom;
+            if ((rc = ct_from_json(c, json_object_get(c->cfg, "chat_template"), c->source, &found)) != TK_OK)
+                goto fail;
+        }
+        if (!c->ntpl) {
+            json_t *pj = NULL;
+            if ((rc = ct_json(&pj, dir, "chat_template.json")) != TK_OK)
+                goto fail;
+            if (pj) {
+                free(c->source);
+                if (!(c->source = tk__path_join(dir, "chat_template.json"))) {
+                    json_decref(pj);
+                    goto oom;
+                }
+                rc = ct_from_json(c, json_object_get(pj, "chat_template"), c->source, &found);
+                json_decref(pj);
+                if (rc != TK_OK)
+                    goto fail;
+            }
+        }
+        if (!c->ntpl) {
+            rc = tk__err(TK_ERR_NOT_FOUND,
+                         "'%s' has no chat template (no chat_template.jinja, no chat_template in %s, no "
+                         "chat_template.json): this tokenizer does not define a chat format\nHINT: use tk generate "
+                         "--prompt with the whole prompt written out",
+                         dir, c->cfg ? "tokenizer_config.json" : "a tokenizer_config.json");
+            goto fail;
+        }
+    } else {
+        /* the file itself: a tokenizer_config.json */
+        if (!(cfgdir = tk__dirname(dir)))
+            goto oom;
+        const char *base = strrchr(dir, '/') ? strrchr(dir, '/') + 1 : dir;
+        if ((rc = ct_json(&c->cfg, cfgdir, base)) != TK_OK)
+            goto fail;
+        if (!c->cfg) {
+            rc = tk__err(TK_ERR_NOT_FOUND, "no tokenizer_config.json at '%s', so no chat template\nHINT: use tk "
+                         "generate --prompt with the whole prompt written out", dir);
+            goto fail;
+        }
+        if (!(c->source = tk__strdup(dir)))
+            goto oom;
+        if ((rc = ct_from_json(c, json_object_get(c->cfg, "chat_template"), dir, &found)) != TK_OK)
+            goto fail;
+        if (!c->ntpl) {
+            rc = tk__err(TK_ERR_NOT_FOUND, "%s has no chat_template: this tokenizer does not define a chat "
+                         "format\nHINT: use tk generate --prompt with the whole prompt written out", dir);
+            goto fail;
+        }
+    }
+    if (c->cfg && (rc = ct_vars_from(c, c->cfg)) != TK_OK)
+        goto fail;
+    if (c->stm && !(c->cfg && json_object_get(c->cfg, "added_tokens_decoder")) && (rc = ct_vars_from(c, c->stm)))
+        goto fail;
+    free(cfgdir);
+    return TK_OK;
+oom:
+    rc = tk__err(TK_ERR_NOMEM, "out of memory");
+fail:
+    free(cfgdir);
+    ct_free(c);
+    return rc;
+}
+
+/* The names as "a, b, c". */
+static void ct_names(const ct_set *c, char *buf, size_t cap)
+{
+    size_t at = 0;
+    buf[0] = 0;
+    for (size_t i = 0; i < c->ntpl && at < cap; i++)
+        at += (size_t)snprintf(buf + at, cap - at, "%s%s", i ? ", " : "", c->name[i]);
+}
+
+int tk_chat_render_opts(char **out, const char *dir, const tk_chat_message *msgs, size_t n, const tk_chat_opts *opts)
 {
     if (out)
         *out = NULL;
+    tk_chat_opts def = TK_CHAT_OPTS_INIT;
+    if (!opts)
+        opts = &def;
     if (!out || !dir || (!msgs && n))
         return tk__err(TK_ERR_INVALID, "tk_chat_render: NULL argument");
-    char *path = tk__is_dir(dir) ? tk__path_join(dir, "tokenizer_config.json") : tk__strdup(dir);
-    if (!path)
-        return tk__err(TK_ERR_NOMEM, "out of memory");
-    char *text = NULL;
-    size_t len = 0;
-    int rc = tk__read_file(&text, &len, path, (size_t)64 << 20);
-    if (rc == TK_ERR_NOT_FOUND) {
-        rc = tk__err(TK_ERR_NOT_FOUND,
-                     "no tokenizer_config.json at '%s', so no chat template\nHINT: use tk generate --prompt with "
-                     "the whole prompt written out",
-                     path);
-        free(path);
+    if (opts->version != TK_CHAT_OPTS_VERSION)
+        return tk__err(TK_ERR_INVALID, "tk_chat_render_opts: opts->version is %u, want %d (TK_CHAT_OPTS_INIT)",
+                       opts->version, TK_CHAT_OPTS_VERSION);
+    ct_set c;
+    int rc = ct_load(&c, dir);
+    if (rc != TK_OK)
         return rc;
-    }
-    if (rc != TK_OK) {
-        free(path);
-        return rc;
-    }
-    json_error_t jerr;
-    json_t *root = json_loadb(text, len, 0, &jerr);
-    free(text);
-    if (!json_is_object(root)) {
-        rc = tk__err(TK_ERR_INVALID, "%s: %s", path, root ? "not a JSON object" : jerr.text);
-        json_decref(root);
-        free(path);
-        return rc;
-    }
-    json_t *ct = json_object_get(root, "chat_template");
-    const char *tmpl = NULL;
-    size_t tlen = 0;
-    if (json_is_string(ct)) {
-        tmpl = json_string_value(ct);
-        tlen = json_string_length(ct);
-    } else if (json_is_array(ct)) {
-        size_t i;
-        json_t *el;
-        json_array_foreach(ct, i, el)
-        {
-            json_t *nm = json_object_get(el, "name"), *t = json_object_get(el, "template");
-            if (json_is_string(nm) && !strcmp(json_string_value(nm), "default") && json_is_string(t)) {
-                tmpl = json_string_value(t);
-                tlen = json_string_length(t);
-            }
-        }
-        if (!tmpl) {
-            rc = tk__err(TK_ERR_INVALID, "%s: chat_template is a list without a {\"name\": \"default\", "
-                         "\"template\": ...} entry", path);
-            goto done;
-        }
-    } else if (ct && !json_is_null(ct)) {
-        rc = tk__err(TK_ERR_INVALID, "%s: chat_template is a %s, not a string or a list of {name, template}", path,
-                     json_is_object(ct) ? "object" : "number or boolean");
-        goto done;
-    } else {
-        rc = tk__err(TK_ERR_NOT_FOUND,
-                     "%s has no chat_template: this tokenizer does not define a chat format\nHINT: use tk generate "
-                     "--prompt with the whole prompt written out",
-                     path);
-        goto done;
-    }
-    static const char *const names[] = {"bos_token", "eos_token", "unk_token", "pad_token",
-                                        "sep_token", "cls_token", "mask_token"};
-    tk_chat_var vars[7];
-    size_t nv = 0;
-    for (size_t i = 0; i < 7; i++) {
-        json_t *v = json_object_get(root, names[i]);
-        if (json_is_object(v))
-            v = json_object_get(v, "content");
-        if (json_is_string(v))
-            vars[nv++] = (tk_chat_var){names[i], json_string_value(v)};
-    }
-    rc = tk_models__chat_render_text(out, tmpl, tlen, msgs, n, add_generation_prompt, vars, nv);
-done:
-    json_decref(root);
-    free(path);
+    /* transformers' get_chat_template (without tools): the named one, else "default" */
+    const char *want = opts->template_name ? opts->template_name : "default";
+    size_t k = 0;
+    while (k < c.ntpl && strcmp(c.name[k], want))
+        k++;
+    char names[512];
+    ct_names(&c, names, sizeof names);
+    if (k == c.ntpl && opts->template_name)
+        rc = tk__err(TK_ERR_NOT_FOUND, "no chat template named '%s' in %s (it has: %s)\nHINT: pick one of those "
+                     "with --template NAME", want, c.source, names);
+    else if (k == c.ntpl)
+        rc = tk__err(TK_ERR_INVALID, "%s has several chat templates and none named default: %s\nHINT: pick one with "
+                     "--template NAME", c.source, names);
+    else
+        rc = tk_models__chat_render_text(out, c.text[k], strlen(c.text[k]), msgs, n, opts->add_generation_prompt,
+                                         c.vars, c.nvars);
+    ct_free(&c);
     return rc;
+}
+
+int tk_chat_render(char **out, const char *dir, const tk_chat_message *msgs, size_t n, int add_generation_prompt)
+{
+    tk_chat_opts o = TK_CHAT_OPTS_INIT;
+    o.add_generation_prompt = add_generation_prompt;
+    return tk_chat_render_opts(out, dir, msgs, n, &o);
+}
+
+int tk_chat_templates_json(char **out, const char *dir)
+{
+    if (out)
+        *out = NULL;
+    if (!out || !dir)
+        return tk__err(TK_ERR_INVALID, "tk_chat_templates_json: NULL argument");
+    ct_set c;
+    int rc = ct_load(&c, dir);
+    if (rc != TK_OK)
+        return rc;
+    json_t *names = json_array(), *o = json_object();
+    for (size_t i = 0; names && i < c.ntpl; i++)
+        json_array_append_new(names, json_string(c.name[i]));
+    if (o && names) {
+        json_object_set(o, "templates", names);
+        json_object_set_new(o, "source", json_string(c.source));
+        *out = json_dumps(o, JSON_PRESERVE_ORDER);
+    }
+    json_decref(names);
+    json_decref(o);
+    ct_free(&c);
+    return *out ? TK_OK : tk__err(TK_ERR_NOMEM, "out of memory");
 }

@@ -30,6 +30,80 @@ const char *tk_models__supported_archs(void)
     return "LlamaForCausalLM, MistralForCausalLM, Qwen2ForCausalLM, GPT2LMHeadModel, BertModel";
 }
 
+/* ---- JSON as transformers writes it ----------------------------------------------------------- */
+
+/* Does the integer literal s[0..n) (an optional '-', then digits) lie outside int64? */
+static int beyond_int64(const char *s, size_t n)
+{
+    int neg = n && s[0] == '-';
+    const char *d = s + neg;
+    size_t nd = n - (size_t)neg;
+    while (nd > 1 && d[0] == '0') /* not valid JSON, but jansson reports that itself */
+        d++, nd--;
+    const char *lim = neg ? "9223372036854775808" : "9223372036854775807";
+    return nd > 19 || (nd == 19 && memcmp(d, lim, 19) > 0);
+}
+
+json_t *tk_models__json_loadb(const char *text, size_t len, size_t flags, json_error_t *err)
+{
+    /* Find the integer literals beyond int64 outside strings; none (the usual case) parses in place. */
+    tk_buf b = {0};
+    size_t done = 0;
+    for (size_t i = 0; i < len; i++) {
+        char ch = text[i];
+        if (ch == '"') {
+            for (i++; i < len && text[i] != '"'; i++)
+                if (text[i] == '\\')
+                    i++;
+            continue;
+        }
+        if (ch != '-' && (ch < '0' || ch > '9'))
+            continue;
+        size_t j = i + (ch == '-');
+        while (j < len && text[j] >= '0' && text[j] <= '9')
+            j++;
+        int frac = j < len && (text[j] == '.' || text[j] == 'e' || text[j] == 'E');
+        if (!frac && beyond_int64(text + i, j - i)) {
+            /* as a real: digits with ".0", or past double's range the largest power of ten it has */
+            if (tk__buf_append(&b, text + done, i - done) != TK_OK ||
+                (j - i - (ch == '-') > 300 ? tk__buf_puts(&b, ch == '-' ? "-1e300" : "1e300")
+                                           : (tk__buf_append(&b, text + i, j - i) || tk__buf_puts(&b, ".0")))) {
+                tk__buf_free(&b);
+                if (err)
+                    snprintf(err->text, sizeof err->text, "out of memory");
+                return NULL;
+            }
+            done = j;
+        }
+        while (j < len && (text[j] == '.' || text[j] == 'e' || text[j] == 'E' || text[j] == '+' ||
+                           text[j] == '-' || (text[j] >= '0' && text[j] <= '9')))
+            j++;
+        i = j - 1;
+    }
+    if (!b.data)
+        return json_loadb(text, len, flags, err);
+    json_t *j = NULL;
+    if (tk__buf_append(&b, text + done, len - done) == TK_OK)
+        j = json_loadb(b.data, b.len, flags, err);
+    else if (err)
+        snprintf(err->text, sizeof err->text, "out of memory");
+    tk__buf_free(&b);
+    return j;
+}
+
+int tk_models__json_bound(const json_t *v, int64_t *out)
+{
+    if (json_is_integer(v)) {
+        *out = json_integer_value(v);
+        return 1;
+    }
+    if (json_is_real(v) && json_real_value(v) >= 9223372036854775807.0) {
+        *out = INT64_MAX;
+        return 1;
+    }
+    return 0;
+}
+
 /* ---- typed field readers ---------------------------------------------------------------------- */
 
 typedef struct {
@@ -50,6 +124,20 @@ static int get_int(const reader *r, const char *key, int64_t def, int64_t lo, in
     if (!json_is_integer(v) || json_integer_value(v) < lo || json_integer_value(v) > ((int64_t)1 << 24))
         return tk__err(TK_ERR_INVALID, "%s: '%s' must be an integer in [%lld, 2^24]", r->what, key, (long long)lo);
     *out = json_integer_value(v);
+    return TK_OK;
+}
+
+/* A field tk uses only as a bound (a context length, a window, a layer index): an integer >= lo, where
+ * a number beyond int64 (transformers' "no limit", 1e30) is INT64_MAX. */
+static int get_bound(const reader *r, const char *key, int64_t def, int64_t lo, int64_t *out)
+{
+    json_t *v = json_object_get(r->root, key);
+    if (!v || json_is_null(v)) {
+        *out = def;
+        return TK_OK;
+    }
+    if (!tk_models__json_bound(v, out) || *out < lo)
+        return tk__err(TK_ERR_INVALID, "%s: '%s' must be an integer >= %lld", r->what, key, (long long)lo);
     return TK_OK;
 }
 
@@ -101,6 +189,47 @@ static int64_t token_id(const reader *r, const char *key)
     if (json_is_array(v))
         v = json_array_get(v, 0);
     return json_is_integer(v) ? json_integer_value(v) : -1;
+}
+
+/* transformers' PreTrainedConfig.validate_token_ids: a "*_token_id" outside [0, vocab) is a warning
+ * ("This may result in unexpected behavior"), not an error, since Hub configs carry pad_token_id -1 and
+ * eos ids past a tiny model's vocabulary. tk warns likewise (lists too), and generation goes on: an id
+ * the model cannot produce never ends a sequence. The lines go to c->warnings. */
+static int warn_token_ids(tk_models_config *c, json_t *root, const char *what)
+{
+    tk_buf b = {0};
+    if (c->warnings && tk__buf_puts(&b, c->warnings) != TK_OK)
+        return TK_ERR_NOMEM;
+    const char *key;
+    json_t *v;
+    int rc = TK_OK;
+    json_object_foreach(root, key, v) {
+        if (!tk__has_suffix(key, "_token_id"))
+            continue;
+        size_t n = json_is_array(v) ? json_array_size(v) : 1;
+        for (size_t i = 0; i < n && rc == TK_OK; i++) {
+            json_t *e = json_is_array(v) ? json_array_get(v, i) : v;
+            char idx[32] = "", val[40];
+            if (json_is_array(v))
+                snprintf(idx, sizeof idx, "[%zu]", i);
+            if (json_is_integer(e) && json_integer_value(e) >= 0 && json_integer_value(e) < c->vocab)
+                continue;
+            if (json_is_integer(e))
+                snprintf(val, sizeof val, "%lld", (long long)json_integer_value(e));
+            else if (json_is_real(e))
+                snprintf(val, sizeof val, "%.17g", json_real_value(e));
+            else
+                continue; /* null, or not a number: the readers report what they use */
+            rc = tk__buf_printf(&b, "%s%s: %s%s %s is outside the vocabulary [0, %lld): the model can never "
+                                "produce that id", b.len ? "\n" : "", what, key, idx, val, (long long)c->vocab);
+        }
+    }
+    if (rc == TK_OK && b.len) {
+        free(c->warnings);
+        c->warnings = tk__buf_steal(&b);
+    }
+    tk__buf_free(&b);
+    return rc;
 }
 
 static int unsupported(const reader *r, const char *field, const char *got, const char *supported)
@@ -173,7 +302,7 @@ static int parse_rope(tk_models_config *c, const reader *r)
     double om = 0;
     if ((rc = get_num(p, what, "original_max_position_embeddings", 0, &om)) != TK_OK)
         return rc;
-    k->original_max_pos = (int64_t)om;
+    k->original_max_pos = om >= 9223372036854775807.0 ? INT64_MAX : om > 0 ? (int64_t)om : 0;
     if (k->type == TK_ROPE_DYNAMIC && !k->original_max_pos)
         k->original_max_pos = c->max_pos; /* HF: max_position_embeddings */
     if (k->type == TK_ROPE_YARN && !k->original_max_pos) {
@@ -207,7 +336,7 @@ static int parse_llama(tk_models_config *c, const reader *r)
         (rc = get_int(r, "num_attention_heads", INT64_MIN, 1, &c->heads)) ||
         (rc = get_int(r, "num_key_value_heads", c->heads, 1, &c->kv_heads)) ||
         (rc = get_int(r, "head_dim", c->hidden / c->heads, 1, &c->head_dim)) ||
-        (rc = get_int(r, "max_position_embeddings", 2048, 1, &c->max_pos)) ||
+        (rc = get_bound(r, "max_position_embeddings", 2048, 1, &c->max_pos)) ||
         (rc = get_num(r->root, r->what, "rms_norm_eps", 1e-6, &c->eps)) ||
         (rc = get_bool(r, "tie_word_embeddings", 0, &c->tie_embeddings)) ||
         (rc = get_str(r, "hidden_act", "silu", c->act, sizeof c->act)))
@@ -233,8 +362,10 @@ static int parse_llama(tk_models_config *c, const reader *r)
         return rc;
     /* Sliding windows: Mistral's applies to every layer; Qwen2's to the layers layer_types (or, in v4
      * configs, use_sliding_window with max_window_layers) says. */
-    if ((rc = get_int(r, "sliding_window", 0, 0, &c->sliding_window)) != TK_OK)
+    if ((rc = get_bound(r, "sliding_window", 0, 0, &c->sliding_window)) != TK_OK)
         return rc;
+    if (c->sliding_window == INT64_MAX) /* a window past any position is none */
+        c->sliding_window = 0;
     if (c->layers > TK_MODELS_MAX_LAYERS)
         return tk__err(TK_ERR_UNSUPPORTED, "%s: %lld layers, tk supports at most %d", r->what, (long long)c->layers,
                        TK_MODELS_MAX_LAYERS);
@@ -243,7 +374,7 @@ static int parse_llama(tk_models_config *c, const reader *r)
         int use = 0;
         int64_t mwl = 0;
         if ((rc = get_bool(r, "use_sliding_window", 0, &use)) ||
-            (rc = get_int(r, "max_window_layers", c->layers, 0, &mwl)))
+            (rc = get_bound(r, "max_window_layers", c->layers, 0, &mwl)))
             return rc;
         for (int64_t l = 0; l < c->layers; l++)
             c->sliding[l] = use && l >= mwl;
@@ -349,7 +480,7 @@ int tk_models__config_parse(tk_models_config *c, const char *text, size_t len, c
     memset(c, 0, sizeof *c);
     c->bos_id = c->eos_id = c->pad_id = -1;
     json_error_t jerr;
-    reader r = {what, json_loadb(text, len, JSON_REJECT_DUPLICATES, &jerr)};
+    reader r = {what, tk_models__json_loadb(text, len, JSON_REJECT_DUPLICATES, &jerr)};
     int rc = TK_OK;
     if (!r.root || !json_is_object(r.root)) {
         rc = tk__err(TK_ERR_INVALID, "%s: not a JSON object: %s (line %d)", what, r.root ? "" : jerr.text,
@@ -400,7 +531,13 @@ int tk_models__config_parse(tk_models_config *c, const char *text, size_t len, c
     if (rc == TK_OK && (c->head_dim % 2 || c->head_dim > 512))
         rc = tk__err(TK_ERR_UNSUPPORTED, "%s: head size %lld; the attention op takes even head sizes up to 512", what,
                      (long long)c->head_dim);
+    if (rc == TK_OK && warn_token_ids(c, r.root, what) != TK_OK)
+        rc = tk__err(TK_ERR_NOMEM, "out of memory");
 done:
+    if (rc != TK_OK) {
+        free(c->warnings);
+        c->warnings = NULL;
+    }
     json_decref(r.root);
     return rc;
 }
@@ -438,14 +575,20 @@ int tk_models__config_load(tk_models_config *c, const char *dir)
         if ((rc = tk__read_file(&g, &glen, gpath, 16u << 20)) != TK_OK)
             goto done;
         json_error_t jerr;
-        json_t *gj = json_loadb(g, glen, 0, &jerr);
+        json_t *gj = tk_models__json_loadb(g, glen, 0, &jerr);
         if (!json_is_object(gj)) {
             rc = tk__err(TK_ERR_INVALID, "%s: not a JSON object: %s", gpath, gj ? "" : jerr.text);
             free(g);
             json_decref(gj);
             goto done;
         }
+        rc = warn_token_ids(c, gj, gpath);
         json_decref(gj);
+        if (rc != TK_OK) {
+            free(g);
+            rc = tk__err(TK_ERR_NOMEM, "out of memory");
+            goto done;
+        }
         c->generation_json = g;
     }
 done:
@@ -461,6 +604,8 @@ void tk_models__config_free(tk_models_config *c)
 {
     free(c->generation_json);
     c->generation_json = NULL;
+    free(c->warnings);
+    c->warnings = NULL;
 }
 
 const char *tk_models__act_op(const char *act)

@@ -286,6 +286,20 @@ int tk_gen__opts_upgrade(tk_gen_opts *out, const tk_gen_opts *in)
     return TK_OK;
 }
 
+int64_t tk_gen__total_length(const tk_gen_opts *o, int64_t len, int64_t max_pos)
+{
+    /* INT64_MAX is "no limit" (a file's 1e30): up to the model's context */
+    if (o->max_new_tokens > 0)
+        return o->max_new_tokens == INT64_MAX           ? max_pos
+               : o->max_new_tokens > INT64_MAX - len ? INT64_MAX
+                                                      : len + o->max_new_tokens;
+    if (o->max_length > 0)
+        return o->max_length == INT64_MAX ? max_pos : o->max_length;
+    /* neither set: transformers 5 generates 20 new tokens (_prepare_generated_length), within
+     * max_position_embeddings */
+    return len + 20 < max_pos ? len + 20 : max_pos;
+}
+
 int tk_gen__check(const tk_gen_lm *lm, const int32_t *const *prompts, const size_t *lens, size_t np,
                   const tk_gen_opts *o)
 {
@@ -305,8 +319,8 @@ int tk_gen__check(const tk_gen_lm *lm, const int32_t *const *prompts, const size
             if (prompts[i][j] < 0 || prompts[i][j] >= lm->vocab)
                 return tk__err(TK_ERR_INVALID, "generate: prompt %zu: token %zu is id %d, outside the vocabulary "
                                "[0, %lld)", i, j, (int)prompts[i][j], (long long)lm->vocab);
-        int64_t want = o->max_new_tokens > 0 ? (int64_t)lens[i] + o->max_new_tokens : o->max_length;
-        if (o->max_new_tokens < 0 && o->max_length <= (int64_t)lens[i])
+        int64_t want = tk_gen__total_length(o, (int64_t)lens[i], lm->max_pos);
+        if (o->max_new_tokens < 0 && o->max_length > 0 && o->max_length <= (int64_t)lens[i])
             return tk__err(TK_ERR_INVALID, "generate: prompt %zu has %zu tokens, and max_length %lld leaves no "
                            "room for new ones\nHINT: set max_new_tokens (--max-new-tokens N)", i, lens[i],
                            (long long)o->max_length);
@@ -348,10 +362,8 @@ int tk_gen__check(const tk_gen_lm *lm, const int32_t *const *prompts, const size
                        (long long)o->num_beams);
     if (o->n_eos > TK_GEN_MAX_EOS)
         return tk__err(TK_ERR_INVALID, "generate: %zu eos ids, at most %d", o->n_eos, TK_GEN_MAX_EOS);
-    for (size_t i = 0; i < o->n_eos; i++)
-        if (o->eos_token_id[i] < 0 || o->eos_token_id[i] >= lm->vocab)
-            return tk__err(TK_ERR_INVALID, "generate: eos_token_id %d is outside the vocabulary [0, %lld)",
-                           (int)o->eos_token_id[i], (long long)lm->vocab);
+    /* An eos id outside the vocabulary is kept, as transformers keeps it: no token ever matches it, and it
+     * still counts in the beams' candidate width ((1 + n_eos) * num_beams). Loading warns about it. */
     if (o->n_stop && !o->stop_strings)
         return tk__err(TK_ERR_INVALID, "generate: n_stop is %zu but stop_strings is NULL", o->n_stop);
     for (size_t i = 0; i < o->n_stop; i++)
@@ -659,7 +671,7 @@ static int eng_add(engine *E, int64_t *first, const int32_t *prompt, size_t len,
         e->o.seed = o->seed + (uint64_t)i;
         e->o.stream = NULL;
         e->o.stop_strings = NULL;
-        e->max_new = o->max_new_tokens > 0 ? o->max_new_tokens : o->max_length - (int64_t)len;
+        e->max_new = tk_gen__total_length(o, (int64_t)len, E->lm.max_pos) - (int64_t)len;
         if (o->n_stop) {
             if (!(e->stops = calloc(o->n_stop, sizeof *e->stops))) {
                 rc = tk__err(TK_ERR_NOMEM, "generate: out of memory");
@@ -1418,7 +1430,7 @@ int tk_gen__run(tk_gen_seq *out, tk_gen_stats *stats, const tk_gen_lm *lm, const
         for (size_t j = 0; j < lens[i]; j++)
             if ((rc = seq_push(&S[i], prompts[i][j])))
                 goto done;
-        max_new[i] = o->max_new_tokens > 0 ? o->max_new_tokens : o->max_length - (int64_t)lens[i];
+        max_new[i] = tk_gen__total_length(o, (int64_t)lens[i], lm->max_pos) - (int64_t)lens[i];
         if ((rc = lm->seq_new(lm->self, &S[i].slot)))
             goto done;
     }
@@ -2300,10 +2312,19 @@ static int json_int(int64_t *out, json_t *o, const char *key, const char *what)
     json_t *v = json_object_get(o, key);
     if (!v || json_is_null(v))
         return 0;
-    if (!json_is_integer(v))
+    if (!tk_models__json_bound(v, out)) /* a number beyond int64 (a "no limit" value) is unbounded */
         return tk__err(TK_ERR_INVALID, "%s: '%s' is not an integer", what, key);
-    *out = json_integer_value(v);
     return 1;
+}
+
+/* An eos id as int32: one past int32 (or a number beyond int64) can never be produced, so -1. */
+static int eos_id(int32_t *out, const json_t *e)
+{
+    int64_t x;
+    if (!tk_models__json_bound(e, &x))
+        return -1;
+    *out = x >= 0 && x <= INT32_MAX ? (int32_t)x : -1;
+    return 0;
 }
 
 /* eos_token_id: an integer or a list of them. */
@@ -2313,20 +2334,18 @@ static int json_eos(tk_gen_opts *o, json_t *root, const char *what)
     if (!v || json_is_null(v))
         return TK_OK;
     size_t n = 0;
-    if (json_is_integer(v)) {
-        o->eos_token_id[n++] = (int32_t)json_integer_value(v);
-    } else if (json_is_array(v)) {
+    if (!json_is_array(v)) {
+        if (eos_id(&o->eos_token_id[n++], v))
+            return tk__err(TK_ERR_INVALID, "%s: eos_token_id is neither an integer nor a list of them", what);
+    } else {
         size_t i;
         json_t *e;
         json_array_foreach(v, i, e) {
-            if (!json_is_integer(e))
-                return tk__err(TK_ERR_INVALID, "%s: eos_token_id[%zu] is not an integer", what, i);
             if (n == TK_GEN_MAX_EOS)
                 return tk__err(TK_ERR_UNSUPPORTED, "%s: more than %d eos_token_id values", what, TK_GEN_MAX_EOS);
-            o->eos_token_id[n++] = (int32_t)json_integer_value(e);
+            if (eos_id(&o->eos_token_id[n++], e))
+                return tk__err(TK_ERR_INVALID, "%s: eos_token_id[%zu] is not an integer", what, i);
         }
-    } else {
-        return tk__err(TK_ERR_INVALID, "%s: eos_token_id is neither an integer nor a list of them", what);
     }
     o->n_eos = n;
     return TK_OK;
@@ -2335,7 +2354,7 @@ static int json_eos(tk_gen_opts *o, json_t *root, const char *what)
 static int apply_json(tk_gen_opts *o, const char *text, const char *what, int generation)
 {
     json_error_t je;
-    json_t *r = json_loads(text, 0, &je);
+    json_t *r = tk_models__json_loadb(text, strlen(text), 0, &je);
     if (!r || !json_is_object(r)) {
         json_decref(r);
         return tk__err(TK_ERR_INVALID, "%s: not a JSON object (line %d: %s)", what, je.line, je.text);
@@ -2514,7 +2533,7 @@ int tk_gen_result_stats_json(char **json, const tk_gen_result *r)
                           r->kv_dtype);
     if (!o)
         return tk__err(TK_ERR_NOMEM, "out of memory");
-    *json = json_dumps(o, JSON_COMPACT | JSON_PRESERVE_ORDER);
+    *json = json_dumps(o, JSON_COMPACT | JSON_PRESERVE_ORDER | JSON_REAL_PRECISION(9));
     json_decref(o);
     return *json ? TK_OK : tk__err(TK_ERR_NOMEM, "out of memory");
 }

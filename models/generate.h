@@ -84,6 +84,10 @@ typedef struct {
     int64_t prefill_tokens, decode_tokens, steps;
 } tk_gen_stats;
 
+/* Prompt plus new tokens for a prompt of len tokens: len + max_new_tokens, else max_length, else (both
+ * unset) len + 20 within max_pos, as transformers 5 defaults. INT64_MAX in either field (a file's "no
+ * limit") is max_pos. */
+int64_t tk_gen__total_length(const tk_gen_opts *o, int64_t len, int64_t max_pos);
 /* Validates opts against the model and the prompts (clear TK_ERR_INVALID / TK_ERR_UNSUPPORTED). */
 int tk_gen__check(const tk_gen_lm *lm, const int32_t *const *prompts, const size_t *lens, size_t np,
                   const tk_gen_opts *o);

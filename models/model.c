@@ -440,16 +440,17 @@ static int plan(tk_model *m, int64_t T, int64_t nseq)
 
 /* ---- load ------------------------------------------------------------------------------------- */
 
+/* f32, bf16 or f16, in any spelling tk_dtype_parse takes (float32, bfloat16, float16, fp16, half). */
 static int parse_dtype(tk_dtype *out, const char *s)
 {
-    if (!s || !strcmp(s, "f32") || !strcmp(s, "float32"))
-        *out = dt_of(TK_DL_FLOAT, 32);
-    else if (!strcmp(s, "bf16") || !strcmp(s, "bfloat16"))
-        *out = dt_of(TK_DL_BFLOAT, 16);
-    else if (!strcmp(s, "f16") || !strcmp(s, "float16"))
-        *out = dt_of(TK_DL_FLOAT, 16);
-    else
-        return tk__err(TK_ERR_INVALID, "model dtype '%s' is not one of f32, bf16, f16, auto", s);
+    tk_dtype d;
+    if (!s)
+        d = dt_of(TK_DL_FLOAT, 32);
+    else if (tk_dtype_parse(&d, s) != TK_OK ||
+             !((d.code == TK_DL_FLOAT && (d.bits == 32 || d.bits == 16)) || (d.code == TK_DL_BFLOAT && d.bits == 16)))
+        return tk__err(TK_ERR_INVALID, "model dtype '%s' is not one of f32, bf16, f16, auto (or float32, bfloat16, "
+                       "float16, fp16, half)", s);
+    *out = d;
     return TK_OK;
 }
 
@@ -467,7 +468,7 @@ static int load_st_settings(tk_model *m)
     if (!p)
         return tk__err(TK_ERR_NOMEM, "out of memory");
     if (tk__path_exists(p) && tk__read_file(&text, &len, p, 1u << 20) == TK_OK) {
-        j = json_loadb(text, len, 0, NULL);
+        j = tk_models__json_loadb(text, len, 0, NULL);
         size_t i;
         json_t *mod;
         json_array_foreach(j, i, mod) {
@@ -480,7 +481,7 @@ static int load_st_settings(tk_model *m)
                 char *ptext = NULL;
                 size_t plen;
                 if (pc && tk__read_file(&ptext, &plen, pc, 1u << 20) == TK_OK) {
-                    json_t *pj = json_loadb(ptext, plen, 0, NULL);
+                    json_t *pj = tk_models__json_loadb(ptext, plen, 0, NULL);
                     if (json_is_true(json_object_get(pj, "pooling_mode_cls_token")))
                         m->pool_mode = TK_POOL_CLS;
                     else if (json_is_true(json_object_get(pj, "pooling_mode_max_tokens")))
@@ -504,7 +505,7 @@ static int load_st_settings(tk_model *m)
     free(p);
     p = tk__path_join(m->dir, "sentence_bert_config.json");
     if (p && tk__path_exists(p) && tk__read_file(&text, &len, p, 1u << 20) == TK_OK) {
-        j = json_loadb(text, len, 0, NULL);
+        j = tk_models__json_loadb(text, len, 0, NULL);
         json_t *ms = json_object_get(j, "max_seq_length");
         if (json_is_integer(ms) && json_integer_value(ms) > 0)
             m->max_seq_len = json_integer_value(ms);
@@ -558,6 +559,13 @@ int tk_model_load(tk_model **out, tk_ctx *ctx, const char *dir, const tk_model_o
     }
     if ((rc = tk_models__config_load(&m->cfg, dir)) != TK_OK)
         goto fail;
+    for (char *w = m->cfg.warnings, *nl; w && *w; w = nl ? nl + 1 : w + strlen(w)) {
+        if ((nl = strchr(w, '\n')))
+            *nl = 0;
+        tk_ctx_log(ctx, TK_LOG_WARN, w);
+        if (nl)
+            *nl = '\n';
+    }
     if (autodt) {
         const char *t = m->cfg.torch_dtype;
         parse_dtype(&m->dtype, !strcmp(t, "bfloat16") || !strcmp(t, "float16") ? t : "float32");
@@ -596,8 +604,10 @@ void tk_model_free(tk_model *m)
     tk_models__st_close(m->st);
     tk_models__config_free(&m->cfg);
     tk_tokenizer_free(m->tok);
-    for (size_t i = 0; i < m->nqw; i++)
-        dev_free(m, m->qw[i].mem);
+    for (size_t i = 0; i < m->nqw; i++) {
+        dev_free(m, m->qw[i]->mem);
+        free(m->qw[i]);
+    }
     free(m->qw);
     free(m->dir);
     m->magic = 0;
@@ -769,7 +779,7 @@ int tk_model_info_json(char **out, const tk_model *m)
         json_object_set_new(o, "normalize", json_boolean(m->normalize));
     }
     json_object_set_new(o, "generation_config", json_boolean(c->generation_json != NULL));
-    *out = json_dumps(o, JSON_INDENT(2) | JSON_PRESERVE_ORDER);
+    *out = json_dumps(o, JSON_INDENT(2) | JSON_PRESERVE_ORDER | JSON_REAL_PRECISION(9));
     json_decref(o);
     return *out ? TK_OK : tk__err(TK_ERR_NOMEM, "out of memory");
 }
@@ -1207,8 +1217,10 @@ int tk_model_quantize(tk_model *m, const char *dtype)
         else
             return tk__err(TK_ERR_INVALID, "quantisation '%s': want int8 (i8), fp8 (fp8_e4m3) or none", dtype);
     }
-    for (size_t i = 0; i < m->nqw; i++)
-        dev_free(m, m->qw[i].mem);
+    for (size_t i = 0; i < m->nqw; i++) {
+        dev_free(m, m->qw[i]->mem);
+        free(m->qw[i]);
+    }
     m->nqw = 0;
     m->q_float_bytes = m->q_bytes = 0;
     m->quant = q;
@@ -1226,7 +1238,7 @@ int tk_model_quant_json(char **json, const tk_model *m)
                           (json_int_t)m->q_bytes);
     if (!o)
         return tk__err(TK_ERR_NOMEM, "out of memory");
-    *json = json_dumps(o, JSON_COMPACT | JSON_PRESERVE_ORDER);
+    *json = json_dumps(o, JSON_COMPACT | JSON_PRESERVE_ORDER | JSON_REAL_PRECISION(9));
     json_decref(o);
     return *json ? TK_OK : tk__err(TK_ERR_NOMEM, "out of memory");
 }
@@ -1236,13 +1248,13 @@ int tk_model_quant_json(char **json, const tk_model *m)
 static int qweight(struct tk_models_qweight **out, tk_model *m, const tk_mt *w, int transposed)
 {
     for (size_t i = 0; i < m->nqw; i++)
-        if (m->qw[i].w == w) {
-            *out = &m->qw[i];
+        if (m->qw[i]->w == w) {
+            *out = m->qw[i];
             return TK_OK;
         }
     if (m->nqw == m->capqw) {
         size_t c = m->capqw ? 2 * m->capqw : 64;
-        struct tk_models_qweight *p = realloc(m->qw, c * sizeof *p);
+        struct tk_models_qweight **p = realloc(m->qw, c * sizeof *p);
         if (!p)
             return tk__err(TK_ERR_NOMEM, "out of memory");
         m->qw = p;
@@ -1253,7 +1265,8 @@ static int qweight(struct tk_models_qweight **out, tk_model *m, const tk_mt *w, 
     float *wf = malloc(nel * sizeof *wf), *sc = malloc((size_t)N * sizeof *sc);
     uint8_t *qv = malloc(nel);
     void *tmp = NULL, *mem = NULL;
-    int rc = wf && sc && qv ? TK_OK : tk__err(TK_ERR_NOMEM, "out of memory quantising a [%lld, %lld] weight",
+    struct tk_models_qweight *e = calloc(1, sizeof *e);
+    int rc = wf && sc && qv && e ? TK_OK : tk__err(TK_ERR_NOMEM, "out of memory quantising a [%lld, %lld] weight",
                                               (long long)R, (long long)C);
     if (rc == TK_OK && m->dev_type == TK_DEV_CUDA) {
         if (!(tmp = malloc(nel * es)))
@@ -1288,7 +1301,7 @@ static int qweight(struct tk_models_qweight **out, tk_model *m, const tk_mt *w, 
         (rc = to_dev(m, mem, qv, nel)) == TK_OK)
         rc = to_dev(m, (char *)mem + nel, sc, (size_t)N * sizeof(float));
     if (rc == TK_OK) {
-        struct tk_models_qweight *e = &m->qw[m->nqw++];
+        m->qw[m->nqw++] = e;
         int64_t qs[2] = {N, K};
         e->w = w;
         e->mem = mem;
@@ -1298,8 +1311,10 @@ static int qweight(struct tk_models_qweight **out, tk_model *m, const tk_mt *w, 
         m->q_bytes += (int64_t)qbytes;
         *out = e;
         mem = NULL;
+        e = NULL;
     }
     dev_free(m, mem);
+    free(e);
     free(wf);
     free(sc);
     free(qv);

@@ -9,6 +9,7 @@
 #ifndef TK_MODELS_H
 #define TK_MODELS_H
 
+#include <jansson.h>
 #include <stddef.h>
 #include <stdint.h>
 
@@ -45,13 +46,15 @@ size_t tk_models__st_dtype_size(tk_st_dtype dt);      /* bytes per element */
  * data area, numel * dtype size == end - begin (no overflow), and no two tensors overlapping.
  * "__metadata__" must be an object of strings. `what` names the file in messages. On success *out is
  * an array of *n tensors (data pointing into buf), sorted by name; free with tk_models__st_free.
- * Errors: TK_ERR_INVALID, naming the file, the tensor and the field. Never reads outside buf. */
+ * Errors: TK_ERR_CORRUPT (TK_ERR_UNSUPPORTED for a dtype or rank tk does not know), naming the file, the
+ * tensor and the field. Never reads outside buf. */
 int tk_models__st_parse(tk_st_tensor **out, size_t *n, const uint8_t *buf, size_t len, const char *what);
 void tk_models__st_free(tk_st_tensor *t, size_t n);
 
 /* The safetensors files of a checkpoint directory: model.safetensors, or the shards named by
  * model.safetensors.index.json (every shard's tensors must be where the index says). Files are mapped
- * read-only (MAP_PRIVATE) for the lifetime of the set. */
+ * read-only (MAP_PRIVATE) for the lifetime of the set. Errors: TK_ERR_NOT_FOUND (no weights, a missing
+ * shard), TK_ERR_CORRUPT (a damaged file, or an index that disagrees with its shards). */
 typedef struct tk_st_set tk_st_set;
 int tk_models__st_open_dir(tk_st_set **out, const char *dir);
 void tk_models__st_close(tk_st_set *s);
@@ -100,7 +103,18 @@ typedef struct {
     char torch_dtype[16];   /* "float32", "bfloat16", ... ("" when absent) */
     int64_t bos_id, eos_id, pad_id; /* -1 when absent */
     char *generation_json;  /* generation_config.json's text, kept for generation (NULL when absent) */
+    char *warnings;         /* lines to warn about (special token ids outside the vocabulary), or NULL */
 } tk_models_config;
+
+/* json_loadb for the JSON files of a checkpoint (config.json, generation_config.json, tokenizer.json,
+ * tokenizer_config.json, ...): the same, except that an integer literal beyond int64 parses as a
+ * real number instead of failing with "too big integer" (transformers writes "no limit" as
+ * model_max_length 1000000000000000019884624838656). Text that needs no change is parsed in place. */
+json_t *tk_models__json_loadb(const char *text, size_t len, size_t flags, json_error_t *err);
+/* An integer where tk needs only a bound: 1 and *out for an integer, INT64_MAX ("unbounded") for a
+ * number at or beyond 2^63 (what tk_models__json_loadb makes of a larger integer); 0 for anything
+ * else. */
+int tk_models__json_bound(const json_t *v, int64_t *out);
 
 /* Reads dir/config.json (and dir/generation_config.json when present). Errors: TK_ERR_NOT_FOUND (no
  * config.json), TK_ERR_INVALID (malformed; a missing or out-of-range field, named),
@@ -199,9 +213,10 @@ struct tk_model {
     int normalize;            /* sentence-transformers' Normalize module */
     int64_t max_seq_len;      /* sentence_bert_config.json's max_seq_length; 0: max_pos */
     /* Weight-only quantisation (tk_model_quantize): the dtype of the linear weights' copies (code 0:
-     * off), and the copies, keyed by the float weight they replace. */
+     * off), and the copies, keyed by the float weight they replace. Each copy is allocated once: its
+     * tensors point at their own shape arrays, so the copies never move when the list grows. */
     tk_dtype quant;
-    struct tk_models_qweight *qw;
+    struct tk_models_qweight **qw;
     size_t nqw, capqw;
     int64_t q_float_bytes, q_bytes; /* the replaced weights' bytes in the compute dtype, and quantised */
 };

@@ -98,26 +98,26 @@ int tk_models__st_parse(tk_st_tensor **out, size_t *n, const uint8_t *buf, size_
     const tk_st_tensor **order = NULL;
     size_t nt = 0;
     if (len < 8)
-        return tk__err(TK_ERR_INVALID, "safetensors '%s': %zu bytes, too short for the 8-byte header length" HINT_FILE,
+        return tk__err(TK_ERR_CORRUPT, "safetensors '%s': %zu bytes, too short for the 8-byte header length" HINT_FILE,
                        what, len);
     uint64_t hlen = 0;
     for (int i = 7; i >= 0; i--)
         hlen = hlen << 8 | buf[i];
     if (hlen > TK_ST_MAX_HEADER)
-        return tk__err(TK_ERR_INVALID, "safetensors '%s': header length %llu exceeds the %u-byte cap" HINT_FILE, what,
+        return tk__err(TK_ERR_CORRUPT, "safetensors '%s': header length %llu exceeds the %u-byte cap" HINT_FILE, what,
                        (unsigned long long)hlen, TK_ST_MAX_HEADER);
     if (hlen > len - 8)
-        return tk__err(TK_ERR_INVALID,
+        return tk__err(TK_ERR_CORRUPT,
                        "safetensors '%s': header length %llu runs past the end of the file (%zu bytes): truncated?" HINT_FILE,
                        what, (unsigned long long)hlen, len);
     if (hlen < 2 || buf[8] != '{')
-        return tk__err(TK_ERR_INVALID, "safetensors '%s': the header is not a JSON object" HINT_FILE, what);
+        return tk__err(TK_ERR_CORRUPT, "safetensors '%s': the header is not a JSON object" HINT_FILE, what);
     const uint8_t *data = buf + 8 + hlen;
     uint64_t dlen = len - 8 - hlen;
     json_error_t jerr;
     root = json_loadb((const char *)buf + 8, (size_t)hlen, JSON_REJECT_DUPLICATES | JSON_DISABLE_EOF_CHECK, &jerr);
     if (!root || !json_is_object(root)) {
-        rc = tk__err(TK_ERR_INVALID, "safetensors '%s': the header is not a JSON object: %s (byte %d)" HINT_FILE, what,
+        rc = tk__err(TK_ERR_CORRUPT, "safetensors '%s': the header is not a JSON object: %s (byte %d)" HINT_FILE, what,
                      root ? "not an object" : jerr.text, root ? 0 : jerr.position);
         goto fail;
     }
@@ -134,13 +134,13 @@ int tk_models__st_parse(tk_st_tensor **out, size_t *n, const uint8_t *buf, size_
             const char *mk;
             json_t *mv;
             if (!json_is_object(v)) {
-                rc = tk__err(TK_ERR_INVALID, "safetensors '%s': '__metadata__' is not an object of strings" HINT_FILE,
+                rc = tk__err(TK_ERR_CORRUPT, "safetensors '%s': '__metadata__' is not an object of strings" HINT_FILE,
                              what);
                 goto fail;
             }
             json_object_foreach(v, mk, mv) {
                 if (!json_is_string(mv)) {
-                    rc = tk__err(TK_ERR_INVALID, "safetensors '%s': '__metadata__' entry '%s' is not a string" HINT_FILE,
+                    rc = tk__err(TK_ERR_CORRUPT, "safetensors '%s': '__metadata__' entry '%s' is not a string" HINT_FILE,
                                  what, mk);
                     goto fail;
                 }
@@ -152,20 +152,20 @@ int tk_models__st_parse(tk_st_tensor **out, size_t *n, const uint8_t *buf, size_
                *jo = json_object_get(v, "data_offsets");
         if (!json_is_object(v) || !json_is_string(jd) || !json_is_array(js) || !json_is_array(jo) ||
             json_array_size(jo) != 2) {
-            rc = tk__err(TK_ERR_INVALID,
+            rc = tk__err(TK_ERR_CORRUPT,
                          "safetensors '%s': tensor '%s' lacks dtype, shape or data_offsets [begin, end]" HINT_FILE, what,
                          key);
             goto fail;
         }
         if (parse_dtype(&t->dtype, json_string_value(jd))) {
-            rc = tk__err(TK_ERR_INVALID,
+            rc = tk__err(TK_ERR_UNSUPPORTED,
                          "safetensors '%s': tensor '%s' has dtype '%s', not one of BOOL, U8, I8, I16, U16, F16, BF16, "
                          "I32, U32, F32, F64, I64, U64, F8_E4M3, F8_E5M2",
                          what, key, json_string_value(jd));
             goto fail;
         }
         if (json_array_size(js) > TK_ST_MAX_RANK) {
-            rc = tk__err(TK_ERR_INVALID, "safetensors '%s': tensor '%s' has %zu dimensions, at most %d are supported",
+            rc = tk__err(TK_ERR_UNSUPPORTED, "safetensors '%s': tensor '%s' has %zu dimensions, at most %d are supported",
                          what, key, json_array_size(js), TK_ST_MAX_RANK);
             goto fail;
         }
@@ -176,7 +176,7 @@ int tk_models__st_parse(tk_st_tensor **out, size_t *n, const uint8_t *buf, size_
         for (int d = 0; d < t->ndim; d++) {
             uint64_t s;
             if (json_u64(&s, json_array_get(js, (size_t)d))) {
-                rc = tk__err(TK_ERR_INVALID, "safetensors '%s': tensor '%s' has a shape entry that is not an integer >= 0" HINT_FILE,
+                rc = tk__err(TK_ERR_CORRUPT, "safetensors '%s': tensor '%s' has a shape entry that is not an integer >= 0" HINT_FILE,
                              what, key);
                 goto fail;
             }
@@ -188,13 +188,13 @@ int tk_models__st_parse(tk_st_tensor **out, size_t *n, const uint8_t *buf, size_
         }
         if (json_u64(&t->begin, json_array_get(jo, 0)) || json_u64(&t->end, json_array_get(jo, 1)) ||
             t->end < t->begin) {
-            rc = tk__err(TK_ERR_INVALID, "safetensors '%s': tensor '%s' has data_offsets that are not [begin, end] "
+            rc = tk__err(TK_ERR_CORRUPT, "safetensors '%s': tensor '%s' has data_offsets that are not [begin, end] "
                                          "with 0 <= begin <= end" HINT_FILE,
                          what, key);
             goto fail;
         }
         if (t->end > dlen) {
-            rc = tk__err(TK_ERR_INVALID,
+            rc = tk__err(TK_ERR_CORRUPT,
                          "safetensors '%s': tensor '%s' has data_offsets [%llu, %llu] past the end of the data (%llu "
                          "bytes): truncated?" HINT_FILE,
                          what, key, (unsigned long long)t->begin, (unsigned long long)t->end,
@@ -205,7 +205,7 @@ int tk_models__st_parse(tk_st_tensor **out, size_t *n, const uint8_t *buf, size_
             char shp[160], nb[32];
             shape_str(shp, sizeof shp, t->ndim, t->shape);
             snprintf(nb, sizeof nb, "%llu", (unsigned long long)bytes);
-            rc = tk__err(TK_ERR_INVALID,
+            rc = tk__err(TK_ERR_CORRUPT,
                          "safetensors '%s': tensor '%s' is %s %s, which is %s bytes, but its data_offsets span %llu" HINT_FILE,
                          what, key, tk_models__st_dtype_name(t->dtype), shp, overflow ? "more than 2^64" : nb,
                          (unsigned long long)(t->end - t->begin));
@@ -233,7 +233,7 @@ int tk_models__st_parse(tk_st_tensor **out, size_t *n, const uint8_t *buf, size_
         if (t->begin == t->end)
             continue;
         if (prev && t->begin < prev->end) {
-            rc = tk__err(TK_ERR_INVALID,
+            rc = tk__err(TK_ERR_CORRUPT,
                          "safetensors '%s': tensors '%s' [%llu, %llu) and '%s' [%llu, %llu) overlap" HINT_FILE, what,
                          prev->name, (unsigned long long)prev->begin, (unsigned long long)prev->end, t->name,
                          (unsigned long long)t->begin, (unsigned long long)t->end);
@@ -369,10 +369,10 @@ int tk_models__st_open_dir(tk_st_set **out, const char *dir)
         if ((rc = tk__read_file(&text, &len, index, 64u << 20)) != TK_OK)
             goto fail;
         json_error_t jerr;
-        idx = json_loadb(text, len, JSON_REJECT_DUPLICATES, &jerr);
+        idx = tk_models__json_loadb(text, len, JSON_REJECT_DUPLICATES, &jerr);
         json_t *wm = idx ? json_object_get(idx, "weight_map") : NULL;
         if (!json_is_object(wm)) {
-            rc = tk__err(TK_ERR_INVALID, "'%s': %s" HINT_FILE, index,
+            rc = tk__err(TK_ERR_CORRUPT, "'%s': %s" HINT_FILE, index,
                          idx ? "no \"weight_map\" object" : jerr.text);
             goto fail;
         }
@@ -387,7 +387,7 @@ int tk_models__st_open_dir(tk_st_set **out, const char *dir)
             const char *f = json_string_value(v);
             if (!f || !safe_shard_name(f)) {
                 free(names);
-                rc = tk__err(TK_ERR_INVALID, "'%s': tensor '%s' maps to %s%s%s, not a .safetensors file in the directory",
+                rc = tk__err(TK_ERR_CORRUPT, "'%s': tensor '%s' maps to %s%s%s, not a .safetensors file in the directory",
                              index, k, f ? "'" : "a non-string", f ? f : "", f ? "'" : "");
                 goto fail;
             }
@@ -448,7 +448,7 @@ int tk_models__st_open_dir(tk_st_set **out, const char *dir)
     qsort(s->all, s->nall, sizeof *s->all, cmp_ptr_name);
     for (size_t i = 1; i < s->nall; i++)
         if (!strcmp(s->all[i]->name, s->all[i - 1]->name)) {
-            rc = tk__err(TK_ERR_INVALID, "tensor '%s' is in both '%s' and '%s'", s->all[i]->name, s->all[i - 1]->file,
+            rc = tk__err(TK_ERR_CORRUPT, "tensor '%s' is in both '%s' and '%s'", s->all[i]->name, s->all[i - 1]->file,
                          s->all[i]->file);
             goto fail;
         }
@@ -459,7 +459,7 @@ int tk_models__st_open_dir(tk_st_set **out, const char *dir)
             const tk_st_tensor *t = tk_models__st_find(s, name);
             const char *base = t ? strrchr(t->file, '/') : NULL;
             if (!t || strcmp(base ? base + 1 : t->file, json_string_value(v))) {
-                rc = tk__err(TK_ERR_INVALID, "tensor '%s': the index puts it in '%s', but %s%s" HINT_FILE, name,
+                rc = tk__err(TK_ERR_CORRUPT, "tensor '%s': the index puts it in '%s', but %s%s" HINT_FILE, name,
                              json_string_value(v), t ? "it is in " : "no shard has it", t ? t->file : "");
                 goto fail;
             }

@@ -27,6 +27,7 @@
 #include <utf8proc.h>
 
 #include "common/common.h"
+#include "models/models.h"
 #include "models/tokenizer.h"
 
 #define TOK_MAGIC 0x544b544fu        /* "TKTO" */
@@ -2566,7 +2567,7 @@ int tk_models__tokenizer_parse(tk_tokenizer **out, const char *json, size_t len,
     if (!what)
         what = "tokenizer.json";
     json_error_t jerr;
-    json_t *root = json_loadb(json ? json : "", len, 0, &jerr);
+    json_t *root = tk_models__json_loadb(json ? json : "", len, 0, &jerr);
     if (!root)
         return tk__err(TK_ERR_INVALID,
                        "%s is not valid JSON: %s (line %d, column %d)\n"
@@ -2636,8 +2637,10 @@ int tk_models__tokenizer_parse(tk_tokenizer **out, const char *json, size_t len,
     }
     for (size_t i = 0; i < t->nvocab; i++)
         t->idtok[i] = t->vocab[i];
+    /* an added token marked "normalized" decodes as its normalised form, as tokenizers' id_to_token
+     * gives it ("[[ent]]" under a Prepend("▁") normaliser is "▁[[ent]]", whose space the decoder keeps) */
     for (size_t i = 0; i < t->nadded; i++)
-        t->idtok[t->added[i].id] = t->added[i].content;
+        t->idtok[t->added[i].id] = t->added[i].normalized == 1 ? t->added[i].norm : t->added[i].content;
     json_decref(root);
     *out = t;
     return TK_OK;

@@ -8,6 +8,7 @@
  */
 #include <math.h>
 #include <string.h>
+#include <strings.h>
 
 #include "ops/ops.h"
 
@@ -68,6 +69,33 @@ int tk_ops__dtype_parse(tk_dtype *out, const char *name)
     return tk__err(TK_ERR_INVALID,
                    "unknown dtype '%s'\nHINT: use one of f32, f16, bf16, f64, i8, u8, i32, i64, fp8_e4m3, "
                    "fp8_e5m2",
+                   name ? name : "(null)");
+}
+
+/* Other spellings people type: torch's names (float16, bfloat16, int8, float8_e4m3fn, ...), fp16 and
+ * half. Never in manifests, which keep one name per dtype. */
+static const struct {
+    const char *alias, *name;
+} aliases[] = {
+    {"float32", "f32"},  {"fp32", "f32"},   {"float", "f32"},        {"float16", "f16"},
+    {"fp16", "f16"},     {"half", "f16"},   {"bfloat16", "bf16"},    {"float64", "f64"},
+    {"fp64", "f64"},     {"double", "f64"}, {"int32", "i32"},        {"int64", "i64"},
+    {"int8", "i8"},      {"uint8", "u8"},   {"float8_e4m3fn", "fp8_e4m3"}, {"float8_e4m3", "fp8_e4m3"},
+    {"e4m3", "fp8_e4m3"}, {"float8_e5m2", "fp8_e5m2"}, {"e5m2", "fp8_e5m2"},
+};
+
+int tk_ops__dtype_parse_any(tk_dtype *out, const char *name)
+{
+    for (size_t i = 0; name && i < sizeof aliases / sizeof *aliases; i++)
+        if (!strcasecmp(name, aliases[i].alias))
+            return tk_ops__dtype_parse(out, aliases[i].name);
+    for (size_t i = 0; name && i < NDTYPES; i++) /* "F32", "BF16" */
+        if (!strcasecmp(name, dtypes[i].name))
+            return tk_ops__dtype_parse(out, dtypes[i].name);
+    return tk__err(TK_ERR_INVALID,
+                   "unknown dtype '%s'\nHINT: use one of f32, f16, bf16, f64, i8, u8, i32, i64, fp8_e4m3, fp8_e5m2 "
+                   "(or float32, float16/fp16/half, bfloat16, float64, int8, uint8, int32, int64, float8_e4m3fn, "
+                   "float8_e5m2)",
                    name ? name : "(null)");
 }
 

@@ -45,6 +45,9 @@ const char *tk_ops__dtype_str(tk_dtype dt);
 const char *tk_ops__dtype_bit_str(unsigned bit);
 /* Parses a manifest dtype name. TK_ERR_INVALID with the accepted names. */
 int tk_ops__dtype_parse(tk_dtype *out, const char *name);
+/* The same, and the other spellings people type (tk_dtype_parse): float16, fp16, half, bfloat16,
+ * float32, torch's int8 and float8_e4m3fn, any case. */
+int tk_ops__dtype_parse_any(tk_dtype *out, const char *name);
 /* Bytes per element, 0 for an unknown dtype. */
 size_t tk_ops__dtype_size(tk_dtype dt);
 

@@ -6,6 +6,7 @@
  * tests/cli/chat.sh.
  */
 #include <dirent.h>
+#include <sys/stat.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -121,6 +122,74 @@ static void test_render_from_a_directory(void)
     rmdir(dir);
 }
 
+static void put(const char *dir, const char *file, const char *text)
+{
+    char path[512];
+    snprintf(path, sizeof path, "%s/%s", dir, file);
+    FILE *f = fopen(path, "w");
+    CHECK(f != NULL);
+    if (f) {
+        fputs(text, f);
+        fclose(f);
+    }
+}
+
+/* transformers' order: chat_template.jinja and additional_chat_templates/ over tokenizer_config.json's
+ * chat_template, which is over chat_template.json; named templates; special tokens from the config's
+ * "*_token" keys and special_tokens_map.json. (tests/cli/checkpoints.sh renders the same layouts as
+ * transformers writes them and compares with apply_chat_template.) */
+static void test_template_files_and_names(void)
+{
+    char dir[] = "/tmp/tk-chat-XXXXXX", sub[64];
+    if (!mkdtemp(dir))
+        SKIP("no temporary directory");
+    char *out = NULL;
+    tk_chat_opts o = TK_CHAT_OPTS_INIT;
+    put(dir, "chat_template.json", "{\"chat_template\": \"json:{{ bos_token }}{{ messages[0].content }}\"}");
+    put(dir, "special_tokens_map.json", "{\"bos_token\": {\"content\": \"<B>\"}}");
+    CHECK_RC(tk_chat_render_opts(&out, dir, MSGS, 2, NULL), TK_OK);
+    CHECK(out && !strcmp(out, "json:<B>S")); /* no tokenizer_config.json: special_tokens_map.json's bos */
+    tk_free(out);
+    put(dir, "tokenizer_config.json", "{\"bos_token\": \"<s>\", \"image_token\": \"<img>\", \"model_max_length\": "
+                                      "1000000000000000019884624838656, \"chat_template\": \"cfg:{{ bos_token }}{{ image_token }}\"}");
+    CHECK_RC(tk_chat_render_opts(&out, dir, MSGS, 2, NULL), TK_OK);
+    CHECK(out && !strcmp(out, "cfg:<B><img>")); /* no added_tokens_decoder: the map still overrides bos */
+    tk_free(out);
+    put(dir, "chat_template.jinja", "jinja:{{ messages | length }}{{ add_generation_prompt }}\n");
+    snprintf(sub, sizeof sub, "%s/additional_chat_templates", dir);
+    mkdir(sub, 0755);
+    put(sub, "tool_use.jinja", "tool:{{ bos_token }}");
+    put(sub, "notes.txt", "not a template");
+    o.add_generation_prompt = 0;
+    CHECK_RC(tk_chat_render_opts(&out, dir, MSGS, 2, &o), TK_OK);
+    CHECK(out && !strcmp(out, "jinja:2False")); /* the file wins, its one trailing newline dropped */
+    tk_free(out);
+    o.template_name = "tool_use";
+    CHECK_RC(tk_chat_render_opts(&out, dir, MSGS, 2, &o), TK_OK);
+    CHECK(out && !strcmp(out, "tool:<B>"));
+    tk_free(out);
+    o.template_name = "nosuch";
+    out = (char *)1;
+    CHECK_RC(tk_chat_render_opts(&out, dir, MSGS, 2, &o), TK_ERR_NOT_FOUND);
+    CHECK(out == NULL && strstr(tk_last_error(), "(it has: default, tool_use)"));
+    CHECK_RC(tk_chat_templates_json(&out, dir), TK_OK);
+    CHECK(out && strstr(out, "\"templates\": [\"default\", \"tool_use\"]"));
+    tk_free(out);
+    /* only named templates: no default to choose */
+    snprintf(sub, sizeof sub, "%s/chat_template.jinja", dir);
+    unlink(sub);
+    o.template_name = NULL;
+    CHECK_RC(tk_chat_render_opts(&out, dir, MSGS, 2, &o), TK_ERR_INVALID);
+    CHECK(strstr(tk_last_error(), "several chat templates and none named default: tool_use"));
+    o.version = 99;
+    CHECK_RC(tk_chat_render_opts(&out, dir, MSGS, 2, &o), TK_ERR_INVALID);
+    CHECK(strstr(tk_last_error(), "TK_CHAT_OPTS_INIT"));
+    CHECK_RC(tk_chat_templates_json(NULL, dir), TK_ERR_INVALID);
+    char cmd[300];
+    snprintf(cmd, sizeof cmd, "rm -rf '%s'", dir);
+    CHECK_EQ_INT(system(cmd), 0);
+}
+
 static void test_fuzz_regressions_replay(void)
 {
     const char *d = "tests/fuzz/regress/chat_template";
@@ -161,6 +230,7 @@ int main(void)
     RUN(test_whitespace_and_literals);
     RUN(test_errors_leave_out_null);
     RUN(test_render_from_a_directory);
+    RUN(test_template_files_and_names);
     RUN(test_fuzz_regressions_replay);
     return th_done();
 }

@@ -773,7 +773,13 @@ static void test_bad_input(void)
     CHECK_RC(tk_generate(&r, m, ps, &lp, 1, NULL), TK_OK);
     size_t n = 0;
     tk_gen_result_ids(r, 0, &n);
-    CHECK_EQ_INT(n, 18); /* max_length 20 */
+    CHECK_EQ_INT(n, 20); /* neither length set: 20 new tokens, as transformers 5 */
+    tk_gen_result_free(r);
+    o = (tk_gen_opts)TK_GEN_OPTS_INIT;
+    o.max_length = 12; /* the whole sequence */
+    CHECK_RC(tk_generate(&r, m, ps, &lp, 1, &o), TK_OK);
+    tk_gen_result_ids(r, 0, &n);
+    CHECK_EQ_INT(n, 10);
     tk_gen_result_free(r);
     tk_model_free(m);
 }

@@ -169,6 +169,20 @@ static void test_dtype_names(void)
     CHECK_STR(tk_ops__dtype_str(F32), "f32");
     CHECK_RC(tk_ops__dtype_parse(&dt, "float17"), TK_ERR_INVALID);
     CHECK_CONTAINS(tk_last_error(), "unknown dtype 'float17'");
+    /* the public parser takes the spellings people type; manifests keep one name per dtype */
+    static const struct {
+        const char *in, *want;
+    } alias[] = {{"half", "f16"},     {"fp16", "f16"},         {"float16", "f16"},   {"FP16", "f16"},
+                 {"bfloat16", "bf16"}, {"BF16", "bf16"},       {"float32", "f32"},   {"fp32", "f32"},
+                 {"float", "f32"},     {"double", "f64"},      {"int8", "i8"},       {"uint8", "u8"},
+                 {"int64", "i64"},     {"float8_e4m3fn", "fp8_e4m3"}, {"float8_e5m2", "fp8_e5m2"}};
+    for (size_t i = 0; i < sizeof alias / sizeof *alias; i++) {
+        CHECK_RC(tk_dtype_parse(&dt, alias[i].in), TK_OK);
+        CHECK_STR(tk_dtype_name(dt), alias[i].want);
+    }
+    CHECK_RC(tk_ops__dtype_parse(&dt, "half"), TK_ERR_INVALID);
+    CHECK_RC(tk_dtype_parse(&dt, "float17"), TK_ERR_INVALID);
+    CHECK_CONTAINS(tk_last_error(), "float16/fp16/half");
     tk_dtype odd = {TK_DL_FLOAT, 32, 4};
     CHECK_STR(tk_ops__dtype_str(odd), "?");
     CHECK_EQ_INT(tk_ops__dtype_size(BF16), 2);

@@ -46,14 +46,14 @@ t_render_basics_without_the_oracle() {
 
 t_unsupported_and_bad_templates_are_refused_clearly() {
   tpl macro '"hello\n{% macro m() %}x{% endmacro %}"'
-  expect_rc 1 "$TK" chat "$D" --render --message user=Hi
+  expect_rc 8 "$TK" chat "$D" --render --message user=Hi
   expect_out "chat template line 2: the tag 'macro' is not supported"
   expect_out "HINT:"
   tpl map '"{{ messages | map(attribute=\"role\") | join }}"'
-  expect_rc 1 "$TK" chat "$D" --render --message user=Hi
+  expect_rc 8 "$TK" chat "$D" --render --message user=Hi
   expect_out "chat template line 1: the filter 'map' is not supported"
   tpl call '"{{ strftime_now(\"%Y\") }}"'
-  expect_rc 1 "$TK" chat "$D" --render --message user=Hi
+  expect_rc 8 "$TK" chat "$D" --render --message user=Hi
   expect_out "the function 'strftime_now' is not supported"
   tpl unclosed '"{% for m in messages %}{{ m.content }}"'
   expect_rc 2 "$TK" chat "$D" --render --message user=Hi
@@ -84,7 +84,7 @@ t_unsupported_and_bad_templates_are_refused_clearly() {
   # files
   mkdir -p "$WORK/t/none"; echo '{"bos_token": "<s>"}' >"$WORK/t/none/tokenizer_config.json"
   expect_rc 3 "$TK" chat "$WORK/t/none" --render --message user=Hi
-  expect_out "has no chat_template"
+  expect_out "has no chat template"
   expect_out "tk generate --prompt"
   expect_rc 3 "$TK" chat "$WORK/nowhere" --render --message user=Hi
   expect_out "no tokenizer_config.json"
@@ -93,7 +93,19 @@ t_unsupported_and_bad_templates_are_refused_clearly() {
   expect_out "chat_template is a number"
   tpl list '[{"name": "tool_use", "template": "x"}]'
   expect_rc 2 "$TK" chat "$D" --render
-  expect_out "without a {\"name\": \"default\""
+  expect_out "has several chat templates and none named default: tool_use"
+  expect_out "HINT: pick one with --template NAME"
+  expect_rc 0 "$TK" chat "$D" --render --template tool_use
+  [ "$OUT" = "x" ] || fail "--template tool_use rendered '$OUT'"
+  expect_rc 3 "$TK" chat "$D" --render --template nosuch
+  expect_out "no chat template named 'nosuch'"
+  expect_out "(it has: tool_use)"
+  expect_rc 0 "$TK" chat "$D" --list-templates
+  expect_out "from $D/tokenizer_config.json"
+  [ "$("$TK" chat "$D" --list-templates 2>/dev/null)" = "tool_use" ] || fail "--list-templates printed '$OUT'"
+  tpl badlist '[{"name": "default"}]'
+  expect_rc 2 "$TK" chat "$D" --render
+  expect_out "chat_template[0] is not a {\"name\": ..., \"template\": ...} object"
   # usage
   expect_rc 2 "$TK" chat "$D" --render --message Hi
   expect_out "--message wants ROLE=TEXT"

@@ -153,12 +153,13 @@ t_bad_input_is_refused_clearly() {
   expect_out "top_p is 0"
   expect_rc 2 "$TK" generate "$CK/gpt2" --ids 0,1 --do-sample --temperature 0
   expect_out "temperature is 0"
-  expect_rc 1 "$TK" generate "$CK/gpt2" --ids 0,1 --do-sample --num-beams 2
+  expect_rc 8 "$TK" generate "$CK/gpt2" --ids 0,1 --do-sample --num-beams 2
   expect_out "beam sampling"
   expect_rc 2 "$TK" generate "$CK/gpt2" --ids 0,5000
   expect_out "outside the vocabulary"
-  expect_rc 2 "$TK" generate "$CK/gpt2" --ids 0,1 --eos-token-id 9999
-  expect_out "eos_token_id 9999"
+  # an eos the model cannot produce: a warning, and generation ends on length (as transformers does)
+  expect_rc 0 "$TK" generate "$CK/gpt2" --ids 0,1 --eos-token-id 9999 --max-new-tokens 3
+  expect_out "warning: --eos-token-id 9999 is outside the vocabulary"
   expect_rc 2 "$TK" generate "$CK/gpt2" --ids 0,x
   expect_rc 2 "$TK" generate "$CK/gpt2" --ids 0,1 --early-stopping maybe
   expect_rc 2 "$TK" generate "$CK/gpt2" --ids 0,1 --kv-block-size 12

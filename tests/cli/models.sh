@@ -110,6 +110,8 @@ t_logits_bad_ids() {
   expect_rc 2 "$TK" model logits "$BASE"
   expect_rc 2 "$TK" model logits "$BASE" --ids 1 --dtype f64
   expect_out "want f32, bf16, f16 or auto"
+  expect_rc 0 "$TK" model logits "$BASE" --ids 1 --dtype bfloat16
+  expect_rc 0 "$TK" model logits "$BASE" --ids 1 --dtype half
   expect_rc 2 "$TK" model logits "$BASE" --ids 1 --device tpu
 }
 
@@ -121,22 +123,30 @@ t_bad_checkpoints() {
     expect_out "$want"
     case "$OUT" in *"Segmentation"*|*"Aborted"*|*"AddressSanitizer"*) fail "$k crashed: $OUT" ;; esac
   done <<'CASES'
-truncated|2|past the end of the data
-past_end|2|tensor 'model.norm.weight' has data_offsets
-overlap|2|overlap
-size_mismatch|2|'model.norm.weight' is F32 [33], which is 132 bytes, but its data_offsets span 128
-header_len|2|runs past the end of the file
-bad_json|2|the header is not a JSON object
+truncated|5|past the end of the data
+past_end|5|tensor 'model.norm.weight' has data_offsets
+overlap|5|overlap
+size_mismatch|5|'model.norm.weight' is F32 [33], which is 132 bytes, but its data_offsets span 128
+header_len|5|runs past the end of the file
+bad_json|5|the header is not a JSON object
 dtype_config|2|is float32, but config.json says the weights are bfloat16
 missing_tensor|2|tensor 'model.layers.1.mlp.down_proj.weight' is missing
 wrong_shape|2|'model.norm.weight' has shape [8, 4], want [32]
-unknown_arch|1|architecture 'FalconForCausalLM' is not supported
-bad_act|1|'hidden_act' is 'relu'
-bad_rope|1|'rope_parameters.rope_type' is 'longrope'
-shard_escape|2|not a .safetensors file in the directory
+unknown_arch|8|architecture 'FalconForCausalLM' is not supported
+bad_act|8|'hidden_act' is 'relu'
+bad_rope|8|'rope_parameters.rope_type' is 'longrope'
+shard_escape|5|not a .safetensors file in the directory
 CASES
-  expect_rc 1 "$TK" model info "$WORK/bad-unknown_arch"
+  expect_rc 8 "$TK" model info "$WORK/bad-unknown_arch"
   expect_out "LlamaForCausalLM, MistralForCausalLM, Qwen2ForCausalLM, GPT2LMHeadModel, BertModel"
+  # the exit status classes, as --json reports them: a damaged file is "corrupt" (5, the class of a
+  # refused package), an architecture tk does not implement "unsupported" (8)
+  OUT=$("$TK" --json model info "$WORK/bad-truncated" 2>/dev/null)
+  echo "$OUT" | python3 -c 'import json,sys; e=json.load(sys.stdin)["error"]; assert e["status"] == "corrupt" and e["exit_code"] == 5 and "download it again" in e["hint"], e' \
+    || fail "a truncated safetensors file: $OUT"
+  OUT=$("$TK" --json model info "$WORK/bad-unknown_arch" 2>/dev/null)
+  echo "$OUT" | python3 -c 'import json,sys; e=json.load(sys.stdin)["error"]; assert e["status"] == "unsupported" and e["exit_code"] == 8, e' \
+    || fail "an unsupported architecture: $OUT"
 }
 
 t_missing_files() {
@@ -150,7 +160,7 @@ t_missing_files() {
 t_embed_needs_encoder() {
   # a Llama checkpoint has no sentence embeddings, and BERT has no logits without --hidden
   cp -r "$BASE" "$WORK/tok" && printf '{"version":"1.0","model":{"type":"WordLevel","vocab":{"a":0},"unk_token":"a"}}' >"$WORK/tok/tokenizer.json"
-  expect_rc 1 "$TK" embed "$WORK/tok" hello
+  expect_rc 8 "$TK" embed "$WORK/tok" hello
   expect_out "sentence embeddings come from encoder models"
 }
 

@@ -58,8 +58,8 @@ assert all(p["cpu_reference"] for n, p in ops.items() if p["standard"]), "a stan
 t_run_op_checks_declared_shapes() {
   pkg "$WORK/sa"
   install "$WORK/sa" test-org/scale-add
-  # the shapes fit: nothing can run on the host, and it says why (exit 1, unsupported)
-  expect_rc 1 "$TK" run-op scale_add --shape 4,8
+  # the shapes fit: nothing can run on the host, and it says why (exit 8, unsupported)
+  expect_rc 8 "$TK" run-op scale_add --shape 4,8
   expect_out "no CPU reference for op scale_add (declared by test-org/scale-add)"
   OUT=$("$TK" --json run-op scale_add --shape 4,8 2>/dev/null)
   expect_out '"status": "unsupported"'
@@ -85,7 +85,7 @@ t_package_directory() {
   expect_out "test-org/scale-add@local:scale_add_f32"
   expect_rc 2 "$TK" run-op scale_add --package "$WORK/sa" --shape out=4,8 --shape x=4,8 --shape y=4,6
   expect_out "with n = 8"
-  expect_rc 1 "$TK" run-op scale_add --package "$WORK/sa" --shape 4,8
+  expect_rc 8 "$TK" run-op scale_add --package "$WORK/sa" --shape 4,8
   expect_out "no CPU reference for op scale_add (declared by test-org/scale-add)"
   expect_out "is local: not signed, not installed"
   "$TK" --json ops --package "$WORK/sa" 2>/dev/null | python3 -c '

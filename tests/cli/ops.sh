@@ -85,6 +85,18 @@ t_run_op_errors() {
   expect_rc 2 "$TK" run-op attention --shape q=1,8,4,64 --shape k=1,8,2,32
   expect_out "another shape made it"
   expect_rc 2 "$TK" run-op casted_linear --shape x=4,256 --shape weight=64,256 --dtype weight=nope
+  # the dtype spellings people type are the same dtypes: the same tensors, bit for bit
+  local want; want=$("$TK" run-op silu_and_mul --shape 4,64 --dtype f16 | tail -n +2)
+  for d in half fp16 float16 FP16; do
+    expect_rc 0 "$TK" run-op silu_and_mul --shape 4,64 --dtype $d
+    [ "$(echo "$OUT" | tail -n +2)" = "$want" ] && case "$OUT" in "silu_and_mul f16:"*) ;; *) false ;; esac || fail "--dtype $d is not f16: $OUT"
+  done
+  expect_rc 0 "$TK" run-op silu_and_mul --shape 4,64 --dtype bfloat16
+  expect_out "silu_and_mul bf16:"
+  expect_rc 0 "$TK" run-op casted_linear --shape x=4,256 --shape weight=64,256 --dtype weight=float8_e4m3fn --dtype float32
+  expect_out "casted_linear f32:"
+  expect_rc 2 "$TK" run-op silu_and_mul --shape 4,64 --dtype float64
+  expect_out "--dtype wants f32, f16 or bf16"
   expect_rc 2 "$TK" run-op cross_entropy --shape 4,10 --shape loss=1 --arg target=10
   expect_out "target"
   expect_rc 2 "$TK" run-op silu_and_mul --shape 4,8 --arg nope=1
