@@ -623,16 +623,70 @@ int tk_trust_list_json(char **out, tk_ctx *ctx)
     return *out ? TK_OK : tk__err(TK_ERR_NOMEM, "out of memory");
 }
 
-/* Every check install would run, before anything is signed or written (api/check.c): a package
- * that could never install never reaches a registry, and no version number is burnt on it. */
-static int precheck(const char *pkgdir)
+/* The archs a publish compiles for, into ccs (*n of them): opts' (version 2), else config.json's
+ * "archs", else sm_80 and sm_90. TK_ERR_INVALID for a bad arch. */
+static int publish_archs(int ccs[64], size_t *n, const tk_ctx *ctx, const tk_publish_opts *opts)
+{
+    size_t i;
+    json_t *x, *cfg = ctx->config ? json_object_get(ctx->config, "archs") : NULL;
+    *n = 0;
+    if (opts->version >= 2 && opts->archs && opts->narchs) {
+        for (i = 0; i < opts->narchs && *n < 64; i++)
+            if (tk_api__parse_arch(&ccs[(*n)++], opts->archs[i]) != 0)
+                return tk__err(TK_ERR_INVALID, "bad arch '%s'\nHINT: write archs as sm_80, sm_90 or sm_90a",
+                               opts->archs[i] ? opts->archs[i] : "(null)");
+        return TK_OK;
+    }
+    json_array_foreach(cfg, i, x) {
+        if (*n < 64 && tk_api__parse_arch(&ccs[(*n)++], json_string_value(x)) != 0)
+            return tk__err(TK_ERR_INVALID, "config archs[%zu] is not an arch like \"sm_90\"", i);
+    }
+    if (!*n) {
+        ccs[(*n)++] = 80;
+        ccs[(*n)++] = 90;
+    }
+    return TK_OK;
+}
+
+/* Every check install would run, before anything is signed or written (api/check.c), and an NVRTC
+ * compile of every kernel (issue 23): a package that could never install or never compile never
+ * reaches a registry, and no version number is burnt on it. Without NVRTC the compile is skipped
+ * with a warning; opts->no_compile skips it on purpose. */
+static int precheck(tk_ctx *ctx, const char *pkgdir, const tk_publish_opts *opts)
 {
     tk_api_localpkg lp;
+    tk_buf rep = TK_BUF_INIT;
+    size_t nunits = 0, nfailed = 0;
+    int ccs[64];
+    size_t nccs = 0;
     int rc = tk_api__local_load(&lp, pkgdir);
-    if (rc == TK_OK)
-        tk_api__local_free(&lp);
-    else
-        rc = tk__err_wrap(rc, "not published");
+    if (rc != TK_OK)
+        return tk__err_wrap(rc, "not published");
+    if (opts->version >= 2 && opts->no_compile) {
+        tk_api__log(ctx, TK_LOG_INFO, "%s %s: not compiled (compiling before publishing was turned off)", lp.name,
+                    lp.version);
+    } else if ((rc = publish_archs(ccs, &nccs, ctx, opts)) == TK_OK) {
+        rc = tk_api__compile_local(ctx, &lp, ccs, nccs, 1, 0, &rep, &nunits, &nfailed);
+        if (rc == TK_ERR_NO_NVRTC) {
+            char why[512];
+            snprintf(why, sizeof why, "%s", tk_last_error());
+            why[strcspn(why, "\n")] = '\0';
+            tk_api__log(ctx, TK_LOG_WARN, "%s %s: not compiled before publishing: %s\nHINT: with NVRTC on this "
+                        "machine, publish refuses kernels that do not compile; pass --no-compile to skip the "
+                        "compile on purpose", lp.name, lp.version, why);
+            rc = TK_OK;
+        } else if (rc == TK_ERR_COMPILE) {
+            /* the report is every failing compile, file:line first; the message keeps its start */
+            rc = tk__err(TK_ERR_COMPILE, "%s %s: not published: %zu of %zu compiles failed\n%.1200s%s"
+                         "HINT: fix the kernels ('tk check %s' lists every failure), or publish without "
+                         "compiling (--no-compile)", lp.name, lp.version, nfailed, nunits,
+                         rep.data ? rep.data : "", rep.len > 1200 ? "\n...\n" : "", pkgdir);
+        } else if (rc != TK_OK) {
+            rc = tk__err_wrap(rc, "%s %s: not published", lp.name, lp.version);
+        }
+    }
+    tk__buf_free(&rep);
+    tk_api__local_free(&lp);
     return rc;
 }
 
@@ -647,7 +701,7 @@ int tk_publish(char **commit, tk_ctx *ctx, const char *pkgdir, const char *to_di
         return tk__err(TK_ERR_INVALID, "tk_publish: pkgdir, to_dir and opts (with key_path) are required");
     if (opts->version < 1 || opts->version > TK_PUBLISH_OPTS_VERSION)
         return tk__err(TK_ERR_INVALID, "tk_publish_opts version %u is not supported", opts->version);
-    if ((rc = precheck(pkgdir)) != TK_OK)
+    if ((rc = precheck(ctx, pkgdir, opts)) != TK_OK)
         return rc;
     return tk_hub__publish(commit, pkgdir, to_dir, opts->key_path, opts->compression, ctx->log, ctx->log_user);
 }
@@ -666,7 +720,7 @@ int tk_publish_upload(char **commit, int *created, tk_ctx *ctx, const char *pkgd
         return tk__err(TK_ERR_INVALID, "tk_publish_opts version %u is not supported", opts->version);
     if (ctx->offline)
         return tk__err(TK_ERR_OFFLINE, "cannot publish to %s in offline mode", registry);
-    if ((rc = precheck(pkgdir)) != TK_OK)
+    if ((rc = precheck(ctx, pkgdir, opts)) != TK_OK)
         return rc;
     return tk_hub__upload(commit, created, pkgdir, registry, opts->key_path, opts->compression,
                           token ? token : ctx->token, ctx->log, ctx->log_user);

@@ -327,20 +327,29 @@ TK_API int tk_trust_remove(tk_ctx *ctx, const char *org, const char *keyid);
 /* The trust store as a JSON array of {org, keyid, pubkey, comment, added, builtin}. */
 TK_API int tk_trust_list_json(char **out, tk_ctx *ctx);
 
-#define TK_PUBLISH_OPTS_VERSION 1
+#define TK_PUBLISH_OPTS_VERSION 2
 typedef struct {
-    unsigned version;        /* TK_PUBLISH_OPTS_VERSION */
-    const char *key_path;    /* private key (PEM); required */
-    const char *compression; /* "gz" (default) or "zst" */
+    unsigned version;         /* TK_PUBLISH_OPTS_VERSION */
+    const char *key_path;     /* private key (PEM); required */
+    const char *compression;  /* "gz" (default) or "zst" */
+    /* version 2 (a version 1 struct compiles, for config.json's archs or sm_80 and sm_90): */
+    int no_compile;           /* 1: skip the NVRTC compile before signing */
+    const char *const *archs; /* "sm_80", "sm_90a" ... to compile for; NULL: config.json's "archs",
+                                 else sm_80 and sm_90. A kernel whose constraints rule out all of them
+                                 is compiled for its own min_cc. */
+    size_t narchs;
 } tk_publish_opts;
-#define TK_PUBLISH_OPTS_INIT {TK_PUBLISH_OPTS_VERSION, NULL, NULL}
+#define TK_PUBLISH_OPTS_INIT {TK_PUBLISH_OPTS_VERSION, NULL, NULL, 0, NULL, 0}
 
 /* Publishes the package in `pkgdir` (its kernel.json and sources) into the static registry tree
  * `to_dir`: writes the manifest, its signature and the source archive under a new commit, moves branch
  * v<major> to it and keeps the history. Republishing identical content is a no-op that returns the
- * same commit. It first runs tk_check's checks (no compile) and refuses the package, writing
- * nothing, when one fails. *commit (may be NULL) receives the commit id. Errors: TK_ERR_MANIFEST for a bad
- * kernel.json, TK_ERR_ROLLBACK if the version is not newer than the branch head, TK_ERR_IO. */
+ * same commit. It first runs tk_check's checks and compiles every kernel with NVRTC (see the opts),
+ * and refuses the package, writing nothing, when one fails; when NVRTC cannot be loaded it logs a
+ * warning that the package was not compiled and goes on. *commit (may be NULL) receives the commit
+ * id. Errors: TK_ERR_MANIFEST for a bad kernel.json, TK_ERR_COMPILE (a kernel does not compile: the
+ * message holds NVRTC's file:line), TK_ERR_INVALID (a bad arch), TK_ERR_ROLLBACK if the version is
+ * not newer than the branch head, TK_ERR_IO. */
 TK_API int tk_publish(char **commit, tk_ctx *ctx, const char *pkgdir, const char *to_dir,
                       const tk_publish_opts *opts);
 
@@ -363,13 +372,13 @@ typedef struct {
 #define TK_CHECK_OPTS_INIT {TK_CHECK_OPTS_VERSION, 0, NULL, 0, 0}
 TK_API int tk_check(char **report, tk_ctx *ctx, const char *pkgdir, const tk_check_opts *opts);
 
-/* Publishes pkgdir to a `tk serve` registry over HTTP: builds and signs the version as tk_publish
- * does, then uploads it (PUT {registry}/api/upload/{org}/{name}) with the bearer token (NULL: the
+/* Publishes pkgdir to a `tk serve` registry over HTTP: checks, compiles, builds and signs the version
+ * as tk_publish does (the compile runs here, before anything is sent), then uploads it (PUT {registry}/api/upload/{org}/{name}) with the bearer token (NULL: the
  * context's, from TK_TOKEN). The server re-checks the signature (its trust store must hold the key for
  * the org), the manifest, the digests and the archive rules, and writes the version atomically.
  * *commit (may be NULL) receives the commit the server wrote; *created (may be NULL) is 0 when it had
  * that content already. Errors: TK_ERR_INVALID (no token, not an http(s) URL, bad token or too large),
- * TK_ERR_UNTRUSTED, TK_ERR_SIGNATURE, TK_ERR_MANIFEST, TK_ERR_DIGEST, TK_ERR_ARCHIVE, TK_ERR_ROLLBACK
+ * TK_ERR_COMPILE, TK_ERR_UNTRUSTED, TK_ERR_SIGNATURE, TK_ERR_MANIFEST, TK_ERR_DIGEST, TK_ERR_ARCHIVE, TK_ERR_ROLLBACK
  * (the registry has this major at a newer or equal version with other content), TK_ERR_NOSPACE,
  * TK_ERR_NETWORK, TK_ERR_IO. */
 /* Yanks (withdraws) a published version: `ref` is "org/name@MAJOR.MINOR.PATCH". Signs a yank statement
