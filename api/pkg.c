@@ -730,7 +730,7 @@ int tk_yank(tk_ctx *ctx, const char *ref, const char *reason, const char *to_dir
             const char *token, const tk_publish_opts *opts, char *moved_to)
 {
     char moved[41] = "", name[140];
-    int already = 0, rc = tk_api__check_ctx(ctx);
+    int already = 0, removed = 0, rc = tk_api__check_ctx(ctx);
     if (moved_to)
         moved_to[0] = '\0';
     if (rc != TK_OK)
@@ -745,14 +745,23 @@ int tk_yank(tk_ctx *ctx, const char *ref, const char *reason, const char *to_dir
     if ((rc = tk_hub__yank_make(&stmt, &sig, name, at + 1, reason, opts->key_path)) != TK_OK)
         return rc;
     if (registry)
-        rc = tk_hub__yank_send(moved, &already, registry, token ? token : ctx->token, stmt, sig);
+        rc = tk_hub__yank_send(moved, &already, &removed, registry, token ? token : ctx->token, stmt, sig);
     else
-        rc = tk_hub__tree_yank(moved, &already, to_dir, stmt, strlen(stmt), sig, strlen(sig));
+        rc = tk_hub__tree_yank(moved, &already, &removed, to_dir, stmt, strlen(stmt), sig, strlen(sig));
     free(stmt);
     free(sig);
     if (rc == TK_OK) {
-        tk_api__log(ctx, TK_LOG_INFO, "%s %s%s%.12s", already ? "already yanked:" : "yanked", ref,
-                    moved[0] ? "; branch moved back to " : "", moved);
+        /* the one line tk yank prints */
+        int major = 0;
+        tk_hub__version_parse(at + 1, &major); /* checked by tk_hub__yank_make */
+        if (already)
+            tk_api__log(ctx, TK_LOG_INFO, "%s was yanked already (nothing changed)", ref);
+        else if (removed)
+            tk_api__log(ctx, TK_LOG_INFO, "yanked %s; branch v%d removed: it has no other version, so %s@%d "
+                        "resolves to nothing until the next %d.x release", ref, major, name, major, major);
+        else
+            tk_api__log(ctx, TK_LOG_INFO, "yanked %s%s%.12s", ref, moved[0] ? "; branch moved back to commit " : "",
+                        moved);
         if (moved_to)
             memcpy(moved_to, moved, 41);
     }

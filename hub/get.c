@@ -108,6 +108,41 @@ static void suggest(const tk_hub_env *env, const char *name, tk_buf *hint)
     free(url);
 }
 
+/* No branch holds what ref asks for (its major, or any major): when that is because the publisher
+ * yanked every version of it (a broken first release), the error says so, with the reason, and how
+ * to install it anyway. TK_ERR_NOT_FOUND set with that message, or TK_OK when it was not a yank (the
+ * caller reports the plain "not found"). */
+static int yanked_major(const tk_hub_env *env, const tk_hub_ref *ref)
+{
+    tk_hub_version *vs = NULL;
+    size_t n = 0;
+    const tk_hub_version *y = NULL;
+    int rc = TK_OK;
+    if (tk_hub__versions(&vs, &n, env, ref) != TK_OK)
+        return TK_OK;
+    for (size_t i = 0; i < n; i++) { /* newest first */
+        if (ref->major && vs[i].major != ref->major)
+            continue;
+        if (!vs[i].yanked) { /* a version the branch should hold: not a yank */
+            y = NULL;
+            break;
+        }
+        if (!y)
+            y = &vs[i];
+    }
+    if (y) {
+        char major[32] = "";
+        if (ref->major)
+            snprintf(major, sizeof major, " of major %d", ref->major);
+        rc = tk__err(TK_ERR_NOT_FOUND, "%s %s was yanked by its publisher (%s), and %s has no other version%s\n"
+                     "HINT: to install it anyway, name it exactly: tk get %s@%s", ref->name, y->version,
+                     y->yank_reason[0] ? y->yank_reason : "no reason given", ref->name, major, ref->name,
+                     y->version);
+    }
+    free(vs);
+    return rc;
+}
+
 /* Resolves ref to a commit through the refs endpoint. */
 static int resolve(const tk_hub_env *env, const tk_hub_ref *ref, char commit[41], int *major)
 {
@@ -155,10 +190,11 @@ static int resolve(const tk_hub_env *env, const tk_hub_ref *ref, char commit[41]
         }
     }
     if (!best_commit) {
-        if (ref->major)
+        rc = yanked_major(env, ref);
+        if (rc == TK_OK && ref->major)
             rc = tk__err(TK_ERR_NOT_FOUND, "%s has no version %d (branch v%d)\nHINT: available: %s", ref->name,
                          ref->major, ref->major, avail.len ? avail.data : "none");
-        else
+        else if (rc == TK_OK)
             rc = tk__err(TK_ERR_NOT_FOUND, "%s has no version branches (v1, v2, ...) in the registry", ref->name);
         tk__buf_free(&avail);
         goto done;

@@ -112,15 +112,15 @@ int tk_hub__yank_make(char **stmt, char **sig, const char *name, const char *ver
 /* Records a signed yank in the static tree (the caller checked the signature, or is the publisher
  * holding the key) under the tree's publish lock: writes kernels/{org}/{name}/yanked/{version}.json
  * and .json.sig, and if the version heads its branch moves the branch to the newest version of that
- * major that is not yanked (its commit in moved_to, else moved_to[0] = 0). *already is 1 when it was
- * yanked before (nothing changes). Errors: TK_ERR_NOT_FOUND (no such version), TK_ERR_INVALID (it is
- * the last version of its major that is not yanked), TK_ERR_MANIFEST, TK_ERR_IO. */
-int tk_hub__tree_yank(char moved_to[41], int *already, const char *tree, const char *stmt, size_t slen,
+ * major that is not yanked (its commit in moved_to, else moved_to[0] = 0), or removes the branch when
+ * there is none (*removed = 1). *already is 1 when it was yanked before (nothing changes). Errors:
+ * TK_ERR_NOT_FOUND (no such version), TK_ERR_MANIFEST, TK_ERR_IO. */
+int tk_hub__tree_yank(char moved_to[41], int *already, int *removed, const char *tree, const char *stmt, size_t slen,
                       const char *sig, size_t siglen);
 /* Sends a signed yank to a `tk serve` registry (PUT {registry}/api/yank/{org}/{name} with the token);
  * the server checks the signature against its trust store and applies tk_hub__tree_yank. */
-int tk_hub__yank_send(char moved_to[41], int *already, const char *registry, const char *token, const char *stmt,
-                      const char *sig);
+int tk_hub__yank_send(char moved_to[41], int *already, int *removed, const char *registry, const char *token,
+                      const char *stmt, const char *sig);
 /* 1 when resolve_dir/../yanked/{version}.json exists. */
 int tk_hub__tree_is_yanked(const char *resolve_dir, const char *version);
 

@@ -385,12 +385,14 @@ TK_API int tk_check(char **report, tk_ctx *ctx, const char *pkgdir, const tk_che
  * with the publisher's key (opts->key_path) and records it in the static tree `to_dir`, or sends it to
  * the `tk serve` registry at `registry` with the token (NULL: the context's); exactly one of to_dir and
  * registry. The version's files stay, so lock files that pin its commit still install it; if it heads
- * its branch, the branch moves back to the newest version of that major that is not yanked, and
- * clients that already saw the yanked version accept the move because the statement is signed by a
- * key they trust. A yanked version is never published again. moved_to (may be NULL; 41 bytes)
- * receives the commit the branch moved to, or "" when it did not move. Errors: TK_ERR_INVALID (bad
- * ref; or it is the last version of its major that is not yanked), TK_ERR_NOT_FOUND (no such version),
- * TK_ERR_UNTRUSTED (the server does not trust the key), TK_ERR_NETWORK, TK_ERR_IO. */
+ * its branch, the branch moves back to the newest version of that major that is not yanked (or, when
+ * there is none, the branch is removed and the major resolves to nothing), and clients that already
+ * saw the yanked version accept the move because the statement is signed by a key they trust. A
+ * yanked version is never published again. It logs one line (TK_LOG_INFO) saying what happened.
+ * moved_to (may be NULL; 41 bytes) receives the commit the branch moved to, or "" when it did not move
+ * or was removed. Errors: TK_ERR_INVALID (bad ref), TK_ERR_NOT_FOUND (no such version),
+ * TK_ERR_UNTRUSTED (the server does not trust the key), TK_ERR_AUTH (the registry refused the token),
+ * TK_ERR_NETWORK, TK_ERR_IO. */
 TK_API int tk_yank(tk_ctx *ctx, const char *ref, const char *reason, const char *to_dir, const char *registry,
                    const char *token, const tk_publish_opts *opts, char *moved_to);
 
