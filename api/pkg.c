@@ -512,7 +512,7 @@ int tk_pkg_remove(tk_ctx *ctx, const char *refstr)
     tk_hub_ref ref;
     if ((rc = tk_hub__ref_parse(&ref, refstr)) != TK_OK)
         return rc;
-    if (ref.commit[0] || tk_hub__ref_is_spec(&ref))
+    if (ref.commit[0] || ref.prefix[0] || tk_hub__ref_is_spec(&ref))
         return tk__err(TK_ERR_INVALID, "remove takes org/name or org/name@<major>, not a commit or a version\n"
                        "HINT: a major holds one installed version; remove it with org/name@<major>");
     if ((rc = tk_state__begin(ctx->state)) != TK_OK)
@@ -787,9 +787,6 @@ int tk_pkg_versions(tk_version_list **out, tk_ctx *ctx, const char *refstr)
     tk_hub_ref ref;
     if ((rc = tk_hub__ref_parse(&ref, refstr)) != TK_OK)
         return rc;
-    if (ref.commit[0])
-        return tk__err(TK_ERR_INVALID, "list the versions of org/name (or org/name@<major> or a range), not of a "
-                       "commit");
     if (!ctx->offline && (rc = ensure_http(ctx)) != TK_OK)
         return rc;
     tk_api_registries regs;
@@ -816,9 +813,11 @@ int tk_pkg_versions(tk_version_list **out, tk_ctx *ctx, const char *refstr)
         tk_api__registries_release(&regs);
     if (rc != TK_OK)
         return rc;
-    size_t k = 0; /* keep what the version part allows (an exact version keeps a yanked one) */
+    size_t k = 0; /* keep what the version part allows (an exact version keeps a yanked one; a commit or
+                   * a commit prefix keeps the versions at such commits) */
     for (size_t i = 0; i < l->n; i++)
-        if (tk_hub__ref_matches(&ref, l->v[i].version))
+        if (ref.commit[0] || ref.prefix[0] ? tk__has_prefix(l->v[i].commit, ref.commit[0] ? ref.commit : ref.prefix)
+                                           : tk_hub__ref_matches(&ref, l->v[i].version))
             l->v[k++] = l->v[i];
     l->n = k;
     *out = l;

@@ -38,6 +38,36 @@ int tk_hub__installed(tk_state_pkg **out, tk_state *st, const char *refstr)
         return rc;
     if (ref.commit[0]) {
         rc = tk_state__pkg_get_commit(out, st, ref.name, ref.commit);
+    } else if (ref.prefix[0]) { /* the one installed commit that starts so */
+        tk_state_pkg **all = NULL;
+        size_t n = 0, k = 0;
+        if ((rc = tk_state__pkg_list(&all, &n, st)) != TK_OK)
+            return rc;
+        const char **cs = calloc(n + 1, sizeof *cs), **vs = calloc(n + 1, sizeof *vs);
+        size_t *at = calloc(n + 1, sizeof *at);
+        long pick = -1;
+        for (size_t i = 0; cs && vs && at && i < n; i++)
+            if (!strcmp(all[i]->name, ref.name)) {
+                cs[k] = all[i]->commit;
+                vs[k] = all[i]->version;
+                at[k++] = i;
+            }
+        if (!cs || !vs || !at) {
+            rc = tk__err(TK_ERR_NOMEM, "out of memory");
+        } else if ((pick = tk_hub__ref_pick_prefix(&ref, cs, vs, k, "installed")) < 0) {
+            rc = pick == -2 ? TK_ERR_INVALID : TK_ERR_NOT_FOUND;
+        } else {
+            *out = all[at[pick]];
+            all[at[pick]] = NULL;
+        }
+        free(at);
+        free(cs);
+        free(vs);
+        for (size_t i = 0; i < n; i++)
+            tk_state__pkg_free(all[i]);
+        free(all);
+        if (rc == TK_ERR_INVALID)
+            return rc;
     } else if (tk_hub__ref_is_spec(&ref)) { /* the newest installed version the spec allows */
         tk_state_pkg **all = NULL;
         size_t n = 0, best = (size_t)-1;
@@ -570,11 +600,43 @@ static int resolve_spec(const tk_hub_env *env, tk_hub_staged *s)
     return TK_OK;
 }
 
+/* A commit prefix (@1a2b3c4): the one commit of the package's versions (each checked, as tk versions
+ * checks them) that starts so; it becomes the reference's exact commit. */
+static int resolve_prefix(const tk_hub_env *env, tk_hub_ref *ref)
+{
+    tk_hub_version *vs = NULL;
+    size_t n = 0;
+    int rc = tk_hub__versions(&vs, &n, env, ref);
+    const char **cs = rc == TK_OK ? calloc(n + 1, sizeof *cs) : NULL, **vv = rc == TK_OK ? calloc(n + 1, sizeof *vv) : NULL;
+    if (rc == TK_OK && (!cs || !vv))
+        rc = tk__err(TK_ERR_NOMEM, "out of memory");
+    for (size_t i = 0; rc == TK_OK && i < n; i++) {
+        cs[i] = vs[i].commit;
+        vv[i] = vs[i].version;
+    }
+    if (rc == TK_OK) {
+        long pick = tk_hub__ref_pick_prefix(ref, cs, vv, n, "in the registry");
+        if (pick >= 0) {
+            memcpy(ref->commit, vs[pick].commit, sizeof ref->commit);
+            say(env, TK_LOG_INFO, "%s@%s: commit %s (%s)", ref->name, ref->prefix, vs[pick].commit, vs[pick].version);
+            ref->prefix[0] = '\0';
+        } else {
+            rc = pick == -2 ? TK_ERR_INVALID : TK_ERR_NOT_FOUND;
+        }
+    }
+    free(cs);
+    free(vv);
+    free(vs);
+    return rc;
+}
+
 /* Step 1: the commit the reference names, and the installed package when that commit is installed
  * already (s->have: nothing more to do). */
 static int resolve_commit(const tk_hub_env *env, tk_hub_staged *s)
 {
     int rc = TK_OK;
+    if (s->ref.prefix[0] && (rc = resolve_prefix(env, &s->ref)) != TK_OK)
+        return rc;
     if (s->ref.commit[0])
         memcpy(s->commit, s->ref.commit, sizeof s->commit);
     else if (tk_hub__ref_is_spec(&s->ref))

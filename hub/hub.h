@@ -14,7 +14,8 @@
 #include "tk.h"
 
 /* A parsed package reference (hub/ref.c): org/name[@major | @v<major> | @MAJOR.MINOR.PATCH |
- * @<range> | @<40-hex commit>], at most one of major, exact, range and commit set. */
+ * @<range> | @<40-hex commit> | @<7 to 39 hex: a commit prefix>], at most one of major, exact, range,
+ * commit and prefix set. */
 typedef struct {
     char name[132];   /* org/name */
     char org[65];
@@ -23,9 +24,15 @@ typedef struct {
     char commit[41];  /* "" unless an exact commit was given */
     char exact[40];   /* "" unless an exact version was given */
     char range[128];  /* "" unless a range (">=1.2,<2") was given */
+    char prefix[41];  /* "" unless a commit prefix (7 to 39 hex, as git takes them) was given */
 } tk_hub_ref;
 
 int tk_hub__ref_parse(tk_hub_ref *out, const char *ref);
+/* Of n commits (40 hex each, versions[i] the version of commits[i]), the one that ref's prefix names:
+ * its index; -1 with TK_ERR_NOT_FOUND set (none); -2 with TK_ERR_INVALID set (several, listed with
+ * their versions). `where` names what was searched ("in the registry", "installed"). */
+long tk_hub__ref_pick_prefix(const tk_hub_ref *ref, const char *const *commits, const char *const *versions, size_t n,
+                             const char *where);
 /* 1 when the reference names a version (exact or range) that only a version listing resolves. */
 int tk_hub__ref_is_spec(const tk_hub_ref *ref);
 /* 1 when version satisfies the reference's major, exact version or range (no constraint: 1). */

@@ -148,6 +148,8 @@ TK_API int tk_ctx_registries_json(char **out, const tk_ctx *ctx);
  *     org/name            the highest major version the registry has
  *     org/name@2          major 2 (branch v2); "@v2" is accepted too
  *     org/name@<40 hex>   exactly that commit
+ *     org/name@<7-39 hex> the one commit that starts so (the 12 hex tk list prints); a prefix that
+ *                         several commits share fails with TK_ERR_INVALID naming them
  */
 
 typedef struct tk_pkg tk_pkg;

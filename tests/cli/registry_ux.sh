@@ -247,7 +247,7 @@ t_commit_prefix_as_ref() {
   expect_rc 0 "$TK" get "tktest/pfx@${c2:0:7}"
   expect_out "installed tktest/pfx 1.1.0"
   # too short, or no such commit
-  expect_rc 2 "$TK" get "tktest/pfx@${c2:0:6}"
+  expect_rc 2 "$TK" get "tktest/pfx@abc12"      # hex, but too short to be a commit
   expect_out "at least 7"
   expect_rc 3 "$TK" get "tktest/pfx@0000000"
   expect_out "no commit starting with 0000000"
