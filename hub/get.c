@@ -94,7 +94,26 @@ int tk_hub__installed(tk_state_pkg **out, tk_state *st, const char *refstr)
     return rc;
 }
 
-/* "did you mean" from the registry's package list (if it has one) and installed names. */
+/* How far candidate package name c is from the typed name t, org and name apart: the sum of the two
+ * edit distances, or (size_t)-1 when it is too far to suggest: more than a third of the typed
+ * name's length (at least 1), so "nope" suggests nothing but "activaton" suggests "activation". */
+static size_t name_distance(const char *t, const char *c)
+{
+    const char *ts = strchr(t, '/'), *cs = strchr(c, '/');
+    if (!ts || !cs || ts - t >= 65 || cs - c >= 65)
+        return (size_t)-1;
+    char to[65], co[65];
+    snprintf(to, sizeof to, "%.*s", (int)(ts - t), t);
+    snprintf(co, sizeof co, "%.*s", (int)(cs - c), c);
+    size_t dorg = tk__edit_distance(to, co), dname = tk__edit_distance(ts + 1, cs + 1);
+    size_t limit = strlen(ts + 1) / 3;
+    if (limit < 1)
+        limit = 1;
+    return dorg == (size_t)-1 || dname == (size_t)-1 || dorg + dname > limit ? (size_t)-1 : dorg + dname;
+}
+
+/* "did you mean" from the registry's package list (if it has one) and installed names, only when one
+ * is close (name_distance). */
 static void suggest(const tk_hub_env *env, const char *name, tk_buf *hint)
 {
     char *url = tk__fmt("%s/index.json", env->endpoint);
@@ -110,7 +129,7 @@ static void suggest(const tk_hub_env *env, const char *name, tk_buf *hint)
         const char *k;
         json_t *v;
         json_object_foreach(json_object_get(j, "packages"), k, v) {
-            size_t d = tk__edit_distance(name, k);
+            size_t d = name_distance(name, k);
             if (d < bestd) {
                 bestd = d;
                 best = k;
@@ -119,14 +138,14 @@ static void suggest(const tk_hub_env *env, const char *name, tk_buf *hint)
     }
     if (tk_state__pkg_names(&names, &nn, env->state) == TK_OK) {
         for (size_t i = 0; i < nn; i++) {
-            size_t d = tk__edit_distance(name, names[i]);
+            size_t d = name_distance(name, names[i]);
             if (d < bestd) {
                 bestd = d;
                 best = names[i];
             }
         }
     }
-    if (best && bestd > 0 && bestd <= 1 + strlen(name) / 3)
+    if (best && bestd > 0 && bestd != (size_t)-1)
         tk__buf_printf(hint, "\nHINT: did you mean '%s'?", best);
     else
         tk__buf_printf(hint, "\nHINT: check the name; the registry is %s", env->endpoint);
