@@ -129,7 +129,7 @@ typedef struct {
 /* named: the registry named for the package (a project file, tk_get_opts.registry), or NULL. A
  * file:// candidate that is not a directory is TK_ERR_NETWORK (a dead registry, never skipped).
  * Release with tk_api__registries_release (also after a failure). */
-int tk_api__registries_for(tk_api_registries *out, tk_ctx *ctx, const char *name, const char *named);
+int tk_api__registries_for(tk_api_registries *out, tk_ctx *ctx, const tk_hub_ref *ref, const char *named);
 void tk_api__registries_release(tk_api_registries *r);
 
 /* ---- gets (api/pkg.c), for api/project.c ---- */

@@ -197,7 +197,7 @@ int tk_pkg_get(tk_pkg **out, tk_ctx *ctx, const char *ref, const tk_get_opts *op
         return rc;
     tk_api_registries regs;
     const char *named = opts && opts->version >= 2 ? opts->registry : NULL;
-    if (!ctx->offline && (rc = tk_api__registries_for(&regs, ctx, r.name, named)) != TK_OK) {
+    if (!ctx->offline && (rc = tk_api__registries_for(&regs, ctx, &r, named)) != TK_OK) {
         tk_api__registries_release(&regs);
         return rc;
     }
@@ -794,7 +794,7 @@ int tk_pkg_versions(tk_version_list **out, tk_ctx *ctx, const char *refstr)
     tk_hub_env env;
     if (ctx->offline) { /* tk_hub__versions refuses with TK_ERR_OFFLINE */
         tk_api__hub_env(&env, ctx, NULL, NULL);
-    } else if ((rc = tk_api__registries_for(&regs, ctx, ref.name, NULL)) == TK_OK) {
+    } else if ((rc = tk_api__registries_for(&regs, ctx, &ref, NULL)) == TK_OK) {
         tk_api__hub_env(&env, ctx, NULL, &regs);
         if ((rc = tk_hub__pick_registry(&where, &env, &ref)) == TK_OK)
             env.endpoint = where;
@@ -845,6 +845,12 @@ const char *tk_version_list_latest(const tk_version_list *l, int major)
         if (!l->v[i].yanked && (!major || l->v[i].major == major))
             return l->v[i].version;
     return NULL;
+}
+
+const char *tk_version_list_newer(const tk_version_list *l, int major, const char *than)
+{
+    const char *latest = tk_version_list_latest(l, major);
+    return latest && than && tk_state__version_cmp(latest, than) == 1 ? latest : NULL;
 }
 
 int tk_version_list_to_json(char **out, const tk_version_list *l)

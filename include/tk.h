@@ -252,6 +252,9 @@ TK_API const char *tk_version_list_yank_reason(const tk_version_list *l, size_t 
 TK_API const char *tk_version_list_published(const tk_version_list *l, size_t i);
 /* The newest version that is not yanked: of major `major` (0: of any major); NULL when none. */
 TK_API const char *tk_version_list_latest(const tk_version_list *l, int major);
+/* tk_version_list_latest, but only when it is newer than `than` (an installed version): what an
+ * update may move to, never a downgrade. NULL when there is none, or `than` is not a version. */
+TK_API const char *tk_version_list_newer(const tk_version_list *l, int major, const char *than);
 /* {"name": ..., "versions": [{"version", "commit", "major", "head", "yanked", "yank_reason",
  * "published", "signer", "trusted", "description"}]} (tk_free). */
 TK_API int tk_version_list_to_json(char **out, const tk_version_list *l);
