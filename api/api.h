@@ -39,6 +39,7 @@ struct tk_ctx {
     char *token;         /* bearer token or NULL */
     int offline;
     json_t *config;      /* config.json (an object; empty when there is none) */
+    json_t *config_warnings; /* its unknown keys: [{"file", "key", "line", "column", "suggestion", ...}] */
     tk_log_fn log;
     void *log_user;
     tk_progress_fn progress;

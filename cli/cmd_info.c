@@ -94,7 +94,7 @@ int tk_cmd_info(tk_cli *cli, int argc, char **argv)
         } else if (!strcmp(argv[i], "--manifest")) {
             manifest = 1;
         } else if (argv[i][0] == '-') {
-            return tk_cli_usage(USAGE, "unknown option '%s'", argv[i]);
+            return tk_cli_unknown_option(USAGE, argv[i]);
         } else if (!ref) {
             ref = argv[i];
         } else {

@@ -88,6 +88,8 @@ int tk_cmd_list(tk_cli *cli, int argc, char **argv)
             outdated = 1;
             continue;
         }
+        if (argv[i][0] == '-')
+            return tk_cli_unknown_option(USAGE, argv[i]);
         return tk_cli_usage(USAGE, "unexpected argument '%s'", argv[i]);
     }
     tk_ctx *ctx = tk_cli_ctx(cli);

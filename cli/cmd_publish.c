@@ -107,7 +107,7 @@ int tk_cmd_publish(tk_cli *cli, int argc, char **argv)
             for (char *t = strtok_r(archbuf, ",", &save); t && narchs < 64; t = strtok_r(NULL, ",", &save))
                 archs[narchs++] = t;
         } else if (argv[i][0] == '-') {
-            return tk_cli_usage(USAGE, "unknown option '%s'", argv[i]);
+            return tk_cli_unknown_option(USAGE, argv[i]);
         } else if (!dir) {
             dir = argv[i];
         } else {

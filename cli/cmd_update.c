@@ -35,7 +35,7 @@ int tk_cmd_update(tk_cli *cli, int argc, char **argv)
         } else if (!strcmp(argv[i], "--trust")) {
             trust = 1;
         } else if (argv[i][0] == '-') {
-            return tk_cli_usage(USAGE, "unknown option '%s'", argv[i]);
+            return tk_cli_unknown_option(USAGE, argv[i]);
         } else if (strchr(argv[i], '@')) {
             return tk_cli_usage(USAGE, "'%s': update takes names; it moves each installed major to its newest "
                                 "version (to pick a version, use tk get ORG/NAME@VERSION)", argv[i]);

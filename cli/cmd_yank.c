@@ -61,7 +61,7 @@ int tk_cmd_yank(tk_cli *cli, int argc, char **argv)
             else
                 key = v;
         } else if (argv[i][0] == '-') {
-            return tk_cli_usage(USAGE, "unknown option '%s'", argv[i]);
+            return tk_cli_unknown_option(USAGE, argv[i]);
         } else if (!ref) {
             ref = argv[i];
         } else {

@@ -88,7 +88,7 @@ static int refusal_status(const tk_hub_http_meta *m, int rc)
         if (strcmp(m->error_code, map[i].code) == 0)
             return map[i].status;
     if (m->status == 401 || m->status == 403) /* no token, a bad one, or one for another org */
-        return TK_ERR_INVALID;
+        return TK_ERR_AUTH;
     return rc;
 }
 

@@ -81,7 +81,9 @@ enum {
     TK_ERR_COMPILE = -17,     /* NVRTC rejected a kernel's source */
     TK_ERR_LAUNCH = -18,      /* loading or launching a kernel failed */
     TK_ERR_UNSUPPORTED = -19, /* valid request that this build, device or package cannot serve */
-    TK_ERR_INTERNAL = -20     /* a bug in tk: please report it */
+    TK_ERR_INTERNAL = -20,    /* a bug in tk: please report it */
+    TK_ERR_AUTH = -21         /* the registry refused the credentials (HTTP 401/403): no token, a bad
+                                 or revoked one, or one for another org */
 };
 
 /* A static, English name for a status code ("not found"). Never NULL. */
@@ -135,6 +137,11 @@ TK_API const char *tk_ctx_home(const tk_ctx *ctx);     /* the data directory (st
 TK_API int tk_ctx_offline(const tk_ctx *ctx);
 TK_API const char *tk_ctx_cache_dir(const tk_ctx *ctx); /* compiled-binary cache (cache.db) */
 TK_API const char *tk_ctx_config_dir(const tk_ctx *ctx); /* config.json and keys/ */
+/* The keys of config.json that tk does not know (a misspelt "endpont", or a newer tk's setting), which
+ * the context ignored and logged as warnings when it was created, as a JSON array (tk_free): [{"file",
+ * "key", "line", "column", "message", "suggestion": the known key it is closest to, or null, "hint"}];
+ * "[]" when there are none. */
+TK_API int tk_ctx_config_warnings_json(char **out, const tk_ctx *ctx);
 /* The registries in lookup order as JSON (tk_free): [{"url", "packages": [patterns] | null, "source":
  * "TK_ENDPOINT" | "config" | "default"}]. A package resolves in the registry named for it, else the
  * one whose "packages" patterns match it, else the one it was installed from, else the first of
@@ -637,7 +644,12 @@ TK_API int tk_model_pooler_output(float *out, tk_model *m);
 /* A running registry server: it serves a static registry tree (the layout `tk publish --to` writes)
  * with the Hugging Face Hub's read API, accepts authenticated uploads of signed versions, and renders
  * a browsable HTML page at "/". Its own state (upload tokens, trusted publisher keys) lives in
- * <root>/.tk-serve/, which is never served. */
+ * <root>/.tk-serve/, which is never served.
+ *
+ * The server's functions (tk_server_*, tk_serve_*) are declared here but are NOT in libtkhub: they
+ * live in libtkhub-serve (libtkhub plus the server and libmicrohttpd). Link it instead of libtkhub
+ * (`pkg-config --libs tkhub-serve`, or CMake's tkhub::serve), never both; in the source tree only
+ * the `tk` command links them. */
 typedef struct tk_server tk_server;
 
 #define TK_SERVE_OPTS_VERSION 1

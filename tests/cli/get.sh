@@ -225,7 +225,7 @@ EOF
 t_wrong_archive_digest() {
   copy_reg; "$TK" trust add tktest "$PUB" -q
   make_pkg "$WORK/pkg2" 1.0.0
-  echo tampered >>"$WORK/pkg2/scale.cu"
+  echo "// tampered" >>"$WORK/pkg2/scale.cu"   # other content, still a kernel that compiles
   "$TK" publish "$WORK/pkg2" --to "$WORK/other" --key "$KEY" -q >/dev/null
   cp "$WORK/other/kernels/tktest/demo/resolve/main/source.tar.gz" "$BAD/source.tar.gz"
   expect_rc 5 "$TK" get tktest/demo
