@@ -245,6 +245,20 @@ void tk_cli_json_error(int status, const char *what, const char *msg)
     json_error(status, status == TK_CLI_STATUS_USAGE ? TK_EXIT_USAGE : tk_cli_exit_code(status), what, msg);
 }
 
+/* 1 when the first line of msg names `what` as a word of its own (not inside another name): then
+ * "what: msg" would say it twice. */
+static int names_it(const char *msg, const char *what)
+{
+    size_t first = strcspn(msg, "\n"), wl = strlen(what);
+    for (const char *p = msg; wl && (p = memmem(p, first - (size_t)(p - msg), what, wl)) != NULL; p++) {
+        char before = p == msg ? ' ' : p[-1], after = p[wl];
+        if (!isalnum((unsigned char)before) && !strchr("_-./", before) &&
+            (after == '\0' || after == '\n' || (!isalnum((unsigned char)after) && !strchr("_-/", after))))
+            return 1;
+    }
+    return 0;
+}
+
 int tk_cli_fail(tk_cli *cli, int status, const char *what)
 {
     if (cli && cli->tty)
@@ -253,8 +267,7 @@ int tk_cli_fail(tk_cli *cli, int status, const char *what)
     if (!msg || !*msg)
         msg = tk_status_str(status);
     /* a message that names it already says it once ("rmsnorm: 'rmsnorm' is not a package name") */
-    size_t first = strcspn(msg, "\n");
-    if (what && *what && first >= strlen(what) && memmem(msg, first, what, strlen(what)))
+    if (what && *what && names_it(msg, what))
         what = NULL;
     if ((cli && cli->json) || tk_cli_json_mode) {
         tk_cli_json_error(status, what, msg);

@@ -86,7 +86,9 @@ t_bad_arch_and_compile_error_reported() {
    "launch": {"grid": ["1"], "block": ["32"], "smem": "0"}}]}
 EOF
   printf 'extern "C" __global__ void k(float *out) {\n  out[0] = undeclared_name;\n}\n' >"$d/k.cu"
-  "$TK" publish "$d" --to "$WORK/reg" --key "$key" -q >/dev/null
+  expect_rc 7 "$TK" publish "$d" --to "$WORK/reg" --key "$key"   # publish refuses it (issue 23, item 7)
+  # a registry may still hold one (published with --no-compile, or where there was no NVRTC)
+  "$TK" publish "$d" --to "$WORK/reg" --key "$key" -q --no-compile >/dev/null
   export TK_ENDPOINT=file://$WORK/reg
   expect_rc 7 "$TK" get --trust tktest/broken --arch sm_80
   expect_out "k.cu(2)"
