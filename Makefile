@@ -146,12 +146,15 @@ $(B)/fuzz/fuzz_%: $(B)/obj/tests/fuzz/fuzz_%.o $(FUZZ_LINK) $(B)/libtk.a
 	@mkdir -p $(dir $@)
 	$(CC) $(LDFLAGS) -fsanitize=fuzzer -o $@ $^ $(LDLIBS) $(SERVE_LDLIBS)
 
+# One line per package: its directory and the commit it got. --no-compile: 'make check-kernels'
+# compiles every package for sm_80 and sm_90.
 registry: $(B)/registry/.stamp
 $(B)/registry/.stamp: $(B)/tk $(KEY) $(PKG_FILES)
 	@rm -rf $(B)/registry.tmp
 	@for d in kernels-src/*/; do \
 	  [ -f $$d/kernel.json ] || continue; \
-	  TK_HOME=$(B)/.publish-home $(B)/tk publish $$d --to $(B)/registry.tmp --key $(KEY) --quiet || exit 1; \
+	  c=$$(TK_HOME=$(B)/.publish-home $(B)/tk publish $$d --to $(B)/registry.tmp --key $(KEY) --quiet --no-compile) || exit 1; \
+	  printf "registry: published kernels-src/%-24s commit %s\n" "$$(basename $$d)" "$$c"; \
 	done
 	@rm -rf $(B)/registry && mv $(B)/registry.tmp $(B)/registry && touch $@
 	@echo "registry: $(REGISTRY)"

@@ -39,6 +39,7 @@ struct tk_ctx {
     char *token;         /* bearer token or NULL */
     int offline;
     json_t *config;      /* config.json (an object; empty when there is none) */
+    json_t *config_warnings; /* its unknown keys: [{"file", "key", "line", "column", "suggestion", ...}] */
     tk_log_fn log;
     void *log_user;
     tk_progress_fn progress;
@@ -83,10 +84,11 @@ void tk_api__local_free(tk_api_localpkg *lp);
 
 /* "sm_90", "sm_90a", "compute_80" or "90" -> 90 in *cc. Returns 0, or -1 for anything else. */
 int tk_api__parse_arch(int *cc, const char *s);
-/* Compiles every kernel of a local package for each cc, writing nothing; each failing unit adds a
- * paragraph to report. *nunits / *nfailed count the compiles. TK_ERR_COMPILE when one failed; NVRTC
- * missing is TK_ERR_NO_NVRTC. (api/kernel.c) */
-int tk_api__compile_local(tk_ctx *ctx, const tk_api_localpkg *lp, const int *ccs, size_t nccs, int jobs,
+/* Compiles every kernel of a local package for each cc (at most 64), writing nothing; each failing
+ * unit adds a paragraph to report. cover = 1: a kernel whose constraints rule out every cc is also
+ * compiled for its own min_cc (so each kernel compiles at least once). *nunits / *nfailed count the
+ * compiles. TK_ERR_COMPILE when one failed; NVRTC missing is TK_ERR_NO_NVRTC. (api/kernel.c) */
+int tk_api__compile_local(tk_ctx *ctx, const tk_api_localpkg *lp, const int *ccs, size_t nccs, int cover, int jobs,
                           tk_buf *report, size_t *nunits, size_t *nfailed);
 /* Validates the op declarations ("ops") and kernels of a parsed manifest; on failure *bad_in is
  * "kernels" or "ops" and *bad the index of the failing entry (NULL and (size_t)-1 when the failure is
@@ -128,7 +130,7 @@ typedef struct {
 /* named: the registry named for the package (a project file, tk_get_opts.registry), or NULL. A
  * file:// candidate that is not a directory is TK_ERR_NETWORK (a dead registry, never skipped).
  * Release with tk_api__registries_release (also after a failure). */
-int tk_api__registries_for(tk_api_registries *out, tk_ctx *ctx, const char *name, const char *named);
+int tk_api__registries_for(tk_api_registries *out, tk_ctx *ctx, const tk_hub_ref *ref, const char *named);
 void tk_api__registries_release(tk_api_registries *r);
 
 /* ---- gets (api/pkg.c), for api/project.c ---- */

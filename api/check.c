@@ -211,7 +211,7 @@ int tk_check(char **report, tk_ctx *ctx, const char *pkgdir, const tk_check_opts
         return rc;
     tk_api__log(ctx, TK_LOG_DEBUG, "%s %s: %zu files, manifest valid", lp.name, lp.version, lp.nfiles);
     if (opts->compile) {
-        rc = tk_api__compile_local(ctx, &lp, ccs, nccs, opts->jobs, &rep, &nunits, &nfailed);
+        rc = tk_api__compile_local(ctx, &lp, ccs, nccs, 0, opts->jobs, &rep, &nunits, &nfailed);
         if (rc == TK_ERR_COMPILE) {
             if (report)
                 *report = tk__buf_steal(&rep);

@@ -20,6 +20,7 @@
 #include "api/api.h"
 #include "cache/state.h"
 #include "hub/http.h"
+#include "hub/manifest.h"
 #include "tk_default.h"
 
 int tk_api__check_ctx(const tk_ctx *ctx)
@@ -39,6 +40,18 @@ void tk_api__log(const tk_ctx *ctx, int level, const char *fmt, ...)
     vsnprintf(msg, sizeof msg, fmt, ap);
     va_end(ap);
     ctx->log(ctx->log_user, level, msg);
+}
+
+int tk_ctx_config_warnings_json(char **out, const tk_ctx *ctx)
+{
+    if (!out)
+        return tk__err(TK_ERR_INVALID, "tk_ctx_config_warnings_json: out is NULL");
+    *out = NULL;
+    int rc = tk_api__check_ctx(ctx);
+    if (rc != TK_OK)
+        return rc;
+    *out = ctx->config_warnings ? json_dumps(ctx->config_warnings, JSON_INDENT(2)) : tk__strdup("[]");
+    return *out ? TK_OK : tk__err(TK_ERR_NOMEM, "out of memory");
 }
 
 const char *tk_api__config_str(const tk_ctx *ctx, const char *key)
@@ -111,42 +124,120 @@ static char *default_endpoint(void)
     return tk__strdup(built && built[0] ? built : "file:///tk-registry-not-found");
 }
 
+/* ---- config.json: tk's own settings ---------------------------------------------------------- */
+
+static int is_string(const json_t *v) { return json_is_string(v); }
+static int is_array(const json_t *v) { return json_is_array(v); }
+static int is_bool(const json_t *v) { return json_is_boolean(v); }
+static int is_size(const json_t *v) { return json_is_string(v) || (json_is_integer(v) && json_integer_value(v) >= 0); }
+static int is_string_array(const json_t *v)
+{
+    size_t i;
+    json_t *x;
+    int ok = json_is_array(v);
+    json_array_foreach(v, i, x) ok &= json_is_string(x);
+    return ok;
+}
+static int is_string_object(const json_t *v)
+{
+    const char *k;
+    json_t *x;
+    int ok = json_is_object(v);
+    if (ok)
+        json_object_foreach((json_t *)v, k, x) ok &= json_is_string(x);
+    return ok;
+}
+
+/* Every key tk reads from config.json, one row each: its name, the check of its value's type, what
+ * the value must be and an example. Adding a setting is adding a row here; a key that is not in the
+ * table is reported with its file:line:column and the closest known key, and ignored. */
+static const struct {
+    const char *key;
+    int (*ok)(const json_t *v);
+    const char *want, *example;
+} config_keys[] = {
+    {"registries", is_array, "an array of registries (URLs, or {\"url\", \"packages\"})",
+     "\"registries\": [{\"url\": \"https://private.example.com\", \"packages\": [\"acme/*\"]}, "
+     "\"https://registry.example.com\"]"},
+    {"endpoint", is_string, "a string (a registry URL)", "\"endpoint\": \"https://registry.example.com\""},
+    {"archs", is_string_array, "an array of arch strings", "\"archs\": [\"sm_80\", \"sm_90\"]"},
+    {"ops", is_string_object, "an object of op name to package", "\"ops\": {\"silu_and_mul\": \"org/name\"}"},
+    {"autotune", is_bool, "true or false", "\"autotune\": false"},
+    {"cache_max", is_size, "a size (bytes, or a string with K/M/G)", "\"cache_max\": \"4G\""},
+};
+#define NCONFIG_KEYS (sizeof config_keys / sizeof *config_keys)
+
+/* An unknown key of config.json: a warning (logged now, and kept for tk doctor) with its place and
+ * the closest known key when one is close: a misspelt "endpont" would otherwise be ignored in
+ * silence. Unknown keys stay an error-free warning, so a config written for a newer tk still works. */
+static int warn_unknown(tk_ctx *ctx, const char *key, const char *path, const char *text, size_t len)
+{
+    char where[PATH_MAX + 512] = "";
+    const char *keys[1] = {key};
+    size_t idx[1] = {0}, bestd = (size_t)-1, limit = strlen(key) / 3 ? strlen(key) / 3 : 1;
+    const char *best = NULL;
+    int line = 0, col = 0;
+    for (size_t i = 0; i < NCONFIG_KEYS; i++) {
+        size_t d = tk__edit_distance(key, config_keys[i].key);
+        if (d < bestd) {
+            bestd = d;
+            best = config_keys[i].key;
+        }
+    }
+    if (bestd > limit)
+        best = NULL;
+    if (tk_hub__json_where(where, sizeof where, text, len, path, keys, idx, 1) == 0) {
+        where[strcspn(where, "|")] = '\0'; /* "file:line:col" */
+        char copy[sizeof where], *c2, *c1;
+        int64_t l = 0, c = 0;
+        memcpy(copy, where, sizeof copy);
+        if ((c2 = strrchr(copy, ':')) != NULL) {
+            *c2 = '\0';
+            if ((c1 = strrchr(copy, ':')) != NULL && tk__parse_i64(c1 + 1, 1, INT32_MAX, &l) == 0 &&
+                tk__parse_i64(c2 + 1, 1, INT32_MAX, &c) == 0) {
+                line = (int)l;
+                col = (int)c;
+            }
+        }
+    } else {
+        snprintf(where, sizeof where, "%s", path);
+    }
+    tk_buf hint = TK_BUF_INIT;
+    if (best) {
+        tk__buf_printf(&hint, "did you mean \"%s\"?", best);
+    } else {
+        tk__buf_puts(&hint, "tk's settings are");
+        for (size_t i = 0; i < NCONFIG_KEYS; i++)
+            tk__buf_printf(&hint, "%s \"%s\"", i ? "," : "", config_keys[i].key);
+        tk__buf_puts(&hint, " (a newer tk may know this one)");
+    }
+    json_t *w = json_pack("{s:s, s:s, s:i, s:i, s:s, s:s?, s:s}", "file", path, "key", key, "line", line, "column", col,
+                          "message", "unknown key, ignored", "suggestion", best, "hint", hint.data ? hint.data : "");
+    int rc = w && json_array_append_new(ctx->config_warnings, w) == 0 ? TK_OK : tk__err(TK_ERR_NOMEM, "out of memory");
+    tk_api__log(ctx, TK_LOG_WARN, "%s: unknown key \"%s\" in tk's config (ignored)\nHINT: %s", where, key,
+                hint.data ? hint.data : "");
+    tk__buf_free(&hint);
+    return rc;
+}
+
 /* The known settings must have their type: a wrong one ("archs": "sm_90") is an error naming the key,
- * never silently ignored. Unknown keys are left alone (a newer tk's settings). */
-static int check_config(const json_t *cfg, const char *path)
+ * never silently ignored. An unknown key is a warning (warn_unknown). */
+static int check_config(tk_ctx *ctx, const char *path, const char *text, size_t len)
 {
     const char *key;
     json_t *v;
-    json_object_foreach((json_t *)cfg, key, v) {
-        const char *want = NULL, *example = NULL;
-        if (!strcmp(key, "registries") && !json_is_array(v)) {
-            want = "an array of registries (URLs, or {\"url\", \"packages\"})",
-            example = "\"registries\": [{\"url\": \"https://private.example.com\", \"packages\": [\"acme/*\"]}, "
-                      "\"https://registry.example.com\"]";
-        } else if (!strcmp(key, "endpoint") && !json_is_string(v)) {
-            want = "a string (a registry URL)", example = "\"endpoint\": \"https://registry.example.com\"";
-        } else if (!strcmp(key, "archs")) {
-            int ok = json_is_array(v);
-            size_t i;
-            json_t *x;
-            json_array_foreach(v, i, x) ok &= json_is_string(x);
-            if (!ok)
-                want = "an array of arch strings", example = "\"archs\": [\"sm_80\", \"sm_90\"]";
-        } else if (!strcmp(key, "ops")) {
-            int ok = json_is_object(v);
-            const char *k2;
-            json_t *x;
-            if (ok)
-                json_object_foreach(v, k2, x) ok &= json_is_string(x);
-            if (!ok)
-                want = "an object of op name to package", example = "\"ops\": {\"silu_and_mul\": \"org/name\"}";
-        } else if (!strcmp(key, "autotune") && !json_is_boolean(v)) {
-            want = "true or false", example = "\"autotune\": false";
-        } else if (!strcmp(key, "cache_max") && !json_is_string(v) && !(json_is_integer(v) && json_integer_value(v) >= 0)) {
-            want = "a size (bytes, or a string with K/M/G)", example = "\"cache_max\": \"4G\"";
-        }
-        if (want)
-            return tk__err(TK_ERR_INVALID, "%s: \"%s\" must be %s\nHINT: for example %s", path, key, want, example);
+    int rc = TK_OK;
+    json_object_foreach(ctx->config, key, v) {
+        size_t i = 0;
+        while (i < NCONFIG_KEYS && strcmp(key, config_keys[i].key) != 0)
+            i++;
+        if (i == NCONFIG_KEYS)
+            rc = warn_unknown(ctx, key, path, text, len);
+        else if (!config_keys[i].ok(v))
+            return tk__err(TK_ERR_INVALID, "%s: \"%s\" must be %s\nHINT: for example %s", path, key,
+                           config_keys[i].want, config_keys[i].example);
+        if (rc != TK_OK)
+            return rc;
     }
     return TK_OK;
 }
@@ -159,6 +250,11 @@ static int load_config(tk_ctx *ctx)
     if (!path)
         return tk__err(TK_ERR_NOMEM, "out of memory");
     int rc = tk__read_file(&text, &n, path, 1u << 20);
+    if (!(ctx->config_warnings = json_array())) {
+        free(text);
+        free(path);
+        return tk__err(TK_ERR_NOMEM, "out of memory");
+    }
     if (rc == TK_ERR_NOT_FOUND) {
         ctx->config = json_object();
         rc = ctx->config ? TK_OK : tk__err(TK_ERR_NOMEM, "out of memory");
@@ -170,7 +266,7 @@ static int load_config(tk_ctx *ctx)
                          "{\"endpoint\": \"https://...\", \"archs\": [\"sm_90\"]}", path, jerr.line, jerr.column,
                          ctx->config ? "not a JSON object" : jerr.text);
         else
-            rc = check_config(ctx->config, path);
+            rc = check_config(ctx, path, text, n);
     }
     free(text);
     free(path);
@@ -261,6 +357,7 @@ void tk_ctx_free(tk_ctx *ctx)
     tk_hub__http_free(ctx->http);
     tk_state__close(ctx->state);
     json_decref(ctx->config);
+    json_decref(ctx->config_warnings);
     free(ctx->data_dir);
     free(ctx->cache_dir);
     free(ctx->config_dir);

@@ -878,10 +878,11 @@ static void symbol_message(tk_buf *b, const cunit *c, const pkgsrc *s, const cha
     }
 }
 
-int tk_api__compile_local(tk_ctx *ctx, const tk_api_localpkg *lp, const int *ccs, size_t nccs, int jobs,
+int tk_api__compile_local(tk_ctx *ctx, const tk_api_localpkg *lp, const int *ccs0, size_t nccs, int cover, int jobs,
                           tk_buf *report, size_t *nunits, size_t *nfailed)
 {
     pkgsrc s;
+    int ccs[128];
     plan *plans = NULL;
     const char *nvid = NULL;
     tk_jit_unit *units = NULL;
@@ -891,8 +892,22 @@ int tk_api__compile_local(tk_ctx *ctx, const tk_api_localpkg *lp, const int *ccs
     char **emsg = NULL;
     size_t total = 0, k = 0;
     *nunits = *nfailed = 0;
+    if (nccs > 64)
+        nccs = 64;
+    memcpy(ccs, ccs0, nccs * sizeof *ccs);
     if ((rc = pkgsrc_load_dir(&s, lp)) != TK_OK)
         return rc;
+    /* cover: a kernel that none of the archs can run is compiled for the lowest arch it allows */
+    for (size_t i = 0; cover && i < s.nk && nccs < sizeof ccs / sizeof *ccs; i++) {
+        size_t a = 0;
+        while (a < nccs && !kernel_fits(&s.k[i], ccs[a]))
+            a++;
+        if (a == nccs) {
+            ccs[nccs++] = s.k[i].min_cc;
+            tk_api__log(ctx, TK_LOG_DEBUG, "%s: kernel '%s' runs on none of the archs given; compiling it for sm_%d",
+                        lp->name, s.k[i].name, s.k[i].min_cc);
+        }
+    }
     if ((rc = tk_jit__nvrtc_load()) != TK_OK || (rc = tk_jit__nvrtc_id(&nvid)) != TK_OK)
         goto done;
     if (!(plans = calloc(nccs + 1, sizeof *plans))) {

@@ -197,7 +197,7 @@ int tk_pkg_get(tk_pkg **out, tk_ctx *ctx, const char *ref, const tk_get_opts *op
         return rc;
     tk_api_registries regs;
     const char *named = opts && opts->version >= 2 ? opts->registry : NULL;
-    if (!ctx->offline && (rc = tk_api__registries_for(&regs, ctx, r.name, named)) != TK_OK) {
+    if (!ctx->offline && (rc = tk_api__registries_for(&regs, ctx, &r, named)) != TK_OK) {
         tk_api__registries_release(&regs);
         return rc;
     }
@@ -512,7 +512,7 @@ int tk_pkg_remove(tk_ctx *ctx, const char *refstr)
     tk_hub_ref ref;
     if ((rc = tk_hub__ref_parse(&ref, refstr)) != TK_OK)
         return rc;
-    if (ref.commit[0] || tk_hub__ref_is_spec(&ref))
+    if (ref.commit[0] || ref.prefix[0] || tk_hub__ref_is_spec(&ref))
         return tk__err(TK_ERR_INVALID, "remove takes org/name or org/name@<major>, not a commit or a version\n"
                        "HINT: a major holds one installed version; remove it with org/name@<major>");
     if ((rc = tk_state__begin(ctx->state)) != TK_OK)
@@ -623,16 +623,70 @@ int tk_trust_list_json(char **out, tk_ctx *ctx)
     return *out ? TK_OK : tk__err(TK_ERR_NOMEM, "out of memory");
 }
 
-/* Every check install would run, before anything is signed or written (api/check.c): a package
- * that could never install never reaches a registry, and no version number is burnt on it. */
-static int precheck(const char *pkgdir)
+/* The archs a publish compiles for, into ccs (*n of them): opts' (version 2), else config.json's
+ * "archs", else sm_80 and sm_90. TK_ERR_INVALID for a bad arch. */
+static int publish_archs(int ccs[64], size_t *n, const tk_ctx *ctx, const tk_publish_opts *opts)
+{
+    size_t i;
+    json_t *x, *cfg = ctx->config ? json_object_get(ctx->config, "archs") : NULL;
+    *n = 0;
+    if (opts->version >= 2 && opts->archs && opts->narchs) {
+        for (i = 0; i < opts->narchs && *n < 64; i++)
+            if (tk_api__parse_arch(&ccs[(*n)++], opts->archs[i]) != 0)
+                return tk__err(TK_ERR_INVALID, "bad arch '%s'\nHINT: write archs as sm_80, sm_90 or sm_90a",
+                               opts->archs[i] ? opts->archs[i] : "(null)");
+        return TK_OK;
+    }
+    json_array_foreach(cfg, i, x) {
+        if (*n < 64 && tk_api__parse_arch(&ccs[(*n)++], json_string_value(x)) != 0)
+            return tk__err(TK_ERR_INVALID, "config archs[%zu] is not an arch like \"sm_90\"", i);
+    }
+    if (!*n) {
+        ccs[(*n)++] = 80;
+        ccs[(*n)++] = 90;
+    }
+    return TK_OK;
+}
+
+/* Every check install would run, before anything is signed or written (api/check.c), and an NVRTC
+ * compile of every kernel (issue 23): a package that could never install or never compile never
+ * reaches a registry, and no version number is burnt on it. Without NVRTC the compile is skipped
+ * with a warning; opts->no_compile skips it on purpose. */
+static int precheck(tk_ctx *ctx, const char *pkgdir, const tk_publish_opts *opts)
 {
     tk_api_localpkg lp;
+    tk_buf rep = TK_BUF_INIT;
+    size_t nunits = 0, nfailed = 0;
+    int ccs[64];
+    size_t nccs = 0;
     int rc = tk_api__local_load(&lp, pkgdir);
-    if (rc == TK_OK)
-        tk_api__local_free(&lp);
-    else
-        rc = tk__err_wrap(rc, "not published");
+    if (rc != TK_OK)
+        return tk__err_wrap(rc, "not published");
+    if (opts->version >= 2 && opts->no_compile) {
+        tk_api__log(ctx, TK_LOG_INFO, "%s %s: not compiled (compiling before publishing was turned off)", lp.name,
+                    lp.version);
+    } else if ((rc = publish_archs(ccs, &nccs, ctx, opts)) == TK_OK) {
+        rc = tk_api__compile_local(ctx, &lp, ccs, nccs, 1, 0, &rep, &nunits, &nfailed);
+        if (rc == TK_ERR_NO_NVRTC) {
+            char why[512];
+            snprintf(why, sizeof why, "%s", tk_last_error());
+            why[strcspn(why, "\n")] = '\0';
+            tk_api__log(ctx, TK_LOG_WARN, "%s %s: not compiled before publishing: %s\nHINT: with NVRTC on this "
+                        "machine, publish refuses kernels that do not compile; pass --no-compile to skip the "
+                        "compile on purpose", lp.name, lp.version, why);
+            rc = TK_OK;
+        } else if (rc == TK_ERR_COMPILE) {
+            /* the report is every failing compile, file:line first; the message keeps its start */
+            rc = tk__err(TK_ERR_COMPILE, "%s %s: not published: %zu of %zu compiles failed\n%.1200s%s"
+                         "HINT: fix the kernels ('tk check %s' lists every failure), or publish without "
+                         "compiling (--no-compile)", lp.name, lp.version, nfailed, nunits,
+                         rep.data ? rep.data : "", rep.len > 1200 ? "\n...\n" : "", pkgdir);
+        } else if (rc != TK_OK) {
+            rc = tk__err_wrap(rc, "%s %s: not published", lp.name, lp.version);
+        }
+    }
+    tk__buf_free(&rep);
+    tk_api__local_free(&lp);
     return rc;
 }
 
@@ -647,7 +701,7 @@ int tk_publish(char **commit, tk_ctx *ctx, const char *pkgdir, const char *to_di
         return tk__err(TK_ERR_INVALID, "tk_publish: pkgdir, to_dir and opts (with key_path) are required");
     if (opts->version < 1 || opts->version > TK_PUBLISH_OPTS_VERSION)
         return tk__err(TK_ERR_INVALID, "tk_publish_opts version %u is not supported", opts->version);
-    if ((rc = precheck(pkgdir)) != TK_OK)
+    if ((rc = precheck(ctx, pkgdir, opts)) != TK_OK)
         return rc;
     return tk_hub__publish(commit, pkgdir, to_dir, opts->key_path, opts->compression, ctx->log, ctx->log_user);
 }
@@ -666,7 +720,7 @@ int tk_publish_upload(char **commit, int *created, tk_ctx *ctx, const char *pkgd
         return tk__err(TK_ERR_INVALID, "tk_publish_opts version %u is not supported", opts->version);
     if (ctx->offline)
         return tk__err(TK_ERR_OFFLINE, "cannot publish to %s in offline mode", registry);
-    if ((rc = precheck(pkgdir)) != TK_OK)
+    if ((rc = precheck(ctx, pkgdir, opts)) != TK_OK)
         return rc;
     return tk_hub__upload(commit, created, pkgdir, registry, opts->key_path, opts->compression,
                           token ? token : ctx->token, ctx->log, ctx->log_user);
@@ -676,7 +730,7 @@ int tk_yank(tk_ctx *ctx, const char *ref, const char *reason, const char *to_dir
             const char *token, const tk_publish_opts *opts, char *moved_to)
 {
     char moved[41] = "", name[140];
-    int already = 0, rc = tk_api__check_ctx(ctx);
+    int already = 0, removed = 0, rc = tk_api__check_ctx(ctx);
     if (moved_to)
         moved_to[0] = '\0';
     if (rc != TK_OK)
@@ -691,14 +745,23 @@ int tk_yank(tk_ctx *ctx, const char *ref, const char *reason, const char *to_dir
     if ((rc = tk_hub__yank_make(&stmt, &sig, name, at + 1, reason, opts->key_path)) != TK_OK)
         return rc;
     if (registry)
-        rc = tk_hub__yank_send(moved, &already, registry, token ? token : ctx->token, stmt, sig);
+        rc = tk_hub__yank_send(moved, &already, &removed, registry, token ? token : ctx->token, stmt, sig);
     else
-        rc = tk_hub__tree_yank(moved, &already, to_dir, stmt, strlen(stmt), sig, strlen(sig));
+        rc = tk_hub__tree_yank(moved, &already, &removed, to_dir, stmt, strlen(stmt), sig, strlen(sig));
     free(stmt);
     free(sig);
     if (rc == TK_OK) {
-        tk_api__log(ctx, TK_LOG_INFO, "%s %s%s%.12s", already ? "already yanked:" : "yanked", ref,
-                    moved[0] ? "; branch moved back to " : "", moved);
+        /* the one line tk yank prints */
+        int major = 0;
+        tk_hub__version_parse(at + 1, &major); /* checked by tk_hub__yank_make */
+        if (already)
+            tk_api__log(ctx, TK_LOG_INFO, "%s was yanked already (nothing changed)", ref);
+        else if (removed)
+            tk_api__log(ctx, TK_LOG_INFO, "yanked %s; branch v%d removed: it has no other version, so %s@%d "
+                        "resolves to nothing until the next %d.x release", ref, major, name, major, major);
+        else
+            tk_api__log(ctx, TK_LOG_INFO, "yanked %s%s%.12s", ref, moved[0] ? "; branch moved back to commit " : "",
+                        moved);
         if (moved_to)
             memcpy(moved_to, moved, 41);
     }
@@ -724,9 +787,6 @@ int tk_pkg_versions(tk_version_list **out, tk_ctx *ctx, const char *refstr)
     tk_hub_ref ref;
     if ((rc = tk_hub__ref_parse(&ref, refstr)) != TK_OK)
         return rc;
-    if (ref.commit[0])
-        return tk__err(TK_ERR_INVALID, "list the versions of org/name (or org/name@<major> or a range), not of a "
-                       "commit");
     if (!ctx->offline && (rc = ensure_http(ctx)) != TK_OK)
         return rc;
     tk_api_registries regs;
@@ -734,7 +794,7 @@ int tk_pkg_versions(tk_version_list **out, tk_ctx *ctx, const char *refstr)
     tk_hub_env env;
     if (ctx->offline) { /* tk_hub__versions refuses with TK_ERR_OFFLINE */
         tk_api__hub_env(&env, ctx, NULL, NULL);
-    } else if ((rc = tk_api__registries_for(&regs, ctx, ref.name, NULL)) == TK_OK) {
+    } else if ((rc = tk_api__registries_for(&regs, ctx, &ref, NULL)) == TK_OK) {
         tk_api__hub_env(&env, ctx, NULL, &regs);
         if ((rc = tk_hub__pick_registry(&where, &env, &ref)) == TK_OK)
             env.endpoint = where;
@@ -753,9 +813,11 @@ int tk_pkg_versions(tk_version_list **out, tk_ctx *ctx, const char *refstr)
         tk_api__registries_release(&regs);
     if (rc != TK_OK)
         return rc;
-    size_t k = 0; /* keep what the version part allows (an exact version keeps a yanked one) */
+    size_t k = 0; /* keep what the version part allows (an exact version keeps a yanked one; a commit or
+                   * a commit prefix keeps the versions at such commits) */
     for (size_t i = 0; i < l->n; i++)
-        if (tk_hub__ref_matches(&ref, l->v[i].version))
+        if (ref.commit[0] || ref.prefix[0] ? tk__has_prefix(l->v[i].commit, ref.commit[0] ? ref.commit : ref.prefix)
+                                           : tk_hub__ref_matches(&ref, l->v[i].version))
             l->v[k++] = l->v[i];
     l->n = k;
     *out = l;
@@ -783,6 +845,12 @@ const char *tk_version_list_latest(const tk_version_list *l, int major)
         if (!l->v[i].yanked && (!major || l->v[i].major == major))
             return l->v[i].version;
     return NULL;
+}
+
+const char *tk_version_list_newer(const tk_version_list *l, int major, const char *than)
+{
+    const char *latest = tk_version_list_latest(l, major);
+    return latest && than && tk_state__version_cmp(latest, than) == 1 ? latest : NULL;
 }
 
 int tk_version_list_to_json(char **out, const tk_version_list *l)

@@ -391,7 +391,7 @@ static int install_set(tk_pkg **outs, tk_ctx *ctx, const want_pkg *w, size_t n, 
         refs[i] = w[i].ref;
         if ((rc = tk_hub__ref_parse(&r, w[i].ref)) != TK_OK)
             break;
-        if (!ctx->offline && (rc = tk_api__registries_for(&regs[nregs++], ctx, r.name, w[i].registry)) != TK_OK)
+        if (!ctx->offline && (rc = tk_api__registries_for(&regs[nregs++], ctx, &r, w[i].registry)) != TK_OK)
             break;
         tk_api__hub_env(&envs[i], ctx, &o, ctx->offline ? NULL : &regs[i]);
     }

@@ -11,7 +11,8 @@
  *
  * For one package (tk_api__registries_for): the registry named for it (a project file's "registry",
  * tk_get_opts.registry), else the scoped registry that matches it, else the registry it was
- * installed from (state.db remembers it), else every unscoped registry in order.
+ * installed from (state.db remembers it for each installed major: the major the reference names, or
+ * the highest installed), else every unscoped registry in order.
  */
 #include <fnmatch.h>
 #include <stdio.h>
@@ -21,6 +22,7 @@
 
 #include "api/api.h"
 #include "cache/state.h"
+#include "hub/manifest.h"
 
 int tk_api__registry_url_check(const char *url, const char *where)
 {
@@ -168,9 +170,29 @@ static int check_alive(const char *url)
                    "--offline works from installed packages", url, url + 7);
 }
 
-int tk_api__registries_for(tk_api_registries *out, tk_ctx *ctx, const char *name, const char *named)
+/* The installed package ref's registry comes from: the installed commit it names, else the installed
+ * major it names (its exact version's major), else the highest installed major. Each installed major
+ * remembers its own registry, so with v1 from one registry and v2 from another each is asked where
+ * it came from. NULL when none is installed. */
+static tk_state_pkg *installed_for(tk_ctx *ctx, const tk_hub_ref *ref)
+{
+    tk_state_pkg *have = NULL;
+    int major = ref->major;
+    if (ref->exact[0])
+        tk_hub__version_parse(ref->exact, &major);
+    if (ref->commit[0] && tk_state__pkg_get_commit(&have, ctx->state, ref->name, ref->commit) == TK_OK)
+        return have;
+    if (major && tk_state__pkg_get(&have, ctx->state, ref->name, major) == TK_OK)
+        return have;
+    if (tk_state__pkg_get(&have, ctx->state, ref->name, 0) == TK_OK)
+        return have;
+    return NULL;
+}
+
+int tk_api__registries_for(tk_api_registries *out, tk_ctx *ctx, const tk_hub_ref *ref, const char *named)
 {
     memset(out, 0, sizeof *out);
+    const char *name = ref->name;
     tk_state_pkg *have = NULL;
     int rc = TK_OK;
     if (ctx->endpoint_override || named) {
@@ -182,7 +204,7 @@ int tk_api__registries_for(tk_api_registries *out, tk_ctx *ctx, const char *name
                 out->v[out->n++] = ctx->regs[i].url;
                 out->why = "scoped";
             }
-        if (!out->n && name && tk_state__pkg_get(&have, ctx->state, name, 0) == TK_OK && have->registry[0]) {
+        if (!out->n && (have = installed_for(ctx, ref)) != NULL && have->registry[0]) {
             out->v[out->n++] = out->owned = url_dup(have->registry);
             out->why = "installed";
         }

@@ -24,6 +24,7 @@ enum {
     TK_EXIT_DEVICE = 7,    /* no GPU, no NVRTC, compile or launch error */
     TK_EXIT_UNSUPPORTED = 8, /* valid, but not implemented here: a model architecture or config value, an op
                                 without a CPU reference, a template construct (TK_ERR_UNSUPPORTED) */
+    TK_EXIT_AUTH = 9,      /* the registry refused the credentials (HTTP 401/403) */
 };
 
 typedef struct {
@@ -71,6 +72,18 @@ int tk_cli_parse_device(const char *s, int *cuda_id);
 void tk_cli_human(char *out, size_t cap, double bytes);
 /* True when argv[i] is -h or --help. */
 int tk_cli_is_help(const char *arg);
+/* The candidate closest to what was typed, when it is close enough to suggest (an edit distance of at
+ * most a third of the typed text's length, at least 1; ignoring leading dashes), else NULL. cands
+ * ends with NULL. */
+const char *tk_cli_closest(const char *typed, const char *const *cands);
+/* Prints "tk: unknown option 'OPT'", with "did you mean" the closest option when one is close (the
+ * options are the --words of the command's usage text, and the global ones), and the usage line;
+ * returns TK_EXIT_USAGE. */
+int tk_cli_unknown_option(const char *usage, const char *opt);
+/* The public key a command line gives: the key itself ("ed25519:<64 hex>") or the file holding it (what
+ * 'tk keygen' wrote as KEY.pub), into out. Returns 0, or prints a usage error (the private key given
+ * by mistake, a file with no key) and returns TK_EXIT_USAGE. */
+int tk_cli_pubkey_arg(char *out, size_t cap, const char *arg, const char *usage);
 
 /* Generation flags shared by tk generate and tk chat (cli/cmd_generate.c): tk_cli_gen_flag says
  * whether `flag` is one (0: no, 1: takes no value, 2: takes a value); tk_cli_gen_apply sets it on o

@@ -91,7 +91,7 @@ int tk_cmd_build(tk_cli *cli, int argc, char **argv)
             if (!end || *end || jobs < 1 || jobs > 256)
                 return tk_cli_usage(USAGE, "--jobs wants a number from 1 to 256, not '%s'", v);
         } else if (a[0] == '-') {
-            return tk_cli_usage(USAGE, "unknown option '%s'", a);
+            return tk_cli_unknown_option(USAGE, a);
         } else if (!ref) {
             ref = a;
         } else {

@@ -155,7 +155,7 @@ int tk_cmd_cache(tk_cli *cli, int argc, char **argv)
         } else if (!strcmp(a, "--json")) {
             cli->json = 1;
         } else if (a[0] == '-') {
-            return tk_cli_usage(USAGE, "unknown option '%s'", a);
+            return tk_cli_unknown_option(USAGE, a);
         } else if (!sub) {
             sub = a;
         } else {

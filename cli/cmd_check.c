@@ -81,7 +81,7 @@ int tk_cmd_check(tk_cli *cli, int argc, char **argv)
             o.jobs = (int)j;
         } else if (a[0] == '-' && a[1]) {
             free(archbuf);
-            return tk_cli_usage(USAGE, "unknown option '%s'", a);
+            return tk_cli_unknown_option(USAGE, a);
         } else if (!dir) {
             dir = a;
         } else {

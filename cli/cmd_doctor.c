@@ -15,14 +15,14 @@
 
 #include "cli/cli.h"
 
-static const char *USAGE = "tk doctor [--json]";
+static const char *USAGE = "tk doctor [--json] [--require-gpu]";
 
 static const char *HELP =
     "NAME\n"
     "    tk doctor - check what this machine has for running kernels, and how to fix the rest\n"
     "\n"
     "SYNOPSIS\n"
-    "    tk doctor [--json]\n"
+    "    tk doctor [--json] [--require-gpu]\n"
     "\n"
     "DESCRIPTION\n"
     "    Reports the CUDA driver and each GPU (name, compute capability, SMs, memory), the NVRTC\n"
@@ -31,6 +31,8 @@ static const char *HELP =
     "    whether config.json or TK_ENDPOINT sets it). For anything missing it says\n"
     "    what that costs and how to fix it. Without a GPU tk still installs, verifies and builds\n"
     "    packages ahead of time ('tk build --arch sm_90') and runs ops on the CPU reference.\n"
+    "    Keys of config.json that tk does not know (a misspelt \"endpont\") are listed with their\n"
+    "    line and the setting they are closest to.\n"
     "\n"
     "    It also reports the communication backends for running on several processes or GPUs\n"
     "    (docs/parallel.md): whether this tk was built with MPI and which library, and the NCCL\n"
@@ -39,8 +41,14 @@ static const char *HELP =
     "    id, visible GPUs and the GPU NCCL would give it. A rank that does not join within\n"
     "    TK_COMM_TIMEOUT seconds (default 300) makes the others fail instead of waiting forever.\n"
     "\n"
+    "OPTIONS\n"
+    "    --require-gpu  exit 7 when there is no usable GPU (for scripts that need one)\n"
+    "    --json         the report as one JSON object (docs/json.md)\n"
+    "\n"
     "EXIT STATUS\n"
-    "    0 everything needed to run kernels is present; 7 the GPU, driver or NVRTC is missing.\n";
+    "    0 tk works here: NVRTC is present, and either a GPU is too or the only finding is that\n"
+    "    there is none (ops run on the CPU reference); 7 NVRTC is missing, or with --require-gpu\n"
+    "    the GPU or driver is; 1 config.json has keys tk does not know.\n";
 
 typedef int (*nvrtc_version_fn)(int *, int *);
 
@@ -264,9 +272,22 @@ static void print_parallel(const json_t *par)
     }
 }
 
+/* The unknown keys of config.json, each "file:line:col: unknown key "k"" and its hint. */
+static void print_config_warnings(const json_t *w)
+{
+    size_t i;
+    json_t *x;
+    json_array_foreach(w, i, x) {
+        printf("          %s:%lld:%lld: unknown key \"%s\" (ignored); %s\n", json_string_value(json_object_get(x, "file")),
+               (long long)json_integer_value(json_object_get(x, "line")),
+               (long long)json_integer_value(json_object_get(x, "column")), json_string_value(json_object_get(x, "key")),
+               json_string_value(json_object_get(x, "hint")));
+    }
+}
+
 int tk_cmd_doctor(tk_cli *cli, int argc, char **argv)
 {
-    int ndev = 0, devrc, nvmaj = 0, nvmin = 0, ok = 1;
+    int ndev = 0, devrc, nvmaj = 0, nvmin = 0, ok = 1, require_gpu = 0;
     char nvpath[1024] = "", deverr[1024] = "";
     json_t *out = json_object(), *gpus = json_array();
 
@@ -276,8 +297,11 @@ int tk_cmd_doctor(tk_cli *cli, int argc, char **argv)
             return TK_EXIT_OK;
         } else if (!strcmp(argv[i], "--json")) {
             cli->json = 1;
+        } else if (!strcmp(argv[i], "--require-gpu")) {
+            require_gpu = 1;
         } else {
-            return tk_cli_usage(USAGE, "unexpected '%s'", argv[i]);
+            return argv[i][0] == '-' ? tk_cli_unknown_option(USAGE, argv[i])
+                                     : tk_cli_usage(USAGE, "unexpected '%s'", argv[i]);
         }
     }
 
@@ -325,18 +349,26 @@ int tk_cmd_doctor(tk_cli *cli, int argc, char **argv)
     }
     if (ctx)
         ctx_info(out, ctx);
-    ok = devrc == TK_OK && ndev > 0 && nvpath[0];
+    char *cw = NULL;
+    json_t *cwarn = ctx && tk_ctx_config_warnings_json(&cw, ctx) == TK_OK ? json_loads(cw, 0, NULL) : NULL;
+    tk_free(cw);
+    json_object_set_new(out, "config_warnings", cwarn ? cwarn : json_array());
+    cwarn = json_object_get(out, "config_warnings");
+    int gpu = devrc == TK_OK && ndev > 0;
+    ok = gpu && nvpath[0];
+    /* no GPU alone is not a failure: tk installs, builds and runs ops on the CPU reference */
+    int code = !nvpath[0] || (require_gpu && !gpu) ? TK_EXIT_DEVICE : json_array_size(cwarn) ? TK_EXIT_FAIL : TK_EXIT_OK;
 
     if (pquiet) {
         json_decref(out);
-        return ok ? TK_EXIT_OK : TK_EXIT_DEVICE;
+        return code;
     }
     if (cli->json) {
         char *s = json_dumps(out, JSON_INDENT(2));
         printf("%s\n", s ? s : "{}");
         free(s);
         json_decref(out);
-        return ok ? TK_EXIT_OK : TK_EXIT_DEVICE;
+        return code;
     }
     printf("tk %s\n\n", tk_version_string());
     print_gpus(gpus, devrc, ndev, deverr);
@@ -351,6 +383,7 @@ int tk_cmd_doctor(tk_cli *cli, int argc, char **argv)
         printf("home:     %s\n", tk_ctx_home(ctx));
         printf("config:   %s%s\n", json_string_value(json_object_get(out, "config_file")),
                json_is_true(json_object_get(out, "config_exists")) ? "" : " (none: the defaults)");
+        print_config_warnings(cwarn);
         if (c)
             printf("cache:    %s: %lld entries, %.1f MiB of %.1f MiB\n", json_string_value(json_object_get(c, "path")),
                    (long long)json_integer_value(json_object_get(c, "entries")),
@@ -366,6 +399,9 @@ int tk_cmd_doctor(tk_cli *cli, int argc, char **argv)
                             ? "no GPU: packages install and build ahead of time ('tk build ORG/NAME --arch sm_90'); "
                               "ops run on the CPU reference"
                             : "no NVRTC: only kernels already in the cache can load");
+    if (json_array_size(cwarn))
+        printf("config.json has %zu key%s tk does not know (listed above)\n", json_array_size(cwarn),
+               json_array_size(cwarn) == 1 ? "" : "s");
     json_decref(out);
-    return ok ? TK_EXIT_OK : TK_EXIT_DEVICE;
+    return code;
 }

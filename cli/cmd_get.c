@@ -205,7 +205,7 @@ int tk_cmd_get(tk_cli *cli, int argc, char **argv)
                 (i + 1 < argc && strstr(argv[i + 1], ".lock")))
                 lockfile = argv[++i];
         } else if (argv[i][0] == '-') {
-            return tk_cli_usage(USAGE, "unknown option '%s'", argv[i]);
+            return tk_cli_unknown_option(USAGE, argv[i]);
         } else if (nrefs < sizeof refs / sizeof *refs) {
             refs[nrefs++] = argv[i];
         } else {

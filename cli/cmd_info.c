@@ -35,12 +35,27 @@ static void print_kernels(const tk_pkg *p)
     printf("\n");
 }
 
-/* A package that is not installed: what the registry has (tk_pkg_versions checks each commit).
- * -1 when the registry cannot say (offline, no such package): the caller reports the local error. */
+/* A package that is not installed: what the registry has (tk_pkg_versions checks each commit), or the
+ * registry's error (not found, with a "did you mean" when a name is close; a network failure). -1
+ * when the registry is not asked (offline) or has no version of that kind: the caller reports the
+ * local error. */
 static int remote_info(tk_cli *cli, tk_ctx *ctx, const char *ref)
 {
     tk_version_list *l = NULL;
-    if (tk_pkg_versions(&l, ctx, ref) != TK_OK || tk_version_list_count(l) == 0) {
+    int rc = tk_pkg_versions(&l, ctx, ref);
+    if (rc != TK_OK && rc != TK_ERR_OFFLINE && rc != TK_ERR_INVALID) {
+        char what[300];
+        snprintf(what, sizeof what, "%s is not installed, and the registry", ref);
+        return tk_cli_fail(cli, rc, rc == TK_ERR_NOT_FOUND ? NULL : what);
+    }
+    if (rc == TK_OK && tk_version_list_count(l) == 0) { /* the package exists, not that version */
+        char name[200];
+        snprintf(name, sizeof name, "%.*s", (int)strcspn(ref, "@"), ref);
+        tk_version_list_free(l);
+        return tk_cli_errorf(cli, TK_ERR_NOT_FOUND, 0, "%s is not installed, and the registry has no such version "
+                             "of %s\nHINT: 'tk versions %s' lists them", ref, name, name);
+    }
+    if (rc != TK_OK) {
         tk_version_list_free(l);
         return -1;
     }
@@ -71,14 +86,15 @@ int tk_cmd_info(tk_cli *cli, int argc, char **argv)
             printf("usage: %s\n\nShows an installed package: version, commit, manifest digest, signer, registry,\n"
                    "files with their sha256, the kernels it declares (name, op, dtypes, the archs they run on)\n"
                    "and the ops they implement, without the network or a GPU. A package that is not installed\n"
-                   "is looked up in the registry: its versions (as tk versions lists them).\n\n"
+                   "is looked up in the registry: its versions (as tk versions lists them), or \"not found\"\n"
+                   "with the closest name when one is close (\"did you mean\").\n\n"
                    "  --json      print it as a JSON object\n"
                    "  --manifest  print the signed manifest exactly as installed\n", USAGE);
             return TK_EXIT_OK;
         } else if (!strcmp(argv[i], "--manifest")) {
             manifest = 1;
         } else if (argv[i][0] == '-') {
-            return tk_cli_usage(USAGE, "unknown option '%s'", argv[i]);
+            return tk_cli_unknown_option(USAGE, argv[i]);
         } else if (!ref) {
             ref = argv[i];
         } else {

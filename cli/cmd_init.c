@@ -86,7 +86,7 @@ static int init_parse(const char **name, const char **dir, int *force, int argc,
         } else if (!strcmp(argv[i], "--force")) {
             *force = 1;
         } else if (argv[i][0] == '-') {
-            return tk_cli_usage(USAGE, "unknown option '%s'", argv[i]);
+            return tk_cli_unknown_option(USAGE, argv[i]);
         } else if (!*name) {
             *name = argv[i];
         } else {

@@ -18,7 +18,7 @@ int tk_cmd_keygen(tk_cli *cli, int argc, char **argv)
                    "key and its fingerprint: give the public key to your users for 'tk trust add'.\n", USAGE);
             return TK_EXIT_OK;
         } else if (argv[i][0] == '-') {
-            return tk_cli_usage(USAGE, "unknown option '%s'", argv[i]);
+            return tk_cli_unknown_option(USAGE, argv[i]);
         } else if (!path) {
             path = argv[i];
         } else {

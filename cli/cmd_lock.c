@@ -83,7 +83,7 @@ int tk_cmd_lock(tk_cli *cli, int argc, char **argv)
         } else if (!strcmp(argv[i], "--trust")) {
             o.trust_unknown = 1;
         } else if (argv[i][0] == '-') {
-            return tk_cli_usage(USAGE, "unknown option '%s'", argv[i]);
+            return tk_cli_unknown_option(USAGE, argv[i]);
         } else if (n < sizeof refs / sizeof *refs) {
             refs[n++] = argv[i];
         } else {

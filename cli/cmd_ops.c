@@ -439,7 +439,7 @@ int tk_cmd_ops(tk_cli *cli, int argc, char **argv)
             continue;
         }
         if (argv[i][0] == '-')
-            return tk_cli_usage(OPS_USAGE, "unknown option '%s'", argv[i]);
+            return tk_cli_unknown_option(OPS_USAGE, argv[i]);
         if (only)
             return tk_cli_usage(OPS_USAGE, "unexpected argument '%s'", argv[i]);
         only = argv[i];
@@ -453,7 +453,15 @@ int tk_cmd_ops(tk_cli *cli, int argc, char **argv)
     code = TK_EXIT_OK;
     const jv *one = only ? find_op(ops, only) : NULL;
     if (only && !one) {
-        code = run_fail(TK_ERR_NOT_FOUND, "unknown op '%s'\nHINT: 'tk ops' lists every op", only);
+        const char *names[512];
+        size_t nn = 0;
+        for (size_t i = 0; i < ops->n && nn < 511; i++)
+            if (jv_str(jv_get(ops->items[i], "name")))
+                names[nn++] = jv_str(jv_get(ops->items[i], "name"));
+        names[nn] = NULL;
+        const char *dym = tk_cli_closest(only, names);
+        code = run_fail(TK_ERR_NOT_FOUND, "unknown op '%s'\nHINT: %s%s%s'tk ops' lists every op", only,
+                        dym ? "did you mean '" : "", dym ? dym : "", dym ? "'? " : "");
     } else if (cli->json) {
         jv_print(one ? one : ops, 0);
         printf("\n");
@@ -809,7 +817,7 @@ static int run_parse(run_opts *o, int argc, char **argv)
         if (strcmp(a, "--shape") && strcmp(a, "--dtype") && strcmp(a, "--seed") && strcmp(a, "--repeat") &&
             strcmp(a, "--arg") && strcmp(a, "--package") && strcmp(a, "--device")) {
             if (a[0] == '-')
-                return tk_cli_usage(RUN_USAGE, "unknown option '%s'", a);
+                return tk_cli_unknown_option(RUN_USAGE, a);
             if (o->opname)
                 return tk_cli_usage(RUN_USAGE, "unexpected argument '%s'", a);
             o->opname = a;

@@ -9,13 +9,16 @@
 #include "cli/cli.h"
 
 static const char *USAGE = "tk publish <pkgdir> (--to <registry-dir> | --registry <url> [--token T]) --key <key-file> "
-                            "[--zstd]\n       tk publish <pkgdir> --check [--arch sm_80,sm_90]";
+                            "[--zstd] [--arch A,B | --no-compile]\n       tk publish <pkgdir> --check [--arch sm_80,sm_90]";
 
 int tk_cmd_check(tk_cli *cli, int argc, char **argv);
 
 int tk_cmd_publish(tk_cli *cli, int argc, char **argv)
 {
     const char *dir = NULL, *to = NULL, *registry = NULL, *token = NULL, *key = getenv("TK_PUBLISH_KEY");
+    const char *archs[64];
+    char archbuf[1024]; /* --arch's value, split in place */
+    size_t narchs = 0;
     tk_publish_opts o = TK_PUBLISH_OPTS_INIT;
     for (int i = 1; i < argc; i++)
         if (!strcmp(argv[i], "--check")) {
@@ -55,9 +58,12 @@ int tk_cmd_publish(tk_cli *cli, int argc, char **argv)
                    "atomically; it prints the commit the server wrote.\n\n"
                    "Before it signs anything, it runs every check 'tk get' runs at install (each key of\n"
                    "kernel.json, with line, column and \"did you mean\"; each kernel's source, params, dtypes\n"
-                   "and launch expressions) and refuses the package, writing nothing, when one fails.\n"
-                   "--check runs those checks and an NVRTC compile of every kernel instead of publishing\n"
-                   "(the same as 'tk check <pkgdir>').\n\n"
+                   "and launch expressions) and compiles every kernel with NVRTC, for --arch, else\n"
+                   "config.json's \"archs\", else sm_80 and sm_90 (a kernel whose constraints rule those out\n"
+                   "is compiled for its own min_cc). It refuses the package, writing and uploading nothing,\n"
+                   "when a check or a compile fails, and prints NVRTC's file:line. Without NVRTC on the\n"
+                   "machine it publishes with a warning that nothing was compiled. --check runs the checks\n"
+                   "and the compile instead of publishing (the same as 'tk check <pkgdir>').\n\n"
                    "options:\n"
                    "  --to DIR        the registry tree (created if missing)\n"
                    "  --registry URL  a 'tk serve' registry (http:// or https://)\n"
@@ -65,13 +71,16 @@ int tk_cmd_publish(tk_cli *cli, int argc, char **argv)
                    "                  registry's operator makes one with 'tk serve token add --org ORG'\n"
                    "  --key FILE      the publisher's private key from 'tk keygen' (or TK_PUBLISH_KEY)\n"
                    "  --zstd          compress the archive with zstd instead of gzip\n"
+                   "  --arch ARCHS    compile for these (comma-separated: sm_80,sm_90a) before signing\n"
+                   "  --no-compile    do not compile before signing (the manifest checks still run)\n"
                    "  --check         check and compile only (--arch ARCHS, default sm_80,sm_90); see tk check\n"
                    "  --json          print {\"commit\": ..., \"created\": ...}\n\n"
                    "examples:\n"
                    "  tk publish ./my-kernels --to /srv/registry --key ~/.config/tk/publisher.pem\n"
                    "  TK_TOKEN=tks_... tk publish ./my-kernels --registry https://kernels.example.com --key k.pem\n\n"
-                   "exit status: 0 ok, 2 bad arguments or token, 4 network, 5 a bad kernel.json, or the\n"
-                   "signature, trust, digest or version refused, 6 file system, 1 other.\n", USAGE);
+                   "exit status: 0 ok, 2 bad arguments, 4 network, 5 a bad kernel.json, or the signature,\n"
+                   "trust, digest or version refused, 6 file system, 7 a kernel does not compile, 8 the\n"
+                   "registry refused the token (401/403), 1 other.\n", USAGE);
             return TK_EXIT_OK;
         } else if (!strcmp(argv[i], "--to") || !strcmp(argv[i], "--key") || !strcmp(argv[i], "--registry") ||
                    !strcmp(argv[i], "--token")) {
@@ -87,8 +96,18 @@ int tk_cmd_publish(tk_cli *cli, int argc, char **argv)
                 key = argv[++i];
         } else if (!strcmp(argv[i], "--zstd")) {
             o.compression = "zst";
+        } else if (!strcmp(argv[i], "--no-compile")) {
+            o.no_compile = 1;
+        } else if (!strcmp(argv[i], "--arch") || !strncmp(argv[i], "--arch=", 7)) {
+            const char *v = argv[i][6] == '=' ? argv[i] + 7 : (++i < argc ? argv[i] : NULL);
+            if (!v || !*v || narchs || strlen(v) >= sizeof archbuf)
+                return tk_cli_usage(USAGE, "--arch needs one value such as sm_80,sm_90");
+            snprintf(archbuf, sizeof archbuf, "%s", v);
+            char *save = NULL;
+            for (char *t = strtok_r(archbuf, ",", &save); t && narchs < 64; t = strtok_r(NULL, ",", &save))
+                archs[narchs++] = t;
         } else if (argv[i][0] == '-') {
-            return tk_cli_usage(USAGE, "unknown option '%s'", argv[i]);
+            return tk_cli_unknown_option(USAGE, argv[i]);
         } else if (!dir) {
             dir = argv[i];
         } else {
@@ -101,7 +120,11 @@ int tk_cmd_publish(tk_cli *cli, int argc, char **argv)
         return tk_cli_usage(USAGE, "--to and --registry are exclusive: publish to one place at a time");
     if (!key)
         return tk_cli_usage(USAGE, "need --key (make one with 'tk keygen')");
+    if (o.no_compile && narchs)
+        return tk_cli_usage(USAGE, "--arch names what to compile for; it makes no sense with --no-compile");
     o.key_path = key;
+    o.archs = narchs ? archs : NULL;
+    o.narchs = narchs;
     tk_ctx *ctx = tk_cli_ctx(cli);
     if (!ctx)
         return TK_EXIT_FAIL;

@@ -18,7 +18,7 @@ int tk_cmd_remove(tk_cli *cli, int argc, char **argv)
             return TK_EXIT_OK;
         }
         if (argv[i][0] == '-')
-            return tk_cli_usage(USAGE, "unknown option '%s'", argv[i]);
+            return tk_cli_unknown_option(USAGE, argv[i]);
         n++;
     }
     if (!n)
@@ -30,8 +30,7 @@ int tk_cmd_remove(tk_cli *cli, int argc, char **argv)
         int rc = tk_pkg_remove(ctx, argv[i]);
         if (rc != TK_OK)
             return tk_cli_fail(cli, rc, argv[i]);
-        if (!cli->quiet)
-            printf("removed %s\n", argv[i]);
+        /* the library's one line says it: "removed ORG/NAME (N bytes freed)" */
     }
     return TK_EXIT_OK;
 }

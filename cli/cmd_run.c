@@ -261,7 +261,7 @@ static int parse_options(run_opts *o, tk_cli *cli, int argc, char **argv)
         } else if (!strcmp(a, "--json")) {
             cli->json = 1;
         } else if (a[0] == '-') {
-            return tk_cli_usage(USAGE, "unknown option '%s'", a);
+            return tk_cli_unknown_option(USAGE, a);
         } else if (!o->ref) {
             o->ref = a;
         } else if (!o->fname) {

@@ -63,8 +63,8 @@ static void help(void)
            "  token revoke ID --root DIR\n"
            "      refuses that token from now on (the ID as listed, or the token itself).\n"
            "  trust add ORG PUBKEY --root DIR\n"
-           "      lets the key PUBKEY (ed25519:<64 hex>, from 'tk keygen') sign uploads for ORG; the same\n"
-           "      syntax as 'tk trust add ORG PUBKEY' on a client.\n"
+           "      lets the key PUBKEY (ed25519:<64 hex>, or the KEY.pub file 'tk keygen' wrote) sign\n"
+           "      uploads for ORG; the same syntax as 'tk trust add ORG PUBKEY' on a client.\n"
            "  trust list --root DIR\n"
            "      the keys trusted for uploads, per org.\n"
            "  trust remove ORG KEYID --root DIR\n"
@@ -176,7 +176,7 @@ static int admin(tk_cli *cli, int argc, char **argv)
             else
                 root = argv[++i];
         } else if (argv[i][0] == '-') {
-            return tk_cli_usage(USAGE, "unknown option '%s'", argv[i]);
+            return tk_cli_unknown_option(USAGE, argv[i]);
         } else if (npos < 2) {
             pos[npos++] = argv[i];
         } else {
@@ -245,8 +245,10 @@ static int admin(tk_cli *cli, int argc, char **argv)
     }
     if (npos != 1)
         return tk_cli_usage(USAGE, "'tk serve trust add ORG PUBKEY' needs the public key (ed25519:<64 hex>)");
-    char *keyid = NULL;
-    rc = tk_serve_trust_add(&keyid, root, org, pos[0]);
+    char *keyid = NULL, key[256];
+    if ((rc = tk_cli_pubkey_arg(key, sizeof key, pos[0], USAGE)) != 0)
+        return rc;
+    rc = tk_serve_trust_add(&keyid, root, org, key);
     if (rc != TK_OK)
         return tk_cli_fail(cli, rc, pos[0]);
     if (cli->json)
@@ -297,7 +299,7 @@ int tk_cmd_serve(tk_cli *cli, int argc, char **argv)
             else
                 o.timeout_s = n;
         } else {
-            return tk_cli_usage(USAGE, "unknown option '%s'", a);
+            return tk_cli_unknown_option(USAGE, a);
         }
     }
     if (!o.root)

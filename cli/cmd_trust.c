@@ -6,7 +6,7 @@
 
 #include "cli/cli.h"
 
-static const char *USAGE = "tk trust add <org> <pubkey> [--comment TEXT] | tk trust list | tk trust remove <org> <keyid|pubkey>";
+static const char *USAGE = "tk trust add <org> <pubkey|KEY.pub> [--comment TEXT] | tk trust list | tk trust remove <org> <keyid|pubkey>";
 
 int tk_cmd_trust(tk_cli *cli, int argc, char **argv)
 {
@@ -16,7 +16,8 @@ int tk_cmd_trust(tk_cli *cli, int argc, char **argv)
         printf("usage: %s\n\n"
                "Packages are installed only when signed by a key trusted for their org. The build's default\n"
                "registry key is trusted for its org without an entry.\n\n"
-               "  add <org> <pubkey>       trust pubkey (ed25519:<64 hex>, from 'tk keygen') for org\n"
+               "  add <org> <pubkey>       trust pubkey for org: ed25519:<64 hex>, or the KEY.pub file that\n"
+               "                           'tk keygen' wrote\n"
                "  list                     show trusted keys with their fingerprints (--json too)\n"
                "  remove <org> <keyid>     stop trusting a key (give its SHA256:... id or the pubkey)\n", USAGE);
         return TK_EXIT_OK;
@@ -29,7 +30,7 @@ int tk_cmd_trust(tk_cli *cli, int argc, char **argv)
         if (!strcmp(argv[i], "--comment") && i + 1 < argc)
             comment = argv[++i];
         else if (argv[i][0] == '-')
-            return tk_cli_usage(USAGE, "unknown option '%s'", argv[i]);
+            return tk_cli_unknown_option(USAGE, argv[i]);
         else if (np < 4)
             pos[np++] = argv[i];
     }
@@ -40,12 +41,15 @@ int tk_cmd_trust(tk_cli *cli, int argc, char **argv)
     if (!strcmp(sub, "add")) {
         if (np != 2)
             return tk_cli_usage(USAGE, "trust add takes an org and a public key");
-        if ((rc = tk_trust_add(ctx, pos[0], pos[1], comment)) != TK_OK)
+        char key[256];
+        if ((rc = tk_cli_pubkey_arg(key, sizeof key, pos[1], USAGE)) != 0)
+            return rc;
+        if ((rc = tk_trust_add(ctx, pos[0], key, comment)) != TK_OK)
             return tk_cli_fail(cli, rc, NULL);
         char *id = NULL;
-        tk_key_fingerprint(&id, pos[1]);
+        tk_key_fingerprint(&id, key);
         if (!cli->quiet)
-            printf("trusted %s for org '%s'\n", id ? id : pos[1], pos[0]);
+            printf("trusted %s for org '%s'\n", id ? id : key, pos[0]);
         tk_free(id);
     } else if (!strcmp(sub, "remove") || !strcmp(sub, "rm")) {
         if (np != 2)

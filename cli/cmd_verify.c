@@ -38,7 +38,7 @@ int tk_cmd_verify(tk_cli *cli, int argc, char **argv)
             fputs(HELP, stdout);
             return TK_EXIT_OK;
         } else if (argv[i][0] == '-') {
-            return tk_cli_usage(USAGE, "unknown option '%s'", argv[i]);
+            return tk_cli_unknown_option(USAGE, argv[i]);
         } else if (!ref) {
             ref = argv[i];
         } else {

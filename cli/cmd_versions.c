@@ -37,7 +37,7 @@ int tk_cmd_versions(tk_cli *cli, int argc, char **argv)
                    "5 the registry served something that fails a check, 1 other.\n", USAGE);
             return TK_EXIT_OK;
         } else if (argv[i][0] == '-') {
-            return tk_cli_usage(USAGE, "unknown option '%s'", argv[i]);
+            return tk_cli_unknown_option(USAGE, argv[i]);
         } else if (!ref) {
             ref = argv[i];
         } else {

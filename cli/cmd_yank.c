@@ -22,7 +22,10 @@ int tk_cmd_yank(tk_cli *cli, int argc, char **argv)
                    "--to, or a 'tk serve' registry with --registry). The version's files stay, so lock files\n"
                    "that pin its commit still install it. If it heads its branch (v<major>), the branch\n"
                    "moves back to the newest version of that major that is not yanked, so 'tk get' no\n"
-                   "longer picks it. Machines that already saw the yanked version accept the older head\n"
+                   "longer picks it; when there is none (a broken first release) the branch is removed,\n"
+                   "'tk get ORG/NAME@MAJOR' says the version was yanked and why, and an exact pin\n"
+                   "(@1.0.0) still installs it with a warning. Machines that already saw the yanked\n"
+                   "version accept the older head\n"
                    "because the statement is signed by a key they trust for the org; without it they would\n"
                    "refuse it as a rollback. A yanked version can never be published again.\n\n"
                    "options:\n"
@@ -31,12 +34,15 @@ int tk_cmd_yank(tk_cli *cli, int argc, char **argv)
                    "  --token T       the upload token for the package's org (default: TK_TOKEN)\n"
                    "  --key FILE      the publisher's private key (or TK_PUBLISH_KEY)\n"
                    "  --reason TEXT   why; shown to users whose machines move back\n"
-                   "  --json          print {\"ref\": ..., \"branch_commit\": ...}\n\n"
+                   "  --json          print {\"ref\": ..., \"branch_commit\": ...} (null: the branch did\n"
+                   "                  not move, or was removed)\n\n"
                    "examples:\n"
                    "  tk yank acme/attn@1.4.2 --to /srv/registry --key acme.pem --reason \"wrong results on sm_90\"\n"
                    "  TK_TOKEN=... tk yank acme/attn@1.4.2 --registry https://kernels.example.com --key acme.pem\n\n"
-                   "exit status: 0 ok (also when already yanked), 2 bad arguments, or the last version of its\n"
-                   "major, 3 no such version, 4 network, 5 the registry does not trust the key, 1 other.\n",
+                   "It prints one line: what was yanked and where its branch went.\n\n"
+                   "exit status: 0 ok (also when already yanked), 2 bad arguments, 3 no such version,\n"
+                   "4 network, 5 the registry does not trust the key, 8 the registry refused the token\n"
+                   "(401/403), 1 other.\n",
                    USAGE);
             return TK_EXIT_OK;
         } else if (!strcmp(argv[i], "--to") || !strcmp(argv[i], "--key") || !strcmp(argv[i], "--registry") ||
@@ -55,7 +61,7 @@ int tk_cmd_yank(tk_cli *cli, int argc, char **argv)
             else
                 key = v;
         } else if (argv[i][0] == '-') {
-            return tk_cli_usage(USAGE, "unknown option '%s'", argv[i]);
+            return tk_cli_unknown_option(USAGE, argv[i]);
         } else if (!ref) {
             ref = argv[i];
         } else {
@@ -80,7 +86,6 @@ int tk_cmd_yank(tk_cli *cli, int argc, char **argv)
     if (cli->json)
         printf("{\"ref\": \"%s\", \"branch_commit\": %s%s%s}\n", ref, moved[0] ? "\"" : "", moved[0] ? moved : "null",
                moved[0] ? "\"" : "");
-    else if (!cli->quiet)
-        printf("yanked %s%s%s\n", ref, moved[0] ? "; its branch now points at " : "", moved);
+    /* the text is the library's one line ("yanked ...; branch moved back to ..."), on stderr */
     return TK_EXIT_OK;
 }

@@ -2,6 +2,7 @@
  * common.c — what every tk subcommand shares: the context with the global options, messages,
  * the progress bar and the mapping from statuses to exit codes.
  */
+#define _GNU_SOURCE /* memmem */
 #include <ctype.h>
 #include <errno.h>
 #include <stdarg.h>
@@ -140,6 +141,7 @@ int tk_cli_exit_code(int status)
     case TK_ERR_COMPILE:
     case TK_ERR_LAUNCH: return TK_EXIT_DEVICE;
     case TK_ERR_UNSUPPORTED: return TK_EXIT_UNSUPPORTED;
+    case TK_ERR_AUTH: return TK_EXIT_AUTH;
     default: return TK_EXIT_FAIL;
     }
 }
@@ -171,6 +173,7 @@ static const char *status_token(int status)
     case TK_ERR_UNSUPPORTED: return "unsupported";
     case TK_ERR_INTERNAL: return "internal";
     case TK_ERR_CORRUPT: return "corrupt";
+    case TK_ERR_AUTH: return "auth";
     case TK_CLI_STATUS_USAGE: return "usage";
     default: return "failed";
     }
@@ -245,6 +248,20 @@ void tk_cli_json_error(int status, const char *what, const char *msg)
     json_error(status, status == TK_CLI_STATUS_USAGE ? TK_EXIT_USAGE : tk_cli_exit_code(status), what, msg);
 }
 
+/* 1 when the first line of msg names `what` as a word of its own (not inside another name): then
+ * "what: msg" would say it twice. */
+static int names_it(const char *msg, const char *what)
+{
+    size_t first = strcspn(msg, "\n"), wl = strlen(what);
+    for (const char *p = msg; wl && (p = memmem(p, first - (size_t)(p - msg), what, wl)) != NULL; p++) {
+        char before = p == msg ? ' ' : p[-1], after = p[wl];
+        if (!isalnum((unsigned char)before) && !strchr("_-./", before) &&
+            (after == '\0' || after == '\n' || (!isalnum((unsigned char)after) && !strchr("_-/", after))))
+            return 1;
+    }
+    return 0;
+}
+
 int tk_cli_fail(tk_cli *cli, int status, const char *what)
 {
     if (cli && cli->tty)
@@ -252,6 +269,9 @@ int tk_cli_fail(tk_cli *cli, int status, const char *what)
     const char *msg = tk_last_error();
     if (!msg || !*msg)
         msg = tk_status_str(status);
+    /* a message that names it already says it once ("rmsnorm: 'rmsnorm' is not a package name") */
+    if (what && *what && names_it(msg, what))
+        what = NULL;
     if ((cli && cli->json) || tk_cli_json_mode) {
         tk_cli_json_error(status, what, msg);
         return tk_cli_exit_code(status);
@@ -272,7 +292,8 @@ int tk_cli_usage(const char *usage, const char *fmt, ...)
         vsnprintf(msg, sizeof msg - 200, fmt, ap);
         va_end(ap);
         size_t n = strlen(msg);
-        snprintf(msg + n, sizeof msg - n, "\nHINT: usage: %s", usage);
+        /* one hint field: the usage line joins a hint the message has */
+        snprintf(msg + n, sizeof msg - n, "%susage: %s", strstr(msg, "\nHINT: ") ? "\n" : "\nHINT: ", usage);
         tk_cli_json_error(TK_CLI_STATUS_USAGE, NULL, msg);
         return TK_EXIT_USAGE;
     }
@@ -349,4 +370,92 @@ int tk_cli_errorf(tk_cli *cli, int status, int exit_code, const char *fmt, ...)
         fputs("\r\033[K", stderr);
     fprintf(stderr, "tk: %s\n", msg);
     return exit_code;
+}
+
+/* ---- did you mean (issue 23, item 14) ------------------------------------------------------------- */
+
+/* Levenshtein distance, capped inputs (cli/ sees only tk.h: the library's copy is internal). */
+static size_t edit_distance(const char *a, const char *b)
+{
+    size_t la = strlen(a), lb = strlen(b), row[65];
+    if (la > 64 || lb > 64)
+        return (size_t)-1;
+    for (size_t j = 0; j <= lb; j++)
+        row[j] = j;
+    for (size_t i = 1; i <= la; i++) {
+        size_t diag = row[0];
+        row[0] = i;
+        for (size_t j = 1; j <= lb; j++) {
+            size_t up = row[j], best = diag + (a[i - 1] != b[j - 1]);
+            if (up + 1 < best)
+                best = up + 1;
+            if (row[j - 1] + 1 < best)
+                best = row[j - 1] + 1;
+            row[j] = best;
+            diag = up;
+        }
+    }
+    return row[lb];
+}
+
+const char *tk_cli_closest(const char *typed, const char *const *cands)
+{
+    const char *t = typed + strspn(typed, "-"), *best = NULL;
+    size_t bestd = (size_t)-1, limit = strlen(t) / 3 ? strlen(t) / 3 : 1;
+    for (size_t i = 0; cands && cands[i]; i++) {
+        size_t d = edit_distance(t, cands[i] + strspn(cands[i], "-"));
+        if (d < bestd) {
+            bestd = d;
+            best = cands[i];
+        }
+    }
+    return best && bestd > 0 && bestd <= limit ? best : NULL;
+}
+
+int tk_cli_unknown_option(const char *usage, const char *opt)
+{
+    static const char *const global[] = {"--json", "--quiet", "--verbose", "--offline", "--help", "--version"};
+    char words[64][40];
+    const char *cands[64 + 8];
+    size_t n = 0;
+    for (const char *p = usage; (p = strstr(p, "--")) != NULL && n < 64; p += 2) {
+        size_t len = 2 + strspn(p + 2, "abcdefghijklmnopqrstuvwxyz0123456789-");
+        if (len > 2 && len < sizeof words[0]) {
+            memcpy(words[n], p, len);
+            words[n][len] = '\0';
+            cands[n] = words[n];
+            n++;
+        }
+        p += len - 2;
+    }
+    for (size_t i = 0; i < sizeof global / sizeof *global; i++)
+        cands[n++] = global[i];
+    cands[n] = NULL;
+    const char *dym = tk_cli_closest(opt, cands);
+    if (dym)
+        return tk_cli_usage(usage, "unknown option '%s'\nHINT: did you mean '%s'?", opt, dym);
+    return tk_cli_usage(usage, "unknown option '%s'", opt);
+}
+
+int tk_cli_pubkey_arg(char *out, size_t cap, const char *arg, const char *usage)
+{
+    FILE *f = strncmp(arg, "ed25519:", 8) != 0 ? fopen(arg, "r") : NULL;
+    if (!f) { /* the key itself (the library checks it) */
+        snprintf(out, cap, "%s", arg);
+        return 0;
+    }
+    char buf[4096];
+    size_t n = fread(buf, 1, sizeof buf - 1, f);
+    fclose(f);
+    buf[n] = '\0';
+    if (strstr(buf, "PRIVATE KEY"))
+        return tk_cli_usage(usage, "%s is a private key: trust is given to the public half\nHINT: use %s.pub, the "
+                            "file 'tk keygen' wrote beside it (never share the private key)", arg, arg);
+    char *s = buf + strspn(buf, " \t\r\n");
+    s[strcspn(s, " \t\r\n")] = '\0';
+    if (strncmp(s, "ed25519:", 8) != 0)
+        return tk_cli_usage(usage, "%s holds no public key (want ed25519:<64 hex>, the KEY.pub file 'tk keygen' "
+                            "writes)", arg);
+    snprintf(out, cap, "%s", s);
+    return 0;
 }

@@ -101,6 +101,7 @@ const char *tk_status_str(int status)
     case TK_ERR_UNSUPPORTED: return "unsupported";
     case TK_ERR_INTERNAL: return "internal error";
     case TK_ERR_CORRUPT: return "damaged file";
+    case TK_ERR_AUTH: return "not authorized";
     default: return "unknown status";
     }
 }

@@ -38,6 +38,36 @@ int tk_hub__installed(tk_state_pkg **out, tk_state *st, const char *refstr)
         return rc;
     if (ref.commit[0]) {
         rc = tk_state__pkg_get_commit(out, st, ref.name, ref.commit);
+    } else if (ref.prefix[0]) { /* the one installed commit that starts so */
+        tk_state_pkg **all = NULL;
+        size_t n = 0, k = 0;
+        if ((rc = tk_state__pkg_list(&all, &n, st)) != TK_OK)
+            return rc;
+        const char **cs = calloc(n + 1, sizeof *cs), **vs = calloc(n + 1, sizeof *vs);
+        size_t *at = calloc(n + 1, sizeof *at);
+        long pick = -1;
+        for (size_t i = 0; cs && vs && at && i < n; i++)
+            if (!strcmp(all[i]->name, ref.name)) {
+                cs[k] = all[i]->commit;
+                vs[k] = all[i]->version;
+                at[k++] = i;
+            }
+        if (!cs || !vs || !at) {
+            rc = tk__err(TK_ERR_NOMEM, "out of memory");
+        } else if ((pick = tk_hub__ref_pick_prefix(&ref, cs, vs, k, "installed")) < 0) {
+            rc = pick == -2 ? TK_ERR_INVALID : TK_ERR_NOT_FOUND;
+        } else {
+            *out = all[at[pick]];
+            all[at[pick]] = NULL;
+        }
+        free(at);
+        free(cs);
+        free(vs);
+        for (size_t i = 0; i < n; i++)
+            tk_state__pkg_free(all[i]);
+        free(all);
+        if (rc == TK_ERR_INVALID)
+            return rc;
     } else if (tk_hub__ref_is_spec(&ref)) { /* the newest installed version the spec allows */
         tk_state_pkg **all = NULL;
         size_t n = 0, best = (size_t)-1;
@@ -64,7 +94,26 @@ int tk_hub__installed(tk_state_pkg **out, tk_state *st, const char *refstr)
     return rc;
 }
 
-/* "did you mean" from the registry's package list (if it has one) and installed names. */
+/* How far candidate package name c is from the typed name t, org and name apart: the sum of the two
+ * edit distances, or (size_t)-1 when it is too far to suggest: more than a third of the typed
+ * name's length (at least 1), so "nope" suggests nothing but "activaton" suggests "activation". */
+static size_t name_distance(const char *t, const char *c)
+{
+    const char *ts = strchr(t, '/'), *cs = strchr(c, '/');
+    if (!ts || !cs || ts - t >= 65 || cs - c >= 65)
+        return (size_t)-1;
+    char to[65], co[65];
+    snprintf(to, sizeof to, "%.*s", (int)(ts - t), t);
+    snprintf(co, sizeof co, "%.*s", (int)(cs - c), c);
+    size_t dorg = tk__edit_distance(to, co), dname = tk__edit_distance(ts + 1, cs + 1);
+    size_t limit = strlen(ts + 1) / 3;
+    if (limit < 1)
+        limit = 1;
+    return dorg == (size_t)-1 || dname == (size_t)-1 || dorg + dname > limit ? (size_t)-1 : dorg + dname;
+}
+
+/* "did you mean" from the registry's package list (if it has one) and installed names, only when one
+ * is close (name_distance). */
 static void suggest(const tk_hub_env *env, const char *name, tk_buf *hint)
 {
     char *url = tk__fmt("%s/index.json", env->endpoint);
@@ -80,7 +129,7 @@ static void suggest(const tk_hub_env *env, const char *name, tk_buf *hint)
         const char *k;
         json_t *v;
         json_object_foreach(json_object_get(j, "packages"), k, v) {
-            size_t d = tk__edit_distance(name, k);
+            size_t d = name_distance(name, k);
             if (d < bestd) {
                 bestd = d;
                 best = k;
@@ -89,14 +138,14 @@ static void suggest(const tk_hub_env *env, const char *name, tk_buf *hint)
     }
     if (tk_state__pkg_names(&names, &nn, env->state) == TK_OK) {
         for (size_t i = 0; i < nn; i++) {
-            size_t d = tk__edit_distance(name, names[i]);
+            size_t d = name_distance(name, names[i]);
             if (d < bestd) {
                 bestd = d;
                 best = names[i];
             }
         }
     }
-    if (best && bestd > 0 && bestd <= 1 + strlen(name) / 3)
+    if (best && bestd > 0 && bestd != (size_t)-1)
         tk__buf_printf(hint, "\nHINT: did you mean '%s'?", best);
     else
         tk__buf_printf(hint, "\nHINT: check the name; the registry is %s", env->endpoint);
@@ -106,6 +155,41 @@ static void suggest(const tk_hub_env *env, const char *name, tk_buf *hint)
     json_decref(j);
     free(body);
     free(url);
+}
+
+/* No branch holds what ref asks for (its major, or any major): when that is because the publisher
+ * yanked every version of it (a broken first release), the error says so, with the reason, and how
+ * to install it anyway. TK_ERR_NOT_FOUND set with that message, or TK_OK when it was not a yank (the
+ * caller reports the plain "not found"). */
+static int yanked_major(const tk_hub_env *env, const tk_hub_ref *ref)
+{
+    tk_hub_version *vs = NULL;
+    size_t n = 0;
+    const tk_hub_version *y = NULL;
+    int rc = TK_OK;
+    if (tk_hub__versions(&vs, &n, env, ref) != TK_OK)
+        return TK_OK;
+    for (size_t i = 0; i < n; i++) { /* newest first */
+        if (ref->major && vs[i].major != ref->major)
+            continue;
+        if (!vs[i].yanked) { /* a version the branch should hold: not a yank */
+            y = NULL;
+            break;
+        }
+        if (!y)
+            y = &vs[i];
+    }
+    if (y) {
+        char major[32] = "";
+        if (ref->major)
+            snprintf(major, sizeof major, " of major %d", ref->major);
+        rc = tk__err(TK_ERR_NOT_FOUND, "%s %s was yanked by its publisher (%s), and %s has no other version%s\n"
+                     "HINT: to install it anyway, name it exactly: tk get %s@%s", ref->name, y->version,
+                     y->yank_reason[0] ? y->yank_reason : "no reason given", ref->name, major, ref->name,
+                     y->version);
+    }
+    free(vs);
+    return rc;
 }
 
 /* Resolves ref to a commit through the refs endpoint. */
@@ -155,10 +239,11 @@ static int resolve(const tk_hub_env *env, const tk_hub_ref *ref, char commit[41]
         }
     }
     if (!best_commit) {
-        if (ref->major)
+        rc = yanked_major(env, ref);
+        if (rc == TK_OK && ref->major)
             rc = tk__err(TK_ERR_NOT_FOUND, "%s has no version %d (branch v%d)\nHINT: available: %s", ref->name,
                          ref->major, ref->major, avail.len ? avail.data : "none");
-        else
+        else if (rc == TK_OK)
             rc = tk__err(TK_ERR_NOT_FOUND, "%s has no version branches (v1, v2, ...) in the registry", ref->name);
         tk__buf_free(&avail);
         goto done;
@@ -534,11 +619,43 @@ static int resolve_spec(const tk_hub_env *env, tk_hub_staged *s)
     return TK_OK;
 }
 
+/* A commit prefix (@1a2b3c4): the one commit of the package's versions (each checked, as tk versions
+ * checks them) that starts so; it becomes the reference's exact commit. */
+static int resolve_prefix(const tk_hub_env *env, tk_hub_ref *ref)
+{
+    tk_hub_version *vs = NULL;
+    size_t n = 0;
+    int rc = tk_hub__versions(&vs, &n, env, ref);
+    const char **cs = rc == TK_OK ? calloc(n + 1, sizeof *cs) : NULL, **vv = rc == TK_OK ? calloc(n + 1, sizeof *vv) : NULL;
+    if (rc == TK_OK && (!cs || !vv))
+        rc = tk__err(TK_ERR_NOMEM, "out of memory");
+    for (size_t i = 0; rc == TK_OK && i < n; i++) {
+        cs[i] = vs[i].commit;
+        vv[i] = vs[i].version;
+    }
+    if (rc == TK_OK) {
+        long pick = tk_hub__ref_pick_prefix(ref, cs, vv, n, "in the registry");
+        if (pick >= 0) {
+            memcpy(ref->commit, vs[pick].commit, sizeof ref->commit);
+            say(env, TK_LOG_INFO, "%s@%s: commit %s (%s)", ref->name, ref->prefix, vs[pick].commit, vs[pick].version);
+            ref->prefix[0] = '\0';
+        } else {
+            rc = pick == -2 ? TK_ERR_INVALID : TK_ERR_NOT_FOUND;
+        }
+    }
+    free(cs);
+    free(vv);
+    free(vs);
+    return rc;
+}
+
 /* Step 1: the commit the reference names, and the installed package when that commit is installed
  * already (s->have: nothing more to do). */
 static int resolve_commit(const tk_hub_env *env, tk_hub_staged *s)
 {
     int rc = TK_OK;
+    if (s->ref.prefix[0] && (rc = resolve_prefix(env, &s->ref)) != TK_OK)
+        return rc;
     if (s->ref.commit[0])
         memcpy(s->commit, s->ref.commit, sizeof s->commit);
     else if (tk_hub__ref_is_spec(&s->ref))

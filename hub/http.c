@@ -647,9 +647,10 @@ static int http_error(const req *r, int attempts)
     if (r->status >= 300 && r->status < 400)
         return tk__err(TK_ERR_NETWORK, "%s: HTTP %ld without a usable Location\n%s", where, r->status,
                        HINT_NET);
+    if (r->status == 401 || r->status == 403)
+        return tk__err(TK_ERR_AUTH, "%s: HTTP %ld%s\n%s", where, r->status, detail, HINT_AUTH);
     return tk__err(TK_ERR_NETWORK, "%s: HTTP %ld%s (%d attempt%s)\n%s", where, r->status, detail,
-                   attempts, attempts == 1 ? "" : "s",
-                   r->status == 401 || r->status == 403 ? HINT_AUTH : HINT_NET);
+                   attempts, attempts == 1 ? "" : "s", HINT_NET);
 }
 
 static int curl_error(const req *r, CURLcode cc, int attempts)

@@ -14,7 +14,8 @@
 #include "tk.h"
 
 /* A parsed package reference (hub/ref.c): org/name[@major | @v<major> | @MAJOR.MINOR.PATCH |
- * @<range> | @<40-hex commit>], at most one of major, exact, range and commit set. */
+ * @<range> | @<40-hex commit> | @<7 to 39 hex: a commit prefix>], at most one of major, exact, range,
+ * commit and prefix set. */
 typedef struct {
     char name[132];   /* org/name */
     char org[65];
@@ -23,9 +24,15 @@ typedef struct {
     char commit[41];  /* "" unless an exact commit was given */
     char exact[40];   /* "" unless an exact version was given */
     char range[128];  /* "" unless a range (">=1.2,<2") was given */
+    char prefix[41];  /* "" unless a commit prefix (7 to 39 hex, as git takes them) was given */
 } tk_hub_ref;
 
 int tk_hub__ref_parse(tk_hub_ref *out, const char *ref);
+/* Of n commits (40 hex each, versions[i] the version of commits[i]), the one that ref's prefix names:
+ * its index; -1 with TK_ERR_NOT_FOUND set (none); -2 with TK_ERR_INVALID set (several, listed with
+ * their versions). `where` names what was searched ("in the registry", "installed"). */
+long tk_hub__ref_pick_prefix(const tk_hub_ref *ref, const char *const *commits, const char *const *versions, size_t n,
+                             const char *where);
 /* 1 when the reference names a version (exact or range) that only a version listing resolves. */
 int tk_hub__ref_is_spec(const tk_hub_ref *ref);
 /* 1 when version satisfies the reference's major, exact version or range (no constraint: 1). */
@@ -112,15 +119,15 @@ int tk_hub__yank_make(char **stmt, char **sig, const char *name, const char *ver
 /* Records a signed yank in the static tree (the caller checked the signature, or is the publisher
  * holding the key) under the tree's publish lock: writes kernels/{org}/{name}/yanked/{version}.json
  * and .json.sig, and if the version heads its branch moves the branch to the newest version of that
- * major that is not yanked (its commit in moved_to, else moved_to[0] = 0). *already is 1 when it was
- * yanked before (nothing changes). Errors: TK_ERR_NOT_FOUND (no such version), TK_ERR_INVALID (it is
- * the last version of its major that is not yanked), TK_ERR_MANIFEST, TK_ERR_IO. */
-int tk_hub__tree_yank(char moved_to[41], int *already, const char *tree, const char *stmt, size_t slen,
+ * major that is not yanked (its commit in moved_to, else moved_to[0] = 0), or removes the branch when
+ * there is none (*removed = 1). *already is 1 when it was yanked before (nothing changes). Errors:
+ * TK_ERR_NOT_FOUND (no such version), TK_ERR_MANIFEST, TK_ERR_IO. */
+int tk_hub__tree_yank(char moved_to[41], int *already, int *removed, const char *tree, const char *stmt, size_t slen,
                       const char *sig, size_t siglen);
 /* Sends a signed yank to a `tk serve` registry (PUT {registry}/api/yank/{org}/{name} with the token);
  * the server checks the signature against its trust store and applies tk_hub__tree_yank. */
-int tk_hub__yank_send(char moved_to[41], int *already, const char *registry, const char *token, const char *stmt,
-                      const char *sig);
+int tk_hub__yank_send(char moved_to[41], int *already, int *removed, const char *registry, const char *token,
+                      const char *stmt, const char *sig);
 /* 1 when resolve_dir/../yanked/{version}.json exists. */
 int tk_hub__tree_is_yanked(const char *resolve_dir, const char *version);
 

@@ -9,6 +9,8 @@
  *                              (>=, >, <=, <, = or none; MAJOR, MAJOR.MINOR or MAJOR.MINOR.PATCH,
  *                              missing parts are 0)
  *     org/name@<40-hex>        exactly that commit
+ *     org/name@<7 to 39 hex>   the one commit that starts so (the 12 hex tk list prints), as git
+ *                              takes an abbreviated commit; several: an error listing them
  */
 #include <stdio.h>
 #include <stdlib.h>
@@ -95,6 +97,12 @@ int tk_hub__ref_parse(tk_hub_ref *out, const char *ref)
         out->major = (int)major;
     } else if (strlen(v) < sizeof out->exact && tk_hub__version_parse(v, NULL) == 0) {
         snprintf(out->exact, sizeof out->exact, "%s", v);
+    } else if (strlen(v) >= 7 && strlen(v) < 40 && strspn(v, "0123456789abcdef") == strlen(v)) {
+        snprintf(out->prefix, sizeof out->prefix, "%s", v);
+    } else if (strlen(v) >= 4 && strlen(v) < 40 && strspn(v, "0123456789abcdefABCDEF") == strlen(v)) {
+        return tk__err(TK_ERR_INVALID, "'%s' is too short for a commit of %s: give at least 7 of its hex digits "
+                       "(lower case), or all 40\nHINT: 'tk versions %s' lists the commits", v, out->name,
+                       out->name);
     } else if (strlen(v) < sizeof out->range && strpbrk(v, "<>=") && range_check(v) == 0) {
         snprintf(out->range, sizeof out->range, "%s", v);
     } else if (v[0] == '0' && (v[1] == '\0' || v[1] == '.')) {
@@ -111,9 +119,32 @@ int tk_hub__ref_parse(tk_hub_ref *out, const char *ref)
 
 int tk_hub__ref_is_spec(const tk_hub_ref *ref) { return ref->exact[0] || ref->range[0]; }
 
+long tk_hub__ref_pick_prefix(const tk_hub_ref *ref, const char *const *commits, const char *const *versions, size_t n,
+                             const char *where)
+{
+    long pick = -1;
+    size_t hits = 0, plen = strlen(ref->prefix);
+    tk_buf list = TK_BUF_INIT;
+    for (size_t i = 0; i < n; i++) {
+        if (strncmp(commits[i], ref->prefix, plen) != 0 || (pick >= 0 && !strcmp(commits[pick], commits[i])))
+            continue;
+        pick = (long)i;
+        hits++;
+        tk__buf_printf(&list, "%s%.12s (%s)", list.len ? ", " : "", commits[i], versions[i]);
+    }
+    if (hits == 0)
+        tk__err(TK_ERR_NOT_FOUND, "%s has no commit starting with %s %s\nHINT: 'tk versions %s' lists its "
+                "versions and commits", ref->name, ref->prefix, where, ref->name);
+    else if (hits > 1)
+        tk__err(TK_ERR_INVALID, "%s@%s is ambiguous: %zu commits %s start with it: %s\nHINT: give more of the "
+                "commit's hex digits", ref->name, ref->prefix, hits, where, list.data ? list.data : "");
+    tk__buf_free(&list);
+    return hits == 1 ? pick : hits ? -2 : -1;
+}
+
 int tk_hub__ref_matches(const tk_hub_ref *ref, const char *version)
 {
-    if (ref->commit[0])
+    if (ref->commit[0] || ref->prefix[0])
         return 0;
     if (ref->exact[0])
         return tk_state__version_cmp(version, ref->exact) == 0;

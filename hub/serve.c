@@ -1602,8 +1602,14 @@ static void page_package(tk_buf *b, tk_server *s, const char *org, const char *p
     pkg_view v;
     memset(&v, 0, sizeof v);
     page_heading(b, org, pkg);
-    if (page_branches(b, &v, resolve_dir, org, pkg))
+    if (page_branches(b, &v, resolve_dir, org, pkg)) {
         page_versions(b, resolve_dir);
+    } else if (resolve_dir) { /* no branch: every version of it was yanked */
+        size_t before = b->len;
+        page_versions(b, resolve_dir);
+        if (b->len > before)
+            tk__buf_puts(b, "<p class=m>nothing to install: the publisher yanked every version</p>");
+    }
     page_trust_line(b, org, v.first_pub);
     if (detail)
         page_kernels(b, v.kernels);
@@ -1940,7 +1946,7 @@ static enum MHD_Result yank_finish(tk_server *s, struct MHD_Connection *c, req *
     char *body = NULL, moved[41] = "", keyid[TK_KEYID_LEN], pub[TK_PUBKEY_LEN], trusted[TK_PUBKEY_LEN];
     size_t len = 0;
     uint8_t sig[64];
-    int already = 0, rc = tk__read_file(&body, &len, r->tmp, 1 << 20);
+    int already = 0, removed = 0, rc = tk__read_file(&body, &len, r->tmp, 1 << 20);
     json_t *j = rc == TK_OK ? json_loadb(body, len, 0, NULL) : NULL;
     const char *stmt = json_string_value(json_object_get(j, "statement"));
     const char *stext = json_string_value(json_object_get(j, "signature"));
@@ -1955,15 +1961,15 @@ static enum MHD_Result yank_finish(tk_server *s, struct MHD_Connection *c, req *
                  (strcmp(y.ref.org, r->org) || strcmp(y.ref.pkg, r->pkg)))
             rc = tk__err(TK_ERR_MANIFEST, "the statement yanks %s, but was sent to %s/%s", y.ref.name, r->org, r->pkg);
     }
-    /* the tree refuses to yank a major's last version (TK_ERR_INVALID): a conflict with its state */
-    if (rc == TK_OK && (rc = tk_hub__tree_yank(moved, &already, s->root, stmt, strlen(stmt), stext, strlen(stext))) ==
-                           TK_ERR_INVALID)
-        rc = TK_ERR_ROLLBACK;
+    if (rc == TK_OK)
+        rc = tk_hub__tree_yank(moved, &already, &removed, s->root, stmt, strlen(stmt), stext, strlen(stext));
     json_t *reply = NULL;
     if (rc == TK_OK) {
-        say(s, TK_LOG_INFO, "yanked %s %s%s%s", y.ref.name, y.version, moved[0] ? "; branch moved back to " : "", moved);
-        reply = json_pack("{s:s, s:s, s:b, s:s?}", "name", y.ref.name, "version", y.version, "already", already,
-                          "branch_commit", moved[0] ? moved : NULL);
+        say(s, TK_LOG_INFO, "yanked %s %s%s%s", y.ref.name, y.version,
+            moved[0] ? "; branch moved back to " : removed ? "; its branch removed (no other version of its major)" : "",
+            moved);
+        reply = json_pack("{s:s, s:s, s:b, s:s?, s:b}", "name", y.ref.name, "version", y.version, "already", already,
+                          "branch_commit", moved[0] ? moved : NULL, "branch_removed", removed);
     }
     json_decref(j);
     free(body);

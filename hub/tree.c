@@ -282,7 +282,8 @@ done:
 }
 
 /* Moves main to the head of the highest major and writes api_dir/refs: every branch v<N> and main
- * with its head. *best_commit (malloc'd) and *best: that head and its major. */
+ * with its head. *best_commit (malloc'd) and *best: that head and its major. With no branch left
+ * (every major's versions yanked) main is removed, refs lists no branch, and *best_commit is NULL. */
 static int write_refs(char **best_commit, int *best, const char *api_dir, const char *resolve_dir)
 {
     int rc = TK_OK;
@@ -316,13 +317,17 @@ static int write_refs(char **best_commit, int *best, const char *api_dir, const 
     }
     closedir(d);
     if (!*best_commit) {
-        rc = tk__err(TK_ERR_INTERNAL, "no branch found after publishing");
-        goto done;
+        char *main_link = tk__path_join(resolve_dir, "main");
+        rc = !main_link ? tk__err(TK_ERR_NOMEM, "out of memory")
+             : unlink(main_link) != 0 && errno != ENOENT ? tk__err_sys("cannot remove", main_link)
+                                                         : tk__fsync_dir(resolve_dir);
+        free(main_link);
+    } else if ((rc = tk_hub__tree_set_symlink(resolve_dir, "main", *best_commit)) == TK_OK) {
+        json_array_append_new(branches, json_pack("{s:s, s:s, s:s}", "name", "main", "ref", "refs/heads/main",
+                                                  "targetCommit", *best_commit));
     }
-    if ((rc = tk_hub__tree_set_symlink(resolve_dir, "main", *best_commit)) != TK_OK)
+    if (rc != TK_OK)
         goto done;
-    json_array_append_new(branches, json_pack("{s:s, s:s, s:s}", "name", "main", "ref", "refs/heads/main",
-                                              "targetCommit", *best_commit));
     refs = json_pack("{s:O, s:[], s:[]}", "branches", branches, "tags", "converts");
     if (!(refs_path = tk__path_join(api_dir, "refs")))
         rc = tk__err(TK_ERR_NOMEM, "out of memory");
@@ -355,7 +360,8 @@ static int write_info_doc(const char *api_dir, const char *resolve_dir, const ch
     return rc;
 }
 
-/* The registry's index.json: name's entry says main is best_commit, of major best. */
+/* The registry's index.json: name's entry says main is best_commit, of major best (null and 0 when
+ * every version is yanked: the name stays listed, for "did you mean"). */
 static int write_registry_index(const char *tree, const char *name, const char *best_commit, int best)
 {
     char *rpath = tk__path_join(tree, "index.json"), *text = NULL;
@@ -372,11 +378,21 @@ static int write_registry_index(const char *tree, const char *name, const char *
     if (!json_is_object(json_object_get(reg, "packages")))
         json_object_set_new(reg, "packages", json_object());
     json_object_set_new(json_object_get(reg, "packages"), name,
-                        json_pack("{s:s, s:i}", "main", best_commit, "latest_major", best));
+                        json_pack("{s:s?, s:i}", "main", best_commit, "latest_major", best));
     int rc = tk_hub__tree_write_json(rpath, reg);
     json_decref(reg);
     free(rpath);
     free(text);
+    return rc;
+}
+
+/* Removes api_dir/<rel> (a document of a branch that no longer exists); gone already is fine. */
+static int remove_doc(const char *api_dir, const char *rel)
+{
+    char *path = tk__path_join(api_dir, rel);
+    int rc = !path ? tk__err(TK_ERR_NOMEM, "out of memory")
+             : unlink(path) != 0 && errno != ENOENT ? tk__err_sys("cannot remove", path) : TK_OK;
+    free(path);
     return rc;
 }
 
@@ -391,11 +407,16 @@ int tk_hub__tree_update_refs(const char *tree, const char *api_dir, const char *
     if (rc == TK_OK)
         rc = write_versions_doc(api_dir, resolve_dir);
     if (rc == TK_OK)
-        rc = write_info_doc(api_dir, resolve_dir, vrel, name, new_commit, new_major, archive_name);
-    if (rc == TK_OK)
+        rc = new_commit ? write_info_doc(api_dir, resolve_dir, vrel, name, new_commit, new_major, archive_name)
+                        : remove_doc(api_dir, vrel);
+    if (rc == TK_OK && !best_commit) { /* no branch left: nothing for main or the repo to name */
+        if ((rc = remove_doc(api_dir, "revision/main")) == TK_OK)
+            rc = remove_doc(api_dir, "index.json");
+    } else if (rc == TK_OK) {
         rc = write_info_doc(api_dir, resolve_dir, "revision/main", name, best_commit, best, archive_name);
-    if (rc == TK_OK)
-        rc = write_info_doc(api_dir, resolve_dir, "index.json", name, best_commit, best, archive_name);
+        if (rc == TK_OK)
+            rc = write_info_doc(api_dir, resolve_dir, "index.json", name, best_commit, best, archive_name);
+    }
     if (rc == TK_OK)
         rc = write_registry_index(tree, name, best_commit, best);
     if (rc == TK_OK) /* last: what tk's clients read is current even when this fails */
@@ -570,6 +591,23 @@ int tk_hub__tree_write_hub_docs(const char *api_dir, const char *resolve_dir)
     }
     if (d)
         closedir(d);
+    /* the listing of a branch that no longer exists (its only version yanked) goes too */
+    char *tdir = rc == TK_OK ? tk__path_join(api_dir, "tree") : NULL;
+    d = tdir ? opendir(tdir) : NULL;
+    while (d && rc == TK_OK && (e = readdir(d)) != NULL) {
+        int64_t major;
+        if (strcmp(e->d_name, "main") != 0 &&
+            (e->d_name[0] != 'v' || tk__parse_i64(e->d_name + 1, 1, 1000000, &major) != 0))
+            continue;
+        char *head = tk_hub__tree_branch_head(resolve_dir, e->d_name), *stale = head ? NULL : tk__path_join(tdir, e->d_name);
+        if (!head && (!stale || (unlink(stale) != 0 && errno != ENOENT)))
+            rc = stale ? tk__err_sys("cannot remove", stale) : tk__err(TK_ERR_NOMEM, "out of memory");
+        free(head);
+        free(stale);
+    }
+    if (d)
+        closedir(d);
+    free(tdir);
     return rc;
 }
 

@@ -29,7 +29,9 @@ json_t *tk_hub__tree_commit_manifest(const char *resolve_dir, const char *commit
 char *tk_hub__tree_commit_version(const char *resolve_dir, const char *commit);
 /* Rewrites refs, the branch revision documents, the package's index.json and the tree's index.json,
  * then the Hub listings (tk_hub__tree_write_hub_docs), after branch v<new_major> moved to new_commit
- * (a publish, an upload or a yank). */
+ * (a publish, an upload or a yank), or, with new_commit NULL, after branch v<new_major> was removed
+ * (a yank of its only version): its documents go, and with no branch left main, revision/main and
+ * the package's index.json go too (the tree's index.json keeps the name with "main": null). */
 int tk_hub__tree_update_refs(const char *tree, const char *api_dir, const char *resolve_dir, const char *name,
                              int new_major, const char *new_commit, const char *archive_name);
 /* The Hub's listing of a commit directory, what GET /api/kernels/{org}/{name}/tree/{rev} answers:
@@ -45,7 +47,8 @@ int tk_hub__tree_etag_links(const char *commit_dir);
 /* The .etag links and api_dir/tree/<commit> of one commit, each written when missing. */
 int tk_hub__tree_commit_hub_docs(const char *api_dir, const char *resolve_dir, const char *commit);
 /* tk_hub__tree_commit_hub_docs for every commit in resolve_dir, then api_dir/tree/<branch> for every
- * branch link (v<N>, main), rewritten: what huggingface_hub reads from a plain-files registry. */
+ * branch link (v<N>, main), rewritten, and removed for a branch that no longer has a link: what
+ * huggingface_hub reads from a plain-files registry. */
 int tk_hub__tree_write_hub_docs(const char *api_dir, const char *resolve_dir);
 /* Writes the info document (with its parent) of every commit in resolve_dir whose document lacks
  * the parent: trees written before commit ids were checked. The parent is found by recomputing the

@@ -88,7 +88,7 @@ static int refusal_status(const tk_hub_http_meta *m, int rc)
         if (strcmp(m->error_code, map[i].code) == 0)
             return map[i].status;
     if (m->status == 401 || m->status == 403) /* no token, a bad one, or one for another org */
-        return TK_ERR_INVALID;
+        return TK_ERR_AUTH;
     return rc;
 }
 
@@ -231,14 +231,14 @@ done:
     return rc;
 }
 
-int tk_hub__yank_send(char moved_to[41], int *already, const char *registry, const char *token, const char *stmt,
-                      const char *sig)
+int tk_hub__yank_send(char moved_to[41], int *already, int *removed, const char *registry, const char *token,
+                      const char *stmt, const char *sig)
 {
     tk_hub_yank y;
     char *body = NULL, *reply = NULL, what[256];
     size_t reply_len = 0;
     moved_to[0] = '\0';
-    *already = 0;
+    *already = *removed = 0;
     int rc = tk_hub__yank_parse(&y, stmt, strlen(stmt));
     if (rc != TK_OK || (rc = registry_check(registry, token, "yanking on")) != TK_OK)
         return rc;
@@ -253,6 +253,7 @@ int tk_hub__yank_send(char moved_to[41], int *already, const char *registry, con
     if (rc == TK_OK) {
         j = json_loadb(reply, reply_len, 0, NULL);
         *already = json_is_true(json_object_get(j, "already"));
+        *removed = json_is_true(json_object_get(j, "branch_removed"));
         const char *m = json_string_value(json_object_get(j, "branch_commit"));
         if (m && strlen(m) == 40)
             memcpy(moved_to, m, 41);

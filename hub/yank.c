@@ -11,7 +11,10 @@
  * nginx or a CDN serve like the rest). The version's commit stays in the tree, so a lock that pins it
  * still installs. If the version heads its branch, the branch moves back to the newest version of the
  * same major that is not yanked, so new resolutions no longer pick it; refs and the revision documents
- * are rewritten as after a publish. A version that was yanked can never be published again.
+ * are rewritten as after a publish. When it is the major's only version that is not yanked (a broken
+ * first release), the branch is removed: the major resolves to nothing, and clients say why from the
+ * statement (hub/get.c); the next publish of that major makes the branch again. A version that was
+ * yanked can never be published again.
  *
  * A client that has already seen the yanked version would refuse the older head as a rollback; it
  * fetches the statement for the version it saw, checks its signature against the keys it trusts for
@@ -63,7 +66,7 @@ int tk_hub__yank_parse(tk_hub_yank *y, const char *stmt, size_t len)
     else if (json_integer_value(json_object_get(j, "format_version")) != 1 ||
              !tk__streq(json_string_value(json_object_get(j, "type")), "yank"))
         rc = tk__err(TK_ERR_MANIFEST, "the yank statement needs \"format_version\": 1 and \"type\": \"yank\"");
-    else if (!name || tk_hub__ref_parse(&y->ref, name) != TK_OK || y->ref.major || y->ref.commit[0] ||
+    else if (!name || tk_hub__ref_parse(&y->ref, name) != TK_OK || y->ref.major || y->ref.commit[0] || y->ref.prefix[0] ||
              tk_hub__ref_is_spec(&y->ref))
         rc = tk__err(TK_ERR_MANIFEST, "the yank statement names no package (\"name\": \"org/name\")");
     else if (!version_ok(version, &y->major))
@@ -147,7 +150,7 @@ static int scan_versions(char commit[41], char prev[41], const char *resolve_dir
     return commit[0] ? TK_OK : TK_ERR_NOT_FOUND;
 }
 
-int tk_hub__tree_yank(char moved_to[41], int *already, const char *tree, const char *stmt, size_t slen,
+int tk_hub__tree_yank(char moved_to[41], int *already, int *removed, const char *tree, const char *stmt, size_t slen,
                       const char *sig, size_t siglen)
 {
     tk_hub_yank y;
@@ -156,7 +159,7 @@ int tk_hub__tree_yank(char moved_to[41], int *already, const char *tree, const c
          *head = NULL;
     char commit[41], prev[41], branch[24];
     moved_to[0] = '\0';
-    *already = 0;
+    *already = *removed = 0;
     if (rc != TK_OK)
         return rc;
     resolve_dir = tk__fmt("%s/kernels/%s/%s/resolve", tree, y.ref.org, y.ref.pkg);
@@ -183,20 +186,24 @@ int tk_hub__tree_yank(char moved_to[41], int *already, const char *tree, const c
         *already = 1;
         goto done;
     }
-    /* When it heads its branch, the branch moves back to prev; refuse before writing anything if it
-     * would be left empty. */
-    if (!head || strcmp(head, commit) != 0) {
+    /* When it heads its branch, the branch moves back to prev, or goes when there is none. */
+    int heads = head && strcmp(head, commit) == 0;
+    if (!heads)
         prev[0] = '\0'; /* the branch stays */
-    } else if (!prev[0]) {
-        rc = tk__err(TK_ERR_INVALID, "%s %s is the only version of major %d that is not yanked; yanking it "
-                     "would leave branch %s empty\nHINT: publish a fixed %d.x version first, then yank %s",
-                     y.ref.name, y.version, y.major, branch, y.major, y.version);
-        goto done;
-    }
     if ((rc = tk__mkdirs(ydir, 0755)) != TK_OK || (rc = tk__write_atomic(gpath, sig, siglen, 0644)) != TK_OK ||
         (rc = tk__write_atomic(spath, stmt, slen, 0644)) != TK_OK) /* the statement last: it is what marks the yank */
         goto done;
-    if (prev[0]) {
+    if (heads && !prev[0]) {
+        char *link = tk__path_join(resolve_dir, branch);
+        if (!link)
+            rc = tk__err(TK_ERR_NOMEM, "out of memory");
+        else if (unlink(link) != 0)
+            rc = tk__err_sys("cannot remove the branch link", link);
+        else if ((rc = tk__fsync_dir(resolve_dir)) == TK_OK)
+            rc = tk_hub__tree_update_refs(tree, api_dir, resolve_dir, y.ref.name, y.major, NULL, "source.tar.gz");
+        free(link);
+        *removed = rc == TK_OK;
+    } else if (prev[0]) {
         json_t *pm = tk_hub__tree_commit_manifest(resolve_dir, prev);
         const char *archive = json_string_value(json_object_get(json_object_get(pm, "archive"), "path"));
         char *archive_copy = tk__strdup(archive ? archive : "source.tar.gz");

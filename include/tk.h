@@ -82,7 +82,9 @@ enum {
     TK_ERR_LAUNCH = -18,      /* loading or launching a kernel failed */
     TK_ERR_UNSUPPORTED = -19, /* valid request that this build, device or package cannot serve */
     TK_ERR_INTERNAL = -20,    /* a bug in tk: please report it */
-    TK_ERR_CORRUPT = -21      /* a file is damaged: truncated, or not in its format (a checkpoint's safetensors) */
+    TK_ERR_CORRUPT = -21,     /* a file is damaged: truncated, or not in its format (a checkpoint's safetensors) */
+    TK_ERR_AUTH = -22         /* the registry refused the credentials (HTTP 401/403): no token, a bad
+                                 or revoked one, or one for another org */
 };
 
 /* A static, English name for a status code ("not found"). Never NULL. */
@@ -136,6 +138,11 @@ TK_API const char *tk_ctx_home(const tk_ctx *ctx);     /* the data directory (st
 TK_API int tk_ctx_offline(const tk_ctx *ctx);
 TK_API const char *tk_ctx_cache_dir(const tk_ctx *ctx); /* compiled-binary cache (cache.db) */
 TK_API const char *tk_ctx_config_dir(const tk_ctx *ctx); /* config.json and keys/ */
+/* The keys of config.json that tk does not know (a misspelt "endpont", or a newer tk's setting), which
+ * the context ignored and logged as warnings when it was created, as a JSON array (tk_free): [{"file",
+ * "key", "line", "column", "message", "suggestion": the known key it is closest to, or null, "hint"}];
+ * "[]" when there are none. */
+TK_API int tk_ctx_config_warnings_json(char **out, const tk_ctx *ctx);
 /* The registries in lookup order as JSON (tk_free): [{"url", "packages": [patterns] | null, "source":
  * "TK_ENDPOINT" | "config" | "default"}]. A package resolves in the registry named for it, else the
  * one whose "packages" patterns match it, else the one it was installed from, else the first of
@@ -153,6 +160,8 @@ TK_API void tk_ctx_log(const tk_ctx *ctx, int level, const char *msg);
  *     org/name            the highest major version the registry has
  *     org/name@2          major 2 (branch v2); "@v2" is accepted too
  *     org/name@<40 hex>   exactly that commit
+ *     org/name@<7-39 hex> the one commit that starts so (the 12 hex tk list prints); a prefix that
+ *                         several commits share fails with TK_ERR_INVALID naming them
  */
 
 typedef struct tk_pkg tk_pkg;
@@ -255,6 +264,9 @@ TK_API const char *tk_version_list_yank_reason(const tk_version_list *l, size_t 
 TK_API const char *tk_version_list_published(const tk_version_list *l, size_t i);
 /* The newest version that is not yanked: of major `major` (0: of any major); NULL when none. */
 TK_API const char *tk_version_list_latest(const tk_version_list *l, int major);
+/* tk_version_list_latest, but only when it is newer than `than` (an installed version): what an
+ * update may move to, never a downgrade. NULL when there is none, or `than` is not a version. */
+TK_API const char *tk_version_list_newer(const tk_version_list *l, int major, const char *than);
 /* {"name": ..., "versions": [{"version", "commit", "major", "head", "yanked", "yank_reason",
  * "published", "signer", "trusted", "description"}]} (tk_free). */
 TK_API int tk_version_list_to_json(char **out, const tk_version_list *l);
@@ -332,20 +344,29 @@ TK_API int tk_trust_remove(tk_ctx *ctx, const char *org, const char *keyid);
 /* The trust store as a JSON array of {org, keyid, pubkey, comment, added, builtin}. */
 TK_API int tk_trust_list_json(char **out, tk_ctx *ctx);
 
-#define TK_PUBLISH_OPTS_VERSION 1
+#define TK_PUBLISH_OPTS_VERSION 2
 typedef struct {
-    unsigned version;        /* TK_PUBLISH_OPTS_VERSION */
-    const char *key_path;    /* private key (PEM); required */
-    const char *compression; /* "gz" (default) or "zst" */
+    unsigned version;         /* TK_PUBLISH_OPTS_VERSION */
+    const char *key_path;     /* private key (PEM); required */
+    const char *compression;  /* "gz" (default) or "zst" */
+    /* version 2 (a version 1 struct compiles, for config.json's archs or sm_80 and sm_90): */
+    int no_compile;           /* 1: skip the NVRTC compile before signing */
+    const char *const *archs; /* "sm_80", "sm_90a" ... to compile for; NULL: config.json's "archs",
+                                 else sm_80 and sm_90. A kernel whose constraints rule out all of them
+                                 is compiled for its own min_cc. */
+    size_t narchs;
 } tk_publish_opts;
-#define TK_PUBLISH_OPTS_INIT {TK_PUBLISH_OPTS_VERSION, NULL, NULL}
+#define TK_PUBLISH_OPTS_INIT {TK_PUBLISH_OPTS_VERSION, NULL, NULL, 0, NULL, 0}
 
 /* Publishes the package in `pkgdir` (its kernel.json and sources) into the static registry tree
  * `to_dir`: writes the manifest, its signature and the source archive under a new commit, moves branch
  * v<major> to it and keeps the history. Republishing identical content is a no-op that returns the
- * same commit. It first runs tk_check's checks (no compile) and refuses the package, writing
- * nothing, when one fails. *commit (may be NULL) receives the commit id. Errors: TK_ERR_MANIFEST for a bad
- * kernel.json, TK_ERR_ROLLBACK if the version is not newer than the branch head, TK_ERR_IO. */
+ * same commit. It first runs tk_check's checks and compiles every kernel with NVRTC (see the opts),
+ * and refuses the package, writing nothing, when one fails; when NVRTC cannot be loaded it logs a
+ * warning that the package was not compiled and goes on. *commit (may be NULL) receives the commit
+ * id. Errors: TK_ERR_MANIFEST for a bad kernel.json, TK_ERR_COMPILE (a kernel does not compile: the
+ * message holds NVRTC's file:line), TK_ERR_INVALID (a bad arch), TK_ERR_ROLLBACK if the version is
+ * not newer than the branch head, TK_ERR_IO. */
 TK_API int tk_publish(char **commit, tk_ctx *ctx, const char *pkgdir, const char *to_dir,
                       const tk_publish_opts *opts);
 
@@ -368,25 +389,27 @@ typedef struct {
 #define TK_CHECK_OPTS_INIT {TK_CHECK_OPTS_VERSION, 0, NULL, 0, 0}
 TK_API int tk_check(char **report, tk_ctx *ctx, const char *pkgdir, const tk_check_opts *opts);
 
-/* Publishes pkgdir to a `tk serve` registry over HTTP: builds and signs the version as tk_publish
- * does, then uploads it (PUT {registry}/api/upload/{org}/{name}) with the bearer token (NULL: the
+/* Publishes pkgdir to a `tk serve` registry over HTTP: checks, compiles, builds and signs the version
+ * as tk_publish does (the compile runs here, before anything is sent), then uploads it (PUT {registry}/api/upload/{org}/{name}) with the bearer token (NULL: the
  * context's, from TK_TOKEN). The server re-checks the signature (its trust store must hold the key for
  * the org), the manifest, the digests and the archive rules, and writes the version atomically.
  * *commit (may be NULL) receives the commit the server wrote; *created (may be NULL) is 0 when it had
  * that content already. Errors: TK_ERR_INVALID (no token, not an http(s) URL, bad token or too large),
- * TK_ERR_UNTRUSTED, TK_ERR_SIGNATURE, TK_ERR_MANIFEST, TK_ERR_DIGEST, TK_ERR_ARCHIVE, TK_ERR_ROLLBACK
+ * TK_ERR_COMPILE, TK_ERR_UNTRUSTED, TK_ERR_SIGNATURE, TK_ERR_MANIFEST, TK_ERR_DIGEST, TK_ERR_ARCHIVE, TK_ERR_ROLLBACK
  * (the registry has this major at a newer or equal version with other content), TK_ERR_NOSPACE,
  * TK_ERR_NETWORK, TK_ERR_IO. */
 /* Yanks (withdraws) a published version: `ref` is "org/name@MAJOR.MINOR.PATCH". Signs a yank statement
  * with the publisher's key (opts->key_path) and records it in the static tree `to_dir`, or sends it to
  * the `tk serve` registry at `registry` with the token (NULL: the context's); exactly one of to_dir and
  * registry. The version's files stay, so lock files that pin its commit still install it; if it heads
- * its branch, the branch moves back to the newest version of that major that is not yanked, and
- * clients that already saw the yanked version accept the move because the statement is signed by a
- * key they trust. A yanked version is never published again. moved_to (may be NULL; 41 bytes)
- * receives the commit the branch moved to, or "" when it did not move. Errors: TK_ERR_INVALID (bad
- * ref; or it is the last version of its major that is not yanked), TK_ERR_NOT_FOUND (no such version),
- * TK_ERR_UNTRUSTED (the server does not trust the key), TK_ERR_NETWORK, TK_ERR_IO. */
+ * its branch, the branch moves back to the newest version of that major that is not yanked (or, when
+ * there is none, the branch is removed and the major resolves to nothing), and clients that already
+ * saw the yanked version accept the move because the statement is signed by a key they trust. A
+ * yanked version is never published again. It logs one line (TK_LOG_INFO) saying what happened.
+ * moved_to (may be NULL; 41 bytes) receives the commit the branch moved to, or "" when it did not move
+ * or was removed. Errors: TK_ERR_INVALID (bad ref), TK_ERR_NOT_FOUND (no such version),
+ * TK_ERR_UNTRUSTED (the server does not trust the key), TK_ERR_AUTH (the registry refused the token),
+ * TK_ERR_NETWORK, TK_ERR_IO. */
 TK_API int tk_yank(tk_ctx *ctx, const char *ref, const char *reason, const char *to_dir, const char *registry,
                    const char *token, const tk_publish_opts *opts, char *moved_to);
 
@@ -629,7 +652,12 @@ TK_API int tk_model_pooler_output(float *out, tk_model *m);
 /* A running registry server: it serves a static registry tree (the layout `tk publish --to` writes)
  * with the Hugging Face Hub's read API, accepts authenticated uploads of signed versions, and renders
  * a browsable HTML page at "/". Its own state (upload tokens, trusted publisher keys) lives in
- * <root>/.tk-serve/, which is never served. */
+ * <root>/.tk-serve/, which is never served.
+ *
+ * The server's functions (tk_server_*, tk_serve_*) are declared here but are NOT in libtkhub: they
+ * live in libtkhub-serve (libtkhub plus the server and libmicrohttpd). Link it instead of libtkhub
+ * (`pkg-config --libs tkhub-serve`, or CMake's tkhub::serve), never both; in the source tree only
+ * the `tk` command links them. */
 typedef struct tk_server tk_server;
 
 #define TK_SERVE_OPTS_VERSION 1

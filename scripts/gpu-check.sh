@@ -121,7 +121,7 @@ fi
 if grep -q 'not found' <(ldd "$B/tk" "$B/libtk.so.0" 2>&1); then
   row env libraries ERROR 0 0 0 0 "a library is not found: env.txt"; finish 3
 fi
-"$B/tk" doctor >/dev/null 2>&1; doctor=$?
+"$B/tk" doctor --require-gpu >/dev/null 2>&1; doctor=$?
 if [ "$expect" = 1 ] && [ $doctor != 0 ]; then
   row env doctor FAIL 0 1 0 0 "a GPU was expected but tk doctor failed (env.txt)"
 else

@@ -341,9 +341,9 @@ static void test_retries_exhausted(void)
     CHECK_CONTAINS(tk_last_error(), "HINT: check TK_ENDPOINT");
     free(u);
 
-    /* 403 is not retried and hints at the token */
+    /* 403 is not retried, is an auth failure (exit 9, not a network one) and hints at the token */
     u = url("/403");
-    CHECK_RC(tk_hub__http_get_mem(h, u, 100, &out, NULL, &meta), TK_ERR_NETWORK);
+    CHECK_RC(tk_hub__http_get_mem(h, u, 100, &out, NULL, &meta), TK_ERR_AUTH);
     CHECK_EQ_INT(meta.attempts, 1);
     CHECK_CONTAINS(tk_last_error(), "TK_TOKEN");
     free(u);

@@ -61,7 +61,7 @@ t_bad_arguments() {
 # whose driver cannot be loaded) makes the whole run fail, with the test named in the summary.
 t_failing_test_fails_the_run() {
   have_bundle || return
-  "$ROOT/build/tk" doctor >/dev/null 2>&1 && { skip "a GPU is present"; return; }
+  "$ROOT/build/tk" doctor --require-gpu >/dev/null 2>&1 && { skip "a GPU is present"; return; }
   expect_rc 1 env -u OUT bash "$CHECK" --expect-gpu --no-bench --no-memcheck --only 'test_gpu_softmax' \
     --work "$WORK/w3" --out "$WORK/out3" --python "$PY"
   expect_out "test_gpu_softmax"

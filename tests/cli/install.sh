@@ -72,7 +72,8 @@ check_host() {
 t_pkg_config_c_cxx_static() {
   local d=$WORK/pc; mkdir -p "$d"
   # shellcheck disable=SC2046
-  cc -Wall -Werror "$HOSTSRC/host.c" -o "$d/host_c" $(pc --cflags --libs tkhub) -Wl,-rpath,"$P/lib" || { fail "cc host.c"; return; }
+  # the README's line for a prefix the loader does not search: the rpath from tkhub.pc's libdir
+  cc -Wall -Werror "$HOSTSRC/host.c" -o "$d/host_c" $(pc --cflags --libs tkhub) -Wl,-rpath,"$(pc --variable=libdir tkhub)" || { fail "cc host.c"; return; }
   # shellcheck disable=SC2046
   c++ -Wall -Werror "$HOSTSRC/host.cpp" -o "$d/host_cxx" $(pc --cflags --libs tkhub) -Wl,-rpath,"$P/lib" || { fail "c++ host.cpp"; return; }
   # static: libtkhub.a and the libraries Libs.private names

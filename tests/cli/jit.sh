@@ -12,7 +12,7 @@ t_get_compiles_for_config_archs() {
   echo '{"archs": ["sm_80", "sm_90"]}' >"$TK_HOME/config.json"
   # a GPU machine compiles for the GPU it finds instead of the configured archs (tk_build)
   local n=2 bins=binaries
-  "$TK" doctor >/dev/null 2>&1 && n=1 bins=binary
+  "$TK" doctor --require-gpu >/dev/null 2>&1 && n=1 bins=binary
   expect_rc 0 "$TK" get $PKG
   expect_out "compiled $n kernel $bins, 0 from the cache"
   expect_rc 0 "$TK" get $PKG
@@ -24,7 +24,7 @@ t_get_compiles_for_config_archs() {
 t_get_without_gpu_or_archs_installs_only() {
   expect_rc 0 "$TK" get $PKG
   expect_out "installed $PKG"
-  if "$TK" doctor >/dev/null 2>&1; then   # a GPU machine: tk get compiles for the GPU it finds
+  if "$TK" doctor --require-gpu >/dev/null 2>&1; then   # a GPU machine: tk get compiles for the GPU it finds
     have_nvrtc && expect_out "compiled 1 kernel binary"
     expect_no_out "no GPU found"
   else
@@ -86,7 +86,9 @@ t_bad_arch_and_compile_error_reported() {
    "launch": {"grid": ["1"], "block": ["32"], "smem": "0"}}]}
 EOF
   printf 'extern "C" __global__ void k(float *out) {\n  out[0] = undeclared_name;\n}\n' >"$d/k.cu"
-  "$TK" publish "$d" --to "$WORK/reg" --key "$key" -q >/dev/null
+  expect_rc 7 "$TK" publish "$d" --to "$WORK/reg" --key "$key"   # publish refuses it (issue 23, item 7)
+  # a registry may still hold one (published with --no-compile, or where there was no NVRTC)
+  "$TK" publish "$d" --to "$WORK/reg" --key "$key" -q --no-compile >/dev/null
   export TK_ENDPOINT=file://$WORK/reg
   expect_rc 7 "$TK" get --trust tktest/broken --arch sm_80
   expect_out "k.cu(2)"
@@ -94,10 +96,13 @@ EOF
 }
 
 t_gpu_paths_fail_clearly_without_gpu() {
-  "$TK" doctor >/dev/null 2>&1 && { skip "a GPU is present"; return; }
+  "$TK" doctor --require-gpu >/dev/null 2>&1 && { skip "a GPU is present"; return; }
   expect_rc 7 "$TK" run $PKG silu_and_mul_f32 --shape out=4,8
   expect_out "HINT"
-  expect_rc 7 "$TK" doctor
+  # no GPU alone is not a failure (the CPU path works); --require-gpu makes it one
+  if have_nvrtc; then expect_rc 0 "$TK" doctor; else expect_rc 7 "$TK" doctor; fi
+  expect_out "GPU"
+  expect_rc 7 "$TK" doctor --require-gpu
   expect_out "GPU"
   expect_out "registry"
   expect_rc 0 "$B/examples/silu_and_mul"
@@ -145,7 +150,7 @@ t_run_fill_is_checked() {
 # On a GPU: a kernel with index tensors (block table, sequence lengths) runs through tk run, its
 # integer tensors filled in range (0, or --fill), its optional tensors left out.
 t_run_index_kernel_on_gpu() {
-  "$TK" doctor >/dev/null 2>&1 || { skip "no GPU"; return; }
+  "$TK" doctor --require-gpu >/dev/null 2>&1 || { skip "no GPU"; return; }
   expect_rc 0 "$TK" run kernels-community/flash-attn attention_decode_bf16_d128 \
     --shape out=2x1x8x128 --shape q=2x1x8x128 --shape k_cache=4x16x2x128 --shape v_cache=4x16x2x128 \
     --shape block_table=2x2 --shape seq_lens=2 --fill seq_lens=20 \

@@ -29,7 +29,10 @@ assert e["hint"] is None or (isinstance(e["hint"], str) and e["hint"]), e
 }
 
 t_error_objects() {
+  # not installed and not in the registry: the registry's answer (issue 23, item 10)
   json_check not_found 3 "$TK" --json info nosuch/pkg
+  expect_out '"message": "package nosuch/pkg not found in the registry"'; expect_out '"hint": "check the name'
+  json_check not_found 3 "$TK" --json --offline info nosuch/pkg
   expect_out '"hint": "run '"'"'tk get nosuch/pkg'"'"'"'
   json_check usage 2 "$TK" info --json --bogus
   expect_out "usage: tk info"
@@ -40,7 +43,7 @@ t_error_objects() {
   # without --json the same failure is one human line on stderr, nothing on stdout
   local out; out=$("$TK" info nosuch/pkg 2>"$WORK/stderr")
   [ -z "$out" ] || fail "human failure wrote to stdout: $out"
-  grep -q "^tk: nosuch/pkg is not installed" "$WORK/stderr" || fail "no human message: $(cat "$WORK/stderr")"
+  grep -q "^tk: package nosuch/pkg not found in the registry" "$WORK/stderr" || fail "no human message: $(cat "$WORK/stderr")"
 }
 
 t_success_is_json() {
@@ -118,7 +121,7 @@ check|io|@file-home $W/nodir
 generate|not_found|$W/nodir --prompt hi
 chat|not_found|$W/nodir"
   local cmds c line statuses args home out rc n=0
-  cmds=$("$TK" --help | awk '/^commands:/ {f = 1; next} f && /^$/ {exit} f {print $1}')
+  cmds=$("$TK" --help | awk '/^Global options/ {exit} /^  [a-z][a-z-]* / {print $1}')
   [ "$(echo "$cmds" | wc -l)" -ge 20 ] || { fail "tk --help lists too few commands: $cmds"; return; }
   for c in $cmds; do
     line=$(printf '%s\n' "$table" | grep "^$c|") || { fail "json.sh has no failing invocation for 'tk $c': add one"; continue; }

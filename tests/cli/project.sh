@@ -315,17 +315,17 @@ t_scoped_registry_and_search() {
 t_tk_endpoint_overrides_and_doctor() {
   trust_all
   config "{\"url\": \"$URLA\", \"packages\": [\"alpha/*\"]}" "$URLB"
-  expect_rc 7 "$TK" doctor --json
+  OUT=$("$TK" doctor --json 2>/dev/null)   # its exit status says whether there is a GPU; the JSON counts
   echo "$OUT" | python3 -c '
 import json, sys
 r = json.load(sys.stdin)["registries"]
 assert [x["url"] for x in r] == sys.argv[1:3] and r[0]["packages"] == ["alpha/*"] and r[1]["packages"] is None, r
 assert all(x["source"] == "config" for x in r), r' "$URLA" "$URLB" || fail "doctor --json registries"
-  expect_rc 7 "$TK" doctor
+  OUT=$("$TK" doctor 2>&1)
   expect_out "registry: $URLA  (only alpha/*; config.json)"
   expect_out "$URLB  (any package; config.json)"
   # TK_ENDPOINT: one registry for everything, scopes and project registries included
-  TK_ENDPOINT=$URLB expect_rc 7 "$TK" doctor
+  OUT=$(TK_ENDPOINT=$URLB "$TK" doctor 2>&1)
   expect_out "registry: $URLB  (any package; TK_ENDPOINT overrides config.json)"
   TK_ENDPOINT=$URLB expect_rc 3 "$TK" get --no-build alpha/one
   TK_ENDPOINT=$URLB expect_rc 0 "$TK" get --no-build beta/two

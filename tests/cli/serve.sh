@@ -500,7 +500,7 @@ t_publish_registry_client() {
   expect_rc 2 "$TK" publish "$WORK/c1" --registry "$URL" --key "$KEY"
   expect_out "needs a token"
   expect_out "tk serve token add"
-  expect_rc 2 "$TK" publish "$WORK/c1" --registry "$URL" --token "$(printf '0%.0s' $(seq 64))" --key "$KEY"
+  expect_rc 9 "$TK" publish "$WORK/c1" --registry "$URL" --token "$(printf '0%.0s' $(seq 64))" --key "$KEY"
   expect_out "401"
   expect_out "not valid on this server"
   "$TK" keygen "$WORK/stranger.key" >/dev/null
@@ -591,7 +591,7 @@ t_yank_over_http() {
   "$TK" keygen "$WORK/stranger.key" >/dev/null
   expect_rc 5 "$TK" yank tktest/demo@1.0.1 --registry "$URL" --token "$TOKEN" --key "$WORK/stranger.key"
   expect_out "UntrustedSigner"
-  expect_rc 2 "$TK" yank tktest/demo@1.0.1 --registry "$URL" --token "$(printf '0%.0s' $(seq 64))" --key "$KEY"
+  expect_rc 9 "$TK" yank tktest/demo@1.0.1 --registry "$URL" --token "$(printf '0%.0s' $(seq 64))" --key "$KEY"
   expect_rc 0 "$TK" --json yank tktest/demo@1.0.1 --registry "$URL" --token "$TOKEN" --key "$KEY" --reason "bad build"
   expect_out "\"branch_commit\": \"$c100\""
   req "$URL/api/kernels/tktest/demo/revision/v1"; expect_code 200; expect_hdr X-Repo-Commit "$c100"
