@@ -95,6 +95,22 @@ static const char *th_cur_name;
         fflush(stdout);                                                                            \
     } while (0)
 
+/* The test venv's directory (the Python oracles): $TK_PY_VENV, else one venv per user,
+ * ${XDG_CACHE_HOME:-$HOME/.cache}/tk/py-venv, as scripts/py-venv.sh (which scripts/setup.sh --test
+ * installs into and the shell tests use). A static buffer: valid until the next call. */
+static inline const char *th_py_venv(void)
+{
+    static char buf[1024];
+    const char *v = getenv("TK_PY_VENV"), *xdg = getenv("XDG_CACHE_HOME"), *home = getenv("HOME");
+    if (v && *v)
+        return v;
+    if (xdg && xdg[0] == '/')
+        snprintf(buf, sizeof buf, "%s/tk/py-venv", xdg);
+    else
+        snprintf(buf, sizeof buf, "%s/.cache/tk/py-venv", home && *home ? home : "/tmp");
+    return buf;
+}
+
 static inline int th_done(void)
 {
     printf("%d passed, %d failed, %d skipped\n", th_passed, th_failed, th_skipped);

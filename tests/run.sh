@@ -3,10 +3,16 @@
 # Each prints "N passed, N failed, N skipped" as its last line; this sums them and prints the total
 # last. A test that leaves a process running (a server it started) fails. Usage: tests/run.sh [FILTER]
 # (FILTER: a substring of the test names to run)
+#
+# Progress: "start NAME" as each test begins, and every $TK_TEST_HEARTBEAT seconds (default 30; 0:
+# none) while it runs, its name, the seconds so far and the last line of its log
+# ($TK_BUILD/test-logs/NAME.log). Then one line per test: ok/FAIL/BROKEN, its summary, its seconds.
 set -u
 cd "$(dirname "$0")/.."
 B=${TK_BUILD:-build}
 export TK_BUILD=$B
+. scripts/py-venv.sh   # TK_PY_VENV: the test venv every test uses, default ~/.cache/tk/py-venv
+heartbeat=${TK_TEST_HEARTBEAT:-30}
 filter=${1:-}
 passed=0; failed=0; skipped=0; broken=()
 logdir=$B/test-logs; mkdir -p "$logdir"
@@ -21,12 +27,32 @@ leftovers() {
   done
 }
 
+# beat NAME LOG: while the test runs, every $heartbeat seconds one line: its name, the seconds so
+# far, the last line of its log. Runs in the background; stops when killed or when this runner is gone.
+beat() {
+  local name=$1 log=$2 t0=$SECONDS sp=
+  trap 'kill $sp 2>/dev/null; exit 0' TERM
+  while :; do
+    sleep "$heartbeat" & sp=$!
+    wait $sp
+    kill -0 $$ 2>/dev/null || exit 0
+    local last; last=$(tail -n 1 "$log" 2>/dev/null | tr -cd '[:print:]\t' | cut -c1-100)
+    echo "      $name: $((SECONDS - t0))s${last:+, last: $last}"
+  done
+}
+beat_pid=
+trap '[ -n "$beat_pid" ] && kill $beat_pid 2>/dev/null' EXIT
+
 run_one() {
   local name=$1; shift
   local log=$logdir/$name.log
   local start=$(date +%s%N)
+  echo "start $name"
+  : >"$log"
+  if [ "$heartbeat" -gt 0 ] 2>/dev/null; then beat "$name" "$log" & beat_pid=$!; fi
   "$@" >"$log" 2>&1
   local rc=$?
+  if [ -n "$beat_pid" ]; then kill $beat_pid 2>/dev/null; wait $beat_pid 2>/dev/null; beat_pid=; fi
   local left; left=$(leftovers)
   if [ -n "$left" ]; then
     sleep 1; left=$(leftovers)   # a server told to stop may take a moment to exit

@@ -1,7 +1,7 @@
 /*
  * test_generate.c — generation's logits processors against transformers' LogitsProcessor classes.
  *
- * tests/models/gen_oracle.py (in the test venv: $TK_PY_VENV, default build/py-venv) runs each
+ * tests/models/gen_oracle.py (in the test venv: th_py_venv()) runs each
  * processor of transformers on random, tie-heavy and -inf rows and prints the inputs and outputs; each
  * case goes through the matching tk_gen__* function and must give the same row: the same removed
  * tokens and the same values (log_softmax within 2e-6). The same script makes tiny random Llama and
@@ -22,11 +22,7 @@
 #include "models/models.h"
 #include "tk.h"
 
-static const char *venv(void)
-{
-    const char *v = getenv("TK_PY_VENV");
-    return v && *v ? v : "build/py-venv";
-}
+static const char *venv(void) { return th_py_venv(); }
 
 /* 1 when the oracle's python exists; otherwise SKIPs (fails under CI) through the caller. */
 static int have_python(char *py, size_t n)

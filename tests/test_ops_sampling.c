@@ -763,12 +763,12 @@ static void test_top_p_ties_example(void)
  * full of exact ties (small vocabularies with a few levels; 2000- and 4099-token rows with a tie group of
  * tens where the nucleus ends), in f32, f16 and bf16. Each case gives enough draws to hit every kept
  * token (with probability 1 - e^-30); a token outside the kept set is never drawn. The venv is
- * $TK_PY_VENV (default build/py-venv); without it the test skips, and fails in CI. */
+ * $TK_PY_VENV (default ~/.cache/tk/py-venv: th_py_venv()); without it the test skips, and fails in CI. */
 static void test_top_p_ties_vs_transformers(void)
 {
-    const char *venv = getenv("TK_PY_VENV");
+    const char *venv = th_py_venv();
     char py[1024], cmd[2300];
-    snprintf(py, sizeof py, "%s/bin/python", venv && *venv ? venv : "build/py-venv");
+    snprintf(py, sizeof py, "%s/bin/python", venv);
     snprintf(cmd, sizeof cmd, "'%s' -c 'import transformers' 2>/dev/null", py);
     if (system(cmd) != 0) {
         if (getenv("CI") && *getenv("CI")) {

@@ -5,10 +5,10 @@
 # (tests/models/chat_oracle.py); clear errors for constructs outside the subset, raise_exception,
 # limits and missing templates; and a tk chat session on a tiny Llama checkpoint giving the tokens
 # tk generate --ids gives for the rendered prompts. Needs the test venv ($TK_PY_VENV, default
-# build/py-venv) for the oracle and the checkpoint; under CI=true its absence is a failure.
+# ~/.cache/tk/py-venv) for the oracle and the checkpoint; under CI=true its absence is a failure.
 . "$(dirname "$0")/lib.sh"
 
-PY=${TK_PY_VENV:-$ROOT/build/py-venv}/bin/python
+PY=$TK_PY_VENV/bin/python
 CK=$WORK/ck
 
 need_venv() {

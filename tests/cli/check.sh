@@ -7,7 +7,7 @@
 KEY=$WORK/pub.key
 "$TK" keygen "$KEY" >/dev/null || { echo "keygen failed"; exit 1; }
 PUB=$(cat "$KEY.pub")
-PY=${TK_PY_VENV:-$ROOT/build/py-venv}/bin/python
+PY=$TK_PY_VENV/bin/python
 
 # good_pkg DIR: a correct ReLU package "me/relu".
 good_pkg() {

@@ -3,10 +3,10 @@
 # tests/models/gen_oracle.py, seeded): greedy and beam search token for token, with repetition
 # penalty, no-repeat n-grams, eos lists, length penalties and every early_stopping mode; batches; the
 # cache-less reference path; --prompt through the tokenizer; streaming; and clear errors for bad input.
-# Needs the test venv ($TK_PY_VENV, default build/py-venv); under CI=true its absence is a failure.
+# Needs the test venv ($TK_PY_VENV, default ~/.cache/tk/py-venv); under CI=true its absence is a failure.
 . "$(dirname "$0")/lib.sh"
 
-PY=${TK_PY_VENV:-$ROOT/build/py-venv}/bin/python
+PY=$TK_PY_VENV/bin/python
 ORACLE=$ROOT/tests/models/gen_oracle.py
 CK=$WORK/ck
 

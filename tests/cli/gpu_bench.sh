@@ -5,7 +5,7 @@
 # venv is a failure.
 . "$(dirname "$0")/lib.sh"
 
-PY=${TK_PY_VENV:-build/py-venv}/bin/python
+PY=$TK_PY_VENV/bin/python
 case $PY in /*) ;; *) PY=$ROOT/$PY ;; esac
 BENCH=$ROOT/bench/gpu_vs_torch.py
 

@@ -6,7 +6,7 @@
 . "$(dirname "$0")/lib.sh"
 
 CHECK=$ROOT/scripts/gpu-check.sh
-PY=${TK_PY_VENV:-build/py-venv}/bin/python
+PY=$TK_PY_VENV/bin/python
 case $PY in /*) ;; *) PY=$ROOT/$PY ;; esac
 
 have_bundle() {

@@ -4,6 +4,7 @@ set -u
 ROOT=$(cd "$(dirname "${BASH_SOURCE[0]}")/../.." && pwd)
 B=$ROOT/${TK_BUILD:-build}
 TK=$B/tk
+. "$ROOT/scripts/py-venv.sh"   # TK_PY_VENV: the test venv, default ~/.cache/tk/py-venv
 _failed_now=0; _skipped_now=0
 _pass=0; _fail=0; _skip=0
 

@@ -183,7 +183,7 @@ t_two_packages_one_op() {
 }
 
 t_schema_agrees() {
-  local py=${TK_PY_VENV:-$ROOT/build/py-venv}/bin/python
+  local py=$TK_PY_VENV/bin/python
   if ! "$py" -c 'import jsonschema' 2>/dev/null; then
     [ "${CI:-}" = true ] && { fail "jsonschema missing from $py (scripts/setup.sh --test)"; return; }
     skip "no jsonschema in $py"; return

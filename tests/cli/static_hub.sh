@@ -8,7 +8,7 @@
 # (api/.../tree/{rev}, resolve/{commit}/.etag) are checked against an independent Python computation.
 . "$(dirname "$0")/lib.sh"
 
-PY=${TK_HF_PYTHON:-${TK_PY_VENV:-build/py-venv}/bin/python}
+PY=${TK_HF_PYTHON:-$TK_PY_VENV/bin/python}
 export HF_HUB_DISABLE_TELEMETRY=1 HF_HUB_DISABLE_PROGRESS_BARS=1 HF_HUB_ETAG_TIMEOUT=10 HF_TOKEN=
 KEY=$WORK/pub.key
 "$TK" keygen "$KEY" >/dev/null || { echo "keygen failed"; exit 1; }
