@@ -100,7 +100,7 @@ static const char *th_cur_name;
  * installs into and the shell tests use). A static buffer: valid until the next call. */
 static inline const char *th_py_venv(void)
 {
-    static char buf[1024];
+    static char buf[512];
     const char *v = getenv("TK_PY_VENV"), *xdg = getenv("XDG_CACHE_HOME"), *home = getenv("HOME");
     if (v && *v)
         return v;
