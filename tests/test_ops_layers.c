@@ -338,7 +338,7 @@ static const struct {
 static void test_linear_torch(void)
 {
     const char *venv = th_py_venv();
-    char py[512], dir[] = "/tmp/tk-linear-XXXXXX", path[700], cmd[2048];
+    char py[600], dir[] = "/tmp/tk-linear-XXXXXX", path[700], cmd[2048];
     snprintf(py, sizeof py, "%s/bin/python", venv);
     snprintf(cmd, sizeof cmd, "'%s' -c 'import torch' >/dev/null 2>&1", py);
     if (system(cmd) != 0) {
