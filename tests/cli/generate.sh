@@ -8,18 +8,19 @@
 
 PY=$TK_PY_VENV/bin/python
 ORACLE=$ROOT/tests/models/gen_oracle.py
-CK=$WORK/ck
+CK=   # the folder of the shared tiny checkpoints (tests/models/tiny.sh): $CK/llama, $CK/gpt2
 
 need_models() {
   if [ ! -x "$PY" ]; then
     if [ "${CI:-}" = true ]; then fail "no oracle venv at $PY (CI=true: a missing oracle is a failure)"; else skip "no venv at $PY (scripts/setup.sh --test)"; fi
     return 1
   fi
-  local k
+  [ -n "$CK" ] && return 0
+  local k d
   for k in llama gpt2; do
-    [ -f "$CK/$k/model.safetensors" ] && continue
-    "$PY" "$ORACLE" make "$CK/$k" "$k" >/dev/null 2>"$WORK/make-$k.log" || { fail "making the tiny $k checkpoint failed:"; tail -n 5 "$WORK/make-$k.log" >&2; return 1; }
+    d=$(bash "$ROOT/tests/models/tiny.sh" $k 2>"$WORK/make-$k.log") || { fail "making the tiny $k checkpoint failed:"; tail -n 5 "$WORK/make-$k.log" >&2; return 1; }
   done
+  CK=$(dirname "$d")
 }
 
 # compare MODEL JOBS: each JOBS line is "IDS key=value ..."; tk generate with the same settings as

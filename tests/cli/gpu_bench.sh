@@ -10,7 +10,7 @@ case $PY in /*) ;; *) PY=$ROOT/$PY ;; esac
 BENCH=$ROOT/bench/gpu_vs_torch.py
 
 have_torch() {
-  "$PY" -c "import torch" 2>/dev/null && return 0
+  py_has "$PY" torch && return 0
   [ -n "${CI:-}" ] && { fail "torch is not importable from $PY (scripts/setup.sh --test)"; return 1; }
   skip "no torch venv ($PY); run scripts/setup.sh --test"; return 1
 }

@@ -12,7 +12,7 @@
 PY=$TK_PY_VENV/bin/python
 MINILM=
 RESULTS=$WORK/compare.txt
-have_venv() { "$PY" -c "import torch, transformers, sentence_transformers" 2>/dev/null; }
+have_venv() { py_has "$PY" torch transformers sentence_transformers; }
 
 # Runs make_tiny.py (when its checkpoints are stale) and compare.py once, on first use.
 compare_once() {

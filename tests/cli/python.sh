@@ -9,7 +9,8 @@ cd "$ROOT"
 . scripts/py-venv.sh   # TK_PY_VENV, default ~/.cache/tk/py-venv
 VENV=$TK_PY_VENV
 PY=$VENV/bin/python
-if ! "$PY" -c 'import torch, transformers, numpy' 2>/dev/null; then
+# found, not imported (run.py imports them; an import costs seconds)
+if ! "$PY" -c 'import importlib.util as u, sys; sys.exit(any(u.find_spec(m) is None for m in ("torch", "transformers", "numpy")))' 2>/dev/null; then
   if [ "${CI:-}" = true ]; then
     echo "FAIL the test venv $VENV lacks torch/transformers/numpy (run scripts/setup.sh --test)"
     echo "0 passed, 1 failed, 0 skipped"; exit 1

@@ -533,7 +533,7 @@ t_publish_registry_client() {
 # the test venv, $TK_PY_VENV) downloads a file and lists refs from tk serve: the protocol is the Hub's.
 t_huggingface_hub_client() {
   local py=${TK_HF_PYTHON:-$TK_PY_VENV/bin/python}
-  if ! "$py" -c "import huggingface_hub" 2>/dev/null; then
+  if ! py_has "$py" huggingface_hub; then
     [ -n "${CI:-}" ] && { fail "huggingface_hub is not installed in $py (scripts/setup.sh --test)"; return; }
     skip "no huggingface_hub venv ($py); run scripts/setup.sh --test"; return
   fi

@@ -18,7 +18,7 @@ REPO=tktest/hubdemo
 # needs: the Hub client and nginx; skips without them, fails in CI.
 needs() {
   local why=
-  "$PY" -c "import huggingface_hub" 2>/dev/null || why="no huggingface_hub in $PY (scripts/setup.sh --test)"
+  py_has "$PY" huggingface_hub || why="no huggingface_hub in $PY (scripts/setup.sh --test)"
   command -v nginx >/dev/null || why="no nginx (scripts/setup.sh --test)"
   [ -z "$why" ] && return 0
   if [ -n "${CI:-}" ]; then fail "$why"; else skip "$why"; fi
