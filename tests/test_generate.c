@@ -1,7 +1,7 @@
 /*
  * test_generate.c — generation's logits processors against transformers' LogitsProcessor classes.
  *
- * tests/models/gen_oracle.py (in the test venv: $TK_PY_VENV, default build/py-venv) runs each
+ * tests/models/gen_oracle.py (in the test venv: th_py_venv()) runs each
  * processor of transformers on random, tie-heavy and -inf rows and prints the inputs and outputs; each
  * case goes through the matching tk_gen__* function and must give the same row: the same removed
  * tokens and the same values (log_softmax within 2e-6). The same script makes tiny random Llama and
@@ -22,11 +22,7 @@
 #include "models/models.h"
 #include "tk.h"
 
-static const char *venv(void)
-{
-    const char *v = getenv("TK_PY_VENV");
-    return v && *v ? v : "build/py-venv";
-}
+static const char *venv(void) { return th_py_venv(); }
 
 /* 1 when the oracle's python exists; otherwise SKIPs (fails under CI) through the caller. */
 static int have_python(char *py, size_t n)
@@ -171,34 +167,45 @@ static void test_processors_match_transformers(void)
 
 /* ---- on tiny checkpoints ---------------------------------------------------------------------- */
 
-static char ckdir[512];
-static int ck_state; /* 0 not tried, 1 made, -1 failed */
+static char ckdir[512];  /* the shared tiny checkpoints: ckdir/llama, ckdir/gpt2 (read only) */
+static char workdir[512]; /* this run's scratch: the tk home, derived checkpoints */
+static int ck_state;      /* 0 not tried, 1 made, -1 failed */
 static tk_ctx *ctx;
 
-/* Makes the tiny checkpoints once (tests/models/gen_oracle.py make) under a temporary directory. */
+/* The tiny checkpoints of tests/models/gen_oracle.py make, made once per build and shared with the
+ * shell tests (tests/models/tiny.sh prints their directory), and a scratch directory. */
 static int have_checkpoints(const char *py)
 {
+    (void)py; /* tiny.sh finds the venv itself: TK_PY_VENV, or the same default */
     if (ck_state)
         return ck_state > 0;
-    snprintf(ckdir, sizeof ckdir, "%s/tk-test-generate-XXXXXX", getenv("TMPDIR") ? getenv("TMPDIR") : "/tmp");
-    if (!mkdtemp(ckdir)) {
-        ck_state = -1;
+    ck_state = -1;
+    snprintf(workdir, sizeof workdir, "%s/tk-test-generate-XXXXXX", getenv("TMPDIR") ? getenv("TMPDIR") : "/tmp");
+    if (!mkdtemp(workdir))
         return 0;
-    }
     const char *kinds[] = {"llama", "gpt2"};
     for (int i = 0; i < 2; i++) {
-        char cmd[2048];
-        snprintf(cmd, sizeof cmd, "'%s' tests/models/gen_oracle.py make '%s/%s' %s >/dev/null 2>&1", py, ckdir, kinds[i],
-                 kinds[i]);
-        if (system(cmd) != 0) {
-            fprintf(stderr, "making the tiny %s checkpoint failed: %s\n", kinds[i], cmd);
-            ck_state = -1;
+        char cmd[64], line[sizeof ckdir];
+        snprintf(cmd, sizeof cmd, "bash tests/models/tiny.sh %s", kinds[i]);
+        FILE *f = popen(cmd, "r");
+        int ok = f && fgets(line, sizeof line, f) != NULL;
+        if (f && pclose(f) != 0)
+            ok = 0;
+        size_t n = ok ? strlen(line) : 0;
+        if (!ok || n < 2 || line[n - 1] != '\n') {
+            fprintf(stderr, "making the tiny %s checkpoint failed (%s)\n", kinds[i], cmd);
             return 0;
         }
+        line[n - 1] = '\0';
+        char *slash = strrchr(line, '/'); /* .../KEY/llama -> .../KEY */
+        if (!slash)
+            return 0;
+        *slash = '\0';
+        snprintf(ckdir, sizeof ckdir, "%s", line);
     }
     tk_ctx_opts co = TK_CTX_OPTS_INIT;
     char home[600];
-    snprintf(home, sizeof home, "%s/home", ckdir);
+    snprintf(home, sizeof home, "%s/home", workdir);
     co.home = home;
     co.offline = 1;
     if (tk_ctx_new(&ctx, &co) != TK_OK) {
@@ -695,7 +702,7 @@ static void test_defaults_from_generation_config(void)
 {
     NEED_MODELS();
     char d[700], path[800], src[800];
-    snprintf(d, sizeof d, "%s/gc", ckdir);
+    snprintf(d, sizeof d, "%s/gc", workdir);
     mkdir(d, 0755);
     const char *files[] = {"config.json", "model.safetensors", "tokenizer.json"};
     for (int i = 0; i < 3; i++) {
@@ -797,11 +804,11 @@ int main(void)
     RUN(test_defaults_from_generation_config);
     RUN(test_bad_input);
     tk_ctx_free(ctx);
-    if (ck_state > 0) {
+    if (workdir[0]) {
         char cmd[700];
-        snprintf(cmd, sizeof cmd, "rm -rf '%s'", ckdir);
+        snprintf(cmd, sizeof cmd, "rm -rf '%s'", workdir);
         if (system(cmd) != 0)
-            fprintf(stderr, "could not remove %s\n", ckdir);
+            fprintf(stderr, "could not remove %s\n", workdir);
     }
     return th_done();
 }

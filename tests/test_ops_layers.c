@@ -17,8 +17,8 @@
  * 64 MiB conversion panel (so the panel loop runs more than once).
  *
  * Uses only ops/ and common/. Inputs are random with a seed printed on any failure; set TK_TEST_SEED
- * to replay one. The torch check needs ${TK_PY_VENV:-build/py-venv}; it skips without one, and fails
- * under CI=true.
+ * to replay one. The torch check needs the test venv (th_py_venv(): $TK_PY_VENV, default
+ * ~/.cache/tk/py-venv); it skips without one, and fails under CI=true.
  */
 #include <math.h>
 #include <stdint.h>
@@ -337,17 +337,18 @@ static const struct {
 
 static void test_linear_torch(void)
 {
-    const char *venv = getenv("TK_PY_VENV");
-    char py[512], dir[] = "/tmp/tk-linear-XXXXXX", path[700], cmd[2048];
-    snprintf(py, sizeof py, "%s/bin/python", venv && *venv ? venv : "build/py-venv");
-    snprintf(cmd, sizeof cmd, "'%s' -c 'import torch' >/dev/null 2>&1", py);
+    const char *venv = th_py_venv();
+    char py[600], dir[] = "/tmp/tk-linear-XXXXXX", path[700], cmd[2048];
+    snprintf(py, sizeof py, "%s/bin/python", venv);
+    /* found, not imported: oracle_linear.py imports it, and an import costs seconds */
+    snprintf(cmd, sizeof cmd, "'%s' -c 'import importlib.util as u, sys; sys.exit(u.find_spec(\"torch\") is None)' >/dev/null 2>&1", py);
     if (system(cmd) != 0) {
         if (getenv("CI") && *getenv("CI")) {
             fprintf(stderr, "  no torch in %s (CI: the oracle is required; run scripts/setup.sh --test)\n", py);
             CHECK(!"torch oracle missing under CI");
             return;
         }
-        SKIP("no torch venv (TK_PY_VENV or build/py-venv); run scripts/setup.sh --test");
+        SKIP("no torch in the test venv (TK_PY_VENV or ~/.cache/tk/py-venv); run scripts/setup.sh --test");
     }
     if (!mkdtemp(dir)) {
         CHECK(!"mkdtemp");

@@ -1,7 +1,7 @@
 /*
  * test_tokenizer.c — tk_tokenizer_* against Hugging Face tokenizers.
  *
- * tests/models/tok_oracle.py (run with the test venv's Python: $TK_PY_VENV or build/py-venv) trains
+ * tests/models/tok_oracle.py (run with the test venv's Python: th_py_venv()) trains
  * small tokenizers of every shape tk supports, takes the real all-MiniLM-L6-v2 tokenizer.json, and
  * writes the ids and decoded strings that `tokenizers` gives for a corpus of ASCII, accented, CJK,
  * emoji, whitespace, digit and special-token text. tk must give the same, token for token. Without
@@ -31,9 +31,9 @@ static const char *oracle_why; /* why not */
 
 static void run_oracle(void)
 {
-    const char *venv = getenv("TK_PY_VENV");
+    const char *venv = th_py_venv();
     char py[1024], cmd[4096];
-    snprintf(py, sizeof py, "%s/bin/python", venv && *venv ? venv : "build/py-venv");
+    snprintf(py, sizeof py, "%s/bin/python", venv);
     if (access(py, X_OK) != 0) {
         oracle_why = "no test venv (run scripts/setup.sh --test, or set TK_PY_VENV)";
         return;

@@ -5,19 +5,21 @@
 # (tests/models/chat_oracle.py); clear errors for constructs outside the subset, raise_exception,
 # limits and missing templates; and a tk chat session on a tiny Llama checkpoint giving the tokens
 # tk generate --ids gives for the rendered prompts. Needs the test venv ($TK_PY_VENV, default
-# build/py-venv) for the oracle and the checkpoint; under CI=true its absence is a failure.
+# ~/.cache/tk/py-venv) for the oracle and the checkpoint; under CI=true its absence is a failure.
 . "$(dirname "$0")/lib.sh"
 
-PY=${TK_PY_VENV:-$ROOT/build/py-venv}/bin/python
-CK=$WORK/ck
+PY=$TK_PY_VENV/bin/python
+CK=   # the folder of the shared tiny checkpoints (tests/models/tiny.sh)
 
 need_venv() {
   if [ ! -x "$PY" ]; then
     if [ "${CI:-}" = true ]; then fail "no oracle venv at $PY (CI=true: a missing oracle is a failure)"; else skip "no venv at $PY (scripts/setup.sh --test)"; fi
     return 1
   fi
-  [ -f "$CK/llama/model.safetensors" ] && return 0
-  "$PY" "$ROOT/tests/models/gen_oracle.py" make "$CK/llama" llama >/dev/null 2>"$WORK/make.log" || { fail "making the tiny llama checkpoint failed:"; tail -n 5 "$WORK/make.log" >&2; return 1; }
+  [ -n "$CK" ] && return 0
+  local d
+  d=$(bash "$ROOT/tests/models/tiny.sh" llama 2>"$WORK/make.log") || { fail "making the tiny llama checkpoint failed:"; tail -n 5 "$WORK/make.log" >&2; return 1; }
+  CK=$(dirname "$d")
 }
 
 # tpl NAME TEMPLATE_AS_JSON_STRING: a directory with only tokenizer_config.json

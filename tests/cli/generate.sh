@@ -3,49 +3,29 @@
 # tests/models/gen_oracle.py, seeded): greedy and beam search token for token, with repetition
 # penalty, no-repeat n-grams, eos lists, length penalties and every early_stopping mode; batches; the
 # cache-less reference path; --prompt through the tokenizer; streaming; and clear errors for bad input.
-# Needs the test venv ($TK_PY_VENV, default build/py-venv); under CI=true its absence is a failure.
+# Needs the test venv ($TK_PY_VENV, default ~/.cache/tk/py-venv); under CI=true its absence is a failure.
 . "$(dirname "$0")/lib.sh"
 
-PY=${TK_PY_VENV:-$ROOT/build/py-venv}/bin/python
+PY=$TK_PY_VENV/bin/python
 ORACLE=$ROOT/tests/models/gen_oracle.py
-CK=$WORK/ck
+CK=   # the folder of the shared tiny checkpoints (tests/models/tiny.sh): $CK/llama, $CK/gpt2
 
 need_models() {
   if [ ! -x "$PY" ]; then
     if [ "${CI:-}" = true ]; then fail "no oracle venv at $PY (CI=true: a missing oracle is a failure)"; else skip "no venv at $PY (scripts/setup.sh --test)"; fi
     return 1
   fi
-  local k
+  [ -n "$CK" ] && return 0
+  local k d
   for k in llama gpt2; do
-    [ -f "$CK/$k/model.safetensors" ] && continue
-    "$PY" "$ORACLE" make "$CK/$k" "$k" >/dev/null 2>"$WORK/make-$k.log" || { fail "making the tiny $k checkpoint failed:"; tail -n 5 "$WORK/make-$k.log" >&2; return 1; }
+    d=$(bash "$ROOT/tests/models/tiny.sh" $k 2>"$WORK/make-$k.log") || { fail "making the tiny $k checkpoint failed:"; tail -n 5 "$WORK/make-$k.log" >&2; return 1; }
   done
+  CK=$(dirname "$d")
 }
 
-# compare MODEL JOBS: each JOBS line is "IDS key=value ..."; tk generate with the same settings as
-# flags must print the same new ids as transformers.
-compare() {
-  local k=$1 jobs=$2 want got line n=0 bad=0
-  want=$(printf '%s\n' "$jobs" | "$PY" "$ORACLE" generate-many "$CK/$k" 2>"$WORK/oracle.log") || { fail "oracle failed: $(tail -n 3 "$WORK/oracle.log")"; return; }
-  while IFS= read -r line; do
-    [ -n "$line" ] || continue
-    n=$((n + 1))
-    local ids=${line%% *} rest=${line#* } flags
-    flags=$(echo "$rest" | sed -E 's/(^| )([a-z_]+)=/\1--\2 /g' | sed -E 's/--([a-z]+)_([a-z]+)_([a-z]+)_([a-z]+)/--\1-\2-\3-\4/g; s/--([a-z]+)_([a-z]+)_([a-z]+)/--\1-\2-\3/g; s/--([a-z]+)_([a-z]+)/--\1-\2/g')
-    # shellcheck disable=SC2086
-    got=$("$TK" --json generate "$CK/$k" --ids "$ids" $flags 2>&1 | python3 -c 'import json,sys; print(json.dumps({"ids": json.load(sys.stdin)["ids"]}))' 2>&1)
-    local w; w=$(printf '%s\n' "$want" | sed -n "${n}p")
-    if [ "$got" != "$w" ]; then
-      fail "$k $line: tk $got, transformers $w"; bad=$((bad + 1))
-    fi
-  done <<<"$jobs"
-  [ "$n" -gt 0 ] || fail "no jobs"
-  echo "    $k: $n settings compared, $bad differ"
-}
-
-t_greedy_and_beams_match_transformers_llama() {
-  need_models || return
-  compare llama "1,50,60,70 max_new_tokens=24
+# The settings tk generate and transformers' generate() must agree on, per model: "IDS key=value ...",
+# each key a GenerationConfig field, given to tk generate as --key-with-dashes.
+JOBS_llama="1,50,60,70 max_new_tokens=24
 1,9 max_new_tokens=24
 1,300,301,302,303,304,305,306 max_new_tokens=16
 20 max_length=12
@@ -61,11 +41,7 @@ t_greedy_and_beams_match_transformers_llama() {
 20 max_new_tokens=16 num_beams=3 eos_token_id=390,254 early_stopping=never length_penalty=2.0
 1,50,60,70 max_new_tokens=16 num_beams=5 eos_token_id=390,212 length_penalty=-1.0
 1,9 max_new_tokens=12 num_beams=2 repetition_penalty=1.5 no_repeat_ngram_size=2"
-}
-
-t_greedy_and_beams_match_transformers_gpt2() {
-  need_models || return
-  compare gpt2 "0,50,60,70 max_new_tokens=24
+JOBS_gpt2="0,50,60,70 max_new_tokens=24
 0,9 max_new_tokens=24
 0,300,301,302,303,304,305,306 max_new_tokens=24
 20 max_length=12
@@ -80,6 +56,59 @@ t_greedy_and_beams_match_transformers_gpt2() {
 20 max_new_tokens=16 num_beams=3 eos_token_id=306,259 early_stopping=never length_penalty=1.5
 0,50,60,70 max_new_tokens=16 num_beams=3 eos_token_id=97 length_penalty=-0.5
 0,9 max_new_tokens=12 num_beams=2 no_repeat_ngram_size=2"
+PROMPT="Once upon a time"
+
+# oracle_once: transformers' answers to every job above and to PROMPT (its ids from tk tokenize, 20
+# new tokens) on llama, from one process (importing torch and transformers costs more than all the
+# generations): $WORK/want.llama, want.gpt2, want.prompt, one JSON line per job.
+oracle_once() {
+  [ -f "$WORK/want.prompt" ] && return 0
+  local k v line nl ng pids
+  pids=$("$TK" tokenize "$CK/llama" "$PROMPT") || { fail "tk tokenize $CK/llama failed"; return 1; }
+  { for k in llama gpt2; do
+      v=JOBS_$k
+      while IFS= read -r line; do [ -n "$line" ] && echo "$CK/$k $line"; done <<<"${!v}"
+    done
+    echo "$CK/llama $pids max_new_tokens=20"; } >"$WORK/oracle.in"
+  "$PY" "$ORACLE" generate-each <"$WORK/oracle.in" >"$WORK/oracle.out" 2>"$WORK/oracle.log" ||
+    { fail "oracle failed: $(tail -n 3 "$WORK/oracle.log")"; return 1; }
+  nl=$(grep -c . <<<"$JOBS_llama"); ng=$(grep -c . <<<"$JOBS_gpt2")
+  [ "$(wc -l <"$WORK/oracle.out")" = $((nl + ng + 1)) ] || { fail "oracle: $(wc -l <"$WORK/oracle.out") answers for $((nl + ng + 1)) jobs"; return 1; }
+  sed -n "1,${nl}p" "$WORK/oracle.out" >"$WORK/want.llama"
+  sed -n "$((nl + 1)),$((nl + ng))p" "$WORK/oracle.out" >"$WORK/want.gpt2"
+  sed -n "$((nl + ng + 1))p" "$WORK/oracle.out" >"$WORK/want.prompt"
+}
+
+# compare MODEL: tk generate with each of JOBS_MODEL's settings as flags must print the same new ids
+# as transformers.
+compare() {
+  local k=$1 v=JOBS_$1 want got line n=0 bad=0
+  oracle_once || return
+  want=$(cat "$WORK/want.$k")
+  while IFS= read -r line; do
+    [ -n "$line" ] || continue
+    n=$((n + 1))
+    local ids=${line%% *} rest=${line#* } flags
+    flags=$(echo "$rest" | sed -E 's/(^| )([a-z_]+)=/\1--\2 /g' | sed -E 's/--([a-z]+)_([a-z]+)_([a-z]+)_([a-z]+)/--\1-\2-\3-\4/g; s/--([a-z]+)_([a-z]+)_([a-z]+)/--\1-\2-\3/g; s/--([a-z]+)_([a-z]+)/--\1-\2/g')
+    # shellcheck disable=SC2086
+    got=$("$TK" --json generate "$CK/$k" --ids "$ids" $flags 2>&1 | python3 -c 'import json,sys; print(json.dumps({"ids": json.load(sys.stdin)["ids"]}))' 2>&1)
+    local w; w=$(printf '%s\n' "$want" | sed -n "${n}p")
+    if [ "$got" != "$w" ]; then
+      fail "$k $line: tk $got, transformers $w"; bad=$((bad + 1))
+    fi
+  done <<<"${!v}"
+  [ "$n" -gt 0 ] || fail "no jobs"
+  echo "    $k: $n settings compared, $bad differ"
+}
+
+t_greedy_and_beams_match_transformers_llama() {
+  need_models || return
+  compare llama
+}
+
+t_greedy_and_beams_match_transformers_gpt2() {
+  need_models || return
+  compare gpt2
 }
 
 t_no_cache_and_batches_agree() {
@@ -102,14 +131,14 @@ t_no_cache_and_batches_agree() {
 
 t_prompt_text_and_streaming() {
   need_models || return
-  local ids j s
-  ids=$("$TK" tokenize "$CK/llama" "Once upon a time")
-  j=$("$TK" --json generate "$CK/llama" --prompt "Once upon a time" --max-new-tokens 20)
-  want=$("$PY" "$ORACLE" generate "$CK/llama" "$ids" max_new_tokens=20 2>/dev/null)
+  local j s want
+  oracle_once || return
+  j=$("$TK" --json generate "$CK/llama" --prompt "$PROMPT" --max-new-tokens 20)
+  want=$(cat "$WORK/want.prompt")
   [ "$(echo "$j" | python3 -c 'import json,sys; print(json.load(sys.stdin)["ids"])')" = "$(echo "$want" | python3 -c 'import json,sys; print(json.load(sys.stdin)["ids"])')" ] \
     || fail "--prompt: tk $j, transformers $want"
   # the streamed text is the decoded text, and valid UTF-8 as printed
-  s=$("$TK" generate "$CK/llama" --prompt "Once upon a time" --max-new-tokens 20 | python3 -c 'import sys; sys.stdout.write(sys.stdin.buffer.read().decode("utf-8"))')
+  s=$("$TK" generate "$CK/llama" --prompt "$PROMPT" --max-new-tokens 20 | python3 -c 'import sys; sys.stdout.write(sys.stdin.buffer.read().decode("utf-8"))')
   local t; t=$(echo "$j" | python3 -c 'import json,sys; print(json.load(sys.stdin)["text"])')
   [ "$s" = "$t" ] || fail "streamed '$s', --json text '$t'"
 }

@@ -6,7 +6,7 @@
 . "$(dirname "$0")/lib.sh"
 
 CHECK=$ROOT/scripts/gpu-check.sh
-PY=${TK_PY_VENV:-build/py-venv}/bin/python
+PY=$TK_PY_VENV/bin/python
 case $PY in /*) ;; *) PY=$ROOT/$PY ;; esac
 
 have_bundle() {
@@ -17,7 +17,7 @@ have_bundle() {
 
 t_dry_run_every_phase() {
   have_bundle || return
-  "$PY" -c "import torch" 2>/dev/null || { [ -n "${CI:-}" ] && { fail "no torch in $PY"; return; }; }
+  py_has "$PY" torch || { [ -n "${CI:-}" ] && { fail "no torch in $PY"; return; }; }
   local out=$WORK/out
   expect_rc 0 env -u OUT bash "$CHECK" --dry-run --work "$WORK/w" --out "$out" --python "$PY"
   expect_out "== gpu-check summary"
@@ -35,7 +35,7 @@ t_dry_run_every_phase() {
   grep -q 'glibc: have' "$out/env.txt" || fail "env.txt lacks the glibc line"
   grep -q "registry" "$out/env.txt" || fail "env.txt lacks tk doctor's registry"
   grep -q "file://$WORK/w/build-gpu/registry" "$out/env.txt" || fail "tk doctor does not use the unpacked registry: $(grep -i registry "$out/env.txt")"
-  if "$PY" -c "import torch" 2>/dev/null; then
+  if py_has "$PY" torch; then
     grep -q '^bench,gpu_vs_torch_cpu_check,ok' "$out/summary.csv" || fail "bench --cpu-check did not pass: $(grep bench "$out/summary.csv")"
     [ -s "$out/bench.csv" ] || fail "no bench.csv"
   fi

@@ -4,6 +4,7 @@ set -u
 ROOT=$(cd "$(dirname "${BASH_SOURCE[0]}")/../.." && pwd)
 B=$ROOT/${TK_BUILD:-build}
 TK=$B/tk
+. "$ROOT/scripts/py-venv.sh"   # TK_PY_VENV: the test venv, default ~/.cache/tk/py-venv
 _failed_now=0; _skipped_now=0
 _pass=0; _fail=0; _skip=0
 
@@ -22,6 +23,10 @@ expect_out() {
 expect_no_out() {
   case "$OUT" in *"$1"*) fail "line ${BASH_LINENO[0]}: output has '$1'" ;; esac
 }
+
+# py_has PY MODULE...: the modules are installed in PY's environment. Found, not imported: importing
+# torch or transformers costs seconds of CPU, and the oracle that needs them imports them anyway.
+py_has() { local py=$1; shift; "$py" -c 'import importlib.util as u, sys; sys.exit(any(u.find_spec(m) is None for m in sys.argv[1:]))' "$@" 2>/dev/null; }
 
 # A free TCP port on 127.0.0.1.
 free_port() { python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1",0)); print(s.getsockname()[1]); s.close()'; }
@@ -103,10 +108,12 @@ run_tests() {
     _cur=$fn; _failed_now=0; _skipped_now=0
     export TK_HOME=$WORK/home-$fn; rm -rf "$TK_HOME"; mkdir -p "$TK_HOME"
     unset TK_ENDPOINT TK_OFFLINE TK_TOKEN
+    local t0; t0=$(date +%s%N)
     $fn
-    if [ $_failed_now = 1 ]; then echo "FAIL $fn"; _fail=$((_fail + 1));
+    local secs; secs=$(awk -v a="$t0" -v b="$(date +%s%N)" 'BEGIN{printf "%.1f", (b-a)/1e9}')
+    if [ $_failed_now = 1 ]; then echo "FAIL $fn (${secs}s)"; _fail=$((_fail + 1));
     elif [ $_skipped_now = 1 ]; then _skip=$((_skip + 1));
-    else echo "ok   $fn"; _pass=$((_pass + 1)); fi
+    else echo "ok   $fn (${secs}s)"; _pass=$((_pass + 1)); fi
   done
   echo "$_pass passed, $_fail failed, $_skip skipped"
   [ $_fail = 0 ]

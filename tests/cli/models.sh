@@ -2,17 +2,17 @@
 # tk model info / tk model logits / tk embed: Hugging Face checkpoints against transformers.
 #
 # The comparison with transformers and sentence-transformers needs the test venv (TK_PY_VENV, default
-# build/py-venv; scripts/setup.sh --test): tests/models/make_tiny.py writes tiny random checkpoints with
+# ~/.cache/tk/py-venv; scripts/setup.sh --test): tests/models/make_tiny.py writes tiny random checkpoints with
 # save_pretrained into $B/tiny-models (again whenever the script changes), and tests/models/compare.py
 # runs tk and the oracles on them once; each t_match_* below checks one of its lines. Without the venv
 # those tests skip (fail under CI=true). The bad-input tests need only python3: tests/models/mangle.py
 # writes a small checkpoint with the standard library and breaks it one way at a time.
 . "$(dirname "$0")/lib.sh"
 
-PY=${TK_PY_VENV:-$ROOT/build/py-venv}/bin/python
+PY=$TK_PY_VENV/bin/python
 MINILM=
 RESULTS=$WORK/compare.txt
-have_venv() { "$PY" -c "import torch, transformers, sentence_transformers" 2>/dev/null; }
+have_venv() { py_has "$PY" torch transformers sentence_transformers; }
 
 # Runs make_tiny.py (when its checkpoints are stale) and compare.py once, on first use.
 compare_once() {

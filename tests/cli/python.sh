@@ -1,14 +1,16 @@
 #!/usr/bin/env bash
 # The Python package (python/tk) through tests/python/run.py, in the test venv
-# (${TK_PY_VENV:-build/py-venv}: torch CPU, transformers) with the checkout's package and library
+# ($TK_PY_VENV, default ~/.cache/tk/py-venv: torch CPU, transformers) with the checkout's package and library
 # (PYTHONPATH=python, build/libtk.so.0). Prints run.py's "N passed, N failed, N skipped" last.
 # Without the venv it skips, except under CI=true, where a missing oracle is a failure.
 set -u
 ROOT=$(cd "$(dirname "${BASH_SOURCE[0]}")/../.." && pwd)
 cd "$ROOT"
-VENV=${TK_PY_VENV:-build/py-venv}
+. scripts/py-venv.sh   # TK_PY_VENV, default ~/.cache/tk/py-venv
+VENV=$TK_PY_VENV
 PY=$VENV/bin/python
-if ! "$PY" -c 'import torch, transformers, numpy' 2>/dev/null; then
+# found, not imported (run.py imports them; an import costs seconds)
+if ! "$PY" -c 'import importlib.util as u, sys; sys.exit(any(u.find_spec(m) is None for m in ("torch", "transformers", "numpy")))' 2>/dev/null; then
   if [ "${CI:-}" = true ]; then
     echo "FAIL the test venv $VENV lacks torch/transformers/numpy (run scripts/setup.sh --test)"
     echo "0 passed, 1 failed, 0 skipped"; exit 1

@@ -530,10 +530,10 @@ t_publish_registry_client() {
 }
 
 # The Hub's own Python client (huggingface_hub from PyPI; `scripts/setup.sh --test` installs it in
-# build/py-venv) downloads a file and lists refs from tk serve: the protocol is the Hub's.
+# the test venv, $TK_PY_VENV) downloads a file and lists refs from tk serve: the protocol is the Hub's.
 t_huggingface_hub_client() {
-  local py=${TK_HF_PYTHON:-${TK_PY_VENV:-build/py-venv}/bin/python}
-  if ! "$py" -c "import huggingface_hub" 2>/dev/null; then
+  local py=${TK_HF_PYTHON:-$TK_PY_VENV/bin/python}
+  if ! py_has "$py" huggingface_hub; then
     [ -n "${CI:-}" ] && { fail "huggingface_hub is not installed in $py (scripts/setup.sh --test)"; return; }
     skip "no huggingface_hub venv ($py); run scripts/setup.sh --test"; return
   fi

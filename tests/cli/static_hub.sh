@@ -8,7 +8,7 @@
 # (api/.../tree/{rev}, resolve/{commit}/.etag) are checked against an independent Python computation.
 . "$(dirname "$0")/lib.sh"
 
-PY=${TK_HF_PYTHON:-${TK_PY_VENV:-build/py-venv}/bin/python}
+PY=${TK_HF_PYTHON:-$TK_PY_VENV/bin/python}
 export HF_HUB_DISABLE_TELEMETRY=1 HF_HUB_DISABLE_PROGRESS_BARS=1 HF_HUB_ETAG_TIMEOUT=10 HF_TOKEN=
 KEY=$WORK/pub.key
 "$TK" keygen "$KEY" >/dev/null || { echo "keygen failed"; exit 1; }
@@ -18,7 +18,7 @@ REPO=tktest/hubdemo
 # needs: the Hub client and nginx; skips without them, fails in CI.
 needs() {
   local why=
-  "$PY" -c "import huggingface_hub" 2>/dev/null || why="no huggingface_hub in $PY (scripts/setup.sh --test)"
+  py_has "$PY" huggingface_hub || why="no huggingface_hub in $PY (scripts/setup.sh --test)"
   command -v nginx >/dev/null || why="no nginx (scripts/setup.sh --test)"
   [ -z "$why" ] && return 0
   if [ -n "${CI:-}" ]; then fail "$why"; else skip "$why"; fi

