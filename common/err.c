@@ -100,6 +100,7 @@ const char *tk_status_str(int status)
     case TK_ERR_LAUNCH: return "launch error";
     case TK_ERR_UNSUPPORTED: return "unsupported";
     case TK_ERR_INTERNAL: return "internal error";
+    case TK_ERR_SELFTEST: return "self-test failed";
     default: return "unknown status";
     }
 }

@@ -106,6 +106,13 @@ static void cu_init_once(void)
     CU_SYM(cuEventRecord, "cuEventRecord");
     CU_SYM(cuEventSynchronize, "cuEventSynchronize");
     CU_SYM(cuEventDestroy, "cuEventDestroy_v2");
+    CU_SYM(cuCtxCreate, "cuCtxCreate_v2");
+    CU_SYM(cuCtxDestroy, "cuCtxDestroy_v2");
+    CU_SYM(cuStreamCreate, "cuStreamCreate");
+    CU_SYM(cuStreamQuery, "cuStreamQuery");
+    CU_SYM(cuStreamDestroy, "cuStreamDestroy_v2");
+    if (!(*(void **)&cu.cuDeviceGetUuid = dlsym(h, "cuDeviceGetUuid_v2")))
+        *(void **)&cu.cuDeviceGetUuid = dlsym(h, "cuDeviceGetUuid");
     /* drivers before 12.8 have only the first version, with the same signature */
     if (!(*(void **)&cu.cuEventElapsedTime = dlsym(h, "cuEventElapsedTime_v2")))
         CU_SYM(cuEventElapsedTime, "cuEventElapsedTime");
