@@ -144,6 +144,13 @@ static int check_config(const json_t *cfg, const char *path)
             want = "true or false", example = "\"autotune\": false";
         } else if (!strcmp(key, "cache_max") && !json_is_string(v) && !(json_is_integer(v) && json_integer_value(v) >= 0)) {
             want = "a size (bytes, or a string with K/M/G)", example = "\"cache_max\": \"4G\"";
+        } else if (!strcmp(key, "selftest") &&
+                   !(json_is_string(v) && (!strcmp(json_string_value(v), "off") || !strcmp(json_string_value(v), "record") ||
+                                           !strcmp(json_string_value(v), "required")))) {
+            /* docs/selftest.md */
+            want = "\"off\", \"record\" or \"required\"", example = "\"selftest\": \"required\"";
+        } else if (!strcmp(key, "cpu_fallback") && !json_is_boolean(v)) {
+            want = "true or false", example = "\"cpu_fallback\": true";
         }
         if (want)
             return tk__err(TK_ERR_INVALID, "%s: \"%s\" must be %s\nHINT: for example %s", path, key, want, example);
@@ -223,6 +230,14 @@ int tk_ctx_new(tk_ctx **out, const tk_ctx_opts *opts)
         goto fail;
     if ((rc = load_config(ctx)) != TK_OK)
         goto fail;
+    {
+        const char *st = getenv("TK_SELFTEST"); /* docs/selftest.md */
+        if (st && *st && strcmp(st, "off") && strcmp(st, "record") && strcmp(st, "required")) {
+            rc = tk__err(TK_ERR_INVALID, "TK_SELFTEST='%s' is not a self-test mode\nHINT: use off, record or required",
+                         st);
+            goto fail;
+        }
+    }
 
     const char *ep = opts->endpoint;
     if (!ep || !*ep)

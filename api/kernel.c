@@ -1730,9 +1730,28 @@ static int unit_fields(json_t *o, const char *unit)
     return json_object_set_new(o, "kernel_count", json_integer((json_int_t)count));
 }
 
+typedef struct {
+    json_t *arr;
+    json_t *selftests; /* {binary_key: [records]} */
+} listing;
+
+/* A self-test record as the cache listing shows it, under its binary. */
+static int list_selftest(void *user, const tk_kcache_selftest *r)
+{
+    json_t *by = user, *a = json_object_get(by, r->binary_key);
+    if (!a) {
+        a = json_array();
+        json_object_set_new(by, r->binary_key, a);
+    }
+    json_array_append_new(a, json_pack("{s:s, s:s, s:s, s:s, s:s, s:s, s:I}", "kernel", r->kernel, "status", r->status,
+                                       "gpu_name", r->gpu_name, "gpu_uuid", r->gpu_uuid, "driver", r->driver,
+                                       "tk_version", r->tk_version, "tested", (json_int_t)r->tested));
+    return 0;
+}
+
 static int list_one(void *user, const tk_kcache_entry *e)
 {
-    json_t *arr = user;
+    listing *l = user;
     const char *at = strrchr(e->package, '@');
     int local = at && !strcmp(at + 1, "local");
     /* "org/name@commit" as "package" and "commit" (null for a package directory: org/name@local) */
@@ -1741,7 +1760,12 @@ static int list_one(void *user, const tk_kcache_entry *e)
                           at && !local ? json_string(at + 1) : json_null(), "target", e->target, "nvrtc", e->nvrtc,
                           "size", (json_int_t)e->size, "created", (json_int_t)e->created, "last_used",
                           (json_int_t)e->last_used, "hits", (json_int_t)e->hits);
-    if (!o || unit_fields(o, e->unit) != 0 || json_array_append_new(arr, o) != 0)
+    if (!o || unit_fields(o, e->unit) != 0)
+        return 1;
+    /* the kernels of this binary proved (or not) on some GPU: docs/selftest.md */
+    json_t *st = json_object_get(l->selftests, e->key);
+    json_object_set_new(o, "selftest", st ? json_incref(st) : json_array());
+    if (json_array_append_new(l->arr, o) != 0)
         return 1;
     return 0;
 }
@@ -1749,7 +1773,7 @@ static int list_one(void *user, const tk_kcache_entry *e)
 int tk_cache_list_json(char **out, tk_ctx *ctx)
 {
     tk_kcache *kc = NULL;
-    json_t *arr = NULL;
+    listing l = {NULL, NULL};
     int rc;
     if (out)
         *out = NULL;
@@ -1757,17 +1781,23 @@ int tk_cache_list_json(char **out, tk_ctx *ctx)
         return tk__err(TK_ERR_INVALID, "tk_cache_list_json: out is NULL");
     if ((rc = get_cache(&kc, ctx)) != TK_OK)
         return rc;
-    if (!(arr = json_array()))
+    if (!(l.arr = json_array()) || !(l.selftests = json_object())) {
+        json_decref(l.arr);
+        json_decref(l.selftests);
         return tk__err(TK_ERR_NOMEM, "out of memory");
-    if ((rc = tk_kcache__list(kc, list_one, arr)) != TK_OK) {
-        json_decref(arr);
+    }
+    if ((rc = tk_kcache__selftest_query(kc, NULL, list_selftest, l.selftests)) != TK_OK ||
+        (rc = tk_kcache__list(kc, list_one, &l)) != TK_OK) {
+        json_decref(l.arr);
+        json_decref(l.selftests);
         return rc;
     }
-    if (!(*out = json_dumps(arr, JSON_INDENT(2)))) {
-        json_decref(arr);
+    json_decref(l.selftests);
+    if (!(*out = json_dumps(l.arr, JSON_INDENT(2)))) {
+        json_decref(l.arr);
         return tk__err(TK_ERR_NOMEM, "out of memory");
     }
-    json_decref(arr);
+    json_decref(l.arr);
     return TK_OK;
 }
 

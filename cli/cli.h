@@ -21,6 +21,7 @@ enum {
     TK_EXIT_SIGNATURE = 5, /* package refused: signature, trust, digest, manifest, archive, commit, rollback */
     TK_EXIT_IO = 6,        /* local file system or state database error, disk full, a planted link */
     TK_EXIT_DEVICE = 7,    /* no GPU, no NVRTC, compile or launch error */
+    TK_EXIT_SELFTEST = 8,  /* a kernel failed its self-test on this GPU (tk selftest, tk get --selftest) */
 };
 
 typedef struct {
@@ -62,6 +63,8 @@ void tk_cli_info(tk_cli *cli, const char *fmt, ...);
 /* --device: "cpu" gives *cuda_id -1, "cuda" 0, "cuda:N" N (0..1023). Returns 0, or -1 for anything
  * else (the caller prints its usage error). */
 int tk_cli_parse_device(const char *s, int *cuda_id);
+/* Called first by the context's progress callback when set (tk selftest's watchdog, cmd_selftest.c). */
+extern void (*tk_cli_progress_hook)(void *user, const char *what, int64_t done, int64_t total);
 /* Formats a byte count as "12.3 MiB". */
 void tk_cli_human(char *out, size_t cap, double bytes);
 /* True when argv[i] is -h or --help. */

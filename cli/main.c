@@ -37,6 +37,8 @@ int tk_cmd_versions(tk_cli *cli, int argc, char **argv);
 int tk_cmd_update(tk_cli *cli, int argc, char **argv);
 /* chat templates (hchat) */
 int tk_cmd_chat(tk_cli *cli, int argc, char **argv);
+/* self-tests (issue 24) */
+int tk_cmd_selftest(tk_cli *cli, int argc, char **argv);
 
 static const struct {
     const char *name;
@@ -70,6 +72,7 @@ static const struct {
     {"check", tk_cmd_check, "check a package directory: manifest and an NVRTC compile, nothing written"},
     {"generate", tk_cmd_generate, "generate text with a Llama or GPT-2 checkpoint (greedy, sampling, beams)"},
     {"chat", tk_cmd_chat, "chat with a checkpoint through its tokenizer's chat template (stdin turns)"},
+    {"selftest", tk_cmd_selftest, "prove a package's kernels on this GPU against the CPU references"},
 };
 
 static void usage(FILE *f)
@@ -104,7 +107,7 @@ static void usage(FILE *f)
             "exit status: 0 ok, 1 other failure, 2 usage, 3 not found, 4 network (connection, timeout, a\n"
             "server error), 5 package refused (signature, trust, digest, manifest, archive, commit or\n"
             "rollback), 6 local I/O (disk full, read-only or unusable TK_HOME, a planted link), 7 GPU, NVRTC\n"
-            "or compile error.\n");
+            "or compile error, 8 a kernel failed its self-test on this GPU.\n");
 }
 
 int main(int argc, char **argv)
