@@ -673,8 +673,15 @@ TK_API int tk_selftest(char **report, tk_ctx *ctx, const char *ref, const tk_sel
     r.ctx = ctx;
     r.timeout_s = opts->launch_timeout_s > 0 ? opts->launch_timeout_s : DEFAULT_TIMEOUT_S;
     int ndev = 0;
-    if ((rc = tk_device_count(&ndev)) != TK_OK)
+    if ((rc = tk_device_count(&ndev)) != TK_OK) { /* the driver's reason, with the self-test's hint */
+        char why[512];
+        snprintf(why, sizeof why, "%s", tk_last_error());
+        why[strcspn(why, "\n")] = '\0';
+        rc = tk__err(rc, "a self-test needs the GPU it proves kernels for: %s\nHINT: run it on the machine with the "
+                         "GPU ('tk doctor' shows what this one has); without one, tk still installs and builds ahead "
+                         "of time ('tk build ORG/NAME --arch sm_90')", why);
         goto fail;
+    }
     if (ndev == 0) {
         rc = tk__err(TK_ERR_NO_DEVICE, "no CUDA device: a self-test runs the kernels on the GPU it proves them for\n"
                                        "HINT: run 'tk selftest' on the machine with the GPU; 'tk doctor' shows what "
