@@ -176,6 +176,8 @@ typedef struct {
     memo *memos;
     size_t memo_bytes;
     int resets;
+    int plan;          /* no device: list the cases that fit and run their CPU references only */
+    double cpu_ms;     /* time in the CPU references */
 } run;
 
 static void memo_free_all(run *r)
@@ -266,9 +268,10 @@ static void kspec_make(kspec *ks, json_t *k, tk_dtype primary)
 /* What one kernel's test found. */
 typedef struct {
     int status;     /* TK_ST_* */
-    int cases;      /* cases run on the GPU */
+    int cases;      /* cases run on the GPU (planned, without one) */
     json_t *detail; /* {"summary", ...} */
     double seconds;
+    json_t *labels; /* plan: the cases that fit */
 } verdict;
 
 static void verdict_set(verdict *v, int status, json_t *detail, const char *fmt, ...) TK_PRINTF(4, 5);
@@ -300,31 +303,38 @@ static void multi_index(char *out, size_t n, const tk_tensor *t, int64_t i)
         snprintf(out + len, n - len, "]");
 }
 
-/* Device copies of a case's tensors (in the sandbox). */
+/* Device copies of a case's tensors (in the sandbox): one allocation for the case, each tensor at a
+ * 256-byte boundary with 256 bytes of pad after it (one cuMemAlloc and one cuMemFree a case). */
 typedef struct {
+    uint64_t base;
     uint64_t ptr[TK_OPS_CASE_MAX];
     tk_tensor t[TK_OPS_CASE_MAX];
     size_t n;
 } devcase;
 
-static void devcase_free(run *r, devcase *dc, int gen_ok)
+static void devcase_free(run *r, devcase *dc, int ctx_ok)
 {
-    for (size_t i = 0; i < dc->n; i++)
-        if (gen_ok) /* after a reset the memory went with the context */
-            tk_jit__sandbox_mfree(r->sb, dc->ptr[i]);
+    if (ctx_ok && dc->base) /* after a reset the memory went with the context */
+        tk_jit__sandbox_mfree(r->sb, dc->base);
     memset(dc, 0, sizeof *dc);
 }
 
 /* Uploads the case: inputs and in-place tensors with their values, outputs as 0xff bytes. */
 static int devcase_make(run *r, devcase *dc, const tk_ops_case *c)
 {
-    int rc = TK_OK;
+    size_t off[TK_OPS_CASE_MAX], total = 0;
+    int rc;
     memset(dc, 0, sizeof *dc);
+    for (size_t i = 0; i < c->nt; i++) {
+        off[i] = total;
+        total += (tk_ops__case_bytes(&c->t[i]) + 255) / 256 * 256 + 256;
+    }
+    if ((rc = tk_jit__sandbox_alloc(&dc->base, r->sb, total)) != TK_OK)
+        return rc;
     for (size_t i = 0; rc == TK_OK && i < c->nt; i++) {
         const tk_ops_case_tensor *t = &c->t[i];
         size_t bytes = tk_ops__case_bytes(t);
-        if ((rc = tk_jit__sandbox_alloc(&dc->ptr[i], r->sb, bytes)) != TK_OK)
-            break;
+        dc->ptr[i] = dc->base + off[i];
         dc->n++;
         rc = t->role == TK_CASE_OUT ? tk_jit__sandbox_memset(r->sb, dc->ptr[i], 0xff, bytes)
                                     : tk_jit__sandbox_copy(r->sb, (void *)(uintptr_t)dc->ptr[i], t->t.data, bytes,
@@ -437,6 +447,7 @@ static void test_kernel(run *r, verdict *v, tk_kernel **k, const char *ref, cons
     tk_api_opkernel *ok = NULL;
     double t0 = tk__now_ms();
     memset(v, 0, sizeof *v);
+    v->labels = r->plan ? json_array() : NULL;
     if (!op) {
         verdict_set(v, TK_ST_UNTESTED, NULL, "op %s is declared by its package: tk has no CPU reference to check it against",
                     opname ? opname : "?");
@@ -491,6 +502,22 @@ static void test_kernel(run *r, verdict *v, tk_kernel **k, const char *ref, cons
             devcase dc;
             void **ref_out = NULL;
             int fault = 0, timed_out = 0, reset = 0;
+            if (r->plan) { /* no device: the case fits; its CPU reference must run */
+                double c0 = tk__now_ms();
+                rc = reference(r, &c, idx, &ks.spec, &ref_out);
+                r->cpu_ms += tk__now_ms() - c0;
+                if (rc != TK_OK) {
+                    verdict_set(v, TK_ST_UNTESTED, NULL, "case '%s': the CPU reference failed: %s", c.label,
+                                tk_last_error());
+                    done = 1;
+                } else {
+                    v->cases++;
+                    json_array_append_new(v->labels, json_string(c.label));
+                }
+                tk_ops__case_free(&c);
+                memo_trim(r);
+                continue;
+            }
             rc = devcase_make(r, &dc, &c);
             if (rc == TK_OK)
                 rc = reference(r, &c, idx, &ks.spec, &ref_out);
@@ -593,7 +620,10 @@ static void test_kernel(run *r, verdict *v, tk_kernel **k, const char *ref, cons
         }
     }
     if (!done) {
-        if (v->cases)
+        if (v->cases && r->plan)
+            verdict_set(v, TK_ST_PASSED, json_pack("{s:i, s:O}", "cases", v->cases, "case_labels", v->labels),
+                        "%d case%s would run", v->cases, v->cases == 1 ? "" : "s");
+        else if (v->cases)
             verdict_set(v, TK_ST_PASSED, json_pack("{s:i}", "cases", v->cases), "%d case%s passed", v->cases,
                         v->cases == 1 ? "" : "s");
         else
@@ -603,7 +633,114 @@ static void test_kernel(run *r, verdict *v, tk_kernel **k, const char *ref, cons
     if (v->detail && !json_object_get(v->detail, "cases"))
         json_object_set_new(v->detail, "cases", json_integer(v->cases));
     v->seconds = (tk__now_ms() - t0) / 1000.0;
+    json_decref(v->labels);
+    v->labels = NULL;
     tk_api__opkernel_free(ok);
+}
+
+/* ---- the plan: what a self-test would run, without a GPU ------------------------------------------ */
+
+typedef struct {
+    json_t *names; /* kernels that fit the arch, in plan order */
+} plan_names;
+
+static void plan_each(void *user, const char *kernel, const char *key)
+{
+    (void)key;
+    json_array_append_new(((plan_names *)user)->names, json_string(kernel));
+}
+
+/* tk_selftest with opts->plan_only: for each kernel of ref that fits arch, the cases that fit it, with
+ * their CPU references run (and timed); nothing on a GPU, nothing recorded. */
+static int plan_run(char **report, tk_ctx *ctx, const char *ref, const tk_selftest_opts *opts)
+{
+    run r;
+    int cc = 0, rc;
+    char name[256] = "", pkg[256] = "", *manifest = NULL;
+    json_t *m = NULL, *out = NULL, *kernels = json_array();
+    plan_names pn = {json_array()};
+    double t0 = tk__now_ms();
+    memset(&r, 0, sizeof r);
+    r.ctx = ctx;
+    r.plan = 1;
+    if (tk_api__parse_arch(&cc, opts->arch) != 0) {
+        rc = tk__err(TK_ERR_INVALID, "tk_selftest: plan_only needs an arch such as \"sm_90\", got '%s'",
+                     opts->arch ? opts->arch : "(null)");
+        goto fail;
+    }
+    r.dev.cc = cc;
+    if (tk_api__is_local_ref(ref)) {
+        tk_api_localpkg lp;
+        if ((rc = tk_api__local_load(&lp, ref)) != TK_OK)
+            goto fail;
+        snprintf(name, sizeof name, "%s", lp.name);
+        snprintf(pkg, sizeof pkg, "%s@local", lp.name);
+        manifest = tk__strdup(lp.manifest);
+        tk_api__local_free(&lp);
+    } else {
+        tk_pkg *p = NULL;
+        if ((rc = tk_pkg_info(&p, ctx, ref)) == TK_ERR_NOT_FOUND && !tk_ctx_offline(ctx))
+            rc = tk_pkg_get(&p, ctx, ref, &opts->get);
+        if (rc != TK_OK)
+            goto fail;
+        snprintf(name, sizeof name, "%s", tk_pkg_name(p));
+        snprintf(pkg, sizeof pkg, "%s@%s", tk_pkg_name(p), tk_pkg_commit(p));
+        manifest = tk__strdup(tk_pkg_manifest(p));
+        tk_pkg_free(p);
+    }
+    if (!manifest || !(m = json_loads(manifest, 0, NULL))) {
+        rc = manifest ? tk__err(TK_ERR_MANIFEST, "%s: the manifest is not JSON", pkg) : tk__err(TK_ERR_NOMEM, "out of memory");
+        goto fail;
+    }
+    {
+        char pref[300];
+        snprintf(pref, sizeof pref, "%s", tk_api__is_local_ref(ref) ? ref : pkg);
+        if ((rc = tk_api__kernel_keys(ctx, pref, cc, plan_each, &pn)) != TK_OK)
+            goto fail;
+    }
+    int counts[8] = {0};
+    size_t i;
+    json_t *kj;
+    json_array_foreach(json_object_get(m, "kernels"), i, kj) {
+        const char *kname = json_string_value(json_object_get(kj, "name"));
+        const char *kop = json_string_value(json_object_get(kj, "op"));
+        int fits = 0;
+        size_t j;
+        json_t *x;
+        if (!kname || (opts->op && !tk__streq(kop, opts->op)) || (opts->kernel && strcmp(kname, opts->kernel) != 0))
+            continue;
+        json_array_foreach(pn.names, j, x) fits |= !strcmp(json_string_value(x), kname);
+        if (!fits) {
+            json_array_append_new(kernels, json_pack("{s:s, s:s, s:s, s:{s:s}}", "kernel", kname, "op", kop ? kop : "",
+                                                     "status", "skipped", "detail", "summary",
+                                                     "it does not run on this arch (its constraints)"));
+            counts[7]++;
+            continue;
+        }
+        verdict v;
+        test_kernel(&r, &v, NULL, ref, opts, kj, kname, manifest, name);
+        const char *st = v.status == TK_ST_PASSED ? "planned" : tk_ops__st_name(v.status);
+        json_array_append_new(kernels, json_pack("{s:s, s:s, s:s, s:i, s:f, s:o}", "kernel", kname, "op", kop ? kop : "",
+                                                 "status", st, "cases", v.cases, "seconds", v.seconds, "detail",
+                                                 v.detail ? v.detail : json_object()));
+        counts[v.status == TK_ST_PASSED ? 0 : v.status]++;
+    }
+    out = json_pack("{s:s, s:s, s:b, s:s, s:b, s:o, s:{s:i, s:i, s:i}, s:f, s:f}", "package", name, "version",
+                    json_string_value(json_object_get(m, "version")) ? json_string_value(json_object_get(m, "version")) : "",
+                    "local", tk_api__is_local_ref(ref), "arch", opts->arch, "plan", 1, "kernels", kernels, "counts",
+                    "planned", counts[0], "untested", counts[TK_ST_UNTESTED], "skipped", counts[7], "cpu_seconds",
+                    r.cpu_ms / 1000.0, "seconds", (tk__now_ms() - t0) / 1000.0);
+    kernels = NULL;
+    if (!out || !(*report = json_dumps(out, JSON_INDENT(2))))
+        rc = tk__err(TK_ERR_NOMEM, "out of memory");
+fail:
+    memo_free_all(&r);
+    json_decref(pn.names);
+    json_decref(kernels);
+    json_decref(out);
+    json_decref(m);
+    free(manifest);
+    return rc;
 }
 
 static int put_record(run *r, const char *key, const char *kernel, const char *pkg, const char *op, const char *status,
@@ -670,6 +807,8 @@ TK_API int tk_selftest(char **report, tk_ctx *ctx, const char *ref, const tk_sel
     if (opts->op && !tk_ops__find(opts->op))
         return tk__err(TK_ERR_NOT_FOUND, "tk_selftest: unknown op '%s'\nHINT: 'tk ops' lists them; a declared op has no "
                                          "CPU reference to test against", opts->op);
+    if (opts->plan_only)
+        return plan_run(report, ctx, ref, opts);
     r.ctx = ctx;
     r.timeout_s = opts->launch_timeout_s > 0 ? opts->launch_timeout_s : DEFAULT_TIMEOUT_S;
     int ndev = 0;

@@ -19,6 +19,7 @@
 #include "cli/cli.h"
 
 static const char *USAGE = "tk selftest [PKG|DIR...] [--op OP] [--kernel NAME] [--device cuda:N] [--timeout S] [--json]\n"
+                           "       tk selftest --plan [PKG|DIR...] [--arch sm_XY] [--op OP] [--kernel NAME] [--json]\n"
                            "       tk selftest --results [PKG...] [--device cuda:N] [--json]\n"
                            "       tk selftest --records [ORG/NAME] [--json]\n"
                            "       tk selftest --forget [PKG|DIR...]";
@@ -29,6 +30,7 @@ static const char *HELP =
     "\n"
     "SYNOPSIS\n"
     "    tk selftest [PKG|DIR...] [--op OP] [--kernel NAME] [--device cuda:N] [--timeout S] [--json]\n"
+    "    tk selftest --plan [PKG|DIR...] [--arch sm_XY] [--op OP] [--kernel NAME] [--json]\n"
     "    tk selftest --results [PKG...] [--device cuda:N] [--json]\n"
     "    tk selftest --records [ORG/NAME] [--json]\n"
     "    tk selftest --forget [PKG|DIR...]\n"
@@ -61,6 +63,9 @@ static const char *HELP =
     "    --kernel NAME    only this kernel (its name in kernel.json)\n"
     "    --device cuda:N  the GPU (default cuda:0)\n"
     "    --timeout S      the limit of one launch in seconds (default 5)\n"
+    "    --plan           no GPU needed: list the cases each kernel that fits --arch would run and\n"
+    "                     run their CPU references (timed); nothing is recorded\n"
+    "    --arch sm_XY     with --plan: the arch to plan for (default: the GPU's, else sm_90)\n"
     "    --results        show what is recorded for the installed packages on this GPU (passed,\n"
     "                     failed, never tested), running nothing\n"
     "    --records        every recorded result for any GPU (no GPU needed)\n"
@@ -291,11 +296,92 @@ static int do_records(tk_cli *cli, tk_ctx *ctx, const char *pkg)
     return TK_EXIT_OK;
 }
 
+/* --plan: what a run would test for arch, with the CPU references run; no GPU. */
+static int do_plan(tk_cli *cli, tk_ctx *ctx, char **refs, int nrefs, const char *arch, const char *op, const char *kernel)
+{
+    char archbuf[32] = "sm_90";
+    int ndev = 0, code = TK_EXIT_OK, first = 1;
+    tk_pkg_list *list = NULL;
+    if (!arch) { /* the GPU's arch, else sm_90 */
+        tk_device_info di;
+        if (tk_device_count(&ndev) == TK_OK && ndev > 0 && tk_device_info_get(&di, 0) == TK_OK)
+            snprintf(archbuf, sizeof archbuf, "sm_%d%d", di.cc_major, di.cc_minor);
+        arch = archbuf;
+    }
+    if (!nrefs) {
+        int rc = tk_pkg_list_installed(&list, ctx);
+        if (rc != TK_OK)
+            return tk_cli_fail(cli, rc, NULL);
+        if (!tk_pkg_list_count(list)) {
+            tk_pkg_list_free(list);
+            return tk_cli_errorf(cli, TK_ERR_NOT_FOUND, 0, "no package is installed to plan for\nHINT: 'tk get ORG/NAME' "
+                                 "first, or name a package directory: tk selftest --plan ./DIR");
+        }
+    }
+    size_t n = nrefs ? (size_t)nrefs : tk_pkg_list_count(list);
+    if (cli->json)
+        printf("[");
+    for (size_t i = 0; i < n; i++) {
+        char ref[300], *report = NULL;
+        if (nrefs)
+            snprintf(ref, sizeof ref, "%s", refs[i]);
+        else
+            snprintf(ref, sizeof ref, "%s@%s", tk_pkg_name(tk_pkg_list_at(list, i)), tk_pkg_commit(tk_pkg_list_at(list, i)));
+        tk_selftest_opts o = TK_SELFTEST_OPTS_INIT;
+        o.plan_only = 1;
+        o.arch = arch;
+        o.op = op;
+        o.kernel = kernel;
+        int rc = tk_selftest(&report, ctx, ref, &o);
+        if (rc != TK_OK) {
+            int c = tk_cli_fail(cli, rc, ref);
+            code = code == TK_EXIT_OK ? c : code;
+            continue;
+        }
+        if (cli->json) {
+            printf("%s%s", first ? "" : ",\n", report);
+            first = 0;
+        } else {
+            json_t *r = json_loads(report, 0, NULL), *k;
+            size_t j, w = 6;
+            json_array_foreach(json_object_get(r, "kernels"), j, k) {
+                size_t l = strlen(json_string_value(json_object_get(k, "kernel")));
+                w = l > w ? l : w;
+            }
+            printf("%s %s for %s:\n", json_string_value(json_object_get(r, "package")),
+                   json_string_value(json_object_get(r, "version")), arch);
+            json_array_foreach(json_object_get(r, "kernels"), j, k) {
+                const char *st = json_string_value(json_object_get(k, "status"));
+                if (!strcmp(st, "skipped") && !cli->verbose)
+                    continue;
+                printf("  %-9s %-*s  %s\n", st, (int)w, json_string_value(json_object_get(k, "kernel")),
+                       json_string_value(json_object_get(json_object_get(k, "detail"), "summary")));
+                json_t *labels = json_object_get(json_object_get(k, "detail"), "case_labels"), *lb;
+                size_t q;
+                if (cli->verbose)
+                    json_array_foreach(labels, q, lb) printf("              %s\n", json_string_value(lb));
+            }
+            json_t *c = json_object_get(r, "counts");
+            printf("  %lld planned, %lld untested, %lld skipped (not for %s); CPU references %.3f s\n",
+                   (long long)json_integer_value(json_object_get(c, "planned")),
+                   (long long)json_integer_value(json_object_get(c, "untested")),
+                   (long long)json_integer_value(json_object_get(c, "skipped")), arch,
+                   json_real_value(json_object_get(r, "cpu_seconds")));
+            json_decref(r);
+        }
+        tk_free(report);
+    }
+    if (cli->json)
+        printf("]\n");
+    tk_pkg_list_free(list);
+    return code;
+}
+
 int tk_cmd_selftest(tk_cli *cli, int argc, char **argv)
 {
-    const char *op = NULL, *kernel = NULL, *device_s = NULL;
+    const char *op = NULL, *kernel = NULL, *device_s = NULL, *arch = NULL;
     double timeout = 0;
-    int results = 0, records = 0, forget = 0, device = 0, nrefs = 0;
+    int results = 0, records = 0, forget = 0, device = 0, nrefs = 0, plan = 0;
     char **refs = calloc((size_t)argc + 1, sizeof *refs);
     if (!refs)
         return TK_EXIT_FAIL;
@@ -307,7 +393,8 @@ int tk_cmd_selftest(tk_cli *cli, int argc, char **argv)
             free(refs);
             return TK_EXIT_OK;
         }
-        if (!strcmp(a, "--op") || !strcmp(a, "--kernel") || !strcmp(a, "--device") || !strcmp(a, "--timeout")) {
+        if (!strcmp(a, "--op") || !strcmp(a, "--kernel") || !strcmp(a, "--device") || !strcmp(a, "--timeout") ||
+            !strcmp(a, "--arch")) {
             if (++i >= argc) {
                 free(refs);
                 return tk_cli_usage(USAGE, "%s needs a value", a);
@@ -331,6 +418,10 @@ int tk_cmd_selftest(tk_cli *cli, int argc, char **argv)
                 free(refs);
                 return tk_cli_usage(USAGE, "--timeout wants seconds from 0 to 3600, got '%s'", val);
             }
+        } else if (!strcmp(a, "--arch")) {
+            arch = val;
+        } else if (!strcmp(a, "--plan")) {
+            plan = 1;
         } else if (!strcmp(a, "--results")) {
             results = 1;
         } else if (!strcmp(a, "--records")) {
@@ -346,9 +437,17 @@ int tk_cmd_selftest(tk_cli *cli, int argc, char **argv)
             refs[nrefs++] = argv[i];
         }
     }
-    if (results + records + forget > 1) {
+    if (results + records + forget + plan > 1) {
         free(refs);
-        return tk_cli_usage(USAGE, "--results, --records and --forget go alone");
+        return tk_cli_usage(USAGE, "--plan, --results, --records and --forget go alone");
+    }
+    if (arch && !plan) {
+        free(refs);
+        return tk_cli_usage(USAGE, "--arch goes with --plan (a run tests the GPU's own arch)");
+    }
+    if (plan && (device_s || timeout > 0)) {
+        free(refs);
+        return tk_cli_usage(USAGE, "--device and --timeout go with a run, not with --plan");
     }
     if ((results || records || forget) && (op || kernel || timeout > 0)) {
         free(refs);
@@ -390,6 +489,11 @@ int tk_cmd_selftest(tk_cli *cli, int argc, char **argv)
             printf("forgot %lld self-test record%s\n", (long long)total, total == 1 ? "" : "s");
         free(refs);
         return TK_EXIT_OK;
+    }
+    if (plan) {
+        code = do_plan(cli, ctx, refs, nrefs, arch, op, kernel);
+        free(refs);
+        return code;
     }
     /* a run (or --results) needs the GPU: say so before anything else */
     int ndev = 0;

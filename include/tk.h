@@ -559,8 +559,11 @@ typedef struct {
     const char *kernel;        /* only this kernel, by its manifest name (NULL: all) */
     double launch_timeout_s;   /* the limit of one launch; 0: 5 s */
     tk_get_opts get;           /* how the package is fetched when it is not installed */
+    int plan_only;             /* 1: no GPU: for each kernel that fits `arch`, the cases it would run, with
+                                  their CPU references run and timed; nothing recorded */
+    const char *arch;          /* plan_only: the arch to plan for ("sm_90") */
 } tk_selftest_opts;
-#define TK_SELFTEST_OPTS_INIT {TK_SELFTEST_OPTS_VERSION, 0, NULL, NULL, 0, TK_GET_OPTS_INIT}
+#define TK_SELFTEST_OPTS_INIT {TK_SELFTEST_OPTS_VERSION, 0, NULL, NULL, 0, TK_GET_OPTS_INIT, 0, NULL}
 
 /* Self-tests the kernels of `ref` (an installed package, installed first as tk_get_kernel does, or a
  * package directory) on the device and records each result. *report receives the run as JSON (tk_free):
@@ -571,7 +574,11 @@ typedef struct {
  * Returns TK_OK when no kernel failed, crashed or timed out; TK_ERR_SELFTEST when one did (*report is
  * set then too); else, with *report NULL, the errors of tk_get_kernel (TK_ERR_NO_DEVICE without a GPU,
  * TK_ERR_NOT_FOUND, TK_ERR_COMPILE, ...), TK_ERR_CACHE. Uses the context's thread; reports progress
- * through the context's progress callback ("selftest <kernel>"). */
+ * through the context's progress callback ("selftest <kernel>").
+ * With opts->plan_only (no GPU needed) the report is the plan instead: {"package", "version", "local",
+ * "arch", "plan": true, "kernels": [{"kernel", "op", "status": "planned" | "untested" | "skipped",
+ * "cases", "seconds", "detail": {"summary", "case_labels"}}], "counts": {"planned", "untested",
+ * "skipped"}, "cpu_seconds" (in the CPU references), "seconds"}, and the return TK_OK. */
 TK_API int tk_selftest(char **report, tk_ctx *ctx, const char *ref, const tk_selftest_opts *opts);
 
 /* The standing of installed packages on device `device` (ref NULL: every installed package): for each

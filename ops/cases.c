@@ -735,46 +735,45 @@ static int gen_sample(tk_ops_case *c, size_t index, const tk_ops_case_spec *s)
 
 /* ---- attention ---------------------------------------------------------------------------------------- */
 
-/* attention: B, Sq, Sk, Hq, Hkv at head size D (the kernel's, or 64; the last size is the largest the
- * kernel declares) with each option. */
+/* attention at head size D (the kernel's, or 64), each case one shape and one option: one row; GQA
+ * (Hq 4 over Hkv 2) with Sq != Sk; causal with lse; sliding window, softcap and ALiBi together; two
+ * packed sequences (varlen, causal); and the largest head size the kernel declares. */
 static int gen_attention(tk_ops_case *c, size_t index, const tk_ops_case_spec *s)
 {
-    static const char *what[] = {"", " causal", " window 8/4, softcap 30, alibi", " varlen (2 sequences)", " lse"};
-    static const int64_t sz[][5] = {{1, 1, 1, 1, 1}, {2, 17, 33, 4, 2}, {1, 33, 33, 2, 2}}; /* B Sq Sk Hq Hkv */
-    size_t v, z;
+    static const struct {
+        int64_t b, sq, sk, hq, hkv;
+        int opt; /* 0 plain, 1 causal + lse, 2 window/softcap/alibi, 3 varlen, 4 the largest D */
+        const char *what;
+    } cs[] = {{1, 1, 1, 1, 1, 0, " (one row)"},
+              {2, 17, 33, 4, 2, 0, " (GQA)"},
+              {1, 33, 33, 2, 2, 1, " causal, lse"},
+              {2, 17, 33, 4, 2, 2, " window 8/4, softcap 30, alibi"},
+              {1, 17, 33, 2, 1, 3, " varlen: 2 sequences, causal"},
+              {1, 17, 33, 2, 2, 4, " (the largest head size it takes)"}};
     int na = 0;
-    /* sizes: the three above at D, then the largest D */
-    if (!split(index, 5, 4, &v, &z))
+    if (index >= sizeof cs / sizeof cs[0])
         return END;
-    int big = z == 3;
-    const int64_t *g = sz[big ? 1 : z];
-    int64_t b = g[0], sq = g[1], sk = g[2], hq = g[3], hkv = g[4];
-    int64_t d = big ? pin_max(s, "q", 3, 4, 256) : pin(s, "q", 3, 4, 64);
-    if (big && d == pin(s, "q", 3, 4, 64))
-        return NA; /* the kernel has one head size: done at the other sizes */
-    if (v == 1)
-        sq = sk = g[2];
-    if (v == 3) { /* one packed batch: sequences of 7 and 10 queries over 12 and 21 keys */
-        b = 1;
-        sq = 17;
-        sk = 33;
-    }
+    int64_t b = cs[index].b, sq = cs[index].sq, sk = cs[index].sk, hq = cs[index].hq, hkv = cs[index].hkv;
+    int opt = cs[index].opt;
+    int64_t d = opt == 4 ? pin_max(s, "q", 3, 4, 256) : pin(s, "q", 3, 4, 64);
+    if (opt == 4 && d == pin(s, "q", 3, 4, 64))
+        return NA; /* one head size: the other cases have it */
     tk_dtype dt = fdt(s, "q");
     T(c, "out", dt, TK_CASE_OUT, b, sq, hq, d);
     fill(c, T(c, "q", dt, TK_CASE_IN, b, sq, hq, d), -1, 1);
     fill(c, T(c, "k", dt, TK_CASE_IN, b, sk, hkv, d), -1, 1);
     fill(c, T(c, "v", dt, TK_CASE_IN, b, sk, hkv, d), -1, 1);
-    if (v == 1 || v == 4)
-        OPT(c, s, v == 4, &na, "lse", DT_F32, TK_CASE_OUT, b, hq, sq);
-    if (v == 1)
+    if (opt == 1) {
+        OPT(c, s, 1, &na, "lse", DT_F32, TK_CASE_OUT, b, hq, sq);
         opt_i(c, s, "causal", 1, &na);
-    if (v == 2) {
+    }
+    if (opt == 2) {
         opt_i(c, s, "window_left", 8, &na);
         opt_i(c, s, "window_right", 4, &na);
         opt_f(c, s, "softcap", 30, &na);
         fill(c, OPT(c, s, 1, &na, "alibi_slopes", DT_F32, TK_CASE_IN, hq), 0.01, 0.5);
     }
-    if (v == 3) {
+    if (opt == 3) { /* sequences of 7 and 10 queries over 12 and 21 keys */
         tk_ops_case_tensor *cq = OPT(c, s, 1, &na, "cu_seqlens_q", DT_I32, TK_CASE_IN, 3);
         tk_ops_case_tensor *ck = OPT(c, s, 1, &na, "cu_seqlens_k", DT_I32, TK_CASE_IN, 3);
         static const int32_t q[3] = {0, 7, 17}, k[3] = {0, 12, 33};
@@ -787,7 +786,7 @@ static int gen_attention(tk_ops_case *c, size_t index, const tk_ops_case_spec *s
     }
     c->tol_factor = dt.bits == 32 ? 10 : 2;
     label(c, "attention %s B %lld Sq %lld Sk %lld Hq %lld Hkv %lld D %lld%s", tk_ops__dtype_str(dt), (long long)b,
-          (long long)sq, (long long)sk, (long long)hq, (long long)hkv, (long long)d, what[v]);
+          (long long)sq, (long long)sk, (long long)hq, (long long)hkv, (long long)d, cs[index].what);
     return na ? NA : TK_OK;
 }
 
@@ -853,10 +852,13 @@ static int gen_attention_decode(tk_ops_case *c, size_t index, const tk_ops_case_
 {
     static const char *what[] = {"", " lse", " window 9, softcap 20, alibi", " 4 new queries"};
     static const int64_t lens[][2] = {{1, 1}, {5, 37}};
+    static const size_t pick[][2] = {{0, 0}, {0, 1}, {1, 1}, {2, 1}, {3, 1}}; /* (variant, lengths) */
     size_t v, z;
     int na = 0;
-    if (!split(index, 4, 2, &v, &z))
+    if (index >= sizeof pick / sizeof pick[0])
         return END;
+    v = pick[index][0];
+    z = pick[index][1];
     int64_t b = 2, sq = v == 3 ? 4 : 1, hq = 4, hkv = 2, d = pin(s, "q", 3, 4, 64), bs = 16, per = 3, nblocks = 8;
     tk_dtype dt = fdt(s, "q"), kdt = dt_of(s, "k_cache", dt);
     int scaled = is_8bit(kdt);

@@ -100,7 +100,8 @@ class GetOpts2(ctypes.Structure):
 class SelftestOpts(ctypes.Structure):
     """tk_selftest_opts (version 1)."""
     _fields_ = [("version", ctypes.c_uint), ("device", ctypes.c_int), ("op", ctypes.c_char_p),
-                ("kernel", ctypes.c_char_p), ("launch_timeout_s", ctypes.c_double), ("get", GetOpts2)]
+                ("kernel", ctypes.c_char_p), ("launch_timeout_s", ctypes.c_double), ("get", GetOpts2),
+                ("plan_only", ctypes.c_int), ("arch", ctypes.c_char_p)]
 
 
 TK_DEV_CPU, TK_DEV_CUDA = 1, 2
