@@ -72,12 +72,12 @@ static void rollback(tk_kcache *c)
  * with status "running" is written before a kernel's test starts (pid: the tester), so a test that
  * takes its process down leaves evidence behind. */
 #define SELFTEST_TABLE                                                                                 \
-    "CREATE TABLE selftest(binary_key TEXT NOT NULL, kernel TEXT NOT NULL, gpu_uuid TEXT NOT NULL,"     \
+    "CREATE TABLE IF NOT EXISTS selftest(binary_key TEXT NOT NULL, kernel TEXT NOT NULL, gpu_uuid TEXT NOT NULL,"     \
     " driver TEXT NOT NULL, tk_version TEXT NOT NULL, package TEXT NOT NULL, op TEXT NOT NULL,"        \
     " status TEXT NOT NULL, detail TEXT NOT NULL DEFAULT '', gpu_name TEXT NOT NULL DEFAULT '',"       \
     " pid INTEGER NOT NULL DEFAULT 0, tested INTEGER NOT NULL, seconds REAL NOT NULL DEFAULT 0,"        \
     " PRIMARY KEY(binary_key, kernel, gpu_uuid, driver, tk_version))"
-#define SELFTEST_INDEX "CREATE INDEX selftest_pkg ON selftest(package, gpu_uuid)"
+#define SELFTEST_INDEX "CREATE INDEX IF NOT EXISTS selftest_pkg ON selftest(package, gpu_uuid)"
 
 static int migrate(tk_kcache *c)
 {

@@ -84,8 +84,9 @@ static int64_t pin(const tk_ops_case_spec *s, const char *name, int dim, int ran
     return want;
 }
 
-/* The largest value the kernel allows for that dimension, else dflt. */
-static int64_t pin_max(const tk_ops_case_spec *s, const char *name, int dim, int rank, int64_t dflt)
+/* The largest value the kernel declares for that dimension (at most cap: a bound meant as "no
+ * limit" stays a small case), else dflt. */
+static int64_t pin_max(const tk_ops_case_spec *s, const char *name, int dim, int rank, int64_t dflt, int64_t cap)
 {
     int64_t best = -1;
     for (size_t i = 0; s->pins && i < s->npins; i++) {
@@ -93,7 +94,7 @@ static int64_t pin_max(const tk_ops_case_spec *s, const char *name, int dim, int
         if (!strcmp(p->param, name) && (p->dim == dim || p->dim == dim - rank || p->dim + rank == dim) && p->hi >= 0)
             best = best < 0 || p->hi < best ? p->hi : best;
     }
-    return best >= 0 ? (best < dflt ? best : dflt) : dflt;
+    return best >= 0 ? (best < cap ? best : cap) : dflt;
 }
 
 /* ---- building a case ------------------------------------------------------------------------------ */
@@ -755,7 +756,7 @@ static int gen_attention(tk_ops_case *c, size_t index, const tk_ops_case_spec *s
         return END;
     int64_t b = cs[index].b, sq = cs[index].sq, sk = cs[index].sk, hq = cs[index].hq, hkv = cs[index].hkv;
     int opt = cs[index].opt;
-    int64_t d = opt == 4 ? pin_max(s, "q", 3, 4, 256) : pin(s, "q", 3, 4, 64);
+    int64_t d = opt == 4 ? pin_max(s, "q", 3, 4, 256, 1024) : pin(s, "q", 3, 4, 64);
     if (opt == 4 && d == pin(s, "q", 3, 4, 64))
         return NA; /* one head size: the other cases have it */
     tk_dtype dt = fdt(s, "q");
