@@ -548,7 +548,7 @@ int tk_cmd_selftest(tk_cli *cli, int argc, char **argv)
     /* the watchdog: the limit of every case of one kernel, and a margin for the context teardown */
     tk_cli_progress_hook = on_progress;
     watchdog_json = cli->json;
-    watchdog_limit = 32.0 * (timeout > 0 ? timeout : 5.0) + 60.0;
+    watchdog_limit = 2.0 * (timeout > 0 ? timeout : 5.0) + 60.0;
     pthread_t wd;
     if (pthread_create(&wd, NULL, watchdog, NULL) == 0)
         pthread_detach(wd);
