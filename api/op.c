@@ -960,20 +960,15 @@ static int run_on_cpu(tk_ctx *ctx, const tk_op_call *k, const char **impl)
 static int route(ops_state *s, tk_ctx *ctx, const tk_op_call *k, const tk_device_info *dev, int cc, size_t *order,
                  size_t *n, int mode, int *untested)
 {
-    int *st = *n ? malloc(*n * sizeof *st) : NULL, *act = *n ? malloc(*n * sizeof *act) : NULL;
-    size_t *skipped = *n ? malloc(*n * sizeof *skipped) : NULL, nskip = 0, kept = 0;
+    /* on the stack: this runs on every call of an op on a GPU (the statuses are looked up once) */
+    int st[64], act[64];
+    size_t skipped[64], nskip = 0, kept = 0, m = *n < 64 ? *n : 64;
     int cpu = tk_api__cpu_fallback(ctx) && k->op->cpu, r;
     *untested = 0;
-    if (*n && (!st || !act || !skipped)) {
-        free(st);
-        free(act);
-        free(skipped);
-        return tk__err(TK_ERR_NOMEM, "out of memory"), TK_ROUTE_ERROR;
-    }
-    for (size_t f = 0; f < *n; f++)
+    for (size_t f = 0; f < m; f++)
         st[f] = cand_status(s, ctx, &s->c[order[f]], k->device_id, cc);
-    r = tk_ops__route(act, st, *n, mode, cpu);
-    for (size_t f = 0; f < *n; f++) {
+    r = tk_ops__route(act, st, m, mode, cpu);
+    for (size_t f = 0; f < m; f++) {
         cand *c = &s->c[order[f]];
         if (act[f] == TK_ROUTE_SKIP) {
             warn_skip(ctx, c, k->op->name, dev);
@@ -983,12 +978,9 @@ static int route(ops_state *s, tk_ctx *ctx, const tk_op_call *k, const tk_device
         *untested |= act[f] == TK_ROUTE_TEST_FIRST;
         order[kept++] = order[f];
     }
-    *n = kept;
+    *n = kept; /* beyond 64 fitting kernels (never seen): the rest are left out */
     if (r == TK_ROUTE_ERROR)
         selftest_error(s, k, skipped, nskip, mode, dev);
-    free(st);
-    free(act);
-    free(skipped);
     return r;
 }
 

@@ -96,6 +96,10 @@ int tk_jit__sandbox_new(tk_jit_sandbox **out, int device)
         return rc;
     if (device < 0 || device >= n)
         return tk__err(n ? TK_ERR_INVALID : TK_ERR_NO_DEVICE, "no CUDA device %d (this machine has %d)", device, n);
+    const tk_cu_api *cu = tk_jit__cu();
+    if (!cu->cuCtxCreate || !cu->cuCtxDestroy || !cu->cuStreamCreate || !cu->cuStreamQuery || !cu->cuStreamDestroy)
+        return tk__err(TK_ERR_UNSUPPORTED, "this CUDA driver lacks cuCtxCreate_v2, cuCtxDestroy_v2 or the stream calls a "
+                                           "self-test runs kernels with\nHINT: update the NVIDIA driver");
     tk_jit_sandbox *sb = calloc(1, sizeof *sb);
     if (!sb)
         return tk__err(TK_ERR_NOMEM, "out of memory");
