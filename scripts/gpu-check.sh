@@ -189,7 +189,9 @@ save
 # (tests/data/selftest/hang) is stopped at --timeout. $OUT/selftest.json keeps the reports.
 if [ $selftest = 1 ]; then
   echo "== phase 1b: tk selftest"
+  # the bench's home when phase 1 prepared it: its packages are compiled already (device time)
   SH=$work/selftest-home; rm -rf "$SH"; SJ=$L/selftest
+  [ -d "$work/bench-home" ] && SH=$work/bench-home
   mkdir -p "$SJ"
   st_row() { # NAME OK(0/1) SECONDS NOTE
     row selftest "$1" "$([ "$2" = 1 ] && echo ok || echo FAIL)" "$2" "$((1 - $2))" 0 "$3" "$4"
