@@ -170,9 +170,9 @@ int tk_api__kernel_keys(tk_ctx *ctx, const char *ref, int cc, void (*each)(void 
 /* One kernel of a manifest as dispatch reads it (api/op.c), so a self-test binds and checks a call
  * exactly as tk_op_run would. */
 typedef struct tk_api_opkernel tk_api_opkernel;
-/* Parses kernel `kernel` of manifest text m of package pkg ("org/name"). TK_ERR_NOT_FOUND when m has
+/* Reads kernel `kernel` of parsed manifest m of package pkg ("org/name"). TK_ERR_NOT_FOUND when m has
  * no such kernel. */
-int tk_api__opkernel_new(tk_api_opkernel **out, const char *m, const char *pkg, const char *kernel);
+int tk_api__opkernel_new(tk_api_opkernel **out, json_t *m, const char *pkg, const char *kernel);
 void tk_api__opkernel_free(tk_api_opkernel *ok);
 /* Why it cannot serve a prepared call (const tk_op_call *) on compute capability cc, or NULL. */
 const char *tk_api__opkernel_unfit(const tk_api_opkernel *ok, const void *call, int cc);

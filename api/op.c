@@ -1153,24 +1153,21 @@ struct tk_api_opkernel {
     ops_state st; /* holds exactly one candidate */
 };
 
-int tk_api__opkernel_new(tk_api_opkernel **out, const char *m, const char *pkg, const char *kernel)
+int tk_api__opkernel_new(tk_api_opkernel **out, json_t *m, const char *pkg, const char *kernel)
 {
     *out = NULL;
     tk_api_opkernel *ok = calloc(1, sizeof *ok);
     if (!ok)
         return tk__err(TK_ERR_NOMEM, "out of memory");
-    json_t *j = json_loads(m ? m : "", 0, NULL);
+    /* only the kernel asked for: a manifest of that one entry */
+    json_t *one = json_object(), *ks = json_array(), *k;
+    size_t i;
+    json_array_foreach(json_object_get(m, "kernels"), i, k) if (tk__streq(json_string_value(json_object_get(k, "name")), kernel))
+        json_array_append(ks, k);
+    json_object_set_new(one, "kernels", ks);
     origin o = {pkg, "", "", NULL, 0};
-    int rc = j ? add_kernels(&ok->st, j, &o) : tk__err(TK_ERR_MANIFEST, "%s: the manifest is not JSON", pkg);
-    json_decref(j);
-    /* keep only the kernel asked for */
-    for (size_t i = 0; rc == TK_OK && i < ok->st.n; i++)
-        if (strcmp(ok->st.c[i].kernel, kernel) != 0) {
-            cand_clear(&ok->st.c[i]);
-            memmove(&ok->st.c[i], &ok->st.c[i + 1], (ok->st.n - i - 1) * sizeof *ok->st.c);
-            ok->st.n--;
-            i--;
-        }
+    int rc = add_kernels(&ok->st, one, &o);
+    json_decref(one);
     if (rc == TK_OK && ok->st.n != 1)
         rc = tk__err(TK_ERR_NOT_FOUND, "%s has no kernel '%s' that this tk can read", pkg, kernel);
     if (rc != TK_OK) {

@@ -440,7 +440,7 @@ static int reset_and_reload(run *r, tk_kernel **k, const char *ref, const tk_sel
 
 /* Tests one function. *k may be replaced (a reset reloads the package). */
 static void test_kernel(run *r, verdict *v, tk_kernel **k, const char *ref, const tk_selftest_opts *o, json_t *kj,
-                        const char *kname, const char *manifest, const char *pkg)
+                        const char *kname, json_t *manifest, const char *pkg)
 {
     const char *opname = json_string_value(json_object_get(kj, "op"));
     const tk_op_desc *op = tk_ops__find(opname);
@@ -718,7 +718,7 @@ static int plan_run(char **report, tk_ctx *ctx, const char *ref, const tk_selfte
             continue;
         }
         verdict v;
-        test_kernel(&r, &v, NULL, ref, opts, kj, kname, manifest, name);
+        test_kernel(&r, &v, NULL, ref, opts, kj, kname, m, name);
         const char *st = v.status == TK_ST_PASSED ? "planned" : tk_ops__st_name(v.status);
         json_array_append_new(kernels, json_pack("{s:s, s:s, s:s, s:i, s:f, s:o}", "kernel", kname, "op", kop ? kop : "",
                                                  "status", st, "cases", v.cases, "seconds", v.seconds, "detail",
@@ -849,12 +849,6 @@ TK_API int tk_selftest(char **report, tk_ctx *ctx, const char *ref, const tk_sel
     snprintf(name, sizeof name, "%s", pkg);
     if ((at = strrchr(name, '@')))
         *at = '\0';
-    /* keep the manifest text for the opkernel reader: k may be reloaded after a fault */
-    char *mtext = tk__strdup(tk_kernel_manifest(k));
-    if (!mtext) {
-        rc = tk__err(TK_ERR_NOMEM, "out of memory");
-        goto fail;
-    }
     out = json_object();
     kernels = json_array();
     json_object_set_new(out, "package", json_string(name));
@@ -904,10 +898,9 @@ TK_API int tk_selftest(char **report, tk_ctx *ctx, const char *ref, const tk_sel
         if ((rc = put_record(&r, key, kname, pkg, kop, "running", NULL, 0)) != TK_OK)
             goto fail;
         verdict v;
-        test_kernel(&r, &v, &k, ref, opts, kernel_entry(m, kname), kname, mtext, name);
+        test_kernel(&r, &v, &k, ref, opts, kernel_entry(m, kname), kname, m, name);
         if ((rc = put_record(&r, key, kname, pkg, kop, tk_ops__st_name(v.status), v.detail, v.seconds)) != TK_OK) {
             json_decref(v.detail);
-            free(mtext);
             goto fail;
         }
         tk_api__log(ctx, tk_ops__st_bad(v.status) ? TK_LOG_WARN : TK_LOG_DEBUG, "selftest %s:%s on %s: %s: %s", name,
@@ -920,7 +913,6 @@ TK_API int tk_selftest(char **report, tk_ctx *ctx, const char *ref, const tk_sel
         counts[v.status]++;
         nbad += tk_ops__st_bad(v.status);
     }
-    free(mtext);
     (void)nk;
     if (ctx->progress)
         ctx->progress(ctx->progress_user, "selftest", (int64_t)total, (int64_t)total);
