@@ -115,7 +115,8 @@ static tk_ops_case_tensor *add_t(tk_ops_case *c, const char *name, tk_dtype dt, 
     t->name = name;
     t->role = role;
     t->exact = dt.code == TK_DL_INT || dt.code == TK_DL_UINT;
-    memcpy(t->shape, shape, (size_t)ndim * sizeof *shape);
+    if (ndim > 0)
+        memcpy(t->shape, shape, (size_t)ndim * sizeof *shape);
     t->t.ndim = ndim;
     t->t.shape = t->shape;
     t->t.dtype = dt;
