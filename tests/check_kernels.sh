@@ -45,8 +45,8 @@ if [ -z "${TK_CHECK_ONLY:-}" ]; then
   for d in tests/data/selftest/*/; do
     [ -f "$d/kernel.json" ] || continue
     log=$TK_HOME/test-$(basename "$d").log
-    if "$TK" check "$d" --arch "$ARCHS" >"$log" 2>/dev/null; then
-      echo "ok    $d ($ARCHS): $(tail -n 1 "$log")"
+    if "$TK" check "$d" --arch "$ARCHS" >"$log" 2>&1; then
+      echo "ok    $d ($ARCHS): $(grep ': ok' "$log" | tail -n 1)"
       passed=$((passed + 1))
     else
       echo "FAIL  $d ($ARCHS):"; sed 's/^/    /' "$log" | head -n 60
