@@ -153,4 +153,48 @@ int tk_api__kcache(struct tk_kcache **out, tk_ctx *ctx);
  * integer scalar exactly (api/op.c). */
 int tk_api__tune_text(tk_buf *b, const char *device_name, int cc, const void *call /* const tk_op_call * */);
 
+/* ---- self-tests (api/kernel.c, api/selftest.c, api/op.c) ---------------------------------------- */
+
+struct tk_jit_sandbox;
+/* tk_get_kernel, loading the modules into a self-test sandbox's context (sb NULL: the primary one). */
+int tk_api__get_kernel_in(tk_kernel **out, tk_ctx *ctx, const char *ref, const tk_kernel_opts *opts,
+                          struct tk_jit_sandbox *sb);
+/* The cache key (64 hex) of the compiled unit fn came from: what self-test results are recorded by. */
+const char *tk_api__function_key(const tk_function *fn);
+/* "org/name@commit" or "org/name@local" of a loaded kernel (borrowed). */
+const char *tk_api__kernel_pkgname(const tk_kernel *k);
+/* Calls each(user, kernel, key) for every kernel of ref's package (installed, or a package directory)
+ * that fits compute capability cc, with the key of the unit it compiles in, as tk_get_kernel would
+ * plan it (no compile, NVRTC not loaded). Errors: those of tk_pkg_info and of reading the sources. */
+int tk_api__kernel_keys(tk_ctx *ctx, const char *ref, int cc, void (*each)(void *user, const char *kernel, const char *key),
+                        void *user);
+
+/* One kernel of a manifest as dispatch reads it (api/op.c), so a self-test binds and checks a call
+ * exactly as tk_op_run would. */
+typedef struct tk_api_opkernel tk_api_opkernel;
+/* Reads kernel `kernel` of parsed manifest m of package pkg ("org/name"). TK_ERR_NOT_FOUND when m has
+ * no such kernel. */
+int tk_api__opkernel_new(tk_api_opkernel **out, json_t *m, const char *pkg, const char *kernel);
+void tk_api__opkernel_free(tk_api_opkernel *ok);
+/* Why it cannot serve a prepared call (const tk_op_call *) on compute capability cc, or NULL. */
+const char *tk_api__opkernel_unfit(const tk_api_opkernel *ok, const void *call, int cc);
+/* Binds the call's arguments to fn's params by name and launches on stream, as dispatch does. */
+int tk_api__opkernel_launch(const tk_api_opkernel *ok, const tk_function *fn, const void *call, void *stream);
+
+/* The context's self-test mode (config "selftest", $TK_SELFTEST overrides): TK_SELFTEST_OFF,
+ * _RECORD (the default) or _REQUIRED (ops/selftest.h); and whether the CPU reference may stand in
+ * for kernels that failed (config "cpu_fallback": true). */
+int tk_api__selftest_mode(const tk_ctx *ctx);
+int tk_api__cpu_fallback(const tk_ctx *ctx);
+/* The recorded status (TK_ST_*) of kernel `kernel`, compiled as binary `key`, on device `device`; *detail
+ * (may be NULL) receives the record's one-line summary (malloc'd) when there is one. A record left
+ * "running" by a process that has ended reads TK_ST_INTERRUPTED. */
+int tk_api__selftest_status(int *status, char **detail, tk_ctx *ctx, const char *key, const char *kernel, int device);
+/* Self-tests one kernel (tk_op_run in "required" mode, on first use): records the result and sets
+ * *status. ref is "org/name@commit" or a package directory. */
+int tk_api__selftest_kernel(int *status, tk_ctx *ctx, const char *ref, const char *kernel, int device);
+/* Drops the statuses dispatch looked up in this context (after new records), so the next call reads
+ * them again (api/op.c). */
+void tk_api__ops_forget_selftests(tk_ctx *ctx);
+
 #endif

@@ -138,6 +138,11 @@ static int is_string_array(const json_t *v)
     json_array_foreach(v, i, x) ok &= json_is_string(x);
     return ok;
 }
+static int is_selftest_mode(const json_t *v) /* docs/selftest.md */
+{
+    const char *m = json_string_value(v);
+    return m && (!strcmp(m, "off") || !strcmp(m, "record") || !strcmp(m, "required"));
+}
 static int is_string_object(const json_t *v)
 {
     const char *k;
@@ -164,6 +169,8 @@ static const struct {
     {"ops", is_string_object, "an object of op name to package", "\"ops\": {\"silu_and_mul\": \"org/name\"}"},
     {"autotune", is_bool, "true or false", "\"autotune\": false"},
     {"cache_max", is_size, "a size (bytes, or a string with K/M/G)", "\"cache_max\": \"4G\""},
+    {"selftest", is_selftest_mode, "\"off\", \"record\" or \"required\"", "\"selftest\": \"required\""},
+    {"cpu_fallback", is_bool, "true or false", "\"cpu_fallback\": true"},
 };
 #define NCONFIG_KEYS (sizeof config_keys / sizeof *config_keys)
 
@@ -319,6 +326,14 @@ int tk_ctx_new(tk_ctx **out, const tk_ctx_opts *opts)
         goto fail;
     if ((rc = load_config(ctx)) != TK_OK)
         goto fail;
+    {
+        const char *st = getenv("TK_SELFTEST"); /* docs/selftest.md */
+        if (st && *st && strcmp(st, "off") && strcmp(st, "record") && strcmp(st, "required")) {
+            rc = tk__err(TK_ERR_INVALID, "TK_SELFTEST='%s' is not a self-test mode\nHINT: use off, record or required",
+                         st);
+            goto fail;
+        }
+    }
 
     const char *ep = opts->endpoint;
     if (!ep || !*ep)

@@ -980,6 +980,7 @@ struct tk_function {
     kdecl d;
     tk_jit_module *mod;
     void *fn;
+    char key[TK_SHA256_HEX]; /* the cache key of the unit it was compiled in (self-test records) */
 };
 
 struct tk_kernel {
@@ -1012,16 +1013,16 @@ void tk_kernel_free(tk_kernel *k)
     free(k);
 }
 
-static int load_unit(tk_jit_module **m, cunit *c, int device, int *stale)
+static int load_unit(tk_jit_module **m, cunit *c, int device, tk_jit_sandbox *sb, int *stale)
 {
     const void *img = c->bin->cubin ? (const void *)c->bin->cubin : (const void *)c->bin->ptx;
     char first[1024];
-    int st2 = 0, rc = tk_jit__module_load(m, device, img, stale);
+    int st2 = 0, rc = tk_jit__module_load_in(m, device, sb, img, stale);
     /* a CUBIN this driver rejects may still run from its PTX (not for sm_XYa PTX) */
     if (rc == TK_OK || !c->bin->cubin || !c->bin->ptx || c->u.arch_specific)
         return rc;
     snprintf(first, sizeof first, "%s", tk_last_error());
-    if (tk_jit__module_load(m, device, c->bin->ptx, &st2) == TK_OK) {
+    if (tk_jit__module_load_in(m, device, sb, c->bin->ptx, &st2) == TK_OK) {
         *stale = 0;
         return TK_OK;
     }
@@ -1085,14 +1086,14 @@ static int kernel_plan(plan *p, tk_kcache **kc, tk_ctx *ctx, const pkgsrc *s, co
 /* Loads each unit's module on the device and makes a tk_function of each of its kernels (their
  * declarations move from s into k). A cached binary the driver rejects is dropped and recompiled
  * once. */
-static int kernel_load(tk_kernel *k, tk_ctx *ctx, plan *p, pkgsrc *s, tk_kcache *kc)
+static int kernel_load(tk_kernel *k, tk_ctx *ctx, plan *p, pkgsrc *s, tk_kcache *kc, tk_jit_sandbox *sb)
 {
     int rc;
     for (size_t i = 0; i < p->n; i++) {
         cunit *c = &p->u[i];
         tk_jit_module *m = NULL;
         int stale = 0;
-        rc = load_unit(&m, c, k->device, &stale);
+        rc = load_unit(&m, c, k->device, sb, &stale);
         if (rc != TK_OK && stale && c->cached) {
             tk_api__log(ctx, TK_LOG_WARN, "cached binary for %s rejected by the driver; recompiling", c->label);
             tk_kcache__remove(kc, c->key);
@@ -1101,7 +1102,7 @@ static int kernel_load(tk_kernel *k, tk_ctx *ctx, plan *p, pkgsrc *s, tk_kcache 
             c->cached = 0;
             if ((rc = plan_build(p, ctx, s, 0, NULL, NULL)) != TK_OK)
                 return rc;
-            rc = load_unit(&m, c, k->device, &stale);
+            rc = load_unit(&m, c, k->device, sb, &stale);
         }
         if (rc != TK_OK)
             return tk__err_wrap(rc, "%s (%s)", c->label, c->target);
@@ -1117,6 +1118,7 @@ static int kernel_load(tk_kernel *k, tk_ctx *ctx, plan *p, pkgsrc *s, tk_kcache 
             memset(&s->k[c->kidx[j]], 0, sizeof s->k[0]); /* moved into the function */
             f->mod = m;
             f->fn = fn;
+            memcpy(f->key, c->key, sizeof f->key);
             k->nfns++;
         }
     }
@@ -1124,6 +1126,12 @@ static int kernel_load(tk_kernel *k, tk_ctx *ctx, plan *p, pkgsrc *s, tk_kcache 
 }
 
 int tk_get_kernel(tk_kernel **out, tk_ctx *ctx, const char *ref, const tk_kernel_opts *opts)
+{
+    return tk_api__get_kernel_in(out, ctx, ref, opts, NULL);
+}
+
+int tk_api__get_kernel_in(tk_kernel **out, tk_ctx *ctx, const char *ref, const tk_kernel_opts *opts,
+                          struct tk_jit_sandbox *sb)
 {
     tk_kernel_opts def = TK_KERNEL_OPTS_INIT;
     tk_device_info info;
@@ -1168,7 +1176,7 @@ int tk_get_kernel(tk_kernel **out, tk_ctx *ctx, const char *ref, const tk_kernel
         tk_device_info di;
         k->sm_count = tk_device_info_get(&di, opts->device) == TK_OK ? di.sm_count : 0;
     }
-    if ((rc = kernel_load(k, ctx, &p, &s, kc)) != TK_OK)
+    if ((rc = kernel_load(k, ctx, &p, &s, kc, sb)) != TK_OK)
         goto fail;
     *out = k;
     k = NULL;
@@ -1226,6 +1234,35 @@ static int check_fn(const tk_function *fn)
 }
 
 const char *tk_function_name(const tk_function *fn) { return check_fn(fn) == TK_OK ? fn->d.name : NULL; }
+const char *tk_api__function_key(const tk_function *fn) { return check_fn(fn) == TK_OK ? fn->key : NULL; }
+const char *tk_api__kernel_pkgname(const tk_kernel *k) { return k && k->magic == KERNEL_MAGIC ? k->pkgname : NULL; }
+
+int tk_api__kernel_keys(tk_ctx *ctx, const char *ref, int cc, void (*each)(void *user, const char *kernel, const char *key),
+                        void *user)
+{
+    pkgsrc s;
+    plan p;
+    const char *nvid = NULL;
+    int rc;
+    memset(&s, 0, sizeof s);
+    memset(&p, 0, sizeof p);
+    if (tk_api__is_local_ref(ref)) { /* quietly: dispatch asks this on every context */
+        tk_api_localpkg lp;
+        if ((rc = tk_api__local_load(&lp, ref)) != TK_OK)
+            return rc;
+        rc = pkgsrc_load_dir(&s, &lp);
+        tk_api__local_free(&lp);
+    } else {
+        rc = pkgsrc_for_ref(&s, NULL, ctx, ref, NULL);
+    }
+    if (rc == TK_OK && (rc = tk_jit__nvrtc_id(&nvid)) == TK_OK && (rc = plan_make(&p, &s, cc, 0, nvid)) == TK_OK)
+        for (size_t i = 0; i < p.n; i++)
+            for (size_t j = 0; j < p.u[i].nk; j++)
+                each(user, s.k[p.u[i].kidx[j]].name, p.u[i].key);
+    plan_free(&p);
+    pkgsrc_free(&s);
+    return rc;
+}
 const char *tk_function_op(const tk_function *fn) { return check_fn(fn) == TK_OK ? fn->d.op : NULL; }
 
 int tk_function_launch(const tk_function *fn, const unsigned grid[3], const unsigned block[3], size_t smem,
@@ -1708,9 +1745,28 @@ static int unit_fields(json_t *o, const char *unit)
     return json_object_set_new(o, "kernel_count", json_integer((json_int_t)count));
 }
 
+typedef struct {
+    json_t *arr;
+    json_t *selftests; /* {binary_key: [records]} */
+} listing;
+
+/* A self-test record as the cache listing shows it, under its binary. */
+static int list_selftest(void *user, const tk_kcache_selftest *r)
+{
+    json_t *by = user, *a = json_object_get(by, r->binary_key);
+    if (!a) {
+        a = json_array();
+        json_object_set_new(by, r->binary_key, a);
+    }
+    json_array_append_new(a, json_pack("{s:s, s:s, s:s, s:s, s:s, s:s, s:I}", "kernel", r->kernel, "status", r->status,
+                                       "gpu_name", r->gpu_name, "gpu_uuid", r->gpu_uuid, "driver", r->driver,
+                                       "tk_version", r->tk_version, "tested", (json_int_t)r->tested));
+    return 0;
+}
+
 static int list_one(void *user, const tk_kcache_entry *e)
 {
-    json_t *arr = user;
+    listing *l = user;
     const char *at = strrchr(e->package, '@');
     int local = at && !strcmp(at + 1, "local");
     /* "org/name@commit" as "package" and "commit" (null for a package directory: org/name@local) */
@@ -1719,7 +1775,12 @@ static int list_one(void *user, const tk_kcache_entry *e)
                           at && !local ? json_string(at + 1) : json_null(), "target", e->target, "nvrtc", e->nvrtc,
                           "size", (json_int_t)e->size, "created", (json_int_t)e->created, "last_used",
                           (json_int_t)e->last_used, "hits", (json_int_t)e->hits);
-    if (!o || unit_fields(o, e->unit) != 0 || json_array_append_new(arr, o) != 0)
+    if (!o || unit_fields(o, e->unit) != 0)
+        return 1;
+    /* the kernels of this binary proved (or not) on some GPU: docs/selftest.md */
+    json_t *st = json_object_get(l->selftests, e->key);
+    json_object_set_new(o, "selftest", st ? json_incref(st) : json_array());
+    if (json_array_append_new(l->arr, o) != 0)
         return 1;
     return 0;
 }
@@ -1727,7 +1788,7 @@ static int list_one(void *user, const tk_kcache_entry *e)
 int tk_cache_list_json(char **out, tk_ctx *ctx)
 {
     tk_kcache *kc = NULL;
-    json_t *arr = NULL;
+    listing l = {NULL, NULL};
     int rc;
     if (out)
         *out = NULL;
@@ -1735,17 +1796,23 @@ int tk_cache_list_json(char **out, tk_ctx *ctx)
         return tk__err(TK_ERR_INVALID, "tk_cache_list_json: out is NULL");
     if ((rc = get_cache(&kc, ctx)) != TK_OK)
         return rc;
-    if (!(arr = json_array()))
+    if (!(l.arr = json_array()) || !(l.selftests = json_object())) {
+        json_decref(l.arr);
+        json_decref(l.selftests);
         return tk__err(TK_ERR_NOMEM, "out of memory");
-    if ((rc = tk_kcache__list(kc, list_one, arr)) != TK_OK) {
-        json_decref(arr);
+    }
+    if ((rc = tk_kcache__selftest_query(kc, NULL, list_selftest, l.selftests)) != TK_OK ||
+        (rc = tk_kcache__list(kc, list_one, &l)) != TK_OK) {
+        json_decref(l.arr);
+        json_decref(l.selftests);
         return rc;
     }
-    if (!(*out = json_dumps(arr, JSON_INDENT(2)))) {
-        json_decref(arr);
+    json_decref(l.selftests);
+    if (!(*out = json_dumps(l.arr, JSON_INDENT(2)))) {
+        json_decref(l.arr);
         return tk__err(TK_ERR_NOMEM, "out of memory");
     }
-    json_decref(arr);
+    json_decref(l.arr);
     return TK_OK;
 }
 

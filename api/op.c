@@ -34,8 +34,10 @@
 #include "hub/manifest.h"
 #include "jit/jit.h"
 #include "ops/ops.h"
+#include "ops/selftest.h"
 
 #define TK_OPS_IMPL_CPU "cpu-reference"
+#define TK_OPS_IMPL_CPU_FALLBACK "cpu-reference (fallback)"
 
 /* A kernel parameter as the manifest declares it: what the caller must bind. */
 typedef struct {
@@ -61,6 +63,12 @@ typedef struct {
     size_t nparams;
     const tk_api_builtin *builtin; /* non-NULL: tk's own implementation (api/builtin.h), not a kernel */
     char *local;      /* a package directory (tk_ops_add_package): never installed; NULL otherwise */
+    /* its recorded self-test (api/selftest.c), looked up on first need for one device */
+    int st_dev;       /* the device st_* describe; -1: not looked up */
+    int st_status;    /* TK_ST_* */
+    char st_key[TK_SHA256_HEX]; /* the binary it was looked up for ("": not known) */
+    char *st_detail;  /* the record's summary, or NULL */
+    int st_warned;    /* the "not using it" warning was logged in this context */
 } cand;
 
 /* An op a package declares (kernel.json "ops"), as the registry holds it. */
@@ -103,6 +111,12 @@ typedef struct {
     size_t nconflicts;
     localpkg *local;      /* kept until the context is freed */
     size_t nlocal;
+    struct {
+        char *ref;        /* "org/name@commit" or a package directory */
+        int cc;
+        json_t *keys;     /* {kernel: binary key} (api/kernel.c plans it) */
+    } *keymaps;           /* self-test routing: each package's binary keys, planned once */
+    size_t nkeymaps;
 } ops_state;
 
 static void cand_clear(cand *c)
@@ -114,6 +128,7 @@ static void cand_clear(cand *c)
     free(c->op);
     free(c->impl);
     free(c->local);
+    free(c->st_detail);
     for (size_t i = 0; i < c->nparams; i++)
         free(c->params[i].name);
     free(c->params);
@@ -164,6 +179,11 @@ static void state_free(void *p)
         free(s->local[i].manifest);
     }
     free(s->local);
+    for (size_t i = 0; i < s->nkeymaps; i++) {
+        free(s->keymaps[i].ref);
+        json_decref(s->keymaps[i].keys);
+    }
+    free(s->keymaps);
     free(s);
 }
 
@@ -249,6 +269,7 @@ static int add_kernels(ops_state *s, json_t *m, const origin *o)
         c->impl = tk__fmt("%s%s:%s", o->name, o->local ? "@local" : "", kname);
         c->params = calloc(json_array_size(jp) + 1, sizeof *c->params);
         c->local = o->local ? tk__strdup(o->local) : NULL;
+        c->st_dev = -1;
         if (!c->pkg || !c->version || !c->commit || !c->kernel || !c->op || !c->impl || !c->params ||
             (o->local && !c->local)) {
             cand_clear(c);
@@ -398,6 +419,7 @@ static int add_builtins(ops_state *s)
         c->min_cc = b->min_cc;
         c->priority = b->priority;
         c->builtin = b;
+        c->st_dev = -1;
         s->n++;
     }
     return TK_OK;
@@ -754,6 +776,245 @@ done:
     tk__buf_free(&detail);
 }
 
+/* ---- self-test routing ------------------------------------------------------------------------ */
+
+/* The package reference of a candidate: its directory, or "org/name@commit". */
+static char *cand_ref(const cand *c)
+{
+    return c->local ? tk__strdup(c->local) : tk__fmt("%s@%s", c->pkg, c->commit);
+}
+
+static void keymap_each(void *user, const char *kernel, const char *key)
+{
+    json_object_set_new((json_t *)user, kernel, json_string(key));
+}
+
+/* The binary key candidate c compiles in for cc, planned once per package (no compile). "" when the
+ * package cannot be read (dispatch will say why when it loads it). */
+static const char *cand_key(ops_state *s, tk_ctx *ctx, const cand *c, int cc)
+{
+    char *ref = cand_ref(c);
+    const char *key = "";
+    size_t i;
+    if (!ref)
+        return key;
+    for (i = 0; i < s->nkeymaps; i++)
+        if (s->keymaps[i].cc == cc && !strcmp(s->keymaps[i].ref, ref))
+            break;
+    if (i == s->nkeymaps) {
+        void *nk = realloc(s->keymaps, (s->nkeymaps + 1) * sizeof *s->keymaps);
+        json_t *keys = json_object();
+        if (!nk || !keys) {
+            json_decref(keys);
+            free(ref);
+            if (nk)
+                s->keymaps = nk;
+            return key;
+        }
+        s->keymaps = nk;
+        if (tk_api__kernel_keys(ctx, ref, cc, keymap_each, keys) != TK_OK)
+            tk__err_clear();
+        s->keymaps[i].ref = ref;
+        s->keymaps[i].cc = cc;
+        s->keymaps[i].keys = keys;
+        s->nkeymaps++;
+        ref = NULL;
+    }
+    free(ref);
+    const char *k = json_string_value(json_object_get(s->keymaps[i].keys, c->kernel));
+    return k ? k : key;
+}
+
+/* Looks c's record up for binary `key` on device dev (TK_ST_NONE when there is none). */
+static void cand_lookup(tk_ctx *ctx, cand *c, const char *key, int dev)
+{
+    free(c->st_detail);
+    c->st_detail = NULL;
+    c->st_dev = dev;
+    c->st_status = TK_ST_NONE;
+    snprintf(c->st_key, sizeof c->st_key, "%s", key);
+    if (c->builtin) { /* tk's own (cuBLASLt): tested by tk's suite, like the CPU reference */
+        c->st_status = TK_ST_PASSED;
+        return;
+    }
+    if (!key[0] || tk_api__selftest_status(&c->st_status, &c->st_detail, ctx, key, c->kernel, dev) != TK_OK) {
+        c->st_status = TK_ST_NONE;
+        tk__err_clear();
+    }
+}
+
+/* c's recorded status on the call's device, looked up on first need. */
+static int cand_status(ops_state *s, tk_ctx *ctx, cand *c, int dev, int cc)
+{
+    if (c->st_dev != dev)
+        cand_lookup(ctx, c, c->builtin ? "" : cand_key(s, ctx, c, cc), dev);
+    return c->st_status;
+}
+
+/* The warning for a kernel routing leaves out, once per kernel and context. */
+static void warn_skip(tk_ctx *ctx, cand *c, const char *op, const tk_device_info *dev)
+{
+    if (c->st_warned)
+        return;
+    c->st_warned = 1;
+    tk_api__log(ctx, TK_LOG_WARN,
+                "%s: not using %s: its self-test %s on this GPU (%s)%s%s\nHINT: re-check it with 'tk selftest %s' "
+                "(after an update of the package, the driver or tk it is tested again)",
+                op, c->impl, c->st_status == TK_ST_FAILED      ? "failed"
+                             : c->st_status == TK_ST_CRASHED   ? "crashed"
+                             : c->st_status == TK_ST_TIMED_OUT ? "timed out"
+                             : c->st_status == TK_ST_INTERRUPTED ? "was interrupted (the process testing it ended)"
+                             : c->st_status == TK_ST_UNTESTED  ? "cannot run (no CPU reference or no case fits it)"
+                                                               : "has not passed",
+                dev->name, c->st_detail ? ": " : "", c->st_detail ? c->st_detail : "", c->local ? c->local : c->pkg);
+}
+
+/* The error when every kernel that fits was left out by the self-test rules. */
+static int selftest_error(const ops_state *s, const tk_op_call *k, const size_t *idx, size_t n, int mode,
+                          const tk_device_info *dev)
+{
+    tk_buf b = TK_BUF_INIT;
+    const char *pkg = NULL;
+    for (size_t i = 0; i < n && i < 4; i++) {
+        const cand *c = &s->c[idx[i]];
+        tk__buf_printf(&b, "\n    %s: %s%s%s", c->impl, tk_ops__st_name(c->st_status), c->st_detail ? " - " : "",
+                       c->st_detail ? c->st_detail : "");
+        if (!pkg)
+            pkg = c->local ? c->local : c->pkg;
+    }
+    if (n > 4)
+        tk__buf_printf(&b, "\n    ... and %zu more", n - 4);
+    int rc = tk__err(TK_ERR_SELFTEST,
+                     "%s: no kernel for %s on cuda:%d (%s) may run: %s%s\nHINT: re-check with 'tk selftest %s'; set "
+                     "\"cpu_fallback\": true in config.json to run the CPU reference instead (slow), or \"selftest\": "
+                     "\"%s\" to use them anyway",
+                     k->op->name, tk_ops__dtype_str(k->dtype), k->device_id, dev->name,
+                     mode == TK_SELFTEST_REQUIRED ? "\"selftest\": \"required\" uses only kernels that passed on this GPU"
+                                                  : "each failed its self-test on this GPU",
+                     b.data ? b.data : "", pkg ? pkg : "ORG/NAME", mode == TK_SELFTEST_REQUIRED ? "record" : "off");
+    tk__buf_free(&b);
+    return rc;
+}
+
+/* The call on the CPU reference, for CUDA tensors whose kernels all failed (config "cpu_fallback"):
+ * every tensor is copied to the host, the reference runs, the outputs are copied back. */
+static int run_on_cpu(tk_ctx *ctx, const tk_op_call *k, const char **impl)
+{
+    const tk_op_desc *op = k->op;
+    tk_tensor ht[TK_OPS_MAX_PARAMS];
+    void *buf[TK_OPS_MAX_PARAMS] = {NULL};
+    tk_arg args[TK_OPS_MAX_PARAMS];
+    size_t n = 0;
+    int rc = tk_device_sync(k->device_id);
+    if (!op->cpu)
+        rc = tk__err(TK_ERR_UNSUPPORTED, "%s has no CPU reference to fall back on", op->name);
+    for (size_t i = 0; rc == TK_OK && i < op->nparams; i++) {
+        const tk_op_param *p = &op->params[i];
+        memset(&args[n], 0, sizeof args[n]);
+        args[n].name = p->name;
+        args[n].kind = p->kind;
+        if (p->kind != TK_ARG_TENSOR) {
+            if (!k->given[i])
+                continue;
+            args[n].i = k->i[i];
+            args[n].f = k->f[i];
+            n++;
+            continue;
+        }
+        if (!k->t[i])
+            continue;
+        size_t bytes = (size_t)tk_ops__numel(k->t[i]) * tk_ops__dtype_size(k->t[i]->dtype);
+        if (!(buf[i] = malloc(bytes ? bytes : 1))) {
+            rc = tk__err(TK_ERR_NOMEM, "out of memory");
+            break;
+        }
+        rc = bytes ? tk_device_copy(buf[i], tk_ops__base(k->t[i]), bytes, TK_COPY_D2H, k->device_id) : TK_OK;
+        ht[i] = *k->t[i];
+        ht[i].data = buf[i];
+        ht[i].byte_offset = 0;
+        ht[i].strides = NULL;
+        ht[i].device.device_type = TK_DEV_CPU;
+        ht[i].device.device_id = 0;
+        args[n].t = &ht[i];
+        n++;
+    }
+    tk_op_call hc;
+    if (rc == TK_OK && (rc = tk_ops__prepare_op(&hc, op, args, n)) == TK_OK)
+        rc = tk_ops__run_cpu(&hc);
+    for (size_t i = 0; rc == TK_OK && i < op->nparams; i++)
+        if (buf[i] && op->params[i].role == TK_OPS_OUT) {
+            size_t bytes = (size_t)tk_ops__numel(k->t[i]) * tk_ops__dtype_size(k->t[i]->dtype);
+            if (bytes)
+                rc = tk_device_copy(tk_ops__base(k->t[i]), buf[i], bytes, TK_COPY_H2D, k->device_id);
+        }
+    for (size_t i = 0; i < op->nparams; i++)
+        free(buf[i]);
+    if (rc == TK_OK && impl)
+        *impl = TK_OPS_IMPL_CPU_FALLBACK;
+    return rc;
+}
+
+/* Applies the self-test rules to the fitting candidates order[0..*n): drops those routing skips
+ * (warning once each), and returns TK_ROUTE_OK (*n left, *untested set when one must be tested
+ * before use), TK_ROUTE_CPU or TK_ROUTE_ERROR (the error set). */
+static int route(ops_state *s, tk_ctx *ctx, const tk_op_call *k, const tk_device_info *dev, int cc, size_t *order,
+                 size_t *n, int mode, int *untested)
+{
+    /* on the stack: this runs on every call of an op on a GPU (the statuses are looked up once) */
+    int st[64], act[64];
+    size_t skipped[64], nskip = 0, kept = 0, m = *n < 64 ? *n : 64;
+    int cpu = tk_api__cpu_fallback(ctx) && k->op->cpu, r;
+    *untested = 0;
+    for (size_t f = 0; f < m; f++)
+        st[f] = cand_status(s, ctx, &s->c[order[f]], k->device_id, cc);
+    r = tk_ops__route(act, st, m, mode, cpu);
+    for (size_t f = 0; f < m; f++) {
+        cand *c = &s->c[order[f]];
+        if (act[f] == TK_ROUTE_SKIP) {
+            warn_skip(ctx, c, k->op->name, dev);
+            skipped[nskip++] = order[f];
+            continue;
+        }
+        *untested |= act[f] == TK_ROUTE_TEST_FIRST;
+        order[kept++] = order[f];
+    }
+    *n = kept; /* beyond 64 fitting kernels (never seen): the rest are left out */
+    if (r == TK_ROUTE_ERROR)
+        selftest_error(s, k, skipped, nskip, mode, dev);
+    return r;
+}
+
+/* Just before c runs (mode on): its record for the binary actually loaded, a self-test first when
+ * "required" asks for one. TK_OK to run it, TK_ERR_SELFTEST to go on with the next candidate. */
+static int check_loaded(ops_state *s, tk_ctx *ctx, cand *c, const tk_function *fn, const tk_op_call *k,
+                        const tk_device_info *dev, int mode)
+{
+    const char *key = fn ? tk_api__function_key(fn) : NULL;
+    (void)s;
+    if (c->builtin || !key)
+        return TK_OK;
+    if (strcmp(key, c->st_key) != 0) /* planned and loaded binaries differ (a GPU newer than NVRTC: PTX) */
+        cand_lookup(ctx, c, key, k->device_id);
+    if (mode == TK_SELFTEST_REQUIRED && c->st_status == TK_ST_NONE) {
+        char *ref = cand_ref(c);
+        int st = TK_ST_NONE;
+        tk_api__log(ctx, TK_LOG_INFO, "%s: self-testing %s on %s before its first use (\"selftest\": \"required\")",
+                    k->op->name, c->impl, dev->name);
+        int rc = ref ? tk_api__selftest_kernel(&st, ctx, ref, c->kernel, k->device_id) : TK_ERR_NOMEM;
+        free(ref);
+        if (rc != TK_OK)
+            tk_api__log(ctx, TK_LOG_WARN, "%s: the self-test of %s could not run: %s", k->op->name, c->impl,
+                        tk_last_error());
+        cand_lookup(ctx, c, key, k->device_id);
+    }
+    int ok = mode == TK_SELFTEST_REQUIRED ? c->st_status == TK_ST_PASSED : !tk_ops__st_bad(c->st_status);
+    if (ok)
+        return TK_OK;
+    warn_skip(ctx, c, k->op->name, dev);
+    return tk__err(TK_ERR_SELFTEST, "its self-test on this GPU: %s%s%s", tk_ops__st_name(c->st_status),
+                   c->st_detail ? " - " : "", c->st_detail ? c->st_detail : "");
+}
+
 static int run_cuda(ops_state *s, tk_ctx *ctx, const tk_op_call *k, void *stream, const char **impl)
 {
     const tk_op_desc *op = k->op;
@@ -776,6 +1037,7 @@ static int run_cuda(ops_state *s, tk_ctx *ctx, const tk_op_call *k, void *stream
     if (rc != TK_OK)
         return rc;
     int cc = dev.cc_major * 10 + dev.cc_minor;
+    int mode = tk_api__selftest_mode(ctx);
 
     override ovr;
     const override *ov = get_override(&ovr, ctx, op->name) ? &ovr : NULL;
@@ -785,7 +1047,8 @@ static int run_cuda(ops_state *s, tk_ctx *ctx, const tk_op_call *k, void *stream
             if ((rc = scan(s, ctx)) != TK_OK)
                 return rc;
         }
-        int tried = 0;
+        int tried = 0, untested = 0;
+        size_t nsel = 0, sel_skipped[8];
         char last_err[512] = "", last_impl[256] = "";
         int last_rc = TK_OK;
         /* the candidates that fit, in priority order, then (autotune) fastest first */
@@ -799,17 +1062,37 @@ static int run_cuda(ops_state *s, tk_ctx *ctx, const tk_op_call *k, void *stream
             else if (strcmp(why, "another op") != 0)
                 tk_api__log(ctx, TK_LOG_DEBUG, "%s: skipping %s (%s)", op->name, s->c[i].impl, why);
         }
-        /* a package directory's kernel (sorted first) is what the caller came to run: no autotune */
-        if (!ov && !(nfit && s->c[order[0]].local))
+        /* kernels whose recorded self-test failed on this GPU are left out (docs/selftest.md) */
+        if (mode != TK_SELFTEST_OFF && nfit) {
+            int r = route(s, ctx, k, &dev, cc, order, &nfit, mode, &untested);
+            if (r != TK_ROUTE_OK) {
+                free(order);
+                if (r == TK_ROUTE_ERROR)
+                    return TK_ERR_SELFTEST;
+                tk_api__log(ctx, TK_LOG_WARN, "%s: every kernel that fits failed its self-test on this GPU; running the "
+                            "CPU reference (config \"cpu_fallback\")", op->name);
+                return run_on_cpu(ctx, k, impl);
+            }
+        }
+        /* a package directory's kernel (sorted first) is what the caller came to run: no autotune; and
+         * autotune times only kernels routing allows without a test first */
+        if (!ov && !(nfit && s->c[order[0]].local) && !untested)
             autotune(s, ctx, k, stream, &dev, cc, order, nfit);
         for (size_t f = 0; f < nfit; f++) {
-            const cand *c = &s->c[order[f]];
+            cand *c = &s->c[order[f]];
             tried++;
             tk_kernel *kern = NULL;
             const tk_function *fn = NULL;
             rc = c->builtin ? TK_OK : kernel_for(&kern, s, ctx, c, k->device_id);
             if (rc == TK_OK && !c->builtin)
                 rc = tk_kernel_function(&fn, kern, c->kernel);
+            if (rc == TK_OK && mode != TK_SELFTEST_OFF && (rc = check_loaded(s, ctx, c, fn, k, &dev, mode)) != TK_OK) {
+                if (nsel < sizeof sel_skipped / sizeof sel_skipped[0])
+                    sel_skipped[nsel] = order[f];
+                nsel++;
+                tried--;
+                continue;
+            }
             if (rc == TK_OK)
                 rc = launch(c, fn, k, stream);
             if (rc == TK_OK) {
@@ -830,6 +1113,14 @@ static int run_cuda(ops_state *s, tk_ctx *ctx, const tk_op_call *k, void *stream
                 break;
         }
         free(order);
+        if (!tried && nsel) { /* every fitting kernel was left out once loaded: a record, or a failed first test */
+            if (tk_api__cpu_fallback(ctx) && op->cpu) {
+                tk_api__log(ctx, TK_LOG_WARN, "%s: no kernel that fits passed its self-test on this GPU; running the "
+                            "CPU reference (config \"cpu_fallback\")", op->name);
+                return run_on_cpu(ctx, k, impl);
+            }
+            return selftest_error(s, k, sel_skipped, nsel < 8 ? nsel : 8, mode, &dev);
+        }
         if (tried)
             return tk__err(last_rc, "%s: %d implementation%s found for %s on cuda:%d, none could run; %s: %s",
                            op->name, tried, tried == 1 ? "" : "s", tk_ops__dtype_str(k->dtype), k->device_id,
@@ -845,6 +1136,64 @@ static int run_cuda(ops_state *s, tk_ctx *ctx, const tk_op_call *k, void *stream
                    "'tk ops' lists the implementations",
                    op->name, tk_ops__dtype_str(k->dtype), k->device_id, cc,
                    op->package ? op->package : "<a package that provides it>");
+}
+
+void tk_api__ops_forget_selftests(tk_ctx *ctx)
+{
+    ops_state *s = ctx ? ctx->ops : NULL;
+    for (size_t i = 0; s && ctx->ops_free == state_free && i < s->n; i++) {
+        s->c[i].st_dev = -1;
+        s->c[i].st_warned = 0;
+    }
+}
+
+/* ---- one kernel as dispatch reads it, for the self-test ----------------------------------------- */
+
+struct tk_api_opkernel {
+    ops_state st; /* holds exactly one candidate */
+};
+
+int tk_api__opkernel_new(tk_api_opkernel **out, json_t *m, const char *pkg, const char *kernel)
+{
+    *out = NULL;
+    tk_api_opkernel *ok = calloc(1, sizeof *ok);
+    if (!ok)
+        return tk__err(TK_ERR_NOMEM, "out of memory");
+    /* only the kernel asked for: a manifest of that one entry */
+    json_t *one = json_object(), *ks = json_array(), *k;
+    size_t i;
+    json_array_foreach(json_object_get(m, "kernels"), i, k) if (tk__streq(json_string_value(json_object_get(k, "name")), kernel))
+        json_array_append(ks, k);
+    json_object_set_new(one, "kernels", ks);
+    origin o = {pkg, "", "", NULL, 0};
+    int rc = add_kernels(&ok->st, one, &o);
+    json_decref(one);
+    if (rc == TK_OK && ok->st.n != 1)
+        rc = tk__err(TK_ERR_NOT_FOUND, "%s has no kernel '%s' that this tk can read", pkg, kernel);
+    if (rc != TK_OK) {
+        tk_api__opkernel_free(ok);
+        return rc;
+    }
+    *out = ok;
+    return TK_OK;
+}
+
+void tk_api__opkernel_free(tk_api_opkernel *ok)
+{
+    if (!ok)
+        return;
+    cands_free(&ok->st);
+    free(ok);
+}
+
+const char *tk_api__opkernel_unfit(const tk_api_opkernel *ok, const void *call, int cc)
+{
+    return unfit(&ok->st.c[0], call, cc, NULL);
+}
+
+int tk_api__opkernel_launch(const tk_api_opkernel *ok, const tk_function *fn, const void *call, void *stream)
+{
+    return launch(&ok->st.c[0], fn, call, stream);
 }
 
 /* ---- declared ops ------------------------------------------------------------------------------ */

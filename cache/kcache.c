@@ -16,7 +16,7 @@
 #include "cache/kcache.h"
 
 #define KC_MAGIC 0x746b6b63u /* "tkkc" */
-#define KC_SCHEMA 2          /* PRAGMA user_version; 2 added the tune table */
+#define KC_SCHEMA 3          /* PRAGMA user_version; 2 added the tune table, 3 the selftest table */
 #define KC_BLOB_MAGIC "TKKC"
 #define KC_BLOB_VERSION 1u
 #define KC_HDR 8
@@ -68,6 +68,17 @@ static void rollback(tk_kcache *c)
     "CREATE TABLE tune(key TEXT PRIMARY KEY, impl TEXT NOT NULL, us REAL NOT NULL, detail TEXT,"        \
     " measured INTEGER NOT NULL)"
 
+/* Self-test results: one row per kernel of a compiled binary on one GPU, driver and tk version. A row
+ * with status "running" is written before a kernel's test starts (pid: the tester), so a test that
+ * takes its process down leaves evidence behind. */
+#define SELFTEST_TABLE                                                                                 \
+    "CREATE TABLE IF NOT EXISTS selftest(binary_key TEXT NOT NULL, kernel TEXT NOT NULL, gpu_uuid TEXT NOT NULL,"     \
+    " driver TEXT NOT NULL, tk_version TEXT NOT NULL, package TEXT NOT NULL, op TEXT NOT NULL,"        \
+    " status TEXT NOT NULL, detail TEXT NOT NULL DEFAULT '', gpu_name TEXT NOT NULL DEFAULT '',"       \
+    " pid INTEGER NOT NULL DEFAULT 0, tested INTEGER NOT NULL, seconds REAL NOT NULL DEFAULT 0,"        \
+    " PRIMARY KEY(binary_key, kernel, gpu_uuid, driver, tk_version))"
+#define SELFTEST_INDEX "CREATE INDEX IF NOT EXISTS selftest_pkg ON selftest(package, gpu_uuid)"
+
 static int migrate(tk_kcache *c)
 {
     sqlite3_stmt *st = NULL;
@@ -94,15 +105,18 @@ static int migrate(tk_kcache *c)
         rc = exec(c, "COMMIT");
         goto fail;
     }
-    /* schema 1 -> 2: only the autotune table is new; the compiled binaries stay */
-    if (ver == 1) {
-        if ((rc = exec(c, TUNE_TABLE)) != TK_OK || (rc = exec(c, "PRAGMA user_version = 2")) != TK_OK ||
+    /* schema 1 -> 2 -> 3: the autotune table, then the self-test table are new; the compiled
+     * binaries and tuned choices stay */
+    if (ver == 1 || ver == 2) {
+        if ((ver == 1 && (rc = exec(c, TUNE_TABLE)) != TK_OK) || (rc = exec(c, SELFTEST_TABLE)) != TK_OK ||
+            (rc = exec(c, SELFTEST_INDEX)) != TK_OK || (rc = exec(c, "PRAGMA user_version = 3")) != TK_OK ||
             (rc = exec(c, "COMMIT")) != TK_OK)
             goto fail;
         return TK_OK;
     }
     /* new: it is a cache, so anything else is simply replaced */
     if ((rc = exec(c, "DROP TABLE IF EXISTS entries")) != TK_OK || (rc = exec(c, "DROP TABLE IF EXISTS tune")) != TK_OK ||
+        (rc = exec(c, "DROP TABLE IF EXISTS selftest")) != TK_OK ||
         (rc = exec(c, "CREATE TABLE entries("
                       " key TEXT PRIMARY KEY,"
                       " package TEXT, unit TEXT, target TEXT, nvrtc TEXT,"
@@ -113,7 +127,8 @@ static int migrate(tk_kcache *c)
                       " last_used INTEGER NOT NULL,"
                       " hits INTEGER NOT NULL DEFAULT 0)")) != TK_OK ||
         (rc = exec(c, "CREATE INDEX entries_lru ON entries(last_used)")) != TK_OK ||
-        (rc = exec(c, TUNE_TABLE)) != TK_OK || (rc = exec(c, "PRAGMA user_version = 2")) != TK_OK ||
+        (rc = exec(c, TUNE_TABLE)) != TK_OK || (rc = exec(c, SELFTEST_TABLE)) != TK_OK ||
+        (rc = exec(c, SELFTEST_INDEX)) != TK_OK || (rc = exec(c, "PRAGMA user_version = 3")) != TK_OK ||
         (rc = exec(c, "COMMIT")) != TK_OK)
         goto fail;
     return TK_OK;
@@ -549,4 +564,143 @@ int tk_kcache__parse_size(const char *s, int64_t *out)
     if (__builtin_mul_overflow((int64_t)v, mul, out))
         return -1;
     return 0;
+}
+
+/* ---- self-test results ------------------------------------------------------------------------ */
+
+static int st_check(const tk_kcache_selftest *r)
+{
+    if (!r || !r->binary_key || !tk__is_hex(r->binary_key, 64) || !r->kernel || !*r->kernel || !r->gpu_uuid ||
+        !*r->gpu_uuid || !r->driver || !*r->driver || !r->tk_version || !*r->tk_version || !r->package || !r->op ||
+        !r->status || !*r->status)
+        return tk__err(TK_ERR_INVALID, "self-test record: binary_key (64 hex), kernel, gpu_uuid, driver, "
+                                       "tk_version, package, op and status are required");
+    return TK_OK;
+}
+
+int tk_kcache__selftest_put(tk_kcache *c, const tk_kcache_selftest *r)
+{
+    sqlite3_stmt *st = NULL;
+    int rc;
+    if ((rc = check(c, NULL)) != TK_OK || (rc = st_check(r)) != TK_OK)
+        return rc;
+    if ((rc = exec(c, "BEGIN IMMEDIATE")) != TK_OK)
+        return rc;
+    if (sqlite3_prepare_v2(c->db,
+                           "INSERT OR REPLACE INTO selftest(binary_key, kernel, gpu_uuid, driver, tk_version, package,"
+                           " op, status, detail, gpu_name, pid, tested, seconds)"
+                           " VALUES(?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10, ?11, ?12, ?13)",
+                           -1, &st, NULL) != SQLITE_OK) {
+        rc = dberr(c, "recording a self-test");
+        goto fail;
+    }
+    sqlite3_bind_text(st, 1, r->binary_key, -1, SQLITE_STATIC);
+    sqlite3_bind_text(st, 2, r->kernel, -1, SQLITE_STATIC);
+    sqlite3_bind_text(st, 3, r->gpu_uuid, -1, SQLITE_STATIC);
+    sqlite3_bind_text(st, 4, r->driver, -1, SQLITE_STATIC);
+    sqlite3_bind_text(st, 5, r->tk_version, -1, SQLITE_STATIC);
+    sqlite3_bind_text(st, 6, r->package, -1, SQLITE_STATIC);
+    sqlite3_bind_text(st, 7, r->op, -1, SQLITE_STATIC);
+    sqlite3_bind_text(st, 8, r->status, -1, SQLITE_STATIC);
+    sqlite3_bind_text(st, 9, r->detail ? r->detail : "", -1, SQLITE_STATIC);
+    sqlite3_bind_text(st, 10, r->gpu_name ? r->gpu_name : "", -1, SQLITE_STATIC);
+    sqlite3_bind_int64(st, 11, r->pid);
+    sqlite3_bind_int64(st, 12, r->tested ? r->tested : tk__now());
+    sqlite3_bind_double(st, 13, r->seconds);
+    if (sqlite3_step(st) != SQLITE_DONE) {
+        rc = dberr(c, "recording a self-test");
+        goto fail;
+    }
+    sqlite3_finalize(st);
+    st = NULL;
+    if ((rc = exec(c, "COMMIT")) != TK_OK)
+        goto fail;
+    return TK_OK;
+fail:
+    sqlite3_finalize(st);
+    rollback(c);
+    return rc;
+}
+
+int tk_kcache__selftest_query(tk_kcache *c, const tk_kcache_selftest *filter,
+                              int (*each)(void *user, const tk_kcache_selftest *r), void *user)
+{
+    static const char *const cols[] = {"binary_key", "kernel", "gpu_uuid", "driver", "tk_version", "package"};
+    const char *vals[6] = {NULL};
+    sqlite3_stmt *st = NULL;
+    tk_buf sql = TK_BUF_INIT;
+    int rc, s, nb = 0;
+    if ((rc = check(c, NULL)) != TK_OK)
+        return rc;
+    if (filter) {
+        vals[0] = filter->binary_key;
+        vals[1] = filter->kernel;
+        vals[2] = filter->gpu_uuid;
+        vals[3] = filter->driver;
+        vals[4] = filter->tk_version;
+        vals[5] = filter->package;
+    }
+    tk__buf_puts(&sql, "SELECT binary_key, kernel, gpu_uuid, driver, tk_version, package, op, status, detail,"
+                       " gpu_name, pid, tested, seconds FROM selftest");
+    for (int i = 0; i < 6; i++)
+        if (vals[i]) {
+            tk__buf_printf(&sql, "%s%s = ?%d", nb ? " AND " : " WHERE ", cols[i], nb + 1);
+            nb++;
+        }
+    tk__buf_puts(&sql, " ORDER BY package, kernel, tested DESC");
+    if (!sql.data) {
+        tk__buf_free(&sql);
+        return tk__err(TK_ERR_NOMEM, "out of memory");
+    }
+    if (sqlite3_prepare_v2(c->db, sql.data, -1, &st, NULL) != SQLITE_OK) {
+        tk__buf_free(&sql);
+        return dberr(c, "reading self-tests");
+    }
+    tk__buf_free(&sql);
+    for (int i = 0, k = 1; i < 6; i++)
+        if (vals[i])
+            sqlite3_bind_text(st, k++, vals[i], -1, SQLITE_STATIC);
+    while ((s = sqlite3_step(st)) == SQLITE_ROW) {
+        tk_kcache_selftest r;
+        r.binary_key = col_text(st, 0);
+        r.kernel = col_text(st, 1);
+        r.gpu_uuid = col_text(st, 2);
+        r.driver = col_text(st, 3);
+        r.tk_version = col_text(st, 4);
+        r.package = col_text(st, 5);
+        r.op = col_text(st, 6);
+        r.status = col_text(st, 7);
+        r.detail = col_text(st, 8);
+        r.gpu_name = col_text(st, 9);
+        r.pid = sqlite3_column_int64(st, 10);
+        r.tested = sqlite3_column_int64(st, 11);
+        r.seconds = sqlite3_column_double(st, 12);
+        if (each(user, &r) != 0) {
+            s = SQLITE_DONE;
+            break;
+        }
+    }
+    rc = s == SQLITE_DONE ? TK_OK : dberr(c, "reading self-tests");
+    sqlite3_finalize(st);
+    return rc;
+}
+
+int tk_kcache__selftest_forget(tk_kcache *c, const char *package, int64_t *removed)
+{
+    sqlite3_stmt *st = NULL;
+    int rc;
+    if (removed)
+        *removed = 0;
+    if ((rc = check(c, NULL)) != TK_OK)
+        return rc;
+    if (sqlite3_prepare_v2(c->db, package ? "DELETE FROM selftest WHERE package = ?1" : "DELETE FROM selftest", -1,
+                           &st, NULL) != SQLITE_OK)
+        return dberr(c, "forgetting self-tests");
+    if (package)
+        sqlite3_bind_text(st, 1, package, -1, SQLITE_STATIC);
+    rc = sqlite3_step(st) == SQLITE_DONE ? TK_OK : dberr(c, "forgetting self-tests");
+    if (rc == TK_OK && removed)
+        *removed = sqlite3_changes(c->db);
+    sqlite3_finalize(st);
+    return rc;
 }

@@ -69,6 +69,36 @@ typedef struct {
 /* Calls each() for every entry, most recently used first; a nonzero return stops the walk. */
 int tk_kcache__list(tk_kcache *c, int (*each)(void *user, const tk_kcache_entry *e), void *user);
 
+/* ---- self-test results (api/selftest.c) ---------------------------------------------------------- */
+
+/* One kernel's self-test. The key is (binary_key, kernel, gpu_uuid, driver, tk_version): a new build of
+ * the binary, another GPU, a new driver or a new tk is a new key, so an old result is never taken for
+ * the current one. Strings are borrowed. */
+typedef struct {
+    const char *binary_key; /* the compiled unit's cache key (64 hex) */
+    const char *kernel;     /* the manifest's kernel name */
+    const char *gpu_uuid;   /* "GPU-xxxxxxxx-..." */
+    const char *driver;     /* "570.86.15/12080": the kernel module and the CUDA driver API version */
+    const char *tk_version;
+    const char *package;    /* "org/name@commit" or "org/name@local" */
+    const char *op;
+    const char *status;     /* "passed", "failed", "crashed", "timed_out", "untested", "running" */
+    const char *detail;     /* JSON text: the worst element, the error, the cases run */
+    const char *gpu_name;
+    int64_t pid;            /* the process testing it, for "running" */
+    int64_t tested;         /* unix seconds; 0: now */
+    double seconds;
+} tk_kcache_selftest;
+
+/* Records r (INSERT OR REPLACE on the key). Errors: TK_ERR_INVALID (a key field missing), TK_ERR_CACHE. */
+int tk_kcache__selftest_put(tk_kcache *c, const tk_kcache_selftest *r);
+/* Calls each() for every record whose key fields and package equal filter's non-NULL ones (filter NULL:
+ * every record), ordered by package, kernel, newest first; a nonzero return stops the walk. */
+int tk_kcache__selftest_query(tk_kcache *c, const tk_kcache_selftest *filter,
+                              int (*each)(void *user, const tk_kcache_selftest *r), void *user);
+/* Deletes the records of package ("org/name@commit"; NULL: all). *removed (may be NULL): how many. */
+int tk_kcache__selftest_forget(tk_kcache *c, const char *package, int64_t *removed);
+
 /* Parses a size: digits with an optional K, M, G or T suffix (powers of 1024, 'B'/'iB' tolerated).
  * Returns 0 and *out, or -1. */
 int tk_kcache__parse_size(const char *s, int64_t *out);

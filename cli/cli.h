@@ -25,6 +25,7 @@ enum {
     TK_EXIT_UNSUPPORTED = 8, /* valid, but not implemented here: a model architecture or config value, an op
                                 without a CPU reference, a template construct (TK_ERR_UNSUPPORTED) */
     TK_EXIT_AUTH = 9,      /* the registry refused the credentials (HTTP 401/403) */
+    TK_EXIT_SELFTEST = 10, /* a kernel failed its self-test on this GPU (tk selftest, tk get --selftest) */
 };
 
 typedef struct {
@@ -68,6 +69,8 @@ void tk_cli_warn(tk_cli *cli, const char *fmt, ...) __attribute__((format(printf
 /* --device: "cpu" gives *cuda_id -1, "cuda" 0, "cuda:N" N (0..1023). Returns 0, or -1 for anything
  * else (the caller prints its usage error). */
 int tk_cli_parse_device(const char *s, int *cuda_id);
+/* Called first by the context's progress callback when set (tk selftest's watchdog, cmd_selftest.c). */
+extern void (*tk_cli_progress_hook)(void *user, const char *what, int64_t done, int64_t total);
 /* Formats a byte count as "12.3 MiB". */
 void tk_cli_human(char *out, size_t cap, double bytes);
 /* True when argv[i] is -h or --help. */

@@ -26,8 +26,10 @@ static const char *HELP =
     "    the sha256 of its sources, headers, name expressions, options, target architecture and\n"
     "    NVRTC version. Removing entries is always safe: they are recompiled when next needed.\n"
     "\n"
-    "    ls      every entry, most recently used first: key, target, size, last use, package\n"
-    "            and the kernels it holds.\n"
+    "    ls      every entry, most recently used first: key, target, size, last use, package,\n"
+    "            the kernels it holds, and their recorded self-tests per GPU, driver and tk\n"
+    "            version ('tk selftest'; they are kept by gc and clear: a binary compiled again\n"
+    "            has the same key).\n"
     "    stats   entry count, total size, size cap and the database path.\n"
     "    gc      evicts least-recently-used entries until the cache fits the cap.\n"
     "    clear   removes every entry.\n"
@@ -62,6 +64,51 @@ static int parse_size(const char *s, int64_t *out)
     if (*end || __builtin_mul_overflow((int64_t)v, mul, out))
         return -1;
     return 0;
+}
+
+/* "selftest: 3 passed, 1 failed on NVIDIA H100 (driver ...)" per GPU, driver and tk, and each kernel
+ * that did not pass. */
+static void print_selftests(json_t *recs)
+{
+    size_t i, j;
+    json_t *r, *seen = json_array();
+    json_array_foreach(recs, i, r) {
+        char key[512];
+        snprintf(key, sizeof key, "%s|%s|%s", json_string_value(json_object_get(r, "gpu_uuid")),
+                 json_string_value(json_object_get(r, "driver")), json_string_value(json_object_get(r, "tk_version")));
+        int done = 0;
+        json_t *s;
+        json_array_foreach(seen, j, s) done |= !strcmp(json_string_value(s), key);
+        if (done)
+            continue;
+        json_array_append_new(seen, json_string(key));
+        long long pass = 0, other = 0;
+        json_t *q;
+        json_array_foreach(recs, j, q) {
+            char k2[512];
+            snprintf(k2, sizeof k2, "%s|%s|%s", json_string_value(json_object_get(q, "gpu_uuid")),
+                     json_string_value(json_object_get(q, "driver")), json_string_value(json_object_get(q, "tk_version")));
+            if (strcmp(k2, key))
+                continue;
+            if (!strcmp(json_string_value(json_object_get(q, "status")), "passed"))
+                pass++;
+            else
+                other++;
+        }
+        printf("              selftest on %s (driver %s, tk %s): %lld passed%s", json_string_value(json_object_get(r, "gpu_name")),
+               json_string_value(json_object_get(r, "driver")), json_string_value(json_object_get(r, "tk_version")), pass,
+               other ? "; not passed:" : "");
+        json_array_foreach(recs, j, q) {
+            char k2[512];
+            snprintf(k2, sizeof k2, "%s|%s|%s", json_string_value(json_object_get(q, "gpu_uuid")),
+                     json_string_value(json_object_get(q, "driver")), json_string_value(json_object_get(q, "tk_version")));
+            if (!strcmp(k2, key) && strcmp(json_string_value(json_object_get(q, "status")), "passed"))
+                printf(" %s (%s)", json_string_value(json_object_get(q, "kernel")),
+                       json_string_value(json_object_get(q, "status")));
+        }
+        printf("\n");
+    }
+    json_decref(seen);
 }
 
 static int do_ls(tk_cli *cli, tk_ctx *ctx)
@@ -103,6 +150,7 @@ static int do_ls(tk_cli *cli, tk_ctx *ctx)
         if ((size_t)json_integer_value(json_object_get(e, "kernel_count")) > json_array_size(ks))
             printf(" ... (%lld kernels)", (long long)json_integer_value(json_object_get(e, "kernel_count")));
         printf("\n");
+        print_selftests(json_object_get(e, "selftest"));
     }
     json_decref(arr);
     return TK_EXIT_OK;

@@ -28,7 +28,8 @@ static const char *HELP =
     "    Reports the CUDA driver and each GPU (name, compute capability, SMs, memory), the NVRTC\n"
     "    library tk compiles with (version and path), the compiled-binary cache (path, entries,\n"
     "    size, cap), the state directory and the registries in lookup order (what each serves, and\n"
-    "    whether config.json or TK_ENDPOINT sets it). For anything missing it says\n"
+    "    whether config.json or TK_ENDPOINT sets it), and on each GPU every installed package's\n"
+    "    self-tests: passed, failed or never tested ('tk selftest'). For anything missing it says\n"
     "    what that costs and how to fix it. Without a GPU tk still installs, verifies and builds\n"
     "    packages ahead of time ('tk build --arch sm_90') and runs ops on the CPU reference.\n"
     "    Keys of config.json that tk does not know (a misspelt \"endpont\") are listed with their\n"
@@ -134,6 +135,64 @@ static void ctx_info(json_t *out, tk_ctx *ctx)
         tk_free(js);
     } else {
         json_object_set_new(out, "cache_error", json_string(tk_last_error()));
+    }
+}
+
+/* The installed packages' self-tests on each GPU (docs/selftest.md), into out["selftest"]:
+ * {"gpus": [tk_selftest_results_json of each], "records": N recorded for any GPU}. */
+static void selftest_info(json_t *out, tk_ctx *ctx, int ndev)
+{
+    json_t *st = json_object(), *gpus = json_array();
+    char *js = NULL;
+    for (int d = 0; d < ndev; d++) {
+        if (tk_selftest_results_json(&js, ctx, NULL, d) == TK_OK)
+            json_array_append_new(gpus, json_loads(js, 0, NULL));
+        tk_free(js);
+        js = NULL;
+    }
+    json_object_set_new(st, "gpus", gpus);
+    if (tk_selftest_records_json(&js, ctx, NULL) == TK_OK) {
+        json_t *r = json_loads(js, 0, NULL);
+        json_object_set_new(st, "records", json_integer((json_int_t)json_array_size(r)));
+        json_decref(r);
+    }
+    tk_free(js);
+    json_object_set_new(out, "selftest", st);
+}
+
+/* "self-tests:" lines: per GPU, each installed package's passed / failed / never tested. */
+static void print_selftests(const json_t *st)
+{
+    size_t i, j;
+    json_t *g, *p;
+    json_t *gpus = json_object_get(st, "gpus");
+    if (!json_array_size(gpus)) {
+        printf("selftest: needs a GPU (%lld result%s recorded for other GPUs; 'tk selftest --records')\n",
+               (long long)json_integer_value(json_object_get(st, "records")),
+               json_integer_value(json_object_get(st, "records")) == 1 ? "" : "s");
+        return;
+    }
+    json_array_foreach(gpus, i, g) {
+        long long never = 0, failed = 0;
+        printf("selftest: on %s (cuda:%lld, driver %s):\n", json_string_value(json_object_get(json_object_get(g, "device"), "name")),
+               (long long)json_integer_value(json_object_get(json_object_get(g, "device"), "ordinal")),
+               json_string_value(json_object_get(json_object_get(g, "device"), "driver")));
+        if (!json_array_size(json_object_get(g, "packages")))
+            printf("          no package installed\n");
+        json_array_foreach(json_object_get(g, "packages"), j, p) {
+            long long f = json_integer_value(json_object_get(p, "failed")), n = json_integer_value(json_object_get(p, "never_tested"));
+            printf("          %-34s %s\n", json_string_value(json_object_get(p, "package")),
+                   f ? "FAILED" : n ? "never tested" : "passed");
+            printf("            %lld passed, %lld failed, %lld untested, %lld never tested\n",
+                   (long long)json_integer_value(json_object_get(p, "passed")), f,
+                   (long long)json_integer_value(json_object_get(p, "untested")), n);
+            never += n;
+            failed += f;
+        }
+        if (failed)
+            printf("          HINT: tk_op_run avoids the failed kernels; 'tk selftest --results' names them\n");
+        if (never)
+            printf("          HINT: 'tk selftest' proves the kernels never tested on this GPU (about 1 s a package)\n");
     }
 }
 
@@ -347,8 +406,10 @@ int tk_cmd_doctor(tk_cli *cli, int argc, char **argv)
         json_decref(out);
         return cli->ctx_exit ? cli->ctx_exit : TK_EXIT_FAIL;
     }
-    if (ctx)
+    if (ctx) {
         ctx_info(out, ctx);
+        selftest_info(out, ctx, devrc == TK_OK ? ndev : 0);
+    }
     char *cw = NULL;
     json_t *cwarn = ctx && tk_ctx_config_warnings_json(&cw, ctx) == TK_OK ? json_loads(cw, 0, NULL) : NULL;
     tk_free(cw);
@@ -392,6 +453,7 @@ int tk_cmd_doctor(tk_cli *cli, int argc, char **argv)
         else
             printf("cache:    unusable — %s\n", json_string_value(json_object_get(out, "cache_error")));
         print_registries(json_object_get(out, "registries"), tk_ctx_offline(ctx));
+        print_selftests(json_object_get(out, "selftest"));
     }
     print_parallel(json_object_get(out, "parallel"));
     printf("\n%s\n", ok ? "ok: this machine can compile and run kernels"

@@ -1,6 +1,7 @@
 /*
  * cmd_get.c — tk get: resolve, download, verify and install packages (or exactly what tk.lock pins).
  */
+#include <jansson.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -9,7 +10,7 @@
 
 #include "cli/cli.h"
 
-static const char *USAGE = "tk get [--trust] [--force] [--arch LIST] [--no-build] [--json] <org/name[@version]>...\n"
+static const char *USAGE = "tk get [--trust] [--force] [--arch LIST] [--no-build] [--selftest] [--json] <org/name[@version]>...\n"
                            "       tk get [--project FILE] [--locked [LOCKFILE]] [options]   (a project's packages)";
 
 static void help(void)
@@ -54,6 +55,10 @@ static void help(void)
            "    --arch LIST        after installing, compile for these archs (sm_80,sm_90); default: the\n"
            "                       GPUs found, else \"archs\" in config.json, else nothing\n"
            "    --no-build         install only; compile nothing\n"
+           "    --selftest         then prove every kernel on each GPU of this machine against tk's CPU\n"
+           "                       references and record the result (as 'tk selftest'); kernels that fail\n"
+           "                       are never used by tk_op_run. Exit 10 when one fails (the install stands),\n"
+           "                       7 when there is no GPU to test on\n"
            "    --project FILE     the project file to use instead of looking for tk.json\n"
            "    --locked [FILE]    install exactly the commits, manifest digests, registries and signers\n"
            "                       the lock file pins (default: the project's tk.lock, which must match the\n"
@@ -70,7 +75,8 @@ static void help(void)
            "\n"
            "EXIT STATUS\n"
            "    0 ok, 2 usage or a bad project/lock file, 3 not found, 4 network, 5 refused (signature,\n"
-           "    trust, digest, rollback), 6 local I/O.\n",
+           "    trust, digest, rollback), 6 local I/O, 7 --selftest without a GPU, 8 a kernel failed its\n"
+           "    self-test.\n",
            USAGE);
 }
 
@@ -78,13 +84,21 @@ static void help(void)
  * stdout holds either the array or the error object (docs/json.md). */
 static FILE *json_out;
 
-static void print_pkg(tk_cli *cli, const tk_pkg *p, int *first)
+static void print_pkg(tk_cli *cli, const tk_pkg *p, int *first, json_t *selftests)
 {
     if (cli->json) {
         char *j = NULL;
-        if (tk_pkg_to_json(&j, p) == TK_OK)
+        if (tk_pkg_to_json(&j, p) == TK_OK && selftests) { /* its self-test reports beside it */
+            json_t *o = json_loads(j, 0, NULL);
+            tk_free(j);
+            j = NULL;
+            if (o && json_object_set(o, "selftest", selftests) == 0)
+                j = json_dumps(o, JSON_INDENT(2));
+            json_decref(o);
+        }
+        if (j)
             fprintf(json_out ? json_out : stdout, "%s%s", *first ? "" : ",\n", j);
-        tk_free(j);
+        free(j);
         *first = 0;
         return;
     }
@@ -155,14 +169,100 @@ struct each_cb {
     int no_build;
     const char *arch_list;
     int rc; /* the first build failure */
+    int selftest; /* --selftest */
+    int st_failed; /* packages with a kernel that failed it */
+    int st_rc;     /* the first self-test that could not run (no GPU, ...) */
 };
+
+/* {"error": {"status", "exit_code", "message", "hint"}} for a self-test that could not run. */
+static json_t *error_json(int status, const char *msg)
+{
+    const char *h = strstr(msg, "\nHINT: ");
+    json_t *e = json_pack("{s:s, s:i, s:s%, s:o}", "status", status == TK_ERR_NO_DEVICE ? "no_device" : "failed",
+                          "exit_code", tk_cli_exit_code(status), "message", msg, h ? (size_t)(h - msg) : strlen(msg),
+                          "hint", h ? json_string(h + 7) : json_null());
+    return json_pack("{s:o}", "error", e);
+}
+
+/* --selftest: the package's kernels proved on each GPU (tk_selftest); the reports as a JSON array. */
+static json_t *selftest_pkg(struct each_cb *cb, const tk_pkg *p)
+{
+    int ndev = 0, rc = tk_device_count(&ndev);
+    json_t *reports = json_array();
+    char ref[256];
+    snprintf(ref, sizeof ref, "%s@%s", tk_pkg_name(p), tk_pkg_commit(p));
+    if (rc == TK_OK && ndev == 0)
+        rc = TK_ERR_NO_DEVICE;
+    if (rc != TK_OK) {
+        json_array_append_new(reports, error_json(TK_ERR_NO_DEVICE, "no GPU to self-test on\nHINT: run 'tk selftest "
+                                                                    "ORG/NAME' on the machine with the GPU"));
+        if (cb->st_rc == TK_OK) {
+            cb->st_rc = TK_ERR_NO_DEVICE;
+            if (!cb->cli->json)
+                fprintf(stderr, "tk: --selftest: no GPU to test on (%s is installed)\nHINT: run 'tk selftest %s' on the "
+                                "machine with the GPU; 'tk doctor' shows this one\n", tk_pkg_name(p), tk_pkg_name(p));
+        }
+        return reports;
+    }
+    for (int d = 0; d < ndev; d++) {
+        tk_selftest_opts o = TK_SELFTEST_OPTS_INIT;
+        char *report = NULL;
+        o.device = d;
+        rc = tk_selftest(&report, cb->cli->ctx, ref, &o);
+        if (report) {
+            json_t *r = json_loads(report, 0, NULL);
+            if (!cb->cli->json && r) {
+                json_t *c = json_object_get(r, "counts"), *k;
+                size_t i;
+                printf("  selftest on %s (cuda:%d): %lld passed, %lld failed, %lld crashed, %lld timed out, %lld untested "
+                       "(%.2f s)\n", json_string_value(json_object_get(json_object_get(r, "device"), "name")), d,
+                       (long long)json_integer_value(json_object_get(c, "passed")),
+                       (long long)json_integer_value(json_object_get(c, "failed")),
+                       (long long)json_integer_value(json_object_get(c, "crashed")),
+                       (long long)json_integer_value(json_object_get(c, "timed_out")),
+                       (long long)json_integer_value(json_object_get(c, "untested")),
+                       json_real_value(json_object_get(r, "seconds")));
+                json_array_foreach(json_object_get(r, "kernels"), i, k) {
+                    const char *st = json_string_value(json_object_get(k, "status"));
+                    if (strcmp(st, "passed") && strcmp(st, "untested") && strcmp(st, "skipped"))
+                        printf("    %s %s: %s\n", st, json_string_value(json_object_get(k, "kernel")),
+                               json_string_value(json_object_get(json_object_get(k, "detail"), "summary")));
+                }
+            }
+            if (r)
+                json_array_append_new(reports, r);
+            tk_free(report);
+        } else {
+            json_array_append_new(reports, error_json(rc, tk_last_error()));
+            if (!cb->cli->json)
+                fprintf(stderr, "tk: --selftest %s on cuda:%d: %s\n", tk_pkg_name(p), d, tk_last_error());
+            if (cb->st_rc == TK_OK)
+                cb->st_rc = rc;
+        }
+        if (rc == TK_ERR_SELFTEST) {
+            cb->st_failed++;
+            break;
+        }
+    }
+    return reports;
+}
 
 static void each_pkg(void *user, const tk_pkg *p)
 {
     struct each_cb *cb = user;
-    print_pkg(cb->cli, p, &cb->first);
+    if (cb->cli->json) { /* the object carries the reports: build and test first */
+        if (!cb->no_build && cb->rc == TK_OK)
+            cb->rc = build_after_get(cb->cli, p, cb->arch_list);
+        json_t *st = cb->selftest && cb->rc == TK_OK ? selftest_pkg(cb, p) : NULL;
+        print_pkg(cb->cli, p, &cb->first, st);
+        json_decref(st);
+        return;
+    }
+    print_pkg(cb->cli, p, &cb->first, NULL);
     if (!cb->no_build && cb->rc == TK_OK)
         cb->rc = build_after_get(cb->cli, p, cb->arch_list);
+    if (cb->selftest && cb->rc == TK_OK)
+        json_decref(selftest_pkg(cb, p));
 }
 
 /* The packages of a project (tk.json), all or nothing. */
@@ -180,7 +280,7 @@ int tk_cmd_get(tk_cli *cli, int argc, char **argv)
     const char *refs[256];
     size_t nrefs = 0;
     const char *lockfile = NULL, *arch_list = NULL, *project = NULL;
-    int no_build = 0, locked = 0;
+    int no_build = 0, locked = 0, selftest = 0;
     for (int i = 1; i < argc; i++) {
         if (tk_cli_is_help(argv[i])) {
             help();
@@ -191,6 +291,8 @@ int tk_cmd_get(tk_cli *cli, int argc, char **argv)
             o.force = 1;
         } else if (!strcmp(argv[i], "--no-build")) {
             no_build = 1;
+        } else if (!strcmp(argv[i], "--selftest")) {
+            selftest = 1;
         } else if (!strcmp(argv[i], "--arch")) {
             if (++i >= argc)
                 return tk_cli_usage(USAGE, "--arch needs a list such as sm_80,sm_90");
@@ -225,7 +327,7 @@ int tk_cmd_get(tk_cli *cli, int argc, char **argv)
         perror("tk: open_memstream");
         return TK_EXIT_FAIL;
     }
-    struct each_cb cb = {cli, 1, no_build, arch_list, TK_OK};
+    struct each_cb cb = {cli, 1, no_build, arch_list, TK_OK, selftest, 0, TK_OK};
     int rc = TK_OK;
     tk_project *prj = NULL;
     if (!nrefs && !lockfile && (rc = tk_project_open(&prj, project)) == TK_ERR_NOT_FOUND && !project) {
@@ -265,5 +367,14 @@ int tk_cmd_get(tk_cli *cli, int argc, char **argv)
     }
     if (rc != TK_OK)
         return tk_cli_fail(cli, rc, NULL);
+    if (cb.st_failed) {
+        if (!cli->json)
+            fprintf(stderr, "tk: installed, but %d package%s ha%s kernels that failed their self-test on this GPU: "
+                            "tk_op_run will not use those kernels\nHINT: 'tk selftest --results' shows the standing\n",
+                    cb.st_failed, cb.st_failed == 1 ? "" : "s", cb.st_failed == 1 ? "s" : "ve");
+        return TK_EXIT_SELFTEST;
+    }
+    if (cb.st_rc != TK_OK)
+        return tk_cli_exit_code(cb.st_rc);
     return TK_EXIT_OK;
 }

@@ -1,6 +1,7 @@
 /*
  * cmd_info.c — tk info: one installed package in detail (or JSON).
  */
+#include <jansson.h>
 #include <stdio.h>
 #include <string.h>
 #include <time.h>
@@ -33,6 +34,67 @@ static void print_kernels(const tk_pkg *p)
     for (size_t i = 0; i < tk_pkg_op_count(p); i++)
         printf("%s%s", i ? ", " : " ", tk_pkg_op_at(p, i));
     printf("\n");
+}
+
+/* The package's self-tests (docs/selftest.md): {"gpus": [its standing on each GPU of this machine: each
+ * kernel's record for its current binary, or never_tested], "records": [every result recorded for it,
+ * on any GPU]}. */
+static json_t *selftest_info(tk_ctx *ctx, const tk_pkg *p)
+{
+    int ndev = 0;
+    char ref[256], *js = NULL;
+    json_t *o = json_object(), *gpus = json_array();
+    snprintf(ref, sizeof ref, "%s@%s", tk_pkg_name(p), tk_pkg_commit(p));
+    if (tk_device_count(&ndev) != TK_OK)
+        ndev = 0;
+    for (int d = 0; d < ndev; d++) {
+        if (tk_selftest_results_json(&js, ctx, ref, d) == TK_OK) {
+            json_t *r = json_loads(js, 0, NULL), *pk = json_array_get(json_object_get(r, "packages"), 0);
+            json_object_set(pk, "device", json_object_get(r, "device"));
+            json_array_append(gpus, pk);
+            json_decref(r);
+        }
+        tk_free(js);
+        js = NULL;
+    }
+    json_object_set_new(o, "gpus", gpus);
+    json_object_set_new(o, "records", tk_selftest_records_json(&js, ctx, tk_pkg_name(p)) == TK_OK ? json_loads(js, 0, NULL)
+                                                                                                 : json_array());
+    tk_free(js);
+    return o;
+}
+
+static void print_selftest_info(json_t *st)
+{
+    size_t i, j;
+    json_t *x, *k, *gpus = json_object_get(st, "gpus"), *recs = json_object_get(st, "records");
+    if (!json_array_size(gpus)) {
+        printf("  self-tests: no GPU here%s\n", json_array_size(recs) ? "; recorded on other GPUs:" : " and none recorded "
+               "('tk selftest' runs them on the GPU)");
+        json_array_foreach(recs, i, x)
+            printf("    %-11s %s on %s (driver %s, tk %s)\n", json_string_value(json_object_get(x, "status")),
+                   json_string_value(json_object_get(x, "kernel")), json_string_value(json_object_get(x, "gpu_name")),
+                   json_string_value(json_object_get(x, "driver")), json_string_value(json_object_get(x, "tk_version")));
+        return;
+    }
+    json_array_foreach(gpus, i, x) {
+        json_t *d = json_object_get(x, "device");
+        printf("  self-tests on %s (cuda:%lld, driver %s): %lld passed, %lld failed, %lld untested, %lld never tested\n",
+               json_string_value(json_object_get(d, "name")), (long long)json_integer_value(json_object_get(d, "ordinal")),
+               json_string_value(json_object_get(d, "driver")), (long long)json_integer_value(json_object_get(x, "passed")),
+               (long long)json_integer_value(json_object_get(x, "failed")),
+               (long long)json_integer_value(json_object_get(x, "untested")),
+               (long long)json_integer_value(json_object_get(x, "never_tested")));
+        json_array_foreach(json_object_get(x, "kernels"), j, k) {
+            const char *s = json_string_value(json_object_get(k, "status"));
+            if (strcmp(s, "passed") && strcmp(s, "never_tested"))
+                printf("    %-11s %s%s%s\n", s, json_string_value(json_object_get(k, "kernel")),
+                       json_object_get(k, "summary") ? ": " : "",
+                       json_object_get(k, "summary") ? json_string_value(json_object_get(k, "summary")) : "");
+        }
+        if (json_integer_value(json_object_get(x, "never_tested")))
+            printf("    HINT: 'tk selftest %s' proves them on this GPU\n", json_string_value(json_object_get(x, "package")));
+    }
 }
 
 /* A package that is not installed: what the registry has (tk_pkg_versions checks each commit), or the
@@ -87,7 +149,9 @@ int tk_cmd_info(tk_cli *cli, int argc, char **argv)
                    "files with their sha256, the kernels it declares (name, op, dtypes, the archs they run on)\n"
                    "and the ops they implement, without the network or a GPU. A package that is not installed\n"
                    "is looked up in the registry: its versions (as tk versions lists them), or \"not found\"\n"
-                   "with the closest name when one is close (\"did you mean\").\n\n"
+                   "with the closest name when one is close (\"did you mean\"). Its self-tests\n"
+                   "(tk selftest): on each GPU here, every kernel's result for its current binary, else never tested;\n"
+                   "without a GPU, the results recorded on others (JSON: \"selftest\").\n\n"
                    "  --json      print it as a JSON object\n"
                    "  --manifest  print the signed manifest exactly as installed\n", USAGE);
             return TK_EXIT_OK;
@@ -120,8 +184,14 @@ int tk_cmd_info(tk_cli *cli, int argc, char **argv)
         fputs(tk_pkg_manifest(p), stdout);
     } else if (cli->json) {
         char *j = NULL;
-        if ((rc = tk_pkg_to_json(&j, p)) == TK_OK)
-            printf("%s\n", j);
+        if ((rc = tk_pkg_to_json(&j, p)) == TK_OK) { /* with its self-tests */
+            json_t *o = json_loads(j, 0, NULL);
+            json_object_set_new(o, "selftest", selftest_info(ctx, p));
+            char *s = json_dumps(o, JSON_INDENT(2));
+            printf("%s\n", s ? s : j);
+            free(s);
+            json_decref(o);
+        }
         tk_free(j);
     } else {
         char when[64];
@@ -137,6 +207,9 @@ int tk_cmd_info(tk_cli *cli, int argc, char **argv)
             printf("    %-30s %8lld  %s\n", tk_pkg_file_path(p, i), (long long)tk_pkg_file_size(p, i),
                    tk_pkg_file_sha256(p, i));
         print_kernels(p);
+        json_t *st = selftest_info(ctx, p);
+        print_selftest_info(st);
+        json_decref(st);
     }
     tk_pkg_free(p);
     return rc == TK_OK ? TK_EXIT_OK : tk_cli_fail(cli, rc, NULL);

@@ -61,11 +61,15 @@ void tk_cli_human(char *out, size_t cap, double bytes)
     snprintf(out, cap, u ? "%.1f %s" : "%.0f %s", bytes, unit[u]);
 }
 
+void (*tk_cli_progress_hook)(void *user, const char *what, int64_t done, int64_t total);
+
 /* A one-line progress bar on a terminal, redrawn at most 10 times a second. */
 static void on_progress(void *user, const char *what, int64_t done, int64_t total)
 {
     tk_cli *cli = user;
     static double last;
+    if (tk_cli_progress_hook)
+        tk_cli_progress_hook(user, what, done, total);
     if (!cli->tty || cli->quiet)
         return;
     double t = now_s();
@@ -142,6 +146,7 @@ int tk_cli_exit_code(int status)
     case TK_ERR_LAUNCH: return TK_EXIT_DEVICE;
     case TK_ERR_UNSUPPORTED: return TK_EXIT_UNSUPPORTED;
     case TK_ERR_AUTH: return TK_EXIT_AUTH;
+    case TK_ERR_SELFTEST: return TK_EXIT_SELFTEST;
     default: return TK_EXIT_FAIL;
     }
 }
@@ -174,6 +179,7 @@ static const char *status_token(int status)
     case TK_ERR_INTERNAL: return "internal";
     case TK_ERR_CORRUPT: return "corrupt";
     case TK_ERR_AUTH: return "auth";
+    case TK_ERR_SELFTEST: return "selftest";
     case TK_CLI_STATUS_USAGE: return "usage";
     default: return "failed";
     }

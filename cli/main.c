@@ -39,6 +39,8 @@ int tk_cmd_update(tk_cli *cli, int argc, char **argv);
 int tk_cmd_chat(tk_cli *cli, int argc, char **argv);
 /* the model server (issue 26) */
 int tk_cmd_serve_model(tk_cli *cli, int argc, char **argv);
+/* self-tests (issue 24) */
+int tk_cmd_selftest(tk_cli *cli, int argc, char **argv);
 
 /* The groups of tk --help, in order (by task). */
 enum { G_PKG, G_PUBLISH, G_KERNELS, G_MODELS, G_MACHINE, NGROUPS };
@@ -81,6 +83,7 @@ static const struct {
     {"embed", tk_cmd_embed, "sentence embeddings with an encoder checkpoint", G_MODELS},
     {"tokenize", tk_cmd_tokenize, "encode text to token ids with a tokenizer.json", G_MODELS},
     {"detokenize", tk_cmd_detokenize, "decode token ids to text with a tokenizer.json", G_MODELS},
+    {"selftest", tk_cmd_selftest, "prove a package's kernels on this GPU against the CPU references", G_KERNELS},
     {"doctor", tk_cmd_doctor, "GPUs, driver, NVRTC, cache, registries, config: what is missing", G_MACHINE},
 };
 
@@ -131,7 +134,8 @@ static void usage(FILE *f)
             "  7  GPU, NVRTC or compile error\n"
             "  8  unsupported: a model architecture or config value, an op or template\n"
             "     construct tk does not implement\n"
-            "  9  auth: the registry refused the credentials (HTTP 401/403)\n");
+            "  9  auth: the registry refused the credentials (HTTP 401/403)\n"
+            "  10 a kernel failed its self-test on this GPU (tk selftest, get --selftest)\n");
 }
 
 /* The command named `name`, or -1. */

@@ -102,6 +102,7 @@ const char *tk_status_str(int status)
     case TK_ERR_INTERNAL: return "internal error";
     case TK_ERR_CORRUPT: return "damaged file";
     case TK_ERR_AUTH: return "not authorized";
+    case TK_ERR_SELFTEST: return "self-test failed";
     default: return "unknown status";
     }
 }

@@ -83,8 +83,9 @@ enum {
     TK_ERR_UNSUPPORTED = -19, /* valid request that this build, device or package cannot serve */
     TK_ERR_INTERNAL = -20,    /* a bug in tk: please report it */
     TK_ERR_CORRUPT = -21,     /* a file is damaged: truncated, or not in its format (a checkpoint's safetensors) */
-    TK_ERR_AUTH = -22         /* the registry refused the credentials (HTTP 401/403): no token, a bad
+    TK_ERR_AUTH = -22,        /* the registry refused the credentials (HTTP 401/403): no token, a bad
                                  or revoked one, or one for another org */
+    TK_ERR_SELFTEST = -23     /* a kernel failed its self-test on this GPU (tk_selftest, docs/selftest.md) */
 };
 
 /* A static, English name for a status code ("not found"). Never NULL. */
@@ -560,13 +561,87 @@ TK_API int tk_cache_gc(tk_ctx *ctx, int64_t max_bytes, int64_t *freed);
 TK_API int tk_cache_clear(tk_ctx *ctx);
 
 /* ---------------------------------------------------------------------------------------------- */
+/* Self-tests: proving kernels on this GPU (api/selftest.c, docs/selftest.md)                      */
+
+/* A self-test runs every kernel of a package that fits the GPU on small cases of its op (edge shapes:
+ * one row, a length that is no multiple of a block, the largest head size the kernel declares; each
+ * option it takes; every dtype it declares) and compares each output with the op's CPU reference, with
+ * the per-dtype tolerances of tk's GPU tests. Outputs start as NaN bytes, so an element a kernel never
+ * writes fails. Each kernel ends as "passed", "failed" (a wrong element: the worst is reported, with
+ * the value expected and the value got; or a launch the driver refused), "crashed" (a device fault),
+ * "timed_out" (a launch past the limit), "untested" (its op has no CPU reference, or no case fits it)
+ * or "skipped" (not for this GPU's arch).
+ *
+ * The kernels run in a CUDA context of their own, never the primary one: a fault is recovered by
+ * destroying that context and making a new one, and the run goes on; the caller's tensors and kernels
+ * are not touched. The results are recorded in cache.db, keyed by the compiled binary's key, the GPU's
+ * UUID, the driver version and tk's version, so a new build, driver or tk is tested afresh.
+ *
+ * tk_op_run consults the records (config.json "selftest": "off", "record" (default) or "required";
+ * $TK_SELFTEST overrides): it never dispatches to a kernel whose recorded self-test failed, crashed or
+ * timed out on this GPU, using the next kernel that fits, else the CPU reference when "cpu_fallback":
+ * true, else failing with TK_ERR_SELFTEST naming the failed self-test. With "required" a kernel runs
+ * only after it passed here (the first use runs its self-test), and autotune times only such kernels. */
+#define TK_SELFTEST_OPTS_VERSION 1
+typedef struct {
+    unsigned version;          /* TK_SELFTEST_OPTS_VERSION */
+    int device;                /* CUDA device ordinal; default 0 */
+    const char *op;            /* only the kernels of this op (NULL: all) */
+    const char *kernel;        /* only this kernel, by its manifest name (NULL: all) */
+    double launch_timeout_s;   /* the limit of one launch; 0: 5 s */
+    tk_get_opts get;           /* how the package is fetched when it is not installed */
+    int plan_only;             /* 1: no GPU: for each kernel that fits `arch`, the cases it would run, with
+                                  their CPU references run and timed; nothing recorded */
+    const char *arch;          /* plan_only: the arch to plan for ("sm_90") */
+} tk_selftest_opts;
+#define TK_SELFTEST_OPTS_INIT {TK_SELFTEST_OPTS_VERSION, 0, NULL, NULL, 0, TK_GET_OPTS_INIT, 0, NULL}
+
+/* Self-tests the kernels of `ref` (an installed package, installed first as tk_get_kernel does, or a
+ * package directory) on the device and records each result. *report receives the run as JSON (tk_free):
+ * {"package", "version", "commit" (null for a directory), "local", "device": {"ordinal", "name", "uuid",
+ * "arch", "driver"}, "tk_version", "launch_timeout_s", "kernels": [{"kernel", "op", "status",
+ * "binary_key", "cases", "seconds", "detail": {"summary", ...}}], "counts": {"passed", "failed",
+ * "crashed", "timed_out", "untested", "skipped"}, "ok", "context_resets", "load_seconds", "seconds"}.
+ * Returns TK_OK when no kernel failed, crashed or timed out; TK_ERR_SELFTEST when one did (*report is
+ * set then too); else, with *report NULL, the errors of tk_get_kernel (TK_ERR_NO_DEVICE without a GPU,
+ * TK_ERR_NOT_FOUND, TK_ERR_COMPILE, ...), TK_ERR_CACHE. Uses the context's thread; reports progress
+ * through the context's progress callback ("selftest <kernel>").
+ * With opts->plan_only (no GPU needed) the report is the plan instead: {"package", "version", "local",
+ * "arch", "plan": true, "kernels": [{"kernel", "op", "status": "planned" | "untested" | "skipped",
+ * "cases", "seconds", "detail": {"summary", "case_labels"}}], "counts": {"planned", "untested",
+ * "skipped"}, "cpu_seconds" (in the CPU references), "seconds"}, and the return TK_OK. */
+TK_API int tk_selftest(char **report, tk_ctx *ctx, const char *ref, const tk_selftest_opts *opts);
+
+/* The standing of installed packages on device `device` (ref NULL: every installed package): for each
+ * kernel that fits the GPU, the record of its current binary on this GPU, driver and tk, else
+ * "never_tested": {"device": {...}, "tk_version", "packages": [{"package", "version", "commit", "passed",
+ * "failed", "untested", "never_tested", "kernels": [{"kernel", "status", "binary_key", "summary"?}]}]}
+ * ("failed" counts failed, crashed, timed out and interrupted ones). Needs the GPU (TK_ERR_NO_DEVICE);
+ * no kernel runs. *out is the caller's (tk_free). */
+TK_API int tk_selftest_results_json(char **out, tk_ctx *ctx, const char *ref, int device);
+
+/* Every recorded result, for any GPU, as a JSON array (no GPU needed): [{"package" ("org/name"),
+ * "commit" (null: a directory), "kernel", "op", "status", "binary_key", "gpu_uuid", "gpu_name", "driver",
+ * "tk_version", "tested" (unix seconds), "seconds", "detail"}]; package "org/name" (NULL: all) narrows it.
+ * A record left "running" by a process that has ended reads "interrupted". *out is the caller's. */
+TK_API int tk_selftest_records_json(char **out, tk_ctx *ctx, const char *package);
+
+/* Forgets the recorded results of ref (an installed package or a directory; NULL: every record), so its
+ * kernels count as never tested. *removed (may be NULL) receives how many were removed. */
+TK_API int tk_selftest_forget(tk_ctx *ctx, const char *ref, int64_t *removed);
+
+/* ---------------------------------------------------------------------------------------------- */
 /* Ops                                                                                             */
 
 /* Runs an op (see `tk ops`: tk's own, or one an installed package declares) on tensors: validates
  * shapes and dtypes, picks the best implementation for the tensors' device (a kernel from an installed
  * package, or the CPU reference for host tensors; an op a package declares has none) and runs it. *impl (may be NULL) receives a borrowed description of what ran
- * ("cpu-reference" or "org/name:kernel"), valid until tk_ctx_free(ctx). Errors: TK_ERR_NOT_FOUND (unknown op), TK_ERR_INVALID
- * (the message names the argument and the shape it got), TK_ERR_UNSUPPORTED. */
+ * ("cpu-reference" or "org/name:kernel"), valid until tk_ctx_free(ctx). Kernels whose recorded
+ * self-test failed on this GPU are left out (see "Self-tests" above; a warning names each once); when
+ * every kernel that fits is, the CPU reference runs on host copies if config "cpu_fallback" is true
+ * (*impl "cpu-reference (fallback)"), else the call fails with TK_ERR_SELFTEST. Errors: TK_ERR_NOT_FOUND
+ * (unknown op), TK_ERR_INVALID (the message names the argument and the shape it got), TK_ERR_UNSUPPORTED,
+ * TK_ERR_SELFTEST. */
 TK_API int tk_op_run(tk_ctx *ctx, const char *op, const tk_arg *args, size_t nargs, void *stream,
                      const char **impl);
 /* Every op with its signature and implementations, as JSON: tk's own ("standard": true), those that

@@ -106,6 +106,14 @@ static void cu_init_once(void)
     CU_SYM(cuEventRecord, "cuEventRecord");
     CU_SYM(cuEventSynchronize, "cuEventSynchronize");
     CU_SYM(cuEventDestroy, "cuEventDestroy_v2");
+    /* the self-test sandbox's (jit/sandbox.c): optional, so a driver without one still runs kernels */
+    *(void **)&cu.cuCtxCreate = dlsym(h, "cuCtxCreate_v2");
+    *(void **)&cu.cuCtxDestroy = dlsym(h, "cuCtxDestroy_v2");
+    *(void **)&cu.cuStreamCreate = dlsym(h, "cuStreamCreate");
+    *(void **)&cu.cuStreamQuery = dlsym(h, "cuStreamQuery");
+    *(void **)&cu.cuStreamDestroy = dlsym(h, "cuStreamDestroy_v2");
+    if (!(*(void **)&cu.cuDeviceGetUuid = dlsym(h, "cuDeviceGetUuid_v2")))
+        *(void **)&cu.cuDeviceGetUuid = dlsym(h, "cuDeviceGetUuid");
     /* drivers before 12.8 have only the first version, with the same signature */
     if (!(*(void **)&cu.cuEventElapsedTime = dlsym(h, "cuEventElapsedTime_v2")))
         CU_SYM(cuEventElapsedTime, "cuEventElapsedTime");

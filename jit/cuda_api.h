@@ -30,6 +30,7 @@ enum {
     CUDA_ERROR_INVALID_PTX = 218,
     CUDA_ERROR_UNSUPPORTED_PTX_VERSION = 222,
     CUDA_ERROR_NOT_FOUND = 500,
+    CUDA_ERROR_NOT_READY = 600,
 };
 
 enum {
@@ -80,6 +81,13 @@ typedef struct {
     CUresult (*cuEventSynchronize)(CUevent);
     CUresult (*cuEventElapsedTime)(float *, CUevent, CUevent);                   /* _v2, else the old one */
     CUresult (*cuEventDestroy)(CUevent);                                         /* _v2 */
+    /* self-test sandboxes (jit/sandbox.c): a context of their own, a stream to poll, the GPU's UUID */
+    CUresult (*cuCtxCreate)(CUcontext *, unsigned, CUdevice);                    /* _v2 */
+    CUresult (*cuCtxDestroy)(CUcontext);                                         /* _v2 */
+    CUresult (*cuStreamCreate)(CUstream *, unsigned);
+    CUresult (*cuStreamQuery)(CUstream);
+    CUresult (*cuStreamDestroy)(CUstream);                                       /* _v2 */
+    CUresult (*cuDeviceGetUuid)(void *, CUdevice);   /* _v2, else the first; NULL when neither (old driver) */
 } tk_cu_api;
 
 typedef int nvrtcResult;
@@ -104,6 +112,12 @@ typedef struct {
     nvrtcResult (*nvrtcAddNameExpression)(nvrtcProgram, const char *);
     nvrtcResult (*nvrtcGetLoweredName)(nvrtcProgram, const char *, const char **);
 } tk_nvrtc_api;
+
+/* For jit/load.c: a sandbox's current context (NULL after a failed reset) and its generation (bumped by
+ * each reset, which destroys the modules loaded in the old context). */
+struct tk_jit_sandbox;
+CUcontext tk_jit__sandbox_ctx(const struct tk_jit_sandbox *sb);
+unsigned tk_jit__sandbox_gen(const struct tk_jit_sandbox *sb);
 
 /* The loaded tables (valid after a successful tk_jit__cuda_load / tk_jit__nvrtc_load). */
 const tk_cu_api *tk_jit__cu(void);

@@ -162,12 +162,17 @@ int tk_jit__expr_eval_dev(int64_t *out, const tk_jit_expr *e, const tk_jit_value
 /* ---- modules and launches (jit/load.c) -------------------------------------------------------- */
 
 typedef struct tk_jit_module tk_jit_module;
+typedef struct tk_jit_sandbox tk_jit_sandbox;
 
 /* Loads a CUBIN or PTX image (NUL-terminated for PTX) into the primary context of `device`.
  * TK_ERR_LAUNCH on failure; *stale (may be NULL) is set to 1 when the driver rejected the image as
  * invalid, for another GPU or of a too-new PTX version, so the caller treats the cache entry as a
  * miss and recompiles. TK_ERR_NO_DEVICE without a driver. */
 int tk_jit__module_load(tk_jit_module **out, int device, const void *image, int *stale);
+/* The same into a self-test sandbox's own context (sb NULL: the primary one). The module must be
+ * released before the sandbox is freed; after a reset of the sandbox it is dead (release still frees
+ * it) and launches of its functions fail. */
+int tk_jit__module_load_in(tk_jit_module **out, int device, tk_jit_sandbox *sb, const void *image, int *stale);
 void tk_jit__module_retain(tk_jit_module *m);
 /* Drops a reference; the module unloads (and the primary context is released) at zero. */
 void tk_jit__module_release(tk_jit_module *m);
@@ -214,5 +219,38 @@ int tk_jit__timer_new(tk_jit_timer **out, int device);
 int tk_jit__timer_start(tk_jit_timer *t, void *stream);
 int tk_jit__timer_stop(tk_jit_timer *t, void *stream, float *ms);
 void tk_jit__timer_free(tk_jit_timer *t);
+
+/* ---- self-test sandboxes (jit/sandbox.c) ------------------------------------------------------ */
+
+/* A CUDA context of its own (cuCtxCreate, never the primary one the caller's tensors and tk_op_run's
+ * kernels live in) with one stream, where a kernel under test may fault or hang without harming
+ * anything else in the process. After a fault (or a launch past its time limit) the context is
+ * destroyed and a new one made (tk_jit__sandbox_reset); what was loaded or allocated in it is gone.
+ * Not thread-safe: one thread uses a sandbox. */
+int tk_jit__sandbox_new(tk_jit_sandbox **out, int device);
+/* Destroys the context. Release the modules loaded in it first. Accepts NULL. */
+void tk_jit__sandbox_free(tk_jit_sandbox *sb);
+/* Destroys the context (stopping whatever still runs there) and makes a new one. */
+int tk_jit__sandbox_reset(tk_jit_sandbox *sb);
+/* The stream to launch on (a CUstream of the sandbox's context). */
+void *tk_jit__sandbox_stream(const tk_jit_sandbox *sb);
+int tk_jit__sandbox_device(const tk_jit_sandbox *sb);
+/* Device memory in the sandbox's context; copies are synchronous. TK_ERR_NOMEM, TK_ERR_LAUNCH (a
+ * fault of the kernel launched before: the sandbox needs a reset). */
+int tk_jit__sandbox_alloc(uint64_t *out, tk_jit_sandbox *sb, size_t bytes);
+void tk_jit__sandbox_mfree(tk_jit_sandbox *sb, uint64_t p);
+int tk_jit__sandbox_copy(tk_jit_sandbox *sb, void *dst, const void *src, size_t bytes, int kind);
+int tk_jit__sandbox_memset(tk_jit_sandbox *sb, uint64_t p, int value, size_t bytes);
+/* Waits for the sandbox's stream for at most timeout_s seconds, polling (cuStreamQuery): the Driver
+ * API cannot stop one kernel, so this bounds the wait, and the caller resets the sandbox to stop it.
+ * TK_OK when the work finished; TK_ERR_LAUNCH with the CUDA error when it faulted (*fault = 1) or
+ * did not finish in time (*timed_out = 1). */
+int tk_jit__sandbox_wait(tk_jit_sandbox *sb, double timeout_s, int *fault, int *timed_out);
+
+/* The device's identity for self-test records: uuid "GPU-xxxxxxxx-xxxx-xxxx-xxxx-xxxxxxxxxxxx" (as
+ * nvidia-smi prints it) and driver "<kernel module version>/<CUDA driver API version>", e.g.
+ * "570.86.15/12080" (the module's from /proc/driver/nvidia/version; "unknown" where it cannot be read).
+ * TK_ERR_NO_DEVICE without a driver or device. */
+int tk_jit__device_ident(char *uuid, size_t nuuid, char *driver, size_t ndriver, int ordinal);
 
 #endif

@@ -35,6 +35,8 @@ struct tk_jit_module {
     pthread_mutex_t mu;
     fn_entry *fns;
     size_t nfns, capfns;
+    tk_jit_sandbox *sb; /* loaded in a self-test sandbox's context (not the primary one), or NULL */
+    unsigned sb_gen;    /* the sandbox's generation then: after a reset the module is gone with its context */
 };
 
 static int is_stale(CUresult r)
@@ -44,6 +46,11 @@ static int is_stale(CUresult r)
 }
 
 int tk_jit__module_load(tk_jit_module **out, int device, const void *image, int *stale)
+{
+    return tk_jit__module_load_in(out, device, NULL, image, stale);
+}
+
+int tk_jit__module_load_in(tk_jit_module **out, int device, tk_jit_sandbox *sb, const void *image, int *stale)
 {
     const tk_cu_api *cu;
     tk_jit_module *m = NULL;
@@ -72,7 +79,14 @@ int tk_jit__module_load(tk_jit_module **out, int device, const void *image, int 
         rc = tk__err(TK_ERR_NO_DEVICE, "cuDeviceGet(%d): %s", device, tk_jit__cu_errstr(r, eb, sizeof eb));
         goto fail;
     }
-    if ((r = cu->cuDevicePrimaryCtxRetain(&m->ctx, m->dev)) != CUDA_SUCCESS) {
+    if (sb) {
+        m->sb = sb;
+        m->sb_gen = tk_jit__sandbox_gen(sb);
+        if (!(m->ctx = tk_jit__sandbox_ctx(sb))) {
+            rc = tk__err(TK_ERR_LAUNCH, "the self-test context of device %d is gone", device);
+            goto fail;
+        }
+    } else if ((r = cu->cuDevicePrimaryCtxRetain(&m->ctx, m->dev)) != CUDA_SUCCESS) {
         m->ctx = NULL;
         rc = tk__err(TK_ERR_LAUNCH, "cannot get the primary context of device %d: %s", device,
                      tk_jit__cu_errstr(r, eb, sizeof eb));
@@ -101,7 +115,7 @@ int tk_jit__module_load(tk_jit_module **out, int device, const void *image, int 
 fail:
     if (pushed)
         cu->cuCtxPopCurrent(&popped);
-    if (m->ctx)
+    if (m->ctx && !m->sb)
         cu->cuDevicePrimaryCtxRelease(m->dev);
     pthread_mutex_destroy(&m->mu);
     free(m);
@@ -122,11 +136,13 @@ void tk_jit__module_release(tk_jit_module *m)
         return;
     if (atomic_fetch_sub(&m->refs, 1) != 1)
         return;
-    if (m->mod && cu->cuCtxPushCurrent(m->ctx) == CUDA_SUCCESS) {
+    /* a sandbox module whose context was destroyed (reset after a fault) went with it */
+    int alive = !m->sb || tk_jit__sandbox_gen(m->sb) == m->sb_gen;
+    if (m->mod && alive && cu->cuCtxPushCurrent(m->ctx) == CUDA_SUCCESS) {
         cu->cuModuleUnload(m->mod);
         cu->cuCtxPopCurrent(&popped);
     }
-    if (m->ctx)
+    if (m->ctx && !m->sb)
         cu->cuDevicePrimaryCtxRelease(m->dev);
     for (size_t i = 0; i < m->nfns; i++)
         free(m->fns[i].name);

@@ -13,17 +13,20 @@
 # --expect-gpu) every test runs with TK_TEST_GPU=1, so "no device" is a failure, not a skip.
 #
 # Files under $OUT (at most 8, for the device tool): summary.txt (the table printed last),
-# summary.csv, summary.json, env.txt, bench.csv, bench.json, comm_bench.txt, logs.tgz (every log).
+# summary.csv, summary.json, env.txt, bench.csv, bench.json, selftest.json, logs.tgz (every log, the
+# NCCL bandwidth's comm-bench.log among them).
 # Exit: 0 all passed (or dry run), 1 a test/memcheck/bench failed, 2 bad usage, 3 unusable bundle
 # (glibc too old, missing library): then env.txt says why and nothing else runs.
 #
 # Options: --bundle DIR (.gpu), --work DIR (/tmp/tkg: unpacked here), --out DIR ($OUT, else
 # WORK/out), --expect-gpu / --dry-run, --test-timeout S (240 per binary), --san-timeout S (270),
 # --bench-timeout S (180), --only REGEX (test binaries to run), --no-bench, --no-memcheck,
-# --python PY (python3: the one with torch; a dry run uses it for the bench's --cpu-check).
+# --no-selftest, --python PY (python3: the one with torch; a dry run uses it for the bench's --cpu-check).
+# Phase 1b (tk selftest): the shipped packages pass, the broken test package is caught and routed
+# around, a hanging kernel is stopped; without a GPU, the no-device error and the plan.
 set -uo pipefail
 root=$(cd "$(dirname "$0")/.." && pwd)
-bundle=$root/.gpu work=/tmp/tkg out=${OUT:-} expect= t_test=240 t_san=270 t_bench=180 only= bench=1 san=1 py=python3
+bundle=$root/.gpu work=/tmp/tkg out=${OUT:-} expect= t_test=240 t_san=270 t_bench=180 only= bench=1 san=1 selftest=1 py=python3
 while [ $# -gt 0 ]; do
   case $1 in
     --bundle) bundle=$2; shift 2 ;;
@@ -37,8 +40,9 @@ while [ $# -gt 0 ]; do
     --only) only=$2; shift 2 ;;
     --no-bench) bench=0; shift ;;
     --no-memcheck) san=0; shift ;;
+    --no-selftest) selftest=0; shift ;;
     --python) py=$2; shift 2 ;;
-    -h|--help) sed -n '2,27p' "$0" | sed 's/^# \{0,1\}//'; exit 0 ;;
+    -h|--help) sed -n '2,30p' "$0" | sed 's/^# \{0,1\}//'; exit 0 ;;
     *) echo "gpu-check: unknown argument '$1'" >&2; echo "HINT: bash scripts/gpu-check.sh --help" >&2; exit 2 ;;
   esac
 done
@@ -202,13 +206,81 @@ if [ "$TK_TEST_GPU" = 1 ] && [ -x "$B/bench/comm_bench" ]; then
     timeout -k 5 120 "$B/bench/comm_bench" --nccl >"$L/comm-bench.log" 2>&1; rc=$?
   fi
   wait
-  cp "$L/comm-bench.log" "$out/comm_bench.txt" 2>/dev/null
   row comm "nccl_bench_${ng}gpu" "$([ $rc = 0 ] && echo ok || { [ $rc = 124 ] && echo TIMEOUT || echo FAIL; })" \
     "$([ $rc = 0 ] && echo 1 || echo 0)" "$([ $rc = 0 ] && echo 0 || echo 1)" 0 "$(( $(date +%s) - t0 ))" \
     "$(grep -E '^\| 67108864 ' "$L/comm-bench.log" | cut -c1-80)$(grep -m1 'comm_bench:' "$L/comm-bench.log" | cut -c1-80)"
   save
 else
   row comm nccl_bench skip 0 0 1 0 "no GPU"
+fi
+
+# ---- phase 1c: tk selftest from the command line (alone on the GPU: its times are the budget) --------
+# Every shipped package passes; the broken test package (tests/data/selftest/broken: a wrong element,
+# a skipped last row, a trap) is caught and recorded, with the context recovered after the trap; tk
+# run-op is then routed around it to a good kernel, with the warning; a kernel that never returns
+# (tests/data/selftest/hang) is stopped at --timeout. $OUT/selftest.json keeps the reports.
+if [ $selftest = 1 ]; then
+  echo "== phase 1c: tk selftest"
+  # the bench's home when phase 1 prepared it: its packages are compiled already (device time)
+  SH=$work/selftest-home; rm -rf "$SH"; SJ=$L/selftest
+  [ -d "$work/bench-home" ] && SH=$work/bench-home
+  mkdir -p "$SJ"
+  st_row() { # NAME OK(0/1) SECONDS NOTE
+    row selftest "$1" "$([ "$2" = 1 ] && echo ok || echo FAIL)" "$2" "$((1 - $2))" 0 "$3" "$4"
+  }
+  if [ "$TK_TEST_GPU" != 1 ]; then
+    # no GPU: the command must say so (exit 7 with a hint), and the plan must cover every kernel
+    TK_HOME=$SH "$B/tk" selftest kernels-community/activation >"$SJ/nogpu.log" 2>&1; rc=$?
+    ok=0; [ $rc = 7 ] && grep -q 'HINT' "$SJ/nogpu.log" && ok=1
+    st_row no-device "$ok" 0 "exit $rc (want 7 with a hint)"
+    t0=$(date +%s)
+    pk=""; for p in activation rmsnorm rotary softmax sampling cross-entropy flash-attn casted layers; do pk="$pk kernels-community/$p"; done
+    TK_HOME=$SH timeout -k 5 "$t_test" "$B/tk" selftest --plan --arch sm_90 --json $pk >"$SJ/plan.json" 2>"$SJ/plan.log"; rc=$?
+    ok=0; [ $rc = 0 ] && python3 - "$SJ/plan.json" <<'PY' && ok=1
+import json, sys
+r = json.load(open(sys.argv[1]))
+bad = [(p["package"], k["kernel"], k["status"]) for p in r for k in p["kernels"] if k["status"] not in ("planned", "skipped")]
+sys.exit(1 if bad or len(r) != 9 else 0)
+PY
+    st_row plan-sm_90 "$ok" "$(( $(date +%s) - t0 ))" "every shipped kernel has cases (no GPU: nothing ran)"
+  else
+    # 1. every shipped package passes; the time of each is the budget's figure
+    pk=""; for p in activation rmsnorm rotary softmax sampling cross-entropy flash-attn casted layers; do pk="$pk kernels-community/$p"; done
+    t0=$(date +%s)
+    TK_HOME=$SH timeout -k 5 "$t_test" "$B/tk" --quiet get $pk >"$SJ/get.log" 2>&1
+    TK_HOME=$SH timeout -k 5 "$t_test" "$B/tk" selftest --json $pk >"$SJ/shipped.json" 2>"$SJ/shipped.log"; rc=$?
+    note=$(python3 - "$SJ/shipped.json" <<'PY' 2>&1
+import json, sys
+r = json.load(open(sys.argv[1]))
+print("; ".join("%s %d/%d %.2fs" % (p["package"].split("/")[1], p["counts"]["passed"], len(p["kernels"]) - p["counts"]["skipped"],
+                p["seconds"] - p["load_seconds"]) for p in r if "counts" in p))
+PY
+)
+    st_row shipped-pass "$([ $rc = 0 ] && echo 1 || echo 0)" "$(( $(date +%s) - t0 ))" "exit $rc: $note"
+    # 2. the broken package: exit 10, each defect named, the trap recovered
+    TK_HOME=$SH timeout -k 5 120 "$B/tk" selftest --json --timeout 2 "$root/tests/data/selftest/broken" >"$SJ/broken.json" 2>"$SJ/broken.log"; rc=$?
+    ok=0; [ $rc = 10 ] && python3 - "$SJ/broken.json" <<'PY' && ok=1
+import json, sys
+r = json.load(open(sys.argv[1]))[0]
+st = {k["kernel"]: k["status"] for k in r["kernels"]}
+want = {"silu_wrong_element_f32": "failed", "silu_skip_last_row_f32": "failed", "silu_trap_f32": "crashed"}
+sys.exit(0 if st == want and r["context_resets"] >= 1 else 1)
+PY
+    st_row broken-caught "$ok" 0 "exit $rc (want 10): $(python3 -c 'import json,sys; r=json.load(open(sys.argv[1]))[0]; print(", ".join(k["kernel"]+"="+k["status"] for k in r["kernels"]))' "$SJ/broken.json" 2>&1 | cut -c1-120)"
+    # 3. tk run-op is routed around the recorded failures, with the warning, to a right result
+    TK_HOME=$SH timeout -k 5 120 "$B/tk" run-op silu --package "$root/tests/data/selftest/broken" --device cuda \
+      --shape 3,1000 --dtype f32 --check --json >"$SJ/runop.json" 2>"$SJ/runop.log"; rc=$?
+    ok=0; [ $rc = 0 ] && grep -q 'kernels-community/activation:silu_f32' "$SJ/runop.json" &&
+      grep -q 'not using tk-test/broken-silu@local:silu_wrong_element_f32' "$SJ/runop.log" && ok=1
+    st_row routed-around "$ok" 0 "exit $rc; $(grep -o '"impl": "[^"]*"' "$SJ/runop.json" | head -n1)"
+    # 4. a launch that never returns is stopped at --timeout (context destroyed; the watchdog is the backstop)
+    t0=$(date +%s)
+    TK_HOME=$SH timeout -k 5 150 "$B/tk" selftest --json --timeout 1 "$root/tests/data/selftest/hang" >"$SJ/hang.json" 2>"$SJ/hang.log"; rc=$?
+    ok=0; [ $rc = 10 ] && grep -q '"timed_out"' "$SJ/hang.json" && ok=1
+    st_row hang-timed-out "$ok" "$(( $(date +%s) - t0 ))" "exit $rc (want 10, timed_out; 124 = the context teardown hung)"
+  fi
+  cat "$SJ"/*.json >"$out/selftest.json" 2>/dev/null
+  save
 fi
 
 # ---- phase 2: benchmarks against PyTorch (alone on the GPU) ----------------------------------------

@@ -2,7 +2,7 @@
 # check_kernels.sh — `make check-kernels`: compiles every package in kernels-src/ with NVRTC for sm_80
 # and sm_90 through the real CLI (`tk get` from the build's own registry, then `tk build`), in a
 # throwaway TK_HOME. No GPU needed. Prints one line per package and the summary line last; exits
-# nonzero when any package fails to compile. TK_CHECK_ONLY=DIR checks only kernels-src/DIR. SKIPs everything when NVRTC is not installed.
+# nonzero when any package fails to compile. The test-data packages in tests/data/selftest/ are compiled too (tk check). TK_CHECK_ONLY=DIR checks only kernels-src/DIR. SKIPs everything when NVRTC is not installed.
 set -u
 cd "$(dirname "$0")/.."
 B=${TK_BUILD:-build}
@@ -39,5 +39,20 @@ for d in kernels-src/*/; do
     failed=$((failed + 1))
   fi
 done
+# the test-data packages of the GPU checks (tests/data/selftest: broken on purpose at run time, but they
+# must compile): tk check compiles a directory as it is
+if [ -z "${TK_CHECK_ONLY:-}" ]; then
+  for d in tests/data/selftest/*/; do
+    [ -f "$d/kernel.json" ] || continue
+    log=$TK_HOME/test-$(basename "$d").log
+    if "$TK" check "$d" --arch "$ARCHS" >"$log" 2>&1; then
+      echo "ok    $d ($ARCHS): $(grep ': ok' "$log" | tail -n 1)"
+      passed=$((passed + 1))
+    else
+      echo "FAIL  $d ($ARCHS):"; sed 's/^/    /' "$log" | head -n 60
+      failed=$((failed + 1))
+    fi
+  done
+fi
 echo "$passed passed, $failed failed, $skipped skipped"
 [ "$failed" -eq 0 ]

@@ -1,7 +1,8 @@
 /*
  * test_kcache.c — the compiled-binary cache: hits and misses, LRU eviction, corrupt blobs, schema
  * versions, the content key's sensitivity, the blob format, and two processes putting the same key
- * at once. No GPU and no NVRTC needed.
+ * at once; the self-test records (keying, invalidation, an old cache.db migrating, two processes
+ * writing results). No GPU and no NVRTC needed.
  */
 #include <sqlite3.h>
 #include <sys/wait.h>
@@ -251,7 +252,7 @@ static void test_tune(void)
     CHECK_RC(tk_kcache__put(c, k2, NULL, "blob", 4, NULL), TK_OK);
     tk_kcache__close(c);
     /* a schema-1 cache: no tune table; opening migrates and keeps the binaries */
-    CHECK_EQ_INT(sql(dir, "DROP TABLE tune; PRAGMA user_version = 1"), SQLITE_OK);
+    CHECK_EQ_INT(sql(dir, "DROP TABLE tune; DROP TABLE selftest; PRAGMA user_version = 1"), SQLITE_OK);
     CHECK_RC(tk_kcache__open(&c, dir, 0), TK_OK);
     CHECK_RC(tk_kcache__stats(c, &n, NULL), TK_OK);
     CHECK_EQ_INT(n, 1);
@@ -529,6 +530,230 @@ static void test_concurrent_processes(void)
     free(dir);
 }
 
+/* ---- self-test records (docs/selftest.md) ------------------------------------------------------ */
+
+typedef struct {
+    int n;
+    char status[32], detail[256], package[128];
+} st_found;
+
+static int st_count(void *user, const tk_kcache_selftest *r)
+{
+    st_found *f = user;
+    if (!f->n) {
+        snprintf(f->status, sizeof f->status, "%s", r->status);
+        snprintf(f->detail, sizeof f->detail, "%s", r->detail);
+        snprintf(f->package, sizeof f->package, "%s", r->package);
+    }
+    f->n++;
+    return 0;
+}
+
+/* One record as a dispatch lookup asks for it: the full key. */
+static st_found st_lookup(tk_kcache *c, const char *key, const char *kernel, const char *uuid, const char *driver,
+                          const char *tkv)
+{
+    st_found f;
+    memset(&f, 0, sizeof f);
+    tk_kcache_selftest q = {0};
+    q.binary_key = key;
+    q.kernel = kernel;
+    q.gpu_uuid = uuid;
+    q.driver = driver;
+    q.tk_version = tkv;
+    if (tk_kcache__selftest_query(c, &q, st_count, &f) != TK_OK)
+        f.n = -1;
+    return f;
+}
+
+static tk_kcache_selftest st_rec(const char *key, const char *kernel, const char *status)
+{
+    tk_kcache_selftest r = {0};
+    r.binary_key = key;
+    r.kernel = kernel;
+    r.gpu_uuid = "GPU-11111111-2222-3333-4444-555555555555";
+    r.driver = "570.86.15/12080";
+    r.tk_version = "0.1.0";
+    r.package = "org/pkg@0123456789abcdef0123456789abcdef01234567";
+    r.op = "silu";
+    r.status = status;
+    r.detail = "{\"summary\": \"x\"}";
+    r.gpu_name = "NVIDIA H100 80GB HBM3";
+    return r;
+}
+
+/* The key is (binary, kernel, GPU, driver, tk): a record answers only the exact tuple, so a rebuilt
+ * binary, another GPU, a new driver string or a new tk reads as never tested; a later result for the
+ * same tuple replaces the earlier one. */
+static void test_selftest_keying(void)
+{
+    tk_kcache *c = NULL;
+    char *dir = fresh_dir(), key[TK_SHA256_HEX], key2[TK_SHA256_HEX];
+    const char *uuid = "GPU-11111111-2222-3333-4444-555555555555", *drv = "570.86.15/12080";
+    key_of(key, 50);
+    key_of(key2, 51);
+    CHECK_RC(tk_kcache__open(&c, dir, 0), TK_OK);
+    tk_kcache_selftest r = st_rec(key, "silu_f32", "failed");
+    CHECK_RC(tk_kcache__selftest_put(c, &r), TK_OK);
+    st_found f = st_lookup(c, key, "silu_f32", uuid, drv, "0.1.0");
+    CHECK_EQ_INT(f.n, 1);
+    CHECK_STR(f.status, "failed");
+    CHECK_CONTAINS(f.detail, "summary");
+    /* every other field of the key misses */
+    CHECK_EQ_INT(st_lookup(c, key2, "silu_f32", uuid, drv, "0.1.0").n, 0);     /* a new build */
+    CHECK_EQ_INT(st_lookup(c, key, "silu_f16", uuid, drv, "0.1.0").n, 0);      /* another kernel of it */
+    CHECK_EQ_INT(st_lookup(c, key, "silu_f32", "GPU-99999999-2222-3333-4444-555555555555", drv, "0.1.0").n, 0);
+    CHECK_EQ_INT(st_lookup(c, key, "silu_f32", uuid, "575.51.03/12090", "0.1.0").n, 0); /* a new driver */
+    CHECK_EQ_INT(st_lookup(c, key, "silu_f32", uuid, "570.86.15/12090", "0.1.0").n, 0); /* a new CUDA in it */
+    CHECK_EQ_INT(st_lookup(c, key, "silu_f32", uuid, drv, "0.2.0").n, 0);       /* a new tk */
+    /* the same tuple: replaced, not added */
+    r.status = "passed";
+    CHECK_RC(tk_kcache__selftest_put(c, &r), TK_OK);
+    f = st_lookup(c, key, "silu_f32", uuid, drv, "0.1.0");
+    CHECK_EQ_INT(f.n, 1);
+    CHECK_STR(f.status, "passed");
+    /* the new driver's record stands beside the old one */
+    r.driver = "575.51.03/12090";
+    r.status = "crashed";
+    CHECK_RC(tk_kcache__selftest_put(c, &r), TK_OK);
+    CHECK_STR(st_lookup(c, key, "silu_f32", uuid, drv, "0.1.0").status, "passed");
+    CHECK_STR(st_lookup(c, key, "silu_f32", uuid, "575.51.03/12090", "0.1.0").status, "crashed");
+    /* a record without its key fields is refused */
+    r.binary_key = "short";
+    CHECK_RC(tk_kcache__selftest_put(c, &r), TK_ERR_INVALID);
+    r.binary_key = key;
+    r.driver = NULL;
+    CHECK_RC(tk_kcache__selftest_put(c, &r), TK_ERR_INVALID);
+    /* gc and clear drop binaries and tuned choices, never the results (the binary recompiles to its key) */
+    CHECK_RC(tk_kcache__clear(c, NULL), TK_OK);
+    CHECK_EQ_INT(st_lookup(c, key, "silu_f32", uuid, drv, "0.1.0").n, 1);
+    /* forget: one package, then all */
+    int64_t removed = -1;
+    CHECK_RC(tk_kcache__selftest_forget(c, "org/other@x", &removed), TK_OK);
+    CHECK_EQ_INT(removed, 0);
+    CHECK_RC(tk_kcache__selftest_forget(c, "org/pkg@0123456789abcdef0123456789abcdef01234567", &removed), TK_OK);
+    CHECK_EQ_INT(removed, 2);
+    CHECK_EQ_INT(st_lookup(c, key, "silu_f32", uuid, drv, "0.1.0").n, 0);
+    tk_kcache__close(c);
+    free(dir);
+}
+
+/* A cache.db written by the tk before self-tests (schema 2: binaries and tuned choices, the exact DDL
+ * of that version) opens: the schema becomes 3, its binaries and tuned choices stay, and results can
+ * be recorded. */
+static void test_selftest_migrates_schema2(void)
+{
+    char *dir = fresh_dir(), *path = NULL, key[TK_SHA256_HEX], *impl = NULL;
+    tk_kcache *c = NULL;
+    sqlite3 *db = NULL;
+    uint8_t *data = NULL;
+    size_t len = 0;
+    key_of(key, 60);
+    CHECK_RC(tk__mkdirs(dir, 0700), TK_OK);
+    path = tk__fmt("%s/cache.db", dir);
+    CHECK_EQ_INT(sqlite3_open(path, &db), SQLITE_OK);
+    /* the blob: "TKKC", version 1, payload "bin!"; its sha256 over all of it */
+    uint8_t blob[12] = {'T', 'K', 'K', 'C', 1, 0, 0, 0, 'b', 'i', 'n', '!'};
+    char digest[TK_SHA256_HEX];
+    tk__sha256_hex(digest, blob, sizeof blob);
+    char *ddl = tk__fmt("PRAGMA journal_mode = WAL;"
+                        "CREATE TABLE entries( key TEXT PRIMARY KEY, package TEXT, unit TEXT, target TEXT, nvrtc TEXT,"
+                        " size INTEGER NOT NULL, sha256 TEXT NOT NULL, blob BLOB NOT NULL, created INTEGER NOT NULL,"
+                        " last_used INTEGER NOT NULL, hits INTEGER NOT NULL DEFAULT 0);"
+                        "CREATE INDEX entries_lru ON entries(last_used);"
+                        "CREATE TABLE tune(key TEXT PRIMARY KEY, impl TEXT NOT NULL, us REAL NOT NULL, detail TEXT,"
+                        " measured INTEGER NOT NULL);"
+                        "INSERT INTO entries VALUES('%s', 'org/p@c', 'a.cu: k', 'sm_90', '13.0', 4, '%s',"
+                        " X'544b4b430100000062696e21', 1, 1, 0);"
+                        "INSERT INTO tune VALUES('%s', 'org/p:k', 3.5, '', 1);"
+                        "PRAGMA user_version = 2;",
+                        key, digest, key);
+    CHECK_EQ_INT(sqlite3_exec(db, ddl, NULL, NULL, NULL), SQLITE_OK);
+    free(ddl);
+    sqlite3_close(db);
+    CHECK_RC(tk_kcache__open(&c, dir, 0), TK_OK);
+    CHECK_RC(tk_kcache__get(c, key, &data, &len), TK_OK);
+    CHECK(len == 4 && data && memcmp(data, "bin!", 4) == 0);
+    free(data);
+    CHECK_RC(tk_kcache__tune_get(c, key, &impl), TK_OK);
+    CHECK_STR(impl, "org/p:k");
+    free(impl);
+    tk_kcache_selftest r = st_rec(key, "k", "passed");
+    CHECK_RC(tk_kcache__selftest_put(c, &r), TK_OK);
+    CHECK_EQ_INT(st_lookup(c, key, "k", r.gpu_uuid, r.driver, r.tk_version).n, 1);
+    tk_kcache__close(c);
+    db = NULL;
+    CHECK_EQ_INT(sqlite3_open(path, &db), SQLITE_OK);
+    sqlite3_stmt *st = NULL;
+    CHECK_EQ_INT(sqlite3_prepare_v2(db, "PRAGMA user_version", -1, &st, NULL), SQLITE_OK);
+    CHECK_EQ_INT(sqlite3_step(st), SQLITE_ROW);
+    CHECK_EQ_INT(sqlite3_column_int(st, 0), 3);
+    sqlite3_finalize(st);
+    sqlite3_close(db);
+    /* opened again: nothing to migrate, the record is there */
+    CHECK_RC(tk_kcache__open(&c, dir, 0), TK_OK);
+    CHECK_EQ_INT(st_lookup(c, key, "k", r.gpu_uuid, r.driver, r.tk_version).n, 1);
+    tk_kcache__close(c);
+    free(path);
+    free(dir);
+}
+
+/* Two processes record results into one cache.db at the same time (each its own kernels, and both the
+ * same one): every write succeeds and every record is there once. */
+static void test_selftest_two_processes(void)
+{
+    char *dir = fresh_dir();
+    tk_kcache *c = NULL;
+    pid_t pids[2];
+    int ok = 1;
+    CHECK_RC(tk_kcache__open(&c, dir, 0), TK_OK);
+    tk_kcache__close(c);
+    for (int p = 0; p < 2; p++) {
+        pids[p] = fork();
+        if (pids[p] == 0) {
+            tk_kcache *cc = NULL;
+            int bad = 0;
+            if (tk_kcache__open(&cc, dir, 0) != TK_OK)
+                _exit(2);
+            for (int i = 0; i < 100; i++) {
+                char key[TK_SHA256_HEX], kernel[32];
+                key_of(key, 2000 + i);
+                snprintf(kernel, sizeof kernel, "k%d_%d", p, i);
+                tk_kcache_selftest r = st_rec(key, kernel, "running");
+                r.pid = getpid();
+                bad |= tk_kcache__selftest_put(cc, &r) != TK_OK;
+                r.status = i % 7 ? "passed" : "failed";
+                bad |= tk_kcache__selftest_put(cc, &r) != TK_OK;
+                r.kernel = "shared"; /* both write this one */
+                bad |= tk_kcache__selftest_put(cc, &r) != TK_OK;
+                if (bad) {
+                    fprintf(stderr, "child %d: %s\n", p, tk_last_error());
+                    break;
+                }
+            }
+            tk_kcache__close(cc);
+            _exit(bad ? 1 : 0);
+        }
+    }
+    for (int p = 0; p < 2; p++) {
+        int st = 0;
+        waitpid(pids[p], &st, 0);
+        ok &= WIFEXITED(st) && WEXITSTATUS(st) == 0;
+    }
+    CHECK(ok);
+    CHECK_RC(tk_kcache__open(&c, dir, 0), TK_OK);
+    st_found all;
+    memset(&all, 0, sizeof all);
+    CHECK_RC(tk_kcache__selftest_query(c, NULL, st_count, &all), TK_OK);
+    CHECK_EQ_INT(all.n, 2 * 100 + 100); /* k0_i, k1_i, and one "shared" a key */
+    char key[TK_SHA256_HEX];
+    key_of(key, 2007);
+    CHECK_STR(st_lookup(c, key, "k1_7", "GPU-11111111-2222-3333-4444-555555555555", "570.86.15/12080", "0.1.0").status,
+              "failed");
+    tk_kcache__close(c);
+    free(dir);
+}
+
 int main(void)
 {
     root = mkdtemp(tmpl);
@@ -547,6 +772,9 @@ int main(void)
     RUN(test_options);
     RUN(test_blob);
     RUN(test_concurrent_processes);
+    RUN(test_selftest_keying);
+    RUN(test_selftest_migrates_schema2);
+    RUN(test_selftest_two_processes);
     tk__rmtree(root);
     return th_done();
 }

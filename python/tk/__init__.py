@@ -8,10 +8,11 @@ Every op tk knows is also in tk.ops (generated from the library's op registry) a
 installed, a torch.library custom op torch.ops.tk.<name> that torch.compile keeps in its graph.
 tk.kernelize(model) runs a transformers model's layers on tk ops. See docs/python.md.
 """
-from ._lib import (Context, InvalidArgumentError, NoDeviceError, NotFoundError, TkError, UnsupportedError,
-                   UntrustedError, current_context, device_count, library_path, version)
+from ._lib import (Context, InvalidArgumentError, NoDeviceError, NotFoundError, SelftestError, TkError,
+                   UnsupportedError, UntrustedError, current_context, device_count, library_path, version)
 from . import ops
-from .hub import KernelModule, get_kernel, has_kernel, install_locked, list_installed, lock
+from .hub import (KernelModule, get_kernel, has_kernel, install_locked, list_installed, lock, selftest, selftest_records,
+                  selftest_results)
 
 __version__ = version()
 
@@ -24,4 +25,5 @@ def kernelize(model, **kwargs):
 
 __all__ = ["get_kernel", "has_kernel", "list_installed", "lock", "install_locked", "kernelize", "ops", "Context",
            "KernelModule", "TkError", "InvalidArgumentError", "NotFoundError", "UntrustedError", "NoDeviceError",
-           "UnsupportedError", "current_context", "device_count", "library_path", "version"]
+           "UnsupportedError", "SelftestError", "current_context", "device_count", "library_path", "version",
+           "selftest", "selftest_results", "selftest_records"]

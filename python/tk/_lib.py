@@ -92,6 +92,18 @@ class GetOpts(ctypes.Structure):
                 ("expect_manifest", ctypes.c_char_p)]
 
 
+class GetOpts2(ctypes.Structure):
+    """tk_get_opts at version 2: the layout a struct that embeds it (tk_selftest_opts) has."""
+    _fields_ = GetOpts._fields_ + [("registry", ctypes.c_char_p), ("expect_signer", ctypes.c_char_p)]
+
+
+class SelftestOpts(ctypes.Structure):
+    """tk_selftest_opts (version 1)."""
+    _fields_ = [("version", ctypes.c_uint), ("device", ctypes.c_int), ("op", ctypes.c_char_p),
+                ("kernel", ctypes.c_char_p), ("launch_timeout_s", ctypes.c_double), ("get", GetOpts2),
+                ("plan_only", ctypes.c_int), ("arch", ctypes.c_char_p)]
+
+
 TK_DEV_CPU, TK_DEV_CUDA = 1, 2
 TK_ARG_TENSOR, TK_ARG_I64, TK_ARG_F64 = 0, 1, 2
 
@@ -134,10 +146,15 @@ tk_lock_install = _fn("tk_lock_install", ctypes.c_int, _P, _S, ctypes.POINTER(Ge
 tk_op_run = _fn("tk_op_run", ctypes.c_int, _P, _S, ctypes.POINTER(Arg), ctypes.c_size_t, _P, ctypes.POINTER(_S))
 tk_ops_json = _fn("tk_ops_json", ctypes.c_int, ctypes.POINTER(_P), _P)
 tk_device_count = _fn("tk_device_count", ctypes.c_int, ctypes.POINTER(ctypes.c_int))
+tk_selftest = _fn("tk_selftest", ctypes.c_int, ctypes.POINTER(_P), _P, _S, ctypes.POINTER(SelftestOpts))
+tk_selftest_results_json = _fn("tk_selftest_results_json", ctypes.c_int, ctypes.POINTER(_P), _P, _S, ctypes.c_int)
+tk_selftest_records_json = _fn("tk_selftest_records_json", ctypes.c_int, ctypes.POINTER(_P), _P, _S)
+tk_selftest_forget = _fn("tk_selftest_forget", ctypes.c_int, _P, _S, ctypes.POINTER(ctypes.c_int64))
 
 # ---- errors -----------------------------------------------------------------------------------
 
 TK_ERR_INVALID, TK_ERR_NOT_FOUND, TK_ERR_UNTRUSTED, TK_ERR_NO_DEVICE, TK_ERR_UNSUPPORTED = -1, -2, -5, -15, -19
+TK_ERR_SELFTEST = -23
 
 
 class TkError(Exception):
@@ -177,9 +194,15 @@ class UnsupportedError(TkError, RuntimeError):
     """TK_ERR_UNSUPPORTED: a valid request this build, device or package cannot serve."""
 
 
+class SelftestError(TkError, RuntimeError):
+    """TK_ERR_SELFTEST: a kernel failed its self-test on this GPU (tk.selftest, get_kernel(selftest=True));
+    `report` holds the self-test's report (a dict) when there is one."""
+    report = None
+
+
 _CLASSES = {TK_ERR_INVALID: InvalidArgumentError, TK_ERR_NOT_FOUND: NotFoundError,
             TK_ERR_UNTRUSTED: UntrustedError, TK_ERR_NO_DEVICE: NoDeviceError,
-            TK_ERR_UNSUPPORTED: UnsupportedError}
+            TK_ERR_UNSUPPORTED: UnsupportedError, TK_ERR_SELFTEST: SelftestError}
 
 
 def error(status, text=None):

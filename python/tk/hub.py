@@ -13,7 +13,8 @@ import types
 
 from . import _lib, ops
 
-__all__ = ["get_kernel", "has_kernel", "list_installed", "lock", "install_locked", "KernelModule"]
+__all__ = ["get_kernel", "has_kernel", "list_installed", "lock", "install_locked", "KernelModule", "selftest",
+           "selftest_results", "selftest_records"]
 
 
 def _ref(repo_id, version=None, revision=None):
@@ -127,12 +128,17 @@ def _pkg_json(pkg):
     return json.loads(_lib.take_string(p))
 
 
-def get_kernel(repo_id, version=None, revision=None, *, trust=False, force=False, context=None):
+def get_kernel(repo_id, version=None, revision=None, *, trust=False, force=False, selftest=False, device=0,
+               context=None):
     """Installs `repo_id` (as `tk get`) and returns its ops as a module-like object.
 
     version: an integer major (branch v<N>); revision: a 40-hex commit (or "v2"); neither: the highest
-    major. trust=True accepts and remembers an unknown signer (as `tk get --trust`). Raises TkError
-    subclasses with tk's message and hint: NotFoundError, UntrustedError, InvalidArgumentError..."""
+    major. trust=True accepts and remembers an unknown signer (as `tk get --trust`). selftest=True then
+    proves every kernel of the package on GPU `device` against tk's CPU references (tk.selftest) and
+    raises SelftestError (its .report says which kernel, the worst element, expected and got) when one
+    failed, crashed or timed out; NoDeviceError without a GPU. The module's `selftest` attribute holds
+    the report (None without selftest=True). Raises TkError subclasses with tk's message and hint:
+    NotFoundError, UntrustedError, InvalidArgumentError..."""
     ctx = context or _lib.current_context()
     ref = _ref(repo_id, version, revision)
     opts = _lib.GetOpts(1, int(bool(trust)), int(bool(force)), None)
@@ -143,7 +149,69 @@ def get_kernel(repo_id, version=None, revision=None, *, trust=False, force=False
         manifest = json.loads(_lib.tk_pkg_manifest(pkg).decode())
     finally:
         _lib.tk_pkg_free(pkg)
-    return KernelModule(info, manifest)
+    report = None
+    if selftest:
+        report = _selftest(ctx, "%s@%s" % (info["name"], info["commit"]), device, None, None, None, True)
+    module = KernelModule(info, manifest)
+    module.selftest = report
+    return module
+
+
+def _selftest(ctx, ref, device, op, kernel, timeout, raise_on_failure):
+    if not isinstance(device, int) or isinstance(device, bool) or device < 0:
+        raise _lib.InvalidArgumentError(_lib.TK_ERR_INVALID, "device must be a CUDA ordinal (0, 1, ...), got %r" % (device,))
+    o = _lib.SelftestOpts()
+    o.version = 1
+    o.device = device
+    o.op = op.encode() if op else None
+    o.kernel = kernel.encode() if kernel else None
+    o.launch_timeout_s = float(timeout or 0)
+    o.get.version = 2
+    out = ctypes.c_void_p()
+    rc = _lib.tk_selftest(ctypes.byref(out), ctx.handle, ref.encode(), ctypes.byref(o))
+    text = _lib.tk_last_error().decode("utf-8", "replace") if rc else None
+    report = json.loads(_lib.take_string(out)) if out.value else None
+    if rc == _lib.TK_ERR_SELFTEST and not raise_on_failure:
+        return report
+    if rc:
+        e = _lib.error(rc, text)
+        e.report = report
+        raise e
+    return report
+
+
+def selftest(repo_id, version=None, revision=None, *, device=0, op=None, kernel=None, timeout=None, context=None):
+    """Proves the kernels of `repo_id` (installed first if needed; or a package directory, "./dir") on GPU
+    `device` against tk's CPU references, records the results (tk_op_run then never uses a kernel that
+    failed on this GPU) and returns the report as a dict, as `tk selftest --json` prints it: "kernels"
+    (each with "status": passed, failed, crashed, timed_out, untested or skipped, and "detail"), "counts",
+    "ok" (False when one failed), "device". op / kernel narrow it to one op or kernel; timeout is the
+    limit of one launch in seconds (default 5). Raises NoDeviceError without a GPU, NotFoundError for an
+    unknown package. See docs/selftest.md."""
+    ctx = context or _lib.current_context()
+    local = isinstance(repo_id, str) and (repo_id.startswith(("./", "../", "/")) or repo_id == ".")
+    ref = repo_id if local else _ref(repo_id, version, revision)
+    return _selftest(ctx, ref, device, op, kernel, timeout, False)
+
+
+def selftest_results(repo_id=None, *, device=0, context=None):
+    """What is recorded for the installed packages (or `repo_id`) on GPU `device`, running nothing: each
+    kernel's result for its current binary on this GPU, driver and tk, or "never_tested" (as
+    `tk selftest --results --json`). Raises NoDeviceError without a GPU."""
+    ctx = context or _lib.current_context()
+    out = ctypes.c_void_p()
+    _lib.check(_lib.tk_selftest_results_json(ctypes.byref(out), ctx.handle,
+                                             repo_id.encode() if repo_id else None, int(device)))
+    return json.loads(_lib.take_string(out))
+
+
+def selftest_records(repo_id=None, *, context=None):
+    """Every self-test result recorded for any GPU (no GPU needed), newest first per kernel: a list of
+    dicts with "package", "kernel", "status", "gpu_name", "gpu_uuid", "driver", "tk_version", "detail"."""
+    ctx = context or _lib.current_context()
+    out = ctypes.c_void_p()
+    _lib.check(_lib.tk_selftest_records_json(ctypes.byref(out), ctx.handle, repo_id.encode() if repo_id else None))
+    return json.loads(_lib.take_string(out))
 
 
 def has_kernel(repo_id, version=None, revision=None, *, context=None):

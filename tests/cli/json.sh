@@ -119,7 +119,8 @@ versions|not_found|kernels-community/no-such-package
 update|not_found|nosuch/pkg
 check|io|@file-home $W/nodir
 generate|not_found|$W/nodir --prompt hi
-chat|not_found|$W/nodir"
+chat|not_found|$W/nodir
+selftest|not_found|--forget nosuch/pkg"
   local cmds c line statuses args home out rc n=0
   cmds=$("$TK" --help | awk '/^Global options/ {exit} /^  [a-z][a-z-]* / {print $1}')
   [ "$(echo "$cmds" | wc -l)" -ge 20 ] || { fail "tk --help lists too few commands: $cmds"; return; }
@@ -171,7 +172,8 @@ assert d["entries"] == 0 and d["bytes"] == 0, d
 import json, sys
 (e,) = json.loads(sys.stdin.read())
 assert set(e) == {"key", "package", "commit", "target", "nvrtc", "size", "created", "last_used", "hits",
-                  "source", "kernels", "kernel_count"}, e
+                  "source", "kernels", "kernel_count", "selftest"}, e
+assert e["selftest"] == [], e   # no self-test recorded (docs/selftest.md)
 assert e["package"] == "my-org/jsonpkg" and e["commit"] is None, e   # a directory: no commit
 assert e["source"] == "jsonpkg.cu" and e["kernels"] == ["jsonpkg_f32"] and e["kernel_count"] == 1, e
 assert e["target"] == "sm_80" and len(e["key"]) == 64, e

@@ -30,7 +30,7 @@ mkdir -p "$U" "$WORK/srv" "$WORK/home"
 
 # pattern (ERE, against the README line with its comment) => why the line does not run here
 SKIPS=(
-  '# needs a GPU => needs a GPU (make test-gpu and scripts/gpu-check.sh run the GPU paths)'
+  '# (.*; )?needs a GPU => needs a GPU (make test-gpu and scripts/gpu-check.sh run the GPU paths)'
   '^make test$ => this is the suite make test runs'
   '^make gpu-bundle => builds a second tree, build-gpu/ (minutes); tests/cli/gpu_bundle.sh checks the bundle make test builds'
   '\./(my-llama|gpt2|Qwen2-0\.5B-Instruct|Hermes-3|TinyLlama)\b => a checkpoint you downloaded; tests/cli/models.sh, generate.sh, chat.sh and serve_model.sh run these commands on tiny checkpoints'

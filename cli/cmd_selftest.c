@@ -1,0 +1,609 @@
+/*
+ * cmd_selftest.c — tk selftest: prove packages' kernels on this GPU against the CPU references, record
+ * the results with the binaries, and show or forget what is recorded (docs/selftest.md).
+ *
+ * The library bounds each launch (a deadline, then the self-test's own CUDA context is destroyed); the
+ * command adds a watchdog for what the library cannot bound: a context teardown that itself never
+ * returns. When the self-test reports no progress for the watchdog's limit, the command says which
+ * kernel hung and exits; the kernel's "running" record stays, so routing avoids it from then on.
+ */
+#include <jansson.h>
+#include <pthread.h>
+#include <stdatomic.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+#include <unistd.h>
+
+#include "cli/cli.h"
+
+static const char *USAGE = "tk selftest [PKG|DIR...] [--op OP] [--kernel NAME] [--device cuda:N] [--timeout S] [--json]\n"
+                           "       tk selftest --plan [PKG|DIR...] [--arch sm_XY] [--op OP] [--kernel NAME] [--json]\n"
+                           "       tk selftest --results [PKG...] [--device cuda:N] [--json]\n"
+                           "       tk selftest --records [ORG/NAME] [--json]\n"
+                           "       tk selftest --forget [PKG|DIR...]";
+
+static const char *HELP =
+    "NAME\n"
+    "    tk selftest - prove kernels on this GPU against tk's CPU references, and record the result\n"
+    "\n"
+    "SYNOPSIS\n"
+    "    tk selftest [PKG|DIR...] [--op OP] [--kernel NAME] [--device cuda:N] [--timeout S] [--json]\n"
+    "    tk selftest --plan [PKG|DIR...] [--arch sm_XY] [--op OP] [--kernel NAME] [--json]\n"
+    "    tk selftest --results [PKG...] [--device cuda:N] [--json]\n"
+    "    tk selftest --records [ORG/NAME] [--json]\n"
+    "    tk selftest --forget [PKG|DIR...]\n"
+    "\n"
+    "DESCRIPTION\n"
+    "    Runs every kernel of each package (every installed package when none is named) that fits\n"
+    "    the GPU on small cases of its op: edge shapes (one row, a length that is no multiple of a\n"
+    "    block, the largest head size the kernel declares), each option it takes, every dtype it\n"
+    "    declares. Each output is compared with the op's CPU reference with the per-dtype\n"
+    "    tolerances of tk's GPU tests; outputs start as NaN, so an element a kernel never writes\n"
+    "    fails. A kernel ends as passed, FAILED (the worst element, expected and got), CRASHED (a\n"
+    "    device fault; the self-test's own CUDA context is destroyed and made again, and the run\n"
+    "    goes on), TIMED_OUT (a launch past --timeout), untested (no CPU reference or no case fits)\n"
+    "    or skipped (not for this GPU's arch). It costs about a second per package after the\n"
+    "    kernels are compiled (a compile, on first use, comes first).\n"
+    "\n"
+    "    Results are recorded in cache.db with the compiled binary's key, the GPU's UUID, the\n"
+    "    driver version and tk's version: a new build, GPU, driver or tk counts as never tested.\n"
+    "    tk_op_run (tk run-op, the models, the Python package) never uses a kernel whose recorded\n"
+    "    self-test failed on this GPU; it takes the next kernel that fits, with a warning.\n"
+    "    config.json \"selftest\": \"off\" ignores the records, \"record\" (the default) avoids failed\n"
+    "    kernels, \"required\" uses only kernels that passed here (the first use runs the test);\n"
+    "    \"cpu_fallback\": true runs the CPU reference when no kernel is left.\n"
+    "\n"
+    "    A package directory (./DIR) is tested as it is (unsigned, not installed; recorded as\n"
+    "    ORG/NAME@local), and 'tk run-op --package DIR' then routes around its failed kernels.\n"
+    "\n"
+    "OPTIONS\n"
+    "    --op OP          only the kernels of this op\n"
+    "    --kernel NAME    only this kernel (its name in kernel.json)\n"
+    "    --device cuda:N  the GPU (default cuda:0)\n"
+    "    --timeout S      the limit of one launch in seconds (default 5)\n"
+    "    --plan           no GPU needed: list the cases each kernel that fits --arch would run and\n"
+    "                     run their CPU references (timed); nothing is recorded\n"
+    "    --arch sm_XY     with --plan: the arch to plan for (default: the GPU's, else sm_90)\n"
+    "    --results        show what is recorded for the installed packages on this GPU (passed,\n"
+    "                     failed, never tested), running nothing\n"
+    "    --records        every recorded result for any GPU (no GPU needed)\n"
+    "    --forget         delete the recorded results (of the packages named, else all)\n"
+    "    --json           the report as JSON (docs/json.md)\n"
+    "\n"
+    "EXIT STATUS\n"
+    "    0 every kernel tested passed (or untested); 2 usage; 3 package not found; 7 no GPU, a\n"
+    "    compile or a driver error; 8 a kernel failed, crashed or timed out.\n"
+    "\n"
+    "EXAMPLES\n"
+    "    tk selftest kernels-community/activation\n"
+    "    tk selftest                         # every installed package\n"
+    "    tk selftest ./my-kernel --op rms_norm --json\n"
+    "    tk selftest --results\n";
+
+/* ---- the watchdog -------------------------------------------------------------------------------- */
+
+static _Atomic double last_progress;  /* monotonic seconds of the last report; 0: not testing yet */
+static char current[256];             /* the kernel under test (written by the main thread) */
+static pthread_mutex_t cur_mu = PTHREAD_MUTEX_INITIALIZER;
+static double watchdog_limit;
+static int watchdog_json;
+
+static double now_s(void)
+{
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (double)ts.tv_sec + (double)ts.tv_nsec / 1e9;
+}
+
+static void on_progress(void *user, const char *what, int64_t done, int64_t total)
+{
+    (void)user;
+    (void)done;
+    (void)total;
+    if (!strncmp(what, "selftest ", 9)) {
+        pthread_mutex_lock(&cur_mu);
+        snprintf(current, sizeof current, "%s", what + 9);
+        pthread_mutex_unlock(&cur_mu);
+        atomic_store(&last_progress, now_s());
+    } else if (!strcmp(what, "selftest")) {
+        atomic_store(&last_progress, 0.0); /* the package is done: compiles of the next are not timed */
+    }
+}
+
+static void *watchdog(void *arg)
+{
+    (void)arg;
+    for (;;) {
+        struct timespec ts = {0, 250000000};
+        nanosleep(&ts, NULL);
+        double t = atomic_load(&last_progress);
+        if (t > 0 && now_s() - t > watchdog_limit) {
+            char k[256];
+            pthread_mutex_lock(&cur_mu);
+            snprintf(k, sizeof k, "%s", current);
+            pthread_mutex_unlock(&cur_mu);
+            char msg[1024];
+            snprintf(msg, sizeof msg,
+                     "the self-test of %s has not returned for %.0f s: a launch did not end and its CUDA context "
+                     "could not be torn down; exiting (the GPU is freed with the process)\nHINT: the kernel is "
+                     "recorded as interrupted and tk_op_run avoids it; 'tk selftest --forget' clears that",
+                     k, watchdog_limit);
+            if (watchdog_json) {
+                tk_cli_json_error(TK_ERR_SELFTEST, NULL, msg);
+            } else {
+                fprintf(stderr, "\ntk: %s\n", msg);
+            }
+            fflush(NULL);
+            _exit(TK_EXIT_SELFTEST);
+        }
+    }
+    return NULL;
+}
+
+/* ---- printing ------------------------------------------------------------------------------------- */
+
+static const char *upper_status(const char *s)
+{
+    if (!strcmp(s, "failed"))
+        return "FAILED";
+    if (!strcmp(s, "crashed"))
+        return "CRASHED";
+    if (!strcmp(s, "timed_out"))
+        return "TIMED_OUT";
+    if (!strcmp(s, "interrupted"))
+        return "INTERRUPTED";
+    return s;
+}
+
+static void print_report(tk_cli *cli, const char *report, int verbose)
+{
+    json_t *r = json_loads(report, 0, NULL), *dev = json_object_get(r, "device"), *k;
+    size_t i, w = 6;
+    const char *commit = json_string_value(json_object_get(r, "commit"));
+    printf("%s %s%s%.12s on %s (cuda:%lld, %s, driver %s)\n", json_string_value(json_object_get(r, "package")),
+           json_string_value(json_object_get(r, "version")), commit ? " commit " : " (local)", commit ? commit : "",
+           json_string_value(json_object_get(dev, "name")), (long long)json_integer_value(json_object_get(dev, "ordinal")),
+           json_string_value(json_object_get(dev, "arch")), json_string_value(json_object_get(dev, "driver")));
+    json_array_foreach(json_object_get(r, "kernels"), i, k) {
+        size_t n = strlen(json_string_value(json_object_get(k, "kernel")));
+        w = n > w ? n : w;
+    }
+    json_array_foreach(json_object_get(r, "kernels"), i, k) {
+        const char *st = json_string_value(json_object_get(k, "status"));
+        int bad = strcmp(st, "passed") && strcmp(st, "untested") && strcmp(st, "skipped");
+        if (!bad && !verbose && !strcmp(st, "skipped"))
+            continue;
+        const char *sum = json_string_value(json_object_get(json_object_get(k, "detail"), "summary"));
+        printf("  %-11s %-*s  %s\n", upper_status(st), (int)w, json_string_value(json_object_get(k, "kernel")),
+               sum ? sum : "");
+    }
+    json_t *c = json_object_get(r, "counts");
+    printf("  %zu kernel%s: %lld passed", json_array_size(json_object_get(r, "kernels")),
+           json_array_size(json_object_get(r, "kernels")) == 1 ? "" : "s",
+           (long long)json_integer_value(json_object_get(c, "passed")));
+    static const char *keys[] = {"failed", "crashed", "timed_out", "untested", "skipped"};
+    for (size_t j = 0; j < 5; j++)
+        if (json_integer_value(json_object_get(c, keys[j])))
+            printf(", %lld %s", (long long)json_integer_value(json_object_get(c, keys[j])), keys[j]);
+    printf(" (%.2f s, of which loading %.2f s", json_real_value(json_object_get(r, "seconds")),
+           json_real_value(json_object_get(r, "load_seconds")));
+    if (json_integer_value(json_object_get(r, "context_resets")))
+        printf("; the context was reset %lld time%s", (long long)json_integer_value(json_object_get(r, "context_resets")),
+               json_integer_value(json_object_get(r, "context_resets")) == 1 ? "" : "s");
+    printf(")\n");
+    (void)cli;
+    json_decref(r);
+}
+
+/* "passed 30, failed 1, never tested 2" of a package standing (tk_selftest_results_json). */
+static void print_standing(const json_t *p)
+{
+    printf("  %-36s %s  passed %lld, failed %lld, untested %lld, never tested %lld\n",
+           json_string_value(json_object_get(p, "package")), json_string_value(json_object_get(p, "version")),
+           (long long)json_integer_value(json_object_get(p, "passed")),
+           (long long)json_integer_value(json_object_get(p, "failed")),
+           (long long)json_integer_value(json_object_get(p, "untested")),
+           (long long)json_integer_value(json_object_get(p, "never_tested")));
+    size_t i;
+    json_t *k;
+    json_array_foreach(json_object_get(p, "kernels"), i, k) {
+        const char *st = json_string_value(json_object_get(k, "status"));
+        if (strcmp(st, "passed") && strcmp(st, "never_tested") && strcmp(st, "untested"))
+            printf("      %-11s %s: %s\n", upper_status(st), json_string_value(json_object_get(k, "kernel")),
+                   json_string_value(json_object_get(k, "summary")) ? json_string_value(json_object_get(k, "summary")) : "");
+    }
+}
+
+static int do_results(tk_cli *cli, tk_ctx *ctx, char **refs, int nrefs, int device)
+{
+    json_t *all = json_array();
+    int code = TK_EXIT_OK;
+    for (int i = 0; i < (nrefs ? nrefs : 1); i++) {
+        char *js = NULL;
+        int rc = tk_selftest_results_json(&js, ctx, nrefs ? refs[i] : NULL, device);
+        if (rc != TK_OK) {
+            json_decref(all);
+            return tk_cli_fail(cli, rc, nrefs ? refs[i] : NULL);
+        }
+        json_t *o = json_loads(js, 0, NULL);
+        tk_free(js);
+        if (!cli->json) {
+            json_t *d = json_object_get(o, "device");
+            if (i == 0)
+                printf("self-tests on %s (cuda:%d, %s, driver %s), tk %s:\n", json_string_value(json_object_get(d, "name")),
+                       device, json_string_value(json_object_get(d, "arch")),
+                       json_string_value(json_object_get(d, "driver")), tk_version_string());
+            size_t j;
+            json_t *p;
+            json_array_foreach(json_object_get(o, "packages"), j, p) print_standing(p);
+        }
+        json_array_append_new(all, o);
+    }
+    if (cli->json) {
+        /* one object: the device and every package */
+        json_t *out = json_object(), *pk = json_array(), *o;
+        size_t i;
+        json_array_foreach(all, i, o) {
+            if (!i)
+                json_object_set(out, "device", json_object_get(o, "device"));
+            json_array_extend(pk, json_object_get(o, "packages"));
+        }
+        json_object_set_new(out, "tk_version", json_string(tk_version_string()));
+        json_object_set_new(out, "packages", pk);
+        char *s = json_dumps(out, JSON_INDENT(2));
+        printf("%s\n", s ? s : "{}");
+        free(s);
+        json_decref(out);
+    }
+    json_decref(all);
+    return code;
+}
+
+static int do_records(tk_cli *cli, tk_ctx *ctx, const char *pkg)
+{
+    char *js = NULL;
+    int rc = tk_selftest_records_json(&js, ctx, pkg);
+    if (rc != TK_OK)
+        return tk_cli_fail(cli, rc, NULL);
+    if (cli->json) {
+        printf("%s\n", js);
+        tk_free(js);
+        return TK_EXIT_OK;
+    }
+    json_t *arr = json_loads(js, 0, NULL), *r;
+    tk_free(js);
+    size_t i;
+    if (!json_array_size(arr))
+        printf("no self-test is recorded%s%s\n", pkg ? " for " : "", pkg ? pkg : "");
+    json_array_foreach(arr, i, r) {
+        char when[32];
+        time_t t = (time_t)json_integer_value(json_object_get(r, "tested"));
+        struct tm tm;
+        strftime(when, sizeof when, "%Y-%m-%d %H:%M", localtime_r(&t, &tm));
+        const char *commit = json_string_value(json_object_get(r, "commit"));
+        const char *sum = json_string_value(json_object_get(json_object_get(r, "detail"), "summary"));
+        printf("%-11s %s@%.12s:%s  %s  %s, driver %s, tk %s  binary %.12s\n%s%s%s",
+               upper_status(json_string_value(json_object_get(r, "status"))),
+               json_string_value(json_object_get(r, "package")), commit ? commit : "local",
+               json_string_value(json_object_get(r, "kernel")), when, json_string_value(json_object_get(r, "gpu_name")),
+               json_string_value(json_object_get(r, "driver")), json_string_value(json_object_get(r, "tk_version")),
+               json_string_value(json_object_get(r, "binary_key")), sum ? "            " : "", sum ? sum : "",
+               sum ? "\n" : "");
+    }
+    json_decref(arr);
+    return TK_EXIT_OK;
+}
+
+/* --plan: what a run would test for arch, with the CPU references run; no GPU. */
+static int do_plan(tk_cli *cli, tk_ctx *ctx, char **refs, int nrefs, const char *arch, const char *op, const char *kernel)
+{
+    char archbuf[32] = "sm_90";
+    int ndev = 0, code = TK_EXIT_OK, first = 1;
+    tk_pkg_list *list = NULL;
+    if (!arch) { /* the GPU's arch, else sm_90 */
+        tk_device_info di;
+        if (tk_device_count(&ndev) == TK_OK && ndev > 0 && tk_device_info_get(&di, 0) == TK_OK)
+            snprintf(archbuf, sizeof archbuf, "sm_%d%d", di.cc_major, di.cc_minor);
+        arch = archbuf;
+    }
+    if (!nrefs) {
+        int rc = tk_pkg_list_installed(&list, ctx);
+        if (rc != TK_OK)
+            return tk_cli_fail(cli, rc, NULL);
+        if (!tk_pkg_list_count(list)) {
+            tk_pkg_list_free(list);
+            return tk_cli_errorf(cli, TK_ERR_NOT_FOUND, 0, "no package is installed to plan for\nHINT: 'tk get ORG/NAME' "
+                                 "first, or name a package directory: tk selftest --plan ./DIR");
+        }
+    }
+    size_t n = nrefs ? (size_t)nrefs : tk_pkg_list_count(list);
+    if (cli->json)
+        printf("[");
+    for (size_t i = 0; i < n; i++) {
+        char ref[300], *report = NULL;
+        if (nrefs)
+            snprintf(ref, sizeof ref, "%s", refs[i]);
+        else
+            snprintf(ref, sizeof ref, "%s@%s", tk_pkg_name(tk_pkg_list_at(list, i)), tk_pkg_commit(tk_pkg_list_at(list, i)));
+        tk_selftest_opts o = TK_SELFTEST_OPTS_INIT;
+        o.plan_only = 1;
+        o.arch = arch;
+        o.op = op;
+        o.kernel = kernel;
+        int rc = tk_selftest(&report, ctx, ref, &o);
+        if (rc != TK_OK) {
+            int c = tk_cli_fail(cli, rc, ref);
+            code = code == TK_EXIT_OK ? c : code;
+            continue;
+        }
+        if (cli->json) {
+            printf("%s%s", first ? "" : ",\n", report);
+            first = 0;
+        } else {
+            json_t *r = json_loads(report, 0, NULL), *k;
+            size_t j, w = 6;
+            json_array_foreach(json_object_get(r, "kernels"), j, k) {
+                size_t l = strlen(json_string_value(json_object_get(k, "kernel")));
+                w = l > w ? l : w;
+            }
+            printf("%s %s for %s:\n", json_string_value(json_object_get(r, "package")),
+                   json_string_value(json_object_get(r, "version")), arch);
+            json_array_foreach(json_object_get(r, "kernels"), j, k) {
+                const char *st = json_string_value(json_object_get(k, "status"));
+                if (!strcmp(st, "skipped") && !cli->verbose)
+                    continue;
+                printf("  %-9s %-*s  %s\n", st, (int)w, json_string_value(json_object_get(k, "kernel")),
+                       json_string_value(json_object_get(json_object_get(k, "detail"), "summary")));
+                json_t *labels = json_object_get(json_object_get(k, "detail"), "case_labels"), *lb;
+                size_t q;
+                if (cli->verbose)
+                    json_array_foreach(labels, q, lb) printf("              %s\n", json_string_value(lb));
+            }
+            json_t *c = json_object_get(r, "counts");
+            printf("  %lld planned, %lld untested, %lld skipped (not for %s); CPU references %.3f s\n",
+                   (long long)json_integer_value(json_object_get(c, "planned")),
+                   (long long)json_integer_value(json_object_get(c, "untested")),
+                   (long long)json_integer_value(json_object_get(c, "skipped")), arch,
+                   json_real_value(json_object_get(r, "cpu_seconds")));
+            json_decref(r);
+        }
+        tk_free(report);
+    }
+    if (cli->json)
+        printf("]\n");
+    tk_pkg_list_free(list);
+    return code;
+}
+
+int tk_cmd_selftest(tk_cli *cli, int argc, char **argv)
+{
+    const char *op = NULL, *kernel = NULL, *device_s = NULL, *arch = NULL;
+    double timeout = 0;
+    int results = 0, records = 0, forget = 0, device = 0, nrefs = 0, plan = 0;
+    char **refs = calloc((size_t)argc + 1, sizeof *refs);
+    if (!refs)
+        return TK_EXIT_FAIL;
+    for (int i = 1; i < argc; i++) {
+        const char *a = argv[i];
+        const char *val = NULL;
+        if (tk_cli_is_help(a)) {
+            fputs(HELP, stdout);
+            free(refs);
+            return TK_EXIT_OK;
+        }
+        if (!strcmp(a, "--op") || !strcmp(a, "--kernel") || !strcmp(a, "--device") || !strcmp(a, "--timeout") ||
+            !strcmp(a, "--arch")) {
+            if (++i >= argc) {
+                free(refs);
+                return tk_cli_usage(USAGE, "%s needs a value", a);
+            }
+            val = argv[i];
+        }
+        if (!strcmp(a, "--op")) {
+            op = val;
+        } else if (!strcmp(a, "--kernel")) {
+            kernel = val;
+        } else if (!strcmp(a, "--device")) {
+            device_s = val;
+            if (tk_cli_parse_device(val, &device) || device < 0) {
+                free(refs);
+                return tk_cli_usage(USAGE, "--device wants cuda or cuda:N (a self-test runs on a GPU), got '%s'", val);
+            }
+        } else if (!strcmp(a, "--timeout")) {
+            char *end;
+            timeout = strtod(val, &end);
+            if (*end || end == val || !(timeout > 0) || timeout > 3600) {
+                free(refs);
+                return tk_cli_usage(USAGE, "--timeout wants seconds from 0 to 3600, got '%s'", val);
+            }
+        } else if (!strcmp(a, "--arch")) {
+            arch = val;
+        } else if (!strcmp(a, "--plan")) {
+            plan = 1;
+        } else if (!strcmp(a, "--results")) {
+            results = 1;
+        } else if (!strcmp(a, "--records")) {
+            records = 1;
+        } else if (!strcmp(a, "--forget")) {
+            forget = 1;
+        } else if (!strcmp(a, "--json")) {
+            cli->json = 1;
+        } else if (a[0] == '-' && a[1]) {
+            free(refs);
+            return tk_cli_usage(USAGE, "unknown option '%s'", a);
+        } else {
+            refs[nrefs++] = argv[i];
+        }
+    }
+    if (results + records + forget + plan > 1) {
+        free(refs);
+        return tk_cli_usage(USAGE, "--plan, --results, --records and --forget go alone");
+    }
+    if (arch && !plan) {
+        free(refs);
+        return tk_cli_usage(USAGE, "--arch goes with --plan (a run tests the GPU's own arch)");
+    }
+    if (plan && (device_s || timeout > 0)) {
+        free(refs);
+        return tk_cli_usage(USAGE, "--device and --timeout go with a run, not with --plan");
+    }
+    if ((results || records || forget) && (op || kernel || timeout > 0)) {
+        free(refs);
+        return tk_cli_usage(USAGE, "--op, --kernel and --timeout go with a run, not with --results, --records or --forget");
+    }
+    if (records && nrefs > 1) {
+        free(refs);
+        return tk_cli_usage(USAGE, "--records takes one ORG/NAME at most");
+    }
+    if ((records || forget) && device_s) {
+        free(refs);
+        return tk_cli_usage(USAGE, "--device goes with a run or --results");
+    }
+    tk_ctx *ctx = tk_cli_ctx(cli);
+    if (!ctx) {
+        free(refs);
+        return TK_EXIT_FAIL;
+    }
+    int code = TK_EXIT_OK, rc;
+    if (records) {
+        code = do_records(cli, ctx, nrefs ? refs[0] : NULL);
+        free(refs);
+        return code;
+    }
+    if (forget) {
+        int64_t total = 0;
+        for (int i = 0; i < (nrefs ? nrefs : 1); i++) {
+            int64_t n = 0;
+            if ((rc = tk_selftest_forget(ctx, nrefs ? refs[i] : NULL, &n)) != TK_OK) {
+                code = tk_cli_fail(cli, rc, nrefs ? refs[i] : NULL);
+                free(refs);
+                return code;
+            }
+            total += n;
+        }
+        if (cli->json)
+            printf("{\"forgotten\": %lld}\n", (long long)total);
+        else
+            printf("forgot %lld self-test record%s\n", (long long)total, total == 1 ? "" : "s");
+        free(refs);
+        return TK_EXIT_OK;
+    }
+    if (plan) {
+        code = do_plan(cli, ctx, refs, nrefs, arch, op, kernel);
+        free(refs);
+        return code;
+    }
+    /* a run (or --results) needs the GPU: say so before anything else */
+    int ndev = 0;
+    if ((rc = tk_device_count(&ndev)) != TK_OK || ndev == 0) {
+        char why[512];
+        snprintf(why, sizeof why, "%s", rc == TK_OK ? "the CUDA driver loaded but reports no GPU" : tk_last_error());
+        why[strcspn(why, "\n")] = '\0';
+        code = tk_cli_errorf(cli, TK_ERR_NO_DEVICE, 0,
+                             "a self-test needs the GPU it proves kernels for: %s\nHINT: run it on the machine with the "
+                             "GPU (check 'nvidia-smi' and CUDA_VISIBLE_DEVICES; 'tk doctor' shows this one); without a "
+                             "GPU, 'tk build ORG/NAME --arch sm_90' still compiles ahead of time", why);
+        free(refs);
+        return code;
+    }
+    if (device >= ndev) {
+        code = tk_cli_errorf(cli, TK_ERR_NO_DEVICE, 0, "no CUDA device %d (this machine has %d)\nHINT: --device cuda:0 .. "
+                             "cuda:%d", device, ndev, ndev - 1);
+        free(refs);
+        return code;
+    }
+    if (results) {
+        code = do_results(cli, ctx, refs, nrefs, device);
+        free(refs);
+        return code;
+    }
+    /* no package named: every installed one */
+    tk_pkg_list *list = NULL;
+    char **names = NULL;
+    if (!nrefs) {
+        if ((rc = tk_pkg_list_installed(&list, ctx)) != TK_OK) {
+            free(refs);
+            return tk_cli_fail(cli, rc, NULL);
+        }
+        size_t n = tk_pkg_list_count(list);
+        if (!n) {
+            code = tk_cli_errorf(cli, TK_ERR_NOT_FOUND, 0, "no package is installed to self-test\nHINT: 'tk get ORG/NAME' "
+                                 "first, or name a package directory: tk selftest ./DIR");
+            tk_pkg_list_free(list);
+            free(refs);
+            return code;
+        }
+        names = calloc(n, sizeof *names);
+        for (size_t i = 0; names && i < n; i++) {
+            const tk_pkg *p = tk_pkg_list_at(list, i);
+            size_t len = strlen(tk_pkg_name(p)) + 48;
+            if ((names[i] = malloc(len)))
+                snprintf(names[i], len, "%s@%s", tk_pkg_name(p), tk_pkg_commit(p));
+            refs[nrefs++] = names[i];
+        }
+        tk_pkg_list_free(list);
+    }
+    /* the watchdog: the limit of every case of one kernel, and a margin for the context teardown */
+    tk_cli_progress_hook = on_progress;
+    watchdog_json = cli->json;
+    watchdog_limit = 2.0 * (timeout > 0 ? timeout : 5.0) + 60.0;
+    pthread_t wd;
+    if (pthread_create(&wd, NULL, watchdog, NULL) == 0)
+        pthread_detach(wd);
+
+    tk_selftest_opts o = TK_SELFTEST_OPTS_INIT;
+    o.device = device;
+    o.op = op;
+    o.kernel = kernel;
+    o.launch_timeout_s = timeout;
+    int failed = 0, first = 1;
+    if (cli->json)
+        printf("[");
+    for (int i = 0; i < nrefs; i++) {
+        char *report = NULL;
+        if (!refs[i])
+            continue;
+        rc = tk_selftest(&report, ctx, refs[i], &o);
+        atomic_store(&last_progress, 0.0);
+        if (!report) {
+            /* no report: the package could not be loaded (not found, compile error, no device) */
+            if (cli->json) {
+                printf("%s{\"ref\": ", first ? "" : ",\n");
+                tk_cli_json_str(stdout, refs[i]);
+                printf(", \"error\": ");
+                tk_cli_json_error_body(rc, tk_last_error());
+                printf("}");
+                first = 0;
+                code = code == TK_EXIT_OK ? tk_cli_exit_code(rc) : code;
+            } else {
+                int c = tk_cli_fail(cli, rc, refs[i]);
+                code = code == TK_EXIT_OK ? c : code;
+            }
+            continue;
+        }
+        failed += rc == TK_ERR_SELFTEST;
+        if (cli->json) {
+            printf("%s%s", first ? "" : ",\n", report);
+            first = 0;
+        } else {
+            print_report(cli, report, cli->verbose);
+        }
+        tk_free(report);
+    }
+    if (cli->json)
+        printf("]\n");
+    else if (failed)
+        fprintf(stderr, "tk: %d package%s with kernels that failed on this GPU: tk_op_run will not use those kernels\n"
+                        "HINT: 'tk selftest --results' shows the standing; after an update, run 'tk selftest' again\n",
+                failed, failed == 1 ? "" : "s");
+    tk_cli_progress_hook = NULL;
+    for (int i = 0; names && i < nrefs; i++)
+        free(names[i]);
+    free(names);
+    free(refs);
+    if (failed && code == TK_EXIT_OK)
+        code = TK_EXIT_SELFTEST;
+    return code;
+}

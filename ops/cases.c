@@ -1,0 +1,1212 @@
+/*
+ * cases.c — the self-test's cases for every standard op (ops/selftest.h): small shapes with the
+ * edges kernels get wrong first (one row, a row length that is no multiple of a block or a vector, the
+ * largest head size a kernel declares), each option a kernel may take (causal, windows, softcap,
+ * ALiBi, varlen, GQA, label smoothing, per-row sampling parameters ...), in every dtype the kernel
+ * takes, with the tolerances and the comparison.
+ *
+ * A case is host tensors and scalars; inputs are random from a seed fixed by the op, the case index
+ * and the dtypes (so a run is reproducible and a CPU reference can be shared by the kernels of one
+ * package that see the same case). Outputs start as 0xff bytes on both sides (NaN in every float
+ * dtype, -1 in integers): an element a kernel never writes cannot pass. In-place and accumulated
+ * tensors start from random values. Shapes stay small: the whole self-test of a package is meant to
+ * cost about a second on a GPU, most of it the CPU references (attention at head size 512 is the
+ * largest: 17 x 33 x 4 x 512).
+ *
+ * What a kernel takes decides the cases: its dtypes fix each tensor's dtype, its constraints pin
+ * bounded dimensions ("q.shape[3]": 64 .. 64 for a d64 kernel), and a case that needs a parameter
+ * the kernel lacks is TK_ERR_UNSUPPORTED (skipped for that kernel).
+ */
+#include <math.h>
+#include <stdarg.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "ops/selftest.h"
+
+static const tk_dtype DT_F32 = {TK_DL_FLOAT, 32, 1}, DT_I32 = {TK_DL_INT, 32, 1}, DT_I64 = {TK_DL_INT, 64, 1},
+                      DT_I8 = {TK_DL_INT, 8, 1};
+
+/* ---- randomness --------------------------------------------------------------------------------- */
+
+static uint64_t next_u64(tk_ops_case *c)
+{
+    uint64_t z = (c->rng += 0x9e3779b97f4a7c15ull);
+    z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ull;
+    z = (z ^ (z >> 27)) * 0x94d049bb133111ebull;
+    return z ^ (z >> 31);
+}
+
+static double unif(tk_ops_case *c, double lo, double hi)
+{
+    return lo + (hi - lo) * ((double)(next_u64(c) >> 11) * 0x1.0p-53);
+}
+
+/* An integer in [lo, hi]. */
+static int64_t irand(tk_ops_case *c, int64_t lo, int64_t hi)
+{
+    return lo + (int64_t)(next_u64(c) % (uint64_t)(hi - lo + 1));
+}
+
+/* ---- what the kernel takes ------------------------------------------------------------------------ */
+
+static const tk_ops_case_param *kparam(const tk_ops_case_spec *s, const char *name)
+{
+    for (size_t i = 0; s->params && i < s->nparams; i++)
+        if (!strcmp(s->params[i].name, name))
+            return &s->params[i];
+    return NULL;
+}
+
+static int takes(const tk_ops_case_spec *s, const char *name) { return !s->params || kparam(s, name) != NULL; }
+
+/* The dtype the kernel gives tensor `name`, else dflt. */
+static tk_dtype dt_of(const tk_ops_case_spec *s, const char *name, tk_dtype dflt)
+{
+    const tk_ops_case_param *p = kparam(s, name);
+    return p && p->has_dtype ? p->dtype : dflt;
+}
+
+/* want, moved into the bounds the kernel's constraints put on dimension dim of tensor `name` (of
+ * rank `rank`; a pin's dim may count from either end). */
+static int64_t pin(const tk_ops_case_spec *s, const char *name, int dim, int rank, int64_t want)
+{
+    for (size_t i = 0; s->pins && i < s->npins; i++) {
+        const tk_ops_case_pin *p = &s->pins[i];
+        if (strcmp(p->param, name) != 0 || (p->dim != dim && p->dim != dim - rank && p->dim + rank != dim))
+            continue;
+        if (want < p->lo)
+            want = p->lo;
+        if (p->hi >= 0 && want > p->hi)
+            want = p->hi;
+    }
+    return want;
+}
+
+/* The largest value the kernel declares for that dimension (at most cap: a bound meant as "no
+ * limit" stays a small case), else dflt. */
+static int64_t pin_max(const tk_ops_case_spec *s, const char *name, int dim, int rank, int64_t dflt, int64_t cap)
+{
+    int64_t best = -1;
+    for (size_t i = 0; s->pins && i < s->npins; i++) {
+        const tk_ops_case_pin *p = &s->pins[i];
+        if (!strcmp(p->param, name) && (p->dim == dim || p->dim == dim - rank || p->dim + rank == dim) && p->hi >= 0)
+            best = best < 0 || p->hi < best ? p->hi : best;
+    }
+    return best >= 0 ? (best < cap ? best : cap) : dflt;
+}
+
+/* ---- building a case ------------------------------------------------------------------------------ */
+
+size_t tk_ops__case_bytes(const tk_ops_case_tensor *t)
+{
+    return (size_t)tk_ops__numel(&t->t) * tk_ops__dtype_size(t->t.dtype);
+}
+
+/* Adds tensor `name`: zeros, or 0xff bytes for an output. NULL when out of room or memory (the case
+ * is then failed with TK_ERR_NOMEM by the caller's check of c->nt). */
+static tk_ops_case_tensor *add_t(tk_ops_case *c, const char *name, tk_dtype dt, int role, int ndim, const int64_t *shape)
+{
+    if (c->nt >= TK_OPS_CASE_MAX || ndim > TK_OPS_MAX_RANK)
+        return NULL;
+    tk_ops_case_tensor *t = &c->t[c->nt];
+    memset(t, 0, sizeof *t);
+    t->name = name;
+    t->role = role;
+    t->exact = dt.code == TK_DL_INT || dt.code == TK_DL_UINT;
+    if (ndim > 0)
+        memcpy(t->shape, shape, (size_t)ndim * sizeof *shape);
+    t->t.ndim = ndim;
+    t->t.shape = t->shape;
+    t->t.dtype = dt;
+    t->t.device.device_type = TK_DEV_CPU;
+    size_t bytes = tk_ops__case_bytes(t);
+    if (!(t->t.data = malloc(bytes ? bytes : 1)))
+        return NULL;
+    memset(t->t.data, role == TK_CASE_OUT ? 0xff : 0, bytes);
+    c->nt++;
+    return t;
+}
+
+#define SH(...) (int)(sizeof((int64_t[]){__VA_ARGS__}) / sizeof(int64_t)), (const int64_t[]){__VA_ARGS__}
+#define T(c, name, dt, role, ...) add_t(c, name, dt, role, SH(__VA_ARGS__))
+
+static void set_f(tk_ops_case_tensor *t, int64_t i, double v)
+{
+    float f = (float)v;
+    if (t->t.dtype.code == TK_DL_INT && t->t.dtype.bits == 32)
+        ((int32_t *)t->t.data)[i] = (int32_t)v;
+    else if (t->t.dtype.code == TK_DL_INT && t->t.dtype.bits == 64)
+        ((int64_t *)t->t.data)[i] = (int64_t)v;
+    else
+        tk_ops__store_f32(t->t.data, i, 1, &f, 1, t->t.dtype);
+}
+
+static double get_f(const tk_ops_case_tensor *t, int64_t i)
+{
+    if (t->t.dtype.code == TK_DL_INT && t->t.dtype.bits == 32)
+        return ((const int32_t *)t->t.data)[i];
+    if (t->t.dtype.code == TK_DL_INT && t->t.dtype.bits == 64)
+        return (double)((const int64_t *)t->t.data)[i];
+    if (t->t.dtype.code == TK_DL_FLOAT && t->t.dtype.bits == 64)
+        return ((const double *)t->t.data)[i];
+    float f;
+    tk_ops__load_f32(&f, t->t.data, i, 1, 1, t->t.dtype);
+    return f;
+}
+
+/* Uniform values in [lo, hi], stored in the tensor's dtype (8-bit codes saturate): one conversion for
+ * the whole tensor (the cases' largest fills are KV caches). */
+static void fill(tk_ops_case *c, tk_ops_case_tensor *t, double lo, double hi)
+{
+    int64_t n = t ? tk_ops__numel(&t->t) : 0;
+    int is_int = t && (t->t.dtype.code == TK_DL_INT || t->t.dtype.code == TK_DL_UINT) && t->t.dtype.bits > 8;
+    float *v = n && !is_int ? malloc((size_t)n * sizeof *v) : NULL;
+    if (!v) { /* integers (or no memory for the batch): one at a time */
+        for (int64_t i = 0; i < n; i++)
+            set_f(t, i, unif(c, lo, hi));
+        return;
+    }
+    for (int64_t i = 0; i < n; i++)
+        v[i] = (float)unif(c, lo, hi);
+    tk_ops__store_f32(t->t.data, 0, 1, v, n, t->t.dtype);
+    free(v);
+}
+
+/* Random integers in [lo, hi]. */
+static void fill_int(tk_ops_case *c, tk_ops_case_tensor *t, int64_t lo, int64_t hi)
+{
+    for (int64_t i = 0, n = t ? tk_ops__numel(&t->t) : 0; i < n; i++)
+        set_f(t, i, (double)irand(c, lo, hi));
+}
+
+/* Codes of an 8-bit table (i8, fp8): random bytes over the whole range they hold, never a NaN or inf
+ * code (e4m3fn: S.1111.111; e5m2: S.11111.xx) nor i8's -128 (outside symmetric quantisation). */
+static void fill_codes(tk_ops_case *c, tk_ops_case_tensor *t)
+{
+    uint8_t *b = t ? t->t.data : NULL;
+    for (int64_t i = 0, n = t ? tk_ops__numel(&t->t) : 0; i < n; i++) {
+        uint8_t x;
+        do
+            x = (uint8_t)(next_u64(c) >> 56);
+        while (t->t.dtype.code == TK_DL_FLOAT8_E4M3FN ? (x & 0x7f) == 0x7f
+               : t->t.dtype.code == TK_DL_FLOAT8_E5M2 ? (x & 0x7c) == 0x7c
+                                                      : x == 0x80);
+        b[i] = x;
+    }
+}
+
+static void sc_add(tk_ops_case *c, const char *name, int kind, int64_t i, double f)
+{
+    if (c->ns >= TK_OPS_CASE_MAX)
+        return;
+    c->s[c->ns].name = name;
+    c->s[c->ns].kind = kind;
+    c->s[c->ns].i = i;
+    c->s[c->ns].f = f;
+    c->ns++;
+}
+
+/* A scalar option: given when the kernel takes it; a value other than the op's default that the
+ * kernel cannot take makes the case not apply (*na). */
+static void opt_i(tk_ops_case *c, const tk_ops_case_spec *s, const char *name, int64_t v, int *na)
+{
+    int idx = tk_ops__param_index(c->op, name);
+    if (takes(s, name))
+        sc_add(c, name, TK_ARG_I64, v, 0);
+    else if (idx < 0 || v != (int64_t)c->op->params[idx].def)
+        *na = 1;
+}
+
+static void opt_f(tk_ops_case *c, const tk_ops_case_spec *s, const char *name, double v, int *na)
+{
+    int idx = tk_ops__param_index(c->op, name);
+    if (takes(s, name))
+        sc_add(c, name, TK_ARG_F64, 0, v);
+    else if (idx < 0 || v != c->op->params[idx].def)
+        *na = 1;
+}
+
+/* An optional tensor the case wants: added when the kernel takes it, else NULL (and, when `needed`,
+ * the case does not apply). */
+static tk_ops_case_tensor *opt_t(tk_ops_case *c, const tk_ops_case_spec *s, int needed, int *na, const char *name,
+                                 tk_dtype dt, int role, int ndim, const int64_t *shape)
+{
+    if (!takes(s, name)) {
+        *na |= needed;
+        return NULL;
+    }
+    return add_t(c, name, dt, role, ndim, shape);
+}
+#define OPT(c, s, needed, na, name, dt, role, ...) opt_t(c, s, needed, na, name, dt, role, SH(__VA_ARGS__))
+
+static void label(tk_ops_case *c, const char *fmt, ...) TK_PRINTF(2, 3);
+static void label(tk_ops_case *c, const char *fmt, ...)
+{
+    va_list ap;
+    va_start(ap, fmt);
+    vsnprintf(c->label, sizeof c->label, fmt, ap);
+    va_end(ap);
+}
+
+/* The dtype of float tensor `name` in a case: the kernel's, else the spec's primary dtype when the
+ * op allows it there, else the first float dtype it allows (f32 first). */
+static tk_dtype fdt_op(const tk_op_desc *op, const tk_ops_case_spec *s, const char *name)
+{
+    const tk_ops_case_param *kp = kparam(s, name);
+    if (kp && kp->has_dtype)
+        return kp->dtype;
+    int idx = tk_ops__param_index(op, name);
+    while (idx >= 0 && op->params[idx].dtype_like >= 0)
+        idx = op->params[idx].dtype_like;
+    unsigned allowed = idx >= 0 ? op->params[idx].dtypes : TK_OPS_FLOATS;
+    if (tk_ops__dtype_bit(s->dtype) & allowed & TK_OPS_FLOATS)
+        return s->dtype;
+    static const tk_dtype order[] = {{TK_DL_FLOAT, 32, 1}, {TK_DL_BFLOAT, 16, 1}, {TK_DL_FLOAT, 16, 1}};
+    for (size_t i = 0; i < 3; i++)
+        if (tk_ops__dtype_bit(order[i]) & allowed)
+            return order[i];
+    return DT_F32;
+}
+#define fdt(s, name) fdt_op(c->op, s, name)
+
+static int is_8bit(tk_dtype d) { return d.bits == 8; }
+
+/* How many cases a generator's (variants x sizes) table spans: index -> (variant v, size z). */
+static int split(size_t index, size_t nvar, size_t nsize, size_t *v, size_t *z)
+{
+    if (index >= nvar * nsize)
+        return 0;
+    *v = index / nsize;
+    *z = index % nsize;
+    return 1;
+}
+
+#define END TK_ERR_NOT_FOUND
+#define NA TK_ERR_UNSUPPORTED
+
+/* ---- activations, pointwise layers ------------------------------------------------------------- */
+
+static const int64_t ROWS_D[][2] = {{1, 1}, {3, 7}, {2, 1000}, {1, 4099}};
+#define NROWS_D (sizeof ROWS_D / sizeof ROWS_D[0])
+
+/* silu_and_mul & co.: out [rows, d], input [rows, 2d]; fatrelu also with a threshold. */
+static int gen_gated(tk_ops_case *c, size_t index, const tk_ops_case_spec *s)
+{
+    size_t v, z;
+    int na = 0, fat = !strcmp(c->op->name, "fatrelu_and_mul");
+    if (!split(index, fat ? 2 : 1, NROWS_D, &v, &z))
+        return END;
+    int64_t r = ROWS_D[z][0], d = ROWS_D[z][1];
+    tk_dtype dt = fdt(s, "input");
+    T(c, "out", dt, TK_CASE_OUT, r, d);
+    fill(c, T(c, "input", dt, TK_CASE_IN, r, 2 * d), -6, 6);
+    if (v == 1)
+        opt_f(c, s, "threshold", 0.5, &na);
+    label(c, "%s %s [%lld, %lld]%s", c->op->name, tk_ops__dtype_str(dt), (long long)r, (long long)(2 * d),
+          v ? " threshold 0.5" : "");
+    return na ? NA : TK_OK;
+}
+
+/* gelu, silu, tanh & co.: out and input of one shape. */
+static int gen_pointwise(tk_ops_case *c, size_t index, const tk_ops_case_spec *s)
+{
+    if (index >= NROWS_D)
+        return END;
+    int64_t r = ROWS_D[index][0], d = ROWS_D[index][1];
+    tk_dtype dt = fdt(s, "input");
+    T(c, "out", dt, TK_CASE_OUT, r, d);
+    fill(c, T(c, "input", dt, TK_CASE_IN, r, d), -6, 6);
+    label(c, "%s %s [%lld, %lld]", c->op->name, tk_ops__dtype_str(dt), (long long)r, (long long)d);
+    return TK_OK;
+}
+
+static int gen_add(tk_ops_case *c, size_t index, const tk_ops_case_spec *s)
+{
+    if (index >= NROWS_D)
+        return END;
+    int64_t r = ROWS_D[index][0], d = ROWS_D[index][1];
+    tk_dtype dt = fdt(s, "a");
+    T(c, "out", dt, TK_CASE_OUT, r, d);
+    fill(c, T(c, "a", dt, TK_CASE_IN, r, d), -4, 4);
+    fill(c, T(c, "b", dt, TK_CASE_IN, r, d), -4, 4);
+    label(c, "add %s [%lld, %lld]", tk_ops__dtype_str(dt), (long long)r, (long long)d);
+    return TK_OK;
+}
+
+/* ---- norms ----------------------------------------------------------------------------------------- */
+
+static const int64_t NORM_RD[][2] = {{1, 8}, {3, 7}, {4, 1000}, {2, 4096}};
+#define NNORM (sizeof NORM_RD / sizeof NORM_RD[0])
+
+/* rms_norm, layer_norm and their fused_add_ forms; with a bias where the op has one. */
+static int gen_norm(tk_ops_case *c, size_t index, const tk_ops_case_spec *s)
+{
+    const char *n = c->op->name;
+    int fused = !strncmp(n, "fused_add_", 10), ln = strstr(n, "layer_norm") != NULL, na = 0;
+    size_t v, z;
+    if (!split(index, ln ? 2 : 1, NNORM, &v, &z))
+        return END;
+    int64_t r = NORM_RD[z][0], d = NORM_RD[z][1];
+    tk_dtype dt = fdt(s, "input");
+    if (!fused)
+        T(c, "out", dt, TK_CASE_OUT, r, d);
+    fill(c, T(c, "input", dt, fused ? TK_CASE_INOUT : TK_CASE_IN, r, d), -3, 3);
+    if (fused)
+        fill(c, T(c, "residual", dt, TK_CASE_INOUT, r, d), -3, 3);
+    fill(c, T(c, "weight", dt, TK_CASE_IN, d), 0.5, 1.5);
+    if (v == 1)
+        fill(c, OPT(c, s, 1, &na, "bias", dt, TK_CASE_IN, d), -1, 1);
+    c->tol_factor = 2;
+    label(c, "%s %s [%lld, %lld]%s", n, tk_ops__dtype_str(dt), (long long)r, (long long)d, v ? " bias" : "");
+    return na ? NA : TK_OK;
+}
+
+/* The backward of the four norms: grad_input and grad_weight (and grad_bias) from random grads. */
+static int gen_norm_backward(tk_ops_case *c, size_t index, const tk_ops_case_spec *s)
+{
+    const char *n = c->op->name;
+    int fused = !strncmp(n, "fused_add_", 10), ln = strstr(n, "layer_norm") != NULL, na = 0;
+    size_t v, z;
+    if (!split(index, ln ? 2 : 1, NNORM, &v, &z))
+        return END;
+    int64_t r = NORM_RD[z][0], d = NORM_RD[z][1];
+    tk_dtype dt = fdt(s, "grad_out");
+    T(c, "grad_input", dt, TK_CASE_OUT, r, d);
+    T(c, "grad_weight", dt, TK_CASE_OUT, d);
+    if (v == 1)
+        OPT(c, s, 1, &na, "grad_bias", dt, TK_CASE_OUT, d);
+    fill(c, T(c, "grad_out", dt, TK_CASE_IN, r, d), -1, 1);
+    if (fused) {
+        fill(c, T(c, "grad_residual", dt, TK_CASE_IN, r, d), -1, 1);
+        fill(c, T(c, "residual", dt, TK_CASE_IN, r, d), -3, 3);
+    } else {
+        fill(c, T(c, "input", dt, TK_CASE_IN, r, d), -3, 3);
+    }
+    fill(c, T(c, "weight", dt, TK_CASE_IN, d), 0.5, 1.5);
+    c->tol_factor = 4; /* grad_weight sums over rows */
+    label(c, "%s %s [%lld, %lld]%s", n, tk_ops__dtype_str(dt), (long long)r, (long long)d, v ? " grad_bias" : "");
+    return na ? NA : TK_OK;
+}
+
+/* ---- rotary and positions ------------------------------------------------------------------------- */
+
+/* rotary_embedding: query [T, Hq, hs], key [T, Hkv, hs] in place; full and partial rotary, NeoX and
+ * GPT-J pairing. */
+static int gen_rotary(tk_ops_case *c, size_t index, const tk_ops_case_spec *s)
+{
+    static const int64_t sz[][4] = {{1, 1, 1, 64}, {5, 4, 2, 128}, {3, 2, 1, 256}}; /* T, Hq, Hkv, hs */
+    size_t v, z;
+    int na = 0;
+    if (!split(index, 3, 3, &v, &z))
+        return END;
+    int64_t t = sz[z][0], hq = sz[z][1], hkv = sz[z][2], hs = sz[z][3], maxpos = 40;
+    int64_t rot = v == 2 ? hs / 2 : hs, neox = v != 1;
+    tk_dtype dt = fdt(s, "query"), cdt = dt_of(s, "cos_sin_cache", dt);
+    fill(c, T(c, "query", dt, TK_CASE_INOUT, t, hq, hs), -2, 2);
+    fill(c, T(c, "key", dt, TK_CASE_INOUT, t, hkv, hs), -2, 2);
+    fill_int(c, T(c, "positions", DT_I64, TK_CASE_IN, t), 0, maxpos - 1);
+    fill(c, T(c, "cos_sin_cache", cdt, TK_CASE_IN, maxpos, rot), -1, 1);
+    opt_i(c, s, "is_neox", neox, &na);
+    label(c, "rotary_embedding %s (cache %s) T %lld Hq %lld Hkv %lld head_size %lld rot_dim %lld%s",
+          tk_ops__dtype_str(dt), tk_ops__dtype_str(cdt), (long long)t, (long long)hq, (long long)hkv, (long long)hs,
+          (long long)rot, neox ? "" : " gpt-j");
+    return na ? NA : TK_OK;
+}
+
+/* rope_cos_sin_cache with each of HF's scalings. */
+static int gen_rope_cache(tk_ops_case *c, size_t index, const tk_ops_case_spec *s)
+{
+    static const int64_t sz[][2] = {{1, 8}, {37, 64}, {64, 128}};
+    size_t v, z;
+    int na = 0;
+    if (!split(index, 5, 3, &v, &z))
+        return END;
+    int64_t rows = sz[z][0], rot = pin(s, "out", 1, 2, sz[z][1]);
+    tk_dtype dt = fdt(s, "out");
+    T(c, "out", dt, TK_CASE_OUT, rows, rot);
+    opt_f(c, s, "base", 10000, &na);
+    opt_i(c, s, "scaling", (int64_t)v, &na);
+    static const char *names[] = {"none", "linear", "dynamic", "yarn", "llama3"};
+    if (v == 1)
+        opt_f(c, s, "factor", 2, &na);
+    if (v == 2) {
+        opt_f(c, s, "factor", 2, &na);
+        opt_i(c, s, "original_max_position_embeddings", 16, &na);
+        opt_i(c, s, "seq_len", 48, &na);
+    }
+    if (v == 3) {
+        opt_f(c, s, "factor", 4, &na);
+        opt_i(c, s, "original_max_position_embeddings", 32, &na);
+    }
+    if (v == 4) {
+        opt_f(c, s, "factor", 8, &na);
+        opt_i(c, s, "original_max_position_embeddings", 32, &na);
+    }
+    c->tol_factor = 4; /* cos/sin of large angles: fp32 argument rounding */
+    label(c, "rope_cos_sin_cache %s [%lld, %lld] %s", tk_ops__dtype_str(dt), (long long)rows, (long long)rot, names[v]);
+    return na ? NA : TK_OK;
+}
+
+static int gen_alibi_slopes(tk_ops_case *c, size_t index, const tk_ops_case_spec *s)
+{
+    static const int64_t hs[] = {1, 8, 12};
+    int na = 0;
+    if (index >= 3)
+        return END;
+    T(c, "out", DT_F32, TK_CASE_OUT, hs[index]);
+    opt_f(c, s, "max_bias", 8, &na);
+    label(c, "alibi_slopes H %lld", (long long)hs[index]);
+    return na ? NA : TK_OK;
+}
+
+static int gen_alibi_bias(tk_ops_case *c, size_t index, const tk_ops_case_spec *s)
+{
+    static const int64_t sz[][3] = {{1, 1, 1}, {2, 3, 5}, {3, 17, 33}};
+    if (index >= 3)
+        return END;
+    const int64_t *z = sz[index];
+    tk_dtype dt = fdt(s, "out");
+    T(c, "out", dt, TK_CASE_OUT, z[0], z[1], z[2]);
+    fill(c, T(c, "slopes", DT_F32, TK_CASE_IN, z[0]), 0.01, 1);
+    label(c, "alibi_bias %s [%lld, %lld, %lld]", tk_ops__dtype_str(dt), (long long)z[0], (long long)z[1], (long long)z[2]);
+    return TK_OK;
+}
+
+static int gen_sinusoidal(tk_ops_case *c, size_t index, const tk_ops_case_spec *s)
+{
+    static const int64_t sz[][2] = {{1, 8}, {17, 64}, {5, 130}};
+    size_t v, z;
+    int na = 0;
+    if (!split(index, 2, 3, &v, &z))
+        return END;
+    tk_dtype dt = fdt(s, "out");
+    T(c, "out", dt, TK_CASE_OUT, sz[z][0], sz[z][1]);
+    if (v)
+        opt_i(c, s, "offset", 7, &na);
+    c->tol_factor = 4;
+    label(c, "sinusoidal_position_encoding %s [%lld, %lld]%s", tk_ops__dtype_str(dt), (long long)sz[z][0],
+          (long long)sz[z][1], v ? " offset 7" : "");
+    return na ? NA : TK_OK;
+}
+
+/* ---- softmax --------------------------------------------------------------------------------------- */
+
+static int gen_softmax(tk_ops_case *c, size_t index, const tk_ops_case_spec *s)
+{
+    static const int64_t sz[][2] = {{1, 1}, {3, 7}, {2, 1000}, {2, 5000}};
+    if (index >= 4)
+        return END;
+    int64_t r = sz[index][0], d = pin(s, "input", 1, 2, sz[index][1]);
+    tk_dtype dt = fdt(s, "input");
+    T(c, "out", dt, TK_CASE_OUT, r, d);
+    fill(c, T(c, "input", dt, TK_CASE_IN, r, d), -8, 8);
+    label(c, "%s %s [%lld, %lld]", c->op->name, tk_ops__dtype_str(dt), (long long)r, (long long)d);
+    return TK_OK;
+}
+
+/* ---- losses ---------------------------------------------------------------------------------------- */
+
+/* The loss tensor for a reduction: [N] (none) or [] (mean, sum). */
+static tk_ops_case_tensor *loss_t(tk_ops_case *c, int64_t red, int64_t n)
+{
+    return red == 0 ? T(c, "loss", DT_F32, TK_CASE_OUT, n) : add_t(c, "loss", DT_F32, TK_CASE_OUT, 0, NULL);
+}
+
+static const char *red_name(int64_t red) { return red == 0 ? "none" : red == 1 ? "mean" : "sum"; }
+
+/* cross_entropy: variants (reduction, gradient, lse, label smoothing); one row ignored. */
+static int gen_cross_entropy(tk_ops_case *c, size_t index, const tk_ops_case_spec *s)
+{
+    static const int64_t sz[][2] = {{1, 7}, {5, 1000}, {3, 4099}};
+    size_t v, z;
+    int na = 0;
+    if (!split(index, 3, 3, &v, &z))
+        return END;
+    int64_t n = sz[z][0], vocab = pin(s, "logits", 1, 2, sz[z][1]), red = v == 0 ? 1 : v == 1 ? 0 : 2;
+    tk_dtype dt = fdt(s, "logits");
+    fill(c, T(c, "logits", dt, TK_CASE_IN, n, vocab), -6, 6);
+    tk_ops_case_tensor *tg = T(c, "target", DT_I64, TK_CASE_IN, n);
+    fill_int(c, tg, 0, vocab - 1);
+    if (n > 1 && tg)
+        set_f(tg, 1, -100); /* ignore_index */
+    loss_t(c, red, n);
+    if (v != 1)
+        OPT(c, s, 0, &na, "grad", dt, TK_CASE_OUT, n, vocab);
+    OPT(c, s, 0, &na, "lse", DT_F32, TK_CASE_OUT, n);
+    opt_i(c, s, "reduction", red, &na);
+    if (v == 1)
+        opt_f(c, s, "label_smoothing", 0.1, &na);
+    c->tol_factor = 4;
+    label(c, "cross_entropy %s [%lld, %lld] reduction %s%s", tk_ops__dtype_str(dt), (long long)n, (long long)vocab,
+          red_name(red), v == 1 ? " label_smoothing 0.1" : "");
+    return na ? NA : TK_OK;
+}
+
+static int gen_fused_linear_ce(tk_ops_case *c, size_t index, const tk_ops_case_spec *s)
+{
+    static const int64_t sz[][3] = {{1, 16, 33}, {5, 64, 300}}; /* N, H, V */
+    size_t v, z;
+    int na = 0;
+    if (!split(index, 3, 2, &v, &z))
+        return END;
+    int64_t n = sz[z][0], h = sz[z][1], vocab = sz[z][2], red = v == 1 ? 0 : 1;
+    tk_dtype dt = fdt(s, "hidden");
+    fill(c, T(c, "hidden", dt, TK_CASE_IN, n, h), -1, 1);
+    fill(c, T(c, "weight", dt, TK_CASE_IN, vocab, h), -0.5, 0.5);
+    tk_ops_case_tensor *tg = T(c, "target", DT_I64, TK_CASE_IN, n);
+    fill_int(c, tg, 0, vocab - 1);
+    if (n > 1 && tg)
+        set_f(tg, 0, -100);
+    loss_t(c, red, n);
+    int bias = v == 2;
+    if (bias)
+        fill(c, OPT(c, s, 1, &na, "bias", dt, TK_CASE_IN, vocab), -1, 1);
+    if (v != 1) {
+        OPT(c, s, 0, &na, "grad_hidden", dt, TK_CASE_OUT, n, h);
+        fill(c, OPT(c, s, 0, &na, "grad_weight", DT_F32, TK_CASE_INOUT, vocab, h), -0.01, 0.01); /* accumulated */
+        if (bias)
+            fill(c, OPT(c, s, 0, &na, "grad_bias", DT_F32, TK_CASE_INOUT, vocab), -0.01, 0.01);
+    }
+    OPT(c, s, 0, &na, "lse", DT_F32, TK_CASE_OUT, n);
+    opt_i(c, s, "reduction", red, &na);
+    if (v == 1)
+        opt_f(c, s, "label_smoothing", 0.1, &na);
+    c->tol_factor = 8;
+    label(c, "fused_linear_cross_entropy %s N %lld H %lld V %lld reduction %s%s", tk_ops__dtype_str(dt), (long long)n,
+          (long long)h, (long long)vocab, red_name(red), bias ? " bias" : "");
+    return na ? NA : TK_OK;
+}
+
+static int gen_max_margin(tk_ops_case *c, size_t index, const tk_ops_case_spec *s)
+{
+    static const int64_t sz[][2] = {{1, 0}, {37, 0}, {9, 5}}; /* N, K (0: neg is [N]) */
+    size_t v, z;
+    int na = 0;
+    if (!split(index, 2, 3, &v, &z))
+        return END;
+    int64_t n = sz[z][0], k = sz[z][1], red = v ? 0 : 1;
+    tk_dtype dt = fdt(s, "pos");
+    fill(c, T(c, "pos", dt, TK_CASE_IN, n), -2, 2);
+    tk_ops_case_tensor *neg = k ? T(c, "neg", dt, TK_CASE_IN, n, k) : T(c, "neg", dt, TK_CASE_IN, n);
+    fill(c, neg, -2, 2);
+    if (red == 0)
+        k ? T(c, "loss", DT_F32, TK_CASE_OUT, n, k) : T(c, "loss", DT_F32, TK_CASE_OUT, n);
+    else
+        add_t(c, "loss", DT_F32, TK_CASE_OUT, 0, NULL);
+    OPT(c, s, 0, &na, "grad_pos", dt, TK_CASE_OUT, n);
+    if (k)
+        OPT(c, s, 0, &na, "grad_neg", dt, TK_CASE_OUT, n, k);
+    else
+        OPT(c, s, 0, &na, "grad_neg", dt, TK_CASE_OUT, n);
+    opt_i(c, s, "reduction", red, &na);
+    if (v)
+        opt_f(c, s, "margin", 0.5, &na);
+    c->tol_factor = 4;
+    label(c, "max_margin_loss %s N %lld K %lld reduction %s", tk_ops__dtype_str(dt), (long long)n, (long long)k,
+          red_name(red));
+    return na ? NA : TK_OK;
+}
+
+static int gen_infonce(tk_ops_case *c, size_t index, const tk_ops_case_spec *s)
+{
+    static const int64_t sz[][2] = {{1, 8}, {9, 64}};
+    size_t v, z;
+    int na = 0;
+    if (!split(index, 2, 2, &v, &z))
+        return END;
+    int64_t n = sz[z][0], d = sz[z][1];
+    tk_dtype dt = fdt(s, "a");
+    fill(c, T(c, "a", dt, TK_CASE_IN, n, d), -1, 1);
+    fill(c, T(c, "b", dt, TK_CASE_IN, n, d), -1, 1);
+    add_t(c, "loss", DT_F32, TK_CASE_OUT, 0, NULL);
+    OPT(c, s, 0, &na, "grad_a", dt, TK_CASE_OUT, n, d);
+    OPT(c, s, 0, &na, "grad_b", dt, TK_CASE_OUT, n, d);
+    if (v)
+        opt_i(c, s, "symmetric", 1, &na);
+    c->tol_factor = 8;
+    label(c, "infonce %s [%lld, %lld]%s", tk_ops__dtype_str(dt), (long long)n, (long long)d, v ? " symmetric" : "");
+    return na ? NA : TK_OK;
+}
+
+/* ---- casted (8-bit tables and weights) --------------------------------------------------------------- */
+
+static int gen_casted_embedding(tk_ops_case *c, size_t index, const tk_ops_case_spec *s)
+{
+    static const int64_t sz[][3] = {{1, 5, 16}, {9, 50, 100}}; /* n, V, D */
+    int na = 0;
+    if (index >= 2)
+        return END;
+    int64_t n = sz[index][0], vocab = sz[index][1], d = sz[index][2];
+    tk_dtype odt = fdt(s, "out"), idt = dt_of(s, "ids", DT_I64), wdt = dt_of(s, "weight", DT_I8);
+    T(c, "out", odt, TK_CASE_OUT, n, d);
+    fill_int(c, T(c, "ids", idt, TK_CASE_IN, n), 0, vocab - 1);
+    fill_codes(c, T(c, "weight", wdt, TK_CASE_IN, vocab, d));
+    fill(c, OPT(c, s, wdt.code == TK_DL_INT, &na, "scale", DT_F32, TK_CASE_IN, vocab), 0.001, 0.02);
+    label(c, "casted_embedding %s ids %s weight %s [%lld, %lld] n %lld", tk_ops__dtype_str(odt),
+          tk_ops__dtype_str(idt), tk_ops__dtype_str(wdt), (long long)vocab, (long long)d, (long long)n);
+    return na ? NA : TK_OK;
+}
+
+static int gen_casted_block_sparse(tk_ops_case *c, size_t index, const tk_ops_case_spec *s)
+{
+    static const int64_t sz[][5] = {{1, 3, 2, 8, 4}, {9, 5, 4, 16, 3}}; /* n, R, bs_r, bs_c, C */
+    int na = 0;
+    if (index >= 2)
+        return END;
+    const int64_t *z = sz[index];
+    int64_t n = z[0], rb = z[1], bsr = z[2], bsc = z[3], cb = z[4], d = cb * bsc, rows = rb * bsr - 1;
+    tk_dtype odt = fdt(s, "out"), idt = dt_of(s, "ids", DT_I64), wdt = dt_of(s, "values", DT_I8);
+    /* row block r stores the column blocks whose bit is set in a random mask (some rows none) */
+    int64_t nnzb = 0, mask[8];
+    for (int64_t r = 0; r < rb; r++) {
+        mask[r] = r == 1 ? 0 : irand(c, 1, ((int64_t)1 << cb) - 1);
+        nnzb += __builtin_popcountll((unsigned long long)mask[r]);
+    }
+    T(c, "out", odt, TK_CASE_OUT, n, d);
+    fill_int(c, T(c, "ids", idt, TK_CASE_IN, n), 0, rows - 1);
+    tk_ops_case_tensor *rp = T(c, "row_ptr", DT_I32, TK_CASE_IN, rb + 1), *ci = T(c, "col_idx", DT_I32, TK_CASE_IN, nnzb);
+    for (int64_t r = 0, k = 0; rp && ci && r < rb; r++) {
+        set_f(rp, r, (double)k);
+        for (int64_t b = 0; b < cb; b++)
+            if (mask[r] >> b & 1)
+                set_f(ci, k++, (double)b);
+        set_f(rp, r + 1, (double)k);
+    }
+    fill_codes(c, T(c, "values", wdt, TK_CASE_IN, nnzb, bsr, bsc));
+    fill(c, OPT(c, s, wdt.code == TK_DL_INT, &na, "scale", DT_F32, TK_CASE_IN, nnzb), 0.001, 0.02);
+    opt_i(c, s, "num_embeddings", rows, &na);
+    label(c, "casted_embedding_block_sparse %s ids %s values %s R %lld block %lldx%lld D %lld n %lld",
+          tk_ops__dtype_str(odt), tk_ops__dtype_str(idt), tk_ops__dtype_str(wdt), (long long)rb, (long long)bsr,
+          (long long)bsc, (long long)d, (long long)n);
+    return na ? NA : TK_OK;
+}
+
+static int gen_casted_linear(tk_ops_case *c, size_t index, const tk_ops_case_spec *s)
+{
+    static const int64_t sz[][3] = {{1, 16, 32}, {7, 130, 200}, {40, 64, 96}}; /* M, N, K */
+    size_t v, z;
+    int na = 0;
+    if (!split(index, 2, 3, &v, &z))
+        return END;
+    int64_t m = sz[z][0], n = sz[z][1], k = sz[z][2];
+    tk_dtype dt = fdt(s, "x"), wdt = dt_of(s, "weight", DT_I8);
+    T(c, "out", dt, TK_CASE_OUT, m, n);
+    fill(c, T(c, "x", dt, TK_CASE_IN, m, k), -1, 1);
+    fill_codes(c, T(c, "weight", wdt, TK_CASE_IN, n, k));
+    fill(c, T(c, "scale", DT_F32, TK_CASE_IN, n), 0.0005, 0.005);
+    if (v)
+        fill(c, OPT(c, s, 1, &na, "bias", dt, TK_CASE_IN, n), -1, 1);
+    c->tol_factor = 4;
+    label(c, "casted_linear %s weight %s M %lld N %lld K %lld%s", tk_ops__dtype_str(dt), tk_ops__dtype_str(wdt),
+          (long long)m, (long long)n, (long long)k, v ? " bias" : "");
+    return na ? NA : TK_OK;
+}
+
+/* ---- sampling ---------------------------------------------------------------------------------------- */
+
+static int gen_argmax(tk_ops_case *c, size_t index, const tk_ops_case_spec *s)
+{
+    static const int64_t sz[][2] = {{1, 1}, {3, 1000}, {2, 20000}};
+    if (index >= 3)
+        return END;
+    int64_t r = sz[index][0], v = pin(s, "input", 1, 2, sz[index][1]);
+    tk_dtype dt = fdt(s, "input");
+    T(c, "out", DT_I64, TK_CASE_OUT, r);
+    tk_ops_case_tensor *x = T(c, "input", dt, TK_CASE_IN, r, v);
+    fill(c, x, -6, 6);
+    if (x && v > 2) /* a tie for the max: the first wins */
+        for (int64_t i = 0; i < r; i++) {
+            set_f(x, i * v + v / 3, 9);
+            set_f(x, i * v + v / 2, 9);
+        }
+    label(c, "argmax %s [%lld, %lld]", tk_ops__dtype_str(dt), (long long)r, (long long)v);
+    return TK_OK;
+}
+
+static int gen_sample(tk_ops_case *c, size_t index, const tk_ops_case_spec *s)
+{
+    static const int64_t sz[][2] = {{1, 7}, {4, 1000}};
+    static const char *what[] = {"greedy", "temperature 0.8", "top_k 5", "top_p 0.9", "per-row parameters"};
+    size_t v, z;
+    int na = 0;
+    if (!split(index, 5, 2, &v, &z))
+        return END;
+    int64_t b = sz[z][0], vocab = sz[z][1];
+    tk_dtype dt = fdt(s, "logits");
+    T(c, "out", DT_I64, TK_CASE_OUT, b);
+    tk_ops_case_tensor *x = T(c, "logits", dt, TK_CASE_IN, b, vocab);
+    for (int64_t i = 0, n = x ? b * vocab : 0; i < n; i++)
+        set_f(x, i, unif(c, -6, 6) + (irand(c, 0, 40) == 0 ? 6 : 0));
+    opt_i(c, s, "seed", 1234, &na);
+    opt_f(c, s, "temperature", v == 0 ? 0 : 0.8, &na);
+    if (v == 2)
+        opt_i(c, s, "top_k", 5, &na);
+    if (v == 3)
+        opt_f(c, s, "top_p", 0.9, &na);
+    if (v == 4) {
+        fill(c, OPT(c, s, 1, &na, "temperatures", DT_F32, TK_CASE_IN, b), 0.5, 1.5);
+        fill_int(c, OPT(c, s, 1, &na, "top_ks", DT_I32, TK_CASE_IN, b), 0, 20);
+        fill(c, OPT(c, s, 1, &na, "top_ps", DT_F32, TK_CASE_IN, b), 0.5, 1);
+        fill_int(c, OPT(c, s, 1, &na, "seeds", DT_I64, TK_CASE_IN, b), 0, 1000000);
+    }
+    label(c, "sample %s [%lld, %lld] %s", tk_ops__dtype_str(dt), (long long)b, (long long)vocab, what[v]);
+    return na ? NA : TK_OK;
+}
+
+/* ---- attention ---------------------------------------------------------------------------------------- */
+
+/* attention at head size D (the kernel's, or 64), each case one shape and one option: one row; GQA
+ * (Hq 4 over Hkv 2) with Sq != Sk; causal with lse; sliding window, softcap and ALiBi together; two
+ * packed sequences (varlen, causal); and the largest head size the kernel declares. */
+static int gen_attention(tk_ops_case *c, size_t index, const tk_ops_case_spec *s)
+{
+    static const struct {
+        int64_t b, sq, sk, hq, hkv;
+        int opt; /* 0 plain, 1 causal + lse, 2 window/softcap/alibi, 3 varlen, 4 the largest D */
+        const char *what;
+    } cs[] = {{1, 1, 1, 1, 1, 0, " (one row)"},
+              {2, 17, 33, 4, 2, 0, " (GQA)"},
+              {1, 33, 33, 2, 2, 1, " causal, lse"},
+              {2, 17, 33, 4, 2, 2, " window 8/4, softcap 30, alibi"},
+              {1, 17, 33, 2, 1, 3, " varlen: 2 sequences, causal"},
+              {1, 17, 33, 2, 2, 4, " (the largest head size it takes)"}};
+    int na = 0;
+    if (index >= sizeof cs / sizeof cs[0])
+        return END;
+    int64_t b = cs[index].b, sq = cs[index].sq, sk = cs[index].sk, hq = cs[index].hq, hkv = cs[index].hkv;
+    int opt = cs[index].opt;
+    int64_t d = opt == 4 ? pin_max(s, "q", 3, 4, 256, 1024) : pin(s, "q", 3, 4, 64);
+    if (opt == 4 && d == pin(s, "q", 3, 4, 64))
+        return NA; /* one head size: the other cases have it */
+    tk_dtype dt = fdt(s, "q");
+    T(c, "out", dt, TK_CASE_OUT, b, sq, hq, d);
+    fill(c, T(c, "q", dt, TK_CASE_IN, b, sq, hq, d), -1, 1);
+    fill(c, T(c, "k", dt, TK_CASE_IN, b, sk, hkv, d), -1, 1);
+    fill(c, T(c, "v", dt, TK_CASE_IN, b, sk, hkv, d), -1, 1);
+    if (opt == 1) {
+        OPT(c, s, 1, &na, "lse", DT_F32, TK_CASE_OUT, b, hq, sq);
+        opt_i(c, s, "causal", 1, &na);
+    }
+    if (opt == 2) {
+        opt_i(c, s, "window_left", 8, &na);
+        opt_i(c, s, "window_right", 4, &na);
+        opt_f(c, s, "softcap", 30, &na);
+        fill(c, OPT(c, s, 1, &na, "alibi_slopes", DT_F32, TK_CASE_IN, hq), 0.01, 0.5);
+    }
+    if (opt == 3) { /* sequences of 7 and 10 queries over 12 and 21 keys */
+        tk_ops_case_tensor *cq = OPT(c, s, 1, &na, "cu_seqlens_q", DT_I32, TK_CASE_IN, 3);
+        tk_ops_case_tensor *ck = OPT(c, s, 1, &na, "cu_seqlens_k", DT_I32, TK_CASE_IN, 3);
+        static const int32_t q[3] = {0, 7, 17}, k[3] = {0, 12, 33};
+        for (int i = 0; cq && ck && i < 3; i++) {
+            set_f(cq, i, q[i]);
+            set_f(ck, i, k[i]);
+        }
+        opt_i(c, s, "max_seqlen_q", 10, &na);
+        opt_i(c, s, "causal", 1, &na);
+    }
+    c->tol_factor = dt.bits == 32 ? 10 : 2;
+    label(c, "attention %s B %lld Sq %lld Sk %lld Hq %lld Hkv %lld D %lld%s", tk_ops__dtype_str(dt), (long long)b,
+          (long long)sq, (long long)sk, (long long)hq, (long long)hkv, (long long)d, cs[index].what);
+    return na ? NA : TK_OK;
+}
+
+/* attention_backward: out and lse from the CPU forward (the backward needs a consistent pair). */
+static int gen_attention_backward(tk_ops_case *c, size_t index, const tk_ops_case_spec *s)
+{
+    static const int64_t sz[][5] = {{1, 1, 1, 1, 1}, {1, 17, 33, 4, 2}};
+    size_t v, z;
+    int na = 0;
+    if (!split(index, 2, 2, &v, &z))
+        return END;
+    const int64_t *g = sz[z];
+    int64_t b = g[0], sq = g[1], sk = v ? g[1] : g[2], hq = g[3], hkv = g[4], d = pin(s, "q", 3, 4, 64);
+    tk_dtype dt = fdt(s, "q");
+    T(c, "dq", dt, TK_CASE_OUT, b, sq, hq, d);
+    T(c, "dk", dt, TK_CASE_OUT, b, sk, hkv, d);
+    T(c, "dv", dt, TK_CASE_OUT, b, sk, hkv, d);
+    fill(c, T(c, "dout", dt, TK_CASE_IN, b, sq, hq, d), -1, 1);
+    tk_ops_case_tensor *q = T(c, "q", dt, TK_CASE_IN, b, sq, hq, d), *k = T(c, "k", dt, TK_CASE_IN, b, sk, hkv, d),
+                       *vv = T(c, "v", dt, TK_CASE_IN, b, sk, hkv, d);
+    fill(c, q, -1, 1);
+    fill(c, k, -1, 1);
+    fill(c, vv, -1, 1);
+    tk_ops_case_tensor *o = T(c, "out", dt, TK_CASE_IN, b, sq, hq, d), *lse = T(c, "lse", DT_F32, TK_CASE_IN, b, hq, sq);
+    if (v)
+        opt_i(c, s, "causal", 1, &na);
+    if (!q || !k || !vv || !o || !lse)
+        return TK_ERR_NOMEM;
+    /* the forward on the CPU fills out and lse */
+    const tk_op_desc *fwd = tk_ops__find("attention");
+    tk_arg a[6] = {{TK_ARG_TENSOR, "out", &o->t, 0, 0}, {TK_ARG_TENSOR, "q", &q->t, 0, 0},
+                   {TK_ARG_TENSOR, "k", &k->t, 0, 0},   {TK_ARG_TENSOR, "v", &vv->t, 0, 0},
+                   {TK_ARG_TENSOR, "lse", &lse->t, 0, 0}, {TK_ARG_I64, "causal", NULL, v ? 1 : 0, 0}};
+    tk_op_call fc;
+    int rc = fwd ? tk_ops__prepare_op(&fc, fwd, a, 6) : TK_ERR_INTERNAL;
+    if (rc == TK_OK)
+        rc = tk_ops__run_cpu(&fc);
+    if (rc != TK_OK)
+        return rc;
+    c->tol_factor = dt.bits == 32 ? 10 : 4;
+    label(c, "attention_backward %s B %lld Sq %lld Sk %lld Hq %lld Hkv %lld D %lld%s", tk_ops__dtype_str(dt),
+          (long long)b, (long long)sq, (long long)sk, (long long)hq, (long long)hkv, (long long)d, v ? " causal" : "");
+    return na ? NA : TK_OK;
+}
+
+/* A block table of b sequences over nblocks physical blocks: a random permutation, so logical and
+ * physical block numbers differ. */
+static void block_table(tk_ops_case *c, tk_ops_case_tensor *bt, int64_t b, int64_t per, int64_t nblocks)
+{
+    int64_t perm[64];
+    for (int64_t i = 0; i < nblocks && i < 64; i++)
+        perm[i] = i;
+    for (int64_t i = nblocks - 1; i > 0; i--) {
+        int64_t j = irand(c, 0, i), t = perm[i];
+        perm[i] = perm[j];
+        perm[j] = t;
+    }
+    for (int64_t i = 0; bt && i < b * per; i++)
+        set_f(bt, i, (double)perm[i % nblocks]);
+}
+
+static int gen_attention_decode(tk_ops_case *c, size_t index, const tk_ops_case_spec *s)
+{
+    static const char *what[] = {"", " lse", " window 9, softcap 20, alibi", " 4 new queries"};
+    static const int64_t lens[][2] = {{1, 1}, {5, 37}};
+    static const size_t pick[][2] = {{0, 0}, {0, 1}, {1, 1}, {2, 1}, {3, 1}}; /* (variant, lengths) */
+    size_t v, z;
+    int na = 0;
+    if (index >= sizeof pick / sizeof pick[0])
+        return END;
+    v = pick[index][0];
+    z = pick[index][1];
+    int64_t b = 2, sq = v == 3 ? 4 : 1, hq = 4, hkv = 2, d = pin(s, "q", 3, 4, 64), bs = 16, per = 3, nblocks = 6;
+    tk_dtype dt = fdt(s, "q"), kdt = dt_of(s, "k_cache", dt);
+    int scaled = is_8bit(kdt);
+    T(c, "out", dt, TK_CASE_OUT, b, sq, hq, d);
+    fill(c, T(c, "q", dt, TK_CASE_IN, b, sq, hq, d), -1, 1);
+    tk_ops_case_tensor *kc = T(c, "k_cache", kdt, TK_CASE_IN, nblocks, bs, hkv, d),
+                       *vc = T(c, "v_cache", kdt, TK_CASE_IN, nblocks, bs, hkv, d);
+    if (scaled) {
+        fill_codes(c, kc);
+        fill_codes(c, vc);
+    } else {
+        fill(c, kc, -1, 1);
+        fill(c, vc, -1, 1);
+    }
+    block_table(c, T(c, "block_table", DT_I32, TK_CASE_IN, b, per), b, per, nblocks);
+    tk_ops_case_tensor *sl = T(c, "seq_lens", DT_I32, TK_CASE_IN, b);
+    for (int64_t i = 0; sl && i < b; i++)
+        set_f(sl, i, (double)(lens[z][i] < sq ? sq : lens[z][i]));
+    if (v == 1)
+        OPT(c, s, 1, &na, "lse", DT_F32, TK_CASE_OUT, b, hq, sq);
+    double m = kdt.code == TK_DL_FLOAT8_E4M3FN ? 448 : 127;
+    if (scaled) { /* required for 8-bit caches, refused for others */
+        fill(c, OPT(c, s, 1, &na, "k_scale", DT_F32, TK_CASE_IN, hkv), 0.5 / m, 1.0 / m);
+        fill(c, OPT(c, s, 1, &na, "v_scale", DT_F32, TK_CASE_IN, hkv), 0.5 / m, 1.0 / m);
+    }
+    if (v == 2) {
+        opt_i(c, s, "window_left", 9, &na);
+        opt_f(c, s, "softcap", 20, &na);
+        fill(c, OPT(c, s, 1, &na, "alibi_slopes", DT_F32, TK_CASE_IN, hq), 0.01, 0.5);
+    }
+    c->tol_factor = 2;
+    label(c, "attention_decode %s cache %s B %lld Sq %lld Hq %lld Hkv %lld D %lld seq_lens %lld,%lld%s",
+          tk_ops__dtype_str(dt), tk_ops__dtype_str(kdt), (long long)b, (long long)sq, (long long)hq, (long long)hkv,
+          (long long)d, (long long)lens[z][0], (long long)lens[z][1], what[v]);
+    return na ? NA : TK_OK;
+}
+
+static int gen_paged_kv_append(tk_ops_case *c, size_t index, const tk_ops_case_spec *s)
+{
+    static const int64_t sz[][3] = {{1, 1, 64}, {5, 2, 128}}; /* N, Hkv, D */
+    int na = 0;
+    if (index >= 2)
+        return END;
+    int64_t n = sz[index][0], hkv = sz[index][1], d = sz[index][2], nblocks = 6, bs = 16;
+    tk_dtype dt = fdt(s, "k"), cdt = dt_of(s, "k_cache", dt);
+    int scaled = is_8bit(cdt);
+    tk_ops_case_tensor *kc = T(c, "k_cache", cdt, TK_CASE_INOUT, nblocks, bs, hkv, d),
+                       *vc = T(c, "v_cache", cdt, TK_CASE_INOUT, nblocks, bs, hkv, d);
+    if (scaled) {
+        fill_codes(c, kc);
+        fill_codes(c, vc);
+    } else {
+        fill(c, kc, -1, 1);
+        fill(c, vc, -1, 1);
+    }
+    fill(c, T(c, "k", dt, TK_CASE_IN, n, hkv, d), -2, 2);
+    fill(c, T(c, "v", dt, TK_CASE_IN, n, hkv, d), -2, 2);
+    tk_ops_case_tensor *sm = T(c, "slot_mapping", DT_I64, TK_CASE_IN, n);
+    for (int64_t i = 0; sm && i < n; i++) /* distinct slots, spread over blocks; the last skipped when n > 1 */
+        set_f(sm, i, n > 1 && i == n - 1 ? -1.0 : (double)((i * 37 + 5) % (nblocks * bs)));
+    double m = cdt.code == TK_DL_FLOAT8_E4M3FN ? 448 : 127;
+    if (scaled) {
+        fill(c, OPT(c, s, 1, &na, "k_scale", DT_F32, TK_CASE_IN, hkv), 2.0 / m, 4.0 / m);
+        fill(c, OPT(c, s, 1, &na, "v_scale", DT_F32, TK_CASE_IN, hkv), 2.0 / m, 4.0 / m);
+    }
+    label(c, "paged_kv_append %s cache %s N %lld Hkv %lld D %lld", tk_ops__dtype_str(dt), tk_ops__dtype_str(cdt),
+          (long long)n, (long long)hkv, (long long)d);
+    return na ? NA : TK_OK;
+}
+
+static int gen_mla_decode(tk_ops_case *c, size_t index, const tk_ops_case_spec *s)
+{
+    static const int64_t lens[][2] = {{1, 1}, {20, 33}};
+    size_t v, z;
+    int na = 0;
+    if (!split(index, 2, 2, &v, &z))
+        return END;
+    int64_t b = 2, hq = 4, r = pin(s, "q_nope", 2, 3, 512), p = pin(s, "q_pe", 2, 3, 64), bs = 16, per = 3, nblocks = 6;
+    tk_dtype dt = fdt(s, "q_nope");
+    T(c, "out", dt, TK_CASE_OUT, b, hq, r);
+    fill(c, T(c, "q_nope", dt, TK_CASE_IN, b, hq, r), -0.5, 0.5);
+    fill(c, T(c, "q_pe", dt, TK_CASE_IN, b, hq, p), -0.5, 0.5);
+    fill(c, T(c, "kv_cache", dt, TK_CASE_IN, nblocks, bs, r + p), -0.5, 0.5);
+    block_table(c, T(c, "block_table", DT_I32, TK_CASE_IN, b, per), b, per, nblocks);
+    tk_ops_case_tensor *sl = T(c, "seq_lens", DT_I32, TK_CASE_IN, b);
+    for (int64_t i = 0; sl && i < b; i++)
+        set_f(sl, i, (double)lens[z][i]);
+    if (v)
+        OPT(c, s, 1, &na, "lse", DT_F32, TK_CASE_OUT, b, hq);
+    c->tol_factor = 2;
+    label(c, "mla_decode %s B %lld Hq %lld R %lld P %lld seq_lens %lld,%lld%s", tk_ops__dtype_str(dt), (long long)b,
+          (long long)hq, (long long)r, (long long)p, (long long)lens[z][0], (long long)lens[z][1], v ? " lse" : "");
+    return na ? NA : TK_OK;
+}
+
+/* ---- layers ------------------------------------------------------------------------------------------- */
+
+static int gen_linear(tk_ops_case *c, size_t index, const tk_ops_case_spec *s)
+{
+    static const int64_t sz[][3] = {{1, 1, 1}, {3, 17, 40}, {8, 64, 130}}; /* M, N, K */
+    size_t v, z;
+    int na = 0;
+    if (!split(index, 3, 3, &v, &z))
+        return END;
+    int64_t m = sz[z][0], n = sz[z][1], k = sz[z][2];
+    tk_dtype dt = fdt(s, "x");
+    T(c, "out", dt, TK_CASE_OUT, m, n);
+    fill(c, T(c, "x", dt, TK_CASE_IN, m, k), -1, 1);
+    fill(c, v == 2 ? T(c, "weight", dt, TK_CASE_IN, k, n) : T(c, "weight", dt, TK_CASE_IN, n, k), -1, 1);
+    if (v == 1)
+        fill(c, OPT(c, s, 1, &na, "bias", dt, TK_CASE_IN, n), -1, 1);
+    if (v == 2)
+        opt_i(c, s, "transposed", 1, &na);
+    c->tol_factor = 4;
+    label(c, "linear %s M %lld N %lld K %lld%s", tk_ops__dtype_str(dt), (long long)m, (long long)n, (long long)k,
+          v == 1 ? " bias" : v == 2 ? " transposed" : "");
+    return na ? NA : TK_OK;
+}
+
+static int gen_embedding(tk_ops_case *c, size_t index, const tk_ops_case_spec *s)
+{
+    static const int64_t sz[][3] = {{1, 1, 1}, {9, 50, 100}, {4, 7, 4096}}; /* n, V, D */
+    if (index >= 3)
+        return END;
+    int64_t n = sz[index][0], vocab = sz[index][1], d = sz[index][2];
+    tk_dtype dt = fdt(s, "weight"), idt = dt_of(s, "ids", DT_I64);
+    tk_ops_case_tensor *o = T(c, "out", dt, TK_CASE_OUT, n, d);
+    fill_int(c, T(c, "ids", idt, TK_CASE_IN, n), 0, vocab - 1);
+    fill(c, T(c, "weight", dt, TK_CASE_IN, vocab, d), -1, 1);
+    if (o)
+        o->exact = 1; /* a copy */
+    label(c, "embedding %s ids %s [%lld, %lld] n %lld", tk_ops__dtype_str(dt), tk_ops__dtype_str(idt), (long long)vocab,
+          (long long)d, (long long)n);
+    return TK_OK;
+}
+
+/* ---- the table --------------------------------------------------------------------------------------- */
+
+typedef int (*gen_fn)(tk_ops_case *c, size_t index, const tk_ops_case_spec *s);
+
+static const struct {
+    const char *op;
+    gen_fn gen;
+} gens[] = {
+    {"silu_and_mul", gen_gated}, {"mul_and_silu", gen_gated}, {"gelu_and_mul", gen_gated},
+    {"gelu_tanh_and_mul", gen_gated}, {"fatrelu_and_mul", gen_gated},
+    {"gelu", gen_pointwise}, {"gelu_tanh", gen_pointwise}, {"silu", gen_pointwise}, {"gelu_new", gen_pointwise},
+    {"gelu_fast", gen_pointwise}, {"gelu_quick", gen_pointwise}, {"tanh", gen_pointwise}, {"add", gen_add},
+    {"rms_norm", gen_norm}, {"fused_add_rms_norm", gen_norm}, {"layer_norm", gen_norm},
+    {"fused_add_layer_norm", gen_norm},
+    {"rms_norm_backward", gen_norm_backward}, {"fused_add_rms_norm_backward", gen_norm_backward},
+    {"layer_norm_backward", gen_norm_backward}, {"fused_add_layer_norm_backward", gen_norm_backward},
+    {"rotary_embedding", gen_rotary}, {"rope_cos_sin_cache", gen_rope_cache}, {"alibi_slopes", gen_alibi_slopes},
+    {"alibi_bias", gen_alibi_bias}, {"sinusoidal_position_encoding", gen_sinusoidal},
+    {"softmax", gen_softmax}, {"log_softmax", gen_softmax},
+    {"cross_entropy", gen_cross_entropy}, {"fused_linear_cross_entropy", gen_fused_linear_ce},
+    {"max_margin_loss", gen_max_margin}, {"infonce", gen_infonce},
+    {"casted_embedding", gen_casted_embedding}, {"casted_embedding_block_sparse", gen_casted_block_sparse},
+    {"casted_linear", gen_casted_linear},
+    {"argmax", gen_argmax}, {"sample", gen_sample},
+    {"attention", gen_attention}, {"attention_backward", gen_attention_backward},
+    {"attention_decode", gen_attention_decode}, {"paged_kv_append", gen_paged_kv_append},
+    {"mla_decode", gen_mla_decode},
+    {"linear", gen_linear}, {"embedding", gen_embedding},
+};
+
+static gen_fn find_gen(const tk_op_desc *op)
+{
+    for (size_t i = 0; op && i < sizeof gens / sizeof gens[0]; i++)
+        if (!strcmp(gens[i].op, op->name))
+            return gens[i].gen;
+    return NULL;
+}
+
+int tk_ops__case_has(const tk_op_desc *op) { return op && op->cpu && find_gen(op) != NULL; }
+
+void tk_ops__case_free(tk_ops_case *c)
+{
+    if (!c)
+        return;
+    for (size_t i = 0; i < c->nt; i++)
+        free(c->t[i].t.data);
+    memset(c, 0, sizeof *c);
+}
+
+/* FNV-1a over the op, the index and the dtypes: the case's seed. */
+static uint64_t case_seed(const tk_op_desc *op, size_t index, const tk_ops_case_spec *s)
+{
+    uint64_t h = 0xcbf29ce484222325ull;
+#define MIX(b) (h = (h ^ (uint8_t)(b)) * 0x100000001b3ull)
+    for (const char *p = op->name; *p; p++)
+        MIX(*p);
+    for (size_t i = 0; i < sizeof index; i++)
+        MIX(index >> (8 * i));
+    MIX(s->dtype.code);
+    MIX(s->dtype.bits);
+    for (size_t i = 0; s->params && i < s->nparams; i++)
+        if (s->params[i].has_dtype) {
+            MIX(s->params[i].dtype.code);
+            MIX(s->params[i].dtype.bits);
+        }
+#undef MIX
+    return h;
+}
+
+int tk_ops__case_make(tk_ops_case *c, const tk_op_desc *op, size_t index, const tk_ops_case_spec *spec)
+{
+    static const tk_ops_case_spec none = {{TK_DL_FLOAT, 32, 1}, NULL, 0, NULL, 0};
+    memset(c, 0, sizeof *c);
+    gen_fn gen = find_gen(op);
+    if (!op || !op->cpu || !gen)
+        return tk__err(TK_ERR_UNSUPPORTED, "op %s has no self-test cases%s", op ? op->name : "(null)",
+                       op && !op->cpu ? " (no CPU reference)" : "");
+    if (!spec)
+        spec = &none;
+    c->op = op;
+    c->tol_factor = 1;
+    c->rng = case_seed(op, index, spec);
+    int rc = gen(c, index, spec);
+    if (rc == TK_OK) {
+        /* every tensor the generator asked for was made (else it ran out of room or memory) */
+        for (size_t i = 0; i < op->nparams; i++) {
+            const tk_op_param *p = &op->params[i];
+            int have = 0;
+            for (size_t j = 0; j < c->nt; j++)
+                have |= !strcmp(c->t[j].name, p->name);
+            if (p->kind == TK_ARG_TENSOR && !p->optional && !have)
+                rc = tk__err(TK_ERR_NOMEM, "out of memory making a %s case", op->name);
+        }
+    }
+    if (rc != TK_OK)
+        tk_ops__case_free(c);
+    return rc;
+}
+
+size_t tk_ops__case_args(const tk_ops_case *c, tk_arg *args)
+{
+    size_t n = 0;
+    for (size_t i = 0; i < c->nt; i++) {
+        memset(&args[n], 0, sizeof args[n]);
+        args[n].kind = TK_ARG_TENSOR;
+        args[n].name = c->t[i].name;
+        args[n].t = &c->t[i].t;
+        n++;
+    }
+    for (size_t i = 0; i < c->ns; i++) {
+        memset(&args[n], 0, sizeof args[n]);
+        args[n].kind = c->s[i].kind;
+        args[n].name = c->s[i].name;
+        args[n].i = c->s[i].i;
+        args[n].f = c->s[i].f;
+        n++;
+    }
+    return n;
+}
+
+void *tk_ops__case_copy(const tk_ops_case *c, size_t i)
+{
+    size_t n = tk_ops__case_bytes(&c->t[i]);
+    void *p = malloc(n ? n : 1);
+    if (p)
+        memcpy(p, c->t[i].t.data, n);
+    return p;
+}
+
+/* ---- tolerances and the comparison ------------------------------------------------------------------ */
+
+double tk_ops__tol_rel(tk_dtype dt)
+{
+    if (dt.code == TK_DL_BFLOAT)
+        return 1e-2;
+    if (dt.code == TK_DL_FLOAT && dt.bits == 16)
+        return 2e-3;
+    if (dt.bits == 8)
+        return 6e-2;
+    return 1e-5;
+}
+
+void tk_ops__case_compare(tk_ops_cmp *r, const tk_ops_case *c, const tk_ops_case_tensor *ref, const void *got)
+{
+    tk_ops_case_tensor g = *ref;
+    g.t.data = (void *)got;
+    g.t.shape = g.shape;
+    memset(r, 0, sizeof *r);
+    r->worst = -1;
+    int64_t n = tk_ops__numel(&ref->t);
+    int exact = ref->exact || ref->t.dtype.code == TK_DL_INT || ref->t.dtype.code == TK_DL_UINT;
+    double rel = tk_ops__tol_rel(ref->t.dtype), f = c && c->tol_factor > 0 ? c->tol_factor : 1, worst_ratio = -1;
+    for (int64_t i = 0; i < n; i++) {
+        double w = get_f(ref, i);
+        if (isfinite(w) && fabs(w) > r->max_ref)
+            r->max_ref = fabs(w);
+    }
+    /* i8 codes are integers a step apart; fp8 ones a relative step of 2^-3 (e4m3) or 2^-2 (e5m2) */
+    double abs_floor = ref->t.dtype.code == TK_DL_INT && ref->t.dtype.bits == 8 && !ref->exact ? 1.0 : 1e-30;
+    if (ref->t.dtype.code == TK_DL_FLOAT8_E4M3FN || ref->t.dtype.code == TK_DL_FLOAT8_E5M2)
+        rel = ref->t.dtype.code == TK_DL_FLOAT8_E4M3FN ? 0x1p-3 : 0x1p-2;
+    if (ref->t.dtype.code == TK_DL_INT && ref->t.dtype.bits == 8 && !ref->exact)
+        exact = 0; /* quantised outputs: one step either way */
+    for (int64_t i = 0; i < n; i++) {
+        double w = get_f(ref, i), x = get_f(&g, i), tol = 0, ratio;
+        int ok;
+        if (exact) {
+            ok = (isnan(w) && isnan(x)) || (w == x && !signbit(w) == !signbit(x)) || (w == 0 && x == 0);
+            ratio = ok ? 0 : INFINITY;
+        } else if (isnan(w)) {
+            ok = isnan(x);
+            ratio = ok ? 0 : INFINITY;
+        } else if (isinf(w)) {
+            ok = x == w;
+            ratio = ok ? 0 : INFINITY;
+        } else {
+            tol = f * (4 * rel * fabs(w) + 16 * rel * r->max_ref) + abs_floor;
+            double d = fabs(x - w);
+            ok = d <= tol; /* NaN got: fails */
+            ratio = isfinite(d) ? d / tol : INFINITY;
+        }
+        r->n++;
+        r->bad += !ok;
+        if (r->worst < 0 || ratio > worst_ratio) {
+            r->worst = i;
+            worst_ratio = ratio;
+            r->got = x;
+            r->want = w;
+            r->tol = tol;
+        }
+    }
+    r->ok = r->bad == 0;
+}
