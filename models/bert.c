@@ -193,4 +193,4 @@ static void free_state(tk_model *m)
     m->state = NULL;
 }
 
-const tk_models_arch tk_models__bert = {"bert", load, plan, forward, free_state};
+const tk_models_arch tk_models__bert = {"bert", load, plan, forward, free_state, NULL, NULL, NULL, NULL};

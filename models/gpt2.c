@@ -185,4 +185,4 @@ static void free_state(tk_model *m)
     m->state = NULL;
 }
 
-const tk_models_arch tk_models__gpt2 = {"gpt2", load, plan, forward, free_state};
+const tk_models_arch tk_models__gpt2 = {"gpt2", load, plan, forward, free_state, NULL, NULL, NULL, NULL};
