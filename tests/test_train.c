@@ -221,9 +221,29 @@ static int accumulate(run_t *r, int step, double *loss)
 }
 
 /* Every named gradient against torch's: returns 1 when all are within tol; *worst the largest error. */
+/* The largest |x| of every dump tensor whose name starts with prefix. */
+static double dump_max(const dump *d, const char *prefix)
+{
+    double m = 0;
+    for (size_t i = 0; i < d->n; i++) {
+        if (strncmp(d->t[i].name, prefix, strlen(prefix)))
+            continue;
+        const float *x = d->t[i].data;
+        for (int64_t k = 0; k < st_numel(&d->t[i]); k++)
+            m = fabs(x[k]) > m ? fabs(x[k]) : m;
+    }
+    return m;
+}
+
+/* Every named gradient against torch's: max |tk - torch| / scale <= tol per tensor, the scale its own
+ * max |torch|, but at least 1e-4 of the largest gradient of the model: a tensor whose gradient is zero
+ * in exact arithmetic (BERT's key biases: softmax ignores a shift of a whole score row) holds only
+ * rounding noise, ~1e-9 of the others, which two implementations cannot agree on. Returns 1 when all
+ * match; *worst the largest error. */
 static int grads_match(run_t *r, double tol, double *worst, int verbose, int *all_nonzero)
 {
     int ok = 1;
+    double floor = 1e-4 * dump_max(&r->d, "grad.");
     *worst = 0;
     if (all_nonzero)
         *all_nonzero = 1;
@@ -241,6 +261,8 @@ static int grads_match(run_t *r, double tol, double *worst, int verbose, int *al
         float *g = malloc((size_t)ne * sizeof(float));
         CHECK_RC(tk_train_tensor_get(r->t, nm, TK_TRAIN_GRAD, g, (size_t)ne), TK_OK);
         double rmax, e = rel_err(g, ref->data, ne, &rmax);
+        if (rmax < floor)
+            e = e * rmax / floor;
         double gmax = 0;
         for (int64_t k = 0; k < ne; k++)
             gmax = fabs(g[k]) > gmax ? fabs(g[k]) : gmax;
@@ -313,37 +335,43 @@ static void parity(const char *name)
     CHECK(wl <= 2e-5);
     CHECK(wn <= 1e-4);
     CHECK(wlr <= 1e-6);
-    double wp = 0;
+    /* Parameters after the 10 steps. An element whose gradient is zero in exact arithmetic (a key bias:
+     * softmax ignores a shift of every score of a row) holds rounding noise in both runs, and AdamW
+     * normalises noise to lr-sized steps, so such elements cannot agree and are left out: those whose
+     * torch gradient stayed below 1e-6 of its tensor's largest, or of the model's largest, in all 10 steps.
+     * Their count is printed. */
+    double wp = 0, gfloor = 1e-6 * dump_max(&r.d, "gmax.");
+    int64_t skipped = 0;
     for (size_t i = 0; i < tk_train_tensor_count(r.t); i++) {
         int64_t ne;
         const char *nm = tk_train_tensor_name(r.t, i, &ne);
-        const tk_st_tensor *ref = dget(&r.d, "param.%s", nm);
-        float *p = malloc((size_t)ne * sizeof(float)), *p0 = malloc((size_t)ne * sizeof(float));
+        const tk_st_tensor *ref = dget(&r.d, "param.%s", nm), *g0 = dget(&r.d, "gmax.%s", nm);
+        float *p = malloc((size_t)ne * sizeof(float));
         CHECK_RC(tk_train_tensor_get(r.t, nm, TK_TRAIN_PARAM, p, (size_t)ne), TK_OK);
-        /* the scale: how far torch moved the parameter */
-        tk_model *m0 = NULL;
-        (void)m0;
-        const float *rp = ref->data;
-        double e = 0, mv = 0;
+        const float *rp = ref->data, *rg = g0->data;
+        double e = 0, mv = 0, gmax = 0;
+        for (int64_t k = 0; k < ne; k++)
+            gmax = fabs(rg[k]) > gmax ? fabs(rg[k]) : gmax;
         for (int64_t k = 0; k < ne; k++) {
+            mv = fabs(rp[k]) > mv ? fabs(rp[k]) : mv;
+            if (fabs(rg[k]) <= 1e-6 * gmax || fabs(rg[k]) <= gfloor) {
+                skipped++;
+                continue;
+            }
             double d = fabs((double)p[k] - rp[k]);
             e = d > e || isnan(d) ? d : e;
         }
-        /* the initial values are in the checkpoint */
-        (void)p0;
-        for (int64_t k = 0; k < ne; k++)
-            mv = fabs(rp[k]) > mv ? fabs(rp[k]) : mv;
         double rel = e / (mv > 0 ? mv : 1);
         if (rel > 1e-5)
             fprintf(stderr, "%s: param '%s' after %d steps: max |tk - torch| = %.3g (max |torch| %.3g)\n", name, nm,
                     STEPS, e, mv);
         wp = rel > wp || isnan(rel) ? rel : wp;
         free(p);
-        free(p0);
     }
     CHECK(wp <= 1e-5);
     printf("    %s: worst logits %.2g, loss %.2g, grad %.2g, grad norm %.2g, lr %.2g, params after %d steps %.2g "
-           "(relative to max |torch| per tensor)\n", name, el, wl, eg, wn, wlr, STEPS, wp);
+           "(relative to max |torch| per tensor; %lld elements with a zero gradient left out)\n", name, el, wl, eg,
+           wn, wlr, STEPS, wp, (long long)skipped);
     run_close(&r);
 }
 

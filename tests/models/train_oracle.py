@@ -16,6 +16,7 @@ For each model NAME in {llama, gpt2, bert} it writes
       loss, grad_norm, lr   f32 [10]        each step's mean loss, clip_grad_norm_'s norm, the lr used
       grad.NAME             f32             step 0's gradient of every named parameter
       param.NAME            f32             every parameter after the 10 steps
+      gmax.NAME             f32             each element's largest |gradient| over the 10 steps
 
 The recipe (tk's defaults in tk_train_opts, written out): AdamW(lr 3e-3, betas (0.9, 0.95), eps 1e-8,
 weight_decay 0.1) with two groups: no decay for 1-D parameters (norms, biases) and nn.Embedding tables;
@@ -112,6 +113,7 @@ def run(name, model, kind, lens, seed):
     sched = get_cosine_schedule_with_warmup(opt, 2, STEPS)
     dump = {"lens": torch.tensor(lens, dtype=torch.int64)}
     losses, norms, lrs = [], [], []
+    gmax = {n: torch.zeros_like(p) for n, p in model.named_parameters()}
     for step, (ids, labels) in enumerate(data):
         dump["ids.%d" % step] = pack(ids, lens).to(torch.int32)
         dump["targets.%d" % step] = tk_targets(kind, labels, lens)
@@ -125,6 +127,8 @@ def run(name, model, kind, lens, seed):
             dump["logits"] = pack(out.logits.detach(), lens).float().contiguous()
             for n, p in model.named_parameters():
                 dump["grad." + n] = p.grad.detach().clone().contiguous()
+        for n, p in model.named_parameters():
+            gmax[n] = torch.maximum(gmax[n], p.grad.detach().abs())
         norms.append(float(torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)))
         lrs.append(sched.get_last_lr()[0])
         losses.append(float(out.loss.detach()))
@@ -132,6 +136,7 @@ def run(name, model, kind, lens, seed):
         sched.step()
     for n, p in model.named_parameters():
         dump["param." + n] = p.detach().clone().contiguous()
+        dump["gmax." + n] = gmax[n].contiguous()
     dump["loss"] = torch.tensor(losses, dtype=torch.float32)
     dump["grad_norm"] = torch.tensor(norms, dtype=torch.float32)
     dump["lr"] = torch.tensor(lrs, dtype=torch.float32)
