@@ -37,6 +37,7 @@ int tk_cmd_versions(tk_cli *cli, int argc, char **argv);
 int tk_cmd_update(tk_cli *cli, int argc, char **argv);
 /* chat templates (hchat) */
 int tk_cmd_chat(tk_cli *cli, int argc, char **argv);
+int tk_cmd_train(tk_cli *cli, int argc, char **argv);
 
 static const struct {
     const char *name;
@@ -69,6 +70,7 @@ static const struct {
     {"update", tk_cmd_update, "move installed packages to the newest version of their major"},
     {"check", tk_cmd_check, "check a package directory: manifest and an NVRTC compile, nothing written"},
     {"generate", tk_cmd_generate, "generate text with a Llama or GPT-2 checkpoint (greedy, sampling, beams)"},
+    {"train", tk_cmd_train, "fine-tune a checkpoint on text files (AdamW, as PyTorch); HF checkpoints out"},
     {"chat", tk_cmd_chat, "chat with a checkpoint through its tokenizer's chat template (stdin turns)"},
 };
 

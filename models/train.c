@@ -602,6 +602,7 @@ static double lr_at(const tk_train_opts *o, int64_t done)
 /* After a non-finite loss: the first parameter, or the first forward tensor, that holds NaN or inf. */
 static int diagnose(tk_trainer *t, double loss)
 {
+    loss = isnan(loss) ? NAN : loss; /* "nan", never "-nan" */
     tk_model *m = t->m;
     int64_t one = 1;
     for (size_t i = 0; i < t->ntw; i++) {
@@ -618,8 +619,13 @@ static int diagnose(tk_trainer *t, double loss)
     m->train_check = 1;
     int rc = m->arch->train_forward(m, &m->batch);
     m->train_check = 0;
-    if (rc != TK_OK)
-        return tk__err_wrap(rc, "step %lld: the loss is %g", (long long)t->step + 1, loss);
+    if (rc != TK_OK) {
+        char why[512];
+        snprintf(why, sizeof why, "%s", tk_last_error());
+        return tk__err(rc, "step %lld: the loss is %g; %s\nHINT: a lower learning rate, or clipping "
+                       "(max_grad_norm); the checkpoint's weights may be too large for f32 activations",
+                       (long long)t->step + 1, loss, why);
+    }
     return tk__err(TK_ERR_INVALID, "step %lld: the loss is %g, but every activation is finite: the LM head's "
                    "logits overflow\nHINT: a lower learning rate, or clipping (max_grad_norm)",
                    (long long)t->step + 1, loss);
@@ -648,9 +654,13 @@ static int forward_loss(tk_trainer *t, const int32_t *ids, const int64_t *target
         n++;
     }
     int rc = tk_models__prepare(m, ids, lens, nseq);
-    if (rc == TK_ERR_NOMEM)
-        return tk__err_wrap(rc, "training activations%s\nHINT: fewer tokens per micro-batch (batch size x sequence "
-                            "length), or activation checkpointing", m->train_ckpt ? "" : " (no checkpointing)");
+    if (rc == TK_ERR_NOMEM) {
+        char why[512];
+        snprintf(why, sizeof why, "%s", tk_last_error());
+        return tk__err(rc, "training: %s%s\nHINT: fewer tokens per micro-batch (batch size x sequence length)%s", why,
+                       m->train_ckpt ? " (with activation checkpointing)" : "",
+                       m->train_ckpt ? "" : ", or activation checkpointing");
+    }
     if (rc != TK_OK)
         return rc;
     tk_models_batch *b = &m->batch;

@@ -4,6 +4,7 @@ tiny seeded models with transformers, saves them with save_pretrained, runs 10 t
 torch.optim.AdamW exactly as tk trains, and dumps everything the C test compares.
 
     train_oracle.py OUT
+    train_oracle.py cli OUT GPT2_DIR    the checkpoints tests/cli/train.sh needs (below)
 
 For each model NAME in {llama, gpt2, bert} it writes
   OUT/NAME/                     the checkpoint (f32), as save_pretrained writes it
@@ -34,7 +35,7 @@ from safetensors.torch import load_file, save_file
 from transformers import (BertConfig, BertForMaskedLM, GPT2Config, GPT2LMHeadModel, LlamaConfig, LlamaForCausalLM,
                           get_cosine_schedule_with_warmup)
 
-OUT = sys.argv[1]
+OUT = sys.argv[-1] if len(sys.argv) == 2 else None
 V = 96
 STEPS = 10
 torch.backends.cuda.matmul.allow_tf32 = False
@@ -163,5 +164,52 @@ def main():
     run("bert", bert, "mlm", [9, 6], 3)
 
 
+def cli(out, gpt2_dir):
+    """For tests/cli/train.sh: OUT/bert-mlm (a tiny BertForMaskedLM with a WordPiece tokenizer trained
+    here: [PAD] [UNK] [CLS] [SEP] [MASK], BERT's post-processor), and copies of GPT2_DIR (a checkpoint
+    with its tokenizer.json) broken one way each: gpt2-nan (a NaN weight), gpt2-overflow (a layer-1 MLP
+    weight of 3e38: finite, but the product overflows to inf), gpt2-notok (no tokenizer.json)."""
+    from tokenizers import Tokenizer, models, normalizers, pre_tokenizers, processors, trainers
+    words = ("the quick brown fox jumps over the lazy dog a journey of a thousand miles begins with a single "
+             "step once upon a time there was a little model").split()
+    g = torch.Generator().manual_seed(5)
+    text = [" ".join(words[int(i)] for i in torch.randint(0, len(words), (12,), generator=g)) for _ in range(200)]
+    tok = Tokenizer(models.WordPiece(unk_token="[UNK]"))
+    tok.normalizer = normalizers.BertNormalizer(lowercase=True)
+    tok.pre_tokenizer = pre_tokenizers.BertPreTokenizer()
+    tok.train_from_iterator(text, trainers.WordPieceTrainer(vocab_size=120, special_tokens=[
+        "[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]"]))
+    cls, sep = tok.token_to_id("[CLS]"), tok.token_to_id("[SEP]")
+    tok.post_processor = processors.TemplateProcessing(single="[CLS] $A [SEP]", pair="[CLS] $A [SEP] $B [SEP]",
+                                                       special_tokens=[("[CLS]", cls), ("[SEP]", sep)])
+    d = os.path.join(out, "bert-mlm")
+    bert = BertForMaskedLM(BertConfig(vocab_size=tok.get_vocab_size(), hidden_size=32, num_hidden_layers=2,
+                                      num_attention_heads=4, intermediate_size=64, max_position_embeddings=64,
+                                      pad_token_id=0))
+    init(bert, 11)
+    bert.save_pretrained(d)
+    tok.save(os.path.join(d, "tokenizer.json"))
+    for name, how in (("gpt2-nan", "nan"), ("gpt2-overflow", "big"), ("gpt2-notok", "notok")):
+        dst = os.path.join(out, name)
+        shutil.rmtree(dst, ignore_errors=True)
+        shutil.copytree(gpt2_dir, dst)
+        if how == "notok":
+            os.remove(os.path.join(dst, "tokenizer.json"))
+            continue
+        f = os.path.join(dst, "model.safetensors")
+        sd = load_file(f)
+        k = "transformer.h.1.mlp.c_fc.weight" if how == "big" else "transformer.h.0.attn.c_proj.weight"
+        sd[k] = sd[k].clone()
+        if how == "nan":
+            sd[k][3, 5] = float("nan")
+        else:
+            sd[k][:, :] = 3e38
+        save_file(sd, f, metadata={"format": "pt"})
+    print("ok")
+
+
 if __name__ == "__main__":
-    main()
+    if len(sys.argv) == 4 and sys.argv[1] == "cli":
+        cli(sys.argv[2], sys.argv[3])
+    else:
+        main()
