@@ -133,7 +133,7 @@ typedef struct {
     char *resume_from;
     int32_t *ids;
     int64_t *targets;
-    size_t *lens;
+    size_t *lens, *blocks;
     double t0;
     long long start_step;
 } train_job;
@@ -558,7 +558,7 @@ static int split(train_job *j, tk_cli *cli)
         j->steps = (long long)(((size_t)j->epochs * j->ntrain + per_step - 1) / per_step);
     size_t rows = (size_t)j->batch, T = rows * (size_t)j->seq_len;
     if (!(j->ids = malloc(T * sizeof *j->ids)) || !(j->targets = malloc(T * sizeof *j->targets)) ||
-        !(j->lens = malloc(rows * sizeof *j->lens)))
+        !(j->lens = malloc(rows * sizeof *j->lens)) || !(j->blocks = malloc(rows * sizeof *j->blocks)))
         return tk_cli_errorf(cli, TK_ERR_NOMEM, 0, "out of memory");
     return GO;
 }
@@ -697,7 +697,7 @@ static int eval_loss(train_job *j, tk_cli *cli, double *mean, int64_t *ntok)
 {
     double sum = 0;
     int64_t n = 0;
-    size_t blocks[4096];
+    size_t *blocks = j->blocks;
     for (size_t b0 = 0; b0 < j->neval; b0 += (size_t)j->batch) {
         size_t rows = j->neval - b0 < (size_t)j->batch ? j->neval - b0 : (size_t)j->batch;
         for (size_t r = 0; r < rows; r++)
@@ -781,9 +781,7 @@ static int train_loop(train_job *j, tk_cli *cli)
     char saved[4096] = "";
     double last_eval = NAN;
     int64_t tok_total = 0;
-    size_t blocks[4096];
-    if ((size_t)j->batch > sizeof blocks / sizeof blocks[0])
-        return tk_cli_usage(USAGE, "--batch-size %lld is more than %zu", j->batch, sizeof blocks / sizeof blocks[0]);
+    size_t *blocks = j->blocks;
     if (step >= j->steps)
         tk_cli_info(cli, "the run is at step %lld of %lld already: nothing to train (--steps extends it)", step,
                     j->steps);
@@ -858,7 +856,7 @@ static int train_loop(train_job *j, tk_cli *cli)
             printf("%.9g", last_eval);
         printf(", \"tokens\": %lld, \"tokens_per_s\": %.1f, \"elapsed_s\": %.3f}\n", (long long)tok_total,
                el > 0 ? (double)tok_total / el : 0, el);
-    } else if (!cli->quiet) {
+    } else if (!cli->quiet || stop_signal) {
         fprintf(stderr, "%s at step %lld of %lld; checkpoint %s\n", stop_signal ? "interrupted" : "done", step,
                 j->steps, saved[0] ? saved : "(none)");
     }
@@ -973,6 +971,7 @@ int tk_cmd_train(tk_cli *cli, int argc, char **argv)
     free(j->ids);
     free(j->targets);
     free(j->lens);
+    free(j->blocks);
     free(j);
     return ec;
 }

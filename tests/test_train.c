@@ -90,7 +90,7 @@ static int64_t st_numel(const tk_st_tensor *t)
 static void make_oracle(void)
 {
     const char *venv = getenv("TK_PY_VENV");
-    char py[1024], cmd[4096], stamp[1200], want[TK_SHA256_HEX];
+    char py[1024], cmd[8192], stamp[1200], want[TK_SHA256_HEX];
     snprintf(py, sizeof py, "%s/bin/python", venv && *venv ? venv : "build/py-venv");
     snprintf(oracle_dir, sizeof oracle_dir, "%s/train-oracle", getenv("TK_BUILD") ? getenv("TK_BUILD") : "build");
     if (access(py, X_OK) != 0) {
