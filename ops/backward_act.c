@@ -258,7 +258,7 @@ static const bact_info b_gelu = {gelu_f, gelu_d, 0, 0}, b_gelu_tanh = {gelu_tanh
                        b_gelu_and_mul = {gelu_f, gelu_d, 1, 1}, b_gelu_tanh_and_mul = {gelu_tanh_f, gelu_tanh_d, 1, 1};
 static const int log_flag = 1;
 
-#define PKG "kernels-community/activation"
+#define PKG "kernels-community/training"
 #define PLAIN(nm, summ, info)                                                                                 \
     {nm, "activation", summ, plain_params, 3, check_plain, cpu_bact, &info, PKG}
 #define GATED(nm, summ, info)                                                                                 \
@@ -282,8 +282,8 @@ const tk_op_desc tk_ops__backward_act[] = {
     {"tanh_backward", "layers", "grad_input = grad_out * (1 - tanh(x)^2)", plain_params, 3, check_plain, cpu_bact,
      &b_tanh, "kernels-community/layers"},
     {"softmax_backward", "softmax", "y = the forward's out: grad_input = y * (grad_out - sum(grad_out * y, -1))",
-     softmax_params, 3, check_softmax_bwd, cpu_softmax_bwd, NULL, "kernels-community/softmax"},
+     softmax_params, 3, check_softmax_bwd, cpu_softmax_bwd, NULL, PKG},
     {"log_softmax_backward", "softmax", "y = the forward's out: grad_input = grad_out - exp(y) * sum(grad_out, -1)",
-     softmax_params, 3, check_softmax_bwd, cpu_softmax_bwd, &log_flag, "kernels-community/softmax"},
+     softmax_params, 3, check_softmax_bwd, cpu_softmax_bwd, &log_flag, PKG},
 };
 const size_t tk_ops__backward_act_count = sizeof tk_ops__backward_act / sizeof tk_ops__backward_act[0];

@@ -219,7 +219,7 @@ static const tk_op_param sumsq_params[] = {
      .min_rank = 0, .max_rank = -1, .shape = "[...]", .doc = "x"},
 };
 
-#define PKG "kernels-community/optim"
+#define PKG "kernels-community/training"
 
 const tk_op_desc tk_ops__optim[] = {
     {"adamw", "optim", "one tensor's torch.optim.AdamW step (decoupled weight decay, bias correction) in fp32",
