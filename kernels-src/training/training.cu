@@ -121,6 +121,7 @@ __global__ void tk_softmax_backward(T *grad_input,       // (rows, d) T (may be 
                                     const T *out,        // (rows, d) T the forward's out
                                     tk_i64 rows, tk_i64 d)
 {
+    using namespace tk_train;
     for (tk_i64 r = blockIdx.x; r < rows; r += gridDim.x) {
         const T *g = grad_out + r * d, *y = out + r * d;
         float s = 0.0f;
@@ -145,6 +146,7 @@ __global__ void tk_adamw(float *param,                   // (n,) f32
                          double lr, double beta1, double beta2, double eps, double weight_decay, tk_i64 step,
                          double grad_scale, tk_i64 n)
 {
+    using namespace tk_train;
     const double bc1 = 1.0 - pow(beta1, (double)step), bc2 = 1.0 - pow(beta2, (double)step);
     const float decay = (float)(1.0 - lr * weight_decay), omb1 = (float)(1.0 - beta1), b2 = (float)beta2,
                 omb2 = (float)(1.0 - beta2), bc2s = (float)sqrt(bc2), feps = (float)eps,
@@ -171,6 +173,7 @@ __global__ void tk_sum_squares(O *out,                       // (1,) f64 or f32
                                const T *__restrict__ input,  // (n,) T
                                tk_i64 n)
 {
+    using namespace tk_train;
     double s = 0.0;
     for (tk_i64 i = threadIdx.x; i < n; i += blockDim.x) {
         const double x = (double)to_f32(input[i]);
