@@ -533,6 +533,78 @@ static void test_checkpointing_and_fused_loss(void)
     }
 }
 
+/* On a GPU (skipped without one): the same step-0 gradients from the model on cuda, f32, through the
+ * packages' kernels (cuBLASLt, the CUDA-core attention backward, kernels-community/training...),
+ * against the CPU run: per tensor max |gpu - cpu| <= 1e-3 * max |cpu| (fp32 everywhere, but the GPU's
+ * ex2.approx softmax and other summation orders), and the loss within 1e-5 relative. */
+static void test_gpu_gradients_match_cpu(void)
+{
+    NEED_ORACLE();
+    int ndev = 0;
+    const char *e = getenv("TK_TEST_GPU");
+    if ((e && !strcmp(e, "0")) || tk_device_count(&ndev) != TK_OK || ndev < 1) {
+        if (e && !strcmp(e, "1"))
+            CHECK(!"TK_TEST_GPU=1 but no usable CUDA device");
+        SKIP("no CUDA device: the GPU training path did not run");
+    }
+    char home[] = "/tmp/tk-test.XXXXXX";
+    CHECK(mkdtemp(home) != NULL);
+    tk_ctx_opts co = TK_CTX_OPTS_INIT;
+    co.home = home;
+    co.offline = 0; /* the build's default registry */
+    tk_ctx *gctx = NULL;
+    CHECK_RC(tk_ctx_new(&gctx, &co), TK_OK);
+    const char *pkgs[] = {"kernels-community/activation", "kernels-community/layers",    "kernels-community/rmsnorm",
+                          "kernels-community/rotary",     "kernels-community/flash-attn", "kernels-community/cross-entropy",
+                          "kernels-community/training"};
+    for (size_t i = 0; gctx && i < sizeof pkgs / sizeof pkgs[0]; i++) {
+        tk_pkg *p = NULL;
+        CHECK_RC(tk_pkg_get(&p, gctx, pkgs[i], NULL), TK_OK);
+        tk_pkg_free(p);
+    }
+    const char *names[] = {"llama", "gpt2", "bert"};
+    for (int i = 0; gctx && i < 3; i++) {
+        char dir[1200];
+        snprintf(dir, sizeof dir, "%s/%s", oracle_dir, names[i]);
+        run_t c;
+        CHECK(run_open(&c, names[i], dir, 1, 0) == 0);
+        tk_model *gm = NULL;
+        tk_trainer *gt = NULL;
+        tk_model_opts mo = TK_MODEL_OPTS_INIT;
+        mo.device_type = TK_DEV_CUDA;
+        mo.dtype = "f32";
+        tk_train_opts o = recipe(1, 0);
+        CHECK_RC(tk_model_load(&gm, gctx, dir, &mo), TK_OK);
+        CHECK_RC(tk_train_new(&gt, gm, &o), TK_OK);
+        double lc = 0, lg = 0;
+        const tk_st_tensor *ids = dget(&c.d, "ids.0"), *tg = dget(&c.d, "targets.0");
+        CHECK_RC(tk_train_accumulate(c.t, ids->data, tg->data, c.lens, (size_t)c.nseq, &lc), TK_OK);
+        CHECK_RC(tk_train_accumulate(gt, ids->data, tg->data, c.lens, (size_t)c.nseq, &lg), TK_OK);
+        CHECK(fabs(lg - lc) <= 1e-5 * fabs(lc));
+        double worst = 0;
+        for (size_t k = 0; gt && k < tk_train_tensor_count(c.t); k++) {
+            int64_t ne;
+            const char *nm = tk_train_tensor_name(c.t, k, &ne);
+            float *a = malloc((size_t)ne * 4), *b = malloc((size_t)ne * 4);
+            CHECK_RC(tk_train_tensor_get(c.t, nm, TK_TRAIN_GRAD, a, (size_t)ne), TK_OK);
+            CHECK_RC(tk_train_tensor_get(gt, nm, TK_TRAIN_GRAD, b, (size_t)ne), TK_OK);
+            double e = rel_err(b, a, ne, NULL);
+            if (e > 1e-3)
+                fprintf(stderr, "%s: gpu gradient of '%s' off by %.3g of its max\n", names[i], nm, e);
+            worst = e > worst || isnan(e) ? e : worst;
+            free(a);
+            free(b);
+        }
+        CHECK(worst <= 1e-3);
+        printf("    %s on cuda: loss %.8f (cpu %.8f), worst gradient %.2g of its max\n", names[i], lg, lc, worst);
+        tk_train_free(gt);
+        tk_model_free(gm);
+        run_close(&c);
+    }
+    tk_ctx_free(gctx);
+    tk__rmtree(home);
+}
+
 int main(void)
 {
     char home[] = "/tmp/tk-test.XXXXXX";
@@ -552,6 +624,7 @@ int main(void)
     RUN(test_flipped_weight_fails);
     RUN(test_rerun_and_resume_bit_identical);
     RUN(test_checkpointing_and_fused_loss);
+    RUN(test_gpu_gradients_match_cpu);
     tk_ctx_free(ctx);
     tk__rmtree(home);
     return th_done();
