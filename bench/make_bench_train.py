@@ -14,4 +14,5 @@ LlamaForCausalLM(LlamaConfig(vocab_size=32000, hidden_size=512, intermediate_siz
                              num_attention_heads=8, num_key_value_heads=4, max_position_embeddings=2048)
                  ).save_pretrained(os.path.join(out, "llama"))
 GPT2LMHeadModel(GPT2Config(vocab_size=32000, n_embd=512, n_layer=8, n_head=8, n_positions=1024, resid_pdrop=0.0,
+                           bos_token_id=0, eos_token_id=0,
                            embd_pdrop=0.0, attn_pdrop=0.0)).save_pretrained(os.path.join(out, "gpt2"))

@@ -653,13 +653,14 @@ typedef struct {
     int64_t total_steps;    /* > 0: cosine decay from lr to min_lr_ratio * lr at this step; 0: constant */
     double min_lr_ratio;    /* default 0 */
     int checkpointing;      /* 1: per-layer activation checkpointing (keep layer inputs, recompute in backward) */
-    int fused_loss;         /* 1 (default): fused_linear_cross_entropy, never the [tokens, vocab] logits;
-                               0: logits, then cross_entropy (tk_train_logits can read them) */
+    int fused_loss;         /* 1: fused_linear_cross_entropy, never the [tokens, vocab] logits; 0: logits,
+                               then cross_entropy (tk_train_logits can read them); -1 (default): fused on
+                               a GPU, logits on the CPU (faster there, T x V x 8 bytes more memory) */
     int64_t ignore_index;   /* targets equal to it add nothing; default -100 */
     double label_smoothing; /* in [0, 1), as F.cross_entropy; default 0 */
 } tk_train_opts;
 #define TK_TRAIN_OPTS_INIT                                                                          \
-    {TK_TRAIN_OPTS_VERSION, 1e-4, 0.9, 0.999, 1e-8, 0.01, 0, 1.0, 0, 0, 0.0, 0, 1, -100, 0.0}
+    {TK_TRAIN_OPTS_VERSION, 1e-4, 0.9, 0.999, 1e-8, 0.01, 0, 1.0, 0, 0, 0.0, 0, -1, -100, 0.0}
 
 /* What an optimiser step did. */
 typedef struct {
@@ -692,8 +693,8 @@ TK_API int tk_train_step(tk_trainer *t, tk_train_stats *st);
  * may be NULL). The gradients accumulated so far are kept. Errors: those of tk_train_accumulate. */
 TK_API int tk_train_eval(tk_trainer *t, const int32_t *ids, const int64_t *targets, const size_t *lens, size_t nseq,
                          double *loss_sum, int64_t *tokens);
-/* The logits of the last accumulate or eval (sum(lens) x vocab floats), with fused_loss 0 only.
- * Errors: TK_ERR_INVALID (fused_loss on, or no batch yet). */
+/* The logits of the last accumulate or eval (sum(lens) x vocab floats), when the loss was not fused.
+ * Errors: TK_ERR_INVALID (the fused loss, or no batch yet). */
 TK_API int tk_train_logits(tk_trainer *t, float *out);
 /* Optimiser steps taken (after a resume: the saved count). */
 TK_API int64_t tk_train_step_count(const tk_trainer *t);

@@ -425,7 +425,7 @@ static int plan_pass(tk_model *m, tk_models_batch *b)
         (rc = tk_models__ws_tensor(m, &b->pos32, i32, 1, &T)) || (rc = tk_models__ws_tensor(m, &b->cu, i32, 1, &S1)) ||
         (rc = tk_models__ws_tensor(m, &b->tt, i32, 1, &T)))
         return rc;
-    if (m->training) { /* models/train.c: what the backward needs instead of the inference buffers */
+    if (m->plan_train) { /* models/train.c: what the backward needs instead of the inference buffers */
         if ((rc = m->arch->train_plan(m, b)) != TK_OK)
             return rc;
         return tk_models__train_plan_head(m, b);
@@ -437,7 +437,7 @@ static int plan_pass(tk_model *m, tk_models_batch *b)
 static int plan(tk_model *m, int64_t T, int64_t nseq)
 {
     tk_models_batch *b = &m->batch;
-    if (m->planned && b->T == T && b->nseq == nseq && m->planned_training == m->training)
+    if (m->planned && b->T == T && b->nseq == nseq && m->planned_training == m->plan_train)
         return TK_OK;
     m->planned = 0;
     dev_free(m, m->ws);
@@ -458,7 +458,7 @@ static int plan(tk_model *m, int64_t T, int64_t nseq)
     if ((rc = plan_pass(m, b)) != TK_OK)
         return rc;
     m->planned = 1;
-    m->planned_training = m->training;
+    m->planned_training = m->plan_train;
     return TK_OK;
 }
 
@@ -703,7 +703,10 @@ static int prepare(tk_model *m, const int32_t *ids, const size_t *lens, size_t n
 
 int tk_models__prepare(tk_model *m, const int32_t *ids, const size_t *lens, size_t nseq)
 {
-    return prepare(m, ids, lens, nseq);
+    m->plan_train = 1; /* the training plan; tk_model_forward between steps plans inference again */
+    int rc = prepare(m, ids, lens, nseq);
+    m->plan_train = 0;
+    return rc;
 }
 
 int tk_models__dev_alloc(tk_model *m, void **p, size_t bytes) { return dev_alloc(m, p, bytes); }

@@ -211,10 +211,12 @@ struct tk_model {
     struct tk_models_qweight *qw;
     size_t nqw, capqw;
     int64_t q_float_bytes, q_bytes; /* the replaced weights' bytes in the compute dtype, and quantised */
-    /* Training (models/train.c): the activation plan is the family's train_plan (what backward needs),
-     * with per-layer activation checkpointing when train_ckpt; train_check: each train_forward step is
-     * checked for non-finite values (after a NaN loss, to name the tensor). */
-    int training, train_ckpt, train_check, planned_training;
+    /* Training (models/train.c): while a trainer exists (training), tk_models__prepare plans the
+     * family's train_plan (plan_train: what the backward needs) instead of the inference buffers, with
+     * per-layer activation checkpointing when train_ckpt; planned_training says which plan the arena
+     * holds. train_check: each train_forward step is checked for non-finite values (after a NaN loss,
+     * to name the tensor). */
+    int training, train_ckpt, train_check, planned_training, plan_train;
     struct tk_trainer *trainer;
 };
 

@@ -533,6 +533,37 @@ static void test_checkpointing_and_fused_loss(void)
     }
 }
 
+/* tk_model_forward between training steps (a host program sampling as it trains): the inference
+ * plan comes back, its logits are the training forward's, and training goes on unchanged. */
+static void test_forward_between_steps(void)
+{
+    NEED_ORACLE();
+    char dir[1200];
+    snprintf(dir, sizeof dir, "%s/llama", oracle_dir);
+    run_t a, b;
+    CHECK(run_open(&a, "llama", dir, 0, 0) == 0 && run_open(&b, "llama", dir, 0, 0) == 0);
+    double l;
+    CHECK_RC(accumulate(&a, 0, &l), TK_OK);
+    float *lt = malloc((size_t)(a.T * a.V) * 4), *lf = malloc((size_t)(a.T * a.V) * 4);
+    CHECK_RC(tk_train_logits(a.t, lt), TK_OK);
+    const tk_st_tensor *ids = dget(&a.d, "ids.0");
+    CHECK_RC(tk_model_forward(a.m, ids->data, a.lens, (size_t)a.nseq, lf, NULL), TK_OK);
+    CHECK(rel_err(lf, lt, a.T * a.V, NULL) <= 1e-6);
+    tk_train_stats sa, sb;
+    CHECK_RC(tk_train_step(a.t, &sa), TK_OK);
+    CHECK_RC(accumulate(&b, 0, &l), TK_OK);
+    CHECK_RC(tk_train_step(b.t, &sb), TK_OK);
+    CHECK_RC(accumulate(&a, 1, &l), TK_OK);
+    CHECK_RC(tk_train_step(a.t, &sa), TK_OK);
+    CHECK_RC(accumulate(&b, 1, &l), TK_OK);
+    CHECK_RC(tk_train_step(b.t, &sb), TK_OK);
+    CHECK(sa.loss == sb.loss && sa.grad_norm == sb.grad_norm);
+    free(lt);
+    free(lf);
+    run_close(&a);
+    run_close(&b);
+}
+
 /* On a GPU (skipped without one): the same step-0 gradients from the model on cuda, f32, through the
  * packages' kernels (cuBLASLt, the CUDA-core attention backward, kernels-community/training...),
  * against the CPU run: per tensor max |gpu - cpu| <= 1e-3 * max |cpu| (fp32 everywhere, but the GPU's
@@ -624,6 +655,7 @@ int main(void)
     RUN(test_flipped_weight_fails);
     RUN(test_rerun_and_resume_bit_identical);
     RUN(test_checkpointing_and_fused_loss);
+    RUN(test_forward_between_steps);
     RUN(test_gpu_gradients_match_cpu);
     tk_ctx_free(ctx);
     tk__rmtree(home);
