@@ -4,7 +4,7 @@
  * AdamW) on BATCH random sequences of SEQ tokens, f32 on the CPU. One warm-up step, then STEPS timed.
  * Prints one JSON line: step time, tokens/s, the planned activation bytes, peak RSS.
  *
- *     train_step DIR SEQ BATCH STEPS [checkpointing 0|1]
+ *     train_step DIR SEQ BATCH STEPS [checkpointing 0|1] [fused_loss -1|0|1]
  */
 #include <stdio.h>
 #include <stdlib.h>
@@ -29,7 +29,7 @@ int main(int argc, char **argv)
     }
     const char *dir = argv[1];
     size_t seq = (size_t)atol(argv[2]), batch = (size_t)atol(argv[3]);
-    int steps = atoi(argv[4]), ckpt = argc > 5 && atoi(argv[5]);
+    int steps = atoi(argv[4]), ckpt = argc > 5 && atoi(argv[5]), fused = argc > 6 ? atoi(argv[6]) : -1;
     tk_ctx *ctx = NULL;
     tk_model *m = NULL;
     tk_trainer *t = NULL;
@@ -38,6 +38,7 @@ int main(int argc, char **argv)
     tk_model_opts mo = TK_MODEL_OPTS_INIT;
     tk_train_opts o = TK_TRAIN_OPTS_INIT;
     o.checkpointing = ckpt;
+    o.fused_loss = fused;
     if (tk_ctx_new(&ctx, &co) || tk_model_load(&m, ctx, dir, &mo) || tk_train_new(&t, m, &o)) {
         fprintf(stderr, "train_step: %s\n", tk_last_error());
         return 1;
@@ -73,8 +74,8 @@ int main(int argc, char **argv)
     const char *a = info ? strstr(info, "\"activation_bytes\":") : NULL;
     struct rusage ru;
     getrusage(RUSAGE_SELF, &ru);
-    printf("{\"impl\": \"tk\", \"checkpointing\": %s, \"step_s\": %.4f, \"tokens_per_s\": %.1f, \"activation_bytes\": %lld, "
-           "\"peak_rss_bytes\": %lld}\n", ckpt ? "true" : "false", dt, (double)T / dt, a ? atoll(a + 19) : -1LL,
+    printf("{\"impl\": \"tk\", \"fused_loss\": %d, \"checkpointing\": %s, \"step_s\": %.4f, \"tokens_per_s\": %.1f, \"activation_bytes\": %lld, "
+           "\"peak_rss_bytes\": %lld}\n", fused, ckpt ? "true" : "false", dt, (double)T / dt, a ? atoll(a + 19) : -1LL,
            (long long)ru.ru_maxrss * 1024);
     tk_free(info);
     free(ids);
