@@ -177,9 +177,9 @@ int tk_api__op_declare(struct tk_op_desc **out, json_t *j, const char *pkg)
                        "redeclare its signature\nHINT: remove it from \"ops\"; 'tk ops %s' shows the signature its "
                        "kernels must follow", name, name);
     json_t *params = json_object_get(j, "params"), *summary = json_object_get(j, "summary");
-    if (!json_is_array(params) || json_array_size(params) < 1 || json_array_size(params) > TK_OPS_MAX_PARAMS)
+    if (!json_is_array(params) || json_array_size(params) < 1 || json_array_size(params) > TK_OPS_MAX_DECL_PARAMS)
         return tk__err(TK_ERR_MANIFEST, "op '%s': 'params' must be a list of 1 to %d params, outputs first", name,
-                       TK_OPS_MAX_PARAMS);
+                       TK_OPS_MAX_DECL_PARAMS);
     if (summary && !json_is_string(summary))
         return tk__err(TK_ERR_MANIFEST, "op '%s': 'summary' must be a string (one line: what it computes)", name);
     decl *d = calloc(1, sizeof *d);

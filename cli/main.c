@@ -41,6 +41,8 @@ int tk_cmd_chat(tk_cli *cli, int argc, char **argv);
 int tk_cmd_serve_model(tk_cli *cli, int argc, char **argv);
 /* self-tests (issue 24) */
 int tk_cmd_selftest(tk_cli *cli, int argc, char **argv);
+/* training (issue 25) */
+int tk_cmd_train(tk_cli *cli, int argc, char **argv);
 
 /* The groups of tk --help, in order (by task). */
 enum { G_PKG, G_PUBLISH, G_KERNELS, G_MODELS, G_MACHINE, NGROUPS };
@@ -79,6 +81,7 @@ static const struct {
     {"model", tk_cmd_model, "a Hugging Face checkpoint: info, logits", G_MODELS},
     {"generate", tk_cmd_generate, "generate text (greedy, sampling, beams)", G_MODELS},
     {"chat", tk_cmd_chat, "chat through the tokenizer's chat template (turns on stdin)", G_MODELS},
+    {"train", tk_cmd_train, "fine-tune a checkpoint on text files (AdamW); HF checkpoints out", G_MODELS},
     {"serve-model", tk_cmd_serve_model, "serve a checkpoint over OpenAI's API (continuous batching)", G_MODELS},
     {"embed", tk_cmd_embed, "sentence embeddings with an encoder checkpoint", G_MODELS},
     {"tokenize", tk_cmd_tokenize, "encode text to token ids with a tokenizer.json", G_MODELS},

@@ -722,6 +722,120 @@ TK_API int tk_model_forward(tk_model *m, const int32_t *ids, const size_t *lens,
 TK_API int tk_model_pooler_output(float *out, tk_model *m);
 
 /* ---------------------------------------------------------------------------------------------- */
+/* Training                                                                                        */
+
+/* Fine-tuning a loaded model (Llama family, GPT-2, BertForMaskedLM) with AdamW, as PyTorch does it:
+ * every layer's backward runs through tk_op_run, so it runs on the CPU references or on the GPU
+ * kernels of installed packages. See docs/training.md.
+ *
+ *     tk_train_opts o = TK_TRAIN_OPTS_INIT;          // AdamW lr 1e-4, wd 0.01, clip 1.0
+ *     tk_trainer *t = NULL;
+ *     if (tk_train_new(&t, model, &o) != TK_OK) { ... tk_last_error() ... }
+ *     for (step = 0; step < n; step++) {
+ *         tk_train_accumulate(t, ids, targets, lens, nseq, &loss);  // once per micro-batch
+ *         tk_train_step(t, &stats);                                 // clip, AdamW, zero the grads
+ *     }
+ *     tk_train_save(t, "out/checkpoint-100", NULL);                 // HF checkpoint + optimiser state
+ *     tk_train_free(t);
+ *
+ * The loss is the mean cross-entropy over every non-ignored target accumulated since the last step
+ * (token-weighted: accumulating k micro-batches is one batch of all their tokens), of the LM head's
+ * logits: causal LMs predict targets[i] from ids[..i] (pass the ids shifted by one, the last target
+ * ignore_index), BertForMaskedLM the masked positions. Dropout is not applied. Training needs f32
+ * weights (tk_model_opts.dtype "f32", the default on the CPU): they are the master weights AdamW
+ * updates in place. A trainer borrows the model: free the trainer first; it is used from one thread. */
+typedef struct tk_trainer tk_trainer;
+
+#define TK_TRAIN_OPTS_VERSION 1
+typedef struct {
+    unsigned version;       /* TK_TRAIN_OPTS_VERSION */
+    double lr;              /* peak learning rate; default 1e-4 */
+    double beta1, beta2;    /* AdamW's betas; default 0.9, 0.999 */
+    double eps;             /* default 1e-8 */
+    double weight_decay;    /* decoupled, as torch.optim.AdamW; default 0.01 */
+    int decay_all;          /* 0: norms, biases and embeddings get no weight decay (a second group); 1: all do */
+    double max_grad_norm;   /* clip_grad_norm_ over every gradient; <= 0: no clipping; default 1.0 */
+    int64_t warmup_steps;   /* linear warmup from 0 over these optimiser steps (transformers' schedule) */
+    int64_t total_steps;    /* > 0: cosine decay from lr to min_lr_ratio * lr at this step; 0: constant */
+    double min_lr_ratio;    /* default 0 */
+    int checkpointing;      /* 1: per-layer activation checkpointing (keep layer inputs, recompute in backward) */
+    int fused_loss;         /* 1: fused_linear_cross_entropy, never the [tokens, vocab] logits; 0: logits,
+                               then cross_entropy (tk_train_logits can read them); -1 (default): fused on
+                               a GPU, logits on the CPU (faster there, T x V x 8 bytes more memory) */
+    int64_t ignore_index;   /* targets equal to it add nothing; default -100 */
+    double label_smoothing; /* in [0, 1), as F.cross_entropy; default 0 */
+} tk_train_opts;
+#define TK_TRAIN_OPTS_INIT                                                                          \
+    {TK_TRAIN_OPTS_VERSION, 1e-4, 0.9, 0.999, 1e-8, 0.01, 0, 1.0, 0, 0, 0.0, 0, -1, -100, 0.0}
+
+/* What an optimiser step did. */
+typedef struct {
+    int64_t step;      /* optimiser steps taken, this one included */
+    double loss;       /* the mean loss over the step's tokens */
+    double lr;         /* the learning rate it used */
+    double grad_norm;  /* the global L2 norm of the gradients before clipping (clip_grad_norm_'s return) */
+    int64_t tokens;    /* the non-ignored targets it averaged over */
+} tk_train_stats;
+
+/* Starts training `model`: makes its weights writable f32 master copies (mapped weights are copied),
+ * allocates a gradient and AdamW's two moments per weight (zeros). Errors: TK_ERR_INVALID (opts out of
+ * range, named), TK_ERR_UNSUPPORTED (a family tk cannot train, BertModel without its MLM head, a
+ * compute dtype other than f32, weight-only quantisation on), TK_ERR_NOMEM. */
+TK_API int tk_train_new(tk_trainer **out, tk_model *model, const tk_train_opts *opts);
+TK_API void tk_train_free(tk_trainer *t);
+/* One micro-batch: nseq sequences concatenated in ids (sequence s has lens[s] tokens), one target per
+ * token (targets[i] in [0, vocab) or ignore_index). Runs the forward and the backward and adds the
+ * gradients to those accumulated since the last step. *loss (may be NULL) receives this micro-batch's
+ * mean loss (0 when every target is ignored). Errors: TK_ERR_INVALID (an id or target out of range; a
+ * NaN or infinite loss: the message names the first tensor that went non-finite), TK_ERR_NOMEM (the
+ * activations do not fit: fewer tokens per micro-batch, or checkpointing), those of tk_op_run. */
+TK_API int tk_train_accumulate(tk_trainer *t, const int32_t *ids, const int64_t *targets, const size_t *lens,
+                               size_t nseq, double *loss);
+/* The optimiser step over what was accumulated: global-norm clipping, AdamW with the scheduled lr, then
+ * the gradients are zeroed. st (may be NULL) receives what it did. Errors: TK_ERR_INVALID (nothing
+ * accumulated, every target ignored, or a non-finite gradient: the message names the tensor). */
+TK_API int tk_train_step(tk_trainer *t, tk_train_stats *st);
+/* The loss of a batch without training on it (held-out data): *loss_sum over *tokens targets (either
+ * may be NULL). The gradients accumulated so far are kept. Errors: those of tk_train_accumulate. */
+TK_API int tk_train_eval(tk_trainer *t, const int32_t *ids, const int64_t *targets, const size_t *lens, size_t nseq,
+                         double *loss_sum, int64_t *tokens);
+/* The logits of the last accumulate or eval (sum(lens) x vocab floats), when the loss was not fused.
+ * Errors: TK_ERR_INVALID (the fused loss, or no batch yet). */
+TK_API int tk_train_logits(tk_trainer *t, float *out);
+/* Optimiser steps taken (after a resume: the saved count). */
+TK_API int64_t tk_train_step_count(const tk_trainer *t);
+
+/* The trained tensors by their Hugging Face names, in the checkpoint's layout (gate_proj and up_proj
+ * apart, GPT-2's c_attn whole; a tied LM head under the embedding's name): index i of
+ * tk_train_tensor_count(t). *numel (may be NULL) receives its element count. NULL past the end. */
+TK_API size_t tk_train_tensor_count(const tk_trainer *t);
+TK_API const char *tk_train_tensor_name(const tk_trainer *t, size_t i, int64_t *numel);
+enum { TK_TRAIN_PARAM = 0, TK_TRAIN_GRAD = 1, TK_TRAIN_EXP_AVG = 2, TK_TRAIN_EXP_AVG_SQ = 3 };
+/* Copies tensor `name`'s parameter, gradient (of the mean loss over the tokens accumulated since the
+ * last step), or AdamW moment as n f32 values into out. Errors: TK_ERR_NOT_FOUND (no such tensor),
+ * TK_ERR_INVALID (n is not its element count). */
+TK_API int tk_train_tensor_get(tk_trainer *t, const char *name, int what, float *out, size_t n);
+/* Memory and state as JSON (tk_free): {"step", "parameters", "param_bytes", "grad_bytes",
+ * "optimizer_bytes", "activation_bytes" (the planned activations of the last batch shape),
+ * "checkpointing", "fused_loss"}. */
+TK_API int tk_train_info_json(char **out, const tk_trainer *t);
+
+/* Writes directory `dir` (which must not exist) atomically: a Hugging Face checkpoint that
+ * transformers' from_pretrained loads (model.safetensors in f32, config.json, and the model
+ * directory's tokenizer and other files), plus the training state (optimizer.safetensors: exp_avg.NAME
+ * and exp_avg_sq.NAME; trainer_state.json: the step, the options, and `extra_json` (may be NULL) under
+ * "extra"). Everything is written to a temporary sibling, synced, and renamed into place, so a crash or
+ * kill leaves either no `dir` or a whole one. Errors: TK_ERR_INVALID (dir exists, extra_json is not
+ * JSON), TK_ERR_IO, TK_ERR_NOSPACE (the temporary is removed). */
+TK_API int tk_train_save(tk_trainer *t, const char *dir, const char *extra_json);
+/* Restores the optimiser state and step saved in `dir` by tk_train_save into t, which was made over
+ * the model loaded from the same directory; *extra_json (may be NULL) receives the saved "extra"
+ * (tk_free; NULL when none). On the CPU the run then continues bit for bit as if never interrupted.
+ * Errors: TK_ERR_NOT_FOUND (no trainer_state.json or optimizer.safetensors), TK_ERR_INVALID (a
+ * malformed file, or a tensor missing or of another shape: named). */
+TK_API int tk_train_resume(tk_trainer *t, const char *dir, char **extra_json);
+
+/* ---------------------------------------------------------------------------------------------- */
 /* Registry server (tk serve)                                                                      */
 
 /* A running registry server: it serves a static registry tree (the layout `tk publish --to` writes)

@@ -197,7 +197,7 @@ static int lt_fail(cublasStatus_t st, const char *what, int device)
 /* ---- per-device handles and chosen algorithms --------------------------------------------------- */
 
 typedef struct {
-    int dtype, w_kn, bias, tf32;
+    int dtype, w_kn, bias, tf32, x_km, accumulate, y_f32;
     int64_t m, n, k;
     uint32_t align[4];
 } problem;
@@ -307,6 +307,9 @@ static void problem_of(problem *p, const tk_jit_gemm *g, int compute)
     p->w_kn = g->w_kn;
     p->bias = g->bias != NULL;
     p->tf32 = compute == CUBLAS_COMPUTE_32F_FAST_TF32;
+    p->x_km = g->x_km || g->x_ones;
+    p->accumulate = g->accumulate;
+    p->y_f32 = g->y_f32;
     p->m = g->m;
     p->n = g->n;
     p->k = g->k;
@@ -337,7 +340,8 @@ static void descs_free(descs *d)
  * epilogue when there is a bias. */
 static int descs_make(descs *d, const tk_jit_gemm *g, int type, int compute)
 {
-    int32_t ta = g->w_kn ? CUBLAS_OP_N : CUBLAS_OP_T, tb = CUBLAS_OP_N;
+    int xkm = g->x_km || g->x_ones, ytype = g->y_f32 ? CUDA_R_32F : type;
+    int32_t ta = g->w_kn ? CUBLAS_OP_N : CUBLAS_OP_T, tb = xkm ? CUBLAS_OP_T : CUBLAS_OP_N;
     uint32_t epi = g->bias ? CUBLASLT_EPILOGUE_BIAS : CUBLASLT_EPILOGUE_DEFAULT;
     LT(lt.MatmulDescCreate(&d->op, compute, CUDA_R_32F), "cublasLtMatmulDescCreate");
     LT(lt.MatmulDescSetAttribute(d->op, CUBLASLT_MATMUL_DESC_TRANSA, &ta, sizeof ta), "cublasLtMatmulDescSetAttribute");
@@ -351,8 +355,12 @@ static int descs_make(descs *d, const tk_jit_gemm *g, int type, int compute)
         LT(lt.MatrixLayoutCreate(&d->la, type, (uint64_t)g->n, (uint64_t)g->k, g->n), "cublasLtMatrixLayoutCreate");
     else
         LT(lt.MatrixLayoutCreate(&d->la, type, (uint64_t)g->k, (uint64_t)g->n, g->k), "cublasLtMatrixLayoutCreate");
-    LT(lt.MatrixLayoutCreate(&d->lb, type, (uint64_t)g->k, (uint64_t)g->m, g->k), "cublasLtMatrixLayoutCreate");
-    LT(lt.MatrixLayoutCreate(&d->ld, type, (uint64_t)g->n, (uint64_t)g->m, g->n), "cublasLtMatrixLayoutCreate");
+    /* x [m, k] row-major is column-major [k, m]; x stored [k, m] is column-major [m, k], transposed */
+    if (xkm)
+        LT(lt.MatrixLayoutCreate(&d->lb, type, (uint64_t)g->m, (uint64_t)g->k, g->m), "cublasLtMatrixLayoutCreate");
+    else
+        LT(lt.MatrixLayoutCreate(&d->lb, type, (uint64_t)g->k, (uint64_t)g->m, g->k), "cublasLtMatrixLayoutCreate");
+    LT(lt.MatrixLayoutCreate(&d->ld, ytype, (uint64_t)g->n, (uint64_t)g->m, g->n), "cublasLtMatrixLayoutCreate");
     return TK_OK;
 }
 
@@ -425,10 +433,10 @@ static int workspace_alloc(CUdeviceptr *ws, size_t wsz, const tk_jit_gemm *g)
 }
 
 static int matmul(cublasLtHandle_t h, const descs *d, const cublasLtMatmulAlgo_t *algo, CUdeviceptr ws, size_t wsz,
-                  const tk_jit_gemm *g)
+                  const tk_jit_gemm *g, const void *x)
 {
-    float alpha = 1.0f, beta = 0.0f;
-    LT(lt.Matmul(h, d->op, &alpha, g->w, d->la, g->x, d->lb, &beta, g->y, d->ld, g->y, d->ld, algo,
+    float alpha = 1.0f, beta = g->accumulate ? 1.0f : 0.0f;
+    LT(lt.Matmul(h, d->op, &alpha, g->w, d->la, x ? x : g->x, d->lb, &beta, g->y, d->ld, g->y, d->ld, algo,
                  (void *)(uintptr_t)ws, wsz, (CUstream)g->stream),
        "cublasLtMatmul");
     return TK_OK;
@@ -451,9 +459,13 @@ int tk_jit__blaslt_gemm(const tk_jit_gemm *g)
     if ((rc = tk_jit__ctx_push(g->device)) != TK_OK)
         return rc;
     if (g->k == 0) {
-        rc = gemm_k0(g, esize[g->dtype]);
+        rc = g->accumulate ? TK_OK : gemm_k0(g, g->y_f32 ? 4 : esize[g->dtype]);
         tk_jit__ctx_pop();
         return rc;
+    }
+    if (g->x_ones && g->m != 1) {
+        tk_jit__ctx_pop();
+        return tk__err(TK_ERR_INVALID, "cuBLASLt product: a row of ones needs m = 1, got %lld", (long long)g->m);
     }
 
     int compute = g->dtype == TK_JIT_BLASLT_F32 && g->allow_tf32 ? CUBLAS_COMPUTE_32F_FAST_TF32 : CUBLAS_COMPUTE_32F;
@@ -464,11 +476,29 @@ int tk_jit__blaslt_gemm(const tk_jit_gemm *g)
     size_t wsz = 0;
     CUdeviceptr ws = 0;
     problem_of(&p, g, compute);
-    if ((rc = handle_for(&h, g->device)) == TK_OK && (rc = descs_make(&d, g, cuda_type[g->dtype], compute)) == TK_OK &&
+    CUdeviceptr ones = 0;
+    if (g->x_ones) { /* k ones in the operands' dtype: 1.0f is 0x3f800000, f16 0x3c00, bf16 0x3f80 */
+        rc = workspace_alloc(&ones, (size_t)g->k * esize[g->dtype], g);
+        CUresult r = CUDA_SUCCESS;
+        if (rc == TK_OK)
+            r = g->dtype == TK_JIT_BLASLT_F32
+                    ? tk_jit__cu()->cuMemsetD32Async(ones, 0x3f800000u, (size_t)g->k, (CUstream)g->stream)
+                    : tk_jit__cu()->cuMemsetD16Async(ones, g->dtype == TK_JIT_BLASLT_F16 ? 0x3c00 : 0x3f80,
+                                                     (size_t)g->k, (CUstream)g->stream);
+        if (rc == TK_OK && r != CUDA_SUCCESS) {
+            char eb[256];
+            rc = tk__err(TK_ERR_LAUNCH, "cuBLASLt product: filling ones on device %d: %s", g->device,
+                         tk_jit__cu_errstr(r, eb, sizeof eb));
+        }
+    }
+    if (rc == TK_OK && (rc = handle_for(&h, g->device)) == TK_OK &&
+        (rc = descs_make(&d, g, cuda_type[g->dtype], compute)) == TK_OK &&
         (rc = algo_for(&algo, &wsz, h, &d, &p, g)) == TK_OK && (rc = workspace_alloc(&ws, wsz, g)) == TK_OK)
-        rc = matmul(h, &d, &algo, ws, wsz, g);
+        rc = matmul(h, &d, &algo, ws, wsz, g, ones ? (const void *)(uintptr_t)ones : NULL);
     if (ws)
         tk_jit__cu()->cuMemFreeAsync(ws, (CUstream)g->stream);
+    if (ones)
+        tk_jit__cu()->cuMemFreeAsync(ones, (CUstream)g->stream);
     descs_free(&d);
     tk_jit__ctx_pop();
     return rc;

@@ -7,7 +7,7 @@
  *     y[m, n] = sum_k x[m, k] * w[n, k] + bias[n]     (w_kn = 0: w is [n, k], nn.Linear)
  *     y[m, n] = sum_k x[m, k] * w[k, n] + bias[n]     (w_kn = 1: w is [k, n], GPT-2's Conv1D)
  *
- * x, w, bias and y share one dtype (f32, f16 or bf16); the product accumulates in fp32
+ * x, w, bias and y share one dtype (f32, f16 or bf16; y f32 with y_f32); the product accumulates in fp32
  * (CUBLAS_COMPUTE_32F; TF32 only when allow_tf32 is set) and the bias is added in the epilogue
  * before the one rounding to the output dtype. Internal names are tk_jit__blaslt_*.
  */
@@ -32,6 +32,12 @@ typedef struct {
     const void *bias;    /* [n], or NULL */
     void *y;             /* [m, n] row-major, dense; must not overlap the inputs */
     int allow_tf32;      /* f32 only: CUBLAS_COMPUTE_32F_FAST_TF32 (10-bit mantissa products) */
+    /* The backward's products (api/builtin.c, linear_backward); zero keeps the forward's product: */
+    int x_km;            /* 1: x is stored [k, m] (x^T row-major): grad_weight = grad_out^T x */
+    int accumulate;      /* 1: y += the product (beta = 1); no bias then */
+    int y_f32;           /* 1: y is f32 whatever dtype (f32 gradients of bf16/f16 operands) */
+    int x_ones;          /* 1: x is a row of k ones (m must be 1; x is ignored): y = the column sums of w,
+                            w_kn = 1 (the bias gradient) */
 } tk_jit_gemm;
 
 /* Loads cuBLASLt once per process: $TK_CUBLASLT, then libcublasLt.so.13 / .so.12 / .so from the

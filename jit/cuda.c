@@ -100,6 +100,8 @@ static void cu_init_once(void)
     CU_SYM(cuMemAllocAsync, "cuMemAllocAsync");
     CU_SYM(cuMemFreeAsync, "cuMemFreeAsync");
     CU_SYM(cuMemsetD8Async, "cuMemsetD8Async");
+    CU_SYM(cuMemsetD16Async, "cuMemsetD16Async");
+    CU_SYM(cuMemsetD32Async, "cuMemsetD32Async");
     CU_SYM(cuCtxSynchronize, "cuCtxSynchronize");
     CU_SYM(cuMemcpyDtoDAsync, "cuMemcpyDtoDAsync_v2");
     CU_SYM(cuEventCreate, "cuEventCreate");

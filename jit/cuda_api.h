@@ -73,6 +73,8 @@ typedef struct {
     CUresult (*cuMemAllocAsync)(CUdeviceptr *, size_t, CUstream);
     CUresult (*cuMemFreeAsync)(CUdeviceptr, CUstream);
     CUresult (*cuMemsetD8Async)(CUdeviceptr, unsigned char, size_t, CUstream);
+    CUresult (*cuMemsetD16Async)(CUdeviceptr, unsigned short, size_t, CUstream);
+    CUresult (*cuMemsetD32Async)(CUdeviceptr, unsigned int, size_t, CUstream);
     CUresult (*cuCtxSynchronize)(void);
     /* timing (autotune) */
     CUresult (*cuMemcpyDtoDAsync)(CUdeviceptr, CUdeviceptr, size_t, CUstream);   /* _v2 */

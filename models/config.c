@@ -22,12 +22,12 @@ static const struct {
 } archs[] = {
     {"LlamaForCausalLM", TK_FAMILY_LLAMA},   {"MistralForCausalLM", TK_FAMILY_LLAMA},
     {"Qwen2ForCausalLM", TK_FAMILY_LLAMA},   {"GPT2LMHeadModel", TK_FAMILY_GPT2},
-    {"BertModel", TK_FAMILY_BERT},
+    {"BertModel", TK_FAMILY_BERT},           {"BertForMaskedLM", TK_FAMILY_BERT},
 };
 
 const char *tk_models__supported_archs(void)
 {
-    return "LlamaForCausalLM, MistralForCausalLM, Qwen2ForCausalLM, GPT2LMHeadModel, BertModel";
+    return "LlamaForCausalLM, MistralForCausalLM, Qwen2ForCausalLM, GPT2LMHeadModel, BertModel, BertForMaskedLM";
 }
 
 /* ---- JSON as transformers writes it ----------------------------------------------------------- */
@@ -472,7 +472,8 @@ static int parse_bert(tk_models_config *c, const reader *r)
         return rc;
     if (flag)
         return unsupported(r, "is_decoder", "true", "false (BertModel as an encoder)");
-    return TK_OK;
+    /* BertForMaskedLM's decoder is the word embeddings unless this says otherwise */
+    return get_bool(r, "tie_word_embeddings", 1, &c->tie_embeddings);
 }
 
 int tk_models__config_parse(tk_models_config *c, const char *text, size_t len, const char *what)

@@ -26,6 +26,10 @@ typedef struct {
     layer_w *l;
     const char *act_op;
     tk_mt x, h1, h2, pe, q, k, v, att, o, f, g, logits;
+    /* Training: xs[l] is layer l's input (xs[L] the final norm's); the other arrays hold every layer's
+     * saved activations, or one set (recomputed) with activation checkpointing; then the gradients. */
+    tk_mt *xs, *sh, *sq, *sk, *sv, *satt, *slse, *sxm, *sh2, *sf, *sg;
+    tk_mt hf, xnext, dx, dxn, dxm, dh, dq, dk, dv, datt, df, dg, dh2;
 } gpt2;
 
 static int load(tk_model *m)
@@ -50,6 +54,8 @@ static int load(tk_model *m)
         (rc = tk_models__weight(&s->lnf_w, m, NM("%s", "ln_f.weight"), 1, h1)) ||
         (rc = tk_models__weight(&s->lnf_b, m, NM("%s", "ln_f.bias"), 1, h1)))
         return rc;
+    tk_models__mark_embedding(s->wte);
+    tk_models__mark_embedding(s->wpe);
     for (int64_t l = 0; l < c->layers; l++) {
         layer_w *w = &s->l[l];
         long long L = (long long)l;
@@ -176,13 +182,184 @@ static int forward(tk_model *m, tk_models_batch *b)
     return TK_OK;
 }
 
+/* ---- training: the forward that keeps what the backward needs, and the backward ------------------ */
+
+static int train_plan(tk_model *m, tk_models_batch *b)
+{
+    const tk_models_config *c = &m->cfg;
+    gpt2 *s = m->state;
+    int64_t T = b->T, H = c->hidden, D = c->head_dim, I = c->intermediate, L = c->layers;
+    int64_t n = m->train_ckpt ? 1 : L;
+    int64_t th[2] = {T, H}, t3[3] = {T, c->heads, D}, ti[2] = {T, I}, tl[1] = {c->heads * T};
+    tk_dtype f32 = {TK_DL_FLOAT, 32, 1};
+    int rc;
+    if ((rc = tk_models__t_layers(m, &s->xs, L + 1, m->dtype, 2, th)) ||
+        (rc = tk_models__t_layers(m, &s->sh, n, m->dtype, 2, th)) ||
+        (rc = tk_models__t_layers(m, &s->sq, n, m->dtype, 3, t3)) ||
+        (rc = tk_models__t_layers(m, &s->sk, n, m->dtype, 3, t3)) ||
+        (rc = tk_models__t_layers(m, &s->sv, n, m->dtype, 3, t3)) ||
+        (rc = tk_models__t_layers(m, &s->satt, n, m->dtype, 3, t3)) ||
+        (rc = tk_models__t_layers(m, &s->slse, n, f32, 1, tl)) ||
+        (rc = tk_models__t_layers(m, &s->sxm, n, m->dtype, 2, th)) ||
+        (rc = tk_models__t_layers(m, &s->sh2, n, m->dtype, 2, th)) ||
+        (rc = tk_models__t_layers(m, &s->sf, n, m->dtype, 2, ti)) ||
+        (rc = tk_models__t_layers(m, &s->sg, n, m->dtype, 2, ti)))
+        return rc;
+    tk_mt *one[] = {&s->hf, &s->xnext, &s->pe, &s->dx, &s->dxn, &s->dxm, &s->dh, &s->dh2};
+    for (size_t i = 0; i < sizeof one / sizeof one[0]; i++)
+        if ((rc = tk_models__ws_tensor(m, one[i], m->dtype, 2, th)) != TK_OK)
+            return rc;
+    if ((rc = tk_models__ws_tensor(m, &s->dq, m->dtype, 3, t3)) ||
+        (rc = tk_models__ws_tensor(m, &s->dk, m->dtype, 3, t3)) ||
+        (rc = tk_models__ws_tensor(m, &s->dv, m->dtype, 3, t3)) ||
+        (rc = tk_models__ws_tensor(m, &s->datt, m->dtype, 3, t3)) ||
+        (rc = tk_models__ws_tensor(m, &s->df, m->dtype, 2, ti)) ||
+        (rc = tk_models__ws_tensor(m, &s->dg, m->dtype, 2, ti)))
+        return rc;
+    b->hidden = &s->hf;
+    b->logits = NULL;
+    return TK_OK;
+}
+
+#define CHECK_T(what, t)                                                                               \
+    do {                                                                                               \
+        if ((rc = tk_models__train_check(m, what, l, t)) != TK_OK)                                     \
+            return rc;                                                                                 \
+    } while (0)
+
+static double attn_scale(const tk_models_config *c) { return c->unscaled_attn ? 1.0 : 0.0; }
+
+/* Layer l from s->xs[l] into out, saving into set i. */
+static int layer_fwd(tk_model *m, tk_models_batch *b, int64_t l, int64_t i, const tk_mt *out)
+{
+    const tk_models_config *c = &m->cfg;
+    gpt2 *s = m->state;
+    const layer_w *w = &s->l[l];
+    int64_t th[2] = {b->T, c->hidden};
+    tk_mt q2, k2, v2, a2;
+    tk_models__view(&q2, &s->sq[i], 2, th);
+    tk_models__view(&k2, &s->sk[i], 2, th);
+    tk_models__view(&v2, &s->sv[i], 2, th);
+    tk_models__view(&a2, &s->satt[i], 2, th);
+    const tk_mt *x = &s->xs[l], *h = &s->sh[i], *xm = &s->sxm[i], *h2 = &s->sh2[i];
+    int rc;
+    if ((rc = layer_norm(m, h, x, w->ln1_w, w->ln1_b)) != TK_OK)
+        return rc;
+    CHECK_T("ln_1 output", h);
+    if ((rc = linear(m, &q2, h, w->q, w->qb, 1)) || (rc = linear(m, &k2, h, w->k, w->kb, 1)) ||
+        (rc = linear(m, &v2, h, w->v, w->vb, 1)))
+        return rc;
+    CHECK_T("c_attn output", &q2);
+    if ((rc = tk_models__t_attention(m, b, &s->satt[i], &s->slse[i], &s->sq[i], &s->sk[i], &s->sv[i],
+                                     attn_scale(c), 1, -1)) != TK_OK)
+        return rc;
+    CHECK_T("attention output", &s->satt[i]);
+    tk_arg ad[] = {TK_A_T("out", xm), TK_A_T("a", xm), TK_A_T("b", x)};
+    if ((rc = linear(m, xm, &a2, w->proj, w->proj_b, 1)) || (rc = tk_models__op(m, "add", ad, TK_NARGS(ad))) ||
+        (rc = layer_norm(m, h2, xm, w->ln2_w, w->ln2_b)))
+        return rc;
+    CHECK_T("residual after attention", xm);
+    CHECK_T("ln_2 output", h2);
+    tk_arg ac[] = {TK_A_T("out", &s->sg[i]), TK_A_T("input", &s->sf[i])};
+    tk_arg a3[] = {TK_A_T("out", out), TK_A_T("a", out), TK_A_T("b", xm)};
+    if ((rc = linear(m, &s->sf[i], h2, w->fc, w->fc_b, 1)) || (rc = tk_models__op(m, s->act_op, ac, TK_NARGS(ac))) ||
+        (rc = linear(m, out, &s->sg[i], w->out, w->out_b, 1)) || (rc = tk_models__op(m, "add", a3, TK_NARGS(a3))))
+        return rc;
+    CHECK_T("c_fc output", &s->sf[i]);
+    CHECK_T("layer output", out);
+    return TK_OK;
+}
+
+static int train_forward(tk_model *m, tk_models_batch *b)
+{
+    const tk_models_config *c = &m->cfg;
+    gpt2 *s = m->state;
+    int64_t l = -1;
+    int rc;
+    tk_arg e1[] = {TK_A_T("out", &s->xs[0]), TK_A_T("ids", &b->ids), TK_A_T("weight", s->wte)};
+    tk_arg e2[] = {TK_A_T("out", &s->pe), TK_A_T("ids", &b->pos32), TK_A_T("weight", s->wpe)};
+    tk_arg ad[] = {TK_A_T("out", &s->xs[0]), TK_A_T("a", &s->xs[0]), TK_A_T("b", &s->pe)};
+    if ((rc = tk_models__op(m, "embedding", e1, TK_NARGS(e1))) ||
+        (rc = tk_models__op(m, "embedding", e2, TK_NARGS(e2))) || (rc = tk_models__op(m, "add", ad, TK_NARGS(ad))))
+        return rc;
+    CHECK_T("wte + wpe", &s->xs[0]);
+    for (l = 0; l < c->layers; l++)
+        if ((rc = layer_fwd(m, b, l, m->train_ckpt ? 0 : l, &s->xs[l + 1])) != TK_OK)
+            return rc;
+    if ((rc = layer_norm(m, &s->hf, &s->xs[c->layers], s->lnf_w, s->lnf_b)) != TK_OK)
+        return rc;
+    CHECK_T("ln_f output", &s->hf);
+    b->hidden = &s->hf;
+    return TK_OK;
+}
+
+static void train_head(tk_model *m, const tk_mt **weight, const tk_mt **bias)
+{
+    gpt2 *s = m->state;
+    *weight = s->lm_head;
+    *bias = NULL;
+}
+
+static int train_backward(tk_model *m, tk_models_batch *b, const tk_mt *d_hidden)
+{
+    const tk_models_config *c = &m->cfg;
+    gpt2 *s = m->state;
+    int64_t L = c->layers, th[2] = {b->T, c->hidden};
+    char bwd[64];
+    snprintf(bwd, sizeof bwd, "%s_backward", s->act_op);
+    tk_mt dq2, dk2, dv2, dat2;
+    tk_models__view(&dq2, &s->dq, 2, th);
+    tk_models__view(&dk2, &s->dk, 2, th);
+    tk_models__view(&dv2, &s->dv, 2, th);
+    tk_models__view(&dat2, &s->datt, 2, th);
+    tk_mt *dx = &s->dx, *dxn = &s->dxn;
+    int rc;
+    if ((rc = tk_models__t_norm_bwd(m, 0, dx, d_hidden, NULL, &s->xs[L], s->lnf_w, s->lnf_b)) != TK_OK)
+        return rc;
+    for (int64_t l = L - 1; l >= 0; l--) {
+        const layer_w *w = &s->l[l];
+        int64_t i = m->train_ckpt ? 0 : l;
+        if (m->train_ckpt && (rc = layer_fwd(m, b, l, 0, &s->xnext)) != TK_OK)
+            return rc;
+        tk_mt a2;
+        tk_models__view(&a2, &s->satt[i], 2, th);
+        /* MLP: out = xm + c_proj(act(c_fc(h2))) */
+        tk_arg ab[] = {TK_A_T("grad_input", &s->df), TK_A_T("grad_out", &s->dg), TK_A_T("input", &s->sf[i])};
+        if ((rc = tk_models__t_linear_bwd(m, &s->dg, 0, dx, &s->sg[i], w->out, w->out_b, 1)) ||
+            (rc = tk_models__op(m, bwd, ab, TK_NARGS(ab))) ||
+            (rc = tk_models__t_linear_bwd(m, &s->dh2, 0, &s->df, &s->sh2[i], w->fc, w->fc_b, 1)) ||
+            (rc = tk_models__t_norm_bwd(m, 0, &s->dxm, &s->dh2, dx, &s->sxm[i], w->ln2_w, w->ln2_b)))
+            return rc;
+        /* attention: xm = x + c_proj(att) */
+        if ((rc = tk_models__t_linear_bwd(m, &dat2, 0, &s->dxm, &a2, w->proj, w->proj_b, 1)) ||
+            (rc = tk_models__t_attention_bwd(m, b, &s->dq, &s->dk, &s->dv, &s->datt, &s->sq[i], &s->sk[i],
+                                             &s->sv[i], &s->satt[i], &s->slse[i], attn_scale(c), 1, -1)) ||
+            (rc = tk_models__t_linear_bwd(m, &s->dh, 0, &dq2, &s->sh[i], w->q, w->qb, 1)) ||
+            (rc = tk_models__t_linear_bwd(m, &s->dh, 1, &dk2, &s->sh[i], w->k, w->kb, 1)) ||
+            (rc = tk_models__t_linear_bwd(m, &s->dh, 1, &dv2, &s->sh[i], w->v, w->vb, 1)) ||
+            (rc = tk_models__t_norm_bwd(m, 0, dxn, &s->dh, &s->dxm, &s->xs[l], w->ln1_w, w->ln1_b)))
+            return rc;
+        tk_mt *t = dx;
+        dx = dxn;
+        dxn = t;
+    }
+    if ((rc = tk_models__t_emb_bwd(m, dx, &b->ids, s->wte, -1)) != TK_OK)
+        return rc;
+    return tk_models__t_emb_bwd(m, dx, &b->pos32, s->wpe, -1);
+}
+
 static void free_state(tk_model *m)
 {
     gpt2 *s = m->state;
-    if (s)
+    if (s) {
+        tk_mt *arr[] = {s->xs, s->sh, s->sq, s->sk, s->sv, s->satt, s->slse, s->sxm, s->sh2, s->sf, s->sg};
+        for (size_t i = 0; i < sizeof arr / sizeof arr[0]; i++)
+            free(arr[i]);
         free(s->l);
+    }
     free(s);
     m->state = NULL;
 }
 
-const tk_models_arch tk_models__gpt2 = {"gpt2", load, plan, forward, free_state};
+const tk_models_arch tk_models__gpt2 = {"gpt2", load, plan, forward, free_state,
+                                        train_plan, train_forward, train_head, train_backward};

@@ -34,6 +34,10 @@ typedef struct {
     int64_t cs_rows, cs_seq_len;
     /* Activations, planned per batch shape. */
     tk_mt x, h1, h2, q, k, v, att, o, gu, act, logits;
+    /* Training: xs[l] is layer l's input (xs[L] the final norm's); each other array holds every layer's
+     * saved activation, or one (recomputed) with activation checkpointing; then the gradients. */
+    tk_mt *xs, *sh, *sq, *sk, *sv, *satt, *slse, *sxm, *sh2, *sgu, *sact;
+    tk_mt hf, xnext, dx, dxn, dxm, dh, dq, dk, dv, datt, dgu, dact, dh2;
 } llama;
 
 static int load(tk_model *m)
@@ -58,6 +62,7 @@ static int load(tk_model *m)
     if ((rc = tk_models__weight(&s->embed, m, "model.embed_tokens.weight", 2, vh)) ||
         (rc = tk_models__weight(&s->norm, m, "model.norm.weight", 1, h1)))
         return rc;
+    tk_models__mark_embedding(s->embed);
     char n[8][128];
     for (int64_t l = 0; l < c->layers; l++) {
         layer_w *w = &s->l[l];
@@ -256,6 +261,194 @@ static int forward(tk_model *m, tk_models_batch *b)
     return TK_OK;
 }
 
+/* ---- training: the forward that keeps what the backward needs, and the backward ------------------ */
+
+static int train_plan(tk_model *m, tk_models_batch *b)
+{
+    const tk_models_config *c = &m->cfg;
+    llama *s = m->state;
+    int64_t T = b->T, H = c->hidden, D = c->head_dim, I = c->intermediate, L = c->layers;
+    int64_t n = m->train_ckpt ? 1 : L; /* saved sets: every layer's, or one to recompute into */
+    int64_t th[2] = {T, H}, tq[3] = {T, c->heads, D}, tkv[3] = {T, c->kv_heads, D}, tgu[2] = {T, 2 * I},
+            ti[2] = {T, I}, tl[1] = {c->heads * T};
+    tk_dtype f32 = {TK_DL_FLOAT, 32, 1};
+    int rc;
+    if ((rc = tk_models__t_layers(m, &s->xs, L + 1, m->dtype, 2, th)) ||
+        (rc = tk_models__t_layers(m, &s->sh, n, m->dtype, 2, th)) ||
+        (rc = tk_models__t_layers(m, &s->sq, n, m->dtype, 3, tq)) ||
+        (rc = tk_models__t_layers(m, &s->sk, n, m->dtype, 3, tkv)) ||
+        (rc = tk_models__t_layers(m, &s->sv, n, m->dtype, 3, tkv)) ||
+        (rc = tk_models__t_layers(m, &s->satt, n, m->dtype, 3, tq)) ||
+        (rc = tk_models__t_layers(m, &s->slse, n, f32, 1, tl)) ||
+        (rc = tk_models__t_layers(m, &s->sxm, n, m->dtype, 2, th)) ||
+        (rc = tk_models__t_layers(m, &s->sh2, n, m->dtype, 2, th)) ||
+        (rc = tk_models__t_layers(m, &s->sgu, n, m->dtype, 2, tgu)) ||
+        (rc = tk_models__t_layers(m, &s->sact, n, m->dtype, 2, ti)))
+        return rc;
+    if ((rc = tk_models__ws_tensor(m, &s->hf, m->dtype, 2, th)) ||
+        (rc = tk_models__ws_tensor(m, &s->xnext, m->dtype, 2, th)) ||
+        (rc = tk_models__ws_tensor(m, &s->dx, m->dtype, 2, th)) ||
+        (rc = tk_models__ws_tensor(m, &s->dxn, m->dtype, 2, th)) ||
+        (rc = tk_models__ws_tensor(m, &s->dxm, m->dtype, 2, th)) ||
+        (rc = tk_models__ws_tensor(m, &s->dh, m->dtype, 2, th)) ||
+        (rc = tk_models__ws_tensor(m, &s->dq, m->dtype, 3, tq)) ||
+        (rc = tk_models__ws_tensor(m, &s->dk, m->dtype, 3, tkv)) ||
+        (rc = tk_models__ws_tensor(m, &s->dv, m->dtype, 3, tkv)) ||
+        (rc = tk_models__ws_tensor(m, &s->datt, m->dtype, 3, tq)) ||
+        (rc = tk_models__ws_tensor(m, &s->dgu, m->dtype, 2, tgu)) ||
+        (rc = tk_models__ws_tensor(m, &s->dact, m->dtype, 2, ti)) ||
+        (rc = tk_models__ws_tensor(m, &s->dh2, m->dtype, 2, th)))
+        return rc;
+    b->hidden = &s->hf;
+    b->logits = NULL;
+    return TK_OK;
+}
+
+#define CHECK_T(what, t)                                                                               \
+    do {                                                                                               \
+        if ((rc = tk_models__train_check(m, what, l, t)) != TK_OK)                                     \
+            return rc;                                                                                 \
+    } while (0)
+
+/* Layer l from s->xs[l] into out (s->xs[l + 1], or a scratch when recomputing), saving into set i. */
+static int layer_fwd(tk_model *m, tk_models_batch *b, int64_t l, int64_t i, const tk_mt *out)
+{
+    const tk_models_config *c = &m->cfg;
+    llama *s = m->state;
+    const layer_w *w = &s->l[l];
+    int64_t T = b->T, D = c->head_dim;
+    int64_t s2[2] = {T, c->heads * D}, kv2[2] = {T, c->kv_heads * D};
+    tk_mt q2, k2, v2, a2;
+    tk_models__view(&q2, &s->sq[i], 2, s2);
+    tk_models__view(&k2, &s->sk[i], 2, kv2);
+    tk_models__view(&v2, &s->sv[i], 2, kv2);
+    tk_models__view(&a2, &s->satt[i], 2, s2);
+    const tk_mt *x = &s->xs[l], *h = &s->sh[i], *xm = &s->sxm[i], *h2 = &s->sh2[i];
+    int rc;
+    tk_arg n1[] = {TK_A_T("out", h), TK_A_T("input", x), TK_A_T("weight", w->in_norm), TK_A_F("eps", c->eps)};
+    if ((rc = tk_models__op(m, "rms_norm", n1, TK_NARGS(n1))) != TK_OK)
+        return rc;
+    CHECK_T("input_layernorm output", h);
+    if ((rc = linear(m, &q2, h, w->q, w->qb)) || (rc = linear(m, &k2, h, w->k, w->kb)) ||
+        (rc = linear(m, &v2, h, w->v, w->vb)))
+        return rc;
+    CHECK_T("q_proj output", &q2);
+    CHECK_T("k_proj output", &k2);
+    CHECK_T("v_proj output", &v2);
+    tk_arg rot[] = {TK_A_T("query", &s->sq[i]), TK_A_T("key", &s->sk[i]), TK_A_T("positions", &b->pos),
+                    TK_A_T("cos_sin_cache", &s->cs), TK_A_I("is_neox", 1)};
+    if ((rc = tk_models__op(m, "rotary_embedding", rot, TK_NARGS(rot))) != TK_OK)
+        return rc;
+    if ((rc = tk_models__t_attention(m, b, &s->satt[i], &s->slse[i], &s->sq[i], &s->sk[i], &s->sv[i], 0.0, 1,
+                                     c->sliding[l] ? c->sliding_window - 1 : -1)) != TK_OK)
+        return rc;
+    CHECK_T("attention output", &s->satt[i]);
+    /* xm = x + o_proj(att); h2 = rms_norm(xm) */
+    tk_arg ad[] = {TK_A_T("out", xm), TK_A_T("a", xm), TK_A_T("b", x)};
+    tk_arg n2[] = {TK_A_T("out", h2), TK_A_T("input", xm), TK_A_T("weight", w->post_norm), TK_A_F("eps", c->eps)};
+    if ((rc = linear(m, xm, &a2, w->o, w->ob)) || (rc = tk_models__op(m, "add", ad, TK_NARGS(ad))) ||
+        (rc = tk_models__op(m, "rms_norm", n2, TK_NARGS(n2))))
+        return rc;
+    CHECK_T("residual after attention", xm);
+    CHECK_T("post_attention_layernorm output", h2);
+    /* out = xm + down(silu(gate) * up) */
+    tk_arg sm[] = {TK_A_T("out", &s->sact[i]), TK_A_T("input", &s->sgu[i])};
+    tk_arg a3[] = {TK_A_T("out", out), TK_A_T("a", out), TK_A_T("b", xm)};
+    if ((rc = linear(m, &s->sgu[i], h2, w->gate_up, w->gate_up_b)) ||
+        (rc = tk_models__op(m, "silu_and_mul", sm, TK_NARGS(sm))) ||
+        (rc = linear(m, out, &s->sact[i], w->down, w->down_b)) || (rc = tk_models__op(m, "add", a3, TK_NARGS(a3))))
+        return rc;
+    CHECK_T("gate_proj/up_proj output", &s->sgu[i]);
+    CHECK_T("mlp activation", &s->sact[i]);
+    CHECK_T("layer output", out);
+    return TK_OK;
+}
+
+static int train_forward(tk_model *m, tk_models_batch *b)
+{
+    const tk_models_config *c = &m->cfg;
+    llama *s = m->state;
+    int64_t l = -1;
+    int rc;
+    if ((rc = rope_cache(m, s, b->max_len)) != TK_OK)
+        return rc;
+    tk_arg emb[] = {TK_A_T("out", &s->xs[0]), TK_A_T("ids", &b->ids), TK_A_T("weight", s->embed)};
+    if ((rc = tk_models__op(m, "embedding", emb, TK_NARGS(emb))) != TK_OK)
+        return rc;
+    CHECK_T("embed_tokens output", &s->xs[0]);
+    for (l = 0; l < c->layers; l++)
+        if ((rc = layer_fwd(m, b, l, m->train_ckpt ? 0 : l, &s->xs[l + 1])) != TK_OK)
+            return rc;
+    tk_arg fn[] = {TK_A_T("out", &s->hf), TK_A_T("input", &s->xs[c->layers]), TK_A_T("weight", s->norm),
+                   TK_A_F("eps", c->eps)};
+    if ((rc = tk_models__op(m, "rms_norm", fn, TK_NARGS(fn))) != TK_OK)
+        return rc;
+    CHECK_T("final norm output", &s->hf);
+    b->hidden = &s->hf;
+    return TK_OK;
+}
+
+static void train_head(tk_model *m, const tk_mt **weight, const tk_mt **bias)
+{
+    llama *s = m->state;
+    *weight = s->lm_head;
+    *bias = NULL;
+}
+
+static int train_backward(tk_model *m, tk_models_batch *b, const tk_mt *d_hidden)
+{
+    const tk_models_config *c = &m->cfg;
+    llama *s = m->state;
+    int64_t T = b->T, D = c->head_dim, L = c->layers;
+    int64_t s2[2] = {T, c->heads * D}, kv2[2] = {T, c->kv_heads * D};
+    tk_mt dq2, dk2, dv2, dat2;
+    tk_models__view(&dq2, &s->dq, 2, s2);
+    tk_models__view(&dk2, &s->dk, 2, kv2);
+    tk_models__view(&dv2, &s->dv, 2, kv2);
+    tk_models__view(&dat2, &s->datt, 2, s2);
+    tk_mt *dx = &s->dx, *dxn = &s->dxn;
+    int rc;
+    /* the final norm: dx = d xs[L] */
+    if ((rc = tk_models__t_norm_bwd(m, 1, dx, d_hidden, NULL, &s->xs[L], s->norm, NULL)) != TK_OK)
+        return rc;
+    for (int64_t l = L - 1; l >= 0; l--) {
+        const layer_w *w = &s->l[l];
+        int64_t i = m->train_ckpt ? 0 : l;
+        if (m->train_ckpt && (rc = layer_fwd(m, b, l, 0, &s->xnext)) != TK_OK) /* recompute the layer */
+            return rc;
+        tk_mt q2, k2, v2, a2;
+        tk_models__view(&q2, &s->sq[i], 2, s2);
+        tk_models__view(&k2, &s->sk[i], 2, kv2);
+        tk_models__view(&v2, &s->sv[i], 2, kv2);
+        tk_models__view(&a2, &s->satt[i], 2, s2);
+        /* MLP: out = xm + down(act), act = silu_and_mul(gu), gu = h2 Wgu */
+        tk_arg sb[] = {TK_A_T("grad_input", &s->dgu), TK_A_T("grad_out", &s->dact), TK_A_T("input", &s->sgu[i])};
+        if ((rc = tk_models__t_linear_bwd(m, &s->dact, 0, dx, &s->sact[i], w->down, w->down_b, 0)) ||
+            (rc = tk_models__op(m, "silu_and_mul_backward", sb, TK_NARGS(sb))) ||
+            (rc = tk_models__t_linear_bwd(m, &s->dh2, 0, &s->dgu, &s->sh2[i], w->gate_up, w->gate_up_b, 0)) ||
+            (rc = tk_models__t_norm_bwd(m, 1, &s->dxm, &s->dh2, dx, &s->sxm[i], w->post_norm, NULL)))
+            return rc;
+        /* attention: xm = x + o_proj(att) */
+        if ((rc = tk_models__t_linear_bwd(m, &dat2, 0, &s->dxm, &a2, w->o, w->ob, 0)) ||
+            (rc = tk_models__t_attention_bwd(m, b, &s->dq, &s->dk, &s->dv, &s->datt, &s->sq[i], &s->sk[i],
+                                             &s->sv[i], &s->satt[i], &s->slse[i], 0.0, 1,
+                                             c->sliding[l] ? c->sliding_window - 1 : -1)))
+            return rc;
+        tk_arg rb[] = {TK_A_T("grad_query", &s->dq), TK_A_T("grad_key", &s->dk), TK_A_T("positions", &b->pos),
+                       TK_A_T("cos_sin_cache", &s->cs), TK_A_I("is_neox", 1)};
+        if ((rc = tk_models__op(m, "rotary_embedding_backward", rb, TK_NARGS(rb))) ||
+            (rc = tk_models__t_linear_bwd(m, &s->dh, 0, &dq2, &s->sh[i], w->q, w->qb, 0)) ||
+            (rc = tk_models__t_linear_bwd(m, &s->dh, 1, &dk2, &s->sh[i], w->k, w->kb, 0)) ||
+            (rc = tk_models__t_linear_bwd(m, &s->dh, 1, &dv2, &s->sh[i], w->v, w->vb, 0)) ||
+            (rc = tk_models__t_norm_bwd(m, 1, dxn, &s->dh, &s->dxm, &s->xs[l], w->in_norm, NULL)))
+            return rc;
+        tk_mt *t = dx;
+        dx = dxn;
+        dxn = t;
+    }
+    return tk_models__t_emb_bwd(m, dx, &b->ids, s->embed, c->pad_id);
+}
+
 static void free_state(tk_model *m)
 {
     llama *s = m->state;
@@ -265,9 +458,13 @@ static void free_state(tk_model *m)
         tk_device_free(s->cs_mem, m->dev_id);
     else
         free(s->cs_mem);
+    tk_mt *arr[] = {s->xs, s->sh, s->sq, s->sk, s->sv, s->satt, s->slse, s->sxm, s->sh2, s->sgu, s->sact};
+    for (size_t i = 0; i < sizeof arr / sizeof arr[0]; i++)
+        free(arr[i]);
     free(s->l);
     free(s);
     m->state = NULL;
 }
 
-const tk_models_arch tk_models__llama = {"llama", load, plan, forward, free_state};
+const tk_models_arch tk_models__llama = {"llama", load, plan, forward, free_state,
+                                         train_plan, train_forward, train_head, train_backward};

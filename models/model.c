@@ -167,6 +167,22 @@ static int new_weight(tk_model *m, tk_models_weight **out)
     return TK_OK;
 }
 
+static int set_src(tk_models_weight *w, int kind, const char *const *names, int n, int64_t rows, int64_t cols,
+                   int64_t c0, int64_t nc)
+{
+    w->src.kind = kind;
+    w->src.rows = rows;
+    w->src.cols = cols;
+    w->src.c0 = c0;
+    w->src.nc = nc;
+    for (int i = 0; i < n && i < TK_MODELS_SRC_MAX; i++) {
+        if (!(w->src.names[i] = tk__strdup(names[i])))
+            return tk__err(TK_ERR_NOMEM, "out of memory");
+        w->src.n = i + 1;
+    }
+    return TK_OK;
+}
+
 static void shape_str(char *out, size_t cap, int ndim, const int64_t *shape)
 {
     size_t k = (size_t)snprintf(out, cap, "[");
@@ -280,6 +296,8 @@ static int weight(const tk_mt **out, tk_model *m, const char *name, int ndim, co
     tk_models_weight *w;
     if ((rc = new_weight(m, &w)) != TK_OK)
         return rc;
+    if ((rc = set_src(w, TK_MODELS_SRC_WHOLE, &name, 1, 0, 0, 0, 0)) != TK_OK)
+        return rc;
     int64_t n = numel(t->ndim, t->shape);
     m->params += n;
     if (m->dev_type == TK_DEV_CPU && t->dtype == st_of(m->dtype)) {
@@ -328,6 +346,8 @@ int tk_models__weight_cat(const tk_mt **out, tk_model *m, const char *const *nam
     }
     tk_models_weight *w;
     int rc = new_weight(m, &w);
+    if (rc == TK_OK)
+        rc = set_src(w, TK_MODELS_SRC_CAT, names, n, rows, cols, 0, 0);
     if (rc != TK_OK)
         return rc;
     size_t ds = dt_size(m->dtype);
@@ -359,7 +379,7 @@ int tk_models__weight_cols(const tk_mt **out, tk_model *m, const char *name, int
     if (rc != TK_OK)
         return rc;
     tk_models_weight *w;
-    if ((rc = new_weight(m, &w)) != TK_OK)
+    if ((rc = new_weight(m, &w)) != TK_OK || (rc = set_src(w, TK_MODELS_SRC_COLS, &name, 1, rows, cols, c0, nc)))
         return rc;
     int64_t nr = rows ? rows : 1;
     char *host = malloc((size_t)(nr * nc) * dt_size(m->dtype) + 1);
@@ -405,6 +425,11 @@ static int plan_pass(tk_model *m, tk_models_batch *b)
         (rc = tk_models__ws_tensor(m, &b->pos32, i32, 1, &T)) || (rc = tk_models__ws_tensor(m, &b->cu, i32, 1, &S1)) ||
         (rc = tk_models__ws_tensor(m, &b->tt, i32, 1, &T)))
         return rc;
+    if (m->plan_train) { /* models/train.c: what the backward needs instead of the inference buffers */
+        if ((rc = m->arch->train_plan(m, b)) != TK_OK)
+            return rc;
+        return tk_models__train_plan_head(m, b);
+    }
     return m->arch->plan(m, b);
 }
 
@@ -412,7 +437,7 @@ static int plan_pass(tk_model *m, tk_models_batch *b)
 static int plan(tk_model *m, int64_t T, int64_t nseq)
 {
     tk_models_batch *b = &m->batch;
-    if (m->planned && b->T == T && b->nseq == nseq)
+    if (m->planned && b->T == T && b->nseq == nseq && m->planned_training == m->plan_train)
         return TK_OK;
     m->planned = 0;
     memset(b, 0, sizeof *b);
@@ -435,6 +460,7 @@ static int plan(tk_model *m, int64_t T, int64_t nseq)
     if ((rc = plan_pass(m, b)) != TK_OK)
         return rc;
     m->planned = 1;
+    m->planned_training = m->plan_train;
     return TK_OK;
 }
 
@@ -596,6 +622,8 @@ void tk_model_free(tk_model *m)
         m->arch->free_state(m);
     for (size_t i = 0; i < m->nw; i++) {
         dev_free(m, m->w[i]->owned);
+        for (int k = 0; k < m->w[i]->src.n; k++)
+            free(m->w[i]->src.names[k]);
         free(m->w[i]);
     }
     free(m->w);
@@ -682,6 +710,21 @@ static int prepare(tk_model *m, const int32_t *ids, const size_t *lens, size_t n
         return rc;
     return TK_OK;
 }
+
+/* ---- for models/train.c ----------------------------------------------------------------------- */
+
+int tk_models__prepare(tk_model *m, const int32_t *ids, const size_t *lens, size_t nseq)
+{
+    m->plan_train = 1; /* the training plan; tk_model_forward between steps plans inference again */
+    int rc = prepare(m, ids, lens, nseq);
+    m->plan_train = 0;
+    return rc;
+}
+
+int tk_models__dev_alloc(tk_model *m, void **p, size_t bytes) { return dev_alloc(m, p, bytes); }
+void tk_models__dev_free(tk_model *m, void *p) { dev_free(m, p); }
+int tk_models__to_dev(tk_model *m, void *dst, const void *src, size_t n) { return to_dev(m, dst, src, n); }
+int tk_models__from_dev(tk_model *m, void *dst, const void *src, size_t n) { return from_dev(m, dst, src, n); }
 
 /* Copies a [rows, cols] activation in the compute dtype to f32 host memory. */
 static int copy_out(tk_model *m, float *dst, const tk_mt *src)

@@ -143,6 +143,11 @@ typedef struct {
  * (and logits, pooled) at them. */
 typedef struct {
     int64_t T, nseq, max_len;
+    tk_mt targets;  /* training: [T] i64, the class each row predicts (ignore_index: none) */
+    tk_mt loss;     /* training: [1] f32 */
+    tk_mt d_hidden; /* training: the gradient of hidden */
+    tk_mt tlogits, dlogits; /* training without the fused loss: [T, V] logits and their gradient */
+    tk_mt gscratch; /* training: [2, H] f32, the norm backwards' weight and bias gradients before they are added */
     int want_logits; /* this forward's caller asked for logits */
     tk_mt ids; /* [T] i32 */
     tk_mt pos; /* [T] i64: the position of each token in its sequence */
@@ -180,9 +185,27 @@ typedef struct tk_models_kvrun {
 
 typedef struct tk_models_arch tk_models_arch;
 
+/* Where a weight comes from in the checkpoint (training names its gradients and saves a checkpoint
+ * through it): one HF tensor whole, the rows of several concatenated (tk_models__weight_cat), or
+ * columns [c0, c0 + nc) of one [rows, cols] tensor (tk_models__weight_cols; rows 0: a 1-D [cols]). */
+enum { TK_MODELS_SRC_WHOLE = 0, TK_MODELS_SRC_CAT = 1, TK_MODELS_SRC_COLS = 2 };
+#define TK_MODELS_SRC_MAX 8
+
+typedef struct {
+    int kind;
+    int n;                               /* names: 1, or CAT's parts */
+    char *names[TK_MODELS_SRC_MAX];
+    int64_t rows, cols, c0, nc;          /* CAT: each part's [rows, cols] (cols 0: 1-D); COLS: see above */
+} tk_models_src;
+
 typedef struct {
     tk_mt mt;
     void *owned; /* memory this weight owns (host, or device when on a GPU), or NULL for a mapped view */
+    tk_models_src src;
+    /* Training (models/train.c): the gradient (f32, same shape), or NULL; an embedding table (no weight
+     * decay unless asked). */
+    tk_mt *grad;
+    int embedding;
 } tk_models_weight;
 
 struct tk_model {
@@ -219,6 +242,13 @@ struct tk_model {
     struct tk_models_qweight **qw;
     size_t nqw, capqw;
     int64_t q_float_bytes, q_bytes; /* the replaced weights' bytes in the compute dtype, and quantised */
+    /* Training (models/train.c): while a trainer exists (training), tk_models__prepare plans the
+     * family's train_plan (plan_train: what the backward needs) instead of the inference buffers, with
+     * per-layer activation checkpointing when train_ckpt; planned_training says which plan the arena
+     * holds. train_check: each train_forward step is checked for non-finite values (after a NaN loss,
+     * to name the tensor). */
+    int training, train_ckpt, train_check, planned_training, plan_train;
+    struct tk_trainer *trainer;
 };
 
 enum { TK_POOL_MEAN = 0, TK_POOL_CLS = 1, TK_POOL_MAX = 2 };
@@ -232,6 +262,15 @@ struct tk_models_arch {
     /* The forward, top to bottom: one op call per step. */
     int (*forward)(tk_model *m, tk_models_batch *b);
     void (*free_state)(tk_model *m);
+    /* Training (NULL where the family cannot train). train_plan plans what the backward needs (every
+     * layer's activations, or with m->train_ckpt only each layer's input) and the gradient buffers, and
+     * points b->hidden at the LM head's input; train_forward runs the forward saving them; train_head
+     * gives the LM head (weight [V, H'], bias [V] or NULL); train_backward, from d_hidden (the gradient
+     * of b->hidden), accumulates every weight's gradient (tk_models__grad). */
+    int (*train_plan)(tk_model *m, tk_models_batch *b);
+    int (*train_forward)(tk_model *m, tk_models_batch *b);
+    void (*train_head)(tk_model *m, const tk_mt **weight, const tk_mt **bias);
+    int (*train_backward)(tk_model *m, tk_models_batch *b, const tk_mt *d_hidden);
 };
 
 extern const tk_models_arch tk_models__llama, tk_models__gpt2, tk_models__bert;
@@ -285,6 +324,48 @@ int tk_models__attend(tk_model *m, tk_models_batch *b, int64_t l, const tk_mt *o
  * KV slot slots[s] holds; writes each sequence's last-token logits (f32, host) to logits [nseq, V]. */
 int tk_models__forward_kv(tk_model *m, struct tk_gen_kv *kv, const int32_t *slots, size_t nseq, const int32_t *ids,
                           const int32_t *cu, float *logits);
+
+/* ---- training (models/train.c) ----------------------------------------------------------------- */
+
+/* model.c's own steps, for train.c: check a batch, plan for its shape and fill m->batch's inputs; the
+ * model's device memory (a malloc on the CPU) and copies to and from it. */
+int tk_models__prepare(tk_model *m, const int32_t *ids, const size_t *lens, size_t nseq);
+int tk_models__dev_alloc(tk_model *m, void **p, size_t bytes);
+void tk_models__dev_free(tk_model *m, void *p);
+int tk_models__to_dev(tk_model *m, void *dst, const void *src, size_t n);
+int tk_models__from_dev(tk_model *m, void *dst, const void *src, size_t n);
+
+/* The weight a model tensor belongs to (every tk_mt the families get from tk_models__weight* is one). */
+tk_models_weight *tk_models__weight_of(const tk_mt *w);
+/* The gradient of weight w while training, or NULL. */
+const tk_mt *tk_models__grad(const tk_mt *w);
+/* Marks w as an embedding table (no weight decay unless asked). */
+void tk_models__mark_embedding(const tk_mt *w);
+/* The train plan's extra tensors (the head's logits and targets), after the family's train_plan. */
+int tk_models__train_plan_head(tk_model *m, tk_models_batch *b);
+/* With m->train_check: TK_ERR_INVALID naming `what` when t holds a NaN or an infinity. */
+int tk_models__train_check(tk_model *m, const char *what, int64_t layer, const tk_mt *t);
+/* The backward steps the families' train_backward is made of, each one tk_op_run (or two), finding
+ * the weights' gradients themselves:
+ *   t_linear_bwd  gx (+)= go W (accumulate), grad(W) += go^T x, grad(bias) += sum(go)  (gx may be NULL)
+ *   t_norm_bwd    rms (bias NULL and rms = 1) or layer norm of x: gi = norm'(go) (+ gres when given:
+ *                 the residual's gradient that joins it), grad(w) += , grad(bias) +=
+ *   t_emb_bwd     grad(w)[ids] += go, padding_idx pad (-1: none)
+ *   t_attention / t_attention_bwd   attention over the batch (varlen, or dense [nseq, S] when every
+ *                 sequence has one length) on q [T, Hq, D], k, v [T, Hkv, D], with lse [Hq * T] f32 */
+int tk_models__t_linear_bwd(tk_model *m, const tk_mt *gx, int accumulate, const tk_mt *go, const tk_mt *x,
+                            const tk_mt *w, const tk_mt *bias, int transposed);
+int tk_models__t_norm_bwd(tk_model *m, int rms, const tk_mt *gi, const tk_mt *go, const tk_mt *gres, const tk_mt *x,
+                          const tk_mt *w, const tk_mt *bias);
+int tk_models__t_emb_bwd(tk_model *m, const tk_mt *go, const tk_mt *ids, const tk_mt *w, int64_t pad);
+int tk_models__t_attention(tk_model *m, tk_models_batch *b, const tk_mt *out, const tk_mt *lse, const tk_mt *q,
+                           const tk_mt *k, const tk_mt *v, double scale, int causal, int64_t window_left);
+int tk_models__t_attention_bwd(tk_model *m, tk_models_batch *b, const tk_mt *dq, const tk_mt *dk, const tk_mt *dv,
+                               const tk_mt *dout, const tk_mt *q, const tk_mt *k, const tk_mt *v, const tk_mt *out,
+                               const tk_mt *lse, double scale, int causal, int64_t window_left);
+/* Per-layer tensors a train_plan carves: for l < n, ws_tensor of arr[l] (arr allocated on first use and
+ * owned by the caller's state). */
+int tk_models__t_layers(tk_model *m, tk_mt **arr, int64_t n, tk_dtype dt, int ndim, const int64_t *shape);
 
 #define TK_A_T(nm, tensor) {TK_ARG_TENSOR, nm, &(tensor)->t, 0, 0}
 #define TK_A_I(nm, v) {TK_ARG_I64, nm, NULL, (int64_t)(v), 0}

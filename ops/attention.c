@@ -4,7 +4,8 @@
  *
  *   attention           prefill forward, optionally varlen (cu_seqlens), GQA/MQA, causal, sliding
  *                       window, ALiBi, softcap; writes out and optionally lse
- *   attention_backward  dq, dk, dv from dout, q, k, v, out and the forward's lse
+ *   attention_backward  dq, dk, dv from dout, q, k, v, out and the forward's lse (the same masks,
+ *                       GQA and varlen batch as the forward)
  *   attention_decode    1..16 new queries per sequence over a paged KV cache (f32/f16/bf16, or i8 /
  *                       fp8_e4m3 with per-head scales), always causal
  *   paged_kv_append     writes new keys/values into their cache slots (quantising for i8/fp8 caches)
@@ -41,7 +42,10 @@
 
 /* Parameter indices, in table order. */
 enum { A_OUT, A_Q, A_K, A_V, A_LSE, A_CUQ, A_CUK, A_MAXQ, A_ALIBI, A_SCALE, A_CAUSAL, A_WL, A_WR, A_SOFTCAP };
-enum { B_DQ, B_DK, B_DV, B_DOUT, B_Q, B_K, B_V, B_OUT, B_LSE, B_ALIBI, B_SCALE, B_CAUSAL, B_WL, B_WR, B_SOFTCAP };
+enum {
+    B_DQ, B_DK, B_DV, B_DOUT, B_Q, B_K, B_V, B_OUT, B_LSE, B_ALIBI, B_SCALE, B_CAUSAL, B_WL, B_WR, B_SOFTCAP, B_CUQ,
+    B_CUK, B_MAXQ
+};
 enum { D_OUT, D_Q, D_KC, D_VC, D_BT, D_SL, D_LSE, D_KS, D_VS, D_ALIBI, D_SCALE, D_WL, D_SOFTCAP };
 enum { P_KC, P_VC, P_K, P_V, P_SLOTS, P_KS, P_VS };
 enum { M_OUT, M_QN, M_QP, M_KV, M_BT, M_SL, M_LSE, M_SCALE };
@@ -182,6 +186,39 @@ static int check_cache_dtype(const tk_op_call *c, int ikc, int ilike, int iks, i
     return rc == TK_OK ? want_shape(c, ivs, 1, w, "one scale per kv head") : rc;
 }
 
+/* The varlen arguments (params icq, ick, imaxq) of q-like param iq [B, Sq, Hq, D]: both cu_seqlens or
+ * neither, B == 1 with them, max_seqlen_q in 1..Sq. */
+static int check_varlen(const tk_op_call *c, int icq, int ick, int imaxq, int iq)
+{
+    const char *op = c->op->name;
+    const tk_tensor *cq = c->t[icq], *ck = c->t[ick], *q = c->t[iq];
+    int64_t b = q->shape[0], sq = q->shape[1];
+    int rc;
+    if (!cq != !ck)
+        return tk__err(TK_ERR_INVALID, "%s: '%s' is given without '%s': varlen needs both cu_seqlens", op,
+                       cq ? "cu_seqlens_q" : "cu_seqlens_k", cq ? "cu_seqlens_k" : "cu_seqlens_q");
+    if (c->i[imaxq] < 0)
+        return tk__err(TK_ERR_INVALID, "%s: 'max_seqlen_q' is %lld, want >= 0", op, (long long)c->i[imaxq]);
+    if (cq) {
+        if (cq->shape[0] < 1)
+            return tk__err(TK_ERR_INVALID, "%s: 'cu_seqlens_q' has shape %s, want [nseq + 1] (at least 1 element)",
+                           op, shp(cq));
+        if ((rc = want_shape(c, ick, 1, cq->shape, "the shape of 'cu_seqlens_q': nseq + 1")) != TK_OK)
+            return rc;
+        if (b != 1)
+            return tk__err(TK_ERR_INVALID,
+                           "%s: 'q' has shape %s, want B == 1 with cu_seqlens (varlen packs the sequences "
+                           "along dim 1: [1, total_q, Hq, D])",
+                           op, shp(q));
+        if (c->i[imaxq] < 1 || c->i[imaxq] > sq)
+            return tk__err(TK_ERR_INVALID,
+                           "%s: 'max_seqlen_q' is %lld, want 1 to %lld with cu_seqlens (the longest sequence's "
+                           "query count: the kernels size their grid by it)",
+                           op, (long long)c->i[imaxq], (long long)sq);
+    }
+    return TK_OK;
+}
+
 /* attention(out, q, k, v, lse, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, alibi_slopes, scale, causal,
  * window_left, window_right, softcap) */
 static int check_attention(const tk_op_call *c)
@@ -205,34 +242,13 @@ static int check_attention(const tk_op_call *c)
     if ((rc = want_shape_opt(c, A_LSE, 3, wl, "[B, Hq, Sq] of 'q'")) != TK_OK ||
         (rc = want_shape_opt(c, A_ALIBI, 1, wa, "one slope per query head")) != TK_OK)
         return rc;
-    const tk_tensor *cq = c->t[A_CUQ], *ck = c->t[A_CUK];
-    if (!cq != !ck)
-        return tk__err(TK_ERR_INVALID, "%s: '%s' is given without '%s': varlen needs both cu_seqlens", op,
-                       cq ? "cu_seqlens_q" : "cu_seqlens_k", cq ? "cu_seqlens_k" : "cu_seqlens_q");
-    if (c->i[A_MAXQ] < 0)
-        return tk__err(TK_ERR_INVALID, "%s: 'max_seqlen_q' is %lld, want >= 0", op, (long long)c->i[A_MAXQ]);
-    if (cq) {
-        if (cq->shape[0] < 1)
-            return tk__err(TK_ERR_INVALID, "%s: 'cu_seqlens_q' has shape %s, want [nseq + 1] (at least 1 element)",
-                           op, shp(cq));
-        if ((rc = want_shape(c, A_CUK, 1, cq->shape, "the shape of 'cu_seqlens_q': nseq + 1")) != TK_OK)
-            return rc;
-        if (b != 1)
-            return tk__err(TK_ERR_INVALID,
-                           "%s: 'q' has shape %s, want B == 1 with cu_seqlens (varlen packs the sequences "
-                           "along dim 1: [1, total_q, Hq, D])",
-                           op, shp(q));
-        if (c->i[A_MAXQ] < 1 || c->i[A_MAXQ] > sq)
-            return tk__err(TK_ERR_INVALID,
-                           "%s: 'max_seqlen_q' is %lld, want 1 to %lld with cu_seqlens (the longest sequence's "
-                           "query count: the kernels size their grid by it)",
-                           op, (long long)c->i[A_MAXQ], (long long)sq);
-    }
+    if ((rc = check_varlen(c, A_CUQ, A_CUK, A_MAXQ, A_Q)) != TK_OK)
+        return rc;
     return check_scalars(c, A_SCALE, A_SOFTCAP, A_WL, A_WR, A_CAUSAL);
 }
 
 /* attention_backward(dq, dk, dv, dout, q, k, v, out, lse, alibi_slopes, scale, causal, window_left,
- * window_right, softcap) */
+ * window_right, softcap, cu_seqlens_q, cu_seqlens_k, max_seqlen_q) */
 static int check_backward(const tk_op_call *c)
 {
     const tk_tensor *q = c->t[B_Q], *k = c->t[B_K];
@@ -253,7 +269,8 @@ static int check_backward(const tk_op_call *c)
     }
     int64_t wl[3] = {b, hq, sq}, wa[1] = {hq};
     if ((rc = want_shape(c, B_LSE, 3, wl, "[B, Hq, Sq] of 'q', from the forward")) != TK_OK ||
-        (rc = want_shape_opt(c, B_ALIBI, 1, wa, "one slope per query head")) != TK_OK)
+        (rc = want_shape_opt(c, B_ALIBI, 1, wa, "one slope per query head")) != TK_OK ||
+        (rc = check_varlen(c, B_CUQ, B_CUK, B_MAXQ, B_Q)) != TK_OK)
         return rc;
     return check_scalars(c, B_SCALE, B_SOFTCAP, B_WL, B_WR, B_CAUSAL);
 }
@@ -555,7 +572,7 @@ static int read_cu(const tk_op_call *c, int icu, int64_t total, int64_t maxlen, 
         dst[s] = cu[s];
         if (cu[s] < 0 || cu[s] > total)
             return tk__err(TK_ERR_INVALID, "%s: '%s'[%lld] is %d, want 0 to %lld (the rows of '%s')", c->op->name,
-                           pname(c, icu), (long long)s, (int)cu[s], (long long)total, icu == A_CUQ ? "q" : "k");
+                           pname(c, icu), (long long)s, (int)cu[s], (long long)total, icu == A_CUQ || icu == B_CUQ ? "q" : "k");
         if (s > 0 && cu[s] < cu[s - 1])
             return tk__err(TK_ERR_INVALID, "%s: '%s'[%lld] is %d, less than '%s'[%lld] = %d: want non-decreasing offsets",
                            c->op->name, pname(c, icu), (long long)s, (int)cu[s], pname(c, icu), (long long)(s - 1),
@@ -619,34 +636,56 @@ typedef struct {
     const float *q, *k, *v, *dout, *out, *lse, *alibi;
     double *di; /* [B, Hq, Sq]: dout_i . out_i */
     int64_t b, sq, sk, hq, hkv, d;
+    int64_t nseq;           /* sequences: B, or (varlen) the entries of cu_seqlens - 1 */
+    const int64_t *q0, *k0; /* nseq + 1 row starts of each sequence in q (flat B * Sq rows) and in k */
 } bwd_job;
 
-/* Items are rows (b, i, h) of q: D_i = dout_i . out_i. */
+/* The last s with starts[s] <= r < starts[s + 1]; -1 when no sequence holds row r. */
+static int64_t seq_in(const int64_t *starts, int64_t nseq, int64_t r)
+{
+    int64_t lo = 0, hi = nseq - 1;
+    if (nseq < 1 || r < starts[0])
+        return -1;
+    while (lo < hi) {
+        int64_t mid = lo + (hi - lo + 1) / 2;
+        if (starts[mid] <= r)
+            lo = mid;
+        else
+            hi = mid - 1;
+    }
+    return r < starts[lo + 1] ? lo : -1;
+}
+
+static int64_t lse_index(const bwd_job *j, int64_t row, int64_t h) { return ((row / j->sq) * j->hq + h) * j->sq + row % j->sq; }
+
+/* Items are rows (row, h) of q: D_i = dout_i . out_i. */
 static void bwd_di_range(void *arg, int64_t lo, int64_t hi)
 {
     const bwd_job *j = arg;
     for (int64_t r = lo; r < hi; r++) {
-        int64_t h = r % j->hq, i = (r / j->hq) % j->sq, b = r / (j->hq * j->sq);
-        j->di[(b * j->hq + h) * j->sq + i] = dot_f(j->dout + r * j->d, j->out + r * j->d, j->d);
+        int64_t h = r % j->hq, row = r / j->hq;
+        j->di[lse_index(j, row, h)] = dot_f(j->dout + r * j->d, j->out + r * j->d, j->d);
     }
 }
 
-/* dS_ij for query row (b, i, h) and key j: P_ij (dP_ij - D_i) times the softcap's derivative, with
- * P_ij = exp(s_ij - lse_i); *pij gets P_ij. The key must be visible. */
-static double dscore(const bwd_job *j, int64_t b, int64_t h, int64_t i, int64_t kj, double *pij)
+/* dS for query row `row` (sequence s, query i of nq) at head h and key kj of the sequence (nk keys):
+ * P (dP - D_i) times the softcap's derivative, with P = exp(s - lse_i); *pij gets P. The key must be
+ * visible. */
+static double dscore(const bwd_job *j, int64_t s, int64_t row, int64_t h, int64_t kj, double *pij)
 {
-    int64_t d = j->d, hk = h / (j->hq / j->hkv), p = i + j->sk - j->sq;
-    int64_t qrow = ((b * j->sq + i) * j->hq + h) * d, krow = ((b * j->sk + kj) * j->hkv + hk) * d;
-    int64_t li = (b * j->hq + h) * j->sq + i;
+    int64_t d = j->d, hk = h / (j->hq / j->hkv), nq = j->q0[s + 1] - j->q0[s], nk = j->k0[s + 1] - j->k0[s];
+    int64_t i = row - j->q0[s], p = i + nk - nq;
+    int64_t qrow = (row * j->hq + h) * d, krow = ((j->k0[s] + kj) * j->hkv + hk) * d;
+    int64_t li = lse_index(j, row, h);
     double lse = j->lse[li], g;
-    double s = score_of(&j->m, dot_f(j->q + qrow, j->k + krow, d), j->alibi ? j->alibi[h] : 0.0, p, kj, &g);
-    double pr = lse == -INFINITY ? 0.0 : exp(s - lse);
+    double sc = score_of(&j->m, dot_f(j->q + qrow, j->k + krow, d), j->alibi ? j->alibi[h] : 0.0, p, kj, &g);
+    double pr = lse == -INFINITY ? 0.0 : exp(sc - lse);
     double dp = dot_f(j->dout + qrow, j->v + krow, d);
     *pij = pr;
     return pr * (dp - j->di[li]) * g;
 }
 
-/* Items are rows (b, i, h) of dq: dq_i = scale * sum_j dS_ij k_j. */
+/* Items are rows (row, h) of dq: dq_i = scale * sum_j dS_ij k_j. A row no sequence holds gets zeros. */
 static void bwd_dq_range(void *arg, int64_t lo, int64_t hi)
 {
     const bwd_job *j = arg;
@@ -654,13 +693,16 @@ static void bwd_dq_range(void *arg, int64_t lo, int64_t hi)
     float o[MAX_D];
     int64_t d = j->d, g = j->hq / j->hkv;
     for (int64_t r = lo; r < hi; r++) {
-        int64_t h = r % j->hq, i = (r / j->hq) % j->sq, b = r / (j->hq * j->sq), klo, khi, p = i + j->sk - j->sq;
-        key_range(&j->m, p, j->sk, &klo, &khi);
+        int64_t h = r % j->hq, row = r / j->hq, s = seq_in(j->q0, j->nseq, row), klo = 0, khi = -1;
         for (int64_t x = 0; x < d; x++)
             acc[x] = 0;
+        if (s >= 0) {
+            int64_t nq = j->q0[s + 1] - j->q0[s], nk = j->k0[s + 1] - j->k0[s], i = row - j->q0[s];
+            key_range(&j->m, i + nk - nq, nk, &klo, &khi);
+        }
         for (int64_t kj = klo; kj <= khi; kj++) {
-            double pij, ds = dscore(j, b, h, i, kj, &pij);
-            const float *kr = j->k + ((b * j->sk + kj) * j->hkv + h / g) * d;
+            double pij, ds = dscore(j, s, row, h, kj, &pij);
+            const float *kr = j->k + ((j->k0[s] + kj) * j->hkv + h / g) * d;
             for (int64_t x = 0; x < d; x++)
                 acc[x] += ds * (double)kr[x];
         }
@@ -670,8 +712,8 @@ static void bwd_dq_range(void *arg, int64_t lo, int64_t hi)
     }
 }
 
-/* Items are rows (b, j, hk) of dk and dv: sums over the group's query heads and the queries that see
- * key j. dv_j = sum P_ij dout_i, dk_j = scale * sum dS_ij q_i. */
+/* Items are rows (key row, hk) of dk and dv: sums over the group's query heads and the queries of the
+ * key's sequence that see it. dv_j = sum P_ij dout_i, dk_j = scale * sum dS_ij q_i. */
 static void bwd_dkv_range(void *arg, int64_t lo, int64_t hi)
 {
     const bwd_job *j = arg;
@@ -679,22 +721,25 @@ static void bwd_dkv_range(void *arg, int64_t lo, int64_t hi)
     float o[MAX_D];
     int64_t d = j->d, g = j->hq / j->hkv;
     for (int64_t r = lo; r < hi; r++) {
-        int64_t hk = r % j->hkv, kj = (r / j->hkv) % j->sk, b = r / (j->hkv * j->sk);
+        int64_t hk = r % j->hkv, krow = r / j->hkv, s = seq_in(j->k0, j->nseq, krow);
         for (int64_t x = 0; x < d; x++)
             ak[x] = av[x] = 0;
-        for (int64_t h = hk * g; h < (hk + 1) * g; h++)
-            for (int64_t i = 0; i < j->sq; i++) {
-                int64_t klo, khi;
-                key_range(&j->m, i + j->sk - j->sq, j->sk, &klo, &khi);
-                if (kj < klo || kj > khi)
-                    continue;
-                double pij, ds = dscore(j, b, h, i, kj, &pij);
-                int64_t qrow = ((b * j->sq + i) * j->hq + h) * d;
-                for (int64_t x = 0; x < d; x++) {
-                    ak[x] += ds * (double)j->q[qrow + x];
-                    av[x] += pij * (double)j->dout[qrow + x];
+        if (s >= 0) {
+            int64_t nq = j->q0[s + 1] - j->q0[s], nk = j->k0[s + 1] - j->k0[s], kj = krow - j->k0[s];
+            for (int64_t h = hk * g; h < (hk + 1) * g; h++)
+                for (int64_t i = 0; i < nq; i++) {
+                    int64_t klo, khi, row = j->q0[s] + i;
+                    key_range(&j->m, i + nk - nq, nk, &klo, &khi);
+                    if (kj < klo || kj > khi)
+                        continue;
+                    double pij, ds = dscore(j, s, row, h, kj, &pij);
+                    int64_t qrow = (row * j->hq + h) * d;
+                    for (int64_t x = 0; x < d; x++) {
+                        ak[x] += ds * (double)j->q[qrow + x];
+                        av[x] += pij * (double)j->dout[qrow + x];
+                    }
                 }
-            }
+        }
         for (int64_t x = 0; x < d; x++)
             o[x] = (float)(j->m.scale * ak[x]);
         tk_ops__store_f32(tk_ops__base(j->dk), r * d, 1, o, d, j->dk->dtype);
@@ -709,8 +754,10 @@ static int cpu_backward(const tk_op_call *c)
     const tk_tensor *q = c->t[B_Q], *k = c->t[B_K];
     int64_t b = q->shape[0], sq = q->shape[1], hq = q->shape[2], d = q->shape[3], sk = k->shape[1],
             hkv = k->shape[2];
+    int64_t nseq = c->t[B_CUQ] ? c->t[B_CUQ]->shape[0] - 1 : b;
     float *own[5] = {NULL};
     int rc = TK_OK;
+    int64_t *starts = malloc(sizeof(int64_t) * (size_t)(2 * (nseq + 1)));
     bwd_job j = {mask_of(c->f[B_SCALE], d, c->f[B_SOFTCAP], c->i[B_WL], c->i[B_WR], (int)c->i[B_CAUSAL]),
                  c->t[B_DQ],
                  c->t[B_DK],
@@ -723,19 +770,32 @@ static int cpu_backward(const tk_op_call *c)
                  tk_ops__base(c->t[B_LSE]),
                  c->t[B_ALIBI] ? tk_ops__base(c->t[B_ALIBI]) : NULL,
                  malloc(sizeof(double) * (size_t)(b * hq * sq > 0 ? b * hq * sq : 1)),
-                 b, sq, sk, hq, hkv, d};
-    if (!j.q || !j.k || !j.v || !j.dout || !j.out || !j.di) {
+                 b, sq, sk, hq, hkv, d, nseq, starts, starts ? starts + nseq + 1 : NULL};
+    if (!j.q || !j.k || !j.v || !j.dout || !j.out || !j.di || !starts) {
         rc = nomem(c);
         goto done;
     }
+    if (c->t[B_CUQ]) {
+        if ((rc = read_cu(c, B_CUQ, sq, c->i[B_MAXQ], starts)) != TK_OK ||
+            (rc = read_cu(c, B_CUK, sk, 0, starts + nseq + 1)) != TK_OK)
+            goto done;
+    } else {
+        for (int64_t s = 0; s <= b; s++) {
+            starts[s] = s * sq;
+            starts[nseq + 1 + s] = s * sk;
+        }
+    }
     int64_t nq = b * sq * hq, nk = b * sk * hkv;
+    for (int64_t i = 0; i < b * hq * sq; i++)
+        j.di[i] = 0;
     tk_ops__parallel(nq, d * 2, bwd_di_range, &j);
-    tk_ops__parallel(nq, (sk + 1) * d * 6, bwd_dq_range, &j);
-    tk_ops__parallel(nk, (sq * (hq / hkv) + 1) * d * 8, bwd_dkv_range, &j);
+    tk_ops__parallel(nq, (sk / (nseq > 0 ? nseq : 1) + 1) * d * 6, bwd_dq_range, &j);
+    tk_ops__parallel(nk, (sq / (nseq > 0 ? nseq : 1) * (hq / hkv) + 1) * d * 8, bwd_dkv_range, &j);
 done:
     for (int i = 0; i < 5; i++)
         free(own[i]);
     free(j.di);
+    free(starts);
     return rc;
 }
 
@@ -1097,6 +1157,9 @@ static const tk_op_param bwd_params[] = {
     WL,
     WR,
     SOFTCAP,
+    T_OPT("cu_seqlens_q", TK_OPS_IN, TK_OPS_I32, 1, "[nseq+1]", "varlen, as the forward's (B = 1); with cu_seqlens_k"),
+    T_OPT("cu_seqlens_k", TK_OPS_IN, TK_OPS_I32, 1, "[nseq+1]", "varlen: rows cu_seqlens_k[s].. of k and v"),
+    S_I("max_seqlen_q", 0, "varlen: the longest sequence's query count (> 0 with cu_seqlens)"),
 };
 
 static const tk_op_param dec_params[] = {

@@ -69,7 +69,9 @@ int8_t tk_ops__f32_to_i8(float f);
 
 /* ---- descriptors ------------------------------------------------------------------------------ */
 
-#define TK_OPS_MAX_PARAMS 16
+#define TK_OPS_MAX_PARAMS 24
+/* A package may declare ops of at most this many parameters (kernel.schema.json's maxItems). */
+#define TK_OPS_MAX_DECL_PARAMS 16
 #define TK_OPS_MAX_RANK 16
 
 enum { TK_OPS_IN = 0, TK_OPS_OUT = 1 }; /* a tensor parameter's role: read, or written */
@@ -212,5 +214,11 @@ extern const tk_op_desc tk_ops__attention[]; /* ops/attention.c */
 extern const size_t tk_ops__attention_count;
 extern const tk_op_desc tk_ops__layers[]; /* ops/layers.c */
 extern const size_t tk_ops__layers_count;
+extern const tk_op_desc tk_ops__backward_layers[]; /* ops/backward_layers.c */
+extern const size_t tk_ops__backward_layers_count;
+extern const tk_op_desc tk_ops__backward_act[]; /* ops/backward_act.c */
+extern const size_t tk_ops__backward_act_count;
+extern const tk_op_desc tk_ops__optim[]; /* ops/optim.c */
+extern const size_t tk_ops__optim_count;
 
 #endif /* TK_OPS_H */

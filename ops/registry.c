@@ -24,6 +24,9 @@ static const struct {
     {tk_ops__sampling, &tk_ops__sampling_count},
     {tk_ops__attention, &tk_ops__attention_count},
     {tk_ops__layers, &tk_ops__layers_count},
+    {tk_ops__backward_layers, &tk_ops__backward_layers_count},
+    {tk_ops__backward_act, &tk_ops__backward_act_count},
+    {tk_ops__optim, &tk_ops__optim_count},
 };
 #define NTABLES (sizeof tables / sizeof tables[0])
 

@@ -73,7 +73,7 @@ static int check_rotary(const tk_op_call *c)
     const tk_tensor *q = c->t[RE_Q], *k = c->t[RE_K], *pos = c->t[RE_POS], *cache = c->t[RE_CACHE];
     int32_t pn = pos->ndim;
     const tk_tensor *qk[2] = {q, k};
-    const char *names[2] = {"query", "key"};
+    const char *names[2] = {c->op->params[RE_Q].name, c->op->params[RE_K].name};
     const char *heads[2] = {"Hq", "Hkv"};
     for (int w = 0; w < 2; w++) {
         const tk_tensor *t = qk[w];
@@ -88,8 +88,9 @@ static int check_rotary(const tk_op_call *c)
     }
     int64_t d = q->shape[q->ndim - 1];
     if (k->shape[k->ndim - 1] != d)
-        return tk__err(TK_ERR_INVALID, "%s: 'key' has shape %s, want head_size %lld (the last dimension of 'query' %s)",
-                       op, tk_ops__shape_fmt(k->ndim, k->shape), (long long)d, tk_ops__shape_fmt(q->ndim, q->shape));
+        return tk__err(TK_ERR_INVALID, "%s: '%s' has shape %s, want head_size %lld (the last dimension of '%s' %s)",
+                       op, names[1], tk_ops__shape_fmt(k->ndim, k->shape), (long long)d, names[0],
+                       tk_ops__shape_fmt(q->ndim, q->shape));
     int64_t rot = cache->shape[1];
     if (rot <= 0 || rot % 2 || rot > d)
         return tk__err(TK_ERR_INVALID,
@@ -98,14 +99,15 @@ static int check_rotary(const tk_op_call *c)
                        op, tk_ops__shape_fmt(cache->ndim, cache->shape), (long long)d);
     unsigned cb = tk_ops__dtype_bit(cache->dtype), qb = tk_ops__dtype_bit(q->dtype);
     if (cb != TK_OPS_F32 && cb != qb)
-        return tk__err(TK_ERR_INVALID, "%s: 'cos_sin_cache' has dtype %s, want f32 or %s (the dtype of 'query')", op,
-                       tk_ops__dtype_str(cache->dtype), tk_ops__dtype_str(q->dtype));
+        return tk__err(TK_ERR_INVALID, "%s: 'cos_sin_cache' has dtype %s, want f32 or %s (the dtype of '%s')", op,
+                       tk_ops__dtype_str(cache->dtype), tk_ops__dtype_str(q->dtype), names[0]);
     int64_t neox = c->i[RE_NEOX];
     if (neox != 0 && neox != 1)
         return tk__err(TK_ERR_INVALID, "%s: 'is_neox' is %lld, want 1 (NeoX/Llama halves) or 0 (GPT-J pairs)", op,
                        (long long)neox);
     if (same_tensor(q, k) && tk_ops__numel(q) > 0)
-        return tk__err(TK_ERR_INVALID, "%s: 'query' and 'key' are the same tensor; both are rotated in place", op);
+        return tk__err(TK_ERR_INVALID, "%s: '%s' and '%s' are the same tensor; both are rotated in place", op,
+                       names[0], names[1]);
     return TK_OK;
 }
 
@@ -115,6 +117,7 @@ typedef struct {
     const tk_tensor *pos, *cache;
     int64_t rot, half;
     int neox;
+    int inverse; /* rotary_embedding_backward: rotate by -angle (the transpose of the rotation) */
 } rope_job;
 
 static int64_t load_pos(const tk_tensor *pos, int64_t tok)
@@ -131,11 +134,18 @@ static void rotate_pairs(void *base, tk_dtype dt, int64_t off, int64_t cs, const
         /* pair i is (x[i], x[half + i]) */
         tk_ops__load_f32(a, base, off + p0 * cs, cs, n, dt);
         tk_ops__load_f32(b, base, off + (j->half + p0) * cs, cs, n, dt);
-        for (int64_t i = 0; i < n; i++) {
-            float x1 = a[i], x2 = b[i];
-            a[i] = x1 * cosv[i] - x2 * sinv[i];
-            b[i] = x2 * cosv[i] + x1 * sinv[i];
-        }
+        if (j->inverse)
+            for (int64_t i = 0; i < n; i++) {
+                float x1 = a[i], x2 = b[i];
+                a[i] = x1 * cosv[i] + x2 * sinv[i];
+                b[i] = x2 * cosv[i] - x1 * sinv[i];
+            }
+        else
+            for (int64_t i = 0; i < n; i++) {
+                float x1 = a[i], x2 = b[i];
+                a[i] = x1 * cosv[i] - x2 * sinv[i];
+                b[i] = x2 * cosv[i] + x1 * sinv[i];
+            }
         tk_ops__store_f32(base, off + p0 * cs, cs, a, n, dt);
         tk_ops__store_f32(base, off + (j->half + p0) * cs, cs, b, n, dt);
     } else {
@@ -143,8 +153,13 @@ static void rotate_pairs(void *base, tk_dtype dt, int64_t off, int64_t cs, const
         tk_ops__load_f32(a, base, off + 2 * p0 * cs, cs, 2 * n, dt);
         for (int64_t i = 0; i < n; i++) {
             float x1 = a[2 * i], x2 = a[2 * i + 1];
-            a[2 * i] = x1 * cosv[i] - x2 * sinv[i];
-            a[2 * i + 1] = x2 * cosv[i] + x1 * sinv[i];
+            if (j->inverse) {
+                a[2 * i] = x1 * cosv[i] + x2 * sinv[i];
+                a[2 * i + 1] = x2 * cosv[i] - x1 * sinv[i];
+            } else {
+                a[2 * i] = x1 * cosv[i] - x2 * sinv[i];
+                a[2 * i + 1] = x2 * cosv[i] + x1 * sinv[i];
+            }
         }
         tk_ops__store_f32(base, off + 2 * p0 * cs, cs, a, 2 * n, dt);
     }
@@ -179,7 +194,7 @@ static int cpu_rotary(const tk_op_call *c)
 {
     const tk_tensor *q = c->t[RE_Q], *k = c->t[RE_K];
     rope_job j = {{q, k}, {q->shape[q->ndim - 2], k->shape[k->ndim - 2]}, c->t[RE_POS], c->t[RE_CACHE], 0, 0,
-                  (int)c->i[RE_NEOX]};
+                  (int)c->i[RE_NEOX], c->op->data != NULL};
     j.rot = j.cache->shape[1];
     j.half = j.rot / 2;
     int64_t ntok = tk_ops__numel(j.pos), max_pos = j.cache->shape[0];
@@ -557,19 +572,36 @@ static int cpu_sin(const tk_op_call *c)
 #define F64(nm, dv, dc) {.name = nm, .kind = TK_ARG_F64, .optional = 1, .def = dv, .dtype_like = -1, .doc = dc}
 #define I64(nm, dv, dc) {.name = nm, .kind = TK_ARG_I64, .optional = 1, .def = dv, .dtype_like = -1, .doc = dc}
 
+#define POS_AND_CACHE                                                                                        \
+    {.name = "positions", .kind = TK_ARG_TENSOR, .role = TK_OPS_IN, .dtypes = TK_OPS_I64, .dtype_like = -1,    \
+     .min_rank = 1, .max_rank = TK_OPS_MAX_RANK - 2, .shape = "[...]",                                        \
+     .doc = "each token's position: its row of cos_sin_cache ([T] or [B, S])"},                               \
+    {.name = "cos_sin_cache", .kind = TK_ARG_TENSOR, .role = TK_OPS_IN, .dtypes = TK_OPS_FLOATS, .dtype_like = -1, \
+     .min_rank = 2, .max_rank = 2, .shape = "[max_pos, rot_dim]",                                             \
+     .doc = "row p: cos(p*inv_freq) then sin(p*inv_freq), rot_dim/2 each; f32 or the dtype of query"}
+
 static const tk_op_param rotary_params[] = {
     {.name = "query", .kind = TK_ARG_TENSOR, .role = TK_OPS_OUT, .dtypes = TK_OPS_FLOATS, .dtype_like = -1,
      .min_rank = 3, .max_rank = -1, .shape = "[..., Hq, head_size]", .doc = "rotated in place"},
     {.name = "key", .kind = TK_ARG_TENSOR, .role = TK_OPS_OUT, .dtypes = TK_OPS_FLOATS, .dtype_like = 0,
      .min_rank = 3, .max_rank = -1, .shape = "[..., Hkv, head_size]", .doc = "rotated in place"},
-    {.name = "positions", .kind = TK_ARG_TENSOR, .role = TK_OPS_IN, .dtypes = TK_OPS_I64, .dtype_like = -1,
-     .min_rank = 1, .max_rank = TK_OPS_MAX_RANK - 2, .shape = "[...]",
-     .doc = "each token's position: its row of cos_sin_cache ([T] or [B, S])"},
-    {.name = "cos_sin_cache", .kind = TK_ARG_TENSOR, .role = TK_OPS_IN, .dtypes = TK_OPS_FLOATS, .dtype_like = -1,
-     .min_rank = 2, .max_rank = 2, .shape = "[max_pos, rot_dim]",
-     .doc = "row p: cos(p*inv_freq) then sin(p*inv_freq), rot_dim/2 each; f32 or the dtype of query"},
+    POS_AND_CACHE,
     I64("is_neox", 1, "1: rotate (x[i], x[rot_dim/2 + i]) (NeoX/Llama); 0: (x[2i], x[2i+1]) (GPT-J)"),
 };
+
+/* The backward's arguments are the gradients of the forward's rotated query and key, rotated back in
+ * place (by -angle: the rotation's transpose), which gives the gradients of the unrotated ones. */
+static const tk_op_param rotary_bwd_params[] = {
+    {.name = "grad_query", .kind = TK_ARG_TENSOR, .role = TK_OPS_OUT, .dtypes = TK_OPS_FLOATS, .dtype_like = -1,
+     .min_rank = 3, .max_rank = -1, .shape = "[..., Hq, head_size]",
+     .doc = "the gradient of the rotated query; on return, of the query before rotation"},
+    {.name = "grad_key", .kind = TK_ARG_TENSOR, .role = TK_OPS_OUT, .dtypes = TK_OPS_FLOATS, .dtype_like = 0,
+     .min_rank = 3, .max_rank = -1, .shape = "[..., Hkv, head_size]",
+     .doc = "the gradient of the rotated key; on return, of the key before rotation"},
+    POS_AND_CACHE,
+    I64("is_neox", 1, "as the forward's"),
+};
+static const int rotary_inverse = 1;
 
 static const tk_op_param cache_params[] = {
     {.name = "out", .kind = TK_ARG_TENSOR, .role = TK_OPS_OUT, .dtypes = TK_OPS_FLOATS, .dtype_like = -1,
@@ -615,6 +647,9 @@ const tk_op_desc tk_ops__rotary[] = {
     {"rotary_embedding", "rotary",
      "RoPE on query and key in place: pairs (x1, x2) -> (x1 cos - x2 sin, x2 cos + x1 sin), cos/sin at positions",
      rotary_params, N(rotary_params), check_rotary, cpu_rotary, NULL, PKG},
+    {"rotary_embedding_backward", "rotary",
+     "rotary_embedding's backward in place: pairs (g1, g2) -> (g1 cos + g2 sin, g2 cos - g1 sin) (the inverse rotation)",
+     rotary_bwd_params, N(rotary_bwd_params), check_rotary, cpu_rotary, &rotary_inverse, PKG},
     {"rope_cos_sin_cache", "rotary",
      "out[p] = [cos(p*inv_freq), sin(p*inv_freq)] * mscale; inv_freq by HF's none/linear/dynamic/yarn/llama3",
      cache_params, N(cache_params), check_cache, cpu_cache, NULL, PKG},

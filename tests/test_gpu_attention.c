@@ -321,8 +321,26 @@ static void test_attention_varlen(void)
                 char what[64];
                 snprintf(what, sizeof what, "varlen %s D %lld causal %d", tk_dtype_name(*dts[t]), (long long)D, causal);
                 run_both("attention", a, 10, what);
-                host_t *all[] = {&q, &k, &v, &out, &lse, &cuq, &cuk};
-                for (size_t i = 0; i < 7; i++)
+                /* the backward of the same varlen batch: out and lse from the CPU reference; the
+                 * tensor-core backward takes no varlen, the CUDA-core one (bwd_simple.cu) does */
+                host_t dout, dq, dk, dv;
+                host_new(&dout, *dts[t], 4, SHAPE(1, 240, 8, D), 0);
+                host_new(&dq, *dts[t], 4, SHAPE(1, 240, 8, D), 0);
+                host_new(&dk, *dts[t], 4, SHAPE(1, 340, 2, D), 0);
+                host_new(&dv, *dts[t], 4, SHAPE(1, 340, 2, D), 0);
+                fill_range(&dout, -1, 1);
+                CHECK_RC(gpu_op_run(g.ctx, "attention", a, 10, NULL, NULL), TK_OK);
+                tk_arg b[14] = {{TK_ARG_TENSOR, "dq", &dq.t, 0, 0},   {TK_ARG_TENSOR, "dk", &dk.t, 0, 0},
+                                {TK_ARG_TENSOR, "dv", &dv.t, 0, 0},   {TK_ARG_TENSOR, "dout", &dout.t, 0, 0},
+                                {TK_ARG_TENSOR, "q", &q.t, 0, 0},     {TK_ARG_TENSOR, "k", &k.t, 0, 0},
+                                {TK_ARG_TENSOR, "v", &v.t, 0, 0},     {TK_ARG_TENSOR, "out", &out.t, 0, 0},
+                                {TK_ARG_TENSOR, "lse", &lse.t, 0, 0}, {TK_ARG_TENSOR, "cu_seqlens_q", &cuq.t, 0, 0},
+                                {TK_ARG_TENSOR, "cu_seqlens_k", &cuk.t, 0, 0}, {TK_ARG_I64, "max_seqlen_q", NULL, 129, 0},
+                                {TK_ARG_I64, "causal", NULL, causal, 0}, {TK_ARG_I64, "window_left", NULL, 50, 0}};
+                if (di == 0)
+                    run_both("attention_backward", b, 14, what);
+                host_t *all[] = {&q, &k, &v, &out, &lse, &cuq, &cuk, &dout, &dq, &dk, &dv};
+                for (size_t i = 0; i < 11; i++)
                     free(all[i]->buf);
             }
 }
@@ -340,6 +358,10 @@ static void test_attention_backward(void)
     for (size_t t = 0; t < 2; t++)
         for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++)
             fwd_case(*halves[t], &cases[i], 1);
+    /* f32 and a head dim the tensor cores do not take: the CUDA-core backward (bwd_simple.cu) */
+    fcase small = {2, 9, 13, 4, 2, 24, 1, 5, -1, 1, 0};
+    fwd_case(F32, &small, 1);
+    fwd_case(BF16, &small, 1);
 }
 
 /* ---- paged caches ----------------------------------------------------------------------------- */

@@ -1198,11 +1198,11 @@ static void test_mla_decode(void)
 
 static void test_registry(void)
 {
-    static const char *const names[5][16] = {
+    static const char *const names[5][19] = {
         {"attention", "out", "q", "k", "v", "lse", "cu_seqlens_q", "cu_seqlens_k", "max_seqlen_q", "alibi_slopes",
          "scale", "causal", "window_left", "window_right", "softcap"},
         {"attention_backward", "dq", "dk", "dv", "dout", "q", "k", "v", "out", "lse", "alibi_slopes", "scale",
-         "causal", "window_left", "window_right", "softcap"},
+         "causal", "window_left", "window_right", "softcap", "cu_seqlens_q", "cu_seqlens_k", "max_seqlen_q"},
         {"attention_decode", "out", "q", "k_cache", "v_cache", "block_table", "seq_lens", "lse", "k_scale", "v_scale",
          "alibi_slopes", "scale", "window_left", "softcap"},
         {"paged_kv_append", "k_cache", "v_cache", "k", "v", "slot_mapping", "k_scale", "v_scale"},
@@ -1217,7 +1217,7 @@ static void test_registry(void)
         CHECK_STR(op->package, "kernels-community/flash-attn");
         CHECK(op->cpu != NULL && op->check != NULL);
         size_t n = 0;
-        while (n + 1 < 16 && names[o][n + 1])
+        while (n + 1 < 19 && names[o][n + 1])
             n++;
         CHECK_EQ_INT(op->nparams, n);
         for (size_t i = 0; i < n && i < op->nparams; i++)

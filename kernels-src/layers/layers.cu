@@ -5,6 +5,9 @@
 //   tk_embedding<T, I>  out[i, :] = weight[ids[i], :]     out (n, D), ids (n,), weight (V, D)
 //   tk_add<T>           out[i] = a[i] + b[i]              (n,) each
 //   tk_tanh<T>          out[i] = tanh(input[i])           (n,) each
+//   tk_embedding_backward<T, G, I>   grad_weight[ids[i], :] += grad_out[i, :]  (G = f32; deterministic:
+//                       a thread per column walks the rows in order; see the kernel)
+//   tk_tanh_backward<T> grad_input[i] = grad_out[i] * (1 - tanh(input[i])^2)
 //
 // Launch assumptions:
 //   - every tensor is contiguous and row-major;
@@ -116,5 +119,42 @@ __global__ void tk_embedding(T *__restrict__ out,          // (n, D) T
             for (tk_i64 d = c * N; d < end; d++)
                 o[d] = ok ? w[d] : from_f32<T>(0.0f);
         }
+    }
+}
+
+// grad_weight[ids[i], :] += grad_out[i, :] for every row i whose id is in [0, V) and not padding_idx
+// (nn.Embedding's padding_idx: that row never gets a gradient). Each thread owns one column of every
+// row it touches and walks the rows in order, so no two threads write one element and the sums are in
+// the rows' order: deterministic, the same on every run and equal to the CPU reference's order. grid
+// x: column blocks (grid-strided), any block size. grad_weight is f32 (or T), accumulated into.
+template <typename T, typename G, typename I>
+__global__ void tk_embedding_backward(G *__restrict__ grad_weight,  // (V, D) G, accumulated
+                                      const T *__restrict__ grad_out, // (n, D) T
+                                      const I *__restrict__ ids,      // (n,) i32 or i64
+                                      tk_i64 padding_idx, tk_i64 n, tk_i64 V, tk_i64 D)
+{
+    using namespace tk_layers;
+    for (tk_i64 c = grid_index(); c < D; c += grid_stride()) {
+        for (tk_i64 i = 0; i < n; i++) {
+            const tk_i64 id = (tk_i64)ids[i];
+            if (id < 0 || id >= V || id == padding_idx)
+                continue;
+            G *w = grad_weight + id * D + c;
+            *w = from_f32<G>(__fadd_rn(to_f32(*w), to_f32(grad_out[i * D + c])));
+        }
+    }
+}
+
+// grad_input[i] = grad_out[i] * (1 - tanh(input[i])^2)   (fp32, tanhf; grad_input may be grad_out)
+template <typename T>
+__global__ void tk_tanh_backward(T *grad_input,        // (n,) T
+                                 const T *grad_out,    // (n,) T
+                                 const T *input,       // (n,) T
+                                 tk_i64 n)
+{
+    using namespace tk_layers;
+    for (tk_i64 i = grid_index(); i < n; i += grid_stride()) {
+        const float t = tanhf(to_f32(input[i]));
+        grad_input[i] = from_f32<T>(__fmul_rn(to_f32(grad_out[i]), __fsub_rn(1.0f, __fmul_rn(t, t))));
     }
 }

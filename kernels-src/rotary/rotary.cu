@@ -5,6 +5,8 @@
 // Variants (entry points at the end; T = float, __half, __nv_bfloat16):
 //   tk_rotary_embedding<T, C>       query [N, Hq, D] and key [N, Hkv, D] rotated in place; C (the cache
 //                                   dtype) is float or T. One block per token.
+//   tk_rotary_embedding_backward<T, C>  the gradients of the rotated query and key rotated back in place
+//                                   (by -angle): rotary_embedding_backward. Same launch.
 //   tk_rope_cos_sin_cache<T>        out [max_pos, rot_dim]: cos(p*inv_freq) then sin(p*inv_freq), times
 //                                   the attention factor. 32 positions per block.
 //   tk_alibi_slopes                 out [H] f32.
@@ -199,6 +201,37 @@ __global__ void __launch_bounds__(512) tk_rotary_embedding(T *query,            
     T *k = key + tok * num_kv_heads * head_size;
     rotate_heads<T>(q, shape_ok && aligned16(query), neox, (int)num_heads, D, half, cs);
     rotate_heads<T>(k, shape_ok && aligned16(key), neox, (int)num_kv_heads, D, half, cs);
+}
+
+// rotary_embedding's backward: the gradients of the rotated query and key, rotated back in place by
+// -angle (the rotation's transpose): the same code with sin negated in shared memory.
+template <typename T, typename C>
+__global__ void __launch_bounds__(512) tk_rotary_embedding_backward(T *grad_query,   // (N, Hq, D) T
+                                                                    T *grad_key,     // (N, Hkv, D) T
+                                                                    const tk_i64 *__restrict__ positions, // (N,)
+                                                                    const C *__restrict__ cos_sin_cache, // (max_pos, rot)
+                                                                    int is_neox, tk_i64 num_heads, tk_i64 num_kv_heads,
+                                                                    tk_i64 head_size, tk_i64 rot_dim, tk_i64 max_pos)
+{
+    using namespace tk_rot;
+    extern __shared__ float cs[]; // (rot_dim,) f32: cos then -sin of this token
+    const tk_i64 tok = blockIdx.x;
+    const tk_i64 pos = positions[tok];
+    if (pos < 0 || pos >= max_pos)
+        return;
+    const C *row = cos_sin_cache + pos * rot_dim;
+    const int half = (int)(rot_dim / 2);
+    for (int i = threadIdx.x; i < (int)rot_dim; i += blockDim.x)
+        cs[i] = i < half ? to_f32(row[i]) : -to_f32(row[i]);
+    __syncthreads();
+    constexpr int V = Vec<T>::N;
+    const int D = (int)head_size;
+    const bool neox = is_neox != 0;
+    const bool shape_ok = D % V == 0 && (neox ? half % V == 0 : (2 * half) % V == 0);
+    rotate_heads<T>(grad_query + tok * num_heads * head_size, shape_ok && aligned16(grad_query), neox, (int)num_heads,
+                    D, half, cs);
+    rotate_heads<T>(grad_key + tok * num_kv_heads * head_size, shape_ok && aligned16(grad_key), neox,
+                    (int)num_kv_heads, D, half, cs);
 }
 
 template <typename T>

@@ -120,7 +120,8 @@ update|not_found|nosuch/pkg
 check|io|@file-home $W/nodir
 generate|not_found|$W/nodir --prompt hi
 chat|not_found|$W/nodir
-selftest|not_found|--forget nosuch/pkg"
+selftest|not_found|--forget nosuch/pkg
+train|not_found|$W/nodir --data $W/nofile --out $W/tout"
   local cmds c line statuses args home out rc n=0
   cmds=$("$TK" --help | awk '/^Global options/ {exit} /^  [a-z][a-z-]* / {print $1}')
   [ "$(echo "$cmds" | wc -l)" -ge 20 ] || { fail "tk --help lists too few commands: $cmds"; return; }

@@ -34,6 +34,7 @@ SKIPS=(
   '^make test$ => this is the suite make test runs'
   '^make gpu-bundle => builds a second tree, build-gpu/ (minutes); tests/cli/gpu_bundle.sh checks the bundle make test builds'
   '\./(my-llama|gpt2|Qwen2-0\.5B-Instruct|Hermes-3|TinyLlama)\b => a checkpoint you downloaded; tests/cli/models.sh, generate.sh, chat.sh and serve_model.sh run these commands on tiny checkpoints'
+  '^tk (train|generate) (--out )?run1\b => continues the training run of a checkpoint you downloaded; tests/cli/train.sh resumes and generates from its checkpoints'
   '^curl .*127\.0\.0\.1:8000/v1/ => asks the model server of the line before; tests/cli/serve_model.sh runs it'
   '^tk serve --root .* --listen => a server that runs until stopped; tests/cli/serve.sh runs it'
   'kernels\.example\.com => needs the team registry server of the line before'
