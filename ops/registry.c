@@ -24,6 +24,7 @@ static const struct {
     {tk_ops__sampling, &tk_ops__sampling_count},
     {tk_ops__attention, &tk_ops__attention_count},
     {tk_ops__layers, &tk_ops__layers_count},
+    {tk_ops__diffusion, &tk_ops__diffusion_count},
 };
 #define NTABLES (sizeof tables / sizeof tables[0])
 
