@@ -30,7 +30,8 @@
 //
 // Launch assumptions: contiguous row-major tensors. The elementwise kernels: a grid-stride loop over
 // all n elements, any grid and block size. The threshold kernels: grid = batch rows, blockDim a
-// multiple of 32 <= 1024, rows of at most 2^24 elements (as torch.quantile). Outputs may be inputs of
+// multiple of 32 <= 512 (__launch_bounds__(512): their float64 math needs up to 64 registers, the
+// most a 1024-thread block could have), rows of at most 2^24 elements (as torch.quantile). Outputs may be inputs of
 // their own shape (prev_sample = sample: each element is read before the same thread writes it);
 // prev_sample and pred_original_sample must not overlap.
 //
@@ -391,7 +392,7 @@ __global__ void tk_ddpm_step(TK_DIF_STEP_PARAMS, tk_i64 prediction_type, tk_i64 
 }
 
 template <typename T>
-__global__ void tk_ddpm_step_threshold(TK_DIF_STEP_PARAMS, tk_i64 prediction_type, tk_i64 variance_type,
+__global__ void __launch_bounds__(512) tk_ddpm_step_threshold(TK_DIF_STEP_PARAMS, tk_i64 prediction_type, tk_i64 variance_type,
                                        tk_i64 clip_sample, double clip_sample_range, tk_i64 thresholding, double ratio,
                                        double max_value, tk_i64 n, tk_i64 row, tk_i64 mrow, tk_i64 nt)
 {
@@ -411,7 +412,7 @@ __global__ void tk_ddim_step(TK_DIF_STEP_PARAMS, double eta, tk_i64 prediction_t
 }
 
 template <typename T>
-__global__ void tk_ddim_step_threshold(TK_DIF_STEP_PARAMS, double eta, tk_i64 prediction_type, tk_i64 clip_sample,
+__global__ void __launch_bounds__(512) tk_ddim_step_threshold(TK_DIF_STEP_PARAMS, double eta, tk_i64 prediction_type, tk_i64 clip_sample,
                                        double clip_sample_range, tk_i64 thresholding, double ratio, double max_value,
                                        tk_i64 use_clipped_model_output, tk_i64 n, tk_i64 row, tk_i64 mrow, tk_i64 nt)
 {
