@@ -736,9 +736,10 @@ static int run_help(void)
            "  --seed N           seed of the random inputs, uniform in [-3, 3] (default 0)\n"
            "  --repeat N         run N times and report the fastest and the mean (default 1)\n"
            "  --arg NAME=VALUE   a scalar parameter (fatrelu_and_mul: --arg threshold=0.5);\n"
-           "                     scalars left out take their defaults. For an integer input\n"
-           "                     tensor it is the value every element gets; by default element\n"
-           "                     i holds i (distinct ids, positions, slots and blocks). Float\n"
+           "                     scalars left out take their defaults. For an input tensor it\n"
+           "                     is the value every element gets (q_sample: --arg\n"
+           "                     alphas_cumprod=0.5); by default element i of an integer one\n"
+           "                     holds i (distinct ids, positions, slots and blocks), float\n"
            "                     tensors are uniform in [-3, 3], 8-bit ones random codes.\n"
            "  --package DIR      add a package directory's op declarations and kernels, checked as\n"
            "                     'tk check' does and never installed (its kernels are marked @local):\n"
@@ -972,14 +973,16 @@ static const char *scalar_arg(const run_opts *o, const char *name)
     return v;
 }
 
-/* Random contents: floats uniform in [-3, 3], integer inputs ival or 0, 1, 2, ... (outputs 0), 8-bit
- * integers random codes, fp8 random finite codes of magnitude <= 2. */
-static void fill(host_tensor *h, size_t n, tk_dtype tdt, int64_t ival, uint64_t *rng)
+/* Random contents: floats uniform in [-3, 3] (or fval for an input when it is not NaN), integer inputs
+ * ival or 0, 1, 2, ... (outputs 0), 8-bit integers random codes, fp8 random finite codes of magnitude
+ * <= 2. One draw per element either way, so the other tensors' contents do not depend on it. */
+static void fill(host_tensor *h, size_t n, tk_dtype tdt, int64_t ival, double fval, uint64_t *rng)
 {
     for (size_t k = 0; k < n; k++) {
         uint64_t r = splitmix(rng);
         /* outputs get random contents too: in-place ops (rotary, fused_add_*) read them */
-        float v = (float)((double)(r >> 11) * 0x1.0p-53 * 6.0 - 3.0);
+        int given = !h->out && !isnan(fval);
+        float v = given ? (float)fval : (float)((double)(r >> 11) * 0x1.0p-53 * 6.0 - 3.0);
         if (tdt.code == TK_DL_INT || tdt.code == TK_DL_UINT) {
             int64_t iv = h->out ? 0 : ival >= 0 ? ival : (int64_t)k;
             if (tdt.bits == 64)
@@ -991,7 +994,7 @@ static void fill(host_tensor *h, size_t n, tk_dtype tdt, int64_t ival, uint64_t 
         } else if (tdt.bits == 8) {
             ((uint8_t *)h->data)[k] = (uint8_t)((r & 0x80) | (r % 0x40));
         } else if (tdt.bits == 64) {
-            ((double *)h->data)[k] = v;
+            ((double *)h->data)[k] = given ? fval : v;
         } else if (tdt.bits == 32) {
             ((float *)h->data)[k] = v;
         } else {
@@ -1043,8 +1046,13 @@ static int make_tensor(run_call *rc, const run_opts *o, const jv *p, const jv *p
     h->bytes = n * tdt.bits / 8;
     if (!(h->data = malloc(h->bytes ? h->bytes : 1)))
         return run_fail(TK_ERR_NOMEM, "out of memory for '%s' (%zu bytes)", pname, h->bytes);
-    const char *iv = scalar_arg(o, pname); /* integer inputs: --arg NAME=V fills V, else 0, 1, 2, ... */
-    fill(h, n, tdt, iv ? strtoll(iv, NULL, 10) : -1, rng);
+    /* inputs: --arg NAME=V fills V (a schedule table, a target id), else random floats or 0, 1, 2, ... */
+    const char *iv = scalar_arg(o, pname);
+    char *end = NULL;
+    double fv = iv ? strtod(iv, &end) : NAN;
+    if (iv && (end == iv || *end))
+        return run_fail(TK_CLI_STATUS_USAGE, "--arg %s wants a number for tensor '%s', got '%s'", pname, pname, iv);
+    fill(h, n, tdt, iv ? strtoll(iv, NULL, 10) : -1, fv, rng);
     h->t.data = h->data;
     h->t.device.device_type = TK_DEV_CPU;
     h->t.ndim = h->ndim;

@@ -657,6 +657,70 @@ TK_API int tk_ops_json(char **out, tk_ctx *ctx);
 TK_API int tk_ops_add_package(tk_ctx *ctx, const char *pkgdir);
 
 /* ---------------------------------------------------------------------------------------------- */
+/* Noise schedules (denoising diffusion)                                                          */
+
+/* The tables and timesteps of DDPM and DDIM sampling, as diffusers' DDPMScheduler and DDIMScheduler
+ * compute them, in float64. The per-element math is ops (`tk ops`, docs/diffusion.md): q_sample,
+ * ddpm_posterior, ddpm_step, ddim_step and randn, which take alphas_cumprod as an f64 tensor [n] and
+ * the timesteps as i64 tensors [b]. Both calls are pure functions of their arguments: any thread, no
+ * context.
+ *
+ *     tk_noise_schedule_opts so = TK_NOISE_SCHEDULE_OPTS_INIT;  // linear, 1000 steps, 1e-4 to 0.02
+ *     so.beta_schedule = "squaredcos_cap_v2";
+ *     double ab[1000];
+ *     tk_noise_schedule(NULL, ab, &so);                           // alphas_cumprod
+ *     tk_diffusion_timesteps_opts to = TK_DIFFUSION_TIMESTEPS_OPTS_INIT;
+ *     to.scheduler = "ddim";
+ *     to.timestep_spacing = "trailing";
+ *     int64_t ts[50], prev[50];
+ *     tk_diffusion_timesteps(ts, prev, 50, &to);
+ *     for (int i = 0; i < 50; i++) { model(x, ts[i]) -> eps; tk_op_run(ctx, "ddim_step", ...); }
+ */
+#define TK_NOISE_SCHEDULE_OPTS_VERSION 1
+typedef struct {
+    unsigned version;            /* TK_NOISE_SCHEDULE_OPTS_VERSION */
+    const char *beta_schedule;   /* NULL or "linear" (default), "scaled_linear", "squaredcos_cap_v2" (or
+                                    "cosine": Nichol & Dhariwal), "sqrt" (Diffusion-LM: alpha_bar(t) =
+                                    1 - sqrt(t + 1e-4)), "sigmoid", "laplace"; diffusers' names and math */
+    int64_t num_train_timesteps; /* n, 1000 */
+    double beta_start;           /* 0.0001: linear, scaled_linear, sigmoid */
+    double beta_end;             /* 0.02 */
+    double max_beta;             /* 0.999: the cap of the alpha_bar schedules (cosine, sqrt, laplace) */
+    int rescale_betas_zero_snr;  /* 1: rescale to zero terminal SNR (Lin et al. 2023), as diffusers */
+    const double *trained_betas; /* non-NULL: these n betas, beta_schedule ignored */
+} tk_noise_schedule_opts;
+#define TK_NOISE_SCHEDULE_OPTS_INIT {TK_NOISE_SCHEDULE_OPTS_VERSION, NULL, 1000, 0.0001, 0.02, 0.999, 0, NULL}
+
+/* Computes the schedule of opts (NULL: the defaults) into betas and alphas_cumprod (the cumulative
+ * product of 1 - beta), each num_train_timesteps doubles owned by the caller; either may be NULL.
+ * Writes nothing on failure. Errors: TK_ERR_INVALID (an unknown schedule, a bad size or value, a beta
+ * outside [0, 1]: the message names it), TK_ERR_NOMEM. */
+TK_API int tk_noise_schedule(double *betas, double *alphas_cumprod, const tk_noise_schedule_opts *opts);
+
+#define TK_DIFFUSION_TIMESTEPS_OPTS_VERSION 1
+typedef struct {
+    unsigned version;             /* TK_DIFFUSION_TIMESTEPS_OPTS_VERSION */
+    int64_t num_train_timesteps;  /* 1000 */
+    const char *timestep_spacing; /* NULL or "leading" (default), "trailing", "linspace" (diffusers') */
+    int64_t steps_offset;         /* 0: added to the leading timesteps */
+    const char *scheduler;        /* NULL or "ddpm": prev is the next timestep of the list, -1 after the
+                                     last (DDPMScheduler); "ddim": prev = t - num_train_timesteps / steps
+                                     (DDIMScheduler.step) */
+    int set_alpha_to_one;         /* 1 (default): a negative prev stays (alphas_cumprod_prev = 1); 0: it
+                                     becomes 0 (alphas_cumprod[0], DDIM's set_alpha_to_one=False) */
+} tk_diffusion_timesteps_opts;
+#define TK_DIFFUSION_TIMESTEPS_OPTS_INIT {TK_DIFFUSION_TIMESTEPS_OPTS_VERSION, 1000, NULL, 0, NULL, 1}
+
+/* The `steps` timesteps of a sampling run, first (noisiest) to last, into timesteps[steps], and the
+ * timestep each step goes to into prev_timesteps[steps] (may be NULL): what set_timesteps and step of
+ * diffusers compute. Where numpy's arange gives diffusers one timestep more than asked (trailing
+ * spacing, e.g. 1000 / 61 steps: an extra -1 at the end), tk writes the `steps` asked for, the same
+ * first ones. Errors: TK_ERR_INVALID (steps outside [1, num_train_timesteps], an unknown spacing or
+ * scheduler, a timestep that would fall outside [0, num_train_timesteps)). */
+TK_API int tk_diffusion_timesteps(int64_t *timesteps, int64_t *prev_timesteps, int64_t steps,
+                                  const tk_diffusion_timesteps_opts *opts);
+
+/* ---------------------------------------------------------------------------------------------- */
 /* Models                                                                                          */
 
 /* A Hugging Face checkpoint directory loaded as it is (config.json, *.safetensors, tokenizer.json):

@@ -220,5 +220,16 @@ extern const tk_op_desc tk_ops__backward_act[]; /* ops/backward_act.c */
 extern const size_t tk_ops__backward_act_count;
 extern const tk_op_desc tk_ops__optim[]; /* ops/optim.c */
 extern const size_t tk_ops__optim_count;
+extern const tk_op_desc tk_ops__diffusion[]; /* ops/diffusion.c */
+extern const size_t tk_ops__diffusion_count;
+
+/* ---- shared pieces ------------------------------------------------------------------------------ */
+
+/* Philox-4x32-10 (Salmon et al., SC'11; Random123's philox4x32_10): the generator of the sample and
+ * randn ops (ops/sampling.c), the same function as the device toolkit's tk::philox4x32_10. */
+void tk_ops__philox4x32_10(uint32_t out[4], const uint32_t ctr[4], const uint32_t key[2]);
+
+/* tk_noise_schedule (tk.h), for the tests: the betas and alphas_cumprod of opts (NULL: the defaults). */
+int tk_ops__noise_schedule(double *betas, double *alphas_cumprod, const tk_noise_schedule_opts *opts);
 
 #endif /* TK_OPS_H */

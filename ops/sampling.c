@@ -106,8 +106,9 @@ static uint64_t weight_of(float z, float zmax)
     return (uint64_t)(exp_det(d) * 4294967296.0f);
 }
 
-/* Philox-4x32-10 (Salmon et al., SC'11; Random123's philox4x32_10). */
-static void philox(uint32_t out[4], const uint32_t ctr[4], const uint32_t key[2])
+/* Philox-4x32-10 (Salmon et al., SC'11; Random123's philox4x32_10); randn (ops/diffusion.c) draws
+ * with it too. */
+void tk_ops__philox4x32_10(uint32_t out[4], const uint32_t ctr[4], const uint32_t key[2])
 {
     uint32_t c0 = ctr[0], c1 = ctr[1], c2 = ctr[2], c3 = ctr[3], k0 = key[0], k1 = key[1];
     for (int i = 0; i < 10; i++) {
@@ -131,7 +132,7 @@ static uint64_t draw(uint64_t seed, uint64_t row, uint64_t offset)
 {
     uint32_t ctr[4] = {(uint32_t)row, (uint32_t)(row >> 32), (uint32_t)offset, (uint32_t)(offset >> 32)};
     uint32_t key[2] = {(uint32_t)seed, (uint32_t)(seed >> 32)}, o[4];
-    philox(o, ctr, key);
+    tk_ops__philox4x32_10(o, ctr, key);
     return ((uint64_t)o[1] << 32) | o[0];
 }
 

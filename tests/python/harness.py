@@ -128,6 +128,8 @@ def run_op_inputs(op, ops_json, result, dtype, named_dtypes, int_args, seed):
             x = torch.from_numpy(codes).view(_torch_dtype(dt))
         else:
             v = ((r >> np.uint64(11)).astype(np.float64) * 2.0 ** -53 * 6.0 - 3.0).astype(np.float32)
+            if not is_out and t["name"] in int_args:  # --arg NAME=V on a float input: every element V
+                v = np.full(n, int_args[t["name"]], np.float64 if dt == "f64" else np.float32)
             x = torch.from_numpy(v.astype(np.float64) if dt == "f64" else v).to(_torch_dtype(dt))
         out[t["name"]] = x.reshape(shape)
     return out

@@ -54,7 +54,8 @@ def _parse(args):
             named_dtypes[k] = v
         elif flag == "--arg":
             k, v = val.split("=", 1)
-            int_args[k] = int(float(v)) if v.lstrip("-").replace(".", "", 1).isdigit() else v
+            # a tensor's value (every element: ids, or a float table such as alphas_cumprod=0.5)
+            int_args[k] = float(v) if "." in v or "e" in v else int(v)
             scalars[k] = float(v) if "." in v or "e" in v else int(v)
     return named_dtypes, int_args, scalars
 
