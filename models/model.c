@@ -1128,6 +1128,11 @@ static int qweight(struct tk_models_qweight **out, tk_model *m, const tk_mt *w, 
             return tk__err(TK_ERR_NOMEM, "out of memory");
         m->qw = p;
         m->capqw = c;
+        /* a tk_mt's t.shape points at its own shape[]: the move left them pointing at the freed block */
+        for (size_t i = 0; i < m->nqw; i++) {
+            m->qw[i].q.t.shape = m->qw[i].q.shape;
+            m->qw[i].scale.t.shape = m->qw[i].scale.shape;
+        }
     }
     int64_t R = w->shape[0], C = w->shape[1], N = transposed ? C : R, K = transposed ? R : C;
     size_t nel = (size_t)(N * K), es = w->t.dtype.bits / 8u;

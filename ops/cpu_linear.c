@@ -31,7 +31,7 @@
 #define NR 16         /* ... by NR output columns */
 #define KC 256        /* depth of a packed block */
 #define MC_MAX 144    /* rows of x per task (a multiple of MR) */
-#define NC 128        /* output columns per task (a multiple of NR) */
+#define NC 128        /* output columns per task at most (a multiple of NR); 64 when that gives too few tasks */
 
 /* One linear call as the kernels see it: out[m, n] = scale[n] * sum_k x[m, k] w[n, k] + bias[n]. */
 typedef struct {
@@ -52,7 +52,7 @@ typedef struct {
     int avx2;
     /* GEMM */
     float *ap; /* packed x: ceil(m / MR) panels of [k][MR] */
-    int64_t mc, nmb, nnb;
+    int64_t mc, nmb, nnb, nc;
 } lin_t;
 
 /* ---- fits ---------------------------------------------------------------------------------------- */
@@ -504,19 +504,18 @@ static void gemm_range(void *arg, int64_t lo, int64_t hi)
 {
     gemm_job *j = arg;
     const lin_t *L = j->L;
-    int64_t panels = L->mc / MR;
-    float *bp = tk_ops__cpu_scratch(1, (size_t)(NC * KC) * sizeof(float));
-    float *ct = tk_ops__cpu_scratch(2, (size_t)(L->mc * NC) * sizeof(float));
+    const int64_t nc = L->nc;
+    float *bp = tk_ops__cpu_scratch(1, (size_t)(nc * KC) * sizeof(float));
+    float *ct = tk_ops__cpu_scratch(2, (size_t)(L->mc * nc) * sizeof(float));
     if (!bp || !ct) {
         __atomic_store_n(&j->nomem, 1, __ATOMIC_RELAXED);
         return;
     }
     for (int64_t t = lo; t < hi; t++) {
         int64_t mb = t / L->nnb, nb = t % L->nnb;
-        int64_t m0 = mb * L->mc, n0 = nb * NC;
-        int64_t mm = L->m - m0 < L->mc ? L->m - m0 : L->mc, nn = L->n - n0 < NC ? L->n - n0 : NC;
+        int64_t m0 = mb * L->mc, n0 = nb * nc;
+        int64_t mm = L->m - m0 < L->mc ? L->m - m0 : L->mc, nn = L->n - n0 < nc ? L->n - n0 : nc;
         int64_t mp = (mm + MR - 1) / MR, np = (nn + NR - 1) / NR;
-        (void)panels;
         for (int64_t e0 = 0; e0 < L->k; e0 += KC) {
             int64_t kc = L->k - e0 < KC ? L->k - e0 : KC;
 #if defined(__x86_64__)
@@ -529,21 +528,21 @@ static void gemm_range(void *arg, int64_t lo, int64_t hi)
                 for (int64_t p = 0; p < mp; p++) {
                     const float *a = L->ap + ((m0 / MR + p) * L->k + e0) * MR;
                     const float *b = bp + q * kc * NR;
-                    float *c = ct + p * MR * NC + q * NR;
+                    float *c = ct + p * MR * nc + q * NR;
 #if defined(__x86_64__)
                     if (L->avx2)
-                        ukernel_avx2(kc, a, b, c, NC, e0 > 0);
+                        ukernel_avx2(kc, a, b, c, nc, e0 > 0);
                     else
 #endif
-                        ukernel_c(kc, a, b, c, NC, e0 > 0);
+                        ukernel_c(kc, a, b, c, nc, e0 > 0);
                 }
         }
         if (L->k == 0)
             for (int64_t r = 0; r < mm; r++)
-                memset(ct + r * NC, 0, (size_t)nn * sizeof(float));
+                memset(ct + r * nc, 0, (size_t)nn * sizeof(float));
         for (int64_t r = 0; r < mm; r++)
             for (int64_t q = 0; q < nn; q++)
-                put1(L, m0 + r, n0 + q, ct[r * NC + q]);
+                put1(L, m0 + r, n0 + q, ct[r * nc + q]);
     }
 }
 
@@ -560,7 +559,11 @@ static int run_gemm(lin_t *L)
     int64_t nmb = (L->m + MC_MAX - 1) / MC_MAX;
     L->mc = ((L->m + nmb - 1) / nmb + MR - 1) / MR * MR;
     L->nmb = (L->m + L->mc - 1) / L->mc;
-    L->nnb = (L->n + NC - 1) / NC;
+    /* at least four tasks a thread when the columns allow it: a delayed thread costs less */
+    L->nc = NC;
+    if (L->nmb * ((L->n + NC - 1) / NC) < 4 * (int64_t)tk_ops__threads())
+        L->nc = NC / 2;
+    L->nnb = (L->n + L->nc - 1) / L->nc;
     gemm_job j = {L, 0};
     tk_ops__parallel_for(L->nmb * L->nnb, 1, 0, gemm_range, &j);
     if (j.nomem)
