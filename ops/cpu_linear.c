@@ -494,6 +494,36 @@ TK_AVX2 static void ukernel_avx2(int64_t kc, const float *a, const float *b, flo
 }
 #endif
 
+#if defined(__x86_64__)
+/* out[m0 + r, n0 + q] = ct[r][q] * scale + bias for r < mm, q < nn: eight columns a step. */
+TK_AVX2 static void store_tile_avx2(const lin_t *L, const float *ct, int64_t ldc, int64_t m0, int64_t mm, int64_t n0,
+                                    int64_t nn)
+{
+    int64_t n8 = nn / 8 * 8;
+    int rem = (int)(nn - n8);
+    for (int64_t r = 0; r < mm; r++) {
+        const float *c = ct + r * ldc;
+        int64_t o = (m0 + r) * L->ldo + n0, q = 0;
+        for (; q < n8; q += 8) {
+            __m256 v = _mm256_loadu_ps(c + q);
+            if (L->scale)
+                v = _mm256_mul_ps(v, _mm256_loadu_ps(L->scale + n0 + q));
+            if (L->bias)
+                v = _mm256_add_ps(v, tk_ld8(L->bias, n0 + q, L->bk));
+            tk_st8(L->out, o + q, L->ok, v);
+        }
+        if (rem) {
+            __m256 v = tk_ld8_part(c, q, K_F32, rem);
+            if (L->scale)
+                v = _mm256_mul_ps(v, tk_ld8_part(L->scale, n0 + q, K_F32, rem));
+            if (L->bias)
+                v = _mm256_add_ps(v, tk_ld8_part(L->bias, n0 + q, L->bk, rem));
+            tk_st8_part(L->out, o + q, L->ok, v, rem);
+        }
+    }
+}
+#endif
+
 /* One task: rows [m0, m0 + mc) and columns [n0, n0 + nn) of out. */
 typedef struct {
     const lin_t *L;
@@ -540,6 +570,12 @@ static void gemm_range(void *arg, int64_t lo, int64_t hi)
         if (L->k == 0)
             for (int64_t r = 0; r < mm; r++)
                 memset(ct + r * nc, 0, (size_t)nn * sizeof(float));
+#if defined(__x86_64__)
+        if (L->avx2) {
+            store_tile_avx2(L, ct, nc, m0, mm, n0, nn);
+            continue;
+        }
+#endif
         for (int64_t r = 0; r < mm; r++)
             for (int64_t q = 0; q < nn; q++)
                 put1(L, m0 + r, n0 + q, ct[r * nc + q]);
