@@ -170,9 +170,27 @@ static void *worker_main(void *p)
     return NULL;
 }
 
+/* A child of fork() has none of the parent's workers (and may have copied a lock held mid-call): it
+ * starts with an empty pool. */
+static void atfork_child(void)
+{
+    pool.nworkers = 0;
+    atomic_store(&pool.active, 0);
+    atomic_store(&pool.open, 0);
+    atomic_store(&pool.sleepers, 0);
+    pthread_mutex_init(&pool.submit, NULL);
+    pthread_mutex_init(&pool.mu, NULL);
+    pthread_cond_init(&pool.cv, NULL);
+    pthread_mutex_init(&pool.grow, NULL);
+}
+
+static pthread_once_t atfork_once = PTHREAD_ONCE_INIT;
+static void register_atfork(void) { pthread_atfork(NULL, NULL, atfork_child); }
+
 /* Starts workers until there are `want` (or thread creation fails); the count started. */
 static int grow_to(int want)
 {
+    pthread_once(&atfork_once, register_atfork);
     pthread_mutex_lock(&pool.grow);
     while (pool.nworkers < want) {
         pthread_t t;

@@ -23,6 +23,8 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/wait.h>
+#include <unistd.h>
 
 #include "harness.h"
 #include "op_test.h"
@@ -724,6 +726,12 @@ static void test_pool(void)
     CHECK(tk_ops__default_threads() >= 1);
     /* the reference helper still splits by cost */
     CHECK(pool_once(100000, 1000, 0, 0));
+    /* a forked child has no workers of its own: its calls still cover every range */
+    pid_t pid = fork();
+    if (pid == 0)
+        _exit(pool_once(1000, 3, 4, 0) && pool_once(5000, 1, 2, 1) ? 0 : 1);
+    int st = -1;
+    CHECK(pid > 0 && waitpid(pid, &st, 0) == pid && WIFEXITED(st) && WEXITSTATUS(st) == 0);
 }
 
 int main(void)
