@@ -34,14 +34,14 @@ enum {
     TK_CPU_AVX512BF16 = 1u << 4,
     TK_CPU_AVX512VNNI = 1u << 5,
     TK_CPU_AVXVNNI = 1u << 6,
-    TK_CPU_AMX = 1u << 7,       /* AMX-TILE, AMX-BF16 and AMX-INT8, and the OS allows the tile state */
+    TK_CPU_AMX = 1u << 7,       /* AMX-TILE, AMX-BF16 and AMX-INT8, and the OS manages the tile state */
     TK_CPU_NEON = 1u << 8,      /* aarch64 */
 };
 /* The AVX2 level the x86 kernels of cpu_*.c need: AVX2, FMA and F16C (Haswell, Zen and later). */
 #define TK_CPU_X86_AVX2 (TK_CPU_AVX2 | TK_CPU_FMA | TK_CPU_F16C)
 
 /* The features of the CPU this process runs on (detected once; the OS must have enabled the register
- * state: xgetbv for AVX and AVX-512, arch_prctl for AMX). */
+ * state, as xgetbv says). */
 unsigned tk_ops__cpu_features(void);
 /* The name of one feature bit ("avx2"), NULL if the bit is not a feature. */
 const char *tk_ops__cpu_feature_str(unsigned bit);

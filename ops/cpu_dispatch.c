@@ -12,10 +12,6 @@
 
 #if defined(__x86_64__) || defined(__i386__)
 #include <cpuid.h>
-#if defined(__linux__)
-#include <sys/syscall.h>
-#include <unistd.h>
-#endif
 #endif
 
 /* ---- features ----------------------------------------------------------------------------------- */
@@ -26,17 +22,6 @@ static uint64_t xgetbv0(void)
     uint32_t lo, hi;
     __asm__ __volatile__("xgetbv" : "=a"(lo), "=d"(hi) : "c"(0));
     return ((uint64_t)hi << 32) | lo;
-}
-
-/* Linux keeps the AMX tile state off until a process asks for it (ARCH_REQ_XCOMP_PERM). */
-static int amx_permitted(void)
-{
-#if defined(__linux__) && defined(SYS_arch_prctl)
-    const long ARCH_REQ_XCOMP_PERM = 0x1023, XFEATURE_XTILEDATA = 18;
-    return syscall(SYS_arch_prctl, ARCH_REQ_XCOMP_PERM, XFEATURE_XTILEDATA) == 0;
-#else
-    return 0;
-#endif
 }
 
 static unsigned detect(void)
@@ -77,9 +62,11 @@ static unsigned detect(void)
         if ((a71 >> 5) & 1)
             f |= TK_CPU_AVX512BF16;
     }
-    /* AMX: TILE (edx bit 24), BF16 (22), INT8 (25); XCR0 bits 17 and 18 */
+    /* AMX: TILE (edx bit 24), BF16 (22), INT8 (25), and the OS manages the tile state (XCR0 bits 17,
+     * 18). Linux still wants a process to ask before it touches the tiles (arch_prctl
+     * ARCH_REQ_XCOMP_PERM): an AMX kernel asks on first use, detection does not. */
     unsigned amx = (1u << 22) | (1u << 24) | (1u << 25);
-    if ((d7 & amx) == amx && (xcr0 & 0x60000) == 0x60000 && amx_permitted())
+    if ((d7 & amx) == amx && (xcr0 & 0x60000) == 0x60000)
         f |= TK_CPU_AMX;
     return f;
 }
