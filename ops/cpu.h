@@ -24,6 +24,14 @@
 
 #include "ops/ops.h"
 
+/* 1 where the x86 SIMD kernels are compiled (x86-64, unless TK_CPU_NO_SIMD is defined: a build of the
+ * portable implementations alone, as other architectures get; the tests run it that way too). */
+#if defined(__x86_64__) && !defined(TK_CPU_NO_SIMD)
+#define TK_CPU_X86 1
+#else
+#define TK_CPU_X86 0
+#endif
+
 /* ---- CPU features ------------------------------------------------------------------------------ */
 
 enum {

@@ -121,7 +121,7 @@ static void chunk_c(rows_t *T, int64_t j0, int64_t n)
     }
 }
 
-#if defined(__x86_64__)
+#if TK_CPU_X86
 TK_AVX2 static void chunk_avx2(rows_t *T, int64_t j0, int64_t n)
 {
     const __m256 ninf = _mm256_set1_ps(-INFINITY);
@@ -195,7 +195,7 @@ static void rows_run(rows_t *T, row_fn rowp, const void *src, int kind, int avx2
     for (int64_t j0 = lo; j0 <= hi; j0 += BK) {
         int64_t n = hi - j0 + 1 < BK ? hi - j0 + 1 : BK;
         load_chunk(T, rowp, src, kind, j0, n);
-#if defined(__x86_64__)
+#if TK_CPU_X86
         if (avx2)
             chunk_avx2(T, j0, n);
         else
@@ -475,13 +475,13 @@ static int run_decode(const tk_op_call *c, int avx2)
 
 static int run_attention_c(const tk_op_call *c) { return run_attention(c, 0); }
 static int run_decode_c(const tk_op_call *c) { return run_decode(c, 0); }
-#if defined(__x86_64__)
+#if TK_CPU_X86
 static int run_attention_avx2(const tk_op_call *c) { return run_attention(c, 1); }
 static int run_decode_avx2(const tk_op_call *c) { return run_decode(c, 1); }
 #endif
 
 const tk_cpu_impl tk_ops__cpu_attn_impls[] = {
-#if defined(__x86_64__)
+#if TK_CPU_X86
     {"attention", "cpu-avx2", TK_CPU_X86_AVX2, fits_attention, run_attention_avx2,
      "f32 flash-style blocks (online softmax, GQA heads share each K/V chunk); no ALiBi or softcap"},
     {"attention_decode", "cpu-avx2", TK_CPU_X86_AVX2, fits_decode, run_decode_avx2,

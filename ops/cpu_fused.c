@@ -84,7 +84,7 @@ static void norm_rows_c(const norm_t *n, int64_t lo, int64_t hi)
     }
 }
 
-#if defined(__x86_64__)
+#if TK_CPU_X86
 TK_AVX2 static void norm_rows_avx2(const norm_t *n, int64_t lo, int64_t hi)
 {
     int64_t d8 = n->d / 8 * 8;
@@ -143,7 +143,7 @@ TK_AVX2 static void norm_rows_avx2(const norm_t *n, int64_t lo, int64_t hi)
 static void norm_range(void *arg, int64_t lo, int64_t hi)
 {
     const norm_t *n = arg;
-#if defined(__x86_64__)
+#if TK_CPU_X86
     if (n->avx2) {
         norm_rows_avx2(n, lo, hi);
         return;
@@ -213,7 +213,7 @@ static void act_rows_c(const act_t *a, int64_t lo, int64_t hi)
         }
 }
 
-#if defined(__x86_64__)
+#if TK_CPU_X86
 TK_AVX2_INLINE __m256 silu_mul8(__m256 x, __m256 y)
 {
     __m256 one = _mm256_set1_ps(1.0f);
@@ -240,7 +240,7 @@ TK_AVX2 static void act_rows_avx2(const act_t *a, int64_t lo, int64_t hi)
 static void act_range(void *arg, int64_t lo, int64_t hi)
 {
     const act_t *a = arg;
-#if defined(__x86_64__)
+#if TK_CPU_X86
     if (a->avx2) {
         act_rows_avx2(a, lo, hi);
         return;
@@ -314,7 +314,7 @@ static void rope_rows_c(const rope_t *j, int64_t lo, int64_t hi)
     }
 }
 
-#if defined(__x86_64__)
+#if TK_CPU_X86
 TK_AVX2 static void rope_rows_avx2(const rope_t *j, int64_t lo, int64_t hi)
 {
     int64_t h8 = j->half / 8 * 8;
@@ -346,7 +346,7 @@ TK_AVX2 static void rope_rows_avx2(const rope_t *j, int64_t lo, int64_t hi)
 static void rope_range(void *arg, int64_t lo, int64_t hi)
 {
     const rope_t *j = arg;
-#if defined(__x86_64__)
+#if TK_CPU_X86
     if (j->avx2) {
         rope_rows_avx2(j, lo, hi);
         return;
@@ -386,14 +386,14 @@ static int run_rotary(const tk_op_call *c, int avx2)
 static int run_norm_c(const tk_op_call *c) { return run_norm(c, 0); }
 static int run_act_c(const tk_op_call *c) { return run_act(c, 0); }
 static int run_rotary_c(const tk_op_call *c) { return run_rotary(c, 0); }
-#if defined(__x86_64__)
+#if TK_CPU_X86
 static int run_norm_avx2(const tk_op_call *c) { return run_norm(c, 1); }
 static int run_act_avx2(const tk_op_call *c) { return run_act(c, 1); }
 static int run_rotary_avx2(const tk_op_call *c) { return run_rotary(c, 1); }
 #endif
 
 const tk_cpu_impl tk_ops__cpu_fused_impls[] = {
-#if defined(__x86_64__)
+#if TK_CPU_X86
     {"rms_norm", "cpu-avx2", TK_CPU_X86_AVX2, fits_norm, run_norm_avx2, "eight lanes a step, f32 sum of squares"},
     {"fused_add_rms_norm", "cpu-avx2", TK_CPU_X86_AVX2, fits_norm, run_norm_avx2,
      "the add, its rounding to T and the norm in one pass over the row"},

@@ -196,7 +196,7 @@ static void gemvt_range_c(void *arg, int64_t lo, int64_t hi)
 
 /* ---- GEMV: AVX2 ---------------------------------------------------------------------------------- */
 
-#if defined(__x86_64__)
+#if TK_CPU_X86
 /* One weight row against M rows of x: 16 columns a step, two accumulators a row. */
 TK_AVX2_INLINE void gemv_row_avx2(int M, int wk, const void *wr, const float *xf, int64_t ldx, int64_t k, float *dst)
 {
@@ -315,7 +315,7 @@ static int run_gemv(const lin_t *L)
     int64_t bytes = L->n * L->k * (int64_t)tk_cpu_kind_size(L->wk);
     int nt = bytes < (1 << 16) ? 1 : 0;
     void (*fn)(void *, int64_t, int64_t);
-#if defined(__x86_64__)
+#if TK_CPU_X86
     if (L->avx2)
         fn = L->trans ? gemvt_range_avx2 : gemv_range_avx2;
     else
@@ -395,7 +395,7 @@ static void ukernel_c(int64_t kc, const float *a, const float *b, float *c, int6
             c[r * ldc + q] = acc ? c[r * ldc + q] + t[r][q] : t[r][q];
 }
 
-#if defined(__x86_64__)
+#if TK_CPU_X86
 TK_AVX2 static void pack_b_avx2(const lin_t *L, float *bp, int64_t n0, int64_t nn, int64_t e0, int64_t kc)
 {
     if (L->trans) { /* rows of [K, N] are already NR-wide runs of columns */
@@ -494,7 +494,7 @@ TK_AVX2 static void ukernel_avx2(int64_t kc, const float *a, const float *b, flo
 }
 #endif
 
-#if defined(__x86_64__)
+#if TK_CPU_X86
 /* out[m0 + r, n0 + q] = ct[r][q] * scale + bias for r < mm, q < nn: eight columns a step. */
 TK_AVX2 static void store_tile_avx2(const lin_t *L, const float *ct, int64_t ldc, int64_t m0, int64_t mm, int64_t n0,
                                     int64_t nn)
@@ -548,7 +548,7 @@ static void gemm_range(void *arg, int64_t lo, int64_t hi)
         int64_t mp = (mm + MR - 1) / MR, np = (nn + NR - 1) / NR;
         for (int64_t e0 = 0; e0 < L->k; e0 += KC) {
             int64_t kc = L->k - e0 < KC ? L->k - e0 : KC;
-#if defined(__x86_64__)
+#if TK_CPU_X86
             if (L->avx2)
                 pack_b_avx2(L, bp, n0, nn, e0, kc);
             else
@@ -559,7 +559,7 @@ static void gemm_range(void *arg, int64_t lo, int64_t hi)
                     const float *a = L->ap + ((m0 / MR + p) * L->k + e0) * MR;
                     const float *b = bp + q * kc * NR;
                     float *c = ct + p * MR * nc + q * NR;
-#if defined(__x86_64__)
+#if TK_CPU_X86
                     if (L->avx2)
                         ukernel_avx2(kc, a, b, c, nc, e0 > 0);
                     else
@@ -570,7 +570,7 @@ static void gemm_range(void *arg, int64_t lo, int64_t hi)
         if (L->k == 0)
             for (int64_t r = 0; r < mm; r++)
                 memset(ct + r * nc, 0, (size_t)nn * sizeof(float));
-#if defined(__x86_64__)
+#if TK_CPU_X86
         if (L->avx2) {
             store_tile_avx2(L, ct, nc, m0, mm, n0, nn);
             continue;
@@ -623,13 +623,13 @@ static int run(const tk_op_call *c, int casted, int avx2)
 
 static int run_linear_c(const tk_op_call *c) { return run(c, 0, 0); }
 static int run_casted_c(const tk_op_call *c) { return run(c, 1, 0); }
-#if defined(__x86_64__)
+#if TK_CPU_X86
 static int run_linear_avx2(const tk_op_call *c) { return run(c, 0, 1); }
 static int run_casted_avx2(const tk_op_call *c) { return run(c, 1, 1); }
 #endif
 
 const tk_cpu_impl tk_ops__cpu_linear_impls[] = {
-#if defined(__x86_64__)
+#if TK_CPU_X86
     {"linear", "cpu-avx2", TK_CPU_X86_AVX2, fits_linear, run_linear_avx2,
      "f32/f16/bf16 weights read in their dtype: GEMV (M <= 4) and a packed 6x16 FMA GEMM, threaded"},
     {"casted_linear", "cpu-avx2", TK_CPU_X86_AVX2, fits_casted, run_casted_avx2,

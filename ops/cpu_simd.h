@@ -60,7 +60,7 @@ static inline void tk_cpu_st1(void *base, int64_t i, int kind, float v)
     }
 }
 
-#if defined(__x86_64__)
+#if TK_CPU_X86
 #include <immintrin.h>
 
 #define TK_AVX2 __attribute__((target("avx2,fma,f16c")))
@@ -191,6 +191,6 @@ TK_AVX2_INLINE __m256 tk_exp8(__m256 x)
     y = _mm256_blendv_ps(y, _mm256_set1_ps(INFINITY), over);
     return _mm256_blendv_ps(y, x, nan);
 }
-#endif /* __x86_64__ */
+#endif /* TK_CPU_X86 */
 
 #endif /* TK_OPS_CPU_SIMD_H */
