@@ -98,8 +98,16 @@ def main():
     if src:
         if not os.path.exists(os.path.join(f32, "config.json")):
             d, f = os.path.dirname(src), os.path.basename(src)
-            m = AutoModelForCausalLM.from_pretrained(d, gguf_file=f, dtype=torch.float32)
+            g = AutoModelForCausalLM.from_pretrained(d, gguf_file=f, dtype=torch.float32)
             tok = AutoTokenizer.from_pretrained(d, gguf_file=f)
+            # a plain model with the dequantised weights (transformers will not save one it loaded
+            # from GGUF)
+            cfg = g.config
+            if hasattr(cfg, "quantization_config"):
+                del cfg.quantization_config
+            m = LlamaForCausalLM(cfg)
+            m.load_state_dict(g.state_dict())
+            m = m.to(torch.float32).eval()
             m.save_pretrained(f32)
             tok.save_pretrained(f32)
             m.to(torch.bfloat16).save_pretrained(b16)
