@@ -84,7 +84,7 @@ DEFAULT_ORG := kernels-community
 PKG_FILES := $(shell find kernels-src -type f 2>/dev/null)
 
 .PHONY: all lib test test-gpu check-kernels asan bench format clean registry gpu-bundle
-all: lib $(B)/tk registry $(TESTS) $(EXAMPLES) $(BENCHES)
+all: lib $(B)/tk registry $(TESTS) $(EXAMPLES) $(BENCHES) $(B)/tests/test_ops_cpu_portable
 lib: $(B)/libtk.a $(B)/libtk.so.$(SOMAJOR)
 
 $(KEY):
@@ -129,6 +129,16 @@ $(B)/tk: $(CLI_OBJ) $(SERVE_OBJ) $(B)/libtk.a
 $(B)/tests/%: tests/%.c $(B)/libtk.a $(wildcard tests/*.h)
 	@mkdir -p $(dir $@)
 	$(CC) $(CFLAGS) $(LDFLAGS) -Itests $< -o $@ $(B)/libtk.a $(LDLIBS)
+
+# test_ops_cpu again with the fast CPU ops compiled as where there is no x86 SIMD (-DTK_CPU_NO_SIMD:
+# the plain-C implementations only, what aarch64 builds), in a copy of libtk.a: tests/run.sh runs both.
+CPU_PORTABLE_SRC := ops/cpu_dispatch.c ops/cpu_linear.c ops/cpu_attention.c ops/cpu_fused.c ops/parallel.c
+$(B)/tests/test_ops_cpu_portable: tests/test_ops_cpu.c $(CPU_PORTABLE_SRC) ops/cpu.h ops/cpu_simd.h $(B)/libtk.a $(wildcard tests/*.h)
+	@mkdir -p $(B)/portable $(dir $@)
+	for f in $(CPU_PORTABLE_SRC); do $(CC) $(CFLAGS) -DTK_CPU_NO_SIMD -c $$f -o $(B)/portable/$$(basename $$f .c).o || exit 1; done
+	cp $(B)/libtk.a $(B)/portable/libtk.a
+	cd $(B)/portable && ar r libtk.a $(notdir $(CPU_PORTABLE_SRC:.c=.o))
+	$(CC) $(CFLAGS) $(LDFLAGS) -Itests $< -o $@ $(B)/portable/libtk.a $(LDLIBS)
 
 $(B)/examples/%: examples/%.c $(B)/libtk.a
 	@mkdir -p $(dir $@)

@@ -51,6 +51,7 @@ struct tk_ctx {
     void (*jit_free)(void *);
     void *ops;
     void (*ops_free)(void *);
+    int cpu_threads;     /* tk_ctx_set_threads: 0 is the default */
 };
 
 /* Checks that ctx is a live context; sets an error and returns TK_ERR_INVALID otherwise. */

@@ -33,10 +33,10 @@
 #include "cache/kcache.h"
 #include "hub/manifest.h"
 #include "jit/jit.h"
+#include "ops/cpu.h"
 #include "ops/ops.h"
 #include "ops/selftest.h"
 
-#define TK_OPS_IMPL_CPU "cpu-reference"
 #define TK_OPS_IMPL_CPU_FALLBACK "cpu-reference (fallback)"
 
 /* A kernel parameter as the manifest declares it: what the caller must bind. */
@@ -1301,6 +1301,54 @@ TK_API int tk_ops_add_package(tk_ctx *ctx, const char *pkgdir)
 
 /* ---- the public functions --------------------------------------------------------------------- */
 
+TK_API int tk_ctx_set_threads(tk_ctx *ctx, int n)
+{
+    int rc = tk_api__check_ctx(ctx);
+    if (rc != TK_OK)
+        return rc;
+    if (n < 0 || n > 256)
+        return tk__err(TK_ERR_INVALID, "threads %d: want 1 to 256, or 0 for the default (%d here)", n,
+                       tk_ops__default_threads());
+    ctx->cpu_threads = n;
+    return TK_OK;
+}
+
+TK_API int tk_ctx_threads(const tk_ctx *ctx)
+{
+    if (tk_api__check_ctx(ctx) != TK_OK)
+        return tk_ops__default_threads();
+    return ctx->cpu_threads > 0 ? ctx->cpu_threads : tk_ops__default_threads();
+}
+
+static json_t *cpu_features_json(unsigned bits)
+{
+    json_t *a = json_array();
+    for (unsigned b = 1; b; b <<= 1)
+        if ((bits & b) && tk_ops__cpu_feature_str(b))
+            json_array_append_new(a, json_string(tk_ops__cpu_feature_str(b)));
+    return a;
+}
+
+TK_API int tk_cpu_info_json(char **out, const tk_ctx *ctx)
+{
+    if (!out)
+        return tk__err(TK_ERR_INVALID, "tk_cpu_info_json: out is NULL");
+    *out = NULL;
+    int rc = tk_api__check_ctx(ctx);
+    if (rc != TK_OK)
+        return rc;
+    static const char *modes[] = {"auto", "portable", "reference"};
+    json_t *o = json_pack("{s:o, s:i, s:i, s:s}", "features", cpu_features_json(tk_ops__cpu_features()), "threads",
+                          tk_ctx_threads(ctx), "default_threads", tk_ops__default_threads(), "impl_mode",
+                          modes[tk_ops__cpu_mode()]);
+    char *text = o ? json_dumps(o, JSON_COMPACT | JSON_PRESERVE_ORDER) : NULL;
+    json_decref(o);
+    if (!text)
+        return tk__err(TK_ERR_NOMEM, "out of memory");
+    *out = text;
+    return TK_OK;
+}
+
 TK_API int tk_op_run(tk_ctx *ctx, const char *op, const tk_arg *args, size_t nargs, void *stream,
                      const char **impl)
 {
@@ -1316,9 +1364,10 @@ TK_API int tk_op_run(tk_ctx *ctx, const char *op, const tk_arg *args, size_t nar
     rc = desc ? tk_ops__prepare_op(&call, desc, args, nargs) : tk_ops__prepare(&call, op, args, nargs);
     if (rc != TK_OK)
         return rc;
-    if (call.device_type == TK_DEV_CPU) {
-        if ((rc = tk_ops__run_cpu(&call)) == TK_OK && impl)
-            *impl = TK_OPS_IMPL_CPU;
+    if (call.device_type == TK_DEV_CPU) { /* ops/cpu_dispatch.c: the fastest CPU implementation that fits */
+        int prev = tk_ops__set_threads(ctx->cpu_threads);
+        rc = tk_ops__run_cpu_best(&call, impl);
+        tk_ops__set_threads(prev);
         return rc;
     }
     /* Nothing to compute when every output is empty: no launch (a grid of zero blocks is a launch
@@ -1407,6 +1456,16 @@ static json_t *op_json(const ops_state *s, const tk_op_desc *op, const declared 
         json_array_append_new(ps, param_json(op, &op->params[p]));
     json_object_set_new(j, "params", ps);
     json_object_set_new(j, "cpu_reference", json_boolean(op->cpu != NULL));
+    json_t *cimpls = json_array(); /* ops/cpu_*.c, in the order they are tried */
+    for (size_t c = 0, nc = tk_ops__cpu_impl_count(); c < nc; c++) {
+        const tk_cpu_impl *im = tk_ops__cpu_impl_at(c);
+        if (strcmp(im->op, op->name) != 0)
+            continue;
+        json_array_append_new(cimpls, json_pack("{s:s, s:o, s:b, s:s}", "impl", im->impl, "needs",
+                                                cpu_features_json(im->needs), "usable", tk_ops__cpu_impl_usable(im),
+                                                "doc", im->doc));
+    }
+    json_object_set_new(j, "cpu_implementations", cimpls);
     if (op->package) /* where tk ships kernels for it, or the package that declares it */
         json_object_set_new(j, "package", json_string(op->package));
     if (d) {

@@ -35,11 +35,15 @@ typedef struct {
     int offline;   /* --offline */
     int tty;       /* stderr is a terminal: progress bars */
     tk_ctx *ctx;   /* created on first use by tk_cli_ctx() */
+    int threads;   /* --threads of the model commands: the context's CPU threads (0: the default) */
     int ctx_exit;  /* the exit code for tk_cli_ctx's failure (main returns it), 0 if none */
 } tk_cli;
 
 /* The context, created on first call with the global options. NULL after printing an error. */
 tk_ctx *tk_cli_ctx(tk_cli *cli);
+/* --threads N of the model commands: 1 to 256 into cli->threads (tk_cli_ctx applies it); 0, or
+ * tk_cli_usage's exit code for a bad value. */
+int tk_cli_parse_threads(tk_cli *cli, const char *usage, const char *v);
 /* Prints "tk: <message>" (and the hint lines) for a failed status; returns the exit code for it. */
 int tk_cli_fail(tk_cli *cli, int status, const char *what);
 /* Writes s as a JSON string (quotes included; NULL as ""), UTF-8 passed through. */

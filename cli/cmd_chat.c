@@ -47,6 +47,7 @@ static void help(void)
            "  --no-generation-prompt     --render: add_generation_prompt=False\n"
            "  --dtype f32|bf16|f16       compute dtype (default f32; also float32, bfloat16, float16, half)\n"
            "  --device cpu|cuda[:N]      where the model runs (default cpu)\n"
+           "  --threads N                CPU threads for the ops (default: every CPU; docs/cpu.md)\n"
            "  --json                     one JSON line per reply: {\"turn\": N, \"prompt_ids\": [...], \"ids\": [...],\n"
            "                             \"text\": \"...\", \"end\": \"eos\"} instead of streaming\n"
            "\n"
@@ -206,7 +207,7 @@ static int oom(tk_cli *cli)
 }
 
 /* parse options: the directory, --render and its turns, the runtime and the generation flags. */
-static int chat_parse(chat_job *j, int argc, char **argv)
+static int chat_parse(chat_job *j, tk_cli *cli, int argc, char **argv)
 {
     j->device = "cpu";
     j->agp = 1;
@@ -230,6 +231,10 @@ static int chat_parse(chat_job *j, int argc, char **argv)
             j->do_render = 1;
         } else if (!strcmp(a, "--list-templates")) {
             j->list = 1;
+        } else if (!strcmp(a, "--threads")) {
+            int u = tk_cli_parse_threads(cli, USAGE, has_val ? argv[++i] : NULL);
+            if (u)
+                return u;
         } else if (!strcmp(a, "--no-generation-prompt")) {
             j->agp = 0;
         } else if (!strcmp(a, "--system") || !strcmp(a, "--message") || !strcmp(a, "--dtype") ||
@@ -418,7 +423,7 @@ int tk_cmd_chat(tk_cli *cli, int argc, char **argv)
     if (!j)
         return oom(cli);
     j->co = (tk_chat_opts)TK_CHAT_OPTS_INIT;
-    if ((ec = chat_parse(j, argc, argv)) != GO)
+    if ((ec = chat_parse(j, cli, argc, argv)) != GO)
         goto done;
     if (j->list) {
         ec = list_templates(cli, j->dir);

@@ -60,6 +60,8 @@ static void help(void)
            "                             over an int8 or fp8_e4m3 copy of its weight (a scale per row);\n"
            "                             the memory it saves and the prompt's logit error are reported\n"
            "                             (--stats, or \"quant\" in --json)\n"
+           "  --threads N                CPU threads for the ops (default: $TK_NUM_THREADS, else every\n"
+           "                             CPU this process may use; docs/cpu.md)\n"
            "  --no-cache                 recompute the whole sequence every step (the reference path)\n"
            "  --stats                    print timings and KV-cache memory to stderr\n"
            "  --json                     print {\"ids\": [new ids], \"text\": \"...\", \"end\": \"eos\", \"stats\":\n"
@@ -257,7 +259,7 @@ typedef struct {
 #define GO (-1) /* a step's "go on": anything else is the command's exit code */
 
 /* parse options: the directory, the prompts, stop strings, runtime flags and the generation flags. */
-static int gen_parse(gen_job *j, int argc, char **argv)
+static int gen_parse(gen_job *j, tk_cli *cli, int argc, char **argv)
 {
     j->device = "cpu";
     for (int i = 1; i < argc; i++) {
@@ -288,6 +290,10 @@ static int gen_parse(gen_job *j, int argc, char **argv)
             j->set[j->nset++].val = NULL;
         } else if (!strcmp(a, "--stats")) {
             j->stats = 1;
+        } else if (!strcmp(a, "--threads")) {
+            int u = tk_cli_parse_threads(cli, USAGE, has_val ? argv[++i] : NULL);
+            if (u)
+                return u;
         } else if (!strcmp(a, "--dtype") || !strcmp(a, "--device") || !strcmp(a, "--quant")) {
             if (!has_val)
                 return tk_cli_usage(USAGE, "%s needs a value", a);
@@ -495,7 +501,7 @@ int tk_cmd_generate(tk_cli *cli, int argc, char **argv)
     int ec;
     if (!j)
         return tk_cli_errorf(cli, TK_ERR_NOMEM, TK_EXIT_FAIL, "out of memory");
-    if ((ec = gen_parse(j, argc, argv)) == GO && (ec = gen_model_opts(j)) == GO && (ec = gen_load(j, cli)) == GO &&
+    if ((ec = gen_parse(j, cli, argc, argv)) == GO && (ec = gen_model_opts(j)) == GO && (ec = gen_load(j, cli)) == GO &&
         (ec = gen_prompts(j, cli)) == GO && (ec = gen_quantize(j, cli)) == GO && (ec = gen_run(j, cli, &sc)) == GO) {
         gen_report(j, cli);
         ec = TK_EXIT_OK;

@@ -13,9 +13,10 @@
 
 static const char *INFO_USAGE = "tk model info DIR [--dtype auto|f32|bf16|f16] [--device cpu|cuda[:N]] [--json]";
 static const char *LOGITS_USAGE =
-    "tk model logits DIR --ids ID,ID,... [--ids ...] [--dtype f32|bf16|f16] [--device cpu|cuda[:N]] [--hidden] "
-    "[--json]";
-static const char *EMBED_USAGE = "tk embed DIR TEXT... [--dtype f32|bf16|f16] [--device cpu|cuda[:N]] [--json]";
+    "tk model logits DIR --ids ID,ID,... [--ids ...] [--dtype f32|bf16|f16] [--device cpu|cuda[:N]] [--threads N] "
+    "[--hidden] [--json]";
+static const char *EMBED_USAGE =
+    "tk embed DIR TEXT... [--dtype f32|bf16|f16] [--device cpu|cuda[:N]] [--threads N] [--json]";
 
 /* --device cpu | cuda | cuda:N */
 static int parse_device(tk_model_opts *o, const char *s)
@@ -92,8 +93,13 @@ static int load(tk_cli *cli, tk_model **m, const char *dir, const tk_model_opts 
 }
 
 /* Options shared by the three commands; returns 1 when argv[*i] was one of them, -1 on a bad value. */
-static int common_opt(tk_model_opts *o, int argc, char **argv, int *i, const char *usage, int *exit_code)
+static int common_opt(tk_cli *cli, tk_model_opts *o, int argc, char **argv, int *i, const char *usage,
+                      int *exit_code)
 {
+    if (!strcmp(argv[*i], "--threads")) {
+        const char *v = *i + 1 < argc ? argv[++*i] : NULL;
+        return (*exit_code = tk_cli_parse_threads(cli, usage, v)) ? -1 : 1;
+    }
     if (!strcmp(argv[*i], "--dtype") || !strcmp(argv[*i], "--device")) {
         int dev = argv[*i][3] == 'v';
         if (*i + 1 >= argc) {
@@ -119,7 +125,7 @@ static int cmd_info(tk_cli *cli, int argc, char **argv)
     tk_model_opts o = TK_MODEL_OPTS_INIT;
     o.dtype = "auto"; /* what the checkpoint holds, read in place: info of a large model stays cheap */
     for (int i = 1; i < argc; i++) {
-        int ec = 0, r = common_opt(&o, argc, argv, &i, INFO_USAGE, &ec);
+        int ec = 0, r = common_opt(cli, &o, argc, argv, &i, INFO_USAGE, &ec);
         if (r < 0)
             return ec;
         if (r)
@@ -138,7 +144,7 @@ static int cmd_info(tk_cli *cli, int argc, char **argv)
                    "options:\n"
                    "  --dtype T     compute dtype the weights are converted to: f32, bf16, f16, or auto\n"
                    "                (the default here: the checkpoint's own dtype, nothing converted)\n"
-                   "  --device D    cpu (default: the ops' CPU references) or cuda[:N]\n"
+                   "  --device D    cpu (default) or cuda[:N]\n"
                    "  --json        the same as one JSON object\n"
                    "\n"
                    "supported architectures: LlamaForCausalLM, MistralForCausalLM, Qwen2ForCausalLM,\n"
@@ -216,6 +222,7 @@ static void logits_help(void)
            "  --dtype T     compute dtype: f32, bf16, f16, auto (the checkpoint's); default: f32\n"
            "                on the CPU, bf16 on a GPU; the output is f32 either way\n"
            "  --device D    cpu (default) or cuda[:N]\n"
+           "  --threads N   CPU threads for the ops (default: every CPU; docs/cpu.md)\n"
            "  --hidden      also the last hidden states (after the final norm; BERT: the encoder\n"
            "                output and the pooler output); the only output for BertModel\n"
            "  --json        {\"logits\": [[...], ...]} (and \"hidden\", \"pooled\") on stdout\n"
@@ -246,13 +253,13 @@ typedef struct {
 #define GO (-1) /* a step's "go on": anything else is the command's exit code */
 
 /* parse options: the directory, --ids lists (one sequence each), --hidden and the shared options. */
-static int logits_parse(logits_job *j, int argc, char **argv)
+static int logits_parse(logits_job *j, tk_cli *cli, int argc, char **argv)
 {
     int ec = TK_EXIT_OK;
     if (!(j->lens = calloc((size_t)argc + 1, sizeof *j->lens)))
         return tk_cli_errorf(NULL, TK_ERR_NOMEM, 0, "out of memory");
     for (int i = 1; i < argc; i++) {
-        int r = common_opt(&j->o, argc, argv, &i, LOGITS_USAGE, &ec);
+        int r = common_opt(cli, &j->o, argc, argv, &i, LOGITS_USAGE, &ec);
         if (r < 0)
             return ec;
         if (r)
@@ -388,7 +395,7 @@ static int cmd_logits(tk_cli *cli, int argc, char **argv)
     int ec;
     memset(&j, 0, sizeof j);
     j.o = (tk_model_opts)TK_MODEL_OPTS_INIT;
-    if ((ec = logits_parse(&j, argc, argv)) == GO && (ec = logits_load(&j, cli)) == GO &&
+    if ((ec = logits_parse(&j, cli, argc, argv)) == GO && (ec = logits_load(&j, cli)) == GO &&
         (ec = logits_run(&j, cli)) == GO) {
         logits_report(&j, cli);
         ec = TK_EXIT_OK;
@@ -438,7 +445,7 @@ int tk_cmd_embed(tk_cli *cli, int argc, char **argv)
     if (!texts)
         return tk_cli_errorf(cli, TK_ERR_NOMEM, TK_EXIT_FAIL, "out of memory");
     for (int i = 1; i < argc; i++) {
-        int r = common_opt(&o, argc, argv, &i, EMBED_USAGE, &ec);
+        int r = common_opt(cli, &o, argc, argv, &i, EMBED_USAGE, &ec);
         if (r < 0)
             goto done;
         if (r)
@@ -457,6 +464,7 @@ int tk_cmd_embed(tk_cli *cli, int argc, char **argv)
                    "  --dtype T     compute dtype: f32, bf16, f16, auto (the checkpoint's); default: f32\n"
                    "                on the CPU, bf16 on a GPU\n"
                    "  --device D    cpu (default) or cuda[:N]\n"
+                   "  --threads N   CPU threads for the ops (default: every CPU; docs/cpu.md)\n"
                    "  --json        {\"embeddings\": [[...], ...]} on stdout, one row per TEXT\n"
                    "\n"
                    "example:\n"

@@ -336,6 +336,18 @@ static void print_op_detail(const jv *op)
     if (jv_str(jv_get(op, "declared_by")))
         printf("  declared by %s%s; no CPU reference\n", jv_str(jv_get(op, "declared_by")),
                local && local->num ? " (a local package directory)" : "");
+    const jv *cims = jv_get(op, "cpu_implementations");
+    if (cims && cims->n) { /* tried in this order for host tensors; the reference when none fits */
+        printf("  cpu implementations (host tensors, the first usable one that fits runs):\n");
+        for (size_t i = 0; i < cims->n; i++) {
+            const jv *m = cims->items[i], *needs = jv_get(m, "needs"), *u = jv_get(m, "usable");
+            char nd[128] = "";
+            for (size_t k = 0; needs && k < needs->n; k++)
+                snprintf(nd + strlen(nd), sizeof nd - strlen(nd), "%s%s", k ? "," : "", jv_str(needs->items[k]));
+            printf("    %-14s %-16s %s%s\n", jv_str(jv_get(m, "impl")), nd[0] ? nd : "any CPU",
+                   u && u->num ? "" : "(not usable here) ", jv_str(jv_get(m, "doc")) ? jv_str(jv_get(m, "doc")) : "");
+        }
+    }
     printf("  implementations:%s\n", cpu && cpu->num ? " cpu-reference (host tensors)" : "");
     const jv *pkg = jv_get(op, "package");
     if ((!impls || impls->n == 0) && pkg && jv_str(pkg))
@@ -369,8 +381,18 @@ static void print_op_list(const jv *ops)
         const char *args = sig && name && !strncmp(sig, name, strlen(name)) ? sig + strlen(name) : sig;
         char impl[2048] = "implementations: ";
         size_t shown = 0;
+        const jv *cims = jv_get(op, "cpu_implementations");
+        for (size_t k = 0; cims && k < cims->n; k++) { /* the usable fast CPU ones, fastest first */
+            const jv *u = jv_get(cims->items[k], "usable");
+            if (!u || !u->num)
+                continue;
+            char one[96];
+            snprintf(one, sizeof one, "%s%s", shown ? ", " : "", jv_str(jv_get(cims->items[k], "impl")));
+            strncat(impl, one, sizeof impl - strlen(impl) - 1);
+            shown++;
+        }
         if (cpu && cpu->num) {
-            strncat(impl, "cpu-reference", sizeof impl - strlen(impl) - 1);
+            strncat(impl, shown ? ", cpu-reference" : "cpu-reference", sizeof impl - strlen(impl) - 1);
             shown++;
         }
         for (size_t k = 0; impls && k < impls->n; k++) {
@@ -422,7 +444,9 @@ int tk_cmd_ops(tk_cli *cli, int argc, char **argv)
                    "tk_op_run() picks, for CUDA tensors, the installed implementation with the highest\n"
                    "priority that fits the dtype and the GPU; config.json can pin one per op:\n"
                    "  {\"ops\": {\"silu_and_mul\": \"org/name\"}}   (or \"org/name@2\", \"org/name:kernel\")\n"
-                   "Host tensors always run the CPU reference.\n"
+                   "Host tensors run the fastest CPU implementation this CPU can run that fits the call\n"
+                   "(cpu-avx2, cpu-portable), else the op's CPU reference; TK_CPU_IMPL=reference forces\n"
+                   "the references (docs/cpu.md).\n"
                    "\n"
                    "examples:\n"
                    "  tk ops\n"

@@ -115,11 +115,25 @@ tk_ctx *tk_cli_ctx(tk_cli *cli)
     o.progress = on_progress;
     o.progress_user = cli;
     int rc = tk_ctx_new(&cli->ctx, &o);
+    if (rc == TK_OK && cli->threads)
+        rc = tk_ctx_set_threads(cli->ctx, cli->threads);
     if (rc != TK_OK) {
         cli->ctx_exit = tk_cli_fail(cli, rc, "cannot start");
         return NULL;
     }
     return cli->ctx;
+}
+
+int tk_cli_parse_threads(tk_cli *cli, const char *usage, const char *v)
+{
+    char *end = NULL;
+    long n = v ? strtol(v, &end, 10) : 0;
+    if (!v || !*v || !end || *end || n < 1 || n > 256)
+        return tk_cli_usage(usage, "--threads wants a thread count from 1 to 256, got '%s'", v ? v : "");
+    cli->threads = (int)n;
+    if (cli->ctx)
+        tk_ctx_set_threads(cli->ctx, cli->threads);
+    return 0;
 }
 
 int tk_cli_exit_code(int status)

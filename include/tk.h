@@ -634,14 +634,17 @@ TK_API int tk_selftest_forget(tk_ctx *ctx, const char *ref, int64_t *removed);
 /* Ops                                                                                             */
 
 /* Runs an op (see `tk ops`: tk's own, or one an installed package declares) on tensors: validates
- * shapes and dtypes, picks the best implementation for the tensors' device (a kernel from an installed
- * package, or the CPU reference for host tensors; an op a package declares has none) and runs it. *impl (may be NULL) receives a borrowed description of what ran
- * ("cpu-reference" or "org/name:kernel"), valid until tk_ctx_free(ctx). Kernels whose recorded
- * self-test failed on this GPU are left out (see "Self-tests" above; a warning names each once); when
- * every kernel that fits is, the CPU reference runs on host copies if config "cpu_fallback" is true
- * (*impl "cpu-reference (fallback)"), else the call fails with TK_ERR_SELFTEST. Errors: TK_ERR_NOT_FOUND
- * (unknown op), TK_ERR_INVALID (the message names the argument and the shape it got), TK_ERR_UNSUPPORTED,
- * TK_ERR_SELFTEST. */
+ * shapes and dtypes, picks the best implementation for the tensors' device and runs it: for CUDA
+ * tensors a kernel from an installed package; for host tensors the fastest CPU implementation that
+ * this CPU can run and that fits the call ("cpu-avx2", "cpu-portable": docs/cpu.md), else the op's CPU
+ * reference (TK_CPU_IMPL=reference forces the references); an op a package declares has no CPU
+ * implementation. *impl (may be NULL) receives a borrowed description of what ran ("cpu-avx2",
+ * "cpu-reference" or "org/name:kernel"), valid until tk_ctx_free(ctx). Host ops use up to
+ * tk_ctx_set_threads threads. Kernels whose recorded self-test failed on this GPU are left out (see
+ * "Self-tests" above; a warning names each once); when every kernel that fits is, the CPU reference
+ * runs on host copies if config "cpu_fallback" is true (*impl "cpu-reference (fallback)"), else the
+ * call fails with TK_ERR_SELFTEST. Errors: TK_ERR_NOT_FOUND (unknown op), TK_ERR_INVALID (the message
+ * names the argument and the shape it got), TK_ERR_UNSUPPORTED, TK_ERR_SELFTEST. */
 TK_API int tk_op_run(tk_ctx *ctx, const char *op, const tk_arg *args, size_t nargs, void *stream,
                      const char **impl);
 /* Every op with its signature and implementations, as JSON: tk's own ("standard": true), those that
@@ -655,6 +658,18 @@ TK_API int tk_ops_json(char **out, tk_ctx *ctx);
  * "local": true. Its declarations replace the installed same package's. Errors: those of tk_check
  * without a compile (TK_ERR_NOT_FOUND, TK_ERR_MANIFEST). */
 TK_API int tk_ops_add_package(tk_ctx *ctx, const char *pkgdir);
+/* The threads the CPU ops of this context's calls may use, the calling thread included: n >= 1, or 0
+ * for the default ($TK_NUM_THREADS, else the CPUs this process may run on). The threads come from one
+ * pool that every context of the process shares; a call made while another thread's call holds the
+ * pool runs on its own thread alone. Takes effect from the next tk_op_run. Errors: TK_ERR_INVALID (n
+ * negative or above 256). */
+TK_API int tk_ctx_set_threads(tk_ctx *ctx, int n);
+/* The threads host ops of this context use now (>= 1). */
+TK_API int tk_ctx_threads(const tk_ctx *ctx);
+/* The CPU as the host ops see it, as JSON (tk_free): {"features": ["avx2", "fma", "f16c", ...] (detected
+ * at run time), "threads": this context's, "default_threads", "impl_mode": "auto" | "portable" |
+ * "reference" ($TK_CPU_IMPL)}. */
+TK_API int tk_cpu_info_json(char **out, const tk_ctx *ctx);
 
 /* ---------------------------------------------------------------------------------------------- */
 /* Noise schedules (denoising diffusion)                                                          */

@@ -1195,7 +1195,9 @@ int tk_models__forward_kv(tk_model *m, tk_gen_kv *kv, const int32_t *slots, size
     b->kv_runs = runs;
     b->kv_nruns = nruns;
     b->want_logits = 1;
+    b->logits_last = cu; /* a prompt's other rows of logits are never read: not computed */
     rc = m->arch->forward(m, b);
+    b->logits_last = NULL;
     b->kv = NULL;
     b->kv_runs = NULL;
     b->kv_nruns = 0;
@@ -1365,7 +1367,32 @@ static int qweight(struct tk_models_qweight **out, tk_model *m, const tk_mt *w, 
     return rc;
 }
 
+static int linear_all(tk_model *m, const tk_mt *out, const tk_mt *x, const tk_mt *w, const tk_mt *bias,
+                      int transposed);
+
 int tk_models__linear(tk_model *m, const tk_mt *out, const tk_mt *x, const tk_mt *w, const tk_mt *bias,
+                      int transposed)
+{
+    const tk_models_batch *b = &m->batch;
+    if (!b->logits_last || out != b->logits || b->T <= b->nseq || b->nseq > 16)
+        return linear_all(m, out, x, w, bias, transposed);
+    /* the LM head of a prefill: the last row of each sequence only (transformers' logits_to_keep=1),
+     * one row at a time (each reads the whole head; past 16 sequences one product over all rows is
+     * cheaper) */
+    for (int64_t s = 0; s < b->nseq; s++) {
+        if (b->logits_last[s + 1] == b->logits_last[s])
+            continue;
+        tk_mt xr, orow;
+        tk_models__rows(&xr, x, b->logits_last[s + 1] - 1, 1);
+        tk_models__rows(&orow, out, b->logits_last[s + 1] - 1, 1);
+        int rc = linear_all(m, &orow, &xr, w, bias, transposed);
+        if (rc != TK_OK)
+            return rc;
+    }
+    return TK_OK;
+}
+
+static int linear_all(tk_model *m, const tk_mt *out, const tk_mt *x, const tk_mt *w, const tk_mt *bias,
                       int transposed)
 {
     if (m->quant.bits) {

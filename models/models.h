@@ -156,6 +156,10 @@ typedef struct {
     tk_mt tt;  /* [T] i32 zeros: BERT's token types */
     tk_mt *hidden; /* [T, H] */
     tk_mt *logits; /* [T, V], NULL without an LM head */
+    /* Generation: host cu_seqlens [nseq + 1]; only each sequence's last row of logits is wanted, so
+     * tk_models__linear computes only those rows of it (the others are left as they were). NULL:
+     * every row. */
+    const int32_t *logits_last;
     tk_mt *pooled; /* [nseq, H] BERT's pooler output, or NULL */
     /* Generation's paged KV cache (generate.c; NULL for a plain forward): this step's keys and values
      * go to cache slots kv_slots, and attention reads the cache through the block tables, unless every

@@ -12,6 +12,9 @@
 #                             default ${XDG_CACHE_HOME:-~/.cache}/tk/py-venv: one per user, shared by
 #                             every checkout (~6 GB: PyPI's torch brings the CUDA wheels).
 #                             `make test` runs this first.
+#   scripts/setup.sh --bench  the test tools, and the engines bench/cpu_vs_llamacpp.sh compares tk
+#                             with, into the same venv: llama-cpp-python (it builds llama.cpp from
+#                             source for this CPU: many minutes), gguf and accelerate (GGUF files).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
@@ -31,7 +34,9 @@ pkgs+=(libopenmpi-dev openmpi-bin)
 # groff-base, man-db: tests/cli/install.sh renders docs/tk.1 (groff -ww) and reads the installed page (man)
 pkgs+=(groff-base man-db)
 test_tools=0
-[ "${1:-}" = "--test" ] && { test_tools=1; pkgs+=(chromium wrk python3-venv); }
+bench_tools=0
+[ "${1:-}" = "--bench" ] && bench_tools=1
+[ "${1:-}" = "--test" ] || [ $bench_tools = 1 ] && { test_tools=1; pkgs+=(chromium wrk python3-venv); }
 # clang with libFuzzer, ASan and UBSan: `make fuzz`, and the sanitizer replay of the fuzz corpora in make test
 pkgs+=(clang llvm libclang-rt-dev)
 
@@ -87,5 +92,9 @@ if [ $test_tools = 1 ]; then
       "$venv/bin/pip" install -q --disable-pip-version-check "${py_pkgs[@]}"
     fi
     exec 9>&-
+  fi
+  if [ $bench_tools = 1 ] && ! "$venv/bin/python" -c "import llama_cpp, gguf, accelerate" 2>/dev/null; then
+    echo "setup: installing llama-cpp-python (builds llama.cpp: many minutes), gguf and accelerate into $venv"
+    "$venv/bin/pip" install -q --disable-pip-version-check llama-cpp-python gguf accelerate
   fi
 fi

@@ -156,6 +156,30 @@ assert 0 < q["prompt_logits_max_abs_diff"] < 0.1 * q["prompt_logits_max_abs"], q
 assert st["kv_dtype"] == "i8" and len(d["ids"]) == 8, st' || fail "--quant int8 --kv-dtype i8: $j"
 }
 
+# More quantised weights than the first allocation of the table holds (64): growing it moved the
+# entries, and their tensors' shape pointers pointed into the freed block (a garbage shape, or a crash).
+# Both the references and the fast CPU implementations must run it, to the same ids.
+t_quantised_many_weights() {
+  need_models || return
+  [ -f "$CK/llama12/model.safetensors" ] || "$PY" -c '
+import sys, torch
+from transformers import LlamaConfig, LlamaForCausalLM
+torch.manual_seed(3)
+LlamaForCausalLM(LlamaConfig(vocab_size=256, hidden_size=32, intermediate_size=48, num_hidden_layers=12,
+                             num_attention_heads=2, num_key_value_heads=1)).save_pretrained(sys.argv[1])' "$CK/llama12" \
+    >/dev/null 2>&1 || { fail "making a 12-layer llama failed"; return; }
+  local a b
+  a=$(TK_CPU_IMPL=reference "$TK" --json generate "$CK/llama12" --ids 1,2,3,4 --max-new-tokens 6 --quant int8) ||
+    { fail "--quant int8 with 73 weights, references: $a"; return; }
+  b=$("$TK" --json generate "$CK/llama12" --ids 1,2,3,4 --max-new-tokens 6 --quant int8) ||
+    { fail "--quant int8 with 73 weights: $b"; return; }
+  python3 -c '
+import json, sys
+a, b = json.loads(sys.argv[1]), json.loads(sys.argv[2])
+assert a["quant"]["weights"] == 73 and b["quant"]["weights"] == 73, (a["quant"], b["quant"])
+assert a["ids"] == b["ids"] and len(a["ids"]) == 6, (a["ids"], b["ids"])' "$a" "$b" || fail "--quant int8, 73 weights: $a / $b"
+}
+
 t_sampling_is_seeded() {
   need_models || return
   local a b c

@@ -30,7 +30,7 @@ want = {"silu_and_mul", "gelu_and_mul", "rms_norm", "fused_add_rms_norm", "layer
 assert want <= ops, want - ops
 for r in rows:
     assert r["status"] == "ok", r
-    assert r["impl"] == "cpu-reference", r          # host tensors: tk ran its CPU reference
+    assert r["impl"].startswith("cpu-"), r          # host tensors: a CPU implementation or the reference
     assert float(r["max_rel_err"]) < 0.05, r
 j = json.load(open(sys.argv[2]))
 assert j["info"]["device"] == "cpu" and len(j["rows"]) == len(rows) and not j["errors"], j["info"]

@@ -93,9 +93,9 @@ import json, sys
 o = {o["name"]: o for o in json.load(sys.stdin)}["scale_add"]
 assert o["local"] is True and o["implementations"][0]["local"] is True, o' || fail "--package: not marked local"
   [ -e "$TK_HOME/store" ] && find "$TK_HOME/store" -type f | grep -q . && fail "--package wrote the store"
-  # a built-in op with a package directory's kernels: host tensors still run the CPU reference
+  # a built-in op with a package directory's kernels: host tensors still run on the CPU
   expect_rc 0 "$TK" run-op silu_and_mul --package "$ROOT/kernels-src/activation" --shape 4,8
-  expect_out "cpu-reference"
+  expect_out "silu_and_mul f32: cpu-"
   # --check needs a GPU run to compare; --device cuda runs the directory's kernel where there is a GPU
   expect_rc 2 "$TK" run-op scale_add --package "$WORK/sa" --shape 4,8 --check
   expect_out "--check compares a GPU run with the CPU reference: add --device cuda"

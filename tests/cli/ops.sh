@@ -30,7 +30,33 @@ t_ops_lists_every_family() {
 }
 
 # run_op ARGS...: tk --json run-op ARGS; prints the output tensors' fnv1a64 hashes (one line)
-run_op() { "$TK" --json run-op "$@" | python3 -c 'import json,sys; d=json.load(sys.stdin); assert d["impl"] == "cpu-reference"; print(" ".join(t["fnv1a64"] for t in d["tensors"] if t["role"] == "out"))'; }
+# (host tensors run a CPU implementation: the fastest that fits, else the reference)
+run_op() { "$TK" --json run-op "$@" | python3 -c 'import json,sys; d=json.load(sys.stdin); assert d["impl"].startswith("cpu-"), d["impl"]; print(" ".join(t["fnv1a64"] for t in d["tensors"] if t["role"] == "out"))'; }
+
+# TK_CPU_IMPL picks between the fast CPU implementations and the references; tk ops lists them.
+t_cpu_implementations() {
+  local impl_of='import json,sys; print(json.load(sys.stdin)["impl"])' a r p fast
+  fast=$(grep -q ' avx2 ' /proc/cpuinfo && grep -q ' fma ' /proc/cpuinfo && grep -q ' f16c ' /proc/cpuinfo && echo cpu-avx2 || echo cpu-portable)
+  [ "$(uname -m)" = x86_64 ] || fast=cpu-portable
+  a=$("$TK" --json run-op silu_and_mul --shape 4,4096 | python3 -c "$impl_of")
+  r=$(TK_CPU_IMPL=reference "$TK" --json run-op silu_and_mul --shape 4,4096 | python3 -c "$impl_of")
+  p=$(TK_CPU_IMPL=portable "$TK" --json run-op silu_and_mul --shape 4,4096 | python3 -c "$impl_of")
+  [ "$a" = "$fast" ] || fail "run-op silu_and_mul ran '$a', want $fast on this CPU"
+  [ "$r" = cpu-reference ] || fail "TK_CPU_IMPL=reference ran '$r'"
+  [ "$p" = cpu-portable ] || fail "TK_CPU_IMPL=portable ran '$p'"
+  # an op without a fast implementation runs its reference; one the fast code does not take too
+  r=$("$TK" --json run-op layer_norm --shape 3,100 | python3 -c "$impl_of")
+  [ "$r" = cpu-reference ] || fail "layer_norm ran '$r', want cpu-reference"
+  r=$("$TK" --json run-op rotary_embedding --shape query=16,8,64 --shape key=16,2,64 --shape cos_sin_cache=64,64 --arg is_neox=0 | python3 -c "$impl_of")
+  [ "$r" = cpu-reference ] || fail "GPT-J rotary ran '$r', want cpu-reference"
+  OUT=$("$TK" ops linear); expect_out "cpu implementations"; expect_out "cpu-portable   any CPU"
+  "$TK" --json ops | python3 -c '
+import json, sys
+d = {o["name"]: o for o in json.load(sys.stdin)}
+ci = [c["impl"] for c in d["linear"]["cpu_implementations"]]
+assert "cpu-portable" in ci and all(c["usable"] for c in d["linear"]["cpu_implementations"] if c["impl"] == "cpu-portable"), ci
+assert d["layer_norm"]["cpu_implementations"] == [], d["layer_norm"]["cpu_implementations"]' || fail "tk --json ops: cpu_implementations"
+}
 
 t_run_op_every_family() {
   local cmd
@@ -110,7 +136,7 @@ t_run_op_errors() {
   expect_rc 2 "$TK" run-op linear --shape x=4,256 --shape weight=64,255 --shape out=4,64
   expect_out "linear: 'x' has shape [4, 256], want [4, 255]"
   expect_rc 0 "$TK" run-op linear --shape x=4,256 --shape weight=256,64 --shape out=4,64 --shape bias=64 --arg transposed=1
-  expect_out "cpu-reference"
+  expect_out "linear f32: cpu-"
 }
 
 run_tests

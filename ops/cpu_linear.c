@@ -1,0 +1,641 @@
+/*
+ * cpu_linear.c — fast CPU implementations of linear (f32, f16 and bf16 weights) and casted_linear (i8
+ * weights with a per-row scale), beside the references of ops/layers.c and ops/casted.c.
+ *
+ *   GEMV (M <= 4 rows of x: decode)  each weight row is read once, straight from its own dtype (f16
+ *        and bf16 widened to f32 in registers, i8 widened and scaled at the end), dotted with the M
+ *        rows of x in f32; the rows are split over the pool's threads. Memory-bound: the weight is the
+ *        whole traffic. transposed=1 (GPT-2's [K, N]) reads the weight row by row the same way.
+ *   GEMM (M > 4: prefill)  blocked as BLIS blocks it: x packed once into 6-row panels (f32); per task
+ *        (a block of MC rows and NC columns) the weight is packed KC deep into 16-column panels,
+ *        widened to f32 on the way (so 16-bit and i8 weights cost one conversion per weight element and
+ *        row block), and a 6x16 register tile of FMAs accumulates over K. Tasks go to the pool.
+ *
+ * Numerics: products and sums in f32 (the references sum in f32 too, through OpenBLAS or in 8 lanes),
+ * in a different order, so results differ from the reference by a few f32 roundings of the sum; bias
+ * (and the i8 scale) added in f32; the result rounded once to the output dtype. The portable entries
+ * compute the same way in plain C (any architecture).
+ *
+ * They take contiguous rows (unit stride in the last dimension, evenly spaced rows) of x, out and the
+ * weight; anything else runs the reference.
+ */
+#include <limits.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "ops/cpu.h"
+#include "ops/cpu_simd.h"
+
+#define GEMV_MAX_M 4  /* rows of x a GEMV takes; more go to the GEMM */
+#define MR 6          /* GEMM register tile: MR rows of x ... */
+#define NR 16         /* ... by NR output columns */
+#define KC 256        /* depth of a packed block */
+#define MC_MAX 144    /* rows of x per task (a multiple of MR) */
+#define NC 128        /* output columns per task at most (a multiple of NR); 64 when that gives too few tasks */
+
+/* One linear call as the kernels see it: out[m, n] = scale[n] * sum_k x[m, k] w[n, k] + bias[n]. */
+typedef struct {
+    const void *x;
+    int64_t ldx;
+    int xk;
+    void *out;
+    int64_t ldo;
+    int ok;
+    const void *w;
+    int64_t ldw; /* elements between weight rows (transposed: between rows of [K, N]) */
+    int wk;
+    int trans;
+    const void *bias; /* NULL: none */
+    int bk;
+    const float *scale; /* i8: per output row of the weight; NULL: 1 */
+    int64_t m, n, k;
+    int avx2;
+    /* GEMM */
+    float *ap; /* packed x: ceil(m / MR) panels of [k][MR] */
+    int64_t mc, nmb, nnb, nc;
+} lin_t;
+
+/* ---- fits ---------------------------------------------------------------------------------------- */
+
+static int weight_rows(const tk_tensor *w, int64_t *ld)
+{
+    /* [R, C] with unit column stride */
+    if (!w->strides) {
+        *ld = w->shape[1];
+        return 1;
+    }
+    if (w->shape[1] > 1 && w->strides[1] != 1)
+        return 0;
+    *ld = w->shape[0] > 1 ? w->strides[0] : w->shape[1];
+    return *ld >= w->shape[1];
+}
+
+static int setup(lin_t *L, const tk_op_call *c, int casted)
+{
+    const tk_tensor *out = c->t[0], *x = c->t[1], *w = c->t[2];
+    const tk_tensor *b = c->t[casted ? 4 : 3];
+    memset(L, 0, sizeof *L);
+    if (!tk_ops__cpu_rows(x, &L->ldx) || !tk_ops__cpu_rows(out, &L->ldo) || !weight_rows(w, &L->ldw))
+        return 0;
+    if (b && b->strides && b->shape[0] > 1 && b->strides[0] != 1)
+        return 0;
+    L->trans = casted ? 0 : c->i[4] != 0;
+    L->xk = tk_cpu_kind(x->dtype);
+    L->ok = tk_cpu_kind(out->dtype);
+    L->wk = tk_cpu_kind(w->dtype);
+    if (L->wk < 0 || L->xk < 0 || L->ok < 0 || (casted && L->wk != K_I8))
+        return 0;
+    if (casted) {
+        const tk_tensor *s = c->t[3];
+        if (s->strides && s->shape[0] > 1 && s->strides[0] != 1)
+            return 0;
+        L->scale = tk_ops__base(s);
+    }
+    L->x = tk_ops__base(x);
+    L->out = tk_ops__base(out);
+    L->w = tk_ops__base(w);
+    L->bias = b ? tk_ops__base(b) : NULL;
+    L->bk = b ? tk_cpu_kind(b->dtype) : K_F32;
+    L->m = tk_ops__cpu_nrows(x);
+    L->n = w->shape[L->trans ? 1 : 0];
+    L->k = w->shape[L->trans ? 0 : 1];
+    return 1;
+}
+
+static int fits_linear(const tk_op_call *c)
+{
+    lin_t L;
+    return setup(&L, c, 0);
+}
+
+static int fits_casted(const tk_op_call *c)
+{
+    lin_t L;
+    return setup(&L, c, 1);
+}
+
+/* out[i, n] = v * scale[n] + bias[n], rounded to out's dtype. */
+static inline void put1(const lin_t *L, int64_t i, int64_t n, float v)
+{
+    if (L->scale)
+        v *= L->scale[n];
+    if (L->bias)
+        v += tk_cpu_ld1(L->bias, n, L->bk);
+    tk_cpu_st1(L->out, i * L->ldo + n, L->ok, v);
+}
+
+/* x rows as dense f32 [m][k] (its own memory when it is f32 already): scratch slot 0. */
+static const float *x_f32(const lin_t *L, int64_t *ld)
+{
+    if (L->xk == K_F32) {
+        *ld = L->ldx;
+        return L->x;
+    }
+    float *buf = tk_ops__cpu_scratch(0, (size_t)(L->m * L->k) * sizeof(float) + 64);
+    if (!buf)
+        return NULL;
+    for (int64_t i = 0; i < L->m; i++)
+        for (int64_t e = 0; e < L->k; e++)
+            buf[i * L->k + e] = tk_cpu_ld1(L->x, i * L->ldx + e, L->xk);
+    *ld = L->k;
+    return buf;
+}
+
+/* ---- GEMV: portable ------------------------------------------------------------------------------ */
+
+typedef struct {
+    const lin_t *L;
+    const float *xf;
+    int64_t ldxf;
+} gemv_job;
+
+static void gemv_range_c(void *arg, int64_t lo, int64_t hi)
+{
+    const gemv_job *j = arg;
+    const lin_t *L = j->L;
+    for (int64_t n = lo; n < hi; n++) {
+        const char *wr = (const char *)L->w + (size_t)(n * L->ldw) * tk_cpu_kind_size(L->wk);
+        for (int64_t i = 0; i < L->m; i++) {
+            const float *xr = j->xf + i * j->ldxf;
+            float p[8] = {0};
+            int64_t e = 0;
+            for (; e + 8 <= L->k; e += 8)
+                for (int l = 0; l < 8; l++)
+                    p[l] += xr[e + l] * tk_cpu_ld1(wr, e + l, L->wk);
+            for (int l = 0; e < L->k; e++, l++)
+                p[l] += xr[e] * tk_cpu_ld1(wr, e, L->wk);
+            put1(L, i, n, ((p[0] + p[1]) + (p[2] + p[3])) + ((p[4] + p[5]) + (p[6] + p[7])));
+        }
+    }
+}
+
+/* transposed: columns [lo, hi) of y = x @ w, w [K, N]; y accumulated in a stack strip */
+#define TSTRIP 256
+static void gemvt_range_c(void *arg, int64_t lo, int64_t hi)
+{
+    const gemv_job *j = arg;
+    const lin_t *L = j->L;
+    float acc[GEMV_MAX_M][TSTRIP];
+    for (int64_t n0 = lo; n0 < hi; n0 += TSTRIP) {
+        int64_t nn = hi - n0 < TSTRIP ? hi - n0 : TSTRIP;
+        for (int64_t i = 0; i < L->m; i++)
+            memset(acc[i], 0, sizeof acc[i]);
+        for (int64_t e = 0; e < L->k; e++) {
+            const char *wr = (const char *)L->w + (size_t)(e * L->ldw + n0) * tk_cpu_kind_size(L->wk);
+            for (int64_t i = 0; i < L->m; i++) {
+                float xv = j->xf[i * j->ldxf + e];
+                for (int64_t t = 0; t < nn; t++)
+                    acc[i][t] += xv * tk_cpu_ld1(wr, t, L->wk);
+            }
+        }
+        for (int64_t i = 0; i < L->m; i++)
+            for (int64_t t = 0; t < nn; t++)
+                put1(L, i, n0 + t, acc[i][t]);
+    }
+}
+
+/* ---- GEMV: AVX2 ---------------------------------------------------------------------------------- */
+
+#if TK_CPU_X86
+/* One weight row against M rows of x: 16 columns a step, two accumulators a row. */
+TK_AVX2_INLINE void gemv_row_avx2(int M, int wk, const void *wr, const float *xf, int64_t ldx, int64_t k, float *dst)
+{
+    __m256 a0[GEMV_MAX_M], a1[GEMV_MAX_M];
+    for (int i = 0; i < M; i++)
+        a0[i] = a1[i] = _mm256_setzero_ps();
+    int64_t e = 0;
+    for (; e + 16 <= k; e += 16) {
+        __m256 w0 = tk_ld8(wr, e, wk), w1 = tk_ld8(wr, e + 8, wk);
+        for (int i = 0; i < M; i++) {
+            a0[i] = _mm256_fmadd_ps(w0, _mm256_loadu_ps(xf + i * ldx + e), a0[i]);
+            a1[i] = _mm256_fmadd_ps(w1, _mm256_loadu_ps(xf + i * ldx + e + 8), a1[i]);
+        }
+    }
+    if (e + 8 <= k) {
+        __m256 w0 = tk_ld8(wr, e, wk);
+        for (int i = 0; i < M; i++)
+            a0[i] = _mm256_fmadd_ps(w0, _mm256_loadu_ps(xf + i * ldx + e), a0[i]);
+        e += 8;
+    }
+    if (e < k) {
+        int r = (int)(k - e);
+        __m256 w0 = tk_ld8_part(wr, e, wk, r);
+        for (int i = 0; i < M; i++)
+            a1[i] = _mm256_fmadd_ps(w0, tk_ld8_part(xf + i * ldx, e, K_F32, r), a1[i]);
+    }
+    for (int i = 0; i < M; i++)
+        dst[i] = tk_hsum8(_mm256_add_ps(a0[i], a1[i]));
+}
+
+TK_AVX2_INLINE void gemv_rows_avx2(int M, int wk, const gemv_job *j, int64_t lo, int64_t hi)
+{
+    const lin_t *L = j->L;
+    size_t es = tk_cpu_kind_size(wk);
+    for (int64_t n = lo; n < hi; n++) {
+        float y[GEMV_MAX_M];
+        gemv_row_avx2(M, wk, (const char *)L->w + (size_t)(n * L->ldw) * es, j->xf, j->ldxf, L->k, y);
+        for (int i = 0; i < M; i++)
+            put1(L, i, n, y[i]);
+    }
+}
+
+#define GEMV_INST(M, WK, NAME)                                                                        \
+    TK_AVX2 static void NAME(const gemv_job *j, int64_t lo, int64_t hi) { gemv_rows_avx2(M, WK, j, lo, hi); }
+GEMV_INST(1, K_F32, gemv_1_f32)
+GEMV_INST(2, K_F32, gemv_2_f32)
+GEMV_INST(3, K_F32, gemv_3_f32)
+GEMV_INST(4, K_F32, gemv_4_f32)
+GEMV_INST(1, K_F16, gemv_1_f16)
+GEMV_INST(2, K_F16, gemv_2_f16)
+GEMV_INST(3, K_F16, gemv_3_f16)
+GEMV_INST(4, K_F16, gemv_4_f16)
+GEMV_INST(1, K_BF16, gemv_1_bf16)
+GEMV_INST(2, K_BF16, gemv_2_bf16)
+GEMV_INST(3, K_BF16, gemv_3_bf16)
+GEMV_INST(4, K_BF16, gemv_4_bf16)
+GEMV_INST(1, K_I8, gemv_1_i8)
+GEMV_INST(2, K_I8, gemv_2_i8)
+GEMV_INST(3, K_I8, gemv_3_i8)
+GEMV_INST(4, K_I8, gemv_4_i8)
+
+static void (*const gemv_avx2[4][GEMV_MAX_M])(const gemv_job *, int64_t, int64_t) = {
+    {gemv_1_f32, gemv_2_f32, gemv_3_f32, gemv_4_f32},
+    {gemv_1_f16, gemv_2_f16, gemv_3_f16, gemv_4_f16},
+    {gemv_1_bf16, gemv_2_bf16, gemv_3_bf16, gemv_4_bf16},
+    {gemv_1_i8, gemv_2_i8, gemv_3_i8, gemv_4_i8},
+};
+
+static void gemv_range_avx2(void *arg, int64_t lo, int64_t hi)
+{
+    const gemv_job *j = arg;
+    gemv_avx2[j->L->wk][j->L->m - 1](j, lo, hi);
+}
+
+TK_AVX2 static void gemvt_range_avx2(void *arg, int64_t lo, int64_t hi)
+{
+    const gemv_job *j = arg;
+    const lin_t *L = j->L;
+    size_t es = tk_cpu_kind_size(L->wk);
+    float acc[GEMV_MAX_M][TSTRIP] __attribute__((aligned(32)));
+    for (int64_t n0 = lo; n0 < hi; n0 += TSTRIP) {
+        int64_t nn = hi - n0 < TSTRIP ? hi - n0 : TSTRIP, nv = nn / 8 * 8;
+        for (int64_t i = 0; i < L->m; i++)
+            memset(acc[i], 0, sizeof acc[i]);
+        for (int64_t e = 0; e < L->k; e++) {
+            const char *wr = (const char *)L->w + (size_t)(e * L->ldw + n0) * es;
+            for (int64_t i = 0; i < L->m; i++) {
+                __m256 xv = _mm256_set1_ps(j->xf[i * j->ldxf + e]);
+                int64_t t = 0;
+                for (; t < nv; t += 8)
+                    _mm256_store_ps(acc[i] + t, _mm256_fmadd_ps(xv, tk_ld8(wr, t, L->wk), _mm256_load_ps(acc[i] + t)));
+                for (; t < nn; t++)
+                    acc[i][t] += j->xf[i * j->ldxf + e] * tk_cpu_ld1(wr, t, L->wk);
+            }
+        }
+        for (int64_t i = 0; i < L->m; i++)
+            for (int64_t t = 0; t < nn; t++)
+                put1(L, i, n0 + t, acc[i][t]);
+    }
+}
+#endif
+
+/* Rows of the weight per range: about 32 KiB of it, at least 8 rows. */
+static int64_t gemv_grain(const lin_t *L)
+{
+    int64_t row = L->k * (int64_t)tk_cpu_kind_size(L->wk);
+    int64_t g = row > 0 ? (32768 + row - 1) / row : 64;
+    return g < 8 ? 8 : g;
+}
+
+static int run_gemv(const lin_t *L)
+{
+    gemv_job j = {L, NULL, 0};
+    if (!(j.xf = x_f32(L, &j.ldxf)))
+        return tk__err(TK_ERR_NOMEM, "linear: out of memory for x as f32");
+    int64_t bytes = L->n * L->k * (int64_t)tk_cpu_kind_size(L->wk);
+    int nt = bytes < (1 << 16) ? 1 : 0;
+    void (*fn)(void *, int64_t, int64_t);
+#if TK_CPU_X86
+    if (L->avx2)
+        fn = L->trans ? gemvt_range_avx2 : gemv_range_avx2;
+    else
+#endif
+        fn = L->trans ? gemvt_range_c : gemv_range_c;
+    int64_t grain = L->trans ? 64 : gemv_grain(L);
+    tk_ops__parallel_for(L->n, grain, nt, fn, &j);
+    return TK_OK;
+}
+
+/* ---- GEMM ---------------------------------------------------------------------------------------- */
+
+/* x packed into panels of MR rows: ap[p][e][r] = x[p*MR + r][e] (0 beyond m). */
+typedef struct {
+    const lin_t *L;
+} pack_job;
+
+static void pack_a_range(void *arg, int64_t lo, int64_t hi)
+{
+    const lin_t *L = ((const pack_job *)arg)->L;
+    for (int64_t p = lo; p < hi; p++) {
+        float *dst = L->ap + p * L->k * MR;
+        for (int r = 0; r < MR; r++) {
+            int64_t i = p * MR + r;
+            if (i >= L->m) {
+                for (int64_t e = 0; e < L->k; e++)
+                    dst[e * MR + r] = 0;
+                continue;
+            }
+            const char *src = (const char *)L->x + (size_t)(i * L->ldx) * tk_cpu_kind_size(L->xk);
+            if (L->xk == K_F32)
+                for (int64_t e = 0; e < L->k; e++)
+                    dst[e * MR + r] = ((const float *)src)[e];
+            else
+                for (int64_t e = 0; e < L->k; e++)
+                    dst[e * MR + r] = tk_cpu_ld1(src, e, L->xk);
+        }
+    }
+}
+
+/* The weight block for output columns [n0, n0 + nn) and depth [e0, e0 + kc), packed as nn/NR panels
+ * (nn rounded up) of [kc][NR] f32: bp[q][e][c] = w(n0 + q*NR + c, e0 + e), 0 beyond n. */
+static void pack_b_c(const lin_t *L, float *bp, int64_t n0, int64_t nn, int64_t e0, int64_t kc)
+{
+    size_t es = tk_cpu_kind_size(L->wk);
+    for (int64_t q = 0; q * NR < nn; q++)
+        for (int c = 0; c < NR; c++) {
+            int64_t n = n0 + q * NR + c;
+            float *dst = bp + q * kc * NR + c;
+            if (q * NR + c >= nn) {
+                for (int64_t e = 0; e < kc; e++)
+                    dst[e * NR] = 0;
+            } else if (L->trans) {
+                for (int64_t e = 0; e < kc; e++)
+                    dst[e * NR] = tk_cpu_ld1((const char *)L->w + (size_t)((e0 + e) * L->ldw) * es, n, L->wk);
+            } else {
+                const char *wr = (const char *)L->w + (size_t)(n * L->ldw + e0) * es;
+                for (int64_t e = 0; e < kc; e++)
+                    dst[e * NR] = tk_cpu_ld1(wr, e, L->wk);
+            }
+        }
+}
+
+/* c[MR][ldc] (+)= a[kc][MR] b[kc][NR] */
+static void ukernel_c(int64_t kc, const float *a, const float *b, float *c, int64_t ldc, int acc)
+{
+    float t[MR][NR];
+    memset(t, 0, sizeof t);
+    for (int64_t e = 0; e < kc; e++)
+        for (int r = 0; r < MR; r++) {
+            float av = a[e * MR + r];
+            for (int q = 0; q < NR; q++)
+                t[r][q] += av * b[e * NR + q];
+        }
+    for (int r = 0; r < MR; r++)
+        for (int q = 0; q < NR; q++)
+            c[r * ldc + q] = acc ? c[r * ldc + q] + t[r][q] : t[r][q];
+}
+
+#if TK_CPU_X86
+TK_AVX2 static void pack_b_avx2(const lin_t *L, float *bp, int64_t n0, int64_t nn, int64_t e0, int64_t kc)
+{
+    if (L->trans) { /* rows of [K, N] are already NR-wide runs of columns */
+        size_t es = tk_cpu_kind_size(L->wk);
+        for (int64_t q = 0; q * NR < nn; q++) {
+            int64_t c0 = q * NR, cn = nn - c0 < NR ? nn - c0 : NR;
+            for (int64_t e = 0; e < kc; e++) {
+                const char *wr = (const char *)L->w + (size_t)((e0 + e) * L->ldw + n0 + c0) * es;
+                float *dst = bp + (q * kc + e) * NR;
+                if (cn == NR) {
+                    _mm256_storeu_ps(dst, tk_ld8(wr, 0, L->wk));
+                    _mm256_storeu_ps(dst + 8, tk_ld8(wr, 8, L->wk));
+                } else {
+                    _mm256_storeu_ps(dst, tk_ld8_part(wr, 0, L->wk, cn < 8 ? (int)cn : 8));
+                    _mm256_storeu_ps(dst + 8, tk_ld8_part(wr, 8, L->wk, cn > 8 ? (int)cn - 8 : 0));
+                }
+            }
+        }
+        return;
+    }
+    size_t es = tk_cpu_kind_size(L->wk);
+    int64_t k8 = kc / 8 * 8;
+    for (int64_t q = 0; q * NR < nn; q++)
+        for (int h = 0; h < 2; h++) {
+            int64_t c0 = q * NR + h * 8;
+            float *dst = bp + q * kc * NR + h * 8;
+            if (c0 + 8 > nn) { /* a partial group of 8 rows: element by element, zero beyond n */
+                for (int c = 0; c < 8; c++) {
+                    int64_t n = n0 + c0 + c;
+                    const char *wr = (const char *)L->w + (size_t)(n * L->ldw + e0) * es;
+                    for (int64_t e = 0; e < kc; e++)
+                        dst[e * NR + c] = c0 + c < nn ? tk_cpu_ld1(wr, e, L->wk) : 0.0f;
+                }
+                continue;
+            }
+            const char *wr[8];
+            for (int c = 0; c < 8; c++)
+                wr[c] = (const char *)L->w + (size_t)((n0 + c0 + c) * L->ldw + e0) * es;
+            int64_t e = 0;
+            for (; e < k8; e += 8) {
+                __m256 r[8];
+                for (int c = 0; c < 8; c++)
+                    r[c] = tk_ld8(wr[c], e, L->wk);
+                tk_tr8x8(r);
+                for (int t = 0; t < 8; t++)
+                    _mm256_storeu_ps(dst + (e + t) * NR, r[t]);
+            }
+            for (; e < kc; e++)
+                for (int c = 0; c < 8; c++)
+                    dst[e * NR + c] = tk_cpu_ld1(wr[c], e, L->wk);
+        }
+}
+
+TK_AVX2 static void ukernel_avx2(int64_t kc, const float *a, const float *b, float *c, int64_t ldc, int acc)
+{
+    __m256 c00 = _mm256_setzero_ps(), c01 = c00, c10 = c00, c11 = c00, c20 = c00, c21 = c00, c30 = c00, c31 = c00,
+           c40 = c00, c41 = c00, c50 = c00, c51 = c00;
+    for (int64_t e = 0; e < kc; e++, a += MR, b += NR) {
+        __m256 b0 = _mm256_load_ps(b), b1 = _mm256_load_ps(b + 8), av;
+        av = _mm256_broadcast_ss(a + 0);
+        c00 = _mm256_fmadd_ps(av, b0, c00);
+        c01 = _mm256_fmadd_ps(av, b1, c01);
+        av = _mm256_broadcast_ss(a + 1);
+        c10 = _mm256_fmadd_ps(av, b0, c10);
+        c11 = _mm256_fmadd_ps(av, b1, c11);
+        av = _mm256_broadcast_ss(a + 2);
+        c20 = _mm256_fmadd_ps(av, b0, c20);
+        c21 = _mm256_fmadd_ps(av, b1, c21);
+        av = _mm256_broadcast_ss(a + 3);
+        c30 = _mm256_fmadd_ps(av, b0, c30);
+        c31 = _mm256_fmadd_ps(av, b1, c31);
+        av = _mm256_broadcast_ss(a + 4);
+        c40 = _mm256_fmadd_ps(av, b0, c40);
+        c41 = _mm256_fmadd_ps(av, b1, c41);
+        av = _mm256_broadcast_ss(a + 5);
+        c50 = _mm256_fmadd_ps(av, b0, c50);
+        c51 = _mm256_fmadd_ps(av, b1, c51);
+    }
+#define ST(r, v0, v1)                                                                                  \
+    do {                                                                                               \
+        float *cr = c + (r) * ldc;                                                                     \
+        if (acc) {                                                                                     \
+            v0 = _mm256_add_ps(v0, _mm256_load_ps(cr));                                                \
+            v1 = _mm256_add_ps(v1, _mm256_load_ps(cr + 8));                                            \
+        }                                                                                              \
+        _mm256_store_ps(cr, v0);                                                                       \
+        _mm256_store_ps(cr + 8, v1);                                                                   \
+    } while (0)
+    ST(0, c00, c01);
+    ST(1, c10, c11);
+    ST(2, c20, c21);
+    ST(3, c30, c31);
+    ST(4, c40, c41);
+    ST(5, c50, c51);
+#undef ST
+}
+#endif
+
+#if TK_CPU_X86
+/* out[m0 + r, n0 + q] = ct[r][q] * scale + bias for r < mm, q < nn: eight columns a step. */
+TK_AVX2 static void store_tile_avx2(const lin_t *L, const float *ct, int64_t ldc, int64_t m0, int64_t mm, int64_t n0,
+                                    int64_t nn)
+{
+    int64_t n8 = nn / 8 * 8;
+    int rem = (int)(nn - n8);
+    for (int64_t r = 0; r < mm; r++) {
+        const float *c = ct + r * ldc;
+        int64_t o = (m0 + r) * L->ldo + n0, q = 0;
+        for (; q < n8; q += 8) {
+            __m256 v = _mm256_loadu_ps(c + q);
+            if (L->scale)
+                v = _mm256_mul_ps(v, _mm256_loadu_ps(L->scale + n0 + q));
+            if (L->bias)
+                v = _mm256_add_ps(v, tk_ld8(L->bias, n0 + q, L->bk));
+            tk_st8(L->out, o + q, L->ok, v);
+        }
+        if (rem) {
+            __m256 v = tk_ld8_part(c, q, K_F32, rem);
+            if (L->scale)
+                v = _mm256_mul_ps(v, tk_ld8_part(L->scale, n0 + q, K_F32, rem));
+            if (L->bias)
+                v = _mm256_add_ps(v, tk_ld8_part(L->bias, n0 + q, L->bk, rem));
+            tk_st8_part(L->out, o + q, L->ok, v, rem);
+        }
+    }
+}
+#endif
+
+/* One task: rows [m0, m0 + mc) and columns [n0, n0 + nn) of out. */
+typedef struct {
+    const lin_t *L;
+    int nomem;
+} gemm_job;
+
+static void gemm_range(void *arg, int64_t lo, int64_t hi)
+{
+    gemm_job *j = arg;
+    const lin_t *L = j->L;
+    const int64_t nc = L->nc;
+    float *bp = tk_ops__cpu_scratch(1, (size_t)(nc * KC) * sizeof(float));
+    float *ct = tk_ops__cpu_scratch(2, (size_t)(L->mc * nc) * sizeof(float));
+    if (!bp || !ct) {
+        __atomic_store_n(&j->nomem, 1, __ATOMIC_RELAXED);
+        return;
+    }
+    for (int64_t t = lo; t < hi; t++) {
+        int64_t mb = t / L->nnb, nb = t % L->nnb;
+        int64_t m0 = mb * L->mc, n0 = nb * nc;
+        int64_t mm = L->m - m0 < L->mc ? L->m - m0 : L->mc, nn = L->n - n0 < nc ? L->n - n0 : nc;
+        int64_t mp = (mm + MR - 1) / MR, np = (nn + NR - 1) / NR;
+        for (int64_t e0 = 0; e0 < L->k; e0 += KC) {
+            int64_t kc = L->k - e0 < KC ? L->k - e0 : KC;
+#if TK_CPU_X86
+            if (L->avx2)
+                pack_b_avx2(L, bp, n0, nn, e0, kc);
+            else
+#endif
+                pack_b_c(L, bp, n0, nn, e0, kc);
+            for (int64_t q = 0; q < np; q++)
+                for (int64_t p = 0; p < mp; p++) {
+                    const float *a = L->ap + ((m0 / MR + p) * L->k + e0) * MR;
+                    const float *b = bp + q * kc * NR;
+                    float *c = ct + p * MR * nc + q * NR;
+#if TK_CPU_X86
+                    if (L->avx2)
+                        ukernel_avx2(kc, a, b, c, nc, e0 > 0);
+                    else
+#endif
+                        ukernel_c(kc, a, b, c, nc, e0 > 0);
+                }
+        }
+        if (L->k == 0)
+            for (int64_t r = 0; r < mm; r++)
+                memset(ct + r * nc, 0, (size_t)nn * sizeof(float));
+#if TK_CPU_X86
+        if (L->avx2) {
+            store_tile_avx2(L, ct, nc, m0, mm, n0, nn);
+            continue;
+        }
+#endif
+        for (int64_t r = 0; r < mm; r++)
+            for (int64_t q = 0; q < nn; q++)
+                put1(L, m0 + r, n0 + q, ct[r * nc + q]);
+    }
+}
+
+static int run_gemm(lin_t *L)
+{
+    int64_t panels = (L->m + MR - 1) / MR;
+    L->ap = tk_ops__cpu_scratch(0, (size_t)(panels * MR * (L->k > 0 ? L->k : 1)) * sizeof(float));
+    if (!L->ap)
+        return tk__err(TK_ERR_NOMEM, "linear: out of memory packing x (%lld x %lld)", (long long)L->m,
+                       (long long)L->k);
+    pack_job pj = {L};
+    tk_ops__parallel_for(panels, 4, 0, pack_a_range, &pj);
+    /* row blocks of at most MC_MAX, as even as MR allows */
+    int64_t nmb = (L->m + MC_MAX - 1) / MC_MAX;
+    L->mc = ((L->m + nmb - 1) / nmb + MR - 1) / MR * MR;
+    L->nmb = (L->m + L->mc - 1) / L->mc;
+    /* at least four tasks a thread when the columns allow it: a delayed thread costs less */
+    L->nc = NC;
+    if (L->nmb * ((L->n + NC - 1) / NC) < 4 * (int64_t)tk_ops__threads())
+        L->nc = NC / 2;
+    L->nnb = (L->n + L->nc - 1) / L->nc;
+    gemm_job j = {L, 0};
+    tk_ops__parallel_for(L->nmb * L->nnb, 1, 0, gemm_range, &j);
+    if (j.nomem)
+        return tk__err(TK_ERR_NOMEM, "linear: out of memory for a thread's GEMM blocks");
+    return TK_OK;
+}
+
+static int run(const tk_op_call *c, int casted, int avx2)
+{
+    lin_t L;
+    if (!setup(&L, c, casted))
+        return tk__err(TK_ERR_INTERNAL, "%s: the fast CPU implementation was picked for a layout it does not take",
+                       c->op->name);
+    L.avx2 = avx2;
+    if (L.m == 0 || L.n == 0)
+        return TK_OK;
+    if (L.m <= GEMV_MAX_M || L.k == 0)
+        return run_gemv(&L);
+    return run_gemm(&L);
+}
+
+static int run_linear_c(const tk_op_call *c) { return run(c, 0, 0); }
+static int run_casted_c(const tk_op_call *c) { return run(c, 1, 0); }
+#if TK_CPU_X86
+static int run_linear_avx2(const tk_op_call *c) { return run(c, 0, 1); }
+static int run_casted_avx2(const tk_op_call *c) { return run(c, 1, 1); }
+#endif
+
+const tk_cpu_impl tk_ops__cpu_linear_impls[] = {
+#if TK_CPU_X86
+    {"linear", "cpu-avx2", TK_CPU_X86_AVX2, fits_linear, run_linear_avx2,
+     "f32/f16/bf16 weights read in their dtype: GEMV (M <= 4) and a packed 6x16 FMA GEMM, threaded"},
+    {"casted_linear", "cpu-avx2", TK_CPU_X86_AVX2, fits_casted, run_casted_avx2,
+     "i8 weights widened in registers: GEMV (M <= 4) and the packed GEMM, threaded"},
+#endif
+    {"linear", "cpu-portable", 0, fits_linear, run_linear_c, "the same blocking in plain C"},
+    {"casted_linear", "cpu-portable", 0, fits_casted, run_casted_c, "the same blocking in plain C (i8 weights)"},
+};
+const size_t tk_ops__cpu_linear_count = sizeof tk_ops__cpu_linear_impls / sizeof tk_ops__cpu_linear_impls[0];
