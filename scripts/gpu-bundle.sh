@@ -46,8 +46,17 @@ files=("$b/tk" "$b/libtk.so.0" "$b/tests/test_nvrtc")
 for f in "$b"/tests/test_gpu_* "$b"/examples/* "$b"/bench/*; do
   [ -f "$f" ] && [ -x "$f" ] && [[ $f != *.d ]] && files+=("$f")
 done
+# The bundle's binaries without their DWARF (objcopy --strip-debug; the symbol tables stay, so
+# backtraces and compute-sanitizer still name functions): debug info is ~70% of each binary, and with
+# twenty test and bench binaries linking libtk.a the tarballs would pass the device tool's 64 MiB.
+# Only files that still have it are stripped, so a second run leaves them (and the tarballs) alone.
 for f in "${files[@]}"; do
   [ -f "$f" ] || { echo "gpu-bundle: $f is missing" >&2; echo "HINT: run without --no-make" >&2; exit 1; }
+  if readelf -S "$f" 2>/dev/null | grep -q '\.debug_info'; then
+    objcopy --strip-debug "$f" || { echo "gpu-bundle: cannot strip $f" >&2; exit 1; }
+  fi
+done
+for f in "${files[@]}"; do
   rp=$(readelf -d "$f" | sed -n 's/.*(RPATH).*\[\(.*\)\]/\1/p')
   [ "$rp" = '$ORIGIN/lib:$ORIGIN/../lib' ] || {
     echo "gpu-bundle: $f has RPATH '$rp', not \$ORIGIN/lib:\$ORIGIN/../lib" >&2
