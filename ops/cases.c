@@ -1349,7 +1349,8 @@ static int gen_ddpm_posterior(tk_ops_case *c, size_t index, const tk_ops_case_sp
     dif_steps(c, sh[0], 1);
     dif_table(c);
     if (v >= 4)
-        fill(c, opt_t(c, s, 1, &na, "predicted_variance", dt, TK_CASE_IN, nd, sh), v == 4 ? 0.01 : -1, v == 4 ? 0.5 : 1);
+        fill(c, opt_t(c, s, 1, &na, "predicted_variance", dt, TK_CASE_IN, nd, sh), v == 4 ? 0.01 : -1,
+             v == 4 ? 0.5 : 1); /* learned: a variance > 0; learned_range: in [-1, 1] */
     opt_i(c, s, "variance_type", (int64_t)v, &na);
     label(c, "ddpm_posterior %s %s %s%s", tk_ops__dtype_str(dt), tk_ops__shape_fmt(nd, sh), names[v],
           lv ? "" : ", no log_variance");
