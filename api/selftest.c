@@ -209,7 +209,8 @@ static char *memo_key(const tk_op_desc *op, size_t index, const tk_ops_case_spec
 }
 
 /* The kernel's spec from its manifest entry: its caller-given params with their dtypes, and the
- * dimensions its constraints bound ("q.shape[3]": min/max). Strings borrow from k. */
+ * dimensions and scalars its constraints bound ("q.shape[3]", "thresholding": min/max). Strings borrow
+ * from k. */
 typedef struct {
     tk_ops_case_param p[64];
     tk_ops_case_pin pins[32];
@@ -220,9 +221,14 @@ typedef struct {
 static void pin_add(kspec *ks, const char *expr, int64_t v, int is_min)
 {
     char name[64];
-    int dim, n = 0;
-    if (sscanf(expr, "%63[A-Za-z0-9_].shape[%d]%n", name, &dim, &n) != 2 || expr[n] != '\0')
-        return;
+    int dim, n = 0, scalar = 0;
+    if (sscanf(expr, "%63[A-Za-z0-9_].shape[%d]%n", name, &dim, &n) != 2 || expr[n] != '\0') {
+        /* a bare name: a bound on that scalar parameter ("thresholding": min 1) */
+        if (sscanf(expr, "%63[A-Za-z0-9_]%n", name, &n) != 1 || expr[n] != '\0')
+            return;
+        dim = TK_OPS_CASE_PIN_SCALAR;
+        scalar = 1;
+    }
     for (size_t i = 0; i < ks->spec.npins; i++)
         if (!strcmp(ks->pins[i].param, name) && ks->pins[i].dim == dim) {
             if (is_min)
@@ -237,8 +243,8 @@ static void pin_add(kspec *ks, const char *expr, int64_t v, int is_min)
     snprintf(ks->pin_names[i], sizeof ks->pin_names[i], "%s", name);
     ks->pins[i].param = ks->pin_names[i];
     ks->pins[i].dim = dim;
-    ks->pins[i].lo = is_min ? v : 0;
-    ks->pins[i].hi = is_min ? -1 : v;
+    ks->pins[i].lo = is_min ? v : scalar ? INT64_MIN : 0;
+    ks->pins[i].hi = !is_min ? v : scalar ? INT64_MAX : -1;
 }
 
 static void kspec_make(kspec *ks, json_t *k, tk_dtype primary)

@@ -25,8 +25,8 @@
 
 #include "ops/selftest.h"
 
-static const tk_dtype DT_F32 = {TK_DL_FLOAT, 32, 1}, DT_I32 = {TK_DL_INT, 32, 1}, DT_I64 = {TK_DL_INT, 64, 1},
-                      DT_I8 = {TK_DL_INT, 8, 1};
+static const tk_dtype DT_F32 = {TK_DL_FLOAT, 32, 1}, DT_F64 = {TK_DL_FLOAT, 64, 1}, DT_I32 = {TK_DL_INT, 32, 1},
+                      DT_I64 = {TK_DL_INT, 64, 1}, DT_I8 = {TK_DL_INT, 8, 1};
 
 /* ---- randomness --------------------------------------------------------------------------------- */
 
@@ -104,13 +104,9 @@ size_t tk_ops__case_bytes(const tk_ops_case_tensor *t)
     return (size_t)tk_ops__numel(&t->t) * tk_ops__dtype_size(t->t.dtype);
 }
 
-/* Adds tensor `name`: zeros, or 0xff bytes for an output. NULL when out of room or memory (the case
- * is then failed with TK_ERR_NOMEM by the caller's check of c->nt). */
-static tk_ops_case_tensor *add_t(tk_ops_case *c, const char *name, tk_dtype dt, int role, int ndim, const int64_t *shape)
+/* Makes *t tensor `name`: zeros, or 0xff bytes for an output. 0 when out of memory. */
+static int init_t(tk_ops_case_tensor *t, const char *name, tk_dtype dt, int role, int ndim, const int64_t *shape)
 {
-    if (c->nt >= TK_OPS_CASE_MAX || ndim > TK_OPS_MAX_RANK)
-        return NULL;
-    tk_ops_case_tensor *t = &c->t[c->nt];
     memset(t, 0, sizeof *t);
     t->name = name;
     t->role = role;
@@ -123,10 +119,25 @@ static tk_ops_case_tensor *add_t(tk_ops_case *c, const char *name, tk_dtype dt, 
     t->t.device.device_type = TK_DEV_CPU;
     size_t bytes = tk_ops__case_bytes(t);
     if (!(t->t.data = malloc(bytes ? bytes : 1)))
-        return NULL;
+        return 0;
     memset(t->t.data, role == TK_CASE_OUT ? 0xff : 0, bytes);
-    c->nt++;
-    return t;
+    return 1;
+}
+
+/* Adds tensor `name` to the case (init_t). NULL when out of room or memory (the case is then failed
+ * with TK_ERR_NOMEM by the caller's check of c->nt). */
+static tk_ops_case_tensor *add_t(tk_ops_case *c, const char *name, tk_dtype dt, int role, int ndim, const int64_t *shape)
+{
+    if (c->nt >= TK_OPS_CASE_MAX || ndim > TK_OPS_MAX_RANK || !init_t(&c->t[c->nt], name, dt, role, ndim, shape))
+        return NULL;
+    return &c->t[c->nt++];
+}
+
+/* A tensor outside the case: a forward's input, which only the case's inputs are computed from (free
+ * its t.data). 0 when out of memory. */
+static int tmp_t(tk_ops_case_tensor *t, const char *name, tk_dtype dt, int ndim, const int64_t *shape)
+{
+    return ndim <= TK_OPS_MAX_RANK && init_t(t, name, dt, TK_CASE_IN, ndim, shape);
 }
 
 #define SH(...) (int)(sizeof((int64_t[]){__VA_ARGS__}) / sizeof(int64_t)), (const int64_t[]){__VA_ARGS__}
@@ -208,14 +219,28 @@ static void sc_add(tk_ops_case *c, const char *name, int kind, int64_t i, double
     c->ns++;
 }
 
+/* 1 when scalar `name` = v is inside the bounds the kernel's constraints put on it ("thresholding":
+ * min 1 for the thresholding kernels, max 0 for the others). */
+static int scalar_fits(const tk_ops_case_spec *s, const char *name, double v)
+{
+    for (size_t i = 0; s->pins && i < s->npins; i++) {
+        const tk_ops_case_pin *p = &s->pins[i];
+        if (p->dim == TK_OPS_CASE_PIN_SCALAR && !strcmp(p->param, name) && !(v >= (double)p->lo && v <= (double)p->hi))
+            return 0;
+    }
+    return 1;
+}
+
 /* A scalar option: given when the kernel takes it; a value other than the op's default that the
- * kernel cannot take makes the case not apply (*na). */
+ * kernel cannot take, or one outside its constraints, makes the case not apply (*na). */
 static void opt_i(tk_ops_case *c, const tk_ops_case_spec *s, const char *name, int64_t v, int *na)
 {
     int idx = tk_ops__param_index(c->op, name);
     if (takes(s, name))
         sc_add(c, name, TK_ARG_I64, v, 0);
     else if (idx < 0 || v != (int64_t)c->op->params[idx].def)
+        *na = 1;
+    if (!scalar_fits(s, name, (double)v))
         *na = 1;
 }
 
@@ -225,6 +250,8 @@ static void opt_f(tk_ops_case *c, const tk_ops_case_spec *s, const char *name, d
     if (takes(s, name))
         sc_add(c, name, TK_ARG_F64, 0, v);
     else if (idx < 0 || v != c->op->params[idx].def)
+        *na = 1;
+    if (!scalar_fits(s, name, v))
         *na = 1;
 }
 
@@ -335,6 +362,24 @@ static int gen_add(tk_ops_case *c, size_t index, const tk_ops_case_spec *s)
     return TK_OK;
 }
 
+/* The activation backwards (silu_backward & co., tanh_backward): grad_input from grad_out and the
+ * forward's input; the gated ones (silu_and_mul_backward & co.) take input and give grad_input
+ * [rows, 2d] for grad_out [rows, d]. The inputs reach both tails of each derivative. */
+static int gen_act_backward(tk_ops_case *c, size_t index, const tk_ops_case_spec *s)
+{
+    int gated = strstr(c->op->name, "_and_") != NULL;
+    if (index >= NROWS_D)
+        return END;
+    int64_t r = ROWS_D[index][0], d = ROWS_D[index][1], w = gated ? 2 * d : d;
+    tk_dtype dt = fdt(s, "grad_out");
+    T(c, "grad_input", dt, TK_CASE_OUT, r, w);
+    fill(c, T(c, "grad_out", dt, TK_CASE_IN, r, d), -2, 2);
+    fill(c, T(c, "input", dt, TK_CASE_IN, r, w), -6, 6);
+    label(c, "%s %s grad_out [%lld, %lld] input [%lld, %lld]", c->op->name, tk_ops__dtype_str(dt), (long long)r,
+          (long long)d, (long long)r, (long long)w);
+    return TK_OK;
+}
+
 /* ---- norms ----------------------------------------------------------------------------------------- */
 
 static const int64_t NORM_RD[][2] = {{1, 8}, {3, 7}, {4, 1000}, {2, 4096}};
@@ -393,23 +438,24 @@ static int gen_norm_backward(tk_ops_case *c, size_t index, const tk_ops_case_spe
 /* ---- rotary and positions ------------------------------------------------------------------------- */
 
 /* rotary_embedding: query [T, Hq, hs], key [T, Hkv, hs] in place; full and partial rotary, NeoX and
- * GPT-J pairing. */
+ * GPT-J pairing. rotary_embedding_backward: the same on grad_query and grad_key. */
 static int gen_rotary(tk_ops_case *c, size_t index, const tk_ops_case_spec *s)
 {
     static const int64_t sz[][4] = {{1, 1, 1, 64}, {5, 4, 2, 128}, {3, 2, 1, 256}}; /* T, Hq, Hkv, hs */
     size_t v, z;
-    int na = 0;
+    int na = 0, bwd = strstr(c->op->name, "_backward") != NULL;
+    const char *qn = bwd ? "grad_query" : "query", *kn = bwd ? "grad_key" : "key";
     if (!split(index, 3, 3, &v, &z))
         return END;
     int64_t t = sz[z][0], hq = sz[z][1], hkv = sz[z][2], hs = sz[z][3], maxpos = 40;
     int64_t rot = v == 2 ? hs / 2 : hs, neox = v != 1;
-    tk_dtype dt = fdt(s, "query"), cdt = dt_of(s, "cos_sin_cache", dt);
-    fill(c, T(c, "query", dt, TK_CASE_INOUT, t, hq, hs), -2, 2);
-    fill(c, T(c, "key", dt, TK_CASE_INOUT, t, hkv, hs), -2, 2);
+    tk_dtype dt = fdt(s, qn), cdt = dt_of(s, "cos_sin_cache", dt);
+    fill(c, T(c, qn, dt, TK_CASE_INOUT, t, hq, hs), -2, 2);
+    fill(c, T(c, kn, dt, TK_CASE_INOUT, t, hkv, hs), -2, 2);
     fill_int(c, T(c, "positions", DT_I64, TK_CASE_IN, t), 0, maxpos - 1);
     fill(c, T(c, "cos_sin_cache", cdt, TK_CASE_IN, maxpos, rot), -1, 1);
     opt_i(c, s, "is_neox", neox, &na);
-    label(c, "rotary_embedding %s (cache %s) T %lld Hq %lld Hkv %lld head_size %lld rot_dim %lld%s",
+    label(c, "%s %s (cache %s) T %lld Hq %lld Hkv %lld head_size %lld rot_dim %lld%s", c->op->name,
           tk_ops__dtype_str(dt), tk_ops__dtype_str(cdt), (long long)t, (long long)hq, (long long)hkv, (long long)hs,
           (long long)rot, neox ? "" : " gpt-j");
     return na ? NA : TK_OK;
@@ -502,6 +548,40 @@ static int gen_softmax(tk_ops_case *c, size_t index, const tk_ops_case_spec *s)
     tk_dtype dt = fdt(s, "input");
     T(c, "out", dt, TK_CASE_OUT, r, d);
     fill(c, T(c, "input", dt, TK_CASE_IN, r, d), -8, 8);
+    label(c, "%s %s [%lld, %lld]", c->op->name, tk_ops__dtype_str(dt), (long long)r, (long long)d);
+    return TK_OK;
+}
+
+/* Runs the CPU reference of op `name` on args: how a backward's case gets the forward's results (a
+ * consistent out, lse) it takes as inputs. */
+static int run_forward(const char *name, const tk_arg *args, size_t n)
+{
+    const tk_op_desc *fwd = tk_ops__find(name);
+    tk_op_call fc;
+    int rc = fwd ? tk_ops__prepare_op(&fc, fwd, args, n) : tk__err(TK_ERR_INTERNAL, "no op %s", name);
+    return rc == TK_OK ? tk_ops__run_cpu(&fc) : rc;
+}
+
+/* softmax_backward, log_softmax_backward: out is the forward's, from random logits on the CPU. */
+static int gen_softmax_backward(tk_ops_case *c, size_t index, const tk_ops_case_spec *s)
+{
+    static const int64_t sz[][2] = {{1, 1}, {3, 7}, {2, 1000}, {2, 5000}};
+    if (index >= 4)
+        return END;
+    int64_t r = sz[index][0], d = pin(s, "grad_out", 1, 2, sz[index][1]);
+    tk_dtype dt = fdt(s, "grad_out");
+    int lg = !strncmp(c->op->name, "log_", 4);
+    T(c, "grad_input", dt, TK_CASE_OUT, r, d);
+    fill(c, T(c, "grad_out", dt, TK_CASE_IN, r, d), -1, 1);
+    tk_ops_case_tensor *y = T(c, "out", dt, TK_CASE_IN, r, d), x;
+    if (!y || !tmp_t(&x, "input", dt, SH(r, d)))
+        return TK_ERR_NOMEM;
+    fill(c, &x, -8, 8);
+    tk_arg a[2] = {{TK_ARG_TENSOR, "out", &y->t, 0, 0}, {TK_ARG_TENSOR, "input", &x.t, 0, 0}};
+    int rc = run_forward(lg ? "log_softmax" : "softmax", a, 2);
+    free(x.t.data);
+    if (rc != TK_OK)
+        return rc;
     label(c, "%s %s [%lld, %lld]", c->op->name, tk_ops__dtype_str(dt), (long long)r, (long long)d);
     return TK_OK;
 }
@@ -812,16 +892,31 @@ static int gen_attention(tk_ops_case *c, size_t index, const tk_ops_case_spec *s
     return na ? NA : TK_OK;
 }
 
-/* attention_backward: out and lse from the CPU forward (the backward needs a consistent pair). */
+/* attention_backward, each case one shape and one option as attention's: one row, GQA with Sq != Sk,
+ * each causal; two packed sequences (varlen, causal: the varlen kernels take nothing else); sliding
+ * window, softcap and ALiBi together; the largest head size the kernel declares. out and lse come
+ * from the CPU forward with the same options (the backward needs a consistent pair). */
 static int gen_attention_backward(tk_ops_case *c, size_t index, const tk_ops_case_spec *s)
 {
-    static const int64_t sz[][5] = {{1, 1, 1, 1, 1}, {1, 17, 33, 4, 2}};
-    size_t v, z;
+    static const struct {
+        int64_t b, sq, sk, hq, hkv;
+        int opt; /* 0 plain, 1 causal, 2 varlen, 3 window/softcap/alibi, 4 the largest D */
+        const char *what;
+    } cs[] = {{1, 1, 1, 1, 1, 0, ""},
+              {1, 17, 33, 4, 2, 0, ""},
+              {1, 1, 1, 1, 1, 1, " causal"},
+              {1, 17, 17, 4, 2, 1, " causal"},
+              {1, 17, 33, 2, 1, 2, " varlen: 2 sequences, causal"},
+              {2, 17, 33, 4, 2, 3, " window 8/4, softcap 30, alibi"},
+              {1, 17, 33, 2, 2, 4, " (the largest head size it takes)"}};
     int na = 0;
-    if (!split(index, 2, 2, &v, &z))
+    if (index >= sizeof cs / sizeof cs[0])
         return END;
-    const int64_t *g = sz[z];
-    int64_t b = g[0], sq = g[1], sk = v ? g[1] : g[2], hq = g[3], hkv = g[4], d = pin(s, "q", 3, 4, 64);
+    int64_t b = cs[index].b, sq = cs[index].sq, sk = cs[index].sk, hq = cs[index].hq, hkv = cs[index].hkv;
+    int opt = cs[index].opt;
+    int64_t d = opt == 4 ? pin_max(s, "q", 3, 4, 256, 1024) : pin(s, "q", 3, 4, 64);
+    if (opt == 4 && d == pin(s, "q", 3, 4, 64))
+        return NA; /* one head size: the other cases have it */
     tk_dtype dt = fdt(s, "q");
     T(c, "dq", dt, TK_CASE_OUT, b, sq, hq, d);
     T(c, "dk", dt, TK_CASE_OUT, b, sk, hkv, d);
@@ -833,25 +928,45 @@ static int gen_attention_backward(tk_ops_case *c, size_t index, const tk_ops_cas
     fill(c, k, -1, 1);
     fill(c, vv, -1, 1);
     tk_ops_case_tensor *o = T(c, "out", dt, TK_CASE_IN, b, sq, hq, d), *lse = T(c, "lse", DT_F32, TK_CASE_IN, b, hq, sq);
-    if (v)
+    if (opt == 1 || opt == 2)
         opt_i(c, s, "causal", 1, &na);
+    if (opt == 2) { /* sequences of 7 and 10 queries over 12 and 21 keys, as attention's */
+        tk_ops_case_tensor *cq = OPT(c, s, 1, &na, "cu_seqlens_q", DT_I32, TK_CASE_IN, 3);
+        tk_ops_case_tensor *ck = OPT(c, s, 1, &na, "cu_seqlens_k", DT_I32, TK_CASE_IN, 3);
+        static const int32_t cuq[3] = {0, 7, 17}, cuk[3] = {0, 12, 33};
+        for (int i = 0; cq && ck && i < 3; i++) {
+            set_f(cq, i, cuq[i]);
+            set_f(ck, i, cuk[i]);
+        }
+        opt_i(c, s, "max_seqlen_q", 10, &na);
+    }
+    if (opt == 3) {
+        opt_i(c, s, "window_left", 8, &na);
+        opt_i(c, s, "window_right", 4, &na);
+        opt_f(c, s, "softcap", 30, &na);
+        fill(c, OPT(c, s, 1, &na, "alibi_slopes", DT_F32, TK_CASE_IN, hq), 0.01, 0.5);
+    }
+    if (na)
+        return NA;
     if (!q || !k || !vv || !o || !lse)
         return TK_ERR_NOMEM;
-    /* the forward on the CPU fills out and lse */
-    const tk_op_desc *fwd = tk_ops__find("attention");
-    tk_arg a[6] = {{TK_ARG_TENSOR, "out", &o->t, 0, 0}, {TK_ARG_TENSOR, "q", &q->t, 0, 0},
-                   {TK_ARG_TENSOR, "k", &k->t, 0, 0},   {TK_ARG_TENSOR, "v", &vv->t, 0, 0},
-                   {TK_ARG_TENSOR, "lse", &lse->t, 0, 0}, {TK_ARG_I64, "causal", NULL, v ? 1 : 0, 0}};
-    tk_op_call fc;
-    int rc = fwd ? tk_ops__prepare_op(&fc, fwd, a, 6) : TK_ERR_INTERNAL;
-    if (rc == TK_OK)
-        rc = tk_ops__run_cpu(&fc);
+    /* the forward on the CPU fills out and lse: the case's inputs and options but the gradients */
+    tk_arg a[2 * TK_OPS_CASE_MAX];
+    size_t n = 0;
+    for (size_t i = 0; i < c->nt; i++) {
+        const char *nm = c->t[i].name;
+        if (strcmp(nm, "dq") && strcmp(nm, "dk") && strcmp(nm, "dv") && strcmp(nm, "dout"))
+            a[n++] = (tk_arg){TK_ARG_TENSOR, nm, &c->t[i].t, 0, 0};
+    }
+    for (size_t i = 0; i < c->ns; i++)
+        a[n++] = (tk_arg){c->s[i].kind, c->s[i].name, NULL, c->s[i].i, c->s[i].f};
+    int rc = run_forward("attention", a, n);
     if (rc != TK_OK)
         return rc;
     c->tol_factor = dt.bits == 32 ? 10 : 4;
     label(c, "attention_backward %s B %lld Sq %lld Sk %lld Hq %lld Hkv %lld D %lld%s", tk_ops__dtype_str(dt),
-          (long long)b, (long long)sq, (long long)sk, (long long)hq, (long long)hkv, (long long)d, v ? " causal" : "");
-    return na ? NA : TK_OK;
+          (long long)b, (long long)sq, (long long)sk, (long long)hq, (long long)hkv, (long long)d, cs[index].what);
+    return TK_OK;
 }
 
 /* A block table of b sequences over nblocks physical blocks: a random permutation, so logical and
@@ -1017,6 +1132,358 @@ static int gen_embedding(tk_ops_case *c, size_t index, const tk_ops_case_spec *s
     return TK_OK;
 }
 
+/* linear_backward: every gradient at once (grad_weight and grad_bias accumulate into random values);
+ * Conv1D's transposed weight with f32 weight and bias gradients of the activations' dtype (mixed
+ * precision); grad_x accumulated (a second branch into the same input). */
+static int gen_linear_backward(tk_ops_case *c, size_t index, const tk_ops_case_spec *s)
+{
+    static const int64_t sz[][3] = {{1, 1, 1}, {3, 17, 40}, {8, 64, 130}}; /* M, N, K */
+    static const char *what[] = {"", " transposed, f32 grad_weight and grad_bias", " accumulate"};
+    size_t v, z;
+    int na = 0;
+    if (!split(index, 3, 3, &v, &z))
+        return END;
+    int64_t m = sz[z][0], n = sz[z][1], k = sz[z][2], tr = v == 1, acc = v == 2;
+    tk_dtype dt = fdt(s, "grad_out"), gdt = v == 1 ? dt_of(s, "grad_weight", DT_F32) : fdt(s, "grad_weight");
+    tk_ops_case_tensor *gx = OPT(c, s, 1, &na, "grad_x", fdt(s, "grad_x"), acc ? TK_CASE_INOUT : TK_CASE_OUT, m, k);
+    if (acc)
+        fill(c, gx, -1, 1);
+    fill(c, tr ? OPT(c, s, 1, &na, "grad_weight", gdt, TK_CASE_INOUT, k, n)
+               : OPT(c, s, 1, &na, "grad_weight", gdt, TK_CASE_INOUT, n, k), -0.5, 0.5);
+    fill(c, OPT(c, s, 1, &na, "grad_bias", dt_of(s, "grad_bias", gdt), TK_CASE_INOUT, n), -0.5, 0.5);
+    fill(c, T(c, "grad_out", dt, TK_CASE_IN, m, n), -1, 1);
+    fill(c, T(c, "x", dt, TK_CASE_IN, m, k), -1, 1);
+    fill(c, tr ? T(c, "weight", dt, TK_CASE_IN, k, n) : T(c, "weight", dt, TK_CASE_IN, n, k), -1, 1);
+    opt_i(c, s, "transposed", tr, &na);
+    opt_i(c, s, "accumulate", acc, &na);
+    c->tol_factor = 4; /* sums of K (grad_x) and M (grad_weight, grad_bias) products, as linear's */
+    label(c, "linear_backward %s M %lld N %lld K %lld%s", tk_ops__dtype_str(dt), (long long)m, (long long)n,
+          (long long)k, what[v]);
+    return na ? NA : TK_OK;
+}
+
+/* embedding_backward: grad_weight (accumulated into random values) gets the grad_out rows of repeated
+ * ids, from [n] or [a, b] ids; with padding_idx, the rows of one id add nothing. */
+static int gen_embedding_backward(tk_ops_case *c, size_t index, const tk_ops_case_spec *s)
+{
+    static const int64_t sz[][4] = {{1, 0, 1, 1}, {9, 0, 50, 100}, {3, 9, 11, 7}, {4, 0, 7, 4096}}; /* a, b, V, D */
+    size_t v, z;
+    int na = 0;
+    if (!split(index, 2, 4, &v, &z))
+        return END;
+    int64_t a = sz[z][0], b = sz[z][1], vocab = sz[z][2], d = sz[z][3], n = b ? a * b : a;
+    tk_dtype gdt = fdt(s, "grad_weight"), dt = fdt(s, "grad_out"), idt = dt_of(s, "ids", DT_I64);
+    tk_ops_case_tensor *gw = T(c, "grad_weight", gdt, TK_CASE_INOUT, vocab, d);
+    fill(c, gw, -1, 1);
+    tk_ops_case_tensor *ids = b ? T(c, "ids", idt, TK_CASE_IN, a, b) : T(c, "ids", idt, TK_CASE_IN, a);
+    fill_int(c, ids, 0, vocab - 1);
+    if (ids && n > 1) /* a repeated id: two rows add into one */
+        set_f(ids, n - 1, get_f(ids, 0));
+    fill(c, b ? T(c, "grad_out", dt, TK_CASE_IN, a, b, d) : T(c, "grad_out", dt, TK_CASE_IN, a, d), -1, 1);
+    if (v)
+        opt_i(c, s, "padding_idx", ids ? (int64_t)get_f(ids, 0) : 0, &na);
+    /* fp32 rows added in the order of the ids, as the reference: the same bytes (test_gpu_train.c) */
+    if (gw)
+        gw->exact = gdt.code == TK_DL_FLOAT && gdt.bits == 32 && dt.code == TK_DL_FLOAT && dt.bits == 32;
+    label(c, "embedding_backward grad_out %s grad_weight %s ids %s [%lld, %lld] n %lld%s", tk_ops__dtype_str(dt),
+          tk_ops__dtype_str(gdt), tk_ops__dtype_str(idt), (long long)vocab, (long long)d, (long long)n,
+          v ? " padding_idx" : "");
+    return na ? NA : TK_OK;
+}
+
+/* ---- the optimiser -------------------------------------------------------------------------------- */
+
+/* adamw: the first step (zero moments, the defaults); a later step with a copy in the kernel's dtype
+ * (bf16 compute weights of f32 masters); a no-decay step far along with a large lr. Every result must
+ * be the reference's bits: test_gpu_train.c holds the kernels to the same fp32 operations in the same
+ * order. */
+static int gen_adamw(tk_ops_case *c, size_t index, const tk_ops_case_spec *s)
+{
+    static const struct {
+        double lr, b1, b2, eps, wd, gs;
+        int64_t step;
+        int later; /* moments not zero, param_copy given */
+        const char *what;
+    } vs[] = {{1e-3, 0.9, 0.999, 1e-8, 1e-2, 1.0, 1, 0, "step 1"},
+              {3e-4, 0.9, 0.95, 1e-8, 0.1, 0.37, 7, 1, "step 7, grad_scale 0.37, param_copy"},
+              {1e-2, 0.8, 0.99, 1e-6, 0.0, 2.0, 1000, 1, "step 1000, no decay, param_copy"}};
+    static const int64_t sz[][2] = {{1, 0}, {1000, 0}, {5, 1001}};
+    size_t v, z;
+    int na = 0;
+    if (!split(index, 3, 3, &v, &z))
+        return END;
+    int64_t r = sz[z][0], w = sz[z][1];
+    int nd = w ? 2 : 1;
+    const int64_t shape[2] = {r, w};
+    tk_dtype dt = fdt(s, "param");
+    tk_ops_case_tensor *ts[5];
+    fill(c, ts[0] = add_t(c, "param", dt, TK_CASE_INOUT, nd, shape), -1, 1);
+    fill(c, ts[1] = add_t(c, "grad", fdt(s, "grad"), TK_CASE_IN, nd, shape), -0.1, 0.1);
+    ts[2] = add_t(c, "exp_avg", DT_F32, TK_CASE_INOUT, nd, shape);
+    ts[3] = add_t(c, "exp_avg_sq", DT_F32, TK_CASE_INOUT, nd, shape);
+    ts[4] = vs[v].later ? opt_t(c, s, 0, &na, "param_copy", dt_of(s, "param_copy", dt), TK_CASE_OUT, nd, shape) : NULL;
+    if (vs[v].later) {
+        fill(c, ts[2], -0.01, 0.01);
+        fill(c, ts[3], 1e-6, 1e-3);
+    }
+    for (int i = 0; i < 5; i++)
+        if (ts[i])
+            ts[i]->exact = 1;
+    opt_f(c, s, "lr", vs[v].lr, &na);
+    opt_f(c, s, "beta1", vs[v].b1, &na);
+    opt_f(c, s, "beta2", vs[v].b2, &na);
+    opt_f(c, s, "eps", vs[v].eps, &na);
+    opt_f(c, s, "weight_decay", vs[v].wd, &na);
+    opt_i(c, s, "step", vs[v].step, &na);
+    opt_f(c, s, "grad_scale", vs[v].gs, &na);
+    label(c, "adamw param %s %s %s", tk_ops__dtype_str(dt), tk_ops__shape_fmt(nd, shape), vs[v].what);
+    return na ? NA : TK_OK;
+}
+
+/* sum_squares into an f32 or f64 scalar, from a scalar, a vector and ragged 2-D and 3-D tensors. The
+ * bound is test_gpu_train.c's: both sum in double, so |got - ref| <= 1e-12 |ref| (and an f32 result
+ * one rounding more: 1e-7 |ref|). */
+static int gen_sum_squares(tk_ops_case *c, size_t index, const tk_ops_case_spec *s)
+{
+    static const int64_t sz[][3] = {{0, 0, 0}, {1000, 0, 0}, {3, 4099, 0}, {2, 33, 1025}};
+    size_t v, z;
+    if (!split(index, 2, 4, &v, &z))
+        return END;
+    const tk_ops_case_param *kp = kparam(s, "out");
+    if (v && kp && kp->has_dtype)
+        return NA; /* the kernel fixes out's dtype: case v = 0 has it */
+    int nd = sz[z][2] ? 3 : sz[z][1] ? 2 : sz[z][0] ? 1 : 0;
+    tk_dtype odt = dt_of(s, "out", v ? DT_F64 : DT_F32), dt = fdt(s, "input");
+    tk_ops_case_tensor *o = v ? T(c, "out", odt, TK_CASE_OUT, 1) : add_t(c, "out", odt, TK_CASE_OUT, 0, NULL);
+    fill(c, add_t(c, "input", dt, TK_CASE_IN, nd, sz[z]), -2, 2);
+    if (o) {
+        o->rtol = 1e-12 + (odt.bits == 32 ? 1e-7 : 0);
+        o->atol = 1e-300;
+    }
+    label(c, "sum_squares %s -> %s %s", tk_ops__dtype_str(dt), tk_ops__dtype_str(odt), tk_ops__shape_fmt(nd, sz[z]));
+    return TK_OK;
+}
+
+/* ---- noise schedules ---------------------------------------------------------------------------------- */
+
+/* The tolerance of test_gpu_diffusion.c: both sides compute each element in double with the same
+ * operations, so the results are the same but where a libm and CUDA's log / exp / sin / cos differ by
+ * an ulp of a double: one ulp of the output's dtype, relative (f16: and its smallest subnormal). */
+static void one_ulp(tk_ops_case_tensor *t)
+{
+    if (!t)
+        return;
+    tk_dtype dt = t->t.dtype;
+    t->rtol = dt.bits == 32 ? 0x1.0p-23 : dt.code == TK_DL_BFLOAT ? 0x1.0p-7 : 0x1.0p-10;
+    t->atol = dt.bits == 16 && dt.code != TK_DL_BFLOAT ? 6e-8 : 1e-38;
+}
+
+#define DIF_NT 500 /* timesteps of the schedule */
+
+/* A schedule's alphas_cumprod [DIF_NT]: cumulative products of 1 - beta, beta random in [1e-4, 0.02]. */
+static void dif_table(tk_ops_case *c)
+{
+    tk_ops_case_tensor *ab = T(c, "alphas_cumprod", DT_F64, TK_CASE_IN, DIF_NT);
+    double acc = 1;
+    for (int64_t i = 0; ab && i < DIF_NT; i++) {
+        acc *= 1 - unif(c, 1e-4, 0.02);
+        ((double *)ab->t.data)[i] = acc;
+    }
+}
+
+/* timesteps [b]: row 0 at t = 0, row 1 at the last t, others random; prev_timesteps (want_prev): up
+ * to 20 steps back, negative (the end of the chain) at row 2 and wherever that passes 0. */
+static void dif_steps(tk_ops_case *c, int64_t b, int want_prev)
+{
+    tk_ops_case_tensor *ts = T(c, "timesteps", DT_I64, TK_CASE_IN, b),
+                       *ps = want_prev ? T(c, "prev_timesteps", DT_I64, TK_CASE_IN, b) : NULL;
+    for (int64_t i = 0; ts && i < b; i++) {
+        int64_t t = i == 0 ? 0 : i == 1 ? DIF_NT - 1 : irand(c, 0, DIF_NT - 1);
+        set_f(ts, i, (double)t);
+        if (ps)
+            set_f(ps, i, i == 2 ? -1.0 : (double)(t - 1 - irand(c, 0, 19)));
+    }
+}
+
+/* Batch shapes: one element, odd, a batch row of 4092 (no multiple of a block of 256), many rows. */
+static const struct {
+    int nd;
+    int64_t sh[4];
+} DIF_SH[] = {{1, {1}}, {3, {3, 5, 7}}, {4, {2, 4, 31, 33}}, {2, {9, 1000}}};
+#define NDIF (sizeof DIF_SH / sizeof DIF_SH[0])
+
+static int gen_q_sample(tk_ops_case *c, size_t index, const tk_ops_case_spec *s)
+{
+    if (index >= NDIF)
+        return END;
+    int nd = DIF_SH[index].nd;
+    const int64_t *sh = DIF_SH[index].sh;
+    tk_dtype dt = fdt(s, "x0");
+    one_ulp(add_t(c, "out", dt, TK_CASE_OUT, nd, sh));
+    fill(c, add_t(c, "x0", dt, TK_CASE_IN, nd, sh), -3, 3);
+    fill(c, add_t(c, "noise", dt, TK_CASE_IN, nd, sh), -3, 3);
+    dif_steps(c, sh[0], 0);
+    dif_table(c);
+    label(c, "q_sample %s %s", tk_ops__dtype_str(dt), tk_ops__shape_fmt(nd, sh));
+    return TK_OK;
+}
+
+/* ddpm_posterior for each variance type (learned: a predicted variance > 0; learned_range: v in
+ * [-1, 1]), with log_variance but for one case that leaves it out. */
+static int gen_ddpm_posterior(tk_ops_case *c, size_t index, const tk_ops_case_spec *s)
+{
+    static const char *names[] = {"fixed_small", "fixed_small_log", "fixed_large", "fixed_large_log", "learned",
+                                  "learned_range"};
+    size_t v, z;
+    int na = 0;
+    if (!split(index, 6, NDIF - 1, &v, &z))
+        return END;
+    int nd = DIF_SH[z].nd, lv = !(v == 3 && z == 1);
+    const int64_t *sh = DIF_SH[z].sh;
+    tk_dtype dt = fdt(s, "x0");
+    one_ulp(add_t(c, "mean", dt, TK_CASE_OUT, nd, sh));
+    if (lv)
+        one_ulp(opt_t(c, s, 1, &na, "log_variance", dt, TK_CASE_OUT, nd, sh));
+    fill(c, add_t(c, "x0", dt, TK_CASE_IN, nd, sh), -3, 3);
+    fill(c, add_t(c, "sample", dt, TK_CASE_IN, nd, sh), -3, 3);
+    dif_steps(c, sh[0], 1);
+    dif_table(c);
+    if (v >= 4)
+        fill(c, opt_t(c, s, 1, &na, "predicted_variance", dt, TK_CASE_IN, nd, sh), v == 4 ? 0.01 : -1,
+             v == 4 ? 0.5 : 1); /* learned: a variance > 0; learned_range: in [-1, 1] */
+    opt_i(c, s, "variance_type", (int64_t)v, &na);
+    label(c, "ddpm_posterior %s %s %s%s", tk_ops__dtype_str(dt), tk_ops__shape_fmt(nd, sh), names[v],
+          lv ? "" : ", no log_variance");
+    return na ? NA : TK_OK;
+}
+
+/* One reverse step (ddpm_step, ddim_step). */
+typedef struct {
+    int64_t pred, var, clip, thr, use_clipped;
+    double range, ratio, maxv, eta;
+    int noise, x0, ties, nan_row;
+    const char *what;
+} step_case;
+
+/* Shapes of the steps (rank >= 2): one element, odd, a batch row of 4092. */
+static const struct {
+    int nd;
+    int64_t sh[4];
+} STEP_SH[] = {{2, {1, 1}}, {3, {3, 5, 7}}, {4, {2, 4, 31, 33}}};
+#define NSTEP_SH (sizeof STEP_SH / sizeof STEP_SH[0])
+
+static int gen_step(tk_ops_case *c, const step_case *k, size_t z, const tk_ops_case_spec *s)
+{
+    int ddim = !strcmp(c->op->name, "ddim_step"), learned = !ddim && (k->var == 4 || k->var == 5), na = 0;
+    int nd = STEP_SH[z].nd;
+    const int64_t *sh = STEP_SH[z].sh;
+    int64_t msh[4], b = sh[0], row = 1;
+    memcpy(msh, sh, sizeof msh);
+    if (learned) /* the model's channels, then as many of predicted variance */
+        msh[1] *= 2;
+    for (int i = 1; i < nd; i++)
+        row *= sh[i];
+    tk_dtype dt = fdt(s, "sample");
+    one_ulp(add_t(c, "prev_sample", dt, TK_CASE_OUT, nd, sh));
+    if (k->x0)
+        one_ulp(opt_t(c, s, 1, &na, "pred_original_sample", dt, TK_CASE_OUT, nd, sh));
+    tk_ops_case_tensor *mo = add_t(c, "model_output", dt, TK_CASE_IN, nd, msh),
+                       *x = add_t(c, "sample", dt, TK_CASE_IN, nd, sh);
+    for (int64_t i = 0, n = mo ? b * row * (learned ? 2 : 1) : 0; i < n; i++) {
+        int64_t e = i % (learned ? 2 * row : row);
+        double m = k->ties ? (double)irand(c, -1, 1) : unif(c, -3, 3);
+        set_f(mo, i, e < row ? m : k->var == 4 ? unif(c, 0.01, 0.5) : unif(c, -1, 1));
+    }
+    for (int64_t i = 0, n = x ? b * row : 0; i < n; i++)
+        set_f(x, i, k->ties ? (double)irand(c, -1, 1) : unif(c, -3, 3));
+    if (x && k->nan_row && b > 1) /* the threshold of batch row 1 is NaN: so is that row */
+        set_f(x, row + row / 2, NAN);
+    dif_steps(c, b, 1);
+    dif_table(c);
+    if (k->noise)
+        fill(c, opt_t(c, s, 1, &na, "noise", dt, TK_CASE_IN, nd, sh), -3, 3);
+    if (ddim) {
+        opt_f(c, s, "eta", k->eta, &na);
+        opt_i(c, s, "use_clipped_model_output", k->use_clipped, &na);
+    } else {
+        opt_i(c, s, "variance_type", k->var, &na);
+    }
+    opt_i(c, s, "prediction_type", k->pred, &na);
+    opt_i(c, s, "clip_sample", k->clip, &na);
+    opt_f(c, s, "clip_sample_range", k->range, &na);
+    opt_i(c, s, "thresholding", k->thr, &na);
+    opt_f(c, s, "dynamic_thresholding_ratio", k->ratio, &na);
+    opt_f(c, s, "sample_max_value", k->maxv, &na);
+    label(c, "%s %s %s %s%s%s%s", c->op->name, tk_ops__dtype_str(dt), tk_ops__shape_fmt(nd, sh), k->what,
+          k->nan_row && b > 1 ? ", a NaN row" : "", k->noise ? "" : ", no noise",
+          k->x0 ? "" : ", no pred_original_sample");
+    return na ? NA : TK_OK;
+}
+
+/* ddpm_step: each prediction and variance type, clipping, no noise (the mean); dynamic thresholding
+ * (the _threshold kernels) with ties in |x0| and a NaN in one batch row. */
+static int gen_ddpm_step(tk_ops_case *c, size_t index, const tk_ops_case_spec *s)
+{
+    static const step_case ks[] = {
+        {0, 0, 1, 0, 0, 1.0, 0.995, 1.0, 0, 1, 1, 0, 0, "epsilon, fixed_small, clip 1"},
+        {1, 1, 0, 0, 0, 1.0, 0.995, 1.0, 0, 1, 0, 0, 0, "sample, fixed_small_log"},
+        {2, 2, 1, 0, 0, 1.5, 0.995, 1.0, 0, 1, 1, 0, 0, "v_prediction, fixed_large, clip 1.5"},
+        {0, 4, 0, 0, 0, 1.0, 0.995, 1.0, 0, 1, 1, 0, 0, "epsilon, learned"},
+        {2, 5, 1, 0, 0, 2.0, 0.995, 1.0, 0, 1, 1, 0, 0, "v_prediction, learned_range, clip 2"},
+        {0, 0, 1, 0, 0, 1.0, 0.995, 1.0, 0, 0, 1, 0, 0, "epsilon, fixed_small, clip 1"},
+        {0, 0, 0, 1, 0, 1.0, 0.995, 1.5, 0, 1, 1, 0, 0, "epsilon, thresholding 0.995 max 1.5"},
+        {1, 5, 0, 1, 0, 1.0, 0.5, 1.0, 0, 1, 1, 1, 0, "sample, learned_range, thresholding 0.5, ties"},
+        {2, 0, 0, 1, 0, 1.0, 0.9, 2.0, 0, 1, 1, 0, 1, "v_prediction, thresholding 0.9 max 2"},
+    };
+    size_t v, z;
+    if (!split(index, sizeof ks / sizeof ks[0], NSTEP_SH, &v, &z))
+        return END;
+    return gen_step(c, &ks[v], z, s);
+}
+
+/* ddim_step: each prediction type, eta 0 to 1, use_clipped_model_output, no noise; thresholding with
+ * ties and a NaN row. */
+static int gen_ddim_step(tk_ops_case *c, size_t index, const tk_ops_case_spec *s)
+{
+    static const step_case ks[] = {
+        {0, 0, 1, 0, 0, 1.0, 0.995, 1.0, 0.0, 1, 1, 0, 0, "epsilon, eta 0, clip 1"},
+        {1, 0, 0, 0, 0, 1.0, 0.995, 1.0, 0.5, 1, 0, 0, 0, "sample, eta 0.5"},
+        {2, 0, 1, 0, 1, 1.5, 0.995, 1.0, 1.0, 1, 1, 0, 0, "v_prediction, eta 1, clip 1.5, use_clipped_model_output"},
+        {0, 0, 1, 0, 0, 1.0, 0.995, 1.0, 0.7, 0, 1, 0, 0, "epsilon, eta 0.7"},
+        {0, 0, 0, 1, 0, 1.0, 0.995, 1.5, 0.7, 1, 1, 0, 0, "epsilon, eta 0.7, thresholding 0.995 max 1.5"},
+        {2, 0, 0, 1, 0, 1.0, 0.9, 1.0, 0.0, 1, 1, 1, 0, "v_prediction, thresholding 0.9, ties"},
+        {1, 0, 0, 1, 1, 1.0, 0.5, 2.0, 0.3, 1, 1, 0, 1, "sample, eta 0.3, thresholding 0.5 max 2, "
+                                                        "use_clipped_model_output"},
+    };
+    size_t v, z;
+    if (!split(index, sizeof ks / sizeof ks[0], NSTEP_SH, &v, &z))
+        return END;
+    return gen_step(c, &ks[v], z, s);
+}
+
+/* randn: Philox draws at seed and offset, given to both sides as the case's scalars, so the kernel and
+ * the reference draw the same numbers (as sample's seed); an odd count (half a Box-Muller pair), a
+ * seed with both key words set and an offset with the counter's high word. */
+static int gen_randn(tk_ops_case *c, size_t index, const tk_ops_case_spec *s)
+{
+    static const int64_t seeds[][2] = {{0, 0}, {0x0123456789abcdefll, 5}, {42, ((int64_t)1 << 32) + 3}};
+    static const struct {
+        int nd;
+        int64_t sh[2];
+    } sz[] = {{1, {1}}, {1, {7}}, {1, {4097}}, {2, {3, 1001}}};
+    size_t v, z;
+    int na = 0;
+    if (!split(index, 3, sizeof sz / sizeof sz[0], &v, &z))
+        return END;
+    tk_dtype dt = fdt(s, "out");
+    one_ulp(add_t(c, "out", dt, TK_CASE_OUT, sz[z].nd, sz[z].sh));
+    opt_i(c, s, "seed", seeds[v][0], &na);
+    opt_i(c, s, "offset", seeds[v][1], &na);
+    label(c, "randn %s %s seed %lld offset %lld", tk_ops__dtype_str(dt), tk_ops__shape_fmt(sz[z].nd, sz[z].sh),
+          (long long)seeds[v][0], (long long)seeds[v][1]);
+    return na ? NA : TK_OK;
+}
+
 /* ---- the table --------------------------------------------------------------------------------------- */
 
 typedef int (*gen_fn)(tk_ops_case *c, size_t index, const tk_ops_case_spec *s);
@@ -1045,6 +1512,18 @@ static const struct {
     {"attention_decode", gen_attention_decode}, {"paged_kv_append", gen_paged_kv_append},
     {"mla_decode", gen_mla_decode},
     {"linear", gen_linear}, {"embedding", gen_embedding},
+    {"silu_and_mul_backward", gen_act_backward}, {"mul_and_silu_backward", gen_act_backward},
+    {"gelu_and_mul_backward", gen_act_backward}, {"gelu_tanh_and_mul_backward", gen_act_backward},
+    {"gelu_backward", gen_act_backward}, {"gelu_tanh_backward", gen_act_backward},
+    {"gelu_new_backward", gen_act_backward}, {"gelu_fast_backward", gen_act_backward},
+    {"gelu_quick_backward", gen_act_backward}, {"silu_backward", gen_act_backward},
+    {"tanh_backward", gen_act_backward},
+    {"softmax_backward", gen_softmax_backward}, {"log_softmax_backward", gen_softmax_backward},
+    {"rotary_embedding_backward", gen_rotary},
+    {"linear_backward", gen_linear_backward}, {"embedding_backward", gen_embedding_backward},
+    {"adamw", gen_adamw}, {"sum_squares", gen_sum_squares},
+    {"q_sample", gen_q_sample}, {"ddpm_posterior", gen_ddpm_posterior}, {"ddpm_step", gen_ddpm_step},
+    {"ddim_step", gen_ddim_step}, {"randn", gen_randn},
 };
 
 static gen_fn find_gen(const tk_op_desc *op)
@@ -1193,7 +1672,10 @@ void tk_ops__case_compare(tk_ops_cmp *r, const tk_ops_case *c, const tk_ops_case
             ok = x == w;
             ratio = ok ? 0 : INFINITY;
         } else {
-            tol = f * (4 * rel * fabs(w) + 16 * rel * r->max_ref) + abs_floor;
+            if (ref->rtol > 0) /* the op's own per-element bound */
+                tol = ref->atol + ref->rtol * fabs(w);
+            else
+                tol = f * (4 * rel * fabs(w) + 16 * rel * r->max_ref) + abs_floor;
             double d = fabs(x - w);
             ok = d <= tol; /* NaN got: fails */
             ratio = isfinite(d) ? d / tol : INFINITY;

@@ -39,7 +39,11 @@ typedef struct {
     tk_tensor t;       /* host, contiguous; t.data is owned by the case */
     int64_t shape[TK_OPS_MAX_RANK];
     int role;          /* TK_CASE_* */
-    int exact;         /* 1: every element must equal the reference's (ids, copies, tokens) */
+    int exact;         /* 1: every element must equal the reference's (ids, copies, tokens, and the
+                          ops whose GPU test asks for the same bits: adamw) */
+    double rtol, atol; /* rtol > 0: each float element within atol + rtol * |ref| instead of the dtype's
+                          tolerance: the bound of the op's own GPU test where it is tighter (one ulp
+                          of the noise-schedule ops, the relative error of a double sum) */
 } tk_ops_case_tensor;
 
 typedef struct {
@@ -67,11 +71,15 @@ typedef struct {
     tk_dtype dtype;
 } tk_ops_case_param;
 
-/* A dimension the kernel's constraints bound: "q.shape[3]" in min/max (dim -1: the last). */
+/* A dimension the kernel's constraints bound: "q.shape[3]" in min/max (dim -1: the last); or, with dim
+ * TK_OPS_CASE_PIN_SCALAR, a scalar parameter itself ("thresholding": min 1): a case giving it a value
+ * outside the bounds does not apply to the kernel. */
+#define TK_OPS_CASE_PIN_SCALAR (-1000)
 typedef struct {
     const char *param;
     int dim;
-    int64_t lo, hi;    /* inclusive; hi < 0: no upper bound */
+    int64_t lo, hi;    /* inclusive; a dimension's hi < 0: no upper bound; a scalar's bounds are as they
+                          are (INT64_MIN, INT64_MAX: none) */
 } tk_ops_case_pin;
 
 typedef struct {
@@ -118,7 +126,8 @@ typedef struct {
 
 /* Compares got with ref (host tensors of the same shape and dtype). Floats: NaN must be NaN, an inf
  * the same inf, else |got - ref| <= f * (4 * r * |ref| + 16 * r * max|ref|) + tiny, r =
- * tk_ops__tol_rel(dtype) and f the case's tol_factor; integers and exact tensors: equal. */
+ * tk_ops__tol_rel(dtype) and f the case's tol_factor (or, where the tensor sets rtol, |got - ref| <=
+ * atol + rtol * |ref|); integers and exact tensors: equal. */
 void tk_ops__case_compare(tk_ops_cmp *r, const tk_ops_case *c, const tk_ops_case_tensor *ref, const void *got);
 
 /* ---- routing around kernels that failed (ops/route.c) ----------------------------------------- */

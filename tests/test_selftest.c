@@ -241,6 +241,157 @@ static void test_compare(void)
     tk_ops__case_free(&c);
 }
 
+/* Runs case `index` of op in dtype dt through the CPU reference into *c. */
+static int ref_case(tk_ops_case *c, const char *op, size_t index, tk_dtype dt)
+{
+    tk_ops_case_spec s = {dt, NULL, 0, NULL, 0};
+    tk_arg a[2 * TK_OPS_CASE_MAX];
+    tk_op_call call;
+    int rc = tk_ops__case_make(c, tk_ops__find(op), index, &s);
+    if (rc != TK_OK)
+        return rc;
+    size_t na = tk_ops__case_args(c, a);
+    if ((rc = tk_ops__prepare_op(&call, c->op, a, na)) == TK_OK)
+        rc = tk_ops__run_cpu(&call);
+    if (rc != TK_OK)
+        tk_ops__case_free(c);
+    return rc;
+}
+
+/* The index of the case tensor named `name` (-1: none). */
+static int tensor_of(const tk_ops_case *c, const char *name)
+{
+    for (size_t i = 0; i < c->nt; i++)
+        if (!strcmp(c->t[i].name, name))
+            return (int)i;
+    return -1;
+}
+
+/* The ops whose GPU tests hold a kernel to more than the dtype's tolerance carry that bound into their
+ * cases: the noise-schedule ops one ulp per element (test_gpu_diffusion.c), adamw the same bits
+ * (test_gpu_train.c), sum_squares 1e-12 relative (its double sum). */
+static void test_ops_own_tolerances(void)
+{
+    tk_ops_case c;
+    tk_ops_cmp r;
+    /* q_sample [3, 5, 7] f32: every element one ulp off passes, one element two ulps off does not (the
+     * dtype's tolerance would take both) */
+    CHECK_RC(ref_case(&c, "q_sample", 1, F32), TK_OK);
+    int o = tensor_of(&c, "out");
+    CHECK(o >= 0 && c.t[o].rtol > 0);
+    if (o >= 0) {
+        int64_t n = tk_ops__numel(&c.t[o].t);
+        const float *ref = c.t[o].t.data;
+        float *got = malloc((size_t)n * sizeof *got);
+        for (int64_t i = 0; i < n; i++)
+            got[i] = nextafterf(ref[i], copysignf(INFINITY, ref[i]));
+        tk_ops__case_compare(&r, &c, &c.t[o], got);
+        CHECK(r.ok);
+        got[n / 2] = nextafterf(got[n / 2], copysignf(INFINITY, got[n / 2]));
+        tk_ops__case_compare(&r, &c, &c.t[o], got);
+        CHECK(!r.ok);
+        CHECK_EQ_INT(r.bad, 1);
+        CHECK_EQ_INT(r.worst, n / 2);
+        tk_ops_case_tensor loose = c.t[o];
+        loose.rtol = 0;
+        tk_ops__case_compare(&r, &c, &loose, got);
+        CHECK(r.ok);
+        free(got);
+    }
+    tk_ops__case_free(&c);
+
+    /* adamw: one ulp off in the updated param fails, and so in each moment */
+    CHECK_RC(ref_case(&c, "adamw", 4, F32), TK_OK); /* step 7 with a copy, [1000] */
+    const char *outs[] = {"param", "exp_avg", "exp_avg_sq", "param_copy"};
+    for (size_t k = 0; k < 4; k++) {
+        int t = tensor_of(&c, outs[k]);
+        CHECK(t >= 0);
+        if (t < 0)
+            continue;
+        float *got = tk_ops__case_copy(&c, (size_t)t);
+        tk_ops__case_compare(&r, &c, &c.t[t], got);
+        CHECK(r.ok);
+        got[7] = nextafterf(got[7], INFINITY);
+        tk_ops__case_compare(&r, &c, &c.t[t], got);
+        CHECK(!r.ok && r.worst == 7);
+        free(got);
+    }
+    tk_ops__case_free(&c);
+
+    /* sum_squares into f64: 1e-13 relative passes, 1e-11 does not */
+    CHECK_RC(ref_case(&c, "sum_squares", 6, F32), TK_OK); /* f64 out, [3, 4099] */
+    CHECK(c.t[0].t.dtype.bits == 64);
+    double want = *(double *)c.t[0].t.data, got = want * (1 + 1e-13);
+    CHECK(want > 1000);
+    tk_ops__case_compare(&r, &c, &c.t[0], &got);
+    CHECK(r.ok);
+    got = want * (1 + 1e-11);
+    tk_ops__case_compare(&r, &c, &c.t[0], &got);
+    CHECK(!r.ok);
+    tk_ops__case_free(&c);
+}
+
+/* A bound on a scalar in a kernel's constraints ("thresholding": min 1) pins its cases as a bound on a
+ * dimension does: the _threshold kernels get only the thresholding cases, the others none. */
+static void test_scalar_pins(void)
+{
+    const char *ops[] = {"ddpm_step", "ddim_step"};
+    tk_ops_case_param ps[TK_OPS_MAX_PARAMS];
+    const tk_op_desc *op = NULL;
+    for (size_t o = 0; o < 2; o++) {
+        op = tk_ops__find(ops[o]);
+        size_t np = 0;
+        for (size_t i = 0; op && i < op->nparams && np < TK_OPS_MAX_PARAMS; i++)
+            ps[np++] = (tk_ops_case_param){op->params[i].name, 0, F32};
+        tk_ops_case_pin thr = {"thresholding", TK_OPS_CASE_PIN_SCALAR, 1, INT64_MAX},
+                        plain = {"thresholding", TK_OPS_CASE_PIN_SCALAR, INT64_MIN, 0};
+        tk_ops_case_spec st = {F32, ps, np, &thr, 1}, sp = {F32, ps, np, &plain, 1}, all = {F32, ps, np, NULL, 0};
+        int n_thr = 0, n_plain = 0, n_all = 0;
+        for (size_t k = 0; k < 64; k++) {
+            tk_ops_case c;
+            int rc = tk_ops__case_make(&c, op, k, &all);
+            if (rc == TK_ERR_NOT_FOUND)
+                break;
+            n_all += rc == TK_OK;
+            if (rc == TK_OK)
+                tk_ops__case_free(&c);
+            for (int w = 0; w < 2; w++) {
+                if (tk_ops__case_make(&c, op, k, w ? &st : &sp) != TK_OK)
+                    continue;
+                int64_t thv = -1;
+                for (size_t i = 0; i < c.ns; i++)
+                    if (!strcmp(c.s[i].name, "thresholding"))
+                        thv = c.s[i].i;
+                CHECK_EQ_INT(thv, w ? 1 : 0);
+                *(w ? &n_thr : &n_plain) += 1;
+                tk_ops__case_free(&c);
+            }
+        }
+        printf("%s: %d cases, %d thresholding\n", ops[o], n_all, n_thr);
+        CHECK(n_thr >= 3 && n_plain >= 3);
+        CHECK_EQ_INT(n_thr + n_plain, n_all);
+    }
+    /* attention_backward has a case that gives cu_seqlens_q and cu_seqlens_k, which the varlen kernels
+     * require (test_every_shipped_kernel_has_cases: they are planned) */
+    op = tk_ops__find("attention_backward");
+    size_t np = 0;
+    for (size_t i = 0; op && i < op->nparams && np < TK_OPS_MAX_PARAMS; i++)
+        ps[np++] = (tk_ops_case_param){op->params[i].name, 0, F32};
+    tk_ops_case_spec s = {BF16, ps, np, NULL, 0};
+    int varlen = 0;
+    for (size_t k = 0; k < 64; k++) {
+        tk_ops_case c;
+        int rc = tk_ops__case_make(&c, op, k, &s);
+        if (rc == TK_ERR_NOT_FOUND)
+            break;
+        if (rc != TK_OK)
+            continue;
+        varlen += tensor_of(&c, "cu_seqlens_q") >= 0 && tensor_of(&c, "cu_seqlens_k") >= 0;
+        tk_ops__case_free(&c);
+    }
+    CHECK(varlen >= 1);
+}
+
 /* ---- routing -------------------------------------------------------------------------------------- */
 
 static void test_route(void)
@@ -439,8 +590,8 @@ static void test_planned_keys_match_the_build(void)
  * and the plan runs their CPU references: tk_selftest's plan mode over every package. */
 static void test_every_shipped_kernel_has_cases(void)
 {
-    static const char *pkgs[] = {"activation", "casted", "cross-entropy", "flash-attn", "layers",
-                                 "rmsnorm", "rotary", "sampling", "softmax"};
+    static const char *pkgs[] = {"activation", "casted", "cross-entropy", "diffusion", "flash-attn", "layers",
+                                 "rmsnorm", "rotary", "sampling", "softmax", "training"};
     tk_ctx *ctx = new_ctx();
     CHECK(ctx != NULL);
     if (!ctx)
@@ -465,6 +616,15 @@ static void test_every_shipped_kernel_has_cases(void)
                 CHECK(!strcmp(st, "planned") || !strcmp(st, "skipped"));
                 planned += !strcmp(st, "planned");
                 CHECK(!strcmp(st, "skipped") || json_integer_value(json_object_get(k, "cases")) > 0);
+                /* a scalar bound pins the cases: the _threshold steps get the thresholding ones only */
+                const char *kn = json_string_value(json_object_get(k, "kernel"));
+                if (kn && strstr(kn, "_step_")) {
+                    size_t li;
+                    json_t *l;
+                    json_array_foreach(json_object_get(json_object_get(k, "detail"), "case_labels"), li, l)
+                        CHECK((strstr(json_string_value(l), "thresholding") != NULL) ==
+                              (strstr(kn, "_threshold") != NULL));
+                }
             }
             printf("%s %s: %d kernels planned, CPU references %.3f s\n", ref, o.arch, planned,
                    json_real_value(json_object_get(r, "cpu_seconds")));
@@ -571,6 +731,8 @@ int main(void)
     RUN(test_cases_are_deterministic);
     RUN(test_edges_and_pins);
     RUN(test_compare);
+    RUN(test_ops_own_tolerances);
+    RUN(test_scalar_pins);
     RUN(test_route);
     RUN(test_config);
     RUN(test_no_device);
