@@ -8,6 +8,7 @@
 #     scripts/setup.sh --bench                     once: llama-cpp-cffi, gguf, accelerate in the venv
 #     bash bench/cpu_vs_llamacpp.sh [threads=all] [alternations=3]
 #     PRECISIONS=f32 ENGINES=tk,llama bash bench/cpu_vs_llamacpp.sh 2 1      a part of it
+#     NEW_TOKENS=64 bash bench/cpu_vs_llamacpp.sh 2 3                       fewer new tokens (default 128)
 #
 # Record the output in bench/RESULTS.md with the date and the load printed before and after.
 set -u
@@ -28,6 +29,7 @@ echo "machine: $(nproc) cores, $(grep -m1 'model name' /proc/cpuinfo | cut -d: -
 "$B/bench/membw" "$T" 512 5 > "$W/membw.json" || exit 1
 echo "memory bandwidth ($T threads): $(cat "$W/membw.json")"
 "$PY" bench/cpu_vs_llamacpp.py "$W" "$B/tk" "$W/membw.json" --threads "$T" --alternations "$A" \
+  --new-tokens "${NEW_TOKENS:-128}" \
   --precisions "${PRECISIONS:-f32,16,int8}" --engines "${ENGINES:-tk,hf,llama}"
 rc=$?
 echo "after: $(uptime)"
