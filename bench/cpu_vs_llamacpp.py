@@ -113,8 +113,8 @@ def load_llama_cffi(cache):
     """llama.cpp's C API (lib, ffi, a description) from llama-cpp-cffi's prebuilt CPU module, loaded by
     path: the package's __init__ is not run (it imports code written for transformers 4 and picks a
     CUDA or Vulkan module when it finds a GPU). The module was built with GCC 14; on a libstdc++ without
-    __cxa_call_terminate (GCC 12: Debian 12) bench/cxa_call_terminate.c is compiled into CACHE and
-    preloaded first."""
+    __cxa_call_terminate (GCC 12: Debian 12) bench/shim/cxa_call_terminate.c is compiled into CACHE and
+    preloaded first (bench/shim/: not one of the bench programs the Makefile builds from bench/*.c)."""
     import ctypes
     import glob
     import importlib.util
@@ -137,7 +137,7 @@ def load_llama_cffi(cache):
     except ImportError as e:
         if "__cxa_call_terminate" not in str(e):
             raise
-        src = os.path.join(os.path.dirname(os.path.abspath(__file__)), "cxa_call_terminate.c")
+        src = os.path.join(os.path.dirname(os.path.abspath(__file__)), "shim", "cxa_call_terminate.c")
         shim = os.path.join(cache, "cxa_call_terminate.so")
         if not os.path.exists(shim) or os.path.getmtime(shim) < os.path.getmtime(src):
             subprocess.run([os.environ.get("CC", "cc"), "-shared", "-fPIC", "-O2", "-o", shim, src, "-lstdc++"], check=True)
