@@ -1,7 +1,7 @@
 #!/usr/bin/env python3
-"""tk, transformers and llama.cpp (llama-cpp-python) on the same weights, prompt and thread count:
-prefill and decode tokens/s at f32, 16-bit and int8, several alternations, against the memory-bandwidth
-bound of decode. bench/cpu_vs_llamacpp.sh prepares the checkpoint and runs this.
+"""tk, transformers and llama.cpp (llama-cpp-python, else llama-cpp-cffi's prebuilt CPU module through
+llama.cpp's C API) on the same weights, prompt and thread count: prefill and decode tokens/s at f32,
+16-bit and int8, several alternations, against the memory-bandwidth bound of decode. bench/cpu_vs_llamacpp.sh prepares the checkpoint and runs this.
 
     cpu_vs_llamacpp.py DIR TK MEMBW_JSON [--threads T] [--prompt-tokens P] [--new-tokens N]
                        [--alternations A] [--precisions f32,16,int8] [--engines tk,hf,llama]
@@ -109,6 +109,115 @@ class LlamaCpp:
         return {"prefill_tok_s": len(ids) / (t1 - t0), "decode_tok_s": (len(new) - 1) / (t2 - t1), "ids": new}
 
 
+def load_llama_cffi(cache):
+    """llama.cpp's C API (lib, ffi, a description) from llama-cpp-cffi's prebuilt CPU module, loaded by
+    path: the package's __init__ is not run (it imports code written for transformers 4 and picks a
+    CUDA or Vulkan module when it finds a GPU). The module was built with GCC 14; on a libstdc++ without
+    __cxa_call_terminate (GCC 12: Debian 12) bench/shim/cxa_call_terminate.c is compiled into CACHE and
+    preloaded first (bench/shim/: not one of the bench programs the Makefile builds from bench/*.c)."""
+    import ctypes
+    import glob
+    import importlib.util
+    spec = importlib.util.find_spec("llama")
+    so = []
+    if spec and spec.submodule_search_locations:
+        so = sorted(glob.glob(os.path.join(spec.submodule_search_locations[0], "_llama_cpp_cpu*.so")))
+    if not so:
+        raise RuntimeError("neither llama_cpp (llama-cpp-python) nor llama-cpp-cffi's CPU module is installed: "
+                           "run scripts/setup.sh --bench")
+
+    def load():
+        s = importlib.util.spec_from_file_location("llama._llama_cpp_cpu", so[0])
+        m = importlib.util.module_from_spec(s)
+        s.loader.exec_module(m)
+        return m
+
+    try:
+        m = load()
+    except ImportError as e:
+        if "__cxa_call_terminate" not in str(e):
+            raise
+        src = os.path.join(os.path.dirname(os.path.abspath(__file__)), "shim", "cxa_call_terminate.c")
+        shim = os.path.join(cache, "cxa_call_terminate.so")
+        if not os.path.exists(shim) or os.path.getmtime(shim) < os.path.getmtime(src):
+            subprocess.run([os.environ.get("CC", "cc"), "-shared", "-fPIC", "-O2", "-o", shim, src, "-lstdc++"], check=True)
+        ctypes.CDLL(shim, mode=ctypes.RTLD_GLOBAL)
+        m = load()
+    lib, ffi = m.lib, m.ffi
+
+    @ffi.def_extern()
+    def llama_cpp_cffi_ggml_log_callback(level, text, user_data):  # llama.cpp's log: quiet, as verbose=False
+        pass
+
+    lib.llama_log_set(lib.llama_cpp_cffi_ggml_log_callback, ffi.NULL)
+    lib.llama_backend_init()
+    d = ctypes.CDLL(so[0])
+    try:
+        from importlib.metadata import version
+        pkg = "llama-cpp-cffi " + version("llama-cpp-cffi")
+    except Exception:
+        pkg = "llama-cpp-cffi"
+    about = (f"llama.cpp b{ctypes.c_int.in_dll(d, 'LLAMA_BUILD_NUMBER').value} "
+             f"({ctypes.c_char_p.in_dll(d, 'LLAMA_COMMIT').value.decode()}) through {pkg}'s CPU module; "
+             + ffi.string(lib.llama_print_system_info()).decode().strip())
+    return lib, ffi, about
+
+
+class LlamaCffi:
+    """llama.cpp through its C API (llama-cpp-cffi): one llama_decode of the whole prompt, then one per
+    token; greedy by argmax over the last logits, as tk's."""
+    api = None
+
+    def __init__(self, path, T, P, N, cache):
+        import numpy as np
+        if LlamaCffi.api is None:
+            LlamaCffi.api = load_llama_cffi(cache)
+        self.np = np
+        self.lib, self.ffi, _ = LlamaCffi.api
+        lib, ffi = self.lib, self.ffi
+        mp = lib.llama_model_default_params()
+        mp.n_gpu_layers = 0
+        self.model = lib.llama_model_load_from_file(path.encode(), mp)
+        if self.model == ffi.NULL:
+            raise RuntimeError(f"llama.cpp cannot load {path}")
+        cp = lib.llama_context_default_params()
+        cp.n_ctx = P + N + 16
+        cp.n_batch = cp.n_ubatch = max(P, 32)
+        cp.n_threads = cp.n_threads_batch = T
+        cp.no_perf = True
+        self.ctx = lib.llama_init_from_model(self.model, cp)
+        if self.ctx == ffi.NULL:
+            raise RuntimeError(f"llama.cpp cannot make a context for {path}")
+        self.n_vocab = lib.llama_vocab_n_tokens(lib.llama_model_get_vocab(self.model))
+
+    def decode(self, buf, n):
+        if self.lib.llama_decode(self.ctx, self.lib.llama_batch_get_one(buf, n)):
+            raise RuntimeError("llama_decode failed")
+        logits = self.lib.llama_get_logits_ith(self.ctx, -1)
+        return int(self.np.frombuffer(self.ffi.buffer(logits, 4 * self.n_vocab), dtype=self.np.float32).argmax())
+
+    def run(self, ids, N, eos):
+        lib, ffi = self.lib, self.ffi
+        clear = getattr(lib, "llama_kv_self_clear", None) or lib.llama_kv_cache_clear  # the name before b4800
+        prompt = ffi.new("int32_t[]", ids)
+        one = ffi.new("int32_t[1]")
+        clear(self.ctx)
+        self.decode(prompt, 4)  # warm the context's buffers
+        clear(self.ctx)
+        t0 = time.perf_counter()
+        tok = self.decode(prompt, len(ids))
+        t1 = time.perf_counter()
+        new = [tok]
+        for _ in range(N - 1):
+            if tok == eos:
+                break
+            one[0] = tok
+            tok = self.decode(one, 1)
+            new.append(tok)
+        t2 = time.perf_counter()
+        return {"prefill_tok_s": len(ids) / (t1 - t0), "decode_tok_s": (len(new) - 1) / (t2 - t1), "ids": new}
+
+
 def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("dir")
@@ -152,7 +261,11 @@ def main():
                 path = os.path.join(D, f"smol-{kind}.gguf")
                 if not os.path.exists(path):
                     continue
-                lc = LlamaCpp(path, T, P, N)
+                try:
+                    import llama_cpp  # noqa: F401  llama-cpp-python when it is installed, else llama-cpp-cffi
+                    lc = LlamaCpp(path, T, P, N)
+                except ImportError:
+                    lc = LlamaCffi(path, T, P, N, D)
                 plan.append((p, e, "llama.cpp " + kind, lambda lc=lc: lc.run(ids, N, eos)))
     res = {lab: [] for _, _, lab, _ in plan}
     ids_of = {}
@@ -164,6 +277,8 @@ def main():
             print(json.dumps({"alternation": alt, "run": lab, "prefill_tok_s": round(r["prefill_tok_s"], 2),
                               "decode_tok_s": round(r["decode_tok_s"], 2), "new_tokens": len(r["ids"])}), flush=True)
     print()
+    if LlamaCffi.api:
+        print(LlamaCffi.api[2])
     print(f"threads {T}, prompt {P} tokens, {N} new tokens, greedy, {a.alternations} alternations (median); "
           f"{params / 1e6:.1f}M parameters; copy bandwidth {mem['copy_gb_s']} GB/s, read {mem['read_gb_s']} GB/s")
     print(f"| engine | prefill tok/s | decode tok/s | decode bound (copy bw) | of the bound | same ids as |")

@@ -5,9 +5,10 @@
 # the same shape instead), 128 prompt tokens, 128 new tokens, greedy, at f32, 16-bit and int8, several
 # alternations; and the memory-bandwidth bound of decode from a copy loop (bench/membw.c).
 #
-#     scripts/setup.sh --bench                     once: llama-cpp-python, gguf, accelerate in the venv
+#     scripts/setup.sh --bench                     once: llama-cpp-cffi, gguf, accelerate in the venv
 #     bash bench/cpu_vs_llamacpp.sh [threads=all] [alternations=3]
 #     PRECISIONS=f32 ENGINES=tk,llama bash bench/cpu_vs_llamacpp.sh 2 1      a part of it
+#     NEW_TOKENS=64 bash bench/cpu_vs_llamacpp.sh 2 3                       fewer new tokens (default 128)
 #
 # Record the output in bench/RESULTS.md with the date and the load printed before and after.
 set -u
@@ -17,8 +18,10 @@ PY=${TK_PY_VENV:-build/py-venv}/bin/python
 T=${1:-$(nproc)}
 A=${2:-3}
 W=${BENCH_DIR:-$B/bench-models/smol135}
-"$PY" -c "import torch, transformers, llama_cpp, gguf, accelerate" 2>/dev/null ||
-  { echo "cpu_vs_llamacpp: the venv at $PY lacks llama_cpp, gguf or accelerate: run scripts/setup.sh --bench"; exit 1; }
+# llama.cpp: llama-cpp-python (llama_cpp) when it is installed, else llama-cpp-cffi's prebuilt CPU module
+"$PY" -c "import importlib.util as u, importlib.metadata as m, torch, transformers, gguf, accelerate, cffi
+u.find_spec('llama_cpp') or m.version('llama-cpp-cffi')" 2>/dev/null ||
+  { echo "cpu_vs_llamacpp: the venv at $PY lacks llama-cpp-cffi (or llama-cpp-python), cffi, gguf or accelerate: run scripts/setup.sh --bench"; exit 1; }
 [ -x "$B/tk" ] && [ -x "$B/bench/membw" ] || { echo "cpu_vs_llamacpp: build first (make)"; exit 1; }
 mkdir -p "$W"
 "$PY" bench/make_smol.py "$W" ${BENCH_RANDOM:+--random} || { echo "cpu_vs_llamacpp: cannot make the checkpoint"; exit 1; }
@@ -26,6 +29,7 @@ echo "machine: $(nproc) cores, $(grep -m1 'model name' /proc/cpuinfo | cut -d: -
 "$B/bench/membw" "$T" 512 5 > "$W/membw.json" || exit 1
 echo "memory bandwidth ($T threads): $(cat "$W/membw.json")"
 "$PY" bench/cpu_vs_llamacpp.py "$W" "$B/tk" "$W/membw.json" --threads "$T" --alternations "$A" \
+  --new-tokens "${NEW_TOKENS:-128}" \
   --precisions "${PRECISIONS:-f32,16,int8}" --engines "${ENGINES:-tk,hf,llama}"
 rc=$?
 echo "after: $(uptime)"

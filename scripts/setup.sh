@@ -13,8 +13,11 @@
 #                             every checkout (~6 GB: PyPI's torch brings the CUDA wheels).
 #                             `make test` runs this first.
 #   scripts/setup.sh --bench  the test tools, and the engines bench/cpu_vs_llamacpp.sh compares tk
-#                             with, into the same venv: llama-cpp-python (it builds llama.cpp from
-#                             source for this CPU: many minutes), gguf and accelerate (GGUF files).
+#                             with, into the same venv: llama-cpp-cffi (a prebuilt llama.cpp for the
+#                             CPU, AVX2/FMA; installed without its dependencies, which pin
+#                             transformers 4 and would downgrade the oracles; cffi is what its module
+#                             needs), gguf and accelerate (GGUF files). llama-cpp-python, which builds
+#                             llama.cpp from source (hours on 2 cores), is used instead when it is there.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
@@ -93,8 +96,10 @@ if [ $test_tools = 1 ]; then
     fi
     exec 9>&-
   fi
-  if [ $bench_tools = 1 ] && ! "$venv/bin/python" -c "import llama_cpp, gguf, accelerate" 2>/dev/null; then
-    echo "setup: installing llama-cpp-python (builds llama.cpp: many minutes), gguf and accelerate into $venv"
-    "$venv/bin/pip" install -q --disable-pip-version-check llama-cpp-python gguf accelerate
+  if [ $bench_tools = 1 ] && ! "$venv/bin/python" -c "import importlib.metadata as m, cffi, gguf, accelerate
+m.version('llama-cpp-cffi')" 2>/dev/null; then
+    echo "setup: installing llama-cpp-cffi (0.4.42: llama.cpp b4965 prebuilt, ~290 MB), cffi, gguf and accelerate into $venv"
+    "$venv/bin/pip" install -q --disable-pip-version-check cffi gguf accelerate
+    "$venv/bin/pip" install -q --disable-pip-version-check --no-deps llama-cpp-cffi==0.4.42
   fi
 fi
