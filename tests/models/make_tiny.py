@@ -9,7 +9,10 @@ rope scaling, YaRN and dynamic NTK rope, Mistral's sliding window (shorter than 
 Qwen2's q/k/v biases with tied embeddings, a bf16 Llama with a transformers-v4 style config
 (rope_scaling + rope_theta + torch_dtype), Qwen2 with a sliding window on its upper layers, GPT-2
 (sharded into several files, and again unprefixed in one file as the original gpt2 upload is), BERT
-with its pooler.
+with its pooler; and the Llama decoder's variations: Qwen3 (q/k norms per head, tied), OLMo2 (post-norms,
+q/k norms over the projections), Granite (its four multipliers), SmolLM3 (NoPE layers, head_dim 16), Gemma ((1 + w) norms, sqrt(hidden) embedding scale, GeGLU),
+Gemma 2 (pre- and post-norms, a sliding layer and a global one, query_pre_attn_scalar, an attention
+softcap low enough to bite).
 Seeds are fixed: the same script writes the same weights.
 """
 import json
@@ -18,8 +21,11 @@ import shutil
 import sys
 
 import torch
-from transformers import (BertConfig, BertModel, GPT2Config, GPT2LMHeadModel, LlamaConfig, LlamaForCausalLM,
-                          MistralConfig, MistralForCausalLM, Qwen2Config, Qwen2ForCausalLM)
+from transformers import (BertConfig, BertModel, Gemma2Config, Gemma2ForCausalLM, GemmaConfig, GemmaForCausalLM,
+                          GPT2Config, GPT2LMHeadModel, GraniteConfig, GraniteForCausalLM,
+                          LlamaConfig, LlamaForCausalLM, MistralConfig, MistralForCausalLM, Olmo2Config,
+                          Olmo2ForCausalLM, Qwen2Config, Qwen2ForCausalLM, Qwen3Config, Qwen3ForCausalLM,
+                          SmolLM3Config, SmolLM3ForCausalLM)
 
 OUT = sys.argv[1]
 V = 256  # vocabulary of every tiny model
@@ -83,6 +89,17 @@ def main():
     # Qwen2 with its sliding window on the layers from max_window_layers on (here: layer 1 of 2).
     save("qwen2-sliding", Qwen2ForCausalLM(Qwen2Config(**llama_cfg(use_sliding_window=True, sliding_window=4,
                                                                    max_window_layers=1))), 9)
+    save("qwen3", Qwen3ForCausalLM(Qwen3Config(**llama_cfg(head_dim=16, tie_word_embeddings=True))), 10)
+    save("olmo2", Olmo2ForCausalLM(Olmo2Config(**llama_cfg())), 11)
+    save("granite", GraniteForCausalLM(GraniteConfig(**llama_cfg(
+        embedding_multiplier=12.0, residual_multiplier=0.22, attention_multiplier=0.0625, logits_scaling=8.0))), 12)
+    save("smollm3", SmolLM3ForCausalLM(SmolLM3Config(**llama_cfg(num_hidden_layers=4, head_dim=16,
+                                                                   no_rope_layer_interval=2, pad_token_id=None,
+                                                                   bos_token_id=1, eos_token_id=2))), 13)
+    save("gemma", GemmaForCausalLM(GemmaConfig(**llama_cfg(head_dim=16))), 14)
+    save("gemma2", Gemma2ForCausalLM(Gemma2Config(**llama_cfg(
+        head_dim=16, sliding_window=4, query_pre_attn_scalar=24, attn_logit_softcapping=2.0,
+        final_logit_softcapping=None))), 15)
     save("bert", BertModel(BertConfig(vocab_size=V, hidden_size=64, num_hidden_layers=2, num_attention_heads=4,
                                       intermediate_size=128, max_position_embeddings=64)), 8)
 
