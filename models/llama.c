@@ -102,6 +102,10 @@ typedef struct {
     tk_mt cs;
     void *cs_mem;
     int64_t cs_rows, cs_seq_len;
+    /* the sliding layers' own RoPE (rope_local, Gemma 3), likewise */
+    tk_mt cs2;
+    void *cs2_mem;
+    int64_t cs2_rows, cs2_seq_len;
     /* Activations, planned per batch shape. */
     tk_mt x, h1, h2, q, k, v, att, o, gu, act, logits;
     tk_mt qn, kn; /* q and k after their norms (qk_norm) */
@@ -123,7 +127,7 @@ static int load(tk_model *m)
         return tk__err(TK_ERR_NOMEM, "out of memory");
     int64_t H = c->hidden, D = c->head_dim, I = c->intermediate, Q = c->heads * D, KV = c->kv_heads * D;
     int64_t vh[2] = {c->vocab, H}, h1[1] = {H}, qw[2] = {Q, H}, kvw[2] = {KV, H}, ow[2] = {H, Q}, dw[2] = {H, I};
-    int64_t q1[1] = {Q}, kv1[1] = {KV};
+    int64_t q1[1] = {Q}, kv1[1] = {KV}, gu2[2] = {2 * I, H};
     s->rot = (int64_t)((double)D * c->rope.partial_rotary_factor);
     s->rot -= s->rot % 2;
     if (s->rot <= 0 || s->rot > D)
@@ -171,14 +175,22 @@ static int load(tk_model *m)
              (rc = tk_models__weight_xf(&w->k_norm, m, NM(0, "self_attn.k_norm.weight"), 1, kn1, 1, no, 0, 1))))
             return rc;
         /* Granite's residual_multiplier scales each block's output: folded into o_proj and down_proj */
-        if ((rc = tk_models__weight(&w->q, m, NM(0, "self_attn.q_proj.weight"), 2, qw)) ||
-            (rc = tk_models__weight(&w->k, m, NM(0, "self_attn.k_proj.weight"), 2, kvw)) ||
-            (rc = tk_models__weight(&w->v, m, NM(0, "self_attn.v_proj.weight"), 2, kvw)) ||
-            (rc = tk_models__weight_xf(&w->o, m, NM(0, "self_attn.o_proj.weight"), 2, ow, rs, 0, 0, 1)) ||
+        if (c->fused_qkv &&
+            ((rc = tk_models__weight_rows(&w->q, m, NM(0, "self_attn.qkv_proj.weight"), Q + 2 * KV, H, 0, Q)) ||
+             (rc = tk_models__weight_rows(&w->k, m, n[0], Q + 2 * KV, H, Q, KV)) ||
+             (rc = tk_models__weight_rows(&w->v, m, n[0], Q + 2 * KV, H, Q + KV, KV)) ||
+             (rc = tk_models__weight(&w->gate_up, m, NM(1, "mlp.gate_up_proj.weight"), 2, gu2))))
+            return rc;
+        if (!c->fused_qkv &&
+            ((rc = tk_models__weight(&w->q, m, NM(0, "self_attn.q_proj.weight"), 2, qw)) ||
+             (rc = tk_models__weight(&w->k, m, NM(0, "self_attn.k_proj.weight"), 2, kvw)) ||
+             (rc = tk_models__weight(&w->v, m, NM(0, "self_attn.v_proj.weight"), 2, kvw))))
+            return rc;
+        if ((rc = tk_models__weight_xf(&w->o, m, NM(0, "self_attn.o_proj.weight"), 2, ow, rs, 0, 0, 1)) ||
             (rc = tk_models__weight_xf(&w->down, m, NM(0, "mlp.down_proj.weight"), 2, dw, rs, 0, 0, 1)))
             return rc;
         const char *gu[2] = {NM(1, "mlp.gate_proj.weight"), NM(2, "mlp.up_proj.weight")};
-        if ((rc = tk_models__weight_cat(&w->gate_up, m, gu, 2, I, H)) != TK_OK)
+        if (!c->fused_qkv && (rc = tk_models__weight_cat(&w->gate_up, m, gu, 2, I, H)) != TK_OK)
             return rc;
         if (c->qkv_bias &&
             ((rc = tk_models__weight(&w->qb, m, NM(0, "self_attn.q_proj.bias"), 1, q1)) ||
@@ -242,40 +254,40 @@ static int plan(tk_model *m, tk_models_batch *b)
 
 /* cos/sin rows for positions [0, max_len): grown by doubling; recomputed for dynamic NTK when the
  * longest sequence changes what HF's dynamic_rope_update would use. */
-static int rope_cache(tk_model *m, llama *s, int64_t max_len)
+static int rope_table(tk_model *m, const tk_models_rope *r, int64_t rot, tk_mt *cs, void **mem, int64_t *nrows,
+                      int64_t *seq, int64_t max_len)
 {
-    const tk_models_rope *r = &m->cfg.rope;
     int dynamic = r->type == TK_ROPE_DYNAMIC;
     int64_t seq_len = dynamic ? (max_len > r->original_max_pos ? max_len : r->original_max_pos) : 0;
-    if (s->cs_rows >= max_len && (!dynamic || s->cs_seq_len == seq_len))
+    if (*nrows >= max_len && (!dynamic || *seq == seq_len))
         return TK_OK;
-    int64_t rows = s->cs_rows >= max_len ? s->cs_rows : 256;
+    int64_t rows = *nrows >= max_len ? *nrows : 256;
     while (rows < max_len)
         rows *= 2;
-    if (rows != s->cs_rows) {
+    if (rows != *nrows) {
         if (m->dev_type == TK_DEV_CUDA)
-            tk_device_free(s->cs_mem, m->dev_id);
+            tk_device_free(*mem, m->dev_id);
         else
-            free(s->cs_mem);
-        s->cs_mem = NULL;
-        s->cs_rows = 0;
-        size_t bytes = (size_t)(rows * s->rot) * sizeof(float);
-        int rc = m->dev_type == TK_DEV_CUDA ? tk_device_alloc(&s->cs_mem, m->dev_id, bytes)
-                                            : ((s->cs_mem = malloc(bytes)) ? TK_OK : tk__err(TK_ERR_NOMEM, "out of memory"));
+            free(*mem);
+        *mem = NULL;
+        *nrows = 0;
+        size_t bytes = (size_t)(rows * rot) * sizeof(float);
+        int rc = m->dev_type == TK_DEV_CUDA ? tk_device_alloc(mem, m->dev_id, bytes)
+                                            : ((*mem = malloc(bytes)) ? TK_OK : tk__err(TK_ERR_NOMEM, "out of memory"));
         if (rc != TK_OK)
             return rc;
-        s->cs_rows = rows;
+        *nrows = rows;
     }
-    memset(&s->cs, 0, sizeof s->cs);
-    s->cs.t.data = s->cs_mem;
-    s->cs.t.device.device_type = m->dev_type;
-    s->cs.t.device.device_id = m->dev_id;
-    s->cs.t.ndim = 2;
-    s->cs.t.dtype = (tk_dtype){TK_DL_FLOAT, 32, 1};
-    s->cs.shape[0] = rows;
-    s->cs.shape[1] = s->rot;
-    s->cs.t.shape = s->cs.shape;
-    tk_arg a[] = {TK_A_T("out", &s->cs),
+    memset(cs, 0, sizeof *cs);
+    cs->t.data = *mem;
+    cs->t.device.device_type = m->dev_type;
+    cs->t.device.device_id = m->dev_id;
+    cs->t.ndim = 2;
+    cs->t.dtype = (tk_dtype){TK_DL_FLOAT, 32, 1};
+    cs->shape[0] = rows;
+    cs->shape[1] = rot;
+    cs->t.shape = cs->shape;
+    tk_arg a[] = {TK_A_T("out", cs),
                   TK_A_F("base", r->theta),
                   TK_A_I("scaling", r->type),
                   TK_A_F("factor", r->factor),
@@ -288,7 +300,15 @@ static int rope_cache(tk_model *m, llama *s, int64_t max_len)
                   TK_A_F("low_freq_factor", r->low_freq_factor),
                   TK_A_F("high_freq_factor", r->high_freq_factor)};
     int rc = tk_models__op(m, "rope_cos_sin_cache", a, TK_NARGS(a));
-    s->cs_seq_len = seq_len;
+    *seq = seq_len;
+    return rc;
+}
+
+static int rope_cache(tk_model *m, llama *s, int64_t max_len)
+{
+    int rc = rope_table(m, &m->cfg.rope, s->rot, &s->cs, &s->cs_mem, &s->cs_rows, &s->cs_seq_len, max_len);
+    if (rc == TK_OK && m->cfg.rope_local_on)
+        rc = rope_table(m, &m->cfg.rope_local, s->rot, &s->cs2, &s->cs2_mem, &s->cs2_rows, &s->cs2_seq_len, max_len);
     return rc;
 }
 
@@ -344,8 +364,9 @@ static int attn_block(tk_model *m, tk_models_batch *b, llama *s, int64_t l, cons
     if (c->qk_norm && (rc = qk_norm(m, s, w, T, &q, &k)) != TK_OK)
         return rc;
     if (!c->nope[l]) {
+        const tk_mt *cs = c->rope_local_on && c->sliding[l] ? &s->cs2 : &s->cs;
         tk_arg rot[] = {TK_A_T("query", q), TK_A_T("key", k), TK_A_T("positions", &b->pos),
-                        TK_A_T("cos_sin_cache", &s->cs), TK_A_I("is_neox", 1)};
+                        TK_A_T("cos_sin_cache", cs), TK_A_I("is_neox", 1)};
         if ((rc = tk_models__op(m, "rotary_embedding", rot, TK_NARGS(rot))) != TK_OK)
             return rc;
     }
@@ -638,10 +659,13 @@ static void free_state(tk_model *m)
     llama *s = m->state;
     if (!s)
         return;
-    if (m->dev_type == TK_DEV_CUDA)
+    if (m->dev_type == TK_DEV_CUDA) {
         tk_device_free(s->cs_mem, m->dev_id);
-    else
+        tk_device_free(s->cs2_mem, m->dev_id);
+    } else {
         free(s->cs_mem);
+        free(s->cs2_mem);
+    }
     tk_mt *arr[] = {s->xs, s->sh, s->sq, s->sk, s->sv, s->satt, s->slse, s->sxm, s->sh2, s->sgu, s->sact};
     for (size_t i = 0; i < sizeof arr / sizeof arr[0]; i++)
         free(arr[i]);

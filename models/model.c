@@ -436,6 +436,37 @@ int tk_models__weight_cols(const tk_mt **out, tk_model *m, const char *name, int
     return TK_OK;
 }
 
+int tk_models__weight_rows(const tk_mt **out, tk_model *m, const char *name, int64_t rows, int64_t cols, int64_t r0,
+                           int64_t nr)
+{
+    *out = NULL;
+    int64_t want[2] = {rows, cols};
+    const tk_st_tensor *t;
+    int rc = find_checked(&t, m, name, 2, want, 0);
+    if (rc != TK_OK)
+        return rc;
+    if (r0 < 0 || nr < 1 || r0 + nr > rows)
+        return tk__err(TK_ERR_INTERNAL, "weight_rows: rows [%lld, %lld) of %lld", (long long)r0, (long long)(r0 + nr),
+                       (long long)rows);
+    tk_models_weight *w;
+    if ((rc = new_weight(m, &w)) != TK_OK || (rc = set_src(w, TK_MODELS_SRC_ROWS, &name, 1, rows, cols, r0, nr)))
+        return rc;
+    char *host = malloc((size_t)(nr * cols) * dt_size(m->dtype) + 1);
+    if (!host)
+        return tk__err(TK_ERR_NOMEM, "out of memory loading '%s'", name);
+    rc = convert(m, host, t, r0 * cols, nr * cols, 1, 0);
+    int64_t shape[2] = {nr, cols};
+    if (rc == TK_OK)
+        rc = place(m, w, host, 2, shape);
+    else
+        free(host);
+    if (rc != TK_OK)
+        return tk__err_wrap(rc, "tensor '%s'", name);
+    m->params += nr * cols;
+    *out = &w->mt;
+    return TK_OK;
+}
+
 /* ---- the activation arena --------------------------------------------------------------------- */
 
 int tk_models__ws_tensor(tk_model *m, tk_mt *t, tk_dtype dt, int ndim, const int64_t *shape)

@@ -98,6 +98,8 @@ typedef struct {
     int64_t vocab, hidden, layers, heads, kv_heads, head_dim, intermediate, max_pos, type_vocab;
     double eps;
     tk_models_rope rope;
+    tk_models_rope rope_local; /* with rope_local_on: the sliding layers' RoPE (Gemma 3's local base) */
+    int rope_local_on;
     int64_t sliding_window;      /* 0: none */
     unsigned char sliding[TK_MODELS_MAX_LAYERS]; /* 1: layer l uses the sliding window (else full; causal or
                                                   * bidirectional as the architecture's caps say) */
@@ -105,6 +107,7 @@ typedef struct {
     /* The decoder's variations (llama.c), set by the architecture's parser; the defaults (a plain Llama)
      * are 0 for the flags and the softcaps, 1 for the multipliers. */
     int qk_norm;            /* TK_QKNORM_* */
+    int fused_qkv;          /* 1: self_attn.qkv_proj ([q; k; v] rows) and mlp.gate_up_proj (Phi-3) */
     int pre_norms;          /* 1: norm before attention and MLP (all but OLMo2) */
     int post_norms;         /* 1: norm of the attention's and the MLP's output before the residual add
                              * (OLMo2, Gemma 2/3) */
@@ -235,7 +238,7 @@ typedef struct tk_models_kvrun {
 /* Where a weight comes from in the checkpoint (training names its gradients and saves a checkpoint
  * through it): one HF tensor whole, the rows of several concatenated (tk_models__weight_cat), or
  * columns [c0, c0 + nc) of one [rows, cols] tensor (tk_models__weight_cols; rows 0: a 1-D [cols]). */
-enum { TK_MODELS_SRC_WHOLE = 0, TK_MODELS_SRC_CAT = 1, TK_MODELS_SRC_COLS = 2 };
+enum { TK_MODELS_SRC_WHOLE = 0, TK_MODELS_SRC_CAT = 1, TK_MODELS_SRC_COLS = 2, TK_MODELS_SRC_ROWS = 3 };
 #define TK_MODELS_SRC_MAX 8
 
 typedef struct {
@@ -342,7 +345,7 @@ struct tk_models_arch {
 
 extern const tk_models_arch tk_models__llama, tk_models__gpt2, tk_models__bert;
 extern const tk_models_arch tk_models__qwen3, tk_models__olmo2, tk_models__granite, tk_models__smollm3;
-extern const tk_models_arch tk_models__gemma, tk_models__gemma2;
+extern const tk_models_arch tk_models__gemma, tk_models__gemma2, tk_models__gemma3, tk_models__phi3;
 /* The Llama decoder's steps (llama.c), which the architectures that vary it reuse. */
 /* Reads the Llama decoder's config.json fields (sizes, norms, rope, biases, sliding windows): the
  * activation one of acts (NULL-terminated; acts_hint lists them in the error; acts NULL: the caller
@@ -390,6 +393,12 @@ int tk_models__weight_cat(const tk_mt **out, tk_model *m, const char *const *nam
  * GPT-2's fused c_attn (Conv1D [in, 3 out]) split into q, k and v, each still [in, out]. */
 int tk_models__weight_cols(const tk_mt **out, tk_model *m, const char *name, int64_t rows, int64_t cols,
                            int64_t c0, int64_t nc);
+
+/* Rows [r0, r0 + nr) of a [rows, cols] HF tensor as a weight of its own: Phi-3's fused qkv_proj split
+ * into q, k and v (source kind TK_MODELS_SRC_ROWS, c0/nc holding r0/nr; training does not save such
+ * weights: the architectures that use it do not train). */
+int tk_models__weight_rows(const tk_mt **out, tk_model *m, const char *name, int64_t rows, int64_t cols, int64_t r0,
+                           int64_t nr);
 
 /* Carves an activation tensor out of the arena: during planning it only counts bytes. */
 int tk_models__ws_tensor(tk_model *m, tk_mt *t, tk_dtype dt, int ndim, const int64_t *shape);

@@ -385,6 +385,8 @@ static void test_arch_table(void)
                 {"SmolLM3ForCausalLM", "smollm3", TK_ARCH_CAUSAL_LM | TK_ARCH_ROPE},
                 {"GemmaForCausalLM", "gemma", TK_ARCH_CAUSAL_LM | TK_ARCH_ROPE},
                 {"Gemma2ForCausalLM", "gemma2", TK_ARCH_CAUSAL_LM | TK_ARCH_ROPE},
+                {"Gemma3ForCausalLM", "gemma3", TK_ARCH_CAUSAL_LM | TK_ARCH_ROPE},
+                {"Phi3ForCausalLM", "phi3", TK_ARCH_CAUSAL_LM | TK_ARCH_ROPE},
                 {"GPT2LMHeadModel", "gpt2", TK_ARCH_CAUSAL_LM | TK_ARCH_BOUNDED_POS},
                 {"BertModel", "bert", TK_ARCH_BOUNDED_POS | TK_ARCH_POOLER}};
     char cfg[1024];

@@ -75,7 +75,7 @@ t_match_gemma2_bf16() { match gemma2_bf16; }
 # Greedy and beam generation on the Llama decoder's variations (make_tiny.py's checkpoints), token for
 # token against transformers' generate() (tests/models/gen_oracle.py, one process for every job):
 # the KV-cache path, with its sliding windows (Gemma 2's layer 0), softcap and NoPE layers.
-NEW_FAMILIES="qwen3 olmo2 granite smollm3 gemma gemma2"
+NEW_FAMILIES="qwen3 olmo2 granite smollm3 gemma gemma2 gemma3 phi3"
 GEN_JOBS="5,17,99,3,250 max_new_tokens=12
 5,17,99 max_new_tokens=10 num_beams=3"
 t_generate_new_families_match_transformers() {
@@ -100,10 +100,14 @@ t_generate_new_families_match_transformers() {
     want=$(sed -n "${n}p" "$WORK/gen.want")
     [ "$got" = "$want" ] || { fail "${dir##*/} $ids $rest: tk $got, transformers $want"; bad=$((bad + 1)); }
   done <"$WORK/gen.in"
-  [ "$n" -eq 12 ] || fail "$n jobs, want 12"
+  [ "$n" -eq 16 ] || fail "$n jobs, want 16"
   echo "    $n generations compared ($NEW_FAMILIES; greedy and 3 beams), $bad differ"
 }
 
+t_match_gemma3_two_ropes_f32() { match gemma3_two_ropes_f32; }
+t_match_gemma3_bf16() { match gemma3_bf16; }
+t_match_phi3_fused_partial_rotary_f32() { match phi3_fused_partial_rotary_f32; }
+t_match_phi3_bf16() { match phi3_bf16; }
 t_match_bert_pooler_f32() { match bert_pooler_f32; }
 t_match_minilm_embeddings() { match minilm_embeddings_vs_sentence_transformers; }
 

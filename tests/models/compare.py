@@ -169,6 +169,10 @@ def main():
     case("gemma_bf16", os.path.join(TINY, "gemma"), [p12], "bf16")
     case("gemma2_softcap_sliding_f32", os.path.join(TINY, "gemma2"), [p12, p20])
     case("gemma2_bf16", os.path.join(TINY, "gemma2"), [p12], "bf16")
+    case("gemma3_two_ropes_f32", os.path.join(TINY, "gemma3"), [p12, p20])
+    case("gemma3_bf16", os.path.join(TINY, "gemma3"), [p12], "bf16")
+    case("phi3_fused_partial_rotary_f32", os.path.join(TINY, "phi3"), [p12, p20])
+    case("phi3_bf16", os.path.join(TINY, "phi3"), [p12], "bf16")
     case("bert_pooler_f32", os.path.join(TINY, "bert"), [p12, p7])
     if MINILM:
         embed_case("minilm_embeddings_vs_sentence_transformers", MINILM)

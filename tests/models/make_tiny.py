@@ -12,7 +12,8 @@ Qwen2's q/k/v biases with tied embeddings, a bf16 Llama with a transformers-v4 s
 with its pooler; and the Llama decoder's variations: Qwen3 (q/k norms per head, tied), OLMo2 (post-norms,
 q/k norms over the projections), Granite (its four multipliers), SmolLM3 (NoPE layers, head_dim 16), Gemma ((1 + w) norms, sqrt(hidden) embedding scale, GeGLU),
 Gemma 2 (pre- and post-norms, a sliding layer and a global one, query_pre_attn_scalar, an attention
-softcap low enough to bite).
+softcap low enough to bite), Gemma 3 text (q/k norms, two RoPEs: linear-scaled global, local), Phi-3 (fused qkv_proj and gate_up_proj,
+partial rotary, a sliding window on every layer).
 Seeds are fixed: the same script writes the same weights.
 """
 import json
@@ -21,8 +22,10 @@ import shutil
 import sys
 
 import torch
-from transformers import (BertConfig, BertModel, Gemma2Config, Gemma2ForCausalLM, GemmaConfig, GemmaForCausalLM,
-                          GPT2Config, GPT2LMHeadModel, GraniteConfig, GraniteForCausalLM,
+from transformers import (BertConfig, BertModel, Gemma2Config, Gemma2ForCausalLM, Gemma3ForCausalLM,
+                          Gemma3TextConfig, GemmaConfig, GemmaForCausalLM,
+                          GPT2Config, GPT2LMHeadModel, GraniteConfig, GraniteForCausalLM, Phi3Config,
+                          Phi3ForCausalLM,
                           LlamaConfig, LlamaForCausalLM, MistralConfig, MistralForCausalLM, Olmo2Config,
                           Olmo2ForCausalLM, Qwen2Config, Qwen2ForCausalLM, Qwen3Config, Qwen3ForCausalLM,
                           SmolLM3Config, SmolLM3ForCausalLM)
@@ -100,6 +103,13 @@ def main():
     save("gemma2", Gemma2ForCausalLM(Gemma2Config(**llama_cfg(
         head_dim=16, sliding_window=4, query_pre_attn_scalar=24, attn_logit_softcapping=2.0,
         final_logit_softcapping=None))), 15)
+    save("gemma3", Gemma3ForCausalLM(Gemma3TextConfig(**llama_cfg(
+        num_hidden_layers=4, head_dim=16, sliding_window=4, query_pre_attn_scalar=24,
+        layer_types=["sliding_attention", "sliding_attention", "full_attention", "sliding_attention"],
+        rope_parameters={"full_attention": {"rope_type": "linear", "factor": 2.0, "rope_theta": 1000000.0},
+                         "sliding_attention": {"rope_type": "default", "rope_theta": 10000.0}}))), 16)
+    save("phi3", Phi3ForCausalLM(Phi3Config(**llama_cfg(partial_rotary_factor=0.5, sliding_window=5,
+                                                         pad_token_id=None, bos_token_id=1, eos_token_id=2))), 17)
     save("bert", BertModel(BertConfig(vocab_size=V, hidden_size=64, num_hidden_layers=2, num_attention_heads=4,
                                       intermediate_size=128, max_position_embeddings=64)), 8)
 
