@@ -9,7 +9,8 @@
  *            post_attention_layernorm, pre_feedforward_layernorm, post_feedforward_layernorm);
  *            attention scores scaled by query_pre_attn_scalar^-0.5 and softcapped
  *            (attn_logit_softcapping); sliding-window and global layers alternating (layer_types,
- *            by default sliding on even layers); the final logits softcapped (final_logit_softcapping).
+ *            by default sliding on even layers); the final logits softcapped (final_logit_softcapping,
+ *            the softcap op on the LM head's rows).
  *   Gemma 3 (text, Gemma3ForCausalLM): Gemma 2's layer, with a (1 + w) RMSNorm over each head of q
  *            and k, five sliding layers to a global one by default (sliding_window_pattern 6), and
  *            two RoPEs: the global layers' (rope_parameters.full_attention: rope_theta 1e6, perhaps
@@ -69,12 +70,14 @@ static int gemma23(tk_models_config *c, const tk_models_reader *r, int64_t patte
     c->attn_softcap = attn_cap;
     c->final_softcap = final_cap;
     json_t *lt = json_object_get(r->root, "layer_types");
+    if (!json_object_get(r->root, "sliding_window")) { /* Gemma2Config's and Gemma3TextConfig's default */
+        c->sliding_window = 4096;
+        if ((rc = tk_models__cfg_layer_types(c, r)) != TK_OK)
+            return rc;
+    }
     if (!lt || json_is_null(lt))
         for (int64_t l = 0; l < c->layers; l++)
             c->sliding[l] = c->sliding_window > 0 && (l + 1) % pattern != 0;
-    if (final_cap > 0)
-        return tk_models__cfg_unsupported(r, "final_logit_softcapping", "set",
-                                          "null (the final logit softcap has no op in tk yet)");
     return TK_OK;
 }
 

@@ -404,6 +404,25 @@ static int add_normed(tk_model *m, const tk_mt *x, const tk_mt *y, const tk_mt *
     return rc != TK_OK ? rc : tk_models__op(m, "add", ad, TK_NARGS(ad));
 }
 
+/* logits = cap * tanh(logits / cap) (Gemma 2), in place: every row, or with generation's logits_last
+ * only the rows the LM head computed (each sequence's last). */
+static int final_softcap(tk_model *m, tk_models_batch *b, tk_mt *logits)
+{
+    int64_t nseq = b->logits_last ? b->nseq : 1;
+    for (int64_t q = 0; q < nseq; q++) {
+        tk_mt rows;
+        if (b->logits_last)
+            tk_models__rows(&rows, logits, b->logits_last[q + 1] - 1, 1);
+        else
+            tk_models__rows(&rows, logits, 0, logits->shape[0]);
+        tk_arg a[] = {TK_A_T("out", &rows), TK_A_T("input", &rows), TK_A_F("cap", m->cfg.final_softcap)};
+        int rc = tk_models__op(m, "softcap", a, TK_NARGS(a));
+        if (rc != TK_OK)
+            return rc;
+    }
+    return TK_OK;
+}
+
 static int forward(tk_model *m, tk_models_batch *b)
 {
     const tk_models_config *c = &m->cfg;
@@ -463,6 +482,8 @@ static int forward(tk_model *m, tk_models_batch *b)
     b->hidden = h;
     if (b->want_logits && (rc = linear(m, &s->logits, h, s->lm_head, NULL)) != TK_OK)
         return rc;
+    if (b->want_logits && c->final_softcap > 0)
+        return final_softcap(m, b, &s->logits);
     return TK_OK;
 }
 

@@ -415,12 +415,15 @@ static void test_arch_table(void)
     CHECK(strstr(tk_last_error(), "did you mean") == NULL);
     CHECK(tk_models__closest_arch("MistralForCausalLM") != NULL &&
           !strcmp(tk_models__closest_arch("mistralforcausallm"), "MistralForCausalLM"));
-    /* Gemma 2's final logit softcap has no op yet: refused by name, never ignored */
+    /* Gemma 2's softcaps and scale are read */
     const char *g2 = "{\"architectures\": [\"Gemma2ForCausalLM\"], \"vocab_size\": 48, \"hidden_size\": 32, "
                      "\"intermediate_size\": 40, \"num_hidden_layers\": 2, \"num_attention_heads\": 4, "
-                     "\"head_dim\": 8, \"final_logit_softcapping\": 30.0}";
-    CHECK_RC(tk_models__config_parse(&c, g2, strlen(g2), "config.json"), TK_ERR_UNSUPPORTED);
-    CHECK(strstr(tk_last_error(), "final_logit_softcapping") != NULL);
+                     "\"head_dim\": 8, \"final_logit_softcapping\": 30.0, \"attn_logit_softcapping\": 50.0}";
+    CHECK_RC(tk_models__config_parse(&c, g2, strlen(g2), "config.json"), TK_OK);
+    CHECK(c.final_softcap == 30.0 && c.attn_softcap == 50.0 && fabs(c.attn_scale - 1.0 / 16) < 1e-12);
+    CHECK(c.post_norms && c.pre_norms && c.norm_offset == 1.0 && c.sliding_window == 4096 && c.sliding[0] &&
+          !c.sliding[1]);
+    tk_models__config_free(&c);
 }
 
 /* A checkpoint whose eos/bos lie outside the vocabulary loads with a warning through the context's log

@@ -4,16 +4,17 @@ save_pretrained (so the files are exactly what the Hub holds for real models), i
 
     make_tiny.py OUT
 
-Each model is small enough to run in milliseconds but keeps the features under test: GQA and Llama-3
-rope scaling, YaRN and dynamic NTK rope, Mistral's sliding window (shorter than the test prompt),
-Qwen2's q/k/v biases with tied embeddings, a bf16 Llama with a transformers-v4 style config
-(rope_scaling + rope_theta + torch_dtype), Qwen2 with a sliding window on its upper layers, GPT-2
-(sharded into several files, and again unprefixed in one file as the original gpt2 upload is), BERT
-with its pooler; and the Llama decoder's variations: Qwen3 (q/k norms per head, tied), OLMo2 (post-norms,
-q/k norms over the projections), Granite (its four multipliers), SmolLM3 (NoPE layers, head_dim 16), Gemma ((1 + w) norms, sqrt(hidden) embedding scale, GeGLU),
-Gemma 2 (pre- and post-norms, a sliding layer and a global one, query_pre_attn_scalar, an attention
-softcap low enough to bite), Gemma 3 text (q/k norms, two RoPEs: linear-scaled global, local), Phi-3 (fused qkv_proj and gate_up_proj,
-partial rotary, a sliding window on every layer).
+Each model is small enough to run in milliseconds but keeps the features under test: GQA and Llama-3 rope
+scaling, YaRN and dynamic NTK rope, Mistral's sliding window (shorter than the test prompt), Qwen2's q/k/v
+biases with tied embeddings, a bf16 Llama with a transformers-v4 style config (rope_scaling + rope_theta +
+torch_dtype), Qwen2 with a sliding window on its upper layers, GPT-2 (sharded into several files, and again
+unprefixed in one file as the original gpt2 upload is), BERT with its pooler; and the Llama decoder's
+variations: Qwen3 (q/k norms per head, tied), OLMo2 (post-norms, q/k norms over the projections), Granite
+(its four multipliers), SmolLM3 (NoPE layers, head_dim 16), Gemma ((1 + w) norms, sqrt(hidden) embedding
+scale, GeGLU), Gemma 2 (pre- and post-norms, a sliding layer and a global one, query_pre_attn_scalar, an
+attention softcap and a final logit softcap low enough to bite), Gemma 3 text (q/k norms, two RoPEs: linear-
+scaled global, local), Phi-3 (fused qkv_proj and gate_up_proj, partial rotary, a sliding window on every
+layer).
 Seeds are fixed: the same script writes the same weights.
 """
 import json
@@ -102,7 +103,7 @@ def main():
     save("gemma", GemmaForCausalLM(GemmaConfig(**llama_cfg(head_dim=16))), 14)
     save("gemma2", Gemma2ForCausalLM(Gemma2Config(**llama_cfg(
         head_dim=16, sliding_window=4, query_pre_attn_scalar=24, attn_logit_softcapping=2.0,
-        final_logit_softcapping=None))), 15)
+        final_logit_softcapping=3.0))), 15)
     save("gemma3", Gemma3ForCausalLM(Gemma3TextConfig(**llama_cfg(
         num_hidden_layers=4, head_dim=16, sliding_window=4, query_pre_attn_scalar=24,
         layer_types=["sliding_attention", "sliding_attention", "full_attention", "sliding_attention"],
