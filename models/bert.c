@@ -17,6 +17,44 @@
 
 #include "models/models.h"
 
+/* ---- config.json ---- */
+
+static int parse(tk_models_config *c, const tk_models_reader *r)
+{
+    int rc, flag;
+    char pet[32];
+    if ((rc = tk_models__cfg_int(r, "vocab_size", INT64_MIN, 1, &c->vocab)) ||
+        (rc = tk_models__cfg_int(r, "hidden_size", INT64_MIN, 1, &c->hidden)) ||
+        (rc = tk_models__cfg_int(r, "num_hidden_layers", INT64_MIN, 1, &c->layers)) ||
+        (rc = tk_models__cfg_int(r, "num_attention_heads", INT64_MIN, 1, &c->heads)) ||
+        (rc = tk_models__cfg_int(r, "intermediate_size", INT64_MIN, 1, &c->intermediate)) ||
+        (rc = tk_models__cfg_int(r, "max_position_embeddings", 512, 1, &c->max_pos)) ||
+        (rc = tk_models__cfg_int(r, "type_vocab_size", 2, 1, &c->type_vocab)) ||
+        (rc = tk_models__cfg_num(r->root, r->what, "layer_norm_eps", 1e-12, &c->eps)) ||
+        (rc = tk_models__cfg_str(r, "hidden_act", "gelu", c->act, sizeof c->act)) ||
+        (rc = tk_models__cfg_str(r, "position_embedding_type", "absolute", pet, sizeof pet)))
+        return rc;
+    if (c->hidden % c->heads)
+        return tk__err(TK_ERR_INVALID, "%s: hidden_size %lld is not a multiple of num_attention_heads %lld", r->what,
+                       (long long)c->hidden, (long long)c->heads);
+    c->kv_heads = c->heads;
+    c->head_dim = c->hidden / c->heads;
+    static const char *const acts[] = {"gelu", "gelu_new", "gelu_pytorch_tanh", "gelu_fast", "quick_gelu", NULL};
+    if ((rc = tk_models__cfg_act(r, "hidden_act", c->act, acts, "gelu, gelu_new, gelu_pytorch_tanh, gelu_fast, quick_gelu")) != TK_OK)
+        return rc;
+    if (strcmp(pet, "absolute")) {
+        char got[48];
+        snprintf(got, sizeof got, "'%s'", pet);
+        return tk_models__cfg_unsupported(r, "position_embedding_type", got, "absolute");
+    }
+    if ((rc = tk_models__cfg_bool(r, "is_decoder", 0, &flag)) != TK_OK)
+        return rc;
+    if (flag)
+        return tk_models__cfg_unsupported(r, "is_decoder", "true", "false (BertModel as an encoder)");
+    /* BertForMaskedLM's decoder is the word embeddings unless this says otherwise */
+    return tk_models__cfg_bool(r, "tie_word_embeddings", 1, &c->tie_embeddings);
+}
+
 typedef struct {
     const tk_mt *q, *qb, *k, *kb, *v, *vb, *o, *ob, *ln1_w, *ln1_b, *fi, *fi_b, *fo, *fo_b, *ln2_w, *ln2_b;
 } layer_w;
@@ -398,5 +436,20 @@ static void free_state(tk_model *m)
     m->state = NULL;
 }
 
-const tk_models_arch tk_models__bert = {"bert", load, plan, forward, free_state,
-                                        train_plan, train_forward, train_head, train_backward};
+static const char *const classes[] = {"BertModel", "BertForMaskedLM", NULL};
+
+const tk_models_arch tk_models__bert = {
+    .name = "bert",
+    .classes = classes,
+    .caps = TK_ARCH_BOUNDED_POS | TK_ARCH_POOLER,
+    .prefix = "",
+    .parse = parse,
+    .load = load,
+    .plan = plan,
+    .forward = forward,
+    .free_state = free_state,
+    .train_plan = train_plan,
+    .train_forward = train_forward,
+    .train_head = train_head,
+    .train_backward = train_backward,
+};

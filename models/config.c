@@ -9,25 +9,98 @@
  * lists what is supported, never silently ignored.
  */
 #include <jansson.h>
+#include <ctype.h>
 #include <math.h>
+#include <pthread.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
 #include "models/models.h"
 
-static const struct {
-    const char *arch;
-    int family;
-} archs[] = {
-    {"LlamaForCausalLM", TK_FAMILY_LLAMA},   {"MistralForCausalLM", TK_FAMILY_LLAMA},
-    {"Qwen2ForCausalLM", TK_FAMILY_LLAMA},   {"GPT2LMHeadModel", TK_FAMILY_GPT2},
-    {"BertModel", TK_FAMILY_BERT},           {"BertForMaskedLM", TK_FAMILY_BERT},
+/* ---- the architecture table -------------------------------------------------------------------- */
+
+/* Every architecture tk runs: one row each. A new one is a file (its parser, caps and forward, or a
+ * variation of llama.c's decoder) and a row here; docs/models.md has the recipe. */
+const tk_models_arch *const tk_models__archs[] = {
+    &tk_models__llama, &tk_models__gpt2,  &tk_models__bert,  &tk_models__qwen3,  &tk_models__olmo2,
+    &tk_models__granite, &tk_models__smollm3, &tk_models__gemma, &tk_models__gemma2,
+    &tk_models__gemma3, &tk_models__phi3, NULL,
 };
+
+static char supported[1024];
+static pthread_once_t supported_once = PTHREAD_ONCE_INIT;
+
+static void supported_init(void)
+{
+    size_t o = 0;
+    for (const tk_models_arch *const *a = tk_models__archs; *a; a++)
+        for (const char *const *c = (*a)->classes; *c; c++) {
+            int n = snprintf(supported + o, sizeof supported - o, "%s%s", o ? ", " : "", *c);
+            if (n < 0 || (size_t)n >= sizeof supported - o)
+                return;
+            o += (size_t)n;
+        }
+}
 
 const char *tk_models__supported_archs(void)
 {
-    return "LlamaForCausalLM, MistralForCausalLM, Qwen2ForCausalLM, GPT2LMHeadModel, BertModel, BertForMaskedLM";
+    pthread_once(&supported_once, supported_init);
+    return supported;
+}
+
+/* Levenshtein distance of a and b, case-insensitive (both at most 127 bytes; longer ones are cut). */
+static size_t edit_distance(const char *a, const char *b)
+{
+    size_t na = strlen(a), nb = strlen(b);
+    na = na > 127 ? 127 : na;
+    nb = nb > 127 ? 127 : nb;
+    size_t row[128];
+    for (size_t j = 0; j <= nb; j++)
+        row[j] = j;
+    for (size_t i = 1; i <= na; i++) {
+        size_t diag = row[0];
+        row[0] = i;
+        for (size_t j = 1; j <= nb; j++) {
+            size_t up = row[j];
+            int same = tolower((unsigned char)a[i - 1]) == tolower((unsigned char)b[j - 1]);
+            size_t best = diag + !same;
+            if (row[j] + 1 < best)
+                best = row[j] + 1;
+            if (row[j - 1] + 1 < best)
+                best = row[j - 1] + 1;
+            row[j] = best;
+            diag = up;
+        }
+    }
+    return row[nb];
+}
+
+/* The length of a class name without its head's suffix ("Qwen3" of "Qwen3ForCausalLM"). */
+static size_t stem_len(const char *cls)
+{
+    static const char *const heads[] = {"ForCausalLM", "LMHeadModel", "ForMaskedLM", "Model"};
+    size_t n = strlen(cls);
+    for (size_t i = 0; i < sizeof heads / sizeof heads[0]; i++)
+        if (tk__has_suffix(cls, heads[i]))
+            return n - strlen(heads[i]);
+    return n;
+}
+
+const char *tk_models__closest_arch(const char *arch)
+{
+    const char *best = NULL;
+    size_t bd = (size_t)-1;
+    for (const tk_models_arch *const *a = tk_models__archs; *a; a++)
+        for (const char *const *c = (*a)->classes; *c; c++) {
+            size_t d = edit_distance(arch, *c);
+            if (d < bd) {
+                bd = d;
+                best = *c;
+            }
+        }
+    /* near: at most a third of the family's name (the class without its head's suffix) differs */
+    return best && bd * 3 <= stem_len(best) ? best : NULL;
 }
 
 /* ---- JSON as transformers writes it ----------------------------------------------------------- */
@@ -106,13 +179,8 @@ int tk_models__json_bound(const json_t *v, int64_t *out)
 
 /* ---- typed field readers ---------------------------------------------------------------------- */
 
-typedef struct {
-    const char *what; /* "config.json" path for messages */
-    json_t *root;
-} reader;
-
 /* An integer field: absent or null gives def (or an error when def < -1 means required). */
-static int get_int(const reader *r, const char *key, int64_t def, int64_t lo, int64_t *out)
+int tk_models__cfg_int(const tk_models_reader *r, const char *key, int64_t def, int64_t lo, int64_t *out)
 {
     json_t *v = json_object_get(r->root, key);
     if (!v || json_is_null(v)) {
@@ -129,7 +197,7 @@ static int get_int(const reader *r, const char *key, int64_t def, int64_t lo, in
 
 /* A field tk uses only as a bound (a context length, a window, a layer index): an integer >= lo, where
  * a number beyond int64 (transformers' "no limit", 1e30) is INT64_MAX. */
-static int get_bound(const reader *r, const char *key, int64_t def, int64_t lo, int64_t *out)
+int tk_models__cfg_bound(const tk_models_reader *r, const char *key, int64_t def, int64_t lo, int64_t *out)
 {
     json_t *v = json_object_get(r->root, key);
     if (!v || json_is_null(v)) {
@@ -141,7 +209,7 @@ static int get_bound(const reader *r, const char *key, int64_t def, int64_t lo, 
     return TK_OK;
 }
 
-static int get_num(const json_t *obj, const char *what, const char *key, double def, double *out)
+int tk_models__cfg_num(const json_t *obj, const char *what, const char *key, double def, double *out)
 {
     json_t *v = json_object_get(obj, key);
     if (!v || json_is_null(v)) {
@@ -154,7 +222,7 @@ static int get_num(const json_t *obj, const char *what, const char *key, double 
     return TK_OK;
 }
 
-static int get_bool(const reader *r, const char *key, int def, int *out)
+int tk_models__cfg_bool(const tk_models_reader *r, const char *key, int def, int *out)
 {
     json_t *v = json_object_get(r->root, key);
     if (!v || json_is_null(v)) {
@@ -167,7 +235,7 @@ static int get_bool(const reader *r, const char *key, int def, int *out)
     return TK_OK;
 }
 
-static int get_str(const reader *r, const char *key, const char *def, char *out, size_t cap)
+int tk_models__cfg_str(const tk_models_reader *r, const char *key, const char *def, char *out, size_t cap)
 {
     json_t *v = json_object_get(r->root, key);
     const char *s = def;
@@ -183,7 +251,7 @@ static int get_str(const reader *r, const char *key, const char *def, char *out,
 }
 
 /* bos/eos/pad: an integer, a list (its first), or absent (-1). */
-static int64_t token_id(const reader *r, const char *key)
+static int64_t token_id(const tk_models_reader *r, const char *key)
 {
     json_t *v = json_object_get(r->root, key);
     if (json_is_array(v))
@@ -232,7 +300,7 @@ static int warn_token_ids(tk_models_config *c, json_t *root, const char *what)
     return rc;
 }
 
-static int unsupported(const reader *r, const char *field, const char *got, const char *supported)
+int tk_models__cfg_unsupported(const tk_models_reader *r, const char *field, const char *got, const char *supported)
 {
     return tk__err(TK_ERR_UNSUPPORTED, "%s: '%s' is %s, which tk does not implement\nHINT: supported: %s", r->what,
                    field, got, supported);
@@ -240,7 +308,7 @@ static int unsupported(const reader *r, const char *field, const char *got, cons
 
 /* ---- rope --------------------------------------------------------------------------------------- */
 
-static int parse_rope(tk_models_config *c, const reader *r)
+int tk_models__cfg_rope(tk_models_config *c, const tk_models_reader *r)
 {
     tk_models_rope *k = &c->rope;
     memset(k, 0, sizeof *k);
@@ -252,9 +320,9 @@ static int parse_rope(tk_models_config *c, const reader *r)
     k->factor = 1;
     int rc;
     double theta;
-    if ((rc = get_num(r->root, r->what, "rope_theta", 10000.0, &theta)) != TK_OK)
+    if ((rc = tk_models__cfg_num(r->root, r->what, "rope_theta", 10000.0, &theta)) != TK_OK)
         return rc;
-    if ((rc = get_num(r->root, r->what, "partial_rotary_factor", 1.0, &k->partial_rotary_factor)) != TK_OK)
+    if ((rc = tk_models__cfg_num(r->root, r->what, "partial_rotary_factor", 1.0, &k->partial_rotary_factor)) != TK_OK)
         return rc;
     json_t *p = json_object_get(r->root, "rope_parameters");
     const char *pname = "rope_parameters";
@@ -283,24 +351,24 @@ static int parse_rope(tk_models_config *c, const reader *r)
         snprintf(got, sizeof got, "'%s'", t);
         char field[64];
         snprintf(field, sizeof field, "%s.rope_type", pname);
-        return unsupported(r, field, got, "default, linear, dynamic, yarn, llama3");
+        return tk_models__cfg_unsupported(r, field, got, "default, linear, dynamic, yarn, llama3");
     }
-    if ((rc = get_num(p, what, "rope_theta", theta, &k->theta)) ||
-        (rc = get_num(p, what, "factor", 1.0, &k->factor)) ||
-        (rc = get_num(p, what, "partial_rotary_factor", k->partial_rotary_factor, &k->partial_rotary_factor)) ||
-        (rc = get_num(p, what, "beta_fast", 32.0, &k->beta_fast)) ||
-        (rc = get_num(p, what, "beta_slow", 1.0, &k->beta_slow)) ||
-        (rc = get_num(p, what, "attention_factor", 0.0, &k->attention_factor)) ||
-        (rc = get_num(p, what, "low_freq_factor", 1.0, &k->low_freq_factor)) ||
-        (rc = get_num(p, what, "high_freq_factor", 4.0, &k->high_freq_factor)))
+    if ((rc = tk_models__cfg_num(p, what, "rope_theta", theta, &k->theta)) ||
+        (rc = tk_models__cfg_num(p, what, "factor", 1.0, &k->factor)) ||
+        (rc = tk_models__cfg_num(p, what, "partial_rotary_factor", k->partial_rotary_factor, &k->partial_rotary_factor)) ||
+        (rc = tk_models__cfg_num(p, what, "beta_fast", 32.0, &k->beta_fast)) ||
+        (rc = tk_models__cfg_num(p, what, "beta_slow", 1.0, &k->beta_slow)) ||
+        (rc = tk_models__cfg_num(p, what, "attention_factor", 0.0, &k->attention_factor)) ||
+        (rc = tk_models__cfg_num(p, what, "low_freq_factor", 1.0, &k->low_freq_factor)) ||
+        (rc = tk_models__cfg_num(p, what, "high_freq_factor", 4.0, &k->high_freq_factor)))
         return rc;
     if (json_object_get(p, "mscale") || json_object_get(p, "mscale_all_dim"))
-        return unsupported(r, "rope mscale", "set", "YaRN with attention_factor (not DeepSeek's mscale)");
+        return tk_models__cfg_unsupported(r, "rope mscale", "set", "YaRN with attention_factor (not DeepSeek's mscale)");
     json_t *trunc = json_object_get(p, "truncate");
     if (json_is_boolean(trunc))
         k->truncate = json_is_true(trunc);
     double om = 0;
-    if ((rc = get_num(p, what, "original_max_position_embeddings", 0, &om)) != TK_OK)
+    if ((rc = tk_models__cfg_num(p, what, "original_max_position_embeddings", 0, &om)) != TK_OK)
         return rc;
     k->original_max_pos = om >= 9223372036854775807.0 ? INT64_MAX : om > 0 ? (int64_t)om : 0;
     if (k->type == TK_ROPE_DYNAMIC && !k->original_max_pos)
@@ -316,72 +384,11 @@ static int parse_rope(tk_models_config *c, const reader *r)
     return TK_OK;
 }
 
-/* ---- per family ------------------------------------------------------------------------------- */
+/* ---- shared by the architectures' parsers ----------------------------------------------------- */
 
-static int act_ok(const char *act, const char *const *ok)
+int tk_models__cfg_layer_types(tk_models_config *c, const tk_models_reader *r)
 {
-    for (; *ok; ok++)
-        if (!strcmp(act, *ok))
-            return 1;
-    return 0;
-}
-
-static int parse_llama(tk_models_config *c, const reader *r)
-{
-    int rc;
-    if ((rc = get_int(r, "vocab_size", INT64_MIN, 1, &c->vocab)) ||
-        (rc = get_int(r, "hidden_size", INT64_MIN, 1, &c->hidden)) ||
-        (rc = get_int(r, "intermediate_size", INT64_MIN, 1, &c->intermediate)) ||
-        (rc = get_int(r, "num_hidden_layers", INT64_MIN, 1, &c->layers)) ||
-        (rc = get_int(r, "num_attention_heads", INT64_MIN, 1, &c->heads)) ||
-        (rc = get_int(r, "num_key_value_heads", c->heads, 1, &c->kv_heads)) ||
-        (rc = get_int(r, "head_dim", c->hidden / c->heads, 1, &c->head_dim)) ||
-        (rc = get_bound(r, "max_position_embeddings", 2048, 1, &c->max_pos)) ||
-        (rc = get_num(r->root, r->what, "rms_norm_eps", 1e-6, &c->eps)) ||
-        (rc = get_bool(r, "tie_word_embeddings", 0, &c->tie_embeddings)) ||
-        (rc = get_str(r, "hidden_act", "silu", c->act, sizeof c->act)))
-        return rc;
-    if (c->heads % c->kv_heads)
-        return tk__err(TK_ERR_INVALID, "%s: num_attention_heads %lld is not a multiple of num_key_value_heads %lld",
-                       r->what, (long long)c->heads, (long long)c->kv_heads);
-    static const char *const acts[] = {"silu", "swish", NULL};
-    if (!act_ok(c->act, acts)) {
-        char got[48];
-        snprintf(got, sizeof got, "'%s'", c->act);
-        return unsupported(r, "hidden_act", got, "silu (the gated MLP of Llama, Mistral and Qwen2)");
-    }
-    int bias = 0;
-    if ((rc = get_bool(r, "attention_bias", 0, &bias)) || (rc = get_bool(r, "mlp_bias", 0, &c->mlp_bias)))
-        return rc;
-    c->qkv_bias = c->o_bias = bias;
-    if (!strcmp(c->model_type, "qwen2")) {
-        c->qkv_bias = 1; /* Qwen2Attention: q/k/v with bias, o_proj without */
-        c->o_bias = 0;
-    }
-    if ((rc = parse_rope(c, r)) != TK_OK)
-        return rc;
-    /* Sliding windows: Mistral's applies to every layer; Qwen2's to the layers layer_types (or, in v4
-     * configs, use_sliding_window with max_window_layers) says. */
-    if ((rc = get_bound(r, "sliding_window", 0, 0, &c->sliding_window)) != TK_OK)
-        return rc;
-    if (c->sliding_window == INT64_MAX) /* a window past any position is none */
-        c->sliding_window = 0;
-    if (c->layers > TK_MODELS_MAX_LAYERS)
-        return tk__err(TK_ERR_UNSUPPORTED, "%s: %lld layers, tk supports at most %d", r->what, (long long)c->layers,
-                       TK_MODELS_MAX_LAYERS);
     json_t *lt = json_object_get(r->root, "layer_types");
-    if (c->sliding_window && !strcmp(c->model_type, "qwen2")) {
-        int use = 0;
-        int64_t mwl = 0;
-        if ((rc = get_bool(r, "use_sliding_window", 0, &use)) ||
-            (rc = get_bound(r, "max_window_layers", c->layers, 0, &mwl)))
-            return rc;
-        for (int64_t l = 0; l < c->layers; l++)
-            c->sliding[l] = use && l >= mwl;
-    } else if (c->sliding_window) {
-        for (int64_t l = 0; l < c->layers; l++)
-            c->sliding[l] = 1;
-    }
     if (json_is_array(lt)) {
         if ((int64_t)json_array_size(lt) != c->layers)
             return tk__err(TK_ERR_INVALID, "%s: 'layer_types' has %zu entries for %lld layers", r->what,
@@ -393,87 +400,21 @@ static int parse_llama(tk_models_config *c, const reader *r)
             else if (s && !strcmp(s, "sliding_attention"))
                 c->sliding[l] = c->sliding_window > 0;
             else
-                return unsupported(r, "layer_types", s ? s : "not a string", "full_attention, sliding_attention");
+                return tk_models__cfg_unsupported(r, "layer_types", s ? s : "not a string", "full_attention, sliding_attention");
         }
     }
     return TK_OK;
 }
 
-static int parse_gpt2(tk_models_config *c, const reader *r)
+int tk_models__cfg_act(const tk_models_reader *r, const char *key, const char *act, const char *const *ok,
+                       const char *supported)
 {
-    int rc, flag;
-    if ((rc = get_int(r, "vocab_size", INT64_MIN, 1, &c->vocab)) ||
-        (rc = get_int(r, "n_embd", INT64_MIN, 1, &c->hidden)) ||
-        (rc = get_int(r, "n_layer", INT64_MIN, 1, &c->layers)) ||
-        (rc = get_int(r, "n_head", INT64_MIN, 1, &c->heads)) ||
-        (rc = get_int(r, "n_positions", 1024, 1, &c->max_pos)) ||
-        (rc = get_int(r, "n_inner", 4 * c->hidden, 1, &c->intermediate)) ||
-        (rc = get_num(r->root, r->what, "layer_norm_epsilon", 1e-5, &c->eps)) ||
-        (rc = get_bool(r, "tie_word_embeddings", 1, &c->tie_embeddings)) ||
-        (rc = get_str(r, "activation_function", "gelu_new", c->act, sizeof c->act)))
-        return rc;
-    if (c->hidden % c->heads)
-        return tk__err(TK_ERR_INVALID, "%s: n_embd %lld is not a multiple of n_head %lld", r->what,
-                       (long long)c->hidden, (long long)c->heads);
-    c->kv_heads = c->heads;
-    c->head_dim = c->hidden / c->heads;
-    static const char *const acts[] = {"gelu_new", "gelu", "gelu_pytorch_tanh", "gelu_fast", "quick_gelu", NULL};
-    if (!act_ok(c->act, acts)) {
-        char got[48];
-        snprintf(got, sizeof got, "'%s'", c->act);
-        return unsupported(r, "activation_function", got, "gelu_new, gelu, gelu_pytorch_tanh, gelu_fast, quick_gelu");
-    }
-    if ((rc = get_bool(r, "scale_attn_by_inverse_layer_idx", 0, &flag)) != TK_OK)
-        return rc;
-    if (flag)
-        return unsupported(r, "scale_attn_by_inverse_layer_idx", "true", "false");
-    if ((rc = get_bool(r, "add_cross_attention", 0, &flag)) != TK_OK)
-        return rc;
-    if (flag)
-        return unsupported(r, "add_cross_attention", "true", "false (GPT2LMHeadModel without an encoder)");
-    if ((rc = get_bool(r, "scale_attn_weights", 1, &flag)) != TK_OK)
-        return rc;
-    c->unscaled_attn = !flag;
-    return TK_OK;
-}
-
-static int parse_bert(tk_models_config *c, const reader *r)
-{
-    int rc, flag;
-    char pet[32];
-    if ((rc = get_int(r, "vocab_size", INT64_MIN, 1, &c->vocab)) ||
-        (rc = get_int(r, "hidden_size", INT64_MIN, 1, &c->hidden)) ||
-        (rc = get_int(r, "num_hidden_layers", INT64_MIN, 1, &c->layers)) ||
-        (rc = get_int(r, "num_attention_heads", INT64_MIN, 1, &c->heads)) ||
-        (rc = get_int(r, "intermediate_size", INT64_MIN, 1, &c->intermediate)) ||
-        (rc = get_int(r, "max_position_embeddings", 512, 1, &c->max_pos)) ||
-        (rc = get_int(r, "type_vocab_size", 2, 1, &c->type_vocab)) ||
-        (rc = get_num(r->root, r->what, "layer_norm_eps", 1e-12, &c->eps)) ||
-        (rc = get_str(r, "hidden_act", "gelu", c->act, sizeof c->act)) ||
-        (rc = get_str(r, "position_embedding_type", "absolute", pet, sizeof pet)))
-        return rc;
-    if (c->hidden % c->heads)
-        return tk__err(TK_ERR_INVALID, "%s: hidden_size %lld is not a multiple of num_attention_heads %lld", r->what,
-                       (long long)c->hidden, (long long)c->heads);
-    c->kv_heads = c->heads;
-    c->head_dim = c->hidden / c->heads;
-    static const char *const acts[] = {"gelu", "gelu_new", "gelu_pytorch_tanh", "gelu_fast", "quick_gelu", NULL};
-    if (!act_ok(c->act, acts)) {
-        char got[48];
-        snprintf(got, sizeof got, "'%s'", c->act);
-        return unsupported(r, "hidden_act", got, "gelu, gelu_new, gelu_pytorch_tanh, gelu_fast, quick_gelu");
-    }
-    if (strcmp(pet, "absolute")) {
-        char got[48];
-        snprintf(got, sizeof got, "'%s'", pet);
-        return unsupported(r, "position_embedding_type", got, "absolute");
-    }
-    if ((rc = get_bool(r, "is_decoder", 0, &flag)) != TK_OK)
-        return rc;
-    if (flag)
-        return unsupported(r, "is_decoder", "true", "false (BertModel as an encoder)");
-    /* BertForMaskedLM's decoder is the word embeddings unless this says otherwise */
-    return get_bool(r, "tie_word_embeddings", 1, &c->tie_embeddings);
+    for (; *ok; ok++)
+        if (!strcmp(act, *ok))
+            return TK_OK;
+    char got[48];
+    snprintf(got, sizeof got, "'%s'", act);
+    return tk_models__cfg_unsupported(r, key, got, supported);
 }
 
 int tk_models__config_parse(tk_models_config *c, const char *text, size_t len, const char *what)
@@ -481,7 +422,7 @@ int tk_models__config_parse(tk_models_config *c, const char *text, size_t len, c
     memset(c, 0, sizeof *c);
     c->bos_id = c->eos_id = c->pad_id = -1;
     json_error_t jerr;
-    reader r = {what, tk_models__json_loadb(text, len, JSON_REJECT_DUPLICATES, &jerr)};
+    tk_models_reader r = {what, tk_models__json_loadb(text, len, JSON_REJECT_DUPLICATES, &jerr)};
     int rc = TK_OK;
     if (!r.root || !json_is_object(r.root)) {
         rc = tk__err(TK_ERR_INVALID, "%s: not a JSON object: %s (line %d)", what, r.root ? "" : jerr.text,
@@ -495,34 +436,37 @@ int tk_models__config_parse(tk_models_config *c, const char *text, size_t len, c
                      tk_models__supported_archs());
         goto done;
     }
-    for (size_t i = 0; i < sizeof archs / sizeof *archs; i++)
-        if (!strcmp(arch, archs[i].arch))
-            c->family = archs[i].family;
-    if (!c->family) {
-        rc = tk__err(TK_ERR_UNSUPPORTED, "%s: architecture '%s' is not supported\nHINT: supported: %s", what, arch,
-                     tk_models__supported_archs());
+    for (const tk_models_arch *const *d = tk_models__archs; *d && !c->def; d++)
+        for (const char *const *k = (*d)->classes; *k; k++)
+            if (!strcmp(arch, *k))
+                c->def = *d;
+    if (!c->def) {
+        const char *near = tk_models__closest_arch(arch);
+        char also[160] = "";
+        if (near)
+            snprintf(also, sizeof also, "\nHINT: did you mean %s?", near);
+        rc = tk__err(TK_ERR_UNSUPPORTED, "%s: architecture '%s' is not supported\nHINT: supported: %s%s", what, arch,
+                     tk_models__supported_archs(), also);
         goto done;
     }
     snprintf(c->arch, sizeof c->arch, "%s", arch);
-    if ((rc = get_str(&r, "model_type", "", c->model_type, sizeof c->model_type)) != TK_OK)
+    if ((rc = tk_models__cfg_str(&r, "model_type", "", c->model_type, sizeof c->model_type)) != TK_OK)
         goto done;
     char dt[16] = "";
-    if ((rc = get_str(&r, "torch_dtype", "", dt, sizeof dt)) != TK_OK ||
-        (!dt[0] && (rc = get_str(&r, "dtype", "", dt, sizeof dt)) != TK_OK))
+    if ((rc = tk_models__cfg_str(&r, "torch_dtype", "", dt, sizeof dt)) != TK_OK ||
+        (!dt[0] && (rc = tk_models__cfg_str(&r, "dtype", "", dt, sizeof dt)) != TK_OK))
         goto done;
     snprintf(c->torch_dtype, sizeof c->torch_dtype, "%s", dt);
     if (json_object_get(r.root, "quantization_config")) {
-        rc = unsupported(&r, "quantization_config", "set", "unquantised checkpoints (f32, f16, bf16 weights)");
+        rc = tk_models__cfg_unsupported(&r, "quantization_config", "set", "unquantised checkpoints (f32, f16, bf16 weights)");
         goto done;
     }
     c->bos_id = token_id(&r, "bos_token_id");
     c->eos_id = token_id(&r, "eos_token_id");
     c->pad_id = token_id(&r, "pad_token_id");
-    switch (c->family) {
-    case TK_FAMILY_LLAMA: rc = parse_llama(c, &r); break;
-    case TK_FAMILY_GPT2: rc = parse_gpt2(c, &r); break;
-    default: rc = parse_bert(c, &r); break;
-    }
+    c->pre_norms = 1;
+    c->embed_scale = c->residual_scale = c->logit_scale = 1.0;
+    rc = c->def->parse(c, &r);
     if (rc == TK_OK && c->layers > TK_MODELS_MAX_LAYERS)
         rc = tk__err(TK_ERR_UNSUPPORTED, "%s: %lld layers, tk supports at most %d", what, (long long)c->layers,
                      TK_MODELS_MAX_LAYERS);

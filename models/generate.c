@@ -2130,10 +2130,8 @@ static int lm_setup(tk_gen_lm *lm, lm_state *s, tk_model *m, int use_cache, cons
                        "(--dtype), or quantise the cache (--kv-dtype i8)", kv_dtype, tk_dtype_name(m->dtype),
                        tk_dtype_name(m->dtype), kv_dtype);
     const tk_models_config *c = &m->cfg;
-    int64_t heads = c->family == TK_FAMILY_LLAMA ? c->kv_heads : c->heads;
-    int64_t hd = c->family == TK_FAMILY_LLAMA ? c->head_dim : c->hidden / c->heads;
-    if ((rc = tk_gen__kv_new(&s->kv, c->layers, heads, hd, dt, block_size, max_bytes, m->dev_type, m->dev_id)) !=
-        TK_OK)
+    if ((rc = tk_gen__kv_new(&s->kv, c->layers, c->kv_heads, c->head_dim, dt, block_size, max_bytes, m->dev_type,
+                             m->dev_id)) != TK_OK)
         return rc;
     lm->step = kv_step;
     lm->seq_new = kv_new;

@@ -17,6 +17,43 @@
 
 #include "models/models.h"
 
+/* ---- config.json ---- */
+
+static int parse(tk_models_config *c, const tk_models_reader *r)
+{
+    int rc, flag;
+    if ((rc = tk_models__cfg_int(r, "vocab_size", INT64_MIN, 1, &c->vocab)) ||
+        (rc = tk_models__cfg_int(r, "n_embd", INT64_MIN, 1, &c->hidden)) ||
+        (rc = tk_models__cfg_int(r, "n_layer", INT64_MIN, 1, &c->layers)) ||
+        (rc = tk_models__cfg_int(r, "n_head", INT64_MIN, 1, &c->heads)) ||
+        (rc = tk_models__cfg_int(r, "n_positions", 1024, 1, &c->max_pos)) ||
+        (rc = tk_models__cfg_int(r, "n_inner", 4 * c->hidden, 1, &c->intermediate)) ||
+        (rc = tk_models__cfg_num(r->root, r->what, "layer_norm_epsilon", 1e-5, &c->eps)) ||
+        (rc = tk_models__cfg_bool(r, "tie_word_embeddings", 1, &c->tie_embeddings)) ||
+        (rc = tk_models__cfg_str(r, "activation_function", "gelu_new", c->act, sizeof c->act)))
+        return rc;
+    if (c->hidden % c->heads)
+        return tk__err(TK_ERR_INVALID, "%s: n_embd %lld is not a multiple of n_head %lld", r->what,
+                       (long long)c->hidden, (long long)c->heads);
+    c->kv_heads = c->heads;
+    c->head_dim = c->hidden / c->heads;
+    static const char *const acts[] = {"gelu_new", "gelu", "gelu_pytorch_tanh", "gelu_fast", "quick_gelu", NULL};
+    if ((rc = tk_models__cfg_act(r, "activation_function", c->act, acts, "gelu_new, gelu, gelu_pytorch_tanh, gelu_fast, quick_gelu")) != TK_OK)
+        return rc;
+    if ((rc = tk_models__cfg_bool(r, "scale_attn_by_inverse_layer_idx", 0, &flag)) != TK_OK)
+        return rc;
+    if (flag)
+        return tk_models__cfg_unsupported(r, "scale_attn_by_inverse_layer_idx", "true", "false");
+    if ((rc = tk_models__cfg_bool(r, "add_cross_attention", 0, &flag)) != TK_OK)
+        return rc;
+    if (flag)
+        return tk_models__cfg_unsupported(r, "add_cross_attention", "true", "false (GPT2LMHeadModel without an encoder)");
+    if ((rc = tk_models__cfg_bool(r, "scale_attn_weights", 1, &flag)) != TK_OK)
+        return rc;
+    c->unscaled_attn = !flag;
+    return TK_OK;
+}
+
 typedef struct {
     const tk_mt *ln1_w, *ln1_b, *q, *k, *v, *qb, *kb, *vb, *proj, *proj_b, *ln2_w, *ln2_b, *fc, *fc_b, *out, *out_b;
 } layer_w;
@@ -361,5 +398,20 @@ static void free_state(tk_model *m)
     m->state = NULL;
 }
 
-const tk_models_arch tk_models__gpt2 = {"gpt2", load, plan, forward, free_state,
-                                        train_plan, train_forward, train_head, train_backward};
+static const char *const classes[] = {"GPT2LMHeadModel", NULL};
+
+const tk_models_arch tk_models__gpt2 = {
+    .name = "gpt2",
+    .classes = classes,
+    .caps = TK_ARCH_CAUSAL_LM | TK_ARCH_BOUNDED_POS | TK_ARCH_TP_CONV1D,
+    .prefix = "transformer.",
+    .parse = parse,
+    .load = load,
+    .plan = plan,
+    .forward = forward,
+    .free_state = free_state,
+    .train_plan = train_plan,
+    .train_forward = train_forward,
+    .train_head = train_head,
+    .train_backward = train_backward,
+};

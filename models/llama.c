@@ -20,20 +20,95 @@
 
 #include "models/models.h"
 
+/* ---- config.json ---- */
+
+int tk_models__decoder_parse(tk_models_config *c, const tk_models_reader *r, const char *const *acts,
+                             const char *acts_hint, int qwen_window)
+{
+    int rc;
+    if ((rc = tk_models__cfg_int(r, "vocab_size", INT64_MIN, 1, &c->vocab)) ||
+        (rc = tk_models__cfg_int(r, "hidden_size", INT64_MIN, 1, &c->hidden)) ||
+        (rc = tk_models__cfg_int(r, "intermediate_size", INT64_MIN, 1, &c->intermediate)) ||
+        (rc = tk_models__cfg_int(r, "num_hidden_layers", INT64_MIN, 1, &c->layers)) ||
+        (rc = tk_models__cfg_int(r, "num_attention_heads", INT64_MIN, 1, &c->heads)) ||
+        (rc = tk_models__cfg_int(r, "num_key_value_heads", c->heads, 1, &c->kv_heads)) ||
+        (rc = tk_models__cfg_int(r, "head_dim", c->hidden / c->heads, 1, &c->head_dim)) ||
+        (rc = tk_models__cfg_bound(r, "max_position_embeddings", 2048, 1, &c->max_pos)) ||
+        (rc = tk_models__cfg_num(r->root, r->what, "rms_norm_eps", 1e-6, &c->eps)) ||
+        (rc = tk_models__cfg_bool(r, "tie_word_embeddings", 0, &c->tie_embeddings)) ||
+        (rc = tk_models__cfg_str(r, "hidden_act", "silu", c->act, sizeof c->act)))
+        return rc;
+    if (c->heads % c->kv_heads)
+        return tk__err(TK_ERR_INVALID, "%s: num_attention_heads %lld is not a multiple of num_key_value_heads %lld",
+                       r->what, (long long)c->heads, (long long)c->kv_heads);
+    if (acts && (rc = tk_models__cfg_act(r, "hidden_act", c->act, acts, acts_hint)))
+        return rc;
+    int bias = 0;
+    if ((rc = tk_models__cfg_bool(r, "attention_bias", 0, &bias)) || (rc = tk_models__cfg_bool(r, "mlp_bias", 0, &c->mlp_bias)))
+        return rc;
+    c->qkv_bias = c->o_bias = bias;
+    if (!strcmp(c->model_type, "qwen2")) {
+        c->qkv_bias = 1; /* Qwen2Attention: q/k/v with bias, o_proj without */
+        c->o_bias = 0;
+    }
+    if ((rc = tk_models__cfg_rope(c, r)) != TK_OK)
+        return rc;
+    /* Sliding windows: Mistral's applies to every layer; Qwen2's to the layers layer_types (or, in v4
+     * configs, use_sliding_window with max_window_layers) says. */
+    if ((rc = tk_models__cfg_bound(r, "sliding_window", 0, 0, &c->sliding_window)) != TK_OK)
+        return rc;
+    if (c->sliding_window == INT64_MAX) /* a window past any position is none */
+        c->sliding_window = 0;
+    if (c->layers > TK_MODELS_MAX_LAYERS)
+        return tk__err(TK_ERR_UNSUPPORTED, "%s: %lld layers, tk supports at most %d", r->what, (long long)c->layers,
+                       TK_MODELS_MAX_LAYERS);
+    if (c->sliding_window && qwen_window) {
+        int use = 0;
+        int64_t mwl = 0;
+        if ((rc = tk_models__cfg_bool(r, "use_sliding_window", 0, &use)) ||
+            (rc = tk_models__cfg_bound(r, "max_window_layers", c->layers, 0, &mwl)))
+            return rc;
+        for (int64_t l = 0; l < c->layers; l++)
+            c->sliding[l] = use && l >= mwl;
+    } else if (c->sliding_window) {
+        for (int64_t l = 0; l < c->layers; l++)
+            c->sliding[l] = 1;
+    }
+    return tk_models__cfg_layer_types(c, r);
+}
+
+static int parse(tk_models_config *c, const tk_models_reader *r)
+{
+    static const char *const acts[] = {"silu", "swish", NULL};
+    return tk_models__decoder_parse(c, r, acts, "silu (the gated MLP of Llama, Mistral and Qwen2)",
+                                    !strcmp(c->model_type, "qwen2"));
+}
+
 typedef struct {
+    /* in_norm: before attention (NULL without pre-norms); post_norm: before the MLP (HF's
+     * post_attention_layernorm in Llama, pre_feedforward_layernorm in Gemma 2; NULL without pre-norms);
+     * attn_out_norm, mlp_out_norm: of the attention's and the MLP's output (with post-norms); q_norm,
+     * k_norm: TK_QKNORM_* */
     const tk_mt *in_norm, *q, *k, *v, *qb, *kb, *vb, *o, *ob, *post_norm, *gate_up, *gate_up_b, *down, *down_b;
+    const tk_mt *attn_out_norm, *mlp_out_norm, *q_norm, *k_norm;
 } layer_w;
 
 typedef struct {
     const tk_mt *embed, *norm, *lm_head;
     layer_w *l;
     int64_t rot;          /* rotary dims of a head */
+    const char *act_mul;  /* the gated MLP's op: silu_and_mul, gelu_tanh_and_mul, gelu_and_mul */
     /* RoPE's cos/sin rows, grown on demand (not part of the per-shape plan: it depends on positions). */
     tk_mt cs;
     void *cs_mem;
     int64_t cs_rows, cs_seq_len;
+    /* the sliding layers' own RoPE (rope_local, Gemma 3), likewise */
+    tk_mt cs2;
+    void *cs2_mem;
+    int64_t cs2_rows, cs2_seq_len;
     /* Activations, planned per batch shape. */
     tk_mt x, h1, h2, q, k, v, att, o, gu, act, logits;
+    tk_mt qn, kn; /* q and k after their norms (qk_norm) */
     /* Training: xs[l] is layer l's input (xs[L] the final norm's); each other array holds every layer's
      * saved activation, or one (recomputed) with activation checkpointing; then the gradients. */
     tk_mt *xs, *sh, *sq, *sk, *sv, *satt, *slse, *sxm, *sh2, *sgu, *sact;
@@ -52,50 +127,93 @@ static int load(tk_model *m)
         return tk__err(TK_ERR_NOMEM, "out of memory");
     int64_t H = c->hidden, D = c->head_dim, I = c->intermediate, Q = c->heads * D, KV = c->kv_heads * D;
     int64_t vh[2] = {c->vocab, H}, h1[1] = {H}, qw[2] = {Q, H}, kvw[2] = {KV, H}, ow[2] = {H, Q}, dw[2] = {H, I};
-    int64_t q1[1] = {Q}, kv1[1] = {KV};
+    int64_t q1[1] = {Q}, kv1[1] = {KV}, gu2[2] = {2 * I, H};
     s->rot = (int64_t)((double)D * c->rope.partial_rotary_factor);
     s->rot -= s->rot % 2;
     if (s->rot <= 0 || s->rot > D)
         return tk__err(TK_ERR_INVALID, "%s: partial_rotary_factor %g gives %lld rotary dims of head size %lld",
                        c->arch, c->rope.partial_rotary_factor, (long long)s->rot, (long long)D);
+    static const struct {
+        const char *hf, *op;
+    } acts[] = {{"silu", "silu_and_mul"},
+                {"swish", "silu_and_mul"},
+                {"gelu_pytorch_tanh", "gelu_tanh_and_mul"},
+                {"gelu_new", "gelu_tanh_and_mul"},
+                {"gelu", "gelu_and_mul"}};
+    for (size_t i = 0; i < sizeof acts / sizeof acts[0]; i++)
+        if (!strcmp(c->act, acts[i].hf))
+            s->act_mul = acts[i].op;
+    if (!s->act_mul)
+        return tk__err(TK_ERR_UNSUPPORTED, "%s: hidden_act '%s' has no gated MLP op\nHINT: supported: silu, "
+                       "gelu_pytorch_tanh, gelu", c->arch, c->act);
+    double no = c->norm_offset, rs = c->residual_scale;
+    int64_t qn1[1] = {c->qk_norm == TK_QKNORM_PROJ ? Q : D}, kn1[1] = {c->qk_norm == TK_QKNORM_PROJ ? KV : D};
     int rc;
-    if ((rc = tk_models__weight(&s->embed, m, "model.embed_tokens.weight", 2, vh)) ||
-        (rc = tk_models__weight(&s->norm, m, "model.norm.weight", 1, h1)))
+    if ((rc = tk_models__weight_xf(&s->embed, m, "model.embed_tokens.weight", 2, vh, c->embed_scale, 0, 0, 1)) ||
+        (rc = tk_models__weight_xf(&s->norm, m, "model.norm.weight", 1, h1, 1, no, 0, 1)))
         return rc;
     tk_models__mark_embedding(s->embed);
     char n[8][128];
     for (int64_t l = 0; l < c->layers; l++) {
         layer_w *w = &s->l[l];
 #define NM(i, fmt) (snprintf(n[i], sizeof n[i], "model.layers.%lld." fmt, (long long)l), n[i])
-        if ((rc = tk_models__weight(&w->in_norm, m, NM(0, "input_layernorm.weight"), 1, h1)) ||
-            (rc = tk_models__weight(&w->post_norm, m, NM(0, "post_attention_layernorm.weight"), 1, h1)) ||
-            (rc = tk_models__weight(&w->q, m, NM(0, "self_attn.q_proj.weight"), 2, qw)) ||
-            (rc = tk_models__weight(&w->k, m, NM(0, "self_attn.k_proj.weight"), 2, kvw)) ||
-            (rc = tk_models__weight(&w->v, m, NM(0, "self_attn.v_proj.weight"), 2, kvw)) ||
-            (rc = tk_models__weight(&w->o, m, NM(0, "self_attn.o_proj.weight"), 2, ow)) ||
-            (rc = tk_models__weight(&w->down, m, NM(0, "mlp.down_proj.weight"), 2, dw)))
+        if (c->pre_norms &&
+            ((rc = tk_models__weight_xf(&w->in_norm, m, NM(0, "input_layernorm.weight"), 1, h1, 1, no, 0, 1)) ||
+             (rc = tk_models__weight_xf(&w->post_norm, m,
+                                        c->post_norms ? NM(0, "pre_feedforward_layernorm.weight")
+                                                      : NM(0, "post_attention_layernorm.weight"),
+                                        1, h1, 1, no, 0, 1))))
+            return rc;
+        if (c->post_norms &&
+            ((rc = tk_models__weight_xf(&w->attn_out_norm, m, NM(0, "post_attention_layernorm.weight"), 1, h1, 1, no,
+                                        0, 1)) ||
+             (rc = tk_models__weight_xf(&w->mlp_out_norm, m, NM(0, "post_feedforward_layernorm.weight"), 1, h1, 1, no,
+                                        0, 1))))
+            return rc;
+        if (c->qk_norm &&
+            ((rc = tk_models__weight_xf(&w->q_norm, m, NM(0, "self_attn.q_norm.weight"), 1, qn1, 1, no, 0, 1)) ||
+             (rc = tk_models__weight_xf(&w->k_norm, m, NM(0, "self_attn.k_norm.weight"), 1, kn1, 1, no, 0, 1))))
+            return rc;
+        /* Granite's residual_multiplier scales each block's output: folded into o_proj and down_proj */
+        if (c->fused_qkv &&
+            ((rc = tk_models__weight_rows(&w->q, m, NM(0, "self_attn.qkv_proj.weight"), Q + 2 * KV, H, 0, Q)) ||
+             (rc = tk_models__weight_rows(&w->k, m, n[0], Q + 2 * KV, H, Q, KV)) ||
+             (rc = tk_models__weight_rows(&w->v, m, n[0], Q + 2 * KV, H, Q + KV, KV)) ||
+             (rc = tk_models__weight(&w->gate_up, m, NM(1, "mlp.gate_up_proj.weight"), 2, gu2))))
+            return rc;
+        if (!c->fused_qkv &&
+            ((rc = tk_models__weight(&w->q, m, NM(0, "self_attn.q_proj.weight"), 2, qw)) ||
+             (rc = tk_models__weight(&w->k, m, NM(0, "self_attn.k_proj.weight"), 2, kvw)) ||
+             (rc = tk_models__weight(&w->v, m, NM(0, "self_attn.v_proj.weight"), 2, kvw))))
+            return rc;
+        if ((rc = tk_models__weight_xf(&w->o, m, NM(0, "self_attn.o_proj.weight"), 2, ow, rs, 0, 0, 1)) ||
+            (rc = tk_models__weight_xf(&w->down, m, NM(0, "mlp.down_proj.weight"), 2, dw, rs, 0, 0, 1)))
             return rc;
         const char *gu[2] = {NM(1, "mlp.gate_proj.weight"), NM(2, "mlp.up_proj.weight")};
-        if ((rc = tk_models__weight_cat(&w->gate_up, m, gu, 2, I, H)) != TK_OK)
+        if (!c->fused_qkv && (rc = tk_models__weight_cat(&w->gate_up, m, gu, 2, I, H)) != TK_OK)
             return rc;
         if (c->qkv_bias &&
             ((rc = tk_models__weight(&w->qb, m, NM(0, "self_attn.q_proj.bias"), 1, q1)) ||
              (rc = tk_models__weight(&w->kb, m, NM(0, "self_attn.k_proj.bias"), 1, kv1)) ||
              (rc = tk_models__weight(&w->vb, m, NM(0, "self_attn.v_proj.bias"), 1, kv1))))
             return rc;
-        if (c->o_bias && (rc = tk_models__weight(&w->ob, m, NM(0, "self_attn.o_proj.bias"), 1, h1)) != TK_OK)
+        if (c->o_bias && (rc = tk_models__weight_xf(&w->ob, m, NM(0, "self_attn.o_proj.bias"), 1, h1, rs, 0, 0, 1)))
             return rc;
         if (c->mlp_bias) {
             const char *gub[2] = {NM(3, "mlp.gate_proj.bias"), NM(4, "mlp.up_proj.bias")};
             if ((rc = tk_models__weight_cat(&w->gate_up_b, m, gub, 2, I, 0)) ||
-                (rc = tk_models__weight(&w->down_b, m, NM(0, "mlp.down_proj.bias"), 1, h1)))
+                (rc = tk_models__weight_xf(&w->down_b, m, NM(0, "mlp.down_proj.bias"), 1, h1, rs, 0, 0, 1)))
                 return rc;
         }
 #undef NM
     }
-    if (c->tie_embeddings) {
+    /* the LM head with Granite's 1 / logits_scaling folded in; tied: the unscaled embedding table */
+    if (c->tie_embeddings && c->embed_scale == 1.0 && c->logit_scale == 1.0) {
         s->lm_head = s->embed;
-    } else if ((rc = tk_models__weight_opt(&s->lm_head, m, "lm_head.weight", 2, vh)) != TK_OK) {
+    } else if (c->tie_embeddings) {
+        if ((rc = tk_models__weight_xf(&s->lm_head, m, "model.embed_tokens.weight", 2, vh, c->logit_scale, 0, 0, 0)))
+            return rc;
+    } else if ((rc = tk_models__weight_xf(&s->lm_head, m, "lm_head.weight", 2, vh, c->logit_scale, 0, 1, 1)) != TK_OK) {
         return rc;
     } else if (!s->lm_head) {
         return tk__err(TK_ERR_INVALID,
@@ -126,6 +244,9 @@ static int plan(tk_model *m, tk_models_batch *b)
         (rc = tk_models__ws_tensor(m, &s->act, m->dtype, 2, ti)) ||
         (rc = tk_models__ws_tensor(m, &s->logits, m->dtype, 2, tv)))
         return rc;
+    if (c->qk_norm && ((rc = tk_models__ws_tensor(m, &s->qn, m->dtype, 3, tq)) ||
+                       (rc = tk_models__ws_tensor(m, &s->kn, m->dtype, 3, tkv))))
+        return rc;
     b->logits = &s->logits;
     b->hidden = &s->h1;
     return TK_OK;
@@ -133,40 +254,40 @@ static int plan(tk_model *m, tk_models_batch *b)
 
 /* cos/sin rows for positions [0, max_len): grown by doubling; recomputed for dynamic NTK when the
  * longest sequence changes what HF's dynamic_rope_update would use. */
-static int rope_cache(tk_model *m, llama *s, int64_t max_len)
+static int rope_table(tk_model *m, const tk_models_rope *r, int64_t rot, tk_mt *cs, void **mem, int64_t *nrows,
+                      int64_t *seq, int64_t max_len)
 {
-    const tk_models_rope *r = &m->cfg.rope;
     int dynamic = r->type == TK_ROPE_DYNAMIC;
     int64_t seq_len = dynamic ? (max_len > r->original_max_pos ? max_len : r->original_max_pos) : 0;
-    if (s->cs_rows >= max_len && (!dynamic || s->cs_seq_len == seq_len))
+    if (*nrows >= max_len && (!dynamic || *seq == seq_len))
         return TK_OK;
-    int64_t rows = s->cs_rows >= max_len ? s->cs_rows : 256;
+    int64_t rows = *nrows >= max_len ? *nrows : 256;
     while (rows < max_len)
         rows *= 2;
-    if (rows != s->cs_rows) {
+    if (rows != *nrows) {
         if (m->dev_type == TK_DEV_CUDA)
-            tk_device_free(s->cs_mem, m->dev_id);
+            tk_device_free(*mem, m->dev_id);
         else
-            free(s->cs_mem);
-        s->cs_mem = NULL;
-        s->cs_rows = 0;
-        size_t bytes = (size_t)(rows * s->rot) * sizeof(float);
-        int rc = m->dev_type == TK_DEV_CUDA ? tk_device_alloc(&s->cs_mem, m->dev_id, bytes)
-                                            : ((s->cs_mem = malloc(bytes)) ? TK_OK : tk__err(TK_ERR_NOMEM, "out of memory"));
+            free(*mem);
+        *mem = NULL;
+        *nrows = 0;
+        size_t bytes = (size_t)(rows * rot) * sizeof(float);
+        int rc = m->dev_type == TK_DEV_CUDA ? tk_device_alloc(mem, m->dev_id, bytes)
+                                            : ((*mem = malloc(bytes)) ? TK_OK : tk__err(TK_ERR_NOMEM, "out of memory"));
         if (rc != TK_OK)
             return rc;
-        s->cs_rows = rows;
+        *nrows = rows;
     }
-    memset(&s->cs, 0, sizeof s->cs);
-    s->cs.t.data = s->cs_mem;
-    s->cs.t.device.device_type = m->dev_type;
-    s->cs.t.device.device_id = m->dev_id;
-    s->cs.t.ndim = 2;
-    s->cs.t.dtype = (tk_dtype){TK_DL_FLOAT, 32, 1};
-    s->cs.shape[0] = rows;
-    s->cs.shape[1] = s->rot;
-    s->cs.t.shape = s->cs.shape;
-    tk_arg a[] = {TK_A_T("out", &s->cs),
+    memset(cs, 0, sizeof *cs);
+    cs->t.data = *mem;
+    cs->t.device.device_type = m->dev_type;
+    cs->t.device.device_id = m->dev_id;
+    cs->t.ndim = 2;
+    cs->t.dtype = (tk_dtype){TK_DL_FLOAT, 32, 1};
+    cs->shape[0] = rows;
+    cs->shape[1] = rot;
+    cs->t.shape = cs->shape;
+    tk_arg a[] = {TK_A_T("out", cs),
                   TK_A_F("base", r->theta),
                   TK_A_I("scaling", r->type),
                   TK_A_F("factor", r->factor),
@@ -179,7 +300,15 @@ static int rope_cache(tk_model *m, llama *s, int64_t max_len)
                   TK_A_F("low_freq_factor", r->low_freq_factor),
                   TK_A_F("high_freq_factor", r->high_freq_factor)};
     int rc = tk_models__op(m, "rope_cos_sin_cache", a, TK_NARGS(a));
-    s->cs_seq_len = seq_len;
+    *seq = seq_len;
+    return rc;
+}
+
+static int rope_cache(tk_model *m, llama *s, int64_t max_len)
+{
+    int rc = rope_table(m, &m->cfg.rope, s->rot, &s->cs, &s->cs_mem, &s->cs_rows, &s->cs_seq_len, max_len);
+    if (rc == TK_OK && m->cfg.rope_local_on)
+        rc = rope_table(m, &m->cfg.rope_local, s->rot, &s->cs2, &s->cs2_mem, &s->cs2_rows, &s->cs2_seq_len, max_len);
     return rc;
 }
 
@@ -188,76 +317,173 @@ static int linear(tk_model *m, const tk_mt *out, const tk_mt *x, const tk_mt *w,
     return tk_models__linear(m, out, x, w, bias, 0);
 }
 
+/* q and k of layer l normed (qk_norm: per head, or over the whole projection) into s->qn, s->kn; *q, *k
+ * point at what rotary and attention use next. */
+static int qk_norm(tk_model *m, llama *s, const layer_w *w, int64_t T, tk_mt **q, tk_mt **k)
+{
+    const tk_models_config *c = &m->cfg;
+    int64_t D = c->head_dim;
+    int head = c->qk_norm == TK_QKNORM_HEAD;
+    int64_t sq[2] = {head ? T * c->heads : T, head ? D : c->heads * D};
+    int64_t sk[2] = {head ? T * c->kv_heads : T, head ? D : c->kv_heads * D};
+    tk_mt qi, qo, ki, ko;
+    tk_models__view(&qi, &s->q, 2, sq);
+    tk_models__view(&qo, &s->qn, 2, sq);
+    tk_models__view(&ki, &s->k, 2, sk);
+    tk_models__view(&ko, &s->kn, 2, sk);
+    tk_arg a[] = {TK_A_T("out", &qo), TK_A_T("input", &qi), TK_A_T("weight", w->q_norm), TK_A_F("eps", c->eps)};
+    tk_arg b[] = {TK_A_T("out", &ko), TK_A_T("input", &ki), TK_A_T("weight", w->k_norm), TK_A_F("eps", c->eps)};
+    int rc;
+    if ((rc = tk_models__op(m, "rms_norm", a, TK_NARGS(a))) || (rc = tk_models__op(m, "rms_norm", b, TK_NARGS(b))))
+        return rc;
+    *q = &s->qn;
+    *k = &s->kn;
+    return TK_OK;
+}
+
+/* out = o_proj(attention(rope(q, k), v)) of layer l over its normed input h. */
+static int attn_block(tk_model *m, tk_models_batch *b, llama *s, int64_t l, const tk_mt *h, const tk_mt *out)
+{
+    const tk_models_config *c = &m->cfg;
+    const layer_w *w = &s->l[l];
+    int64_t T = b->T, D = c->head_dim;
+    int64_t sq[4] = {1, T, c->heads, D}, skv[4] = {1, T, c->kv_heads, D}, s2[2] = {T, c->heads * D},
+            kv2[2] = {T, c->kv_heads * D};
+    tk_mt q2, k2, v2, a2, q4, k4, v4, a4;
+    tk_models__view(&q2, &s->q, 2, s2);
+    tk_models__view(&k2, &s->k, 2, kv2);
+    tk_models__view(&v2, &s->v, 2, kv2);
+    tk_models__view(&a2, &s->att, 2, s2);
+    tk_models__view(&v4, &s->v, 4, skv);
+    tk_models__view(&a4, &s->att, 4, sq);
+    int rc;
+    if ((rc = linear(m, &q2, h, w->q, w->qb)) || (rc = linear(m, &k2, h, w->k, w->kb)) ||
+        (rc = linear(m, &v2, h, w->v, w->vb)))
+        return rc;
+    tk_mt *q = &s->q, *k = &s->k;
+    if (c->qk_norm && (rc = qk_norm(m, s, w, T, &q, &k)) != TK_OK)
+        return rc;
+    if (!c->nope[l]) {
+        const tk_mt *cs = c->rope_local_on && c->sliding[l] ? &s->cs2 : &s->cs;
+        tk_arg rot[] = {TK_A_T("query", q), TK_A_T("key", k), TK_A_T("positions", &b->pos),
+                        TK_A_T("cos_sin_cache", cs), TK_A_I("is_neox", 1)};
+        if ((rc = tk_models__op(m, "rotary_embedding", rot, TK_NARGS(rot))) != TK_OK)
+            return rc;
+    }
+    tk_models__view(&q4, q, 4, sq);
+    tk_models__view(&k4, k, 4, skv);
+    if ((rc = tk_models__attend(m, b, l, &a4, &q4, &k4, &v4, c->attn_scale,
+                                c->sliding[l] ? c->sliding_window - 1 : -1)) != TK_OK)
+        return rc;
+    return linear(m, out, &a2, w->o, w->ob);
+}
+
+/* out = down(act(h Wgate) * (h Wup)) */
+static int mlp_block(tk_model *m, llama *s, const layer_w *w, const tk_mt *h, const tk_mt *out)
+{
+    int rc;
+    if ((rc = linear(m, &s->gu, h, w->gate_up, w->gate_up_b)) != TK_OK)
+        return rc;
+    tk_arg sm[] = {TK_A_T("out", &s->act), TK_A_T("input", &s->gu)};
+    if ((rc = tk_models__op(m, s->act_mul, sm, TK_NARGS(sm))) != TK_OK)
+        return rc;
+    return linear(m, out, &s->act, w->down, w->down_b);
+}
+
+static int rms(tk_model *m, const tk_mt *out, const tk_mt *in, const tk_mt *weight)
+{
+    tk_arg a[] = {TK_A_T("out", out), TK_A_T("input", in), TK_A_T("weight", weight), TK_A_F("eps", m->cfg.eps)};
+    return tk_models__op(m, "rms_norm", a, TK_NARGS(a));
+}
+
+/* x += rms_norm(y) (post-norms): y is normed into tmp, then added. */
+static int add_normed(tk_model *m, const tk_mt *x, const tk_mt *y, const tk_mt *weight, const tk_mt *tmp)
+{
+    tk_arg ad[] = {TK_A_T("out", x), TK_A_T("a", x), TK_A_T("b", tmp)};
+    int rc = rms(m, tmp, y, weight);
+    return rc != TK_OK ? rc : tk_models__op(m, "add", ad, TK_NARGS(ad));
+}
+
+/* logits = cap * tanh(logits / cap) (Gemma 2), in place: every row, or with generation's logits_last
+ * only the rows the LM head computed (each sequence's last). */
+static int final_softcap(tk_model *m, tk_models_batch *b, tk_mt *logits)
+{
+    int64_t nseq = b->logits_last ? b->nseq : 1;
+    for (int64_t q = 0; q < nseq; q++) {
+        tk_mt rows;
+        if (b->logits_last)
+            tk_models__rows(&rows, logits, b->logits_last[q + 1] - 1, 1);
+        else
+            tk_models__rows(&rows, logits, 0, logits->shape[0]);
+        tk_arg a[] = {TK_A_T("out", &rows), TK_A_T("input", &rows), TK_A_F("cap", m->cfg.final_softcap)};
+        int rc = tk_models__op(m, "softcap", a, TK_NARGS(a));
+        if (rc != TK_OK)
+            return rc;
+    }
+    return TK_OK;
+}
+
 static int forward(tk_model *m, tk_models_batch *b)
 {
     const tk_models_config *c = &m->cfg;
     llama *s = m->state;
-    int64_t T = b->T, D = c->head_dim;
     int rc;
     if ((rc = rope_cache(m, s, b->max_len)) != TK_OK)
         return rc;
-    /* 4-D views for attention ([1, T, H, D], varlen) and 2-D ones for the projections. */
-    tk_mt q4, k4, v4, a4, a2;
-    int64_t sq[4] = {1, T, c->heads, D}, skv[4] = {1, T, c->kv_heads, D}, s2[2] = {T, c->heads * D};
-    tk_models__view(&q4, &s->q, 4, sq);
-    tk_models__view(&k4, &s->k, 4, skv);
-    tk_models__view(&v4, &s->v, 4, skv);
-    tk_models__view(&a4, &s->att, 4, sq);
-    tk_models__view(&a2, &s->att, 2, s2);
-    tk_mt q2, k2, v2;
-    int64_t kv2[2] = {T, c->kv_heads * D};
-    tk_models__view(&q2, &s->q, 2, s2);
-    tk_models__view(&k2, &s->k, 2, kv2);
-    tk_models__view(&v2, &s->v, 2, kv2);
-
     tk_arg emb[] = {TK_A_T("out", &s->x), TK_A_T("ids", &b->ids), TK_A_T("weight", s->embed)};
     if ((rc = tk_models__op(m, "embedding", emb, TK_NARGS(emb))) != TK_OK)
         return rc;
-    /* h: the normed input of the current layer; the other buffer takes the MLP's output. */
     tk_mt *h = &s->h1, *other = &s->h2;
-    tk_arg n0[] = {TK_A_T("out", h), TK_A_T("input", &s->x), TK_A_T("weight", s->l[0].in_norm), TK_A_F("eps", c->eps)};
-    if ((rc = tk_models__op(m, "rms_norm", n0, TK_NARGS(n0))) != TK_OK)
-        return rc;
-    for (int64_t l = 0; l < c->layers; l++) {
-        const layer_w *w = &s->l[l];
-        /* attention */
-        if ((rc = linear(m, &q2, h, w->q, w->qb)) || (rc = linear(m, &k2, h, w->k, w->kb)) ||
-            (rc = linear(m, &v2, h, w->v, w->vb)))
+    if (c->post_norms) {
+        /* OLMo2 (no pre-norms) and Gemma 2/3 (both): x += norm(attn(norm?(x))); x += norm(mlp(norm?(x))) */
+        for (int64_t l = 0; l < c->layers; l++) {
+            const layer_w *w = &s->l[l];
+            const tk_mt *in = &s->x;
+            if (w->in_norm && (rc = rms(m, h, &s->x, w->in_norm)) == TK_OK)
+                in = h;
+            if (rc != TK_OK || (rc = attn_block(m, b, s, l, in, &s->o)) ||
+                (rc = add_normed(m, &s->x, &s->o, w->attn_out_norm, other)))
+                return rc;
+            in = &s->x;
+            if (w->post_norm && (rc = rms(m, h, &s->x, w->post_norm)) == TK_OK)
+                in = h;
+            if (rc != TK_OK || (rc = mlp_block(m, s, w, in, &s->o)) ||
+                (rc = add_normed(m, &s->x, &s->o, w->mlp_out_norm, other)))
+                return rc;
+        }
+        if ((rc = rms(m, h, &s->x, s->norm)) != TK_OK)
             return rc;
-        tk_arg rot[] = {TK_A_T("query", &s->q), TK_A_T("key", &s->k), TK_A_T("positions", &b->pos),
-                        TK_A_T("cos_sin_cache", &s->cs), TK_A_I("is_neox", 1)};
-        if ((rc = tk_models__op(m, "rotary_embedding", rot, TK_NARGS(rot))) != TK_OK)
+    } else {
+        /* pre-norms: the residual add and the next norm are one fused_add_rms_norm */
+        if ((rc = rms(m, h, &s->x, s->l[0].in_norm)) != TK_OK)
             return rc;
-        if ((rc = tk_models__attend(m, b, l, &a4, &q4, &k4, &v4, 0.0,
-                                    c->sliding[l] ? c->sliding_window - 1 : -1)) != TK_OK)
-            return rc;
-        if ((rc = linear(m, &s->o, &a2, w->o, w->ob)) != TK_OK)
-            return rc;
-        /* x += o; o = rms_norm(x) */
-        tk_arg an[] = {TK_A_T("input", &s->o), TK_A_T("residual", &s->x), TK_A_T("weight", w->post_norm),
-                       TK_A_F("eps", c->eps)};
-        if ((rc = tk_models__op(m, "fused_add_rms_norm", an, TK_NARGS(an))) != TK_OK)
-            return rc;
-        /* MLP: down(silu(gate) * up) */
-        if ((rc = linear(m, &s->gu, &s->o, w->gate_up, w->gate_up_b)) != TK_OK)
-            return rc;
-        tk_arg sm[] = {TK_A_T("out", &s->act), TK_A_T("input", &s->gu)};
-        if ((rc = tk_models__op(m, "silu_and_mul", sm, TK_NARGS(sm))) != TK_OK)
-            return rc;
-        if ((rc = linear(m, other, &s->act, w->down, w->down_b)) != TK_OK)
-            return rc;
-        /* x += mlp; other = rms_norm(x) with the next layer's input norm, or the final norm */
-        const tk_mt *nw = l + 1 < c->layers ? s->l[l + 1].in_norm : s->norm;
-        tk_arg mn[] = {TK_A_T("input", other), TK_A_T("residual", &s->x), TK_A_T("weight", nw), TK_A_F("eps", c->eps)};
-        if ((rc = tk_models__op(m, "fused_add_rms_norm", mn, TK_NARGS(mn))) != TK_OK)
-            return rc;
-        tk_mt *t = h;
-        h = other;
-        other = t;
+        for (int64_t l = 0; l < c->layers; l++) {
+            const layer_w *w = &s->l[l];
+            if ((rc = attn_block(m, b, s, l, h, &s->o)) != TK_OK)
+                return rc;
+            /* x += o; o = rms_norm(x) */
+            tk_arg an[] = {TK_A_T("input", &s->o), TK_A_T("residual", &s->x), TK_A_T("weight", w->post_norm),
+                           TK_A_F("eps", c->eps)};
+            if ((rc = tk_models__op(m, "fused_add_rms_norm", an, TK_NARGS(an))) != TK_OK)
+                return rc;
+            if ((rc = mlp_block(m, s, w, &s->o, other)) != TK_OK)
+                return rc;
+            /* x += mlp; other = rms_norm(x) with the next layer's input norm, or the final norm */
+            const tk_mt *nw = l + 1 < c->layers ? s->l[l + 1].in_norm : s->norm;
+            tk_arg mn[] = {TK_A_T("input", other), TK_A_T("residual", &s->x), TK_A_T("weight", nw),
+                           TK_A_F("eps", c->eps)};
+            if ((rc = tk_models__op(m, "fused_add_rms_norm", mn, TK_NARGS(mn))) != TK_OK)
+                return rc;
+            tk_mt *t = h;
+            h = other;
+            other = t;
+        }
     }
     b->hidden = h;
     if (b->want_logits && (rc = linear(m, &s->logits, h, s->lm_head, NULL)) != TK_OK)
         return rc;
+    if (b->want_logits && c->final_softcap > 0)
+        return final_softcap(m, b, &s->logits);
     return TK_OK;
 }
 
@@ -454,10 +680,13 @@ static void free_state(tk_model *m)
     llama *s = m->state;
     if (!s)
         return;
-    if (m->dev_type == TK_DEV_CUDA)
+    if (m->dev_type == TK_DEV_CUDA) {
         tk_device_free(s->cs_mem, m->dev_id);
-    else
+        tk_device_free(s->cs2_mem, m->dev_id);
+    } else {
         free(s->cs_mem);
+        free(s->cs2_mem);
+    }
     tk_mt *arr[] = {s->xs, s->sh, s->sq, s->sk, s->sv, s->satt, s->slse, s->sxm, s->sh2, s->sgu, s->sact};
     for (size_t i = 0; i < sizeof arr / sizeof arr[0]; i++)
         free(arr[i]);
@@ -466,5 +695,25 @@ static void free_state(tk_model *m)
     m->state = NULL;
 }
 
-const tk_models_arch tk_models__llama = {"llama", load, plan, forward, free_state,
-                                         train_plan, train_forward, train_head, train_backward};
+int tk_models__decoder_load(tk_model *m) { return load(m); }
+int tk_models__decoder_plan(tk_model *m, tk_models_batch *b) { return plan(m, b); }
+int tk_models__decoder_forward(tk_model *m, tk_models_batch *b) { return forward(m, b); }
+void tk_models__decoder_free(tk_model *m) { free_state(m); }
+
+static const char *const classes[] = {"LlamaForCausalLM", "MistralForCausalLM", "Qwen2ForCausalLM", NULL};
+
+const tk_models_arch tk_models__llama = {
+    .name = "llama",
+    .classes = classes,
+    .caps = TK_ARCH_CAUSAL_LM | TK_ARCH_ROPE | TK_ARCH_TP_LLAMA,
+    .prefix = "model.",
+    .parse = parse,
+    .load = load,
+    .plan = plan,
+    .forward = forward,
+    .free_state = free_state,
+    .train_plan = train_plan,
+    .train_forward = train_forward,
+    .train_head = train_head,
+    .train_backward = train_backward,
+};

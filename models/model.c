@@ -330,6 +330,44 @@ int tk_models__weight_opt(const tk_mt **out, tk_model *m, const char *name, int 
     return weight(out, m, name, ndim, want, 1);
 }
 
+int tk_models__weight_xf(const tk_mt **out, tk_model *m, const char *name, int ndim, const int64_t *want, double mul,
+                         double add, int optional, int count)
+{
+    *out = NULL;
+    if (mul == 1.0 && add == 0.0 && count)
+        return weight(out, m, name, ndim, want, optional);
+    const tk_st_tensor *t;
+    int rc = find_checked(&t, m, name, ndim, want, optional);
+    if (rc != TK_OK || !t)
+        return rc;
+    tk_models_weight *w;
+    if ((rc = new_weight(m, &w)) != TK_OK || (rc = set_src(w, TK_MODELS_SRC_WHOLE, &name, 1, 0, 0, 0, 0)) != TK_OK)
+        return rc;
+    int64_t n = numel(t->ndim, t->shape);
+    float *f = malloc((size_t)(n ? n : 1) * sizeof(float));
+    void *host = malloc((size_t)(n ? n : 1) * dt_size(m->dtype));
+    if (!f || !host) {
+        free(f);
+        free(host);
+        return tk__err(TK_ERR_NOMEM, "out of memory loading '%s'", name);
+    }
+    if ((rc = tk_models__to_f32(f, t->data, (size_t)n, t->dtype)) != TK_OK) {
+        free(f);
+        free(host);
+        return tk__err_wrap(rc, "tensor '%s'", name);
+    }
+    for (int64_t i = 0; i < n; i++)
+        f[i] = (float)((double)f[i] * mul + add);
+    tk_models__from_f32(host, f, (size_t)n, m->dtype);
+    free(f);
+    if ((rc = place(m, w, host, t->ndim, t->shape)) != TK_OK)
+        return tk__err_wrap(rc, "tensor '%s'", name);
+    if (count)
+        m->params += n;
+    *out = &w->mt;
+    return TK_OK;
+}
+
 int tk_models__weight_cat(const tk_mt **out, tk_model *m, const char *const *names, int n, int64_t rows,
                           int64_t cols)
 {
@@ -394,6 +432,37 @@ int tk_models__weight_cols(const tk_mt **out, tk_model *m, const char *name, int
     if (rc != TK_OK)
         return tk__err_wrap(rc, "tensor '%s'", name);
     m->params += nr * nc;
+    *out = &w->mt;
+    return TK_OK;
+}
+
+int tk_models__weight_rows(const tk_mt **out, tk_model *m, const char *name, int64_t rows, int64_t cols, int64_t r0,
+                           int64_t nr)
+{
+    *out = NULL;
+    int64_t want[2] = {rows, cols};
+    const tk_st_tensor *t;
+    int rc = find_checked(&t, m, name, 2, want, 0);
+    if (rc != TK_OK)
+        return rc;
+    if (r0 < 0 || nr < 1 || r0 + nr > rows)
+        return tk__err(TK_ERR_INTERNAL, "weight_rows: rows [%lld, %lld) of %lld", (long long)r0, (long long)(r0 + nr),
+                       (long long)rows);
+    tk_models_weight *w;
+    if ((rc = new_weight(m, &w)) != TK_OK || (rc = set_src(w, TK_MODELS_SRC_ROWS, &name, 1, rows, cols, r0, nr)))
+        return rc;
+    char *host = malloc((size_t)(nr * cols) * dt_size(m->dtype) + 1);
+    if (!host)
+        return tk__err(TK_ERR_NOMEM, "out of memory loading '%s'", name);
+    rc = convert(m, host, t, r0 * cols, nr * cols, 1, 0);
+    int64_t shape[2] = {nr, cols};
+    if (rc == TK_OK)
+        rc = place(m, w, host, 2, shape);
+    else
+        free(host);
+    if (rc != TK_OK)
+        return tk__err_wrap(rc, "tensor '%s'", name);
+    m->params += nr * cols;
     *out = &w->mt;
     return TK_OK;
 }
@@ -596,11 +665,7 @@ int tk_model_load(tk_model **out, tk_ctx *ctx, const char *dir, const tk_model_o
         const char *t = m->cfg.torch_dtype;
         parse_dtype(&m->dtype, !strcmp(t, "bfloat16") || !strcmp(t, "float16") ? t : "float32");
     }
-    switch (m->cfg.family) {
-    case TK_FAMILY_LLAMA: m->arch = &tk_models__llama; break;
-    case TK_FAMILY_GPT2: m->arch = &tk_models__gpt2; break;
-    default: m->arch = &tk_models__bert; break;
-    }
+    m->arch = m->cfg.def;
     if ((rc = tk_models__st_open_dir(&m->st, dir)) != TK_OK)
         goto fail;
     if ((rc = m->arch->load(m)) != TK_OK)
@@ -654,7 +719,7 @@ int64_t tk_model_vocab_size(const tk_model *m) { return m && m->magic == MODEL_M
 int64_t tk_model_hidden_size(const tk_model *m) { return m && m->magic == MODEL_MAGIC ? m->cfg.hidden : 0; }
 int tk_model_has_lm_head(const tk_model *m)
 {
-    return m && m->magic == MODEL_MAGIC && m->cfg.family != TK_FAMILY_BERT;
+    return m && m->magic == MODEL_MAGIC && (m->cfg.def->caps & TK_ARCH_CAUSAL_LM);
 }
 
 /* ---- forward ---------------------------------------------------------------------------------- */
@@ -668,7 +733,7 @@ static int prepare(tk_model *m, const int32_t *ids, const size_t *lens, size_t n
     for (size_t s = 0; s < nseq; s++) {
         if (lens[s] == 0)
             return tk__err(TK_ERR_INVALID, "model forward: sequence %zu is empty", s);
-        if (m->cfg.family != TK_FAMILY_LLAMA && (int64_t)lens[s] > m->cfg.max_pos)
+        if ((m->cfg.def->caps & TK_ARCH_BOUNDED_POS) && (int64_t)lens[s] > m->cfg.max_pos)
             return tk__err(TK_ERR_INVALID,
                            "model forward: sequence %zu has %zu tokens, more than the %lld positions of %s", s,
                            lens[s], (long long)m->cfg.max_pos, m->cfg.arch);
@@ -771,7 +836,7 @@ int tk_model_pooler_output(float *out, tk_model *m)
         return rc;
     if (!m->planned || !m->batch.pooled)
         return tk__err(TK_ERR_INVALID, "%s: no pooler output (%s)", m->cfg.arch,
-                       m->batch.pooled || m->cfg.family == TK_FAMILY_BERT ? "run tk_model_forward first"
+                       m->batch.pooled || (m->cfg.def->caps & TK_ARCH_POOLER) ? "run tk_model_forward first"
                                                                           : "only BertModel has a pooler");
     return copy_out(m, out, m->batch.pooled);
 }
@@ -796,14 +861,13 @@ int tk_model_info_json(char **out, const tk_model *m)
         if (by[i])
             json_object_set_new(dts, tk_models__st_dtype_name((tk_st_dtype)i), json_integer(by[i]));
     static const char *rope_names[] = {"default", "linear", "dynamic", "yarn", "llama3"};
-    static const char *fam[] = {"", "llama", "gpt2", "bert"};
     int64_t sliding_layers = 0;
     for (int64_t l = 0; l < c->layers; l++)
         sliding_layers += c->sliding[l];
     json_t *o = json_pack(
         "{s:s, s:s, s:s, s:I, s:I, s:I, s:I, s:I, s:I, s:I, s:I, s:I, s:s, s:s, s:s, s:o, s:s, s:I, s:I, s:I, "
         "s:b, s:s, s:I, s:I}",
-        "architecture", c->arch, "family", fam[c->family], "model_type", c->model_type, "vocab_size",
+        "architecture", c->arch, "family", c->def->name, "model_type", c->model_type, "vocab_size",
         (json_int_t)c->vocab, "hidden_size", (json_int_t)c->hidden, "layers", (json_int_t)c->layers, "heads",
         (json_int_t)c->heads, "kv_heads", (json_int_t)c->kv_heads, "head_dim", (json_int_t)c->head_dim,
         "intermediate_size", (json_int_t)c->intermediate, "max_positions", (json_int_t)c->max_pos, "parameters",
@@ -812,11 +876,11 @@ int tk_model_info_json(char **out, const tk_model *m)
         "checkpoint_dtypes", dts, "activation", c->act, "checkpoint_bytes", (json_int_t)tk_models__st_bytes(m->st),
         "weight_bytes", (json_int_t)m->weight_bytes, "mapped_bytes", (json_int_t)m->mapped_bytes,
         "tie_word_embeddings", c->tie_embeddings, "rope_type",
-        c->family == TK_FAMILY_LLAMA ? rope_names[c->rope.type] : "none", "sliding_window",
+        (c->def->caps & TK_ARCH_ROPE) ? rope_names[c->rope.type] : "none", "sliding_window",
         (json_int_t)c->sliding_window, "sliding_layers", (json_int_t)sliding_layers);
     if (!o)
         return tk__err(TK_ERR_NOMEM, "out of memory");
-    if (c->family == TK_FAMILY_BERT) {
+    if (c->def->caps & TK_ARCH_POOLER) {
         static const char *pools[] = {"mean", "cls", "max"};
         json_object_set_new(o, "pooling", json_string(pools[m->pool_mode]));
         json_object_set_new(o, "normalize", json_boolean(m->normalize));
@@ -846,7 +910,7 @@ int tk_model_embed(float *out, tk_model *m, const char *const *texts, size_t n)
     int rc = check_model(m, "tk_model_embed");
     if (rc != TK_OK)
         return rc;
-    if (m->cfg.family != TK_FAMILY_BERT)
+    if (!(m->cfg.def->caps & TK_ARCH_POOLER))
         return tk__err(TK_ERR_UNSUPPORTED, "sentence embeddings come from encoder models; %s is a causal LM\n"
                                            "HINT: supported: BertModel (e.g. sentence-transformers/all-MiniLM-L6-v2)",
                        m->cfg.arch);
@@ -943,6 +1007,8 @@ static void tok_view(tk_mt *v, const tk_mt *x, int64_t t0, int ndim, const int64
 int tk_models__attend(tk_model *m, tk_models_batch *b, int64_t l, const tk_mt *out, const tk_mt *q, const tk_mt *k,
                       const tk_mt *v, double scale, int64_t window_left)
 {
+    /* the architecture's attention softcap (Gemma 2), passed only when set */
+    double cap = m->cfg.attn_softcap;
     int rc;
     if (b->kv) {
         tk_gen_kv *kv = b->kv;
@@ -997,8 +1063,9 @@ int tk_models__attend(tk_model *m, tk_models_batch *b, int64_t l, const tk_mt *o
                                TK_A_T("k", &k4),           TK_A_T("v", &v4),
                                TK_A_T("cu_seqlens_q", &run->cu), TK_A_T("cu_seqlens_k", &run->cu),
                                TK_A_I("max_seqlen_q", run->max_len), TK_A_F("scale", scale),
-                               TK_A_I("causal", 1),        TK_A_I("window_left", window_left)};
-                rc = tk_models__op(m, "attention", af, TK_NARGS(af));
+                               TK_A_I("causal", 1),        TK_A_I("window_left", window_left),
+                               TK_A_F("softcap", cap)};
+                rc = tk_models__op(m, "attention", af, TK_NARGS(af) - !cap);
             } else {
                 int64_t s4[4] = {run->nrows, run->sq, Hq, D};
                 tok_view(&q4, q, run->t0, 4, s4);
@@ -1007,8 +1074,10 @@ int tk_models__attend(tk_model *m, tk_models_batch *b, int64_t l, const tk_mt *o
                                {TK_ARG_TENSOR, "v_cache", &vc, 0, 0}, TK_A_T("block_table", &run->bt),
                                TK_A_T("seq_lens", &run->sl), TK_A_F("scale", scale),
                                TK_A_I("window_left", window_left), {TK_ARG_TENSOR, "k_scale", &ks, 0, 0},
-                               {TK_ARG_TENSOR, "v_scale", &vs, 0, 0}};
-                rc = tk_models__op(m, "attention_decode", ad, kv->quant ? 10 : 8);
+                               {TK_ARG_TENSOR, "v_scale", &vs, 0, 0}, TK_A_F("softcap", cap)};
+                if (cap && !kv->quant) /* the softcap in the slot the scales leave free */
+                    ad[8] = ad[10];
+                rc = tk_models__op(m, "attention_decode", ad, (kv->quant ? 10 : 8) + !!cap);
             }
             if (rc != TK_OK || r + 1 == b->kv_nruns)
                 return rc;
@@ -1023,8 +1092,9 @@ int tk_models__attend(tk_model *m, tk_models_batch *b, int64_t l, const tk_mt *o
                    TK_A_I("max_seqlen_q", b->max_len),
                    TK_A_F("scale", scale),
                    TK_A_I("causal", 1),
-                   TK_A_I("window_left", window_left)};
-    return tk_models__op(m, "attention", at, TK_NARGS(at));
+                   TK_A_I("window_left", window_left),
+                   TK_A_F("softcap", cap)};
+    return tk_models__op(m, "attention", at, TK_NARGS(at) - !cap);
 }
 
 /* The attention runs of a step that is not a plain prefill: in the packed order, sequences that start
@@ -1154,7 +1224,7 @@ int tk_models__forward_kv(tk_model *m, tk_gen_kv *kv, const int32_t *slots, size
     }
     if (!prefill && (rc = kv_runs(m, n, st, bt, w, nseq, &runs, &nruns, &run_mem)) != TK_OK)
         goto done;
-    if (m->cfg.family != TK_FAMILY_LLAMA && maxl > m->cfg.max_pos) {
+    if ((m->cfg.def->caps & TK_ARCH_BOUNDED_POS) && maxl > m->cfg.max_pos) {
         rc = tk__err(TK_ERR_INVALID, "generate: a sequence reaches %lld tokens, more than the %lld positions of %s",
                      (long long)maxl, (long long)m->cfg.max_pos, m->cfg.arch);
         goto done;

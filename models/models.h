@@ -73,7 +73,6 @@ void tk_models__dtype_to_f32(float *dst, const void *src, size_t n, tk_dtype dt)
 
 /* ---- config.json (models/config.c) ------------------------------------------------------------ */
 
-enum { TK_FAMILY_LLAMA = 1, TK_FAMILY_GPT2 = 2, TK_FAMILY_BERT = 3 };
 enum { TK_ROPE_DEFAULT = 0, TK_ROPE_LINEAR = 1, TK_ROPE_DYNAMIC = 2, TK_ROPE_YARN = 3, TK_ROPE_LLAMA3 = 4 };
 
 typedef struct {
@@ -87,15 +86,38 @@ typedef struct {
 
 #define TK_MODELS_MAX_LAYERS 1024
 
+typedef struct tk_models_arch tk_models_arch;
+
+/* qk_norm: none, RMSNorm over each head's D (Qwen3, Gemma 3), or over the whole q / k projection (OLMo2) */
+enum { TK_QKNORM_NONE = 0, TK_QKNORM_HEAD = 1, TK_QKNORM_PROJ = 2 };
+
 typedef struct {
     char arch[64];          /* architectures[0]: "LlamaForCausalLM" */
     char model_type[32];    /* "llama", "mistral", "qwen2", "gpt2", "bert" */
-    int family;             /* TK_FAMILY_* */
+    const tk_models_arch *def; /* the architecture that runs it (the table in config.c) */
     int64_t vocab, hidden, layers, heads, kv_heads, head_dim, intermediate, max_pos, type_vocab;
     double eps;
     tk_models_rope rope;
+    tk_models_rope rope_local; /* with rope_local_on: the sliding layers' RoPE (Gemma 3's local base) */
+    int rope_local_on;
     int64_t sliding_window;      /* 0: none */
-    unsigned char sliding[TK_MODELS_MAX_LAYERS]; /* 1: layer l uses the sliding window */
+    unsigned char sliding[TK_MODELS_MAX_LAYERS]; /* 1: layer l uses the sliding window (else full; causal or
+                                                  * bidirectional as the architecture's caps say) */
+    unsigned char nope[TK_MODELS_MAX_LAYERS];    /* 1: layer l has no rotary embedding (SmolLM3) */
+    /* The decoder's variations (llama.c), set by the architecture's parser; the defaults (a plain Llama)
+     * are 0 for the flags and the softcaps, 1 for the multipliers. */
+    int qk_norm;            /* TK_QKNORM_* */
+    int fused_qkv;          /* 1: self_attn.qkv_proj ([q; k; v] rows) and mlp.gate_up_proj (Phi-3) */
+    int pre_norms;          /* 1: norm before attention and MLP (all but OLMo2) */
+    int post_norms;         /* 1: norm of the attention's and the MLP's output before the residual add
+                             * (OLMo2, Gemma 2/3) */
+    double norm_offset;     /* RMSNorm scales by (offset + w): Gemma's 1 */
+    double embed_scale;     /* embeddings times this: Gemma's sqrt(hidden), Granite's embedding_multiplier */
+    double residual_scale;  /* each block's output times this before the residual add (Granite) */
+    double attn_scale;      /* attention's score scale; 0: 1/sqrt(head_dim) */
+    double logit_scale;     /* logits times this (Granite: 1 / logits_scaling) */
+    double attn_softcap;    /* attention score softcap (Gemma 2); 0: off */
+    double final_softcap;   /* final logit softcap (Gemma 2); 0: off */
     int tie_embeddings;
     int qkv_bias, o_bias, mlp_bias; /* Llama family: attention_bias, Qwen2's q/k/v bias, mlp_bias */
     int unscaled_attn;      /* GPT-2's scale_attn_weights = false: scores are not divided by sqrt(D) */
@@ -126,8 +148,34 @@ int tk_models__config_parse(tk_models_config *cfg, const char *text, size_t len,
 void tk_models__config_free(tk_models_config *cfg);
 /* The op of an HF activation name ("gelu_pytorch_tanh" -> "gelu_tanh"), NULL for an unknown one. */
 const char *tk_models__act_op(const char *act);
-/* "LlamaForCausalLM, MistralForCausalLM, ..." */
+/* "LlamaForCausalLM, MistralForCausalLM, ..." (every class of the architecture table) */
 const char *tk_models__supported_archs(void);
+/* The supported class nearest to `arch` (edit distance, case-insensitive), or NULL when none is near. */
+const char *tk_models__closest_arch(const char *arch);
+
+/* config.json's typed field readers, for the architectures' parsers. Each reads one field of r->root;
+ * absent or null gives the default. int: an integer in [lo, 2^24] (def INT64_MIN: required); bound: an
+ * integer >= lo where a number beyond int64 is INT64_MAX; num: a finite number (obj: any object, what
+ * names it); bool, str (at most cap - 1 bytes). Errors: TK_ERR_INVALID naming the file and the field. */
+typedef struct {
+    const char *what; /* "config.json" path for messages */
+    json_t *root;
+} tk_models_reader;
+int tk_models__cfg_int(const tk_models_reader *r, const char *key, int64_t def, int64_t lo, int64_t *out);
+int tk_models__cfg_bound(const tk_models_reader *r, const char *key, int64_t def, int64_t lo, int64_t *out);
+int tk_models__cfg_num(const json_t *obj, const char *what, const char *key, double def, double *out);
+int tk_models__cfg_bool(const tk_models_reader *r, const char *key, int def, int *out);
+int tk_models__cfg_str(const tk_models_reader *r, const char *key, const char *def, char *out, size_t cap);
+/* TK_ERR_UNSUPPORTED: "'field' is got, which tk does not implement" with a HINT listing `supported`. */
+int tk_models__cfg_unsupported(const tk_models_reader *r, const char *field, const char *got, const char *supported);
+/* The rope settings (rope_theta, rope_scaling / rope_parameters, partial_rotary_factor) into c->rope. */
+int tk_models__cfg_rope(tk_models_config *c, const tk_models_reader *r);
+/* key (an activation name, already read into act) is one of ok[] (NULL-terminated), else the error
+ * naming it with `supported` as the hint. */
+int tk_models__cfg_act(const tk_models_reader *r, const char *key, const char *act, const char *const *ok,
+                       const char *supported);
+/* layer_types (when present: one "full_attention" / "sliding_attention" per layer) into c->sliding. */
+int tk_models__cfg_layer_types(tk_models_config *c, const tk_models_reader *r);
 
 /* ---- the model (models/model.c) --------------------------------------------------------------- */
 
@@ -187,12 +235,10 @@ typedef struct tk_models_kvrun {
     tk_mt sl; /* else: [nrows] i32 */
 } tk_models_kvrun;
 
-typedef struct tk_models_arch tk_models_arch;
-
 /* Where a weight comes from in the checkpoint (training names its gradients and saves a checkpoint
  * through it): one HF tensor whole, the rows of several concatenated (tk_models__weight_cat), or
  * columns [c0, c0 + nc) of one [rows, cols] tensor (tk_models__weight_cols; rows 0: a 1-D [cols]). */
-enum { TK_MODELS_SRC_WHOLE = 0, TK_MODELS_SRC_CAT = 1, TK_MODELS_SRC_COLS = 2 };
+enum { TK_MODELS_SRC_WHOLE = 0, TK_MODELS_SRC_CAT = 1, TK_MODELS_SRC_COLS = 2, TK_MODELS_SRC_ROWS = 3 };
 #define TK_MODELS_SRC_MAX 8
 
 typedef struct {
@@ -257,8 +303,28 @@ struct tk_model {
 
 enum { TK_POOL_MEAN = 0, TK_POOL_CLS = 1, TK_POOL_MAX = 2 };
 
+/* An architecture's capabilities (tk_models_arch.caps). */
+enum {
+    TK_ARCH_CAUSAL_LM = 1 << 0, /* a causal LM head: logits, generation (else an encoder: bidirectional) */
+    TK_ARCH_BOUNDED_POS = 1 << 1, /* learned position embeddings: a sequence holds at most max_pos tokens */
+    TK_ARCH_POOLER = 1 << 2,    /* a pooler output and sentence embeddings (BERT) */
+    TK_ARCH_ROPE = 1 << 3,      /* rotary positions: `tk model info` shows the rope type */
+    TK_ARCH_TP_LLAMA = 1 << 4,  /* transformers' default tensor-parallel plan of Llama, split by kv heads */
+    TK_ARCH_TP_CONV1D = 1 << 5, /* GPT-2's Conv1D [in, out] linear layout for tensor parallelism */
+};
+
+/* An architecture: the Hugging Face classes it runs, what it can do, how its config.json reads, and
+ * its forward. One file each (models/llama.c, ...; architectures that vary the Llama decoder, such as
+ * qwen3.c, hold only their parser and point at llama.c's functions); one row each in the table in
+ * config.c. Nothing outside an architecture's file asks which architecture a model is: it asks caps. */
 struct tk_models_arch {
-    const char *name; /* "llama" */
+    const char *name;           /* "llama": the family `tk model info` shows */
+    const char *const *classes; /* architectures[0] values it runs, NULL-terminated: "LlamaForCausalLM" */
+    unsigned caps;              /* TK_ARCH_* */
+    const char *prefix;         /* the base model's weight-name prefix ("model."), for tensor-parallel plans */
+    /* Reads the family's fields of config.json into c (the common ones, arch, model_type, dtype and
+     * token ids, are read before). Errors as tk_models__config_parse. */
+    int (*parse)(tk_models_config *c, const tk_models_reader *r);
     /* Looks up and converts the weights (tk_models__weight*) into the family's state (m->state). */
     int (*load)(tk_model *m);
     /* Plans the activations for b (tk_models__ws_tensor); runs twice: counting, then carving. */
@@ -278,6 +344,31 @@ struct tk_models_arch {
 };
 
 extern const tk_models_arch tk_models__llama, tk_models__gpt2, tk_models__bert;
+extern const tk_models_arch tk_models__qwen3, tk_models__olmo2, tk_models__granite, tk_models__smollm3;
+extern const tk_models_arch tk_models__gemma, tk_models__gemma2, tk_models__gemma3, tk_models__phi3;
+/* The Llama decoder's steps (llama.c), which the architectures that vary it reuse. */
+/* Reads the Llama decoder's config.json fields (sizes, norms, rope, biases, sliding windows): the
+ * activation one of acts (NULL-terminated; acts_hint lists them in the error; acts NULL: the caller
+ * checks hidden_act, or reads its own activation field); qwen_window: Qwen's use_sliding_window +
+ * max_window_layers decide the sliding layers (else a sliding_window slides every layer); layer_types,
+ * when present, decides last. */
+int tk_models__decoder_parse(tk_models_config *c, const tk_models_reader *r, const char *const *acts,
+                             const char *acts_hint, int qwen_window);
+int tk_models__decoder_load(tk_model *m);
+int tk_models__decoder_plan(tk_model *m, tk_models_batch *b);
+int tk_models__decoder_forward(tk_model *m, tk_models_batch *b);
+void tk_models__decoder_free(tk_model *m);
+/* The table row of a variation of the Llama decoder (qwen3.c, olmo2.c, ...): a causal LM with rotary
+ * positions whose weights are named "model.*", run by llama.c's steps with the settings parse sets;
+ * it cannot train (its weights may be transformed at load). */
+#define TK_MODELS_DECODER_ARCH(nm, cls, parse_fn)                                                       \
+    {                                                                                                  \
+        .name = (nm), .classes = (cls), .caps = TK_ARCH_CAUSAL_LM | TK_ARCH_ROPE, .prefix = "model.",  \
+        .parse = (parse_fn), .load = tk_models__decoder_load, .plan = tk_models__decoder_plan,         \
+        .forward = tk_models__decoder_forward, .free_state = tk_models__decoder_free,                  \
+    }
+/* Every architecture, in the order `tk model info` lists them; NULL-terminated. */
+extern const tk_models_arch *const tk_models__archs[];
 
 /* Looks up the HF tensor `name` (with the shape want[0..ndim), -1 for any size), converts it once to
  * the compute dtype and puts it on the model's device. On the CPU a tensor whose dtype already matches
@@ -286,6 +377,14 @@ extern const tk_models_arch tk_models__llama, tk_models__gpt2, tk_models__bert;
 int tk_models__weight(const tk_mt **out, tk_model *m, const char *name, int ndim, const int64_t *want);
 /* Like tk_models__weight, for a tensor that may be absent: *out = NULL and TK_OK then. */
 int tk_models__weight_opt(const tk_mt **out, tk_model *m, const char *name, int ndim, const int64_t *want);
+/* Like tk_models__weight(_opt with optional), transformed as the architecture computes with it: each
+ * element w * mul + add, in f32 before the conversion to the compute dtype (Gemma's (1 + w) norms,
+ * embedding scales, multipliers folded into the weights), always a copy the model owns. count 0: a
+ * second copy of a tensor already counted (a scaled embedding whose unscaled table is the tied LM
+ * head), left out of the parameter count. mul 1, add 0 and count 1 is tk_models__weight. Weights
+ * transformed so cannot be trained (their gradients would be of the transform). */
+int tk_models__weight_xf(const tk_mt **out, tk_model *m, const char *name, int ndim, const int64_t *want, double mul,
+                         double add, int optional, int count);
 /* Concatenates n HF tensors, each [rows, cols] (1-D [rows] when cols == 0), along dim 0 into one
  * weight the model owns: Llama's gate_proj and up_proj become one [2I, H] for silu_and_mul. */
 int tk_models__weight_cat(const tk_mt **out, tk_model *m, const char *const *names, int n, int64_t rows,
@@ -294,6 +393,12 @@ int tk_models__weight_cat(const tk_mt **out, tk_model *m, const char *const *nam
  * GPT-2's fused c_attn (Conv1D [in, 3 out]) split into q, k and v, each still [in, out]. */
 int tk_models__weight_cols(const tk_mt **out, tk_model *m, const char *name, int64_t rows, int64_t cols,
                            int64_t c0, int64_t nc);
+
+/* Rows [r0, r0 + nr) of a [rows, cols] HF tensor as a weight of its own: Phi-3's fused qkv_proj split
+ * into q, k and v (source kind TK_MODELS_SRC_ROWS, c0/nc holding r0/nr; training does not save such
+ * weights: the architectures that use it do not train). */
+int tk_models__weight_rows(const tk_mt **out, tk_model *m, const char *name, int64_t rows, int64_t cols, int64_t r0,
+                           int64_t nr);
 
 /* Carves an activation tensor out of the arena: during planning it only counts bytes. */
 int tk_models__ws_tensor(tk_model *m, tk_mt *t, tk_dtype dt, int ndim, const int64_t *shape);
@@ -321,7 +426,7 @@ int tk_models__linear(tk_model *m, const tk_mt *out, const tk_mt *x, const tk_mt
 /* The attention of layer l over q, k, v ([1, T, heads, D] views; out likewise): a plain forward's
  * (varlen, causal), or with generation's KV cache, after appending k and v to the layer's cache, the
  * decode attention over the cache (attention_decode with the batch's block tables). scale 0: 1/sqrt(D);
- * window_left -1: none. */
+ * window_left -1: none; the scores are softcapped by m->cfg.attn_softcap when it is set. */
 int tk_models__attend(tk_model *m, tk_models_batch *b, int64_t l, const tk_mt *out, const tk_mt *q, const tk_mt *k,
                       const tk_mt *v, double scale, int64_t window_left);
 /* Generation's step (generate.c): sequence s of nseq gets tokens ids[cu[s]..cu[s+1]) after the ones its

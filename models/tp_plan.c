@@ -371,8 +371,8 @@ int tk_models__tp_plan_load(tk_tp_plan **out, const char *dir, const char *plan_
         goto fail;
     }
     p->world = world;
-    int llama = cfg.family == TK_FAMILY_LLAMA, gpt2 = cfg.family == TK_FAMILY_GPT2;
-    prefix = llama ? "model." : gpt2 ? "transformer." : "";
+    int llama = !!(cfg.def->caps & TK_ARCH_TP_LLAMA), gpt2 = !!(cfg.def->caps & TK_ARCH_TP_CONV1D);
+    prefix = cfg.def->prefix;
     if (plan_file) {
         if ((rc = tk__read_file(&text, &len, plan_file, 16u << 20)) != TK_OK) {
             tk__err_wrap(rc, "the tensor-parallel plan '%s'", plan_file);

@@ -349,6 +349,14 @@ static int gen_pointwise(tk_ops_case *c, size_t index, const tk_ops_case_spec *s
     return TK_OK;
 }
 
+static int gen_softcap(tk_ops_case *c, size_t index, const tk_ops_case_spec *s)
+{
+    int rc = gen_pointwise(c, index, s);
+    if (rc == TK_OK)
+        sc_add(c, "cap", TK_ARG_F64, 0, 3.0);
+    return rc;
+}
+
 static int gen_add(tk_ops_case *c, size_t index, const tk_ops_case_spec *s)
 {
     if (index >= NROWS_D)
@@ -1495,7 +1503,7 @@ static const struct {
     {"silu_and_mul", gen_gated}, {"mul_and_silu", gen_gated}, {"gelu_and_mul", gen_gated},
     {"gelu_tanh_and_mul", gen_gated}, {"fatrelu_and_mul", gen_gated},
     {"gelu", gen_pointwise}, {"gelu_tanh", gen_pointwise}, {"silu", gen_pointwise}, {"gelu_new", gen_pointwise},
-    {"gelu_fast", gen_pointwise}, {"gelu_quick", gen_pointwise}, {"tanh", gen_pointwise}, {"add", gen_add},
+    {"gelu_fast", gen_pointwise}, {"gelu_quick", gen_pointwise}, {"tanh", gen_pointwise}, {"softcap", gen_softcap}, {"add", gen_add},
     {"rms_norm", gen_norm}, {"fused_add_rms_norm", gen_norm}, {"layer_norm", gen_norm},
     {"fused_add_layer_norm", gen_norm},
     {"rms_norm_backward", gen_norm_backward}, {"fused_add_rms_norm_backward", gen_norm_backward},

@@ -7,6 +7,7 @@
  *   embedding  out[i, :] = weight[ids[i], :]                            weight [V, D], ids i32 / i64
  *   add        out = a + b                                              same shapes; out may be a or b
  *   tanh       out = tanh(input)                                        (BERT's pooler)
+ *   softcap    out = cap * tanh(input / cap)                            (Gemma 2's final logits)
  *
  * GPU implementations: linear runs on cuBLASLt (the built-in "builtin:cublaslt", api/builtin.c), the
  * other three on the kernels of kernels-community/layers.
@@ -412,9 +413,18 @@ static int check_tanh(const tk_op_call *c)
     return rc;
 }
 
+static int check_softcap(const tk_op_call *c)
+{
+    double cap = c->f[2];
+    if (!isfinite((float)cap) || !(cap > 0))
+        return tk__err(TK_ERR_INVALID, "%s: 'cap' is %g, want a finite value > 0 as f32", c->op->name, cap);
+    return check_tanh(c);
+}
+
 typedef struct {
-    const tk_tensor *out, *a, *b; /* b NULL: tanh */
+    const tk_tensor *out, *a, *b; /* b NULL: tanh, or with cap > 0 softcap */
     int64_t d, nblk;
+    float cap;
 } ew_job;
 
 /* Work items are (row, column block): each block is read whole before it is written, so out may be
@@ -431,6 +441,9 @@ static void ew_range(void *arg, int64_t lo, int64_t hi)
             tk_ops__load_f32(y, tk_ops__base(j->b), tk_ops__row_offset(j->b, r) + c0 * bcs, bcs, n, j->b->dtype);
             for (int64_t i = 0; i < n; i++)
                 x[i] = x[i] + y[i];
+        } else if (j->cap > 0) {
+            for (int64_t i = 0; i < n; i++)
+                x[i] = j->cap * tanhf(x[i] / j->cap);
         } else {
             for (int64_t i = 0; i < n; i++)
                 x[i] = tanhf(x[i]);
@@ -441,8 +454,10 @@ static void ew_range(void *arg, int64_t lo, int64_t hi)
 
 static int cpu_elementwise(const tk_op_call *c)
 {
-    int is_add = c->op->nparams == 3;
-    ew_job j = {c->t[0], c->t[1], is_add ? c->t[2] : NULL, 0, 0};
+    int is_add = !strcmp(c->op->name, "add");
+    ew_job j = {c->t[0], c->t[1], is_add ? c->t[2] : NULL, 0, 0, 0.0f};
+    if (!strcmp(c->op->name, "softcap"))
+        j.cap = (float)c->f[2];
     int64_t numel = tk_ops__numel(j.out);
     if (numel == 0)
         return TK_OK;
@@ -492,6 +507,14 @@ static const tk_op_param tanh_params[] = {
      .min_rank = 0, .max_rank = -1, .shape = "[...]", .doc = "x"},
 };
 
+static const tk_op_param softcap_params[] = {
+    {.name = "out", .kind = TK_ARG_TENSOR, .role = TK_OPS_OUT, .dtypes = TK_OPS_FLOATS, .dtype_like = 1,
+     .min_rank = 0, .max_rank = -1, .shape = "[...]", .doc = "the result (may be 'input' itself)"},
+    {.name = "input", .kind = TK_ARG_TENSOR, .role = TK_OPS_IN, .dtypes = TK_OPS_FLOATS, .dtype_like = -1,
+     .min_rank = 0, .max_rank = -1, .shape = "[...]", .doc = "x"},
+    {.name = "cap", .kind = TK_ARG_F64, .dtype_like = -1, .doc = "the softcap (> 0; rounded to f32)"},
+};
+
 #define PKG "kernels-community/layers"
 #define COUNT(a) (sizeof a / sizeof a[0])
 
@@ -503,5 +526,7 @@ const tk_op_desc tk_ops__layers[] = {
     {"add", "layers", "out = a + b  (residual add)", add_params, COUNT(add_params), check_add, cpu_elementwise, NULL,
      PKG},
     {"tanh", "layers", "out = tanh(x)", tanh_params, COUNT(tanh_params), check_tanh, cpu_elementwise, NULL, PKG},
+    {"softcap", "layers", "out = cap * tanh(x / cap)  (Gemma 2's final logit softcap)", softcap_params,
+     COUNT(softcap_params), check_softcap, cpu_elementwise, NULL, PKG},
 };
 const size_t tk_ops__layers_count = COUNT(tk_ops__layers);

@@ -269,8 +269,7 @@ static void test_kv_cache_matches_full_recompute(void)
             return;
         int64_t V = tk_model_vocab_size(m);
         const tk_models_config *c = &m->cfg;
-        int64_t heads = c->family == TK_FAMILY_LLAMA ? c->kv_heads : c->heads;
-        int64_t hd = c->family == TK_FAMILY_LLAMA ? c->head_dim : c->hidden / c->heads;
+        int64_t heads = c->kv_heads, hd = c->head_dim;
         tk_gen_kv *kv = NULL;
         CHECK_RC(tk_gen__kv_new(&kv, c->layers, heads, hd, m->dtype, 8, 0, TK_DEV_CPU, 0), TK_OK);
         if (!kv) {
@@ -342,8 +341,7 @@ static void test_quantised_kv_cache(void)
             return;
         int64_t V = tk_model_vocab_size(m);
         const tk_models_config *c = &m->cfg;
-        int64_t heads = c->family == TK_FAMILY_LLAMA ? c->kv_heads : c->heads;
-        int64_t hd = c->family == TK_FAMILY_LLAMA ? c->head_dim : c->hidden / c->heads;
+        int64_t heads = c->kv_heads, hd = c->head_dim;
         for (int q = 0; q < 2; q++) {
             tk_dtype dt;
             CHECK_RC(tk_dtype_parse(&dt, dts[q]), TK_OK);

@@ -204,10 +204,10 @@ static void test_embedding(void)
     gpu_ctx_free(&g);
 }
 
-/* add (alias: 0 apart, 1 out is a) or tanh, against the CPU reference on the same inputs. */
+/* add (alias: 0 apart, 1 out is a), tanh or softcap (cap 3), against the CPU reference on the same inputs. */
 static int ew_case(const char *op, tk_dtype dt, int64_t rows, int64_t cols, int alias)
 {
-    int is_add = strcmp(op, "add") == 0;
+    int is_add = strcmp(op, "add") == 0, is_cap = strcmp(op, "softcap") == 0;
     int64_t sh[2] = {rows, cols};
     host_t a, b, ref, got;
     dev_tensor da, db, dout;
@@ -217,13 +217,14 @@ static int ew_case(const char *op, tk_dtype dt, int64_t rows, int64_t cols, int 
     host_new(&got, dt, 2, sh, 0);
     fill(&a, 5.0);
     fill(&b, 5.0);
-    tk_arg ca[3] = {T("out", &ref.t), T(is_add ? "a" : "input", &a.t), T("b", &b.t)};
-    CHECK_RC(gpu_op_run(g.ctx, op, ca, is_add ? 3 : 2, NULL, NULL), TK_OK);
+    tk_arg cap = {TK_ARG_F64, "cap", NULL, 0, 3.0};
+    tk_arg ca[3] = {T("out", &ref.t), T(is_add ? "a" : "input", &a.t), is_cap ? cap : T("b", &b.t)};
+    CHECK_RC(gpu_op_run(g.ctx, op, ca, is_add || is_cap ? 3 : 2, NULL, NULL), TK_OK);
     int ok = dev_upload(&da, &a.t) == TK_OK && dev_upload(&db, &b.t) == TK_OK && dev_upload(&dout, &got.t) == TK_OK;
     tk_tensor *o = alias ? &da.t : &dout.t;
     const char *impl = NULL;
-    tk_arg ga[3] = {T("out", o), T(is_add ? "a" : "input", &da.t), T("b", &db.t)};
-    ok &= gpu_op_run(g.ctx, op, ga, is_add ? 3 : 2, NULL, &impl) == TK_OK;
+    tk_arg ga[3] = {T("out", o), T(is_add ? "a" : "input", &da.t), is_cap ? cap : T("b", &db.t)};
+    ok &= gpu_op_run(g.ctx, op, ga, is_add || is_cap ? 3 : 2, NULL, &impl) == TK_OK;
     ok &= impl && strstr(impl, "kernels-community/layers:") == impl;
     ok &= dev_download(alias ? &da : &dout, &got.t) == TK_OK;
     op_cmp c = op_cmp_begin(0, 0, "%s %s [%lld, %lld] alias %d out, cuda against cpu", op, tk_dtype_name(dt),
@@ -233,7 +234,8 @@ static int ew_case(const char *op, tk_dtype dt, int64_t rows, int64_t cols, int 
     c.inf_fails = 1;
     for (int64_t i = 0; ok && i < rows * cols; i++) {
         double r = get(&ref.t, i);
-        double tol = is_add ? 0 : 4 * ldexp(1, -24) * fabs(r) + out_rel(dt) * fabs(r) + out_abs(dt);
+        /* softcap: tanhf's error (4 ulps) scaled by cap, one division's rounding, the output rounding */
+        double tol = is_add ? 0 : (is_cap ? 3.0 * 6 : 4) * ldexp(1, -24) * fabs(r) + out_rel(dt) * fabs(r) + out_abs(dt);
         op_cmp_tol(&c, i, get(&got.t, i), r, tol);
     }
     ok = ok && op_cmp_end(&c);
@@ -261,6 +263,7 @@ static void test_add_tanh(void)
             for (int alias = 0; alias < 2; alias++) {
                 ok &= ew_case("add", dts[d], shapes[s][0], shapes[s][1], alias);
                 ok &= ew_case("tanh", dts[d], shapes[s][0], shapes[s][1], alias);
+                ok &= ew_case("softcap", dts[d], shapes[s][0], shapes[s][1], alias);
             }
     CHECK(ok);
     gpu_ctx_free(&g);
@@ -274,7 +277,7 @@ static void test_coverage(void)
 
 int main(int argc, char **argv)
 {
-    static const char *const ops[] = {"linear", "embedding", "add", "tanh", NULL};
+    static const char *const ops[] = {"linear", "embedding", "add", "tanh", "softcap", NULL};
     gpu_main(argc, argv, ops);
     op_test_seed();
     RUN(test_cublaslt_loader);

@@ -371,6 +371,61 @@ static void test_json_beyond_int64(void)
     CHECK(c.warnings == NULL);
 }
 
+/* The architecture table: every class parses to its architecture, whose capabilities the rest of tk
+ * asks; an unknown class lists the supported ones, and a near miss names the closest. */
+static void test_arch_table(void)
+{
+    static const struct {
+        const char *cls, *name;
+        unsigned caps;
+    } want[] = {{"LlamaForCausalLM", "llama", TK_ARCH_CAUSAL_LM | TK_ARCH_ROPE},
+                {"Qwen3ForCausalLM", "qwen3", TK_ARCH_CAUSAL_LM | TK_ARCH_ROPE},
+                {"Olmo2ForCausalLM", "olmo2", TK_ARCH_CAUSAL_LM | TK_ARCH_ROPE},
+                {"GraniteForCausalLM", "granite", TK_ARCH_CAUSAL_LM | TK_ARCH_ROPE},
+                {"SmolLM3ForCausalLM", "smollm3", TK_ARCH_CAUSAL_LM | TK_ARCH_ROPE},
+                {"GemmaForCausalLM", "gemma", TK_ARCH_CAUSAL_LM | TK_ARCH_ROPE},
+                {"Gemma2ForCausalLM", "gemma2", TK_ARCH_CAUSAL_LM | TK_ARCH_ROPE},
+                {"Gemma3ForCausalLM", "gemma3", TK_ARCH_CAUSAL_LM | TK_ARCH_ROPE},
+                {"Phi3ForCausalLM", "phi3", TK_ARCH_CAUSAL_LM | TK_ARCH_ROPE},
+                {"GPT2LMHeadModel", "gpt2", TK_ARCH_CAUSAL_LM | TK_ARCH_BOUNDED_POS},
+                {"BertModel", "bert", TK_ARCH_BOUNDED_POS | TK_ARCH_POOLER}};
+    char cfg[1024];
+    for (size_t i = 0; i < sizeof want / sizeof want[0]; i++) {
+        snprintf(cfg, sizeof cfg,
+                 "{\"architectures\": [\"%s\"], \"vocab_size\": 48, \"hidden_size\": 32, \"n_embd\": 32, "
+                 "\"intermediate_size\": 40, \"num_hidden_layers\": 2, \"n_layer\": 2, \"num_attention_heads\": 4, "
+                 "\"n_head\": 4}",
+                 want[i].cls);
+        tk_models_config c;
+        CHECK_RC(tk_models__config_parse(&c, cfg, strlen(cfg), "config.json"), TK_OK);
+        CHECK(c.def && !strcmp(c.def->name, want[i].name));
+        CHECK(c.def && (c.def->caps & (TK_ARCH_CAUSAL_LM | TK_ARCH_ROPE | TK_ARCH_BOUNDED_POS | TK_ARCH_POOLER)) ==
+                           want[i].caps);
+        CHECK(strstr(tk_models__supported_archs(), want[i].cls) != NULL);
+        tk_models__config_free(&c);
+    }
+    const char *near = "{\"architectures\": [\"Qwen3ForCausalLm\"]}";
+    tk_models_config c;
+    CHECK_RC(tk_models__config_parse(&c, near, strlen(near), "config.json"), TK_ERR_UNSUPPORTED);
+    CHECK(strstr(tk_last_error(), "architecture 'Qwen3ForCausalLm' is not supported") != NULL);
+    CHECK(strstr(tk_last_error(), "HINT: supported: LlamaForCausalLM, ") != NULL);
+    CHECK(strstr(tk_last_error(), "HINT: did you mean Qwen3ForCausalLM?") != NULL);
+    const char *far = "{\"architectures\": [\"FalconForCausalLM\"]}";
+    CHECK_RC(tk_models__config_parse(&c, far, strlen(far), "config.json"), TK_ERR_UNSUPPORTED);
+    CHECK(strstr(tk_last_error(), "did you mean") == NULL);
+    CHECK(tk_models__closest_arch("MistralForCausalLM") != NULL &&
+          !strcmp(tk_models__closest_arch("mistralforcausallm"), "MistralForCausalLM"));
+    /* Gemma 2's softcaps and scale are read */
+    const char *g2 = "{\"architectures\": [\"Gemma2ForCausalLM\"], \"vocab_size\": 48, \"hidden_size\": 32, "
+                     "\"intermediate_size\": 40, \"num_hidden_layers\": 2, \"num_attention_heads\": 4, "
+                     "\"head_dim\": 8, \"final_logit_softcapping\": 30.0, \"attn_logit_softcapping\": 50.0}";
+    CHECK_RC(tk_models__config_parse(&c, g2, strlen(g2), "config.json"), TK_OK);
+    CHECK(c.final_softcap == 30.0 && c.attn_softcap == 50.0 && fabs(c.attn_scale - 1.0 / 16) < 1e-12);
+    CHECK(c.post_norms && c.pre_norms && c.norm_offset == 1.0 && c.sliding_window == 4096 && c.sliding[0] &&
+          !c.sliding[1]);
+    tk_models__config_free(&c);
+}
+
 /* A checkpoint whose eos/bos lie outside the vocabulary loads with a warning through the context's log
  * (as transformers warns), and generates: the eos never comes, so generation ends on length. */
 static char logged[2048];
@@ -490,6 +545,7 @@ int main(void)
     RUN(test_fuzz_inputs);
     RUN(test_json_beyond_int64);
     RUN(test_special_ids_outside_vocab);
+    RUN(test_arch_table);
     tk_ctx_free(ctx);
     char cmd[700];
     snprintf(cmd, sizeof cmd, "rm -rf '%s' '%s'", dir, home);

@@ -595,6 +595,51 @@ static void test_add(void)
     CHECK(ok);
 }
 
+/* softcap: cap * tanh(x / cap) against float64, out apart from or aliasing input; a cap that is not
+ * finite and > 0 is refused. */
+static void test_softcap(void)
+{
+    const tk_dtype dts[] = {F32, F16, BF16};
+    const double caps[] = {3.0, 30.0};
+    int64_t sh[2] = {3, 1029};
+    int ok = 1;
+    for (size_t d = 0; d < 3; d++)
+        for (size_t k = 0; k < 2; k++)
+            for (int alias = 0; alias < 2; alias++) {
+                host_t a, out, a0;
+                host_new(&a, dts[d], 2, sh, 0);
+                host_new(&out, dts[d], 2, sh, 0);
+                host_new(&a0, dts[d], 2, sh, 0);
+                fill(&a, 4 * caps[k]);
+                int64_t n = numel(&a.t);
+                for (int64_t i = 0; i < n; i++)
+                    set(&a0.t, i, get(&a.t, i));
+                tk_tensor *o = alias ? &a.t : &out.t;
+                tk_arg args[] = {T("out", o), T("input", &a.t), {TK_ARG_F64, "cap", NULL, 0, caps[k]}};
+                int rc = op_run_cpu("softcap", args, 3);
+                ok &= rc == TK_OK;
+                op_cmp c = op_cmp_begin(0, 0, "softcap %s cap %g alias %d", tk_ops__dtype_str(dts[d]), caps[k], alias);
+                c.nan_fails = 1;
+                c.inf_fails = 1;
+                for (int64_t i = 0; rc == TK_OK && i < n; i++) {
+                    double ref = caps[k] * tanh(get(&a0.t, i) / caps[k]);
+                    op_cmp_tol(&c, i, get(o, i), ref, 16 * ldexp(1, -24) * fabs(ref) + ldexp(1, -30) +
+                                                          out_rel(dts[d]) * fabs(ref) + out_abs(dts[d]));
+                }
+                ok &= rc == TK_OK && op_cmp_end(&c);
+                host_free(&a);
+                host_free(&out);
+                host_free(&a0);
+            }
+    CHECK(ok);
+    host_t x;
+    host_new(&x, F32, 2, sh, 0);
+    tk_arg bad[] = {T("out", &x.t), T("input", &x.t), {TK_ARG_F64, "cap", NULL, 0, 0.0}};
+    CHECK_RC(op_run_cpu("softcap", bad, 3), TK_ERR_INVALID);
+    CHECK_CONTAINS(tk_last_error(), "softcap: 'cap' is 0, want a finite value > 0");
+    host_free(&x);
+}
+
 static void test_add_validation(void)
 {
     int64_t s[2] = {4, 8}, s2[2] = {4, 9}, s1[1] = {8};
@@ -722,6 +767,7 @@ int main(void)
     RUN(test_embedding_validation);
     RUN(test_add);
     RUN(test_add_validation);
+    RUN(test_softcap);
     RUN(test_tanh);
     return th_done();
 }

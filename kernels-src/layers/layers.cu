@@ -5,6 +5,7 @@
 //   tk_embedding<T, I>  out[i, :] = weight[ids[i], :]     out (n, D), ids (n,), weight (V, D)
 //   tk_add<T>           out[i] = a[i] + b[i]              (n,) each
 //   tk_tanh<T>          out[i] = tanh(input[i])           (n,) each
+//   tk_softcap<T>       out[i] = cap * tanh(input[i] / cap) (n,) each
 //   tk_embedding_backward<T, G, I>   grad_weight[ids[i], :] += grad_out[i, :]  (G = f32; deterministic:
 //                       a thread per column walks the rows in order; see the kernel)
 //   tk_tanh_backward<T> grad_input[i] = grad_out[i] * (1 - tanh(input[i])^2)
@@ -83,6 +84,17 @@ __global__ void tk_tanh(T *out,         // (n,) T
                         tk_i64 n)
 {
     tk_layers::elementwise<T, tk_layers::Tanh>(out, input, nullptr, n);
+}
+
+// out[i] = cap * tanh(input[i] / cap) (fp32, tanhf; out may be input). A grid-stride loop.
+template <typename T>
+__global__ void tk_softcap(T *out,         // (n,) T
+                           const T *input, // (n,) T
+                           float cap, tk_i64 n)
+{
+    const tk_i64 tid = tk::grid_index(), stride = tk::grid_stride();
+    for (tk_i64 i = tid; i < n; i += stride)
+        out[i] = tk::from_f32<T>(cap * tanhf(__fdiv_rn(tk::to_f32(input[i]), cap)));
 }
 
 // out[i, :] = weight[ids[i], :], a zero row for an id outside [0, V). Items are (row i, 16-byte chunk

@@ -59,6 +59,55 @@ t_match_gpt2_sharded_f32() { match gpt2_sharded_f32; }
 t_match_gpt2_bf16() { match gpt2_bf16; }
 t_match_gpt2_unprefixed_f32() { match gpt2_unprefixed_f32; }
 t_match_qwen2_sliding_layers_f32() { match qwen2_sliding_layers_f32; }
+t_match_qwen3_qk_norm_tied_f32() { match qwen3_qk_norm_tied_f32; }
+t_match_qwen3_bf16() { match qwen3_bf16; }
+t_match_olmo2_post_norms_f32() { match olmo2_post_norms_f32; }
+t_match_olmo2_bf16() { match olmo2_bf16; }
+t_match_granite_multipliers_f32() { match granite_multipliers_f32; }
+t_match_granite_bf16() { match granite_bf16; }
+t_match_smollm3_nope_f32() { match smollm3_nope_f32; }
+t_match_smollm3_bf16() { match smollm3_bf16; }
+t_match_gemma_f32() { match gemma_f32; }
+t_match_gemma_bf16() { match gemma_bf16; }
+t_match_gemma2_softcap_sliding_f32() { match gemma2_softcap_sliding_f32; }
+t_match_gemma2_bf16() { match gemma2_bf16; }
+
+# Greedy and beam generation on the Llama decoder's variations (make_tiny.py's checkpoints), token for
+# token against transformers' generate() (tests/models/gen_oracle.py, one process for every job):
+# the KV-cache path, with its sliding windows (Gemma 2's layer 0), softcap and NoPE layers.
+NEW_FAMILIES="qwen3 olmo2 granite smollm3 gemma gemma2 gemma3 phi3"
+GEN_JOBS="5,17,99,3,250 max_new_tokens=12
+5,17,99 max_new_tokens=10 num_beams=3"
+t_generate_new_families_match_transformers() {
+  compare_once
+  if grep -q "^no venv" "$RESULTS"; then
+    [ -n "${CI:-}" ] && { fail "the test venv is missing ($PY): run scripts/setup.sh --test"; return; }
+    skip "no test venv ($PY); run scripts/setup.sh --test"; return
+  fi
+  local f line n=0 bad=0 got want
+  for f in $NEW_FAMILIES; do
+    while IFS= read -r line; do echo "$B/tiny-models/$f $line"; done <<<"$GEN_JOBS"
+  done >"$WORK/gen.in"
+  HF_HUB_OFFLINE=1 "$PY" "$ROOT/tests/models/gen_oracle.py" generate-each <"$WORK/gen.in" >"$WORK/gen.want" \
+    2>"$WORK/gen.log" || { fail "gen_oracle.py failed: $(tail -n 3 "$WORK/gen.log")"; return; }
+  while read -r dir ids rest; do
+    n=$((n + 1))
+    local flags="--max-new-tokens ${rest#*max_new_tokens=}"
+    flags=${flags/ num_beams=/ --num-beams }
+    # shellcheck disable=SC2086
+    got=$("$TK" --json generate "$dir" --ids "$ids" $flags 2>/dev/null |
+      python3 -c 'import json,sys; print(json.dumps({"ids": json.load(sys.stdin)["ids"]}))' 2>&1)
+    want=$(sed -n "${n}p" "$WORK/gen.want")
+    [ "$got" = "$want" ] || { fail "${dir##*/} $ids $rest: tk $got, transformers $want"; bad=$((bad + 1)); }
+  done <"$WORK/gen.in"
+  [ "$n" -eq 16 ] || fail "$n jobs, want 16"
+  echo "    $n generations compared ($NEW_FAMILIES; greedy and 3 beams), $bad differ"
+}
+
+t_match_gemma3_two_ropes_f32() { match gemma3_two_ropes_f32; }
+t_match_gemma3_bf16() { match gemma3_bf16; }
+t_match_phi3_fused_partial_rotary_f32() { match phi3_fused_partial_rotary_f32; }
+t_match_phi3_bf16() { match phi3_bf16; }
 t_match_bert_pooler_f32() { match bert_pooler_f32; }
 t_match_minilm_embeddings() { match minilm_embeddings_vs_sentence_transformers; }
 

@@ -4,12 +4,17 @@ save_pretrained (so the files are exactly what the Hub holds for real models), i
 
     make_tiny.py OUT
 
-Each model is small enough to run in milliseconds but keeps the features under test: GQA and Llama-3
-rope scaling, YaRN and dynamic NTK rope, Mistral's sliding window (shorter than the test prompt),
-Qwen2's q/k/v biases with tied embeddings, a bf16 Llama with a transformers-v4 style config
-(rope_scaling + rope_theta + torch_dtype), Qwen2 with a sliding window on its upper layers, GPT-2
-(sharded into several files, and again unprefixed in one file as the original gpt2 upload is), BERT
-with its pooler.
+Each model is small enough to run in milliseconds but keeps the features under test: GQA and Llama-3 rope
+scaling, YaRN and dynamic NTK rope, Mistral's sliding window (shorter than the test prompt), Qwen2's q/k/v
+biases with tied embeddings, a bf16 Llama with a transformers-v4 style config (rope_scaling + rope_theta +
+torch_dtype), Qwen2 with a sliding window on its upper layers, GPT-2 (sharded into several files, and again
+unprefixed in one file as the original gpt2 upload is), BERT with its pooler; and the Llama decoder's
+variations: Qwen3 (q/k norms per head, tied), OLMo2 (post-norms, q/k norms over the projections), Granite
+(its four multipliers), SmolLM3 (NoPE layers, head_dim 16), Gemma ((1 + w) norms, sqrt(hidden) embedding
+scale, GeGLU), Gemma 2 (pre- and post-norms, a sliding layer and a global one, query_pre_attn_scalar, an
+attention softcap and a final logit softcap low enough to bite), Gemma 3 text (q/k norms, two RoPEs: linear-
+scaled global, local), Phi-3 (fused qkv_proj and gate_up_proj, partial rotary, a sliding window on every
+layer).
 Seeds are fixed: the same script writes the same weights.
 """
 import json
@@ -18,8 +23,13 @@ import shutil
 import sys
 
 import torch
-from transformers import (BertConfig, BertModel, GPT2Config, GPT2LMHeadModel, LlamaConfig, LlamaForCausalLM,
-                          MistralConfig, MistralForCausalLM, Qwen2Config, Qwen2ForCausalLM)
+from transformers import (BertConfig, BertModel, Gemma2Config, Gemma2ForCausalLM, Gemma3ForCausalLM,
+                          Gemma3TextConfig, GemmaConfig, GemmaForCausalLM,
+                          GPT2Config, GPT2LMHeadModel, GraniteConfig, GraniteForCausalLM, Phi3Config,
+                          Phi3ForCausalLM,
+                          LlamaConfig, LlamaForCausalLM, MistralConfig, MistralForCausalLM, Olmo2Config,
+                          Olmo2ForCausalLM, Qwen2Config, Qwen2ForCausalLM, Qwen3Config, Qwen3ForCausalLM,
+                          SmolLM3Config, SmolLM3ForCausalLM)
 
 OUT = sys.argv[1]
 V = 256  # vocabulary of every tiny model
@@ -83,6 +93,24 @@ def main():
     # Qwen2 with its sliding window on the layers from max_window_layers on (here: layer 1 of 2).
     save("qwen2-sliding", Qwen2ForCausalLM(Qwen2Config(**llama_cfg(use_sliding_window=True, sliding_window=4,
                                                                    max_window_layers=1))), 9)
+    save("qwen3", Qwen3ForCausalLM(Qwen3Config(**llama_cfg(head_dim=16, tie_word_embeddings=True))), 10)
+    save("olmo2", Olmo2ForCausalLM(Olmo2Config(**llama_cfg())), 11)
+    save("granite", GraniteForCausalLM(GraniteConfig(**llama_cfg(
+        embedding_multiplier=12.0, residual_multiplier=0.22, attention_multiplier=0.0625, logits_scaling=8.0))), 12)
+    save("smollm3", SmolLM3ForCausalLM(SmolLM3Config(**llama_cfg(num_hidden_layers=4, head_dim=16,
+                                                                   no_rope_layer_interval=2, pad_token_id=None,
+                                                                   bos_token_id=1, eos_token_id=2))), 13)
+    save("gemma", GemmaForCausalLM(GemmaConfig(**llama_cfg(head_dim=16))), 14)
+    save("gemma2", Gemma2ForCausalLM(Gemma2Config(**llama_cfg(
+        head_dim=16, sliding_window=4, query_pre_attn_scalar=24, attn_logit_softcapping=2.0,
+        final_logit_softcapping=3.0))), 15)
+    save("gemma3", Gemma3ForCausalLM(Gemma3TextConfig(**llama_cfg(
+        num_hidden_layers=4, head_dim=16, sliding_window=4, query_pre_attn_scalar=24,
+        layer_types=["sliding_attention", "sliding_attention", "full_attention", "sliding_attention"],
+        rope_parameters={"full_attention": {"rope_type": "linear", "factor": 2.0, "rope_theta": 1000000.0},
+                         "sliding_attention": {"rope_type": "default", "rope_theta": 10000.0}}))), 16)
+    save("phi3", Phi3ForCausalLM(Phi3Config(**llama_cfg(partial_rotary_factor=0.5, sliding_window=5,
+                                                         pad_token_id=None, bos_token_id=1, eos_token_id=2))), 17)
     save("bert", BertModel(BertConfig(vocab_size=V, hidden_size=64, num_hidden_layers=2, num_attention_heads=4,
                                       intermediate_size=128, max_position_embeddings=64)), 8)
 
