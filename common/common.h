@@ -45,6 +45,11 @@ int tk__has_prefix(const char *s, const char *prefix);
 int tk__has_suffix(const char *s, const char *suffix);
 /* Levenshtein distance for "did you mean" hints; (size_t)-1 when either string exceeds 200 bytes. */
 size_t tk__edit_distance(const char *a, const char *b);
+/* A listen address "HOST:PORT" ("127.0.0.1:8080", "[::1]:0", ":8080" for every interface) resolved
+ * for a passive TCP socket: *ai (freeaddrinfo it) and *port (0..65535). Errors: TK_ERR_INVALID, the
+ * message quoting the address. */
+struct addrinfo;
+int tk__listen_addr(const char *listen, struct addrinfo **ai, int64_t *port);
 /* Parses a whole decimal integer in [lo, hi]. Returns 0 on success, -1 otherwise. */
 int tk__parse_i64(const char *s, int64_t lo, int64_t hi, int64_t *out);
 

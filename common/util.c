@@ -7,6 +7,7 @@
 #include <dirent.h>
 #include <errno.h>
 #include <fcntl.h>
+#include <netdb.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -640,4 +641,34 @@ double tk__now_ms(void)
     struct timespec ts;
     clock_gettime(CLOCK_MONOTONIC, &ts);
     return (double)ts.tv_sec * 1e3 + (double)ts.tv_nsec / 1e6;
+}
+
+int tk__listen_addr(const char *listen, struct addrinfo **ai, int64_t *port)
+{
+    char host[128];
+    const char *colon = strrchr(listen, ':');
+    *ai = NULL;
+    if (!colon || (size_t)(colon - listen) >= sizeof host)
+        return tk__err(TK_ERR_INVALID, "listen address '%s' is not HOST:PORT (e.g. 127.0.0.1:8080 or [::1]:8080)",
+                       listen);
+    memcpy(host, listen, (size_t)(colon - listen));
+    host[colon - listen] = '\0';
+    if (host[0] == '[' && host[strlen(host) - 1] == ']') {
+        memmove(host, host + 1, strlen(host));
+        host[strlen(host) - 1] = '\0';
+    }
+    if (tk__parse_i64(colon + 1, 0, 65535, port) != 0)
+        return tk__err(TK_ERR_INVALID, "listen address '%s': the port must be 0..65535", listen);
+    struct addrinfo hints;
+    memset(&hints, 0, sizeof hints);
+    hints.ai_socktype = SOCK_STREAM;
+    hints.ai_flags = AI_PASSIVE | AI_NUMERICSERV;
+    int g = getaddrinfo(host[0] ? host : NULL, colon + 1, &hints, ai);
+    if (g != 0 || !*ai) {
+        if (*ai)
+            freeaddrinfo(*ai);
+        *ai = NULL;
+        return tk__err(TK_ERR_INVALID, "listen address '%s': %s", listen, gai_strerror(g));
+    }
+    return TK_OK;
 }

@@ -2222,27 +2222,11 @@ int tk_server_new(tk_server **out, const tk_serve_opts *opts)
     if (!out || !opts || !opts->root || opts->version < 1)
         return tk__err(TK_ERR_INVALID, "tk_server_new: out and opts with a root are required");
     const char *listen = opts->listen ? opts->listen : "127.0.0.1:8080";
-    char host[128];
-    const char *colon = strrchr(listen, ':');
-    if (!colon || (size_t)(colon - listen) >= sizeof host)
-        return tk__err(TK_ERR_INVALID, "listen address '%s' is not HOST:PORT (e.g. 127.0.0.1:8080 or [::1]:8080)",
-                       listen);
-    memcpy(host, listen, (size_t)(colon - listen));
-    host[colon - listen] = '\0';
-    if (host[0] == '[' && host[strlen(host) - 1] == ']') {
-        memmove(host, host + 1, strlen(host));
-        host[strlen(host) - 1] = '\0';
-    }
     int64_t port;
-    if (tk__parse_i64(colon + 1, 0, 65535, &port) != 0)
-        return tk__err(TK_ERR_INVALID, "listen address '%s': the port must be 0..65535", listen);
-    struct addrinfo hints, *ai = NULL;
-    memset(&hints, 0, sizeof hints);
-    hints.ai_socktype = SOCK_STREAM;
-    hints.ai_flags = AI_PASSIVE | AI_NUMERICSERV;
-    int g = getaddrinfo(host[0] ? host : NULL, colon + 1, &hints, &ai);
-    if (g != 0 || !ai)
-        return tk__err(TK_ERR_INVALID, "listen address '%s': %s", listen, gai_strerror(g));
+    struct addrinfo *ai = NULL;
+    int rc0 = tk__listen_addr(listen, &ai, &port);
+    if (rc0 != TK_OK)
+        return rc0;
 
     int rc = TK_OK;
     tk_server *s = calloc(1, sizeof *s);

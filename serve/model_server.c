@@ -804,27 +804,11 @@ int tk_model_server_new(tk_model_server **out, tk_ctx *ctx, const tk_model_serve
     if (opts->ctx_size < 0 || opts->max_body < 0 || opts->max_step_tokens < 0)
         return tk__err(TK_ERR_INVALID, "tk_model_server_new: ctx_size, max_body and max_step_tokens must be >= 0");
     const char *listen = opts->listen ? opts->listen : "127.0.0.1:0";
-    char host[128];
-    const char *colon = strrchr(listen, ':');
-    if (!colon || (size_t)(colon - listen) >= sizeof host)
-        return tk__err(TK_ERR_INVALID, "listen address '%s' is not HOST:PORT (e.g. 127.0.0.1:8080 or [::1]:8080)",
-                       listen);
-    memcpy(host, listen, (size_t)(colon - listen));
-    host[colon - listen] = '\0';
-    if (host[0] == '[' && host[strlen(host) - 1] == ']') {
-        memmove(host, host + 1, strlen(host));
-        host[strlen(host) - 1] = '\0';
-    }
     int64_t port;
-    if (tk__parse_i64(colon + 1, 0, 65535, &port) != 0)
-        return tk__err(TK_ERR_INVALID, "listen address '%s': the port must be 0..65535", listen);
-    struct addrinfo hints, *ai = NULL;
-    memset(&hints, 0, sizeof hints);
-    hints.ai_socktype = SOCK_STREAM;
-    hints.ai_flags = AI_PASSIVE | AI_NUMERICSERV;
-    int g = getaddrinfo(host[0] ? host : NULL, colon + 1, &hints, &ai);
-    if (g != 0 || !ai)
-        return tk__err(TK_ERR_INVALID, "listen address '%s': %s", listen, gai_strerror(g));
+    struct addrinfo *ai = NULL;
+    int rc0 = tk__listen_addr(listen, &ai, &port);
+    if (rc0 != TK_OK)
+        return rc0;
     tk_model_server *s = calloc(1, sizeof *s);
     if (!s) {
         freeaddrinfo(ai);
