@@ -37,6 +37,9 @@ start_nginx() {
   local root=$1 rate=${2:-0} port; port=$(free_port)
   local conf=$WORK/nginx; mkdir -p "$conf"
   sed -e "s#@ROOT@#$root#g" -e "s#@PORT@#$port#g" -e "s#@DIR@#$conf#g" -e "s#@RATE@#$rate#g" "$ROOT/tests/nginx.conf.in" >"$conf/nginx.conf"
+  # Started by root, nginx's workers run as nobody and cannot read a tree under a 0700 directory
+  # (a clone made in `mktemp -d`): every file answers 403/404. Keep the workers as the test's user.
+  [ "$(id -u)" = 0 ] && sed -i '1i user root;' "$conf/nginx.conf"
   nginx -c "$conf/nginx.conf" -p "$conf" || { echo "nginx failed to start" >&2; return 1; }
   for _ in $(seq 50); do [ -s "$conf/nginx.pid" ] && break; sleep 0.1; done
   NGINX_PID=$(cat "$conf/nginx.pid")
