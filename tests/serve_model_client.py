@@ -424,24 +424,39 @@ def check_vanish():
             got += s.recv(4096)
         s.close()
     nb = json.dumps({"prompt": "Once upon a time", "max_tokens": 100, "ignore_eos": True}).encode()
-    settle()  # the streams have left the batch: a request running below is the next one
-    s = socket.create_connection((HOST, PORT))
-    s.sendall(b"POST /v1/completions HTTP/1.1\r\nHost: x\r\nContent-Length: %d\r\n\r\n" % len(nb) + nb)
-    # Close only once the server holds the request: a client gone before the server read it (a loaded
-    # machine) was never a request, so nothing is cancelled.
-    t = time.time()
-    while time.time() - t < 30:
-        m = metrics()
-        if m["tk_requests_running"] + m["tk_requests_queued"] >= 1:
+    m = settle()  # the streams have left the batch: a request running below is the next one
+    if m['tk_requests_total{outcome="cancelled"}'] - before['tk_requests_total{outcome="cancelled"}'] != 3:
+        fail("vanished streams: %d of 3 cancelled" % (m['tk_requests_total{outcome="cancelled"}'] -
+                                                     before['tk_requests_total{outcome="cancelled"}']))
+    # The waiting client closes once the server holds its request (a client gone before the server read
+    # it was never a request). The tiny model can finish 100 tokens before a loaded machine lets this
+    # process close: such a try ends "ok", not "cancelled", and is tried again.
+    answered = 0
+    for _ in range(5):
+        last = m
+        s = socket.create_connection((HOST, PORT))
+        s.sendall(b"POST /v1/completions HTTP/1.1\r\nHost: x\r\nContent-Length: %d\r\n\r\n" % len(nb) + nb)
+        t = time.time()
+        while time.time() - t < 30:
+            h = metrics()
+            if h["tk_requests_running"] + h["tk_requests_queued"] >= 1:
+                break
+            time.sleep(0.01)
+        s.close()
+        m = settle()
+        if m['tk_requests_total{outcome="cancelled"}'] > last['tk_requests_total{outcome="cancelled"}']:
             break
-        time.sleep(0.01)
-    s.close()
-    m = settle()
+        if m['tk_requests_total{outcome="ok"}'] > last['tk_requests_total{outcome="ok"}']:
+            answered += 1
+            continue
+        fail("the waiting client's request neither ended ok nor was cancelled: %s" % m)
     gen = m["tk_generation_tokens_total"] - before["tk_generation_tokens_total"]
     cancelled = m['tk_requests_total{outcome="cancelled"}'] - before['tk_requests_total{outcome="cancelled"}']
-    if cancelled != 4 or gen >= 4 * 100:
-        fail("vanished clients: %d cancelled, %d tokens generated (4 x 100 if never cancelled)" % (cancelled, gen))
-    print("vanishing clients: 4 cancelled after %d tokens in all (of 400); kv blocks back: ok" % gen)
+    if cancelled != 4 or gen >= (4 + answered) * 100:
+        fail("vanished clients: %d cancelled, %d tokens generated (%d x 100 if never cancelled; %d waiting "
+             "tries answered before the client could close)" % (cancelled, gen, 4 + answered, answered))
+    print("vanishing clients: 4 cancelled after %d tokens in all (of %d); %d waiting tries answered first; "
+          "kv blocks back: ok" % (gen, (4 + answered) * 100, answered))
 
 
 def check_streams_then_term():
