@@ -381,8 +381,10 @@ static void test_attention(void)
     }
 }
 
-static int decode_case(tk_dtype dt, int64_t b, int64_t sq, const int *lens, int64_t hq, int64_t hkv, int64_t d, int64_t bs,
-                       int64_t wl)
+/* cdt: the caches' dtype (dt, or f16 / bf16 under f32 queries); special: a NaN key (key 1 of sequence 0,
+ * every query head of its KV head 0 sees it: those rows are NaN in both). */
+static int decode_case(tk_dtype dt, tk_dtype cdt, int64_t b, int64_t sq, const int *lens, int64_t hq, int64_t hkv,
+                       int64_t d, int64_t bs, int64_t wl, int special)
 {
     int64_t maxb = 0;
     for (int64_t s = 0; s < b; s++)
@@ -392,8 +394,8 @@ static int decode_case(tk_dtype dt, int64_t b, int64_t sq, const int *lens, int6
     int64_t qs[4] = {b, sq, hq, d}, cs[4] = {nblocks, bs, hkv, d}, bts[2] = {b, maxb}, sls[1] = {b}, ls[3] = {b, hq, sq};
     host_new(&q, dt, 4, qs, 0);
     host_new(&out, dt, 4, qs, 0);
-    host_new(&kc, dt, 4, cs, 0);
-    host_new(&vc, dt, 4, cs, 0);
+    host_new(&kc, cdt, 4, cs, 0);
+    host_new(&vc, cdt, 4, cs, 0);
     host_new(&bt, I32, 2, bts, 0);
     host_new(&sl, I32, 1, sls, 0);
     host_new(&lse, F32, 3, ls, 0);
@@ -405,11 +407,15 @@ static int decode_case(tk_dtype dt, int64_t b, int64_t sq, const int *lens, int6
         tab[i] = (int32_t)((i * 7 + 3) % (b * maxb));
     for (int64_t s = 0; s < b; s++)
         slv[s] = lens[s];
+    if (special && lens[0] > 1) /* key 1 of sequence 0, KV head 0 */
+        set(&kc.t, ((int64_t)tab[0] * bs + 1) * hkv * d, NAN);
     tk_arg a[] = {T("out", &out.t), T("q", &q.t), T("k_cache", &kc.t), T("v_cache", &vc.t), T("block_table", &bt.t),
                   T("seq_lens", &sl.t), T("lse", &lse.t), I("window_left", wl)};
     char what[128];
-    snprintf(what, sizeof what, "attention_decode B %lld Sq %lld lens %d.. Hq %lld Hkv %lld D %lld bs %lld wl %lld",
-             (long long)b, (long long)sq, lens[0], (long long)hq, (long long)hkv, (long long)d, (long long)bs, (long long)wl);
+    snprintf(what, sizeof what,
+             "attention_decode cache %s B %lld Sq %lld lens %d.. Hq %lld Hkv %lld D %lld bs %lld wl %lld%s",
+             tk_ops__dtype_str(cdt), (long long)b, (long long)sq, lens[0], (long long)hq, (long long)hkv, (long long)d,
+             (long long)bs, (long long)wl, special ? " NaN key" : "");
     att_ctx A = {what, 3, d};
     host_t *outs[2] = {&out, &lse};
     int oa[2] = {0, 6};
@@ -426,13 +432,19 @@ static int decode_case(tk_dtype dt, int64_t b, int64_t sq, const int *lens, int6
 
 static void test_attention_decode(void)
 {
-    static const int l1[] = {5, 40}, l2[] = {200}, l3[] = {16, 3, 70};
+    static const int l1[] = {5, 40}, l2[] = {200}, l3[] = {16, 3, 70}, l4[] = {1, 129};
     for (size_t t = 0; t < 3; t++) {
         tk_dtype dt = *all_dtypes[t];
-        CHECK(decode_case(dt, 2, 1, l1, 9, 3, 64, 16, -1));
-        CHECK(decode_case(dt, 1, 1, l2, 4, 1, 64, 8, -1));
-        CHECK(decode_case(dt, 1, 4, l2, 4, 2, 20, 32, 50));
-        CHECK(decode_case(dt, 3, 3, l3, 6, 6, 12, 16, -1));
+        CHECK(decode_case(dt, dt, 2, 1, l1, 9, 3, 64, 16, -1, 0));
+        CHECK(decode_case(dt, dt, 1, 1, l2, 4, 1, 64, 8, -1, 0));
+        CHECK(decode_case(dt, dt, 1, 4, l2, 4, 2, 20, 32, 50, 0));
+        CHECK(decode_case(dt, dt, 3, 3, l3, 6, 6, 12, 16, -1, 0));
+        /* head dims the in-place path takes (multiples of 8, with and without a 16-wide tail), windows
+         * that cut chunks, 16 queries, a NaN key */
+        CHECK(decode_case(dt, dt, 2, 1, l4, 8, 2, 8, 8, -1, 0));
+        CHECK(decode_case(dt, dt, 1, 16, l2, 6, 3, 24, 16, 70, 0));
+        CHECK(decode_case(dt, dt, 2, 2, l4, 4, 1, 128, 32, 5, 0));
+        CHECK(decode_case(dt, dt, 2, 1, l1, 9, 3, 64, 16, -1, 1));
     }
 }
 
