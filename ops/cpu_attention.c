@@ -1,7 +1,8 @@
 /*
  * cpu_attention.c — fast CPU attention, beside the references of ops/attention.c: a blocked f32
  * flash-style forward for attention (prefill, varlen, causal, windows, GQA) and attention_decode (1..16
- * new queries per sequence over the paged cache, f32/f16/bf16 caches).
+ * new queries per sequence over the paged cache, f32/f16/bf16 caches, f16/bf16 ones under f32 queries
+ * too; decode reads the cache's rows where they are, widening 16-bit keys and values in registers).
  *
  * A task is one sequence, one KV head and a block of up to BQ query rows; it holds the block's rows for
  * every query head of the group (GQA: g = Hq / Hkv heads share the KV head), so each chunk of BK keys
@@ -509,9 +510,10 @@ static void dec_range(void *arg, int64_t lo, int64_t hi)
 static int fits_decode(const tk_op_call *c)
 {
     const tk_tensor *q = c->t[D_Q], *kc = c->t[D_KC], *bt = c->t[D_BT];
+    int ck = tk_cpu_kind(kc->dtype);
     if (c->t[D_ALIBI] || c->f[D_SOFTCAP] != 0 || c->t[D_KS] || tk_cpu_kind(q->dtype) < 0 ||
-        tk_cpu_kind(q->dtype) == K_I8 || tk_ops__dtype_bit(kc->dtype) != tk_ops__dtype_bit(q->dtype))
-        return 0;
+        tk_cpu_kind(q->dtype) == K_I8 || ck < 0 || ck == K_I8)
+        return 0; /* float caches: q's dtype, or f16/bf16 under f32 q (the op's checks) */
     int64_t d = q->shape[3], g = q->shape[2] / kc->shape[2], sq = q->shape[1];
     if (d > MAX_DP || g * sq > MAX_G * BQ)
         return 0;
@@ -559,7 +561,7 @@ const tk_cpu_impl tk_ops__cpu_attn_impls[] = {
     {"attention", "cpu-avx2", TK_CPU_X86_AVX2, fits_attention, run_attention_avx2,
      "f32 flash-style blocks (online softmax, GQA heads share each K/V chunk); no ALiBi or softcap"},
     {"attention_decode", "cpu-avx2", TK_CPU_X86_AVX2, fits_decode, run_decode_avx2,
-     "the same over the paged cache (f32/f16/bf16 caches)"},
+     "the same over the paged cache, its rows read in place (f32/f16/bf16 caches, 16-bit under f32 q)"},
 #endif
     {"attention", "cpu-portable", 0, fits_attention, run_attention_c, "the same blocking in plain C"},
     {"attention_decode", "cpu-portable", 0, fits_decode, run_decode_c, "the same blocking in plain C"},

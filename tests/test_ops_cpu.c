@@ -480,6 +480,12 @@ static void test_attention_decode(void)
         CHECK(decode_case(dt, dt, 2, 2, l4, 4, 1, 128, 32, 5, 0));
         CHECK(decode_case(dt, dt, 2, 1, l1, 9, 3, 64, 16, -1, 1));
     }
+    /* 16-bit caches under f32 queries (--kv-dtype f16 of an f32 model): in place and staged */
+    for (size_t t = 1; t < 3; t++) {
+        CHECK(decode_case(F32, *all_dtypes[t], 2, 1, l1, 9, 3, 64, 16, -1, 0));
+        CHECK(decode_case(F32, *all_dtypes[t], 1, 4, l2, 4, 2, 20, 32, 50, 0));
+        CHECK(decode_case(F32, *all_dtypes[t], 2, 1, l1, 9, 3, 64, 16, -1, 1));
+    }
 }
 
 /* ---- rms_norm, fused_add_rms_norm ------------------------------------------------------------- */
