@@ -115,12 +115,6 @@ static int fits_casted(const tk_op_call *c)
     return setup(&L, c, 1);
 }
 
-/* The integer-dot GEMV: decode's rows (M <= 4) with some depth. */
-static int fits_casted_q8(const tk_op_call *c)
-{
-    lin_t L;
-    return setup(&L, c, 1) && L.m >= 1 && L.m <= GEMV_MAX_M && L.k > 0;
-}
 
 /* out[i, n] = v * scale[n] + bias[n], rounded to out's dtype. */
 static inline void put1(const lin_t *L, int64_t i, int64_t n, float v)
@@ -757,6 +751,13 @@ static int run_casted_c(const tk_op_call *c) { return run(c, 1, 0); }
 #if TK_CPU_X86
 static int run_linear_avx2(const tk_op_call *c) { return run(c, 0, 1); }
 static int run_casted_avx2(const tk_op_call *c) { return run(c, 1, 1); }
+/* The integer-dot GEMV: decode's rows (M <= 4) with some depth. */
+static int fits_casted_q8(const tk_op_call *c)
+{
+    lin_t L;
+    return setup(&L, c, 1) && L.m >= 1 && L.m <= GEMV_MAX_M && L.k > 0;
+}
+
 static int run_casted_q8(const tk_op_call *c)
 {
     lin_t L;

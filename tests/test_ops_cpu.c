@@ -696,6 +696,29 @@ static void test_pick(void)
     free(k.buf);
     free(pos.buf);
     free(cache.buf);
+    /* casted_linear: the integer-dot GEMV takes decode's rows (M <= 4), the f32-activation one the rest */
+    for (int64_t m = 1; m <= 8; m += 3) {
+        host_t x, w, sc, o;
+        int64_t xs[2] = {m, 64}, ws[2] = {8, 64}, ns[1] = {8}, os2[2] = {m, 8};
+        host_new(&x, F32, 2, xs, 0);
+        host_new(&w, I8, 2, ws, 0);
+        host_new(&sc, F32, 1, ns, 0);
+        host_new(&o, F32, 2, os2, 0);
+        tk_arg ca[] = {T("out", &o.t), T("x", &x.t), T("weight", &w.t), T("scale", &sc.t)};
+        CHECK_RC(tk_ops__prepare(&c, "casted_linear", ca, 4), TK_OK);
+        const tk_cpu_impl *p = tk_ops__cpu_pick(&c);
+        int q8 = 0; /* the table has it (an x86 build) and this CPU runs it */
+        for (size_t i = 0; i < tk_ops__cpu_impl_count(); i++)
+            q8 |= !strcmp(tk_ops__cpu_impl_at(i)->impl, "cpu-avx2-q8") && tk_ops__cpu_impl_usable(tk_ops__cpu_impl_at(i));
+        if (q8) {
+            CHECK(p != NULL);
+            CHECK_STR(p ? p->impl : "", m <= 4 ? "cpu-avx2-q8" : "cpu-avx2");
+        }
+        free(x.buf);
+        free(w.buf);
+        free(sc.buf);
+        free(o.buf);
+    }
     if (skipped_impls)
         printf("note: %d implementation runs skipped (features this CPU lacks)\n", skipped_impls);
     for (size_t i = 0; i < tk_ops__cpu_impl_count(); i++) {
