@@ -189,13 +189,21 @@ TK_AVX2 static void chunk_avx2(rows_t *T, int64_t j0, int64_t n)
  * cache's rows, in the cache's kind) instead of staging the chunk: decode's few query rows would not
  * repay the copy (a transpose of K and a copy of V over the whole cache at every step). Needs d % 8 == 0
  * (the rows are read 8 elements at a time, never past d). */
-TK_AVX2 static void chunk_inplace_avx2(rows_t *T, row_fn rowp, const void *src, int kind, int64_t j0, int64_t n)
+TK_AVX2_INLINE void chunk_inplace(rows_t *T, row_fn rowp, const void *src, int kind, int64_t j0, int64_t n)
 {
     const void *kr[BK], *vr[BK];
+    size_t rb = (size_t)T->d * tk_cpu_kind_size(kind);
     for (int64_t t = 0; t < n; t++) {
         kr[t] = rowp(src, j0 + t, 0);
         vr[t] = rowp(src, j0 + t, 1);
     }
+    /* every line of the chunk's rows requested up front: the rows are scattered (one head's slice of
+     * each slot), so the hardware prefetcher would meet them one miss at a time */
+    for (int64_t t = 0; t < n; t++)
+        for (size_t o = 0; o < rb; o += 64) {
+            _mm_prefetch((const char *)kr[t] + o, _MM_HINT_T0);
+            _mm_prefetch((const char *)vr[t] + o, _MM_HINT_T0);
+        }
     const int64_t d = T->d;
     for (int64_t r = 0; r < T->R; r++) {
         int64_t a = T->lo[r] > j0 ? T->lo[r] : j0, b = T->hi[r] < j0 + n - 1 ? T->hi[r] : j0 + n - 1;
@@ -247,6 +255,17 @@ TK_AVX2 static void chunk_inplace_avx2(rows_t *T, row_fn rowp, const void *src, 
             _mm256_store_ps(acc + x, av);
         }
     }
+}
+
+/* One instance per cache kind, so the loads are not a switch in the inner loops. */
+TK_AVX2 static void chunk_inplace_avx2(rows_t *T, row_fn rowp, const void *src, int kind, int64_t j0, int64_t n)
+{
+    if (kind == K_F32)
+        chunk_inplace(T, rowp, src, K_F32, j0, n);
+    else if (kind == K_F16)
+        chunk_inplace(T, rowp, src, K_F16, j0, n);
+    else
+        chunk_inplace(T, rowp, src, K_BF16, j0, n);
 }
 #endif
 
