@@ -33,6 +33,10 @@
 #define KC 256        /* depth of a packed block */
 #define MC_MAX 144    /* rows of x per task (a multiple of MR) */
 #define NC 128        /* output columns per task at most (a multiple of NR); 64 when that gives too few tasks */
+/* GEMV: bytes ahead of the weight read that each step prefetches. The weight streams from memory once
+ * per call; a software prefetch 4 KiB ahead read the 113 MB f32 LM head of SmolLM-135M about 10% faster
+ * on the development machine (Zen 3 VM, one thread, bench/cpu_ops) than the hardware prefetcher alone. */
+#define GEMV_PF 4096
 
 /* One linear call as the kernels see it: out[m, n] = scale[n] * sum_k x[m, k] w[n, k] + bias[n]. */
 typedef struct {
@@ -207,6 +211,7 @@ TK_AVX2_INLINE void gemv_row_avx2(int M, int wk, const void *wr, const float *xf
         a0[i] = a1[i] = _mm256_setzero_ps();
     int64_t e = 0;
     for (; e + 16 <= k; e += 16) {
+        _mm_prefetch((const char *)wr + e * (int64_t)tk_cpu_kind_size(wk) + GEMV_PF, _MM_HINT_T0);
         __m256 w0 = tk_ld8(wr, e, wk), w1 = tk_ld8(wr, e + 8, wk);
         for (int i = 0; i < M; i++) {
             a0[i] = _mm256_fmadd_ps(w0, _mm256_loadu_ps(xf + i * ldx + e), a0[i]);
@@ -398,6 +403,7 @@ TK_AVX2_INLINE void q8_rows_avx2(int M, const q8_job *j, int64_t lo, int64_t hi)
             a0[i] = a1[i] = _mm256_setzero_ps();
         int64_t b = 0;
         for (; b + 2 <= nb; b += 2) { /* two chains of FMAs */
+            _mm_prefetch((const char *)wr + b * QB + GEMV_PF, _MM_HINT_T0);
             q8_block(M, _mm256_loadu_si256((const __m256i *)(wr + b * QB)), j->xq, j->kp, j->xd, nbk, b, a0);
             q8_block(M, _mm256_loadu_si256((const __m256i *)(wr + b * QB + QB)), j->xq, j->kp, j->xd, nbk, b + 1, a1);
         }
