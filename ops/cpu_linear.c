@@ -782,7 +782,7 @@ const tk_cpu_impl tk_ops__cpu_linear_impls[] = {
     {"casted_linear", "cpu-avx2-q8", TK_CPU_X86_AVX2, fits_casted_q8, run_casted_q8,
      "decode (M <= 4): x quantised to i8 per 32 (Q8_0's activations), integer dots (vpmaddubsw), threaded"},
     {"casted_linear", "cpu-avx2", TK_CPU_X86_AVX2, fits_casted, run_casted_avx2,
-     "i8 weights widened in registers against f32 x: the packed GEMM (prefill; the GEMV under q8 for NaN/inf x)"},
+     "i8 weights widened in registers against f32 x: the packed GEMM (prefill, M > 4), threaded"},
 #endif
     {"linear", "cpu-portable", 0, fits_linear, run_linear_c, "the same blocking in plain C"},
     {"casted_linear", "cpu-portable", 0, fits_casted, run_casted_c, "the same blocking in plain C (i8 weights)"},
