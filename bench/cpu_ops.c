@@ -5,6 +5,8 @@
  * Decode shapes (one token) and prefill shapes (128 tokens). bench/RESULTS.md has the figures.
  *
  *     build/bench/cpu_ops [reps=7] [filter]       TK_NUM_THREADS sets the threads (default: all)
+ *     CPU_OPS_BASE=cpu-avx2 build/bench/cpu_ops 7 casted     the picked implementation against another
+ *                                                           one of the op (named), not the reference
  */
 #include <math.h>
 #include <stdio.h>
@@ -63,14 +65,20 @@ static void run_case(const char *name, const char *op, tk_arg *a, size_t n, doub
         fprintf(stderr, "%s: %s\n", name, tk_last_error());
         exit(1);
     }
-    const tk_cpu_impl *im = tk_ops__cpu_pick(&c);
+    const tk_cpu_impl *im = tk_ops__cpu_pick(&c), *base = NULL;
+    const char *bn = getenv("CPU_OPS_BASE");
+    for (size_t i = 0; bn && i < tk_ops__cpu_impl_count(); i++) {
+        const tk_cpu_impl *b = tk_ops__cpu_impl_at(i);
+        if (!strcmp(b->op, op) && !strcmp(b->impl, bn) && tk_ops__cpu_impl_usable(b) && b->fits(&c))
+            base = b;
+    }
     double tr[64], tf[64];
-    tk_ops__run_cpu(&c);
+    base ? base->run(&c) : tk_ops__run_cpu(&c);
     if (im)
         im->run(&c);
     for (int r = 0; r < reps; r++) { /* alternating: the load of a shared machine hits both alike */
         double t0 = now();
-        tk_ops__run_cpu(&c);
+        base ? base->run(&c) : tk_ops__run_cpu(&c);
         tr[r] = now() - t0;
         t0 = now();
         if (im)
@@ -82,8 +90,8 @@ static void run_case(const char *name, const char *op, tk_arg *a, size_t n, doub
     qsort(tr, (size_t)reps, sizeof *tr, cmp_d);
     qsort(tf, (size_t)reps, sizeof *tf, cmp_d);
     double mr = tr[reps / 2], mf = tf[reps / 2];
-    printf("%-44s reference %9.3f ms  %-12s %9.3f ms  x%6.2f", name, mr * 1e3, im ? im->impl : "(reference)", mf * 1e3,
-           mr / mf);
+    printf("%-44s %-12s %9.3f ms  %-12s %9.3f ms  x%6.2f", name, base ? base->impl : "reference", mr * 1e3,
+           im ? im->impl : "(reference)", mf * 1e3, mr / mf);
     if (flops > 0)
         printf("  %6.1f GFLOP/s", flops / mf * 1e-9);
     if (bytes > 0)

@@ -5,6 +5,12 @@ llama.cpp's C API) on the same weights, prompt and thread count: prefill and dec
 
     cpu_vs_llamacpp.py DIR TK MEMBW_JSON [--threads T] [--prompt-tokens P] [--new-tokens N]
                        [--alternations A] [--precisions f32,16,int8] [--engines tk,hf,llama]
+                       [--tk-base TK_BEFORE]
+
+Engines: tk, hf (transformers), llama (llama.cpp); tkkv16 is tk with --kv-dtype f16 (f32 and int8:
+llama.cpp's default KV cache is F16; a 16-bit model's cache is 16-bit already); tkbase is another tk
+binary (--tk-base: the build before a change), run in the same alternations so the two compare under
+the same load.
 
 DIR holds hf-f32/, hf-bf16/ and smol-F32/F16/Q8_0.gguf (bench/make_smol.py). Greedy decoding; every
 engine gets the same P prompt ids (the tokenizer's ids of a fixed English text) and runs N new tokens
@@ -229,6 +235,7 @@ def main():
     ap.add_argument("--alternations", type=int, default=3)
     ap.add_argument("--precisions", default="f32,16,int8")
     ap.add_argument("--engines", default="tk,hf,llama")
+    ap.add_argument("--tk-base", default=None)
     a = ap.parse_args()
     D, T, P, N = a.dir, a.threads, a.prompt_tokens, a.new_tokens
     engines = a.engines.split(",")
@@ -247,11 +254,20 @@ def main():
     plan = []  # (precision, engine, label, runner)
     for p in precs:
         for e in engines:
-            if e == "tk":
+            if e in ("tk", "tkbase", "tkkv16"):
+                if (e == "tkkv16" and p == "16") or (e == "tkbase" and not a.tk_base):
+                    continue
                 extra = {"f32": ["--dtype", "f32"], "16": ["--dtype", "bf16"], "int8": ["--quant", "int8"]}[p]
                 dd = b16dir if p == "16" else f32dir
                 label = {"f32": "tk f32", "16": "tk bf16", "int8": "tk int8 (--quant)"}[p]
-                plan.append((p, e, label, lambda dd=dd, extra=extra: run_tk(a.tk, dd, ids, N, T, eos, extra)))
+                binary = a.tk
+                if e == "tkkv16":
+                    extra = extra + ["--kv-dtype", "f16"]
+                    label += " kv f16"
+                elif e == "tkbase":
+                    binary = a.tk_base
+                    label = "before: " + label
+                plan.append((p, e, label, lambda dd=dd, extra=extra, b=binary: run_tk(b, dd, ids, N, T, eos, extra)))
             elif e == "hf" and p != "int8":
                 h = HF(f32dir if p == "f32" else b16dir, "float32" if p == "f32" else "bfloat16", T)
                 h.run(ids, 4, eos)

@@ -9,6 +9,8 @@
 #     bash bench/cpu_vs_llamacpp.sh [threads=all] [alternations=3]
 #     PRECISIONS=f32 ENGINES=tk,llama bash bench/cpu_vs_llamacpp.sh 2 1      a part of it
 #     NEW_TOKENS=64 bash bench/cpu_vs_llamacpp.sh 2 3                       fewer new tokens (default 128)
+#     TK_BASE=/tmp/tk-before ENGINES=tkbase,tk,tkkv16,llama bash bench/cpu_vs_llamacpp.sh 1 3
+#         a build before a change (tkbase) and tk with an f16 KV cache (tkkv16) in the same alternations
 #
 # Record the output in bench/RESULTS.md with the date and the load printed before and after.
 set -u
@@ -30,7 +32,7 @@ echo "machine: $(nproc) cores, $(grep -m1 'model name' /proc/cpuinfo | cut -d: -
 echo "memory bandwidth ($T threads): $(cat "$W/membw.json")"
 "$PY" bench/cpu_vs_llamacpp.py "$W" "$B/tk" "$W/membw.json" --threads "$T" --alternations "$A" \
   --new-tokens "${NEW_TOKENS:-128}" \
-  --precisions "${PRECISIONS:-f32,16,int8}" --engines "${ENGINES:-tk,hf,llama}"
+  --precisions "${PRECISIONS:-f32,16,int8}" --engines "${ENGINES:-tk,hf,llama}" ${TK_BASE:+--tk-base "$TK_BASE"}
 rc=$?
 echo "after: $(uptime)"
 exit $rc

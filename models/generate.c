@@ -2124,11 +2124,19 @@ static int lm_setup(tk_gen_lm *lm, lm_state *s, tk_model *m, int use_cache, cons
     if (kv_dtype && (rc = tk_dtype_parse(&dt, kv_dtype)) != TK_OK)
         return rc;
     int quant = (dt.code == TK_DL_INT && dt.bits == 8) || dt.code == TK_DL_FLOAT8_E4M3FN;
-    if (!quant && (dt.code != m->dtype.code || dt.bits != m->dtype.bits))
+    /* an f32 model on the CPU may keep its cache in f16 / bf16: half the bytes attention reads a step */
+    int narrow = m->dtype.code == TK_DL_FLOAT && m->dtype.bits == 32 && dt.bits == 16 &&
+                 (dt.code == TK_DL_FLOAT || dt.code == TK_DL_BFLOAT);
+    if (narrow && m->dev_type != TK_DEV_CPU)
+        return tk__err(TK_ERR_INVALID, "generate: kv_dtype '%s' under an f32 model runs on the CPU only (the GPU "
+                       "decode kernels take a cache in the compute dtype)\nHINT: load the model in %s (--dtype %s), "
+                       "or quantise the cache (--kv-dtype i8)", kv_dtype, kv_dtype, kv_dtype);
+    if (!quant && !narrow && (dt.code != m->dtype.code || dt.bits != m->dtype.bits))
         return tk__err(TK_ERR_INVALID, "generate: kv_dtype '%s' is not a cache dtype for this %s model: the "
-                       "cache holds the compute dtype (%s), or i8 / fp8_e4m3\nHINT: load the model in %s "
+                       "cache holds the compute dtype (%s)%s, or i8 / fp8_e4m3\nHINT: load the model in %s "
                        "(--dtype), or quantise the cache (--kv-dtype i8)", kv_dtype, tk_dtype_name(m->dtype),
-                       tk_dtype_name(m->dtype), kv_dtype);
+                       tk_dtype_name(m->dtype), m->dtype.bits == 32 && m->dtype.code == TK_DL_FLOAT ? ", f16, bf16" : "",
+                       kv_dtype);
     const tk_models_config *c = &m->cfg;
     if ((rc = tk_gen__kv_new(&s->kv, c->layers, c->kv_heads, c->head_dim, dt, block_size, max_bytes, m->dev_type,
                              m->dev_id)) != TK_OK)

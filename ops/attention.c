@@ -7,8 +7,9 @@
  *   attention_backward  dq, dk, dv from dout, q, k, v, out and the forward's lse (the same masks,
  *                       GQA and varlen batch as the forward)
  *   attention_decode    1..16 new queries per sequence over a paged KV cache (f32/f16/bf16, or i8 /
- *                       fp8_e4m3 with per-head scales), always causal
- *   paged_kv_append     writes new keys/values into their cache slots (quantising for i8/fp8 caches)
+ *                       fp8_e4m3 with per-head scales; f16/bf16 under f32 queries), always causal
+ *   paged_kv_append     writes new keys/values into their cache slots (quantising for i8/fp8 caches,
+ *                       rounding f32 keys/values into f16/bf16 caches)
  *   mla_decode          DeepSeek's multi-head latent attention, absorbed form, over a paged latent cache
  *
  * Masks follow flash-attn 2 (docs/attention.md): query i of a sequence with Sq queries and Sk keys sits
@@ -164,10 +165,12 @@ static int check_cache_dtype(const tk_op_call *c, int ikc, int ilike, int iks, i
     unsigned bit = tk_ops__dtype_bit(kc->dtype), want = tk_ops__dtype_bit(c->t[ilike]->dtype);
     const int sc[2] = {iks, ivs};
     if (bit & TK_OPS_FLOATS) {
-        if (bit != want)
-            return tk__err(TK_ERR_INVALID, "%s: '%s' has dtype %s, want %s (the dtype of '%s') or i8 / fp8_e4m3",
+        /* the dtype of q / k, or a 16-bit cache under f32 (half the bytes, one rounding of k and v) */
+        if (bit != want && !(want == TK_OPS_F32 && (bit == TK_OPS_F16 || bit == TK_OPS_BF16)))
+            return tk__err(TK_ERR_INVALID, "%s: '%s' has dtype %s, want %s (the dtype of '%s')%s or i8 / fp8_e4m3",
                            c->op->name, pname(c, ikc), tk_ops__dtype_str(kc->dtype),
-                           tk_ops__dtype_str(c->t[ilike]->dtype), pname(c, ilike));
+                           tk_ops__dtype_str(c->t[ilike]->dtype), pname(c, ilike),
+                           want == TK_OPS_F32 ? ", f16, bf16" : "");
         for (int k = 0; k < 2; k++)
             if (c->t[sc[k]])
                 return tk__err(TK_ERR_INVALID,
@@ -940,17 +943,25 @@ typedef struct {
 } app_job;
 
 /* Writes row `src` (d elements of the new tokens' dtype) into row `dst` of the cache, quantising
- * x / scale for i8 and fp8 caches. */
+ * x / scale for i8 and fp8 caches and rounding f32 to a 16-bit cache. */
 static void append_row(const tk_tensor *cache, int64_t dst, const tk_tensor *in, int64_t src, int64_t d,
                        const float *scale)
 {
     size_t es = tk_ops__dtype_size(cache->dtype);
-    if (!scale) { /* the same float dtype: copy */
+    if (!scale && tk_ops__dtype_bit(cache->dtype) == tk_ops__dtype_bit(in->dtype)) { /* the same dtype: copy */
         memcpy((char *)tk_ops__base(cache) + (size_t)dst * es, (const char *)tk_ops__base(in) + (size_t)src * es,
                (size_t)d * es);
         return;
     }
     float x[MAX_D];
+    if (!scale) { /* f32 into a 16-bit cache: rounded to nearest even */
+        for (int64_t c0 = 0; c0 < d; c0 += MAX_D) {
+            int64_t n = d - c0 < MAX_D ? d - c0 : MAX_D;
+            tk_ops__load_f32(x, tk_ops__base(in), src + c0, 1, n, in->dtype);
+            tk_ops__store_f32(tk_ops__base(cache), dst + c0, 1, x, n, cache->dtype);
+        }
+        return;
+    }
     uint8_t *o = (uint8_t *)tk_ops__base(cache) + dst;
     int i8 = cache->dtype.code == TK_DL_INT;
     for (int64_t c0 = 0; c0 < d; c0 += MAX_D) {
@@ -1167,7 +1178,7 @@ static const tk_op_param dec_params[] = {
     T_IN("q", 4, -1, "[B, Sq, Hq, D]", "the Sq = 1..16 new queries of each sequence"),
     {.name = "k_cache", .kind = TK_ARG_TENSOR, .role = TK_OPS_IN, .dtypes = CACHE_BITS, .dtype_like = -1,
      .min_rank = 4, .max_rank = 4, .shape = "[num_blocks, block_size, Hkv, D]",
-     .doc = "paged keys: the dtype of q, or i8 / fp8_e4m3 (value = stored * k_scale[h])"},
+     .doc = "paged keys: the dtype of q (f16/bf16 also under f32 q), or i8 / fp8_e4m3 (value = stored * k_scale[h])"},
     {.name = "v_cache", .kind = TK_ARG_TENSOR, .role = TK_OPS_IN, .dtypes = CACHE_BITS, .dtype_like = 2,
      .min_rank = 4, .max_rank = 4, .shape = "[num_blocks, block_size, Hkv, D]", .doc = "paged values"},
     T_REQ("block_table", TK_OPS_I32, 2, "[B, max_blocks_per_seq]",
@@ -1185,7 +1196,8 @@ static const tk_op_param dec_params[] = {
 static const tk_op_param app_params[] = {
     {.name = "k_cache", .kind = TK_ARG_TENSOR, .role = TK_OPS_OUT, .dtypes = CACHE_BITS, .dtype_like = -1,
      .min_rank = 4, .max_rank = 4, .shape = "[num_blocks, block_size, Hkv, D]",
-     .doc = "paged keys: the dtype of k, or i8 / fp8_e4m3 (stored = x / k_scale[h], rounded, saturated)"},
+     .doc = "paged keys: the dtype of k (f16/bf16 also under f32 k: rounded), or i8 / fp8_e4m3 (stored = x / "
+            "k_scale[h], rounded, saturated)"},
     {.name = "v_cache", .kind = TK_ARG_TENSOR, .role = TK_OPS_OUT, .dtypes = CACHE_BITS, .dtype_like = 0,
      .min_rank = 4, .max_rank = 4, .shape = "[num_blocks, block_size, Hkv, D]", .doc = "paged values"},
     T_IN("k", 3, -1, "[N, Hkv, D]", "the new tokens' keys"),

@@ -1,7 +1,8 @@
 /*
  * cpu_attention.c — fast CPU attention, beside the references of ops/attention.c: a blocked f32
  * flash-style forward for attention (prefill, varlen, causal, windows, GQA) and attention_decode (1..16
- * new queries per sequence over the paged cache, f32/f16/bf16 caches).
+ * new queries per sequence over the paged cache, f32/f16/bf16 caches, f16/bf16 ones under f32 queries
+ * too; decode reads the cache's rows where they are, widening 16-bit keys and values in registers).
  *
  * A task is one sequence, one KV head and a block of up to BQ query rows; it holds the block's rows for
  * every query head of the group (GQA: g = Hq / Hkv heads share the KV head), so each chunk of BK keys
@@ -52,6 +53,7 @@ typedef struct {
     float *kt;         /* [dp][BK]: the chunk's keys, transposed */
     float *vb;         /* [BK][dp]: the chunk's values */
     float *s;          /* [BK] scores of one row */
+    float *sr;         /* [R][BK] scores of every row (the in-place chunks) */
 } rows_t;
 
 /* Where a chunk's key and value rows are: row t of the chunk starting at key j0. */
@@ -182,8 +184,93 @@ TK_AVX2 static void chunk_avx2(rows_t *T, int64_t j0, int64_t n)
 }
 #endif
 
+#if TK_CPU_X86
+/* One chunk of keys [j0, j0 + n) for every row, reading each key and value row where it is (a paged
+ * cache's rows, in the cache's kind) instead of staging the chunk: decode's few query rows would not
+ * repay the copy (a transpose of K and a copy of V over the whole cache at every step). Needs d % 8 == 0
+ * (the rows are read 8 elements at a time, never past d). */
+TK_AVX2_INLINE void chunk_inplace(rows_t *T, row_fn rowp, const void *src, int kind, int64_t j0, int64_t n)
+{
+    const void *kr[BK], *vr[BK];
+    size_t rb = (size_t)T->d * tk_cpu_kind_size(kind);
+    for (int64_t t = 0; t < n; t++) {
+        kr[t] = rowp(src, j0 + t, 0);
+        vr[t] = rowp(src, j0 + t, 1);
+    }
+    /* every line of the chunk's rows requested up front: the rows are scattered (one head's slice of
+     * each slot), so the hardware prefetcher would meet them one miss at a time */
+    for (int64_t t = 0; t < n; t++)
+        for (size_t o = 0; o < rb; o += 64) {
+            _mm_prefetch((const char *)kr[t] + o, _MM_HINT_T0);
+            _mm_prefetch((const char *)vr[t] + o, _MM_HINT_T0);
+        }
+    const int64_t d = T->d;
+    for (int64_t r = 0; r < T->R; r++) {
+        int64_t a = T->lo[r] > j0 ? T->lo[r] : j0, b = T->hi[r] < j0 + n - 1 ? T->hi[r] : j0 + n - 1;
+        if (a > b)
+            continue;
+        const float *q = T->q + r * T->dp;
+        float *s = T->sr + r * BK;
+        int64_t ta = a - j0, tb = b - j0;
+        for (int64_t t = 0; t < BK; t++)
+            s[t] = -INFINITY;
+        int nan = 0;
+        float mc = -INFINITY;
+        for (int64_t t = ta; t <= tb; t++) {
+            __m256 s0 = _mm256_setzero_ps(), s1 = _mm256_setzero_ps();
+            int64_t e = 0;
+            for (; e + 16 <= d; e += 16) {
+                s0 = _mm256_fmadd_ps(_mm256_load_ps(q + e), tk_ld8(kr[t], e, kind), s0);
+                s1 = _mm256_fmadd_ps(_mm256_load_ps(q + e + 8), tk_ld8(kr[t], e + 8, kind), s1);
+            }
+            if (e < d)
+                s0 = _mm256_fmadd_ps(_mm256_load_ps(q + e), tk_ld8(kr[t], e, kind), s0);
+            float v = tk_hsum8(_mm256_add_ps(s0, s1));
+            s[t] = v;
+            nan |= isnan(v);
+            mc = v > mc ? v : mc;
+        }
+        T->nan[r] |= nan;
+        if (mc == -INFINITY)
+            continue; /* NaN scores: max ignores them; the row is NaN anyway */
+        float *acc = T->acc + r * T->dp, sc = 1.0f;
+        if (mc > T->m[r]) {
+            sc = expf(T->m[r] - mc);
+            T->l[r] *= sc;
+            T->m[r] = mc;
+        }
+        __m256 mv = _mm256_set1_ps(T->m[r]), lsum = _mm256_setzero_ps();
+        for (int64_t t = ta / 8 * 8; t <= tb; t += 8) {
+            __m256 p = tk_exp8(_mm256_sub_ps(_mm256_load_ps(s + t), mv)); /* exp(-inf) = 0 outside [a, b] */
+            p = _mm256_blendv_ps(p, _mm256_setzero_ps(), _mm256_cmp_ps(p, p, _CMP_UNORD_Q));
+            lsum = _mm256_add_ps(lsum, p);
+            _mm256_store_ps(s + t, p);
+        }
+        T->l[r] += tk_hsum8(lsum);
+        __m256 scv = _mm256_set1_ps(sc);
+        for (int64_t x = 0; x < d; x += 8) {
+            __m256 av = _mm256_mul_ps(_mm256_load_ps(acc + x), scv);
+            for (int64_t t = ta; t <= tb; t++)
+                av = _mm256_fmadd_ps(_mm256_broadcast_ss(s + t), tk_ld8(vr[t], x, kind), av);
+            _mm256_store_ps(acc + x, av);
+        }
+    }
+}
+
+/* One instance per cache kind, so the loads are not a switch in the inner loops. */
+TK_AVX2 static void chunk_inplace_avx2(rows_t *T, row_fn rowp, const void *src, int kind, int64_t j0, int64_t n)
+{
+    if (kind == K_F32)
+        chunk_inplace(T, rowp, src, K_F32, j0, n);
+    else if (kind == K_F16)
+        chunk_inplace(T, rowp, src, K_F16, j0, n);
+    else
+        chunk_inplace(T, rowp, src, K_BF16, j0, n);
+}
+#endif
+
 /* Loads each row's q (scaled), then runs the chunks covering every row's keys. */
-static void rows_run(rows_t *T, row_fn rowp, const void *src, int kind, int avx2)
+static void rows_run(rows_t *T, row_fn rowp, const void *src, int kind, int avx2, int inplace)
 {
     int64_t lo = INT64_MAX, hi = -1;
     for (int64_t r = 0; r < T->R; r++)
@@ -194,6 +281,12 @@ static void rows_run(rows_t *T, row_fn rowp, const void *src, int kind, int avx2
     rows_init(T);
     for (int64_t j0 = lo; j0 <= hi; j0 += BK) {
         int64_t n = hi - j0 + 1 < BK ? hi - j0 + 1 : BK;
+#if TK_CPU_X86
+        if (avx2 && inplace && T->d % 8 == 0) {
+            chunk_inplace_avx2(T, rowp, src, kind, j0, n);
+            continue;
+        }
+#endif
         load_chunk(T, rowp, src, kind, j0, n);
 #if TK_CPU_X86
         if (avx2)
@@ -223,7 +316,7 @@ static int rows_alloc(rows_t *T, int64_t R, int64_t d)
     T->R = R;
     T->d = d;
     T->dp = (d + 7) / 8 * 8;
-    size_t f = (size_t)(R * T->dp * 2 + R * 2 + T->dp * BK + BK * T->dp + BK) + 64;
+    size_t f = (size_t)(R * T->dp * 2 + R * 2 + T->dp * BK + BK * T->dp + BK + R * BK) + 64;
     size_t bytes = f * sizeof(float) + (size_t)R * (2 * sizeof(int64_t) + sizeof(int)) + 256;
     char *p = tk_ops__cpu_scratch(3, bytes);
     if (!p)
@@ -231,7 +324,8 @@ static int rows_alloc(rows_t *T, int64_t R, int64_t d)
     T->kt = (float *)p;
     T->vb = T->kt + T->dp * BK;
     T->s = T->vb + BK * T->dp;
-    T->q = T->s + BK;
+    T->sr = T->s + BK;
+    T->q = T->sr + R * BK;
     T->acc = T->q + R * T->dp;
     T->m = T->acc + R * T->dp;
     T->l = T->m + R;
@@ -295,7 +389,7 @@ static void fwd_range(void *arg, int64_t lo, int64_t hi)
             }
         dense_src src = {f, f->k + (f->k0[s] * f->hkv + hk) * f->d * es, f->v + (f->k0[s] * f->hkv + hk) * f->d * es,
                          f->hkv * f->d * (int64_t)es};
-        rows_run(&T, dense_row, &src, f->kind, f->avx2);
+        rows_run(&T, dense_row, &src, f->kind, f->avx2, 0);
         for (int64_t i = 0; i < ni; i++)
             for (int64_t h = 0; h < f->g; h++) {
                 int64_t r = i * f->g + h, qh = hk * f->g + h, qrow = f->q0[s] + i0 + i;
@@ -378,7 +472,7 @@ typedef struct {
     const char *kc, *vc;
     float *lse;
     const int32_t *tab, *lens;
-    int kind;
+    int kind, ckind; /* of q and out; of the caches */
     int64_t b, sq, hq, hkv, d, g, bs, mb;
     float scale;
     int64_t wl;
@@ -396,7 +490,7 @@ static const void *paged_row(const void *src, int64_t key, int which)
     const paged_src *s = src;
     const dec_t *j = s->j;
     int64_t slot = (int64_t)s->tab[key / j->bs] * j->bs + key % j->bs;
-    return (which ? j->vc : j->kc) + ((slot * j->hkv + s->hk) * j->d) * (int64_t)tk_cpu_kind_size(j->kind);
+    return (which ? j->vc : j->kc) + ((slot * j->hkv + s->hk) * j->d) * (int64_t)tk_cpu_kind_size(j->ckind);
 }
 
 static void dec_range(void *arg, int64_t lo, int64_t hi)
@@ -420,7 +514,7 @@ static void dec_range(void *arg, int64_t lo, int64_t hi)
                 key_range(j->wl, 0, nk - j->sq + i, nk, &T.lo[r], &T.hi[r]);
             }
         paged_src src = {j, j->tab + b * j->mb, hk};
-        rows_run(&T, paged_row, &src, j->kind, j->avx2);
+        rows_run(&T, paged_row, &src, j->ckind, j->avx2, 1);
         for (int64_t i = 0; i < j->sq; i++)
             for (int64_t h = 0; h < j->g; h++) {
                 int64_t r = i * j->g + h, qh = hk * j->g + h, row = (b * j->sq + i) * j->hq + qh;
@@ -435,9 +529,10 @@ static void dec_range(void *arg, int64_t lo, int64_t hi)
 static int fits_decode(const tk_op_call *c)
 {
     const tk_tensor *q = c->t[D_Q], *kc = c->t[D_KC], *bt = c->t[D_BT];
+    int ck = tk_cpu_kind(kc->dtype);
     if (c->t[D_ALIBI] || c->f[D_SOFTCAP] != 0 || c->t[D_KS] || tk_cpu_kind(q->dtype) < 0 ||
-        tk_cpu_kind(q->dtype) == K_I8 || tk_ops__dtype_bit(kc->dtype) != tk_ops__dtype_bit(q->dtype))
-        return 0;
+        tk_cpu_kind(q->dtype) == K_I8 || ck < 0 || ck == K_I8)
+        return 0; /* float caches: q's dtype, or f16/bf16 under f32 q (the op's checks) */
     int64_t d = q->shape[3], g = q->shape[2] / kc->shape[2], sq = q->shape[1];
     if (d > MAX_DP || g * sq > MAX_G * BQ)
         return 0;
@@ -460,7 +555,7 @@ static int run_decode(const tk_op_call *c, int avx2)
     int64_t b = q->shape[0], d = q->shape[3];
     dec_t j = {tk_ops__base(q), tk_ops__base(c->t[D_OUT]), tk_ops__base(kc), tk_ops__base(c->t[D_VC]),
                c->t[D_LSE] ? tk_ops__base(c->t[D_LSE]) : NULL, tk_ops__base(c->t[D_BT]), tk_ops__base(c->t[D_SL]),
-               tk_cpu_kind(q->dtype), b, q->shape[1], q->shape[2], kc->shape[2], d, q->shape[2] / kc->shape[2],
+               tk_cpu_kind(q->dtype), tk_cpu_kind(kc->dtype), b, q->shape[1], q->shape[2], kc->shape[2], d, q->shape[2] / kc->shape[2],
                kc->shape[1], c->t[D_BT]->shape[1], 0, c->i[D_WL], avx2, 0};
     j.scale = (float)(c->f[D_SCALE] != 0 ? c->f[D_SCALE] : 1.0 / sqrt((double)d));
     int64_t keys = 0;
@@ -485,7 +580,7 @@ const tk_cpu_impl tk_ops__cpu_attn_impls[] = {
     {"attention", "cpu-avx2", TK_CPU_X86_AVX2, fits_attention, run_attention_avx2,
      "f32 flash-style blocks (online softmax, GQA heads share each K/V chunk); no ALiBi or softcap"},
     {"attention_decode", "cpu-avx2", TK_CPU_X86_AVX2, fits_decode, run_decode_avx2,
-     "the same over the paged cache (f32/f16/bf16 caches)"},
+     "the same over the paged cache, its rows read in place (f32/f16/bf16 caches, 16-bit under f32 q)"},
 #endif
     {"attention", "cpu-portable", 0, fits_attention, run_attention_c, "the same blocking in plain C"},
     {"attention_decode", "cpu-portable", 0, fits_decode, run_decode_c, "the same blocking in plain C"},

@@ -942,8 +942,12 @@ static int append_case(tk_dtype dt, tk_dtype cdt)
                     continue;
                 }
                 double x = src[tok_at[s] * hkv * d + e];
-                if (!quant) {
-                    bad += get(&cache->t, ci) != x;
+                if (!quant) { /* the same dtype, or f32 rounded to the 16-bit cache (nearest even) */
+                    double want = cdt.bits == 16 && dt.bits == 32
+                                      ? (cdt.code == TK_DL_BFLOAT ? tk_ops__bf16_to_f32(tk_ops__f32_to_bf16((float)x))
+                                                                  : tk_ops__f16_to_f32(tk_ops__f32_to_f16((float)x)))
+                                      : x;
+                    bad += get(&cache->t, ci) != want;
                     continue;
                 }
                 double y = (float)((double)(float)x / (double)sc[h]); /* x / scale in fp32 */
@@ -1034,6 +1038,9 @@ static void test_paged_kv_append(void)
         CHECK(append_case(*all_dtypes[t], I8));
         CHECK(append_case(*all_dtypes[t], E4M3));
     }
+    /* f32 keys and values into 16-bit caches (--kv-dtype f16 of an f32 model) */
+    CHECK(append_case(F32, F16));
+    CHECK(append_case(F32, BF16));
     /* the encoder written here against a few fixed points */
     CHECK(e4m3_round(448) == 448 && e4m3_round(1e9) == 448 && e4m3_round(-500) == -448);
     CHECK(e4m3_round(1.0625) == 1.0 && e4m3_round(1.1875) == 1.25 && e4m3_decode(0x01) == ldexp(1, -9));
@@ -1332,9 +1339,11 @@ static void test_validation(void)
     CHECK_RC(tk_ops__run_cpu(&call), TK_OK);
 
     /* decode */
-    host_t dq, dout, kc, kc12, kci8, kcf16, bt, bt3, sl, ks, q17, sl3;
+    host_t dq, dout, dqb, doutb, kc, kc12, kci8, kcf16, bt, bt3, sl, ks, q17, sl3;
     host_new(&dq, F32, 4, SHAPE(2, 1, 4, 8), 0);
     host_new(&dout, F32, 4, SHAPE(2, 1, 4, 8), 0);
+    host_new(&dqb, BF16, 4, SHAPE(2, 1, 4, 8), 0);
+    host_new(&doutb, BF16, 4, SHAPE(2, 1, 4, 8), 0);
     host_new(&q17, F32, 4, SHAPE(2, 17, 4, 8), 0);
     host_new(&kc, F32, 4, SHAPE(4, 16, 2, 8), 0);
     host_new(&kc12, F32, 4, SHAPE(4, 12, 2, 8), 0);
@@ -1355,8 +1364,17 @@ static void test_validation(void)
     CHECK(expect_invalid("attention_decode", d, 7, "attention_decode: 'v_scale' is missing"));
     d[2] = TA("k_cache", &kcf16.t);
     d[3] = TA("v_cache", &kcf16.t);
+    CHECK_RC(tk_ops__prepare(&call, "attention_decode", d, 6), TK_OK); /* a 16-bit cache under f32 q */
+    d[0] = TA("out", &doutb.t);
+    d[1] = TA("q", &dqb.t);
     CHECK(expect_invalid("attention_decode", d, 6,
-                         "attention_decode: 'k_cache' has dtype f16, want f32 (the dtype of 'q') or i8 / fp8_e4m3"));
+                         "attention_decode: 'k_cache' has dtype f16, want bf16 (the dtype of 'q') or i8 / fp8_e4m3"));
+    d[2] = TA("k_cache", &kc.t);
+    d[3] = TA("v_cache", &kc.t);
+    CHECK(expect_invalid("attention_decode", d, 6, /* never a wider cache */
+                         "attention_decode: 'k_cache' has dtype f32, want bf16 (the dtype of 'q') or i8 / fp8_e4m3"));
+    d[0] = TA("out", &dout.t);
+    d[1] = TA("q", &dq.t);
     d[2] = TA("k_cache", &kc12.t);
     d[3] = TA("v_cache", &kc12.t);
     CHECK(expect_invalid("attention_decode", d, 6, "block_size 12, want a power of two from 8 to 256"));
@@ -1447,7 +1465,7 @@ static void test_validation(void)
     tk_arg ns[4] = {TA("out", &out.t), TA("q", &qs.t), TA("k", &k.t), TA("v", &v.t)};
     CHECK(expect_invalid("attention", ns, 4, "attention: 'q' (shape [2, 5, 4, 8]) is not contiguous"));
 
-    host_t *all[] = {&q,  &k,  &v,   &out,  &k3,   &lse,  &cu,  &cu3, &q600, &k600, &q1, &o1, &k1, &cq, &ck, &dq,  &dout,
+    host_t *all[] = {&q,  &k,  &v,   &out,  &k3,   &lse,  &cu,  &cu3, &q600, &k600, &q1, &o1, &k1, &cq, &ck, &dq,  &dout, &dqb, &doutb,
                  &kc, &kc12, &kci8, &kcf16, &bt, &bt3, &sl, &ks, &q17, &sl3, &nk, &sm, &sm2, &kcq, &mq, &mp,
                  &mkv, &mkvbad, &mo, &qs};
     for (size_t i = 0; i < sizeof all / sizeof all[0]; i++)

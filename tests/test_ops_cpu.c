@@ -64,6 +64,9 @@ static const char *missing(const tk_cpu_impl *im)
 }
 
 static int skipped_impls;
+/* An implementation that may refuse the call run_all makes (its fits() narrower by design: the
+ * integer-dot casted_linear takes decode's M <= 4 only); NULL: every implementation must take it. */
+static const char *refusal_ok;
 
 /* Copies a host tensor's buffer (same layout). */
 static void host_copy(host_t *dst, const host_t *src, size_t bytes)
@@ -125,6 +128,9 @@ static int run_all(const char *op, tk_arg *args, size_t nargs, host_t **outs, co
         }
         for (int o = 0; o < nout; o++)
             args[out_arg[o]].t = &outs[o]->t;
+        if (tk_ops__prepare(&c, op, args, nargs) == TK_OK && refusal_ok && !strcmp(ims[i]->impl, refusal_ok) &&
+            !ims[i]->fits(&c))
+            continue;
         if (tk_ops__prepare(&c, op, args, nargs) != TK_OK || !ims[i]->fits(&c)) {
             fprintf(stderr, "  %s %s: does not take this call\n", op, ims[i]->impl);
             ok = 0;
@@ -180,6 +186,18 @@ static int lin_cmp(void *p, host_t *const *ref, host_t *const *got, const char *
                                                                    (1 + u_out(dt) * 4);
             if (dt.bits == 16)
                 tol += u_out(dt) * fabs(r); /* both round an f32 sum that may differ in the last bits */
+            if (strstr(impl, "-q8")) { /* x rounded to d_b x_q per block of 32: |x - d_b x_q| <= d_b / 2 */
+                double q = 0;
+                for (int64_t b0 = 0; b0 < L->k; b0 += 32) {
+                    double amax = 0, sw = 0;
+                    for (int64_t e = b0; e < L->k && e < b0 + 32; e++) {
+                        amax = fmax(amax, fabs(get(&L->x->t, i * L->k + e)));
+                        sw += fabs((double)((const int8_t *)L->w->buf)[j * L->k + e]);
+                    }
+                    q += amax / 127 / 2 * sw;
+                }
+                tol += q * fabs(((const float *)L->scale->buf)[j]) * (1 + 1e-5) * (1 + u_out(dt));
+            }
             op_cmp_tol(&c, i * L->n + j, g, r, tol);
         }
     return op_cmp_end(&c);
@@ -229,7 +247,8 @@ static void test_linear(void)
     }
 }
 
-static int casted_case(tk_dtype dt, int64_t m, int64_t k, int64_t n, int bias)
+/* special: NaN and inf in x (their rows are NaN / inf in both: the integer-dot path runs them in f32) */
+static int casted_case(tk_dtype dt, int64_t m, int64_t k, int64_t n, int bias, int special)
 {
     host_t x, w, sc, b, out;
     int64_t xs[2] = {m, k}, ws[2] = {n, k}, ns[1] = {n}, os[2] = {m, n};
@@ -241,14 +260,23 @@ static int casted_case(tk_dtype dt, int64_t m, int64_t k, int64_t n, int bias)
     fill_range(&x, -2, 2);
     fill_range(&b, -1, 1);
     for (int64_t i = 0; i < n * k; i++)
-        ((int8_t *)w.buf)[i] = (int8_t)(i % 7 == 0 ? -127 : i % 11 == 0 ? 127 : (int)uniform(-127, 127));
+        ((int8_t *)w.buf)[i] = (int8_t)(i % 7 == 0 ? -127 : i % 11 == 0 ? 127 : i % 13 == 0 ? -128 : (int)uniform(-127, 127));
     for (int64_t i = 0; i < n; i++)
         ((float *)sc.buf)[i] = (float)uniform(0.001, 0.02);
+    if (k >= 40) /* a block of x much smaller than the rest, and one all zero: their own steps */
+        for (int64_t e = 0; e < 32 && 32 + e < k; e++)
+            set(&x.t, 32 + e, e < 16 ? 0.0 : get(&x.t, 32 + e) * 1e-3);
+    if (special && m * k >= 3) {
+        set(&x.t, 0, NAN);
+        set(&x.t, m * k - 1, INFINITY);
+    }
     tk_arg a[5] = {T("out", &out.t), T("x", &x.t), T("weight", &w.t), T("scale", &sc.t), T("bias", &b.t)};
     host_t *outs[1] = {&out};
     int oa[1] = {0};
     lin_ctx L = {&x, &w, bias ? &b : NULL, &sc, 0, m, n, k};
+    refusal_ok = m > 4 || k == 0 ? "cpu-avx2-q8" : NULL;
     int ok = run_all("casted_linear", a, bias ? 5 : 4, outs, oa, 1, lin_cmp, &L);
+    refusal_ok = NULL;
     free(x.buf);
     free(w.buf);
     free(sc.buf);
@@ -259,10 +287,16 @@ static int casted_case(tk_dtype dt, int64_t m, int64_t k, int64_t n, int bias)
 
 static void test_casted_linear(void)
 {
-    static const int64_t shapes[][3] = {{1, 1, 1}, {1, 70, 33}, {3, 19, 40}, {4, 256, 8}, {5, 33, 17}, {40, 300, 70}};
-    for (size_t d = 0; d < 3; d++)
+    /* M 1..4 is decode (the integer-dot GEMV as well); K below, at and past blocks of 32; N * K past
+     * 64 KiB runs threaded */
+    static const int64_t shapes[][3] = {{1, 1, 1},   {1, 70, 33},  {3, 19, 40},  {4, 256, 8},    {5, 33, 17},
+                                        {40, 300, 70}, {1, 32, 5},   {2, 64, 300}, {4, 1000, 70}, {1, 576, 200},
+                                        {3, 95, 129},  {1, 0, 4}};
+    for (size_t d = 0; d < 3; d++) {
         for (size_t s = 0; s < sizeof shapes / sizeof shapes[0]; s++)
-            CHECK(casted_case(*all_dtypes[d], shapes[s][0], shapes[s][1], shapes[s][2], (int)(s % 2)));
+            CHECK(casted_case(*all_dtypes[d], shapes[s][0], shapes[s][1], shapes[s][2], (int)(s % 2), 0));
+        CHECK(casted_case(*all_dtypes[d], 2, 70, 9, 1, 1));
+    }
 }
 
 /* ---- attention (prefill, varlen) and attention_decode ------------------------------------------ */
@@ -381,8 +415,10 @@ static void test_attention(void)
     }
 }
 
-static int decode_case(tk_dtype dt, int64_t b, int64_t sq, const int *lens, int64_t hq, int64_t hkv, int64_t d, int64_t bs,
-                       int64_t wl)
+/* cdt: the caches' dtype (dt, or f16 / bf16 under f32 queries); special: a NaN key (key 1 of sequence 0,
+ * every query head of its KV head 0 sees it: those rows are NaN in both). */
+static int decode_case(tk_dtype dt, tk_dtype cdt, int64_t b, int64_t sq, const int *lens, int64_t hq, int64_t hkv,
+                       int64_t d, int64_t bs, int64_t wl, int special)
 {
     int64_t maxb = 0;
     for (int64_t s = 0; s < b; s++)
@@ -392,8 +428,8 @@ static int decode_case(tk_dtype dt, int64_t b, int64_t sq, const int *lens, int6
     int64_t qs[4] = {b, sq, hq, d}, cs[4] = {nblocks, bs, hkv, d}, bts[2] = {b, maxb}, sls[1] = {b}, ls[3] = {b, hq, sq};
     host_new(&q, dt, 4, qs, 0);
     host_new(&out, dt, 4, qs, 0);
-    host_new(&kc, dt, 4, cs, 0);
-    host_new(&vc, dt, 4, cs, 0);
+    host_new(&kc, cdt, 4, cs, 0);
+    host_new(&vc, cdt, 4, cs, 0);
     host_new(&bt, I32, 2, bts, 0);
     host_new(&sl, I32, 1, sls, 0);
     host_new(&lse, F32, 3, ls, 0);
@@ -405,11 +441,15 @@ static int decode_case(tk_dtype dt, int64_t b, int64_t sq, const int *lens, int6
         tab[i] = (int32_t)((i * 7 + 3) % (b * maxb));
     for (int64_t s = 0; s < b; s++)
         slv[s] = lens[s];
+    if (special && lens[0] > 1) /* key 1 of sequence 0, KV head 0 */
+        set(&kc.t, ((int64_t)tab[0] * bs + 1) * hkv * d, NAN);
     tk_arg a[] = {T("out", &out.t), T("q", &q.t), T("k_cache", &kc.t), T("v_cache", &vc.t), T("block_table", &bt.t),
                   T("seq_lens", &sl.t), T("lse", &lse.t), I("window_left", wl)};
     char what[128];
-    snprintf(what, sizeof what, "attention_decode B %lld Sq %lld lens %d.. Hq %lld Hkv %lld D %lld bs %lld wl %lld",
-             (long long)b, (long long)sq, lens[0], (long long)hq, (long long)hkv, (long long)d, (long long)bs, (long long)wl);
+    snprintf(what, sizeof what,
+             "attention_decode cache %s B %lld Sq %lld lens %d.. Hq %lld Hkv %lld D %lld bs %lld wl %lld%s",
+             tk_ops__dtype_str(cdt), (long long)b, (long long)sq, lens[0], (long long)hq, (long long)hkv, (long long)d,
+             (long long)bs, (long long)wl, special ? " NaN key" : "");
     att_ctx A = {what, 3, d};
     host_t *outs[2] = {&out, &lse};
     int oa[2] = {0, 6};
@@ -426,13 +466,25 @@ static int decode_case(tk_dtype dt, int64_t b, int64_t sq, const int *lens, int6
 
 static void test_attention_decode(void)
 {
-    static const int l1[] = {5, 40}, l2[] = {200}, l3[] = {16, 3, 70};
+    static const int l1[] = {5, 40}, l2[] = {200}, l3[] = {16, 3, 70}, l4[] = {1, 129};
     for (size_t t = 0; t < 3; t++) {
         tk_dtype dt = *all_dtypes[t];
-        CHECK(decode_case(dt, 2, 1, l1, 9, 3, 64, 16, -1));
-        CHECK(decode_case(dt, 1, 1, l2, 4, 1, 64, 8, -1));
-        CHECK(decode_case(dt, 1, 4, l2, 4, 2, 20, 32, 50));
-        CHECK(decode_case(dt, 3, 3, l3, 6, 6, 12, 16, -1));
+        CHECK(decode_case(dt, dt, 2, 1, l1, 9, 3, 64, 16, -1, 0));
+        CHECK(decode_case(dt, dt, 1, 1, l2, 4, 1, 64, 8, -1, 0));
+        CHECK(decode_case(dt, dt, 1, 4, l2, 4, 2, 20, 32, 50, 0));
+        CHECK(decode_case(dt, dt, 3, 3, l3, 6, 6, 12, 16, -1, 0));
+        /* head dims the in-place path takes (multiples of 8, with and without a 16-wide tail), windows
+         * that cut chunks, 16 queries, a NaN key */
+        CHECK(decode_case(dt, dt, 2, 1, l4, 8, 2, 8, 8, -1, 0));
+        CHECK(decode_case(dt, dt, 1, 16, l2, 6, 3, 24, 16, 70, 0));
+        CHECK(decode_case(dt, dt, 2, 2, l4, 4, 1, 128, 32, 5, 0));
+        CHECK(decode_case(dt, dt, 2, 1, l1, 9, 3, 64, 16, -1, 1));
+    }
+    /* 16-bit caches under f32 queries (--kv-dtype f16 of an f32 model): in place and staged */
+    for (size_t t = 1; t < 3; t++) {
+        CHECK(decode_case(F32, *all_dtypes[t], 2, 1, l1, 9, 3, 64, 16, -1, 0));
+        CHECK(decode_case(F32, *all_dtypes[t], 1, 4, l2, 4, 2, 20, 32, 50, 0));
+        CHECK(decode_case(F32, *all_dtypes[t], 2, 1, l1, 9, 3, 64, 16, -1, 1));
     }
 }
 
@@ -644,6 +696,29 @@ static void test_pick(void)
     free(k.buf);
     free(pos.buf);
     free(cache.buf);
+    /* casted_linear: the integer-dot GEMV takes decode's rows (M <= 4), the f32-activation one the rest */
+    for (int64_t m = 1; m <= 8; m += 3) {
+        host_t x, w, sc, o;
+        int64_t xs[2] = {m, 64}, ws[2] = {8, 64}, ns[1] = {8}, os2[2] = {m, 8};
+        host_new(&x, F32, 2, xs, 0);
+        host_new(&w, I8, 2, ws, 0);
+        host_new(&sc, F32, 1, ns, 0);
+        host_new(&o, F32, 2, os2, 0);
+        tk_arg ca[] = {T("out", &o.t), T("x", &x.t), T("weight", &w.t), T("scale", &sc.t)};
+        CHECK_RC(tk_ops__prepare(&c, "casted_linear", ca, 4), TK_OK);
+        const tk_cpu_impl *p = tk_ops__cpu_pick(&c);
+        int q8 = 0; /* the table has it (an x86 build) and this CPU runs it */
+        for (size_t i = 0; i < tk_ops__cpu_impl_count(); i++)
+            q8 |= !strcmp(tk_ops__cpu_impl_at(i)->impl, "cpu-avx2-q8") && tk_ops__cpu_impl_usable(tk_ops__cpu_impl_at(i));
+        if (q8) {
+            CHECK(p != NULL);
+            CHECK_STR(p ? p->impl : "", m <= 4 ? "cpu-avx2-q8" : "cpu-avx2");
+        }
+        free(x.buf);
+        free(w.buf);
+        free(sc.buf);
+        free(o.buf);
+    }
     if (skipped_impls)
         printf("note: %d implementation runs skipped (features this CPU lacks)\n", skipped_impls);
     for (size_t i = 0; i < tk_ops__cpu_impl_count(); i++) {

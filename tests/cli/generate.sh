@@ -156,6 +156,24 @@ assert 0 < q["prompt_logits_max_abs_diff"] < 0.1 * q["prompt_logits_max_abs"], q
 assert st["kv_dtype"] == "i8" and len(d["ids"]) == 8, st' || fail "--quant int8 --kv-dtype i8: $j"
 }
 
+# An f32 model's cache in f16 (half its bytes): the stats say so, and the cache holds half the bytes of
+# the f32 one for the same tokens; a dtype no cache takes is a clear error with a hint.
+t_kv_cache_f16_under_f32() {
+  need_models || return
+  local j k out
+  j=$("$TK" --json generate "$CK/llama" --ids 0,50,60,70 --max-new-tokens 8 --kv-dtype f16) || fail "--kv-dtype f16: $j"
+  k=$("$TK" --json generate "$CK/llama" --ids 0,50,60,70 --max-new-tokens 8) || fail "f32 cache: $k"
+  python3 -c '
+import json, sys
+a, b = json.loads(sys.argv[1]), json.loads(sys.argv[2])
+assert a["stats"]["kv_dtype"] == "f16" and b["stats"]["kv_dtype"] == "f32", (a["stats"], b["stats"])
+assert 2 * a["stats"]["kv_bytes"] == b["stats"]["kv_bytes"], (a["stats"], b["stats"])
+assert len(a["ids"]) == 8, a' "$j" "$k" || fail "--kv-dtype f16: $j / $k"
+  out=$("$TK" generate "$CK/llama" --ids 0,50 --max-new-tokens 2 --kv-dtype f64 2>&1) && fail "--kv-dtype f64 accepted"
+  echo "$out" | grep -q "(f32), f16, bf16, or i8 / fp8_e4m3" || fail "--kv-dtype f64: $out"
+  echo "$out" | grep -q "HINT:" || fail "--kv-dtype f64 without a hint: $out"
+}
+
 # More quantised weights than the first allocation of the table holds (64): growing it moved the
 # entries, and their tensors' shape pointers pointed into the freed block (a garbage shape, or a crash).
 # Both the references and the fast CPU implementations must run it, to the same ids.
