@@ -2,7 +2,7 @@
  * moe.c — the mixture-of-experts layer (Mixtral, Qwen2-MoE, Qwen3-MoE; DiffusionGemma's routed
  * experts): signature, shape checks and the CPU reference.
  *
- *   moe(out [T, H], input [T, H], router_weight [E, H], gate_up [E, 2I, H], down [E, H, I], top_k, ...)
+ *   moe(out [N, H], input [N, H], router_weight [E, H], gate_up [E, 2I, H], down [E, H, I], top_k, ...)
  *
  *   logits  = round(router_input router_weight^T)           router_input: input unless given
  *   p       = softmax(logits) in f32
@@ -497,7 +497,7 @@ static int check_moe(const tk_op_call *c)
     if (T > INT_MAX || H > INT_MAX || 2 * I > INT_MAX || E > INT_MAX)
         return tk__err(TK_ERR_UNSUPPORTED, "%s: sizes past what BLAS takes (%d)", op, INT_MAX);
     int64_t th[2] = {T, H}, eh[2] = {E, H}, egu[3] = {E, 2 * I, H}, edn[3] = {E, H, I}, e1[1] = {E}, tk2[2] = {T, K};
-    if ((rc = want(c, P_OUT, 2, th, "the shape of 'input'")) || (rc = want(c, P_IN, 2, th, "[T, H]")) ||
+    if ((rc = want(c, P_OUT, 2, th, "the shape of 'input'")) || (rc = want(c, P_IN, 2, th, "[N, H]")) ||
         (rc = want(c, P_ROUTER, 2, eh, "[E, H]")) || (rc = want(c, P_GU, 3, egu, "[E, 2*I, H]")) ||
         (rc = want(c, P_DOWN, 3, edn, "[E, H, I] with I from 'gate_up'")))
         return rc;
@@ -520,9 +520,9 @@ static int check_moe(const tk_op_call *c)
         if (c->t[P_SGATE] && (rc = want(c, P_SGATE, 2, g1, "[1, H]")))
             return rc;
     }
-    if (c->t[P_IDS] && (rc = want(c, P_IDS, 2, tk2, "[T, top_k]")))
+    if (c->t[P_IDS] && (rc = want(c, P_IDS, 2, tk2, "[N, top_k]")))
         return rc;
-    if (c->t[P_WTS] && (rc = want(c, P_WTS, 2, tk2, "[T, top_k]")))
+    if (c->t[P_WTS] && (rc = want(c, P_WTS, 2, tk2, "[N, top_k]")))
         return rc;
     return TK_OK;
 }
@@ -533,8 +533,8 @@ static int check_moe(const tk_op_call *c)
 #define SCALAR(nm, d, opt, doc_) {.name = nm, .kind = TK_ARG_I64, .dtype_like = -1, .optional = opt, .def = d, .doc = doc_}
 
 static const tk_op_param moe_params[] = {
-    TENSOR("out", TK_OPS_OUT, TK_OPS_FLOATS, 1, 2, "[T, H]", 0, "the layer's output (apart from every input)"),
-    TENSOR("input", TK_OPS_IN, TK_OPS_FLOATS, -1, 2, "[T, H]", 0, "the tokens the experts see"),
+    TENSOR("out", TK_OPS_OUT, TK_OPS_FLOATS, 1, 2, "[N, H]", 0, "the layer's output (apart from every input)"),
+    TENSOR("input", TK_OPS_IN, TK_OPS_FLOATS, -1, 2, "[N, H]", 0, "the tokens the experts see"),
     TENSOR("router_weight", TK_OPS_IN, TK_OPS_FLOATS, 1, 2, "[E, H]", 0, "the router (HF's mlp.gate.weight)"),
     TENSOR("gate_up", TK_OPS_IN, TK_OPS_FLOATS, 1, 3, "[E, 2*I, H]", 0,
            "each expert's gate rows then up rows (transformers 5's experts.gate_up_proj)"),
@@ -543,7 +543,7 @@ static const tk_op_param moe_params[] = {
     SCALAR("norm_topk_prob", 1, 1, "1: the top-k probabilities renormalised to sum 1 (Mixtral; Qwen's norm_topk_prob)"),
     SCALAR("activation", 0, 1, "the gated MLP's activation: 0 silu, 1 gelu_tanh, 2 gelu"),
     SCALAR("round_weights", 0, 1, "1: the routing weights rounded to the input dtype (Qwen-MoE's router)"),
-    TENSOR("router_input", TK_OPS_IN, TK_OPS_FLOATS, 1, 2, "[T, H]", 1,
+    TENSOR("router_input", TK_OPS_IN, TK_OPS_FLOATS, 1, 2, "[N, H]", 1,
            "what the router sees when it is not 'input' (DiffusionGemma)"),
     TENSOR("expert_scale", TK_OPS_IN, TK_OPS_FLOATS, 1, 1, "[E]", 1, "multiplies each chosen expert's weight"),
     TENSOR("shared_gate_up", TK_OPS_IN, TK_OPS_FLOATS, 1, 2, "[2*Is, H]", 1,
@@ -551,8 +551,8 @@ static const tk_op_param moe_params[] = {
     TENSOR("shared_down", TK_OPS_IN, TK_OPS_FLOATS, 1, 2, "[H, Is]", 1, "the shared expert's down projection"),
     TENSOR("shared_gate", TK_OPS_IN, TK_OPS_FLOATS, 1, 2, "[1, H]", 1,
            "the shared expert's output times sigmoid(x shared_gate^T)"),
-    TENSOR("topk_ids", TK_OPS_OUT, TK_OPS_I32, -1, 2, "[T, top_k]", 1, "the chosen experts, in torch.topk's order"),
-    TENSOR("topk_weights", TK_OPS_OUT, TK_OPS_F32, -1, 2, "[T, top_k]", 1, "their weights"),
+    TENSOR("topk_ids", TK_OPS_OUT, TK_OPS_I32, -1, 2, "[N, top_k]", 1, "the chosen experts, in torch.topk's order"),
+    TENSOR("topk_weights", TK_OPS_OUT, TK_OPS_F32, -1, 2, "[N, top_k]", 1, "their weights"),
 };
 
 const tk_op_desc tk_ops__moe[] = {

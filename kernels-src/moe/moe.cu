@@ -30,7 +30,7 @@
 // NVRTC-compatible: no host code, no standard headers, only <tk/device.cuh>.
 #include <tk/device.cuh>
 
-namespace tk_moe {
+namespace tk_moe_impl {
 
 using namespace tk; // to_f32, from_f32, warp_sum, cdiv
 
@@ -267,7 +267,7 @@ __device__ void topk_torch(Elem *q, long n, long k)
     }
 }
 
-} // namespace tk_moe
+} // namespace tk_moe_impl
 
 template <typename T>
 __global__ void __launch_bounds__(256)
@@ -287,7 +287,7 @@ tk_moe(T *out,                  // (T, H)
        tk_i64 ntok, tk_i64 H, tk_i64 E, tk_i64 I, tk_i64 Is,
        float *ws)               // part (T, K + 1, H) | rows (gridDim.x * gridDim.y, max(I, Is)) | counters
 {
-    using namespace tk_moe;
+    using namespace tk_moe_impl;
     extern __shared__ float smem[]; // Elem q (E) | p (E): 12 E bytes
     Elem *q = reinterpret_cast<Elem *>(smem);
     float *p = smem + 2 * E;
@@ -316,7 +316,7 @@ tk_moe(T *out,                  // (T, H)
             }
             __syncthreads();
             if (threadIdx.x == 0) {
-                float mx = -INFINITY, sum = 0.0f;
+                float mx = -__int_as_float(0x7f800000), sum = 0.0f; // -inf
                 for (tk_i64 r = 0; r < E; r++)
                     mx = p[r] > mx ? p[r] : mx;
                 for (tk_i64 r = 0; r < E; r++) {
