@@ -17,4 +17,6 @@ PY=$TK_PY_VENV/bin/python
 if [ -x "$PY" ]; then
   echo "== bench/python_overhead.py (per-call cost of an op from Python, CPU)"
   PYTHONPATH=python "$PY" bench/python_overhead.py
+  echo "== bench/moe_cpu.py (MoE layer tokens/s: the moe op vs transformers' eager block, CPU, 1 thread)"
+  OPENBLAS_NUM_THREADS=1 PYTHONPATH=python "$PY" bench/moe_cpu.py 1
 fi

@@ -150,6 +150,7 @@ static int cmd_info(tk_cli *cli, int argc, char **argv)
                    "supported architectures: LlamaForCausalLM, MistralForCausalLM, Qwen2ForCausalLM,\n"
                    "Qwen3ForCausalLM, Olmo2ForCausalLM, GraniteForCausalLM, SmolLM3ForCausalLM,\n"
                    "GemmaForCausalLM, Gemma2ForCausalLM, Gemma3ForCausalLM, Phi3ForCausalLM,\n"
+                   "MixtralForCausalLM, Qwen2MoeForCausalLM, Qwen3MoeForCausalLM,\n"
                    "GPT2LMHeadModel, BertModel, BertForMaskedLM.\n"
                    "\n"
                    "exit status: 0 ok, 2 usage or invalid input (a malformed or mismatched checkpoint:\n"

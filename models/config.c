@@ -25,7 +25,7 @@
 const tk_models_arch *const tk_models__archs[] = {
     &tk_models__llama, &tk_models__gpt2,  &tk_models__bert,  &tk_models__qwen3,  &tk_models__olmo2,
     &tk_models__granite, &tk_models__smollm3, &tk_models__gemma, &tk_models__gemma2,
-    &tk_models__gemma3, &tk_models__phi3, NULL,
+    &tk_models__gemma3, &tk_models__phi3, &tk_models__mixtral, &tk_models__qwen2_moe, &tk_models__qwen3_moe, NULL,
 };
 
 static char supported[1024];

@@ -77,6 +77,50 @@ int tk_models__decoder_parse(tk_models_config *c, const tk_models_reader *r, con
     return tk_models__cfg_layer_types(c, r);
 }
 
+int tk_models__moe_parse(tk_models_config *c, const tk_models_reader *r, int qwen, int64_t topk_def, int64_t inter_def,
+                         int64_t shared_def)
+{
+    int rc;
+    int64_t local = 0, step = 1;
+    if ((rc = tk_models__cfg_int(r, "num_local_experts", qwen ? 0 : 8, qwen ? 0 : 1, &local)) ||
+        (qwen && (rc = tk_models__cfg_int(r, "num_experts", local, 0, &c->experts))) ||
+        (rc = tk_models__cfg_int(r, "num_experts_per_tok", topk_def, 1, &c->experts_topk)))
+        return rc;
+    if (!qwen) { /* Mixtral: every layer sparse, experts of intermediate_size, always renormalised */
+        c->experts = local;
+        c->moe_intermediate = c->intermediate;
+        c->moe_norm_topk = 1;
+        c->moe_w123 = 1;
+        snprintf(c->moe_prefix, sizeof c->moe_prefix, "block_sparse_moe.");
+        memset(c->moe, 1, (size_t)c->layers);
+    } else {
+        if ((rc = tk_models__cfg_int(r, "moe_intermediate_size", inter_def, 1, &c->moe_intermediate)) ||
+            (rc = tk_models__cfg_bool(r, "norm_topk_prob", 0, &c->moe_norm_topk)) ||
+            (rc = tk_models__cfg_int(r, "decoder_sparse_step", 1, 1, &step)) ||
+            (shared_def >= 0 &&
+             (rc = tk_models__cfg_int(r, "shared_expert_intermediate_size", shared_def, 0, &c->shared_intermediate))))
+            return rc;
+        c->moe_round_weights = 1; /* Qwen's router: router_top_value.to(router_logits.dtype) */
+        snprintf(c->moe_prefix, sizeof c->moe_prefix, "mlp.");
+        for (int64_t l = 0; l < c->layers; l++)
+            c->moe[l] = c->experts > 0 && (l + 1) % step == 0;
+        json_t *only = json_object_get(r->root, "mlp_only_layers");
+        if (only && !json_is_null(only) && !json_is_array(only))
+            return tk__err(TK_ERR_INVALID, "%s: 'mlp_only_layers' is not a list of layer indices", r->what);
+        for (size_t i = 0; only && i < json_array_size(only); i++) {
+            json_t *v = json_array_get(only, i);
+            if (!json_is_integer(v) || json_integer_value(v) < 0 || json_integer_value(v) >= c->layers)
+                return tk__err(TK_ERR_INVALID, "%s: 'mlp_only_layers' holds %s, want layer indices 0 to %lld", r->what,
+                               json_is_integer(v) ? "an index out of range" : "a non-integer", (long long)c->layers - 1);
+            c->moe[json_integer_value(v)] = 0;
+        }
+    }
+    if (c->experts > 0 && c->experts_topk > c->experts)
+        return tk__err(TK_ERR_INVALID, "%s: num_experts_per_tok %lld is more than the %lld experts", r->what,
+                       (long long)c->experts_topk, (long long)c->experts);
+    return TK_OK;
+}
+
 static int parse(tk_models_config *c, const tk_models_reader *r)
 {
     static const char *const acts[] = {"silu", "swish", NULL};
@@ -91,6 +135,10 @@ typedef struct {
      * k_norm: TK_QKNORM_* */
     const tk_mt *in_norm, *q, *k, *v, *qb, *kb, *vb, *o, *ob, *post_norm, *gate_up, *gate_up_b, *down, *down_b;
     const tk_mt *attn_out_norm, *mlp_out_norm, *q_norm, *k_norm;
+    /* a sparse layer (cfg.moe[l]): the router [E, H], the experts as [E, 2I, H] and [E, H, I] views,
+     * the shared expert's [2Is, H], [H, Is] and its gate [1, H] (NULL when absent) */
+    const tk_mt *router, *shared_gu, *shared_down, *shared_gate;
+    tk_mt experts_gu, experts_down;
 } layer_w;
 
 typedef struct {
@@ -114,6 +162,69 @@ typedef struct {
     tk_mt *xs, *sh, *sq, *sk, *sv, *satt, *slse, *sxm, *sh2, *sgu, *sact;
     tk_mt hf, xnext, dx, dxn, dxm, dh, dq, dk, dv, datt, dgu, dact, dh2;
 } llama;
+
+/* A sparse layer's weights: transformers 5's fused experts (mlp.experts.gate_up_proj [E, 2I, H],
+ * mlp.experts.down_proj [E, H, I]) as they are, or the per-expert tensors published checkpoints hold
+ * (mlp.experts.N.{gate,up,down}_proj, Mixtral's block_sparse_moe.experts.N.{w1,w3,w2}, which
+ * transformers 5's save_pretrained writes too) stacked into that layout; the shared expert
+ * (Qwen2-MoE's mlp.shared_expert.*, mlp.shared_expert_gate) when the config has one. */
+static int load_moe(tk_model *m, layer_w *w, int64_t l)
+{
+    const tk_models_config *c = &m->cfg;
+    int64_t E = c->experts, H = c->hidden, I = c->moe_intermediate, Is = c->shared_intermediate;
+    int64_t egu[3] = {E, 2 * I, H}, edn[3] = {E, H, I}, eh[2] = {E, H}, sdw[2] = {H, Is}, g1[2] = {1, H};
+    char n[256];
+    const char *pre = c->moe_prefix;
+    const tk_mt *gu = NULL, *dn = NULL;
+    char **names = NULL;
+    int rc;
+#define LN(fmt, ...) (snprintf(n, sizeof n, "model.layers.%lld." fmt, (long long)l, __VA_ARGS__), n)
+    if ((rc = tk_models__weight_opt(&gu, m, LN("%sexperts.gate_up_proj", "mlp."), 3, egu)) != TK_OK)
+        return rc;
+    if (gu) {
+        pre = "mlp.";
+        if ((rc = tk_models__weight(&dn, m, LN("%sexperts.down_proj", pre), 3, edn)) != TK_OK)
+            return rc;
+    } else {
+        static const char *const hf[2][3] = {{"gate_proj", "up_proj", "down_proj"}, {"w1", "w3", "w2"}};
+        const char *const *nm = hf[c->moe_w123 ? 1 : 0];
+        if (!(names = calloc((size_t)(3 * E), sizeof *names)))
+            return tk__err(TK_ERR_NOMEM, "out of memory");
+        for (int64_t e = 0; e < E && rc == TK_OK; e++)
+            for (int k = 0; k < 3 && rc == TK_OK; k++) {
+                /* gate_e, up_e alternate (each expert's [2I, H] block), then the downs */
+                int64_t at = k < 2 ? 2 * e + k : 2 * E + e;
+                if (!(names[at] = tk__fmt("model.layers.%lld.%sexperts.%lld.%s.weight", (long long)l, pre,
+                                          (long long)e, nm[k])))
+                    rc = tk__err(TK_ERR_NOMEM, "out of memory");
+            }
+        if (rc == TK_OK)
+            rc = tk_models__weight_cat(&gu, m, (const char *const *)names, (int)(2 * E), I, H);
+        if (rc == TK_OK)
+            rc = tk_models__weight_cat(&dn, m, (const char *const *)(names + 2 * E), (int)E, H, I);
+        for (int64_t i = 0; i < 3 * E; i++)
+            free(names[i]);
+        free(names);
+        if (rc != TK_OK)
+            return rc;
+    }
+    tk_models__view(&w->experts_gu, gu, 3, egu);
+    tk_models__view(&w->experts_down, dn, 3, edn);
+    if ((rc = tk_models__weight(&w->router, m, LN("%sgate.weight", pre), 2, eh)) != TK_OK)
+        return rc;
+    if (Is > 0) {
+        char a[256], b[256];
+        snprintf(a, sizeof a, "model.layers.%lld.mlp.shared_expert.gate_proj.weight", (long long)l);
+        snprintf(b, sizeof b, "model.layers.%lld.mlp.shared_expert.up_proj.weight", (long long)l);
+        const char *sgu[2] = {a, b};
+        if ((rc = tk_models__weight_cat(&w->shared_gu, m, sgu, 2, Is, H)) ||
+            (rc = tk_models__weight(&w->shared_down, m, LN("%sshared_expert.down_proj.weight", "mlp."), 2, sdw)) ||
+            (rc = tk_models__weight(&w->shared_gate, m, LN("%sshared_expert_gate.weight", "mlp."), 2, g1)))
+            return rc;
+    }
+#undef LN
+    return TK_OK;
+}
 
 static int load(tk_model *m)
 {
@@ -186,11 +297,16 @@ static int load(tk_model *m)
              (rc = tk_models__weight(&w->k, m, NM(0, "self_attn.k_proj.weight"), 2, kvw)) ||
              (rc = tk_models__weight(&w->v, m, NM(0, "self_attn.v_proj.weight"), 2, kvw))))
             return rc;
-        if ((rc = tk_models__weight_xf(&w->o, m, NM(0, "self_attn.o_proj.weight"), 2, ow, rs, 0, 0, 1)) ||
-            (rc = tk_models__weight_xf(&w->down, m, NM(0, "mlp.down_proj.weight"), 2, dw, rs, 0, 0, 1)))
+        if ((rc = tk_models__weight_xf(&w->o, m, NM(0, "self_attn.o_proj.weight"), 2, ow, rs, 0, 0, 1)) != TK_OK)
             return rc;
+        if (c->experts > 0 && c->moe[l]) {
+            if ((rc = load_moe(m, w, l)) != TK_OK)
+                return rc;
+        } else if ((rc = tk_models__weight_xf(&w->down, m, NM(0, "mlp.down_proj.weight"), 2, dw, rs, 0, 0, 1)) != TK_OK) {
+            return rc;
+        }
         const char *gu[2] = {NM(1, "mlp.gate_proj.weight"), NM(2, "mlp.up_proj.weight")};
-        if (!c->fused_qkv && (rc = tk_models__weight_cat(&w->gate_up, m, gu, 2, I, H)) != TK_OK)
+        if (!c->fused_qkv && !w->router && (rc = tk_models__weight_cat(&w->gate_up, m, gu, 2, I, H)) != TK_OK)
             return rc;
         if (c->qkv_bias &&
             ((rc = tk_models__weight(&w->qb, m, NM(0, "self_attn.q_proj.bias"), 1, q1)) ||
@@ -378,10 +494,29 @@ static int attn_block(tk_model *m, tk_models_batch *b, llama *s, int64_t l, cons
     return linear(m, out, &a2, w->o, w->ob);
 }
 
-/* out = down(act(h Wgate) * (h Wup)) */
+/* out = down(act(h Wgate) * (h Wup)), or on a sparse layer the moe op (router, experts, shared expert) */
 static int mlp_block(tk_model *m, llama *s, const layer_w *w, const tk_mt *h, const tk_mt *out)
 {
     int rc;
+    if (w->router) {
+        const tk_models_config *c = &m->cfg;
+        tk_arg a[13] = {TK_A_T("out", out),
+                        TK_A_T("input", h),
+                        TK_A_T("router_weight", w->router),
+                        TK_A_T("gate_up", &w->experts_gu),
+                        TK_A_T("down", &w->experts_down),
+                        TK_A_I("top_k", c->experts_topk),
+                        TK_A_I("norm_topk_prob", c->moe_norm_topk),
+                        TK_A_I("activation", !strcmp(s->act_mul, "gelu_tanh_and_mul") ? 1 : !strcmp(s->act_mul, "gelu_and_mul") ? 2 : 0),
+                        TK_A_I("round_weights", c->moe_round_weights)};
+        size_t n = 9;
+        if (w->shared_gu) {
+            a[n++] = (tk_arg)TK_A_T("shared_gate_up", w->shared_gu);
+            a[n++] = (tk_arg)TK_A_T("shared_down", w->shared_down);
+            a[n++] = (tk_arg)TK_A_T("shared_gate", w->shared_gate);
+        }
+        return tk_models__op(m, "moe", a, n);
+    }
     if ((rc = linear(m, &s->gu, h, w->gate_up, w->gate_up_b)) != TK_OK)
         return rc;
     tk_arg sm[] = {TK_A_T("out", &s->act), TK_A_T("input", &s->gu)};

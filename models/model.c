@@ -374,26 +374,30 @@ int tk_models__weight_cat(const tk_mt **out, tk_model *m, const char *const *nam
     *out = NULL;
     int ndim = cols ? 2 : 1;
     int64_t want[2] = {rows, cols}, per = rows * (cols ? cols : 1);
-    const tk_st_tensor *ts[8];
-    if (n > 8)
-        return tk__err(TK_ERR_INTERNAL, "weight_cat: %d tensors", n);
-    for (int i = 0; i < n; i++) {
-        int rc = find_checked(&ts[i], m, names[i], ndim, want, 0);
-        if (rc != TK_OK)
-            return rc;
-    }
+    const tk_st_tensor **ts = n > 0 ? calloc((size_t)n, sizeof *ts) : NULL; /* a MoE layer's experts: 3 E */
+    if (!ts)
+        return tk__err(n > 0 ? TK_ERR_NOMEM : TK_ERR_INTERNAL, "weight_cat: %d tensors", n);
+    int rc = TK_OK;
+    for (int i = 0; i < n && rc == TK_OK; i++)
+        rc = find_checked(&ts[i], m, names[i], ndim, want, 0);
     tk_models_weight *w;
-    int rc = new_weight(m, &w);
+    if (rc == TK_OK)
+        rc = new_weight(m, &w);
     if (rc == TK_OK)
         rc = set_src(w, TK_MODELS_SRC_CAT, names, n, rows, cols, 0, 0);
-    if (rc != TK_OK)
+    if (rc != TK_OK) {
+        free(ts);
         return rc;
+    }
     size_t ds = dt_size(m->dtype);
     char *host = malloc((size_t)(per * n) * ds + 1);
-    if (!host)
+    if (!host) {
+        free(ts);
         return tk__err(TK_ERR_NOMEM, "out of memory loading '%s'", names[0]);
+    }
     for (int i = 0; i < n && rc == TK_OK; i++)
         rc = convert(m, host + (size_t)(per * i) * ds, ts[i], 0, per, 1, 0);
+    free(ts);
     int64_t shape[2] = {rows * n, cols};
     if (rc == TK_OK)
         rc = place(m, w, host, ndim, shape);

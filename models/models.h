@@ -118,6 +118,15 @@ typedef struct {
     double logit_scale;     /* logits times this (Granite: 1 / logits_scaling) */
     double attn_softcap;    /* attention score softcap (Gemma 2); 0: off */
     double final_softcap;   /* final logit softcap (Gemma 2); 0: off */
+    /* Mixture of experts (mixtral.c, qwen2_moe.c, qwen3_moe.c): with experts > 0 the layers whose moe[l]
+     * is set run the moe op (router, experts_topk of `experts` gated MLPs of moe_intermediate, an optional
+     * shared expert of shared_intermediate with a sigmoid gate) instead of the dense MLP. */
+    int64_t experts, experts_topk, moe_intermediate, shared_intermediate;
+    int moe_norm_topk;      /* norm_topk_prob (always on in Mixtral) */
+    int moe_round_weights;  /* the routing weights rounded to the compute dtype (Qwen-MoE's router) */
+    char moe_prefix[24];    /* the per-expert tensors' module: "mlp." or Mixtral's "block_sparse_moe." */
+    int moe_w123;           /* per-expert tensors named w1 (gate), w3 (up), w2 (down): Mixtral's */
+    unsigned char moe[TK_MODELS_MAX_LAYERS]; /* 1: layer l is sparse */
     int tie_embeddings;
     int qkv_bias, o_bias, mlp_bias; /* Llama family: attention_bias, Qwen2's q/k/v bias, mlp_bias */
     int unscaled_attn;      /* GPT-2's scale_attn_weights = false: scores are not divided by sqrt(D) */
@@ -346,6 +355,7 @@ struct tk_models_arch {
 extern const tk_models_arch tk_models__llama, tk_models__gpt2, tk_models__bert;
 extern const tk_models_arch tk_models__qwen3, tk_models__olmo2, tk_models__granite, tk_models__smollm3;
 extern const tk_models_arch tk_models__gemma, tk_models__gemma2, tk_models__gemma3, tk_models__phi3;
+extern const tk_models_arch tk_models__mixtral, tk_models__qwen2_moe, tk_models__qwen3_moe;
 /* The Llama decoder's steps (llama.c), which the architectures that vary it reuse. */
 /* Reads the Llama decoder's config.json fields (sizes, norms, rope, biases, sliding windows): the
  * activation one of acts (NULL-terminated; acts_hint lists them in the error; acts NULL: the caller
@@ -354,6 +364,13 @@ extern const tk_models_arch tk_models__gemma, tk_models__gemma2, tk_models__gemm
  * when present, decides last. */
 int tk_models__decoder_parse(tk_models_config *c, const tk_models_reader *r, const char *const *acts,
                              const char *acts_hint, int qwen_window);
+/* Reads the mixture-of-experts fields after tk_models__decoder_parse. qwen 0: Mixtral's
+ * (num_local_experts, num_experts_per_tok, every layer sparse, always renormalised, the experts of
+ * intermediate_size); 1: Qwen-MoE's (num_experts or num_local_experts, moe_intermediate_size,
+ * norm_topk_prob, decoder_sparse_step, mlp_only_layers; shared_expert_intermediate_size when
+ * shared_def >= 0). The *_def are the config class's defaults. */
+int tk_models__moe_parse(tk_models_config *c, const tk_models_reader *r, int qwen, int64_t topk_def, int64_t inter_def,
+                         int64_t shared_def);
 int tk_models__decoder_load(tk_model *m);
 int tk_models__decoder_plan(tk_model *m, tk_models_batch *b);
 int tk_models__decoder_forward(tk_model *m, tk_models_batch *b);
@@ -386,7 +403,9 @@ int tk_models__weight_opt(const tk_mt **out, tk_model *m, const char *name, int 
 int tk_models__weight_xf(const tk_mt **out, tk_model *m, const char *name, int ndim, const int64_t *want, double mul,
                          double add, int optional, int count);
 /* Concatenates n HF tensors, each [rows, cols] (1-D [rows] when cols == 0), along dim 0 into one
- * weight the model owns: Llama's gate_proj and up_proj become one [2I, H] for silu_and_mul. */
+ * weight the model owns: Llama's gate_proj and up_proj become one [2I, H] for silu_and_mul, a MoE
+ * layer's experts one [E * 2I, H] (any n; the weight's source keeps the first TK_MODELS_SRC_MAX names,
+ * which only training reads, and sparse layers do not train). */
 int tk_models__weight_cat(const tk_mt **out, tk_model *m, const char *const *names, int n, int64_t rows,
                           int64_t cols);
 /* Columns [c0, c0 + nc) of a [rows, cols] HF tensor (1-D [cols] when rows == 0) as a weight of its own:

@@ -357,6 +357,44 @@ static int gen_softcap(tk_ops_case *c, size_t index, const tk_ops_case_spec *s)
     return rc;
 }
 
+/* moe: T tokens, E experts, top_k, I, H; variants: Mixtral's (renormalised), Qwen2-MoE's (no renorm,
+ * rounded weights, a gated shared expert, the routing outputs), DiffusionGemma's (its own router input,
+ * per-expert scales, gelu_tanh). Router weights are large enough that routing is decisive. */
+static int gen_moe(tk_ops_case *c, size_t index, const tk_ops_case_spec *s)
+{
+    static const int64_t sz[][5] = {{1, 4, 2, 8, 16}, {13, 8, 2, 24, 40}, {9, 6, 6, 16, 32}}; /* T, E, K, I, H */
+    size_t v, z;
+    int na = 0;
+    if (!split(index, 3, 3, &v, &z))
+        return END;
+    int64_t t = sz[z][0], e = sz[z][1], k = sz[z][2], i = sz[z][3], h = sz[z][4];
+    tk_dtype dt = fdt(s, "input");
+    T(c, "out", dt, TK_CASE_OUT, t, h);
+    fill(c, T(c, "input", dt, TK_CASE_IN, t, h), -1, 1);
+    fill(c, T(c, "router_weight", dt, TK_CASE_IN, e, h), -1, 1);
+    fill(c, T(c, "gate_up", dt, TK_CASE_IN, e, 2 * i, h), -0.5, 0.5);
+    fill(c, T(c, "down", dt, TK_CASE_IN, e, h, i), -0.5, 0.5);
+    sc_add(c, "top_k", TK_ARG_I64, k, 0);
+    opt_i(c, s, "norm_topk_prob", v != 1, &na);
+    if (v == 1) {
+        opt_i(c, s, "round_weights", 1, &na);
+        fill(c, OPT(c, s, 1, &na, "shared_gate_up", dt, TK_CASE_IN, 2 * i + 2, h), -0.5, 0.5);
+        fill(c, OPT(c, s, 1, &na, "shared_down", dt, TK_CASE_IN, h, i + 1), -0.5, 0.5);
+        fill(c, OPT(c, s, 1, &na, "shared_gate", dt, TK_CASE_IN, 1, h), -1, 1);
+        OPT(c, s, 0, &na, "topk_ids", DT_I32, TK_CASE_OUT, t, k);
+        OPT(c, s, 0, &na, "topk_weights", DT_F32, TK_CASE_OUT, t, k);
+    } else if (v == 2) {
+        opt_i(c, s, "activation", 1, &na);
+        fill(c, OPT(c, s, 1, &na, "router_input", dt, TK_CASE_IN, t, h), -1, 1);
+        fill(c, OPT(c, s, 1, &na, "expert_scale", dt, TK_CASE_IN, e), 0.5, 1.5);
+    }
+    c->tol_factor = 4;
+    static const char *const what[] = {"", " shared expert", " router_input expert_scale gelu_tanh"};
+    label(c, "moe %s T %lld E %lld top_k %lld I %lld H %lld%s", tk_ops__dtype_str(dt), (long long)t, (long long)e,
+          (long long)k, (long long)i, (long long)h, what[v]);
+    return na ? NA : TK_OK;
+}
+
 static int gen_add(tk_ops_case *c, size_t index, const tk_ops_case_spec *s)
 {
     if (index >= NROWS_D)
@@ -1504,6 +1542,7 @@ static const struct {
     {"gelu_tanh_and_mul", gen_gated}, {"fatrelu_and_mul", gen_gated},
     {"gelu", gen_pointwise}, {"gelu_tanh", gen_pointwise}, {"silu", gen_pointwise}, {"gelu_new", gen_pointwise},
     {"gelu_fast", gen_pointwise}, {"gelu_quick", gen_pointwise}, {"tanh", gen_pointwise}, {"softcap", gen_softcap}, {"add", gen_add},
+    {"moe", gen_moe},
     {"rms_norm", gen_norm}, {"fused_add_rms_norm", gen_norm}, {"layer_norm", gen_norm},
     {"fused_add_layer_norm", gen_norm},
     {"rms_norm_backward", gen_norm_backward}, {"fused_add_rms_norm_backward", gen_norm_backward},

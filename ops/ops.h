@@ -222,6 +222,8 @@ extern const tk_op_desc tk_ops__optim[]; /* ops/optim.c */
 extern const size_t tk_ops__optim_count;
 extern const tk_op_desc tk_ops__diffusion[]; /* ops/diffusion.c */
 extern const size_t tk_ops__diffusion_count;
+extern const tk_op_desc tk_ops__moe[]; /* ops/moe.c */
+extern const size_t tk_ops__moe_count;
 
 /* ---- shared pieces ------------------------------------------------------------------------------ */
 

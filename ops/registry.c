@@ -28,6 +28,7 @@ static const struct {
     {tk_ops__backward_act, &tk_ops__backward_act_count},
     {tk_ops__optim, &tk_ops__optim_count},
     {tk_ops__diffusion, &tk_ops__diffusion_count},
+    {tk_ops__moe, &tk_ops__moe_count},
 };
 #define NTABLES (sizeof tables / sizeof tables[0])
 

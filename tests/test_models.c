@@ -387,6 +387,9 @@ static void test_arch_table(void)
                 {"Gemma2ForCausalLM", "gemma2", TK_ARCH_CAUSAL_LM | TK_ARCH_ROPE},
                 {"Gemma3ForCausalLM", "gemma3", TK_ARCH_CAUSAL_LM | TK_ARCH_ROPE},
                 {"Phi3ForCausalLM", "phi3", TK_ARCH_CAUSAL_LM | TK_ARCH_ROPE},
+                {"MixtralForCausalLM", "mixtral", TK_ARCH_CAUSAL_LM | TK_ARCH_ROPE},
+                {"Qwen2MoeForCausalLM", "qwen2_moe", TK_ARCH_CAUSAL_LM | TK_ARCH_ROPE},
+                {"Qwen3MoeForCausalLM", "qwen3_moe", TK_ARCH_CAUSAL_LM | TK_ARCH_ROPE},
                 {"GPT2LMHeadModel", "gpt2", TK_ARCH_CAUSAL_LM | TK_ARCH_BOUNDED_POS},
                 {"BertModel", "bert", TK_ARCH_BOUNDED_POS | TK_ARCH_POOLER}};
     char cfg[1024];
@@ -424,6 +427,45 @@ static void test_arch_table(void)
     CHECK(c.post_norms && c.pre_norms && c.norm_offset == 1.0 && c.sliding_window == 4096 && c.sliding[0] &&
           !c.sliding[1]);
     tk_models__config_free(&c);
+}
+
+/* The mixtures of experts' config fields: the sparse layers (every one in Mixtral; decoder_sparse_step
+ * and mlp_only_layers in Qwen-MoE), the expert count under both names, the defaults of the config
+ * classes, and the errors for a top-k past the experts and a layer index out of range. */
+static void test_moe_config(void)
+{
+    tk_models_config c;
+    const char *mx = "{\"architectures\": [\"MixtralForCausalLM\"], \"vocab_size\": 48, \"hidden_size\": 32, "
+                     "\"intermediate_size\": 40, \"num_hidden_layers\": 2, \"num_attention_heads\": 4}";
+    CHECK_RC(tk_models__config_parse(&c, mx, strlen(mx), "config.json"), TK_OK);
+    CHECK(c.experts == 8 && c.experts_topk == 2 && c.moe_intermediate == 40 && c.moe_norm_topk && c.moe_w123 &&
+          !c.moe_round_weights && c.moe[0] && c.moe[1] && c.shared_intermediate == 0);
+    tk_models__config_free(&c);
+    const char *q2 = "{\"architectures\": [\"Qwen2MoeForCausalLM\"], \"vocab_size\": 48, \"hidden_size\": 32, "
+                     "\"intermediate_size\": 40, \"num_hidden_layers\": 6, \"num_attention_heads\": 4, "
+                     "\"num_experts\": 6, \"decoder_sparse_step\": 2, \"mlp_only_layers\": [3]}";
+    CHECK_RC(tk_models__config_parse(&c, q2, strlen(q2), "config.json"), TK_OK);
+    CHECK(c.experts == 6 && c.experts_topk == 4 && c.moe_intermediate == 1408 && c.shared_intermediate == 5632 &&
+          !c.moe_norm_topk && c.moe_round_weights && c.qkv_bias && !c.o_bias);
+    CHECK(!c.moe[0] && c.moe[1] && !c.moe[2] && !c.moe[3] && !c.moe[4] && c.moe[5]);
+    tk_models__config_free(&c);
+    const char *q3 = "{\"architectures\": [\"Qwen3MoeForCausalLM\"], \"vocab_size\": 48, \"hidden_size\": 32, "
+                     "\"intermediate_size\": 40, \"num_hidden_layers\": 2, \"num_attention_heads\": 4, "
+                     "\"num_local_experts\": 16, \"num_experts_per_tok\": 4, \"norm_topk_prob\": true}";
+    CHECK_RC(tk_models__config_parse(&c, q3, strlen(q3), "config.json"), TK_OK);
+    CHECK(c.experts == 16 && c.experts_topk == 4 && c.moe_norm_topk && c.qk_norm == TK_QKNORM_HEAD && c.moe[0] &&
+          c.moe[1] && c.shared_intermediate == 0 && c.moe_intermediate == 768);
+    tk_models__config_free(&c);
+    const char *bad = "{\"architectures\": [\"Qwen3MoeForCausalLM\"], \"vocab_size\": 48, \"hidden_size\": 32, "
+                      "\"intermediate_size\": 40, \"num_hidden_layers\": 2, \"num_attention_heads\": 4, "
+                      "\"num_experts\": 4, \"num_experts_per_tok\": 5}";
+    CHECK_RC(tk_models__config_parse(&c, bad, strlen(bad), "config.json"), TK_ERR_INVALID);
+    CHECK_CONTAINS(tk_last_error(), "num_experts_per_tok 5 is more than the 4 experts");
+    const char *bad2 = "{\"architectures\": [\"Qwen2MoeForCausalLM\"], \"vocab_size\": 48, \"hidden_size\": 32, "
+                       "\"intermediate_size\": 40, \"num_hidden_layers\": 2, \"num_attention_heads\": 4, "
+                       "\"num_experts\": 4, \"mlp_only_layers\": [2]}";
+    CHECK_RC(tk_models__config_parse(&c, bad2, strlen(bad2), "config.json"), TK_ERR_INVALID);
+    CHECK_CONTAINS(tk_last_error(), "'mlp_only_layers' holds an index out of range, want layer indices 0 to 1");
 }
 
 /* A checkpoint whose eos/bos lie outside the vocabulary loads with a warning through the context's log
@@ -546,6 +588,7 @@ int main(void)
     RUN(test_json_beyond_int64);
     RUN(test_special_ids_outside_vocab);
     RUN(test_arch_table);
+    RUN(test_moe_config);
     tk_ctx_free(ctx);
     char cmd[700];
     snprintf(cmd, sizeof cmd, "rm -rf '%s' '%s'", dir, home);

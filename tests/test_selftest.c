@@ -590,7 +590,7 @@ static void test_planned_keys_match_the_build(void)
  * and the plan runs their CPU references: tk_selftest's plan mode over every package. */
 static void test_every_shipped_kernel_has_cases(void)
 {
-    static const char *pkgs[] = {"activation", "casted", "cross-entropy", "diffusion", "flash-attn", "layers",
+    static const char *pkgs[] = {"activation", "casted", "cross-entropy", "diffusion", "flash-attn", "layers", "moe",
                                  "rmsnorm", "rotary", "sampling", "softmax", "training"};
     tk_ctx *ctx = new_ctx();
     CHECK(ctx != NULL);

@@ -76,16 +76,20 @@ t_match_gemma2_bf16() { match gemma2_bf16; }
 # token against transformers' generate() (tests/models/gen_oracle.py, one process for every job):
 # the KV-cache path, with its sliding windows (Gemma 2's layer 0), softcap and NoPE layers.
 NEW_FAMILIES="qwen3 olmo2 granite smollm3 gemma gemma2 gemma3 phi3"
+MOE_FAMILIES="mixtral qwen2_moe qwen3_moe qwen3_moe-fused"
 GEN_JOBS="5,17,99,3,250 max_new_tokens=12
 5,17,99 max_new_tokens=10 num_beams=3"
-t_generate_new_families_match_transformers() {
+# gen_match FAMILIES: each of make_tiny.py's checkpoints FAMILIES names, GEN_JOBS' generations, tk against
+# transformers' generate() token for token.
+gen_match() {
   compare_once
   if grep -q "^no venv" "$RESULTS"; then
     [ -n "${CI:-}" ] && { fail "the test venv is missing ($PY): run scripts/setup.sh --test"; return; }
     skip "no test venv ($PY); run scripts/setup.sh --test"; return
   fi
-  local f line n=0 bad=0 got want
-  for f in $NEW_FAMILIES; do
+  local f line n=0 bad=0 got want jobs
+  jobs=$(($(echo "$1" | wc -w) * $(echo "$GEN_JOBS" | wc -l)))
+  for f in $1; do
     while IFS= read -r line; do echo "$B/tiny-models/$f $line"; done <<<"$GEN_JOBS"
   done >"$WORK/gen.in"
   HF_HUB_OFFLINE=1 "$PY" "$ROOT/tests/models/gen_oracle.py" generate-each <"$WORK/gen.in" >"$WORK/gen.want" \
@@ -100,14 +104,24 @@ t_generate_new_families_match_transformers() {
     want=$(sed -n "${n}p" "$WORK/gen.want")
     [ "$got" = "$want" ] || { fail "${dir##*/} $ids $rest: tk $got, transformers $want"; bad=$((bad + 1)); }
   done <"$WORK/gen.in"
-  [ "$n" -eq 16 ] || fail "$n jobs, want 16"
-  echo "    $n generations compared ($NEW_FAMILIES; greedy and 3 beams), $bad differ"
+  [ "$n" -eq "$jobs" ] || fail "$n jobs, want $jobs"
+  echo "    $n generations compared ($1; greedy and 3 beams), $bad differ"
 }
+t_generate_new_families_match_transformers() { gen_match "$NEW_FAMILIES"; }
+# The mixtures of experts: the moe op under the KV cache's decode steps (one token a step) and beams.
+t_generate_moe_families_match_transformers() { gen_match "$MOE_FAMILIES"; }
 
 t_match_gemma3_two_ropes_f32() { match gemma3_two_ropes_f32; }
 t_match_gemma3_bf16() { match gemma3_bf16; }
 t_match_phi3_fused_partial_rotary_f32() { match phi3_fused_partial_rotary_f32; }
 t_match_phi3_bf16() { match phi3_bf16; }
+t_match_mixtral_moe_sliding_f32() { match mixtral_moe_sliding_f32; }
+t_match_mixtral_bf16() { match mixtral_bf16; }
+t_match_qwen2_moe_shared_expert_f32() { match qwen2_moe_shared_expert_f32; }
+t_match_qwen2_moe_bf16() { match qwen2_moe_bf16; }
+t_match_qwen3_moe_sparse_step_f32() { match qwen3_moe_sparse_step_f32; }
+t_match_qwen3_moe_bf16() { match qwen3_moe_bf16; }
+t_match_qwen3_moe_fused_experts_f32() { match qwen3_moe_fused_experts_f32; }
 t_match_bert_pooler_f32() { match bert_pooler_f32; }
 t_match_minilm_embeddings() { match minilm_embeddings_vs_sentence_transformers; }
 

@@ -173,6 +173,13 @@ def main():
     case("gemma3_bf16", os.path.join(TINY, "gemma3"), [p12], "bf16")
     case("phi3_fused_partial_rotary_f32", os.path.join(TINY, "phi3"), [p12, p20])
     case("phi3_bf16", os.path.join(TINY, "phi3"), [p12], "bf16")
+    case("mixtral_moe_sliding_f32", os.path.join(TINY, "mixtral"), [p12, p20])
+    case("mixtral_bf16", os.path.join(TINY, "mixtral"), [p12], "bf16")
+    case("qwen2_moe_shared_expert_f32", os.path.join(TINY, "qwen2_moe"), [p12, p7])
+    case("qwen2_moe_bf16", os.path.join(TINY, "qwen2_moe"), [p12], "bf16")
+    case("qwen3_moe_sparse_step_f32", os.path.join(TINY, "qwen3_moe"), [p12, p7])
+    case("qwen3_moe_bf16", os.path.join(TINY, "qwen3_moe"), [p12], "bf16")
+    case("qwen3_moe_fused_experts_f32", os.path.join(TINY, "qwen3_moe-fused"), [p12])
     case("bert_pooler_f32", os.path.join(TINY, "bert"), [p12, p7])
     if MINILM:
         embed_case("minilm_embeddings_vs_sentence_transformers", MINILM)

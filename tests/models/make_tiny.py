@@ -14,7 +14,11 @@ variations: Qwen3 (q/k norms per head, tied), OLMo2 (post-norms, q/k norms over 
 scale, GeGLU), Gemma 2 (pre- and post-norms, a sliding layer and a global one, query_pre_attn_scalar, an
 attention softcap and a final logit softcap low enough to bite), Gemma 3 text (q/k norms, two RoPEs: linear-
 scaled global, local), Phi-3 (fused qkv_proj and gate_up_proj, partial rotary, a sliding window on every
-layer).
+layer); and the mixtures of experts: Mixtral (4 experts, top 2, a sliding window), Qwen2-MoE (a shared
+expert with its gate, a dense layer from mlp_only_layers, norm_topk_prob off), Qwen3-MoE (8 experts, top 3,
+norm_topk_prob on, decoder_sparse_step 2), and Qwen3-MoE again with transformers 5's fused expert tensors
+(mlp.experts.gate_up_proj / down_proj, as the model holds them in memory) instead of the per-expert ones
+save_pretrained writes.
 Seeds are fixed: the same script writes the same weights.
 """
 import json
@@ -29,7 +33,8 @@ from transformers import (BertConfig, BertModel, Gemma2Config, Gemma2ForCausalLM
                           Phi3ForCausalLM,
                           LlamaConfig, LlamaForCausalLM, MistralConfig, MistralForCausalLM, Olmo2Config,
                           Olmo2ForCausalLM, Qwen2Config, Qwen2ForCausalLM, Qwen3Config, Qwen3ForCausalLM,
-                          SmolLM3Config, SmolLM3ForCausalLM)
+                          SmolLM3Config, SmolLM3ForCausalLM, MixtralConfig, MixtralForCausalLM, Qwen2MoeConfig,
+                          Qwen2MoeForCausalLM, Qwen3MoeConfig, Qwen3MoeForCausalLM)
 
 OUT = sys.argv[1]
 V = 256  # vocabulary of every tiny model
@@ -111,6 +116,26 @@ def main():
                          "sliding_attention": {"rope_type": "default", "rope_theta": 10000.0}}))), 16)
     save("phi3", Phi3ForCausalLM(Phi3Config(**llama_cfg(partial_rotary_factor=0.5, sliding_window=5,
                                                          pad_token_id=None, bos_token_id=1, eos_token_id=2))), 17)
+    save("mixtral", MixtralForCausalLM(MixtralConfig(**llama_cfg(
+        intermediate_size=48, num_local_experts=4, num_experts_per_tok=2, sliding_window=5))), 18)
+    # (seed 22: with 19, two experts' router logits at one position are equal in bf16, and which of them
+    # runs depends on the last bit of the hidden state: tk's bf16 and transformers' bf16 then differ by a
+    # whole expert; that is routing, not numerics, and the bf16 test measures numerics)
+    save("qwen2_moe", Qwen2MoeForCausalLM(Qwen2MoeConfig(**llama_cfg(
+        num_hidden_layers=3, num_experts=4, num_experts_per_tok=2, moe_intermediate_size=32,
+        shared_expert_intermediate_size=40, mlp_only_layers=[1], norm_topk_prob=False))), 22)
+    d = save("qwen3_moe", Qwen3MoeForCausalLM(Qwen3MoeConfig(**llama_cfg(
+        num_hidden_layers=4, head_dim=16, num_experts=8, num_experts_per_tok=3, moe_intermediate_size=32,
+        norm_topk_prob=True, decoder_sparse_step=2))), 20)
+    # transformers 5's own in-memory layout: the experts fused into [E, 2I, H] and [E, H, I] tensors
+    from safetensors.torch import save_file as save_st
+    m = Qwen3MoeForCausalLM.from_pretrained(d)
+    f = os.path.join(OUT, "qwen3_moe-fused")
+    os.makedirs(f, exist_ok=True)
+    sd = {k: v.contiguous() for k, v in m.state_dict().items()}
+    assert any(k.endswith("mlp.experts.gate_up_proj") for k in sd), "no fused experts in the state dict"
+    save_st(sd, os.path.join(f, "model.safetensors"), metadata={"format": "pt"})
+    shutil.copy(os.path.join(d, "config.json"), f)
     save("bert", BertModel(BertConfig(vocab_size=V, hidden_size=64, num_hidden_layers=2, num_attention_heads=4,
                                       intermediate_size=128, max_position_embeddings=64)), 8)
 
