@@ -67,14 +67,25 @@ uint8_t tk__f32_to_fp8_e5m2(float f) { return f32_to_fp8(f, &E5M2); }
 
 /* ---- tk_convert -------------------------------------------------------------------------------- */
 
-enum { CV_F32, CV_F64, CV_F16, CV_BF16, CV_E4M3, CV_E5M2, CV_NONE };
+enum {
+    CV_F32,
+    CV_F64,
+    CV_F16,
+    CV_BF16,
+    CV_E4M3,
+    CV_E5M2,
+    CV_NONE
+};
 
 static int kind(tk_dtype dt)
 {
     if (dt.lanes != 1)
         return CV_NONE;
     if (dt.code == TK_DL_FLOAT)
-        return dt.bits == 32 ? CV_F32 : dt.bits == 64 ? CV_F64 : dt.bits == 16 ? CV_F16 : CV_NONE;
+        return dt.bits == 32   ? CV_F32
+               : dt.bits == 64 ? CV_F64
+               : dt.bits == 16 ? CV_F16
+                               : CV_NONE;
     if (dt.code == TK_DL_BFLOAT && dt.bits == 16)
         return CV_BF16;
     if (dt.code == TK_DL_FLOAT8_E4M3FN && dt.bits == 8)
@@ -109,8 +120,14 @@ static void storef(unsigned char *p, size_t i, int k, float f)
     uint16_t h;
     switch (k) {
     case CV_F32: memcpy(p + 4 * i, &f, 4); break;
-    case CV_F16: h = tk__f32_to_f16(f); memcpy(p + 2 * i, &h, 2); break;
-    case CV_BF16: h = tk__f32_to_bf16(f); memcpy(p + 2 * i, &h, 2); break;
+    case CV_F16:
+        h = tk__f32_to_f16(f);
+        memcpy(p + 2 * i, &h, 2);
+        break;
+    case CV_BF16:
+        h = tk__f32_to_bf16(f);
+        memcpy(p + 2 * i, &h, 2);
+        break;
     case CV_E4M3: p[i] = tk__f32_to_fp8_e4m3(f); break;
     default: p[i] = tk__f32_to_fp8_e5m2(f); break;
     }
@@ -120,8 +137,10 @@ TK_API int tk_convert(void *dst, tk_dtype dst_dtype, const void *src, tk_dtype s
 {
     int to = kind(dst_dtype), from = kind(src_dtype);
     if (to == CV_NONE || from == CV_NONE)
-        return tk__err(TK_ERR_INVALID, "tk_convert: cannot convert %s to %s\nHINT: tk_convert takes f32, f64, f16, "
-                       "bf16, fp8_e4m3 and fp8_e5m2", kind_name(from), kind_name(to));
+        return tk__err(TK_ERR_INVALID,
+                       "tk_convert: cannot convert %s to %s\nHINT: tk_convert takes f32, f64, f16, bf16, fp8_e4m3 "
+                       "and fp8_e5m2",
+                       kind_name(from), kind_name(to));
     if (n && (!dst || !src))
         return tk__err(TK_ERR_INVALID, "tk_convert: NULL %s", dst ? "src" : "dst");
     unsigned char *d = dst;

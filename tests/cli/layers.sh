@@ -1,7 +1,9 @@
 #!/usr/bin/env bash
 # The layer rules of docs/hacking.md: every #include of every .c and .h follows the layer table
 # (tests/layers.py reads it); the checker itself catches a bad include, a backwards table, a folder
-# without a row and a stale exception, on a scratch tree.
+# without a row and a stale exception, on a scratch tree. And the layout: `make format-check` (every
+# C file but those .clang-format-ignore lists matches .clang-format), and the check fails on a file
+# that does not match.
 . "$(dirname "$0")/lib.sh"
 
 LAYERS=$ROOT/tests/layers.py
@@ -53,6 +55,31 @@ t_table_must_point_one_way() {
   sed -i 's/^| `common` | `include` |/| `common` | `include`, `hub` |/' "$t/docs/hacking.md"
   expect_rc 1 python3 "$LAYERS" "$t"
   expect_out "layer table: common may include hub, which is not a row above it"
+}
+
+# clang-format 18 or newer (the config's AlignTrailingComments: Leave), or "".
+clang_format() {
+  local c v
+  for c in clang-format-19 clang-format-18 clang-format; do
+    command -v "$c" >/dev/null || continue
+    v=$("$c" --version | grep -o 'version [0-9]*' | grep -o '[0-9]*')
+    [ "${v:-0}" -ge 18 ] && { echo "$c"; return; }
+  done
+}
+
+t_format_check() {
+  local cf; cf=$(clang_format)
+  if [ -z "$cf" ]; then
+    if [ -n "${CI:-}" ]; then fail "CI=true but no clang-format 18 or newer (scripts/setup.sh installs clang-format-19)"
+    else skip "no clang-format 18 or newer (scripts/setup.sh installs clang-format-19)"; fi
+    return
+  fi
+  expect_rc 0 make -s -C "$ROOT" format-check CLANG_FORMAT="$cf"
+  # the check is real: a badly laid out file in a folder it covers fails it
+  local t=$WORK/fmt; rm -rf "$t"; mkdir -p "$t"
+  cp "$ROOT/.clang-format" "$t/"; printf 'int  f( void ){return 0;}\n' >"$t/bad.c"
+  expect_rc 1 "$cf" --dry-run -Werror "$t/bad.c"
+  expect_out "code should be clang-formatted"
 }
 
 run_tests
