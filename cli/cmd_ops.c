@@ -3,8 +3,8 @@
  * tk run-op: runs one op on random host tensors through tk_op_run (the CPU reference) and prints what
  * ran, how long it took and a checksum of the result.
  *
- * Both read tk_ops_json(), the only description of ops the public API offers, with a small JSON
- * reader below (cli/ sees tk.h and nothing else). run-op derives every tensor's shape from --shape
+ * Both read tk_ops_json(), the only description of ops the public API offers, with jansson (cli/
+ * sees tk.h and nothing else of tk's). run-op derives every tensor's shape from --shape
  * and the shape patterns of the signature ("[..., 2*d]"), so it needs no per-op code.
  */
 #include <math.h>
@@ -17,218 +17,10 @@
 #include <sys/ioctl.h>
 #include <time.h>
 
+#include <jansson.h>
+
 #include "cli/cli.h"
 #include "cli/shape.h"
-
-/* ---- a small JSON reader (enough for tk_ops_json) --------------------------------------------- */
-
-enum { JV_NULL, JV_BOOL, JV_NUM, JV_STR, JV_ARR, JV_OBJ };
-
-typedef struct jv {
-    int type;
-    double num;
-    char *str;         /* JV_STR; also the key when this value is an object member */
-    char *key;
-    struct jv **items; /* JV_ARR, JV_OBJ */
-    size_t n;
-} jv;
-
-static void jv_free(jv *v)
-{
-    if (!v)
-        return;
-    for (size_t i = 0; i < v->n; i++)
-        jv_free(v->items[i]);
-    free(v->items);
-    free(v->str);
-    free(v->key);
-    free(v);
-}
-
-static void skip_ws(const char **p)
-{
-    while (**p == ' ' || **p == '\n' || **p == '\r' || **p == '\t')
-        (*p)++;
-}
-
-static char *parse_str(const char **p)
-{
-    if (**p != '"')
-        return NULL;
-    (*p)++;
-    size_t cap = 64, len = 0;
-    char *s = malloc(cap);
-    while (s && **p && **p != '"') {
-        if (len + 8 >= cap) {
-            char *ns = realloc(s, cap *= 2);
-            if (!ns) {
-                free(s);
-                return NULL;
-            }
-            s = ns;
-        }
-        char c = *(*p)++;
-        if (c != '\\') {
-            s[len++] = c;
-            continue;
-        }
-        c = *(*p)++;
-        switch (c) {
-        case 'n': s[len++] = '\n'; break;
-        case 't': s[len++] = '\t'; break;
-        case 'r': s[len++] = '\r'; break;
-        case 'b': s[len++] = '\b'; break;
-        case 'f': s[len++] = '\f'; break;
-        case 'u': {
-            unsigned u = 0;
-            for (int i = 0; i < 4 && **p; i++, (*p)++) {
-                char h = **p;
-                u = u * 16 + (unsigned)(h <= '9' ? h - '0' : (h | 32) - 'a' + 10);
-            }
-            if (u < 0x80) {
-                s[len++] = (char)u;
-            } else if (u < 0x800) {
-                s[len++] = (char)(0xc0 | (u >> 6));
-                s[len++] = (char)(0x80 | (u & 0x3f));
-            } else {
-                s[len++] = (char)(0xe0 | (u >> 12));
-                s[len++] = (char)(0x80 | ((u >> 6) & 0x3f));
-                s[len++] = (char)(0x80 | (u & 0x3f));
-            }
-            break;
-        }
-        case '\0': free(s); return NULL;
-        default: s[len++] = c;
-        }
-    }
-    if (!s || **p != '"') {
-        free(s);
-        return NULL;
-    }
-    (*p)++;
-    s[len] = '\0';
-    return s;
-}
-
-static jv *parse_value(const char **p, int depth)
-{
-    skip_ws(p);
-    if (depth > 32)
-        return NULL;
-    jv *v = calloc(1, sizeof *v);
-    if (!v)
-        return NULL;
-    if (**p == '{' || **p == '[') {
-        int obj = **p == '{';
-        char close = obj ? '}' : ']';
-        v->type = obj ? JV_OBJ : JV_ARR;
-        (*p)++;
-        skip_ws(p);
-        while (**p && **p != close) {
-            char *key = NULL;
-            if (obj) {
-                if (!(key = parse_str(p)))
-                    goto fail;
-                skip_ws(p);
-                if (**p != ':') {
-                    free(key);
-                    goto fail;
-                }
-                (*p)++;
-            }
-            jv *item = parse_value(p, depth + 1);
-            jv **ni = item ? realloc(v->items, (v->n + 1) * sizeof *v->items) : NULL;
-            if (!ni) {
-                free(key);
-                jv_free(item);
-                goto fail;
-            }
-            v->items = ni;
-            item->key = key;
-            v->items[v->n++] = item;
-            skip_ws(p);
-            if (**p == ',') {
-                (*p)++;
-                skip_ws(p);
-            }
-        }
-        if (**p != close)
-            goto fail;
-        (*p)++;
-    } else if (**p == '"') {
-        v->type = JV_STR;
-        if (!(v->str = parse_str(p)))
-            goto fail;
-    } else if (!strncmp(*p, "true", 4) || !strncmp(*p, "false", 5)) {
-        v->type = JV_BOOL;
-        v->num = **p == 't';
-        *p += v->num ? 4 : 5;
-    } else if (!strncmp(*p, "null", 4)) {
-        v->type = JV_NULL;
-        *p += 4;
-    } else {
-        char *end;
-        v->type = JV_NUM;
-        v->num = strtod(*p, &end);
-        if (end == *p)
-            goto fail;
-        *p = end;
-    }
-    return v;
-fail:
-    jv_free(v);
-    return NULL;
-}
-
-static const jv *jv_get(const jv *o, const char *key)
-{
-    for (size_t i = 0; o && o->type == JV_OBJ && i < o->n; i++)
-        if (!strcmp(o->items[i]->key, key))
-            return o->items[i];
-    return NULL;
-}
-
-static const char *jv_str(const jv *v) { return v && v->type == JV_STR ? v->str : NULL; }
-
-static void jv_print_str(const char *s)
-{
-    putchar('"');
-    for (; *s; s++) {
-        unsigned char c = (unsigned char)*s;
-        if (c == '"' || c == '\\')
-            printf("\\%c", c);
-        else if (c == '\n')
-            printf("\\n");
-        else if (c < 0x20)
-            printf("\\u%04x", c);
-        else
-            putchar(c);
-    }
-    putchar('"');
-}
-
-static void jv_print(const jv *v, int indent)
-{
-    switch (v->type) {
-    case JV_NULL: printf("null"); break;
-    case JV_BOOL: printf(v->num ? "true" : "false"); break;
-    case JV_NUM: printf("%.17g", v->num); break;
-    case JV_STR: jv_print_str(v->str); break;
-    default:
-        putchar(v->type == JV_OBJ ? '{' : '[');
-        for (size_t i = 0; i < v->n; i++) {
-            printf("%s\n%*s", i ? "," : "", indent + 2, "");
-            if (v->type == JV_OBJ) {
-                jv_print_str(v->items[i]->key);
-                printf(": ");
-            }
-            jv_print(v->items[i], indent + 2);
-        }
-        if (v->n)
-            printf("\n%*s", indent, "");
-        putchar(v->type == JV_OBJ ? '}' : ']');
-    }
-}
 
 /* Reports a failure of tk ops or run-op: a JSON error object under --json, else "tk: ..." on stderr. status is
  * a TK_ERR_* or TK_CLI_STATUS_USAGE (bad arguments or shapes: exit 2). Returns the exit code. */
@@ -248,7 +40,7 @@ static int run_fail(int status, const char *fmt, ...)
 }
 
 /* tk_ops_json, parsed. NULL after printing the error. */
-static jv *load_ops(tk_cli *cli, int *exit_code)
+static json_t *load_ops(tk_cli *cli, int *exit_code)
 {
     tk_ctx *ctx = tk_cli_ctx(cli);
     *exit_code = cli->ctx_exit ? cli->ctx_exit : TK_EXIT_FAIL;
@@ -260,22 +52,21 @@ static jv *load_ops(tk_cli *cli, int *exit_code)
         *exit_code = tk_cli_fail(cli, rc, "cannot list ops");
         return NULL;
     }
-    const char *p = text;
-    jv *v = parse_value(&p, 0);
+    json_t *v = json_loads(text, 0, NULL);
     tk_free(text);
-    if (!v || v->type != JV_ARR) {
-        jv_free(v);
+    if (!json_is_array(v)) {
+        json_decref(v);
         run_fail(TK_ERR_INTERNAL, "internal error: tk_ops_json returned text this tk cannot read");
         return NULL;
     }
     return v;
 }
 
-static const jv *find_op(const jv *ops, const char *name)
+static const json_t *find_op(const json_t *ops, const char *name)
 {
-    for (size_t i = 0; i < ops->n; i++)
-        if (jv_str(jv_get(ops->items[i], "name")) && !strcmp(jv_str(jv_get(ops->items[i], "name")), name))
-            return ops->items[i];
+    for (size_t i = 0; i < json_array_size(ops); i++)
+        if (json_string_value(json_object_get(json_array_get(ops, i), "name")) && !strcmp(json_string_value(json_object_get(json_array_get(ops, i), "name")), name))
+            return json_array_get(ops, i);
     return NULL;
 }
 
@@ -321,91 +112,91 @@ static void print_wrapped(const char *text, int indent, int width)
 
 static const char *OPS_USAGE = "tk ops [--json] [--package DIR] [OP]";
 
-static void print_op_detail(const jv *op)
+static void print_op_detail(const json_t *op)
 {
-    const jv *impls = jv_get(op, "implementations");
-    printf("%s\n", jv_str(jv_get(op, "signature")) ? jv_str(jv_get(op, "signature")) : jv_str(jv_get(op, "name")));
-    if (jv_str(jv_get(op, "summary")))
-        printf("  %s\n", jv_str(jv_get(op, "summary")));
-    const jv *ps = jv_get(op, "params");
-    for (size_t i = 0; ps && i < ps->n; i++) {
-        const jv *p = ps->items[i];
-        printf("    %-10s %s\n", jv_str(jv_get(p, "name")), jv_str(jv_get(p, "doc")) ? jv_str(jv_get(p, "doc")) : "");
+    const json_t *impls = json_object_get(op, "implementations");
+    printf("%s\n", json_string_value(json_object_get(op, "signature")) ? json_string_value(json_object_get(op, "signature")) : json_string_value(json_object_get(op, "name")));
+    if (json_string_value(json_object_get(op, "summary")))
+        printf("  %s\n", json_string_value(json_object_get(op, "summary")));
+    const json_t *ps = json_object_get(op, "params");
+    for (size_t i = 0; ps && i < json_array_size(ps); i++) {
+        const json_t *p = json_array_get(ps, i);
+        printf("    %-10s %s\n", json_string_value(json_object_get(p, "name")), json_string_value(json_object_get(p, "doc")) ? json_string_value(json_object_get(p, "doc")) : "");
     }
-    const jv *cpu = jv_get(op, "cpu_reference"), *local = jv_get(op, "local");
-    if (jv_str(jv_get(op, "declared_by")))
-        printf("  declared by %s%s; no CPU reference\n", jv_str(jv_get(op, "declared_by")),
-               local && local->num ? " (a local package directory)" : "");
-    const jv *cims = jv_get(op, "cpu_implementations");
-    if (cims && cims->n) { /* tried in this order for host tensors; the reference when none fits */
+    const json_t *cpu = json_object_get(op, "cpu_reference"), *local = json_object_get(op, "local");
+    if (json_string_value(json_object_get(op, "declared_by")))
+        printf("  declared by %s%s; no CPU reference\n", json_string_value(json_object_get(op, "declared_by")),
+               json_is_true(local) ? " (a local package directory)" : "");
+    const json_t *cims = json_object_get(op, "cpu_implementations");
+    if (cims && json_array_size(cims)) { /* tried in this order for host tensors; the reference when none fits */
         printf("  cpu implementations (host tensors, the first usable one that fits runs):\n");
-        for (size_t i = 0; i < cims->n; i++) {
-            const jv *m = cims->items[i], *needs = jv_get(m, "needs"), *u = jv_get(m, "usable");
+        for (size_t i = 0; i < json_array_size(cims); i++) {
+            const json_t *m = json_array_get(cims, i), *needs = json_object_get(m, "needs"), *u = json_object_get(m, "usable");
             char nd[128] = "";
-            for (size_t k = 0; needs && k < needs->n; k++)
-                snprintf(nd + strlen(nd), sizeof nd - strlen(nd), "%s%s", k ? "," : "", jv_str(needs->items[k]));
-            printf("    %-14s %-16s %s%s\n", jv_str(jv_get(m, "impl")), nd[0] ? nd : "any CPU",
-                   u && u->num ? "" : "(not usable here) ", jv_str(jv_get(m, "doc")) ? jv_str(jv_get(m, "doc")) : "");
+            for (size_t k = 0; needs && k < json_array_size(needs); k++)
+                snprintf(nd + strlen(nd), sizeof nd - strlen(nd), "%s%s", k ? "," : "", json_string_value(json_array_get(needs, k)));
+            printf("    %-14s %-16s %s%s\n", json_string_value(json_object_get(m, "impl")), nd[0] ? nd : "any CPU",
+                   json_is_true(u) ? "" : "(not usable here) ", json_string_value(json_object_get(m, "doc")) ? json_string_value(json_object_get(m, "doc")) : "");
         }
     }
-    printf("  implementations:%s\n", cpu && cpu->num ? " cpu-reference (host tensors)" : "");
-    const jv *pkg = jv_get(op, "package");
-    if ((!impls || impls->n == 0) && pkg && jv_str(pkg))
-        printf("    (no installed package; try 'tk get %s')\n", jv_str(pkg));
-    else if (!impls || impls->n == 0)
+    printf("  implementations:%s\n", json_is_true(cpu) ? " cpu-reference (host tensors)" : "");
+    const json_t *pkg = json_object_get(op, "package");
+    if ((!impls || json_array_size(impls) == 0) && pkg && json_string_value(pkg))
+        printf("    (no installed package; try 'tk get %s')\n", json_string_value(pkg));
+    else if (!impls || json_array_size(impls) == 0)
         printf("    (no installed package implements it)\n");
-    for (size_t i = 0; impls && i < impls->n; i++) {
-        const jv *m = impls->items[i];
-        const jv *dts = jv_get(m, "dtypes"), *cc = jv_get(m, "min_cc"), *pr = jv_get(m, "priority");
-        printf("    %-48s v%s", jv_str(jv_get(m, "impl")), jv_str(jv_get(m, "version")));
-        for (size_t d = 0; dts && d < dts->n; d++)
-            printf("%s%s", d ? "," : "  ", jv_str(dts->items[d]));
-        if (cc && cc->type == JV_NUM)
-            printf("  sm_%d+", (int)cc->num);
-        printf("  priority %d\n", pr ? (int)pr->num : 0);
+    for (size_t i = 0; impls && i < json_array_size(impls); i++) {
+        const json_t *m = json_array_get(impls, i);
+        const json_t *dts = json_object_get(m, "dtypes"), *cc = json_object_get(m, "min_cc"), *pr = json_object_get(m, "priority");
+        printf("    %-48s v%s", json_string_value(json_object_get(m, "impl")), json_string_value(json_object_get(m, "version")));
+        for (size_t d = 0; dts && d < json_array_size(dts); d++)
+            printf("%s%s", d ? "," : "  ", json_string_value(json_array_get(dts, d)));
+        if (json_is_number(cc))
+            printf("  sm_%d+", (int)json_number_value(cc));
+        printf("  priority %d\n", (int)json_number_value(pr));
     }
 }
 
 /* The list: one block per op, wrapped to the terminal (COLUMNS, else the tty's width, else 80). */
-static void print_op_list(const jv *ops)
+static void print_op_list(const json_t *ops)
 {
     /* one block per op, wrapped to the terminal (COLUMNS, else the tty's width, else 80):
      *   silu_and_mul
      *       (out: T[..., d], input: T[..., 2*d]) -> out; T in {f32, f16, bf16}
      *       implementations: cpu-reference, kernels-community/activation (3 kernels)          */
     int width = term_width();
-    for (size_t i = 0; i < ops->n; i++) {
-        const jv *op = ops->items[i], *impls = jv_get(op, "implementations"), *cpu = jv_get(op, "cpu_reference");
-        const char *sig = jv_str(jv_get(op, "signature"));
-        const char *name = jv_str(jv_get(op, "name"));
+    for (size_t i = 0; i < json_array_size(ops); i++) {
+        const json_t *op = json_array_get(ops, i), *impls = json_object_get(op, "implementations"), *cpu = json_object_get(op, "cpu_reference");
+        const char *sig = json_string_value(json_object_get(op, "signature"));
+        const char *name = json_string_value(json_object_get(op, "name"));
         const char *args = sig && name && !strncmp(sig, name, strlen(name)) ? sig + strlen(name) : sig;
         char impl[2048] = "implementations: ";
         size_t shown = 0;
-        const jv *cims = jv_get(op, "cpu_implementations");
-        for (size_t k = 0; cims && k < cims->n; k++) { /* the usable fast CPU ones, fastest first */
-            const jv *u = jv_get(cims->items[k], "usable");
-            if (!u || !u->num)
+        const json_t *cims = json_object_get(op, "cpu_implementations");
+        for (size_t k = 0; cims && k < json_array_size(cims); k++) { /* the usable fast CPU ones, fastest first */
+            const json_t *u = json_object_get(json_array_get(cims, k), "usable");
+            if (!json_is_true(u))
                 continue;
             char one[96];
-            snprintf(one, sizeof one, "%s%s", shown ? ", " : "", jv_str(jv_get(cims->items[k], "impl")));
+            snprintf(one, sizeof one, "%s%s", shown ? ", " : "", json_string_value(json_object_get(json_array_get(cims, k), "impl")));
             strncat(impl, one, sizeof impl - strlen(impl) - 1);
             shown++;
         }
-        if (cpu && cpu->num) {
+        if (json_is_true(cpu)) {
             strncat(impl, shown ? ", cpu-reference" : "cpu-reference", sizeof impl - strlen(impl) - 1);
             shown++;
         }
-        for (size_t k = 0; impls && k < impls->n; k++) {
+        for (size_t k = 0; impls && k < json_array_size(impls); k++) {
             /* one entry per package: "org/name (3 kernels)" */
-            const char *pkg = jv_str(jv_get(impls->items[k], "package"));
+            const char *pkg = json_string_value(json_object_get(json_array_get(impls, k), "package"));
             int dup = 0;
             for (size_t j = 0; j < k; j++)
-                dup |= !strcmp(jv_str(jv_get(impls->items[j], "package")), pkg);
+                dup |= !strcmp(json_string_value(json_object_get(json_array_get(impls, j), "package")), pkg);
             if (dup)
                 continue;
             size_t nk = 0;
-            for (size_t j = 0; j < impls->n; j++)
-                nk += !strcmp(jv_str(jv_get(impls->items[j], "package")), pkg);
+            for (size_t j = 0; j < json_array_size(impls); j++)
+                nk += !strcmp(json_string_value(json_object_get(json_array_get(impls, j), "package")), pkg);
             char one[300];
             snprintf(one, sizeof one, "%s%s (%zu kernel%s)", shown ? ", " : "", pkg, nk, nk == 1 ? "" : "s");
             strncat(impl, one, sizeof impl - strlen(impl) - 1);
@@ -413,10 +204,10 @@ static void print_op_list(const jv *ops)
         }
         if (!shown)
             strncat(impl, "none installed", sizeof impl - strlen(impl) - 1);
-        const char *by = jv_str(jv_get(op, "declared_by"));
-        const jv *local = jv_get(op, "local");
+        const char *by = json_string_value(json_object_get(op, "declared_by"));
+        const json_t *local = json_object_get(op, "local");
         printf("%s%s%s%s%s\n", i ? "\n" : "", name ? name : "?", by ? "  (declared by " : "", by ? by : "",
-               by ? (local && local->num ? ", local)" : ")") : "");
+               by ? (json_is_true(local) ? ", local)" : ")") : "");
         print_wrapped(args ? args : "(defined by a package)", 4, width);
         print_wrapped(impl, 4, width);
     }
@@ -471,30 +262,30 @@ int tk_cmd_ops(tk_cli *cli, int argc, char **argv)
     int code, rc;
     if (package && tk_cli_ctx(cli) && (rc = tk_ops_add_package(tk_cli_ctx(cli), package)) != TK_OK)
         return tk_cli_fail(cli, rc, "--package");
-    jv *ops = load_ops(cli, &code);
+    json_t *ops = load_ops(cli, &code);
     if (!ops)
         return code;
     code = TK_EXIT_OK;
-    const jv *one = only ? find_op(ops, only) : NULL;
+    const json_t *one = only ? find_op(ops, only) : NULL;
     if (only && !one) {
         const char *names[512];
         size_t nn = 0;
-        for (size_t i = 0; i < ops->n && nn < 511; i++)
-            if (jv_str(jv_get(ops->items[i], "name")))
-                names[nn++] = jv_str(jv_get(ops->items[i], "name"));
+        for (size_t i = 0; i < json_array_size(ops) && nn < 511; i++)
+            if (json_string_value(json_object_get(json_array_get(ops, i), "name")))
+                names[nn++] = json_string_value(json_object_get(json_array_get(ops, i), "name"));
         names[nn] = NULL;
         const char *dym = tk_cli_closest(only, names);
         code = run_fail(TK_ERR_NOT_FOUND, "unknown op '%s'\nHINT: %s%s%s'tk ops' lists every op", only,
                         dym ? "did you mean '" : "", dym ? dym : "", dym ? "'? " : "");
     } else if (cli->json) {
-        jv_print(one ? one : ops, 0);
+        json_dumpf(one ? one : ops, stdout, JSON_INDENT(2));
         printf("\n");
     } else if (one) {
         print_op_detail(one);
     } else {
         print_op_list(ops);
     }
-    jv_free(ops);
+    json_decref(ops);
     return code;
 }
 
@@ -532,72 +323,6 @@ static uint64_t splitmix(uint64_t *s)
     return z ^ (z >> 31);
 }
 
-static uint32_t fbits(float f)
-{
-    uint32_t u;
-    memcpy(&u, &f, 4);
-    return u;
-}
-
-static float bitsf(uint32_t u)
-{
-    float f;
-    memcpy(&f, &u, 4);
-    return f;
-}
-
-/* Round to nearest even; the inputs here are small finite values, and outputs are only read. */
-static uint16_t to_bf16(float f)
-{
-    uint32_t x = fbits(f);
-    if ((x & 0x7fffffffu) > 0x7f800000u)
-        return (uint16_t)((x >> 16) | 0x40u);
-    return (uint16_t)((x + 0x7fffu + ((x >> 16) & 1u)) >> 16);
-}
-
-static uint16_t to_f16(float f)
-{
-    uint32_t x = fbits(f), ax = x & 0x7fffffffu;
-    uint16_t sign = (uint16_t)((x >> 16) & 0x8000u);
-    if (ax > 0x7f800000u)
-        return sign | 0x7e00u;
-    if (ax >= 0x477ff000u)
-        return sign | 0x7c00u;
-    if (ax < 0x38800000u) {
-        uint32_t e = ax >> 23;
-        if (e < 102)
-            return sign;
-        uint32_t m = (ax & 0x7fffffu) | 0x800000u, s = 126 - e, r = m >> s, rem = m & ((1u << s) - 1);
-        if (rem > (1u << (s - 1)) || (rem == (1u << (s - 1)) && (r & 1u)))
-            r++;
-        return (uint16_t)(sign | r);
-    }
-    uint32_t h = (ax >> 13) - (112u << 10), rem = ax & 0x1fffu;
-    if (rem > 0x1000u || (rem == 0x1000u && (h & 1u)))
-        h++;
-    return (uint16_t)(sign | h);
-}
-
-static float from_f16(uint16_t h)
-{
-    uint32_t sign = (uint32_t)(h & 0x8000u) << 16, e = (h >> 10) & 31u, m = h & 0x3ffu;
-    if (e == 31)
-        return bitsf(sign | 0x7f800000u | (m << 13));
-    if (e == 0)
-        return (sign ? -1.0f : 1.0f) * ldexpf((float)m, -24);
-    return bitsf(sign | ((e + 112) << 23) | (m << 13));
-}
-
-/* fp8 (OCP e4m3fn / e5m2) to double, for checksums and printing only. */
-static double fp8(uint8_t c, int e5m2)
-{
-    int mb = e5m2 ? 2 : 3, bias = e5m2 ? 15 : 7, e = (c & 0x7f) >> mb, m = c & ((1 << mb) - 1);
-    double sign = (c & 0x80) ? -1 : 1;
-    if (e5m2 ? e == 31 : (c & 0x7f) == 0x7f)
-        return (e5m2 && m == 0) ? sign * INFINITY : NAN;
-    return e ? sign * ldexp(1.0 + m / (double)(1 << mb), e - bias) : sign * ldexp((double)m, 1 - bias - mb);
-}
-
 static double elem(const host_tensor *h, size_t i)
 {
     const tk_dtype d = h->t.dtype;
@@ -607,14 +332,11 @@ static double elem(const host_tensor *h, size_t i)
                               : (double)((const int8_t *)h->data)[i];
     if (d.code == TK_DL_UINT)
         return ((const uint8_t *)h->data)[i];
-    if (d.code == TK_DL_FLOAT8_E4M3FN || d.code == TK_DL_FLOAT8_E5M2)
-        return fp8(((const uint8_t *)h->data)[i], d.code == TK_DL_FLOAT8_E5M2);
-    if (d.bits == 64)
-        return ((const double *)h->data)[i];
-    if (h->t.dtype.bits == 32)
-        return ((const float *)h->data)[i];
-    uint16_t v = ((const uint16_t *)h->data)[i];
-    return h->t.dtype.code == TK_DL_BFLOAT ? bitsf((uint32_t)v << 16) : from_f16(v);
+    /* f16, bf16, fp8 (and f32, f64) widen exactly to f64 */
+    double v = 0;
+    tk_dtype f64 = {TK_DL_FLOAT, 64, 1};
+    tk_convert(&v, f64, (const char *)h->data + i * (d.bits / 8u), d, 1);
+    return v;
 }
 
 static double now_ms(void)
@@ -676,26 +398,26 @@ static int bind_more(const char *opname, const char *pname, const char *pattern,
 
 /* The dtype a tensor parameter gets: the requested one if it takes it, else its first allowed one; a
  * parameter whose dtype follows another's ("dtype_like") gets that one's. */
-static int pick_dtype(tk_dtype *out, const jv *p, const jv *params, tk_dtype want, const char *want_name)
+static int pick_dtype(tk_dtype *out, const json_t *p, const json_t *params, tk_dtype want, const char *want_name)
 {
-    const jv *like = jv_get(p, "dtype_like");
-    for (int depth = 0; like && jv_str(like) && depth < 8; depth++) {
-        const jv *q = NULL;
-        for (size_t i = 0; i < params->n && !q; i++)
-            if (!strcmp(jv_str(jv_get(params->items[i], "name")), jv_str(like)))
-                q = params->items[i];
+    const json_t *like = json_object_get(p, "dtype_like");
+    for (int depth = 0; like && json_string_value(like) && depth < 8; depth++) {
+        const json_t *q = NULL;
+        for (size_t i = 0; i < json_array_size(params) && !q; i++)
+            if (!strcmp(json_string_value(json_object_get(json_array_get(params, i), "name")), json_string_value(like)))
+                q = json_array_get(params, i);
         if (!q)
             return -1;
         p = q;
-        like = jv_get(p, "dtype_like");
+        like = json_object_get(p, "dtype_like");
     }
-    const jv *dts = jv_get(p, "dtypes");
-    for (size_t i = 0; dts && i < dts->n; i++)
-        if (!strcmp(jv_str(dts->items[i]), want_name)) {
+    const json_t *dts = json_object_get(p, "dtypes");
+    for (size_t i = 0; dts && i < json_array_size(dts); i++)
+        if (!strcmp(json_string_value(json_array_get(dts, i)), want_name)) {
             *out = want;
             return 0;
         }
-    return dts && dts->n ? (tk_dtype_parse(out, jv_str(dts->items[0])) == TK_OK ? 0 : -1) : -1;
+    return dts && json_array_size(dts) ? (tk_dtype_parse(out, json_string_value(json_array_get(dts, 0))) == TK_OK ? 0 : -1) : -1;
 }
 
 static void shape_text(char *buf, size_t n, const int64_t *shape, int nd)
@@ -889,7 +611,7 @@ static int run_parse(run_opts *o, int argc, char **argv)
 
 /* 2. The op's description from tk_ops_json (with --package's declarations and kernels added first).
  * *op NULL and the exit code in *code after printing the error. */
-static jv *run_resolve(tk_cli *cli, const run_opts *o, const jv **op, int *code)
+static json_t *run_resolve(tk_cli *cli, const run_opts *o, const json_t **op, int *code)
 {
     *op = NULL;
     tk_ctx *ctx = tk_cli_ctx(cli);
@@ -902,13 +624,13 @@ static jv *run_resolve(tk_cli *cli, const run_opts *o, const jv **op, int *code)
         *code = tk_cli_fail(cli, rc, "--package");
         return NULL;
     }
-    jv *ops = load_ops(cli, code);
+    json_t *ops = load_ops(cli, code);
     if (!ops)
         return NULL;
     *op = find_op(ops, o->opname);
     if (!*op) { /* the library's message has the "did you mean" hint */
         *code = tk_cli_fail(cli, tk_op_run(ctx, o->opname, NULL, 0, NULL, NULL), NULL);
-    } else if (!jv_get(*op, "params")) {
+    } else if (!json_object_get(*op, "params")) {
         *code = run_fail(TK_ERR_UNSUPPORTED, "%s is the op of a package's kernels, but no package declares its "
                          "signature: there is nothing to build inputs from\nHINT: call its kernel with 'tk run', or "
                          "declare the op in the package's kernel.json \"ops\" (docs/package-format.md)", o->opname);
@@ -917,11 +639,11 @@ static jv *run_resolve(tk_cli *cli, const run_opts *o, const jv **op, int *code)
     return ops;
 }
 
-static const jv *param_named(const jv *params, const char *name, int tensor)
+static const json_t *param_named(const json_t *params, const char *name, int tensor)
 {
-    for (size_t j = 0; j < params->n; j++) {
-        const jv *p = params->items[j];
-        if (!strcmp(jv_str(jv_get(p, "name")), name) && (!tensor || !strcmp(jv_str(jv_get(p, "kind")), "tensor")))
+    for (size_t j = 0; j < json_array_size(params); j++) {
+        const json_t *p = json_array_get(params, j);
+        if (!strcmp(json_string_value(json_object_get(p, "name")), name) && (!tensor || !strcmp(json_string_value(json_object_get(p, "kind")), "tensor")))
             return p;
     }
     return NULL;
@@ -929,7 +651,7 @@ static const jv *param_named(const jv *params, const char *name, int tensor)
 
 /* 3. Binds the symbols of the named tensors' patterns, then of the first input's pattern to the plain
  * --shape. 0, or the exit code after printing why. */
-static int run_bind(run_call *rc, const run_opts *o, const jv *params)
+static int run_bind(run_call *rc, const run_opts *o, const json_t *params)
 {
     char err[512];
     const char *opname = o->opname;
@@ -937,19 +659,19 @@ static int run_bind(run_call *rc, const run_opts *o, const jv *params)
      * judges the shapes (a pattern holds only one layout: linear's weight is [N, K], or [K, N] with
      * transposed=1). */
     int all_named = !o->shape_s;
-    for (size_t j = 0; all_named && j < params->n; j++) {
-        const jv *p = params->items[j], *opt = jv_get(p, "optional");
+    for (size_t j = 0; all_named && j < json_array_size(params); j++) {
+        const json_t *p = json_array_get(params, j), *opt = json_object_get(p, "optional");
         int given = 0;
         for (int i = 0; i < o->nnamed; i++)
-            given |= !strcmp(o->named[i].name, jv_str(jv_get(p, "name")));
-        all_named = given || strcmp(jv_str(jv_get(p, "kind")), "tensor") != 0 || (opt && opt->num);
+            given |= !strcmp(o->named[i].name, json_string_value(json_object_get(p, "name")));
+        all_named = given || strcmp(json_string_value(json_object_get(p, "kind")), "tensor") != 0 || (json_is_true(opt));
     }
     for (int i = 0; i < o->nnamed && !all_named; i++) {
-        const jv *p = param_named(params, o->named[i].name, 1);
+        const json_t *p = param_named(params, o->named[i].name, 1);
         if (!p)
             return run_fail(TK_CLI_STATUS_USAGE, "%s has no tensor '%s' (see 'tk ops %s')", opname, o->named[i].name,
                             opname);
-        const char *shape = jv_str(jv_get(p, "shape"));
+        const char *shape = json_string_value(json_object_get(p, "shape"));
         int tmp_np;
         dim_pat tmp[MAX_D];
         if (tk_cli_pattern_parse(shape, tmp, &tmp_np) != 0 || strchr(shape ? shape : "", '|'))
@@ -963,13 +685,13 @@ static int run_bind(run_call *rc, const run_opts *o, const jv *params)
     /* the plain --shape is the first input tensor's; in-place ops have their data tensors as outputs,
      * so when the first input has another rank, the first tensor (of any role) of that rank */
     for (int pass = 0; pass < 2; pass++)
-        for (size_t i = 0; i < params->n; i++) {
-            const jv *p = params->items[i];
+        for (size_t i = 0; i < json_array_size(params); i++) {
+            const json_t *p = json_array_get(params, i);
             int nb2 = rc->nb, nl2 = rc->nlead;
-            if (strcmp(jv_str(jv_get(p, "kind")), "tensor") != 0 ||
-                (pass == 0 && strcmp(jv_str(jv_get(p, "role")), "in") != 0))
+            if (strcmp(json_string_value(json_object_get(p, "kind")), "tensor") != 0 ||
+                (pass == 0 && strcmp(json_string_value(json_object_get(p, "role")), "in") != 0))
                 continue;
-            int brc = bind_more(opname, jv_str(jv_get(p, "name")), jv_str(jv_get(p, "shape")), o->shape, o->nd, rc->b,
+            int brc = bind_more(opname, json_string_value(json_object_get(p, "name")), json_string_value(json_object_get(p, "shape")), o->shape, o->nd, rc->b,
                                 &nb2, rc->lead, &nl2, err, sizeof err);
             if (brc == -2) /* the right rank, but the sizes do not fit: say why */
                 return run_fail(TK_CLI_STATUS_USAGE, "%s", err);
@@ -1022,34 +744,34 @@ static void fill(host_tensor *h, size_t n, tk_dtype tdt, int64_t ival, double fv
         } else if (tdt.bits == 32) {
             ((float *)h->data)[k] = v;
         } else {
-            ((uint16_t *)h->data)[k] = tdt.code == TK_DL_BFLOAT ? to_bf16(v) : to_f16(v);
+            tk_convert((uint16_t *)h->data + k, tdt, &v, (tk_dtype){TK_DL_FLOAT, 32, 1}, 1);
         }
     }
 }
 
 /* One tensor parameter p: its shape (given, or derived from the bindings), its dtype and random
  * contents, appended to the call. 0, 1 when it is optional and left out, or the exit code. */
-static int make_tensor(run_call *rc, const run_opts *o, const jv *p, const jv *params, uint64_t *rng)
+static int make_tensor(run_call *rc, const run_opts *o, const json_t *p, const json_t *params, uint64_t *rng)
 {
-    const char *opname = o->opname, *pname = jv_str(jv_get(p, "name"));
+    const char *opname = o->opname, *pname = json_string_value(json_object_get(p, "name"));
     host_tensor *h = &rc->ht[rc->nt];
     dim_pat pat[MAX_D];
     int np, given = -1;
     for (int g = 0; g < o->nnamed; g++)
         if (!strcmp(o->named[g].name, pname))
             given = g;
-    const jv *opt = jv_get(p, "optional");
-    if (given < 0 && opt && opt->num)
+    const json_t *opt = json_object_get(p, "optional");
+    if (given < 0 && json_is_true(opt))
         return 1; /* optional and not asked for */
     snprintf(h->name, sizeof h->name, "%s", pname);
-    h->out = !strcmp(jv_str(jv_get(p, "role")), "out");
+    h->out = !strcmp(json_string_value(json_object_get(p, "role")), "out");
     if (given >= 0) {
         h->ndim = o->named[given].nd;
         memcpy(h->shape, o->named[given].shape, (size_t)h->ndim * sizeof *h->shape);
-    } else if (tk_cli_pattern_parse(jv_str(jv_get(p, "shape")), pat, &np) != 0 ||
+    } else if (tk_cli_pattern_parse(json_string_value(json_object_get(p, "shape")), pat, &np) != 0 ||
                tk_cli_pattern_make(pat, np, rc->b, rc->nb, rc->lead, rc->nlead, h->shape, &h->ndim) != 0) {
         return run_fail(TK_CLI_STATUS_USAGE, "%s: cannot derive the shape of '%s' %s; give it with --shape %s=...",
-                        opname, pname, jv_str(jv_get(p, "shape")), pname);
+                        opname, pname, json_string_value(json_object_get(p, "shape")), pname);
     }
     tk_dtype tdt;
     const char *ndt = NULL;
@@ -1088,12 +810,12 @@ static int make_tensor(run_call *rc, const run_opts *o, const jv *p, const jv *p
 }
 
 /* 4. Every tensor and scalar argument of the call. 0, or the exit code after printing why. */
-static int run_make_args(run_call *rc, const run_opts *o, const jv *params)
+static int run_make_args(run_call *rc, const run_opts *o, const json_t *params)
 {
     uint64_t rng = o->seed;
-    for (size_t i = 0; i < params->n; i++) {
-        const jv *p = params->items[i];
-        const char *pname = jv_str(jv_get(p, "name")), *kind = jv_str(jv_get(p, "kind"));
+    for (size_t i = 0; i < json_array_size(params); i++) {
+        const json_t *p = json_array_get(params, i);
+        const char *pname = json_string_value(json_object_get(p, "name")), *kind = json_string_value(json_object_get(p, "kind"));
         if (!strcmp(kind, "tensor")) {
             int r = make_tensor(rc, o, p, params, &rng);
             if (r > 1 || r < 0)
@@ -1117,8 +839,8 @@ static int run_make_args(run_call *rc, const run_opts *o, const jv *params)
     }
     for (int s = 0; s < o->nscalar; s++) {
         size_t len = strcspn(o->scalar_args[s], "="), known = 0;
-        for (size_t i = 0; i < params->n; i++) {
-            const char *pname = jv_str(jv_get(params->items[i], "name"));
+        for (size_t i = 0; i < json_array_size(params); i++) {
+            const char *pname = json_string_value(json_object_get(json_array_get(params, i), "name"));
             known |= strlen(pname) == len && !strncmp(pname, o->scalar_args[s], len);
         }
         if (!known)
@@ -1227,7 +949,7 @@ static int run_compare(run_call *rc)
 
 /* 5. Runs the op --repeat times through tk_op_run (on the device with --device, compared with the
  * CPU reference after the first run with --check). 0, or the exit code after printing why. */
-static int run_exec(tk_cli *cli, const run_opts *o, const jv *op, run_call *rc, const char **impl, double *best,
+static int run_exec(tk_cli *cli, const run_opts *o, const json_t *op, run_call *rc, const char **impl, double *best,
                     double *total, int *checked)
 {
     int code, avail = 0;
@@ -1246,11 +968,11 @@ static int run_exec(tk_cli *cli, const run_opts *o, const jv *op, run_call *rc, 
         if (st == TK_OK && o->device >= 0)
             st = tk_device_sync(o->device);
         double dt_ms = now_ms() - t0;
-        if (st == TK_ERR_UNSUPPORTED && o->device < 0 && jv_get(op, "declared_by"))
+        if (st == TK_ERR_UNSUPPORTED && o->device < 0 && json_object_get(op, "declared_by"))
             /* the shapes were checked: say what cannot run here */
             return run_fail(st, "no CPU reference for op %s (declared by %s): the shapes check out, but nothing "
                             "ran on the host\nHINT: run its kernels on a GPU with --device cuda (tk_op_run in C, "
-                            "tk.ops on CUDA tensors in Python)", o->opname, jv_str(jv_get(op, "declared_by")));
+                            "tk.ops on CUDA tensors in Python)", o->opname, json_string_value(json_object_get(op, "declared_by")));
         if (st != TK_OK)
             return tk_cli_fail(cli, st, NULL);
         if (r == 0 && avail) {
@@ -1327,17 +1049,17 @@ int tk_cmd_run_op(tk_cli *cli, int argc, char **argv)
     int code = run_parse(&o, argc, argv);
     if (code)
         return code < 0 ? TK_EXIT_OK : code;
-    const jv *op = NULL;
-    jv *ops = run_resolve(cli, &o, &op, &code);
+    const json_t *op = NULL;
+    json_t *ops = run_resolve(cli, &o, &op, &code);
     if (!op) {
-        jv_free(ops);
+        json_decref(ops);
         return code;
     }
     run_call *rc = calloc(1, sizeof *rc);
     const char *impl = NULL;
     double best = 0, total = 0;
     int checked = -1;
-    const jv *params = jv_get(op, "params");
+    const json_t *params = json_object_get(op, "params");
     if (!rc)
         code = run_fail(TK_ERR_NOMEM, "out of memory");
     else if (!(code = run_bind(rc, &o, params)) && !(code = run_make_args(rc, &o, params)) &&
@@ -1353,6 +1075,6 @@ int tk_cmd_run_op(tk_cli *cli, int argc, char **argv)
             tk_device_free(rc->ht[i].dptr, o.device);
     }
     free(rc);
-    jv_free(ops);
+    json_decref(ops);
     return code;
 }

@@ -26,6 +26,7 @@
 #include "hub/manifest.h"
 #include "hub/sign.h"
 #include "hub/tree.h"
+#include "hub/verify.h"
 
 #define say(env, level, ...) tk__logf((env)->log, (env)->log_user, (level), __VA_ARGS__)
 
@@ -94,69 +95,6 @@ int tk_hub__installed(tk_state_pkg **out, tk_state *st, const char *refstr)
     return rc;
 }
 
-/* How far candidate package name c is from the typed name t, org and name apart: the sum of the two
- * edit distances, or (size_t)-1 when it is too far to suggest: more than a third of the typed
- * name's length (at least 1), so "nope" suggests nothing but "activaton" suggests "activation". */
-static size_t name_distance(const char *t, const char *c)
-{
-    const char *ts = strchr(t, '/'), *cs = strchr(c, '/');
-    if (!ts || !cs || ts - t >= 65 || cs - c >= 65)
-        return (size_t)-1;
-    char to[65], co[65];
-    snprintf(to, sizeof to, "%.*s", (int)(ts - t), t);
-    snprintf(co, sizeof co, "%.*s", (int)(cs - c), c);
-    size_t dorg = tk__edit_distance(to, co), dname = tk__edit_distance(ts + 1, cs + 1);
-    size_t limit = strlen(ts + 1) / 3;
-    if (limit < 1)
-        limit = 1;
-    return dorg == (size_t)-1 || dname == (size_t)-1 || dorg + dname > limit ? (size_t)-1 : dorg + dname;
-}
-
-/* "did you mean" from the registry's package list (if it has one) and installed names, only when one
- * is close (name_distance). */
-static void suggest(const tk_hub_env *env, const char *name, tk_buf *hint)
-{
-    char *url = tk__fmt("%s/index.json", env->endpoint);
-    char *body = NULL;
-    size_t len = 0;
-    const char *best = NULL;
-    size_t bestd = (size_t)-1;
-    json_t *j = NULL;
-    char **names = NULL;
-    size_t nn = 0;
-    if (url && env->http && tk_hub__http_get_mem(env->http, url, 8u << 20, &body, &len, NULL) == TK_OK) {
-        j = json_loadb(body, len, 0, NULL);
-        const char *k;
-        json_t *v;
-        json_object_foreach(json_object_get(j, "packages"), k, v) {
-            size_t d = name_distance(name, k);
-            if (d < bestd) {
-                bestd = d;
-                best = k;
-            }
-        }
-    }
-    if (tk_state__pkg_names(&names, &nn, env->state) == TK_OK) {
-        for (size_t i = 0; i < nn; i++) {
-            size_t d = name_distance(name, names[i]);
-            if (d < bestd) {
-                bestd = d;
-                best = names[i];
-            }
-        }
-    }
-    if (best && bestd > 0 && bestd != (size_t)-1)
-        tk__buf_printf(hint, "\nHINT: did you mean '%s'?", best);
-    else
-        tk__buf_printf(hint, "\nHINT: check the name; the registry is %s", env->endpoint);
-    for (size_t i = 0; i < nn; i++)
-        free(names[i]);
-    free(names);
-    json_decref(j);
-    free(body);
-    free(url);
-}
-
 /* No branch holds what ref asks for (its major, or any major): when that is because the publisher
  * yanked every version of it (a broken first release), the error says so, with the reason, and how
  * to install it anyway. TK_ERR_NOT_FOUND set with that message, or TK_OK when it was not a yank (the
@@ -205,7 +143,7 @@ static int resolve(const tk_hub_env *env, const tk_hub_ref *ref, char commit[41]
     rc = tk_hub__http_get_mem(env->http, url, 1u << 20, &body, &len, NULL);
     if (rc == TK_ERR_NOT_FOUND) {
         tk_buf hint = TK_BUF_INIT;
-        suggest(env, ref->name, &hint);
+        tk_hub__ref_suggest(env, ref->name, &hint);
         rc = tk__err(TK_ERR_NOT_FOUND, "package %s not found in the registry%s", ref->name,
                      hint.data ? hint.data : "");
         tk__buf_free(&hint);
@@ -261,105 +199,16 @@ done:
     return rc;
 }
 
-/* Checks that the signer keyid (public key pubkey) is trusted for ref's org: the build's key, or a
- * key in the trust store. An unknown signer is trusted only on first contact, when the caller allows
- * it (may_add: --trust on a manifest, never for a yank statement) and the org has no trusted key at
- * all; an org that has one never gains another from a download, whatever the flags (rotation goes
- * through 'tk trust add'). *add (NULL: may_add is 0) is set to 1 when the signer is to be trusted on
- * first use: the caller records it in the install's transaction, so a package refused later leaves
- * no key behind. */
-static int check_signer(const tk_hub_env *env, const tk_hub_ref *ref, const char *keyid, const char *pubkey,
-                        int may_add, int *add)
-{
-    char bid[TK_KEYID_LEN] = "";
-    if (env->builtin_org && env->builtin_pubkey && strcmp(env->builtin_org, ref->org) == 0 &&
-        tk_hub__pubkey_check(env->builtin_pubkey, bid) == TK_OK && strcmp(bid, keyid) == 0)
-        return TK_OK;
-    char *trusted = NULL, *pinned = NULL;
-    int rc = tk_state__trust_get(&trusted, env->state, ref->org, keyid);
-    if (rc != TK_OK)
-        return rc;
-    if (trusted) {
-        rc = strcmp(trusted, pubkey) == 0 ? TK_OK
-                                          : tk__err(TK_ERR_SIGNATURE, "key %s in the trust store does not match "
-                                                    "the key in the signature", keyid);
-        free(trusted);
-        return rc;
-    }
-    if ((rc = tk_state__trust_org_key(&pinned, env->state, ref->org)) != TK_OK)
-        return rc;
-    if (!pinned && bid[0])
-        pinned = tk__strdup(bid);
-    if (pinned) {
-        rc = tk__err(TK_ERR_UNTRUSTED,
-                     "%s is signed by %s, but org '%s' is pinned to key %s; tk refuses the new signer%s\n"
-                     "HINT: a registry or the network may have swapped the key. If the publisher really rotated "
-                     "its key, confirm the new key with them and run 'tk trust add %s %s' (see \"Rotating a "
-                     "publisher key\" in docs/registry.md)",
-                     ref->name, keyid, ref->org, pinned,
-                     env->trust_unknown ? " (--trust only trusts the first key of an org)" : "", ref->org, pubkey);
-        free(pinned);
-        return rc;
-    }
-    if (env->trust_unknown && may_add && add) {
-        say(env, TK_LOG_WARN, "trusting new signer %s for org '%s' (--trust; first key of this org)", keyid,
-            ref->org);
-        *add = 1;
-        return TK_OK;
-    }
-    if (!may_add)
-        return tk__err(TK_ERR_UNTRUSTED, "%s: the statement is signed by %s, which is not trusted for org '%s'",
-                       ref->name, keyid, ref->org);
-    return tk__err(TK_ERR_UNTRUSTED,
-                   "%s is signed by %s, which is not trusted for org '%s'\n"
-                   "HINT: if you trust this publisher, run 'tk trust add %s %s', or pass --trust once",
-                   ref->name, keyid, ref->org, ref->org, pubkey);
-}
-
-int tk_hub__signer_trusted(const tk_hub_env *env, const tk_hub_ref *ref, const char *keyid, const char *pubkey)
-{
-    return check_signer(env, ref, keyid, pubkey, 0, NULL);
-}
-
-int tk_hub__org_pinned(const tk_hub_env *env, const char *org)
-{
-    char *pinned = NULL;
-    if (env->builtin_org && env->builtin_pubkey && strcmp(env->builtin_org, org) == 0)
-        return 1;
-    int yes = tk_state__trust_org_key(&pinned, env->state, org) == TK_OK && pinned;
-    free(pinned);
-    return yes;
-}
-
-void tk_hub__suggest(const tk_hub_env *env, const char *name, tk_buf *hint) { suggest(env, name, hint); }
-
 /* TK_OK when the publisher has withdrawn ref@version with a yank statement signed by a key trusted
  * for the org (hub/yank.c); *reason receives its reason. Anything else (no statement, a bad or
  * untrusted signature, another package or version) is an error, and the caller refuses the rollback. */
 static int yanked_by_publisher(const tk_hub_env *env, const tk_hub_ref *ref, const char *version, char *reason,
                                size_t reason_cap)
 {
-    char *url = tk__fmt("%s/kernels/%s/%s/yanked/%s.json", env->endpoint, ref->org, ref->pkg, version);
-    char *surl = url ? tk__fmt("%s.sig", url) : NULL, *stmt = NULL, *sigtext = NULL;
-    size_t slen = 0, glen = 0;
-    char keyid[TK_KEYID_LEN], pubkey[TK_PUBKEY_LEN];
-    uint8_t sig[64];
     tk_hub_yank y;
-    int rc = surl ? TK_OK : tk__err(TK_ERR_NOMEM, "out of memory");
-    if (rc == TK_OK && (rc = tk_hub__http_get_mem(env->http, url, 65536, &stmt, &slen, NULL)) == TK_OK &&
-        (rc = tk_hub__http_get_mem(env->http, surl, 16384, &sigtext, &glen, NULL)) == TK_OK &&
-        (rc = tk_hub__sig_parse(keyid, pubkey, sig, sigtext, glen)) == TK_OK &&
-        (rc = tk_hub__verify(pubkey, sig, stmt, slen)) == TK_OK && (rc = check_signer(env, ref, keyid, pubkey, 0, NULL)) == TK_OK &&
-        (rc = tk_hub__yank_parse(&y, stmt, slen)) == TK_OK) {
-        if (strcmp(y.ref.name, ref->name) != 0 || strcmp(y.version, version) != 0)
-            rc = tk__err(TK_ERR_SIGNATURE, "the yank statement at %s is for %s %s", url, y.ref.name, y.version);
-        else
-            snprintf(reason, reason_cap, "%s", y.reason[0] ? y.reason : "no reason given");
-    }
-    free(url);
-    free(surl);
-    free(stmt);
-    free(sigtext);
+    int rc = tk_hub__yank_verified(&y, NULL, env, ref, version, NULL);
+    if (rc == TK_OK)
+        snprintf(reason, reason_cap, "%s", y.reason[0] ? y.reason : "no reason given");
     return rc;
 }
 
@@ -381,55 +230,6 @@ static int fetch_small(const tk_hub_env *env, const tk_hub_ref *ref, const char 
                      "unsigned packages", ref->name, commit);
     else if (rc == TK_ERR_NOT_FOUND)
         rc = tk__err_wrap(rc, "%s at commit %s", ref->name, commit);
-    free(url);
-    return rc;
-}
-
-/* Checks that commit names what was downloaded: recomputes the id from the parent the registry
- * gives in the commit's info document (api/kernels/{org}/{name}/revision/{commit}, "tk"."parent")
- * and the digests of the manifest, the signature and the archive the signed manifest names (the
- * archive is checked against that digest when it arrives). A registry that serves another
- * version's files under this commit cannot make the ids agree without a sha256 preimage. */
-static int check_commit(const tk_hub_env *env, const tk_hub_ref *ref, const char *commit, const char *msha,
-                        const char *sigtext, size_t siglen, const tk_hub_manifest *m)
-{
-    char *url = tk__fmt("%s/api/kernels/%s/%s/revision/%s", env->endpoint, ref->org, ref->pkg, commit);
-    char *body = NULL;
-    size_t len = 0;
-    json_t *j = NULL;
-    int rc = url ? tk_hub__http_get_mem(env->http, url, 1u << 20, &body, &len, NULL)
-                 : tk__err(TK_ERR_NOMEM, "out of memory");
-    if (rc == TK_ERR_NOT_FOUND)
-        rc = tk__err(TK_ERR_MANIFEST, "%s: the registry has no info document for commit %s (%s), so tk cannot "
-                     "check that the commit holds what it names\nHINT: the registry was not written by 'tk publish' "
-                     "or 'tk serve', or by an older tk; its publisher runs 'tk publish' again to record it", ref->name, commit, url);
-    if (rc != TK_OK)
-        goto done;
-    j = json_loadb(body, len, 0, NULL);
-    const char *sha = json_string_value(json_object_get(j, "sha"));
-    const char *parent = json_string_value(json_object_get(json_object_get(j, "tk"), "parent"));
-    if (!sha || strcmp(sha, commit) != 0 || !parent || !tk__is_hex(parent, 40)) {
-        rc = tk__err(TK_ERR_MANIFEST, "%s: the info document of commit %s (%s) %s\nHINT: the registry was "
-                     "written by an older tk (its publisher runs 'tk publish' again, which records the "
-                     "parents), or it is damaged", ref->name, commit, url,
-                     !j ? "is not valid JSON" : !sha || strcmp(sha, commit) ? "names another commit"
-                                                              : "does not give the commit's parent (tk.parent)");
-        goto done;
-    }
-    char ssha[TK_SHA256_HEX], got[41];
-    tk__sha256_hex(ssha, sigtext, siglen);
-    const char *names[3] = {"manifest.json", "manifest.json.sig", m->archive.path};
-    const char *shas[3] = {msha, ssha, m->archive.sha256};
-    if ((rc = tk_hub__tree_commit_id(got, parent, names, shas)) != TK_OK)
-        goto done;
-    if (strcmp(got, commit) != 0)
-        rc = tk__err(TK_ERR_DIGEST, "%s: commit %s does not hold what it names: the files the registry served "
-                     "there (%s %s) make commit %s\nHINT: the registry or a mirror put another version's files "
-                     "under this commit; do not use it, and report it to the registry's operator",
-                     ref->name, commit, m->name, m->version, got);
-done:
-    json_decref(j);
-    free(body);
     free(url);
     return rc;
 }
@@ -566,7 +366,7 @@ int tk_hub__pick_registry(char **out, const tk_hub_env *env, const tk_hub_ref *r
         tk_buf hint = TK_BUF_INIT;
         tk_hub_env first = *env;
         first.endpoint = env->search[0];
-        suggest(&first, ref->name, &hint);
+        tk_hub__ref_suggest(&first, ref->name, &hint);
         rc = tk__err(TK_ERR_NOT_FOUND, "package %s is in none of the configured registries (%s)%s", ref->name,
                      looked.data ? looked.data : "", hint.data ? hint.data : "");
         tk__buf_free(&hint);
@@ -678,18 +478,12 @@ static int fetch_signed(const tk_hub_env *env, tk_hub_staged *s, char **mtext, s
                         size_t *siglen, char msha[TK_SHA256_HEX])
 {
     const tk_hub_ref *ref = &s->ref;
-    uint8_t sig[64];
     int rc;
     if ((rc = fetch_small(env, ref, s->commit, "manifest.json", TK_MANIFEST_MAX, mtext, mlen)) != TK_OK ||
-        (rc = fetch_small(env, ref, s->commit, "manifest.json.sig", 16384, sigtext, siglen)) != TK_OK)
-        return rc;
-    if ((rc = tk_hub__sig_parse(s->keyid, s->pubkey, sig, *sigtext, *siglen)) != TK_OK)
-        return tk__err_wrap(rc, "%s", ref->name);
-    if ((rc = tk_hub__verify(s->pubkey, sig, *mtext, *mlen)) != TK_OK)
-        return tk__err(rc, "%s at %s: the signature does not match the manifest (the manifest was altered, or "
-                       "signed by another key)\nHINT: do not use this registry copy; report it to the publisher",
-                       ref->name, s->commit);
-    if ((rc = check_signer(env, ref, s->keyid, s->pubkey, 1, &s->trust_new)) != TK_OK)
+        (rc = fetch_small(env, ref, s->commit, "manifest.json.sig", TK_HUB_SIG_MAX, sigtext, siglen)) != TK_OK ||
+        (rc = tk_hub__manifest_signed(s->keyid, s->pubkey, ref, s->commit, *mtext, *mlen, *sigtext, *siglen)) !=
+            TK_OK ||
+        (rc = tk_hub__signer_check(env, ref, s->keyid, s->pubkey, 1, &s->trust_new)) != TK_OK)
         return rc;
     if (env->expect_signer && strcmp(s->keyid, env->expect_signer) != 0)
         return tk__err(TK_ERR_UNTRUSTED, "%s at %s is signed by %s, but the lock file pins signer %s\nHINT: the "
@@ -708,10 +502,7 @@ static int check_manifest(const tk_hub_env *env, const tk_hub_staged *s, const t
                           const char *msha, const char *sigtext, size_t siglen)
 {
     int rc;
-    if (strcmp(m->name, s->ref.name) != 0)
-        return tk__err(TK_ERR_MANIFEST, "the registry served the manifest of %s when %s was asked for", m->name,
-                       s->ref.name);
-    if ((rc = check_commit(env, &s->ref, s->commit, msha, sigtext, siglen, m)) != TK_OK)
+    if ((rc = tk_hub__commit_verify(NULL, env, &s->ref, s->commit, msha, sigtext, siglen, m)) != TK_OK)
         return rc;
     if (s->want[0] && strcmp(m->version, s->want) != 0)
         return tk__err(TK_ERR_MANIFEST, "%s: commit %s holds version %s, not %s", s->ref.name, s->commit, m->version,

@@ -157,10 +157,8 @@ const tk_hub_version *tk_hub__versions_pick(const tk_hub_version *v, size_t n, c
 /* "1.0.0, 1.0.2 (yanked), 2.0.0" for an error's hint (malloc'd). */
 char *tk_hub__versions_str(const tk_hub_version *v, size_t n);
 
-/* For hub/versions.c (hub/get.c): the signer is trusted for ref's org; the org has a trusted key; a
- * "did you mean" hint for an unknown name. */
-int tk_hub__signer_trusted(const tk_hub_env *env, const tk_hub_ref *ref, const char *keyid, const char *pubkey);
-int tk_hub__org_pinned(const tk_hub_env *env, const char *org);
-void tk_hub__suggest(const tk_hub_env *env, const char *name, tk_buf *hint);
+/* Appends to hint a "did you mean" for the unknown package name, from the registry's package list
+ * (if it has one) and the installed names, or a hint to check the name (hub/ref.c). */
+void tk_hub__ref_suggest(const tk_hub_env *env, const char *name, tk_buf *hint);
 
 #endif

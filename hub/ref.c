@@ -1,6 +1,7 @@
 /*
  * ref.c — package references and version specs, the one parser that get (hub/get.c), yank
- * (hub/yank.c) and the version listing (hub/versions.c) share.
+ * (hub/yank.c) and the version listing (hub/versions.c) share, and the "did you mean" hint for a
+ * name no registry has.
  *
  *     org/name                 the highest major's branch head
  *     org/name@2, @v2          the head of branch v2 (the newest version of major 2 not yanked)
@@ -15,6 +16,8 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+
+#include <jansson.h>
 
 #include "cache/state.h"
 #include "common/common.h"
@@ -173,4 +176,67 @@ int tk_hub__ref_matches(const tk_hub_ref *ref, const char *version)
             return 1;
         p++;
     }
+}
+
+/* How far candidate package name c is from the typed name t, org and name apart: the sum of the two
+ * edit distances, or (size_t)-1 when it is too far to suggest: more than a third of the typed
+ * name's length (at least 1), so "nope" suggests nothing but "activaton" suggests "activation". */
+static size_t name_distance(const char *t, const char *c)
+{
+    const char *ts = strchr(t, '/'), *cs = strchr(c, '/');
+    if (!ts || !cs || ts - t >= 65 || cs - c >= 65)
+        return (size_t)-1;
+    char to[65], co[65];
+    snprintf(to, sizeof to, "%.*s", (int)(ts - t), t);
+    snprintf(co, sizeof co, "%.*s", (int)(cs - c), c);
+    size_t dorg = tk__edit_distance(to, co), dname = tk__edit_distance(ts + 1, cs + 1);
+    size_t limit = strlen(ts + 1) / 3;
+    if (limit < 1)
+        limit = 1;
+    return dorg == (size_t)-1 || dname == (size_t)-1 || dorg + dname > limit ? (size_t)-1 : dorg + dname;
+}
+
+/* "did you mean" from the registry's package list (if it has one) and installed names, only when one
+ * is close (name_distance). */
+void tk_hub__ref_suggest(const tk_hub_env *env, const char *name, tk_buf *hint)
+{
+    char *url = tk__fmt("%s/index.json", env->endpoint);
+    char *body = NULL;
+    size_t len = 0;
+    const char *best = NULL;
+    size_t bestd = (size_t)-1;
+    json_t *j = NULL;
+    char **names = NULL;
+    size_t nn = 0;
+    if (url && env->http && tk_hub__http_get_mem(env->http, url, 8u << 20, &body, &len, NULL) == TK_OK) {
+        j = json_loadb(body, len, 0, NULL);
+        const char *k;
+        json_t *v;
+        json_object_foreach(json_object_get(j, "packages"), k, v) {
+            size_t d = name_distance(name, k);
+            if (d < bestd) {
+                bestd = d;
+                best = k;
+            }
+        }
+    }
+    if (tk_state__pkg_names(&names, &nn, env->state) == TK_OK) {
+        for (size_t i = 0; i < nn; i++) {
+            size_t d = name_distance(name, names[i]);
+            if (d < bestd) {
+                bestd = d;
+                best = names[i];
+            }
+        }
+    }
+    if (best && bestd > 0 && bestd != (size_t)-1)
+        tk__buf_printf(hint, "\nHINT: did you mean '%s'?", best);
+    else
+        tk__buf_printf(hint, "\nHINT: check the name; the registry is %s", env->endpoint);
+    for (size_t i = 0; i < nn; i++)
+        free(names[i]);
+    free(names);
+    json_decref(j);
+    free(body);
+    free(url);
 }

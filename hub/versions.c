@@ -1,6 +1,6 @@
 /*
  * versions.c — every version of a package in a registry (`tk versions`, exact versions and ranges
- * in `tk get`, `tk list --outdated`), with the checks get makes on a commit before it trusts it.
+ * in `tk get`, `tk list --outdated`), each commit checked as get checks it (hub/verify.c).
  *
  * Sources, all through the HTTP layer and size-capped:
  *   api/kernels/{org}/{name}/refs               branch heads (v1, v2, ...)
@@ -23,6 +23,7 @@
 #include "hub/manifest.h"
 #include "hub/sign.h"
 #include "hub/tree.h"
+#include "hub/verify.h"
 
 #define say(env, level, ...) tk__logf((env)->log, (env)->log_user, (level), __VA_ARGS__)
 #define MAX_COMMITS 4096
@@ -52,93 +53,43 @@ static int push(queue *q, const char *c)
     return TK_OK;
 }
 
-static int get_doc(const tk_hub_env *env, const char *url, size_t max, char **body, size_t *len)
-{
-    tk_hub_http_meta meta;
-    int rc = tk_hub__http_get_mem(env->http, url, max, body, len, &meta);
-    if (rc != TK_OK && rc != TK_ERR_NOT_FOUND && meta.too_big)
-        rc = tk__err(TK_ERR_MANIFEST, "%s is larger than the %zu bytes tk accepts for it\nHINT: the registry's "
-                     "copy is damaged or hostile", url, max);
-    return rc;
-}
-
 /* The publisher's yank statement for v, if the registry has one whose signature verifies with the
  * version's signer or a key trusted for the org. A missing statement is no yank; a bad one is
  * reported and ignored (a registry can hide a yank, never make one). */
 static void check_yank(const tk_hub_env *env, const tk_hub_ref *ref, tk_hub_version *v)
 {
-    char *url = tk__fmt("%s/kernels/%s/%s/yanked/%s.json", env->endpoint, ref->org, ref->pkg, v->version);
-    char *surl = url ? tk__fmt("%s.sig", url) : NULL, *stmt = NULL, *sigtext = NULL;
-    size_t slen = 0, glen = 0;
-    char keyid[TK_KEYID_LEN], pubkey[TK_PUBKEY_LEN];
-    uint8_t sig[64];
     tk_hub_yank y;
-    int rc = surl ? get_doc(env, url, 65536, &stmt, &slen) : TK_ERR_NOMEM;
-    if (rc == TK_ERR_NOT_FOUND || rc == TK_ERR_NOMEM)
-        goto done;
-    if (rc == TK_OK && (rc = get_doc(env, surl, 16384, &sigtext, &glen)) == TK_OK &&
-        (rc = tk_hub__sig_parse(keyid, pubkey, sig, sigtext, glen)) == TK_OK &&
-        (rc = tk_hub__verify(pubkey, sig, stmt, slen)) == TK_OK &&
-        (strcmp(keyid, v->signer) == 0 || (rc = tk_hub__signer_trusted(env, ref, keyid, pubkey)) == TK_OK) &&
-        (rc = tk_hub__yank_parse(&y, stmt, slen)) == TK_OK) {
-        if (strcmp(y.ref.name, ref->name) != 0 || strcmp(y.version, v->version) != 0) {
-            rc = tk__err(TK_ERR_SIGNATURE, "it is for %s %s", y.ref.name, y.version);
-        } else {
-            v->yanked = 1;
-            snprintf(v->yank_reason, sizeof v->yank_reason, "%s", y.reason);
-        }
+    char *url = NULL;
+    int rc = tk_hub__yank_verified(&y, &url, env, ref, v->version, v->signer);
+    if (rc == TK_OK) {
+        v->yanked = 1;
+        snprintf(v->yank_reason, sizeof v->yank_reason, "%s", y.reason);
+    } else if (rc != TK_ERR_NOT_FOUND) {
+        say(env, TK_LOG_WARN, "%s %s: ignoring the yank statement at %s: %s", ref->name, v->version,
+            url ? url : "(out of memory)", tk_last_error());
     }
-    if (rc != TK_OK)
-        say(env, TK_LOG_WARN, "%s %s: ignoring the yank statement at %s: %s", ref->name, v->version, url,
-            tk_last_error());
-done:
     free(url);
-    free(surl);
-    free(stmt);
-    free(sigtext);
 }
 
-/* Checks one commit as get does and fills v; *parent receives its parent (TK_HUB_NO_PARENT: none). */
+/* Checks one commit as every install checks it (hub/verify.c) and fills v; *parent receives its
+ * parent (TK_HUB_NO_PARENT: none). A signer that is not trusted is accepted (v->trusted 0) only
+ * while the org has no trusted key at all. */
 static int check_one(const tk_hub_env *env, const tk_hub_ref *ref, const char *commit, tk_hub_version *v,
                      char parent[41])
 {
-    char *iurl = tk__fmt("%s/api/kernels/%s/%s/revision/%s", env->endpoint, ref->org, ref->pkg, commit);
     char *murl = tk__fmt("%s/kernels/%s/%s/resolve/%s/manifest.json", env->endpoint, ref->org, ref->pkg, commit);
     char *surl = murl ? tk__fmt("%s.sig", murl) : NULL;
-    char *info = NULL, *mtext = NULL, *sigtext = NULL;
-    size_t ilen = 0, mlen = 0, glen = 0;
-    json_t *j = NULL;
+    char *mtext = NULL, *sigtext = NULL;
+    size_t mlen = 0, glen = 0;
     tk_hub_manifest *m = NULL;
-    char keyid[TK_KEYID_LEN], pubkey[TK_PUBKEY_LEN];
-    uint8_t sig[64];
-    int rc = iurl && surl ? TK_OK : tk__err(TK_ERR_NOMEM, "out of memory");
+    char keyid[TK_KEYID_LEN], pubkey[TK_PUBKEY_LEN], msha[TK_SHA256_HEX];
+    int rc = surl ? TK_OK : tk__err(TK_ERR_NOMEM, "out of memory");
     memset(v, 0, sizeof *v);
-    if (rc == TK_OK && (rc = get_doc(env, iurl, 1u << 20, &info, &ilen)) == TK_ERR_NOT_FOUND)
-        rc = tk__err(TK_ERR_MANIFEST, "%s: the registry has no info document for commit %s (%s)\nHINT: its "
-                     "publisher runs 'tk publish' again with this tk, which records it", ref->name, commit, iurl);
-    if (rc != TK_OK)
-        goto done;
-    j = json_loadb(info, ilen, 0, NULL);
-    const char *sha = json_string_value(json_object_get(j, "sha"));
-    const char *p = json_string_value(json_object_get(json_object_get(j, "tk"), "parent"));
-    if (!sha || strcmp(sha, commit) != 0 || !p || !tk__is_hex(p, 40)) {
-        rc = tk__err(TK_ERR_MANIFEST, "%s: the info document of commit %s (%s) does not name the commit and its "
-                     "parent\nHINT: the registry was written by an older tk (its publisher runs 'tk publish' "
-                     "again), or it is damaged", ref->name, commit, iurl);
-        goto done;
-    }
-    memcpy(parent, p, 41);
-    if ((rc = get_doc(env, murl, TK_MANIFEST_MAX, &mtext, &mlen)) != TK_OK ||
-        (rc = get_doc(env, surl, 16384, &sigtext, &glen)) != TK_OK) {
+    if (rc == TK_OK && ((rc = tk_hub__get_doc(env, murl, TK_MANIFEST_MAX, &mtext, &mlen)) != TK_OK ||
+                        (rc = tk_hub__get_doc(env, surl, TK_HUB_SIG_MAX, &sigtext, &glen)) != TK_OK))
         rc = tk__err_wrap(rc, "%s at commit %s", ref->name, commit);
+    if (rc != TK_OK || (rc = tk_hub__manifest_signed(keyid, pubkey, ref, commit, mtext, mlen, sigtext, glen)) != TK_OK)
         goto done;
-    }
-    if ((rc = tk_hub__sig_parse(keyid, pubkey, sig, sigtext, glen)) != TK_OK ||
-        (rc = tk_hub__verify(pubkey, sig, mtext, mlen)) != TK_OK) {
-        rc = tk__err(TK_ERR_SIGNATURE, "%s at %s: the manifest's signature does not verify\nHINT: do not use "
-                     "this registry copy; report it to the publisher", ref->name, commit);
-        goto done;
-    }
     rc = tk_hub__signer_trusted(env, ref, keyid, pubkey);
     v->trusted = rc == TK_OK;
     if (rc != TK_OK && (rc != TK_ERR_UNTRUSTED || tk_hub__org_pinned(env, ref->org)))
@@ -147,36 +98,18 @@ static int check_one(const tk_hub_env *env, const tk_hub_ref *ref, const char *c
         rc = tk__err_wrap(rc, "%s at %s", ref->name, commit);
         goto done;
     }
-    if (strcmp(m->name, ref->name) != 0) {
-        rc = tk__err(TK_ERR_MANIFEST, "%s: commit %s holds the manifest of %s", ref->name, commit, m->name);
-        goto done;
-    }
-    char msha[TK_SHA256_HEX], ssha[TK_SHA256_HEX], got[41];
     tk__sha256_hex(msha, mtext, mlen);
-    tk__sha256_hex(ssha, sigtext, glen);
-    const char *names[3] = {"manifest.json", "manifest.json.sig", m->archive.path};
-    const char *shas[3] = {msha, ssha, m->archive.sha256};
-    if ((rc = tk_hub__tree_commit_id(got, parent, names, shas)) != TK_OK)
+    if ((rc = tk_hub__commit_verify(parent, env, ref, commit, msha, sigtext, glen, m)) != TK_OK)
         goto done;
-    if (strcmp(got, commit) != 0) {
-        rc = tk__err(TK_ERR_DIGEST, "%s: commit %s does not hold what it names: the files the registry served "
-                     "there (%s %s) make commit %s\nHINT: do not use this registry; report it to its operator",
-                     ref->name, commit, m->name, m->version, got);
-        goto done;
-    }
     snprintf(v->version, sizeof v->version, "%s", m->version);
     memcpy(v->commit, commit, 41);
     v->major = m->major;
     snprintf(v->signer, sizeof v->signer, "%s", keyid);
     snprintf(v->description, sizeof v->description, "%s", m->description ? m->description : "");
-    rc = TK_OK;
 done:
     tk_hub__manifest_free(m);
-    json_decref(j);
-    free(iurl);
     free(murl);
     free(surl);
-    free(info);
     free(mtext);
     free(sigtext);
     return rc;
@@ -205,10 +138,10 @@ int tk_hub__versions(tk_hub_version **out, size_t *n, const tk_hub_env *env, con
     size_t nv = 0;
     char heads[64][41];
     size_t nheads = 0;
-    int rc = rurl && vurl ? get_doc(env, rurl, 1u << 20, &body, &len) : tk__err(TK_ERR_NOMEM, "out of memory");
+    int rc = rurl && vurl ? tk_hub__get_doc(env, rurl, 1u << 20, &body, &len) : tk__err(TK_ERR_NOMEM, "out of memory");
     if (rc == TK_ERR_NOT_FOUND) {
         tk_buf hint = TK_BUF_INIT;
-        tk_hub__suggest(env, ref->name, &hint);
+        tk_hub__ref_suggest(env, ref->name, &hint);
         rc = tk__err(TK_ERR_NOT_FOUND, "package %s not found in the registry%s", ref->name, hint.data ? hint.data : "");
         tk__buf_free(&hint);
     }
@@ -234,7 +167,7 @@ int tk_hub__versions(tk_hub_version **out, size_t *n, const tk_hub_env *env, con
             memcpy(heads[nheads++], tc, 41);
     }
     /* the versions document: optional, and only a list of commits to check */
-    if ((rc = get_doc(env, vurl, 4u << 20, &vbody, &vlen)) == TK_OK) {
+    if ((rc = tk_hub__get_doc(env, vurl, 4u << 20, &vbody, &vlen)) == TK_OK) {
         vdoc = json_loadb(vbody, vlen, 0, NULL);
         json_array_foreach(json_object_get(vdoc, "versions"), i, b) {
             const char *c = json_string_value(json_object_get(b, "commit"));

@@ -451,6 +451,15 @@ typedef struct {
 TK_API const char *tk_dtype_name(tk_dtype dt);
 TK_API int tk_dtype_parse(tk_dtype *out, const char *name);
 
+/* Converts n elements of the host array src (dtype src_dtype) into dst (dtype dst_dtype), both one of
+ * f32, f64, f16, bf16, fp8_e4m3, fp8_e5m2, with the bits tk's CPU references and checkpoint loader
+ * use: widening is exact; narrowing rounds to nearest even (as __float2half_rn and
+ * __float2bfloat16_rn), overflows to inf in f16 and bf16 and saturates to the largest finite value in
+ * fp8 (__NV_SATFINITE); NaN stays NaN. Narrowing from f64 goes through f32. dst and src do not
+ * overlap unless they are the same array of the same dtype size. Errors: TK_ERR_INVALID (another
+ * dtype, or a NULL array with n > 0). Any thread. */
+TK_API int tk_convert(void *dst, tk_dtype dst_dtype, const void *src, tk_dtype src_dtype, size_t n);
+
 /* An argument of a declarative call or an op: a tensor or a scalar. */
 enum { TK_ARG_TENSOR = 0, TK_ARG_I64 = 1, TK_ARG_F64 = 2 };
 typedef struct {

@@ -24,6 +24,7 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
+#include "common/convert.h"
 #include "models/models.h"
 
 static const struct {
@@ -479,82 +480,6 @@ fail:
 
 /* ---- dtype conversion -------------------------------------------------------------------------- */
 
-static float half_to_f32(uint16_t h)
-{
-    uint32_t sign = (uint32_t)(h & 0x8000) << 16, exp = (h >> 10) & 0x1f, man = h & 0x3ff, u;
-    if (exp == 0x1f)
-        u = sign | 0x7f800000u | (man << 13) | (man ? 0x400000u : 0);
-    else if (exp)
-        u = sign | ((exp + 112) << 23) | (man << 13);
-    else if (!man)
-        u = sign;
-    else { /* subnormal: value = man * 2^-24 */
-        float f = (float)man * 5.9604644775390625e-8f;
-        return sign ? -f : f;
-    }
-    float f;
-    memcpy(&f, &u, 4);
-    return f;
-}
-
-static float bf16_to_f32(uint16_t h)
-{
-    uint32_t u = (uint32_t)h << 16;
-    float f;
-    memcpy(&f, &u, 4);
-    return f;
-}
-
-static uint16_t f32_to_bf16(float f)
-{
-    uint32_t u;
-    memcpy(&u, &f, 4);
-    if ((u & 0x7fffffffu) > 0x7f800000u)
-        return (uint16_t)((u >> 16) | 0x40);
-    u += 0x7fffu + ((u >> 16) & 1);
-    return (uint16_t)(u >> 16);
-}
-
-static uint16_t f32_to_half(float f)
-{
-    uint32_t u;
-    memcpy(&u, &f, 4);
-    uint32_t sign = (u >> 16) & 0x8000, a = u & 0x7fffffffu;
-    if (a > 0x7f800000u)
-        return (uint16_t)(sign | 0x7e00);
-    if (a >= 0x477ff000u) /* rounds to >= 65520: inf */
-        return (uint16_t)(sign | 0x7c00);
-    if (a < 0x38800000u) { /* below 2^-14: subnormal or zero, round to nearest even in units of 2^-24 */
-        float af;
-        memcpy(&af, &a, 4);
-        float q = af * 16777216.0f; /* exact scaling by 2^24 */
-        float r = nearbyintf(q);    /* the default rounding mode is to nearest even */
-        return (uint16_t)(sign | (uint16_t)r);
-    }
-    uint32_t e = ((a >> 23) - 112) << 10, m = (a >> 13) & 0x3ff, rest = a & 0x1fff;
-    uint32_t h = e | m;
-    if (rest > 0x1000 || (rest == 0x1000 && (h & 1)))
-        h++;
-    return (uint16_t)(sign | h);
-}
-
-/* OCP fp8: e4m3fn (bias 7, no inf, S.1111.111 is NaN) and e5m2 (bias 15, IEEE-like). */
-static float fp8_to_f32(uint8_t c, int e4m3)
-{
-    int sign = c >> 7, eb = e4m3 ? 4 : 5, mb = 7 - eb, bias = e4m3 ? 7 : 15;
-    int e = (c >> mb) & ((1 << eb) - 1), m = c & ((1 << mb) - 1);
-    float v;
-    if (e4m3 && e == 15 && m == 7)
-        v = NAN;
-    else if (!e4m3 && e == 31)
-        v = m ? NAN : INFINITY;
-    else if (e == 0)
-        v = ldexpf((float)m, 1 - bias - mb);
-    else
-        v = ldexpf((float)(m | (1 << mb)), e - bias - mb);
-    return sign ? -v : v;
-}
-
 int tk_models__to_f32(float *dst, const void *src, size_t n, tk_st_dtype dt)
 {
     const uint8_t *p = src;
@@ -571,11 +496,11 @@ int tk_models__to_f32(float *dst, const void *src, size_t n, tk_st_dtype dt)
         case TK_ST_BF16: {
             uint16_t h;
             memcpy(&h, p + 2 * i, 2);
-            dst[i] = dt == TK_ST_F16 ? half_to_f32(h) : bf16_to_f32(h);
+            dst[i] = dt == TK_ST_F16 ? tk__f16_to_f32(h) : tk__bf16_to_f32(h);
             break;
         }
-        case TK_ST_F8_E4M3: dst[i] = fp8_to_f32(p[i], 1); break;
-        case TK_ST_F8_E5M2: dst[i] = fp8_to_f32(p[i], 0); break;
+        case TK_ST_F8_E4M3: dst[i] = tk__fp8_e4m3_to_f32(p[i]); break;
+        case TK_ST_F8_E5M2: dst[i] = tk__fp8_e5m2_to_f32(p[i]); break;
         case TK_ST_I8: dst[i] = (float)(int8_t)p[i]; break;
         default:
             return tk__err(TK_ERR_UNSUPPORTED, "safetensors dtype %s does not convert to a float weight",
@@ -593,7 +518,7 @@ void tk_models__from_f32(void *dst, const float *src, size_t n, tk_dtype dt)
         return;
     }
     for (size_t i = 0; i < n; i++) {
-        uint16_t h = dt.code == TK_DL_BFLOAT ? f32_to_bf16(src[i]) : f32_to_half(src[i]);
+        uint16_t h = dt.code == TK_DL_BFLOAT ? tk__f32_to_bf16(src[i]) : tk__f32_to_f16(src[i]);
         memcpy(p + 2 * i, &h, 2);
     }
 }
@@ -608,6 +533,6 @@ void tk_models__dtype_to_f32(float *dst, const void *src, size_t n, tk_dtype dt)
     for (size_t i = 0; i < n; i++) {
         uint16_t h;
         memcpy(&h, p + 2 * i, 2);
-        dst[i] = dt.code == TK_DL_BFLOAT ? bf16_to_f32(h) : half_to_f32(h);
+        dst[i] = dt.code == TK_DL_BFLOAT ? tk__bf16_to_f32(h) : tk__f16_to_f32(h);
     }
 }

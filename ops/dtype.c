@@ -1,15 +1,12 @@
 /*
- * dtype.c — dtype names, IEEE half / bfloat16 conversions and strided float loads and stores for the
- * CPU references.
- *
- * The conversions work on the bits (no compiler _Float16 or hardware F16C needed) and round to
- * nearest even, as __float2half_rn and __float2bfloat16_rn do on the GPU, so a CPU reference and a
- * kernel that compute the same fp32 value store the same bits.
+ * dtype.c — dtype names, the conversions' tk_ops__ names (the one copy is common/convert.h) and
+ * strided float loads and stores for the CPU references.
  */
 #include <math.h>
 #include <string.h>
 #include <strings.h>
 
+#include "common/convert.h"
 #include "ops/ops.h"
 
 static const struct {
@@ -101,139 +98,16 @@ int tk_ops__dtype_parse_any(tk_dtype *out, const char *name)
 
 size_t tk_ops__dtype_size(tk_dtype dt) { return tk_ops__dtype_bit(dt) ? dt.bits / 8u : 0; }
 
-/* ---- conversions ------------------------------------------------------------------------------ */
+/* ---- conversions (common/convert.h, the one copy) ---------------------------------------------- */
 
-static inline uint32_t f32_bits(float f)
-{
-    uint32_t u;
-    memcpy(&u, &f, sizeof u);
-    return u;
-}
-
-static inline float bits_f32(uint32_t u)
-{
-    float f;
-    memcpy(&f, &u, sizeof f);
-    return f;
-}
-
-float tk_ops__f16_to_f32(uint16_t h)
-{
-    uint32_t sign = (uint32_t)(h & 0x8000u) << 16;
-    uint32_t exp = (h >> 10) & 0x1fu;
-    uint32_t man = h & 0x3ffu;
-    if (exp == 0) {
-        if (man == 0)
-            return bits_f32(sign);
-        /* subnormal: man * 2^-24; normalise so the leading one lands on bit 10 */
-        int e = -1;
-        do {
-            e++;
-            man <<= 1;
-        } while (!(man & 0x400u));
-        return bits_f32(sign | ((uint32_t)(112 - e) << 23) | ((man & 0x3ffu) << 13));
-    }
-    if (exp == 31)
-        return bits_f32(sign | 0x7f800000u | (man << 13)); /* inf, or NaN with its payload */
-    return bits_f32(sign | ((exp + 112) << 23) | (man << 13));
-}
-
-uint16_t tk_ops__f32_to_f16(float f)
-{
-    uint32_t x = f32_bits(f);
-    uint16_t sign = (uint16_t)((x >> 16) & 0x8000u);
-    uint32_t ax = x & 0x7fffffffu;
-    if (ax > 0x7f800000u) /* NaN: keep the top payload bits, force quiet */
-        return (uint16_t)(sign | 0x7e00u | ((ax >> 13) & 0x3ffu));
-    if (ax >= 0x477ff000u) /* >= 65520 rounds to inf (65504 is the largest half) */
-        return (uint16_t)(sign | 0x7c00u);
-    if (ax < 0x38800000u) { /* below 2^-14: a subnormal half, round(|f| * 2^24) */
-        uint32_t e = ax >> 23;
-        if (e < 102) /* |f| < 2^-25: rounds to zero */
-            return sign;
-        uint32_t m = (ax & 0x7fffffu) | 0x800000u;
-        uint32_t s = 126 - e; /* 14 .. 24 */
-        uint32_t r = m >> s, rem = m & ((1u << s) - 1), half = 1u << (s - 1);
-        if (rem > half || (rem == half && (r & 1u)))
-            r++;
-        return (uint16_t)(sign | r); /* r == 0x400 is the smallest normal, as it should be */
-    }
-    uint32_t h = (ax >> 13) - (112u << 10), rem = ax & 0x1fffu;
-    if (rem > 0x1000u || (rem == 0x1000u && (h & 1u)))
-        h++; /* a carry into the exponent is the right answer */
-    return (uint16_t)(sign | h);
-}
-
-float tk_ops__bf16_to_f32(uint16_t h) { return bits_f32((uint32_t)h << 16); }
-
-uint16_t tk_ops__f32_to_bf16(float f)
-{
-    uint32_t x = f32_bits(f);
-    if ((x & 0x7fffffffu) > 0x7f800000u)
-        return (uint16_t)((x >> 16) | 0x40u); /* quiet NaN */
-    x += 0x7fffu + ((x >> 16) & 1u);          /* round to nearest even; overflow carries to inf */
-    return (uint16_t)(x >> 16);
-}
-
-/* ---- strided loads and stores ----------------------------------------------------------------- */
-
-/* ---- fp8 (OCP e4m3fn and e5m2) and int8 ------------------------------------------------------- */
-
-/* The encoding of one fp8 format: mantissa bits, exponent bias, the largest finite code. */
-typedef struct {
-    int mbits, bias;
-    uint8_t maxcode; /* 0x7e (448) for e4m3fn, 0x7b (57344) for e5m2 */
-    int ieee;        /* 1: the top exponent is inf/NaN (e5m2); 0: only S.1111.111 is NaN (e4m3fn) */
-} fp8_fmt;
-
-static const fp8_fmt E4M3 = {3, 7, 0x7e, 0}, E5M2 = {2, 15, 0x7b, 1};
-
-static float fp8_to_f32(uint8_t c, const fp8_fmt *f)
-{
-    float sign = (c & 0x80) ? -1.0f : 1.0f;
-    int e = (c & 0x7f) >> f->mbits, m = c & ((1 << f->mbits) - 1);
-    int emax = 0x7f >> f->mbits;
-    if (f->ieee ? e == emax : (c & 0x7f) == 0x7f)
-        return (f->ieee && m == 0) ? sign * INFINITY : NAN;
-    if (e == 0)
-        return sign * ldexpf((float)m, 1 - f->bias - f->mbits);
-    return sign * ldexpf(1.0f + (float)m / (float)(1 << f->mbits), e - f->bias);
-}
-
-/* Round to nearest even, saturating to the largest finite value (as __NV_SATFINITE); NaN stays NaN. */
-static uint8_t f32_to_fp8(float x, const fp8_fmt *f)
-{
-    uint8_t sign = signbit(x) ? 0x80 : 0;
-    if (isnan(x))
-        return (uint8_t)(sign | (f->ieee ? 0x7f : 0x7f));
-    double a = fabs((double)x);
-    if (isinf(x))
-        return (uint8_t)(sign | f->maxcode);
-    int code;
-    int emin = 1 - f->bias; /* the exponent of the smallest normal */
-    if (a < ldexp(1.0, emin)) {
-        code = (int)nearbyint(a / ldexp(1.0, emin - f->mbits)); /* subnormal; may round up to the min normal */
-    } else {
-        int k;
-        frexp(a, &k);
-        int e = k - 1;                              /* a = mant * 2^e, mant in [1, 2) */
-        double q = nearbyint((a / ldexp(1.0, e) - 1.0) * (1 << f->mbits));
-        if (q >= (1 << f->mbits)) {
-            q = 0;
-            e++;
-        }
-        int field = e + f->bias;
-        code = field > (0x7f >> f->mbits) ? 0x7f : (field << f->mbits) | (int)q;
-    }
-    if (code > f->maxcode)
-        code = f->maxcode;
-    return (uint8_t)(sign | code);
-}
-
-float tk_ops__fp8_e4m3_to_f32(uint8_t c) { return fp8_to_f32(c, &E4M3); }
-uint8_t tk_ops__f32_to_fp8_e4m3(float f) { return f32_to_fp8(f, &E4M3); }
-float tk_ops__fp8_e5m2_to_f32(uint8_t c) { return fp8_to_f32(c, &E5M2); }
-uint8_t tk_ops__f32_to_fp8_e5m2(float f) { return f32_to_fp8(f, &E5M2); }
+float tk_ops__f16_to_f32(uint16_t h) { return tk__f16_to_f32(h); }
+uint16_t tk_ops__f32_to_f16(float f) { return tk__f32_to_f16(f); }
+float tk_ops__bf16_to_f32(uint16_t h) { return tk__bf16_to_f32(h); }
+uint16_t tk_ops__f32_to_bf16(float f) { return tk__f32_to_bf16(f); }
+float tk_ops__fp8_e4m3_to_f32(uint8_t c) { return tk__fp8_e4m3_to_f32(c); }
+uint8_t tk_ops__f32_to_fp8_e4m3(float f) { return tk__f32_to_fp8_e4m3(f); }
+float tk_ops__fp8_e5m2_to_f32(uint8_t c) { return tk__fp8_e5m2_to_f32(c); }
+uint8_t tk_ops__f32_to_fp8_e5m2(float f) { return tk__f32_to_fp8_e5m2(f); }
 
 int8_t tk_ops__f32_to_i8(float f)
 {
@@ -268,11 +142,11 @@ void tk_ops__load_f32(float *dst, const void *base, int64_t off, int64_t stride,
     } else if (dt.code == TK_DL_BFLOAT) {
         const uint16_t *p = (const uint16_t *)base + off;
         for (int64_t i = 0; i < n; i++)
-            dst[i] = tk_ops__bf16_to_f32(p[i * stride]);
+            dst[i] = tk__bf16_to_f32(p[i * stride]);
     } else {
         const uint16_t *p = (const uint16_t *)base + off;
         for (int64_t i = 0; i < n; i++)
-            dst[i] = tk_ops__f16_to_f32(p[i * stride]);
+            dst[i] = tk__f16_to_f32(p[i * stride]);
     }
 }
 
@@ -299,10 +173,10 @@ void tk_ops__store_f32(void *base, int64_t off, int64_t stride, const float *src
     } else if (dt.code == TK_DL_BFLOAT) {
         uint16_t *p = (uint16_t *)base + off;
         for (int64_t i = 0; i < n; i++)
-            p[i * stride] = tk_ops__f32_to_bf16(src[i]);
+            p[i * stride] = tk__f32_to_bf16(src[i]);
     } else {
         uint16_t *p = (uint16_t *)base + off;
         for (int64_t i = 0; i < n; i++)
-            p[i * stride] = tk_ops__f32_to_f16(src[i]);
+            p[i * stride] = tk__f32_to_f16(src[i]);
     }
 }

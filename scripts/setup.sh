@@ -42,6 +42,8 @@ bench_tools=0
 [ "${1:-}" = "--test" ] || [ $bench_tools = 1 ] && { test_tools=1; pkgs+=(chromium wrk python3-venv); }
 # clang with libFuzzer, ASan and UBSan: `make fuzz`, and the sanitizer replay of the fuzz corpora in make test
 pkgs+=(clang llvm libclang-rt-dev)
+# clang-format 18 or newer: make format and make format-check (.clang-format, docs/hacking.md)
+pkgs+=(clang-format-19)
 
 missing=()
 for p in "${pkgs[@]}"; do
