@@ -1317,6 +1317,7 @@ typedef struct {
     int64_t block, blocks;    /* the block it works on, of how many */
     const int32_t *canvas;
     size_t len, prompt_len;
+    int32_t mask_id;          /* the id of a masked position */
     const int64_t *unmasked;  /* canvas positions */
     size_t n_unmasked;
     int block_done;

@@ -150,7 +150,8 @@ static int record(dstate *s, int64_t step, int64_t block, size_t n)
         bad = json_array_append_new(pos, json_integer(s->sel[i]));
     if (!bad)
         bad = json_object_set_new(o, "step", json_integer(step)) || json_object_set_new(o, "block", json_integer(block)) ||
-              json_object_set_new(o, "unmasked", pos) || json_array_append_new(s->r->steps, o);
+              json_object_set_new(o, "count", json_integer((json_int_t)n)) || json_object_set_new(o, "unmasked", pos) ||
+              json_array_append_new(s->r->steps, o);
     else
         json_decref(pos), json_decref(o);
     if (bad)
@@ -163,7 +164,7 @@ static int report(dstate *s, int64_t step, int64_t block, size_t n, int done)
 {
     if (!s->o->on_step)
         return 0;
-    tk_diff_step st = {step, s->steps, block, s->nb, s->x, (size_t)s->L, (size_t)s->P, s->sel, n, done};
+    tk_diff_step st = {step, s->steps, block, s->nb, s->x, (size_t)s->L, (size_t)s->P, (int32_t)s->mask, s->sel, n, done};
     return s->o->on_step(s->o->step_user, &st) != 0;
 }
 

@@ -14,7 +14,7 @@
   check DIR      asserts that the 4D all-zero float mask really makes transformers attend
                  bidirectionally (first position's logits differ from the causal model's, the last
                  position's agree)
-  run REFDIR SAMPLER DRAWS key=value...
+  run REFDIR SAMPLER DRAWS key=value...   (run-many: one such line a job on stdin)
                  runs the published sampler (SAMPLER llada: ML-GSAI/LLaDA generate.py; dream: HKUNLP/
                  Dream generation_utils.py _sample), written here from the published algorithm, over
                  REFDIR's model run bidirectionally, and prints {"ids": [new ids], "steps": [[unmasked
@@ -251,13 +251,16 @@ def dream(fwd, prompt, a, draws):
     return x[0, P:].tolist(), log
 
 
+_models = {}
+
+
 def run(refdir, sampler, draws_path, kv):
     a = {}
     for item in kv:
         k, v = item.split("=", 1)
         a[k] = v if k in ("remasking", "alg", "prompt") else (float(v) if "." in v or "e-" in v else int(v))
     prompt = [int(t) for t in a.pop("prompt").split(",")]
-    m = load(refdir)
+    m = _models.get(refdir) or _models.setdefault(refdir, load(refdir))
     V = m.config.vocab_size
     L = len(prompt) + a["gen_length"]
     draws = Draws(draws_path, a["steps"] * (L * V + L) + 16)
@@ -272,3 +275,9 @@ if __name__ == "__main__":
         check(sys.argv[2])
     elif sys.argv[1] == "run":
         run(sys.argv[2], sys.argv[3], sys.argv[4], sys.argv[5:])
+    elif sys.argv[1] == "run-many":  # one "REFDIR SAMPLER DRAWS key=value..." a line on stdin
+        for line in sys.stdin:
+            if line.strip():
+                a = line.split()
+                run(a[0], a[1], a[2], a[3:])
+                sys.stdout.flush()
