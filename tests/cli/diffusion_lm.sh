@@ -32,6 +32,28 @@ t_bidirectional_reference() {
   expect_out "qwen2: bidirectional"
 }
 
+# the forward itself: tk's logits of the LLaDA-layout, Dream and --bidirectional... checkpoints are
+# transformers' bidirectional model's (f32, |tk - ref| <= 1e-4 + 1e-4 |ref|)
+t_bidirectional_logits() {
+  need_models || return
+  local ids=1,40,3,3,60,3,70 pair tkdir ref
+  for pair in llada:llama dream:qwen2; do
+    tkdir=${pair%%:*}; ref=${pair#*:}
+    "$TK" model logits "$CK/$tkdir" --ids $ids --json >"$WORK/tl.json" 2>"$WORK/tl.err" || { fail "tk model logits $tkdir failed"; cat "$WORK/tl.err" >&2; continue; }
+    "$PY" "$ORACLE" logits "$CK/$ref" $ids >"$WORK/rl.json" 2>/dev/null || { fail "the oracle's logits failed"; continue; }
+    "$PY" - "$WORK/tl.json" "$WORK/rl.json" "$tkdir" <<'PYEOF' || fail "$tkdir: logits differ from transformers' bidirectional model"
+import json, sys
+a, b = json.load(open(sys.argv[1]))["logits"], json.load(open(sys.argv[2]))["logits"]
+worst = max(abs(x - y) - 1e-4 * abs(y) for ra, rb in zip(a, b) for x, y in zip(ra, rb))
+assert len(a) == len(b) and len(a[0]) == len(b[0]), (len(a), len(b))
+print(f"  {sys.argv[3]}: worst excess {worst:.3g}")
+sys.exit(0 if worst <= 1e-4 else 1)
+PYEOF
+  done
+  expect_rc 0 "$TK" model info "$CK/llada" --json
+  expect_out '"llada"'
+}
+
 # JOBS: "TKDIR REFDIR SAMPLER TKFLAGS | ORACLE key=value..."; each job's draws file is $WORK/draws-N.
 JOBS="llama llama llada --bidirectional --mask-token-id 3 | gen_length=16 block_length=8 steps=8
 llama llama llada --bidirectional --mask-token-id 3 --cfg-scale 1.5 | gen_length=16 block_length=4 steps=16 cfg_scale=1.5

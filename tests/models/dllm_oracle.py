@@ -14,6 +14,8 @@
   check DIR      asserts that the 4D all-zero float mask really makes transformers attend
                  bidirectionally (first position's logits differ from the causal model's, the last
                  position's agree)
+  logits REFDIR IDS
+                 the bidirectional model's logits of IDS, {"logits": [[...] per position]}
   run REFDIR SAMPLER DRAWS key=value...   (run-many: one such line a job on stdin)
                  runs the published sampler (SAMPLER llada: ML-GSAI/LLaDA generate.py; dream: HKUNLP/
                  Dream generation_utils.py _sample), written here from the published algorithm, over
@@ -273,6 +275,9 @@ if __name__ == "__main__":
         make(sys.argv[2])
     elif sys.argv[1] == "check":
         check(sys.argv[2])
+    elif sys.argv[1] == "logits":  # logits REFDIR IDS: the bidirectional model's logits, as JSON
+        x = torch.tensor([[int(t) for t in sys.argv[3].split(",")]])
+        print(json.dumps({"logits": bidir(load(sys.argv[2]))(x)[0].tolist()}))
     elif sys.argv[1] == "run":
         run(sys.argv[2], sys.argv[3], sys.argv[4], sys.argv[5:])
     elif sys.argv[1] == "run-many":  # one "REFDIR SAMPLER DRAWS key=value..." a line on stdin
