@@ -33,7 +33,7 @@ static void help(void)
            "sampler:\n"
            "  --diffusion                masked diffusion (implied by a diffusion checkpoint or any flag here)\n"
            "  --sampler llada|dream      the algorithm (default: the checkpoint's; llada for --bidirectional)\n"
-           "  --gen-length N             masked positions to fill (default 128)\n"
+           "  --gen-length N             masked positions to fill (default 128; --max-new-tokens is the same)\n"
            "  --block-length N           LLaDA: semi-autoregressive blocks of N, dividing --gen-length\n"
            "                             (default: one block of --gen-length)\n"
            "  --steps N                  denoising steps in all (default --gen-length): LLaDA gives each\n"
@@ -172,7 +172,7 @@ static int parse(djob *j, tk_cli *cli, int argc, char **argv)
                 j->o.sampler = TK_DIFF_DREAM;
             else
                 u = tk_cli_usage(USAGE, "--sampler wants llada or dream, got '%s'", v);
-        } else if (!strcmp(a, "--gen-length")) {
+        } else if (!strcmp(a, "--gen-length") || !strcmp(a, "--max-new-tokens")) {
             u = integer(a, v, 1, 1 << 24, &x), j->o.gen_length = x;
         } else if (!strcmp(a, "--block-length")) {
             u = integer(a, v, 1, 1 << 24, &x), j->o.block_length = x;
