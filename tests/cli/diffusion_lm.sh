@@ -114,6 +114,9 @@ t_diffusion_checkpoint_chosen_automatically() {
   need_models || return
   expect_rc 0 "$TK" generate "$CK/llada" --ids $P --gen-length 8 --steps 4 --json
   expect_out '"sampler":"llada"'
+  # a user's autoregressive habit: --max-new-tokens is --gen-length
+  expect_rc 0 "$TK" generate "$CK/llada" --ids $P --max-new-tokens 8 --steps 4 --json
+  expect_out '"gen_length":8'
   expect_rc 0 "$TK" generate "$CK/dream" --ids $P --gen-length 8 --steps 4 --temperature 0 --json
   expect_out '"sampler":"dream"'
   expect_out '"alg":"origin"'
