@@ -297,6 +297,9 @@ static int on_step(void *user, const tk_diff_step *s)
         char *t = NULL;
         if (tk_tokenizer_decode(&t, j->tok, s->canvas + s->prompt_len, end - s->prompt_len, 1) == TK_OK) {
             size_t len = strlen(t);
+            /* a character whose bytes continue in the next block decodes as U+FFFD for now: held back */
+            while (s->block + 1 < s->blocks && len >= 3 && !memcmp(t + len - 3, "\xef\xbf\xbd", 3))
+                len -= 3;
             if (len > j->printed) {
                 fwrite(t + j->printed, 1, len - j->printed, stdout);
                 j->printed = len;
