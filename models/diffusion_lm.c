@@ -50,7 +50,8 @@ typedef struct {
     int32_t *x, *x0, *un;     /* canvas, proposed tokens, the unconditional canvas (cfg) */
     float *logits, *row;      /* [nseq * L, V]; one row of guided logits */
     double *conf, *u, *w;     /* [L] confidences; draws; a row's work space [V] */
-    int64_t *sel, *order;     /* [L] */
+    int64_t *sel, *order;     /* [L] (order: [max(L, V)]) */
+    int64_t *vord;            /* Dream's top_p / top_k sort of a row [V] */
     uint64_t rng;
     tk_diff_result *r;
 } dstate;
@@ -245,14 +246,14 @@ static int dream_token(dstate *s, const float *l, int alg, int32_t *x0, double *
     if (o->top_p > 0 && o->top_p < 1) { /* drop the tail past top_p, always keeping the first */
         g_conf = p;
         for (int64_t v = 0; v < V; v++)
-            s->order[v] = v;
-        qsort(s->order, (size_t)V, sizeof *s->order, by_conf);
-        double mx = p[s->order[0]], z = 0, c = 0;
+            s->vord[v] = v;
+        qsort(s->vord, (size_t)V, sizeof *s->vord, by_conf);
+        double mx = p[s->vord[0]], z = 0, c = 0;
         for (int64_t v = 0; v < V; v++)
             z += exp(p[v] - mx);
         int drop = 0;
         for (int64_t j = 0; j < V; j++) {
-            int64_t v = s->order[j];
+            int64_t v = s->vord[j];
             double pv = exp(p[v] - mx) / z;
             if (drop)
                 p[v] = lowest;
@@ -263,9 +264,9 @@ static int dream_token(dstate *s, const float *l, int alg, int32_t *x0, double *
     if (o->top_k > 0 && o->top_k < V) { /* logits below the k-th largest are dropped */
         g_conf = p;
         for (int64_t v = 0; v < V; v++)
-            s->order[v] = v;
-        qsort(s->order, (size_t)V, sizeof *s->order, by_conf);
-        double kth = p[s->order[o->top_k - 1]];
+            s->vord[v] = v;
+        qsort(s->vord, (size_t)V, sizeof *s->vord, by_conf);
+        double kth = p[s->vord[o->top_k - 1]];
         for (int64_t v = 0; v < V; v++)
             if (p[v] < kth)
                 p[v] = lowest;
@@ -316,7 +317,8 @@ static int dream(dstate *s, int alg)
     const tk_diff_opts *o = s->o;
     int64_t L = s->L, N = s->steps;
     int rc;
-    if (!(s->u = malloc((size_t)L * sizeof *s->u)) || !(s->w = malloc((size_t)s->V * sizeof *s->w)))
+    if (!(s->u = malloc((size_t)L * sizeof *s->u)) || !(s->w = malloc((size_t)s->V * sizeof *s->w)) ||
+        !(s->vord = malloc((size_t)s->V * sizeof *s->vord)))
         return tk__err(TK_ERR_NOMEM, "out of memory");
     /* torch.linspace(1, eps, N + 1) in float32: the first half from the start, the rest from the end */
     float step_f = ((float)o->eps - 1.0f) / (float)N;
@@ -357,9 +359,6 @@ static int dream(dstate *s, int alg)
                 if ((rc = dream_token(s, row(s, r, 0, 1), alg, &s->x0[r], &s->conf[r])) != TK_OK)
                     return rc;
             }
-            for (size_t j = 0, q = 0; j < (size_t)L; j++) /* dream_token used order as scratch */
-                if (s->x[j] == s->mask)
-                    s->order[q++] = (int64_t)j;
             float fm = (float)nm;
             int64_t k = i + 1 < N ? (int64_t)(fm * frac) : (int64_t)nm;
             if (k > 0 && o->alg_temp <= 0) {
@@ -564,6 +563,7 @@ fail:
     free(s.order);
     free(s.u);
     free(s.w);
+    free(s.vord);
     return rc;
 }
 

@@ -65,7 +65,9 @@ llada llama llada --cfg-scale 2.0 | gen_length=16 block_length=4 steps=8 cfg_sca
 dream qwen2 dream --alg entropy | gen_length=16 steps=8 alg=entropy
 dream qwen2 dream --alg maskgit_plus | gen_length=16 steps=16 alg=maskgit_plus
 dream qwen2 dream --alg topk_margin | gen_length=12 steps=5 alg=topk_margin
-dream qwen2 dream --alg origin | gen_length=16 steps=6 alg=origin"
+dream qwen2 dream --alg origin | gen_length=16 steps=6 alg=origin
+dream qwen2 dream --alg maskgit_plus --top-k 5 | gen_length=16 steps=8 alg=maskgit_plus top_k=5
+dream qwen2 dream --alg entropy --top-p 0.9 | gen_length=12 steps=6 alg=entropy top_p=0.9"
 
 t_samplers_match_reference() {
   need_models || return

@@ -232,7 +232,18 @@ def dream(fwd, prompt, a, draws):
             x0[transfer] = torch.softmax(mask_logits[transfer], dim=-1).max(dim=-1)[1]
             x[mask_index] = x0.clone()
         else:
-            probs = torch.softmax(mask_logits, dim=-1)
+            ml = mask_logits
+            if a.get("top_p", 1.0) < 1:  # Dream's top_p_logits
+                sl, si = torch.sort(ml, descending=True)
+                rm = torch.cumsum(F.softmax(sl, dim=-1), dim=-1) > a["top_p"]
+                rm[..., 1:] = rm[..., :-1].clone()
+                rm[..., 0] = 0
+                drop = torch.zeros_like(ml, dtype=torch.bool).scatter_(-1, si, rm)
+                ml = ml.masked_fill(drop, torch.finfo(ml.dtype).min)
+            if a.get("top_k"):  # Dream's top_k_logits
+                kth = torch.topk(ml, min(a["top_k"], ml.size(-1)))[0][..., -1, None]
+                ml = ml.masked_fill(ml < kth, torch.finfo(ml.dtype).min)
+            probs = torch.softmax(ml, dim=-1)
             confidence, x0 = probs.max(dim=-1)
             if alg == "topk_margin":
                 sp, _ = torch.sort(probs, dim=-1, descending=True)
