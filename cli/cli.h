@@ -97,5 +97,8 @@ int tk_cli_pubkey_arg(char *out, size_t cap, const char *arg, const char *usage)
  * (0, or a usage error's exit code printed with `usage`). */
 int tk_cli_gen_flag(const char *flag);
 int tk_cli_gen_apply(tk_gen_opts *o, const char *usage, const char *flag, const char *val);
+/* tk generate --diffusion (cmd_generate_diffusion.c): the command, and whether a flag is one of its own */
+int tk_cmd_generate_diffusion(tk_cli *cli, int argc, char **argv);
+int tk_cli_diffusion_flag(const char *flag);
 
 #endif

@@ -73,6 +73,12 @@ static void help(void)
            "  --json                     print {\"ids\": [new ids], \"text\": \"...\", \"end\": \"eos\", \"stats\":\n"
            "                             {...}} instead of streaming (an array of them for several prompts)\n"
            "\n"
+           "masked diffusion (LLaDA, Dream; 'tk generate --diffusion --help' has the details):\n"
+           "  --diffusion                generate by masked diffusion (automatic for LLaDAModelLM and\n"
+           "                             DreamModel checkpoints); with --gen-length, --block-length,\n"
+           "                             --steps, --remasking, --cfg-scale, --alg, --alg-temp, --eps,\n"
+           "                             --sampler, --mask-token-id, --bidirectional, --draws, --show-steps\n"
+           "\n"
            "examples:\n"
            "  tk generate ./TinyLlama --prompt 'Once upon a time' --max-new-tokens 40\n"
            "  tk generate ./gpt2 --ids 464,2068 --num-beams 4 --max-new-tokens 10 --json\n"
@@ -263,6 +269,7 @@ typedef struct {
 } gen_job;
 
 #define GO (-1) /* a step's "go on": anything else is the command's exit code */
+#define DIFFUSION (-2) /* the checkpoint is a masked diffusion LM: cmd_generate_diffusion.c runs it */
 
 /* parse options: the directory, the prompts, stop strings, runtime flags and the generation flags. */
 static int gen_parse(gen_job *j, tk_cli *cli, int argc, char **argv)
@@ -356,6 +363,8 @@ static int gen_load(gen_job *j, tk_cli *cli)
         return TK_EXIT_FAIL;
     if ((rc = tk_model_load(&j->m, ctx, j->dir, &j->mo)) != TK_OK)
         return tk_cli_fail(cli, rc, NULL);
+    if (tk_model_diffusion(j->m)) /* LLaDA, Dream: masked diffusion, never token by token */
+        return DIFFUSION;
     j->o = (tk_gen_opts)TK_GEN_OPTS_INIT;
     if ((rc = tk_gen_opts_from_model(&j->o, j->m)) != TK_OK)
         return tk_cli_fail(cli, rc, NULL);
@@ -507,11 +516,18 @@ int tk_cmd_generate(tk_cli *cli, int argc, char **argv)
     int ec;
     if (!j)
         return tk_cli_errorf(cli, TK_ERR_NOMEM, TK_EXIT_FAIL, "out of memory");
+    for (int i = 1; i < argc; i++)
+        if (tk_cli_diffusion_flag(argv[i])) {
+            free(j);
+            return tk_cmd_generate_diffusion(cli, argc, argv);
+        }
     if ((ec = gen_parse(j, cli, argc, argv)) == GO && (ec = gen_model_opts(j)) == GO && (ec = gen_load(j, cli)) == GO &&
         (ec = gen_prompts(j, cli)) == GO && (ec = gen_quantize(j, cli)) == GO && (ec = gen_run(j, cli, &sc)) == GO) {
         gen_report(j, cli);
         ec = TK_EXIT_OK;
     }
+    if (ec == DIFFUSION)
+        ec = GO;
     for (size_t p = 0; p < j->np; p++)
         tk_free(j->pids[p]);
     tk_free(j->sj);
@@ -519,5 +535,5 @@ int tk_cmd_generate(tk_cli *cli, int argc, char **argv)
     tk_tokenizer_free(j->tok);
     tk_model_free(j->m);
     free(j);
-    return ec;
+    return ec == GO ? tk_cmd_generate_diffusion(cli, argc, argv) : ec;
 }

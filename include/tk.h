@@ -1300,6 +1300,101 @@ TK_API size_t tk_gen_batch_active(const tk_gen_batch *b);
 TK_API int tk_gen_batch_stats_get(tk_gen_batch_stats *out, const tk_gen_batch *b);
 
 /* ---------------------------------------------------------------------------------------------- */
+/* Masked diffusion generation (LLaDA, Dream; docs/diffusion.md)                                   */
+
+/* A masked diffusion LM predicts every masked position at once with bidirectional attention;
+ * generation starts from gen_length mask tokens after the prompt and unmasks some of them each step.
+ * tk_diffusion_generate runs LLaDA's published sampler (ML-GSAI/LLaDA generate.py: semi-autoregressive
+ * blocks, Gumbel-max sampling in float64, low_confidence or random remasking, classifier-free
+ * guidance) or Dream's (HKUNLP/Dream generation_utils.py: its timestep schedule, logits shifted by
+ * one position, the origin / maskgit_plus / topk_margin / entropy algorithms), on LLaDAModelLM and
+ * DreamModel checkpoints, or on any Llama-family checkpoint with bidirectional = 1.
+ *
+ *     tk_diff_opts o = TK_DIFF_OPTS_INIT;          // the checkpoint's sampler, 128 tokens, 128 steps
+ *     o.gen_length = 64; o.block_length = 32; o.steps = 64;
+ *     tk_diff_result *r = NULL;
+ *     if (tk_diffusion_generate(&r, model, ids, n, &o) == TK_OK) puts(tk_diff_result_text(r));
+ *     tk_diff_result_free(r);
+ */
+enum { TK_DIFF_AUTO = 0, TK_DIFF_LLADA = 1, TK_DIFF_DREAM = 2 };
+
+/* What one step did, for tk_diff_opts.on_step: the canvas (prompt + gen_length ids, mask_id where
+ * still masked) after the step, and the canvas positions it unmasked. block_done: the step finished
+ * block `block` (its ids are final). All pointers are borrowed for the call. */
+typedef struct {
+    int64_t step, steps;      /* this step (0-based) of how many in all */
+    int64_t block, blocks;    /* the block it works on, of how many */
+    const int32_t *canvas;
+    size_t len, prompt_len;
+    int32_t mask_id;          /* the id of a masked position */
+    const int64_t *unmasked;  /* canvas positions */
+    size_t n_unmasked;
+    int block_done;
+} tk_diff_step;
+/* Return 0 to go on, nonzero to stop (the result then ends "callback"). */
+typedef int (*tk_diff_step_fn)(void *user, const tk_diff_step *s);
+/* Fills u[0..n) with uniform draws in [0, 1) (tk_diff_opts.rand): the sampler asks for them in the
+ * order its reference consumes torch.rand (docs/diffusion.md), so a test can feed both the same. */
+typedef int (*tk_diff_rand_fn)(void *user, double *u, size_t n);
+
+#define TK_DIFF_OPTS_VERSION 1
+typedef struct {
+    unsigned version;          /* TK_DIFF_OPTS_VERSION */
+    int sampler;               /* TK_DIFF_AUTO (the checkpoint's; LLaDA's for a bidirectional Llama),
+                                  TK_DIFF_LLADA, TK_DIFF_DREAM */
+    int64_t gen_length;        /* masked positions after the prompt (> 0); default 128 */
+    int64_t block_length;      /* LLaDA: tokens per semi-autoregressive block, dividing gen_length;
+                                  0: gen_length (one block). Dream: 0 or gen_length */
+    int64_t steps;             /* denoising steps in all: LLaDA splits them evenly over the blocks (a
+                                  multiple of the block count); at most gen_length; 0: gen_length */
+    double temperature;        /* 0: argmax (LLaDA's Gumbel noise off, Dream's greedy); > 0: sampling */
+    int remasking;             /* LLaDA: 0 low_confidence (the chosen token's probability), 1 random */
+    double cfg_scale;          /* LLaDA: classifier-free guidance (0: off); the unconditional pass has
+                                  the prompt masked */
+    const char *alg;           /* Dream: "origin" (default), "maskgit_plus", "topk_margin", "entropy" */
+    double alg_temp;           /* Dream: 0 takes the most confident; > 0 samples positions from
+                                  softmax(confidence / alg_temp) */
+    double top_p;              /* Dream: nucleus filter in (0, 1]; 1: off */
+    int64_t top_k;             /* Dream: keep the k most likely (0: off) */
+    double eps;                /* Dream: the schedule's last time, default 1e-3 */
+    int64_t mask_token_id;     /* -1: config.json's mask_token_id */
+    int bidirectional;         /* 1: run a causal checkpoint's attention bidirectionally */
+    uint64_t seed;             /* tk's generator (splitmix64) when rand is NULL */
+    tk_diff_rand_fn rand;      /* NULL: tk's generator */
+    void *rand_user;
+    tk_diff_step_fn on_step;   /* NULL: none */
+    void *step_user;
+} tk_diff_opts;
+#define TK_DIFF_OPTS_INIT                                                                               \
+    {TK_DIFF_OPTS_VERSION, TK_DIFF_AUTO, 128, 0, 0, 0.0, 0, 0.0, NULL, 0.0, 1.0, 0, 1e-3, -1, 0, 0, NULL, \
+     NULL, NULL, NULL}
+
+typedef struct tk_diff_result tk_diff_result;
+
+/* The sampler a checkpoint was trained for: TK_DIFF_LLADA, TK_DIFF_DREAM, or 0 (an autoregressive
+ * model: tk_generate). */
+TK_API int tk_model_diffusion(const tk_model *m);
+
+/* Generates gen_length tokens after prompt (len ids) by masked diffusion, on the model's device. The
+ * model's attention is bidirectional for the call (o->bidirectional for a causal checkpoint).
+ * Deterministic: the same options, seed (or draws) and device give the same ids. Errors:
+ * TK_ERR_INVALID naming both values: no mask token id, gen_length not a multiple of block_length,
+ * steps fewer than the blocks or not a multiple of them, steps above gen_length, a prompt plus
+ * gen_length longer than the context, an unknown remasking or alg; TK_ERR_UNSUPPORTED (a model without
+ * an LM head, sliding-window layers); those of tk_model_forward and of o->rand (its status). */
+TK_API int tk_diffusion_generate(tk_diff_result **out, tk_model *m, const int32_t *prompt, size_t len,
+                                 const tk_diff_opts *o);
+TK_API void tk_diff_result_free(tk_diff_result *r);
+/* The gen_length new ids (borrowed; any left masked when a callback stopped it are mask_id). */
+TK_API const int32_t *tk_diff_result_ids(const tk_diff_result *r, size_t *n);
+/* Their text (special tokens skipped), or NULL without a tokenizer; borrowed. */
+TK_API const char *tk_diff_result_text(const tk_diff_result *r);
+/* {"sampler", "gen_length", "block_length", "blocks", "steps", "mask_token_id", "forward_passes",
+ * "ms", "tokens_per_s", "end", "per_step": [{"step", "block", "unmasked": [positions]}, ...]}: *json is the
+ * caller's (tk_free). */
+TK_API int tk_diff_result_json(char **json, const tk_diff_result *r);
+
+/* ---------------------------------------------------------------------------------------------- */
 /* Chat templates                                                                                  */
 
 /* One turn of a conversation: role ("system", "user", "assistant", ...) and UTF-8 content. */

@@ -25,7 +25,8 @@
 const tk_models_arch *const tk_models__archs[] = {
     &tk_models__llama, &tk_models__gpt2,  &tk_models__bert,  &tk_models__qwen3,  &tk_models__olmo2,
     &tk_models__granite, &tk_models__smollm3, &tk_models__gemma, &tk_models__gemma2,
-    &tk_models__gemma3, &tk_models__phi3, &tk_models__mixtral, &tk_models__qwen2_moe, &tk_models__qwen3_moe, NULL,
+    &tk_models__gemma3, &tk_models__phi3, &tk_models__mixtral, &tk_models__qwen2_moe, &tk_models__qwen3_moe,
+    &tk_models__llada, &tk_models__dream, NULL,
 };
 
 static char supported[1024];
@@ -420,7 +421,7 @@ int tk_models__cfg_act(const tk_models_reader *r, const char *key, const char *a
 int tk_models__config_parse(tk_models_config *c, const char *text, size_t len, const char *what)
 {
     memset(c, 0, sizeof *c);
-    c->bos_id = c->eos_id = c->pad_id = -1;
+    c->bos_id = c->eos_id = c->pad_id = c->mask_id = -1;
     json_error_t jerr;
     tk_models_reader r = {what, tk_models__json_loadb(text, len, JSON_REJECT_DUPLICATES, &jerr)};
     int rc = TK_OK;

@@ -2451,6 +2451,9 @@ int tk_generate(tk_gen_result **out, tk_model *m, const int32_t *const *prompts,
     if (!tk_model_has_lm_head(m))
         return tk__err(TK_ERR_INVALID, "%s has no LM head: it cannot generate text\nHINT: generation needs a causal "
                        "LM (LlamaForCausalLM, GPT2LMHeadModel, ...)", m->cfg.arch);
+    if (m->cfg.bidirectional) /* a masked diffusion LM does not predict the next token */
+        return tk__err(TK_ERR_UNSUPPORTED, "%s is a masked diffusion LM: it generates by unmasking, not token by "
+                       "token\nHINT: use tk_diffusion_generate (tk generate --diffusion)", m->cfg.arch);
     lm_state s = {m, NULL, NULL, 0, NULL, 0};
     tk_gen_result *r = calloc(1, sizeof *r);
     int rc = TK_OK;

@@ -197,6 +197,9 @@ static int find_checked(const tk_st_tensor **out, tk_model *m, const char *name,
                         int optional)
 {
     *out = NULL;
+    char own[256];
+    if (m->cfg.weight_name) /* the checkpoint names its weights its own way (LLaDA) */
+        name = m->cfg.weight_name(own, sizeof own, name);
     const tk_st_tensor *t = tk_models__st_find(m->st, name);
     if (!t) {
         if (optional)
@@ -1014,6 +1017,10 @@ int tk_models__attend(tk_model *m, tk_models_batch *b, int64_t l, const tk_mt *o
     /* the architecture's attention softcap (Gemma 2), passed only when set */
     double cap = m->cfg.attn_softcap;
     int rc;
+    if (b->kv && m->cfg.bidirectional)
+        return tk__err(TK_ERR_UNSUPPORTED, "%s attends bidirectionally (a masked diffusion LM): it cannot decode "
+                       "token by token with a KV cache\nHINT: generate with tk_diffusion_generate (tk generate "
+                       "--diffusion)", m->cfg.arch);
     if (b->kv) {
         tk_gen_kv *kv = b->kv;
         int64_t T = b->T, Hkv = k->shape[2], D = k->shape[3], Hq = q->shape[2];
@@ -1095,7 +1102,7 @@ int tk_models__attend(tk_model *m, tk_models_batch *b, int64_t l, const tk_mt *o
                    TK_A_T("cu_seqlens_k", &b->cu),
                    TK_A_I("max_seqlen_q", b->max_len),
                    TK_A_F("scale", scale),
-                   TK_A_I("causal", 1),
+                   TK_A_I("causal", !m->cfg.bidirectional),
                    TK_A_I("window_left", window_left),
                    TK_A_F("softcap", cap)};
     return tk_models__op(m, "attention", at, TK_NARGS(at) - !cap);

@@ -135,6 +135,14 @@ typedef struct {
     int64_t bos_id, eos_id, pad_id; /* -1 when absent */
     char *generation_json;  /* generation_config.json's text, kept for generation (NULL when absent) */
     char *warnings;         /* lines to warn about (special token ids outside the vocabulary), or NULL */
+    /* Masked diffusion LMs (models/diffusion_lm.c): attention without the causal mask (LLaDA, Dream, or a
+     * causal checkpoint run with tk_diff_opts.bidirectional), the mask token (-1: none), the sampler the
+     * checkpoint was trained for (TK_DIFF_LLADA, TK_DIFF_DREAM; 0: none), and the checkpoint's own name
+     * of a Llama-decoder weight (LLaDA's model.transformer.blocks.N.*; NULL: the HF Llama names). */
+    int bidirectional;
+    int64_t mask_id;
+    int diffusion;
+    const char *(*weight_name)(char *buf, size_t cap, const char *hf);
 } tk_models_config;
 
 /* json_loadb for the JSON files of a checkpoint (config.json, generation_config.json, tokenizer.json,
@@ -356,6 +364,7 @@ extern const tk_models_arch tk_models__llama, tk_models__gpt2, tk_models__bert;
 extern const tk_models_arch tk_models__qwen3, tk_models__olmo2, tk_models__granite, tk_models__smollm3;
 extern const tk_models_arch tk_models__gemma, tk_models__gemma2, tk_models__gemma3, tk_models__phi3;
 extern const tk_models_arch tk_models__mixtral, tk_models__qwen2_moe, tk_models__qwen3_moe;
+extern const tk_models_arch tk_models__llada, tk_models__dream; /* diffusion_lm.c */
 /* The Llama decoder's steps (llama.c), which the architectures that vary it reuse. */
 /* Reads the Llama decoder's config.json fields (sizes, norms, rope, biases, sliding windows): the
  * activation one of acts (NULL-terminated; acts_hint lists them in the error; acts NULL: the caller
