@@ -29,7 +29,7 @@ const tk_models_arch *const tk_models__archs[] = {
     &tk_models__llada, &tk_models__dream, NULL,
 };
 
-static char supported[1024];
+static char supported[4096];
 static pthread_once_t supported_once = PTHREAD_ONCE_INIT;
 
 static void supported_init(void)

@@ -15,6 +15,7 @@ generated header (build/gen) and is skipped.
 """
 import os
 import re
+import subprocess
 import sys
 
 INCLUDE = re.compile(r'^\s*#\s*include\s+"([^"]+)"', re.M)
@@ -50,8 +51,21 @@ def parse(root):
     return order, allowed, exceptions, errors
 
 
+def ignored(root):
+    """Paths git ignores in root (build trees such as build-fuzz/ hold generated C): none outside git."""
+    try:
+        out = subprocess.run(["git", "-C", root, "ls-files", "--others", "--ignored", "--exclude-standard",
+                              "--directory"], capture_output=True, text=True, timeout=60)
+    except OSError:
+        return set()
+    return {line.rstrip("/") for line in out.stdout.splitlines()} if out.returncode == 0 else set()
+
+
 def sources(root):
+    skip = ignored(root)
     for top in sorted(os.listdir(root)):
+        if top in skip:
+            continue
         if top.startswith(".") or top == "build" or not os.path.isdir(os.path.join(root, top)):
             continue
         for d, dirs, files in os.walk(os.path.join(root, top)):
