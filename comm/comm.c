@@ -17,6 +17,7 @@
 #include <unistd.h>
 
 #include "comm/comm.h"
+#include "common/convert.h"
 
 #define DEFAULT_TIMEOUT_MS 300000
 
@@ -70,83 +71,18 @@ size_t tk_comm__dtype_size(tk_dtype dt)
     return dt.bits / 8;
 }
 
-/* ---- f16 / bf16 (the same rounding as ops/dtype.c) ---- */
-
-static float bits_f32(uint32_t u)
-{
-    float f;
-    memcpy(&f, &u, 4);
-    return f;
-}
-
-static uint32_t f32_bits(float f)
-{
-    uint32_t u;
-    memcpy(&u, &f, 4);
-    return u;
-}
-
-static float f16_to_f32(uint16_t h)
-{
-    uint32_t sign = (uint32_t)(h & 0x8000u) << 16, exp = (h >> 10) & 0x1fu, man = h & 0x3ffu;
-    if (exp == 0) {
-        if (man == 0)
-            return bits_f32(sign);
-        int e = -1; /* subnormal: normalise so the leading one lands on bit 10 */
-        do {
-            e++;
-            man <<= 1;
-        } while (!(man & 0x400u));
-        return bits_f32(sign | ((uint32_t)(112 - e) << 23) | ((man & 0x3ffu) << 13));
-    }
-    if (exp == 31)
-        return bits_f32(sign | 0x7f800000u | (man << 13));
-    return bits_f32(sign | ((exp + 112) << 23) | (man << 13));
-}
-
-static uint16_t f32_to_f16(float f)
-{
-    uint32_t x = f32_bits(f), ax = x & 0x7fffffffu;
-    uint16_t sign = (uint16_t)((x >> 16) & 0x8000u);
-    if (ax > 0x7f800000u)
-        return (uint16_t)(sign | 0x7e00u | ((ax >> 13) & 0x3ffu));
-    if (ax >= 0x477ff000u)
-        return (uint16_t)(sign | 0x7c00u);
-    if (ax < 0x38800000u) {
-        uint32_t e = ax >> 23;
-        if (e < 102)
-            return sign;
-        uint32_t m = (ax & 0x7fffffu) | 0x800000u, s = 126 - e;
-        uint32_t r = m >> s, rem = m & ((1u << s) - 1), half = 1u << (s - 1);
-        if (rem > half || (rem == half && (r & 1u)))
-            r++;
-        return (uint16_t)(sign | r);
-    }
-    uint32_t h = (ax >> 13) - (112u << 10), rem = ax & 0x1fffu;
-    if (rem > 0x1000u || (rem == 0x1000u && (h & 1u)))
-        h++;
-    return (uint16_t)(sign | h);
-}
-
-static uint16_t f32_to_bf16(float f)
-{
-    uint32_t x = f32_bits(f);
-    if ((x & 0x7fffffffu) > 0x7f800000u)
-        return (uint16_t)((x >> 16) | 0x40u);
-    x += 0x7fffu + ((x >> 16) & 1u);
-    return (uint16_t)(x >> 16);
-}
+/* ---- f16 / bf16: common/convert.h's rounding ---- */
 
 void tk_comm__half_to_f32(float *dst, const uint16_t *src, size_t n, int bf16)
 {
     for (size_t i = 0; i < n; i++)
-        dst[i] = bf16 ? bits_f32((uint32_t)src[i] << 16) : f16_to_f32(src[i]);
+        dst[i] = bf16 ? tk__bf16_to_f32(src[i]) : tk__f16_to_f32(src[i]);
 }
 
 void tk_comm__f32_to_half(uint16_t *dst, const float *src, size_t n, int bf16)
 {
     for (size_t i = 0; i < n; i++)
-        dst[i] = bf16 ? f32_to_bf16(src[i]) : f32_to_f16(src[i]);
+        dst[i] = bf16 ? tk__f32_to_bf16(src[i]) : tk__f32_to_f16(src[i]);
 }
 
 /* ---- the launcher's environment ---- */
