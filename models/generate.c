@@ -1126,45 +1126,49 @@ static int beam_hit(const tk_gen_lm *lm, const tk_gen_opts *o, const gseq *b, in
     return 0;
 }
 
-static int run_beam(gseq *S, tk_gen_stats *st, const tk_gen_lm *lm, size_t np, int64_t *max_new, const tk_gen_opts *o)
+/* run_beam's buffers: the packed step input (slots, cu, ids) and its logits, one prompt's candidates
+ * (c: the K best (score, beam * V + token); hit/why: whether and why each one finished) and the next
+ * running beams and finished hypotheses being built (nrun, nfin, nis), reused from prompt to prompt. */
+typedef struct {
+    int64_t V;
+    size_t nb, K;
+    int32_t *slots, *cu, *ids;
+    float *logits, *row;
+    cand *c, *nx;
+    int *hit, *why;
+    gseq *nrun, *nfin;
+    int *nis;
+    size_t nc;   /* candidates in c */
+    int all_hit; /* every candidate finished */
+} bwork;
+
+/* Prefill: each prompt once, one row of logits each, before beam_init forks the prompt's cache into
+ * its beams. Not shared with greedy and sampling: they prefill inside the step engine (eng_add and
+ * eng_step: the prefix cache, prompts joining a running batch, a prompt's followers), which beam search
+ * does not run through. */
+static int beam_prefill(bwork *w, tk_gen_stats *st, const tk_gen_lm *lm, const gseq *S, size_t np, size_t tot)
 {
-    const int64_t V = lm->vocab;
-    const size_t nb = (size_t)o->num_beams;
-    const size_t K = (size_t)(o->n_eos + 1 > 2 ? o->n_eos + 1 : 2) * nb;
-    int rc = TK_OK;
-    bstate *B = calloc(np, sizeof *B);
-    size_t tot = 0, maxrows = np * nb;
-    for (size_t p = 0; p < np; p++)
-        tot += S[p].n;
-    int32_t *slots = malloc(maxrows * sizeof *slots), *cu = malloc((maxrows + 1) * sizeof *cu);
-    int32_t *ids = malloc((tot > maxrows ? tot : maxrows) * sizeof *ids);
-    float *logits = malloc(maxrows * (size_t)V * sizeof *logits), *row = malloc((size_t)V * sizeof *row);
-    cand *c = malloc(K * sizeof *c), *nx = malloc((nb + K) * sizeof *nx);
-    int *hit = malloc(K * sizeof *hit), *why = malloc(K * sizeof *why);
-    gseq *nrun = calloc(nb, sizeof *nrun), *nfin = calloc(nb, sizeof *nfin);
-    int *nis = calloc(nb, sizeof *nis);
-    if (!B || !slots || !cu || !ids || !logits || !row || !c || !nx || !hit || !why || !nrun || !nfin || !nis) {
-        rc = tk__err(TK_ERR_NOMEM, "generate: out of memory for %zu beams of %zu prompts", nb, np);
-        goto done;
-    }
-    for (size_t j = 0; j < nb; j++)
-        nrun[j].slot = nfin[j].slot = -1;
-    /* prefill each prompt once */
     size_t pos = 0;
-    cu[0] = 0;
+    w->cu[0] = 0;
     for (size_t p = 0; p < np; p++) {
-        slots[p] = S[p].slot;
-        memcpy(ids + pos, S[p].ids, S[p].n * sizeof *ids);
+        w->slots[p] = S[p].slot;
+        memcpy(w->ids + pos, S[p].ids, S[p].n * sizeof *w->ids);
         pos += S[p].n;
-        cu[p + 1] = (int32_t)pos;
+        w->cu[p + 1] = (int32_t)pos;
     }
     double t0 = now_ms();
-    if ((rc = lm->step(lm->self, slots, np, ids, cu, logits)))
-        goto done;
+    int rc = lm->step(lm->self, w->slots, np, w->ids, w->cu, w->logits);
+    if (rc)
+        return rc;
     st->prefill_ms += now_ms() - t0;
     st->prefill_tokens += (int64_t)tot;
-    t0 = now_ms();
-    /* the running beams: the prompt nb times (beam 0 scores 0, the others -1e9), sharing its cache */
+    return TK_OK;
+}
+
+/* The running beams: the prompt nb times (beam 0 scores 0, the others -1e9), sharing its cache. */
+static int beam_init(bstate *B, gseq *S, const tk_gen_lm *lm, size_t np, size_t nb, const int64_t *max_new)
+{
+    int rc;
     for (size_t p = 0; p < np; p++) {
         bstate *b = &B[p];
         b->run = calloc(nb, sizeof *b->run);
@@ -1176,15 +1180,13 @@ static int run_beam(gseq *S, tk_gen_stats *st, const tk_gen_lm *lm, size_t np, i
             if (b->fin)
                 b->fin[j].slot = -1;
         }
-        if (!b->run || !b->fin || !b->is_fin) {
-            rc = tk__err(TK_ERR_NOMEM, "generate: out of memory for beams");
-            goto done;
-        }
+        if (!b->run || !b->fin || !b->is_fin)
+            return tk__err(TK_ERR_NOMEM, "generate: out of memory for beams");
         b->unsat = b->active = 1;
         b->max_len = (int64_t)S[p].plen + max_new[p];
         for (size_t j = 0; j < nb; j++) {
             if ((rc = seq_copy(&b->run[j], &S[p])) || (rc = seq_copy(&b->fin[j], &S[p])))
-                goto done;
+                return rc;
             b->run[j].score = j ? -1e9f : 0.0f;
             b->fin[j].score = -1e9f;
             b->run[j].slot = b->fin[j].slot = -1;
@@ -1193,176 +1195,179 @@ static int run_beam(gseq *S, tk_gen_stats *st, const tk_gen_lm *lm, size_t np, i
         S[p].slot = -1; /* the beams own it now */
         for (size_t j = 1; j < nb; j++)
             if ((rc = lm->seq_fork(lm->self, &b->run[j].slot, b->run[0].slot)))
-                goto done;
+                return rc;
     }
-    /* logits rows: after the prefill, row p serves every beam of prompt p */
-    int first = 1;
-    for (;;) {
-        size_t r = 0, nrows = 0;
-        for (size_t p = 0; p < np; p++) {
-            bstate *b = &B[p];
-            if (!b->active)
-                continue;
-            int64_t cur_len = (int64_t)b->run[0].n;
-            size_t nc = 0;
-            for (size_t j = 0; j < nb; j++) {
-                memcpy(row, logits + (first ? p : r + j) * (size_t)V, (size_t)V * sizeof *row);
-                tk_gen__log_softmax(row, V);
-                if ((rc = process_row(row, V, &b->run[j], o)))
-                    goto done;
-                float sc = b->run[j].score;
-                for (int64_t v = 0; v < V; v++)
-                    topk_insert(c, &nc, K, row[v] + sc, (int64_t)j * V + v);
-            }
-            if (!first)
-                r += nb;
-            for (size_t j = 0; j < nc; j++) {
-                const gseq *src = &b->run[c[j].i / V];
-                why[j] = 0;
-                int h = beam_hit(lm, o, src, (int32_t)(c[j].i % V), b->max_len, &why[j]);
-                if (h < 0) {
-                    rc = h;
-                    goto done;
-                }
-                hit[j] = h;
-            }
-            int all_hit = 1;
-            for (size_t j = 0; j < nc; j++)
-                all_hit &= hit[j];
-            /* the next running beams: the best candidates that did not finish */
-            size_t nn = 0;
-            for (size_t j = 0; j < nc; j++)
-                topk_insert(nx, &nn, nb, c[j].v + (hit[j] ? -1.0e9f : 0.0f), (int64_t)j);
-            for (size_t i = 0; i < nn; i++) {
-                const cand *cj = &c[nx[i].i];
-                const gseq *src = &b->run[cj->i / V];
-                seq_clear(&nrun[i]);
-                if ((rc = seq_copy(&nrun[i], src)) || (rc = seq_push(&nrun[i], (int32_t)(cj->i % V))))
-                    goto done;
-                nrun[i].score = nx[i].v;
-                nrun[i].slot = -1;
-                if (!all_hit && (rc = lm->seq_fork(lm->self, &nrun[i].slot, src->slot)))
-                    goto done;
-            }
-            /* the finished hypotheses: the old ones and the top-nb candidates that just finished */
-            int full = 1;
-            for (size_t j = 0; j < nb; j++)
-                full &= b->is_fin[j];
-            full &= o->early_stopping == TK_GEN_EARLY_TRUE;
-            size_t nm = 0;
-            for (size_t j = 0; j < nb; j++)
-                topk_insert(nx, &nm, nb, b->fin[j].score, (int64_t)j);
-            for (size_t j = 0; j < nc; j++) {
-                float f = lp_div(c[j].v, cur_len + 1 - (int64_t)S[p].plen, o->length_penalty);
-                f += full ? -1.0e9f : 0.0f;
-                f += b->unsat ? 0.0f : -1.0e9f;
-                f += (hit[j] && j < nb) ? 0.0f : -1.0e9f;
-                topk_insert(nx, &nm, nb, f, (int64_t)(nb + j));
-            }
-            for (size_t i = 0; i < nm; i++) {
-                seq_clear(&nfin[i]);
-                int64_t m = nx[i].i;
-                if (m < (int64_t)nb) {
-                    if ((rc = seq_copy(&nfin[i], &b->fin[m])))
-                        goto done;
-                    nis[i] = b->is_fin[m];
-                } else {
-                    const cand *cj = &c[m - (int64_t)nb];
-                    if ((rc = seq_copy(&nfin[i], &b->run[cj->i / V])) ||
-                        (rc = seq_push(&nfin[i], (int32_t)(cj->i % V))))
-                        goto done;
-                    nis[i] = hit[m - (int64_t)nb] && (size_t)(m - (int64_t)nb) < nb;
-                    nfin[i].end = why[m - (int64_t)nb];
-                }
-                nfin[i].score = nx[i].v;
-                nfin[i].slot = -1;
-            }
-            for (size_t j = 0; j < nb; j++) {
-                if (b->run[j].slot >= 0)
-                    lm->seq_free(lm->self, b->run[j].slot);
-                seq_clear(&b->run[j]);
-                seq_clear(&b->fin[j]);
-                b->run[j] = nrun[j];
-                b->fin[j] = nfin[j];
-                b->is_fin[j] = nis[j];
-                memset(&nrun[j], 0, sizeof nrun[j]);
-                memset(&nfin[j], 0, sizeof nfin[j]);
-                nrun[j].slot = nfin[j].slot = -1;
-            }
-            /* the early-stop heuristic, with the new length */
-            int64_t best_len = (o->early_stopping == TK_GEN_EARLY_NEVER && o->length_penalty > 0)
-                                   ? b->max_len - (int64_t)S[p].plen
-                                   : cur_len + 1 - (int64_t)S[p].plen;
-            float best_run = lp_div(b->run[0].score, best_len, o->length_penalty);
-            float worst = INFINITY;
-            for (size_t j = 0; j < nb; j++)
-                if (b->fin[j].score < worst)
-                    worst = b->fin[j].score;
-            int any = 0;
-            for (size_t j = 0; j < nb; j++)
-                any |= best_run > (b->is_fin[j] ? worst : -1.0e9f);
-            b->unsat = b->unsat && any;
-            int all_fin = 1;
-            for (size_t j = 0; j < nb; j++)
-                all_fin &= b->is_fin[j];
-            int open = !(all_fin && o->early_stopping == TK_GEN_EARLY_TRUE);
-            b->active = b->unsat && open && !all_hit;
-            if (!b->active) {
-                for (size_t j = 0; j < nb; j++)
-                    if (b->run[j].slot >= 0) {
-                        lm->seq_free(lm->self, b->run[j].slot);
-                        b->run[j].slot = -1;
-                    }
-                continue;
-            }
-            for (size_t j = 0; j < nb; j++) {
-                slots[nrows] = b->run[j].slot;
-                ids[nrows] = b->run[j].ids[b->run[j].n - 1];
-                cu[nrows + 1] = (int32_t)(nrows + 1);
-                nrows++;
-            }
+    return TK_OK;
+}
+
+/* One step's candidate selection for one prompt: the K best continuations of its beams (beam j's
+ * logits at lg + j * stride), which of them finish (eos, length, stop string), and the next running
+ * beams, the nb best that did not finish, in w->nrun (each with a fork of its parent's cache, unless
+ * every candidate finished). */
+static int beam_select(bwork *w, bstate *b, const tk_gen_lm *lm, const tk_gen_opts *o, const float *lg, size_t stride)
+{
+    const int64_t V = w->V;
+    const size_t nb = w->nb;
+    cand *c = w->c;
+    int rc;
+    size_t nc = 0;
+    for (size_t j = 0; j < nb; j++) {
+        memcpy(w->row, lg + j * stride, (size_t)V * sizeof *w->row);
+        tk_gen__log_softmax(w->row, V);
+        if ((rc = process_row(w->row, V, &b->run[j], o)))
+            return rc;
+        float sc = b->run[j].score;
+        for (int64_t v = 0; v < V; v++)
+            topk_insert(c, &nc, w->K, w->row[v] + sc, (int64_t)j * V + v);
+    }
+    w->nc = nc;
+    for (size_t j = 0; j < nc; j++) {
+        const gseq *src = &b->run[c[j].i / V];
+        w->why[j] = 0;
+        int h = beam_hit(lm, o, src, (int32_t)(c[j].i % V), b->max_len, &w->why[j]);
+        if (h < 0)
+            return h;
+        w->hit[j] = h;
+    }
+    w->all_hit = 1;
+    for (size_t j = 0; j < nc; j++)
+        w->all_hit &= w->hit[j];
+    /* the next running beams: the best candidates that did not finish */
+    size_t nn = 0;
+    for (size_t j = 0; j < nc; j++)
+        topk_insert(w->nx, &nn, nb, c[j].v + (w->hit[j] ? -1.0e9f : 0.0f), (int64_t)j);
+    for (size_t i = 0; i < nn; i++) {
+        const cand *cj = &c[w->nx[i].i];
+        const gseq *src = &b->run[cj->i / V];
+        seq_clear(&w->nrun[i]);
+        if ((rc = seq_copy(&w->nrun[i], src)) || (rc = seq_push(&w->nrun[i], (int32_t)(cj->i % V))))
+            return rc;
+        w->nrun[i].score = w->nx[i].v;
+        w->nrun[i].slot = -1;
+        if (!w->all_hit && (rc = lm->seq_fork(lm->self, &w->nrun[i].slot, src->slot)))
+            return rc;
+    }
+    return TK_OK;
+}
+
+/* The finished-hypothesis merge: the nb best of the old finished hypotheses and the candidates among
+ * the top nb that just finished (length-penalised at cur_len + 1 - plen), in w->nfin / w->nis. */
+static int beam_merge(bwork *w, const bstate *b, const tk_gen_opts *o, int64_t cur_len, size_t plen)
+{
+    const int64_t V = w->V;
+    const size_t nb = w->nb;
+    int rc;
+    int full = 1;
+    for (size_t j = 0; j < nb; j++)
+        full &= b->is_fin[j];
+    full &= o->early_stopping == TK_GEN_EARLY_TRUE;
+    size_t nm = 0;
+    for (size_t j = 0; j < nb; j++)
+        topk_insert(w->nx, &nm, nb, b->fin[j].score, (int64_t)j);
+    for (size_t j = 0; j < w->nc; j++) {
+        float f = lp_div(w->c[j].v, cur_len + 1 - (int64_t)plen, o->length_penalty);
+        f += full ? -1.0e9f : 0.0f;
+        f += b->unsat ? 0.0f : -1.0e9f;
+        f += (w->hit[j] && j < nb) ? 0.0f : -1.0e9f;
+        topk_insert(w->nx, &nm, nb, f, (int64_t)(nb + j));
+    }
+    for (size_t i = 0; i < nm; i++) {
+        gseq *nf = &w->nfin[i];
+        seq_clear(nf);
+        int64_t m = w->nx[i].i;
+        if (m < (int64_t)nb) {
+            if ((rc = seq_copy(nf, &b->fin[m])))
+                return rc;
+            w->nis[i] = b->is_fin[m];
+        } else {
+            const cand *cj = &w->c[m - (int64_t)nb];
+            if ((rc = seq_copy(nf, &b->run[cj->i / V])) || (rc = seq_push(nf, (int32_t)(cj->i % V))))
+                return rc;
+            w->nis[i] = w->hit[m - (int64_t)nb] && (size_t)(m - (int64_t)nb) < nb;
+            nf->end = w->why[m - (int64_t)nb];
         }
-        st->steps++;
-        st->decode_tokens += (int64_t)nrows;
-        first = 0;
-        if (nrows == 0)
+        nf->score = w->nx[i].v;
+        nf->slot = -1;
+    }
+    return TK_OK;
+}
+
+/* The new beams and hypotheses replace the old ones; then the early-stop heuristic, with the new
+ * length, decides whether the prompt goes on (b->active; its caches are freed when it does not). */
+static void beam_advance(bwork *w, bstate *b, const tk_gen_lm *lm, const tk_gen_opts *o, int64_t cur_len, size_t plen)
+{
+    const size_t nb = w->nb;
+    for (size_t j = 0; j < nb; j++) {
+        if (b->run[j].slot >= 0)
+            lm->seq_free(lm->self, b->run[j].slot);
+        seq_clear(&b->run[j]);
+        seq_clear(&b->fin[j]);
+        b->run[j] = w->nrun[j];
+        b->fin[j] = w->nfin[j];
+        b->is_fin[j] = w->nis[j];
+        memset(&w->nrun[j], 0, sizeof w->nrun[j]);
+        memset(&w->nfin[j], 0, sizeof w->nfin[j]);
+        w->nrun[j].slot = w->nfin[j].slot = -1;
+    }
+    int64_t best_len = (o->early_stopping == TK_GEN_EARLY_NEVER && o->length_penalty > 0)
+                           ? b->max_len - (int64_t)plen
+                           : cur_len + 1 - (int64_t)plen;
+    float best_run = lp_div(b->run[0].score, best_len, o->length_penalty);
+    float worst = INFINITY;
+    for (size_t j = 0; j < nb; j++)
+        if (b->fin[j].score < worst)
+            worst = b->fin[j].score;
+    int any = 0;
+    for (size_t j = 0; j < nb; j++)
+        any |= best_run > (b->is_fin[j] ? worst : -1.0e9f);
+    b->unsat = b->unsat && any;
+    int all_fin = 1;
+    for (size_t j = 0; j < nb; j++)
+        all_fin &= b->is_fin[j];
+    int open = !(all_fin && o->early_stopping == TK_GEN_EARLY_TRUE);
+    b->active = b->unsat && open && !w->all_hit;
+    if (!b->active)
+        for (size_t j = 0; j < nb; j++)
+            if (b->run[j].slot >= 0) {
+                lm->seq_free(lm->self, b->run[j].slot);
+                b->run[j].slot = -1;
+            }
+}
+
+/* Prompt p's answer: its best finished hypothesis, decoded, and streamed token by token. */
+static int beam_answer(gseq *Sp, size_t p, bstate *b, const tk_gen_lm *lm, const tk_gen_opts *o)
+{
+    gseq *best = &b->fin[0];
+    free(Sp->ids);
+    free(Sp->text);
+    Sp->ids = best->ids;
+    Sp->n = best->n;
+    Sp->cap = best->cap;
+    Sp->text = NULL;
+    Sp->score = best->score;
+    int32_t last = Sp->n > Sp->plen ? Sp->ids[Sp->n - 1] : -1;
+    Sp->end = is_eos(o, last) ? TK_GEN_END_EOS : best->end == TK_GEN_END_STOP ? TK_GEN_END_STOP : TK_GEN_END_LENGTH;
+    best->ids = NULL;
+    int rc = seq_decode(lm, Sp);
+    if (rc || !o->stream)
+        return rc;
+    gseq t = {0}; /* the winner, token by token */
+    t.plen = Sp->plen;
+    for (size_t i = 0; i < Sp->plen && !rc; i++)
+        rc = seq_push(&t, Sp->ids[i]);
+    for (size_t i = Sp->plen; i < Sp->n && !rc; i++) {
+        if ((rc = seq_push(&t, Sp->ids[i])) || (rc = seq_decode(lm, &t)))
             break;
-        if ((rc = lm->step(lm->self, slots, nrows, ids, cu, logits)))
-            goto done;
+        if (stream_token(o, p, &t, Sp->ids[i], i + 1 == Sp->n))
+            break;
     }
-    st->decode_ms += now_ms() - t0;
-    /* each prompt's answer: its best finished hypothesis */
-    for (size_t p = 0; p < np; p++) {
-        gseq *best = &B[p].fin[0];
-        free(S[p].ids);
-        free(S[p].text);
-        S[p].ids = best->ids;
-        S[p].n = best->n;
-        S[p].cap = best->cap;
-        S[p].text = NULL;
-        S[p].score = best->score;
-        int32_t last = S[p].n > S[p].plen ? S[p].ids[S[p].n - 1] : -1;
-        S[p].end = is_eos(o, last) ? TK_GEN_END_EOS : best->end == TK_GEN_END_STOP ? TK_GEN_END_STOP : TK_GEN_END_LENGTH;
-        best->ids = NULL;
-        if ((rc = seq_decode(lm, &S[p])))
-            goto done;
-        if (o->stream) { /* the winner, token by token */
-            gseq t = {0};
-            t.plen = S[p].plen;
-            for (size_t i = 0; i < S[p].plen && !rc; i++)
-                rc = seq_push(&t, S[p].ids[i]);
-            for (size_t i = S[p].plen; i < S[p].n && !rc; i++) {
-                if ((rc = seq_push(&t, S[p].ids[i])) || (rc = seq_decode(lm, &t)))
-                    break;
-                if (stream_token(o, p, &t, S[p].ids[i], i + 1 == S[p].n))
-                    break;
-            }
-            seq_clear(&t);
-            if (rc)
-                goto done;
-        }
-    }
-done:
+    seq_clear(&t);
+    return rc;
+}
+
+static void beam_free(bstate *B, size_t np, bwork *w, const tk_gen_lm *lm)
+{
+    const size_t nb = w->nb;
     for (size_t p = 0; B && p < np; p++) {
         for (size_t j = 0; j < nb; j++) {
             if (B[p].run && B[p].run[j].slot >= 0)
@@ -1376,26 +1381,106 @@ done:
         free(B[p].fin);
         free(B[p].is_fin);
     }
-    for (size_t j = 0; nrun && j < nb; j++) {
-        if (nrun[j].slot >= 0)
-            lm->seq_free(lm->self, nrun[j].slot);
-        seq_clear(&nrun[j]);
+    for (size_t j = 0; w->nrun && j < nb; j++) {
+        if (w->nrun[j].slot >= 0)
+            lm->seq_free(lm->self, w->nrun[j].slot);
+        seq_clear(&w->nrun[j]);
     }
-    for (size_t j = 0; nfin && j < nb; j++)
-        seq_clear(&nfin[j]);
+    for (size_t j = 0; w->nfin && j < nb; j++)
+        seq_clear(&w->nfin[j]);
     free(B);
-    free(slots);
-    free(cu);
-    free(ids);
-    free(logits);
-    free(row);
-    free(c);
-    free(nx);
-    free(hit);
-    free(why);
-    free(nrun);
-    free(nfin);
-    free(nis);
+    free(w->slots);
+    free(w->cu);
+    free(w->ids);
+    free(w->logits);
+    free(w->row);
+    free(w->c);
+    free(w->nx);
+    free(w->hit);
+    free(w->why);
+    free(w->nrun);
+    free(w->nfin);
+    free(w->nis);
+}
+
+static int run_beam(gseq *S, tk_gen_stats *st, const tk_gen_lm *lm, size_t np, int64_t *max_new, const tk_gen_opts *o)
+{
+    bwork w = {0};
+    w.V = lm->vocab;
+    w.nb = (size_t)o->num_beams;
+    w.K = (size_t)(o->n_eos + 1 > 2 ? o->n_eos + 1 : 2) * w.nb;
+    const int64_t V = w.V;
+    const size_t nb = w.nb, K = w.K;
+    int rc = TK_OK;
+    bstate *B = calloc(np, sizeof *B);
+    size_t tot = 0, maxrows = np * nb;
+    for (size_t p = 0; p < np; p++)
+        tot += S[p].n;
+    w.slots = malloc(maxrows * sizeof *w.slots);
+    w.cu = malloc((maxrows + 1) * sizeof *w.cu);
+    w.ids = malloc((tot > maxrows ? tot : maxrows) * sizeof *w.ids);
+    w.logits = malloc(maxrows * (size_t)V * sizeof *w.logits);
+    w.row = malloc((size_t)V * sizeof *w.row);
+    w.c = malloc(K * sizeof *w.c);
+    w.nx = malloc((nb + K) * sizeof *w.nx);
+    w.hit = malloc(K * sizeof *w.hit);
+    w.why = malloc(K * sizeof *w.why);
+    w.nrun = calloc(nb, sizeof *w.nrun);
+    w.nfin = calloc(nb, sizeof *w.nfin);
+    w.nis = calloc(nb, sizeof *w.nis);
+    if (!B || !w.slots || !w.cu || !w.ids || !w.logits || !w.row || !w.c || !w.nx || !w.hit || !w.why || !w.nrun ||
+        !w.nfin || !w.nis) {
+        rc = tk__err(TK_ERR_NOMEM, "generate: out of memory for %zu beams of %zu prompts", nb, np);
+        goto done;
+    }
+    for (size_t j = 0; j < nb; j++)
+        w.nrun[j].slot = w.nfin[j].slot = -1;
+    if ((rc = beam_prefill(&w, st, lm, S, np, tot)))
+        goto done;
+    double t0 = now_ms();
+    if ((rc = beam_init(B, S, lm, np, nb, max_new)))
+        goto done;
+    /* logits rows: after the prefill, row p serves every beam of prompt p */
+    int first = 1;
+    for (;;) {
+        size_t r = 0, nrows = 0;
+        for (size_t p = 0; p < np; p++) {
+            bstate *b = &B[p];
+            if (!b->active)
+                continue;
+            int64_t cur_len = (int64_t)b->run[0].n;
+            const float *lg = w.logits + (first ? p : r) * (size_t)V;
+            if ((rc = beam_select(&w, b, lm, o, lg, first ? 0 : (size_t)V)))
+                goto done;
+            if (!first)
+                r += nb;
+            if ((rc = beam_merge(&w, b, o, cur_len, S[p].plen)))
+                goto done;
+            beam_advance(&w, b, lm, o, cur_len, S[p].plen);
+            if (!b->active)
+                continue;
+            for (size_t j = 0; j < nb; j++) {
+                w.slots[nrows] = b->run[j].slot;
+                w.ids[nrows] = b->run[j].ids[b->run[j].n - 1];
+                w.cu[nrows + 1] = (int32_t)(nrows + 1);
+                nrows++;
+            }
+        }
+        st->steps++;
+        st->decode_tokens += (int64_t)nrows;
+        first = 0;
+        if (nrows == 0)
+            break;
+        if ((rc = lm->step(lm->self, w.slots, nrows, w.ids, w.cu, w.logits)))
+            goto done;
+    }
+    st->decode_ms += now_ms() - t0;
+    /* each prompt's answer: its best finished hypothesis */
+    for (size_t p = 0; p < np; p++)
+        if ((rc = beam_answer(&S[p], p, &B[p], lm, o)))
+            goto done;
+done:
+    beam_free(B, np, &w, lm);
     return rc;
 }
 
