@@ -1,7 +1,7 @@
 /*
  * generate.c — text generation over the model pipelines: logits processors with transformers'
- * GenerationConfig semantics, the strategies (greedy, sampling, beam search), the paged KV cache,
- * streaming and batching.
+ * GenerationConfig semantics, the strategies (greedy, sampling, beam search), streaming and batching,
+ * over the paged KV cache of models/kv_cache.c.
  *
  * The logits processors follow transformers' LogitsProcessor classes one by one (generation/
  * logits_process.py) in f32, in the order generate() applies them: repetition penalty, no-repeat
@@ -17,6 +17,7 @@
 #include <string.h>
 
 #include "models/generate.h"
+#include "models/kv_cache.h"
 #include "models/models.h"
 
 /* ---- logits processors ------------------------------------------------------------------------ */
@@ -584,7 +585,7 @@ typedef struct eseq {
 
 typedef struct {
     tk_gen_lm lm;
-    tk_gen_kv *kv;        /* the KV cache, for the prefix cache (NULL: none) */
+    tk_kv *kv;        /* the KV cache, for the prefix cache (NULL: none) */
     int64_t max_step_tokens;
     int prefix_cache;
     eseq **s;             /* active, in arrival order */
@@ -695,7 +696,7 @@ static int eng_add(engine *E, int64_t *first, const int32_t *prompt, size_t len,
             if ((rc = E->lm.seq_new(E->lm.self, &e->g.slot)) != TK_OK)
                 goto fail;
             if (E->kv && E->prefix_cache)
-                e->fed = e->cached = tk_gen__kv_pc_match(E->kv, e->g.slot, prompt, len, (int64_t)len - 1);
+                e->fed = e->cached = tk_kv__pc_match(E->kv, e->g.slot, prompt, len, (int64_t)len - 1);
         } else {
             e->state = S_WAIT;
             e->leader = lead;
@@ -739,7 +740,7 @@ static int eng_retire(engine *E, size_t i)
         }
     }
     if (E->kv && E->prefix_cache && e->g.slot >= 0 && e->fed > 0)
-        tk_gen__kv_pc_insert(E->kv, e->g.slot, e->g.ids, (size_t)e->fed); /* best effort: a full cache keeps less */
+        tk_kv__pc_insert(E->kv, e->g.slot, e->g.ids, (size_t)e->fed); /* best effort: a full cache keeps less */
     if (e->g.slot >= 0) {
         E->lm.seq_free(E->lm.self, e->g.slot);
         e->g.slot = -1;
@@ -939,7 +940,7 @@ static int eng_step(engine *E, const tk_gen_event **events, size_t *nevents)
             continue;
         e->state = S_DECODE;
         if (E->kv && E->prefix_cache)
-            tk_gen__kv_pc_insert(E->kv, e->g.slot, e->g.ids, e->g.plen);
+            tk_kv__pc_insert(E->kv, e->g.slot, e->g.ids, e->g.plen);
         E->cached_tokens += e->cached;
         rs[nready] = e;
         rrow[nready++] = k;
@@ -1125,45 +1126,49 @@ static int beam_hit(const tk_gen_lm *lm, const tk_gen_opts *o, const gseq *b, in
     return 0;
 }
 
-static int run_beam(gseq *S, tk_gen_stats *st, const tk_gen_lm *lm, size_t np, int64_t *max_new, const tk_gen_opts *o)
+/* run_beam's buffers: the packed step input (slots, cu, ids) and its logits, one prompt's candidates
+ * (c: the K best (score, beam * V + token); hit/why: whether and why each one finished) and the next
+ * running beams and finished hypotheses being built (nrun, nfin, nis), reused from prompt to prompt. */
+typedef struct {
+    int64_t V;
+    size_t nb, K;
+    int32_t *slots, *cu, *ids;
+    float *logits, *row;
+    cand *c, *nx;
+    int *hit, *why;
+    gseq *nrun, *nfin;
+    int *nis;
+    size_t nc;   /* candidates in c */
+    int all_hit; /* every candidate finished */
+} bwork;
+
+/* Prefill: each prompt once, one row of logits each, before beam_init forks the prompt's cache into
+ * its beams. Not shared with greedy and sampling: they prefill inside the step engine (eng_add and
+ * eng_step: the prefix cache, prompts joining a running batch, a prompt's followers), which beam search
+ * does not run through. */
+static int beam_prefill(bwork *w, tk_gen_stats *st, const tk_gen_lm *lm, const gseq *S, size_t np, size_t tot)
 {
-    const int64_t V = lm->vocab;
-    const size_t nb = (size_t)o->num_beams;
-    const size_t K = (size_t)(o->n_eos + 1 > 2 ? o->n_eos + 1 : 2) * nb;
-    int rc = TK_OK;
-    bstate *B = calloc(np, sizeof *B);
-    size_t tot = 0, maxrows = np * nb;
-    for (size_t p = 0; p < np; p++)
-        tot += S[p].n;
-    int32_t *slots = malloc(maxrows * sizeof *slots), *cu = malloc((maxrows + 1) * sizeof *cu);
-    int32_t *ids = malloc((tot > maxrows ? tot : maxrows) * sizeof *ids);
-    float *logits = malloc(maxrows * (size_t)V * sizeof *logits), *row = malloc((size_t)V * sizeof *row);
-    cand *c = malloc(K * sizeof *c), *nx = malloc((nb + K) * sizeof *nx);
-    int *hit = malloc(K * sizeof *hit), *why = malloc(K * sizeof *why);
-    gseq *nrun = calloc(nb, sizeof *nrun), *nfin = calloc(nb, sizeof *nfin);
-    int *nis = calloc(nb, sizeof *nis);
-    if (!B || !slots || !cu || !ids || !logits || !row || !c || !nx || !hit || !why || !nrun || !nfin || !nis) {
-        rc = tk__err(TK_ERR_NOMEM, "generate: out of memory for %zu beams of %zu prompts", nb, np);
-        goto done;
-    }
-    for (size_t j = 0; j < nb; j++)
-        nrun[j].slot = nfin[j].slot = -1;
-    /* prefill each prompt once */
     size_t pos = 0;
-    cu[0] = 0;
+    w->cu[0] = 0;
     for (size_t p = 0; p < np; p++) {
-        slots[p] = S[p].slot;
-        memcpy(ids + pos, S[p].ids, S[p].n * sizeof *ids);
+        w->slots[p] = S[p].slot;
+        memcpy(w->ids + pos, S[p].ids, S[p].n * sizeof *w->ids);
         pos += S[p].n;
-        cu[p + 1] = (int32_t)pos;
+        w->cu[p + 1] = (int32_t)pos;
     }
     double t0 = now_ms();
-    if ((rc = lm->step(lm->self, slots, np, ids, cu, logits)))
-        goto done;
+    int rc = lm->step(lm->self, w->slots, np, w->ids, w->cu, w->logits);
+    if (rc)
+        return rc;
     st->prefill_ms += now_ms() - t0;
     st->prefill_tokens += (int64_t)tot;
-    t0 = now_ms();
-    /* the running beams: the prompt nb times (beam 0 scores 0, the others -1e9), sharing its cache */
+    return TK_OK;
+}
+
+/* The running beams: the prompt nb times (beam 0 scores 0, the others -1e9), sharing its cache. */
+static int beam_init(bstate *B, gseq *S, const tk_gen_lm *lm, size_t np, size_t nb, const int64_t *max_new)
+{
+    int rc;
     for (size_t p = 0; p < np; p++) {
         bstate *b = &B[p];
         b->run = calloc(nb, sizeof *b->run);
@@ -1175,15 +1180,13 @@ static int run_beam(gseq *S, tk_gen_stats *st, const tk_gen_lm *lm, size_t np, i
             if (b->fin)
                 b->fin[j].slot = -1;
         }
-        if (!b->run || !b->fin || !b->is_fin) {
-            rc = tk__err(TK_ERR_NOMEM, "generate: out of memory for beams");
-            goto done;
-        }
+        if (!b->run || !b->fin || !b->is_fin)
+            return tk__err(TK_ERR_NOMEM, "generate: out of memory for beams");
         b->unsat = b->active = 1;
         b->max_len = (int64_t)S[p].plen + max_new[p];
         for (size_t j = 0; j < nb; j++) {
             if ((rc = seq_copy(&b->run[j], &S[p])) || (rc = seq_copy(&b->fin[j], &S[p])))
-                goto done;
+                return rc;
             b->run[j].score = j ? -1e9f : 0.0f;
             b->fin[j].score = -1e9f;
             b->run[j].slot = b->fin[j].slot = -1;
@@ -1192,176 +1195,179 @@ static int run_beam(gseq *S, tk_gen_stats *st, const tk_gen_lm *lm, size_t np, i
         S[p].slot = -1; /* the beams own it now */
         for (size_t j = 1; j < nb; j++)
             if ((rc = lm->seq_fork(lm->self, &b->run[j].slot, b->run[0].slot)))
-                goto done;
+                return rc;
     }
-    /* logits rows: after the prefill, row p serves every beam of prompt p */
-    int first = 1;
-    for (;;) {
-        size_t r = 0, nrows = 0;
-        for (size_t p = 0; p < np; p++) {
-            bstate *b = &B[p];
-            if (!b->active)
-                continue;
-            int64_t cur_len = (int64_t)b->run[0].n;
-            size_t nc = 0;
-            for (size_t j = 0; j < nb; j++) {
-                memcpy(row, logits + (first ? p : r + j) * (size_t)V, (size_t)V * sizeof *row);
-                tk_gen__log_softmax(row, V);
-                if ((rc = process_row(row, V, &b->run[j], o)))
-                    goto done;
-                float sc = b->run[j].score;
-                for (int64_t v = 0; v < V; v++)
-                    topk_insert(c, &nc, K, row[v] + sc, (int64_t)j * V + v);
-            }
-            if (!first)
-                r += nb;
-            for (size_t j = 0; j < nc; j++) {
-                const gseq *src = &b->run[c[j].i / V];
-                why[j] = 0;
-                int h = beam_hit(lm, o, src, (int32_t)(c[j].i % V), b->max_len, &why[j]);
-                if (h < 0) {
-                    rc = h;
-                    goto done;
-                }
-                hit[j] = h;
-            }
-            int all_hit = 1;
-            for (size_t j = 0; j < nc; j++)
-                all_hit &= hit[j];
-            /* the next running beams: the best candidates that did not finish */
-            size_t nn = 0;
-            for (size_t j = 0; j < nc; j++)
-                topk_insert(nx, &nn, nb, c[j].v + (hit[j] ? -1.0e9f : 0.0f), (int64_t)j);
-            for (size_t i = 0; i < nn; i++) {
-                const cand *cj = &c[nx[i].i];
-                const gseq *src = &b->run[cj->i / V];
-                seq_clear(&nrun[i]);
-                if ((rc = seq_copy(&nrun[i], src)) || (rc = seq_push(&nrun[i], (int32_t)(cj->i % V))))
-                    goto done;
-                nrun[i].score = nx[i].v;
-                nrun[i].slot = -1;
-                if (!all_hit && (rc = lm->seq_fork(lm->self, &nrun[i].slot, src->slot)))
-                    goto done;
-            }
-            /* the finished hypotheses: the old ones and the top-nb candidates that just finished */
-            int full = 1;
-            for (size_t j = 0; j < nb; j++)
-                full &= b->is_fin[j];
-            full &= o->early_stopping == TK_GEN_EARLY_TRUE;
-            size_t nm = 0;
-            for (size_t j = 0; j < nb; j++)
-                topk_insert(nx, &nm, nb, b->fin[j].score, (int64_t)j);
-            for (size_t j = 0; j < nc; j++) {
-                float f = lp_div(c[j].v, cur_len + 1 - (int64_t)S[p].plen, o->length_penalty);
-                f += full ? -1.0e9f : 0.0f;
-                f += b->unsat ? 0.0f : -1.0e9f;
-                f += (hit[j] && j < nb) ? 0.0f : -1.0e9f;
-                topk_insert(nx, &nm, nb, f, (int64_t)(nb + j));
-            }
-            for (size_t i = 0; i < nm; i++) {
-                seq_clear(&nfin[i]);
-                int64_t m = nx[i].i;
-                if (m < (int64_t)nb) {
-                    if ((rc = seq_copy(&nfin[i], &b->fin[m])))
-                        goto done;
-                    nis[i] = b->is_fin[m];
-                } else {
-                    const cand *cj = &c[m - (int64_t)nb];
-                    if ((rc = seq_copy(&nfin[i], &b->run[cj->i / V])) ||
-                        (rc = seq_push(&nfin[i], (int32_t)(cj->i % V))))
-                        goto done;
-                    nis[i] = hit[m - (int64_t)nb] && (size_t)(m - (int64_t)nb) < nb;
-                    nfin[i].end = why[m - (int64_t)nb];
-                }
-                nfin[i].score = nx[i].v;
-                nfin[i].slot = -1;
-            }
-            for (size_t j = 0; j < nb; j++) {
-                if (b->run[j].slot >= 0)
-                    lm->seq_free(lm->self, b->run[j].slot);
-                seq_clear(&b->run[j]);
-                seq_clear(&b->fin[j]);
-                b->run[j] = nrun[j];
-                b->fin[j] = nfin[j];
-                b->is_fin[j] = nis[j];
-                memset(&nrun[j], 0, sizeof nrun[j]);
-                memset(&nfin[j], 0, sizeof nfin[j]);
-                nrun[j].slot = nfin[j].slot = -1;
-            }
-            /* the early-stop heuristic, with the new length */
-            int64_t best_len = (o->early_stopping == TK_GEN_EARLY_NEVER && o->length_penalty > 0)
-                                   ? b->max_len - (int64_t)S[p].plen
-                                   : cur_len + 1 - (int64_t)S[p].plen;
-            float best_run = lp_div(b->run[0].score, best_len, o->length_penalty);
-            float worst = INFINITY;
-            for (size_t j = 0; j < nb; j++)
-                if (b->fin[j].score < worst)
-                    worst = b->fin[j].score;
-            int any = 0;
-            for (size_t j = 0; j < nb; j++)
-                any |= best_run > (b->is_fin[j] ? worst : -1.0e9f);
-            b->unsat = b->unsat && any;
-            int all_fin = 1;
-            for (size_t j = 0; j < nb; j++)
-                all_fin &= b->is_fin[j];
-            int open = !(all_fin && o->early_stopping == TK_GEN_EARLY_TRUE);
-            b->active = b->unsat && open && !all_hit;
-            if (!b->active) {
-                for (size_t j = 0; j < nb; j++)
-                    if (b->run[j].slot >= 0) {
-                        lm->seq_free(lm->self, b->run[j].slot);
-                        b->run[j].slot = -1;
-                    }
-                continue;
-            }
-            for (size_t j = 0; j < nb; j++) {
-                slots[nrows] = b->run[j].slot;
-                ids[nrows] = b->run[j].ids[b->run[j].n - 1];
-                cu[nrows + 1] = (int32_t)(nrows + 1);
-                nrows++;
-            }
+    return TK_OK;
+}
+
+/* One step's candidate selection for one prompt: the K best continuations of its beams (beam j's
+ * logits at lg + j * stride), which of them finish (eos, length, stop string), and the next running
+ * beams, the nb best that did not finish, in w->nrun (each with a fork of its parent's cache, unless
+ * every candidate finished). */
+static int beam_select(bwork *w, bstate *b, const tk_gen_lm *lm, const tk_gen_opts *o, const float *lg, size_t stride)
+{
+    const int64_t V = w->V;
+    const size_t nb = w->nb;
+    cand *c = w->c;
+    int rc;
+    size_t nc = 0;
+    for (size_t j = 0; j < nb; j++) {
+        memcpy(w->row, lg + j * stride, (size_t)V * sizeof *w->row);
+        tk_gen__log_softmax(w->row, V);
+        if ((rc = process_row(w->row, V, &b->run[j], o)))
+            return rc;
+        float sc = b->run[j].score;
+        for (int64_t v = 0; v < V; v++)
+            topk_insert(c, &nc, w->K, w->row[v] + sc, (int64_t)j * V + v);
+    }
+    w->nc = nc;
+    for (size_t j = 0; j < nc; j++) {
+        const gseq *src = &b->run[c[j].i / V];
+        w->why[j] = 0;
+        int h = beam_hit(lm, o, src, (int32_t)(c[j].i % V), b->max_len, &w->why[j]);
+        if (h < 0)
+            return h;
+        w->hit[j] = h;
+    }
+    w->all_hit = 1;
+    for (size_t j = 0; j < nc; j++)
+        w->all_hit &= w->hit[j];
+    /* the next running beams: the best candidates that did not finish */
+    size_t nn = 0;
+    for (size_t j = 0; j < nc; j++)
+        topk_insert(w->nx, &nn, nb, c[j].v + (w->hit[j] ? -1.0e9f : 0.0f), (int64_t)j);
+    for (size_t i = 0; i < nn; i++) {
+        const cand *cj = &c[w->nx[i].i];
+        const gseq *src = &b->run[cj->i / V];
+        seq_clear(&w->nrun[i]);
+        if ((rc = seq_copy(&w->nrun[i], src)) || (rc = seq_push(&w->nrun[i], (int32_t)(cj->i % V))))
+            return rc;
+        w->nrun[i].score = w->nx[i].v;
+        w->nrun[i].slot = -1;
+        if (!w->all_hit && (rc = lm->seq_fork(lm->self, &w->nrun[i].slot, src->slot)))
+            return rc;
+    }
+    return TK_OK;
+}
+
+/* The finished-hypothesis merge: the nb best of the old finished hypotheses and the candidates among
+ * the top nb that just finished (length-penalised at cur_len + 1 - plen), in w->nfin / w->nis. */
+static int beam_merge(bwork *w, const bstate *b, const tk_gen_opts *o, int64_t cur_len, size_t plen)
+{
+    const int64_t V = w->V;
+    const size_t nb = w->nb;
+    int rc;
+    int full = 1;
+    for (size_t j = 0; j < nb; j++)
+        full &= b->is_fin[j];
+    full &= o->early_stopping == TK_GEN_EARLY_TRUE;
+    size_t nm = 0;
+    for (size_t j = 0; j < nb; j++)
+        topk_insert(w->nx, &nm, nb, b->fin[j].score, (int64_t)j);
+    for (size_t j = 0; j < w->nc; j++) {
+        float f = lp_div(w->c[j].v, cur_len + 1 - (int64_t)plen, o->length_penalty);
+        f += full ? -1.0e9f : 0.0f;
+        f += b->unsat ? 0.0f : -1.0e9f;
+        f += (w->hit[j] && j < nb) ? 0.0f : -1.0e9f;
+        topk_insert(w->nx, &nm, nb, f, (int64_t)(nb + j));
+    }
+    for (size_t i = 0; i < nm; i++) {
+        gseq *nf = &w->nfin[i];
+        seq_clear(nf);
+        int64_t m = w->nx[i].i;
+        if (m < (int64_t)nb) {
+            if ((rc = seq_copy(nf, &b->fin[m])))
+                return rc;
+            w->nis[i] = b->is_fin[m];
+        } else {
+            const cand *cj = &w->c[m - (int64_t)nb];
+            if ((rc = seq_copy(nf, &b->run[cj->i / V])) || (rc = seq_push(nf, (int32_t)(cj->i % V))))
+                return rc;
+            w->nis[i] = w->hit[m - (int64_t)nb] && (size_t)(m - (int64_t)nb) < nb;
+            nf->end = w->why[m - (int64_t)nb];
         }
-        st->steps++;
-        st->decode_tokens += (int64_t)nrows;
-        first = 0;
-        if (nrows == 0)
+        nf->score = w->nx[i].v;
+        nf->slot = -1;
+    }
+    return TK_OK;
+}
+
+/* The new beams and hypotheses replace the old ones; then the early-stop heuristic, with the new
+ * length, decides whether the prompt goes on (b->active; its caches are freed when it does not). */
+static void beam_advance(bwork *w, bstate *b, const tk_gen_lm *lm, const tk_gen_opts *o, int64_t cur_len, size_t plen)
+{
+    const size_t nb = w->nb;
+    for (size_t j = 0; j < nb; j++) {
+        if (b->run[j].slot >= 0)
+            lm->seq_free(lm->self, b->run[j].slot);
+        seq_clear(&b->run[j]);
+        seq_clear(&b->fin[j]);
+        b->run[j] = w->nrun[j];
+        b->fin[j] = w->nfin[j];
+        b->is_fin[j] = w->nis[j];
+        memset(&w->nrun[j], 0, sizeof w->nrun[j]);
+        memset(&w->nfin[j], 0, sizeof w->nfin[j]);
+        w->nrun[j].slot = w->nfin[j].slot = -1;
+    }
+    int64_t best_len = (o->early_stopping == TK_GEN_EARLY_NEVER && o->length_penalty > 0)
+                           ? b->max_len - (int64_t)plen
+                           : cur_len + 1 - (int64_t)plen;
+    float best_run = lp_div(b->run[0].score, best_len, o->length_penalty);
+    float worst = INFINITY;
+    for (size_t j = 0; j < nb; j++)
+        if (b->fin[j].score < worst)
+            worst = b->fin[j].score;
+    int any = 0;
+    for (size_t j = 0; j < nb; j++)
+        any |= best_run > (b->is_fin[j] ? worst : -1.0e9f);
+    b->unsat = b->unsat && any;
+    int all_fin = 1;
+    for (size_t j = 0; j < nb; j++)
+        all_fin &= b->is_fin[j];
+    int open = !(all_fin && o->early_stopping == TK_GEN_EARLY_TRUE);
+    b->active = b->unsat && open && !w->all_hit;
+    if (!b->active)
+        for (size_t j = 0; j < nb; j++)
+            if (b->run[j].slot >= 0) {
+                lm->seq_free(lm->self, b->run[j].slot);
+                b->run[j].slot = -1;
+            }
+}
+
+/* Prompt p's answer: its best finished hypothesis, decoded, and streamed token by token. */
+static int beam_answer(gseq *Sp, size_t p, bstate *b, const tk_gen_lm *lm, const tk_gen_opts *o)
+{
+    gseq *best = &b->fin[0];
+    free(Sp->ids);
+    free(Sp->text);
+    Sp->ids = best->ids;
+    Sp->n = best->n;
+    Sp->cap = best->cap;
+    Sp->text = NULL;
+    Sp->score = best->score;
+    int32_t last = Sp->n > Sp->plen ? Sp->ids[Sp->n - 1] : -1;
+    Sp->end = is_eos(o, last) ? TK_GEN_END_EOS : best->end == TK_GEN_END_STOP ? TK_GEN_END_STOP : TK_GEN_END_LENGTH;
+    best->ids = NULL;
+    int rc = seq_decode(lm, Sp);
+    if (rc || !o->stream)
+        return rc;
+    gseq t = {0}; /* the winner, token by token */
+    t.plen = Sp->plen;
+    for (size_t i = 0; i < Sp->plen && !rc; i++)
+        rc = seq_push(&t, Sp->ids[i]);
+    for (size_t i = Sp->plen; i < Sp->n && !rc; i++) {
+        if ((rc = seq_push(&t, Sp->ids[i])) || (rc = seq_decode(lm, &t)))
             break;
-        if ((rc = lm->step(lm->self, slots, nrows, ids, cu, logits)))
-            goto done;
+        if (stream_token(o, p, &t, Sp->ids[i], i + 1 == Sp->n))
+            break;
     }
-    st->decode_ms += now_ms() - t0;
-    /* each prompt's answer: its best finished hypothesis */
-    for (size_t p = 0; p < np; p++) {
-        gseq *best = &B[p].fin[0];
-        free(S[p].ids);
-        free(S[p].text);
-        S[p].ids = best->ids;
-        S[p].n = best->n;
-        S[p].cap = best->cap;
-        S[p].text = NULL;
-        S[p].score = best->score;
-        int32_t last = S[p].n > S[p].plen ? S[p].ids[S[p].n - 1] : -1;
-        S[p].end = is_eos(o, last) ? TK_GEN_END_EOS : best->end == TK_GEN_END_STOP ? TK_GEN_END_STOP : TK_GEN_END_LENGTH;
-        best->ids = NULL;
-        if ((rc = seq_decode(lm, &S[p])))
-            goto done;
-        if (o->stream) { /* the winner, token by token */
-            gseq t = {0};
-            t.plen = S[p].plen;
-            for (size_t i = 0; i < S[p].plen && !rc; i++)
-                rc = seq_push(&t, S[p].ids[i]);
-            for (size_t i = S[p].plen; i < S[p].n && !rc; i++) {
-                if ((rc = seq_push(&t, S[p].ids[i])) || (rc = seq_decode(lm, &t)))
-                    break;
-                if (stream_token(o, p, &t, S[p].ids[i], i + 1 == S[p].n))
-                    break;
-            }
-            seq_clear(&t);
-            if (rc)
-                goto done;
-        }
-    }
-done:
+    seq_clear(&t);
+    return rc;
+}
+
+static void beam_free(bstate *B, size_t np, bwork *w, const tk_gen_lm *lm)
+{
+    const size_t nb = w->nb;
     for (size_t p = 0; B && p < np; p++) {
         for (size_t j = 0; j < nb; j++) {
             if (B[p].run && B[p].run[j].slot >= 0)
@@ -1375,26 +1381,106 @@ done:
         free(B[p].fin);
         free(B[p].is_fin);
     }
-    for (size_t j = 0; nrun && j < nb; j++) {
-        if (nrun[j].slot >= 0)
-            lm->seq_free(lm->self, nrun[j].slot);
-        seq_clear(&nrun[j]);
+    for (size_t j = 0; w->nrun && j < nb; j++) {
+        if (w->nrun[j].slot >= 0)
+            lm->seq_free(lm->self, w->nrun[j].slot);
+        seq_clear(&w->nrun[j]);
     }
-    for (size_t j = 0; nfin && j < nb; j++)
-        seq_clear(&nfin[j]);
+    for (size_t j = 0; w->nfin && j < nb; j++)
+        seq_clear(&w->nfin[j]);
     free(B);
-    free(slots);
-    free(cu);
-    free(ids);
-    free(logits);
-    free(row);
-    free(c);
-    free(nx);
-    free(hit);
-    free(why);
-    free(nrun);
-    free(nfin);
-    free(nis);
+    free(w->slots);
+    free(w->cu);
+    free(w->ids);
+    free(w->logits);
+    free(w->row);
+    free(w->c);
+    free(w->nx);
+    free(w->hit);
+    free(w->why);
+    free(w->nrun);
+    free(w->nfin);
+    free(w->nis);
+}
+
+static int run_beam(gseq *S, tk_gen_stats *st, const tk_gen_lm *lm, size_t np, int64_t *max_new, const tk_gen_opts *o)
+{
+    bwork w = {0};
+    w.V = lm->vocab;
+    w.nb = (size_t)o->num_beams;
+    w.K = (size_t)(o->n_eos + 1 > 2 ? o->n_eos + 1 : 2) * w.nb;
+    const int64_t V = w.V;
+    const size_t nb = w.nb, K = w.K;
+    int rc = TK_OK;
+    bstate *B = calloc(np, sizeof *B);
+    size_t tot = 0, maxrows = np * nb;
+    for (size_t p = 0; p < np; p++)
+        tot += S[p].n;
+    w.slots = malloc(maxrows * sizeof *w.slots);
+    w.cu = malloc((maxrows + 1) * sizeof *w.cu);
+    w.ids = malloc((tot > maxrows ? tot : maxrows) * sizeof *w.ids);
+    w.logits = malloc(maxrows * (size_t)V * sizeof *w.logits);
+    w.row = malloc((size_t)V * sizeof *w.row);
+    w.c = malloc(K * sizeof *w.c);
+    w.nx = malloc((nb + K) * sizeof *w.nx);
+    w.hit = malloc(K * sizeof *w.hit);
+    w.why = malloc(K * sizeof *w.why);
+    w.nrun = calloc(nb, sizeof *w.nrun);
+    w.nfin = calloc(nb, sizeof *w.nfin);
+    w.nis = calloc(nb, sizeof *w.nis);
+    if (!B || !w.slots || !w.cu || !w.ids || !w.logits || !w.row || !w.c || !w.nx || !w.hit || !w.why || !w.nrun ||
+        !w.nfin || !w.nis) {
+        rc = tk__err(TK_ERR_NOMEM, "generate: out of memory for %zu beams of %zu prompts", nb, np);
+        goto done;
+    }
+    for (size_t j = 0; j < nb; j++)
+        w.nrun[j].slot = w.nfin[j].slot = -1;
+    if ((rc = beam_prefill(&w, st, lm, S, np, tot)))
+        goto done;
+    double t0 = now_ms();
+    if ((rc = beam_init(B, S, lm, np, nb, max_new)))
+        goto done;
+    /* logits rows: after the prefill, row p serves every beam of prompt p */
+    int first = 1;
+    for (;;) {
+        size_t r = 0, nrows = 0;
+        for (size_t p = 0; p < np; p++) {
+            bstate *b = &B[p];
+            if (!b->active)
+                continue;
+            int64_t cur_len = (int64_t)b->run[0].n;
+            const float *lg = w.logits + (first ? p : r) * (size_t)V;
+            if ((rc = beam_select(&w, b, lm, o, lg, first ? 0 : (size_t)V)))
+                goto done;
+            if (!first)
+                r += nb;
+            if ((rc = beam_merge(&w, b, o, cur_len, S[p].plen)))
+                goto done;
+            beam_advance(&w, b, lm, o, cur_len, S[p].plen);
+            if (!b->active)
+                continue;
+            for (size_t j = 0; j < nb; j++) {
+                w.slots[nrows] = b->run[j].slot;
+                w.ids[nrows] = b->run[j].ids[b->run[j].n - 1];
+                w.cu[nrows + 1] = (int32_t)(nrows + 1);
+                nrows++;
+            }
+        }
+        st->steps++;
+        st->decode_tokens += (int64_t)nrows;
+        first = 0;
+        if (nrows == 0)
+            break;
+        if ((rc = lm->step(lm->self, w.slots, nrows, w.ids, w.cu, w.logits)))
+            goto done;
+    }
+    st->decode_ms += now_ms() - t0;
+    /* each prompt's answer: its best finished hypothesis */
+    for (size_t p = 0; p < np; p++)
+        if ((rc = beam_answer(&S[p], p, &B[p], lm, o)))
+            goto done;
+done:
+    beam_free(B, np, &w, lm);
     return rc;
 }
 
@@ -1476,511 +1562,11 @@ void tk_gen__seq_free(tk_gen_seq *s)
     memset(s, 0, sizeof *s);
 }
 
-/* ---- the paged KV cache ----------------------------------------------------------------------- */
-
-/* One full block of some prompt: the chained hash of its tokens and all before (FNV-1a 64 over the
- * parent's hash and the block's tokens), the tokens themselves (compared on a hash match), and the
- * block, on which the entry holds a reference. */
-typedef struct tk_gen_pce {
-    uint64_t hash, parent, used;
-    int32_t block;
-    int32_t *toks;
-} tk_gen_pce;
-
-
-static size_t kv_layer_block_bytes(const tk_gen_kv *kv)
-{
-    return (size_t)(kv->block_size * kv->heads * kv->head_dim) * (kv->dtype.bits / 8u);
-}
-
-int64_t tk_gen__kv_block_bytes(const tk_gen_kv *kv) { return (int64_t)kv_layer_block_bytes(kv) * 2 * kv->layers; }
-
-static void kv_mem_free(const tk_gen_kv *kv, void *p)
-{
-    if (!p)
-        return;
-    if (kv->dev_type == TK_DEV_CUDA)
-        tk_device_free(p, kv->dev_id);
-    else
-        free(p);
-}
-
-int tk_gen__kv_new(tk_gen_kv **out, int64_t layers, int64_t heads, int64_t head_dim, tk_dtype dtype,
-                   int64_t block_size, int64_t max_bytes, int dev_type, int dev_id)
-{
-    *out = NULL;
-    if (block_size < 8 || block_size > 256 || (block_size & (block_size - 1)))
-        return tk__err(TK_ERR_INVALID, "KV cache: block size %lld tokens, want a power of two from 8 to 256 (what "
-                       "attention_decode takes)", (long long)block_size);
-    int quant = dtype.code == TK_DL_INT || dtype.code == TK_DL_FLOAT8_E4M3FN;
-    tk_gen_kv *kv = calloc(1, sizeof *kv);
-    if (!kv)
-        return tk__err(TK_ERR_NOMEM, "KV cache: out of memory");
-    kv->dev_type = dev_type;
-    kv->dev_id = dev_id;
-    kv->layers = layers;
-    kv->heads = heads;
-    kv->head_dim = head_dim;
-    kv->block_size = block_size;
-    kv->dtype = dtype;
-    kv->quant = quant;
-    int rc = TK_OK;
-    int64_t bb = tk_gen__kv_block_bytes(kv);
-    if (max_bytes > 0) {
-        kv->max_blocks = max_bytes / bb;
-        if (kv->max_blocks < 1) {
-            rc = tk__err(TK_ERR_INVALID, "KV cache: kv_max_bytes %lld is less than one block (%lld bytes: %lld "
-                         "tokens x %lld layers x K and V x %lld heads x %lld dims in %s)",
-                         (long long)max_bytes, (long long)bb, (long long)block_size, (long long)layers,
-                         (long long)heads, (long long)head_dim, tk_dtype_name(dtype));
-            goto fail;
-        }
-    }
-    kv->k = calloc((size_t)layers, sizeof *kv->k);
-    kv->v = calloc((size_t)layers, sizeof *kv->v);
-    if (!kv->k || !kv->v) {
-        rc = tk__err(TK_ERR_NOMEM, "KV cache: out of memory");
-        goto fail;
-    }
-    if (quant) {
-        size_t sb = (size_t)(layers * 2 * heads) * sizeof(float);
-        if (!(kv->calibrated = calloc((size_t)layers, 1))) {
-            rc = tk__err(TK_ERR_NOMEM, "KV cache: out of memory");
-            goto fail;
-        }
-        rc = dev_type == TK_DEV_CUDA ? tk_device_alloc((void **)&kv->scales, dev_id, sb)
-                                     : ((kv->scales = malloc(sb)) ? TK_OK : tk__err(TK_ERR_NOMEM, "out of memory"));
-        if (rc)
-            goto fail;
-    }
-    *out = kv;
-    return TK_OK;
-fail:
-    tk_gen__kv_free(kv);
-    return rc;
-}
-
-void tk_gen__kv_free(tk_gen_kv *kv)
-{
-    if (!kv)
-        return;
-    for (int64_t l = 0; kv->k && l < kv->layers; l++) {
-        kv_mem_free(kv, kv->k[l]);
-        kv_mem_free(kv, kv->v ? kv->v[l] : NULL);
-    }
-    kv_mem_free(kv, kv->scales);
-    free(kv->calibrated);
-    for (int64_t i = 0; i < kv->nseq; i++)
-        free(kv->seq[i].blocks);
-    free(kv->seq);
-    for (size_t i = 0; i < kv->npc; i++)
-        free(kv->pc[i].toks);
-    free(kv->pc);
-    free(kv->k);
-    free(kv->v);
-    free(kv->ref);
-    free(kv->freel);
-    free(kv);
-}
-
-/* ---- the prefix cache -------------------------------------------------------------------------- */
-
-static void kv_decref(tk_gen_kv *kv, int32_t b);
-static int kvseq_reserve(tk_gen_kvseq *s, int64_t nblk);
-
-static uint64_t pc_hash(uint64_t parent, const int32_t *t, int64_t n)
-{
-    uint64_t h = 0xcbf29ce484222325ull;
-    const unsigned char *p = (const unsigned char *)&parent;
-    for (size_t i = 0; i < sizeof parent; i++)
-        h = (h ^ p[i]) * 0x100000001b3ull;
-    p = (const unsigned char *)t;
-    for (size_t i = 0; i < (size_t)n * sizeof *t; i++)
-        h = (h ^ p[i]) * 0x100000001b3ull;
-    return h;
-}
-
-static tk_gen_pce *pc_find(tk_gen_kv *kv, uint64_t h, uint64_t parent, const int32_t *t)
-{
-    for (size_t i = 0; i < kv->npc; i++) {
-        tk_gen_pce *e = &kv->pc[i];
-        if (e->hash == h && e->parent == parent && !memcmp(e->toks, t, (size_t)kv->block_size * sizeof *t))
-            return e;
-    }
-    return NULL;
-}
-
-int tk_gen__kv_pc_insert(tk_gen_kv *kv, int32_t slot, const int32_t *ids, size_t n)
-{
-    const tk_gen_kvseq *s = &kv->seq[slot];
-    int64_t bs = kv->block_size, have = (int64_t)n < s->len ? (int64_t)n : s->len;
-    uint64_t parent = 0;
-    for (int64_t i = 0; i < have / bs && i < s->nblk; i++) {
-        const int32_t *t = ids + i * bs;
-        uint64_t h = pc_hash(parent, t, bs);
-        tk_gen_pce *e = pc_find(kv, h, parent, t);
-        if (e) {
-            e->used = ++kv->pc_clock;
-        } else {
-            if (kv->npc == kv->cappc) {
-                size_t c = kv->cappc ? 2 * kv->cappc : 64;
-                tk_gen_pce *q = realloc(kv->pc, c * sizeof *q);
-                if (!q)
-                    return tk__err(TK_ERR_NOMEM, "KV cache: out of memory for the prefix cache");
-                kv->pc = q;
-                kv->cappc = c;
-            }
-            int32_t *tc = malloc((size_t)bs * sizeof *tc);
-            if (!tc)
-                return tk__err(TK_ERR_NOMEM, "KV cache: out of memory for the prefix cache");
-            memcpy(tc, t, (size_t)bs * sizeof *tc);
-            kv->pc[kv->npc++] = (tk_gen_pce){h, parent, ++kv->pc_clock, s->blocks[i], tc};
-            kv->ref[s->blocks[i]]++;
-        }
-        parent = h;
-    }
-    return TK_OK;
-}
-
-int64_t tk_gen__kv_pc_match(tk_gen_kv *kv, int32_t slot, const int32_t *ids, size_t n, int64_t max_tokens)
-{
-    tk_gen_kvseq *s = &kv->seq[slot];
-    int64_t bs = kv->block_size, got = 0;
-    uint64_t parent = 0;
-    for (int64_t i = 0; (i + 1) * bs <= (int64_t)n && got < max_tokens; i++) {
-        const int32_t *t = ids + i * bs;
-        uint64_t h = pc_hash(parent, t, bs);
-        tk_gen_pce *e = pc_find(kv, h, parent, t);
-        if (!e || kvseq_reserve(s, s->nblk + 1) != TK_OK)
-            break;
-        s->blocks[s->nblk++] = e->block;
-        kv->ref[e->block]++;
-        e->used = ++kv->pc_clock;
-        got += bs;
-        parent = h;
-    }
-    s->len = got < max_tokens ? got : max_tokens; /* a partly used last block is copied when written */
-    return s->len;
-}
-
-int64_t tk_gen__kv_pc_cached(const tk_gen_kv *kv)
-{
-    int64_t n = 0;
-    for (size_t i = 0; i < kv->npc; i++)
-        n += kv->ref[kv->pc[i].block] == 1;
-    return n;
-}
-
-static void pc_remove(tk_gen_kv *kv, size_t i)
-{
-    kv_decref(kv, kv->pc[i].block);
-    free(kv->pc[i].toks);
-    kv->pc[i] = kv->pc[--kv->npc];
-}
-
-void tk_gen__kv_pc_drop(tk_gen_kv *kv)
-{
-    while (kv->npc)
-        pc_remove(kv, kv->npc - 1);
-}
-
-/* Evicts the oldest entries that nobody but the cache holds until `need` blocks are free or can be
- * allocated under the bound. */
-static void pc_evict(tk_gen_kv *kv, int64_t need)
-{
-    while (kv->nfree + (kv->max_blocks - kv->nblocks) < need) {
-        size_t best = kv->npc;
-        for (size_t i = 0; i < kv->npc; i++)
-            if (kv->ref[kv->pc[i].block] == 1 && (best == kv->npc || kv->pc[i].used < kv->pc[best].used))
-                best = i;
-        if (best == kv->npc)
-            return;
-        pc_remove(kv, best);
-    }
-}
-
-/* Grows the pool so that at least `need` blocks are free. */
-static int kv_grow(tk_gen_kv *kv, int64_t need)
-{
-    if (kv->nfree >= need)
-        return TK_OK;
-    if (kv->max_blocks && kv->npc)
-        pc_evict(kv, need);
-    if (kv->nfree >= need)
-        return TK_OK;
-    int64_t n = kv->nblocks ? kv->nblocks : 8;
-    while (n - kv->nblocks + kv->nfree < need)
-        n *= 2;
-    if (kv->max_blocks && n > kv->max_blocks)
-        n = kv->max_blocks;
-    if (n - kv->nblocks + kv->nfree < need)
-        return tk__err(TK_ERR_NOMEM, "KV cache: %lld more blocks needed, but the cache is at its bound of %lld "
-                       "blocks (%lld bytes, kv_max_bytes)\nHINT: raise the bound (--kv-max-bytes), or generate "
-                       "fewer or shorter sequences at once", (long long)(need - kv->nfree),
-                       (long long)kv->max_blocks, (long long)(kv->max_blocks * tk_gen__kv_block_bytes(kv)));
-    size_t lb = kv_layer_block_bytes(kv), old = lb * (size_t)kv->nblocks, nw = lb * (size_t)n;
-    int32_t *ref = realloc(kv->ref, (size_t)n * sizeof *ref), *fl;
-    if (!ref)
-        return tk__err(TK_ERR_NOMEM, "KV cache: out of memory");
-    kv->ref = ref;
-    if (!(fl = realloc(kv->freel, (size_t)n * sizeof *fl)))
-        return tk__err(TK_ERR_NOMEM, "KV cache: out of memory");
-    kv->freel = fl;
-    for (int64_t l = 0; l < kv->layers; l++) {
-        void **pp[2] = {&kv->k[l], &kv->v[l]};
-        for (int j = 0; j < 2; j++) {
-            void *p = NULL;
-            if (kv->dev_type == TK_DEV_CUDA) {
-                int rc = tk_device_alloc(&p, kv->dev_id, nw);
-                if (!rc && old)
-                    rc = tk_device_copy(p, *pp[j], old, TK_COPY_D2D, kv->dev_id);
-                if (rc) {
-                    kv_mem_free(kv, p);
-                    return rc;
-                }
-                kv_mem_free(kv, *pp[j]);
-            } else if (!(p = realloc(*pp[j], nw))) {
-                return tk__err(TK_ERR_NOMEM, "KV cache: out of memory for %lld blocks (%zu bytes a layer)",
-                               (long long)n, nw);
-            }
-            *pp[j] = p;
-        }
-    }
-    for (int64_t b = n - 1; b >= kv->nblocks; b--) { /* the lowest id is popped first */
-        kv->ref[b] = 0;
-        kv->freel[kv->nfree++] = (int32_t)b;
-    }
-    kv->nblocks = n;
-    return TK_OK;
-}
-
-static int kv_alloc_block(tk_gen_kv *kv, int32_t *b)
-{
-    int rc = kv_grow(kv, 1);
-    if (rc)
-        return rc;
-    *b = kv->freel[--kv->nfree];
-    kv->ref[*b] = 1;
-    if (++kv->used_blocks > kv->peak_blocks)
-        kv->peak_blocks = kv->used_blocks;
-    return TK_OK;
-}
-
-static void kv_decref(tk_gen_kv *kv, int32_t b)
-{
-    if (--kv->ref[b] == 0) {
-        kv->freel[kv->nfree++] = b;
-        kv->used_blocks--;
-    }
-}
-
-int tk_gen__kv_seq_new(tk_gen_kv *kv, int32_t *slot)
-{
-    for (int64_t i = 0; i < kv->nseq; i++)
-        if (!kv->seq[i].used) {
-            kv->seq[i].used = 1;
-            kv->seq[i].len = kv->seq[i].nblk = 0;
-            *slot = (int32_t)i;
-            return TK_OK;
-        }
-    tk_gen_kvseq *s = realloc(kv->seq, (size_t)(kv->nseq + 1) * sizeof *s);
-    if (!s)
-        return tk__err(TK_ERR_NOMEM, "KV cache: out of memory");
-    kv->seq = s;
-    memset(&s[kv->nseq], 0, sizeof *s);
-    s[kv->nseq].used = 1;
-    *slot = (int32_t)kv->nseq++;
-    return TK_OK;
-}
-
-static int kvseq_reserve(tk_gen_kvseq *s, int64_t nblk)
-{
-    if (nblk <= s->cap)
-        return TK_OK;
-    int64_t c = s->cap ? 2 * s->cap : 16;
-    while (c < nblk)
-        c *= 2;
-    int32_t *p = realloc(s->blocks, (size_t)c * sizeof *p);
-    if (!p)
-        return tk__err(TK_ERR_NOMEM, "KV cache: out of memory");
-    s->blocks = p;
-    s->cap = c;
-    return TK_OK;
-}
-
-int tk_gen__kv_seq_fork(tk_gen_kv *kv, int32_t *dst, int32_t src)
-{
-    int32_t d;
-    int rc = tk_gen__kv_seq_new(kv, &d);
-    if (rc)
-        return rc;
-    tk_gen_kvseq *s = &kv->seq[src], *t = &kv->seq[d];
-    if ((rc = kvseq_reserve(t, s->nblk))) {
-        t->used = 0;
-        return rc;
-    }
-    memcpy(t->blocks, s->blocks, (size_t)s->nblk * sizeof *t->blocks);
-    t->nblk = s->nblk;
-    t->len = s->len;
-    for (int64_t i = 0; i < s->nblk; i++)
-        kv->ref[s->blocks[i]]++;
-    *dst = d;
-    return TK_OK;
-}
-
-void tk_gen__kv_seq_free(tk_gen_kv *kv, int32_t slot)
-{
-    if (!kv || slot < 0 || slot >= kv->nseq || !kv->seq[slot].used)
-        return;
-    tk_gen_kvseq *s = &kv->seq[slot];
-    for (int64_t i = 0; i < s->nblk; i++)
-        kv_decref(kv, s->blocks[i]);
-    s->nblk = s->len = 0;
-    s->used = 0;
-}
-
-/* Copy-on-write of block index bi of s, shared with another sequence. */
-static int kv_unshare(tk_gen_kv *kv, tk_gen_kvseq *s, int64_t bi)
-{
-    int32_t old = s->blocks[bi], nb;
-    int rc = kv_alloc_block(kv, &nb);
-    if (rc)
-        return rc;
-    size_t lb = kv_layer_block_bytes(kv);
-    for (int64_t l = 0; l < kv->layers; l++) {
-        char *k = kv->k[l], *v = kv->v[l];
-        if (kv->dev_type == TK_DEV_CUDA) {
-            if ((rc = tk_device_copy(k + lb * (size_t)nb, k + lb * (size_t)old, lb, TK_COPY_D2D, kv->dev_id)) ||
-                (rc = tk_device_copy(v + lb * (size_t)nb, v + lb * (size_t)old, lb, TK_COPY_D2D, kv->dev_id)))
-                return rc;
-        } else {
-            memcpy(k + lb * (size_t)nb, k + lb * (size_t)old, lb);
-            memcpy(v + lb * (size_t)nb, v + lb * (size_t)old, lb);
-        }
-    }
-    kv_decref(kv, old);
-    s->blocks[bi] = nb;
-    return TK_OK;
-}
-
-int tk_gen__kv_prepare(tk_gen_kv *kv, const int32_t *slots, size_t nseq, const int32_t *n, int64_t **slot_mapping,
-                       int32_t **block_table, int64_t *mbps, int32_t **seq_lens, int64_t **start)
-{
-    *slot_mapping = NULL;
-    *block_table = NULL;
-    *seq_lens = NULL;
-    *start = NULL;
-    int64_t T = 0, bs = kv->block_size, w = 1;
-    int rc = TK_OK;
-    for (size_t i = 0; i < nseq; i++)
-        T += n[i];
-    int64_t *sm = malloc((size_t)(T ? T : 1) * sizeof *sm), *st = malloc(nseq * sizeof *st);
-    int32_t *sl = malloc(nseq * sizeof *sl), *bt = NULL;
-    if (!sm || !st || !sl) {
-        rc = tk__err(TK_ERR_NOMEM, "KV cache: out of memory");
-        goto fail;
-    }
-    int64_t t = 0;
-    for (size_t i = 0; i < nseq; i++) {
-        tk_gen_kvseq *s = &kv->seq[slots[i]];
-        int64_t L = s->len, L2 = L + n[i], need = (L2 + bs - 1) / bs;
-        if (L % bs && kv->ref[s->blocks[L / bs]] > 1 && (rc = kv_unshare(kv, s, L / bs)))
-            goto fail;
-        if ((rc = kvseq_reserve(s, need)))
-            goto fail;
-        while (s->nblk < need)
-            if ((rc = kv_alloc_block(kv, &s->blocks[s->nblk++]))) {
-                s->nblk--;
-                goto fail;
-            }
-        for (int64_t p = L; p < L2; p++)
-            sm[t++] = (int64_t)s->blocks[p / bs] * bs + p % bs;
-        st[i] = L;
-        sl[i] = (int32_t)L2;
-        s->len = L2;
-        if (need > w)
-            w = need;
-    }
-    if (!(bt = calloc(nseq * (size_t)w, sizeof *bt))) {
-        rc = tk__err(TK_ERR_NOMEM, "KV cache: out of memory");
-        goto fail;
-    }
-    for (size_t i = 0; i < nseq; i++) {
-        tk_gen_kvseq *s = &kv->seq[slots[i]];
-        memcpy(bt + i * (size_t)w, s->blocks, (size_t)s->nblk * sizeof *bt);
-    }
-    *slot_mapping = sm;
-    *block_table = bt;
-    *mbps = w;
-    *seq_lens = sl;
-    *start = st;
-    return TK_OK;
-fail:
-    free(sm);
-    free(st);
-    free(sl);
-    free(bt);
-    return rc;
-}
-
-int tk_gen__kv_calibrate(tk_gen_kv *kv, int64_t l, const float *k, const float *v, int64_t n)
-{
-    int64_t H = kv->heads, D = kv->head_dim;
-    float qmax = kv->dtype.code == TK_DL_INT ? 127.0f : 448.0f, sc[2 * 1024];
-    if (H > 1024)
-        return tk__err(TK_ERR_UNSUPPORTED, "KV cache: %lld heads, at most 1024 with a quantised cache", (long long)H);
-    for (int j = 0; j < 2; j++) {
-        const float *x = j ? v : k;
-        for (int64_t h = 0; h < H; h++) {
-            float amax = 0;
-            for (int64_t t = 0; t < n; t++)
-                for (int64_t d = 0; d < D; d++) {
-                    float a = fabsf(x[(t * H + h) * D + d]);
-                    if (a > amax) /* NaN never passes */
-                        amax = a;
-                }
-            sc[j * H + h] = amax > 0 && isfinite(amax) ? 1.25f * amax / qmax : 1.0f;
-        }
-    }
-    float *dst = kv->scales + l * 2 * H;
-    int rc = TK_OK;
-    if (kv->dev_type == TK_DEV_CUDA)
-        rc = tk_device_copy(dst, sc, (size_t)(2 * H) * sizeof(float), TK_COPY_H2D, kv->dev_id);
-    else
-        memcpy(dst, sc, (size_t)(2 * H) * sizeof(float));
-    if (rc == TK_OK)
-        kv->calibrated[l] = 1;
-    return rc;
-}
-
-void tk_gen__kv_layer(const tk_gen_kv *kv, int64_t l, tk_tensor *k, int64_t *kshape, tk_tensor *v, int64_t *vshape,
-                      tk_tensor *ks, tk_tensor *vs, int64_t *sshape)
-{
-    int64_t shp[4] = {kv->nblocks, kv->block_size, kv->heads, kv->head_dim};
-    memcpy(kshape, shp, sizeof shp);
-    memcpy(vshape, shp, sizeof shp);
-    tk_tensor base = {NULL, {kv->dev_type, kv->dev_id}, 4, kv->dtype, NULL, NULL, 0};
-    *k = base;
-    k->data = kv->k[l];
-    k->shape = kshape;
-    *v = base;
-    v->data = kv->v[l];
-    v->shape = vshape;
-    if (ks && vs) {
-        sshape[0] = kv->heads;
-        tk_tensor sb = {NULL, {kv->dev_type, kv->dev_id}, 1, {TK_DL_FLOAT, 32, 1}, sshape, NULL, 0};
-        *ks = sb;
-        *vs = sb;
-        ks->data = kv->quant ? kv->scales + l * 2 * kv->heads : NULL;
-        vs->data = kv->quant ? kv->scales + (l * 2 + 1) * kv->heads : NULL;
-    }
-}
-
 /* ---- the language models generation drives ---------------------------------------------------- */
 
 typedef struct {
     tk_model *m;
-    tk_gen_kv *kv;
+    tk_kv *kv;
     /* full recompute: each slot's whole sequence */
     struct {
         int32_t *ids;
@@ -2004,9 +1590,9 @@ static int kv_step(void *self, const int32_t *slots, size_t nseq, const int32_t 
     return tk_models__forward_kv(s->m, s->kv, slots, nseq, ids, cu, logits);
 }
 
-static int kv_new(void *self, int32_t *slot) { return tk_gen__kv_seq_new(((lm_state *)self)->kv, slot); }
-static int kv_fork(void *self, int32_t *dst, int32_t src) { return tk_gen__kv_seq_fork(((lm_state *)self)->kv, dst, src); }
-static void kv_del(void *self, int32_t slot) { tk_gen__kv_seq_free(((lm_state *)self)->kv, slot); }
+static int kv_new(void *self, int32_t *slot) { return tk_kv__seq_new(((lm_state *)self)->kv, slot); }
+static int kv_fork(void *self, int32_t *dst, int32_t src) { return tk_kv__seq_fork(((lm_state *)self)->kv, dst, src); }
+static void kv_del(void *self, int32_t slot) { tk_kv__seq_free(((lm_state *)self)->kv, slot); }
 
 static int full_new(void *self, int32_t *slot)
 {
@@ -2096,7 +1682,7 @@ static int full_step(void *self, const int32_t *slots, size_t nseq, const int32_
 
 static void lm_state_free(lm_state *s)
 {
-    tk_gen__kv_free(s->kv);
+    tk_kv__free(s->kv);
     for (size_t i = 0; i < s->nfull; i++)
         free(s->full[i].ids);
     free(s->full);
@@ -2138,7 +1724,7 @@ static int lm_setup(tk_gen_lm *lm, lm_state *s, tk_model *m, int use_cache, cons
                        tk_dtype_name(m->dtype), m->dtype.bits == 32 && m->dtype.code == TK_DL_FLOAT ? ", f16, bf16" : "",
                        kv_dtype);
     const tk_models_config *c = &m->cfg;
-    if ((rc = tk_gen__kv_new(&s->kv, c->layers, c->kv_heads, c->head_dim, dt, block_size, max_bytes, m->dev_type,
+    if ((rc = tk_kv__new(&s->kv, c->layers, c->kv_heads, c->head_dim, dt, block_size, max_bytes, m->dev_type,
                              m->dev_id)) != TK_OK)
         return rc;
     lm->step = kv_step;
@@ -2208,7 +1794,7 @@ void tk_gen_batch_free(tk_gen_batch *b)
         return;
     eng_free(&b->E);
     if (b->s.kv)
-        tk_gen__kv_pc_drop(b->s.kv);
+        tk_kv__pc_drop(b->s.kv);
     lm_state_free(&b->s);
     b->magic = 0;
     free(b);
@@ -2275,11 +1861,11 @@ int tk_gen_batch_stats_get(tk_gen_batch_stats *out, const tk_gen_batch *b)
     out->active = (int64_t)E->n;
     for (size_t i = 0; i < E->n; i++)
         out->prefilling += E->s[i]->state != S_DECODE;
-    const tk_gen_kv *kv = b->s.kv;
+    const tk_kv *kv = b->s.kv;
     if (kv) {
         out->kv_block_size = kv->block_size;
         out->kv_blocks_total = kv->max_blocks ? kv->max_blocks : kv->nblocks;
-        out->kv_blocks_cached = tk_gen__kv_pc_cached(kv);
+        out->kv_blocks_cached = tk_kv__pc_cached(kv);
         out->kv_blocks_used = kv->used_blocks - out->kv_blocks_cached;
         out->kv_blocks_free = out->kv_blocks_total - out->kv_blocks_used;
     }
@@ -2477,8 +2063,8 @@ int tk_generate(tk_gen_result **out, tk_model *m, const int32_t *const *prompts,
     r->n = np;
     if (s.kv) {
         r->kv_blocks = s.kv->nblocks;
-        r->kv_bytes = s.kv->nblocks * tk_gen__kv_block_bytes(s.kv);
-        r->kv_peak_bytes = s.kv->peak_blocks * tk_gen__kv_block_bytes(s.kv);
+        r->kv_bytes = s.kv->nblocks * tk_kv__block_bytes(s.kv);
+        r->kv_peak_bytes = s.kv->peak_blocks * tk_kv__block_bytes(s.kv);
     }
     lm_state_free(&s);
     *out = r;

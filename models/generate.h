@@ -45,8 +45,8 @@ int tk_gen__opts_upgrade(tk_gen_opts *out, const tk_gen_opts *in);
 /* ---- the strategies over a language model ----------------------------------------------------- */
 
 /* A language model as generation drives it: sequences live in cache slots; step() feeds new tokens
- * and returns each sequence's next-token logits. The KV-cache adapter (tk_gen__kv_lm) and the
- * full-recompute reference (tk_gen__full_lm) implement it over a tk_model. */
+ * and returns each sequence's next-token logits. The KV-cache adapter (over models/kv_cache.h) and the
+ * full-recompute reference (lm_setup) implement it over a tk_model. */
 typedef struct {
     void *self;
     tk_ctx *ctx;     /* runs the argmax and sample ops */
@@ -97,76 +97,5 @@ int tk_gen__check(const tk_gen_lm *lm, const int32_t *const *prompts, const size
 int tk_gen__run(tk_gen_seq *out, tk_gen_stats *stats, const tk_gen_lm *lm, const int32_t *const *prompts,
                 const size_t *lens, size_t np, const tk_gen_opts *o);
 void tk_gen__seq_free(tk_gen_seq *s);
-
-/* ---- the paged KV cache ----------------------------------------------------------------------- */
-
-/* Keys and values of every layer in blocks of block_size tokens ([nblocks, block_size, Hkv, D] per
- * layer, in the cache dtype, on the model's device), handed to sequences through block tables: the
- * layout the registry's paged_kv_append and attention_decode take. Blocks are reference-counted, so a
- * forked sequence (a beam) shares its parent's blocks and copies only a partly filled last block
- * before writing to it. The pool grows by doubling up to max_bytes; an i8 or fp8 cache has per-head
- * scales per layer, fixed by the first prefill. */
-typedef struct {
-    int32_t *blocks;
-    int64_t nblk, cap;
-    int64_t len; /* tokens held */
-    int used;
-} tk_gen_kvseq;
-
-typedef struct tk_gen_kv {
-    int dev_type, dev_id;
-    int64_t layers, heads, head_dim, block_size;
-    tk_dtype dtype;
-    int quant;              /* 1 for i8 / fp8_e4m3 */
-    int64_t nblocks;        /* allocated */
-    int64_t max_blocks;     /* bound from max_bytes; 0: none */
-    int64_t used_blocks, peak_blocks;
-    void **k, **v;          /* per layer */
-    float *scales;          /* quant: [layers][2][heads] (k then v), on the device */
-    unsigned char *calibrated; /* quant: per layer, 1 once its scales are set */
-    int32_t *ref;           /* per block */
-    int32_t *freel;         /* free block ids (a stack) */
-    int64_t nfree;
-    tk_gen_kvseq *seq;
-    int64_t nseq;
-    /* The prefix cache (tk_gen__kv_pc_*): full blocks by the chained hash of their tokens, each entry
-     * holding one reference on its block; entries whose block nobody else holds are evicted oldest
-     * first when the pool is at its bound. */
-    struct tk_gen_pce *pc;
-    size_t npc, cappc;
-    uint64_t pc_clock;
-} tk_gen_kv;
-
-int tk_gen__kv_new(tk_gen_kv **out, int64_t layers, int64_t heads, int64_t head_dim, tk_dtype dtype,
-                   int64_t block_size, int64_t max_bytes, int dev_type, int dev_id);
-void tk_gen__kv_free(tk_gen_kv *kv);
-int64_t tk_gen__kv_block_bytes(const tk_gen_kv *kv); /* all layers, keys and values */
-int tk_gen__kv_seq_new(tk_gen_kv *kv, int32_t *slot);
-int tk_gen__kv_seq_fork(tk_gen_kv *kv, int32_t *dst, int32_t src);
-void tk_gen__kv_seq_free(tk_gen_kv *kv, int32_t slot);
-/* Makes room for n[i] more tokens in sequence slots[i] (copying shared partial blocks first) and fills,
- * on the host: slot_mapping[T] (the cache slot of each new token, packed in order), block_table
- * [nseq, max_blocks_per_seq] (unused entries 0), seq_lens[nseq] (lengths after the new tokens) and
- * start[nseq] (lengths before). *mbps receives max_blocks_per_seq. The caller owns the arrays (free).
- * Errors: TK_ERR_NOMEM naming the bound when the pool may not grow. */
-int tk_gen__kv_prepare(tk_gen_kv *kv, const int32_t *slots, size_t nseq, const int32_t *n, int64_t **slot_mapping,
-                       int32_t **block_table, int64_t *mbps, int32_t **seq_lens, int64_t **start);
-/* The prefix cache. insert: registers the full blocks of sequence slot whose tokens (ids[0..n), the
- * sequence's first n tokens) are all in its cache. match: gives sequence slot (empty) the cached blocks
- * of the longest prefix of ids[0..n) held, at most max_tokens tokens (a partly used last block is
- * copied before it is written), and returns the tokens it now holds. cached: blocks held only by the
- * cache. drop: empties the cache. */
-int tk_gen__kv_pc_insert(tk_gen_kv *kv, int32_t slot, const int32_t *ids, size_t n);
-int64_t tk_gen__kv_pc_match(tk_gen_kv *kv, int32_t slot, const int32_t *ids, size_t n, int64_t max_tokens);
-int64_t tk_gen__kv_pc_cached(const tk_gen_kv *kv);
-void tk_gen__kv_pc_drop(tk_gen_kv *kv);
-/* An i8 / fp8 cache's per-head scales of layer l from the first keys and values written to it (k, v:
- * n rows of heads x head_dim, f32 host): scale = 1.25 x max|x| / (127 for i8, 448 for fp8_e4m3), so
- * later tokens up to 1.25x the prefill's largest value are not clipped; values past it saturate. */
-int tk_gen__kv_calibrate(tk_gen_kv *kv, int64_t l, const float *k, const float *v, int64_t n);
-/* Layer l's cache tensors (views; shape [nblocks, block_size, heads, head_dim]) and scales (quant:
- * f32[heads] views, NULL otherwise). shape must hold 4 int64s for each. */
-void tk_gen__kv_layer(const tk_gen_kv *kv, int64_t l, tk_tensor *k, int64_t *kshape, tk_tensor *v, int64_t *vshape,
-                      tk_tensor *ks, tk_tensor *vs, int64_t *sshape);
 
 #endif /* TK_MODELS_GENERATE_H */

@@ -14,7 +14,7 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "models/generate.h"
+#include "models/kv_cache.h"
 #include "models/models.h"
 
 #define MODEL_MAGIC 0x6d6f646cu /* "modl" */
@@ -1022,14 +1022,14 @@ int tk_models__attend(tk_model *m, tk_models_batch *b, int64_t l, const tk_mt *o
                        "token by token with a KV cache\nHINT: generate with tk_diffusion_generate (tk generate "
                        "--diffusion)", m->cfg.arch);
     if (b->kv) {
-        tk_gen_kv *kv = b->kv;
+        tk_kv *kv = b->kv;
         int64_t T = b->T, Hkv = k->shape[2], D = k->shape[3], Hq = q->shape[2];
         int64_t s3[3] = {T, Hkv, D}, kshp[4], vshp[4], sshp[1];
         tk_mt k3, v3;
         tk_models__view(&k3, k, 3, s3);
         tk_models__view(&v3, v, 3, s3);
         tk_tensor kc, vc, ks, vs;
-        tk_gen__kv_layer(kv, l, &kc, kshp, &vc, vshp, &ks, &vs, sshp);
+        tk_kv__layer(kv, l, &kc, kshp, &vc, vshp, &ks, &vs, sshp);
         if (kv->quant && !kv->calibrated[l]) { /* the per-head scales, from this (first) step's keys */
             size_t nel = (size_t)(T * Hkv * D);
             float *kf = malloc(nel * sizeof *kf), *vf = malloc(nel * sizeof *vf);
@@ -1048,7 +1048,7 @@ int tk_models__attend(tk_model *m, tk_models_batch *b, int64_t l, const tk_mt *o
                 tk_models__dtype_to_f32(vf, v3.t.data, nel, v3.t.dtype);
             }
             if (rc == TK_OK)
-                rc = tk_gen__kv_calibrate(kv, l, kf, vf, T);
+                rc = tk_kv__calibrate(kv, l, kf, vf, T);
             free(kf);
             free(vf);
             free(tmp);
@@ -1197,7 +1197,7 @@ fail:
     return rc;
 }
 
-int tk_models__forward_kv(tk_model *m, tk_gen_kv *kv, const int32_t *slots, size_t nseq, const int32_t *ids,
+int tk_models__forward_kv(tk_model *m, tk_kv *kv, const int32_t *slots, size_t nseq, const int32_t *ids,
                           const int32_t *cu, float *logits)
 {
     int rc = check_model(m, "generate");
@@ -1224,7 +1224,7 @@ int tk_models__forward_kv(tk_model *m, tk_gen_kv *kv, const int32_t *slots, size
                          (long long)V);
             goto done;
         }
-    if ((rc = tk_gen__kv_prepare(kv, slots, nseq, n, &sm, &bt, &w, &sl, &st)) != TK_OK)
+    if ((rc = tk_kv__prepare(kv, slots, nseq, n, &sm, &bt, &w, &sl, &st)) != TK_OK)
         goto done;
     int prefill = 1;
     int64_t maxn = 0, maxl = 0;

@@ -229,7 +229,7 @@ typedef struct {
     /* Generation's paged KV cache (generate.c; NULL for a plain forward): this step's keys and values
      * go to cache slots kv_slots, and attention reads the cache through the block tables, unless every
      * sequence starts empty (kv_prefill: attention over the batch's own keys, as a plain forward). */
-    struct tk_gen_kv *kv;
+    struct tk_kv *kv;
     int kv_prefill;
     tk_mt kv_slots; /* [T] i64 */
     tk_mt kv_bt;    /* [nseq, max_blocks_per_seq] i32 */
@@ -459,7 +459,7 @@ int tk_models__attend(tk_model *m, tk_models_batch *b, int64_t l, const tk_mt *o
                       const tk_mt *v, double scale, int64_t window_left);
 /* Generation's step (generate.c): sequence s of nseq gets tokens ids[cu[s]..cu[s+1]) after the ones its
  * KV slot slots[s] holds; writes each sequence's last-token logits (f32, host) to logits [nseq, V]. */
-int tk_models__forward_kv(tk_model *m, struct tk_gen_kv *kv, const int32_t *slots, size_t nseq, const int32_t *ids,
+int tk_models__forward_kv(tk_model *m, struct tk_kv *kv, const int32_t *slots, size_t nseq, const int32_t *ids,
                           const int32_t *cu, float *logits);
 
 /* ---- training (models/train.c) ----------------------------------------------------------------- */

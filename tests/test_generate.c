@@ -19,6 +19,7 @@
 
 #include "harness.h"
 #include "models/generate.h"
+#include "models/kv_cache.h"
 #include "models/models.h"
 #include "tk.h"
 
@@ -244,7 +245,7 @@ static float max_diff(const float *a, const float *b, int64_t n)
 }
 
 /* One KV step of one sequence vs tk_model_forward over its whole ids. */
-static void kv_vs_full(tk_model *m, tk_gen_kv *kv, int32_t slot, const int32_t *all, size_t n, size_t nnew,
+static void kv_vs_full(tk_model *m, tk_kv *kv, int32_t slot, const int32_t *all, size_t n, size_t nnew,
                        float *worst)
 {
     int64_t V = tk_model_vocab_size(m);
@@ -270,8 +271,8 @@ static void test_kv_cache_matches_full_recompute(void)
         int64_t V = tk_model_vocab_size(m);
         const tk_models_config *c = &m->cfg;
         int64_t heads = c->kv_heads, hd = c->head_dim;
-        tk_gen_kv *kv = NULL;
-        CHECK_RC(tk_gen__kv_new(&kv, c->layers, heads, hd, m->dtype, 8, 0, TK_DEV_CPU, 0), TK_OK);
+        tk_kv *kv = NULL;
+        CHECK_RC(tk_kv__new(&kv, c->layers, heads, hd, m->dtype, 8, 0, TK_DEV_CPU, 0), TK_OK);
         if (!kv) {
             tk_model_free(m);
             return;
@@ -281,7 +282,7 @@ static void test_kv_cache_matches_full_recompute(void)
         for (size_t i = 0; i < na; i++)
             a[i] = (int32_t)((i * 37 + 5) % (size_t)V);
         float worst = 0;
-        CHECK_RC(tk_gen__kv_seq_new(kv, &sa), TK_OK);
+        CHECK_RC(tk_kv__seq_new(kv, &sa), TK_OK);
         kv_vs_full(m, kv, sa, a, na, na, &worst); /* prefill */
         for (int step = 0; step < 9; step++) {     /* decode across the block boundary at 16 */
             a[na] = (int32_t)((na * 53 + 7) % (size_t)V);
@@ -289,7 +290,7 @@ static void test_kv_cache_matches_full_recompute(void)
             kv_vs_full(m, kv, sa, a, na, 1, &worst);
         }
         /* a fork in the middle of a block: both continue differently (copy-on-write) */
-        CHECK_RC(tk_gen__kv_seq_fork(kv, &sb, sa), TK_OK);
+        CHECK_RC(tk_kv__seq_fork(kv, &sb, sa), TK_OK);
         memcpy(b, a, na * sizeof *a);
         size_t nb = na;
         int64_t used = kv->used_blocks;
@@ -318,12 +319,12 @@ static void test_kv_cache_matches_full_recompute(void)
         printf("%s: KV cache vs full recompute over %zu steps: max |logit diff| %.3g\n", kinds[km], na - 11 + nb - 11,
                worst);
         CHECK(worst <= 2e-4f);
-        tk_gen__kv_seq_free(kv, sa);
-        tk_gen__kv_seq_free(kv, sb);
+        tk_kv__seq_free(kv, sa);
+        tk_kv__seq_free(kv, sb);
         CHECK_EQ_INT(kv->used_blocks, 0);
         free(two);
         free(full);
-        tk_gen__kv_free(kv);
+        tk_kv__free(kv);
         tk_model_free(m);
     }
 }
@@ -347,17 +348,17 @@ static void test_quantised_kv_cache(void)
         for (int q = 0; q < 4; q++) {
             tk_dtype dt;
             CHECK_RC(tk_dtype_parse(&dt, dts[q]), TK_OK);
-            tk_gen_kv *kv = NULL, *kf = NULL;
-            CHECK_RC(tk_gen__kv_new(&kv, c->layers, heads, hd, dt, 8, 0, TK_DEV_CPU, 0), TK_OK);
-            CHECK_RC(tk_gen__kv_new(&kf, c->layers, heads, hd, m->dtype, 8, 0, TK_DEV_CPU, 0), TK_OK);
+            tk_kv *kv = NULL, *kf = NULL;
+            CHECK_RC(tk_kv__new(&kv, c->layers, heads, hd, dt, 8, 0, TK_DEV_CPU, 0), TK_OK);
+            CHECK_RC(tk_kv__new(&kf, c->layers, heads, hd, m->dtype, 8, 0, TK_DEV_CPU, 0), TK_OK);
             if (!kv || !kf)
                 break;
-            CHECK_EQ_INT(tk_gen__kv_block_bytes(kv) * (32 / dt.bits), tk_gen__kv_block_bytes(kf));
+            CHECK_EQ_INT(tk_kv__block_bytes(kv) * (32 / dt.bits), tk_kv__block_bytes(kf));
             int32_t a[32], slot;
             size_t na = 9;
             for (size_t i = 0; i < na; i++)
                 a[i] = (int32_t)((i * 37 + 5) % (size_t)V);
-            CHECK_RC(tk_gen__kv_seq_new(kv, &slot), TK_OK);
+            CHECK_RC(tk_kv__seq_new(kv, &slot), TK_OK);
             float *lg = malloc((size_t)V * sizeof *lg), *full = malloc(32 * (size_t)V * sizeof *full);
             float worst = 0, range = 0;
             for (int step = 0; step < 12; step++) {
@@ -382,8 +383,8 @@ static void test_quantised_kv_cache(void)
             CHECK(worst > 0); /* it did round */
             free(lg);
             free(full);
-            tk_gen__kv_free(kv);
-            tk_gen__kv_free(kf);
+            tk_kv__free(kv);
+            tk_kv__free(kf);
         }
         tk_model_free(m);
     }
