@@ -6,12 +6,13 @@
  *        and bf16 widened to f32 in registers, i8 widened and scaled at the end), dotted with the M
  *        rows of x in f32; the rows are split over the pool's threads. Memory-bound: the weight is the
  *        whole traffic. transposed=1 (GPT-2's [K, N]) reads the weight row by row the same way.
- *   GEMV groups (4 < M <= 8: short prefills)  the GEMV over each range of weight rows for every group of
- *        up to 4 rows of x: the weight is read from memory once, the later groups find it in the cache.
- *   GEMM (M > 8, and transposed weights past M = 4: prefill)  blocked as BLIS blocks it: x packed once into 6-row panels (f32); per task
- *        (a block of MC rows and NC columns) the weight is packed KC deep into 16-column panels,
- *        widened to f32 on the way (so 16-bit and i8 weights cost one conversion per weight element and
- *        row block), and a 6x16 register tile of FMAs accumulates over K. Tasks go to the pool.
+ *   GEMV groups (4 < M <= 6: the shortest prefills)  the GEMV over each range of weight rows for every
+ *        group of up to 4 rows of x: the weight is read from memory once, later groups find it cached.
+ *   GEMM (M > 6, and transposed weights past M = 4: prefill)  blocked as BLIS blocks it: x packed once
+ *        into 6-row panels (f32); per task (a block of MC rows and NC columns) the weight is packed KC
+ *        deep into 16-column panels, widened to f32 on the way (so 16-bit and i8 weights cost one
+ *        conversion per weight element and row block), and a 6x16 register tile of FMAs accumulates
+ *        over K. Tasks go to the pool.
  *
  * Numerics: products and sums in f32 (the references sum in f32 too, through OpenBLAS or in 8 lanes),
  * in a different order, so results differ from the reference by a few f32 roundings of the sum; bias
@@ -30,7 +31,7 @@
 #include "ops/cpu_simd.h"
 
 #define GEMV_MAX_M 4  /* rows of x a GEMV takes; more go to the GEMM */
-#define GROUPS_MAX_M 8 /* rows of x the GEMV takes in groups of GEMV_MAX_M (one pass over the weight) */
+#define GROUPS_MAX_M 6 /* rows of x the GEMV takes in groups of GEMV_MAX_M (one pass over the weight) */
 #define MR 6          /* GEMM register tile: MR rows of x ... */
 #define NR 16         /* ... by NR output columns */
 #define KC 256        /* depth of a packed block */
@@ -340,8 +341,8 @@ static int run_gemv(const lin_t *L)
 
 /* A short prefill (a chat turn, a server's fresh prompt) through the GEMM pays for packing every weight
  * block (a transposed copy of the whole weight per call) against too few rows of x to repay it: on
- * SmolLM-135M's shapes, one thread, M = 5 to 8 took about 1.4x the CPU time of the same rows run as
- * GEMV groups (bench/RESULTS.md). Here each range of weight rows (about 32 KiB of the weight, gemv_grain) is
+ * SmolLM-135M's shapes, one thread, M = 5 took about 1.3x the CPU time of the same rows run as GEMV
+ * groups; at M = 8 the two were even (bench/RESULTS.md). Here each range of weight rows (about 32 KiB of the weight, gemv_grain) is
  * read from memory once and dotted with x in groups of up to GEMV_MAX_M rows by the GEMV kernels, the
  * later groups reading it from the cache. Past GROUPS_MAX_M rows the GEMM's register tile wins. The
  * numerics are the GEMV's, row for row (transposed weights keep the GEMM). */
