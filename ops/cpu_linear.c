@@ -6,10 +6,13 @@
  *        and bf16 widened to f32 in registers, i8 widened and scaled at the end), dotted with the M
  *        rows of x in f32; the rows are split over the pool's threads. Memory-bound: the weight is the
  *        whole traffic. transposed=1 (GPT-2's [K, N]) reads the weight row by row the same way.
- *   GEMM (M > 4: prefill)  blocked as BLIS blocks it: x packed once into 6-row panels (f32); per task
- *        (a block of MC rows and NC columns) the weight is packed KC deep into 16-column panels,
- *        widened to f32 on the way (so 16-bit and i8 weights cost one conversion per weight element and
- *        row block), and a 6x16 register tile of FMAs accumulates over K. Tasks go to the pool.
+ *   GEMV groups (4 < M <= 6: the shortest prefills)  the GEMV over each range of weight rows for every
+ *        group of up to 4 rows of x: the weight is read from memory once, later groups find it cached.
+ *   GEMM (M > 6, and transposed weights past M = 4: prefill)  blocked as BLIS blocks it: x packed once
+ *        into 6-row panels (f32); per task (a block of MC rows and NC columns) the weight is packed KC
+ *        deep into 16-column panels, widened to f32 on the way (so 16-bit and i8 weights cost one
+ *        conversion per weight element and row block), and a 6x16 register tile of FMAs accumulates
+ *        over K. Tasks go to the pool.
  *
  * Numerics: products and sums in f32 (the references sum in f32 too, through OpenBLAS or in 8 lanes),
  * in a different order, so results differ from the reference by a few f32 roundings of the sum; bias
@@ -28,6 +31,7 @@
 #include "ops/cpu_simd.h"
 
 #define GEMV_MAX_M 4  /* rows of x a GEMV takes; more go to the GEMM */
+#define GROUPS_MAX_M 6 /* rows of x the GEMV takes in groups of GEMV_MAX_M (one pass over the weight) */
 #define MR 6          /* GEMM register tile: MR rows of x ... */
 #define NR 16         /* ... by NR output columns */
 #define KC 256        /* depth of a packed block */
@@ -330,6 +334,50 @@ static int run_gemv(const lin_t *L)
         fn = L->trans ? gemvt_range_c : gemv_range_c;
     int64_t grain = L->trans ? 64 : gemv_grain(L);
     tk_ops__parallel_for(L->n, grain, nt, fn, &j);
+    return TK_OK;
+}
+
+/* ---- GEMV over row groups: GEMV_MAX_M < M <= GROUPS_MAX_M ---------------------------------------- */
+
+/* A short prefill (a chat turn, a server's fresh prompt) through the GEMM pays for packing every weight
+ * block (a transposed copy of the whole weight per call) against too few rows of x to repay it: on
+ * SmolLM-135M's shapes, one thread, M = 5 took about 1.3x the CPU time of the same rows run as GEMV
+ * groups; at M = 8 the two were even (bench/RESULTS.md). Here each range of weight rows (about 32 KiB of the weight, gemv_grain) is
+ * read from memory once and dotted with x in groups of up to GEMV_MAX_M rows by the GEMV kernels, the
+ * later groups reading it from the cache. Past GROUPS_MAX_M rows the GEMM's register tile wins. The
+ * numerics are the GEMV's, row for row (transposed weights keep the GEMM). */
+typedef struct {
+    const lin_t *L;
+    const float *xf;
+    int64_t ldxf;
+} groups_job;
+
+static void gemv_groups_range(void *arg, int64_t lo, int64_t hi)
+{
+    const groups_job *g = arg;
+    const lin_t *L = g->L;
+    size_t os = tk_cpu_kind_size(L->ok);
+    for (int64_t i0 = 0; i0 < L->m; i0 += GEMV_MAX_M) {
+        lin_t Lg = *L;
+        Lg.m = L->m - i0 < GEMV_MAX_M ? L->m - i0 : GEMV_MAX_M;
+        Lg.out = (char *)L->out + (size_t)(i0 * L->ldo) * os;
+        gemv_job j = {&Lg, g->xf + i0 * g->ldxf, g->ldxf};
+#if TK_CPU_X86
+        if (L->avx2)
+            gemv_range_avx2(&j, lo, hi);
+        else
+#endif
+            gemv_range_c(&j, lo, hi);
+    }
+}
+
+static int run_gemv_groups(const lin_t *L)
+{
+    groups_job g = {L, NULL, 0};
+    if (!(g.xf = x_f32(L, &g.ldxf)))
+        return tk__err(TK_ERR_NOMEM, "linear: out of memory for x as f32");
+    int64_t bytes = L->n * L->k * (int64_t)tk_cpu_kind_size(L->wk);
+    tk_ops__parallel_for(L->n, gemv_grain(L), bytes < (1 << 16) ? 1 : 0, gemv_groups_range, &g);
     return TK_OK;
 }
 
@@ -749,6 +797,8 @@ static int run(const tk_op_call *c, int casted, int avx2)
         return TK_OK;
     if (L.m <= GEMV_MAX_M || L.k == 0)
         return run_gemv(&L);
+    if (L.m <= GROUPS_MAX_M && !L.trans)
+        return run_gemv_groups(&L);
     return run_gemm(&L);
 }
 

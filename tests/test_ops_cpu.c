@@ -234,7 +234,9 @@ static void test_linear(void)
 {
     static const int64_t shapes[][3] = {{1, 1, 1},  {1, 7, 5},    {1, 64, 33},  {2, 17, 9},    {3, 100, 37},
                                         {4, 33, 70}, {5, 33, 17},  {7, 300, 50}, {13, 257, 129}, {64, 600, 96},
-                                        {1, 0, 5},  {6, 1, 16},   {150, 40, 20}};
+                                        {1, 0, 5},  {6, 1, 16},   {150, 40, 20}, {8, 576, 200}, {6, 100, 333},
+                                        {7, 70, 40}};
+    /* M 5..6 runs the GEMV in groups of 4 rows (threaded when N * K passes 64 KiB), M 7 and up the GEMM */
     for (size_t d = 0; d < 3; d++)
         for (size_t s = 0; s < sizeof shapes / sizeof shapes[0]; s++)
             for (int tr = 0; tr < 2; tr++) {
@@ -291,7 +293,7 @@ static void test_casted_linear(void)
      * 64 KiB runs threaded */
     static const int64_t shapes[][3] = {{1, 1, 1},   {1, 70, 33},  {3, 19, 40},  {4, 256, 8},    {5, 33, 17},
                                         {40, 300, 70}, {1, 32, 5},   {2, 64, 300}, {4, 1000, 70}, {1, 576, 200},
-                                        {3, 95, 129},  {1, 0, 4}};
+                                        {3, 95, 129},  {1, 0, 4},   {6, 576, 200}, {8, 33, 9}};
     for (size_t d = 0; d < 3; d++) {
         for (size_t s = 0; s < sizeof shapes / sizeof shapes[0]; s++)
             CHECK(casted_case(*all_dtypes[d], shapes[s][0], shapes[s][1], shapes[s][2], (int)(s % 2), 0));
