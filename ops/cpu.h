@@ -71,6 +71,12 @@ enum { TK_CPU_MODE_AUTO = 0, TK_CPU_MODE_PORTABLE = 1, TK_CPU_MODE_REFERENCE = 2
 /* The mode from TK_CPU_IMPL (read once: auto, portable or reference; anything else is auto). */
 int tk_ops__cpu_mode(void);
 
+/* 1 when TK_CPU_Q8=1 (read once): implementations that round activations beyond an op's contract
+ * (casted_linear's cpu-avx2-q8 quantises x as llama.cpp's Q8_0 does) may take calls; else they refuse. */
+int tk_ops__cpu_act_quant(void);
+/* Overrides TK_CPU_Q8 (tests). */
+void tk_ops__cpu_set_act_quant(int on);
+
 size_t tk_ops__cpu_impl_count(void);
 const tk_cpu_impl *tk_ops__cpu_impl_at(size_t i);
 /* 1 when this CPU can run it and the mode allows it. */

@@ -77,7 +77,7 @@ static unsigned detect(void) { return 0; }
 #endif
 
 static unsigned features;
-static int mode;
+static int mode, act_quant;
 static pthread_once_t once = PTHREAD_ONCE_INIT;
 
 static void init(void)
@@ -88,6 +88,20 @@ static void init(void)
               : !strcmp(m, "reference") ? TK_CPU_MODE_REFERENCE
               : !strcmp(m, "portable") ? TK_CPU_MODE_PORTABLE
                                        : TK_CPU_MODE_AUTO;
+    const char *q = getenv("TK_CPU_Q8");
+    act_quant = q && !strcmp(q, "1");
+}
+
+int tk_ops__cpu_act_quant(void)
+{
+    pthread_once(&once, init);
+    return act_quant;
+}
+
+void tk_ops__cpu_set_act_quant(int on)
+{
+    pthread_once(&once, init);
+    act_quant = on != 0;
 }
 
 unsigned tk_ops__cpu_features(void)

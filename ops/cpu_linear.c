@@ -807,11 +807,13 @@ static int run_casted_c(const tk_op_call *c) { return run(c, 1, 0); }
 #if TK_CPU_X86
 static int run_linear_avx2(const tk_op_call *c) { return run(c, 0, 1); }
 static int run_casted_avx2(const tk_op_call *c) { return run(c, 1, 1); }
-/* The integer-dot GEMV: decode's rows (M <= 4) with some depth. */
+/* The integer-dot GEMV: decode's rows (M <= 4) with some depth, when TK_CPU_Q8=1 asks for it: it
+ * quantises x, so its results leave casted_linear's contract (the reference's f32 x) by up to the
+ * bound docs/cpu.md gives, and greedy tokens can differ from transformers' int8 weight-only run. */
 static int fits_casted_q8(const tk_op_call *c)
 {
     lin_t L;
-    return setup(&L, c, 1) && L.m >= 1 && L.m <= GEMV_MAX_M && L.k > 0;
+    return tk_ops__cpu_act_quant() && setup(&L, c, 1) && L.m >= 1 && L.m <= GEMV_MAX_M && L.k > 0;
 }
 
 static int run_casted_q8(const tk_op_call *c)
@@ -830,7 +832,8 @@ const tk_cpu_impl tk_ops__cpu_linear_impls[] = {
     {"linear", "cpu-avx2", TK_CPU_X86_AVX2, fits_linear, run_linear_avx2,
      "f32/f16/bf16 weights read in their dtype: GEMV (M <= 4) and a packed 6x16 FMA GEMM, threaded"},
     {"casted_linear", "cpu-avx2-q8", TK_CPU_X86_AVX2, fits_casted_q8, run_casted_q8,
-     "decode (M <= 4): x quantised to i8 per 32 (Q8_0's activations), integer dots (vpmaddubsw), threaded"},
+     "decode (M <= 4): x quantised to i8 per 32 (Q8_0's activations), integer dots (vpmaddubsw), threaded; "
+     "TK_CPU_Q8=1 only"},
     {"casted_linear", "cpu-avx2", TK_CPU_X86_AVX2, fits_casted, run_casted_avx2,
      "i8 weights widened in registers against f32 x: the packed GEMM (prefill, M > 4), threaded"},
 #endif

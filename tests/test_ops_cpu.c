@@ -712,9 +712,14 @@ static void test_pick(void)
         int q8 = 0; /* the table has it (an x86 build) and this CPU runs it */
         for (size_t i = 0; i < tk_ops__cpu_impl_count(); i++)
             q8 |= !strcmp(tk_ops__cpu_impl_at(i)->impl, "cpu-avx2-q8") && tk_ops__cpu_impl_usable(tk_ops__cpu_impl_at(i));
-        if (q8) {
+        if (q8) { /* TK_CPU_Q8=1 (main sets it): q8 for decode's rows; off, the f32-activation GEMV */
             CHECK(p != NULL);
             CHECK_STR(p ? p->impl : "", m <= 4 ? "cpu-avx2-q8" : "cpu-avx2");
+            tk_ops__cpu_set_act_quant(0);
+            p = tk_ops__cpu_pick(&c);
+            CHECK(p != NULL);
+            CHECK_STR(p ? p->impl : "", "cpu-avx2");
+            tk_ops__cpu_set_act_quant(1);
         }
         free(x.buf);
         free(w.buf);
@@ -819,6 +824,7 @@ int main(void)
         if ((tk_ops__cpu_features() & b) && tk_ops__cpu_feature_str(b))
             printf(" %s", tk_ops__cpu_feature_str(b));
     printf("; mode %d; threads %d\n", tk_ops__cpu_mode(), tk_ops__threads());
+    tk_ops__cpu_set_act_quant(1); /* TK_CPU_Q8=1: cpu-avx2-q8 is tested against the reference too */
     RUN(test_pool);
     RUN(test_linear);
     RUN(test_casted_linear);
