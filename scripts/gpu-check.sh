@@ -154,6 +154,8 @@ run_test() { # PHASE NAME TIMEOUT CMD...
     s=$(echo "$last" | sed -nE 's/.* ([0-9]+) skipped.*/\1/p'); s=${s:-0}
   fi
   if [ $rc = 124 ] || [ $rc = 137 ]; then st=TIMEOUT note="killed after ${to}s; last: $(tail -n1 "$log" | cut -c1-80)"
+  elif [ "$phase" = prepare ]; then # a command, not a test binary: its exit status is the verdict
+    if [ $rc = 0 ]; then st=ok p=1; else st=FAIL f=1 note="exit $rc; $(tail -n1 "$log" | cut -c1-100)"; fi
   elif [ $rc != 0 ] || [ "$f" != 0 ] || [ -z "$last" ]; then st=FAIL note="exit $rc; $(grep -m1 -E 'CHECK|FAIL|rror' "$log" | cut -c1-100)"
   elif [ "$p" = 0 ] && [ "$s" != 0 ]; then st=skip note="$(grep -m1 '^skip' "$log" | cut -c1-80)"
   else st=ok; fi
