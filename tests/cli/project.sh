@@ -37,7 +37,7 @@ start_nginx "$RA" || exit 1
 URLA=$NGINX_URL
 # serve ROOT: tk serve on a free port; prints its URL (tk serve prints it on stdout).
 serve() {
-  local out=$WORK/serve-$RANDOM.url
+  local out; out=$(mktemp "$WORK/serve.XXXXXX.url")
   "$TK" serve --root "$1" --listen 127.0.0.1:0 >"$out" 2>>"$WORK/serve.log" &
   echo "$!" >>"$WORK/serve.pids"   # a file, not a variable: serve runs in $(...), a subshell
   for _ in $(seq 100); do [ -s "$out" ] && break; sleep 0.05; done
@@ -122,7 +122,7 @@ PY
 # make_lock DIR: a project and its lock, made in a scratch home.
 make_lock() {
   local home=$TK_HOME
-  export TK_HOME=$WORK/lockhome-$RANDOM; mkdir -p "$TK_HOME"; config "$URLA" "$URLB"; trust_all
+  TK_HOME=$(mktemp -d "$WORK/lockhome.XXXXXX"); export TK_HOME; config "$URLA" "$URLB"; trust_all
   project "$1"; (cd "$1" && "$TK" lock -q) || fail "lock"
   export TK_HOME=$home
 }

@@ -29,7 +29,11 @@ EOF
 # version_tar VERSION OUT [NAME] [KEY]: publishes a version into a scratch tree and tars its three
 # files, the upload body.
 version_tar() {
-  local ver=$1 out=$2 name=${3:-tktest/demo} key=${4:-$KEY} t=$WORK/scratch-$RANDOM
+  local ver=$1 out=$2 name=${3:-tktest/demo} key=${4:-$KEY} t
+  # a fresh tree each time (not scratch-$RANDOM: two calls drew the same number once, and the second
+  # publish of 1.0.0 found 1.0.1 there)
+  t=$(mktemp -d "$WORK/scratch.XXXXXX") || { fail "mktemp"; return 1; }
+  rmdir "$t"
   make_pkg "$WORK/p-$ver" "$ver" "$name"
   "$TK" publish "$WORK/p-$ver" --to "$t" --key "$key" -q >/dev/null || { fail "publish $ver"; return 1; }
   (cd "$t/kernels/$name/resolve/v${ver%%.*}" && tar cf "$out" manifest.json manifest.json.sig source.tar.gz)
