@@ -101,7 +101,7 @@ static int common_opt(tk_cli *cli, tk_model_opts *o, int argc, char **argv, int 
         return (*exit_code = tk_cli_parse_threads(cli, usage, v)) ? -1 : 1;
     }
     if (!strcmp(argv[*i], "--dtype") || !strcmp(argv[*i], "--device")) {
-        int dev = argv[*i][3] == 'v';
+        int dev = !strcmp(argv[*i], "--device");
         if (*i + 1 >= argc) {
             *exit_code = tk_cli_usage(usage, "%s needs a value", argv[*i]);
             return -1;

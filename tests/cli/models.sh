@@ -176,6 +176,13 @@ t_logits_bad_ids() {
   expect_rc 0 "$TK" model logits "$BASE" --ids 1 --dtype bfloat16
   expect_rc 0 "$TK" model logits "$BASE" --ids 1 --dtype half
   expect_rc 2 "$TK" model logits "$BASE" --ids 1 --device tpu
+  expect_out "want cpu, cuda or cuda:N"   # --device was once read as --dtype: every --device refused
+  expect_rc 0 "$TK" model logits "$BASE" --ids 1 --device cpu
+  expect_rc 0 "$TK" model info "$BASE" --device cpu
+  if [ ! -e /dev/nvidia0 ]; then
+    expect_rc 7 "$TK" model logits "$BASE" --ids 1 --device cuda   # no GPU: exit 7 with a hint
+    expect_out "HINT"
+  fi
 }
 
 t_bad_checkpoints() {
