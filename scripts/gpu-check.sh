@@ -21,12 +21,15 @@
 # Options: --bundle DIR (.gpu), --work DIR (/tmp/tkg: unpacked here), --out DIR ($OUT, else
 # WORK/out), --expect-gpu / --dry-run, --test-timeout S (240 per binary), --san-timeout S (270),
 # --bench-timeout S (180), --only REGEX (test binaries to run), --no-bench, --no-memcheck,
-# --no-selftest, --python PY (python3: the one with torch; a dry run uses it for the bench's --cpu-check).
-# Phase 1b (tk selftest): the shipped packages pass, the broken test package is caught and routed
+# --no-selftest, --no-models, --models-timeout S (150), --python PY (python3: the one with torch; a
+# dry run uses it for the bench's --cpu-check).
+# Phase 1d (tests/gpu_models.py): the model pipelines (tk model logits, tk generate) with --device cuda
+# on the tiny checkpoints of every family, against transformers on the same GPU.
+# Phase 1c (tk selftest): the shipped packages pass, the broken test package is caught and routed
 # around, a hanging kernel is stopped; without a GPU, the no-device error and the plan.
 set -uo pipefail
 root=$(cd "$(dirname "$0")/.." && pwd)
-bundle=$root/.gpu work=/tmp/tkg out=${OUT:-} expect= t_test=240 t_san=270 t_bench=180 only= bench=1 san=1 selftest=1 py=python3
+bundle=$root/.gpu work=/tmp/tkg out=${OUT:-} expect= t_test=240 t_san=270 t_bench=180 only= bench=1 san=1 selftest=1 models=1 t_models=150 py=python3
 while [ $# -gt 0 ]; do
   case $1 in
     --bundle) bundle=$2; shift 2 ;;
@@ -41,12 +44,14 @@ while [ $# -gt 0 ]; do
     --no-bench) bench=0; shift ;;
     --no-memcheck) san=0; shift ;;
     --no-selftest) selftest=0; shift ;;
+    --no-models) models=0; shift ;;
+    --models-timeout) t_models=$2; shift 2 ;;
     --python) py=$2; shift 2 ;;
-    -h|--help) sed -n '2,30p' "$0" | sed 's/^# \{0,1\}//'; exit 0 ;;
+    -h|--help) sed -n '2,29p' "$0" | sed 's/^# \{0,1\}//'; exit 0 ;;
     *) echo "gpu-check: unknown argument '$1'" >&2; echo "HINT: bash scripts/gpu-check.sh --help" >&2; exit 2 ;;
   esac
 done
-for v in "$t_test" "$t_san" "$t_bench"; do
+for v in "$t_test" "$t_san" "$t_bench" "$t_models"; do
   [[ $v =~ ^[0-9]+$ ]] || { echo "gpu-check: timeout '$v' is not a number of seconds" >&2; exit 2; }
 done
 out=${out:-$work/out}
@@ -283,6 +288,27 @@ PY
   fi
   cat "$SJ"/*.json >"$out/selftest.json" 2>/dev/null
   save
+fi
+
+# ---- phase 1d: the model pipelines on the GPU against transformers on the same GPU -----------------
+# tests/gpu_models.py: the tiny checkpoints of tests/models/make_tiny.py; per causal LM, tk model logits
+# (f32, bf16) and tk generate (greedy f32) with --device cuda against transformers on cuda. Rows in
+# logs.tgz (log/models.json, models.log); here one summary row, and one per failed check.
+if [ $models = 1 ] && [ "$TK_TEST_GPU" = 1 ]; then
+  echo "== phase 1d: models on the GPU against transformers (tests/gpu_models.py, ${t_models}s)"
+  t0=$(date +%s); MH=$work/bench-home; [ -d "$MH" ] || MH=$work/models-home
+  TK_HOME=$MH timeout -k 5 "$t_models" "$py" "$root/tests/gpu_models.py" --tk "$B/tk" --work "$work" \
+    --deadline $(( t_models - 30 )) --json "$L/models.json" >"$L/models.log" 2>&1; rc=$?
+  last=$(grep -E '^[0-9]+ passed, [0-9]+ failed' "$L/models.log" | tail -n1)
+  p=$(echo "$last" | sed -nE 's/^([0-9]+) passed.*/\1/p'); f=$(echo "$last" | sed -nE 's/.* ([0-9]+) failed.*/\1/p')
+  st=$([ $rc = 0 ] && echo ok || { [ $rc = 124 ] && echo TIMEOUT || echo FAIL; })
+  row models gpu_models "$st" "${p:-0}" "${f:-1}" 0 "$(( $(date +%s) - t0 ))" "exit $rc; $last"
+  grep -E '^[^ ]+ +[a-z0-9_-]+ +FAIL ' "$L/models.log" | head -n 20 | while read -r m c _ v rest; do
+    row models "$m:$c" FAIL 0 1 0 0 "$v $rest"
+  done
+  save
+else
+  row models gpu_models skip 0 0 1 0 "$([ $models = 1 ] && echo "no GPU" || echo "--no-models")"
 fi
 
 # ---- phase 2: benchmarks against PyTorch (alone on the GPU) ----------------------------------------

@@ -1,0 +1,135 @@
+#!/usr/bin/env python3
+"""gpu_models.py — the model pipelines on a GPU, checked against transformers on the same GPU.
+
+    gpu_models.py --tk TK --work DIR [--csv F] [--json F] [--deadline S] [--only REGEX] [--tokens N]
+
+scripts/gpu-check.sh runs it (phase 1d) on a machine with a GPU, torch and transformers. It writes the
+tiny random checkpoints of tests/models/make_tiny.py (transformers' save_pretrained) into DIR/tiny,
+then for each causal LM among them:
+  - logits f32: `tk model logits --device cuda --dtype f32` against the model in transformers on cuda
+    in f32 (TF32 off), largest |difference| over the largest |logit|; must be below 1e-4;
+  - greedy f32: `tk generate --device cuda` against transformers' generate() on cuda, token for token
+    (the CPU path is checked the same way in CI: tests/cli/checkpoints.sh);
+  - logits bf16: the same with --dtype bf16 against transformers in bf16 (reported, status "info": two
+    bf16 computations round differently, and a MoE router may then pick other experts).
+One row per check goes to --csv/--json and a table to stdout; the exit status is 1 if a check failed.
+--deadline S stops starting new models after S seconds (the rows so far are kept).
+"""
+import argparse
+import csv
+import json
+import os
+import re
+import subprocess
+import sys
+import time
+
+os.environ.setdefault("TRANSFORMERS_VERBOSITY", "error")
+os.environ.setdefault("HF_HUB_DISABLE_PROGRESS_BARS", "1")
+HERE = os.path.dirname(os.path.abspath(__file__))
+IDS = [1, 17, 42, 99, 5, 200, 13, 77, 150, 3, 64, 250]
+
+
+def tk_json(tk, args, timeout=120):
+    p = subprocess.run([tk] + args + ["--json"], capture_output=True, text=True, timeout=timeout)
+    try:
+        doc = json.loads(p.stdout) if p.stdout.strip() else {}
+    except json.JSONDecodeError:
+        doc = {}
+    if p.returncode != 0 or "error" in doc:
+        msg = doc.get("error", {}).get("message") or (p.stderr.strip().splitlines() or ["?"])[-1]
+        raise RuntimeError(f"tk {' '.join(args[:2])} exit {p.returncode}: {msg}"[:300])
+    return doc
+
+
+def main():
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--tk", required=True)
+    ap.add_argument("--work", required=True)
+    ap.add_argument("--csv")
+    ap.add_argument("--json")
+    ap.add_argument("--deadline", type=float, default=1e9)
+    ap.add_argument("--only", default="")
+    ap.add_argument("--tokens", type=int, default=16)
+    ap.add_argument("--device", default="cuda", help="cuda (the check), or cpu to try the script without a GPU")
+    a = ap.parse_args()
+    t0 = time.time()
+
+    import torch
+    from transformers import AutoModelForCausalLM
+    torch.backends.cuda.matmul.allow_tf32 = False  # tk's f32 kernels do f32 arithmetic
+    torch.backends.cudnn.allow_tf32 = False
+
+    tiny = os.path.join(a.work, "tiny")
+    if not os.path.isdir(os.path.join(tiny, "llama")):
+        subprocess.run([sys.executable, os.path.join(HERE, "models", "make_tiny.py"), tiny], check=True,
+                       stdout=subprocess.DEVNULL)
+    print(f"checkpoints written in {time.time() - t0:.1f} s", flush=True)
+
+    rows = []
+
+    def row(model, check, ok, value, note="", status=None):
+        r = {"model": model, "check": check, "status": status or ("ok" if ok else "FAIL"), "value": value, "note": note}
+        rows.append(r)
+        print(f"{model:18} {check:14} {r['status']:5} {value:>12}  {note}", flush=True)
+
+    names = sorted(n for n in os.listdir(tiny) if os.path.isfile(os.path.join(tiny, n, "config.json")))
+    for name in names:
+        d = os.path.join(tiny, name)
+        arch = json.load(open(os.path.join(d, "config.json"))).get("architectures", ["?"])[0]
+        if not arch.endswith("ForCausalLM") and arch != "GPT2LMHeadModel":
+            continue
+        if a.only and not re.search(a.only, name):
+            continue
+        if time.time() - t0 > a.deadline:
+            row(name, "-", False, "-", "not started: the phase's deadline passed")
+            continue
+        ids = ",".join(map(str, IDS))
+        for dtype, tdt, tol in (("f32", torch.float32, 1e-4), ("bf16", torch.bfloat16, 5e-2)):
+            try:
+                m = AutoModelForCausalLM.from_pretrained(d, dtype=tdt).to(a.device).eval()
+                with torch.no_grad():
+                    ref = m(torch.tensor([IDS], device=a.device)).logits[0].float().cpu()
+                got = torch.tensor(tk_json(a.tk, ["model", "logits", d, "--ids", ids, "--device", a.device,
+                                                  "--dtype", dtype])["logits"])
+                rel = ((got - ref).abs().max() / ref.abs().max()).item()
+                if dtype == "f32":
+                    row(name, "logits_f32", rel < tol, f"{rel:.2e}", f"max|ref| {ref.abs().max().item():.3g}, tol {tol:g}")
+                else:  # two bf16 computations round differently (and may route MoE tokens differently): reported
+                    row(name, "logits_bf16", True, f"{rel:.2e}", f"max|ref| {ref.abs().max().item():.3g}"
+                        + ("" if rel < tol else f"; above {tol:g}: look at it"), status="info")
+                cfg = json.load(open(os.path.join(d, "config.json")))
+                n = min(a.tokens, cfg.get("max_position_embeddings", cfg.get("n_positions", 1 << 30)) - len(IDS))
+                if dtype == "f32" and n <= 0:
+                    row(name, "greedy_f32", True, "-", "skipped: the context holds no more tokens than the prompt")
+                elif dtype == "f32":
+                    x = torch.tensor([IDS], device=a.device)
+                    with torch.no_grad():  # an explicit mask: generate() would mask a prompt id equal to pad_token_id
+                        out = m.generate(x, attention_mask=torch.ones_like(x), do_sample=False, max_new_tokens=n)
+                    want = out[0, len(IDS):].tolist()
+                    g = tk_json(a.tk, ["generate", d, "--ids", ids, "--device", a.device,
+                                       "--max-new-tokens", str(n)])
+                    have = g["ids"]
+                    first = next((i for i, (x, y) in enumerate(zip(have, want)) if x != y), None)
+                    same = have == want
+                    row(name, "greedy_f32", same, f"{len(want)} tok",
+                        "same tokens" if same else f"first differs at {first}: tk {have} hf {want}")
+                del m
+            except Exception as e:  # one model's failure is a row, not the end of the phase
+                row(name, f"logits_{dtype}", False, "-", str(e).replace("\n", " ")[:200])
+        torch.cuda.empty_cache()
+
+    if a.csv:
+        with open(a.csv, "w", newline="") as f:
+            w = csv.DictWriter(f, fieldnames=["model", "check", "status", "value", "note"])
+            w.writeheader()
+            w.writerows(rows)
+    if a.json:
+        json.dump(rows, open(a.json, "w"), indent=1)
+    bad = [r for r in rows if r["status"] == "FAIL"]
+    print(f"{len(rows) - len(bad)} passed, {len(bad)} failed ({time.time() - t0:.0f} s)")
+    return 1 if bad else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
