@@ -62,11 +62,37 @@ t_bad_arguments() {
 t_failing_test_fails_the_run() {
   have_bundle || return
   "$ROOT/build/tk" doctor --require-gpu >/dev/null 2>&1 && { skip "a GPU is present"; return; }
-  expect_rc 1 env -u OUT bash "$CHECK" --expect-gpu --no-bench --no-memcheck --only 'test_gpu_softmax' \
+  expect_rc 1 env -u OUT bash "$CHECK" --expect-gpu --no-bench --no-memcheck --no-models --only 'test_gpu_softmax' \
     --work "$WORK/w3" --out "$WORK/out3" --python "$PY"
   expect_out "test_gpu_softmax"
   grep -q '^test,test_gpu_softmax,FAIL' "$WORK/out3/summary.csv" || fail "softmax row: $(cat "$WORK/out3/summary.csv")"
   grep -q '^env,doctor,FAIL' "$WORK/out3/summary.csv" || fail "doctor row: $(cat "$WORK/out3/summary.csv")"
+}
+
+# Phase 1d's script, run here on the CPU (--device cpu) on two families, so that it works when it
+# reaches a GPU: the checkpoints written by transformers, tk's logits and greedy tokens against
+# transformers', one row per check, and a wrong tk fails it.
+t_gpu_models_script_on_cpu() {
+  py_has "$PY" transformers || { [ -n "${CI:-}" ] && fail "no transformers in $PY"; skip "no transformers"; return; }
+  expect_rc 0 "$PY" "$ROOT/tests/gpu_models.py" --tk "$TK" --work "$WORK/gm" --device cpu --only '^(llama|olmo2)$' \
+    --json "$WORK/gm.json" --tokens 8
+  expect_out "6 passed, 0 failed"
+  "$PY" - "$WORK/gm.json" <<'PY' || fail "gm.json: $(cat "$WORK/gm.json")"
+import json, sys
+rows = json.load(open(sys.argv[1]))
+checks = sorted((r["model"], r["check"], r["status"]) for r in rows)
+assert checks == [(m, c, s) for m in ("llama", "olmo2") for c, s in
+                  (("greedy_f32", "ok"), ("logits_bf16", "info"), ("logits_f32", "ok"))], checks
+PY
+  # a tk that answers wrong logits is caught (a wrapper that scales them)
+  cat >"$WORK/badtk" <<EOF2
+#!/usr/bin/env bash
+if [ "\$1" = model ]; then "$TK" "\$@" | python3 -c 'import json,sys; d=json.load(sys.stdin); d["logits"]=[[x*1.01 for x in r] for r in d["logits"]]; print(json.dumps(d))'
+else exec "$TK" "\$@"; fi
+EOF2
+  chmod +x "$WORK/badtk"
+  expect_rc 1 "$PY" "$ROOT/tests/gpu_models.py" --tk "$WORK/badtk" --work "$WORK/gm" --device cpu --only '^llama$' --tokens 4
+  echo "$OUT" | grep -qE '^llama +logits_f32 +FAIL' || fail "the scaled logits were not caught: $OUT"
 }
 
 run_tests
