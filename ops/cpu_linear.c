@@ -345,16 +345,12 @@ static int run_gemv(const lin_t *L)
  * groups; at M = 8 the two were even (bench/RESULTS.md). Here each range of weight rows (about 32 KiB of the weight, gemv_grain) is
  * read from memory once and dotted with x in groups of up to GEMV_MAX_M rows by the GEMV kernels, the
  * later groups reading it from the cache. Past GROUPS_MAX_M rows the GEMM's register tile wins. The
- * numerics are the GEMV's, row for row (transposed weights keep the GEMM). */
-typedef struct {
-    const lin_t *L;
-    const float *xf;
-    int64_t ldxf;
-} groups_job;
+ * numerics are the GEMV's, row for row (transposed weights keep the GEMM). The job is the GEMV's:
+ * the whole x, each group's view made per range. */
 
 static void gemv_groups_range(void *arg, int64_t lo, int64_t hi)
 {
-    const groups_job *g = arg;
+    const gemv_job *g = arg;
     const lin_t *L = g->L;
     size_t os = tk_cpu_kind_size(L->ok);
     for (int64_t i0 = 0; i0 < L->m; i0 += GEMV_MAX_M) {
@@ -373,7 +369,7 @@ static void gemv_groups_range(void *arg, int64_t lo, int64_t hi)
 
 static int run_gemv_groups(const lin_t *L)
 {
-    groups_job g = {L, NULL, 0};
+    gemv_job g = {L, NULL, 0};
     if (!(g.xf = x_f32(L, &g.ldxf)))
         return tk__err(TK_ERR_NOMEM, "linear: out of memory for x as f32");
     int64_t bytes = L->n * L->k * (int64_t)tk_cpu_kind_size(L->wk);
