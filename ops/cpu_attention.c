@@ -86,6 +86,18 @@ static void rows_init(rows_t *T)
     }
 }
 
+/* Online softmax: a block's row maximum mc above the running maximum m rescales the running sum l (and,
+ * by the factor returned, the caller's accumulator); 1 when the maximum stands. */
+static inline float online_rescale(float *m, float *l, float mc)
+{
+    if (!(mc > *m))
+        return 1.0f;
+    float sc = expf(*m - mc);
+    *l *= sc;
+    *m = mc;
+    return sc;
+}
+
 /* One chunk of keys [j0, j0 + n) for every row: portable. */
 static void chunk_c(rows_t *T, int64_t j0, int64_t n)
 {
@@ -158,12 +170,7 @@ TK_AVX2 static void chunk_avx2(rows_t *T, int64_t j0, int64_t n)
         float mc = tk_hmax8(mx);
         if (mc == -INFINITY)
             continue; /* NaN scores: max ignores them; the row is NaN anyway */
-        float *acc = T->acc + r * T->dp, sc = 1.0f;
-        if (mc > T->m[r]) {
-            sc = expf(T->m[r] - mc);
-            T->l[r] *= sc;
-            T->m[r] = mc;
-        }
+        float *acc = T->acc + r * T->dp, sc = online_rescale(&T->m[r], &T->l[r], mc);
         __m256 mv = _mm256_set1_ps(T->m[r]), lsum = _mm256_setzero_ps();
         for (int g = 0; g < 8; g++) {
             __m256 p = tk_exp8(_mm256_sub_ps(s[g], mv)); /* exp(-inf) = 0 for masked keys */
@@ -233,12 +240,7 @@ TK_AVX2_INLINE void chunk_inplace(rows_t *T, row_fn rowp, const void *src, int k
         T->nan[r] |= nan;
         if (mc == -INFINITY)
             continue; /* NaN scores: max ignores them; the row is NaN anyway */
-        float *acc = T->acc + r * T->dp, sc = 1.0f;
-        if (mc > T->m[r]) {
-            sc = expf(T->m[r] - mc);
-            T->l[r] *= sc;
-            T->m[r] = mc;
-        }
+        float *acc = T->acc + r * T->dp, sc = online_rescale(&T->m[r], &T->l[r], mc);
         __m256 mv = _mm256_set1_ps(T->m[r]), lsum = _mm256_setzero_ps();
         for (int64_t t = ta / 8 * 8; t <= tb; t += 8) {
             __m256 p = tk_exp8(_mm256_sub_ps(_mm256_load_ps(s + t), mv)); /* exp(-inf) = 0 outside [a, b] */
