@@ -9,7 +9,8 @@
  *
  * x, w, bias and y share one dtype (f32, f16 or bf16; y f32 with y_f32); the product accumulates in fp32
  * (CUBLAS_COMPUTE_32F; TF32 only when allow_tf32 is set) and the bias is added in the epilogue
- * before the one rounding to the output dtype. Internal names are tk_jit__blaslt_*.
+ * before the one rounding to the output dtype. A split-K algorithm is used only when it adds its
+ * parts in fp32 (never in a 16-bit y's type; cublaslt.c). Internal names are tk_jit__blaslt_*.
  */
 #ifndef TK_JIT_CUBLASLT_H
 #define TK_JIT_CUBLASLT_H
