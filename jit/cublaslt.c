@@ -80,6 +80,9 @@ enum {
     CUBLASLT_REDUCTION_SCHEME_INPLACE = 1,
     CUBLASLT_REDUCTION_SCHEME_COMPUTE_TYPE = 2,
     CUBLASLT_REDUCTION_SCHEME_OUTPUT_TYPE = 4,
+    CUBLASLT_ALGO_CONFIG_ID = 0,
+    CUBLASLT_ALGO_CONFIG_TILE_ID = 1,
+    CUBLASLT_ALGO_CONFIG_SPLITK_NUM = 2,
     CUBLASLT_ALGO_CONFIG_REDUCTION_SCHEME = 3,
 };
 
@@ -494,6 +497,11 @@ static int matmul(cublasLtHandle_t h, const descs *d, const cublasLtMatmulAlgo_t
 }
 #undef LT
 
+static int compute_of(const tk_jit_gemm *g)
+{
+    return g->dtype == TK_JIT_BLASLT_F32 && g->allow_tf32 ? CUBLAS_COMPUTE_32F_FAST_TF32 : CUBLAS_COMPUTE_32F;
+}
+
 int tk_jit__blaslt_gemm(const tk_jit_gemm *g)
 {
     static const int cuda_type[] = {CUDA_R_32F, CUDA_R_16F, CUDA_R_16BF};
@@ -519,7 +527,7 @@ int tk_jit__blaslt_gemm(const tk_jit_gemm *g)
         return tk__err(TK_ERR_INVALID, "cuBLASLt product: a row of ones needs m = 1, got %lld", (long long)g->m);
     }
 
-    int compute = g->dtype == TK_JIT_BLASLT_F32 && g->allow_tf32 ? CUBLAS_COMPUTE_32F_FAST_TF32 : CUBLAS_COMPUTE_32F;
+    int compute = compute_of(g);
     cublasLtHandle_t h = NULL;
     descs d = {0};
     problem p;
@@ -550,6 +558,49 @@ int tk_jit__blaslt_gemm(const tk_jit_gemm *g)
         tk_jit__cu()->cuMemFreeAsync(ws, (CUstream)g->stream);
     if (ones)
         tk_jit__cu()->cuMemFreeAsync(ones, (CUstream)g->stream);
+    descs_free(&d);
+    tk_jit__ctx_pop();
+    return rc;
+}
+
+int tk_jit__blaslt_algo_info(const tk_jit_gemm *g, tk_jit_blaslt_algo *info)
+{
+    static const int cuda_type[] = {CUDA_R_32F, CUDA_R_16F, CUDA_R_16BF};
+    static const int attr[4] = {CUBLASLT_ALGO_CONFIG_ID, CUBLASLT_ALGO_CONFIG_TILE_ID, CUBLASLT_ALGO_CONFIG_SPLITK_NUM,
+                                CUBLASLT_ALGO_CONFIG_REDUCTION_SCHEME};
+    if (!g || !info || g->dtype < 0 || g->dtype > TK_JIT_BLASLT_BF16 || g->device < 0 || g->device >= MAX_DEVICES)
+        return tk__err(TK_ERR_INVALID, "cuBLASLt algorithm: bad arguments");
+    if (g->m <= 0 || g->n <= 0 || g->k <= 0)
+        return tk__err(TK_ERR_INVALID, "cuBLASLt algorithm: [%lld, %lld] x [%lld] is no product", (long long)g->m,
+                       (long long)g->k, (long long)g->n);
+    memset(info, 0, sizeof *info);
+    int rc = tk_jit__blaslt_load();
+    if (rc != TK_OK)
+        return rc;
+    if (!lt.MatmulAlgoConfigGetAttribute)
+        return tk__err(TK_ERR_UNSUPPORTED, "%s has no cublasLtMatmulAlgoConfigGetAttribute", lt_path);
+    if ((rc = tk_jit__ctx_push(g->device)) != TK_OK)
+        return rc;
+    int compute = compute_of(g);
+    cublasLtHandle_t h = NULL;
+    descs d = {0};
+    problem p;
+    cublasLtMatmulAlgo_t algo;
+    size_t wsz = 0;
+    problem_of(&p, g, compute);
+    if ((rc = handle_for(&h, g->device)) == TK_OK && (rc = descs_make(&d, g, cuda_type[g->dtype], compute)) == TK_OK &&
+        (rc = algo_for(&algo, &wsz, h, &d, &p, g)) == TK_OK) {
+        int *out[4] = {&info->algo_id, &info->tile_id, &info->splitk, &info->reduction};
+        info->workspace = wsz;
+        for (int i = 0; i < 4 && rc == TK_OK; i++) {
+            uint32_t v = 0; /* int32_t or uint32_t per attribute: 4 bytes either way */
+            size_t written = 0;
+            cublasStatus_t st = lt.MatmulAlgoConfigGetAttribute(&algo, attr[i], &v, sizeof v, &written);
+            if (st != CUBLAS_STATUS_SUCCESS)
+                rc = lt_fail(st, "cublasLtMatmulAlgoConfigGetAttribute", g->device);
+            *out[i] = (int)v;
+        }
+    }
     descs_free(&d);
     tk_jit__ctx_pop();
     return rc;

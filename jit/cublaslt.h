@@ -53,4 +53,22 @@ int tk_jit__blaslt_version(size_t *version, const char **path);
  * TK_ERR_NO_DEVICE, TK_ERR_LAUNCH (any other cuBLASLt or driver failure, with its status name). */
 int tk_jit__blaslt_gemm(const tk_jit_gemm *g);
 
+/* The algorithm tk_jit__blaslt_gemm uses for g (the one it cached, or the heuristic's pick, cached
+ * then), as cuBLASLt describes it: for tests and diagnostics (a split-K product must reduce its parts
+ * in fp32 when y is 16-bit). */
+typedef struct {
+    int algo_id;        /* CUBLASLT_ALGO_CONFIG_ID */
+    int tile_id;        /* CUBLASLT_ALGO_CONFIG_TILE_ID (cublasLtMatmulTile_t) */
+    int splitk;         /* CUBLASLT_ALGO_CONFIG_SPLITK_NUM: 1 = no split */
+    int reduction;      /* CUBLASLT_ALGO_CONFIG_REDUCTION_SCHEME: 0 none, 1 in place (output type),
+                           2 compute type (fp32 here), 4 output type */
+    size_t workspace;   /* bytes */
+} tk_jit_blaslt_algo;
+
+/* Fills *info for g (whose pointers only lend their alignments; nothing is launched). Errors:
+ * TK_ERR_INVALID (no product: m, n or k is 0, or bad arguments), TK_ERR_UNSUPPORTED (no cuBLASLt, no
+ * algorithm, or a cuBLASLt without cublasLtMatmulAlgoConfigGetAttribute), TK_ERR_NO_DEVICE,
+ * TK_ERR_LAUNCH. Thread-safe. */
+int tk_jit__blaslt_algo_info(const tk_jit_gemm *g, tk_jit_blaslt_algo *info);
+
 #endif /* TK_JIT_CUBLASLT_H */
