@@ -17,6 +17,15 @@
  * allocates the workspace that algorithm needs on the call's stream (cuMemAllocAsync, freed on the
  * stream after the product), so concurrent calls on other streams never share scratch. The
  * heuristic is told the operands' real alignment, so sliced tensors get algorithms that can read them.
+ *
+ * Split-K: for a short grid the heuristic likes algorithms that split k and add the parts afterwards.
+ * By default cuBLASLt may add them in the OUTPUT's type (CUBLASLT_REDUCTION_SCHEME_INPLACE in the
+ * output buffer, or _OUTPUT_TYPE in the workspace): with a bf16 or f16 y every part is rounded to 16
+ * bits before the sum, which breaks the one-rounding contract of cublaslt.h (tk's first GPU run: bf16
+ * [64, 77] x [96, 77] off by up to 2^-8 where the fp32 sum was 0.0017). So a 16-bit y allows only
+ * CUBLASLT_REDUCTION_SCHEME_COMPUTE_TYPE (fp32 parts, reduced in fp32) or no split at all, through the
+ * preference's reduction-scheme mask, and the chosen algorithm's scheme is checked again (when the
+ * library can report it) before it is used or cached. An f32 y loses nothing in either scheme.
  */
 #include <dlfcn.h>
 #include <pthread.h>
@@ -62,10 +71,19 @@ enum {
     CUBLASLT_EPILOGUE_DEFAULT = 1,
     CUBLASLT_EPILOGUE_BIAS = 4,
     CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES = 1,
+    CUBLASLT_MATMUL_PREF_REDUCTION_SCHEME_MASK = 3,
     CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_A_BYTES = 5,
     CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_B_BYTES = 6,
     CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_C_BYTES = 7,
     CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_D_BYTES = 8,
+    CUBLASLT_REDUCTION_SCHEME_NONE = 0,
+    CUBLASLT_REDUCTION_SCHEME_INPLACE = 1,
+    CUBLASLT_REDUCTION_SCHEME_COMPUTE_TYPE = 2,
+    CUBLASLT_REDUCTION_SCHEME_OUTPUT_TYPE = 4,
+    CUBLASLT_ALGO_CONFIG_ID = 0,
+    CUBLASLT_ALGO_CONFIG_TILE_ID = 1,
+    CUBLASLT_ALGO_CONFIG_SPLITK_NUM = 2,
+    CUBLASLT_ALGO_CONFIG_REDUCTION_SCHEME = 3,
 };
 
 typedef struct {
@@ -89,6 +107,8 @@ typedef struct {
                              cublasLtMatrixLayout_t, const void *, cublasLtMatrixLayout_t, const void *, const void *,
                              cublasLtMatrixLayout_t, void *, cublasLtMatrixLayout_t, const cublasLtMatmulAlgo_t *,
                              void *, size_t, CUstream);
+    /* optional (checked when present): the chosen algorithm's reduction scheme */
+    cublasStatus_t (*MatmulAlgoConfigGetAttribute)(const cublasLtMatmulAlgo_t *, int, void *, size_t, size_t *);
 } lt_api;
 
 /* ---- loading ------------------------------------------------------------------------------------ */
@@ -159,6 +179,7 @@ static void lt_init_once(void)
     LT_SYM(MatmulAlgoGetHeuristic, "cublasLtMatmulAlgoGetHeuristic");
     LT_SYM(Matmul, "cublasLtMatmul");
 #undef LT_SYM
+    *(void **)&lt.MatmulAlgoConfigGetAttribute = dlsym(h, "cublasLtMatmulAlgoConfigGetAttribute");
     if (missing) {
         snprintf(lt_err, sizeof lt_err, "%s has no symbol %s (a cuBLASLt older than CUDA 11?)", lt_path, missing);
         lt_status = TK_ERR_UNSUPPORTED;
@@ -364,8 +385,25 @@ static int descs_make(descs *d, const tk_jit_gemm *g, int type, int compute)
     return TK_OK;
 }
 
-/* Asks the heuristic for the best algorithm under MAX_WORKSPACE and the operands' alignments.
- * TK_ERR_UNSUPPORTED naming the product when there is none. */
+/* Whether an algorithm's split-K reduction keeps fp32 parts: always for an f32 y; for a 16-bit y only
+ * no split or CUBLASLT_REDUCTION_SCHEME_COMPUTE_TYPE (see the top of the file). An algorithm whose
+ * scheme cannot be read passes: the preference's mask already filtered it. */
+static int reduction_ok(const cublasLtMatmulAlgo_t *algo, int y16)
+{
+    uint32_t scheme = CUBLASLT_REDUCTION_SCHEME_NONE;
+    size_t written = 0;
+    if (!y16 || !lt.MatmulAlgoConfigGetAttribute ||
+        lt.MatmulAlgoConfigGetAttribute(algo, CUBLASLT_ALGO_CONFIG_REDUCTION_SCHEME, &scheme, sizeof scheme,
+                                        &written) != CUBLAS_STATUS_SUCCESS)
+        return 1;
+    return scheme == CUBLASLT_REDUCTION_SCHEME_NONE || scheme == CUBLASLT_REDUCTION_SCHEME_COMPUTE_TYPE;
+}
+
+#define HEUR_RESULTS 8 /* algorithms asked for: the first whose reduction keeps fp32 parts is used */
+
+/* Asks the heuristic for the best algorithm under MAX_WORKSPACE and the operands' alignments whose
+ * split-K reduction (if any) adds fp32 parts when y is 16-bit. TK_ERR_UNSUPPORTED naming the product
+ * when there is none. */
 static int algo_ask(cublasLtMatmulAlgo_t *algo, size_t *wsz, cublasLtMatmulPreference_t *pref, cublasLtHandle_t h,
                     const descs *d, const problem *p, const tk_jit_gemm *g)
 {
@@ -374,29 +412,45 @@ static int algo_ask(cublasLtMatmulAlgo_t *algo, size_t *wsz, cublasLtMatmulPrefe
                                       CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_C_BYTES,
                                       CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_D_BYTES};
     uint64_t maxws = MAX_WORKSPACE;
-    cublasLtMatmulHeuristicResult_t res;
-    int nres = 0;
-    memset(&res, 0, sizeof res);
+    uint32_t schemes = CUBLASLT_REDUCTION_SCHEME_COMPUTE_TYPE; /* and no split, which no mask excludes */
+    int y16 = !g->y_f32 && g->dtype != TK_JIT_BLASLT_F32, nres = 0, pick = -1, rejected = 0;
+    cublasLtMatmulHeuristicResult_t res[HEUR_RESULTS];
+    memset(res, 0, sizeof res);
     LT(lt.MatmulPreferenceCreate(pref), "cublasLtMatmulPreferenceCreate");
     LT(lt.MatmulPreferenceSetAttribute(*pref, CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES, &maxws, sizeof maxws),
        "cublasLtMatmulPreferenceSetAttribute");
+    if (y16)
+        LT(lt.MatmulPreferenceSetAttribute(*pref, CUBLASLT_MATMUL_PREF_REDUCTION_SCHEME_MASK, &schemes, sizeof schemes),
+           "cublasLtMatmulPreferenceSetAttribute");
     for (int i = 0; i < 4; i++)
         LT(lt.MatmulPreferenceSetAttribute(*pref, align_attr[i], &p->align[i], sizeof p->align[i]),
            "cublasLtMatmulPreferenceSetAttribute");
-    cublasStatus_t st = lt.MatmulAlgoGetHeuristic(h, d->op, d->la, d->lb, d->ld, d->ld, *pref, 1, &res, &nres);
-    if (st != CUBLAS_STATUS_SUCCESS || nres < 1 || res.state != CUBLAS_STATUS_SUCCESS) {
-        const char *name = lt.GetStatusName(st != CUBLAS_STATUS_SUCCESS ? st : res.state);
+    cublasStatus_t st =
+        lt.MatmulAlgoGetHeuristic(h, d->op, d->la, d->lb, d->ld, d->ld, *pref, HEUR_RESULTS, res, &nres);
+    for (int i = 0; st == CUBLAS_STATUS_SUCCESS && i < nres && i < HEUR_RESULTS && pick < 0; i++) {
+        if (res[i].state != CUBLAS_STATUS_SUCCESS)
+            continue;
+        if (reduction_ok(&res[i].algo, y16))
+            pick = i;
+        else
+            rejected++;
+    }
+    if (pick < 0) {
+        const char *name = lt.GetStatusName(st != CUBLAS_STATUS_SUCCESS ? st : nres > 0 ? res[0].state : st);
         return tk__err(TK_ERR_UNSUPPORTED,
                        "cuBLASLt has no algorithm for %s [%lld, %lld] x %s [%lld, %lld]%s on device %d (%s; "
                        "alignments w %u, x %u, y %u bytes)",
                        g->dtype == TK_JIT_BLASLT_F32 ? "f32" : g->dtype == TK_JIT_BLASLT_F16 ? "f16" : "bf16",
                        (long long)g->m, (long long)g->k, g->w_kn ? "weight^T" : "weight", (long long)g->n,
                        (long long)g->k, g->bias ? " + bias" : "", g->device,
-                       nres < 1 && st == CUBLAS_STATUS_SUCCESS ? "no result" : name ? name : "?", p->align[0],
-                       p->align[1], p->align[2]);
+                       rejected ? "every one it offered adds split-K parts in 16 bits"
+                       : nres < 1 && st == CUBLAS_STATUS_SUCCESS ? "no result"
+                       : name                                    ? name
+                                                                 : "?",
+                       p->align[0], p->align[1], p->align[2]);
     }
-    *algo = res.algo;
-    *wsz = res.workspaceSize;
+    *algo = res[pick].algo;
+    *wsz = res[pick].workspaceSize;
     return TK_OK;
 }
 
@@ -443,6 +497,11 @@ static int matmul(cublasLtHandle_t h, const descs *d, const cublasLtMatmulAlgo_t
 }
 #undef LT
 
+static int compute_of(const tk_jit_gemm *g)
+{
+    return g->dtype == TK_JIT_BLASLT_F32 && g->allow_tf32 ? CUBLAS_COMPUTE_32F_FAST_TF32 : CUBLAS_COMPUTE_32F;
+}
+
 int tk_jit__blaslt_gemm(const tk_jit_gemm *g)
 {
     static const int cuda_type[] = {CUDA_R_32F, CUDA_R_16F, CUDA_R_16BF};
@@ -468,7 +527,7 @@ int tk_jit__blaslt_gemm(const tk_jit_gemm *g)
         return tk__err(TK_ERR_INVALID, "cuBLASLt product: a row of ones needs m = 1, got %lld", (long long)g->m);
     }
 
-    int compute = g->dtype == TK_JIT_BLASLT_F32 && g->allow_tf32 ? CUBLAS_COMPUTE_32F_FAST_TF32 : CUBLAS_COMPUTE_32F;
+    int compute = compute_of(g);
     cublasLtHandle_t h = NULL;
     descs d = {0};
     problem p;
@@ -499,6 +558,49 @@ int tk_jit__blaslt_gemm(const tk_jit_gemm *g)
         tk_jit__cu()->cuMemFreeAsync(ws, (CUstream)g->stream);
     if (ones)
         tk_jit__cu()->cuMemFreeAsync(ones, (CUstream)g->stream);
+    descs_free(&d);
+    tk_jit__ctx_pop();
+    return rc;
+}
+
+int tk_jit__blaslt_algo_info(const tk_jit_gemm *g, tk_jit_blaslt_algo *info)
+{
+    static const int cuda_type[] = {CUDA_R_32F, CUDA_R_16F, CUDA_R_16BF};
+    static const int attr[4] = {CUBLASLT_ALGO_CONFIG_ID, CUBLASLT_ALGO_CONFIG_TILE_ID, CUBLASLT_ALGO_CONFIG_SPLITK_NUM,
+                                CUBLASLT_ALGO_CONFIG_REDUCTION_SCHEME};
+    if (!g || !info || g->dtype < 0 || g->dtype > TK_JIT_BLASLT_BF16 || g->device < 0 || g->device >= MAX_DEVICES)
+        return tk__err(TK_ERR_INVALID, "cuBLASLt algorithm: bad arguments");
+    if (g->m <= 0 || g->n <= 0 || g->k <= 0)
+        return tk__err(TK_ERR_INVALID, "cuBLASLt algorithm: [%lld, %lld] x [%lld] is no product", (long long)g->m,
+                       (long long)g->k, (long long)g->n);
+    memset(info, 0, sizeof *info);
+    int rc = tk_jit__blaslt_load();
+    if (rc != TK_OK)
+        return rc;
+    if (!lt.MatmulAlgoConfigGetAttribute)
+        return tk__err(TK_ERR_UNSUPPORTED, "%s has no cublasLtMatmulAlgoConfigGetAttribute", lt_path);
+    if ((rc = tk_jit__ctx_push(g->device)) != TK_OK)
+        return rc;
+    int compute = compute_of(g);
+    cublasLtHandle_t h = NULL;
+    descs d = {0};
+    problem p;
+    cublasLtMatmulAlgo_t algo;
+    size_t wsz = 0;
+    problem_of(&p, g, compute);
+    if ((rc = handle_for(&h, g->device)) == TK_OK && (rc = descs_make(&d, g, cuda_type[g->dtype], compute)) == TK_OK &&
+        (rc = algo_for(&algo, &wsz, h, &d, &p, g)) == TK_OK) {
+        int *out[4] = {&info->algo_id, &info->tile_id, &info->splitk, &info->reduction};
+        info->workspace = wsz;
+        for (int i = 0; i < 4 && rc == TK_OK; i++) {
+            uint32_t v = 0; /* int32_t or uint32_t per attribute: 4 bytes either way */
+            size_t written = 0;
+            cublasStatus_t st = lt.MatmulAlgoConfigGetAttribute(&algo, attr[i], &v, sizeof v, &written);
+            if (st != CUBLAS_STATUS_SUCCESS)
+                rc = lt_fail(st, "cublasLtMatmulAlgoConfigGetAttribute", g->device);
+            *out[i] = (int)v;
+        }
+    }
     descs_free(&d);
     tk_jit__ctx_pop();
     return rc;

@@ -9,7 +9,8 @@
  *
  * x, w, bias and y share one dtype (f32, f16 or bf16; y f32 with y_f32); the product accumulates in fp32
  * (CUBLAS_COMPUTE_32F; TF32 only when allow_tf32 is set) and the bias is added in the epilogue
- * before the one rounding to the output dtype. Internal names are tk_jit__blaslt_*.
+ * before the one rounding to the output dtype. A split-K algorithm is used only when it adds its
+ * parts in fp32 (never in a 16-bit y's type; cublaslt.c). Internal names are tk_jit__blaslt_*.
  */
 #ifndef TK_JIT_CUBLASLT_H
 #define TK_JIT_CUBLASLT_H
@@ -51,5 +52,23 @@ int tk_jit__blaslt_version(size_t *version, const char **path);
  * (no cuBLASLt, or no algorithm for this shape, dtype and alignment), TK_ERR_NOMEM (workspace),
  * TK_ERR_NO_DEVICE, TK_ERR_LAUNCH (any other cuBLASLt or driver failure, with its status name). */
 int tk_jit__blaslt_gemm(const tk_jit_gemm *g);
+
+/* The algorithm tk_jit__blaslt_gemm uses for g (the one it cached, or the heuristic's pick, cached
+ * then), as cuBLASLt describes it: for tests and diagnostics (a split-K product must reduce its parts
+ * in fp32 when y is 16-bit). */
+typedef struct {
+    int algo_id;        /* CUBLASLT_ALGO_CONFIG_ID */
+    int tile_id;        /* CUBLASLT_ALGO_CONFIG_TILE_ID (cublasLtMatmulTile_t) */
+    int splitk;         /* CUBLASLT_ALGO_CONFIG_SPLITK_NUM: 1 = no split */
+    int reduction;      /* CUBLASLT_ALGO_CONFIG_REDUCTION_SCHEME: 0 none, 1 in place (output type),
+                           2 compute type (fp32 here), 4 output type */
+    size_t workspace;   /* bytes */
+} tk_jit_blaslt_algo;
+
+/* Fills *info for g (whose pointers only lend their alignments; nothing is launched). Errors:
+ * TK_ERR_INVALID (no product: m, n or k is 0, or bad arguments), TK_ERR_UNSUPPORTED (no cuBLASLt, no
+ * algorithm, or a cuBLASLt without cublasLtMatmulAlgoConfigGetAttribute), TK_ERR_NO_DEVICE,
+ * TK_ERR_LAUNCH. Thread-safe. */
+int tk_jit__blaslt_algo_info(const tk_jit_gemm *g, tk_jit_blaslt_algo *info);
 
 #endif /* TK_JIT_CUBLASLT_H */

@@ -6,8 +6,9 @@
  *   casted_embedding, casted_embedding_block_sparse: every table dtype x output dtype x id dtype, the
  *       16-byte path and the scalar path (D, bs_c not multiples of the vector width); results must be
  *       bit-exact (one fp32 multiply, one rounding). Out-of-range ids give zero rows on the GPU.
- *   casted_linear: i8 and fp8_e4m3 weights over M = 1 .. 1024 with the default dispatch (checking that
- *       GEMV serves M <= 8, the split-K GEMM M <= 256 and the GEMM the rest), then each kernel forced
+ *   casted_linear: i8 and fp8_e4m3 weights over M = 1 .. 1024, with autotune off (checking the
+ *       priority rule: GEMV serves M <= 8, the split-K GEMM M <= 256 and the GEMM the rest) and with
+ *       the default autotune (checking the timed pick is a kernel that fits M), then each kernel forced
  *       through the config's "ops" override on shapes inside its bounds (K multiple of 16 or not, ragged
  *       M and N). bf16 output: relative L2 error <= 1e-2 and worst |diff| <= 2^-7 max|ref| (the fp32
  *       sums differ in order only; one bf16 rounding each).
@@ -231,8 +232,11 @@ static void test_block_sparse(void)
 
 /* ---- casted_linear ---------------------------------------------------------------------------- */
 
-/* One call on ctx; `want` is the kernel name the dispatch must pick (its prefix), NULL: any. */
-static void lin_case(tk_ctx *ctx, tk_dtype wdt, int64_t M, int64_t N, int64_t K, int with_bias, const char *want)
+/* One call on ctx; `want` is the kernel name the dispatch must pick (its prefix), NULL: any. The
+ * implementation that ran is copied to picked (picked_size bytes; "" when the call failed) unless
+ * picked is NULL. */
+static void lin_case_picked(tk_ctx *ctx, tk_dtype wdt, int64_t M, int64_t N, int64_t K, int with_bias,
+                            const char *want, char *picked, size_t picked_size)
 {
     int64_t xs[2] = {M, K}, wsh[2] = {N, K}, osh[2] = {M, N};
     host_t x, w, s, b, ref, got;
@@ -253,6 +257,8 @@ static void lin_case(tk_ctx *ctx, tk_dtype wdt, int64_t M, int64_t N, int64_t K,
                       {TK_ARG_TENSOR, "weight", &w.t, 0, 0}, {TK_ARG_TENSOR, "scale", &s.t, 0, 0},
                       {TK_ARG_TENSOR, "bias", &b.t, 0, 0}};
     const char *impl = run_both(ctx, "casted_linear", args, with_bias ? 5 : 4, &ref, &got);
+    if (picked)
+        snprintf(picked, picked_size, "%s", impl ? impl : "");
     char what[200];
     snprintf(what, sizeof what, "casted_linear %s M %lld N %lld K %lld%s (%s)", tk_ops__dtype_str(wdt), (long long)M,
              (long long)N, (long long)K, with_bias ? " + bias" : "", impl ? impl : "?");
@@ -276,27 +282,74 @@ static void lin_case(tk_ctx *ctx, tk_dtype wdt, int64_t M, int64_t N, int64_t K,
     free(got.buf);
 }
 
+static void lin_case(tk_ctx *ctx, tk_dtype wdt, int64_t M, int64_t N, int64_t K, int with_bias, const char *want)
+{
+    lin_case_picked(ctx, wdt, M, N, K, with_bias, want, NULL, 0);
+}
+
+static tk_ctx *config_ctx(const char *text);
+
+/* The kernels whose constraints a call with M rows fits (kernel.json's "max": GEMV M <= 8, split-K
+ * M <= 256, the GEMM any M), in priority order: the dispatch's candidates. */
+static size_t fitting(const char *out[3], int64_t m)
+{
+    size_t n = 0;
+    if (m <= 8)
+        out[n++] = "linear_gemv_";
+    if (m <= 256)
+        out[n++] = "linear_gemm_splitk_";
+    out[n++] = "linear_gemm_";
+    return n;
+}
+
+/* The dispatch rule of kernels-src/casted/README.md ("Kernels"): the fitting kernels by priority, GEMV
+ * (20) before split-K (10) before the GEMM (0); with autotune on (tk's default) the first call of each
+ * shape bucket times the fitting kernels and the fastest runs. So the pick is asserted exactly with
+ * autotune off (a deterministic rule of M alone) and, with autotune on, is asserted to be one of the
+ * fitting kernels: which of them is fastest is the GPU's answer, not the test's (the first GPU run,
+ * an H200: the plain GEMM beat split-K at i8 M 64 N 1024 K 4096, 121.8 against 300.3 us). Every call
+ * is also checked against the CPU reference. */
 static void test_linear_dispatch(void)
 {
     const tk_dtype wdts[] = {I8, E4M3};
     const int64_t mnk[][3] = {{1, 4096, 4096}, {3, 1000, 1000}, {8, 2048, 1024}, {9, 2048, 4096}, {64, 1024, 4096},
                               {200, 513, 1040}, {256, 256, 33}, {257, 1024, 1024}, {517, 1000, 2048}, {1024, 512, 256}};
+    tk_ctx *prio = config_ctx("{\"autotune\": false}\n");
+    CHECK(prio != NULL);
     for (size_t a = 0; a < 2; a++)
         for (size_t i = 0; i < sizeof mnk / sizeof mnk[0]; i++) {
             int64_t m = mnk[i][0];
-            const char *want = m <= 8 ? "linear_gemv_" : m <= 256 ? "linear_gemm_splitk_" : "linear_gemm_";
-            char w[64];
-            snprintf(w, sizeof w, PKG ":%s%s", want, a ? "e4m3" : "i8");
-            lin_case(g.ctx, wdts[a], m, mnk[i][1], mnk[i][2], (int)(i & 1), w);
+            const char *fit[3], *wsuf = a ? "e4m3" : "i8";
+            size_t nfit = fitting(fit, m);
+            char want[96], picked[160] = "";
+            /* autotune off: the highest-priority fitting kernel */
+            snprintf(want, sizeof want, PKG ":%s%s", fit[0], wsuf);
+            if (prio)
+                lin_case(prio, wdts[a], m, mnk[i][1], mnk[i][2], (int)(i & 1), want);
+            /* autotune on (the default): any fitting kernel, and a right answer */
+            lin_case_picked(g.ctx, wdts[a], m, mnk[i][1], mnk[i][2], (int)(i & 1), NULL, picked, sizeof picked);
+            int fits = 0;
+            for (size_t f = 0; f < nfit; f++) {
+                snprintf(want, sizeof want, PKG ":%s%s", fit[f], wsuf);
+                fits |= strcmp(picked, want) == 0;
+            }
+            if (!fits)
+                fprintf(stderr, "casted_linear %s M %lld N %lld K %lld (autotune): picked '%s', which M = %lld "
+                        "does not fit (want %s%s%s%s%s for %s)\n", tk_ops__dtype_str(wdts[a]), (long long)m,
+                        (long long)mnk[i][1], (long long)mnk[i][2], picked, (long long)m, fit[0],
+                        nfit > 1 ? ", " : "", nfit > 1 ? fit[1] : "", nfit > 2 ? ", " : "", nfit > 2 ? fit[2] : "",
+                        wsuf);
+            CHECK(fits);
         }
+    if (prio)
+        tk_ctx_free(prio);
 }
 
-/* A context on the test's home whose config pins casted_linear to one kernel. */
-static tk_ctx *pinned_ctx(const char *kernel)
+/* A context on the test's home whose config.json is text (removed again once the context has read it). */
+static tk_ctx *config_ctx(const char *text)
 {
-    char path[128], text[256];
+    char path[128];
     snprintf(path, sizeof path, "%s/config.json", g.home);
-    snprintf(text, sizeof text, "{\"ops\": {\"casted_linear\": \"" PKG ":%s\"}}\n", kernel);
     FILE *f = fopen(path, "w");
     if (!f)
         return NULL;
@@ -304,11 +357,21 @@ static tk_ctx *pinned_ctx(const char *kernel)
     fclose(f);
     tk_ctx_opts o = TK_CTX_OPTS_INIT;
     o.home = g.home;
+    o.offline = 1; /* the package is installed already */
+    o.log = gpu_log;
     tk_ctx *ctx = NULL;
     if (tk_ctx_new(&ctx, &o) != TK_OK)
         ctx = NULL;
     remove(path);
     return ctx;
+}
+
+/* A context on the test's home whose config pins casted_linear to one kernel. */
+static tk_ctx *pinned_ctx(const char *kernel)
+{
+    char text[256];
+    snprintf(text, sizeof text, "{\"ops\": {\"casted_linear\": \"" PKG ":%s\"}}\n", kernel);
+    return config_ctx(text);
 }
 
 static void test_linear_each_kernel(void)

@@ -5,6 +5,9 @@
  * without a CUDA device; two checks run anywhere: cuBLASLt's loader (when the library is installed)
  * and the built-in's place in the op list.
  *
+ * linear runs every dtype over odd M, N and K (K not a multiple of any tile or vector width, K = 0,
+ * N = 1, a 50257-column vocabulary), with and without a transposed weight and a bias.
+ *
  * Tolerances: linear's GPU and CPU results are both fp32 sums rounded once, in different orders, so
  * they agree within two output roundings and twice the fp32 summation bound:
  * 2 u_out |ref| + 2 (K + 2) 2^-24 sum_k |x_k w_k| (+ f16 subnormal spacing). embedding is bit-exact
@@ -37,6 +40,16 @@ static void test_cublaslt_loader(void)
 {
     size_t version = 0;
     const char *path = NULL;
+    /* the algorithm description refuses what is no product before it loads anything */
+    tk_jit_gemm none;
+    tk_jit_blaslt_algo al;
+    memset(&none, 0, sizeof none);
+    none.m = 4;
+    none.n = 8;
+    CHECK_RC(tk_jit__blaslt_algo_info(&none, &al), TK_ERR_INVALID); /* k = 0 */
+    CHECK_CONTAINS(tk_last_error(), "no product");
+    none.k = 16;
+    CHECK_RC(tk_jit__blaslt_algo_info(&none, NULL), TK_ERR_INVALID);
     int rc = tk_jit__blaslt_version(&version, &path);
     if (rc == TK_ERR_UNSUPPORTED) {
         CHECK_CONTAINS(tk_last_error(), "HINT:"); /* says what to install */
@@ -105,6 +118,31 @@ static int lin_case(tk_dtype dt, int64_t m, int64_t n, int64_t k, int tr, int bi
         fprintf(stderr, "  linear on cuda: %s\n", tk_last_error());
     ok &= rc == TK_OK && impl && strcmp(impl, "builtin:cublaslt") == 0;
     ok &= dev_download(&dout, &got.t) == TK_OK;
+    /* The algorithm cuBLASLt ran (cached by the product's shape and alignments): a split-K one must
+     * add its parts in fp32 (reduction scheme 2) when the output is 16-bit; 1 (in place) and 4
+     * (output type) round every part to the output's dtype first. */
+    tk_jit_gemm gg;
+    tk_jit_blaslt_algo al;
+    memset(&gg, 0, sizeof gg);
+    gg.dtype = dt.code == TK_DL_BFLOAT ? TK_JIT_BLASLT_BF16 : dt.bits == 16 ? TK_JIT_BLASLT_F16 : TK_JIT_BLASLT_F32;
+    gg.m = m;
+    gg.n = n;
+    gg.k = k;
+    gg.x = dev_data(&dx);
+    gg.w = dev_data(&dw);
+    gg.w_kn = tr;
+    gg.bias = bias ? dev_data(&db) : NULL;
+    gg.y = dev_data(&dout);
+    int arc = ok && k > 0 ? tk_jit__blaslt_algo_info(&gg, &al) : TK_ERR_INVALID;
+    int red_ok = arc != TK_OK || dt.bits == 32 || al.splitk <= 1 || al.reduction == 0 || al.reduction == 2;
+    if (arc == TK_OK && (!red_ok || getenv("TK_TEST_LOG")))
+        printf("  linear %s M %lld N %lld K %lld tr %d bias %d: cuBLASLt algo %d tile %d split-K %d reduction %d "
+               "workspace %zu\n", tk_dtype_name(dt), (long long)m, (long long)n, (long long)k, tr, bias, al.algo_id,
+               al.tile_id, al.splitk, al.reduction, al.workspace);
+    else if (ok && k > 0 && arc != TK_ERR_UNSUPPORTED)
+        printf("  linear %s M %lld N %lld K %lld: no algorithm description: %s\n", tk_dtype_name(dt), (long long)m,
+               (long long)n, (long long)k, tk_last_error());
+    ok &= red_ok && (arc == TK_OK || arc == TK_ERR_UNSUPPORTED || k == 0);
     op_cmp c = op_cmp_begin(0, 0, "linear %s M %lld N %lld K %lld tr %d bias %d out, cuda against cpu",
                             tk_dtype_name(dt), (long long)m, (long long)n, (long long)k, tr, bias);
     c.cols = n;
@@ -139,8 +177,12 @@ static void test_linear(void)
     const char *pkgs[] = {NULL};
     CHECK_RC(gpu_ctx_new(&g, pkgs), TK_OK);
     const tk_dtype dts[] = {F32, F16, BF16};
-    const int64_t mnk[][3] = {{1, 1, 1}, {1, 768, 768}, {7, 33, 129}, {3, 1, 100}, {64, 96, 77},
-                              {16, 4096, 4096}, {5, 50257, 64}, {2, 3, 0}};
+    /* Small grids with a short K ({64, 96, 77}, {32, 48, 200}, {8, 64, 333}, {33, 65, 31}) are where
+     * cuBLASLt's heuristic picks split-K: before cublaslt.c limited the reduction to fp32 parts, bf16
+     * runs summed 16-bit parts (the first GPU run: 368 of 6144 elements off at {64, 96, 77}). */
+    const int64_t mnk[][3] = {{1, 1, 1},    {1, 768, 768},    {7, 33, 129},   {3, 1, 100},  {64, 96, 77},
+                              {32, 48, 200}, {8, 64, 333},    {33, 65, 31},   {1, 96, 77},  {16, 4096, 4096},
+                              {5, 50257, 64}, {2, 3, 0}};
     int ok = 1;
     for (size_t d = 0; d < 3; d++)
         for (size_t i = 0; i < sizeof mnk / sizeof mnk[0]; i++)
