@@ -727,6 +727,49 @@ static void on_unit(void *user, size_t i, int started, int status, size_t ndone,
 
 /* Fills every unit's binary: from the cache, else compiled (in parallel) and stored. `force` skips
  * the lookup (a stale entry). */
+/* The manifest's parameter list of every kernel of a compiled unit against the kernel's own, read from
+ * the PTX: cuLaunchKernel reads one argument pointer per kernel parameter, so a manifest that lists
+ * fewer reads past tk's argument array (a crash in the driver) and one that lists more, or another
+ * size, hands the kernel garbage. TK_ERR_MANIFEST naming the first mismatch; TK_OK when the unit has
+ * no PTX to read (the launch cannot be checked then). */
+static int check_signatures(const cunit *c, const pkgsrc *s)
+{
+    for (size_t j = 0; c->bin && c->bin->ptx && j < c->nk; j++) {
+        const kdecl *d = &s->k[c->kidx[j]];
+        const char *low = c->bin->lowered[c->kname[j]];
+        size_t got[MAX_PARAMS], n = 0;
+        int r = tk_jit__ptx_params(c->bin->ptx, low, got, MAX_PARAMS, &n);
+        if (r == TK_ERR_NOT_FOUND)
+            continue; /* not an entry of this PTX: cuModuleGetFunction says so at load */
+        if (r != TK_OK)
+            return tk__err(TK_ERR_COMPILE, "%s (%s): kernel '%s': cannot read the parameters of '%s' in the PTX",
+                           d->source, c->target, d->name, d->symbol);
+        if (n != d->nparams)
+            return tk__err(TK_ERR_MANIFEST,
+                           "%s (%s): kernel '%s': the manifest lists %zu parameters, '%s' takes %zu\n"
+                           "HINT: 'params' must list every parameter of the __global__ function, in its order "
+                           "(an optional tensor the kernel takes is still listed, with \"optional\": true)",
+                           d->source, c->target, d->name, d->nparams, d->symbol, n);
+        for (size_t i = 0; i < n; i++) {
+            const kparam *p = &d->params[i];
+            size_t want = p->type == TK_JIT_P_I32 || p->type == TK_JIT_P_F32 ? 4 : 8;
+            if (got[i] != want)
+                return tk__err(TK_ERR_MANIFEST,
+                               "%s (%s): kernel '%s': parameter %zu '%s' is %zu bytes in the manifest (%s), %zu in "
+                               "'%s'\nHINT: tensor and workspace: a pointer; i64/f64: 8 bytes; i32/f32: 4 bytes",
+                               d->source, c->target, d->name, i + 1, p->name, want,
+                               p->type == TK_JIT_P_TENSOR      ? "tensor"
+                               : p->type == TK_JIT_P_WORKSPACE ? "workspace"
+                               : p->type == TK_JIT_P_I32       ? "i32"
+                               : p->type == TK_JIT_P_I64       ? "i64"
+                               : p->type == TK_JIT_P_F32       ? "f32"
+                                                               : "f64",
+                               got[i], d->symbol);
+        }
+    }
+    return TK_OK;
+}
+
 static int plan_build(plan *p, tk_ctx *ctx, const pkgsrc *s, int jobs, size_t *ncompiled, size_t *ncached)
 {
     tk_kcache *kc = NULL;
@@ -754,6 +797,8 @@ static int plan_build(plan *p, tk_ctx *ctx, const pkgsrc *s, int jobs, size_t *n
             }
             free(data);
         }
+        if (c->bin && (rc = check_signatures(c, s)) != TK_OK)
+            return rc;
         if (c->bin) {
             c->cached = 1;
             if (ncached)
@@ -805,6 +850,13 @@ static int plan_build(plan *p, tk_ctx *ctx, const pkgsrc *s, int jobs, size_t *n
             continue;
         c->bin = outs[m];
         outs[m] = NULL;
+        if ((st[m] = check_signatures(c, s)) != TK_OK) {
+            if (rc == TK_OK)
+                rc = st[m];
+            tk_jit__binary_free(c->bin);
+            c->bin = NULL;
+            continue;
+        }
         if (ncompiled)
             (*ncompiled)++;
         if (tk_jit__binary_pack(&blob, &len, c->bin) == TK_OK) {
@@ -941,8 +993,16 @@ int tk_api__compile_local(tk_ctx *ctx, const tk_api_localpkg *lp, const int *ccs
         tk_jit__compile_many_cb(outs, st, emsg, units, total, jobs, on_unit, &pr);
         for (size_t i = 0; i < total; i++) {
             (*nunits)++;
-            if (st[i] == TK_OK)
+            if (st[i] == TK_OK) {
+                cu[i]->bin = outs[i]; /* borrowed: plan_free must not free it */
+                int src = check_signatures(cu[i], &s);
+                cu[i]->bin = NULL;
+                if (src == TK_OK)
+                    continue;
+                (*nfailed)++;
+                tk__buf_printf(report, "%s\n", tk_last_error());
                 continue;
+            }
             if (st[i] == TK_ERR_NO_NVRTC) {
                 rc = tk__err(TK_ERR_NO_NVRTC, "%s", emsg[i] ? emsg[i] : "NVRTC is missing");
                 goto done;

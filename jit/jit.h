@@ -87,6 +87,12 @@ typedef struct {
 
 void tk_jit__binary_free(tk_jit_binary *b);
 
+/* The parameters of the kernel `lowered` (a mangled name) as its .entry in `ptx` declares them: *n
+ * their number, sizes[i] (the first `cap`) each one's bytes (a pointer or 64-bit scalar: 8; a struct
+ * passed by value: its size). TK_ERR_NOT_FOUND when ptx has no such entry; TK_ERR_INVALID when the
+ * header does not parse. Sets no error message (jit/ptxsig.c). */
+int tk_jit__ptx_params(const char *ptx, const char *lowered, size_t *sizes, size_t cap, size_t *n);
+
 /* Checks one user option against the options tk lets packages pass (no file output, no include
  * paths, no target override). TK_ERR_MANIFEST naming the option. */
 int tk_jit__option_check(const char *opt);
