@@ -734,37 +734,47 @@ static void on_unit(void *user, size_t i, int started, int status, size_t ndone,
  * no PTX to read (the launch cannot be checked then). */
 static int check_signatures(const cunit *c, const pkgsrc *s)
 {
-    for (size_t j = 0; c->bin && c->bin->ptx && j < c->nk; j++) {
-        const kdecl *d = &s->k[c->kidx[j]];
-        const char *low = c->bin->lowered[c->kname[j]];
-        size_t got[MAX_PARAMS], n = 0;
-        int r = tk_jit__ptx_params(c->bin->ptx, low, got, MAX_PARAMS, &n);
-        if (r == TK_ERR_NOT_FOUND)
-            continue; /* not an entry of this PTX: cuModuleGetFunction says so at load */
-        if (r != TK_OK)
-            return tk__err(TK_ERR_COMPILE, "%s (%s): kernel '%s': cannot read the parameters of '%s' in the PTX",
-                           d->source, c->target, d->name, d->symbol);
-        if (n != d->nparams)
-            return tk__err(TK_ERR_MANIFEST,
-                           "%s (%s): kernel '%s': the manifest lists %zu parameters, '%s' takes %zu\n"
-                           "HINT: 'params' must list every parameter of the __global__ function, in its order "
-                           "(an optional tensor the kernel takes is still listed, with \"optional\": true)",
-                           d->source, c->target, d->name, d->nparams, d->symbol, n);
-        for (size_t i = 0; i < n; i++) {
-            const kparam *p = &d->params[i];
-            size_t want = p->type == TK_JIT_P_I32 || p->type == TK_JIT_P_F32 ? 4 : 8;
-            if (got[i] != want)
+    if (!c->bin || !c->bin->ptx || !c->nk)
+        return TK_OK;
+    /* one pass over the PTX's entries (it can be megabytes; this runs on every cache hit too) */
+    for (const char *e = strstr(c->bin->ptx, ".entry"); e; e = strstr(e + 6, ".entry")) {
+        const char *nm = e + 6, *ne;
+        while (*nm == ' ' || *nm == '\t')
+            nm++;
+        for (ne = nm; *ne && *ne != '(' && *ne != ' ' && *ne != '\t' && *ne != '\n'; ne++)
+            ;
+        for (size_t j = 0; j < c->nk; j++) {
+            const char *low = c->bin->lowered[c->kname[j]];
+            if (strlen(low) != (size_t)(ne - nm) || memcmp(low, nm, (size_t)(ne - nm)) != 0)
+                continue;
+            const kdecl *d = &s->k[c->kidx[j]];
+            size_t got[MAX_PARAMS], n = 0;
+            /* parse from this entry on: the name matches, so the first ".entry NAME(" found is this one */
+            if (tk_jit__ptx_params(e, low, got, MAX_PARAMS, &n) != TK_OK)
+                return tk__err(TK_ERR_COMPILE, "%s (%s): kernel '%s': cannot read the parameters of '%s' in the PTX",
+                               d->source, c->target, d->name, d->symbol);
+            if (n != d->nparams)
                 return tk__err(TK_ERR_MANIFEST,
-                               "%s (%s): kernel '%s': parameter %zu '%s' is %zu bytes in the manifest (%s), %zu in "
-                               "'%s'\nHINT: tensor and workspace: a pointer; i64/f64: 8 bytes; i32/f32: 4 bytes",
-                               d->source, c->target, d->name, i + 1, p->name, want,
-                               p->type == TK_JIT_P_TENSOR      ? "tensor"
-                               : p->type == TK_JIT_P_WORKSPACE ? "workspace"
-                               : p->type == TK_JIT_P_I32       ? "i32"
-                               : p->type == TK_JIT_P_I64       ? "i64"
-                               : p->type == TK_JIT_P_F32       ? "f32"
-                                                               : "f64",
-                               got[i], d->symbol);
+                               "%s (%s): kernel '%s': the manifest lists %zu parameters, '%s' takes %zu\n"
+                               "HINT: 'params' must list every parameter of the __global__ function, in its order "
+                               "(an optional tensor the kernel takes is still listed, with \"optional\": true)",
+                               d->source, c->target, d->name, d->nparams, d->symbol, n);
+            for (size_t i = 0; i < n; i++) {
+                const kparam *p = &d->params[i];
+                size_t want = p->type == TK_JIT_P_I32 || p->type == TK_JIT_P_F32 ? 4 : 8;
+                if (got[i] != want)
+                    return tk__err(TK_ERR_MANIFEST,
+                                   "%s (%s): kernel '%s': parameter %zu '%s' is %zu bytes in the manifest (%s), %zu "
+                                   "in '%s'\nHINT: tensor and workspace: a pointer; i64/f64: 8 bytes; i32/f32: 4 bytes",
+                                   d->source, c->target, d->name, i + 1, p->name, want,
+                                   p->type == TK_JIT_P_TENSOR      ? "tensor"
+                                   : p->type == TK_JIT_P_WORKSPACE ? "workspace"
+                                   : p->type == TK_JIT_P_I32       ? "i32"
+                                   : p->type == TK_JIT_P_I64       ? "i64"
+                                   : p->type == TK_JIT_P_F32       ? "f32"
+                                                                   : "f64",
+                                   got[i], d->symbol);
+            }
         }
     }
     return TK_OK;
@@ -1121,12 +1131,8 @@ static int kernel_plan(plan *p, tk_kcache **kc, tk_ctx *ctx, const pkgsrc *s, co
                        s->pkgname, info->cc_major, info->cc_minor, device, info->name);
     if ((rc = get_cache(kc, ctx)) != TK_OK)
         return rc;
-    for (size_t i = 0; i < p->n && !any_miss; i++) {
-        uint8_t *d = NULL;
-        size_t l;
-        any_miss = tk_kcache__get(*kc, p->u[i].key, &d, &l) != TK_OK;
-        free(d);
-    }
+    for (size_t i = 0; i < p->n && !any_miss; i++) /* plan_build reads (and verifies) the hits */
+        any_miss = !tk_kcache__has(*kc, p->u[i].key);
     if (any_miss) {
         int archs[64];
         size_t na = 0;
@@ -1185,6 +1191,44 @@ static int kernel_load(tk_kernel *k, tk_ctx *ctx, plan *p, pkgsrc *s, tk_kcache 
     return TK_OK;
 }
 
+/* The host part of tk_get_kernel, everything before the driver: the package's sources (installed and
+ * verified), the plan for compute capability cc, and every binary built or taken from the cache. */
+static int kernel_host(pkgsrc *s, char **manifest, plan *p, tk_kcache **kc, tk_ctx *ctx, const char *ref,
+                       const tk_kernel_opts *opts, const tk_device_info *info, int cc)
+{
+    const char *nvid = NULL;
+    int rc;
+    if ((rc = pkgsrc_for_ref(s, manifest, ctx, ref, &opts->get)) != TK_OK || (rc = tk_jit__nvrtc_id(&nvid)) != TK_OK ||
+        (rc = kernel_plan(p, kc, ctx, s, info, cc, opts->device, nvid)) != TK_OK ||
+        (rc = plan_build(p, ctx, s, 0, NULL, NULL)) != TK_OK)
+        return rc;
+    return TK_OK;
+}
+
+int tk_api__get_kernel_host(tk_ctx *ctx, const char *ref, int cc)
+{
+    tk_kernel_opts opts = TK_KERNEL_OPTS_INIT;
+    tk_device_info info;
+    tk_kcache *kc = NULL;
+    char *manifest = NULL;
+    pkgsrc s;
+    plan p;
+    int rc;
+    memset(&s, 0, sizeof s);
+    memset(&p, 0, sizeof p);
+    memset(&info, 0, sizeof info);
+    info.cc_major = cc / 10;
+    info.cc_minor = cc % 10;
+    snprintf(info.name, sizeof info.name, "sm_%d (no device)", cc);
+    if ((rc = tk_api__check_ctx(ctx)) != TK_OK)
+        return rc;
+    rc = kernel_host(&s, &manifest, &p, &kc, ctx, ref, &opts, &info, cc);
+    plan_free(&p);
+    pkgsrc_free(&s);
+    free(manifest);
+    return rc;
+}
+
 int tk_get_kernel(tk_kernel **out, tk_ctx *ctx, const char *ref, const tk_kernel_opts *opts)
 {
     return tk_api__get_kernel_in(out, ctx, ref, opts, NULL);
@@ -1200,7 +1244,6 @@ int tk_api__get_kernel_in(tk_kernel **out, tk_ctx *ctx, const char *ref, const t
     char *manifest = NULL;
     pkgsrc s;
     plan p;
-    const char *nvid = NULL;
     int rc, cc = 0;
 
     memset(&s, 0, sizeof s);
@@ -1217,11 +1260,7 @@ int tk_api__get_kernel_in(tk_kernel **out, tk_ctx *ctx, const char *ref, const t
         return tk__err(TK_ERR_INVALID, "tk_get_kernel: unknown opts version %u", opts->version);
     if ((rc = kernel_device(&info, &cc, ref, opts->device)) != TK_OK)
         return rc;
-    /* the package's sources, the plan for this GPU, and every binary built or taken from the cache */
-    if ((rc = pkgsrc_for_ref(&s, &manifest, ctx, ref, &opts->get)) != TK_OK ||
-        (rc = tk_jit__nvrtc_id(&nvid)) != TK_OK ||
-        (rc = kernel_plan(&p, &kc, ctx, &s, &info, cc, opts->device, nvid)) != TK_OK ||
-        (rc = plan_build(&p, ctx, &s, 0, NULL, NULL)) != TK_OK)
+    if ((rc = kernel_host(&s, &manifest, &p, &kc, ctx, ref, opts, &info, cc)) != TK_OK)
         goto fail;
     if (!(k = calloc(1, sizeof *k)) || !(k->mods = calloc(p.n, sizeof *k->mods)) ||
         !(k->fns = calloc(s.nk, sizeof *k->fns)) || !(k->pkgname = tk__strdup(s.pkgname))) {

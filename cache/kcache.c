@@ -212,6 +212,19 @@ int tk_kcache__remove(tk_kcache *c, const char *key)
     return rc;
 }
 
+int tk_kcache__has(tk_kcache *c, const char *key)
+{
+    sqlite3_stmt *st = NULL;
+    int found;
+    if (check(c, key) != TK_OK ||
+        sqlite3_prepare_v2(c->db, "SELECT 1 FROM entries WHERE key = ?1", -1, &st, NULL) != SQLITE_OK)
+        return 0;
+    sqlite3_bind_text(st, 1, key, -1, SQLITE_STATIC);
+    found = sqlite3_step(st) == SQLITE_ROW;
+    sqlite3_finalize(st);
+    return found;
+}
+
 int tk_kcache__get(tk_kcache *c, const char *key, uint8_t **data, size_t *len)
 {
     sqlite3_stmt *st = NULL;

@@ -44,6 +44,9 @@ int tk_kcache__put(tk_kcache *c, const char *key, const tk_kcache_meta *meta, co
                    size_t len, int *inserted);
 /* Deletes one entry (missing is fine): a load rejected it. */
 int tk_kcache__remove(tk_kcache *c, const char *key);
+/* 1 when an entry for key is stored, 0 when not (or on an error): a look-up that reads no blob and
+ * writes nothing (tk_kcache__get verifies the blob and counts the hit). */
+int tk_kcache__has(tk_kcache *c, const char *key);
 
 /* Evicts least-recently-used entries until the payloads total at most max_bytes. */
 int tk_kcache__gc(tk_kcache *c, int64_t max_bytes, int64_t *freed);

@@ -214,6 +214,9 @@ int tk_jit__sync(int device);
  * or CUDA-library calls; tk_jit__ctx_pop restores the caller's. TK_ERR_NO_DEVICE, TK_ERR_INVALID for
  * a device that does not exist, TK_ERR_LAUNCH. */
 int tk_jit__ctx_push(int device);
+/* The primary context of device (a CUcontext), retained on first use and held for the life of the
+ * process, so it is never destroyed and created again between loads. Sets *ctx; no push. */
+int tk_jit__primary_ctx(void **ctx, int device);
 void tk_jit__ctx_pop(void);
 /* Stream-ordered device-to-device copy. */
 int tk_jit__mem_copy_async(uint64_t dst, uint64_t src, size_t bytes, int device, void *stream);
