@@ -35,7 +35,9 @@ const char *tk_kcache__path(const tk_kcache *c);
 int64_t tk_kcache__max_bytes(const tk_kcache *c);
 
 /* Looks key up. On a hit *data (malloc'd, the caller frees) and *len receive the payload and
- * last_used is updated. TK_ERR_NOT_FOUND on a miss, also when the stored blob was corrupt (it is
+ * last_used and hits are updated, except when the entry is already the most recently used one and
+ * was used less than a minute ago (the order would not change; that write cost a warm tk_get_kernel
+ * several fsyncs), so hits counts loads at most once a minute while an entry stays the newest. TK_ERR_NOT_FOUND on a miss, also when the stored blob was corrupt (it is
  * deleted then). */
 int tk_kcache__get(tk_kcache *c, const char *key, uint8_t **data, size_t *len);
 /* Stores a payload under key (INSERT OR IGNORE: an existing entry wins), then evicts down to the cap.
