@@ -167,6 +167,10 @@ const char *tk_api__kernel_pkgname(const tk_kernel *k);
 /* Calls each(user, kernel, key) for every kernel of ref's package (installed, or a package directory)
  * that fits compute capability cc, with the key of the unit it compiles in, as tk_get_kernel would
  * plan it (no compile, NVRTC not loaded). Errors: those of tk_pkg_info and of reading the sources. */
+/* tk_get_kernel's work before the driver, for compute capability cc, with no device: the installed
+ * package read and verified, the plan, every binary from the cache (or compiled and cached). What a
+ * warm tk_get_kernel costs on the host (bench/get_kernel_warm.c). */
+int tk_api__get_kernel_host(tk_ctx *ctx, const char *ref, int cc);
 int tk_api__kernel_keys(tk_ctx *ctx, const char *ref, int cc, void (*each)(void *user, const char *kernel, const char *key),
                         void *user);
 

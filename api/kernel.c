@@ -727,6 +727,59 @@ static void on_unit(void *user, size_t i, int started, int status, size_t ndone,
 
 /* Fills every unit's binary: from the cache, else compiled (in parallel) and stored. `force` skips
  * the lookup (a stale entry). */
+/* The manifest's parameter list of every kernel of a compiled unit against the kernel's own, read from
+ * the PTX: cuLaunchKernel reads one argument pointer per kernel parameter, so a manifest that lists
+ * fewer reads past tk's argument array (a crash in the driver) and one that lists more, or another
+ * size, hands the kernel garbage. TK_ERR_MANIFEST naming the first mismatch; TK_OK when the unit has
+ * no PTX to read (the launch cannot be checked then). */
+static int check_signatures(const cunit *c, const pkgsrc *s)
+{
+    if (!c->bin || !c->bin->ptx || !c->nk)
+        return TK_OK;
+    /* one pass over the PTX's entries (it can be megabytes; this runs on every cache hit too) */
+    for (const char *e = strstr(c->bin->ptx, ".entry"); e; e = strstr(e + 6, ".entry")) {
+        const char *nm = e + 6, *ne;
+        while (*nm == ' ' || *nm == '\t')
+            nm++;
+        for (ne = nm; *ne && *ne != '(' && *ne != ' ' && *ne != '\t' && *ne != '\n'; ne++)
+            ;
+        for (size_t j = 0; j < c->nk; j++) {
+            const char *low = c->bin->lowered[c->kname[j]];
+            if (strlen(low) != (size_t)(ne - nm) || memcmp(low, nm, (size_t)(ne - nm)) != 0)
+                continue;
+            const kdecl *d = &s->k[c->kidx[j]];
+            size_t got[MAX_PARAMS], n = 0;
+            /* parse from this entry on: the name matches, so the first ".entry NAME(" found is this one */
+            if (tk_jit__ptx_params(e, low, got, MAX_PARAMS, &n) != TK_OK)
+                return tk__err(TK_ERR_COMPILE, "%s (%s): kernel '%s': cannot read the parameters of '%s' in the PTX",
+                               d->source, c->target, d->name, d->symbol);
+            if (n != d->nparams)
+                return tk__err(TK_ERR_MANIFEST,
+                               "%s (%s): kernel '%s': the manifest lists %zu parameters, '%s' takes %zu\n"
+                               "HINT: 'params' must list every parameter of the __global__ function, in its order "
+                               "(an optional tensor the kernel takes is still listed, with \"optional\": true)",
+                               d->source, c->target, d->name, d->nparams, d->symbol, n);
+            for (size_t i = 0; i < n; i++) {
+                const kparam *p = &d->params[i];
+                size_t want = p->type == TK_JIT_P_I32 || p->type == TK_JIT_P_F32 ? 4 : 8;
+                if (got[i] != want)
+                    return tk__err(TK_ERR_MANIFEST,
+                                   "%s (%s): kernel '%s': parameter %zu '%s' is %zu bytes in the manifest (%s), %zu "
+                                   "in '%s'\nHINT: tensor and workspace: a pointer; i64/f64: 8 bytes; i32/f32: 4 bytes",
+                                   d->source, c->target, d->name, i + 1, p->name, want,
+                                   p->type == TK_JIT_P_TENSOR      ? "tensor"
+                                   : p->type == TK_JIT_P_WORKSPACE ? "workspace"
+                                   : p->type == TK_JIT_P_I32       ? "i32"
+                                   : p->type == TK_JIT_P_I64       ? "i64"
+                                   : p->type == TK_JIT_P_F32       ? "f32"
+                                                                   : "f64",
+                                   got[i], d->symbol);
+            }
+        }
+    }
+    return TK_OK;
+}
+
 static int plan_build(plan *p, tk_ctx *ctx, const pkgsrc *s, int jobs, size_t *ncompiled, size_t *ncached)
 {
     tk_kcache *kc = NULL;
@@ -754,6 +807,8 @@ static int plan_build(plan *p, tk_ctx *ctx, const pkgsrc *s, int jobs, size_t *n
             }
             free(data);
         }
+        if (c->bin && (rc = check_signatures(c, s)) != TK_OK)
+            return rc;
         if (c->bin) {
             c->cached = 1;
             if (ncached)
@@ -805,6 +860,13 @@ static int plan_build(plan *p, tk_ctx *ctx, const pkgsrc *s, int jobs, size_t *n
             continue;
         c->bin = outs[m];
         outs[m] = NULL;
+        if ((st[m] = check_signatures(c, s)) != TK_OK) {
+            if (rc == TK_OK)
+                rc = st[m];
+            tk_jit__binary_free(c->bin);
+            c->bin = NULL;
+            continue;
+        }
         if (ncompiled)
             (*ncompiled)++;
         if (tk_jit__binary_pack(&blob, &len, c->bin) == TK_OK) {
@@ -941,8 +1003,16 @@ int tk_api__compile_local(tk_ctx *ctx, const tk_api_localpkg *lp, const int *ccs
         tk_jit__compile_many_cb(outs, st, emsg, units, total, jobs, on_unit, &pr);
         for (size_t i = 0; i < total; i++) {
             (*nunits)++;
-            if (st[i] == TK_OK)
+            if (st[i] == TK_OK) {
+                cu[i]->bin = outs[i]; /* borrowed: plan_free must not free it */
+                int src = check_signatures(cu[i], &s);
+                cu[i]->bin = NULL;
+                if (src == TK_OK)
+                    continue;
+                (*nfailed)++;
+                tk__buf_printf(report, "%s\n", tk_last_error());
                 continue;
+            }
             if (st[i] == TK_ERR_NO_NVRTC) {
                 rc = tk__err(TK_ERR_NO_NVRTC, "%s", emsg[i] ? emsg[i] : "NVRTC is missing");
                 goto done;
@@ -1061,12 +1131,8 @@ static int kernel_plan(plan *p, tk_kcache **kc, tk_ctx *ctx, const pkgsrc *s, co
                        s->pkgname, info->cc_major, info->cc_minor, device, info->name);
     if ((rc = get_cache(kc, ctx)) != TK_OK)
         return rc;
-    for (size_t i = 0; i < p->n && !any_miss; i++) {
-        uint8_t *d = NULL;
-        size_t l;
-        any_miss = tk_kcache__get(*kc, p->u[i].key, &d, &l) != TK_OK;
-        free(d);
-    }
+    for (size_t i = 0; i < p->n && !any_miss; i++) /* plan_build reads (and verifies) the hits */
+        any_miss = !tk_kcache__has(*kc, p->u[i].key);
     if (any_miss) {
         int archs[64];
         size_t na = 0;
@@ -1125,6 +1191,44 @@ static int kernel_load(tk_kernel *k, tk_ctx *ctx, plan *p, pkgsrc *s, tk_kcache 
     return TK_OK;
 }
 
+/* The host part of tk_get_kernel, everything before the driver: the package's sources (installed and
+ * verified), the plan for compute capability cc, and every binary built or taken from the cache. */
+static int kernel_host(pkgsrc *s, char **manifest, plan *p, tk_kcache **kc, tk_ctx *ctx, const char *ref,
+                       const tk_kernel_opts *opts, const tk_device_info *info, int cc)
+{
+    const char *nvid = NULL;
+    int rc;
+    if ((rc = pkgsrc_for_ref(s, manifest, ctx, ref, &opts->get)) != TK_OK || (rc = tk_jit__nvrtc_id(&nvid)) != TK_OK ||
+        (rc = kernel_plan(p, kc, ctx, s, info, cc, opts->device, nvid)) != TK_OK ||
+        (rc = plan_build(p, ctx, s, 0, NULL, NULL)) != TK_OK)
+        return rc;
+    return TK_OK;
+}
+
+int tk_api__get_kernel_host(tk_ctx *ctx, const char *ref, int cc)
+{
+    tk_kernel_opts opts = TK_KERNEL_OPTS_INIT;
+    tk_device_info info;
+    tk_kcache *kc = NULL;
+    char *manifest = NULL;
+    pkgsrc s;
+    plan p;
+    int rc;
+    memset(&s, 0, sizeof s);
+    memset(&p, 0, sizeof p);
+    memset(&info, 0, sizeof info);
+    info.cc_major = cc / 10;
+    info.cc_minor = cc % 10;
+    snprintf(info.name, sizeof info.name, "sm_%d (no device)", cc);
+    if ((rc = tk_api__check_ctx(ctx)) != TK_OK)
+        return rc;
+    rc = kernel_host(&s, &manifest, &p, &kc, ctx, ref, &opts, &info, cc);
+    plan_free(&p);
+    pkgsrc_free(&s);
+    free(manifest);
+    return rc;
+}
+
 int tk_get_kernel(tk_kernel **out, tk_ctx *ctx, const char *ref, const tk_kernel_opts *opts)
 {
     return tk_api__get_kernel_in(out, ctx, ref, opts, NULL);
@@ -1140,7 +1244,6 @@ int tk_api__get_kernel_in(tk_kernel **out, tk_ctx *ctx, const char *ref, const t
     char *manifest = NULL;
     pkgsrc s;
     plan p;
-    const char *nvid = NULL;
     int rc, cc = 0;
 
     memset(&s, 0, sizeof s);
@@ -1157,11 +1260,7 @@ int tk_api__get_kernel_in(tk_kernel **out, tk_ctx *ctx, const char *ref, const t
         return tk__err(TK_ERR_INVALID, "tk_get_kernel: unknown opts version %u", opts->version);
     if ((rc = kernel_device(&info, &cc, ref, opts->device)) != TK_OK)
         return rc;
-    /* the package's sources, the plan for this GPU, and every binary built or taken from the cache */
-    if ((rc = pkgsrc_for_ref(&s, &manifest, ctx, ref, &opts->get)) != TK_OK ||
-        (rc = tk_jit__nvrtc_id(&nvid)) != TK_OK ||
-        (rc = kernel_plan(&p, &kc, ctx, &s, &info, cc, opts->device, nvid)) != TK_OK ||
-        (rc = plan_build(&p, ctx, &s, 0, NULL, NULL)) != TK_OK)
+    if ((rc = kernel_host(&s, &manifest, &p, &kc, ctx, ref, opts, &info, cc)) != TK_OK)
         goto fail;
     if (!(k = calloc(1, sizeof *k)) || !(k->mods = calloc(p.n, sizeof *k->mods)) ||
         !(k->fns = calloc(s.nk, sizeof *k->fns)) || !(k->pkgname = tk__strdup(s.pkgname))) {

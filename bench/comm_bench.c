@@ -8,6 +8,10 @@
  * the mean time of one all-reduce (after warm-up, between barriers) and two bandwidths: algbw =
  * bytes / time, busbw = algbw * 2(n-1)/n (the bytes each rank's link carries in a ring all-reduce, so
  * comparable across rank counts). Results go in bench/RESULTS.md with the machine's load.
+ *
+ * One rank alone moves no data: with NCCL the call still runs (and is timed: its launch and stream
+ * overhead) but the bandwidth columns say "-" instead of bytes / time; without NCCL (the self
+ * backend) an all-reduce of one rank is nothing at all, so there is nothing to time and the bench says so.
  */
 #define _GNU_SOURCE
 #include <stdio.h>
@@ -86,6 +90,14 @@ int main(int argc, char **argv)
     } else {
         buf = calloc(1, (size_t)maxb);
     }
+    if (n == 1 && strcmp(tk_comm_backend(c), "nccl") != 0) {
+        printf("# tk_comm all_reduce_sum, backend %s, 1 rank: an all-reduce of one rank moves no data and calls "
+               "nothing; no figures (run it under mpirun -np N, or with --nccl on a GPU)\n",
+               tk_comm_backend(c));
+        tk_comm_free(c);
+        free(buf);
+        return 0;
+    }
     if (me == 0) {
         char host[64] = "";
         gethostname(host, sizeof host - 1);
@@ -111,8 +123,10 @@ int main(int argc, char **argv)
         if (tk_comm_barrier(c) != TK_OK)
             goto fail;
         double dt_s = (now_s() - t0) / (double)it, alg = (double)bytes / dt_s / 1e9;
-        if (me == 0)
-            printf("| %ld | %.1f | %.3f | %.3f |\n", bytes, dt_s * 1e6, alg, n > 1 ? alg * 2.0 * (n - 1) / n : alg);
+        if (me == 0 && n == 1) /* the real call, but no byte crossed a link: no bandwidth */
+            printf("| %ld | %.1f | - | - |\n", bytes, dt_s * 1e6);
+        else if (me == 0)
+            printf("| %ld | %.1f | %.3f | %.3f |\n", bytes, dt_s * 1e6, alg, alg * 2.0 * (n - 1) / n);
         fflush(stdout);
     }
     if (dev >= 0)

@@ -16,6 +16,7 @@
 #include "cache/kcache.h"
 
 #define KC_MAGIC 0x746b6b63u /* "tkkc" */
+#define TOUCH_US 60000000LL /* a hit of the most recent entry within this is not written */
 #define KC_SCHEMA 3          /* PRAGMA user_version; 2 added the tune table, 3 the selftest table */
 #define KC_BLOB_MAGIC "TKKC"
 #define KC_BLOB_VERSION 1u
@@ -138,6 +139,16 @@ fail:
     return rc;
 }
 
+static int auto_vacuum_incremental(tk_kcache *c)
+{
+    sqlite3_stmt *st = NULL;
+    int mode = -1;
+    if (sqlite3_prepare_v2(c->db, "PRAGMA auto_vacuum", -1, &st, NULL) == SQLITE_OK && sqlite3_step(st) == SQLITE_ROW)
+        mode = sqlite3_column_int(st, 0);
+    sqlite3_finalize(st);
+    return mode == 2 ? TK_OK : exec(c, "PRAGMA auto_vacuum = INCREMENTAL");
+}
+
 int tk_kcache__open(tk_kcache **out, const char *dir, int64_t max_bytes)
 {
     tk_kcache *c = NULL;
@@ -163,9 +174,10 @@ int tk_kcache__open(tk_kcache **out, const char *dir, int64_t max_bytes)
         goto fail;
     }
     sqlite3_busy_timeout(c->db, KC_BUSY_MS);
-    /* auto_vacuum must be chosen before the first table exists; it lets gc give space back */
-    if ((rc = exec(c, "PRAGMA auto_vacuum = INCREMENTAL")) != TK_OK ||
-        (rc = exec(c, "PRAGMA journal_mode = WAL")) != TK_OK ||
+    /* auto_vacuum must be chosen before the first table exists; it lets gc give space back. Setting it
+     * writes the database header (a transaction, and fsyncs when the connection closes) even when it
+     * is already set, so only a database that does not have it yet gets it. */
+    if ((rc = auto_vacuum_incremental(c)) != TK_OK || (rc = exec(c, "PRAGMA journal_mode = WAL")) != TK_OK ||
         (rc = exec(c, "PRAGMA synchronous = NORMAL")) != TK_OK || (rc = migrate(c)) != TK_OK)
         goto fail;
     *out = c;
@@ -212,6 +224,19 @@ int tk_kcache__remove(tk_kcache *c, const char *key)
     return rc;
 }
 
+int tk_kcache__has(tk_kcache *c, const char *key)
+{
+    sqlite3_stmt *st = NULL;
+    int found;
+    if (check(c, key) != TK_OK ||
+        sqlite3_prepare_v2(c->db, "SELECT 1 FROM entries WHERE key = ?1", -1, &st, NULL) != SQLITE_OK)
+        return 0;
+    sqlite3_bind_text(st, 1, key, -1, SQLITE_STATIC);
+    found = sqlite3_step(st) == SQLITE_ROW;
+    sqlite3_finalize(st);
+    return found;
+}
+
 int tk_kcache__get(tk_kcache *c, const char *key, uint8_t **data, size_t *len)
 {
     sqlite3_stmt *st = NULL;
@@ -219,14 +244,16 @@ int tk_kcache__get(tk_kcache *c, const char *key, uint8_t **data, size_t *len)
     const char *digest;
     char got[TK_SHA256_HEX];
     size_t n;
-    int rc, corrupt = 0, step;
+    int rc, corrupt = 0, step, fresh;
 
     *data = NULL;
     *len = 0;
     if ((rc = check(c, key)) != TK_OK)
         return rc;
-    if (sqlite3_prepare_v2(c->db, "SELECT blob, sha256 FROM entries WHERE key = ?1", -1, &st, NULL) !=
-        SQLITE_OK)
+    if (sqlite3_prepare_v2(c->db,
+                           "SELECT blob, sha256, last_used, last_used >= (SELECT max(last_used) FROM entries) "
+                           "FROM entries WHERE key = ?1",
+                           -1, &st, NULL) != SQLITE_OK)
         return dberr(c, "prepare lookup");
     sqlite3_bind_text(st, 1, key, -1, SQLITE_STATIC);
     step = sqlite3_step(st);
@@ -242,6 +269,10 @@ int tk_kcache__get(tk_kcache *c, const char *key, uint8_t **data, size_t *len)
     blob = sqlite3_column_blob(st, 0);
     n = (size_t)sqlite3_column_bytes(st, 0);
     digest = (const char *)sqlite3_column_text(st, 1);
+    /* already the most recently used, and used within the last minute: touching it again changes no
+     * order, and the write (a WAL transaction, and the checkpoint's fsyncs when the connection closes)
+     * was most of a warm tk_get_kernel's cost */
+    fresh = sqlite3_column_int(st, 3) && now_us() - sqlite3_column_int64(st, 2) < TOUCH_US;
     if (!blob || n < KC_HDR || memcmp(blob, KC_BLOB_MAGIC, 4) != 0 ||
         (blob[4] | blob[5] << 8 | blob[6] << 16 | (uint32_t)blob[7] << 24) != KC_BLOB_VERSION ||
         tk__sha256_hex(got, blob, n) != TK_OK || !digest || strcmp(got, digest) != 0) {
@@ -261,6 +292,8 @@ int tk_kcache__get(tk_kcache *c, const char *key, uint8_t **data, size_t *len)
         return tk__err(TK_ERR_NOT_FOUND, "cached binary %.16s was corrupt and has been removed", key);
     }
     /* LRU bookkeeping; a busy database only costs the ordering of this one hit */
+    if (fresh)
+        return TK_OK;
     if (sqlite3_prepare_v2(c->db,
                            "UPDATE entries SET hits = hits + 1, last_used = "
                            "max(?1, (SELECT coalesce(max(last_used), 0) FROM entries) + 1) WHERE key = ?2",

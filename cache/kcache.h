@@ -35,7 +35,9 @@ const char *tk_kcache__path(const tk_kcache *c);
 int64_t tk_kcache__max_bytes(const tk_kcache *c);
 
 /* Looks key up. On a hit *data (malloc'd, the caller frees) and *len receive the payload and
- * last_used is updated. TK_ERR_NOT_FOUND on a miss, also when the stored blob was corrupt (it is
+ * last_used and hits are updated, except when the entry is already the most recently used one and
+ * was used less than a minute ago (the order would not change; that write cost a warm tk_get_kernel
+ * several fsyncs), so hits counts loads at most once a minute while an entry stays the newest. TK_ERR_NOT_FOUND on a miss, also when the stored blob was corrupt (it is
  * deleted then). */
 int tk_kcache__get(tk_kcache *c, const char *key, uint8_t **data, size_t *len);
 /* Stores a payload under key (INSERT OR IGNORE: an existing entry wins), then evicts down to the cap.
@@ -44,6 +46,9 @@ int tk_kcache__put(tk_kcache *c, const char *key, const tk_kcache_meta *meta, co
                    size_t len, int *inserted);
 /* Deletes one entry (missing is fine): a load rejected it. */
 int tk_kcache__remove(tk_kcache *c, const char *key);
+/* 1 when an entry for key is stored, 0 when not (or on an error): a look-up that reads no blob and
+ * writes nothing (tk_kcache__get verifies the blob and counts the hit). */
+int tk_kcache__has(tk_kcache *c, const char *key);
 
 /* Evicts least-recently-used entries until the payloads total at most max_bytes. */
 int tk_kcache__gc(tk_kcache *c, int64_t max_bytes, int64_t *freed);

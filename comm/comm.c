@@ -346,8 +346,8 @@ int tk_comm_all_reduce_sum(tk_comm *c, tk_tensor *t, void *stream)
     if (!summable(t->dtype))
         return tk__err(TK_ERR_INVALID, "all_reduce: cannot sum dtype %s\nHINT: f32, f64, f16, bf16, i32 and "
                        "i64 are summed", tk_dtype_name(t->dtype));
-    if (c->size == 1 || n == 0)
-        return TK_OK;
+    if (n == 0 || (c->size == 1 && c->backend != TK_COMM_NCCL))
+        return TK_OK; /* one rank of NCCL still runs NCCL's call: its stream order, its errors, its timing */
     if (c->backend == TK_COMM_MPI)
         return tk_comm__mpi_all_reduce(c, data_of(t), n, t->dtype);
     return tk_comm__nccl_all_reduce(c, data_of(t), n, t->dtype, stream);
@@ -372,12 +372,13 @@ int tk_comm_all_gather(tk_comm *c, tk_tensor *out, const tk_tensor *in, void *st
         return tk__err(TK_ERR_INVALID, "all_gather: in overlaps out, and is not this rank's part of it");
     if (n == 0)
         return TK_OK;
-    if (c->size == 1) {
+    if (c->size == 1 && c->backend != TK_COMM_NCCL) {
         if (inplace)
             return TK_OK;
-        if (in->device.device_type != TK_DEV_CPU)
-            return tk__err(TK_ERR_UNSUPPORTED, "all_gather: one rank alone copies host memory only\n"
-                           "HINT: gather in place (in = out) on a GPU");
+        if (in->device.device_type == TK_DEV_CUDA || out->device.device_type == TK_DEV_CUDA)
+            return tk_comm__cuda_copy(o, i, n * es,
+                                      (int)(in->device.device_type == TK_DEV_CUDA ? in : out)->device.device_id,
+                                      stream);
         memcpy(o, i, n * es);
         return TK_OK;
     }
@@ -394,7 +395,7 @@ int tk_comm_broadcast(tk_comm *c, tk_tensor *t, int root, void *stream)
         return rc;
     if (root < 0 || root >= c->size)
         return tk__err(TK_ERR_INVALID, "broadcast: root %d is not a rank (0..%d)", root, c->size - 1);
-    if (c->size == 1 || n == 0)
+    if (n == 0 || (c->size == 1 && c->backend != TK_COMM_NCCL))
         return TK_OK;
     if (c->backend == TK_COMM_MPI)
         return tk_comm__mpi_broadcast(c, data_of(t), n * es, root);
@@ -406,7 +407,7 @@ int tk_comm_barrier(tk_comm *c)
     int rc;
     if ((rc = check(c, "barrier")) != TK_OK)
         return rc;
-    if (c->size == 1)
+    if (c->size == 1 && c->backend != TK_COMM_NCCL)
         return TK_OK;
     if (c->backend == TK_COMM_MPI)
         return tk_comm__mpi_barrier(c);

@@ -84,5 +84,10 @@ int tk_comm__nccl_all_gather(tk_comm *c, void *out, const void *in, size_t count
 int tk_comm__nccl_broadcast(tk_comm *c, void *buf, size_t count, tk_dtype dt, int root, void *stream);
 int tk_comm__nccl_barrier(tk_comm *c);
 void tk_comm__nccl_abort(tk_comm *c);
+/* Copies bytes between two buffers on cuda:device (any memory the driver's unified addressing
+ * knows), on stream, and waits for it: a one-rank all_gather of GPU tensors without NCCL. Loads
+ * libcuda only (not NCCL). TK_ERR_NO_DEVICE without a driver or that device; TK_ERR_LAUNCH when the
+ * copy fails. */
+int tk_comm__cuda_copy(void *dst, const void *src, size_t bytes, int device, void *stream);
 
 #endif /* TK_COMM_H */

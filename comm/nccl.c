@@ -83,6 +83,8 @@ static struct {
     CUresult (*MemFree)(CUdeviceptr);
     CUresult (*MemcpyHtoD)(CUdeviceptr, const void *, size_t);
     CUresult (*MemcpyDtoH)(void *, CUdeviceptr, size_t);
+    CUresult (*MemcpyAsync)(CUdeviceptr, CUdeviceptr, size_t, CUstream);
+    CUresult (*StreamSynchronize)(CUstream);
     CUresult (*GetErrorString)(CUresult, const char **);
 } cu;
 
@@ -194,6 +196,8 @@ static void cu_load_once(void)
     SYM(cu, MemFree, "cuMemFree_v2", 1);
     SYM(cu, MemcpyHtoD, "cuMemcpyHtoD_v2", 1);
     SYM(cu, MemcpyDtoH, "cuMemcpyDtoH_v2", 1);
+    SYM(cu, MemcpyAsync, "cuMemcpyAsync", 1);
+    SYM(cu, StreamSynchronize, "cuStreamSynchronize", 1);
     SYM(cu, GetErrorString, "cuGetErrorString", 1);
     CUresult r = cu.Init(0);
     if (r != CUDA_SUCCESS) {
@@ -604,6 +608,29 @@ int tk_comm__nccl_barrier(tk_comm *c)
                 NULL, "barrier");
     pop();
     return rc;
+}
+
+int tk_comm__cuda_copy(void *dst, const void *src, size_t bytes, int device, void *stream)
+{
+    CUdevice dev;
+    CUcontext ctx = NULL, x;
+    CUresult r;
+    pthread_once(&cu_once, cu_load_once);
+    if (cu_status != TK_OK)
+        return tk__err(cu_status, "%s", cu_err);
+    if ((r = cu.DeviceGet(&dev, device)) != CUDA_SUCCESS)
+        return tk__err(TK_ERR_NO_DEVICE, "no CUDA device %d: %s", device, cu_str(r));
+    if ((r = cu.PrimaryCtxRetain(&ctx, dev)) != CUDA_SUCCESS)
+        return tk__err(TK_ERR_NO_DEVICE, "the primary context of cuda:%d: %s", device, cu_str(r));
+    cu.CtxPushCurrent(ctx);
+    r = cu.MemcpyAsync((CUdeviceptr)(uintptr_t)dst, (CUdeviceptr)(uintptr_t)src, bytes, (CUstream)stream);
+    if (r == CUDA_SUCCESS)
+        r = cu.StreamSynchronize((CUstream)stream);
+    cu.CtxPopCurrent(&x);
+    cu.PrimaryCtxRelease(dev);
+    if (r != CUDA_SUCCESS)
+        return tk__err(TK_ERR_LAUNCH, "copying %zu bytes on cuda:%d: %s", bytes, device, cu_str(r));
+    return TK_OK;
 }
 
 void tk_comm__nccl_abort(tk_comm *c)

@@ -87,6 +87,12 @@ typedef struct {
 
 void tk_jit__binary_free(tk_jit_binary *b);
 
+/* The parameters of the kernel `lowered` (a mangled name) as its .entry in `ptx` declares them: *n
+ * their number, sizes[i] (the first `cap`) each one's bytes (a pointer or 64-bit scalar: 8; a struct
+ * passed by value: its size). TK_ERR_NOT_FOUND when ptx has no such entry; TK_ERR_INVALID when the
+ * header does not parse. Sets no error message (jit/ptxsig.c). */
+int tk_jit__ptx_params(const char *ptx, const char *lowered, size_t *sizes, size_t cap, size_t *n);
+
 /* Checks one user option against the options tk lets packages pass (no file output, no include
  * paths, no target override). TK_ERR_MANIFEST naming the option. */
 int tk_jit__option_check(const char *opt);
@@ -208,6 +214,9 @@ int tk_jit__sync(int device);
  * or CUDA-library calls; tk_jit__ctx_pop restores the caller's. TK_ERR_NO_DEVICE, TK_ERR_INVALID for
  * a device that does not exist, TK_ERR_LAUNCH. */
 int tk_jit__ctx_push(int device);
+/* The primary context of device (a CUcontext), retained on first use and held for the life of the
+ * process, so it is never destroyed and created again between loads. Sets *ctx; no push. */
+int tk_jit__primary_ctx(void **ctx, int device);
 void tk_jit__ctx_pop(void);
 /* Stream-ordered device-to-device copy. */
 int tk_jit__mem_copy_async(uint64_t dst, uint64_t src, size_t bytes, int device, void *stream);

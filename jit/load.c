@@ -1,8 +1,11 @@
 /*
  * load.c — loads compiled images into a device's primary context and launches their kernels.
  *
- * A module holds a reference on the primary context of its device (cuDevicePrimaryCtxRetain), so
- * tk shares the context the CUDA runtime and PyTorch use, and pointers from them work here. Modules
+ * A module lives in the primary context of its device, so tk shares the context the CUDA runtime and
+ * PyTorch use, and pointers from them work here. That context is retained once a process
+ * (tk_jit__primary_ctx, mem.c) and never released by a module: releasing the last reference destroys
+ * the context, and the next load created it again (100-500 ms on an H200: the first GPU run's warm
+ * tk_get_kernel took 220-530 ms for that). Modules
  * are reference counted; a tk_kernel holds its modules, so they are never unloaded under it. The
  * function handles are looked up once and cached under the module's mutex. A launch pushes the
  * module's context on the calling thread and pops it after, so it works from any thread and leaves
@@ -86,11 +89,13 @@ int tk_jit__module_load_in(tk_jit_module **out, int device, tk_jit_sandbox *sb, 
             rc = tk__err(TK_ERR_LAUNCH, "the self-test context of device %d is gone", device);
             goto fail;
         }
-    } else if ((r = cu->cuDevicePrimaryCtxRetain(&m->ctx, m->dev)) != CUDA_SUCCESS) {
-        m->ctx = NULL;
-        rc = tk__err(TK_ERR_LAUNCH, "cannot get the primary context of device %d: %s", device,
-                     tk_jit__cu_errstr(r, eb, sizeof eb));
-        goto fail;
+    } else {
+        void *pc = NULL;
+        if ((rc = tk_jit__primary_ctx(&pc, device)) != TK_OK) {
+            rc = tk__err_wrap(rc, "cannot get the primary context of device %d", device);
+            goto fail;
+        }
+        m->ctx = (CUcontext)pc; /* mem.c's reference, held for the process: nothing to release */
     }
     if ((r = cu->cuCtxPushCurrent(m->ctx)) != CUDA_SUCCESS) {
         rc = tk__err(TK_ERR_LAUNCH, "cuCtxPushCurrent: %s", tk_jit__cu_errstr(r, eb, sizeof eb));
@@ -115,8 +120,6 @@ int tk_jit__module_load_in(tk_jit_module **out, int device, tk_jit_sandbox *sb, 
 fail:
     if (pushed)
         cu->cuCtxPopCurrent(&popped);
-    if (m->ctx && !m->sb)
-        cu->cuDevicePrimaryCtxRelease(m->dev);
     pthread_mutex_destroy(&m->mu);
     free(m);
     return rc;
@@ -142,8 +145,6 @@ void tk_jit__module_release(tk_jit_module *m)
         cu->cuModuleUnload(m->mod);
         cu->cuCtxPopCurrent(&popped);
     }
-    if (m->ctx && !m->sb)
-        cu->cuDevicePrimaryCtxRelease(m->dev);
     for (size_t i = 0; i < m->nfns; i++)
         free(m->fns[i].name);
     free(m->fns);

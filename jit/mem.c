@@ -3,8 +3,10 @@
  * hosts) and the zero-filled launch workspaces of kernels that declare one.
  *
  * Each device's primary context is retained once, on first use, and kept for the life of the
- * process (modules hold their own references, see load.c); a call pushes it, works and pops it, so
- * the caller's current context is left as it was.
+ * process (the modules of load.c use the same reference: a primary context whose last reference is
+ * released is destroyed, and creating one again costs 100-500 ms on a large GPU, which every warm
+ * tk_get_kernel paid after the last tk_kernel_free); a call pushes it, works and pops it, so the
+ * caller's current context is left as it was.
  */
 #include <pthread.h>
 #include <stdlib.h>
@@ -18,6 +20,19 @@ static pthread_mutex_t ctx_mu = PTHREAD_MUTEX_INITIALIZER;
 static CUcontext ctxs[MAX_DEVICES];
 
 int tk_jit__ctx_push(int device)
+{
+    void *c = NULL;
+    CUresult r;
+    char eb[256];
+    int rc;
+    if ((rc = tk_jit__primary_ctx(&c, device)) != TK_OK)
+        return rc;
+    if ((r = tk_jit__cu()->cuCtxPushCurrent((CUcontext)c)) != CUDA_SUCCESS)
+        return tk__err(TK_ERR_LAUNCH, "cuCtxPushCurrent: %s", tk_jit__cu_errstr(r, eb, sizeof eb));
+    return TK_OK;
+}
+
+int tk_jit__primary_ctx(void **out, int device)
 {
     const tk_cu_api *cu;
     CUresult r;
@@ -42,10 +57,8 @@ int tk_jit__ctx_push(int device)
             return tk__err(TK_ERR_LAUNCH, "device %d: no context: %s", device, tk_jit__cu_errstr(r, eb, sizeof eb));
         }
     }
-    CUcontext c = ctxs[device];
+    *out = ctxs[device];
     pthread_mutex_unlock(&ctx_mu);
-    if ((r = cu->cuCtxPushCurrent(c)) != CUDA_SUCCESS)
-        return tk__err(TK_ERR_LAUNCH, "cuCtxPushCurrent: %s", tk_jit__cu_errstr(r, eb, sizeof eb));
     return TK_OK;
 }
 

@@ -203,6 +203,19 @@ static void test_errors(void)
     gpu.device.device_type = TK_DEV_CUDA;
     CHECK_RC(tk_comm_all_gather(c, &gpu, &gpu, NULL), TK_OK); /* in place needs no copy */
     CHECK_RC(tk_comm_all_gather(c, &host, &gpu, NULL), TK_ERR_INVALID); /* overlapping, not in place */
+    /* one rank, GPU tensors, not in place: the bytes are copied on the device (test_gpu_comm checks
+     * them); it was refused ("one rank alone copies host memory only") and a one-rank job could not
+     * gather into a fresh buffer. Here, without a GPU, it is the driver that is missing. */
+    {
+        float src[4] = {1, 2, 3, 4}, dst[4] = {0};
+        tk_tensor gi = tens(src, DTYPES[0].dt, s4, 1), go = tens(dst, DTYPES[0].dt, s4, 1);
+        gi.device.device_type = go.device.device_type = TK_DEV_CUDA;
+        int ndev = 0;
+        if (tk_device_count(&ndev) != TK_OK || ndev == 0) {
+            CHECK_RC(tk_comm_all_gather(c, &go, &gi, NULL), TK_ERR_NO_DEVICE);
+            CHECK(strstr(tk_last_error(), "host memory only") == NULL);
+        }
+    }
     tk_tensor wrong = tens(f, (tk_dtype){TK_DL_FLOAT, 16, 1}, s4, 1);
     CHECK_RC(tk_comm_all_gather(c, &wrong, &host, NULL), TK_ERR_INVALID);
     CHECK_CONTAINS(tk_last_error(), "in is f32 but out is f16");

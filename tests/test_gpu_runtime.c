@@ -76,6 +76,20 @@ static void test_warm_get_kernel(void)
     CHECK_RC(tk_get_kernel(&k, g.ctx, pkgs[0], NULL), TK_OK);
     double cold = now_ms() - t0;
     tk_kernel_free(k);
+    /* the primary context outlives the last kernel: releasing its last reference destroyed it, and every
+     * warm tk_get_kernel created it again (the first GPU run: warm median 328 ms on an H200) */
+    {
+        const char *lib = getenv("TK_LIBCUDA");
+        void *h = dlopen(lib && *lib ? lib : "libcuda.so.1", RTLD_NOW | RTLD_LOCAL);
+        typedef int (*cu_state_t)(int, unsigned *, int *);
+        cu_state_t state = h ? (cu_state_t)dlsym(h, "cuDevicePrimaryCtxGetState") : NULL;
+        unsigned flags = 0;
+        int active = 0;
+        CHECK(state != NULL);
+        if (state)
+            CHECK_EQ_INT(state(0, &flags, &active), 0); /* device 0's CUdevice is 0 */
+        CHECK_EQ_INT(active, 1);
+    }
     double warm[20];
     for (int i = 0; i < 20; i++) {
         tk_ctx_opts o = TK_CTX_OPTS_INIT;

@@ -78,6 +78,51 @@ static void compile_for(int cc, int arch_specific, const char *target)
     tk_jit__binary_free(b);
 }
 
+/* tk_jit__ptx_params: the parameter list of an entry as NVRTC's PTX declares it (count and bytes),
+ * what tk compares with the manifest before it launches (a short list crashed the host in cuLaunchKernel). */
+static void test_ptx_params(void)
+{
+    static const char psrc[] = "struct three { int a[3]; };\n"
+                               "template <typename T>\n"
+                               "__global__ void k(T *out, int n, double d, three s, long long m, float f, short h) {\n"
+                               "    if (n) out[0] = (T)(d + s.a[2] + m + f + h);\n"
+                               "}\n"
+                               "extern \"C\" __global__ void none() {}\n";
+    static const char *pnames[] = {"k<float>", "none"};
+    tk_jit_unit u;
+    tk_jit_binary *b = NULL;
+    size_t sz[16], n = 99;
+    if (!have_nvrtc())
+        SKIP("no NVRTC");
+    memset(&u, 0, sizeof u);
+    u.src_path = "p.cu";
+    u.src = psrc;
+    u.src_len = sizeof psrc - 1;
+    u.names = pnames;
+    u.nnames = 2;
+    u.cc = 90;
+    CHECK_RC(tk_jit__compile(&b, &u), TK_OK);
+    if (!b)
+        return;
+    CHECK(b->ptx != NULL);
+    CHECK_RC(tk_jit__ptx_params(b->ptx, b->lowered[0], sz, 16, &n), TK_OK);
+    CHECK_EQ_INT(n, 7);
+    const size_t want[7] = {8, 4, 8, 12, 8, 4, 2};
+    for (size_t i = 0; i < 7 && n == 7; i++)
+        CHECK_EQ_INT(sz[i], want[i]);
+    CHECK_RC(tk_jit__ptx_params(b->ptx, "none", sz, 16, &n), TK_OK);
+    CHECK_EQ_INT(n, 0);
+    /* only the first `cap` sizes are written; the count is the whole list */
+    CHECK_RC(tk_jit__ptx_params(b->ptx, b->lowered[0], sz, 2, &n), TK_OK);
+    CHECK_EQ_INT(n, 7);
+    /* a prefix of a name is not the entry */
+    CHECK_RC(tk_jit__ptx_params(b->ptx, "non", sz, 16, &n), TK_ERR_NOT_FOUND);
+    CHECK_RC(tk_jit__ptx_params(b->ptx, "absent", sz, 16, &n), TK_ERR_NOT_FOUND);
+    CHECK_RC(tk_jit__ptx_params(".visible .entry bad(\n .param .u64 x,\n", "bad", sz, 16, &n), TK_ERR_INVALID);
+    CHECK_RC(tk_jit__ptx_params(".visible .entry bad(\n .reg .u64 x\n)", "bad", sz, 16, &n), TK_ERR_INVALID);
+    tk_jit__binary_free(b);
+}
+
 static void test_version(void)
 {
     int major = 0, minor = -1;
@@ -437,6 +482,7 @@ int main(void)
     RUN(test_sm80);
     RUN(test_sm90);
     RUN(test_sm90a);
+    RUN(test_ptx_params);
     RUN(test_device_toolkit);
     RUN(test_ptx_only);
     RUN(test_lineinfo);

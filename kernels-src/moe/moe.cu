@@ -3,9 +3,13 @@
 //
 // Variants (templates over T = float, __half, __nv_bfloat16; one manifest entry per dtype, and one
 // per dtype with the shared expert):
-//   tk_moe<T>   out (T, H) = sum over the top_k experts of w_e * down_e(act(gate_e x) * up_e x)
-//               (+ sigmoid(x shared_gate^T) * shared(x)); optional router_input, expert_scale, topk_ids,
-//               topk_weights
+//   tk_moe<T>          out (T, H) = sum over the top_k experts of w_e * down_e(act(gate_e x) * up_e x);
+//                      optional router_input, expert_scale, topk_ids, topk_weights
+//   tk_moe_shared<T>   the same + sigmoid(x shared_gate^T) * shared(x) (shared_gate optional): three more
+//                      parameters (shared_gate_up, shared_down, shared_gate) after expert_scale
+// Each entry point's parameter list is exactly its manifest entries' list: the host packs one pointer
+// per manifest parameter, so a kernel with more parameters than its manifest reads past that array
+// (1.0.0 had one signature for both and crashed the host in cuLaunchKernel).
 //
 // A correct, simple grouped kernel, one launch: grid (E + 1, cdiv(T, TOK)). Block (e, tile) takes
 // expert e (block E: the shared expert) over the tile's TOK tokens, so each expert's weights stream
@@ -269,9 +273,13 @@ __device__ void topk_torch(Elem *q, long n, long k)
 
 } // namespace tk_moe_impl
 
+namespace tk_moe_impl {
+
+// The whole layer; tk_moe and tk_moe_shared below are its two entry points (a __global__ function's
+// parameter list is what the host packs, so the one without a shared expert has no shared_* parameters).
 template <typename T>
-__global__ void __launch_bounds__(256)
-tk_moe(T *out,                  // (T, H)
+__device__ __forceinline__ void moe_body(
+       T *out,                  // (T, H)
        const T *input,          // (T, H)
        const T *router_weight,  // (E, H)
        const T *gate_up,        // (E, 2I, H): gate rows then up rows
@@ -287,7 +295,6 @@ tk_moe(T *out,                  // (T, H)
        tk_i64 ntok, tk_i64 H, tk_i64 E, tk_i64 I, tk_i64 Is,
        float *ws)               // part (T, K + 1, H) | rows (gridDim.x * gridDim.y, max(I, Is)) | counters
 {
-    using namespace tk_moe_impl;
     extern __shared__ float smem[]; // Elem q (E) | p (E): 12 E bytes
     Elem *q = reinterpret_cast<Elem *>(smem);
     float *p = smem + 2 * E;
@@ -392,4 +399,31 @@ tk_moe(T *out,                  // (T, H)
             s = __fadd_rn(s, __ldcg(part + (t * (K + 1) + j) * H + h));
         out[t * H + h] = from_f32<T>(s);
     }
+}
+
+} // namespace tk_moe_impl
+
+// Without a shared expert (Mixtral, Qwen3-MoE, DiffusionGemma's routed experts): manifest entries moe_*.
+template <typename T>
+__global__ void __launch_bounds__(256)
+tk_moe(T *out, const T *input, const T *router_weight, const T *gate_up, const T *down, tk_i64 top_k,
+       tk_i64 norm_topk_prob, tk_i64 activation, tk_i64 round_weights, const T *router_input, const T *expert_scale,
+       int *topk_ids, float *topk_weights, tk_i64 ntok, tk_i64 H, tk_i64 E, tk_i64 I, tk_i64 Is, float *ws)
+{
+    tk_moe_impl::moe_body<T>(out, input, router_weight, gate_up, down, top_k, norm_topk_prob, activation,
+                             round_weights, router_input, expert_scale, nullptr, nullptr, nullptr, topk_ids,
+                             topk_weights, ntok, H, E, I, Is, ws);
+}
+
+// With the shared expert (Qwen2-MoE): manifest entries moe_shared_*.
+template <typename T>
+__global__ void __launch_bounds__(256)
+tk_moe_shared(T *out, const T *input, const T *router_weight, const T *gate_up, const T *down, tk_i64 top_k,
+              tk_i64 norm_topk_prob, tk_i64 activation, tk_i64 round_weights, const T *router_input,
+              const T *expert_scale, const T *shared_gate_up, const T *shared_down, const T *shared_gate,
+              int *topk_ids, float *topk_weights, tk_i64 ntok, tk_i64 H, tk_i64 E, tk_i64 I, tk_i64 Is, float *ws)
+{
+    tk_moe_impl::moe_body<T>(out, input, router_weight, gate_up, down, top_k, norm_topk_prob, activation,
+                             round_weights, router_input, expert_scale, shared_gate_up, shared_down, shared_gate,
+                             topk_ids, topk_weights, ntok, H, E, I, Is, ws);
 }

@@ -126,6 +126,19 @@ t_check_compiles() {
   expect_out "relu.cu (sm_90): kernel 'relu_f32': symbol 'tk_relu_f33' is not declared in relu.cu"
   expect_out "2 of 2 compiles failed"
   expect_no_out "__nv_name_map"
+  # the manifest's parameter list against the kernel's own (the PTX entry): one parameter short (the
+  # kernel would read past tk's argument array in cuLaunchKernel), one too many, a size that differs
+  good_pkg "$WORK/c"; sed -i 's/long long n)/long long n, float alpha)/' "$WORK/c/relu.cu"
+  expect_rc 7 "$TK" check "$WORK/c" --arch sm_90
+  expect_out "relu.cu (sm_90): kernel 'relu_f32': the manifest lists 3 parameters, 'tk_relu_f32' takes 4"
+  expect_out "HINT: 'params' must list every parameter of the __global__ function"
+  expect_rc 7 "$TK" publish "$WORK/c" --check --arch sm_90
+  good_pkg "$WORK/c"; sed -i 's/const float \*x, long long n)/long long n)/; s/x\[i\] > 0.f ? x\[i\]/out[i] > 0.f ? out[i]/' "$WORK/c/relu.cu"
+  expect_rc 7 "$TK" check "$WORK/c" --arch sm_90
+  expect_out "the manifest lists 3 parameters, 'tk_relu_f32' takes 2"
+  good_pkg "$WORK/c"; sed -i 's/long long n)/int n)/; s/long long i = /int i = /' "$WORK/c/relu.cu"
+  expect_rc 7 "$TK" check "$WORK/c" --arch sm_90
+  expect_out "kernel 'relu_f32': parameter 3 'n' is 8 bytes in the manifest (i64), 4 in 'tk_relu_f32'"
   # a syntax error, reported as file:line; --check writes nothing, not even the cache
   good_pkg "$WORK/c"; sed -i 's/x\[i\] : 0.f;/x[i] : 0.f/' "$WORK/c/relu.cu"
   expect_rc 7 "$TK" publish "$WORK/c" --check --arch sm_90 --to "$WORK/reg-c" --key "$KEY"
