@@ -41,16 +41,29 @@ static gpu_ctx g;
 static const struct {
     const char *op;
     int gated;
-} ops[] = {{"silu_and_mul", 1}, {"mul_and_silu", 1}, {"gelu_and_mul", 1}, {"gelu_tanh_and_mul", 1},
-           {"fatrelu_and_mul", 1}, {"gelu", 0}, {"gelu_tanh", 0}, {"silu", 0}, {"gelu_new", 0},
-           {"gelu_fast", 0}, {"gelu_quick", 0}};
+} ops[] = {
+    {"silu_and_mul", 1},
+    {"mul_and_silu", 1},
+    {"gelu_and_mul", 1},
+    {"gelu_tanh_and_mul", 1},
+    {"fatrelu_and_mul", 1},
+    {"gelu", 0},
+    {"gelu_tanh", 0},
+    {"silu", 0},
+    {"gelu_new", 0},
+    {"gelu_fast", 0},
+    {"gelu_quick", 0},
+};
 #define NOPS (sizeof ops / sizeof ops[0])
 
 /* One unit in the last place of dtype dt at magnitude m (the spacing of the dtype's numbers there). */
 static double ulp_of(tk_dtype dt, double m)
 {
-    int mant = dt.bits == 32 ? 23 : dt.code == TK_DL_BFLOAT ? 7 : 10;
-    int emin = dt.bits == 32 ? -126 : dt.code == TK_DL_BFLOAT ? -126 : -14;
+    int mant = 10, emin = -14; /* f16 */
+    if (dt.bits == 32 || dt.code == TK_DL_BFLOAT) {
+        mant = dt.bits == 32 ? 23 : 7;
+        emin = -126;
+    }
     int e = m > 0 && isfinite(m) ? ilogb(m) : emin;
     return ldexp(1.0, (e < emin ? emin : e) - mant);
 }

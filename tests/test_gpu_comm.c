@@ -119,7 +119,8 @@ static void test_nccl_one_rank(void)
             CHECK_RC(tk_comm_all_reduce_sum(c, &tbig, NULL), TK_OK);
         double dt = (now_s() - t0) / 20;
         printf("nccl 1 rank: all_reduce 64 MiB f32 in place %.3f ms a call (NCCL's own call; one rank moves no "
-               "data)\n", dt * 1e3);
+               "data)\n",
+               dt * 1e3);
         CHECK(dt > 1e-7); /* the call ran: 20 of them take more than 2 us (tk no longer skips them) */
         tk_device_free(big, 0);
     }
