@@ -1473,6 +1473,17 @@ static int take_tensor(const tk_function *fn, const kparam *p, const tk_arg *a, 
     val->shape = t->shape;
     val->strides = t->strides;
     slot->ptr = (uint64_t)(uintptr_t)t->data + t->byte_offset;
+    /* Every kernel loads a tensor's elements as their type: an address that is not a multiple of the
+     * element size faults (CUDA_ERROR_MISALIGNED_ADDRESS, which ends the CUDA context), whatever the
+     * kernel declares. */
+    uint64_t esize = t->dtype.bits % 8 == 0 ? (uint64_t)(t->dtype.bits / 8) : 1;
+    if (esize > 1 && slot->ptr % esize)
+        return tk__err(TK_ERR_UNSUPPORTED,
+                       "%s: '%s' starts at 0x%llx, not a multiple of its element size (%llu bytes of %s): no "
+                       "kernel can load it\n"
+                       "HINT: a view's byte_offset must be a whole number of elements; pass a contiguous copy",
+                       d->name, p->name, (unsigned long long)slot->ptr, (unsigned long long)esize,
+                       tk_dtype_name(t->dtype));
     if (d->align > 1 && slot->ptr % (uint64_t)d->align)
         return tk__err(TK_ERR_UNSUPPORTED,
                        "%s: '%s' starts at 0x%llx, not a multiple of %lld bytes (constraints.align)\n"

@@ -192,8 +192,10 @@ typedef struct {
 } dev_tensor;
 
 /* Bytes by which dev_upload shifts every new device tensor from its 256-byte aligned allocation (as
- * t.byte_offset): 0 normally; a test sets it to an element size to check that kernels take
- * misaligned views (scalar fallbacks) or refuse them clearly (constraints.align), never fault. */
+ * t.byte_offset), rounded up to the tensor's element size (tk refuses a view that starts inside an
+ * element, for every kernel): 0 normally; a test sets it to an element size to check that kernels take
+ * misaligned views (scalar fallbacks) or refuse them clearly (constraints.align), never fault. With
+ * 2, bf16 tensors start 2 bytes and an f32 lse 4 bytes past a 16-byte boundary. */
 static size_t gpu_misalign;
 
 /* The device address of d's first byte. */
@@ -211,7 +213,8 @@ static inline int dev_upload(dev_tensor *d, const tk_tensor *h)
     if (!tk_ops__contiguous(h) || h->ndim > TK_OPS_MAX_RANK)
         return TK_ERR_INVALID;
     d->bytes = host_bytes(h);
-    d->off = gpu_misalign;
+    size_t esize = h->dtype.bits >= 8 ? (size_t)h->dtype.bits / 8 : 1;
+    d->off = (gpu_misalign + esize - 1) / esize * esize;
     int rc = tk_device_alloc(&d->ptr, 0, d->bytes + d->off + 1);
     if (rc != TK_OK)
         return rc;

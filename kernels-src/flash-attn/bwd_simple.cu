@@ -4,11 +4,12 @@
 // varlen) does not take. Training's attention on small heads, f32 models and packed batches runs here.
 //
 // Variants: tk_fa::bwd_simple<T, 512> for T = float, __half, __nv_bfloat16.
-// Launch: grid (any x, Hq + Hkv, sequences), block 128 (4 warps). blockIdx.y < Hq: the warps compute
-// dq for query rows of head y (rows 4 * blockIdx.x + warp, grid-strided); otherwise dk and dv for key
-// rows of kv head y - Hq. Static shared memory 16 KiB. Contiguous tensors, any alignment; no
-// workspace and no atomics: every output row is written once, by one warp, in a fixed order, so the
-// result is deterministic.
+// Launch: grid (any x, Hq + Hkv, sequences: B, or varlen max(nseq, 1)), block 128 (4 warps).
+// blockIdx.y < Hq: the warps compute dq for query rows of head y (rows 4 * blockIdx.x + warp,
+// grid-strided); otherwise dk and dv for key rows of kv head y - Hq. Static shared memory 16 KiB.
+// Contiguous tensors, any element-aligned address (scalar loads only); no workspace and no atomics:
+// every output row is written once, by one warp, in a fixed order, so the result is deterministic.
+// Varlen rows no sequence owns get zero gradients.
 //
 // Per query row i (head h): D_i = dout_i . out_i; for each visible key j (32 at a time, lane j0 + l):
 //   P_ij = 2^(x_ij - lse_i log2 e)   (x the forward's log2-domain score, lse the forward's)
@@ -206,6 +207,38 @@ bwd_simple(T *__restrict__ dq,               // (B, Sq, Hq, D)
                         ok[d] = from_f32<T>(acc_a[e]);
                         ov[d] = from_f32<T>(acc_b[e]);
                     }
+                }
+            }
+        }
+    }
+
+    // Varlen: rows no sequence owns (before cu[0] and from cu[nseq] on, in q and in k) get zero
+    // gradients, as in the CPU reference: nothing depends on them. The blocks with z = 0 write them,
+    // grid-strided; the launch rule gives z >= 1 even when nseq is 0.
+    if (cu_q && blockIdx.z == 0) {
+        const int total = is_q ? Sq : Sk;
+        const int *cu = is_q ? cu_q : cu_k;
+        int lo = 0, hi = 0; // the owned rows [lo, hi)
+        if (nseq > 0) {
+            lo = min(max(__ldg(cu), 0), total);
+            hi = min(max(__ldg(cu + nseq), lo), total);
+        }
+        const int nfree = total - (hi - lo);
+        const T zero = from_f32<T>(0.0f);
+        for (int r0 = blockIdx.x * RPB; r0 < nfree; r0 += gridDim.x * RPB) {
+            const int r = r0 + warp; // warp-uniform
+            if (r >= nfree)
+                continue;
+            const i64 row = r < lo ? r : hi + (r - lo);
+            if (is_q) {
+                T *out = dq + row * qs + (i64)blockIdx.y * D;
+                for (int d = lane; d < D; d += 32)
+                    out[d] = zero;
+            } else {
+                const i64 off = row * ks + (i64)(blockIdx.y - Hq) * D;
+                for (int d = lane; d < D; d += 32) {
+                    dk[off + d] = zero;
+                    dv[off + d] = zero;
                 }
             }
         }

@@ -183,10 +183,13 @@ __device__ __forceinline__ float score_l2(float qk, float mul, float softcap_l2,
     return x;
 }
 
-// Where a sequence's rows and keys start in the packed tensors. Non-varlen: sequence s is batch s.
-// Varlen: batch 0, sequence s owns rows cu_q[s].. of q and cu_k[s].. of k. With cu_q given and nseq
-// unknown (0), sequences are found by scanning: s exists while cu_q[s] < total_q (cu_q[nseq] equals
-// the total, so the scan never reads past the array when gridDim.z is 1).
+// Where a sequence's rows and keys start in the packed tensors. Non-varlen (cu_q null): sequence s is
+// batch s < B. Varlen: batch 0, sequence s < nseq owns rows cu_q[s]..cu_q[s+1] of q and cu_k[s].. of k.
+// nseq must be the true count (cu_seqlens_q.shape[0] - 1, from the launch rule): the arrays hold
+// nseq + 1 entries and nothing in them marks the end (rows after cu_q[nseq] may be padding), so s is
+// checked against nseq before any entry is read, and nothing past cu_q[nseq] is ever read. The offsets
+// are clamped to the tensors' rows, so malformed cu_seqlens (the CPU reference rejects them; a kernel
+// cannot report) give empty or truncated sequences, never an access outside q, k or lse.
 struct Seq {
     int b, q0, k0, sq, sk;
 };
@@ -204,13 +207,15 @@ __device__ __forceinline__ bool seq_at(Seq *o, int s, const int *cu_q, const int
         o->sk = Sk;
         return true;
     }
-    if (nseq > 0 ? s >= nseq : __ldg(cu_q + s) >= Sq)
+    if (s < 0 || s >= nseq)
         return false;
+    const int q0 = min(max(__ldg(cu_q + s), 0), Sq), q1 = min(max(__ldg(cu_q + s + 1), q0), Sq);
+    const int k0 = min(max(__ldg(cu_k + s), 0), Sk), k1 = min(max(__ldg(cu_k + s + 1), k0), Sk);
     o->b = 0;
-    o->q0 = __ldg(cu_q + s);
-    o->sq = __ldg(cu_q + s + 1) - o->q0;
-    o->k0 = __ldg(cu_k + s);
-    o->sk = __ldg(cu_k + s + 1) - o->k0;
+    o->q0 = q0;
+    o->sq = q1 - q0;
+    o->k0 = k0;
+    o->sk = k1 - k0;
     return true;
 }
 
