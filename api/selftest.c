@@ -9,10 +9,12 @@
  * sides, so a skipped write fails. The first wrong case ends a kernel's test: its worst element is the
  * report.
  *
- * The GPU side runs in a sandbox (jit/sandbox.c): a CUDA context of its own, so a kernel that traps or
- * faults kills only that context; the sandbox is made again, the package reloaded there (from the
- * cache) and the run goes on. Each launch is waited for with a deadline; past it the context is
- * destroyed. Before a kernel is tested a "running" record with the process id is written: a kernel
+ * The GPU side runs in a sandbox (jit/sandbox.c): a CUDA context of its own. It cannot contain a fault:
+ * a sticky error ends CUDA for the whole process, so after a fault (or a launch past its deadline,
+ * whose context is abandoned: destroying it would wait for the launch) the verdict is recorded, the
+ * package's later kernels are reported untested and the report says "cuda_lost". A kernel recorded as
+ * crashed or timed out for this binary is not run again. Before a kernel is tested a "running"
+ * record with the process id is written: a kernel
  * that takes the whole process down leaves that record behind, and the next lookup reads it as
  * interrupted (routing then avoids the kernel until it is tested again).
  *

@@ -80,7 +80,7 @@ static const char *HELP =
     "\n"
     "EXIT STATUS\n"
     "    0 every kernel tested passed (or untested); 2 usage; 3 package not found; 7 no GPU, a\n"
-    "    compile or a driver error; 8 a kernel failed, crashed or timed out.\n"
+    "    compile or a driver error; 10 a kernel failed, crashed or timed out.\n"
     "\n"
     "EXAMPLES\n"
     "    tk selftest kernels-community/activation\n"
