@@ -881,9 +881,9 @@ TK_API int tk_selftest(char **report, tk_ctx *ctx, const char *ref, const tk_sel
         char key[TK_SHA256_HEX];
         snprintf(key, sizeof key, "%s", tk_api__function_key(fn));
         if (tk_jit__cuda_lost()) { /* an earlier kernel's fault or hang: nothing more runs in this process */
-            row = json_pack("{s:s, s:s, s:s, s:s, s:{s:s+}}", "kernel", kname, "op", kop ? kop : "", "status", "untested",
-                            "binary_key", key, "detail", "summary", "not tested: CUDA is unusable in this process after ",
-                            tk_jit__cuda_lost());
+            row = json_pack("{s:s, s:s, s:s, s:s, s:{s:s+}}", "kernel", kname, "op", kop ? kop : "", "status",
+                            "untested", "binary_key", key, "detail", "summary",
+                            "not tested: CUDA is unusable in this process after ", tk_jit__cuda_lost());
             json_array_append_new(kernels, row);
             counts[TK_ST_UNTESTED]++;
             continue;
@@ -894,9 +894,10 @@ TK_API int tk_selftest(char **report, tk_ctx *ctx, const char *ref, const tk_sel
         char *prev_sum = NULL;
         if (tk_api__selftest_status(&prev, &prev_sum, ctx, key, kname, r.dev.ordinal) == TK_OK &&
             (prev == TK_ST_CRASHED || prev == TK_ST_TIMED_OUT)) {
-            row = json_pack("{s:s, s:s, s:s, s:s, s:i, s:f, s:{s:s, s:s+, s:b}}", "kernel", kname, "op", kop ? kop : "",
-                            "status", tk_ops__st_name(prev), "binary_key", key, "cases", 0, "seconds", 0.0, "detail",
-                            "recorded", prev_sum ? prev_sum : "", "summary", prev_sum ? prev_sum : tk_ops__st_name(prev),
+            const char *was = prev_sum ? prev_sum : tk_ops__st_name(prev);
+            row = json_pack("{s:s, s:s, s:s, s:s, s:i, s:f, s:{s:s, s:s+, s:b}}", "kernel", kname, "op",
+                            kop ? kop : "", "status", tk_ops__st_name(prev), "binary_key", key, "cases", 0, "seconds",
+                            0.0, "detail", "recorded", prev_sum ? prev_sum : "", "summary", was,
                             " (recorded earlier on this GPU; not run again, it would end CUDA in this process: 'tk "
                             "selftest --forget' and a new run test it again)", "not_run", 1);
             free(prev_sum);

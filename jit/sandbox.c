@@ -63,7 +63,7 @@ static void set_lost(const char *why)
 
 const char *tk_jit__cuda_lost(void)
 {
-    return atomic_load(&lost) == 2 ? lost_why : atomic_load(&lost) ? "a self-test's kernel faulted" : NULL;
+    return atomic_load(&lost) == 2 ? lost_why : atomic_load(&lost) ? "a kernel faulted" : NULL;
 }
 
 CUcontext tk_jit__sandbox_ctx(const struct tk_jit_sandbox *sb) { return sb ? sb->ctx : NULL; }
@@ -84,9 +84,9 @@ static int cu_fail(CUresult r, const char *what, int device)
 {
     char eb[256];
     tk_jit__cu_errstr(r, eb, sizeof eb);
-    if (sticky(r)) { /* a fault the wait did not see (a copy after the kernel reports it) */
+    if (sticky(r)) { /* a fault the wait did not see (a copy after the kernel reports it), or an earlier one */
         char why[400];
-        snprintf(why, sizeof why, "a self-test's kernel faulted: %s", eb);
+        snprintf(why, sizeof why, "a kernel faulted: %s", eb);
         set_lost(why);
     }
     return tk__err(r == CUDA_ERROR_OUT_OF_MEMORY ? TK_ERR_NOMEM : TK_ERR_LAUNCH, "%s (self-test context, device %d): %s",

@@ -66,8 +66,8 @@ static double max_abs(const tk_tensor *t)
     return m;
 }
 
-/* The tolerance per unit of a term's size: 16 f32 rounding steps (about 9.5e-7), as the self-test's. The kernels compute in
- * f32 whatever they store, so a difference of terms carries their f32 rounding. */
+/* The tolerance per unit of a term's size: 16 f32 rounding steps (about 9.5e-7), as the self-test's.
+ * The kernels compute in f32 whatever they store, so a difference of terms carries their f32 rounding. */
 #define TERM_TOL 0x1p-20
 
 /* The size of the terms grad_input[r, :] is a difference of, for each row r of a backward op:
@@ -131,8 +131,8 @@ static int close_enough(const char *what, const tk_tensor *got, const tk_tensor 
     }
     int ok = bad_nan == 0 && sqrt(num) <= rel * sqrt(den) + sqrt(slack) && worst <= 1;
     if (!ok && !planted)
-        fprintf(stderr, "%s: |d| %.3g of |ref| %.3g (rel %.3g, terms %.3g), worst [%lld] got %.9g ref %.9g (%.3g of its "
-                "bound), NaN/inf mismatches %lld of %lld (seed %llu)\n", what, sqrt(num), sqrt(den), rel,
+        fprintf(stderr, "%s: |d| %.3g of |ref| %.3g (rel %.3g, terms %.3g), worst [%lld] got %.9g ref %.9g "
+                "(%.3g of its bound), NaN/inf mismatches %lld of %lld (seed %llu)\n", what, sqrt(num), sqrt(den), rel,
                 sqrt(slack), (long long)wi, n ? get(got, wi) : 0.0, n ? get(ref, wi) : 0.0, worst,
                 (long long)bad_nan, (long long)n, (unsigned long long)seed);
     return ok;
@@ -339,7 +339,10 @@ static void test_grad_input_tolerance(void)
         if (d == 1) {
             /* the H200's: layer norm -1.68e-6 where 0, the fused form 7.03e-6 off grad_residual, rms norm
              * one f16 subnormal (5.96e-8, 7.7% of the result) or 1.31e-8 in f32 */
-            double e = cs[k].op == 6 ? -1.67581459e-06 : cs[k].op == 7 ? -7.034e-06 : dt.bits == 16 ? 5.96e-8 : -1.31e-08;
+            double e = cs[k].op == 6   ? -1.67581459e-06
+                       : cs[k].op == 7 ? -7.034e-06
+                       : dt.bits == 16 ? 5.96e-8
+                                       : -1.31e-08;
             set(&got.t, 0, get(ref, 0) + e);
             CHECK(close_enough(what, &got.t, ref, S, d));
             planted = 1;
