@@ -9,10 +9,12 @@
  * sides, so a skipped write fails. The first wrong case ends a kernel's test: its worst element is the
  * report.
  *
- * The GPU side runs in a sandbox (jit/sandbox.c): a CUDA context of its own, so a kernel that traps or
- * faults kills only that context; the sandbox is made again, the package reloaded there (from the
- * cache) and the run goes on. Each launch is waited for with a deadline; past it the context is
- * destroyed. Before a kernel is tested a "running" record with the process id is written: a kernel
+ * The GPU side runs in a sandbox (jit/sandbox.c): a CUDA context of its own. It cannot contain a fault:
+ * a sticky error ends CUDA for the whole process, so after a fault (or a launch past its deadline,
+ * whose context is abandoned: destroying it would wait for the launch) the verdict is recorded, the
+ * package's later kernels are reported untested and the report says "cuda_lost". A kernel recorded as
+ * crashed or timed out for this binary is not run again. Before a kernel is tested a "running"
+ * record with the process id is written: a kernel
  * that takes the whole process down leaves that record behind, and the next lookup reads it as
  * interrupted (routing then avoids the kernel until it is tested again).
  *
@@ -175,7 +177,6 @@ typedef struct {
     double timeout_s;
     memo *memos;
     size_t memo_bytes;
-    int resets;
     int plan;          /* no device: list the cases that fit and run their CPU references only */
     double cpu_ms;     /* time in the CPU references */
 } run;
@@ -428,23 +429,8 @@ static void memo_trim(run *r)
     }
 }
 
-/* Makes a new sandbox context after a fault or a timeout, and reloads the package in it. */
-static int reset_and_reload(run *r, tk_kernel **k, const char *ref, const tk_selftest_opts *o)
-{
-    tk_kernel_free(*k); /* its modules died with the old context; this frees the handles */
-    *k = NULL;
-    r->resets++;
-    int rc = tk_jit__sandbox_reset(r->sb);
-    if (rc == TK_OK) {
-        tk_kernel_opts ko = TK_KERNEL_OPTS_INIT;
-        ko.device = r->dev.ordinal;
-        ko.get = o->get;
-        rc = tk_api__get_kernel_in(k, r->ctx, ref, &ko, r->sb);
-    }
-    return rc;
-}
-
-/* Tests one function. *k may be replaced (a reset reloads the package). */
+/* Tests one function. After a fault or a launch past the limit CUDA is lost in this process
+ * (tk_jit__cuda_lost): the verdict says so and the caller records it before anything else. */
 static void test_kernel(run *r, verdict *v, tk_kernel **k, const char *ref, const tk_selftest_opts *o, json_t *kj,
                         const char *kname, json_t *manifest, const char *pkg)
 {
@@ -564,10 +550,7 @@ static void test_kernel(run *r, verdict *v, tk_kernel **k, const char *ref, cons
                     json_t *det = json_pack("{s:s, s:s}", "case", c.label, "error", err);
                     verdict_set(v, timed_out ? TK_ST_TIMED_OUT : TK_ST_CRASHED, det, "case '%s': %s", c.label, err);
                     done = 1;
-                    reset = 1; /* the context goes, with the case's memory */
-                    if (reset_and_reload(r, k, ref, o) != TK_OK)
-                        tk_api__log(r->ctx, TK_LOG_WARN, "selftest: after %s the package could not be loaded again: %s",
-                                    kname, tk_last_error());
+                    reset = 1; /* the context is lost, with the case's memory */
                 }
             }
             /* compare every output and in-place tensor with the reference */
@@ -610,9 +593,6 @@ static void test_kernel(run *r, verdict *v, tk_kernel **k, const char *ref, cons
                     verdict_set(v, TK_ST_CRASHED, det, "case '%s': %s", c.label, tk_last_error());
                     done = 1;
                     reset = 1;
-                    if (reset_and_reload(r, k, ref, o) != TK_OK)
-                        tk_api__log(r->ctx, TK_LOG_WARN, "selftest: the package could not be loaded again: %s",
-                                    tk_last_error());
                 }
                 free(got);
             }
@@ -900,6 +880,34 @@ TK_API int tk_selftest(char **report, tk_ctx *ctx, const char *ref, const tk_sel
         }
         char key[TK_SHA256_HEX];
         snprintf(key, sizeof key, "%s", tk_api__function_key(fn));
+        if (tk_jit__cuda_lost()) { /* an earlier kernel's fault or hang: nothing more runs in this process */
+            row = json_pack("{s:s, s:s, s:s, s:s, s:{s:s+}}", "kernel", kname, "op", kop ? kop : "", "status",
+                            "untested", "binary_key", key, "detail", "summary",
+                            "not tested: CUDA is unusable in this process after ", tk_jit__cuda_lost());
+            json_array_append_new(kernels, row);
+            counts[TK_ST_UNTESTED]++;
+            continue;
+        }
+        /* a kernel that crashed or hung here before is not run again: it would end CUDA in this process
+         * (its record stands until the binary, the GPU, the driver or tk changes, or --forget) */
+        int prev = TK_ST_NONE;
+        char *prev_sum = NULL;
+        if (tk_api__selftest_status(&prev, &prev_sum, ctx, key, kname, r.dev.ordinal) == TK_OK &&
+            (prev == TK_ST_CRASHED || prev == TK_ST_TIMED_OUT)) {
+            const char *was = prev_sum ? prev_sum : tk_ops__st_name(prev);
+            row = json_pack("{s:s, s:s, s:s, s:s, s:i, s:f, s:{s:s, s:s+, s:b}}", "kernel", kname, "op",
+                            kop ? kop : "", "status", tk_ops__st_name(prev), "binary_key", key, "cases", 0, "seconds",
+                            0.0, "detail", "recorded", prev_sum ? prev_sum : "", "summary", was,
+                            " (recorded earlier on this GPU; not run again, it would end CUDA in this process: 'tk "
+                            "selftest --forget' and a new run test it again)", "not_run", 1);
+            free(prev_sum);
+            json_array_append_new(kernels, row);
+            counts[prev]++;
+            nbad++;
+            continue;
+        }
+        free(prev_sum);
+        tk__err_clear();
         /* evidence first: a kernel that takes the process down leaves "running" behind */
         if ((rc = put_record(&r, key, kname, pkg, kop, "running", NULL, 0)) != TK_OK)
             goto fail;
@@ -918,6 +926,11 @@ TK_API int tk_selftest(char **report, tk_ctx *ctx, const char *ref, const tk_sel
         json_array_append_new(kernels, row);
         counts[v.status]++;
         nbad += tk_ops__st_bad(v.status);
+        /* recorded: now the context goes (a faulted one is destroyed, a hung one abandoned) */
+        if (tk_jit__cuda_lost()) {
+            tk_jit__sandbox_reset(r.sb);
+            tk__err_clear();
+        }
     }
     (void)nk;
     if (ctx->progress)
@@ -929,7 +942,7 @@ TK_API int tk_selftest(char **report, tk_ctx *ctx, const char *ref, const tk_sel
                                   counts[TK_ST_FAILED], "crashed", counts[TK_ST_CRASHED], "timed_out",
                                   counts[TK_ST_TIMED_OUT], "untested", counts[TK_ST_UNTESTED], "skipped", counts[7]));
     json_object_set_new(out, "ok", json_boolean(nbad == 0));
-    json_object_set_new(out, "context_resets", json_integer(r.resets));
+    json_object_set_new(out, "cuda_lost", tk_jit__cuda_lost() ? json_string(tk_jit__cuda_lost()) : json_null());
     json_object_set_new(out, "load_seconds", json_real(tload / 1000.0));
     json_object_set_new(out, "seconds", json_real((tk__now_ms() - t0) / 1000.0));
     if (!(*report = json_dumps(out, JSON_INDENT(2)))) {

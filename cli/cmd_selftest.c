@@ -2,10 +2,11 @@
  * cmd_selftest.c — tk selftest: prove packages' kernels on this GPU against the CPU references, record
  * the results with the binaries, and show or forget what is recorded (docs/selftest.md).
  *
- * The library bounds each launch (a deadline, then the self-test's own CUDA context is destroyed); the
- * command adds a watchdog for what the library cannot bound: a context teardown that itself never
- * returns. When the self-test reports no progress for the watchdog's limit, the command says which
- * kernel hung and exits; the kernel's "running" record stays, so routing avoids it from then on.
+ * The library bounds each launch (a deadline; then the kernel is recorded as timed out, its context
+ * abandoned and CUDA marked lost in this process, as after a fault); the command then ends with _exit,
+ * past the driver's teardown, which could wait for the launch for ever. A watchdog remains for what
+ * the library cannot bound: when the self-test reports no progress for its limit, the command says
+ * which kernel hung and exits; the kernel's "running" record stays, so routing avoids it from then on.
  */
 #include <jansson.h>
 #include <pthread.h>
@@ -42,10 +43,15 @@ static const char *HELP =
     "    declares. Each output is compared with the op's CPU reference with the per-dtype\n"
     "    tolerances of tk's GPU tests; outputs start as NaN, so an element a kernel never writes\n"
     "    fails. A kernel ends as passed, FAILED (the worst element, expected and got), CRASHED (a\n"
-    "    device fault; the self-test's own CUDA context is destroyed and made again, and the run\n"
-    "    goes on), TIMED_OUT (a launch past --timeout), untested (no CPU reference or no case fits)\n"
-    "    or skipped (not for this GPU's arch). It costs about a second per package after the\n"
+    "    device fault), TIMED_OUT (a launch past --timeout), untested (no CPU reference or no case\n"
+    "    fits) or skipped (not for this GPU's arch). It costs about a second per package after the\n"
     "    kernels are compiled (a compile, on first use, comes first).\n"
+    "\n"
+    "    A fault ends CUDA for the whole process (NVIDIA's rule for sticky errors), and a launch\n"
+    "    that never ends runs until the process exits: after either, the result is recorded, the\n"
+    "    kernels after it are reported untested (\"cuda_lost\" in the report) and the command exits.\n"
+    "    Run it again to test those: a kernel recorded as crashed or timed out on this GPU is not\n"
+    "    run again (--forget, then a new run, tests it again).\n"
     "\n"
     "    Results are recorded in cache.db with the compiled binary's key, the GPU's UUID, the\n"
     "    driver version and tk's version: a new build, GPU, driver or tk counts as never tested.\n"
@@ -74,7 +80,7 @@ static const char *HELP =
     "\n"
     "EXIT STATUS\n"
     "    0 every kernel tested passed (or untested); 2 usage; 3 package not found; 7 no GPU, a\n"
-    "    compile or a driver error; 8 a kernel failed, crashed or timed out.\n"
+    "    compile or a driver error; 10 a kernel failed, crashed or timed out.\n"
     "\n"
     "EXAMPLES\n"
     "    tk selftest kernels-community/activation\n"
@@ -189,10 +195,11 @@ static void print_report(tk_cli *cli, const char *report, int verbose)
             printf(", %lld %s", (long long)json_integer_value(json_object_get(c, keys[j])), keys[j]);
     printf(" (%.2f s, of which loading %.2f s", json_real_value(json_object_get(r, "seconds")),
            json_real_value(json_object_get(r, "load_seconds")));
-    if (json_integer_value(json_object_get(r, "context_resets")))
-        printf("; the context was reset %lld time%s", (long long)json_integer_value(json_object_get(r, "context_resets")),
-               json_integer_value(json_object_get(r, "context_resets")) == 1 ? "" : "s");
     printf(")\n");
+    if (json_string_value(json_object_get(r, "cuda_lost")))
+        printf("  CUDA is unusable in this process after %s: the kernels after it were not tested\n"
+               "  HINT: run 'tk selftest' again: a kernel recorded as crashed or timed out is not run again\n",
+               json_string_value(json_object_get(r, "cuda_lost")));
     (void)cli;
     json_decref(r);
 }
@@ -558,7 +565,7 @@ int tk_cmd_selftest(tk_cli *cli, int argc, char **argv)
     o.op = op;
     o.kernel = kernel;
     o.launch_timeout_s = timeout;
-    int failed = 0, first = 1;
+    int failed = 0, first = 1, lost = 0;
     if (cli->json)
         printf("[");
     for (int i = 0; i < nrefs; i++) {
@@ -584,6 +591,9 @@ int tk_cmd_selftest(tk_cli *cli, int argc, char **argv)
             continue;
         }
         failed += rc == TK_ERR_SELFTEST;
+        json_t *rj = json_loads(report, 0, NULL);
+        lost |= json_string_value(json_object_get(rj, "cuda_lost")) != NULL;
+        json_decref(rj);
         if (cli->json) {
             printf("%s%s", first ? "" : ",\n", report);
             first = 0;
@@ -605,5 +615,12 @@ int tk_cmd_selftest(tk_cli *cli, int argc, char **argv)
     free(refs);
     if (failed && code == TK_EXIT_OK)
         code = TK_EXIT_SELFTEST;
+    if (lost) {
+        /* a fault or a launch that never ends: the driver's teardown at exit may wait for that launch
+         * for ever; the records are written and the report printed, and the GPU is freed with the
+         * process */
+        fflush(NULL);
+        _exit(code);
+    }
     return code;
 }

@@ -610,7 +610,12 @@ typedef struct {
  * {"package", "version", "commit" (null for a directory), "local", "device": {"ordinal", "name", "uuid",
  * "arch", "driver"}, "tk_version", "launch_timeout_s", "kernels": [{"kernel", "op", "status",
  * "binary_key", "cases", "seconds", "detail": {"summary", ...}}], "counts": {"passed", "failed",
- * "crashed", "timed_out", "untested", "skipped"}, "ok", "context_resets", "load_seconds", "seconds"}.
+ * "crashed", "timed_out", "untested", "skipped"}, "ok", "cuda_lost", "load_seconds", "seconds"}.
+ * A kernel that faults or hangs ends CUDA in the calling process (a sticky error is the process's, and a
+ * launch that never ends runs until exit): it is recorded, "cuda_lost" says why (else null), the later
+ * kernels are "untested", and every later self-test in the process fails with TK_ERR_LAUNCH; run
+ * untrusted packages through `tk selftest` (a process of its own). A kernel whose record for this binary
+ * on this GPU is crashed or timed_out is not run again (detail "not_run": true).
  * Returns TK_OK when no kernel failed, crashed or timed out; TK_ERR_SELFTEST when one did (*report is
  * set then too); else, with *report NULL, the errors of tk_get_kernel (TK_ERR_NO_DEVICE without a GPU,
  * TK_ERR_NOT_FOUND, TK_ERR_COMPILE, ...), TK_ERR_CACHE. Uses the context's thread; reports progress

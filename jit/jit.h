@@ -232,14 +232,19 @@ void tk_jit__timer_free(tk_jit_timer *t);
 /* ---- self-test sandboxes (jit/sandbox.c) ------------------------------------------------------ */
 
 /* A CUDA context of its own (cuCtxCreate, never the primary one the caller's tensors and tk_op_run's
- * kernels live in) with one stream, where a kernel under test may fault or hang without harming
- * anything else in the process. After a fault (or a launch past its time limit) the context is
- * destroyed and a new one made (tk_jit__sandbox_reset); what was loaded or allocated in it is gone.
- * Not thread-safe: one thread uses a sandbox. */
+ * kernels live in) with one stream, where a kernel under test runs apart from the caller's memory and
+ * modules. It cannot contain a fault: a kernel's sticky error ends CUDA for the whole process (see
+ * sandbox.c), and a launch that does not end keeps running until the process exits. Either marks the
+ * process lost (tk_jit__cuda_lost). Not thread-safe: one thread uses a sandbox. */
+/* NULL while CUDA is usable in this process; else why not (a sandbox's kernel faulted: a sticky error
+ * ends CUDA for the whole process; or a launch did not end: its context is abandoned, never destroyed).
+ * Once set it stays set; tk_jit__sandbox_new and _reset then fail with TK_ERR_LAUNCH. Any thread. */
+const char *tk_jit__cuda_lost(void);
 int tk_jit__sandbox_new(tk_jit_sandbox **out, int device);
-/* Destroys the context. Release the modules loaded in it first. Accepts NULL. */
+/* Destroys the context (an abandoned one is left to the process's exit). Release the modules loaded in
+ * it first. Accepts NULL. */
 void tk_jit__sandbox_free(tk_jit_sandbox *sb);
-/* Destroys the context (stopping whatever still runs there) and makes a new one. */
+/* Destroys the context and makes a new one; TK_ERR_LAUNCH once the process is lost. */
 int tk_jit__sandbox_reset(tk_jit_sandbox *sb);
 /* The stream to launch on (a CUstream of the sandbox's context). */
 void *tk_jit__sandbox_stream(const tk_jit_sandbox *sb);

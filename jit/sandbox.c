@@ -2,23 +2,31 @@
  * sandbox.c — where a self-test runs a kernel that may be broken: a CUDA context of its own, made with
  * cuCtxCreate, with one stream (jit.h, "self-test sandboxes").
  *
- * Why not the primary context: a kernel that traps or reads out of bounds leaves its context in a
- * sticky error state, and every allocation and module in that context is lost. The primary context
- * is the one PyTorch, the caller's tensors and tk_op_run's kernels share; a self-test must never break
- * it. A fault in a context of its own is that context's alone (the driver attributes a fault to the
- * context whose work caused it), so the sandbox is destroyed and made again and the run goes on.
+ * Why a context of its own: the self-test's memory and modules stay apart from the caller's, and a
+ * kernel under test never runs in the primary context that PyTorch, the caller's tensors and
+ * tk_op_run's kernels share.
+ *
+ * What it cannot do (learnt on the first GPU run, an H200 with driver 580): contain a fault. A kernel
+ * that traps or reads out of bounds leaves a sticky error (CUDA_ERROR_LAUNCH_FAILED, ILLEGAL_ADDRESS,
+ * ...) that, as NVIDIA documents for those errors, "leaves the process in an inconsistent state and any
+ * further CUDA work will return the same error; to continue using CUDA, the process must be terminated
+ * and relaunched": after destroying the faulted context, cuCtxCreate itself failed with 719, and so
+ * did every call in the process's primary context. So after a fault the process is marked lost
+ * (tk_jit__cuda_lost) and no sandbox is made again; a caller that must go on runs its self-tests in a
+ * process of its own (`tk selftest` is one).
  *
  * What the Driver API can and cannot do about a kernel that never ends:
  * - it has no call that stops one kernel. tk launches asynchronously and polls the stream
  *   (cuStreamQuery) against a deadline instead of blocking in a synchronize;
- * - at the deadline it destroys the context (cuCtxDestroy). Tearing a context down is how the driver
- *   stops the work queued in it (cudaDeviceReset does the same for the runtime); NVIDIA documents no
- *   bound on how long that teardown takes, so the caller of a self-test also needs a watchdog of its
- *   own (`tk selftest` has one: it exits the process, which always frees the GPU);
+ * - at the deadline the process is marked lost and the context abandoned, never destroyed:
+ *   cuCtxDestroy of a context whose kernel still runs waited for it (62 s until the watchdog of
+ *   `tk selftest --timeout 1` ended the process, on the H200). The kernel runs until the process
+ *   exits, which frees the GPU (`tk selftest` then exits with _exit, past the driver's own teardown);
  * - the display watchdog (a GPU driving a screen: about 2 s on Linux X, 5 s on Windows) and MPS or
  *   compute preemption are outside tk's control; with them the launch ends with
  *   CUDA_ERROR_LAUNCH_TIMEOUT and is reported as a crash.
  */
+#include <stdatomic.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -36,17 +44,51 @@ struct tk_jit_sandbox {
     CUcontext ctx;
     CUstream stream;
     unsigned gen;
+    int abandoned; /* a launch in ctx did not end: never destroyed (it would wait for the launch) */
 };
+
+/* Why CUDA is unusable in this process ("" while it is usable): set once, by the first fault or
+ * timeout a sandbox sees; read from any thread. */
+static char lost_why[512];
+static _Atomic int lost;
+
+static void set_lost(const char *why)
+{
+    int expect = 0;
+    if (atomic_compare_exchange_strong(&lost, &expect, 1)) {
+        snprintf(lost_why, sizeof lost_why, "%s", why);
+        atomic_store(&lost, 2);
+    }
+}
+
+const char *tk_jit__cuda_lost(void)
+{
+    return atomic_load(&lost) == 2 ? lost_why : atomic_load(&lost) ? "a kernel faulted" : NULL;
+}
 
 CUcontext tk_jit__sandbox_ctx(const struct tk_jit_sandbox *sb) { return sb ? sb->ctx : NULL; }
 unsigned tk_jit__sandbox_gen(const struct tk_jit_sandbox *sb) { return sb ? sb->gen : 0; }
 void *tk_jit__sandbox_stream(const tk_jit_sandbox *sb) { return sb ? (void *)sb->stream : NULL; }
 int tk_jit__sandbox_device(const tk_jit_sandbox *sb) { return sb ? sb->device : -1; }
 
+/* The errors NVIDIA documents as ending CUDA for the process ("must be terminated and relaunched"). */
+static int sticky(CUresult r)
+{
+    return r == CUDA_ERROR_LAUNCH_FAILED || r == CUDA_ERROR_ILLEGAL_ADDRESS || r == CUDA_ERROR_HARDWARE_STACK_ERROR ||
+           r == CUDA_ERROR_ILLEGAL_INSTRUCTION || r == CUDA_ERROR_MISALIGNED_ADDRESS ||
+           r == CUDA_ERROR_INVALID_ADDRESS_SPACE || r == CUDA_ERROR_INVALID_PC || r == CUDA_ERROR_ASSERT ||
+           r == CUDA_ERROR_LAUNCH_TIMEOUT;
+}
+
 static int cu_fail(CUresult r, const char *what, int device)
 {
     char eb[256];
     tk_jit__cu_errstr(r, eb, sizeof eb);
+    if (sticky(r)) { /* a fault the wait did not see (a copy after the kernel reports it), or an earlier one */
+        char why[400];
+        snprintf(why, sizeof why, "a kernel faulted: %s", eb);
+        set_lost(why);
+    }
     return tk__err(r == CUDA_ERROR_OUT_OF_MEMORY ? TK_ERR_NOMEM : TK_ERR_LAUNCH, "%s (self-test context, device %d): %s",
                    what, device, eb);
 }
@@ -78,6 +120,12 @@ static void destroy(tk_jit_sandbox *sb)
     CUcontext popped;
     if (!sb->ctx)
         return;
+    if (sb->abandoned) { /* left to the process's exit */
+        sb->ctx = NULL;
+        sb->stream = NULL;
+        sb->gen++;
+        return;
+    }
     if (sb->stream && cu->cuCtxPushCurrent(sb->ctx) == CUDA_SUCCESS) {
         cu->cuStreamDestroy(sb->stream); /* fails harmlessly in a context with a sticky error */
         cu->cuCtxPopCurrent(&popped);
@@ -92,6 +140,10 @@ int tk_jit__sandbox_new(tk_jit_sandbox **out, int device)
 {
     int rc, n = 0;
     *out = NULL;
+    if (tk_jit__cuda_lost())
+        return tk__err(TK_ERR_LAUNCH, "CUDA is unusable in this process: %s\nHINT: a fault or a hung launch ends "
+                                      "CUDA for the whole process (NVIDIA: it must be restarted); run self-tests in a "
+                                      "process of their own ('tk selftest' is one)", tk_jit__cuda_lost());
     if ((rc = tk_jit__device_count(&n)) != TK_OK)
         return rc;
     if (device < 0 || device >= n)
@@ -132,6 +184,9 @@ int tk_jit__sandbox_reset(tk_jit_sandbox *sb)
     if (!sb || sb->magic != SANDBOX_MAGIC)
         return tk__err(TK_ERR_INVALID, "not a sandbox");
     destroy(sb);
+    if (tk_jit__cuda_lost())
+        return tk__err(TK_ERR_LAUNCH, "no new self-test context: CUDA is unusable in this process: %s",
+                       tk_jit__cuda_lost());
     return make(sb);
 }
 
@@ -226,12 +281,19 @@ int tk_jit__sandbox_wait(tk_jit_sandbox *sb, double timeout_s, int *fault, int *
         if (r != CUDA_ERROR_NOT_READY) {
             pop();
             *fault = 1;
-            char eb[256];
-            return tk__err(TK_ERR_LAUNCH, "the kernel faulted: %s", tk_jit__cu_errstr(r, eb, sizeof eb));
+            char eb[256], why[400];
+            tk_jit__cu_errstr(r, eb, sizeof eb);
+            snprintf(why, sizeof why, "a self-test's kernel faulted: %s", eb);
+            set_lost(why);
+            return tk__err(TK_ERR_LAUNCH, "the kernel faulted: %s", eb);
         }
         if (now_s() - start > timeout_s) {
             pop();
             *timed_out = 1;
+            sb->abandoned = 1;
+            char why[256];
+            snprintf(why, sizeof why, "a self-test's launch did not end within %.1f s and is still running", timeout_s);
+            set_lost(why);
             return tk__err(TK_ERR_LAUNCH, "the kernel did not finish within %.1f s (the self-test's limit per launch)",
                            timeout_s);
         }

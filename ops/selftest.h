@@ -124,10 +124,23 @@ typedef struct {
     double max_ref;       /* max |ref| over the finite reference elements */
 } tk_ops_cmp;
 
+/* The absolute tolerance per unit of input magnitude: sixteen f32 rounding steps (about 9.5e-7).
+ * Kernels compute in f32 whatever they store, so a result that cancels to about zero is off by the f32
+ * rounding of its terms, whose size the inputs give; a relative tolerance alone is 0 there. (The role
+ * of torch.testing.assert_close's atol, 1e-5 for every float dtype whatever the inputs; with the
+ * cases' inputs of magnitude 0.5 to 8 this one is tighter.) */
+#define TK_OPS_ATOL 0x1p-20
+
+/* max |x| over the case's float inputs (TK_CASE_IN and TK_CASE_INOUT tensors of 16 bits or more, not
+ * exact ones; 8-bit codes and integers left out): the size of what its outputs are computed from. 0
+ * for c NULL or no such tensor. */
+double tk_ops__case_input_scale(const tk_ops_case *c);
+
 /* Compares got with ref (host tensors of the same shape and dtype). Floats: NaN must be NaN, an inf
- * the same inf, else |got - ref| <= f * (4 * r * |ref| + 16 * r * max|ref|) + tiny, r =
- * tk_ops__tol_rel(dtype) and f the case's tol_factor (or, where the tensor sets rtol, |got - ref| <=
- * atol + rtol * |ref|); integers and exact tensors: equal. */
+ * the same inf, else |got - ref| <= f * (4 * r * |ref| + 16 * r * max|ref|) + max(tiny, f * TK_OPS_ATOL * s),
+ * r = tk_ops__tol_rel(dtype), f the case's tol_factor and s tk_ops__case_input_scale(c) (or, where
+ * the tensor sets rtol, |got - ref| <= atol + rtol * |ref|); integers and exact tensors: equal. (The
+ * input term is a max with the tiny floor: i8 codes keep their step of 1.) */
 void tk_ops__case_compare(tk_ops_cmp *r, const tk_ops_case *c, const tk_ops_case_tensor *ref, const void *got);
 
 /* ---- routing around kernels that failed (ops/route.c) ----------------------------------------- */

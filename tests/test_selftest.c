@@ -331,6 +331,88 @@ static void test_ops_own_tolerances(void)
     tk_ops__case_free(&c);
 }
 
+/* A result that is 0 exactly (attention_backward's dq with one key: the softmax of one score has no
+ * gradient) and the f32 rounding a kernel leaves in it: the values the first GPU run's sm80 and simple
+ * backward kernels gave on an H200 pass (they failed against a tolerance of 1e-30); a wrong element, an
+ * unwritten one, or dq of a kernel that forgot the key's gradient does not. */
+static void test_compare_zero_reference(void)
+{
+    static const struct {
+        const tk_dtype *dt;
+        size_t index; /* 0: B 1 Sq 1 Sk 1 Hq 1 Hkv 1, 2: the same causal */
+        float err;    /* what the GPU gave where 0 was wanted */
+    } cs[] = {{&F32, 2, 2.9179148e-08f}, {&F16, 0, -1.1920929e-07f}, {&BF16, 0, -1.0477379e-08f},
+              {&BF16, 0, -5.96046448e-08f}, {&F16, 0, -5.96046448e-08f}};
+    for (size_t k = 0; k < sizeof cs / sizeof cs[0]; k++) {
+        tk_ops_case c;
+        tk_ops_cmp r;
+        CHECK_RC(ref_case(&c, "attention_backward", cs[k].index, *cs[k].dt), TK_OK);
+        int q = tensor_of(&c, "dq");
+        CHECK(q >= 0);
+        if (q < 0)
+            continue;
+        const tk_ops_case_tensor *ref = &c.t[q];
+        int64_t n = tk_ops__numel(&ref->t);
+        for (int64_t i = 0; i < n; i++) { /* the case: a reference of zeros */
+            float w;
+            tk_ops__load_f32(&w, ref->t.data, i, 1, 1, ref->t.dtype);
+            CHECK(w == 0);
+        }
+        CHECK(tk_ops__case_input_scale(&c) > 0.5 && tk_ops__case_input_scale(&c) <= 1.0);
+        void *got = tk_ops__case_copy(&c, (size_t)q);
+        for (int64_t i = 0; i < n; i++) { /* rounding in every element, both signs */
+            float e = i % 3 ? cs[k].err : -cs[k].err;
+            tk_ops__store_f32(got, i, 1, &e, 1, ref->t.dtype);
+        }
+        tk_ops__case_compare(&r, &c, ref, got);
+        CHECK(r.ok);
+        CHECK_EQ_INT(r.n, n);
+        float wrong = 0.01f; /* one element off by 1e-2: a kernel's real error */
+        tk_ops__store_f32(got, n / 2, 1, &wrong, 1, ref->t.dtype);
+        tk_ops__case_compare(&r, &c, ref, got);
+        CHECK(!r.ok);
+        CHECK_EQ_INT(r.bad, 1);
+        CHECK_EQ_INT(r.worst, n / 2);
+        memset((char *)got + (size_t)(n - 1) * (ref->t.dtype.bits / 8), 0xff, ref->t.dtype.bits / 8); /* unwritten */
+        tk_ops__case_compare(&r, &c, ref, got);
+        CHECK(!r.ok);
+        CHECK_EQ_INT(r.bad, 2);
+        /* dq of a kernel that lost the cancellation (dS = dP, not P * (dP - D)): of the size of k * scale */
+        int k_ = tensor_of(&c, "k");
+        CHECK(k_ >= 0);
+        if (k_ >= 0) {
+            for (int64_t i = 0; i < n; i++) {
+                float kv;
+                tk_ops__load_f32(&kv, c.t[k_].t.data, i, 1, 1, c.t[k_].t.dtype);
+                kv *= 0.125f; /* scale 1/sqrt(64), dP of magnitude ~1 */
+                tk_ops__store_f32(got, i, 1, &kv, 1, ref->t.dtype);
+            }
+            tk_ops__case_compare(&r, &c, ref, got);
+            CHECK(!r.ok);
+            CHECK(r.bad > n / 2);
+        }
+        free(got);
+        tk_ops__case_free(&c);
+    }
+    /* without the case (no inputs to size it), the floor is the old tiny one: 1e-8 off a 0 fails */
+    tk_ops_case c;
+    tk_ops_cmp r;
+    CHECK_RC(ref_case(&c, "attention_backward", 0, F32), TK_OK);
+    int q = tensor_of(&c, "dq");
+    CHECK(q >= 0);
+    if (q >= 0) {
+        float *got = tk_ops__case_copy(&c, (size_t)q);
+        got[0] = 1e-8f;
+        tk_ops__case_compare(&r, NULL, &c.t[q], got);
+        CHECK(!r.ok);
+        tk_ops__case_compare(&r, &c, &c.t[q], got);
+        CHECK(r.ok);
+        free(got);
+    }
+    tk_ops__case_free(&c);
+}
+
+
 /* A bound on a scalar in a kernel's constraints ("thresholding": min 1) pins its cases as a bound on a
  * dimension does: the _threshold kernels get only the thresholding cases, the others none. */
 static void test_scalar_pins(void)
@@ -732,6 +814,7 @@ int main(void)
     RUN(test_edges_and_pins);
     RUN(test_compare);
     RUN(test_ops_own_tolerances);
+    RUN(test_compare_zero_reference);
     RUN(test_scalar_pins);
     RUN(test_route);
     RUN(test_config);
