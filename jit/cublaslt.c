@@ -399,7 +399,23 @@ static int reduction_ok(const cublasLtMatmulAlgo_t *algo, int y16)
     return scheme == CUBLASLT_REDUCTION_SCHEME_NONE || scheme == CUBLASLT_REDUCTION_SCHEME_COMPUTE_TYPE;
 }
 
-#define HEUR_RESULTS 8 /* algorithms asked for: the first whose reduction keeps fp32 parts is used */
+/* Whether an algorithm splits k (1 when the library cannot say). A 16-bit y with a bias prefers an
+ * unsplit algorithm: on the H200 (tk's second GPU run) bf16 + bias with split-K parts reduced in fp32
+ * still came out rounded to bf16 before the bias was added (got 0 where y + bias was -0.0013, at every
+ * shape where the heuristic split k), while the same products without a bias, and f16's unsplit
+ * algorithm with one, were right. */
+static int splitk_of(const cublasLtMatmulAlgo_t *algo)
+{
+    uint32_t n = 1;
+    size_t written = 0;
+    if (!lt.MatmulAlgoConfigGetAttribute ||
+        lt.MatmulAlgoConfigGetAttribute(algo, CUBLASLT_ALGO_CONFIG_SPLITK_NUM, &n, sizeof n, &written) !=
+            CUBLAS_STATUS_SUCCESS)
+        return 1;
+    return (int)n;
+}
+
+#define HEUR_RESULTS 32 /* algorithms asked for: the first whose reduction keeps fp32 parts is used */
 
 /* Asks the heuristic for the best algorithm under MAX_WORKSPACE and the operands' alignments whose
  * split-K reduction (if any) adds fp32 parts when y is 16-bit. TK_ERR_UNSUPPORTED naming the product
@@ -427,14 +443,16 @@ static int algo_ask(cublasLtMatmulAlgo_t *algo, size_t *wsz, cublasLtMatmulPrefe
            "cublasLtMatmulPreferenceSetAttribute");
     cublasStatus_t st =
         lt.MatmulAlgoGetHeuristic(h, d->op, d->la, d->lb, d->ld, d->ld, *pref, HEUR_RESULTS, res, &nres);
-    for (int i = 0; st == CUBLAS_STATUS_SUCCESS && i < nres && i < HEUR_RESULTS && pick < 0; i++) {
-        if (res[i].state != CUBLAS_STATUS_SUCCESS)
-            continue;
-        if (reduction_ok(&res[i].algo, y16))
-            pick = i;
-        else
-            rejected++;
-    }
+    /* pass 0 (a 16-bit y with a bias): an unsplit algorithm; pass 1: any whose reduction keeps fp32 */
+    for (int pass = y16 && g->bias ? 0 : 1; pass < 2 && pick < 0; pass++)
+        for (int i = 0; st == CUBLAS_STATUS_SUCCESS && i < nres && i < HEUR_RESULTS && pick < 0; i++) {
+            if (res[i].state != CUBLAS_STATUS_SUCCESS)
+                continue;
+            if (reduction_ok(&res[i].algo, y16) && (pass == 1 || splitk_of(&res[i].algo) <= 1))
+                pick = i;
+            else if (pass == 1)
+                rejected++;
+        }
     if (pick < 0) {
         const char *name = lt.GetStatusName(st != CUBLAS_STATUS_SUCCESS ? st : nres > 0 ? res[0].state : st);
         return tk__err(TK_ERR_UNSUPPORTED,

@@ -38,7 +38,7 @@ def tk_json(tk, args, timeout=120):
         doc = {}
     if p.returncode != 0 or "error" in doc:
         msg = doc.get("error", {}).get("message") or (p.stderr.strip().splitlines() or ["?"])[-1]
-        raise RuntimeError(f"tk {' '.join(args[:2])} exit {p.returncode}: {msg}"[:300])
+        raise RuntimeError(f"tk {' '.join(args[:2])} exit {p.returncode}: {msg}"[:800])
     return doc
 
 
@@ -65,6 +65,12 @@ def main():
         subprocess.run([sys.executable, os.path.join(HERE, "models", "make_tiny.py"), tiny], check=True,
                        stdout=subprocess.DEVNULL)
     print(f"checkpoints written in {time.time() - t0:.1f} s", flush=True)
+    if a.device != "cpu":  # the kernels the families use, installed (and compiled) before the first model
+        pk = ["kernels-community/" + n for n in ("activation", "rmsnorm", "rotary", "softmax", "sampling",
+                                                 "flash-attn", "casted", "layers", "moe")]
+        p = subprocess.run([a.tk, "--quiet", "get"] + pk, capture_output=True, text=True, timeout=600)
+        if p.returncode != 0:
+            print(f"tk get failed (exit {p.returncode}): {p.stderr.strip()[-500:]}", flush=True)
 
     rows = []
 
@@ -86,6 +92,7 @@ def main():
             continue
         ids = ",".join(map(str, IDS))
         for dtype, tdt, tol in (("f32", torch.float32, 1e-4), ("bf16", torch.bfloat16, 5e-2)):
+            check = f"logits_{dtype}"
             try:
                 m = AutoModelForCausalLM.from_pretrained(d, dtype=tdt).to(a.device).eval()
                 with torch.no_grad():
@@ -103,11 +110,12 @@ def main():
                 if dtype == "f32" and n <= 0:
                     row(name, "greedy_f32", True, "-", "skipped: the context holds no more tokens than the prompt")
                 elif dtype == "f32":
+                    check = "greedy_f32"
                     x = torch.tensor([IDS], device=a.device)
                     with torch.no_grad():  # an explicit mask: generate() would mask a prompt id equal to pad_token_id
                         out = m.generate(x, attention_mask=torch.ones_like(x), do_sample=False, max_new_tokens=n)
                     want = out[0, len(IDS):].tolist()
-                    g = tk_json(a.tk, ["generate", d, "--ids", ids, "--device", a.device,
+                    g = tk_json(a.tk, ["generate", d, "--ids", ids, "--device", a.device, "--dtype", "f32",
                                        "--max-new-tokens", str(n)])
                     have = g["ids"]
                     first = next((i for i, (x, y) in enumerate(zip(have, want)) if x != y), None)
@@ -116,7 +124,7 @@ def main():
                         "same tokens" if same else f"first differs at {first}: tk {have} hf {want}")
                 del m
             except Exception as e:  # one model's failure is a row, not the end of the phase
-                row(name, f"logits_{dtype}", False, "-", str(e).replace("\n", " ")[:200])
+                row(name, check, False, "-", str(e).replace("\n", " ")[:800])
         torch.cuda.empty_cache()
 
     if a.csv:
