@@ -2,7 +2,8 @@
  * test_gpu_attention.c — the attention ops of kernels-community/flash-attn on a GPU against the CPU
  * references (ops/attention.c, themselves checked against float64 in test_ops_attention.c): attention
  * (masks, GQA/MQA, varlen, fully masked rows, head dims 64/128/256 and a small one), attention_backward,
- * attention_decode (paged, shuffled block table, T / i8 / fp8_e4m3 caches, Sq = 1 and 4),
+ * attention_decode (paged, shuffled block table, T / i8 / fp8_e4m3 caches, Sq = 1 and 4; the CUDA-core
+ * fallback: f32, head dims 16/40/80/96/512, f16/bf16 caches under f32, Sq 16, a sequence of 0 keys),
  * paged_kv_append and mla_decode, each through tk_op_run on CUDA tensors (dispatch, JIT compile, launch
  * rules, launch). Skips without a CUDA device.
  *
@@ -554,6 +555,63 @@ static void fill_cache(host_t *c, const pages_t *pg, const int *lens, int nseq, 
         }
 }
 
+/* One attention_decode case through run_both: nseq sequences of lens[] keys in a shuffled paged cache
+ * of block size bs, Sq new queries each, q of dtype qdt and the cache of dtype cdt (i8 / fp8_e4m3 with
+ * scales), and the options of flags: DEC_ALIBI, DEC_WINDOW (window_left wl), DEC_SOFTCAP (20),
+ * DEC_SCALE (0.3 instead of 1/sqrt(D)). */
+enum { DEC_ALIBI = 1, DEC_WINDOW = 2, DEC_SOFTCAP = 4, DEC_SCALE = 8 };
+
+static void decode_case(tk_dtype qdt, tk_dtype cdt, int64_t d, int sq, int64_t bs, int64_t hq, int64_t hkv,
+                        const int *lens, int nseq, int flags, int64_t wl)
+{
+    int quant = cdt.bits == 8;
+    pages_t pg;
+    pages_new(&pg, lens, nseq, bs);
+    host_t kc, vc, q, out, lse, ks, vs, al;
+    host_new(&kc, cdt, 4, SHAPE(pg.nblocks, bs, hkv, d), 0);
+    host_new(&vc, cdt, 4, SHAPE(pg.nblocks, bs, hkv, d), 0);
+    fill_cache(&kc, &pg, lens, nseq, bs, hkv * d);
+    fill_cache(&vc, &pg, lens, nseq, bs, hkv * d);
+    host_new(&q, qdt, 4, SHAPE(nseq, sq, hq, d), 0);
+    host_new(&out, qdt, 4, SHAPE(nseq, sq, hq, d), 0);
+    host_new(&lse, F32, 3, SHAPE(nseq, hq, sq), 0);
+    host_new(&ks, F32, 1, SHAPE(hkv), 0);
+    host_new(&vs, F32, 1, SHAPE(hkv), 0);
+    host_new(&al, F32, 1, SHAPE(hq), 0);
+    fill_range(&q, -1.5, 1.5);
+    fill_range(&ks, cdt.code == TK_DL_INT ? 0.01 : 0.25, cdt.code == TK_DL_INT ? 0.02 : 0.5);
+    fill_range(&vs, cdt.code == TK_DL_INT ? 0.01 : 0.25, cdt.code == TK_DL_INT ? 0.02 : 0.5);
+    fill_range(&al, 0.02, 0.3);
+    tk_arg a[16] = {{TK_ARG_TENSOR, "out", &out.t, 0, 0},
+                    {TK_ARG_TENSOR, "q", &q.t, 0, 0},
+                    {TK_ARG_TENSOR, "k_cache", &kc.t, 0, 0},
+                    {TK_ARG_TENSOR, "v_cache", &vc.t, 0, 0},
+                    {TK_ARG_TENSOR, "block_table", &pg.bt.t, 0, 0},
+                    {TK_ARG_TENSOR, "seq_lens", &pg.sl.t, 0, 0},
+                    {TK_ARG_TENSOR, "lse", &lse.t, 0, 0}};
+    size_t na = 7;
+    if (quant) {
+        a[na++] = (tk_arg){TK_ARG_TENSOR, "k_scale", &ks.t, 0, 0};
+        a[na++] = (tk_arg){TK_ARG_TENSOR, "v_scale", &vs.t, 0, 0};
+    }
+    if (flags & DEC_ALIBI)
+        a[na++] = (tk_arg){TK_ARG_TENSOR, "alibi_slopes", &al.t, 0, 0};
+    if (flags & DEC_WINDOW)
+        a[na++] = (tk_arg){TK_ARG_I64, "window_left", NULL, wl, 0};
+    if (flags & DEC_SOFTCAP)
+        a[na++] = (tk_arg){TK_ARG_F64, "softcap", NULL, 0, 20.0};
+    if (flags & DEC_SCALE)
+        a[na++] = (tk_arg){TK_ARG_F64, "scale", NULL, 0, 0.3};
+    char what[160];
+    snprintf(what, sizeof what, "q %s cache %s Sq %d D %lld bs %lld Hq %lld Hkv %lld flags %d wl %lld",
+             tk_dtype_name(qdt), tk_dtype_name(cdt), sq, (long long)d, (long long)bs, (long long)hq,
+             (long long)hkv, flags, (long long)wl);
+    run_both("attention_decode", a, na, what);
+    host_t *all[] = {&kc, &vc, &q, &out, &lse, &ks, &vs, &al, &pg.bt, &pg.sl};
+    for (size_t i = 0; i < sizeof all / sizeof all[0]; i++)
+        free(all[i]->buf);
+}
+
 static void test_attention_decode(void)
 {
     if (!gpu_device())
@@ -564,52 +622,44 @@ static void test_attention_decode(void)
     for (size_t t = 0; t < 2; t++)
         for (int c = 0; c < 3; c++)
             for (int di = 0; di < 3; di++, n++) { /* every head dim of every (q, cache) dtype pair */
-                int sq = n % 2 ? 4 : 1;
                 tk_dtype qdt = *halves[t], cdt = caches[c] ? *caches[c] : qdt;
-                int64_t bs = 16, hq = 8, hkv = 2, d = (int64_t[]){128, 64, 256}[di];
-                pages_t pg;
-                pages_new(&pg, lens, 4, bs);
-                host_t kc, vc, q, out, lse, ks, vs, al;
-                host_new(&kc, cdt, 4, SHAPE(pg.nblocks, bs, hkv, d), 0);
-                host_new(&vc, cdt, 4, SHAPE(pg.nblocks, bs, hkv, d), 0);
-                fill_cache(&kc, &pg, lens, 4, bs, hkv * d);
-                fill_cache(&vc, &pg, lens, 4, bs, hkv * d);
-                host_new(&q, qdt, 4, SHAPE(4, sq, hq, d), 0);
-                host_new(&out, qdt, 4, SHAPE(4, sq, hq, d), 0);
-                host_new(&lse, F32, 3, SHAPE(4, hq, sq), 0);
-                host_new(&ks, F32, 1, SHAPE(hkv), 0);
-                host_new(&vs, F32, 1, SHAPE(hkv), 0);
-                host_new(&al, F32, 1, SHAPE(hq), 0);
-                fill_range(&q, -1.5, 1.5);
-                fill_range(&ks, cdt.code == TK_DL_INT ? 0.01 : 0.25, cdt.code == TK_DL_INT ? 0.02 : 0.5);
-                fill_range(&vs, cdt.code == TK_DL_INT ? 0.01 : 0.25, cdt.code == TK_DL_INT ? 0.02 : 0.5);
-                fill_range(&al, 0.02, 0.3);
-                tk_arg a[16] = {{TK_ARG_TENSOR, "out", &out.t, 0, 0},
-                                {TK_ARG_TENSOR, "q", &q.t, 0, 0},
-                                {TK_ARG_TENSOR, "k_cache", &kc.t, 0, 0},
-                                {TK_ARG_TENSOR, "v_cache", &vc.t, 0, 0},
-                                {TK_ARG_TENSOR, "block_table", &pg.bt.t, 0, 0},
-                                {TK_ARG_TENSOR, "seq_lens", &pg.sl.t, 0, 0},
-                                {TK_ARG_TENSOR, "lse", &lse.t, 0, 0}};
-                size_t na = 7;
-                if (caches[c]) {
-                    a[na++] = (tk_arg){TK_ARG_TENSOR, "k_scale", &ks.t, 0, 0};
-                    a[na++] = (tk_arg){TK_ARG_TENSOR, "v_scale", &vs.t, 0, 0};
-                }
-                if (n % 3 == 1)
-                    a[na++] = (tk_arg){TK_ARG_TENSOR, "alibi_slopes", &al.t, 0, 0};
-                if (n % 4 == 2)
-                    a[na++] = (tk_arg){TK_ARG_I64, "window_left", NULL, 100, 0};
-                if (n % 4 == 3)
-                    a[na++] = (tk_arg){TK_ARG_F64, "softcap", NULL, 0, 20.0};
-                char what[96];
-                snprintf(what, sizeof what, "q %s cache %s Sq %d D %lld", tk_dtype_name(qdt), tk_dtype_name(cdt), sq,
-                         (long long)d);
-                run_both("attention_decode", a, na, what);
-                host_t *all[] = {&kc, &vc, &q, &out, &lse, &ks, &vs, &al, &pg.bt, &pg.sl};
-                for (size_t i = 0; i < sizeof all / sizeof all[0]; i++)
-                    free(all[i]->buf);
+                int flags = (n % 3 == 1 ? DEC_ALIBI : 0) | (n % 4 == 2 ? DEC_WINDOW : 0) |
+                            (n % 4 == 3 ? DEC_SOFTCAP : 0);
+                decode_case(qdt, cdt, (int64_t[]){128, 64, 256}[di], n % 2 ? 4 : 1, 16, 8, 2, lens, 4, flags, 100);
             }
+}
+
+/* The CUDA-core fallback (decode_simple.cu, attention_decode_simple_*): the head dims the tensor-core
+ * kernels do not take (16: the tiny test checkpoints; 40, 80, 96; 512, the op's largest), f32 queries
+ * with every cache dtype (f32, f16, bf16, i8, fp8_e4m3), f16/bf16 with odd head dims, 1, 4 and 16 new
+ * queries, block sizes 8 and 32, GQA / MQA / one kv head per query head, every mask option, and a
+ * sequence of 0 keys (and rows whose position is before the first key: their out 0, lse -inf). */
+static void test_attention_decode_simple(void)
+{
+    if (!gpu_device())
+        SKIP("no CUDA device");
+    const int lens[4] = {0, 5, 300, 33};
+    const tk_dtype *qs[3] = {&F32, &F16, &BF16};
+    const int64_t dims[5] = {16, 40, 80, 96, 512};
+    int n = 0;
+    for (int t = 0; t < 3; t++)
+        for (int di = 0; di < 5; di++, n++) {
+            int flags = (n % 3 == 1 ? DEC_ALIBI : 0) | (n % 4 == 2 ? DEC_WINDOW : 0) | (n % 4 == 3 ? DEC_SOFTCAP : 0) |
+                        (n % 5 == 4 ? DEC_SCALE : 0);
+            int64_t hq = (int64_t[]){8, 4, 6}[n % 3], hkv = (int64_t[]){2, 4, 1}[n % 3];
+            decode_case(*qs[t], *qs[t], dims[di], (int[]){1, 4, 16}[n % 3], n % 2 ? 8 : 32, hq, hkv, lens, 4, flags,
+                        n % 7 == 2 ? 0 : 50);
+        }
+    /* f32 queries over 16-bit and 8-bit caches; f16 / bf16 over 8-bit caches at an odd head dim */
+    const tk_dtype *f32_caches[4] = {&F16, &BF16, &I8, &E4M3};
+    for (int c = 0; c < 4; c++, n++) {
+        decode_case(F32, *f32_caches[c], 40, 1, 16, 8, 2, lens, 4, DEC_ALIBI, -1);
+        decode_case(F32, *f32_caches[c], 128, 4, 16, 8, 2, lens, 4, DEC_WINDOW | DEC_SOFTCAP, 20);
+    }
+    for (int t = 1; t < 3; t++) {
+        decode_case(*qs[t], I8, 80, 4, 16, 4, 1, lens, 4, DEC_SOFTCAP, -1);
+        decode_case(*qs[t], E4M3, 96, 1, 8, 4, 2, lens, 4, DEC_ALIBI | DEC_WINDOW, 7);
+    }
 }
 
 static void test_paged_kv_append(void)
@@ -705,7 +755,8 @@ static int device_faulted(const char *after)
  * to each tensor's element size): the tensor-core kernels declare constraints.align 16, so dispatch
  * gives the forward and the backward to the CUDA-core kernels (fwd_simple.cu, bwd_simple.cu: any
  * element-aligned address), which must match the reference, and every forced tensor-core kernel
- * refuses; attention_decode, which has no such kernel, fails with a clear error. An f32 tensor 2 bytes
+ * refuses; attention_decode goes to its CUDA-core fallback (decode_simple.cu) the same way, and a forced
+ * tensor-core decode kernel refuses with a clear error. An f32 tensor 2 bytes
  * into an element is refused by every kernel (tk's element-size rule). Nothing faults: aligned calls
  * still pass afterwards. Runs after test_coverage, and stops at the first fault, so a misaligned
  * launch fails this test only and is reported once. */
@@ -731,8 +782,18 @@ static void test_misaligned_views(void)
     if (device_faulted("the misaligned backward"))
         return;
 
-    /* attention_decode: only 16-byte aligned kernels, so a clear refusal */
+    /* attention_decode: the tensor-core kernels ask for 16-byte alignment, so dispatch gives the call to
+     * the CUDA-core fallback (decode_simple.cu: any element-aligned address), which must match the
+     * reference (every forced kernel that takes it too); a forced tensor-core kernel refuses clearly */
     const int lens[2] = {37, 5};
+    last_impl = NULL;
+    gpu_misalign = 2;
+    decode_case(BF16, BF16, 128, 1, 16, 8, 2, lens, 2, 0, -1);
+    gpu_misalign = 0;
+    CHECK(last_impl && strstr(last_impl, "attention_decode_simple"));
+    printf("misaligned decode ran %s\n", last_impl ? last_impl : "-");
+    if (device_faulted("the misaligned decode"))
+        return;
     pages_t pg;
     pages_new(&pg, lens, 2, 16);
     host_t kc, vc, q, out, lse;
@@ -755,11 +816,13 @@ static void test_misaligned_views(void)
                     {TK_ARG_TENSOR, "k_cache", &d[0].t, 0, 0},     {TK_ARG_TENSOR, "v_cache", &d[1].t, 0, 0},
                     {TK_ARG_TENSOR, "block_table", &d[5].t, 0, 0}, {TK_ARG_TENSOR, "seq_lens", &d[6].t, 0, 0},
                     {TK_ARG_TENSOR, "lse", &d[4].t, 0, 0}};
-    int rc = gpu_op_run(g.ctx, "attention_decode", da, 7, NULL, NULL);
+    tk_ctx *tc = pinned_for("attention_decode", "attention_decode_bf16_d128");
+    CHECK(tc != NULL);
+    int rc = tc ? gpu_op_run(tc, "attention_decode", da, 7, NULL, NULL) : TK_ERR_UNSUPPORTED;
     CHECK_EQ_INT(rc, TK_ERR_UNSUPPORTED);
     CHECK_CONTAINS(tk_last_error(), "constraints.align");
-    printf("misaligned decode: %s\n", tk_last_error());
-    int faulted = device_faulted("the misaligned decode");
+    printf("misaligned decode, forced attention_decode_bf16_d128: %s\n", tk_last_error());
+    int faulted = device_faulted("the misaligned forced decode");
     for (size_t i = 0; i < 7; i++) {
         dev_free(&d[i]);
         free(all[i]->buf);
@@ -839,6 +902,7 @@ int main(int argc, char **argv)
     RUN(test_attention_varlen);
     RUN(test_attention_backward);
     RUN(test_attention_decode);
+    RUN(test_attention_decode_simple);
     RUN(test_paged_kv_append);
     RUN(test_mla_decode);
     RUN(test_coverage);
