@@ -632,7 +632,7 @@ static void test_attention_decode(void)
 /* The CUDA-core fallback (decode_simple.cu, attention_decode_simple_*): the head dims the tensor-core
  * kernels do not take (16: the tiny test checkpoints; 40, 80, 96; 512, the op's largest), f32 queries
  * with every cache dtype (f32, f16, bf16, i8, fp8_e4m3), f16/bf16 with odd head dims, 1, 4 and 16 new
- * queries, block sizes 8 and 32, GQA / MQA / one kv head per query head, every mask option, and a
+ * queries, block sizes 8, 16 and 32, GQA / MQA / one kv head per query head, every mask option, and a
  * sequence of 0 keys (and rows whose position is before the first key: their out 0, lse -inf). */
 static void test_attention_decode_simple(void)
 {
@@ -652,7 +652,7 @@ static void test_attention_decode_simple(void)
         }
     /* f32 queries over 16-bit and 8-bit caches; f16 / bf16 over 8-bit caches at an odd head dim */
     const tk_dtype *f32_caches[4] = {&F16, &BF16, &I8, &E4M3};
-    for (int c = 0; c < 4; c++, n++) {
+    for (int c = 0; c < 4; c++) {
         decode_case(F32, *f32_caches[c], 40, 1, 16, 8, 2, lens, 4, DEC_ALIBI, -1);
         decode_case(F32, *f32_caches[c], 128, 4, 16, 8, 2, lens, 4, DEC_WINDOW | DEC_SOFTCAP, 20);
     }
