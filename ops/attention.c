@@ -35,7 +35,7 @@
 
 #include "ops/ops.h"
 
-#define MAX_D 512          /* head dim the ops take (the GPU kernels: 64, 128 or 256) */
+#define MAX_D 512          /* head dim the ops take (the tuned GPU kernels: 64, 128 or 256; the CUDA-core ones any) */
 #define MAX_MLA 2048       /* R + P of mla_decode */
 #define MAX_DECODE_SQ 16   /* new queries per sequence in attention_decode */
 #define CHUNK 64           /* keys per step of the online softmax */
@@ -117,7 +117,7 @@ static int check_heads(const tk_op_call *c, int iq, int ik)
     int64_t hq = q->shape[2], d = q->shape[3], hkv = k->shape[2];
     if (d < 1 || d > MAX_D)
         return tk__err(TK_ERR_INVALID,
-                       "%s: '%s' has shape %s: head dim %lld, want 1 to %d (the GPU kernels take 64, 128 or 256)",
+                       "%s: '%s' has shape %s: head dim %lld, want 1 to %d",
                        c->op->name, pname(c, iq), shp(q), (long long)d, MAX_D);
     if (k->shape[3] != d)
         return tk__err(TK_ERR_INVALID, "%s: '%s' has shape %s: head dim %lld, want %lld (the head dim of '%s' %s)",
