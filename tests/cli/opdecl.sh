@@ -167,6 +167,8 @@ t_two_packages_one_op() {
   # another signature from a third package: refused at install, naming both
   pkg "$WORK/c" third-org/scale-add-i
   edit "$WORK/c" 'k["ops"][0]["params"][3]["kind"] = "i64"; k["ops"][0]["params"][3]["default"] = 1; k["kernels"][0]["params"][3]["type"] = "i64"'
+  # the kernel takes what its manifest says (publish compares the two, jit/ptxsig.c)
+  sed -i 's/float alpha/long long alpha/' "$WORK/c/scale_add.cu"
   "$TK" publish "$WORK/c" --to "$WORK/reg" --key "$KEY" -q >/dev/null || fail "publish c"
   "$TK" trust add third-org "$PUB" -q 2>/dev/null
   expect_rc 5 "$TK" get third-org/scale-add-i
