@@ -385,17 +385,27 @@ static int descs_make(descs *d, const tk_jit_gemm *g, int type, int compute)
     return TK_OK;
 }
 
+/* One 32-bit attribute of an algorithm's configuration, or dflt when the library cannot say. */
+/* tk_jit_blaslt_dtype -> cudaDataType */
+static const int cuda_type[] = {CUDA_R_32F, CUDA_R_16F, CUDA_R_16BF};
+
+static uint32_t algo_cfg(const cublasLtMatmulAlgo_t *algo, int attr, uint32_t dflt)
+{
+    uint32_t v = dflt;
+    size_t written = 0;
+    if (!lt.MatmulAlgoConfigGetAttribute ||
+        lt.MatmulAlgoConfigGetAttribute(algo, attr, &v, sizeof v, &written) != CUBLAS_STATUS_SUCCESS)
+        return dflt;
+    return v;
+}
+
 /* Whether an algorithm's split-K reduction keeps fp32 parts: always for an f32 y; for a 16-bit y only
  * no split or CUBLASLT_REDUCTION_SCHEME_COMPUTE_TYPE (see the top of the file). An algorithm whose
  * scheme cannot be read passes: the preference's mask already filtered it. */
 static int reduction_ok(const cublasLtMatmulAlgo_t *algo, int y16)
 {
-    uint32_t scheme = CUBLASLT_REDUCTION_SCHEME_NONE;
-    size_t written = 0;
-    if (!y16 || !lt.MatmulAlgoConfigGetAttribute ||
-        lt.MatmulAlgoConfigGetAttribute(algo, CUBLASLT_ALGO_CONFIG_REDUCTION_SCHEME, &scheme, sizeof scheme,
-                                        &written) != CUBLAS_STATUS_SUCCESS)
-        return 1;
+    uint32_t scheme = y16 ? algo_cfg(algo, CUBLASLT_ALGO_CONFIG_REDUCTION_SCHEME, CUBLASLT_REDUCTION_SCHEME_NONE)
+                          : CUBLASLT_REDUCTION_SCHEME_NONE;
     return scheme == CUBLASLT_REDUCTION_SCHEME_NONE || scheme == CUBLASLT_REDUCTION_SCHEME_COMPUTE_TYPE;
 }
 
@@ -406,13 +416,7 @@ static int reduction_ok(const cublasLtMatmulAlgo_t *algo, int y16)
  * algorithm with one, were right. */
 static int splitk_of(const cublasLtMatmulAlgo_t *algo)
 {
-    uint32_t n = 1;
-    size_t written = 0;
-    if (!lt.MatmulAlgoConfigGetAttribute ||
-        lt.MatmulAlgoConfigGetAttribute(algo, CUBLASLT_ALGO_CONFIG_SPLITK_NUM, &n, sizeof n, &written) !=
-            CUBLAS_STATUS_SUCCESS)
-        return 1;
-    return (int)n;
+    return (int)algo_cfg(algo, CUBLASLT_ALGO_CONFIG_SPLITK_NUM, 1);
 }
 
 #define HEUR_RESULTS 32 /* algorithms asked for: the first whose reduction keeps fp32 parts is used */
@@ -522,7 +526,6 @@ static int compute_of(const tk_jit_gemm *g)
 
 int tk_jit__blaslt_gemm(const tk_jit_gemm *g)
 {
-    static const int cuda_type[] = {CUDA_R_32F, CUDA_R_16F, CUDA_R_16BF};
     static const size_t esize[] = {4, 2, 2};
     if (!g || g->dtype < 0 || g->dtype > TK_JIT_BLASLT_BF16 || g->m < 0 || g->n < 0 || g->k < 0)
         return tk__err(TK_ERR_INVALID, "cuBLASLt product: bad arguments");
@@ -583,7 +586,6 @@ int tk_jit__blaslt_gemm(const tk_jit_gemm *g)
 
 int tk_jit__blaslt_algo_info(const tk_jit_gemm *g, tk_jit_blaslt_algo *info)
 {
-    static const int cuda_type[] = {CUDA_R_32F, CUDA_R_16F, CUDA_R_16BF};
     static const int attr[4] = {CUBLASLT_ALGO_CONFIG_ID, CUBLASLT_ALGO_CONFIG_TILE_ID, CUBLASLT_ALGO_CONFIG_SPLITK_NUM,
                                 CUBLASLT_ALGO_CONFIG_REDUCTION_SCHEME};
     if (!g || !info || g->dtype < 0 || g->dtype > TK_JIT_BLASLT_BF16 || g->device < 0 || g->device >= MAX_DEVICES)
