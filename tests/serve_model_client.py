@@ -377,36 +377,44 @@ def check_many_connections():
     req = (b"POST /v1/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\nConnection: close\r\n"
            b"Content-Length: %d\r\n\r\n" % len(body)) + body
     socks = []
+    t0 = time.time()
     for _ in range(n):
         s = socket.create_connection((HOST, PORT), timeout=120)
         socks.append(s)
+    t_conn = time.time() - t0
     for s in socks:
         s.sendall(req)
     codes = {}
     def read(s):
-        data = b""
+        data, why = b"", "EOF"
         try:
             while True:
                 d = s.recv(65536)
                 if not d:
                     break
                 data += d
-        except OSError:
-            pass
+        except OSError as e:
+            why = type(e).__name__
         s.close()
         line = data.split(b"\r\n", 1)[0]
-        return line.split(b" ")[1].decode() if line.startswith(b"HTTP/1.1 ") else "closed"
+        if line.startswith(b"HTTP/1.1 "):
+            return line.split(b" ")[1].decode(), None
+        return "closed", "%s after %.1f s with %d bytes" % (why, time.time() - t0, len(data))
+    closed = []
     with cf.ThreadPoolExecutor(64) as ex:
-        for code in ex.map(read, socks):
+        for code, why in ex.map(read, socks):
             codes[code] = codes.get(code, 0) + 1
+            if why:
+                closed.append(why)
     if set(codes) - {"200", "429"} or codes.get("200", 0) < 4:
-        fail("%d connections: %s" % (n, codes))
+        fail("%d connections (connected in %.1f s): %s; the first unanswered: %s" % (
+            n, t_conn, codes, "; ".join(closed[:5])))
     st, _ = raw("GET", "/health")
     if st != 200:
         fail("/health after %d connections: %d" % (n, st))
     m = settle()
-    print("%d connections at once: %s; healthy after, kv blocks free %d of %d: ok" % (
-        n, codes, m["tk_kv_blocks_free"], m["tk_kv_blocks_total"]))
+    print("%d connections at once (connected in %.1f s, all answered in %.1f s): %s; healthy after, kv blocks free "
+          "%d of %d: ok" % (n, t_conn, time.time() - t0, codes, m["tk_kv_blocks_free"], m["tk_kv_blocks_total"]))
 
 
 def check_vanish():
