@@ -309,6 +309,52 @@ int tk_models__cfg_unsupported(const tk_models_reader *r, const char *field, con
 
 /* ---- rope --------------------------------------------------------------------------------------- */
 
+/* One of LongRoPE's factor lists (p's NAME) into out: numbers > 0, at most TK_MODELS_MAX_EXT. */
+static int ext_list(const json_t *p, const char *what, const char *name, float *out, int64_t *n)
+{
+    const json_t *a = json_object_get(p, name);
+    if (!json_is_array(a) || json_array_size(a) == 0)
+        return tk__err(TK_ERR_INVALID, "%s: longrope needs '%s', a list of numbers (one per rotary pair)", what, name);
+    if (json_array_size(a) > TK_MODELS_MAX_EXT)
+        return tk__err(TK_ERR_UNSUPPORTED, "%s: '%s' has %zu values; tk takes at most %d", what, name,
+                       json_array_size(a), TK_MODELS_MAX_EXT);
+    for (size_t i = 0; i < json_array_size(a); i++) {
+        const json_t *v = json_array_get(a, i);
+        double d = json_number_value(v);
+        if (!json_is_number(v) || !isfinite(d) || !(d > 0) || (float)d > 3.4e38f)
+            return tk__err(TK_ERR_INVALID, "%s: '%s'[%zu] must be a finite number > 0", what, name, i);
+        out[i] = (float)d; /* HF: torch.tensor(factors, dtype=float32) */
+    }
+    *n = (int64_t)json_array_size(a);
+    return TK_OK;
+}
+
+/* LongRoPE's settings (transformers' _compute_longrope_parameters): short_factor and long_factor of
+ * one length; factor, when left out, is max_position_embeddings / original_max_position_embeddings (it
+ * sets the default attention factor); the original length defaults to max_position_embeddings. */
+static int cfg_longrope(tk_models_config *c, tk_models_rope *k, const json_t *p, const char *what)
+{
+    int64_t ns = 0, nl = 0;
+    int rc;
+    if ((rc = ext_list(p, what, "short_factor", k->ext_short, &ns)) ||
+        (rc = ext_list(p, what, "long_factor", k->ext_long, &nl)))
+        return rc;
+    if (ns != nl)
+        return tk__err(TK_ERR_INVALID, "%s: 'short_factor' has %lld values and 'long_factor' %lld; want one per rotary "
+                       "pair in both",
+                       what, (long long)ns, (long long)nl);
+    k->next = ns;
+    if (!k->original_max_pos)
+        k->original_max_pos = c->max_pos;
+    if (!json_is_number(json_object_get(p, "factor")))
+        k->factor = (double)c->max_pos / (double)k->original_max_pos;
+    if (k->attention_factor == 0 && k->factor > 1 && k->original_max_pos < 2)
+        return tk__err(TK_ERR_INVALID, "%s: original_max_position_embeddings %lld is too small for longrope's attention "
+                       "factor (it divides by its log)",
+                       what, (long long)k->original_max_pos);
+    return TK_OK;
+}
+
 int tk_models__cfg_rope(tk_models_config *c, const tk_models_reader *r)
 {
     tk_models_rope *k = &c->rope;
@@ -342,17 +388,19 @@ int tk_models__cfg_rope(tk_models_config *c, const tk_models_reader *r)
     if (!ty)
         ty = json_object_get(p, "type"); /* transformers v4's older spelling */
     const char *t = json_is_string(ty) ? json_string_value(ty) : "default";
-    static const char *names[] = {"default", "linear", "dynamic", "yarn", "llama3"};
+    static const char *names[TK_ROPE_COUNT] = {"default", "linear", "dynamic", "yarn", "llama3", "longrope"};
     k->type = -1;
-    for (int i = 0; i < 5; i++)
+    for (int i = 0; i < TK_ROPE_COUNT; i++)
         if (!strcmp(t, names[i]))
             k->type = i;
+    if (!strcmp(t, "su")) /* LongRoPE's first name (Phi-3 128k's early configs); transformers maps it */
+        k->type = TK_ROPE_LONGROPE;
     if (k->type < 0) {
         char got[80];
         snprintf(got, sizeof got, "'%s'", t);
         char field[64];
         snprintf(field, sizeof field, "%s.rope_type", pname);
-        return tk_models__cfg_unsupported(r, field, got, "default, linear, dynamic, yarn, llama3");
+        return tk_models__cfg_unsupported(r, field, got, "default, linear, dynamic, yarn, llama3, longrope (su)");
     }
     if ((rc = tk_models__cfg_num(p, what, "rope_theta", theta, &k->theta)) ||
         (rc = tk_models__cfg_num(p, what, "factor", 1.0, &k->factor)) ||
@@ -371,7 +419,15 @@ int tk_models__cfg_rope(tk_models_config *c, const tk_models_reader *r)
     double om = 0;
     if ((rc = tk_models__cfg_num(p, what, "original_max_position_embeddings", 0, &om)) != TK_OK)
         return rc;
+    /* HF's standardize_rope_params: for llama3, yarn and longrope a top-level
+     * original_max_position_embeddings (Phi-3 writes it there) wins over the rope dict's */
+    if ((k->type == TK_ROPE_LLAMA3 || k->type == TK_ROPE_YARN || k->type == TK_ROPE_LONGROPE) &&
+        json_is_number(json_object_get(r->root, "original_max_position_embeddings")) &&
+        (rc = tk_models__cfg_num(r->root, r->what, "original_max_position_embeddings", 0, &om)) != TK_OK)
+        return rc;
     k->original_max_pos = om >= 9223372036854775807.0 ? INT64_MAX : om > 0 ? (int64_t)om : 0;
+    if (k->type == TK_ROPE_LONGROPE && (rc = cfg_longrope(c, k, p, what)) != TK_OK)
+        return rc;
     if (k->type == TK_ROPE_DYNAMIC && !k->original_max_pos)
         k->original_max_pos = c->max_pos; /* HF: max_position_embeddings */
     if (k->type == TK_ROPE_YARN && !k->original_max_pos) {

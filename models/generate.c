@@ -1567,7 +1567,7 @@ void tk_gen__seq_free(tk_gen_seq *s)
 typedef struct {
     tk_model *m;
     tk_kv *kv;
-    /* full recompute: each slot's whole sequence */
+    /* full recompute, and the KV cache under LongRoPE: each slot's whole sequence */
     struct {
         int32_t *ids;
         size_t n, cap;
@@ -1584,15 +1584,102 @@ static int lm_decode(void *self, const int32_t *ids, size_t n, char **text)
     return tk_tokenizer_decode(text, s->m->tok, ids, n, 1);
 }
 
+static int full_push(lm_state *s, int32_t slot, const int32_t *ids, size_t n);
+
+/* LongRoPE (models/llama.c, rope_table) rotates a sequence longer than original_max_position_embeddings
+ * with its long factors at every position. A sequence crossing that length in this step holds keys
+ * rotated with the short ones, so it is run again from its first token, as transformers' Phi-3 does
+ * (prepare_inputs_for_generation drops the cache once, when the input first passes that length). */
+static int longrope(const lm_state *s) { return s->m->cfg.rope.type == TK_ROPE_LONGROPE; }
+
 static int kv_step(void *self, const int32_t *slots, size_t nseq, const int32_t *ids, const int32_t *cu, float *logits)
 {
     lm_state *s = self;
-    return tk_models__forward_kv(s->m, s->kv, slots, nseq, ids, cu, logits);
+    if (!longrope(s))
+        return tk_models__forward_kv(s->m, s->kv, slots, nseq, ids, cu, logits);
+    int64_t omax = s->m->cfg.rope.original_max_pos;
+    size_t tot = 0, again = 0;
+    int rc;
+    for (size_t i = 0; i < nseq; i++) {
+        size_t had = s->full[slots[i]].n, n = (size_t)(cu[i + 1] - cu[i]);
+        if ((int64_t)had != s->kv->seq[slots[i]].len)
+            return tk__err(TK_ERR_INTERNAL, "generate: the KV cache holds %lld tokens of sequence %d, its history %zu",
+                           (long long)s->kv->seq[slots[i]].len, slots[i], had);
+        if ((rc = full_push(s, slots[i], ids + cu[i], n)) != TK_OK)
+            return rc;
+        int cross = had > 0 && (int64_t)had <= omax && (int64_t)(had + n) > omax;
+        tot += cross ? had + n : n;
+        again += cross;
+    }
+    if (!again)
+        return tk_models__forward_kv(s->m, s->kv, slots, nseq, ids, cu, logits);
+    int32_t *all = malloc(tot * sizeof *all), *cu2 = malloc((nseq + 1) * sizeof *cu2);
+    if (!all || !cu2) {
+        free(all);
+        free(cu2);
+        return tk__err(TK_ERR_NOMEM, "generate: out of memory");
+    }
+    cu2[0] = 0;
+    for (size_t i = 0; i < nseq; i++) {
+        size_t n = (size_t)(cu[i + 1] - cu[i]), had = s->full[slots[i]].n - n;
+        int cross = had > 0 && (int64_t)had <= omax && (int64_t)(had + n) > omax;
+        if (cross) { /* the whole sequence, on an emptied slot */
+            tk_kv__seq_reset(s->kv, slots[i]);
+            memcpy(all + cu2[i], s->full[slots[i]].ids, (had + n) * sizeof *all);
+            n += had;
+        } else {
+            memcpy(all + cu2[i], ids + cu[i], n * sizeof *all);
+        }
+        cu2[i + 1] = cu2[i] + (int32_t)n;
+    }
+    rc = tk_models__forward_kv(s->m, s->kv, slots, nseq, all, cu2, logits);
+    free(all);
+    free(cu2);
+    return rc;
 }
 
-static int kv_new(void *self, int32_t *slot) { return tk_kv__seq_new(((lm_state *)self)->kv, slot); }
-static int kv_fork(void *self, int32_t *dst, int32_t src) { return tk_kv__seq_fork(((lm_state *)self)->kv, dst, src); }
-static void kv_del(void *self, int32_t slot) { tk_kv__seq_free(((lm_state *)self)->kv, slot); }
+/* LongRoPE: slot's history, emptied (the array grown to hold it: KV slots index it). */
+static int hist_at(lm_state *s, int32_t slot)
+{
+    if ((size_t)slot >= s->nfull) {
+        void *p = realloc(s->full, ((size_t)slot + 1) * sizeof *s->full);
+        if (!p)
+            return tk__err(TK_ERR_NOMEM, "generate: out of memory");
+        s->full = p;
+        memset(&s->full[s->nfull], 0, ((size_t)slot + 1 - s->nfull) * sizeof *s->full);
+        s->nfull = (size_t)slot + 1;
+    }
+    s->full[slot].used = 1;
+    s->full[slot].n = 0;
+    return TK_OK;
+}
+
+static int kv_new(void *self, int32_t *slot)
+{
+    lm_state *s = self;
+    int rc = tk_kv__seq_new(s->kv, slot);
+    if (rc == TK_OK && longrope(s) && (rc = hist_at(s, *slot)) != TK_OK)
+        tk_kv__seq_free(s->kv, *slot);
+    return rc;
+}
+
+static int kv_fork(void *self, int32_t *dst, int32_t src)
+{
+    lm_state *s = self;
+    int rc = tk_kv__seq_fork(s->kv, dst, src);
+    if (rc == TK_OK && longrope(s) &&
+        ((rc = hist_at(s, *dst)) != TK_OK || (rc = full_push(s, *dst, s->full[src].ids, s->full[src].n)) != TK_OK))
+        tk_kv__seq_free(s->kv, *dst);
+    return rc;
+}
+
+static void kv_del(void *self, int32_t slot)
+{
+    lm_state *s = self;
+    tk_kv__seq_free(s->kv, slot);
+    if (longrope(s) && (size_t)slot < s->nfull)
+        s->full[slot].used = 0;
+}
 
 static int full_new(void *self, int32_t *slot)
 {
@@ -1783,7 +1870,9 @@ int tk_gen_batch_new(tk_gen_batch **out, tk_model *m, const tk_gen_batch_opts *o
             b->s.kv->max_blocks = mb;
     }
     b->E.max_step_tokens = o->max_step_tokens;
-    b->E.prefix_cache = o->prefix_cache && b->s.kv;
+    /* LongRoPE: a prefix's keys are rotated by the length of the sequence that made them (short or long
+     * factors), so another sequence cannot take them; kv_step keeps each slot's history instead */
+    b->E.prefix_cache = o->prefix_cache && b->s.kv && !longrope(&b->s);
     *out = b;
     return TK_OK;
 }

@@ -365,6 +365,16 @@ int tk_kv__seq_fork(tk_kv *kv, int32_t *dst, int32_t src)
     return TK_OK;
 }
 
+void tk_kv__seq_reset(tk_kv *kv, int32_t slot)
+{
+    if (!kv || slot < 0 || slot >= kv->nseq || !kv->seq[slot].used)
+        return;
+    tk_kv_seq *s = &kv->seq[slot];
+    for (int64_t i = 0; i < s->nblk; i++)
+        kv_decref(kv, s->blocks[i]);
+    s->nblk = s->len = 0;
+}
+
 void tk_kv__seq_free(tk_kv *kv, int32_t slot)
 {
     if (!kv || slot < 0 || slot >= kv->nseq || !kv->seq[slot].used)

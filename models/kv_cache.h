@@ -56,6 +56,8 @@ int64_t tk_kv__block_bytes(const tk_kv *kv); /* all layers, keys and values */
 int tk_kv__seq_new(tk_kv *kv, int32_t *slot);
 int tk_kv__seq_fork(tk_kv *kv, int32_t *dst, int32_t src);
 void tk_kv__seq_free(tk_kv *kv, int32_t slot);
+/* Empties sequence slot (its blocks released), which stays allocated: its next tokens start at 0. */
+void tk_kv__seq_reset(tk_kv *kv, int32_t slot);
 /* Makes room for n[i] more tokens in sequence slots[i] (copying shared partial blocks first) and fills,
  * on the host: slot_mapping[T] (the cache slot of each new token, packed in order), block_table
  * [nseq, max_blocks_per_seq] (unused entries 0), seq_lens[nseq] (lengths after the new tokens) and

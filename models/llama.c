@@ -244,6 +244,12 @@ static int load(tk_model *m)
     if (s->rot <= 0 || s->rot > D)
         return tk__err(TK_ERR_INVALID, "%s: partial_rotary_factor %g gives %lld rotary dims of head size %lld",
                        c->arch, c->rope.partial_rotary_factor, (long long)s->rot, (long long)D);
+    if (c->rope.type == TK_ROPE_LONGROPE && c->rope.next != s->rot / 2)
+        return tk__err(TK_ERR_INVALID,
+                       "%s: rope_parameters' short_factor and long_factor have %lld values, want %lld (one per rotary "
+                       "pair: head_dim %lld x partial_rotary_factor %g / 2)",
+                       c->arch, (long long)c->rope.next, (long long)(s->rot / 2), (long long)D,
+                       c->rope.partial_rotary_factor);
     static const struct {
         const char *hf, *op;
     } acts[] = {{"silu", "silu_and_mul"},
@@ -368,18 +374,82 @@ static int plan(tk_model *m, tk_models_batch *b)
     return TK_OK;
 }
 
-/* cos/sin rows for positions [0, max_len): grown by doubling; recomputed for dynamic NTK when the
- * longest sequence changes what HF's dynamic_rope_update would use. */
+/* One rope_cos_sin_cache call filling rows [r0, r0 + n) of the table in mem (rot columns), row r0 + p
+ * for position p; ext: LongRoPE's factors, at mem's float offset ext_off (else NULL). */
+static int rope_fill(tk_model *m, const tk_models_rope *r, int64_t rot, void *mem, int64_t r0, int64_t n,
+                     int64_t seq_len, const float *ext, int64_t ext_off)
+{
+    tk_mt out, ef;
+    int64_t shp[2] = {n, rot}, half = rot / 2;
+    memset(&out, 0, sizeof out);
+    out.t.data = (float *)mem + r0 * rot;
+    out.t.device.device_type = m->dev_type;
+    out.t.device.device_id = m->dev_id;
+    out.t.ndim = 2;
+    out.t.dtype = (tk_dtype){TK_DL_FLOAT, 32, 1};
+    memcpy(out.shape, shp, sizeof shp);
+    out.t.shape = out.shape;
+    if (ext) {
+        float *dst = (float *)mem + ext_off;
+        size_t fb = (size_t)half * sizeof(float);
+        int rc = TK_OK;
+        if (m->dev_type != TK_DEV_CUDA)
+            memcpy(dst, ext, fb);
+        else if ((rc = tk_device_sync(m->dev_id)) == TK_OK) /* a previous fill may still read them */
+            rc = tk_device_copy(dst, ext, fb, TK_COPY_H2D, m->dev_id);
+        if (rc != TK_OK)
+            return rc;
+        ef = out;
+        ef.t.data = dst;
+        ef.t.ndim = 1;
+        ef.shape[0] = half;
+        ef.t.shape = ef.shape;
+    }
+    tk_arg a[] = {TK_A_T("out", &out),
+                  TK_A_F("base", r->theta),
+                  TK_A_I("scaling", r->type),
+                  TK_A_F("factor", r->factor),
+                  TK_A_I("original_max_position_embeddings", r->original_max_pos),
+                  TK_A_I("seq_len", seq_len),
+                  TK_A_F("beta_fast", r->beta_fast),
+                  TK_A_F("beta_slow", r->beta_slow),
+                  TK_A_I("truncate", r->truncate),
+                  TK_A_F("attention_factor", r->attention_factor),
+                  TK_A_F("low_freq_factor", r->low_freq_factor),
+                  TK_A_F("high_freq_factor", r->high_freq_factor),
+                  {TK_ARG_TENSOR, "ext_factors", ext ? &ef.t : NULL, 0, 0}};
+    return tk_models__op(m, "rope_cos_sin_cache", a, TK_NARGS(a) - (ext ? 0 : 1)); /* ext_factors is last */
+}
+
+/* The cos/sin table the rotary op reads, rows for positions [0, max_len): grown by doubling; dynamic
+ * NTK's is recomputed when the longest sequence changes what HF's dynamic_rope_update would use.
+ * LongRoPE's holds original_max_pos rows of short_factor, then the rows of long_factor (grown as the
+ * others): a sequence longer than original_max_pos reads the long rows (tk_models_batch.rope_pos), as
+ * transformers' longrope_frequency_update does for that sequence alone; the keys already cached keep
+ * the rotation they were made with, as in transformers. Its factors live after the rows. */
 static int rope_table(tk_model *m, const tk_models_rope *r, int64_t rot, tk_mt *cs, void **mem, int64_t *nrows,
                       int64_t *seq, int64_t max_len)
 {
-    int dynamic = r->type == TK_ROPE_DYNAMIC;
+    int dynamic = r->type == TK_ROPE_DYNAMIC, longrope = r->type == TK_ROPE_LONGROPE;
     int64_t seq_len = dynamic ? (max_len > r->original_max_pos ? max_len : r->original_max_pos) : 0;
-    if (*nrows >= max_len && (!dynamic || *seq == seq_len))
+    int64_t omax = longrope ? r->original_max_pos : 0;
+    int64_t want = longrope ? omax + (max_len > omax ? max_len : 0) : max_len; /* rows the batch reads */
+    if (*nrows >= want && (!dynamic || *seq == seq_len))
         return TK_OK;
-    int64_t rows = *nrows >= max_len ? *nrows : 256;
-    while (rows < max_len)
-        rows *= 2;
+    int64_t rows = 0;
+    if (longrope) { /* the short rows, then long rows by doubling */
+        int64_t nl = *nrows > omax ? *nrows - omax : 0;
+        if (max_len > omax) {
+            nl = nl ? nl : 256;
+            while (nl < max_len)
+                nl *= 2;
+        }
+        rows = omax + nl;
+    } else {
+        rows = *nrows >= max_len ? *nrows : 256;
+        while (rows < max_len)
+            rows *= 2;
+    }
     if (rows != *nrows) {
         if (m->dev_type == TK_DEV_CUDA)
             tk_device_free(*mem, m->dev_id);
@@ -387,7 +457,7 @@ static int rope_table(tk_model *m, const tk_models_rope *r, int64_t rot, tk_mt *
             free(*mem);
         *mem = NULL;
         *nrows = 0;
-        size_t bytes = (size_t)(rows * rot) * sizeof(float);
+        size_t bytes = (size_t)(rows * rot + rot / 2) * sizeof(float);
         int rc = m->dev_type == TK_DEV_CUDA ? tk_device_alloc(mem, m->dev_id, bytes)
                                             : ((*mem = malloc(bytes)) ? TK_OK : tk__err(TK_ERR_NOMEM, "out of memory"));
         if (rc != TK_OK)
@@ -403,19 +473,11 @@ static int rope_table(tk_model *m, const tk_models_rope *r, int64_t rot, tk_mt *
     cs->shape[0] = rows;
     cs->shape[1] = rot;
     cs->t.shape = cs->shape;
-    tk_arg a[] = {TK_A_T("out", cs),
-                  TK_A_F("base", r->theta),
-                  TK_A_I("scaling", r->type),
-                  TK_A_F("factor", r->factor),
-                  TK_A_I("original_max_position_embeddings", r->original_max_pos),
-                  TK_A_I("seq_len", seq_len),
-                  TK_A_F("beta_fast", r->beta_fast),
-                  TK_A_F("beta_slow", r->beta_slow),
-                  TK_A_I("truncate", r->truncate),
-                  TK_A_F("attention_factor", r->attention_factor),
-                  TK_A_F("low_freq_factor", r->low_freq_factor),
-                  TK_A_F("high_freq_factor", r->high_freq_factor)};
-    int rc = tk_models__op(m, "rope_cos_sin_cache", a, TK_NARGS(a));
+    int rc;
+    if (!longrope)
+        rc = rope_fill(m, r, rot, *mem, 0, rows, seq_len, NULL, 0);
+    else if ((rc = rope_fill(m, r, rot, *mem, 0, omax, 0, r->ext_short, rows * rot)) == TK_OK && rows > omax)
+        rc = rope_fill(m, r, rot, *mem, omax, rows - omax, 0, r->ext_long, rows * rot);
     *seq = seq_len;
     return rc;
 }
@@ -480,8 +542,9 @@ static int attn_block(tk_model *m, tk_models_batch *b, llama *s, int64_t l, cons
     if (c->qk_norm && (rc = qk_norm(m, s, w, T, &q, &k)) != TK_OK)
         return rc;
     if (!c->nope[l]) {
-        const tk_mt *cs = c->rope_local_on && c->sliding[l] ? &s->cs2 : &s->cs;
-        tk_arg rot[] = {TK_A_T("query", q), TK_A_T("key", k), TK_A_T("positions", &b->pos),
+        int local = c->rope_local_on && c->sliding[l];
+        const tk_mt *cs = local ? &s->cs2 : &s->cs;
+        tk_arg rot[] = {TK_A_T("query", q), TK_A_T("key", k), TK_A_T("positions", local ? &b->pos : &b->rope_pos),
                         TK_A_T("cos_sin_cache", cs), TK_A_I("is_neox", 1)};
         if ((rc = tk_models__op(m, "rotary_embedding", rot, TK_NARGS(rot))) != TK_OK)
             return rc;
@@ -696,7 +759,7 @@ static int layer_fwd(tk_model *m, tk_models_batch *b, int64_t l, int64_t i, cons
     CHECK_T("q_proj output", &q2);
     CHECK_T("k_proj output", &k2);
     CHECK_T("v_proj output", &v2);
-    tk_arg rot[] = {TK_A_T("query", &s->sq[i]), TK_A_T("key", &s->sk[i]), TK_A_T("positions", &b->pos),
+    tk_arg rot[] = {TK_A_T("query", &s->sq[i]), TK_A_T("key", &s->sk[i]), TK_A_T("positions", &b->rope_pos),
                     TK_A_T("cos_sin_cache", &s->cs), TK_A_I("is_neox", 1)};
     if ((rc = tk_models__op(m, "rotary_embedding", rot, TK_NARGS(rot))) != TK_OK)
         return rc;
@@ -795,7 +858,7 @@ static int train_backward(tk_model *m, tk_models_batch *b, const tk_mt *d_hidden
                                              &s->sv[i], &s->satt[i], &s->slse[i], 0.0, 1,
                                              c->sliding[l] ? c->sliding_window - 1 : -1)))
             return rc;
-        tk_arg rb[] = {TK_A_T("grad_query", &s->dq), TK_A_T("grad_key", &s->dk), TK_A_T("positions", &b->pos),
+        tk_arg rb[] = {TK_A_T("grad_query", &s->dq), TK_A_T("grad_key", &s->dk), TK_A_T("positions", &b->rope_pos),
                        TK_A_T("cos_sin_cache", &s->cs), TK_A_I("is_neox", 1)};
         if ((rc = tk_models__op(m, "rotary_embedding_backward", rb, TK_NARGS(rb))) ||
             (rc = tk_models__t_linear_bwd(m, &s->dh, 0, &dq2, &s->sh[i], w->q, w->qb, 0)) ||

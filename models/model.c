@@ -501,6 +501,10 @@ static int plan_pass(tk_model *m, tk_models_batch *b)
         (rc = tk_models__ws_tensor(m, &b->pos32, i32, 1, &T)) || (rc = tk_models__ws_tensor(m, &b->cu, i32, 1, &S1)) ||
         (rc = tk_models__ws_tensor(m, &b->tt, i32, 1, &T)))
         return rc;
+    if (m->cfg.rope.type != TK_ROPE_LONGROPE)
+        tk_models__view(&b->rope_pos, &b->pos, 1, &T);
+    else if ((rc = tk_models__ws_tensor(m, &b->rope_pos, i64, 1, &T)) != TK_OK)
+        return rc;
     if (m->plan_train) { /* models/train.c: what the backward needs instead of the inference buffers */
         if ((rc = m->arch->train_plan(m, b)) != TK_OK)
             return rc;
@@ -731,6 +735,14 @@ int tk_model_has_lm_head(const tk_model *m)
 
 /* ---- forward ---------------------------------------------------------------------------------- */
 
+/* What a sequence of len tokens (after this step) adds to its positions to find its rows of the rope
+ * table: LongRoPE's long factors' rows follow the short ones' original_max_pos rows. */
+static int64_t rope_row_offset(const tk_model *m, int64_t len)
+{
+    const tk_models_rope *r = &m->cfg.rope;
+    return r->type == TK_ROPE_LONGROPE && len > r->original_max_pos ? r->original_max_pos : 0;
+}
+
 /* Checks the batch, plans for its shape and fills the inputs. */
 static int prepare(tk_model *m, const int32_t *ids, const size_t *lens, size_t nseq)
 {
@@ -760,16 +772,18 @@ static int prepare(tk_model *m, const int32_t *ids, const size_t *lens, size_t n
     tk_models_batch *b = &m->batch;
     b->max_len = max_len;
     /* Inputs: staged on the host, then copied (a memcpy on the CPU). */
-    size_t need = (size_t)T * 16 + ((size_t)nseq + 1) * 4;
+    size_t need = (size_t)T * 24 + ((size_t)nseq + 1) * 4;
     if ((rc = host_tmp(m, need)) != TK_OK)
         return rc;
-    int64_t *pos = m->host_tmp;
-    int32_t *pos32 = (int32_t *)(pos + T), *cu = pos32 + T, *zeros = cu + nseq + 1;
+    int64_t *pos = m->host_tmp, *rpos = pos + T;
+    int32_t *pos32 = (int32_t *)(rpos + T), *cu = pos32 + T, *zeros = cu + nseq + 1;
     int64_t k = 0;
     cu[0] = 0;
     for (size_t s = 0; s < nseq; s++) {
+        int64_t off = rope_row_offset(m, (int64_t)lens[s]);
         for (size_t j = 0; j < lens[s]; j++, k++) {
             pos[k] = (int64_t)j;
+            rpos[k] = (int64_t)j + off;
             pos32[k] = (int32_t)j;
             zeros[k] = 0;
         }
@@ -778,7 +792,8 @@ static int prepare(tk_model *m, const int32_t *ids, const size_t *lens, size_t n
     if ((rc = to_dev(m, b->ids.t.data, ids, (size_t)T * 4)) || (rc = to_dev(m, b->pos.t.data, pos, (size_t)T * 8)) ||
         (rc = to_dev(m, b->pos32.t.data, pos32, (size_t)T * 4)) ||
         (rc = to_dev(m, b->cu.t.data, cu, ((size_t)nseq + 1) * 4)) ||
-        (rc = to_dev(m, b->tt.t.data, zeros, (size_t)T * 4)))
+        (rc = to_dev(m, b->tt.t.data, zeros, (size_t)T * 4)) ||
+        (b->rope_pos.t.data != b->pos.t.data && (rc = to_dev(m, b->rope_pos.t.data, rpos, (size_t)T * 8))))
         return rc;
     return TK_OK;
 }
@@ -867,7 +882,7 @@ int tk_model_info_json(char **out, const tk_model *m)
     for (int i = 0; i < TK_ST_COUNT; i++)
         if (by[i])
             json_object_set_new(dts, tk_models__st_dtype_name((tk_st_dtype)i), json_integer(by[i]));
-    static const char *rope_names[] = {"default", "linear", "dynamic", "yarn", "llama3"};
+    static const char *rope_names[TK_ROPE_COUNT] = {"default", "linear", "dynamic", "yarn", "llama3", "longrope"};
     int64_t sliding_layers = 0;
     for (int64_t l = 0; l < c->layers; l++)
         sliding_layers += c->sliding[l];
@@ -1243,22 +1258,26 @@ int tk_models__forward_kv(tk_model *m, tk_kv *kv, const int32_t *slots, size_t n
     if ((rc = plan(m, T, (int64_t)nseq)) != TK_OK)
         goto done;
     b->max_len = prefill ? maxn : maxl;
-    size_t need = (size_t)T * 16 + (nseq + 1) * 4;
+    size_t need = (size_t)T * 24 + (nseq + 1) * 4;
     if ((rc = host_tmp(m, need)) != TK_OK)
         goto done;
-    int64_t *pos = m->host_tmp;
-    int32_t *pos32 = (int32_t *)(pos + T), *cu2 = pos32 + T, *zeros = cu2 + nseq + 1;
+    int64_t *pos = m->host_tmp, *rpos = pos + T;
+    int32_t *pos32 = (int32_t *)(rpos + T), *cu2 = pos32 + T, *zeros = cu2 + nseq + 1;
     int64_t k = 0;
-    for (size_t s = 0; s < nseq; s++)
+    for (size_t s = 0; s < nseq; s++) {
+        int64_t off = rope_row_offset(m, sl[s]); /* its length after this step: HF's max(position_ids) + 1 */
         for (int32_t j = 0; j < n[s]; j++, k++) {
             pos[k] = st[s] + j;
+            rpos[k] = st[s] + j + off;
             pos32[k] = (int32_t)(st[s] + j);
             zeros[k] = 0;
         }
+    }
     memcpy(cu2, cu, (nseq + 1) * sizeof *cu2);
     if ((rc = to_dev(m, b->ids.t.data, ids, (size_t)T * 4)) || (rc = to_dev(m, b->pos.t.data, pos, (size_t)T * 8)) ||
         (rc = to_dev(m, b->pos32.t.data, pos32, (size_t)T * 4)) ||
-        (rc = to_dev(m, b->cu.t.data, cu2, (nseq + 1) * 4)) || (rc = to_dev(m, b->tt.t.data, zeros, (size_t)T * 4)))
+        (rc = to_dev(m, b->cu.t.data, cu2, (nseq + 1) * 4)) || (rc = to_dev(m, b->tt.t.data, zeros, (size_t)T * 4)) ||
+        (b->rope_pos.t.data != b->pos.t.data && (rc = to_dev(m, b->rope_pos.t.data, rpos, (size_t)T * 8))))
         goto done;
     /* the cache's index tensors: host arrays on the CPU, copies on a GPU */
     size_t bsm = (size_t)T * 8, bbt = nseq * (size_t)w * 4, bsl = nseq * 4;

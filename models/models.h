@@ -73,7 +73,17 @@ void tk_models__dtype_to_f32(float *dst, const void *src, size_t n, tk_dtype dt)
 
 /* ---- config.json (models/config.c) ------------------------------------------------------------ */
 
-enum { TK_ROPE_DEFAULT = 0, TK_ROPE_LINEAR = 1, TK_ROPE_DYNAMIC = 2, TK_ROPE_YARN = 3, TK_ROPE_LLAMA3 = 4 };
+enum {
+    TK_ROPE_DEFAULT = 0,
+    TK_ROPE_LINEAR = 1,
+    TK_ROPE_DYNAMIC = 2,
+    TK_ROPE_YARN = 3,
+    TK_ROPE_LLAMA3 = 4,
+    TK_ROPE_LONGROPE = 5,
+    TK_ROPE_COUNT
+};
+
+#define TK_MODELS_MAX_EXT 1024 /* LongRoPE's factors: one per rotary pair */
 
 typedef struct {
     int type; /* TK_ROPE_*: the rope_cos_sin_cache op's 'scaling' */
@@ -82,6 +92,10 @@ typedef struct {
     double beta_fast, beta_slow, attention_factor, low_freq_factor, high_freq_factor;
     int truncate;
     double partial_rotary_factor; /* rot_dim = head_dim * this */
+    /* LongRoPE (Phi-3 128k, Phi-3.5, Phi-4-mini): short_factor, used while the longest sequence of a
+     * forward pass is at most original_max_pos, and long_factor beyond (HF's longrope_frequency_update) */
+    int64_t next;
+    float ext_short[TK_MODELS_MAX_EXT], ext_long[TK_MODELS_MAX_EXT];
 } tk_models_rope;
 
 #define TK_MODELS_MAX_LAYERS 1024
@@ -217,6 +231,10 @@ typedef struct {
     tk_mt ids; /* [T] i32 */
     tk_mt pos; /* [T] i64: the position of each token in its sequence */
     tk_mt pos32; /* [T] i32: the same, for learned position embeddings */
+    tk_mt rope_pos; /* [T] i64: each token's row of the rope table: pos, plus the rope's original_max_pos
+                     * for a sequence longer than that under LongRoPE (the table holds the short
+                     * factors' rows, then the long ones': each sequence picks its own, as transformers
+                     * does for it alone) */
     tk_mt cu;  /* [nseq + 1] i32 */
     tk_mt tt;  /* [T] i32 zeros: BERT's token types */
     tk_mt *hidden; /* [T, H] */

@@ -3,8 +3,9 @@
  * projections, as transformers' modeling_phi3.py computes it: self_attn.qkv_proj holds q, k and v as
  * consecutive row blocks (split at load), mlp.gate_up_proj holds gate then up (llama.c's own layout);
  * partial_rotary_factor rotates the first dims of each head (Phi-4-mini); the sliding_window, when
- * set, applies to every layer. LongRoPE ("longrope"/"su" scaling, Phi-3-*-128k and Phi-3.5) is not
- * implemented yet and is refused by name.
+ * set, applies to every layer. LongRoPE ("longrope", first named "su": Phi-3-*-128k, Phi-3.5,
+ * Phi-4-mini) is config.c's and llama.c's rope_table: short_factor until a forward pass holds a
+ * position past original_max_position_embeddings, long_factor after.
  */
 #include "models/models.h"
 

@@ -6,8 +6,9 @@
  *                                 cache [max_pos, rot_dim] (cos in the first half of a row, sin in the
  *                                 second; vLLM's layout); NeoX/Llama half-split or GPT-J interleaved
  *                                 pairs; only the first rot_dim of the head_size columns rotate
- *   rope_cos_sin_cache            builds that cache: no scaling, linear, dynamic NTK, YaRN, Llama 3
- *                                 (the inverse frequencies of HF transformers' modeling_rope_utils)
+ *   rope_cos_sin_cache            builds that cache: no scaling, linear, dynamic NTK, YaRN, Llama 3,
+ *                                 LongRoPE (the inverse frequencies of HF transformers'
+ *                                 modeling_rope_utils; LongRoPE's per-pair factors come as a tensor)
  *   alibi_slopes                  the ALiBi head slopes (geometric; the non-power-of-two heads rule)
  *   alibi_bias                    bias[h, i, j] = -slope[h] * |i + Sk - Sq - j|  (bottom-right aligned)
  *   sinusoidal_position_encoding  "Attention is all you need": sin on even, cos on odd columns
@@ -36,7 +37,8 @@
 #define TK_PI 3.14159265358979323846
 
 /* rope_cos_sin_cache's 'scaling' values (kernels-src/rotary/rotary.cu uses the same numbers). */
-enum { SCALE_NONE = 0, SCALE_LINEAR = 1, SCALE_DYNAMIC = 2, SCALE_YARN = 3, SCALE_LLAMA3 = 4, SCALE_COUNT };
+enum { SCALE_NONE = 0, SCALE_LINEAR = 1, SCALE_DYNAMIC = 2, SCALE_YARN = 3, SCALE_LLAMA3 = 4, SCALE_LONGROPE = 5,
+       SCALE_COUNT };
 
 /* ---- helpers ---------------------------------------------------------------------------------- */
 
@@ -218,14 +220,15 @@ static int cpu_rotary(const tk_op_call *c)
 /* ---- rope_cos_sin_cache ----------------------------------------------------------------------- */
 
 /* params: out, base, scaling, factor, original_max_position_embeddings, seq_len, beta_fast, beta_slow,
- * truncate, attention_factor, low_freq_factor, high_freq_factor */
+ * truncate, attention_factor, low_freq_factor, high_freq_factor, ext_factors */
 enum {
-    RC_OUT, RC_BASE, RC_SCALING, RC_FACTOR, RC_OMAX, RC_SEQ, RC_BFAST, RC_BSLOW, RC_TRUNC, RC_ATTN, RC_LOWF, RC_HIGHF
+    RC_OUT, RC_BASE, RC_SCALING, RC_FACTOR, RC_OMAX, RC_SEQ, RC_BFAST, RC_BSLOW, RC_TRUNC, RC_ATTN, RC_LOWF, RC_HIGHF,
+    RC_EXT
 };
 
 static const char *scaling_name(int64_t s)
 {
-    static const char *names[SCALE_COUNT] = {"none", "linear", "dynamic", "yarn", "llama3"};
+    static const char *names[SCALE_COUNT] = {"none", "linear", "dynamic", "yarn", "llama3", "longrope"};
     return s >= 0 && s < SCALE_COUNT ? names[s] : "?";
 }
 
@@ -241,8 +244,9 @@ static int check_cache(const tk_op_call *c)
                        op, tk_ops__shape_fmt(out->ndim, out->shape));
     if (s < 0 || s >= SCALE_COUNT)
         return tk__err(TK_ERR_INVALID,
-                       "%s: 'scaling' is %lld, want 0 (none), 1 (linear), 2 (dynamic), 3 (yarn) or 4 (llama3)", op,
-                       (long long)s);
+                       "%s: 'scaling' is %lld, want 0 (none), 1 (linear), 2 (dynamic), 3 (yarn), 4 (llama3) or 5 "
+                       "(longrope)",
+                       op, (long long)s);
     const char *sn = scaling_name(s);
     double base = c->f[RC_BASE], factor = c->f[RC_FACTOR];
     if (!finite_pos(base))
@@ -253,7 +257,7 @@ static int check_cache(const tk_op_call *c)
     if (!finite_pos(factor))
         return tk__err(TK_ERR_INVALID, "%s: 'factor' is %g, want a finite value > 0", op, factor);
     int64_t omax = c->i[RC_OMAX];
-    if ((s == SCALE_DYNAMIC || s == SCALE_YARN || s == SCALE_LLAMA3) && omax <= 0)
+    if ((s == SCALE_DYNAMIC || s == SCALE_YARN || s == SCALE_LLAMA3 || s == SCALE_LONGROPE) && omax <= 0)
         return tk__err(TK_ERR_INVALID,
                        "%s: 'original_max_position_embeddings' is %lld, want > 0 for %s scaling (the pretrained "
                        "context length)",
@@ -285,6 +289,38 @@ static int check_cache(const tk_op_call *c)
     if (!isfinite(af) || af < 0)
         return tk__err(TK_ERR_INVALID, "%s: 'attention_factor' is %g, want a finite value >= 0 (0: the default)", op,
                        af);
+    const tk_tensor *ext = c->t[RC_EXT];
+    if (s == SCALE_LONGROPE) {
+        if (!ext)
+            return tk__err(TK_ERR_INVALID,
+                           "%s: longrope scaling needs 'ext_factors' (rope_parameters' short_factor or long_factor, "
+                           "rot_dim / 2 values)",
+                           op);
+        if (ext->shape[0] != rot / 2)
+            return tk__err(TK_ERR_INVALID, "%s: 'ext_factors' has shape %s, want [%lld] (rot_dim / 2 of 'out' %s)", op,
+                           tk_ops__shape_fmt(ext->ndim, ext->shape), (long long)(rot / 2),
+                           tk_ops__shape_fmt(out->ndim, out->shape));
+        if (af == 0 && factor > 1 && omax < 2)
+            return tk__err(TK_ERR_INVALID,
+                           "%s: 'original_max_position_embeddings' is %lld, want >= 2 for longrope's default "
+                           "attention factor (it divides by its log)",
+                           op, (long long)omax);
+        if (ext->device.device_type == TK_DEV_CPU) {
+            const void *eb = tk_ops__base(ext);
+            int64_t cs = tk_ops__col_stride(ext);
+            for (int64_t i = 0; i < rot / 2; i++) {
+                float v;
+                tk_ops__load_f32(&v, eb, i * cs, cs, 1, ext->dtype);
+                if (!(isfinite(v) && v > 0))
+                    return tk__err(TK_ERR_INVALID, "%s: 'ext_factors'[%lld] is %g, want a finite value > 0", op,
+                                   (long long)i, (double)v);
+            }
+        }
+    } else if (ext) {
+        return tk__err(TK_ERR_INVALID, "%s: 'ext_factors' is given, but only longrope scaling (5) takes it; 'scaling' "
+                       "is %lld (%s)",
+                       op, (long long)s, sn);
+    }
     return TK_OK;
 }
 
@@ -295,6 +331,7 @@ typedef struct {
     double beta_fast, beta_slow;
     int truncate;
     double attention_factor, low_freq_factor, high_freq_factor;
+    const float *ext; /* longrope: the factor of each pair */
 } rope_cfg;
 
 /* The inverse frequency of pair i (0 <= i < dim/2) for a rotary dimension dim, in double. Each branch
@@ -356,19 +393,27 @@ static double rope_inv_freq(const rope_cfg *k, int64_t i, int64_t dim)
         double smooth = (ctx / wl - k->low_freq_factor) / (k->high_freq_factor - k->low_freq_factor);
         return (1.0 - smooth) * inv / k->factor + smooth * inv;
     }
+    case SCALE_LONGROPE:
+        /* _compute_longrope_parameters: inv_freq = 1 / (ext_factors * base ** (arange(0, dim, 2) / dim));
+         * the caller picks short_factor or long_factor (long when the sequence is longer than
+         * original_max_position_embeddings: HF's longrope_frequency_update) */
+        return 1.0 / ((double)k->ext[i] * pow(k->base, e));
     default:
         return 1.0 / pow(k->base, e);
     }
 }
 
 /* The factor cos and sin are multiplied by: attention_factor when > 0, else YaRN's
- * get_mscale(factor) = 0.1 * ln(factor) + 1 (1 when factor <= 1), else 1. */
+ * get_mscale(factor) = 0.1 * ln(factor) + 1, LongRoPE's sqrt(1 + ln(factor) / ln(original max)) (both 1
+ * when factor <= 1), else 1. */
 static double rope_mscale(const rope_cfg *k)
 {
     if (k->attention_factor > 0)
         return k->attention_factor;
     if (k->scaling == SCALE_YARN && k->factor > 1)
         return 0.1 * log(k->factor) + 1.0;
+    if (k->scaling == SCALE_LONGROPE && k->factor > 1)
+        return sqrt(1.0 + log(k->factor) / log((double)k->omax));
     return 1.0;
 }
 
@@ -406,12 +451,18 @@ static int cpu_cache(const tk_op_call *c)
     int64_t rows = out->shape[0], rot = out->shape[1], half = rot / 2;
     rope_cfg k = {(int)c->i[RC_SCALING], c->f[RC_BASE], c->f[RC_FACTOR], c->i[RC_OMAX],
                   c->i[RC_SEQ] ? c->i[RC_SEQ] : rows, c->f[RC_BFAST], c->f[RC_BSLOW], (int)c->i[RC_TRUNC],
-                  c->f[RC_ATTN], c->f[RC_LOWF], c->f[RC_HIGHF]};
+                  c->f[RC_ATTN], c->f[RC_LOWF], c->f[RC_HIGHF], NULL};
     if (rows == 0)
         return TK_OK;
-    double *inv = malloc(sizeof(double) * (size_t)half);
+    double *inv = malloc(sizeof(double) * (size_t)half + sizeof(float) * (size_t)half);
     if (!inv)
         return tk__err(TK_ERR_NOMEM, "%s: out of memory", c->op->name);
+    const tk_tensor *ext = c->t[RC_EXT];
+    if (ext) { /* as f32, contiguous (checked finite and > 0) */
+        float *e = (float *)(inv + half);
+        tk_ops__load_f32(e, tk_ops__base(ext), 0, tk_ops__col_stride(ext), half, ext->dtype);
+        k.ext = e;
+    }
     for (int64_t i = 0; i < half; i++)
         inv[i] = rope_inv_freq(&k, i, rot);
     cache_job j = {out, inv, rope_mscale(&k), half};
@@ -607,17 +658,21 @@ static const tk_op_param cache_params[] = {
     {.name = "out", .kind = TK_ARG_TENSOR, .role = TK_OPS_OUT, .dtypes = TK_OPS_FLOATS, .dtype_like = -1,
      .min_rank = 2, .max_rank = 2, .shape = "[max_pos, rot_dim]", .doc = "row p: cos(p*inv_freq[i]) then sin(...)"},
     F64("base", 10000.0, "rope_theta"),
-    I64("scaling", 0, "0 none, 1 linear, 2 dynamic (NTK), 3 yarn, 4 llama3"),
-    F64("factor", 1.0, "the scaling factor (linear, dynamic, yarn, llama3)"),
+    I64("scaling", 0, "0 none, 1 linear, 2 dynamic (NTK), 3 yarn, 4 llama3, 5 longrope"),
+    F64("factor", 1.0, "the scaling factor (linear, dynamic, yarn, llama3; longrope: for the attention factor)"),
     I64("original_max_position_embeddings", 0,
-        "pretrained context (dynamic: HF's max_position_embeddings; yarn, llama3)"),
+        "pretrained context (dynamic: HF's max_position_embeddings; yarn, llama3, longrope)"),
     I64("seq_len", 0, "dynamic: the sequence length the base is scaled for (0: the rows of out)"),
     F64("beta_fast", 32.0, "yarn"),
     F64("beta_slow", 1.0, "yarn"),
     I64("truncate", 1, "yarn: floor/ceil the correction range"),
-    F64("attention_factor", 0.0, "cos/sin multiplier; 0: yarn 0.1*ln(factor)+1, else 1"),
+    F64("attention_factor", 0.0,
+        "cos/sin multiplier; 0: yarn 0.1*ln(factor)+1, longrope sqrt(1+ln(factor)/ln(original)), else 1"),
     F64("low_freq_factor", 1.0, "llama3"),
     F64("high_freq_factor", 4.0, "llama3"),
+    {.name = "ext_factors", .kind = TK_ARG_TENSOR, .role = TK_OPS_IN, .dtypes = TK_OPS_F32, .dtype_like = -1,
+     .min_rank = 1, .max_rank = 1, .shape = "[rot_dim/2]", .optional = 1,
+     .doc = "longrope: each pair's factor, inv_freq = 1/(ext*base^(2i/rot_dim)) (short_factor or long_factor)"},
 };
 
 static const tk_op_param slopes_params[] = {
@@ -651,7 +706,7 @@ const tk_op_desc tk_ops__rotary[] = {
      "rotary_embedding's backward in place: pairs (g1, g2) -> (g1 cos + g2 sin, g2 cos - g1 sin) (the inverse rotation)",
      rotary_bwd_params, N(rotary_bwd_params), check_rotary, cpu_rotary, &rotary_inverse, PKG},
     {"rope_cos_sin_cache", "rotary",
-     "out[p] = [cos(p*inv_freq), sin(p*inv_freq)] * mscale; inv_freq by HF's none/linear/dynamic/yarn/llama3",
+     "out[p] = [cos(p*inv_freq), sin(p*inv_freq)] * mscale; inv_freq by HF's none/linear/dynamic/yarn/llama3/longrope",
      cache_params, N(cache_params), check_cache, cpu_cache, NULL, PKG},
     {"alibi_slopes", "rotary", "ALiBi head slopes 2^(-max_bias*(h+1)/H), the non-power-of-two rule for other H",
      slopes_params, N(slopes_params), check_slopes, cpu_slopes, NULL, PKG},

@@ -8,6 +8,9 @@ tiny random checkpoints of tests/models/make_tiny.py (transformers' save_pretrai
 then for each causal LM among them:
   - logits f32: `tk model logits --device cuda --dtype f32` against the model in transformers on cuda
     in f32 (TF32 off), largest |difference| over the largest |logit|; must be below 1e-4;
+    transformers always runs its eager attention: its default is version-dependent, and the sdpa path
+    drops Gemma 2's attn_logit_softcapping (transformers 5.17, on the GPU image, defaults Gemma 2 to
+    sdpa; 5.24 to eager), which made tk's correct Gemma 2 logits look 1.7 off;
   - greedy f32: `tk generate --device cuda` against transformers' generate() on cuda, token for token
     (the CPU path is checked the same way in CI: tests/cli/checkpoints.sh);
   - logits bf16: the same with --dtype bf16 against transformers in bf16 (reported, status "info": two
@@ -94,7 +97,8 @@ def main():
         for dtype, tdt, tol in (("f32", torch.float32, 1e-4), ("bf16", torch.bfloat16, 5e-2)):
             check = f"logits_{dtype}"
             try:
-                m = AutoModelForCausalLM.from_pretrained(d, dtype=tdt).to(a.device).eval()
+                m = AutoModelForCausalLM.from_pretrained(d, dtype=tdt, attn_implementation="eager")
+                m = m.to(a.device).eval()
                 with torch.no_grad():
                     ref = m(torch.tensor([IDS], device=a.device)).logits[0].float().cpu()
                 got = torch.tensor(tk_json(a.tk, ["model", "logits", d, "--ids", ids, "--device", a.device,

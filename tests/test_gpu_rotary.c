@@ -226,6 +226,60 @@ static void test_rope_cos_sin_cache(void)
             }
 }
 
+/* LongRoPE (scaling 5): the factors come as a tensor, host for the CPU call and a device copy for the
+ * GPU's; Phi-3.5's shape (96 rotary dims, 4096 original of 131072) and odd ones. */
+static void test_rope_longrope(void)
+{
+    if (!gpu_device())
+        SKIP("no CUDA device");
+    static const int64_t shapes[][2] = {{1, 2}, {5000, 96}, {33, 64}, {100, 6}, {3, 1030}};
+    static const double cfgs[][4] = {{10000, 32, 4096, 0}, {250000, 1.5, 8192, 0}, {10000, 0.5, 2, 0}, {1e6, 8, 64, 1.3}};
+    for (size_t c = 0; c < sizeof cfgs / sizeof cfgs[0]; c++)
+        for (size_t s = 0; s < sizeof shapes / sizeof shapes[0]; s++)
+            for (size_t di = 0; di < 3; di++) {
+                int64_t half = shapes[s][1] / 2;
+                host_t ref, ext, got;
+                host_new(&ref, *all_dtypes[di], 2, shapes[s], 0);
+                host_new(&got, ref.t.dtype, 2, ref.shape, 0);
+                host_new(&ext, F32, 1, &half, 0);
+                for (int64_t i = 0; i < half; i++)
+                    set(&ext.t, i, uniform(1.0, 40.0));
+                dev_tensor d, dext;
+                CHECK_RC(dev_upload(&d, &got.t), TK_OK);
+                CHECK_RC(dev_upload(&dext, &ext.t), TK_OK);
+                tk_arg a[13] = {{TK_ARG_TENSOR, "out", &ref.t, 0, 0},
+                                {TK_ARG_F64, "base", NULL, 0, cfgs[c][0]},
+                                {TK_ARG_I64, "scaling", NULL, 5, 0},
+                                {TK_ARG_F64, "factor", NULL, 0, cfgs[c][1]},
+                                {TK_ARG_I64, "original_max_position_embeddings", NULL, (int64_t)cfgs[c][2], 0},
+                                {TK_ARG_I64, "seq_len", NULL, 0, 0},
+                                {TK_ARG_F64, "beta_fast", NULL, 0, 32},
+                                {TK_ARG_F64, "beta_slow", NULL, 0, 1},
+                                {TK_ARG_I64, "truncate", NULL, 1, 0},
+                                {TK_ARG_F64, "attention_factor", NULL, 0, cfgs[c][3]},
+                                {TK_ARG_F64, "low_freq_factor", NULL, 0, 1},
+                                {TK_ARG_F64, "high_freq_factor", NULL, 0, 4},
+                                {TK_ARG_TENSOR, "ext_factors", &ext.t, 0, 0}};
+                CHECK_RC(gpu_op_run(g.ctx, "rope_cos_sin_cache", a, 13, NULL, NULL), TK_OK);
+                a[0].t = &d.t;
+                a[12].t = &dext.t;
+                const char *impl = NULL;
+                CHECK_RC(gpu_op_run(g.ctx, "rope_cos_sin_cache", a, 13, NULL, &impl), TK_OK);
+                CHECK(impl && strcmp(impl, "cpu-reference") != 0);
+                CHECK_RC(dev_download(&d, &got.t), TK_OK);
+                char w[128];
+                snprintf(w, sizeof w, "rope_cos_sin_cache %s longrope [%lld, %lld] (%s)", tk_dtype_name(ref.t.dtype),
+                         (long long)shapes[s][0], (long long)shapes[s][1], impl ? impl : "?");
+                /* |values| <= the attention factor (<= 1.3 here): one unit in the last place */
+                CHECK(check_out(w, &got, &ref, tol_ulps(ref.t.dtype, 1.5, 1.01)));
+                dev_free(&d);
+                dev_free(&dext);
+                free(got.buf);
+                free(ref.buf);
+                free(ext.buf);
+            }
+}
+
 static void test_alibi(void)
 {
     if (!gpu_device())
@@ -316,6 +370,7 @@ int main(int argc, char **argv)
     RUN(test_setup);
     RUN(test_rotary_embedding);
     RUN(test_rope_cos_sin_cache);
+    RUN(test_rope_longrope);
     RUN(test_alibi);
     RUN(test_sinusoidal);
     if (g.ctx)

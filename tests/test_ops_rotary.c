@@ -543,6 +543,146 @@ static void test_cache_known_values(void)
     }
 }
 
+#define EXPECT_INVALID_RC(call, msg)                                                                           \
+    do {                                                                                                       \
+        CHECK_RC(call, TK_ERR_INVALID);                                                                        \
+        CHECK_CONTAINS(tk_last_error(), msg);                                                                  \
+    } while (0)
+#define EXPECT_INVALID(op, args, n, msg)                                                                       \
+    do {                                                                                                       \
+        tk_op_call c_;                                                                                         \
+        CHECK_RC(tk_ops__prepare(&c_, op, args, n), TK_ERR_INVALID);                                           \
+        CHECK_CONTAINS(tk_last_error(), msg);                                                                  \
+    } while (0)
+
+/* ---- rope_cos_sin_cache: LongRoPE ------------------------------------------------------------- */
+
+/* The call with LongRoPE's factors ext (f32 [rot/2]); factor, omax and attention_factor as given. */
+static int run_longrope(host_t *out, double base, double factor, int64_t omax, double attn, host_t *ext)
+{
+    tk_arg a[13] = {{TK_ARG_TENSOR, "out", &out->t, 0, 0},
+                    {TK_ARG_F64, "base", NULL, 0, base},
+                    {TK_ARG_I64, "scaling", NULL, 5, 0},
+                    {TK_ARG_F64, "factor", NULL, 0, factor},
+                    {TK_ARG_I64, "original_max_position_embeddings", NULL, omax, 0},
+                    {TK_ARG_I64, "seq_len", NULL, 0, 0},
+                    {TK_ARG_F64, "beta_fast", NULL, 0, 32},
+                    {TK_ARG_F64, "beta_slow", NULL, 0, 1},
+                    {TK_ARG_I64, "truncate", NULL, 1, 0},
+                    {TK_ARG_F64, "attention_factor", NULL, 0, attn},
+                    {TK_ARG_F64, "low_freq_factor", NULL, 0, 1},
+                    {TK_ARG_F64, "high_freq_factor", NULL, 0, 4},
+                    {TK_ARG_TENSOR, "ext_factors", ext ? &ext->t : NULL, 0, 0}};
+    return run_op("rope_cos_sin_cache", a, ext ? 13 : 12);
+}
+
+/* transformers' _compute_longrope_parameters in float64: inv_freq = 1 / (ext * base^(2i/dim)), the
+ * multiplier attention_factor, else sqrt(1 + ln(factor) / ln(omax)) when factor > 1, else 1. Every
+ * element of random tables in each dtype, and two values computed separately (Python's math). */
+static void test_cache_longrope(void)
+{
+    int ok = 1;
+    static const int64_t shapes[][2] = {{1, 2}, {40, 8}, {300, 96}, {1100, 128}};
+    for (size_t si = 0; si < sizeof shapes / sizeof shapes[0]; si++)
+        for (size_t di = 0; di < 3; di++) {
+            int64_t rows = shapes[si][0], rot = shapes[si][1], half = rot / 2, sh[2] = {rows, rot};
+            host_t out, ext;
+            host_new(&out, *all_dtypes[di], 2, sh, di == 1 ? 3 : 0);
+            host_new(&ext, F32, 1, &half, 0);
+            for (int64_t i = 0; i < half; i++)
+                ((float *)ext.buf)[i] = (float)uniform(1.0, 12.0);
+            double base = next_u64() & 1 ? 10000.0 : uniform(100.0, 1e6), factor = uniform(0.5, 40.0);
+            int64_t omax = 2 + (int64_t)(next_u64() % 8192);
+            double attn = next_u64() % 3 == 0 ? uniform(0.5, 2) : 0.0;
+            ok &= run_longrope(&out, base, factor, omax, attn, &ext) == TK_OK;
+            double ms = attn > 0 ? attn : factor > 1 ? sqrt(1 + log(factor) / log((double)omax)) : 1.0;
+            double atol, rtol; /* as cache_case: one rounding of an exact number */
+            tolerances(*all_dtypes[di], &atol, &rtol);
+            atol = all_dtypes[di]->bits == 32 ? 1e-7 : 1e-6;
+            if (all_dtypes[di]->bits == 32)
+                rtol = 2e-7;
+            op_cmp c = op_cmp_begin(atol * ms, rtol,
+                                    "rope_cos_sin_cache %s longrope [%lld, %lld] base %g factor %g omax %lld attn %g",
+                                    tk_ops__dtype_str(*all_dtypes[di]), (long long)rows, (long long)rot, base, factor,
+                                    (long long)omax, attn);
+            c.cols = rot;
+            c.nan_fails = 1;
+            c.inf_fails = 1;
+            for (int64_t p = 0; ok && p < rows; p++)
+                for (int64_t i = 0; i < half; i++) {
+                    double inv = 1.0 / ((double)((float *)ext.buf)[i] * pow(base, (double)(2 * i) / (double)rot));
+                    double a = (double)p * inv;
+                    op_cmp_at(&c, p * rot + i, get(&out.t, p * rot + i), cos(a) * ms);
+                    op_cmp_at(&c, p * rot + half + i, get(&out.t, p * rot + half + i), sin(a) * ms);
+                }
+            ok &= op_cmp_end(&c);
+            host_free(&out);
+            host_free(&ext);
+        }
+    CHECK(ok);
+    /* base 10000, rot 8, factors 1 2 4 8, factor 32 (131072 / 4096), original 4096: the multiplier is
+     * sqrt(1 + ln 32 / ln 4096) = sqrt(17 / 12) */
+    int64_t sh[2] = {3001, 8}, half = 4;
+    host_t out, ext;
+    host_new(&out, F32, 2, sh, 0);
+    host_new(&ext, F32, 1, &half, 0);
+    for (int i = 0; i < 4; i++)
+        ((float *)ext.buf)[i] = (float)(1 << i);
+    CHECK_RC(run_longrope(&out, 10000.0, 32.0, 4096, 0.0, &ext), TK_OK);
+    const struct {
+        int64_t p, i;
+        double c, s;
+    } kv[] = {{100, 2, 1.1532364521954495, 0.29446961132571786}, {3000, 3, 1.107525597350067, 0.435951508634898}};
+    for (size_t n = 0; n < 2; n++) {
+        double gc = get(&out.t, kv[n].p * 8 + kv[n].i), gs = get(&out.t, kv[n].p * 8 + 4 + kv[n].i);
+        if (!(fabs(gc - kv[n].c) <= 3e-7 && fabs(gs - kv[n].s) <= 3e-7)) {
+            fprintf(stderr, "  longrope row %lld pair %lld: got cos %.9g sin %.9g, want %.9g %.9g\n",
+                    (long long)kv[n].p, (long long)kv[n].i, gc, gs, kv[n].c, kv[n].s);
+            CHECK(0);
+        }
+    }
+    /* the refusals: no factors, factors of the wrong length, a factor <= 0 or NaN, factors for another
+     * scaling, an original length whose log is 0 */
+    EXPECT_INVALID_RC(run_longrope(&out, 10000.0, 32.0, 4096, 0.0, NULL),
+                      "rope_cos_sin_cache: longrope scaling needs 'ext_factors'");
+    int64_t three = 3;
+    host_t ext3;
+    host_new(&ext3, F32, 1, &three, 0);
+    for (int i = 0; i < 3; i++)
+        ((float *)ext3.buf)[i] = 1.0f;
+    EXPECT_INVALID_RC(run_longrope(&out, 10000.0, 32.0, 4096, 0.0, &ext3),
+                      "rope_cos_sin_cache: 'ext_factors' has shape [3], want [4] (rot_dim / 2 of 'out' [3001, 8])");
+    ((float *)ext.buf)[2] = 0.0f;
+    EXPECT_INVALID_RC(run_longrope(&out, 10000.0, 32.0, 4096, 0.0, &ext),
+                      "rope_cos_sin_cache: 'ext_factors'[2] is 0, want a finite value > 0");
+    ((float *)ext.buf)[2] = NAN;
+    EXPECT_INVALID_RC(run_longrope(&out, 10000.0, 32.0, 4096, 0.0, &ext),
+                      "rope_cos_sin_cache: 'ext_factors'[2] is nan, want a finite value > 0");
+    ((float *)ext.buf)[2] = 4.0f;
+    EXPECT_INVALID_RC(run_longrope(&out, 10000.0, 32.0, 1, 0.0, &ext),
+                      "'original_max_position_embeddings' is 1, want >= 2 for longrope's default attention factor");
+    CHECK_RC(run_longrope(&out, 10000.0, 32.0, 1, 1.5, &ext), TK_OK); /* an explicit attention factor */
+    tk_arg a[13] = {{TK_ARG_TENSOR, "out", &out.t, 0, 0},
+                    {TK_ARG_F64, "base", NULL, 0, 10000},
+                    {TK_ARG_I64, "scaling", NULL, 1, 0},
+                    {TK_ARG_F64, "factor", NULL, 0, 2},
+                    {TK_ARG_I64, "original_max_position_embeddings", NULL, 0, 0},
+                    {TK_ARG_I64, "seq_len", NULL, 0, 0},
+                    {TK_ARG_F64, "beta_fast", NULL, 0, 32},
+                    {TK_ARG_F64, "beta_slow", NULL, 0, 1},
+                    {TK_ARG_I64, "truncate", NULL, 1, 0},
+                    {TK_ARG_F64, "attention_factor", NULL, 0, 0},
+                    {TK_ARG_F64, "low_freq_factor", NULL, 0, 1},
+                    {TK_ARG_F64, "high_freq_factor", NULL, 0, 4},
+                    {TK_ARG_TENSOR, "ext_factors", &ext.t, 0, 0}};
+    EXPECT_INVALID("rope_cos_sin_cache", a, 13,
+                   "rope_cos_sin_cache: 'ext_factors' is given, but only longrope scaling (5) takes it; 'scaling' is "
+                   "1 (linear)");
+    host_free(&out);
+    host_free(&ext);
+    host_free(&ext3);
+}
+
 /* ---- ALiBi ------------------------------------------------------------------------------------ */
 
 /* Press et al.'s get_slopes, recursively, in float64. */
@@ -802,13 +942,6 @@ static void test_empty(void)
     host_free(&sl);
 }
 
-#define EXPECT_INVALID(op, args, n, msg)                                                               \
-    do {                                                                                               \
-        tk_op_call c_;                                                                                 \
-        CHECK_RC(tk_ops__prepare(&c_, op, args, n), TK_ERR_INVALID);                                   \
-        CHECK_CONTAINS(tk_last_error(), msg);                                                          \
-    } while (0)
-
 static void test_validation_rotary(void)
 {
     int64_t p4 = 4, p3 = 3, q[3] = {4, 8, 64}, kk[3] = {4, 2, 64}, k32[3] = {4, 2, 32}, c[2] = {100, 64},
@@ -917,9 +1050,10 @@ static void test_validation_tables(void)
     tk_op_call call;
     CHECK_RC(tk_ops__prepare(&call, op, a, 12), TK_OK);
     a[2].i = 5;
+    a[2].i = 6;
     EXPECT_INVALID(op, a, 12,
-                   "rope_cos_sin_cache: 'scaling' is 5, want 0 (none), 1 (linear), 2 (dynamic), 3 (yarn) or "
-                   "4 (llama3)");
+                   "rope_cos_sin_cache: 'scaling' is 6, want 0 (none), 1 (linear), 2 (dynamic), 3 (yarn), 4 (llama3) "
+                   "or 5 (longrope)");
     a[2].i = 0;
     a[1].f = 0;
     EXPECT_INVALID(op, a, 12, "rope_cos_sin_cache: 'base' is 0, want a finite value > 0 (rope_theta)");
@@ -1002,6 +1136,7 @@ int main(void)
     RUN(test_rotary_bad_position);
     RUN(test_cache_formulas);
     RUN(test_cache_known_values);
+    RUN(test_cache_longrope);
     RUN(test_alibi_slopes);
     RUN(test_alibi_bias);
     RUN(test_sinusoidal);

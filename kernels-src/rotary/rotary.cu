@@ -36,7 +36,7 @@ using namespace tk; // to_f32, from_f32, Vec, Pack, aligned16 (<tk/device.cuh>)
 #define TK_ROT_PI 3.14159265358979323846
 
 // rope_cos_sin_cache's 'scaling' values (ops/rotary.c uses the same numbers).
-enum { SCALE_NONE = 0, SCALE_LINEAR = 1, SCALE_DYNAMIC = 2, SCALE_YARN = 3, SCALE_LLAMA3 = 4 };
+enum { SCALE_NONE = 0, SCALE_LINEAR = 1, SCALE_DYNAMIC = 2, SCALE_YARN = 3, SCALE_LLAMA3 = 4, SCALE_LONGROPE = 5 };
 
 // (x1, x2) -> (x1 cos - x2 sin, x2 cos + x1 sin), each operation rounded (no contraction).
 __device__ __forceinline__ void rot2(float &x1, float &x2, float c, float s)
@@ -108,7 +108,7 @@ __device__ __forceinline__ void rotate_heads(T *x, // (heads, D) T of one token
 // modeling_rope_utils formulas (see ops/rotary.c, rope_inv_freq, which is the same code on the CPU).
 __device__ __forceinline__ double inv_freq(int scaling, tk_i64 i, tk_i64 dim, double base, double factor,
                                            tk_i64 omax, tk_i64 seq_len, double beta_fast, double beta_slow,
-                                           int truncate, double low_ff, double high_ff)
+                                           int truncate, double low_ff, double high_ff, const float *ext)
 {
     const double e = (double)(2 * i) / (double)dim; // arange(0, dim, 2) / dim
     switch (scaling) {
@@ -151,6 +151,8 @@ __device__ __forceinline__ double inv_freq(int scaling, tk_i64 i, tk_i64 dim, do
         const double smooth = (ctx / wl - low_ff) / (high_ff - low_ff);
         return (1.0 - smooth) * inv / factor + smooth * inv;
     }
+    case SCALE_LONGROPE: // _compute_longrope_parameters: 1 / (ext_factors * base ** e)
+        return 1.0 / ((double)ext[i] * pow(base, e));
     default: // _compute_default_rope_parameters
         return 1.0 / pow(base, e);
     }
@@ -240,7 +242,9 @@ __global__ void __launch_bounds__(256) tk_rope_cos_sin_cache(T *out, // (max_pos
                                                              tk_i64 original_max_position_embeddings, tk_i64 seq_len,
                                                              double beta_fast, double beta_slow, int truncate,
                                                              double attention_factor, double low_freq_factor,
-                                                             double high_freq_factor, tk_i64 max_pos, tk_i64 rot_dim)
+                                                             double high_freq_factor,
+                                                             const float *__restrict__ ext_factors, // (rot_dim / 2,) or null
+                                                             tk_i64 max_pos, tk_i64 rot_dim)
 {
     using namespace tk_rot;
     extern __shared__ double inv[]; // (rot_dim / 2,) f64
@@ -248,12 +252,15 @@ __global__ void __launch_bounds__(256) tk_rope_cos_sin_cache(T *out, // (max_pos
     const tk_i64 sl = seq_len ? seq_len : max_pos;
     for (int i = threadIdx.x; i < half; i += blockDim.x)
         inv[i] = inv_freq(scaling, i, rot_dim, base, factor, original_max_position_embeddings, sl, beta_fast,
-                          beta_slow, truncate, low_freq_factor, high_freq_factor);
+                          beta_slow, truncate, low_freq_factor, high_freq_factor, ext_factors);
     __syncthreads();
-    // attention_factor > 0 wins; else YaRN's get_mscale(factor) = 0.1 ln(factor) + 1 (factor > 1); else 1
-    const double mscale = attention_factor > 0                    ? attention_factor
-                          : (scaling == SCALE_YARN && factor > 1) ? 0.1 * log(factor) + 1.0
-                                                                  : 1.0;
+    // attention_factor > 0 wins; else YaRN's get_mscale(factor) = 0.1 ln(factor) + 1 (factor > 1); else
+    // LongRoPE's sqrt(1 + ln(factor) / ln(original_max_position_embeddings)) (factor > 1); else 1
+    const double mscale =
+        attention_factor > 0                        ? attention_factor
+        : (scaling == SCALE_YARN && factor > 1)     ? 0.1 * log(factor) + 1.0
+        : (scaling == SCALE_LONGROPE && factor > 1) ? sqrt(1.0 + log(factor) / log((double)original_max_position_embeddings))
+                                                    : 1.0;
     const tk_i64 p0 = (tk_i64)blockIdx.x * CACHE_ROWS;
     const int rows = (int)(max_pos - p0 < CACHE_ROWS ? max_pos - p0 : CACHE_ROWS);
     for (int it = threadIdx.x; it < rows * half; it += blockDim.x) {

@@ -74,8 +74,9 @@ t_match_gemma2_bf16() { match gemma2_bf16; }
 
 # Greedy and beam generation on the Llama decoder's variations (make_tiny.py's checkpoints), token for
 # token against transformers' generate() (tests/models/gen_oracle.py, one process for every job):
-# the KV-cache path, with its sliding windows (Gemma 2's layer 0), softcap and NoPE layers.
-NEW_FAMILIES="qwen3 olmo2 granite smollm3 gemma gemma2 gemma3 phi3"
+# the KV-cache path, with its sliding windows (Gemma 2's layer 0), softcap, NoPE layers and LongRoPE's
+# switch from short to long factors in the middle of a generation (Phi-3 LongRoPE: position 10).
+NEW_FAMILIES="qwen3 olmo2 granite smollm3 gemma gemma2 gemma3 phi3 phi3-longrope"
 MOE_FAMILIES="mixtral qwen2_moe qwen3_moe qwen3_moe-fused"
 GEN_JOBS="5,17,99,3,250 max_new_tokens=12
 5,17,99 max_new_tokens=10 num_beams=3"
@@ -115,6 +116,8 @@ t_match_gemma3_two_ropes_f32() { match gemma3_two_ropes_f32; }
 t_match_gemma3_bf16() { match gemma3_bf16; }
 t_match_phi3_fused_partial_rotary_f32() { match phi3_fused_partial_rotary_f32; }
 t_match_phi3_bf16() { match phi3_bf16; }
+t_match_phi3_longrope_f32() { match phi3_longrope_f32; }
+t_match_phi3_longrope_bf16() { match phi3_longrope_bf16; }
 t_match_mixtral_moe_sliding_f32() { match mixtral_moe_sliding_f32; }
 t_match_mixtral_bf16() { match mixtral_bf16; }
 t_match_qwen2_moe_shared_expert_f32() { match qwen2_moe_shared_expert_f32; }
@@ -204,7 +207,7 @@ missing_tensor|2|tensor 'model.layers.1.mlp.down_proj.weight' is missing
 wrong_shape|2|'model.norm.weight' has shape [8, 4], want [32]
 unknown_arch|8|architecture 'FalconForCausalLM' is not supported
 bad_act|8|'hidden_act' is 'relu'
-bad_rope|8|'rope_parameters.rope_type' is 'longrope'
+bad_rope|8|'rope_parameters.rope_type' is 'proportional'
 shard_escape|5|not a .safetensors file in the directory
 CASES
   expect_rc 8 "$TK" model info "$WORK/bad-unknown_arch"

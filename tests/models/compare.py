@@ -43,7 +43,8 @@ def tk_logits(d, seqs, dtype):
 def hf_model(d, arch, dtype=torch.float32):
     import transformers
     cls = getattr(transformers, arch)
-    return cls.from_pretrained(d, dtype=dtype).eval()
+    # eager: the default is version-dependent, and sdpa drops Gemma 2's attention softcap
+    return cls.from_pretrained(d, dtype=dtype, attn_implementation="eager").eval()
 
 
 def hf_run(m, arch, ids):
@@ -173,6 +174,9 @@ def main():
     case("gemma3_bf16", os.path.join(TINY, "gemma3"), [p12], "bf16")
     case("phi3_fused_partial_rotary_f32", os.path.join(TINY, "phi3"), [p12, p20])
     case("phi3_bf16", os.path.join(TINY, "phi3"), [p12], "bf16")
+    # LongRoPE: 7 tokens take short_factor, 12 and 20 (past original_max_position_embeddings 10) long_factor
+    case("phi3_longrope_f32", os.path.join(TINY, "phi3-longrope"), [p7, p12, p20])
+    case("phi3_longrope_bf16", os.path.join(TINY, "phi3-longrope"), [p7, p20], "bf16")
     case("mixtral_moe_sliding_f32", os.path.join(TINY, "mixtral"), [p12, p20])
     case("mixtral_bf16", os.path.join(TINY, "mixtral"), [p12], "bf16")
     case("qwen2_moe_shared_expert_f32", os.path.join(TINY, "qwen2_moe"), [p12, p7])

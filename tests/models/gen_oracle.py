@@ -113,7 +113,8 @@ def parse_value(v):
 
 def load(d):
     from transformers import AutoModelForCausalLM
-    model = AutoModelForCausalLM.from_pretrained(d, dtype=torch.float32)
+    # eager: the default is version-dependent, and sdpa drops Gemma 2's attention softcap
+    model = AutoModelForCausalLM.from_pretrained(d, dtype=torch.float32, attn_implementation="eager")
     return model.eval()
 
 

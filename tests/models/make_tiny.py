@@ -14,7 +14,7 @@ variations: Qwen3 (q/k norms per head, tied), OLMo2 (post-norms, q/k norms over 
 scale, GeGLU), Gemma 2 (pre- and post-norms, a sliding layer and a global one, query_pre_attn_scalar, an
 attention softcap and a final logit softcap low enough to bite), Gemma 3 text (q/k norms, two RoPEs: linear-
 scaled global, local), Phi-3 (fused qkv_proj and gate_up_proj, partial rotary, a sliding window on every
-layer); and the mixtures of experts: Mixtral (4 experts, top 2, a sliding window), Qwen2-MoE (a shared
+layer), Phi-3 with LongRoPE (short and long factors, the attention factor); and the mixtures of experts: Mixtral (4 experts, top 2, a sliding window), Qwen2-MoE (a shared
 expert with its gate, a dense layer from mlp_only_layers, norm_topk_prob off), Qwen3-MoE (8 experts, top 3,
 norm_topk_prob on, decoder_sparse_step 2), and Qwen3-MoE again with transformers 5's fused expert tensors
 (mlp.experts.gate_up_proj / down_proj, as the model holds them in memory) instead of the per-expert ones
@@ -116,6 +116,15 @@ def main():
                          "sliding_attention": {"rope_type": "default", "rope_theta": 10000.0}}))), 16)
     save("phi3", Phi3ForCausalLM(Phi3Config(**llama_cfg(partial_rotary_factor=0.5, sliding_window=5,
                                                          pad_token_id=None, bos_token_id=1, eos_token_id=2))), 17)
+    # LongRoPE (Phi-3.5, Phi-4-mini): 6 factors for 12 rotary dims (partial_rotary_factor 0.75 of 16);
+    # original_max_position_embeddings 10 of 256, so a 7-token sequence takes short_factor, 12 and 20
+    # take long_factor (and generation crosses from one to the other), and the attention factor
+    # sqrt(1 + ln(25.6) / ln(10)) scales cos and sin.
+    save("phi3-longrope", Phi3ForCausalLM(Phi3Config(**llama_cfg(
+        head_dim=16, partial_rotary_factor=0.75, pad_token_id=None, bos_token_id=1, eos_token_id=2,
+        original_max_position_embeddings=10,
+        rope_scaling={"type": "longrope", "short_factor": [1.0, 1.02, 1.1, 1.25, 1.5, 1.9],
+                      "long_factor": [1.0, 1.3, 2.1, 3.7, 5.2, 9.0]}))), 23)
     save("mixtral", MixtralForCausalLM(MixtralConfig(**llama_cfg(
         intermediate_size=48, num_local_experts=4, num_experts_per_tok=2, sliding_window=5))), 18)
     # (seed 22: with 19, two experts' router logits at one position are equal in bf16, and which of them

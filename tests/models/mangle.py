@@ -15,7 +15,7 @@
   wrong_shape     model.norm.weight has the wrong length
   unknown_arch    architectures = ["FalconForCausalLM"]
   bad_act         hidden_act = "relu"
-  bad_rope        rope_parameters.rope_type = "longrope"
+  bad_rope        rope_parameters.rope_type = "proportional"
   shard_escape    a sharded index naming "../model.safetensors"
 """
 import json
@@ -115,7 +115,7 @@ def mangle(kind, src, dst):
     elif kind == "bad_act":
         cfg["hidden_act"] = "relu"
     elif kind == "bad_rope":
-        cfg["rope_parameters"]["rope_type"] = "longrope"
+        cfg["rope_parameters"]["rope_type"] = "proportional"
     elif kind == "shard_escape":
         os.remove(st)
         idx = {"metadata": {}, "weight_map": {k: "../model.safetensors" for k in header if k != "__metadata__"}}
