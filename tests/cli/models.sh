@@ -118,6 +118,26 @@ t_match_phi3_fused_partial_rotary_f32() { match phi3_fused_partial_rotary_f32; }
 t_match_phi3_bf16() { match phi3_bf16; }
 t_match_phi3_longrope_f32() { match phi3_longrope_f32; }
 t_match_phi3_longrope_bf16() { match phi3_longrope_bf16; }
+# LongRoPE picks short or long factors per sequence: a 3-token prompt crossing original length 10 while
+# it generates gives the same tokens alone, batched with a 12-token (long) prompt, and with the full
+# recompute instead of the KV cache (which reruns the sequence when it crosses).
+t_longrope_each_sequence_alone() {
+  compare_once
+  if grep -q "^no venv" "$RESULTS"; then
+    [ -n "${CI:-}" ] && { fail "the test venv is missing ($PY): run scripts/setup.sh --test"; return; }
+    skip "no test venv ($PY); run scripts/setup.sh --test"; return
+  fi
+  local d=$B/tiny-models/phi3-longrope
+  local alone batched nocache
+  alone=$("$TK" --json generate "$d" --ids 5,17,99 --max-new-tokens 10 | python3 -c 'import json,sys; print(json.load(sys.stdin)["ids"])')
+  batched=$("$TK" --json generate "$d" --ids 5,17,99 --ids 5,17,99,3,250,7,8,9,10,11,12,13 --max-new-tokens 10 |
+    python3 -c 'import json,sys; print(json.load(sys.stdin)[0]["ids"])')
+  nocache=$("$TK" --json generate "$d" --ids 5,17,99 --max-new-tokens 10 --no-cache |
+    python3 -c 'import json,sys; print(json.load(sys.stdin)["ids"])')
+  [ -n "$alone" ] && [ "$alone" = "$batched" ] && [ "$alone" = "$nocache" ] ||
+    fail "alone $alone, batched with a long prompt $batched, without the KV cache $nocache"
+  echo "    $alone (alone = batched = full recompute)"
+}
 t_match_mixtral_moe_sliding_f32() { match mixtral_moe_sliding_f32; }
 t_match_mixtral_bf16() { match mixtral_bf16; }
 t_match_qwen2_moe_shared_expert_f32() { match qwen2_moe_shared_expert_f32; }
