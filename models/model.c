@@ -907,6 +907,20 @@ int tk_model_info_json(char **out, const tk_model *m)
         json_object_set_new(o, "pooling", json_string(pools[m->pool_mode]));
         json_object_set_new(o, "normalize", json_boolean(m->normalize));
     }
+    if (c->experts > 0) { /* mixture of experts: the moe op's layers */
+        int64_t sparse = 0;
+        for (int64_t l = 0; l < c->layers; l++)
+            sparse += c->moe[l];
+        json_object_set_new(o, "experts", json_integer((json_int_t)c->experts));
+        json_object_set_new(o, "experts_per_token", json_integer((json_int_t)c->experts_topk));
+        json_object_set_new(o, "moe_intermediate_size", json_integer((json_int_t)c->moe_intermediate));
+        json_object_set_new(o, "shared_expert_intermediate_size", json_integer((json_int_t)c->shared_intermediate));
+        json_object_set_new(o, "sparse_layers", json_integer((json_int_t)sparse));
+        json_object_set_new(o, "norm_topk_prob", json_boolean(c->moe_norm_topk));
+    }
+    if ((c->def->caps & TK_ARCH_ROPE) && c->rope.original_max_pos > 0 && c->rope.type != TK_ROPE_DEFAULT &&
+        c->rope.type != TK_ROPE_LINEAR)
+        json_object_set_new(o, "rope_original_max_positions", json_integer((json_int_t)c->rope.original_max_pos));
     json_object_set_new(o, "generation_config", json_boolean(c->generation_json != NULL));
     *out = json_dumps(o, JSON_INDENT(2) | JSON_PRESERVE_ORDER | JSON_REAL_PRECISION(9));
     json_decref(o);

@@ -138,6 +138,33 @@ t_longrope_each_sequence_alone() {
     fail "alone $alone, batched with a long prompt $batched, without the KV cache $nocache"
   echo "    $alone (alone = batched = full recompute)"
 }
+# tk model info --json shows a mixture of experts' shape and LongRoPE's original length, as config.json
+# (written by transformers) has them.
+t_model_info_experts_and_longrope() {
+  compare_once
+  if grep -q "^no venv" "$RESULTS"; then
+    [ -n "${CI:-}" ] && { fail "the test venv is missing ($PY): run scripts/setup.sh --test"; return; }
+    skip "no test venv ($PY); run scripts/setup.sh --test"; return
+  fi
+  local t=$B/tiny-models
+  "$TK" --json model info "$t/qwen2_moe" | python3 -c '
+import json, sys
+i = json.load(sys.stdin); c = json.load(open(sys.argv[1]))
+want = {"experts": c["num_experts"], "experts_per_token": c["num_experts_per_tok"],
+        "moe_intermediate_size": c["moe_intermediate_size"],
+        "shared_expert_intermediate_size": c["shared_expert_intermediate_size"],
+        "sparse_layers": c["num_hidden_layers"] - len(c["mlp_only_layers"]), "norm_topk_prob": c["norm_topk_prob"]}
+got = {k: i.get(k) for k in want}
+assert got == want, (got, want)
+print("    qwen2_moe:", got)' "$t/qwen2_moe/config.json" || fail "tk model info on qwen2_moe"
+  "$TK" --json model info "$t/phi3-longrope" | python3 -c '
+import json, sys
+i = json.load(sys.stdin); c = json.load(open(sys.argv[1]))
+assert i["rope_type"] == "longrope" and i["rope_original_max_positions"] == c["original_max_position_embeddings"], i
+assert "experts" not in i, i
+print("    phi3-longrope: rope_type longrope, original", i["rope_original_max_positions"])' \
+    "$t/phi3-longrope/config.json" || fail "tk model info on phi3-longrope"
+}
 t_match_mixtral_moe_sliding_f32() { match mixtral_moe_sliding_f32; }
 t_match_mixtral_bf16() { match mixtral_bf16; }
 t_match_qwen2_moe_shared_expert_f32() { match qwen2_moe_shared_expert_f32; }
