@@ -37,6 +37,9 @@ static int common(tk_models_config *c, const tk_models_reader *r, const char *ac
         snprintf(c->act, sizeof c->act, "gelu_pytorch_tanh");
     c->norm_offset = 1.0;
     c->embed_scale = sqrt((double)c->hidden);
+    /* Gemma: torch.tensor(hidden_size ** 0.5, dtype=hidden_states.dtype); Gemma 3:
+     * embed_scale.to(weight.dtype) */
+    c->embed_scale_rounded = 1;
     return TK_OK;
 }
 

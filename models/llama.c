@@ -266,7 +266,15 @@ static int load(tk_model *m)
     double no = c->norm_offset, rs = c->residual_scale;
     int64_t qn1[1] = {c->qk_norm == TK_QKNORM_PROJ ? Q : D}, kn1[1] = {c->qk_norm == TK_QKNORM_PROJ ? KV : D};
     int rc;
-    if ((rc = tk_models__weight_xf(&s->embed, m, "model.embed_tokens.weight", 2, vh, c->embed_scale, 0, 0, 1)) ||
+    double es = c->embed_scale;
+    if (c->embed_scale_rounded) { /* the scale in the compute dtype, then one rounding of the product */
+        float f = (float)es;
+        uint16_t lo[2];
+        tk_models__from_f32(lo, &f, 1, m->dtype);
+        tk_models__dtype_to_f32(&f, lo, 1, m->dtype);
+        es = f;
+    }
+    if ((rc = tk_models__weight_xf(&s->embed, m, "model.embed_tokens.weight", 2, vh, es, 0, 0, 1)) ||
         (rc = tk_models__weight_xf(&s->norm, m, "model.norm.weight", 1, h1, 1, no, 0, 1)))
         return rc;
     tk_models__mark_embedding(s->embed);

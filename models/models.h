@@ -127,6 +127,8 @@ typedef struct {
                              * (OLMo2, Gemma 2/3) */
     double norm_offset;     /* RMSNorm scales by (offset + w): Gemma's 1 */
     double embed_scale;     /* embeddings times this: Gemma's sqrt(hidden), Granite's embedding_multiplier */
+    int embed_scale_rounded; /* 1: embed_scale rounded to the compute dtype first (Gemma's normalizer is a
+                              * tensor of the activations' dtype: bf16(sqrt(2048)) = 45.25) */
     double residual_scale;  /* each block's output times this before the residual add (Granite) */
     double attn_scale;      /* attention's score scale; 0: 1/sqrt(head_dim) */
     double logit_scale;     /* logits times this (Granite: 1 / logits_scaling) */
