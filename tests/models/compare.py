@@ -43,8 +43,11 @@ def tk_logits(d, seqs, dtype):
 def hf_model(d, arch, dtype=torch.float32):
     import transformers
     cls = getattr(transformers, arch)
-    # eager: the default is version-dependent, and sdpa drops Gemma 2's attention softcap
-    return cls.from_pretrained(d, dtype=dtype, attn_implementation="eager").eval()
+    # eager for an attention softcap (Gemma 2): some transformers versions default it to sdpa, which drops
+    # the softcap; the others keep the default (their bf16 tolerance is measured against it)
+    cfg = json.load(open(os.path.join(d, "config.json")))
+    kw = {"attn_implementation": "eager"} if cfg.get("attn_logit_softcapping") else {}
+    return cls.from_pretrained(d, dtype=dtype, **kw).eval()
 
 
 def hf_run(m, arch, ids):

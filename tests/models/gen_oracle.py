@@ -30,6 +30,7 @@ tests/cli/generate.sh run it; never tk).
       The model's logits at every position of IDS as JSON rows (for the cache tests).
 """
 import json
+import os
 import sys
 
 import torch
@@ -113,8 +114,11 @@ def parse_value(v):
 
 def load(d):
     from transformers import AutoModelForCausalLM
-    # eager: the default is version-dependent, and sdpa drops Gemma 2's attention softcap
-    model = AutoModelForCausalLM.from_pretrained(d, dtype=torch.float32, attn_implementation="eager")
+    # eager for an attention softcap (Gemma 2): some transformers versions default it to sdpa, which drops
+    # the softcap
+    cfg = json.load(open(os.path.join(d, "config.json")))
+    kw = {"attn_implementation": "eager"} if cfg.get("attn_logit_softcapping") else {}
+    model = AutoModelForCausalLM.from_pretrained(d, dtype=torch.float32, **kw)
     return model.eval()
 
 
