@@ -412,9 +412,23 @@ static int make_opts(struct tk_model_server *s, tk_serve_req *r, tk_oa_err *e)
                                  "This model's maximum context length is %lld tokens. However, your %s has %zu tokens, "
                                  "leaving no room for the completion. Please reduce the length of the %s.",
                                  (long long)s->ctx_len, what, longest, what);
+    const char *dparam = p->steps ? "steps" : p->block_length ? "block_length" : p->cfg_scale ? "cfg_scale"
+                         : p->remasking >= 0 ? "remasking" : p->alg[0] ? "alg" : NULL;
+    if (!s->diffusion && dparam)
+        return tk_serve__oa_errf(e, 400, "invalid_request_error", "invalid_value", dparam,
+                                 "'%s' applies to a masked diffusion model (LLaDA, Dream); %s generates token by "
+                                 "token", dparam, s->name);
+    if (s->diffusion && p->logprobs)
+        return tk_serve__oa_errf(e, 400, "invalid_request_error", "invalid_value", "logprobs",
+                                 "logprobs are not available from a masked diffusion model (%s): its tokens are "
+                                 "unmasked in parallel, not sampled one after another",
+                                 s->diffusion == TK_DIFF_DREAM ? "Dream" : "LLaDA");
+    /* without max_tokens: the rest of the context for a chat, 16 tokens for a completion (OpenAI's);
+     * a masked diffusion model denoises every position each step, so a chat gets 128 (LLaDA's) */
+    int64_t room = s->ctx_len - (int64_t)longest, chat_default = s->diffusion && room > 128 ? 128 : room;
     int64_t want = p->has_max_tokens ? p->max_tokens
-                   : p->kind == TK_OA_CHAT ? s->ctx_len - (int64_t)longest
-                                           : (16 < s->ctx_len - (int64_t)longest ? 16 : s->ctx_len - (int64_t)longest);
+                   : p->kind == TK_OA_CHAT ? chat_default
+                                           : (16 < room ? 16 : room);
     if ((int64_t)longest + want > s->ctx_len)
         return tk_serve__oa_errf(e, 400, "invalid_request_error", "context_length_exceeded", "max_tokens",
                                  "This model's maximum context length is %lld tokens. However, you requested %lld "

@@ -97,7 +97,8 @@ struct tk_model_server {
      * state is SRV_READY) */
     tk_model *m;
     const tk_tokenizer *tok;
-    tk_gen_batch *b;
+    tk_gen_batch *b;      /* NULL for a masked diffusion model */
+    int diffusion;        /* tk_model_diffusion: TK_DIFF_LLADA or TK_DIFF_DREAM, one request at a time */
     tk_gen_opts base;     /* generation_config.json's defaults */
     int64_t ctx_len;      /* the context a sequence may use */
     int64_t vocab;

@@ -106,6 +106,33 @@ static int get_bool(json_t *o, const char *key, int *out, tk_oa_err *e)
     return 0;
 }
 
+/* The diffusion extensions that are names: remasking (LLaDA) and alg (Dream). */
+static int parse_diffusion_names(tk_oa_req *r, json_t *o, tk_oa_err *e)
+{
+    r->remasking = -1;
+    json_t *v = get(o, "remasking");
+    if (v) {
+        const char *t = json_string_value(v);
+        if (!t)
+            return BADTYPE("remasking", "a string");
+        if (strcmp(t, "low_confidence") && strcmp(t, "random"))
+            return BAD("remasking", "'remasking' is '%.40s', want 'low_confidence' or 'random'", t);
+        r->remasking = !strcmp(t, "random");
+    }
+    if ((v = get(o, "alg"))) {
+        static const char *const algs[] = {"origin", "maskgit_plus", "topk_margin", "entropy"};
+        const char *t = json_string_value(v);
+        if (!t)
+            return BADTYPE("alg", "a string");
+        for (size_t i = 0; i < sizeof algs / sizeof algs[0]; i++)
+            if (!strcmp(t, algs[i]))
+                snprintf(r->alg, sizeof r->alg, "%s", algs[i]);
+        if (!r->alg[0])
+            return BAD("alg", "'alg' is '%.40s', want 'origin', 'maskgit_plus', 'topk_margin' or 'entropy'", t);
+    }
+    return 0;
+}
+
 static int nomem(tk_oa_err *e)
 {
     return tk_serve__oa_errf(e, 500, "server_error", "out_of_memory", NULL, "the server is out of memory");
@@ -358,7 +385,10 @@ int tk_serve__oa_parse(tk_oa_req *r, int kind, const char *body, size_t len, tk_
         get_num(o, "frequency_penalty", -2, 2, NULL, &r->frequency_penalty, e) ||
         get_int(o, "seed", INT64_MIN, INT64_MAX, &r->has_seed, &r->seed, e) ||
         get_int(o, "n", 1, TK_OA_MAX_N, NULL, &r->n, e) || get_bool(o, "stream", &r->stream, e) ||
-        get_bool(o, "ignore_eos", &r->ignore_eos, e) || parse_stop(r, o, e))
+        get_bool(o, "ignore_eos", &r->ignore_eos, e) || parse_stop(r, o, e) ||
+        get_int(o, "steps", 1, INT32_MAX, NULL, &r->steps, e) ||
+        get_int(o, "block_length", 1, INT32_MAX, NULL, &r->block_length, e) ||
+        get_num(o, "cfg_scale", 0, 1e6, NULL, &r->cfg_scale, e) || parse_diffusion_names(r, o, e))
         goto done;
     if (r->has_top_p && r->top_p == 0) {
         BAD("top_p", "'top_p' is 0, want a number above 0 and at most 1");

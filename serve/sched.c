@@ -487,6 +487,136 @@ static void cut_all(struct tk_model_server *s)
     }
 }
 
+/* ---- masked diffusion (LLaDA, Dream): one request at a time ------------------------------------ */
+
+typedef struct {
+    struct tk_model_server *s;
+    tk_serve_req *r;
+    size_t k;     /* the choice being generated */
+    int stopped;  /* a stop string appeared in the finished blocks */
+} diff_job;
+
+/* Streams choice k's text to upto, holding back what may begin a stop string (under mu). */
+static void diff_stream(tk_serve_req *r, size_t k, int final)
+{
+    tk_serve_choice *c = &r->ch[k];
+    size_t upto = c->text.len;
+    if (!final)
+        upto -= tk_serve__stop_holdback(c->text.data ? c->text.data : "", c->text.len, r->p.stop, r->p.nstop);
+    if (upto < c->sent)
+        upto = c->sent;
+    sse_choice(r, k, c->text.data ? c->text.data + c->sent : "", upto - c->sent, final);
+    c->sent = upto;
+    tk_serve__wake(r);
+}
+
+/* tk_diff_opts.on_step: a finished block's text streams (as tk generate --diffusion prints it); a
+ * client gone, the drain's end or a stop string in the finished text stops the sampler. */
+static int diff_on_step(void *user, const tk_diff_step *st)
+{
+    diff_job *j = user;
+    struct tk_model_server *s = j->s;
+    tk_serve_req *r = j->r;
+    int stop = 0;
+    pthread_mutex_lock(&s->mu);
+    if (client_gone(r) || (s->state == SRV_DRAINING && tk__now_ms() > s->drain_deadline)) {
+        stop = 1;
+    } else if (st->block_done && (r->p.stream || r->p.nstop)) {
+        size_t end = st->prompt_len + (size_t)(st->block + 1) * ((st->len - st->prompt_len) / (size_t)st->blocks);
+        char *t = NULL;
+        tk_serve_choice *c = &r->ch[j->k];
+        if (tk_tokenizer_decode(&t, s->tok, st->canvas + st->prompt_len, end - st->prompt_len, 1) == TK_OK) {
+            size_t len = strlen(t);
+            /* a character whose bytes continue in the next block decodes as U+FFFD for now: held back */
+            while (st->block + 1 < st->blocks && len >= 3 && !memcmp(t + len - 3, "\xef\xbf\xbd", 3))
+                len -= 3;
+            if (len > c->text.len && !memcmp(t, c->text.data ? c->text.data : "", c->text.len))
+                tk__buf_append(&c->text, t + c->text.len, len - c->text.len);
+        }
+        tk_free(t);
+        if (r->p.nstop && tk_serve__stop_find(c->text.data ? c->text.data : "", r->p.stop, r->p.nstop) != (size_t)-1)
+            stop = j->stopped = 1; /* the rest cannot change the answer */
+        else if (r->p.stream)
+            diff_stream(r, j->k, 0);
+    }
+    pthread_mutex_unlock(&s->mu);
+    return stop;
+}
+
+/* Runs request r's choices one after another with tk_diffusion_generate and answers it. */
+static void diff_run(struct tk_model_server *s, tk_serve_req *r)
+{
+    int status = 200;
+    char msg[512] = "";
+    for (size_t k = 0; k < r->nchoice && status == 200; k++) {
+        tk_serve_choice *c = &r->ch[k];
+        diff_job j = {s, r, k, 0};
+        tk_diff_opts o = TK_DIFF_OPTS_INIT;
+        o.gen_length = r->go.max_new_tokens;
+        o.temperature = r->go.do_sample ? r->go.temperature : 0.0;
+        o.seed = r->go.seed + k;
+        o.steps = r->p.steps;
+        o.block_length = r->p.block_length;
+        o.cfg_scale = r->p.cfg_scale;
+        if (r->p.remasking >= 0)
+            o.remasking = r->p.remasking;
+        if (r->p.alg[0])
+            o.alg = r->p.alg;
+        if (r->go.top_p < 1)
+            o.top_p = r->go.top_p;
+        o.top_k = r->go.top_k;
+        o.on_step = diff_on_step;
+        o.step_user = &j;
+        tk_diff_result *res = NULL;
+        int rc = tk_diffusion_generate(&res, s->m, r->pids[c->prompt], r->plen[c->prompt], &o);
+        pthread_mutex_lock(&s->mu);
+        if (rc != TK_OK) {
+            status = rc == TK_ERR_INVALID ? 400 : 500;
+            snprintf(msg, sizeof msg, "%s", tk_last_error());
+        } else if (r->gone) {
+            status = 499;
+            snprintf(msg, sizeof msg, "the client went away");
+        } else {
+            if (!r->t_first)
+                r->t_first = tk__now_ms();
+            size_t n = 0;
+            const int32_t *ids = tk_diff_result_ids(res, &n);
+            const char *text = tk_diff_result_text(res);
+            c->text.len = 0; /* the whole answer, as LLaDA's reference decodes it: special tokens skipped */
+            tk__buf_puts(&c->text, text ? text : "");
+            c->ntok = (int64_t)n;
+            s->gen_tokens += (int64_t)n;
+            int eos = 0;
+            for (size_t i = 0; i < n && !r->p.ignore_eos; i++)
+                for (size_t e = 0; e < r->go.n_eos; e++)
+                    eos |= ids[i] == r->go.eos_token_id[e];
+            c->finish = eos ? "stop" : "length";
+            size_t cut = r->p.nstop ? tk_serve__stop_find(c->text.data ? c->text.data : "", r->p.stop, r->p.nstop)
+                                    : (size_t)-1;
+            if (cut != (size_t)-1) {
+                c->text.len = cut;
+                c->text.data[cut] = '\0';
+                c->finish = "stop";
+            }
+            if (c->sent > c->text.len) /* streamed text the final decoding does not begin with: keep it */
+                c->sent = c->text.len;
+            r->nfinished++;
+            if (r->p.stream)
+                diff_stream(r, k, 1);
+        }
+        pthread_mutex_unlock(&s->mu);
+        tk_diff_result_free(res);
+    }
+    pthread_mutex_lock(&s->mu);
+    finish_req(s, r, status, msg);
+    for (size_t i = 0; i < s->nact; i++)
+        if (s->act[i] == r) {
+            remove_active(s, i);
+            break;
+        }
+    pthread_mutex_unlock(&s->mu);
+}
+
 static int load(struct tk_model_server *s)
 {
     tk_model_opts mo = TK_MODEL_OPTS_INIT;
@@ -520,6 +650,8 @@ static int load(struct tk_model_server *s)
                        (long long)s->o.ctx_size, (long long)max_pos);
     s->ctx_len = s->o.ctx_size > 0 ? s->o.ctx_size : max_pos;
     s->vocab = tk_model_vocab_size(s->m);
+    if ((s->diffusion = tk_model_diffusion(s->m)) != 0)
+        return TK_OK; /* masked diffusion: tk_diffusion_generate per request, no batch */
     tk_gen_batch_opts bo = TK_GEN_BATCH_OPTS_INIT;
     bo.kv_dtype = s->kv_dtype;
     bo.max_step_tokens = s->o.max_step_tokens > 0 ? s->o.max_step_tokens : 512;
@@ -566,7 +698,7 @@ void *tk_serve__sched_main(void *arg)
     struct tk_model_server *s = arg;
     double t0 = tk__now_ms();
     int rc = load(s);
-    if (rc == TK_OK)
+    if (rc == TK_OK && !s->diffusion)
         warm_up(s);
     pthread_mutex_lock(&s->mu);
     if (rc != TK_OK) {
@@ -582,7 +714,8 @@ void *tk_serve__sched_main(void *arg)
     }
     if (s->state == SRV_LOADING)
         s->state = SRV_READY;
-    tk_gen_batch_stats_get(&s->st, s->b);
+    if (s->b)
+        tk_gen_batch_stats_get(&s->st, s->b);
     s->win_t0 = tk__now_ms();
     pthread_mutex_unlock(&s->mu);
     tk_serve__log(s, TK_LOG_INFO, "model %s loaded in %.1f s: ready (context %lld tokens, %u parallel)", s->name,
@@ -600,8 +733,17 @@ void *tk_serve__sched_main(void *arg)
             tk_serve__log(s, TK_LOG_WARN, "stopping: %zu request(s) cut short at the drain's end", s->nact);
             cut_all(s);
         }
-        admit(s);
-        tk_gen_batch_stats_get(&s->st, s->b); /* cancellations change it too */
+        if (s->diffusion) {
+            if (!s->nact && s->nq && !grow((void **)&s->act, &s->capact, 1, sizeof *s->act)) {
+                s->act[s->nact++] = s->queue[0]; /* one request at a time */
+                memmove(s->queue, s->queue + 1, (s->nq - 1) * sizeof *s->queue);
+                s->nq--;
+                s->act[0]->state = RQ_RUNNING;
+            }
+        } else {
+            admit(s);
+            tk_gen_batch_stats_get(&s->st, s->b); /* cancellations change it too */
+        }
         if (s->nact == 0) {
             if (s->stopping) {
                 pthread_mutex_unlock(&s->mu);
@@ -615,6 +757,16 @@ void *tk_serve__sched_main(void *arg)
                 ts.tv_nsec -= 1000000000L;
             }
             pthread_cond_timedwait(&s->cv, &s->mu, &ts);
+            pthread_mutex_unlock(&s->mu);
+            continue;
+        }
+        if (s->diffusion) {
+            tk_serve_req *r = s->act[0];
+            r->refs++; /* held across the unlocked generation */
+            pthread_mutex_unlock(&s->mu);
+            diff_run(s, r);
+            pthread_mutex_lock(&s->mu);
+            tk_serve__req_unref_locked(r);
             pthread_mutex_unlock(&s->mu);
             continue;
         }

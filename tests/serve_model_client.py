@@ -515,6 +515,49 @@ def check_metrics_shape():
     print("metrics: %d series, %s" % (len(m), {k: m[k] for k in need}))
 
 
-{"openai": check_openai, "auth": check_auth, "concurrency": check_concurrency, "bad": check_bad_requests,
+def check_diffusion():
+    """A masked diffusion checkpoint (LLaDA layout): completions equal tk generate --diffusion's text, a
+    stream sends one chunk per finished block and adds up to the same text, the openai client reads it,
+    a stop string cuts the text, and logprobs or a max_tokens that is no multiple of block_length are
+    refused with 400 naming the field."""
+    want = tk_generate("--prompt", "Once upon a time", "--gen-length", "16", "--block-length", "8", "--steps", "8")
+    text = want["text"]
+    body = {"prompt": "Once upon a time", "max_tokens": 16, "block_length": 8, "steps": 8, "temperature": 0}
+    st, r = raw("POST", "/v1/completions", json.dumps(body).encode())
+    if st != 200 or r["choices"][0]["text"] != text or r["usage"]["completion_tokens"] != 16:
+        fail("diffusion completion: %d %s, want the text %r" % (st, r, text))
+    chunks, done = [], False
+    req = urllib.request.Request(URL + "/v1/completions", data=json.dumps(dict(body, stream=True)).encode(),
+                                 method="POST")
+    with urllib.request.urlopen(req, timeout=60) as resp:
+        for line in resp:
+            line = line.decode().strip()
+            if line == "data: [DONE]":
+                done = True
+            elif line.startswith("data: "):
+                chunks.append(json.loads(line[6:])["choices"][0])
+    streamed = "".join(c["text"] for c in chunks)
+    if not done or streamed != text or chunks[-1]["finish_reason"] != r["choices"][0]["finish_reason"] or \
+            len([c for c in chunks if c["text"]]) > 2:
+        fail("diffusion stream: %s (done %s), want %r in at most 2 blocks" % (chunks, done, text))
+    c = client().completions.create(model="llada", prompt="Once upon a time", max_tokens=16, temperature=0,
+                                    extra_body={"block_length": 8, "steps": 8})
+    if c.choices[0].text != text:
+        fail("openai client: %r, want %r" % (c.choices[0].text, text))
+    stop = text[len(text) // 2:len(text) // 2 + 2] if len(text) >= 4 else None
+    if stop:
+        st, r2 = raw("POST", "/v1/completions", json.dumps(dict(body, stop=[stop])).encode())
+        got = r2["choices"][0] if st == 200 else r2
+        if st != 200 or got["text"] != text[:text.index(stop)] or got["finish_reason"] != "stop":
+            fail("diffusion with stop %r: %d %s, want %r" % (stop, st, got, text[:text.index(stop)]))
+    for extra, param in (({"logprobs": 1}, "logprobs"), ({"max_tokens": 15}, None)):
+        st, e = raw("POST", "/v1/completions", json.dumps(dict(body, **extra)).encode())
+        if st != 400 or (param and e["error"]["param"] != param):
+            fail("diffusion %s: %d %s, want 400" % (extra, st, e))
+    print("diffusion: text %r alone, streamed in %d chunks, through the openai client and cut at stop %r; "
+          "logprobs and max_tokens 15 of block 8 refused" % (text, len(chunks), stop))
+
+
+{"diffusion": check_diffusion, "openai": check_openai, "auth": check_auth, "concurrency": check_concurrency, "bad": check_bad_requests,
  "slowloris": check_slowloris, "connections": check_many_connections, "vanish": check_vanish,
  "term": check_streams_then_term, "metrics": check_metrics_shape}[CHECK]()

@@ -132,6 +132,28 @@ t_sigterm_with_20_streams() {
   SRV_PID=
 }
 
+# A masked diffusion checkpoint (tests/models/dllm_oracle.py's LLaDA layout) served: tk_diffusion_generate
+# per request, streamed per finished block; the diffusion fields are refused by an autoregressive model.
+t_diffusion_checkpoint() {
+  need || return
+  local dck=$WORK/dllm
+  if [ ! -f "$dck/llada/config.json" ]; then
+    "$PY" "$ROOT/tests/models/dllm_oracle.py" make "$dck" >"$WORK/dmake.log" 2>&1 || { fail "dllm_oracle.py make: $(tail -n 3 "$WORK/dmake.log")"; return; }
+  fi
+  local ck_ar=$CK
+  CK=$dck/llada
+  start_server || { CK=$ck_ar; return; }
+  client diffusion
+  stop_server
+  CK=$ck_ar
+  start_server || return
+  local st
+  st=$(curl -s -o "$WORK/steps.json" -w '%{http_code}' "$URL/v1/completions" -d '{"prompt": "Once", "max_tokens": 2, "steps": 4}')
+  [ "$st" = 400 ] && grep -q "'steps' applies to a masked diffusion model" "$WORK/steps.json" ||
+    fail "steps on an autoregressive model: $st $(cat "$WORK/steps.json")"
+  stop_server
+}
+
 t_usage_errors() {
   expect_rc 2 "$TK" serve-model
   expect_out "a checkpoint directory"
