@@ -18,7 +18,7 @@
  * (gate rows then up rows of each expert), down is [E, H, I].
  *
  * The experts run grouped: the tokens routed to an expert are gathered and multiplied together with
- * OpenBLAS's cblas_sgemm (fp32 products and accumulation), the expert outputs are added to an fp32
+ * OpenBLAS's cblas_sgemm (cblas_sgemv for up to 4 rows; fp32 products and accumulation), the expert outputs are added to an fp32
  * accumulator in expert order (transformers' index_add_ order), then rounded once to the output dtype.
  *
  * Ties. torch.topk on the CPU selects with std::nth_element (std::partial_sort when k * 64 <= E) and a
@@ -305,9 +305,17 @@ static const float *as_f32(const tk_tensor *t, int64_t off, int64_t n, float *bu
     return buf;
 }
 
-/* Y[m, n] = X[m, k] W[n, k]^T */
+/* Y[m, n] = X[m, k] W[n, k]^T. A few rows (a decode step gives an expert one or two tokens) go through
+ * cblas_sgemv, row by row: sgemm would first pack all of W (bench/families_cpu.sh, Qwen3-MoE decode:
+ * 28% of the time in OpenBLAS's sgemm_incopy) to use it once. */
 static void mm(float *y, const float *x, const float *w, int64_t m, int64_t n, int64_t k)
 {
+    if (m <= 4) {
+        for (int64_t r = 0; r < m; r++)
+            cblas_sgemv(CblasRowMajor, CblasNoTrans, (int)n, (int)k, 1.0f, w, (int)k, x + r * k, 1, 0.0f, y + r * n,
+                        1);
+        return;
+    }
     cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, (int)m, (int)n, (int)k, 1.0f, x, (int)k, w, (int)k, 0.0f,
                 y, (int)n);
 }
