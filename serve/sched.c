@@ -572,7 +572,13 @@ static void diff_run(struct tk_model_server *s, tk_serve_req *r)
         pthread_mutex_lock(&s->mu);
         if (rc != TK_OK) {
             status = rc == TK_ERR_INVALID ? 400 : 500;
+            /* the sampler's words, less the command line's hint; max_tokens is its gen_length */
             snprintf(msg, sizeof msg, "%s", tk_last_error());
+            char *hint = strstr(msg, "\nHINT:");
+            if (hint)
+                *hint = '\0';
+            if (status == 400 && strlen(msg) + 40 < sizeof msg)
+                strcat(msg, " (max_tokens is the gen_length)");
         } else if (r->gone) {
             status = 499;
             snprintf(msg, sizeof msg, "the client went away");
