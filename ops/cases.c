@@ -513,14 +513,14 @@ static int gen_rope_cache(tk_ops_case *c, size_t index, const tk_ops_case_spec *
     static const int64_t sz[][2] = {{1, 8}, {37, 64}, {64, 128}};
     size_t v, z;
     int na = 0;
-    if (!split(index, 5, 3, &v, &z))
+    if (!split(index, 6, 3, &v, &z))
         return END;
     int64_t rows = sz[z][0], rot = pin(s, "out", 1, 2, sz[z][1]);
     tk_dtype dt = fdt(s, "out");
     T(c, "out", dt, TK_CASE_OUT, rows, rot);
     opt_f(c, s, "base", 10000, &na);
     opt_i(c, s, "scaling", (int64_t)v, &na);
-    static const char *names[] = {"none", "linear", "dynamic", "yarn", "llama3"};
+    static const char *names[] = {"none", "linear", "dynamic", "yarn", "llama3", "longrope"};
     if (v == 1)
         opt_f(c, s, "factor", 2, &na);
     if (v == 2) {
@@ -535,6 +535,13 @@ static int gen_rope_cache(tk_ops_case *c, size_t index, const tk_ops_case_spec *
     if (v == 4) {
         opt_f(c, s, "factor", 8, &na);
         opt_i(c, s, "original_max_position_embeddings", 32, &na);
+    }
+    if (v == 5) { /* LongRoPE: the per-pair factors (a kernel without them does not take this case) */
+        opt_f(c, s, "factor", 32, &na);
+        opt_i(c, s, "original_max_position_embeddings", 4096, &na);
+        tk_ops_case_tensor *e = OPT(c, s, 1, &na, "ext_factors", DT_F32, TK_CASE_IN, rot / 2);
+        if (e)
+            fill(c, e, 1, 40);
     }
     c->tol_factor = 4; /* cos/sin of large angles: fp32 argument rounding */
     label(c, "rope_cos_sin_cache %s [%lld, %lld] %s", tk_ops__dtype_str(dt), (long long)rows, (long long)rot, names[v]);
