@@ -1,8 +1,8 @@
 #!/usr/bin/env python3
 """Small random checkpoints of every causal family tk runs, one shape for all, for bench/families_cpu.sh:
 hidden 512, 4 layers, 8 heads (4 kv) of 64, intermediate 1408, vocab 16000, f32, written with
-transformers' save_pretrained (~28M parameters each; the MoE ones 4 experts of 704, top 2, and Qwen3-MoE 8
-of 352, top 2, so the active width is the dense one's). Each family keeps its own features at their
+transformers' save_pretrained (~28M parameters each; the MoE ones: Mixtral 4 experts of 704 and Qwen3-MoE 8
+of 704, top 2, so the active width is the dense one's). Each family keeps its own features at their
 defaults (Gemma 2's softcaps, Gemma 3's sliding pattern, Phi-3's fused projections, SmolLM3's NoPE
 layers, Granite's multipliers).
 
