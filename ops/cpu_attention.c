@@ -15,8 +15,10 @@
  * output dtype, lse = m + log(l) in f32. A row that sees no key gets 0 (lse -inf); a NaN score makes
  * the row NaN, as in the reference.
  *
- * They take what the models use: no ALiBi, no softcap, float caches. Calls whose cu_seqlens, seq_lens
- * or block tables are out of range run the reference, which reports them.
+ * They take what the models use: no ALiBi, float caches. A softcap (Gemma 2) bends each f32 score s into
+ * cap * tanh(s / cap) before the mask, as the reference does in double: the vector tanh is (1 - e) /
+ * (1 + e) with e = exp(-2|x|), and its odd series below |x| = 1/16, within about 1e-6 of tanhf. Calls
+ * whose cu_seqlens, seq_lens or block tables are out of range run the reference, which reports them.
  */
 #include <math.h>
 #include <stdlib.h>
@@ -54,7 +56,10 @@ typedef struct {
     float *vb;         /* [BK][dp]: the chunk's values */
     float *s;          /* [BK] scores of one row */
     float *sr;         /* [R][BK] scores of every row (the in-place chunks) */
+    float cap;         /* softcap: scores become cap * tanh(score / cap); 0: off */
 } rows_t;
+
+static inline float softcap1(float s, float cap) { return cap * tanhf(s / cap); }
 
 /* Where a chunk's key and value rows are: row t of the chunk starting at key j0. */
 typedef const void *(*row_fn)(const void *src, int64_t key, int which);
@@ -111,6 +116,8 @@ static void chunk_c(rows_t *T, int64_t j0, int64_t n)
             float s = 0;
             for (int64_t e = 0; e < T->d; e++)
                 s += q[e] * T->kt[e * BK + (j - j0)];
+            if (T->cap > 0)
+                s = softcap1(s, T->cap);
             T->s[j - j0] = s;
             T->nan[r] |= isnan(s);
             mc = s > mc ? s : mc;
@@ -136,6 +143,24 @@ static void chunk_c(rows_t *T, int64_t j0, int64_t n)
 }
 
 #if TK_CPU_X86
+/* cap * tanh(s / cap) on 8 lanes (see the top of the file); NaN stays NaN, +-inf gives +-cap. */
+TK_AVX2_INLINE __m256 softcap8(__m256 s, float cap)
+{
+    const __m256 sign = _mm256_set1_ps(-0.0f);
+    __m256 x = _mm256_div_ps(s, _mm256_set1_ps(cap)), ax = _mm256_andnot_ps(sign, x);
+    __m256 e = tk_exp8(_mm256_mul_ps(ax, _mm256_set1_ps(-2.0f)));
+    __m256 big = _mm256_div_ps(_mm256_sub_ps(_mm256_set1_ps(1.0f), e), _mm256_add_ps(_mm256_set1_ps(1.0f), e));
+    /* x - x^3/3 + 2x^5/15 - 17x^7/315 */
+    __m256 z = _mm256_mul_ps(ax, ax);
+    __m256 p = _mm256_fmadd_ps(z, _mm256_set1_ps(-17.0f / 315.0f), _mm256_set1_ps(2.0f / 15.0f));
+    p = _mm256_fmadd_ps(z, p, _mm256_set1_ps(-1.0f / 3.0f));
+    __m256 small = _mm256_fmadd_ps(_mm256_mul_ps(z, ax), p, ax);
+    __m256 t = _mm256_blendv_ps(big, small, _mm256_cmp_ps(ax, _mm256_set1_ps(0.0625f), _CMP_LT_OQ));
+    t = _mm256_or_ps(t, _mm256_and_ps(x, sign)); /* the sign back */
+    t = _mm256_blendv_ps(t, x, _mm256_cmp_ps(x, x, _CMP_UNORD_Q));
+    return _mm256_mul_ps(t, _mm256_set1_ps(cap));
+}
+
 TK_AVX2 static void chunk_avx2(rows_t *T, int64_t j0, int64_t n)
 {
     const __m256 ninf = _mm256_set1_ps(-INFINITY);
@@ -154,6 +179,9 @@ TK_AVX2 static void chunk_avx2(rows_t *T, int64_t j0, int64_t n)
             for (int g = 0; g < 8; g++)
                 s[g] = _mm256_fmadd_ps(qe, _mm256_load_ps(kr + 8 * g), s[g]);
         }
+        if (T->cap > 0)
+            for (int g = 0; g < 8; g++)
+                s[g] = softcap8(s[g], T->cap);
         /* mask keys outside [a, b] to -inf; the max, and NaN */
         __m256 mx = ninf;
         int nan = 0;
@@ -233,6 +261,8 @@ TK_AVX2_INLINE void chunk_inplace(rows_t *T, row_fn rowp, const void *src, int k
             if (e < d)
                 s0 = _mm256_fmadd_ps(_mm256_load_ps(q + e), tk_ld8(kr[t], e, kind), s0);
             float v = tk_hsum8(_mm256_add_ps(s0, s1));
+            if (T->cap > 0)
+                v = softcap1(v, T->cap);
             s[t] = v;
             nan |= isnan(v);
             mc = v > mc ? v : mc;
@@ -349,6 +379,7 @@ typedef struct {
     float scale;
     int64_t wl, wr;
     int avx2, nomem;
+    float cap; /* softcap, 0: off */
 } fwd_t;
 
 typedef struct {
@@ -372,6 +403,7 @@ static void fwd_range(void *arg, int64_t lo, int64_t hi)
         __atomic_store_n(&f->nomem, 1, __ATOMIC_RELAXED);
         return;
     }
+    T.cap = f->cap;
     for (int64_t it = lo; it < hi; it++) {
         int64_t qb = it % f->nqb, hk = (it / f->nqb) % f->hkv, s = it / (f->nqb * f->hkv);
         int64_t nq = f->q0[s + 1] - f->q0[s], nk = f->k0[s + 1] - f->k0[s];
@@ -418,7 +450,7 @@ static int cu_ok(const tk_tensor *t, int64_t total, int64_t maxlen)
 static int fits_attention(const tk_op_call *c)
 {
     const tk_tensor *q = c->t[A_Q], *k = c->t[A_K];
-    if (c->t[A_ALIBI] || c->f[A_SOFTCAP] != 0 || tk_cpu_kind(q->dtype) < 0 || tk_cpu_kind(q->dtype) == K_I8)
+    if (c->t[A_ALIBI] || tk_cpu_kind(q->dtype) < 0 || tk_cpu_kind(q->dtype) == K_I8)
         return 0;
     int64_t d = q->shape[3], g = q->shape[2] / k->shape[2];
     if (d > MAX_DP || g > MAX_G)
@@ -440,9 +472,10 @@ static int run_attention(const tk_op_call *c, int avx2)
     fwd_t f = {tk_ops__base(q), tk_ops__base(k), tk_ops__base(c->t[A_V]), tk_ops__base(c->t[A_OUT]),
                c->t[A_LSE] ? tk_ops__base(c->t[A_LSE]) : NULL, tk_cpu_kind(q->dtype), sq, hq, k->shape[2], d,
                hq / k->shape[2], nseq, 0, starts, starts + nseq + 1, 0, c->i[A_WL],
-               c->i[A_CAUSAL] ? 0 : c->i[A_WR], avx2, 0};
+               c->i[A_CAUSAL] ? 0 : c->i[A_WR], avx2, 0, 0.0f};
     double sc = c->f[A_SCALE] != 0 ? c->f[A_SCALE] : 1.0 / sqrt((double)d);
     f.scale = (float)sc;
+    f.cap = (float)c->f[A_SOFTCAP];
     int64_t maxq = 0;
     for (int64_t s = 0; s <= nseq; s++) {
         if (c->t[A_CUQ]) {
@@ -479,6 +512,7 @@ typedef struct {
     float scale;
     int64_t wl;
     int avx2, nomem;
+    float cap; /* softcap, 0: off */
 } dec_t;
 
 typedef struct {
@@ -503,6 +537,7 @@ static void dec_range(void *arg, int64_t lo, int64_t hi)
         __atomic_store_n(&j->nomem, 1, __ATOMIC_RELAXED);
         return;
     }
+    T.cap = j->cap;
     for (int64_t it = lo; it < hi; it++) {
         int64_t b = it / j->hkv, hk = it % j->hkv, nk = j->lens[b];
         for (int64_t i = 0; i < j->sq; i++)
@@ -532,7 +567,7 @@ static int fits_decode(const tk_op_call *c)
 {
     const tk_tensor *q = c->t[D_Q], *kc = c->t[D_KC], *bt = c->t[D_BT];
     int ck = tk_cpu_kind(kc->dtype);
-    if (c->t[D_ALIBI] || c->f[D_SOFTCAP] != 0 || c->t[D_KS] || tk_cpu_kind(q->dtype) < 0 ||
+    if (c->t[D_ALIBI] || c->t[D_KS] || tk_cpu_kind(q->dtype) < 0 ||
         tk_cpu_kind(q->dtype) == K_I8 || ck < 0 || ck == K_I8)
         return 0; /* float caches: q's dtype, or f16/bf16 under f32 q (the op's checks) */
     int64_t d = q->shape[3], g = q->shape[2] / kc->shape[2], sq = q->shape[1];
@@ -558,8 +593,9 @@ static int run_decode(const tk_op_call *c, int avx2)
     dec_t j = {tk_ops__base(q), tk_ops__base(c->t[D_OUT]), tk_ops__base(kc), tk_ops__base(c->t[D_VC]),
                c->t[D_LSE] ? tk_ops__base(c->t[D_LSE]) : NULL, tk_ops__base(c->t[D_BT]), tk_ops__base(c->t[D_SL]),
                tk_cpu_kind(q->dtype), tk_cpu_kind(kc->dtype), b, q->shape[1], q->shape[2], kc->shape[2], d, q->shape[2] / kc->shape[2],
-               kc->shape[1], c->t[D_BT]->shape[1], 0, c->i[D_WL], avx2, 0};
+               kc->shape[1], c->t[D_BT]->shape[1], 0, c->i[D_WL], avx2, 0, 0.0f};
     j.scale = (float)(c->f[D_SCALE] != 0 ? c->f[D_SCALE] : 1.0 / sqrt((double)d));
+    j.cap = (float)c->f[D_SOFTCAP];
     int64_t keys = 0;
     for (int64_t s = 0; s < b; s++)
         keys += j.lens[s];
@@ -580,7 +616,7 @@ static int run_decode_avx2(const tk_op_call *c) { return run_decode(c, 1); }
 const tk_cpu_impl tk_ops__cpu_attn_impls[] = {
 #if TK_CPU_X86
     {"attention", "cpu-avx2", TK_CPU_X86_AVX2, fits_attention, run_attention_avx2,
-     "f32 flash-style blocks (online softmax, GQA heads share each K/V chunk); no ALiBi or softcap"},
+     "f32 flash-style blocks (online softmax, GQA heads share each K/V chunk, softcap); no ALiBi"},
     {"attention_decode", "cpu-avx2", TK_CPU_X86_AVX2, fits_decode, run_decode_avx2,
      "the same over the paged cache, its rows read in place (f32/f16/bf16 caches, 16-bit under f32 q)"},
 #endif

@@ -338,7 +338,7 @@ static int att_cmp_out(void *p, host_t *const *ref, host_t *const *got, const ch
 
 /* varlen prefill: sequences of the given lengths packed in one [1, total, H, D] batch. */
 static int prefill_case(tk_dtype dt, const int *lens, int nseq, int64_t hq, int64_t hkv, int64_t d, int causal, int64_t wl,
-                        int special)
+                        int special, double cap)
 {
     int64_t total = 0;
     for (int s = 0; s < nseq; s++)
@@ -365,10 +365,10 @@ static int prefill_case(tk_dtype dt, const int *lens, int nseq, int64_t hq, int6
         maxq = lens[s] > maxq ? lens[s] : maxq;
     tk_arg a[] = {T("out", &out.t),        T("q", &q.t),           T("k", &k.t),        T("v", &v.t),
                   T("lse", &lse.t),        T("cu_seqlens_q", &cu.t), T("cu_seqlens_k", &cu.t),
-                  I("max_seqlen_q", maxq), I("causal", causal),    I("window_left", wl)};
-    char what[128];
-    snprintf(what, sizeof what, "attention lens %d.. (%d seqs) Hq %lld Hkv %lld D %lld causal %d wl %lld", lens[0], nseq,
-             (long long)hq, (long long)hkv, (long long)d, causal, (long long)wl);
+                  I("max_seqlen_q", maxq), I("causal", causal),    I("window_left", wl), F("softcap", cap)};
+    char what[160];
+    snprintf(what, sizeof what, "attention lens %d.. (%d seqs) Hq %lld Hkv %lld D %lld causal %d wl %lld softcap %g",
+             lens[0], nseq, (long long)hq, (long long)hkv, (long long)d, causal, (long long)wl, cap);
     att_ctx A = {what, 3, d};
     host_t *outs[2] = {&out, &lse};
     int oa[2] = {0, 4};
@@ -387,11 +387,17 @@ static void test_attention(void)
     static const int lens_a[] = {1, 17, 70}, lens_b[] = {130}, lens_c[] = {5, 0, 9};
     for (size_t t = 0; t < 3; t++) {
         tk_dtype dt = *all_dtypes[t];
-        CHECK(prefill_case(dt, lens_a, 3, 6, 2, 64, 1, -1, 0));
-        CHECK(prefill_case(dt, lens_a, 3, 6, 2, 64, 0, -1, 0));
-        CHECK(prefill_case(dt, lens_b, 1, 4, 4, 20, 1, 31, 0));
-        CHECK(prefill_case(dt, lens_c, 3, 3, 1, 8, 1, -1, 0));
-        CHECK(prefill_case(dt, lens_a, 3, 2, 1, 13, 1, 5, 1));
+        CHECK(prefill_case(dt, lens_a, 3, 6, 2, 64, 1, -1, 0, 0));
+        CHECK(prefill_case(dt, lens_a, 3, 6, 2, 64, 0, -1, 0, 0));
+        CHECK(prefill_case(dt, lens_b, 1, 4, 4, 20, 1, 31, 0, 0));
+        CHECK(prefill_case(dt, lens_c, 3, 3, 1, 8, 1, -1, 0, 0));
+        CHECK(prefill_case(dt, lens_a, 3, 2, 1, 13, 1, 5, 1, 0));
+        /* softcap (Gemma 2): a cap that bends most scores (2, the tiny test model's), Gemma 2's 50, and
+         * with a window, a NaN key and an odd head dim */
+        CHECK(prefill_case(dt, lens_a, 3, 6, 2, 64, 1, -1, 0, 2.0));
+        CHECK(prefill_case(dt, lens_a, 3, 6, 2, 64, 1, -1, 0, 50.0));
+        CHECK(prefill_case(dt, lens_b, 1, 4, 4, 16, 1, 31, 0, 0.3));
+        CHECK(prefill_case(dt, lens_a, 3, 2, 1, 13, 1, 5, 1, 2.0));
     }
     /* dense (no cu_seqlens), B = 2, Sq < Sk: bottom-right aligned causal */
     for (size_t t = 0; t < 3; t++) {
@@ -420,7 +426,7 @@ static void test_attention(void)
 /* cdt: the caches' dtype (dt, or f16 / bf16 under f32 queries); special: a NaN key (key 1 of sequence 0,
  * every query head of its KV head 0 sees it: those rows are NaN in both). */
 static int decode_case(tk_dtype dt, tk_dtype cdt, int64_t b, int64_t sq, const int *lens, int64_t hq, int64_t hkv,
-                       int64_t d, int64_t bs, int64_t wl, int special)
+                       int64_t d, int64_t bs, int64_t wl, int special, double cap)
 {
     int64_t maxb = 0;
     for (int64_t s = 0; s < b; s++)
@@ -446,12 +452,12 @@ static int decode_case(tk_dtype dt, tk_dtype cdt, int64_t b, int64_t sq, const i
     if (special && lens[0] > 1) /* key 1 of sequence 0, KV head 0 */
         set(&kc.t, ((int64_t)tab[0] * bs + 1) * hkv * d, NAN);
     tk_arg a[] = {T("out", &out.t), T("q", &q.t), T("k_cache", &kc.t), T("v_cache", &vc.t), T("block_table", &bt.t),
-                  T("seq_lens", &sl.t), T("lse", &lse.t), I("window_left", wl)};
-    char what[128];
+                  T("seq_lens", &sl.t), T("lse", &lse.t), I("window_left", wl), F("softcap", cap)};
+    char what[160];
     snprintf(what, sizeof what,
-             "attention_decode cache %s B %lld Sq %lld lens %d.. Hq %lld Hkv %lld D %lld bs %lld wl %lld%s",
+             "attention_decode cache %s B %lld Sq %lld lens %d.. Hq %lld Hkv %lld D %lld bs %lld wl %lld softcap %g%s",
              tk_ops__dtype_str(cdt), (long long)b, (long long)sq, lens[0], (long long)hq, (long long)hkv, (long long)d,
-             (long long)bs, (long long)wl, special ? " NaN key" : "");
+             (long long)bs, (long long)wl, cap, special ? " NaN key" : "");
     att_ctx A = {what, 3, d};
     host_t *outs[2] = {&out, &lse};
     int oa[2] = {0, 6};
@@ -471,22 +477,26 @@ static void test_attention_decode(void)
     static const int l1[] = {5, 40}, l2[] = {200}, l3[] = {16, 3, 70}, l4[] = {1, 129};
     for (size_t t = 0; t < 3; t++) {
         tk_dtype dt = *all_dtypes[t];
-        CHECK(decode_case(dt, dt, 2, 1, l1, 9, 3, 64, 16, -1, 0));
-        CHECK(decode_case(dt, dt, 1, 1, l2, 4, 1, 64, 8, -1, 0));
-        CHECK(decode_case(dt, dt, 1, 4, l2, 4, 2, 20, 32, 50, 0));
-        CHECK(decode_case(dt, dt, 3, 3, l3, 6, 6, 12, 16, -1, 0));
+        CHECK(decode_case(dt, dt, 2, 1, l1, 9, 3, 64, 16, -1, 0, 0));
+        CHECK(decode_case(dt, dt, 1, 1, l2, 4, 1, 64, 8, -1, 0, 0));
+        CHECK(decode_case(dt, dt, 1, 4, l2, 4, 2, 20, 32, 50, 0, 0));
+        CHECK(decode_case(dt, dt, 3, 3, l3, 6, 6, 12, 16, -1, 0, 0));
         /* head dims the in-place path takes (multiples of 8, with and without a 16-wide tail), windows
          * that cut chunks, 16 queries, a NaN key */
-        CHECK(decode_case(dt, dt, 2, 1, l4, 8, 2, 8, 8, -1, 0));
-        CHECK(decode_case(dt, dt, 1, 16, l2, 6, 3, 24, 16, 70, 0));
-        CHECK(decode_case(dt, dt, 2, 2, l4, 4, 1, 128, 32, 5, 0));
-        CHECK(decode_case(dt, dt, 2, 1, l1, 9, 3, 64, 16, -1, 1));
+        CHECK(decode_case(dt, dt, 2, 1, l4, 8, 2, 8, 8, -1, 0, 0));
+        CHECK(decode_case(dt, dt, 1, 16, l2, 6, 3, 24, 16, 70, 0, 0));
+        CHECK(decode_case(dt, dt, 2, 2, l4, 4, 1, 128, 32, 5, 0, 0));
+        CHECK(decode_case(dt, dt, 2, 1, l1, 9, 3, 64, 16, -1, 1, 0));
+        /* softcap: in place (D % 8 == 0) and staged, with a window and a NaN key */
+        CHECK(decode_case(dt, dt, 2, 1, l1, 9, 3, 64, 16, -1, 0, 2.0));
+        CHECK(decode_case(dt, dt, 1, 4, l2, 4, 2, 20, 32, 50, 0, 50.0));
+        CHECK(decode_case(dt, dt, 2, 1, l1, 9, 3, 64, 16, 3, 1, 0.3));
     }
     /* 16-bit caches under f32 queries (--kv-dtype f16 of an f32 model): in place and staged */
     for (size_t t = 1; t < 3; t++) {
-        CHECK(decode_case(F32, *all_dtypes[t], 2, 1, l1, 9, 3, 64, 16, -1, 0));
-        CHECK(decode_case(F32, *all_dtypes[t], 1, 4, l2, 4, 2, 20, 32, 50, 0));
-        CHECK(decode_case(F32, *all_dtypes[t], 2, 1, l1, 9, 3, 64, 16, -1, 1));
+        CHECK(decode_case(F32, *all_dtypes[t], 2, 1, l1, 9, 3, 64, 16, -1, 0, 0));
+        CHECK(decode_case(F32, *all_dtypes[t], 1, 4, l2, 4, 2, 20, 32, 50, 0, 0));
+        CHECK(decode_case(F32, *all_dtypes[t], 2, 1, l1, 9, 3, 64, 16, -1, 1, 0));
     }
 }
 
