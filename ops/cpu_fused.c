@@ -1,14 +1,16 @@
 /*
  * cpu_fused.c — fast CPU implementations of the small fused ops every decoder layer runs, beside their
- * references: rms_norm and fused_add_rms_norm (ops/norm.c), silu_and_mul (ops/activation.c) and
- * rotary_embedding with NeoX halves (ops/rotary.c). f32, f16 and bf16, eight lanes at a time; rows are
+ * references: rms_norm and fused_add_rms_norm (ops/norm.c), silu_and_mul and gelu_tanh_and_mul
+ * (ops/activation.c) and rotary_embedding with NeoX halves (ops/rotary.c). f32, f16 and bf16, eight lanes at a time; rows are
  * split over the pool only when there are enough of them (a decode step's single row runs on the
  * calling thread: a wake-up would cost more than the row).
  *
  * Numerics, against the references: rms_norm sums x^2 in eight f32 lanes (the reference in double)
  * and computes rstd in double from that sum, then (x * rstd) * w in f32 as the reference does;
  * fused_add_rms_norm rounds x + residual to T before normalising it, as the reference does;
- * silu_and_mul uses tk_exp8 (within 2 ulp of expf); rotary computes x1*cos - x2*sin and x2*cos +
+ * silu_and_mul uses tk_exp8 (within 2 ulp of expf); gelu_tanh_and_mul computes x / (1 + exp(-2u)),
+ * the same function as the reference's 0.5 x (1 + tanhf(u)) without its cancellation for negative u
+ * (the two differ by about 1e-7 |x y|); rotary computes x1*cos - x2*sin and x2*cos +
  * x1*sin with each product rounded (fp contraction off, as the reference and the kernels) and matches
  * the reference exactly.
  *
@@ -196,7 +198,12 @@ typedef struct {
     const char *in;
     int64_t lo, li, d;
     int ko, ki, avx2;
+    int gelu; /* gelu_tanh_and_mul (Gemma's GeGLU), else silu_and_mul */
 } act_t;
+
+/* gelu_tanh's constants (ops/activation.c) */
+#define GELU_C 0.79788456080286535588f /* sqrt(2 / pi) */
+#define GELU_K 0.044715f
 
 static int fits_act(const tk_op_call *c)
 {
@@ -208,8 +215,14 @@ static void act_rows_c(const act_t *a, int64_t lo, int64_t hi)
 {
     for (int64_t r = lo; r < hi; r++)
         for (int64_t e = 0; e < a->d; e++) {
-            float x = tk_cpu_ld1(a->in, r * a->li + e, a->ki), y = tk_cpu_ld1(a->in, r * a->li + a->d + e, a->ki);
-            tk_cpu_st1(a->out, r * a->lo + e, a->ko, x / (1.0f + expf(-x)) * y);
+            float x = tk_cpu_ld1(a->in, r * a->li + e, a->ki), y = tk_cpu_ld1(a->in, r * a->li + a->d + e, a->ki), v;
+            if (a->gelu) { /* the reference's formula */
+                float x3 = (x * x) * x;
+                v = (0.5f * x) * (1.0f + tanhf(GELU_C * (x + GELU_K * x3)));
+            } else {
+                v = x / (1.0f + expf(-x));
+            }
+            tk_cpu_st1(a->out, r * a->lo + e, a->ko, v * y);
         }
 }
 
@@ -221,19 +234,40 @@ TK_AVX2_INLINE __m256 silu_mul8(__m256 x, __m256 y)
     return _mm256_mul_ps(_mm256_div_ps(x, _mm256_add_ps(one, e)), y);
 }
 
-TK_AVX2 static void act_rows_avx2(const act_t *a, int64_t lo, int64_t hi)
+/* gelu_tanh(x) * y. 0.5 x (1 + tanh(u)) is exactly x / (1 + exp(-2u)) (tanh(u) = 2 sigmoid(2u) - 1),
+ * u = sqrt(2/pi) (x + 0.044715 x^3): one vector exp, and no cancellation in 1 + tanh(u) for negative u
+ * (where the reference's tanhf loses relative precision: its result is within about 1e-7 |x| of this). */
+TK_AVX2_INLINE __m256 gelu_mul8(__m256 x, __m256 y)
+{
+    __m256 x3 = _mm256_mul_ps(_mm256_mul_ps(x, x), x);
+    __m256 u2 = _mm256_mul_ps(_mm256_set1_ps(-2.0f * GELU_C), _mm256_fmadd_ps(_mm256_set1_ps(GELU_K), x3, x));
+    __m256 e = tk_exp8(u2);
+    return _mm256_mul_ps(_mm256_div_ps(x, _mm256_add_ps(_mm256_set1_ps(1.0f), e)), y);
+}
+
+TK_AVX2_INLINE void act_rows8(const act_t *a, int64_t lo, int64_t hi, int gelu)
 {
     int64_t d8 = a->d / 8 * 8;
     int rem = (int)(a->d - d8);
     for (int64_t r = lo; r < hi; r++) {
         int64_t io = r * a->li, oo = r * a->lo, e = 0;
-        for (; e < d8; e += 8)
-            tk_st8(a->out, oo + e, a->ko, silu_mul8(tk_ld8(a->in, io + e, a->ki), tk_ld8(a->in, io + a->d + e, a->ki)));
-        if (rem)
-            tk_st8_part(a->out, oo + e, a->ko,
-                        silu_mul8(tk_ld8_part(a->in, io + e, a->ki, rem), tk_ld8_part(a->in, io + a->d + e, a->ki, rem)),
-                        rem);
+        for (; e < d8; e += 8) {
+            __m256 x = tk_ld8(a->in, io + e, a->ki), y = tk_ld8(a->in, io + a->d + e, a->ki);
+            tk_st8(a->out, oo + e, a->ko, gelu ? gelu_mul8(x, y) : silu_mul8(x, y));
+        }
+        if (rem) {
+            __m256 x = tk_ld8_part(a->in, io + e, a->ki, rem), y = tk_ld8_part(a->in, io + a->d + e, a->ki, rem);
+            tk_st8_part(a->out, oo + e, a->ko, gelu ? gelu_mul8(x, y) : silu_mul8(x, y), rem);
+        }
     }
+}
+
+TK_AVX2 static void act_rows_avx2(const act_t *a, int64_t lo, int64_t hi)
+{
+    if (a->gelu)
+        act_rows8(a, lo, hi, 1);
+    else
+        act_rows8(a, lo, hi, 0);
 }
 #endif
 
@@ -261,6 +295,7 @@ static int run_act(const tk_op_call *c, int avx2)
     a.ki = tk_cpu_kind(c->t[1]->dtype);
     a.d = c->t[0]->shape[c->t[0]->ndim - 1];
     a.avx2 = avx2;
+    a.gelu = !strcmp(c->op->name, "gelu_tanh_and_mul");
     int64_t rows = tk_ops__cpu_nrows(c->t[0]);
     if (rows == 0 || a.d == 0)
         return TK_OK;
@@ -398,12 +433,15 @@ const tk_cpu_impl tk_ops__cpu_fused_impls[] = {
     {"fused_add_rms_norm", "cpu-avx2", TK_CPU_X86_AVX2, fits_norm, run_norm_avx2,
      "the add, its rounding to T and the norm in one pass over the row"},
     {"silu_and_mul", "cpu-avx2", TK_CPU_X86_AVX2, fits_act, run_act_avx2, "vector exp (within 2 ulp of expf)"},
+    {"gelu_tanh_and_mul", "cpu-avx2", TK_CPU_X86_AVX2, fits_act, run_act_avx2,
+     "x / (1 + exp(-2u)), the same function as 0.5 x (1 + tanh(u)), with a vector exp"},
     {"rotary_embedding", "cpu-avx2", TK_CPU_X86_AVX2, fits_rotary, run_rotary_avx2,
      "NeoX halves, eight pairs a step (exact: same roundings as the reference)"},
 #endif
     {"rms_norm", "cpu-portable", 0, fits_norm, run_norm_c, "plain C, eight partial sums"},
     {"fused_add_rms_norm", "cpu-portable", 0, fits_norm, run_norm_c, "plain C, eight partial sums"},
     {"silu_and_mul", "cpu-portable", 0, fits_act, run_act_c, "plain C"},
+    {"gelu_tanh_and_mul", "cpu-portable", 0, fits_act, run_act_c, "plain C (the reference's formula)"},
     {"rotary_embedding", "cpu-portable", 0, fits_rotary, run_rotary_c, "plain C (NeoX halves)"},
 };
 const size_t tk_ops__cpu_fused_count = sizeof tk_ops__cpu_fused_impls / sizeof tk_ops__cpu_fused_impls[0];

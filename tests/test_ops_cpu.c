@@ -617,6 +617,68 @@ static void test_silu_and_mul(void)
         }
 }
 
+/* ---- gelu_tanh_and_mul (GeGLU) ----------------------------------------------------------------- */
+
+/* The reference computes 0.5 x (1 + tanhf(u)): for negative u, 1 + tanhf(u) keeps only an absolute
+ * accuracy of about one ulp of 1, so both sides are held to 2 u_out |ref| + 4 2^-24 |ref| + 2^-22 |x y|. */
+typedef struct {
+    const char *what;
+    int64_t d;
+    const host_t *in;
+} gelu_ctx;
+
+static int gelu_cmp(void *p, host_t *const *ref, host_t *const *got, const char *impl)
+{
+    const gelu_ctx *G = p;
+    tk_dtype dt = got[0]->t.dtype;
+    op_cmp c = op_cmp_begin(0, 0, "%s %s %s", impl, tk_ops__dtype_str(dt), G->what);
+    c.cols = G->d;
+    for (int64_t i = 0, n = numel(&ref[0]->t); i < n; i++) {
+        int64_t row = i / G->d, e = i % G->d;
+        double x = get(&G->in->t, row * 2 * G->d + e), y = get(&G->in->t, row * 2 * G->d + G->d + e);
+        double r = get(&ref[0]->t, i), xy = fabs(x * y);
+        op_cmp_tol(&c, i, get(&got[0]->t, i), r,
+                   2 * u_out(dt) * fabs(r) + 4 * ldexp(1, -24) * fabs(r) + ldexp(1, -22) * (isfinite(xy) ? xy : 0) +
+                       2 * u_abs(dt));
+    }
+    return op_cmp_end(&c);
+}
+
+static int gelu_case(tk_dtype dt, int64_t rows, int64_t d, int special)
+{
+    host_t in, out;
+    int64_t is[2] = {rows, 2 * d}, os[2] = {rows, d};
+    host_new(&in, dt, 2, is, 0);
+    host_new(&out, dt, 2, os, 0);
+    fill_range(&in, -8, 8);
+    if (special) {
+        static const double vals[] = {NAN, INFINITY, -INFINITY, 100, -100, 1e13, -1e13, -5, 0, -0.0, 1e-30};
+        for (size_t i = 0; i < sizeof vals / sizeof vals[0] && (int64_t)i < rows * d; i++)
+            set(&in.t, (int64_t)((i / (size_t)d) * 2 * d + i % (size_t)d), vals[i]);
+    }
+    char what[96];
+    snprintf(what, sizeof what, "gelu_tanh_and_mul [%lld, %lld]%s", (long long)rows, (long long)(2 * d),
+             special ? " nan/inf" : "");
+    gelu_ctx G = {what, d, &in};
+    tk_arg a[] = {T("out", &out.t), T("input", &in.t)};
+    host_t *outs[1] = {&out};
+    int oa[1] = {0};
+    int ok = run_all("gelu_tanh_and_mul", a, 2, outs, oa, 1, gelu_cmp, &G);
+    free(in.buf);
+    free(out.buf);
+    return ok;
+}
+
+static void test_gelu_tanh_and_mul(void)
+{
+    static const int64_t shapes[][2] = {{1, 13}, {4, 576}, {3, 1}, {2, 8}, {9, 1536}, {1, 20}};
+    for (size_t t = 0; t < 3; t++)
+        for (size_t s = 0; s < sizeof shapes / sizeof shapes[0]; s++) {
+            CHECK(gelu_case(*all_dtypes[t], shapes[s][0], shapes[s][1], 0));
+            CHECK(gelu_case(*all_dtypes[t], shapes[s][0], shapes[s][1], 1));
+        }
+}
+
 /* ---- rotary_embedding ------------------------------------------------------------------------- */
 
 static int rope_case(tk_dtype dt, tk_dtype cdt, int64_t ntok, int64_t hq, int64_t hkv, int64_t d, int64_t rot)
@@ -842,6 +904,7 @@ int main(void)
     RUN(test_attention_decode);
     RUN(test_norms);
     RUN(test_silu_and_mul);
+    RUN(test_gelu_tanh_and_mul);
     RUN(test_rotary);
     RUN(test_pick);
     return th_done();
