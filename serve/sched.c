@@ -552,8 +552,10 @@ static void diff_run(struct tk_model_server *s, tk_serve_req *r)
         tk_serve_choice *c = &r->ch[k];
         diff_job j = {s, r, k, 0};
         tk_diff_opts o = TK_DIFF_OPTS_INIT;
+        /* the request's sampling fields only: generation_config.json's (top_k 50, do_sample) are an
+         * autoregressive model's, and tk generate --diffusion does not take them either */
         o.gen_length = r->go.max_new_tokens;
-        o.temperature = r->go.do_sample ? r->go.temperature : 0.0;
+        o.temperature = r->p.has_temperature ? r->p.temperature : 0.0;
         o.seed = r->go.seed + k;
         o.steps = r->p.steps;
         o.block_length = r->p.block_length;
@@ -562,9 +564,10 @@ static void diff_run(struct tk_model_server *s, tk_serve_req *r)
             o.remasking = r->p.remasking;
         if (r->p.alg[0])
             o.alg = r->p.alg;
-        if (r->go.top_p < 1)
-            o.top_p = r->go.top_p;
-        o.top_k = r->go.top_k;
+        if (r->p.has_top_p)
+            o.top_p = r->p.top_p;
+        if (r->p.has_top_k)
+            o.top_k = r->p.top_k;
         o.on_step = diff_on_step;
         o.step_user = &j;
         tk_diff_result *res = NULL;
