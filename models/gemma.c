@@ -133,6 +133,9 @@ static int parse_gemma3(tk_models_config *c, const tk_models_reader *r)
         if ((rc = tk_models__cfg_num(r->root, r->what, "rope_local_base_freq", 10000, &c->rope_local.theta)))
             return rc;
     }
+    if (c->rope_local.type == TK_ROPE_LONGROPE) /* the sliding layers read the table by plain position */
+        return tk_models__cfg_unsupported(r, "rope_parameters.sliding_attention.rope_type", "'longrope'",
+                                          "default, linear, dynamic, yarn, llama3 for the sliding layers");
     c->rope_local_on = 1;
     return TK_OK;
 }

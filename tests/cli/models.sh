@@ -138,6 +138,26 @@ t_longrope_each_sequence_alone() {
     fail "alone $alone, batched with a long prompt $batched, without the KV cache $nocache"
   echo "    $alone (alone = batched = full recompute)"
 }
+# LongRoPE on Gemma 3's sliding layers is refused by name (they read the rope table by plain position).
+t_longrope_on_sliding_layers_refused() {
+  compare_once
+  if grep -q "^no venv" "$RESULTS"; then
+    [ -n "${CI:-}" ] && { fail "the test venv is missing ($PY): run scripts/setup.sh --test"; return; }
+    skip "no test venv ($PY); run scripts/setup.sh --test"; return
+  fi
+  local d=$WORK/gemma3-longrope
+  mkdir -p "$d" && cp "$B/tiny-models/gemma3/"* "$d/"
+  python3 - "$d/config.json" <<'PYEOF'
+import json, sys
+c = json.load(open(sys.argv[1]))
+c["rope_parameters"]["sliding_attention"] = {"rope_type": "longrope", "rope_theta": 10000.0,
+    "short_factor": [1.0] * 8, "long_factor": [2.0] * 8, "original_max_position_embeddings": 8}
+json.dump(c, open(sys.argv[1], "w"))
+PYEOF
+  expect_rc 8 "$TK" model info "$d"
+  expect_out "sliding_attention.rope_type' is 'longrope'"
+}
+
 # tk model info --json shows a mixture of experts' shape and LongRoPE's original length, as config.json
 # (written by transformers) has them.
 t_model_info_experts_and_longrope() {
