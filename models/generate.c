@@ -1592,12 +1592,18 @@ static int full_push(lm_state *s, int32_t slot, const int32_t *ids, size_t n);
  * (prepare_inputs_for_generation drops the cache once, when the input first passes that length). */
 static int longrope(const lm_state *s) { return s->m->cfg.rope.type == TK_ROPE_LONGROPE; }
 
+/* A sequence that held had tokens and takes n more crosses original_max_position_embeddings now. */
+static int crosses(const lm_state *s, size_t had, size_t n)
+{
+    int64_t omax = s->m->cfg.rope.original_max_pos;
+    return had > 0 && (int64_t)had <= omax && (int64_t)(had + n) > omax;
+}
+
 static int kv_step(void *self, const int32_t *slots, size_t nseq, const int32_t *ids, const int32_t *cu, float *logits)
 {
     lm_state *s = self;
     if (!longrope(s))
         return tk_models__forward_kv(s->m, s->kv, slots, nseq, ids, cu, logits);
-    int64_t omax = s->m->cfg.rope.original_max_pos;
     size_t tot = 0, again = 0;
     int rc;
     for (size_t i = 0; i < nseq; i++) {
@@ -1607,7 +1613,7 @@ static int kv_step(void *self, const int32_t *slots, size_t nseq, const int32_t 
                            (long long)s->kv->seq[slots[i]].len, slots[i], had);
         if ((rc = full_push(s, slots[i], ids + cu[i], n)) != TK_OK)
             return rc;
-        int cross = had > 0 && (int64_t)had <= omax && (int64_t)(had + n) > omax;
+        int cross = crosses(s, had, n);
         tot += cross ? had + n : n;
         again += cross;
     }
@@ -1622,8 +1628,7 @@ static int kv_step(void *self, const int32_t *slots, size_t nseq, const int32_t 
     cu2[0] = 0;
     for (size_t i = 0; i < nseq; i++) {
         size_t n = (size_t)(cu[i + 1] - cu[i]), had = s->full[slots[i]].n - n;
-        int cross = had > 0 && (int64_t)had <= omax && (int64_t)(had + n) > omax;
-        if (cross) { /* the whole sequence, on an emptied slot */
+        if (crosses(s, had, n)) { /* the whole sequence, on an emptied slot */
             tk_kv__seq_reset(s->kv, slots[i]);
             memcpy(all + cu2[i], s->full[slots[i]].ids, (had + n) * sizeof *all);
             n += had;

@@ -379,11 +379,8 @@ void tk_kv__seq_free(tk_kv *kv, int32_t slot)
 {
     if (!kv || slot < 0 || slot >= kv->nseq || !kv->seq[slot].used)
         return;
-    tk_kv_seq *s = &kv->seq[slot];
-    for (int64_t i = 0; i < s->nblk; i++)
-        kv_decref(kv, s->blocks[i]);
-    s->nblk = s->len = 0;
-    s->used = 0;
+    tk_kv__seq_reset(kv, slot);
+    kv->seq[slot].used = 0;
 }
 
 /* Copy-on-write of block index bi of s, shared with another sequence. */

@@ -557,12 +557,13 @@ static void test_cache_known_values(void)
 
 /* ---- rope_cos_sin_cache: LongRoPE ------------------------------------------------------------- */
 
-/* The call with LongRoPE's factors ext (f32 [rot/2]); factor, omax and attention_factor as given. */
-static int run_longrope(host_t *out, double base, double factor, int64_t omax, double attn, host_t *ext)
+/* The call of scaling (5: longrope) with the factors ext (f32 [rot/2], or NULL); factor, omax and
+ * attention_factor as given. */
+static int run_scaled(host_t *out, int scaling, double base, double factor, int64_t omax, double attn, host_t *ext)
 {
     tk_arg a[13] = {{TK_ARG_TENSOR, "out", &out->t, 0, 0},
                     {TK_ARG_F64, "base", NULL, 0, base},
-                    {TK_ARG_I64, "scaling", NULL, 5, 0},
+                    {TK_ARG_I64, "scaling", NULL, scaling, 0},
                     {TK_ARG_F64, "factor", NULL, 0, factor},
                     {TK_ARG_I64, "original_max_position_embeddings", NULL, omax, 0},
                     {TK_ARG_I64, "seq_len", NULL, 0, 0},
@@ -574,6 +575,11 @@ static int run_longrope(host_t *out, double base, double factor, int64_t omax, d
                     {TK_ARG_F64, "high_freq_factor", NULL, 0, 4},
                     {TK_ARG_TENSOR, "ext_factors", ext ? &ext->t : NULL, 0, 0}};
     return run_op("rope_cos_sin_cache", a, ext ? 13 : 12);
+}
+
+static int run_longrope(host_t *out, double base, double factor, int64_t omax, double attn, host_t *ext)
+{
+    return run_scaled(out, 5, base, factor, omax, attn, ext);
 }
 
 /* transformers' _compute_longrope_parameters in float64: inv_freq = 1 / (ext * base^(2i/dim)), the
@@ -662,22 +668,9 @@ static void test_cache_longrope(void)
     EXPECT_INVALID_RC(run_longrope(&out, 10000.0, 32.0, 1, 0.0, &ext),
                       "'original_max_position_embeddings' is 1, want >= 2 for longrope's default attention factor");
     CHECK_RC(run_longrope(&out, 10000.0, 32.0, 1, 1.5, &ext), TK_OK); /* an explicit attention factor */
-    tk_arg a[13] = {{TK_ARG_TENSOR, "out", &out.t, 0, 0},
-                    {TK_ARG_F64, "base", NULL, 0, 10000},
-                    {TK_ARG_I64, "scaling", NULL, 1, 0},
-                    {TK_ARG_F64, "factor", NULL, 0, 2},
-                    {TK_ARG_I64, "original_max_position_embeddings", NULL, 0, 0},
-                    {TK_ARG_I64, "seq_len", NULL, 0, 0},
-                    {TK_ARG_F64, "beta_fast", NULL, 0, 32},
-                    {TK_ARG_F64, "beta_slow", NULL, 0, 1},
-                    {TK_ARG_I64, "truncate", NULL, 1, 0},
-                    {TK_ARG_F64, "attention_factor", NULL, 0, 0},
-                    {TK_ARG_F64, "low_freq_factor", NULL, 0, 1},
-                    {TK_ARG_F64, "high_freq_factor", NULL, 0, 4},
-                    {TK_ARG_TENSOR, "ext_factors", &ext.t, 0, 0}};
-    EXPECT_INVALID("rope_cos_sin_cache", a, 13,
-                   "rope_cos_sin_cache: 'ext_factors' is given, but only longrope scaling (5) takes it; 'scaling' is "
-                   "1 (linear)");
+    EXPECT_INVALID_RC(run_scaled(&out, 1, 10000.0, 2.0, 0, 0.0, &ext),
+                      "rope_cos_sin_cache: 'ext_factors' is given, but only longrope scaling (5) takes it; 'scaling' is "
+                      "1 (linear)");
     host_free(&out);
     host_free(&ext);
     host_free(&ext3);

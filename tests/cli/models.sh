@@ -32,13 +32,18 @@ compare_once() {
   grep -q '^CASE' "$RESULTS" || { tail -n 20 "$WORK/compare.err" >&2; return 1; }
 }
 
+# tiny_ready: compare_once has run (the tiny checkpoints and compare.py's results exist); else fails
+# under CI (a missing oracle is a failure) or skips, and returns 1.
+tiny_ready() {
+  compare_once
+  grep -q "^no venv" "$RESULTS" || return 0
+  if [ -n "${CI:-}" ]; then fail "the test venv is missing ($PY): run scripts/setup.sh --test"; else skip "no test venv ($PY); run scripts/setup.sh --test"; fi
+  return 1
+}
+
 # match NAME: compare.py's line for NAME says ok.
 match() {
-  compare_once
-  if grep -q "^no venv" "$RESULTS"; then
-    [ -n "${CI:-}" ] && { fail "the test venv is missing ($PY): run scripts/setup.sh --test"; return; }
-    skip "no test venv ($PY); run scripts/setup.sh --test"; return
-  fi
+  tiny_ready || return
   local line; line=$(grep "^CASE $1 " "$RESULTS")
   [ -n "$line" ] || { fail "compare.py printed nothing for $1"; tail -n 20 "$WORK/compare.err" "$WORK/make_tiny.log" >&2 2>/dev/null; return; }
   echo "    ${line#CASE }"
@@ -83,11 +88,7 @@ GEN_JOBS="5,17,99,3,250 max_new_tokens=12
 # gen_match FAMILIES: each of make_tiny.py's checkpoints FAMILIES names, GEN_JOBS' generations, tk against
 # transformers' generate() token for token.
 gen_match() {
-  compare_once
-  if grep -q "^no venv" "$RESULTS"; then
-    [ -n "${CI:-}" ] && { fail "the test venv is missing ($PY): run scripts/setup.sh --test"; return; }
-    skip "no test venv ($PY); run scripts/setup.sh --test"; return
-  fi
+  tiny_ready || return
   local f line n=0 bad=0 got want jobs
   jobs=$(($(echo "$1" | wc -w) * $(echo "$GEN_JOBS" | wc -l)))
   for f in $1; do
@@ -122,11 +123,7 @@ t_match_phi3_longrope_bf16() { match phi3_longrope_bf16; }
 # it generates gives the same tokens alone, batched with a 12-token (long) prompt, and with the full
 # recompute instead of the KV cache (which reruns the sequence when it crosses).
 t_longrope_each_sequence_alone() {
-  compare_once
-  if grep -q "^no venv" "$RESULTS"; then
-    [ -n "${CI:-}" ] && { fail "the test venv is missing ($PY): run scripts/setup.sh --test"; return; }
-    skip "no test venv ($PY); run scripts/setup.sh --test"; return
-  fi
+  tiny_ready || return
   local d=$B/tiny-models/phi3-longrope
   local alone batched nocache
   alone=$("$TK" --json generate "$d" --ids 5,17,99 --max-new-tokens 10 | python3 -c 'import json,sys; print(json.load(sys.stdin)["ids"])')
@@ -140,11 +137,7 @@ t_longrope_each_sequence_alone() {
 }
 # LongRoPE on Gemma 3's sliding layers is refused by name (they read the rope table by plain position).
 t_longrope_on_sliding_layers_refused() {
-  compare_once
-  if grep -q "^no venv" "$RESULTS"; then
-    [ -n "${CI:-}" ] && { fail "the test venv is missing ($PY): run scripts/setup.sh --test"; return; }
-    skip "no test venv ($PY); run scripts/setup.sh --test"; return
-  fi
+  tiny_ready || return
   local d=$WORK/gemma3-longrope
   mkdir -p "$d" && cp "$B/tiny-models/gemma3/"* "$d/"
   python3 - "$d/config.json" <<'PYEOF'
@@ -161,11 +154,7 @@ PYEOF
 # tk model info --json shows a mixture of experts' shape and LongRoPE's original length, as config.json
 # (written by transformers) has them.
 t_model_info_experts_and_longrope() {
-  compare_once
-  if grep -q "^no venv" "$RESULTS"; then
-    [ -n "${CI:-}" ] && { fail "the test venv is missing ($PY): run scripts/setup.sh --test"; return; }
-    skip "no test venv ($PY); run scripts/setup.sh --test"; return
-  fi
+  tiny_ready || return
   local t=$B/tiny-models
   "$TK" --json model info "$t/qwen2_moe" | python3 -c '
 import json, sys
