@@ -6,6 +6,8 @@
  * prefill_ms from the result's stats.
  *
  *     build/bench/prefill_short DIR [iters=7] [T ...]   (default lengths 1 4 8 16 22 32 64)
+ *     PREFILL_DTYPE=bf16 (or f16, auto): the model's --dtype (default f32; a bf16 checkpoint keeps its
+ *     weights as bf16 with bf16 or auto)
  */
 #include <stdio.h>
 #include <stdlib.h>
@@ -52,7 +54,7 @@ int main(int argc, char **argv)
     tk_ctx *ctx = NULL;
     tk_model *m = NULL;
     tk_model_opts mo = TK_MODEL_OPTS_INIT;
-    mo.dtype = "f32";
+    mo.dtype = getenv("PREFILL_DTYPE") ? getenv("PREFILL_DTYPE") : "f32";
     if (iters <= 0 || tk_ctx_new(&ctx, NULL) != TK_OK || tk_model_load(&m, ctx, argv[1], &mo) != TK_OK) {
         fprintf(stderr, "prefill_short: %s\n", tk_last_error());
         return 1;
