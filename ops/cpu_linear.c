@@ -398,7 +398,8 @@ static int run_gemv_groups(const lin_t *L)
  * takes 0.4-0.8x the GEMM's CPU time for 5 to 16 rows of x, even at 32 (f32; bf16 0.65x), and more
  * than the GEMM from 40 on, hence TILE_MAX_M (bench/RESULTS.md). A K-blocked variant (slices of
  * the weight and of x kept in L1 across the tiles) was slower here and is not kept.
- * Numerics: each dot in 8 f32 lanes along K, the lanes summed at the end, as the GEMV does. */
+ * Numerics: each dot accumulated in 8 f32 lanes along K (the GEMV: 16), the lanes summed at the end,
+ * then the i8 scale and the bias in f32 and one rounding to the output dtype. */
 #define TILE_MAX_M 32 /* rows of x the in-place tiles take; more go to the GEMM */
 #define TM 4          /* tile: TM rows of x ... */
 #define TN 3          /* ... by TN weight rows */
