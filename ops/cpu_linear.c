@@ -6,9 +6,12 @@
  *        and bf16 widened to f32 in registers, i8 widened and scaled at the end), dotted with the M
  *        rows of x in f32; the rows are split over the pool's threads. Memory-bound: the weight is the
  *        whole traffic. transposed=1 (GPT-2's [K, N]) reads the weight row by row the same way.
- *   GEMV groups (4 < M <= 6: the shortest prefills)  the GEMV over each range of weight rows for every
- *        group of up to 4 rows of x: the weight is read from memory once, later groups find it cached.
- *   GEMM (M > 6, and transposed weights past M = 4: prefill)  blocked as BLIS blocks it: x packed once
+ *   In-place tiles (AVX2, 4 < M <= 32: short prefills)  no packing: a register tile of 4 rows of x by
+ *        3 weight rows, the weight read where it is (widened in registers) once per call, each loaded
+ *        weight vector used for 4 rows of x; dot products summed across lanes once per tile.
+ *   GEMV groups (portable, 4 < M <= 6)  the GEMV over each range of weight rows for every group of up
+ *        to 4 rows of x: the weight is read from memory once, later groups find it cached.
+ *   GEMM (M > 32 on AVX2, M > 6 portable, and transposed weights past M = 4: prefill)  blocked as BLIS blocks it: x packed once
  *        into 6-row panels (f32); per task (a block of MC rows and NC columns) the weight is packed KC
  *        deep into 16-column panels, widened to f32 on the way (so 16-bit and i8 weights cost one
  *        conversion per weight element and row block), and a 6x16 register tile of FMAs accumulates
@@ -346,7 +349,8 @@ static int run_gemv(const lin_t *L)
  * read from memory once and dotted with x in groups of up to GEMV_MAX_M rows by the GEMV kernels, the
  * later groups reading it from the cache. Past GROUPS_MAX_M rows the GEMM's register tile wins. The
  * numerics are the GEMV's, row for row (transposed weights keep the GEMM). The job is the GEMV's:
- * the whole x, each group's view made per range. */
+ * the whole x, each group's view made per range. The AVX2 entries run the in-place tiles below instead
+ * (faster); this serves cpu-portable. */
 
 static void gemv_groups_range(void *arg, int64_t lo, int64_t hi)
 {
@@ -376,6 +380,170 @@ static int run_gemv_groups(const lin_t *L)
     tk_ops__parallel_for(L->n, gemv_grain(L), bytes < (1 << 16) ? 1 : 0, gemv_groups_range, &g);
     return TK_OK;
 }
+
+/* ---- In-place tiles: GEMV_MAX_M < M <= TILE_MAX_M (AVX2) ------------------------------------------ */
+
+/* A short prefill (5 to TILE_MAX_M rows of x: a chat turn, a server's fresh prompt) reads the weight
+ * where it is, with no packing: the GEMM's packing (a transposed f32 copy of every weight block, per
+ * call) is a cost independent of M that a few rows of x cannot repay, and the GEMV groups reload every
+ * weight vector once per 4 rows of x. Here a tile of TM rows of x by TN weight rows keeps TM x TN
+ * accumulators in registers: each step of 8 along K loads TN weight vectors (16-bit and i8 widened in
+ * the register, as the GEMV does) and TM vectors of x, and issues TM x TN FMAs; each accumulator is
+ * summed across its 8 lanes once per tile. The outer loop runs TN weight rows at a time (a few KiB,
+ * in L1) over every group of TM rows of x (x stays in L1/L2), so the weight streams from memory once
+ * per call; each step prefetches one line of the weight, up to TILE_PF bytes past the rows being
+ * read, so the next rows are on their way while the present ones are multiplied (without it, or 4 KiB
+ * ahead, 8 rows of x took 1.2-1.7x the time on the development machine). Ranges of weight rows go to
+ * the pool. On SmolLM-135M's weights streamed from memory (bench/linear_small.c, one thread) this
+ * takes 0.4-0.8x the GEMM's CPU time for 5 to 16 rows of x, even at 32 (f32; bf16 0.65x), and more
+ * than the GEMM from 40 on, hence TILE_MAX_M (bench/RESULTS.md). A K-blocked variant (slices of
+ * the weight and of x kept in L1 across the tiles) was slower here and is not kept.
+ * Numerics: each dot accumulated in 8 f32 lanes along K (the GEMV: 16), the lanes summed at the end,
+ * then the i8 scale and the bias in f32 and one rounding to the output dtype. */
+#define TILE_MAX_M 32 /* rows of x the in-place tiles take; more go to the GEMM */
+#define TM 4          /* tile: TM rows of x ... */
+#define TN 3          /* ... by TN weight rows */
+#define TILE_PF 16384     /* bytes ahead of the rows being read that the prefetch may run */
+#define TILE_GRAIN 65536  /* bytes of weight rows per range handed to the pool */
+
+#if TK_CPU_X86
+/* Sums of each of a[0..3] across its lanes: {sum a[0], sum a[1], sum a[2], sum a[3]}. */
+TK_AVX2_INLINE __m128 hsum4x8(__m256 a0, __m256 a1, __m256 a2, __m256 a3)
+{
+    __m256 t = _mm256_hadd_ps(_mm256_hadd_ps(a0, a1), _mm256_hadd_ps(a2, a3));
+    return _mm_add_ps(_mm256_castps256_ps128(t), _mm256_extractf128_ps(t, 1));
+}
+
+/* y[i][j] = dot(x row i, weight row j) for i < MT, j < NT; *pf: the next line to prefetch, one a step
+ * while below lim. */
+TK_AVX2_INLINE void tile_avx2(int MT, int NT, int wk, const char *w, size_t ldwb, const float *xf, int64_t ldx,
+                              int64_t k, float y[TM][TN], const char **pf, const char *lim)
+{
+    __m256 acc[TM][TN];
+#pragma GCC unroll 4
+    for (int i = 0; i < MT; i++)
+#pragma GCC unroll 4
+        for (int j = 0; j < NT; j++)
+            acc[i][j] = _mm256_setzero_ps();
+    const char *p = *pf;
+    int64_t e = 0;
+    for (; e + 8 <= k; e += 8) {
+        if (p < lim) {
+            _mm_prefetch(p, _MM_HINT_T0);
+            p += 64;
+        }
+        __m256 wv[TN];
+#pragma GCC unroll 4
+        for (int j = 0; j < NT; j++)
+            wv[j] = tk_ld8(w + j * ldwb, e, wk);
+#pragma GCC unroll 4
+        for (int i = 0; i < MT; i++) {
+            __m256 xv = _mm256_loadu_ps(xf + i * ldx + e);
+#pragma GCC unroll 4
+            for (int j = 0; j < NT; j++)
+                acc[i][j] = _mm256_fmadd_ps(wv[j], xv, acc[i][j]);
+        }
+    }
+    if (e < k) {
+        int r = (int)(k - e);
+        __m256 wv[TN];
+#pragma GCC unroll 4
+        for (int j = 0; j < NT; j++)
+            wv[j] = tk_ld8_part(w + j * ldwb, e, wk, r);
+#pragma GCC unroll 4
+        for (int i = 0; i < MT; i++) {
+            __m256 xv = tk_ld8_part(xf + i * ldx, e, K_F32, r);
+#pragma GCC unroll 4
+            for (int j = 0; j < NT; j++)
+                acc[i][j] = _mm256_fmadd_ps(wv[j], xv, acc[i][j]);
+        }
+    }
+    *pf = p;
+    if (MT == 4) {
+#pragma GCC unroll 4
+        for (int j = 0; j < NT; j++) {
+            float s[4];
+            _mm_storeu_ps(s, hsum4x8(acc[0][j], acc[1][j], acc[2][j], acc[3][j]));
+            for (int i = 0; i < 4; i++)
+                y[i][j] = s[i];
+        }
+    } else {
+#pragma GCC unroll 4
+        for (int i = 0; i < MT; i++)
+#pragma GCC unroll 4
+            for (int j = 0; j < NT; j++)
+                y[i][j] = tk_hsum8(acc[i][j]);
+    }
+}
+
+#define TILE_CASE(MT, NT)                                                                              \
+    case (MT - 1) * TN + NT - 1: tile_avx2(MT, NT, wk, wb, ldwb, xf, j->ldxf, L->k, y, &pf, lim); break
+
+/* Weight rows [lo, hi) against every row of x, TN rows at a time. */
+TK_AVX2_INLINE void tile_rows_avx2(int wk, const gemv_job *j, int64_t lo, int64_t hi)
+{
+    const lin_t *L = j->L;
+    size_t ldwb = (size_t)L->ldw * tk_cpu_kind_size(wk);
+    const char *pf = (const char *)L->w + (size_t)lo * ldwb, *end = (const char *)L->w + (size_t)hi * ldwb;
+    for (int64_t n0 = lo; n0 < hi; n0 += TN) {
+        int nt = hi - n0 < TN ? (int)(hi - n0) : TN;
+        const char *wb = (const char *)L->w + (size_t)n0 * ldwb;
+        /* at most TILE_PF ahead of the rows being read, never past the range */
+        const char *lim = wb + (size_t)nt * ldwb + TILE_PF < end ? wb + (size_t)nt * ldwb + TILE_PF : end;
+        for (int64_t i0 = 0; i0 < L->m; i0 += TM) {
+            int mt = L->m - i0 < TM ? (int)(L->m - i0) : TM;
+            const float *xf = j->xf + i0 * j->ldxf;
+            float y[TM][TN];
+            switch ((mt - 1) * TN + nt - 1) {
+                TILE_CASE(1, 1);
+                TILE_CASE(1, 2);
+                TILE_CASE(1, 3);
+                TILE_CASE(2, 1);
+                TILE_CASE(2, 2);
+                TILE_CASE(2, 3);
+                TILE_CASE(3, 1);
+                TILE_CASE(3, 2);
+                TILE_CASE(3, 3);
+                TILE_CASE(4, 1);
+                TILE_CASE(4, 2);
+                TILE_CASE(4, 3);
+            }
+            for (int i = 0; i < mt; i++)
+                for (int t = 0; t < nt; t++)
+                    put1(L, i0 + i, n0 + t, y[i][t]);
+        }
+    }
+}
+#undef TILE_CASE
+
+#define TILE_INST(WK, NAME)                                                                            \
+    TK_AVX2 static void NAME(const gemv_job *j, int64_t lo, int64_t hi) { tile_rows_avx2(WK, j, lo, hi); }
+TILE_INST(K_F32, tile_f32)
+TILE_INST(K_F16, tile_f16)
+TILE_INST(K_BF16, tile_bf16)
+TILE_INST(K_I8, tile_i8)
+
+static void (*const tile_avx2_kind[4])(const gemv_job *, int64_t, int64_t) = {tile_f32, tile_f16, tile_bf16, tile_i8};
+
+static void tile_range_avx2(void *arg, int64_t lo, int64_t hi)
+{
+    const gemv_job *j = arg;
+    tile_avx2_kind[j->L->wk](j, lo, hi);
+}
+
+static int run_tiles(const lin_t *L)
+{
+    gemv_job j = {L, NULL, 0};
+    if (!(j.xf = x_f32(L, &j.ldxf)))
+        return tk__err(TK_ERR_NOMEM, "linear: out of memory for x as f32");
+    int64_t bytes = L->n * L->k * (int64_t)tk_cpu_kind_size(L->wk);
+    int64_t row = L->k * (int64_t)tk_cpu_kind_size(L->wk);
+    int64_t grain = row > 0 ? (TILE_GRAIN + row - 1) / row : 64;
+    grain = (grain + TN - 1) / TN * TN;
+    tk_ops__parallel_for(L->n, grain, bytes < (1 << 16) ? 1 : 0, tile_range_avx2, &j);
+    return TK_OK;
+}
+#endif
 
 /* ---- GEMV with integer dot products: i8 weights, x quantised to i8 per block of 32 ------------------ */
 
@@ -793,6 +961,10 @@ static int run(const tk_op_call *c, int casted, int avx2)
         return TK_OK;
     if (L.m <= GEMV_MAX_M || L.k == 0)
         return run_gemv(&L);
+#if TK_CPU_X86
+    if (L.avx2 && !L.trans && L.m <= TILE_MAX_M)
+        return run_tiles(&L);
+#endif
     if (L.m <= GROUPS_MAX_M && !L.trans)
         return run_gemv_groups(&L);
     return run_gemm(&L);
@@ -826,12 +998,14 @@ static int run_casted_q8(const tk_op_call *c)
 const tk_cpu_impl tk_ops__cpu_linear_impls[] = {
 #if TK_CPU_X86
     {"linear", "cpu-avx2", TK_CPU_X86_AVX2, fits_linear, run_linear_avx2,
-     "f32/f16/bf16 weights read in their dtype: GEMV (M <= 4) and a packed 6x16 FMA GEMM, threaded"},
+     "f32/f16/bf16 weights read in their dtype: GEMV (M <= 4), 4x3 in-place tiles (M <= 32) and a packed 6x16 "
+     "FMA GEMM, threaded"},
     {"casted_linear", "cpu-avx2-q8", TK_CPU_X86_AVX2, fits_casted_q8, run_casted_q8,
      "decode (M <= 4): x quantised to i8 per 32 (Q8_0's activations), integer dots (vpmaddubsw), threaded; "
      "TK_CPU_Q8=1 only"},
     {"casted_linear", "cpu-avx2", TK_CPU_X86_AVX2, fits_casted, run_casted_avx2,
-     "i8 weights widened in registers against f32 x: the packed GEMM (prefill, M > 4), threaded"},
+     "i8 weights widened in registers against f32 x: in-place tiles (M <= 32) and the packed GEMM (prefill), "
+     "threaded"},
 #endif
     {"linear", "cpu-portable", 0, fits_linear, run_linear_c, "the same blocking in plain C"},
     {"casted_linear", "cpu-portable", 0, fits_casted, run_casted_c, "the same blocking in plain C (i8 weights)"},

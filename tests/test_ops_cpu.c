@@ -235,8 +235,13 @@ static void test_linear(void)
     static const int64_t shapes[][3] = {{1, 1, 1},  {1, 7, 5},    {1, 64, 33},  {2, 17, 9},    {3, 100, 37},
                                         {4, 33, 70}, {5, 33, 17},  {7, 300, 50}, {13, 257, 129}, {64, 600, 96},
                                         {1, 0, 5},  {6, 1, 16},   {150, 40, 20}, {8, 576, 200}, {6, 100, 333},
-                                        {7, 70, 40}};
-    /* M 5..6 runs the GEMV in groups of 4 rows (threaded when N * K passes 64 KiB), M 7 and up the GEMM */
+                                        {7, 70, 40}, {5, 300, 200}, {11, 129, 131}, {17, 577, 100}, {22, 576, 193},
+                                        {31, 1000, 70}, {32, 64, 7}, {33, 40, 20}, {12, 8, 3}, {9, 7, 4},
+                                        {6, 15, 1},   {32, 300, 250}, {26, 1536, 50}};
+    /* cpu-avx2: M 5..32 runs the in-place 4x3 tiles (M and N past and below multiples of 4 and 3, K of
+     * 8; threaded in ranges of 64 KiB of weight rows, whose ends fall inside a tile of 3 rows), M 33 and
+     * up the GEMM. cpu-portable: M 5..6 the GEMV in groups of 4 rows (threaded when N * K passes 64
+     * KiB), M 7 and up the GEMM. Transposed weights: the GEMM past M = 4. */
     for (size_t d = 0; d < 3; d++)
         for (size_t s = 0; s < sizeof shapes / sizeof shapes[0]; s++)
             for (int tr = 0; tr < 2; tr++) {
@@ -246,6 +251,8 @@ static void test_linear(void)
     for (size_t d = 0; d < 3; d++) {
         CHECK(lin_case(*all_dtypes[d], 1, 40, 9, 1, 0, 0, 1));
         CHECK(lin_case(*all_dtypes[d], 9, 40, 9, 0, 0, 0, 1));
+        CHECK(lin_case(*all_dtypes[d], 5, 41, 7, 1, 0, 0, 1));
+        CHECK(lin_case(*all_dtypes[d], 32, 100, 10, 0, 0, 0, 1));
     }
 }
 
@@ -293,7 +300,8 @@ static void test_casted_linear(void)
      * 64 KiB runs threaded */
     static const int64_t shapes[][3] = {{1, 1, 1},   {1, 70, 33},  {3, 19, 40},  {4, 256, 8},    {5, 33, 17},
                                         {40, 300, 70}, {1, 32, 5},   {2, 64, 300}, {4, 1000, 70}, {1, 576, 200},
-                                        {3, 95, 129},  {1, 0, 4},   {6, 576, 200}, {8, 33, 9}};
+                                        {3, 95, 129},  {1, 0, 4},   {6, 576, 200}, {8, 33, 9},
+                                        {13, 300, 131}, {32, 577, 100}, {29, 1000, 70}, {33, 64, 10}};
     for (size_t d = 0; d < 3; d++) {
         for (size_t s = 0; s < sizeof shapes / sizeof shapes[0]; s++)
             CHECK(casted_case(*all_dtypes[d], shapes[s][0], shapes[s][1], shapes[s][2], (int)(s % 2), 0));
