@@ -159,9 +159,9 @@ int tk_api__kcache(struct tk_kcache **out, tk_ctx *ctx) { return get_cache(out, 
 
 typedef struct {
     char *name;
-    int type; /* TK_JIT_P_* */
+    int type; /* TK_MANIFEST_P_* */
     tk_dtype dtype;
-    tk_jit_expr *value; /* derived scalars; a workspace's size in bytes */
+    tk_manifest_expr *value; /* derived scalars; a workspace's size in bytes */
     int optional;       /* tensors: may be left out (the kernel gets a null pointer) */
 } kparam;
 
@@ -169,10 +169,10 @@ typedef struct {
     char *name, *op, *source, *symbol;
     kparam *params;
     size_t nparams;
-    tk_jit_expr *grid[3], *block[3], *smem; /* NULL dims are 1 */
+    tk_manifest_expr *grid[3], *block[3], *smem; /* NULL dims are 1 */
     int min_cc, max_cc, arch_specific;
     int64_t align; /* constraints.align: every tensor's data + byte_offset a multiple (0: any) */
-    tk_jit_expr **max_e; /* constraints.max and .min: expression, bound, and which */
+    tk_manifest_expr **max_e; /* constraints.max and .min: expression, bound, and which */
     int64_t *max_v;
     char *is_min;
     size_t nmax;
@@ -188,16 +188,16 @@ static void kdecl_clear(kdecl *d)
     free(d->symbol);
     for (size_t i = 0; i < d->nparams; i++) {
         free(d->params[i].name);
-        tk_jit__expr_free(d->params[i].value);
+        tk_manifest__expr_free(d->params[i].value);
     }
     free(d->params);
     for (int i = 0; i < 3; i++) {
-        tk_jit__expr_free(d->grid[i]);
-        tk_jit__expr_free(d->block[i]);
+        tk_manifest__expr_free(d->grid[i]);
+        tk_manifest__expr_free(d->block[i]);
     }
-    tk_jit__expr_free(d->smem);
+    tk_manifest__expr_free(d->smem);
     for (size_t i = 0; i < d->nmax; i++)
-        tk_jit__expr_free(d->max_e[i]);
+        tk_manifest__expr_free(d->max_e[i]);
     free(d->max_e);
     free(d->max_v);
     free(d->is_min);
@@ -210,8 +210,8 @@ static void kdecl_clear(kdecl *d)
 static int param_type(const char *t)
 {
     static const char *const names[] = {"tensor", "i32", "i64", "f32", "f64", "workspace"};
-    static const int types[] = {TK_JIT_P_TENSOR, TK_JIT_P_I32, TK_JIT_P_I64, TK_JIT_P_F32, TK_JIT_P_F64,
-                                TK_JIT_P_WORKSPACE};
+    static const int types[] = {TK_MANIFEST_P_TENSOR, TK_MANIFEST_P_I32, TK_MANIFEST_P_I64, TK_MANIFEST_P_F32, TK_MANIFEST_P_F64,
+                                TK_MANIFEST_P_WORKSPACE};
     for (size_t i = 0; t && i < sizeof types / sizeof types[0]; i++)
         if (strcmp(t, names[i]) == 0)
             return types[i];
@@ -224,8 +224,8 @@ static char *jstr(json_t *o, const char *key)
     return s ? tk__strdup(s) : NULL;
 }
 
-static int parse_dims(tk_jit_expr *out[3], json_t *arr, const char *which, const kdecl *d,
-                      const tk_jit_param *ps)
+static int parse_dims(tk_manifest_expr *out[3], json_t *arr, const char *which, const kdecl *d,
+                      const tk_manifest_var *ps)
 {
     char what[256];
     size_t n = json_array_size(arr);
@@ -235,7 +235,7 @@ static int parse_dims(tk_jit_expr *out[3], json_t *arr, const char *which, const
     for (size_t i = 0; i < n; i++) {
         int rc;
         snprintf(what, sizeof what, "kernel '%s', launch.%s[%zu]", d->name, which, i);
-        if ((rc = tk_jit__expr_parse(&out[i], json_string_value(json_array_get(arr, i)), ps,
+        if ((rc = tk_manifest__expr_parse(&out[i], json_string_value(json_array_get(arr, i)), ps,
                                      d->nparams, what)) != TK_OK)
             return rc;
     }
@@ -244,7 +244,7 @@ static int parse_dims(tk_jit_expr *out[3], json_t *arr, const char *which, const
 
 static int parse_kernel(kdecl *d, json_t *k, size_t idx)
 {
-    tk_jit_param ps[MAX_PARAMS], vps[MAX_PARAMS];
+    tk_manifest_var ps[MAX_PARAMS], vps[MAX_PARAMS];
     json_t *jp = json_object_get(k, "params"), *launch = json_object_get(k, "launch");
     json_t *cons = json_object_get(k, "constraints"), *opts = json_object_get(k, "options");
     char what[256];
@@ -271,28 +271,28 @@ static int parse_kernel(kdecl *d, json_t *k, size_t idx)
         kp->type = param_type(json_string_value(json_object_get(p, "type")));
         if (!kp->name || kp->type < 0)
             return tk__err(TK_ERR_MANIFEST, "kernel '%s': params[%zu] needs a name and a type", d->name, i);
-        if (kp->type == TK_JIT_P_TENSOR &&
+        if (kp->type == TK_MANIFEST_P_TENSOR &&
             tk_ops__dtype_parse(&kp->dtype, json_string_value(json_object_get(p, "dtype"))) != TK_OK)
             return tk__err_wrap(TK_ERR_MANIFEST, "kernel '%s': param '%s'", d->name, kp->name);
         kp->optional = json_is_true(json_object_get(p, "optional"));
-        if (kp->optional && kp->type != TK_JIT_P_TENSOR)
+        if (kp->optional && kp->type != TK_MANIFEST_P_TENSOR)
             return tk__err(TK_ERR_MANIFEST, "kernel '%s': param '%s': only tensors can be optional", d->name,
                            kp->name);
-        if (kp->type == TK_JIT_P_WORKSPACE && !json_object_get(p, "value"))
+        if (kp->type == TK_MANIFEST_P_WORKSPACE && !json_object_get(p, "value"))
             return tk__err(TK_ERR_MANIFEST, "kernel '%s': workspace '%s' needs a \"value\": its size in bytes",
                            d->name, kp->name);
-        ps[i] = (tk_jit_param){kp->name, kp->type, kp->type != TK_JIT_P_WORKSPACE};
-        vps[i] = (tk_jit_param){kp->name, kp->type, !json_object_get(p, "value") && kp->type != TK_JIT_P_WORKSPACE};
+        ps[i] = (tk_manifest_var){kp->name, kp->type, kp->type != TK_MANIFEST_P_WORKSPACE};
+        vps[i] = (tk_manifest_var){kp->name, kp->type, !json_object_get(p, "value") && kp->type != TK_MANIFEST_P_WORKSPACE};
     }
     json_array_foreach(jp, i, p) {
         json_t *v = json_object_get(p, "value");
         if (!v)
             continue;
-        if (d->params[i].type == TK_JIT_P_TENSOR)
+        if (d->params[i].type == TK_MANIFEST_P_TENSOR)
             return tk__err(TK_ERR_MANIFEST, "kernel '%s': tensor param '%s' cannot have a value", d->name,
                            d->params[i].name);
         snprintf(what, sizeof what, "kernel '%s', params.%s.value", d->name, d->params[i].name);
-        if ((rc = tk_jit__expr_parse(&d->params[i].value, json_string_value(v), vps, d->nparams,
+        if ((rc = tk_manifest__expr_parse(&d->params[i].value, json_string_value(v), vps, d->nparams,
                                      what)) != TK_OK)
             return rc;
     }
@@ -305,7 +305,7 @@ static int parse_kernel(kdecl *d, json_t *k, size_t idx)
     {
         json_t *sm = json_object_get(launch, "smem");
         const char *s = json_is_string(sm) ? json_string_value(sm) : sm ? NULL : "0";
-        if ((rc = tk_jit__expr_parse(&d->smem, s, ps, d->nparams, what)) != TK_OK)
+        if ((rc = tk_manifest__expr_parse(&d->smem, s, ps, d->nparams, what)) != TK_OK)
             return rc;
     }
     d->min_cc = 0;
@@ -336,7 +336,7 @@ static int parse_kernel(kdecl *d, json_t *k, size_t idx)
                 snprintf(what, sizeof what, "kernel '%s', constraints.%s", d->name, lo ? "min" : "max");
                 if (!json_is_integer(v))
                     return tk__err(TK_ERR_MANIFEST, "%s: the bound of '%s' must be an integer", what, key);
-                if ((rc = tk_jit__expr_parse(&d->max_e[d->nmax], key, ps, d->nparams, what)) != TK_OK)
+                if ((rc = tk_manifest__expr_parse(&d->max_e[d->nmax], key, ps, d->nparams, what)) != TK_OK)
                     return rc;
                 d->is_min[d->nmax] = (char)lo;
                 d->max_v[d->nmax++] = json_integer_value(v);
@@ -484,7 +484,7 @@ fail:
 
 /* A package directory that was never published (api/check.c checked it): its files are read from
  * the directory, and it is named "org/name@local" wherever it shows (logs, the cache's labels). */
-static int pkgsrc_load_dir(pkgsrc *s, const tk_api_localpkg *lp)
+static int pkgsrc_load_dir(pkgsrc *s, const tk_manifest_local *lp)
 {
     int rc;
     memset(s, 0, sizeof *s);
@@ -526,14 +526,14 @@ static int pkgsrc_for_ref(pkgsrc *s, char **manifest, tk_ctx *ctx, const char *r
     if (manifest)
         *manifest = NULL;
     if (tk_api__is_local_ref(ref)) {
-        tk_api_localpkg lp;
-        if ((rc = tk_api__local_load(&lp, ref)) != TK_OK)
+        tk_manifest_local lp;
+        if ((rc = tk_manifest__local_load(&lp, ref)) != TK_OK)
             return rc;
         tk_api__log(ctx, TK_LOG_WARN, "%s %s from %s is local: not signed, not installed", lp.name, lp.version, ref);
         rc = pkgsrc_load_dir(s, &lp);
         if (rc == TK_OK && manifest && !(*manifest = tk__strdup(lp.manifest)))
             rc = tk__err(TK_ERR_NOMEM, "out of memory");
-        tk_api__local_free(&lp);
+        tk_manifest__local_free(&lp);
     } else {
         tk_pkg *pkg = NULL;
         rc = get ? tk_pkg_get(&pkg, ctx, ref, get) : tk_pkg_info(&pkg, ctx, ref);
@@ -761,17 +761,17 @@ static int check_signatures(const cunit *c, const pkgsrc *s)
                                d->source, c->target, d->name, d->nparams, d->symbol, n);
             for (size_t i = 0; i < n; i++) {
                 const kparam *p = &d->params[i];
-                size_t want = p->type == TK_JIT_P_I32 || p->type == TK_JIT_P_F32 ? 4 : 8;
+                size_t want = p->type == TK_MANIFEST_P_I32 || p->type == TK_MANIFEST_P_F32 ? 4 : 8;
                 if (got[i] != want)
                     return tk__err(TK_ERR_MANIFEST,
                                    "%s (%s): kernel '%s': parameter %zu '%s' is %zu bytes in the manifest (%s), %zu "
                                    "in '%s'\nHINT: tensor and workspace: a pointer; i64/f64: 8 bytes; i32/f32: 4 bytes",
                                    d->source, c->target, d->name, i + 1, p->name, want,
-                                   p->type == TK_JIT_P_TENSOR      ? "tensor"
-                                   : p->type == TK_JIT_P_WORKSPACE ? "workspace"
-                                   : p->type == TK_JIT_P_I32       ? "i32"
-                                   : p->type == TK_JIT_P_I64       ? "i64"
-                                   : p->type == TK_JIT_P_F32       ? "f32"
+                                   p->type == TK_MANIFEST_P_TENSOR      ? "tensor"
+                                   : p->type == TK_MANIFEST_P_WORKSPACE ? "workspace"
+                                   : p->type == TK_MANIFEST_P_I32       ? "i32"
+                                   : p->type == TK_MANIFEST_P_I64       ? "i64"
+                                   : p->type == TK_MANIFEST_P_F32       ? "f32"
                                                                    : "f64",
                                    got[i], d->symbol);
             }
@@ -940,7 +940,7 @@ static void symbol_message(tk_buf *b, const cunit *c, const pkgsrc *s, const cha
     }
 }
 
-int tk_api__compile_local(tk_ctx *ctx, const tk_api_localpkg *lp, const int *ccs0, size_t nccs, int cover, int jobs,
+int tk_api__compile_local(tk_ctx *ctx, const tk_manifest_local *lp, const int *ccs0, size_t nccs, int cover, int jobs,
                           tk_buf *report, size_t *nunits, size_t *nfailed)
 {
     pkgsrc s;
@@ -1346,11 +1346,11 @@ int tk_api__kernel_keys(tk_ctx *ctx, const char *ref, int cc, void (*each)(void 
     memset(&s, 0, sizeof s);
     memset(&p, 0, sizeof p);
     if (tk_api__is_local_ref(ref)) { /* quietly: dispatch asks this on every context */
-        tk_api_localpkg lp;
-        if ((rc = tk_api__local_load(&lp, ref)) != TK_OK)
+        tk_manifest_local lp;
+        if ((rc = tk_manifest__local_load(&lp, ref)) != TK_OK)
             return rc;
         rc = pkgsrc_load_dir(&s, &lp);
-        tk_api__local_free(&lp);
+        tk_manifest__local_free(&lp);
     } else {
         rc = pkgsrc_for_ref(&s, NULL, ctx, ref, NULL);
     }
@@ -1387,20 +1387,20 @@ typedef union {
     double f64;
 } argslot;
 
-static int eval_dim(int64_t *v, const tk_jit_expr *e, const tk_jit_value *vals, size_t n, int sm_count)
+static int eval_dim(int64_t *v, const tk_manifest_expr *e, const tk_manifest_value *vals, size_t n, int sm_count)
 {
     if (!e) {
         *v = 1;
         return TK_OK;
     }
-    return tk_jit__expr_eval_dev(v, e, vals, n, sm_count);
+    return tk_manifest__expr_eval_dev(v, e, vals, n, sm_count);
 }
 
 /* One call's state: which argument each parameter is bound to, what the launch rule knows of it,
  * and the kernel argument slots. */
 typedef struct {
     int bound[MAX_PARAMS]; /* index into args, -1 when not given */
-    tk_jit_value vals[MAX_PARAMS];
+    tk_manifest_value vals[MAX_PARAMS];
     argslot slots[MAX_PARAMS];
     int ws_slot; /* the workspace parameter, -1 if none */
     size_t ws_bytes;
@@ -1431,7 +1431,7 @@ static int bind_args(call_state *cs, const kdecl *d, const tk_arg *args, size_t 
         }
         if (d->params[i].value)
             return tk__err(TK_ERR_INVALID, "%s: '%s' is derived by the launch rule (%s); do not pass it",
-                           d->name, args[a].name, tk_jit__expr_src(d->params[i].value));
+                           d->name, args[a].name, tk_manifest__expr_src(d->params[i].value));
         if (cs->bound[i] >= 0)
             return tk__err(TK_ERR_INVALID, "%s: '%s' is given twice", d->name, args[a].name);
         cs->bound[i] = (int)a;
@@ -1449,7 +1449,7 @@ static int bind_args(call_state *cs, const kdecl *d, const tk_arg *args, size_t 
 }
 
 /* A tensor argument: dtype, device, shape and alignment checked; its pointer and shape recorded. */
-static int take_tensor(const tk_function *fn, const kparam *p, const tk_arg *a, tk_jit_value *val, argslot *slot)
+static int take_tensor(const tk_function *fn, const kparam *p, const tk_arg *a, tk_manifest_value *val, argslot *slot)
 {
     const kdecl *d = &fn->d;
     const tk_tensor *t = a->t;
@@ -1493,16 +1493,16 @@ static int take_tensor(const tk_function *fn, const kparam *p, const tk_arg *a, 
 }
 
 /* A scalar argument: an integer (i32 range-checked) or a floating-point number. */
-static int take_scalar(const kdecl *d, const kparam *p, const tk_arg *a, tk_jit_value *val, argslot *slot)
+static int take_scalar(const kdecl *d, const kparam *p, const tk_arg *a, tk_manifest_value *val, argslot *slot)
 {
-    if (p->type == TK_JIT_P_I32 || p->type == TK_JIT_P_I64) {
+    if (p->type == TK_MANIFEST_P_I32 || p->type == TK_MANIFEST_P_I64) {
         if (a->kind != TK_ARG_I64)
             return tk__err(TK_ERR_INVALID, "%s: '%s' must be an integer (TK_ARG_I64)", d->name, p->name);
-        if (p->type == TK_JIT_P_I32 && (a->i < INT32_MIN || a->i > INT32_MAX))
+        if (p->type == TK_MANIFEST_P_I32 && (a->i < INT32_MIN || a->i > INT32_MAX))
             return tk__err(TK_ERR_INVALID, "%s: '%s' = %lld does not fit i32", d->name, p->name, (long long)a->i);
         val->known = 1;
         val->i = a->i;
-        if (p->type == TK_JIT_P_I32)
+        if (p->type == TK_MANIFEST_P_I32)
             slot->i32 = (int32_t)a->i;
         else
             slot->i64 = a->i;
@@ -1515,7 +1515,7 @@ static int take_scalar(const kdecl *d, const kparam *p, const tk_arg *a, tk_jit_
         v = (double)a->i;
     else
         return tk__err(TK_ERR_INVALID, "%s: '%s' must be a number", d->name, p->name);
-    if (p->type == TK_JIT_P_F32)
+    if (p->type == TK_MANIFEST_P_F32)
         slot->f32 = (float)v;
     else
         slot->f64 = v;
@@ -1538,7 +1538,7 @@ static int take_args(call_state *cs, const tk_function *fn, const tk_arg *args)
         }
         if (b < 0)
             return tk__err(TK_ERR_INVALID, "%s: missing argument '%s'", d->name, p->name);
-        rc = p->type == TK_JIT_P_TENSOR ? take_tensor(fn, p, &args[b], &cs->vals[i], &cs->slots[i])
+        rc = p->type == TK_MANIFEST_P_TENSOR ? take_tensor(fn, p, &args[b], &cs->vals[i], &cs->slots[i])
                                         : take_scalar(d, p, &args[b], &cs->vals[i], &cs->slots[i]);
         if (rc != TK_OK)
             return rc;
@@ -1557,9 +1557,9 @@ static int derive_params(call_state *cs, const tk_function *fn)
         int64_t v;
         if (!p->value)
             continue;
-        if ((rc = tk_jit__expr_eval_dev(&v, p->value, cs->vals, d->nparams, fn->k->sm_count)) != TK_OK)
+        if ((rc = tk_manifest__expr_eval_dev(&v, p->value, cs->vals, d->nparams, fn->k->sm_count)) != TK_OK)
             return rc;
-        if (p->type == TK_JIT_P_WORKSPACE) {
+        if (p->type == TK_MANIFEST_P_WORKSPACE) {
             if (v < 0 || (uint64_t)v > (uint64_t)1 << 40)
                 return tk__err(TK_ERR_INVALID, "%s: workspace '%s' = %lld bytes is out of range", d->name, p->name,
                                (long long)v);
@@ -1569,20 +1569,20 @@ static int derive_params(call_state *cs, const tk_function *fn)
             cs->ws_bytes = (size_t)v;
             continue;
         }
-        if (p->type == TK_JIT_P_I32 && (v < INT32_MIN || v > INT32_MAX))
+        if (p->type == TK_MANIFEST_P_I32 && (v < INT32_MIN || v > INT32_MAX))
             return tk__err(TK_ERR_INVALID, "%s: derived '%s' = %lld does not fit i32", d->name, p->name,
                            (long long)v);
         switch (p->type) {
-        case TK_JIT_P_I32: cs->slots[i].i32 = (int32_t)v; break;
-        case TK_JIT_P_I64: cs->slots[i].i64 = v; break;
-        case TK_JIT_P_F32: cs->slots[i].f32 = (float)v; break;
+        case TK_MANIFEST_P_I32: cs->slots[i].i32 = (int32_t)v; break;
+        case TK_MANIFEST_P_I64: cs->slots[i].i64 = v; break;
+        case TK_MANIFEST_P_F32: cs->slots[i].f32 = (float)v; break;
         default: cs->slots[i].f64 = (double)v; break;
         }
     }
     for (size_t i = 0; i < d->nparams; i++)
-        if (d->params[i].value && (d->params[i].type == TK_JIT_P_I32 || d->params[i].type == TK_JIT_P_I64)) {
+        if (d->params[i].value && (d->params[i].type == TK_MANIFEST_P_I32 || d->params[i].type == TK_MANIFEST_P_I64)) {
             cs->vals[i].known = 1;
-            cs->vals[i].i = d->params[i].type == TK_JIT_P_I32 ? cs->slots[i].i32 : cs->slots[i].i64;
+            cs->vals[i].i = d->params[i].type == TK_MANIFEST_P_I32 ? cs->slots[i].i32 : cs->slots[i].i64;
         }
     return TK_OK;
 }
@@ -1594,11 +1594,11 @@ static int check_limits(const call_state *cs, const tk_function *fn)
     int rc;
     for (size_t m = 0; m < d->nmax; m++) {
         int64_t v;
-        if ((rc = tk_jit__expr_eval_dev(&v, d->max_e[m], cs->vals, d->nparams, fn->k->sm_count)) != TK_OK)
+        if ((rc = tk_manifest__expr_eval_dev(&v, d->max_e[m], cs->vals, d->nparams, fn->k->sm_count)) != TK_OK)
             return rc;
         if (d->is_min[m] ? v < d->max_v[m] : v > d->max_v[m])
             return tk__err(TK_ERR_UNSUPPORTED, "%s: %s = %lld is %s the kernel's limit %lld (constraints.%s)",
-                           d->name, tk_jit__expr_src(d->max_e[m]), (long long)v, d->is_min[m] ? "below" : "above",
+                           d->name, tk_manifest__expr_src(d->max_e[m]), (long long)v, d->is_min[m] ? "below" : "above",
                            (long long)d->max_v[m], d->is_min[m] ? "min" : "max");
     }
     return TK_OK;
@@ -1617,7 +1617,7 @@ static int launch_geometry(unsigned grid[3], unsigned block[3], size_t *smem_out
             (rc = eval_dim(&b[j], d->block[j], cs->vals, d->nparams, fn->k->sm_count)) != TK_OK)
             return rc;
     }
-    if ((rc = tk_jit__expr_eval_dev(&smem, d->smem, cs->vals, d->nparams, fn->k->sm_count)) != TK_OK)
+    if ((rc = tk_manifest__expr_eval_dev(&smem, d->smem, cs->vals, d->nparams, fn->k->sm_count)) != TK_OK)
         return rc;
     *empty = g[0] == 0 || g[1] == 0 || g[2] == 0;
     if (*empty)

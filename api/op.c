@@ -31,7 +31,7 @@
 #include "api/api.h"
 #include "api/builtin.h"
 #include "cache/kcache.h"
-#include "hub/manifest.h"
+#include "manifest/manifest.h"
 #include "jit/jit.h"
 #include "ops/cpu.h"
 #include "ops/ops.h"
@@ -143,7 +143,7 @@ static void cands_free(ops_state *s)
     s->c = NULL;
     s->n = 0;
     for (size_t i = 0; i < s->ndecl; i++) {
-        tk_api__op_declared_free(s->decl[i].op);
+        tk_manifest__op_declared_free(s->decl[i].op);
         free(s->decl[i].local);
     }
     free(s->decl);
@@ -343,20 +343,20 @@ static int add_decl(ops_state *s, tk_op_desc *op, const origin *o)
         int replace = 0, rc = TK_OK;
         if (!strcmp(d->op->package, op->package))
             replace = o->local ? 1 : !d->local && o->major > d->major;
-        else if (!tk_api__op_same(d->op, op))
+        else if (!tk_manifest__op_same(d->op, op))
             rc = add_conflict(s, d->op, op);
         if (replace) {
             char *local = o->local ? tk__strdup(o->local) : NULL;
             if (o->local && !local)
                 rc = tk__err(TK_ERR_NOMEM, "out of memory");
             else {
-                tk_api__op_declared_free(d->op);
+                tk_manifest__op_declared_free(d->op);
                 free(d->local);
                 *d = (declared){op, o->major, local};
                 return TK_OK;
             }
         }
-        tk_api__op_declared_free(op);
+        tk_manifest__op_declared_free(op);
         return rc;
     }
     declared *nd = realloc(s->decl, (s->ndecl + 1) * sizeof *s->decl);
@@ -365,7 +365,7 @@ static int add_decl(ops_state *s, tk_op_desc *op, const origin *o)
         if (nd)
             s->decl = nd;
         free(local);
-        tk_api__op_declared_free(op);
+        tk_manifest__op_declared_free(op);
         return tk__err(TK_ERR_NOMEM, "out of memory");
     }
     s->decl = nd;
@@ -383,7 +383,7 @@ static int add_manifest(ops_state *s, const char *text, const origin *o)
     int rc = TK_OK;
     json_array_foreach(decls, i, j) {
         tk_op_desc *op = NULL;
-        if (tk_api__op_declare(&op, j, o->name) != TK_OK)
+        if (tk_manifest__op_declare(&op, j, o->name) != TK_OK)
             continue;
         if ((rc = add_decl(s, op, o)) != TK_OK)
             break;
@@ -441,7 +441,7 @@ static int scan(ops_state *s, tk_ctx *ctx)
     for (size_t i = 0; rc == TK_OK && i < s->nlocal; i++) {
         const localpkg *lp = &s->local[i];
         int major = 0;
-        tk_hub__version_parse(lp->version, &major);
+        tk_manifest__version_parse(lp->version, &major);
         origin o = {lp->name, lp->version, "", lp->dir, major};
         rc = add_manifest(s, lp->manifest, &o);
     }
@@ -1246,12 +1246,12 @@ int tk_api__ops_check_declared(tk_ctx *ctx, json_t *m)
     json_array_foreach(decls, i, j) {
         tk_op_desc *op = NULL;
         const tk_op_desc *have = NULL;
-        if ((rc = tk_api__op_declare(&op, j, pkg)) != TK_OK)
+        if ((rc = tk_manifest__op_declare(&op, j, pkg)) != TK_OK)
             return rc;
         for (size_t d = 0; d < s->ndecl && !have; d++)
             if (!strcmp(s->decl[d].op->name, op->name) && strcmp(s->decl[d].op->package, pkg) != 0)
                 have = s->decl[d].op;
-        if (have && !tk_api__op_same(have, op)) {
+        if (have && !tk_manifest__op_same(have, op)) {
             tk_buf sa = TK_BUF_INIT, sb = TK_BUF_INIT;
             tk_ops__signature(&sa, have);
             tk_ops__signature(&sb, op);
@@ -1262,21 +1262,35 @@ int tk_api__ops_check_declared(tk_ctx *ctx, json_t *m)
             tk__buf_free(&sa);
             tk__buf_free(&sb);
         }
-        tk_api__op_declared_free(op);
+        tk_manifest__op_declared_free(op);
         if (rc != TK_OK)
             return rc;
     }
     return TK_OK;
 }
 
+int tk_api__validate_kernels(void *user, const char *manifest, size_t len)
+{
+    size_t bad;
+    const char *bad_in;
+    json_t *m = json_loadb(manifest, len, 0, NULL);
+    if (!m)
+        return tk__err(TK_ERR_MANIFEST, "manifest is not valid JSON");
+    int rc = tk_manifest__validate_json(m, &bad_in, &bad);
+    if (rc == TK_OK && user) /* an op declared here must not contradict an installed package's */
+        rc = tk_api__ops_check_declared(user, m);
+    json_decref(m);
+    return rc;
+}
+
 TK_API int tk_ops_add_package(tk_ctx *ctx, const char *pkgdir)
 {
     ops_state *s = NULL;
-    tk_api_localpkg lp;
+    tk_manifest_local lp;
     int rc = tk_api__check_ctx(ctx);
     if (rc != TK_OK)
         return rc;
-    if ((rc = get_state(&s, ctx)) != TK_OK || (rc = tk_api__local_load(&lp, pkgdir)) != TK_OK)
+    if ((rc = get_state(&s, ctx)) != TK_OK || (rc = tk_manifest__local_load(&lp, pkgdir)) != TK_OK)
         return rc;
     /* kept absolute: tk_get_kernel takes it as a directory (a bare "dir" would be a package name) */
     char *abs = realpath(lp.dir, NULL);
@@ -1286,13 +1300,13 @@ TK_API int tk_ops_add_package(tk_ctx *ctx, const char *pkgdir)
     }
     localpkg *nl = realloc(s->local, (s->nlocal + 1) * sizeof *s->local);
     if (!nl) {
-        tk_api__local_free(&lp);
+        tk_manifest__local_free(&lp);
         return tk__err(TK_ERR_NOMEM, "out of memory");
     }
     s->local = nl;
     s->local[s->nlocal++] = (localpkg){lp.dir, lp.name, lp.version, lp.manifest};
     lp.dir = lp.name = lp.version = lp.manifest = NULL;
-    tk_api__local_free(&lp);
+    tk_manifest__local_free(&lp);
     tk_api__log(ctx, TK_LOG_WARN, "%s %s from %s is local: not signed, not installed", s->local[s->nlocal - 1].name,
                 s->local[s->nlocal - 1].version, pkgdir);
     s->scanned = 0; /* read again, with it */

@@ -12,7 +12,7 @@
 #include "api/api.h"
 #include "cache/state.h"
 #include "hub/hub.h"
-#include "hub/manifest.h"
+#include "manifest/manifest.h"
 #include "hub/sign.h"
 #include "tk_default.h"
 
@@ -571,7 +571,7 @@ int tk_trust_add(tk_ctx *ctx, const char *org, const char *pubkey, const char *c
         return rc;
     char id[TK_KEYID_LEN], check[140];
     snprintf(check, sizeof check, "%s/x", org ? org : "");
-    if (!org || tk_hub__name_check(check, NULL, NULL) != TK_OK)
+    if (!org || tk_manifest__name_check(check, NULL, NULL) != TK_OK)
         return tk__err(TK_ERR_INVALID, "'%s' is not an org name", org ? org : "(null)");
     if ((rc = tk_hub__pubkey_check(pubkey, id)) != TK_OK)
         return rc;
@@ -654,12 +654,12 @@ static int publish_archs(int ccs[64], size_t *n, const tk_ctx *ctx, const tk_pub
  * with a warning; opts->no_compile skips it on purpose. */
 static int precheck(tk_ctx *ctx, const char *pkgdir, const tk_publish_opts *opts)
 {
-    tk_api_localpkg lp;
+    tk_manifest_local lp;
     tk_buf rep = TK_BUF_INIT;
     size_t nunits = 0, nfailed = 0;
     int ccs[64];
     size_t nccs = 0;
-    int rc = tk_api__local_load(&lp, pkgdir);
+    int rc = tk_manifest__local_load(&lp, pkgdir);
     if (rc != TK_OK)
         return tk__err_wrap(rc, "not published");
     if (opts->version >= 2 && opts->no_compile) {
@@ -686,7 +686,7 @@ static int precheck(tk_ctx *ctx, const char *pkgdir, const tk_publish_opts *opts
         }
     }
     tk__buf_free(&rep);
-    tk_api__local_free(&lp);
+    tk_manifest__local_free(&lp);
     return rc;
 }
 
@@ -753,7 +753,7 @@ int tk_yank(tk_ctx *ctx, const char *ref, const char *reason, const char *to_dir
     if (rc == TK_OK) {
         /* the one line tk yank prints */
         int major = 0;
-        tk_hub__version_parse(at + 1, &major); /* checked by tk_hub__yank_make */
+        tk_manifest__version_parse(at + 1, &major); /* checked by tk_hub__yank_make */
         if (already)
             tk_api__log(ctx, TK_LOG_INFO, "%s was yanked already (nothing changed)", ref);
         else if (removed)

@@ -656,13 +656,13 @@ static int plan_run(char **report, tk_ctx *ctx, const char *ref, const tk_selfte
     }
     r.dev.cc = cc;
     if (tk_api__is_local_ref(ref)) {
-        tk_api_localpkg lp;
-        if ((rc = tk_api__local_load(&lp, ref)) != TK_OK)
+        tk_manifest_local lp;
+        if ((rc = tk_manifest__local_load(&lp, ref)) != TK_OK)
             goto fail;
         snprintf(name, sizeof name, "%s", lp.name);
         snprintf(pkg, sizeof pkg, "%s@local", lp.name);
         manifest = tk__strdup(lp.manifest);
-        tk_api__local_free(&lp);
+        tk_manifest__local_free(&lp);
     } else {
         tk_pkg *p = NULL;
         if ((rc = tk_pkg_info(&p, ctx, ref)) == TK_ERR_NOT_FOUND && !tk_ctx_offline(ctx))
@@ -1133,11 +1133,11 @@ TK_API int tk_selftest_forget(tk_ctx *ctx, const char *ref, int64_t *removed)
     if (!ref)
         return tk_kcache__selftest_forget(kc, NULL, removed);
     if (tk_api__is_local_ref(ref)) {
-        tk_api_localpkg lp;
-        if ((rc = tk_api__local_load(&lp, ref)) != TK_OK)
+        tk_manifest_local lp;
+        if ((rc = tk_manifest__local_load(&lp, ref)) != TK_OK)
             return rc;
         snprintf(pkg, sizeof pkg, "%s@local", lp.name);
-        tk_api__local_free(&lp);
+        tk_manifest__local_free(&lp);
     } else {
         if ((rc = tk_pkg_info(&p, ctx, ref)) != TK_OK)
             return rc;

@@ -89,10 +89,6 @@ int tk_hub__installed(tk_state_pkg **out, tk_state *st, const char *ref);
 int tk_hub__publish(char **commit, const char *pkgdir, const char *to_dir, const char *key_path,
                     const char *compression, tk_log_fn log, void *log_user);
 
-/* The files a publish of pkgdir would take: regular files below it, relative, sorted, no dotfiles,
- * not kernel.json (a symlink or device is an error). *paths is malloc'd, each path too. */
-int tk_hub__pkgdir_files(char ***paths, size_t *n, const char *pkgdir);
-
 /* Builds and signs pkgdir's version in a private staging tree, then uploads it to the `tk serve`
  * registry at the http(s) URL `registry` with the bearer token (hub/upload.c). *commit (may be NULL)
  * receives the commit the server wrote; *created (may be NULL) is 0 when it already had it. The

@@ -1,6 +1,6 @@
 /*
  * fuzz_manifest.c — a package manifest as tk reads it after its signature checked out:
- * tk_hub__manifest_parse (name, version, files, archive) and the install-time kernel validation
+ * tk_manifest__parse (name, version, files, archive) and the install-time kernel validation
  * tk_api__validate_kernels (params, launch rules, constraints, compile options).
  *
  * Input: the manifest's bytes. Seeds: the manifests `tk publish` writes for kernels-src/.
@@ -10,12 +10,12 @@
 #include <string.h>
 
 #include "api/api.h"
-#include "hub/manifest.h"
+#include "manifest/manifest.h"
 
 int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
 {
-    tk_hub_manifest *m = NULL;
-    if (tk_hub__manifest_parse(&m, (const char *)data, size) == TK_OK) {
+    tk_manifest *m = NULL;
+    if (tk_manifest__parse(&m, (const char *)data, size) == TK_OK) {
         /* what the get path reads next: every field is there and its strings are whole */
         size_t sum = strlen(m->name) + strlen(m->version) + strlen(m->org) + strlen(m->pkg) +
                      strlen(m->archive.path) + strlen(m->archive.sha256) + strlen(m->compression);
@@ -26,7 +26,7 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
     } else if (m) {
         abort(); /* *out stays NULL on failure */
     }
-    tk_hub__manifest_free(m);
+    tk_manifest__free(m);
     tk_api__validate_kernels(NULL, (const char *)data, size);
     return 0;
 }

@@ -7,8 +7,9 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "api/api.h"
 #include "jit/jit.h"
+#include "manifest/expr.h"
+#include "manifest/manifest.h"
 #include "ops/ops.h"
 
 #define MAX_PARAMS 64
@@ -18,25 +19,25 @@ static int param_type(const char *t)
     if (!t)
         return -1;
     if (!strcmp(t, "tensor"))
-        return TK_JIT_P_TENSOR;
+        return TK_MANIFEST_P_TENSOR;
     if (!strcmp(t, "i32"))
-        return TK_JIT_P_I32;
+        return TK_MANIFEST_P_I32;
     if (!strcmp(t, "i64"))
-        return TK_JIT_P_I64;
+        return TK_MANIFEST_P_I64;
     if (!strcmp(t, "workspace"))
-        return TK_JIT_P_WORKSPACE;
+        return TK_MANIFEST_P_WORKSPACE;
     if (!strcmp(t, "f32"))
-        return TK_JIT_P_F32;
+        return TK_MANIFEST_P_F32;
     if (!strcmp(t, "f64"))
-        return TK_JIT_P_F64;
+        return TK_MANIFEST_P_F64;
     return -1;
 }
 
-static int check_expr(const char *src, const tk_jit_param *params, size_t n, const char *what)
+static int check_expr(const char *src, const tk_manifest_var *params, size_t n, const char *what)
 {
-    tk_jit_expr *e = NULL;
-    int rc = tk_jit__expr_parse(&e, src, params, n, what);
-    tk_jit__expr_free(e);
+    tk_manifest_expr *e = NULL;
+    int rc = tk_manifest__expr_parse(&e, src, params, n, what);
+    tk_manifest__expr_free(e);
     return rc;
 }
 
@@ -111,7 +112,7 @@ static int check_head(json_t *k, size_t idx, json_t *files, json_t *seen_names)
 }
 
 /* One param's name, type, optional flag, workspace rule and tensor dtype into params[i]. */
-static int check_param(tk_jit_param *params, size_t i, json_t *p, const char *name)
+static int check_param(tk_manifest_var *params, size_t i, json_t *p, const char *name)
 {
     const char *pn = json_string_value(json_object_get(p, "name"));
     const char *pt = json_string_value(json_object_get(p, "type"));
@@ -123,21 +124,21 @@ static int check_param(tk_jit_param *params, size_t i, json_t *p, const char *na
             return tk__err(TK_ERR_MANIFEST, "kernel '%s': param '%s' is declared twice", name, pn);
     params[i].name = pn;
     params[i].type = param_type(pt);
-    params[i].usable = params[i].type != TK_JIT_P_WORKSPACE; /* a pointer: no expression may use it */
+    params[i].usable = params[i].type != TK_MANIFEST_P_WORKSPACE; /* a pointer: no expression may use it */
     json_t *opt = json_object_get(p, "optional");
-    if (opt && (!json_is_boolean(opt) || (json_is_true(opt) && params[i].type != TK_JIT_P_TENSOR)))
+    if (opt && (!json_is_boolean(opt) || (json_is_true(opt) && params[i].type != TK_MANIFEST_P_TENSOR)))
         return tk__err(TK_ERR_MANIFEST, "kernel '%s': param '%s': 'optional' must be true or false, and only "
                        "tensors can be optional", name, pn);
-    if (params[i].type == TK_JIT_P_WORKSPACE) {
+    if (params[i].type == TK_MANIFEST_P_WORKSPACE) {
         for (size_t j = 0; j < i; j++)
-            if (params[j].type == TK_JIT_P_WORKSPACE)
+            if (params[j].type == TK_MANIFEST_P_WORKSPACE)
                 return tk__err(TK_ERR_MANIFEST, "kernel '%s': more than one workspace param ('%s', '%s')", name,
                                params[j].name, pn);
         if (!json_is_string(json_object_get(p, "value")))
             return tk__err(TK_ERR_MANIFEST, "kernel '%s': workspace '%s' needs a 'value': an expression for its "
                            "size in bytes", name, pn);
     }
-    if (params[i].type == TK_JIT_P_TENSOR) {
+    if (params[i].type == TK_MANIFEST_P_TENSOR) {
         tk_dtype dt;
         const char *ds = json_string_value(json_object_get(p, "dtype"));
         if (!ds || tk_ops__dtype_parse(&dt, ds) != TK_OK)
@@ -149,7 +150,7 @@ static int check_param(tk_jit_param *params, size_t i, json_t *p, const char *na
 
 /* Every param, then the derived scalars' value expressions: they may use tensors and caller scalars,
  * not other derived scalars. */
-static int check_params(tk_jit_param *params, size_t *np, json_t *k, const char *name)
+static int check_params(tk_manifest_var *params, size_t *np, json_t *k, const char *name)
 {
     char what[200];
     json_t *jp = json_object_get(k, "params"), *p;
@@ -162,7 +163,7 @@ static int check_params(tk_jit_param *params, size_t *np, json_t *k, const char 
         if (rc != TK_OK)
             return rc;
     }
-    tk_jit_param vparams[MAX_PARAMS];
+    tk_manifest_var vparams[MAX_PARAMS];
     memcpy(vparams, params, *np * sizeof *params);
     json_array_foreach(jp, i, p) {
         if (json_object_get(p, "value"))
@@ -172,7 +173,7 @@ static int check_params(tk_jit_param *params, size_t *np, json_t *k, const char 
         json_t *v = json_object_get(p, "value");
         if (!v)
             continue;
-        if (params[i].type == TK_JIT_P_TENSOR || !json_is_string(v))
+        if (params[i].type == TK_MANIFEST_P_TENSOR || !json_is_string(v))
             return tk__err(TK_ERR_MANIFEST, "kernel '%s': param '%s': 'value' must be an expression string on a "
                            "scalar param", name, params[i].name);
         snprintf(what, sizeof what, "kernel '%s', params.%s.value", name, params[i].name);
@@ -183,7 +184,7 @@ static int check_params(tk_jit_param *params, size_t *np, json_t *k, const char 
     return TK_OK;
 }
 
-static int check_launch(json_t *k, const char *name, const tk_jit_param *params, size_t np)
+static int check_launch(json_t *k, const char *name, const tk_manifest_var *params, size_t np)
 {
     char what[200];
     json_t *launch = json_object_get(k, "launch");
@@ -217,7 +218,7 @@ static int check_launch(json_t *k, const char *name, const tk_jit_param *params,
 }
 
 /* constraints (align, min/max bound expressions) and options. */
-static int check_limits(json_t *k, const char *name, const tk_jit_param *params, size_t np)
+static int check_limits(json_t *k, const char *name, const tk_manifest_var *params, size_t np)
 {
     char what[200];
     json_t *cons = json_object_get(k, "constraints");
@@ -256,7 +257,7 @@ static int check_limits(json_t *k, const char *name, const tk_jit_param *params,
 static int check_kernel(json_t *k, size_t idx, json_t *files, json_t *seen_names, struct tk_op_desc *const *ops,
                         size_t nops)
 {
-    tk_jit_param params[MAX_PARAMS];
+    tk_manifest_var params[MAX_PARAMS];
     size_t np = 0;
     int rc = check_head(k, idx, files, seen_names);
     const char *name = json_string_value(json_object_get(k, "name"));
@@ -275,10 +276,10 @@ static int check_kernel(json_t *k, size_t idx, json_t *files, json_t *seen_names
             op = ops[i];
     if (!op)
         op = tk_ops__find(opname);
-    return op ? tk_api__op_check_kernel(op, k) : TK_OK;
+    return op ? tk_manifest__op_check_kernel(op, k) : TK_OK;
 }
 
-/* The manifest's "ops" into *ops (*nops of them; tk_api__op_declared_free each). */
+/* The manifest's "ops" into *ops (*nops of them; tk_manifest__op_declared_free each). */
 static int declare_ops(json_t *m, tk_op_desc ***ops, size_t *nops, size_t *bad)
 {
     json_t *decls = json_object_get(m, "ops"), *d;
@@ -292,7 +293,7 @@ static int declare_ops(json_t *m, tk_op_desc ***ops, size_t *nops, size_t *bad)
     if (!(*ops = calloc(json_array_size(decls) + 1, sizeof **ops)))
         return tk__err(TK_ERR_NOMEM, "out of memory");
     json_array_foreach(decls, i, d) {
-        int rc = tk_api__op_declare(&(*ops)[i], d, json_string_value(json_object_get(m, "name")));
+        int rc = tk_manifest__op_declare(&(*ops)[i], d, json_string_value(json_object_get(m, "name")));
         for (size_t j = 0; rc == TK_OK && j < i; j++)
             if (!strcmp((*ops)[j]->name, (*ops)[i]->name))
                 rc = tk__err(TK_ERR_MANIFEST, "op '%s' is declared twice", (*ops)[i]->name);
@@ -320,7 +321,7 @@ static int check_device_toolkit(json_t *v)
     return TK_OK;
 }
 
-int tk_api__validate_json(json_t *m, const char **bad_in, size_t *bad)
+int tk_manifest__validate_json(json_t *m, const char **bad_in, size_t *bad)
 {
     json_t *kernels = json_object_get(m, "kernels");
     json_t *names = json_object();
@@ -357,22 +358,20 @@ int tk_api__validate_json(json_t *m, const char **bad_in, size_t *bad)
     }
 done:
     for (size_t j = 0; j < nops; j++)
-        tk_api__op_declared_free(ops[j]);
+        tk_manifest__op_declared_free(ops[j]);
     free(ops);
     json_decref(names);
     return rc;
 }
 
-int tk_api__validate_kernels(void *user, const char *manifest, size_t len)
+int tk_manifest__validate_text(const char *manifest, size_t len)
 {
     size_t bad;
     const char *bad_in;
     json_t *m = json_loadb(manifest, len, 0, NULL);
     if (!m)
         return tk__err(TK_ERR_MANIFEST, "manifest is not valid JSON");
-    int rc = tk_api__validate_json(m, &bad_in, &bad);
-    if (rc == TK_OK && user) /* an op declared here must not contradict an installed package's */
-        rc = tk_api__ops_check_declared(user, m);
+    int rc = tk_manifest__validate_json(m, &bad_in, &bad);
     json_decref(m);
     return rc;
 }
