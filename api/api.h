@@ -64,7 +64,7 @@ void tk_api__log(const tk_ctx *ctx, int level, const char *fmt, ...) TK_PRINTF(3
  * tk_ctx. TK_ERR_MANIFEST with the kernel and expression named. (manifest/validate.c, then api/op.c:
  * the declared ops against the installed packages') */
 int tk_api__validate_kernels(void *user, const char *manifest, size_t len);
-/* ---- packages that live in a directory (api/check.c) -------------------------------------------- */
+/* ---- packages that live in a directory (api/check.c; read by manifest/local.c) -------------------- */
 
 /* 1 when ref names a directory rather than a package: it starts with "./", "../" or "/", or is ".". */
 int tk_api__is_local_ref(const char *ref);

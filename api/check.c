@@ -4,9 +4,10 @@
  * NVRTC compile of every kernel, writing nothing), and the local packages that `tk build ./dir`,
  * `tk run ./dir` and tk_get_kernel(ctx, "./dir") compile without a signature.
  *
- * The checks are the install-time ones (api/validate.c) run on the manifest a publish would write,
- * plus the key check (hub/schema.c) that install leaves out for forward compatibility. Failures are
- * located in kernel.json by line and column.
+ * The package directory is read and checked by manifest/local.c: the install-time checks
+ * (manifest/validate.c) run on the manifest a publish would write, plus the key check
+ * (manifest/schema.c) that install leaves out for forward compatibility, located in kernel.json by line
+ * and column.
  */
 #include <stdio.h>
 #include <stdlib.h>

@@ -155,209 +155,10 @@ static int get_cache(tk_kcache **out, tk_ctx *ctx)
 
 int tk_api__kcache(struct tk_kcache **out, tk_ctx *ctx) { return get_cache(out, ctx); }
 
-/* ---- kernel declarations from the manifest ---------------------------------------------------- */
+/* ---- kernel declarations: the manifest's, parsed once (manifest/validate.c) ---------------------- */
 
-typedef struct {
-    char *name;
-    int type; /* TK_MANIFEST_P_* */
-    tk_dtype dtype;
-    tk_manifest_expr *value; /* derived scalars; a workspace's size in bytes */
-    int optional;       /* tensors: may be left out (the kernel gets a null pointer) */
-} kparam;
-
-typedef struct {
-    char *name, *op, *source, *symbol;
-    kparam *params;
-    size_t nparams;
-    tk_manifest_expr *grid[3], *block[3], *smem; /* NULL dims are 1 */
-    int min_cc, max_cc, arch_specific;
-    int64_t align; /* constraints.align: every tensor's data + byte_offset a multiple (0: any) */
-    tk_manifest_expr **max_e; /* constraints.max and .min: expression, bound, and which */
-    int64_t *max_v;
-    char *is_min;
-    size_t nmax;
-    char **options;
-    size_t noptions;
-} kdecl;
-
-static void kdecl_clear(kdecl *d)
-{
-    free(d->name);
-    free(d->op);
-    free(d->source);
-    free(d->symbol);
-    for (size_t i = 0; i < d->nparams; i++) {
-        free(d->params[i].name);
-        tk_manifest__expr_free(d->params[i].value);
-    }
-    free(d->params);
-    for (int i = 0; i < 3; i++) {
-        tk_manifest__expr_free(d->grid[i]);
-        tk_manifest__expr_free(d->block[i]);
-    }
-    tk_manifest__expr_free(d->smem);
-    for (size_t i = 0; i < d->nmax; i++)
-        tk_manifest__expr_free(d->max_e[i]);
-    free(d->max_e);
-    free(d->max_v);
-    free(d->is_min);
-    for (size_t i = 0; i < d->noptions; i++)
-        free(d->options[i]);
-    free(d->options);
-    memset(d, 0, sizeof *d);
-}
-
-static int param_type(const char *t)
-{
-    static const char *const names[] = {"tensor", "i32", "i64", "f32", "f64", "workspace"};
-    static const int types[] = {TK_MANIFEST_P_TENSOR, TK_MANIFEST_P_I32, TK_MANIFEST_P_I64, TK_MANIFEST_P_F32, TK_MANIFEST_P_F64,
-                                TK_MANIFEST_P_WORKSPACE};
-    for (size_t i = 0; t && i < sizeof types / sizeof types[0]; i++)
-        if (strcmp(t, names[i]) == 0)
-            return types[i];
-    return -1;
-}
-
-static char *jstr(json_t *o, const char *key)
-{
-    const char *s = json_string_value(json_object_get(o, key));
-    return s ? tk__strdup(s) : NULL;
-}
-
-static int parse_dims(tk_manifest_expr *out[3], json_t *arr, const char *which, const kdecl *d,
-                      const tk_manifest_var *ps)
-{
-    char what[256];
-    size_t n = json_array_size(arr);
-    if (!json_is_array(arr) || n < 1 || n > 3)
-        return tk__err(TK_ERR_MANIFEST, "kernel '%s': launch.%s must be a list of 1 to 3 expressions",
-                       d->name, which);
-    for (size_t i = 0; i < n; i++) {
-        int rc;
-        snprintf(what, sizeof what, "kernel '%s', launch.%s[%zu]", d->name, which, i);
-        if ((rc = tk_manifest__expr_parse(&out[i], json_string_value(json_array_get(arr, i)), ps,
-                                     d->nparams, what)) != TK_OK)
-            return rc;
-    }
-    return TK_OK;
-}
-
-static int parse_kernel(kdecl *d, json_t *k, size_t idx)
-{
-    tk_manifest_var ps[MAX_PARAMS], vps[MAX_PARAMS];
-    json_t *jp = json_object_get(k, "params"), *launch = json_object_get(k, "launch");
-    json_t *cons = json_object_get(k, "constraints"), *opts = json_object_get(k, "options");
-    char what[256];
-    size_t i;
-    json_t *p;
-    int rc;
-
-    memset(d, 0, sizeof *d);
-    d->name = jstr(k, "name");
-    d->op = jstr(k, "op");
-    d->source = jstr(k, "source");
-    d->symbol = jstr(k, "symbol");
-    if (!d->name || !d->op || !d->source || !d->symbol)
-        return tk__err(TK_ERR_MANIFEST, "kernels[%zu]: needs name, op, source and symbol strings", idx);
-    if (!json_is_array(jp) || json_array_size(jp) > MAX_PARAMS)
-        return tk__err(TK_ERR_MANIFEST, "kernel '%s': params must be an array of at most %d", d->name,
-                       MAX_PARAMS);
-    d->nparams = json_array_size(jp);
-    if (d->nparams && !(d->params = calloc(d->nparams, sizeof *d->params)))
-        return tk__err(TK_ERR_NOMEM, "out of memory");
-    json_array_foreach(jp, i, p) {
-        kparam *kp = &d->params[i];
-        kp->name = jstr(p, "name");
-        kp->type = param_type(json_string_value(json_object_get(p, "type")));
-        if (!kp->name || kp->type < 0)
-            return tk__err(TK_ERR_MANIFEST, "kernel '%s': params[%zu] needs a name and a type", d->name, i);
-        if (kp->type == TK_MANIFEST_P_TENSOR &&
-            tk_ops__dtype_parse(&kp->dtype, json_string_value(json_object_get(p, "dtype"))) != TK_OK)
-            return tk__err_wrap(TK_ERR_MANIFEST, "kernel '%s': param '%s'", d->name, kp->name);
-        kp->optional = json_is_true(json_object_get(p, "optional"));
-        if (kp->optional && kp->type != TK_MANIFEST_P_TENSOR)
-            return tk__err(TK_ERR_MANIFEST, "kernel '%s': param '%s': only tensors can be optional", d->name,
-                           kp->name);
-        if (kp->type == TK_MANIFEST_P_WORKSPACE && !json_object_get(p, "value"))
-            return tk__err(TK_ERR_MANIFEST, "kernel '%s': workspace '%s' needs a \"value\": its size in bytes",
-                           d->name, kp->name);
-        ps[i] = (tk_manifest_var){kp->name, kp->type, kp->type != TK_MANIFEST_P_WORKSPACE};
-        vps[i] = (tk_manifest_var){kp->name, kp->type, !json_object_get(p, "value") && kp->type != TK_MANIFEST_P_WORKSPACE};
-    }
-    json_array_foreach(jp, i, p) {
-        json_t *v = json_object_get(p, "value");
-        if (!v)
-            continue;
-        if (d->params[i].type == TK_MANIFEST_P_TENSOR)
-            return tk__err(TK_ERR_MANIFEST, "kernel '%s': tensor param '%s' cannot have a value", d->name,
-                           d->params[i].name);
-        snprintf(what, sizeof what, "kernel '%s', params.%s.value", d->name, d->params[i].name);
-        if ((rc = tk_manifest__expr_parse(&d->params[i].value, json_string_value(v), vps, d->nparams,
-                                     what)) != TK_OK)
-            return rc;
-    }
-    if (!json_is_object(launch))
-        return tk__err(TK_ERR_MANIFEST, "kernel '%s': needs a launch rule", d->name);
-    if ((rc = parse_dims(d->grid, json_object_get(launch, "grid"), "grid", d, ps)) != TK_OK ||
-        (rc = parse_dims(d->block, json_object_get(launch, "block"), "block", d, ps)) != TK_OK)
-        return rc;
-    snprintf(what, sizeof what, "kernel '%s', launch.smem", d->name);
-    {
-        json_t *sm = json_object_get(launch, "smem");
-        const char *s = json_is_string(sm) ? json_string_value(sm) : sm ? NULL : "0";
-        if ((rc = tk_manifest__expr_parse(&d->smem, s, ps, d->nparams, what)) != TK_OK)
-            return rc;
-    }
-    d->min_cc = 0;
-    d->max_cc = 1000000;
-    if (json_is_object(cons)) {
-        json_t *mx = json_object_get(cons, "max"), *mn = json_object_get(cons, "min"), *v;
-        const char *key;
-        if (json_is_integer(json_object_get(cons, "min_cc")))
-            d->min_cc = (int)json_integer_value(json_object_get(cons, "min_cc"));
-        if (json_is_integer(json_object_get(cons, "max_cc")))
-            d->max_cc = (int)json_integer_value(json_object_get(cons, "max_cc"));
-        d->arch_specific = json_is_true(json_object_get(cons, "arch_specific"));
-        if (json_is_integer(json_object_get(cons, "align")))
-            d->align = json_integer_value(json_object_get(cons, "align"));
-        size_t n = json_object_size(mx) + json_object_size(mn);
-        if (n) {
-            d->max_e = calloc(n, sizeof *d->max_e);
-            d->max_v = calloc(n, sizeof *d->max_v);
-            d->is_min = calloc(n, 1);
-            if (!d->max_e || !d->max_v || !d->is_min)
-                return tk__err(TK_ERR_NOMEM, "out of memory");
-        }
-        for (int lo = 0; lo < 2; lo++) {
-            json_t *obj = lo ? mn : mx;
-            if (!json_is_object(obj))
-                continue;
-            json_object_foreach(obj, key, v) {
-                snprintf(what, sizeof what, "kernel '%s', constraints.%s", d->name, lo ? "min" : "max");
-                if (!json_is_integer(v))
-                    return tk__err(TK_ERR_MANIFEST, "%s: the bound of '%s' must be an integer", what, key);
-                if ((rc = tk_manifest__expr_parse(&d->max_e[d->nmax], key, ps, d->nparams, what)) != TK_OK)
-                    return rc;
-                d->is_min[d->nmax] = (char)lo;
-                d->max_v[d->nmax++] = json_integer_value(v);
-            }
-        }
-    }
-    if (json_is_array(opts) && json_array_size(opts)) {
-        d->options = calloc(json_array_size(opts), sizeof *d->options);
-        if (!d->options)
-            return tk__err(TK_ERR_NOMEM, "out of memory");
-        json_array_foreach(opts, i, p) {
-            if (!json_is_string(p))
-                return tk__err(TK_ERR_MANIFEST, "kernel '%s': options must be strings", d->name);
-            if ((rc = tk_jit__option_check(json_string_value(p))) != TK_OK)
-                return tk__err_wrap(rc, "kernel '%s'", d->name);
-            if (!(d->options[d->noptions++] = tk__strdup(json_string_value(p))))
-                return tk__err(TK_ERR_NOMEM, "out of memory");
-        }
-    }
-    return TK_OK;
-}
+typedef tk_manifest_kernel kdecl;
+typedef tk_manifest_param kparam;
 
 /* ---- a package's sources and its compile plan ------------------------------------------------- */
 
@@ -365,7 +166,8 @@ typedef struct {
     char *pkgname;         /* "org/name@commit" */
     tk_jit_file *files;    /* every file of the package, data NUL-terminated */
     size_t nfiles;
-    char **copts;          /* manifest compile.options */
+    tk_manifest_kernels mk; /* compile.options and the kernels, parsed */
+    char **copts;           /* mk's */
     size_t ncopts;
     kdecl *k;
     size_t nk;
@@ -378,12 +180,7 @@ static void pkgsrc_free(pkgsrc *s)
         free((char *)s->files[i].data);
     }
     free(s->files);
-    for (size_t i = 0; i < s->ncopts; i++)
-        free(s->copts[i]);
-    free(s->copts);
-    for (size_t i = 0; i < s->nk; i++)
-        kdecl_clear(&s->k[i]);
-    free(s->k);
+    tk_manifest__kernels_free(&s->mk);
     free(s->pkgname);
     memset(s, 0, sizeof *s);
 }
@@ -392,60 +189,29 @@ static void pkgsrc_free(pkgsrc *s)
 static int pkgsrc_parse(pkgsrc *s, const char *name, const char *manifest)
 {
     json_error_t jerr;
-    json_t *m = NULL, *ks, *co, *x;
-    size_t i;
+    json_t *m = json_loads(manifest, 0, &jerr);
     int rc;
-
-    if (!(m = json_loads(manifest, 0, &jerr))) {
-        rc = tk__err(TK_ERR_MANIFEST, "manifest of %s: %s (line %d)", name, jerr.text, jerr.line);
-        goto fail;
-    }
-    co = json_object_get(json_object_get(m, "compile"), "options");
-    if (json_is_array(co) && json_array_size(co)) {
-        if (!(s->copts = calloc(json_array_size(co), sizeof *s->copts))) {
-            rc = tk__err(TK_ERR_NOMEM, "out of memory");
-            goto fail;
-        }
-        json_array_foreach(co, i, x) {
-            if (!json_is_string(x) || (rc = tk_jit__option_check(json_string_value(x))) != TK_OK) {
-                rc = tk__err_wrap(TK_ERR_MANIFEST, "%s: compile.options[%zu]", name, i);
-                goto fail;
-            }
-            if (!(s->copts[s->ncopts++] = tk__strdup(json_string_value(x)))) {
-                rc = tk__err(TK_ERR_NOMEM, "out of memory");
-                goto fail;
-            }
-        }
-    }
-    ks = json_object_get(m, "kernels");
-    if (!json_is_array(ks) || json_array_size(ks) == 0) {
-        rc = tk__err(TK_ERR_MANIFEST, "%s declares no kernels", name);
-        goto fail;
-    }
-    if (!(s->k = calloc(json_array_size(ks), sizeof *s->k))) {
-        rc = tk__err(TK_ERR_NOMEM, "out of memory");
-        goto fail;
-    }
-    json_array_foreach(ks, i, x) {
-        s->nk = i + 1;
-        if ((rc = parse_kernel(&s->k[i], x, i)) != TK_OK)
-            goto fail;
-        {
-            int found = 0;
-            for (size_t f = 0; f < s->nfiles; f++)
-                found |= strcmp(s->files[f].path, s->k[i].source) == 0;
-            if (!found) {
-                rc = tk__err(TK_ERR_MANIFEST, "kernel '%s': source '%s' is not a file of the package",
-                             s->k[i].name, s->k[i].source);
-                goto fail;
-            }
-        }
-    }
+    if (!m)
+        return tk__err(TK_ERR_MANIFEST, "manifest of %s: %s (line %d)", name, jerr.text, jerr.line);
+    rc = tk_manifest__kernels_parse(&s->mk, m, 0, NULL, NULL);
     json_decref(m);
+    if (rc != TK_OK)
+        return tk__err_wrap(rc, "%s", name);
+    s->copts = s->mk.copts;
+    s->ncopts = s->mk.ncopts;
+    s->k = s->mk.k;
+    s->nk = s->mk.nk;
+    if (!s->nk)
+        return tk__err(TK_ERR_MANIFEST, "%s declares no kernels", name);
+    for (size_t i = 0; i < s->nk; i++) {
+        int found = 0;
+        for (size_t f = 0; f < s->nfiles; f++)
+            found |= strcmp(s->files[f].path, s->k[i].source) == 0;
+        if (!found)
+            return tk__err(TK_ERR_MANIFEST, "kernel '%s': source '%s' is not a file of the package", s->k[i].name,
+                           s->k[i].source);
+    }
     return TK_OK;
-fail:
-    json_decref(m);
-    return rc;
 }
 
 static int pkgsrc_load(pkgsrc *s, const tk_pkg *pkg)
@@ -482,7 +248,7 @@ fail:
     return rc;
 }
 
-/* A package directory that was never published (api/check.c checked it): its files are read from
+/* A package directory that was never published (manifest/local.c checked it): its files are read from
  * the directory, and it is named "org/name@local" wherever it shows (logs, the cache's labels). */
 static int pkgsrc_load_dir(pkgsrc *s, const tk_manifest_local *lp)
 {
@@ -599,7 +365,7 @@ static int same_opts(const kdecl *a, const kdecl *b)
     return 1;
 }
 
-static int kernel_fits(const kdecl *d, int cc) { return cc >= d->min_cc && cc <= d->max_cc; }
+static int kernel_fits(const kdecl *d, int cc) { return cc >= d->min_cc && (!d->max_cc || cc <= d->max_cc); }
 
 /* Groups the kernels that fit `cc` into units and computes their keys. */
 static int plan_make(plan *p, const pkgsrc *s, int cc, int ptx_only, const char *nvrtc_id)
@@ -1070,7 +836,7 @@ void tk_kernel_free(tk_kernel *k)
     if (!k || k->magic != KERNEL_MAGIC)
         return;
     for (size_t i = 0; i < k->nfns; i++) {
-        kdecl_clear(&k->fns[i].d);
+        tk_manifest__kernel_clear(&k->fns[i].d);
         k->fns[i].magic = 0;
     }
     free(k->fns);
@@ -1592,14 +1358,15 @@ static int check_limits(const call_state *cs, const tk_function *fn)
 {
     const kdecl *d = &fn->d;
     int rc;
-    for (size_t m = 0; m < d->nmax; m++) {
+    for (size_t m = 0; m < d->nbounds; m++) {
+        const tk_manifest_bound *b = &d->bounds[m];
         int64_t v;
-        if ((rc = tk_manifest__expr_eval_dev(&v, d->max_e[m], cs->vals, d->nparams, fn->k->sm_count)) != TK_OK)
+        if ((rc = tk_manifest__expr_eval_dev(&v, b->expr, cs->vals, d->nparams, fn->k->sm_count)) != TK_OK)
             return rc;
-        if (d->is_min[m] ? v < d->max_v[m] : v > d->max_v[m])
+        if (b->is_min ? v < b->bound : v > b->bound)
             return tk__err(TK_ERR_UNSUPPORTED, "%s: %s = %lld is %s the kernel's limit %lld (constraints.%s)",
-                           d->name, tk_manifest__expr_src(d->max_e[m]), (long long)v, d->is_min[m] ? "below" : "above",
-                           (long long)d->max_v[m], d->is_min[m] ? "min" : "max");
+                           d->name, tk_manifest__expr_src(b->expr), (long long)v, b->is_min ? "below" : "above",
+                           (long long)b->bound, b->is_min ? "min" : "max");
     }
     return TK_OK;
 }

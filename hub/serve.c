@@ -16,9 +16,9 @@
  * version's three files) streams to a temp file under .tk-serve/tmp, then the server checks what a
  * client would: signature by a key trusted for the org on this server, manifest, name against the URL,
  * archive size and sha256, and the safe-unpack rules with every file's digest; and what tk publish
- * would: the manifest's keys and kernels (manifest/schema.c, manifest/validate.c). Only then does it take the tree's publish lock
- * and write the version with the rules of hub/publish.c (hub/tree.h: stage, rename, move the branch,
- * rewrite refs), so a refused upload writes nothing in the tree and a server killed mid-upload leaves no
+ * would: the manifest's keys and kernels (manifest/schema.c, manifest/validate.c). Only then does it
+ * take the tree's publish lock and write the version with the rules of hub/publish.c (hub/tree.h:
+ * stage, rename, move the branch, rewrite refs), so a refused upload writes nothing in the tree and a server killed mid-upload leaves no
  * partial version.
  *
  * Threads: libmicrohttpd's internal thread pool (epoll on Linux). The handler never blocks on a slow
@@ -239,7 +239,7 @@ static int upload_check_signature(upload *u)
 }
 
 /* The manifest: well formed, for this package and archive, and passing the checks tk publish runs
- * before it signs and tk get runs before it installs: every key known (hub/schema.c), every kernel's
+ * before it signs and tk get runs before it installs: every key known (manifest/schema.c), every kernel's
  * fields, params and launch expressions, every source one of the package's files (manifest/validate.c).
  * A client older than those checks, or a hand-made upload, gets the publish-time error here. */
 static int upload_check_manifest(upload *u, char version[32])

@@ -14,6 +14,7 @@
 #include <stdint.h>
 
 #include "manifest/expr.h"
+#include "tk.h" /* tk_dtype */
 
 /* A file of a package: its path, digest and size (manifest "files", "archive"). */
 typedef struct {
@@ -51,7 +52,7 @@ int tk_manifest__path_check(const char *path);
 int tk_manifest__version_parse(const char *v, int *major);
 
 /* Checks that every key of a kernel.json (manifest 0) or a manifest (manifest 1, which may also hold
- * format_version, files and archive) is one the format knows (hub/schema.c; docs/kernel.schema.json).
+ * format_version, files and archive) is one the format knows (manifest/schema.c; docs/kernel.schema.json).
  * TK_ERR_MANIFEST naming file:line:column, the path of the key, its kernel, the line with a caret, and
  * a "did you mean" when a known key is close. Values are not checked here. */
 int tk_manifest__schema_check(const char *text, size_t n, const char *file, int manifest);
@@ -63,20 +64,79 @@ int tk_manifest__schema_check(const char *text, size_t n, const char *file, int 
 int tk_manifest__expand_variants(json_t *spec, size_t **origin, size_t *n);
 /* The position of the JSON path keys[i] (NULL: the array index idx[i]) in text, written into out as
  * "file:line:col|the line|caret line"; -1 when it cannot be found. */
-int tk_manifest__json_where(char *out, size_t cap, const char *text, size_t n, const char *file, const char *const *keys,
-                            const size_t *idx, size_t depth);
+int tk_manifest__json_where(char *out, size_t cap, const char *text, size_t n, const char *file,
+                            const char *const *keys, const size_t *idx, size_t depth);
 
 /* ---- kernels and declared ops (manifest/validate.c, manifest/opdecl.c) ---- */
 
-/* Validates the op declarations ("ops") and kernels of a parsed manifest; on failure *bad_in is
- * "kernels" or "ops" and *bad the index of the failing entry (NULL and (size_t)-1 when the failure is
- * not one entry's).  */
+/* A kernel's param (kernel.json "params"). */
+typedef struct {
+    char *name;
+    int type;               /* TK_MANIFEST_P_* */
+    tk_dtype dtype;         /* tensors */
+    tk_manifest_expr *value; /* derived scalars and a workspace's size in bytes; NULL: the caller gives it */
+    int optional;           /* tensors: may be left out (the kernel gets a null pointer) */
+} tk_manifest_param;
+
+/* A bound of constraints.max or .min: the expression's value must be <= (>= when is_min) bound. */
+typedef struct {
+    tk_manifest_expr *expr;
+    int64_t bound;
+    int is_min;
+} tk_manifest_bound;
+
+/* One kernel of a manifest, parsed and validated. */
+typedef struct {
+    char *name, *op, *source, *symbol;
+    tk_manifest_param *params;
+    size_t nparams;
+    tk_manifest_expr *grid[3], *block[3]; /* NULL dims are 1 */
+    tk_manifest_expr *smem;               /* never NULL ("0" when the rule has none) */
+    int min_cc, max_cc;                   /* constraints; 0: no bound */
+    int arch_specific;
+    int64_t align;                        /* constraints.align: every tensor's address a multiple (0: any) */
+    int64_t priority;
+    tk_dtype *dtypes;                     /* constraints.dtypes in their order; none: unconstrained */
+    size_t ndtypes;
+    tk_manifest_bound *bounds;            /* constraints.max, then .min */
+    size_t nbounds;
+    char **options;                       /* NVRTC options of this kernel */
+    size_t noptions;
+} tk_manifest_kernel;
+
+struct tk_op_desc;
+/* What a manifest says about compiling and dispatching: its kernels, compile.options and the ops it
+ * declares (each a tk_op_desc whose package is the manifest's name). */
+typedef struct {
+    tk_manifest_kernel *k;
+    size_t nk;
+    char **copts;
+    size_t ncopts;
+    struct tk_op_desc **ops;
+    size_t nops;
+} tk_manifest_kernels;
+
+/* An installed manifest, validated when it was installed: an entry this tk cannot read (a newer tk
+ * wrote it) is left out instead of failing the whole manifest. */
+#define TK_MANIFEST_LENIENT 1u
+
+/* Parses and validates parsed manifest m's device_toolkit, compile.options, "ops" and "kernels", in
+ * that order, into *out (free with tk_manifest__kernels_free; cleared on failure): params, dtypes,
+ * every launch, value and constraint expression against the kernel's params, options NVRTC accepts,
+ * each source one of the manifest's "files", and each kernel against the signature of the op it
+ * implements when tk or this manifest declares it. TK_ERR_MANIFEST naming the kernel (or op) and the
+ * expression; *bad_in (may be NULL) is then "kernels" or "ops" and *bad (may be NULL) the index of
+ * the failing entry (NULL and (size_t)-1 when the failure is not one entry's). */
+int tk_manifest__kernels_parse(tk_manifest_kernels *out, json_t *m, unsigned flags, const char **bad_in, size_t *bad);
+void tk_manifest__kernels_free(tk_manifest_kernels *ks);
+/* Frees what one kernel owns and zeroes it (for a kernel moved out of a tk_manifest_kernels). */
+void tk_manifest__kernel_clear(tk_manifest_kernel *d);
+/* tk_manifest__kernels_parse, keeping nothing: the check publish and install run. */
 int tk_manifest__validate_json(json_t *m, const char **bad_in, size_t *bad);
 /* The same on a manifest's text: what a registry checks on upload (the checks that need installed
  * packages, such as declared ops that contradict another package's, are api's). */
 int tk_manifest__validate_text(const char *manifest, size_t len);
 
-struct tk_op_desc;
 /* The descriptor of an entry of kernel.json "ops" declared by package pkg ("org/name"): params as
  * `tk ops --json` prints them, checked (kinds, dtypes, dtype_like, shapes, no built-in op's name).
  * TK_ERR_MANIFEST "op 'x': ...". Free with tk_manifest__op_declared_free. */

@@ -23,7 +23,7 @@ static const char *const K_KERNEL[] = {"name", "op", "source", "symbol", "params
 static const char *const K_PARAM[] = {"name", "type", "dtype", "value", "optional", NULL};
 static const char *const K_LAUNCH[] = {"grid", "block", "smem", NULL};
 static const char *const K_CONS[] = {"dtypes", "min_cc", "max_cc", "arch_specific", "max", "min", "align", NULL};
-/* ops a package declares: the shape `tk ops --json` prints (api/opdecl.c) */
+/* ops a package declares: the shape `tk ops --json` prints (manifest/opdecl.c) */
 static const char *const K_OP[] = {"name", "summary", "params", NULL};
 static const char *const K_OP_PARAM[] = {"name", "kind", "role", "dtypes", "dtype_like", "shape", "optional",
                                          "default", "doc", NULL};
@@ -172,8 +172,8 @@ static int find_pos(const char *s, size_t n, const pelem *path, size_t depth, si
     return -1;
 }
 
-int tk_manifest__json_where(char *out, size_t cap, const char *text, size_t n, const char *file, const char *const *keys,
-                       const size_t *idx, size_t depth)
+int tk_manifest__json_where(char *out, size_t cap, const char *text, size_t n, const char *file,
+                            const char *const *keys, const size_t *idx, size_t depth)
 {
     pelem path[16];
     size_t off = 0;

@@ -1,7 +1,8 @@
 /*
- * validate.c — checks a manifest's kernel declarations when a package is installed, so a malformed
- * launch rule is an install-time error ("kernel 'x', launch.grid[0]: ...") and never a launch-time
- * surprise. Runs after the signature check, before anything is downloaded.
+ * validate.c — a manifest's kernels, declared ops and compile options parsed once, validating as it
+ * parses, into tk_manifest_kernels: what publish and install check (so a malformed launch rule is an
+ * install-time error, "kernel 'x', launch.grid[0]: ...", never a launch-time surprise) and what the
+ * JIT, the op registry and tk_pkg read. Runs after the signature check, before anything is downloaded.
  */
 #include <stdio.h>
 #include <stdlib.h>
@@ -33,12 +34,22 @@ static int param_type(const char *t)
     return -1;
 }
 
-static int check_expr(const char *src, const tk_manifest_var *params, size_t n, const char *what)
+/* Parses src into *out (kept: the caller's kernel owns it), or only checks it (out NULL). */
+static int parse_expr(tk_manifest_expr **out, const char *src, const tk_manifest_var *vars, size_t n, const char *what)
 {
     tk_manifest_expr *e = NULL;
-    int rc = tk_manifest__expr_parse(&e, src, params, n, what);
-    tk_manifest__expr_free(e);
+    int rc = tk_manifest__expr_parse(&e, src, vars, n, what);
+    if (rc == TK_OK && out)
+        *out = e;
+    else
+        tk_manifest__expr_free(e);
     return rc;
+}
+
+static char *dup_str(json_t *o, const char *key)
+{
+    const char *s = json_string_value(json_object_get(o, key));
+    return tk__strdup(s ? s : "");
 }
 
 /* The value types docs/kernel.schema.json states and the code below would otherwise read loosely
@@ -82,7 +93,7 @@ static int check_types(json_t *k, const char *name)
 }
 
 /* Name (unique), op, symbol, value types, and a source that is one of the package's files. */
-static int check_head(json_t *k, size_t idx, json_t *files, json_t *seen_names)
+static int check_head(tk_manifest_kernel *d, json_t *k, size_t idx, json_t *files, json_t *seen_names)
 {
     const char *name = json_string_value(json_object_get(k, "name"));
     if (!json_is_object(k) || !name || !*name)
@@ -108,11 +119,19 @@ static int check_head(json_t *k, size_t idx, json_t *files, json_t *seen_names)
     if (!found)
         return tk__err(TK_ERR_MANIFEST, "kernel '%s': source '%s' is not one of the package's files", name,
                        source ? source : "(missing)");
+    d->name = dup_str(k, "name");
+    d->op = dup_str(k, "op");
+    d->source = dup_str(k, "source");
+    d->symbol = dup_str(k, "symbol");
+    if (!d->name || !d->op || !d->source || !d->symbol)
+        return tk__err(TK_ERR_NOMEM, "out of memory");
+    d->priority = json_integer_value(json_object_get(k, "priority"));
     return TK_OK;
 }
 
-/* One param's name, type, optional flag, workspace rule and tensor dtype into params[i]. */
-static int check_param(tk_manifest_var *params, size_t i, json_t *p, const char *name)
+/* One param's name, type, optional flag, workspace rule and tensor dtype into params[i] (what
+ * expressions may name) and kp. */
+static int check_param(tk_manifest_var *params, tk_manifest_param *kp, size_t i, json_t *p, const char *name)
 {
     const char *pn = json_string_value(json_object_get(p, "name"));
     const char *pt = json_string_value(json_object_get(p, "type"));
@@ -144,22 +163,30 @@ static int check_param(tk_manifest_var *params, size_t i, json_t *p, const char 
         if (!ds || tk_ops__dtype_parse(&dt, ds) != TK_OK)
             return tk__err(TK_ERR_MANIFEST, "kernel '%s': tensor param '%s' has dtype '%s'; want one of f32 f16 "
                            "bf16 f64 i8 u8 i32 i64 fp8_e4m3 fp8_e5m2", name, pn, ds ? ds : "(missing)");
+        kp->dtype = dt;
     }
+    kp->type = params[i].type;
+    kp->optional = json_is_true(opt);
+    if (!(kp->name = tk__strdup(pn)))
+        return tk__err(TK_ERR_NOMEM, "out of memory");
+    params[i].name = kp->name; /* the JSON's strings may go before the kernel does */
     return TK_OK;
 }
 
 /* Every param, then the derived scalars' value expressions: they may use tensors and caller scalars,
  * not other derived scalars. */
-static int check_params(tk_manifest_var *params, size_t *np, json_t *k, const char *name)
+static int check_params(tk_manifest_var *params, tk_manifest_kernel *d, json_t *k, const char *name)
 {
     char what[200];
     json_t *jp = json_object_get(k, "params"), *p;
-    size_t i;
+    size_t i, *np = &d->nparams;
     if (!json_is_array(jp) || json_array_size(jp) > MAX_PARAMS)
         return tk__err(TK_ERR_MANIFEST, "kernel '%s': 'params' must be an array of at most %d", name, MAX_PARAMS);
-    *np = json_array_size(jp);
+    if (!(d->params = calloc(json_array_size(jp) + 1, sizeof *d->params)))
+        return tk__err(TK_ERR_NOMEM, "out of memory");
     json_array_foreach(jp, i, p) {
-        int rc = check_param(params, i, p, name);
+        int rc = check_param(params, &d->params[i], i, p, name);
+        *np = i + 1; /* what to free */
         if (rc != TK_OK)
             return rc;
     }
@@ -177,14 +204,14 @@ static int check_params(tk_manifest_var *params, size_t *np, json_t *k, const ch
             return tk__err(TK_ERR_MANIFEST, "kernel '%s': param '%s': 'value' must be an expression string on a "
                            "scalar param", name, params[i].name);
         snprintf(what, sizeof what, "kernel '%s', params.%s.value", name, params[i].name);
-        int rc = check_expr(json_string_value(v), vparams, *np, what);
+        int rc = parse_expr(&d->params[i].value, json_string_value(v), vparams, *np, what);
         if (rc != TK_OK)
             return rc;
     }
     return TK_OK;
 }
 
-static int check_launch(json_t *k, const char *name, const tk_manifest_var *params, size_t np)
+static int check_launch(tk_manifest_kernel *d, json_t *k, const char *name, const tk_manifest_var *params, size_t np)
 {
     char what[200];
     json_t *launch = json_object_get(k, "launch");
@@ -192,33 +219,47 @@ static int check_launch(json_t *k, const char *name, const tk_manifest_var *para
     if (!json_is_object(launch))
         return tk__err(TK_ERR_MANIFEST, "kernel '%s': needs a 'launch' rule with grid, block and smem", name);
     static const char *const dims[] = {"grid", "block"};
-    for (int d = 0; d < 2; d++) {
-        json_t *arr = json_object_get(launch, dims[d]);
+    for (int dim = 0; dim < 2; dim++) {
+        json_t *arr = json_object_get(launch, dims[dim]);
         if (!json_is_array(arr) || json_array_size(arr) < 1 || json_array_size(arr) > 3)
             return tk__err(TK_ERR_MANIFEST, "kernel '%s': launch.%s must be a list of 1 to 3 expressions", name,
-                           dims[d]);
+                           dims[dim]);
         json_t *x;
         json_array_foreach(arr, i, x) {
-            snprintf(what, sizeof what, "kernel '%s', launch.%s[%zu]", name, dims[d], i);
+            snprintf(what, sizeof what, "kernel '%s', launch.%s[%zu]", name, dims[dim], i);
             if (!json_is_string(x))
                 return tk__err(TK_ERR_MANIFEST, "%s: not a string", what);
-            int rc = check_expr(json_string_value(x), params, np, what);
+            int rc = parse_expr(&(dim ? d->block : d->grid)[i], json_string_value(x), params, np, what);
             if (rc != TK_OK)
                 return rc;
         }
     }
     json_t *smem = json_object_get(launch, "smem");
-    if (smem) {
-        snprintf(what, sizeof what, "kernel '%s', launch.smem", name);
-        if (!json_is_string(smem))
-            return tk__err(TK_ERR_MANIFEST, "%s: not a string", what);
-        return check_expr(json_string_value(smem), params, np, what);
+    snprintf(what, sizeof what, "kernel '%s', launch.smem", name);
+    if (smem && !json_is_string(smem))
+        return tk__err(TK_ERR_MANIFEST, "%s: not a string", what);
+    return parse_expr(&d->smem, smem ? json_string_value(smem) : "0", params, np, what); /* never NULL */
+}
+
+/* constraints.min_cc, max_cc, arch_specific and dtypes (their types were checked by check_types). */
+static int take_constraints(tk_manifest_kernel *d, json_t *cons)
+{
+    json_t *dts = json_object_get(cons, "dtypes"), *x;
+    size_t i;
+    d->min_cc = (int)json_integer_value(json_object_get(cons, "min_cc"));
+    d->max_cc = (int)json_integer_value(json_object_get(cons, "max_cc"));
+    d->arch_specific = json_is_true(json_object_get(cons, "arch_specific"));
+    if (json_array_size(dts) && !(d->dtypes = calloc(json_array_size(dts), sizeof *d->dtypes)))
+        return tk__err(TK_ERR_NOMEM, "out of memory");
+    json_array_foreach(dts, i, x) {
+        if (tk_ops__dtype_parse(&d->dtypes[d->ndtypes], json_string_value(x)) == TK_OK)
+            d->ndtypes++;
     }
     return TK_OK;
 }
 
 /* constraints (align, min/max bound expressions) and options. */
-static int check_limits(json_t *k, const char *name, const tk_manifest_var *params, size_t np)
+static int check_limits(tk_manifest_kernel *d, json_t *k, const char *name, const tk_manifest_var *params, size_t np)
 {
     char what[200];
     json_t *cons = json_object_get(k, "constraints");
@@ -229,6 +270,10 @@ static int check_limits(json_t *k, const char *name, const tk_manifest_var *para
                (json_integer_value(al) & (json_integer_value(al) - 1))))
         return tk__err(TK_ERR_MANIFEST, "kernel '%s': constraints.align must be a power of two from 1 to 4096 "
                        "(bytes every tensor's address is a multiple of)", name);
+    d->align = al ? json_integer_value(al) : 0;
+    size_t nb = json_object_size(json_object_get(cons, "max")) + json_object_size(json_object_get(cons, "min"));
+    if (nb && !(d->bounds = calloc(nb, sizeof *d->bounds)))
+        return tk__err(TK_ERR_NOMEM, "out of memory");
     const char *key;
     json_t *bound;
     for (int lo = 0; lo < 2; lo++) {
@@ -236,72 +281,109 @@ static int check_limits(json_t *k, const char *name, const tk_manifest_var *para
             snprintf(what, sizeof what, "kernel '%s', constraints.%s", name, lo ? "min" : "max");
             if (!json_is_integer(bound))
                 return tk__err(TK_ERR_MANIFEST, "%s: the bound of '%s' is not an integer", what, key);
-            int rc = check_expr(key, params, np, what);
+            tk_manifest_bound *b = &d->bounds[d->nbounds];
+            int rc = parse_expr(&b->expr, key, params, np, what);
             if (rc != TK_OK)
                 return rc;
+            b->bound = json_integer_value(bound);
+            b->is_min = lo;
+            d->nbounds++;
         }
     }
     json_t *opts = json_object_get(k, "options"), *o;
     size_t i;
     if (opts && !json_is_array(opts))
         return tk__err(TK_ERR_MANIFEST, "kernel '%s': 'options' must be an array of strings", name);
+    if (json_array_size(opts) && !(d->options = calloc(json_array_size(opts), sizeof *d->options)))
+        return tk__err(TK_ERR_NOMEM, "out of memory");
     json_array_foreach(opts, i, o) {
         if (!json_is_string(o) || tk_jit__option_check(json_string_value(o)) != TK_OK)
             return tk__err_wrap(TK_ERR_MANIFEST, "kernel '%s': options[%zu]", name, i);
+        if (!(d->options[d->noptions] = tk__strdup(json_string_value(o))))
+            return tk__err(TK_ERR_NOMEM, "out of memory");
+        d->noptions++;
     }
-    return TK_OK;
+    return take_constraints(d, cons);
 }
 
-/* One kernel: its head, params, launch rule and limits, then its params against the signature of the
- * op it implements when that op is known here (tk's own, or declared in this manifest). */
-static int check_kernel(json_t *k, size_t idx, json_t *files, json_t *seen_names, struct tk_op_desc *const *ops,
-                        size_t nops)
+/* One kernel into d: its head, params, launch rule and limits, then its params against the signature
+ * of the op it implements when that op is known here (tk's own, or declared in this manifest). */
+static int check_kernel(tk_manifest_kernel *d, json_t *k, size_t idx, json_t *files, json_t *seen_names,
+                        struct tk_op_desc *const *ops, size_t nops)
 {
     tk_manifest_var params[MAX_PARAMS];
-    size_t np = 0;
-    int rc = check_head(k, idx, files, seen_names);
+    int rc = check_head(d, k, idx, files, seen_names);
     const char *name = json_string_value(json_object_get(k, "name"));
     if (rc == TK_OK)
-        rc = check_params(params, &np, k, name);
+        rc = check_params(params, d, k, name);
     if (rc == TK_OK)
-        rc = check_launch(k, name, params, np);
+        rc = check_launch(d, k, name, params, d->nparams);
     if (rc == TK_OK)
-        rc = check_limits(k, name, params, np);
+        rc = check_limits(d, k, name, params, d->nparams);
     if (rc != TK_OK)
         return rc;
-    const char *opname = json_string_value(json_object_get(k, "op"));
     const tk_op_desc *op = NULL;
     for (size_t i = 0; i < nops && !op; i++)
-        if (!strcmp(ops[i]->name, opname))
+        if (!strcmp(ops[i]->name, d->op))
             op = ops[i];
     if (!op)
-        op = tk_ops__find(opname);
+        op = tk_ops__find(d->op);
     return op ? tk_manifest__op_check_kernel(op, k) : TK_OK;
 }
 
-/* The manifest's "ops" into *ops (*nops of them; tk_manifest__op_declared_free each). */
-static int declare_ops(json_t *m, tk_op_desc ***ops, size_t *nops, size_t *bad)
+void tk_manifest__kernel_clear(tk_manifest_kernel *d)
+{
+    free(d->name);
+    free(d->op);
+    free(d->source);
+    free(d->symbol);
+    for (size_t i = 0; i < d->nparams; i++) {
+        free(d->params[i].name);
+        tk_manifest__expr_free(d->params[i].value);
+    }
+    free(d->params);
+    for (int i = 0; i < 3; i++) {
+        tk_manifest__expr_free(d->grid[i]);
+        tk_manifest__expr_free(d->block[i]);
+    }
+    tk_manifest__expr_free(d->smem);
+    for (size_t i = 0; i < d->nbounds; i++)
+        tk_manifest__expr_free(d->bounds[i].expr);
+    free(d->bounds);
+    free(d->dtypes);
+    for (size_t i = 0; i < d->noptions; i++)
+        free(d->options[i]);
+    free(d->options);
+    memset(d, 0, sizeof *d);
+}
+
+/* The manifest's "ops" into out->ops. Lenient: a declaration this tk cannot read is left out. */
+static int declare_ops(tk_manifest_kernels *out, json_t *m, int lenient, size_t *bad)
 {
     json_t *decls = json_object_get(m, "ops"), *d;
     size_t i;
-    *ops = NULL;
-    *nops = 0;
     if (!decls)
         return TK_OK;
     if (!json_is_array(decls))
-        return tk__err(TK_ERR_MANIFEST, "'ops' must be a list of op declarations (docs/package-format.md)");
-    if (!(*ops = calloc(json_array_size(decls) + 1, sizeof **ops)))
+        return lenient ? TK_OK
+                       : tk__err(TK_ERR_MANIFEST, "'ops' must be a list of op declarations (docs/package-format.md)");
+    if (!(out->ops = calloc(json_array_size(decls) + 1, sizeof *out->ops)))
         return tk__err(TK_ERR_NOMEM, "out of memory");
     json_array_foreach(decls, i, d) {
-        int rc = tk_manifest__op_declare(&(*ops)[i], d, json_string_value(json_object_get(m, "name")));
-        for (size_t j = 0; rc == TK_OK && j < i; j++)
-            if (!strcmp((*ops)[j]->name, (*ops)[i]->name))
-                rc = tk__err(TK_ERR_MANIFEST, "op '%s' is declared twice", (*ops)[i]->name);
-        if (rc != TK_OK) {
+        tk_op_desc *op = NULL;
+        int rc = tk_manifest__op_declare(&op, d, json_string_value(json_object_get(m, "name")));
+        for (size_t j = 0; rc == TK_OK && j < out->nops; j++)
+            if (!strcmp(out->ops[j]->name, op->name))
+                rc = tk__err(TK_ERR_MANIFEST, "op '%s' is declared twice", op->name);
+        if (rc == TK_OK) {
+            out->ops[out->nops++] = op;
+            continue;
+        }
+        tk_manifest__op_declared_free(op);
+        if (rc == TK_ERR_NOMEM || !lenient) {
             *bad = i;
             return rc;
         }
-        (*nops)++;
     }
     return TK_OK;
 }
@@ -321,57 +403,115 @@ static int check_device_toolkit(json_t *v)
     return TK_OK;
 }
 
-int tk_manifest__validate_json(json_t *m, const char **bad_in, size_t *bad)
+/* compile.options, each one NVRTC accepts. Lenient: the valid ones. */
+static int take_compile_options(tk_manifest_kernels *out, json_t *m, int lenient)
 {
-    json_t *kernels = json_object_get(m, "kernels");
+    json_t *copts = json_object_get(json_object_get(m, "compile"), "options"), *x;
+    size_t i;
+    if (json_array_size(copts) && !(out->copts = calloc(json_array_size(copts), sizeof *out->copts)))
+        return tk__err(TK_ERR_NOMEM, "out of memory");
+    json_array_foreach(copts, i, x) {
+        if (!json_is_string(x) || tk_jit__option_check(json_string_value(x)) != TK_OK) {
+            if (lenient)
+                continue;
+            return tk__err_wrap(TK_ERR_MANIFEST, "compile.options[%zu]", i);
+        }
+        if (!(out->copts[out->ncopts] = tk__strdup(json_string_value(x))))
+            return tk__err(TK_ERR_NOMEM, "out of memory");
+        out->ncopts++;
+    }
+    return TK_OK;
+}
+
+/* Every kernel, in order, into out->k. Lenient: a kernel this tk cannot read is left out. */
+static int take_kernels(tk_manifest_kernels *out, json_t *m, int lenient, size_t *bad)
+{
+    json_t *kernels = json_object_get(m, "kernels"), *k;
     json_t *names = json_object();
-    tk_op_desc **ops = NULL;
-    size_t nops = 0;
+    size_t i;
     int rc = TK_OK;
-    *bad = (size_t)-1;
-    *bad_in = NULL;
-    if (!json_is_object(m) || !names) {
+    if (!names || (json_array_size(kernels) && !(out->k = calloc(json_array_size(kernels), sizeof *out->k)))) {
+        json_decref(names);
+        return tk__err(TK_ERR_NOMEM, "out of memory");
+    }
+    json_array_foreach(kernels, i, k) {
+        tk_manifest_kernel *d = &out->k[out->nk];
+        rc = check_kernel(d, k, i, json_object_get(m, "files"), names, out->ops, out->nops);
+        if (rc == TK_OK) {
+            out->nk++;
+            continue;
+        }
+        tk_manifest__kernel_clear(d);
+        if (rc == TK_ERR_NOMEM || !lenient) {
+            *bad = i;
+            break;
+        }
+        rc = TK_OK;
+    }
+    json_decref(names);
+    return rc;
+}
+
+int tk_manifest__kernels_parse(tk_manifest_kernels *out, json_t *m, unsigned flags, const char **bad_in, size_t *bad)
+{
+    int lenient = (flags & TK_MANIFEST_LENIENT) != 0, rc;
+    size_t bad_ = (size_t)-1;
+    const char *bad_in_ = NULL;
+    memset(out, 0, sizeof *out);
+    if (!json_is_object(m)) {
         rc = tk__err(TK_ERR_MANIFEST, "manifest is not a JSON object");
         goto done;
     }
-    json_t *copts = json_object_get(json_object_get(m, "compile"), "options");
-    size_t i;
-    json_t *k;
-    if ((rc = check_device_toolkit(json_object_get(m, "device_toolkit"))) != TK_OK)
+    if ((rc = check_device_toolkit(json_object_get(m, "device_toolkit"))) != TK_OK && !lenient)
         goto done;
-    json_array_foreach(copts, i, k) {
-        if (!json_is_string(k) || tk_jit__option_check(json_string_value(k)) != TK_OK) {
-            rc = tk__err_wrap(TK_ERR_MANIFEST, "compile.options[%zu]", i);
-            goto done;
-        }
-    }
-    if ((rc = declare_ops(m, &ops, &nops, bad)) != TK_OK) {
-        *bad_in = *bad != (size_t)-1 ? "ops" : NULL;
+    if ((rc = take_compile_options(out, m, lenient)) != TK_OK)
+        goto done;
+    if ((rc = declare_ops(out, m, lenient, &bad_)) != TK_OK) {
+        bad_in_ = bad_ != (size_t)-1 ? "ops" : NULL;
         goto done;
     }
-    json_array_foreach(kernels, i, k) {
-        if ((rc = check_kernel(k, i, json_object_get(m, "files"), names, ops, nops)) != TK_OK) {
-            *bad = i;
-            *bad_in = "kernels";
-            goto done;
-        }
-    }
+    if ((rc = take_kernels(out, m, lenient, &bad_)) != TK_OK)
+        bad_in_ = bad_ != (size_t)-1 ? "kernels" : NULL;
 done:
-    for (size_t j = 0; j < nops; j++)
-        tk_manifest__op_declared_free(ops[j]);
-    free(ops);
-    json_decref(names);
+    if (bad_in)
+        *bad_in = bad_in_;
+    if (bad)
+        *bad = bad_;
+    if (rc != TK_OK)
+        tk_manifest__kernels_free(out);
+    return rc;
+}
+
+void tk_manifest__kernels_free(tk_manifest_kernels *ks)
+{
+    if (!ks)
+        return;
+    for (size_t i = 0; i < ks->nk; i++)
+        tk_manifest__kernel_clear(&ks->k[i]);
+    free(ks->k);
+    for (size_t i = 0; i < ks->ncopts; i++)
+        free(ks->copts[i]);
+    free(ks->copts);
+    for (size_t i = 0; i < ks->nops; i++)
+        tk_manifest__op_declared_free(ks->ops[i]);
+    free(ks->ops);
+    memset(ks, 0, sizeof *ks);
+}
+
+int tk_manifest__validate_json(json_t *m, const char **bad_in, size_t *bad)
+{
+    tk_manifest_kernels ks;
+    int rc = tk_manifest__kernels_parse(&ks, m, 0, bad_in, bad);
+    tk_manifest__kernels_free(&ks);
     return rc;
 }
 
 int tk_manifest__validate_text(const char *manifest, size_t len)
 {
-    size_t bad;
-    const char *bad_in;
     json_t *m = json_loadb(manifest, len, 0, NULL);
     if (!m)
         return tk__err(TK_ERR_MANIFEST, "manifest is not valid JSON");
-    int rc = tk_manifest__validate_json(m, &bad_in, &bad);
+    int rc = tk_manifest__validate_json(m, NULL, NULL);
     json_decref(m);
     return rc;
 }

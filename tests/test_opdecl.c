@@ -1,6 +1,6 @@
 /*
  * test_opdecl.c — ops that packages declare (kernel.json "ops"): the shape patterns (ops/declared.c),
- * declarations turned into descriptors and their errors (api/opdecl.c), kernels checked against the
+ * declarations turned into descriptors and their errors (manifest/opdecl.c), kernels checked against the
  * signature, and the public path: tk_ops_add_package on tests/data/opdecl, then tk_ops_json and
  * tk_op_run on host tensors (shapes checked, then "no CPU reference" named).
  */

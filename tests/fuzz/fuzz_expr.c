@@ -1,5 +1,5 @@
 /*
- * fuzz_expr.c — launch-rule expressions (jit/expr.c): parse against a kernel's params, then evaluate
+ * fuzz_expr.c — launch-rule expressions (manifest/expr.c): parse against a kernel's params, then evaluate
  * with tensor shapes, strides and scalars taken from the input.
  *
  * Input: "EXPR\n" then value bytes. The params are out, input, weight (tensors), n (i64), d (i32),
