@@ -59,11 +59,11 @@ struct tk_ctx {
 int tk_api__check_ctx(const tk_ctx *ctx);
 /* Sends a message to the context's log callback (if any). */
 void tk_api__log(const tk_ctx *ctx, int level, const char *fmt, ...) TK_PRINTF(3, 4);
-/* Checks a verified manifest's "kernels" before the package is installed: structure, params, and
- * that every launch-rule expression parses and names only the kernel's params. `user` is the
- * tk_ctx. TK_ERR_MANIFEST with the kernel and expression named. (manifest/validate.c, then api/op.c:
- * the declared ops against the installed packages') */
-int tk_api__validate_kernels(void *user, const char *manifest, size_t len);
+/* The install hook (tk_hub_env.validate; user is the tk_ctx): the checks of a verified manifest, its
+ * kernels already valid (manifest/validate.c), that need the installed packages: an op it declares
+ * that an installed package of another name declares with another signature is TK_ERR_MANIFEST
+ * naming both. (api/op.c) */
+int tk_api__check_installed(void *user, const char *manifest, size_t len);
 /* ---- packages that live in a directory (api/check.c; read by manifest/local.c) -------------------- */
 
 /* 1 when ref names a directory rather than a package: it starts with "./", "../" or "/", or is ".". */

@@ -1247,16 +1247,12 @@ int tk_api__ops_check_declared(tk_ctx *ctx, json_t *m)
     return TK_OK;
 }
 
-int tk_api__validate_kernels(void *user, const char *manifest, size_t len)
+int tk_api__check_installed(void *user, const char *manifest, size_t len)
 {
-    size_t bad;
-    const char *bad_in;
     json_t *m = json_loadb(manifest, len, 0, NULL);
     if (!m)
         return tk__err(TK_ERR_MANIFEST, "manifest is not valid JSON");
-    int rc = tk_manifest__validate_json(m, &bad_in, &bad);
-    if (rc == TK_OK && user) /* an op declared here must not contradict an installed package's */
-        rc = tk_api__ops_check_declared(user, m);
+    int rc = tk_api__ops_check_declared(user, m); /* an op declared here must not contradict an installed one */
     json_decref(m);
     return rc;
 }

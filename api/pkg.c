@@ -171,7 +171,7 @@ void tk_api__hub_env(tk_hub_env *env, tk_ctx *ctx, const tk_get_opts *opts, cons
     env->expect_signer = opts && opts->version >= 2 ? opts->expect_signer : NULL;
     env->log = ctx->log;
     env->log_user = ctx->log_user;
-    env->validate = tk_api__validate_kernels;
+    env->validate = tk_api__check_installed;
     env->validate_user = ctx;
 }
 

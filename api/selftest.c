@@ -248,25 +248,22 @@ static void pin_add(kspec *ks, const char *expr, int64_t v, int is_min)
     ks->pins[i].hi = !is_min ? v : scalar ? INT64_MAX : -1;
 }
 
-static void kspec_make(kspec *ks, json_t *k, tk_dtype primary)
+static void kspec_make(kspec *ks, const tk_manifest_kernel *d, tk_dtype primary)
 {
-    size_t i;
-    json_t *p, *v;
-    const char *key;
     memset(ks, 0, sizeof *ks);
-    json_array_foreach(json_object_get(k, "params"), i, p) {
-        const char *name = json_string_value(json_object_get(p, "name"));
-        if (!name || json_object_get(p, "value") || ks->spec.nparams >= 64)
+    for (size_t i = 0; i < d->nparams && ks->spec.nparams < 64; i++) {
+        const tk_manifest_param *p = &d->params[i];
+        if (p->value)
             continue;
         tk_ops_case_param *cp = &ks->p[ks->spec.nparams++];
-        cp->name = name;
-        const char *dt = json_string_value(json_object_get(p, "dtype"));
-        cp->has_dtype = dt && tk_ops__dtype_parse(&cp->dtype, dt) == TK_OK;
-        tk__err_clear();
+        cp->name = p->name;
+        cp->has_dtype = p->type == TK_MANIFEST_P_TENSOR;
+        cp->dtype = p->dtype;
     }
-    json_t *cons = json_object_get(k, "constraints");
-    json_object_foreach(json_object_get(cons, "min"), key, v) pin_add(ks, key, json_integer_value(v), 1);
-    json_object_foreach(json_object_get(cons, "max"), key, v) pin_add(ks, key, json_integer_value(v), 0);
+    for (int lo = 1; lo >= 0; lo--) /* constraints.min, then .max */
+        for (size_t i = 0; i < d->nbounds; i++)
+            if (d->bounds[i].is_min == lo)
+                pin_add(ks, tk_manifest__expr_src(d->bounds[i].expr), d->bounds[i].bound, lo);
     ks->spec.dtype = primary;
     ks->spec.params = ks->p;
     ks->spec.pins = ks->pins;
@@ -429,12 +426,18 @@ static void memo_trim(run *r)
     }
 }
 
+/* Whether the run asked for kernel d (opts' op and kernel filters). */
+static int wanted(const tk_manifest_kernel *d, const tk_selftest_opts *opts)
+{
+    return (!opts->op || !strcmp(d->op, opts->op)) && (!opts->kernel || !strcmp(d->name, opts->kernel));
+}
+
 /* Tests one function. After a fault or a launch past the limit CUDA is lost in this process
  * (tk_jit__cuda_lost): the verdict says so and the caller records it before anything else. */
-static void test_kernel(run *r, verdict *v, tk_kernel **k, const char *ref, const tk_selftest_opts *o, json_t *kj,
-                        const char *kname, json_t *manifest, const char *pkg)
+static void test_kernel(run *r, verdict *v, tk_kernel **k, const char *ref, const tk_selftest_opts *o,
+                        const tk_manifest_kernel *kd, json_t *manifest, const char *pkg)
 {
-    const char *opname = json_string_value(json_object_get(kj, "op"));
+    const char *opname = kd->op, *kname = kd->name;
     const tk_op_desc *op = tk_ops__find(opname);
     tk_api_opkernel *ok = NULL;
     double t0 = tk__now_ms();
@@ -455,19 +458,15 @@ static void test_kernel(run *r, verdict *v, tk_kernel **k, const char *ref, cons
     }
     /* every primary dtype the kernel declares (its params usually fix them all) */
     tk_dtype prim[8];
-    size_t nprim = 0, j;
-    json_t *d;
-    json_array_foreach(json_object_get(json_object_get(kj, "constraints"), "dtypes"), j, d) {
-        if (nprim < 8 && tk_ops__dtype_parse(&prim[nprim], json_string_value(d)) == TK_OK)
-            nprim++;
-        tk__err_clear();
-    }
+    size_t nprim = 0;
+    for (size_t j = 0; j < kd->ndtypes && nprim < 8; j++)
+        prim[nprim++] = kd->dtypes[j];
     if (!nprim)
         prim[nprim++] = (tk_dtype){TK_DL_FLOAT, 32, 1};
     int done = 0;
     for (size_t pi = 0; pi < nprim && !done; pi++) {
         kspec ks;
-        kspec_make(&ks, kj, prim[pi]);
+        kspec_make(&ks, kd, prim[pi]);
         for (size_t idx = 0; !done && v->cases < MAX_CASES; idx++) {
             tk_ops_case c;
             int rc = tk_ops__case_make(&c, op, idx, &ks.spec);
@@ -644,6 +643,7 @@ static int plan_run(char **report, tk_ctx *ctx, const char *ref, const tk_selfte
     int cc = 0, rc;
     char name[256] = "", pkg[256] = "", *manifest = NULL;
     json_t *m = NULL, *out = NULL, *kernels = json_array();
+    tk_manifest_kernels mk = {0};
     plan_names pn = {json_array()};
     double t0 = tk__now_ms();
     memset(&r, 0, sizeof r);
@@ -685,15 +685,14 @@ static int plan_run(char **report, tk_ctx *ctx, const char *ref, const tk_selfte
             goto fail;
     }
     int counts[8] = {0};
-    size_t i;
-    json_t *kj;
-    json_array_foreach(json_object_get(m, "kernels"), i, kj) {
-        const char *kname = json_string_value(json_object_get(kj, "name"));
-        const char *kop = json_string_value(json_object_get(kj, "op"));
+    if ((rc = tk_manifest__kernels_parse(&mk, m, TK_MANIFEST_LENIENT, NULL, NULL)) != TK_OK)
+        goto fail;
+    for (size_t i = 0; i < mk.nk; i++) {
+        const char *kname = mk.k[i].name, *kop = mk.k[i].op;
         int fits = 0;
         size_t j;
         json_t *x;
-        if (!kname || (opts->op && !tk__streq(kop, opts->op)) || (opts->kernel && strcmp(kname, opts->kernel) != 0))
+        if (!wanted(&mk.k[i], opts))
             continue;
         json_array_foreach(pn.names, j, x) fits |= !strcmp(json_string_value(x), kname);
         if (!fits) {
@@ -704,7 +703,7 @@ static int plan_run(char **report, tk_ctx *ctx, const char *ref, const tk_selfte
             continue;
         }
         verdict v;
-        test_kernel(&r, &v, NULL, ref, opts, kj, kname, m, name);
+        test_kernel(&r, &v, NULL, ref, opts, &mk.k[i], m, name);
         const char *st = v.status == TK_ST_PASSED ? "planned" : tk_ops__st_name(v.status);
         json_array_append_new(kernels, json_pack("{s:s, s:s, s:s, s:i, s:f, s:o}", "kernel", kname, "op", kop ? kop : "",
                                                  "status", st, "cases", v.cases, "seconds", v.seconds, "detail",
@@ -724,6 +723,7 @@ fail:
     json_decref(pn.names);
     json_decref(kernels);
     json_decref(out);
+    tk_manifest__kernels_free(&mk);
     json_decref(m);
     free(manifest);
     return rc;
@@ -759,22 +759,13 @@ static json_t *device_json(const devid *d)
                      "driver", d->driver);
 }
 
-/* The kernels of manifest m as a list: name -> entry. */
-static json_t *kernel_entry(json_t *m, const char *name)
-{
-    size_t i;
-    json_t *k;
-    json_array_foreach(json_object_get(m, "kernels"), i, k) if (tk__streq(json_string_value(json_object_get(k, "name")), name))
-        return k;
-    return NULL;
-}
-
 TK_API int tk_selftest(char **report, tk_ctx *ctx, const char *ref, const tk_selftest_opts *opts)
 {
     tk_selftest_opts def = TK_SELFTEST_OPTS_INIT;
     run r;
     tk_kernel *k = NULL;
     json_t *m = NULL, *out = NULL, *kernels = NULL;
+    tk_manifest_kernels mk = {0};
     int rc, nbad = 0, counts[8] = {0};
     double t0 = tk__now_ms(), tload = 0;
     memset(&r, 0, sizeof r);
@@ -845,22 +836,16 @@ TK_API int tk_selftest(char **report, tk_ctx *ctx, const char *ref, const tk_sel
     json_object_set_new(out, "tk_version", json_string(TK_VERSION_STRING));
     json_object_set_new(out, "launch_timeout_s", json_real(r.timeout_s));
     /* every kernel of the manifest, in order: the ones loaded for this GPU are tested */
-    size_t i, nk = json_array_size(json_object_get(m, "kernels"));
-    json_t *kj;
     size_t tested = 0, total = 0;
-    json_array_foreach(json_object_get(m, "kernels"), i, kj) {
-        const char *kname = json_string_value(json_object_get(kj, "name"));
-        const char *kop = json_string_value(json_object_get(kj, "op"));
-        if (!kname || (opts->op && !tk__streq(kop, opts->op)) || (opts->kernel && strcmp(kname, opts->kernel) != 0))
-            continue;
-        total++;
-    }
-    json_array_foreach(json_object_get(m, "kernels"), i, kj) {
-        const char *kname = json_string_value(json_object_get(kj, "name"));
-        const char *kop = json_string_value(json_object_get(kj, "op"));
+    if ((rc = tk_manifest__kernels_parse(&mk, m, TK_MANIFEST_LENIENT, NULL, NULL)) != TK_OK)
+        goto fail;
+    for (size_t i = 0; i < mk.nk; i++)
+        total += wanted(&mk.k[i], opts);
+    for (size_t i = 0; i < mk.nk; i++) {
+        const char *kname = mk.k[i].name, *kop = mk.k[i].op;
         const tk_function *fn = NULL;
         json_t *row;
-        if (!kname || (opts->op && !tk__streq(kop, opts->op)) || (opts->kernel && strcmp(kname, opts->kernel) != 0))
+        if (!wanted(&mk.k[i], opts))
             continue;
         if (ctx->progress) {
             char what[256];
@@ -912,7 +897,7 @@ TK_API int tk_selftest(char **report, tk_ctx *ctx, const char *ref, const tk_sel
         if ((rc = put_record(&r, key, kname, pkg, kop, "running", NULL, 0)) != TK_OK)
             goto fail;
         verdict v;
-        test_kernel(&r, &v, &k, ref, opts, kernel_entry(m, kname), kname, m, name);
+        test_kernel(&r, &v, &k, ref, opts, &mk.k[i], m, name);
         if ((rc = put_record(&r, key, kname, pkg, kop, tk_ops__st_name(v.status), v.detail, v.seconds)) != TK_OK) {
             json_decref(v.detail);
             goto fail;
@@ -932,7 +917,6 @@ TK_API int tk_selftest(char **report, tk_ctx *ctx, const char *ref, const tk_sel
             tk__err_clear();
         }
     }
-    (void)nk;
     if (ctx->progress)
         ctx->progress(ctx->progress_user, "selftest", (int64_t)total, (int64_t)total);
     json_object_set_new(out, "kernels", kernels);
@@ -957,6 +941,7 @@ fail:
     tk_kernel_free(k);
     tk_jit__sandbox_free(r.sb);
     memo_free_all(&r);
+    tk_manifest__kernels_free(&mk);
     json_decref(m);
     json_decref(out);
     json_decref(kernels);

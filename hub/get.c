@@ -631,14 +631,16 @@ int tk_hub__stage(tk_hub_staged **out, const tk_hub_env *env0, const char *refst
     /* 2. Manifest and signature; the signature is checked before the manifest is parsed. */
     if ((rc = fetch_signed(&env, s, &mtext, &mlen, &sigtext, &siglen, msha)) != TK_OK)
         goto done;
-    /* 3. Parse and cross-check the manifest; rollback; the JIT's checks of its kernels. */
+    /* 3. Parse and cross-check the manifest; rollback; its kernels (manifest/validate.c), then the checks
+     * that need the installed packages (the hook). */
     if ((rc = tk_manifest__parse(&m, mtext, mlen)) != TK_OK) {
         rc = tk__err_wrap(rc, "%s at %s", s->ref.name, s->commit);
         goto done;
     }
     if ((rc = check_manifest(&env, s, m, msha, sigtext, siglen)) != TK_OK || (rc = check_rollback(&env, s, m)) != TK_OK)
         goto done;
-    if (env.validate && (rc = env.validate(env.validate_user, mtext, mlen)) != TK_OK) {
+    if ((rc = tk_manifest__validate_text(mtext, mlen)) != TK_OK ||
+        (env.validate && (rc = env.validate(env.validate_user, mtext, mlen)) != TK_OK)) {
         rc = tk__err_wrap(rc, "%s %s", m->name, m->version);
         goto done;
     }

@@ -1,7 +1,8 @@
 /*
  * fuzz_manifest.c — a package manifest as tk reads it after its signature checked out:
- * tk_manifest__parse (name, version, files, archive) and the install-time kernel validation
- * tk_api__validate_kernels (params, launch rules, constraints, compile options).
+ * tk_manifest__parse (name, version, files, archive) and the parse of its kernels,
+ * tk_manifest__kernels_parse (params, launch rules, constraints, compile options, declared ops), both
+ * strict (install) and lenient (an installed manifest, read by the op registry and tk_pkg).
  *
  * Input: the manifest's bytes. Seeds: the manifests `tk publish` writes for kernels-src/.
  */
@@ -9,7 +10,8 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "api/api.h"
+#include <jansson.h>
+
 #include "manifest/manifest.h"
 
 int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
@@ -27,6 +29,19 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
         abort(); /* *out stays NULL on failure */
     }
     tk_manifest__free(m);
-    tk_api__validate_kernels(NULL, (const char *)data, size);
+    json_t *j = json_loadb((const char *)data, size, 0, NULL);
+    for (unsigned flags = 0; j && flags <= TK_MANIFEST_LENIENT; flags++) {
+        tk_manifest_kernels ks;
+        if (tk_manifest__kernels_parse(&ks, j, flags, NULL, NULL) == TK_OK) {
+            for (size_t i = 0; i < ks.nk; i++) /* every kernel whole: strings and a launch rule */
+                if (!ks.k[i].name || !ks.k[i].op || !ks.k[i].symbol || !ks.k[i].source || !ks.k[i].grid[0] ||
+                    !ks.k[i].block[0] || !ks.k[i].smem)
+                    abort();
+        } else if (ks.nk || ks.k) {
+            abort(); /* cleared on failure */
+        }
+        tk_manifest__kernels_free(&ks);
+    }
+    json_decref(j);
     return 0;
 }
