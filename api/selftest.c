@@ -759,6 +759,110 @@ static json_t *device_json(const devid *d)
                      "driver", d->driver);
 }
 
+/* The device the run tests on (opts->device), the compiled-binary cache, the sandbox context and
+ * the package loaded into it. */
+static int open_device(run *r, tk_kernel **k, const char *ref, const tk_selftest_opts *opts)
+{
+    int rc;
+    int ndev = 0;
+    if ((rc = tk_device_count(&ndev)) != TK_OK) { /* the driver's reason, with the self-test's hint */
+        char why[512];
+        snprintf(why, sizeof why, "%s", tk_last_error());
+        why[strcspn(why, "\n")] = '\0';
+        rc = tk__err(rc, "a self-test needs the GPU it proves kernels for: %s\nHINT: run it on the machine with the "
+                         "GPU ('tk doctor' shows what this one has); without one, tk still installs and builds ahead "
+                         "of time ('tk build ORG/NAME --arch sm_90')", why);
+        return rc;
+    }
+    if (ndev == 0) {
+        rc = tk__err(TK_ERR_NO_DEVICE, "no CUDA device: a self-test runs the kernels on the GPU it proves them for\n"
+                                       "HINT: run 'tk selftest' on the machine with the GPU; 'tk doctor' shows what "
+                                       "this one has");
+        return rc;
+    }
+    if ((rc = dev_ident(&r->dev, opts->device)) != TK_OK || (rc = tk_api__kcache(&r->kc, r->ctx)) != TK_OK ||
+        (rc = tk_jit__sandbox_new(&r->sb, opts->device)) != TK_OK)
+        return rc;
+    {
+        tk_kernel_opts ko = TK_KERNEL_OPTS_INIT;
+        ko.device = opts->device;
+        ko.get = opts->get;
+        if ((rc = tk_api__get_kernel_in(k, r->ctx, ref, &ko, r->sb)) != TK_OK)
+            return rc;
+    }
+    return TK_OK;
+}
+
+/* Tests kernel kd of the loaded package *k (or says why it cannot), records the result, and appends
+ * its row to kernels. A failure to record is returned; the kernel's own failures are its row. */
+static int run_one(run *r, tk_kernel **k, const tk_manifest_kernel *kd, const char *ref, const tk_selftest_opts *opts,
+                   json_t *m, const char *pkg, const char *name, json_t *kernels, int counts[8], int *nbad)
+{
+    const char *kname = kd->name, *kop = kd->op;
+    const tk_function *fn = NULL;
+    json_t *row;
+    int rc;
+    if (!*k || tk_kernel_function(&fn, *k, kname) != TK_OK) {
+        tk__err_clear();
+        row = json_pack("{s:s, s:s, s:s, s:n, s:{s:s}}", "kernel", kname, "op", kop ? kop : "", "status",
+                        *k ? "skipped" : "untested", "binary_key", "detail", "summary",
+                        *k ? "it does not run on this GPU's arch (its constraints)"
+                          : "the package could not be loaded again after a fault");
+        json_array_append_new(kernels, row);
+        counts[*k ? 7 : TK_ST_UNTESTED]++;
+        return TK_OK;
+    }
+    char key[TK_SHA256_HEX];
+    snprintf(key, sizeof key, "%s", tk_api__function_key(fn));
+    if (tk_jit__cuda_lost()) { /* an earlier kernel's fault or hang: nothing more runs in this process */
+        row = json_pack("{s:s, s:s, s:s, s:s, s:{s:s+}}", "kernel", kname, "op", kop ? kop : "", "status",
+                        "untested", "binary_key", key, "detail", "summary",
+                        "not tested: CUDA is unusable in this process after ", tk_jit__cuda_lost());
+        json_array_append_new(kernels, row);
+        counts[TK_ST_UNTESTED]++;
+        return TK_OK;
+    }
+    /* a kernel that crashed or hung here before is not run again: it would end CUDA in this process
+     * (its record stands until the binary, the GPU, the driver or tk changes, or --forget) */
+    int prev = TK_ST_NONE;
+    char *prev_sum = NULL;
+    if (tk_api__selftest_status(&prev, &prev_sum, r->ctx, key, kname, r->dev.ordinal) == TK_OK &&
+        (prev == TK_ST_CRASHED || prev == TK_ST_TIMED_OUT)) {
+        const char *was = prev_sum ? prev_sum : tk_ops__st_name(prev);
+        row = json_pack("{s:s, s:s, s:s, s:s, s:i, s:f, s:{s:s, s:s+, s:b}}", "kernel", kname, "op",
+                        kop ? kop : "", "status", tk_ops__st_name(prev), "binary_key", key, "cases", 0, "seconds",
+                        0.0, "detail", "recorded", prev_sum ? prev_sum : "", "summary", was,
+                        " (recorded earlier on this GPU; not run again, it would end CUDA in this process: 'tk "
+                        "selftest --forget' and a new run test it again)", "not_run", 1);
+        free(prev_sum);
+        json_array_append_new(kernels, row);
+        counts[prev]++;
+        (*nbad)++;
+        return TK_OK;
+    }
+    free(prev_sum);
+    tk__err_clear();
+    /* evidence first: a kernel that takes the process down leaves "running" behind */
+    if ((rc = put_record(r, key, kname, pkg, kop, "running", NULL, 0)) != TK_OK)
+        return rc;
+    verdict v;
+    test_kernel(r, &v, k, ref, opts, kd, m, name);
+    if ((rc = put_record(r, key, kname, pkg, kop, tk_ops__st_name(v.status), v.detail, v.seconds)) != TK_OK) {
+        json_decref(v.detail);
+        return rc;
+    }
+    tk_api__log(r->ctx, tk_ops__st_bad(v.status) ? TK_LOG_WARN : TK_LOG_DEBUG, "selftest %s:%s on %s: %s: %s", name,
+                kname, r->dev.name, tk_ops__st_name(v.status),
+                json_string_value(json_object_get(v.detail, "summary")));
+    row = json_pack("{s:s, s:s, s:s, s:s, s:i, s:f, s:o}", "kernel", kname, "op", kop ? kop : "", "status",
+                    tk_ops__st_name(v.status), "binary_key", key, "cases", v.cases, "seconds", v.seconds, "detail",
+                    v.detail ? v.detail : json_object());
+    json_array_append_new(kernels, row);
+    counts[v.status]++;
+    *nbad += tk_ops__st_bad(v.status);
+    return TK_OK;
+}
+
 TK_API int tk_selftest(char **report, tk_ctx *ctx, const char *ref, const tk_selftest_opts *opts)
 {
     tk_selftest_opts def = TK_SELFTEST_OPTS_INIT;
@@ -788,32 +892,8 @@ TK_API int tk_selftest(char **report, tk_ctx *ctx, const char *ref, const tk_sel
         return plan_run(report, ctx, ref, opts);
     r.ctx = ctx;
     r.timeout_s = opts->launch_timeout_s > 0 ? opts->launch_timeout_s : DEFAULT_TIMEOUT_S;
-    int ndev = 0;
-    if ((rc = tk_device_count(&ndev)) != TK_OK) { /* the driver's reason, with the self-test's hint */
-        char why[512];
-        snprintf(why, sizeof why, "%s", tk_last_error());
-        why[strcspn(why, "\n")] = '\0';
-        rc = tk__err(rc, "a self-test needs the GPU it proves kernels for: %s\nHINT: run it on the machine with the "
-                         "GPU ('tk doctor' shows what this one has); without one, tk still installs and builds ahead "
-                         "of time ('tk build ORG/NAME --arch sm_90')", why);
+    if ((rc = open_device(&r, &k, ref, opts)) != TK_OK)
         goto fail;
-    }
-    if (ndev == 0) {
-        rc = tk__err(TK_ERR_NO_DEVICE, "no CUDA device: a self-test runs the kernels on the GPU it proves them for\n"
-                                       "HINT: run 'tk selftest' on the machine with the GPU; 'tk doctor' shows what "
-                                       "this one has");
-        goto fail;
-    }
-    if ((rc = dev_ident(&r.dev, opts->device)) != TK_OK || (rc = tk_api__kcache(&r.kc, ctx)) != TK_OK ||
-        (rc = tk_jit__sandbox_new(&r.sb, opts->device)) != TK_OK)
-        goto fail;
-    {
-        tk_kernel_opts ko = TK_KERNEL_OPTS_INIT;
-        ko.device = opts->device;
-        ko.get = opts->get;
-        if ((rc = tk_api__get_kernel_in(&k, ctx, ref, &ko, r.sb)) != TK_OK)
-            goto fail;
-    }
     tload = tk__now_ms() - t0;
     /* the package as loaded: its manifest, name and commit */
     char pkg[256], *at;
@@ -842,75 +922,16 @@ TK_API int tk_selftest(char **report, tk_ctx *ctx, const char *ref, const tk_sel
     for (size_t i = 0; i < mk.nk; i++)
         total += wanted(&mk.k[i], opts);
     for (size_t i = 0; i < mk.nk; i++) {
-        const char *kname = mk.k[i].name, *kop = mk.k[i].op;
-        const tk_function *fn = NULL;
-        json_t *row;
         if (!wanted(&mk.k[i], opts))
             continue;
         if (ctx->progress) {
             char what[256];
-            snprintf(what, sizeof what, "selftest %s", kname);
+            snprintf(what, sizeof what, "selftest %s", mk.k[i].name);
             ctx->progress(ctx->progress_user, what, (int64_t)tested, (int64_t)total);
         }
         tested++;
-        if (!k || tk_kernel_function(&fn, k, kname) != TK_OK) {
-            tk__err_clear();
-            row = json_pack("{s:s, s:s, s:s, s:n, s:{s:s}}", "kernel", kname, "op", kop ? kop : "", "status",
-                            k ? "skipped" : "untested", "binary_key", "detail", "summary",
-                            k ? "it does not run on this GPU's arch (its constraints)"
-                              : "the package could not be loaded again after a fault");
-            json_array_append_new(kernels, row);
-            counts[k ? 7 : TK_ST_UNTESTED]++;
-            continue;
-        }
-        char key[TK_SHA256_HEX];
-        snprintf(key, sizeof key, "%s", tk_api__function_key(fn));
-        if (tk_jit__cuda_lost()) { /* an earlier kernel's fault or hang: nothing more runs in this process */
-            row = json_pack("{s:s, s:s, s:s, s:s, s:{s:s+}}", "kernel", kname, "op", kop ? kop : "", "status",
-                            "untested", "binary_key", key, "detail", "summary",
-                            "not tested: CUDA is unusable in this process after ", tk_jit__cuda_lost());
-            json_array_append_new(kernels, row);
-            counts[TK_ST_UNTESTED]++;
-            continue;
-        }
-        /* a kernel that crashed or hung here before is not run again: it would end CUDA in this process
-         * (its record stands until the binary, the GPU, the driver or tk changes, or --forget) */
-        int prev = TK_ST_NONE;
-        char *prev_sum = NULL;
-        if (tk_api__selftest_status(&prev, &prev_sum, ctx, key, kname, r.dev.ordinal) == TK_OK &&
-            (prev == TK_ST_CRASHED || prev == TK_ST_TIMED_OUT)) {
-            const char *was = prev_sum ? prev_sum : tk_ops__st_name(prev);
-            row = json_pack("{s:s, s:s, s:s, s:s, s:i, s:f, s:{s:s, s:s+, s:b}}", "kernel", kname, "op",
-                            kop ? kop : "", "status", tk_ops__st_name(prev), "binary_key", key, "cases", 0, "seconds",
-                            0.0, "detail", "recorded", prev_sum ? prev_sum : "", "summary", was,
-                            " (recorded earlier on this GPU; not run again, it would end CUDA in this process: 'tk "
-                            "selftest --forget' and a new run test it again)", "not_run", 1);
-            free(prev_sum);
-            json_array_append_new(kernels, row);
-            counts[prev]++;
-            nbad++;
-            continue;
-        }
-        free(prev_sum);
-        tk__err_clear();
-        /* evidence first: a kernel that takes the process down leaves "running" behind */
-        if ((rc = put_record(&r, key, kname, pkg, kop, "running", NULL, 0)) != TK_OK)
+        if ((rc = run_one(&r, &k, &mk.k[i], ref, opts, m, pkg, name, kernels, counts, &nbad)) != TK_OK)
             goto fail;
-        verdict v;
-        test_kernel(&r, &v, &k, ref, opts, &mk.k[i], m, name);
-        if ((rc = put_record(&r, key, kname, pkg, kop, tk_ops__st_name(v.status), v.detail, v.seconds)) != TK_OK) {
-            json_decref(v.detail);
-            goto fail;
-        }
-        tk_api__log(ctx, tk_ops__st_bad(v.status) ? TK_LOG_WARN : TK_LOG_DEBUG, "selftest %s:%s on %s: %s: %s", name,
-                    kname, r.dev.name, tk_ops__st_name(v.status),
-                    json_string_value(json_object_get(v.detail, "summary")));
-        row = json_pack("{s:s, s:s, s:s, s:s, s:i, s:f, s:o}", "kernel", kname, "op", kop ? kop : "", "status",
-                        tk_ops__st_name(v.status), "binary_key", key, "cases", v.cases, "seconds", v.seconds, "detail",
-                        v.detail ? v.detail : json_object());
-        json_array_append_new(kernels, row);
-        counts[v.status]++;
-        nbad += tk_ops__st_bad(v.status);
         /* recorded: now the context goes (a faulted one is destroyed, a hung one abandoned) */
         if (tk_jit__cuda_lost()) {
             tk_jit__sandbox_reset(r.sb);
