@@ -45,7 +45,7 @@ endif
 # The HTTP servers (hub/serve.c, the registry's, and serve/*.c, the model server's) are not in libtk: only
 # the tk command and libtkhub-serve link them and libmicrohttpd.
 SERVE_SRC := $(wildcard hub/serve*.c serve/*.c)
-LIB_SRC := $(filter-out $(SERVE_SRC),$(wildcard common/*.c cache/*.c hub/*.c jit/*.c ops/*.c comm/*.c models/*.c api/*.c))
+LIB_SRC := $(filter-out $(SERVE_SRC),$(wildcard common/*.c cache/*.c manifest/*.c hub/*.c jit/*.c ops/*.c comm/*.c models/*.c api/*.c))
 CLI_SRC := $(wildcard cli/*.c)
 TEST_SRC := $(wildcard tests/test_*.c)
 EX_SRC  := $(wildcard examples/*.c)

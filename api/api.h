@@ -12,6 +12,7 @@
 
 #include "common/common.h"
 #include "hub/hub.h"
+#include "manifest/manifest.h"
 
 #define TK_CTX_MAGIC 0x746b6374u /* "tkct" */
 
@@ -58,57 +59,26 @@ struct tk_ctx {
 int tk_api__check_ctx(const tk_ctx *ctx);
 /* Sends a message to the context's log callback (if any). */
 void tk_api__log(const tk_ctx *ctx, int level, const char *fmt, ...) TK_PRINTF(3, 4);
-/* Checks a verified manifest's "kernels" before the package is installed: structure, params, and
- * that every launch-rule expression parses and names only the kernel's params. `user` is the
- * tk_ctx. TK_ERR_MANIFEST with the kernel and expression named. (api/validate.c) */
-int tk_api__validate_kernels(void *user, const char *manifest, size_t len);
-/* ---- packages that live in a directory (api/check.c) -------------------------------------------- */
-
-/* A package directory read as `tk publish` would read it, never signed or installed. */
-typedef struct {
-    char *dir;
-    char *spec_path;   /* dir/kernel.json */
-    char *name;        /* org/name */
-    char *version;
-    char *manifest;    /* the manifest a publish would sign (its archive entry left out) */
-    char **paths;      /* the package's files, sorted */
-    size_t nfiles;
-} tk_api_localpkg;
+/* The install hook (tk_hub_env.validate; user is the tk_ctx): the checks of a verified manifest, its
+ * kernels already valid (manifest/validate.c), that need the installed packages: an op it declares
+ * that an installed package of another name declares with another signature is TK_ERR_MANIFEST
+ * naming both. (api/op.c) */
+int tk_api__check_installed(void *user, const char *manifest, size_t len);
+/* ---- packages that live in a directory (api/check.c; read by manifest/local.c) -------------------- */
 
 /* 1 when ref names a directory rather than a package: it starts with "./", "../" or "/", or is ".". */
 int tk_api__is_local_ref(const char *ref);
-/* Reads dir/kernel.json and the files beside it and runs every check a publish runs and install
- * repeats: keys (file:line:column, did you mean), name, version, license, sources present, every
- * kernel's params, dtypes, launch and constraint expressions. TK_ERR_MANIFEST, TK_ERR_NOT_FOUND. */
-int tk_api__local_load(tk_api_localpkg *out, const char *dir);
-void tk_api__local_free(tk_api_localpkg *lp);
-
 /* "sm_90", "sm_90a", "compute_80" or "90" -> 90 in *cc. Returns 0, or -1 for anything else. */
 int tk_api__parse_arch(int *cc, const char *s);
 /* Compiles every kernel of a local package for each cc (at most 64), writing nothing; each failing
  * unit adds a paragraph to report. cover = 1: a kernel whose constraints rule out every cc is also
  * compiled for its own min_cc (so each kernel compiles at least once). *nunits / *nfailed count the
  * compiles. TK_ERR_COMPILE when one failed; NVRTC missing is TK_ERR_NO_NVRTC. (api/kernel.c) */
-int tk_api__compile_local(tk_ctx *ctx, const tk_api_localpkg *lp, const int *ccs, size_t nccs, int cover, int jobs,
+int tk_api__compile_local(tk_ctx *ctx, const tk_manifest_local *lp, const int *ccs, size_t nccs, int cover, int jobs,
                           tk_buf *report, size_t *nunits, size_t *nfailed);
-/* Validates the op declarations ("ops") and kernels of a parsed manifest; on failure *bad_in is
- * "kernels" or "ops" and *bad the index of the failing entry (NULL and (size_t)-1 when the failure is
- * not one entry's). (api/validate.c) */
-int tk_api__validate_json(json_t *m, const char **bad_in, size_t *bad);
 
-/* ---- ops that packages declare (api/opdecl.c) ---------------------------------------------------- */
+/* ---- ops that packages declare (api/op.c) --------------------------------------------------------- */
 
-struct tk_op_desc;
-/* The descriptor of an entry of kernel.json "ops" declared by package pkg ("org/name"): params as
- * `tk ops --json` prints them, checked (kinds, dtypes, dtype_like, shapes, no built-in op's name).
- * TK_ERR_MANIFEST "op 'x': ...". Free with tk_api__op_declared_free. */
-int tk_api__op_declare(struct tk_op_desc **out, json_t *decl, const char *pkg);
-void tk_api__op_declared_free(struct tk_op_desc *op);
-/* 1 when two declarations of an op have the same signature (names, kinds, dtypes, shapes, defaults). */
-int tk_api__op_same(const struct tk_op_desc *a, const struct tk_op_desc *b);
-/* Checks kernel k (a "kernels" entry) against the signature of the op it implements: each caller-given
- * param is the op's, of its kind, with a dtype it allows; every required tensor is taken. */
-int tk_api__op_check_kernel(const struct tk_op_desc *op, json_t *k);
 /* Refuses manifest m (about to be installed) when it declares an op that an installed package of
  * another name declares with another signature: TK_ERR_MANIFEST naming both. (api/op.c) */
 int tk_api__ops_check_declared(tk_ctx *ctx, json_t *m);

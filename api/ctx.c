@@ -20,7 +20,7 @@
 #include "api/api.h"
 #include "cache/state.h"
 #include "hub/http.h"
-#include "hub/manifest.h"
+#include "manifest/manifest.h"
 #include "tk_default.h"
 
 int tk_api__check_ctx(const tk_ctx *ctx)
@@ -193,7 +193,7 @@ static int warn_unknown(tk_ctx *ctx, const char *key, const char *path, const ch
     }
     if (bestd > limit)
         best = NULL;
-    if (tk_hub__json_where(where, sizeof where, text, len, path, keys, idx, 1) == 0) {
+    if (tk_manifest__json_where(where, sizeof where, text, len, path, keys, idx, 1) == 0) {
         where[strcspn(where, "|")] = '\0'; /* "file:line:col" */
         char copy[sizeof where], *c2, *c1;
         int64_t l = 0, c = 0;

@@ -155,209 +155,10 @@ static int get_cache(tk_kcache **out, tk_ctx *ctx)
 
 int tk_api__kcache(struct tk_kcache **out, tk_ctx *ctx) { return get_cache(out, ctx); }
 
-/* ---- kernel declarations from the manifest ---------------------------------------------------- */
+/* ---- kernel declarations: the manifest's, parsed once (manifest/validate.c) ---------------------- */
 
-typedef struct {
-    char *name;
-    int type; /* TK_JIT_P_* */
-    tk_dtype dtype;
-    tk_jit_expr *value; /* derived scalars; a workspace's size in bytes */
-    int optional;       /* tensors: may be left out (the kernel gets a null pointer) */
-} kparam;
-
-typedef struct {
-    char *name, *op, *source, *symbol;
-    kparam *params;
-    size_t nparams;
-    tk_jit_expr *grid[3], *block[3], *smem; /* NULL dims are 1 */
-    int min_cc, max_cc, arch_specific;
-    int64_t align; /* constraints.align: every tensor's data + byte_offset a multiple (0: any) */
-    tk_jit_expr **max_e; /* constraints.max and .min: expression, bound, and which */
-    int64_t *max_v;
-    char *is_min;
-    size_t nmax;
-    char **options;
-    size_t noptions;
-} kdecl;
-
-static void kdecl_clear(kdecl *d)
-{
-    free(d->name);
-    free(d->op);
-    free(d->source);
-    free(d->symbol);
-    for (size_t i = 0; i < d->nparams; i++) {
-        free(d->params[i].name);
-        tk_jit__expr_free(d->params[i].value);
-    }
-    free(d->params);
-    for (int i = 0; i < 3; i++) {
-        tk_jit__expr_free(d->grid[i]);
-        tk_jit__expr_free(d->block[i]);
-    }
-    tk_jit__expr_free(d->smem);
-    for (size_t i = 0; i < d->nmax; i++)
-        tk_jit__expr_free(d->max_e[i]);
-    free(d->max_e);
-    free(d->max_v);
-    free(d->is_min);
-    for (size_t i = 0; i < d->noptions; i++)
-        free(d->options[i]);
-    free(d->options);
-    memset(d, 0, sizeof *d);
-}
-
-static int param_type(const char *t)
-{
-    static const char *const names[] = {"tensor", "i32", "i64", "f32", "f64", "workspace"};
-    static const int types[] = {TK_JIT_P_TENSOR, TK_JIT_P_I32, TK_JIT_P_I64, TK_JIT_P_F32, TK_JIT_P_F64,
-                                TK_JIT_P_WORKSPACE};
-    for (size_t i = 0; t && i < sizeof types / sizeof types[0]; i++)
-        if (strcmp(t, names[i]) == 0)
-            return types[i];
-    return -1;
-}
-
-static char *jstr(json_t *o, const char *key)
-{
-    const char *s = json_string_value(json_object_get(o, key));
-    return s ? tk__strdup(s) : NULL;
-}
-
-static int parse_dims(tk_jit_expr *out[3], json_t *arr, const char *which, const kdecl *d,
-                      const tk_jit_param *ps)
-{
-    char what[256];
-    size_t n = json_array_size(arr);
-    if (!json_is_array(arr) || n < 1 || n > 3)
-        return tk__err(TK_ERR_MANIFEST, "kernel '%s': launch.%s must be a list of 1 to 3 expressions",
-                       d->name, which);
-    for (size_t i = 0; i < n; i++) {
-        int rc;
-        snprintf(what, sizeof what, "kernel '%s', launch.%s[%zu]", d->name, which, i);
-        if ((rc = tk_jit__expr_parse(&out[i], json_string_value(json_array_get(arr, i)), ps,
-                                     d->nparams, what)) != TK_OK)
-            return rc;
-    }
-    return TK_OK;
-}
-
-static int parse_kernel(kdecl *d, json_t *k, size_t idx)
-{
-    tk_jit_param ps[MAX_PARAMS], vps[MAX_PARAMS];
-    json_t *jp = json_object_get(k, "params"), *launch = json_object_get(k, "launch");
-    json_t *cons = json_object_get(k, "constraints"), *opts = json_object_get(k, "options");
-    char what[256];
-    size_t i;
-    json_t *p;
-    int rc;
-
-    memset(d, 0, sizeof *d);
-    d->name = jstr(k, "name");
-    d->op = jstr(k, "op");
-    d->source = jstr(k, "source");
-    d->symbol = jstr(k, "symbol");
-    if (!d->name || !d->op || !d->source || !d->symbol)
-        return tk__err(TK_ERR_MANIFEST, "kernels[%zu]: needs name, op, source and symbol strings", idx);
-    if (!json_is_array(jp) || json_array_size(jp) > MAX_PARAMS)
-        return tk__err(TK_ERR_MANIFEST, "kernel '%s': params must be an array of at most %d", d->name,
-                       MAX_PARAMS);
-    d->nparams = json_array_size(jp);
-    if (d->nparams && !(d->params = calloc(d->nparams, sizeof *d->params)))
-        return tk__err(TK_ERR_NOMEM, "out of memory");
-    json_array_foreach(jp, i, p) {
-        kparam *kp = &d->params[i];
-        kp->name = jstr(p, "name");
-        kp->type = param_type(json_string_value(json_object_get(p, "type")));
-        if (!kp->name || kp->type < 0)
-            return tk__err(TK_ERR_MANIFEST, "kernel '%s': params[%zu] needs a name and a type", d->name, i);
-        if (kp->type == TK_JIT_P_TENSOR &&
-            tk_ops__dtype_parse(&kp->dtype, json_string_value(json_object_get(p, "dtype"))) != TK_OK)
-            return tk__err_wrap(TK_ERR_MANIFEST, "kernel '%s': param '%s'", d->name, kp->name);
-        kp->optional = json_is_true(json_object_get(p, "optional"));
-        if (kp->optional && kp->type != TK_JIT_P_TENSOR)
-            return tk__err(TK_ERR_MANIFEST, "kernel '%s': param '%s': only tensors can be optional", d->name,
-                           kp->name);
-        if (kp->type == TK_JIT_P_WORKSPACE && !json_object_get(p, "value"))
-            return tk__err(TK_ERR_MANIFEST, "kernel '%s': workspace '%s' needs a \"value\": its size in bytes",
-                           d->name, kp->name);
-        ps[i] = (tk_jit_param){kp->name, kp->type, kp->type != TK_JIT_P_WORKSPACE};
-        vps[i] = (tk_jit_param){kp->name, kp->type, !json_object_get(p, "value") && kp->type != TK_JIT_P_WORKSPACE};
-    }
-    json_array_foreach(jp, i, p) {
-        json_t *v = json_object_get(p, "value");
-        if (!v)
-            continue;
-        if (d->params[i].type == TK_JIT_P_TENSOR)
-            return tk__err(TK_ERR_MANIFEST, "kernel '%s': tensor param '%s' cannot have a value", d->name,
-                           d->params[i].name);
-        snprintf(what, sizeof what, "kernel '%s', params.%s.value", d->name, d->params[i].name);
-        if ((rc = tk_jit__expr_parse(&d->params[i].value, json_string_value(v), vps, d->nparams,
-                                     what)) != TK_OK)
-            return rc;
-    }
-    if (!json_is_object(launch))
-        return tk__err(TK_ERR_MANIFEST, "kernel '%s': needs a launch rule", d->name);
-    if ((rc = parse_dims(d->grid, json_object_get(launch, "grid"), "grid", d, ps)) != TK_OK ||
-        (rc = parse_dims(d->block, json_object_get(launch, "block"), "block", d, ps)) != TK_OK)
-        return rc;
-    snprintf(what, sizeof what, "kernel '%s', launch.smem", d->name);
-    {
-        json_t *sm = json_object_get(launch, "smem");
-        const char *s = json_is_string(sm) ? json_string_value(sm) : sm ? NULL : "0";
-        if ((rc = tk_jit__expr_parse(&d->smem, s, ps, d->nparams, what)) != TK_OK)
-            return rc;
-    }
-    d->min_cc = 0;
-    d->max_cc = 1000000;
-    if (json_is_object(cons)) {
-        json_t *mx = json_object_get(cons, "max"), *mn = json_object_get(cons, "min"), *v;
-        const char *key;
-        if (json_is_integer(json_object_get(cons, "min_cc")))
-            d->min_cc = (int)json_integer_value(json_object_get(cons, "min_cc"));
-        if (json_is_integer(json_object_get(cons, "max_cc")))
-            d->max_cc = (int)json_integer_value(json_object_get(cons, "max_cc"));
-        d->arch_specific = json_is_true(json_object_get(cons, "arch_specific"));
-        if (json_is_integer(json_object_get(cons, "align")))
-            d->align = json_integer_value(json_object_get(cons, "align"));
-        size_t n = json_object_size(mx) + json_object_size(mn);
-        if (n) {
-            d->max_e = calloc(n, sizeof *d->max_e);
-            d->max_v = calloc(n, sizeof *d->max_v);
-            d->is_min = calloc(n, 1);
-            if (!d->max_e || !d->max_v || !d->is_min)
-                return tk__err(TK_ERR_NOMEM, "out of memory");
-        }
-        for (int lo = 0; lo < 2; lo++) {
-            json_t *obj = lo ? mn : mx;
-            if (!json_is_object(obj))
-                continue;
-            json_object_foreach(obj, key, v) {
-                snprintf(what, sizeof what, "kernel '%s', constraints.%s", d->name, lo ? "min" : "max");
-                if (!json_is_integer(v))
-                    return tk__err(TK_ERR_MANIFEST, "%s: the bound of '%s' must be an integer", what, key);
-                if ((rc = tk_jit__expr_parse(&d->max_e[d->nmax], key, ps, d->nparams, what)) != TK_OK)
-                    return rc;
-                d->is_min[d->nmax] = (char)lo;
-                d->max_v[d->nmax++] = json_integer_value(v);
-            }
-        }
-    }
-    if (json_is_array(opts) && json_array_size(opts)) {
-        d->options = calloc(json_array_size(opts), sizeof *d->options);
-        if (!d->options)
-            return tk__err(TK_ERR_NOMEM, "out of memory");
-        json_array_foreach(opts, i, p) {
-            if (!json_is_string(p))
-                return tk__err(TK_ERR_MANIFEST, "kernel '%s': options must be strings", d->name);
-            if ((rc = tk_jit__option_check(json_string_value(p))) != TK_OK)
-                return tk__err_wrap(rc, "kernel '%s'", d->name);
-            if (!(d->options[d->noptions++] = tk__strdup(json_string_value(p))))
-                return tk__err(TK_ERR_NOMEM, "out of memory");
-        }
-    }
-    return TK_OK;
-}
+typedef tk_manifest_kernel kdecl;
+typedef tk_manifest_param kparam;
 
 /* ---- a package's sources and its compile plan ------------------------------------------------- */
 
@@ -365,7 +166,8 @@ typedef struct {
     char *pkgname;         /* "org/name@commit" */
     tk_jit_file *files;    /* every file of the package, data NUL-terminated */
     size_t nfiles;
-    char **copts;          /* manifest compile.options */
+    tk_manifest_kernels mk; /* compile.options and the kernels, parsed */
+    char **copts;           /* mk's */
     size_t ncopts;
     kdecl *k;
     size_t nk;
@@ -378,12 +180,7 @@ static void pkgsrc_free(pkgsrc *s)
         free((char *)s->files[i].data);
     }
     free(s->files);
-    for (size_t i = 0; i < s->ncopts; i++)
-        free(s->copts[i]);
-    free(s->copts);
-    for (size_t i = 0; i < s->nk; i++)
-        kdecl_clear(&s->k[i]);
-    free(s->k);
+    tk_manifest__kernels_free(&s->mk);
     free(s->pkgname);
     memset(s, 0, sizeof *s);
 }
@@ -392,60 +189,29 @@ static void pkgsrc_free(pkgsrc *s)
 static int pkgsrc_parse(pkgsrc *s, const char *name, const char *manifest)
 {
     json_error_t jerr;
-    json_t *m = NULL, *ks, *co, *x;
-    size_t i;
+    json_t *m = json_loads(manifest, 0, &jerr);
     int rc;
-
-    if (!(m = json_loads(manifest, 0, &jerr))) {
-        rc = tk__err(TK_ERR_MANIFEST, "manifest of %s: %s (line %d)", name, jerr.text, jerr.line);
-        goto fail;
-    }
-    co = json_object_get(json_object_get(m, "compile"), "options");
-    if (json_is_array(co) && json_array_size(co)) {
-        if (!(s->copts = calloc(json_array_size(co), sizeof *s->copts))) {
-            rc = tk__err(TK_ERR_NOMEM, "out of memory");
-            goto fail;
-        }
-        json_array_foreach(co, i, x) {
-            if (!json_is_string(x) || (rc = tk_jit__option_check(json_string_value(x))) != TK_OK) {
-                rc = tk__err_wrap(TK_ERR_MANIFEST, "%s: compile.options[%zu]", name, i);
-                goto fail;
-            }
-            if (!(s->copts[s->ncopts++] = tk__strdup(json_string_value(x)))) {
-                rc = tk__err(TK_ERR_NOMEM, "out of memory");
-                goto fail;
-            }
-        }
-    }
-    ks = json_object_get(m, "kernels");
-    if (!json_is_array(ks) || json_array_size(ks) == 0) {
-        rc = tk__err(TK_ERR_MANIFEST, "%s declares no kernels", name);
-        goto fail;
-    }
-    if (!(s->k = calloc(json_array_size(ks), sizeof *s->k))) {
-        rc = tk__err(TK_ERR_NOMEM, "out of memory");
-        goto fail;
-    }
-    json_array_foreach(ks, i, x) {
-        s->nk = i + 1;
-        if ((rc = parse_kernel(&s->k[i], x, i)) != TK_OK)
-            goto fail;
-        {
-            int found = 0;
-            for (size_t f = 0; f < s->nfiles; f++)
-                found |= strcmp(s->files[f].path, s->k[i].source) == 0;
-            if (!found) {
-                rc = tk__err(TK_ERR_MANIFEST, "kernel '%s': source '%s' is not a file of the package",
-                             s->k[i].name, s->k[i].source);
-                goto fail;
-            }
-        }
-    }
+    if (!m)
+        return tk__err(TK_ERR_MANIFEST, "manifest of %s: %s (line %d)", name, jerr.text, jerr.line);
+    rc = tk_manifest__kernels_parse(&s->mk, m, 0, NULL, NULL);
     json_decref(m);
+    if (rc != TK_OK)
+        return tk__err_wrap(rc, "%s", name);
+    s->copts = s->mk.copts;
+    s->ncopts = s->mk.ncopts;
+    s->k = s->mk.k;
+    s->nk = s->mk.nk;
+    if (!s->nk)
+        return tk__err(TK_ERR_MANIFEST, "%s declares no kernels", name);
+    for (size_t i = 0; i < s->nk; i++) {
+        int found = 0;
+        for (size_t f = 0; f < s->nfiles; f++)
+            found |= strcmp(s->files[f].path, s->k[i].source) == 0;
+        if (!found)
+            return tk__err(TK_ERR_MANIFEST, "kernel '%s': source '%s' is not a file of the package", s->k[i].name,
+                           s->k[i].source);
+    }
     return TK_OK;
-fail:
-    json_decref(m);
-    return rc;
 }
 
 static int pkgsrc_load(pkgsrc *s, const tk_pkg *pkg)
@@ -482,9 +248,9 @@ fail:
     return rc;
 }
 
-/* A package directory that was never published (api/check.c checked it): its files are read from
+/* A package directory that was never published (manifest/local.c checked it): its files are read from
  * the directory, and it is named "org/name@local" wherever it shows (logs, the cache's labels). */
-static int pkgsrc_load_dir(pkgsrc *s, const tk_api_localpkg *lp)
+static int pkgsrc_load_dir(pkgsrc *s, const tk_manifest_local *lp)
 {
     int rc;
     memset(s, 0, sizeof *s);
@@ -526,14 +292,14 @@ static int pkgsrc_for_ref(pkgsrc *s, char **manifest, tk_ctx *ctx, const char *r
     if (manifest)
         *manifest = NULL;
     if (tk_api__is_local_ref(ref)) {
-        tk_api_localpkg lp;
-        if ((rc = tk_api__local_load(&lp, ref)) != TK_OK)
+        tk_manifest_local lp;
+        if ((rc = tk_manifest__local_load(&lp, ref)) != TK_OK)
             return rc;
         tk_api__log(ctx, TK_LOG_WARN, "%s %s from %s is local: not signed, not installed", lp.name, lp.version, ref);
         rc = pkgsrc_load_dir(s, &lp);
         if (rc == TK_OK && manifest && !(*manifest = tk__strdup(lp.manifest)))
             rc = tk__err(TK_ERR_NOMEM, "out of memory");
-        tk_api__local_free(&lp);
+        tk_manifest__local_free(&lp);
     } else {
         tk_pkg *pkg = NULL;
         rc = get ? tk_pkg_get(&pkg, ctx, ref, get) : tk_pkg_info(&pkg, ctx, ref);
@@ -599,7 +365,7 @@ static int same_opts(const kdecl *a, const kdecl *b)
     return 1;
 }
 
-static int kernel_fits(const kdecl *d, int cc) { return cc >= d->min_cc && cc <= d->max_cc; }
+static int kernel_fits(const kdecl *d, int cc) { return cc >= d->min_cc && (!d->max_cc || cc <= d->max_cc); }
 
 /* Groups the kernels that fit `cc` into units and computes their keys. */
 static int plan_make(plan *p, const pkgsrc *s, int cc, int ptx_only, const char *nvrtc_id)
@@ -761,17 +527,17 @@ static int check_signatures(const cunit *c, const pkgsrc *s)
                                d->source, c->target, d->name, d->nparams, d->symbol, n);
             for (size_t i = 0; i < n; i++) {
                 const kparam *p = &d->params[i];
-                size_t want = p->type == TK_JIT_P_I32 || p->type == TK_JIT_P_F32 ? 4 : 8;
+                size_t want = p->type == TK_MANIFEST_P_I32 || p->type == TK_MANIFEST_P_F32 ? 4 : 8;
                 if (got[i] != want)
                     return tk__err(TK_ERR_MANIFEST,
                                    "%s (%s): kernel '%s': parameter %zu '%s' is %zu bytes in the manifest (%s), %zu "
                                    "in '%s'\nHINT: tensor and workspace: a pointer; i64/f64: 8 bytes; i32/f32: 4 bytes",
                                    d->source, c->target, d->name, i + 1, p->name, want,
-                                   p->type == TK_JIT_P_TENSOR      ? "tensor"
-                                   : p->type == TK_JIT_P_WORKSPACE ? "workspace"
-                                   : p->type == TK_JIT_P_I32       ? "i32"
-                                   : p->type == TK_JIT_P_I64       ? "i64"
-                                   : p->type == TK_JIT_P_F32       ? "f32"
+                                   p->type == TK_MANIFEST_P_TENSOR      ? "tensor"
+                                   : p->type == TK_MANIFEST_P_WORKSPACE ? "workspace"
+                                   : p->type == TK_MANIFEST_P_I32       ? "i32"
+                                   : p->type == TK_MANIFEST_P_I64       ? "i64"
+                                   : p->type == TK_MANIFEST_P_F32       ? "f32"
                                                                    : "f64",
                                    got[i], d->symbol);
             }
@@ -940,7 +706,7 @@ static void symbol_message(tk_buf *b, const cunit *c, const pkgsrc *s, const cha
     }
 }
 
-int tk_api__compile_local(tk_ctx *ctx, const tk_api_localpkg *lp, const int *ccs0, size_t nccs, int cover, int jobs,
+int tk_api__compile_local(tk_ctx *ctx, const tk_manifest_local *lp, const int *ccs0, size_t nccs, int cover, int jobs,
                           tk_buf *report, size_t *nunits, size_t *nfailed)
 {
     pkgsrc s;
@@ -1070,7 +836,7 @@ void tk_kernel_free(tk_kernel *k)
     if (!k || k->magic != KERNEL_MAGIC)
         return;
     for (size_t i = 0; i < k->nfns; i++) {
-        kdecl_clear(&k->fns[i].d);
+        tk_manifest__kernel_clear(&k->fns[i].d);
         k->fns[i].magic = 0;
     }
     free(k->fns);
@@ -1346,11 +1112,11 @@ int tk_api__kernel_keys(tk_ctx *ctx, const char *ref, int cc, void (*each)(void 
     memset(&s, 0, sizeof s);
     memset(&p, 0, sizeof p);
     if (tk_api__is_local_ref(ref)) { /* quietly: dispatch asks this on every context */
-        tk_api_localpkg lp;
-        if ((rc = tk_api__local_load(&lp, ref)) != TK_OK)
+        tk_manifest_local lp;
+        if ((rc = tk_manifest__local_load(&lp, ref)) != TK_OK)
             return rc;
         rc = pkgsrc_load_dir(&s, &lp);
-        tk_api__local_free(&lp);
+        tk_manifest__local_free(&lp);
     } else {
         rc = pkgsrc_for_ref(&s, NULL, ctx, ref, NULL);
     }
@@ -1387,20 +1153,20 @@ typedef union {
     double f64;
 } argslot;
 
-static int eval_dim(int64_t *v, const tk_jit_expr *e, const tk_jit_value *vals, size_t n, int sm_count)
+static int eval_dim(int64_t *v, const tk_manifest_expr *e, const tk_manifest_value *vals, size_t n, int sm_count)
 {
     if (!e) {
         *v = 1;
         return TK_OK;
     }
-    return tk_jit__expr_eval_dev(v, e, vals, n, sm_count);
+    return tk_manifest__expr_eval_dev(v, e, vals, n, sm_count);
 }
 
 /* One call's state: which argument each parameter is bound to, what the launch rule knows of it,
  * and the kernel argument slots. */
 typedef struct {
     int bound[MAX_PARAMS]; /* index into args, -1 when not given */
-    tk_jit_value vals[MAX_PARAMS];
+    tk_manifest_value vals[MAX_PARAMS];
     argslot slots[MAX_PARAMS];
     int ws_slot; /* the workspace parameter, -1 if none */
     size_t ws_bytes;
@@ -1431,7 +1197,7 @@ static int bind_args(call_state *cs, const kdecl *d, const tk_arg *args, size_t 
         }
         if (d->params[i].value)
             return tk__err(TK_ERR_INVALID, "%s: '%s' is derived by the launch rule (%s); do not pass it",
-                           d->name, args[a].name, tk_jit__expr_src(d->params[i].value));
+                           d->name, args[a].name, tk_manifest__expr_src(d->params[i].value));
         if (cs->bound[i] >= 0)
             return tk__err(TK_ERR_INVALID, "%s: '%s' is given twice", d->name, args[a].name);
         cs->bound[i] = (int)a;
@@ -1449,7 +1215,7 @@ static int bind_args(call_state *cs, const kdecl *d, const tk_arg *args, size_t 
 }
 
 /* A tensor argument: dtype, device, shape and alignment checked; its pointer and shape recorded. */
-static int take_tensor(const tk_function *fn, const kparam *p, const tk_arg *a, tk_jit_value *val, argslot *slot)
+static int take_tensor(const tk_function *fn, const kparam *p, const tk_arg *a, tk_manifest_value *val, argslot *slot)
 {
     const kdecl *d = &fn->d;
     const tk_tensor *t = a->t;
@@ -1493,16 +1259,16 @@ static int take_tensor(const tk_function *fn, const kparam *p, const tk_arg *a, 
 }
 
 /* A scalar argument: an integer (i32 range-checked) or a floating-point number. */
-static int take_scalar(const kdecl *d, const kparam *p, const tk_arg *a, tk_jit_value *val, argslot *slot)
+static int take_scalar(const kdecl *d, const kparam *p, const tk_arg *a, tk_manifest_value *val, argslot *slot)
 {
-    if (p->type == TK_JIT_P_I32 || p->type == TK_JIT_P_I64) {
+    if (p->type == TK_MANIFEST_P_I32 || p->type == TK_MANIFEST_P_I64) {
         if (a->kind != TK_ARG_I64)
             return tk__err(TK_ERR_INVALID, "%s: '%s' must be an integer (TK_ARG_I64)", d->name, p->name);
-        if (p->type == TK_JIT_P_I32 && (a->i < INT32_MIN || a->i > INT32_MAX))
+        if (p->type == TK_MANIFEST_P_I32 && (a->i < INT32_MIN || a->i > INT32_MAX))
             return tk__err(TK_ERR_INVALID, "%s: '%s' = %lld does not fit i32", d->name, p->name, (long long)a->i);
         val->known = 1;
         val->i = a->i;
-        if (p->type == TK_JIT_P_I32)
+        if (p->type == TK_MANIFEST_P_I32)
             slot->i32 = (int32_t)a->i;
         else
             slot->i64 = a->i;
@@ -1515,7 +1281,7 @@ static int take_scalar(const kdecl *d, const kparam *p, const tk_arg *a, tk_jit_
         v = (double)a->i;
     else
         return tk__err(TK_ERR_INVALID, "%s: '%s' must be a number", d->name, p->name);
-    if (p->type == TK_JIT_P_F32)
+    if (p->type == TK_MANIFEST_P_F32)
         slot->f32 = (float)v;
     else
         slot->f64 = v;
@@ -1538,7 +1304,7 @@ static int take_args(call_state *cs, const tk_function *fn, const tk_arg *args)
         }
         if (b < 0)
             return tk__err(TK_ERR_INVALID, "%s: missing argument '%s'", d->name, p->name);
-        rc = p->type == TK_JIT_P_TENSOR ? take_tensor(fn, p, &args[b], &cs->vals[i], &cs->slots[i])
+        rc = p->type == TK_MANIFEST_P_TENSOR ? take_tensor(fn, p, &args[b], &cs->vals[i], &cs->slots[i])
                                         : take_scalar(d, p, &args[b], &cs->vals[i], &cs->slots[i]);
         if (rc != TK_OK)
             return rc;
@@ -1557,9 +1323,9 @@ static int derive_params(call_state *cs, const tk_function *fn)
         int64_t v;
         if (!p->value)
             continue;
-        if ((rc = tk_jit__expr_eval_dev(&v, p->value, cs->vals, d->nparams, fn->k->sm_count)) != TK_OK)
+        if ((rc = tk_manifest__expr_eval_dev(&v, p->value, cs->vals, d->nparams, fn->k->sm_count)) != TK_OK)
             return rc;
-        if (p->type == TK_JIT_P_WORKSPACE) {
+        if (p->type == TK_MANIFEST_P_WORKSPACE) {
             if (v < 0 || (uint64_t)v > (uint64_t)1 << 40)
                 return tk__err(TK_ERR_INVALID, "%s: workspace '%s' = %lld bytes is out of range", d->name, p->name,
                                (long long)v);
@@ -1569,20 +1335,20 @@ static int derive_params(call_state *cs, const tk_function *fn)
             cs->ws_bytes = (size_t)v;
             continue;
         }
-        if (p->type == TK_JIT_P_I32 && (v < INT32_MIN || v > INT32_MAX))
+        if (p->type == TK_MANIFEST_P_I32 && (v < INT32_MIN || v > INT32_MAX))
             return tk__err(TK_ERR_INVALID, "%s: derived '%s' = %lld does not fit i32", d->name, p->name,
                            (long long)v);
         switch (p->type) {
-        case TK_JIT_P_I32: cs->slots[i].i32 = (int32_t)v; break;
-        case TK_JIT_P_I64: cs->slots[i].i64 = v; break;
-        case TK_JIT_P_F32: cs->slots[i].f32 = (float)v; break;
+        case TK_MANIFEST_P_I32: cs->slots[i].i32 = (int32_t)v; break;
+        case TK_MANIFEST_P_I64: cs->slots[i].i64 = v; break;
+        case TK_MANIFEST_P_F32: cs->slots[i].f32 = (float)v; break;
         default: cs->slots[i].f64 = (double)v; break;
         }
     }
     for (size_t i = 0; i < d->nparams; i++)
-        if (d->params[i].value && (d->params[i].type == TK_JIT_P_I32 || d->params[i].type == TK_JIT_P_I64)) {
+        if (d->params[i].value && (d->params[i].type == TK_MANIFEST_P_I32 || d->params[i].type == TK_MANIFEST_P_I64)) {
             cs->vals[i].known = 1;
-            cs->vals[i].i = d->params[i].type == TK_JIT_P_I32 ? cs->slots[i].i32 : cs->slots[i].i64;
+            cs->vals[i].i = d->params[i].type == TK_MANIFEST_P_I32 ? cs->slots[i].i32 : cs->slots[i].i64;
         }
     return TK_OK;
 }
@@ -1592,14 +1358,15 @@ static int check_limits(const call_state *cs, const tk_function *fn)
 {
     const kdecl *d = &fn->d;
     int rc;
-    for (size_t m = 0; m < d->nmax; m++) {
+    for (size_t m = 0; m < d->nbounds; m++) {
+        const tk_manifest_bound *b = &d->bounds[m];
         int64_t v;
-        if ((rc = tk_jit__expr_eval_dev(&v, d->max_e[m], cs->vals, d->nparams, fn->k->sm_count)) != TK_OK)
+        if ((rc = tk_manifest__expr_eval_dev(&v, b->expr, cs->vals, d->nparams, fn->k->sm_count)) != TK_OK)
             return rc;
-        if (d->is_min[m] ? v < d->max_v[m] : v > d->max_v[m])
+        if (b->is_min ? v < b->bound : v > b->bound)
             return tk__err(TK_ERR_UNSUPPORTED, "%s: %s = %lld is %s the kernel's limit %lld (constraints.%s)",
-                           d->name, tk_jit__expr_src(d->max_e[m]), (long long)v, d->is_min[m] ? "below" : "above",
-                           (long long)d->max_v[m], d->is_min[m] ? "min" : "max");
+                           d->name, tk_manifest__expr_src(b->expr), (long long)v, b->is_min ? "below" : "above",
+                           (long long)b->bound, b->is_min ? "min" : "max");
     }
     return TK_OK;
 }
@@ -1617,7 +1384,7 @@ static int launch_geometry(unsigned grid[3], unsigned block[3], size_t *smem_out
             (rc = eval_dim(&b[j], d->block[j], cs->vals, d->nparams, fn->k->sm_count)) != TK_OK)
             return rc;
     }
-    if ((rc = tk_jit__expr_eval_dev(&smem, d->smem, cs->vals, d->nparams, fn->k->sm_count)) != TK_OK)
+    if ((rc = tk_manifest__expr_eval_dev(&smem, d->smem, cs->vals, d->nparams, fn->k->sm_count)) != TK_OK)
         return rc;
     *empty = g[0] == 0 || g[1] == 0 || g[2] == 0;
     if (*empty)

@@ -9,7 +9,7 @@
  * the choice per op: {"ops": {"silu_and_mul": "org/name"}} ("org/name@2", or "org/name:kernel" for one
  * kernel). Loaded tk_kernel handles are kept in the context (ctx->ops) until tk_ctx_free.
  *
- * Ops that packages declare (kernel.json "ops", api/opdecl.c) are read with the kernels: tk_op_run
+ * Ops that packages declare (kernel.json "ops", manifest/opdecl.c) are read with the kernels: tk_op_run
  * checks a call against the declaration as against a built-in signature. A package directory added
  * with tk_ops_add_package joins them, marked local: its declarations replace its installed version's,
  * and its kernels are tried first, without autotune.
@@ -31,7 +31,7 @@
 #include "api/api.h"
 #include "api/builtin.h"
 #include "cache/kcache.h"
-#include "hub/manifest.h"
+#include "manifest/manifest.h"
 #include "jit/jit.h"
 #include "ops/cpu.h"
 #include "ops/ops.h"
@@ -73,7 +73,7 @@ typedef struct {
 
 /* An op a package declares (kernel.json "ops"), as the registry holds it. */
 typedef struct {
-    tk_op_desc *op;   /* api/opdecl.c; op->package is the declaring "org/name" */
+    tk_op_desc *op;   /* manifest/opdecl.c; op->package is the declaring "org/name" */
     int major;
     char *local;      /* the declaring package's directory when it is local */
 } declared;
@@ -143,7 +143,7 @@ static void cands_free(ops_state *s)
     s->c = NULL;
     s->n = 0;
     for (size_t i = 0; i < s->ndecl; i++) {
-        tk_api__op_declared_free(s->decl[i].op);
+        tk_manifest__op_declared_free(s->decl[i].op);
         free(s->decl[i].local);
     }
     free(s->decl);
@@ -238,76 +238,58 @@ typedef struct {
     int major;
 } origin;
 
-/* Adds the kernels of one manifest. A kernel entry this version of tk cannot read is skipped: the
- * package was validated at install time, so this only happens with newer manifest fields. */
-static int add_kernels(ops_state *s, json_t *m, const origin *o)
+/* One candidate from kernel d of a manifest. */
+static int add_kernel(ops_state *s, const tk_manifest_kernel *d, const origin *o)
 {
-    json_t *ks = json_object_get(m, "kernels");
-    int rc = TK_OK;
-    size_t i;
-    json_t *k;
-    json_array_foreach(ks, i, k) {
-        const char *kname = json_string_value(json_object_get(k, "name"));
-        const char *op = json_string_value(json_object_get(k, "op"));
-        json_t *jp = json_object_get(k, "params");
-        if (!kname || !op || !json_is_array(jp))
-            continue;
-        cand *nc = realloc(s->c, (s->n + 1) * sizeof *s->c);
-        if (!nc) {
-            rc = tk__err(TK_ERR_NOMEM, "out of memory");
-            break;
-        }
-        s->c = nc;
-        cand *c = &s->c[s->n];
-        memset(c, 0, sizeof *c);
-        c->pkg = tk__strdup(o->name);
-        c->major = o->major;
-        c->version = tk__strdup(o->version);
-        c->commit = o->local ? tk__fmt("local:%s", o->local) : tk__strdup(o->commit);
-        c->kernel = tk__strdup(kname);
-        c->op = tk__strdup(op);
-        c->impl = tk__fmt("%s%s:%s", o->name, o->local ? "@local" : "", kname);
-        c->params = calloc(json_array_size(jp) + 1, sizeof *c->params);
-        c->local = o->local ? tk__strdup(o->local) : NULL;
-        c->st_dev = -1;
-        if (!c->pkg || !c->version || !c->commit || !c->kernel || !c->op || !c->impl || !c->params ||
-            (o->local && !c->local)) {
-            cand_clear(c);
-            rc = tk__err(TK_ERR_NOMEM, "out of memory");
-            break;
-        }
-        s->n++;
-        size_t j;
-        json_t *p;
-        json_array_foreach(jp, j, p) {
-            kparam *kp = &c->params[c->nparams];
-            const char *pn = json_string_value(json_object_get(p, "name"));
-            if (!pn || !(kp->name = tk__strdup(pn))) {
-                rc = pn ? tk__err(TK_ERR_NOMEM, "out of memory") : TK_OK;
-                break;
-            }
-            c->nparams++;
-            kp->tensor = tk__streq(json_string_value(json_object_get(p, "type")), "tensor");
-            kp->derived = json_object_get(p, "value") != NULL;
-            kp->optional = json_is_true(json_object_get(p, "optional"));
-            tk_dtype dt;
-            const char *ds = json_string_value(json_object_get(p, "dtype"));
-            if (kp->tensor && ds && tk_ops__dtype_parse(&dt, ds) == TK_OK)
-                kp->dtype = tk_ops__dtype_bit(dt);
-        }
-        if (rc != TK_OK)
-            break;
-        json_t *cons = json_object_get(k, "constraints");
-        json_t *d;
-        json_array_foreach(json_object_get(cons, "dtypes"), j, d) {
-            tk_dtype dt;
-            if (json_is_string(d) && tk_ops__dtype_parse(&dt, json_string_value(d)) == TK_OK)
-                c->dtypes |= tk_ops__dtype_bit(dt);
-        }
-        c->min_cc = (int)json_integer_value(json_object_get(cons, "min_cc"));
-        c->max_cc = (int)json_integer_value(json_object_get(cons, "max_cc"));
-        c->priority = json_integer_value(json_object_get(k, "priority"));
+    cand *nc = realloc(s->c, (s->n + 1) * sizeof *s->c);
+    if (!nc)
+        return tk__err(TK_ERR_NOMEM, "out of memory");
+    s->c = nc;
+    cand *c = &s->c[s->n];
+    memset(c, 0, sizeof *c);
+    c->pkg = tk__strdup(o->name);
+    c->major = o->major;
+    c->version = tk__strdup(o->version);
+    c->commit = o->local ? tk__fmt("local:%s", o->local) : tk__strdup(o->commit);
+    c->kernel = tk__strdup(d->name);
+    c->op = tk__strdup(d->op);
+    c->impl = tk__fmt("%s%s:%s", o->name, o->local ? "@local" : "", d->name);
+    c->params = calloc(d->nparams + 1, sizeof *c->params);
+    c->local = o->local ? tk__strdup(o->local) : NULL;
+    c->st_dev = -1;
+    if (!c->pkg || !c->version || !c->commit || !c->kernel || !c->op || !c->impl || !c->params ||
+        (o->local && !c->local)) {
+        cand_clear(c);
+        return tk__err(TK_ERR_NOMEM, "out of memory");
     }
+    s->n++;
+    for (size_t j = 0; j < d->nparams; j++) {
+        const tk_manifest_param *p = &d->params[j];
+        kparam *kp = &c->params[c->nparams];
+        if (!(kp->name = tk__strdup(p->name)))
+            return tk__err(TK_ERR_NOMEM, "out of memory");
+        c->nparams++;
+        kp->tensor = p->type == TK_MANIFEST_P_TENSOR;
+        kp->derived = p->value != NULL;
+        kp->optional = p->optional;
+        if (kp->tensor)
+            kp->dtype = tk_ops__dtype_bit(p->dtype);
+    }
+    for (size_t j = 0; j < d->ndtypes; j++)
+        c->dtypes |= tk_ops__dtype_bit(d->dtypes[j]);
+    c->min_cc = d->min_cc;
+    c->max_cc = d->max_cc;
+    c->priority = d->priority;
+    return TK_OK;
+}
+
+/* Adds the kernels of one parsed manifest (only the one named `only`, when not NULL). */
+static int add_kernels(ops_state *s, const tk_manifest_kernels *mk, const origin *o, const char *only)
+{
+    int rc = TK_OK;
+    for (size_t i = 0; i < mk->nk && rc == TK_OK; i++)
+        if (!only || !strcmp(mk->k[i].name, only))
+            rc = add_kernel(s, &mk->k[i], o);
     return rc;
 }
 
@@ -343,20 +325,20 @@ static int add_decl(ops_state *s, tk_op_desc *op, const origin *o)
         int replace = 0, rc = TK_OK;
         if (!strcmp(d->op->package, op->package))
             replace = o->local ? 1 : !d->local && o->major > d->major;
-        else if (!tk_api__op_same(d->op, op))
+        else if (!tk_manifest__op_same(d->op, op))
             rc = add_conflict(s, d->op, op);
         if (replace) {
             char *local = o->local ? tk__strdup(o->local) : NULL;
             if (o->local && !local)
                 rc = tk__err(TK_ERR_NOMEM, "out of memory");
             else {
-                tk_api__op_declared_free(d->op);
+                tk_manifest__op_declared_free(d->op);
                 free(d->local);
                 *d = (declared){op, o->major, local};
                 return TK_OK;
             }
         }
-        tk_api__op_declared_free(op);
+        tk_manifest__op_declared_free(op);
         return rc;
     }
     declared *nd = realloc(s->decl, (s->ndecl + 1) * sizeof *s->decl);
@@ -365,7 +347,7 @@ static int add_decl(ops_state *s, tk_op_desc *op, const origin *o)
         if (nd)
             s->decl = nd;
         free(local);
-        tk_api__op_declared_free(op);
+        tk_manifest__op_declared_free(op);
         return tk__err(TK_ERR_NOMEM, "out of memory");
     }
     s->decl = nd;
@@ -373,24 +355,23 @@ static int add_decl(ops_state *s, tk_op_desc *op, const origin *o)
     return TK_OK;
 }
 
-/* The op declarations and kernels of one manifest. A declaration this tk cannot read is skipped, as
- * a kernel is (install validated it). */
+/* The op declarations and kernels of one installed manifest, parsed leniently: an entry this tk
+ * cannot read is skipped (install validated the manifest, so only a newer tk's fields do that). */
 static int add_manifest(ops_state *s, const char *text, const origin *o)
 {
     json_t *m = json_loads(text ? text : "", 0, NULL);
-    json_t *decls = json_object_get(m, "ops"), *j;
-    size_t i;
-    int rc = TK_OK;
-    json_array_foreach(decls, i, j) {
-        tk_op_desc *op = NULL;
-        if (tk_api__op_declare(&op, j, o->name) != TK_OK)
-            continue;
-        if ((rc = add_decl(s, op, o)) != TK_OK)
-            break;
+    tk_manifest_kernels mk;
+    int rc = m ? tk_manifest__kernels_parse(&mk, m, TK_MANIFEST_LENIENT, NULL, NULL) : TK_OK;
+    json_decref(m);
+    if (!m || rc != TK_OK)
+        return rc == TK_ERR_NOMEM ? rc : TK_OK; /* not a manifest this tk can read: no candidates */
+    for (size_t i = 0; i < mk.nops && rc == TK_OK; i++) {
+        rc = add_decl(s, mk.ops[i], o); /* takes the declaration, also on failure */
+        mk.ops[i] = NULL;
     }
     if (rc == TK_OK)
-        rc = add_kernels(s, m, o);
-    json_decref(m);
+        rc = add_kernels(s, &mk, o, NULL);
+    tk_manifest__kernels_free(&mk);
     return rc;
 }
 
@@ -441,7 +422,7 @@ static int scan(ops_state *s, tk_ctx *ctx)
     for (size_t i = 0; rc == TK_OK && i < s->nlocal; i++) {
         const localpkg *lp = &s->local[i];
         int major = 0;
-        tk_hub__version_parse(lp->version, &major);
+        tk_manifest__version_parse(lp->version, &major);
         origin o = {lp->name, lp->version, "", lp->dir, major};
         rc = add_manifest(s, lp->manifest, &o);
     }
@@ -1159,15 +1140,12 @@ int tk_api__opkernel_new(tk_api_opkernel **out, json_t *m, const char *pkg, cons
     tk_api_opkernel *ok = calloc(1, sizeof *ok);
     if (!ok)
         return tk__err(TK_ERR_NOMEM, "out of memory");
-    /* only the kernel asked for: a manifest of that one entry */
-    json_t *one = json_object(), *ks = json_array(), *k;
-    size_t i;
-    json_array_foreach(json_object_get(m, "kernels"), i, k) if (tk__streq(json_string_value(json_object_get(k, "name")), kernel))
-        json_array_append(ks, k);
-    json_object_set_new(one, "kernels", ks);
     origin o = {pkg, "", "", NULL, 0};
-    int rc = add_kernels(&ok->st, one, &o);
-    json_decref(one);
+    tk_manifest_kernels mk;
+    int rc = tk_manifest__kernels_parse(&mk, m, TK_MANIFEST_LENIENT, NULL, NULL);
+    if (rc == TK_OK)
+        rc = add_kernels(&ok->st, &mk, &o, kernel);
+    tk_manifest__kernels_free(&mk);
     if (rc == TK_OK && ok->st.n != 1)
         rc = tk__err(TK_ERR_NOT_FOUND, "%s has no kernel '%s' that this tk can read", pkg, kernel);
     if (rc != TK_OK) {
@@ -1246,12 +1224,12 @@ int tk_api__ops_check_declared(tk_ctx *ctx, json_t *m)
     json_array_foreach(decls, i, j) {
         tk_op_desc *op = NULL;
         const tk_op_desc *have = NULL;
-        if ((rc = tk_api__op_declare(&op, j, pkg)) != TK_OK)
+        if ((rc = tk_manifest__op_declare(&op, j, pkg)) != TK_OK)
             return rc;
         for (size_t d = 0; d < s->ndecl && !have; d++)
             if (!strcmp(s->decl[d].op->name, op->name) && strcmp(s->decl[d].op->package, pkg) != 0)
                 have = s->decl[d].op;
-        if (have && !tk_api__op_same(have, op)) {
+        if (have && !tk_manifest__op_same(have, op)) {
             tk_buf sa = TK_BUF_INIT, sb = TK_BUF_INIT;
             tk_ops__signature(&sa, have);
             tk_ops__signature(&sb, op);
@@ -1262,21 +1240,31 @@ int tk_api__ops_check_declared(tk_ctx *ctx, json_t *m)
             tk__buf_free(&sa);
             tk__buf_free(&sb);
         }
-        tk_api__op_declared_free(op);
+        tk_manifest__op_declared_free(op);
         if (rc != TK_OK)
             return rc;
     }
     return TK_OK;
 }
 
+int tk_api__check_installed(void *user, const char *manifest, size_t len)
+{
+    json_t *m = json_loadb(manifest, len, 0, NULL);
+    if (!m)
+        return tk__err(TK_ERR_MANIFEST, "manifest is not valid JSON");
+    int rc = tk_api__ops_check_declared(user, m); /* an op declared here must not contradict an installed one */
+    json_decref(m);
+    return rc;
+}
+
 TK_API int tk_ops_add_package(tk_ctx *ctx, const char *pkgdir)
 {
     ops_state *s = NULL;
-    tk_api_localpkg lp;
+    tk_manifest_local lp;
     int rc = tk_api__check_ctx(ctx);
     if (rc != TK_OK)
         return rc;
-    if ((rc = get_state(&s, ctx)) != TK_OK || (rc = tk_api__local_load(&lp, pkgdir)) != TK_OK)
+    if ((rc = get_state(&s, ctx)) != TK_OK || (rc = tk_manifest__local_load(&lp, pkgdir)) != TK_OK)
         return rc;
     /* kept absolute: tk_get_kernel takes it as a directory (a bare "dir" would be a package name) */
     char *abs = realpath(lp.dir, NULL);
@@ -1286,13 +1274,13 @@ TK_API int tk_ops_add_package(tk_ctx *ctx, const char *pkgdir)
     }
     localpkg *nl = realloc(s->local, (s->nlocal + 1) * sizeof *s->local);
     if (!nl) {
-        tk_api__local_free(&lp);
+        tk_manifest__local_free(&lp);
         return tk__err(TK_ERR_NOMEM, "out of memory");
     }
     s->local = nl;
     s->local[s->nlocal++] = (localpkg){lp.dir, lp.name, lp.version, lp.manifest};
     lp.dir = lp.name = lp.version = lp.manifest = NULL;
-    tk_api__local_free(&lp);
+    tk_manifest__local_free(&lp);
     tk_api__log(ctx, TK_LOG_WARN, "%s %s from %s is local: not signed, not installed", s->local[s->nlocal - 1].name,
                 s->local[s->nlocal - 1].version, pkgdir);
     s->scanned = 0; /* read again, with it */

@@ -12,7 +12,8 @@
 #include "api/api.h"
 #include "cache/state.h"
 #include "hub/hub.h"
-#include "hub/manifest.h"
+#include "manifest/manifest.h"
+#include "ops/ops.h"
 #include "hub/sign.h"
 #include "tk_default.h"
 
@@ -34,11 +35,12 @@ struct tk_pkg {
     int fresh;
     char *license;
     char *description;
-    json_t *manifest;       /* parsed; owns the kernels' name and op strings */
+    json_t *manifest;       /* parsed */
+    tk_manifest_kernels mk; /* its kernels, parsed leniently; owns the rows' name and op strings */
     size_t nkernels;
     tk_pkg_kernel_row *kernels;
     size_t nops;
-    const char **ops;       /* distinct ops of the kernels, sorted; borrowed from manifest */
+    const char **ops;       /* distinct ops of the kernels, sorted; borrowed from mk */
 };
 
 struct tk_pkg_list {
@@ -84,28 +86,30 @@ static char *archs_str(int min_cc, int max_cc, int arch_specific)
     return tk__strdup("any");
 }
 
-/* Fills k->kernels and k->ops from k->manifest (validated when installed). -1: out of memory. */
+/* Fills k->kernels and k->ops from k->manifest (validated when installed; a kernel this tk cannot read
+ * is left out). -1: out of memory. */
 static int load_kernels(tk_pkg *k)
 {
-    json_t *arr = json_object_get(k->manifest, "kernels"), *kv;
-    size_t n = json_array_size(arr), i;
+    int rc = tk_manifest__kernels_parse(&k->mk, k->manifest, TK_MANIFEST_LENIENT, NULL, NULL);
+    if (rc != TK_OK)
+        return rc == TK_ERR_NOMEM ? -1 : 0;
+    size_t n = k->mk.nk;
     if (!n)
         return 0;
     if (!(k->kernels = calloc(n, sizeof *k->kernels)) || !(k->ops = calloc(n, sizeof *k->ops)))
         return -1;
-    json_array_foreach(arr, i, kv) {
+    for (size_t i = 0; i < n; i++) {
+        const tk_manifest_kernel *d = &k->mk.k[i];
         tk_pkg_kernel_row *r = &k->kernels[k->nkernels++];
-        json_t *cons = json_object_get(kv, "constraints"), *d;
-        r->name = json_string_value(json_object_get(kv, "name")) ? json_string_value(json_object_get(kv, "name")) : "";
-        r->op = json_string_value(json_object_get(kv, "op")) ? json_string_value(json_object_get(kv, "op")) : "";
-        r->min_cc = (int)json_integer_value(json_object_get(cons, "min_cc"));
-        r->max_cc = (int)json_integer_value(json_object_get(cons, "max_cc"));
-        r->arch_specific = json_is_true(json_object_get(cons, "arch_specific"));
-        tk_buf b = {0};
-        size_t j;
+        r->name = d->name;
+        r->op = d->op;
+        r->min_cc = d->min_cc;
+        r->max_cc = d->max_cc;
+        r->arch_specific = d->arch_specific;
+        tk_buf b = TK_BUF_INIT;
         int bad = 0;
-        json_array_foreach(json_object_get(cons, "dtypes"), j, d)
-            bad |= tk__buf_printf(&b, "%s%s", j ? "," : "", json_string_value(d) ? json_string_value(d) : "?") != TK_OK;
+        for (size_t j = 0; j < d->ndtypes; j++)
+            bad |= tk__buf_printf(&b, "%s%s", j ? "," : "", tk_ops__dtype_str(d->dtypes[j])) != TK_OK;
         r->dtypes = bad ? NULL : b.len ? tk__buf_steal(&b) : tk__strdup("");
         tk__buf_free(&b);
         r->archs = archs_str(r->min_cc, r->max_cc, r->arch_specific);
@@ -167,7 +171,7 @@ void tk_api__hub_env(tk_hub_env *env, tk_ctx *ctx, const tk_get_opts *opts, cons
     env->expect_signer = opts && opts->version >= 2 ? opts->expect_signer : NULL;
     env->log = ctx->log;
     env->log_user = ctx->log_user;
-    env->validate = tk_api__validate_kernels;
+    env->validate = tk_api__check_installed;
     env->validate_user = ctx;
 }
 
@@ -242,6 +246,7 @@ void tk_pkg_free(tk_pkg *k)
     }
     free(k->kernels);
     free(k->ops);
+    tk_manifest__kernels_free(&k->mk);
     json_decref(k->manifest);
     k->magic = 0;
     free(k);
@@ -299,9 +304,10 @@ static json_t *pkg_json(const tk_pkg *k)
     json_t *kernels = json_array(), *ops = json_array();
     for (size_t i = 0; i < k->nkernels; i++) {
         const tk_pkg_kernel_row *r = &k->kernels[i];
+        const tk_manifest_kernel *d = &k->mk.k[i];
         json_t *dt = json_array();
-        json_t *cons = json_object_get(json_array_get(json_object_get(k->manifest, "kernels"), i), "constraints");
-        json_array_extend(dt, json_object_get(cons, "dtypes") ? json_object_get(cons, "dtypes") : dt);
+        for (size_t j = 0; j < d->ndtypes; j++)
+            json_array_append_new(dt, json_string(tk_ops__dtype_str(d->dtypes[j])));
         json_array_append_new(kernels, json_pack("{s:s, s:s, s:o, s:o, s:o, s:b, s:s}", "name", r->name, "op", r->op,
                                                  "dtypes", dt, "min_cc", r->min_cc ? json_integer(r->min_cc) : json_null(),
                                                  "max_cc", r->max_cc ? json_integer(r->max_cc) : json_null(),
@@ -571,7 +577,7 @@ int tk_trust_add(tk_ctx *ctx, const char *org, const char *pubkey, const char *c
         return rc;
     char id[TK_KEYID_LEN], check[140];
     snprintf(check, sizeof check, "%s/x", org ? org : "");
-    if (!org || tk_hub__name_check(check, NULL, NULL) != TK_OK)
+    if (!org || tk_manifest__name_check(check, NULL, NULL) != TK_OK)
         return tk__err(TK_ERR_INVALID, "'%s' is not an org name", org ? org : "(null)");
     if ((rc = tk_hub__pubkey_check(pubkey, id)) != TK_OK)
         return rc;
@@ -648,18 +654,18 @@ static int publish_archs(int ccs[64], size_t *n, const tk_ctx *ctx, const tk_pub
     return TK_OK;
 }
 
-/* Every check install would run, before anything is signed or written (api/check.c), and an NVRTC
+/* Every check install would run, before anything is signed or written (manifest/local.c), and an NVRTC
  * compile of every kernel (issue 23): a package that could never install or never compile never
  * reaches a registry, and no version number is burnt on it. Without NVRTC the compile is skipped
  * with a warning; opts->no_compile skips it on purpose. */
 static int precheck(tk_ctx *ctx, const char *pkgdir, const tk_publish_opts *opts)
 {
-    tk_api_localpkg lp;
+    tk_manifest_local lp;
     tk_buf rep = TK_BUF_INIT;
     size_t nunits = 0, nfailed = 0;
     int ccs[64];
     size_t nccs = 0;
-    int rc = tk_api__local_load(&lp, pkgdir);
+    int rc = tk_manifest__local_load(&lp, pkgdir);
     if (rc != TK_OK)
         return tk__err_wrap(rc, "not published");
     if (opts->version >= 2 && opts->no_compile) {
@@ -686,7 +692,7 @@ static int precheck(tk_ctx *ctx, const char *pkgdir, const tk_publish_opts *opts
         }
     }
     tk__buf_free(&rep);
-    tk_api__local_free(&lp);
+    tk_manifest__local_free(&lp);
     return rc;
 }
 
@@ -753,7 +759,7 @@ int tk_yank(tk_ctx *ctx, const char *ref, const char *reason, const char *to_dir
     if (rc == TK_OK) {
         /* the one line tk yank prints */
         int major = 0;
-        tk_hub__version_parse(at + 1, &major); /* checked by tk_hub__yank_make */
+        tk_manifest__version_parse(at + 1, &major); /* checked by tk_hub__yank_make */
         if (already)
             tk_api__log(ctx, TK_LOG_INFO, "%s was yanked already (nothing changed)", ref);
         else if (removed)

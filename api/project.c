@@ -29,7 +29,7 @@
 #include "api/api.h"
 #include "cache/state.h"
 #include "hub/hub.h"
-#include "hub/manifest.h"
+#include "manifest/manifest.h"
 
 #define TK_PROJECT_MAGIC 0x746b7072u /* "tkpr" */
 #define PROJECT_FILE "tk.json"
@@ -171,7 +171,7 @@ static int parse_pkg(project_pkg *pp, const char *name, json_t *v, const char *f
     const char *path[3] = {"packages", name, NULL};
     char at[PATH_MAX + 64];
     const char *spec = json_string_value(v), *reg = NULL;
-    int rc = tk_hub__name_check(name, NULL, NULL);
+    int rc = tk_manifest__name_check(name, NULL, NULL);
     if (rc != TK_OK || strchr(name, '@')) {
         where(at, sizeof at, file, text, len, path, 2, 1);
         return rc != TK_OK ? tk__err_wrap(TK_ERR_INVALID, "%s", at)

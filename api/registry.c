@@ -22,7 +22,7 @@
 
 #include "api/api.h"
 #include "cache/state.h"
-#include "hub/manifest.h"
+#include "manifest/manifest.h"
 
 int tk_api__registry_url_check(const char *url, const char *where)
 {
@@ -179,7 +179,7 @@ static tk_state_pkg *installed_for(tk_ctx *ctx, const tk_hub_ref *ref)
     tk_state_pkg *have = NULL;
     int major = ref->major;
     if (ref->exact[0])
-        tk_hub__version_parse(ref->exact, &major);
+        tk_manifest__version_parse(ref->exact, &major);
     if (ref->commit[0] && tk_state__pkg_get_commit(&have, ctx->state, ref->name, ref->commit) == TK_OK)
         return have;
     if (major && tk_state__pkg_get(&have, ctx->state, ref->name, major) == TK_OK)

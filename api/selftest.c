@@ -248,25 +248,22 @@ static void pin_add(kspec *ks, const char *expr, int64_t v, int is_min)
     ks->pins[i].hi = !is_min ? v : scalar ? INT64_MAX : -1;
 }
 
-static void kspec_make(kspec *ks, json_t *k, tk_dtype primary)
+static void kspec_make(kspec *ks, const tk_manifest_kernel *d, tk_dtype primary)
 {
-    size_t i;
-    json_t *p, *v;
-    const char *key;
     memset(ks, 0, sizeof *ks);
-    json_array_foreach(json_object_get(k, "params"), i, p) {
-        const char *name = json_string_value(json_object_get(p, "name"));
-        if (!name || json_object_get(p, "value") || ks->spec.nparams >= 64)
+    for (size_t i = 0; i < d->nparams && ks->spec.nparams < 64; i++) {
+        const tk_manifest_param *p = &d->params[i];
+        if (p->value)
             continue;
         tk_ops_case_param *cp = &ks->p[ks->spec.nparams++];
-        cp->name = name;
-        const char *dt = json_string_value(json_object_get(p, "dtype"));
-        cp->has_dtype = dt && tk_ops__dtype_parse(&cp->dtype, dt) == TK_OK;
-        tk__err_clear();
+        cp->name = p->name;
+        cp->has_dtype = p->type == TK_MANIFEST_P_TENSOR;
+        cp->dtype = p->dtype;
     }
-    json_t *cons = json_object_get(k, "constraints");
-    json_object_foreach(json_object_get(cons, "min"), key, v) pin_add(ks, key, json_integer_value(v), 1);
-    json_object_foreach(json_object_get(cons, "max"), key, v) pin_add(ks, key, json_integer_value(v), 0);
+    for (int lo = 1; lo >= 0; lo--) /* constraints.min, then .max */
+        for (size_t i = 0; i < d->nbounds; i++)
+            if (d->bounds[i].is_min == lo)
+                pin_add(ks, tk_manifest__expr_src(d->bounds[i].expr), d->bounds[i].bound, lo);
     ks->spec.dtype = primary;
     ks->spec.params = ks->p;
     ks->spec.pins = ks->pins;
@@ -429,12 +426,18 @@ static void memo_trim(run *r)
     }
 }
 
+/* Whether the run asked for kernel d (opts' op and kernel filters). */
+static int wanted(const tk_manifest_kernel *d, const tk_selftest_opts *opts)
+{
+    return (!opts->op || !strcmp(d->op, opts->op)) && (!opts->kernel || !strcmp(d->name, opts->kernel));
+}
+
 /* Tests one function. After a fault or a launch past the limit CUDA is lost in this process
  * (tk_jit__cuda_lost): the verdict says so and the caller records it before anything else. */
-static void test_kernel(run *r, verdict *v, tk_kernel **k, const char *ref, const tk_selftest_opts *o, json_t *kj,
-                        const char *kname, json_t *manifest, const char *pkg)
+static void test_kernel(run *r, verdict *v, tk_kernel **k, const char *ref, const tk_selftest_opts *o,
+                        const tk_manifest_kernel *kd, json_t *manifest, const char *pkg)
 {
-    const char *opname = json_string_value(json_object_get(kj, "op"));
+    const char *opname = kd->op, *kname = kd->name;
     const tk_op_desc *op = tk_ops__find(opname);
     tk_api_opkernel *ok = NULL;
     double t0 = tk__now_ms();
@@ -455,19 +458,15 @@ static void test_kernel(run *r, verdict *v, tk_kernel **k, const char *ref, cons
     }
     /* every primary dtype the kernel declares (its params usually fix them all) */
     tk_dtype prim[8];
-    size_t nprim = 0, j;
-    json_t *d;
-    json_array_foreach(json_object_get(json_object_get(kj, "constraints"), "dtypes"), j, d) {
-        if (nprim < 8 && tk_ops__dtype_parse(&prim[nprim], json_string_value(d)) == TK_OK)
-            nprim++;
-        tk__err_clear();
-    }
+    size_t nprim = 0;
+    for (size_t j = 0; j < kd->ndtypes && nprim < 8; j++)
+        prim[nprim++] = kd->dtypes[j];
     if (!nprim)
         prim[nprim++] = (tk_dtype){TK_DL_FLOAT, 32, 1};
     int done = 0;
     for (size_t pi = 0; pi < nprim && !done; pi++) {
         kspec ks;
-        kspec_make(&ks, kj, prim[pi]);
+        kspec_make(&ks, kd, prim[pi]);
         for (size_t idx = 0; !done && v->cases < MAX_CASES; idx++) {
             tk_ops_case c;
             int rc = tk_ops__case_make(&c, op, idx, &ks.spec);
@@ -644,6 +643,7 @@ static int plan_run(char **report, tk_ctx *ctx, const char *ref, const tk_selfte
     int cc = 0, rc;
     char name[256] = "", pkg[256] = "", *manifest = NULL;
     json_t *m = NULL, *out = NULL, *kernels = json_array();
+    tk_manifest_kernels mk = {0};
     plan_names pn = {json_array()};
     double t0 = tk__now_ms();
     memset(&r, 0, sizeof r);
@@ -656,13 +656,13 @@ static int plan_run(char **report, tk_ctx *ctx, const char *ref, const tk_selfte
     }
     r.dev.cc = cc;
     if (tk_api__is_local_ref(ref)) {
-        tk_api_localpkg lp;
-        if ((rc = tk_api__local_load(&lp, ref)) != TK_OK)
+        tk_manifest_local lp;
+        if ((rc = tk_manifest__local_load(&lp, ref)) != TK_OK)
             goto fail;
         snprintf(name, sizeof name, "%s", lp.name);
         snprintf(pkg, sizeof pkg, "%s@local", lp.name);
         manifest = tk__strdup(lp.manifest);
-        tk_api__local_free(&lp);
+        tk_manifest__local_free(&lp);
     } else {
         tk_pkg *p = NULL;
         if ((rc = tk_pkg_info(&p, ctx, ref)) == TK_ERR_NOT_FOUND && !tk_ctx_offline(ctx))
@@ -685,15 +685,14 @@ static int plan_run(char **report, tk_ctx *ctx, const char *ref, const tk_selfte
             goto fail;
     }
     int counts[8] = {0};
-    size_t i;
-    json_t *kj;
-    json_array_foreach(json_object_get(m, "kernels"), i, kj) {
-        const char *kname = json_string_value(json_object_get(kj, "name"));
-        const char *kop = json_string_value(json_object_get(kj, "op"));
+    if ((rc = tk_manifest__kernels_parse(&mk, m, TK_MANIFEST_LENIENT, NULL, NULL)) != TK_OK)
+        goto fail;
+    for (size_t i = 0; i < mk.nk; i++) {
+        const char *kname = mk.k[i].name, *kop = mk.k[i].op;
         int fits = 0;
         size_t j;
         json_t *x;
-        if (!kname || (opts->op && !tk__streq(kop, opts->op)) || (opts->kernel && strcmp(kname, opts->kernel) != 0))
+        if (!wanted(&mk.k[i], opts))
             continue;
         json_array_foreach(pn.names, j, x) fits |= !strcmp(json_string_value(x), kname);
         if (!fits) {
@@ -704,7 +703,7 @@ static int plan_run(char **report, tk_ctx *ctx, const char *ref, const tk_selfte
             continue;
         }
         verdict v;
-        test_kernel(&r, &v, NULL, ref, opts, kj, kname, m, name);
+        test_kernel(&r, &v, NULL, ref, opts, &mk.k[i], m, name);
         const char *st = v.status == TK_ST_PASSED ? "planned" : tk_ops__st_name(v.status);
         json_array_append_new(kernels, json_pack("{s:s, s:s, s:s, s:i, s:f, s:o}", "kernel", kname, "op", kop ? kop : "",
                                                  "status", st, "cases", v.cases, "seconds", v.seconds, "detail",
@@ -724,6 +723,7 @@ fail:
     json_decref(pn.names);
     json_decref(kernels);
     json_decref(out);
+    tk_manifest__kernels_free(&mk);
     json_decref(m);
     free(manifest);
     return rc;
@@ -759,14 +759,108 @@ static json_t *device_json(const devid *d)
                      "driver", d->driver);
 }
 
-/* The kernels of manifest m as a list: name -> entry. */
-static json_t *kernel_entry(json_t *m, const char *name)
+/* The device the run tests on (opts->device), the compiled-binary cache, the sandbox context and
+ * the package loaded into it. */
+static int open_device(run *r, tk_kernel **k, const char *ref, const tk_selftest_opts *opts)
 {
-    size_t i;
-    json_t *k;
-    json_array_foreach(json_object_get(m, "kernels"), i, k) if (tk__streq(json_string_value(json_object_get(k, "name")), name))
-        return k;
-    return NULL;
+    int rc;
+    int ndev = 0;
+    if ((rc = tk_device_count(&ndev)) != TK_OK) { /* the driver's reason, with the self-test's hint */
+        char why[512];
+        snprintf(why, sizeof why, "%s", tk_last_error());
+        why[strcspn(why, "\n")] = '\0';
+        rc = tk__err(rc, "a self-test needs the GPU it proves kernels for: %s\nHINT: run it on the machine with the "
+                         "GPU ('tk doctor' shows what this one has); without one, tk still installs and builds ahead "
+                         "of time ('tk build ORG/NAME --arch sm_90')", why);
+        return rc;
+    }
+    if (ndev == 0) {
+        rc = tk__err(TK_ERR_NO_DEVICE, "no CUDA device: a self-test runs the kernels on the GPU it proves them for\n"
+                                       "HINT: run 'tk selftest' on the machine with the GPU; 'tk doctor' shows what "
+                                       "this one has");
+        return rc;
+    }
+    if ((rc = dev_ident(&r->dev, opts->device)) != TK_OK || (rc = tk_api__kcache(&r->kc, r->ctx)) != TK_OK ||
+        (rc = tk_jit__sandbox_new(&r->sb, opts->device)) != TK_OK)
+        return rc;
+    {
+        tk_kernel_opts ko = TK_KERNEL_OPTS_INIT;
+        ko.device = opts->device;
+        ko.get = opts->get;
+        if ((rc = tk_api__get_kernel_in(k, r->ctx, ref, &ko, r->sb)) != TK_OK)
+            return rc;
+    }
+    return TK_OK;
+}
+
+/* Tests kernel kd of the loaded package *k (or says why it cannot), records the result, and appends
+ * its row to kernels. A failure to record is returned; the kernel's own failures are its row. */
+static int run_one(run *r, tk_kernel **k, const tk_manifest_kernel *kd, const char *ref, const tk_selftest_opts *opts,
+                   json_t *m, const char *pkg, const char *name, json_t *kernels, int counts[8], int *nbad)
+{
+    const char *kname = kd->name, *kop = kd->op;
+    const tk_function *fn = NULL;
+    json_t *row;
+    int rc;
+    if (!*k || tk_kernel_function(&fn, *k, kname) != TK_OK) {
+        tk__err_clear();
+        row = json_pack("{s:s, s:s, s:s, s:n, s:{s:s}}", "kernel", kname, "op", kop ? kop : "", "status",
+                        *k ? "skipped" : "untested", "binary_key", "detail", "summary",
+                        *k ? "it does not run on this GPU's arch (its constraints)"
+                          : "the package could not be loaded again after a fault");
+        json_array_append_new(kernels, row);
+        counts[*k ? 7 : TK_ST_UNTESTED]++;
+        return TK_OK;
+    }
+    char key[TK_SHA256_HEX];
+    snprintf(key, sizeof key, "%s", tk_api__function_key(fn));
+    if (tk_jit__cuda_lost()) { /* an earlier kernel's fault or hang: nothing more runs in this process */
+        row = json_pack("{s:s, s:s, s:s, s:s, s:{s:s+}}", "kernel", kname, "op", kop ? kop : "", "status",
+                        "untested", "binary_key", key, "detail", "summary",
+                        "not tested: CUDA is unusable in this process after ", tk_jit__cuda_lost());
+        json_array_append_new(kernels, row);
+        counts[TK_ST_UNTESTED]++;
+        return TK_OK;
+    }
+    /* a kernel that crashed or hung here before is not run again: it would end CUDA in this process
+     * (its record stands until the binary, the GPU, the driver or tk changes, or --forget) */
+    int prev = TK_ST_NONE;
+    char *prev_sum = NULL;
+    if (tk_api__selftest_status(&prev, &prev_sum, r->ctx, key, kname, r->dev.ordinal) == TK_OK &&
+        (prev == TK_ST_CRASHED || prev == TK_ST_TIMED_OUT)) {
+        const char *was = prev_sum ? prev_sum : tk_ops__st_name(prev);
+        row = json_pack("{s:s, s:s, s:s, s:s, s:i, s:f, s:{s:s, s:s+, s:b}}", "kernel", kname, "op",
+                        kop ? kop : "", "status", tk_ops__st_name(prev), "binary_key", key, "cases", 0, "seconds",
+                        0.0, "detail", "recorded", prev_sum ? prev_sum : "", "summary", was,
+                        " (recorded earlier on this GPU; not run again, it would end CUDA in this process: 'tk "
+                        "selftest --forget' and a new run test it again)", "not_run", 1);
+        free(prev_sum);
+        json_array_append_new(kernels, row);
+        counts[prev]++;
+        (*nbad)++;
+        return TK_OK;
+    }
+    free(prev_sum);
+    tk__err_clear();
+    /* evidence first: a kernel that takes the process down leaves "running" behind */
+    if ((rc = put_record(r, key, kname, pkg, kop, "running", NULL, 0)) != TK_OK)
+        return rc;
+    verdict v;
+    test_kernel(r, &v, k, ref, opts, kd, m, name);
+    if ((rc = put_record(r, key, kname, pkg, kop, tk_ops__st_name(v.status), v.detail, v.seconds)) != TK_OK) {
+        json_decref(v.detail);
+        return rc;
+    }
+    tk_api__log(r->ctx, tk_ops__st_bad(v.status) ? TK_LOG_WARN : TK_LOG_DEBUG, "selftest %s:%s on %s: %s: %s", name,
+                kname, r->dev.name, tk_ops__st_name(v.status),
+                json_string_value(json_object_get(v.detail, "summary")));
+    row = json_pack("{s:s, s:s, s:s, s:s, s:i, s:f, s:o}", "kernel", kname, "op", kop ? kop : "", "status",
+                    tk_ops__st_name(v.status), "binary_key", key, "cases", v.cases, "seconds", v.seconds, "detail",
+                    v.detail ? v.detail : json_object());
+    json_array_append_new(kernels, row);
+    counts[v.status]++;
+    *nbad += tk_ops__st_bad(v.status);
+    return TK_OK;
 }
 
 TK_API int tk_selftest(char **report, tk_ctx *ctx, const char *ref, const tk_selftest_opts *opts)
@@ -775,6 +869,7 @@ TK_API int tk_selftest(char **report, tk_ctx *ctx, const char *ref, const tk_sel
     run r;
     tk_kernel *k = NULL;
     json_t *m = NULL, *out = NULL, *kernels = NULL;
+    tk_manifest_kernels mk = {0};
     int rc, nbad = 0, counts[8] = {0};
     double t0 = tk__now_ms(), tload = 0;
     memset(&r, 0, sizeof r);
@@ -797,32 +892,8 @@ TK_API int tk_selftest(char **report, tk_ctx *ctx, const char *ref, const tk_sel
         return plan_run(report, ctx, ref, opts);
     r.ctx = ctx;
     r.timeout_s = opts->launch_timeout_s > 0 ? opts->launch_timeout_s : DEFAULT_TIMEOUT_S;
-    int ndev = 0;
-    if ((rc = tk_device_count(&ndev)) != TK_OK) { /* the driver's reason, with the self-test's hint */
-        char why[512];
-        snprintf(why, sizeof why, "%s", tk_last_error());
-        why[strcspn(why, "\n")] = '\0';
-        rc = tk__err(rc, "a self-test needs the GPU it proves kernels for: %s\nHINT: run it on the machine with the "
-                         "GPU ('tk doctor' shows what this one has); without one, tk still installs and builds ahead "
-                         "of time ('tk build ORG/NAME --arch sm_90')", why);
+    if ((rc = open_device(&r, &k, ref, opts)) != TK_OK)
         goto fail;
-    }
-    if (ndev == 0) {
-        rc = tk__err(TK_ERR_NO_DEVICE, "no CUDA device: a self-test runs the kernels on the GPU it proves them for\n"
-                                       "HINT: run 'tk selftest' on the machine with the GPU; 'tk doctor' shows what "
-                                       "this one has");
-        goto fail;
-    }
-    if ((rc = dev_ident(&r.dev, opts->device)) != TK_OK || (rc = tk_api__kcache(&r.kc, ctx)) != TK_OK ||
-        (rc = tk_jit__sandbox_new(&r.sb, opts->device)) != TK_OK)
-        goto fail;
-    {
-        tk_kernel_opts ko = TK_KERNEL_OPTS_INIT;
-        ko.device = opts->device;
-        ko.get = opts->get;
-        if ((rc = tk_api__get_kernel_in(&k, ctx, ref, &ko, r.sb)) != TK_OK)
-            goto fail;
-    }
     tload = tk__now_ms() - t0;
     /* the package as loaded: its manifest, name and commit */
     char pkg[256], *at;
@@ -845,94 +916,28 @@ TK_API int tk_selftest(char **report, tk_ctx *ctx, const char *ref, const tk_sel
     json_object_set_new(out, "tk_version", json_string(TK_VERSION_STRING));
     json_object_set_new(out, "launch_timeout_s", json_real(r.timeout_s));
     /* every kernel of the manifest, in order: the ones loaded for this GPU are tested */
-    size_t i, nk = json_array_size(json_object_get(m, "kernels"));
-    json_t *kj;
     size_t tested = 0, total = 0;
-    json_array_foreach(json_object_get(m, "kernels"), i, kj) {
-        const char *kname = json_string_value(json_object_get(kj, "name"));
-        const char *kop = json_string_value(json_object_get(kj, "op"));
-        if (!kname || (opts->op && !tk__streq(kop, opts->op)) || (opts->kernel && strcmp(kname, opts->kernel) != 0))
-            continue;
-        total++;
-    }
-    json_array_foreach(json_object_get(m, "kernels"), i, kj) {
-        const char *kname = json_string_value(json_object_get(kj, "name"));
-        const char *kop = json_string_value(json_object_get(kj, "op"));
-        const tk_function *fn = NULL;
-        json_t *row;
-        if (!kname || (opts->op && !tk__streq(kop, opts->op)) || (opts->kernel && strcmp(kname, opts->kernel) != 0))
+    if ((rc = tk_manifest__kernels_parse(&mk, m, TK_MANIFEST_LENIENT, NULL, NULL)) != TK_OK)
+        goto fail;
+    for (size_t i = 0; i < mk.nk; i++)
+        total += wanted(&mk.k[i], opts);
+    for (size_t i = 0; i < mk.nk; i++) {
+        if (!wanted(&mk.k[i], opts))
             continue;
         if (ctx->progress) {
             char what[256];
-            snprintf(what, sizeof what, "selftest %s", kname);
+            snprintf(what, sizeof what, "selftest %s", mk.k[i].name);
             ctx->progress(ctx->progress_user, what, (int64_t)tested, (int64_t)total);
         }
         tested++;
-        if (!k || tk_kernel_function(&fn, k, kname) != TK_OK) {
-            tk__err_clear();
-            row = json_pack("{s:s, s:s, s:s, s:n, s:{s:s}}", "kernel", kname, "op", kop ? kop : "", "status",
-                            k ? "skipped" : "untested", "binary_key", "detail", "summary",
-                            k ? "it does not run on this GPU's arch (its constraints)"
-                              : "the package could not be loaded again after a fault");
-            json_array_append_new(kernels, row);
-            counts[k ? 7 : TK_ST_UNTESTED]++;
-            continue;
-        }
-        char key[TK_SHA256_HEX];
-        snprintf(key, sizeof key, "%s", tk_api__function_key(fn));
-        if (tk_jit__cuda_lost()) { /* an earlier kernel's fault or hang: nothing more runs in this process */
-            row = json_pack("{s:s, s:s, s:s, s:s, s:{s:s+}}", "kernel", kname, "op", kop ? kop : "", "status",
-                            "untested", "binary_key", key, "detail", "summary",
-                            "not tested: CUDA is unusable in this process after ", tk_jit__cuda_lost());
-            json_array_append_new(kernels, row);
-            counts[TK_ST_UNTESTED]++;
-            continue;
-        }
-        /* a kernel that crashed or hung here before is not run again: it would end CUDA in this process
-         * (its record stands until the binary, the GPU, the driver or tk changes, or --forget) */
-        int prev = TK_ST_NONE;
-        char *prev_sum = NULL;
-        if (tk_api__selftest_status(&prev, &prev_sum, ctx, key, kname, r.dev.ordinal) == TK_OK &&
-            (prev == TK_ST_CRASHED || prev == TK_ST_TIMED_OUT)) {
-            const char *was = prev_sum ? prev_sum : tk_ops__st_name(prev);
-            row = json_pack("{s:s, s:s, s:s, s:s, s:i, s:f, s:{s:s, s:s+, s:b}}", "kernel", kname, "op",
-                            kop ? kop : "", "status", tk_ops__st_name(prev), "binary_key", key, "cases", 0, "seconds",
-                            0.0, "detail", "recorded", prev_sum ? prev_sum : "", "summary", was,
-                            " (recorded earlier on this GPU; not run again, it would end CUDA in this process: 'tk "
-                            "selftest --forget' and a new run test it again)", "not_run", 1);
-            free(prev_sum);
-            json_array_append_new(kernels, row);
-            counts[prev]++;
-            nbad++;
-            continue;
-        }
-        free(prev_sum);
-        tk__err_clear();
-        /* evidence first: a kernel that takes the process down leaves "running" behind */
-        if ((rc = put_record(&r, key, kname, pkg, kop, "running", NULL, 0)) != TK_OK)
+        if ((rc = run_one(&r, &k, &mk.k[i], ref, opts, m, pkg, name, kernels, counts, &nbad)) != TK_OK)
             goto fail;
-        verdict v;
-        test_kernel(&r, &v, &k, ref, opts, kernel_entry(m, kname), kname, m, name);
-        if ((rc = put_record(&r, key, kname, pkg, kop, tk_ops__st_name(v.status), v.detail, v.seconds)) != TK_OK) {
-            json_decref(v.detail);
-            goto fail;
-        }
-        tk_api__log(ctx, tk_ops__st_bad(v.status) ? TK_LOG_WARN : TK_LOG_DEBUG, "selftest %s:%s on %s: %s: %s", name,
-                    kname, r.dev.name, tk_ops__st_name(v.status),
-                    json_string_value(json_object_get(v.detail, "summary")));
-        row = json_pack("{s:s, s:s, s:s, s:s, s:i, s:f, s:o}", "kernel", kname, "op", kop ? kop : "", "status",
-                        tk_ops__st_name(v.status), "binary_key", key, "cases", v.cases, "seconds", v.seconds, "detail",
-                        v.detail ? v.detail : json_object());
-        json_array_append_new(kernels, row);
-        counts[v.status]++;
-        nbad += tk_ops__st_bad(v.status);
         /* recorded: now the context goes (a faulted one is destroyed, a hung one abandoned) */
         if (tk_jit__cuda_lost()) {
             tk_jit__sandbox_reset(r.sb);
             tk__err_clear();
         }
     }
-    (void)nk;
     if (ctx->progress)
         ctx->progress(ctx->progress_user, "selftest", (int64_t)total, (int64_t)total);
     json_object_set_new(out, "kernels", kernels);
@@ -957,6 +962,7 @@ fail:
     tk_kernel_free(k);
     tk_jit__sandbox_free(r.sb);
     memo_free_all(&r);
+    tk_manifest__kernels_free(&mk);
     json_decref(m);
     json_decref(out);
     json_decref(kernels);
@@ -1133,11 +1139,11 @@ TK_API int tk_selftest_forget(tk_ctx *ctx, const char *ref, int64_t *removed)
     if (!ref)
         return tk_kcache__selftest_forget(kc, NULL, removed);
     if (tk_api__is_local_ref(ref)) {
-        tk_api_localpkg lp;
-        if ((rc = tk_api__local_load(&lp, ref)) != TK_OK)
+        tk_manifest_local lp;
+        if ((rc = tk_manifest__local_load(&lp, ref)) != TK_OK)
             return rc;
         snprintf(pkg, sizeof pkg, "%s@local", lp.name);
-        tk_api__local_free(&lp);
+        tk_manifest__local_free(&lp);
     } else {
         if ((rc = tk_pkg_info(&p, ctx, ref)) != TK_OK)
             return rc;

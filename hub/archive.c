@@ -289,7 +289,7 @@ typedef struct {
 typedef struct {
     const char *dest;                /* for messages */
     int root;                        /* dest_dir, opened O_DIRECTORY|O_NOFOLLOW */
-    const tk_hub_archive_entry *exp; /* caller's array */
+    const tk_manifest_file *exp; /* caller's array */
     size_t nexp;
     xref *order;                     /* exp sorted by path */
     unsigned char *seen;
@@ -595,7 +595,7 @@ static int extract_entry(struct archive *a, struct archive_entry *e, const xstat
     if (size > bud->ratio_cap - bud->total)
         return tk__err(TK_ERR_ARCHIVE, "archive unpacks to more than %lld times its compressed size (at "
                        "'%s'): a decompression bomb?" HINT_HOSTILE, (long long)lim->max_ratio, path);
-    const tk_hub_archive_entry *want = &x->exp[i];
+    const tk_manifest_file *want = &x->exp[i];
     if (size != want->size)
         return tk__err(TK_ERR_DIGEST, "file '%s' is %lld bytes in the archive, but the manifest says %lld",
                        path, (long long)size, (long long)want->size);
@@ -644,7 +644,7 @@ static int check_limits(const tk_hub_unpack_limits *l)
 }
 
 /* The manifest's list: each path acceptable, a 64-hex sha256, a size >= 0. */
-static int check_expect(const tk_hub_archive_entry *expect, size_t nexpect)
+static int check_expect(const tk_manifest_file *expect, size_t nexpect)
 {
     for (size_t i = 0; i < nexpect; i++) {
         const char *why = expect[i].path ? path_problem(expect[i].path, 0) : "the path is NULL";
@@ -759,7 +759,7 @@ static int extract_entries(struct archive *a, xstate *x, budget *bud, const tk_h
 }
 
 int tk_hub__archive_extract(const char *archive_path, const char *dest_dir,
-                            const tk_hub_archive_entry *expect, size_t nexpect,
+                            const tk_manifest_file *expect, size_t nexpect,
                             const tk_hub_unpack_limits *limits)
 {
     static const tk_hub_unpack_limits defaults = TK_HUB_UNPACK_LIMITS_DEFAULT;

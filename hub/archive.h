@@ -28,11 +28,7 @@
 #include <stddef.h>
 #include <stdint.h>
 
-typedef struct {
-    const char *path;   /* relative path inside the archive */
-    const char *sha256; /* 64 lowercase hex */
-    int64_t size;
-} tk_hub_archive_entry;
+#include "manifest/manifest.h" /* tk_manifest_file */
 
 typedef struct {
     int64_t max_entries;    /* default 10000 */
@@ -54,7 +50,7 @@ int tk_hub__archive_create(const char *out_path, const char *src_dir, const char
  * TK_ERR_INVALID (bad arguments, dest_dir not empty), TK_ERR_NOT_FOUND, TK_ERR_IO, TK_ERR_NOSPACE,
  * TK_ERR_NOMEM, TK_ERR_UNSUPPORTED (a libarchive without built-in gzip/zstd). */
 int tk_hub__archive_extract(const char *archive_path, const char *dest_dir,
-                            const tk_hub_archive_entry *expect, size_t nexpect,
+                            const tk_manifest_file *expect, size_t nexpect,
                             const tk_hub_unpack_limits *limits);
 
 #endif

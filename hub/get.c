@@ -23,7 +23,7 @@
 #include "common/common.h"
 #include "hub/archive.h"
 #include "hub/hub.h"
-#include "hub/manifest.h"
+#include "manifest/manifest.h"
 #include "hub/sign.h"
 #include "hub/tree.h"
 #include "hub/verify.h"
@@ -237,7 +237,7 @@ static int fetch_small(const tk_hub_env *env, const tk_hub_ref *ref, const char 
 /* Downloads the archive into the store's tmp dir under a name derived from its digest, so a killed
  * get resumes where it stopped. An flock on "<file>.lock" keeps two processes off the same file. */
 static int fetch_archive(const tk_hub_env *env, const tk_hub_ref *ref, const char *commit,
-                         const tk_hub_manifest *m, char **path_out, int *lock_out, tk_state_pkg **already)
+                         const tk_manifest *m, char **path_out, int *lock_out, tk_state_pkg **already)
 {
     *path_out = NULL;
     *lock_out = -1;
@@ -498,7 +498,7 @@ static int fetch_signed(const tk_hub_env *env, tk_hub_staged *s, char **mtext, s
 
 /* Step 3: the parsed manifest is the one asked for: its name, the commit id, the version a spec
  * picked, the branch's major. */
-static int check_manifest(const tk_hub_env *env, const tk_hub_staged *s, const tk_hub_manifest *m,
+static int check_manifest(const tk_hub_env *env, const tk_hub_staged *s, const tk_manifest *m,
                           const char *msha, const char *sigtext, size_t siglen)
 {
     int rc;
@@ -515,7 +515,7 @@ static int check_manifest(const tk_hub_env *env, const tk_hub_staged *s, const t
 
 /* Step 3, continued: a version older than the newest this machine has seen of its major is a
  * rollback, refused unless the publisher yanked the newer one or the user asked for it by version. */
-static int check_rollback(const tk_hub_env *env, tk_hub_staged *s, const tk_hub_manifest *m)
+static int check_rollback(const tk_hub_env *env, tk_hub_staged *s, const tk_manifest *m)
 {
     char *seen = NULL, yank_reason[512] = "";
     int rc = tk_state__seen_get(&seen, env->state, m->name, m->major);
@@ -544,7 +544,7 @@ static int check_rollback(const tk_hub_env *env, tk_hub_staged *s, const tk_hub_
 /* Step 4: downloads the archive (its sha256 checked), unpacks it into a private staging dir (the
  * allowlist and every file's digest checked) and drops the download. s->have is set instead when
  * another process installed the commit meanwhile. */
-static int fetch_and_unpack(const tk_hub_env *env, tk_hub_staged *s, const tk_hub_manifest *m)
+static int fetch_and_unpack(const tk_hub_env *env, tk_hub_staged *s, const tk_manifest *m)
 {
     char *archive = NULL;
     int archive_lock = -1;
@@ -574,7 +574,7 @@ done:
 }
 
 /* The package record the commit writes, from the verified manifest (takes *mtext). */
-static int make_record(tk_hub_staged *s, const tk_hub_manifest *m, const char *msha, char **mtext, size_t mlen)
+static int make_record(tk_hub_staged *s, const tk_manifest *m, const char *msha, char **mtext, size_t mlen)
 {
     tk_state_pkg *p = s->p = calloc(1, sizeof *p);
     if (!p || (m->nfiles && !(p->files = calloc(m->nfiles, sizeof *p->files))))
@@ -609,7 +609,7 @@ int tk_hub__stage(tk_hub_staged **out, const tk_hub_env *env0, const char *refst
 {
     *out = NULL;
     tk_hub_env env = *env0;
-    tk_hub_manifest *m = NULL;
+    tk_manifest *m = NULL;
     char *mtext = NULL, *sigtext = NULL, msha[TK_SHA256_HEX];
     size_t mlen = 0, siglen = 0;
     int rc;
@@ -631,14 +631,16 @@ int tk_hub__stage(tk_hub_staged **out, const tk_hub_env *env0, const char *refst
     /* 2. Manifest and signature; the signature is checked before the manifest is parsed. */
     if ((rc = fetch_signed(&env, s, &mtext, &mlen, &sigtext, &siglen, msha)) != TK_OK)
         goto done;
-    /* 3. Parse and cross-check the manifest; rollback; the JIT's checks of its kernels. */
-    if ((rc = tk_hub__manifest_parse(&m, mtext, mlen)) != TK_OK) {
+    /* 3. Parse and cross-check the manifest; rollback; its kernels (manifest/validate.c), then the checks
+     * that need the installed packages (the hook). */
+    if ((rc = tk_manifest__parse(&m, mtext, mlen)) != TK_OK) {
         rc = tk__err_wrap(rc, "%s at %s", s->ref.name, s->commit);
         goto done;
     }
     if ((rc = check_manifest(&env, s, m, msha, sigtext, siglen)) != TK_OK || (rc = check_rollback(&env, s, m)) != TK_OK)
         goto done;
-    if (env.validate && (rc = env.validate(env.validate_user, mtext, mlen)) != TK_OK) {
+    if ((rc = tk_manifest__validate_text(mtext, mlen)) != TK_OK ||
+        (env.validate && (rc = env.validate(env.validate_user, mtext, mlen)) != TK_OK)) {
         rc = tk__err_wrap(rc, "%s %s", m->name, m->version);
         goto done;
     }
@@ -647,7 +649,7 @@ int tk_hub__stage(tk_hub_staged **out, const tk_hub_env *env0, const char *refst
         goto done;
     rc = make_record(s, m, msha, &mtext, mlen);
 done:
-    tk_hub__manifest_free(m);
+    tk_manifest__free(m);
     free(mtext);
     free(sigtext);
     if (rc != TK_OK)

@@ -3,8 +3,9 @@
  * the get pipeline (resolve → download → verify → unpack → install).
  *
  * The lower pieces have their own headers: http.h (libcurl), archive.h (libarchive), sign.h
- * (Ed25519), manifest.h (manifest parsing). hub never includes jit; the JIT checks a manifest's
- * kernels through the `validate` hook before anything is installed.
+ * (Ed25519); the package format is manifest/manifest.h, the layer below. A manifest's kernels are
+ * checked there before anything is installed; checks that need the installed packages run through
+ * the `validate` hook.
  */
 #ifndef TK_HUB_HUB_H
 #define TK_HUB_HUB_H
@@ -55,8 +56,9 @@ typedef struct {
     const char *expect_signer;   /* key id the manifest's signature must have (lock files), or NULL */
     tk_log_fn log;
     void *log_user;
-    /* Called with the verified manifest before anything is downloaded or installed; a non-OK
-     * return refuses the package with that status (tk_last_error set by the hook). */
+    /* Called with the verified manifest, its kernels valid, before anything is downloaded or
+     * installed, for the checks that need the installed packages (api: an op declared differently by
+     * another package); a non-OK return refuses the package with that status (tk_last_error set). */
     int (*validate)(void *user, const char *manifest, size_t len);
     void *validate_user;
 } tk_hub_env;
@@ -88,10 +90,6 @@ int tk_hub__installed(tk_state_pkg **out, tk_state *st, const char *ref);
 /* Publishes pkgdir into the static tree to_dir (see tk_publish in tk.h). */
 int tk_hub__publish(char **commit, const char *pkgdir, const char *to_dir, const char *key_path,
                     const char *compression, tk_log_fn log, void *log_user);
-
-/* The files a publish of pkgdir would take: regular files below it, relative, sorted, no dotfiles,
- * not kernel.json (a symlink or device is an error). *paths is malloc'd, each path too. */
-int tk_hub__pkgdir_files(char ***paths, size_t *n, const char *pkgdir);
 
 /* Builds and signs pkgdir's version in a private staging tree, then uploads it to the `tk serve`
  * registry at the http(s) URL `registry` with the bearer token (hub/upload.c). *commit (may be NULL)

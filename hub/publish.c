@@ -28,103 +28,9 @@
 #include "common/common.h"
 #include "hub/archive.h"
 #include "hub/hub.h"
-#include "hub/manifest.h"
+#include "manifest/manifest.h"
 #include "hub/sign.h"
 #include "hub/tree.h"
-
-#define MAX_PKG_FILES 10000
-
-typedef struct {
-    char **paths;
-    size_t n, cap;
-} filelist;
-
-static void filelist_free(filelist *l)
-{
-    for (size_t i = 0; i < l->n; i++)
-        free(l->paths[i]);
-    free(l->paths);
-}
-
-static int cmp_str(const void *a, const void *b)
-{
-    return strcmp(*(char *const *)a, *(char *const *)b);
-}
-
-/* Collects the package's files: regular files below dir, relative, no dotfiles, not kernel.json. */
-static int walk(filelist *l, const char *root, const char *rel)
-{
-    char *dir = rel[0] ? tk__path_join(root, rel) : tk__strdup(root);
-    if (!dir)
-        return tk__err(TK_ERR_NOMEM, "out of memory");
-    DIR *d = opendir(dir);
-    int rc = TK_OK;
-    if (!d) {
-        rc = tk__err_sys("cannot read the package directory", dir);
-        free(dir);
-        return rc;
-    }
-    struct dirent *e;
-    while (rc == TK_OK && (e = readdir(d)) != NULL) {
-        if (e->d_name[0] == '.')
-            continue;
-        if (!rel[0] && strcmp(e->d_name, "kernel.json") == 0)
-            continue;
-        char *r = rel[0] ? tk__fmt("%s/%s", rel, e->d_name) : tk__strdup(e->d_name);
-        char *full = r ? tk__path_join(root, r) : NULL;
-        struct stat st;
-        if (!r || !full) {
-            rc = tk__err(TK_ERR_NOMEM, "out of memory");
-        } else if (lstat(full, &st) != 0) {
-            rc = tk__err_sys("cannot stat", full);
-        } else if (S_ISDIR(st.st_mode)) {
-            rc = walk(l, root, r);
-        } else if (!S_ISREG(st.st_mode)) {
-            rc = tk__err(TK_ERR_INVALID, "'%s' is not a regular file; packages hold only regular files "
-                         "(no symlinks or devices)", full);
-        } else if (tk_hub__path_check(r) != 0) {
-            rc = tk__err(TK_ERR_INVALID, "'%s' is not a usable file name in a package", r);
-        } else if (l->n >= MAX_PKG_FILES) {
-            rc = tk__err(TK_ERR_INVALID, "more than %d files in the package", MAX_PKG_FILES);
-        } else {
-            if (l->n == l->cap) {
-                l->cap = l->cap ? 2 * l->cap : 16;
-                char **np = realloc(l->paths, l->cap * sizeof *np);
-                if (!np) {
-                    rc = tk__err(TK_ERR_NOMEM, "out of memory");
-                    free(r);
-                    free(full);
-                    break;
-                }
-                l->paths = np;
-            }
-            l->paths[l->n++] = r;
-            r = NULL;
-        }
-        free(r);
-        free(full);
-    }
-    closedir(d);
-    free(dir);
-    return rc;
-}
-
-int tk_hub__pkgdir_files(char ***paths, size_t *n, const char *pkgdir)
-{
-    filelist l = {0};
-    int rc = walk(&l, pkgdir, "");
-    *paths = NULL;
-    *n = 0;
-    if (rc != TK_OK) {
-        filelist_free(&l);
-        return rc;
-    }
-    if (l.n)
-        qsort(l.paths, l.n, sizeof *l.paths, cmp_str);
-    *paths = l.paths;
-    *n = l.n;
-    return TK_OK;
-}
 
 /* One publish, step by step (tk_hub__publish): what each step reads and what it leaves for the next. */
 typedef struct {
@@ -135,7 +41,8 @@ typedef struct {
     const char *name, *version, *license;                    /* in spec */
     int major;
     char org[65], pkg[65], branch[24];
-    filelist files;                                          /* the package's files, sorted */
+    char **paths;                                            /* the package's files, sorted */
+    size_t npaths;
     json_t *jfiles;                                          /* their manifest entries */
     int lock_fd;
     char *api_dir, *resolve_dir, *stage;                     /* stage: resolve/.tmp-publish-*, then the commit */
@@ -151,7 +58,9 @@ static void job_free(publish_job *j)
         tk__rmtree(j->stage);
     if (j->lock_fd >= 0)
         close(j->lock_fd);
-    filelist_free(&j->files);
+    for (size_t i = 0; i < j->npaths; i++)
+        free(j->paths[i]);
+    free(j->paths);
     json_decref(j->spec);
     json_decref(j->jfiles);
     tk_hub__key_free(j->key);
@@ -185,15 +94,15 @@ static int read_spec(publish_job *j)
         return tk__err(TK_ERR_MANIFEST, "%s: line %d, column %d: %s", j->spec_path, jerr.line, jerr.column,
                        j->spec ? "not a JSON object" : jerr.text);
     /* a kernel with "dtypes" is published as its variants: clients never see a template */
-    if ((rc = tk_hub__expand_variants(j->spec, NULL, NULL)) != TK_OK)
+    if ((rc = tk_manifest__expand_variants(j->spec, NULL, NULL)) != TK_OK)
         return tk__err_wrap(rc, "%s", j->spec_path);
     j->name = json_string_value(json_object_get(j->spec, "name"));
     j->version = json_string_value(json_object_get(j->spec, "version"));
     j->license = json_string_value(json_object_get(j->spec, "license"));
-    if (!j->name || tk_hub__name_check(j->name, j->org, j->pkg) != TK_OK)
+    if (!j->name || tk_manifest__name_check(j->name, j->org, j->pkg) != TK_OK)
         return tk__err(TK_ERR_MANIFEST, "%s: 'name' must be org/name (got %s)", j->spec_path,
                        j->name ? j->name : "nothing");
-    if (!j->version || tk_hub__version_parse(j->version, &j->major) != 0)
+    if (!j->version || tk_manifest__version_parse(j->version, &j->major) != 0)
         return tk__err(TK_ERR_MANIFEST, "%s: 'version' must be MAJOR.MINOR.PATCH with MAJOR >= 1 (got %s)",
                        j->spec_path, j->version ? j->version : "nothing");
     if (!j->license)
@@ -205,26 +114,12 @@ static int read_spec(publish_job *j)
 /* Parse: the package's files, sorted, with their digests. */
 static int hash_files(publish_job *j)
 {
-    int rc = walk(&j->files, j->pkgdir, "");
+    int rc = tk_manifest__dir_files(&j->paths, &j->npaths, j->pkgdir);
     if (rc != TK_OK)
         return rc;
-    if (j->files.n == 0)
+    if (j->npaths == 0)
         return tk__err(TK_ERR_INVALID, "'%s' has no source files besides kernel.json", j->pkgdir);
-    qsort(j->files.paths, j->files.n, sizeof *j->files.paths, cmp_str);
-    if (!(j->jfiles = json_array()))
-        return tk__err(TK_ERR_NOMEM, "out of memory");
-    for (size_t i = 0; i < j->files.n && rc == TK_OK; i++) {
-        char sha[TK_SHA256_HEX];
-        int64_t size = 0;
-        char *full = tk__path_join(j->pkgdir, j->files.paths[i]);
-        if (!full)
-            rc = tk__err(TK_ERR_NOMEM, "out of memory");
-        else if ((rc = tk__sha256_file(sha, &size, full)) == TK_OK)
-            json_array_append_new(j->jfiles, json_pack("{s:s, s:s, s:I}", "path", j->files.paths[i], "sha256", sha,
-                                                       "size", (json_int_t)size));
-        free(full);
-    }
-    return rc;
+    return tk_manifest__files_json(&j->jfiles, j->pkgdir, (const char *const *)j->paths, j->npaths);
 }
 
 /* Takes the tree's publish lock and makes the staging directory inside it (same file system). */
@@ -252,7 +147,7 @@ static int lock_tree(publish_job *j)
 static int build_archive(publish_job *j)
 {
     char *path = tk__path_join(j->stage, j->archive_name);
-    int rc = path ? tk_hub__archive_create(path, j->pkgdir, (const char *const *)j->files.paths, j->files.n,
+    int rc = path ? tk_hub__archive_create(path, j->pkgdir, (const char *const *)j->paths, j->npaths,
                                            j->compression)
                   : tk__err(TK_ERR_NOMEM, "out of memory");
     if (rc == TK_OK)
@@ -289,9 +184,9 @@ static int build_manifest(publish_job *j)
     free(dumped);
     if (!j->mtext)
         return tk__err(TK_ERR_NOMEM, "out of memory");
-    tk_hub_manifest *check = NULL;
-    int rc = tk_hub__manifest_parse(&check, j->mtext, strlen(j->mtext));
-    tk_hub__manifest_free(check);
+    tk_manifest *check = NULL;
+    int rc = tk_manifest__parse(&check, j->mtext, strlen(j->mtext));
+    tk_manifest__free(check);
     return rc;
 }
 

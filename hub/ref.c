@@ -22,7 +22,7 @@
 #include "cache/state.h"
 #include "common/common.h"
 #include "hub/hub.h"
-#include "hub/manifest.h"
+#include "manifest/manifest.h"
 
 /* One comparator of a range: its operator in op (">=", ">", "<=", "<", "=") and its version padded to
  * MAJOR.MINOR.PATCH in v. p points after it (at ',' or the end). 0 or -1. */
@@ -53,7 +53,7 @@ static int comparator(const char **p, char op[3], char v[40])
     for (size_t i = 0; i < n; i++)
         dots += raw[i] == '.';
     snprintf(v, 40, "%s%s", raw, dots == 0 ? ".0.0" : dots == 1 ? ".0" : "");
-    if (tk_hub__version_parse(v, NULL) != 0)
+    if (tk_manifest__version_parse(v, NULL) != 0)
         return -1;
     s += strcspn(s, ",");
     *p = s;
@@ -87,7 +87,7 @@ int tk_hub__ref_parse(tk_hub_ref *out, const char *ref)
         return tk__err(TK_ERR_INVALID, "package name too long: '%s'", ref);
     memcpy(out->name, ref, n);
     out->name[n] = '\0';
-    int rc = tk_hub__name_check(out->name, out->org, out->pkg);
+    int rc = tk_manifest__name_check(out->name, out->org, out->pkg);
     if (rc != TK_OK)
         return rc;
     if (!at)
@@ -98,7 +98,7 @@ int tk_hub__ref_parse(tk_hub_ref *out, const char *ref)
         memcpy(out->commit, v, 41);
     } else if (tk__parse_i64(v[0] == 'v' ? v + 1 : v, 1, 1000000, &major) == 0) {
         out->major = (int)major;
-    } else if (strlen(v) < sizeof out->exact && tk_hub__version_parse(v, NULL) == 0) {
+    } else if (strlen(v) < sizeof out->exact && tk_manifest__version_parse(v, NULL) == 0) {
         snprintf(out->exact, sizeof out->exact, "%s", v);
     } else if (strlen(v) >= 7 && strlen(v) < 40 && strspn(v, "0123456789abcdef") == strlen(v)) {
         snprintf(out->prefix, sizeof out->prefix, "%s", v);
@@ -152,7 +152,7 @@ int tk_hub__ref_matches(const tk_hub_ref *ref, const char *version)
     if (ref->exact[0])
         return tk_state__version_cmp(version, ref->exact) == 0;
     int major = 0;
-    if (tk_hub__version_parse(version, &major) != 0)
+    if (tk_manifest__version_parse(version, &major) != 0)
         return 0;
     if (ref->major)
         return major == ref->major;

@@ -16,10 +16,9 @@
  * version's three files) streams to a temp file under .tk-serve/tmp, then the server checks what a
  * client would: signature by a key trusted for the org on this server, manifest, name against the URL,
  * archive size and sha256, and the safe-unpack rules with every file's digest; and what tk publish
- * would: the manifest's keys (hub/schema.c) and kernels (api/validate.c; this file implements tk.h's
- * server calls, so it joins hub and api as api/ does). Only then does it take the tree's publish lock
- * and write the version with the rules of hub/publish.c (hub/tree.h: stage, rename, move the branch,
- * rewrite refs), so a refused upload writes nothing in the tree and a server killed mid-upload leaves no
+ * would: the manifest's keys and kernels (manifest/schema.c, manifest/validate.c). Only then does it
+ * take the tree's publish lock and write the version with the rules of hub/publish.c (hub/tree.h:
+ * stage, rename, move the branch, rewrite refs), so a refused upload writes nothing in the tree and a server killed mid-upload leaves no
  * partial version.
  *
  * Threads: libmicrohttpd's internal thread pool (epoll on Linux). The handler never blocks on a slow
@@ -58,12 +57,11 @@
 #include "common/common.h"
 #include "hub/archive.h"
 #include "hub/hub.h"
-#include "hub/manifest.h"
+#include "manifest/manifest.h"
 #include "hub/serve.h"
 #include "hub/serve_int.h"
 #include "hub/tree.h"
 #include "hub/sign.h"
-#include "api/api.h" /* the manifest checks of publish and install (api/validate.c) */
 
 /* ---- receiving an upload ------------------------------------------------------------------------ */
 
@@ -178,7 +176,7 @@ typedef struct {
     char *mtext, *stext;              /* manifest.json and its .sig */
     size_t mlen, slen;
     char asha[TK_SHA256_HEX];         /* the archive's sha256 */
-    tk_hub_manifest *m;
+    tk_manifest *m;
     int lock_fd;
 } upload;
 
@@ -190,7 +188,7 @@ static void upload_free(upload *u)
         tk__rmtree(u->check);
     if (u->lock_fd >= 0)
         close(u->lock_fd);
-    tk_hub__manifest_free(u->m);
+    tk_manifest__free(u->m);
     free(u->tmpdir);
     free(u->stage);
     free(u->check);
@@ -241,12 +239,12 @@ static int upload_check_signature(upload *u)
 }
 
 /* The manifest: well formed, for this package and archive, and passing the checks tk publish runs
- * before it signs and tk get runs before it installs: every key known (hub/schema.c), every kernel's
- * fields, params and launch expressions, every source one of the package's files (api/validate.c).
+ * before it signs and tk get runs before it installs: every key known (manifest/schema.c), every kernel's
+ * fields, params and launch expressions, every source one of the package's files (manifest/validate.c).
  * A client older than those checks, or a hand-made upload, gets the publish-time error here. */
 static int upload_check_manifest(upload *u, char version[32])
 {
-    int rc = tk_hub__manifest_parse(&u->m, u->mtext, u->mlen);
+    int rc = tk_manifest__parse(&u->m, u->mtext, u->mlen);
     if (rc != TK_OK)
         return rc;
     snprintf(version, 32, "%s", u->m->version);
@@ -256,8 +254,8 @@ static int upload_check_manifest(upload *u, char version[32])
     if (strcmp(u->m->archive.path, u->archive_name))
         return tk__err(TK_ERR_MANIFEST, "the manifest names the archive '%s', but the upload holds '%s'",
                        u->m->archive.path, u->archive_name);
-    if ((rc = tk_hub__schema_check(u->mtext, u->mlen, "manifest.json", 1)) != TK_OK ||
-        (rc = tk_api__validate_kernels(NULL, u->mtext, u->mlen)) != TK_OK)
+    if ((rc = tk_manifest__schema_check(u->mtext, u->mlen, "manifest.json", 1)) != TK_OK ||
+        (rc = tk_manifest__validate_text(u->mtext, u->mlen)) != TK_OK)
         return tk__err_wrap(rc, "%s %s: not published", u->m->name, u->m->version);
     return TK_OK;
 }
@@ -871,7 +869,7 @@ int tk_hub__serve_name_ok(char org[65], char pkg[65], const char *o, const char 
     if (strlen(o) > 64 || strlen(p) > 64)
         return 0;
     snprintf(name, sizeof name, "%s/%s", o, p);
-    return tk_hub__name_check(name, org, pkg) == TK_OK;
+    return tk_manifest__name_check(name, org, pkg) == TK_OK;
 }
 
 /* /api/kernels/{org}/{name}/tree/{rev}: the files of a revision. */

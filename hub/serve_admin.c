@@ -19,7 +19,7 @@
 
 #include "common/common.h"
 #include "hub/hub.h"
-#include "hub/manifest.h"
+#include "manifest/manifest.h"
 #include "hub/serve.h"
 #include "hub/serve_int.h"
 #include "hub/sign.h"
@@ -99,7 +99,7 @@ int tk_serve_token_add(char **token, const char *root, const char *org)
         return tk__err(TK_ERR_INVALID, "tk_serve_token_add: token, root and org are required");
     char name[140];
     snprintf(name, sizeof name, "%s/x", org);
-    if (strlen(org) > 64 || tk_hub__name_check(name, NULL, NULL) != TK_OK)
+    if (strlen(org) > 64 || tk_manifest__name_check(name, NULL, NULL) != TK_OK)
         return tk__err(TK_ERR_INVALID, "'%s' is not an org name ([A-Za-z0-9][A-Za-z0-9._-]{0,63})", org);
     uint8_t raw[32];
     char hex[65], sha[TK_SHA256_HEX];
@@ -135,7 +135,7 @@ int tk_serve_trust_add(char **keyid_out, const char *root, const char *org, cons
         return tk__err(TK_ERR_INVALID, "tk_serve_trust_add: root, org and pubkey are required");
     char name[140], keyid[TK_KEYID_LEN];
     snprintf(name, sizeof name, "%s/x", org);
-    if (strlen(org) > 64 || tk_hub__name_check(name, NULL, NULL) != TK_OK)
+    if (strlen(org) > 64 || tk_manifest__name_check(name, NULL, NULL) != TK_OK)
         return tk__err(TK_ERR_INVALID, "'%s' is not an org name ([A-Za-z0-9][A-Za-z0-9._-]{0,63})", org);
     int rc = tk_hub__pubkey_check(pubkey, keyid);
     if (rc != TK_OK)

@@ -22,7 +22,7 @@
 
 #include "common/common.h"
 #include "hub/hub.h"
-#include "hub/manifest.h"
+#include "manifest/manifest.h"
 #include "hub/serve.h"
 #include "hub/serve_int.h"
 #include "hub/tree.h"
@@ -220,7 +220,7 @@ static void page_summary(tk_buf *b, pkg_view *v, json_t *m, const char *org, con
     tk__buf_puts(b, "</p><div class=t><table><tr><th>branch</th><th>version</th><th>commit</th>"
                     "<th>ops</th><th>signed by</th></tr>");
     const char *ap = json_string_value(json_object_get(json_object_get(m, "archive"), "path"));
-    char *arch = ap && tk_hub__path_check(ap) == TK_OK ? tk__fmt("%s/%s/%s", resolve_dir, head, ap) : NULL;
+    char *arch = ap && tk_manifest__path_check(ap) == TK_OK ? tk__fmt("%s/%s/%s", resolve_dir, head, ap) : NULL;
     v->readme = arch ? archive_readme(arch, &v->markdown) : NULL;
     free(arch);
     v->kernels = json_incref(json_object_get(m, "kernels"));

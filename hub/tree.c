@@ -15,7 +15,7 @@
 
 #include "cache/state.h"
 #include "common/common.h"
-#include "hub/manifest.h"
+#include "manifest/manifest.h"
 #include "hub/tree.h"
 
 #define JSON_DOC_MAX (64u << 20) /* the tree's index.json */
@@ -207,7 +207,7 @@ int tk_hub__tree_backfill_parents(const char *api_dir, const char *resolve_dir)
         const char *nm = json_string_value(json_object_get(m, "name")), *v = json_string_value(json_object_get(m, "version"));
         int major = 0;
         char *path = tk__fmt("%s/revision/%s", api_dir, commits[i]), *rdir = tk__fmt("%s/revision", api_dir);
-        json_t *doc = nm && v && tk_hub__version_parse(v, &major) == 0
+        json_t *doc = nm && v && tk_manifest__version_parse(v, &major) == 0
                           ? tk_hub__tree_info_doc(nm, commits[i], archive, v, major, found) : NULL;
         if (!path || !rdir)
             rc = tk__err(TK_ERR_NOMEM, "out of memory");
@@ -247,7 +247,7 @@ static int write_versions_doc(const char *api_dir, const char *resolve_dir)
         free(p);
         char *v = dir ? tk_hub__tree_commit_version(resolve_dir, e->d_name) : NULL;
         int major = 0;
-        if (!v || tk_hub__version_parse(v, &major) != 0) {
+        if (!v || tk_manifest__version_parse(v, &major) != 0) {
             free(v);
             continue;
         }

@@ -148,7 +148,7 @@ done:
 }
 
 int tk_hub__commit_verify(char parent[41], const tk_hub_env *env, const tk_hub_ref *ref, const char *commit,
-                          const char *msha, const char *sigtext, size_t siglen, const tk_hub_manifest *m)
+                          const char *msha, const char *sigtext, size_t siglen, const tk_manifest *m)
 {
     char p[41], ssha[TK_SHA256_HEX], got[41];
     int rc;

@@ -11,7 +11,7 @@
 #include <stddef.h>
 
 #include "hub/hub.h"
-#include "hub/manifest.h"
+#include "manifest/manifest.h"
 #include "hub/sign.h"
 
 #define TK_HUB_SIG_MAX 16384        /* bytes of a manifest.json.sig or a yank statement's .sig */
@@ -52,7 +52,7 @@ int tk_hub__manifest_signed(char keyid[TK_KEYID_LEN], char pubkey[TK_PUBKEY_LEN]
  * parent (TK_HUB_NO_PARENT: none). TK_ERR_MANIFEST (no or a bad info document, another package) or
  * TK_ERR_DIGEST (the ids differ). */
 int tk_hub__commit_verify(char parent[41], const tk_hub_env *env, const tk_hub_ref *ref, const char *commit,
-                          const char *msha, const char *sigtext, size_t siglen, const tk_hub_manifest *m);
+                          const char *msha, const char *sigtext, size_t siglen, const tk_manifest *m);
 
 /* The publisher's statement withdrawing ref@version (kernels/{org}/{name}/yanked/{version}.json and
  * .sig), into *y: its signature verifies with `signer` (a key id, the version's own signer; NULL:

@@ -20,7 +20,7 @@
 
 #include "common/common.h"
 #include "hub/hub.h"
-#include "hub/manifest.h"
+#include "manifest/manifest.h"
 #include "hub/sign.h"
 #include "hub/tree.h"
 #include "hub/verify.h"
@@ -81,7 +81,7 @@ static int check_one(const tk_hub_env *env, const tk_hub_ref *ref, const char *c
     char *surl = murl ? tk__fmt("%s.sig", murl) : NULL;
     char *mtext = NULL, *sigtext = NULL;
     size_t mlen = 0, glen = 0;
-    tk_hub_manifest *m = NULL;
+    tk_manifest *m = NULL;
     char keyid[TK_KEYID_LEN], pubkey[TK_PUBKEY_LEN], msha[TK_SHA256_HEX];
     int rc = surl ? TK_OK : tk__err(TK_ERR_NOMEM, "out of memory");
     memset(v, 0, sizeof *v);
@@ -94,7 +94,7 @@ static int check_one(const tk_hub_env *env, const tk_hub_ref *ref, const char *c
     v->trusted = rc == TK_OK;
     if (rc != TK_OK && (rc != TK_ERR_UNTRUSTED || tk_hub__org_pinned(env, ref->org)))
         goto done; /* the org has a key and this is not it: refused, as get refuses it */
-    if ((rc = tk_hub__manifest_parse(&m, mtext, mlen)) != TK_OK) {
+    if ((rc = tk_manifest__parse(&m, mtext, mlen)) != TK_OK) {
         rc = tk__err_wrap(rc, "%s at %s", ref->name, commit);
         goto done;
     }
@@ -107,7 +107,7 @@ static int check_one(const tk_hub_env *env, const tk_hub_ref *ref, const char *c
     snprintf(v->signer, sizeof v->signer, "%s", keyid);
     snprintf(v->description, sizeof v->description, "%s", m->description ? m->description : "");
 done:
-    tk_hub__manifest_free(m);
+    tk_manifest__free(m);
     free(murl);
     free(surl);
     free(mtext);

@@ -36,14 +36,14 @@
 #include "cache/state.h"
 #include "common/common.h"
 #include "hub/hub.h"
-#include "hub/manifest.h"
+#include "manifest/manifest.h"
 #include "hub/sign.h"
 #include "hub/tree.h"
 
-/* A version string safe as a file name: what tk_hub__version_parse accepts, and only [0-9A-Za-z.+-]. */
+/* A version string safe as a file name: what tk_manifest__version_parse accepts, and only [0-9A-Za-z.+-]. */
 static int version_ok(const char *v, int *major)
 {
-    if (!v || !*v || strlen(v) > 64 || v[0] == '.' || tk_hub__version_parse(v, major) != TK_OK)
+    if (!v || !*v || strlen(v) > 64 || v[0] == '.' || tk_manifest__version_parse(v, major) != TK_OK)
         return 0;
     for (const char *p = v; *p; p++)
         if (!((*p >= '0' && *p <= '9') || (*p >= 'a' && *p <= 'z') || (*p >= 'A' && *p <= 'Z') || *p == '.' ||
@@ -136,7 +136,7 @@ static int scan_versions(char commit[41], char prev[41], const char *resolve_dir
         char *v = tk_hub__tree_commit_version(resolve_dir, e->d_name);
         if (v && strcmp(v, version) == 0) {
             memcpy(commit, e->d_name, 41);
-        } else if (v && tk_hub__version_parse(v, &vmajor) == 0 && vmajor == major &&
+        } else if (v && tk_manifest__version_parse(v, &vmajor) == 0 && vmajor == major &&
                    !tk_hub__tree_is_yanked(resolve_dir, v) && (!best || tk_state__version_cmp(v, best) > 0)) {
             free(best);
             best = v;

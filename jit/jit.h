@@ -1,7 +1,7 @@
 /*
  * jit.h — the JIT layer: loading the CUDA driver and NVRTC at run time (dlopen, never linked),
  * device detection, NVRTC compiles of one translation unit for one arch, the content key of a
- * compile, launch-rule expressions, and module load and launch.
+ * compile, and module load and launch (the launch-rule language is manifest/expr.c).
  *
  * Nothing here includes cuda.h or nvrtc.h, so libtk builds where the toolkit is absent. Errors come
  * back as tk statuses with tk_last_error() set (CUresult and nvrtcResult are translated here).
@@ -126,44 +126,6 @@ int tk_jit__default_jobs(void);
  * gives TK_ERR_CACHE. */
 int tk_jit__binary_pack(uint8_t **out, size_t *len, const tk_jit_binary *b);
 int tk_jit__binary_unpack(tk_jit_binary **out, const uint8_t *p, size_t len);
-
-/* ---- launch-rule expressions (jit/expr.c) ----------------------------------------------------- */
-
-typedef struct tk_jit_expr tk_jit_expr;
-
-enum { TK_JIT_P_TENSOR = 0, TK_JIT_P_I32, TK_JIT_P_I64, TK_JIT_P_F32, TK_JIT_P_F64, TK_JIT_P_WORKSPACE };
-
-/* What an expression may name: the kernel's params, in order. */
-typedef struct {
-    const char *name;
-    int type;   /* TK_JIT_P_* */
-    int usable; /* 0: may not be referenced here (e.g. a derived scalar not yet computed) */
-} tk_jit_param;
-
-/* Parses `src` once into a tree and checks every name against params. `what` names the expression
- * in messages ("kernel 'silu_f32', launch.grid[0]"). Errors: TK_ERR_MANIFEST with the column, what
- * is wrong, and the expression with a caret under the spot. */
-int tk_jit__expr_parse(tk_jit_expr **out, const char *src, const tk_jit_param *params,
-                       size_t nparams, const char *what);
-void tk_jit__expr_free(tk_jit_expr *e);
-const char *tk_jit__expr_src(const tk_jit_expr *e);
-
-/* The value of each param during evaluation, indexed like the params given to parse. */
-typedef struct {
-    int known;               /* 0: not bound yet */
-    int64_t i;               /* scalars */
-    int32_t ndim;            /* tensors */
-    const int64_t *shape;
-    const int64_t *strides;  /* NULL: contiguous row-major */
-} tk_jit_value;
-
-/* Evaluates with int64 arithmetic. TK_ERR_INVALID on overflow, division by zero, an index out of
- * range or an unbound value; the message names the expression. */
-int tk_jit__expr_eval(int64_t *out, const tk_jit_expr *e, const tk_jit_value *vals, size_t nvals);
-/* The same on a device with sm_count multiprocessors (the value of the name sm_count; 0: unknown, and
- * an expression that uses it fails with TK_ERR_INVALID). */
-int tk_jit__expr_eval_dev(int64_t *out, const tk_jit_expr *e, const tk_jit_value *vals, size_t nvals,
-                          int64_t sm_count);
 
 /* ---- modules and launches (jit/load.c) -------------------------------------------------------- */
 

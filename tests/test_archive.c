@@ -173,7 +173,7 @@ static int write_raw(const char *path, const char *filter, const char *format, c
     return ok ? 0 : -1;
 }
 
-static void set_expect(tk_hub_archive_entry *x, char sha[TK_SHA256_HEX], const char *path,
+static void set_expect(tk_manifest_file *x, char sha[TK_SHA256_HEX], const char *path,
                        const void *data, size_t n)
 {
     tk__sha256_hex(sha, data, n);
@@ -197,7 +197,7 @@ static const char OK_TEXT[] = "ok\n";
 
 /* One hostile archive with a valid "ok.txt" first (so something is written before the refusal): it
  * must be refused with `want`, leaving everything clean. */
-static void expect_refused(const char *filter, const rawent *ents, size_t n, const tk_hub_archive_entry *ex,
+static void expect_refused(const char *filter, const rawent *ents, size_t n, const tk_manifest_file *ex,
                            size_t nex, const tk_hub_unpack_limits *lim, int want, const char *msg)
 {
     fresh();
@@ -222,7 +222,7 @@ static const char *src_files[NSRC] = {
     "long/aaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaa/"
     "bbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbb/"
     "cccccccccccccccccccccccccccccccccccccccccccccccccccccccccccccccccccccccccccccccccc.cuh"};
-static tk_hub_archive_entry src_expect[NSRC];
+static tk_manifest_file src_expect[NSRC];
 static char src_sha[NSRC][TK_SHA256_HEX];
 
 static void make_sources(void)
@@ -397,7 +397,7 @@ static void test_digest_mismatch(void)
     fresh();
     char *arc = pjoin(root, "d.tar.gz");
     CHECK_RC(tk_hub__archive_create(arc, srcdir, src_files, NSRC, "gz"), TK_OK);
-    tk_hub_archive_entry ex[NSRC];
+    tk_manifest_file ex[NSRC];
     memcpy(ex, src_expect, sizeof ex);
     char wrong[TK_SHA256_HEX];
     memset(wrong, 'a', 64);
@@ -417,9 +417,9 @@ static void test_missing_expected_file(void)
     fresh();
     char *arc = pjoin(root, "m.tar.zst");
     CHECK_RC(tk_hub__archive_create(arc, srcdir, src_files, NSRC, "zst"), TK_OK);
-    tk_hub_archive_entry ex[NSRC + 1];
+    tk_manifest_file ex[NSRC + 1];
     memcpy(ex, src_expect, sizeof src_expect);
-    ex[NSRC] = (tk_hub_archive_entry){"src/missing.cu", src_sha[0], 7};
+    ex[NSRC] = (tk_manifest_file){"src/missing.cu", src_sha[0], 7};
     CHECK_RC(tk_hub__archive_extract(arc, dest, ex, NSRC + 1, NULL), TK_ERR_DIGEST);
     CHECK_CONTAINS(tk_last_error(), "src/missing.cu");
     CHECK_CLEAN();
@@ -444,7 +444,7 @@ static void test_size_bigger_than_expected(void)
 {
     static unsigned char data[2000];
     memset(data, 'x', sizeof data);
-    tk_hub_archive_entry ex[2];
+    tk_manifest_file ex[2];
     char s0[TK_SHA256_HEX], s1[TK_SHA256_HEX];
     set_expect(&ex[0], s0, "ok.txt", OK_TEXT, 3);
     set_expect(&ex[1], s1, "grow.cu", data, 1000); /* the manifest says 1000 bytes */
@@ -454,7 +454,7 @@ static void test_size_bigger_than_expected(void)
 
 static void test_duplicate_entry(void)
 {
-    tk_hub_archive_entry ex[1];
+    tk_manifest_file ex[1];
     char s0[TK_SHA256_HEX];
     set_expect(&ex[0], s0, "ok.txt", OK_TEXT, 3);
     rawent ents[] = {{"ok.txt", 0, NULL, 0, OK_TEXT, 3, -1, 0}, {"ok.txt", 0, NULL, 0, OK_TEXT, 3, -1, 0}};
@@ -474,7 +474,7 @@ static void test_hostile_paths(void)
                          "a\\b",    "a/./b",     "x\001y",    longp,        ".",         "..",
                          "a/.."};
     for (size_t i = 0; i < sizeof bad / sizeof *bad; i++) {
-        tk_hub_archive_entry ex[2];
+        tk_manifest_file ex[2];
         char s0[TK_SHA256_HEX], s1[TK_SHA256_HEX];
         set_expect(&ex[0], s0, "ok.txt", OK_TEXT, 3);
         /* even when the manifest lists the path, the rules refuse it */
@@ -489,7 +489,7 @@ static void test_hostile_paths(void)
 
 static void test_links_devices_fifos(void)
 {
-    tk_hub_archive_entry ex[2];
+    tk_manifest_file ex[2];
     char s0[TK_SHA256_HEX], s1[TK_SHA256_HEX];
     set_expect(&ex[0], s0, "ok.txt", OK_TEXT, 3);
     set_expect(&ex[1], s1, "link/x", OK_TEXT, 3);
@@ -500,7 +500,7 @@ static void test_links_devices_fifos(void)
     rawent symrel[] = {{"up", AE_IFLNK, "..", 0, NULL, 0, 0, 0}, {"up/evil", 0, NULL, 0, OK_TEXT, 3, -1, 0}};
     expect_refused("zst", symrel, 2, ex, 2, NULL, TK_ERR_ARCHIVE, "symlink");
 
-    tk_hub_archive_entry exh[2];
+    tk_manifest_file exh[2];
     char h0[TK_SHA256_HEX], h1[TK_SHA256_HEX];
     set_expect(&exh[0], h0, "ok.txt", OK_TEXT, 3);
     set_expect(&exh[1], h1, "hl", OK_TEXT, 3);
@@ -522,7 +522,7 @@ static void test_sparse_file(void)
 {
     static unsigned char data[1024];
     memset(data, 's', sizeof data);
-    tk_hub_archive_entry ex[1];
+    tk_manifest_file ex[1];
     char s0[TK_SHA256_HEX];
     set_expect(&ex[0], s0, "sparse.bin", data, 8192);
     ex[0].size = 8192;
@@ -532,7 +532,7 @@ static void test_sparse_file(void)
 
 static void test_type_clashes(void)
 {
-    tk_hub_archive_entry ex[2];
+    tk_manifest_file ex[2];
     char s0[TK_SHA256_HEX], s1[TK_SHA256_HEX];
     set_expect(&ex[0], s0, "a", OK_TEXT, 3);
     set_expect(&ex[1], s1, "a/b", OK_TEXT, 3);
@@ -591,7 +591,7 @@ static void test_bomb_default_limits(void)
     char sha[TK_SHA256_HEX];
     memset(sha, '0', 64);
     sha[64] = '\0';
-    tk_hub_archive_entry ex[1] = {{"zeros.bin", sha, big}};
+    tk_manifest_file ex[1] = {{"zeros.bin", sha, big}};
     double t0 = tk__now_ms();
     CHECK_RC(tk_hub__archive_extract(arc, dest, ex, 1, NULL), TK_ERR_ARCHIVE);
     CHECK_CONTAINS(tk_last_error(), "decompression bomb");
@@ -605,7 +605,7 @@ static void test_bomb_default_limits(void)
 static void test_bomb_small_limits(void)
 {
     static unsigned char zeros[600 * 1024];
-    tk_hub_archive_entry ex[3];
+    tk_manifest_file ex[3];
     char s[3][TK_SHA256_HEX];
     const char *names[3] = {"z1", "z2", "z3"};
     rawent ents[3];
@@ -633,7 +633,7 @@ static void test_limits(void)
 {
     static unsigned char data[600];
     fill_random(data, sizeof data);
-    tk_hub_archive_entry ex[5];
+    tk_manifest_file ex[5];
     char s[5][TK_SHA256_HEX];
     const char *names[5] = {"f1", "f2", "f3", "f4", "f5"};
     rawent ents[5];
@@ -696,7 +696,7 @@ static void test_corrupt_gz(void)
     static char text[3][40000];
     static const char *words[] = {"kernel ", "float ", "__global__ ", "blockIdx.x ", "return; ", "\n",
                                   "threadIdx ", "int64_t ", "shape ", "stride "};
-    tk_hub_archive_entry ex[3];
+    tk_manifest_file ex[3];
     char s[3][TK_SHA256_HEX];
     const char *names[3] = {"a.cu", "b.cu", "c.cu"};
     rawent ents[3];
@@ -790,7 +790,7 @@ static void test_garbage_and_other_formats(void)
     CHECK_RC(tk_hub__archive_extract(arc, dest, src_expect, NSRC, NULL), TK_ERR_ARCHIVE);
     CHECK_CLEAN();
 
-    tk_hub_archive_entry ex[1];
+    tk_manifest_file ex[1];
     char s0[TK_SHA256_HEX];
     set_expect(&ex[0], s0, "ok.txt", OK_TEXT, 3);
     rawent ok[] = {{"ok.txt", 0, NULL, 0, OK_TEXT, 3, -1, 0}};
@@ -838,11 +838,11 @@ static void test_bad_destination(void)
     CHECK_EQ_INT(count_entries(outside), 0);
     /* a bad manifest list */
     fresh();
-    tk_hub_archive_entry ex[2] = {src_expect[0], src_expect[0]};
+    tk_manifest_file ex[2] = {src_expect[0], src_expect[0]};
     CHECK_RC(tk_hub__archive_extract(arc, dest, ex, 2, NULL), TK_ERR_INVALID);
-    ex[1] = (tk_hub_archive_entry){"../x", src_sha[0], 1};
+    ex[1] = (tk_manifest_file){"../x", src_sha[0], 1};
     CHECK_RC(tk_hub__archive_extract(arc, dest, ex, 2, NULL), TK_ERR_INVALID);
-    ex[1] = (tk_hub_archive_entry){"x", "ABCD", 1};
+    ex[1] = (tk_manifest_file){"x", "ABCD", 1};
     CHECK_RC(tk_hub__archive_extract(arc, dest, ex, 2, NULL), TK_ERR_INVALID);
     CHECK_EQ_INT(count_entries(dest), 0);
     /* a missing archive */

@@ -5,14 +5,15 @@
 #include "harness.h"
 
 #include "jit/jit.h"
+#include "manifest/expr.h"
 #include "tk.h"
 
-static const tk_jit_param params[] = {
-    {"out", TK_JIT_P_TENSOR, 1},
-    {"input", TK_JIT_P_TENSOR, 1},
-    {"d", TK_JIT_P_I64, 1},
-    {"alpha", TK_JIT_P_F32, 1},
-    {"later", TK_JIT_P_I64, 0},
+static const tk_manifest_var params[] = {
+    {"out", TK_MANIFEST_P_TENSOR, 1},
+    {"input", TK_MANIFEST_P_TENSOR, 1},
+    {"d", TK_MANIFEST_P_I64, 1},
+    {"alpha", TK_MANIFEST_P_F32, 1},
+    {"later", TK_MANIFEST_P_I64, 0},
 };
 #define NP (sizeof params / sizeof *params)
 
@@ -20,9 +21,9 @@ static int64_t out_shape[] = {4, 6, 8};
 static int64_t in_shape[] = {4, 6, 16};
 static int64_t in_strides[] = {200, 20, 1};
 
-static void values(tk_jit_value v[NP])
+static void values(tk_manifest_value v[NP])
 {
-    memset(v, 0, sizeof(tk_jit_value) * NP);
+    memset(v, 0, sizeof(tk_manifest_value) * NP);
     v[0].known = 1;
     v[0].ndim = 3;
     v[0].shape = out_shape;
@@ -37,15 +38,15 @@ static void values(tk_jit_value v[NP])
 /* Parses and evaluates; returns the status, *got the value. */
 static int eval(const char *src, int64_t *got)
 {
-    tk_jit_expr *e = NULL;
-    tk_jit_value v[NP];
-    int rc = tk_jit__expr_parse(&e, src, params, NP, "kernel 'k', launch.grid[0]");
+    tk_manifest_expr *e = NULL;
+    tk_manifest_value v[NP];
+    int rc = tk_manifest__expr_parse(&e, src, params, NP, "kernel 'k', launch.grid[0]");
     *got = -999;
     if (rc != TK_OK)
         return rc;
     values(v);
-    rc = tk_jit__expr_eval(got, e, v, NP);
-    tk_jit__expr_free(e);
+    rc = tk_manifest__expr_eval(got, e, v, NP);
+    tk_manifest__expr_free(e);
     return rc;
 }
 
@@ -123,23 +124,23 @@ static void test_eval_errors(void)
 
     /* an unbound value */
     {
-        tk_jit_expr *e = NULL;
-        tk_jit_value v[NP];
-        CHECK_RC(tk_jit__expr_parse(&e, "d + 1", params, NP, "x"), TK_OK);
+        tk_manifest_expr *e = NULL;
+        tk_manifest_value v[NP];
+        CHECK_RC(tk_manifest__expr_parse(&e, "d + 1", params, NP, "x"), TK_OK);
         values(v);
         v[2].known = 0;
-        CHECK_RC(tk_jit__expr_eval(&g, e, v, NP), TK_ERR_INVALID);
+        CHECK_RC(tk_manifest__expr_eval(&g, e, v, NP), TK_ERR_INVALID);
         CHECK_CONTAINS(tk_last_error(), "'d' has no value");
-        tk_jit__expr_free(e);
+        tk_manifest__expr_free(e);
     }
 }
 
 /* A malformed expression fails to parse with TK_ERR_MANIFEST, the context, the column and `why`. */
 static void bad(const char *src, const char *why, int col)
 {
-    tk_jit_expr *e = (tk_jit_expr *)1;
+    tk_manifest_expr *e = (tk_manifest_expr *)1;
     char colbuf[32];
-    CHECK_RC(tk_jit__expr_parse(&e, src, params, NP, "kernel 'silu_f32', launch.block[0]"),
+    CHECK_RC(tk_manifest__expr_parse(&e, src, params, NP, "kernel 'silu_f32', launch.block[0]"),
              TK_ERR_MANIFEST);
     CHECK(e == NULL);
     CHECK_CONTAINS(tk_last_error(), "kernel 'silu_f32', launch.block[0]");
@@ -175,8 +176,8 @@ static void test_malformed(void)
 
     /* the message shows the expression with a caret under the spot */
     {
-        tk_jit_expr *e = NULL;
-        CHECK_RC(tk_jit__expr_parse(&e, "1 + oops", params, NP, "k"), TK_ERR_MANIFEST);
+        tk_manifest_expr *e = NULL;
+        CHECK_RC(tk_manifest__expr_parse(&e, "1 + oops", params, NP, "k"), TK_ERR_MANIFEST);
         CHECK_CONTAINS(tk_last_error(), "\n    1 + oops\n        ^");
     }
     /* deep nesting and huge expressions are refused, not a stack overflow */
@@ -198,8 +199,8 @@ static void test_malformed(void)
         char big[1100];
         memset(big, '1', sizeof big - 1);
         big[sizeof big - 1] = '\0';
-        tk_jit_expr *e = NULL;
-        CHECK_RC(tk_jit__expr_parse(&e, big, params, NP, "k"), TK_ERR_MANIFEST);
+        tk_manifest_expr *e = NULL;
+        CHECK_RC(tk_manifest__expr_parse(&e, big, params, NP, "k"), TK_ERR_MANIFEST);
         char many[1000];
         n = 0;
         for (int i = 0; i < 300; i++) {
@@ -208,45 +209,45 @@ static void test_malformed(void)
         }
         many[n++] = '1';
         many[n] = '\0';
-        CHECK_RC(tk_jit__expr_parse(&e, many, params, NP, "k"), TK_ERR_MANIFEST);
+        CHECK_RC(tk_manifest__expr_parse(&e, many, params, NP, "k"), TK_ERR_MANIFEST);
         CHECK_CONTAINS(tk_last_error(), "too long");
     }
-    CHECK_RC(tk_jit__expr_parse(&(tk_jit_expr *){NULL}, NULL, params, NP, "k"), TK_ERR_MANIFEST);
+    CHECK_RC(tk_manifest__expr_parse(&(tk_manifest_expr *){NULL}, NULL, params, NP, "k"), TK_ERR_MANIFEST);
 }
 
 static void test_src_kept(void)
 {
-    tk_jit_expr *e = NULL;
-    CHECK_RC(tk_jit__expr_parse(&e, "cdiv(numel(out), 256)", params, NP, "k"), TK_OK);
-    CHECK_STR(tk_jit__expr_src(e), "cdiv(numel(out), 256)");
-    tk_jit__expr_free(e);
-    tk_jit__expr_free(NULL);
+    tk_manifest_expr *e = NULL;
+    CHECK_RC(tk_manifest__expr_parse(&e, "cdiv(numel(out), 256)", params, NP, "k"), TK_OK);
+    CHECK_STR(tk_manifest__expr_src(e), "cdiv(numel(out), 256)");
+    tk_manifest__expr_free(e);
+    tk_manifest__expr_free(NULL);
 }
 
 /* sm_count: the device's multiprocessors, known only at launch; a parameter of that name wins. */
 static void test_sm_count(void)
 {
-    tk_jit_expr *e = NULL;
-    tk_jit_value v[NP];
+    tk_manifest_expr *e = NULL;
+    tk_manifest_value v[NP];
     int64_t g = 0;
     values(v);
-    CHECK_RC(tk_jit__expr_parse(&e, "max(1, min(64, cdiv(2 * sm_count, d)))", params, NP, "k"), TK_OK);
-    CHECK_RC(tk_jit__expr_eval_dev(&g, e, v, NP, 132), TK_OK);
+    CHECK_RC(tk_manifest__expr_parse(&e, "max(1, min(64, cdiv(2 * sm_count, d)))", params, NP, "k"), TK_OK);
+    CHECK_RC(tk_manifest__expr_eval_dev(&g, e, v, NP, 132), TK_OK);
     CHECK_EQ_INT(g, 33); /* cdiv(264, 8) */
-    CHECK_RC(tk_jit__expr_eval_dev(&g, e, v, NP, 108), TK_OK);
+    CHECK_RC(tk_manifest__expr_eval_dev(&g, e, v, NP, 108), TK_OK);
     CHECK_EQ_INT(g, 27);
-    CHECK_RC(tk_jit__expr_eval(&g, e, v, NP), TK_ERR_INVALID); /* no device */
+    CHECK_RC(tk_manifest__expr_eval(&g, e, v, NP), TK_ERR_INVALID); /* no device */
     CHECK_CONTAINS(tk_last_error(), "sm_count is known only when launching on a device");
-    tk_jit__expr_free(e);
+    tk_manifest__expr_free(e);
     e = NULL;
-    const tk_jit_param shadow[] = {{"sm_count", TK_JIT_P_I64, 1}};
-    tk_jit_value sv = {1, 7, 0, NULL, NULL};
-    CHECK_RC(tk_jit__expr_parse(&e, "sm_count + 1", shadow, 1, "k"), TK_OK);
-    CHECK_RC(tk_jit__expr_eval_dev(&g, e, &sv, 1, 132), TK_OK);
+    const tk_manifest_var shadow[] = {{"sm_count", TK_MANIFEST_P_I64, 1}};
+    tk_manifest_value sv = {1, 7, 0, NULL, NULL};
+    CHECK_RC(tk_manifest__expr_parse(&e, "sm_count + 1", shadow, 1, "k"), TK_OK);
+    CHECK_RC(tk_manifest__expr_eval_dev(&g, e, &sv, 1, 132), TK_OK);
     CHECK_EQ_INT(g, 8);
-    tk_jit__expr_free(e);
+    tk_manifest__expr_free(e);
     e = NULL;
-    CHECK_RC(tk_jit__expr_parse(&e, "sm_counts + 1", params, NP, "k"), TK_ERR_MANIFEST);
+    CHECK_RC(tk_manifest__expr_parse(&e, "sm_counts + 1", params, NP, "k"), TK_ERR_MANIFEST);
     CHECK_CONTAINS(tk_last_error(), "unknown name 'sm_counts'");
 }
 

@@ -1,6 +1,6 @@
 /*
  * test_opdecl.c — ops that packages declare (kernel.json "ops"): the shape patterns (ops/declared.c),
- * declarations turned into descriptors and their errors (api/opdecl.c), kernels checked against the
+ * declarations turned into descriptors and their errors (manifest/opdecl.c), kernels checked against the
  * signature, and the public path: tk_ops_add_package on tests/data/opdecl, then tk_ops_json and
  * tk_op_run on host tensors (shapes checked, then "no CPU reference" named).
  */
@@ -44,7 +44,7 @@ static void test_declare_and_check_shapes(void)
 {
     json_t *j = scale_add_decl();
     struct tk_op_desc *op = NULL;
-    CHECK_RC(tk_api__op_declare(&op, j, "me/sa"), TK_OK);
+    CHECK_RC(tk_manifest__op_declare(&op, j, "me/sa"), TK_OK);
     if (!op) {
         json_decref(j);
         return;
@@ -90,27 +90,27 @@ static void test_declare_and_check_shapes(void)
                            "\"type\": \"tensor\", \"dtype\": \"f32\"}, {\"name\": \"alpha\", \"type\": \"f32\"}, "
                            "{\"name\": \"n\", \"type\": \"i64\", \"value\": \"numel(x)\"}]}",
                            0, NULL);
-    CHECK_RC(tk_api__op_check_kernel(op, k), TK_OK);
+    CHECK_RC(tk_manifest__op_check_kernel(op, k), TK_OK);
     json_object_set_new(json_array_get(json_object_get(k, "params"), 3), "type", json_string("i64"));
-    CHECK_RC(tk_api__op_check_kernel(op, k), TK_ERR_MANIFEST);
+    CHECK_RC(tk_manifest__op_check_kernel(op, k), TK_ERR_MANIFEST);
     CHECK_CONTAINS(tk_last_error(), "param 'alpha' is a i64, but op 'scale_add' has it as a f64");
     json_array_remove(json_object_get(k, "params"), 3);
-    CHECK_RC(tk_api__op_check_kernel(op, k), TK_OK); /* a scalar left out takes its default */
+    CHECK_RC(tk_manifest__op_check_kernel(op, k), TK_OK); /* a scalar left out takes its default */
     json_array_remove(json_object_get(k, "params"), 0);
-    CHECK_RC(tk_api__op_check_kernel(op, k), TK_ERR_MANIFEST);
+    CHECK_RC(tk_manifest__op_check_kernel(op, k), TK_ERR_MANIFEST);
     CHECK_CONTAINS(tk_last_error(), "does not take 'out', a tensor op 'scale_add' requires");
     json_decref(k);
 
     /* the same signature is the same op; another default is not */
     struct tk_op_desc *op2 = NULL;
-    CHECK_RC(tk_api__op_declare(&op2, j, "other/sa"), TK_OK);
-    CHECK(op2 && tk_api__op_same(op, op2));
-    tk_api__op_declared_free(op2);
+    CHECK_RC(tk_manifest__op_declare(&op2, j, "other/sa"), TK_OK);
+    CHECK(op2 && tk_manifest__op_same(op, op2));
+    tk_manifest__op_declared_free(op2);
     json_object_set_new(json_array_get(json_object_get(j, "params"), 3), "default", json_real(2.0));
-    CHECK_RC(tk_api__op_declare(&op2, j, "other/sa"), TK_OK);
-    CHECK(op2 && !tk_api__op_same(op, op2));
-    tk_api__op_declared_free(op2);
-    tk_api__op_declared_free(op);
+    CHECK_RC(tk_manifest__op_declare(&op2, j, "other/sa"), TK_OK);
+    CHECK(op2 && !tk_manifest__op_same(op, op2));
+    tk_manifest__op_declared_free(op2);
+    tk_manifest__op_declared_free(op);
     json_decref(j);
 }
 
@@ -149,7 +149,7 @@ static void test_bad_declarations(void)
         json_t *j = json_loads(cases[i].json, 0, NULL);
         struct tk_op_desc *op = (struct tk_op_desc *)1;
         CHECK(j != NULL);
-        CHECK_RC(tk_api__op_declare(&op, j, "me/x"), TK_ERR_MANIFEST);
+        CHECK_RC(tk_manifest__op_declare(&op, j, "me/x"), TK_ERR_MANIFEST);
         CHECK(op == NULL);
         CHECK_CONTAINS(tk_last_error(), cases[i].want);
         json_decref(j);

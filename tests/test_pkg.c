@@ -13,7 +13,7 @@
 #include "common/common.h"
 #include "harness.h"
 #include "hub/hub.h"
-#include "hub/manifest.h"
+#include "manifest/manifest.h"
 #include "hub/sign.h"
 
 static char tmpdir[256];
@@ -45,31 +45,31 @@ static void test_refs(void)
 
 static void test_paths_and_versions(void)
 {
-    CHECK_EQ_INT(tk_hub__path_check("a.cu"), 0);
-    CHECK_EQ_INT(tk_hub__path_check("include/a.cuh"), 0);
-    CHECK_EQ_INT(tk_hub__path_check("../a"), -1);
-    CHECK_EQ_INT(tk_hub__path_check("a/../b"), -1);
-    CHECK_EQ_INT(tk_hub__path_check("/etc/passwd"), -1);
-    CHECK_EQ_INT(tk_hub__path_check("a//b"), -1);
-    CHECK_EQ_INT(tk_hub__path_check("a/./b"), -1);
-    CHECK_EQ_INT(tk_hub__path_check("a\\b"), -1);
-    CHECK_EQ_INT(tk_hub__path_check("dir/"), -1);
+    CHECK_EQ_INT(tk_manifest__path_check("a.cu"), 0);
+    CHECK_EQ_INT(tk_manifest__path_check("include/a.cuh"), 0);
+    CHECK_EQ_INT(tk_manifest__path_check("../a"), -1);
+    CHECK_EQ_INT(tk_manifest__path_check("a/../b"), -1);
+    CHECK_EQ_INT(tk_manifest__path_check("/etc/passwd"), -1);
+    CHECK_EQ_INT(tk_manifest__path_check("a//b"), -1);
+    CHECK_EQ_INT(tk_manifest__path_check("a/./b"), -1);
+    CHECK_EQ_INT(tk_manifest__path_check("a\\b"), -1);
+    CHECK_EQ_INT(tk_manifest__path_check("dir/"), -1);
     char longc[300], deep[400] = "";
     memset(longc, 'n', sizeof longc - 1);
     longc[sizeof longc - 1] = '\0';
-    CHECK_EQ_INT(tk_hub__path_check(longc), -1); /* a component longer than NAME_MAX */
+    CHECK_EQ_INT(tk_manifest__path_check(longc), -1); /* a component longer than NAME_MAX */
     for (int i = 0; i < 65; i++)
         strcat(deep, i ? "/d" : "d");
-    CHECK_EQ_INT(tk_hub__path_check(deep), -1); /* 65 levels */
+    CHECK_EQ_INT(tk_manifest__path_check(deep), -1); /* 65 levels */
     deep[strlen(deep) - 2] = '\0';
-    CHECK_EQ_INT(tk_hub__path_check(deep), 0);  /* 64 levels */
+    CHECK_EQ_INT(tk_manifest__path_check(deep), 0);  /* 64 levels */
     int major = 0;
-    CHECK_EQ_INT(tk_hub__version_parse("1.2.3", &major), 0);
+    CHECK_EQ_INT(tk_manifest__version_parse("1.2.3", &major), 0);
     CHECK_EQ_INT(major, 1);
-    CHECK_EQ_INT(tk_hub__version_parse("0.1.0", NULL), -1);
-    CHECK_EQ_INT(tk_hub__version_parse("1.2", NULL), -1);
-    CHECK_EQ_INT(tk_hub__version_parse("1.02.3", NULL), -1);
-    CHECK_EQ_INT(tk_hub__version_parse("1.2.3-rc1", NULL), -1);
+    CHECK_EQ_INT(tk_manifest__version_parse("0.1.0", NULL), -1);
+    CHECK_EQ_INT(tk_manifest__version_parse("1.2", NULL), -1);
+    CHECK_EQ_INT(tk_manifest__version_parse("1.02.3", NULL), -1);
+    CHECK_EQ_INT(tk_manifest__version_parse("1.2.3-rc1", NULL), -1);
     CHECK(tk_state__version_cmp("1.10.0", "1.9.9") > 0);
     CHECK(tk_state__version_cmp("1.0.0", "1.0.0") == 0);
     CHECK(tk_state__version_cmp("1.0.1", "1.0.10") < 0);
@@ -88,15 +88,15 @@ static void test_manifest(void)
     memset(sha, 'a', 64);
     sha[64] = 0;
     char *text = tk__fmt(good_manifest, sha, sha);
-    tk_hub_manifest *m = NULL;
-    CHECK_RC(tk_hub__manifest_parse(&m, text, strlen(text)), TK_OK);
+    tk_manifest *m = NULL;
+    CHECK_RC(tk_manifest__parse(&m, text, strlen(text)), TK_OK);
     if (m) {
         CHECK_STR(m->name, "o/p");
         CHECK_EQ_INT(m->major, 1);
         CHECK_EQ_INT(m->nfiles, 1);
         CHECK_STR(m->compression, "gz");
     }
-    tk_hub__manifest_free(m);
+    tk_manifest__free(m);
     free(text);
 
     static const struct {
@@ -113,7 +113,7 @@ static void test_manifest(void)
     };
     for (size_t i = 0; i < sizeof bad / sizeof *bad; i++) {
         m = NULL;
-        CHECK_RC(tk_hub__manifest_parse(&m, bad[i].json, strlen(bad[i].json)), TK_ERR_MANIFEST);
+        CHECK_RC(tk_manifest__parse(&m, bad[i].json, strlen(bad[i].json)), TK_ERR_MANIFEST);
         CHECK_CONTAINS(tk_last_error(), bad[i].msg);
         CHECK(m == NULL);
     }
@@ -121,7 +121,7 @@ static void test_manifest(void)
     char *evil = tk__fmt(good_manifest, sha, sha);
     char *p = strstr(evil, "a.cu");
     memcpy(p, "../x", 4);
-    CHECK_RC(tk_hub__manifest_parse(&m, evil, strlen(evil)), TK_ERR_MANIFEST);
+    CHECK_RC(tk_manifest__parse(&m, evil, strlen(evil)), TK_ERR_MANIFEST);
     CHECK_CONTAINS(tk_last_error(), "safe relative path");
     free(evil);
 }

@@ -16,6 +16,15 @@ t_tree_follows_the_table() {
 scratch_tree() {
   local t=$WORK/tree; rm -rf "$t"; mkdir -p "$t/docs" "$t/common" "$t/hub" "$t/api" "$t/include" "$t/cli"
   cp "$ROOT/docs/hacking.md" "$t/docs/"
+  # a known exception, so the checker's handling of one is tested whether or not the tree has any
+  python3 - "$t/docs/hacking.md" <<'PY'
+import re, sys
+p = sys.argv[1]
+s = open(p).read()
+s = re.sub(r"(<!-- layer-exceptions -->\n\| file \| includes \| issue \|\n\|---\|---\|---\|\n)",
+           r"\1| `hub/serve.c` | `api/api.h` | 99 |\n", s)
+open(p, "w").write(s)
+PY
   printf '#include "tk.h"\n' >"$t/include/tk.h"
   printf '#include "tk.h"\n#include "common/common.h"\n' >"$t/common/common.h"
   printf '#include "common/common.h"\n#include "hub/hub.h"\n' >"$t/hub/hub.h"
@@ -46,7 +55,7 @@ t_checker_catches_violations() {
   # the exception fixed but still listed
   printf '#include "hub/hub.h"\n' >"$t/hub/serve.c"
   expect_rc 1 python3 "$LAYERS" "$t"
-  expect_out "hub/serve.c no longer includes api/api.h: remove its row (issue 28)"
+  expect_out "hub/serve.c no longer includes api/api.h: remove its row (issue 99)"
 }
 
 t_table_must_point_one_way() {

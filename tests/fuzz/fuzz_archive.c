@@ -39,7 +39,7 @@ static int count_entries(const char *dir)
 int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
 {
     static char shas[3][TK_SHA256_HEX];
-    static tk_hub_archive_entry expect[3];
+    static tk_manifest_file expect[3];
     static char in[600], out[600], outside[600];
     if (!in[0]) {
         const char *dir = fz_scratch("archive");
@@ -47,7 +47,7 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
             abort();
         for (int i = 0; i < 3; i++) {
             tk__sha256_hex(shas[i], texts[i], strlen(texts[i]));
-            expect[i] = (tk_hub_archive_entry){names[i], shas[i], (int64_t)strlen(texts[i])};
+            expect[i] = (tk_manifest_file){names[i], shas[i], (int64_t)strlen(texts[i])};
         }
         snprintf(in, sizeof in, "%s/in.tar", dir);
         snprintf(out, sizeof out, "%s/box/out", dir);

@@ -1,5 +1,5 @@
 /*
- * fuzz_expr.c — launch-rule expressions (jit/expr.c): parse against a kernel's params, then evaluate
+ * fuzz_expr.c — launch-rule expressions (manifest/expr.c): parse against a kernel's params, then evaluate
  * with tensor shapes, strides and scalars taken from the input.
  *
  * Input: "EXPR\n" then value bytes. The params are out, input, weight (tensors), n (i64), d (i32),
@@ -12,6 +12,7 @@
 #include <string.h>
 
 #include "jit/jit.h"
+#include "manifest/expr.h"
 
 static int64_t take64(const uint8_t **p, size_t *n)
 {
@@ -28,10 +29,10 @@ static int64_t take64(const uint8_t **p, size_t *n)
 
 int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
 {
-    static const tk_jit_param params[] = {
-        {"out", TK_JIT_P_TENSOR, 1}, {"input", TK_JIT_P_TENSOR, 1}, {"weight", TK_JIT_P_TENSOR, 1},
-        {"n", TK_JIT_P_I64, 1},      {"d", TK_JIT_P_I32, 1},        {"eps", TK_JIT_P_F32, 1},
-        {"ws", TK_JIT_P_WORKSPACE, 1}, {"later", TK_JIT_P_I64, 0},
+    static const tk_manifest_var params[] = {
+        {"out", TK_MANIFEST_P_TENSOR, 1}, {"input", TK_MANIFEST_P_TENSOR, 1}, {"weight", TK_MANIFEST_P_TENSOR, 1},
+        {"n", TK_MANIFEST_P_I64, 1},      {"d", TK_MANIFEST_P_I32, 1},        {"eps", TK_MANIFEST_P_F32, 1},
+        {"ws", TK_MANIFEST_P_WORKSPACE, 1}, {"later", TK_MANIFEST_P_I64, 0},
     };
     enum { NP = sizeof params / sizeof *params };
     const uint8_t *nl = memchr(data, '\n', size);
@@ -44,13 +45,13 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
     const uint8_t *p = nl ? nl + 1 : data + size;
     size_t n = nl ? size - elen - 1 : 0;
 
-    tk_jit_expr *e = NULL;
-    int rc = tk_jit__expr_parse(&e, src, params, NP, "fuzz");
+    tk_manifest_expr *e = NULL;
+    int rc = tk_manifest__expr_parse(&e, src, params, NP, "fuzz");
     if ((rc == TK_OK) != (e != NULL))
         abort();
     if (e) {
         int64_t shapes[3][8], strides[3][8];
-        tk_jit_value vals[NP];
+        tk_manifest_value vals[NP];
         memset(vals, 0, sizeof vals);
         for (int t = 0; t < 3; t++) {
             vals[t].known = 1;
@@ -67,16 +68,16 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
             vals[t].shape = shapes[t];
             vals[t].strides = strided ? strides[t] : NULL;
         }
-        vals[3] = (tk_jit_value){1, n ? take64(&p, &n) : 7, 0, NULL, NULL};
-        vals[4] = (tk_jit_value){1, n ? (int32_t)take64(&p, &n) : 3, 0, NULL, NULL};
-        vals[6] = (tk_jit_value){1, 0, 0, NULL, NULL};
+        vals[3] = (tk_manifest_value){1, n ? take64(&p, &n) : 7, 0, NULL, NULL};
+        vals[4] = (tk_manifest_value){1, n ? (int32_t)take64(&p, &n) : 3, 0, NULL, NULL};
+        vals[6] = (tk_manifest_value){1, 0, 0, NULL, NULL};
         int64_t out;
-        tk_jit__expr_eval(&out, e, vals, NP);
-        tk_jit__expr_eval(&out, e, vals, 4); /* fewer values than params: refused, never read */
-        if (strcmp(tk_jit__expr_src(e), src) != 0)
+        tk_manifest__expr_eval(&out, e, vals, NP);
+        tk_manifest__expr_eval(&out, e, vals, 4); /* fewer values than params: refused, never read */
+        if (strcmp(tk_manifest__expr_src(e), src) != 0)
             abort();
     }
-    tk_jit__expr_free(e);
+    tk_manifest__expr_free(e);
     free(src);
     return 0;
 }

@@ -13,7 +13,7 @@
 #include "common/common.h"
 #include "hub/hub.h"
 #include "hub/http.h"
-#include "hub/manifest.h"
+#include "manifest/manifest.h"
 #include "hub/sign.h"
 
 int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
@@ -28,15 +28,15 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
     if (tk_hub__ref_parse(&ref, s) == TK_OK) {
         /* a parsed reference is whole: its name checks out again and splits into org and pkg */
         char org[65], pkg[65];
-        if (tk_hub__name_check(ref.name, org, pkg) != TK_OK || strcmp(org, ref.org) || strcmp(pkg, ref.pkg) ||
+        if (tk_manifest__name_check(ref.name, org, pkg) != TK_OK || strcmp(org, ref.org) || strcmp(pkg, ref.pkg) ||
             (ref.commit[0] && !tk__is_hex(ref.commit, 40)) || ref.major < 0)
             abort();
     }
     char org[65], pkg[65];
-    tk_hub__name_check(s, org, pkg);
-    tk_hub__path_check(s);
+    tk_manifest__name_check(s, org, pkg);
+    tk_manifest__path_check(s);
     int major = -1;
-    if (tk_hub__version_parse(s, &major) == 0 && major < 0)
+    if (tk_manifest__version_parse(s, &major) == 0 && major < 0)
         abort();
     char keyid[TK_KEYID_LEN];
     if (tk_hub__pubkey_check(s, keyid) == TK_OK && (strlen(keyid) != 39 || !tk__has_prefix(keyid, "SHA256:")))

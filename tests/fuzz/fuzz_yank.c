@@ -9,7 +9,7 @@
 #include <string.h>
 
 #include "hub/hub.h"
-#include "hub/manifest.h"
+#include "manifest/manifest.h"
 
 int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
 {
@@ -17,7 +17,7 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
     if (tk_hub__yank_parse(&y, (const char *)data, size) == TK_OK) {
         /* what tree_yank builds file names from: a checked name and a plain version */
         int major = -1;
-        if (tk_hub__name_check(y.ref.name, NULL, NULL) != TK_OK || tk_hub__version_parse(y.version, &major) != 0 ||
+        if (tk_manifest__name_check(y.ref.name, NULL, NULL) != TK_OK || tk_manifest__version_parse(y.version, &major) != 0 ||
             major != y.major || strchr(y.version, '/') || y.version[0] == '.' ||
             strnlen(y.reason, sizeof y.reason) == sizeof y.reason)
             abort();

@@ -5,14 +5,14 @@
  * (name, kind, role, dtypes or dtype_like, shape, optional, default, doc), so one description serves
  * both; the rank bounds follow from the shape.
  *
- * Also the check of a kernel against the signature of the op it implements (api/validate.c runs it at
+ * Also the check of a kernel against the signature of the op it implements (manifest/validate.c runs it at
  * publish and install time), and the comparison that finds two packages declaring one op differently.
  */
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
-#include "api/api.h"
+#include "manifest/manifest.h"
 #include "ops/ops.h"
 
 typedef struct {
@@ -155,7 +155,7 @@ static int resolve_like(decl *d, json_t *params)
     return TK_OK;
 }
 
-void tk_api__op_declared_free(struct tk_op_desc *op)
+void tk_manifest__op_declared_free(struct tk_op_desc *op)
 {
     decl *d = (decl *)op;
     if (!d)
@@ -165,7 +165,7 @@ void tk_api__op_declared_free(struct tk_op_desc *op)
     free(d);
 }
 
-int tk_api__op_declare(struct tk_op_desc **out, json_t *j, const char *pkg)
+int tk_manifest__op_declare(struct tk_op_desc **out, json_t *j, const char *pkg)
 {
     *out = NULL;
     const char *name = json_string_value(json_object_get(j, "name"));
@@ -184,7 +184,7 @@ int tk_api__op_declare(struct tk_op_desc **out, json_t *j, const char *pkg)
         return tk__err(TK_ERR_MANIFEST, "op '%s': 'summary' must be a string (one line: what it computes)", name);
     decl *d = calloc(1, sizeof *d);
     if (!d || !(d->src = json_deep_copy(j)) || !(d->pkg = tk__strdup(pkg ? pkg : "a package"))) {
-        tk_api__op_declared_free((struct tk_op_desc *)d);
+        tk_manifest__op_declared_free((struct tk_op_desc *)d);
         return tk__err(TK_ERR_NOMEM, "out of memory");
     }
     params = json_object_get(d->src, "params");
@@ -205,14 +205,14 @@ int tk_api__op_declare(struct tk_op_desc **out, json_t *j, const char *pkg)
     if (rc == TK_OK)
         rc = resolve_like(d, params);
     if (rc != TK_OK) {
-        tk_api__op_declared_free((struct tk_op_desc *)d);
+        tk_manifest__op_declared_free((struct tk_op_desc *)d);
         return rc;
     }
     *out = &d->d;
     return TK_OK;
 }
 
-int tk_api__op_same(const struct tk_op_desc *a, const struct tk_op_desc *b)
+int tk_manifest__op_same(const struct tk_op_desc *a, const struct tk_op_desc *b)
 {
     tk_buf x = TK_BUF_INIT, y = TK_BUF_INIT;
     int same = tk_ops__signature(&x, a) == TK_OK && tk_ops__signature(&y, b) == TK_OK && x.data && y.data &&
@@ -230,7 +230,7 @@ static int scalar_fits(const char *ktype, int kind)
     return !strcmp(ktype, "f64") || !strcmp(ktype, "f32");
 }
 
-int tk_api__op_check_kernel(const struct tk_op_desc *op, json_t *k)
+int tk_manifest__op_check_kernel(const struct tk_op_desc *op, json_t *k)
 {
     const char *kname = json_string_value(json_object_get(k, "name"));
     json_t *kp = json_object_get(k, "params"), *p;

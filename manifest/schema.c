@@ -12,7 +12,7 @@
 #include <string.h>
 
 #include "common/common.h"
-#include "hub/manifest.h"
+#include "manifest/manifest.h"
 
 static const char *const K_TOP[] = {"name", "version", "license", "description", "compile", "kernels",
                                     "ops", "device_toolkit", NULL};
@@ -23,7 +23,7 @@ static const char *const K_KERNEL[] = {"name", "op", "source", "symbol", "params
 static const char *const K_PARAM[] = {"name", "type", "dtype", "value", "optional", NULL};
 static const char *const K_LAUNCH[] = {"grid", "block", "smem", NULL};
 static const char *const K_CONS[] = {"dtypes", "min_cc", "max_cc", "arch_specific", "max", "min", "align", NULL};
-/* ops a package declares: the shape `tk ops --json` prints (api/opdecl.c) */
+/* ops a package declares: the shape `tk ops --json` prints (manifest/opdecl.c) */
 static const char *const K_OP[] = {"name", "summary", "params", NULL};
 static const char *const K_OP_PARAM[] = {"name", "kind", "role", "dtypes", "dtype_like", "shape", "optional",
                                          "default", "doc", NULL};
@@ -172,8 +172,8 @@ static int find_pos(const char *s, size_t n, const pelem *path, size_t depth, si
     return -1;
 }
 
-int tk_hub__json_where(char *out, size_t cap, const char *text, size_t n, const char *file, const char *const *keys,
-                       const size_t *idx, size_t depth)
+int tk_manifest__json_where(char *out, size_t cap, const char *text, size_t n, const char *file,
+                            const char *const *keys, const size_t *idx, size_t depth)
 {
     pelem path[16];
     size_t off = 0;
@@ -266,7 +266,7 @@ static int unknown(walker *w, const char *key, const char *const *known, const c
     }
     push(w, key, 0);
     int found = w->depth <= 16 &&
-                tk_hub__json_where(where, sizeof where, w->text, w->n, w->file, w->keys, w->idx, w->depth) == 0;
+                tk_manifest__json_where(where, sizeof where, w->text, w->n, w->file, w->keys, w->idx, w->depth) == 0;
     w->depth--;
     char *bar1 = found ? strchr(where, '|') : NULL, *bar2 = bar1 ? strchr(bar1 + 1, '|') : NULL;
     if (bar1 && bar2)
@@ -365,7 +365,7 @@ static int op_sub(walker *w, json_t *op)
     return each(w, json_object_get(op, "params"), "params", K_OP_PARAM, NULL, NULL);
 }
 
-int tk_hub__schema_check(const char *text, size_t n, const char *file, int manifest)
+int tk_manifest__schema_check(const char *text, size_t n, const char *file, int manifest)
 {
     json_error_t jerr;
     json_t *root = json_loadb(text, n, JSON_REJECT_DUPLICATES, &jerr);
@@ -490,7 +490,7 @@ static int instantiate(json_t **out, json_t *x, size_t v, const char *kname)
     return TK_OK;
 }
 
-int tk_hub__expand_variants(json_t *spec, size_t **origin, size_t *n)
+int tk_manifest__expand_variants(json_t *spec, size_t **origin, size_t *n)
 {
     json_t *ks = json_object_get(spec, "kernels"), *out = NULL, *k;
     size_t i, total = 0, *org = NULL;

@@ -6,7 +6,7 @@
 #include <string.h>
 
 #include "common/common.h"
-#include "hub/manifest.h"
+#include "manifest/manifest.h"
 
 static int name_part_ok(const char *s, size_t n)
 {
@@ -23,7 +23,7 @@ static int name_part_ok(const char *s, size_t n)
     return 1;
 }
 
-int tk_hub__name_check(const char *name, char *org, char *pkg)
+int tk_manifest__name_check(const char *name, char *org, char *pkg)
 {
     const char *slash = name ? strchr(name, '/') : NULL;
     if (!slash || strchr(slash + 1, '/') || !name_part_ok(name, (size_t)(slash - name)) ||
@@ -39,7 +39,7 @@ int tk_hub__name_check(const char *name, char *org, char *pkg)
     return TK_OK;
 }
 
-int tk_hub__path_check(const char *path)
+int tk_manifest__path_check(const char *path)
 {
     if (!path || !*path || path[0] == '/' || strlen(path) > 1024 || strchr(path, '\\'))
         return -1;
@@ -65,7 +65,7 @@ int tk_hub__path_check(const char *path)
     return 0;
 }
 
-int tk_hub__version_parse(const char *v, int *major)
+int tk_manifest__version_parse(const char *v, int *major)
 {
     int64_t parts[3];
     const char *p = v;
@@ -109,7 +109,7 @@ static const char *req_str(json_t *o, const char *key, int *rc, const char *wher
     return json_string_value(v);
 }
 
-static int entry(tk_hub_archive_entry *e, json_t *o, const char *where)
+static int entry(tk_manifest_file *e, json_t *o, const char *where)
 {
     int rc = TK_OK;
     if (!json_is_object(o))
@@ -122,7 +122,7 @@ static int entry(tk_hub_archive_entry *e, json_t *o, const char *where)
     if (!json_is_integer(size) || json_integer_value(size) < 0)
         return tk__err(TK_ERR_MANIFEST, "manifest: %s 'size' must be a non-negative integer", where);
     e->size = json_integer_value(size);
-    if (tk_hub__path_check(e->path) != 0)
+    if (tk_manifest__path_check(e->path) != 0)
         return tk__err(TK_ERR_MANIFEST, "manifest: %s path '%s' is not a safe relative path (no absolute, empty, '.' or '..' "
                        "parts; at most 64 levels of at most 255 bytes each)", where, e->path);
     if (!tk__is_hex(e->sha256, 64))
@@ -131,12 +131,12 @@ static int entry(tk_hub_archive_entry *e, json_t *o, const char *where)
     return TK_OK;
 }
 
-int tk_hub__manifest_parse(tk_hub_manifest **out, const char *text, size_t n)
+int tk_manifest__parse(tk_manifest **out, const char *text, size_t n)
 {
     *out = NULL;
     int rc = TK_OK;
     json_error_t jerr;
-    tk_hub_manifest *m = calloc(1, sizeof *m);
+    tk_manifest *m = calloc(1, sizeof *m);
     if (!m)
         return tk__err(TK_ERR_NOMEM, "out of memory");
     if (n > TK_MANIFEST_MAX) {
@@ -171,11 +171,11 @@ int tk_hub__manifest_parse(tk_hub_manifest **out, const char *text, size_t n)
     m->description = json_is_string(desc) ? json_string_value(desc) : "";
     if (rc != TK_OK)
         goto fail;
-    if (tk_hub__name_check(m->name, m->org, m->pkg) != TK_OK) {
+    if (tk_manifest__name_check(m->name, m->org, m->pkg) != TK_OK) {
         rc = tk__err(TK_ERR_MANIFEST, "manifest: 'name' ('%s') is not of the form org/name", m->name);
         goto fail;
     }
-    if (tk_hub__version_parse(m->version, &m->major) != 0) {
+    if (tk_manifest__version_parse(m->version, &m->major) != 0) {
         rc = tk__err(TK_ERR_MANIFEST, "manifest: 'version' ('%s') is not MAJOR.MINOR.PATCH with MAJOR >= 1",
                      m->version);
         goto fail;
@@ -223,11 +223,11 @@ int tk_hub__manifest_parse(tk_hub_manifest **out, const char *text, size_t n)
     *out = m;
     return TK_OK;
 fail:
-    tk_hub__manifest_free(m);
+    tk_manifest__free(m);
     return rc;
 }
 
-void tk_hub__manifest_free(tk_hub_manifest *m)
+void tk_manifest__free(tk_manifest *m)
 {
     if (!m)
         return;

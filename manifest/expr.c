@@ -22,7 +22,8 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "jit/jit.h"
+#include "common/common.h"
+#include "manifest/expr.h"
 
 #define MAX_SRC 1024
 #define MAX_NODES 256
@@ -40,7 +41,7 @@ typedef struct {
     int64_t v;     /* N_NUM */
 } node;
 
-struct tk_jit_expr {
+struct tk_manifest_expr {
     char *src;
     char *what;
     const char **pnames; /* param names, for evaluation messages */
@@ -53,10 +54,10 @@ struct tk_jit_expr {
 typedef struct {
     const char *s;
     size_t pos;
-    const tk_jit_param *params;
+    const tk_manifest_var *params;
     size_t nparams;
     const char *what;
-    struct tk_jit_expr *e;
+    struct tk_manifest_expr *e;
     size_t cap;
     int depth;
     int rc;
@@ -140,7 +141,7 @@ static void list_params(char *buf, size_t n, const parser *p, int want_tensor)
     size_t off = 0;
     buf[0] = '\0';
     for (size_t i = 0; i < p->nparams && off < n; i++) {
-        int is_t = p->params[i].type == TK_JIT_P_TENSOR;
+        int is_t = p->params[i].type == TK_MANIFEST_P_TENSOR;
         if (want_tensor >= 0 && is_t != want_tensor)
             continue;
         off += (size_t)snprintf(buf + off, n - off, "%s%s", off ? ", " : "", p->params[i].name);
@@ -168,7 +169,7 @@ static int tensor_param(parser *p, const char *context)
         return -1;
     }
     k = find_param(p, st, len);
-    if (k < 0 || p->params[k].type != TK_JIT_P_TENSOR) {
+    if (k < 0 || p->params[k].type != TK_MANIFEST_P_TENSOR) {
         list_params(names, sizeof names, p, 1);
         perr(p, st, "'%.*s' is not a tensor parameter of this kernel (tensors: %s)", (int)len,
              p->s + st, names);
@@ -263,9 +264,9 @@ static int parse_name(parser *p, size_t st, size_t len)
         return perr(p, st, "'%.*s' cannot be used here: it is a derived value not yet computed", (int)len,
                     p->s + st),
                -1;
-    if (p->params[k].type == TK_JIT_P_TENSOR)
+    if (p->params[k].type == TK_MANIFEST_P_TENSOR)
         return parse_tensor_attr(p, k, st, len);
-    if (p->params[k].type == TK_JIT_P_F32 || p->params[k].type == TK_JIT_P_F64)
+    if (p->params[k].type == TK_MANIFEST_P_F32 || p->params[k].type == TK_MANIFEST_P_F64)
         return perr(p, st, "'%.*s' is a floating-point parameter; launch rules are integer", (int)len, p->s + st),
                -1;
     return new_node(p, N_SCALAR, -1, -1, k, 0, st);
@@ -362,11 +363,11 @@ static int parse_expr(parser *p)
     return a;
 }
 
-int tk_jit__expr_parse(tk_jit_expr **out, const char *src, const tk_jit_param *params,
+int tk_manifest__expr_parse(tk_manifest_expr **out, const char *src, const tk_manifest_var *params,
                        size_t nparams, const char *what)
 {
     parser p;
-    struct tk_jit_expr *e = NULL;
+    struct tk_manifest_expr *e = NULL;
     size_t namelen = 0;
     char *names;
     int root;
@@ -425,14 +426,14 @@ int tk_jit__expr_parse(tk_jit_expr **out, const char *src, const tk_jit_param *p
     *out = e;
     return TK_OK;
 nomem:
-    tk_jit__expr_free(e);
+    tk_manifest__expr_free(e);
     return tk__err(TK_ERR_NOMEM, "out of memory parsing %s", what);
 fail:
-    tk_jit__expr_free(e);
+    tk_manifest__expr_free(e);
     return p.rc ? p.rc : TK_ERR_MANIFEST;
 }
 
-void tk_jit__expr_free(tk_jit_expr *e)
+void tk_manifest__expr_free(tk_manifest_expr *e)
 {
     if (!e)
         return;
@@ -444,13 +445,13 @@ void tk_jit__expr_free(tk_jit_expr *e)
     free(e);
 }
 
-const char *tk_jit__expr_src(const tk_jit_expr *e) { return e ? e->src : ""; }
+const char *tk_manifest__expr_src(const tk_manifest_expr *e) { return e ? e->src : ""; }
 
 /* ---- evaluation ------------------------------------------------------------------------------- */
 
 typedef struct {
-    const tk_jit_expr *e;
-    const tk_jit_value *vals;
+    const tk_manifest_expr *e;
+    const tk_manifest_value *vals;
     size_t nvals;
     int64_t sm_count; /* 0: no device */
     int rc;
@@ -470,7 +471,7 @@ static int eerr(evalctx *c, const char *fmt, ...)
 
 static int ev(evalctx *c, int ni, int64_t *out);
 
-static const tk_jit_value *value_of(evalctx *c, int32_t param)
+static const tk_manifest_value *value_of(evalctx *c, int32_t param)
 {
     if (param < 0 || (size_t)param >= c->nvals) {
         eerr(c, "parameter %d has no value", (int)param);
@@ -487,7 +488,7 @@ static int ev(evalctx *c, int ni, int64_t *out)
 {
     const node *n = &c->e->nodes[ni];
     int64_t a = 0, b = 0, r;
-    const tk_jit_value *v;
+    const tk_manifest_value *v;
 
     switch (n->op) {
     case N_NUM:
@@ -599,18 +600,18 @@ static int ev(evalctx *c, int ni, int64_t *out)
     }
 }
 
-int tk_jit__expr_eval(int64_t *out, const tk_jit_expr *e, const tk_jit_value *vals, size_t nvals)
+int tk_manifest__expr_eval(int64_t *out, const tk_manifest_expr *e, const tk_manifest_value *vals, size_t nvals)
 {
-    return tk_jit__expr_eval_dev(out, e, vals, nvals, 0);
+    return tk_manifest__expr_eval_dev(out, e, vals, nvals, 0);
 }
 
-int tk_jit__expr_eval_dev(int64_t *out, const tk_jit_expr *e, const tk_jit_value *vals, size_t nvals,
+int tk_manifest__expr_eval_dev(int64_t *out, const tk_manifest_expr *e, const tk_manifest_value *vals, size_t nvals,
                           int64_t sm_count)
 {
     evalctx c = {e, vals, nvals, sm_count, TK_OK};
     int64_t v = 0;
     if (!out || !e)
-        return tk__err(TK_ERR_INVALID, "tk_jit__expr_eval: NULL argument");
+        return tk__err(TK_ERR_INVALID, "tk_manifest__expr_eval: NULL argument");
     *out = 0;
     if (ev(&c, e->root, &v) != 0)
         return c.rc ? c.rc : TK_ERR_INVALID;
