@@ -384,208 +384,176 @@ static int do_plan(tk_cli *cli, tk_ctx *ctx, char **refs, int nrefs, const char 
     return code;
 }
 
-int tk_cmd_selftest(tk_cli *cli, int argc, char **argv)
+/* The command line of a self-test. */
+typedef struct {
+    const char *op, *kernel, *device_s, *arch;
+    double timeout;
+    int results, records, forget, device, plan, help, json;
+    char **refs; /* the named packages (argv's), room for argc */
+    int nrefs;
+} sargs;
+
+/* Parses argv into a; TK_EXIT_OK or the usage error's exit code (a->help: --help was printed). */
+static int parse_args(sargs *a, int argc, char **argv)
 {
-    const char *op = NULL, *kernel = NULL, *device_s = NULL, *arch = NULL;
-    double timeout = 0;
-    int results = 0, records = 0, forget = 0, device = 0, nrefs = 0, plan = 0;
-    char **refs = calloc((size_t)argc + 1, sizeof *refs);
-    if (!refs)
-        return TK_EXIT_FAIL;
     for (int i = 1; i < argc; i++) {
-        const char *a = argv[i];
+        const char *o = argv[i];
         const char *val = NULL;
-        if (tk_cli_is_help(a)) {
+        if (tk_cli_is_help(o)) {
             fputs(HELP, stdout);
-            free(refs);
+            a->help = 1;
             return TK_EXIT_OK;
         }
-        if (!strcmp(a, "--op") || !strcmp(a, "--kernel") || !strcmp(a, "--device") || !strcmp(a, "--timeout") ||
-            !strcmp(a, "--arch")) {
-            if (++i >= argc) {
-                free(refs);
-                return tk_cli_usage(USAGE, "%s needs a value", a);
-            }
+        if (!strcmp(o, "--op") || !strcmp(o, "--kernel") || !strcmp(o, "--device") || !strcmp(o, "--timeout") ||
+            !strcmp(o, "--arch")) {
+            if (++i >= argc)
+                return tk_cli_usage(USAGE, "%s needs a value", o);
             val = argv[i];
         }
-        if (!strcmp(a, "--op")) {
-            op = val;
-        } else if (!strcmp(a, "--kernel")) {
-            kernel = val;
-        } else if (!strcmp(a, "--device")) {
-            device_s = val;
-            if (tk_cli_parse_device(val, &device) || device < 0) {
-                free(refs);
+        if (!strcmp(o, "--op")) {
+            a->op = val;
+        } else if (!strcmp(o, "--kernel")) {
+            a->kernel = val;
+        } else if (!strcmp(o, "--device")) {
+            a->device_s = val;
+            if (tk_cli_parse_device(val, &a->device) || a->device < 0)
                 return tk_cli_usage(USAGE, "--device wants cuda or cuda:N (a self-test runs on a GPU), got '%s'", val);
-            }
-        } else if (!strcmp(a, "--timeout")) {
+        } else if (!strcmp(o, "--timeout")) {
             char *end;
-            timeout = strtod(val, &end);
-            if (*end || end == val || !(timeout > 0) || timeout > 3600) {
-                free(refs);
+            a->timeout = strtod(val, &end);
+            if (*end || end == val || !(a->timeout > 0) || a->timeout > 3600)
                 return tk_cli_usage(USAGE, "--timeout wants seconds from 0 to 3600, got '%s'", val);
-            }
-        } else if (!strcmp(a, "--arch")) {
-            arch = val;
-        } else if (!strcmp(a, "--plan")) {
-            plan = 1;
-        } else if (!strcmp(a, "--results")) {
-            results = 1;
-        } else if (!strcmp(a, "--records")) {
-            records = 1;
-        } else if (!strcmp(a, "--forget")) {
-            forget = 1;
-        } else if (!strcmp(a, "--json")) {
-            cli->json = 1;
-        } else if (a[0] == '-' && a[1]) {
-            free(refs);
-            return tk_cli_usage(USAGE, "unknown option '%s'", a);
+        } else if (!strcmp(o, "--arch")) {
+            a->arch = val;
+        } else if (!strcmp(o, "--plan")) {
+            a->plan = 1;
+        } else if (!strcmp(o, "--results")) {
+            a->results = 1;
+        } else if (!strcmp(o, "--records")) {
+            a->records = 1;
+        } else if (!strcmp(o, "--forget")) {
+            a->forget = 1;
+        } else if (!strcmp(o, "--json")) {
+            a->json = 1;
+        } else if (o[0] == '-' && o[1]) {
+            return tk_cli_usage(USAGE, "unknown option '%s'", o);
         } else {
-            refs[nrefs++] = argv[i];
+            a->refs[a->nrefs++] = argv[i];
         }
     }
-    if (results + records + forget + plan > 1) {
-        free(refs);
+    if (a->results + a->records + a->forget + a->plan > 1)
         return tk_cli_usage(USAGE, "--plan, --results, --records and --forget go alone");
-    }
-    if (arch && !plan) {
-        free(refs);
+    if (a->arch && !a->plan)
         return tk_cli_usage(USAGE, "--arch goes with --plan (a run tests the GPU's own arch)");
-    }
-    if (plan && (device_s || timeout > 0)) {
-        free(refs);
+    if (a->plan && (a->device_s || a->timeout > 0))
         return tk_cli_usage(USAGE, "--device and --timeout go with a run, not with --plan");
-    }
-    if ((results || records || forget) && (op || kernel || timeout > 0)) {
-        free(refs);
+    if ((a->results || a->records || a->forget) && (a->op || a->kernel || a->timeout > 0))
         return tk_cli_usage(USAGE, "--op, --kernel and --timeout go with a run, not with --results, --records or --forget");
-    }
-    if (records && nrefs > 1) {
-        free(refs);
+    if (a->records && a->nrefs > 1)
         return tk_cli_usage(USAGE, "--records takes one ORG/NAME at most");
-    }
-    if ((records || forget) && device_s) {
-        free(refs);
+    if ((a->records || a->forget) && a->device_s)
         return tk_cli_usage(USAGE, "--device goes with a run or --results");
+    return TK_EXIT_OK;
+}
+
+static int do_forget(tk_cli *cli, tk_ctx *ctx, char **refs, int nrefs)
+{
+    int64_t total = 0;
+    for (int i = 0; i < (nrefs ? nrefs : 1); i++) {
+        int64_t n = 0;
+        int rc = tk_selftest_forget(ctx, nrefs ? refs[i] : NULL, &n);
+        if (rc != TK_OK)
+            return tk_cli_fail(cli, rc, nrefs ? refs[i] : NULL);
+        total += n;
     }
-    tk_ctx *ctx = tk_cli_ctx(cli);
-    if (!ctx) {
-        free(refs);
-        return TK_EXIT_FAIL;
-    }
-    int code = TK_EXIT_OK, rc;
-    if (records) {
-        code = do_records(cli, ctx, nrefs ? refs[0] : NULL);
-        free(refs);
-        return code;
-    }
-    if (forget) {
-        int64_t total = 0;
-        for (int i = 0; i < (nrefs ? nrefs : 1); i++) {
-            int64_t n = 0;
-            if ((rc = tk_selftest_forget(ctx, nrefs ? refs[i] : NULL, &n)) != TK_OK) {
-                code = tk_cli_fail(cli, rc, nrefs ? refs[i] : NULL);
-                free(refs);
-                return code;
-            }
-            total += n;
-        }
-        if (cli->json)
-            printf("{\"forgotten\": %lld}\n", (long long)total);
-        else
-            printf("forgot %lld self-test record%s\n", (long long)total, total == 1 ? "" : "s");
-        free(refs);
-        return TK_EXIT_OK;
-    }
-    if (plan) {
-        code = do_plan(cli, ctx, refs, nrefs, arch, op, kernel);
-        free(refs);
-        return code;
-    }
-    /* a run (or --results) needs the GPU: say so before anything else */
-    int ndev = 0;
+    if (cli->json)
+        printf("{\"forgotten\": %lld}\n", (long long)total);
+    else
+        printf("forgot %lld self-test record%s\n", (long long)total, total == 1 ? "" : "s");
+    return TK_EXIT_OK;
+}
+
+/* The GPU a run or --results needs, said before anything else; TK_EXIT_OK when it is there. */
+static int need_gpu(tk_cli *cli, int device)
+{
+    int ndev = 0, rc;
     if ((rc = tk_device_count(&ndev)) != TK_OK || ndev == 0) {
         char why[512];
         snprintf(why, sizeof why, "%s", rc == TK_OK ? "the CUDA driver loaded but reports no GPU" : tk_last_error());
         why[strcspn(why, "\n")] = '\0';
-        code = tk_cli_errorf(cli, TK_ERR_NO_DEVICE, 0,
+        return tk_cli_errorf(cli, TK_ERR_NO_DEVICE, 0,
                              "a self-test needs the GPU it proves kernels for: %s\nHINT: run it on the machine with the "
                              "GPU (check 'nvidia-smi' and CUDA_VISIBLE_DEVICES; 'tk doctor' shows this one); without a "
                              "GPU, 'tk build ORG/NAME --arch sm_90' still compiles ahead of time", why);
-        free(refs);
-        return code;
     }
-    if (device >= ndev) {
-        code = tk_cli_errorf(cli, TK_ERR_NO_DEVICE, 0, "no CUDA device %d (this machine has %d)\nHINT: --device cuda:0 .. "
+    if (device >= ndev)
+        return tk_cli_errorf(cli, TK_ERR_NO_DEVICE, 0, "no CUDA device %d (this machine has %d)\nHINT: --device cuda:0 .. "
                              "cuda:%d", device, ndev, ndev - 1);
-        free(refs);
-        return code;
-    }
-    if (results) {
-        code = do_results(cli, ctx, refs, nrefs, device);
-        free(refs);
-        return code;
-    }
-    /* no package named: every installed one */
+    return TK_EXIT_OK;
+}
+
+/* Every installed package as "org/name@commit" into a->refs (*names owns the strings). */
+static int add_installed(tk_cli *cli, tk_ctx *ctx, sargs *a, char ***names)
+{
     tk_pkg_list *list = NULL;
-    char **names = NULL;
-    if (!nrefs) {
-        if ((rc = tk_pkg_list_installed(&list, ctx)) != TK_OK) {
-            free(refs);
-            return tk_cli_fail(cli, rc, NULL);
-        }
-        size_t n = tk_pkg_list_count(list);
-        if (!n) {
-            code = tk_cli_errorf(cli, TK_ERR_NOT_FOUND, 0, "no package is installed to self-test\nHINT: 'tk get ORG/NAME' "
-                                 "first, or name a package directory: tk selftest ./DIR");
-            tk_pkg_list_free(list);
-            free(refs);
-            return code;
-        }
-        names = calloc(n, sizeof *names);
-        for (size_t i = 0; names && i < n; i++) {
-            const tk_pkg *p = tk_pkg_list_at(list, i);
-            size_t len = strlen(tk_pkg_name(p)) + 48;
-            if ((names[i] = malloc(len)))
-                snprintf(names[i], len, "%s@%s", tk_pkg_name(p), tk_pkg_commit(p));
-            refs[nrefs++] = names[i];
-        }
+    int rc = tk_pkg_list_installed(&list, ctx);
+    if (rc != TK_OK)
+        return tk_cli_fail(cli, rc, NULL);
+    size_t n = tk_pkg_list_count(list);
+    if (!n) {
         tk_pkg_list_free(list);
+        return tk_cli_errorf(cli, TK_ERR_NOT_FOUND, 0, "no package is installed to self-test\nHINT: 'tk get ORG/NAME' "
+                             "first, or name a package directory: tk selftest ./DIR");
     }
+    *names = calloc(n, sizeof **names);
+    for (size_t i = 0; *names && i < n; i++) {
+        const tk_pkg *p = tk_pkg_list_at(list, i);
+        size_t len = strlen(tk_pkg_name(p)) + 48;
+        if (((*names)[i] = malloc(len)))
+            snprintf((*names)[i], len, "%s@%s", tk_pkg_name(p), tk_pkg_commit(p));
+        a->refs[a->nrefs++] = (*names)[i];
+    }
+    tk_pkg_list_free(list);
+    return TK_EXIT_OK;
+}
+
+/* The self-test of each of a->refs on the GPU, its report printed; the exit code. */
+static int do_run(tk_cli *cli, tk_ctx *ctx, const sargs *a)
+{
     /* the watchdog: the limit of every case of one kernel, and a margin for the context teardown */
     tk_cli_progress_hook = on_progress;
     watchdog_json = cli->json;
-    watchdog_limit = 2.0 * (timeout > 0 ? timeout : 5.0) + 60.0;
+    watchdog_limit = 2.0 * (a->timeout > 0 ? a->timeout : 5.0) + 60.0;
     pthread_t wd;
     if (pthread_create(&wd, NULL, watchdog, NULL) == 0)
         pthread_detach(wd);
 
     tk_selftest_opts o = TK_SELFTEST_OPTS_INIT;
-    o.device = device;
-    o.op = op;
-    o.kernel = kernel;
-    o.launch_timeout_s = timeout;
-    int failed = 0, first = 1, lost = 0;
+    o.device = a->device;
+    o.op = a->op;
+    o.kernel = a->kernel;
+    o.launch_timeout_s = a->timeout;
+    int failed = 0, first = 1, lost = 0, code = TK_EXIT_OK, rc;
     if (cli->json)
         printf("[");
-    for (int i = 0; i < nrefs; i++) {
+    for (int i = 0; i < a->nrefs; i++) {
         char *report = NULL;
-        if (!refs[i])
+        if (!a->refs[i])
             continue;
-        rc = tk_selftest(&report, ctx, refs[i], &o);
+        rc = tk_selftest(&report, ctx, a->refs[i], &o);
         atomic_store(&last_progress, 0.0);
         if (!report) {
             /* no report: the package could not be loaded (not found, compile error, no device) */
             if (cli->json) {
                 printf("%s{\"ref\": ", first ? "" : ",\n");
-                tk_cli_json_str(stdout, refs[i]);
+                tk_cli_json_str(stdout, a->refs[i]);
                 printf(", \"error\": ");
                 tk_cli_json_error_body(rc, tk_last_error());
                 printf("}");
                 first = 0;
                 code = code == TK_EXIT_OK ? tk_cli_exit_code(rc) : code;
             } else {
-                int c = tk_cli_fail(cli, rc, refs[i]);
+                int c = tk_cli_fail(cli, rc, a->refs[i]);
                 code = code == TK_EXIT_OK ? c : code;
             }
             continue;
@@ -609,10 +577,6 @@ int tk_cmd_selftest(tk_cli *cli, int argc, char **argv)
                         "HINT: 'tk selftest --results' shows the standing; after an update, run 'tk selftest' again\n",
                 failed, failed == 1 ? "" : "s");
     tk_cli_progress_hook = NULL;
-    for (int i = 0; names && i < nrefs; i++)
-        free(names[i]);
-    free(names);
-    free(refs);
     if (failed && code == TK_EXIT_OK)
         code = TK_EXIT_SELFTEST;
     if (lost) {
@@ -622,5 +586,37 @@ int tk_cmd_selftest(tk_cli *cli, int argc, char **argv)
         fflush(NULL);
         _exit(code);
     }
+    return code;
+}
+
+int tk_cmd_selftest(tk_cli *cli, int argc, char **argv)
+{
+    sargs a = {0};
+    char **names = NULL;
+    if (!(a.refs = calloc((size_t)argc + 1, sizeof *a.refs)))
+        return TK_EXIT_FAIL;
+    int code = parse_args(&a, argc, argv);
+    if (a.json)
+        cli->json = 1;
+    tk_ctx *ctx = code == TK_EXIT_OK && !a.help ? tk_cli_ctx(cli) : NULL;
+    if (code != TK_EXIT_OK || a.help)
+        goto done;
+    if (!ctx)
+        code = TK_EXIT_FAIL;
+    else if (a.records)
+        code = do_records(cli, ctx, a.nrefs ? a.refs[0] : NULL);
+    else if (a.forget)
+        code = do_forget(cli, ctx, a.refs, a.nrefs);
+    else if (a.plan)
+        code = do_plan(cli, ctx, a.refs, a.nrefs, a.arch, a.op, a.kernel);
+    else if ((code = need_gpu(cli, a.device)) == TK_EXIT_OK && a.results)
+        code = do_results(cli, ctx, a.refs, a.nrefs, a.device);
+    else if (code == TK_EXIT_OK && (a.nrefs || (code = add_installed(cli, ctx, &a, &names)) == TK_EXIT_OK))
+        code = do_run(cli, ctx, &a); /* no package named: every installed one */
+done:
+    for (int i = 0; names && i < a.nrefs; i++)
+        free(names[i]);
+    free(names);
+    free(a.refs);
     return code;
 }
