@@ -13,6 +13,69 @@ static const char *USAGE = "tk publish <pkgdir> (--to <registry-dir> | --registr
 
 int tk_cmd_check(tk_cli *cli, int argc, char **argv);
 
+/* tk publish --help, after the usage line. */
+static const char HELP[] =
+       "Reads <pkgdir>/kernel.json and the sources beside it, writes the signed manifest, its\n"
+       "signature and a deterministic source archive into <registry-dir> under a new commit, and\n"
+       "moves branch v<major> to it. Older commits stay (history). The tree has the Hub's URL\n"
+       "layout, so nginx, object storage or a CDN can serve it as plain files (docs/registry.md).\n"
+       "It also holds what the Hub's own client reads (huggingface_hub: snapshot_download,\n"
+       "list_repo_tree...): the file listings of every commit and branch, and the .etag links\n"
+       "from which nginx sends X-Repo-Commit and ETag (docs/nginx-registry.conf).\n"
+       "Publishing identical content again changes nothing (but writes what a tree from an older\n"
+       "tk lacks: parents, listings, links); a changed package needs a higher\n"
+       "version.\n\n"
+       "With --registry URL the same signed version is uploaded to a 'tk serve' registry instead\n"
+       "(PUT URL/api/upload/ORG/NAME with a bearer token). The server checks the signature\n"
+       "against its own trust store, the digests and the archive rules, and writes the version\n"
+       "atomically; it prints the commit the server wrote.\n\n"
+       "Before it signs anything, it runs every check 'tk get' runs at install (each key of\n"
+       "kernel.json, with line, column and \"did you mean\"; each kernel's source, params, dtypes\n"
+       "and launch expressions) and compiles every kernel with NVRTC, for --arch, else\n"
+       "config.json's \"archs\", else sm_80 and sm_90 (a kernel whose constraints rule those out\n"
+       "is compiled for its own min_cc). It refuses the package, writing and uploading nothing,\n"
+       "when a check or a compile fails, and prints NVRTC's file:line. Without NVRTC on the\n"
+       "machine it publishes with a warning that nothing was compiled. --check runs the checks\n"
+       "and the compile instead of publishing (the same as 'tk check <pkgdir>').\n\n"
+       "options:\n"
+       "  --to DIR        the registry tree (created if missing)\n"
+       "  --registry URL  a 'tk serve' registry (http:// or https://)\n"
+       "  --token T       the upload token for the package's org (default: TK_TOKEN); the\n"
+       "                  registry's operator makes one with 'tk serve token add --org ORG'\n"
+       "  --key FILE      the publisher's private key from 'tk keygen' (or TK_PUBLISH_KEY)\n"
+       "  --zstd          compress the archive with zstd instead of gzip\n"
+       "  --arch ARCHS    compile for these (comma-separated: sm_80,sm_90a) before signing\n"
+       "  --no-compile    do not compile before signing (the manifest checks still run)\n"
+       "  --check         check and compile only (--arch ARCHS, default sm_80,sm_90); see tk check\n"
+       "  --json          print {\"commit\": ..., \"created\": ...}\n\n"
+       "examples:\n"
+       "  tk publish ./my-kernels --to /srv/registry --key ~/.config/tk/publisher.pem\n"
+       "  TK_TOKEN=tks_... tk publish ./my-kernels --registry https://kernels.example.com --key k.pem\n\n"
+       "exit status: 0 ok, 2 bad arguments, 4 network, 5 a bad kernel.json, or the signature,\n"
+       "trust, digest or version refused, 6 file system, 7 a kernel does not compile, 8 the\n"
+       "registry refused the token (401/403), 1 other.\n";
+
+
+/* tk publish DIR --check [--arch A] is tk check DIR [--arch A]: publish's own options (where it would
+ * go, the key) are dropped, as nothing is published. argv[at] is --check. */
+static int as_check(tk_cli *cli, int argc, char **argv, int at)
+{
+    char *args[64];
+    int n = 0;
+    for (int j = 0; j < argc && n < 63; j++) {
+        if (j == at || !strcmp(argv[j], "--zstd"))
+            continue;
+        if (!strcmp(argv[j], "--to") || !strcmp(argv[j], "--key") || !strcmp(argv[j], "--registry") ||
+            !strcmp(argv[j], "--token")) {
+            j++;
+            continue;
+        }
+        args[n++] = argv[j];
+    }
+    args[n] = NULL;
+    return tk_cmd_check(cli, n, args);
+}
+
 int tk_cmd_publish(tk_cli *cli, int argc, char **argv)
 {
     const char *dir = NULL, *to = NULL, *registry = NULL, *token = NULL, *key = getenv("TK_PUBLISH_KEY");
@@ -21,66 +84,11 @@ int tk_cmd_publish(tk_cli *cli, int argc, char **argv)
     size_t narchs = 0;
     tk_publish_opts o = TK_PUBLISH_OPTS_INIT;
     for (int i = 1; i < argc; i++)
-        if (!strcmp(argv[i], "--check")) {
-            /* tk publish DIR --check [--arch A] is tk check DIR [--arch A]: publish's own options
-             * (where it would go, the key) are dropped, as nothing is published */
-            char *args[64];
-            int n = 0;
-            for (int j = 0; j < argc && n < 63; j++) {
-                if (j == i || !strcmp(argv[j], "--zstd"))
-                    continue;
-                if (!strcmp(argv[j], "--to") || !strcmp(argv[j], "--key") || !strcmp(argv[j], "--registry") ||
-                    !strcmp(argv[j], "--token")) {
-                    j++;
-                    continue;
-                }
-                args[n++] = argv[j];
-            }
-            args[n] = NULL;
-            return tk_cmd_check(cli, n, args);
-        }
+        if (!strcmp(argv[i], "--check"))
+            return as_check(cli, argc, argv, i);
     for (int i = 1; i < argc; i++) {
         if (tk_cli_is_help(argv[i])) {
-            printf("usage: %s\n\n"
-                   "Reads <pkgdir>/kernel.json and the sources beside it, writes the signed manifest, its\n"
-                   "signature and a deterministic source archive into <registry-dir> under a new commit, and\n"
-                   "moves branch v<major> to it. Older commits stay (history). The tree has the Hub's URL\n"
-                   "layout, so nginx, object storage or a CDN can serve it as plain files (docs/registry.md).\n"
-                   "It also holds what the Hub's own client reads (huggingface_hub: snapshot_download,\n"
-                   "list_repo_tree...): the file listings of every commit and branch, and the .etag links\n"
-                   "from which nginx sends X-Repo-Commit and ETag (docs/nginx-registry.conf).\n"
-                   "Publishing identical content again changes nothing (but writes what a tree from an older\n"
-                   "tk lacks: parents, listings, links); a changed package needs a higher\n"
-                   "version.\n\n"
-                   "With --registry URL the same signed version is uploaded to a 'tk serve' registry instead\n"
-                   "(PUT URL/api/upload/ORG/NAME with a bearer token). The server checks the signature\n"
-                   "against its own trust store, the digests and the archive rules, and writes the version\n"
-                   "atomically; it prints the commit the server wrote.\n\n"
-                   "Before it signs anything, it runs every check 'tk get' runs at install (each key of\n"
-                   "kernel.json, with line, column and \"did you mean\"; each kernel's source, params, dtypes\n"
-                   "and launch expressions) and compiles every kernel with NVRTC, for --arch, else\n"
-                   "config.json's \"archs\", else sm_80 and sm_90 (a kernel whose constraints rule those out\n"
-                   "is compiled for its own min_cc). It refuses the package, writing and uploading nothing,\n"
-                   "when a check or a compile fails, and prints NVRTC's file:line. Without NVRTC on the\n"
-                   "machine it publishes with a warning that nothing was compiled. --check runs the checks\n"
-                   "and the compile instead of publishing (the same as 'tk check <pkgdir>').\n\n"
-                   "options:\n"
-                   "  --to DIR        the registry tree (created if missing)\n"
-                   "  --registry URL  a 'tk serve' registry (http:// or https://)\n"
-                   "  --token T       the upload token for the package's org (default: TK_TOKEN); the\n"
-                   "                  registry's operator makes one with 'tk serve token add --org ORG'\n"
-                   "  --key FILE      the publisher's private key from 'tk keygen' (or TK_PUBLISH_KEY)\n"
-                   "  --zstd          compress the archive with zstd instead of gzip\n"
-                   "  --arch ARCHS    compile for these (comma-separated: sm_80,sm_90a) before signing\n"
-                   "  --no-compile    do not compile before signing (the manifest checks still run)\n"
-                   "  --check         check and compile only (--arch ARCHS, default sm_80,sm_90); see tk check\n"
-                   "  --json          print {\"commit\": ..., \"created\": ...}\n\n"
-                   "examples:\n"
-                   "  tk publish ./my-kernels --to /srv/registry --key ~/.config/tk/publisher.pem\n"
-                   "  TK_TOKEN=tks_... tk publish ./my-kernels --registry https://kernels.example.com --key k.pem\n\n"
-                   "exit status: 0 ok, 2 bad arguments, 4 network, 5 a bad kernel.json, or the signature,\n"
-                   "trust, digest or version refused, 6 file system, 7 a kernel does not compile, 8 the\n"
-                   "registry refused the token (401/403), 1 other.\n", USAGE);
+            printf("usage: %s\n\n%s", USAGE, HELP);
             return TK_EXIT_OK;
         } else if (!strcmp(argv[i], "--to") || !strcmp(argv[i], "--key") || !strcmp(argv[i], "--registry") ||
                    !strcmp(argv[i], "--token")) {
