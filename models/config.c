@@ -393,8 +393,17 @@ int tk_models__cfg_rope(tk_models_config *c, const tk_models_reader *r)
     for (int i = 0; i < TK_ROPE_COUNT; i++)
         if (!strcmp(t, names[i]))
             k->type = i;
-    if (!strcmp(t, "su")) /* LongRoPE's first name (Phi-3 128k's early configs); transformers maps it */
+    /* LongRoPE's first names: "su", and for Phi-3 "yarn" too (early Phi-3 128k configs); transformers'
+     * Phi3Config renames both to longrope, and refuses any other scaling on a Phi-3 */
+    int phi3 = !strcmp(c->model_type, "phi3");
+    if (!strcmp(t, "su") || (phi3 && !strcmp(t, "yarn")))
         k->type = TK_ROPE_LONGROPE;
+    if (phi3 && k->type > TK_ROPE_DEFAULT && k->type != TK_ROPE_LONGROPE) {
+        char field[64], got[80];
+        snprintf(field, sizeof field, "%s.rope_type", pname);
+        snprintf(got, sizeof got, "'%s'", t);
+        return tk_models__cfg_unsupported(r, field, got, "default or longrope on a Phi-3 (transformers' Phi3Config)");
+    }
     if (k->type < 0) {
         char got[80];
         snprintf(got, sizeof got, "'%s'", t);

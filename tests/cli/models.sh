@@ -151,6 +151,30 @@ PYEOF
   expect_out "sliding_attention.rope_type' is 'longrope'"
 }
 
+# An early Phi-3 128k config names LongRoPE "yarn" (or "su"); transformers' Phi3Config renames both to
+# longrope and refuses any other scaling on a Phi-3. The tiny LongRoPE checkpoint with its config.json
+# edited so (as such a file reads) gives the same logits; "linear" is refused by name.
+t_phi3_old_rope_names() {
+  tiny_ready || return
+  local d=$B/tiny-models/phi3-longrope want got
+  want=$("$TK" --json model logits "$d" --ids 5,17,99,3,250,7,8,9,10,11,12,13)
+  for name in yarn su; do
+    mkdir -p "$WORK/phi3-$name" && cp "$d/"* "$WORK/phi3-$name/"
+    python3 - "$WORK/phi3-$name/config.json" "$name" <<'PYEOF'
+import json, sys
+c = json.load(open(sys.argv[1]))
+c["rope_parameters"]["rope_type"] = c["rope_parameters"]["type"] = sys.argv[2]
+json.dump(c, open(sys.argv[1], "w"))
+PYEOF
+    got=$("$TK" --json model logits "$WORK/phi3-$name" --ids 5,17,99,3,250,7,8,9,10,11,12,13)
+    [ -n "$want" ] && [ "$got" = "$want" ] || fail "rope_type $name: logits differ from longrope's"
+  done
+  sed -i 's/"su"/"linear"/g' "$WORK/phi3-su/config.json"
+  expect_rc 8 "$TK" model info "$WORK/phi3-su"
+  expect_out "rope_type' is 'linear', which tk does not implement"
+  expect_out "default or longrope on a Phi-3"
+}
+
 # tk model info --json shows a mixture of experts' shape and LongRoPE's original length, as config.json
 # (written by transformers) has them.
 t_model_info_experts_and_longrope() {
