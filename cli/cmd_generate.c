@@ -539,6 +539,8 @@ static void gen_report(const gen_job *j, const tk_cli *cli)
             }
         }
     }
+    if (j->stats && j->comm && tk_comm_rank(j->comm) != 0) /* --tp: rank 0 alone reports */
+        return;
     if (j->stats)
         fprintf(stderr, "%s\n", j->sj);
     if (j->stats && j->qinfo[0])
