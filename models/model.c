@@ -517,6 +517,9 @@ int tk_models__weight_cat(const tk_mt **out, tk_model *m, const char *const *nam
     for (int i = 0; i < n && rc == TK_OK; i++)
         rc = i < TK_MODELS_SRC_MAX && tp[i] ? (sl[i].nranges ? tp_convert(m, host + (size_t)(lper * i) * ds, ts[i], tp[i], &sl[i]) : TK_OK)
                    : convert(m, host + (size_t)(per * i) * ds, ts[i], 0, per, 1, 0);
+    for (int i = 0; rc == TK_OK && i < n && i < TK_MODELS_SRC_MAX; i++)
+        if (tp[i]) /* copied: its mapped pages need not stay resident */
+            tk_models__st_release(ts[i]);
     free(ts);
     int64_t shape[2] = {lrows * n, cols};
     if (rc == TK_OK)

@@ -64,6 +64,10 @@ const tk_st_tensor *tk_models__st_find(const tk_st_set *s, const char *name);
 size_t tk_models__st_count(const tk_st_set *s);
 const tk_st_tensor *tk_models__st_at(const tk_st_set *s, size_t i);
 int64_t tk_models__st_bytes(const tk_st_set *s); /* sum of the files' sizes */
+/* Drops the mapped pages that lie wholly inside t's data from this process's memory (madvise
+ * MADV_DONTNEED; a later read maps them from the file again): after a strided slice of t was copied
+ * (tensor parallelism), the pages the copy touched need not stay resident. */
+void tk_models__st_release(const tk_st_tensor *t);
 
 /* Converts n elements of a safetensors dtype to f32 / from f32 into tk dtype dst (f32, f16, bf16).
  * Round to nearest even. TK_ERR_UNSUPPORTED for dtypes that hold no real numbers we convert (bool, u*,
