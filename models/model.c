@@ -361,6 +361,7 @@ static int tp_weight(const tk_mt **out, tk_model *m, tk_models_weight *w, const 
         free(host);
         return tk__err_wrap(rc, "tensor '%s'", t->name);
     }
+    tk_models__st_release(t); /* a column slice read every page of t: the other ranks' columns too */
     if (extra)
         s.shape[0]++;
     if ((rc = place(m, w, host, t->ndim, s.shape)) != TK_OK)
