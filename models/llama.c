@@ -243,62 +243,17 @@ static sizes local_sizes(const tk_model *m)
 
 /* Tensor parallelism: tk runs the decoder split as Megatron-LM does (transformers' default plan): q, k,
  * v, gate and up on their output features (the rank's heads and MLP features), o and down on their
- * input features (partial sums, all-reduced), the norms whole; the embedding on the vocabulary or
- * whole, the LM head on the vocabulary (logits gathered) or whole. Any other split of a tensor is
- * refused by name. Sets the embedding's and the head's split. */
+ * input features (partial sums, all-reduced), the norms whole. */
 static int tp_check(tk_model *m)
 {
-    static const struct {
-        const char *name;
-        int dim;
-    } want[] = {{"self_attn.q_proj.weight", 0}, {"self_attn.k_proj.weight", 0}, {"self_attn.v_proj.weight", 0},
-                {"self_attn.q_proj.bias", 0},   {"self_attn.k_proj.bias", 0},   {"self_attn.v_proj.bias", 0},
-                {"self_attn.o_proj.weight", 1}, {"self_attn.o_proj.bias", -1},  {"mlp.gate_proj.weight", 0},
-                {"mlp.up_proj.weight", 0},      {"mlp.gate_proj.bias", 0},      {"mlp.up_proj.bias", 0},
-                {"mlp.down_proj.weight", 1},    {"mlp.down_proj.bias", -1}};
-    const tk_tp_plan *p = m->tp->plan;
-    for (size_t i = 0; i < p->nparams; i++) {
-        const tk_tp_param *t = &p->params[i];
-        const char *n = t->name, *rest = NULL;
-        int dim = -1, known = 0;
-        if (!strncmp(n, "model.layers.", 13)) {
-            rest = strchr(n + 13, '.');
-            for (size_t k = 0; rest && k < sizeof want / sizeof want[0]; k++)
-                if (!strcmp(rest + 1, want[k].name)) {
-                    dim = want[k].dim;
-                    known = 1;
-                }
-        }
-        if (!strcmp(n, "model.embed_tokens.weight")) {
-            m->tp->embed_split = t->dim == 0 && !strcmp(t->style, "embedding_rowwise");
-            dim = m->tp->embed_split ? 0 : -1;
-            known = 1;
-        } else if (!strcmp(n, "lm_head.weight")) {
-            m->tp->head_split = t->dim == 0 && !strncmp(t->style, "colwise", 7);
-            dim = m->tp->head_split ? 0 : -1;
-            known = 1;
-        }
-        if (t->dim != dim || (t->dim >= 0 && t->split > 1))
-            return tk__err(TK_ERR_UNSUPPORTED,
-                           "%s: the tensor-parallel plan (%s) gives '%s' the style %s (rule '%s'), which tk does not "
-                           "run%s\nHINT: tk splits the Llama decoder as transformers' default plan does: q/k/v/"
-                           "gate/up_proj colwise, o/down_proj rowwise, norms whole, the embedding embedding_rowwise "
-                           "or whole, lm_head colwise_gather_output or whole (docs/parallel.md)",
-                           m->cfg.arch, p->source, n, t->style, t->rule ? t->rule : "none",
-                           known ? "" : " split");
-    }
-    if (m->cfg.tie_embeddings) { /* no lm_head tensor: the plan's rule for the module says */
-        const char *st = NULL;
-        for (size_t i = 0; i < p->nrules; i++)
-            if (!strcmp(p->rules[i].key, "lm_head") || !strcmp(p->rules[i].key, "lm_head.weight"))
-                st = p->rules[i].style;
-        m->tp->head_split = st && !strncmp(st, "colwise", 7);
-        if (m->tp->embed_split && !m->tp->head_split)
-            return tk__err(TK_ERR_UNSUPPORTED, "%s: the plan (%s) splits the embedding on the vocabulary but not "
-                           "the LM head tied to it\nHINT: give lm_head colwise_gather_output, or the embedding "
-                           "replicate", m->cfg.arch, p->source);
-    }
-    return TK_OK;
+    static const tk_models_tp_want want[] = {
+        {"self_attn.q_proj.weight", 0, 1}, {"self_attn.k_proj.weight", 0, 1}, {"self_attn.v_proj.weight", 0, 1},
+        {"self_attn.q_proj.bias", 0, 1},   {"self_attn.k_proj.bias", 0, 1},   {"self_attn.v_proj.bias", 0, 1},
+        {"self_attn.o_proj.weight", 1, 1}, {"self_attn.o_proj.bias", -1, 1},  {"mlp.gate_proj.weight", 0, 1},
+        {"mlp.up_proj.weight", 0, 1},      {"mlp.gate_proj.bias", 0, 1},      {"mlp.up_proj.bias", 0, 1},
+        {"mlp.down_proj.weight", 1, 1},    {"mlp.down_proj.bias", -1, 1}};
+    return tk_models__tp_check(m, "model.layers.", want, sizeof want / sizeof want[0], "model.embed_tokens.weight",
+                               "q/k/v/gate/up_proj colwise, o/down_proj rowwise");
 }
 
 static int load(tk_model *m)

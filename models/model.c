@@ -308,6 +308,55 @@ static const tk_tp_param *tp_split(const tk_model *m, const tk_st_tensor *t)
     return p && p->dim >= 0 && m->tp->world > 1 ? p : NULL;
 }
 
+int tk_models__tp_check(tk_model *m, const char *layers, const tk_models_tp_want *want, size_t nwant,
+                        const char *embed, const char *hint)
+{
+    const tk_tp_plan *p = m->tp->plan;
+    size_t nl = strlen(layers);
+    for (size_t i = 0; i < p->nparams; i++) {
+        const tk_tp_param *t = &p->params[i];
+        const char *n = t->name, *rest = NULL;
+        int dim = -1, split = 1, known = 0;
+        if (!strncmp(n, layers, nl)) {
+            rest = strchr(n + nl, '.');
+            for (size_t k = 0; rest && k < nwant; k++)
+                if (!strcmp(rest + 1, want[k].name)) {
+                    dim = want[k].dim;
+                    split = want[k].split;
+                    known = 1;
+                }
+        }
+        if (!strcmp(n, embed)) {
+            m->tp->embed_split = t->dim == 0 && !strcmp(t->style, "embedding_rowwise");
+            dim = m->tp->embed_split ? 0 : -1;
+            known = 1;
+        } else if (!strcmp(n, "lm_head.weight")) {
+            m->tp->head_split = t->dim == 0 && !strncmp(t->style, "colwise", 7);
+            dim = m->tp->head_split ? 0 : -1;
+            known = 1;
+        }
+        if (t->dim != dim || (t->dim >= 0 && t->split != split))
+            return tk__err(TK_ERR_UNSUPPORTED,
+                           "%s: the tensor-parallel plan (%s) gives '%s' the style %s (rule '%s'), which tk does not "
+                           "run%s\nHINT: tk splits %s as Megatron-LM does: %s, the rest whole; the input embedding "
+                           "embedding_rowwise or whole, lm_head colwise_gather_output or whole (docs/parallel.md)",
+                           m->cfg.arch, p->source, n, t->style, t->rule ? t->rule : "none", known ? "" : " split",
+                           m->cfg.arch, hint);
+    }
+    if (m->cfg.tie_embeddings) { /* no lm_head tensor: the plan's rule for the module says */
+        const char *st = NULL;
+        for (size_t i = 0; i < p->nrules; i++)
+            if (!strcmp(p->rules[i].key, "lm_head") || !strcmp(p->rules[i].key, "lm_head.weight"))
+                st = p->rules[i].style;
+        m->tp->head_split = st && !strncmp(st, "colwise", 7);
+        if (m->tp->embed_split && !m->tp->head_split)
+            return tk__err(TK_ERR_UNSUPPORTED, "%s: the plan (%s) splits the embedding on the vocabulary but not "
+                           "the LM head tied to it\nHINT: give lm_head colwise_gather_output, or the embedding "
+                           "replicate", m->cfg.arch, p->source);
+    }
+    return TK_OK;
+}
+
 /* Converts rank's slice of t (split as p says: s) into dst in the compute dtype, reading only the slice's
  * byte runs of the mapping. */
 static int tp_convert(tk_model *m, void *dst, const tk_st_tensor *t, const tk_tp_param *p, const tk_tp_slice *s)
@@ -542,16 +591,31 @@ int tk_models__weight_cols(const tk_mt **out, tk_model *m, const char *name, int
     int64_t want[2] = {rows ? rows : cols, cols};
     const tk_st_tensor *t;
     int rc = find_checked(&t, m, name, ndim, want, 0);
-    if (rc != TK_OK || (rc = tp_refuse(m, t)) != TK_OK)
+    if (rc != TK_OK)
         return rc;
+    /* tensor parallelism: a fused q|k|v split by a packed style takes the rank's part of each block
+     * (its heads of q, of k, of v); any other split of it is refused */
+    const tk_tp_param *tp = tp_split(m, t);
+    int64_t full = nc;
+    if (tp && tp->dim == ndim - 1 && tp->split > 1 && nc * tp->split == cols && c0 % nc == 0) {
+        int64_t off;
+        tk_models__tp_chunk(full, m->tp->world, m->tp->rank, &off, &nc);
+        c0 += off;
+    } else if ((rc = tp_refuse(m, t)) != TK_OK) {
+        return rc;
+    }
     tk_models_weight *w;
     if ((rc = new_weight(m, &w)) != TK_OK || (rc = set_src(w, TK_MODELS_SRC_COLS, &name, 1, rows, cols, c0, nc)))
         return rc;
     int64_t nr = rows ? rows : 1;
+    if (m->tp)
+        m->tp->full_bytes += nr * full * (int64_t)dt_size(m->dtype);
     char *host = malloc((size_t)(nr * nc) * dt_size(m->dtype) + 1);
     if (!host)
         return tk__err(TK_ERR_NOMEM, "out of memory loading '%s'", name);
     rc = convert(m, host, t, c0, nc, nr, cols);
+    if (tp)
+        tk_models__st_release(t);
     int64_t shape[2] = {rows ? rows : nc, nc};
     if (rc == TK_OK)
         rc = place(m, w, host, ndim, shape);
@@ -559,7 +623,7 @@ int tk_models__weight_cols(const tk_mt **out, tk_model *m, const char *name, int
         free(host);
     if (rc != TK_OK)
         return tk__err_wrap(rc, "tensor '%s'", name);
-    m->params += nr * nc;
+    m->params += nr * full;
     *out = &w->mt;
     return TK_OK;
 }
@@ -754,9 +818,9 @@ static int tp_setup(tk_model *m, tk_comm *comm, const char *plan_file)
     int world = tk_comm_size(comm), rank = tk_comm_rank(comm);
     if (world < 1)
         return tk__err(TK_ERR_INVALID, "tk_model_load: opts->comm is not a communicator (NULL or freed)");
-    if (world > 1 && !(m->cfg.def->caps & TK_ARCH_TP_LLAMA))
-        return tk__err(TK_ERR_UNSUPPORTED, "%s: tensor parallelism runs the Llama family (LlamaForCausalLM, "
-                       "MistralForCausalLM, Qwen2ForCausalLM) so far\nHINT: run it in one process (without --tp)",
+    if (world > 1 && !(m->cfg.def->caps & (TK_ARCH_TP_LLAMA | TK_ARCH_TP_CONV1D)))
+        return tk__err(TK_ERR_UNSUPPORTED, "%s: tensor parallelism runs LlamaForCausalLM, MistralForCausalLM, "
+                       "Qwen2ForCausalLM and GPT2LMHeadModel so far\nHINT: run it in one process (without --tp)",
                        m->cfg.arch);
     if (world > 1 && m->dev_type != TK_DEV_CPU)
         return tk__err(TK_ERR_UNSUPPORTED, "tensor-parallel models run on the CPU (MPI) so far, not on a GPU\n"

@@ -503,6 +503,17 @@ int tk_models__attend(tk_model *m, tk_models_batch *b, int64_t l, const tk_mt *o
  * the KV heads this process caches (every kv head, or the rank's). */
 const tk_tp_param *tk_models__tp_param(const tk_model *m, const char *name);
 int tk_models__tp_reduce(tk_model *m, const tk_mt *t);
+/* A family's check of the plan before its load: every tensor of layer l (named `layers`N.name) must be
+ * split as want says (dim -1: whole; split: the packed blocks), the input embedding `embed` on the
+ * vocabulary (embedding_rowwise) or whole, lm_head colwise* or whole; anything else is refused naming
+ * the tensor, its style and rule (hint: the family's split, for the message). Sets m->tp's embed_split
+ * and head_split (a tied head: from the plan's lm_head rule). */
+typedef struct {
+    const char *name;
+    int dim, split;
+} tk_models_tp_want;
+int tk_models__tp_check(tk_model *m, const char *layers, const tk_models_tp_want *want, size_t nwant,
+                        const char *embed, const char *hint);
 int64_t tk_models__kv_heads(const tk_model *m);
 
 /* Generation's step (generate.c): sequence s of nseq gets tokens ids[cu[s]..cu[s+1]) after the ones its
