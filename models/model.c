@@ -594,10 +594,13 @@ int tk_models__weight_cols(const tk_mt **out, tk_model *m, const char *name, int
     if (rc != TK_OK)
         return rc;
     /* tensor parallelism: a fused q|k|v split by a packed style takes the rank's part of each block
-     * (its heads of q, of k, of v); any other split of it is refused */
+     * (its heads of q, of k, of v), and so does its 1-D bias, which the plan splits plainly (as
+     * transformers' packed_colwise does) but which must follow its weight's heads; any other split of
+     * it is refused */
     const tk_tp_param *tp = tp_split(m, t);
     int64_t full = nc;
-    if (tp && tp->dim == ndim - 1 && tp->split > 1 && nc * tp->split == cols && c0 % nc == 0) {
+    if (tp && tp->dim == ndim - 1 && cols % nc == 0 && c0 % nc == 0 &&
+        (tp->split == cols / nc || (ndim == 1 && tp->split == 1))) {
         int64_t off;
         tk_models__tp_chunk(full, m->tp->world, m->tp->rank, &off, &nc);
         c0 += off;

@@ -12,6 +12,8 @@ save_pretrained, and transformers' own logits for one prompt beside each (OUT/<n
               divide them: the error case)
   llama-edge  3 heads, 3 kv heads, MLP width 4 and vocabulary 4: at 3 ranks torch.chunk gives the last
               rank no MLP features and no vocabulary rows at all
+  gpt2        GPT2LMHeadModel (Conv1D weights, fused c_attn, tied head): 6 heads, MLP width 37, vocabulary
+              101; transformers has no plan for it, the test passes one
 Seeds are fixed: the same script writes the same weights.
 """
 import json
@@ -19,7 +21,7 @@ import os
 import sys
 
 import torch
-from transformers import LlamaConfig, LlamaForCausalLM, Qwen2Config, Qwen2ForCausalLM
+from transformers import GPT2Config, GPT2LMHeadModel, LlamaConfig, LlamaForCausalLM, Qwen2Config, Qwen2ForCausalLM
 
 OUT = sys.argv[1]
 
@@ -54,6 +56,9 @@ def main():
     save("llama-edge", LlamaForCausalLM(LlamaConfig(
         vocab_size=4, hidden_size=24, intermediate_size=4, num_attention_heads=3, num_key_value_heads=3,
         tie_word_embeddings=True, **base)).eval(), 3, [1, 3, 0, 2, 3])
+    save("gpt2", GPT2LMHeadModel(GPT2Config(
+        vocab_size=101, n_embd=48, n_layer=2, n_head=6, n_inner=37, n_positions=64, bos_token_id=1,
+        eos_token_id=2)).eval(), 4, [1, 17, 54, 99, 3, 76, 42, 100, 8])
 
 
 if __name__ == "__main__":

@@ -1,13 +1,13 @@
 #!/usr/bin/env bash
 # Tensor-parallel models (docs/parallel.md) under `mpirun -np N` on this machine's CPUs: tiny Llama
-# (GQA, biases, untied, uneven MLP width and vocabulary), Qwen2 (tied, q/k/v biases) and a Llama where
-# torch.chunk leaves the last of 3 ranks no MLP features and no vocabulary rows, made with transformers'
-# save_pretrained by tests/tp_models_make.py (cached in $B/tp-models, remade when the script changes).
-# `tk model logits --tp N` must equal one process's logits (within f32 rounding of the reordered sums)
-# and transformers' own; `tk generate --tp N` must give one process's tokens (greedy, sampling, beams, a
-# batch); each rank must hold about 1/N of the weights and its kv heads' cache; bad setups must fail
-# clearly on every rank, within the timeout. Skips when this tk was built without MPI, mpirun is
-# missing, or the test venv is (fails under CI).
+# (GQA, biases, untied, uneven MLP width and vocabulary), Qwen2 (tied, q/k/v biases), a Llama where
+# torch.chunk leaves the last of 3 ranks no MLP features and no vocabulary rows, and GPT-2 with a plan
+# file, made with transformers' save_pretrained by tests/tp_models_make.py (cached in $B/tp-models,
+# remade when the script changes). `tk model logits --tp N` must equal one process's logits (within
+# f32 rounding of the reordered sums) and transformers' own; `tk generate --tp N` must give one
+# process's tokens (greedy, sampling, beams, a batch); each rank must hold about 1/N of the weights and
+# its kv heads' cache; bad setups must fail clearly on every rank, within the timeout. Skips when this
+# tk was built without MPI, mpirun is missing, or the test venv is (fails under CI).
 . "$(dirname "$0")/lib.sh"
 
 PY=$TK_PY_VENV/bin/python
@@ -112,6 +112,34 @@ t_plan_file() {
   grep -q "\"plan\":\"$WORK/plan.json\"" "$WORK/tp.json" || fail "the report does not name the plan file"
   sed 's/"embedding_rowwise"/"replicate"/' "$WORK/plan.json" >"$WORK/plan2.json"
   SLACK=0.2 check_logits qwen2 2 "$QWEN_IDS" --tp-plan "$WORK/plan2.json" # the whole table: 60%
+}
+
+# GPT-2 (Conv1D weights, a fused q|k|v, a tied head) with a plan file: transformers has none for it.
+gpt2_plan() {
+  cat <<'EOF'
+{"transformer.wte": "embedding_rowwise",
+ "transformer.h.*.attn.c_attn": {"style": "packed_colwise", "split": 3},
+ "transformer.h.*.attn.c_proj": "rowwise", "transformer.h.*.mlp.c_fc": "colwise",
+ "transformer.h.*.mlp.c_proj": "rowwise", "lm_head": "colwise_gather_output"}
+EOF
+}
+
+t_gpt2_plan_file() {
+  ready || return
+  gpt2_plan >"$WORK/gpt2.json"
+  SLACK=0.12 check_logits gpt2 2 "$LLAMA_IDS" --tp-plan "$WORK/gpt2.json" # wpe and the layer norms whole
+  check_logits gpt2 3 "$LLAMA_IDS" --tp-plan "$WORK/gpt2.json"
+  local a
+  a=$("$TK" generate "$MODELS/gpt2" --ids 1,17,54,3 --do-sample --seed 3 --max-new-tokens 10 --json | grep -o '"ids": \[[0-9, ]*\]')
+  run_mpi 120 3 "$TK" generate "$MODELS/gpt2" --ids 1,17,54,3 --do-sample --seed 3 --max-new-tokens 10 --tp 3 \
+    --tp-plan "$WORK/gpt2.json" --json
+  [ $RC = 0 ] || { fail "generate at 3 ranks exited $RC: $ERR"; return; }
+  [ -n "$a" ] && [ "$(grep -o '"ids": \[[0-9, ]*\]' <<<"$OUT")" = "$a" ] || fail "sampled tokens differ: $a vs $OUT"
+  # without a plan: transformers' config carries none for GPT-2
+  run_mpi 60 2 "$TK" model logits "$MODELS/gpt2" --ids 1,2 --tp 2
+  [ $RC = 8 ] || fail "exit $RC, want 8: $ERR"
+  grep -q "GPT2LMHeadModel (gpt2) has no tensor-parallel plan" <<<"$ERR" || fail "no clear error: $ERR"
+  grep -q "HINT: write one and pass it with --tp-plan FILE" <<<"$ERR" || fail "no hint: $ERR"
 }
 
 # Generation: the same tokens as one process, and the KV cache holds the rank's kv heads only.
