@@ -785,7 +785,8 @@ typedef struct {
      * holds only its heads' KV cache. Every later call on the model (tk_model_forward, tk_generate, ...)
      * is collective: all ranks make it, in the same order, with the same arguments, and all get the
      * whole result (the full logits rows, the same generated tokens). The Llama family
-     * (LlamaForCausalLM, MistralForCausalLM, Qwen2ForCausalLM) on the CPU, for now. The load itself is
+     * (LlamaForCausalLM, MistralForCausalLM, Qwen2ForCausalLM) and GPT2LMHeadModel (with a plan file:
+     * transformers has none for it) on the CPU, for now. The load itself is
      * collective: when any rank fails, every rank fails (the others with the failing rank's status and
      * a message naming that rank). The model borrows comm: free the model before it.
      * One rank (or NULL): an ordinary model; the plan is still checked when tp_plan is given. */
