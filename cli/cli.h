@@ -110,7 +110,7 @@ int tk_cli_diffusion_flag(const char *flag);
  * "mapped_bytes", "rss_bytes"}]}; print: that as one line on stderr. */
 struct json_t;
 int tk_cli_tp_parse(const char *usage, const char *v, int *n);
-int tk_cli_tp_join(tk_cli *cli, tk_comm **comm, int n, const char *usage);
+int tk_cli_tp_join(tk_cli *cli, tk_comm **comm, int n);
 int tk_cli_tp_report(struct json_t **out, tk_comm *c, const tk_model *m);
 void tk_cli_tp_print(tk_cli *cli, const struct json_t *report);
 

@@ -387,7 +387,7 @@ static int gen_load(gen_job *j, tk_cli *cli)
     int rc;
     if (!ctx)
         return TK_EXIT_FAIL;
-    if (j->tp && (rc = tk_cli_tp_join(cli, &j->comm, j->tp, USAGE)) != 0)
+    if (j->tp && (rc = tk_cli_tp_join(cli, &j->comm, j->tp)) != 0)
         return rc;
     j->mo.comm = j->comm;
     j->mo.tp_plan = j->tp_plan;

@@ -322,7 +322,7 @@ static int logits_parse(logits_job *j, tk_cli *cli, int argc, char **argv)
 static int logits_load(logits_job *j, tk_cli *cli)
 {
     int ec;
-    if (j->tp && (ec = tk_cli_tp_join(cli, &j->comm, j->tp, LOGITS_USAGE)) != 0)
+    if (j->tp && (ec = tk_cli_tp_join(cli, &j->comm, j->tp)) != 0)
         return ec;
     j->o.comm = j->comm;
     j->o.tp_plan = j->tp_plan;

@@ -22,7 +22,7 @@ int tk_cli_tp_parse(const char *usage, const char *v, int *n)
     return 0;
 }
 
-int tk_cli_tp_join(tk_cli *cli, tk_comm **comm, int n, const char *usage)
+int tk_cli_tp_join(tk_cli *cli, tk_comm **comm, int n)
 {
     *comm = NULL;
     tk_comm *c = NULL;
@@ -39,7 +39,6 @@ int tk_cli_tp_join(tk_cli *cli, tk_comm **comm, int n, const char *usage)
                                n, world, world == 1 ? " was" : "es were",
                                world == 1 ? "start one process a rank with mpirun, e.g. mpirun -np N tk ... --tp N"
                                           : "give mpirun -np the same number as --tp");
-        (void)usage;
         tk_comm_free(c);
         return ec;
     }
