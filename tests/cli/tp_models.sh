@@ -220,6 +220,28 @@ EOF
   [ -z "$OUT" ] || fail "nothing may print on stdout: $OUT"
 }
 
+# A rank killed mid-generation (SIGKILL 1.5 s into a ~6 s job): the other ends non-zero well within
+# the timeout, nothing printed as a result.
+t_rank_killed_mid_generation() {
+  ready || return
+  local args="" i
+  for i in $(seq 32); do args="$args --ids 1,$i,3"; done
+  cat >"$WORK/kill.sh" <<EOF
+#!/bin/bash
+"$TK" generate "$MODELS/llama" $args --max-new-tokens 120 --no-cache --tp 2 --json &
+pid=\$!
+if [ "\$OMPI_COMM_WORLD_RANK" = 1 ]; then sleep 1.5; echo "rank 1: killing \$pid" >&2; kill -9 \$pid; fi
+wait \$pid
+EOF
+  chmod +x "$WORK/kill.sh"
+  run_mpi 60 2 "$WORK/kill.sh"
+  [ $RC != 0 ] && [ $RC != 124 ] || fail "exit $RC: the job must fail, not hang ($SECS s)"
+  awk -v s="$SECS" 'BEGIN{exit !(s < 30)}' || fail "took ${SECS}s, more than the 30 s timeout"
+  grep -q "rank 1: killing" <<<"$ERR" || fail "the victim was not killed (did the job end first?): $ERR"
+  grep -qi "signal 9\|killed\|non-zero" <<<"$ERR" || fail "mpirun does not say a rank died: $ERR"
+  [ -z "$OUT" ] || fail "a result was printed: ${OUT:0:200}"
+}
+
 # A plan tk cannot run (q_proj split on its input features), a style transformers does not know.
 t_bad_plans() {
   ready || return
