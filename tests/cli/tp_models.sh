@@ -168,6 +168,23 @@ EOF
   done
 }
 
+# tk chat --tp: rank 0 reads the turns and sends them to the other rank; the replies are one process's
+# (the tiny Llama with a tokenizer of tests/models/tiny.sh, a template added as tests/cli/chat.sh does).
+t_chat_same_replies() {
+  ready || return
+  local ck d=$WORK/chatck f a
+  ck=$(bash "$ROOT/tests/models/tiny.sh" llama 2>"$WORK/tiny.log") || { fail "tiny.sh: $(tail -n 3 "$WORK/tiny.log")"; return; }
+  mkdir -p "$d"
+  for f in config.json generation_config.json model.safetensors tokenizer.json; do ln -sf "$ck/$f" "$d/$f"; done
+  printf '%s\n' '{"bos_token": "<s>", "eos_token": "</s>", "chat_template": "{% for m in messages %}{{ bos_token + m[\"role\"][0] + \": \" + m[\"content\"] + eos_token }}{% endfor %}{% if add_generation_prompt %}{{ bos_token + \"a:\" }}{% endif %}"}' >"$d/tokenizer_config.json"
+  a=$(printf 'Once upon\n\nthe fox\n' | "$TK" --json chat "$d" --system "Be brief." --max-new-tokens 6) || { fail "one process failed"; return; }
+  OUT=$(printf 'Once upon\n\nthe fox\n' | timeout -k 5 60 "${MPIRUN[@]}" -np 2 "$TK" --json chat "$d" --system "Be brief." \
+    --max-new-tokens 6 --tp 2 2>"$WORK/err"); RC=$?
+  [ $RC = 0 ] || { fail "mpirun exited $RC: $(cat "$WORK/err")"; return; }
+  [ "$(grep -c '"turn"' <<<"$OUT")" = 2 ] || fail "want 2 replies from rank 0 alone: $OUT"
+  [ "$OUT" = "$a" ] || fail "the replies differ: $a vs $OUT"
+}
+
 # Streaming text: rank 0 alone prints.
 t_generate_rank0_prints() {
   ready || return
