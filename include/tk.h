@@ -812,7 +812,10 @@ TK_API const char *tk_model_arch(const tk_model *m);     /* config's architectur
 TK_API int64_t tk_model_vocab_size(const tk_model *m);   /* columns of a logits row */
 TK_API int64_t tk_model_hidden_size(const tk_model *m);  /* columns of a hidden-state row */
 TK_API int tk_model_has_lm_head(const tk_model *m);      /* 0 for BertModel: no logits */
-/* The model as JSON: architecture, family, sizes, parameters, dtypes, device, weight memory. */
+/* The model as JSON: architecture, family, sizes, parameters, dtypes, device, weight memory (a split
+ * model: this rank's, and "tensor_parallel": {"rank", "world", "plan", "heads", "kv_heads",
+ * "intermediate_size", "vocab_offset", "vocab_rows", "embedding_split", "lm_head_split",
+ * "unsplit_weight_bytes"}). */
 TK_API int tk_model_info_json(char **out, const tk_model *m);
 
 /* Runs the model on a batch of nseq sequences whose token ids are concatenated in `ids` (sequence s has
