@@ -101,4 +101,17 @@ int tk_cli_gen_apply(tk_gen_opts *o, const char *usage, const char *flag, const 
 int tk_cmd_generate_diffusion(tk_cli *cli, int argc, char **argv);
 int tk_cli_diffusion_flag(const char *flag);
 
+/* --tp N of the model commands (cli/tp.c). parse: N in 1..4096 into *n (0, or a usage error's exit
+ * code). join: the communicator of the ranks mpirun started (one process alone without it); a world
+ * size other than n is an error (printed by rank 0; every rank returns its exit code); ranks other
+ * than 0 then print nothing on stdout and no progress (--quiet). Returns 0 with *comm set, or an exit
+ * code. report: every rank's weight bytes, mapped bytes and resident set, gathered (a collective: all
+ * ranks call it) as {"world_size", "plan", "unsplit_weight_bytes", "ranks": [{"rank", "weight_bytes",
+ * "mapped_bytes", "rss_bytes"}]}; print: that as one line on stderr. */
+struct json_t;
+int tk_cli_tp_parse(const char *usage, const char *v, int *n);
+int tk_cli_tp_join(tk_cli *cli, tk_comm **comm, int n);
+int tk_cli_tp_report(struct json_t **out, tk_comm *c, const tk_model *m);
+void tk_cli_tp_print(tk_cli *cli, const struct json_t *report);
+
 #endif

@@ -48,6 +48,11 @@ static void help(void)
            "  --dtype f32|bf16|f16       compute dtype (default f32; also float32, bfloat16, float16, half)\n"
            "  --device cpu|cuda[:N]      where the model runs (default cpu)\n"
            "  --threads N                CPU threads for the ops (default: every CPU; docs/cpu.md)\n"
+           "  --tp N                     tensor parallelism over N ranks started by mpirun -np N (the\n"
+           "                             world size must be N): rank 0 reads the user turns from stdin and\n"
+           "                             sends each to the others; every rank holds its slices of the\n"
+           "                             weights; rank 0 alone prints (tk generate --help, docs/parallel.md)\n"
+           "  --tp-plan FILE             the tensor-parallel plan instead of the checkpoint's or the default\n"
            "  --json                     one JSON line per reply: {\"turn\": N, \"prompt_ids\": [...], \"ids\": [...],\n"
            "                             \"text\": \"...\", \"end\": \"eos\"} instead of streaming\n"
            "\n"
@@ -197,6 +202,9 @@ typedef struct {
     tk_gen_opts o;
     tk_model *m;
     tk_tokenizer *tok;
+    int tp; /* --tp N, 0 without */
+    const char *tp_plan;
+    tk_comm *comm;
 } chat_job;
 
 #define GO (-1) /* a step's "go on": anything else is the command's exit code */
@@ -237,6 +245,14 @@ static int chat_parse(chat_job *j, tk_cli *cli, int argc, char **argv)
                 return u;
         } else if (!strcmp(a, "--no-generation-prompt")) {
             j->agp = 0;
+        } else if (!strcmp(a, "--tp")) {
+            int u = tk_cli_tp_parse(USAGE, has_val ? argv[++i] : NULL, &j->tp);
+            if (u)
+                return u;
+        } else if (!strcmp(a, "--tp-plan")) {
+            if (!has_val)
+                return tk_cli_usage(USAGE, "--tp-plan needs a plan file");
+            j->tp_plan = argv[++i];
         } else if (!strcmp(a, "--system") || !strcmp(a, "--message") || !strcmp(a, "--dtype") ||
                    !strcmp(a, "--device") || !strcmp(a, "--template")) {
             if (!has_val)
@@ -274,6 +290,10 @@ static int chat_parse(chat_job *j, tk_cli *cli, int argc, char **argv)
         return tk_cli_usage(USAGE, "--no-generation-prompt goes with --render");
     if (j->list && (j->do_render || j->nmsg))
         return tk_cli_usage(USAGE, "--list-templates goes alone (with DIR, and --json)");
+    if (j->tp_plan && !j->tp)
+        return tk_cli_usage(USAGE, "--tp-plan goes with --tp N");
+    if (j->tp && (j->do_render || j->list))
+        return tk_cli_usage(USAGE, "--tp goes with a chat, not --render or --list-templates (no model loads)");
     j->co.add_generation_prompt = j->agp;
     return GO;
 }
@@ -330,6 +350,10 @@ static int chat_load(chat_job *j, tk_cli *cli)
     int rc, u;
     if (!ctx)
         return TK_EXIT_FAIL;
+    if (j->tp && (rc = tk_cli_tp_join(cli, &j->comm, j->tp)) != 0)
+        return rc;
+    j->mo.comm = j->comm;
+    j->mo.tp_plan = j->tp_plan;
     if ((rc = tk_model_load(&j->m, ctx, j->dir, &j->mo)) != TK_OK)
         return tk_cli_fail(cli, rc, NULL);
     j->o = (tk_gen_opts)TK_GEN_OPTS_INIT;
@@ -388,10 +412,41 @@ static int chat_turn(chat_job *j, tk_cli *cli, const char *line, size_t turn, in
     return ec;
 }
 
+/* --tp: rank 0's line (its length, -1 at the end of input, then its bytes) broadcast to every rank, so
+ * that all run the same turns (mpirun gives stdin to rank 0 alone). Returns the length, -1 at the end,
+ * or -2 after printing the communicator's error. */
+static ssize_t tp_line(chat_job *j, tk_cli *cli, char **line, size_t *cap, ssize_t got)
+{
+    int64_t len = got, s1[1] = {1};
+    tk_tensor t = {&len, {TK_DEV_CPU, 0}, 1, {TK_DL_INT, 64, 1}, s1, NULL, 0};
+    int rc = tk_comm_broadcast(j->comm, &t, 0, NULL);
+    if (rc == TK_OK && len >= 0 && (size_t)len + 1 > *cap) {
+        char *nl = realloc(*line, (size_t)len + 1);
+        if (!nl) {
+            oom(cli);
+            return -2;
+        }
+        *line = nl;
+        *cap = (size_t)len + 1;
+    }
+    int64_t sb[1] = {len > 0 ? len : 0};
+    tk_tensor b = {*line, {TK_DEV_CPU, 0}, 1, {TK_DL_UINT, 8, 1}, sb, NULL, 0};
+    if (rc == TK_OK && len > 0)
+        rc = tk_comm_broadcast(j->comm, &b, 0, NULL);
+    if (rc != TK_OK) {
+        tk_cli_fail(cli, rc, "--tp: sending the user turn to every rank");
+        return -2;
+    }
+    if (len >= 0)
+        (*line)[len] = 0;
+    return (ssize_t)len;
+}
+
 /* run: each line of stdin is a user turn (empty ones skipped) until the end of input. */
 static int chat_loop(chat_job *j, tk_cli *cli)
 {
-    int streaming = !cli->json, interactive = isatty(0) && !cli->json, ec = GO;
+    int root = !j->comm || tk_comm_rank(j->comm) == 0;
+    int streaming = !cli->json, interactive = root && isatty(0) && !cli->json, ec = GO;
     char *line = NULL;
     size_t cap = 0, turn = 0;
     ssize_t got;
@@ -402,7 +457,12 @@ static int chat_loop(chat_job *j, tk_cli *cli)
             fputs("> ", stderr);
             fflush(stderr);
         }
-        if ((got = getline(&line, &cap, stdin)) < 0)
+        got = root ? getline(&line, &cap, stdin) : -1;
+        if (j->comm && (got = tp_line(j, cli, &line, &cap, got < 0 ? -1 : got)) == -2) {
+            ec = TK_EXIT_FAIL;
+            break;
+        }
+        if (got < 0)
             break;
         while (got > 0 && (line[got - 1] == '\n' || line[got - 1] == '\r'))
             line[--got] = 0;
@@ -441,7 +501,11 @@ int tk_cmd_chat(tk_cli *cli, int argc, char **argv)
         ec = TK_EXIT_OK;
 done:
     tk_tokenizer_free(j->tok);
+    /* a rank that fails after the load (the others may wait in a collective): end the whole job */
+    if (ec != TK_EXIT_OK && j->m && j->comm && tk_comm_size(j->comm) > 1)
+        tk_comm_abort(j->comm, ec);
     tk_model_free(j->m);
+    tk_comm_free(j->comm);
     convo_free(&j->c);
     free(j);
     return ec;

@@ -10,6 +10,8 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include <jansson.h>
+
 #include "cli/cli.h"
 
 static const char *USAGE = "tk generate [options] DIR (--prompt TEXT | --ids ID,ID,...) ...";
@@ -69,6 +71,15 @@ static void help(void)
            "  --threads N                CPU threads for the ops (default: $TK_NUM_THREADS, else every\n"
            "                             CPU this process may use; docs/cpu.md)\n"
            "  --no-cache                 recompute the whole sequence every step (the reference path)\n"
+           "  --tp N                     tensor parallelism over N ranks, started by mpirun -np N (the\n"
+           "                             world size must be N): each rank holds its slices of the weights\n"
+           "                             and its heads' KV cache; the tokens are the same as one process's\n"
+           "                             (sampling: the same --seed on every rank); rank 0 alone prints,\n"
+           "                             with every rank's weight bytes in --stats and --json. Llama,\n"
+           "                             Mistral, Qwen2, and GPT-2 with --tp-plan, on the CPU\n"
+           "                             (docs/parallel.md)\n"
+           "  --tp-plan FILE             the tensor-parallel plan (transformers' tp_plan JSON) instead of\n"
+           "                             config.json's base_model_tp_plan or transformers' default\n"
            "  --stats                    print timings and KV-cache memory to stderr\n"
            "  --json                     print {\"ids\": [new ids], \"text\": \"...\", \"end\": \"eos\", \"stats\":\n"
            "                             {...}} instead of streaming (an array of them for several prompts)\n"
@@ -83,6 +94,7 @@ static void help(void)
            "  tk generate ./TinyLlama --prompt 'Once upon a time' --max-new-tokens 40\n"
            "  tk generate ./gpt2 --ids 464,2068 --num-beams 4 --max-new-tokens 10 --json\n"
            "  tk generate ./gpt2 --prompt 'Hi' --do-sample --top-p 0.9 --temperature 0.7 --seed 7\n"
+           "  mpirun -np 2 tk generate ./TinyLlama --prompt 'Once upon a time' --tp 2\n"
            "\n"
            "exit status: 0 ok, 1 a model or generation failure (out of memory, an op error), 2 usage or\n"
            "invalid input (an empty or too long prompt, an option out of range), 3 no checkpoint or\n"
@@ -266,6 +278,10 @@ typedef struct {
     size_t plens[MAX_PROMPTS];
     char qinfo[512]; /* --quant: the quant JSON with the prompt's logit error, or "" */
     char *sj;        /* the result's stats JSON (--json, --stats) */
+    int tp;          /* --tp N, 0 without */
+    const char *tp_plan;
+    tk_comm *comm;
+    json_t *tpr;     /* --tp: every rank's weight bytes (tk_cli_tp_report) */
 } gen_job;
 
 #define GO (-1) /* a step's "go on": anything else is the command's exit code */
@@ -303,6 +319,14 @@ static int gen_parse(gen_job *j, tk_cli *cli, int argc, char **argv)
             j->set[j->nset++].val = NULL;
         } else if (!strcmp(a, "--stats")) {
             j->stats = 1;
+        } else if (!strcmp(a, "--tp")) {
+            int u = tk_cli_tp_parse(USAGE, has_val ? argv[++i] : NULL, &j->tp);
+            if (u)
+                return u;
+        } else if (!strcmp(a, "--tp-plan")) {
+            if (!has_val)
+                return tk_cli_usage(USAGE, "--tp-plan needs a plan file");
+            j->tp_plan = argv[++i];
         } else if (!strcmp(a, "--threads")) {
             int u = tk_cli_parse_threads(cli, USAGE, has_val ? argv[++i] : NULL);
             if (u)
@@ -337,6 +361,8 @@ static int gen_parse(gen_job *j, tk_cli *cli, int argc, char **argv)
         return tk_cli_usage(USAGE, "a checkpoint directory, e.g. tk generate ./gpt2 --prompt 'Hello'");
     if (j->np == 0)
         return tk_cli_usage(USAGE, "a prompt: --prompt TEXT or --ids ID,ID,...");
+    if (j->tp_plan && !j->tp)
+        return tk_cli_usage(USAGE, "--tp-plan goes with --tp N");
     return GO;
 }
 
@@ -361,6 +387,10 @@ static int gen_load(gen_job *j, tk_cli *cli)
     int rc;
     if (!ctx)
         return TK_EXIT_FAIL;
+    if (j->tp && (rc = tk_cli_tp_join(cli, &j->comm, j->tp)) != 0)
+        return rc;
+    j->mo.comm = j->comm;
+    j->mo.tp_plan = j->tp_plan;
     if ((rc = tk_model_load(&j->m, ctx, j->dir, &j->mo)) != TK_OK)
         return tk_cli_fail(cli, rc, NULL);
     if (tk_model_diffusion(j->m)) /* LLaDA, Dream: masked diffusion, never token by token */
@@ -453,6 +483,8 @@ static int gen_run(gen_job *j, tk_cli *cli, stream_ctx *sc)
     }
     if ((cli->json || j->stats) && (rc = tk_gen_result_stats_json(&j->sj, j->res)) != TK_OK)
         return tk_cli_fail(cli, rc, NULL);
+    if (j->comm && (rc = tk_cli_tp_report(&j->tpr, j->comm, j->m)) != TK_OK)
+        return tk_cli_fail(cli, rc, "--tp: gathering the ranks' weight bytes");
     return GO;
 }
 
@@ -476,6 +508,11 @@ static void gen_report_json(const gen_job *j)
         printf(", \"end\": \"%s\", \"stats\": %s", tk_gen_result_end(j->res, p), j->sj);
         if (j->qinfo[0])
             printf(", \"quant\": %s", j->qinfo);
+        if (j->tpr) {
+            char *t = json_dumps(j->tpr, JSON_COMPACT);
+            printf(", \"tensor_parallel\": %s", t ? t : "null");
+            free(t);
+        }
         printf("}");
     }
     printf(j->np > 1 ? "]\n" : "\n");
@@ -503,10 +540,14 @@ static void gen_report(const gen_job *j, const tk_cli *cli)
             }
         }
     }
+    if (j->stats && j->comm && tk_comm_rank(j->comm) != 0) /* --tp: rank 0 alone reports */
+        return;
     if (j->stats)
         fprintf(stderr, "%s\n", j->sj);
     if (j->stats && j->qinfo[0])
         fprintf(stderr, "%s\n", j->qinfo);
+    if (j->stats)
+        tk_cli_tp_print((tk_cli *)cli, j->tpr);
 }
 
 int tk_cmd_generate(tk_cli *cli, int argc, char **argv)
@@ -533,7 +574,12 @@ int tk_cmd_generate(tk_cli *cli, int argc, char **argv)
     tk_free(j->sj);
     tk_gen_result_free(j->res);
     tk_tokenizer_free(j->tok);
+    json_decref(j->tpr);
+    /* a rank that fails after the load (the others may wait in a collective): end the whole job */
+    if (ec != TK_EXIT_OK && ec != DIFFUSION && j->m && j->comm && tk_comm_size(j->comm) > 1)
+        tk_comm_abort(j->comm, ec);
     tk_model_free(j->m);
+    tk_comm_free(j->comm);
     free(j);
     return ec == GO ? tk_cmd_generate_diffusion(cli, argc, argv) : ec;
 }

@@ -9,12 +9,14 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include <jansson.h>
+
 #include "cli/cli.h"
 
 static const char *INFO_USAGE = "tk model info DIR [--dtype auto|f32|bf16|f16] [--device cpu|cuda[:N]] [--json]";
 static const char *LOGITS_USAGE =
     "tk model logits DIR --ids ID,ID,... [--ids ...] [--dtype f32|bf16|f16] [--device cpu|cuda[:N]] [--threads N] "
-    "[--hidden] [--json]";
+    "[--hidden] [--tp N [--tp-plan FILE]] [--json]";
 static const char *EMBED_USAGE =
     "tk embed DIR TEXT... [--dtype f32|bf16|f16] [--device cpu|cuda[:N]] [--threads N] [--json]";
 
@@ -228,11 +230,22 @@ static void logits_help(void)
            "  --threads N   CPU threads for the ops (default: every CPU; docs/cpu.md)\n"
            "  --hidden      also the last hidden states (after the final norm; BERT: the encoder\n"
            "                output and the pooler output); the only output for BertModel\n"
+           "  --tp N        tensor parallelism over N ranks: start N processes with mpirun -np N\n"
+           "                (the world size must be N); each rank loads only its slices of the\n"
+           "                weights (its heads, MLP features and vocabulary rows, from the\n"
+           "                checkpoint's tensor-parallel plan) and rank 0 alone prints the logits,\n"
+           "                the same as one process's; stderr (or \"tensor_parallel\" in --json)\n"
+           "                gets every rank's weight bytes. Llama, Mistral, Qwen2, and GPT-2\n"
+           "                with --tp-plan, on the CPU\n"
+           "                (docs/parallel.md)\n"
+           "  --tp-plan FILE  the plan (transformers' tp_plan JSON) instead of config.json's\n"
+           "                base_model_tp_plan or transformers' default for the model type\n"
            "  --json        {\"logits\": [[...], ...]} (and \"hidden\", \"pooled\") on stdout\n"
            "\n"
            "examples:\n"
            "  tk model logits ./gpt2 --ids $(tk tokenize ./gpt2 'Hello, my dog' --no-special)\n"
            "  tk model logits ./tiny-llama --ids 1,15043,3186 --dtype bf16 --json\n"
+           "  mpirun -np 2 tk model logits ./tiny-llama --ids 1,15043,3186 --tp 2 --json\n"
            "\n"
            "exit status: 0 ok, 1 no LM head (without --hidden), 2 usage or invalid input (a\n"
            "malformed checkpoint, an id outside the vocabulary), 3 no config.json or no weights,\n"
@@ -251,6 +264,10 @@ typedef struct {
     tk_model *m;
     size_t V, H;
     float *logits, *hidden, *pooled;
+    int tp;              /* --tp N, 0 without */
+    const char *tp_plan; /* --tp-plan FILE */
+    tk_comm *comm;
+    json_t *tpr;         /* --tp: every rank's weight bytes (tk_cli_tp_report) */
 } logits_job;
 
 #define GO (-1) /* a step's "go on": anything else is the command's exit code */
@@ -279,6 +296,13 @@ static int logits_parse(logits_job *j, tk_cli *cli, int argc, char **argv)
             j->lens[j->nseq++] = j->nids - before;
         } else if (!strcmp(argv[i], "--hidden")) {
             j->want_hidden = 1;
+        } else if (!strcmp(argv[i], "--tp")) {
+            if ((ec = tk_cli_tp_parse(LOGITS_USAGE, i + 1 < argc ? argv[++i] : NULL, &j->tp)) != 0)
+                return ec;
+        } else if (!strcmp(argv[i], "--tp-plan")) {
+            if (i + 1 >= argc)
+                return tk_cli_usage(LOGITS_USAGE, "--tp-plan needs a plan file");
+            j->tp_plan = argv[++i];
         } else if (argv[i][0] == '-') {
             return tk_cli_usage(LOGITS_USAGE, "unknown option '%s'", argv[i]);
         } else if (!j->dir) {
@@ -289,13 +313,20 @@ static int logits_parse(logits_job *j, tk_cli *cli, int argc, char **argv)
     }
     if (!j->dir || !j->nseq)
         return tk_cli_usage(LOGITS_USAGE, "a model directory and --ids, e.g. tk model logits ./gpt2 --ids 15496,11");
+    if (j->tp_plan && !j->tp)
+        return tk_cli_usage(LOGITS_USAGE, "--tp-plan goes with --tp N");
     return GO;
 }
 
 /* resolve and validate: the model, which must have an LM head unless only hidden states are wanted. */
 static int logits_load(logits_job *j, tk_cli *cli)
 {
-    int ec = load(cli, &j->m, j->dir, &j->o);
+    int ec;
+    if (j->tp && (ec = tk_cli_tp_join(cli, &j->comm, j->tp)) != 0)
+        return ec;
+    j->o.comm = j->comm;
+    j->o.tp_plan = j->tp_plan;
+    ec = load(cli, &j->m, j->dir, &j->o);
     if (ec != TK_EXIT_OK)
         return ec;
     j->lm = tk_model_has_lm_head(j->m);
@@ -319,6 +350,8 @@ static int logits_run(logits_job *j, tk_cli *cli)
     int rc = tk_model_forward(j->m, j->ids, j->lens, j->nseq, j->logits, j->hidden);
     if (rc != TK_OK)
         return tk_cli_fail(cli, rc, NULL);
+    if (j->comm && (rc = tk_cli_tp_report(&j->tpr, j->comm, j->m)) != TK_OK)
+        return tk_cli_fail(cli, rc, "--tp: gathering the ranks' weight bytes");
     if (j->want_hidden && !j->lm) {
         j->pooled = malloc(j->nseq * j->H * sizeof *j->pooled);
         if (j->pooled && tk_model_pooler_output(j->pooled, j->m) != TK_OK) {
@@ -384,8 +417,14 @@ static void logits_report(const logits_job *j, const tk_cli *cli)
             printf(", ");
             print_rows("pooled", j->pooled, j->nseq, j->H);
         }
+        if (j->tpr) {
+            char *t = json_dumps(j->tpr, JSON_COMPACT);
+            printf(", \"tensor_parallel\": %s", t ? t : "null");
+            free(t);
+        }
         printf("}\n");
     } else if (j->lm) {
+        tk_cli_tp_print((tk_cli *)cli, j->tpr);
         logits_print_top(j);
     } else {
         printf("hidden states: %zu rows of %zu (use --json to print them)\n", j->nids, j->H);
@@ -408,7 +447,12 @@ static int cmd_logits(tk_cli *cli, int argc, char **argv)
     free(j.logits);
     free(j.hidden);
     free(j.pooled);
+    json_decref(j.tpr);
+    /* a rank that fails after the load (the others may wait in a collective): end the whole job */
+    if (ec != TK_EXIT_OK && j.m && j.comm && tk_comm_size(j.comm) > 1)
+        tk_comm_abort(j.comm, ec);
     tk_model_free(j.m);
+    tk_comm_free(j.comm);
     return ec;
 }
 

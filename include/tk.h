@@ -769,17 +769,32 @@ TK_API int tk_diffusion_timesteps(int64_t *timesteps, int64_t *prev_timesteps, i
  * A tk_model is used from one thread at a time (it holds the activations of its last forward). */
 typedef struct tk_model tk_model;
 
-#define TK_MODEL_OPTS_VERSION 1
+#define TK_MODEL_OPTS_VERSION 2
 typedef struct {
-    unsigned version;  /* TK_MODEL_OPTS_VERSION */
+    unsigned version;  /* TK_MODEL_OPTS_VERSION (1: the fields up to dtype) */
     int device_type;   /* TK_DEV_CPU (default: the ops' CPU references) or TK_DEV_CUDA */
     int device_id;     /* the CUDA device ordinal */
     const char *dtype; /* compute dtype: "f32", "bf16" or "f16"; "auto": the checkpoint's own (config.json's
                           torch_dtype: no conversion, weights read in place); NULL: "f32" on the CPU,
                           "bf16" on a GPU (its attention kernels take bf16 and f16, head sizes 64, 128,
                           256) */
+    /* Version 2: tensor parallelism (docs/parallel.md). With a communicator (tk_comm_new, below) of N > 1
+     * ranks, every rank calls tk_model_load with its own communicator and the same dir and options, and
+     * the model is split by the checkpoint's tensor-parallel plan: each rank reads only its slices of the
+     * weights (its attention heads and kv heads, its part of the MLP width and of the vocabulary) and
+     * holds only its heads' KV cache. Every later call on the model (tk_model_forward, tk_generate, ...)
+     * is collective: all ranks make it, in the same order, with the same arguments, and all get the
+     * whole result (the full logits rows, the same generated tokens). The Llama family
+     * (LlamaForCausalLM, MistralForCausalLM, Qwen2ForCausalLM) and GPT2LMHeadModel (with a plan file:
+     * transformers has none for it) on the CPU, for now. The load itself is
+     * collective: when any rank fails, every rank fails (the others with the failing rank's status and
+     * a message naming that rank). The model borrows comm: free the model before it.
+     * One rank (or NULL): an ordinary model; the plan is still checked when tp_plan is given. */
+    struct tk_comm *comm;
+    const char *tp_plan; /* a JSON plan file (transformers' tp_plan format), or NULL: config.json's
+                            "base_model_tp_plan", else transformers' default plan for the model type */
 } tk_model_opts;
-#define TK_MODEL_OPTS_INIT {TK_MODEL_OPTS_VERSION, TK_DEV_CPU, 0, NULL}
+#define TK_MODEL_OPTS_INIT {TK_MODEL_OPTS_VERSION, TK_DEV_CPU, 0, NULL, NULL, NULL}
 
 /* Loads the checkpoint in directory `dir`: reads config.json (and generation_config.json), maps the
  * safetensors files (sharded ones through model.safetensors.index.json), validates every header, and
@@ -797,7 +812,10 @@ TK_API const char *tk_model_arch(const tk_model *m);     /* config's architectur
 TK_API int64_t tk_model_vocab_size(const tk_model *m);   /* columns of a logits row */
 TK_API int64_t tk_model_hidden_size(const tk_model *m);  /* columns of a hidden-state row */
 TK_API int tk_model_has_lm_head(const tk_model *m);      /* 0 for BertModel: no logits */
-/* The model as JSON: architecture, family, sizes, parameters, dtypes, device, weight memory. */
+/* The model as JSON: architecture, family, sizes, parameters, dtypes, device, weight memory (a split
+ * model: this rank's, and "tensor_parallel": {"rank", "world", "plan", "heads", "kv_heads",
+ * "intermediate_size", "vocab_offset", "vocab_rows", "embedding_split", "lm_head_split",
+ * "unsplit_weight_bytes"}). */
 TK_API int tk_model_info_json(char **out, const tk_model *m);
 
 /* Runs the model on a batch of nseq sequences whose token ids are concatenated in `ids` (sequence s has

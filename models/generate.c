@@ -1816,7 +1816,7 @@ static int lm_setup(tk_gen_lm *lm, lm_state *s, tk_model *m, int use_cache, cons
                        tk_dtype_name(m->dtype), m->dtype.bits == 32 && m->dtype.code == TK_DL_FLOAT ? ", f16, bf16" : "",
                        kv_dtype);
     const tk_models_config *c = &m->cfg;
-    if ((rc = tk_kv__new(&s->kv, c->layers, c->kv_heads, c->head_dim, dt, block_size, max_bytes, m->dev_type,
+    if ((rc = tk_kv__new(&s->kv, c->layers, tk_models__kv_heads(m), c->head_dim, dt, block_size, max_bytes, m->dev_type,
                              m->dev_id)) != TK_OK)
         return rc;
     lm->step = kv_step;

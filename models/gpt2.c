@@ -63,11 +63,38 @@ typedef struct {
     layer_w *l;
     const char *act_op;
     tk_mt x, h1, h2, pe, q, k, v, att, o, f, g, logits;
+    tk_mt head_view; /* tensor parallelism, tied: the LM head's rows of wte */
     /* Training: xs[l] is layer l's input (xs[L] the final norm's); the other arrays hold every layer's
      * saved activations, or one set (recomputed) with activation checkpointing; then the gradients. */
     tk_mt *xs, *sh, *sq, *sk, *sv, *satt, *slse, *sxm, *sh2, *sf, *sg;
     tk_mt hf, xnext, dx, dxn, dxm, dh, dq, dk, dv, datt, df, dg, dh2;
 } gpt2;
+
+/* Tensor parallelism (Megatron-LM's split; GPT-2 has no plan in transformers, so --tp-plan gives it,
+ * docs/parallel.md): c_attn's q, k and v blocks on their columns (the rank's heads), the MLP's c_fc on
+ * its columns, both c_proj on their rows (partial sums, all-reduced), the norms and wpe whole. */
+static int tp_check(tk_model *m, const char *pre)
+{
+    static const tk_models_tp_want want[] = {
+        {"attn.c_attn.weight", 1, 3}, {"attn.c_attn.bias", 0, 1}, {"attn.c_proj.weight", 0, 1},
+        {"attn.c_proj.bias", -1, 1},  {"mlp.c_fc.weight", 1, 1},  {"mlp.c_fc.bias", 0, 1},
+        {"mlp.c_proj.weight", 0, 1},  {"mlp.c_proj.bias", -1, 1}};
+    char layers[32], embed[48];
+    snprintf(layers, sizeof layers, "%sh.", pre);
+    snprintf(embed, sizeof embed, "%swte.weight", pre);
+    return tk_models__tp_check(m, layers, want, sizeof want / sizeof want[0], embed,
+                               "attn.c_attn {\"style\": \"packed_colwise\", \"split\": 3}, mlp.c_fc colwise, "
+                               "attn.c_proj and mlp.c_proj rowwise");
+}
+
+/* The heads, MLP width and LM head rows this process computes (the rank's under tensor parallelism). */
+static void local_sizes(const tk_model *m, int64_t *heads, int64_t *inter, int64_t *vocab)
+{
+    const tk_models_config *c = &m->cfg;
+    *heads = m->tp ? m->tp->heads : c->heads;
+    *inter = m->tp ? m->tp->inter : c->intermediate;
+    *vocab = m->tp && m->tp->head_split ? m->tp->vocab_len : c->vocab;
+}
 
 static int load(tk_model *m)
 {
@@ -86,6 +113,8 @@ static int load(tk_model *m)
     char n[128];
 #define NM(fmt, ...) (snprintf(n, sizeof n, "%s" fmt, pre, __VA_ARGS__), n)
     int rc;
+    if (m->tp && (rc = tp_check(m, pre)) != TK_OK)
+        return rc;
     if ((rc = tk_models__weight(&s->wte, m, NM("%s", "wte.weight"), 2, vh)) ||
         (rc = tk_models__weight(&s->wpe, m, NM("%s", "wpe.weight"), 2, ph)) ||
         (rc = tk_models__weight(&s->lnf_w, m, NM("%s", "ln_f.weight"), 1, h1)) ||
@@ -115,7 +144,10 @@ static int load(tk_model *m)
             return rc;
     }
 #undef NM
-    if (c->tie_embeddings) {
+    if (c->tie_embeddings && m->tp && m->tp->head_split) { /* the rank's rows, without the zero row */
+        tk_models__rows(&s->head_view, s->wte, m->tp->embed_split ? 0 : m->tp->vocab_off, m->tp->vocab_len);
+        s->lm_head = &s->head_view;
+    } else if (c->tie_embeddings) {
         s->lm_head = s->wte;
     } else if ((rc = tk_models__weight(&s->lm_head, m, "lm_head.weight", 2, vh)) != TK_OK) {
         return rc;
@@ -127,8 +159,9 @@ static int plan(tk_model *m, tk_models_batch *b)
 {
     const tk_models_config *c = &m->cfg;
     gpt2 *s = m->state;
-    int64_t T = b->T, H = c->hidden, D = c->head_dim;
-    int64_t th[2] = {T, H}, t4[4] = {1, T, c->heads, D}, ti[2] = {T, c->intermediate}, tv[2] = {T, c->vocab};
+    int64_t T = b->T, H = c->hidden, D = c->head_dim, NH, I, V;
+    local_sizes(m, &NH, &I, &V);
+    int64_t th[2] = {T, H}, t4[4] = {1, T, NH, D}, ti[2] = {T, I}, tv[2] = {T, V};
     int rc;
     if ((rc = tk_models__ws_tensor(m, &s->x, m->dtype, 2, th)) ||
         (rc = tk_models__ws_tensor(m, &s->h1, m->dtype, 2, th)) ||
@@ -173,19 +206,22 @@ static int forward(tk_model *m, tk_models_batch *b)
 {
     const tk_models_config *c = &m->cfg;
     gpt2 *s = m->state;
-    int64_t T = b->T, H = c->hidden;
-    int64_t th[2] = {T, H};
+    int64_t T = b->T, NH, I, V;
+    local_sizes(m, &NH, &I, &V);
+    int64_t th[2] = {T, NH * c->head_dim};
     tk_mt q2, k2, v2, a2;
     tk_models__view(&q2, &s->q, 2, th);
     tk_models__view(&k2, &s->k, 2, th);
     tk_models__view(&v2, &s->v, 2, th);
     tk_models__view(&a2, &s->att, 2, th);
     int rc;
-    /* x = wte[ids] + wpe[positions] */
-    tk_arg e1[] = {TK_A_T("out", &s->x), TK_A_T("ids", &b->ids), TK_A_T("weight", s->wte)};
+    /* x = wte[ids] + wpe[positions]; split: the rank's wte rows (zeros for the other ids) all-reduced
+     * before wpe is added once */
+    int vp = m->tp && m->tp->embed_split, r0 = !m->tp || m->tp->rank == 0;
+    tk_arg e1[] = {TK_A_T("out", &s->x), TK_A_T("ids", vp ? &b->tp_ids : &b->ids), TK_A_T("weight", s->wte)};
     tk_arg e2[] = {TK_A_T("out", &s->pe), TK_A_T("ids", &b->pos32), TK_A_T("weight", s->wpe)};
     tk_arg ad[] = {TK_A_T("out", &s->x), TK_A_T("a", &s->x), TK_A_T("b", &s->pe)};
-    if ((rc = tk_models__op(m, "embedding", e1, TK_NARGS(e1))) ||
+    if ((rc = tk_models__op(m, "embedding", e1, TK_NARGS(e1))) || (vp && (rc = tk_models__tp_reduce(m, &s->x))) ||
         (rc = tk_models__op(m, "embedding", e2, TK_NARGS(e2))) || (rc = tk_models__op(m, "add", ad, TK_NARGS(ad))))
         return rc;
     tk_mt *h = &s->h1, *other = &s->h2;
@@ -196,14 +232,20 @@ static int forward(tk_model *m, tk_models_batch *b)
         if ((rc = linear(m, &q2, h, w->q, w->qb, 1)) || (rc = linear(m, &k2, h, w->k, w->kb, 1)) ||
             (rc = linear(m, &v2, h, w->v, w->vb, 1)))
             return rc;
+        /* split: the c_proj partial sums (their biases on rank 0 alone) all-reduced */
         if ((rc = tk_models__attend(m, b, l, &s->att, &s->q, &s->k, &s->v, c->unscaled_attn ? 1.0 : 0.0, -1)) ||
-            (rc = linear(m, &s->o, &a2, w->proj, w->proj_b, 1)) ||
+            (rc = linear(m, &s->o, &a2, w->proj, r0 ? w->proj_b : NULL, 1)) || (rc = tk_models__tp_reduce(m, &s->o)) ||
             (rc = add_norm(m, &s->o, &s->x, w->ln2_w, w->ln2_b)))
             return rc;
         tk_arg ac[] = {TK_A_T("out", &s->g), TK_A_T("input", &s->f)};
-        if ((rc = linear(m, &s->f, &s->o, w->fc, w->fc_b, 1)) ||
-            (rc = tk_models__op(m, s->act_op, ac, TK_NARGS(ac))) ||
-            (rc = linear(m, other, &s->g, w->out, w->out_b, 1)))
+        if (I == 0) { /* torch.chunk left this rank no MLP features */
+            memset(other->t.data, 0, (size_t)(other->shape[0] * other->shape[1]) * (other->t.dtype.bits / 8u));
+        } else if ((rc = linear(m, &s->f, &s->o, w->fc, w->fc_b, 1)) ||
+                   (rc = tk_models__op(m, s->act_op, ac, TK_NARGS(ac))) ||
+                   (rc = linear(m, other, &s->g, w->out, r0 ? w->out_b : NULL, 1))) {
+            return rc;
+        }
+        if ((rc = tk_models__tp_reduce(m, other)) != TK_OK)
             return rc;
         const tk_mt *nw = l + 1 < c->layers ? s->l[l + 1].ln1_w : s->lnf_w;
         const tk_mt *nb = l + 1 < c->layers ? s->l[l + 1].ln1_b : s->lnf_b;
@@ -214,7 +256,7 @@ static int forward(tk_model *m, tk_models_batch *b)
         other = t;
     }
     b->hidden = h;
-    if (b->want_logits && (rc = linear(m, &s->logits, h, s->lm_head, NULL, 0)) != TK_OK)
+    if (b->want_logits && V > 0 && (rc = linear(m, &s->logits, h, s->lm_head, NULL, 0)) != TK_OK)
         return rc;
     return TK_OK;
 }

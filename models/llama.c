@@ -154,6 +154,7 @@ typedef struct {
     tk_mt cs2;
     void *cs2_mem;
     int64_t cs2_rows, cs2_seq_len;
+    tk_mt head_view; /* tensor parallelism, tied: the LM head's rows of the embedding table */
     /* Activations, planned per batch shape. */
     tk_mt x, h1, h2, q, k, v, att, o, gu, act, logits;
     tk_mt qn, kn; /* q and k after their norms (qk_norm) */
@@ -226,6 +227,35 @@ static int load_moe(tk_model *m, layer_w *w, int64_t l)
     return TK_OK;
 }
 
+/* The sizes this process computes: the model's, or under tensor parallelism the rank's heads, kv heads,
+ * MLP width and LM head rows (its vocabulary range when the head is split). */
+typedef struct {
+    int64_t heads, kv_heads, inter, vocab;
+} sizes;
+
+static sizes local_sizes(const tk_model *m)
+{
+    const tk_models_config *c = &m->cfg;
+    if (!m->tp)
+        return (sizes){c->heads, c->kv_heads, c->intermediate, c->vocab};
+    return (sizes){m->tp->heads, m->tp->kv_heads, m->tp->inter, m->tp->head_split ? m->tp->vocab_len : c->vocab};
+}
+
+/* Tensor parallelism: tk runs the decoder split as Megatron-LM does (transformers' default plan): q, k,
+ * v, gate and up on their output features (the rank's heads and MLP features), o and down on their
+ * input features (partial sums, all-reduced), the norms whole. */
+static int tp_check(tk_model *m)
+{
+    static const tk_models_tp_want want[] = {
+        {"self_attn.q_proj.weight", 0, 1}, {"self_attn.k_proj.weight", 0, 1}, {"self_attn.v_proj.weight", 0, 1},
+        {"self_attn.q_proj.bias", 0, 1},   {"self_attn.k_proj.bias", 0, 1},   {"self_attn.v_proj.bias", 0, 1},
+        {"self_attn.o_proj.weight", 1, 1}, {"self_attn.o_proj.bias", -1, 1},  {"mlp.gate_proj.weight", 0, 1},
+        {"mlp.up_proj.weight", 0, 1},      {"mlp.gate_proj.bias", 0, 1},      {"mlp.up_proj.bias", 0, 1},
+        {"mlp.down_proj.weight", 1, 1},    {"mlp.down_proj.bias", -1, 1}};
+    return tk_models__tp_check(m, "model.layers.", want, sizeof want / sizeof want[0], "model.embed_tokens.weight",
+                               "q/k/v/gate/up_proj colwise, o/down_proj rowwise");
+}
+
 static int load(tk_model *m)
 {
     const tk_models_config *c = &m->cfg;
@@ -274,6 +304,8 @@ static int load(tk_model *m)
         tk_models__dtype_to_f32(&f, lo, 1, m->dtype);
         es = f;
     }
+    if (m->tp && (rc = tp_check(m)) != TK_OK)
+        return rc;
     if ((rc = tk_models__weight_xf(&s->embed, m, "model.embed_tokens.weight", 2, vh, es, 0, 0, 1)) ||
         (rc = tk_models__weight_xf(&s->norm, m, "model.norm.weight", 1, h1, 1, no, 0, 1)))
         return rc;
@@ -337,8 +369,12 @@ static int load(tk_model *m)
         }
 #undef NM
     }
-    /* the LM head with Granite's 1 / logits_scaling folded in; tied: the unscaled embedding table */
-    if (c->tie_embeddings && c->embed_scale == 1.0 && c->logit_scale == 1.0) {
+    /* the LM head with Granite's 1 / logits_scaling folded in; tied: the unscaled embedding table (split:
+     * the rank's rows of it, without the vocabulary-parallel table's row of zeros) */
+    if (c->tie_embeddings && c->embed_scale == 1.0 && c->logit_scale == 1.0 && m->tp && m->tp->head_split) {
+        tk_models__rows(&s->head_view, s->embed, m->tp->embed_split ? 0 : m->tp->vocab_off, m->tp->vocab_len);
+        s->lm_head = &s->head_view;
+    } else if (c->tie_embeddings && c->embed_scale == 1.0 && c->logit_scale == 1.0) {
         s->lm_head = s->embed;
     } else if (c->tie_embeddings) {
         if ((rc = tk_models__weight_xf(&s->lm_head, m, "model.embed_tokens.weight", 2, vh, c->logit_scale, 0, 0, 0)))
@@ -358,9 +394,10 @@ static int plan(tk_model *m, tk_models_batch *b)
 {
     const tk_models_config *c = &m->cfg;
     llama *s = m->state;
-    int64_t T = b->T, H = c->hidden, D = c->head_dim, I = c->intermediate;
-    int64_t th[2] = {T, H}, tq[3] = {T, c->heads, D}, tkv[3] = {T, c->kv_heads, D}, tgu[2] = {T, 2 * I},
-            ti[2] = {T, I}, tv[2] = {T, c->vocab};
+    sizes z = local_sizes(m);
+    int64_t T = b->T, H = c->hidden, D = c->head_dim, I = z.inter;
+    int64_t th[2] = {T, H}, tq[3] = {T, z.heads, D}, tkv[3] = {T, z.kv_heads, D}, tgu[2] = {T, 2 * I},
+            ti[2] = {T, I}, tv[2] = {T, z.vocab};
     int rc;
     if ((rc = tk_models__ws_tensor(m, &s->x, m->dtype, 2, th)) ||
         (rc = tk_models__ws_tensor(m, &s->h1, m->dtype, 2, th)) ||
@@ -508,10 +545,11 @@ static int linear(tk_model *m, const tk_mt *out, const tk_mt *x, const tk_mt *w,
 static int qk_norm(tk_model *m, llama *s, const layer_w *w, int64_t T, tk_mt **q, tk_mt **k)
 {
     const tk_models_config *c = &m->cfg;
+    sizes z = local_sizes(m);
     int64_t D = c->head_dim;
     int head = c->qk_norm == TK_QKNORM_HEAD;
-    int64_t sq[2] = {head ? T * c->heads : T, head ? D : c->heads * D};
-    int64_t sk[2] = {head ? T * c->kv_heads : T, head ? D : c->kv_heads * D};
+    int64_t sq[2] = {head ? T * z.heads : T, head ? D : z.heads * D};
+    int64_t sk[2] = {head ? T * z.kv_heads : T, head ? D : z.kv_heads * D};
     tk_mt qi, qo, ki, ko;
     tk_models__view(&qi, &s->q, 2, sq);
     tk_models__view(&qo, &s->qn, 2, sq);
@@ -532,9 +570,10 @@ static int attn_block(tk_model *m, tk_models_batch *b, llama *s, int64_t l, cons
 {
     const tk_models_config *c = &m->cfg;
     const layer_w *w = &s->l[l];
+    sizes z = local_sizes(m);
     int64_t T = b->T, D = c->head_dim;
-    int64_t sq[4] = {1, T, c->heads, D}, skv[4] = {1, T, c->kv_heads, D}, s2[2] = {T, c->heads * D},
-            kv2[2] = {T, c->kv_heads * D};
+    int64_t sq[4] = {1, T, z.heads, D}, skv[4] = {1, T, z.kv_heads, D}, s2[2] = {T, z.heads * D},
+            kv2[2] = {T, z.kv_heads * D};
     tk_mt q2, k2, v2, a2, q4, k4, v4, a4;
     tk_models__view(&q2, &s->q, 2, s2);
     tk_models__view(&k2, &s->k, 2, kv2);
@@ -562,7 +601,10 @@ static int attn_block(tk_model *m, tk_models_batch *b, llama *s, int64_t l, cons
     if ((rc = tk_models__attend(m, b, l, &a4, &q4, &k4, &v4, c->attn_scale,
                                 c->sliding[l] ? c->sliding_window - 1 : -1)) != TK_OK)
         return rc;
-    return linear(m, out, &a2, w->o, w->ob);
+    /* split: the rank's heads' part of o_proj (its bias on rank 0 alone), summed over the ranks */
+    if ((rc = linear(m, out, &a2, w->o, m->tp && m->tp->rank ? NULL : w->ob)) != TK_OK)
+        return rc;
+    return tk_models__tp_reduce(m, out);
 }
 
 /* out = down(act(h Wgate) * (h Wup)), or on a sparse layer the moe op (router, experts, shared expert) */
@@ -588,12 +630,19 @@ static int mlp_block(tk_model *m, llama *s, const layer_w *w, const tk_mt *h, co
         }
         return tk_models__op(m, "moe", a, n);
     }
+    if (m->tp && m->tp->inter == 0) { /* torch.chunk left this rank no MLP features: it adds nothing */
+        memset(out->t.data, 0, (size_t)(out->shape[0] * out->shape[1]) * (out->t.dtype.bits / 8u));
+        return tk_models__tp_reduce(m, out);
+    }
     if ((rc = linear(m, &s->gu, h, w->gate_up, w->gate_up_b)) != TK_OK)
         return rc;
     tk_arg sm[] = {TK_A_T("out", &s->act), TK_A_T("input", &s->gu)};
     if ((rc = tk_models__op(m, s->act_mul, sm, TK_NARGS(sm))) != TK_OK)
         return rc;
-    return linear(m, out, &s->act, w->down, w->down_b);
+    /* split: the rank's features' part of down_proj (its bias on rank 0 alone), summed over the ranks */
+    if ((rc = linear(m, out, &s->act, w->down, m->tp && m->tp->rank ? NULL : w->down_b)) != TK_OK)
+        return rc;
+    return tk_models__tp_reduce(m, out);
 }
 
 static int rms(tk_model *m, const tk_mt *out, const tk_mt *in, const tk_mt *weight)
@@ -636,8 +685,11 @@ static int forward(tk_model *m, tk_models_batch *b)
     int rc;
     if ((rc = rope_cache(m, s, b->max_len)) != TK_OK)
         return rc;
-    tk_arg emb[] = {TK_A_T("out", &s->x), TK_A_T("ids", &b->ids), TK_A_T("weight", s->embed)};
-    if ((rc = tk_models__op(m, "embedding", emb, TK_NARGS(emb))) != TK_OK)
+    /* vocabulary-parallel: the rank's rows (zeros for the other ids), summed over the ranks */
+    int vp = m->tp && m->tp->embed_split;
+    tk_arg emb[] = {TK_A_T("out", &s->x), TK_A_T("ids", vp ? &b->tp_ids : &b->ids), TK_A_T("weight", s->embed)};
+    if ((rc = tk_models__op(m, "embedding", emb, TK_NARGS(emb))) != TK_OK ||
+        (vp && (rc = tk_models__tp_reduce(m, &s->x)) != TK_OK))
         return rc;
     tk_mt *h = &s->h1, *other = &s->h2;
     if (c->post_norms) {
@@ -686,8 +738,8 @@ static int forward(tk_model *m, tk_models_batch *b)
         }
     }
     b->hidden = h;
-    if (b->want_logits && (rc = linear(m, &s->logits, h, s->lm_head, NULL)) != TK_OK)
-        return rc;
+    if (b->want_logits && s->logits.shape[1] > 0 && (rc = linear(m, &s->logits, h, s->lm_head, NULL)) != TK_OK)
+        return rc; /* a split head with no vocabulary rows on this rank computes nothing */
     if (b->want_logits && c->final_softcap > 0)
         return final_softcap(m, b, &s->logits);
     return TK_OK;

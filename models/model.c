@@ -289,6 +289,147 @@ static int place(tk_model *m, tk_models_weight *w, void *host, int ndim, const i
     return TK_OK;
 }
 
+/* ---- tensor parallelism: each rank's slices of the weights ---------------------------------------- */
+
+const tk_tp_param *tk_models__tp_param(const tk_model *m, const char *name)
+{
+    if (!m->tp)
+        return NULL;
+    for (size_t i = 0; i < m->tp->plan->nparams; i++)
+        if (!strcmp(m->tp->plan->params[i].name, name))
+            return &m->tp->plan->params[i];
+    return NULL;
+}
+
+/* The plan's entry for t when the plan splits it (NULL: every rank holds it whole). */
+static const tk_tp_param *tp_split(const tk_model *m, const tk_st_tensor *t)
+{
+    const tk_tp_param *p = tk_models__tp_param(m, t->name);
+    return p && p->dim >= 0 && m->tp->world > 1 ? p : NULL;
+}
+
+int tk_models__tp_check(tk_model *m, const char *layers, const tk_models_tp_want *want, size_t nwant,
+                        const char *embed, const char *hint)
+{
+    const tk_tp_plan *p = m->tp->plan;
+    size_t nl = strlen(layers);
+    for (size_t i = 0; i < p->nparams; i++) {
+        const tk_tp_param *t = &p->params[i];
+        const char *n = t->name, *rest = NULL;
+        int dim = -1, split = 1, known = 0;
+        if (!strncmp(n, layers, nl)) {
+            rest = strchr(n + nl, '.');
+            for (size_t k = 0; rest && k < nwant; k++)
+                if (!strcmp(rest + 1, want[k].name)) {
+                    dim = want[k].dim;
+                    split = want[k].split;
+                    known = 1;
+                }
+        }
+        if (!strcmp(n, embed)) {
+            m->tp->embed_split = t->dim == 0 && !strcmp(t->style, "embedding_rowwise");
+            dim = m->tp->embed_split ? 0 : -1;
+            known = 1;
+        } else if (!strcmp(n, "lm_head.weight")) {
+            m->tp->head_split = t->dim == 0 && !strncmp(t->style, "colwise", 7);
+            dim = m->tp->head_split ? 0 : -1;
+            known = 1;
+        }
+        if (t->dim != dim || (t->dim >= 0 && t->split != split))
+            return tk__err(TK_ERR_UNSUPPORTED,
+                           "%s: the tensor-parallel plan (%s) gives '%s' the style %s (rule '%s'), which tk does not "
+                           "run%s\nHINT: tk splits %s as Megatron-LM does: %s, the rest whole; the input embedding "
+                           "embedding_rowwise or whole, lm_head colwise_gather_output or whole (docs/parallel.md)",
+                           m->cfg.arch, p->source, n, t->style, t->rule ? t->rule : "none", known ? "" : " split",
+                           m->cfg.arch, hint);
+    }
+    if (m->cfg.tie_embeddings) { /* no lm_head tensor: the plan's rule for the module says */
+        const char *st = NULL;
+        for (size_t i = 0; i < p->nrules; i++)
+            if (!strcmp(p->rules[i].key, "lm_head") || !strcmp(p->rules[i].key, "lm_head.weight"))
+                st = p->rules[i].style;
+        m->tp->head_split = st && !strncmp(st, "colwise", 7);
+        if (m->tp->embed_split && !m->tp->head_split)
+            return tk__err(TK_ERR_UNSUPPORTED, "%s: the plan (%s) splits the embedding on the vocabulary but not "
+                           "the LM head tied to it\nHINT: give lm_head colwise_gather_output, or the embedding "
+                           "replicate", m->cfg.arch, p->source);
+    }
+    return TK_OK;
+}
+
+/* Converts rank's slice of t (split as p says: s) into dst in the compute dtype, reading only the slice's
+ * byte runs of the mapping. */
+static int tp_convert(tk_model *m, void *dst, const tk_st_tensor *t, const tk_tp_param *p, const tk_tp_slice *s)
+{
+    size_t es = tk_models__st_dtype_size(t->dtype), ds = dt_size(m->dtype);
+    tk_tp_run runs[TK_TP_MAX_SPLIT];
+    size_t nr = tk_models__tp_runs(runs, TK_TP_MAX_SPLIT, p, s, es);
+    char *d = dst;
+    int rc = TK_OK;
+    if (nr == 1) /* a plain split: count pieces, stride apart */
+        return convert(m, d, t, (int64_t)(runs[0].offset / es), (int64_t)(runs[0].bytes / es), runs[0].count,
+                       (int64_t)(runs[0].stride / es));
+    for (int64_t o = 0; nr && o < runs[0].count && rc == TK_OK; o++) /* packed: the blocks' pieces in turn */
+        for (size_t i = 0; i < nr && rc == TK_OK; i++) {
+            int64_t n = (int64_t)(runs[i].bytes / es);
+            rc = convert(m, d, t, (int64_t)((runs[i].offset + (uint64_t)o * runs[i].stride) / es), n, 1, 0);
+            d += (size_t)n * ds;
+        }
+    return rc;
+}
+
+/* Weight w is rank's slice of t: a view of the mapping when the slice is one contiguous range already
+ * in the compute dtype (a split of dim 0 on the CPU), else converted into memory the weight owns. The
+ * vocabulary-parallel embedding gets one more row, of zeros: the row of every id outside the rank's
+ * range (tk_models_batch.tp_ids). */
+static int tp_weight(const tk_mt **out, tk_model *m, tk_models_weight *w, const tk_st_tensor *t, const tk_tp_param *p)
+{
+    size_t es = tk_models__st_dtype_size(t->dtype), ds = dt_size(m->dtype);
+    tk_tp_slice s;
+    int rc = tk_models__tp_slice(&s, p, m->tp->rank, m->tp->world, es);
+    if (rc != TK_OK)
+        return rc;
+    int extra = !strcmp(p->style, "embedding_rowwise") && p->dim == 0 && t->ndim == 2;
+    int64_t n = numel(t->ndim, s.shape), full = numel(t->ndim, t->shape);
+    m->params += full;
+    m->tp->full_bytes += full * (int64_t)ds;
+    if (m->dev_type == TK_DEV_CPU && t->dtype == st_of(m->dtype) && p->dim == 0 && p->split <= 1 && !extra) {
+        tk_tp_run run;
+        tk_models__tp_runs(&run, 1, p, &s, es);
+        mt_set(&w->mt, (char *)t->data + (s.nranges ? run.offset : 0), m->dtype, t->ndim, s.shape, TK_DEV_CPU, 0);
+        m->weight_bytes += n * (int64_t)ds;
+        m->mapped_bytes += n * (int64_t)ds;
+        *out = &w->mt;
+        return TK_OK;
+    }
+    int64_t rowel = extra ? t->shape[1] : 0;
+    char *host = calloc((size_t)(n + rowel) * ds + 1, 1);
+    if (!host)
+        return tk__err(TK_ERR_NOMEM, "out of memory loading '%s'", t->name);
+    if (s.nranges && (rc = tp_convert(m, host, t, p, &s)) != TK_OK) {
+        free(host);
+        return tk__err_wrap(rc, "tensor '%s'", t->name);
+    }
+    tk_models__st_release(t); /* a column slice read every page of t: the other ranks' columns too */
+    if (extra)
+        s.shape[0]++;
+    if ((rc = place(m, w, host, t->ndim, s.shape)) != TK_OK)
+        return tk__err_wrap(rc, "tensor '%s'", t->name);
+    *out = &w->mt;
+    return TK_OK;
+}
+
+/* A loader that cannot slice (a transformed or partial weight) refuses a tensor the plan splits. */
+static int tp_refuse(const tk_model *m, const tk_st_tensor *t)
+{
+    const tk_tp_param *p = t ? tp_split(m, t) : NULL;
+    if (!p)
+        return TK_OK;
+    return tk__err(TK_ERR_UNSUPPORTED, "%s: the tensor-parallel plan splits '%s' (style %s, rule '%s'), which %s "
+                   "transforms at load, so tk cannot split it\nHINT: run it in one process (without --tp)",
+                   m->cfg.arch, t->name, p->style, p->rule ? p->rule : "", m->cfg.arch);
+}
+
 static int weight(const tk_mt **out, tk_model *m, const char *name, int ndim, const int64_t *want, int optional)
 {
     *out = NULL;
@@ -301,8 +442,13 @@ static int weight(const tk_mt **out, tk_model *m, const char *name, int ndim, co
         return rc;
     if ((rc = set_src(w, TK_MODELS_SRC_WHOLE, &name, 1, 0, 0, 0, 0)) != TK_OK)
         return rc;
+    const tk_tp_param *tp = tp_split(m, t);
+    if (tp)
+        return tp_weight(out, m, w, t, tp);
     int64_t n = numel(t->ndim, t->shape);
     m->params += n;
+    if (m->tp)
+        m->tp->full_bytes += n * (int64_t)dt_size(m->dtype);
     if (m->dev_type == TK_DEV_CPU && t->dtype == st_of(m->dtype)) {
         mt_set(&w->mt, (void *)t->data, m->dtype, t->ndim, t->shape, TK_DEV_CPU, 0);
         m->weight_bytes += n * (int64_t)dt_size(m->dtype);
@@ -341,12 +487,14 @@ int tk_models__weight_xf(const tk_mt **out, tk_model *m, const char *name, int n
         return weight(out, m, name, ndim, want, optional);
     const tk_st_tensor *t;
     int rc = find_checked(&t, m, name, ndim, want, optional);
-    if (rc != TK_OK || !t)
+    if (rc != TK_OK || !t || (rc = tp_refuse(m, t)) != TK_OK)
         return rc;
     tk_models_weight *w;
     if ((rc = new_weight(m, &w)) != TK_OK || (rc = set_src(w, TK_MODELS_SRC_WHOLE, &name, 1, 0, 0, 0, 0)) != TK_OK)
         return rc;
     int64_t n = numel(t->ndim, t->shape);
+    if (m->tp)
+        m->tp->full_bytes += n * (int64_t)dt_size(m->dtype);
     float *f = malloc((size_t)(n ? n : 1) * sizeof(float));
     void *host = malloc((size_t)(n ? n : 1) * dt_size(m->dtype));
     if (!f || !host) {
@@ -393,15 +541,37 @@ int tk_models__weight_cat(const tk_mt **out, tk_model *m, const char *const *nam
         return rc;
     }
     size_t ds = dt_size(m->dtype);
-    char *host = malloc((size_t)(per * n) * ds + 1);
+    /* tensor parallelism: each part's slice (the rank's rows of gate_proj, then of up_proj), alike */
+    int64_t lrows = rows;
+    tk_tp_slice sl[TK_MODELS_SRC_MAX];
+    const tk_tp_param *tp[TK_MODELS_SRC_MAX] = {NULL};
+    for (int i = 0; m->tp && i < n && rc == TK_OK; i++) {
+        if (i < TK_MODELS_SRC_MAX && !(tp[i] = tp_split(m, ts[i])) && i == 0)
+            break;
+        if (i >= TK_MODELS_SRC_MAX || !tp[i] || tp[i]->dim != 0)
+            rc = tk__err(TK_ERR_UNSUPPORTED, "%s: the tensor-parallel plan splits '%s' but not '%s' on their rows "
+                         "(tk runs them as one fused weight)\nHINT: give both the same style (colwise)",
+                         m->cfg.arch, names[0], names[i]);
+        else if ((rc = tk_models__tp_slice(&sl[i], tp[i], m->tp->rank, m->tp->world,
+                                           tk_models__st_dtype_size(ts[i]->dtype))) == TK_OK)
+            lrows = sl[i].shape[0];
+    }
+    if (m->tp)
+        m->tp->full_bytes += per * n * (int64_t)ds;
+    int64_t lper = lrows * (cols ? cols : 1);
+    char *host = rc == TK_OK ? malloc((size_t)(lper * n) * ds + 1) : NULL;
     if (!host) {
         free(ts);
-        return tk__err(TK_ERR_NOMEM, "out of memory loading '%s'", names[0]);
+        return rc != TK_OK ? rc : tk__err(TK_ERR_NOMEM, "out of memory loading '%s'", names[0]);
     }
     for (int i = 0; i < n && rc == TK_OK; i++)
-        rc = convert(m, host + (size_t)(per * i) * ds, ts[i], 0, per, 1, 0);
+        rc = i < TK_MODELS_SRC_MAX && tp[i] ? (sl[i].nranges ? tp_convert(m, host + (size_t)(lper * i) * ds, ts[i], tp[i], &sl[i]) : TK_OK)
+                   : convert(m, host + (size_t)(per * i) * ds, ts[i], 0, per, 1, 0);
+    for (int i = 0; rc == TK_OK && i < n && i < TK_MODELS_SRC_MAX; i++)
+        if (tp[i]) /* copied: its mapped pages need not stay resident */
+            tk_models__st_release(ts[i]);
     free(ts);
-    int64_t shape[2] = {rows * n, cols};
+    int64_t shape[2] = {lrows * n, cols};
     if (rc == TK_OK)
         rc = place(m, w, host, ndim, shape);
     else
@@ -423,14 +593,32 @@ int tk_models__weight_cols(const tk_mt **out, tk_model *m, const char *name, int
     int rc = find_checked(&t, m, name, ndim, want, 0);
     if (rc != TK_OK)
         return rc;
+    /* tensor parallelism: a fused q|k|v split by a packed style takes the rank's part of each block
+     * (its heads of q, of k, of v), and so does its 1-D bias, which the plan splits plainly (as
+     * transformers' packed_colwise does) but which must follow its weight's heads; any other split of
+     * it is refused */
+    const tk_tp_param *tp = tp_split(m, t);
+    int64_t full = nc;
+    if (tp && tp->dim == ndim - 1 && cols % nc == 0 && c0 % nc == 0 &&
+        (tp->split == cols / nc || (ndim == 1 && tp->split == 1))) {
+        int64_t off;
+        tk_models__tp_chunk(full, m->tp->world, m->tp->rank, &off, &nc);
+        c0 += off;
+    } else if ((rc = tp_refuse(m, t)) != TK_OK) {
+        return rc;
+    }
     tk_models_weight *w;
     if ((rc = new_weight(m, &w)) != TK_OK || (rc = set_src(w, TK_MODELS_SRC_COLS, &name, 1, rows, cols, c0, nc)))
         return rc;
     int64_t nr = rows ? rows : 1;
+    if (m->tp)
+        m->tp->full_bytes += nr * full * (int64_t)dt_size(m->dtype);
     char *host = malloc((size_t)(nr * nc) * dt_size(m->dtype) + 1);
     if (!host)
         return tk__err(TK_ERR_NOMEM, "out of memory loading '%s'", name);
     rc = convert(m, host, t, c0, nc, nr, cols);
+    if (tp)
+        tk_models__st_release(t);
     int64_t shape[2] = {rows ? rows : nc, nc};
     if (rc == TK_OK)
         rc = place(m, w, host, ndim, shape);
@@ -438,7 +626,7 @@ int tk_models__weight_cols(const tk_mt **out, tk_model *m, const char *name, int
         free(host);
     if (rc != TK_OK)
         return tk__err_wrap(rc, "tensor '%s'", name);
-    m->params += nr * nc;
+    m->params += nr * full;
     *out = &w->mt;
     return TK_OK;
 }
@@ -450,7 +638,7 @@ int tk_models__weight_rows(const tk_mt **out, tk_model *m, const char *name, int
     int64_t want[2] = {rows, cols};
     const tk_st_tensor *t;
     int rc = find_checked(&t, m, name, 2, want, 0);
-    if (rc != TK_OK)
+    if (rc != TK_OK || (rc = tp_refuse(m, t)) != TK_OK)
         return rc;
     if (r0 < 0 || nr < 1 || r0 + nr > rows)
         return tk__err(TK_ERR_INTERNAL, "weight_rows: rows [%lld, %lld) of %lld", (long long)r0, (long long)(r0 + nr),
@@ -500,6 +688,8 @@ static int plan_pass(tk_model *m, tk_models_batch *b)
     if ((rc = tk_models__ws_tensor(m, &b->ids, i32, 1, &T)) || (rc = tk_models__ws_tensor(m, &b->pos, i64, 1, &T)) ||
         (rc = tk_models__ws_tensor(m, &b->pos32, i32, 1, &T)) || (rc = tk_models__ws_tensor(m, &b->cu, i32, 1, &S1)) ||
         (rc = tk_models__ws_tensor(m, &b->tt, i32, 1, &T)))
+        return rc;
+    if (m->tp && m->tp->embed_split && (rc = tk_models__ws_tensor(m, &b->tp_ids, i32, 1, &T)) != TK_OK)
         return rc;
     if (m->cfg.rope.type != TK_ROPE_LONGROPE)
         tk_models__view(&b->rope_pos, &b->pos, 1, &T);
@@ -622,6 +812,79 @@ static int load_st_settings(tk_model *m)
     return rc;
 }
 
+static int load_model(tk_model **out, tk_ctx *ctx, const char *dir, const tk_model_opts *opts, tk_comm *comm);
+
+/* Tensor parallelism at load: the plan for comm's ranks (checked even for one rank), and for several
+ * the sizes this rank computes (the family's load sets the split flags and the vocabulary range). */
+static int tp_setup(tk_model *m, tk_comm *comm, const char *plan_file)
+{
+    int world = tk_comm_size(comm), rank = tk_comm_rank(comm);
+    if (world < 1)
+        return tk__err(TK_ERR_INVALID, "tk_model_load: opts->comm is not a communicator (NULL or freed)");
+    if (world > 1 && !(m->cfg.def->caps & (TK_ARCH_TP_LLAMA | TK_ARCH_TP_CONV1D)))
+        return tk__err(TK_ERR_UNSUPPORTED, "%s: tensor parallelism runs LlamaForCausalLM, MistralForCausalLM, "
+                       "Qwen2ForCausalLM and GPT2LMHeadModel so far\nHINT: run it in one process (without --tp)",
+                       m->cfg.arch);
+    if (world > 1 && m->dev_type != TK_DEV_CPU)
+        return tk__err(TK_ERR_UNSUPPORTED, "tensor-parallel models run on the CPU (MPI) so far, not on a GPU\n"
+                       "HINT: drop --device, or run on one GPU without --tp");
+    tk_tp_plan *plan = NULL;
+    int rc = tk_models__tp_plan_load(&plan, m->dir, plan_file, world);
+    if (rc != TK_OK)
+        return rc;
+    for (size_t i = 0; rank == 0 && i < plan->nwarnings; i++)
+        tk_ctx_log(m->ctx, TK_LOG_WARN, plan->warnings[i]);
+    if (world == 1) { /* one rank holds everything: an ordinary model */
+        tk_models__tp_plan_free(plan);
+        return TK_OK;
+    }
+    if (!(m->tp = calloc(1, sizeof *m->tp))) {
+        tk_models__tp_plan_free(plan);
+        return tk__err(TK_ERR_NOMEM, "out of memory");
+    }
+    const tk_models_config *c = &m->cfg;
+    int64_t off;
+    m->tp->comm = comm;
+    m->tp->rank = rank;
+    m->tp->world = world;
+    m->tp->plan = plan;
+    m->tp->heads = c->heads % world ? c->heads : c->heads / world;
+    m->tp->kv_heads = c->kv_heads % world ? c->kv_heads : c->kv_heads / world;
+    tk_models__tp_chunk(c->intermediate, world, rank, &off, &m->tp->inter);
+    tk_models__tp_chunk(c->vocab, world, rank, &m->tp->vocab_off, &m->tp->vocab_len);
+    return TK_OK;
+}
+
+/* Every rank's load status, agreed with a collective: a rank whose own load worked fails with the
+ * status of the first rank that did not. */
+static int tp_agree(tk_comm *comm, int rc)
+{
+    int world = tk_comm_size(comm), rank = tk_comm_rank(comm);
+    char mine[1024];
+    snprintf(mine, sizeof mine, "%s", rc != TK_OK ? tk_last_error() : "");
+    int32_t *st = calloc((size_t)world, sizeof *st);
+    if (!st)
+        return rc != TK_OK ? rc : tk__err(TK_ERR_NOMEM, "out of memory");
+    st[rank] = rc;
+    int64_t shp[1] = {world};
+    tk_tensor t = {st, {TK_DEV_CPU, 0}, 1, {TK_DL_INT, 32, 1}, shp, NULL, 0};
+    int crc = tk_comm_all_reduce_sum(comm, &t, NULL);
+    int bad = -1;
+    for (int r = 0; crc == TK_OK && r < world && bad < 0; r++)
+        if (st[r] != TK_OK)
+            bad = r;
+    int peer = bad >= 0 ? st[bad] : TK_OK;
+    free(st);
+    if (rc != TK_OK)
+        return tk__err(rc, "%s", mine);
+    if (crc != TK_OK)
+        return tk__err_wrap(crc, "agreeing on the model's load with the other ranks");
+    if (bad >= 0)
+        return tk__err(peer, "rank %d of %d could not load the model (its own message says why), so no rank runs "
+                       "it\nHINT: every rank must be able to read the checkpoint directory", bad, world);
+    return TK_OK;
+}
+
 int tk_model_load(tk_model **out, tk_ctx *ctx, const char *dir, const tk_model_opts *opts)
 {
     *out = NULL;
@@ -630,9 +893,22 @@ int tk_model_load(tk_model **out, tk_ctx *ctx, const char *dir, const tk_model_o
         opts = &def;
     if (!ctx || !dir)
         return tk__err(TK_ERR_INVALID, "tk_model_load: ctx and dir are required");
-    if (opts->version != TK_MODEL_OPTS_VERSION)
-        return tk__err(TK_ERR_INVALID, "tk_model_load: opts->version is %u, want %d (TK_MODEL_OPTS_INIT)",
+    if (opts->version < 1 || opts->version > TK_MODEL_OPTS_VERSION)
+        return tk__err(TK_ERR_INVALID, "tk_model_load: opts->version is %u, want 1 to %d (TK_MODEL_OPTS_INIT)",
                        opts->version, TK_MODEL_OPTS_VERSION);
+    tk_comm *comm = opts->version >= 2 ? opts->comm : NULL;
+    if (comm && tk_comm_size(comm) < 1)
+        return tk__err(TK_ERR_INVALID, "tk_model_load: opts->comm is not a communicator (NULL or freed)");
+    int rc = load_model(out, ctx, dir, opts, comm);
+    if (comm && tk_comm_size(comm) > 1 && (rc = tp_agree(comm, rc)) != TK_OK) {
+        tk_model_free(*out);
+        *out = NULL;
+    }
+    return rc;
+}
+
+static int load_model(tk_model **out, tk_ctx *ctx, const char *dir, const tk_model_opts *opts, tk_comm *comm)
+{
     if (opts->device_type != TK_DEV_CPU && opts->device_type != TK_DEV_CUDA)
         return tk__err(TK_ERR_INVALID, "tk_model_load: device_type %d is not TK_DEV_CPU or TK_DEV_CUDA",
                        opts->device_type);
@@ -677,6 +953,8 @@ int tk_model_load(tk_model **out, tk_ctx *ctx, const char *dir, const tk_model_o
         parse_dtype(&m->dtype, !strcmp(t, "bfloat16") || !strcmp(t, "float16") ? t : "float32");
     }
     m->arch = m->cfg.def;
+    if (comm && (rc = tp_setup(m, comm, opts->version >= 2 ? opts->tp_plan : NULL)) != TK_OK)
+        goto fail;
     if ((rc = tk_models__st_open_dir(&m->st, dir)) != TK_OK)
         goto fail;
     if ((rc = m->arch->load(m)) != TK_OK)
@@ -713,6 +991,9 @@ void tk_model_free(tk_model *m)
         free(m->qw[i]);
     }
     free(m->qw);
+    if (m->tp)
+        tk_models__tp_plan_free(m->tp->plan);
+    free(m->tp);
     free(m->dir);
     m->magic = 0;
     free(m);
@@ -741,6 +1022,77 @@ static int64_t rope_row_offset(const tk_model *m, int64_t len)
 {
     const tk_models_rope *r = &m->cfg.rope;
     return r->type == TK_ROPE_LONGROPE && len > r->original_max_pos ? r->original_max_pos : 0;
+}
+
+/* Tensor parallelism with a vocabulary-parallel embedding: the batch's ids as rows of the rank's table
+ * (b->tp_ids): id - vocab_off inside the rank's range, else vocab_len, the table's row of zeros. */
+static int tp_fill_ids(tk_model *m, const int32_t *ids, int64_t T)
+{
+    if (!m->tp || !m->tp->embed_split)
+        return TK_OK;
+    int32_t *l = malloc((size_t)(T ? T : 1) * sizeof *l);
+    if (!l)
+        return tk__err(TK_ERR_NOMEM, "out of memory");
+    int64_t off = m->tp->vocab_off, len = m->tp->vocab_len;
+    for (int64_t i = 0; i < T; i++)
+        l[i] = ids[i] >= off && ids[i] < off + len ? (int32_t)(ids[i] - off) : (int32_t)len;
+    int rc = to_dev(m, m->batch.tp_ids.t.data, l, (size_t)T * sizeof *l);
+    free(l);
+    return rc;
+}
+
+int tk_models__tp_reduce(tk_model *m, const tk_mt *t)
+{
+    if (!m->tp)
+        return TK_OK;
+    tk_tensor x = t->t;
+    int rc = tk_comm_all_reduce_sum(m->tp->comm, &x, NULL);
+    return rc == TK_OK ? TK_OK : tk__err_wrap(rc, "tensor parallelism (rank %d of %d)", m->tp->rank, m->tp->world);
+}
+
+int64_t tk_models__kv_heads(const tk_model *m) { return m->tp ? m->tp->kv_heads : m->cfg.kv_heads; }
+
+static int copy_out(tk_model *m, float *dst, const tk_mt *src);
+
+/* Rows rows[0..n) of the logits into dst [n, V] (f32, host): copied, or with a split LM head each rank's
+ * columns (its vocabulary range) gathered from every rank. The ranks' parts travel padded to
+ * ceil(V / N) columns, torch.chunk's widest, so the all-gather moves equal parts. */
+static int logits_out(tk_model *m, float *dst, const tk_mt *logits, const int64_t *rows, size_t n)
+{
+    int rc = TK_OK;
+    tk_mt row;
+    if (!m->tp || !m->tp->head_split) {
+        for (size_t i = 0; i < n && rc == TK_OK; i++) {
+            tk_models__rows(&row, logits, rows[i], 1);
+            rc = copy_out(m, dst + i * (size_t)m->cfg.vocab, &row);
+        }
+        return rc;
+    }
+    int W = m->tp->world;
+    int64_t V = m->cfg.vocab, C = (V + W - 1) / W, off, len;
+    float *mine = calloc(n * (size_t)C + 1, sizeof *mine), *all = malloc((size_t)W * n * (size_t)C * sizeof *all + 1);
+    if (!mine || !all) {
+        free(mine);
+        free(all);
+        return tk__err(TK_ERR_NOMEM, "out of memory gathering the logits");
+    }
+    for (size_t i = 0; i < n && rc == TK_OK && logits->shape[1] > 0; i++) {
+        tk_models__rows(&row, logits, rows[i], 1);
+        rc = copy_out(m, mine + i * (size_t)C, &row);
+    }
+    int64_t s1[1] = {(int64_t)n * C}, sa[1] = {(int64_t)n * C * W};
+    tk_tensor tin = {mine, {TK_DEV_CPU, 0}, 1, {TK_DL_FLOAT, 32, 1}, s1, NULL, 0};
+    tk_tensor tout = {all, {TK_DEV_CPU, 0}, 1, {TK_DL_FLOAT, 32, 1}, sa, NULL, 0};
+    if (rc == TK_OK && (rc = tk_comm_all_gather(m->tp->comm, &tout, &tin, NULL)) != TK_OK)
+        tk__err_wrap(rc, "gathering the logits (rank %d of %d)", m->tp->rank, W);
+    for (int r = 0; r < W && rc == TK_OK; r++) {
+        tk_models__tp_chunk(V, W, r, &off, &len);
+        for (size_t i = 0; i < n && len > 0; i++)
+            memcpy(dst + i * (size_t)V + off, all + ((size_t)r * n + i) * (size_t)C, (size_t)len * sizeof *dst);
+    }
+    free(mine);
+    free(all);
+    return rc;
 }
 
 /* Checks the batch, plans for its shape and fills the inputs. */
@@ -795,7 +1147,7 @@ static int prepare(tk_model *m, const int32_t *ids, const size_t *lens, size_t n
         (rc = to_dev(m, b->tt.t.data, zeros, (size_t)T * 4)) ||
         (b->rope_pos.t.data != b->pos.t.data && (rc = to_dev(m, b->rope_pos.t.data, rpos, (size_t)T * 8))))
         return rc;
-    return TK_OK;
+    return tp_fill_ids(m, ids, T);
 }
 
 /* ---- for models/train.c ----------------------------------------------------------------------- */
@@ -844,8 +1196,19 @@ int tk_model_forward(tk_model *m, const int32_t *ids, const size_t *lens, size_t
     m->batch.want_logits = logits != NULL;
     if ((rc = m->arch->forward(m, &m->batch)) != TK_OK)
         return rc;
-    if (logits && (rc = copy_out(m, logits, m->batch.logits)) != TK_OK)
+    if (logits && m->tp && m->tp->head_split) {
+        int64_t T = m->batch.T, *rows = malloc((size_t)T * sizeof *rows);
+        if (!rows)
+            return tk__err(TK_ERR_NOMEM, "out of memory");
+        for (int64_t i = 0; i < T; i++)
+            rows[i] = i;
+        rc = logits_out(m, logits, m->batch.logits, rows, (size_t)T);
+        free(rows);
+        if (rc != TK_OK)
+            return rc;
+    } else if (logits && (rc = copy_out(m, logits, m->batch.logits)) != TK_OK) {
         return rc;
+    }
     if (hidden && (rc = copy_out(m, hidden, m->batch.hidden)) != TK_OK)
         return rc;
     return TK_OK;
@@ -922,6 +1285,15 @@ int tk_model_info_json(char **out, const tk_model *m)
         c->rope.type != TK_ROPE_LINEAR)
         json_object_set_new(o, "rope_original_max_positions", json_integer((json_int_t)c->rope.original_max_pos));
     json_object_set_new(o, "generation_config", json_boolean(c->generation_json != NULL));
+    if (m->tp) /* what this rank holds; weight_bytes above is this rank's */
+        json_object_set_new(
+            o, "tensor_parallel",
+            json_pack("{s:i, s:i, s:s, s:I, s:I, s:I, s:I, s:I, s:b, s:b, s:I}", "rank", m->tp->rank, "world",
+                      m->tp->world, "plan", m->tp->plan->source, "heads", (json_int_t)m->tp->heads, "kv_heads",
+                      (json_int_t)m->tp->kv_heads, "intermediate_size", (json_int_t)m->tp->inter, "vocab_offset",
+                      (json_int_t)m->tp->vocab_off, "vocab_rows", (json_int_t)m->tp->vocab_len, "embedding_split",
+                      m->tp->embed_split, "lm_head_split", m->tp->head_split, "unsplit_weight_bytes",
+                      (json_int_t)m->tp->full_bytes));
     *out = json_dumps(o, JSON_INDENT(2) | JSON_PRESERVE_ORDER | JSON_REAL_PRECISION(9));
     json_decref(o);
     return *out ? TK_OK : tk__err(TK_ERR_NOMEM, "out of memory");
@@ -1237,7 +1609,7 @@ int tk_models__forward_kv(tk_model *m, tk_kv *kv, const int32_t *slots, size_t n
                        "causal LM (LlamaForCausalLM, GPT2LMHeadModel, ...)", m->cfg.arch);
     int64_t T = cu[nseq], V = m->cfg.vocab;
     int32_t *n = malloc(nseq * sizeof *n), *bt = NULL, *sl = NULL;
-    int64_t *sm = NULL, *st = NULL, w = 0, nruns = 0;
+    int64_t *sm = NULL, *st = NULL, *last = NULL, w = 0, nruns = 0;
     void *dsm = NULL, *dbt = NULL, *dsl = NULL, *run_mem = NULL;
     tk_models_kvrun *runs = NULL;
     tk_models_batch *b = &m->batch;
@@ -1291,7 +1663,8 @@ int tk_models__forward_kv(tk_model *m, tk_kv *kv, const int32_t *slots, size_t n
     if ((rc = to_dev(m, b->ids.t.data, ids, (size_t)T * 4)) || (rc = to_dev(m, b->pos.t.data, pos, (size_t)T * 8)) ||
         (rc = to_dev(m, b->pos32.t.data, pos32, (size_t)T * 4)) ||
         (rc = to_dev(m, b->cu.t.data, cu2, (nseq + 1) * 4)) || (rc = to_dev(m, b->tt.t.data, zeros, (size_t)T * 4)) ||
-        (b->rope_pos.t.data != b->pos.t.data && (rc = to_dev(m, b->rope_pos.t.data, rpos, (size_t)T * 8))))
+        (b->rope_pos.t.data != b->pos.t.data && (rc = to_dev(m, b->rope_pos.t.data, rpos, (size_t)T * 8))) ||
+        (rc = tp_fill_ids(m, ids, T)))
         goto done;
     /* the cache's index tensors: host arrays on the CPU, copies on a GPU */
     size_t bsm = (size_t)T * 8, bbt = nseq * (size_t)w * 4, bsl = nseq * 4;
@@ -1317,13 +1690,15 @@ int tk_models__forward_kv(tk_model *m, tk_kv *kv, const int32_t *slots, size_t n
     b->kv_nruns = 0;
     if (rc != TK_OK)
         goto done;
-    for (size_t s = 0; s < nseq; s++) {
-        tk_mt row;
-        tk_models__rows(&row, b->logits, cu[s + 1] - 1, 1);
-        if ((rc = copy_out(m, logits + s * (size_t)V, &row)) != TK_OK)
-            goto done;
+    if (!(last = malloc(nseq * sizeof *last))) {
+        rc = tk__err(TK_ERR_NOMEM, "out of memory");
+        goto done;
     }
+    for (size_t s = 0; s < nseq; s++)
+        last[s] = cu[s + 1] - 1;
+    rc = logits_out(m, logits, b->logits, last, nseq);
 done:
+    free(last);
     dev_free(m, dsm);
     dev_free(m, dbt);
     dev_free(m, dsl);

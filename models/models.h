@@ -14,6 +14,7 @@
 #include <stdint.h>
 
 #include "common/common.h"
+#include "models/tp_plan.h"
 
 /* ---- safetensors (models/safetensors.c) ------------------------------------------------------- */
 
@@ -63,6 +64,10 @@ const tk_st_tensor *tk_models__st_find(const tk_st_set *s, const char *name);
 size_t tk_models__st_count(const tk_st_set *s);
 const tk_st_tensor *tk_models__st_at(const tk_st_set *s, size_t i);
 int64_t tk_models__st_bytes(const tk_st_set *s); /* sum of the files' sizes */
+/* Drops the mapped pages that lie wholly inside t's data from this process's memory (madvise
+ * MADV_DONTNEED; a later read maps them from the file again): after a strided slice of t was copied
+ * (tensor parallelism), the pages the copy touched need not stay resident. */
+void tk_models__st_release(const tk_st_tensor *t);
 
 /* Converts n elements of a safetensors dtype to f32 / from f32 into tk dtype dst (f32, f16, bf16).
  * Round to nearest even. TK_ERR_UNSUPPORTED for dtypes that hold no real numbers we convert (bool, u*,
@@ -237,6 +242,8 @@ typedef struct {
                      * for a sequence longer than that under LongRoPE (the table holds the short
                      * factors' rows, then the long ones': each sequence picks its own, as transformers
                      * does for it alone) */
+    tk_mt tp_ids; /* tensor parallelism with a vocabulary-parallel embedding: [T] i32, each id's row of the
+                   * rank's table (id - vocab_off), or vocab_len (a zero row) for an id outside its range */
     tk_mt cu;  /* [nseq + 1] i32 */
     tk_mt tt;  /* [T] i32 zeros: BERT's token types */
     tk_mt *hidden; /* [T, H] */
@@ -295,6 +302,19 @@ typedef struct {
     int embedding;
 } tk_models_weight;
 
+/* Tensor parallelism (a model loaded with a communicator of several ranks; docs/parallel.md): the plan
+ * and what this rank computes. The family's load sets the sizes and the split flags. */
+typedef struct {
+    tk_comm *comm;
+    int rank, world;
+    tk_tp_plan *plan;
+    int64_t heads, kv_heads, inter;  /* this rank's attention heads, kv heads and MLP width */
+    int64_t vocab_off, vocab_len;    /* the vocabulary rows this rank's embedding and LM head hold */
+    int embed_split;                 /* embed_tokens vocabulary-parallel: partial lookups, all-reduced */
+    int head_split;                  /* the LM head split on the vocabulary: the logits gathered */
+    int64_t full_bytes;              /* what the weights would take unsplit (one process), compute dtype */
+} tk_models_tp;
+
 struct tk_model {
     uint32_t magic;
     tk_ctx *ctx;
@@ -336,6 +356,7 @@ struct tk_model {
      * to name the tensor). */
     int training, train_ckpt, train_check, planned_training, plan_train;
     struct tk_trainer *trainer;
+    tk_models_tp *tp; /* NULL: one process holds the whole model */
 };
 
 enum { TK_POOL_MEAN = 0, TK_POOL_CLS = 1, TK_POOL_MAX = 2 };
@@ -477,6 +498,24 @@ int tk_models__linear(tk_model *m, const tk_mt *out, const tk_mt *x, const tk_mt
  * window_left -1: none; the scores are softcapped by m->cfg.attn_softcap when it is set. */
 int tk_models__attend(tk_model *m, tk_models_batch *b, int64_t l, const tk_mt *out, const tk_mt *q, const tk_mt *k,
                       const tk_mt *v, double scale, int64_t window_left);
+/* Tensor parallelism: the plan's entry for checkpoint tensor `name` (NULL without a plan, or for a name
+ * the checkpoint lacks); sums t over the ranks in place (TK_OK at once without tensor parallelism);
+ * the KV heads this process caches (every kv head, or the rank's). */
+const tk_tp_param *tk_models__tp_param(const tk_model *m, const char *name);
+int tk_models__tp_reduce(tk_model *m, const tk_mt *t);
+/* A family's check of the plan before its load: every tensor of layer l (named `layers`N.name) must be
+ * split as want says (dim -1: whole; split: the packed blocks), the input embedding `embed` on the
+ * vocabulary (embedding_rowwise) or whole, lm_head colwise* or whole; anything else is refused naming
+ * the tensor, its style and rule (hint: the family's split, for the message). Sets m->tp's embed_split
+ * and head_split (a tied head: from the plan's lm_head rule). */
+typedef struct {
+    const char *name;
+    int dim, split;
+} tk_models_tp_want;
+int tk_models__tp_check(tk_model *m, const char *layers, const tk_models_tp_want *want, size_t nwant,
+                        const char *embed, const char *hint);
+int64_t tk_models__kv_heads(const tk_model *m);
+
 /* Generation's step (generate.c): sequence s of nseq gets tokens ids[cu[s]..cu[s+1]) after the ones its
  * KV slot slots[s] holds; writes each sequence's last-token logits (f32, host) to logits [nseq, V]. */
 int tk_models__forward_kv(tk_model *m, struct tk_kv *kv, const int32_t *slots, size_t nseq, const int32_t *ids,

@@ -306,6 +306,17 @@ done:
     return rc;
 }
 
+void tk_models__st_release(const tk_st_tensor *t)
+{
+    long pg = sysconf(_SC_PAGESIZE);
+    if (!t || !t->data || pg <= 0 || t->end <= t->begin)
+        return;
+    uintptr_t a = (uintptr_t)t->data, e = a + (uintptr_t)(t->end - t->begin);
+    uintptr_t lo = (a + (uintptr_t)pg - 1) / (uintptr_t)pg * (uintptr_t)pg, hi = e / (uintptr_t)pg * (uintptr_t)pg;
+    if (hi > lo) /* a private, never-written file mapping: dropped pages read back from the file */
+        madvise((void *)lo, hi - lo, MADV_DONTNEED);
+}
+
 static void unmap_file(st_file *f)
 {
     if (f->map)

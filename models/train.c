@@ -519,6 +519,10 @@ int tk_train_new(tk_trainer **out, tk_model *m, const tk_train_opts *opts)
         return tk__err(TK_ERR_UNSUPPORTED, "%s: training needs f32 weights (the master weights AdamW updates); this "
                        "model computes in %s\nHINT: load it with dtype f32 (tk_model_opts.dtype = \"f32\", tk train "
                        "--dtype f32)", m->cfg.arch, tk_dtype_name(m->dtype));
+    if (m->tp)
+        return tk__err(TK_ERR_UNSUPPORTED, "%s: the model is split over %d ranks (tensor parallelism), which tk "
+                       "does not train\nHINT: train it in one process (data-parallel training is to come: "
+                       "docs/parallel.md)", m->cfg.arch, m->tp->world);
     if (m->quant.bits)
         return tk__err(TK_ERR_UNSUPPORTED, "%s: weight-only quantisation is on; training needs the float weights\n"
                        "HINT: tk_model_quantize(model, \"none\") first", m->cfg.arch);

@@ -130,6 +130,50 @@ static void test_load_errors(void)
     tk_model_free(NULL);
 }
 
+/* tk_model_opts version 1 (before the communicator) still loads; a communicator of one rank (no mpirun)
+ * gives an ordinary model but checks the plan file it is given. The split itself runs under mpirun:
+ * tests/cli/tp_models.sh. */
+static void test_opts_v1_and_one_rank_comm(void)
+{
+    tk_model *m = NULL;
+    tk_model_opts o = TK_MODEL_OPTS_INIT;
+    int32_t ids[3] = {1, 7, 9};
+    size_t len = 3;
+    float a[3 * V], b[3 * V];
+    o.version = 1;
+    o.comm = (tk_comm *)1; /* past a version-1 struct: never read */
+    CHECK_RC(tk_model_load(&m, ctx, dir, &o), TK_OK);
+    CHECK_RC(tk_model_forward(m, ids, &len, 1, a, NULL), TK_OK);
+    tk_model_free(m);
+    m = NULL;
+    tk_comm *c = NULL;
+    tk_comm_opts co = TK_COMM_OPTS_INIT;
+    co.backend = TK_COMM_SELF;
+    CHECK_RC(tk_comm_new(&c, &co), TK_OK);
+    o = (tk_model_opts)TK_MODEL_OPTS_INIT;
+    o.comm = c;
+    o.tp_plan = "/nonexistent/plan.json";
+    CHECK_RC(tk_model_load(&m, ctx, dir, &o), TK_ERR_NOT_FOUND);
+    CHECK(m == NULL && strstr(tk_last_error(), "/nonexistent/plan.json") != NULL);
+    char plan[300];
+    snprintf(plan, sizeof plan, "%s/bad_plan.json", dir);
+    FILE *f = fopen(plan, "w");
+    CHECK(f != NULL);
+    if (f) {
+        fputs("{\"model.layers.*.mlp.up_proj\": \"colwize\"}", f);
+        fclose(f);
+    }
+    o.tp_plan = plan;
+    CHECK_RC(tk_model_load(&m, ctx, dir, &o), TK_ERR_INVALID);
+    CHECK(m == NULL && strstr(tk_last_error(), "'colwize'") != NULL);
+    o.tp_plan = NULL; /* transformers' default plan for llama, on one rank: the whole model */
+    CHECK_RC(tk_model_load(&m, ctx, dir, &o), TK_OK);
+    CHECK_RC(tk_model_forward(m, ids, &len, 1, b, NULL), TK_OK);
+    CHECK(max_diff(a, b, 3 * V) == 0.0f);
+    tk_model_free(m);
+    tk_comm_free(c);
+}
+
 static void test_forward_contracts(void)
 {
     tk_model *m = NULL;
@@ -580,6 +624,7 @@ int main(void)
         return 1;
     }
     RUN(test_load_errors);
+    RUN(test_opts_v1_and_one_rank_comm);
     RUN(test_forward_contracts);
     RUN(test_config_dtype_mismatch);
     RUN(test_parser);

@@ -1,0 +1,285 @@
+#!/usr/bin/env bash
+# Tensor-parallel models (docs/parallel.md) under `mpirun -np N` on this machine's CPUs: tiny Llama
+# (GQA, biases, untied, uneven MLP width and vocabulary), Qwen2 (tied, q/k/v biases), a Llama where
+# torch.chunk leaves the last of 3 ranks no MLP features and no vocabulary rows, and GPT-2 with a plan
+# file, made with transformers' save_pretrained by tests/tp_models_make.py (cached in $B/tp-models,
+# remade when the script changes). `tk model logits --tp N` must equal one process's logits (within
+# f32 rounding of the reordered sums) and transformers' own; `tk generate --tp N` must give one
+# process's tokens (greedy, sampling, beams, a batch); each rank must hold about 1/N of the weights and
+# its kv heads' cache; bad setups must fail clearly on every rank, within the timeout. Skips when this
+# tk was built without MPI, mpirun is missing, or the test venv is (fails under CI).
+. "$(dirname "$0")/lib.sh"
+
+PY=$TK_PY_VENV/bin/python
+MODELS=$B/tp-models
+MPIRUN=(mpirun --oversubscribe --bind-to none)
+[ "$(id -u)" = 0 ] && MPIRUN+=(--allow-run-as-root)
+MPIRUN+=(--mca btl self,vader,tcp --mca btl_tcp_if_include lo --mca oob_tcp_if_include lo)
+export TK_COMM_TIMEOUT=30
+LLAMA_IDS=1,17,54,99,3,76,42,100,8
+QWEN_IDS=1,5,96,33,70,12,64
+EDGE_IDS=1,3,0,2,3
+
+# ready: MPI built and mpirun found, and the checkpoints made (once); else skip (fail under CI).
+ready() {
+  if ! "$TK" doctor --json 2>/dev/null | grep -q '"built": true'; then skip "this tk was built without MPI"; return 1; fi
+  if ! command -v mpirun >/dev/null; then
+    [ -n "${CI:-}" ] && { fail "mpirun is missing (apt install openmpi-bin: scripts/setup.sh)"; return 1; }
+    skip "mpirun not found (scripts/setup.sh installs openmpi-bin)"; return 1
+  fi
+  if ! py_has "$PY" torch transformers; then
+    [ -n "${CI:-}" ] && { fail "the test venv is missing ($PY): run scripts/setup.sh --test"; return 1; }
+    skip "no test venv ($PY); run scripts/setup.sh --test"; return 1
+  fi
+  local stamp; stamp=$(sha256sum "$ROOT/tests/tp_models_make.py" | cut -c1-16)
+  if [ "$(cat "$MODELS/.stamp" 2>/dev/null)" != "$stamp" ]; then
+    rm -rf "$MODELS"
+    HF_HUB_OFFLINE=1 "$PY" "$ROOT/tests/tp_models_make.py" "$MODELS" >"$WORK/make.log" 2>&1 ||
+      { fail "tp_models_make.py failed"; tail -n 20 "$WORK/make.log" >&2; return 1; }
+    echo "$stamp" >"$MODELS/.stamp"
+  fi
+}
+
+# run_mpi LIMIT_S NP ARGS...: mpirun under a hard outer limit (a hang fails the test, not the suite);
+# sets RC, OUT (stdout), ERR (stderr) and SECS.
+run_mpi() {
+  local limit=$1 np=$2; shift 2
+  local t0; t0=$(date +%s.%N)
+  OUT=$(timeout -k 5 "$limit" "${MPIRUN[@]}" -np "$np" "$@" 2>"$WORK/err"); RC=$?
+  ERR=$(cat "$WORK/err")
+  SECS=$(awk -v a="$t0" -v b="$(date +%s.%N)" 'BEGIN{printf "%.1f", b-a}')
+}
+
+# check_logits MODEL NP IDS [ARGS...]: the split's logits equal one process's (relative to the largest
+# logit: 1e-5) and transformers' (1e-4); every rank holds at most 1/NP of the weights plus $SLACK
+# (default 10%: the norms, replicated).
+check_logits() {
+  local model=$1 np=$2 ids=$3; shift 3
+  "$TK" model logits "$MODELS/$model" --ids "$ids" --json >"$WORK/one.json" || { fail "one process failed"; return; }
+  run_mpi 120 "$np" "$TK" model logits "$MODELS/$model" --ids "$ids" --tp "$np" --json "$@"
+  [ $RC = 0 ] || { fail "mpirun -np $np exited $RC: $ERR"; return; }
+  echo "$OUT" >"$WORK/tp.json"
+  python3 - "$WORK/one.json" "$WORK/tp.json" "$MODELS/$model/ref.json" "$np" "${SLACK:-0.1}" <<'EOF' || fail "$model at $np ranks"
+import json, sys
+one, tp, ref = (json.load(open(p)) for p in sys.argv[1:4])
+np_ = int(sys.argv[4])
+def rel(a, b):
+    assert len(a) == len(b) and all(len(x) == len(y) for x, y in zip(a, b)), "shapes differ"
+    m = max(abs(v) for r in a for v in r)
+    return max(abs(x - y) for ra, rb in zip(a, b) for x, y in zip(ra, rb)) / m
+d1, d2 = rel(one["logits"], tp["logits"]), rel(ref["logits"], tp["logits"])
+info = tp["tensor_parallel"]
+ranks = [r["weight_bytes"] for r in info["ranks"]]
+share = [w / info["unsplit_weight_bytes"] for w in ranks]
+print(f"    {np_} ranks: vs one process {d1:.2e}, vs transformers {d2:.2e}; weights per rank "
+      f"{', '.join(f'{s:.1%}' for s in share)} of {info['unsplit_weight_bytes']} B")
+ok = d1 <= 1e-5 and d2 <= 1e-4 and info["world_size"] == np_ and len(ranks) == np_
+ok = ok and all(s <= 1 / np_ + float(sys.argv[5]) for s in share)
+sys.exit(0 if ok else 1)
+EOF
+}
+
+t_logits_llama_gqa_2_ranks() { ready || return; check_logits llama 2 "$LLAMA_IDS"; }
+t_logits_llama_gqa_3_ranks() { ready || return; check_logits llama 3 "$LLAMA_IDS"; }
+t_logits_qwen2_tied_bias_2_ranks() { ready || return; check_logits qwen2 2 "$QWEN_IDS"; }
+# torch.chunk: MLP width 4 and vocabulary 4 over 3 ranks are 2, 2, 0
+t_logits_rank_with_nothing_3_ranks() {
+  ready || return
+  check_logits llama-edge 3 "$EDGE_IDS"
+  run_mpi 60 3 "$TK" model info "$MODELS/llama-edge" --json  # (info has no --tp: loads whole)
+  run_mpi 120 3 "$TK" model logits "$MODELS/llama-edge" --ids "$EDGE_IDS" --tp 3
+  [ $RC = 0 ] || fail "without --json: exited $RC: $ERR"
+  grep -q "^tensor parallel: 3 ranks, weights per rank:" <<<"$ERR" || fail "no per-rank weights line: $ERR"
+  [ "$(grep -c "^top " <<<"$OUT")" = 1 ] || fail "rank 0 alone must print: $OUT"
+}
+
+# A plan file: the default plan written out in full names gives the same; a plan that replicates the
+# embedding splits the tied head out of the whole table.
+default_plan() {
+  cat <<'EOF'
+{"model.embed_tokens": "embedding_rowwise", "model.layers.*.self_attn.q_proj": "colwise",
+ "model.layers.*.self_attn.k_proj": "colwise", "model.layers.*.self_attn.v_proj": "colwise",
+ "model.layers.*.self_attn.o_proj": "rowwise", "model.layers.*.mlp.gate_proj": "colwise",
+ "model.layers.*.mlp.up_proj": "colwise", "model.layers.*.mlp.down_proj": "rowwise",
+ "lm_head": "colwise_gather_output"}
+EOF
+}
+
+t_plan_file() {
+  ready || return
+  default_plan >"$WORK/plan.json"
+  check_logits llama 2 "$LLAMA_IDS" --tp-plan "$WORK/plan.json"
+  grep -q "\"plan\":\"$WORK/plan.json\"" "$WORK/tp.json" || fail "the report does not name the plan file"
+  sed 's/"embedding_rowwise"/"replicate"/' "$WORK/plan.json" >"$WORK/plan2.json"
+  SLACK=0.2 check_logits qwen2 2 "$QWEN_IDS" --tp-plan "$WORK/plan2.json" # the whole table: 60%
+}
+
+# GPT-2 (Conv1D weights, a fused q|k|v, a tied head) with a plan file: transformers has none for it.
+gpt2_plan() {
+  cat <<'EOF'
+{"transformer.wte": "embedding_rowwise",
+ "transformer.h.*.attn.c_attn": {"style": "packed_colwise", "split": 3},
+ "transformer.h.*.attn.c_proj": "rowwise", "transformer.h.*.mlp.c_fc": "colwise",
+ "transformer.h.*.mlp.c_proj": "rowwise", "lm_head": "colwise_gather_output"}
+EOF
+}
+
+t_gpt2_plan_file() {
+  ready || return
+  gpt2_plan >"$WORK/gpt2.json"
+  SLACK=0.12 check_logits gpt2 2 "$LLAMA_IDS" --tp-plan "$WORK/gpt2.json" # wpe and the layer norms whole
+  check_logits gpt2 3 "$LLAMA_IDS" --tp-plan "$WORK/gpt2.json"
+  local a
+  a=$("$TK" generate "$MODELS/gpt2" --ids 1,17,54,3 --do-sample --seed 3 --max-new-tokens 10 --json | grep -o '"ids": \[[0-9, ]*\]')
+  run_mpi 120 3 "$TK" generate "$MODELS/gpt2" --ids 1,17,54,3 --do-sample --seed 3 --max-new-tokens 10 --tp 3 \
+    --tp-plan "$WORK/gpt2.json" --json
+  [ $RC = 0 ] || { fail "generate at 3 ranks exited $RC: $ERR"; return; }
+  [ -n "$a" ] && [ "$(grep -o '"ids": \[[0-9, ]*\]' <<<"$OUT")" = "$a" ] || fail "sampled tokens differ: $a vs $OUT"
+  # without a plan: transformers' config carries none for GPT-2
+  run_mpi 60 2 "$TK" model logits "$MODELS/gpt2" --ids 1,2 --tp 2
+  [ $RC = 8 ] || fail "exit $RC, want 8: $ERR"
+  grep -q "GPT2LMHeadModel (gpt2) has no tensor-parallel plan" <<<"$ERR" || fail "no clear error: $ERR"
+  grep -q "HINT: write one and pass it with --tp-plan FILE" <<<"$ERR" || fail "no hint: $ERR"
+}
+
+# Generation: the same tokens as one process, and the KV cache holds the rank's kv heads only.
+t_generate_same_tokens() {
+  ready || return
+  local model opts a b
+  for model in llama qwen2; do
+    for opts in "--max-new-tokens 12" "--do-sample --seed 7 --temperature 1.5 --top-k 0 --max-new-tokens 12" \
+                "--num-beams 3 --max-new-tokens 6" "--ids 1,9,8,7,6 --max-new-tokens 8"; do
+      # shellcheck disable=SC2086
+      a=$("$TK" generate "$MODELS/$model" --ids 1,17,54,3 $opts --json) || { fail "one process: $model $opts"; continue; }
+      # shellcheck disable=SC2086
+      run_mpi 120 2 "$TK" generate "$MODELS/$model" --ids 1,17,54,3 $opts --tp 2 --json
+      [ $RC = 0 ] || { fail "$model $opts: mpirun exited $RC: $ERR"; continue; }
+      python3 - "$a" "$OUT" "$model $opts" <<'EOF' || fail "$model $opts: tokens differ"
+import json, sys
+a, b = json.loads(sys.argv[1]), json.loads(sys.argv[2])
+a, b = (x if isinstance(x, list) else [x] for x in (a, b))
+ids = lambda r: [x["ids"] for x in r]
+print(f"    {sys.argv[3]}: {ids(b)}")
+assert ids(a) == ids(b), f"{ids(a)} != {ids(b)}"
+# kv cache: the rank's kv heads (half of them at 2 ranks)
+assert b[0]["stats"]["kv_bytes"] * 2 == a[0]["stats"]["kv_bytes"], (a[0]["stats"], b[0]["stats"])
+EOF
+    done
+  done
+}
+
+# tk chat --tp: rank 0 reads the turns and sends them to the other rank; the replies are one process's
+# (the tiny Llama with a tokenizer of tests/models/tiny.sh, a template added as tests/cli/chat.sh does).
+t_chat_same_replies() {
+  ready || return
+  local ck d=$WORK/chatck f a
+  ck=$(bash "$ROOT/tests/models/tiny.sh" llama 2>"$WORK/tiny.log") || { fail "tiny.sh: $(tail -n 3 "$WORK/tiny.log")"; return; }
+  mkdir -p "$d"
+  for f in config.json generation_config.json model.safetensors tokenizer.json; do ln -sf "$ck/$f" "$d/$f"; done
+  printf '%s\n' '{"bos_token": "<s>", "eos_token": "</s>", "chat_template": "{% for m in messages %}{{ bos_token + m[\"role\"][0] + \": \" + m[\"content\"] + eos_token }}{% endfor %}{% if add_generation_prompt %}{{ bos_token + \"a:\" }}{% endif %}"}' >"$d/tokenizer_config.json"
+  a=$(printf 'Once upon\n\nthe fox\n' | "$TK" --json chat "$d" --system "Be brief." --max-new-tokens 6) || { fail "one process failed"; return; }
+  OUT=$(printf 'Once upon\n\nthe fox\n' | timeout -k 5 60 "${MPIRUN[@]}" -np 2 "$TK" --json chat "$d" --system "Be brief." \
+    --max-new-tokens 6 --tp 2 2>"$WORK/err"); RC=$?
+  [ $RC = 0 ] || { fail "mpirun exited $RC: $(cat "$WORK/err")"; return; }
+  [ "$(grep -c '"turn"' <<<"$OUT")" = 2 ] || fail "want 2 replies from rank 0 alone: $OUT"
+  [ "$OUT" = "$a" ] || fail "the replies differ: $a vs $OUT"
+}
+
+# Streaming text: rank 0 alone prints.
+t_generate_rank0_prints() {
+  ready || return
+  run_mpi 120 2 "$TK" generate "$MODELS/llama" --ids 1,17,54,3 --max-new-tokens 5 --tp 2 --stats
+  [ $RC = 0 ] || { fail "exited $RC: $ERR"; return; }
+  [ "$(grep -c . <<<"$OUT")" = 1 ] || fail "want one line of ids from rank 0: $OUT"
+  [ "$(grep -c '"prefill_ms"' <<<"$ERR")" = 1 ] || fail "want one --stats line (rank 0's): $ERR"
+}
+
+t_heads_not_divisible() {
+  ready || return
+  run_mpi 60 3 "$TK" model logits "$MODELS/qwen2" --ids "$QWEN_IDS" --tp 3
+  [ $RC != 0 ] && [ $RC != 124 ] || fail "exit $RC: want a failure, not a hang ($SECS s)"
+  grep -q "num_attention_heads 4 is not divisible by the tensor-parallel size 3" <<<"$ERR" || fail "no clear error: $ERR"
+  grep -q "sizes that fit this model: 1, 2" <<<"$ERR" || fail "no hint of the sizes that fit: $ERR"
+}
+
+t_world_size_differs() {
+  ready || return
+  run_mpi 60 2 "$TK" model logits "$MODELS/llama" --ids "$LLAMA_IDS" --tp 3
+  [ $RC = 2 ] || fail "exit $RC, want 2 ($SECS s)"
+  grep -q -- "--tp 3, but 2 processes were started" <<<"$ERR" || fail "no clear error: $ERR"
+  [ "$(grep -c -- '--tp 3, but' <<<"$ERR")" = 1 ] || fail "rank 0 alone must say so: $ERR"
+  expect_rc 2 "$TK" generate "$MODELS/llama" --ids 1,2 --tp 2
+  expect_out "--tp 2, but 1 process was started"
+  expect_out "mpirun -np N"
+  expect_rc 2 "$TK" model logits "$MODELS/llama" --ids 1,2 --tp-plan "$WORK/none.json"
+  expect_out "--tp-plan goes with --tp N"
+  expect_rc 2 "$TK" model logits "$MODELS/llama" --ids 1,2 --tp 0
+  expect_out "--tp wants the number of ranks"
+}
+
+# One rank's checkpoint is damaged (a truncated safetensors file): every rank fails, within the
+# timeout, the others naming the rank that could not load.
+t_rank_cannot_open_checkpoint() {
+  ready || return
+  cp -r "$MODELS/llama" "$WORK/bad"
+  truncate -s 1000 "$WORK/bad/model.safetensors"
+  cat >"$WORK/rank.sh" <<EOF
+#!/bin/sh
+d="$MODELS/llama"; [ "\$OMPI_COMM_WORLD_RANK" = 1 ] && d="$WORK/bad"
+exec "$TK" model logits "\$d" --ids $LLAMA_IDS --tp 2
+EOF
+  chmod +x "$WORK/rank.sh"
+  run_mpi 60 2 "$WORK/rank.sh"
+  [ $RC != 0 ] && [ $RC != 124 ] || fail "exit $RC: want a failure, not a hang ($SECS s)"
+  awk -v s="$SECS" 'BEGIN{exit !(s < 30)}' || fail "took ${SECS}s, more than the 30 s timeout"
+  grep -q "model.safetensors" <<<"$ERR" || fail "rank 1 does not say what is wrong: $ERR"
+  grep -q "rank 1 of 2 could not load the model" <<<"$ERR" || fail "rank 0 does not name rank 1: $ERR"
+  [ -z "$OUT" ] || fail "nothing may print on stdout: $OUT"
+}
+
+# A rank killed mid-generation (SIGKILL 1.5 s into a ~6 s job): the other ends non-zero well within
+# the timeout, nothing printed as a result.
+t_rank_killed_mid_generation() {
+  ready || return
+  local args="" i
+  for i in $(seq 32); do args="$args --ids 1,$i,3"; done
+  cat >"$WORK/kill.sh" <<EOF
+#!/bin/bash
+"$TK" generate "$MODELS/llama" $args --max-new-tokens 120 --no-cache --tp 2 --json &
+pid=\$!
+if [ "\$OMPI_COMM_WORLD_RANK" = 1 ]; then sleep 1.5; echo "rank 1: killing \$pid" >&2; kill -9 \$pid; fi
+wait \$pid
+EOF
+  chmod +x "$WORK/kill.sh"
+  run_mpi 60 2 "$WORK/kill.sh"
+  [ $RC != 0 ] && [ $RC != 124 ] || fail "exit $RC: the job must fail, not hang ($SECS s)"
+  awk -v s="$SECS" 'BEGIN{exit !(s < 30)}' || fail "took ${SECS}s, more than the 30 s timeout"
+  grep -q "rank 1: killing" <<<"$ERR" || fail "the victim was not killed (did the job end first?): $ERR"
+  grep -qi "signal 9\|killed\|non-zero" <<<"$ERR" || fail "mpirun does not say a rank died: $ERR"
+  [ -z "$OUT" ] || fail "a result was printed: ${OUT:0:200}"
+}
+
+# A plan tk cannot run (q_proj split on its input features), a style transformers does not know.
+t_bad_plans() {
+  ready || return
+  default_plan | sed 's/q_proj": "colwise"/q_proj": "rowwise"/' >"$WORK/p1.json"
+  run_mpi 60 2 "$TK" model logits "$MODELS/llama" --ids "$LLAMA_IDS" --tp 2 --tp-plan "$WORK/p1.json"
+  [ $RC = 8 ] || fail "exit $RC, want 8 (unsupported): $ERR"
+  grep -q "gives 'model.layers.0.self_attn.q_proj.[a-z]*' the style rowwise (rule 'model.layers.\*.self_attn.q_proj')" <<<"$ERR" || fail "no clear error: $ERR"
+  echo '{"model.layers.*.mlp.up_proj": "colwize"}' >"$WORK/p2.json"
+  run_mpi 60 2 "$TK" model logits "$MODELS/llama" --ids "$LLAMA_IDS" --tp 2 --tp-plan "$WORK/p2.json"
+  [ $RC = 2 ] || fail "exit $RC, want 2: $ERR"
+  grep -q "unsupported tp_plan style: 'colwize'" <<<"$ERR" || fail "no clear error: $ERR"
+}
+
+# --tp 1 without mpirun: one process, the plan still checked, the same logits.
+t_tp_1_alone() {
+  ready || return
+  expect_rc 0 "$TK" model logits "$MODELS/llama" --ids "$LLAMA_IDS" --json
+  local a=$OUT
+  expect_rc 0 "$TK" model logits "$MODELS/llama" --ids "$LLAMA_IDS" --tp 1 --json
+  [ "${OUT%%, \"tensor_parallel\"*}" = "${a%\}}" ] || fail "--tp 1 changed the logits"
+  expect_rc 2 "$TK" model logits "$MODELS/llama" --ids "$LLAMA_IDS" --tp 1 --tp-plan "$WORK/p2.json"
+}
+
+run_tests

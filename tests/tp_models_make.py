@@ -1,0 +1,65 @@
+#!/usr/bin/env python3
+"""Writes the tiny checkpoints tests/cli/tp_models.sh splits over MPI ranks, with transformers'
+save_pretrained, and transformers' own logits for one prompt beside each (OUT/<name>/ref.json: "ids",
+"logits"), the outside oracle the split's logits are held to.
+
+    tp_models_make.py OUT
+
+  llama       LlamaForCausalLM, GQA (12 heads, 6 kv heads: splits over 2, 3 and 6 ranks), head_dim 16
+              apart from hidden / heads, an MLP width (37) and a vocabulary (101) that no rank count
+              divides (torch.chunk's uneven parts), attention and MLP biases, an untied LM head
+  qwen2       Qwen2ForCausalLM: q/k/v biases, tied embeddings, 4 heads and 2 kv heads (3 ranks do not
+              divide them: the error case)
+  llama-edge  3 heads, 3 kv heads, MLP width 4 and vocabulary 4: at 3 ranks torch.chunk gives the last
+              rank no MLP features and no vocabulary rows at all
+  gpt2        GPT2LMHeadModel (Conv1D weights, fused c_attn, tied head): 6 heads, MLP width 37, vocabulary
+              101; transformers has no plan for it, the test passes one
+Seeds are fixed: the same script writes the same weights.
+"""
+import json
+import os
+import sys
+
+import torch
+from transformers import GPT2Config, GPT2LMHeadModel, LlamaConfig, LlamaForCausalLM, Qwen2Config, Qwen2ForCausalLM
+
+OUT = sys.argv[1]
+
+
+def save(name, model, seed, ids):
+    d = os.path.join(OUT, name)
+    os.makedirs(d, exist_ok=True)
+    g = torch.Generator().manual_seed(seed)
+    with torch.no_grad():
+        for n, p in model.named_parameters():
+            r = torch.randn(p.shape, generator=g).to(p.dtype)
+            is_norm = p.dim() == 1 and "norm" in n
+            p.copy_(1.0 + 0.1 * r if is_norm else 0.2 * r)
+    model.save_pretrained(d)
+    with torch.no_grad():
+        logits = model(torch.tensor([ids])).logits[0]
+    with open(os.path.join(d, "ref.json"), "w") as f:
+        json.dump({"ids": ids, "logits": logits.tolist()}, f)
+
+
+def main():
+    torch.manual_seed(0)
+    base = dict(num_hidden_layers=2, max_position_embeddings=128, rms_norm_eps=1e-5, bos_token_id=1,
+                eos_token_id=2)
+    save("llama", LlamaForCausalLM(LlamaConfig(
+        vocab_size=101, hidden_size=48, intermediate_size=37, num_attention_heads=12, num_key_value_heads=6,
+        head_dim=16, attention_bias=True, mlp_bias=True, tie_word_embeddings=False, **base)).eval(), 1,
+        [1, 17, 54, 99, 3, 76, 42, 100, 8])
+    save("qwen2", Qwen2ForCausalLM(Qwen2Config(
+        vocab_size=97, hidden_size=32, intermediate_size=37, num_attention_heads=4, num_key_value_heads=2,
+        tie_word_embeddings=True, **base)).eval(), 2, [1, 5, 96, 33, 70, 12, 64])
+    save("llama-edge", LlamaForCausalLM(LlamaConfig(
+        vocab_size=4, hidden_size=24, intermediate_size=4, num_attention_heads=3, num_key_value_heads=3,
+        tie_word_embeddings=True, **base)).eval(), 3, [1, 3, 0, 2, 3])
+    save("gpt2", GPT2LMHeadModel(GPT2Config(
+        vocab_size=101, n_embd=48, n_layer=2, n_head=6, n_inner=37, n_positions=64, bos_token_id=1,
+        eos_token_id=2)).eval(), 4, [1, 17, 54, 99, 3, 76, 42, 100, 8])
+
+
+if __name__ == "__main__":
+    main()
