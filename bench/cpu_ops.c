@@ -223,6 +223,15 @@ int main(int argc, char **argv)
                 run_case(name, "silu_and_mul", a, 2, 0, 0);
                 free(in.t.data), free(o.t.data);
             }
+            snprintf(name, sizeof name, "softcap %s [%lld, 256000] (Gemma 2's final logits)", dn, (long long)m);
+            if (m == 1 && (!filter || strstr(name, filter))) {
+                ten x;
+                int64_t s2[2] = {m, 256000};
+                mk(&x, dt, 2, s2, -60, 60);
+                tk_arg a[] = {T("out", &x), T("input", &x), {TK_ARG_F64, "cap", NULL, 0, 30.0}};
+                run_case(name, "softcap", a, 3, 0, 0);
+                free(x.t.data);
+            }
             snprintf(name, sizeof name, "rotary_embedding %s %lld tokens", dn, (long long)m);
             if (!filter || strstr(name, filter)) {
                 ten q, k, p, cs;

@@ -143,24 +143,6 @@ static void chunk_c(rows_t *T, int64_t j0, int64_t n)
 }
 
 #if TK_CPU_X86
-/* cap * tanh(s / cap) on 8 lanes (see the top of the file); NaN stays NaN, +-inf gives +-cap. */
-TK_AVX2_INLINE __m256 softcap8(__m256 s, float cap)
-{
-    const __m256 sign = _mm256_set1_ps(-0.0f);
-    __m256 x = _mm256_div_ps(s, _mm256_set1_ps(cap)), ax = _mm256_andnot_ps(sign, x);
-    __m256 e = tk_exp8(_mm256_mul_ps(ax, _mm256_set1_ps(-2.0f)));
-    __m256 big = _mm256_div_ps(_mm256_sub_ps(_mm256_set1_ps(1.0f), e), _mm256_add_ps(_mm256_set1_ps(1.0f), e));
-    /* x - x^3/3 + 2x^5/15 - 17x^7/315 */
-    __m256 z = _mm256_mul_ps(ax, ax);
-    __m256 p = _mm256_fmadd_ps(z, _mm256_set1_ps(-17.0f / 315.0f), _mm256_set1_ps(2.0f / 15.0f));
-    p = _mm256_fmadd_ps(z, p, _mm256_set1_ps(-1.0f / 3.0f));
-    __m256 small = _mm256_fmadd_ps(_mm256_mul_ps(z, ax), p, ax);
-    __m256 t = _mm256_blendv_ps(big, small, _mm256_cmp_ps(ax, _mm256_set1_ps(0.0625f), _CMP_LT_OQ));
-    t = _mm256_or_ps(t, _mm256_and_ps(x, sign)); /* the sign back */
-    t = _mm256_blendv_ps(t, x, _mm256_cmp_ps(x, x, _CMP_UNORD_Q));
-    return _mm256_mul_ps(t, _mm256_set1_ps(cap));
-}
-
 TK_AVX2 static void chunk_avx2(rows_t *T, int64_t j0, int64_t n)
 {
     const __m256 ninf = _mm256_set1_ps(-INFINITY);
@@ -181,7 +163,7 @@ TK_AVX2 static void chunk_avx2(rows_t *T, int64_t j0, int64_t n)
         }
         if (T->cap > 0)
             for (int g = 0; g < 8; g++)
-                s[g] = softcap8(s[g], T->cap);
+                s[g] = tk_softcap8(s[g], T->cap);
         /* mask keys outside [a, b] to -inf; the max, and NaN */
         __m256 mx = ninf;
         int nan = 0;

@@ -687,6 +687,65 @@ static void test_gelu_tanh_and_mul(void)
         }
 }
 
+/* ---- softcap (Gemma 2's final logits) ---------------------------------------------------------- */
+
+/* The vector tanh is within about 1e-6 of tanhf: both sides are held to 2 u_out |ref| + 4e-6 cap. */
+typedef struct {
+    const char *what;
+    double cap;
+} cap_ctx;
+
+static int cap_cmp(void *p, host_t *const *ref, host_t *const *got, const char *impl)
+{
+    const cap_ctx *C = p;
+    tk_dtype dt = got[0]->t.dtype;
+    op_cmp c = op_cmp_begin(0, 0, "%s %s %s", impl, tk_ops__dtype_str(dt), C->what);
+    for (int64_t i = 0, n = numel(&ref[0]->t); i < n; i++) {
+        double r = get(&ref[0]->t, i);
+        op_cmp_tol(&c, i, get(&got[0]->t, i), r, 2 * u_out(dt) * fabs(r) + 4e-6 * C->cap + 2 * u_abs(dt));
+    }
+    return op_cmp_end(&c);
+}
+
+static int cap_case(tk_dtype dt, int64_t rows, int64_t d, double cap, int64_t pad, int inplace, int special)
+{
+    host_t in, out;
+    int64_t sh[2] = {rows, d};
+    host_new(&in, dt, 2, sh, pad);
+    host_new(&out, dt, 2, sh, 0);
+    fill_range(&in, -4 * cap, 4 * cap);
+    if (special) {
+        static const double vals[] = {NAN, INFINITY, -INFINITY, 1e30, -1e30, 0, -0.0, 1e-30, 1e-3, -1e-3, 0.06};
+        for (size_t i = 0; i < sizeof vals / sizeof vals[0] && (int64_t)i < rows * d; i++)
+            set(&in.t, (int64_t)i, vals[i] * (fabs(vals[i]) < 1 ? cap : 1));
+    }
+    char what[96];
+    snprintf(what, sizeof what, "softcap [%lld, %lld] cap %g%s%s%s", (long long)rows, (long long)d, cap,
+             pad ? " strided" : "", inplace ? " in place" : "", special ? " nan/inf" : "");
+    cap_ctx C = {what, cap};
+    host_t *o = inplace ? &in : &out;
+    tk_arg a[] = {T("out", &o->t), T("input", &in.t), F("cap", cap)};
+    host_t *outs[1] = {o};
+    int oa[1] = {0};
+    int ok = run_all("softcap", a, 3, outs, oa, 1, cap_cmp, &C);
+    free(in.buf);
+    free(out.buf);
+    return ok;
+}
+
+static void test_softcap(void)
+{
+    static const int64_t shapes[][2] = {{1, 13}, {4, 576}, {3, 1}, {2, 8}, {2, 50257}, {1, 20}};
+    static const double caps[] = {30, 2, 50};
+    for (size_t t = 0; t < 3; t++)
+        for (size_t s = 0; s < sizeof shapes / sizeof shapes[0]; s++) {
+            double cap = caps[s % 3];
+            CHECK(cap_case(*all_dtypes[t], shapes[s][0], shapes[s][1], cap, s == 2 ? 5 : 0, 0, 0));
+            CHECK(cap_case(*all_dtypes[t], shapes[s][0], shapes[s][1], cap, 0, 1, 0));
+            CHECK(cap_case(*all_dtypes[t], shapes[s][0], shapes[s][1], cap, 0, 0, 1));
+        }
+}
+
 /* ---- rotary_embedding ------------------------------------------------------------------------- */
 
 static int rope_case(tk_dtype dt, tk_dtype cdt, int64_t ntok, int64_t hq, int64_t hkv, int64_t d, int64_t rot)
@@ -913,6 +972,7 @@ int main(void)
     RUN(test_norms);
     RUN(test_silu_and_mul);
     RUN(test_gelu_tanh_and_mul);
+    RUN(test_softcap);
     RUN(test_rotary);
     RUN(test_pick);
     return th_done();
