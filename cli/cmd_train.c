@@ -343,7 +343,7 @@ static char *config_json(const train_job *j)
     char hash[17];
     snprintf(hash, sizeof hash, "%016llx", (unsigned long long)j->data_hash);
     json_t *o = json_pack("{s:s, s:o, s:s, s:I, s:I, s:I, s:I, s:I, s:I, s:f, s:f, s:f, s:f, s:f, s:f, s:f, s:f, "
-                          "s:f, s:f, s:b, s:b, s:b, s:I, s:I, s:i}",
+                          "s:f, s:f, s:b, s:b, s:b, s:I, s:I}",
                           "tk", "train", "data", files, "data_hash", hash, "seq_len", (json_int_t)j->seq_len,
                           "batch_size", (json_int_t)j->batch, "grad_accum", (json_int_t)j->accum, "steps",
                           (json_int_t)j->steps, "warmup", (json_int_t)j->warmup, "seed", (json_int_t)j->seed, "lr",
@@ -351,7 +351,9 @@ static char *config_json(const train_job *j)
                           j->beta2, "eps", j->eps, "max_grad_norm", j->clip, "label_smoothing", j->smoothing,
                           "eval_fraction", j->eval_frac, "mlm_probability", j->mlm_p, "cosine", j->cosine,
                           "decay_all", j->decay_all, "checkpointing", j->ckpt, "fused_loss", (json_int_t)j->fused, "epochs",
-                          (json_int_t)j->epochs, "dp", j->world);
+                          (json_int_t)j->epochs);
+    if (o && j->world > 1) /* --dp N (absent: one process, as before --dp existed) */
+        json_object_set_new(o, "dp", json_integer(j->world));
     char *s = o ? json_dumps(o, JSON_COMPACT | JSON_PRESERVE_ORDER) : NULL;
     json_decref(o);
     return s;
