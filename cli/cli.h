@@ -111,6 +111,8 @@ int tk_cli_diffusion_flag(const char *flag);
 struct json_t;
 int tk_cli_tp_parse(const char *usage, const char *v, int *n);
 int tk_cli_tp_join(tk_cli *cli, tk_comm **comm, int n);
+/* join for another flag (tk train's --dp): the same, its messages naming `flag` */
+int tk_cli_comm_join(tk_cli *cli, tk_comm **comm, int n, const char *flag);
 int tk_cli_tp_report(struct json_t **out, tk_comm *c, const tk_model *m);
 void tk_cli_tp_print(tk_cli *cli, const struct json_t *report);
 

@@ -92,6 +92,11 @@ static void help(void)
            "\n"
            "runtime:\n"
            "  --device cpu|cuda[:N]      where training runs (default cpu)\n"
+           "  --dp N                     data parallel over the N ranks that `mpirun -np N` started: every\n"
+           "                             step takes N x --batch-size sequences, each rank its --batch-size\n"
+           "                             of them; the gradients are summed over the ranks before clipping\n"
+           "                             and AdamW, so the run is one process's with --batch-size N x B;\n"
+           "                             rank 0 alone prints and saves (docs/parallel.md)\n"
            "  --json                     one JSON record per line on stdout: each step, eval and save, then\n"
            "                             a summary (docs/json.md)\n"
            "  --quiet                    no progress bar\n"
@@ -100,6 +105,7 @@ static void help(void)
            "  tk train ./gpt2 --data book.txt --out run1 --seq-len 256 --batch-size 4 --steps 500\n"
            "  tk train ./TinyLlama --data a.txt b.txt --out run2 --lr 2e-5 --warmup 50 --checkpointing\n"
            "  tk train ./gpt2 --data book.txt --out run1 --resume --steps 1000\n"
+           "  mpirun -np 4 tk train ./gpt2 --data book.txt --out run3 --batch-size 2 --dp 4\n"
            "\n"
            "exit status: 0 ok, 1 a training failure (a NaN loss: the message names the tensor; out of\n"
            "memory), 2 usage or bad data (an empty, binary or too short file), 3 no checkpoint or\n"
@@ -120,7 +126,11 @@ typedef struct {
     int cosine, decay_all, ckpt, fused, resume, steps_given;
     int files_owned; /* files[] were read from the saved state (strdup'd) */
     const char *device;
+    int dp; /* --dp N: data parallel over N ranks (0: not given) */
     /* the run */
+    tk_comm *comm; /* --dp: the ranks */
+    int rank, world;
+    int stop;      /* --dp: the ranks agreed to stop after this step */
     tk_model *m;
     tk_trainer *t;
     int mlm;
@@ -295,6 +305,11 @@ static int parse(train_job *j, int argc, char **argv)
         } else if (!strcmp(a, "--device")) {
             VAL();
             j->device = v;
+        } else if (!strcmp(a, "--dp")) {
+            VAL();
+            long long n = 0;
+            if ((u = integer(a, v, 1, 4096, &n)) == GO)
+                j->dp = (int)n;
         } else if (a[0] == '-' && a[1]) {
             return tk_cli_usage(USAGE, "unknown option '%s' (see tk train --help)", a);
         } else if (!j->dir) {
@@ -337,6 +352,8 @@ static char *config_json(const train_job *j)
                           "eval_fraction", j->eval_frac, "mlm_probability", j->mlm_p, "cosine", j->cosine,
                           "decay_all", j->decay_all, "checkpointing", j->ckpt, "fused_loss", (json_int_t)j->fused, "epochs",
                           (json_int_t)j->epochs);
+    if (o && j->world > 1) /* --dp N (absent: one process, as before --dp existed) */
+        json_object_set_new(o, "dp", json_integer(j->world));
     char *s = o ? json_dumps(o, JSON_COMPACT | JSON_PRESERVE_ORDER) : NULL;
     json_decref(o);
     return s;
@@ -393,6 +410,16 @@ static int load_resume(train_job *j, tk_cli *cli)
         for (size_t i = 0; i < json_array_size(files) && i < MAX_FILES; i++)
             j->files[j->nfiles++] = strdup(json_string_value(json_array_get(files, i)) ?: "");
         j->files_owned = 1;
+    }
+    json_t *dpj = json_object_get(x, "dp");
+    int saved_dp = json_is_integer(dpj) ? (int)json_integer_value(dpj) : 1;
+    if (saved_dp != j->world) {
+        json_decref(st);
+        return tk_cli_errorf(cli, TK_ERR_INVALID, TK_EXIT_USAGE, "--resume: the run trained on %d rank%s, this one "
+                             "has %d (the data order depends on the global batch)\nHINT: %s", saved_dp,
+                             saved_dp == 1 ? "" : "s", j->world,
+                             saved_dp == 1 ? "resume it in one process, without --dp"
+                                           : "resume it under mpirun -np with the run's --dp");
     }
     const char *h = json_string_value(json_object_get(x, "data_hash"));
     j->data_hash = h ? strtoull(h, NULL, 16) : 0;
@@ -558,7 +585,12 @@ static int split(train_job *j, tk_cli *cli)
         j->neval = j->nblocks - 1;
     j->ntrain = j->nblocks - j->neval;
     j->perm_epoch = -1;
-    size_t per_step = (size_t)(j->batch * j->accum);
+    if (j->ntrain < (size_t)j->world)
+        return tk_cli_errorf(cli, TK_ERR_INVALID, TK_EXIT_USAGE, "--dp %d: the data has %zu training sequence%s of "
+                             "--seq-len %lld (%zu held out), fewer than the ranks: every rank needs one of its own"
+                             "\nHINT: more text, a smaller --seq-len or --eval-fraction, or fewer ranks", j->world,
+                             j->ntrain, j->ntrain == 1 ? "" : "s", j->seq_len, j->neval);
+    size_t per_step = (size_t)(j->batch * j->accum) * (size_t)j->world;
     if (!j->steps_given && !j->resume_from)
         j->steps = (long long)(((size_t)j->epochs * j->ntrain + per_step - 1) / per_step);
     size_t rows = (size_t)j->batch, T = rows * (size_t)j->seq_len;
@@ -580,8 +612,10 @@ static size_t train_block(train_job *j, uint64_t idx)
     return j->perm[idx % j->ntrain];
 }
 
-/* Fills ids/targets/lens with `rows` blocks; `key` seeds BERT's masks. */
-static void fill_rows(train_job *j, const size_t *blocks, size_t rows, uint64_t key)
+/* Fills ids/targets/lens with `rows` blocks, rows row0.. of the global micro-batch (--dp: this rank's
+ * share starts at rank x --batch-size); `key` and the global row seed BERT's masks, so a rank masks its
+ * rows as one process with the whole batch would. */
+static void fill_rows(train_job *j, const size_t *blocks, size_t rows, size_t row0, uint64_t key)
 {
     size_t L = (size_t)j->seq_len;
     for (size_t r = 0; r < rows; r++) {
@@ -597,7 +631,7 @@ static void fill_rows(train_job *j, const size_t *blocks, size_t rows, uint64_t 
             continue;
         }
         for (size_t i = 0; i < L; i++) {
-            uint64_t z = mix(key ^ mix((uint64_t)(r * L + i) + 1));
+            uint64_t z = mix(key ^ mix((uint64_t)((row0 + r) * L + i) + 1));
             double u1 = (double)(z >> 11) * 0x1.0p-53, u2 = (double)((mix(z) >> 11)) * 0x1.0p-53;
             int32_t id = src[i];
             int special = id == j->cls_id || id == j->sep_id || id == j->pad_id;
@@ -698,16 +732,22 @@ static int save(train_job *j, tk_cli *cli, long long step, char *saved, size_t c
 
 /* ---- the loop --------------------------------------------------------------------------------- */
 
+/* The eval loss over the held-out blocks, in batches of --batch-size; with --dp in global batches of
+ * N x --batch-size, each rank its share as in training (so BERT's masks are one process's with the
+ * global batch), the sums added over the ranks. */
 static int eval_loss(train_job *j, tk_cli *cli, double *mean, int64_t *ntok)
 {
     double sum = 0;
     int64_t n = 0;
-    size_t *blocks = j->blocks;
-    for (size_t b0 = 0; b0 < j->neval; b0 += (size_t)j->batch) {
-        size_t rows = j->neval - b0 < (size_t)j->batch ? j->neval - b0 : (size_t)j->batch;
+    size_t *blocks = j->blocks, B = (size_t)j->batch, G = B * (size_t)j->world, row0 = B * (size_t)j->rank;
+    for (size_t b0 = 0; b0 < j->neval; b0 += G) {
+        size_t first = b0 + row0;
+        if (first >= j->neval)
+            continue;
+        size_t rows = j->neval - first < B ? j->neval - first : B;
         for (size_t r = 0; r < rows; r++)
-            blocks[r] = j->order[b0 + r];
-        fill_rows(j, blocks, rows, mix((uint64_t)j->seed ^ 0xe7a1ull ^ mix(b0)));
+            blocks[r] = j->order[first + r];
+        fill_rows(j, blocks, rows, row0, mix((uint64_t)j->seed ^ 0xe7a1ull ^ mix(b0)));
         double s;
         int64_t k;
         int rc = tk_train_eval(j->t, j->ids, j->targets, j->lens, rows, &s, &k);
@@ -715,6 +755,16 @@ static int eval_loss(train_job *j, tk_cli *cli, double *mean, int64_t *ntok)
             return tk_cli_fail(cli, rc, "eval");
         sum += s;
         n += k;
+    }
+    if (j->comm) {
+        double v[2] = {sum, (double)n};
+        int64_t two = 2;
+        tk_tensor x = {v, {TK_DEV_CPU, 0}, 1, {TK_DL_FLOAT, 64, 1}, &two, NULL, 0};
+        int rc = tk_comm_all_reduce_sum(j->comm, &x, NULL);
+        if (rc != TK_OK)
+            return tk_cli_fail(cli, rc, "eval: summing the loss over the ranks");
+        sum = v[0];
+        n = (int64_t)v[1];
     }
     *mean = n ? sum / (double)n : 0;
     *ntok = n;
@@ -778,6 +828,23 @@ static int train_failed(const train_job *j, tk_cli *cli, int rc, const char *sav
     return ec == TK_EXIT_USAGE ? TK_EXIT_FAIL : ec;
 }
 
+/* --dp: a signal may reach the ranks between different steps; they stop after the same one (the
+ * first step after which any rank has seen it), or the others would wait for it in the next step. */
+static int agree_stop(train_job *j, tk_cli *cli)
+{
+    int32_t v = stop_signal != 0;
+    int64_t one = 1;
+    tk_tensor x = {&v, {TK_DEV_CPU, 0}, 1, {TK_DL_INT, 32, 1}, &one, NULL, 0};
+    int rc = tk_comm_all_reduce_sum(j->comm, &x, NULL);
+    if (rc != TK_OK)
+        return tk_cli_fail(cli, rc, "agreeing on the step to stop at");
+    j->stop = v != 0;
+    return GO;
+}
+
+/* Whether to stop after this step: the signal, or with --dp what the ranks agreed on. */
+static int stopped(const train_job *j) { return j->comm ? j->stop : stop_signal != 0; }
+
 static int train_loop(train_job *j, tk_cli *cli)
 {
     long long step = tk_train_step_count(j->t);
@@ -790,13 +857,14 @@ static int train_loop(train_job *j, tk_cli *cli)
     if (step >= j->steps)
         tk_cli_info(cli, "the run is at step %lld of %lld already: nothing to train (--steps extends it)", step,
                     j->steps);
-    while (step < j->steps && !stop_signal) {
+    while (step < j->steps && !stopped(j)) {
         double ts = now_s();
         for (long long k = 0; k < j->accum; k++) {
-            uint64_t micro = (uint64_t)(step * j->accum + k);
+            /* the global micro-batch has world x batch rows; this rank's are rank x batch onwards */
+            uint64_t micro = (uint64_t)(step * j->accum + k), row0 = (uint64_t)j->rank * (uint64_t)j->batch;
             for (long long r = 0; r < j->batch; r++)
-                blocks[r] = train_block(j, micro * (uint64_t)j->batch + (uint64_t)r);
-            fill_rows(j, blocks, (size_t)j->batch, mix((uint64_t)j->seed ^ mix(micro + 1)));
+                blocks[r] = train_block(j, micro * (uint64_t)(j->batch * j->world) + row0 + (uint64_t)r);
+            fill_rows(j, blocks, (size_t)j->batch, (size_t)row0, mix((uint64_t)j->seed ^ mix(micro + 1)));
             int rc = tk_train_accumulate(j->t, j->ids, j->targets, j->lens, (size_t)j->batch, NULL);
             if (rc != TK_OK) {
                 if (cli->tty && !cli->quiet && !cli->json)
@@ -809,8 +877,10 @@ static int train_loop(train_job *j, tk_cli *cli)
         if (rc != TK_OK)
             return train_failed(j, cli, rc, saved);
         step = st.step;
+        if (j->comm && (rc = agree_stop(j, cli)) != GO)
+            return rc;
         double dt = now_s() - ts;
-        int64_t toks = j->batch * j->accum * j->seq_len;
+        int64_t toks = j->batch * j->accum * j->seq_len * j->world;
         tok_total += toks;
         double tps = dt > 0 ? (double)toks / dt : 0;
         if (cli->json)
@@ -818,7 +888,7 @@ static int train_loop(train_job *j, tk_cli *cli)
                    "\"tokens_per_s\": %.1f, \"elapsed_s\": %.3f}\n",
                    step, st.loss, st.lr, st.grad_norm, (long long)st.tokens, tps, now_s() - j->t0);
         progress(j, cli, step, &st, tps);
-        int save_now = (j->save_every > 0 && step % j->save_every == 0) || step == j->steps || stop_signal;
+        int save_now = (j->save_every > 0 && step % j->save_every == 0) || step == j->steps || stopped(j);
         int eval_now = j->neval && ((j->eval_every > 0 && step % j->eval_every == 0) ||
                                     (j->eval_every == 0 && save_now));
         if (eval_now) {
@@ -833,8 +903,10 @@ static int train_loop(train_job *j, tk_cli *cli)
                         last_eval, (long long)n);
         }
         if (save_now) {
-            if ((rc = save(j, cli, step, saved, sizeof saved)) != GO)
+            if (j->rank == 0 && (rc = save(j, cli, step, saved, sizeof saved)) != GO)
                 return rc;
+            if (j->rank != 0)
+                snprintf(saved, sizeof saved, "%s/checkpoint-%lld", j->out, step); /* rank 0's */
             if (cli->json)
                 printf("{\"saved\": ");
             if (cli->json) {
@@ -852,7 +924,7 @@ static int train_loop(train_job *j, tk_cli *cli)
     double el = now_s() - j->t0;
     if (cli->json) {
         printf("{\"done\": true, \"step\": %lld, \"steps\": %lld, \"interrupted\": %s, \"checkpoint\": ", step, j->steps,
-               stop_signal ? "true" : "false");
+               stopped(j) ? "true" : "false");
         tk_cli_json_str(stdout, saved[0] ? saved : NULL);
         printf(", \"eval_loss\": ");
         if (isnan(last_eval))
@@ -861,12 +933,12 @@ static int train_loop(train_job *j, tk_cli *cli)
             printf("%.9g", last_eval);
         printf(", \"tokens\": %lld, \"tokens_per_s\": %.1f, \"elapsed_s\": %.3f}\n", (long long)tok_total,
                el > 0 ? (double)tok_total / el : 0, el);
-    } else if (!cli->quiet || stop_signal) {
-        fprintf(stderr, "%s at step %lld of %lld; checkpoint %s\n", stop_signal ? "interrupted" : "done", step,
+    } else if (!cli->quiet || (stopped(j) && j->rank == 0)) {
+        fprintf(stderr, "%s at step %lld of %lld; checkpoint %s\n", stopped(j) ? "interrupted" : "done", step,
                 j->steps, saved[0] ? saved : "(none)");
     }
-    if (stop_signal) {
-        if (!cli->json)
+    if (stopped(j)) {
+        if (!cli->json && j->rank == 0)
             fprintf(stderr, "HINT: tk train --out %s --resume continues it\n", j->out);
         return 130;
     }
@@ -874,6 +946,39 @@ static int train_loop(train_job *j, tk_cli *cli)
 }
 
 /* ---- the command ------------------------------------------------------------------------------ */
+
+/* --dp N: joins the N ranks (tk_cli_comm_join: the world size must be N; ranks other than 0 print
+ * nothing on stdout and no progress). Without --dp, a process that mpirun started as one of several
+ * is refused: N independent runs would write the same --out. */
+static int join(train_job *j, tk_cli *cli)
+{
+    if (j->dp > 0) {
+        int ec = tk_cli_comm_join(cli, &j->comm, j->dp, "--dp");
+        if (ec != 0)
+            return ec;
+        j->rank = tk_comm_rank(j->comm);
+        j->world = tk_comm_size(j->comm);
+        if (j->world == 1) { /* --dp 1: one process, exactly as without it */
+            tk_comm_free(j->comm);
+            j->comm = NULL;
+        }
+        return GO;
+    }
+    char *info = NULL;
+    long long world = 0;
+    if (tk_comm_backends_json(&info) == TK_OK) {
+        json_t *o = json_loads(info, 0, NULL);
+        json_t *w = json_object_get(json_object_get(o, "mpi"), "world_size");
+        world = json_is_integer(w) ? (long long)json_integer_value(w) : 0;
+        json_decref(o);
+        tk_free(info);
+    }
+    if (world > 1)
+        return tk_cli_errorf(cli, TK_ERR_INVALID, TK_EXIT_USAGE, "this process is one of %lld ranks that mpirun "
+                             "started, but --dp was not given: each would train alone into the same --out\nHINT: "
+                             "add --dp %lld (data parallel), or run one process", world, world);
+    return GO;
+}
 
 static int setup(train_job *j, tk_cli *cli)
 {
@@ -891,17 +996,21 @@ static int setup(train_job *j, tk_cli *cli)
         if (u != GO)
             return u;
     }
-    /* the output must be writable before hours of training, not after */
+    /* the output must be writable before hours of training, not after (--dp: rank 0 alone writes) */
     char probe[4096];
-    if (mkdir(j->out, 0755) != 0 && errno != EEXIST)
+    if (j->rank != 0)
+        ;
+    else if (mkdir(j->out, 0755) != 0 && errno != EEXIST)
         return tk_cli_errorf(cli, TK_ERR_IO, TK_EXIT_IO, "--out '%s': cannot create it: %s", j->out, strerror(errno));
     snprintf(probe, sizeof probe, "%s/.tk-train-probe.%ld", j->out, (long)getpid());
-    int fd = open(probe, O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
-    if (fd < 0)
+    int fd = j->rank != 0 ? -2 : open(probe, O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
+    if (fd == -1)
         return tk_cli_errorf(cli, TK_ERR_IO, TK_EXIT_IO, "--out '%s' is not writable: %s\nHINT: pick a directory you "
                              "can write, with room for the checkpoints", j->out, strerror(errno));
-    close(fd);
-    unlink(probe);
+    if (fd >= 0) {
+        close(fd);
+        unlink(probe);
+    }
     int id;
     tk_cli_parse_device(j->device, &id);
     tk_model_opts mo = TK_MODEL_OPTS_INIT;
@@ -933,6 +1042,7 @@ static int setup(train_job *j, tk_cli *cli)
     o.checkpointing = j->ckpt;
     o.fused_loss = j->fused;
     o.label_smoothing = j->smoothing;
+    o.comm = j->comm;
     if ((rc = tk_train_new(&j->t, j->m, &o)) != TK_OK)
         return tk_cli_fail(cli, rc, NULL);
     if (j->resume_from) {
@@ -942,8 +1052,11 @@ static int setup(train_job *j, tk_cli *cli)
     }
     if (!cli->json && !cli->quiet)
         fprintf(stderr, "tk train: %s, %zu tokens in %zu sequences of %lld (%zu held out), %lld steps of %lld x %lld "
-                        "sequences\n", tk_model_arch(j->m), j->ntok, j->nblocks, j->seq_len, j->neval, j->steps,
-                j->batch, j->accum);
+                        "sequences%s\n", tk_model_arch(j->m), j->ntok, j->nblocks, j->seq_len, j->neval, j->steps,
+                j->batch, j->accum, j->world > 1 ? " on each rank" : "");
+    if (j->world > 1)
+        tk_cli_info(cli, "data parallel over %d ranks: %lld sequences a step, rank 0 saves", j->world,
+                    j->batch * j->accum * j->world);
     return GO;
 }
 
@@ -952,7 +1065,10 @@ int tk_cmd_train(tk_cli *cli, int argc, char **argv)
     train_job *j = calloc(1, sizeof *j);
     if (!j)
         return tk_cli_errorf(cli, TK_ERR_NOMEM, TK_EXIT_FAIL, "out of memory");
+    j->world = 1;
     int ec = parse(j, argc, argv);
+    if (ec == GO)
+        ec = join(j, cli);
     if (ec == GO)
         ec = setup(j, cli);
     if (ec == GO) {
@@ -965,8 +1081,12 @@ int tk_cmd_train(tk_cli *cli, int argc, char **argv)
         signal(SIGINT, SIG_DFL);
         signal(SIGTERM, SIG_DFL);
     }
+    /* a failed rank ends the job, or the others would wait for it in the next all-reduce */
+    if (ec != TK_EXIT_OK && j->comm && j->world > 1)
+        tk_comm_abort(j->comm, ec);
     tk_train_free(j->t);
     tk_model_free(j->m);
+    tk_comm_free(j->comm);
     for (size_t i = 0; j->files_owned && i < j->nfiles; i++)
         free((char *)j->files[i]);
     free(j->resume_from);

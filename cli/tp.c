@@ -1,7 +1,7 @@
 /*
- * tp.c — --tp N of the model commands (tk model logits, tk generate): join the ranks mpirun started,
- * check their number against N, let rank 0 alone print, and report what each rank holds (its weight
- * bytes, gathered from every rank). docs/parallel.md.
+ * tp.c — --tp N of the model commands (tk model logits, tk generate), and tk train's --dp N: join the
+ * ranks mpirun started, check their number against N, let rank 0 alone print, and report what each
+ * rank holds (its weight bytes, gathered from every rank). docs/parallel.md.
  */
 #include <stdint.h>
 #include <stdio.h>
@@ -22,23 +22,26 @@ int tk_cli_tp_parse(const char *usage, const char *v, int *n)
     return 0;
 }
 
-int tk_cli_tp_join(tk_cli *cli, tk_comm **comm, int n)
+int tk_cli_tp_join(tk_cli *cli, tk_comm **comm, int n) { return tk_cli_comm_join(cli, comm, n, "--tp"); }
+
+int tk_cli_comm_join(tk_cli *cli, tk_comm **comm, int n, const char *flag)
 {
     *comm = NULL;
     tk_comm *c = NULL;
     int rc = tk_comm_new(&c, NULL);
     if (rc != TK_OK)
-        return tk_cli_fail(cli, rc, "--tp");
+        return tk_cli_fail(cli, rc, flag);
     int world = tk_comm_size(c), rank = tk_comm_rank(c);
     if (world != n) {
         int ec = TK_EXIT_USAGE;
         if (rank == 0)
             ec = tk_cli_errorf(cli, TK_ERR_INVALID, TK_EXIT_USAGE,
-                               "--tp %d, but %d process%s started (the world size must equal --tp)\n"
-                               "HINT: %s",
-                               n, world, world == 1 ? " was" : "es were",
-                               world == 1 ? "start one process a rank with mpirun, e.g. mpirun -np N tk ... --tp N"
-                                          : "give mpirun -np the same number as --tp");
+                               "%s %d, but %d process%s started (the world size must equal %s)\n"
+                               "HINT: %s%s%s",
+                               flag, n, world, world == 1 ? " was" : "es were", flag,
+                               world == 1 ? "start one process a rank with mpirun, e.g. mpirun -np N tk ... "
+                                          : "give mpirun -np the same number as ",
+                               flag, world == 1 ? " N" : "");
         tk_comm_free(c);
         return ec;
     }

@@ -857,9 +857,9 @@ TK_API int tk_model_pooler_output(float *out, tk_model *m);
  * updates in place. A trainer borrows the model: free the trainer first; it is used from one thread. */
 typedef struct tk_trainer tk_trainer;
 
-#define TK_TRAIN_OPTS_VERSION 1
+#define TK_TRAIN_OPTS_VERSION 2
 typedef struct {
-    unsigned version;       /* TK_TRAIN_OPTS_VERSION */
+    unsigned version;       /* TK_TRAIN_OPTS_VERSION (1: the fields up to label_smoothing) */
     double lr;              /* peak learning rate; default 1e-4 */
     double beta1, beta2;    /* AdamW's betas; default 0.9, 0.999 */
     double eps;             /* default 1e-8 */
@@ -875,11 +875,24 @@ typedef struct {
                                a GPU, logits on the CPU (faster there, T x V x 8 bytes more memory) */
     int64_t ignore_index;   /* targets equal to it add nothing; default -100 */
     double label_smoothing; /* in [0, 1), as F.cross_entropy; default 0 */
+    /* Version 2: data parallelism (docs/training.md, docs/parallel.md). With a communicator (tk_comm_new)
+     * of N > 1 ranks, every rank makes a trainer over its own copy of the same model with the same
+     * options, feeds its own micro-batches, and calls tk_train_step collectively (all ranks, the same
+     * number of times): the step sums the token counts, the losses and every gradient over the ranks
+     * (one tk_comm_all_reduce_sum per bucket of up to 4 MiB of gradients, after the backward, not
+     * overlapped with it) before clipping and AdamW, so the update is the one a single process makes
+     * over all the ranks' micro-batches as one batch (the loss the mean over all their targets), every
+     * rank applies it, and the weights stay identical. The stats are the global ones.
+     * tk_train_accumulate, tk_train_eval and tk_train_tensor_get's gradient stay this rank's own.
+     * A failed all-reduce fails the step (TK_ERR_NETWORK: end the job with tk_comm_abort). Buffers are
+     * host memory on the CPU; a GPU model needs the NCCL backend (per tensor, unverified on hardware).
+     * The trainer borrows comm: free the trainer before it. NULL or one rank: training as version 1. */
+    struct tk_comm *comm;
 } tk_train_opts;
 #define TK_TRAIN_OPTS_INIT                                                                          \
-    {TK_TRAIN_OPTS_VERSION, 1e-4, 0.9, 0.999, 1e-8, 0.01, 0, 1.0, 0, 0, 0.0, 0, -1, -100, 0.0}
+    {TK_TRAIN_OPTS_VERSION, 1e-4, 0.9, 0.999, 1e-8, 0.01, 0, 1.0, 0, 0, 0.0, 0, -1, -100, 0.0, NULL}
 
-/* What an optimiser step did. */
+/* What an optimiser step did (data parallel: over every rank's tokens). */
 typedef struct {
     int64_t step;      /* optimiser steps taken, this one included */
     double loss;       /* the mean loss over the step's tokens */

@@ -86,7 +86,12 @@ struct tk_trainer {
     int fused;          /* the LM head and loss as one fused_linear_cross_entropy (opts' -1: on a GPU) */
     void *scratch;      /* [ntw] f64 on the device: sum_squares outputs */
     int64_t grad_bytes, opt_bytes, param_bytes;
+    tk_comm *comm;      /* data parallel over > 1 ranks, else NULL */
+    float *bucket;      /* data parallel on the CPU: small gradients packed for one all-reduce */
 };
+
+/* Gradients are all-reduced in buckets of at most this many bytes (a larger tensor alone, in place). */
+#define DP_BUCKET_BYTES ((size_t)4 << 20)
 
 /* ---- small device helpers --------------------------------------------------------------------- */
 
@@ -355,9 +360,9 @@ static int check_trainer(const tk_trainer *t, const char *fn)
 
 static int check_opts(const tk_train_opts *o)
 {
-    if (o->version != TK_TRAIN_OPTS_VERSION)
-        return tk__err(TK_ERR_INVALID, "tk_train_new: opts->version is %u, want %d (TK_TRAIN_OPTS_INIT)", o->version,
-                       TK_TRAIN_OPTS_VERSION);
+    if (o->version < 1 || o->version > TK_TRAIN_OPTS_VERSION)
+        return tk__err(TK_ERR_INVALID, "tk_train_new: opts->version is %u, want 1 to %d (TK_TRAIN_OPTS_INIT)",
+                       o->version, TK_TRAIN_OPTS_VERSION);
     if (!(o->lr >= 0) || !isfinite(o->lr))
         return tk__err(TK_ERR_INVALID, "training: lr is %g, want a finite value >= 0", o->lr);
     if (!(o->beta1 >= 0 && o->beta1 < 1) || !(o->beta2 >= 0 && o->beta2 < 1))
@@ -491,6 +496,7 @@ void tk_train_free(tk_trainer *t)
     free(t->hf);
     free(t->tw);
     tk_models__dev_free(m, t->scratch);
+    free(t->bucket);
     if (m && m->trainer == t) {
         m->trainer = NULL;
         m->training = 0;
@@ -538,7 +544,24 @@ int tk_train_new(tk_trainer **out, tk_model *m, const tk_train_opts *opts)
         return tk__err(TK_ERR_NOMEM, "out of memory");
     t->magic = TRAIN_MAGIC;
     t->m = m;
-    t->o = *opts;
+    /* a version-1 caller's struct ends before comm */
+    memcpy(&t->o, opts, opts->version >= 2 ? sizeof t->o : offsetof(tk_train_opts, comm));
+    t->o.version = TK_TRAIN_OPTS_VERSION;
+    if (opts->version < 2)
+        t->o.comm = NULL;
+    if (t->o.comm && tk_comm_size(t->o.comm) > 1) {
+        t->comm = t->o.comm;
+        if (m->dev_type == TK_DEV_CUDA && strcmp(tk_comm_backend(t->comm), "nccl")) {
+            rc = tk__err(TK_ERR_UNSUPPORTED, "%s: data-parallel training of a GPU model needs the NCCL backend; the "
+                         "communicator is '%s'\nHINT: tk_comm_opts.backend = TK_COMM_NCCL, or train on the CPU",
+                         m->cfg.arch, tk_comm_backend(t->comm));
+            goto fail;
+        }
+        if (m->dev_type != TK_DEV_CUDA && !(t->bucket = malloc(DP_BUCKET_BYTES))) {
+            rc = tk__err(TK_ERR_NOMEM, "out of memory");
+            goto fail;
+        }
+    }
     /* auto: fused on a GPU (its kernel never holds the logits); on the CPU the logits and two OpenBLAS
      * products are several times faster than the fused reference's chunked loops */
     t->fused = opts->fused_loss < 0 ? m->dev_type == TK_DEV_CUDA : opts->fused_loss != 0;
@@ -782,6 +805,54 @@ int tk_train_logits(tk_trainer *t, float *out)
     return tk_models__from_dev(t->m, out, lg->t.data, (size_t)mt_numel(lg) * sizeof(float));
 }
 
+/* Data parallel: one all-reduce (sum) of a device buffer of n f32 values. */
+static int dp_sum(tk_trainer *t, void *data, int64_t n)
+{
+    tk_tensor x = {data, {t->m->dev_type, t->m->dev_id}, 1, F32, &n, NULL, 0};
+    return tk_comm_all_reduce_sum(t->comm, &x, NULL);
+}
+
+/* Data parallel: sums the step's loss, token count and every gradient over the ranks. The gradients go
+ * in weight order, packed into buckets of up to DP_BUCKET_BYTES (the norms and biases, too small for an
+ * all-reduce each to be worth its latency, travel together; a tensor larger than a bucket is reduced in
+ * place alone). On a GPU (NCCL) each tensor is reduced in place. */
+static int dp_reduce(tk_trainer *t)
+{
+    double head[2] = {t->loss_sum, (double)t->tokens}; /* counts below 2^53 are exact in f64 */
+    int64_t two = 2;
+    tk_tensor h = {head, {TK_DEV_CPU, 0}, 1, F64, &two, NULL, 0};
+    int rc = tk_comm_all_reduce_sum(t->comm, &h, NULL);
+    if (rc != TK_OK)
+        return tk__err_wrap(rc, "step %lld: summing the loss over %d ranks", (long long)t->step + 1,
+                            tk_comm_size(t->comm));
+    t->loss_sum = head[0];
+    t->tokens = (int64_t)head[1];
+    const size_t cap = DP_BUCKET_BYTES / sizeof(float);
+    size_t i = 0;
+    while (i < t->ntw && rc == TK_OK) {
+        if (!t->bucket || (size_t)t->tw[i].n > cap) {
+            rc = dp_sum(t, t->tw[i].grad.t.data, t->tw[i].n);
+            i++;
+            continue;
+        }
+        size_t k = i, used = 0;
+        for (; k < t->ntw && (size_t)t->tw[k].n <= cap - used; k++) {
+            memcpy(t->bucket + used, t->tw[k].grad.t.data, (size_t)t->tw[k].n * sizeof(float));
+            used += (size_t)t->tw[k].n;
+        }
+        if ((rc = dp_sum(t, t->bucket, (int64_t)used)) != TK_OK)
+            break;
+        for (used = 0; i < k; i++) {
+            memcpy(t->tw[i].grad.t.data, t->bucket + used, (size_t)t->tw[i].n * sizeof(float));
+            used += (size_t)t->tw[i].n;
+        }
+    }
+    if (rc != TK_OK)
+        return tk__err_wrap(rc, "step %lld: summing the gradients over %d ranks", (long long)t->step + 1,
+                            tk_comm_size(t->comm));
+    return TK_OK;
+}
+
 int tk_train_step(tk_trainer *t, tk_train_stats *st)
 {
     int rc = check_trainer(t, "tk_train_step");
@@ -792,6 +863,8 @@ int tk_train_step(tk_trainer *t, tk_train_stats *st)
     if (t->micro == 0)
         return tk__err(TK_ERR_INVALID, "tk_train_step: nothing accumulated since the last step\nHINT: call "
                        "tk_train_accumulate first");
+    if (t->comm && (rc = dp_reduce(t)) != TK_OK)
+        return rc;
     if (t->tokens == 0)
         return tk__err(TK_ERR_INVALID, "step %lld: every target of its %lld micro-batches is ignore_index: no loss "
                        "to step on", (long long)t->step + 1, (long long)t->micro);

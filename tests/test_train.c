@@ -564,6 +564,56 @@ static void test_forward_between_steps(void)
     run_close(&b);
 }
 
+/* tk_train_opts versions: version 1 (no comm field: whatever lies there is ignored) and version 2 with
+ * a one-rank communicator train exactly as the default (data parallel over 1 rank is no all-reduce);
+ * versions 0 and 3 are refused. The N-rank path runs under mpirun in tests/cli/dp_train.sh. */
+static void test_opts_versions(void)
+{
+    NEED_ORACLE();
+    char dir[1200];
+    snprintf(dir, sizeof dir, "%s/llama", oracle_dir);
+    run_t a, b;
+    CHECK(run_open(&a, "llama", dir, 0, 0) == 0);
+    memset(&b, 0, sizeof b);
+    b.name = "llama";
+    CHECK(dump_load(&b.d, "llama") == 0);
+    b.nseq = a.nseq;
+    b.T = a.T;
+    memcpy(b.lens, a.lens, sizeof a.lens);
+    tk_model_opts mo = TK_MODEL_OPTS_INIT;
+    CHECK_RC(tk_model_load(&b.m, ctx, dir, &mo), TK_OK);
+    tk_train_opts o = recipe(0, 0);
+    tk_trainer *bad = NULL;
+    o.version = 0;
+    CHECK_RC(tk_train_new(&bad, b.m, &o), TK_ERR_INVALID);
+    o.version = TK_TRAIN_OPTS_VERSION + 1;
+    CHECK_RC(tk_train_new(&bad, b.m, &o), TK_ERR_INVALID);
+    CHECK(strstr(tk_last_error(), "want 1 to 2") != NULL);
+    o.version = 1;
+    o.comm = (tk_comm *)&o; /* not a communicator: a version-1 caller's struct has no such field */
+    CHECK_RC(tk_train_new(&bad, b.m, &o), TK_OK);
+    tk_train_free(bad);
+    tk_comm *self = NULL;
+    tk_comm_opts co = TK_COMM_OPTS_INIT;
+    co.backend = TK_COMM_SELF;
+    CHECK_RC(tk_comm_new(&self, &co), TK_OK);
+    o.version = TK_TRAIN_OPTS_VERSION;
+    o.comm = self;
+    CHECK_RC(tk_train_new(&b.t, b.m, &o), TK_OK);
+    for (int s = 0; s < 3; s++) {
+        double l;
+        tk_train_stats sa, sb;
+        CHECK_RC(accumulate(&a, s, &l), TK_OK);
+        CHECK_RC(tk_train_step(a.t, &sa), TK_OK);
+        CHECK_RC(accumulate(&b, s, &l), TK_OK);
+        CHECK_RC(tk_train_step(b.t, &sb), TK_OK);
+        CHECK(sa.loss == sb.loss && sa.grad_norm == sb.grad_norm && sa.tokens == sb.tokens);
+    }
+    run_close(&a);
+    run_close(&b);
+    tk_comm_free(self);
+}
+
 /* On a GPU (skipped without one): the same step-0 gradients from the model on cuda, f32, through the
  * packages' kernels (cuBLASLt, the CUDA-core attention backward, kernels-community/training...),
  * against the CPU run: per tensor max |gpu - cpu| <= 1e-3 * max |cpu| (fp32 everywhere, but the GPU's
@@ -656,6 +706,7 @@ int main(void)
     RUN(test_rerun_and_resume_bit_identical);
     RUN(test_checkpointing_and_fused_loss);
     RUN(test_forward_between_steps);
+    RUN(test_opts_versions);
     RUN(test_gpu_gradients_match_cpu);
     tk_ctx_free(ctx);
     tk__rmtree(home);
