@@ -239,14 +239,22 @@ typedef struct {
 } origin;
 
 /* One candidate from kernel d of a manifest. */
-static int add_kernel(ops_state *s, const tk_manifest_kernel *d, const origin *o)
+/* A zeroed slot for one more candidate (s->n is not advanced), or NULL when out of memory. */
+static cand *cand_slot(ops_state *s)
 {
     cand *nc = realloc(s->c, (s->n + 1) * sizeof *s->c);
     if (!nc)
-        return tk__err(TK_ERR_NOMEM, "out of memory");
+        return NULL;
     s->c = nc;
-    cand *c = &s->c[s->n];
-    memset(c, 0, sizeof *c);
+    memset(&s->c[s->n], 0, sizeof *s->c);
+    return &s->c[s->n];
+}
+
+static int add_kernel(ops_state *s, const tk_manifest_kernel *d, const origin *o)
+{
+    cand *c = cand_slot(s);
+    if (!c)
+        return tk__err(TK_ERR_NOMEM, "out of memory");
     c->pkg = tk__strdup(o->name);
     c->major = o->major;
     c->version = tk__strdup(o->version);
@@ -380,12 +388,9 @@ static int add_builtins(ops_state *s)
 {
     for (size_t i = 0; i < tk_api__builtin_count(); i++) {
         const tk_api_builtin *b = tk_api__builtin_at(i);
-        cand *nc = realloc(s->c, (s->n + 1) * sizeof *s->c);
-        if (!nc)
+        cand *c = cand_slot(s);
+        if (!c)
             return tk__err(TK_ERR_NOMEM, "out of memory");
-        s->c = nc;
-        cand *c = &s->c[s->n];
-        memset(c, 0, sizeof *c);
         c->pkg = tk__strdup(TK_API_BUILTIN_PKG);
         c->version = tk__strdup(b->version);
         c->commit = tk__strdup("");

@@ -639,7 +639,7 @@ int tk_hub__stage(tk_hub_staged **out, const tk_hub_env *env0, const char *refst
     }
     if ((rc = check_manifest(&env, s, m, msha, sigtext, siglen)) != TK_OK || (rc = check_rollback(&env, s, m)) != TK_OK)
         goto done;
-    if ((rc = tk_manifest__validate_text(mtext, mlen)) != TK_OK ||
+    if ((rc = tk_manifest__validate_json(m->root, NULL, NULL)) != TK_OK ||
         (env.validate && (rc = env.validate(env.validate_user, mtext, mlen)) != TK_OK)) {
         rc = tk__err_wrap(rc, "%s %s", m->name, m->version);
         goto done;

@@ -255,7 +255,7 @@ static int upload_check_manifest(upload *u, char version[32])
         return tk__err(TK_ERR_MANIFEST, "the manifest names the archive '%s', but the upload holds '%s'",
                        u->m->archive.path, u->archive_name);
     if ((rc = tk_manifest__schema_check(u->mtext, u->mlen, "manifest.json", 1)) != TK_OK ||
-        (rc = tk_manifest__validate_text(u->mtext, u->mlen)) != TK_OK)
+        (rc = tk_manifest__validate_json(u->m->root, NULL, NULL)) != TK_OK)
         return tk__err_wrap(rc, "%s %s: not published", u->m->name, u->m->version);
     return TK_OK;
 }

@@ -133,9 +133,6 @@ void tk_manifest__kernels_free(tk_manifest_kernels *ks);
 void tk_manifest__kernel_clear(tk_manifest_kernel *d);
 /* tk_manifest__kernels_parse, keeping nothing: the check publish and install run. */
 int tk_manifest__validate_json(json_t *m, const char **bad_in, size_t *bad);
-/* The same on a manifest's text: what a registry checks on upload (the checks that need installed
- * packages, such as declared ops that contradict another package's, are api's). */
-int tk_manifest__validate_text(const char *manifest, size_t len);
 
 /* The descriptor of an entry of kernel.json "ops" declared by package pkg ("org/name"): params as
  * `tk ops --json` prints them, checked (kinds, dtypes, dtype_like, shapes, no built-in op's name).

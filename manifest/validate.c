@@ -505,13 +505,3 @@ int tk_manifest__validate_json(json_t *m, const char **bad_in, size_t *bad)
     tk_manifest__kernels_free(&ks);
     return rc;
 }
-
-int tk_manifest__validate_text(const char *manifest, size_t len)
-{
-    json_t *m = json_loadb(manifest, len, 0, NULL);
-    if (!m)
-        return tk__err(TK_ERR_MANIFEST, "manifest is not valid JSON");
-    int rc = tk_manifest__validate_json(m, NULL, NULL);
-    json_decref(m);
-    return rc;
-}
