@@ -623,7 +623,8 @@ def main():
     bad = [r for r in b.rows if r["status"] != "ok"]
     if a.csv:
         with open(a.csv, "w", newline="") as f:
-            w = csv.DictWriter(f, fieldnames=list(b.rows[0].keys()) if b.rows else ["op"])
+            fields = list(dict.fromkeys(k for r in b.rows for k in r)) or ["op"]  # rows differ (torch_rel_err)
+            w = csv.DictWriter(f, fieldnames=fields, restval="")
             w.writeheader()
             w.writerows(b.rows)
     if a.json:

@@ -107,8 +107,13 @@ typedef struct {
                              cublasLtMatrixLayout_t, const void *, cublasLtMatrixLayout_t, const void *, const void *,
                              cublasLtMatrixLayout_t, void *, cublasLtMatrixLayout_t, const cublasLtMatmulAlgo_t *,
                              void *, size_t, CUstream);
-    /* optional (checked when present): the chosen algorithm's reduction scheme */
+    /* optional (checked when present): the chosen algorithm's reduction scheme; an unsplit copy of a
+     * split algorithm (a 16-bit y with a bias, see splitk_of) */
     cublasStatus_t (*MatmulAlgoConfigGetAttribute)(const cublasLtMatmulAlgo_t *, int, void *, size_t, size_t *);
+    cublasStatus_t (*MatmulAlgoConfigSetAttribute)(cublasLtMatmulAlgo_t *, int, const void *, size_t);
+    cublasStatus_t (*MatmulAlgoCheck)(cublasLtHandle_t, cublasLtMatmulDesc_t, cublasLtMatrixLayout_t,
+                                      cublasLtMatrixLayout_t, cublasLtMatrixLayout_t, cublasLtMatrixLayout_t,
+                                      const cublasLtMatmulAlgo_t *, cublasLtMatmulHeuristicResult_t *);
 } lt_api;
 
 /* ---- loading ------------------------------------------------------------------------------------ */
@@ -180,6 +185,8 @@ static void lt_init_once(void)
     LT_SYM(Matmul, "cublasLtMatmul");
 #undef LT_SYM
     *(void **)&lt.MatmulAlgoConfigGetAttribute = dlsym(h, "cublasLtMatmulAlgoConfigGetAttribute");
+    *(void **)&lt.MatmulAlgoConfigSetAttribute = dlsym(h, "cublasLtMatmulAlgoConfigSetAttribute");
+    *(void **)&lt.MatmulAlgoCheck = dlsym(h, "cublasLtMatmulAlgoCheck");
     if (missing) {
         snprintf(lt_err, sizeof lt_err, "%s has no symbol %s (a cuBLASLt older than CUDA 11?)", lt_path, missing);
         lt_status = TK_ERR_UNSUPPORTED;
@@ -419,6 +426,29 @@ static int splitk_of(const cublasLtMatmulAlgo_t *algo)
     return (int)algo_cfg(algo, CUBLASLT_ALGO_CONFIG_SPLITK_NUM, 1);
 }
 
+/* A copy of a split algorithm made to run unsplit (split-K 1, no reduction), if the library accepts it
+ * for the problem: the H100 run (tk's third) showed bf16 + bias at [64, 77] x [96, 77] offered only
+ * split algorithms, and every one of them rounded before the bias. 1 with *out and *wsz set, else 0. */
+static int unsplit_of(cublasLtMatmulAlgo_t *out, size_t *wsz, const cublasLtMatmulAlgo_t *algo, cublasLtHandle_t h,
+                      const descs *d)
+{
+    uint32_t one = 1, none = CUBLASLT_REDUCTION_SCHEME_NONE;
+    cublasLtMatmulHeuristicResult_t r;
+    if (!lt.MatmulAlgoConfigSetAttribute || !lt.MatmulAlgoCheck)
+        return 0;
+    *out = *algo;
+    memset(&r, 0, sizeof r);
+    if (lt.MatmulAlgoConfigSetAttribute(out, CUBLASLT_ALGO_CONFIG_SPLITK_NUM, &one, sizeof one) !=
+            CUBLAS_STATUS_SUCCESS ||
+        lt.MatmulAlgoConfigSetAttribute(out, CUBLASLT_ALGO_CONFIG_REDUCTION_SCHEME, &none, sizeof none) !=
+            CUBLAS_STATUS_SUCCESS ||
+        lt.MatmulAlgoCheck(h, d->op, d->la, d->lb, d->ld, d->ld, out, &r) != CUBLAS_STATUS_SUCCESS ||
+        r.state != CUBLAS_STATUS_SUCCESS || r.workspaceSize > MAX_WORKSPACE)
+        return 0;
+    *wsz = r.workspaceSize;
+    return 1;
+}
+
 #define HEUR_RESULTS 32 /* algorithms asked for: the first whose reduction keeps fp32 parts is used */
 
 /* Asks the heuristic for the best algorithm under MAX_WORKSPACE and the operands' alignments whose
@@ -457,6 +487,17 @@ static int algo_ask(cublasLtMatmulAlgo_t *algo, size_t *wsz, cublasLtMatmulPrefe
             else if (pass == 1)
                 rejected++;
         }
+    /* a 16-bit y with a bias and only split algorithms offered: the first that runs unsplit */
+    for (int i = 0; y16 && g->bias && pick >= 0 && splitk_of(&res[pick].algo) > 1 && i < nres && i < HEUR_RESULTS;
+         i++) {
+        cublasLtMatmulAlgo_t un;
+        size_t unws = 0;
+        if (res[i].state == CUBLAS_STATUS_SUCCESS && unsplit_of(&un, &unws, &res[i].algo, h, d)) {
+            *algo = un;
+            *wsz = unws;
+            return TK_OK;
+        }
+    }
     if (pick < 0) {
         const char *name = lt.GetStatusName(st != CUBLAS_STATUS_SUCCESS ? st : nres > 0 ? res[0].state : st);
         return tk__err(TK_ERR_UNSUPPORTED,

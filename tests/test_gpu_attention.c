@@ -666,10 +666,10 @@ static void test_paged_kv_append(void)
 {
     if (!gpu_device())
         SKIP("no CUDA device");
-    const tk_dtype *caches[3] = {NULL, &I8, &E4M3};
-    for (size_t t = 0; t < 2; t++)
-        for (int c = 0; c < 3; c++) {
-            tk_dtype dt = *halves[t], cdt = caches[c] ? *caches[c] : dt;
+    const tk_dtype *caches[3] = {NULL, &I8, &E4M3}, *kdt[3] = {&F16, &BF16, &F32};
+    for (size_t t = 0; t < 3; t++)
+        for (int c = 0; c < (t < 2 ? 3 : 1); c++) { /* f32: a cache of its own dtype only */
+            tk_dtype dt = *kdt[t], cdt = caches[c] ? *caches[c] : dt;
             const int64_t nb = 40, bs = 16, hkv = 4, d = 128, ntok = 300;
             host_t kc, vc, k, v, sm, ks, vs;
             host_new(&kc, cdt, 4, SHAPE(nb, bs, hkv, d), 0);

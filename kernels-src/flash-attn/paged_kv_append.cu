@@ -15,6 +15,10 @@
 // elements per step (16-byte loads of k and v, 16- or 8-byte stores) when D % 8 == 0 and the
 // pointers are aligned, element by element otherwise. Contiguous tensors.
 //
+// tk_paged_kv_append_copy<float>: f32 keys and values into an f32 cache (the decode path of an f32
+// model), a copy with 16-byte moves when HD % 4 == 0 and the rows are aligned; scales are ignored, as
+// for any cache of the keys' own dtype.
+//
 // NVRTC-compatible: no host code, no standard headers.
 #include "decode_common.cuh"
 
@@ -92,4 +96,40 @@ __global__ void tk_paged_kv_append(void *__restrict__ k_cache,            // [nu
         return;
     tkd::append_row<T, KV>(k_cache, k + tok * HD, slot, k_scale, HD, D);
     tkd::append_row<T, KV>(v_cache, v + tok * HD, slot, v_scale, HD, D);
+}
+
+template <typename T>
+__global__ void tk_paged_kv_append_copy(T *__restrict__ k_cache,             // [num_blocks, bs, Hkv, D] T
+                                        T *__restrict__ v_cache,             // [num_blocks, bs, Hkv, D] T
+                                        const T *__restrict__ k,             // [N, Hkv, D] T
+                                        const T *__restrict__ v,             // [N, Hkv, D] T
+                                        const long long *__restrict__ slot_mapping, // [N] i64
+                                        const float *__restrict__ k_scale,   // unused (same-dtype cache)
+                                        const float *__restrict__ v_scale,   // unused
+                                        int HD, int D, long long num_slots)
+{
+    (void)k_scale;
+    (void)v_scale;
+    (void)D;
+    const tkd::i64 tok = blockIdx.x;
+    const tkd::i64 slot = slot_mapping[tok];
+    if (slot < 0 || slot >= num_slots)
+        return;
+    const T *ks = k + tok * HD, *vs = v + tok * HD;
+    T *kd = k_cache + slot * HD, *vd = v_cache + slot * HD;
+    const int per = 16 / (int)sizeof(T);
+    const bool vec = HD % per == 0 &&
+                     ((reinterpret_cast<tkd::u64>(ks) | reinterpret_cast<tkd::u64>(vs) |
+                       reinterpret_cast<tkd::u64>(kd) | reinterpret_cast<tkd::u64>(vd)) & 15u) == 0;
+    if (vec) {
+        for (int i = threadIdx.x; i < HD / per; i += blockDim.x) {
+            reinterpret_cast<uint4 *>(kd)[i] = reinterpret_cast<const uint4 *>(ks)[i];
+            reinterpret_cast<uint4 *>(vd)[i] = reinterpret_cast<const uint4 *>(vs)[i];
+        }
+    } else {
+        for (int i = threadIdx.x; i < HD; i += blockDim.x) {
+            kd[i] = ks[i];
+            vd[i] = vs[i];
+        }
+    }
 }
