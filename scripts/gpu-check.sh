@@ -21,7 +21,7 @@
 # Options: --bundle DIR (.gpu), --work DIR (/tmp/tkg: unpacked here), --out DIR ($OUT, else
 # WORK/out), --expect-gpu / --dry-run, --test-timeout S (240 per binary), --san-timeout S (270),
 # --bench-timeout S (180), --only REGEX (test binaries to run), --no-bench, --no-memcheck,
-# --no-selftest, --no-models, --models-timeout S (150), --python PY (python3: the one with torch; a
+# --no-selftest, --no-models, --models-timeout S (240), --python PY (python3: the one with torch; a
 # dry run uses it for the bench's --cpu-check).
 # Phase 1d (tests/gpu_models.py): the model pipelines (tk model logits, tk generate) with --device cuda
 # on the tiny checkpoints of every family, against transformers on the same GPU.
@@ -29,7 +29,7 @@
 # around, a hanging kernel is stopped; without a GPU, the no-device error and the plan.
 set -uo pipefail
 root=$(cd "$(dirname "$0")/.." && pwd)
-bundle=$root/.gpu work=/tmp/tkg out=${OUT:-} expect= t_test=240 t_san=270 t_bench=180 only= bench=1 san=1 selftest=1 models=1 t_models=150 py=python3
+bundle=$root/.gpu work=/tmp/tkg out=${OUT:-} expect= t_test=240 t_san=270 t_bench=180 only= bench=1 san=1 selftest=1 models=1 t_models=240 py=python3
 while [ $# -gt 0 ]; do
   case $1 in
     --bundle) bundle=$2; shift 2 ;;
