@@ -432,12 +432,216 @@ static int wanted(const tk_manifest_kernel *d, const tk_selftest_opts *opts)
     return (!opts->op || !strcmp(d->op, opts->op)) && (!opts->kernel || !strcmp(d->name, opts->kernel));
 }
 
+/* Without a device: case c fits, and its CPU reference must run. 1 when that failed (the verdict
+ * says so), else 0 with the case counted. */
+static int plan_case(run *r, verdict *v, const tk_ops_case *c, size_t idx, const tk_ops_case_spec *spec)
+{
+    void **ref_out = NULL;
+    double c0 = tk__now_ms();
+    int rc = reference(r, c, idx, spec, &ref_out);
+    r->cpu_ms += tk__now_ms() - c0;
+    if (rc != TK_OK) {
+        verdict_set(v, TK_ST_UNTESTED, NULL, "case '%s': the CPU reference failed: %s", c->label, tk_last_error());
+        return 1;
+    }
+    v->cases++;
+    json_array_append_new(v->labels, json_string(c->label));
+    return 0;
+}
+
+/* The failed verdict of an output that differs from the reference, with its worst element. */
+static void mismatch_verdict(verdict *v, const tk_ops_case *c, const tk_ops_case_tensor *ct, const tk_ops_cmp *cmp)
+{
+    char where[96];
+    multi_index(where, sizeof where, &ct->t, cmp->worst);
+    json_t *det = json_pack("{s:s, s:s, s:s, s:f, s:f, s:f, s:I, s:I}", "case", c->label, "output", ct->name, "index",
+                            where, "got", isfinite(cmp->got) ? cmp->got : 0.0, "want",
+                            isfinite(cmp->want) ? cmp->want : 0.0, "tol", cmp->tol, "bad", (json_int_t)cmp->bad, "of",
+                            (json_int_t)cmp->n);
+    if (det && !isfinite(cmp->got))
+        json_object_set_new(det, "got", json_string(isnan(cmp->got) ? "nan" : cmp->got > 0 ? "inf" : "-inf"));
+    if (det && !isfinite(cmp->want))
+        json_object_set_new(det, "want", json_string(isnan(cmp->want) ? "nan" : cmp->want > 0 ? "inf" : "-inf"));
+    verdict_set(v, TK_ST_FAILED, det, "case '%s': %s%s got %.9g want %.9g (tol %.3g); %lld of %lld elements off%s",
+                c->label, ct->name, where, cmp->got, cmp->want, cmp->tol, (long long)cmp->bad, (long long)cmp->n,
+                isnan(cmp->got) && !isnan(cmp->want) ? " (NaN: an element the kernel never wrote)" : "");
+}
+
+/* Compares every output and in-place tensor of case c on the device with the reference. *done when
+ * the verdict is set (a mismatch; a fault the copy reports, then also *reset). */
+static int compare_outputs(run *r, verdict *v, const tk_ops_case *c, const devcase *dc, void **ref_out, int *done,
+                           int *reset)
+{
+    int rc = TK_OK;
+    for (size_t t = 0; rc == TK_OK && !*done && t < c->nt; t++) {
+        const tk_ops_case_tensor *ct = &c->t[t];
+        if (ct->role == TK_CASE_IN)
+            continue;
+        size_t bytes = tk_ops__case_bytes(ct);
+        void *got = malloc(bytes ? bytes : 1);
+        if (!got)
+            return tk__err(TK_ERR_NOMEM, "out of memory");
+        rc = tk_jit__sandbox_copy(r->sb, got, (void *)(uintptr_t)dc->ptr[t], bytes, TK_JIT_COPY_D2H);
+        if (rc == TK_OK) {
+            tk_ops_case_tensor reft = *ct;
+            reft.t.data = ref_out[t];
+            reft.t.shape = reft.shape;
+            tk_ops_cmp cmp;
+            tk_ops__case_compare(&cmp, c, &reft, got);
+            if (!cmp.ok) {
+                mismatch_verdict(v, c, ct, &cmp);
+                *done = 1;
+            }
+        } else { /* the copy reports a fault the wait missed */
+            json_t *det = json_pack("{s:s, s:s}", "case", c->label, "error", tk_last_error());
+            verdict_set(v, TK_ST_CRASHED, det, "case '%s': %s", c->label, tk_last_error());
+            *done = 1;
+            *reset = 1;
+        }
+        free(got);
+    }
+    return rc;
+}
+
+/* Launches function kname on case c (its arguments moved to the device) and waits for it. *done when
+ * the verdict is set: the launch refused, a fault or a timeout (then also *reset); *skip when the
+ * kernel's constraints refuse the case at call time (TK_ERR_UNSUPPORTED from the launch). */
+static int launch_case(run *r, verdict *v, const tk_api_opkernel *ok, tk_kernel *k, const char *kname,
+                       const tk_op_desc *op, const tk_ops_case *c, devcase *dc, tk_arg *args, size_t na, int *done,
+                       int *reset, int *skip)
+{
+    const tk_function *fn = NULL;
+    tk_op_call dcall;
+    int fault = 0, timed_out = 0, rc;
+    for (size_t i = 0; i < na; i++) /* the case's arguments with the device tensors */
+        if (args[i].kind == TK_ARG_TENSOR)
+            for (size_t t = 0; t < c->nt; t++)
+                if (args[i].t == &c->t[t].t)
+                    args[i].t = &dc->t[t];
+    if ((rc = tk_ops__prepare_op(&dcall, op, args, na)) != TK_OK)
+        return rc;
+    rc = tk_kernel_function(&fn, k, kname);
+    if (rc == TK_OK)
+        rc = tk_api__opkernel_launch(ok, fn, &dcall, tk_jit__sandbox_stream(r->sb));
+    if (rc == TK_ERR_UNSUPPORTED) {
+        *skip = 1;
+        return rc;
+    }
+    if (rc != TK_OK) {
+        json_t *det = json_pack("{s:s, s:s}", "case", c->label, "error", tk_last_error());
+        verdict_set(v, TK_ST_FAILED, det, "case '%s': the launch was refused: %s", c->label, tk_last_error());
+        *done = 1;
+        return rc;
+    }
+    rc = tk_jit__sandbox_wait(r->sb, r->timeout_s, &fault, &timed_out);
+    v->cases++;
+    if (rc != TK_OK && (fault || timed_out)) {
+        char err[512];
+        snprintf(err, sizeof err, "%s", tk_last_error());
+        json_t *det = json_pack("{s:s, s:s}", "case", c->label, "error", err);
+        verdict_set(v, timed_out ? TK_ST_TIMED_OUT : TK_ST_CRASHED, det, "case '%s': %s", c->label, err);
+        *done = 1;
+        *reset = 1; /* the context is lost, with the case's memory */
+    }
+    return rc;
+}
+
+enum { CASE_NEXT, CASE_SKIPPED, CASE_DONE };
+
+/* Runs case c on the device against its CPU reference. CASE_DONE when the verdict is set (the
+ * kernel failed or crashed, or tk could not run the case), CASE_SKIPPED when the kernel's constraints
+ * refuse it at call time, else CASE_NEXT. */
+static int device_case(run *r, verdict *v, const tk_api_opkernel *ok, tk_kernel *k, const char *kname,
+                       const tk_op_desc *op, const tk_ops_case *c, size_t idx, const tk_ops_case_spec *spec,
+                       tk_arg *args, size_t na)
+{
+    devcase dc;
+    void **ref_out = NULL;
+    int reset = 0, done = 0, skip = 0;
+    int rc = devcase_make(r, &dc, c);
+    if (rc == TK_OK)
+        rc = reference(r, c, idx, spec, &ref_out);
+    if (rc == TK_OK)
+        rc = launch_case(r, v, ok, k, kname, op, c, &dc, args, na, &done, &reset, &skip);
+    if (skip) {
+        tk_api__log(r->ctx, TK_LOG_DEBUG, "selftest %s: case '%s' is outside its constraints: %s", kname, c->label,
+                    tk_last_error());
+        tk__err_clear();
+        devcase_free(r, &dc, 1);
+        return CASE_SKIPPED;
+    }
+    if (rc == TK_OK && !done)
+        rc = compare_outputs(r, v, c, &dc, ref_out, &done, &reset);
+    if (rc != TK_OK && !done) { /* tk's own trouble (memory, the reference): not the kernel's fault */
+        verdict_set(v, TK_ST_UNTESTED, NULL, "case '%s' could not run: %s", c->label, tk_last_error());
+        done = 1;
+    }
+    devcase_free(r, &dc, !reset);
+    return done ? CASE_DONE : CASE_NEXT;
+}
+
+/* The verdict when no case failed: the cases passed (or would run), or none fits. */
+static void final_verdict(const run *r, verdict *v, const tk_op_desc *op)
+{
+    if (v->cases && r->plan)
+        verdict_set(v, TK_ST_PASSED, json_pack("{s:i, s:O}", "cases", v->cases, "case_labels", v->labels),
+                    "%d case%s would run", v->cases, v->cases == 1 ? "" : "s");
+    else if (v->cases)
+        verdict_set(v, TK_ST_PASSED, json_pack("{s:i}", "cases", v->cases), "%d case%s passed", v->cases,
+                    v->cases == 1 ? "" : "s");
+    else
+        verdict_set(v, TK_ST_UNTESTED, NULL, "no case of op %s fits it (its dtypes, options and constraints)",
+                    op->name);
+}
+
+/* Runs the cases of op for kernel kd with primary dtype dt until one sets the verdict (then 1). *k is
+ * the loaded package, read only with a device (no plan). */
+static int test_dtype(run *r, verdict *v, const tk_api_opkernel *ok, tk_kernel **k, const tk_op_desc *op,
+                      const tk_manifest_kernel *kd, tk_dtype dt)
+{
+    const char *kname = kd->name;
+    kspec ks;
+    kspec_make(&ks, kd, dt);
+    for (size_t idx = 0; v->cases < MAX_CASES; idx++) {
+        tk_ops_case c;
+        int rc = tk_ops__case_make(&c, op, idx, &ks.spec);
+        if (rc == TK_ERR_NOT_FOUND)
+            break;
+        if (rc == TK_ERR_UNSUPPORTED)
+            continue;
+        if (rc != TK_OK) {
+            verdict_set(v, TK_ST_UNTESTED, NULL, "making case %zu: %s", idx, tk_last_error());
+            return 1;
+        }
+        tk_arg args[2 * TK_OPS_CASE_MAX];
+        tk_op_call hc;
+        size_t na = tk_ops__case_args(&c, args);
+        const char *why = NULL;
+        if (tk_ops__prepare_op(&hc, op, args, na) != TK_OK || (why = tk_api__opkernel_unfit(ok, &hc, r->dev.cc))) {
+            tk_api__log(r->ctx, TK_LOG_DEBUG, "selftest %s: case '%s' does not fit: %s", kname, c.label,
+                        why ? why : tk_last_error());
+            tk__err_clear();
+            tk_ops__case_free(&c);
+            continue;
+        }
+        int out = r->plan ? (plan_case(r, v, &c, idx, &ks.spec) ? CASE_DONE : CASE_NEXT)
+                          : device_case(r, v, ok, *k, kname, op, &c, idx, &ks.spec, args, na);
+        tk_ops__case_free(&c);
+        if (out == CASE_SKIPPED)
+            continue;
+        memo_trim(r);
+        if (out == CASE_DONE)
+            return 1;
+    }
+    return 0;
+}
+
 /* Tests one function. After a fault or a launch past the limit CUDA is lost in this process
  * (tk_jit__cuda_lost): the verdict says so and the caller records it before anything else. */
 static void test_kernel(run *r, verdict *v, tk_kernel **k, const char *ref, const tk_selftest_opts *o,
                         const tk_manifest_kernel *kd, json_t *manifest, const char *pkg)
 {
-    const char *opname = kd->op, *kname = kd->name;
+    const char *opname = kd->op;
     const tk_op_desc *op = tk_ops__find(opname);
     tk_api_opkernel *ok = NULL;
     double t0 = tk__now_ms();
@@ -452,7 +656,7 @@ static void test_kernel(run *r, verdict *v, tk_kernel **k, const char *ref, cons
         verdict_set(v, TK_ST_UNTESTED, NULL, "op %s has no self-test cases", op->name);
         return;
     }
-    if (tk_api__opkernel_new(&ok, manifest, pkg, kname) != TK_OK) {
+    if (tk_api__opkernel_new(&ok, manifest, pkg, kd->name) != TK_OK) {
         verdict_set(v, TK_ST_FAILED, NULL, "dispatch cannot read the kernel: %s", tk_last_error());
         return;
     }
@@ -464,157 +668,10 @@ static void test_kernel(run *r, verdict *v, tk_kernel **k, const char *ref, cons
     if (!nprim)
         prim[nprim++] = (tk_dtype){TK_DL_FLOAT, 32, 1};
     int done = 0;
-    for (size_t pi = 0; pi < nprim && !done; pi++) {
-        kspec ks;
-        kspec_make(&ks, kd, prim[pi]);
-        for (size_t idx = 0; !done && v->cases < MAX_CASES; idx++) {
-            tk_ops_case c;
-            int rc = tk_ops__case_make(&c, op, idx, &ks.spec);
-            if (rc == TK_ERR_NOT_FOUND)
-                break;
-            if (rc == TK_ERR_UNSUPPORTED)
-                continue;
-            if (rc != TK_OK) {
-                verdict_set(v, TK_ST_UNTESTED, NULL, "making case %zu: %s", idx, tk_last_error());
-                done = 1;
-                break;
-            }
-            tk_arg args[2 * TK_OPS_CASE_MAX];
-            tk_op_call hc, dcall;
-            size_t na = tk_ops__case_args(&c, args);
-            const char *why = NULL;
-            if (tk_ops__prepare_op(&hc, op, args, na) != TK_OK || (why = tk_api__opkernel_unfit(ok, &hc, r->dev.cc))) {
-                tk_api__log(r->ctx, TK_LOG_DEBUG, "selftest %s: case '%s' does not fit: %s", kname, c.label,
-                            why ? why : tk_last_error());
-                tk__err_clear();
-                tk_ops__case_free(&c);
-                continue;
-            }
-            devcase dc;
-            void **ref_out = NULL;
-            int fault = 0, timed_out = 0, reset = 0;
-            if (r->plan) { /* no device: the case fits; its CPU reference must run */
-                double c0 = tk__now_ms();
-                rc = reference(r, &c, idx, &ks.spec, &ref_out);
-                r->cpu_ms += tk__now_ms() - c0;
-                if (rc != TK_OK) {
-                    verdict_set(v, TK_ST_UNTESTED, NULL, "case '%s': the CPU reference failed: %s", c.label,
-                                tk_last_error());
-                    done = 1;
-                } else {
-                    v->cases++;
-                    json_array_append_new(v->labels, json_string(c.label));
-                }
-                tk_ops__case_free(&c);
-                memo_trim(r);
-                continue;
-            }
-            rc = devcase_make(r, &dc, &c);
-            if (rc == TK_OK)
-                rc = reference(r, &c, idx, &ks.spec, &ref_out);
-            if (rc == TK_OK) {
-                /* the device call: the case's arguments with the device tensors */
-                for (size_t i = 0; i < na; i++)
-                    if (args[i].kind == TK_ARG_TENSOR)
-                        for (size_t t = 0; t < c.nt; t++)
-                            if (args[i].t == &c.t[t].t)
-                                args[i].t = &dc.t[t];
-                rc = tk_ops__prepare_op(&dcall, op, args, na);
-            }
-            if (rc == TK_OK) {
-                const tk_function *fn = NULL;
-                rc = tk_kernel_function(&fn, *k, kname);
-                if (rc == TK_OK)
-                    rc = tk_api__opkernel_launch(ok, fn, &dcall, tk_jit__sandbox_stream(r->sb));
-                if (rc == TK_ERR_UNSUPPORTED) { /* the kernel's constraints refuse this case at call time */
-                    tk_api__log(r->ctx, TK_LOG_DEBUG, "selftest %s: case '%s' is outside its constraints: %s", kname,
-                                c.label, tk_last_error());
-                    tk__err_clear();
-                    devcase_free(r, &dc, 1);
-                    tk_ops__case_free(&c);
-                    continue;
-                }
-                if (rc != TK_OK) {
-                    json_t *det = json_pack("{s:s, s:s}", "case", c.label, "error", tk_last_error());
-                    verdict_set(v, TK_ST_FAILED, det, "case '%s': the launch was refused: %s", c.label, tk_last_error());
-                    done = 1;
-                }
-            }
-            if (rc == TK_OK) {
-                rc = tk_jit__sandbox_wait(r->sb, r->timeout_s, &fault, &timed_out);
-                v->cases++;
-                if (rc != TK_OK && (fault || timed_out)) {
-                    char err[512];
-                    snprintf(err, sizeof err, "%s", tk_last_error());
-                    json_t *det = json_pack("{s:s, s:s}", "case", c.label, "error", err);
-                    verdict_set(v, timed_out ? TK_ST_TIMED_OUT : TK_ST_CRASHED, det, "case '%s': %s", c.label, err);
-                    done = 1;
-                    reset = 1; /* the context is lost, with the case's memory */
-                }
-            }
-            /* compare every output and in-place tensor with the reference */
-            for (size_t t = 0; rc == TK_OK && !done && t < c.nt; t++) {
-                const tk_ops_case_tensor *ct = &c.t[t];
-                if (ct->role == TK_CASE_IN)
-                    continue;
-                size_t bytes = tk_ops__case_bytes(ct);
-                void *got = malloc(bytes ? bytes : 1);
-                if (!got) {
-                    rc = tk__err(TK_ERR_NOMEM, "out of memory");
-                    break;
-                }
-                rc = tk_jit__sandbox_copy(r->sb, got, (void *)(uintptr_t)dc.ptr[t], bytes, TK_JIT_COPY_D2H);
-                if (rc == TK_OK) {
-                    tk_ops_case_tensor reft = *ct;
-                    reft.t.data = ref_out[t];
-                    reft.t.shape = reft.shape;
-                    tk_ops_cmp cmp;
-                    tk_ops__case_compare(&cmp, &c, &reft, got);
-                    if (!cmp.ok) {
-                        char where[96];
-                        multi_index(where, sizeof where, &ct->t, cmp.worst);
-                        json_t *det = json_pack("{s:s, s:s, s:s, s:f, s:f, s:f, s:I, s:I}", "case", c.label, "output",
-                                                ct->name, "index", where, "got", isfinite(cmp.got) ? cmp.got : 0.0,
-                                                "want", isfinite(cmp.want) ? cmp.want : 0.0, "tol", cmp.tol, "bad",
-                                                (json_int_t)cmp.bad, "of", (json_int_t)cmp.n);
-                        if (det && !isfinite(cmp.got))
-                            json_object_set_new(det, "got", json_string(isnan(cmp.got) ? "nan" : cmp.got > 0 ? "inf" : "-inf"));
-                        if (det && !isfinite(cmp.want))
-                            json_object_set_new(det, "want", json_string(isnan(cmp.want) ? "nan" : cmp.want > 0 ? "inf" : "-inf"));
-                        verdict_set(v, TK_ST_FAILED, det,
-                                    "case '%s': %s%s got %.9g want %.9g (tol %.3g); %lld of %lld elements off%s", c.label,
-                                    ct->name, where, cmp.got, cmp.want, cmp.tol, (long long)cmp.bad, (long long)cmp.n,
-                                    isnan(cmp.got) && !isnan(cmp.want) ? " (NaN: an element the kernel never wrote)" : "");
-                        done = 1;
-                    }
-                } else if (!done) { /* the copy reports a fault the wait missed */
-                    json_t *det = json_pack("{s:s, s:s}", "case", c.label, "error", tk_last_error());
-                    verdict_set(v, TK_ST_CRASHED, det, "case '%s': %s", c.label, tk_last_error());
-                    done = 1;
-                    reset = 1;
-                }
-                free(got);
-            }
-            if (rc != TK_OK && !done) { /* tk's own trouble (memory, the reference): not the kernel's fault */
-                verdict_set(v, TK_ST_UNTESTED, NULL, "case '%s' could not run: %s", c.label, tk_last_error());
-                done = 1;
-            }
-            devcase_free(r, &dc, !reset);
-            tk_ops__case_free(&c);
-            memo_trim(r);
-        }
-    }
-    if (!done) {
-        if (v->cases && r->plan)
-            verdict_set(v, TK_ST_PASSED, json_pack("{s:i, s:O}", "cases", v->cases, "case_labels", v->labels),
-                        "%d case%s would run", v->cases, v->cases == 1 ? "" : "s");
-        else if (v->cases)
-            verdict_set(v, TK_ST_PASSED, json_pack("{s:i}", "cases", v->cases), "%d case%s passed", v->cases,
-                        v->cases == 1 ? "" : "s");
-        else
-            verdict_set(v, TK_ST_UNTESTED, NULL, "no case of op %s fits it (its dtypes, options and constraints)",
-                        op->name);
-    }
+    for (size_t pi = 0; pi < nprim && !done; pi++)
+        done = test_dtype(r, v, ok, k, op, kd, prim[pi]);
+    if (!done)
+        final_verdict(r, v, op);
     if (v->detail && !json_object_get(v->detail, "cases"))
         json_object_set_new(v->detail, "cases", json_integer(v->cases));
     v->seconds = (tk__now_ms() - t0) / 1000.0;
