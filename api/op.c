@@ -1001,7 +1001,8 @@ static int check_loaded(ops_state *s, tk_ctx *ctx, cand *c, const tk_function *f
                    c->st_detail ? " - " : "", c->st_detail ? c->st_detail : "");
 }
 
-static int run_cuda(ops_state *s, tk_ctx *ctx, const tk_op_call *k, void *stream, const char **impl)
+/* Kernels take contiguous row-major tensors: TK_ERR_UNSUPPORTED naming the first that is not. */
+static int check_contiguous(const tk_op_call *k)
 {
     const tk_op_desc *op = k->op;
     for (size_t i = 0; i < op->nparams; i++) {
@@ -1018,8 +1019,52 @@ static int run_cuda(ops_state *s, tk_ctx *ctx, const tk_op_call *k, void *stream
             return rc;
         }
     }
+    return TK_OK;
+}
+
+/* The candidates that fit call k on arch cc (and the override), in priority order: *order (malloc'd,
+ * NULL when there are no candidates) and *nfit. */
+static int fitting(size_t **order, size_t *nfit, const ops_state *s, tk_ctx *ctx, const tk_op_call *k, int cc,
+                   const override *ov)
+{
+    *nfit = 0;
+    *order = s->n ? malloc(s->n * sizeof **order) : NULL;
+    if (s->n && !*order)
+        return tk__err(TK_ERR_NOMEM, "out of memory");
+    for (size_t i = 0; i < s->n; i++) {
+        const char *why = unfit(&s->c[i], k, cc, ov);
+        if (!why)
+            (*order)[(*nfit)++] = i;
+        else if (strcmp(why, "another op") != 0)
+            tk_api__log(ctx, TK_LOG_DEBUG, "%s: skipping %s (%s)", k->op->name, s->c[i].impl, why);
+    }
+    return TK_OK;
+}
+
+/* The error when no installed kernel implements call k (or the configured override's). */
+static int no_kernel_error(const tk_op_call *k, const override *ov, int cc)
+{
+    const tk_op_desc *op = k->op;
+    if (ov)
+        return tk__err(TK_ERR_UNSUPPORTED,
+                       "%s: the configured implementation '%s' (config \"ops\") is not installed or has no kernel "
+                       "for %s on sm_%d\nHINT: run 'tk get %s', or remove the override from config.json",
+                       op->name, ov->text, tk_ops__dtype_str(k->dtype), cc, ov->pkg);
+    return tk__err(TK_ERR_UNSUPPORTED,
+                   "%s: no installed package implements it for %s on cuda:%d (sm_%d)\nHINT: run 'tk get %s'; "
+                   "'tk ops' lists the implementations",
+                   op->name, tk_ops__dtype_str(k->dtype), k->device_id, cc,
+                   op->package ? op->package : "<a package that provides it>");
+}
+
+static int run_cuda(ops_state *s, tk_ctx *ctx, const tk_op_call *k, void *stream, const char **impl)
+{
+    const tk_op_desc *op = k->op;
+    int rc = check_contiguous(k);
+    if (rc != TK_OK)
+        return rc;
     tk_device_info dev;
-    int rc = tk_device_info_get(&dev, k->device_id);
+    rc = tk_device_info_get(&dev, k->device_id);
     if (rc != TK_OK)
         return rc;
     int cc = dev.cc_major * 10 + dev.cc_minor;
@@ -1038,16 +1083,9 @@ static int run_cuda(ops_state *s, tk_ctx *ctx, const tk_op_call *k, void *stream
         char last_err[512] = "", last_impl[256] = "";
         int last_rc = TK_OK;
         /* the candidates that fit, in priority order, then (autotune) fastest first */
-        size_t *order = s->n ? malloc(s->n * sizeof *order) : NULL, nfit = 0;
-        if (s->n && !order)
-            return tk__err(TK_ERR_NOMEM, "out of memory");
-        for (size_t i = 0; i < s->n; i++) {
-            const char *why = unfit(&s->c[i], k, cc, ov);
-            if (!why)
-                order[nfit++] = i;
-            else if (strcmp(why, "another op") != 0)
-                tk_api__log(ctx, TK_LOG_DEBUG, "%s: skipping %s (%s)", op->name, s->c[i].impl, why);
-        }
+        size_t *order = NULL, nfit = 0;
+        if ((rc = fitting(&order, &nfit, s, ctx, k, cc, ov)) != TK_OK)
+            return rc;
         /* kernels whose recorded self-test failed on this GPU are left out (docs/selftest.md) */
         if (mode != TK_SELFTEST_OFF && nfit) {
             int r = route(s, ctx, k, &dev, cc, order, &nfit, mode, &untested);
@@ -1112,16 +1150,7 @@ static int run_cuda(ops_state *s, tk_ctx *ctx, const tk_op_call *k, void *stream
                            op->name, tried, tried == 1 ? "" : "s", tk_ops__dtype_str(k->dtype), k->device_id,
                            last_impl, last_err);
     }
-    if (ov)
-        return tk__err(TK_ERR_UNSUPPORTED,
-                       "%s: the configured implementation '%s' (config \"ops\") is not installed or has no kernel "
-                       "for %s on sm_%d\nHINT: run 'tk get %s', or remove the override from config.json",
-                       op->name, ov->text, tk_ops__dtype_str(k->dtype), cc, ov->pkg);
-    return tk__err(TK_ERR_UNSUPPORTED,
-                   "%s: no installed package implements it for %s on cuda:%d (sm_%d)\nHINT: run 'tk get %s'; "
-                   "'tk ops' lists the implementations",
-                   op->name, tk_ops__dtype_str(k->dtype), k->device_id, cc,
-                   op->package ? op->package : "<a package that provides it>");
+    return no_kernel_error(k, ov, cc);
 }
 
 void tk_api__ops_forget_selftests(tk_ctx *ctx)
