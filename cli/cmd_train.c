@@ -25,6 +25,7 @@
 #include <math.h>
 #include <signal.h>
 #include <stdint.h>
+#include <stddef.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -184,7 +185,58 @@ static int integer(const char *flag, const char *v, long long lo, long long hi, 
     return GO;
 }
 
-static int parse(train_job *j, int argc, char **argv)
+/* The numeric options: name, bounds, and where the value goes. */
+typedef struct {
+    const char *flag;
+    int is_int;
+    long long ilo, ihi; /* is_int */
+    double lo, hi;      /* else */
+    size_t off;
+} num_opt;
+
+static const num_opt NUM_OPTS[] = {
+    {"--seq-len", 1, 2, 1 << 20, 0, 0, offsetof(train_job, seq_len)},
+    {"--batch-size", 1, 1, 1 << 20, 0, 0, offsetof(train_job, batch)},
+    {"--grad-accum", 1, 1, 1 << 20, 0, 0, offsetof(train_job, accum)},
+    {"--steps", 1, 1, (long long)1 << 40, 0, 0, offsetof(train_job, steps)},
+    {"--epochs", 1, 1, 1 << 20, 0, 0, offsetof(train_job, epochs)},
+    {"--warmup", 1, 0, (long long)1 << 40, 0, 0, offsetof(train_job, warmup)},
+    {"--seed", 1, 0, INT64_MAX, 0, 0, offsetof(train_job, seed)},
+    {"--save-every", 1, 0, (long long)1 << 40, 0, 0, offsetof(train_job, save_every)},
+    {"--save-total-limit", 1, 0, 1 << 20, 0, 0, offsetof(train_job, save_limit)},
+    {"--eval-every", 1, 0, (long long)1 << 40, 0, 0, offsetof(train_job, eval_every)},
+    {"--lr", 0, 0, 0, 0, 10, offsetof(train_job, lr)},
+    {"--min-lr-ratio", 0, 0, 0, 0, 1, offsetof(train_job, min_lr_ratio)},
+    {"--weight-decay", 0, 0, 0, 0, 100, offsetof(train_job, wd)},
+    {"--beta1", 0, 0, 0, 0, 0.999999, offsetof(train_job, beta1)},
+    {"--beta2", 0, 0, 0, 0, 0.999999999, offsetof(train_job, beta2)},
+    {"--eps", 0, 0, 0, 0, 1, offsetof(train_job, eps)},
+    {"--max-grad-norm", 0, 0, 0, 0, 1e30, offsetof(train_job, clip)},
+    {"--label-smoothing", 0, 0, 0, 0, 0.999, offsetof(train_job, smoothing)},
+    {"--eval-fraction", 0, 0, 0, 0, 0.5, offsetof(train_job, eval_frac)},
+    {"--mlm-probability", 0, 0, 0, 0.001, 1, offsetof(train_job, mlm_p)},
+};
+
+/* The numeric option named flag, or NULL. */
+static const num_opt *num_opt_find(const char *flag)
+{
+    for (size_t i = 0; i < sizeof NUM_OPTS / sizeof NUM_OPTS[0]; i++)
+        if (!strcmp(flag, NUM_OPTS[i].flag))
+            return &NUM_OPTS[i];
+    return NULL;
+}
+
+/* Parses a numeric option's value v into j: GO, or the usage exit naming the option and its bounds. */
+static int num_opt_set(train_job *j, const num_opt *o, const char *v)
+{
+    char *field = (char *)j + o->off;
+    if (!strcmp(o->flag, "--steps"))
+        j->steps_given = 1;
+    return o->is_int ? integer(o->flag, v, o->ilo, o->ihi, (long long *)(void *)field)
+                     : num(o->flag, v, o->lo, o->hi, (double *)(void *)field);
+}
+
+static void defaults(train_job *j)
 {
     j->seq_len = 128;
     j->batch = 8;
@@ -202,6 +254,11 @@ static int parse(train_job *j, int argc, char **argv)
     j->cosine = 1;
     j->fused = -1;
     j->device = "cpu";
+}
+
+static int parse(train_job *j, int argc, char **argv)
+{
+    defaults(j);
     int u = GO;
     for (int i = 1; i < argc && u == GO; i++) {
         const char *a = argv[i], *v = i + 1 < argc ? argv[i + 1] : NULL;
@@ -215,7 +272,11 @@ static int parse(train_job *j, int argc, char **argv)
             return tk_cli_usage(USAGE, "%s needs a value", a);                                         \
         i++;                                                                                           \
     } while (0)
-        if (!strcmp(a, "--data")) {
+        const num_opt *no = num_opt_find(a);
+        if (no) {
+            VAL();
+            u = num_opt_set(j, no, v);
+        } else if (!strcmp(a, "--data")) {
             VAL();
             j->files[j->nfiles++] = v;
             /* more files until the next option */
@@ -226,80 +287,19 @@ static int parse(train_job *j, int argc, char **argv)
         } else if (!strcmp(a, "--out")) {
             VAL();
             j->out = v;
-        } else if (!strcmp(a, "--seq-len")) {
-            VAL();
-            u = integer(a, v, 2, 1 << 20, &j->seq_len);
-        } else if (!strcmp(a, "--batch-size")) {
-            VAL();
-            u = integer(a, v, 1, 1 << 20, &j->batch);
-        } else if (!strcmp(a, "--grad-accum")) {
-            VAL();
-            u = integer(a, v, 1, 1 << 20, &j->accum);
-        } else if (!strcmp(a, "--steps")) {
-            VAL();
-            u = integer(a, v, 1, (long long)1 << 40, &j->steps);
-            j->steps_given = 1;
-        } else if (!strcmp(a, "--epochs")) {
-            VAL();
-            u = integer(a, v, 1, 1 << 20, &j->epochs);
-        } else if (!strcmp(a, "--lr")) {
-            VAL();
-            u = num(a, v, 0, 10, &j->lr);
-        } else if (!strcmp(a, "--warmup")) {
-            VAL();
-            u = integer(a, v, 0, (long long)1 << 40, &j->warmup);
         } else if (!strcmp(a, "--schedule")) {
             VAL();
             if (strcmp(v, "cosine") && strcmp(v, "constant"))
                 return tk_cli_usage(USAGE, "--schedule wants cosine or constant, got '%s'", v);
             j->cosine = !strcmp(v, "cosine");
-        } else if (!strcmp(a, "--min-lr-ratio")) {
-            VAL();
-            u = num(a, v, 0, 1, &j->min_lr_ratio);
-        } else if (!strcmp(a, "--weight-decay")) {
-            VAL();
-            u = num(a, v, 0, 100, &j->wd);
         } else if (!strcmp(a, "--decay-all")) {
             j->decay_all = 1;
-        } else if (!strcmp(a, "--beta1")) {
-            VAL();
-            u = num(a, v, 0, 0.999999, &j->beta1);
-        } else if (!strcmp(a, "--beta2")) {
-            VAL();
-            u = num(a, v, 0, 0.999999999, &j->beta2);
-        } else if (!strcmp(a, "--eps")) {
-            VAL();
-            u = num(a, v, 0, 1, &j->eps);
-        } else if (!strcmp(a, "--max-grad-norm")) {
-            VAL();
-            u = num(a, v, 0, 1e30, &j->clip);
-        } else if (!strcmp(a, "--label-smoothing")) {
-            VAL();
-            u = num(a, v, 0, 0.999, &j->smoothing);
         } else if (!strcmp(a, "--checkpointing")) {
             j->ckpt = 1;
         } else if (!strcmp(a, "--no-fused-loss")) {
             j->fused = 0;
         } else if (!strcmp(a, "--fused-loss")) {
             j->fused = 1;
-        } else if (!strcmp(a, "--eval-fraction")) {
-            VAL();
-            u = num(a, v, 0, 0.5, &j->eval_frac);
-        } else if (!strcmp(a, "--mlm-probability")) {
-            VAL();
-            u = num(a, v, 0.001, 1, &j->mlm_p);
-        } else if (!strcmp(a, "--seed")) {
-            VAL();
-            u = integer(a, v, 0, INT64_MAX, &j->seed);
-        } else if (!strcmp(a, "--save-every")) {
-            VAL();
-            u = integer(a, v, 0, (long long)1 << 40, &j->save_every);
-        } else if (!strcmp(a, "--save-total-limit")) {
-            VAL();
-            u = integer(a, v, 0, 1 << 20, &j->save_limit);
-        } else if (!strcmp(a, "--eval-every")) {
-            VAL();
-            u = integer(a, v, 0, (long long)1 << 40, &j->eval_every);
         } else if (!strcmp(a, "--resume")) {
             j->resume = 1;
         } else if (!strcmp(a, "--device")) {
