@@ -344,32 +344,15 @@ static void print_config_warnings(const json_t *w)
     }
 }
 
-int tk_cmd_doctor(tk_cli *cli, int argc, char **argv)
+/* The GPUs and the driver into out: "gpus", and "driver_error" / "driver_hint" when the driver failed
+ * (its message in deverr). The driver's status. */
+static int gpu_info(json_t *out, int *ndev, char *deverr, size_t cap)
 {
-    int ndev = 0, devrc, nvmaj = 0, nvmin = 0, ok = 1, require_gpu = 0;
-    char nvpath[1024] = "", deverr[1024] = "";
-    json_t *out = json_object(), *gpus = json_array();
-
-    for (int i = 1; i < argc; i++) {
-        if (tk_cli_is_help(argv[i])) {
-            fputs(HELP, stdout);
-            return TK_EXIT_OK;
-        } else if (!strcmp(argv[i], "--json")) {
-            cli->json = 1;
-        } else if (!strcmp(argv[i], "--require-gpu")) {
-            require_gpu = 1;
-        } else {
-            return argv[i][0] == '-' ? tk_cli_unknown_option(USAGE, argv[i])
-                                     : tk_cli_usage(USAGE, "unexpected '%s'", argv[i]);
-        }
-    }
-
-    json_object_set_new(out, "tk_version", json_string(tk_version_string()));
-    /* GPUs and the driver */
-    devrc = tk_device_count(&ndev);
+    json_t *gpus = json_array();
+    int devrc = tk_device_count(ndev);
     if (devrc != TK_OK)
-        snprintf(deverr, sizeof deverr, "%s", tk_last_error());
-    for (int d = 0; devrc == TK_OK && d < ndev; d++) {
+        snprintf(deverr, cap, "%s", tk_last_error());
+    for (int d = 0; devrc == TK_OK && d < *ndev; d++) {
         tk_device_info info;
         if (tk_device_info_get(&info, d) != TK_OK)
             continue;
@@ -386,14 +369,84 @@ int tk_cmd_doctor(tk_cli *cli, int argc, char **argv)
         json_object_set_new(out, "driver_error", h ? json_stringn(deverr, (size_t)(h - deverr)) : json_string(deverr));
         json_object_set_new(out, "driver_hint", h ? json_string(h + 7) : json_null());
     }
-    /* NVRTC */
-    if (find_nvrtc(&nvmaj, &nvmin, nvpath, sizeof nvpath) == 0) {
+    return devrc;
+}
+
+/* NVRTC into out ("nvrtc": version and path, or null); nvpath empty when it was not found. */
+static void nvrtc_info(json_t *out, int *nvmaj, int *nvmin, char *nvpath, size_t cap)
+{
+    if (find_nvrtc(nvmaj, nvmin, nvpath, cap) == 0) {
         char v[32];
-        snprintf(v, sizeof v, "%d.%d", nvmaj, nvmin);
+        snprintf(v, sizeof v, "%d.%d", *nvmaj, *nvmin);
         json_object_set_new(out, "nvrtc", json_pack("{s:s, s:s}", "version", v, "path", nvpath));
     } else {
         json_object_set_new(out, "nvrtc", json_null());
     }
+}
+
+/* The text report of out (what --json prints as it is). */
+static void print_report(json_t *out, tk_ctx *ctx, int devrc, int ndev, const char *deverr, const char *nvpath,
+                         int nvmaj, int nvmin, int ok)
+{
+    json_t *cwarn = json_object_get(out, "config_warnings");
+    printf("tk %s\n\n", tk_version_string());
+    print_gpus(json_object_get(out, "gpus"), devrc, ndev, deverr);
+    if (nvpath[0])
+        printf("NVRTC:    %d.%d at %s\n", nvmaj, nvmin, nvpath);
+    else
+        printf("NVRTC:    not found — tk cannot compile kernels (cached binaries still load)\n"
+               "          HINT: install the CUDA toolkit's NVRTC (apt install cuda-nvrtc-13-0, or pip install\n"
+               "          nvidia-cuda-nvrtc) or point TK_NVRTC at libnvrtc.so\n");
+    if (ctx) {
+        json_t *c = json_object_get(out, "cache");
+        printf("home:     %s\n", tk_ctx_home(ctx));
+        printf("config:   %s%s\n", json_string_value(json_object_get(out, "config_file")),
+               json_is_true(json_object_get(out, "config_exists")) ? "" : " (none: the defaults)");
+        print_config_warnings(cwarn);
+        if (c)
+            printf("cache:    %s: %lld entries, %.1f MiB of %.1f MiB\n", json_string_value(json_object_get(c, "path")),
+                   (long long)json_integer_value(json_object_get(c, "entries")),
+                   (double)json_integer_value(json_object_get(c, "bytes")) / (1024.0 * 1024),
+                   (double)json_integer_value(json_object_get(c, "max_bytes")) / (1024.0 * 1024));
+        else
+            printf("cache:    unusable — %s\n", json_string_value(json_object_get(out, "cache_error")));
+        print_registries(json_object_get(out, "registries"), tk_ctx_offline(ctx));
+        print_selftests(json_object_get(out, "selftest"));
+    }
+    print_parallel(json_object_get(out, "parallel"));
+    printf("\n%s\n", ok ? "ok: this machine can compile and run kernels"
+                        : devrc != TK_OK || ndev == 0
+                            ? "no GPU: packages install and build ahead of time ('tk build ORG/NAME --arch sm_90'); "
+                              "ops run on the CPU reference"
+                            : "no NVRTC: only kernels already in the cache can load");
+    if (json_array_size(cwarn))
+        printf("config.json has %zu key%s tk does not know (listed above)\n", json_array_size(cwarn),
+               json_array_size(cwarn) == 1 ? "" : "s");
+}
+
+int tk_cmd_doctor(tk_cli *cli, int argc, char **argv)
+{
+    int ndev = 0, devrc, nvmaj = 0, nvmin = 0, ok = 1, require_gpu = 0;
+    char nvpath[1024] = "", deverr[1024] = "";
+
+    for (int i = 1; i < argc; i++) {
+        if (tk_cli_is_help(argv[i])) {
+            fputs(HELP, stdout);
+            return TK_EXIT_OK;
+        } else if (!strcmp(argv[i], "--json")) {
+            cli->json = 1;
+        } else if (!strcmp(argv[i], "--require-gpu")) {
+            require_gpu = 1;
+        } else {
+            return argv[i][0] == '-' ? tk_cli_unknown_option(USAGE, argv[i])
+                                     : tk_cli_usage(USAGE, "unexpected '%s'", argv[i]);
+        }
+    }
+
+    json_t *out = json_object();
+    json_object_set_new(out, "tk_version", json_string(tk_version_string()));
+    devrc = gpu_info(out, &ndev, deverr, sizeof deverr);
+    nvrtc_info(out, &nvmaj, &nvmin, nvpath, sizeof nvpath);
     /* MPI, NCCL, and the ranks under an MPI launcher (only rank 0 prints) */
     int pquiet = 0, pcode = parallel_info(cli, out, devrc == TK_OK ? ndev : 0, &pquiet);
     if (pcode) {
@@ -428,42 +481,9 @@ int tk_cmd_doctor(tk_cli *cli, int argc, char **argv)
         char *s = json_dumps(out, JSON_INDENT(2));
         printf("%s\n", s ? s : "{}");
         free(s);
-        json_decref(out);
-        return code;
+    } else {
+        print_report(out, ctx, devrc, ndev, deverr, nvpath, nvmaj, nvmin, ok);
     }
-    printf("tk %s\n\n", tk_version_string());
-    print_gpus(gpus, devrc, ndev, deverr);
-    if (nvpath[0])
-        printf("NVRTC:    %d.%d at %s\n", nvmaj, nvmin, nvpath);
-    else
-        printf("NVRTC:    not found — tk cannot compile kernels (cached binaries still load)\n"
-               "          HINT: install the CUDA toolkit's NVRTC (apt install cuda-nvrtc-13-0, or pip install\n"
-               "          nvidia-cuda-nvrtc) or point TK_NVRTC at libnvrtc.so\n");
-    if (ctx) {
-        json_t *c = json_object_get(out, "cache");
-        printf("home:     %s\n", tk_ctx_home(ctx));
-        printf("config:   %s%s\n", json_string_value(json_object_get(out, "config_file")),
-               json_is_true(json_object_get(out, "config_exists")) ? "" : " (none: the defaults)");
-        print_config_warnings(cwarn);
-        if (c)
-            printf("cache:    %s: %lld entries, %.1f MiB of %.1f MiB\n", json_string_value(json_object_get(c, "path")),
-                   (long long)json_integer_value(json_object_get(c, "entries")),
-                   (double)json_integer_value(json_object_get(c, "bytes")) / (1024.0 * 1024),
-                   (double)json_integer_value(json_object_get(c, "max_bytes")) / (1024.0 * 1024));
-        else
-            printf("cache:    unusable — %s\n", json_string_value(json_object_get(out, "cache_error")));
-        print_registries(json_object_get(out, "registries"), tk_ctx_offline(ctx));
-        print_selftests(json_object_get(out, "selftest"));
-    }
-    print_parallel(json_object_get(out, "parallel"));
-    printf("\n%s\n", ok ? "ok: this machine can compile and run kernels"
-                        : devrc != TK_OK || ndev == 0
-                            ? "no GPU: packages install and build ahead of time ('tk build ORG/NAME --arch sm_90'); "
-                              "ops run on the CPU reference"
-                            : "no NVRTC: only kernels already in the cache can load");
-    if (json_array_size(cwarn))
-        printf("config.json has %zu key%s tk does not know (listed above)\n", json_array_size(cwarn),
-               json_array_size(cwarn) == 1 ? "" : "s");
     json_decref(out);
     return code;
 }
