@@ -381,26 +381,12 @@ static int id_by_file(tk_comm *c, const char *path, ncclUniqueId *id)
     return tk_comm__wait(c, what, id_ready, &w);
 }
 
-int tk_comm__nccl_new(tk_comm *c, const tk_comm_opts *o)
+/* This process's rank, world size and GPU: from MPI, else the options or the environment (the id
+ * file's case); one GPU a rank. */
+static int ranks_and_device(tk_comm *c, const tk_comm_opts *o)
 {
-    tk_comm_nccl *n = NULL;
-    ncclUniqueId id;
-    nccl_config_v21400 cfg = {sizeof cfg, 0xcafebeef, 21400, 0, NCCL_CONFIG_UNDEF_INT, NCCL_CONFIG_UNDEF_INT,
-                              NCCL_CONFIG_UNDEF_INT, NULL};
-    int rc, ndev = 0, pushed = 0;
+    int ndev = 0;
     CUresult r;
-    ncclResult_t nr;
-    char what[96];
-
-    if ((rc = tk_comm__nccl_load(NULL, 0, NULL, 0)) != TK_OK)
-        return rc;
-    if (!nccl_has_config)
-        return tk__err(TK_ERR_UNSUPPORTED, "NCCL %s at %s is older than 2.14: tk needs its non-blocking "
-                       "communicators for timeouts\nHINT: install a newer NCCL or point TK_NCCL at one",
-                       nccl_version, nccl_path);
-    pthread_once(&cu_once, cu_load_once);
-    if (cu_status != TK_OK)
-        return tk__err(cu_status, "%s", cu_err);
     if (!c->mpi) { /* the id file: rank and size from the options or the environment */
         c->rank = o->rank >= 0 ? o->rank : env_rank("TK_RANK", "RANK");
         c->size = o->size >= 0 ? o->size : env_rank("TK_WORLD_SIZE", "WORLD_SIZE");
@@ -424,6 +410,61 @@ int tk_comm__nccl_new(tk_comm *c, const tk_comm_opts *o)
         return tk__err(TK_ERR_INVALID, "%d ranks run on host %s, but it shows %d GPU%s: NCCL needs one GPU a rank"
                        "\nHINT: start at most %d ranks a host (mpirun --map-by ppr:%d:node)", c->local_size,
                        c->hosts ? c->hosts[c->rank] : "?", ndev, ndev == 1 ? "" : "s", ndev, ndev);
+    return TK_OK;
+}
+
+/* The host names of every rank, gathered over the new communicator (MPI gathered them already when
+ * it started the ranks), and how many ranks share this one's host. The context is current. */
+static int gather_hosts(tk_comm *c, tk_comm_nccl *n)
+{
+    CUresult r;
+    ncclResult_t nr;
+    int rc;
+    char me[TK_COMM_HOST_MAX] = {0};
+    CUdeviceptr mine = n->scratch + (CUdeviceptr)c->rank * TK_COMM_HOST_MAX;
+    if (gethostname(me, sizeof me - 1) != 0)
+        snprintf(me, sizeof me, "localhost");
+    c->hosts = calloc((size_t)c->size, sizeof *c->hosts);
+    if (!c->hosts)
+        return tk__err(TK_ERR_NOMEM, "out of memory");
+    if ((r = cu.MemcpyHtoD(mine, me, sizeof me)) != CUDA_SUCCESS)
+        return tk__err(TK_ERR_NETWORK, "cuda:%d: %s", c->device, cu_str(r));
+    nr = nc.AllGather((const void *)(uintptr_t)mine, (void *)(uintptr_t)n->scratch, TK_COMM_HOST_MAX, ncclUint8,
+                      n->comm, NULL);
+    if ((rc = finish(c, nr, NULL, "gathering host names")) != TK_OK)
+        return rc;
+    if ((r = cu.MemcpyDtoH(c->hosts, n->scratch, (size_t)c->size * TK_COMM_HOST_MAX)) != CUDA_SUCCESS)
+        return tk__err(TK_ERR_NETWORK, "cuda:%d: %s", c->device, cu_str(r));
+    c->local_size = 0;
+    for (int i = 0; i < c->size; i++) {
+        c->hosts[i][TK_COMM_HOST_MAX - 1] = '\0';
+        c->local_size += !strcmp(c->hosts[i], me);
+    }
+    return TK_OK;
+}
+
+int tk_comm__nccl_new(tk_comm *c, const tk_comm_opts *o)
+{
+    tk_comm_nccl *n = NULL;
+    ncclUniqueId id;
+    nccl_config_v21400 cfg = {sizeof cfg, 0xcafebeef, 21400, 0, NCCL_CONFIG_UNDEF_INT, NCCL_CONFIG_UNDEF_INT,
+                              NCCL_CONFIG_UNDEF_INT, NULL};
+    int rc, pushed = 0;
+    CUresult r;
+    ncclResult_t nr;
+    char what[96];
+
+    if ((rc = tk_comm__nccl_load(NULL, 0, NULL, 0)) != TK_OK)
+        return rc;
+    if (!nccl_has_config)
+        return tk__err(TK_ERR_UNSUPPORTED, "NCCL %s at %s is older than 2.14: tk needs its non-blocking "
+                       "communicators for timeouts\nHINT: install a newer NCCL or point TK_NCCL at one",
+                       nccl_version, nccl_path);
+    pthread_once(&cu_once, cu_load_once);
+    if (cu_status != TK_OK)
+        return tk__err(cu_status, "%s", cu_err);
+    if ((rc = ranks_and_device(c, o)) != TK_OK)
+        return rc;
 
     n = calloc(1, sizeof *n);
     if (!n)
@@ -477,35 +518,8 @@ int tk_comm__nccl_new(tk_comm *c, const tk_comm_opts *o)
     if (!c->mpi && c->rank == 0)
         unlink(o->nccl_id_file); /* every rank has read it: they all joined */
 
-    /* host names (MPI gathered them already) */
-    if (!c->mpi) {
-        char me[TK_COMM_HOST_MAX] = {0};
-        CUdeviceptr mine = n->scratch + (CUdeviceptr)c->rank * TK_COMM_HOST_MAX;
-        if (gethostname(me, sizeof me - 1) != 0)
-            snprintf(me, sizeof me, "localhost");
-        c->hosts = calloc((size_t)c->size, sizeof *c->hosts);
-        if (!c->hosts) {
-            rc = tk__err(TK_ERR_NOMEM, "out of memory");
-            goto done;
-        }
-        if ((r = cu.MemcpyHtoD(mine, me, sizeof me)) != CUDA_SUCCESS) {
-            rc = tk__err(TK_ERR_NETWORK, "cuda:%d: %s", c->device, cu_str(r));
-            goto done;
-        }
-        nr = nc.AllGather((const void *)(uintptr_t)mine, (void *)(uintptr_t)n->scratch, TK_COMM_HOST_MAX, ncclUint8,
-                          n->comm, NULL);
-        if ((rc = finish(c, nr, NULL, "gathering host names")) != TK_OK)
-            goto done;
-        if ((r = cu.MemcpyDtoH(c->hosts, n->scratch, (size_t)c->size * TK_COMM_HOST_MAX)) != CUDA_SUCCESS) {
-            rc = tk__err(TK_ERR_NETWORK, "cuda:%d: %s", c->device, cu_str(r));
-            goto done;
-        }
-        c->local_size = 0;
-        for (int i = 0; i < c->size; i++) {
-            c->hosts[i][TK_COMM_HOST_MAX - 1] = '\0';
-            c->local_size += !strcmp(c->hosts[i], me);
-        }
-    }
+    if (!c->mpi && (rc = gather_hosts(c, n)) != TK_OK)
+        goto done;
     rc = TK_OK;
 done:
     if (pushed)
