@@ -122,10 +122,28 @@ static void on_signal(int sig)
         tk_model_server_stop(running);
 }
 
+/* --tp: ranks 1..N-1 replay rank 0's scheduler. A signal does not stop them: rank 0 drains, then tells
+ * them to end (mpirun hands Ctrl-C to every rank). A failure exits non-zero, and mpirun ends the job. */
+static int follow(tk_cli *cli, tk_ctx *ctx, tk_model_server_opts *o)
+{
+    struct sigaction sa;
+    memset(&sa, 0, sizeof sa);
+    sa.sa_handler = SIG_IGN;
+    sigaction(SIGPIPE, &sa, NULL);
+    sigaction(SIGINT, &sa, NULL);
+    sigaction(SIGTERM, &sa, NULL);
+    int rc = tk_model_server_follow(ctx, o);
+    tk_comm_free(o->comm);
+    return rc == TK_OK ? TK_EXIT_OK : tk_cli_fail(cli, rc, o->model_dir);
+}
+
+static int serve(tk_cli *cli, tk_ctx *ctx, tk_model_server_opts *o0);
+
 int tk_cmd_serve_model(tk_cli *cli, int argc, char **argv)
 {
     tk_model_server_opts o = TK_MODEL_SERVER_OPTS_INIT;
     const char *device = "cpu", *key_file = NULL;
+    int tp = 0;
     char key[512];
     for (int i = 1; i < argc; i++) {
         const char *a = argv[i];
@@ -145,6 +163,12 @@ int tk_cmd_serve_model(tk_cli *cli, int argc, char **argv)
         }
         if (!strcmp(a, "--no-prefix-cache")) {
             o.prefix_cache = 0;
+            continue;
+        }
+        if (!strcmp(a, "--tp")) {
+            int u = tk_cli_tp_parse(USAGE, i + 1 < argc ? argv[++i] : NULL, &tp);
+            if (u)
+                return u;
             continue;
         }
         if (i + 1 >= argc)
@@ -184,6 +208,8 @@ int tk_cmd_serve_model(tk_cli *cli, int argc, char **argv)
             u = num_arg(&n, a, v, 1024, 1LL << 40), o.max_body = n;
         else if (!strcmp(a, "--drain"))
             u = num_arg(&n, a, v, 1, 86400), o.drain_s = (unsigned)n;
+        else if (!strcmp(a, "--tp-plan"))
+            o.tp_plan = v;
         else
             return tk_cli_usage(USAGE, "unknown option '%s' (see tk serve-model --help)", a);
         if (u)
@@ -193,6 +219,8 @@ int tk_cmd_serve_model(tk_cli *cli, int argc, char **argv)
         return tk_cli_usage(USAGE, "a checkpoint directory, e.g. tk serve-model ./TinyLlama");
     if (o.api_key && key_file)
         return tk_cli_usage(USAGE, "give --api-key or --api-key-file, not both");
+    if (o.tp_plan && !tp)
+        return tk_cli_usage(USAGE, "--tp-plan goes with --tp N");
     if (key_file) {
         FILE *f = fopen(key_file, "r");
         if (!f)
@@ -216,7 +244,24 @@ int tk_cmd_serve_model(tk_cli *cli, int argc, char **argv)
     tk_ctx *ctx = tk_cli_ctx(cli);
     if (!ctx)
         return cli->ctx_exit ? cli->ctx_exit : TK_EXIT_FAIL;
+    if (tp) {
+        tk_comm *comm = NULL;
+        int ec = tk_cli_tp_join(cli, &comm, tp);
+        if (ec)
+            return ec;
+        o.comm = comm;
+        if (tk_comm_rank(comm) != 0)
+            return follow(cli, ctx, &o);
+    }
+    int ec = serve(cli, ctx, &o);
+    tk_comm_free(o.comm);
+    return ec;
+}
 
+/* Rank 0 (or the one process): the HTTP server. */
+static int serve(tk_cli *cli, tk_ctx *ctx, tk_model_server_opts *o0)
+{
+    tk_model_server_opts o = *o0;
     struct sigaction sa;
     memset(&sa, 0, sizeof sa);
     sa.sa_handler = SIG_IGN; /* a client that hangs up never kills the process */
