@@ -14,7 +14,7 @@
 #include "cli/cli.h"
 
 static const char *USAGE = "tk serve-model DIR [--listen HOST:PORT] [--parallel N] [--api-key KEY | --api-key-file F] "
-                           "[options]";
+                           "[--tp N [--tp-plan FILE]] [options]";
 
 static void help(void)
 {
@@ -69,10 +69,19 @@ static void help(void)
            "                         after S seconds (default 30)\n"
            "  --max-body BYTES       largest request body (default 4194304); larger gets 413\n"
            "  --drain S              on SIGINT/SIGTERM, running requests get S seconds (default 30)\n"
+           "  --tp N                 tensor parallelism over N ranks started by mpirun -np N: rank 0\n"
+           "                         serves HTTP and sends each step's new requests and cancellations to\n"
+           "                         the others; every rank runs the same forward on its slice of the\n"
+           "                         weights, and the answers are one process's (Llama, Mistral, Qwen2,\n"
+           "                         and GPT-2 with --tp-plan, on the CPU; docs/parallel.md). SIGTERM to\n"
+           "                         rank 0, or Ctrl-C to mpirun, drains and ends every rank\n"
+           "  --tp-plan FILE         the tensor-parallel plan (transformers' tp_plan JSON) instead of\n"
+           "                         config.json's or the architecture's default\n"
            "  --json                 print {\"url\": ...} instead of the bare URL\n"
            "\n"
            "example:\n"
            "  tk serve-model ./TinyLlama --listen 127.0.0.1:8000 --parallel 8 --metrics &\n"
+           "  mpirun -np 2 tk serve-model ./TinyLlama --tp 2 --listen 127.0.0.1:8000 &\n"
            "  curl -s http://127.0.0.1:8000/v1/chat/completions -H 'Content-Type: application/json' \\\n"
            "    -d '{\"model\": \"TinyLlama\", \"messages\": [{\"role\": \"user\", \"content\": \"Hi\"}]}'\n"
            "\n"
@@ -283,12 +292,19 @@ static int serve(tk_cli *cli, tk_ctx *ctx, tk_model_server_opts *o0)
     else if (!strcmp(host, "[::]"))
         snprintf(host, sizeof host, "[::1]");
     snprintf(url, sizeof url, "http://%s:%d", host, tk_model_server_port(srv));
-    if (cli->json)
+    int ranks = o.comm ? tk_comm_size(o.comm) : 1;
+    if (cli->json && ranks > 1)
+        printf("{\"url\": \"%s\", \"tensor_parallel\": %d}\n", url, ranks);
+    else if (cli->json)
         printf("{\"url\": \"%s\"}\n", url);
     else
         printf("%s\n", url);
     fflush(stdout);
-    fprintf(stderr, "tk serve-model: serving %s on %s (loading the model; stop with Ctrl-C)\n", o.model_dir, url);
+    char split[64] = "";
+    if (ranks > 1)
+        snprintf(split, sizeof split, " split over %d ranks", ranks);
+    fprintf(stderr, "tk serve-model: serving %s%s on %s (loading the model; stop with Ctrl-C)\n", o.model_dir, split,
+            url);
     rc = tk_model_server_run(srv);
     if (got_signal)
         fprintf(stderr, "tk serve-model: %s, stopped after draining\n", got_signal == SIGINT ? "interrupted" : "terminated");
