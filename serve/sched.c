@@ -763,8 +763,6 @@ void *tk_serve__sched_main(void *arg)
                 tk_serve__tp_sync(s, TK_SERVE_TP_QUIT);
                 break;
             }
-            if (s->o.comm && tk_serve__tp_sync(s, TK_SERVE_TP_IDLE) != TK_OK)
-                tk_serve__log(s, TK_LOG_WARN, "tensor parallelism: %s", tk_last_error());
             struct timespec ts;
             clock_gettime(CLOCK_REALTIME, &ts);
             ts.tv_nsec += 200 * 1000000L;
@@ -774,6 +772,9 @@ void *tk_serve__sched_main(void *arg)
             }
             pthread_cond_timedwait(&s->cv, &s->mu, &ts);
             pthread_mutex_unlock(&s->mu);
+            /* --tp: the cancellations so far, and a heartbeat (the journal is this thread's alone) */
+            if (s->o.comm && tk_serve__tp_sync(s, TK_SERVE_TP_IDLE) != TK_OK)
+                tk_serve__log(s, TK_LOG_WARN, "tensor parallelism: %s", tk_last_error());
             continue;
         }
         if (s->diffusion) {
