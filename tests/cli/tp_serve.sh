@@ -75,7 +75,7 @@ rank_pid() {
 # ask NAME BODY: POST BODY to /v1/completions; the answer (choices' text and finish reason, or the
 # status and error) goes to $WORK/NAME.
 ask() {
-  curl -s -w '\n%{http_code}\n' "$URL/v1/completions" -H 'Content-Type: application/json' -d "$2" |
+  curl -s -m 60 -w '\n%{http_code}\n' "$URL/v1/completions" -H 'Content-Type: application/json' -d "$2" |
     python3 -c '
 import json, sys
 lines = sys.stdin.read().rstrip("\n").split("\n")
@@ -150,8 +150,23 @@ t_tp_server_equals_one_process() {
 # Ctrl-C reaches mpirun; a rank killed mid-request ends the job quickly, nothing left running.
 t_tp_server_interrupt_and_kill() {
   ready || return
-  start "${MPIRUN[@]}" -np 2 "$TK" serve-model "$CK" --tp 2 || return
-  local r0 r1; r0=$(rank_pid 0); r1=$(rank_pid 1)
+  # one prompt token a step, so a long prompt takes ~100 steps: its client leaves during the prefill
+  start "${MPIRUN[@]}" -np 2 "$TK" --json serve-model "$CK" --tp 2 --max-step-tokens 1 || return
+  grep -q '"tensor_parallel": 2' "$WORK/url" || fail "--json does not say 2 ranks: $(cat "$WORK/url")"
+  local r0 r1 ids; r0=$(rank_pid 0); r1=$(rank_pid 1)
+  ask before "${BODIES[0]}"
+  local m
+  for m in 0.08 0.04 0.02 0.01; do # a fresh prompt each time (no prefix-cache hit), shorter waits
+    ids=$(python3 -c "import sys; print(','.join(str(7 + (i * 7 + int(float(sys.argv[1]) * 1000)) % 300) for i in range(110)))" "$m")
+    curl -s -m "$m" "$URL/v1/completions" -H 'Content-Type: application/json' \
+      -d "{\"model\": \"llama\", \"prompt\": [$ids], \"max_tokens\": 10, \"stream\": true}" >/dev/null
+    sleep 0.3
+    grep -q "client went away" "$WORK/server.log" && break
+  done
+  ask after "${BODIES[0]}"
+  [ "$(cat "$WORK/after")" = "$(cat "$WORK/before")" ] || fail "after a client left: $(cat "$WORK/after") vs $(cat "$WORK/before")"
+  if grep -q "client went away" "$WORK/server.log"; then echo "    a client left mid-prefill: both ranks cancelled it"
+  else echo "    (the request ended before its client left: the cancellation was not exercised)"; fi
   kill -INT "$SRV_PID"; wait_gone 20
   [ "$RC" != 124 ] || fail "mpirun still ran 20 s after SIGINT"
   gone "$r0" "$r1" || fail "a rank outlived SIGINT by 10 s"
