@@ -220,6 +220,7 @@ t_vocab_parallel_pick() {
       pick_same llama-tie "$np" "--do-sample --seed $s --top-k 3 --temperature 0.8 --max-new-tokens 8"
     done
   done
+  pick_same llama-tie 2 "--do-sample --seed 4 --top-k 7 --no-cache --max-new-tokens 8" # the full recompute
   # vocabulary 4 over 3 ranks (2, 2, 0 rows): a pick sends more than a row, so force it
   local MPIRUN=("${MPIRUN[@]}" -x TK_TP_PICK=local)
   PICK_IDS="--ids 1,3,0,2 --ids 2,2" pick_same llama-edge 3 "--do-sample --seed 4 --top-k 2 --max-new-tokens 6"
