@@ -881,14 +881,27 @@ static int eng_local(const engine *E)
     return 1;
 }
 
-/* The tokens of the step's ready rows over a vocabulary-parallel head: each row's processors on the
- * rank's columns (top-k is the pick's, over every rank), then one collective pick. */
-static int eng_pick_local(engine *E, eseq **rs, const size_t *rrow, size_t n, float *logits, int64_t *tok)
+/* The step's forward; with local, a split head leaves each rank its own columns of the logits. */
+static int eng_forward(engine *E, int local, const int32_t *slots, size_t nrows, const int32_t *ids,
+                       const int32_t *cu, float *logits)
+{
+    if (local)
+        E->lm.tp->tp->local_logits = 1;
+    int rc = E->lm.step(E->lm.self, slots, nrows, ids, cu, logits);
+    if (local)
+        E->lm.tp->tp->local_logits = 0;
+    return rc;
+}
+
+/* The tokens of the step's ready rows over a vocabulary-parallel head into *tok (malloc'd): each row's
+ * processors on the rank's columns (top-k is the pick's, over every rank), then one collective pick. */
+static int eng_pick_local(engine *E, eseq **rs, const size_t *rrow, size_t n, float *logits, int64_t **tok)
 {
     int64_t V = E->lm.vocab;
     float **rows = malloc((n + 1) * sizeof *rows);
     tk_models_tp_pick *p = malloc((n + 1) * sizeof *p);
-    int rc = rows && p ? TK_OK : tk__err(TK_ERR_NOMEM, "generate: out of memory for a step of %zu sequences", n);
+    *tok = malloc((n + 1) * sizeof **tok);
+    int rc = rows && p && *tok ? TK_OK : tk__err(TK_ERR_NOMEM, "generate: out of memory for a step of %zu sequences", n);
     for (size_t k = 0; k < n && rc == TK_OK; k++) {
         eseq *e = rs[k];
         tk_gen_opts o = e->o;
@@ -898,7 +911,7 @@ static int eng_pick_local(engine *E, eseq **rs, const size_t *rrow, size_t n, fl
         p[k] = (tk_models_tp_pick){e->o.do_sample, e->o.top_k, (uint64_t)e->o.seed, (int64_t)(e->g.n - e->g.plen)};
     }
     if (rc == TK_OK)
-        rc = tk_models__tp_pick(E->lm.tp, rows, n, p, tok);
+        rc = tk_models__tp_pick(E->lm.tp, rows, n, p, *tok);
     free(rows);
     free(p);
     return rc;
@@ -966,12 +979,7 @@ static int eng_step(engine *E, const tk_gen_event **events, size_t *nevents)
             cu[++r] = (int32_t)p;
         }
     int local = eng_local(E);
-    if (local)
-        lm->tp->tp->local_logits = 1;
-    rc = lm->step(lm->self, slots, nrows, ids, cu, logits);
-    if (local)
-        lm->tp->tp->local_logits = 0;
-    if (rc != TK_OK)
+    if ((rc = eng_forward(E, local, slots, nrows, ids, cu, logits)) != TK_OK)
         goto done;
     E->steps++;
     /* the rows whose logits pick a token: decode rows, finished prompts, and their followers */
@@ -1009,11 +1017,8 @@ static int eng_step(engine *E, const tk_gen_event **events, size_t *nevents)
             rrow[nready++] = extra++;
         }
     }
-    if (local && (!(picked = malloc((nready + 1) * sizeof *picked)) ||
-                  (rc = eng_pick_local(E, rs, rrow, nready, logits, picked)) != TK_OK)) {
-        rc = picked ? rc : tk__err(TK_ERR_NOMEM, "generate: out of memory");
+    if (local && (rc = eng_pick_local(E, rs, rrow, nready, logits, &picked)) != TK_OK)
         goto done;
-    }
     for (size_t k = 0; k < nready; k++) {
         int ended = 0;
         if ((rc = eng_pick(E, rs[k], logits + rrow[k] * (size_t)V, lp, &ended, picked ? picked + k : NULL)) != TK_OK)
