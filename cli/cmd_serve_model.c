@@ -14,7 +14,7 @@
 #include "cli/cli.h"
 
 static const char *USAGE = "tk serve-model DIR [--listen HOST:PORT] [--parallel N] [--api-key KEY | --api-key-file F] "
-                           "[options]";
+                           "[--tp N [--tp-plan FILE]] [options]";
 
 static void help(void)
 {
@@ -69,10 +69,19 @@ static void help(void)
            "                         after S seconds (default 30)\n"
            "  --max-body BYTES       largest request body (default 4194304); larger gets 413\n"
            "  --drain S              on SIGINT/SIGTERM, running requests get S seconds (default 30)\n"
+           "  --tp N                 tensor parallelism over N ranks started by mpirun -np N: rank 0\n"
+           "                         serves HTTP and sends each step's new requests and cancellations to\n"
+           "                         the others; every rank runs the same forward on its slice of the\n"
+           "                         weights, and the answers are one process's (Llama, Mistral, Qwen2,\n"
+           "                         and GPT-2 with --tp-plan, on the CPU; docs/parallel.md). SIGTERM to\n"
+           "                         rank 0, or Ctrl-C to mpirun, drains and ends every rank\n"
+           "  --tp-plan FILE         the tensor-parallel plan (transformers' tp_plan JSON) instead of\n"
+           "                         config.json's or the architecture's default\n"
            "  --json                 print {\"url\": ...} instead of the bare URL\n"
            "\n"
            "example:\n"
            "  tk serve-model ./TinyLlama --listen 127.0.0.1:8000 --parallel 8 --metrics &\n"
+           "  mpirun -np 2 tk serve-model ./TinyLlama --tp 2 --listen 127.0.0.1:8000 &\n"
            "  curl -s http://127.0.0.1:8000/v1/chat/completions -H 'Content-Type: application/json' \\\n"
            "    -d '{\"model\": \"TinyLlama\", \"messages\": [{\"role\": \"user\", \"content\": \"Hi\"}]}'\n"
            "\n"
@@ -122,10 +131,28 @@ static void on_signal(int sig)
         tk_model_server_stop(running);
 }
 
+/* --tp: ranks 1..N-1 replay rank 0's scheduler. A signal does not stop them: rank 0 drains, then tells
+ * them to end (mpirun hands Ctrl-C to every rank). A failure exits non-zero, and mpirun ends the job. */
+static int follow(tk_cli *cli, tk_ctx *ctx, tk_model_server_opts *o)
+{
+    struct sigaction sa;
+    memset(&sa, 0, sizeof sa);
+    sa.sa_handler = SIG_IGN;
+    sigaction(SIGPIPE, &sa, NULL);
+    sigaction(SIGINT, &sa, NULL);
+    sigaction(SIGTERM, &sa, NULL);
+    int rc = tk_model_server_follow(ctx, o);
+    tk_comm_free(o->comm);
+    return rc == TK_OK ? TK_EXIT_OK : tk_cli_fail(cli, rc, o->model_dir);
+}
+
+static int serve(tk_cli *cli, tk_ctx *ctx, tk_model_server_opts *o0);
+
 int tk_cmd_serve_model(tk_cli *cli, int argc, char **argv)
 {
     tk_model_server_opts o = TK_MODEL_SERVER_OPTS_INIT;
     const char *device = "cpu", *key_file = NULL;
+    int tp = 0;
     char key[512];
     for (int i = 1; i < argc; i++) {
         const char *a = argv[i];
@@ -145,6 +172,12 @@ int tk_cmd_serve_model(tk_cli *cli, int argc, char **argv)
         }
         if (!strcmp(a, "--no-prefix-cache")) {
             o.prefix_cache = 0;
+            continue;
+        }
+        if (!strcmp(a, "--tp")) {
+            int u = tk_cli_tp_parse(USAGE, i + 1 < argc ? argv[++i] : NULL, &tp);
+            if (u)
+                return u;
             continue;
         }
         if (i + 1 >= argc)
@@ -184,6 +217,8 @@ int tk_cmd_serve_model(tk_cli *cli, int argc, char **argv)
             u = num_arg(&n, a, v, 1024, 1LL << 40), o.max_body = n;
         else if (!strcmp(a, "--drain"))
             u = num_arg(&n, a, v, 1, 86400), o.drain_s = (unsigned)n;
+        else if (!strcmp(a, "--tp-plan"))
+            o.tp_plan = v;
         else
             return tk_cli_usage(USAGE, "unknown option '%s' (see tk serve-model --help)", a);
         if (u)
@@ -193,6 +228,8 @@ int tk_cmd_serve_model(tk_cli *cli, int argc, char **argv)
         return tk_cli_usage(USAGE, "a checkpoint directory, e.g. tk serve-model ./TinyLlama");
     if (o.api_key && key_file)
         return tk_cli_usage(USAGE, "give --api-key or --api-key-file, not both");
+    if (o.tp_plan && !tp)
+        return tk_cli_usage(USAGE, "--tp-plan goes with --tp N");
     if (key_file) {
         FILE *f = fopen(key_file, "r");
         if (!f)
@@ -216,7 +253,24 @@ int tk_cmd_serve_model(tk_cli *cli, int argc, char **argv)
     tk_ctx *ctx = tk_cli_ctx(cli);
     if (!ctx)
         return cli->ctx_exit ? cli->ctx_exit : TK_EXIT_FAIL;
+    if (tp) {
+        tk_comm *comm = NULL;
+        int ec = tk_cli_tp_join(cli, &comm, tp);
+        if (ec)
+            return ec;
+        o.comm = comm;
+        if (tk_comm_rank(comm) != 0)
+            return follow(cli, ctx, &o);
+    }
+    int ec = serve(cli, ctx, &o);
+    tk_comm_free(o.comm);
+    return ec;
+}
 
+/* Rank 0 (or the one process): the HTTP server. */
+static int serve(tk_cli *cli, tk_ctx *ctx, tk_model_server_opts *o0)
+{
+    tk_model_server_opts o = *o0;
     struct sigaction sa;
     memset(&sa, 0, sizeof sa);
     sa.sa_handler = SIG_IGN; /* a client that hangs up never kills the process */
@@ -238,12 +292,19 @@ int tk_cmd_serve_model(tk_cli *cli, int argc, char **argv)
     else if (!strcmp(host, "[::]"))
         snprintf(host, sizeof host, "[::1]");
     snprintf(url, sizeof url, "http://%s:%d", host, tk_model_server_port(srv));
-    if (cli->json)
+    int ranks = o.comm ? tk_comm_size(o.comm) : 1;
+    if (cli->json && ranks > 1)
+        printf("{\"url\": \"%s\", \"tensor_parallel\": %d}\n", url, ranks);
+    else if (cli->json)
         printf("{\"url\": \"%s\"}\n", url);
     else
         printf("%s\n", url);
     fflush(stdout);
-    fprintf(stderr, "tk serve-model: serving %s on %s (loading the model; stop with Ctrl-C)\n", o.model_dir, url);
+    char split[64] = "";
+    if (ranks > 1)
+        snprintf(split, sizeof split, " split over %d ranks", ranks);
+    fprintf(stderr, "tk serve-model: serving %s%s on %s (loading the model; stop with Ctrl-C)\n", o.model_dir, split,
+            url);
     rc = tk_model_server_run(srv);
     if (got_signal)
         fprintf(stderr, "tk serve-model: %s, stopped after draining\n", got_signal == SIGINT ? "interrupted" : "terminated");

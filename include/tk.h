@@ -1042,7 +1042,7 @@ TK_API int tk_serve_trust_remove(const char *root, const char *org, const char *
  */
 typedef struct tk_model_server tk_model_server;
 
-#define TK_MODEL_SERVER_OPTS_VERSION 1
+#define TK_MODEL_SERVER_OPTS_VERSION 2
 typedef struct {
     unsigned version;          /* TK_MODEL_SERVER_OPTS_VERSION */
     const char *model_dir;     /* the checkpoint directory; required */
@@ -1068,10 +1068,16 @@ typedef struct {
     tk_log_fn log;             /* one TK_LOG_INFO line per request, TK_LOG_WARN for trouble; called from
                                   the server's threads concurrently. NULL: nothing is logged */
     void *log_user;
+    /* version 2: tensor parallelism (docs/parallel.md). comm (a tk_comm of several ranks; NULL: one
+       process): this process is rank 0 and serves; every other rank runs tk_model_server_follow with
+       the same options and its own communicator. Used by the scheduler thread only: the caller must not
+       use it until tk_model_server_free. tp_plan: the plan file (tk_model_opts.tp_plan) */
+    struct tk_comm *comm;
+    const char *tp_plan;
 } tk_model_server_opts;
 #define TK_MODEL_SERVER_OPTS_INIT                                                                     \
     {TK_MODEL_SERVER_OPTS_VERSION, NULL, NULL, NULL, TK_DEV_CPU, 0, NULL, NULL, 0, 0, 0, NULL, 0, 0, 0, 0, 0, \
-     0, 0, 1, NULL, NULL}
+     0, 0, 1, NULL, NULL, NULL, NULL}
 
 /* Binds the listen address and starts serving at once: the model loads in the background (GET /health
  * answers 503 until it is ready, and generation requests 503 too). ctx runs the model's ops and is used
@@ -1091,6 +1097,14 @@ TK_API int tk_model_server_run(tk_model_server *s);
 TK_API void tk_model_server_stop(tk_model_server *s);
 /* Frees a server whose run returned (or that never ran). Accepts NULL. */
 TK_API void tk_model_server_free(tk_model_server *s);
+/* Tensor parallelism: the part of ranks 1..N-1 of a server whose rank 0 runs tk_model_server_new with
+ * opts.comm. Loads the model with opts->comm (collective, as tk_model_load), then replays, step by
+ * step, what rank 0's scheduler does to its batch (the requests' prompts and options, cancellations,
+ * steps) as rank 0 broadcasts it, so every rank runs the same forward. Serves no HTTP, binds nothing
+ * (opts->listen is ignored). Returns TK_OK once rank 0 stopped; an error when the model did not load
+ * or a collective failed or timed out (TK_ERR_NETWORK: rank 0 is gone or hung; end the job with
+ * tk_comm_abort). Blocks the calling thread. */
+TK_API int tk_model_server_follow(tk_ctx *ctx, const tk_model_server_opts *opts);
 
 /* ---------------------------------------------------------------------------------------------- */
 /* Tokenizers                                                                                      */

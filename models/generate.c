@@ -794,7 +794,7 @@ static void top_logprobs(const float *lp, int64_t V, int k, int32_t *ids, float 
 }
 
 /* Picks e's next token from its logits row (modified), records the event, and ends e when it should. */
-static int eng_pick(engine *E, eseq *e, float *row, float *lp, int *ended)
+static int eng_pick(engine *E, eseq *e, float *row, float *lp, int *ended, const int64_t *picked)
 {
     const tk_gen_lm *lm = &E->lm;
     int64_t V = lm->vocab;
@@ -813,8 +813,8 @@ static int eng_pick(engine *E, eseq *e, float *row, float *lp, int *ended)
         memcpy(lp, row, (size_t)V * sizeof *lp);
         tk_gen__log_softmax(lp, V);
     }
-    int64_t tok = -1;
-    if ((rc = process_row(row, V, &e->g, &e->o)) == TK_OK)
+    int64_t tok = picked ? *picked : -1;
+    if (!picked && (rc = process_row(row, V, &e->g, &e->o)) == TK_OK)
         rc = pick(lm, &e->o, row, 1, (int64_t)(e->g.n - e->g.plen), &tok);
     if (rc == TK_OK && (tok < 0 || tok >= V))
         rc = tk__err(TK_ERR_INVALID, "generate: sequence %lld: the logits processors removed every token at step "
@@ -862,6 +862,61 @@ static int eng_pick(engine *E, eseq *e, float *row, float *lp, int *ended)
     return TK_OK;
 }
 
+/* A vocabulary-parallel step: every sequence's pick can run on the ranks' columns (log-probabilities,
+ * top-p and min-p need the whole row's softmax in f32, so they gather the rows) and sends fewer bytes
+ * than its row would (TK_TP_PICK=local or gather forces either). The same on every rank: the ranks
+ * hold the same sequences with the same options. */
+static int eng_local(const engine *E)
+{
+    const char *env = getenv("TK_TP_PICK");
+    if (!E->lm.tp || (env && !strcmp(env, "gather")))
+        return 0;
+    for (size_t i = 0; i < E->n; i++) {
+        const tk_gen_opts *o = &E->s[i]->o;
+        if (o->logprobs || o->top_logprobs > 0 || (o->do_sample && (o->top_p < 1.0 || o->min_p > 0)))
+            return 0;
+        if (!(env && !strcmp(env, "local")) && !tk_models__tp_pick_cheaper(E->lm.tp, o->do_sample, o->top_k))
+            return 0;
+    }
+    return 1;
+}
+
+/* The step's forward; with local, a split head leaves each rank its own columns of the logits. */
+static int eng_forward(engine *E, int local, const int32_t *slots, size_t nrows, const int32_t *ids,
+                       const int32_t *cu, float *logits)
+{
+    if (local)
+        E->lm.tp->tp->local_logits = 1;
+    int rc = E->lm.step(E->lm.self, slots, nrows, ids, cu, logits);
+    if (local)
+        E->lm.tp->tp->local_logits = 0;
+    return rc;
+}
+
+/* The tokens of the step's ready rows over a vocabulary-parallel head into *tok (malloc'd): each row's
+ * processors on the rank's columns (top-k is the pick's, over every rank), then one collective pick. */
+static int eng_pick_local(engine *E, eseq **rs, const size_t *rrow, size_t n, float *logits, int64_t **tok)
+{
+    int64_t V = E->lm.vocab;
+    float **rows = malloc((n + 1) * sizeof *rows);
+    tk_models_tp_pick *p = malloc((n + 1) * sizeof *p);
+    *tok = malloc((n + 1) * sizeof **tok);
+    int rc = rows && p && *tok ? TK_OK : tk__err(TK_ERR_NOMEM, "generate: out of memory for a step of %zu sequences", n);
+    for (size_t k = 0; k < n && rc == TK_OK; k++) {
+        eseq *e = rs[k];
+        tk_gen_opts o = e->o;
+        o.top_k = 0;
+        rows[k] = logits + rrow[k] * (size_t)V;
+        rc = process_row(rows[k], V, &e->g, &o);
+        p[k] = (tk_models_tp_pick){e->o.do_sample, e->o.top_k, (uint64_t)e->o.seed, (int64_t)(e->g.n - e->g.plen)};
+    }
+    if (rc == TK_OK)
+        rc = tk_models__tp_pick(E->lm.tp, rows, n, p, *tok);
+    free(rows);
+    free(p);
+    return rc;
+}
+
 static int eng_step(engine *E, const tk_gen_event **events, size_t *nevents)
 {
     const tk_gen_lm *lm = &E->lm;
@@ -901,6 +956,7 @@ static int eng_step(engine *E, const tk_gen_event **events, size_t *nevents)
     eseq **rs = malloc((nrows + nfollow) * sizeof *rs);
     float *logits = malloc((nrows + nfollow) * (size_t)V * sizeof *logits), *lp = malloc((size_t)V * sizeof *lp);
     size_t *rrow = malloc((nrows + nfollow) * sizeof *rrow);
+    int64_t *picked = NULL;
     if (!slots || !cu || !ids || !rs || !logits || !lp || !rrow) {
         rc = tk__err(TK_ERR_NOMEM, "generate: out of memory for a step of %zu sequences", nrows);
         goto done;
@@ -922,7 +978,8 @@ static int eng_step(engine *E, const tk_gen_event **events, size_t *nevents)
             rs[r] = e;
             cu[++r] = (int32_t)p;
         }
-    if ((rc = lm->step(lm->self, slots, nrows, ids, cu, logits)) != TK_OK)
+    int local = eng_local(E);
+    if ((rc = eng_forward(E, local, slots, nrows, ids, cu, logits)) != TK_OK)
         goto done;
     E->steps++;
     /* the rows whose logits pick a token: decode rows, finished prompts, and their followers */
@@ -960,9 +1017,11 @@ static int eng_step(engine *E, const tk_gen_event **events, size_t *nevents)
             rrow[nready++] = extra++;
         }
     }
+    if (local && (rc = eng_pick_local(E, rs, rrow, nready, logits, &picked)) != TK_OK)
+        goto done;
     for (size_t k = 0; k < nready; k++) {
         int ended = 0;
-        if ((rc = eng_pick(E, rs[k], logits + rrow[k] * (size_t)V, lp, &ended)) != TK_OK)
+        if ((rc = eng_pick(E, rs[k], logits + rrow[k] * (size_t)V, lp, &ended, picked ? picked + k : NULL)) != TK_OK)
             goto done;
         if (!ended)
             continue;
@@ -983,6 +1042,7 @@ done:
     free(logits);
     free(lp);
     free(rrow);
+    free(picked);
     return rc;
 }
 
@@ -1795,7 +1855,7 @@ static int lm_setup(tk_gen_lm *lm, lm_state *s, tk_model *m, int use_cache, cons
         free(tj);
     }
     *lm = (tk_gen_lm){s, m->ctx, m->cfg.vocab, m->cfg.max_pos, full_step, full_new, full_fork, full_del,
-                      m->tok ? lm_decode : NULL};
+                      m->tok ? lm_decode : NULL, tk_models__tp_vocab_parallel(m) ? m : NULL};
     if (!use_cache)
         return TK_OK;
     tk_dtype dt = m->dtype;

@@ -63,6 +63,9 @@ typedef struct {
     /* Decodes ids to UTF-8 (tokenizers' decode, special tokens skipped); NULL when there is no
      * tokenizer (then no text, no stop strings). *text is malloc'd. */
     int (*decode)(void *self, const int32_t *ids, size_t n, char **text);
+    /* A model whose LM head is split on the vocabulary over several ranks, or NULL: greedy and sampled
+     * steps then pick over each rank's columns (models/tp_pick.c) instead of gathering whole rows. */
+    tk_model *tp;
 } tk_gen_lm;
 
 /* Why a sequence ended. */

@@ -1054,6 +1054,25 @@ int64_t tk_models__kv_heads(const tk_model *m) { return m->tp ? m->tp->kv_heads 
 
 static int copy_out(tk_model *m, float *dst, const tk_mt *src);
 
+/* Rows rows[0..n) of a split head's logits into dst [n, V]: this rank's columns at its vocabulary
+ * offset, -inf elsewhere (no rank's logits but its own exist here). */
+static int logits_local(tk_model *m, float *dst, const tk_mt *logits, const int64_t *rows, size_t n)
+{
+    int64_t V = m->cfg.vocab, off = m->tp->vocab_off, len = m->tp->vocab_len;
+    tk_mt row;
+    int rc = TK_OK;
+    for (size_t i = 0; i < n && rc == TK_OK; i++) {
+        float *d = dst + i * (size_t)V;
+        for (int64_t j = 0; j < V; j++)
+            d[j] = -INFINITY;
+        if (len <= 0 || logits->shape[1] <= 0)
+            continue;
+        tk_models__rows(&row, logits, rows[i], 1);
+        rc = copy_out(m, d + off, &row);
+    }
+    return rc;
+}
+
 /* Rows rows[0..n) of the logits into dst [n, V] (f32, host): copied, or with a split LM head each rank's
  * columns (its vocabulary range) gathered from every rank. The ranks' parts travel padded to
  * ceil(V / N) columns, torch.chunk's widest, so the all-gather moves equal parts. */
@@ -1070,6 +1089,9 @@ static int logits_out(tk_model *m, float *dst, const tk_mt *logits, const int64_
     }
     int W = m->tp->world;
     int64_t V = m->cfg.vocab, C = (V + W - 1) / W, off, len;
+    if (m->tp->local_logits) /* generation picks over the ranks' columns (models/tp_pick.c) */
+        return logits_local(m, dst, logits, rows, n);
+    m->tp->head_bytes += (int64_t)n * C * (int64_t)sizeof(float);
     float *mine = calloc(n * (size_t)C + 1, sizeof *mine), *all = malloc((size_t)W * n * (size_t)C * sizeof *all + 1);
     if (!mine || !all) {
         free(mine);
@@ -1288,12 +1310,12 @@ int tk_model_info_json(char **out, const tk_model *m)
     if (m->tp) /* what this rank holds; weight_bytes above is this rank's */
         json_object_set_new(
             o, "tensor_parallel",
-            json_pack("{s:i, s:i, s:s, s:I, s:I, s:I, s:I, s:I, s:b, s:b, s:I}", "rank", m->tp->rank, "world",
+            json_pack("{s:i, s:i, s:s, s:I, s:I, s:I, s:I, s:I, s:b, s:b, s:I, s:I}", "rank", m->tp->rank, "world",
                       m->tp->world, "plan", m->tp->plan->source, "heads", (json_int_t)m->tp->heads, "kv_heads",
                       (json_int_t)m->tp->kv_heads, "intermediate_size", (json_int_t)m->tp->inter, "vocab_offset",
                       (json_int_t)m->tp->vocab_off, "vocab_rows", (json_int_t)m->tp->vocab_len, "embedding_split",
                       m->tp->embed_split, "lm_head_split", m->tp->head_split, "unsplit_weight_bytes",
-                      (json_int_t)m->tp->full_bytes));
+                      (json_int_t)m->tp->full_bytes, "head_bytes_sent", (json_int_t)m->tp->head_bytes));
     *out = json_dumps(o, JSON_INDENT(2) | JSON_PRESERVE_ORDER | JSON_REAL_PRECISION(9));
     json_decref(o);
     return *out ? TK_OK : tk__err(TK_ERR_NOMEM, "out of memory");

@@ -313,6 +313,11 @@ typedef struct {
     int embed_split;                 /* embed_tokens vocabulary-parallel: partial lookups, all-reduced */
     int head_split;                  /* the LM head split on the vocabulary: the logits gathered */
     int64_t full_bytes;              /* what the weights would take unsplit (one process), compute dtype */
+    /* generation's vocabulary-parallel pick (models/tp_pick.c): while local_logits is set, a split head
+     * writes only this rank's columns of each logits row (the rest -inf) and gathers nothing; head_bytes
+     * counts the bytes this rank sent for the head (logits gathers and picks) */
+    int local_logits;
+    int64_t head_bytes;
 } tk_models_tp;
 
 struct tk_model {
@@ -515,6 +520,25 @@ typedef struct {
 int tk_models__tp_check(tk_model *m, const char *layers, const tk_models_tp_want *want, size_t nwant,
                         const char *embed, const char *hint);
 int64_t tk_models__kv_heads(const tk_model *m);
+
+/* Generation's pick over a vocabulary-parallel LM head (models/tp_pick.c; docs/parallel.md): one row's
+ * final choice, after the processors that need no other rank's logits ran on the rank's columns. */
+typedef struct {
+    int sample;     /* 0: greedy, the argmax op's choice; 1: the sample op's draw at temperature 1 */
+    int64_t top_k;  /* sampling: transformers' top-k filter (ties kept) before the draw; 0 off */
+    uint64_t seed;  /* sampling: the per-row seed and the op's offset (the step) */
+    int64_t offset;
+} tk_models_tp_pick;
+/* m's LM head is split on the vocabulary over several ranks (a pick can run on the ranks' columns). */
+int tk_models__tp_vocab_parallel(const tk_model *m);
+/* A row's pick (sample or not, top_k) sends fewer bytes than gathering its logits row would. */
+int tk_models__tp_pick_cheaper(const tk_model *m, int sample, int64_t top_k);
+/* Collective: the token of each of n rows (rows[i]: a logits row of V floats of which this rank's
+ * columns [vocab_off, +vocab_len) are valid; top-k masks them in place) into tok[i], exactly the one
+ * one process's argmax or sample op gives over the whole row; -1 where no logit is above -inf. Moves
+ * per row 3 + k i64 a rank (the rank's best, its largest key and its top-k keys), then for sampled
+ * rows one u64 (its share of the softmax mass) and one i64 (the drawn index, from its owner). */
+int tk_models__tp_pick(tk_model *m, float *const *rows, size_t n, const tk_models_tp_pick *p, int64_t *tok);
 
 /* Generation's step (generate.c): sequence s of nseq gets tokens ids[cu[s]..cu[s+1]) after the ones its
  * KV slot slots[s] holds; writes each sequence's last-token logits (f32, host) to logits [nseq, V]. */

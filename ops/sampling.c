@@ -37,112 +37,15 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "common/sample_math.h"
 #include "ops/ops.h"
 
-#if defined(__clang__)
-#pragma clang fp contract(off)
-#elif defined(__GNUC__)
-#pragma GCC optimize("fp-contract=off")
-#endif
+/* ---- the pieces sampling.cu mirrors bit for bit (common/sample_math.h) ------------------------ */
 
-/* ---- the pieces sampling.cu mirrors bit for bit ----------------------------------------------- */
-
-#define KEY_NEG_INF 0x007FFFFFu /* key_of(-inf): the smallest key sample produces */
-#define KEY_NAN 0xFFFFFFFFu     /* argmax's NaN: above +inf (0xFF800000) */
-
-static uint32_t f2u(float f)
-{
-    uint32_t u;
-    memcpy(&u, &f, 4);
-    return u;
-}
-
-static float u2f(uint32_t u)
-{
-    float f;
-    memcpy(&f, &u, 4);
-    return f;
-}
-
-/* a < b <=> key_of(a) < key_of(b); -0 maps to +0's key and NaN to -inf's. */
-static uint32_t key_of(float z)
-{
-    if (z != z)
-        z = -INFINITY;
-    if (z == 0.0f)
-        z = 0.0f;
-    uint32_t u = f2u(z);
-    return (u & 0x80000000u) ? ~u : (u | 0x80000000u);
-}
-
-static float float_of_key(uint32_t k) { return u2f((k & 0x80000000u) ? (k & 0x7FFFFFFFu) : ~k); }
-
-/* e^d for d in [-23, 0]: n = rint(d log2 e), r = d - n ln2 (ln 2 in two parts, fmas), a degree-7
- * Taylor polynomial on |r| <= 0.347 (truncation < 6e-9), times 2^n (exact: n >= -34). */
-static float exp_det(float d)
-{
-    float n = rintf(d * 1.44269504f);
-    float r = fmaf(-n, 0.693145751953125f, d);
-    r = fmaf(-n, 1.42860677e-6f, r);
-    float p = 1.98412698e-4f;
-    p = fmaf(p, r, 1.38888889e-3f);
-    p = fmaf(p, r, 8.33333333e-3f);
-    p = fmaf(p, r, 4.16666667e-2f);
-    p = fmaf(p, r, 1.66666667e-1f);
-    p = fmaf(p, r, 0.5f);
-    p = fmaf(p, r, 1.0f);
-    p = fmaf(p, r, 1.0f);
-    return p * u2f((uint32_t)(127 + (int)n) << 23);
-}
-
-/* W = floor(e^(z - zmax) * 2^32); z is a key's float (never NaN), zmax the row's largest. */
-static uint64_t weight_of(float z, float zmax)
-{
-    if (z == zmax)
-        return 1ull << 32;
-    float d = z - zmax;
-    if (!(d >= -23.0f)) /* e^d * 2^32 < 1, and -inf */
-        return 0;
-    return (uint64_t)(exp_det(d) * 4294967296.0f);
-}
-
-/* Philox-4x32-10 (Salmon et al., SC'11; Random123's philox4x32_10); randn (ops/diffusion.c) draws
- * with it too. */
+/* randn (ops/diffusion.c) draws with the sample op's generator. */
 void tk_ops__philox4x32_10(uint32_t out[4], const uint32_t ctr[4], const uint32_t key[2])
 {
-    uint32_t c0 = ctr[0], c1 = ctr[1], c2 = ctr[2], c3 = ctr[3], k0 = key[0], k1 = key[1];
-    for (int i = 0; i < 10; i++) {
-        uint64_t p0 = (uint64_t)0xD2511F53u * c0, p1 = (uint64_t)0xCD9E8D57u * c2;
-        uint32_t n0 = (uint32_t)(p1 >> 32) ^ c1 ^ k0, n2 = (uint32_t)(p0 >> 32) ^ c3 ^ k1;
-        c1 = (uint32_t)p1;
-        c3 = (uint32_t)p0;
-        c0 = n0;
-        c2 = n2;
-        k0 += 0x9E3779B9u;
-        k1 += 0xBB67AE85u;
-    }
-    out[0] = c0;
-    out[1] = c1;
-    out[2] = c2;
-    out[3] = c3;
-}
-
-/* The row's 64-bit draw: key = seed, counter = (row, offset). */
-static uint64_t draw(uint64_t seed, uint64_t row, uint64_t offset)
-{
-    uint32_t ctr[4] = {(uint32_t)row, (uint32_t)(row >> 32), (uint32_t)offset, (uint32_t)(offset >> 32)};
-    uint32_t key[2] = {(uint32_t)seed, (uint32_t)(seed >> 32)}, o[4];
-    tk_ops__philox4x32_10(o, ctr, key);
-    return ((uint64_t)o[1] << 32) | o[0];
-}
-
-/* floor(a * b / 2^64) */
-static uint64_t mulhi64(uint64_t a, uint64_t b)
-{
-    uint64_t a0 = (uint32_t)a, a1 = a >> 32, b0 = (uint32_t)b, b1 = b >> 32;
-    uint64_t p00 = a0 * b0, p01 = a0 * b1, p10 = a1 * b0, p11 = a1 * b1;
-    uint64_t mid = (p00 >> 32) + (uint32_t)p01 + (uint32_t)p10;
-    return p11 + (p01 >> 32) + (p10 >> 32) + (mid >> 32);
+    tk__philox4x32_10(out, ctr, key);
 }
 
 /* need = ceil(p * total) in double, clamped to [1, total]. */
@@ -173,7 +76,7 @@ static uint32_t select_key(const uint32_t *keys, int64_t n, uint32_t lo, uint64_
             uint32_t k = keys[i];
             if (k < lo || (k & mask) != val)
                 continue;
-            hist[(k >> shift[p]) & (nb - 1)] += by_mass ? weight_of(float_of_key(k), zmax) : 1;
+            hist[(k >> shift[p]) & (nb - 1)] += by_mass ? tk__weight_of(tk__float_of_key(k), zmax) : 1;
         }
         uint32_t b = nb - 1;
         uint64_t acc = above;
@@ -295,7 +198,7 @@ static void argmax_range(void *arg, int64_t lo, int64_t hi)
             int64_t n = j->v - c0 < BLK ? j->v - c0 : BLK;
             tk_ops__load_f32(x, ib, io + c0 * ics, ics, n, in->dtype);
             for (int64_t i = 0; i < n; i++) {
-                uint32_t k = isnan(x[i]) ? KEY_NAN : key_of(x[i]);
+                uint32_t k = isnan(x[i]) ? TK_KEY_NAN : tk__key_of(x[i]);
                 if (k > bk || (c0 + i == 0)) {
                     bk = k;
                     best = c0 + i;
@@ -340,7 +243,7 @@ static int64_t sample_row(const smp_job *j, int64_t r, uint32_t *keys, uint64_t 
         int64_t n = v - c0 < BLK ? v - c0 : BLK;
         tk_ops__load_f32(x, base, io + c0 * cs, cs, n, lg->dtype);
         for (int64_t i = 0; i < n; i++) {
-            uint32_t kk = key_of(x[i] * inv_t);
+            uint32_t kk = tk__key_of(x[i] * inv_t);
             keys[c0 + i] = kk;
             if (kk > kmax) {
                 kmax = kk;
@@ -348,11 +251,11 @@ static int64_t sample_row(const smp_job *j, int64_t r, uint32_t *keys, uint64_t 
             }
         }
     }
-    if (kmax <= KEY_NEG_INF)
+    if (kmax <= TK_KEY_NEG_INF)
         return -1; /* nothing above -inf */
     if (greedy)
         return arg;
-    float zmax = float_of_key(kmax);
+    float zmax = tk__float_of_key(kmax);
 
     uint64_t mass, above, drop = 0; /* drop: the lowest indices of the tie at t that top-p leaves out */
     uint32_t t = 0;
@@ -362,10 +265,10 @@ static int64_t sample_row(const smp_job *j, int64_t r, uint32_t *keys, uint64_t 
         uint64_t total = 0;
         for (int64_t i = 0; i < v; i++)
             if (keys[i] >= t)
-                total += weight_of(float_of_key(keys[i]), zmax);
+                total += tk__weight_of(tk__float_of_key(keys[i]), zmax);
         uint64_t need = top_p_need(p, total);
         t = select_key(keys, v, t, need, 1, zmax, &mass, &above, hist);
-        uint64_t w = weight_of(float_of_key(t), zmax);
+        uint64_t w = tk__weight_of(tk__float_of_key(t), zmax);
         if (w > 0 && need > above) {
             uint64_t tied = (mass - above) / w, keep = (need - above + w - 1) / w;
             drop = keep < tied ? tied - keep : 0;
@@ -375,13 +278,13 @@ static int64_t sample_row(const smp_job *j, int64_t r, uint32_t *keys, uint64_t 
         mass = 0;
         for (int64_t i = 0; i < v; i++)
             if (keys[i] >= t)
-                mass += weight_of(float_of_key(keys[i]), zmax);
+                mass += tk__weight_of(tk__float_of_key(keys[i]), zmax);
     }
-    uint64_t target = mulhi64(draw(seed, ctr_row, (uint64_t)c->i[S_OFFSET]), mass), acc = 0, seen_tied = 0;
+    uint64_t target = tk__mulhi64(tk__sample_draw(seed, ctr_row, (uint64_t)c->i[S_OFFSET]), mass), acc = 0, seen_tied = 0;
     for (int64_t i = 0; i < v; i++) {
         if (keys[i] < t || (keys[i] == t && seen_tied++ < drop))
             continue;
-        acc += weight_of(float_of_key(keys[i]), zmax);
+        acc += tk__weight_of(tk__float_of_key(keys[i]), zmax);
         if (acc > target)
             return i;
     }

@@ -87,7 +87,15 @@ typedef struct {
     char line[160];
 } hreq;
 
-enum { R_NONE, R_CHAT, R_COMPLETIONS, R_MODELS, R_MODEL, R_HEALTH, R_METRICS, R_TOKENIZE, R_DETOKENIZE };
+enum { R_NONE,
+       R_CHAT,
+       R_COMPLETIONS,
+       R_MODELS,
+       R_MODEL,
+       R_HEALTH,
+       R_METRICS,
+       R_TOKENIZE,
+       R_DETOKENIZE };
 
 /* ---- answers ---------------------------------------------------------------------------------- */
 
@@ -148,10 +156,7 @@ static int route_of(const char *url, const char *method, const char *name, int *
     static const struct {
         const char *path, *method;
         int route;
-    } T[] = {{"/v1/chat/completions", "POST", R_CHAT}, {"/v1/completions", "POST", R_COMPLETIONS},
-             {"/v1/models", "GET", R_MODELS},           {"/health", "GET", R_HEALTH},
-             {"/metrics", "GET", R_METRICS},            {"/tokenize", "POST", R_TOKENIZE},
-             {"/detokenize", "POST", R_DETOKENIZE}};
+    } T[] = {{"/v1/chat/completions", "POST", R_CHAT}, {"/v1/completions", "POST", R_COMPLETIONS}, {"/v1/models", "GET", R_MODELS}, {"/health", "GET", R_HEALTH}, {"/metrics", "GET", R_METRICS}, {"/tokenize", "POST", R_TOKENIZE}, {"/detokenize", "POST", R_DETOKENIZE}};
     *bad_method = 0;
     for (size_t i = 0; i < sizeof T / sizeof T[0]; i++)
         if (!strcmp(url, T[i].path)) {
@@ -303,8 +308,7 @@ static enum MHD_Result tokenize(struct tk_model_server *s, struct MHD_Connection
     for (size_t i = 0; i < n; i++)
         json_array_append_new(a, json_integer(ids[i]));
     tk_free(ids);
-    return send_json(c, h, 200, json_pack("{s:o, s:I, s:I}", "tokens", a, "count", (json_int_t)n, "max_model_len",
-                                          (json_int_t)s->ctx_len));
+    return send_json(c, h, 200, json_pack("{s:o, s:I, s:I}", "tokens", a, "count", (json_int_t)n, "max_model_len", (json_int_t)s->ctx_len));
 }
 
 /* ---- generation requests ---------------------------------------------------------------------- */
@@ -335,7 +339,8 @@ static int make_prompts(struct tk_model_server *s, tk_serve_req *r, tk_oa_err *e
         if (rc == TK_ERR_NOT_FOUND)
             return tk_serve__oa_errf(e, 400, "invalid_request_error", "no_chat_template", "messages",
                                      "model '%s' has no chat template (chat_template in tokenizer_config.json): use "
-                                     "/v1/completions with a prompt", s->name);
+                                     "/v1/completions with a prompt",
+                                     s->name);
         if (rc == TK_ERR_INVALID)
             return tk_serve__oa_errf(e, 400, "invalid_request_error", "chat_template_error", "messages",
                                      "the model's chat template refused the messages: %s", tk_last_error());
@@ -412,12 +417,16 @@ static int make_opts(struct tk_model_server *s, tk_serve_req *r, tk_oa_err *e)
                                  "This model's maximum context length is %lld tokens. However, your %s has %zu tokens, "
                                  "leaving no room for the completion. Please reduce the length of the %s.",
                                  (long long)s->ctx_len, what, longest, what);
-    const char *dparam = p->steps ? "steps" : p->block_length ? "block_length" : p->cfg_scale ? "cfg_scale"
-                         : p->remasking >= 0 ? "remasking" : p->alg[0] ? "alg" : NULL;
+    const char *dparam = p->steps ? "steps" : p->block_length ? "block_length"
+                                          : p->cfg_scale      ? "cfg_scale"
+                                          : p->remasking >= 0 ? "remasking"
+                                          : p->alg[0]         ? "alg"
+                                                              : NULL;
     if (!s->diffusion && dparam)
         return tk_serve__oa_errf(e, 400, "invalid_request_error", "invalid_value", dparam,
                                  "'%s' applies to a masked diffusion model (LLaDA, Dream); %s generates token by "
-                                 "token", dparam, s->name);
+                                 "token",
+                                 dparam, s->name);
     if (s->diffusion && p->logprobs)
         return tk_serve__oa_errf(e, 400, "invalid_request_error", "invalid_value", "logprobs",
                                  "logprobs are not available from a masked diffusion model (%s): its tokens are "
@@ -426,21 +435,23 @@ static int make_opts(struct tk_model_server *s, tk_serve_req *r, tk_oa_err *e)
     /* without max_tokens: the rest of the context for a chat, 16 tokens for a completion (OpenAI's);
      * a masked diffusion model denoises every position each step, so a chat gets 128 (LLaDA's) */
     int64_t room = s->ctx_len - (int64_t)longest, chat_default = s->diffusion && room > 128 ? 128 : room;
-    int64_t want = p->has_max_tokens ? p->max_tokens
+    int64_t want = p->has_max_tokens       ? p->max_tokens
                    : p->kind == TK_OA_CHAT ? chat_default
                                            : (16 < room ? 16 : room);
     if ((int64_t)longest + want > s->ctx_len)
         return tk_serve__oa_errf(e, 400, "invalid_request_error", "context_length_exceeded", "max_tokens",
                                  "This model's maximum context length is %lld tokens. However, you requested %lld "
                                  "tokens (%zu in the %s, %lld in the completion). Please reduce the length of the %s "
-                                 "or completion.", (long long)s->ctx_len, (long long)((int64_t)longest + want), longest,
+                                 "or completion.",
+                                 (long long)s->ctx_len, (long long)((int64_t)longest + want), longest,
                                  what, (long long)want, what);
     o->max_new_tokens = want;
     unsigned par = s->o.parallel ? s->o.parallel : 4;
     if ((size_t)p->n * r->nprompt > par)
         return tk_serve__oa_errf(e, 400, "invalid_request_error", "invalid_value", "n",
                                  "%zu sequences asked (n %lld x %zu prompts), but this server runs at most %u at once "
-                                 "(--parallel)", (size_t)p->n * r->nprompt, (long long)p->n, r->nprompt, par);
+                                 "(--parallel)",
+                                 (size_t)p->n * r->nprompt, (long long)p->n, r->nprompt, par);
     return 0;
 }
 
@@ -676,7 +687,7 @@ static enum MHD_Result on_request(void *cls, struct MHD_Connection *c, const cha
     pthread_mutex_unlock(&s->mu);
     if (st != SRV_READY)
         return errf(c, h, 503, "server_error", "service_unavailable", NULL, "%s",
-                    st == SRV_LOADING ? "the model is still loading: retry in a moment"
+                    st == SRV_LOADING  ? "the model is still loading: retry in a moment"
                     : st == SRV_FAILED ? "the model failed to load"
                                        : "the server is shutting down");
     switch (h->route) {
@@ -732,10 +743,10 @@ static void on_completed(void *cls, struct MHD_Connection *c, void **con_cls, en
         pthread_mutex_unlock(&s->mu);
     }
     if (s->o.log) {
-        const char *how = toe == MHD_REQUEST_TERMINATED_COMPLETED_OK ? ""
+        const char *how = toe == MHD_REQUEST_TERMINATED_COMPLETED_OK      ? ""
                           : toe == MHD_REQUEST_TERMINATED_TIMEOUT_REACHED ? " (timed out)"
-                          : toe == MHD_REQUEST_TERMINATED_CLIENT_ABORT ? " (client went away)"
-                                                                        : " (closed)";
+                          : toe == MHD_REQUEST_TERMINATED_CLIENT_ABORT    ? " (client went away)"
+                                                                          : " (closed)";
         if (h->r)
             tk_serve__log(s, TK_LOG_INFO, "\"%s\" %u prompt=%lld completion=%lld cached=%lld %.1fms%s", h->line,
                           h->status, (long long)prompt, (long long)gen, (long long)cached, tk__now_ms() - h->t0, how);
@@ -754,9 +765,7 @@ static void on_connection(void *cls, struct MHD_Connection *c, void **socket_con
     if (code == MHD_CONNECTION_NOTIFY_STARTED) {
         tk_serve_conn *sc = calloc(1, sizeof *sc);
         const union MHD_ConnectionInfo *ci = MHD_get_connection_info(c, MHD_CONNECTION_INFO_CONNECTION_FD);
-        if (sc && ci && !(s->nconn == s->capconn &&
-                          (s->capconn = s->capconn ? 2 * s->capconn : 64,
-                           !(s->conns = realloc(s->conns, s->capconn * sizeof *s->conns))))) {
+        if (sc && ci && !(s->nconn == s->capconn && (s->capconn = s->capconn ? 2 * s->capconn : 64, !(s->conns = realloc(s->conns, s->capconn * sizeof *s->conns))))) {
             sc->fd = ci->connect_fd;
             sc->t0 = tk__now_ms();
             sc->receiving = 1;
@@ -807,12 +816,13 @@ int tk_model_server_new(tk_model_server **out, tk_ctx *ctx, const tk_model_serve
 {
     if (out)
         *out = NULL;
-    if (!out || !ctx || !opts || opts->version != TK_MODEL_SERVER_OPTS_VERSION || !opts->model_dir)
+    if (!out || !ctx || !opts || opts->version < 1 || opts->version > TK_MODEL_SERVER_OPTS_VERSION || !opts->model_dir)
         return tk__err(TK_ERR_INVALID, "tk_model_server_new: out, a context and options (TK_MODEL_SERVER_OPTS_INIT) "
-                       "with a model_dir are required");
+                                       "with a model_dir are required");
     if (!tk__path_exists(opts->model_dir))
         return tk__err(TK_ERR_NOT_FOUND, "no model directory '%s'\nHINT: give a Hugging Face checkpoint directory "
-                       "(config.json, *.safetensors, tokenizer.json)", opts->model_dir);
+                                         "(config.json, *.safetensors, tokenizer.json)",
+                       opts->model_dir);
     if (opts->api_key && !*opts->api_key)
         return tk__err(TK_ERR_INVALID, "the API key is empty");
     if (opts->ctx_size < 0 || opts->max_body < 0 || opts->max_step_tokens < 0)
@@ -830,6 +840,8 @@ int tk_model_server_new(tk_model_server **out, tk_ctx *ctx, const tk_model_serve
     }
     s->magic = MSRV_MAGIC;
     s->o = *opts;
+    if (opts->version < 2)
+        s->o.comm = NULL, s->o.tp_plan = NULL;
     s->ctx = ctx;
     s->wake[0] = s->wake[1] = -1;
     pthread_mutex_init(&s->mu, NULL);
@@ -841,6 +853,7 @@ int tk_model_server_new(tk_model_server **out, tk_ctx *ctx, const tk_model_serve
     s->api_key = dup_opt(opts->api_key, &bad);
     s->dtype = dup_opt(opts->dtype, &bad);
     s->kv_dtype = dup_opt(opts->kv_dtype, &bad);
+    s->tp_plan = dup_opt(s->o.tp_plan, &bad);
     if (opts->model_name) {
         s->name = dup_opt(opts->model_name, &bad);
     } else { /* the directory's last component */
@@ -856,7 +869,7 @@ int tk_model_server_new(tk_model_server **out, tk_ctx *ctx, const tk_model_serve
     unsigned char seed[8];
     RAND_bytes(seed, sizeof seed);
     memcpy(&s->rng, seed, sizeof seed);
-    s->o.model_dir = s->o.model_name = s->o.listen = s->o.api_key = s->o.dtype = s->o.kv_dtype = NULL;
+    s->o.model_dir = s->o.model_name = s->o.listen = s->o.api_key = s->o.dtype = s->o.kv_dtype = s->o.tp_plan = NULL;
     if (bad) {
         rc = tk__err(TK_ERR_NOMEM, "out of memory");
         goto fail;
@@ -880,7 +893,8 @@ int tk_model_server_new(tk_model_server **out, tk_ctx *ctx, const tk_model_serve
     ai = NULL;
     if (!s->d) {
         rc = tk__err(TK_ERR_IO, "cannot listen on %s (address in use, or not permitted)\n"
-                     "HINT: pick another port with --listen HOST:PORT (port 0 picks a free one)", listen);
+                                "HINT: pick another port with --listen HOST:PORT (port 0 picks a free one)",
+                     listen);
         goto fail;
     }
     const union MHD_DaemonInfo *info = MHD_get_daemon_info(s->d, MHD_DAEMON_INFO_BIND_PORT);
@@ -1032,6 +1046,8 @@ void tk_model_server_free(tk_model_server *s)
     free(s->api_key);
     free(s->dtype);
     free(s->kv_dtype);
+    free(s->tp_plan);
+    free(s->jr);
     s->magic = 0;
     free(s);
 }

@@ -79,7 +79,7 @@ typedef struct tk_serve_conn {
 struct tk_model_server {
     uint32_t magic;
     tk_model_server_opts o;
-    char *dir, *name, *listen, *api_key, *dtype, *kv_dtype;
+    char *dir, *name, *listen, *api_key, *dtype, *kv_dtype, *tp_plan;
     tk_ctx *ctx;
     struct MHD_Daemon *d;
     int port;
@@ -120,12 +120,27 @@ struct tk_model_server {
     double win_t0;
     int64_t win_tok0;
     uint64_t rng;
+    /* tensor parallelism (serve/tp.c): rank 0's journal of the batch's changes since the last sync */
+    unsigned char *jr;
+    size_t njr, capjr;
+    int jr_failed; /* out of memory journaling: the next sync fails the job */
 };
 
 void tk_serve__req_unref(tk_serve_req *r); /* takes mu itself */
 void tk_serve__req_unref_locked(tk_serve_req *r);
 /* The scheduler thread's body: loads the model, then steps until stopped. */
 void *tk_serve__sched_main(void *arg);
+/* sched.c's load of the model and batch, and the warm-up generation (every rank runs both). */
+int tk_serve__load(struct tk_model_server *s);
+void tk_serve__warm_up(struct tk_model_server *s);
+/* Tensor parallelism (serve/tp.c): the batch's add and cancel, journaled on rank 0 when o.comm is set;
+ * sync broadcasts the journal and what comes next (TK_SERVE_TP_STEP, _IDLE: nothing, a heartbeat that
+ * keeps the other ranks' wait under the timeout, _QUIT). */
+enum { TK_SERVE_TP_STEP = 'S', TK_SERVE_TP_IDLE = 'I', TK_SERVE_TP_QUIT = 'Q' };
+int tk_serve__tp_add(struct tk_model_server *s, int64_t *first, const int32_t *prompt, size_t len, size_t n,
+                     const tk_gen_opts *o);
+void tk_serve__tp_cancel(struct tk_model_server *s, int64_t seq);
+int tk_serve__tp_sync(struct tk_model_server *s, int what);
 /* Request bodies once done (serve/sched.c builds them from the choices). */
 char *tk_serve__final_json(const tk_serve_req *r);
 /* Resumes r's connection if it waits (under mu). */

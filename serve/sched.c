@@ -252,7 +252,7 @@ static void remove_active(struct tk_model_server *s, size_t i)
     tk_serve_req *r = s->act[i];
     for (size_t k = 0; k < r->nchoice; k++) {
         if (r->ch[k].live) {
-            tk_gen_batch_cancel(s->b, r->ch[k].seq);
+            tk_serve__tp_cancel(s, r->ch[k].seq);
             s->busy--;
             r->ch[k].live = 0;
         }
@@ -341,7 +341,7 @@ static void admit(struct tk_model_server *s)
         size_t n = (size_t)r->p.n;
         for (size_t p = 0; p < r->nprompt && rc == TK_OK; p++) {
             int64_t first;
-            rc = tk_gen_batch_add(&first, s->b, r->pids[p], r->plen[p], n, &r->go);
+            rc = tk_serve__tp_add(s, &first, r->pids[p], r->plen[p], n, &r->go);
             for (size_t j = 0; rc == TK_OK && j < n; j++) {
                 r->ch[p * n + j].seq = first + (int64_t)j;
                 r->ch[p * n + j].live = 1;
@@ -626,16 +626,19 @@ static void diff_run(struct tk_model_server *s, tk_serve_req *r)
     pthread_mutex_unlock(&s->mu);
 }
 
-static int load(struct tk_model_server *s)
+int tk_serve__load(struct tk_model_server *s)
 {
     tk_model_opts mo = TK_MODEL_OPTS_INIT;
+    mo.comm = s->o.comm;
+    mo.tp_plan = s->tp_plan;
     mo.device_type = s->o.device_type;
     mo.device_id = s->o.device_id;
     mo.dtype = s->dtype;
     int rc = tk_model_load(&s->m, s->ctx, s->dir, &mo);
     if (rc == TK_OK && !tk_model_has_lm_head(s->m))
         rc = tk__err(TK_ERR_INVALID, "%s has no LM head: it cannot generate text\nHINT: serve a causal LM "
-                     "(LlamaForCausalLM, GPT2LMHeadModel, ...)", tk_model_arch(s->m));
+                                     "(LlamaForCausalLM, GPT2LMHeadModel, ...)",
+                     tk_model_arch(s->m));
     if (rc == TK_OK)
         rc = tk_model_tokenizer(&s->tok, s->m);
     s->base = (tk_gen_opts)TK_GEN_OPTS_INIT;
@@ -674,7 +677,7 @@ static int load(struct tk_model_server *s)
  * not pay for the first touch of the weights (mmap'd pages read from disk, the thread pool, the
  * kernels a GPU loads): on SmolLM2-135M on the CPU the first request's first token came 60 ms sooner.
  * The server's batch and counters are not touched; a failure only costs the warmth, and is logged. */
-static void warm_up(struct tk_model_server *s)
+void tk_serve__warm_up(struct tk_model_server *s)
 {
     double t0 = tk__now_ms();
     tk_gen_batch_opts bo = TK_GEN_BATCH_OPTS_INIT;
@@ -696,7 +699,8 @@ static void warm_up(struct tk_model_server *s)
     }
     if (rc != TK_OK)
         tk_serve__log(s, TK_LOG_WARN, "the warm-up generation failed (%s): the first request pays the first "
-                      "touch of the weights", tk_last_error());
+                                      "touch of the weights",
+                      tk_last_error());
     else
         tk_serve__log(s, TK_LOG_INFO, "warmed up in %.1f ms", tk__now_ms() - t0);
     tk_gen_batch_free(b);
@@ -706,9 +710,9 @@ void *tk_serve__sched_main(void *arg)
 {
     struct tk_model_server *s = arg;
     double t0 = tk__now_ms();
-    int rc = load(s);
+    int rc = tk_serve__load(s);
     if (rc == TK_OK && !s->diffusion)
-        warm_up(s);
+        tk_serve__warm_up(s);
     pthread_mutex_lock(&s->mu);
     if (rc != TK_OK) {
         s->load_rc = rc;
@@ -756,6 +760,7 @@ void *tk_serve__sched_main(void *arg)
         if (s->nact == 0) {
             if (s->stopping) {
                 pthread_mutex_unlock(&s->mu);
+                tk_serve__tp_sync(s, TK_SERVE_TP_QUIT);
                 break;
             }
             struct timespec ts;
@@ -767,6 +772,9 @@ void *tk_serve__sched_main(void *arg)
             }
             pthread_cond_timedwait(&s->cv, &s->mu, &ts);
             pthread_mutex_unlock(&s->mu);
+            /* --tp: the cancellations so far, and a heartbeat (the journal is this thread's alone) */
+            if (s->o.comm && tk_serve__tp_sync(s, TK_SERVE_TP_IDLE) != TK_OK)
+                tk_serve__log(s, TK_LOG_WARN, "tensor parallelism: %s", tk_last_error());
             continue;
         }
         if (s->diffusion) {
@@ -782,7 +790,9 @@ void *tk_serve__sched_main(void *arg)
         pthread_mutex_unlock(&s->mu);
         const tk_gen_event *ev = NULL;
         size_t nev = 0;
-        rc = tk_gen_batch_step(s->b, &ev, &nev);
+        rc = tk_serve__tp_sync(s, TK_SERVE_TP_STEP);
+        if (rc == TK_OK)
+            rc = tk_gen_batch_step(s->b, &ev, &nev);
         pthread_mutex_lock(&s->mu);
         if (rc != TK_OK) {
             tk_serve__log(s, TK_LOG_WARN, "a model step failed: %s", tk_last_error());

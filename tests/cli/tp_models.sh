@@ -168,6 +168,84 @@ EOF
   done
 }
 
+# tie_model: the tiny Llama with lm_head rows 51..100 copies of rows 0..49, so every logit below 50
+# has an equal twin on another rank (at 2 and 3 ranks): greedy must keep the lowest index, as the
+# argmax op does, and top-k keeps both twins at its threshold.
+tie_model() {
+  [ -f "$MODELS/llama-tie/model.safetensors" ] && return
+  mkdir -p "$MODELS/llama-tie" && cp "$MODELS/llama/config.json" "$MODELS/llama-tie/" &&
+    "$PY" - "$MODELS/llama/model.safetensors" "$MODELS/llama-tie/model.safetensors" <<'EOF'
+import sys
+from safetensors.torch import load_file, save_file
+t = load_file(sys.argv[1])
+w = t["lm_head.weight"].clone()
+w[51:101] = w[0:50]
+t["lm_head.weight"] = w
+save_file(t, sys.argv[2], metadata={"format": "pt"})
+EOF
+}
+
+# pick_same MODEL NP OPTS: generate's tokens for two prompts ($PICK_IDS) at NP ranks equal one
+# process's; sets PICK_BYTES (rank 0's head_bytes_sent: the logits gathers and picks).
+pick_same() {
+  local model=$1 np=$2 opts=$3 a ids=${PICK_IDS:---ids 1,17,54,3 --ids 5,50,51,9}
+  # shellcheck disable=SC2086
+  a=$("$TK" generate "$MODELS/$model" $ids $opts --json) || { fail "one process: $model $opts"; return 1; }
+  # shellcheck disable=SC2086
+  run_mpi 120 "$np" "$TK" generate "$MODELS/$model" $ids $opts --tp "$np" --stats --json
+  [ $RC = 0 ] || { fail "$model $np ranks $opts: mpirun exited $RC: $ERR"; return 1; }
+  PICK_BYTES=$(python3 - "$a" "$OUT" "$model, $np ranks, $opts" <<'EOF'
+import json, sys
+a, b = json.loads(sys.argv[1]), json.loads(sys.argv[2])
+ids = lambda r: [x["ids"] for x in r]
+assert ids(a) == ids(b), f"{sys.argv[3]}: {ids(a)} != {ids(b)}"
+print(b[0]["tensor_parallel"]["ranks"][0]["head_bytes_sent"])
+EOF
+) || { fail "$model at $np ranks, $opts: tokens differ"; return 1; }
+}
+
+# The vocabulary-parallel pick: greedy, seeded sampling with and without top-k (ties at its threshold)
+# and with penalties give one process's tokens at 2 and 3 ranks, on logits with ties across ranks and
+# on a rank with no vocabulary rows; it moves a few numbers a row where the gather moved the rows.
+t_vocab_parallel_pick() {
+  ready || return
+  tie_model || { fail "could not make llama-tie"; return; }
+  local opts np s
+  for np in 2 3; do
+    for opts in "--max-new-tokens 10" "--max-new-tokens 10 --repetition-penalty 1.5 --no-repeat-ngram-size 2"; do
+      pick_same llama-tie "$np" "$opts"
+    done
+    for s in 1 2 3; do
+      pick_same llama-tie "$np" "--do-sample --seed $s --top-k 0 --max-new-tokens 8"
+      pick_same llama-tie "$np" "--do-sample --seed $s --top-k 3 --temperature 0.8 --max-new-tokens 8"
+    done
+  done
+  pick_same llama-tie 2 "--do-sample --seed 4 --top-k 7 --no-cache --max-new-tokens 8" # the full recompute
+  # vocabulary 4 over 3 ranks (2, 2, 0 rows): a pick sends more than a row, so force it
+  local MPIRUN=("${MPIRUN[@]}" -x TK_TP_PICK=local)
+  PICK_IDS="--ids 1,3,0,2 --ids 2,2" pick_same llama-edge 3 "--do-sample --seed 4 --top-k 2 --max-new-tokens 6"
+  PICK_IDS="--ids 1,3,0,2 --ids 2,2" pick_same llama-edge 3 "--max-new-tokens 6"
+  MPIRUN=("${MPIRUN[@]:0:${#MPIRUN[@]}-2}")
+  # top-p needs the whole row's f32 softmax: those steps gather the rows, with the same tokens
+  pick_same llama 2 "--do-sample --seed 5 --top-p 0.8 --max-new-tokens 8" || return
+  local gathered=$PICK_BYTES
+  pick_same llama 2 "--do-sample --seed 5 --top-k 3 --max-new-tokens 8" || return
+  local picked=$PICK_BYTES
+  pick_same llama 2 "--max-new-tokens 8" || return
+  local greedy=$PICK_BYTES
+  MPIRUN+=(-x TK_TP_PICK=gather) # the rows gathered, as before the pick existed
+  pick_same llama 2 "--max-new-tokens 8" || return
+  local rows=$PICK_BYTES
+  pick_same llama 2 "--do-sample --seed 5 --top-k 3 --max-new-tokens 8" || return
+  local rows_k=$PICK_BYTES
+  pick_same llama 2 "--do-sample --seed 5 --top-p 0.8 --max-new-tokens 8" || return
+  echo "    head bytes rank 0 sent, 2 prompts x 8 tokens, vocabulary 101: greedy $greedy (rows gathered: $rows)," \
+    "top-k 3 sampling $picked ($rows_k), top-p $gathered ($PICK_BYTES: gathers either way)"
+  [ "$greedy" -gt 0 ] && [ "$greedy" -lt "$rows" ] || fail "the greedy pick sent $greedy B, the gather $rows B"
+  [ "$picked" -gt 0 ] && [ "$picked" -lt "$rows_k" ] || fail "the top-k pick sent $picked B, the gather $rows_k B"
+  [ "$gathered" = "$PICK_BYTES" ] || fail "top-p must gather the rows: $gathered B vs $PICK_BYTES B"
+}
+
 # tk chat --tp: rank 0 reads the turns and sends them to the other rank; the replies are one process's
 # (the tiny Llama with a tokenizer of tests/models/tiny.sh, a template added as tests/cli/chat.sh does).
 t_chat_same_replies() {
