@@ -881,6 +881,108 @@ static void end_tag(ps *P)
     P->p++;
 }
 
+/* {% if c %} ... {% elif c %} ... {% else %} ... {% endif %}; P after 'if'. */
+static void p_if(ps *P, stmt *s)
+{
+    static const char *const ends[] = {"elif", "else", "endif", NULL};
+    expr *conds[256];
+    body bodies[257];
+    size_t n = 0;
+    conds[n] = p_expr(P);
+    end_tag(P);
+    for (;;) {
+        bodies[n++] = p_body(P, ends);
+        if (is_name(P, "elif")) {
+            if (n == 256)
+                fail_(P->S, TK_ERR_UNSUPPORTED, "chat template line %d: more than 256 elif branches", cur(P)->line);
+            P->p++;
+            conds[n] = p_expr(P);
+            end_tag(P);
+            continue;
+        }
+        if (is_name(P, "else")) {
+            P->p++;
+            end_tag(P);
+            static const char *const e2[] = {"endif", NULL};
+            bodies[n] = p_body(P, e2);
+            s->has_else = 1;
+        }
+        break;
+    }
+    P->p++; /* endif */
+    end_tag(P);
+    s->t = S_IF;
+    s->ncond = n;
+    s->conds = amem(P->S, n * sizeof *s->conds);
+    memcpy(s->conds, conds, n * sizeof *conds);
+    s->bodies = amem(P->S, (n + 1) * sizeof *s->bodies);
+    memcpy(s->bodies, bodies, (n + s->has_else) * sizeof *bodies);
+}
+
+/* {% for x[, y] in e [if c] %} ... {% else %} ... {% endfor %}; P after 'for'. */
+static void p_for(ps *P, stmt *s)
+{
+    int line = s->line;
+    s->t = S_FOR;
+    s->names[0] = take_name(P);
+    s->nnames = 1;
+    if (is_op(P, ",")) {
+        P->p++;
+        s->names[1] = take_name(P);
+        s->nnames = 2;
+        if (is_op(P, ","))
+            fail_(P->S, TK_ERR_UNSUPPORTED,
+                  "chat template line %d: a for loop unpacks at most two names in tk's template subset", line);
+    }
+    if (!is_name(P, "in"))
+        fail_(P->S, TK_ERR_INVALID, "chat template line %d: expected 'in' in the for loop", line);
+    P->p++;
+    s->e = p_or(P);
+    if (is_name(P, "if")) {
+        P->p++;
+        s->filter = p_or(P);
+    }
+    if (is_name(P, "recursive"))
+        fail_(P->S, TK_ERR_UNSUPPORTED, "chat template line %d: recursive for loops are not supported by tk's "
+              "template subset", line);
+    end_tag(P);
+    static const char *const ends[] = {"else", "endfor", NULL};
+    s->bodies = amem(P->S, 2 * sizeof *s->bodies);
+    s->bodies[0] = p_body(P, ends);
+    if (is_name(P, "else")) {
+        P->p++;
+        end_tag(P);
+        static const char *const e2[] = {"endfor", NULL};
+        s->bodies[1] = p_body(P, e2);
+        s->has_else = 1;
+    }
+    P->p++;
+    end_tag(P);
+}
+
+/* {% set name = e %} or {% set ns.attr = e %}; P after 'set'. */
+static void p_set(ps *P, stmt *s)
+{
+    int line = s->line;
+    s->t = S_SET;
+    s->names[0] = take_name(P);
+    s->nnames = 1;
+    if (is_op(P, ".")) {
+        P->p++;
+        s->names[1] = take_name(P);
+        s->nnames = 2;
+    }
+    if (is_op(P, ","))
+        fail_(P->S, TK_ERR_UNSUPPORTED, "chat template line %d: 'set' with several targets is not supported by "
+              "tk's template subset", line);
+    if (cur(P)->t == T_BEND || is_op(P, "|"))
+        fail_(P->S, TK_ERR_UNSUPPORTED, "chat template line %d: block 'set' ... 'endset' is not supported by "
+              "tk's template subset", line);
+    expect_op(P, "=");
+    s->e = p_expr(P);
+    end_tag(P);
+}
+
 static stmt *p_stmt_block(ps *P)
 {
     /* P at the tag name after '{%' */
@@ -890,99 +992,17 @@ static stmt *p_stmt_block(ps *P)
     s->line = line;
     if (is_name(P, "if")) {
         P->p++;
-        static const char *const ends[] = {"elif", "else", "endif", NULL};
-        expr *conds[256];
-        body bodies[257];
-        size_t n = 0;
-        conds[n] = p_expr(P);
-        end_tag(P);
-        for (;;) {
-            bodies[n++] = p_body(P, ends);
-            if (is_name(P, "elif")) {
-                if (n == 256)
-                    fail_(P->S, TK_ERR_UNSUPPORTED, "chat template line %d: more than 256 elif branches", cur(P)->line);
-                P->p++;
-                conds[n] = p_expr(P);
-                end_tag(P);
-                continue;
-            }
-            if (is_name(P, "else")) {
-                P->p++;
-                end_tag(P);
-                static const char *const e2[] = {"endif", NULL};
-                bodies[n] = p_body(P, e2);
-                s->has_else = 1;
-            }
-            break;
-        }
-        P->p++; /* endif */
-        end_tag(P);
-        s->t = S_IF;
-        s->ncond = n;
-        s->conds = amem(P->S, n * sizeof *s->conds);
-        memcpy(s->conds, conds, n * sizeof *conds);
-        s->bodies = amem(P->S, (n + 1) * sizeof *s->bodies);
-        memcpy(s->bodies, bodies, (n + s->has_else) * sizeof *bodies);
+        p_if(P, s);
         return s;
     }
     if (is_name(P, "for")) {
         P->p++;
-        s->t = S_FOR;
-        s->names[0] = take_name(P);
-        s->nnames = 1;
-        if (is_op(P, ",")) {
-            P->p++;
-            s->names[1] = take_name(P);
-            s->nnames = 2;
-            if (is_op(P, ","))
-                fail_(P->S, TK_ERR_UNSUPPORTED,
-                      "chat template line %d: a for loop unpacks at most two names in tk's template subset", line);
-        }
-        if (!is_name(P, "in"))
-            fail_(P->S, TK_ERR_INVALID, "chat template line %d: expected 'in' in the for loop", line);
-        P->p++;
-        s->e = p_or(P);
-        if (is_name(P, "if")) {
-            P->p++;
-            s->filter = p_or(P);
-        }
-        if (is_name(P, "recursive"))
-            fail_(P->S, TK_ERR_UNSUPPORTED, "chat template line %d: recursive for loops are not supported by tk's "
-                  "template subset", line);
-        end_tag(P);
-        static const char *const ends[] = {"else", "endfor", NULL};
-        s->bodies = amem(P->S, 2 * sizeof *s->bodies);
-        s->bodies[0] = p_body(P, ends);
-        if (is_name(P, "else")) {
-            P->p++;
-            end_tag(P);
-            static const char *const e2[] = {"endfor", NULL};
-            s->bodies[1] = p_body(P, e2);
-            s->has_else = 1;
-        }
-        P->p++;
-        end_tag(P);
+        p_for(P, s);
         return s;
     }
     if (is_name(P, "set")) {
         P->p++;
-        s->t = S_SET;
-        s->names[0] = take_name(P);
-        s->nnames = 1;
-        if (is_op(P, ".")) {
-            P->p++;
-            s->names[1] = take_name(P);
-            s->nnames = 2;
-        }
-        if (is_op(P, ","))
-            fail_(P->S, TK_ERR_UNSUPPORTED, "chat template line %d: 'set' with several targets is not supported by "
-                  "tk's template subset", line);
-        if (cur(P)->t == T_BEND || is_op(P, "|"))
-            fail_(P->S, TK_ERR_UNSUPPORTED, "chat template line %d: block 'set' ... 'endset' is not supported by "
-                  "tk's template subset", line);
-        expect_op(P, "=");
-        s->e = p_expr(P);
-        end_tag(P);
+        p_set(P, s);
         return s;
     }
     if (is_name(P, "break") || is_name(P, "continue")) {
