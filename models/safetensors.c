@@ -383,11 +383,114 @@ static int safe_shard_name(const char *s)
     return s[0] && s[0] != '.' && !strchr(s, '/') && !strchr(s, '\\') && tk__has_suffix(s, ".safetensors");
 }
 
+/* The distinct shard file names of the index's weight map, in first-seen order, borrowed from wm; each
+ * must be a plain .safetensors file name in the directory. */
+static int shard_names(const char ***out, size_t *n, json_t *wm, const char *index)
+{
+    const char **names = calloc(json_object_size(wm) + 1, sizeof *names);
+    size_t nnames = 0;
+    if (!names)
+        return tk__err(TK_ERR_NOMEM, "out of memory");
+    const char *k;
+    json_t *v;
+    json_object_foreach(wm, k, v) {
+        const char *f = json_string_value(v);
+        if (!f || !safe_shard_name(f)) {
+            free(names);
+            return tk__err(TK_ERR_CORRUPT, "'%s': tensor '%s' maps to %s%s%s, not a .safetensors file in the directory",
+                           index, k, f ? "'" : "a non-string", f ? f : "", f ? "'" : "");
+        }
+        size_t j = 0;
+        while (j < nnames && strcmp(names[j], f))
+            j++;
+        if (j == nnames)
+            names[nnames++] = f;
+    }
+    *out = names;
+    *n = nnames;
+    return TK_OK;
+}
+
+/* A sharded checkpoint: maps every shard the index names into s->files. *text and *idx, the index's text
+ * and JSON, are the caller's to free, on error too; check_index reads *idx afterwards. */
+static int open_shards(tk_st_set *s, char **text, json_t **idx, const char *dir, const char *index)
+{
+    size_t len;
+    int rc = tk__read_file(text, &len, index, 64u << 20);
+    if (rc != TK_OK)
+        return rc;
+    json_error_t jerr;
+    *idx = tk_models__json_loadb(*text, len, JSON_REJECT_DUPLICATES, &jerr);
+    json_t *wm = *idx ? json_object_get(*idx, "weight_map") : NULL;
+    if (!json_is_object(wm))
+        return tk__err(TK_ERR_CORRUPT, "'%s': %s" HINT_FILE, index, *idx ? "no \"weight_map\" object" : jerr.text);
+    const char **names = NULL;
+    size_t nnames = 0;
+    if ((rc = shard_names(&names, &nnames, wm, index)) != TK_OK)
+        return rc;
+    s->files = calloc(nnames ? nnames : 1, sizeof *s->files);
+    if (!s->files) {
+        free(names);
+        return tk__err(TK_ERR_NOMEM, "out of memory");
+    }
+    char *path = NULL;
+    for (size_t i = 0; i < nnames; i++) {
+        free(path);
+        if (!(path = tk__path_join(dir, names[i]))) {
+            rc = tk__err(TK_ERR_NOMEM, "out of memory");
+            break;
+        }
+        rc = map_file(&s->files[s->nfiles++], path);
+        if (rc != TK_OK)
+            break;
+    }
+    free(path);
+    free(names);
+    return rc;
+}
+
+/* s->all: every tensor of every file, sorted by name; a name in two files is an error. */
+static int index_tensors(tk_st_set *s)
+{
+    for (size_t i = 0; i < s->nfiles; i++) {
+        s->nall += s->files[i].n;
+        s->bytes += (int64_t)s->files[i].size;
+    }
+    s->all = malloc((s->nall ? s->nall : 1) * sizeof *s->all);
+    if (!s->all)
+        return tk__err(TK_ERR_NOMEM, "out of memory");
+    size_t k = 0;
+    for (size_t i = 0; i < s->nfiles; i++)
+        for (size_t j = 0; j < s->files[i].n; j++)
+            s->all[k++] = &s->files[i].t[j];
+    qsort(s->all, s->nall, sizeof *s->all, cmp_ptr_name);
+    for (size_t i = 1; i < s->nall; i++)
+        if (!strcmp(s->all[i]->name, s->all[i - 1]->name))
+            return tk__err(TK_ERR_CORRUPT, "tensor '%s' is in both '%s' and '%s'", s->all[i]->name,
+                           s->all[i - 1]->file, s->all[i]->file);
+    return TK_OK;
+}
+
+/* Every tensor of the index is in the shard it names. */
+static int check_index(const tk_st_set *s, json_t *idx)
+{
+    const char *name;
+    json_t *v;
+    json_object_foreach(json_object_get(idx, "weight_map"), name, v) {
+        const tk_st_tensor *t = tk_models__st_find(s, name);
+        const char *base = t ? strrchr(t->file, '/') : NULL;
+        if (!t || strcmp(base ? base + 1 : t->file, json_string_value(v)))
+            return tk__err(TK_ERR_CORRUPT, "tensor '%s': the index puts it in '%s', but %s%s" HINT_FILE, name,
+                           json_string_value(v), t ? "it is in " : "no shard has it", t ? t->file : "");
+    }
+    return TK_OK;
+}
+
 int tk_models__st_open_dir(tk_st_set **out, const char *dir)
 {
     *out = NULL;
     int rc = TK_OK;
-    char *path = NULL, *text = NULL;
+    char *text = NULL;
     json_t *idx = NULL;
     tk_st_set *s = calloc(1, sizeof *s);
     if (!s)
@@ -398,59 +501,8 @@ int tk_models__st_open_dir(tk_st_set **out, const char *dir)
         rc = tk__err(TK_ERR_NOMEM, "out of memory");
         goto fail;
     }
-    const char **names = NULL; /* shard file names, from the index */
-    size_t nnames = 0;
     if (tk__path_exists(index)) {
-        size_t len;
-        if ((rc = tk__read_file(&text, &len, index, 64u << 20)) != TK_OK)
-            goto fail;
-        json_error_t jerr;
-        idx = tk_models__json_loadb(text, len, JSON_REJECT_DUPLICATES, &jerr);
-        json_t *wm = idx ? json_object_get(idx, "weight_map") : NULL;
-        if (!json_is_object(wm)) {
-            rc = tk__err(TK_ERR_CORRUPT, "'%s': %s" HINT_FILE, index,
-                         idx ? "no \"weight_map\" object" : jerr.text);
-            goto fail;
-        }
-        names = calloc(json_object_size(wm) + 1, sizeof *names);
-        if (!names) {
-            rc = tk__err(TK_ERR_NOMEM, "out of memory");
-            goto fail;
-        }
-        const char *k;
-        json_t *v;
-        json_object_foreach(wm, k, v) {
-            const char *f = json_string_value(v);
-            if (!f || !safe_shard_name(f)) {
-                free(names);
-                rc = tk__err(TK_ERR_CORRUPT, "'%s': tensor '%s' maps to %s%s%s, not a .safetensors file in the directory",
-                             index, k, f ? "'" : "a non-string", f ? f : "", f ? "'" : "");
-                goto fail;
-            }
-            size_t j = 0;
-            while (j < nnames && strcmp(names[j], f))
-                j++;
-            if (j == nnames)
-                names[nnames++] = f;
-        }
-        s->files = calloc(nnames ? nnames : 1, sizeof *s->files);
-        if (!s->files) {
-            free(names);
-            rc = tk__err(TK_ERR_NOMEM, "out of memory");
-            goto fail;
-        }
-        for (size_t i = 0; i < nnames; i++) {
-            free(path);
-            if (!(path = tk__path_join(dir, names[i]))) {
-                rc = tk__err(TK_ERR_NOMEM, "out of memory");
-                break;
-            }
-            rc = map_file(&s->files[s->nfiles++], path);
-            if (rc != TK_OK)
-                break;
-        }
-        free(names);
-        if (rc != TK_OK)
+        if ((rc = open_shards(s, &text, &idx, dir, index)) != TK_OK)
             goto fail;
     } else if (tk__path_exists(single)) {
         if (!(s->files = calloc(1, sizeof *s->files))) {
@@ -468,46 +520,16 @@ int tk_models__st_open_dir(tk_st_set **out, const char *dir)
                      dir);
         goto fail;
     }
-    for (size_t i = 0; i < s->nfiles; i++) {
-        s->nall += s->files[i].n;
-        s->bytes += (int64_t)s->files[i].size;
-    }
-    s->all = malloc((s->nall ? s->nall : 1) * sizeof *s->all);
-    if (!s->all) {
-        rc = tk__err(TK_ERR_NOMEM, "out of memory");
+    if ((rc = index_tensors(s)) != TK_OK)
         goto fail;
-    }
-    size_t k = 0;
-    for (size_t i = 0; i < s->nfiles; i++)
-        for (size_t j = 0; j < s->files[i].n; j++)
-            s->all[k++] = &s->files[i].t[j];
-    qsort(s->all, s->nall, sizeof *s->all, cmp_ptr_name);
-    for (size_t i = 1; i < s->nall; i++)
-        if (!strcmp(s->all[i]->name, s->all[i - 1]->name)) {
-            rc = tk__err(TK_ERR_CORRUPT, "tensor '%s' is in both '%s' and '%s'", s->all[i]->name, s->all[i - 1]->file,
-                         s->all[i]->file);
-            goto fail;
-        }
-    if (idx) { /* every tensor of the index is where it says */
-        const char *name;
-        json_t *v;
-        json_object_foreach(json_object_get(idx, "weight_map"), name, v) {
-            const tk_st_tensor *t = tk_models__st_find(s, name);
-            const char *base = t ? strrchr(t->file, '/') : NULL;
-            if (!t || strcmp(base ? base + 1 : t->file, json_string_value(v))) {
-                rc = tk__err(TK_ERR_CORRUPT, "tensor '%s': the index puts it in '%s', but %s%s" HINT_FILE, name,
-                             json_string_value(v), t ? "it is in " : "no shard has it", t ? t->file : "");
-                goto fail;
-            }
-        }
-    }
+    if (idx && (rc = check_index(s, idx)) != TK_OK)
+        goto fail;
     *out = s;
     s = NULL;
 fail:
     tk_models__st_close(s);
     json_decref(idx);
     free(text);
-    free(path);
     free(single);
     free(index);
     return rc;
