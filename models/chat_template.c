@@ -161,175 +161,241 @@ static void push_tok(toks *T, tok t)
 
 static int is_ws(char c) { return c == ' ' || c == '\t' || c == '\n' || c == '\r' || c == '\f' || c == '\v'; }
 
-static void lex(st *S, toks *T, const char *src, size_t len)
+/* The lexer's position and the whitespace control the last tag asked of the text after it. */
+typedef struct {
+    st *S;
+    toks *T;
+    const char *src;
+    size_t len, p;
+    int line;
+    int strip_next; /* the tag ended with '-': strip all leading whitespace of the next text */
+    int trim_nl;    /* trim_blocks: drop one newline right after a block tag or a comment */
+} lexer;
+
+/* Pushes the text from L->p up to the next tag, with the whitespace control of the tag before it and of
+ * the tag after it ('{%-' strips, lstrip_blocks before '{%' and '{#' unless '{%+'). Returns where that
+ * tag starts (len when there is none) and sets *kind to its second character. */
+static size_t lex_text(lexer *L, int *kind)
 {
-    size_t p = 0;
-    int line = 1, strip_next = 0, trim_nl = 0;
-    while (p < len) {
-        /* text up to the next tag */
-        size_t q = p;
-        while (q + 1 < len && !(src[q] == '{' && (src[q + 1] == '{' || src[q + 1] == '%' || src[q + 1] == '#')))
-            q++;
-        if (q + 1 >= len)
-            q = len;
-        size_t a = p, b = q;
-        if (strip_next)
-            while (a < b && is_ws(src[a]))
-                a++;
-        else if (trim_nl && a < b && src[a] == '\n')
+    const char *src = L->src;
+    size_t len = L->len, p = L->p;
+    size_t q = p;
+    while (q + 1 < len && !(src[q] == '{' && (src[q + 1] == '{' || src[q + 1] == '%' || src[q + 1] == '#')))
+        q++;
+    if (q + 1 >= len)
+        q = len;
+    size_t a = p, b = q;
+    if (L->strip_next)
+        while (a < b && is_ws(src[a]))
             a++;
-        int kind = q < len ? src[q + 1] : 0;
-        if (q < len && q + 2 < len && src[q + 2] == '-') {
-            while (b > a && is_ws(src[b - 1]))
-                b--;
-        } else if (q < len && (kind == '%' || kind == '#') && !(q + 2 < len && src[q + 2] == '+')) {
-            /* lstrip_blocks: spaces and tabs between the line's start and the tag */
-            size_t k = b;
-            while (k > a && (src[k - 1] == ' ' || src[k - 1] == '\t'))
-                k--;
-            if ((k == 0 || src[k - 1] == '\n') && k >= a)
-                b = k;
-        }
-        int tline = line;
-        for (size_t k = p; k < q; k++)
-            line += src[k] == '\n';
-        if (b > a)
-            push_tok(T, (tok){T_TEXT, tline, src + a, b - a, 0, 0});
-        strip_next = trim_nl = 0;
-        if (q >= len)
+    else if (L->trim_nl && a < b && src[a] == '\n')
+        a++;
+    *kind = q < len ? src[q + 1] : 0;
+    if (q < len && q + 2 < len && src[q + 2] == '-') {
+        while (b > a && is_ws(src[b - 1]))
+            b--;
+    } else if (q < len && (*kind == '%' || *kind == '#') && !(q + 2 < len && src[q + 2] == '+')) {
+        /* lstrip_blocks: spaces and tabs between the line's start and the tag */
+        size_t k = b;
+        while (k > a && (src[k - 1] == ' ' || src[k - 1] == '\t'))
+            k--;
+        if ((k == 0 || src[k - 1] == '\n') && k >= a)
+            b = k;
+    }
+    int tline = L->line;
+    for (size_t k = p; k < q; k++)
+        L->line += src[k] == '\n';
+    if (b > a)
+        push_tok(L->T, (tok){T_TEXT, tline, src + a, b - a, 0, 0});
+    L->strip_next = L->trim_nl = 0;
+    return q;
+}
+
+/* Skips a comment, L->p after '{#' (and its '-' or '+'), through its '#}'. */
+static void lex_comment(lexer *L)
+{
+    const char *src = L->src;
+    size_t len = L->len, p = L->p;
+    const char *e = NULL;
+    for (size_t k = p; k + 1 < len; k++)
+        if (src[k] == '#' && src[k + 1] == '}') {
+            e = src + k;
             break;
-        p = q + 2;
-        if (p < len && (src[p] == '-' || src[p] == '+'))
-            p++;
-        if (kind == '#') {
-            const char *e = NULL;
-            for (size_t k = p; k + 1 < len; k++)
-                if (src[k] == '#' && src[k + 1] == '}') {
-                    e = src + k;
-                    break;
-                }
-            if (!e)
-                fail_(S, TK_ERR_INVALID, "chat template line %d: a comment '{#' is never closed with '#}'", line);
-            size_t ep = (size_t)(e - src);
-            for (size_t k = p; k < ep; k++)
-                line += src[k] == '\n';
-            strip_next = ep > p && src[ep - 1] == '-';
-            trim_nl = !strip_next;
-            p = ep + 2;
+        }
+    if (!e)
+        fail_(L->S, TK_ERR_INVALID, "chat template line %d: a comment '{#' is never closed with '#}'", L->line);
+    size_t ep = (size_t)(e - src);
+    for (size_t k = p; k < ep; k++)
+        L->line += src[k] == '\n';
+    L->strip_next = ep > p && src[ep - 1] == '-';
+    L->trim_nl = !L->strip_next;
+    L->p = ep + 2;
+}
+
+static void lex_name(lexer *L)
+{
+    const char *src = L->src;
+    size_t k = L->p;
+    while (k < L->len && (isalnum((unsigned char)src[k]) || src[k] == '_'))
+        k++;
+    push_tok(L->T, (tok){T_NAME, L->line, src + L->p, k - L->p, 0, 0});
+    L->p = k;
+}
+
+/* An integer or a float, with '_' separators in the integer part. */
+static void lex_number(lexer *L)
+{
+    const char *src = L->src;
+    size_t len = L->len, p = L->p;
+    size_t k = p;
+    int isf = 0;
+    while (k < len && (isdigit((unsigned char)src[k]) || src[k] == '_'))
+        k++;
+    if (k + 1 < len && src[k] == '.' && isdigit((unsigned char)src[k + 1])) {
+        isf = 1;
+        k++;
+        while (k < len && isdigit((unsigned char)src[k]))
+            k++;
+    }
+    char buf[64];
+    size_t m = 0;
+    for (size_t j = p; j < k && m < sizeof buf - 1; j++)
+        if (src[j] != '_')
+            buf[m++] = src[j];
+    buf[m] = 0;
+    tok t = {isf ? T_FLOAT : T_INT, L->line, NULL, 0, 0, 0};
+    if (isf)
+        t.f = strtod(buf, NULL);
+    else
+        t.i = strtoll(buf, NULL, 10);
+    push_tok(L->T, t);
+    L->p = k;
+}
+
+/* A string quoted with q, unescaped into the arena; escapes outside the subset are TK_ERR_UNSUPPORTED. */
+static void lex_string(lexer *L, char q)
+{
+    const char *src = L->src;
+    size_t len = L->len, p = L->p;
+    size_t k = p + 1;
+    char *o = amem(L->S, len - p + 1);
+    size_t m = 0;
+    int sline = L->line;
+    while (k < len && src[k] != q) {
+        if (src[k] == '\n')
+            L->line++;
+        if (src[k] == '\\' && k + 1 < len) {
+            char x = src[++k];
+            switch (x) {
+            case 'n': o[m++] = '\n'; break;
+            case 't': o[m++] = '\t'; break;
+            case 'r': o[m++] = '\r'; break;
+            case '\\': o[m++] = '\\'; break;
+            case '\'': o[m++] = '\''; break;
+            case '"': o[m++] = '"'; break;
+            case '\n': L->line++; break;
+            default:
+                if (x == 'u' || x == 'x' || x == 'U' || x == 'N' || isdigit((unsigned char)x))
+                    fail_(L->S, TK_ERR_UNSUPPORTED,
+                          "chat template line %d: the string escape '\\%c' is not supported by tk's template subset",
+                          L->line, x);
+                o[m++] = '\\';
+                o[m++] = x;
+            }
+            k++;
+        } else {
+            o[m++] = src[k++];
+        }
+    }
+    if (k >= len)
+        fail_(L->S, TK_ERR_INVALID, "chat template line %d: a string is never closed", sline);
+    push_tok(L->T, (tok){T_STR, sline, o, m, 0, 0});
+    L->p = k + 1;
+}
+
+/* A one- or two-character operator; *depth counts the open brackets, so a '}' inside a dict literal
+ * does not end a '{{' tag. */
+static void lex_op(lexer *L, int *depth)
+{
+    static const char *two[] = {"==", "!=", "<=", ">=", "//", "**"};
+    const char *src = L->src;
+    size_t p = L->p;
+    char c = src[p];
+    size_t n = 1;
+    for (size_t j = 0; j < sizeof two / sizeof two[0]; j++)
+        if (p + 1 < L->len && src[p] == two[j][0] && src[p + 1] == two[j][1])
+            n = 2;
+    if (n == 1 && !strchr("()[]{}.,:|+-*/%~=<>", c))
+        fail_(L->S, TK_ERR_INVALID, "chat template line %d: unexpected character '%c'", L->line,
+              isprint((unsigned char)c) ? c : '?');
+    if (c == '(' || c == '[' || c == '{')
+        (*depth)++;
+    if ((c == ')' || c == ']' || c == '}') && *depth > 0)
+        (*depth)--;
+    push_tok(L->T, (tok){T_OP, L->line, src + p, n, 0, 0});
+    L->p += n;
+}
+
+/* The tokens of a '{{ }}' (kind '{') or '{% %}' (kind '%') tag, L->p after its opening and its '-' or
+ * '+', through its closing, which sets the whitespace control of the text after it. */
+static void lex_tag(lexer *L, int kind)
+{
+    const char *src = L->src;
+    size_t len = L->len;
+    push_tok(L->T, (tok){kind == '{' ? T_VBEG : T_BBEG, L->line, NULL, 0, 0, 0});
+    int depth = 0;
+    while (L->p < len) {
+        size_t p = L->p;
+        char c = src[p];
+        if (c == '\n') {
+            L->line++;
+            L->p++;
             continue;
         }
-        push_tok(T, (tok){kind == '{' ? T_VBEG : T_BBEG, line, NULL, 0, 0, 0});
-        int depth = 0, closed = 0;
-        while (p < len) {
-            char c = src[p];
-            if (c == '\n') {
-                line++;
-                p++;
-                continue;
-            }
-            if (is_ws(c)) {
-                p++;
-                continue;
-            }
-            char e2 = kind == '{' ? '}' : '%';
-            int minus = c == '-' && p + 2 < len && src[p + 1] == e2 && src[p + 2] == '}';
-            int plus = c == '+' && kind == '%' && p + 2 < len && src[p + 1] == '%' && src[p + 2] == '}';
-            if (depth == 0 && (minus || plus || (c == e2 && p + 1 < len && src[p + 1] == '}'))) {
-                push_tok(T, (tok){kind == '{' ? T_VEND : T_BEND, line, NULL, 0, 0, 0});
-                p += minus || plus ? 3 : 2;
-                strip_next = minus;
-                trim_nl = kind == '%' && !minus && !plus;
-                closed = 1;
-                break;
-            }
-            if (isalpha((unsigned char)c) || c == '_') {
-                size_t k = p;
-                while (k < len && (isalnum((unsigned char)src[k]) || src[k] == '_'))
-                    k++;
-                push_tok(T, (tok){T_NAME, line, src + p, k - p, 0, 0});
-                p = k;
-            } else if (isdigit((unsigned char)c)) {
-                size_t k = p;
-                int isf = 0;
-                while (k < len && (isdigit((unsigned char)src[k]) || src[k] == '_'))
-                    k++;
-                if (k + 1 < len && src[k] == '.' && isdigit((unsigned char)src[k + 1])) {
-                    isf = 1;
-                    k++;
-                    while (k < len && isdigit((unsigned char)src[k]))
-                        k++;
-                }
-                char buf[64];
-                size_t m = 0;
-                for (size_t j = p; j < k && m < sizeof buf - 1; j++)
-                    if (src[j] != '_')
-                        buf[m++] = src[j];
-                buf[m] = 0;
-                tok t = {isf ? T_FLOAT : T_INT, line, NULL, 0, 0, 0};
-                if (isf)
-                    t.f = strtod(buf, NULL);
-                else
-                    t.i = strtoll(buf, NULL, 10);
-                push_tok(T, t);
-                p = k;
-            } else if (c == '\'' || c == '"') {
-                size_t k = p + 1;
-                char *o = amem(S, len - p + 1);
-                size_t m = 0;
-                int sline = line;
-                while (k < len && src[k] != c) {
-                    if (src[k] == '\n')
-                        line++;
-                    if (src[k] == '\\' && k + 1 < len) {
-                        char x = src[++k];
-                        switch (x) {
-                        case 'n': o[m++] = '\n'; break;
-                        case 't': o[m++] = '\t'; break;
-                        case 'r': o[m++] = '\r'; break;
-                        case '\\': o[m++] = '\\'; break;
-                        case '\'': o[m++] = '\''; break;
-                        case '"': o[m++] = '"'; break;
-                        case '\n': line++; break;
-                        default:
-                            if (x == 'u' || x == 'x' || x == 'U' || x == 'N' || isdigit((unsigned char)x))
-                                fail_(S, TK_ERR_UNSUPPORTED,
-                                      "chat template line %d: the string escape '\\%c' is not supported by tk's "
-                                      "template subset",
-                                      line, x);
-                            o[m++] = '\\';
-                            o[m++] = x;
-                        }
-                        k++;
-                    } else {
-                        o[m++] = src[k++];
-                    }
-                }
-                if (k >= len)
-                    fail_(S, TK_ERR_INVALID, "chat template line %d: a string is never closed", sline);
-                push_tok(T, (tok){T_STR, sline, o, m, 0, 0});
-                p = k + 1;
-            } else {
-                static const char *two[] = {"==", "!=", "<=", ">=", "//", "**"};
-                size_t n = 1;
-                for (size_t j = 0; j < sizeof two / sizeof two[0]; j++)
-                    if (p + 1 < len && src[p] == two[j][0] && src[p + 1] == two[j][1])
-                        n = 2;
-                if (n == 1 && !strchr("()[]{}.,:|+-*/%~=<>", c))
-                    fail_(S, TK_ERR_INVALID, "chat template line %d: unexpected character '%c'", line,
-                          isprint((unsigned char)c) ? c : '?');
-                if (c == '(' || c == '[' || c == '{')
-                    depth++;
-                if ((c == ')' || c == ']' || c == '}') && depth > 0)
-                    depth--;
-                push_tok(T, (tok){T_OP, line, src + p, n, 0, 0});
-                p += n;
-            }
+        if (is_ws(c)) {
+            L->p++;
+            continue;
         }
-        if (!closed)
-            fail_(S, TK_ERR_INVALID, "chat template line %d: a '%s' tag is never closed", line,
-                  kind == '{' ? "{{" : "{%");
+        char e2 = kind == '{' ? '}' : '%';
+        int minus = c == '-' && p + 2 < len && src[p + 1] == e2 && src[p + 2] == '}';
+        int plus = c == '+' && kind == '%' && p + 2 < len && src[p + 1] == '%' && src[p + 2] == '}';
+        if (depth == 0 && (minus || plus || (c == e2 && p + 1 < len && src[p + 1] == '}'))) {
+            push_tok(L->T, (tok){kind == '{' ? T_VEND : T_BEND, L->line, NULL, 0, 0, 0});
+            L->p += minus || plus ? 3 : 2;
+            L->strip_next = minus;
+            L->trim_nl = kind == '%' && !minus && !plus;
+            return;
+        }
+        if (isalpha((unsigned char)c) || c == '_')
+            lex_name(L);
+        else if (isdigit((unsigned char)c))
+            lex_number(L);
+        else if (c == '\'' || c == '"')
+            lex_string(L, c);
+        else
+            lex_op(L, &depth);
     }
-    push_tok(T, (tok){T_EOF, line, NULL, 0, 0, 0});
+    fail_(L->S, TK_ERR_INVALID, "chat template line %d: a '%s' tag is never closed", L->line,
+          kind == '{' ? "{{" : "{%");
+}
+
+static void lex(st *S, toks *T, const char *src, size_t len)
+{
+    lexer L = {S, T, src, len, 0, 1, 0, 0};
+    while (L.p < len) {
+        int kind;
+        size_t q = lex_text(&L, &kind);
+        if (q >= len)
+            break;
+        L.p = q + 2;
+        if (L.p < len && (src[L.p] == '-' || src[L.p] == '+'))
+            L.p++;
+        if (kind == '#')
+            lex_comment(&L);
+        else
+            lex_tag(&L, kind);
+    }
+    push_tok(T, (tok){T_EOF, L.line, NULL, 0, 0, 0});
 }
 
 /* ---------------------------------------------------------------------------------------------- */
@@ -815,6 +881,108 @@ static void end_tag(ps *P)
     P->p++;
 }
 
+/* {% if c %} ... {% elif c %} ... {% else %} ... {% endif %}; P after 'if'. */
+static void p_if(ps *P, stmt *s)
+{
+    static const char *const ends[] = {"elif", "else", "endif", NULL};
+    expr *conds[256];
+    body bodies[257];
+    size_t n = 0;
+    conds[n] = p_expr(P);
+    end_tag(P);
+    for (;;) {
+        bodies[n++] = p_body(P, ends);
+        if (is_name(P, "elif")) {
+            if (n == 256)
+                fail_(P->S, TK_ERR_UNSUPPORTED, "chat template line %d: more than 256 elif branches", cur(P)->line);
+            P->p++;
+            conds[n] = p_expr(P);
+            end_tag(P);
+            continue;
+        }
+        if (is_name(P, "else")) {
+            P->p++;
+            end_tag(P);
+            static const char *const e2[] = {"endif", NULL};
+            bodies[n] = p_body(P, e2);
+            s->has_else = 1;
+        }
+        break;
+    }
+    P->p++; /* endif */
+    end_tag(P);
+    s->t = S_IF;
+    s->ncond = n;
+    s->conds = amem(P->S, n * sizeof *s->conds);
+    memcpy(s->conds, conds, n * sizeof *conds);
+    s->bodies = amem(P->S, (n + 1) * sizeof *s->bodies);
+    memcpy(s->bodies, bodies, (n + s->has_else) * sizeof *bodies);
+}
+
+/* {% for x[, y] in e [if c] %} ... {% else %} ... {% endfor %}; P after 'for'. */
+static void p_for(ps *P, stmt *s)
+{
+    int line = s->line;
+    s->t = S_FOR;
+    s->names[0] = take_name(P);
+    s->nnames = 1;
+    if (is_op(P, ",")) {
+        P->p++;
+        s->names[1] = take_name(P);
+        s->nnames = 2;
+        if (is_op(P, ","))
+            fail_(P->S, TK_ERR_UNSUPPORTED,
+                  "chat template line %d: a for loop unpacks at most two names in tk's template subset", line);
+    }
+    if (!is_name(P, "in"))
+        fail_(P->S, TK_ERR_INVALID, "chat template line %d: expected 'in' in the for loop", line);
+    P->p++;
+    s->e = p_or(P);
+    if (is_name(P, "if")) {
+        P->p++;
+        s->filter = p_or(P);
+    }
+    if (is_name(P, "recursive"))
+        fail_(P->S, TK_ERR_UNSUPPORTED, "chat template line %d: recursive for loops are not supported by tk's "
+              "template subset", line);
+    end_tag(P);
+    static const char *const ends[] = {"else", "endfor", NULL};
+    s->bodies = amem(P->S, 2 * sizeof *s->bodies);
+    s->bodies[0] = p_body(P, ends);
+    if (is_name(P, "else")) {
+        P->p++;
+        end_tag(P);
+        static const char *const e2[] = {"endfor", NULL};
+        s->bodies[1] = p_body(P, e2);
+        s->has_else = 1;
+    }
+    P->p++;
+    end_tag(P);
+}
+
+/* {% set name = e %} or {% set ns.attr = e %}; P after 'set'. */
+static void p_set(ps *P, stmt *s)
+{
+    int line = s->line;
+    s->t = S_SET;
+    s->names[0] = take_name(P);
+    s->nnames = 1;
+    if (is_op(P, ".")) {
+        P->p++;
+        s->names[1] = take_name(P);
+        s->nnames = 2;
+    }
+    if (is_op(P, ","))
+        fail_(P->S, TK_ERR_UNSUPPORTED, "chat template line %d: 'set' with several targets is not supported by "
+              "tk's template subset", line);
+    if (cur(P)->t == T_BEND || is_op(P, "|"))
+        fail_(P->S, TK_ERR_UNSUPPORTED, "chat template line %d: block 'set' ... 'endset' is not supported by "
+              "tk's template subset", line);
+    expect_op(P, "=");
+    s->e = p_expr(P);
+    end_tag(P);
+}
+
 static stmt *p_stmt_block(ps *P)
 {
     /* P at the tag name after '{%' */
@@ -824,99 +992,17 @@ static stmt *p_stmt_block(ps *P)
     s->line = line;
     if (is_name(P, "if")) {
         P->p++;
-        static const char *const ends[] = {"elif", "else", "endif", NULL};
-        expr *conds[256];
-        body bodies[257];
-        size_t n = 0;
-        conds[n] = p_expr(P);
-        end_tag(P);
-        for (;;) {
-            bodies[n++] = p_body(P, ends);
-            if (is_name(P, "elif")) {
-                if (n == 256)
-                    fail_(P->S, TK_ERR_UNSUPPORTED, "chat template line %d: more than 256 elif branches", cur(P)->line);
-                P->p++;
-                conds[n] = p_expr(P);
-                end_tag(P);
-                continue;
-            }
-            if (is_name(P, "else")) {
-                P->p++;
-                end_tag(P);
-                static const char *const e2[] = {"endif", NULL};
-                bodies[n] = p_body(P, e2);
-                s->has_else = 1;
-            }
-            break;
-        }
-        P->p++; /* endif */
-        end_tag(P);
-        s->t = S_IF;
-        s->ncond = n;
-        s->conds = amem(P->S, n * sizeof *s->conds);
-        memcpy(s->conds, conds, n * sizeof *conds);
-        s->bodies = amem(P->S, (n + 1) * sizeof *s->bodies);
-        memcpy(s->bodies, bodies, (n + s->has_else) * sizeof *bodies);
+        p_if(P, s);
         return s;
     }
     if (is_name(P, "for")) {
         P->p++;
-        s->t = S_FOR;
-        s->names[0] = take_name(P);
-        s->nnames = 1;
-        if (is_op(P, ",")) {
-            P->p++;
-            s->names[1] = take_name(P);
-            s->nnames = 2;
-            if (is_op(P, ","))
-                fail_(P->S, TK_ERR_UNSUPPORTED,
-                      "chat template line %d: a for loop unpacks at most two names in tk's template subset", line);
-        }
-        if (!is_name(P, "in"))
-            fail_(P->S, TK_ERR_INVALID, "chat template line %d: expected 'in' in the for loop", line);
-        P->p++;
-        s->e = p_or(P);
-        if (is_name(P, "if")) {
-            P->p++;
-            s->filter = p_or(P);
-        }
-        if (is_name(P, "recursive"))
-            fail_(P->S, TK_ERR_UNSUPPORTED, "chat template line %d: recursive for loops are not supported by tk's "
-                  "template subset", line);
-        end_tag(P);
-        static const char *const ends[] = {"else", "endfor", NULL};
-        s->bodies = amem(P->S, 2 * sizeof *s->bodies);
-        s->bodies[0] = p_body(P, ends);
-        if (is_name(P, "else")) {
-            P->p++;
-            end_tag(P);
-            static const char *const e2[] = {"endfor", NULL};
-            s->bodies[1] = p_body(P, e2);
-            s->has_else = 1;
-        }
-        P->p++;
-        end_tag(P);
+        p_for(P, s);
         return s;
     }
     if (is_name(P, "set")) {
         P->p++;
-        s->t = S_SET;
-        s->names[0] = take_name(P);
-        s->nnames = 1;
-        if (is_op(P, ".")) {
-            P->p++;
-            s->names[1] = take_name(P);
-            s->nnames = 2;
-        }
-        if (is_op(P, ","))
-            fail_(P->S, TK_ERR_UNSUPPORTED, "chat template line %d: 'set' with several targets is not supported by "
-                  "tk's template subset", line);
-        if (cur(P)->t == T_BEND || is_op(P, "|"))
-            fail_(P->S, TK_ERR_UNSUPPORTED, "chat template line %d: block 'set' ... 'endset' is not supported by "
-                  "tk's template subset", line);
-        expect_op(P, "=");
-        s->e = p_expr(P);
-        end_tag(P);
+        p_set(P, s);
         return s;
     }
     if (is_name(P, "break") || is_name(P, "continue")) {

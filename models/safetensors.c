@@ -89,15 +89,9 @@ static void shape_str(char *out, size_t cap, int ndim, const int64_t *shape)
 
 #define HINT_FILE "\nHINT: the file is damaged or not a safetensors file; download it again"
 
-int tk_models__st_parse(tk_st_tensor **out, size_t *n, const uint8_t *buf, size_t len, const char *what)
+/* The 8-byte little-endian header length, checked against the cap and the file, and the header's '{'. */
+static int header_len(uint64_t *out, const uint8_t *buf, size_t len, const char *what)
 {
-    *out = NULL;
-    *n = 0;
-    int rc = TK_OK;
-    json_t *root = NULL;
-    tk_st_tensor *ts = NULL;
-    const tk_st_tensor **order = NULL;
-    size_t nt = 0;
     if (len < 8)
         return tk__err(TK_ERR_CORRUPT, "safetensors '%s': %zu bytes, too short for the 8-byte header length" HINT_FILE,
                        what, len);
@@ -113,6 +107,137 @@ int tk_models__st_parse(tk_st_tensor **out, size_t *n, const uint8_t *buf, size_
                        what, (unsigned long long)hlen, len);
     if (hlen < 2 || buf[8] != '{')
         return tk__err(TK_ERR_CORRUPT, "safetensors '%s': the header is not a JSON object" HINT_FILE, what);
+    *out = hlen;
+    return TK_OK;
+}
+
+/* '__metadata__' must be an object of strings; tk reads nothing from it. */
+static int check_metadata(json_t *v, const char *what)
+{
+    const char *mk;
+    json_t *mv;
+    if (!json_is_object(v))
+        return tk__err(TK_ERR_CORRUPT, "safetensors '%s': '__metadata__' is not an object of strings" HINT_FILE, what);
+    json_object_foreach(v, mk, mv) {
+        if (!json_is_string(mv))
+            return tk__err(TK_ERR_CORRUPT, "safetensors '%s': '__metadata__' entry '%s' is not a string" HINT_FILE,
+                           what, mk);
+    }
+    return TK_OK;
+}
+
+/* t->shape from the JSON shape, and *bytes = numel * the dtype's size, with *overflow set when that passes
+ * 2^64 (checked at every step). */
+static int parse_shape(tk_st_tensor *t, uint64_t *bytes, int *overflow, const json_t *js, const char *key,
+                       const char *what)
+{
+    *bytes = tk_models__st_dtype_size(t->dtype);
+    *overflow = 0;
+    for (int d = 0; d < t->ndim; d++) {
+        uint64_t s;
+        if (json_u64(&s, json_array_get(js, (size_t)d)))
+            return tk__err(TK_ERR_CORRUPT, "safetensors '%s': tensor '%s' has a shape entry that is not an integer >= 0" HINT_FILE,
+                           what, key);
+        t->shape[d] = (int64_t)s;
+        if (s && *bytes > UINT64_MAX / s)
+            *overflow = 1;
+        else
+            *bytes *= s;
+    }
+    return TK_OK;
+}
+
+/* One header entry into *t: its dtype, shape and offsets checked against each other and against the dlen
+ * bytes of data; t->name is set last, so a failed entry owns nothing. */
+static int parse_tensor(tk_st_tensor *t, const char *key, const json_t *v, const uint8_t *data, uint64_t dlen,
+                        const char *what)
+{
+    json_t *jd = json_object_get(v, "dtype"), *js = json_object_get(v, "shape"),
+           *jo = json_object_get(v, "data_offsets");
+    if (!json_is_object(v) || !json_is_string(jd) || !json_is_array(js) || !json_is_array(jo) ||
+        json_array_size(jo) != 2)
+        return tk__err(TK_ERR_CORRUPT,
+                       "safetensors '%s': tensor '%s' lacks dtype, shape or data_offsets [begin, end]" HINT_FILE, what,
+                       key);
+    if (parse_dtype(&t->dtype, json_string_value(jd)))
+        return tk__err(TK_ERR_UNSUPPORTED,
+                       "safetensors '%s': tensor '%s' has dtype '%s', not one of BOOL, U8, I8, I16, U16, F16, BF16, "
+                       "I32, U32, F32, F64, I64, U64, F8_E4M3, F8_E5M2",
+                       what, key, json_string_value(jd));
+    if (json_array_size(js) > TK_ST_MAX_RANK)
+        return tk__err(TK_ERR_UNSUPPORTED, "safetensors '%s': tensor '%s' has %zu dimensions, at most %d are supported",
+                       what, key, json_array_size(js), TK_ST_MAX_RANK);
+    t->ndim = (int)json_array_size(js);
+    uint64_t bytes;
+    int overflow;
+    int rc = parse_shape(t, &bytes, &overflow, js, key, what);
+    if (rc != TK_OK)
+        return rc;
+    if (json_u64(&t->begin, json_array_get(jo, 0)) || json_u64(&t->end, json_array_get(jo, 1)) ||
+        t->end < t->begin)
+        return tk__err(TK_ERR_CORRUPT, "safetensors '%s': tensor '%s' has data_offsets that are not [begin, end] "
+                                       "with 0 <= begin <= end" HINT_FILE,
+                       what, key);
+    if (t->end > dlen)
+        return tk__err(TK_ERR_CORRUPT,
+                       "safetensors '%s': tensor '%s' has data_offsets [%llu, %llu] past the end of the data (%llu "
+                       "bytes): truncated?" HINT_FILE,
+                       what, key, (unsigned long long)t->begin, (unsigned long long)t->end,
+                       (unsigned long long)dlen);
+    if (overflow || bytes != t->end - t->begin) {
+        char shp[160], nb[32];
+        shape_str(shp, sizeof shp, t->ndim, t->shape);
+        snprintf(nb, sizeof nb, "%llu", (unsigned long long)bytes);
+        return tk__err(TK_ERR_CORRUPT,
+                       "safetensors '%s': tensor '%s' is %s %s, which is %s bytes, but its data_offsets span %llu" HINT_FILE,
+                       what, key, tk_models__st_dtype_name(t->dtype), shp, overflow ? "more than 2^64" : nb,
+                       (unsigned long long)(t->end - t->begin));
+    }
+    t->data = data + t->begin;
+    if (!(t->name = tk__strdup(key)))
+        return tk__err(TK_ERR_NOMEM, "out of memory");
+    return TK_OK;
+}
+
+/* No two tensors may share bytes (empty tensors take none). */
+static int check_overlap(const tk_st_tensor *ts, size_t nt, const char *what)
+{
+    const tk_st_tensor **order = malloc((nt ? nt : 1) * sizeof *order);
+    if (!order)
+        return tk__err(TK_ERR_NOMEM, "out of memory");
+    for (size_t i = 0; i < nt; i++)
+        order[i] = &ts[i];
+    qsort(order, nt, sizeof *order, cmp_begin);
+    int rc = TK_OK;
+    const tk_st_tensor *prev = NULL;
+    for (size_t i = 0; i < nt; i++) {
+        const tk_st_tensor *t = order[i];
+        if (t->begin == t->end)
+            continue;
+        if (prev && t->begin < prev->end) {
+            rc = tk__err(TK_ERR_CORRUPT,
+                         "safetensors '%s': tensors '%s' [%llu, %llu) and '%s' [%llu, %llu) overlap" HINT_FILE, what,
+                         prev->name, (unsigned long long)prev->begin, (unsigned long long)prev->end, t->name,
+                         (unsigned long long)t->begin, (unsigned long long)t->end);
+            break;
+        }
+        prev = t;
+    }
+    free(order);
+    return rc;
+}
+
+int tk_models__st_parse(tk_st_tensor **out, size_t *n, const uint8_t *buf, size_t len, const char *what)
+{
+    *out = NULL;
+    *n = 0;
+    json_t *root = NULL;
+    tk_st_tensor *ts = NULL;
+    size_t nt = 0;
+    uint64_t hlen = 0;
+    int rc = header_len(&hlen, buf, len, what);
+    if (rc != TK_OK)
+        return rc;
     const uint8_t *data = buf + 8 + hlen;
     uint64_t dlen = len - 8 - hlen;
     json_error_t jerr;
@@ -132,122 +257,21 @@ int tk_models__st_parse(tk_st_tensor **out, size_t *n, const uint8_t *buf, size_
     json_t *v;
     json_object_foreach(root, key, v) {
         if (!strcmp(key, "__metadata__")) {
-            const char *mk;
-            json_t *mv;
-            if (!json_is_object(v)) {
-                rc = tk__err(TK_ERR_CORRUPT, "safetensors '%s': '__metadata__' is not an object of strings" HINT_FILE,
-                             what);
+            if ((rc = check_metadata(v, what)) != TK_OK)
                 goto fail;
-            }
-            json_object_foreach(v, mk, mv) {
-                if (!json_is_string(mv)) {
-                    rc = tk__err(TK_ERR_CORRUPT, "safetensors '%s': '__metadata__' entry '%s' is not a string" HINT_FILE,
-                                 what, mk);
-                    goto fail;
-                }
-            }
             continue;
         }
-        tk_st_tensor *t = &ts[nt];
-        json_t *jd = json_object_get(v, "dtype"), *js = json_object_get(v, "shape"),
-               *jo = json_object_get(v, "data_offsets");
-        if (!json_is_object(v) || !json_is_string(jd) || !json_is_array(js) || !json_is_array(jo) ||
-            json_array_size(jo) != 2) {
-            rc = tk__err(TK_ERR_CORRUPT,
-                         "safetensors '%s': tensor '%s' lacks dtype, shape or data_offsets [begin, end]" HINT_FILE, what,
-                         key);
+        if ((rc = parse_tensor(&ts[nt], key, v, data, dlen, what)) != TK_OK)
             goto fail;
-        }
-        if (parse_dtype(&t->dtype, json_string_value(jd))) {
-            rc = tk__err(TK_ERR_UNSUPPORTED,
-                         "safetensors '%s': tensor '%s' has dtype '%s', not one of BOOL, U8, I8, I16, U16, F16, BF16, "
-                         "I32, U32, F32, F64, I64, U64, F8_E4M3, F8_E5M2",
-                         what, key, json_string_value(jd));
-            goto fail;
-        }
-        if (json_array_size(js) > TK_ST_MAX_RANK) {
-            rc = tk__err(TK_ERR_UNSUPPORTED, "safetensors '%s': tensor '%s' has %zu dimensions, at most %d are supported",
-                         what, key, json_array_size(js), TK_ST_MAX_RANK);
-            goto fail;
-        }
-        t->ndim = (int)json_array_size(js);
-        /* numel * size, checked for overflow at every step */
-        uint64_t bytes = tk_models__st_dtype_size(t->dtype);
-        int overflow = 0;
-        for (int d = 0; d < t->ndim; d++) {
-            uint64_t s;
-            if (json_u64(&s, json_array_get(js, (size_t)d))) {
-                rc = tk__err(TK_ERR_CORRUPT, "safetensors '%s': tensor '%s' has a shape entry that is not an integer >= 0" HINT_FILE,
-                             what, key);
-                goto fail;
-            }
-            t->shape[d] = (int64_t)s;
-            if (s && bytes > UINT64_MAX / s)
-                overflow = 1;
-            else
-                bytes *= s;
-        }
-        if (json_u64(&t->begin, json_array_get(jo, 0)) || json_u64(&t->end, json_array_get(jo, 1)) ||
-            t->end < t->begin) {
-            rc = tk__err(TK_ERR_CORRUPT, "safetensors '%s': tensor '%s' has data_offsets that are not [begin, end] "
-                                         "with 0 <= begin <= end" HINT_FILE,
-                         what, key);
-            goto fail;
-        }
-        if (t->end > dlen) {
-            rc = tk__err(TK_ERR_CORRUPT,
-                         "safetensors '%s': tensor '%s' has data_offsets [%llu, %llu] past the end of the data (%llu "
-                         "bytes): truncated?" HINT_FILE,
-                         what, key, (unsigned long long)t->begin, (unsigned long long)t->end,
-                         (unsigned long long)dlen);
-            goto fail;
-        }
-        if (overflow || bytes != t->end - t->begin) {
-            char shp[160], nb[32];
-            shape_str(shp, sizeof shp, t->ndim, t->shape);
-            snprintf(nb, sizeof nb, "%llu", (unsigned long long)bytes);
-            rc = tk__err(TK_ERR_CORRUPT,
-                         "safetensors '%s': tensor '%s' is %s %s, which is %s bytes, but its data_offsets span %llu" HINT_FILE,
-                         what, key, tk_models__st_dtype_name(t->dtype), shp, overflow ? "more than 2^64" : nb,
-                         (unsigned long long)(t->end - t->begin));
-            goto fail;
-        }
-        t->data = data + t->begin;
-        if (!(t->name = tk__strdup(key))) {
-            rc = tk__err(TK_ERR_NOMEM, "out of memory");
-            goto fail;
-        }
         nt++;
     }
-    /* No two tensors may share bytes (empty tensors take none). */
-    order = malloc((nt ? nt : 1) * sizeof *order);
-    if (!order) {
-        rc = tk__err(TK_ERR_NOMEM, "out of memory");
+    if ((rc = check_overlap(ts, nt, what)) != TK_OK)
         goto fail;
-    }
-    for (size_t i = 0; i < nt; i++)
-        order[i] = &ts[i];
-    qsort(order, nt, sizeof *order, cmp_begin);
-    const tk_st_tensor *prev = NULL;
-    for (size_t i = 0; i < nt; i++) {
-        const tk_st_tensor *t = order[i];
-        if (t->begin == t->end)
-            continue;
-        if (prev && t->begin < prev->end) {
-            rc = tk__err(TK_ERR_CORRUPT,
-                         "safetensors '%s': tensors '%s' [%llu, %llu) and '%s' [%llu, %llu) overlap" HINT_FILE, what,
-                         prev->name, (unsigned long long)prev->begin, (unsigned long long)prev->end, t->name,
-                         (unsigned long long)t->begin, (unsigned long long)t->end);
-            goto fail;
-        }
-        prev = t;
-    }
     qsort(ts, nt, sizeof *ts, cmp_name);
     *out = ts;
     *n = nt;
     ts = NULL;
 fail:
-    free(order);
     tk_models__st_free(ts, nt);
     json_decref(root);
     return rc;
@@ -359,11 +383,114 @@ static int safe_shard_name(const char *s)
     return s[0] && s[0] != '.' && !strchr(s, '/') && !strchr(s, '\\') && tk__has_suffix(s, ".safetensors");
 }
 
+/* The distinct shard file names of the index's weight map, in first-seen order, borrowed from wm; each
+ * must be a plain .safetensors file name in the directory. */
+static int shard_names(const char ***out, size_t *n, json_t *wm, const char *index)
+{
+    const char **names = calloc(json_object_size(wm) + 1, sizeof *names);
+    size_t nnames = 0;
+    if (!names)
+        return tk__err(TK_ERR_NOMEM, "out of memory");
+    const char *k;
+    json_t *v;
+    json_object_foreach(wm, k, v) {
+        const char *f = json_string_value(v);
+        if (!f || !safe_shard_name(f)) {
+            free(names);
+            return tk__err(TK_ERR_CORRUPT, "'%s': tensor '%s' maps to %s%s%s, not a .safetensors file in the directory",
+                           index, k, f ? "'" : "a non-string", f ? f : "", f ? "'" : "");
+        }
+        size_t j = 0;
+        while (j < nnames && strcmp(names[j], f))
+            j++;
+        if (j == nnames)
+            names[nnames++] = f;
+    }
+    *out = names;
+    *n = nnames;
+    return TK_OK;
+}
+
+/* A sharded checkpoint: maps every shard the index names into s->files. *text and *idx, the index's text
+ * and JSON, are the caller's to free, on error too; check_index reads *idx afterwards. */
+static int open_shards(tk_st_set *s, char **text, json_t **idx, const char *dir, const char *index)
+{
+    size_t len;
+    int rc = tk__read_file(text, &len, index, 64u << 20);
+    if (rc != TK_OK)
+        return rc;
+    json_error_t jerr;
+    *idx = tk_models__json_loadb(*text, len, JSON_REJECT_DUPLICATES, &jerr);
+    json_t *wm = *idx ? json_object_get(*idx, "weight_map") : NULL;
+    if (!json_is_object(wm))
+        return tk__err(TK_ERR_CORRUPT, "'%s': %s" HINT_FILE, index, *idx ? "no \"weight_map\" object" : jerr.text);
+    const char **names = NULL;
+    size_t nnames = 0;
+    if ((rc = shard_names(&names, &nnames, wm, index)) != TK_OK)
+        return rc;
+    s->files = calloc(nnames ? nnames : 1, sizeof *s->files);
+    if (!s->files) {
+        free(names);
+        return tk__err(TK_ERR_NOMEM, "out of memory");
+    }
+    char *path = NULL;
+    for (size_t i = 0; i < nnames; i++) {
+        free(path);
+        if (!(path = tk__path_join(dir, names[i]))) {
+            rc = tk__err(TK_ERR_NOMEM, "out of memory");
+            break;
+        }
+        rc = map_file(&s->files[s->nfiles++], path);
+        if (rc != TK_OK)
+            break;
+    }
+    free(path);
+    free(names);
+    return rc;
+}
+
+/* s->all: every tensor of every file, sorted by name; a name in two files is an error. */
+static int index_tensors(tk_st_set *s)
+{
+    for (size_t i = 0; i < s->nfiles; i++) {
+        s->nall += s->files[i].n;
+        s->bytes += (int64_t)s->files[i].size;
+    }
+    s->all = malloc((s->nall ? s->nall : 1) * sizeof *s->all);
+    if (!s->all)
+        return tk__err(TK_ERR_NOMEM, "out of memory");
+    size_t k = 0;
+    for (size_t i = 0; i < s->nfiles; i++)
+        for (size_t j = 0; j < s->files[i].n; j++)
+            s->all[k++] = &s->files[i].t[j];
+    qsort(s->all, s->nall, sizeof *s->all, cmp_ptr_name);
+    for (size_t i = 1; i < s->nall; i++)
+        if (!strcmp(s->all[i]->name, s->all[i - 1]->name))
+            return tk__err(TK_ERR_CORRUPT, "tensor '%s' is in both '%s' and '%s'", s->all[i]->name,
+                           s->all[i - 1]->file, s->all[i]->file);
+    return TK_OK;
+}
+
+/* Every tensor of the index is in the shard it names. */
+static int check_index(const tk_st_set *s, json_t *idx)
+{
+    const char *name;
+    json_t *v;
+    json_object_foreach(json_object_get(idx, "weight_map"), name, v) {
+        const tk_st_tensor *t = tk_models__st_find(s, name);
+        const char *base = t ? strrchr(t->file, '/') : NULL;
+        if (!t || strcmp(base ? base + 1 : t->file, json_string_value(v)))
+            return tk__err(TK_ERR_CORRUPT, "tensor '%s': the index puts it in '%s', but %s%s" HINT_FILE, name,
+                           json_string_value(v), t ? "it is in " : "no shard has it", t ? t->file : "");
+    }
+    return TK_OK;
+}
+
 int tk_models__st_open_dir(tk_st_set **out, const char *dir)
 {
     *out = NULL;
     int rc = TK_OK;
-    char *path = NULL, *text = NULL;
+    char *text = NULL;
     json_t *idx = NULL;
     tk_st_set *s = calloc(1, sizeof *s);
     if (!s)
@@ -374,59 +501,8 @@ int tk_models__st_open_dir(tk_st_set **out, const char *dir)
         rc = tk__err(TK_ERR_NOMEM, "out of memory");
         goto fail;
     }
-    const char **names = NULL; /* shard file names, from the index */
-    size_t nnames = 0;
     if (tk__path_exists(index)) {
-        size_t len;
-        if ((rc = tk__read_file(&text, &len, index, 64u << 20)) != TK_OK)
-            goto fail;
-        json_error_t jerr;
-        idx = tk_models__json_loadb(text, len, JSON_REJECT_DUPLICATES, &jerr);
-        json_t *wm = idx ? json_object_get(idx, "weight_map") : NULL;
-        if (!json_is_object(wm)) {
-            rc = tk__err(TK_ERR_CORRUPT, "'%s': %s" HINT_FILE, index,
-                         idx ? "no \"weight_map\" object" : jerr.text);
-            goto fail;
-        }
-        names = calloc(json_object_size(wm) + 1, sizeof *names);
-        if (!names) {
-            rc = tk__err(TK_ERR_NOMEM, "out of memory");
-            goto fail;
-        }
-        const char *k;
-        json_t *v;
-        json_object_foreach(wm, k, v) {
-            const char *f = json_string_value(v);
-            if (!f || !safe_shard_name(f)) {
-                free(names);
-                rc = tk__err(TK_ERR_CORRUPT, "'%s': tensor '%s' maps to %s%s%s, not a .safetensors file in the directory",
-                             index, k, f ? "'" : "a non-string", f ? f : "", f ? "'" : "");
-                goto fail;
-            }
-            size_t j = 0;
-            while (j < nnames && strcmp(names[j], f))
-                j++;
-            if (j == nnames)
-                names[nnames++] = f;
-        }
-        s->files = calloc(nnames ? nnames : 1, sizeof *s->files);
-        if (!s->files) {
-            free(names);
-            rc = tk__err(TK_ERR_NOMEM, "out of memory");
-            goto fail;
-        }
-        for (size_t i = 0; i < nnames; i++) {
-            free(path);
-            if (!(path = tk__path_join(dir, names[i]))) {
-                rc = tk__err(TK_ERR_NOMEM, "out of memory");
-                break;
-            }
-            rc = map_file(&s->files[s->nfiles++], path);
-            if (rc != TK_OK)
-                break;
-        }
-        free(names);
-        if (rc != TK_OK)
+        if ((rc = open_shards(s, &text, &idx, dir, index)) != TK_OK)
             goto fail;
     } else if (tk__path_exists(single)) {
         if (!(s->files = calloc(1, sizeof *s->files))) {
@@ -444,46 +520,16 @@ int tk_models__st_open_dir(tk_st_set **out, const char *dir)
                      dir);
         goto fail;
     }
-    for (size_t i = 0; i < s->nfiles; i++) {
-        s->nall += s->files[i].n;
-        s->bytes += (int64_t)s->files[i].size;
-    }
-    s->all = malloc((s->nall ? s->nall : 1) * sizeof *s->all);
-    if (!s->all) {
-        rc = tk__err(TK_ERR_NOMEM, "out of memory");
+    if ((rc = index_tensors(s)) != TK_OK)
         goto fail;
-    }
-    size_t k = 0;
-    for (size_t i = 0; i < s->nfiles; i++)
-        for (size_t j = 0; j < s->files[i].n; j++)
-            s->all[k++] = &s->files[i].t[j];
-    qsort(s->all, s->nall, sizeof *s->all, cmp_ptr_name);
-    for (size_t i = 1; i < s->nall; i++)
-        if (!strcmp(s->all[i]->name, s->all[i - 1]->name)) {
-            rc = tk__err(TK_ERR_CORRUPT, "tensor '%s' is in both '%s' and '%s'", s->all[i]->name, s->all[i - 1]->file,
-                         s->all[i]->file);
-            goto fail;
-        }
-    if (idx) { /* every tensor of the index is where it says */
-        const char *name;
-        json_t *v;
-        json_object_foreach(json_object_get(idx, "weight_map"), name, v) {
-            const tk_st_tensor *t = tk_models__st_find(s, name);
-            const char *base = t ? strrchr(t->file, '/') : NULL;
-            if (!t || strcmp(base ? base + 1 : t->file, json_string_value(v))) {
-                rc = tk__err(TK_ERR_CORRUPT, "tensor '%s': the index puts it in '%s', but %s%s" HINT_FILE, name,
-                             json_string_value(v), t ? "it is in " : "no shard has it", t ? t->file : "");
-                goto fail;
-            }
-        }
-    }
+    if (idx && (rc = check_index(s, idx)) != TK_OK)
+        goto fail;
     *out = s;
     s = NULL;
 fail:
     tk_models__st_close(s);
     json_decref(idx);
     free(text);
-    free(path);
     free(single);
     free(index);
     return rc;

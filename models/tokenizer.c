@@ -1475,160 +1475,206 @@ static int wp_cleanup(tk_buf *b)
     return TK_OK;
 }
 
-static int dec_apply(const tk_tokenizer *t, const dec_step *st, bufv *in, bufv *out)
+/* Each decoder step below maps the token strings in `in` to the strings it appends to `out`, as
+ * tokenizers' decoder of the same name does. */
+
+/* ByteLevel: the byte alphabet back to bytes, joined into one string, invalid UTF-8 replaced. */
+static int dec_bytelevel(const tk_tokenizer *t, const bufv *in, bufv *out)
+{
+    int rc = TK_OK;
+    tk_buf bytes = TK_BUF_INIT, o = TK_BUF_INIT;
+    for (size_t i = 0; i < in->n && rc == TK_OK; i++) {
+        const tk_buf *b = &in->v[i];
+        size_t mark = bytes.len;
+        int all = 1;
+        for (size_t j = 0; j < b->len && rc == TK_OK && all;) {
+            int32_t c;
+            j += u8_next(b->data, b->len, j, &c);
+            if (c < 0 || c >= 512 || t->bl_byte[c] < 0) {
+                all = 0;
+                break;
+            }
+            uint8_t y = (uint8_t)t->bl_byte[c];
+            rc = tk__buf_append(&bytes, &y, 1);
+        }
+        if (!all) { /* a token outside the byte alphabet (an added token) stays as it is */
+            bytes.len = mark;
+            rc = tk__buf_append(&bytes, b->data, b->len);
+        }
+    }
+    if (!rc)
+        rc = utf8_lossy(&o, (const uint8_t *)(bytes.data ? bytes.data : ""), bytes.len);
+    if (!rc)
+        rc = bufv_push(out, o.data ? o.data : "", o.len);
+    tk__buf_free(&bytes);
+    tk__buf_free(&o);
+    return rc;
+}
+
+/* Metaspace: the replacement character back to a space, except the first token's prepended one. */
+static int dec_metaspace(const dec_step *st, const bufv *in, bufv *out)
 {
     int rc = TK_OK;
     uint8_t r[4];
-    switch (st->type) {
-    case D_BYTELEVEL: {
-        tk_buf bytes = TK_BUF_INIT, o = TK_BUF_INIT;
-        for (size_t i = 0; i < in->n && rc == TK_OK; i++) {
-            const tk_buf *b = &in->v[i];
-            size_t mark = bytes.len;
-            int all = 1;
-            for (size_t j = 0; j < b->len && rc == TK_OK && all;) {
-                int32_t c;
-                j += u8_next(b->data, b->len, j, &c);
-                if (c < 0 || c >= 512 || t->bl_byte[c] < 0) {
-                    all = 0;
-                    break;
-                }
-                uint8_t y = (uint8_t)t->bl_byte[c];
-                rc = tk__buf_append(&bytes, &y, 1);
-            }
-            if (!all) { /* a token outside the byte alphabet (an added token) stays as it is */
-                bytes.len = mark;
-                rc = tk__buf_append(&bytes, b->data, b->len);
-            }
-        }
-        if (!rc)
-            rc = utf8_lossy(&o, (const uint8_t *)(bytes.data ? bytes.data : ""), bytes.len);
-        if (!rc)
-            rc = bufv_push(out, o.data ? o.data : "", o.len);
-        tk__buf_free(&bytes);
-        tk__buf_free(&o);
-        return rc;
-    }
-    case D_METASPACE: {
-        size_t rn = (size_t)utf8proc_encode_char(st->ch, r);
-        for (size_t i = 0; i < in->n && rc == TK_OK; i++) {
-            tk_buf o = TK_BUF_INIT;
-            const tk_buf *b = &in->v[i];
-            for (size_t j = 0; j < b->len && rc == TK_OK;) {
-                if (j + rn <= b->len && memcmp(b->data + j, r, rn) == 0) {
-                    if (!(i == 0 && st->prepend_scheme != PS_NEVER))
-                        rc = tk__buf_puts(&o, " ");
-                    j += rn;
-                } else {
-                    rc = tk__buf_append(&o, b->data + j, 1);
-                    j++;
-                }
-            }
-            if (!rc)
-                rc = bufv_push(out, o.data ? o.data : "", o.len);
-            tk__buf_free(&o);
-        }
-        return rc;
-    }
-    case D_WORDPIECE:
-        for (size_t i = 0; i < in->n && rc == TK_OK; i++) {
-            tk_buf o = TK_BUF_INIT;
-            const tk_buf *b = &in->v[i];
-            if (i != 0 && b->len >= st->a.n && memcmp(b->data, st->a.s, st->a.n) == 0) {
-                rc = tk__buf_append(&o, b->data + st->a.n, b->len - st->a.n);
-            } else {
-                if (i != 0)
-                    rc = tk__buf_puts(&o, " ");
-                if (!rc)
-                    rc = tk__buf_append(&o, b->data, b->len);
-            }
-            if (!rc && st->cleanup)
-                rc = wp_cleanup(&o);
-            if (!rc)
-                rc = bufv_push(out, o.data ? o.data : "", o.len);
-            tk__buf_free(&o);
-        }
-        return rc;
-    case D_BYTEFALLBACK: {
-        tk_buf pend = TK_BUF_INIT;
-        for (size_t i = 0; i <= in->n && rc == TK_OK; i++) {
-            const tk_buf *b = i < in->n ? &in->v[i] : NULL;
-            unsigned v;
-            char hx[3] = {0};
-            int isbyte = 0;
-            if (b && b->len == 6 && !memcmp(b->data, "<0x", 3) && b->data[5] == '>') {
-                hx[0] = b->data[3];
-                hx[1] = b->data[4];
-                char *end;
-                v = (unsigned)strtoul(hx, &end, 16);
-                isbyte = end == hx + 2 && isxdigit((unsigned char)hx[0]);
-                if (isbyte) {
-                    uint8_t y = (uint8_t)v;
-                    rc = tk__buf_append(&pend, &y, 1);
-                    continue;
-                }
-            }
-            if (pend.len) {
-                if (u8_valid(pend.data, pend.len)) {
-                    rc = bufv_push(out, pend.data, pend.len);
-                } else {
-                    for (size_t j = 0; j < pend.len && rc == TK_OK; j++)
-                        rc = bufv_push(out, "\xEF\xBF\xBD", 3);
-                }
-                pend.len = 0;
-            }
-            if (b && !rc)
-                rc = bufv_push(out, b->data, b->len);
-        }
-        tk__buf_free(&pend);
-        return rc;
-    }
-    case D_FUSE: {
+    size_t rn = (size_t)utf8proc_encode_char(st->ch, r);
+    for (size_t i = 0; i < in->n && rc == TK_OK; i++) {
         tk_buf o = TK_BUF_INIT;
-        for (size_t i = 0; i < in->n && rc == TK_OK; i++)
-            rc = tk__buf_append(&o, in->v[i].data, in->v[i].len);
+        const tk_buf *b = &in->v[i];
+        for (size_t j = 0; j < b->len && rc == TK_OK;) {
+            if (j + rn <= b->len && memcmp(b->data + j, r, rn) == 0) {
+                if (!(i == 0 && st->prepend_scheme != PS_NEVER))
+                    rc = tk__buf_puts(&o, " ");
+                j += rn;
+            } else {
+                rc = tk__buf_append(&o, b->data + j, 1);
+                j++;
+            }
+        }
         if (!rc)
             rc = bufv_push(out, o.data ? o.data : "", o.len);
         tk__buf_free(&o);
-        return rc;
     }
-    case D_STRIP: {
-        size_t rn = (size_t)utf8proc_encode_char(st->ch, r);
-        for (size_t i = 0; i < in->n && rc == TK_OK; i++) {
-            const tk_buf *b = &in->v[i];
-            size_t a = 0, e = b->len;
-            for (size_t k = 0; k < st->start && a + rn <= e && !memcmp(b->data + a, r, rn); k++)
-                a += rn;
-            for (size_t k = 0; k < st->stop && e >= a + rn && !memcmp(b->data + e - rn, r, rn); k++)
-                e -= rn;
-            rc = bufv_push(out, b->data + a, e - a);
+    return rc;
+}
+
+/* WordPiece: a continuing token loses its prefix, any other token after the first gets a space. */
+static int dec_wordpiece(const dec_step *st, const bufv *in, bufv *out)
+{
+    int rc = TK_OK;
+    for (size_t i = 0; i < in->n && rc == TK_OK; i++) {
+        tk_buf o = TK_BUF_INIT;
+        const tk_buf *b = &in->v[i];
+        if (i != 0 && b->len >= st->a.n && memcmp(b->data, st->a.s, st->a.n) == 0) {
+            rc = tk__buf_append(&o, b->data + st->a.n, b->len - st->a.n);
+        } else {
+            if (i != 0)
+                rc = tk__buf_puts(&o, " ");
+            if (!rc)
+                rc = tk__buf_append(&o, b->data, b->len);
         }
-        return rc;
+        if (!rc && st->cleanup)
+            rc = wp_cleanup(&o);
+        if (!rc)
+            rc = bufv_push(out, o.data ? o.data : "", o.len);
+        tk__buf_free(&o);
     }
-    case D_REPLACE:
-        for (size_t i = 0; i < in->n && rc == TK_OK; i++) {
-            tk_buf o = TK_BUF_INIT;
-            rc = replace_all(&o, &st->pat, &st->a, in->v[i].data, in->v[i].len);
-            if (!rc)
-                rc = bufv_push(out, o.data ? o.data : "", o.len);
-            tk__buf_free(&o);
+    return rc;
+}
+
+/* ByteFallback: runs of <0xNN> tokens become their bytes (one U+FFFD per byte when not UTF-8). */
+static int dec_bytefallback(const bufv *in, bufv *out)
+{
+    int rc = TK_OK;
+    tk_buf pend = TK_BUF_INIT;
+    for (size_t i = 0; i <= in->n && rc == TK_OK; i++) {
+        const tk_buf *b = i < in->n ? &in->v[i] : NULL;
+        unsigned v;
+        char hx[3] = {0};
+        int isbyte = 0;
+        if (b && b->len == 6 && !memcmp(b->data, "<0x", 3) && b->data[5] == '>') {
+            hx[0] = b->data[3];
+            hx[1] = b->data[4];
+            char *end;
+            v = (unsigned)strtoul(hx, &end, 16);
+            isbyte = end == hx + 2 && isxdigit((unsigned char)hx[0]);
+            if (isbyte) {
+                uint8_t y = (uint8_t)v;
+                rc = tk__buf_append(&pend, &y, 1);
+                continue;
+            }
         }
-        return rc;
-    case D_BPE:
-        for (size_t i = 0; i < in->n && rc == TK_OK; i++) {
-            tk_buf o = TK_BUF_INIT;
-            char *suf = tk__strndup(st->a.s, st->a.n);
-            if (!suf)
-                return tk__err(TK_ERR_NOMEM, "out of memory");
-            rc = st->a.n ? replace_str(&o, in->v[i].data, in->v[i].len, suf,
-                                       i + 1 == in->n ? "" : " ")
-                         : tk__buf_append(&o, in->v[i].data, in->v[i].len);
-            free(suf);
-            if (!rc)
-                rc = bufv_push(out, o.data ? o.data : "", o.len);
-            tk__buf_free(&o);
+        if (pend.len) {
+            if (u8_valid(pend.data, pend.len)) {
+                rc = bufv_push(out, pend.data, pend.len);
+            } else {
+                for (size_t j = 0; j < pend.len && rc == TK_OK; j++)
+                    rc = bufv_push(out, "\xEF\xBF\xBD", 3);
+            }
+            pend.len = 0;
         }
-        return rc;
+        if (b && !rc)
+            rc = bufv_push(out, b->data, b->len);
+    }
+    tk__buf_free(&pend);
+    return rc;
+}
+
+/* Fuse: all the tokens joined into one string. */
+static int dec_fuse(const bufv *in, bufv *out)
+{
+    int rc = TK_OK;
+    tk_buf o = TK_BUF_INIT;
+    for (size_t i = 0; i < in->n && rc == TK_OK; i++)
+        rc = tk__buf_append(&o, in->v[i].data, in->v[i].len);
+    if (!rc)
+        rc = bufv_push(out, o.data ? o.data : "", o.len);
+    tk__buf_free(&o);
+    return rc;
+}
+
+/* Strip: up to `start` leading and `stop` trailing copies of the content character removed. */
+static int dec_strip(const dec_step *st, const bufv *in, bufv *out)
+{
+    int rc = TK_OK;
+    uint8_t r[4];
+    size_t rn = (size_t)utf8proc_encode_char(st->ch, r);
+    for (size_t i = 0; i < in->n && rc == TK_OK; i++) {
+        const tk_buf *b = &in->v[i];
+        size_t a = 0, e = b->len;
+        for (size_t k = 0; k < st->start && a + rn <= e && !memcmp(b->data + a, r, rn); k++)
+            a += rn;
+        for (size_t k = 0; k < st->stop && e >= a + rn && !memcmp(b->data + e - rn, r, rn); k++)
+            e -= rn;
+        rc = bufv_push(out, b->data + a, e - a);
+    }
+    return rc;
+}
+
+/* Replace: every match of the pattern replaced with the content. */
+static int dec_replace(const dec_step *st, const bufv *in, bufv *out)
+{
+    int rc = TK_OK;
+    for (size_t i = 0; i < in->n && rc == TK_OK; i++) {
+        tk_buf o = TK_BUF_INIT;
+        rc = replace_all(&o, &st->pat, &st->a, in->v[i].data, in->v[i].len);
+        if (!rc)
+            rc = bufv_push(out, o.data ? o.data : "", o.len);
+        tk__buf_free(&o);
+    }
+    return rc;
+}
+
+/* BPEDecoder: the suffix becomes a space, or nothing in the last token. */
+static int dec_bpe(const dec_step *st, const bufv *in, bufv *out)
+{
+    int rc = TK_OK;
+    for (size_t i = 0; i < in->n && rc == TK_OK; i++) {
+        tk_buf o = TK_BUF_INIT;
+        char *suf = tk__strndup(st->a.s, st->a.n);
+        if (!suf)
+            return tk__err(TK_ERR_NOMEM, "out of memory");
+        rc = st->a.n ? replace_str(&o, in->v[i].data, in->v[i].len, suf,
+                                   i + 1 == in->n ? "" : " ")
+                     : tk__buf_append(&o, in->v[i].data, in->v[i].len);
+        free(suf);
+        if (!rc)
+            rc = bufv_push(out, o.data ? o.data : "", o.len);
+        tk__buf_free(&o);
+    }
+    return rc;
+}
+
+static int dec_apply(const tk_tokenizer *t, const dec_step *st, bufv *in, bufv *out)
+{
+    switch (st->type) {
+    case D_BYTELEVEL: return dec_bytelevel(t, in, out);
+    case D_METASPACE: return dec_metaspace(st, in, out);
+    case D_WORDPIECE: return dec_wordpiece(st, in, out);
+    case D_BYTEFALLBACK: return dec_bytefallback(in, out);
+    case D_FUSE: return dec_fuse(in, out);
+    case D_STRIP: return dec_strip(st, in, out);
+    case D_REPLACE: return dec_replace(st, in, out);
+    case D_BPE: return dec_bpe(st, in, out);
     }
     return tk__err(TK_ERR_INTERNAL, "unknown decoder step %d", st->type);
 }

@@ -335,46 +335,64 @@ static void mlp(float *y, const float *x, const float *gu, const float *down, in
     round_to(y, m * H, dt);
 }
 
-static int cpu_moe(const tk_op_call *c)
+/* cpu_moe's sizes and f32 scratch, all freed by moe_free. */
+typedef struct {
+    int64_t T, H, E, I, K, Is, Imax;
+    int act;
+    tk_dtype dt;
+    float *x, *xr, *logit, *acc, *wbuf, *dbuf, *xe, *g, *a, *y, *tw, *sc;
+    int64_t *te, *cnt, *slot_t; /* routing: expert of each (token, k) slot, tokens per expert, gathered slots */
+    elem *q;
+} moe_cpu;
+
+static int moe_alloc(moe_cpu *M, const tk_op_call *c)
 {
-    const tk_tensor *out = c->t[P_OUT], *in = c->t[P_IN], *rw = c->t[P_ROUTER], *gu = c->t[P_GU], *dn = c->t[P_DOWN];
-    const tk_tensor *rin = c->t[P_RIN] ? c->t[P_RIN] : in, *scale = c->t[P_SCALE], *sgu = c->t[P_SGU],
-                    *sdn = c->t[P_SDOWN], *sg = c->t[P_SGATE], *ids = c->t[P_IDS], *wts = c->t[P_WTS];
-    int64_t T = in->shape[0], H = in->shape[1], E = rw->shape[0], I = dn->shape[2], K = c->i[P_TOPK];
-    int64_t Is = sgu ? sgu->shape[0] / 2 : 0, Imax = I > Is ? I : Is;
-    int act = (int)c->i[P_ACT];
-    tk_dtype dt = in->dtype;
-    if (T == 0)
-        return TK_OK;
-    int rc = TK_OK;
-    float *x = NULL, *xr = NULL, *logit = NULL, *acc = NULL, *wbuf = NULL, *dbuf = NULL, *xe = NULL, *g = NULL,
-          *a = NULL, *y = NULL, *tw = NULL, *sc = NULL;
-    int64_t *te = NULL, *cnt = NULL, *slot_t = NULL;
-    elem *q = NULL;
+    int64_t T = M->T, H = M->H, E = M->E, K = M->K, Imax = M->Imax;
     size_t f = sizeof(float);
     int64_t wmax = 2 * Imax * H > E * H ? 2 * Imax * H : E * H;
-    if (!(x = malloc((size_t)(T * H) * f)) || !(logit = malloc((size_t)(T * E) * f)) ||
-        !(acc = calloc((size_t)(T * H), f)) || !(wbuf = malloc((size_t)wmax * f)) ||
-        !(dbuf = malloc((size_t)(H * Imax) * f)) || !(xe = malloc((size_t)(T * H) * f)) ||
-        !(g = malloc((size_t)(T * 2 * Imax) * f)) || !(a = malloc((size_t)(T * Imax) * f)) ||
-        !(y = malloc((size_t)(T * H) * f)) || !(tw = malloc((size_t)(T * K) * f)) ||
-        !(te = malloc((size_t)(T * K) * sizeof *te)) || !(cnt = calloc((size_t)E + 1, sizeof *cnt)) ||
-        !(slot_t = malloc((size_t)(T * K) * sizeof *slot_t)) || !(q = malloc((size_t)E * sizeof *q)) ||
-        !(sc = malloc((size_t)E * f))) {
-        rc = tk__err(TK_ERR_NOMEM, "%s: out of memory (%lld tokens, %lld experts)", c->op->name, (long long)T,
-                     (long long)E);
-        goto done;
-    }
-    tk_ops__load_f32(x, tk_ops__base(in), 0, 1, T * H, dt);
-    if (rin != in) {
-        if (!(xr = malloc((size_t)(T * H) * f))) {
-            rc = tk__err(TK_ERR_NOMEM, "%s: out of memory", c->op->name);
-            goto done;
-        }
-        tk_ops__load_f32(xr, tk_ops__base(rin), 0, 1, T * H, dt);
-    }
-    /* the router: logits rounded as its linear rounds them, softmax in f32, top-k as torch */
-    mm(logit, xr ? xr : x, as_f32(rw, 0, E * H, wbuf), T, E, H);
+    if (!(M->x = malloc((size_t)(T * H) * f)) || !(M->logit = malloc((size_t)(T * E) * f)) ||
+        !(M->acc = calloc((size_t)(T * H), f)) || !(M->wbuf = malloc((size_t)wmax * f)) ||
+        !(M->dbuf = malloc((size_t)(H * Imax) * f)) || !(M->xe = malloc((size_t)(T * H) * f)) ||
+        !(M->g = malloc((size_t)(T * 2 * Imax) * f)) || !(M->a = malloc((size_t)(T * Imax) * f)) ||
+        !(M->y = malloc((size_t)(T * H) * f)) || !(M->tw = malloc((size_t)(T * K) * f)) ||
+        !(M->te = malloc((size_t)(T * K) * sizeof *M->te)) || !(M->cnt = calloc((size_t)E + 1, sizeof *M->cnt)) ||
+        !(M->slot_t = malloc((size_t)(T * K) * sizeof *M->slot_t)) || !(M->q = malloc((size_t)E * sizeof *M->q)) ||
+        !(M->sc = malloc((size_t)E * f)))
+        return tk__err(TK_ERR_NOMEM, "%s: out of memory (%lld tokens, %lld experts)", c->op->name, (long long)T,
+                       (long long)E);
+    return TK_OK;
+}
+
+static void moe_free(moe_cpu *M)
+{
+    free(M->x);
+    free(M->xr);
+    free(M->logit);
+    free(M->acc);
+    free(M->wbuf);
+    free(M->dbuf);
+    free(M->xe);
+    free(M->g);
+    free(M->a);
+    free(M->y);
+    free(M->tw);
+    free(M->te);
+    free(M->cnt);
+    free(M->slot_t);
+    free(M->q);
+    free(M->sc);
+}
+
+/* The router: logits rounded as its linear rounds them, softmax in f32, top-k as torch; fills the
+ * weight tw and expert te of every (token, k) slot and the tokens per expert cnt. */
+static void moe_route(moe_cpu *M, const tk_op_call *c, const tk_tensor *rw, const tk_tensor *scale)
+{
+    int64_t T = M->T, H = M->H, E = M->E, K = M->K;
+    tk_dtype dt = M->dt;
+    float *logit = M->logit, *tw = M->tw, *sc = M->sc;
+    int64_t *te = M->te, *cnt = M->cnt;
+    elem *q = M->q;
+    mm(logit, M->xr ? M->xr : M->x, as_f32(rw, 0, E * H, M->wbuf), T, E, H);
     round_to(logit, T * E, dt);
     if (scale)
         tk_ops__load_f32(sc, tk_ops__base(scale), 0, 1, E, scale->dtype);
@@ -401,7 +419,15 @@ static int cpu_moe(const tk_op_call *c)
             cnt[q[j].i]++;
         }
     }
-    /* the experts, grouped: gather each expert's tokens, one GEMM pair, add in expert order */
+}
+
+/* The experts, grouped: gather each expert's tokens, one GEMM pair, add into acc in expert order. */
+static void moe_experts(moe_cpu *M, const tk_tensor *gu, const tk_tensor *dn)
+{
+    int64_t T = M->T, H = M->H, E = M->E, I = M->I, K = M->K;
+    float *x = M->x, *xe = M->xe, *y = M->y, *acc = M->acc, *tw = M->tw;
+    int64_t *te = M->te, *cnt = M->cnt, *slot_t = M->slot_t;
+    size_t f = sizeof(float);
     for (int64_t e = 0; e < E; e++) {
         if (!cnt[e])
             continue;
@@ -412,8 +438,8 @@ static int cpu_moe(const tk_op_call *c)
                     memcpy(xe + m * H, x + t * H, (size_t)H * f);
                     slot_t[m++] = t * K + j;
                 }
-        mlp(y, xe, as_f32(gu, e * 2 * I * H, 2 * I * H, wbuf), as_f32(dn, e * H * I, H * I, dbuf), m, H, I, act, dt,
-            g, a);
+        mlp(y, xe, as_f32(gu, e * 2 * I * H, 2 * I * H, M->wbuf), as_f32(dn, e * H * I, H * I, M->dbuf), m, H, I,
+            M->act, M->dt, M->g, M->a);
         for (int64_t r = 0; r < m; r++) {
             float w = tw[slot_t[r]];
             float *o = acc + (slot_t[r] / K) * H;
@@ -421,48 +447,69 @@ static int cpu_moe(const tk_op_call *c)
                 o[h] += w * y[r * H + h];
         }
     }
-    if (sgu) {
-        mlp(y, x, as_f32(sgu, 0, 2 * Is * H, wbuf), as_f32(sdn, 0, H * Is, dbuf), T, H, Is, act, dt, g, a);
+}
+
+/* The shared expert over every token, under its sigmoid gate when sg is given, rounded and added to acc. */
+static void moe_shared(moe_cpu *M, const tk_tensor *sgu, const tk_tensor *sdn, const tk_tensor *sg)
+{
+    int64_t T = M->T, H = M->H, Is = M->Is;
+    tk_dtype dt = M->dt;
+    float *x = M->x, *y = M->y, *g = M->g, *acc = M->acc;
+    mlp(y, x, as_f32(sgu, 0, 2 * Is * H, M->wbuf), as_f32(sdn, 0, H * Is, M->dbuf), T, H, Is, M->act, dt, g, M->a);
+    if (sg) {
+        mm(g, x, as_f32(sg, 0, H, M->wbuf), T, 1, H);
+        round_to(g, T, dt);
+    }
+    for (int64_t t = 0; t < T; t++) {
+        float gate = 1.0f;
         if (sg) {
-            mm(g, x, as_f32(sg, 0, H, wbuf), T, 1, H);
-            round_to(g, T, dt);
+            gate = 1.0f / (1.0f + expf(-g[t]));
+            round_to(&gate, 1, dt);
         }
-        for (int64_t t = 0; t < T; t++) {
-            float gate = 1.0f;
-            if (sg) {
-                gate = 1.0f / (1.0f + expf(-g[t]));
-                round_to(&gate, 1, dt);
-            }
-            for (int64_t h = 0; h < H; h++) {
-                float v = gate * y[t * H + h];
-                round_to(&v, 1, dt);
-                acc[t * H + h] += v;
-            }
+        for (int64_t h = 0; h < H; h++) {
+            float v = gate * y[t * H + h];
+            round_to(&v, 1, dt);
+            acc[t * H + h] += v;
         }
     }
-    tk_ops__store_f32(tk_ops__base(out), 0, 1, acc, T * H, out->dtype);
+}
+
+static int cpu_moe(const tk_op_call *c)
+{
+    const tk_tensor *out = c->t[P_OUT], *in = c->t[P_IN], *rw = c->t[P_ROUTER], *gu = c->t[P_GU], *dn = c->t[P_DOWN];
+    const tk_tensor *rin = c->t[P_RIN] ? c->t[P_RIN] : in, *scale = c->t[P_SCALE], *sgu = c->t[P_SGU],
+                    *sdn = c->t[P_SDOWN], *sg = c->t[P_SGATE], *ids = c->t[P_IDS], *wts = c->t[P_WTS];
+    moe_cpu M = {.T = in->shape[0], .H = in->shape[1], .E = rw->shape[0], .I = dn->shape[2], .K = c->i[P_TOPK]};
+    M.Is = sgu ? sgu->shape[0] / 2 : 0;
+    M.Imax = M.I > M.Is ? M.I : M.Is;
+    M.act = (int)c->i[P_ACT];
+    M.dt = in->dtype;
+    int64_t T = M.T, H = M.H, K = M.K;
+    if (T == 0)
+        return TK_OK;
+    int rc = moe_alloc(&M, c);
+    if (rc != TK_OK)
+        goto done;
+    tk_ops__load_f32(M.x, tk_ops__base(in), 0, 1, T * H, M.dt);
+    if (rin != in) {
+        if (!(M.xr = malloc((size_t)(T * H) * sizeof(float)))) {
+            rc = tk__err(TK_ERR_NOMEM, "%s: out of memory", c->op->name);
+            goto done;
+        }
+        tk_ops__load_f32(M.xr, tk_ops__base(rin), 0, 1, T * H, M.dt);
+    }
+    moe_route(&M, c, rw, scale);
+    moe_experts(&M, gu, dn);
+    if (sgu)
+        moe_shared(&M, sgu, sdn, sg);
+    tk_ops__store_f32(tk_ops__base(out), 0, 1, M.acc, T * H, out->dtype);
     if (ids)
         for (int64_t i = 0; i < T * K; i++)
-            ((int32_t *)tk_ops__base(ids))[i] = (int32_t)te[i];
+            ((int32_t *)tk_ops__base(ids))[i] = (int32_t)M.te[i];
     if (wts)
-        memcpy(tk_ops__base(wts), tw, (size_t)(T * K) * f);
+        memcpy(tk_ops__base(wts), M.tw, (size_t)(T * K) * sizeof(float));
 done:
-    free(x);
-    free(xr);
-    free(logit);
-    free(acc);
-    free(wbuf);
-    free(dbuf);
-    free(xe);
-    free(g);
-    free(a);
-    free(y);
-    free(tw);
-    free(te);
-    free(cnt);
-    free(slot_t);
-    free(q);
-    free(sc);
+    moe_free(&M);
     return rc;
 }
 
