@@ -343,6 +343,91 @@ void tk_serve__oa_req_free(tk_oa_req *r)
     memset(r, 0, sizeof *r);
 }
 
+/* "stream_options" (an object, only with "stream": true): include_usage. */
+static int parse_stream_options(tk_oa_req *r, json_t *o, tk_oa_err *e)
+{
+    json_t *v = get(o, "stream_options");
+    if (!v)
+        return 0;
+    if (!json_is_object(v))
+        return BADTYPE("stream_options", "an object"), -1;
+    if (!r->stream)
+        return BAD("stream_options", "'stream_options' is only allowed when 'stream' is true"), -1;
+    return get_bool(v, "include_usage", &r->include_usage, e);
+}
+
+/* "logprobs": a bool with "top_logprobs" (chat), an int 0..20 (completions, with their unsupported
+ * "echo", "suffix" and "best_of" other than n). */
+static int parse_logprobs(tk_oa_req *r, int kind, json_t *o, tk_oa_err *e)
+{
+    json_t *v;
+    int lp = 0;
+    if (kind == TK_OA_CHAT) {
+        int64_t tl = 0;
+        int has_tl = 0;
+        if (get_bool(o, "logprobs", &lp, e) || get_int(o, "top_logprobs", 0, 20, &has_tl, &tl, e))
+            return -1;
+        if (has_tl && !lp) {
+            BAD("top_logprobs", "'top_logprobs' needs 'logprobs': true");
+            return -1;
+        }
+        r->logprobs = lp;
+        r->top_logprobs = (int)tl;
+    } else {
+        int64_t k = 0;
+        int has = 0;
+        if ((v = get(o, "logprobs")) && json_is_boolean(v)) {
+            BADTYPE("logprobs", "an integer from 0 to 20 (the alternatives to report) for completions");
+            return -1;
+        }
+        if (get_int(o, "logprobs", 0, 20, &has, &k, e))
+            return -1;
+        r->logprobs = has;
+        r->top_logprobs = (int)k;
+        if ((v = get(o, "echo")) && (!json_is_boolean(v) || json_is_true(v))) {
+            UNSUPPORTED("echo", "'echo' is not supported by this model server");
+            return -1;
+        }
+        if ((v = get(o, "suffix"))) {
+            UNSUPPORTED("suffix", "'suffix' (insertion) is not supported by this model server");
+            return -1;
+        }
+        int64_t bo = 0;
+        int has_bo = 0;
+        if (get_int(o, "best_of", 1, TK_OA_MAX_N, &has_bo, &bo, e))
+            return -1;
+        if (has_bo && bo != r->n) {
+            UNSUPPORTED("best_of", "'best_of' %lld (other than n) is not supported by this model server", (long long)bo);
+            return -1;
+        }
+    }
+    return 0;
+}
+
+/* The parameters this server refuses unless they are empty or the default: logit_bias, tools,
+ * response_format other than text. */
+static int refuse_unsupported(json_t *o, tk_oa_err *e)
+{
+    json_t *v;
+    if ((v = get(o, "logit_bias")) && (!json_is_object(v) || json_object_size(v) > 0)) {
+        UNSUPPORTED("logit_bias", "'logit_bias' is not supported by this model server");
+        return -1;
+    }
+    if ((v = get(o, "tools")) && (!json_is_array(v) || json_array_size(v) > 0)) {
+        UNSUPPORTED("tools", "'tools' (function calling) is not supported by this model server");
+        return -1;
+    }
+    if ((v = get(o, "response_format"))) {
+        json_t *t = json_object_get(v, "type");
+        if (!json_is_object(v) || !json_is_string(t) || strcmp(json_string_value(t), "text") != 0) {
+            UNSUPPORTED("response_format", "'response_format' other than {\"type\": \"text\"} is not supported by "
+                        "this model server");
+            return -1;
+        }
+    }
+    return 0;
+}
+
 int tk_serve__oa_parse(tk_oa_req *r, int kind, const char *body, size_t len, tk_oa_err *e)
 {
     memset(r, 0, sizeof *r);
@@ -372,8 +457,7 @@ int tk_serve__oa_parse(tk_oa_req *r, int kind, const char *body, size_t len, tk_
     if ((kind == TK_OA_CHAT ? parse_messages(r, o, e) : parse_prompt(r, o, e)) != 0)
         goto done;
     int64_t mt = 0, mct = 0;
-    int has_mt = 0, has_mct = 0, lp = 0;
-    double d;
+    int has_mt = 0, has_mct = 0;
     if (get_int(o, "max_tokens", 1, INT32_MAX, &has_mt, &mt, e) ||
         get_int(o, "max_completion_tokens", 1, INT32_MAX, &has_mct, &mct, e) ||
         get_num(o, "temperature", 0, 2, &r->has_temperature, &r->temperature, e) ||
@@ -398,75 +482,8 @@ int tk_serve__oa_parse(tk_oa_req *r, int kind, const char *body, size_t len, tk_
         r->top_k = 0;
     r->max_tokens = has_mct ? mct : mt;
     r->has_max_tokens = has_mt || has_mct;
-    if ((v = get(o, "stream_options"))) {
-        if (!json_is_object(v)) {
-            BADTYPE("stream_options", "an object");
-            goto done;
-        }
-        if (!r->stream) {
-            BAD("stream_options", "'stream_options' is only allowed when 'stream' is true");
-            goto done;
-        }
-        if (get_bool(v, "include_usage", &r->include_usage, e))
-            goto done;
-    }
-    /* logprobs: a bool with top_logprobs (chat), an int 0..20 (completions) */
-    if (kind == TK_OA_CHAT) {
-        int64_t tl = 0;
-        int has_tl = 0;
-        if (get_bool(o, "logprobs", &lp, e) || get_int(o, "top_logprobs", 0, 20, &has_tl, &tl, e))
-            goto done;
-        if (has_tl && !lp) {
-            BAD("top_logprobs", "'top_logprobs' needs 'logprobs': true");
-            goto done;
-        }
-        r->logprobs = lp;
-        r->top_logprobs = (int)tl;
-    } else {
-        int64_t k = 0;
-        int has = 0;
-        if ((v = get(o, "logprobs")) && json_is_boolean(v)) {
-            BADTYPE("logprobs", "an integer from 0 to 20 (the alternatives to report) for completions");
-            goto done;
-        }
-        if (get_int(o, "logprobs", 0, 20, &has, &k, e))
-            goto done;
-        r->logprobs = has;
-        r->top_logprobs = (int)k;
-        if ((v = get(o, "echo")) && (!json_is_boolean(v) || json_is_true(v))) {
-            UNSUPPORTED("echo", "'echo' is not supported by this model server");
-            goto done;
-        }
-        if ((v = get(o, "suffix"))) {
-            UNSUPPORTED("suffix", "'suffix' (insertion) is not supported by this model server");
-            goto done;
-        }
-        int64_t bo = 0;
-        int has_bo = 0;
-        if (get_int(o, "best_of", 1, TK_OA_MAX_N, &has_bo, &bo, e))
-            goto done;
-        if (has_bo && bo != r->n) {
-            UNSUPPORTED("best_of", "'best_of' %lld (other than n) is not supported by this model server", (long long)bo);
-            goto done;
-        }
-    }
-    if ((v = get(o, "logit_bias")) && (!json_is_object(v) || json_object_size(v) > 0)) {
-        UNSUPPORTED("logit_bias", "'logit_bias' is not supported by this model server");
+    if (parse_stream_options(r, o, e) || parse_logprobs(r, kind, o, e) || refuse_unsupported(o, e))
         goto done;
-    }
-    if ((v = get(o, "tools")) && (!json_is_array(v) || json_array_size(v) > 0)) {
-        UNSUPPORTED("tools", "'tools' (function calling) is not supported by this model server");
-        goto done;
-    }
-    if ((v = get(o, "response_format"))) {
-        json_t *t = json_object_get(v, "type");
-        if (!json_is_object(v) || !json_is_string(t) || strcmp(json_string_value(t), "text") != 0) {
-            UNSUPPORTED("response_format", "'response_format' other than {\"type\": \"text\"} is not supported by "
-                        "this model server");
-            goto done;
-        }
-    }
-    (void)d;
     rc = 0;
 done:
     json_decref(o);
