@@ -102,21 +102,14 @@ static void run_case(const char *name, const char *op, tk_arg *a, size_t n, doub
 
 static tk_arg T(const char *nm, ten *x) { return (tk_arg){TK_ARG_TENSOR, nm, &x->t, 0, 0}; }
 
-int main(int argc, char **argv)
+static const tk_dtype F32 = {TK_DL_FLOAT, 32, 1}, BF16 = {TK_DL_BFLOAT, 16, 1}, I8 = {TK_DL_INT, 8, 1};
+static const int64_t H = 576, I = 1536, V = 49152; /* SmolLM-135M's shapes */
+static const int64_t lin[][2] = {{576, 576}, {192, 576}, {3072, 576}, {576, 1536}, {49152, 576}};
+
+/* linear in f32 and bf16 at 1 and 128 rows over the model's weight shapes. */
+static void bench_linear(const char *filter)
 {
-    reps = argc > 1 ? atoi(argv[1]) : 7;
-    if (reps < 1 || reps > 64)
-        reps = 7;
-    const char *filter = argc > 2 ? argv[2] : NULL;
-    printf("threads %d, reps %d (median), cpu features:", tk_ops__threads(), reps);
-    for (unsigned b = 1; b; b <<= 1)
-        if ((tk_ops__cpu_features() & b) && tk_ops__cpu_feature_str(b))
-            printf(" %s", tk_ops__cpu_feature_str(b));
-    printf("\n");
-    const tk_dtype F32 = {TK_DL_FLOAT, 32, 1}, BF16 = {TK_DL_BFLOAT, 16, 1}, I8 = {TK_DL_INT, 8, 1};
     const tk_dtype dts[2] = {F32, BF16};
-    const int64_t H = 576, I = 1536, V = 49152;
-    const int64_t lin[][2] = {{576, 576}, {192, 576}, {3072, 576}, {576, 1536}, {49152, 576}};
     for (int d = 0; d < 2; d++) {
         tk_dtype dt = dts[d];
         const char *dn = d ? "bf16" : "f32";
@@ -141,7 +134,11 @@ int main(int argc, char **argv)
                 free(o.t.data);
             }
     }
-    /* casted_linear: i8 weights, f32 x */
+}
+
+/* casted_linear: i8 weights, f32 x. */
+static void bench_casted(const char *filter)
+{
     for (int64_t m = 1; m <= 128; m += 127)
         for (size_t l = 0; l < sizeof lin / sizeof lin[0]; l++) {
             int64_t N = lin[l][0], K = lin[l][1];
@@ -164,90 +161,116 @@ int main(int argc, char **argv)
             free(s.t.data);
             free(o.t.data);
         }
+}
+
+/* Prefill attention (128 tokens, causal) and decode attention (1 query, 256 cached keys). */
+static void bench_attention(tk_dtype dt, const char *dn, const char *filter)
+{
+    char name[96];
+    /* prefill attention: 128 tokens, causal */
+    snprintf(name, sizeof name, "attention %s 128 tokens causal", dn);
+    if (!filter || strstr(name, filter)) {
+        ten q, k, v, o;
+        int64_t qs[4] = {1, 128, 9, 64}, ks[4] = {1, 128, 3, 64};
+        mk(&q, dt, 4, qs, -1, 1);
+        mk(&k, dt, 4, ks, -1, 1);
+        mk(&v, dt, 4, ks, -1, 1);
+        mk(&o, dt, 4, qs, 0, 0);
+        tk_arg a[] = {T("out", &o), T("q", &q), T("k", &k), T("v", &v), {TK_ARG_I64, "causal", NULL, 1, 0}};
+        run_case(name, "attention", a, 5, 2.0 * 2 * 9 * 64 * 128 * 129 / 2, 0);
+        free(q.t.data), free(k.t.data), free(v.t.data), free(o.t.data);
+    }
+    /* decode attention: 1 query over 256 cached keys, 16-key blocks */
+    snprintf(name, sizeof name, "attention_decode %s 256 keys", dn);
+    if (!filter || strstr(name, filter)) {
+        ten q, o, kc, vc, bt, sl;
+        int64_t qs[4] = {1, 1, 9, 64}, cs[4] = {16, 16, 3, 64}, bs[2] = {1, 16}, ls[1] = {1};
+        mk(&q, dt, 4, qs, -1, 1);
+        mk(&o, dt, 4, qs, 0, 0);
+        mk(&kc, dt, 4, cs, -1, 1);
+        mk(&vc, dt, 4, cs, -1, 1);
+        tk_dtype I32 = {TK_DL_INT, 32, 1};
+        mk(&bt, I32, 2, bs, 0, 0);
+        mk(&sl, I32, 1, ls, 0, 0);
+        for (int i = 0; i < 16; i++)
+            ((int32_t *)bt.t.data)[i] = 15 - i;
+        ((int32_t *)sl.t.data)[0] = 256;
+        tk_arg a[] = {T("out", &o), T("q", &q), T("k_cache", &kc), T("v_cache", &vc), T("block_table", &bt),
+                      T("seq_lens", &sl)};
+        run_case(name, "attention_decode", a, 6, 2.0 * 2 * 9 * 64 * 256, 0);
+        free(q.t.data), free(o.t.data), free(kc.t.data), free(vc.t.data), free(bt.t.data), free(sl.t.data);
+    }
+}
+
+/* The fused and elementwise ops at 1 and 128 rows. */
+static void bench_elementwise(tk_dtype dt, const char *dn, const char *filter)
+{
+    char name[96];
+    for (int64_t m = 1; m <= 128; m += 127) {
+        snprintf(name, sizeof name, "fused_add_rms_norm %s [%lld, %lld]", dn, (long long)m, (long long)H);
+        if (!filter || strstr(name, filter)) {
+            ten x, r, w;
+            int64_t s2[2] = {m, H}, s1[1] = {H};
+            mk(&x, dt, 2, s2, -1, 1);
+            mk(&r, dt, 2, s2, -1, 1);
+            mk(&w, dt, 1, s1, 0.5, 1.5);
+            tk_arg a[] = {T("input", &x), T("residual", &r), T("weight", &w), {TK_ARG_F64, "eps", NULL, 0, 1e-5}};
+            run_case(name, "fused_add_rms_norm", a, 4, 0, 0);
+            free(x.t.data), free(r.t.data), free(w.t.data);
+        }
+        snprintf(name, sizeof name, "silu_and_mul %s [%lld, %lld]", dn, (long long)m, (long long)(2 * I));
+        if (!filter || strstr(name, filter)) {
+            ten in, o;
+            int64_t s2[2] = {m, 2 * I}, so[2] = {m, I};
+            mk(&in, dt, 2, s2, -4, 4);
+            mk(&o, dt, 2, so, 0, 0);
+            tk_arg a[] = {T("out", &o), T("input", &in)};
+            run_case(name, "silu_and_mul", a, 2, 0, 0);
+            free(in.t.data), free(o.t.data);
+        }
+        snprintf(name, sizeof name, "softcap %s [%lld, 256000] (Gemma 2's final logits)", dn, (long long)m);
+        if (m == 1 && (!filter || strstr(name, filter))) {
+            ten x;
+            int64_t s2[2] = {m, 256000};
+            mk(&x, dt, 2, s2, -60, 60);
+            tk_arg a[] = {T("out", &x), T("input", &x), {TK_ARG_F64, "cap", NULL, 0, 30.0}};
+            run_case(name, "softcap", a, 3, 0, 0);
+            free(x.t.data);
+        }
+        snprintf(name, sizeof name, "rotary_embedding %s %lld tokens", dn, (long long)m);
+        if (!filter || strstr(name, filter)) {
+            ten q, k, p, cs;
+            int64_t qs[3] = {m, 9, 64}, ks[3] = {m, 3, 64}, ps[1] = {m}, css[2] = {2048, 64};
+            mk(&q, dt, 3, qs, -1, 1);
+            mk(&k, dt, 3, ks, -1, 1);
+            tk_dtype I64 = {TK_DL_INT, 64, 1};
+            mk(&p, I64, 1, ps, 0, 0);
+            for (int64_t i = 0; i < m; i++)
+                ((int64_t *)p.t.data)[i] = i;
+            mk(&cs, F32, 2, css, -1, 1);
+            tk_arg a[] = {T("query", &q), T("key", &k), T("positions", &p), T("cos_sin_cache", &cs)};
+            run_case(name, "rotary_embedding", a, 4, 0, 0);
+            free(q.t.data), free(k.t.data), free(p.t.data), free(cs.t.data);
+        }
+    }
+}
+
+int main(int argc, char **argv)
+{
+    reps = argc > 1 ? atoi(argv[1]) : 7;
+    if (reps < 1 || reps > 64)
+        reps = 7;
+    const char *filter = argc > 2 ? argv[2] : NULL;
+    printf("threads %d, reps %d (median), cpu features:", tk_ops__threads(), reps);
+    for (unsigned b = 1; b; b <<= 1)
+        if ((tk_ops__cpu_features() & b) && tk_ops__cpu_feature_str(b))
+            printf(" %s", tk_ops__cpu_feature_str(b));
+    printf("\n");
+    bench_linear(filter);
+    bench_casted(filter);
     for (int d = 0; d < 2; d++) {
-        tk_dtype dt = dts[d];
-        const char *dn = d ? "bf16" : "f32";
-        char name[96];
-        /* prefill attention: 128 tokens, causal */
-        snprintf(name, sizeof name, "attention %s 128 tokens causal", dn);
-        if (!filter || strstr(name, filter)) {
-            ten q, k, v, o;
-            int64_t qs[4] = {1, 128, 9, 64}, ks[4] = {1, 128, 3, 64};
-            mk(&q, dt, 4, qs, -1, 1);
-            mk(&k, dt, 4, ks, -1, 1);
-            mk(&v, dt, 4, ks, -1, 1);
-            mk(&o, dt, 4, qs, 0, 0);
-            tk_arg a[] = {T("out", &o), T("q", &q), T("k", &k), T("v", &v), {TK_ARG_I64, "causal", NULL, 1, 0}};
-            run_case(name, "attention", a, 5, 2.0 * 2 * 9 * 64 * 128 * 129 / 2, 0);
-            free(q.t.data), free(k.t.data), free(v.t.data), free(o.t.data);
-        }
-        /* decode attention: 1 query over 256 cached keys, 16-key blocks */
-        snprintf(name, sizeof name, "attention_decode %s 256 keys", dn);
-        if (!filter || strstr(name, filter)) {
-            ten q, o, kc, vc, bt, sl;
-            int64_t qs[4] = {1, 1, 9, 64}, cs[4] = {16, 16, 3, 64}, bs[2] = {1, 16}, ls[1] = {1};
-            mk(&q, dt, 4, qs, -1, 1);
-            mk(&o, dt, 4, qs, 0, 0);
-            mk(&kc, dt, 4, cs, -1, 1);
-            mk(&vc, dt, 4, cs, -1, 1);
-            tk_dtype I32 = {TK_DL_INT, 32, 1};
-            mk(&bt, I32, 2, bs, 0, 0);
-            mk(&sl, I32, 1, ls, 0, 0);
-            for (int i = 0; i < 16; i++)
-                ((int32_t *)bt.t.data)[i] = 15 - i;
-            ((int32_t *)sl.t.data)[0] = 256;
-            tk_arg a[] = {T("out", &o), T("q", &q), T("k_cache", &kc), T("v_cache", &vc), T("block_table", &bt),
-                          T("seq_lens", &sl)};
-            run_case(name, "attention_decode", a, 6, 2.0 * 2 * 9 * 64 * 256, 0);
-            free(q.t.data), free(o.t.data), free(kc.t.data), free(vc.t.data), free(bt.t.data), free(sl.t.data);
-        }
-        for (int64_t m = 1; m <= 128; m += 127) {
-            snprintf(name, sizeof name, "fused_add_rms_norm %s [%lld, %lld]", dn, (long long)m, (long long)H);
-            if (!filter || strstr(name, filter)) {
-                ten x, r, w;
-                int64_t s2[2] = {m, H}, s1[1] = {H};
-                mk(&x, dt, 2, s2, -1, 1);
-                mk(&r, dt, 2, s2, -1, 1);
-                mk(&w, dt, 1, s1, 0.5, 1.5);
-                tk_arg a[] = {T("input", &x), T("residual", &r), T("weight", &w), {TK_ARG_F64, "eps", NULL, 0, 1e-5}};
-                run_case(name, "fused_add_rms_norm", a, 4, 0, 0);
-                free(x.t.data), free(r.t.data), free(w.t.data);
-            }
-            snprintf(name, sizeof name, "silu_and_mul %s [%lld, %lld]", dn, (long long)m, (long long)(2 * I));
-            if (!filter || strstr(name, filter)) {
-                ten in, o;
-                int64_t s2[2] = {m, 2 * I}, so[2] = {m, I};
-                mk(&in, dt, 2, s2, -4, 4);
-                mk(&o, dt, 2, so, 0, 0);
-                tk_arg a[] = {T("out", &o), T("input", &in)};
-                run_case(name, "silu_and_mul", a, 2, 0, 0);
-                free(in.t.data), free(o.t.data);
-            }
-            snprintf(name, sizeof name, "softcap %s [%lld, 256000] (Gemma 2's final logits)", dn, (long long)m);
-            if (m == 1 && (!filter || strstr(name, filter))) {
-                ten x;
-                int64_t s2[2] = {m, 256000};
-                mk(&x, dt, 2, s2, -60, 60);
-                tk_arg a[] = {T("out", &x), T("input", &x), {TK_ARG_F64, "cap", NULL, 0, 30.0}};
-                run_case(name, "softcap", a, 3, 0, 0);
-                free(x.t.data);
-            }
-            snprintf(name, sizeof name, "rotary_embedding %s %lld tokens", dn, (long long)m);
-            if (!filter || strstr(name, filter)) {
-                ten q, k, p, cs;
-                int64_t qs[3] = {m, 9, 64}, ks[3] = {m, 3, 64}, ps[1] = {m}, css[2] = {2048, 64};
-                mk(&q, dt, 3, qs, -1, 1);
-                mk(&k, dt, 3, ks, -1, 1);
-                tk_dtype I64 = {TK_DL_INT, 64, 1};
-                mk(&p, I64, 1, ps, 0, 0);
-                for (int64_t i = 0; i < m; i++)
-                    ((int64_t *)p.t.data)[i] = i;
-                mk(&cs, F32, 2, css, -1, 1);
-                tk_arg a[] = {T("query", &q), T("key", &k), T("positions", &p), T("cos_sin_cache", &cs)};
-                run_case(name, "rotary_embedding", a, 4, 0, 0);
-                free(q.t.data), free(k.t.data), free(p.t.data), free(cs.t.data);
-            }
-        }
+        bench_attention(d ? BF16 : F32, d ? "bf16" : "f32", filter);
+        bench_elementwise(d ? BF16 : F32, d ? "bf16" : "f32", filter);
     }
     return 0;
 }
