@@ -207,6 +207,34 @@ t_match_qwen3_moe_bf16() { match qwen3_moe_bf16; }
 t_match_qwen3_moe_fused_experts_f32() { match qwen3_moe_fused_experts_f32; }
 t_match_bert_pooler_f32() { match bert_pooler_f32; }
 t_match_minilm_embeddings() { match minilm_embeddings_vs_sentence_transformers; }
+# block diffusion: one denoising step (prompt through the encoder, a canvas through the decoder)
+t_match_diffusion_gemma_f32() { match diffusion_gemma_f32; }
+t_match_diffusion_gemma_bf16() { match diffusion_gemma_bf16; }
+t_match_diffusion_gemma_layer_scalars_f32() { match diffusion_gemma_layer_scalars_f32; }
+
+# DiffusionGemma's bad input: ids that hold no prompt before the canvas, token-by-token generation,
+# config.json values tk does not run (each refused by name, with a hint)
+t_diffusion_gemma_bad_input() {
+  tiny_ready || return
+  local d=$B/tiny-models/diffusion_gemma
+  expect_rc 2 "$TK" model logits "$d" --ids 1,2,3,4,5,6
+  expect_out "sequence 0 has 6 tokens"; expect_out "canvas_length 6"; expect_out "HINT:"
+  expect_rc 8 "$TK" generate "$d" --ids 1,2,3 --max-new-tokens 2
+  expect_out "block diffusion model"; expect_out "HINT:"
+  dg_bad 2 'c.pop("text_config")' "no 'text_config'"
+  dg_bad 8 'c["text_config"]["use_bidirectional_attention"] = "all"' "use_bidirectional_attention"
+  dg_bad 8 'c["text_config"]["per_layer_config"]["3"]["head_dim"] = 64' "per_layer_config.3 gives head_dim 64"
+  dg_bad 8 'c["text_config"]["rope_parameters"]["full_attention"]["rope_type"] = "yarn"' "'full_attention' is yarn"
+}
+# dg_bad RC EDIT TEXT: the tiny DiffusionGemma with config.json edited by the Python statement EDIT (on c)
+# is refused with exit status RC, a message holding TEXT and a hint
+dg_bad() {
+  local bad=$WORK/dg-bad
+  rm -rf "$bad"; cp -r "$B/tiny-models/diffusion_gemma" "$bad"
+  python3 -c "import json,sys; p=sys.argv[1]; c=json.load(open(p)); $2; json.dump(c, open(p, 'w'))" "$bad/config.json"
+  expect_rc "$1" "$TK" model logits "$bad" --ids 1,2,3,4,5,6,7
+  expect_out "$3"; expect_out "HINT:"
+}
 
 # ---- without the venv: a checkpoint written by tests/models/mangle.py ---------------------------
 

@@ -18,7 +18,10 @@ layer), Phi-3 with LongRoPE (short and long factors, the attention factor); and 
 expert with its gate, a dense layer from mlp_only_layers, norm_topk_prob off), Qwen3-MoE (8 experts, top 3,
 norm_topk_prob on, decoder_sparse_step 2), and Qwen3-MoE again with transformers 5's fused expert tensors
 (mlp.experts.gate_up_proj / down_proj, as the model holds them in memory) instead of the per-expert ones
-save_pretrained writes.
+save_pretrained writes; and block diffusion: DiffusionGemma (a Gemma-4-style encoder/decoder over one weight set:
+sliding layers of head_dim 16 with a window of 4, full layers of global head size 32 with one kv head whose
+value is the key, proportional RoPE, a dense MLP beside 4 experts with top 2, canvas_length 6), and again
+with layer_scalar 0.5, 0.75, 1.25, 1.5 (the scalars tk folds into the weights).
 Seeds are fixed: the same script writes the same weights.
 """
 import json
@@ -34,7 +37,8 @@ from transformers import (BertConfig, BertModel, Gemma2Config, Gemma2ForCausalLM
                           LlamaConfig, LlamaForCausalLM, MistralConfig, MistralForCausalLM, Olmo2Config,
                           Olmo2ForCausalLM, Qwen2Config, Qwen2ForCausalLM, Qwen3Config, Qwen3ForCausalLM,
                           SmolLM3Config, SmolLM3ForCausalLM, MixtralConfig, MixtralForCausalLM, Qwen2MoeConfig,
-                          Qwen2MoeForCausalLM, Qwen3MoeConfig, Qwen3MoeForCausalLM)
+                          Qwen2MoeForCausalLM, Qwen3MoeConfig, Qwen3MoeForCausalLM, DiffusionGemmaConfig,
+                          DiffusionGemmaForBlockDiffusion)
 
 OUT = sys.argv[1]
 V = 256  # vocabulary of every tiny model
@@ -59,6 +63,17 @@ def llama_cfg(**kw):
                 num_key_value_heads=2, max_position_embeddings=256, rms_norm_eps=1e-5)
     base.update(kw)
     return base
+
+
+def diffusion_gemma_cfg():
+    text = llama_cfg(num_hidden_layers=4, head_dim=16, global_head_dim=32, num_global_key_value_heads=1,
+                     rms_norm_eps=1e-6, sliding_window=4, num_experts=4, top_k_experts=2, moe_intermediate_size=32,
+                     final_logit_softcapping=5.0,
+                     layer_types=["sliding_attention", "full_attention", "sliding_attention", "full_attention"])
+    # the vision tower is part of the class (tk ignores it): a tiny one
+    vision = {"hidden_size": 16, "intermediate_size": 32, "num_hidden_layers": 1, "num_attention_heads": 2}
+    return DiffusionGemmaConfig(text_config=text, vision_config=vision, canvas_length=6, boi_token_id=250,
+                                eoi_token_id=251, image_token_id=252)
 
 
 def main():
@@ -145,6 +160,13 @@ def main():
     assert any(k.endswith("mlp.experts.gate_up_proj") for k in sd), "no fused experts in the state dict"
     save_st(sd, os.path.join(f, "model.safetensors"), metadata={"format": "pt"})
     shutil.copy(os.path.join(d, "config.json"), f)
+    for name, scalars in (("diffusion_gemma", None), ("diffusion_gemma-scalars", [0.5, 0.75, 1.25, 1.5])):
+        m = DiffusionGemmaForBlockDiffusion(diffusion_gemma_cfg())
+        if scalars:  # a buffer, not a parameter: save() leaves it at 1
+            for n, b in m.named_buffers():
+                if n.endswith("layer_scalar"):
+                    b.fill_(scalars[int(n.split(".layers.")[1].split(".")[0])])
+        save(name, m, 24)
     save("bert", BertModel(BertConfig(vocab_size=V, hidden_size=64, num_hidden_layers=2, num_attention_heads=4,
                                       intermediate_size=128, max_position_embeddings=64)), 8)
 
