@@ -210,7 +210,8 @@ static int parse(tk_models_config *c, const tk_models_reader *r)
     c->embed_scale = sqrt((double)c->hidden);
     c->embed_scale_rounded = 1;
     c->attn_scale = 1.0;
-    c->mask_id = -1; /* no masked diffusion: c->canvas > 0 says block diffusion */
+    c->mask_id = -1;
+    c->diffusion = TK_DIFF_BLOCK; /* tk generate picks block diffusion (block_diffusion.c) */
     return TK_OK;
 }
 

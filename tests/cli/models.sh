@@ -21,7 +21,7 @@ compare_once() {
     echo "no venv" >"$RESULTS"; return 1
   fi
   local tiny=$B/tiny-models stamp
-  stamp=$(sha256sum "$ROOT/tests/models/make_tiny.py" | cut -c1-16)
+  stamp=$(cat "$ROOT/tests/models/make_tiny.py" "$ROOT/tests/models/bd_oracle.py" | sha256sum | cut -c1-16)
   if [ "$(cat "$tiny/.stamp" 2>/dev/null)" != "$stamp" ]; then
     rm -rf "$tiny"
     "$PY" "$ROOT/tests/models/make_tiny.py" "$tiny" >"$WORK/make_tiny.log" 2>&1 || { cat "$WORK/make_tiny.log" >&2; return 1; }

@@ -37,8 +37,10 @@ from transformers import (BertConfig, BertModel, Gemma2Config, Gemma2ForCausalLM
                           LlamaConfig, LlamaForCausalLM, MistralConfig, MistralForCausalLM, Olmo2Config,
                           Olmo2ForCausalLM, Qwen2Config, Qwen2ForCausalLM, Qwen3Config, Qwen3ForCausalLM,
                           SmolLM3Config, SmolLM3ForCausalLM, MixtralConfig, MixtralForCausalLM, Qwen2MoeConfig,
-                          Qwen2MoeForCausalLM, Qwen3MoeConfig, Qwen3MoeForCausalLM, DiffusionGemmaConfig,
+                          Qwen2MoeForCausalLM, Qwen3MoeConfig, Qwen3MoeForCausalLM,
                           DiffusionGemmaForBlockDiffusion)
+
+from bd_oracle import diffusion_gemma_cfg  # the block diffusion test's model (tests/models/)
 
 OUT = sys.argv[1]
 V = 256  # vocabulary of every tiny model
@@ -63,17 +65,6 @@ def llama_cfg(**kw):
                 num_key_value_heads=2, max_position_embeddings=256, rms_norm_eps=1e-5)
     base.update(kw)
     return base
-
-
-def diffusion_gemma_cfg():
-    text = llama_cfg(num_hidden_layers=4, head_dim=16, global_head_dim=32, num_global_key_value_heads=1,
-                     rms_norm_eps=1e-6, sliding_window=4, num_experts=4, top_k_experts=2, moe_intermediate_size=32,
-                     final_logit_softcapping=5.0,
-                     layer_types=["sliding_attention", "full_attention", "sliding_attention", "full_attention"])
-    # the vision tower is part of the class (tk ignores it): a tiny one
-    vision = {"hidden_size": 16, "intermediate_size": 32, "num_hidden_layers": 1, "num_attention_heads": 2}
-    return DiffusionGemmaConfig(text_config=text, vision_config=vision, canvas_length=6, boi_token_id=250,
-                                eoi_token_id=251, image_token_id=252)
 
 
 def main():
