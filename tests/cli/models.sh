@@ -212,15 +212,15 @@ t_match_diffusion_gemma_f32() { match diffusion_gemma_f32; }
 t_match_diffusion_gemma_bf16() { match diffusion_gemma_bf16; }
 t_match_diffusion_gemma_layer_scalars_f32() { match diffusion_gemma_layer_scalars_f32; }
 
-# DiffusionGemma's bad input: ids that hold no prompt before the canvas, token-by-token generation,
-# config.json values tk does not run (each refused by name, with a hint)
+# DiffusionGemma's bad input: ids that hold no prompt before the canvas, config.json values tk does not run (each refused by name, with a hint)
 t_diffusion_gemma_bad_input() {
   tiny_ready || return
   local d=$B/tiny-models/diffusion_gemma
   expect_rc 2 "$TK" model logits "$d" --ids 1,2,3,4,5,6
   expect_out "sequence 0 has 6 tokens"; expect_out "canvas_length 6"; expect_out "HINT:"
-  expect_rc 8 "$TK" generate "$d" --ids 1,2,3 --max-new-tokens 2
-  expect_out "block diffusion model"; expect_out "HINT:"
+  # tk generate picks block diffusion for it (tests/cli/diffusion_block.sh), never token by token
+  expect_rc 0 "$TK" generate "$d" --ids 1,2,3 --max-new-tokens 2 --steps 2 --json
+  expect_out '"sampler":"block"'
   dg_bad 2 'c.pop("text_config")' "no 'text_config'"
   dg_bad 8 'c["text_config"]["use_bidirectional_attention"] = "all"' "use_bidirectional_attention"
   dg_bad 8 'c["text_config"]["per_layer_config"]["3"]["head_dim"] = 64' "per_layer_config.3 gives head_dim 64"
