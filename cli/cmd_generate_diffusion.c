@@ -26,6 +26,13 @@ static void help(void)
            "Every step is one forward through the op registry (the attention op with causal 0). Each\n"
            "block prints when its last token is chosen.\n"
            "\n"
+           "On a DiffusionGemmaForBlockDiffusion checkpoint it runs block diffusion instead, as\n"
+           "transformers' DiffusionGemma generate does: ceil(--gen-length / canvas_length) blocks, each\n"
+           "started from random tokens and refined for up to --steps steps (default: the checkpoint's\n"
+           "max_denoising_steps, else 48) under a temperature falling from --t-max to --t-min, keeping the\n"
+           "lowest-entropy tokens within --entropy-bound and redrawing the rest; the block options below\n"
+           "default to generation_config.json's values, else transformers' defaults.\n"
+           "\n"
            "input (one of):\n"
            "  --prompt TEXT              text, encoded with DIR/tokenizer.json (special tokens added)\n"
            "  --ids ID,ID,...            token ids\n"
@@ -53,6 +60,12 @@ static void help(void)
            "  --top-p P, --top-k K       Dream: filter each position's distribution before sampling\n"
            "  --eps E                    Dream: the schedule's last time (default 0.001)\n"
            "  --mask-token-id ID         the mask token (default: config.json's mask_token_id)\n"
+           "  --t-min T, --t-max T       block: the last and the first step's temperature (0.4, 0.8)\n"
+           "  --entropy-bound F          block: accept the lowest-entropy tokens while their summed entropy\n"
+           "                             less the largest stays within F (0.1)\n"
+           "  --stability-threshold N    block: end a block early once its argmax canvas has repeated for N\n"
+           "                             steps (1; 0: no need) ...\n"
+           "  --confidence-threshold F   ... and its mean entropy is below F (0.005)\n"
            "  --bidirectional            run a causal (Llama-family) checkpoint's attention bidirectionally\n"
            "  --seed S                   tk's random generator (default 0)\n"
            "  --draws FILE               uniform draws (little-endian float64) to use instead of tk's\n"
@@ -71,6 +84,7 @@ static void help(void)
            "  tk generate ./LLaDA-8B-Instruct --prompt 'Hello' --gen-length 64 --block-length 32 --steps 64\n"
            "  tk generate ./Dream-v0-Instruct-7B --prompt 'Hi' --alg entropy --steps 64 --gen-length 64\n"
            "  tk generate ./TinyLlama --diffusion --bidirectional --mask-token-id 0 --ids 1,415 --show-steps\n"
+           "  tk generate ./diffusiongemma --prompt 'Why is the sky blue?' --gen-length 256 --steps 48\n"
            "\n"
            "exit status: 0 ok, 1 a model or op failure, 2 usage or invalid input (no mask token id,\n"
            "--gen-length not a multiple of --block-length, --steps fewer than the blocks or above\n"
@@ -85,7 +99,9 @@ int tk_cli_diffusion_flag(const char *a)
 {
     static const char *const f[] = {"--diffusion", "--sampler", "--gen-length", "--block-length", "--steps",
                                     "--remasking", "--cfg-scale", "--alg", "--alg-temp", "--eps",
-                                    "--mask-token-id", "--bidirectional", "--draws", "--show-steps", NULL};
+                                    "--mask-token-id", "--bidirectional", "--draws", "--show-steps", "--t-min",
+                                    "--t-max", "--entropy-bound", "--stability-threshold",
+                                    "--confidence-threshold", NULL};
     for (size_t i = 0; f[i]; i++)
         if (!strcmp(a, f[i]))
             return 1;
@@ -205,6 +221,15 @@ static int parse(djob *j, tk_cli *cli, int argc, char **argv)
             u = integer(a, v, 0, INT32_MAX, &x), j->o.top_k = x;
         } else if (!strcmp(a, "--eps")) {
             u = num(a, v, 1e-9, 0.999999, &d), j->o.eps = d;
+        } else if (!strcmp(a, "--t-min") || !strcmp(a, "--t-max")) {
+            u = num(a, v, 0, 1e6, &d);
+            *(a[5] == 'i' ? &j->o.t_min : &j->o.t_max) = d;
+        } else if (!strcmp(a, "--entropy-bound")) {
+            u = num(a, v, 1e-12, 1e6, &d), j->o.entropy_bound = d;
+        } else if (!strcmp(a, "--confidence-threshold")) {
+            u = num(a, v, 1e-12, 1e6, &d), j->o.confidence_threshold = d;
+        } else if (!strcmp(a, "--stability-threshold")) {
+            u = integer(a, v, 0, 4096, &x), j->o.stability_threshold = x;
         } else if (!strcmp(a, "--mask-token-id")) {
             u = integer(a, v, 0, INT32_MAX, &x), j->o.mask_token_id = x;
         } else if (!strcmp(a, "--seed")) {
@@ -418,7 +443,8 @@ int tk_cmd_generate_diffusion(tk_cli *cli, int argc, char **argv)
             tk_cli_json_str(stdout, text);
         else
             printf("null");
-        printf(", \"end\": \"%s\", \"stats\": %s}\n", strstr(sj, "\"end\":\"callback\"") ? "callback" : "length", sj);
+        printf(", \"end\": \"%s\", \"stats\": %s}\n",
+               strstr(sj, "\"end\":\"callback\"") ? "callback" : strstr(sj, "\"end\":\"eos\"") ? "eos" : "length", sj);
     } else {
         printf("\n");
     }

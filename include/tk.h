@@ -1366,7 +1366,7 @@ TK_API int tk_gen_batch_stats_get(tk_gen_batch_stats *out, const tk_gen_batch *b
  *     if (tk_diffusion_generate(&r, model, ids, n, &o) == TK_OK) puts(tk_diff_result_text(r));
  *     tk_diff_result_free(r);
  */
-enum { TK_DIFF_AUTO = 0, TK_DIFF_LLADA = 1, TK_DIFF_DREAM = 2 };
+enum { TK_DIFF_AUTO = 0, TK_DIFF_LLADA = 1, TK_DIFF_DREAM = 2, TK_DIFF_BLOCK = 3 };
 
 /* What one step did, for tk_diff_opts.on_step: the canvas (prompt + gen_length ids, mask_id where
  * still masked) after the step, and the canvas positions it unmasked. block_done: the step finished
@@ -1387,7 +1387,19 @@ typedef int (*tk_diff_step_fn)(void *user, const tk_diff_step *s);
  * order its reference consumes torch.rand (docs/diffusion.md), so a test can feed both the same. */
 typedef int (*tk_diff_rand_fn)(void *user, double *u, size_t n);
 
-#define TK_DIFF_OPTS_VERSION 1
+/* TK_DIFF_BLOCK (DiffusionGemmaForBlockDiffusion, chosen by TK_DIFF_AUTO for it): block diffusion as
+ * transformers' DiffusionGemmaGenerationMixin.generate runs it (docs/diffusion.md): ceil(gen_length /
+ * canvas_length) blocks, each started from uniform random tokens and refined for up to `steps` steps
+ * (0: generation_config.json's max_denoising_steps, else 48) under a linear temperature schedule from
+ * t_max to t_min, accepting the lowest-entropy tokens within entropy_bound and renoising the rest,
+ * stopping a block early when its argmax canvas is stable for stability_threshold steps and its mean
+ * entropy is below confidence_threshold; after a block holding an eos token it stops (the tokens after
+ * the first eos become pad_token_id). Draws (o->rand or the seed) per block: canvas_length for the
+ * starting canvas; per step canvas_length for the sampled tokens (inverse CDF), then canvas_length for
+ * the renoised ones. temperature, remasking, cfg_scale, alg, top_p/top_k, eps, block_length and
+ * mask_token_id do not apply. The fields below are read from version 2; < 0 means the checkpoint's
+ * generation_config.json value, else transformers' default (shown). */
+#define TK_DIFF_OPTS_VERSION 2
 typedef struct {
     unsigned version;          /* TK_DIFF_OPTS_VERSION */
     int sampler;               /* TK_DIFF_AUTO (the checkpoint's; LLaDA's for a bidirectional Llama),
@@ -1414,15 +1426,19 @@ typedef struct {
     void *rand_user;
     tk_diff_step_fn on_step;   /* NULL: none */
     void *step_user;
+    double t_min, t_max;       /* block: the last and the first step's temperature (0.4, 0.8) */
+    double entropy_bound;      /* block: the acceptance bound (0.1; > 0) */
+    double confidence_threshold; /* block: the mean entropy that ends a block early (0.005; > 0) */
+    int64_t stability_threshold; /* block: steps the argmax canvas must repeat to end early (1; 0: any) */
 } tk_diff_opts;
 #define TK_DIFF_OPTS_INIT                                                                               \
     {TK_DIFF_OPTS_VERSION, TK_DIFF_AUTO, 128, 0, 0, 0.0, 0, 0.0, NULL, 0.0, 1.0, 0, 1e-3, -1, 0, 0, NULL, \
-     NULL, NULL, NULL}
+     NULL, NULL, NULL, -1.0, -1.0, -1.0, -1.0, -1}
 
 typedef struct tk_diff_result tk_diff_result;
 
-/* The sampler a checkpoint was trained for: TK_DIFF_LLADA, TK_DIFF_DREAM, or 0 (an autoregressive
- * model: tk_generate). */
+/* The sampler a checkpoint was trained for: TK_DIFF_LLADA, TK_DIFF_DREAM, TK_DIFF_BLOCK
+ * (DiffusionGemma), or 0 (an autoregressive model: tk_generate). */
 TK_API int tk_model_diffusion(const tk_model *m);
 
 /* Generates gen_length tokens after prompt (len ids) by masked diffusion, on the model's device. The

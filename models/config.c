@@ -26,7 +26,7 @@ const tk_models_arch *const tk_models__archs[] = {
     &tk_models__llama, &tk_models__gpt2,  &tk_models__bert,  &tk_models__qwen3,  &tk_models__olmo2,
     &tk_models__granite, &tk_models__smollm3, &tk_models__gemma, &tk_models__gemma2,
     &tk_models__gemma3, &tk_models__phi3, &tk_models__mixtral, &tk_models__qwen2_moe, &tk_models__qwen3_moe,
-    &tk_models__llada, &tk_models__dream, NULL,
+    &tk_models__llada, &tk_models__dream, &tk_models__diffusion_gemma, NULL,
 };
 
 static char supported[4096];

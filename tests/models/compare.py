@@ -53,6 +53,14 @@ def hf_model(d, arch, dtype=torch.float32):
 def hf_run(m, arch, ids):
     x = torch.tensor([ids])
     with torch.no_grad():
+        if arch == "DiffusionGemmaForBlockDiffusion":
+            # the prompt through the encoder, the last canvas_length ids as the decoder's canvas (one
+            # denoising step, no self-conditioning); each half's logits: the softcapped LM head
+            P = len(ids) - m.config.canvas_length
+            o = m.model(input_ids=x[:, :P], decoder_input_ids=x[:, P:])
+            h = torch.cat([o.encoder_last_hidden_state[0], o.last_hidden_state[0]])
+            cap = m.final_logit_softcapping
+            return torch.tanh(m.lm_head(h).float() / cap) * cap, h, None
         if arch == "BertModel":
             o = m(x)
             return None, o.last_hidden_state[0], o.pooler_output[0]
@@ -187,6 +195,11 @@ def main():
     case("qwen3_moe_sparse_step_f32", os.path.join(TINY, "qwen3_moe"), [p12, p7])
     case("qwen3_moe_bf16", os.path.join(TINY, "qwen3_moe"), [p12], "bf16")
     case("qwen3_moe_fused_experts_f32", os.path.join(TINY, "qwen3_moe-fused"), [p12])
+    # block diffusion: the prompt (the encoder, causal) and a 6-token canvas (the decoder over the prompt's
+    # keys: the sliding layers' last 3 of them, and its own) in one forward, two sequences in the batch
+    case("diffusion_gemma_f32", os.path.join(TINY, "diffusion_gemma"), [p12, p20])
+    case("diffusion_gemma_bf16", os.path.join(TINY, "diffusion_gemma"), [p12], "bf16")
+    case("diffusion_gemma_layer_scalars_f32", os.path.join(TINY, "diffusion_gemma-scalars"), [p7, p20])
     case("bert_pooler_f32", os.path.join(TINY, "bert"), [p12, p7])
     if MINILM:
         embed_case("minilm_embeddings_vs_sentence_transformers", MINILM)

@@ -18,7 +18,10 @@ layer), Phi-3 with LongRoPE (short and long factors, the attention factor); and 
 expert with its gate, a dense layer from mlp_only_layers, norm_topk_prob off), Qwen3-MoE (8 experts, top 3,
 norm_topk_prob on, decoder_sparse_step 2), and Qwen3-MoE again with transformers 5's fused expert tensors
 (mlp.experts.gate_up_proj / down_proj, as the model holds them in memory) instead of the per-expert ones
-save_pretrained writes.
+save_pretrained writes; and block diffusion: DiffusionGemma (a Gemma-4-style encoder/decoder over one weight set:
+sliding layers of head_dim 16 with a window of 4, full layers of global head size 32 with one kv head whose
+value is the key, proportional RoPE, a dense MLP beside 4 experts with top 2, canvas_length 6), and again
+with layer_scalar 0.5, 0.75, 1.25, 1.5 (the scalars tk folds into the weights).
 Seeds are fixed: the same script writes the same weights.
 """
 import json
@@ -34,7 +37,10 @@ from transformers import (BertConfig, BertModel, Gemma2Config, Gemma2ForCausalLM
                           LlamaConfig, LlamaForCausalLM, MistralConfig, MistralForCausalLM, Olmo2Config,
                           Olmo2ForCausalLM, Qwen2Config, Qwen2ForCausalLM, Qwen3Config, Qwen3ForCausalLM,
                           SmolLM3Config, SmolLM3ForCausalLM, MixtralConfig, MixtralForCausalLM, Qwen2MoeConfig,
-                          Qwen2MoeForCausalLM, Qwen3MoeConfig, Qwen3MoeForCausalLM)
+                          Qwen2MoeForCausalLM, Qwen3MoeConfig, Qwen3MoeForCausalLM,
+                          DiffusionGemmaForBlockDiffusion)
+
+from bd_oracle import diffusion_gemma_cfg  # the block diffusion test's model (tests/models/)
 
 OUT = sys.argv[1]
 V = 256  # vocabulary of every tiny model
@@ -145,6 +151,13 @@ def main():
     assert any(k.endswith("mlp.experts.gate_up_proj") for k in sd), "no fused experts in the state dict"
     save_st(sd, os.path.join(f, "model.safetensors"), metadata={"format": "pt"})
     shutil.copy(os.path.join(d, "config.json"), f)
+    for name, scalars in (("diffusion_gemma", None), ("diffusion_gemma-scalars", [0.5, 0.75, 1.25, 1.5])):
+        m = DiffusionGemmaForBlockDiffusion(diffusion_gemma_cfg())
+        if scalars:  # a buffer, not a parameter: save() leaves it at 1
+            for n, b in m.named_buffers():
+                if n.endswith("layer_scalar"):
+                    b.fill_(scalars[int(n.split(".layers.")[1].split(".")[0])])
+        save(name, m, 24)
     save("bert", BertModel(BertConfig(vocab_size=V, hidden_size=64, num_hidden_layers=2, num_attention_heads=4,
                                       intermediate_size=128, max_position_embeddings=64)), 8)
 

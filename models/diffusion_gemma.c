@@ -1,0 +1,695 @@
+/*
+ * diffusion_gemma.c — DiffusionGemmaForBlockDiffusion (google/diffusiongemma-*): block diffusion over a
+ * Gemma-4-style text stack, as transformers 5.24's modeling_diffusion_gemma.py computes it (the whole
+ * account is in docs/diffusion.md, "Block diffusion"). One set of weights (model.decoder.*; the
+ * encoder's are tied to them) runs twice: as the encoder over the prompt (causal, sliding windows) and
+ * as the decoder over a canvas of canvas_length tokens, which attends bidirectionally to the encoder's
+ * keys and values (the sliding layers to the last sliding_window - 1 of them) and to itself. Per layer:
+ *
+ *   x += post_attention_layernorm(attn(input_layernorm(x)))
+ *   x  = (x + post_feedforward_layernorm(post_feedforward_layernorm_1(mlp(pre_feedforward_layernorm(x)))
+ *          + post_feedforward_layernorm_2(moe(pre_feedforward_layernorm_2(x), router(x))))) * layer_scalar
+ *
+ * with RMSNorms scaling by w (not 1 + w), q/k normed per head, v normed per head without a weight,
+ * attention scale 1, full layers of global head size whose value is their raw key projection and whose
+ * RoPE is proportional (theta^(-2i/D) for the first partial_rotary_factor D/2 pairs, 0 beyond), the
+ * router softmax(proj(rmsnorm(x) * scale / sqrt(H))) with per_expert_scale (the moe op's router_input
+ * and expert_scale), embeddings times sqrt(H), the final logits softcapped.
+ *
+ * tk_model_forward on such a model: each sequence's last canvas_length tokens are the canvas (the
+ * decoder, without self-conditioning: the first denoising step's logits), the tokens before them the
+ * prompt (the encoder; their logits are lm_head over the encoder's last hidden state). layer_scalar is
+ * folded in at load: the stream is carried divided by S_l (the product of the scalars before layer l),
+ * so the post norms' weights are divided by S_l and the norms of the stream use eps / S_l^2.
+ */
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "models/models.h"
+
+#define PRE "model.decoder."
+
+typedef struct {
+    const tk_mt *in_norm, *q, *k, *v, *o, *q_norm, *k_norm, *v_ones, *post_attn;
+    const tk_mt *pre_ff, *gate_up, *down, *post_ff1, *pre_ff2, *router, *router_scale, *expert_scale, *post_ff2;
+    const tk_mt *post_ff;
+    tk_mt experts_gu, experts_down;
+    double eps;      /* the stream's norms: eps / S_l^2 */
+    int64_t D, Hkv;  /* this layer's head size and kv heads */
+} dg_layer;
+
+typedef struct {
+    const tk_mt *embed, *lm_head, *norm, *ones_h;
+    const tk_mt *sc_pre, *sc_gate_up, *sc_down; /* self-conditioning (its post_norm is ones_h) */
+    double final_eps;
+    dg_layer *l;
+    /* the cos/sin tables (sliding: head_dim, default RoPE; full: global head size, proportional) */
+    tk_mt cs[2];
+    void *cs_mem[2];
+    int64_t cs_rows;
+    tk_mt x, h, r, o, m1, m2, q, k, v, qn, kn, att, gu, act, logits;
+    /* tk_models__dgemma_denoise's call: the self-conditioning logits [C, V] (host f32, or NULL), and the
+     * LM head over the canvas rows alone, into the logits' first C rows */
+    const float *sc;
+    int canvas_only;
+} dg_state;
+
+/* ---- config.json ------------------------------------------------------------------------------ */
+
+/* per_layer_config (v5) or global_head_dim / num_global_key_value_heads: the full layers' sizes */
+static int parse_global(tk_models_config *c, const tk_models_reader *t)
+{
+    int64_t gd, gkv;
+    int rc;
+    if ((rc = tk_models__cfg_int(t, "global_head_dim", 512, 2, &gd)) ||
+        (rc = tk_models__cfg_int(t, "num_global_key_value_heads", c->kv_heads, 1, &gkv)))
+        return rc;
+    c->global_head_dim = gd;
+    c->global_kv_heads = gkv;
+    json_t *plc = json_object_get(t->root, "per_layer_config");
+    int seen = 0;
+    for (int64_t l = 0; json_is_object(plc) && l < c->layers; l++) {
+        char key[24];
+        snprintf(key, sizeof key, "%lld", (long long)l);
+        json_t *o = json_object_get(plc, key);
+        if (!json_is_object(o))
+            continue;
+        tk_models_reader sub = {t->what, o};
+        int64_t d, kv;
+        if ((rc = tk_models__cfg_int(&sub, "head_dim", c->sliding[l] ? c->head_dim : gd, 2, &d)) ||
+            (rc = tk_models__cfg_int(&sub, "num_key_value_heads", c->sliding[l] ? c->kv_heads : gkv, 1, &kv)))
+            return rc;
+        int64_t wd = c->sliding[l] ? c->head_dim : (seen ? c->global_head_dim : d);
+        int64_t wkv = c->sliding[l] ? c->kv_heads : (seen ? c->global_kv_heads : kv);
+        if (d != wd || kv != wkv)
+            return tk__err(TK_ERR_UNSUPPORTED,
+                           "%s: per_layer_config.%s gives head_dim %lld and %lld kv heads; tk runs one size for "
+                           "the sliding layers (%lld, %lld) and one for the full ones\nHINT: a DiffusionGemma "
+                           "checkpoint as transformers writes it varies only the full_attention layers",
+                           t->what, key, (long long)d, (long long)kv, (long long)c->head_dim, (long long)c->kv_heads);
+        if (!c->sliding[l]) {
+            c->global_head_dim = d;
+            c->global_kv_heads = kv;
+            seen = 1;
+        }
+    }
+    if (c->global_head_dim % 2 || c->global_head_dim > 512 || c->heads % c->global_kv_heads)
+        return tk__err(TK_ERR_UNSUPPORTED, "%s: full layers of head size %lld with %lld kv heads for %lld heads; "
+                                           "the attention op takes even head sizes up to 512 and heads a multiple of kv heads",
+                       t->what,
+                       (long long)c->global_head_dim, (long long)c->global_kv_heads, (long long)c->heads);
+    return TK_OK;
+}
+
+/* rope_parameters.{full_attention, sliding_attention}: proportional (or default) and default */
+static int parse_rope(tk_models_config *c, const tk_models_reader *t)
+{
+    json_t *rp = json_object_get(t->root, "rope_parameters");
+    static const char *const keys[2] = {"sliding_attention", "full_attention"};
+    for (int i = 0; i < 2; i++) {
+        json_t *o = json_is_object(rp) ? json_object_get(rp, keys[i]) : NULL;
+        tk_models_rope *r = i ? &c->rope : &c->rope_local;
+        memset(r, 0, sizeof *r);
+        tk_models_reader sub = {t->what, o ? o : json_object()};
+        char type[24];
+        int rc = tk_models__cfg_str(&sub, "rope_type", i ? "proportional" : "default", type, sizeof type);
+        if (rc == TK_OK)
+            rc = tk_models__cfg_num(sub.root, t->what, "rope_theta", i ? 1e6 : 1e4, &r->theta);
+        if (rc == TK_OK)
+            rc = tk_models__cfg_num(sub.root, t->what, "partial_rotary_factor", i ? 0.25 : 1.0, &r->partial_rotary_factor);
+        if (rc == TK_OK)
+            rc = tk_models__cfg_num(sub.root, t->what, "factor", 1.0, &r->factor);
+        int prop = !strcmp(type, "proportional");
+        if (rc == TK_OK && ((strcmp(type, "default") && !prop) || (!prop && r->partial_rotary_factor != 1.0) ||
+                            !(r->factor > 0) || !(r->partial_rotary_factor > 0 && r->partial_rotary_factor <= 1)))
+            rc = tk_models__cfg_unsupported(&sub, keys[i], type,
+                                            "rope_type 'proportional' (partial_rotary_factor in (0, 1], factor > 0) "
+                                            "or 'default' (whole head)");
+        if (!o)
+            json_decref(sub.root);
+        if (rc != TK_OK)
+            return rc;
+        r->type = r->factor != 1.0 ? TK_ROPE_LINEAR : TK_ROPE_DEFAULT;
+        if (!prop)
+            r->partial_rotary_factor = 1.0;
+    }
+    c->rope_local_on = 1;
+    return TK_OK;
+}
+
+/* the text_config's sizes, norms, window and experts */
+static int parse_text(tk_models_config *c, const tk_models_reader *t)
+{
+    int rc, bias = 0;
+    char bidi[16] = "";
+    if ((rc = tk_models__cfg_int(t, "vocab_size", 262144, 1, &c->vocab)) ||
+        (rc = tk_models__cfg_int(t, "hidden_size", 2304, 1, &c->hidden)) ||
+        (rc = tk_models__cfg_int(t, "intermediate_size", 9216, 1, &c->intermediate)) ||
+        (rc = tk_models__cfg_int(t, "num_hidden_layers", 30, 1, &c->layers)) ||
+        (rc = tk_models__cfg_int(t, "num_attention_heads", 8, 1, &c->heads)) ||
+        (rc = tk_models__cfg_int(t, "num_key_value_heads", 4, 1, &c->kv_heads)) ||
+        (rc = tk_models__cfg_int(t, "head_dim", 256, 2, &c->head_dim)) ||
+        (rc = tk_models__cfg_bound(t, "max_position_embeddings", 131072, 1, &c->max_pos)) ||
+        (rc = tk_models__cfg_int(t, "sliding_window", 512, 1, &c->sliding_window)) ||
+        (rc = tk_models__cfg_int(t, "num_experts", INT64_MIN, 1, &c->experts)) ||
+        (rc = tk_models__cfg_int(t, "top_k_experts", INT64_MIN, 1, &c->experts_topk)) ||
+        (rc = tk_models__cfg_int(t, "moe_intermediate_size", INT64_MIN, 1, &c->moe_intermediate)) ||
+        (rc = tk_models__cfg_num(t->root, t->what, "rms_norm_eps", 1e-6, &c->eps)) ||
+        (rc = tk_models__cfg_num(t->root, t->what, "final_logit_softcapping", 30.0, &c->final_softcap)) ||
+        (rc = tk_models__cfg_str(t, "hidden_activation", "gelu_pytorch_tanh", c->act, sizeof c->act)) ||
+        (rc = tk_models__cfg_bool(t, "attention_bias", 0, &bias)) ||
+        (rc = tk_models__cfg_str(t, "use_bidirectional_attention", "", bidi, sizeof bidi)))
+        return rc;
+    static const char *const acts[] = {"gelu_pytorch_tanh", NULL};
+    if ((rc = tk_models__cfg_act(t, "hidden_activation", c->act, acts, "gelu_pytorch_tanh")) != TK_OK)
+        return rc;
+    if (bias)
+        return tk_models__cfg_unsupported(t, "attention_bias", "true", "false (DiffusionGemma's)");
+    if (!strcmp(bidi, "all"))
+        return tk_models__cfg_unsupported(t, "use_bidirectional_attention", "'all'",
+                                          "null or 'vision' (the text encoder causal)");
+    if (c->heads % c->kv_heads || c->experts_topk > c->experts || c->final_softcap < 0)
+        return tk__err(TK_ERR_INVALID, "%s: %lld heads over %lld kv heads, top %lld of %lld experts, softcap %g: "
+                                       "heads must be a multiple of kv heads, top_k_experts at most num_experts, the softcap >= 0",
+                       t->what, (long long)c->heads, (long long)c->kv_heads, (long long)c->experts_topk,
+                       (long long)c->experts, c->final_softcap);
+    if (c->layers > TK_MODELS_MAX_LAYERS)
+        return TK_OK; /* config.c names the limit */
+    json_t *lt = json_object_get(t->root, "layer_types");
+    for (int64_t l = 0; l < c->layers; l++) /* DiffusionGemmaTextConfig's default: five sliding to one full */
+        c->sliding[l] = (l + 1) % 6 != 0;
+    if (lt && !json_is_null(lt) && (rc = tk_models__cfg_layer_types(c, t)) != TK_OK)
+        return rc;
+    c->sliding[c->layers - 1] = 0; /* the last layer is always full (the config forces it) */
+    return TK_OK;
+}
+
+static int parse(tk_models_config *c, const tk_models_reader *r)
+{
+    json_t *tc = json_object_get(r->root, "text_config");
+    if (!json_is_object(tc))
+        return tk__err(TK_ERR_INVALID, "%s: DiffusionGemma's config has no 'text_config' object\nHINT: write the "
+                                       "checkpoint with transformers' save_pretrained (DiffusionGemmaConfig)",
+                       r->what);
+    tk_models_reader t = {r->what, tc};
+    int rc;
+    if ((rc = parse_text(c, &t)) || (rc = parse_global(c, &t)) || (rc = parse_rope(c, &t)) ||
+        (rc = tk_models__cfg_int(r, "canvas_length", 256, 1, &c->canvas)) ||
+        (rc = tk_models__cfg_bool(r, "tie_word_embeddings", 1, &c->tie_embeddings)))
+        return rc;
+    static const char *const ids[3] = {"bos_token_id", "eos_token_id", "pad_token_id"};
+    int64_t *dst[3] = {&c->bos_id, &c->eos_id, &c->pad_id};
+    for (int i = 0; i < 3; i++) { /* the text config's, where the top level has none */
+        json_t *v = json_object_get(tc, ids[i]);
+        if (*dst[i] < 0 && json_is_integer(v) && json_integer_value(v) >= 0)
+            *dst[i] = json_integer_value(v);
+    }
+    c->post_norms = 1;
+    c->embed_scale = sqrt((double)c->hidden);
+    c->embed_scale_rounded = 1;
+    c->attn_scale = 1.0;
+    c->mask_id = -1;
+    c->diffusion = TK_DIFF_BLOCK; /* tk generate picks block diffusion (block_diffusion.c) */
+    return TK_OK;
+}
+
+/* ---- weights ---------------------------------------------------------------------------------- */
+
+/* layer l's layer_scalar from the checkpoint (1 when absent), as f32 */
+static int layer_scalar(tk_model *m, const char *name, double *out)
+{
+    const tk_st_tensor *t = tk_models__st_find(m->st, name);
+    float f = 1.0f;
+    *out = 1.0;
+    if (!t)
+        return TK_OK;
+    if (t->ndim > 1 || (t->ndim == 1 && t->shape[0] != 1))
+        return tk__err(TK_ERR_INVALID, "%s: %s is not one number", m->cfg.arch, name);
+    int rc = tk_models__to_f32(&f, t->data, 1, t->dtype);
+    *out = f;
+    return rc;
+}
+
+static int load_attn(tk_model *m, dg_layer *w, int64_t l, double inv_s)
+{
+    const tk_models_config *c = &m->cfg;
+    int64_t H = c->hidden, D = w->D, Q = c->heads * D, KV = w->Hkv * D;
+    int64_t qw[2] = {Q, H}, kw[2] = {KV, H}, ow[2] = {H, Q}, d1[1] = {D}, h1[1] = {H};
+    char n[160];
+    int rc;
+#define LN(s) (snprintf(n, sizeof n, PRE "layers.%lld.%s", (long long)l, s), n)
+    if ((rc = tk_models__weight(&w->in_norm, m, LN("input_layernorm.weight"), 1, h1)) ||
+        (rc = tk_models__weight(&w->q, m, LN("self_attn.q_proj.weight"), 2, qw)) ||
+        (rc = tk_models__weight(&w->k, m, LN("self_attn.k_proj.weight"), 2, kw)) ||
+        (c->sliding[l] && (rc = tk_models__weight(&w->v, m, LN("self_attn.v_proj.weight"), 2, kw))) ||
+        (rc = tk_models__weight(&w->o, m, LN("self_attn.o_proj.weight"), 2, ow)) ||
+        (rc = tk_models__weight(&w->q_norm, m, LN("self_attn.q_norm.weight"), 1, d1)) ||
+        (rc = tk_models__weight(&w->k_norm, m, LN("self_attn.k_norm.weight"), 1, d1)) ||
+        (rc = tk_models__weight_xf(&w->v_ones, m, LN("self_attn.q_norm.weight"), 1, d1, 0, 1, 0, 0)) ||
+        (rc = tk_models__weight_xf(&w->post_attn, m, LN("post_attention_layernorm.weight"), 1, h1, inv_s, 0, 0, 1)))
+        return rc;
+#undef LN
+    return TK_OK;
+}
+
+static int load_ff(tk_model *m, dg_layer *w, int64_t l, double inv_s)
+{
+    const tk_models_config *c = &m->cfg;
+    int64_t H = c->hidden, I = c->intermediate, E = c->experts, Ie = c->moe_intermediate;
+    int64_t dw[2] = {H, I}, rw[2] = {E, H}, e1[1] = {E}, h1[1] = {H}, egu[3] = {E, 2 * Ie, H}, edn[3] = {E, H, Ie};
+    char n[160], g[160], u[160];
+    const tk_mt *gu, *dn;
+    int rc;
+#define LN(s) (snprintf(n, sizeof n, PRE "layers.%lld.%s", (long long)l, s), n)
+    snprintf(g, sizeof g, PRE "layers.%lld.mlp.gate_proj.weight", (long long)l);
+    snprintf(u, sizeof u, PRE "layers.%lld.mlp.up_proj.weight", (long long)l);
+    const char *gup[2] = {g, u};
+    if ((rc = tk_models__weight(&w->pre_ff, m, LN("pre_feedforward_layernorm.weight"), 1, h1)) ||
+        (rc = tk_models__weight_cat(&w->gate_up, m, gup, 2, I, H)) ||
+        (rc = tk_models__weight(&w->down, m, LN("mlp.down_proj.weight"), 2, dw)) ||
+        (rc = tk_models__weight(&w->post_ff1, m, LN("post_feedforward_layernorm_1.weight"), 1, h1)) ||
+        (rc = tk_models__weight(&w->pre_ff2, m, LN("pre_feedforward_layernorm_2.weight"), 1, h1)) ||
+        (rc = tk_models__weight(&w->router, m, LN("router.proj.weight"), 2, rw)) ||
+        (rc = tk_models__weight_xf(&w->router_scale, m, LN("router.scale"), 1, h1, 1.0 / sqrt((double)H), 0, 0, 1)) ||
+        (rc = tk_models__weight(&w->expert_scale, m, LN("router.per_expert_scale"), 1, e1)) ||
+        (rc = tk_models__weight(&gu, m, LN("experts.gate_up_proj"), 3, egu)) ||
+        (rc = tk_models__weight(&dn, m, LN("experts.down_proj"), 3, edn)) ||
+        (rc = tk_models__weight(&w->post_ff2, m, LN("post_feedforward_layernorm_2.weight"), 1, h1)) ||
+        (rc = tk_models__weight_xf(&w->post_ff, m, LN("post_feedforward_layernorm.weight"), 1, h1, inv_s, 0, 0, 1)))
+        return rc;
+#undef LN
+    tk_models__view(&w->experts_gu, gu, 3, egu);
+    tk_models__view(&w->experts_down, dn, 3, edn);
+    return TK_OK;
+}
+
+/* the encoder's and the decoder's layer_scalar (they must agree) into the running product *S */
+static int load_scalar(tk_model *m, int64_t l, double *ls)
+{
+    char a[160], b[160];
+    double enc;
+    snprintf(a, sizeof a, PRE "layers.%lld.layer_scalar", (long long)l);
+    snprintf(b, sizeof b, "model.encoder.language_model.layers.%lld.layer_scalar", (long long)l);
+    int rc;
+    if ((rc = layer_scalar(m, a, ls)) || (rc = layer_scalar(m, b, &enc)))
+        return rc;
+    if (tk_models__st_find(m->st, b) && enc != *ls)
+        return tk__err(TK_ERR_UNSUPPORTED, "%s: layer %lld's layer_scalar is %g in the encoder and %g in the "
+                                           "decoder; tk folds one scalar per layer into the weights\nHINT: transformers' "
+                                           "DiffusionGemma checkpoints keep them equal",
+                       m->cfg.arch, (long long)l, enc, *ls);
+    if (!(*ls != 0) || !isfinite(*ls))
+        return tk__err(TK_ERR_INVALID, "%s: layer %lld's layer_scalar is %g", m->cfg.arch, (long long)l, *ls);
+    return TK_OK;
+}
+
+static int load(tk_model *m)
+{
+    const tk_models_config *c = &m->cfg;
+    dg_state *s = calloc(1, sizeof *s);
+    if (!s || !(s->l = calloc((size_t)c->layers, sizeof *s->l))) {
+        free(s);
+        return tk__err(TK_ERR_NOMEM, "out of memory");
+    }
+    m->state = s;
+    int64_t V = c->vocab, H = c->hidden, I = c->intermediate, vh[2] = {V, H}, h1[1] = {H}, dw[2] = {H, I};
+    float es = (float)c->embed_scale; /* the scale in the compute dtype, then one rounding of the product */
+    uint16_t lo[2];
+    tk_models__from_f32(lo, &es, 1, m->dtype);
+    tk_models__dtype_to_f32(&es, lo, 1, m->dtype);
+    const char *emb = PRE "embed_tokens.weight";
+    const char *sgu[2] = {PRE "self_conditioning.gate_proj.weight", PRE "self_conditioning.up_proj.weight"};
+    int rc;
+    if ((rc = tk_models__weight(&s->lm_head, m, c->tie_embeddings ? emb : "lm_head.weight", 2, vh)) ||
+        (rc = tk_models__weight_xf(&s->embed, m, emb, 2, vh, es, 0, 0, !c->tie_embeddings)) ||
+        (rc = tk_models__weight_xf(&s->ones_h, m, PRE "norm.weight", 1, h1, 0, 1, 0, 0)) ||
+        (rc = tk_models__weight(&s->sc_pre, m, PRE "self_conditioning.pre_norm.weight", 1, h1)) ||
+        (rc = tk_models__weight_cat(&s->sc_gate_up, m, sgu, 2, I, H)) ||
+        (rc = tk_models__weight(&s->sc_down, m, PRE "self_conditioning.down_proj.weight", 2, dw)))
+        return rc;
+    tk_models__mark_embedding(s->embed);
+    double S = 1.0; /* the product of the layer scalars before layer l */
+    for (int64_t l = 0; l < c->layers; l++) {
+        dg_layer *w = &s->l[l];
+        double ls;
+        w->D = c->sliding[l] ? c->head_dim : c->global_head_dim;
+        w->Hkv = c->sliding[l] ? c->kv_heads : c->global_kv_heads;
+        w->eps = c->eps / (S * S);
+        if ((rc = load_scalar(m, l, &ls)) || (rc = load_attn(m, w, l, 1.0 / S)) || (rc = load_ff(m, w, l, 1.0 / S)))
+            return rc;
+        S *= ls;
+    }
+    s->final_eps = c->eps / (S * S);
+    return tk_models__weight(&s->norm, m, PRE "norm.weight", 1, h1);
+}
+
+static void free_state(tk_model *m)
+{
+    dg_state *s = m->state;
+    if (!s)
+        return;
+    for (int i = 0; i < 2; i++)
+        if (s->cs_mem[i])
+            tk_models__dev_free(m, s->cs_mem[i]);
+    free(s->l);
+    free(s);
+    m->state = NULL;
+}
+
+/* ---- forward ---------------------------------------------------------------------------------- */
+
+static int plan(tk_model *m, tk_models_batch *b)
+{
+    const tk_models_config *c = &m->cfg;
+    dg_state *s = m->state;
+    int64_t T = b->T, H = c->hidden, Dm = c->head_dim > c->global_head_dim ? c->head_dim : c->global_head_dim;
+    int64_t kvs = c->kv_heads * c->head_dim, kvg = c->global_kv_heads * c->global_head_dim;
+    int64_t I = c->intermediate > c->moe_intermediate ? c->intermediate : c->moe_intermediate;
+    int64_t th[2] = {T, H}, tq[2] = {T, c->heads * Dm}, tkv[2] = {T, kvs > kvg ? kvs : kvg}, tgu[2] = {T, 2 * I},
+            ti[2] = {T, I}, tv[2] = {T, c->vocab};
+    tk_mt *hs[6] = {&s->x, &s->h, &s->r, &s->o, &s->m1, &s->m2};
+    int rc = TK_OK;
+    for (int i = 0; i < 6 && rc == TK_OK; i++)
+        rc = tk_models__ws_tensor(m, hs[i], m->dtype, 2, th);
+    if (rc || (rc = tk_models__ws_tensor(m, &s->q, m->dtype, 2, tq)) ||
+        (rc = tk_models__ws_tensor(m, &s->qn, m->dtype, 2, tq)) ||
+        (rc = tk_models__ws_tensor(m, &s->att, m->dtype, 2, tq)) ||
+        (rc = tk_models__ws_tensor(m, &s->k, m->dtype, 2, tkv)) ||
+        (rc = tk_models__ws_tensor(m, &s->kn, m->dtype, 2, tkv)) ||
+        (rc = tk_models__ws_tensor(m, &s->v, m->dtype, 2, tkv)) ||
+        (rc = tk_models__ws_tensor(m, &s->gu, m->dtype, 2, tgu)) ||
+        (rc = tk_models__ws_tensor(m, &s->act, m->dtype, 2, ti)) ||
+        (rc = tk_models__ws_tensor(m, &s->logits, m->dtype, 2, tv)))
+        return rc;
+    b->logits = &s->logits;
+    b->hidden = &s->h;
+    return TK_OK;
+}
+
+/* The two cos/sin tables for positions [0, max_len), grown by doubling: the sliding layers' RoPE over
+ * head_dim, the full layers' over the global head size with the pairs past partial_rotary_factor made
+ * the identity (cos 1, sin 0: proportional RoPE's zero frequencies). */
+static int rope_tables(tk_model *m, dg_state *s, int64_t max_len)
+{
+    const tk_models_config *c = &m->cfg;
+    if (s->cs_rows >= max_len)
+        return TK_OK;
+    int64_t rows = s->cs_rows ? s->cs_rows : 256;
+    while (rows < max_len)
+        rows *= 2;
+    for (int i = 0; i < 2; i++) {
+        const tk_models_rope *r = i ? &c->rope : &c->rope_local;
+        int64_t rot = i ? c->global_head_dim : c->head_dim, shp[2] = {rows, rot};
+        size_t bytes = (size_t)(rows * rot) * sizeof(float);
+        if (s->cs_mem[i])
+            tk_models__dev_free(m, s->cs_mem[i]);
+        s->cs_mem[i] = NULL;
+        s->cs_rows = 0;
+        int rc = tk_models__dev_alloc(m, &s->cs_mem[i], bytes);
+        if (rc != TK_OK)
+            return rc;
+        tk_models__view(&s->cs[i], &s->x, 2, shp);
+        s->cs[i].t.data = s->cs_mem[i];
+        s->cs[i].t.dtype = (tk_dtype){TK_DL_FLOAT, 32, 1};
+        tk_arg a[] = {TK_A_T("out", &s->cs[i]), TK_A_F("base", r->theta), TK_A_I("scaling", r->type),
+                      TK_A_F("factor", r->factor)};
+        if ((rc = tk_models__op(m, "rope_cos_sin_cache", a, TK_NARGS(a))) != TK_OK)
+            return rc;
+        int64_t half = rot / 2, keep = (int64_t)floor(r->partial_rotary_factor * (double)rot / 2.0);
+        if (keep < half) {
+            float *h = malloc(bytes);
+            rc = h ? tk_models__from_dev(m, h, s->cs_mem[i], bytes) : tk__err(TK_ERR_NOMEM, "out of memory");
+            for (int64_t p = 0; rc == TK_OK && p < rows; p++)
+                for (int64_t j = keep; j < half; j++) {
+                    h[p * rot + j] = 1.0f;
+                    h[p * rot + half + j] = 0.0f;
+                }
+            if (rc == TK_OK)
+                rc = tk_models__to_dev(m, s->cs_mem[i], h, bytes);
+            free(h);
+            if (rc != TK_OK)
+                return rc;
+        }
+    }
+    s->cs_rows = rows;
+    return TK_OK;
+}
+
+static int rms(tk_model *m, const tk_mt *out, const tk_mt *in, const tk_mt *w, double eps)
+{
+    tk_arg a[] = {TK_A_T("out", out), TK_A_T("input", in), TK_A_T("weight", w), TK_A_F("eps", eps)};
+    return tk_models__op(m, "rms_norm", a, TK_NARGS(a));
+}
+
+static int add(tk_model *m, const tk_mt *x, const tk_mt *y)
+{
+    tk_arg a[] = {TK_A_T("out", x), TK_A_T("a", x), TK_A_T("b", y)};
+    return tk_models__op(m, "add", a, TK_NARGS(a));
+}
+
+/* rows [r0, r0 + n) of a [T, heads * D] buffer as [1, n, heads, D] */
+static void heads_view(tk_mt *v, const tk_mt *t, int64_t r0, int64_t n, int64_t heads, int64_t D)
+{
+    int64_t shp[4] = {1, n, heads, D};
+    tk_mt rows;
+    tk_models__view(&rows, t, 2, (int64_t[]){t->shape[0], heads * D});
+    tk_models__rows(&rows, &rows, r0, n);
+    tk_models__view(v, &rows, 4, shp);
+}
+
+static int attend(tk_model *m, const dg_layer *w, int64_t q0, int64_t nq, int64_t k0, int64_t nk, int causal,
+                  int64_t window)
+{
+    dg_state *s = m->state;
+    tk_mt o4, q4, k4, v4;
+    heads_view(&o4, &s->att, q0, nq, m->cfg.heads, w->D);
+    heads_view(&q4, &s->qn, q0, nq, m->cfg.heads, w->D);
+    heads_view(&k4, &s->kn, k0, nk, w->Hkv, w->D);
+    heads_view(&v4, &s->v, k0, nk, w->Hkv, w->D);
+    tk_arg a[] = {TK_A_T("out", &o4), TK_A_T("q", &q4), TK_A_T("k", &k4),
+                  TK_A_T("v", &v4), TK_A_F("scale", 1.0), TK_A_I("causal", causal),
+                  TK_A_I("window_left", window)};
+    return tk_models__op(m, "attention", a, TK_NARGS(a));
+}
+
+/* o = o_proj(attention) of layer l over its normed input s->h; cu: the sequences' host offsets */
+static int attn_block(tk_model *m, tk_models_batch *b, int64_t l, const int32_t *cu)
+{
+    const tk_models_config *c = &m->cfg;
+    dg_state *s = m->state;
+    const dg_layer *w = &s->l[l];
+    int64_t T = b->T, D = w->D, Hq = c->heads, Hkv = w->Hkv, C = c->canvas, W = c->sliding_window;
+    tk_mt q2, k2, v2, a2, q3, k3, v3, qn3, kn3;
+    tk_models__view(&q2, &s->q, 2, (int64_t[]){T, Hq * D});
+    tk_models__view(&k2, &s->k, 2, (int64_t[]){T, Hkv * D});
+    tk_models__view(&v2, &s->v, 2, (int64_t[]){T, Hkv * D});
+    tk_models__view(&a2, &s->att, 2, (int64_t[]){T, Hq * D});
+    tk_models__view(&q3, &s->q, 3, (int64_t[]){T, Hq, D});
+    tk_models__view(&qn3, &s->qn, 3, (int64_t[]){T, Hq, D});
+    tk_models__view(&k3, &s->k, 3, (int64_t[]){T, Hkv, D});
+    tk_models__view(&kn3, &s->kn, 3, (int64_t[]){T, Hkv, D});
+    tk_models__view(&v3, &s->v, 3, (int64_t[]){T, Hkv, D});
+    int rc;
+    if ((rc = tk_models__linear(m, &q2, &s->h, w->q, NULL, 0)) ||
+        (rc = tk_models__linear(m, &k2, &s->h, w->k, NULL, 0)) ||
+        (w->v && (rc = tk_models__linear(m, &v2, &s->h, w->v, NULL, 0))) ||
+        (rc = rms(m, &v3, w->v ? &v3 : &k3, w->v_ones, c->eps)) || /* full layers: v is the raw key */
+        (rc = rms(m, &qn3, &q3, w->q_norm, c->eps)) || (rc = rms(m, &kn3, &k3, w->k_norm, c->eps)))
+        return rc;
+    tk_arg rot[] = {TK_A_T("query", &qn3), TK_A_T("key", &kn3), TK_A_T("positions", &b->pos),
+                    TK_A_T("cos_sin_cache", &s->cs[c->sliding[l] ? 0 : 1]), TK_A_I("is_neox", 1)};
+    if ((rc = tk_models__op(m, "rotary_embedding", rot, TK_NARGS(rot))) != TK_OK)
+        return rc;
+    for (int64_t q = 0; q < b->nseq; q++) {
+        int64_t st = cu[q], n = cu[q + 1] - st, P = n - C;
+        /* the prompt: causal, the sliding layers over their window; the canvas: bidirectional over the
+         * prompt's keys (the sliding layers' last W - 1, what transformers' sliding cache keeps) and its own */
+        int64_t k0 = c->sliding[l] && P > W - 1 ? st + P - (W - 1) : st;
+        if ((rc = attend(m, w, st, P, st, P, 1, c->sliding[l] ? W - 1 : -1)) ||
+            (rc = attend(m, w, st + P, C, k0, st + n - k0, 0, -1)))
+            return rc;
+    }
+    return tk_models__linear(m, &s->o, &a2, w->o, NULL, 0);
+}
+
+/* x += post_ff(post_ff1(mlp(pre_ff(x))) + post_ff2(moe(pre_ff2(x), router(x)))) */
+static int ff_block(tk_model *m, const dg_layer *w)
+{
+    const tk_models_config *c = &m->cfg;
+    dg_state *s = m->state;
+    int rc;
+    tk_mt gu, act;
+    tk_models__view(&gu, &s->gu, 2, (int64_t[]){s->x.shape[0], 2 * c->intermediate});
+    tk_models__view(&act, &s->act, 2, (int64_t[]){s->x.shape[0], c->intermediate});
+    tk_arg gm[] = {TK_A_T("out", &act), TK_A_T("input", &gu)};
+    if ((rc = rms(m, &s->h, &s->x, w->pre_ff, w->eps)) || (rc = tk_models__linear(m, &gu, &s->h, w->gate_up, NULL, 0)) ||
+        (rc = tk_models__op(m, "gelu_tanh_and_mul", gm, TK_NARGS(gm))) ||
+        (rc = tk_models__linear(m, &s->m1, &act, w->down, NULL, 0)) || (rc = rms(m, &s->m1, &s->m1, w->post_ff1, c->eps)))
+        return rc;
+    if ((rc = rms(m, &s->h, &s->x, w->pre_ff2, w->eps)) || (rc = rms(m, &s->r, &s->x, w->router_scale, w->eps)))
+        return rc;
+    tk_arg mo[] = {TK_A_T("out", &s->m2),
+                   TK_A_T("input", &s->h),
+                   TK_A_T("router_weight", w->router),
+                   TK_A_T("gate_up", &w->experts_gu),
+                   TK_A_T("down", &w->experts_down),
+                   TK_A_I("top_k", c->experts_topk),
+                   TK_A_I("norm_topk_prob", 1),
+                   TK_A_I("activation", 1),
+                   TK_A_T("router_input", &s->r),
+                   TK_A_T("expert_scale", w->expert_scale)};
+    if ((rc = tk_models__op(m, "moe", mo, TK_NARGS(mo))) || (rc = rms(m, &s->m2, &s->m2, w->post_ff2, c->eps)) ||
+        (rc = add(m, &s->m1, &s->m2)) || (rc = rms(m, &s->m1, &s->m1, w->post_ff, c->eps)))
+        return rc;
+    return add(m, &s->x, &s->m1);
+}
+
+/* the sequences' offsets on the host; each must hold a prompt and a canvas */
+static int host_cu(tk_model *m, tk_models_batch *b, int32_t **out)
+{
+    int64_t C = m->cfg.canvas;
+    int32_t *cu = malloc((size_t)(b->nseq + 1) * sizeof *cu);
+    int rc = cu ? tk_models__from_dev(m, cu, b->cu.t.data, (size_t)(b->nseq + 1) * sizeof *cu)
+                : tk__err(TK_ERR_NOMEM, "out of memory");
+    for (int64_t q = 0; rc == TK_OK && q < b->nseq; q++)
+        if (cu[q + 1] - cu[q] <= C)
+            rc = tk__err(TK_ERR_INVALID,
+                         "%s: sequence %lld has %lld tokens; a DiffusionGemma forward takes a prompt followed by a "
+                         "canvas of canvas_length %lld tokens, so more than %lld\nHINT: append %lld canvas tokens to "
+                         "a prompt of at least one token",
+                         m->cfg.arch, (long long)q, (long long)(cu[q + 1] - cu[q]), (long long)C, (long long)C,
+                         (long long)C);
+    if (rc != TK_OK) {
+        free(cu);
+        cu = NULL;
+    }
+    *out = cu;
+    return rc;
+}
+
+/* The canvas rows x (embeddings) += sc_mlp(pre_norm(softmax(sc) @ embed * sqrt(H))), then post_norm:
+ * the decoder's input with the previous step's processed logits (s->sc), one sequence. The logits'
+ * first C rows hold softmax(sc), the other buffers' first C rows the MLP (the layers overwrite them). */
+static int self_condition(tk_model *m, const tk_mt *x)
+{
+    const tk_models_config *c = &m->cfg;
+    dg_state *s = m->state;
+    int64_t C = c->canvas, V = c->vocab, I = c->intermediate;
+    size_t n = (size_t)(C * V), es = m->dtype.bits / 8u;
+    tk_mt p, soft, nrm, gu, act, sig;
+    tk_models__rows(&p, &s->logits, 0, C);
+    tk_models__rows(&soft, &s->m2, 0, C);
+    tk_models__rows(&nrm, &s->h, 0, C);
+    tk_models__rows(&sig, &s->m1, 0, C);
+    tk_models__view(&gu, &s->gu, 2, (int64_t[]){C, 2 * I});
+    tk_models__view(&act, &s->act, 2, (int64_t[]){C, I});
+    void *tmp = malloc(n * es);
+    if (!tmp)
+        return tk__err(TK_ERR_NOMEM, "out of memory");
+    tk_models__from_f32(tmp, s->sc, n, m->dtype); /* processed_logits.to(embed dtype), as transformers */
+    int rc = tk_models__to_dev(m, p.t.data, tmp, n * es);
+    free(tmp);
+    tk_arg sm[] = {TK_A_T("out", &p), TK_A_T("input", &p)};
+    tk_arg gm[] = {TK_A_T("out", &act), TK_A_T("input", &gu)};
+    if (rc || (rc = tk_models__op(m, "softmax", sm, TK_NARGS(sm))) ||
+        (rc = tk_models__linear(m, &soft, &p, s->embed, NULL, 1)) || (rc = rms(m, &nrm, &soft, s->sc_pre, c->eps)) ||
+        (rc = tk_models__linear(m, &gu, &nrm, s->sc_gate_up, NULL, 0)) ||
+        (rc = tk_models__op(m, "gelu_tanh_and_mul", gm, TK_NARGS(gm))) ||
+        (rc = tk_models__linear(m, &sig, &act, s->sc_down, NULL, 0)) || (rc = add(m, x, &sig)))
+        return rc;
+    return rms(m, x, x, s->ones_h, c->eps);
+}
+
+/* the logits: every row, or (canvas_only) the last sequence's canvas rows into the first C rows */
+static int lm_head(tk_model *m, tk_models_batch *b)
+{
+    const tk_models_config *c = &m->cfg;
+    dg_state *s = m->state;
+    tk_mt in, out;
+    tk_models__rows(&in, &s->h, s->canvas_only ? b->T - c->canvas : 0, s->canvas_only ? c->canvas : b->T);
+    tk_models__rows(&out, &s->logits, 0, in.shape[0]);
+    int rc = tk_models__linear(m, &out, &in, s->lm_head, NULL, 0);
+    if (rc == TK_OK && c->final_softcap > 0) {
+        tk_arg a[] = {TK_A_T("out", &out), TK_A_T("input", &out), TK_A_F("cap", c->final_softcap)};
+        rc = tk_models__op(m, "softcap", a, TK_NARGS(a));
+    }
+    return rc;
+}
+
+static int forward(tk_model *m, tk_models_batch *b)
+{
+    const tk_models_config *c = &m->cfg;
+    dg_state *s = m->state;
+    if (b->kv)
+        return tk__err(TK_ERR_UNSUPPORTED, "%s is a block diffusion model: it does not decode token by token\n"
+                                           "HINT: run one denoising step with tk model logits (prompt + canvas_length canvas tokens)",
+                       c->arch);
+    int32_t *cu = NULL;
+    int rc = host_cu(m, b, &cu);
+    if (rc != TK_OK || (rc = rope_tables(m, s, b->max_len)) != TK_OK)
+        goto done;
+    tk_arg emb[] = {TK_A_T("out", &s->x), TK_A_T("ids", &b->ids), TK_A_T("weight", s->embed)};
+    if ((rc = tk_models__op(m, "embedding", emb, TK_NARGS(emb))) != TK_OK)
+        goto done;
+    for (int64_t q = 0; q < b->nseq; q++) { /* the canvas: post_norm(embed + 0) without self-conditioning */
+        tk_mt rows;
+        tk_models__rows(&rows, &s->x, cu[q + 1] - c->canvas, c->canvas);
+        if ((rc = s->sc ? self_condition(m, &rows) : rms(m, &rows, &rows, s->ones_h, c->eps)) != TK_OK)
+            goto done;
+    }
+    for (int64_t l = 0; l < c->layers; l++) {
+        const dg_layer *w = &s->l[l];
+        if ((rc = rms(m, &s->h, &s->x, w->in_norm, w->eps)) || (rc = attn_block(m, b, l, cu)) ||
+            (rc = rms(m, &s->o, &s->o, w->post_attn, c->eps)) || (rc = add(m, &s->x, &s->o)) ||
+            (rc = ff_block(m, w)))
+            goto done;
+    }
+    if ((rc = rms(m, &s->h, &s->x, s->norm, s->final_eps)) != TK_OK)
+        goto done;
+    if (b->want_logits || s->canvas_only)
+        rc = lm_head(m, b);
+done:
+    free(cu);
+    return rc;
+}
+
+int tk_models__dgemma_denoise(tk_model *m, const int32_t *ids, size_t len, const float *sc, float *logits)
+{
+    if (m->arch != &tk_models__diffusion_gemma)
+        return tk__err(TK_ERR_INTERNAL, "tk_models__dgemma_denoise: %s is not DiffusionGemma", m->cfg.arch);
+    dg_state *s = m->state;
+    s->sc = sc;
+    s->canvas_only = 1;
+    int rc = tk_model_forward(m, ids, &len, 1, NULL, NULL);
+    s->sc = NULL;
+    s->canvas_only = 0;
+    if (rc != TK_OK)
+        return rc;
+    size_t n = (size_t)(m->cfg.canvas * m->cfg.vocab), es = m->dtype.bits / 8u;
+    void *tmp = m->dev_type == TK_DEV_CPU ? s->logits.t.data : malloc(n * es);
+    if (!tmp)
+        return tk__err(TK_ERR_NOMEM, "out of memory");
+    if (tmp != s->logits.t.data)
+        rc = tk_models__from_dev(m, tmp, s->logits.t.data, n * es);
+    if (rc == TK_OK)
+        tk_models__dtype_to_f32(logits, tmp, n, m->dtype);
+    if (tmp != s->logits.t.data)
+        free(tmp);
+    return rc;
+}
+
+static const char *const classes[] = {"DiffusionGemmaForBlockDiffusion", NULL};
+
+const tk_models_arch tk_models__diffusion_gemma = {
+    .name = "diffusion_gemma",
+    .classes = classes,
+    .caps = TK_ARCH_CAUSAL_LM | TK_ARCH_ROPE,
+    .prefix = PRE,
+    .parse = parse,
+    .load = load,
+    .plan = plan,
+    .forward = forward,
+    .free_state = free_state,
+};

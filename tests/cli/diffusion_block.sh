@@ -1,0 +1,124 @@
+#!/usr/bin/env bash
+# tk generate on DiffusionGemmaForBlockDiffusion (block diffusion) against transformers' own
+# DiffusionGemma generate() (tests/models/bd_oracle.py), its torch.randint and torch.multinomial fed from
+# the draws file tk reads (--draws): every denoising step must accept the same canvas positions and the
+# run must end with the same ids, over the temperature schedule, wide and narrow entropy bounds, the
+# stable-and-confident early stop, several blocks (the prompt's sliding window crossed), and an eos that
+# ends generation (pad after it). Then determinism under --seed, --json / --show-steps, and a clear error
+# for each kind of bad input. Needs the test venv ($TK_PY_VENV); under CI=true its absence is a failure.
+. "$(dirname "$0")/lib.sh"
+
+PY=$TK_PY_VENV/bin/python
+ORACLE=$ROOT/tests/models/bd_oracle.py
+CK=$WORK/bd
+
+need_model() {
+  if ! py_has "$PY" torch transformers safetensors numpy; then
+    if [ "${CI:-}" = true ]; then fail "no oracle venv at $PY (CI=true: a missing oracle is a failure)"; else skip "no venv at $PY (scripts/setup.sh --test)"; fi
+    return 1
+  fi
+  [ -f "$CK/.done" ] && return 0
+  { "$PY" "$ORACLE" make "$CK" && "$PY" "$ORACLE" make "$CK-eos" eos=41; } >"$WORK/make.log" 2>&1 ||
+    { fail "bd_oracle.py make failed:"; tail -n 5 "$WORK/make.log" >&2; return 1; }
+  touch "$CK/.done"
+}
+
+# JOBS: "DIR PROMPT key=value..." (bd_oracle.py's keys; tk gets the same as flags)
+JOBS="bd 5,17,99 max_new_tokens=12 max_denoising_steps=6 seed=5
+bd 5,17,99,3 max_new_tokens=18 max_denoising_steps=10 entropy_bound=3.0 seed=1
+bd 5,17,99,3,250,7,8,9,10 max_new_tokens=12 max_denoising_steps=8 entropy_bound=1.5 t_min=0.05 t_max=0.3 confidence_threshold=2.0 seed=2
+bd 5 max_new_tokens=6 max_denoising_steps=20 entropy_bound=0.5 t_min=0.01 t_max=0.1 confidence_threshold=1.0 stability_threshold=2 seed=3
+bd 5,6 max_new_tokens=7 max_denoising_steps=5 stability_threshold=0 confidence_threshold=4.3 seed=4
+bd-eos 5,17,99 max_new_tokens=18 max_denoising_steps=6 entropy_bound=2.0 seed=7"
+
+t_matches_transformers() {
+  need_model || return
+  local n=0 dir prompt args flags a k v
+  while read -r dir prompt args; do
+    n=$((n + 1)); flags=
+    for a in $args; do
+      k=${a%%=*}; v=${a#*=}
+      case $k in
+        max_new_tokens) flags="$flags --gen-length $v" ;;
+        max_denoising_steps) flags="$flags --steps $v" ;;
+        seed) ;;
+        *) flags="$flags --${k//_/-} $v" ;;
+      esac
+    done
+    # shellcheck disable=SC2086
+    HF_HUB_OFFLINE=1 "$PY" "$ORACLE" "$WORK/$dir" "$WORK/draws-$n" "$prompt" $args >"$WORK/want-$n.json" 2>"$WORK/oracle-$n.err" ||
+      { fail "job $n: the oracle failed: $(tail -n 2 "$WORK/oracle-$n.err")"; continue; }
+    # shellcheck disable=SC2086
+    "$TK" generate "$WORK/$dir" --ids "$prompt" $flags --draws "$WORK/draws-$n" --json >"$WORK/got-$n.json" 2>"$WORK/tk-$n.err" ||
+      { fail "job $n: tk failed: $(cat "$WORK/tk-$n.err")"; continue; }
+    python3 - "$WORK/want-$n.json" "$WORK/got-$n.json" "$n" <<'PYEOF' || fail "job $n ($dir $prompt $args) differs from transformers"
+import json, sys
+w, g = json.load(open(sys.argv[1])), json.load(open(sys.argv[2]))
+ws = [(s["block"], s["accepted"]) for s in w["steps"]]
+gs = [(s["block"], s["accepted"]) for s in g["stats"]["per_step"]]
+for i, (a, b) in enumerate(zip(ws, gs)):
+    if a != b:
+        print(f"  step {i}: transformers accepts {a}, tk {b}", file=sys.stderr)
+        break
+ok = ws == gs and w["ids"] == g["ids"] and g["stats"]["forward_passes"] == w["forwards"]
+if not ok:
+    print(f"  ids: transformers {w['ids']}, tk {g['ids']}; steps {len(ws)} vs {len(gs)}", file=sys.stderr)
+print(f"  job {sys.argv[3]}: {len(gs)} steps, {sum(len(a) for _, a in gs)} accepted, end {g['end']}")
+sys.exit(0 if ok else 1)
+PYEOF
+  done <<<"$JOBS"
+  # the runs above exercise what they claim: an early stop, several accepted per step, an eos
+  grep -q '"stop":true' "$WORK/got-4.json" || fail "job 4 never stopped early"
+  grep -q '"end": "eos"' "$WORK/got-6.json" || fail "job 6 did not end at its eos"
+  grep -q '"accepted":\[[0-9]*,' "$WORK/got-3.json" || fail "job 3 never accepted two positions in a step"
+}
+
+t_seed_determinism() {
+  need_model || return
+  expect_rc 0 "$TK" generate "$CK" --ids 5,17 --gen-length 6 --steps 4 --seed 9 --json
+  local a=$OUT
+  expect_rc 0 "$TK" generate "$CK" --ids 5,17 --gen-length 6 --steps 4 --seed 9 --json
+  [ "$(echo "$a" | python3 -c 'import json,sys; print(json.load(sys.stdin)["ids"])')" = \
+    "$(echo "$OUT" | python3 -c 'import json,sys; print(json.load(sys.stdin)["ids"])')" ] || fail "the same seed gave different ids"
+  expect_rc 0 "$TK" generate "$CK" --ids 5,17 --gen-length 6 --steps 4 --seed 10 --json
+  [ "$(echo "$a" | python3 -c 'import json,sys; print(json.load(sys.stdin)["ids"])')" != \
+    "$(echo "$OUT" | python3 -c 'import json,sys; print(json.load(sys.stdin)["ids"])')" ] || fail "seeds 9 and 10 gave the same ids"
+  echo "$a" | python3 -c '
+import json, sys
+d = json.load(sys.stdin); s = d["stats"]
+assert len(d["ids"]) == 6 and s["sampler"] == "block" and s["alg"] == "entropy_bound" and s["block_length"] == 6, s
+assert s["forward_passes"] == len(s["per_step"]) <= 4 and all(0 <= p < 6 for t in s["per_step"] for p in t["accepted"]), s
+' || fail "--json shape: $a"
+}
+
+t_show_steps_and_auto() {
+  need_model || return
+  # no --diffusion: the checkpoint picks block diffusion; --show-steps draws each step's argmax canvas
+  expect_rc 0 "$TK" generate "$CK" --ids 5,17 --gen-length 12 --steps 3 --show-steps
+  expect_out "step 1/6 block 1: "
+  expect_out "step 6/6 block 2: "
+  expect_out "______" # the second block, not begun
+}
+
+t_bad_input() {
+  need_model || return
+  expect_rc 2 "$TK" generate "$CK" --ids 5 --sampler llada
+  expect_out "block diffusion checkpoint"; expect_out "HINT:"
+  expect_rc 2 "$TK" generate "$CK" --ids 5 --cfg-scale 2
+  expect_out "canvas_length (6)"; expect_out "HINT:"
+  expect_rc 2 "$TK" generate "$CK" --ids 5 --block-length 3
+  expect_out "block_length"
+  expect_rc 2 "$TK" generate "$CK" --ids 5 --t-min 0.9 --t-max 0.5
+  expect_out "t_min 0.9, t_max 0.5"
+  expect_rc 2 "$TK" generate "$CK" --ids 5,300
+  expect_out "prompt id 300"
+  expect_rc 2 "$TK" generate "$CK" --ids 5 --gen-length 300
+  expect_out "longer than the model's context of 256"; expect_out "HINT:"
+  head -c 80 /dev/zero >"$WORK/short"
+  expect_rc 2 "$TK" generate "$CK" --ids 5 --gen-length 6 --steps 4 --draws "$WORK/short"
+  expect_out "ran out of draws"
+  expect_rc 2 "$TK" generate "$CK" --ids 5 --entropy-bound 0
+  expect_out "--entropy-bound"
+}
+
+run_tests
