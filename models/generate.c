@@ -917,6 +917,81 @@ static int eng_pick_local(engine *E, eseq **rs, const size_t *rrow, size_t n, fl
     return rc;
 }
 
+/* This step's rows: every decoding sequence (one token each), then prompt chunks in arrival order
+ * within the step's token budget (each prefilling sequence's e->chunk); followers waiting for a
+ * leader's prompt are counted apart. */
+static void eng_plan(engine *E, size_t *nrows, size_t *ntok, size_t *nfollow)
+{
+    int64_t budget = E->max_step_tokens > 0 ? E->max_step_tokens : INT64_MAX;
+    for (size_t i = 0; i < E->n; i++) {
+        eseq *e = E->s[i];
+        e->chunk = 0;
+        if (e->state == S_DECODE) {
+            (*nrows)++;
+            (*ntok)++;
+        } else if (e->state == S_WAIT) {
+            (*nfollow)++;
+        }
+    }
+    for (size_t i = 0; i < E->n && budget > 0; i++) {
+        eseq *e = E->s[i];
+        if (e->state != S_PREFILL)
+            continue;
+        int64_t left = (int64_t)e->g.plen - e->fed;
+        e->chunk = left < budget ? left : budget;
+        budget -= e->chunk;
+        (*nrows)++;
+        *ntok += (size_t)e->chunk;
+    }
+}
+
+/* After the forward of nrows rows (rs[k] owns row k of logits): the sequences whose row picks a token
+ * now, into rs[0..*nready) with their logits rows in rrow: decoding rows, prompts that just finished
+ * (into the prefix cache), and the followers of those prompts (forked from their leader, a copy of its
+ * row appended after the nrows). */
+static int eng_ready(engine *E, eseq **rs, size_t *rrow, float *logits, size_t nrows, size_t *nready_out)
+{
+    const tk_gen_lm *lm = &E->lm;
+    int64_t V = lm->vocab;
+    size_t nready = 0, extra = nrows;
+    int rc;
+    for (size_t k = 0; k < nrows; k++) {
+        eseq *e = rs[k];
+        if (e->state == S_DECODE) {
+            e->fed++;
+            rs[nready] = e;
+            rrow[nready++] = k;
+            continue;
+        }
+        e->fed += e->chunk;
+        if (e->fed < (int64_t)e->g.plen)
+            continue;
+        e->state = S_DECODE;
+        if (E->kv && E->prefix_cache)
+            tk_kv__pc_insert(E->kv, e->g.slot, e->g.ids, e->g.plen);
+        E->cached_tokens += e->cached;
+        rs[nready] = e;
+        rrow[nready++] = k;
+        for (size_t i = 0; i < E->n; i++) {
+            eseq *f = E->s[i];
+            if (f->state != S_WAIT || f->leader != e)
+                continue;
+            if ((rc = lm->seq_fork(lm->self, &f->g.slot, e->g.slot)) != TK_OK)
+                return rc;
+            f->state = S_DECODE;
+            f->leader = NULL;
+            f->fed = e->fed;
+            f->cached = e->cached;
+            E->cached_tokens += e->cached;
+            memcpy(logits + extra * (size_t)V, logits + k * (size_t)V, (size_t)V * sizeof *logits);
+            rs[nready] = f;
+            rrow[nready++] = extra++;
+        }
+    }
+    *nready_out = nready;
+    return TK_OK;
+}
+
 static int eng_step(engine *E, const tk_gen_event **events, size_t *nevents)
 {
     const tk_gen_lm *lm = &E->lm;
@@ -927,27 +1002,7 @@ static int eng_step(engine *E, const tk_gen_event **events, size_t *nevents)
     E->nev = 0;
     /* the rows: decoding sequences first (one token each), then prompt chunks in arrival order */
     size_t nrows = 0, ntok = 0, nfollow = 0;
-    int64_t budget = E->max_step_tokens > 0 ? E->max_step_tokens : INT64_MAX;
-    for (size_t i = 0; i < E->n; i++) {
-        eseq *e = E->s[i];
-        e->chunk = 0;
-        if (e->state == S_DECODE) {
-            nrows++;
-            ntok++;
-        } else if (e->state == S_WAIT) {
-            nfollow++;
-        }
-    }
-    for (size_t i = 0; i < E->n && budget > 0; i++) {
-        eseq *e = E->s[i];
-        if (e->state != S_PREFILL)
-            continue;
-        int64_t left = (int64_t)e->g.plen - e->fed;
-        e->chunk = left < budget ? left : budget;
-        budget -= e->chunk;
-        nrows++;
-        ntok += (size_t)e->chunk;
-    }
+    eng_plan(E, &nrows, &ntok, &nfollow);
     if (nrows == 0)
         return TK_OK;
     int rc = TK_OK;
@@ -983,40 +1038,9 @@ static int eng_step(engine *E, const tk_gen_event **events, size_t *nevents)
         goto done;
     E->steps++;
     /* the rows whose logits pick a token: decode rows, finished prompts, and their followers */
-    size_t nready = 0, extra = nrows;
-    for (size_t k = 0; k < nrows; k++) {
-        eseq *e = rs[k];
-        if (e->state == S_DECODE) {
-            e->fed++;
-            rs[nready] = e;
-            rrow[nready++] = k;
-            continue;
-        }
-        e->fed += e->chunk;
-        if (e->fed < (int64_t)e->g.plen)
-            continue;
-        e->state = S_DECODE;
-        if (E->kv && E->prefix_cache)
-            tk_kv__pc_insert(E->kv, e->g.slot, e->g.ids, e->g.plen);
-        E->cached_tokens += e->cached;
-        rs[nready] = e;
-        rrow[nready++] = k;
-        for (size_t i = 0; i < E->n; i++) {
-            eseq *f = E->s[i];
-            if (f->state != S_WAIT || f->leader != e)
-                continue;
-            if ((rc = lm->seq_fork(lm->self, &f->g.slot, e->g.slot)) != TK_OK)
-                goto done;
-            f->state = S_DECODE;
-            f->leader = NULL;
-            f->fed = e->fed;
-            f->cached = e->cached;
-            E->cached_tokens += e->cached;
-            memcpy(logits + extra * (size_t)V, logits + k * (size_t)V, (size_t)V * sizeof *logits);
-            rs[nready] = f;
-            rrow[nready++] = extra++;
-        }
-    }
+    size_t nready = 0;
+    if ((rc = eng_ready(E, rs, rrow, logits, nrows, &nready)) != TK_OK)
+        goto done;
     if (local && (rc = eng_pick_local(E, rs, rrow, nready, logits, &picked)) != TK_OK)
         goto done;
     for (size_t k = 0; k < nready; k++) {

@@ -256,19 +256,11 @@ static int tp_check(tk_model *m)
                                "q/k/v/gate/up_proj colwise, o/down_proj rowwise");
 }
 
-static int load(tk_model *m)
+/* The rotary dims and the gated MLP's op, checked against the config. */
+static int setup(tk_model *m, llama *s)
 {
     const tk_models_config *c = &m->cfg;
-    llama *s = calloc(1, sizeof *s);
-    if (!s)
-        return tk__err(TK_ERR_NOMEM, "out of memory");
-    m->state = s;
-    s->l = calloc((size_t)c->layers, sizeof *s->l);
-    if (!s->l)
-        return tk__err(TK_ERR_NOMEM, "out of memory");
-    int64_t H = c->hidden, D = c->head_dim, I = c->intermediate, Q = c->heads * D, KV = c->kv_heads * D;
-    int64_t vh[2] = {c->vocab, H}, h1[1] = {H}, qw[2] = {Q, H}, kvw[2] = {KV, H}, ow[2] = {H, Q}, dw[2] = {H, I};
-    int64_t q1[1] = {Q}, kv1[1] = {KV}, gu2[2] = {2 * I, H};
+    int64_t D = c->head_dim;
     s->rot = (int64_t)((double)D * c->rope.partial_rotary_factor);
     s->rot -= s->rot % 2;
     if (s->rot <= 0 || s->rot > D)
@@ -293,84 +285,86 @@ static int load(tk_model *m)
     if (!s->act_mul)
         return tk__err(TK_ERR_UNSUPPORTED, "%s: hidden_act '%s' has no gated MLP op\nHINT: supported: silu, "
                        "gelu_pytorch_tanh, gelu", c->arch, c->act);
-    double no = c->norm_offset, rs = c->residual_scale;
+    return TK_OK;
+}
+
+/* Layer l's weights: norms, attention (fused or not, with biases), the MLP or its experts. */
+static int load_layer(tk_model *m, llama *s, int64_t l)
+{
+    const tk_models_config *c = &m->cfg;
+    int64_t H = c->hidden, D = c->head_dim, I = c->intermediate, Q = c->heads * D, KV = c->kv_heads * D;
+    int64_t h1[1] = {H}, qw[2] = {Q, H}, kvw[2] = {KV, H}, ow[2] = {H, Q}, dw[2] = {H, I};
+    int64_t q1[1] = {Q}, kv1[1] = {KV}, gu2[2] = {2 * I, H};
     int64_t qn1[1] = {c->qk_norm == TK_QKNORM_PROJ ? Q : D}, kn1[1] = {c->qk_norm == TK_QKNORM_PROJ ? KV : D};
-    int rc;
-    double es = c->embed_scale;
-    if (c->embed_scale_rounded) { /* the scale in the compute dtype, then one rounding of the product */
-        float f = (float)es;
-        uint16_t lo[2];
-        tk_models__from_f32(lo, &f, 1, m->dtype);
-        tk_models__dtype_to_f32(&f, lo, 1, m->dtype);
-        es = f;
-    }
-    if (m->tp && (rc = tp_check(m)) != TK_OK)
-        return rc;
-    if ((rc = tk_models__weight_xf(&s->embed, m, "model.embed_tokens.weight", 2, vh, es, 0, 0, 1)) ||
-        (rc = tk_models__weight_xf(&s->norm, m, "model.norm.weight", 1, h1, 1, no, 0, 1)))
-        return rc;
-    tk_models__mark_embedding(s->embed);
+    double no = c->norm_offset, rs = c->residual_scale;
     char n[8][128];
-    for (int64_t l = 0; l < c->layers; l++) {
-        layer_w *w = &s->l[l];
+    int rc;
+    layer_w *w = &s->l[l];
 #define NM(i, fmt) (snprintf(n[i], sizeof n[i], "model.layers.%lld." fmt, (long long)l), n[i])
-        if (c->pre_norms &&
-            ((rc = tk_models__weight_xf(&w->in_norm, m, NM(0, "input_layernorm.weight"), 1, h1, 1, no, 0, 1)) ||
-             (rc = tk_models__weight_xf(&w->post_norm, m,
-                                        c->post_norms ? NM(0, "pre_feedforward_layernorm.weight")
-                                                      : NM(0, "post_attention_layernorm.weight"),
-                                        1, h1, 1, no, 0, 1))))
+    if (c->pre_norms &&
+        ((rc = tk_models__weight_xf(&w->in_norm, m, NM(0, "input_layernorm.weight"), 1, h1, 1, no, 0, 1)) ||
+         (rc = tk_models__weight_xf(&w->post_norm, m,
+                                    c->post_norms ? NM(0, "pre_feedforward_layernorm.weight")
+                                                  : NM(0, "post_attention_layernorm.weight"),
+                                    1, h1, 1, no, 0, 1))))
+        return rc;
+    if (c->post_norms &&
+        ((rc = tk_models__weight_xf(&w->attn_out_norm, m, NM(0, "post_attention_layernorm.weight"), 1, h1, 1, no,
+                                    0, 1)) ||
+         (rc = tk_models__weight_xf(&w->mlp_out_norm, m, NM(0, "post_feedforward_layernorm.weight"), 1, h1, 1, no,
+                                    0, 1))))
+        return rc;
+    if (c->qk_norm &&
+        ((rc = tk_models__weight_xf(&w->q_norm, m, NM(0, "self_attn.q_norm.weight"), 1, qn1, 1, no, 0, 1)) ||
+         (rc = tk_models__weight_xf(&w->k_norm, m, NM(0, "self_attn.k_norm.weight"), 1, kn1, 1, no, 0, 1))))
+        return rc;
+    /* Granite's residual_multiplier scales each block's output: folded into o_proj and down_proj */
+    if (c->fused_qkv &&
+        ((rc = tk_models__weight_rows(&w->q, m, NM(0, "self_attn.qkv_proj.weight"), Q + 2 * KV, H, 0, Q)) ||
+         (rc = tk_models__weight_rows(&w->k, m, n[0], Q + 2 * KV, H, Q, KV)) ||
+         (rc = tk_models__weight_rows(&w->v, m, n[0], Q + 2 * KV, H, Q + KV, KV)) ||
+         (rc = tk_models__weight(&w->gate_up, m, NM(1, "mlp.gate_up_proj.weight"), 2, gu2))))
+        return rc;
+    if (!c->fused_qkv &&
+        ((rc = tk_models__weight(&w->q, m, NM(0, "self_attn.q_proj.weight"), 2, qw)) ||
+         (rc = tk_models__weight(&w->k, m, NM(0, "self_attn.k_proj.weight"), 2, kvw)) ||
+         (rc = tk_models__weight(&w->v, m, NM(0, "self_attn.v_proj.weight"), 2, kvw))))
+        return rc;
+    if ((rc = tk_models__weight_xf(&w->o, m, NM(0, "self_attn.o_proj.weight"), 2, ow, rs, 0, 0, 1)) != TK_OK)
+        return rc;
+    if (c->experts > 0 && c->moe[l]) {
+        if ((rc = load_moe(m, w, l)) != TK_OK)
             return rc;
-        if (c->post_norms &&
-            ((rc = tk_models__weight_xf(&w->attn_out_norm, m, NM(0, "post_attention_layernorm.weight"), 1, h1, 1, no,
-                                        0, 1)) ||
-             (rc = tk_models__weight_xf(&w->mlp_out_norm, m, NM(0, "post_feedforward_layernorm.weight"), 1, h1, 1, no,
-                                        0, 1))))
-            return rc;
-        if (c->qk_norm &&
-            ((rc = tk_models__weight_xf(&w->q_norm, m, NM(0, "self_attn.q_norm.weight"), 1, qn1, 1, no, 0, 1)) ||
-             (rc = tk_models__weight_xf(&w->k_norm, m, NM(0, "self_attn.k_norm.weight"), 1, kn1, 1, no, 0, 1))))
-            return rc;
-        /* Granite's residual_multiplier scales each block's output: folded into o_proj and down_proj */
-        if (c->fused_qkv &&
-            ((rc = tk_models__weight_rows(&w->q, m, NM(0, "self_attn.qkv_proj.weight"), Q + 2 * KV, H, 0, Q)) ||
-             (rc = tk_models__weight_rows(&w->k, m, n[0], Q + 2 * KV, H, Q, KV)) ||
-             (rc = tk_models__weight_rows(&w->v, m, n[0], Q + 2 * KV, H, Q + KV, KV)) ||
-             (rc = tk_models__weight(&w->gate_up, m, NM(1, "mlp.gate_up_proj.weight"), 2, gu2))))
-            return rc;
-        if (!c->fused_qkv &&
-            ((rc = tk_models__weight(&w->q, m, NM(0, "self_attn.q_proj.weight"), 2, qw)) ||
-             (rc = tk_models__weight(&w->k, m, NM(0, "self_attn.k_proj.weight"), 2, kvw)) ||
-             (rc = tk_models__weight(&w->v, m, NM(0, "self_attn.v_proj.weight"), 2, kvw))))
-            return rc;
-        if ((rc = tk_models__weight_xf(&w->o, m, NM(0, "self_attn.o_proj.weight"), 2, ow, rs, 0, 0, 1)) != TK_OK)
-            return rc;
-        if (c->experts > 0 && c->moe[l]) {
-            if ((rc = load_moe(m, w, l)) != TK_OK)
-                return rc;
-        } else if ((rc = tk_models__weight_xf(&w->down, m, NM(0, "mlp.down_proj.weight"), 2, dw, rs, 0, 0, 1)) != TK_OK) {
-            return rc;
-        }
-        const char *gu[2] = {NM(1, "mlp.gate_proj.weight"), NM(2, "mlp.up_proj.weight")};
-        if (!c->fused_qkv && !w->router && (rc = tk_models__weight_cat(&w->gate_up, m, gu, 2, I, H)) != TK_OK)
-            return rc;
-        if (c->qkv_bias &&
-            ((rc = tk_models__weight(&w->qb, m, NM(0, "self_attn.q_proj.bias"), 1, q1)) ||
-             (rc = tk_models__weight(&w->kb, m, NM(0, "self_attn.k_proj.bias"), 1, kv1)) ||
-             (rc = tk_models__weight(&w->vb, m, NM(0, "self_attn.v_proj.bias"), 1, kv1))))
-            return rc;
-        if (c->o_bias && (rc = tk_models__weight_xf(&w->ob, m, NM(0, "self_attn.o_proj.bias"), 1, h1, rs, 0, 0, 1)))
-            return rc;
-        if (c->mlp_bias) {
-            const char *gub[2] = {NM(3, "mlp.gate_proj.bias"), NM(4, "mlp.up_proj.bias")};
-            if ((rc = tk_models__weight_cat(&w->gate_up_b, m, gub, 2, I, 0)) ||
-                (rc = tk_models__weight_xf(&w->down_b, m, NM(0, "mlp.down_proj.bias"), 1, h1, rs, 0, 0, 1)))
-                return rc;
-        }
-#undef NM
+    } else if ((rc = tk_models__weight_xf(&w->down, m, NM(0, "mlp.down_proj.weight"), 2, dw, rs, 0, 0, 1)) != TK_OK) {
+        return rc;
     }
-    /* the LM head with Granite's 1 / logits_scaling folded in; tied: the unscaled embedding table (split:
-     * the rank's rows of it, without the vocabulary-parallel table's row of zeros) */
+    const char *gu[2] = {NM(1, "mlp.gate_proj.weight"), NM(2, "mlp.up_proj.weight")};
+    if (!c->fused_qkv && !w->router && (rc = tk_models__weight_cat(&w->gate_up, m, gu, 2, I, H)) != TK_OK)
+        return rc;
+    if (c->qkv_bias &&
+        ((rc = tk_models__weight(&w->qb, m, NM(0, "self_attn.q_proj.bias"), 1, q1)) ||
+         (rc = tk_models__weight(&w->kb, m, NM(0, "self_attn.k_proj.bias"), 1, kv1)) ||
+         (rc = tk_models__weight(&w->vb, m, NM(0, "self_attn.v_proj.bias"), 1, kv1))))
+        return rc;
+    if (c->o_bias && (rc = tk_models__weight_xf(&w->ob, m, NM(0, "self_attn.o_proj.bias"), 1, h1, rs, 0, 0, 1)))
+        return rc;
+    if (c->mlp_bias) {
+        const char *gub[2] = {NM(3, "mlp.gate_proj.bias"), NM(4, "mlp.up_proj.bias")};
+        if ((rc = tk_models__weight_cat(&w->gate_up_b, m, gub, 2, I, 0)) ||
+            (rc = tk_models__weight_xf(&w->down_b, m, NM(0, "mlp.down_proj.bias"), 1, h1, rs, 0, 0, 1)))
+            return rc;
+    }
+#undef NM
+    return TK_OK;
+}
+
+/* The LM head with Granite's 1 / logits_scaling folded in; tied: the unscaled embedding table (split:
+ * the rank's rows of it, without the vocabulary-parallel table's row of zeros). */
+static int load_head(tk_model *m, llama *s)
+{
+    const tk_models_config *c = &m->cfg;
+    int64_t vh[2] = {c->vocab, c->hidden};
+    int rc;
     if (c->tie_embeddings && c->embed_scale == 1.0 && c->logit_scale == 1.0 && m->tp && m->tp->head_split) {
         tk_models__rows(&s->head_view, s->embed, m->tp->embed_split ? 0 : m->tp->vocab_off, m->tp->vocab_len);
         s->lm_head = &s->head_view;
@@ -388,6 +382,40 @@ static int load(tk_model *m)
                        c->arch, m->dir);
     }
     return TK_OK;
+}
+
+static int load(tk_model *m)
+{
+    const tk_models_config *c = &m->cfg;
+    llama *s = calloc(1, sizeof *s);
+    if (!s)
+        return tk__err(TK_ERR_NOMEM, "out of memory");
+    m->state = s;
+    s->l = calloc((size_t)c->layers, sizeof *s->l);
+    if (!s->l)
+        return tk__err(TK_ERR_NOMEM, "out of memory");
+    int64_t vh[2] = {c->vocab, c->hidden}, h1[1] = {c->hidden};
+    int rc = setup(m, s);
+    if (rc != TK_OK)
+        return rc;
+    double es = c->embed_scale;
+    if (c->embed_scale_rounded) { /* the scale in the compute dtype, then one rounding of the product */
+        float f = (float)es;
+        uint16_t lo[2];
+        tk_models__from_f32(lo, &f, 1, m->dtype);
+        tk_models__dtype_to_f32(&f, lo, 1, m->dtype);
+        es = f;
+    }
+    if (m->tp && (rc = tp_check(m)) != TK_OK)
+        return rc;
+    if ((rc = tk_models__weight_xf(&s->embed, m, "model.embed_tokens.weight", 2, vh, es, 0, 0, 1)) ||
+        (rc = tk_models__weight_xf(&s->norm, m, "model.norm.weight", 1, h1, 1, c->norm_offset, 0, 1)))
+        return rc;
+    tk_models__mark_embedding(s->embed);
+    for (int64_t l = 0; l < c->layers; l++)
+        if ((rc = load_layer(m, s, l)) != TK_OK)
+            return rc;
+    return load_head(m, s);
 }
 
 static int plan(tk_model *m, tk_models_batch *b)

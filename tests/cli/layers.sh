@@ -91,4 +91,13 @@ t_format_check() {
   expect_out "code should be clang-formatted"
 }
 
+t_no_function_over_120_lines() {
+  python3 "$ROOT/tests/fnlen.py" "$ROOT" >"$WORK/fnlen.out" 2>&1 || { fail "functions over 120 lines:"; cat "$WORK/fnlen.out" >&2; }
+  # and the checker sees a long function when there is one
+  mkdir -p "$WORK/fl/models"
+  { echo 'static int f(void)'; echo '{'; for i in $(seq 130); do echo "    x();"; done; echo '}'; } >"$WORK/fl/models/long.c"
+  python3 "$ROOT/tests/fnlen.py" "$WORK/fl" >"$WORK/fnlen2.out" 2>&1 && fail "fnlen.py missed a 133-line function"
+  grep -q "models/long.c:1: f is 133 lines" "$WORK/fnlen2.out" || { fail "fnlen.py's report:"; cat "$WORK/fnlen2.out" >&2; }
+}
+
 run_tests
