@@ -21,7 +21,7 @@
  * stage, rename, move the branch, rewrite refs), so a refused upload writes nothing in the tree and a server killed mid-upload leaves no
  * partial version.
  *
- * Threads: libmicrohttpd's internal thread pool (epoll on Linux). The handler never blocks on a slow
+ * Threads: libmicrohttpd's internal thread pool (poll(), not epoll). The handler never blocks on a slow
  * client; it blocks only on the file system and the publish flock. Nothing global is mutable: the
  * server's state is in tk_server.
  *
@@ -1396,7 +1396,9 @@ int tk_server_new(tk_server **out, const tk_serve_opts *opts)
         goto fail;
     }
     tk__rmtree(tmpdir);
-    unsigned flags = MHD_USE_AUTO_INTERNAL_THREAD | MHD_USE_ERROR_LOG;
+    /* poll(), not epoll: libmicrohttpd's epoll loop stalls a thread's first 128 ready connections
+     * for up to the connection timeout (serve/model_server.c says more) */
+    unsigned flags = MHD_USE_POLL_INTERNAL_THREAD | MHD_USE_ERROR_LOG;
     unsigned threads = opts->threads ? opts->threads : 4;
     s->max_conns = opts->max_connections ? opts->max_connections : 256;
     if (ai->ai_family == AF_INET6)

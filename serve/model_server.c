@@ -880,7 +880,11 @@ int tk_model_server_new(tk_model_server **out, tk_ctx *ctx, const tk_model_serve
     }
     unsigned threads = opts->threads ? opts->threads : 4;
     unsigned maxc = opts->max_connections ? opts->max_connections : 1024;
-    unsigned flags = MHD_USE_AUTO_INTERNAL_THREAD | MHD_ALLOW_SUSPEND_RESUME | MHD_USE_ERROR_LOG;
+    /* poll(), not epoll: libmicrohttpd's epoll loop (0.9.75 and upstream) takes 128 events, then waits
+     * again, up to the connection timeout, before serving them; one thread's 128 connections whose
+     * requests arrived together sat unanswered for --timeout seconds (tests/cli/serve_model.sh,
+     * t_burst_of_128_requests) */
+    unsigned flags = MHD_USE_POLL_INTERNAL_THREAD | MHD_ALLOW_SUSPEND_RESUME | MHD_USE_ERROR_LOG;
     if (ai->ai_family == AF_INET6)
         flags |= MHD_USE_IPv6;
     s->d = MHD_start_daemon(flags, (uint16_t)port, NULL, NULL, on_request, s, MHD_OPTION_EXTERNAL_LOGGER, on_mhd_log, s,

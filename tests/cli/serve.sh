@@ -320,6 +320,15 @@ EOF
   stop_serve
 }
 
+# 128 requests readable at once on the one HTTP thread are all answered at once (libmicrohttpd's
+# epoll loop held them for the connection timeout: the server uses poll)
+t_burst_of_128_requests() {
+  start_serve "$REG" --threads 1 --timeout 60 --max-per-ip 200 || return
+  python3 "$ROOT/tests/http_burst.py" "$URL" "$SERVE_PID" 128 /kernels/tktest/demo/resolve/v1/manifest.json ||
+    fail "a burst of 128 requests: see above"
+  stop_serve
+}
+
 # A server tree with a token for tktest and the test key trusted.
 SRV=
 server_tree() {

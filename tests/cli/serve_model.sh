@@ -112,6 +112,15 @@ t_500_connections() {
   stop_server
 }
 
+# 128 requests readable at once on the one HTTP thread are all answered at once (libmicrohttpd's
+# epoll loop held them for the connection timeout: the server uses poll)
+t_burst_of_128_requests() {
+  need || return
+  start_server --threads 1 --timeout 60 || return
+  python3 "$ROOT/tests/http_burst.py" "$URL" "$SRV_PID" 128 /health || fail "a burst of 128 requests: see above"
+  stop_server
+}
+
 t_vanishing_clients_cancel() {
   need || return
   start_server --parallel 4 || return
