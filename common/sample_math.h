@@ -44,6 +44,40 @@ static inline float tk__float_of_key(uint32_t k)
     return tk__bits_f32((k & 0x80000000u) ? (k & 0x7FFFFFFFu) : ~k);
 }
 
+/* The keys of the k largest non-NaN values of x[0..n) into heap[0..k), a min-heap (heap[0] the
+ * smallest kept, in no other order); returns how many were kept (< k when fewer are not NaN). Ties
+ * keep whichever came first; the threshold heap[0] is the same either way. */
+static inline int64_t tk__top_keys(uint32_t *heap, const float *x, int64_t n, int64_t k)
+{
+    int64_t h = 0;
+    for (int64_t i = 0; i < n; i++) {
+        if (x[i] != x[i])
+            continue;
+        uint32_t v = tk__key_of(x[i]);
+        if (h < k) { /* sift up */
+            int64_t j = h++;
+            for (; j > 0 && heap[(j - 1) / 2] > v; j = (j - 1) / 2)
+                heap[j] = heap[(j - 1) / 2];
+            heap[j] = v;
+        } else if (v > heap[0]) { /* replace the root, sift down */
+            int64_t j = 0;
+            for (;;) {
+                int64_t c = 2 * j + 1;
+                if (c >= k)
+                    break;
+                if (c + 1 < k && heap[c + 1] < heap[c])
+                    c++;
+                if (heap[c] >= v)
+                    break;
+                heap[j] = heap[c];
+                j = c;
+            }
+            heap[j] = v;
+        }
+    }
+    return h;
+}
+
 /* e^d for d in [-23, 0]: n = rint(d log2 e), r = d - n ln2 (ln 2 in two parts, fmas), a degree-7
  * Taylor polynomial on |r| <= 0.347 (truncation < 6e-9), times 2^n (exact: n >= -34). */
 static inline float tk__exp_det(float d)

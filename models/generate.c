@@ -16,6 +16,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "common/sample_math.h"
 #include "models/generate.h"
 #include "models/kv_cache.h"
 #include "models/models.h"
@@ -69,39 +70,12 @@ int tk_gen__top_k(float *s, int64_t V, int64_t k, int64_t min_keep)
         k = min_keep;
     if (k <= 0 || k >= V)
         return TK_OK;
-    float *heap = malloc((size_t)k * sizeof *heap); /* a min-heap of the k largest scores */
+    uint32_t *heap = malloc((size_t)k * sizeof *heap); /* the keys of the k largest scores */
     if (!heap)
         return tk__err(TK_ERR_NOMEM, "top_k: out of memory for k = %lld", (long long)k);
-    int64_t h = 0;
-    for (int64_t i = 0; i < V; i++) {
-        float x = s[i];
-        if (x != x)
-            continue;
-        if (h < k) { /* sift up */
-            int64_t j = h++;
-            while (j > 0 && heap[(j - 1) / 2] > x) {
-                heap[j] = heap[(j - 1) / 2];
-                j = (j - 1) / 2;
-            }
-            heap[j] = x;
-        } else if (x > heap[0]) { /* replace the root, sift down */
-            int64_t j = 0;
-            for (;;) {
-                int64_t c = 2 * j + 1;
-                if (c >= k)
-                    break;
-                if (c + 1 < k && heap[c + 1] < heap[c])
-                    c++;
-                if (heap[c] >= x)
-                    break;
-                heap[j] = heap[c];
-                j = c;
-            }
-            heap[j] = x;
-        }
-    }
+    int64_t h = tk__top_keys(heap, s, V, k);
     if (h == k) { /* scores < the k-th largest go; ties with it stay (transformers' filter) */
-        float thr = heap[0];
+        float thr = tk__float_of_key(heap[0]);
         for (int64_t i = 0; i < V; i++)
             if (s[i] < thr)
                 s[i] = -INFINITY;

@@ -61,36 +61,9 @@ int tk_models__tp_pick_cheaper(const tk_model *m, int sample, int64_t top_k)
  * [k] padded with -1; heap is scratch for k keys. */
 static void local_top(int64_t *out, const float *x, int64_t n, int64_t k, uint32_t *heap)
 {
-    int64_t h = 0;
-    for (int64_t i = 0; i < n; i++) {
-        if (x[i] != x[i])
-            continue;
-        uint32_t v = tk__key_of(x[i]);
-        if (h < k) { /* a min-heap of the k largest: sift up */
-            int64_t j = h++;
-            for (; j > 0 && heap[(j - 1) / 2] > v; j = (j - 1) / 2)
-                heap[j] = heap[(j - 1) / 2];
-            heap[j] = v;
-        } else if (v > heap[0]) { /* replace the root, sift down */
-            int64_t j = 0;
-            for (;;) {
-                int64_t c = 2 * j + 1;
-                if (c >= k)
-                    break;
-                if (c + 1 < k && heap[c + 1] < heap[c])
-                    c++;
-                if (heap[c] >= v)
-                    break;
-                heap[j] = heap[c];
-                j = c;
-            }
-            heap[j] = v;
-        }
-    }
+    int64_t h = tk__top_keys(heap, x, n, k);
     for (int64_t i = 0; i < k; i++)
-        out[i] = -1;
-    for (int64_t i = 0; i < h; i++)
-        out[i] = heap[i]; /* order does not matter: the union is sorted */
+        out[i] = i < h ? (int64_t)heap[i] : -1; /* order does not matter: the union is sorted */
 }
 
 static int cmp_desc(const void *a, const void *b)
