@@ -156,7 +156,15 @@ static int route_of(const char *url, const char *method, const char *name, int *
     static const struct {
         const char *path, *method;
         int route;
-    } T[] = {{"/v1/chat/completions", "POST", R_CHAT}, {"/v1/completions", "POST", R_COMPLETIONS}, {"/v1/models", "GET", R_MODELS}, {"/health", "GET", R_HEALTH}, {"/metrics", "GET", R_METRICS}, {"/tokenize", "POST", R_TOKENIZE}, {"/detokenize", "POST", R_DETOKENIZE}};
+    } T[] = {
+        {"/v1/chat/completions", "POST", R_CHAT},
+        {"/v1/completions", "POST", R_COMPLETIONS},
+        {"/v1/models", "GET", R_MODELS},
+        {"/health", "GET", R_HEALTH},
+        {"/metrics", "GET", R_METRICS},
+        {"/tokenize", "POST", R_TOKENIZE},
+        {"/detokenize", "POST", R_DETOKENIZE},
+    };
     *bad_method = 0;
     for (size_t i = 0; i < sizeof T / sizeof T[0]; i++)
         if (!strcmp(url, T[i].path)) {
@@ -308,7 +316,9 @@ static enum MHD_Result tokenize(struct tk_model_server *s, struct MHD_Connection
     for (size_t i = 0; i < n; i++)
         json_array_append_new(a, json_integer(ids[i]));
     tk_free(ids);
-    return send_json(c, h, 200, json_pack("{s:o, s:I, s:I}", "tokens", a, "count", (json_int_t)n, "max_model_len", (json_int_t)s->ctx_len));
+    json_t *ans = json_pack("{s:o, s:I, s:I}", "tokens", a, "count", (json_int_t)n, "max_model_len",
+                            (json_int_t)s->ctx_len);
+    return send_json(c, h, 200, ans);
 }
 
 /* ---- generation requests ---------------------------------------------------------------------- */
@@ -765,15 +775,19 @@ static void on_connection(void *cls, struct MHD_Connection *c, void **socket_con
     if (code == MHD_CONNECTION_NOTIFY_STARTED) {
         tk_serve_conn *sc = calloc(1, sizeof *sc);
         const union MHD_ConnectionInfo *ci = MHD_get_connection_info(c, MHD_CONNECTION_INFO_CONNECTION_FD);
-        if (sc && ci && !(s->nconn == s->capconn && (s->capconn = s->capconn ? 2 * s->capconn : 64, !(s->conns = realloc(s->conns, s->capconn * sizeof *s->conns))))) {
+        if (sc && ci && s->nconn == s->capconn) { /* grow the table; on failure the connection goes untracked */
+            size_t cap = s->capconn ? 2 * s->capconn : 64;
+            tk_serve_conn **t = realloc(s->conns, cap * sizeof *t);
+            if (t)
+                s->conns = t, s->capconn = cap;
+        }
+        if (sc && ci && s->nconn < s->capconn) {
             sc->fd = ci->connect_fd;
             sc->t0 = tk__now_ms();
             sc->receiving = 1;
             s->conns[s->nconn++] = sc;
             *socket_context = sc;
         } else {
-            if (!s->conns)
-                s->capconn = s->nconn = 0;
             free(sc);
             *socket_context = NULL;
         }
