@@ -389,7 +389,7 @@ static void print_report(json_t *out, tk_ctx *ctx, int devrc, int ndev, const ch
                          int nvmaj, int nvmin, int ok)
 {
     json_t *cwarn = json_object_get(out, "config_warnings");
-    printf("tk %s\n\n", tk_version_string());
+    printf("tk %s (build %s)\n\n", tk_version_string(), tk_build_id());
     print_gpus(json_object_get(out, "gpus"), devrc, ndev, deverr);
     if (nvpath[0])
         printf("NVRTC:    %d.%d at %s\n", nvmaj, nvmin, nvpath);
@@ -445,6 +445,7 @@ int tk_cmd_doctor(tk_cli *cli, int argc, char **argv)
 
     json_t *out = json_object();
     json_object_set_new(out, "tk_version", json_string(tk_version_string()));
+    json_object_set_new(out, "tk_build", json_string(tk_build_id()));
     devrc = gpu_info(out, &ndev, deverr, sizeof deverr);
     nvrtc_info(out, &nvmaj, &nvmin, nvpath, sizeof nvpath);
     /* MPI, NCCL, and the ranks under an MPI launcher (only rank 0 prints) */

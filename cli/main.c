@@ -216,7 +216,7 @@ int main(int argc, char **argv)
         return TK_EXIT_OK;
     }
     if (!strcmp(argv[1], "--version") || !strcmp(argv[1], "version")) {
-        printf("tk %s\n", tk_version_string());
+        printf("tk %s (build %s)\n", tk_version_string(), tk_build_id());
         return TK_EXIT_OK;
     }
     long c = find_command(argv[1]);

@@ -121,6 +121,28 @@ static int gather_hosts(tk_comm *c)
     return TK_OK;
 }
 
+/* Every rank's tk_build_id(): a job whose ranks run different builds is refused on every rank alike
+ * (each sees all the ids), naming the first rank that differs from rank 0. */
+static int same_build(tk_comm *c)
+{
+    enum { ID = 32 };
+    char *ids = calloc((size_t)c->size, ID);
+    if (!ids)
+        return tk__err(TK_ERR_NOMEM, "out of memory");
+    snprintf(ids + (size_t)c->rank * ID, ID, "%s", tk_build_id());
+    int rc = tk_comm__mpi_all_gather(c, ids, NULL, ID);
+    for (int r = 1; rc == TK_OK && r < c->size; r++) {
+        ids[(size_t)r * ID + ID - 1] = ids[ID - 1] = '\0';
+        if (strcmp(ids + (size_t)r * ID, ids) != 0)
+            rc = tk__err(TK_ERR_INVALID,
+                         "rank %d (on %s) runs tk build %s, rank 0 (on %s) build %s: every rank of a job must run "
+                         "the same tk\nHINT: install one tk build on every host ('tk --version' prints the build)",
+                         r, c->hosts[r], ids + (size_t)r * ID, c->hosts[0], ids);
+    }
+    free(ids);
+    return rc;
+}
+
 int tk_comm__mpi_new(tk_comm *c, const void *mpi_comm)
 {
     char eb[MPI_MAX_ERROR_STRING], what[96];
@@ -165,7 +187,9 @@ int tk_comm__mpi_new(tk_comm *c, const void *mpi_comm)
     if ((rc = wait_req(c, rc, req, what)) != TK_OK)
         return rc;
     MPI_Comm_set_errhandler(m->comm, MPI_ERRORS_RETURN);
-    return gather_hosts(c);
+    if ((rc = gather_hosts(c)) != TK_OK)
+        return rc;
+    return same_build(c);
 }
 
 void tk_comm__mpi_free(tk_comm *c)

@@ -56,6 +56,10 @@ extern "C" {
 /* The version of the library actually linked (compare with TK_VERSION_NUMBER). */
 TK_API int tk_version_number(void);
 TK_API const char *tk_version_string(void);
+/* A digest (16 hex digits) of the sources this library was built from. The ranks of a tensor- or
+ * data-parallel job compare it when their communicator starts (tk_comm_new): every rank must run the
+ * same tk. */
+TK_API const char *tk_build_id(void);
 
 /* ---------------------------------------------------------------------------------------------- */
 /* Status codes. Append-only: a code is never renumbered or removed.                               */

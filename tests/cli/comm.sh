@@ -120,4 +120,28 @@ assert [r["rank"] for r in p["ranks"]]==[0,1], p; assert p["mpi"]["launcher"]=="
   expect_out "MPI:      Open MPI"
 }
 
+# Ranks running different tk builds: every rank refuses to join, naming the rank that differs, in
+# bounded time (the other binary is this tk with its build id changed, a real different build).
+t_ranks_of_different_builds_refused() {
+  have_mpi || return
+  local id other=$WORK/tk-other
+  id=$("$TK" --version | sed -n 's/.*(build \([0-9a-f]*\)).*/\1/p')
+  [ ${#id} = 16 ] || { fail "tk --version shows no build id: $("$TK" --version)"; return; }
+  python3 - "$TK" "$other" "$id" <<'EOF' || { fail "cannot make the other build"; return; }
+import sys
+b = open(sys.argv[1], "rb").read()
+old = sys.argv[3].encode()
+assert b.count(old) == 1, b.count(old)
+open(sys.argv[2], "wb").write(b.replace(old, b"0123456789abcdef"))
+EOF
+  chmod +x "$other"
+  "$other" --version | grep -q "(build 0123456789abcdef)" || fail "the other build: $("$other" --version)"
+  OUT=$(timeout -k 5 60 "${MPIRUN[@]}" -np 1 "$TK" doctor : -np 1 "$other" doctor 2>&1); RC=$?
+  [ $RC != 0 ] && [ $RC != 124 ] || fail "two builds: exit $RC: $OUT"
+  grep -q "rank 1 (on [^)]*) runs tk build 0123456789abcdef, rank 0 (on [^)]*) build $id: every rank of a job must run the same tk" <<<"$OUT" ||
+    fail "no clear error: $OUT"
+  run_mpi 60 2 "$TK" doctor   # one build on both ranks joins (exit 7: no GPU)
+  [ $RC = 0 ] || [ $RC = 7 ] || fail "one build under mpirun exited $RC: $OUT"
+}
+
 run_tests
