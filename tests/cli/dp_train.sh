@@ -145,7 +145,8 @@ t_dataset_too_small_to_shard() {
   expect_rc 0 "$TK" train "$CK/llama" "${args[@]}" --out "$WORK/s1"
   run_mpi 60 2 "$TK" train "$CK/llama" "${args[@]}" --out "$WORK/s" --dp 2
   [ $RC = 2 ] || fail "exit $RC, want 2: $ERR"
-  grep -q -- "--dp 2: the data has 1 training sequence of --seq-len 64 (0 held out), fewer than the ranks" <<<"$ERR" ||
+  # 1 held out when the tiny tokenizer (trained afresh with the checkpoints) makes the text 2 blocks
+  grep -Eq -- "--dp 2: the data has 1 training sequence of --seq-len 64 \([01] held out\), fewer than the ranks" <<<"$ERR" ||
     fail "no clear error: $ERR"
   grep -q "HINT: more text" <<<"$ERR" || fail "no hint: $ERR"
 }
