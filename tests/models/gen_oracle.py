@@ -11,10 +11,10 @@ tests/cli/generate.sh run it; never tk).
         in V x...                           (f32 values as float.hex(), or inf/-inf)
         out V x...
   gen_oracle.py make DIR llama|gpt2
-      Writes a tiny random checkpoint (seeded, so the same bytes each time) with a tokenizer.json
-      trained on a few sentences: Llama with a SentencePiece-style byte-fallback BPE, GPT-2 with a
-      byte-level BPE. Weights are drawn wider than transformers' init so that logits are far apart
-      and greedy and beam choices are not decided by rounding.
+      Writes a tiny random checkpoint (seeded: the same bytes each time, tokenizer.json included)
+      with a tokenizer trained on a few sentences: Llama with a SentencePiece-style byte-fallback
+      BPE, GPT-2 with a byte-level BPE. Weights are drawn wider than transformers' init so that
+      logits are far apart and greedy and beam choices are not decided by rounding.
   gen_oracle.py generate DIR IDS [key=value ...]
       model.generate() on the checkpoint in DIR (float32, CPU) for the prompt IDS (comma-separated),
       with GenerationConfig fields as key=value (ints, floats, true/false, or a list as a,b,c for
@@ -154,7 +154,13 @@ def make_tokenizer(kind):
     tok.decoder = decoders.Sequence([decoders.Replace("\u2581", " "), decoders.ByteFallback(), decoders.Fuse(),
                                      decoders.Strip(" ", 1, 0)])
     special = ["<unk>", "<s>", "</s>"] + [f"<0x{i:02X}>" for i in range(256)]
-    tr = trainers.BpeTrainer(vocab_size=420, special_tokens=special, limit_alphabet=40)
+    # The 40 most frequent characters, ties broken by code point, as the alphabet (the rest fall back
+    # to bytes): with limit_alphabet alone the trainer drops tied characters in hash order, and each
+    # run made another vocabulary and merge list.
+    import collections
+    count = collections.Counter("".join(tok.normalizer.normalize_str(t) for t in TEXT))
+    alphabet = [c for c, _ in sorted(count.items(), key=lambda kv: (-kv[1], kv[0]))[:40]]
+    tr = trainers.BpeTrainer(vocab_size=420, special_tokens=special, limit_alphabet=40, initial_alphabet=alphabet)
     tok.train_from_iterator(TEXT, tr)
     return tok, tok.token_to_id("<s>"), tok.token_to_id("</s>")
 
