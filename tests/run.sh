@@ -85,7 +85,12 @@ run_one() {
   s=$(echo "$last" | sed -nE 's/.* ([0-9]+) skipped.*/\1/p'); s=${s:-0}
   passed=$((passed + p)); failed=$((failed + f)); skipped=$((skipped + s))
   if [ "$f" -gt 0 ] || [ $rc -ne 0 ]; then
-    echo "FAIL  $name: $last (${secs})"; grep -E '^(FAIL|.*CHECK|.*failed)' "$log" | head -n 40 | sed 's/^/    /'
+    # the failing lines, and before each failed shell test up to eight lines its fail calls printed
+    echo "FAIL  $name: $last (${secs})"
+    awk '/^FAIL t_/ { n = 0; for (i = 1; i <= 8 && NR - i > 0; i++) { if (b[(NR - i) % 8] ~ /^(ok|FAIL|skip) /) break; n = i }
+                      for (i = n; i >= 1; i--) if (!shown[NR - i]) print b[(NR - i) % 8] }
+         /^(FAIL|.*CHECK|.*failed)/ { print; shown[NR] = 1 }
+         { b[NR % 8] = $0 }' "$log" | head -n 40 | sed 's/^/    /'
     [ "$f" -gt 0 ] || { failed=$((failed + 1)); broken+=("$name"); }
   else
     echo "ok    $name: $last (${secs})"
