@@ -227,11 +227,11 @@ gpu-bundle:
 # package tkhub, the default registry (share/tkhub/registry) and the docs. See scripts/install.mk.
 include scripts/install.mk
 
-# The layout of .clang-format needs clang-format 18 or newer (Debian: clang-format-19); the files in
-# .clang-format-ignore are the layout debt it skips (docs/hacking.md). format-check fails on any
-# other file `make format` would change (tests/cli/layers.sh runs it).
+# The layout of .clang-format needs clang-format 18 or newer (Debian: clang-format-19). format-check
+# fails on any file `make format` would change (tests/cli/layers.sh runs it; docs/hacking.md).
 CLANG_FORMAT ?= $(firstword $(shell command -v clang-format-19 clang-format-18 clang-format 2>/dev/null) clang-format)
-FORMAT_SRC := $(sort $(LIB_SRC) $(CLI_SRC) $(TEST_SRC) $(EX_SRC) include/tk.h $(wildcard */*.h))
+FORMAT_SRC := $(sort $(LIB_SRC) $(SERVE_SRC) $(CLI_SRC) $(TEST_SRC) $(EX_SRC) $(BENCH_SRC) $(FUZZ_SRC) include/tk.h \
+              $(wildcard */*.h tests/fuzz/*.[ch] tests/install/*.c bench/shim/*.c))
 
 format:
 	$(CLANG_FORMAT) -i $(FORMAT_SRC)

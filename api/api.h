@@ -141,8 +141,8 @@ const char *tk_api__kernel_pkgname(const tk_kernel *k);
  * package read and verified, the plan, every binary from the cache (or compiled and cached). What a
  * warm tk_get_kernel costs on the host (bench/get_kernel_warm.c). */
 int tk_api__get_kernel_host(tk_ctx *ctx, const char *ref, int cc);
-int tk_api__kernel_keys(tk_ctx *ctx, const char *ref, int cc, void (*each)(void *user, const char *kernel, const char *key),
-                        void *user);
+int tk_api__kernel_keys(tk_ctx *ctx, const char *ref, int cc,
+                        void (*each)(void *user, const char *kernel, const char *key), void *user);
 
 /* One kernel of a manifest as dispatch reads it (api/op.c), so a self-test binds and checks a call
  * exactly as tk_op_run would. */

@@ -213,8 +213,7 @@ static int plan_make(plan *p, const pkgsrc *s, int cc, int ptx_only, const char 
             continue;
         for (j = 0; j < p->n; j++) {
             const kdecl *f = &s->k[p->u[j].kidx[0]];
-            if (strcmp(f->source, d->source) == 0 && f->arch_specific == d->arch_specific &&
-                same_opts(f, d)) {
+            if (strcmp(f->source, d->source) == 0 && f->arch_specific == d->arch_specific && same_opts(f, d)) {
                 c = &p->u[j];
                 break;
             }
@@ -313,8 +312,8 @@ static void on_unit(void *user, size_t i, int started, int status, size_t ndone,
     char name[96], what[128];
     unit_name(name, sizeof name, &pr->units[i]);
     if (!started)
-        tk_api__log(pr->ctx, status == TK_OK ? TK_LOG_INFO : TK_LOG_WARN, "[%zu/%zu] %s %.1f s%s", ndone, pr->n,
-                    name, secs, status == TK_OK ? "" : " FAILED");
+        tk_api__log(pr->ctx, status == TK_OK ? TK_LOG_INFO : TK_LOG_WARN, "[%zu/%zu] %s %.1f s%s", ndone, pr->n, name,
+                    secs, status == TK_OK ? "" : " FAILED");
     if (pr->ctx->progress) {
         snprintf(what, sizeof what, "compile %zu running, %.0f s: %s", nrunning, (tk__now_ms() - pr->t0) / 1000.0,
                  name);
@@ -506,8 +505,8 @@ static void symbol_message(tk_buf *b, const cunit *c, const pkgsrc *s, const cha
                     base = q + 1;
             snprintf(quoted, sizeof quoted, "\"%.*s\"", (int)(sym + n - base), base);
             if (strstr(msg, quoted) || strstr(msg, sym)) {
-                tk__buf_printf(b, "%s (%s): kernel '%s': symbol '%s' is not declared in %s\n", d->source,
-                               c->target, d->name, sym, d->source);
+                tk__buf_printf(b, "%s (%s): kernel '%s': symbol '%s' is not declared in %s\n", d->source, c->target,
+                               d->name, sym, d->source);
                 any = 1;
             }
         }
@@ -648,8 +647,8 @@ static int kernel_plan(plan *p, tk_kcache **kc, tk_ctx *ctx, const pkgsrc *s, co
     if ((rc = plan_make(p, s, cc, fp && !strcmp(fp, "1"), nvid)) != TK_OK)
         return rc;
     if (p->n == 0)
-        return tk__err(TK_ERR_UNSUPPORTED, "%s has no kernel for compute capability %d.%d (device %d: %s)",
-                       s->pkgname, info->cc_major, info->cc_minor, device, info->name);
+        return tk__err(TK_ERR_UNSUPPORTED, "%s has no kernel for compute capability %d.%d (device %d: %s)", s->pkgname,
+                       info->cc_major, info->cc_minor, device, info->name);
     if ((rc = tk_api__kcache(kc, ctx)) != TK_OK)
         return rc;
     for (size_t i = 0; i < p->n && !any_miss; i++) /* tk_api__plan_build reads (and verifies) the hits */
@@ -660,8 +659,9 @@ static int kernel_plan(plan *p, tk_kcache **kc, tk_ctx *ctx, const pkgsrc *s, co
         if ((rc = tk_jit__nvrtc_archs(archs, 64, &na)) != TK_OK)
             return rc;
         if (na && cc > archs[na - 1]) {
-            tk_api__log(ctx, TK_LOG_WARN, "sm_%d is newer than this NVRTC knows (up to sm_%d): using PTX for compute_%d",
-                        cc, archs[na - 1], archs[na - 1]);
+            tk_api__log(ctx, TK_LOG_WARN,
+                        "sm_%d is newer than this NVRTC knows (up to sm_%d): using PTX for compute_%d", cc,
+                        archs[na - 1], archs[na - 1]);
             tk_api__plan_free(p);
             if ((rc = plan_make(p, s, archs[na - 1], 1, nvid)) != TK_OK)
                 return rc;
@@ -708,8 +708,8 @@ int tk_api__get_kernel_host(tk_ctx *ctx, const char *ref, int cc)
     return rc;
 }
 
-int tk_api__kernel_keys(tk_ctx *ctx, const char *ref, int cc, void (*each)(void *user, const char *kernel, const char *key),
-                        void *user)
+int tk_api__kernel_keys(tk_ctx *ctx, const char *ref, int cc,
+                        void (*each)(void *user, const char *kernel, const char *key), void *user)
 {
     pkgsrc s;
     plan p;

@@ -76,16 +76,17 @@ static int linear_backward_cublaslt(const tk_op_call *c, void *stream)
     const tk_tensor *outs[3] = {gx, gw, gb};
     for (int i = 0; i < 3; i++)
         if (outs[i] && !grad_out_ok(outs[i]->dtype, go->dtype, &yf))
-            return tk__err(TK_ERR_UNSUPPORTED, "linear_backward on cuBLASLt: '%s' is %s for %s operands; it takes "
-                           "their dtype or f32", c->op->params[i].name, tk_ops__dtype_str(outs[i]->dtype),
-                           tk_ops__dtype_str(go->dtype));
-#define BASE()                                                                                         \
-    do {                                                                                               \
-        memset(&g, 0, sizeof g);                                                                       \
-        g.device = c->device_id;                                                                       \
-        g.stream = stream;                                                                             \
-        g.dtype = blaslt_type(go->dtype);                                                              \
-        g.allow_tf32 = tf32 && strcmp(tf32, "1") == 0;                                                 \
+            return tk__err(TK_ERR_UNSUPPORTED,
+                           "linear_backward on cuBLASLt: '%s' is %s for %s operands; it takes "
+                           "their dtype or f32",
+                           c->op->params[i].name, tk_ops__dtype_str(outs[i]->dtype), tk_ops__dtype_str(go->dtype));
+#define BASE()                                                                                                         \
+    do {                                                                                                               \
+        memset(&g, 0, sizeof g);                                                                                       \
+        g.device = c->device_id;                                                                                       \
+        g.stream = stream;                                                                                             \
+        g.dtype = blaslt_type(go->dtype);                                                                              \
+        g.allow_tf32 = tf32 && strcmp(tf32, "1") == 0;                                                                 \
     } while (0)
     if (gx) { /* grad_x [m, k] (+)= grad_out [m, n] W, W [n, k] (w_kn) or [k, n] */
         BASE();
@@ -132,7 +133,4 @@ static const tk_api_builtin builtins[] = {
 
 size_t tk_api__builtin_count(void) { return sizeof builtins / sizeof builtins[0]; }
 
-const tk_api_builtin *tk_api__builtin_at(size_t i)
-{
-    return i < tk_api__builtin_count() ? &builtins[i] : NULL;
-}
+const tk_api_builtin *tk_api__builtin_at(size_t i) { return i < tk_api__builtin_count() ? &builtins[i] : NULL; }

@@ -39,8 +39,9 @@ static int cache_cap(const tk_ctx *ctx, int64_t *cap)
     *cap = DEFAULT_CACHE_MAX;
     if (env && *env) {
         if (tk_kcache__parse_size(env, cap) != 0)
-            return tk__err(TK_ERR_INVALID, "TK_CACHE_MAX='%s' is not a size\nHINT: use bytes or a K/M/G "
-                                           "suffix, e.g. TK_CACHE_MAX=4G",
+            return tk__err(TK_ERR_INVALID,
+                           "TK_CACHE_MAX='%s' is not a size\nHINT: use bytes or a K/M/G "
+                           "suffix, e.g. TK_CACHE_MAX=4G",
                            env);
         return TK_OK;
     }
@@ -48,8 +49,7 @@ static int cache_cap(const tk_ctx *ctx, int64_t *cap)
         *cap = json_integer_value(v);
     } else if (json_is_string(v)) {
         if (tk_kcache__parse_size(json_string_value(v), cap) != 0)
-            return tk__err(TK_ERR_INVALID, "config cache_max '%s' is not a size (e.g. \"4G\")",
-                           json_string_value(v));
+            return tk__err(TK_ERR_INVALID, "config cache_max '%s' is not a size (e.g. \"4G\")", json_string_value(v));
     } else if (v) {
         return tk__err(TK_ERR_INVALID, "config cache_max must be a size such as \"4G\"");
     }
@@ -110,8 +110,8 @@ int tk_cache_stats_json(char **out, tk_ctx *ctx)
         nv = json_null();
         tk__err_clear();
     }
-    o = json_pack("{s:s, s:I, s:I, s:I, s:o}", "path", tk_kcache__path(kc), "entries", (json_int_t)n,
-                  "bytes", (json_int_t)bytes, "max_bytes", (json_int_t)tk_kcache__max_bytes(kc), "nvrtc", nv);
+    o = json_pack("{s:s, s:I, s:I, s:I, s:o}", "path", tk_kcache__path(kc), "entries", (json_int_t)n, "bytes",
+                  (json_int_t)bytes, "max_bytes", (json_int_t)tk_kcache__max_bytes(kc), "nvrtc", nv);
     if (!o || !(*out = json_dumps(o, JSON_INDENT(2)))) {
         json_decref(o);
         return tk__err(TK_ERR_NOMEM, "out of memory");

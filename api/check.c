@@ -19,8 +19,8 @@
 
 int tk_api__is_local_ref(const char *ref)
 {
-    return ref && (!strcmp(ref, ".") || !strcmp(ref, "..") || tk__has_prefix(ref, "./") ||
-                   tk__has_prefix(ref, "../") || ref[0] == '/');
+    return ref && (!strcmp(ref, ".") || !strcmp(ref, "..") || tk__has_prefix(ref, "./") || tk__has_prefix(ref, "../") ||
+                   ref[0] == '/');
 }
 
 int tk_check(char **report, tk_ctx *ctx, const char *pkgdir, const tk_check_opts *opts)

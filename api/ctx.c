@@ -135,7 +135,8 @@ static int is_string_array(const json_t *v)
     size_t i;
     json_t *x;
     int ok = json_is_array(v);
-    json_array_foreach(v, i, x) ok &= json_is_string(x);
+    json_array_foreach(v, i, x)
+        ok &= json_is_string(x);
     return ok;
 }
 static int is_selftest_mode(const json_t *v) /* docs/selftest.md */
@@ -149,7 +150,8 @@ static int is_string_object(const json_t *v)
     json_t *x;
     int ok = json_is_object(v);
     if (ok)
-        json_object_foreach((json_t *)v, k, x) ok &= json_is_string(x);
+        json_object_foreach((json_t *)v, k, x)
+            ok &= json_is_string(x);
     return ok;
 }
 
@@ -269,9 +271,10 @@ static int load_config(tk_ctx *ctx)
         json_error_t jerr;
         ctx->config = json_loadb(text, n, 0, &jerr);
         if (!json_is_object(ctx->config))
-            rc = tk__err(TK_ERR_INVALID, "%s: line %d, column %d: %s\nHINT: the config is a JSON object such as "
-                         "{\"endpoint\": \"https://...\", \"archs\": [\"sm_90\"]}", path, jerr.line, jerr.column,
-                         ctx->config ? "not a JSON object" : jerr.text);
+            rc = tk__err(TK_ERR_INVALID,
+                         "%s: line %d, column %d: %s\nHINT: the config is a JSON object such as "
+                         "{\"endpoint\": \"https://...\", \"archs\": [\"sm_90\"]}",
+                         path, jerr.line, jerr.column, ctx->config ? "not a JSON object" : jerr.text);
         else
             rc = check_config(ctx, path, text, n);
     }
@@ -312,7 +315,7 @@ int tk_ctx_new(tk_ctx **out, const tk_ctx_opts *opts)
         ctx->config_dir = xdg("XDG_CONFIG_HOME", ".config");
         if (!ctx->data_dir || !ctx->cache_dir || !ctx->config_dir) {
             rc = tk__err(TK_ERR_INVALID, "cannot find a home for tk's state: HOME is not set\n"
-                         "HINT: set TK_HOME to a directory tk may use");
+                                         "HINT: set TK_HOME to a directory tk may use");
             goto fail;
         }
     }
@@ -341,7 +344,8 @@ int tk_ctx_new(tk_ctx **out, const tk_ctx_opts *opts)
     if ((rc = tk_api__registries_load(ctx, ep, default_endpoint)) != TK_OK)
         goto fail;
     if (ep && *ep && tk_api__registry_url_check(ctx->endpoint, "registry endpoint") != TK_OK) {
-        rc = tk__err(TK_ERR_INVALID, "registry endpoint '%s' is not an http, https or file URL\n"
+        rc = tk__err(TK_ERR_INVALID,
+                     "registry endpoint '%s' is not an http, https or file URL\n"
                      "HINT: set TK_ENDPOINT to something like https://registry.example.com or file:///srv/registry",
                      ctx->endpoint);
         goto fail;

@@ -91,7 +91,8 @@ static int kernel_device(tk_device_info *info, int *cc, const char *ref, int dev
         return tk__err(TK_ERR_NO_DEVICE,
                        "no CUDA device: the driver loaded but found no GPU\n"
                        "HINT: check 'nvidia-smi' and CUDA_VISIBLE_DEVICES; without a GPU, compile ahead "
-                       "of time with 'tk build %s --arch sm_90'", ref);
+                       "of time with 'tk build %s --arch sm_90'",
+                       ref);
     if ((rc = tk_jit__device_info(info, device)) != TK_OK)
         return rc;
     *cc = info->cc_major * 10 + info->cc_minor;
@@ -199,15 +200,9 @@ fail:
     return rc;
 }
 
-const char *tk_kernel_manifest(const tk_kernel *k)
-{
-    return k && k->magic == KERNEL_MAGIC ? k->manifest : NULL;
-}
+const char *tk_kernel_manifest(const tk_kernel *k) { return k && k->magic == KERNEL_MAGIC ? k->manifest : NULL; }
 
-size_t tk_kernel_function_count(const tk_kernel *k)
-{
-    return k && k->magic == KERNEL_MAGIC ? k->nfns : 0;
-}
+size_t tk_kernel_function_count(const tk_kernel *k) { return k && k->magic == KERNEL_MAGIC ? k->nfns : 0; }
 
 const tk_function *tk_kernel_function_at(const tk_kernel *k, size_t i)
 {
@@ -315,8 +310,8 @@ static int bind_args(call_state *cs, const kdecl *d, const tk_arg *args, size_t 
             return TK_ERR_INVALID;
         }
         if (d->params[i].value)
-            return tk__err(TK_ERR_INVALID, "%s: '%s' is derived by the launch rule (%s); do not pass it",
-                           d->name, args[a].name, tk_manifest__expr_src(d->params[i].value));
+            return tk__err(TK_ERR_INVALID, "%s: '%s' is derived by the launch rule (%s); do not pass it", d->name,
+                           args[a].name, tk_manifest__expr_src(d->params[i].value));
         if (cs->bound[i] >= 0)
             return tk__err(TK_ERR_INVALID, "%s: '%s' is given twice", d->name, args[a].name);
         cs->bound[i] = (int)a;
@@ -345,14 +340,12 @@ static int take_tensor(const tk_function *fn, const kparam *p, const tk_arg *a, 
                        tk_dtype_name(t->dtype));
     if (t->device.device_type != TK_DEV_CUDA || t->device.device_id != fn->k->device)
         return tk__err(TK_ERR_INVALID, "%s: '%s' is on %s:%d; this function runs on cuda:%d", d->name, p->name,
-                       t->device.device_type == TK_DEV_CPU ? "cpu" : "device", (int)t->device.device_id,
-                       fn->k->device);
+                       t->device.device_type == TK_DEV_CPU ? "cpu" : "device", (int)t->device.device_id, fn->k->device);
     if (t->ndim < 0 || t->ndim > 32 || (t->ndim && !t->shape))
         return tk__err(TK_ERR_INVALID, "%s: '%s' has a bad ndim %d", d->name, p->name, (int)t->ndim);
     for (int32_t j = 0; j < t->ndim; j++)
         if (t->shape[j] < 0)
-            return tk__err(TK_ERR_INVALID, "%s: '%s' has a negative size in dimension %d", d->name, p->name,
-                           (int)j);
+            return tk__err(TK_ERR_INVALID, "%s: '%s' has a negative size in dimension %d", d->name, p->name, (int)j);
     val->known = 1;
     val->ndim = t->ndim;
     val->shape = t->shape;
@@ -424,7 +417,7 @@ static int take_args(call_state *cs, const tk_function *fn, const tk_arg *args)
         if (b < 0)
             return tk__err(TK_ERR_INVALID, "%s: missing argument '%s'", d->name, p->name);
         rc = p->type == TK_MANIFEST_P_TENSOR ? take_tensor(fn, p, &args[b], &cs->vals[i], &cs->slots[i])
-                                        : take_scalar(d, p, &args[b], &cs->vals[i], &cs->slots[i]);
+                                             : take_scalar(d, p, &args[b], &cs->vals[i], &cs->slots[i]);
         if (rc != TK_OK)
             return rc;
     }
@@ -455,8 +448,7 @@ static int derive_params(call_state *cs, const tk_function *fn)
             continue;
         }
         if (p->type == TK_MANIFEST_P_I32 && (v < INT32_MIN || v > INT32_MAX))
-            return tk__err(TK_ERR_INVALID, "%s: derived '%s' = %lld does not fit i32", d->name, p->name,
-                           (long long)v);
+            return tk__err(TK_ERR_INVALID, "%s: derived '%s' = %lld does not fit i32", d->name, p->name, (long long)v);
         switch (p->type) {
         case TK_MANIFEST_P_I32: cs->slots[i].i32 = (int32_t)v; break;
         case TK_MANIFEST_P_I64: cs->slots[i].i64 = v; break;
@@ -483,8 +475,8 @@ static int check_limits(const call_state *cs, const tk_function *fn)
         if ((rc = tk_manifest__expr_eval_dev(&v, b->expr, cs->vals, d->nparams, fn->k->sm_count)) != TK_OK)
             return rc;
         if (b->is_min ? v < b->bound : v > b->bound)
-            return tk__err(TK_ERR_UNSUPPORTED, "%s: %s = %lld is %s the kernel's limit %lld (constraints.%s)",
-                           d->name, tk_manifest__expr_src(b->expr), (long long)v, b->is_min ? "below" : "above",
+            return tk__err(TK_ERR_UNSUPPORTED, "%s: %s = %lld is %s the kernel's limit %lld (constraints.%s)", d->name,
+                           tk_manifest__expr_src(b->expr), (long long)v, b->is_min ? "below" : "above",
                            (long long)b->bound, b->is_min ? "min" : "max");
     }
     return TK_OK;
@@ -509,8 +501,8 @@ static int launch_geometry(unsigned grid[3], unsigned block[3], size_t *smem_out
     if (*empty)
         return TK_OK;
     if (g[0] < 0 || g[0] > INT32_MAX || g[1] < 0 || g[1] > 65535 || g[2] < 0 || g[2] > 65535)
-        return tk__err(TK_ERR_INVALID, "%s: launch grid (%lld, %lld, %lld) is out of range", d->name,
-                       (long long)g[0], (long long)g[1], (long long)g[2]);
+        return tk__err(TK_ERR_INVALID, "%s: launch grid (%lld, %lld, %lld) is out of range", d->name, (long long)g[0],
+                       (long long)g[1], (long long)g[2]);
     if (b[0] < 1 || b[1] < 1 || b[2] < 1 || b[0] > 1024 || b[1] > 1024 || b[2] > 64 || b[0] * b[1] * b[2] > 1024)
         return tk__err(TK_ERR_INVALID, "%s: launch block (%lld, %lld, %lld) is out of range (1 to 1024 threads)",
                        d->name, (long long)b[0], (long long)b[1], (long long)b[2]);

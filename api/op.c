@@ -308,8 +308,8 @@ static int add_conflict(ops_state *s, const tk_op_desc *a, const tk_op_desc *b)
     tk_ops__signature(&sb, b);
     char *msg = tk__fmt("%s%cop '%s' is declared differently by %s and %s:\n    %s: %s\n    %s: %s\nHINT: keep one "
                         "of them ('tk remove %s'), or ask the authors to agree on one signature",
-                        a->name, '\0', a->name, a->package, b->package, a->package, sa.data ? sa.data : "?",
-                        b->package, sb.data ? sb.data : "?", b->package);
+                        a->name, '\0', a->name, a->package, b->package, a->package, sa.data ? sa.data : "?", b->package,
+                        sb.data ? sb.data : "?", b->package);
     tk__buf_free(&sa);
     tk__buf_free(&sb);
     char **nc = msg ? realloc(s->conflicts, (s->nconflicts + 1) * sizeof *s->conflicts) : NULL;
@@ -641,8 +641,8 @@ typedef struct {
 
 /* Times candidates order[0..n) on the call and sorts order by time (failures last). The outputs are
  * restored to what they held before. *detail receives "impl=us;..." for the cache. */
-static int measure(ops_state *s, tk_ctx *ctx, const tk_op_call *k, void *stream, size_t *order, size_t n,
-                   double *us, tk_buf *detail)
+static int measure(ops_state *s, tk_ctx *ctx, const tk_op_call *k, void *stream, size_t *order, size_t n, double *us,
+                   tk_buf *detail)
 {
     saved_out sv[TK_OPS_MAX_PARAMS];
     size_t nsv = 0;
@@ -665,8 +665,8 @@ static int measure(ops_state *s, tk_ctx *ctx, const tk_op_call *k, void *stream,
         tk_kernel *kern = NULL;
         const tk_function *fn = NULL;
         double best = 1e300;
-        if (c->builtin ||
-            (kernel_for(&kern, s, ctx, c, k->device_id) == TK_OK && tk_kernel_function(&fn, kern, c->kernel) == TK_OK)) {
+        if (c->builtin || (kernel_for(&kern, s, ctx, c, k->device_id) == TK_OK &&
+                           tk_kernel_function(&fn, kern, c->kernel) == TK_OK)) {
             for (int rep = 0; rep < 4; rep++) {
                 float ms = 0;
                 int lr = TK_OK;
@@ -715,8 +715,8 @@ static int measure(ops_state *s, tk_ctx *ctx, const tk_op_call *k, void *stream,
 
 /* Puts the fastest fitting candidate first in order[], from cache.db or by measuring. Best effort:
  * any failure leaves the priority order and logs why. */
-static void autotune(ops_state *s, tk_ctx *ctx, const tk_op_call *k, void *stream, const tk_device_info *dev,
-                     int cc, size_t *order, size_t n)
+static void autotune(ops_state *s, tk_ctx *ctx, const tk_op_call *k, void *stream, const tk_device_info *dev, int cc,
+                     size_t *order, size_t n)
 {
     tk_buf text = TK_BUF_INIT, detail = TK_BUF_INIT;
     struct tk_kcache *kc = NULL;
@@ -765,10 +765,7 @@ done:
 /* ---- self-test routing ------------------------------------------------------------------------ */
 
 /* The package reference of a candidate: its directory, or "org/name@commit". */
-static char *cand_ref(const cand *c)
-{
-    return c->local ? tk__strdup(c->local) : tk__fmt("%s@%s", c->pkg, c->commit);
-}
+static char *cand_ref(const cand *c) { return c->local ? tk__strdup(c->local) : tk__fmt("%s@%s", c->pkg, c->commit); }
 
 static void keymap_each(void *user, const char *kernel, const char *key)
 {
@@ -846,12 +843,13 @@ static void warn_skip(tk_ctx *ctx, cand *c, const char *op, const tk_device_info
     tk_api__log(ctx, TK_LOG_WARN,
                 "%s: not using %s: its self-test %s on this GPU (%s)%s%s\nHINT: re-check it with 'tk selftest %s' "
                 "(after an update of the package, the driver or tk it is tested again)",
-                op, c->impl, c->st_status == TK_ST_FAILED      ? "failed"
-                             : c->st_status == TK_ST_CRASHED   ? "crashed"
-                             : c->st_status == TK_ST_TIMED_OUT ? "timed out"
-                             : c->st_status == TK_ST_INTERRUPTED ? "was interrupted (the process testing it ended)"
-                             : c->st_status == TK_ST_UNTESTED  ? "cannot run (no CPU reference or no case fits it)"
-                                                               : "has not passed",
+                op, c->impl,
+                c->st_status == TK_ST_FAILED        ? "failed"
+                : c->st_status == TK_ST_CRASHED     ? "crashed"
+                : c->st_status == TK_ST_TIMED_OUT   ? "timed out"
+                : c->st_status == TK_ST_INTERRUPTED ? "was interrupted (the process testing it ended)"
+                : c->st_status == TK_ST_UNTESTED    ? "cannot run (no CPU reference or no case fits it)"
+                                                    : "has not passed",
                 dev->name, c->st_detail ? ": " : "", c->st_detail ? c->st_detail : "", c->local ? c->local : c->pkg);
 }
 
@@ -870,14 +868,15 @@ static int selftest_error(const ops_state *s, const tk_op_call *k, const size_t 
     }
     if (n > 4)
         tk__buf_printf(&b, "\n    ... and %zu more", n - 4);
-    int rc = tk__err(TK_ERR_SELFTEST,
-                     "%s: no kernel for %s on cuda:%d (%s) may run: %s%s\nHINT: re-check with 'tk selftest %s'; set "
-                     "\"cpu_fallback\": true in config.json to run the CPU reference instead (slow), or \"selftest\": "
-                     "\"%s\" to use them anyway",
-                     k->op->name, tk_ops__dtype_str(k->dtype), k->device_id, dev->name,
-                     mode == TK_SELFTEST_REQUIRED ? "\"selftest\": \"required\" uses only kernels that passed on this GPU"
-                                                  : "each failed its self-test on this GPU",
-                     b.data ? b.data : "", pkg ? pkg : "ORG/NAME", mode == TK_SELFTEST_REQUIRED ? "record" : "off");
+    int rc =
+        tk__err(TK_ERR_SELFTEST,
+                "%s: no kernel for %s on cuda:%d (%s) may run: %s%s\nHINT: re-check with 'tk selftest %s'; set "
+                "\"cpu_fallback\": true in config.json to run the CPU reference instead (slow), or \"selftest\": "
+                "\"%s\" to use them anyway",
+                k->op->name, tk_ops__dtype_str(k->dtype), k->device_id, dev->name,
+                mode == TK_SELFTEST_REQUIRED ? "\"selftest\": \"required\" uses only kernels that passed on this GPU"
+                                             : "each failed its self-test on this GPU",
+                b.data ? b.data : "", pkg ? pkg : "ORG/NAME", mode == TK_SELFTEST_REQUIRED ? "record" : "off");
     tk__buf_free(&b);
     return rc;
 }
@@ -1010,11 +1009,11 @@ static int check_contiguous(const tk_op_call *k)
         if (op->params[i].kind == TK_ARG_TENSOR && t && !tk_ops__contiguous(t)) {
             tk_buf st = TK_BUF_INIT;
             tk_ops__shape_str(&st, t->ndim, t->strides);
-            int rc = tk__err(TK_ERR_UNSUPPORTED,
-                             "%s: '%s' (shape %s, strides %s) is not contiguous; kernels take contiguous "
-                             "row-major tensors\nHINT: pass a contiguous copy (x.contiguous() in PyTorch)",
-                             op->name, op->params[i].name, tk_ops__shape_fmt(t->ndim, t->shape),
-                             st.data ? st.data : "?");
+            int rc =
+                tk__err(TK_ERR_UNSUPPORTED,
+                        "%s: '%s' (shape %s, strides %s) is not contiguous; kernels take contiguous "
+                        "row-major tensors\nHINT: pass a contiguous copy (x.contiguous() in PyTorch)",
+                        op->name, op->params[i].name, tk_ops__shape_fmt(t->ndim, t->shape), st.data ? st.data : "?");
             tk__buf_free(&st);
             return rc;
         }
@@ -1093,8 +1092,10 @@ static int run_cuda(ops_state *s, tk_ctx *ctx, const tk_op_call *k, void *stream
                 free(order);
                 if (r == TK_ROUTE_ERROR)
                     return TK_ERR_SELFTEST;
-                tk_api__log(ctx, TK_LOG_WARN, "%s: every kernel that fits failed its self-test on this GPU; running the "
-                            "CPU reference (config \"cpu_fallback\")", op->name);
+                tk_api__log(ctx, TK_LOG_WARN,
+                            "%s: every kernel that fits failed its self-test on this GPU; running the "
+                            "CPU reference (config \"cpu_fallback\")",
+                            op->name);
                 return run_on_cpu(ctx, k, impl);
             }
         }
@@ -1131,24 +1132,26 @@ static int run_cuda(ops_state *s, tk_ctx *ctx, const tk_op_call *k, void *stream
             snprintf(last_err, sizeof last_err, "%s", tk_last_error());
             snprintf(last_impl, sizeof last_impl, "%s", c->impl);
             /* a shape outside a kernel's constraints.min/max is expected: the next candidate serves it */
-            tk_api__log(ctx, rc == TK_ERR_UNSUPPORTED ? TK_LOG_DEBUG : TK_LOG_WARN, "%s: %s %s: %s", op->name,
-                        c->impl, rc == TK_ERR_UNSUPPORTED ? "does not fit" : "failed", last_err);
+            tk_api__log(ctx, rc == TK_ERR_UNSUPPORTED ? TK_LOG_DEBUG : TK_LOG_WARN, "%s: %s %s: %s", op->name, c->impl,
+                        rc == TK_ERR_UNSUPPORTED ? "does not fit" : "failed", last_err);
             if (rc == TK_ERR_NO_DEVICE || rc == TK_ERR_NOMEM)
                 break;
         }
         free(order);
         if (!tried && nsel) { /* every fitting kernel was left out once loaded: a record, or a failed first test */
             if (tk_api__cpu_fallback(ctx) && op->cpu) {
-                tk_api__log(ctx, TK_LOG_WARN, "%s: no kernel that fits passed its self-test on this GPU; running the "
-                            "CPU reference (config \"cpu_fallback\")", op->name);
+                tk_api__log(ctx, TK_LOG_WARN,
+                            "%s: no kernel that fits passed its self-test on this GPU; running the "
+                            "CPU reference (config \"cpu_fallback\")",
+                            op->name);
                 return run_on_cpu(ctx, k, impl);
             }
             return selftest_error(s, k, sel_skipped, nsel < 8 ? nsel : 8, mode, &dev);
         }
         if (tried)
-            return tk__err(last_rc, "%s: %d implementation%s found for %s on cuda:%d, none could run; %s: %s",
-                           op->name, tried, tried == 1 ? "" : "s", tk_ops__dtype_str(k->dtype), k->device_id,
-                           last_impl, last_err);
+            return tk__err(last_rc, "%s: %d implementation%s found for %s on cuda:%d, none could run; %s: %s", op->name,
+                           tried, tried == 1 ? "" : "s", tk_ops__dtype_str(k->dtype), k->device_id, last_impl,
+                           last_err);
     }
     return no_kernel_error(k, ov, cc);
 }
@@ -1267,10 +1270,12 @@ int tk_api__ops_check_declared(tk_ctx *ctx, json_t *m)
             tk_buf sa = TK_BUF_INIT, sb = TK_BUF_INIT;
             tk_ops__signature(&sa, have);
             tk_ops__signature(&sb, op);
-            rc = tk__err(TK_ERR_MANIFEST, "op '%s' is declared differently by the installed %s and by %s:\n    %s: "
+            rc = tk__err(TK_ERR_MANIFEST,
+                         "op '%s' is declared differently by the installed %s and by %s:\n    %s: "
                          "%s\n    %s: %s\nHINT: an op has one signature on a machine: remove %s first ('tk remove "
-                         "%s') or ask the authors to agree on one", op->name, have->package, pkg, have->package,
-                         sa.data ? sa.data : "?", pkg, sb.data ? sb.data : "?", have->package, have->package);
+                         "%s') or ask the authors to agree on one",
+                         op->name, have->package, pkg, have->package, sa.data ? sa.data : "?", pkg,
+                         sb.data ? sb.data : "?", have->package, have->package);
             tk__buf_free(&sa);
             tk__buf_free(&sb);
         }
@@ -1371,8 +1376,7 @@ TK_API int tk_cpu_info_json(char **out, const tk_ctx *ctx)
     return TK_OK;
 }
 
-TK_API int tk_op_run(tk_ctx *ctx, const char *op, const tk_arg *args, size_t nargs, void *stream,
-                     const char **impl)
+TK_API int tk_op_run(tk_ctx *ctx, const char *op, const tk_arg *args, size_t nargs, void *stream, const char **impl)
 {
     if (impl)
         *impl = NULL;
@@ -1483,9 +1487,9 @@ static json_t *op_json(const ops_state *s, const tk_op_desc *op, const declared 
         const tk_cpu_impl *im = tk_ops__cpu_impl_at(c);
         if (strcmp(im->op, op->name) != 0)
             continue;
-        json_array_append_new(cimpls, json_pack("{s:s, s:o, s:b, s:s}", "impl", im->impl, "needs",
-                                                cpu_features_json(im->needs), "usable", tk_ops__cpu_impl_usable(im),
-                                                "doc", im->doc));
+        json_array_append_new(cimpls,
+                              json_pack("{s:s, s:o, s:b, s:s}", "impl", im->impl, "needs", cpu_features_json(im->needs),
+                                        "usable", tk_ops__cpu_impl_usable(im), "doc", im->doc));
     }
     json_object_set_new(j, "cpu_implementations", cimpls);
     if (op->package) /* where tk ships kernels for it, or the package that declares it */

@@ -141,10 +141,11 @@ static int wrap(tk_pkg **out, tk_ctx *ctx, tk_state_pkg *p, int fresh)
         if (!(k->store_paths[i] = tk_state__object_path(ctx->state, p->files[i].sha256)))
             goto oom;
     json_t *j = k->manifest = json_loadb(p->manifest, p->manifest_len, 0, NULL);
-    k->license = tk__strdup(json_string_value(json_object_get(j, "license")) ?
-                            json_string_value(json_object_get(j, "license")) : "");
-    k->description = tk__strdup(json_string_value(json_object_get(j, "description")) ?
-                                json_string_value(json_object_get(j, "description")) : "");
+    k->license = tk__strdup(
+        json_string_value(json_object_get(j, "license")) ? json_string_value(json_object_get(j, "license")) : "");
+    k->description = tk__strdup(json_string_value(json_object_get(j, "description"))
+                                    ? json_string_value(json_object_get(j, "description"))
+                                    : "");
     if (!k->license || !k->description || load_kernels(k) != 0)
         goto oom;
     *out = k;
@@ -308,18 +309,19 @@ static json_t *pkg_json(const tk_pkg *k)
         json_t *dt = json_array();
         for (size_t j = 0; j < d->ndtypes; j++)
             json_array_append_new(dt, json_string(tk_ops__dtype_str(d->dtypes[j])));
-        json_array_append_new(kernels, json_pack("{s:s, s:s, s:o, s:o, s:o, s:b, s:s}", "name", r->name, "op", r->op,
-                                                 "dtypes", dt, "min_cc", r->min_cc ? json_integer(r->min_cc) : json_null(),
-                                                 "max_cc", r->max_cc ? json_integer(r->max_cc) : json_null(),
-                                                 "arch_specific", r->arch_specific, "archs", r->archs));
+        json_array_append_new(kernels,
+                              json_pack("{s:s, s:s, s:o, s:o, s:o, s:b, s:s}", "name", r->name, "op", r->op, "dtypes",
+                                        dt, "min_cc", r->min_cc ? json_integer(r->min_cc) : json_null(), "max_cc",
+                                        r->max_cc ? json_integer(r->max_cc) : json_null(), "arch_specific",
+                                        r->arch_specific, "archs", r->archs));
     }
     for (size_t i = 0; i < k->nops; i++)
         json_array_append_new(ops, json_string(k->ops[i]));
     return json_pack("{s:s, s:i, s:s, s:s, s:s, s:s, s:s, s:s, s:s, s:I, s:o, s:o, s:o}", "name", k->p->name, "major",
                      k->p->major, "version", k->p->version, "commit", k->p->commit, "manifest_sha256",
                      k->p->manifest_sha256, "license", k->license, "description", k->description, "signer",
-                     k->p->signer, "registry", k->p->registry, "installed_at", (json_int_t)k->p->installed_at,
-                     "files", files, "kernels", kernels, "ops", ops);
+                     k->p->signer, "registry", k->p->registry, "installed_at", (json_int_t)k->p->installed_at, "files",
+                     files, "kernels", kernels, "ops", ops);
 }
 
 int tk_pkg_to_json(char **out, const tk_pkg *k)
@@ -433,8 +435,7 @@ static int verify_impl(tk_ctx *ctx, const char *ref, size_t *nbad, size_t *nchec
             if (path && lstat(path, &lsb) == 0 && !S_ISREG(lsb.st_mode)) {
                 bad++; /* a link to an identical copy elsewhere is tampering too: the store holds files */
                 tk__buf_printf(&msg, "\n  %s: %s is %s in the store (%s), not a file: tampering", v[i]->name,
-                               v[i]->files[f].path, S_ISLNK(lsb.st_mode) ? "a symbolic link" : "something else",
-                               path);
+                               v[i]->files[f].path, S_ISLNK(lsb.st_mode) ? "a symbolic link" : "something else", path);
                 if (list)
                     json_array_append_new(list, json_pack("{s:s, s:s, s:s, s:n, s:s}", "package", v[i]->name, "file",
                                                           v[i]->files[f].path, "problem", "not_a_file", "sha256",
@@ -520,7 +521,7 @@ int tk_pkg_remove(tk_ctx *ctx, const char *refstr)
         return rc;
     if (ref.commit[0] || ref.prefix[0] || tk_hub__ref_is_spec(&ref))
         return tk__err(TK_ERR_INVALID, "remove takes org/name or org/name@<major>, not a commit or a version\n"
-                       "HINT: a major holds one installed version; remove it with org/name@<major>");
+                                       "HINT: a major holds one installed version; remove it with org/name@<major>");
     if ((rc = tk_state__begin(ctx->state)) != TK_OK)
         return rc;
     if ((rc = tk_state__pkg_delete(ctx->state, ref.name, ref.major)) != TK_OK) {
@@ -607,10 +608,10 @@ int tk_trust_list_json(char **out, tk_ctx *ctx)
     json_t *arr = json_array();
     char bid[TK_KEYID_LEN];
     if (tk_hub__pubkey_check(TK_DEFAULT_PUBKEY, bid) == TK_OK)
-        json_array_append_new(arr, json_pack("{s:s, s:s, s:s, s:s, s:I, s:b}", "org", TK_DEFAULT_ORG, "keyid", bid,
-                                             "pubkey", TK_DEFAULT_PUBKEY, "comment",
-                                             "the default registry's key (built in)", "added", (json_int_t)0,
-                                             "builtin", 1));
+        json_array_append_new(arr,
+                              json_pack("{s:s, s:s, s:s, s:s, s:I, s:b}", "org", TK_DEFAULT_ORG, "keyid", bid, "pubkey",
+                                        TK_DEFAULT_PUBKEY, "comment", "the default registry's key (built in)", "added",
+                                        (json_int_t)0, "builtin", 1));
     sqlite3_stmt *s = NULL;
     sqlite3 *db = tk_state__db(ctx->state);
     if (sqlite3_prepare_v2(db, "SELECT org, keyid, pubkey, comment, added FROM trust ORDER BY org, added", -1, &s,
@@ -619,10 +620,11 @@ int tk_trust_list_json(char **out, tk_ctx *ctx)
         return tk_state__dberr(ctx->state, "cannot read the trust store");
     }
     while (sqlite3_step(s) == SQLITE_ROW)
-        json_array_append_new(arr, json_pack("{s:s, s:s, s:s, s:s, s:I, s:b}", "org", sqlite3_column_text(s, 0),
-                                             "keyid", sqlite3_column_text(s, 1), "pubkey", sqlite3_column_text(s, 2),
-                                             "comment", sqlite3_column_text(s, 3) ? (const char *)sqlite3_column_text(s, 3) : "",
-                                             "added", (json_int_t)sqlite3_column_int64(s, 4), "builtin", 0));
+        json_array_append_new(arr,
+                              json_pack("{s:s, s:s, s:s, s:s, s:I, s:b}", "org", sqlite3_column_text(s, 0), "keyid",
+                                        sqlite3_column_text(s, 1), "pubkey", sqlite3_column_text(s, 2), "comment",
+                                        sqlite3_column_text(s, 3) ? (const char *)sqlite3_column_text(s, 3) : "",
+                                        "added", (json_int_t)sqlite3_column_int64(s, 4), "builtin", 0));
     sqlite3_finalize(s);
     *out = json_dumps(arr, JSON_INDENT(2));
     json_decref(arr);
@@ -677,16 +679,20 @@ static int precheck(tk_ctx *ctx, const char *pkgdir, const tk_publish_opts *opts
             char why[512];
             snprintf(why, sizeof why, "%s", tk_last_error());
             why[strcspn(why, "\n")] = '\0';
-            tk_api__log(ctx, TK_LOG_WARN, "%s %s: not compiled before publishing: %s\nHINT: with NVRTC on this "
+            tk_api__log(ctx, TK_LOG_WARN,
+                        "%s %s: not compiled before publishing: %s\nHINT: with NVRTC on this "
                         "machine, publish refuses kernels that do not compile; pass --no-compile to skip the "
-                        "compile on purpose", lp.name, lp.version, why);
+                        "compile on purpose",
+                        lp.name, lp.version, why);
             rc = TK_OK;
         } else if (rc == TK_ERR_COMPILE) {
             /* the report is every failing compile, file:line first; the message keeps its start */
-            rc = tk__err(TK_ERR_COMPILE, "%s %s: not published: %zu of %zu compiles failed\n%.1200s%s"
+            rc = tk__err(TK_ERR_COMPILE,
+                         "%s %s: not published: %zu of %zu compiles failed\n%.1200s%s"
                          "HINT: fix the kernels ('tk check %s' lists every failure), or publish without "
-                         "compiling (--no-compile)", lp.name, lp.version, nfailed, nunits,
-                         rep.data ? rep.data : "", rep.len > 1200 ? "\n...\n" : "", pkgdir);
+                         "compiling (--no-compile)",
+                         lp.name, lp.version, nfailed, nunits, rep.data ? rep.data : "",
+                         rep.len > 1200 ? "\n...\n" : "", pkgdir);
         } else if (rc != TK_OK) {
             rc = tk__err_wrap(rc, "%s %s: not published", lp.name, lp.version);
         }
@@ -763,8 +769,10 @@ int tk_yank(tk_ctx *ctx, const char *ref, const char *reason, const char *to_dir
         if (already)
             tk_api__log(ctx, TK_LOG_INFO, "%s was yanked already (nothing changed)", ref);
         else if (removed)
-            tk_api__log(ctx, TK_LOG_INFO, "yanked %s; branch v%d removed: it has no other version, so %s@%d "
-                        "resolves to nothing until the next %d.x release", ref, major, name, major, major);
+            tk_api__log(ctx, TK_LOG_INFO,
+                        "yanked %s; branch v%d removed: it has no other version, so %s@%d "
+                        "resolves to nothing until the next %d.x release",
+                        ref, major, name, major, major);
         else
             tk_api__log(ctx, TK_LOG_INFO, "yanked %s%s%.12s", ref, moved[0] ? "; branch moved back to commit " : "",
                         moved);

@@ -156,8 +156,8 @@ static int unknown_key(const char *file, const char *text, size_t len, const cha
         tk__buf_printf(&all, "%s\"%s\"", i ? ", " : "", known[i]);
     int rc = best ? tk__err(TK_ERR_INVALID, "%s: unknown key \"%s\" in %s\nHINT: did you mean \"%s\"?", at,
                             path[depth - 1], what, best)
-                  : tk__err(TK_ERR_INVALID, "%s: unknown key \"%s\" in %s\nHINT: the keys are %s", at,
-                            path[depth - 1], what, all.data ? all.data : "");
+                  : tk__err(TK_ERR_INVALID, "%s: unknown key \"%s\" in %s\nHINT: the keys are %s", at, path[depth - 1],
+                            what, all.data ? all.data : "");
     tk__buf_free(&all);
     return rc;
 }
@@ -175,8 +175,10 @@ static int parse_pkg(project_pkg *pp, const char *name, json_t *v, const char *f
     if (rc != TK_OK || strchr(name, '@')) {
         where(at, sizeof at, file, text, len, path, 2, 1);
         return rc != TK_OK ? tk__err_wrap(TK_ERR_INVALID, "%s", at)
-                           : tk__err(TK_ERR_INVALID, "%s: '%s': a package name has no '@' (the version is the "
-                                     "value)\nHINT: \"org/name\": \"VERSION\"", at, name);
+                           : tk__err(TK_ERR_INVALID,
+                                     "%s: '%s': a package name has no '@' (the version is the "
+                                     "value)\nHINT: \"org/name\": \"VERSION\"",
+                                     at, name);
     }
     if (json_is_object(v)) {
         const char *k;
@@ -187,8 +189,10 @@ static int parse_pkg(project_pkg *pp, const char *name, json_t *v, const char *f
                 return unknown_key(file, text, len, path, 3, known, name);
             if (!json_is_string(x)) {
                 where(at, sizeof at, file, text, len, path, 3, 0);
-                return tk__err(TK_ERR_INVALID, "%s: \"%s\" of %s must be a string\nHINT: for example {\"version\": "
-                               "\">=1.2,<2\", \"registry\": \"https://registry.example.com\"}", at, k, name);
+                return tk__err(TK_ERR_INVALID,
+                               "%s: \"%s\" of %s must be a string\nHINT: for example {\"version\": "
+                               "\">=1.2,<2\", \"registry\": \"https://registry.example.com\"}",
+                               at, k, name);
             }
         }
         spec = json_string_value(json_object_get(v, "version"));
@@ -197,8 +201,10 @@ static int parse_pkg(project_pkg *pp, const char *name, json_t *v, const char *f
             spec = "";
     } else if (!spec) {
         where(at, sizeof at, file, text, len, path, 2, 0);
-        return tk__err(TK_ERR_INVALID, "%s: %s must be a version string or an object {\"version\", \"registry\"}\n"
-                       "HINT: for example \"%s\": \"1\" or \"%s\": {\"version\": \">=1.2,<2\"}", at, name, name, name);
+        return tk__err(TK_ERR_INVALID,
+                       "%s: %s must be a version string or an object {\"version\", \"registry\"}\n"
+                       "HINT: for example \"%s\": \"1\" or \"%s\": {\"version\": \">=1.2,<2\"}",
+                       at, name, name, name);
     }
     char ref[400];
     tk_hub_ref r;
@@ -231,9 +237,10 @@ static int parse_project(tk_project *p, const char *text, size_t len)
     json_t *doc = json_loadb(text, len, JSON_REJECT_DUPLICATES, &jerr);
     int rc = TK_OK;
     if (!json_is_object(doc)) {
-        rc = tk__err(TK_ERR_INVALID, "%s:%d:%d: %s\nHINT: a project file is a JSON object such as {\"packages\": "
-                     "{\"kernels-community/activation\": \"1\"}} (docs/project.md)", p->path, doc ? 1 : jerr.line,
-                     doc ? 1 : jerr.column, doc ? "not a JSON object" : jerr.text);
+        rc = tk__err(TK_ERR_INVALID,
+                     "%s:%d:%d: %s\nHINT: a project file is a JSON object such as {\"packages\": "
+                     "{\"kernels-community/activation\": \"1\"}} (docs/project.md)",
+                     p->path, doc ? 1 : jerr.line, doc ? 1 : jerr.column, doc ? "not a JSON object" : jerr.text);
         goto done;
     }
     const char *k;
@@ -303,8 +310,10 @@ int tk_project_open(tk_project **out, const char *path)
         return tk__err(TK_ERR_NOMEM, "out of memory");
     p->magic = TK_PROJECT_MAGIC;
     if (!path && !found) {
-        rc = tk__err(TK_ERR_NOT_FOUND, "no %s in this directory or any above it\nHINT: write one (docs/project.md), "
-                     "or name it with --project FILE", PROJECT_FILE);
+        rc = tk__err(TK_ERR_NOT_FOUND,
+                     "no %s in this directory or any above it\nHINT: write one (docs/project.md), "
+                     "or name it with --project FILE",
+                     PROJECT_FILE);
         goto done;
     }
     if (!(p->path = realpath(path ? path : found, NULL))) {
@@ -349,7 +358,10 @@ void tk_project_free(tk_project *p)
 const char *tk_project_path(const tk_project *p) { return PRJ_OK(p) ? p->path : NULL; }
 const char *tk_project_lock_path(const tk_project *p) { return PRJ_OK(p) ? p->lock_path : NULL; }
 size_t tk_project_package_count(const tk_project *p) { return PRJ_OK(p) ? p->n : 0; }
-const char *tk_project_package_name(const tk_project *p, size_t i) { return PRJ_OK(p) && i < p->n ? p->v[i].name : NULL; }
+const char *tk_project_package_name(const tk_project *p, size_t i)
+{
+    return PRJ_OK(p) && i < p->n ? p->v[i].name : NULL;
+}
 const char *tk_project_package_version(const tk_project *p, size_t i)
 {
     return PRJ_OK(p) && i < p->n ? p->v[i].version : NULL;
@@ -469,7 +481,7 @@ int tk_lock_write(tk_ctx *ctx, const char *path, const char *const *refs, size_t
     if (nrefs == 0) { /* no project, no names: every installed package */
         if ((rc = tk_pkg_list_installed(&all, ctx)) == TK_OK && tk_pkg_list_count(all) == 0)
             rc = tk__err(TK_ERR_NOT_FOUND, "nothing is installed, so there is nothing to lock\nHINT: 'tk get "
-                         "<package>' first, or write a project file (docs/project.md)");
+                                           "<package>' first, or write a project file (docs/project.md)");
         tk_pkg **vv = rc == TK_OK ? realloc(v, tk_pkg_list_count(all) * sizeof *v) : NULL;
         if (vv)
             for (v = vv; n < tk_pkg_list_count(all); n++)
@@ -511,7 +523,8 @@ static int read_lock(json_t **doc, want_pkg **w, size_t *n, const char *path)
     if (!*doc)
         return tk__err(TK_ERR_INVALID, "%s:%d:%d: %s", path, jerr.line, jerr.column, jerr.text);
     if (!json_is_array(pkgs) || (fv != 1 && fv != 2))
-        return tk__err(TK_ERR_INVALID, "%s is not a tk lock file (format_version 1 or 2 with a 'packages' array)", path);
+        return tk__err(TK_ERR_INVALID, "%s is not a tk lock file (format_version 1 or 2 with a 'packages' array)",
+                       path);
     if (!(*w = calloc(json_array_size(pkgs) + 1, sizeof **w)))
         return tk__err(TK_ERR_NOMEM, "out of memory");
     const char *top_registry = json_string_value(json_object_get(*doc, "registry")); /* format 1 */
@@ -556,8 +569,8 @@ static int install_wants(tk_ctx *ctx, const want_pkg *w, size_t n, const tk_get_
     return rc;
 }
 
-int tk_lock_install(tk_ctx *ctx, const char *path, const tk_get_opts *opts,
-                    void (*each)(void *user, const tk_pkg *pkg), void *user)
+int tk_lock_install(tk_ctx *ctx, const char *path, const tk_get_opts *opts, void (*each)(void *user, const tk_pkg *pkg),
+                    void *user)
 {
     int rc = tk_api__check_ctx(ctx);
     if (rc != TK_OK)
@@ -582,8 +595,11 @@ static int lock_matches(const tk_project *p, const json_t *doc)
     for (size_t i = 0; i < p->n; i++) {
         json_t *e = NULL;
         size_t j;
-        json_array_foreach(pkgs, j, e) if (!strcmp(json_string_value(json_object_get(e, "name")) ?
-                                                   json_string_value(json_object_get(e, "name")) : "", p->v[i].name)) break;
+        json_array_foreach(pkgs, j, e)
+            if (!strcmp(json_string_value(json_object_get(e, "name")) ? json_string_value(json_object_get(e, "name"))
+                                                                      : "",
+                        p->v[i].name))
+                break;
         const char *req = json_string_value(json_object_get(e, "requested"));
         const char *rreg = json_string_value(json_object_get(e, "requested_registry"));
         if (j == json_array_size(pkgs))
@@ -597,8 +613,10 @@ static int lock_matches(const tk_project *p, const json_t *doc)
     }
     if (!diff.len && json_array_size(pkgs) != p->n)
         tk__buf_printf(&diff, "\n  the lock pins %zu packages, the project lists %zu", json_array_size(pkgs), p->n);
-    int rc = diff.len ? tk__err(TK_ERR_INVALID, "%s is out of date with %s:%s\nHINT: run 'tk lock' to pin what the "
-                                "project asks for now", p->lock_path, p->path, diff.data)
+    int rc = diff.len ? tk__err(TK_ERR_INVALID,
+                                "%s is out of date with %s:%s\nHINT: run 'tk lock' to pin what the "
+                                "project asks for now",
+                                p->lock_path, p->path, diff.data)
                       : TK_OK;
     tk__buf_free(&diff);
     return rc;

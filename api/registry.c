@@ -26,11 +26,13 @@
 
 int tk_api__registry_url_check(const char *url, const char *where)
 {
-    if (url && (tk__has_prefix(url, "http://") || tk__has_prefix(url, "https://") ||
-                tk__has_prefix(url, "file://")) && !strpbrk(url, " \t\r\n"))
+    if (url && (tk__has_prefix(url, "http://") || tk__has_prefix(url, "https://") || tk__has_prefix(url, "file://")) &&
+        !strpbrk(url, " \t\r\n"))
         return TK_OK;
-    return tk__err(TK_ERR_INVALID, "%s: registry '%s' is not an http, https or file URL\nHINT: for example "
-                   "https://registry.example.com or file:///srv/registry", where, url ? url : "(null)");
+    return tk__err(TK_ERR_INVALID,
+                   "%s: registry '%s' is not an http, https or file URL\nHINT: for example "
+                   "https://registry.example.com or file:///srv/registry",
+                   where, url ? url : "(null)");
 }
 
 /* A copy of url without trailing slashes, or NULL (out of memory). */
@@ -77,22 +79,30 @@ static int add_entry(tk_ctx *ctx, const json_t *e, size_t i, const char *cfg)
     if (json_is_object(e)) {
         const char *k;
         json_t *v;
-        json_object_foreach((json_t *)e, k, v) if (strcmp(k, "url") && strcmp(k, "packages"))
-            return tk__err(TK_ERR_INVALID, "%s: unknown key \"%s\"\nHINT: an entry is a URL or {\"url\": URL, "
-                           "\"packages\": [\"org/*\", \"org/name\"]}", where, k);
+        json_object_foreach((json_t *)e, k, v)
+            if (strcmp(k, "url") && strcmp(k, "packages"))
+                return tk__err(TK_ERR_INVALID,
+                               "%s: unknown key \"%s\"\nHINT: an entry is a URL or {\"url\": URL, "
+                               "\"packages\": [\"org/*\", \"org/name\"]}",
+                               where, k);
         url = json_string_value(json_object_get(e, "url"));
         pats = json_object_get(e, "packages");
         size_t j;
         json_t *p;
         int ok = !pats || (json_is_array(pats) && json_array_size(pats) > 0);
-        json_array_foreach(pats, j, p) ok &= json_is_string(p) && strchr(json_string_value(p), '/') != NULL;
+        json_array_foreach(pats, j, p)
+            ok &= json_is_string(p) && strchr(json_string_value(p), '/') != NULL;
         if (!ok)
-            return tk__err(TK_ERR_INVALID, "%s: \"packages\" must be a non-empty array of org/name patterns\n"
-                           "HINT: for example \"packages\": [\"acme/*\", \"other/one-package\"]", where);
+            return tk__err(TK_ERR_INVALID,
+                           "%s: \"packages\" must be a non-empty array of org/name patterns\n"
+                           "HINT: for example \"packages\": [\"acme/*\", \"other/one-package\"]",
+                           where);
     } else if (!url) {
-        return tk__err(TK_ERR_INVALID, "%s must be a URL string or an object {\"url\", \"packages\"}\nHINT: for "
+        return tk__err(TK_ERR_INVALID,
+                       "%s must be a URL string or an object {\"url\", \"packages\"}\nHINT: for "
                        "example \"registries\": [{\"url\": \"https://private.example.com\", \"packages\": "
-                       "[\"acme/*\"]}, \"https://registry.example.com\"]", where);
+                       "[\"acme/*\"]}, \"https://registry.example.com\"]",
+                       where);
     }
     int rc = tk_api__registry_url_check(url, where);
     return rc != TK_OK ? rc : add(ctx, url, pats, "config");
@@ -110,18 +120,24 @@ int tk_api__registries_load(tk_ctx *ctx, const char *override, char *(*default_e
         ctx->endpoint_override = 1;
         rc = add(ctx, override, NULL, "TK_ENDPOINT");
     } else if (list && single) {
-        rc = tk__err(TK_ERR_INVALID, "%s sets both \"endpoint\" and \"registries\"\nHINT: keep one: move the "
-                     "endpoint into the list (\"registries\": [\"%s\", ...])", cfg, single);
+        rc = tk__err(TK_ERR_INVALID,
+                     "%s sets both \"endpoint\" and \"registries\"\nHINT: keep one: move the "
+                     "endpoint into the list (\"registries\": [\"%s\", ...])",
+                     cfg, single);
     } else if (list) {
         if (!json_is_array(list) || json_array_size(list) == 0)
-            rc = tk__err(TK_ERR_INVALID, "%s: \"registries\" must be a non-empty array\nHINT: for example "
-                         "\"registries\": [\"https://registry.example.com\"]", cfg);
+            rc = tk__err(TK_ERR_INVALID,
+                         "%s: \"registries\" must be a non-empty array\nHINT: for example "
+                         "\"registries\": [\"https://registry.example.com\"]",
+                         cfg);
         size_t i;
         json_t *e;
         if (rc == TK_OK && json_array_size(list) > TK_API_MAX_REGISTRIES)
             rc = tk__err(TK_ERR_INVALID, "%s: \"registries\" lists %zu registries; tk takes at most %d", cfg,
                          json_array_size(list), TK_API_MAX_REGISTRIES);
-        json_array_foreach(list, i, e) if (rc == TK_OK) rc = add_entry(ctx, e, i, cfg);
+        json_array_foreach(list, i, e)
+            if (rc == TK_OK)
+                rc = add_entry(ctx, e, i, cfg);
     } else if (single) {
         char where[4200];
         snprintf(where, sizeof where, "%s: \"endpoint\"", cfg);
@@ -165,9 +181,11 @@ static int check_alive(const char *url)
     struct stat st;
     if (!tk__has_prefix(url, "file://") || (stat(url + 7, &st) == 0 && S_ISDIR(st.st_mode)))
         return TK_OK;
-    return tk__err(TK_ERR_NETWORK, "the registry %s cannot be read: %s is not a directory\nHINT: check "
+    return tk__err(TK_ERR_NETWORK,
+                   "the registry %s cannot be read: %s is not a directory\nHINT: check "
                    "TK_ENDPOINT, or \"registries\"/\"endpoint\" in config.json ('tk doctor' lists the registries); "
-                   "--offline works from installed packages", url, url + 7);
+                   "--offline works from installed packages",
+                   url, url + 7);
 }
 
 /* The installed package ref's registry comes from: the installed commit it names, else the installed
@@ -218,9 +236,11 @@ int tk_api__registries_for(tk_api_registries *out, tk_ctx *ctx, const tk_hub_ref
     if (out->n && !out->v[0])
         return tk__err(TK_ERR_NOMEM, "out of memory");
     if (!out->n)
-        return tk__err(TK_ERR_NOT_FOUND, "no configured registry serves %s: each one is limited to other packages "
+        return tk__err(TK_ERR_NOT_FOUND,
+                       "no configured registry serves %s: each one is limited to other packages "
                        "(\"packages\" in config.json's \"registries\")\nHINT: add a registry without \"packages\", "
-                       "or name one for it in the project file", name);
+                       "or name one for it in the project file",
+                       name);
     for (size_t i = 0; i < out->n && rc == TK_OK; i++)
         rc = check_alive(out->v[i]);
     if (rc != TK_OK && !strcmp(out->why, "installed"))

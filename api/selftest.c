@@ -56,10 +56,7 @@ int tk_api__selftest_mode(const tk_ctx *ctx)
     return TK_SELFTEST_RECORD;
 }
 
-int tk_api__cpu_fallback(const tk_ctx *ctx)
-{
-    return json_is_true(json_object_get(ctx->config, "cpu_fallback"));
-}
+int tk_api__cpu_fallback(const tk_ctx *ctx) { return json_is_true(json_object_get(ctx->config, "cpu_fallback")); }
 
 /* ---- records ------------------------------------------------------------------------------------- */
 
@@ -340,9 +337,9 @@ static int devcase_make(run *r, devcase *dc, const tk_ops_case *c)
         size_t bytes = tk_ops__case_bytes(t);
         dc->ptr[i] = dc->base + off[i];
         dc->n++;
-        rc = t->role == TK_CASE_OUT ? tk_jit__sandbox_memset(r->sb, dc->ptr[i], 0xff, bytes)
-                                    : tk_jit__sandbox_copy(r->sb, (void *)(uintptr_t)dc->ptr[i], t->t.data, bytes,
-                                                           TK_JIT_COPY_H2D);
+        rc = t->role == TK_CASE_OUT
+                 ? tk_jit__sandbox_memset(r->sb, dc->ptr[i], 0xff, bytes)
+                 : tk_jit__sandbox_copy(r->sb, (void *)(uintptr_t)dc->ptr[i], t->t.data, bytes, TK_JIT_COPY_H2D);
         dc->t[i] = t->t;
         dc->t[i].data = (void *)(uintptr_t)dc->ptr[i];
         dc->t[i].byte_offset = 0;
@@ -454,10 +451,10 @@ static void mismatch_verdict(verdict *v, const tk_ops_case *c, const tk_ops_case
 {
     char where[96];
     multi_index(where, sizeof where, &ct->t, cmp->worst);
-    json_t *det = json_pack("{s:s, s:s, s:s, s:f, s:f, s:f, s:I, s:I}", "case", c->label, "output", ct->name, "index",
-                            where, "got", isfinite(cmp->got) ? cmp->got : 0.0, "want",
-                            isfinite(cmp->want) ? cmp->want : 0.0, "tol", cmp->tol, "bad", (json_int_t)cmp->bad, "of",
-                            (json_int_t)cmp->n);
+    json_t *det =
+        json_pack("{s:s, s:s, s:s, s:f, s:f, s:f, s:I, s:I}", "case", c->label, "output", ct->name, "index", where,
+                  "got", isfinite(cmp->got) ? cmp->got : 0.0, "want", isfinite(cmp->want) ? cmp->want : 0.0, "tol",
+                  cmp->tol, "bad", (json_int_t)cmp->bad, "of", (json_int_t)cmp->n);
     if (det && !isfinite(cmp->got))
         json_object_set_new(det, "got", json_string(isnan(cmp->got) ? "nan" : cmp->got > 0 ? "inf" : "-inf"));
     if (det && !isfinite(cmp->want))
@@ -648,7 +645,8 @@ static void test_kernel(run *r, verdict *v, tk_kernel **k, const char *ref, cons
     memset(v, 0, sizeof *v);
     v->labels = r->plan ? json_array() : NULL;
     if (!op) {
-        verdict_set(v, TK_ST_UNTESTED, NULL, "op %s is declared by its package: tk has no CPU reference to check it against",
+        verdict_set(v, TK_ST_UNTESTED, NULL,
+                    "op %s is declared by its package: tk has no CPU reference to check it against",
                     opname ? opname : "?");
         return;
     }
@@ -732,7 +730,8 @@ static int plan_run(char **report, tk_ctx *ctx, const char *ref, const tk_selfte
         tk_pkg_free(p);
     }
     if (!manifest || !(m = json_loads(manifest, 0, NULL))) {
-        rc = manifest ? tk__err(TK_ERR_MANIFEST, "%s: the manifest is not JSON", pkg) : tk__err(TK_ERR_NOMEM, "out of memory");
+        rc = manifest ? tk__err(TK_ERR_MANIFEST, "%s: the manifest is not JSON", pkg)
+                      : tk__err(TK_ERR_NOMEM, "out of memory");
         goto fail;
     }
     {
@@ -751,7 +750,8 @@ static int plan_run(char **report, tk_ctx *ctx, const char *ref, const tk_selfte
         json_t *x;
         if (!wanted(&mk.k[i], opts))
             continue;
-        json_array_foreach(pn.names, j, x) fits |= !strcmp(json_string_value(x), kname);
+        json_array_foreach(pn.names, j, x)
+            fits |= !strcmp(json_string_value(x), kname);
         if (!fits) {
             json_array_append_new(kernels, json_pack("{s:s, s:s, s:s, s:{s:s}}", "kernel", kname, "op", kop ? kop : "",
                                                      "status", "skipped", "detail", "summary",
@@ -762,13 +762,14 @@ static int plan_run(char **report, tk_ctx *ctx, const char *ref, const tk_selfte
         verdict v;
         test_kernel(&r, &v, NULL, ref, opts, &mk.k[i], m, name);
         const char *st = v.status == TK_ST_PASSED ? "planned" : tk_ops__st_name(v.status);
-        json_array_append_new(kernels, json_pack("{s:s, s:s, s:s, s:i, s:f, s:o}", "kernel", kname, "op", kop ? kop : "",
-                                                 "status", st, "cases", v.cases, "seconds", v.seconds, "detail",
-                                                 v.detail ? v.detail : json_object()));
+        json_array_append_new(kernels, json_pack("{s:s, s:s, s:s, s:i, s:f, s:o}", "kernel", kname, "op",
+                                                 kop ? kop : "", "status", st, "cases", v.cases, "seconds", v.seconds,
+                                                 "detail", v.detail ? v.detail : json_object()));
         counts[v.status == TK_ST_PASSED ? 0 : v.status]++;
     }
     out = json_pack("{s:s, s:s, s:b, s:s, s:b, s:o, s:{s:i, s:i, s:i}, s:f, s:f}", "package", name, "version",
-                    json_string_value(json_object_get(m, "version")) ? json_string_value(json_object_get(m, "version")) : "",
+                    json_string_value(json_object_get(m, "version")) ? json_string_value(json_object_get(m, "version"))
+                                                                     : "",
                     "local", tk_api__is_local_ref(ref), "arch", opts->arch, "plan", 1, "kernels", kernels, "counts",
                     "planned", counts[0], "untested", counts[TK_ST_UNTESTED], "skipped", counts[7], "cpu_seconds",
                     r.cpu_ms / 1000.0, "seconds", (tk__now_ms() - t0) / 1000.0);
@@ -826,9 +827,11 @@ static int open_device(run *r, tk_kernel **k, const char *ref, const tk_selftest
         char why[512];
         snprintf(why, sizeof why, "%s", tk_last_error());
         why[strcspn(why, "\n")] = '\0';
-        rc = tk__err(rc, "a self-test needs the GPU it proves kernels for: %s\nHINT: run it on the machine with the "
-                         "GPU ('tk doctor' shows what this one has); without one, tk still installs and builds ahead "
-                         "of time ('tk build ORG/NAME --arch sm_90')", why);
+        rc = tk__err(rc,
+                     "a self-test needs the GPU it proves kernels for: %s\nHINT: run it on the machine with the "
+                     "GPU ('tk doctor' shows what this one has); without one, tk still installs and builds ahead "
+                     "of time ('tk build ORG/NAME --arch sm_90')",
+                     why);
         return rc;
     }
     if (ndev == 0) {
@@ -864,7 +867,7 @@ static int run_one(run *r, tk_kernel **k, const tk_manifest_kernel *kd, const ch
         row = json_pack("{s:s, s:s, s:s, s:n, s:{s:s}}", "kernel", kname, "op", kop ? kop : "", "status",
                         *k ? "skipped" : "untested", "binary_key", "detail", "summary",
                         *k ? "it does not run on this GPU's arch (its constraints)"
-                          : "the package could not be loaded again after a fault");
+                           : "the package could not be loaded again after a fault");
         json_array_append_new(kernels, row);
         counts[*k ? 7 : TK_ST_UNTESTED]++;
         return TK_OK;
@@ -872,9 +875,9 @@ static int run_one(run *r, tk_kernel **k, const tk_manifest_kernel *kd, const ch
     char key[TK_SHA256_HEX];
     snprintf(key, sizeof key, "%s", tk_api__function_key(fn));
     if (tk_jit__cuda_lost()) { /* an earlier kernel's fault or hang: nothing more runs in this process */
-        row = json_pack("{s:s, s:s, s:s, s:s, s:{s:s+}}", "kernel", kname, "op", kop ? kop : "", "status",
-                        "untested", "binary_key", key, "detail", "summary",
-                        "not tested: CUDA is unusable in this process after ", tk_jit__cuda_lost());
+        row = json_pack("{s:s, s:s, s:s, s:s, s:{s:s+}}", "kernel", kname, "op", kop ? kop : "", "status", "untested",
+                        "binary_key", key, "detail", "summary", "not tested: CUDA is unusable in this process after ",
+                        tk_jit__cuda_lost());
         json_array_append_new(kernels, row);
         counts[TK_ST_UNTESTED]++;
         return TK_OK;
@@ -886,11 +889,12 @@ static int run_one(run *r, tk_kernel **k, const tk_manifest_kernel *kd, const ch
     if (tk_api__selftest_status(&prev, &prev_sum, r->ctx, key, kname, r->dev.ordinal) == TK_OK &&
         (prev == TK_ST_CRASHED || prev == TK_ST_TIMED_OUT)) {
         const char *was = prev_sum ? prev_sum : tk_ops__st_name(prev);
-        row = json_pack("{s:s, s:s, s:s, s:s, s:i, s:f, s:{s:s, s:s+, s:b}}", "kernel", kname, "op",
-                        kop ? kop : "", "status", tk_ops__st_name(prev), "binary_key", key, "cases", 0, "seconds",
-                        0.0, "detail", "recorded", prev_sum ? prev_sum : "", "summary", was,
+        row = json_pack("{s:s, s:s, s:s, s:s, s:i, s:f, s:{s:s, s:s+, s:b}}", "kernel", kname, "op", kop ? kop : "",
+                        "status", tk_ops__st_name(prev), "binary_key", key, "cases", 0, "seconds", 0.0, "detail",
+                        "recorded", prev_sum ? prev_sum : "", "summary", was,
                         " (recorded earlier on this GPU; not run again, it would end CUDA in this process: 'tk "
-                        "selftest --forget' and a new run test it again)", "not_run", 1);
+                        "selftest --forget' and a new run test it again)",
+                        "not_run", 1);
         free(prev_sum);
         json_array_append_new(kernels, row);
         counts[prev]++;
@@ -909,8 +913,7 @@ static int run_one(run *r, tk_kernel **k, const tk_manifest_kernel *kd, const ch
         return rc;
     }
     tk_api__log(r->ctx, tk_ops__st_bad(v.status) ? TK_LOG_WARN : TK_LOG_DEBUG, "selftest %s:%s on %s: %s: %s", name,
-                kname, r->dev.name, tk_ops__st_name(v.status),
-                json_string_value(json_object_get(v.detail, "summary")));
+                kname, r->dev.name, tk_ops__st_name(v.status), json_string_value(json_object_get(v.detail, "summary")));
     row = json_pack("{s:s, s:s, s:s, s:s, s:i, s:f, s:o}", "kernel", kname, "op", kop ? kop : "", "status",
                     tk_ops__st_name(v.status), "binary_key", key, "cases", v.cases, "seconds", v.seconds, "detail",
                     v.detail ? v.detail : json_object());
@@ -943,8 +946,10 @@ TK_API int tk_selftest(char **report, tk_ctx *ctx, const char *ref, const tk_sel
     if (opts->launch_timeout_s < 0 || isnan(opts->launch_timeout_s))
         return tk__err(TK_ERR_INVALID, "tk_selftest: launch_timeout_s must be >= 0 (0: %.0f s)", DEFAULT_TIMEOUT_S);
     if (opts->op && !tk_ops__find(opts->op))
-        return tk__err(TK_ERR_NOT_FOUND, "tk_selftest: unknown op '%s'\nHINT: 'tk ops' lists them; a declared op has no "
-                                         "CPU reference to test against", opts->op);
+        return tk__err(TK_ERR_NOT_FOUND,
+                       "tk_selftest: unknown op '%s'\nHINT: 'tk ops' lists them; a declared op has no "
+                       "CPU reference to test against",
+                       opts->op);
     if (opts->plan_only)
         return plan_run(report, ctx, ref, opts);
     r.ctx = ctx;
@@ -1011,8 +1016,9 @@ TK_API int tk_selftest(char **report, tk_ctx *ctx, const char *ref, const tk_sel
         rc = tk__err(TK_ERR_NOMEM, "out of memory");
         goto fail;
     }
-    rc = nbad ? tk__err(TK_ERR_SELFTEST, "%s: %d kernel%s failed the self-test on %s (cuda:%d)\nHINT: tk_op_run no "
-                                         "longer uses %s (docs/selftest.md); the report names the worst element",
+    rc = nbad ? tk__err(TK_ERR_SELFTEST,
+                        "%s: %d kernel%s failed the self-test on %s (cuda:%d)\nHINT: tk_op_run no "
+                        "longer uses %s (docs/selftest.md); the report names the worst element",
                         name, nbad, nbad == 1 ? "" : "s", r.dev.name, r.dev.ordinal, nbad == 1 ? "it" : "them")
               : TK_OK;
 fail:
@@ -1053,13 +1059,14 @@ static int collect(void *user, const tk_kcache_selftest *r)
     json_t *arr = user, *detail = json_loads(r->detail ? r->detail : "", 0, NULL);
     const char *at = strrchr(r->package, '@');
     int st = record_status(r);
-    json_t *o = json_pack("{s:s%, s:o, s:s, s:s, s:s, s:s, s:s, s:s, s:s, s:s, s:I, s:f, s:o}", "package", r->package,
-                          at ? (size_t)(at - r->package) : strlen(r->package), "commit",
-                          at && strcmp(at + 1, "local") ? json_string(at + 1) : json_null(), "kernel", r->kernel, "op",
-                          r->op, "status", !strcmp(r->status, "running") && st == TK_ST_NONE ? "running" : tk_ops__st_name(st),
-                          "binary_key", r->binary_key, "gpu_uuid", r->gpu_uuid, "gpu_name", r->gpu_name, "driver",
-                          r->driver, "tk_version", r->tk_version, "tested", (json_int_t)r->tested, "seconds", r->seconds,
-                          "detail", detail ? detail : json_object());
+    json_t *o =
+        json_pack("{s:s%, s:o, s:s, s:s, s:s, s:s, s:s, s:s, s:s, s:s, s:I, s:f, s:o}", "package", r->package,
+                  at ? (size_t)(at - r->package) : strlen(r->package), "commit",
+                  at && strcmp(at + 1, "local") ? json_string(at + 1) : json_null(), "kernel", r->kernel, "op", r->op,
+                  "status", !strcmp(r->status, "running") && st == TK_ST_NONE ? "running" : tk_ops__st_name(st),
+                  "binary_key", r->binary_key, "gpu_uuid", r->gpu_uuid, "gpu_name", r->gpu_name, "driver", r->driver,
+                  "tk_version", r->tk_version, "tested", (json_int_t)r->tested, "seconds", r->seconds, "detail",
+                  detail ? detail : json_object());
     if (o)
         json_array_append_new(arr, o);
     return 0;
@@ -1144,8 +1151,9 @@ static json_t *pkg_standing(tk_ctx *ctx, tk_kcache *kc, const devid *dev, const 
         tk__err_clear();
     }
     json_object_set_new(o, "passed", json_integer(w.counts[TK_ST_PASSED]));
-    json_object_set_new(o, "failed", json_integer(w.counts[TK_ST_FAILED] + w.counts[TK_ST_CRASHED] +
-                                                  w.counts[TK_ST_TIMED_OUT] + w.counts[TK_ST_INTERRUPTED]));
+    json_object_set_new(o, "failed",
+                        json_integer(w.counts[TK_ST_FAILED] + w.counts[TK_ST_CRASHED] + w.counts[TK_ST_TIMED_OUT] +
+                                     w.counts[TK_ST_INTERRUPTED]));
     json_object_set_new(o, "untested", json_integer(w.counts[TK_ST_UNTESTED]));
     json_object_set_new(o, "never_tested", json_integer(w.counts[TK_ST_NONE]));
     json_object_set_new(o, "kernels", w.kernels);

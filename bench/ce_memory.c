@@ -107,8 +107,10 @@ static void run_path(result *r, int64_t n, int64_t h, int64_t v, int64_t chunk, 
         s = s * 6364136223846793005ull + 1442695040888963407ull;
         tp[i] = i % 7 == 3 ? -100 : (int64_t)((s >> 17) % (uint64_t)v);
     }
-    tk_arg a[8] = {{TK_ARG_TENSOR, "hidden", &hid.t, 0, 0}, {TK_ARG_TENSOR, "weight", &w.t, 0, 0},
-                   {TK_ARG_TENSOR, "target", &tgt.t, 0, 0}, {TK_ARG_TENSOR, "loss", &loss.t, 0, 0},
+    tk_arg a[8] = {{TK_ARG_TENSOR, "hidden", &hid.t, 0, 0},
+                   {TK_ARG_TENSOR, "weight", &w.t, 0, 0},
+                   {TK_ARG_TENSOR, "target", &tgt.t, 0, 0},
+                   {TK_ARG_TENSOR, "loss", &loss.t, 0, 0},
                    {TK_ARG_I64, "chunk_size", NULL, chunk, 0}};
     size_t na = 5;
     if (grads) {
@@ -197,7 +199,8 @@ int main(int argc, char **argv)
         printf("loss agreement |fused - unfused| = %.3g\n", d < 0 ? -d : d);
         printf("peak scratch ratio unfused / fused: %.1fx (counted), %.1fx (RSS)\n",
                (double)scratch_bytes(chunks[1], h, v, grads) / (double)scratch_bytes(chunks[0], h, v, grads),
-               (double)(r[1].peak_kib - r[1].base_kib) / (double)(r[0].peak_kib - r[0].base_kib > 0 ? r[0].peak_kib - r[0].base_kib : 1));
+               (double)(r[1].peak_kib - r[1].base_kib) /
+                   (double)(r[0].peak_kib - r[0].base_kib > 0 ? r[0].peak_kib - r[0].base_kib : 1));
     }
     /* The GPU kernel's extra memory (kernels-src/cross-entropy): a workspace of 4 N H bytes (+ 32 per
      * 64 rows), against [N, V] logits in the input dtype plus their f32 gradient for an unfused

@@ -119,7 +119,8 @@ static void bench_linear(const char *filter)
                 if (m == 128 && N == V)
                     continue;
                 char name[96];
-                snprintf(name, sizeof name, "linear %s M %lld N %lld K %lld", dn, (long long)m, (long long)N, (long long)K);
+                snprintf(name, sizeof name, "linear %s M %lld N %lld K %lld", dn, (long long)m, (long long)N,
+                         (long long)K);
                 if (filter && !strstr(name, filter))
                     continue;
                 ten x, w, o;
@@ -145,7 +146,8 @@ static void bench_casted(const char *filter)
             if (m == 128 && N == V)
                 continue;
             char name[96];
-            snprintf(name, sizeof name, "casted_linear i8 M %lld N %lld K %lld", (long long)m, (long long)N, (long long)K);
+            snprintf(name, sizeof name, "casted_linear i8 M %lld N %lld K %lld", (long long)m, (long long)N,
+                     (long long)K);
             if (filter && !strstr(name, filter))
                 continue;
             ten x, w, s, o;
@@ -195,8 +197,8 @@ static void bench_attention(tk_dtype dt, const char *dn, const char *filter)
         for (int i = 0; i < 16; i++)
             ((int32_t *)bt.t.data)[i] = 15 - i;
         ((int32_t *)sl.t.data)[0] = 256;
-        tk_arg a[] = {T("out", &o), T("q", &q), T("k_cache", &kc), T("v_cache", &vc), T("block_table", &bt),
-                      T("seq_lens", &sl)};
+        tk_arg a[] = {T("out", &o),          T("q", &q),        T("k_cache", &kc), T("v_cache", &vc),
+                      T("block_table", &bt), T("seq_lens", &sl)};
         run_case(name, "attention_decode", a, 6, 2.0 * 2 * 9 * 64 * 256, 0);
         free(q.t.data), free(o.t.data), free(kc.t.data), free(vc.t.data), free(bt.t.data), free(sl.t.data);
     }

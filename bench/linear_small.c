@@ -90,7 +90,8 @@ int main(int argc, char **argv)
     int layers = le ? atoi(le) : 8;
     if (layers < 1 || layers > 64)
         layers = 8;
-    static const int64_t shp[7][2] = {{576, 576}, {192, 576}, {192, 576}, {576, 576}, {1536, 576}, {1536, 576}, {576, 1536}};
+    static const int64_t shp[7][2] = {{576, 576},  {192, 576},  {192, 576}, {576, 576},
+                                      {1536, 576}, {1536, 576}, {576, 1536}};
     int nw = 7 * layers;
     ten *w = calloc((size_t)nw, sizeof *w), sc;
     for (int i = 0; i < nw; i++) {
@@ -162,8 +163,8 @@ int main(int argc, char **argv)
         qsort(tc, (size_t)reps, sizeof *tc, cmp_d);
         printf("{\"dtype\": \"%s\", \"m\": %lld, \"impl\": \"%s\", \"wall_ms\": %.3f, \"wall_best_ms\": %.3f, "
                "\"cpu_ms\": %.3f, \"cpu_best_ms\": %.3f}\n",
-               dn, (long long)m, im[0] ? im[0]->impl : "reference", tw[reps / 2] * 1e3, tw[0] * 1e3,
-               tc[reps / 2] * 1e3, tc[0] * 1e3);
+               dn, (long long)m, im[0] ? im[0]->impl : "reference", tw[reps / 2] * 1e3, tw[0] * 1e3, tc[reps / 2] * 1e3,
+               tc[0] * 1e3);
         fflush(stdout);
         free(c);
         free(im);

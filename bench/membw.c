@@ -88,8 +88,8 @@ int main(int argc, char **argv)
         rd = r < rd ? r : rd;
     }
     double bytes = (double)n * sizeof(double);
-    printf("{\"threads\": %d, \"mib\": %zu, \"copy_gb_s\": %.2f, \"read_gb_s\": %.2f}\n", nt, mib, 2 * bytes / copy / 1e9,
-           bytes / rd / 1e9);
+    printf("{\"threads\": %d, \"mib\": %zu, \"copy_gb_s\": %.2f, \"read_gb_s\": %.2f}\n", nt, mib,
+           2 * bytes / copy / 1e9, bytes / rd / 1e9);
     free(a);
     free(b);
     return 0;

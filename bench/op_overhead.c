@@ -63,8 +63,10 @@ int main(int argc, char **argv)
     tk_tensor ti = host(in, 2, s_in), to = host(out, 2, s_out), tr = host(res, 2, s_r), tw = host(w, 1, s_w),
               tx = host(in, 2, s_r);
     tk_arg act[] = {{TK_ARG_TENSOR, "out", &to, 0, 0}, {TK_ARG_TENSOR, "input", &ti, 0, 0}};
-    tk_arg nrm[] = {{TK_ARG_TENSOR, "input", &tx, 0, 0}, {TK_ARG_TENSOR, "residual", &tr, 0, 0},
-                    {TK_ARG_TENSOR, "weight", &tw, 0, 0}, {TK_ARG_F64, "eps", NULL, 0, 1e-5}};
+    tk_arg nrm[] = {{TK_ARG_TENSOR, "input", &tx, 0, 0},
+                    {TK_ARG_TENSOR, "residual", &tr, 0, 0},
+                    {TK_ARG_TENSOR, "weight", &tw, 0, 0},
+                    {TK_ARG_F64, "eps", NULL, 0, 1e-5}};
     printf("threads %d\n", tk_ctx_threads(ctx));
     double a = per_call(ctx, "silu_and_mul", act, 2, calls, &impl);
     printf("silu_and_mul [1, 2]            %-14s %8.0f ns per tk_op_run\n", impl, a);
@@ -76,8 +78,10 @@ int main(int argc, char **argv)
     tk_tensor ti2 = host(big, 2, s_in2), to2 = host(out, 2, s_out2), tr2 = host(res, 2, s_r2), tw2 = host(w, 1, s_w2),
               tx2 = host(in, 2, s_r2);
     tk_arg act2[] = {{TK_ARG_TENSOR, "out", &to2, 0, 0}, {TK_ARG_TENSOR, "input", &ti2, 0, 0}};
-    tk_arg nrm2[] = {{TK_ARG_TENSOR, "input", &tx2, 0, 0}, {TK_ARG_TENSOR, "residual", &tr2, 0, 0},
-                     {TK_ARG_TENSOR, "weight", &tw2, 0, 0}, {TK_ARG_F64, "eps", NULL, 0, 1e-5}};
+    tk_arg nrm2[] = {{TK_ARG_TENSOR, "input", &tx2, 0, 0},
+                     {TK_ARG_TENSOR, "residual", &tr2, 0, 0},
+                     {TK_ARG_TENSOR, "weight", &tw2, 0, 0},
+                     {TK_ARG_F64, "eps", NULL, 0, 1e-5}};
     double c = per_call(ctx, "silu_and_mul", act2, 2, calls / 4, &impl);
     printf("silu_and_mul [1, 3072]         %-14s %8.0f ns per tk_op_run\n", impl, c);
     double d = per_call(ctx, "fused_add_rms_norm", nrm2, 4, calls / 4, &impl);

@@ -90,11 +90,9 @@ int main(int argc, char **argv)
         if (ms < best_whole)
             best_whole = ms;
     }
-    printf("per line: %zu ids in %.1f ms: %.2f MB/s, %.0f ids/s (best of %d); checksum %016llx\n",
-           nlines_ids, best_lines, size / best_lines / 1e3, nlines_ids / best_lines * 1e3, reps,
-           (unsigned long long)sum);
-    printf("whole file: %zu ids in %.1f ms: %.2f MB/s\n", nwhole, best_whole,
-           size / best_whole / 1e3);
+    printf("per line: %zu ids in %.1f ms: %.2f MB/s, %.0f ids/s (best of %d); checksum %016llx\n", nlines_ids,
+           best_lines, size / best_lines / 1e3, nlines_ids / best_lines * 1e3, reps, (unsigned long long)sum);
+    printf("whole file: %zu ids in %.1f ms: %.2f MB/s\n", nwhole, best_whole, size / best_whole / 1e3);
     tk_tokenizer_free(tok);
     free(text);
     return 0;

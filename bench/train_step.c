@@ -74,9 +74,10 @@ int main(int argc, char **argv)
     const char *a = info ? strstr(info, "\"activation_bytes\":") : NULL;
     struct rusage ru;
     getrusage(RUSAGE_SELF, &ru);
-    printf("{\"impl\": \"tk\", \"fused_loss\": %d, \"checkpointing\": %s, \"step_s\": %.4f, \"tokens_per_s\": %.1f, \"activation_bytes\": %lld, "
-           "\"peak_rss_bytes\": %lld}\n", fused, ckpt ? "true" : "false", dt, (double)T / dt, a ? atoll(a + 19) : -1LL,
-           (long long)ru.ru_maxrss * 1024);
+    printf(
+        "{\"impl\": \"tk\", \"fused_loss\": %d, \"checkpointing\": %s, \"step_s\": %.4f, \"tokens_per_s\": %.1f, \"activation_bytes\": %lld, "
+        "\"peak_rss_bytes\": %lld}\n",
+        fused, ckpt ? "true" : "false", dt, (double)T / dt, a ? atoll(a + 19) : -1LL, (long long)ru.ru_maxrss * 1024);
     tk_free(info);
     free(ids);
     free(tg);

@@ -46,7 +46,8 @@ static int dberr(const tk_kcache *c, const char *what)
                        : code == SQLITE_CORRUPT || code == SQLITE_NOTADB
                            ? "\nHINT: the cache is damaged; remove it and tk will rebuild it: 'tk cache clear' "
                              "or delete the file"
-                       : code == SQLITE_FULL ? "\nHINT: free disk space, or lower TK_CACHE_MAX" : "";
+                       : code == SQLITE_FULL ? "\nHINT: free disk space, or lower TK_CACHE_MAX"
+                                             : "";
     return tk__err(st, "compiled-binary cache %s: %s: %s%s", c && c->path ? c->path : "", what,
                    c && c->db ? sqlite3_errmsg(c->db) : "cannot open", hint);
 }
@@ -65,18 +66,18 @@ static void rollback(tk_kcache *c)
 }
 
 /* Measured op choices: key = device, arch, op and shape bucket (api/op.c); impl = "org/name:kernel". */
-#define TUNE_TABLE                                                                                     \
-    "CREATE TABLE tune(key TEXT PRIMARY KEY, impl TEXT NOT NULL, us REAL NOT NULL, detail TEXT,"        \
+#define TUNE_TABLE                                                                                                     \
+    "CREATE TABLE tune(key TEXT PRIMARY KEY, impl TEXT NOT NULL, us REAL NOT NULL, detail TEXT,"                       \
     " measured INTEGER NOT NULL)"
 
 /* Self-test results: one row per kernel of a compiled binary on one GPU, driver and tk version. A row
  * with status "running" is written before a kernel's test starts (pid: the tester), so a test that
  * takes its process down leaves evidence behind. */
-#define SELFTEST_TABLE                                                                                 \
-    "CREATE TABLE IF NOT EXISTS selftest(binary_key TEXT NOT NULL, kernel TEXT NOT NULL, gpu_uuid TEXT NOT NULL,"     \
-    " driver TEXT NOT NULL, tk_version TEXT NOT NULL, package TEXT NOT NULL, op TEXT NOT NULL,"        \
-    " status TEXT NOT NULL, detail TEXT NOT NULL DEFAULT '', gpu_name TEXT NOT NULL DEFAULT '',"       \
-    " pid INTEGER NOT NULL DEFAULT 0, tested INTEGER NOT NULL, seconds REAL NOT NULL DEFAULT 0,"        \
+#define SELFTEST_TABLE                                                                                                 \
+    "CREATE TABLE IF NOT EXISTS selftest(binary_key TEXT NOT NULL, kernel TEXT NOT NULL, gpu_uuid TEXT NOT NULL,"      \
+    " driver TEXT NOT NULL, tk_version TEXT NOT NULL, package TEXT NOT NULL, op TEXT NOT NULL,"                        \
+    " status TEXT NOT NULL, detail TEXT NOT NULL DEFAULT '', gpu_name TEXT NOT NULL DEFAULT '',"                       \
+    " pid INTEGER NOT NULL DEFAULT 0, tested INTEGER NOT NULL, seconds REAL NOT NULL DEFAULT 0,"                       \
     " PRIMARY KEY(binary_key, kernel, gpu_uuid, driver, tk_version))"
 #define SELFTEST_INDEX "CREATE INDEX IF NOT EXISTS selftest_pkg ON selftest(package, gpu_uuid)"
 
@@ -116,7 +117,8 @@ static int migrate(tk_kcache *c)
         return TK_OK;
     }
     /* new: it is a cache, so anything else is simply replaced */
-    if ((rc = exec(c, "DROP TABLE IF EXISTS entries")) != TK_OK || (rc = exec(c, "DROP TABLE IF EXISTS tune")) != TK_OK ||
+    if ((rc = exec(c, "DROP TABLE IF EXISTS entries")) != TK_OK ||
+        (rc = exec(c, "DROP TABLE IF EXISTS tune")) != TK_OK ||
         (rc = exec(c, "DROP TABLE IF EXISTS selftest")) != TK_OK ||
         (rc = exec(c, "CREATE TABLE entries("
                       " key TEXT PRIMARY KEY,"
@@ -314,8 +316,7 @@ static int evict(tk_kcache *c, int64_t max, const char *keep, int64_t *freed)
     int64_t total = 0;
     int rc = TK_OK;
 
-    if (sqlite3_prepare_v2(c->db, "SELECT coalesce(sum(size), 0) FROM entries", -1, &sum, NULL) !=
-            SQLITE_OK ||
+    if (sqlite3_prepare_v2(c->db, "SELECT coalesce(sum(size), 0) FROM entries", -1, &sum, NULL) != SQLITE_OK ||
         sqlite3_step(sum) != SQLITE_ROW) {
         rc = dberr(c, "sum sizes");
         goto done;
@@ -323,8 +324,8 @@ static int evict(tk_kcache *c, int64_t max, const char *keep, int64_t *freed)
     total = sqlite3_column_int64(sum, 0);
     if (total <= max)
         goto done;
-    if (sqlite3_prepare_v2(c->db, "SELECT key, size FROM entries ORDER BY last_used ASC", -1, &sel,
-                           NULL) != SQLITE_OK ||
+    if (sqlite3_prepare_v2(c->db, "SELECT key, size FROM entries ORDER BY last_used ASC", -1, &sel, NULL) !=
+            SQLITE_OK ||
         sqlite3_prepare_v2(c->db, "DELETE FROM entries WHERE key = ?1", -1, &del, NULL) != SQLITE_OK) {
         rc = dberr(c, "prepare eviction");
         goto done;
@@ -360,8 +361,8 @@ done:
     return rc;
 }
 
-int tk_kcache__put(tk_kcache *c, const char *key, const tk_kcache_meta *meta, const void *data,
-                   size_t len, int *inserted)
+int tk_kcache__put(tk_kcache *c, const char *key, const tk_kcache_meta *meta, const void *data, size_t len,
+                   int *inserted)
 {
     sqlite3_stmt *st = NULL;
     uint8_t *blob = NULL;
@@ -465,7 +466,8 @@ int tk_kcache__tune_get(tk_kcache *c, const char *key, char **impl)
     sqlite3_bind_text(st, 1, key, -1, SQLITE_STATIC);
     int r = sqlite3_step(st);
     if (r == SQLITE_ROW)
-        rc = (*impl = tk__strdup((const char *)sqlite3_column_text(st, 0))) ? TK_OK : tk__err(TK_ERR_NOMEM, "out of memory");
+        rc = (*impl = tk__strdup((const char *)sqlite3_column_text(st, 0))) ? TK_OK
+                                                                            : tk__err(TK_ERR_NOMEM, "out of memory");
     else
         rc = r == SQLITE_DONE ? TK_ERR_NOT_FOUND : dberr(c, "reading a tuned choice");
     sqlite3_finalize(st);
@@ -513,8 +515,7 @@ int tk_kcache__stats(tk_kcache *c, int64_t *entries, int64_t *bytes)
         *bytes = 0;
     if ((rc = check(c, NULL)) != TK_OK)
         return rc;
-    if (sqlite3_prepare_v2(c->db, "SELECT count(*), coalesce(sum(size), 0) FROM entries", -1, &st,
-                           NULL) != SQLITE_OK ||
+    if (sqlite3_prepare_v2(c->db, "SELECT count(*), coalesce(sum(size), 0) FROM entries", -1, &st, NULL) != SQLITE_OK ||
         sqlite3_step(st) != SQLITE_ROW) {
         rc = dberr(c, "stats");
         sqlite3_finalize(st);
@@ -582,10 +583,26 @@ int tk_kcache__parse_size(const char *s, int64_t *out)
     if (errno || v < 0)
         return -1;
     switch (*end) {
-    case 'k': case 'K': mul = (int64_t)1 << 10; end++; break;
-    case 'm': case 'M': mul = (int64_t)1 << 20; end++; break;
-    case 'g': case 'G': mul = (int64_t)1 << 30; end++; break;
-    case 't': case 'T': mul = (int64_t)1 << 40; end++; break;
+    case 'k':
+    case 'K':
+        mul = (int64_t)1 << 10;
+        end++;
+        break;
+    case 'm':
+    case 'M':
+        mul = (int64_t)1 << 20;
+        end++;
+        break;
+    case 'g':
+    case 'G':
+        mul = (int64_t)1 << 30;
+        end++;
+        break;
+    case 't':
+    case 'T':
+        mul = (int64_t)1 << 40;
+        end++;
+        break;
     default: break;
     }
     if (mul > 1 && *end == 'i')
@@ -726,8 +743,8 @@ int tk_kcache__selftest_forget(tk_kcache *c, const char *package, int64_t *remov
         *removed = 0;
     if ((rc = check(c, NULL)) != TK_OK)
         return rc;
-    if (sqlite3_prepare_v2(c->db, package ? "DELETE FROM selftest WHERE package = ?1" : "DELETE FROM selftest", -1,
-                           &st, NULL) != SQLITE_OK)
+    if (sqlite3_prepare_v2(c->db, package ? "DELETE FROM selftest WHERE package = ?1" : "DELETE FROM selftest", -1, &st,
+                           NULL) != SQLITE_OK)
         return dberr(c, "forgetting self-tests");
     if (package)
         sqlite3_bind_text(st, 1, package, -1, SQLITE_STATIC);

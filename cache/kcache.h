@@ -42,8 +42,8 @@ int64_t tk_kcache__max_bytes(const tk_kcache *c);
 int tk_kcache__get(tk_kcache *c, const char *key, uint8_t **data, size_t *len);
 /* Stores a payload under key (INSERT OR IGNORE: an existing entry wins), then evicts down to the cap.
  * *inserted (may be NULL) is 1 if this call added the row. */
-int tk_kcache__put(tk_kcache *c, const char *key, const tk_kcache_meta *meta, const void *data,
-                   size_t len, int *inserted);
+int tk_kcache__put(tk_kcache *c, const char *key, const tk_kcache_meta *meta, const void *data, size_t len,
+                   int *inserted);
 /* Deletes one entry (missing is fine): a load rejected it. */
 int tk_kcache__remove(tk_kcache *c, const char *key);
 /* 1 when an entry for key is stored, 0 when not (or on an error): a look-up that reads no blob and

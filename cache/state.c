@@ -52,13 +52,15 @@ int tk_state__dberr(tk_state *st, const char *what)
     int code = st && st->db ? sqlite3_errcode(st->db) : 0;
     int primary = code & 0xff;
     if (primary == SQLITE_FULL)
-        return tk__err(TK_ERR_NOSPACE, "%s: %s (state.db in %s)\nHINT: free some disk space (or point TK_HOME "
-                       "elsewhere) and retry", what, msg, st->dir);
-    if (primary == SQLITE_IOERR || primary == SQLITE_CANTOPEN || primary == SQLITE_READONLY ||
-        primary == SQLITE_PERM)
+        return tk__err(TK_ERR_NOSPACE,
+                       "%s: %s (state.db in %s)\nHINT: free some disk space (or point TK_HOME "
+                       "elsewhere) and retry",
+                       what, msg, st->dir);
+    if (primary == SQLITE_IOERR || primary == SQLITE_CANTOPEN || primary == SQLITE_READONLY || primary == SQLITE_PERM)
         return tk__err(code == SQLITE_IOERR_NOMEM ? TK_ERR_NOMEM : TK_ERR_IO,
                        "%s: %s (state.db in %s)\nHINT: check that this directory is writable by you and its "
-                       "disk is not full or read-only (or point TK_HOME elsewhere)", what, msg, st->dir);
+                       "disk is not full or read-only (or point TK_HOME elsewhere)",
+                       what, msg, st->dir);
     if (primary == SQLITE_BUSY || primary == SQLITE_LOCKED)
         return tk__err(TK_ERR_CACHE,
                        "%s: the state database stayed locked for %d s (%s)\n"
@@ -136,8 +138,9 @@ int tk_state__open(tk_state **out, const char *data_dir)
     if ((rc = tk__check_not_link(dbpath, "-wal")) != TK_OK || (rc = tk__check_not_link(dbpath, "-shm")) != TK_OK ||
         (rc = tk__check_not_link(dbpath, "-journal")) != TK_OK || (rc = tk__check_not_link(dbpath, "")) != TK_OK)
         goto fail;
-    if (sqlite3_open_v2(dbpath, &st->db, SQLITE_OPEN_READWRITE | SQLITE_OPEN_CREATE | SQLITE_OPEN_FULLMUTEX |
-                        SQLITE_OPEN_NOFOLLOW, NULL) != SQLITE_OK) {
+    if (sqlite3_open_v2(dbpath, &st->db,
+                        SQLITE_OPEN_READWRITE | SQLITE_OPEN_CREATE | SQLITE_OPEN_FULLMUTEX | SQLITE_OPEN_NOFOLLOW,
+                        NULL) != SQLITE_OK) {
         rc = tk_state__dberr(st, "cannot open state.db");
         goto fail;
     }
@@ -226,7 +229,8 @@ int tk_state__object_put(tk_state *st, const char *src, const char *sha256)
         goto done;
     }
     if ((ofd = open(st->objects, O_RDONLY | O_DIRECTORY | O_NOFOLLOW | O_CLOEXEC)) < 0) {
-        rc = errno == ELOOP || errno == ENOTDIR ? tk__check_real_dir(st->objects) : tk__err_sys("cannot open", st->objects);
+        rc = errno == ELOOP || errno == ENOTDIR ? tk__check_real_dir(st->objects)
+                                                : tk__err_sys("cannot open", st->objects);
         goto done;
     }
     if (mkdirat(ofd, sub, 0755) != 0 && errno != EEXIST) {
@@ -315,9 +319,8 @@ static int load_files(tk_state *st, tk_state_pkg *p)
 {
     sqlite3_stmt *s = NULL;
     int rc = TK_OK;
-    if (sqlite3_prepare_v2(st->db,
-                           "SELECT path, sha256, size FROM files WHERE name=? AND major=? ORDER BY path",
-                           -1, &s, NULL) != SQLITE_OK)
+    if (sqlite3_prepare_v2(st->db, "SELECT path, sha256, size FROM files WHERE name=? AND major=? ORDER BY path", -1,
+                           &s, NULL) != SQLITE_OK)
         return tk_state__dberr(st, "cannot query files");
     sqlite3_bind_text(s, 1, p->name, -1, SQLITE_STATIC);
     sqlite3_bind_int(s, 2, p->major);
@@ -362,14 +365,12 @@ static int row_to_pkg(tk_state_pkg **out, tk_state *st, sqlite3_stmt *s)
     p->commit = col_text(s, 3);
     p->manifest_sha256 = col_text(s, 4);
     p->manifest_len = (size_t)sqlite3_column_bytes(s, 5);
-    p->manifest = tk__strndup(sqlite3_column_blob(s, 5) ? sqlite3_column_blob(s, 5) : "",
-                              p->manifest_len);
+    p->manifest = tk__strndup(sqlite3_column_blob(s, 5) ? sqlite3_column_blob(s, 5) : "", p->manifest_len);
     p->signer = col_text(s, 6);
     p->registry = col_text(s, 7);
     p->installed_at = sqlite3_column_int64(s, 8);
     int rc = TK_OK;
-    if (!p->name || !p->version || !p->commit || !p->manifest_sha256 || !p->manifest ||
-        !p->signer || !p->registry)
+    if (!p->name || !p->version || !p->commit || !p->manifest_sha256 || !p->manifest || !p->signer || !p->registry)
         rc = tk__err(TK_ERR_NOMEM, "out of memory");
     else
         rc = load_files(st, p);
@@ -381,8 +382,7 @@ static int row_to_pkg(tk_state_pkg **out, tk_state *st, sqlite3_stmt *s)
     return TK_OK;
 }
 
-static int query_one(tk_state_pkg **out, tk_state *st, const char *sql, const char *name,
-                     int major, const char *text2)
+static int query_one(tk_state_pkg **out, tk_state *st, const char *sql, const char *name, int major, const char *text2)
 {
     *out = NULL;
     sqlite3_stmt *s = NULL;
@@ -408,16 +408,14 @@ static int query_one(tk_state_pkg **out, tk_state *st, const char *sql, const ch
 int tk_state__pkg_get(tk_state_pkg **out, tk_state *st, const char *name, int major)
 {
     if (major > 0)
-        return query_one(out, st, "SELECT " PKG_COLS " FROM packages WHERE name=? AND major=?", name,
-                         major, NULL);
-    return query_one(out, st, "SELECT " PKG_COLS " FROM packages WHERE name=? ORDER BY major DESC LIMIT 1",
-                     name, 0, NULL);
+        return query_one(out, st, "SELECT " PKG_COLS " FROM packages WHERE name=? AND major=?", name, major, NULL);
+    return query_one(out, st, "SELECT " PKG_COLS " FROM packages WHERE name=? ORDER BY major DESC LIMIT 1", name, 0,
+                     NULL);
 }
 
 int tk_state__pkg_get_commit(tk_state_pkg **out, tk_state *st, const char *name, const char *commit)
 {
-    return query_one(out, st, "SELECT " PKG_COLS " FROM packages WHERE name=? AND commit_id=?", name, 0,
-                     commit);
+    return query_one(out, st, "SELECT " PKG_COLS " FROM packages WHERE name=? AND commit_id=?", name, 0, commit);
 }
 
 int tk_state__pkg_list(tk_state_pkg ***out, size_t *n, tk_state *st)
@@ -428,8 +426,7 @@ int tk_state__pkg_list(tk_state_pkg ***out, size_t *n, tk_state *st)
     tk_state_pkg **v = NULL;
     size_t len = 0, cap = 0;
     int rc = TK_OK, r;
-    if (sqlite3_prepare_v2(st->db, "SELECT " PKG_COLS " FROM packages ORDER BY name, major", -1, &s,
-                           NULL) != SQLITE_OK)
+    if (sqlite3_prepare_v2(st->db, "SELECT " PKG_COLS " FROM packages ORDER BY name, major", -1, &s, NULL) != SQLITE_OK)
         return tk_state__dberr(st, "cannot list packages");
     while ((r = sqlite3_step(s)) == SQLITE_ROW) {
         if (len == cap) {
@@ -467,8 +464,7 @@ int tk_state__pkg_names(char ***out, size_t *n, tk_state *st)
     char **v = NULL;
     size_t len = 0, cap = 0;
     int rc = TK_OK, r;
-    if (sqlite3_prepare_v2(st->db, "SELECT DISTINCT name FROM packages ORDER BY name", -1, &s, NULL) !=
-        SQLITE_OK)
+    if (sqlite3_prepare_v2(st->db, "SELECT DISTINCT name FROM packages ORDER BY name", -1, &s, NULL) != SQLITE_OK)
         return tk_state__dberr(st, "cannot list packages");
     while ((r = sqlite3_step(s)) == SQLITE_ROW) {
         if (len == cap) {
@@ -517,8 +513,8 @@ int tk_state__pkg_put(tk_state *st, const tk_state_pkg *p)
     sqlite3_bind_int(s, 2, p->major);
     if ((rc = step_done(st, s, "cannot replace the package's files")) != TK_OK)
         return rc;
-    if (sqlite3_prepare_v2(st->db, "INSERT OR REPLACE INTO packages(" PKG_COLS ") VALUES(?,?,?,?,?,?,?,?,?)",
-                           -1, &s, NULL) != SQLITE_OK)
+    if (sqlite3_prepare_v2(st->db, "INSERT OR REPLACE INTO packages(" PKG_COLS ") VALUES(?,?,?,?,?,?,?,?,?)", -1, &s,
+                           NULL) != SQLITE_OK)
         return tk_state__dberr(st, "cannot record the package");
     sqlite3_bind_text(s, 1, p->name, -1, SQLITE_STATIC);
     sqlite3_bind_int(s, 2, p->major);
@@ -532,8 +528,8 @@ int tk_state__pkg_put(tk_state *st, const tk_state_pkg *p)
     if ((rc = step_done(st, s, "cannot record the package")) != TK_OK)
         return rc;
     for (size_t i = 0; i < p->nfiles; i++) {
-        if (sqlite3_prepare_v2(st->db, "INSERT INTO files(name, major, path, sha256, size) VALUES(?,?,?,?,?)",
-                               -1, &s, NULL) != SQLITE_OK)
+        if (sqlite3_prepare_v2(st->db, "INSERT INTO files(name, major, path, sha256, size) VALUES(?,?,?,?,?)", -1, &s,
+                               NULL) != SQLITE_OK)
             return tk_state__dberr(st, "cannot record a file");
         sqlite3_bind_text(s, 1, p->name, -1, SQLITE_STATIC);
         sqlite3_bind_int(s, 2, p->major);
@@ -607,8 +603,7 @@ int tk_state__seen_get(char **version, tk_state *st, const char *name, int major
 {
     *version = NULL;
     sqlite3_stmt *s = NULL;
-    if (sqlite3_prepare_v2(st->db, "SELECT version FROM seen WHERE name=? AND major=?", -1, &s, NULL) !=
-        SQLITE_OK)
+    if (sqlite3_prepare_v2(st->db, "SELECT version FROM seen WHERE name=? AND major=?", -1, &s, NULL) != SQLITE_OK)
         return tk_state__dberr(st, "cannot read seen versions");
     sqlite3_bind_text(s, 1, name, -1, SQLITE_STATIC);
     sqlite3_bind_int(s, 2, major);
@@ -624,8 +619,7 @@ int tk_state__seen_get(char **version, tk_state *st, const char *name, int major
     return rc;
 }
 
-int tk_state__seen_put(tk_state *st, const char *name, int major, const char *version,
-                       const char *commit)
+int tk_state__seen_put(tk_state *st, const char *name, int major, const char *version, const char *commit)
 {
     char *old = NULL;
     int rc = tk_state__seen_get(&old, st, name, major);
@@ -643,7 +637,8 @@ int tk_state__seen_set(tk_state *st, const char *name, int major, const char *ve
     sqlite3_stmt *s = NULL;
     if (sqlite3_prepare_v2(st->db,
                            "INSERT OR REPLACE INTO seen(name, major, version, commit_id, seen_at) "
-                           "VALUES(?,?,?,?,?)", -1, &s, NULL) != SQLITE_OK)
+                           "VALUES(?,?,?,?,?)",
+                           -1, &s, NULL) != SQLITE_OK)
         return tk_state__dberr(st, "cannot record the version seen");
     sqlite3_bind_text(s, 1, name, -1, SQLITE_STATIC);
     sqlite3_bind_int(s, 2, major);
@@ -655,12 +650,10 @@ int tk_state__seen_set(tk_state *st, const char *name, int major, const char *ve
 
 /* ---- trust ------------------------------------------------------------------------------------ */
 
-int tk_state__trust_add(tk_state *st, const char *org, const char *keyid, const char *pubkey,
-                        const char *comment)
+int tk_state__trust_add(tk_state *st, const char *org, const char *keyid, const char *pubkey, const char *comment)
 {
     sqlite3_stmt *s = NULL;
-    if (sqlite3_prepare_v2(st->db,
-                           "INSERT OR REPLACE INTO trust(org, keyid, pubkey, comment, added) VALUES(?,?,?,?,?)",
+    if (sqlite3_prepare_v2(st->db, "INSERT OR REPLACE INTO trust(org, keyid, pubkey, comment, added) VALUES(?,?,?,?,?)",
                            -1, &s, NULL) != SQLITE_OK)
         return tk_state__dberr(st, "cannot add a trusted key");
     sqlite3_bind_text(s, 1, org, -1, SQLITE_STATIC);
@@ -680,8 +673,8 @@ int tk_state__trust_remove(tk_state *st, const char *org, const char *keyid)
     sqlite3_bind_text(s, 2, keyid, -1, SQLITE_STATIC);
     int rc = step_done(st, s, "cannot remove a trusted key");
     if (rc == TK_OK && sqlite3_changes(st->db) == 0)
-        rc = tk__err(TK_ERR_NOT_FOUND, "key %s is not trusted for org '%s'\nHINT: 'tk trust list' shows the trust store",
-                     keyid, org);
+        rc = tk__err(TK_ERR_NOT_FOUND,
+                     "key %s is not trusted for org '%s'\nHINT: 'tk trust list' shows the trust store", keyid, org);
     return rc;
 }
 
@@ -689,8 +682,7 @@ int tk_state__trust_get(char **pubkey, tk_state *st, const char *org, const char
 {
     *pubkey = NULL;
     sqlite3_stmt *s = NULL;
-    if (sqlite3_prepare_v2(st->db, "SELECT pubkey FROM trust WHERE org=? AND keyid=?", -1, &s, NULL) !=
-        SQLITE_OK)
+    if (sqlite3_prepare_v2(st->db, "SELECT pubkey FROM trust WHERE org=? AND keyid=?", -1, &s, NULL) != SQLITE_OK)
         return tk_state__dberr(st, "cannot read the trust store");
     sqlite3_bind_text(s, 1, org, -1, SQLITE_STATIC);
     sqlite3_bind_text(s, 2, keyid, -1, SQLITE_STATIC);
@@ -710,8 +702,8 @@ int tk_state__trust_org_key(char **keyid, tk_state *st, const char *org)
 {
     *keyid = NULL;
     sqlite3_stmt *s = NULL;
-    if (sqlite3_prepare_v2(st->db, "SELECT keyid FROM trust WHERE org=? ORDER BY added, keyid LIMIT 1", -1, &s,
-                           NULL) != SQLITE_OK)
+    if (sqlite3_prepare_v2(st->db, "SELECT keyid FROM trust WHERE org=? ORDER BY added, keyid LIMIT 1", -1, &s, NULL) !=
+        SQLITE_OK)
         return tk_state__dberr(st, "cannot read the trust store");
     sqlite3_bind_text(s, 1, org, -1, SQLITE_STATIC);
     int rc = TK_OK, r = sqlite3_step(s);

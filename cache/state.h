@@ -83,15 +83,13 @@ int tk_state__pkg_names(char ***out, size_t *n, tk_state *st);
 /* Newest version seen per (name, major), for rollback protection. *version NULL when none. */
 int tk_state__seen_get(char **version, tk_state *st, const char *name, int major);
 /* Inside a transaction: records version if it is newer than the recorded one. */
-int tk_state__seen_put(tk_state *st, const char *name, int major, const char *version,
-                       const char *commit);
+int tk_state__seen_put(tk_state *st, const char *name, int major, const char *version, const char *commit);
 /* Inside a transaction: records version even if it is older (only after a verified yank of the
  * version seen; hub/get.c). */
 int tk_state__seen_set(tk_state *st, const char *name, int major, const char *version, const char *commit);
 
 /* Trust store. */
-int tk_state__trust_add(tk_state *st, const char *org, const char *keyid, const char *pubkey,
-                        const char *comment);
+int tk_state__trust_add(tk_state *st, const char *org, const char *keyid, const char *pubkey, const char *comment);
 int tk_state__trust_remove(tk_state *st, const char *org, const char *keyid);
 /* *pubkey NULL when (org, keyid) is not trusted. */
 int tk_state__trust_get(char **pubkey, tk_state *st, const char *org, const char *keyid);

@@ -64,8 +64,7 @@ void tk_cli_json_error_body(int status, const char *msg);
 /* A failure the command found itself (not a library call's): "tk: MESSAGE" on stderr (MESSAGE may
  * end in "\nHINT: ..."), or under --json the error object for status on stdout. Returns exit_code,
  * or the exit code for status when exit_code is 0. */
-int tk_cli_errorf(tk_cli *cli, int status, int exit_code, const char *fmt, ...)
-    __attribute__((format(printf, 4, 5)));
+int tk_cli_errorf(tk_cli *cli, int status, int exit_code, const char *fmt, ...) __attribute__((format(printf, 4, 5)));
 /* Prints an informational line to stderr unless --quiet. */
 void tk_cli_info(tk_cli *cli, const char *fmt, ...);
 /* Prints "tk: warning: MESSAGE" and a newline to stderr (even under --quiet). */

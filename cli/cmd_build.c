@@ -159,8 +159,7 @@ int tk_cmd_build(tk_cli *cli, int argc, char **argv)
             printf("%s", i ? ", " : "");
             tk_cli_json_str(stdout, archs[i]);
         }
-        printf("], \"compiled\": %zu, \"cached\": %zu, \"seconds\": %.3f}\n", compiled, cached,
-               now_s() - t0);
+        printf("], \"compiled\": %zu, \"cached\": %zu, \"seconds\": %.3f}\n", compiled, cached, now_s() - t0);
     } else {
         printf("built %s", ref);
         if (narchs) {

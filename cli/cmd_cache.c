@@ -51,10 +51,26 @@ static int parse_size(const char *s, int64_t *out)
     if (!s[0] || s[0] == '-' || end == s || v < 0)
         return -1;
     switch (*end) {
-    case 'k': case 'K': mul = 1LL << 10; end++; break;
-    case 'm': case 'M': mul = 1LL << 20; end++; break;
-    case 'g': case 'G': mul = 1LL << 30; end++; break;
-    case 't': case 'T': mul = 1LL << 40; end++; break;
+    case 'k':
+    case 'K':
+        mul = 1LL << 10;
+        end++;
+        break;
+    case 'm':
+    case 'M':
+        mul = 1LL << 20;
+        end++;
+        break;
+    case 'g':
+    case 'G':
+        mul = 1LL << 30;
+        end++;
+        break;
+    case 't':
+    case 'T':
+        mul = 1LL << 40;
+        end++;
+        break;
     default: break;
     }
     if (mul > 1 && *end == 'i')
@@ -78,7 +94,8 @@ static void print_selftests(json_t *recs)
                  json_string_value(json_object_get(r, "driver")), json_string_value(json_object_get(r, "tk_version")));
         int done = 0;
         json_t *s;
-        json_array_foreach(seen, j, s) done |= !strcmp(json_string_value(s), key);
+        json_array_foreach(seen, j, s)
+            done |= !strcmp(json_string_value(s), key);
         if (done)
             continue;
         json_array_append_new(seen, json_string(key));
@@ -87,7 +104,8 @@ static void print_selftests(json_t *recs)
         json_array_foreach(recs, j, q) {
             char k2[512];
             snprintf(k2, sizeof k2, "%s|%s|%s", json_string_value(json_object_get(q, "gpu_uuid")),
-                     json_string_value(json_object_get(q, "driver")), json_string_value(json_object_get(q, "tk_version")));
+                     json_string_value(json_object_get(q, "driver")),
+                     json_string_value(json_object_get(q, "tk_version")));
             if (strcmp(k2, key))
                 continue;
             if (!strcmp(json_string_value(json_object_get(q, "status")), "passed"))
@@ -95,13 +113,14 @@ static void print_selftests(json_t *recs)
             else
                 other++;
         }
-        printf("              selftest on %s (driver %s, tk %s): %lld passed%s", json_string_value(json_object_get(r, "gpu_name")),
-               json_string_value(json_object_get(r, "driver")), json_string_value(json_object_get(r, "tk_version")), pass,
-               other ? "; not passed:" : "");
+        printf("              selftest on %s (driver %s, tk %s): %lld passed%s",
+               json_string_value(json_object_get(r, "gpu_name")), json_string_value(json_object_get(r, "driver")),
+               json_string_value(json_object_get(r, "tk_version")), pass, other ? "; not passed:" : "");
         json_array_foreach(recs, j, q) {
             char k2[512];
             snprintf(k2, sizeof k2, "%s|%s|%s", json_string_value(json_object_get(q, "gpu_uuid")),
-                     json_string_value(json_object_get(q, "driver")), json_string_value(json_object_get(q, "tk_version")));
+                     json_string_value(json_object_get(q, "driver")),
+                     json_string_value(json_object_get(q, "tk_version")));
             if (!strcmp(k2, key) && strcmp(json_string_value(json_object_get(q, "status")), "passed"))
                 printf(" %s (%s)", json_string_value(json_object_get(q, "kernel")),
                        json_string_value(json_object_get(q, "status")));
@@ -142,11 +161,12 @@ static int do_ls(tk_cli *cli, tk_ctx *ctx)
         const char *commit = json_string_value(json_object_get(e, "commit"));
         json_t *ks = json_object_get(e, "kernels"), *k;
         size_t j;
-        printf("%-12.12s  %-12s  %10s  %-16s  %s@%s\n              %s:",
-               json_string_value(json_object_get(e, "key")), json_string_value(json_object_get(e, "target")),
-               size, when, json_string_value(json_object_get(e, "package")), commit ? commit : "local",
+        printf("%-12.12s  %-12s  %10s  %-16s  %s@%s\n              %s:", json_string_value(json_object_get(e, "key")),
+               json_string_value(json_object_get(e, "target")), size, when,
+               json_string_value(json_object_get(e, "package")), commit ? commit : "local",
                json_string_value(json_object_get(e, "source")));
-        json_array_foreach(ks, j, k) printf("%s%s", j ? ", " : " ", json_string_value(k));
+        json_array_foreach(ks, j, k)
+            printf("%s%s", j ? ", " : " ", json_string_value(k));
         if ((size_t)json_integer_value(json_object_get(e, "kernel_count")) > json_array_size(ks))
             printf(" ... (%lld kernels)", (long long)json_integer_value(json_object_get(e, "kernel_count")));
         printf("\n");
@@ -172,8 +192,7 @@ static int do_stats(tk_cli *cli, tk_ctx *ctx)
     tk_free(js);
     tk_cli_human(size, sizeof size, (double)json_integer_value(json_object_get(o, "bytes")));
     tk_cli_human(cap, sizeof cap, (double)json_integer_value(json_object_get(o, "max_bytes")));
-    printf("path:     %s\nentries:  %lld\nsize:     %s\ncap:      %s\n",
-           json_string_value(json_object_get(o, "path")),
+    printf("path:     %s\nentries:  %lld\nsize:     %s\ncap:      %s\n", json_string_value(json_object_get(o, "path")),
            (long long)json_integer_value(json_object_get(o, "entries")), size, cap);
     json_t *nv = json_object_get(o, "nvrtc");
     if (json_is_object(nv))
@@ -212,8 +231,7 @@ int tk_cmd_cache(tk_cli *cli, int argc, char **argv)
     }
     if (!sub)
         return tk_cli_usage(USAGE, "which action? ls, stats, gc or clear");
-    if (strcmp(sub, "ls") && strcmp(sub, "list") && strcmp(sub, "stats") && strcmp(sub, "gc") &&
-        strcmp(sub, "clear"))
+    if (strcmp(sub, "ls") && strcmp(sub, "list") && strcmp(sub, "stats") && strcmp(sub, "gc") && strcmp(sub, "clear"))
         return tk_cli_usage(USAGE, "unknown action '%s'", sub);
     if (max >= 0 && strcmp(sub, "gc"))
         return tk_cli_usage(USAGE, "--max goes with gc");

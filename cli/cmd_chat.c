@@ -18,62 +18,63 @@
 #include "cli/cli.h"
 
 static const char *USAGE = "tk chat [options] DIR  |  tk chat DIR --render [--message ROLE=TEXT ...]  |  "
-                            "tk chat DIR --list-templates";
+                           "tk chat DIR --list-templates";
 
 static void help(void)
 {
-    printf("usage: %s\n"
-           "\n"
-           "Chats with a causal language model from a Hugging Face checkpoint directory whose tokenizer\n"
-           "has a chat template (Llama 3, ChatML/Qwen2, Mistral and Llama 2 [INST], Zephyr, Gemma, Phi-3\n"
-           "and others written in the same Jinja2 subset). The templates are read as transformers reads\n"
-           "them: chat_template.jinja and additional_chat_templates/NAME.jinja, else tokenizer_config.json's\n"
-           "chat_template (a string or a list of named templates), else a processor's chat_template.json.\n"
-           "Each line read from stdin is one user turn; end of input ends the chat. The whole conversation\n"
-           "is rendered with the template as transformers' apply_chat_template(...,\n"
-           "add_generation_prompt=True) does, encoded without adding special tokens (the template writes\n"
-           "them), and continued as tk generate does; the reply prints as it is generated and becomes the\n"
-           "assistant's turn (its text with special tokens skipped).\n"
-           "\n"
-           "options:\n"
-           "  --system TEXT              a system turn before the conversation\n"
-           "  --template NAME            the named chat template to use (default: the one named default;\n"
-           "                             a checkpoint with several and no default needs this)\n"
-           "  --list-templates           print the checkpoint's template names and where they come from\n"
-           "                             (with --json: {\"templates\": [...], \"source\": \"...\"})\n"
-           "  --render                   print the rendered prompt of the --message turns and exit (no model\n"
-           "                             is loaded; with --json: {\"prompt\": \"...\", \"ids\": [...]})\n"
-           "  --message ROLE=TEXT        a turn for --render (may repeat; ROLE: system, user, assistant, ...)\n"
-           "  --no-generation-prompt     --render: add_generation_prompt=False\n"
-           "  --dtype f32|bf16|f16       compute dtype (default f32; also float32, bfloat16, float16, half)\n"
-           "  --device cpu|cuda[:N]      where the model runs (default cpu)\n"
-           "  --threads N                CPU threads for the ops (default: every CPU; docs/cpu.md)\n"
-           "  --tp N                     tensor parallelism over N ranks started by mpirun -np N (the\n"
-           "                             world size must be N): rank 0 reads the user turns from stdin and\n"
-           "                             sends each to the others; every rank holds its slices of the\n"
-           "                             weights; rank 0 alone prints (tk generate --help, docs/parallel.md)\n"
-           "  --tp-plan FILE             the tensor-parallel plan instead of the checkpoint's or the default\n"
-           "  --json                     one JSON line per reply: {\"turn\": N, \"prompt_ids\": [...], \"ids\": [...],\n"
-           "                             \"text\": \"...\", \"end\": \"eos\"} instead of streaming\n"
-           "\n"
-           "generation: every flag of tk generate (--max-new-tokens, --do-sample, --temperature, --top-k,\n"
-           "--top-p, --min-p, --repetition-penalty, --no-repeat-ngram-size, --num-beams, --length-penalty,\n"
-           "--early-stopping, --eos-token-id, --seed, --kv-dtype, --kv-block-size, --kv-max-bytes,\n"
-           "--no-cache); see tk generate --help. Defaults come from generation_config.json, except that a\n"
-           "reply has at most 256 new tokens unless --max-new-tokens or --max-length says otherwise.\n"
-           "\n"
-           "examples:\n"
-           "  tk chat ./Qwen2-0.5B-Instruct --system 'You are terse.' --max-new-tokens 64\n"
-           "  printf 'Hi\\nWhat is 2+2?\\n' | tk chat ./TinyLlama-Chat --json\n"
-           "  tk chat ./Llama-3-8B-Instruct --render --message system=Be\\ brief --message user=Hello\n"
-           "  tk chat ./Hermes-3 --template tool_use --render --message user=Hi\n"
-           "\n"
-           "exit status: 0 ok, 1 a model or generation failure, 2 usage or invalid input (a template error,\n"
-           "raise_exception, a conversation longer than the context, several templates and no default),\n"
-           "3 no checkpoint, tokenizer or chat template (or none of that --template name), 5 a damaged\n"
-           "checkpoint, 7 no GPU for --device cuda, 8 a template construct outside tk's subset (named,\n"
-           "with its line) or an architecture tk does not implement.\n",
-           USAGE);
+    printf(
+        "usage: %s\n"
+        "\n"
+        "Chats with a causal language model from a Hugging Face checkpoint directory whose tokenizer\n"
+        "has a chat template (Llama 3, ChatML/Qwen2, Mistral and Llama 2 [INST], Zephyr, Gemma, Phi-3\n"
+        "and others written in the same Jinja2 subset). The templates are read as transformers reads\n"
+        "them: chat_template.jinja and additional_chat_templates/NAME.jinja, else tokenizer_config.json's\n"
+        "chat_template (a string or a list of named templates), else a processor's chat_template.json.\n"
+        "Each line read from stdin is one user turn; end of input ends the chat. The whole conversation\n"
+        "is rendered with the template as transformers' apply_chat_template(...,\n"
+        "add_generation_prompt=True) does, encoded without adding special tokens (the template writes\n"
+        "them), and continued as tk generate does; the reply prints as it is generated and becomes the\n"
+        "assistant's turn (its text with special tokens skipped).\n"
+        "\n"
+        "options:\n"
+        "  --system TEXT              a system turn before the conversation\n"
+        "  --template NAME            the named chat template to use (default: the one named default;\n"
+        "                             a checkpoint with several and no default needs this)\n"
+        "  --list-templates           print the checkpoint's template names and where they come from\n"
+        "                             (with --json: {\"templates\": [...], \"source\": \"...\"})\n"
+        "  --render                   print the rendered prompt of the --message turns and exit (no model\n"
+        "                             is loaded; with --json: {\"prompt\": \"...\", \"ids\": [...]})\n"
+        "  --message ROLE=TEXT        a turn for --render (may repeat; ROLE: system, user, assistant, ...)\n"
+        "  --no-generation-prompt     --render: add_generation_prompt=False\n"
+        "  --dtype f32|bf16|f16       compute dtype (default f32; also float32, bfloat16, float16, half)\n"
+        "  --device cpu|cuda[:N]      where the model runs (default cpu)\n"
+        "  --threads N                CPU threads for the ops (default: every CPU; docs/cpu.md)\n"
+        "  --tp N                     tensor parallelism over N ranks started by mpirun -np N (the\n"
+        "                             world size must be N): rank 0 reads the user turns from stdin and\n"
+        "                             sends each to the others; every rank holds its slices of the\n"
+        "                             weights; rank 0 alone prints (tk generate --help, docs/parallel.md)\n"
+        "  --tp-plan FILE             the tensor-parallel plan instead of the checkpoint's or the default\n"
+        "  --json                     one JSON line per reply: {\"turn\": N, \"prompt_ids\": [...], \"ids\": [...],\n"
+        "                             \"text\": \"...\", \"end\": \"eos\"} instead of streaming\n"
+        "\n"
+        "generation: every flag of tk generate (--max-new-tokens, --do-sample, --temperature, --top-k,\n"
+        "--top-p, --min-p, --repetition-penalty, --no-repeat-ngram-size, --num-beams, --length-penalty,\n"
+        "--early-stopping, --eos-token-id, --seed, --kv-dtype, --kv-block-size, --kv-max-bytes,\n"
+        "--no-cache); see tk generate --help. Defaults come from generation_config.json, except that a\n"
+        "reply has at most 256 new tokens unless --max-new-tokens or --max-length says otherwise.\n"
+        "\n"
+        "examples:\n"
+        "  tk chat ./Qwen2-0.5B-Instruct --system 'You are terse.' --max-new-tokens 64\n"
+        "  printf 'Hi\\nWhat is 2+2?\\n' | tk chat ./TinyLlama-Chat --json\n"
+        "  tk chat ./Llama-3-8B-Instruct --render --message system=Be\\ brief --message user=Hello\n"
+        "  tk chat ./Hermes-3 --template tool_use --render --message user=Hi\n"
+        "\n"
+        "exit status: 0 ok, 1 a model or generation failure, 2 usage or invalid input (a template error,\n"
+        "raise_exception, a conversation longer than the context, several templates and no default),\n"
+        "3 no checkpoint, tokenizer or chat template (or none of that --template name), 5 a damaged\n"
+        "checkpoint, 7 no GPU for --device cuda, 8 a template construct outside tk's subset (named,\n"
+        "with its line) or an architecture tk does not implement.\n",
+        USAGE);
 }
 
 static void json_ids(FILE *f, const int32_t *ids, size_t n)
@@ -209,10 +210,7 @@ typedef struct {
 
 #define GO (-1) /* a step's "go on": anything else is the command's exit code */
 
-static int oom(tk_cli *cli)
-{
-    return tk_cli_errorf(cli, TK_ERR_NOMEM, TK_EXIT_FAIL, "out of memory");
-}
+static int oom(tk_cli *cli) { return tk_cli_errorf(cli, TK_ERR_NOMEM, TK_EXIT_FAIL, "out of memory"); }
 
 /* parse options: the directory, --render and its turns, the runtime and the generation flags. */
 static int chat_parse(chat_job *j, tk_cli *cli, int argc, char **argv)

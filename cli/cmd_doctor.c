@@ -174,15 +174,19 @@ static void print_selftests(const json_t *st)
     }
     json_array_foreach(gpus, i, g) {
         long long never = 0, failed = 0;
-        printf("selftest: on %s (cuda:%lld, driver %s):\n", json_string_value(json_object_get(json_object_get(g, "device"), "name")),
+        printf("selftest: on %s (cuda:%lld, driver %s):\n",
+               json_string_value(json_object_get(json_object_get(g, "device"), "name")),
                (long long)json_integer_value(json_object_get(json_object_get(g, "device"), "ordinal")),
                json_string_value(json_object_get(json_object_get(g, "device"), "driver")));
         if (!json_array_size(json_object_get(g, "packages")))
             printf("          no package installed\n");
         json_array_foreach(json_object_get(g, "packages"), j, p) {
-            long long f = json_integer_value(json_object_get(p, "failed")), n = json_integer_value(json_object_get(p, "never_tested"));
+            long long f = json_integer_value(json_object_get(p, "failed")),
+                      n = json_integer_value(json_object_get(p, "never_tested"));
             printf("          %-34s %s\n", json_string_value(json_object_get(p, "package")),
-                   f ? "FAILED" : n ? "never tested" : "passed");
+                   f   ? "FAILED"
+                   : n ? "never tested"
+                       : "passed");
             printf("            %lld passed, %lld failed, %lld untested, %lld never tested\n",
                    (long long)json_integer_value(json_object_get(p, "passed")), f,
                    (long long)json_integer_value(json_object_get(p, "untested")), n);
@@ -209,13 +213,15 @@ static void print_registries(const json_t *regs, int offline)
             size_t j, o = 0;
             json_t *p;
             o += (size_t)snprintf(serves, sizeof serves, "only ");
-            json_array_foreach(pats, j, p) if (o < sizeof serves)
-                o += (size_t)snprintf(serves + o, sizeof serves - o, "%s%s", j ? ", " : "", json_string_value(p));
+            json_array_foreach(pats, j, p)
+                if (o < sizeof serves)
+                    o += (size_t)snprintf(serves + o, sizeof serves - o, "%s%s", j ? ", " : "", json_string_value(p));
         }
-        printf("%-10s%s  (%s%s; %s)\n", i == 0 ? "registry:" : "",
-               json_string_value(json_object_get(r, "url")), n > 1 ? "" : "", serves,
+        printf("%-10s%s  (%s%s; %s)\n", i == 0 ? "registry:" : "", json_string_value(json_object_get(r, "url")),
+               n > 1 ? "" : "", serves,
                !strcmp(src, "TK_ENDPOINT") ? "TK_ENDPOINT overrides config.json"
-               : !strcmp(src, "config") ? "config.json" : "the build's default");
+               : !strcmp(src, "config")    ? "config.json"
+                                           : "the build's default");
     }
     if (offline)
         printf("          (offline: no registry is used)\n");
@@ -278,10 +284,10 @@ static int parallel_info(tk_cli *cli, json_t *out, int ndev, int *quiet)
     json_t *ranks = json_array();
     for (int r = 0; r < tk_comm_size(c); r++) {
         all[r].host[sizeof all[r].host - 1] = all[r].gpu[sizeof all[r].gpu - 1] = '\0';
-        json_array_append_new(ranks, json_pack("{s:i, s:s, s:i, s:i, s:o, s:o}", "rank", r, "host", all[r].host,
-                                               "pid", (int)all[r].pid, "gpus", (int)all[r].ngpus, "device",
-                                               all[r].device >= 0 ? json_integer(all[r].device) : json_null(),
-                                               "gpu", all[r].gpu[0] ? json_string(all[r].gpu) : json_null()));
+        json_array_append_new(ranks, json_pack("{s:i, s:s, s:i, s:i, s:o, s:o}", "rank", r, "host", all[r].host, "pid",
+                                               (int)all[r].pid, "gpus", (int)all[r].ngpus, "device",
+                                               all[r].device >= 0 ? json_integer(all[r].device) : json_null(), "gpu",
+                                               all[r].gpu[0] ? json_string(all[r].gpu) : json_null()));
     }
     json_object_set_new(par, "ranks", ranks);
     *quiet = tk_comm_rank(c) != 0;
@@ -337,10 +343,10 @@ static void print_config_warnings(const json_t *w)
     size_t i;
     json_t *x;
     json_array_foreach(w, i, x) {
-        printf("          %s:%lld:%lld: unknown key \"%s\" (ignored); %s\n", json_string_value(json_object_get(x, "file")),
-               (long long)json_integer_value(json_object_get(x, "line")),
-               (long long)json_integer_value(json_object_get(x, "column")), json_string_value(json_object_get(x, "key")),
-               json_string_value(json_object_get(x, "hint")));
+        printf("          %s:%lld:%lld: unknown key \"%s\" (ignored); %s\n",
+               json_string_value(json_object_get(x, "file")), (long long)json_integer_value(json_object_get(x, "line")),
+               (long long)json_integer_value(json_object_get(x, "column")),
+               json_string_value(json_object_get(x, "key")), json_string_value(json_object_get(x, "hint")));
     }
 }
 
@@ -358,10 +364,9 @@ static int gpu_info(json_t *out, int *ndev, char *deverr, size_t cap)
             continue;
         char arch[16];
         snprintf(arch, sizeof arch, "sm_%d%d", info.cc_major, info.cc_minor);
-        json_array_append_new(gpus, json_pack("{s:i, s:s, s:s, s:i, s:I, s:i}", "ordinal", d, "name",
-                                              info.name, "arch", arch, "sm_count", info.sm_count,
-                                              "total_mem", (json_int_t)info.total_mem, "driver_version",
-                                              info.driver_version));
+        json_array_append_new(gpus, json_pack("{s:i, s:s, s:s, s:i, s:I, s:i}", "ordinal", d, "name", info.name, "arch",
+                                              arch, "sm_count", info.sm_count, "total_mem", (json_int_t)info.total_mem,
+                                              "driver_version", info.driver_version));
     }
     json_object_set_new(out, "gpus", gpus);
     if (devrc != TK_OK) { /* "message\nHINT: hint": the hint in a field of its own, as in error objects */
@@ -415,10 +420,10 @@ static void print_report(json_t *out, tk_ctx *ctx, int devrc, int ndev, const ch
     }
     print_parallel(json_object_get(out, "parallel"));
     printf("\n%s\n", ok ? "ok: this machine can compile and run kernels"
-                        : devrc != TK_OK || ndev == 0
-                            ? "no GPU: packages install and build ahead of time ('tk build ORG/NAME --arch sm_90'); "
-                              "ops run on the CPU reference"
-                            : "no NVRTC: only kernels already in the cache can load");
+                     : devrc != TK_OK || ndev == 0
+                         ? "no GPU: packages install and build ahead of time ('tk build ORG/NAME --arch sm_90'); "
+                           "ops run on the CPU reference"
+                         : "no NVRTC: only kernels already in the cache can load");
     if (json_array_size(cwarn))
         printf("config.json has %zu key%s tk does not know (listed above)\n", json_array_size(cwarn),
                json_array_size(cwarn) == 1 ? "" : "s");
@@ -472,7 +477,9 @@ int tk_cmd_doctor(tk_cli *cli, int argc, char **argv)
     int gpu = devrc == TK_OK && ndev > 0;
     ok = gpu && nvpath[0];
     /* no GPU alone is not a failure: tk installs, builds and runs ops on the CPU reference */
-    int code = !nvpath[0] || (require_gpu && !gpu) ? TK_EXIT_DEVICE : json_array_size(cwarn) ? TK_EXIT_FAIL : TK_EXIT_OK;
+    int code = !nvpath[0] || (require_gpu && !gpu) ? TK_EXIT_DEVICE
+               : json_array_size(cwarn)            ? TK_EXIT_FAIL
+                                                   : TK_EXIT_OK;
 
     if (pquiet) {
         json_decref(out);

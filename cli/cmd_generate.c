@@ -180,10 +180,23 @@ static int parse_id_list(const char *usage, const char *flag, const char *v, int
 /* Generation flags shared with tk chat (cli.h). */
 int tk_cli_gen_flag(const char *a)
 {
-    static const char *const valued[] = {"--max-new-tokens", "--max-length", "--temperature", "--top-k", "--top-p",
-                                         "--min-p", "--repetition-penalty", "--no-repeat-ngram-size", "--num-beams",
-                                         "--length-penalty", "--early-stopping", "--eos-token-id", "--seed",
-                                         "--kv-dtype", "--kv-block-size", "--kv-max-bytes", NULL};
+    static const char *const valued[] = {"--max-new-tokens",
+                                         "--max-length",
+                                         "--temperature",
+                                         "--top-k",
+                                         "--top-p",
+                                         "--min-p",
+                                         "--repetition-penalty",
+                                         "--no-repeat-ngram-size",
+                                         "--num-beams",
+                                         "--length-penalty",
+                                         "--early-stopping",
+                                         "--eos-token-id",
+                                         "--seed",
+                                         "--kv-dtype",
+                                         "--kv-block-size",
+                                         "--kv-max-bytes",
+                                         NULL};
     if (!strcmp(a, "--do-sample") || !strcmp(a, "--no-cache"))
         return 1;
     for (size_t i = 0; valued[i]; i++)
@@ -405,8 +418,10 @@ static int gen_load(gen_job *j, tk_cli *cli)
         if (!strcmp(j->set[k].name, "--eos-token-id")) /* as transformers: accepted, but it never comes */
             for (size_t e = 0; e < j->o.n_eos; e++)
                 if (j->o.eos_token_id[e] >= tk_model_vocab_size(j->m))
-                    tk_cli_warn(cli, "--eos-token-id %d is outside the vocabulary [0, %lld): no sequence can end on "
-                                "it", (int)j->o.eos_token_id[e], (long long)tk_model_vocab_size(j->m));
+                    tk_cli_warn(cli,
+                                "--eos-token-id %d is outside the vocabulary [0, %lld): no sequence can end on "
+                                "it",
+                                (int)j->o.eos_token_id[e], (long long)tk_model_vocab_size(j->m));
     }
     j->o.stop_strings = j->nstop ? j->stops : NULL;
     j->o.n_stop = j->nstop;
@@ -425,8 +440,7 @@ static int gen_prompts(gen_job *j, tk_cli *cli)
         }
         if (!j->tok && (rc = tk_tokenizer_load(&j->tok, j->dir)) != TK_OK)
             return tk_cli_fail(cli, rc, "--prompt needs the checkpoint's tokenizer.json (or use --ids)");
-        if ((rc = tk_tokenizer_encode(&j->pids[p], &j->plens[p], j->tok, j->texts[p], strlen(j->texts[p]), 1)) !=
-            TK_OK)
+        if ((rc = tk_tokenizer_encode(&j->pids[p], &j->plens[p], j->tok, j->texts[p], strlen(j->texts[p]), 1)) != TK_OK)
             return tk_cli_fail(cli, rc, NULL);
     }
     return GO;

@@ -97,11 +97,26 @@ static void help(void)
 /* the flags only this command knows: tk generate sends a command line with one of them here */
 int tk_cli_diffusion_flag(const char *a)
 {
-    static const char *const f[] = {"--diffusion", "--sampler", "--gen-length", "--block-length", "--steps",
-                                    "--remasking", "--cfg-scale", "--alg", "--alg-temp", "--eps",
-                                    "--mask-token-id", "--bidirectional", "--draws", "--show-steps", "--t-min",
-                                    "--t-max", "--entropy-bound", "--stability-threshold",
-                                    "--confidence-threshold", NULL};
+    static const char *const f[] = {"--diffusion",
+                                    "--sampler",
+                                    "--gen-length",
+                                    "--block-length",
+                                    "--steps",
+                                    "--remasking",
+                                    "--cfg-scale",
+                                    "--alg",
+                                    "--alg-temp",
+                                    "--eps",
+                                    "--mask-token-id",
+                                    "--bidirectional",
+                                    "--draws",
+                                    "--show-steps",
+                                    "--t-min",
+                                    "--t-max",
+                                    "--entropy-bound",
+                                    "--stability-threshold",
+                                    "--confidence-threshold",
+                                    NULL};
     for (size_t i = 0; f[i]; i++)
         if (!strcmp(a, f[i]))
             return 1;
@@ -147,8 +162,8 @@ static int integer(const char *flag, const char *v, long long lo, long long hi, 
 
 static int parse(djob *j, tk_cli *cli, int argc, char **argv)
 {
-    static const char *const algs[][2] = {{"origin", "origin"},          {"maskgit_plus", "maskgit_plus"},
-                                          {"topk", "maskgit_plus"},      {"top-prob", "maskgit_plus"},
+    static const char *const algs[][2] = {{"origin", "origin"},           {"maskgit_plus", "maskgit_plus"},
+                                          {"topk", "maskgit_plus"},       {"top-prob", "maskgit_plus"},
                                           {"topk_margin", "topk_margin"}, {"margin", "topk_margin"},
                                           {"entropy", "entropy"}};
     j->device = "cpu";
@@ -211,8 +226,10 @@ static int parse(djob *j, tk_cli *cli, int argc, char **argv)
                 if (!strcmp(v, algs[k][0]))
                     j->o.alg = algs[k][1];
             if (!j->o.alg)
-                u = tk_cli_usage(USAGE, "--alg wants origin, maskgit_plus (topk), topk_margin (margin) or entropy, "
-                                 "got '%s'", v);
+                u = tk_cli_usage(USAGE,
+                                 "--alg wants origin, maskgit_plus (topk), topk_margin (margin) or entropy, "
+                                 "got '%s'",
+                                 v);
         } else if (!strcmp(a, "--alg-temp")) {
             u = num(a, v, 0, 1e6, &d), j->o.alg_temp = d;
         } else if (!strcmp(a, "--top-p")) {
@@ -241,8 +258,10 @@ static int parse(djob *j, tk_cli *cli, int argc, char **argv)
         } else if (!strcmp(a, "--device")) {
             j->device = v;
         } else if (a[0] == '-' && a[1]) {
-            return tk_cli_usage(USAGE, "unknown option '%s' for diffusion generation (see tk generate --diffusion "
-                                "--help)", a);
+            return tk_cli_usage(USAGE,
+                                "unknown option '%s' for diffusion generation (see tk generate --diffusion "
+                                "--help)",
+                                a);
         } else if (!j->dir) {
             valued = 0;
             j->dir = a;
@@ -421,9 +440,11 @@ int tk_cmd_generate_diffusion(tk_cli *cli, int argc, char **argv)
     if ((rc = tk_diffusion_generate(&r, j->m, j->ids, j->n, &j->o)) != TK_OK) {
         if (j->streamed)
             printf("\n");
-        ec = j->draws_short ? tk_cli_errorf(cli, TK_ERR_INVALID, TK_EXIT_USAGE, "--draws %s ran out of draws\n"
+        ec = j->draws_short ? tk_cli_errorf(cli, TK_ERR_INVALID, TK_EXIT_USAGE,
+                                            "--draws %s ran out of draws\n"
                                             "HINT: the file must hold every uniform the run asks for "
-                                            "(docs/diffusion.md)", j->draws_path)
+                                            "(docs/diffusion.md)",
+                                            j->draws_path)
                             : tk_cli_fail(cli, rc, NULL);
         goto done;
     }
@@ -444,7 +465,10 @@ int tk_cmd_generate_diffusion(tk_cli *cli, int argc, char **argv)
         else
             printf("null");
         printf(", \"end\": \"%s\", \"stats\": %s}\n",
-               strstr(sj, "\"end\":\"callback\"") ? "callback" : strstr(sj, "\"end\":\"eos\"") ? "eos" : "length", sj);
+               strstr(sj, "\"end\":\"callback\"") ? "callback"
+               : strstr(sj, "\"end\":\"eos\"")    ? "eos"
+                                                  : "length",
+               sj);
     } else {
         printf("\n");
     }

@@ -10,8 +10,9 @@
 
 #include "cli/cli.h"
 
-static const char *USAGE = "tk get [--trust] [--force] [--arch LIST] [--no-build] [--selftest] [--json] <org/name[@version]>...\n"
-                           "       tk get [--project FILE] [--locked [LOCKFILE]] [options]   (a project's packages)";
+static const char *USAGE =
+    "tk get [--trust] [--force] [--arch LIST] [--no-build] [--selftest] [--json] <org/name[@version]>...\n"
+    "       tk get [--project FILE] [--locked [LOCKFILE]] [options]   (a project's packages)";
 
 static void help(void)
 {
@@ -199,8 +200,10 @@ static json_t *selftest_pkg(struct each_cb *cb, const tk_pkg *p)
         if (cb->st_rc == TK_OK) {
             cb->st_rc = TK_ERR_NO_DEVICE;
             if (!cb->cli->json)
-                fprintf(stderr, "tk: --selftest: no GPU to test on (%s is installed)\nHINT: run 'tk selftest %s' on the "
-                                "machine with the GPU; 'tk doctor' shows this one\n", tk_pkg_name(p), tk_pkg_name(p));
+                fprintf(stderr,
+                        "tk: --selftest: no GPU to test on (%s is installed)\nHINT: run 'tk selftest %s' on the "
+                        "machine with the GPU; 'tk doctor' shows this one\n",
+                        tk_pkg_name(p), tk_pkg_name(p));
         }
         return reports;
     }
@@ -214,14 +217,16 @@ static json_t *selftest_pkg(struct each_cb *cb, const tk_pkg *p)
             if (!cb->cli->json && r) {
                 json_t *c = json_object_get(r, "counts"), *k;
                 size_t i;
-                printf("  selftest on %s (cuda:%d): %lld passed, %lld failed, %lld crashed, %lld timed out, %lld untested "
-                       "(%.2f s)\n", json_string_value(json_object_get(json_object_get(r, "device"), "name")), d,
-                       (long long)json_integer_value(json_object_get(c, "passed")),
-                       (long long)json_integer_value(json_object_get(c, "failed")),
-                       (long long)json_integer_value(json_object_get(c, "crashed")),
-                       (long long)json_integer_value(json_object_get(c, "timed_out")),
-                       (long long)json_integer_value(json_object_get(c, "untested")),
-                       json_real_value(json_object_get(r, "seconds")));
+                printf(
+                    "  selftest on %s (cuda:%d): %lld passed, %lld failed, %lld crashed, %lld timed out, %lld untested "
+                    "(%.2f s)\n",
+                    json_string_value(json_object_get(json_object_get(r, "device"), "name")), d,
+                    (long long)json_integer_value(json_object_get(c, "passed")),
+                    (long long)json_integer_value(json_object_get(c, "failed")),
+                    (long long)json_integer_value(json_object_get(c, "crashed")),
+                    (long long)json_integer_value(json_object_get(c, "timed_out")),
+                    (long long)json_integer_value(json_object_get(c, "untested")),
+                    json_real_value(json_object_get(r, "seconds")));
                 json_array_foreach(json_object_get(r, "kernels"), i, k) {
                     const char *st = json_string_value(json_object_get(k, "status"));
                     if (strcmp(st, "passed") && strcmp(st, "untested") && strcmp(st, "skipped"))
@@ -337,7 +342,7 @@ int tk_cmd_get(tk_cli *cli, int argc, char **argv)
                 fclose(json_out);
             free(jbuf);
             return tk_cli_usage(USAGE, "which package? for example: tk get kernels-community/activation (or "
-                                "write a tk.json listing the project's packages: docs/project.md)");
+                                       "write a tk.json listing the project's packages: docs/project.md)");
         }
         lockfile = "tk.lock"; /* no project: ./tk.lock, as before projects */
     }
@@ -369,8 +374,9 @@ int tk_cmd_get(tk_cli *cli, int argc, char **argv)
         return tk_cli_fail(cli, rc, NULL);
     if (cb.st_failed) {
         if (!cli->json)
-            fprintf(stderr, "tk: installed, but %d package%s ha%s kernels that failed their self-test on this GPU: "
-                            "tk_op_run will not use those kernels\nHINT: 'tk selftest --results' shows the standing\n",
+            fprintf(stderr,
+                    "tk: installed, but %d package%s ha%s kernels that failed their self-test on this GPU: "
+                    "tk_op_run will not use those kernels\nHINT: 'tk selftest --results' shows the standing\n",
                     cb.st_failed, cb.st_failed == 1 ? "" : "s", cb.st_failed == 1 ? "s" : "ve");
         return TK_EXIT_SELFTEST;
     }

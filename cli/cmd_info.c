@@ -58,8 +58,9 @@ static json_t *selftest_info(tk_ctx *ctx, const tk_pkg *p)
         js = NULL;
     }
     json_object_set_new(o, "gpus", gpus);
-    json_object_set_new(o, "records", tk_selftest_records_json(&js, ctx, tk_pkg_name(p)) == TK_OK ? json_loads(js, 0, NULL)
-                                                                                                 : json_array());
+    json_object_set_new(o, "records",
+                        tk_selftest_records_json(&js, ctx, tk_pkg_name(p)) == TK_OK ? json_loads(js, 0, NULL)
+                                                                                    : json_array());
     tk_free(js);
     return o;
 }
@@ -69,22 +70,26 @@ static void print_selftest_info(json_t *st)
     size_t i, j;
     json_t *x, *k, *gpus = json_object_get(st, "gpus"), *recs = json_object_get(st, "records");
     if (!json_array_size(gpus)) {
-        printf("  self-tests: no GPU here%s\n", json_array_size(recs) ? "; recorded on other GPUs:" : " and none recorded "
-               "('tk selftest' runs them on the GPU)");
+        printf("  self-tests: no GPU here%s\n", json_array_size(recs) ? "; recorded on other GPUs:"
+                                                                      : " and none recorded "
+                                                                        "('tk selftest' runs them on the GPU)");
         json_array_foreach(recs, i, x)
             printf("    %-11s %s on %s (driver %s, tk %s)\n", json_string_value(json_object_get(x, "status")),
                    json_string_value(json_object_get(x, "kernel")), json_string_value(json_object_get(x, "gpu_name")),
-                   json_string_value(json_object_get(x, "driver")), json_string_value(json_object_get(x, "tk_version")));
+                   json_string_value(json_object_get(x, "driver")),
+                   json_string_value(json_object_get(x, "tk_version")));
         return;
     }
     json_array_foreach(gpus, i, x) {
         json_t *d = json_object_get(x, "device");
-        printf("  self-tests on %s (cuda:%lld, driver %s): %lld passed, %lld failed, %lld untested, %lld never tested\n",
-               json_string_value(json_object_get(d, "name")), (long long)json_integer_value(json_object_get(d, "ordinal")),
-               json_string_value(json_object_get(d, "driver")), (long long)json_integer_value(json_object_get(x, "passed")),
-               (long long)json_integer_value(json_object_get(x, "failed")),
-               (long long)json_integer_value(json_object_get(x, "untested")),
-               (long long)json_integer_value(json_object_get(x, "never_tested")));
+        printf(
+            "  self-tests on %s (cuda:%lld, driver %s): %lld passed, %lld failed, %lld untested, %lld never tested\n",
+            json_string_value(json_object_get(d, "name")), (long long)json_integer_value(json_object_get(d, "ordinal")),
+            json_string_value(json_object_get(d, "driver")),
+            (long long)json_integer_value(json_object_get(x, "passed")),
+            (long long)json_integer_value(json_object_get(x, "failed")),
+            (long long)json_integer_value(json_object_get(x, "untested")),
+            (long long)json_integer_value(json_object_get(x, "never_tested")));
         json_array_foreach(json_object_get(x, "kernels"), j, k) {
             const char *s = json_string_value(json_object_get(k, "status"));
             if (strcmp(s, "passed") && strcmp(s, "never_tested"))
@@ -93,7 +98,8 @@ static void print_selftest_info(json_t *st)
                        json_object_get(k, "summary") ? json_string_value(json_object_get(k, "summary")) : "");
         }
         if (json_integer_value(json_object_get(x, "never_tested")))
-            printf("    HINT: 'tk selftest %s' proves them on this GPU\n", json_string_value(json_object_get(x, "package")));
+            printf("    HINT: 'tk selftest %s' proves them on this GPU\n",
+                   json_string_value(json_object_get(x, "package")));
     }
 }
 
@@ -114,8 +120,10 @@ static int remote_info(tk_cli *cli, tk_ctx *ctx, const char *ref)
         char name[200];
         snprintf(name, sizeof name, "%.*s", (int)strcspn(ref, "@"), ref);
         tk_version_list_free(l);
-        return tk_cli_errorf(cli, TK_ERR_NOT_FOUND, 0, "%s is not installed, and the registry has no such version "
-                             "of %s\nHINT: 'tk versions %s' lists them", ref, name, name);
+        return tk_cli_errorf(cli, TK_ERR_NOT_FOUND, 0,
+                             "%s is not installed, and the registry has no such version "
+                             "of %s\nHINT: 'tk versions %s' lists them",
+                             ref, name, name);
     }
     if (rc != TK_OK) {
         tk_version_list_free(l);
@@ -153,7 +161,8 @@ int tk_cmd_info(tk_cli *cli, int argc, char **argv)
                    "(tk selftest): on each GPU here, every kernel's result for its current binary, else never tested;\n"
                    "without a GPU, the results recorded on others (JSON: \"selftest\").\n\n"
                    "  --json      print it as a JSON object\n"
-                   "  --manifest  print the signed manifest exactly as installed\n", USAGE);
+                   "  --manifest  print the signed manifest exactly as installed\n",
+                   USAGE);
             return TK_EXIT_OK;
         } else if (!strcmp(argv[i], "--manifest")) {
             manifest = 1;
@@ -200,8 +209,8 @@ int tk_cmd_info(tk_cli *cli, int argc, char **argv)
         printf("%s %s\n", tk_pkg_name(p), tk_pkg_version(p));
         printf("  %s\n", tk_pkg_description(p));
         printf("  major      v%d\n  commit     %s\n  manifest   sha256 %s\n  signer     %s\n  license    %s\n"
-               "  installed  %s\n", tk_pkg_major(p), tk_pkg_commit(p), tk_pkg_manifest_sha256(p), tk_pkg_signer(p),
-               tk_pkg_license(p), when);
+               "  installed  %s\n",
+               tk_pkg_major(p), tk_pkg_commit(p), tk_pkg_manifest_sha256(p), tk_pkg_signer(p), tk_pkg_license(p), when);
         printf("  files:\n");
         for (size_t i = 0; i < tk_pkg_file_count(p); i++)
             printf("    %-30s %8lld  %s\n", tk_pkg_file_path(p, i), (long long)tk_pkg_file_size(p, i),

@@ -105,14 +105,12 @@ static int init_resolve(init_names *n, const char *name, const char *dir)
     snprintf(n->org, sizeof n->org, "my-org");
     if (slash) {
         if ((size_t)(slash - name) >= sizeof n->org || !ident_ok(slash + 1))
-            return tk_cli_usage(USAGE, "'%s' is not ORG/NAME (NAME: a letter, then letters, digits, '_' or '-')",
-                                name);
+            return tk_cli_usage(USAGE, "'%s' is not ORG/NAME (NAME: a letter, then letters, digits, '_' or '-')", name);
         snprintf(n->org, sizeof n->org, "%.*s", (int)(slash - name), name);
         snprintf(n->pkg, sizeof n->pkg, "%s", slash + 1);
     } else {
         if (!ident_ok(name))
-            return tk_cli_usage(USAGE, "'%s' is not a package name (a letter, then letters, digits, '_' or '-')",
-                                name);
+            return tk_cli_usage(USAGE, "'%s' is not a package name (a letter, then letters, digits, '_' or '-')", name);
         snprintf(n->pkg, sizeof n->pkg, "%s", name);
     }
     if (!ident_ok(n->org) && !strchr(n->org, '.'))
@@ -220,8 +218,7 @@ static void emit_readme(FILE *f, const init_names *n)
 }
 
 /* One file of the skeleton, written by emit into memory, then to DIR/NAME. */
-static int write_emitted(tk_cli *cli, const init_names *n, const char *name,
-                         void (*emit)(FILE *, const init_names *))
+static int write_emitted(tk_cli *cli, const init_names *n, const char *name, void (*emit)(FILE *, const init_names *))
 {
     char *text = NULL;
     size_t len = 0;

@@ -81,7 +81,8 @@ int tk_cmd_list(tk_cli *cli, int argc, char **argv)
                    "              --json, [{\"name\", \"major\", \"installed\", \"latest\", \"newest\"}].\n"
                    "              Each installed major asks the registry it was installed from; yanked\n"
                    "              versions, and versions older than the installed one, never count.\n"
-                   "              Needs the network.\n", USAGE);
+                   "              Needs the network.\n",
+                   USAGE);
             return TK_EXIT_OK;
         }
         if (!strcmp(argv[i], "--outdated")) {

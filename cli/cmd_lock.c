@@ -107,8 +107,10 @@ int tk_cmd_lock(tk_cli *cli, int argc, char **argv)
         if ((rc = tk_lock_write(ctx, out, refs, n)) == TK_OK && cli->json && print_file(out) != 0)
             perror(out);
     } else if (rc == TK_OK && out) {
-        int code = tk_cli_usage(USAGE, "a project's lock is the tk.lock beside its tk.json (%s); -o is for --all or "
-                                "named packages", tk_project_lock_path(p));
+        int code = tk_cli_usage(USAGE,
+                                "a project's lock is the tk.lock beside its tk.json (%s); -o is for --all or "
+                                "named packages",
+                                tk_project_lock_path(p));
         tk_project_free(p);
         return code;
     } else if (rc == TK_OK) {

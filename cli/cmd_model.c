@@ -95,8 +95,7 @@ static int load(tk_cli *cli, tk_model **m, const char *dir, const tk_model_opts 
 }
 
 /* Options shared by the three commands; returns 1 when argv[*i] was one of them, -1 on a bad value. */
-static int common_opt(tk_cli *cli, tk_model_opts *o, int argc, char **argv, int *i, const char *usage,
-                      int *exit_code)
+static int common_opt(tk_cli *cli, tk_model_opts *o, int argc, char **argv, int *i, const char *usage, int *exit_code)
 {
     if (!strcmp(argv[*i], "--threads")) {
         const char *v = *i + 1 < argc ? argv[++*i] : NULL;

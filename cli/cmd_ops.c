@@ -65,7 +65,8 @@ static json_t *load_ops(tk_cli *cli, int *exit_code)
 static const json_t *find_op(const json_t *ops, const char *name)
 {
     for (size_t i = 0; i < json_array_size(ops); i++)
-        if (json_string_value(json_object_get(json_array_get(ops, i), "name")) && !strcmp(json_string_value(json_object_get(json_array_get(ops, i), "name")), name))
+        if (json_string_value(json_object_get(json_array_get(ops, i), "name")) &&
+            !strcmp(json_string_value(json_object_get(json_array_get(ops, i), "name")), name))
             return json_array_get(ops, i);
     return NULL;
 }
@@ -115,13 +116,16 @@ static const char *OPS_USAGE = "tk ops [--json] [--package DIR] [OP]";
 static void print_op_detail(const json_t *op)
 {
     const json_t *impls = json_object_get(op, "implementations");
-    printf("%s\n", json_string_value(json_object_get(op, "signature")) ? json_string_value(json_object_get(op, "signature")) : json_string_value(json_object_get(op, "name")));
+    printf("%s\n", json_string_value(json_object_get(op, "signature"))
+                       ? json_string_value(json_object_get(op, "signature"))
+                       : json_string_value(json_object_get(op, "name")));
     if (json_string_value(json_object_get(op, "summary")))
         printf("  %s\n", json_string_value(json_object_get(op, "summary")));
     const json_t *ps = json_object_get(op, "params");
     for (size_t i = 0; ps && i < json_array_size(ps); i++) {
         const json_t *p = json_array_get(ps, i);
-        printf("    %-10s %s\n", json_string_value(json_object_get(p, "name")), json_string_value(json_object_get(p, "doc")) ? json_string_value(json_object_get(p, "doc")) : "");
+        printf("    %-10s %s\n", json_string_value(json_object_get(p, "name")),
+               json_string_value(json_object_get(p, "doc")) ? json_string_value(json_object_get(p, "doc")) : "");
     }
     const json_t *cpu = json_object_get(op, "cpu_reference"), *local = json_object_get(op, "local");
     if (json_string_value(json_object_get(op, "declared_by")))
@@ -131,12 +135,15 @@ static void print_op_detail(const json_t *op)
     if (cims && json_array_size(cims)) { /* tried in this order for host tensors; the reference when none fits */
         printf("  cpu implementations (host tensors, the first usable one that fits runs):\n");
         for (size_t i = 0; i < json_array_size(cims); i++) {
-            const json_t *m = json_array_get(cims, i), *needs = json_object_get(m, "needs"), *u = json_object_get(m, "usable");
+            const json_t *m = json_array_get(cims, i), *needs = json_object_get(m, "needs"),
+                         *u = json_object_get(m, "usable");
             char nd[128] = "";
             for (size_t k = 0; needs && k < json_array_size(needs); k++)
-                snprintf(nd + strlen(nd), sizeof nd - strlen(nd), "%s%s", k ? "," : "", json_string_value(json_array_get(needs, k)));
+                snprintf(nd + strlen(nd), sizeof nd - strlen(nd), "%s%s", k ? "," : "",
+                         json_string_value(json_array_get(needs, k)));
             printf("    %-14s %-16s %s%s\n", json_string_value(json_object_get(m, "impl")), nd[0] ? nd : "any CPU",
-                   json_is_true(u) ? "" : "(not usable here) ", json_string_value(json_object_get(m, "doc")) ? json_string_value(json_object_get(m, "doc")) : "");
+                   json_is_true(u) ? "" : "(not usable here) ",
+                   json_string_value(json_object_get(m, "doc")) ? json_string_value(json_object_get(m, "doc")) : "");
         }
     }
     printf("  implementations:%s\n", json_is_true(cpu) ? " cpu-reference (host tensors)" : "");
@@ -147,8 +154,10 @@ static void print_op_detail(const json_t *op)
         printf("    (no installed package implements it)\n");
     for (size_t i = 0; impls && i < json_array_size(impls); i++) {
         const json_t *m = json_array_get(impls, i);
-        const json_t *dts = json_object_get(m, "dtypes"), *cc = json_object_get(m, "min_cc"), *pr = json_object_get(m, "priority");
-        printf("    %-48s v%s", json_string_value(json_object_get(m, "impl")), json_string_value(json_object_get(m, "version")));
+        const json_t *dts = json_object_get(m, "dtypes"), *cc = json_object_get(m, "min_cc"),
+                     *pr = json_object_get(m, "priority");
+        printf("    %-48s v%s", json_string_value(json_object_get(m, "impl")),
+               json_string_value(json_object_get(m, "version")));
         for (size_t d = 0; dts && d < json_array_size(dts); d++)
             printf("%s%s", d ? "," : "  ", json_string_value(json_array_get(dts, d)));
         if (json_is_number(cc))
@@ -166,7 +175,8 @@ static void print_op_list(const json_t *ops)
      *       implementations: cpu-reference, kernels-community/activation (3 kernels)          */
     int width = term_width();
     for (size_t i = 0; i < json_array_size(ops); i++) {
-        const json_t *op = json_array_get(ops, i), *impls = json_object_get(op, "implementations"), *cpu = json_object_get(op, "cpu_reference");
+        const json_t *op = json_array_get(ops, i), *impls = json_object_get(op, "implementations"),
+                     *cpu = json_object_get(op, "cpu_reference");
         const char *sig = json_string_value(json_object_get(op, "signature"));
         const char *name = json_string_value(json_object_get(op, "name"));
         const char *args = sig && name && !strncmp(sig, name, strlen(name)) ? sig + strlen(name) : sig;
@@ -178,7 +188,8 @@ static void print_op_list(const json_t *ops)
             if (!json_is_true(u))
                 continue;
             char one[96];
-            snprintf(one, sizeof one, "%s%s", shown ? ", " : "", json_string_value(json_object_get(json_array_get(cims, k), "impl")));
+            snprintf(one, sizeof one, "%s%s", shown ? ", " : "",
+                     json_string_value(json_object_get(json_array_get(cims, k), "impl")));
             strncat(impl, one, sizeof impl - strlen(impl) - 1);
             shown++;
         }
@@ -327,7 +338,7 @@ static double elem(const host_tensor *h, size_t i)
 {
     const tk_dtype d = h->t.dtype;
     if (d.code == TK_DL_INT)
-        return d.bits == 64 ? (double)((const int64_t *)h->data)[i]
+        return d.bits == 64   ? (double)((const int64_t *)h->data)[i]
                : d.bits == 32 ? (double)((const int32_t *)h->data)[i]
                               : (double)((const int8_t *)h->data)[i];
     if (d.code == TK_DL_UINT)
@@ -374,7 +385,7 @@ static int bind_more(const char *opname, const char *pname, const char *pattern,
         return -1;
     } else if (brc) {
         errf(err, errn, "%s: that dimension of '%s' %s must be a multiple of %lld", opname, pname, pattern,
-                 (long long)pat[-2 - brc].k);
+             (long long)pat[-2 - brc].k);
         return -2;
     }
     for (int i = 0; i < n; i++) {
@@ -382,8 +393,8 @@ static int bind_more(const char *opname, const char *pname, const char *pattern,
         while (k < *nb && strcmp(b[k].sym, nbind[i].sym) != 0)
             k++;
         if (k < *nb && b[k].v != nbind[i].v) {
-            errf(err, errn, "%s: '%s' makes %s = %lld, but another shape made it %lld", opname, pname,
-                     nbind[i].sym, (long long)nbind[i].v, (long long)b[k].v);
+            errf(err, errn, "%s: '%s' makes %s = %lld, but another shape made it %lld", opname, pname, nbind[i].sym,
+                 (long long)nbind[i].v, (long long)b[k].v);
             return -2;
         }
         if (k == *nb && *nb < MAX_D)
@@ -417,7 +428,9 @@ static int pick_dtype(tk_dtype *out, const json_t *p, const json_t *params, tk_d
             *out = want;
             return 0;
         }
-    return dts && json_array_size(dts) ? (tk_dtype_parse(out, json_string_value(json_array_get(dts, 0))) == TK_OK ? 0 : -1) : -1;
+    return dts && json_array_size(dts)
+               ? (tk_dtype_parse(out, json_string_value(json_array_get(dts, 0))) == TK_OK ? 0 : -1)
+               : -1;
 }
 
 static void shape_text(char *buf, size_t n, const int64_t *shape, int nd)
@@ -532,8 +545,10 @@ static int run_parse_values(run_opts *o)
      * canonical name from here on, as the manifests' dtypes lists have it */
     if (tk_dtype_parse(&o->dt, o->dtype_s) != TK_OK || o->dt.bits < 16 || o->dt.bits > 32 ||
         (o->dt.code != TK_DL_FLOAT && o->dt.code != TK_DL_BFLOAT))
-        return tk_cli_usage(RUN_USAGE, "--dtype wants f32, f16 or bf16 (or float32, float16, fp16, half, bfloat16), "
-                            "got '%s'", o->dtype_s);
+        return tk_cli_usage(RUN_USAGE,
+                            "--dtype wants f32, f16 or bf16 (or float32, float16, fp16, half, bfloat16), "
+                            "got '%s'",
+                            o->dtype_s);
     o->dtype_s = tk_dtype_name(o->dt);
     if (o->shape_s && tk_cli_dims_parse(o->shape_s, o->shape, &o->nd) != 0)
         return tk_cli_usage(RUN_USAGE, "--shape wants sizes separated by commas (4,4096), got '%s'", o->shape_s);
@@ -631,9 +646,11 @@ static json_t *run_resolve(tk_cli *cli, const run_opts *o, const json_t **op, in
     if (!*op) { /* the library's message has the "did you mean" hint */
         *code = tk_cli_fail(cli, tk_op_run(ctx, o->opname, NULL, 0, NULL, NULL), NULL);
     } else if (!json_object_get(*op, "params")) {
-        *code = run_fail(TK_ERR_UNSUPPORTED, "%s is the op of a package's kernels, but no package declares its "
+        *code = run_fail(TK_ERR_UNSUPPORTED,
+                         "%s is the op of a package's kernels, but no package declares its "
                          "signature: there is nothing to build inputs from\nHINT: call its kernel with 'tk run', or "
-                         "declare the op in the package's kernel.json \"ops\" (docs/package-format.md)", o->opname);
+                         "declare the op in the package's kernel.json \"ops\" (docs/package-format.md)",
+                         o->opname);
         *op = NULL;
     }
     return ops;
@@ -643,7 +660,8 @@ static const json_t *param_named(const json_t *params, const char *name, int ten
 {
     for (size_t j = 0; j < json_array_size(params); j++) {
         const json_t *p = json_array_get(params, j);
-        if (!strcmp(json_string_value(json_object_get(p, "name")), name) && (!tensor || !strcmp(json_string_value(json_object_get(p, "kind")), "tensor")))
+        if (!strcmp(json_string_value(json_object_get(p, "name")), name) &&
+            (!tensor || !strcmp(json_string_value(json_object_get(p, "kind")), "tensor")))
             return p;
     }
     return NULL;
@@ -664,7 +682,8 @@ static int run_bind(run_call *rc, const run_opts *o, const json_t *params)
         int given = 0;
         for (int i = 0; i < o->nnamed; i++)
             given |= !strcmp(o->named[i].name, json_string_value(json_object_get(p, "name")));
-        all_named = given || strcmp(json_string_value(json_object_get(p, "kind")), "tensor") != 0 || (json_is_true(opt));
+        all_named =
+            given || strcmp(json_string_value(json_object_get(p, "kind")), "tensor") != 0 || (json_is_true(opt));
     }
     for (int i = 0; i < o->nnamed && !all_named; i++) {
         const json_t *p = param_named(params, o->named[i].name, 1);
@@ -691,8 +710,9 @@ static int run_bind(run_call *rc, const run_opts *o, const json_t *params)
             if (strcmp(json_string_value(json_object_get(p, "kind")), "tensor") != 0 ||
                 (pass == 0 && strcmp(json_string_value(json_object_get(p, "role")), "in") != 0))
                 continue;
-            int brc = bind_more(opname, json_string_value(json_object_get(p, "name")), json_string_value(json_object_get(p, "shape")), o->shape, o->nd, rc->b,
-                                &nb2, rc->lead, &nl2, err, sizeof err);
+            int brc = bind_more(opname, json_string_value(json_object_get(p, "name")),
+                                json_string_value(json_object_get(p, "shape")), o->shape, o->nd, rc->b, &nb2, rc->lead,
+                                &nl2, err, sizeof err);
             if (brc == -2) /* the right rank, but the sizes do not fit: say why */
                 return run_fail(TK_CLI_STATUS_USAGE, "%s", err);
             if (brc == 0) {
@@ -703,8 +723,10 @@ static int run_bind(run_call *rc, const run_opts *o, const json_t *params)
             if (pass == 0)
                 break; /* pass 0 tries the first input only */
         }
-    return run_fail(TK_CLI_STATUS_USAGE, "%s: no tensor of the signature has the shape --shape %s (see 'tk ops %s'); "
-                    "use --shape NAME=...", opname, o->shape_s, opname);
+    return run_fail(TK_CLI_STATUS_USAGE,
+                    "%s: no tensor of the signature has the shape --shape %s (see 'tk ops %s'); "
+                    "use --shape NAME=...",
+                    opname, o->shape_s, opname);
 }
 
 /* The value of --arg NAME=V for name, or NULL. */
@@ -786,8 +808,10 @@ static int make_tensor(run_call *rc, const run_opts *o, const json_t *p, const j
     if (tk_cli_dims_count(&n, h->shape, h->ndim, (size_t)1 << 48) != 0) {
         char sbuf[256];
         shape_text(sbuf, sizeof sbuf, h->shape, h->ndim);
-        return run_fail(TK_CLI_STATUS_USAGE, "%s: '%s' %s has more than 2^48 elements\nHINT: give smaller sizes with "
-                        "--shape", opname, pname, sbuf);
+        return run_fail(TK_CLI_STATUS_USAGE,
+                        "%s: '%s' %s has more than 2^48 elements\nHINT: give smaller sizes with "
+                        "--shape",
+                        opname, pname, sbuf);
     }
     h->bytes = n * tdt.bits / 8;
     if (!(h->data = malloc(h->bytes ? h->bytes : 1)))
@@ -815,7 +839,8 @@ static int run_make_args(run_call *rc, const run_opts *o, const json_t *params)
     uint64_t rng = o->seed;
     for (size_t i = 0; i < json_array_size(params); i++) {
         const json_t *p = json_array_get(params, i);
-        const char *pname = json_string_value(json_object_get(p, "name")), *kind = json_string_value(json_object_get(p, "kind"));
+        const char *pname = json_string_value(json_object_get(p, "name")),
+                   *kind = json_string_value(json_object_get(p, "kind"));
         if (!strcmp(kind, "tensor")) {
             int r = make_tensor(rc, o, p, params, &rng);
             if (r > 1 || r < 0)
@@ -925,8 +950,10 @@ static int run_compare(run_call *rc)
             continue;
         host_tensor r = *h;
         r.data = h->ref;
-        double tol = h->t.dtype.bits == 16 ? (h->t.dtype.code == TK_DL_BFLOAT ? 1.6e-2 : 2e-3)
-                     : h->t.dtype.bits == 8 ? 1.25e-1 : 1e-4, worst = 0;
+        double tol = h->t.dtype.bits == 16  ? (h->t.dtype.code == TK_DL_BFLOAT ? 1.6e-2 : 2e-3)
+                     : h->t.dtype.bits == 8 ? 1.25e-1
+                                            : 1e-4,
+               worst = 0;
         size_t n = h->bytes / (h->t.dtype.bits / 8), at = 0, nbad = 0;
         for (size_t k = 0; k < n; k++) {
             double g = elem(h, k), f = elem(&r, k), d = fabs(g - f);
@@ -970,9 +997,11 @@ static int run_exec(tk_cli *cli, const run_opts *o, const json_t *op, run_call *
         double dt_ms = now_ms() - t0;
         if (st == TK_ERR_UNSUPPORTED && o->device < 0 && json_object_get(op, "declared_by"))
             /* the shapes were checked: say what cannot run here */
-            return run_fail(st, "no CPU reference for op %s (declared by %s): the shapes check out, but nothing "
+            return run_fail(st,
+                            "no CPU reference for op %s (declared by %s): the shapes check out, but nothing "
                             "ran on the host\nHINT: run its kernels on a GPU with --device cuda (tk_op_run in C, "
-                            "tk.ops on CUDA tensors in Python)", o->opname, json_string_value(json_object_get(op, "declared_by")));
+                            "tk.ops on CUDA tensors in Python)",
+                            o->opname, json_string_value(json_object_get(op, "declared_by")));
         if (st != TK_OK)
             return tk_cli_fail(cli, st, NULL);
         if (r == 0 && avail) {
@@ -988,8 +1017,8 @@ static int run_exec(tk_cli *cli, const run_opts *o, const json_t *op, run_call *
 }
 
 /* 6. What ran, the time, and each tensor's sum and FNV-1a hash. */
-static void run_report(tk_cli *cli, const run_opts *o, const run_call *rc, const char *impl, double best,
-                       double total, int checked)
+static void run_report(tk_cli *cli, const run_opts *o, const run_call *rc, const char *impl, double best, double total,
+                       int checked)
 {
     char buf[256];
     if (cli->json) {
@@ -1037,7 +1066,8 @@ static void run_report(tk_cli *cli, const run_opts *o, const run_call *rc, const
         const host_tensor *h = &rc->ht[i];
         if (h->checked)
             printf("  check %-10s vs cpu-reference: max |diff| %.3g at element %zu, %zu outside atol = rtol = %g: "
-                   "%s\n", h->name, h->worst, h->at, h->nbad, h->tol, h->nbad ? "FAILED" : "ok");
+                   "%s\n",
+                   h->name, h->worst, h->at, h->nbad, h->tol, h->nbad ? "FAILED" : "ok");
     }
     if (cli->json)
         printf("]}\n");

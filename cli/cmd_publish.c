@@ -8,8 +8,9 @@
 
 #include "cli/cli.h"
 
-static const char *USAGE = "tk publish <pkgdir> (--to <registry-dir> | --registry <url> [--token T]) --key <key-file> "
-                            "[--zstd] [--arch A,B | --no-compile]\n       tk publish <pkgdir> --check [--arch sm_80,sm_90]";
+static const char *USAGE =
+    "tk publish <pkgdir> (--to <registry-dir> | --registry <url> [--token T]) --key <key-file> "
+    "[--zstd] [--arch A,B | --no-compile]\n       tk publish <pkgdir> --check [--arch sm_80,sm_90]";
 
 int tk_cmd_check(tk_cli *cli, int argc, char **argv);
 
@@ -54,7 +55,6 @@ static const char HELP[] =
     "exit status: 0 ok, 2 bad arguments, 4 network, 5 a bad kernel.json, or the signature,\n"
     "trust, digest or version refused, 6 file system, 7 a kernel does not compile, 8 the\n"
     "registry refused the token (401/403), 1 other.\n";
-
 
 /* tk publish DIR --check [--arch A] is tk check DIR [--arch A]: publish's own options (where it would
  * go, the key) are dropped, as nothing is published. argv[at] is --check. */

@@ -14,7 +14,8 @@ int tk_cmd_remove(tk_cli *cli, int argc, char **argv)
     for (int i = 1; i < argc; i++) {
         if (tk_cli_is_help(argv[i])) {
             printf("usage: %s\n\nUninstalls packages (every installed major, or the one given). Files that no\n"
-                   "other installed package uses are deleted from the store.\n", USAGE);
+                   "other installed package uses are deleted from the store.\n",
+                   USAGE);
             return TK_EXIT_OK;
         }
         if (argv[i][0] == '-')

@@ -125,28 +125,45 @@ static double urand(void) /* [-1, 1) */
 static void put(void *buf, size_t i, tk_dtype dt, double v)
 {
     const char *n = tk_dtype_name(dt);
-    if (!strcmp(n, "f32")) ((float *)buf)[i] = (float)v;
-    else if (!strcmp(n, "f64")) ((double *)buf)[i] = v;
-    else if (!strcmp(n, "f16")) ((uint16_t *)buf)[i] = f2h((float)v);
-    else if (!strcmp(n, "bf16")) ((uint16_t *)buf)[i] = f2bf((float)v);
-    else if (!strcmp(n, "i8")) ((int8_t *)buf)[i] = (int8_t)(v * 100);
-    else if (!strcmp(n, "u8")) ((uint8_t *)buf)[i] = (uint8_t)((v + 1) * 100);
-    else if (!strcmp(n, "i32")) ((int32_t *)buf)[i] = (int32_t)(v * 1000);
-    else if (!strcmp(n, "i64")) ((int64_t *)buf)[i] = (int64_t)(v * 1000);
-    else ((uint8_t *)buf)[i] = (uint8_t)(rng_state & 0x77); /* fp8: a finite byte */
+    if (!strcmp(n, "f32"))
+        ((float *)buf)[i] = (float)v;
+    else if (!strcmp(n, "f64"))
+        ((double *)buf)[i] = v;
+    else if (!strcmp(n, "f16"))
+        ((uint16_t *)buf)[i] = f2h((float)v);
+    else if (!strcmp(n, "bf16"))
+        ((uint16_t *)buf)[i] = f2bf((float)v);
+    else if (!strcmp(n, "i8"))
+        ((int8_t *)buf)[i] = (int8_t)(v * 100);
+    else if (!strcmp(n, "u8"))
+        ((uint8_t *)buf)[i] = (uint8_t)((v + 1) * 100);
+    else if (!strcmp(n, "i32"))
+        ((int32_t *)buf)[i] = (int32_t)(v * 1000);
+    else if (!strcmp(n, "i64"))
+        ((int64_t *)buf)[i] = (int64_t)(v * 1000);
+    else
+        ((uint8_t *)buf)[i] = (uint8_t)(rng_state & 0x77); /* fp8: a finite byte */
 }
 
 static double get(const void *buf, size_t i, tk_dtype dt)
 {
     const char *n = tk_dtype_name(dt);
-    if (!strcmp(n, "f32")) return ((const float *)buf)[i];
-    if (!strcmp(n, "f64")) return ((const double *)buf)[i];
-    if (!strcmp(n, "f16")) return h2f(((const uint16_t *)buf)[i]);
-    if (!strcmp(n, "bf16")) return bf2f(((const uint16_t *)buf)[i]);
-    if (!strcmp(n, "i8")) return ((const int8_t *)buf)[i];
-    if (!strcmp(n, "u8")) return ((const uint8_t *)buf)[i];
-    if (!strcmp(n, "i32")) return ((const int32_t *)buf)[i];
-    if (!strcmp(n, "i64")) return (double)((const int64_t *)buf)[i];
+    if (!strcmp(n, "f32"))
+        return ((const float *)buf)[i];
+    if (!strcmp(n, "f64"))
+        return ((const double *)buf)[i];
+    if (!strcmp(n, "f16"))
+        return h2f(((const uint16_t *)buf)[i]);
+    if (!strcmp(n, "bf16"))
+        return bf2f(((const uint16_t *)buf)[i]);
+    if (!strcmp(n, "i8"))
+        return ((const int8_t *)buf)[i];
+    if (!strcmp(n, "u8"))
+        return ((const uint8_t *)buf)[i];
+    if (!strcmp(n, "i32"))
+        return ((const int32_t *)buf)[i];
+    if (!strcmp(n, "i64"))
+        return (double)((const int64_t *)buf)[i];
     return ((const uint8_t *)buf)[i];
 }
 

@@ -19,11 +19,12 @@
 
 #include "cli/cli.h"
 
-static const char *USAGE = "tk selftest [PKG|DIR...] [--op OP] [--kernel NAME] [--device cuda:N] [--timeout S] [--json]\n"
-                           "       tk selftest --plan [PKG|DIR...] [--arch sm_XY] [--op OP] [--kernel NAME] [--json]\n"
-                           "       tk selftest --results [PKG...] [--device cuda:N] [--json]\n"
-                           "       tk selftest --records [ORG/NAME] [--json]\n"
-                           "       tk selftest --forget [PKG|DIR...]";
+static const char *USAGE =
+    "tk selftest [PKG|DIR...] [--op OP] [--kernel NAME] [--device cuda:N] [--timeout S] [--json]\n"
+    "       tk selftest --plan [PKG|DIR...] [--arch sm_XY] [--op OP] [--kernel NAME] [--json]\n"
+    "       tk selftest --results [PKG...] [--device cuda:N] [--json]\n"
+    "       tk selftest --records [ORG/NAME] [--json]\n"
+    "       tk selftest --forget [PKG|DIR...]";
 
 static const char *HELP =
     "NAME\n"
@@ -170,7 +171,8 @@ static void print_report(tk_cli *cli, const char *report, int verbose)
     const char *commit = json_string_value(json_object_get(r, "commit"));
     printf("%s %s%s%.12s on %s (cuda:%lld, %s, driver %s)\n", json_string_value(json_object_get(r, "package")),
            json_string_value(json_object_get(r, "version")), commit ? " commit " : " (local)", commit ? commit : "",
-           json_string_value(json_object_get(dev, "name")), (long long)json_integer_value(json_object_get(dev, "ordinal")),
+           json_string_value(json_object_get(dev, "name")),
+           (long long)json_integer_value(json_object_get(dev, "ordinal")),
            json_string_value(json_object_get(dev, "arch")), json_string_value(json_object_get(dev, "driver")));
     json_array_foreach(json_object_get(r, "kernels"), i, k) {
         size_t n = strlen(json_string_value(json_object_get(k, "kernel")));
@@ -219,7 +221,8 @@ static void print_standing(const json_t *p)
         const char *st = json_string_value(json_object_get(k, "status"));
         if (strcmp(st, "passed") && strcmp(st, "never_tested") && strcmp(st, "untested"))
             printf("      %-11s %s: %s\n", upper_status(st), json_string_value(json_object_get(k, "kernel")),
-                   json_string_value(json_object_get(k, "summary")) ? json_string_value(json_object_get(k, "summary")) : "");
+                   json_string_value(json_object_get(k, "summary")) ? json_string_value(json_object_get(k, "summary"))
+                                                                    : "");
     }
 }
 
@@ -239,12 +242,14 @@ static int do_results(tk_cli *cli, tk_ctx *ctx, char **refs, int nrefs, int devi
         if (!cli->json) {
             json_t *d = json_object_get(o, "device");
             if (i == 0)
-                printf("self-tests on %s (cuda:%d, %s, driver %s), tk %s:\n", json_string_value(json_object_get(d, "name")),
-                       device, json_string_value(json_object_get(d, "arch")),
-                       json_string_value(json_object_get(d, "driver")), tk_version_string());
+                printf("self-tests on %s (cuda:%d, %s, driver %s), tk %s:\n",
+                       json_string_value(json_object_get(d, "name")), device,
+                       json_string_value(json_object_get(d, "arch")), json_string_value(json_object_get(d, "driver")),
+                       tk_version_string());
             size_t j;
             json_t *p;
-            json_array_foreach(json_object_get(o, "packages"), j, p) print_standing(p);
+            json_array_foreach(json_object_get(o, "packages"), j, p)
+                print_standing(p);
         }
         json_array_append_new(all, o);
     }
@@ -304,7 +309,8 @@ static int do_records(tk_cli *cli, tk_ctx *ctx, const char *pkg)
 }
 
 /* --plan: what a run would test for arch, with the CPU references run; no GPU. */
-static int do_plan(tk_cli *cli, tk_ctx *ctx, char **refs, int nrefs, const char *arch, const char *op, const char *kernel)
+static int do_plan(tk_cli *cli, tk_ctx *ctx, char **refs, int nrefs, const char *arch, const char *op,
+                   const char *kernel)
 {
     char archbuf[32] = "sm_90";
     int ndev = 0, code = TK_EXIT_OK, first = 1;
@@ -321,7 +327,8 @@ static int do_plan(tk_cli *cli, tk_ctx *ctx, char **refs, int nrefs, const char 
             return tk_cli_fail(cli, rc, NULL);
         if (!tk_pkg_list_count(list)) {
             tk_pkg_list_free(list);
-            return tk_cli_errorf(cli, TK_ERR_NOT_FOUND, 0, "no package is installed to plan for\nHINT: 'tk get ORG/NAME' "
+            return tk_cli_errorf(cli, TK_ERR_NOT_FOUND, 0,
+                                 "no package is installed to plan for\nHINT: 'tk get ORG/NAME' "
                                  "first, or name a package directory: tk selftest --plan ./DIR");
         }
     }
@@ -333,7 +340,8 @@ static int do_plan(tk_cli *cli, tk_ctx *ctx, char **refs, int nrefs, const char 
         if (nrefs)
             snprintf(ref, sizeof ref, "%s", refs[i]);
         else
-            snprintf(ref, sizeof ref, "%s@%s", tk_pkg_name(tk_pkg_list_at(list, i)), tk_pkg_commit(tk_pkg_list_at(list, i)));
+            snprintf(ref, sizeof ref, "%s@%s", tk_pkg_name(tk_pkg_list_at(list, i)),
+                     tk_pkg_commit(tk_pkg_list_at(list, i)));
         tk_selftest_opts o = TK_SELFTEST_OPTS_INIT;
         o.plan_only = 1;
         o.arch = arch;
@@ -366,7 +374,8 @@ static int do_plan(tk_cli *cli, tk_ctx *ctx, char **refs, int nrefs, const char 
                 json_t *labels = json_object_get(json_object_get(k, "detail"), "case_labels"), *lb;
                 size_t q;
                 if (cli->verbose)
-                    json_array_foreach(labels, q, lb) printf("              %s\n", json_string_value(lb));
+                    json_array_foreach(labels, q, lb)
+                        printf("              %s\n", json_string_value(lb));
             }
             json_t *c = json_object_get(r, "counts");
             printf("  %lld planned, %lld untested, %lld skipped (not for %s); CPU references %.3f s\n",
@@ -448,7 +457,8 @@ static int parse_args(sargs *a, int argc, char **argv)
     if (a->plan && (a->device_s || a->timeout > 0))
         return tk_cli_usage(USAGE, "--device and --timeout go with a run, not with --plan");
     if ((a->results || a->records || a->forget) && (a->op || a->kernel || a->timeout > 0))
-        return tk_cli_usage(USAGE, "--op, --kernel and --timeout go with a run, not with --results, --records or --forget");
+        return tk_cli_usage(USAGE,
+                            "--op, --kernel and --timeout go with a run, not with --results, --records or --forget");
     if (a->records && a->nrefs > 1)
         return tk_cli_usage(USAGE, "--records takes one ORG/NAME at most");
     if ((a->records || a->forget) && a->device_s)
@@ -481,14 +491,18 @@ static int need_gpu(tk_cli *cli, int device)
         char why[512];
         snprintf(why, sizeof why, "%s", rc == TK_OK ? "the CUDA driver loaded but reports no GPU" : tk_last_error());
         why[strcspn(why, "\n")] = '\0';
-        return tk_cli_errorf(cli, TK_ERR_NO_DEVICE, 0,
-                             "a self-test needs the GPU it proves kernels for: %s\nHINT: run it on the machine with the "
-                             "GPU (check 'nvidia-smi' and CUDA_VISIBLE_DEVICES; 'tk doctor' shows this one); without a "
-                             "GPU, 'tk build ORG/NAME --arch sm_90' still compiles ahead of time", why);
+        return tk_cli_errorf(
+            cli, TK_ERR_NO_DEVICE, 0,
+            "a self-test needs the GPU it proves kernels for: %s\nHINT: run it on the machine with the "
+            "GPU (check 'nvidia-smi' and CUDA_VISIBLE_DEVICES; 'tk doctor' shows this one); without a "
+            "GPU, 'tk build ORG/NAME --arch sm_90' still compiles ahead of time",
+            why);
     }
     if (device >= ndev)
-        return tk_cli_errorf(cli, TK_ERR_NO_DEVICE, 0, "no CUDA device %d (this machine has %d)\nHINT: --device cuda:0 .. "
-                             "cuda:%d", device, ndev, ndev - 1);
+        return tk_cli_errorf(cli, TK_ERR_NO_DEVICE, 0,
+                             "no CUDA device %d (this machine has %d)\nHINT: --device cuda:0 .. "
+                             "cuda:%d",
+                             device, ndev, ndev - 1);
     return TK_EXIT_OK;
 }
 
@@ -502,7 +516,8 @@ static int add_installed(tk_cli *cli, tk_ctx *ctx, sargs *a, char ***names)
     size_t n = tk_pkg_list_count(list);
     if (!n) {
         tk_pkg_list_free(list);
-        return tk_cli_errorf(cli, TK_ERR_NOT_FOUND, 0, "no package is installed to self-test\nHINT: 'tk get ORG/NAME' "
+        return tk_cli_errorf(cli, TK_ERR_NOT_FOUND, 0,
+                             "no package is installed to self-test\nHINT: 'tk get ORG/NAME' "
                              "first, or name a package directory: tk selftest ./DIR");
     }
     *names = calloc(n, sizeof **names);
@@ -573,8 +588,9 @@ static int do_run(tk_cli *cli, tk_ctx *ctx, const sargs *a)
     if (cli->json)
         printf("]\n");
     else if (failed)
-        fprintf(stderr, "tk: %d package%s with kernels that failed on this GPU: tk_op_run will not use those kernels\n"
-                        "HINT: 'tk selftest --results' shows the standing; after an update, run 'tk selftest' again\n",
+        fprintf(stderr,
+                "tk: %d package%s with kernels that failed on this GPU: tk_op_run will not use those kernels\n"
+                "HINT: 'tk selftest --results' shows the standing; after an update, run 'tk selftest' again\n",
                 failed, failed == 1 ? "" : "s");
     tk_cli_progress_hook = NULL;
     if (failed && code == TK_EXIT_OK)

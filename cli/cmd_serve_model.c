@@ -239,8 +239,10 @@ int tk_cmd_serve_model(tk_cli *cli, int argc, char **argv)
         fclose(f);
         key[strcspn(key, "\r\n")] = '\0';
         if (!got || !key[0])
-            return tk_cli_errorf(cli, TK_ERR_INVALID, TK_EXIT_USAGE, "the API key file %s is empty\nHINT: put the "
-                                 "key on its first line", key_file);
+            return tk_cli_errorf(cli, TK_ERR_INVALID, TK_EXIT_USAGE,
+                                 "the API key file %s is empty\nHINT: put the "
+                                 "key on its first line",
+                                 key_file);
         o.api_key = key;
     }
     int id;
@@ -307,7 +309,8 @@ static int serve(tk_cli *cli, tk_ctx *ctx, tk_model_server_opts *o0)
             url);
     rc = tk_model_server_run(srv);
     if (got_signal)
-        fprintf(stderr, "tk serve-model: %s, stopped after draining\n", got_signal == SIGINT ? "interrupted" : "terminated");
+        fprintf(stderr, "tk serve-model: %s, stopped after draining\n",
+                got_signal == SIGINT ? "interrupted" : "terminated");
     running = NULL;
     tk_model_server_free(srv);
     if (rc != TK_OK)

@@ -247,8 +247,10 @@ int tk_cmd_detokenize(tk_cli *cli, int argc, char **argv)
         free(idargs);
         if (!bad)
             return tk_cli_errorf(cli, TK_ERR_NOMEM, 0, "out of memory");
-        return tk_cli_usage(DETOK_USAGE, "'%s' is not a list of token ids (at '%.20s'): ids are integers separated "
-                                         "by commas, e.g. 101,7592,102", bad_arg, bad);
+        return tk_cli_usage(DETOK_USAGE,
+                            "'%s' is not a list of token ids (at '%.20s'): ids are integers separated "
+                            "by commas, e.g. 101,7592,102",
+                            bad_arg, bad);
     }
     free(idargs);
     tk_tokenizer *tok = NULL;

@@ -266,11 +266,11 @@ static int parse(train_job *j, int argc, char **argv)
             help();
             return TK_EXIT_OK;
         }
-#define VAL()                                                                                          \
-    do {                                                                                               \
-        if (!v)                                                                                        \
-            return tk_cli_usage(USAGE, "%s needs a value", a);                                         \
-        i++;                                                                                           \
+#define VAL()                                                                                                          \
+    do {                                                                                                               \
+        if (!v)                                                                                                        \
+            return tk_cli_usage(USAGE, "%s needs a value", a);                                                         \
+        i++;                                                                                                           \
     } while (0)
         const num_opt *no = num_opt_find(a);
         if (no) {
@@ -342,16 +342,16 @@ static char *config_json(const train_job *j)
         json_array_append_new(files, json_string(j->files[i]));
     char hash[17];
     snprintf(hash, sizeof hash, "%016llx", (unsigned long long)j->data_hash);
-    json_t *o = json_pack("{s:s, s:o, s:s, s:I, s:I, s:I, s:I, s:I, s:I, s:f, s:f, s:f, s:f, s:f, s:f, s:f, s:f, "
-                          "s:f, s:f, s:b, s:b, s:b, s:I, s:I}",
-                          "tk", "train", "data", files, "data_hash", hash, "seq_len", (json_int_t)j->seq_len,
-                          "batch_size", (json_int_t)j->batch, "grad_accum", (json_int_t)j->accum, "steps",
-                          (json_int_t)j->steps, "warmup", (json_int_t)j->warmup, "seed", (json_int_t)j->seed, "lr",
-                          j->lr, "min_lr_ratio", j->min_lr_ratio, "weight_decay", j->wd, "beta1", j->beta1, "beta2",
-                          j->beta2, "eps", j->eps, "max_grad_norm", j->clip, "label_smoothing", j->smoothing,
-                          "eval_fraction", j->eval_frac, "mlm_probability", j->mlm_p, "cosine", j->cosine,
-                          "decay_all", j->decay_all, "checkpointing", j->ckpt, "fused_loss", (json_int_t)j->fused, "epochs",
-                          (json_int_t)j->epochs);
+    json_t *o =
+        json_pack("{s:s, s:o, s:s, s:I, s:I, s:I, s:I, s:I, s:I, s:f, s:f, s:f, s:f, s:f, s:f, s:f, s:f, "
+                  "s:f, s:f, s:b, s:b, s:b, s:I, s:I}",
+                  "tk", "train", "data", files, "data_hash", hash, "seq_len", (json_int_t)j->seq_len, "batch_size",
+                  (json_int_t)j->batch, "grad_accum", (json_int_t)j->accum, "steps", (json_int_t)j->steps, "warmup",
+                  (json_int_t)j->warmup, "seed", (json_int_t)j->seed, "lr", j->lr, "min_lr_ratio", j->min_lr_ratio,
+                  "weight_decay", j->wd, "beta1", j->beta1, "beta2", j->beta2, "eps", j->eps, "max_grad_norm", j->clip,
+                  "label_smoothing", j->smoothing, "eval_fraction", j->eval_frac, "mlm_probability", j->mlm_p, "cosine",
+                  j->cosine, "decay_all", j->decay_all, "checkpointing", j->ckpt, "fused_loss", (json_int_t)j->fused,
+                  "epochs", (json_int_t)j->epochs);
     if (o && j->world > 1) /* --dp N (absent: one process, as before --dp existed) */
         json_object_set_new(o, "dp", json_integer(j->world));
     char *s = o ? json_dumps(o, JSON_COMPACT | JSON_PRESERVE_ORDER) : NULL;
@@ -367,8 +367,10 @@ static int load_resume(train_job *j, tk_cli *cli)
     snprintf(path, sizeof path, "%s/latest", j->out);
     FILE *f = fopen(path, "r");
     if (!f)
-        return tk_cli_errorf(cli, TK_ERR_NOT_FOUND, 0, "--resume: '%s' has no training run to continue (no %s)\n"
-                             "HINT: start one without --resume", j->out, path);
+        return tk_cli_errorf(cli, TK_ERR_NOT_FOUND, 0,
+                             "--resume: '%s' has no training run to continue (no %s)\n"
+                             "HINT: start one without --resume",
+                             j->out, path);
     int ok = fgets(name, sizeof name, f) != NULL;
     fclose(f);
     name[strcspn(name, "\r\n")] = 0;
@@ -415,9 +417,10 @@ static int load_resume(train_job *j, tk_cli *cli)
     int saved_dp = json_is_integer(dpj) ? (int)json_integer_value(dpj) : 1;
     if (saved_dp != j->world) {
         json_decref(st);
-        return tk_cli_errorf(cli, TK_ERR_INVALID, TK_EXIT_USAGE, "--resume: the run trained on %d rank%s, this one "
-                             "has %d (the data order depends on the global batch)\nHINT: %s", saved_dp,
-                             saved_dp == 1 ? "" : "s", j->world,
+        return tk_cli_errorf(cli, TK_ERR_INVALID, TK_EXIT_USAGE,
+                             "--resume: the run trained on %d rank%s, this one "
+                             "has %d (the data order depends on the global batch)\nHINT: %s",
+                             saved_dp, saved_dp == 1 ? "" : "s", j->world,
                              saved_dp == 1 ? "resume it in one process, without --dp"
                                            : "resume it under mpirun -np with the run's --dp");
     }
@@ -426,8 +429,10 @@ static int load_resume(train_job *j, tk_cli *cli)
     json_decref(st);
     if (given) {
         if (steps_now < j->steps && j->cosine)
-            return tk_cli_usage(USAGE, "--steps %lld is below the run's %lld (a cosine schedule over it was "
-                                "started); give a larger one to extend it", steps_now, j->steps);
+            return tk_cli_usage(USAGE,
+                                "--steps %lld is below the run's %lld (a cosine schedule over it was "
+                                "started); give a larger one to extend it",
+                                steps_now, j->steps);
         j->steps = steps_now;
     }
     snprintf(path, sizeof path, "%s/%s", j->out, name);
@@ -478,8 +483,10 @@ static int load_data(train_job *j, tk_cli *cli)
     }
     if (j->mlm) {
         if (tk_tokenizer_token_id(&j->mask_id, tok, "[MASK]") != TK_OK)
-            return tk_cli_errorf(cli, TK_ERR_INVALID, TK_EXIT_USAGE, "the tokenizer of '%s' has no [MASK] token, "
-                                 "which masked-LM training needs", j->dir);
+            return tk_cli_errorf(cli, TK_ERR_INVALID, TK_EXIT_USAGE,
+                                 "the tokenizer of '%s' has no [MASK] token, "
+                                 "which masked-LM training needs",
+                                 j->dir);
         if (tk_tokenizer_token_id(&j->cls_id, tok, "[CLS]") != TK_OK)
             j->cls_id = -1;
         if (tk_tokenizer_token_id(&j->sep_id, tok, "[SEP]") != TK_OK)
@@ -511,13 +518,16 @@ static int load_data(train_job *j, tk_cli *cli)
         h = fnv(h, text, got);
         if (got == 0) {
             free(text);
-            return tk_cli_errorf(cli, TK_ERR_INVALID, TK_EXIT_USAGE, "--data '%s' is empty\nHINT: give text files "
-                                 "with the training text", j->files[f]);
+            return tk_cli_errorf(cli, TK_ERR_INVALID, TK_EXIT_USAGE,
+                                 "--data '%s' is empty\nHINT: give text files "
+                                 "with the training text",
+                                 j->files[f]);
         }
         long long bad = bad_utf8((const unsigned char *)text, got);
         if (bad >= 0) {
             free(text);
-            return tk_cli_errorf(cli, TK_ERR_INVALID, TK_EXIT_USAGE, "--data '%s' is not UTF-8 text (byte %lld is "
+            return tk_cli_errorf(cli, TK_ERR_INVALID, TK_EXIT_USAGE,
+                                 "--data '%s' is not UTF-8 text (byte %lld is "
                                  "%s)\nHINT: tk train reads plain text files; decode or extract the text first",
                                  j->files[f], bad, "not part of a UTF-8 character, or NUL");
         }
@@ -544,14 +554,18 @@ static int load_data(train_job *j, tk_cli *cli)
         tk_free(ids);
     }
     if (j->resume_from && j->data_hash && h != j->data_hash)
-        return tk_cli_errorf(cli, TK_ERR_INVALID, TK_EXIT_USAGE, "--resume: the data files differ from the run's "
+        return tk_cli_errorf(cli, TK_ERR_INVALID, TK_EXIT_USAGE,
+                             "--resume: the data files differ from the run's "
                              "(their contents hash to %016llx, the run's to %016llx)\nHINT: resume with the same "
-                             "--data files", (unsigned long long)h, (unsigned long long)j->data_hash);
+                             "--data files",
+                             (unsigned long long)h, (unsigned long long)j->data_hash);
     j->data_hash = h;
     j->nblocks = j->ntok / (size_t)j->seq_len;
     if (j->nblocks == 0)
-        return tk_cli_errorf(cli, TK_ERR_INVALID, TK_EXIT_USAGE, "the data has %zu tokens, less than one sequence of "
-                             "--seq-len %lld\nHINT: a smaller --seq-len, or more text", j->ntok, j->seq_len);
+        return tk_cli_errorf(cli, TK_ERR_INVALID, TK_EXIT_USAGE,
+                             "the data has %zu tokens, less than one sequence of "
+                             "--seq-len %lld\nHINT: a smaller --seq-len, or more text",
+                             j->ntok, j->seq_len);
     return GO;
 }
 
@@ -586,10 +600,11 @@ static int split(train_job *j, tk_cli *cli)
     j->ntrain = j->nblocks - j->neval;
     j->perm_epoch = -1;
     if (j->ntrain < (size_t)j->world)
-        return tk_cli_errorf(cli, TK_ERR_INVALID, TK_EXIT_USAGE, "--dp %d: the data has %zu training sequence%s of "
+        return tk_cli_errorf(cli, TK_ERR_INVALID, TK_EXIT_USAGE,
+                             "--dp %d: the data has %zu training sequence%s of "
                              "--seq-len %lld (%zu held out), fewer than the ranks: every rank needs one of its own"
-                             "\nHINT: more text, a smaller --seq-len or --eval-fraction, or fewer ranks", j->world,
-                             j->ntrain, j->ntrain == 1 ? "" : "s", j->seq_len, j->neval);
+                             "\nHINT: more text, a smaller --seq-len or --eval-fraction, or fewer ranks",
+                             j->world, j->ntrain, j->ntrain == 1 ? "" : "s", j->seq_len, j->neval);
     size_t per_step = (size_t)(j->batch * j->accum) * (size_t)j->world;
     if (!j->steps_given && !j->resume_from)
         j->steps = (long long)(((size_t)j->epochs * j->ntrain + per_step - 1) / per_step);
@@ -889,8 +904,8 @@ static int train_loop(train_job *j, tk_cli *cli)
                    step, st.loss, st.lr, st.grad_norm, (long long)st.tokens, tps, now_s() - j->t0);
         progress(j, cli, step, &st, tps);
         int save_now = (j->save_every > 0 && step % j->save_every == 0) || step == j->steps || stopped(j);
-        int eval_now = j->neval && ((j->eval_every > 0 && step % j->eval_every == 0) ||
-                                    (j->eval_every == 0 && save_now));
+        int eval_now =
+            j->neval && ((j->eval_every > 0 && step % j->eval_every == 0) || (j->eval_every == 0 && save_now));
         if (eval_now) {
             int64_t n = 0;
             if ((rc = eval_loss(j, cli, &last_eval, &n)) != GO)
@@ -923,8 +938,8 @@ static int train_loop(train_job *j, tk_cli *cli)
         fputs("\n", stderr);
     double el = now_s() - j->t0;
     if (cli->json) {
-        printf("{\"done\": true, \"step\": %lld, \"steps\": %lld, \"interrupted\": %s, \"checkpoint\": ", step, j->steps,
-               stopped(j) ? "true" : "false");
+        printf("{\"done\": true, \"step\": %lld, \"steps\": %lld, \"interrupted\": %s, \"checkpoint\": ", step,
+               j->steps, stopped(j) ? "true" : "false");
         tk_cli_json_str(stdout, saved[0] ? saved : NULL);
         printf(", \"eval_loss\": ");
         if (isnan(last_eval))
@@ -934,8 +949,8 @@ static int train_loop(train_job *j, tk_cli *cli)
         printf(", \"tokens\": %lld, \"tokens_per_s\": %.1f, \"elapsed_s\": %.3f}\n", (long long)tok_total,
                el > 0 ? (double)tok_total / el : 0, el);
     } else if (!cli->quiet || (stopped(j) && j->rank == 0)) {
-        fprintf(stderr, "%s at step %lld of %lld; checkpoint %s\n", stopped(j) ? "interrupted" : "done", step,
-                j->steps, saved[0] ? saved : "(none)");
+        fprintf(stderr, "%s at step %lld of %lld; checkpoint %s\n", stopped(j) ? "interrupted" : "done", step, j->steps,
+                saved[0] ? saved : "(none)");
     }
     if (stopped(j)) {
         if (!cli->json && j->rank == 0)
@@ -974,9 +989,11 @@ static int join(train_job *j, tk_cli *cli)
         tk_free(info);
     }
     if (world > 1)
-        return tk_cli_errorf(cli, TK_ERR_INVALID, TK_EXIT_USAGE, "this process is one of %lld ranks that mpirun "
+        return tk_cli_errorf(cli, TK_ERR_INVALID, TK_EXIT_USAGE,
+                             "this process is one of %lld ranks that mpirun "
                              "started, but --dp was not given: each would train alone into the same --out\nHINT: "
-                             "add --dp %lld (data parallel), or run one process", world, world);
+                             "add --dp %lld (data parallel), or run one process",
+                             world, world);
     return GO;
 }
 
@@ -989,8 +1006,10 @@ static int setup(train_job *j, tk_cli *cli)
     snprintf(latest, sizeof latest, "%s/latest", j->out);
     struct stat sb;
     if (!j->resume && stat(latest, &sb) == 0)
-        return tk_cli_errorf(cli, TK_ERR_INVALID, TK_EXIT_USAGE, "'%s' already holds a training run (%s)\nHINT: "
-                             "--resume continues it; or pick another --out", j->out, latest);
+        return tk_cli_errorf(cli, TK_ERR_INVALID, TK_EXIT_USAGE,
+                             "'%s' already holds a training run (%s)\nHINT: "
+                             "--resume continues it; or pick another --out",
+                             j->out, latest);
     if (j->resume) {
         int u = load_resume(j, cli);
         if (u != GO)
@@ -1005,8 +1024,10 @@ static int setup(train_job *j, tk_cli *cli)
     snprintf(probe, sizeof probe, "%s/.tk-train-probe.%ld", j->out, (long)getpid());
     int fd = j->rank != 0 ? -2 : open(probe, O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
     if (fd == -1)
-        return tk_cli_errorf(cli, TK_ERR_IO, TK_EXIT_IO, "--out '%s' is not writable: %s\nHINT: pick a directory you "
-                             "can write, with room for the checkpoints", j->out, strerror(errno));
+        return tk_cli_errorf(cli, TK_ERR_IO, TK_EXIT_IO,
+                             "--out '%s' is not writable: %s\nHINT: pick a directory you "
+                             "can write, with room for the checkpoints",
+                             j->out, strerror(errno));
     if (fd >= 0) {
         close(fd);
         unlink(probe);
@@ -1051,9 +1072,11 @@ static int setup(train_job *j, tk_cli *cli)
         tk_cli_info(cli, "resuming %s at step %lld", j->resume_from, (long long)tk_train_step_count(j->t));
     }
     if (!cli->json && !cli->quiet)
-        fprintf(stderr, "tk train: %s, %zu tokens in %zu sequences of %lld (%zu held out), %lld steps of %lld x %lld "
-                        "sequences%s\n", tk_model_arch(j->m), j->ntok, j->nblocks, j->seq_len, j->neval, j->steps,
-                j->batch, j->accum, j->world > 1 ? " on each rank" : "");
+        fprintf(stderr,
+                "tk train: %s, %zu tokens in %zu sequences of %lld (%zu held out), %lld steps of %lld x %lld "
+                "sequences%s\n",
+                tk_model_arch(j->m), j->ntok, j->nblocks, j->seq_len, j->neval, j->steps, j->batch, j->accum,
+                j->world > 1 ? " on each rank" : "");
     if (j->world > 1)
         tk_cli_info(cli, "data parallel over %d ranks: %lld sequences a step, rank 0 saves", j->world,
                     j->batch * j->accum * j->world);

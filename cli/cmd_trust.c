@@ -6,7 +6,8 @@
 
 #include "cli/cli.h"
 
-static const char *USAGE = "tk trust add <org> <pubkey|KEY.pub> [--comment TEXT] | tk trust list | tk trust remove <org> <keyid|pubkey>";
+static const char *USAGE =
+    "tk trust add <org> <pubkey|KEY.pub> [--comment TEXT] | tk trust list | tk trust remove <org> <keyid|pubkey>";
 
 int tk_cmd_trust(tk_cli *cli, int argc, char **argv)
 {
@@ -19,7 +20,8 @@ int tk_cmd_trust(tk_cli *cli, int argc, char **argv)
                "  add <org> <pubkey>       trust pubkey for org: ed25519:<64 hex>, or the KEY.pub file that\n"
                "                           'tk keygen' wrote\n"
                "  list                     show trusted keys with their fingerprints (--json too)\n"
-               "  remove <org> <keyid>     stop trusting a key (give its SHA256:... id or the pubkey)\n", USAGE);
+               "  remove <org> <keyid>     stop trusting a key (give its SHA256:... id or the pubkey)\n",
+               USAGE);
         return TK_EXIT_OK;
     }
     const char *sub = argv[1];

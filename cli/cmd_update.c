@@ -30,15 +30,18 @@ int tk_cmd_update(tk_cli *cli, int argc, char **argv)
                    "  tk update acme/attn\n\n"
                    "exit status: 0 ok (also when all are up to date), 3 a named package is not installed,\n"
                    "4 network, 5 a new version was refused (signature, trust, rollback), 1 other; tk goes on\n"
-                   "with the other packages and exits with the first failure's code.\n", USAGE);
+                   "with the other packages and exits with the first failure's code.\n",
+                   USAGE);
             return TK_EXIT_OK;
         } else if (!strcmp(argv[i], "--trust")) {
             trust = 1;
         } else if (argv[i][0] == '-') {
             return tk_cli_unknown_option(USAGE, argv[i]);
         } else if (strchr(argv[i], '@')) {
-            return tk_cli_usage(USAGE, "'%s': update takes names; it moves each installed major to its newest "
-                                "version (to pick a version, use tk get ORG/NAME@VERSION)", argv[i]);
+            return tk_cli_usage(USAGE,
+                                "'%s': update takes names; it moves each installed major to its newest "
+                                "version (to pick a version, use tk get ORG/NAME@VERSION)",
+                                argv[i]);
         } else {
             nnames++;
         }
@@ -58,8 +61,8 @@ int tk_cmd_update(tk_cli *cli, int argc, char **argv)
         for (size_t k = 0; k < tk_pkg_list_count(l); k++)
             found |= !strcmp(tk_pkg_name(tk_pkg_list_at(l, k)), argv[i]);
         if (!found) {
-            exit_code = tk_cli_errorf(cli, TK_ERR_NOT_FOUND, 0, "%s is not installed\nHINT: run 'tk get %s'", argv[i],
-                                      argv[i]);
+            exit_code =
+                tk_cli_errorf(cli, TK_ERR_NOT_FOUND, 0, "%s is not installed\nHINT: run 'tk get %s'", argv[i], argv[i]);
             if (cli->json)
                 break; /* one error object */
         }

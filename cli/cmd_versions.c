@@ -13,28 +13,30 @@ int tk_cmd_versions(tk_cli *cli, int argc, char **argv)
     const char *ref = NULL;
     for (int i = 1; i < argc; i++) {
         if (tk_cli_is_help(argv[i])) {
-            printf("usage: %s\n\n"
-                   "Lists every version of a package in the registry, newest first: version, major, commit,\n"
-                   "publish date (as the registry recorded it) and its state: 'head' for the version\n"
-                   "'tk get ORG/NAME@MAJOR' installs, 'yanked' (with the publisher's reason) for a withdrawn\n"
-                   "one. A version part narrows the list to what it matches. Each version is checked as\n"
-                   "'tk get' checks it before it is listed: the manifest's signature (by the org's trusted\n"
-                   "key when the org has one) and its commit id, recomputed from its parent and files; a\n"
-                   "registry that fails a check is refused. Needs the network.\n\n"
-                   "version syntax (also for tk get):\n"
-                   "  @2, @v2          the newest version of major 2 that is not yanked (branch v2)\n"
-                   "  @1.4.2           exactly 1.4.2, even if yanked (installed with a warning)\n"
-                   "  @'>=1.2,<2'      the newest version that is not yanked and satisfies every comparator:\n"
-                   "                   >=, >, <=, <, = (or none) joined by commas; 1 and 1.2 mean 1.0.0, 1.2.0\n"
-                   "  @<40-hex>        exactly that commit\n\n"
-                   "options:\n"
-                   "  --json  print {\"name\": ..., \"versions\": [{\"version\", \"commit\", \"major\", \"head\",\n"
-                   "          \"yanked\", \"yank_reason\", \"published\", \"signer\", \"trusted\", \"description\"}]}\n\n"
-                   "examples:\n"
-                   "  tk versions kernels-community/activation\n"
-                   "  tk versions acme/attn@'>=1.2,<2' --json\n\n"
-                   "exit status: 0 ok, 2 bad arguments, 3 no such package or no version matches, 4 network,\n"
-                   "5 the registry served something that fails a check, 1 other.\n", USAGE);
+            printf(
+                "usage: %s\n\n"
+                "Lists every version of a package in the registry, newest first: version, major, commit,\n"
+                "publish date (as the registry recorded it) and its state: 'head' for the version\n"
+                "'tk get ORG/NAME@MAJOR' installs, 'yanked' (with the publisher's reason) for a withdrawn\n"
+                "one. A version part narrows the list to what it matches. Each version is checked as\n"
+                "'tk get' checks it before it is listed: the manifest's signature (by the org's trusted\n"
+                "key when the org has one) and its commit id, recomputed from its parent and files; a\n"
+                "registry that fails a check is refused. Needs the network.\n\n"
+                "version syntax (also for tk get):\n"
+                "  @2, @v2          the newest version of major 2 that is not yanked (branch v2)\n"
+                "  @1.4.2           exactly 1.4.2, even if yanked (installed with a warning)\n"
+                "  @'>=1.2,<2'      the newest version that is not yanked and satisfies every comparator:\n"
+                "                   >=, >, <=, <, = (or none) joined by commas; 1 and 1.2 mean 1.0.0, 1.2.0\n"
+                "  @<40-hex>        exactly that commit\n\n"
+                "options:\n"
+                "  --json  print {\"name\": ..., \"versions\": [{\"version\", \"commit\", \"major\", \"head\",\n"
+                "          \"yanked\", \"yank_reason\", \"published\", \"signer\", \"trusted\", \"description\"}]}\n\n"
+                "examples:\n"
+                "  tk versions kernels-community/activation\n"
+                "  tk versions acme/attn@'>=1.2,<2' --json\n\n"
+                "exit status: 0 ok, 2 bad arguments, 3 no such package or no version matches, 4 network,\n"
+                "5 the registry served something that fails a check, 1 other.\n",
+                USAGE);
             return TK_EXIT_OK;
         } else if (argv[i][0] == '-') {
             return tk_cli_unknown_option(USAGE, argv[i]);

@@ -7,8 +7,9 @@
 
 #include "cli/cli.h"
 
-static const char *USAGE = "tk yank ORG/NAME@VERSION (--to <registry-dir> | --registry <url> [--token T]) --key <key-file> "
-                           "[--reason TEXT]";
+static const char *USAGE =
+    "tk yank ORG/NAME@VERSION (--to <registry-dir> | --registry <url> [--token T]) --key <key-file> "
+    "[--reason TEXT]";
 
 int tk_cmd_yank(tk_cli *cli, int argc, char **argv)
 {

@@ -469,13 +469,17 @@ int tk_cli_pubkey_arg(char *out, size_t cap, const char *arg, const char *usage)
     fclose(f);
     buf[n] = '\0';
     if (strstr(buf, "PRIVATE KEY"))
-        return tk_cli_usage(usage, "%s is a private key: trust is given to the public half\nHINT: use %s.pub, the "
-                            "file 'tk keygen' wrote beside it (never share the private key)", arg, arg);
+        return tk_cli_usage(usage,
+                            "%s is a private key: trust is given to the public half\nHINT: use %s.pub, the "
+                            "file 'tk keygen' wrote beside it (never share the private key)",
+                            arg, arg);
     char *s = buf + strspn(buf, " \t\r\n");
     s[strcspn(s, " \t\r\n")] = '\0';
     if (strncmp(s, "ed25519:", 8) != 0)
-        return tk_cli_usage(usage, "%s holds no public key (want ed25519:<64 hex>, the KEY.pub file 'tk keygen' "
-                            "writes)", arg);
+        return tk_cli_usage(usage,
+                            "%s holds no public key (want ed25519:<64 hex>, the KEY.pub file 'tk keygen' "
+                            "writes)",
+                            arg);
     snprintf(out, cap, "%s", s);
     return 0;
 }

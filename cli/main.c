@@ -106,39 +106,38 @@ static void usage(FILE *f)
             if (commands[i].group == g)
                 fprintf(f, "  %-12s%s\n", commands[i].name, commands[i].summary);
     }
-    fprintf(f,
-            "\n"
-            "Global options (accepted anywhere on the line):\n"
-            "  --json         machine-readable output on stdout (docs/json.md)\n"
-            "  -q, --quiet    no progress or informational messages\n"
-            "  -v, --verbose  debug messages (each HTTP request, each compile)\n"
-            "  --offline      never touch the network; use what is installed\n"
-            "  -h, --help     this help; 'tk help CMD' or 'tk CMD --help' for a command\n"
-            "  --version      print the version\n"
-            "\n"
-            "Environment:\n"
-            "  TK_HOME      where tk keeps its state (default: the XDG directories:\n"
-            "               $XDG_DATA_HOME/tk, $XDG_CACHE_HOME/tk, $XDG_CONFIG_HOME/tk)\n"
-            "  TK_ENDPOINT  one registry URL (http, https or file) for everything, over\n"
-            "               config.json's \"registries\" and \"endpoint\" (tk doctor lists\n"
-            "               the registries in use)\n"
-            "  TK_TOKEN     bearer token, sent to the registry's host only\n"
-            "  TK_OFFLINE   1 to work offline\n"
-            "\n"
-            "EXIT STATUS\n"
-            "  0  ok\n"
-            "  1  other failure\n"
-            "  2  usage: a bad command line or argument\n"
-            "  3  not found: package, version, file or op\n"
-            "  4  network: connection, timeout, a server error\n"
-            "  5  input refused: a package's signature, trust, digest, manifest, archive,\n"
-            "     commit or rollback; a damaged model file (truncated safetensors)\n"
-            "  6  local I/O: disk full, unusable TK_HOME, a planted link\n"
-            "  7  GPU, NVRTC or compile error\n"
-            "  8  unsupported: a model architecture or config value, an op or template\n"
-            "     construct tk does not implement\n"
-            "  9  auth: the registry refused the credentials (HTTP 401/403)\n"
-            "  10 a kernel failed its self-test on this GPU (tk selftest, get --selftest)\n");
+    fprintf(f, "\n"
+               "Global options (accepted anywhere on the line):\n"
+               "  --json         machine-readable output on stdout (docs/json.md)\n"
+               "  -q, --quiet    no progress or informational messages\n"
+               "  -v, --verbose  debug messages (each HTTP request, each compile)\n"
+               "  --offline      never touch the network; use what is installed\n"
+               "  -h, --help     this help; 'tk help CMD' or 'tk CMD --help' for a command\n"
+               "  --version      print the version\n"
+               "\n"
+               "Environment:\n"
+               "  TK_HOME      where tk keeps its state (default: the XDG directories:\n"
+               "               $XDG_DATA_HOME/tk, $XDG_CACHE_HOME/tk, $XDG_CONFIG_HOME/tk)\n"
+               "  TK_ENDPOINT  one registry URL (http, https or file) for everything, over\n"
+               "               config.json's \"registries\" and \"endpoint\" (tk doctor lists\n"
+               "               the registries in use)\n"
+               "  TK_TOKEN     bearer token, sent to the registry's host only\n"
+               "  TK_OFFLINE   1 to work offline\n"
+               "\n"
+               "EXIT STATUS\n"
+               "  0  ok\n"
+               "  1  other failure\n"
+               "  2  usage: a bad command line or argument\n"
+               "  3  not found: package, version, file or op\n"
+               "  4  network: connection, timeout, a server error\n"
+               "  5  input refused: a package's signature, trust, digest, manifest, archive,\n"
+               "     commit or rollback; a damaged model file (truncated safetensors)\n"
+               "  6  local I/O: disk full, unusable TK_HOME, a planted link\n"
+               "  7  GPU, NVRTC or compile error\n"
+               "  8  unsupported: a model architecture or config value, an op or template\n"
+               "     construct tk does not implement\n"
+               "  9  auth: the registry refused the credentials (HTTP 401/403)\n"
+               "  10 a kernel failed its self-test on this GPU (tk selftest, get --selftest)\n");
 }
 
 /* The command named `name`, or -1. */
@@ -161,8 +160,8 @@ static int unknown_command(tk_cli *cli, const char *name)
     const char *best = tk_cli_closest(name, names);
     if (cli->json) {
         char msg[512];
-        snprintf(msg, sizeof msg, "unknown command '%s'\nHINT: %s%s%srun 'tk --help' for the list of commands",
-                 name, best ? "did you mean 'tk " : "", best ? best : "", best ? "'? " : "");
+        snprintf(msg, sizeof msg, "unknown command '%s'\nHINT: %s%s%srun 'tk --help' for the list of commands", name,
+                 best ? "did you mean 'tk " : "", best ? best : "", best ? "'? " : "");
         tk_cli_json_error(TK_CLI_STATUS_USAGE, NULL, msg);
         return TK_EXIT_USAGE;
     }

@@ -83,8 +83,8 @@ int tk_cli_pattern_parse(const char *s, tk_cli_dim_pat *pat, int *n)
     return s[1] == '\0' ? 0 : -1;
 }
 
-int tk_cli_pattern_bind(const tk_cli_dim_pat *pat, int np, const int64_t *shape, int nd, tk_cli_binding *b,
-                        int *nb, int64_t *lead, int *nlead)
+int tk_cli_pattern_bind(const tk_cli_dim_pat *pat, int np, const int64_t *shape, int nd, tk_cli_binding *b, int *nb,
+                        int64_t *lead, int *nlead)
 {
     int fixed = 0, ell = -1;
     if (np < 0 || np > TK_CLI_MAX_D || nd < 0 || nd > TK_CLI_MAX_D)

@@ -35,8 +35,8 @@ int tk_cli_pattern_parse(const char *s, tk_cli_dim_pat *pat, int *n);
  * *nlead of them), each symbol gets dim / multiplier, appended to b (*nb entries so far, room for
  * TK_CLI_MAX_D). 0; -1 when the rank does not fit; -2 - i when dim i is not a multiple of its
  * multiplier. */
-int tk_cli_pattern_bind(const tk_cli_dim_pat *pat, int np, const int64_t *shape, int nd, tk_cli_binding *b,
-                        int *nb, int64_t *lead, int *nlead);
+int tk_cli_pattern_bind(const tk_cli_dim_pat *pat, int np, const int64_t *shape, int nd, tk_cli_binding *b, int *nb,
+                        int64_t *lead, int *nlead);
 
 /* The shape the pattern gives with these bindings and leading dims (shape holds TK_CLI_MAX_D).
  * 0; -1 when a symbol is unbound, the rank would pass TK_CLI_MAX_D or a size TK_CLI_MAX_DIM. */

@@ -99,10 +99,10 @@ int tk_cli_tp_report(json_t **out, tk_comm *c, const tk_model *m)
     if ((rc = tk_comm_all_gather(c, &tout, &tin, NULL)) != TK_OK)
         goto done;
     for (int r = 0; r < world; r++)
-        json_array_append_new(ranks, json_pack("{s:i, s:I, s:I, s:I, s:I}", "rank", r, "weight_bytes",
-                                               (json_int_t)all[4 * r], "mapped_bytes", (json_int_t)all[4 * r + 1],
-                                               "rss_bytes", (json_int_t)all[4 * r + 2], "head_bytes_sent",
-                                               (json_int_t)all[4 * r + 3]));
+        json_array_append_new(ranks,
+                              json_pack("{s:i, s:I, s:I, s:I, s:I}", "rank", r, "weight_bytes", (json_int_t)all[4 * r],
+                                        "mapped_bytes", (json_int_t)all[4 * r + 1], "rss_bytes",
+                                        (json_int_t)all[4 * r + 2], "head_bytes_sent", (json_int_t)all[4 * r + 3]));
     json_object_set_new(o, "world_size", json_integer(world));
     json_object_set(o, "plan", tp ? json_object_get(tp, "plan") : json_null());
     json_object_set_new(o, "unsplit_weight_bytes", json_integer(jint(tp, "unsplit_weight_bytes", mine[0])));

@@ -171,8 +171,8 @@ int tk_comm_new(tk_comm **out, const tk_comm_opts *opts)
     *out = NULL;
     if (opts) {
         if (opts->version < 1 || opts->version > TK_COMM_OPTS_VERSION)
-            return tk__err(TK_ERR_INVALID, "tk_comm_new: options version %u (this tk knows 1..%d)",
-                           opts->version, TK_COMM_OPTS_VERSION);
+            return tk__err(TK_ERR_INVALID, "tk_comm_new: options version %u (this tk knows 1..%d)", opts->version,
+                           TK_COMM_OPTS_VERSION);
         o = *opts;
     }
     if (o.backend < TK_COMM_AUTO || o.backend > TK_COMM_NCCL)
@@ -210,12 +210,8 @@ int tk_comm_new(tk_comm **out, const tk_comm_opts *opts)
     c->size = 1;
     c->local_size = 1;
     switch (o.backend) {
-    case TK_COMM_SELF:
-        rc = hosts_self(c);
-        break;
-    case TK_COMM_MPI:
-        rc = tk_comm__mpi_new(c, o.mpi_comm);
-        break;
+    case TK_COMM_SELF: rc = hosts_self(c); break;
+    case TK_COMM_MPI: rc = tk_comm__mpi_new(c, o.mpi_comm); break;
     default: /* NCCL: over MPI when it is there (launcher or host), else through the id file */
         rc = TK_OK;
         if (!o.nccl_id_file) {
@@ -293,17 +289,17 @@ static int check_tensor(const tk_comm *c, const tk_tensor *t, const char *what, 
         return tk__err(TK_ERR_INVALID, "%s: %s is NULL", what, arg);
     es = tk_comm__dtype_size(t->dtype);
     if (!es)
-        return tk__err(TK_ERR_INVALID, "%s: %s has dtype %s, which tk cannot move", what, arg,
-                       tk_dtype_name(t->dtype));
+        return tk__err(TK_ERR_INVALID, "%s: %s has dtype %s, which tk cannot move", what, arg, tk_dtype_name(t->dtype));
     if (t->ndim < 0 || t->ndim > 64 || (t->ndim > 0 && !t->shape))
         return tk__err(TK_ERR_INVALID, "%s: %s has a bad shape (ndim %d)", what, arg, (int)t->ndim);
     for (int i = t->ndim - 1; i >= 0; i--) {
         if (t->shape[i] < 0)
             return tk__err(TK_ERR_INVALID, "%s: %s has a negative size in dimension %d", what, arg, i);
         if (t->strides && t->shape[i] > 1 && t->strides[i] != expect)
-            return tk__err(TK_ERR_INVALID, "%s: %s is not contiguous (dimension %d has stride %lld, want %lld)"
-                           "\nHINT: copy it into a contiguous buffer first", what, arg, i,
-                           (long long)t->strides[i], (long long)expect);
+            return tk__err(TK_ERR_INVALID,
+                           "%s: %s is not contiguous (dimension %d has stride %lld, want %lld)"
+                           "\nHINT: copy it into a contiguous buffer first",
+                           what, arg, i, (long long)t->strides[i], (long long)expect);
         if (t->shape[i] && (size_t)t->shape[i] > SIZE_MAX / es / n)
             return tk__err(TK_ERR_INVALID, "%s: %s is too large", what, arg);
         n *= (size_t)t->shape[i];
@@ -313,12 +309,14 @@ static int check_tensor(const tk_comm *c, const tk_tensor *t, const char *what, 
         return tk__err(TK_ERR_INVALID, "%s: %s has no data", what, arg);
     if (c->backend == TK_COMM_NCCL) {
         if (t->device.device_type != TK_DEV_CUDA || t->device.device_id != c->device)
-            return tk__err(TK_ERR_UNSUPPORTED, "%s: %s is on %s:%d, but this NCCL rank works on cuda:%d"
-                           "\nHINT: pass tensors on the communicator's GPU (tk_comm_device)", what, arg,
-                           t->device.device_type == TK_DEV_CUDA ? "cuda" : "cpu", (int)t->device.device_id,
+            return tk__err(TK_ERR_UNSUPPORTED,
+                           "%s: %s is on %s:%d, but this NCCL rank works on cuda:%d"
+                           "\nHINT: pass tensors on the communicator's GPU (tk_comm_device)",
+                           what, arg, t->device.device_type == TK_DEV_CUDA ? "cuda" : "cpu", (int)t->device.device_id,
                            c->device);
     } else if (c->backend == TK_COMM_MPI && t->device.device_type != TK_DEV_CPU) {
-        return tk__err(TK_ERR_UNSUPPORTED, "%s: %s is on a GPU, but the MPI backend moves host memory"
+        return tk__err(TK_ERR_UNSUPPORTED,
+                       "%s: %s is on a GPU, but the MPI backend moves host memory"
                        "\nHINT: use the NCCL backend for GPU tensors (tk_comm_opts.backend = TK_COMM_NCCL)",
                        what, arg);
     }
@@ -344,8 +342,10 @@ int tk_comm_all_reduce_sum(tk_comm *c, tk_tensor *t, void *stream)
     if ((rc = check(c, "all_reduce")) != TK_OK || (rc = check_tensor(c, t, "all_reduce", "t", &es, &n)) != TK_OK)
         return rc;
     if (!summable(t->dtype))
-        return tk__err(TK_ERR_INVALID, "all_reduce: cannot sum dtype %s\nHINT: f32, f64, f16, bf16, i32 and "
-                       "i64 are summed", tk_dtype_name(t->dtype));
+        return tk__err(TK_ERR_INVALID,
+                       "all_reduce: cannot sum dtype %s\nHINT: f32, f64, f16, bf16, i32 and "
+                       "i64 are summed",
+                       tk_dtype_name(t->dtype));
     if (n == 0 || (c->size == 1 && c->backend != TK_COMM_NCCL))
         return TK_OK; /* one rank of NCCL still runs NCCL's call: its stream order, its errors, its timing */
     if (c->backend == TK_COMM_MPI)
@@ -364,8 +364,8 @@ int tk_comm_all_gather(tk_comm *c, tk_tensor *out, const tk_tensor *in, void *st
         return tk__err(TK_ERR_INVALID, "all_gather: in is %s but out is %s", tk_dtype_name(in->dtype),
                        tk_dtype_name(out->dtype));
     if (no / (size_t)c->size != n || no % (size_t)c->size)
-        return tk__err(TK_ERR_INVALID, "all_gather: out has %zu elements, want %d ranks x %zu = %zu", no, c->size,
-                       n, n * (size_t)c->size);
+        return tk__err(TK_ERR_INVALID, "all_gather: out has %zu elements, want %d ranks x %zu = %zu", no, c->size, n,
+                       n * (size_t)c->size);
     char *o = data_of(out), *i = data_of(in);
     int inplace = i == o + (size_t)c->rank * n * es;
     if (!inplace && n && i < o + no * es && o < i + n * es)
@@ -376,9 +376,8 @@ int tk_comm_all_gather(tk_comm *c, tk_tensor *out, const tk_tensor *in, void *st
         if (inplace)
             return TK_OK;
         if (in->device.device_type == TK_DEV_CUDA || out->device.device_type == TK_DEV_CUDA)
-            return tk_comm__cuda_copy(o, i, n * es,
-                                      (int)(in->device.device_type == TK_DEV_CUDA ? in : out)->device.device_id,
-                                      stream);
+            return tk_comm__cuda_copy(
+                o, i, n * es, (int)(in->device.device_type == TK_DEV_CUDA ? in : out)->device.device_id, stream);
         memcpy(o, i, n * es);
         return TK_OK;
     }

@@ -79,8 +79,8 @@ static int test_done(void *arg)
     char eb[MPI_MAX_ERROR_STRING];
     int flag = 0, rc = MPI_Test(&p->req, &flag, MPI_STATUS_IGNORE);
     if (rc != MPI_SUCCESS)
-        return tk_comm__break(p->c, TK_ERR_NETWORK, "%s failed on rank %d of %d: %s", p->what, p->c->rank,
-                              p->c->size, errstr(rc, eb));
+        return tk_comm__break(p->c, TK_ERR_NETWORK, "%s failed on rank %d of %d: %s", p->what, p->c->rank, p->c->size,
+                              errstr(rc, eb));
     return flag;
 }
 
@@ -159,7 +159,8 @@ int tk_comm__mpi_new(tk_comm *c, const void *mpi_comm)
     if (fin) {
         pthread_mutex_unlock(&mpi_lock);
         free(m);
-        return tk__err(TK_ERR_UNSUPPORTED, "MPI was finalised in this process already; it cannot start again"
+        return tk__err(TK_ERR_UNSUPPORTED,
+                       "MPI was finalised in this process already; it cannot start again"
                        "\nHINT: keep one communicator for the life of the process (tk finalises MPI when "
                        "the last one it made is freed)");
     }
@@ -312,7 +313,7 @@ void tk_comm__mpi_abort(tk_comm *c, int code)
 static int no_mpi(void)
 {
     return tk__err(TK_ERR_UNSUPPORTED, "this tk was built without MPI\nHINT: install Open MPI's headers "
-                   "(apt install libopenmpi-dev openmpi-bin, scripts/setup.sh) and rebuild tk");
+                                       "(apt install libopenmpi-dev openmpi-bin, scripts/setup.sh) and rebuild tk");
 }
 
 int tk_comm__mpi_built(void) { return 0; }

@@ -31,8 +31,16 @@ typedef struct {
 } ncclUniqueId;
 typedef int ncclResult_t;
 enum { ncclSuccess = 0, ncclInProgress = 7 };
-enum { ncclInt8 = 0, ncclUint8 = 1, ncclInt32 = 2, ncclInt64 = 4, ncclFloat16 = 6, ncclFloat32 = 7,
-       ncclFloat64 = 8, ncclBfloat16 = 9 };
+enum {
+    ncclInt8 = 0,
+    ncclUint8 = 1,
+    ncclInt32 = 2,
+    ncclInt64 = 4,
+    ncclFloat16 = 6,
+    ncclFloat32 = 7,
+    ncclFloat64 = 8,
+    ncclBfloat16 = 9
+};
 enum { ncclSum = 0 };
 #define NCCL_CONFIG_UNDEF_INT (-2147483647 - 1)
 typedef struct {
@@ -93,13 +101,13 @@ static int nccl_status = TK_ERR_INTERNAL, cu_status = TK_ERR_INTERNAL;
 static char nccl_err[1024], nccl_path[1024], nccl_version[32], cu_err[512];
 static int nccl_has_config; /* ncclCommInitRankConfig: NCCL >= 2.14 */
 
-#define SYM(tab, field, name, req)                                                                 \
-    do {                                                                                           \
-        *(void **)&tab.field = dlsym(h, name);                                                     \
-        if (!tab.field && (req)) {                                                                 \
-            missing = name;                                                                        \
-            goto fail;                                                                             \
-        }                                                                                          \
+#define SYM(tab, field, name, req)                                                                                     \
+    do {                                                                                                               \
+        *(void **)&tab.field = dlsym(h, name);                                                                         \
+        if (!tab.field && (req)) {                                                                                     \
+            missing = name;                                                                                            \
+            goto fail;                                                                                                 \
+        }                                                                                                              \
     } while (0)
 
 static void nccl_load_once(void)
@@ -131,7 +139,8 @@ static void nccl_load_once(void)
     if (!h) {
         snprintf(nccl_err, sizeof nccl_err,
                  "NCCL (libnccl.so.2) could not be loaded:%s\nHINT: install NCCL (apt install libnccl2, or pip "
-                 "install nvidia-nccl-cu12) or point TK_NCCL at libnccl.so.2", tried);
+                 "install nvidia-nccl-cu12) or point TK_NCCL at libnccl.so.2",
+                 tried);
         nccl_status = TK_ERR_NOT_FOUND;
         return;
     }
@@ -161,8 +170,10 @@ static void nccl_load_once(void)
     nccl_status = TK_OK;
     return;
 fail:
-    snprintf(nccl_err, sizeof nccl_err, "the NCCL library found lacks %s\nHINT: install NCCL 2.14 or newer, "
-             "or point TK_NCCL at one", missing);
+    snprintf(nccl_err, sizeof nccl_err,
+             "the NCCL library found lacks %s\nHINT: install NCCL 2.14 or newer, "
+             "or point TK_NCCL at one",
+             missing);
     memset(&nc, 0, sizeof nc);
     nccl_status = TK_ERR_NOT_FOUND;
 }
@@ -176,8 +187,10 @@ static void cu_load_once(void)
     h = dlopen(lib, RTLD_NOW | RTLD_LOCAL);
     if (!h) {
         const char *de = dlerror();
-        snprintf(cu_err, sizeof cu_err, "no CUDA driver (%s: %s)\nHINT: NCCL needs an NVIDIA GPU and its driver; "
-                 "on CPUs use the MPI backend", lib, de ? de : "not found");
+        snprintf(cu_err, sizeof cu_err,
+                 "no CUDA driver (%s: %s)\nHINT: NCCL needs an NVIDIA GPU and its driver; "
+                 "on CPUs use the MPI backend",
+                 lib, de ? de : "not found");
         cu_status = TK_ERR_NO_DEVICE;
         return;
     }
@@ -203,7 +216,8 @@ static void cu_load_once(void)
     if (r != CUDA_SUCCESS) {
         snprintf(cu_err, sizeof cu_err, "the CUDA driver (%s) failed to initialise (cuInit: %d)%s", lib, r,
                  r == CUDA_ERROR_NO_DEVICE ? ": no GPU\nHINT: NCCL needs one GPU a rank; on CPUs use the MPI "
-                                             "backend" : "\nHINT: check 'nvidia-smi' and 'tk doctor'");
+                                             "backend"
+                                           : "\nHINT: check 'nvidia-smi' and 'tk doctor'");
         cu_status = TK_ERR_NO_DEVICE;
         return;
     }
@@ -281,8 +295,8 @@ static int nccl_done(void *arg)
         return 1;
     if (r == CUDA_ERROR_NOT_READY)
         return 0;
-    return tk_comm__break(p->c, TK_ERR_NETWORK, "%s failed on rank %d of %d: CUDA: %s", p->what, p->c->rank,
-                          p->c->size, cu_str(r));
+    return tk_comm__break(p->c, TK_ERR_NETWORK, "%s failed on rank %d of %d: CUDA: %s", p->what, p->c->rank, p->c->size,
+                          cu_str(r));
 }
 
 /* After a collective's call returned r: waits for NCCL to take it, records the event on stream and
@@ -343,16 +357,20 @@ static int id_ready(void *arg)
         return rc;
     if (len != ID_FILE_LEN || memcmp(buf, ID_MAGIC, 8) != 0) {
         free(buf);
-        return tk__err(TK_ERR_INVALID, "'%s' is not a tk NCCL id file (%zu bytes)\nHINT: give every rank the same "
-                       "fresh path; rank 0 writes it", w->path, len);
+        return tk__err(TK_ERR_INVALID,
+                       "'%s' is not a tk NCCL id file (%zu bytes)\nHINT: give every rank the same "
+                       "fresh path; rank 0 writes it",
+                       w->path, len);
     }
     uint32_t size = (uint32_t)(unsigned char)buf[8] | (uint32_t)(unsigned char)buf[9] << 8 |
                     (uint32_t)(unsigned char)buf[10] << 16 | (uint32_t)(unsigned char)buf[11] << 24;
     if ((int)size != w->c->size) {
         free(buf);
-        return tk__err(TK_ERR_INVALID, "'%s' was written by rank 0 of a %u-rank job, but this rank was told the "
+        return tk__err(TK_ERR_INVALID,
+                       "'%s' was written by rank 0 of a %u-rank job, but this rank was told the "
                        "world has %d\nHINT: give every rank the same size (TK_WORLD_SIZE), and a fresh id file "
-                       "per job", w->path, size, w->c->size);
+                       "per job",
+                       w->path, size, w->c->size);
     }
     memcpy(w->id->internal, buf + 12, 128);
     free(buf);
@@ -365,8 +383,10 @@ static int id_by_file(tk_comm *c, const char *path, ncclUniqueId *id)
         unsigned char buf[ID_FILE_LEN];
         ncclResult_t r;
         if (access(path, F_OK) == 0)
-            return tk__err(TK_ERR_INVALID, "the NCCL id file '%s' exists already (a previous job's?)\nHINT: remove "
-                           "it, or give a fresh path for each job", path);
+            return tk__err(TK_ERR_INVALID,
+                           "the NCCL id file '%s' exists already (a previous job's?)\nHINT: remove "
+                           "it, or give a fresh path for each job",
+                           path);
         if ((r = nc.GetUniqueId(id)) != ncclSuccess)
             return tk__err(TK_ERR_NETWORK, "ncclGetUniqueId: %s", nc.GetErrorString(r));
         memcpy(buf, ID_MAGIC, 8);
@@ -391,15 +411,18 @@ static int ranks_and_device(tk_comm *c, const tk_comm_opts *o)
         c->rank = o->rank >= 0 ? o->rank : env_rank("TK_RANK", "RANK");
         c->size = o->size >= 0 ? o->size : env_rank("TK_WORLD_SIZE", "WORLD_SIZE");
         if (c->size < 1 || c->rank < 0 || c->rank >= c->size)
-            return tk__err(TK_ERR_INVALID, "NCCL with an id file needs this process's rank and the world size "
+            return tk__err(TK_ERR_INVALID,
+                           "NCCL with an id file needs this process's rank and the world size "
                            "(rank %d of %d)\nHINT: set tk_comm_opts.rank and .size, or TK_RANK and TK_WORLD_SIZE "
-                           "(torchrun's RANK and WORLD_SIZE work too)", c->rank, c->size);
+                           "(torchrun's RANK and WORLD_SIZE work too)",
+                           c->rank, c->size);
         c->local_rank = env_rank("TK_LOCAL_RANK", "LOCAL_RANK");
         if (c->local_rank < 0)
             c->local_rank = c->rank;
     }
     if ((r = cu.DeviceGetCount(&ndev)) != CUDA_SUCCESS || ndev == 0)
-        return tk__err(TK_ERR_NO_DEVICE, "NCCL needs a GPU, and this machine has none visible%s%s\nHINT: check "
+        return tk__err(TK_ERR_NO_DEVICE,
+                       "NCCL needs a GPU, and this machine has none visible%s%s\nHINT: check "
                        "'nvidia-smi' and CUDA_VISIBLE_DEVICES; on CPUs use the MPI backend",
                        r != CUDA_SUCCESS ? ": " : "", r != CUDA_SUCCESS ? cu_str(r) : "");
     c->device = o->device >= 0 ? o->device : c->local_rank % ndev;
@@ -407,9 +430,10 @@ static int ranks_and_device(tk_comm *c, const tk_comm_opts *o)
         return tk__err(TK_ERR_INVALID, "rank %d asks for cuda:%d, but this machine shows %d GPU%s", c->rank, c->device,
                        ndev, ndev == 1 ? "" : "s");
     if (o->device < 0 && c->mpi && c->local_size > ndev)
-        return tk__err(TK_ERR_INVALID, "%d ranks run on host %s, but it shows %d GPU%s: NCCL needs one GPU a rank"
-                       "\nHINT: start at most %d ranks a host (mpirun --map-by ppr:%d:node)", c->local_size,
-                       c->hosts ? c->hosts[c->rank] : "?", ndev, ndev == 1 ? "" : "s", ndev, ndev);
+        return tk__err(TK_ERR_INVALID,
+                       "%d ranks run on host %s, but it shows %d GPU%s: NCCL needs one GPU a rank"
+                       "\nHINT: start at most %d ranks a host (mpirun --map-by ppr:%d:node)",
+                       c->local_size, c->hosts ? c->hosts[c->rank] : "?", ndev, ndev == 1 ? "" : "s", ndev, ndev);
     return TK_OK;
 }
 
@@ -447,8 +471,8 @@ int tk_comm__nccl_new(tk_comm *c, const tk_comm_opts *o)
 {
     tk_comm_nccl *n = NULL;
     ncclUniqueId id;
-    nccl_config_v21400 cfg = {sizeof cfg, 0xcafebeef, 21400, 0, NCCL_CONFIG_UNDEF_INT, NCCL_CONFIG_UNDEF_INT,
-                              NCCL_CONFIG_UNDEF_INT, NULL};
+    nccl_config_v21400 cfg = {
+        sizeof cfg, 0xcafebeef, 21400, 0, NCCL_CONFIG_UNDEF_INT, NCCL_CONFIG_UNDEF_INT, NCCL_CONFIG_UNDEF_INT, NULL};
     int rc, pushed = 0;
     CUresult r;
     ncclResult_t nr;
@@ -457,7 +481,8 @@ int tk_comm__nccl_new(tk_comm *c, const tk_comm_opts *o)
     if ((rc = tk_comm__nccl_load(NULL, 0, NULL, 0)) != TK_OK)
         return rc;
     if (!nccl_has_config)
-        return tk__err(TK_ERR_UNSUPPORTED, "NCCL %s at %s is older than 2.14: tk needs its non-blocking "
+        return tk__err(TK_ERR_UNSUPPORTED,
+                       "NCCL %s at %s is older than 2.14: tk needs its non-blocking "
                        "communicators for timeouts\nHINT: install a newer NCCL or point TK_NCCL at one",
                        nccl_version, nccl_path);
     pthread_once(&cu_once, cu_load_once);
@@ -567,10 +592,10 @@ static int dtype_of(tk_dtype dt)
 }
 
 /* The communicator is gone (aborted after a timeout): the broken state already says why. */
-#define ALIVE(c)                                                                                   \
-    do {                                                                                           \
-        if (!(c)->nccl || !(c)->nccl->comm)                                                        \
-            return tk__err(TK_ERR_NETWORK, "the NCCL communicator was aborted");                 \
+#define ALIVE(c)                                                                                                       \
+    do {                                                                                                               \
+        if (!(c)->nccl || !(c)->nccl->comm)                                                                            \
+            return tk__err(TK_ERR_NETWORK, "the NCCL communicator was aborted");                                       \
     } while (0)
 
 int tk_comm__nccl_all_reduce(tk_comm *c, void *buf, size_t count, tk_dtype dt, void *stream)
@@ -580,8 +605,7 @@ int tk_comm__nccl_all_reduce(tk_comm *c, void *buf, size_t count, tk_dtype dt, v
     ALIVE(c);
     snprintf(what, sizeof what, "all_reduce of %zu %s", count, tk_dtype_name(dt));
     push(c->nccl);
-    rc = finish(c, nc.AllReduce(buf, buf, count, dtype_of(dt), ncclSum, c->nccl->comm, (CUstream)stream), stream,
-                what);
+    rc = finish(c, nc.AllReduce(buf, buf, count, dtype_of(dt), ncclSum, c->nccl->comm, (CUstream)stream), stream, what);
     pop();
     return rc;
 }
@@ -617,8 +641,9 @@ int tk_comm__nccl_barrier(tk_comm *c)
     int rc;
     ALIVE(c);
     push(c->nccl);
-    rc = finish(c, nc.AllReduce((void *)(uintptr_t)c->nccl->scratch, (void *)(uintptr_t)c->nccl->scratch, 1,
-                                ncclInt32, ncclSum, c->nccl->comm, NULL),
+    rc = finish(c,
+                nc.AllReduce((void *)(uintptr_t)c->nccl->scratch, (void *)(uintptr_t)c->nccl->scratch, 1, ncclInt32,
+                             ncclSum, c->nccl->comm, NULL),
                 NULL, "barrier");
     pop();
     return rc;

@@ -67,25 +67,14 @@ uint8_t tk__f32_to_fp8_e5m2(float f) { return f32_to_fp8(f, &E5M2); }
 
 /* ---- tk_convert -------------------------------------------------------------------------------- */
 
-enum {
-    CV_F32,
-    CV_F64,
-    CV_F16,
-    CV_BF16,
-    CV_E4M3,
-    CV_E5M2,
-    CV_NONE
-};
+enum { CV_F32, CV_F64, CV_F16, CV_BF16, CV_E4M3, CV_E5M2, CV_NONE };
 
 static int kind(tk_dtype dt)
 {
     if (dt.lanes != 1)
         return CV_NONE;
     if (dt.code == TK_DL_FLOAT)
-        return dt.bits == 32   ? CV_F32
-               : dt.bits == 64 ? CV_F64
-               : dt.bits == 16 ? CV_F16
-                               : CV_NONE;
+        return dt.bits == 32 ? CV_F32 : dt.bits == 64 ? CV_F64 : dt.bits == 16 ? CV_F16 : CV_NONE;
     if (dt.code == TK_DL_BFLOAT && dt.bits == 16)
         return CV_BF16;
     if (dt.code == TK_DL_FLOAT8_E4M3FN && dt.bits == 8)

@@ -56,14 +56,10 @@ int tk__errno_status(int e)
     switch (e) {
     case ENOSPC:
     case EDQUOT:
-    case EFBIG:
-        return TK_ERR_NOSPACE;
-    case ENOENT:
-        return TK_ERR_NOT_FOUND;
-    case ENOMEM:
-        return TK_ERR_NOMEM;
-    default:
-        return TK_ERR_IO;
+    case EFBIG: return TK_ERR_NOSPACE;
+    case ENOENT: return TK_ERR_NOT_FOUND;
+    case ENOMEM: return TK_ERR_NOMEM;
+    default: return TK_ERR_IO;
     }
 }
 
@@ -72,8 +68,8 @@ int tk__err_sys(const char *what, const char *path)
     int e = errno;
     int code = tk__errno_status(e);
     if (code == TK_ERR_NOSPACE)
-        return tk__err(code, "%s '%s': %s\nHINT: free some disk space (or point TK_HOME elsewhere) and retry",
-                       what, path ? path : "", strerror(e));
+        return tk__err(code, "%s '%s': %s\nHINT: free some disk space (or point TK_HOME elsewhere) and retry", what,
+                       path ? path : "", strerror(e));
     return tk__err(code, "%s '%s': %s", what, path ? path : "", strerror(e));
 }
 

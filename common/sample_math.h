@@ -39,10 +39,7 @@ static inline uint32_t tk__key_of(float z)
 /* argmax's key: NaN above everything. */
 static inline uint32_t tk__argmax_key(float z) { return z != z ? TK_KEY_NAN : tk__key_of(z); }
 
-static inline float tk__float_of_key(uint32_t k)
-{
-    return tk__bits_f32((k & 0x80000000u) ? (k & 0x7FFFFFFFu) : ~k);
-}
+static inline float tk__float_of_key(uint32_t k) { return tk__bits_f32((k & 0x80000000u) ? (k & 0x7FFFFFFFu) : ~k); }
 
 /* The keys of the k largest non-NaN values of x[0..n) into heap[0..k), a min-heap (heap[0] the
  * smallest kept, in no other order); returns how many were kept (< k when fewer are not NaN). Ties

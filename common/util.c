@@ -66,10 +66,7 @@ int tk__streq(const char *a, const char *b)
     return strcmp(a, b) == 0;
 }
 
-int tk__has_prefix(const char *s, const char *prefix)
-{
-    return s && prefix && strncmp(s, prefix, strlen(prefix)) == 0;
-}
+int tk__has_prefix(const char *s, const char *prefix) { return s && prefix && strncmp(s, prefix, strlen(prefix)) == 0; }
 
 int tk__has_suffix(const char *s, const char *suffix)
 {
@@ -508,9 +505,11 @@ done:
 
 static int planted(const char *path, const char *what)
 {
-    return tk__err(TK_ERR_IO, "'%s' is %s; tk never follows links in its home, so it refuses it (someone "
+    return tk__err(TK_ERR_IO,
+                   "'%s' is %s; tk never follows links in its home, so it refuses it (someone "
                    "who can write there may have planted it to redirect tk's writes)\nHINT: look at it "
-                   "('ls -l %s'), remove it, and check who can write to that directory", path, what, path);
+                   "('ls -l %s'), remove it, and check who can write to that directory",
+                   path, what, path);
 }
 
 int tk__open_nofollow(int *fd_out, const char *path, int flags, mode_t mode)

@@ -76,7 +76,8 @@ int main(int argc, char **argv)
         }
     }
     /* the sync reports a fault of the kernel; the copy brings the result back */
-    if (tk_device_sync(0) != TK_OK || tk_device_copy(out, dout, (size_t)(rows * d) * sizeof *out, TK_COPY_D2H, 0) != TK_OK) {
+    if (tk_device_sync(0) != TK_OK ||
+        tk_device_copy(out, dout, (size_t)(rows * d) * sizeof *out, TK_COPY_D2H, 0) != TK_OK) {
         fprintf(stderr, "the kernel failed on the GPU: %s\n", tk_last_error());
         goto done;
     }
@@ -95,8 +96,8 @@ int main(int argc, char **argv)
                     wi = r * d + j;
                 }
             }
-        printf("silu_and_mul_f32 (%lld x %lld): max |err| %.3g at %lld; %s\n", (long long)rows,
-               (long long)d, worst, (long long)wi, bad ? "MISMATCH" : "ok");
+        printf("silu_and_mul_f32 (%lld x %lld): max |err| %.3g at %lld; %s\n", (long long)rows, (long long)d, worst,
+               (long long)wi, bad ? "MISMATCH" : "ok");
         status = bad ? 1 : 0;
     }
 done:

@@ -33,7 +33,8 @@
 #define RATIO_FLOOR ((int64_t)1 << 20)
 #define CHUNK (1 << 16)
 
-#define HINT_HOSTILE "\nHINT: the source archive is corrupt or breaks tk's unpack rules; report it to the package's publisher"
+#define HINT_HOSTILE                                                                                                   \
+    "\nHINT: the source archive is corrupt or breaks tk's unpack rules; report it to the package's publisher"
 
 /* ---- shared rules ----------------------------------------------------------------------------- */
 
@@ -96,10 +97,9 @@ static int arc_err(struct archive *a, int fallback, const char *what, const char
 {
     int code = arc_status(a, fallback);
     if (code == TK_ERR_NOSPACE)
-        return tk__err(code, "%s '%s': %s\nHINT: free some disk space (or point TK_HOME elsewhere) and retry",
-                       what, path, arc_msg(a));
-    return tk__err(code, "%s '%s': %s%s", what, path, arc_msg(a),
-                   code == TK_ERR_ARCHIVE ? HINT_HOSTILE : "");
+        return tk__err(code, "%s '%s': %s\nHINT: free some disk space (or point TK_HOME elsewhere) and retry", what,
+                       path, arc_msg(a));
+    return tk__err(code, "%s '%s': %s%s", what, path, arc_msg(a), code == TK_ERR_ARCHIVE ? HINT_HOSTILE : "");
 }
 
 static int cmp_str_ptr(const void *a, const void *b)
@@ -110,8 +110,7 @@ static int cmp_str_ptr(const void *a, const void *b)
 /* ---- creation --------------------------------------------------------------------------------- */
 
 /* Appends src_dir/name as entry `name`: its bytes must stay what fstat said while they are read. */
-static int add_file(struct archive *a, struct archive_entry *e, const char *src_dir, const char *name,
-                    char *buf)
+static int add_file(struct archive *a, struct archive_entry *e, const char *src_dir, const char *name, char *buf)
 {
     int rc = TK_OK;
     char *full = tk__path_join(src_dir, name);
@@ -174,8 +173,8 @@ done:
     return rc;
 }
 
-int tk_hub__archive_create(const char *out_path, const char *src_dir, const char *const *files,
-                           size_t nfiles, const char *compression)
+int tk_hub__archive_create(const char *out_path, const char *src_dir, const char *const *files, size_t nfiles,
+                           const char *compression)
 {
     int rc = TK_OK, fd = -1;
     struct archive *a = NULL;
@@ -189,8 +188,7 @@ int tk_hub__archive_create(const char *out_path, const char *src_dir, const char
         compression = "gz";
     int zst = strcmp(compression, "zst") == 0;
     if (!zst && strcmp(compression, "gz") != 0)
-        return tk__err(TK_ERR_INVALID, "unknown archive compression '%s'\nHINT: use \"gz\" or \"zst\"",
-                       compression);
+        return tk__err(TK_ERR_INVALID, "unknown archive compression '%s'\nHINT: use \"gz\" or \"zst\"", compression);
     /* Refuse here what extraction would refuse, so tk never publishes an archive it cannot unpack. */
     for (size_t i = 0; i < nfiles; i++) {
         const char *why = files[i] ? path_problem(files[i], 0) : "the path is NULL";
@@ -228,8 +226,7 @@ int tk_hub__archive_create(const char *out_path, const char *src_dir, const char
     } else if (archive_write_add_filter_gzip(a) != ARCHIVE_OK ||
                archive_write_set_filter_option(a, "gzip", "timestamp", NULL) != ARCHIVE_OK) {
         /* A NULL value is libarchive's "!timestamp": the gzip header's MTIME stays 0. */
-        rc = tk__err(TK_ERR_UNSUPPORTED, "this libarchive cannot write gzip without a timestamp: %s",
-                     arc_msg(a));
+        rc = tk__err(TK_ERR_UNSUPPORTED, "this libarchive cannot write gzip without a timestamp: %s", arc_msg(a));
         goto done;
     }
 
@@ -295,10 +292,7 @@ typedef struct {
     unsigned char *seen;
 } xstate;
 
-static int cmp_ref(const void *a, const void *b)
-{
-    return strcmp(((const xref *)a)->path, ((const xref *)b)->path);
-}
+static int cmp_ref(const void *a, const void *b) { return strcmp(((const xref *)a)->path, ((const xref *)b)->path); }
 
 /* Index into exp of `path`, or -1. */
 static ssize_t find_expected(const xstate *x, const char *path)
@@ -336,8 +330,10 @@ static int open_subdir(int *out, int dirfd, const char *name, const xstate *x, c
     int fd = openat(dirfd, name, O_RDONLY | O_DIRECTORY | O_NOFOLLOW | O_CLOEXEC);
     if (fd < 0) {
         if (errno == ENOTDIR || errno == ELOOP)
-            return tk__err(TK_ERR_ARCHIVE, "archive entry '%s' must be a directory, but a file by that "
-                           "name is already in the archive" HINT_HOSTILE, rel);
+            return tk__err(TK_ERR_ARCHIVE,
+                           "archive entry '%s' must be a directory, but a file by that "
+                           "name is already in the archive" HINT_HOSTILE,
+                           rel);
         return sys_err_at("cannot open directory", x->dest, rel);
     }
     *out = fd;
@@ -432,8 +428,8 @@ static int extract_file(struct archive *a, const xstate *x, char *path, int64_t 
     fd = openat(dfd, leaf, O_WRONLY | O_CREAT | O_EXCL | O_NOFOLLOW | O_CLOEXEC, 0644);
     if (fd < 0) {
         if (errno == EEXIST || errno == ELOOP || errno == EISDIR)
-            rc = tk__err(TK_ERR_ARCHIVE, "archive entry '%s' appears twice (or clashes with a directory)"
-                         HINT_HOSTILE, path);
+            rc = tk__err(TK_ERR_ARCHIVE, "archive entry '%s' appears twice (or clashes with a directory)" HINT_HOSTILE,
+                         path);
         else
             rc = sys_err_at("cannot create", x->dest, path);
         goto done;
@@ -452,21 +448,22 @@ static int extract_file(struct archive *a, const xstate *x, char *path, int64_t 
         }
         /* A block that does not continue where the last one ended is a hole: a sparse file. */
         if (off != written) {
-            rc = tk__err(TK_ERR_ARCHIVE, "archive entry '%s' is a sparse file, which tk does not unpack"
-                         HINT_HOSTILE, path);
+            rc = tk__err(TK_ERR_ARCHIVE, "archive entry '%s' is a sparse file, which tk does not unpack" HINT_HOSTILE,
+                         path);
             goto done;
         }
         if ((int64_t)len > size - written || (int64_t)len > lim->max_file_bytes - written) {
-            rc = tk__err(TK_ERR_ARCHIVE, "archive entry '%s' holds more data than its declared %lld bytes"
-                         HINT_HOSTILE, path, (long long)size);
+            rc = tk__err(TK_ERR_ARCHIVE, "archive entry '%s' holds more data than its declared %lld bytes" HINT_HOSTILE,
+                         path, (long long)size);
             goto done;
         }
         /* The declared sizes were checked against these limits already; this holds them as data
          * actually arrives, whatever the headers claimed. */
         if (bud->total + (int64_t)len > bud->ratio_cap || bud->total + (int64_t)len > lim->max_bytes) {
-            rc = tk__err(TK_ERR_ARCHIVE, "archive unpacks to more than %lld bytes (at '%s'): a "
-                         "decompression bomb?" HINT_HOSTILE, (long long)(bud->ratio_cap < lim->max_bytes
-                         ? bud->ratio_cap : lim->max_bytes), path);
+            rc = tk__err(TK_ERR_ARCHIVE,
+                         "archive unpacks to more than %lld bytes (at '%s'): a "
+                         "decompression bomb?" HINT_HOSTILE,
+                         (long long)(bud->ratio_cap < lim->max_bytes ? bud->ratio_cap : lim->max_bytes), path);
             goto done;
         }
         if ((rc = tk__sha256_update(h, block, len)) != TK_OK)
@@ -479,8 +476,8 @@ static int extract_file(struct archive *a, const xstate *x, char *path, int64_t 
         bud->total += (int64_t)len;
     }
     if (written != size) {
-        rc = tk__err(TK_ERR_ARCHIVE, "archive entry '%s' ended after %lld of its %lld bytes" HINT_HOSTILE,
-                     path, (long long)written, (long long)size);
+        rc = tk__err(TK_ERR_ARCHIVE, "archive entry '%s' ended after %lld of its %lld bytes" HINT_HOSTILE, path,
+                     (long long)written, (long long)size);
         goto done;
     }
     rc = tk__sha256_final_hex(h, hex);
@@ -551,70 +548,74 @@ static int extract_entry(struct archive *a, struct archive_entry *e, const xstat
         return tk__err(TK_ERR_ARCHIVE, "archive has an entry without a readable path" HINT_HOSTILE);
     char sh[256];
     if (archive_entry_hardlink(e))
-        return tk__err(TK_ERR_ARCHIVE, "archive entry '%s' is a hard link, which tk does not unpack"
-                       HINT_HOSTILE, shown(sh, raw));
+        return tk__err(TK_ERR_ARCHIVE, "archive entry '%s' is a hard link, which tk does not unpack" HINT_HOSTILE,
+                       shown(sh, raw));
     if (archive_entry_symlink(e))
-        return tk__err(TK_ERR_ARCHIVE, "archive entry '%s' is a symlink, which tk does not unpack"
-                       HINT_HOSTILE, shown(sh, raw));
+        return tk__err(TK_ERR_ARCHIVE, "archive entry '%s' is a symlink, which tk does not unpack" HINT_HOSTILE,
+                       shown(sh, raw));
     unsigned type = archive_entry_filetype(e);
     if (type != AE_IFREG && type != AE_IFDIR)
-        return tk__err(TK_ERR_ARCHIVE, "archive entry '%s' is %s; only regular files and directories "
-                       "are unpacked" HINT_HOSTILE, shown(sh, raw), type_name(e));
+        return tk__err(TK_ERR_ARCHIVE,
+                       "archive entry '%s' is %s; only regular files and directories "
+                       "are unpacked" HINT_HOSTILE,
+                       shown(sh, raw), type_name(e));
     const char *why = path_problem(raw, type == AE_IFDIR);
     if (why)
         return tk__err(TK_ERR_ARCHIVE, "archive entry '%s' is refused: %s" HINT_HOSTILE, shown(sh, raw), why);
     if (archive_entry_sparse_count(e) > 0)
-        return tk__err(TK_ERR_ARCHIVE, "archive entry '%s' is a sparse file, which tk does not unpack"
-                       HINT_HOSTILE, raw);
+        return tk__err(TK_ERR_ARCHIVE, "archive entry '%s' is a sparse file, which tk does not unpack" HINT_HOSTILE,
+                       raw);
 
     char path[MAX_PATH_LEN + 2];
     snprintf(path, sizeof path, "%s", raw);
     int64_t size = archive_entry_size_is_set(e) ? archive_entry_size(e) : -1;
     if (type == AE_IFDIR) {
         if (size > 0) /* libarchive would skip (decompress) that much: refuse instead */
-            return tk__err(TK_ERR_ARCHIVE, "archive directory entry '%s' claims %lld bytes of data"
-                           HINT_HOSTILE, path, (long long)size);
+            return tk__err(TK_ERR_ARCHIVE, "archive directory entry '%s' claims %lld bytes of data" HINT_HOSTILE, path,
+                           (long long)size);
         return extract_dir(x, path);
     }
 
     ssize_t i = find_expected(x, path);
     if (i < 0)
-        return tk__err(TK_ERR_ARCHIVE, "unexpected file '%s' in archive: the manifest does not list it"
-                       HINT_HOSTILE, path);
+        return tk__err(TK_ERR_ARCHIVE, "unexpected file '%s' in archive: the manifest does not list it" HINT_HOSTILE,
+                       path);
     if (x->seen[i])
         return tk__err(TK_ERR_ARCHIVE, "archive entry '%s' appears twice" HINT_HOSTILE, path);
     x->seen[i] = 1;
     if (size < 0)
         return tk__err(TK_ERR_ARCHIVE, "archive entry '%s' has no size" HINT_HOSTILE, path);
     if (size > lim->max_file_bytes)
-        return tk__err(TK_ERR_ARCHIVE, "archive entry '%s' is %lld bytes, over the limit of %lld per file"
-                       HINT_HOSTILE, path, (long long)size, (long long)lim->max_file_bytes);
+        return tk__err(TK_ERR_ARCHIVE, "archive entry '%s' is %lld bytes, over the limit of %lld per file" HINT_HOSTILE,
+                       path, (long long)size, (long long)lim->max_file_bytes);
     if (size > lim->max_bytes - bud->total)
-        return tk__err(TK_ERR_ARCHIVE, "archive unpacks to more than the limit of %lld bytes (at '%s')"
-                       HINT_HOSTILE, (long long)lim->max_bytes, path);
+        return tk__err(TK_ERR_ARCHIVE, "archive unpacks to more than the limit of %lld bytes (at '%s')" HINT_HOSTILE,
+                       (long long)lim->max_bytes, path);
     if (size > bud->ratio_cap - bud->total)
-        return tk__err(TK_ERR_ARCHIVE, "archive unpacks to more than %lld times its compressed size (at "
-                       "'%s'): a decompression bomb?" HINT_HOSTILE, (long long)lim->max_ratio, path);
+        return tk__err(TK_ERR_ARCHIVE,
+                       "archive unpacks to more than %lld times its compressed size (at "
+                       "'%s'): a decompression bomb?" HINT_HOSTILE,
+                       (long long)lim->max_ratio, path);
     const tk_manifest_file *want = &x->exp[i];
     if (size != want->size)
-        return tk__err(TK_ERR_DIGEST, "file '%s' is %lld bytes in the archive, but the manifest says %lld",
-                       path, (long long)size, (long long)want->size);
+        return tk__err(TK_ERR_DIGEST, "file '%s' is %lld bytes in the archive, but the manifest says %lld", path,
+                       (long long)size, (long long)want->size);
 
     char hex[TK_SHA256_HEX];
     int rc = extract_file(a, x, path, size, bud, lim, h, hex);
     if (rc != TK_OK)
         return rc;
     if (strcmp(hex, want->sha256) != 0)
-        return tk__err(TK_ERR_DIGEST, "file '%s' has sha256 %s in the archive, but the manifest says %s",
-                       path, hex, want->sha256);
+        return tk__err(TK_ERR_DIGEST, "file '%s' has sha256 %s in the archive, but the manifest says %s", path, hex,
+                       want->sha256);
     return TK_OK;
 }
 
 /* After a digest mismatch: reads the rest of the stream (writing nothing, under the same limits) so
  * that a corrupt archive, whose damage only its checksums or a later block reveal, is reported as
  * TK_ERR_ARCHIVE rather than as a mismatch of the file it happened to garble. */
-static int drain(struct archive *a, const char *archive_path, const budget *bud,
-                 const tk_hub_unpack_limits *lim, int64_t nentries)
+static int drain(struct archive *a, const char *archive_path, const budget *bud, const tk_hub_unpack_limits *lim,
+                 int64_t nentries)
 {
     for (;;) {
         if (archive_read_data_skip(a) != ARCHIVE_OK)
@@ -628,8 +629,7 @@ static int drain(struct archive *a, const char *archive_path, const budget *bud,
         int64_t size = archive_entry_size_is_set(e) ? archive_entry_size(e) : 0;
         if (++nentries > lim->max_entries || size > lim->max_file_bytes ||
             archive_filter_bytes(a, 0) > bud->ratio_cap - size)
-            return tk__err(TK_ERR_ARCHIVE, "archive '%s' breaks the unpack limits" HINT_HOSTILE,
-                           archive_path);
+            return tk__err(TK_ERR_ARCHIVE, "archive '%s' breaks the unpack limits" HINT_HOSTILE, archive_path);
     }
     return TK_OK;
 }
@@ -637,9 +637,11 @@ static int drain(struct archive *a, const char *archive_path, const budget *bud,
 static int check_limits(const tk_hub_unpack_limits *l)
 {
     if (l->max_entries <= 0 || l->max_bytes <= 0 || l->max_file_bytes <= 0 || l->max_ratio <= 0)
-        return tk__err(TK_ERR_INVALID, "unpack limits must be positive (entries %lld, bytes %lld, file "
-                       "bytes %lld, ratio %lld)", (long long)l->max_entries, (long long)l->max_bytes,
-                       (long long)l->max_file_bytes, (long long)l->max_ratio);
+        return tk__err(TK_ERR_INVALID,
+                       "unpack limits must be positive (entries %lld, bytes %lld, file "
+                       "bytes %lld, ratio %lld)",
+                       (long long)l->max_entries, (long long)l->max_bytes, (long long)l->max_file_bytes,
+                       (long long)l->max_ratio);
     return TK_OK;
 }
 
@@ -652,8 +654,7 @@ static int check_expect(const tk_manifest_file *expect, size_t nexpect)
             return tk__err(TK_ERR_INVALID, "expected file '%s' is refused: %s", expect[i].path ? expect[i].path : "",
                            why);
         if (!tk__is_hex(expect[i].sha256, 64) || expect[i].size < 0)
-            return tk__err(TK_ERR_INVALID, "expected file '%s' needs a 64-hex sha256 and a size >= 0",
-                           expect[i].path);
+            return tk__err(TK_ERR_INVALID, "expected file '%s' needs a 64-hex sha256 and a size >= 0", expect[i].path);
     }
     return TK_OK;
 }
@@ -742,8 +743,10 @@ static int extract_entries(struct archive *a, xstate *x, budget *bud, const tk_h
                            (long long)lim->max_entries);
         /* Headers, padding and skipped data decompress too: hold the whole stream to the ratio. */
         if (archive_filter_bytes(a, 0) > bud->ratio_cap)
-            return tk__err(TK_ERR_ARCHIVE, "archive '%s' unpacks to more than %lld times its compressed "
-                           "size: a decompression bomb?" HINT_HOSTILE, archive_path, (long long)lim->max_ratio);
+            return tk__err(TK_ERR_ARCHIVE,
+                           "archive '%s' unpacks to more than %lld times its compressed "
+                           "size: a decompression bomb?" HINT_HOSTILE,
+                           archive_path, (long long)lim->max_ratio);
         if ((rc = extract_entry(a, e, x, bud, lim, h)) != TK_OK) {
             if (rc == TK_ERR_DIGEST) {
                 char mismatch[2048];
@@ -758,9 +761,8 @@ static int extract_entries(struct archive *a, xstate *x, budget *bud, const tk_h
     }
 }
 
-int tk_hub__archive_extract(const char *archive_path, const char *dest_dir,
-                            const tk_manifest_file *expect, size_t nexpect,
-                            const tk_hub_unpack_limits *limits)
+int tk_hub__archive_extract(const char *archive_path, const char *dest_dir, const tk_manifest_file *expect,
+                            size_t nexpect, const tk_hub_unpack_limits *limits)
 {
     static const tk_hub_unpack_limits defaults = TK_HUB_UNPACK_LIMITS_DEFAULT;
     const tk_hub_unpack_limits *lim = limits ? limits : &defaults;

@@ -42,15 +42,14 @@ typedef struct {
  * compression: "gz" (also for NULL) or "zst". Each files[i] must follow the path rules above, appear
  * once, and name a regular file (not a symlink). Errors: TK_ERR_INVALID, TK_ERR_NOT_FOUND, TK_ERR_IO,
  * TK_ERR_NOSPACE, TK_ERR_NOMEM. */
-int tk_hub__archive_create(const char *out_path, const char *src_dir, const char *const *files,
-                           size_t nfiles, const char *compression);
+int tk_hub__archive_create(const char *out_path, const char *src_dir, const char *const *files, size_t nfiles,
+                           const char *compression);
 
 /* Extracts archive_path into dest_dir under the rules above. limits may be NULL (defaults); every
  * limit must be positive. nexpect may be 0 (expect NULL). Errors: TK_ERR_ARCHIVE, TK_ERR_DIGEST,
  * TK_ERR_INVALID (bad arguments, dest_dir not empty), TK_ERR_NOT_FOUND, TK_ERR_IO, TK_ERR_NOSPACE,
  * TK_ERR_NOMEM, TK_ERR_UNSUPPORTED (a libarchive without built-in gzip/zstd). */
-int tk_hub__archive_extract(const char *archive_path, const char *dest_dir,
-                            const tk_manifest_file *expect, size_t nexpect,
-                            const tk_hub_unpack_limits *limits);
+int tk_hub__archive_extract(const char *archive_path, const char *dest_dir, const tk_manifest_file *expect,
+                            size_t nexpect, const tk_hub_unpack_limits *limits);
 
 #endif

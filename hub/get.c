@@ -121,10 +121,11 @@ static int yanked_major(const tk_hub_env *env, const tk_hub_ref *ref)
         char major[32] = "";
         if (ref->major)
             snprintf(major, sizeof major, " of major %d", ref->major);
-        rc = tk__err(TK_ERR_NOT_FOUND, "%s %s was yanked by its publisher (%s), and %s has no other version%s\n"
-                     "HINT: to install it anyway, name it exactly: tk get %s@%s", ref->name, y->version,
-                     y->yank_reason[0] ? y->yank_reason : "no reason given", ref->name, major, ref->name,
-                     y->version);
+        rc = tk__err(TK_ERR_NOT_FOUND,
+                     "%s %s was yanked by its publisher (%s), and %s has no other version%s\n"
+                     "HINT: to install it anyway, name it exactly: tk get %s@%s",
+                     ref->name, y->version, y->yank_reason[0] ? y->yank_reason : "no reason given", ref->name, major,
+                     ref->name, y->version);
     }
     free(vs);
     return rc;
@@ -144,8 +145,7 @@ static int resolve(const tk_hub_env *env, const tk_hub_ref *ref, char commit[41]
     if (rc == TK_ERR_NOT_FOUND) {
         tk_buf hint = TK_BUF_INIT;
         tk_hub__ref_suggest(env, ref->name, &hint);
-        rc = tk__err(TK_ERR_NOT_FOUND, "package %s not found in the registry%s", ref->name,
-                     hint.data ? hint.data : "");
+        rc = tk__err(TK_ERR_NOT_FOUND, "package %s not found in the registry%s", ref->name, hint.data ? hint.data : "");
         tk__buf_free(&hint);
         goto done;
     }
@@ -155,8 +155,10 @@ static int resolve(const tk_hub_env *env, const tk_hub_ref *ref, char commit[41]
     j = json_loadb(body, len, 0, &jerr);
     json_t *branches = json_object_get(j, "branches");
     if (!json_is_array(branches)) {
-        rc = tk__err(TK_ERR_NETWORK, "the registry's refs for %s are not valid (%s)\nHINT: is %s a tk or Hub "
-                     "registry?", ref->name, j ? "no 'branches' array" : jerr.text, env->endpoint);
+        rc = tk__err(TK_ERR_NETWORK,
+                     "the registry's refs for %s are not valid (%s)\nHINT: is %s a tk or Hub "
+                     "registry?",
+                     ref->name, j ? "no 'branches' array" : jerr.text, env->endpoint);
         goto done;
     }
     int best = 0;
@@ -212,8 +214,8 @@ static int yanked_by_publisher(const tk_hub_env *env, const tk_hub_ref *ref, con
     return rc;
 }
 
-static int fetch_small(const tk_hub_env *env, const tk_hub_ref *ref, const char *commit, const char *file,
-                       size_t max, char **out, size_t *len)
+static int fetch_small(const tk_hub_env *env, const tk_hub_ref *ref, const char *commit, const char *file, size_t max,
+                       char **out, size_t *len)
 {
     char *url = tk__fmt("%s/kernels/%s/%s/resolve/%s/%s", env->endpoint, ref->org, ref->pkg, commit, file);
     if (!url)
@@ -222,12 +224,16 @@ static int fetch_small(const tk_hub_env *env, const tk_hub_ref *ref, const char 
     int rc = tk_hub__http_get_mem(env->http, url, max, out, len, &meta);
     int is_sig = strcmp(file, "manifest.json.sig") == 0;
     if (rc != TK_OK && meta.too_big) /* the package's own file, whatever the transport: refused */
-        rc = tk__err(is_sig ? TK_ERR_SIGNATURE : TK_ERR_MANIFEST, "%s at %s: %s is larger than the %zu bytes tk "
+        rc = tk__err(is_sig ? TK_ERR_SIGNATURE : TK_ERR_MANIFEST,
+                     "%s at %s: %s is larger than the %zu bytes tk "
                      "accepts for it; tk refuses the package\nHINT: the registry's copy is damaged or hostile; "
-                     "report it to the publisher", ref->name, commit, file, max);
+                     "report it to the publisher",
+                     ref->name, commit, file, max);
     else if (rc == TK_ERR_NOT_FOUND && is_sig)
-        rc = tk__err(TK_ERR_SIGNATURE, "%s at %s has no signature (manifest.json.sig is missing); tk refuses "
-                     "unsigned packages", ref->name, commit);
+        rc = tk__err(TK_ERR_SIGNATURE,
+                     "%s at %s has no signature (manifest.json.sig is missing); tk refuses "
+                     "unsigned packages",
+                     ref->name, commit);
     else if (rc == TK_ERR_NOT_FOUND)
         rc = tk__err_wrap(rc, "%s at commit %s", ref->name, commit);
     free(url);
@@ -236,8 +242,8 @@ static int fetch_small(const tk_hub_env *env, const tk_hub_ref *ref, const char 
 
 /* Downloads the archive into the store's tmp dir under a name derived from its digest, so a killed
  * get resumes where it stopped. An flock on "<file>.lock" keeps two processes off the same file. */
-static int fetch_archive(const tk_hub_env *env, const tk_hub_ref *ref, const char *commit,
-                         const tk_manifest *m, char **path_out, int *lock_out, tk_state_pkg **already)
+static int fetch_archive(const tk_hub_env *env, const tk_hub_ref *ref, const char *commit, const tk_manifest *m,
+                         char **path_out, int *lock_out, tk_state_pkg **already)
 {
     *path_out = NULL;
     *lock_out = -1;
@@ -273,8 +279,7 @@ static int fetch_archive(const tk_hub_env *env, const tk_hub_ref *ref, const cha
     }
     /* A little slack over the signed size, so an oversized body is reported as the digest mismatch
      * it is rather than as a transfer error. */
-    rc = tk_hub__http_get_file(env->http, url, path, m->archive.size + 65536, m->archive.size, m->archive.sha256,
-                               NULL);
+    rc = tk_hub__http_get_file(env->http, url, path, m->archive.size + 65536, m->archive.size, m->archive.sha256, NULL);
     if (rc == TK_ERR_DIGEST)
         rc = tk__err_wrap(rc, "%s: the source archive does not match the signed manifest", ref->name);
     if (rc != TK_OK)
@@ -333,8 +338,10 @@ static int stage_offline(tk_hub_staged *s, const tk_hub_env *env, const char *re
 {
     int rc = tk_hub__installed(&s->have, env->state, refstr);
     if (rc == TK_ERR_NOT_FOUND)
-        rc = tk__err(TK_ERR_OFFLINE, "%s is not installed, and tk is offline\n"
-                     "HINT: unset TK_OFFLINE (or drop --offline) to download it", refstr);
+        rc = tk__err(TK_ERR_OFFLINE,
+                     "%s is not installed, and tk is offline\n"
+                     "HINT: unset TK_OFFLINE (or drop --offline) to download it",
+                     refstr);
     return rc;
 }
 
@@ -426,7 +433,8 @@ static int resolve_prefix(const tk_hub_env *env, tk_hub_ref *ref)
     tk_hub_version *vs = NULL;
     size_t n = 0;
     int rc = tk_hub__versions(&vs, &n, env, ref);
-    const char **cs = rc == TK_OK ? calloc(n + 1, sizeof *cs) : NULL, **vv = rc == TK_OK ? calloc(n + 1, sizeof *vv) : NULL;
+    const char **cs = rc == TK_OK ? calloc(n + 1, sizeof *cs) : NULL,
+               **vv = rc == TK_OK ? calloc(n + 1, sizeof *vv) : NULL;
     if (rc == TK_OK && (!cs || !vv))
         rc = tk__err(TK_ERR_NOMEM, "out of memory");
     for (size_t i = 0; rc == TK_OK && i < n; i++) {
@@ -486,20 +494,22 @@ static int fetch_signed(const tk_hub_env *env, tk_hub_staged *s, char **mtext, s
         (rc = tk_hub__signer_check(env, ref, s->keyid, s->pubkey, 1, &s->trust_new)) != TK_OK)
         return rc;
     if (env->expect_signer && strcmp(s->keyid, env->expect_signer) != 0)
-        return tk__err(TK_ERR_UNTRUSTED, "%s at %s is signed by %s, but the lock file pins signer %s\nHINT: the "
+        return tk__err(TK_ERR_UNTRUSTED,
+                       "%s at %s is signed by %s, but the lock file pins signer %s\nHINT: the "
                        "publisher's key changed since the lock was written; check with the publisher, then run "
-                       "'tk lock' again", ref->name, s->commit, s->keyid, env->expect_signer);
+                       "'tk lock' again",
+                       ref->name, s->commit, s->keyid, env->expect_signer);
     tk__sha256_hex(msha, *mtext, *mlen);
     if (env->expect_manifest && strcmp(msha, env->expect_manifest) != 0)
-        return tk__err(TK_ERR_DIGEST, "%s at %s: the manifest's sha256 is %s, but the lock file pins %s",
-                       ref->name, s->commit, msha, env->expect_manifest);
+        return tk__err(TK_ERR_DIGEST, "%s at %s: the manifest's sha256 is %s, but the lock file pins %s", ref->name,
+                       s->commit, msha, env->expect_manifest);
     return TK_OK;
 }
 
 /* Step 3: the parsed manifest is the one asked for: its name, the commit id, the version a spec
  * picked, the branch's major. */
-static int check_manifest(const tk_hub_env *env, const tk_hub_staged *s, const tk_manifest *m,
-                          const char *msha, const char *sigtext, size_t siglen)
+static int check_manifest(const tk_hub_env *env, const tk_hub_staged *s, const tk_manifest *m, const char *msha,
+                          const char *sigtext, size_t siglen)
 {
     int rc;
     if ((rc = tk_hub__commit_verify(NULL, env, &s->ref, s->commit, msha, sigtext, siglen, m)) != TK_OK)
@@ -508,8 +518,8 @@ static int check_manifest(const tk_hub_env *env, const tk_hub_staged *s, const t
         return tk__err(TK_ERR_MANIFEST, "%s: commit %s holds version %s, not %s", s->ref.name, s->commit, m->version,
                        s->want);
     if (s->major && m->major != s->major)
-        return tk__err(TK_ERR_MANIFEST, "%s: branch v%d holds version %s (major %d)", s->ref.name, s->major,
-                       m->version, m->major);
+        return tk__err(TK_ERR_MANIFEST, "%s: branch v%d holds version %s (major %d)", s->ref.name, s->major, m->version,
+                       m->major);
     return TK_OK;
 }
 
@@ -529,10 +539,13 @@ static int check_rollback(const tk_hub_env *env, tk_hub_staged *s, const tk_mani
             m->version);
         snprintf(s->yanked_seen, sizeof s->yanked_seen, "%s", seen);
     } else if (s->downgrade[0] && !strcmp(seen, s->downgrade)) {
-        say(env, TK_LOG_INFO, "%s: installing %s, older than %s which this machine has seen, because you asked for "
-            "it by version", m->name, m->version, seen);
+        say(env, TK_LOG_INFO,
+            "%s: installing %s, older than %s which this machine has seen, because you asked for "
+            "it by version",
+            m->name, m->version, seen);
     } else {
-        rc = tk__err(TK_ERR_ROLLBACK, "%s: the registry offers version %s, older than %s which this machine has "
+        rc = tk__err(TK_ERR_ROLLBACK,
+                     "%s: the registry offers version %s, older than %s which this machine has "
                      "already seen for major %d (rollback refused)\nHINT: the registry may be stale or "
                      "compromised; if the downgrade is intended, pin the commit in a lock file",
                      m->name, m->version, seen, m->major);
@@ -669,14 +682,14 @@ static int record_one(const tk_hub_env *env, const tk_hub_staged *s)
     int yank_accepted = s->yanked_seen[0] && seen && strcmp(seen, s->yanked_seen) == 0;
     if (rc == TK_OK && seen && tk_state__version_cmp(p->version, seen) < 0 && !yank_accepted &&
         !(s->downgrade[0] && !strcmp(seen, s->downgrade)))
-        rc = tk__err(TK_ERR_ROLLBACK, "%s: version %s is older than %s, installed meanwhile", p->name, p->version,
-                     seen);
+        rc =
+            tk__err(TK_ERR_ROLLBACK, "%s: version %s is older than %s, installed meanwhile", p->name, p->version, seen);
     if (rc == TK_OK && s->trust_new) {
         /* first use, recorded with the install; another process may have pinned a key meanwhile */
         if ((rc = tk_state__trust_org_key(&pinned, env->state, s->ref.org)) == TK_OK && pinned &&
             strcmp(pinned, s->keyid) != 0)
-            rc = tk__err(TK_ERR_UNTRUSTED, "%s is signed by %s, but org '%s' was pinned to key %s meanwhile",
-                         p->name, s->keyid, s->ref.org, pinned);
+            rc = tk__err(TK_ERR_UNTRUSTED, "%s is signed by %s, but org '%s' was pinned to key %s meanwhile", p->name,
+                         s->keyid, s->ref.org, pinned);
         else if (rc == TK_OK && !pinned)
             rc = tk_state__trust_add(env->state, s->ref.org, s->keyid, s->pubkey, "added by tk get --trust");
     }
@@ -695,7 +708,8 @@ static int put_files(const tk_hub_env *env, const tk_hub_staged *s)
     int rc = TK_OK;
     for (size_t i = 0; i < s->p->nfiles && rc == TK_OK; i++) {
         char *src = tk__path_join(s->dir, s->p->files[i].path);
-        rc = src ? tk_state__object_put(env->state, src, s->p->files[i].sha256) : tk__err(TK_ERR_NOMEM, "out of memory");
+        rc =
+            src ? tk_state__object_put(env->state, src, s->p->files[i].sha256) : tk__err(TK_ERR_NOMEM, "out of memory");
         free(src);
     }
     return rc;
@@ -724,8 +738,8 @@ int tk_hub__commit(tk_state_pkg **outs, int *fresh, tk_hub_staged *const *v, siz
         tk_hub_staged *s = v[i];
         fresh[i] = s->p != NULL;
         if (s->p)
-            say(env, TK_LOG_INFO, "%s %s installed (%zu files, commit %.12s)", s->p->name, s->p->version,
-                s->p->nfiles, s->p->commit);
+            say(env, TK_LOG_INFO, "%s %s installed (%zu files, commit %.12s)", s->p->name, s->p->version, s->p->nfiles,
+                s->p->commit);
         outs[i] = s->p ? s->p : s->have;
         s->p = s->have = NULL;
     }

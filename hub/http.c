@@ -425,8 +425,7 @@ static size_t on_header(char *buf, size_t size, size_t n, void *user)
     return len;
 }
 
-static int on_progress(void *user, curl_off_t dltotal, curl_off_t dlnow, curl_off_t ultotal,
-                       curl_off_t ulnow)
+static int on_progress(void *user, curl_off_t dltotal, curl_off_t dlnow, curl_off_t ultotal, curl_off_t ulnow)
 {
     req *r = user;
     tk_hub_http *h = r->h;
@@ -469,10 +468,10 @@ static int setup(req *r, const char *url, int with_auth, struct curl_slist **hdr
     curl_easy_cleanup(h->curl);
     h->curl = c;
     h->errbuf[0] = '\0';
-#define SET(opt, val)                                                                              \
-    do {                                                                                           \
-        if (cc == CURLE_OK)                                                                        \
-            cc = curl_easy_setopt(c, opt, val);                                                    \
+#define SET(opt, val)                                                                                                  \
+    do {                                                                                                               \
+        if (cc == CURLE_OK)                                                                                            \
+            cc = curl_easy_setopt(c, opt, val);                                                                        \
     } while (0)
     SET(CURLOPT_SHARE, h->share);
     SET(CURLOPT_URL, url);
@@ -575,19 +574,20 @@ static int exchange(req *r, CURLcode *cc)
         if (curl_easy_getinfo(h->curl, CURLINFO_REDIRECT_URL, &loc) != CURLE_OK || !loc)
             goto done; /* a 3xx without Location: reported as an HTTP error */
         if (hop == MAX_REDIRECTS) {
-            rc = tk__err(TK_ERR_NETWORK, "%s %s: more than %d redirects (last to %s)\n%s", r->method,
-                         r->url0, MAX_REDIRECTS, loc, HINT_NET);
+            rc = tk__err(TK_ERR_NETWORK, "%s %s: more than %d redirects (last to %s)\n%s", r->method, r->url0,
+                         MAX_REDIRECTS, loc, HINT_NET);
             goto done;
         }
         if (!is_http_url(loc)) {
-            rc = tk__err(TK_ERR_NETWORK, "%s %s: refusing a redirect to '%s' (only http and https)",
-                         r->method, r->url0, loc);
+            rc = tk__err(TK_ERR_NETWORK, "%s %s: refusing a redirect to '%s' (only http and https)", r->method, r->url0,
+                         loc);
             goto done;
         }
         if (r->body && r->status != 307 && r->status != 308) {
-            rc = tk__err(TK_ERR_NETWORK, "%s %s: the server redirected (HTTP %ld) to %s; tk re-sends a "
-                         "body only on 307/308\nHINT: use the final URL", r->method, r->url0,
-                         r->status, loc);
+            rc = tk__err(TK_ERR_NETWORK,
+                         "%s %s: the server redirected (HTTP %ld) to %s; tk re-sends a "
+                         "body only on 307/308\nHINT: use the final URL",
+                         r->method, r->url0, r->status, loc);
             goto done;
         }
         char *next = tk__strdup(loc);
@@ -633,8 +633,8 @@ static void server_detail(const req *r, char *out, size_t cap)
     while (j && text[j - 1] == ' ')
         j--;
     text[j] = '\0';
-    snprintf(out, cap, "%s%s%s%s%s", r->error_code[0] ? " [" : "", r->error_code,
-             r->error_code[0] ? "]" : "", text[0] ? ": " : "", text);
+    snprintf(out, cap, "%s%s%s%s%s", r->error_code[0] ? " [" : "", r->error_code, r->error_code[0] ? "]" : "",
+             text[0] ? ": " : "", text);
 }
 
 static int http_error(const req *r, int attempts)
@@ -645,12 +645,11 @@ static int http_error(const req *r, int attempts)
     if (r->status == 404 || r->status == 410)
         return tk__err(TK_ERR_NOT_FOUND, "%s: not found (HTTP %ld)%s", where, r->status, detail);
     if (r->status >= 300 && r->status < 400)
-        return tk__err(TK_ERR_NETWORK, "%s: HTTP %ld without a usable Location\n%s", where, r->status,
-                       HINT_NET);
+        return tk__err(TK_ERR_NETWORK, "%s: HTTP %ld without a usable Location\n%s", where, r->status, HINT_NET);
     if (r->status == 401 || r->status == 403)
         return tk__err(TK_ERR_AUTH, "%s: HTTP %ld%s\n%s", where, r->status, detail, HINT_AUTH);
-    return tk__err(TK_ERR_NETWORK, "%s: HTTP %ld%s (%d attempt%s)\n%s", where, r->status, detail,
-                   attempts, attempts == 1 ? "" : "s", HINT_NET);
+    return tk__err(TK_ERR_NETWORK, "%s: HTTP %ld%s (%d attempt%s)\n%s", where, r->status, detail, attempts,
+                   attempts == 1 ? "" : "s", HINT_NET);
 }
 
 static int curl_error(const req *r, CURLcode cc, int attempts)
@@ -658,8 +657,8 @@ static int curl_error(const req *r, CURLcode cc, int attempts)
     char where[1400];
     describe(r, where, sizeof where);
     const char *msg = r->h->errbuf[0] ? r->h->errbuf : curl_easy_strerror(cc);
-    return tk__err(TK_ERR_NETWORK, "%s: %s (%d attempt%s)\n%s", where, msg, attempts,
-                   attempts == 1 ? "" : "s", HINT_NET);
+    return tk__err(TK_ERR_NETWORK, "%s: %s (%d attempt%s)\n%s", where, msg, attempts, attempts == 1 ? "" : "s",
+                   HINT_NET);
 }
 
 static int file_url_error(const req *r, CURLcode cc)
@@ -670,12 +669,10 @@ static int file_url_error(const req *r, CURLcode cc)
     if (u && curl_url_set(u, CURLUPART_URL, r->url0, 0) == CURLUE_OK)
         curl_url_get(u, CURLUPART_PATH, &path, CURLU_URLDECODE);
     struct stat st;
-    if (cc == CURLE_FILE_COULDNT_READ_FILE && path && stat(path, &st) != 0 &&
-        (errno == ENOENT || errno == ENOTDIR))
+    if (cc == CURLE_FILE_COULDNT_READ_FILE && path && stat(path, &st) != 0 && (errno == ENOENT || errno == ENOTDIR))
         rc = tk__err(TK_ERR_NOT_FOUND, "%s: no such file '%s'", r->url0, path);
     else
-        rc = tk__err(TK_ERR_IO, "cannot read %s: %s", r->url0,
-                     r->h->errbuf[0] ? r->h->errbuf : curl_easy_strerror(cc));
+        rc = tk__err(TK_ERR_IO, "cannot read %s: %s", r->url0, r->h->errbuf[0] ? r->h->errbuf : curl_easy_strerror(cc));
     curl_free(path);
     curl_url_cleanup(u);
     return rc;
@@ -686,8 +683,7 @@ static int retryable_cc(CURLcode cc, int idempotent)
     switch (cc) {
     case CURLE_COULDNT_RESOLVE_PROXY:
     case CURLE_COULDNT_RESOLVE_HOST:
-    case CURLE_COULDNT_CONNECT:
-        return 1; /* nothing was sent */
+    case CURLE_COULDNT_CONNECT: return 1; /* nothing was sent */
     case CURLE_OPERATION_TIMEDOUT:
     case CURLE_PARTIAL_FILE:
     case CURLE_RECV_ERROR:
@@ -695,10 +691,8 @@ static int retryable_cc(CURLcode cc, int idempotent)
     case CURLE_GOT_NOTHING:
     case CURLE_HTTP2:
     case CURLE_HTTP2_STREAM:
-    case CURLE_SSL_CONNECT_ERROR:
-        return idempotent;
-    default:
-        return 0;
+    case CURLE_SSL_CONNECT_ERROR: return idempotent;
+    default: return 0;
     }
 }
 
@@ -735,19 +729,20 @@ static int run_request(req *r, tk_hub_http_meta *meta)
         }
         if (r->too_big) {
             describe(r, where, sizeof where);
-            rc = tk__err(TK_ERR_NETWORK, "%s: the response is larger than the %lld bytes allowed\n"
+            rc = tk__err(TK_ERR_NETWORK,
+                         "%s: the response is larger than the %lld bytes allowed\n"
                          "HINT: the server sent more than tk accepts for this file; check TK_ENDPOINT",
                          where, (long long)r->max);
             break;
         }
         if (r->over_expected) {
             describe(r, where, sizeof where);
-            rc = tk__err(TK_ERR_DIGEST, "%s: the file is larger than the %lld bytes the manifest says",
-                         where, (long long)r->expect_size);
+            rc = tk__err(TK_ERR_DIGEST, "%s: the file is larger than the %lld bytes the manifest says", where,
+                         (long long)r->expect_size);
             break;
         }
-        if (r->bad_range || (r->mode == MODE_FILE && r->written > 0 &&
-                             (cc == CURLE_BAD_DOWNLOAD_RESUME || cc == CURLE_RANGE_ERROR))) {
+        if (r->bad_range ||
+            (r->mode == MODE_FILE && r->written > 0 && (cc == CURLE_BAD_DOWNLOAD_RESUME || cc == CURLE_RANGE_ERROR))) {
             /* the partial file does not fit what the server has: start over */
             describe(r, where, sizeof where);
             rc = tk__err(TK_ERR_NETWORK, "%s: the server could not resume the partial download", where);
@@ -853,8 +848,7 @@ int tk_hub__http_new(tk_hub_http **out, const tk_hub_http_opts *opts)
         if (!(h->token = tk__strdup(opts->token)))
             goto nomem;
         if (!(h->auth_origin = origin_of(opts->auth_origin)) || !is_http_url(opts->auth_origin)) {
-            rc = tk__err(TK_ERR_INVALID, "bad auth origin '%s' (want scheme://host[:port])",
-                         opts->auth_origin);
+            rc = tk__err(TK_ERR_INVALID, "bad auth origin '%s' (want scheme://host[:port])", opts->auth_origin);
             goto fail;
         }
     }
@@ -907,13 +901,11 @@ static int check_args(const tk_hub_http *h, const char *url, const char *fn)
     if (!url || !*url)
         return tk__err(TK_ERR_INVALID, "%s: no URL", fn);
     if (!is_http_url(url) && strncasecmp(url, "file://", 7) != 0)
-        return tk__err(TK_ERR_INVALID, "unsupported URL '%s' (tk speaks http://, https:// and file://)",
-                       url);
+        return tk__err(TK_ERR_INVALID, "unsupported URL '%s' (tk speaks http://, https:// and file://)", url);
     return TK_OK;
 }
 
-int tk_hub__http_get_mem(tk_hub_http *h, const char *url, size_t max, char **out, size_t *len,
-                         tk_hub_http_meta *meta)
+int tk_hub__http_get_mem(tk_hub_http *h, const char *url, size_t max, char **out, size_t *len, tk_hub_http_meta *meta)
 {
     req r;
     int rc;
@@ -999,8 +991,8 @@ static int load_part(req *r)
     return TK_OK;
 }
 
-int tk_hub__http_get_file(tk_hub_http *h, const char *url, const char *dest, int64_t max,
-                          int64_t expect_size, const char *expect_sha256, tk_hub_http_meta *meta)
+int tk_hub__http_get_file(tk_hub_http *h, const char *url, const char *dest, int64_t max, int64_t expect_size,
+                          const char *expect_sha256, tk_hub_http_meta *meta)
 {
     req r;
     int rc, drop_part = 0;
@@ -1039,7 +1031,8 @@ int tk_hub__http_get_file(tk_hub_http *h, const char *url, const char *dest, int
         goto done;
     }
     if (r.expect_size >= 0 && r.written != r.expect_size) {
-        rc = tk__err(TK_ERR_DIGEST, "%s: got %lld bytes, the manifest says %lld\n"
+        rc = tk__err(TK_ERR_DIGEST,
+                     "%s: got %lld bytes, the manifest says %lld\n"
                      "HINT: the registry's file changed or the download was damaged; retry",
                      url, (long long)r.written, (long long)r.expect_size);
         drop_part = 1;
@@ -1048,7 +1041,8 @@ int tk_hub__http_get_file(tk_hub_http *h, const char *url, const char *dest, int
     if ((rc = tk__sha256_final_hex(r.sha, got)) != TK_OK)
         goto done;
     if (expect_sha256 && strcasecmp(got, expect_sha256) != 0) {
-        rc = tk__err(TK_ERR_DIGEST, "%s: sha256 is %s, the manifest says %s\n"
+        rc = tk__err(TK_ERR_DIGEST,
+                     "%s: sha256 is %s, the manifest says %s\n"
                      "HINT: the registry's file changed or the download was damaged; retry",
                      url, got, expect_sha256);
         drop_part = 1;
@@ -1077,9 +1071,8 @@ done:
     return rc;
 }
 
-int tk_hub__http_send(tk_hub_http *h, const char *method, const char *url, const char *content_type,
-                      const void *body, size_t len, size_t max, int idempotent_ok, char **out,
-                      size_t *outlen, tk_hub_http_meta *meta)
+int tk_hub__http_send(tk_hub_http *h, const char *method, const char *url, const char *content_type, const void *body,
+                      size_t len, size_t max, int idempotent_ok, char **out, size_t *outlen, tk_hub_http_meta *meta)
 {
     req r;
     int rc;

@@ -64,8 +64,7 @@ void tk_hub__http_free(tk_hub_http *h);
 /* GET url into memory (NUL-terminated), failing with TK_ERR_NETWORK if the body exceeds max bytes
  * (0: no cap). *out is owned by the caller (free); len may be NULL. meta may be NULL; it is filled on
  * failure too (status, X-Error-Code, attempts). */
-int tk_hub__http_get_mem(tk_hub_http *h, const char *url, size_t max, char **out, size_t *len,
-                         tk_hub_http_meta *meta);
+int tk_hub__http_get_mem(tk_hub_http *h, const char *url, size_t max, char **out, size_t *len, tk_hub_http_meta *meta);
 
 /* GET url into dest. The body is written to "<dest>.part" (resuming it if present and the server
  * honours Range; restarting otherwise), fsynced, then renamed to dest. Fails if the file exceeds max
@@ -74,15 +73,14 @@ int tk_hub__http_get_mem(tk_hub_http *h, const char *url, size_t max, char **out
  * The .part is deleted on TK_ERR_DIGEST, TK_ERR_NOSPACE and oversize bodies, and kept for a later
  * resume on other failures. The .part is flock()ed during the download, so concurrent downloads of
  * the same dest (threads or processes) wait for each other. A missing local directory is TK_ERR_IO. */
-int tk_hub__http_get_file(tk_hub_http *h, const char *url, const char *dest, int64_t max,
-                          int64_t expect_size, const char *expect_sha256, tk_hub_http_meta *meta);
+int tk_hub__http_get_file(tk_hub_http *h, const char *url, const char *dest, int64_t max, int64_t expect_size,
+                          const char *expect_sha256, tk_hub_http_meta *meta);
 
 /* Sends body with `method` ("PUT"/"POST") and the given content type (NULL: no Content-Type); returns
  * the response body in memory (at most max bytes, 0: no cap). Used for publishing to `tk serve`. Only
  * http(s) URLs. Not retried unless idempotent_ok (except when nothing reached the server: connection
  * failures, 429, 503). Redirects are followed only for 307/308, which re-send the body. */
-int tk_hub__http_send(tk_hub_http *h, const char *method, const char *url, const char *content_type,
-                      const void *body, size_t len, size_t max, int idempotent_ok, char **out,
-                      size_t *outlen, tk_hub_http_meta *meta);
+int tk_hub__http_send(tk_hub_http *h, const char *method, const char *url, const char *content_type, const void *body,
+                      size_t len, size_t max, int idempotent_ok, char **out, size_t *outlen, tk_hub_http_meta *meta);
 
 #endif

@@ -96,9 +96,8 @@ int tk_hub__publish(char **commit, const char *pkgdir, const char *to_dir, const
  * receives the commit the server wrote; *created (may be NULL) is 0 when it already had it. The
  * server's refusals map to TK_ERR_UNTRUSTED, _SIGNATURE, _MANIFEST, _DIGEST, _ARCHIVE, _ROLLBACK,
  * _NOSPACE or _INVALID with its message; transport failures are TK_ERR_NETWORK. */
-int tk_hub__upload(char **commit, int *created, const char *pkgdir, const char *registry,
-                   const char *key_path, const char *compression, const char *token, tk_log_fn log,
-                   void *log_user);
+int tk_hub__upload(char **commit, int *created, const char *pkgdir, const char *registry, const char *key_path,
+                   const char *compression, const char *token, tk_log_fn log, void *log_user);
 
 /* ---- yanks (hub/yank.c) ---------------------------------------------------------------------- */
 

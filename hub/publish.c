@@ -84,8 +84,10 @@ static int read_spec(publish_job *j)
         return tk__err(TK_ERR_NOMEM, "out of memory");
     if ((rc = tk__read_file(&text, &len, j->spec_path, TK_MANIFEST_MAX)) != TK_OK) {
         if (rc == TK_ERR_NOT_FOUND)
-            rc = tk__err(TK_ERR_NOT_FOUND, "'%s' has no kernel.json\nHINT: a package directory holds kernel.json "
-                         "and its sources; see docs/package-format.md", j->pkgdir);
+            rc = tk__err(TK_ERR_NOT_FOUND,
+                         "'%s' has no kernel.json\nHINT: a package directory holds kernel.json "
+                         "and its sources; see docs/package-format.md",
+                         j->pkgdir);
         return rc;
     }
     j->spec = json_loadb(text, len, JSON_REJECT_DUPLICATES, &jerr);
@@ -147,8 +149,7 @@ static int lock_tree(publish_job *j)
 static int build_archive(publish_job *j)
 {
     char *path = tk__path_join(j->stage, j->archive_name);
-    int rc = path ? tk_hub__archive_create(path, j->pkgdir, (const char *const *)j->paths, j->npaths,
-                                           j->compression)
+    int rc = path ? tk_hub__archive_create(path, j->pkgdir, (const char *const *)j->paths, j->npaths, j->compression)
                   : tk__err(TK_ERR_NOMEM, "out of memory");
     if (rc == TK_OK)
         rc = tk__sha256_file(j->archive_sha, &j->archive_size, path);
@@ -161,8 +162,8 @@ static int build_archive(publish_job *j)
 static int build_manifest(publish_job *j)
 {
     const char *desc = json_string_value(json_object_get(j->spec, "description"));
-    json_t *m = json_pack("{s:i, s:s, s:s, s:s, s:s}", "format_version", TK_MANIFEST_FORMAT, "name", j->name,
-                          "version", j->version, "license", j->license, "description", desc ? desc : "");
+    json_t *m = json_pack("{s:i, s:s, s:s, s:s, s:s}", "format_version", TK_MANIFEST_FORMAT, "name", j->name, "version",
+                          j->version, "license", j->license, "description", desc ? desc : "");
     const char *key_name;
     json_t *value;
     if (!m)
@@ -175,9 +176,9 @@ static int build_manifest(publish_job *j)
     }
     json_object_set_new(m, "files", j->jfiles);
     j->jfiles = NULL;
-    json_object_set_new(m, "archive", json_pack("{s:s, s:s, s:I, s:s}", "path", j->archive_name, "sha256",
-                                                j->archive_sha, "size", (json_int_t)j->archive_size,
-                                                "compression", j->compression));
+    json_object_set_new(m, "archive",
+                        json_pack("{s:s, s:s, s:I, s:s}", "path", j->archive_name, "sha256", j->archive_sha, "size",
+                                  (json_int_t)j->archive_size, "compression", j->compression));
     char *dumped = json_dumps(m, JSON_INDENT(2));
     json_decref(m);
     j->mtext = dumped ? tk__fmt("%s\n", dumped) : NULL;
@@ -206,16 +207,20 @@ static int check_head(publish_job *j, int *same)
         }
         head_version = tk_hub__tree_commit_version(j->resolve_dir, j->head);
         int older = head_version && tk_state__version_cmp(j->version, head_version) <= 0;
-        int rc = older ? tk__err(TK_ERR_ROLLBACK, "%s %s is not newer than %s, the head of branch %s\n"
+        int rc = older ? tk__err(TK_ERR_ROLLBACK,
+                                 "%s %s is not newer than %s, the head of branch %s\n"
                                  "HINT: raise 'version' in kernel.json (for example to the next patch version)",
-                                 j->name, j->version, head_version, j->branch) : TK_OK;
+                                 j->name, j->version, head_version, j->branch)
+                       : TK_OK;
         free(head_version);
         if (rc != TK_OK)
             return rc;
     }
     if (tk_hub__tree_is_yanked(j->resolve_dir, j->version))
-        return tk__err(TK_ERR_ROLLBACK, "%s %s was yanked; a yanked version is never published again\n"
-                       "HINT: raise 'version' in kernel.json", j->name, j->version);
+        return tk__err(TK_ERR_ROLLBACK,
+                       "%s %s was yanked; a yanked version is never published again\n"
+                       "HINT: raise 'version' in kernel.json",
+                       j->name, j->version);
     return TK_OK;
 }
 
@@ -289,8 +294,8 @@ static int refresh_tree(publish_job *j)
 int tk_hub__publish(char **commit_out, const char *pkgdir, const char *to_dir, const char *key_path,
                     const char *compression, tk_log_fn log, void *log_user)
 {
-    publish_job j = {.pkgdir = pkgdir, .to_dir = to_dir, .compression = compression ? compression : "gz",
-                     .lock_fd = -1};
+    publish_job j = {
+        .pkgdir = pkgdir, .to_dir = to_dir, .compression = compression ? compression : "gz", .lock_fd = -1};
     int rc, same = 0;
     if (commit_out)
         *commit_out = NULL;

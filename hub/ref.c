@@ -80,7 +80,7 @@ int tk_hub__ref_parse(tk_hub_ref *out, const char *ref)
     memset(out, 0, sizeof *out);
     if (!ref || !*ref)
         return tk__err(TK_ERR_INVALID, "empty package reference\nHINT: use org/name, org/name@2, org/name@1.2.0, "
-                       "org/name@'>=1.2,<2' or org/name@<commit>");
+                                       "org/name@'>=1.2,<2' or org/name@<commit>");
     const char *at = strchr(ref, '@');
     size_t n = at ? (size_t)(at - ref) : strlen(ref);
     if (n >= sizeof out->name)
@@ -103,19 +103,24 @@ int tk_hub__ref_parse(tk_hub_ref *out, const char *ref)
     } else if (strlen(v) >= 7 && strlen(v) < 40 && strspn(v, "0123456789abcdef") == strlen(v)) {
         snprintf(out->prefix, sizeof out->prefix, "%s", v);
     } else if (strlen(v) >= 4 && strlen(v) < 40 && strspn(v, "0123456789abcdefABCDEF") == strlen(v)) {
-        return tk__err(TK_ERR_INVALID, "'%s' is too short for a commit of %s: give at least 7 of its hex digits "
-                       "(lower case), or all 40\nHINT: 'tk versions %s' lists the commits", v, out->name,
-                       out->name);
+        return tk__err(TK_ERR_INVALID,
+                       "'%s' is too short for a commit of %s: give at least 7 of its hex digits "
+                       "(lower case), or all 40\nHINT: 'tk versions %s' lists the commits",
+                       v, out->name, out->name);
     } else if (strlen(v) < sizeof out->range && strpbrk(v, "<>=") && range_check(v) == 0) {
         snprintf(out->range, sizeof out->range, "%s", v);
     } else if (v[0] == '0' && (v[1] == '\0' || v[1] == '.')) {
-        return tk__err(TK_ERR_INVALID, "'%s' is not a version of %s: versions start at 1.0.0 (a major is a "
+        return tk__err(TK_ERR_INVALID,
+                       "'%s' is not a version of %s: versions start at 1.0.0 (a major is a "
                        "registry branch, v1, v2, ...; there is no v0)\nHINT: use @1, @1.0.0 or a range like "
-                       "@'>=1.2,<2'", v, out->name);
+                       "@'>=1.2,<2'",
+                       v, out->name);
     } else {
-        return tk__err(TK_ERR_INVALID, "'%s' is not a version of %s\nHINT: use @<major> (like @1 or @v1), an exact "
+        return tk__err(TK_ERR_INVALID,
+                       "'%s' is not a version of %s\nHINT: use @<major> (like @1 or @v1), an exact "
                        "version (@1.2.0), a range (@'>=1.2,<2': >=, >, <=, <, = joined by commas) or "
-                       "@<40-hex commit>", v, out->name);
+                       "@<40-hex commit>",
+                       v, out->name);
     }
     return TK_OK;
 }
@@ -136,11 +141,15 @@ long tk_hub__ref_pick_prefix(const tk_hub_ref *ref, const char *const *commits, 
         tk__buf_printf(&list, "%s%.12s (%s)", list.len ? ", " : "", commits[i], versions[i]);
     }
     if (hits == 0)
-        tk__err(TK_ERR_NOT_FOUND, "%s has no commit starting with %s %s\nHINT: 'tk versions %s' lists its "
-                "versions and commits", ref->name, ref->prefix, where, ref->name);
+        tk__err(TK_ERR_NOT_FOUND,
+                "%s has no commit starting with %s %s\nHINT: 'tk versions %s' lists its "
+                "versions and commits",
+                ref->name, ref->prefix, where, ref->name);
     else if (hits > 1)
-        tk__err(TK_ERR_INVALID, "%s@%s is ambiguous: %zu commits %s start with it: %s\nHINT: give more of the "
-                "commit's hex digits", ref->name, ref->prefix, hits, where, list.data ? list.data : "");
+        tk__err(TK_ERR_INVALID,
+                "%s@%s is ambiguous: %zu commits %s start with it: %s\nHINT: give more of the "
+                "commit's hex digits",
+                ref->name, ref->prefix, hits, where, list.data ? list.data : "");
     tk__buf_free(&list);
     return hits == 1 ? pick : hits ? -2 : -1;
 }
@@ -168,8 +177,11 @@ int tk_hub__ref_matches(const tk_hub_ref *ref, const char *version)
         int c = tk_state__version_cmp(version, v);
         if (c == -2)
             return 0;
-        int ok = !strcmp(op, ">=") ? c >= 0 : !strcmp(op, ">") ? c > 0 : !strcmp(op, "<=") ? c <= 0
-               : !strcmp(op, "<") ? c < 0 : c == 0;
+        int ok = !strcmp(op, ">=")   ? c >= 0
+                 : !strcmp(op, ">")  ? c > 0
+                 : !strcmp(op, "<=") ? c <= 0
+                 : !strcmp(op, "<")  ? c < 0
+                                     : c == 0;
         if (!ok)
             return 0;
         if (!*p)

@@ -91,12 +91,13 @@ int tk_hub__serve_upload_untar(const char **archive_name, const char *tar_path, 
             if (p && (!strcmp(p, allowed[i]) || (!strncmp(p, "./", 2) && !strcmp(p + 2, allowed[i]))))
                 k = i;
         if (++nentries > 4 || k < 0 || seen[k]) {
-            rc = tk__err(TK_ERR_INVALID, "the upload holds '%s'; it must hold exactly manifest.json, "
-                         "manifest.json.sig and the source archive, once each", p ? p : "?");
+            rc = tk__err(TK_ERR_INVALID,
+                         "the upload holds '%s'; it must hold exactly manifest.json, "
+                         "manifest.json.sig and the source archive, once each",
+                         p ? p : "?");
             goto done;
         }
-        if (archive_entry_filetype(e) != AE_IFREG || !archive_entry_size_is_set(e) ||
-            archive_entry_size(e) > caps[k]) {
+        if (archive_entry_filetype(e) != AE_IFREG || !archive_entry_size_is_set(e) || archive_entry_size(e) > caps[k]) {
             rc = tk__err(TK_ERR_INVALID, "'%s' in the upload is not a regular file within %lld bytes", allowed[k],
                          (long long)caps[k]);
             goto done;
@@ -135,7 +136,7 @@ int tk_hub__serve_upload_untar(const char **archive_name, const char *tar_path, 
     }
     if (!seen[0] || !seen[1] || seen[2] + seen[3] != 1) {
         rc = tk__err(TK_ERR_INVALID, "the upload must hold manifest.json, manifest.json.sig and one source "
-                     "archive (source.tar.gz or source.tar.zst)");
+                                     "archive (source.tar.gz or source.tar.zst)");
         goto done;
     }
     *archive_name = seen[2] ? allowed[2] : allowed[3];
@@ -155,7 +156,8 @@ static int trusted_key(char pubkey[TK_PUBKEY_LEN], const char *root, const char 
     rc = TK_ERR_NOT_FOUND;
     json_array_foreach(json_object_get(doc, "keys"), i, k) {
         const char *p = json_string_value(json_object_get(k, "pubkey"));
-        if (rc != TK_OK && p && strlen(p) < TK_PUBKEY_LEN && tk__streq(json_string_value(json_object_get(k, "org")), org) &&
+        if (rc != TK_OK && p && strlen(p) < TK_PUBKEY_LEN &&
+            tk__streq(json_string_value(json_object_get(k, "org")), org) &&
             tk__streq(json_string_value(json_object_get(k, "keyid")), keyid)) {
             snprintf(pubkey, TK_PUBKEY_LEN, "%s", p);
             rc = TK_OK;
@@ -214,7 +216,8 @@ static int upload_unpack(upload *u, const char *tar_path)
         (rc = tk_hub__serve_upload_untar(&u->archive_name, tar_path, u->stage, u->s->max_upload)) != TK_OK)
         return rc;
     char *mpath = tk__path_join(u->stage, "manifest.json"), *spath = tk__path_join(u->stage, "manifest.json.sig");
-    rc = !mpath || !spath ? tk__err(TK_ERR_NOMEM, "out of memory") : tk__read_file(&u->mtext, &u->mlen, mpath, TK_MANIFEST_MAX);
+    rc = !mpath || !spath ? tk__err(TK_ERR_NOMEM, "out of memory")
+                          : tk__read_file(&u->mtext, &u->mlen, mpath, TK_MANIFEST_MAX);
     if (rc == TK_OK)
         rc = tk__read_file(&u->stext, &u->slen, spath, SIG_MAX);
     free(mpath);
@@ -232,9 +235,10 @@ static int upload_check_signature(upload *u)
         return rc;
     if ((rc = trusted_key(trusted, u->s->root, u->org, keyid)) == TK_ERR_NOT_FOUND ||
         (rc == TK_OK && strcmp(trusted, sig_pub)))
-        return tk__err(TK_ERR_UNTRUSTED, "the signer %s is not trusted to publish for org '%s' on this server\n"
-                       "HINT: on the server, run 'tk serve trust add %s %s --root DIR'", keyid, u->org, u->org,
-                       sig_pub);
+        return tk__err(TK_ERR_UNTRUSTED,
+                       "the signer %s is not trusted to publish for org '%s' on this server\n"
+                       "HINT: on the server, run 'tk serve trust add %s %s --root DIR'",
+                       keyid, u->org, u->org, sig_pub);
     return rc != TK_OK ? rc : tk_hub__verify(trusted, sig, u->mtext, u->mlen);
 }
 
@@ -268,9 +272,10 @@ static int upload_check_archive(upload *u)
     int64_t asize = 0;
     int rc = apath ? tk__sha256_file(u->asha, &asize, apath) : tk__err(TK_ERR_NOMEM, "out of memory");
     if (rc == TK_OK && (asize != u->m->archive.size || strcmp(u->asha, u->m->archive.sha256)))
-        rc = tk__err(TK_ERR_DIGEST, "%s does not match the manifest (size %lld, sha256 %s; the manifest says "
-                     "size %lld, sha256 %s)", u->archive_name, (long long)asize, u->asha,
-                     (long long)u->m->archive.size, u->m->archive.sha256);
+        rc = tk__err(TK_ERR_DIGEST,
+                     "%s does not match the manifest (size %lld, sha256 %s; the manifest says "
+                     "size %lld, sha256 %s)",
+                     u->archive_name, (long long)asize, u->asha, (long long)u->m->archive.size, u->m->archive.sha256);
     if (rc == TK_OK)
         rc = tk_hub__archive_extract(apath, u->check, u->m->files, u->m->nfiles, NULL);
     free(apath);
@@ -307,15 +312,18 @@ static int upload_place(upload *u, char commit[41], char **head)
             rc = 1;
         } else if ((head_version = tk_hub__tree_commit_version(u->resolve_dir, *head)) != NULL &&
                    tk_state__version_cmp(u->m->version, head_version) <= 0) {
-            rc = tk__err(TK_ERR_ROLLBACK, "%s %s is not newer than %s, the head of branch %s\n"
+            rc = tk__err(TK_ERR_ROLLBACK,
+                         "%s %s is not newer than %s, the head of branch %s\n"
                          "HINT: raise 'version' in kernel.json (for example to the next patch version)",
                          u->m->name, u->m->version, head_version, branch);
         }
         free(hp);
     }
     if (rc == 0 && tk_hub__tree_is_yanked(u->resolve_dir, u->m->version))
-        rc = tk__err(TK_ERR_ROLLBACK, "%s %s was yanked; a yanked version is never published again\n"
-                     "HINT: raise 'version' in kernel.json", u->m->name, u->m->version);
+        rc = tk__err(TK_ERR_ROLLBACK,
+                     "%s %s was yanked; a yanked version is never published again\n"
+                     "HINT: raise 'version' in kernel.json",
+                     u->m->name, u->m->version);
     free(head_text);
     free(head_version);
     return rc;
@@ -345,7 +353,8 @@ static int upload_write(upload *u, char commit[41], const char *head)
     if (rc == TK_OK && (rc = tk__fsync_dir(u->resolve_dir)) == TK_OK &&
         !(doc = tk_hub__tree_info_doc(u->m->name, commit, u->archive_name, u->m->version, u->m->major, head)))
         rc = tk__err(TK_ERR_NOMEM, "out of memory");
-    if (rc == TK_OK && (rc = tk__mkdirs(revdir, 0755)) == TK_OK && (rc = tk_hub__tree_write_json(revpath, doc)) == TK_OK &&
+    if (rc == TK_OK && (rc = tk__mkdirs(revdir, 0755)) == TK_OK &&
+        (rc = tk_hub__tree_write_json(revpath, doc)) == TK_OK &&
         (rc = tk_hub__tree_commit_hub_docs(u->api_dir, u->resolve_dir, commit)) == TK_OK && /* listing first */
         (rc = tk_hub__tree_set_symlink(u->resolve_dir, branch, commit)) == TK_OK)
         rc = tk_hub__tree_update_refs(u->s->root, u->api_dir, u->resolve_dir, u->m->name, u->m->major, commit,
@@ -412,10 +421,10 @@ static struct MHD_Response *mem_response(const char *body, size_t n, const char 
 }
 
 /* An error the Hub's way: status, X-Error-Code, and {"error": msg}. */
-static enum MHD_Result reply_error(struct MHD_Connection *c, req *r, unsigned status, const char *code,
-                                   const char *fmt, ...) TK_PRINTF(5, 6);
-static enum MHD_Result reply_error(struct MHD_Connection *c, req *r, unsigned status, const char *code,
-                                   const char *fmt, ...)
+static enum MHD_Result reply_error(struct MHD_Connection *c, req *r, unsigned status, const char *code, const char *fmt,
+                                   ...) TK_PRINTF(5, 6);
+static enum MHD_Result reply_error(struct MHD_Connection *c, req *r, unsigned status, const char *code, const char *fmt,
+                                   ...)
 {
     char msg[2048];
     va_list ap;
@@ -664,8 +673,10 @@ static enum MHD_Result serve_fd(tk_server *s, struct MHD_Connection *c, req *r, 
     memcpy(etag + TK_SHA256_HEX, "\"", 2);
     const char *inm = MHD_lookup_connection_value(c, MHD_HEADER_KIND, "If-None-Match");
     int64_t size = st->st_size, from = 0, to = size - 1;
-    int ranged = inm && tk_hub__serve_etag_matches(inm, etag) ? 0 :
-                 tk_hub__serve_parse_range(MHD_lookup_connection_value(c, MHD_HEADER_KIND, "Range"), size, &from, &to);
+    int ranged =
+        inm && tk_hub__serve_etag_matches(inm, etag)
+            ? 0
+            : tk_hub__serve_parse_range(MHD_lookup_connection_value(c, MHD_HEADER_KIND, "Range"), size, &from, &to);
     struct MHD_Response *resp;
     unsigned status;
     char cr[96];
@@ -907,7 +918,8 @@ static enum MHD_Result serve_tree(tk_server *s, struct MHD_Connection *c, req *r
     for (size_t i = 1; i < n; i++)
         for (size_t j = i; j > 0; j--) {
             json_t *a = json_array_get(list, j - 1), *b = json_array_get(list, j);
-            if (strcmp(json_string_value(json_object_get(a, "path")), json_string_value(json_object_get(b, "path"))) <= 0)
+            if (strcmp(json_string_value(json_object_get(a, "path")), json_string_value(json_object_get(b, "path"))) <=
+                0)
                 break;
             json_incref(a);
             json_array_set(list, j - 1, b);
@@ -943,12 +955,13 @@ static int resolved_rel(char *rel, size_t cap, const char *org, const char *pkg,
 }
 
 /* The fast path of /api/kernels/{org}/{pkg}[/versions|/refs|/revision/{rev}]. */
-static int fast_api(tk_server *s, struct MHD_Connection *c, req *r, const char *org, const char *pkg, char **p,
-                    int n, enum MHD_Result *ret)
+static int fast_api(tk_server *s, struct MHD_Connection *c, req *r, const char *org, const char *pkg, char **p, int n,
+                    enum MHD_Result *ret)
 {
     char rel[400], commit[41];
-    const char *doc = n == 4 ? "index.json" : n == 5 && (!strcmp(p[4], "versions") || !strcmp(p[4], "refs")) ? p[4]
-                                                                                                              : NULL;
+    const char *doc = n == 4                                                           ? "index.json"
+                      : n == 5 && (!strcmp(p[4], "versions") || !strcmp(p[4], "refs")) ? p[4]
+                                                                                       : NULL;
     if (doc)
         return join_rel(rel, sizeof rel, "api/kernels", org, pkg, doc, (char *)NULL) &&
                fast_file(s, c, r, rel, "application/json", NULL, 0, ret);
@@ -988,12 +1001,11 @@ static enum MHD_Result route_read(tk_server *s, struct MHD_Connection *c, req *r
         }
         if (n >= 6 && (!strcmp(p[4], "revision") || !strcmp(p[4], "tree"))) {
             if (resolve_rev(s, commit, org, pkg, p[5]) != 1)
-                return reply_error(c, r, MHD_HTTP_NOT_FOUND, "RevisionNotFound", "revision %s of %s/%s not found",
-                                   p[5], org, pkg);
+                return reply_error(c, r, MHD_HTTP_NOT_FOUND, "RevisionNotFound", "revision %s of %s/%s not found", p[5],
+                                   org, pkg);
             if (n == 6 && !strcmp(p[4], "revision")) {
                 snprintf(rel, sizeof rel, "api/kernels/%s/%s/revision/%s", org, pkg, p[5]);
-                return serve_file(s, c, r, rel, "RevisionNotFound", "application/json", commit,
-                                  tk__is_hex(p[5], 40));
+                return serve_file(s, c, r, rel, "RevisionNotFound", "application/json", commit, tk__is_hex(p[5], 40));
             }
             if (n == 6)
                 return serve_tree(s, c, r, org, pkg, commit);
@@ -1034,9 +1046,9 @@ static enum MHD_Result upload_begin(tk_server *s, struct MHD_Connection *c, req 
     r->yank = !strcmp(p[1], "yank");
     const char *auth = MHD_lookup_connection_value(c, MHD_HEADER_KIND, "Authorization");
     if (!auth || strncasecmp(auth, "Bearer ", 7) != 0 || strlen(auth + 7) == 0 || strlen(auth + 7) > 256)
-        return reply_error(c, r, MHD_HTTP_UNAUTHORIZED, "Unauthorized",
-                           "uploads need 'Authorization: Bearer <token>'\nHINT: 'tk serve token add --org %s' makes one",
-                           r->org);
+        return reply_error(
+            c, r, MHD_HTTP_UNAUTHORIZED, "Unauthorized",
+            "uploads need 'Authorization: Bearer <token>'\nHINT: 'tk serve token add --org %s' makes one", r->org);
     char org[65];
     int rc = tk_hub__serve_token_org(org, s->root, auth + 7);
     if (rc == TK_ERR_NOT_FOUND)
@@ -1096,7 +1108,8 @@ static enum MHD_Result yank_finish(tk_server *s, struct MHD_Connection *c, req *
     if (rc == TK_OK && (!stmt || !stext))
         rc = tk__err(TK_ERR_INVALID, "a yank is {\"statement\": ..., \"signature\": ...} (what 'tk yank' sends)");
     if (rc == TK_OK && (rc = tk_hub__sig_parse(keyid, pub, sig, stext, strlen(stext))) == TK_OK) {
-        if ((rc = trusted_key(trusted, s->root, r->org, keyid)) == TK_ERR_NOT_FOUND || (rc == TK_OK && strcmp(trusted, pub)))
+        if ((rc = trusted_key(trusted, s->root, r->org, keyid)) == TK_ERR_NOT_FOUND ||
+            (rc == TK_OK && strcmp(trusted, pub)))
             rc = tk__err(TK_ERR_UNTRUSTED, "the signer %s is not trusted for org '%s' on this server", keyid, r->org);
         else if (rc == TK_OK && (rc = tk_hub__verify(trusted, sig, stmt, strlen(stmt))) == TK_OK &&
                  (rc = tk_hub__yank_parse(&y, stmt, strlen(stmt))) == TK_OK &&
@@ -1108,7 +1121,9 @@ static enum MHD_Result yank_finish(tk_server *s, struct MHD_Connection *c, req *
     json_t *reply = NULL;
     if (rc == TK_OK) {
         say(s, TK_LOG_INFO, "yanked %s %s%s%s", y.ref.name, y.version,
-            moved[0] ? "; branch moved back to " : removed ? "; its branch removed (no other version of its major)" : "",
+            moved[0]  ? "; branch moved back to "
+            : removed ? "; its branch removed (no other version of its major)"
+                      : "",
             moved);
         reply = json_pack("{s:s, s:s, s:b, s:s?, s:b}", "name", y.ref.name, "version", y.version, "already", already,
                           "branch_commit", moved[0] ? moved : NULL, "branch_removed", removed);
@@ -1147,8 +1162,8 @@ static enum MHD_Result upload_finish(tk_server *s, struct MHD_Connection *c, req
     say(s, TK_LOG_INFO, "%s %s/%s %s as %s", created ? "published" : "already had", r->org, r->pkg, version, commit);
     char name[140];
     snprintf(name, sizeof name, "%s/%s", r->org, r->pkg);
-    json_t *j = json_pack("{s:s, s:s, s:s, s:b}", "commit", commit, "name", name, "version", version, "created",
-                          created);
+    json_t *j =
+        json_pack("{s:s, s:s, s:s, s:b}", "commit", commit, "name", name, "version", version, "created", created);
     char *body = j ? json_dumps(j, 0) : NULL;
     json_decref(j);
     struct MHD_Response *resp = body ? mem_response(body, strlen(body), "application/json") : NULL;
@@ -1282,8 +1297,9 @@ static enum MHD_Result on_request(void *cls, struct MHD_Connection *c, const cha
     line_put(r->method, sizeof r->method, &mlen, method);
     const union MHD_ConnectionInfo *ci = MHD_get_connection_info(c, MHD_CONNECTION_INFO_CLIENT_ADDRESS);
     const struct sockaddr *sa = ci ? ci->client_addr : NULL;
-    if (!sa || !inet_ntop(sa->sa_family, sa->sa_family == AF_INET6 ? (const void *)&((const struct sockaddr_in6 *)sa)->sin6_addr
-                                                                   : (const void *)&((const struct sockaddr_in *)sa)->sin_addr,
+    if (!sa || !inet_ntop(sa->sa_family,
+                          sa->sa_family == AF_INET6 ? (const void *)&((const struct sockaddr_in6 *)sa)->sin6_addr
+                                                    : (const void *)&((const struct sockaddr_in *)sa)->sin_addr,
                           r->client, sizeof r->client))
         memcpy(r->client, "-", 2);
     if (!(r->url = tk__strdup(url)))
@@ -1291,10 +1307,7 @@ static enum MHD_Result on_request(void *cls, struct MHD_Connection *c, const cha
     return dispatch(s, c, r, 1);
 }
 
-static size_t no_unescape(void *cls, struct MHD_Connection *c, char *uri)
-{
-    return strlen(uri);
-}
+static size_t no_unescape(void *cls, struct MHD_Connection *c, char *uri) { return strlen(uri); }
 
 static void on_completed(void *cls, struct MHD_Connection *c, void **con_cls, enum MHD_RequestTerminationCode toe)
 {
@@ -1307,9 +1320,10 @@ static void on_completed(void *cls, struct MHD_Connection *c, void **con_cls, en
         close(r->fd);
     if (r->tmp)
         unlink(r->tmp);
-    const char *how = toe == MHD_REQUEST_TERMINATED_COMPLETED_OK ? "" :
-                      toe == MHD_REQUEST_TERMINATED_TIMEOUT_REACHED ? " (timed out)" :
-                      toe == MHD_REQUEST_TERMINATED_CLIENT_ABORT ? " (client went away)" : " (closed)";
+    const char *how = toe == MHD_REQUEST_TERMINATED_COMPLETED_OK      ? ""
+                      : toe == MHD_REQUEST_TERMINATED_TIMEOUT_REACHED ? " (timed out)"
+                      : toe == MHD_REQUEST_TERMINATED_CLIENT_ABORT    ? " (client went away)"
+                                                                      : " (closed)";
     access_log(s, r, how);
     free(r->tmp);
     free(r->url);
@@ -1403,21 +1417,22 @@ int tk_server_new(tk_server **out, const tk_serve_opts *opts)
     s->max_conns = opts->max_connections ? opts->max_connections : 256;
     if (ai->ai_family == AF_INET6)
         flags |= MHD_USE_IPv6;
-    s->d = MHD_start_daemon(
-        flags, (uint16_t)port, on_accept, s, on_request, s, MHD_OPTION_EXTERNAL_LOGGER, on_mhd_log, s,
-        MHD_OPTION_SOCK_ADDR, ai->ai_addr, MHD_OPTION_THREAD_POOL_SIZE, threads,
-        MHD_OPTION_CONNECTION_LIMIT, s->max_conns > 65536 ? s->max_conns : s->max_conns * threads, MHD_OPTION_NOTIFY_CONNECTION, on_connection, s,
-        MHD_OPTION_PER_IP_CONNECTION_LIMIT,
-        (unsigned)(opts->max_per_ip ? opts->max_per_ip : 32), MHD_OPTION_CONNECTION_TIMEOUT,
-        (unsigned)(opts->timeout_s ? opts->timeout_s : 30),
-        /* The request line and headers must fit here (16 KiB takes 15,000 bytes of headers; nginx's
+    s->d = MHD_start_daemon(flags, (uint16_t)port, on_accept, s, on_request, s, MHD_OPTION_EXTERNAL_LOGGER, on_mhd_log,
+                            s, MHD_OPTION_SOCK_ADDR, ai->ai_addr, MHD_OPTION_THREAD_POOL_SIZE, threads,
+                            MHD_OPTION_CONNECTION_LIMIT, s->max_conns > 65536 ? s->max_conns : s->max_conns * threads,
+                            MHD_OPTION_NOTIFY_CONNECTION, on_connection, s, MHD_OPTION_PER_IP_CONNECTION_LIMIT,
+                            (unsigned)(opts->max_per_ip ? opts->max_per_ip : 32), MHD_OPTION_CONNECTION_TIMEOUT,
+                            (unsigned)(opts->timeout_s ? opts->timeout_s : 30),
+                            /* The request line and headers must fit here (16 KiB takes 15,000 bytes of headers; nginx's
          * default is 8 KiB a line); more gets 431. libmicrohttpd zeroes the whole pool after every
          * request, so a bigger one costs on each: 64 KiB took 8 % of the server's time under load. */
-        MHD_OPTION_CONNECTION_MEMORY_LIMIT, (size_t)(16 << 10), MHD_OPTION_NOTIFY_COMPLETED, on_completed, s,
-        MHD_OPTION_UNESCAPE_CALLBACK, no_unescape, s, MHD_OPTION_END);
+                            MHD_OPTION_CONNECTION_MEMORY_LIMIT, (size_t)(16 << 10), MHD_OPTION_NOTIFY_COMPLETED,
+                            on_completed, s, MHD_OPTION_UNESCAPE_CALLBACK, no_unescape, s, MHD_OPTION_END);
     if (!s->d) {
-        rc = tk__err(TK_ERR_IO, "cannot listen on %s (address in use, or not permitted)\n"
-                     "HINT: pick another port with --listen HOST:PORT", listen);
+        rc = tk__err(TK_ERR_IO,
+                     "cannot listen on %s (address in use, or not permitted)\n"
+                     "HINT: pick another port with --listen HOST:PORT",
+                     listen);
         goto fail;
     }
     freeaddrinfo(ai);

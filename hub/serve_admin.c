@@ -26,10 +26,7 @@
 
 /* ---- server state files: .tk-serve/{tokens,trust}.json -------------------------------------- */
 
-static char *state_path(const char *root, const char *name)
-{
-    return tk__fmt("%s/" STATE_DIR "/%s", root, name);
-}
+static char *state_path(const char *root, const char *name) { return tk__fmt("%s/" STATE_DIR "/%s", root, name); }
 
 /* Loads a state document {"format_version": 1, key: [...]}; a missing file gives an empty one. */
 int tk_hub__serve_state_load(json_t **out, const char *root, const char *name, const char *key)
@@ -66,8 +63,8 @@ static int state_save(const char *root, const char *name, json_t *j)
 {
     char *path = state_path(root, name);
     char *text = json_dumps(j, JSON_INDENT(2));
-    int rc = (!path || !text) ? tk__err(TK_ERR_NOMEM, "out of memory")
-                              : tk__write_atomic(path, text, strlen(text), 0600);
+    int rc =
+        (!path || !text) ? tk__err(TK_ERR_NOMEM, "out of memory") : tk__write_atomic(path, text, strlen(text), 0600);
     free(path);
     free(text);
     return rc;
@@ -114,9 +111,8 @@ int tk_serve_token_add(char **token, const char *root, const char *org)
         return fd;
     int rc = tk_hub__serve_state_load(&doc, root, "tokens.json", "tokens");
     if (rc == TK_OK) {
-        json_array_append_new(json_object_get(doc, "tokens"),
-                              json_pack("{s:s, s:s, s:I}", "org", org, "sha256", sha, "created",
-                                        (json_int_t)tk__now()));
+        json_array_append_new(json_object_get(doc, "tokens"), json_pack("{s:s, s:s, s:I}", "org", org, "sha256", sha,
+                                                                        "created", (json_int_t)tk__now()));
         rc = state_save(root, "tokens.json", doc);
     }
     if (rc == TK_OK && !(*token = tk__strdup(hex)))
@@ -154,8 +150,8 @@ int tk_serve_trust_add(char **keyid_out, const char *root, const char *org, cons
                 have = 1;
         }
         if (!have) {
-            json_array_append_new(keys, json_pack("{s:s, s:s, s:s, s:I}", "org", org, "keyid", keyid, "pubkey",
-                                                  pubkey, "added", (json_int_t)tk__now()));
+            json_array_append_new(keys, json_pack("{s:s, s:s, s:s, s:I}", "org", org, "keyid", keyid, "pubkey", pubkey,
+                                                  "added", (json_int_t)tk__now()));
             rc = state_save(root, "trust.json", doc);
         }
     }
@@ -177,7 +173,8 @@ int tk_serve_token_list_json(char **out, const char *root)
         return tk__err(TK_ERR_INVALID, "tk_serve_token_list_json: out and root are required");
     *out = NULL;
     json_t *doc = NULL, *t, *list = json_array();
-    int rc = list ? tk_hub__serve_state_load(&doc, root, "tokens.json", "tokens") : tk__err(TK_ERR_NOMEM, "out of memory");
+    int rc =
+        list ? tk_hub__serve_state_load(&doc, root, "tokens.json", "tokens") : tk__err(TK_ERR_NOMEM, "out of memory");
     size_t i;
     if (rc == TK_OK)
         json_array_foreach(json_object_get(doc, "tokens"), i, t) {
@@ -205,8 +202,10 @@ int tk_serve_token_revoke(const char *root, const char *id_or_token)
     else if (n >= 8 && n <= 64 && strspn(id_or_token, "0123456789abcdef") == n)
         snprintf(sha, sizeof sha, "%s", id_or_token);
     else
-        return tk__err(TK_ERR_INVALID, "'%s' is not a token id\nHINT: 'tk serve token list --root %s' shows the "
-                       "ids (16 hex digits); the token itself works too", id_or_token, root);
+        return tk__err(TK_ERR_INVALID,
+                       "'%s' is not a token id\nHINT: 'tk serve token list --root %s' shows the "
+                       "ids (16 hex digits); the token itself works too",
+                       id_or_token, root);
     json_t *doc = NULL;
     int fd = state_lock(root);
     if (fd < 0)
@@ -274,8 +273,8 @@ int tk_serve_trust_remove(const char *root, const char *org, const char *key)
             json_t *k = json_array_get(arr, i);
             const char *id = json_string_value(json_object_get(k, "keyid"));
             if (tk__streq(json_string_value(json_object_get(k, "org")), org) && id &&
-                (tk__streq(id, key) || (!tk__has_prefix(key, "SHA256:") && tk__has_prefix(id, "SHA256:") &&
-                                        tk__streq(id + 7, key)))) {
+                (tk__streq(id, key) ||
+                 (!tk__has_prefix(key, "SHA256:") && tk__has_prefix(id, "SHA256:") && tk__streq(id + 7, key)))) {
                 json_array_remove(arr, i);
                 removed++;
             } else {
@@ -283,8 +282,10 @@ int tk_serve_trust_remove(const char *root, const char *org, const char *key)
             }
         }
         rc = removed ? state_save(root, "trust.json", doc)
-                     : tk__err(TK_ERR_NOT_FOUND, "org '%s' has no key %s on the server at %s\nHINT: 'tk serve trust "
-                               "list --root %s'", org, key, root, root);
+                     : tk__err(TK_ERR_NOT_FOUND,
+                               "org '%s' has no key %s on the server at %s\nHINT: 'tk serve trust "
+                               "list --root %s'",
+                               org, key, root, root);
     }
     json_decref(doc);
     close(fd);
@@ -316,4 +317,3 @@ int tk_hub__serve_token_org(char org[65], const char *root, const char *token)
 }
 
 /* Writing a version into the tree uses hub/tree.h, shared with hub/publish.c. */
-

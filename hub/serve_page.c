@@ -101,10 +101,7 @@ static void page_readme(tk_buf *b, const char *readme, int markdown, int detail)
     tk__buf_puts(b, detail ? "" : "</details>");
 }
 
-static int cmp_str(const void *a, const void *b)
-{
-    return strcmp(*(char *const *)a, *(char *const *)b);
-}
+static int cmp_str(const void *a, const void *b) { return strcmp(*(char *const *)a, *(char *const *)b); }
 
 /* Branch names v<N> of a package, highest major first. */
 static size_t list_branches(char majors[][24], size_t max, const char *resolve_dir)
@@ -208,8 +205,8 @@ static void page_heading(tk_buf *b, const char *org, const char *pkg)
 
 /* The newest version's description, get line and license, and the branch table's head; keeps its
  * kernels and README for later in the section. */
-static void page_summary(tk_buf *b, pkg_view *v, json_t *m, const char *org, const char *pkg,
-                         const char *resolve_dir, const char *head)
+static void page_summary(tk_buf *b, pkg_view *v, json_t *m, const char *org, const char *pkg, const char *resolve_dir,
+                         const char *head)
 {
     tk__buf_puts(b, "<p>");
     html_esc(b, json_string_value(json_object_get(m, "description")));
@@ -250,7 +247,8 @@ static void page_signer(tk_buf *b, pkg_view *v, const char *resolve_dir, const c
     size_t sn = 0;
     char keyid[TK_KEYID_LEN], pub[TK_PUBKEY_LEN];
     uint8_t sig[64];
-    if (sp && tk__read_file(&stext, &sn, sp, SIG_MAX) == TK_OK && tk_hub__sig_parse(keyid, pub, sig, stext, sn) == TK_OK) {
+    if (sp && tk__read_file(&stext, &sn, sp, SIG_MAX) == TK_OK &&
+        tk_hub__sig_parse(keyid, pub, sig, stext, sn) == TK_OK) {
         tk__buf_puts(b, "<code>");
         html_esc(b, keyid);
         tk__buf_puts(b, "</code>");
@@ -302,7 +300,8 @@ static void page_trust_line(tk_buf *b, const char *org, const char *pub)
 {
     if (!pub[0])
         return;
-    tk__buf_puts(b, "<p class=m>Publisher key (check its fingerprint with the publisher, then trust it):</p><pre>tk trust add ");
+    tk__buf_puts(
+        b, "<p class=m>Publisher key (check its fingerprint with the publisher, then trust it):</p><pre>tk trust add ");
     html_esc(b, org);
     tk__buf_puts(b, " ");
     html_esc(b, pub);
@@ -316,8 +315,10 @@ static void page_kernels(tk_buf *b, json_t *kernels)
     size_t i, j;
     if (!json_array_size(kernels))
         return;
-    tk__buf_printf(b, "<h3>kernels (%zu)</h3><div class=t><table><tr><th>kernel</th><th>op</th><th>dtypes</th>"
-                      "<th>archs</th></tr>", json_array_size(kernels));
+    tk__buf_printf(b,
+                   "<h3>kernels (%zu)</h3><div class=t><table><tr><th>kernel</th><th>op</th><th>dtypes</th>"
+                   "<th>archs</th></tr>",
+                   json_array_size(kernels));
     json_array_foreach(kernels, i, k) {
         json_t *cons = json_object_get(k, "constraints");
         int lo = (int)json_integer_value(json_object_get(cons, "min_cc"));
@@ -411,7 +412,8 @@ static int pkg_matches(tk_server *s, const char *name, const char *q)
     int hit = desc && strcasestr(desc, q);
     size_t i;
     json_array_foreach(json_object_get(m, "kernels"), i, k) {
-        const char *kn = json_string_value(json_object_get(k, "name")), *op = json_string_value(json_object_get(k, "op"));
+        const char *kn = json_string_value(json_object_get(k, "name")),
+                   *op = json_string_value(json_object_get(k, "op"));
         hit |= (kn && strcasestr(kn, q)) || (op && strcasestr(op, q));
     }
     json_decref(m);
@@ -436,7 +438,8 @@ static size_t page_collect_names(tk_server *s, char ***out)
         struct dirent *pe;
         while (pd && (pe = readdir(pd)) != NULL && n < MAX_PAGE_PKGS) {
             char org[65], pkg[65];
-            if (!tk_hub__serve_component_ok(pe->d_name, strlen(pe->d_name)) || !tk_hub__serve_name_ok(org, pkg, oe->d_name, pe->d_name))
+            if (!tk_hub__serve_component_ok(pe->d_name, strlen(pe->d_name)) ||
+                !tk_hub__serve_name_ok(org, pkg, oe->d_name, pe->d_name))
                 continue;
             char **nn = realloc(names, (n + 1) * sizeof *names);
             if (!nn)
@@ -463,22 +466,24 @@ enum MHD_Result tk_hub__serve_page(tk_server *s, struct MHD_Connection *c, req *
     tk_buf b = TK_BUF_INIT;
     char **names = NULL;
     size_t n = page_collect_names(s, &names);
-    tk__buf_puts(&b, "<!doctype html><html lang=en><head><meta charset=utf-8>"
-                     "<meta name=viewport content=\"width=device-width, initial-scale=1\">"
-                     "<title>tk registry</title><style>"
-                     "body{font:16px/1.5 system-ui,sans-serif;max-width:60rem;margin:0 auto;padding:1rem;color:#222}"
-                     "h1{font-size:1.5rem}h2{font-size:1.2rem;margin:0 0 .3rem;word-break:break-all}"
-                     "section{border:1px solid #ddd;border-radius:8px;padding:1rem;margin:1rem 0}"
-                     ".t{overflow-x:auto}table{border-collapse:collapse;width:100%;font-size:.9rem}"
-                     "th,td{text-align:left;padding:.3rem .5rem;border-bottom:1px solid #eee;vertical-align:top}"
-                     "code{font-size:.85rem;overflow-wrap:anywhere}.m{color:#555;font-size:.9rem}"
-                     "@media (max-width:40rem){.t table,.t tbody,.t tr,.t td{display:block}"
-                     ".t tr:first-child{display:none}.t tr{padding:.4rem 0;border-bottom:1px solid #eee}"
-                     ".t td{border:0;padding:.1rem 0}.t td::before{content:attr(data-l) \": \";font-weight:600}}"
-                     "pre{white-space:pre-wrap;overflow-wrap:anywhere;background:#f6f6f6;padding:.7rem;border-radius:6px;font-size:.85rem}"
-                     ".readme{overflow-wrap:anywhere}.readme h1,.readme h2,.readme h3{font-size:1.05rem}"
-                     ".readme img{max-width:100%}.readme table{width:auto}"
-                     "</style></head><body><h1>tk registry</h1>");
+    tk__buf_puts(
+        &b,
+        "<!doctype html><html lang=en><head><meta charset=utf-8>"
+        "<meta name=viewport content=\"width=device-width, initial-scale=1\">"
+        "<title>tk registry</title><style>"
+        "body{font:16px/1.5 system-ui,sans-serif;max-width:60rem;margin:0 auto;padding:1rem;color:#222}"
+        "h1{font-size:1.5rem}h2{font-size:1.2rem;margin:0 0 .3rem;word-break:break-all}"
+        "section{border:1px solid #ddd;border-radius:8px;padding:1rem;margin:1rem 0}"
+        ".t{overflow-x:auto}table{border-collapse:collapse;width:100%;font-size:.9rem}"
+        "th,td{text-align:left;padding:.3rem .5rem;border-bottom:1px solid #eee;vertical-align:top}"
+        "code{font-size:.85rem;overflow-wrap:anywhere}.m{color:#555;font-size:.9rem}"
+        "@media (max-width:40rem){.t table,.t tbody,.t tr,.t td{display:block}"
+        ".t tr:first-child{display:none}.t tr{padding:.4rem 0;border-bottom:1px solid #eee}"
+        ".t td{border:0;padding:.1rem 0}.t td::before{content:attr(data-l) \": \";font-weight:600}}"
+        "pre{white-space:pre-wrap;overflow-wrap:anywhere;background:#f6f6f6;padding:.7rem;border-radius:6px;font-size:.85rem}"
+        ".readme{overflow-wrap:anywhere}.readme h1,.readme h2,.readme h3{font-size:1.05rem}"
+        ".readme img{max-width:100%}.readme table{width:auto}"
+        "</style></head><body><h1>tk registry</h1>");
     /* The URL clients use: the Host the browser asked for (checked: host[:port] characters only), with
      * https when a proxy in front says so; else the text says "this page's address". */
     const char *host = MHD_lookup_connection_value(c, MHD_HEADER_KIND, MHD_HTTP_HEADER_HOST);
@@ -531,4 +536,3 @@ enum MHD_Result tk_hub__serve_page(tk_server *s, struct MHD_Connection *c, req *
     r->bytes = len;
     return tk_hub__serve_queue(c, r, MHD_HTTP_OK, resp);
 }
-

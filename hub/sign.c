@@ -50,10 +50,11 @@ static int pub_text(char **out, EVP_PKEY *pkey)
 int tk_hub__pubkey_check(const char *pubkey, char keyid[TK_KEYID_LEN])
 {
     uint8_t raw[32];
-    if (!pubkey || !tk__has_prefix(pubkey, PUB_PREFIX) ||
-        tk__unhex(raw, 32, pubkey + strlen(PUB_PREFIX)) != 0)
-        return tk__err(TK_ERR_INVALID, "'%s' is not a public key\nHINT: keys look like ed25519:<64 hex digits>; "
-                       "'tk keygen' prints one", pubkey ? pubkey : "(null)");
+    if (!pubkey || !tk__has_prefix(pubkey, PUB_PREFIX) || tk__unhex(raw, 32, pubkey + strlen(PUB_PREFIX)) != 0)
+        return tk__err(TK_ERR_INVALID,
+                       "'%s' is not a public key\nHINT: keys look like ed25519:<64 hex digits>; "
+                       "'tk keygen' prints one",
+                       pubkey ? pubkey : "(null)");
     if (keyid) {
         uint8_t md[TK_SHA256_LEN];
         char hex[33];
@@ -78,8 +79,10 @@ int tk_hub__key_generate(char **pubkey, const char *key_path)
     fd = open(key_path, O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC, 0600);
     if (fd < 0) {
         if (errno == EEXIST)
-            rc = tk__err(TK_ERR_IO, "'%s' exists already; tk keygen never overwrites a key\n"
-                         "HINT: choose another path, or remove the old key if you are sure", key_path);
+            rc = tk__err(TK_ERR_IO,
+                         "'%s' exists already; tk keygen never overwrites a key\n"
+                         "HINT: choose another path, or remove the old key if you are sure",
+                         key_path);
         else
             rc = tk__err_sys("cannot create", key_path);
         goto done;
@@ -89,8 +92,7 @@ int tk_hub__key_generate(char **pubkey, const char *key_path)
         goto done;
     }
     fd = -1;
-    if (PEM_write_PrivateKey(f, pkey, NULL, NULL, 0, NULL, NULL) != 1 || fflush(f) != 0 ||
-        fsync(fileno(f)) != 0) {
+    if (PEM_write_PrivateKey(f, pkey, NULL, NULL, 0, NULL, NULL) != 1 || fflush(f) != 0 || fsync(fileno(f)) != 0) {
         rc = tk__err(TK_ERR_IO, "cannot write the key to '%s'", key_path);
         goto done;
     }
@@ -128,8 +130,8 @@ int tk_hub__key_load(tk_hub_key **out, const char *key_path)
     EVP_PKEY *pkey = PEM_read_PrivateKey(f, NULL, NULL, NULL);
     fclose(f);
     if (!pkey)
-        return tk__err(TK_ERR_INVALID, "'%s' is not a PEM private key: %s\nHINT: 'tk keygen' makes one",
-                       key_path, ossl_err());
+        return tk__err(TK_ERR_INVALID, "'%s' is not a PEM private key: %s\nHINT: 'tk keygen' makes one", key_path,
+                       ossl_err());
     if (EVP_PKEY_get_base_id(pkey) != EVP_PKEY_ED25519) {
         EVP_PKEY_free(pkey);
         return tk__err(TK_ERR_INVALID, "'%s' is not an Ed25519 key", key_path);
@@ -168,8 +170,8 @@ int tk_hub__sign(char **sigfile, const tk_hub_key *k, const void *msg, size_t n)
     EVP_MD_CTX *md = EVP_MD_CTX_new();
     if (!md)
         return tk__err(TK_ERR_NOMEM, "out of memory");
-    if (EVP_DigestSignInit(md, NULL, NULL, NULL, k->pkey) != 1 ||
-        EVP_DigestSign(md, sig, &siglen, msg, n) != 1 || siglen != 64) {
+    if (EVP_DigestSignInit(md, NULL, NULL, NULL, k->pkey) != 1 || EVP_DigestSign(md, sig, &siglen, msg, n) != 1 ||
+        siglen != 64) {
         rc = tk__err(TK_ERR_INTERNAL, "signing failed: %s", ossl_err());
         goto done;
     }
@@ -178,7 +180,8 @@ int tk_hub__sign(char **sigfile, const tk_hub_key *k, const void *msg, size_t n)
         goto done;
     tk__hex(hex, sig, 64);
     if (!(*sigfile = tk__fmt("{\"format_version\": 1, \"alg\": \"ed25519\", \"keyid\": \"%s\", "
-                             "\"pubkey\": \"%s\", \"sig\": \"%s\"}\n", keyid, pub, hex)))
+                             "\"pubkey\": \"%s\", \"sig\": \"%s\"}\n",
+                             keyid, pub, hex)))
         rc = tk__err(TK_ERR_NOMEM, "out of memory");
 done:
     EVP_MD_CTX_free(md);
@@ -186,15 +189,14 @@ done:
     return rc;
 }
 
-int tk_hub__sig_parse(char keyid[TK_KEYID_LEN], char pubkey[TK_PUBKEY_LEN], uint8_t sig[64],
-                      const char *sigfile, size_t n)
+int tk_hub__sig_parse(char keyid[TK_KEYID_LEN], char pubkey[TK_PUBKEY_LEN], uint8_t sig[64], const char *sigfile,
+                      size_t n)
 {
     json_error_t jerr;
     json_t *j = json_loadb(sigfile, n, JSON_REJECT_DUPLICATES, &jerr);
     int rc = TK_OK;
     if (!j || !json_is_object(j)) {
-        rc = tk__err(TK_ERR_SIGNATURE, "the signature file is not valid JSON (line %d: %s)", jerr.line,
-                     jerr.text);
+        rc = tk__err(TK_ERR_SIGNATURE, "the signature file is not valid JSON (line %d: %s)", jerr.line, jerr.text);
         goto done;
     }
     json_t *fv = json_object_get(j, "format_version");
@@ -203,7 +205,7 @@ int tk_hub__sig_parse(char keyid[TK_KEYID_LEN], char pubkey[TK_PUBKEY_LEN], uint
     const char *hex = json_string_value(json_object_get(j, "sig"));
     if (!json_is_integer(fv) || json_integer_value(fv) != 1) {
         rc = tk__err(TK_ERR_SIGNATURE, "the signature file has an unsupported format_version\n"
-                     "HINT: upgrade tk");
+                                       "HINT: upgrade tk");
         goto done;
     }
     if (!alg || strcmp(alg, "ed25519") != 0) {

@@ -32,8 +32,8 @@ int tk_hub__sign(char **sigfile, const tk_hub_key *k, const void *msg, size_t n)
 /* Parses a signature file: fills the signer's key id and public key (the key id is checked to be the
  * public key's fingerprint) and the 64-byte signature. TK_ERR_SIGNATURE if malformed. Whether the
  * signer is trusted is the caller's decision. */
-int tk_hub__sig_parse(char keyid[TK_KEYID_LEN], char pubkey[TK_PUBKEY_LEN], uint8_t sig[64],
-                      const char *sigfile, size_t n);
+int tk_hub__sig_parse(char keyid[TK_KEYID_LEN], char pubkey[TK_PUBKEY_LEN], uint8_t sig[64], const char *sigfile,
+                      size_t n);
 /* Verifies sig over msg with pubkey. TK_OK or TK_ERR_SIGNATURE. */
 int tk_hub__verify(const char *pubkey, const uint8_t sig[64], const void *msg, size_t n);
 

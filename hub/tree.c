@@ -119,7 +119,8 @@ static int commit_parts(const char *resolve_dir, const char *commit, char *archi
     char *sp = tk__fmt("%s/%s/manifest.json.sig", resolve_dir, commit);
     json_t *m = tk_hub__tree_commit_manifest(resolve_dir, commit);
     json_t *a = json_object_get(m, "archive");
-    const char *ap = json_string_value(json_object_get(a, "path")), *ah = json_string_value(json_object_get(a, "sha256"));
+    const char *ap = json_string_value(json_object_get(a, "path")),
+               *ah = json_string_value(json_object_get(a, "sha256"));
     int ok = mp && sp && ap && ah && strlen(ah) == 64 && tk__sha256_file(msha, NULL, mp) == TK_OK &&
              tk__sha256_file(ssha, NULL, sp) == TK_OK;
     if (ok) {
@@ -204,11 +205,13 @@ int tk_hub__tree_backfill_parents(const char *api_dir, const char *resolve_dir)
         if (!found)
             continue; /* not made by tk's formula: left as it is, and clients refuse it */
         json_t *m = tk_hub__tree_commit_manifest(resolve_dir, commits[i]);
-        const char *nm = json_string_value(json_object_get(m, "name")), *v = json_string_value(json_object_get(m, "version"));
+        const char *nm = json_string_value(json_object_get(m, "name")),
+                   *v = json_string_value(json_object_get(m, "version"));
         int major = 0;
         char *path = tk__fmt("%s/revision/%s", api_dir, commits[i]), *rdir = tk__fmt("%s/revision", api_dir);
         json_t *doc = nm && v && tk_manifest__version_parse(v, &major) == 0
-                          ? tk_hub__tree_info_doc(nm, commits[i], archive, v, major, found) : NULL;
+                          ? tk_hub__tree_info_doc(nm, commits[i], archive, v, major, found)
+                          : NULL;
         if (!path || !rdir)
             rc = tk__err(TK_ERR_NOMEM, "out of memory");
         else if (doc && (rc = tk__mkdirs(rdir, 0755)) == TK_OK)
@@ -264,8 +267,8 @@ static int write_versions_doc(const char *api_dir, const char *resolve_dir)
             struct tm tm;
             strftime(when, sizeof when, "%Y-%m-%dT%H:%M:%SZ", gmtime_r(&st.st_mtime, &tm));
         }
-        json_array_append_new(list, json_pack("{s:s, s:s, s:i, s:s}", "version", v, "commit", e->d_name, "major",
-                                              major, "published", when));
+        json_array_append_new(list, json_pack("{s:s, s:s, s:i, s:s}", "version", v, "commit", e->d_name, "major", major,
+                                              "published", when));
         free(v);
     }
     doc = json_pack("{s:i, s:O}", "format_version", 1, "versions", list);
@@ -304,8 +307,8 @@ static int write_refs(char **best_commit, int *best, const char *api_dir, const 
         char *head = tk_hub__tree_branch_head(resolve_dir, e->d_name);
         char *refname = tk__fmt("refs/heads/%s", e->d_name);
         if (head && refname)
-            json_array_append_new(branches, json_pack("{s:s, s:s, s:s}", "name", e->d_name, "ref", refname,
-                                                      "targetCommit", head));
+            json_array_append_new(
+                branches, json_pack("{s:s, s:s, s:s}", "name", e->d_name, "ref", refname, "targetCommit", head));
         free(refname);
         if (head && major > *best) {
             *best = (int)major;
@@ -318,7 +321,7 @@ static int write_refs(char **best_commit, int *best, const char *api_dir, const 
     closedir(d);
     if (!*best_commit) {
         char *main_link = tk__path_join(resolve_dir, "main");
-        rc = !main_link ? tk__err(TK_ERR_NOMEM, "out of memory")
+        rc = !main_link                                  ? tk__err(TK_ERR_NOMEM, "out of memory")
              : unlink(main_link) != 0 && errno != ENOENT ? tk__err_sys("cannot remove", main_link)
                                                          : tk__fsync_dir(resolve_dir);
         free(main_link);
@@ -390,8 +393,9 @@ static int write_registry_index(const char *tree, const char *name, const char *
 static int remove_doc(const char *api_dir, const char *rel)
 {
     char *path = tk__path_join(api_dir, rel);
-    int rc = !path ? tk__err(TK_ERR_NOMEM, "out of memory")
-             : unlink(path) != 0 && errno != ENOENT ? tk__err_sys("cannot remove", path) : TK_OK;
+    int rc = !path                                  ? tk__err(TK_ERR_NOMEM, "out of memory")
+             : unlink(path) != 0 && errno != ENOENT ? tk__err_sys("cannot remove", path)
+                                                    : TK_OK;
     free(path);
     return rc;
 }
@@ -536,8 +540,10 @@ static int write_listing(const char *api_dir, const char *rev, json_t *list, int
     if (rc != TK_OK && path) {
         char why[512];
         snprintf(why, sizeof why, "%s", tk_last_error());
-        rc = tk__err(rc, "cannot write %s, the listing huggingface_hub reads: %s\nHINT: %s holds only the "
-                     "listings tk writes; move away what is in the way and publish again", path, why, dir);
+        rc = tk__err(rc,
+                     "cannot write %s, the listing huggingface_hub reads: %s\nHINT: %s holds only the "
+                     "listings tk writes; move away what is in the way and publish again",
+                     path, why, dir);
     }
     free(dir);
     free(path);
@@ -580,8 +586,8 @@ int tk_hub__tree_write_hub_docs(const char *api_dir, const char *resolve_dir)
         char *head = tk_hub__tree_branch_head(resolve_dir, e->d_name), *text = NULL;
         char *tpath = head && tk__is_hex(head, 40) ? tk__fmt("%s/tree/%s", api_dir, head) : NULL;
         size_t len = 0;
-        json_t *list = tpath && tk__read_file(&text, &len, tpath, JSON_DOC_MAX) == TK_OK ? json_loadb(text, len, 0, NULL)
-                                                                                        : NULL;
+        json_t *list =
+            tpath && tk__read_file(&text, &len, tpath, JSON_DOC_MAX) == TK_OK ? json_loadb(text, len, 0, NULL) : NULL;
         if (list)
             rc = write_listing(api_dir, e->d_name, list, 0);
         json_decref(list);
@@ -599,7 +605,8 @@ int tk_hub__tree_write_hub_docs(const char *api_dir, const char *resolve_dir)
         if (strcmp(e->d_name, "main") != 0 &&
             (e->d_name[0] != 'v' || tk__parse_i64(e->d_name + 1, 1, 1000000, &major) != 0))
             continue;
-        char *head = tk_hub__tree_branch_head(resolve_dir, e->d_name), *stale = head ? NULL : tk__path_join(tdir, e->d_name);
+        char *head = tk_hub__tree_branch_head(resolve_dir, e->d_name),
+             *stale = head ? NULL : tk__path_join(tdir, e->d_name);
         if (!head && (!stale || (unlink(stale) != 0 && errno != ENOENT)))
             rc = stale ? tk__err_sys("cannot remove", stale) : tk__err(TK_ERR_NOMEM, "out of memory");
         free(head);
@@ -623,4 +630,3 @@ int tk_hub__tree_commit_id(char out[41], const char *parent, const char *const n
     tk__buf_free(&b);
     return rc;
 }
-

@@ -19,8 +19,8 @@ int tk_hub__tree_write_json(const char *path, json_t *j);
 /* The Hub-shaped info document of one revision (new reference). Its "tk" object carries the
  * version, the major and the commit's parent (TK_HUB_NO_PARENT for a first commit; parent NULL),
  * so a client can recompute the commit id from what it downloads (docs/registry.md). */
-json_t *tk_hub__tree_info_doc(const char *name, const char *commit, const char *archive_name,
-                              const char *version, int major, const char *parent);
+json_t *tk_hub__tree_info_doc(const char *name, const char *commit, const char *archive_name, const char *version,
+                              int major, const char *parent);
 /* The parent recorded in api_dir/revision/<commit>, or NULL (malloc'd). */
 char *tk_hub__tree_commit_parent(const char *api_dir, const char *commit);
 /* A commit's manifest in the tree as JSON, or NULL. */
@@ -56,7 +56,6 @@ int tk_hub__tree_write_hub_docs(const char *api_dir, const char *resolve_dir);
 int tk_hub__tree_backfill_parents(const char *api_dir, const char *resolve_dir);
 /* The commit id of a version: 40 hex of sha256 over the parent and the three files' names and digests
  * (parent NULL: TK_HUB_NO_PARENT). hub/get.c recomputes it from what it downloaded. */
-int tk_hub__tree_commit_id(char out[41], const char *parent, const char *const names[3],
-                           const char *const shas[3]);
+int tk_hub__tree_commit_id(char out[41], const char *parent, const char *const names[3], const char *const shas[3]);
 
 #endif

@@ -96,11 +96,15 @@ static int refusal_status(const tk_hub_http_meta *m, int rc)
 static int registry_check(const char *registry, const char *token, const char *doing)
 {
     if (strncmp(registry, "http://", 7) != 0 && strncmp(registry, "https://", 8) != 0)
-        return tk__err(TK_ERR_INVALID, "--registry wants the http(s) URL of a 'tk serve' registry, got '%s'\n"
-                       "HINT: to write a static tree on this machine, use --to DIR", registry);
+        return tk__err(TK_ERR_INVALID,
+                       "--registry wants the http(s) URL of a 'tk serve' registry, got '%s'\n"
+                       "HINT: to write a static tree on this machine, use --to DIR",
+                       registry);
     if (!token || !*token)
-        return tk__err(TK_ERR_INVALID, "%s %s needs a token\nHINT: the registry's operator makes one with 'tk serve "
-                       "token add --org ORG'; pass it as TK_TOKEN or --token", doing, registry);
+        return tk__err(TK_ERR_INVALID,
+                       "%s %s needs a token\nHINT: the registry's operator makes one with 'tk serve "
+                       "token add --org ORG'; pass it as TK_TOKEN or --token",
+                       doing, registry);
     return TK_OK;
 }
 
@@ -140,12 +144,10 @@ static int registry_put(char **reply, size_t *reply_len, const char *registry, c
     return rc;
 }
 
-int tk_hub__upload(char **commit_out, int *created, const char *pkgdir, const char *registry,
-                   const char *key_path, const char *compression, const char *token, tk_log_fn log,
-                   void *log_user)
+int tk_hub__upload(char **commit_out, int *created, const char *pkgdir, const char *registry, const char *key_path,
+                   const char *compression, const char *token, tk_log_fn log, void *log_user)
 {
-    char tmpl[] = "/tmp/tk-upload.XXXXXX", org[65], name[65], *commit = NULL, *vdir = NULL, *reply = NULL,
-         *tar = NULL;
+    char tmpl[] = "/tmp/tk-upload.XXXXXX", org[65], name[65], *commit = NULL, *vdir = NULL, *reply = NULL, *tar = NULL;
     size_t tar_len = 0, reply_len = 0;
     const char *files[3] = {"manifest.json", "manifest.json.sig", NULL};
     struct archive *a = NULL;

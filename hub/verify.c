@@ -22,8 +22,10 @@ int tk_hub__get_doc(const tk_hub_env *env, const char *url, size_t max, char **b
     tk_hub_http_meta meta;
     int rc = tk_hub__http_get_mem(env->http, url, max, body, len, &meta);
     if (rc != TK_OK && rc != TK_ERR_NOT_FOUND && meta.too_big)
-        rc = tk__err(TK_ERR_MANIFEST, "%s is larger than the %zu bytes tk accepts for it\nHINT: the registry's "
-                     "copy is damaged or hostile", url, max);
+        rc = tk__err(TK_ERR_MANIFEST,
+                     "%s is larger than the %zu bytes tk accepts for it\nHINT: the registry's "
+                     "copy is damaged or hostile",
+                     url, max);
     return rc;
 }
 
@@ -50,8 +52,7 @@ static int unknown_signer(const tk_hub_env *env, const tk_hub_ref *ref, const ch
         return rc;
     }
     if (env->trust_unknown && may_add && add) {
-        say(env, TK_LOG_WARN, "trusting new signer %s for org '%s' (--trust; first key of this org)", keyid,
-            ref->org);
+        say(env, TK_LOG_WARN, "trusting new signer %s for org '%s' (--trust; first key of this org)", keyid, ref->org);
         *add = 1;
         return TK_OK;
     }
@@ -78,8 +79,10 @@ int tk_hub__signer_check(const tk_hub_env *env, const tk_hub_ref *ref, const cha
     if (!trusted)
         return unknown_signer(env, ref, keyid, pubkey, bid, may_add, add);
     rc = strcmp(trusted, pubkey) == 0 ? TK_OK
-                                      : tk__err(TK_ERR_SIGNATURE, "key %s in the trust store does not match the key "
-                                                "in the signature", keyid);
+                                      : tk__err(TK_ERR_SIGNATURE,
+                                                "key %s in the trust store does not match the key "
+                                                "in the signature",
+                                                keyid);
     free(trusted);
     return rc;
 }
@@ -107,7 +110,8 @@ int tk_hub__manifest_signed(char keyid[TK_KEYID_LEN], char pubkey[TK_PUBKEY_LEN]
     if ((rc = tk_hub__sig_parse(keyid, pubkey, sig, sigtext, siglen)) != TK_OK)
         return tk__err_wrap(rc, "%s", ref->name);
     if ((rc = tk_hub__verify(pubkey, sig, mtext, mlen)) != TK_OK)
-        return tk__err(rc, "%s at %s: the signature does not match the manifest (the manifest was altered, or "
+        return tk__err(rc,
+                       "%s at %s: the signature does not match the manifest (the manifest was altered, or "
                        "signed by another key)\nHINT: do not use this registry copy; report it to the publisher",
                        ref->name, commit);
     return TK_OK;
@@ -122,7 +126,8 @@ static int info_parent(char parent[41], const tk_hub_env *env, const tk_hub_ref 
     json_t *j = NULL;
     int rc = url ? tk_hub__get_doc(env, url, TK_HUB_INFO_MAX, &body, &len) : tk__err(TK_ERR_NOMEM, "out of memory");
     if (rc == TK_ERR_NOT_FOUND)
-        rc = tk__err(TK_ERR_MANIFEST, "%s: the registry has no info document for commit %s (%s), so tk cannot "
+        rc = tk__err(TK_ERR_MANIFEST,
+                     "%s: the registry has no info document for commit %s (%s), so tk cannot "
                      "check that the commit holds what it names\nHINT: the registry was not written by 'tk publish' "
                      "or 'tk serve', or by an older tk; its publisher runs 'tk publish' again to record it",
                      ref->name, commit, url);
@@ -132,11 +137,14 @@ static int info_parent(char parent[41], const tk_hub_env *env, const tk_hub_ref 
     const char *sha = json_string_value(json_object_get(j, "sha"));
     const char *p = json_string_value(json_object_get(json_object_get(j, "tk"), "parent"));
     if (!sha || strcmp(sha, commit) != 0 || !p || !tk__is_hex(p, 40)) {
-        rc = tk__err(TK_ERR_MANIFEST, "%s: the info document of commit %s (%s) %s\nHINT: the registry was "
+        rc = tk__err(TK_ERR_MANIFEST,
+                     "%s: the info document of commit %s (%s) %s\nHINT: the registry was "
                      "written by an older tk (its publisher runs 'tk publish' again, which records the "
-                     "parents), or it is damaged", ref->name, commit, url,
-                     !j ? "is not valid JSON" : !sha || strcmp(sha, commit) ? "names another commit"
-                                                              : "does not give the commit's parent (tk.parent)");
+                     "parents), or it is damaged",
+                     ref->name, commit, url,
+                     !j                            ? "is not valid JSON"
+                     : !sha || strcmp(sha, commit) ? "names another commit"
+                                                   : "does not give the commit's parent (tk.parent)");
         goto done;
     }
     memcpy(parent, p, 41);
@@ -163,7 +171,8 @@ int tk_hub__commit_verify(char parent[41], const tk_hub_env *env, const tk_hub_r
     if ((rc = tk_hub__tree_commit_id(got, p, names, shas)) != TK_OK)
         return rc;
     if (strcmp(got, commit) != 0)
-        return tk__err(TK_ERR_DIGEST, "%s: commit %s does not hold what it names: the files the registry served "
+        return tk__err(TK_ERR_DIGEST,
+                       "%s: commit %s does not hold what it names: the files the registry served "
                        "there (%s %s) make commit %s\nHINT: the registry or a mirror put another version's files "
                        "under this commit; do not use it, and report it to the registry's operator",
                        ref->name, commit, m->name, m->version, got);
@@ -186,8 +195,8 @@ int tk_hub__yank_verified(tk_hub_yank *y, char **url_out, const tk_hub_env *env,
     if ((rc = tk_hub__get_doc(env, surl, TK_HUB_SIG_MAX, &sigtext, &glen)) == TK_ERR_NOT_FOUND)
         rc = tk__err(TK_ERR_SIGNATURE, "it has no signature (%s is missing)", surl);
     if (rc == TK_OK && (rc = tk_hub__sig_parse(keyid, pubkey, sig, sigtext, glen)) == TK_OK &&
-        (rc = tk_hub__verify(pubkey, sig, stmt, slen)) == TK_OK &&
-        (!signer || strcmp(keyid, signer) != 0) && (rc = tk_hub__signer_trusted(env, ref, keyid, pubkey)) != TK_OK)
+        (rc = tk_hub__verify(pubkey, sig, stmt, slen)) == TK_OK && (!signer || strcmp(keyid, signer) != 0) &&
+        (rc = tk_hub__signer_trusted(env, ref, keyid, pubkey)) != TK_OK)
         goto done;
     if (rc == TK_OK && (rc = tk_hub__yank_parse(y, stmt, slen)) == TK_OK &&
         (strcmp(y->ref.name, ref->name) != 0 || strcmp(y->version, version) != 0))

@@ -40,8 +40,7 @@ int tk_hub__org_pinned(const tk_hub_env *env, const char *org);
 /* Parses the signature file sigtext of ref's manifest at commit and verifies it over the manifest's
  * exact bytes; keyid and pubkey receive the signer. TK_ERR_SIGNATURE with a hint. */
 int tk_hub__manifest_signed(char keyid[TK_KEYID_LEN], char pubkey[TK_PUBKEY_LEN], const tk_hub_ref *ref,
-                            const char *commit, const char *mtext, size_t mlen, const char *sigtext,
-                            size_t siglen);
+                            const char *commit, const char *mtext, size_t mlen, const char *sigtext, size_t siglen);
 
 /* Checks that commit holds what it names: the manifest m (its bytes' sha256 msha, its signature file
  * sigtext) is ref's package, and the id recomputed from the parent that the commit's info document
@@ -60,7 +59,7 @@ int tk_hub__commit_verify(char parent[41], const tk_hub_env *env, const tk_hub_r
  * the registry has no statement; any other error means a bad statement, which a caller ignores (a
  * registry can hide a yank, never make one). *url (may be NULL) receives the statement's URL
  * (malloc'd, also on failure). */
-int tk_hub__yank_verified(tk_hub_yank *y, char **url, const tk_hub_env *env, const tk_hub_ref *ref,
-                          const char *version, const char *signer);
+int tk_hub__yank_verified(tk_hub_yank *y, char **url, const tk_hub_env *env, const tk_hub_ref *ref, const char *version,
+                          const char *signer);
 
 #endif

@@ -39,8 +39,10 @@ static int push(queue *q, const char *c)
         if (!strcmp(q->todo[i], c))
             return TK_OK;
     if (q->ntodo >= MAX_COMMITS)
-        return tk__err(TK_ERR_MANIFEST, "the registry names more than %d commits for one package; tk stops "
-                       "there\nHINT: the registry is damaged or hostile", MAX_COMMITS);
+        return tk__err(TK_ERR_MANIFEST,
+                       "the registry names more than %d commits for one package; tk stops "
+                       "there\nHINT: the registry is damaged or hostile",
+                       MAX_COMMITS);
     if (q->ntodo == q->cap) {
         size_t nc = q->cap ? 2 * q->cap : 32;
         void *p = realloc(q->todo, nc * sizeof *q->todo);
@@ -126,8 +128,10 @@ int tk_hub__versions(tk_hub_version **out, size_t *n, const tk_hub_env *env, con
     *out = NULL;
     *n = 0;
     if (!env->http)
-        return tk__err(TK_ERR_OFFLINE, "listing the versions of %s needs the registry, and tk is offline\n"
-                       "HINT: unset TK_OFFLINE (or drop --offline)", ref->name);
+        return tk__err(TK_ERR_OFFLINE,
+                       "listing the versions of %s needs the registry, and tk is offline\n"
+                       "HINT: unset TK_OFFLINE (or drop --offline)",
+                       ref->name);
     char *rurl = tk__fmt("%s/api/kernels/%s/%s/refs", env->endpoint, ref->org, ref->pkg);
     char *vurl = tk__fmt("%s/api/kernels/%s/%s/versions", env->endpoint, ref->org, ref->pkg);
     char *body = NULL, *vbody = NULL;
@@ -151,8 +155,10 @@ int tk_hub__versions(tk_hub_version **out, size_t *n, const tk_hub_env *env, con
     json_t *branches = json_object_get(refs, "branches"), *b;
     size_t i;
     if (!json_is_array(branches)) {
-        rc = tk__err(TK_ERR_NETWORK, "the registry's refs for %s are not valid (no 'branches' array)\nHINT: is "
-                     "%s a tk or Hub registry?", ref->name, env->endpoint);
+        rc = tk__err(TK_ERR_NETWORK,
+                     "the registry's refs for %s are not valid (no 'branches' array)\nHINT: is "
+                     "%s a tk or Hub registry?",
+                     ref->name, env->endpoint);
         goto done;
     }
     json_array_foreach(branches, i, b) {
@@ -190,8 +196,10 @@ int tk_hub__versions(tk_hub_version **out, size_t *n, const tk_hub_env *env, con
             v[nv].head |= !strcmp(heads[h], v[nv].commit);
         for (size_t e = 0; e < nv; e++)
             if (!strcmp(v[e].version, v[nv].version)) {
-                rc = tk__err(TK_ERR_MANIFEST, "%s: version %s is published twice (commits %s and %s)\nHINT: the "
-                             "registry is damaged or hostile", ref->name, v[nv].version, v[e].commit, v[nv].commit);
+                rc = tk__err(TK_ERR_MANIFEST,
+                             "%s: version %s is published twice (commits %s and %s)\nHINT: the "
+                             "registry is damaged or hostile",
+                             ref->name, v[nv].version, v[e].commit, v[nv].commit);
                 goto done;
             }
         json_array_foreach(json_object_get(vdoc, "versions"), i, b) {

@@ -66,8 +66,8 @@ int tk_hub__yank_parse(tk_hub_yank *y, const char *stmt, size_t len)
     else if (json_integer_value(json_object_get(j, "format_version")) != 1 ||
              !tk__streq(json_string_value(json_object_get(j, "type")), "yank"))
         rc = tk__err(TK_ERR_MANIFEST, "the yank statement needs \"format_version\": 1 and \"type\": \"yank\"");
-    else if (!name || tk_hub__ref_parse(&y->ref, name) != TK_OK || y->ref.major || y->ref.commit[0] || y->ref.prefix[0] ||
-             tk_hub__ref_is_spec(&y->ref))
+    else if (!name || tk_hub__ref_parse(&y->ref, name) != TK_OK || y->ref.major || y->ref.commit[0] ||
+             y->ref.prefix[0] || tk_hub__ref_is_spec(&y->ref))
         rc = tk__err(TK_ERR_MANIFEST, "the yank statement names no package (\"name\": \"org/name\")");
     else if (!version_ok(version, &y->major))
         rc = tk__err(TK_ERR_MANIFEST, "the yank statement's version '%s' is not MAJOR.MINOR.PATCH",

@@ -372,8 +372,7 @@ typedef struct {
  * id. Errors: TK_ERR_MANIFEST for a bad kernel.json, TK_ERR_COMPILE (a kernel does not compile: the
  * message holds NVRTC's file:line), TK_ERR_INVALID (a bad arch), TK_ERR_ROLLBACK if the version is
  * not newer than the branch head, TK_ERR_IO. */
-TK_API int tk_publish(char **commit, tk_ctx *ctx, const char *pkgdir, const char *to_dir,
-                      const tk_publish_opts *opts);
+TK_API int tk_publish(char **commit, tk_ctx *ctx, const char *pkgdir, const char *to_dir, const tk_publish_opts *opts);
 
 /* Checks the package in `pkgdir` as tk_publish does before it signs anything (every key of
  * kernel.json against the format, with file:line:column and "did you mean"; name, version, license;
@@ -421,15 +420,20 @@ TK_API int tk_yank(tk_ctx *ctx, const char *ref, const char *reason, const char 
 TK_API int tk_publish_upload(char **commit, int *created, tk_ctx *ctx, const char *pkgdir, const char *registry,
                              const char *token, const tk_publish_opts *opts);
 
-
 /* ---------------------------------------------------------------------------------------------- */
 /* Tensors (DLPack-compatible)                                                                     */
 
 /* tk_tensor has DLTensor's exact layout (dlpack.h v1.x), so a DLTensor * from PyTorch, JAX or CuPy
  * can be passed as a tk_tensor * without copying. The memory is the caller's. */
 enum { TK_DEV_CPU = 1, TK_DEV_CUDA = 2 };                      /* DLDeviceType values */
-enum { TK_DL_INT = 0, TK_DL_UINT = 1, TK_DL_FLOAT = 2, TK_DL_BFLOAT = 4,
-       TK_DL_FLOAT8_E4M3FN = 10, TK_DL_FLOAT8_E5M2 = 12 };        /* DLDataTypeCode values */
+enum {
+    TK_DL_INT = 0,
+    TK_DL_UINT = 1,
+    TK_DL_FLOAT = 2,
+    TK_DL_BFLOAT = 4,
+    TK_DL_FLOAT8_E4M3FN = 10,
+    TK_DL_FLOAT8_E5M2 = 12
+};        /* DLDataTypeCode values */
 
 typedef struct {
     uint8_t code;   /* TK_DL_* */
@@ -439,7 +443,10 @@ typedef struct {
 
 typedef struct {
     void *data;                    /* base pointer (host or device) */
-    struct { int32_t device_type; int32_t device_id; } device;
+    struct {
+        int32_t device_type;
+        int32_t device_id;
+    } device;
     int32_t ndim;
     tk_dtype dtype;
     int64_t *shape;                /* ndim sizes */
@@ -541,8 +548,8 @@ TK_API const char *tk_function_op(const tk_function *fn);
 
 /* Raw launch: args is an array of pointers to each kernel argument, as cuLaunchKernel takes them.
  * stream is a CUstream or NULL (the default stream). Safe to call from several threads. */
-TK_API int tk_function_launch(const tk_function *fn, const unsigned grid[3], const unsigned block[3],
-                              size_t smem, void *stream, void **args);
+TK_API int tk_function_launch(const tk_function *fn, const unsigned grid[3], const unsigned block[3], size_t smem,
+                              void *stream, void **args);
 
 /* Declarative call: binds args to the manifest's params (by name, else by position), checks dtypes,
  * derives scalar params and the grid/block/smem from the launch rule, and launches. Tensors must be
@@ -562,8 +569,7 @@ typedef struct {
  * tk_get_kernel) for each arch into the cache (ahead of time,
  * no GPU needed). *compiled / *cached (may be NULL) receive how many binaries were compiled now and
  * how many were already cached. Errors: TK_ERR_NOT_FOUND, TK_ERR_NO_NVRTC, TK_ERR_COMPILE. */
-TK_API int tk_build(tk_ctx *ctx, const char *ref, const tk_build_opts *opts, size_t *compiled,
-                    size_t *cached);
+TK_API int tk_build(tk_ctx *ctx, const char *ref, const tk_build_opts *opts, size_t *compiled, size_t *cached);
 
 /* The compiled-binary cache. */
 TK_API int tk_cache_stats_json(char **out, tk_ctx *ctx);
@@ -663,8 +669,7 @@ TK_API int tk_selftest_forget(tk_ctx *ctx, const char *ref, int64_t *removed);
  * runs on host copies if config "cpu_fallback" is true (*impl "cpu-reference (fallback)"), else the
  * call fails with TK_ERR_SELFTEST. Errors: TK_ERR_NOT_FOUND (unknown op), TK_ERR_INVALID (the message
  * names the argument and the shape it got), TK_ERR_UNSUPPORTED, TK_ERR_SELFTEST. */
-TK_API int tk_op_run(tk_ctx *ctx, const char *op, const tk_arg *args, size_t nargs, void *stream,
-                     const char **impl);
+TK_API int tk_op_run(tk_ctx *ctx, const char *op, const tk_arg *args, size_t nargs, void *stream, const char **impl);
 /* Every op with its signature and implementations, as JSON: tk's own ("standard": true), those that
  * packages declare in kernel.json "ops" ("declared_by": "org/name", no CPU reference), and the op names
  * of other package kernels (no signature). TK_ERR_MANIFEST when two packages declare one op with two
@@ -893,7 +898,7 @@ typedef struct {
      * The trainer borrows comm: free the trainer before it. NULL or one rank: training as version 1. */
     struct tk_comm *comm;
 } tk_train_opts;
-#define TK_TRAIN_OPTS_INIT                                                                          \
+#define TK_TRAIN_OPTS_INIT                                                                                             \
     {TK_TRAIN_OPTS_VERSION, 1e-4, 0.9, 0.999, 1e-8, 0.01, 0, 1.0, 0, 0, 0.0, 0, -1, -100, 0.0, NULL}
 
 /* What an optimiser step did (data parallel: over every rank's tokens). */
@@ -1079,9 +1084,31 @@ typedef struct {
     struct tk_comm *comm;
     const char *tp_plan;
 } tk_model_server_opts;
-#define TK_MODEL_SERVER_OPTS_INIT                                                                     \
-    {TK_MODEL_SERVER_OPTS_VERSION, NULL, NULL, NULL, TK_DEV_CPU, 0, NULL, NULL, 0, 0, 0, NULL, 0, 0, 0, 0, 0, \
-     0, 0, 1, NULL, NULL, NULL, NULL}
+#define TK_MODEL_SERVER_OPTS_INIT                                                                                      \
+    {TK_MODEL_SERVER_OPTS_VERSION,                                                                                     \
+     NULL,                                                                                                             \
+     NULL,                                                                                                             \
+     NULL,                                                                                                             \
+     TK_DEV_CPU,                                                                                                       \
+     0,                                                                                                                \
+     NULL,                                                                                                             \
+     NULL,                                                                                                             \
+     0,                                                                                                                \
+     0,                                                                                                                \
+     0,                                                                                                                \
+     NULL,                                                                                                             \
+     0,                                                                                                                \
+     0,                                                                                                                \
+     0,                                                                                                                \
+     0,                                                                                                                \
+     0,                                                                                                                \
+     0,                                                                                                                \
+     0,                                                                                                                \
+     1,                                                                                                                \
+     NULL,                                                                                                             \
+     NULL,                                                                                                             \
+     NULL,                                                                                                             \
+     NULL}
 
 /* Binds the listen address and starts serving at once: the model loads in the background (GET /health
  * answers 503 until it is ready, and generation requests 503 too). ctx runs the model's ops and is used
@@ -1128,12 +1155,11 @@ TK_API void tk_tokenizer_free(tk_tokenizer *tok);
 /* Encodes UTF-8 text (len bytes; invalid UTF-8 is TK_ERR_INVALID). add_special: 1 applies the
  * post-processor (BERT's [CLS] ... [SEP], Llama's <s>) as tokenizers' encode(add_special_tokens=True).
  * *ids is owned by the caller (tk_free). */
-TK_API int tk_tokenizer_encode(int32_t **ids, size_t *n, const tk_tokenizer *tok,
-                               const char *text, size_t len, int add_special);
+TK_API int tk_tokenizer_encode(int32_t **ids, size_t *n, const tk_tokenizer *tok, const char *text, size_t len,
+                               int add_special);
 /* Decodes ids to UTF-8 as tokenizers' decode(ids, skip_special_tokens=skip_special).
  * *text is owned by the caller (tk_free). Errors: TK_ERR_INVALID (an id outside the vocabulary). */
-TK_API int tk_tokenizer_decode(char **text, const tk_tokenizer *tok, const int32_t *ids, size_t n,
-                               int skip_special);
+TK_API int tk_tokenizer_decode(char **text, const tk_tokenizer *tok, const int32_t *ids, size_t n, int skip_special);
 /* The number of ids: one more than the highest id of the model's vocabulary and the added tokens. */
 TK_API size_t tk_tokenizer_vocab_size(const tk_tokenizer *tok);
 /* The id of a token string (added/special tokens included); TK_ERR_NOT_FOUND when absent. */
@@ -1213,9 +1239,36 @@ typedef struct {
     int logprobs;                 /* tk_gen_batch: 1 reports each chosen token's log-probability */
     int top_logprobs;             /* tk_gen_batch: and the most likely 0..TK_GEN_MAX_TOP_LOGPROBS tokens' */
 } tk_gen_opts;
-#define TK_GEN_OPTS_INIT                                                                            \
-    {TK_GEN_OPTS_VERSION, -1, 0, 0, 1.0, 50, 1.0, 0.0, 1.0, 0, 1, 1.0, TK_GEN_EARLY_HEURISTIC, {0}, 0, -1, 0, \
-     NULL, 0, NULL, NULL, 1, NULL, 16, 0, 0.0, 0.0, 0, 0}
+#define TK_GEN_OPTS_INIT                                                                                               \
+    {TK_GEN_OPTS_VERSION,                                                                                              \
+     -1,                                                                                                               \
+     0,                                                                                                                \
+     0,                                                                                                                \
+     1.0,                                                                                                              \
+     50,                                                                                                               \
+     1.0,                                                                                                              \
+     0.0,                                                                                                              \
+     1.0,                                                                                                              \
+     0,                                                                                                                \
+     1,                                                                                                                \
+     1.0,                                                                                                              \
+     TK_GEN_EARLY_HEURISTIC,                                                                                           \
+     {0},                                                                                                              \
+     0,                                                                                                                \
+     -1,                                                                                                               \
+     0,                                                                                                                \
+     NULL,                                                                                                             \
+     0,                                                                                                                \
+     NULL,                                                                                                             \
+     NULL,                                                                                                             \
+     1,                                                                                                                \
+     NULL,                                                                                                             \
+     16,                                                                                                               \
+     0,                                                                                                                \
+     0.0,                                                                                                              \
+     0.0,                                                                                                              \
+     0,                                                                                                                \
+     0}
 
 /* Weight-only quantisation for inference: from the next forward on, every linear layer's weight
  * (attention, MLP and LM head projections; not embeddings or norms) runs as `casted_linear` over an
@@ -1240,8 +1293,8 @@ TK_API int tk_gen_opts_from_model(tk_gen_opts *o, tk_model *model);
  * (an empty prompt, a prompt that does not fit the context, max_new_tokens 0, an option out of range:
  * the message names it), TK_ERR_UNSUPPORTED (sampling with beams; a stop string without a tokenizer),
  * TK_ERR_NOMEM (the KV cache would pass kv_max_bytes), and the model's and ops' errors. */
-TK_API int tk_generate(tk_gen_result **out, tk_model *model, const int32_t *const *prompts,
-                       const size_t *lens, size_t np, const tk_gen_opts *opts);
+TK_API int tk_generate(tk_gen_result **out, tk_model *model, const int32_t *const *prompts, const size_t *lens,
+                       size_t np, const tk_gen_opts *opts);
 TK_API void tk_gen_result_free(tk_gen_result *r);
 TK_API size_t tk_gen_result_count(const tk_gen_result *r);
 /* The new token ids of sequence i (eos included when it ended on one); borrowed. */
@@ -1435,9 +1488,32 @@ typedef struct {
     double confidence_threshold; /* block: the mean entropy that ends a block early (0.005; > 0) */
     int64_t stability_threshold; /* block: steps the argmax canvas must repeat to end early (1; 0: any) */
 } tk_diff_opts;
-#define TK_DIFF_OPTS_INIT                                                                               \
-    {TK_DIFF_OPTS_VERSION, TK_DIFF_AUTO, 128, 0, 0, 0.0, 0, 0.0, NULL, 0.0, 1.0, 0, 1e-3, -1, 0, 0, NULL, \
-     NULL, NULL, NULL, -1.0, -1.0, -1.0, -1.0, -1}
+#define TK_DIFF_OPTS_INIT                                                                                              \
+    {TK_DIFF_OPTS_VERSION,                                                                                             \
+     TK_DIFF_AUTO,                                                                                                     \
+     128,                                                                                                              \
+     0,                                                                                                                \
+     0,                                                                                                                \
+     0.0,                                                                                                              \
+     0,                                                                                                                \
+     0.0,                                                                                                              \
+     NULL,                                                                                                             \
+     0.0,                                                                                                              \
+     1.0,                                                                                                              \
+     0,                                                                                                                \
+     1e-3,                                                                                                             \
+     -1,                                                                                                               \
+     0,                                                                                                                \
+     0,                                                                                                                \
+     NULL,                                                                                                             \
+     NULL,                                                                                                             \
+     NULL,                                                                                                             \
+     NULL,                                                                                                             \
+     -1.0,                                                                                                             \
+     -1.0,                                                                                                             \
+     -1.0,                                                                                                             \
+     -1.0,                                                                                                             \
+     -1}
 
 typedef struct tk_diff_result tk_diff_result;
 

@@ -45,20 +45,66 @@ void tk_jit__binary_free(tk_jit_binary *b)
 /* Options a package may pass. Anything that writes files (-time, -pch...), adds include paths or
  * overrides the target is refused: the target is tk's choice and headers come in memory. */
 static const char *const allowed_prefix[] = {
-    "-std=", "--std=", "-D", "--define-macro=", "-U", "--undefine-macro=", "-ftz=", "--ftz=",
-    "-prec-div=", "--prec-div=", "-prec-sqrt=", "--prec-sqrt=", "-fmad=", "--fmad=",
-    "-maxrregcount=", "--maxrregcount=", "-Werror=", "--Werror=", "-diag-suppress=",
-    "--diag-suppress=", "-diag-error=", "--diag-error=", "-diag-warn=", "--diag-warn=", "-dopt=",
-    "--dopt=", "-builtin-move-forward=", "--builtin-move-forward=", "-builtin-initializer-list=",
-    "--builtin-initializer-list=", "-Ofast-compile=", "--Ofast-compile=", "-Xptxas=",
-    "--ptxas-options=", "-minimal", "--minimal",
+    "-std=",
+    "--std=",
+    "-D",
+    "--define-macro=",
+    "-U",
+    "--undefine-macro=",
+    "-ftz=",
+    "--ftz=",
+    "-prec-div=",
+    "--prec-div=",
+    "-prec-sqrt=",
+    "--prec-sqrt=",
+    "-fmad=",
+    "--fmad=",
+    "-maxrregcount=",
+    "--maxrregcount=",
+    "-Werror=",
+    "--Werror=",
+    "-diag-suppress=",
+    "--diag-suppress=",
+    "-diag-error=",
+    "--diag-error=",
+    "-diag-warn=",
+    "--diag-warn=",
+    "-dopt=",
+    "--dopt=",
+    "-builtin-move-forward=",
+    "--builtin-move-forward=",
+    "-builtin-initializer-list=",
+    "--builtin-initializer-list=",
+    "-Ofast-compile=",
+    "--Ofast-compile=",
+    "-Xptxas=",
+    "--ptxas-options=",
+    "-minimal",
+    "--minimal",
 };
 static const char *const allowed_exact[] = {
-    "-use_fast_math", "--use_fast_math", "-lineinfo", "--generate-line-info", "-G",
-    "--device-debug", "-default-device", "--device-as-default-execution-space", "-restrict",
-    "--restrict", "-w", "--disable-warnings", "-extra-device-vectorization",
-    "--extra-device-vectorization", "-ewp", "--extensible-whole-program", "-device-int128",
-    "--device-int128", "-std=c++17", "-std=c++20", "-std=c++14", "-std=c++11",
+    "-use_fast_math",
+    "--use_fast_math",
+    "-lineinfo",
+    "--generate-line-info",
+    "-G",
+    "--device-debug",
+    "-default-device",
+    "--device-as-default-execution-space",
+    "-restrict",
+    "--restrict",
+    "-w",
+    "--disable-warnings",
+    "-extra-device-vectorization",
+    "--extra-device-vectorization",
+    "-ewp",
+    "--extensible-whole-program",
+    "-device-int128",
+    "--device-int128",
+    "-std=c++17",
+    "-std=c++20",
+    "-std=c++14",
+    "-std=c++11",
 };
 
 int tk_jit__option_check(const char *opt)
@@ -91,10 +137,7 @@ void tk_jit__target(char out[32], const tk_jit_unit *u)
         snprintf(out, 32, "sm_%d%s", u->cc, u->arch_specific ? "a" : "");
 }
 
-static int cmp_str(const void *a, const void *b)
-{
-    return strcmp(*(const char *const *)a, *(const char *const *)b);
-}
+static int cmp_str(const void *a, const void *b) { return strcmp(*(const char *const *)a, *(const char *const *)b); }
 
 static int cmp_file(const void *a, const void *b)
 {
@@ -106,9 +149,8 @@ static int put_field(tk_sha256 *h, const char *tag, const char *s, const void *d
     uint8_t lenb[8];
     for (int i = 0; i < 8; i++)
         lenb[i] = (uint8_t)((uint64_t)len >> (8 * i));
-    if (tk__sha256_update(h, tag, strlen(tag) + 1) != TK_OK ||
-        tk__sha256_update(h, s, strlen(s) + 1) != TK_OK || tk__sha256_update(h, lenb, 8) != TK_OK ||
-        (len && tk__sha256_update(h, data, len) != TK_OK))
+    if (tk__sha256_update(h, tag, strlen(tag) + 1) != TK_OK || tk__sha256_update(h, s, strlen(s) + 1) != TK_OK ||
+        tk__sha256_update(h, lenb, 8) != TK_OK || (len && tk__sha256_update(h, data, len) != TK_OK))
         return TK_ERR_INTERNAL;
     return TK_OK;
 }
@@ -184,8 +226,7 @@ int tk_jit__key(char out[TK_SHA256_HEX], const tk_jit_unit *u, const char *nvrtc
     if (lineinfo_on() && put_field(h, "opt", "-lineinfo", NULL, 0) != TK_OK)
         goto fail;
     tk_jit__target(target, u);
-    if (put_field(h, "target", target, NULL, 0) != TK_OK ||
-        put_field(h, "nvrtc", nvrtc_version, NULL, 0) != TK_OK ||
+    if (put_field(h, "target", target, NULL, 0) != TK_OK || put_field(h, "nvrtc", nvrtc_version, NULL, 0) != TK_OK ||
         tk__sha256_final_hex(h, out) != TK_OK)
         goto fail;
     rc = TK_OK;
@@ -202,8 +243,7 @@ fail:
 
 /* ---- compile ---------------------------------------------------------------------------------- */
 
-static int nv_fail(int code, const tk_nvrtc_api *nv, nvrtcResult r, const char *what,
-                   const tk_jit_unit *u)
+static int nv_fail(int code, const tk_nvrtc_api *nv, nvrtcResult r, const char *what, const tk_jit_unit *u)
 {
     char target[32];
     tk_jit__target(target, u);
@@ -423,7 +463,8 @@ int tk_jit__compile(tk_jit_binary **out, const tk_jit_unit *u)
 
     rc = TK_ERR_NOMEM;
     if (!(b = calloc(1, sizeof *b)) || (rc = args_make(&a, u, target)) != TK_OK ||
-        (rc = program_create(&prog, nv, &a, u)) != TK_OK || (rc = program_compile(b, nv, prog, &a, u, target)) != TK_OK ||
+        (rc = program_create(&prog, nv, &a, u)) != TK_OK ||
+        (rc = program_compile(b, nv, prog, &a, u, target)) != TK_OK ||
         (!u->ptx_only && (rc = take_cubin(b, nv, prog, u, target)) != TK_OK) ||
         (rc = take_ptx(b, nv, prog, u, target)) != TK_OK || (rc = take_lowered(b, nv, prog, u)) != TK_OK)
         goto fail;
@@ -497,14 +538,13 @@ static void *worker(void *arg)
     return NULL;
 }
 
-int tk_jit__compile_many(tk_jit_binary **outs, int *status, char **errmsg, const tk_jit_unit *units,
-                         size_t n, int jobs)
+int tk_jit__compile_many(tk_jit_binary **outs, int *status, char **errmsg, const tk_jit_unit *units, size_t n, int jobs)
 {
     return tk_jit__compile_many_cb(outs, status, errmsg, units, n, jobs, NULL, NULL);
 }
 
-int tk_jit__compile_many_cb(tk_jit_binary **outs, int *status, char **errmsg, const tk_jit_unit *units,
-                            size_t n, int jobs, tk_jit_done_fn done, void *user)
+int tk_jit__compile_many_cb(tk_jit_binary **outs, int *status, char **errmsg, const tk_jit_unit *units, size_t n,
+                            int jobs, tk_jit_done_fn done, void *user)
 {
     pool p;
     pthread_t th[64];
@@ -584,8 +624,8 @@ int tk_jit__binary_pack(uint8_t **out, size_t *len, const tk_jit_binary *bin)
     *out = NULL;
     *len = 0;
     if (tk__buf_append(&b, BLOB_MAGIC, 4) != TK_OK || put_u32(&b, BLOB_VERSION) != TK_OK ||
-        put_bytes(&b, bin->cubin, bin->cubin_len) != TK_OK ||
-        put_bytes(&b, bin->ptx, bin->ptx_len) != TK_OK || put_u32(&b, (uint32_t)bin->nlowered) != TK_OK)
+        put_bytes(&b, bin->cubin, bin->cubin_len) != TK_OK || put_bytes(&b, bin->ptx, bin->ptx_len) != TK_OK ||
+        put_u32(&b, (uint32_t)bin->nlowered) != TK_OK)
         goto fail;
     for (size_t i = 0; i < bin->nlowered; i++)
         if (put_bytes(&b, bin->lowered[i], strlen(bin->lowered[i])) != TK_OK)

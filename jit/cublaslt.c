@@ -101,12 +101,10 @@ typedef struct {
     cublasStatus_t (*MatmulPreferenceSetAttribute)(cublasLtMatmulPreference_t, int, const void *, size_t);
     cublasStatus_t (*MatmulAlgoGetHeuristic)(cublasLtHandle_t, cublasLtMatmulDesc_t, cublasLtMatrixLayout_t,
                                              cublasLtMatrixLayout_t, cublasLtMatrixLayout_t, cublasLtMatrixLayout_t,
-                                             cublasLtMatmulPreference_t, int, cublasLtMatmulHeuristicResult_t *,
-                                             int *);
-    cublasStatus_t (*Matmul)(cublasLtHandle_t, cublasLtMatmulDesc_t, const void *, const void *,
-                             cublasLtMatrixLayout_t, const void *, cublasLtMatrixLayout_t, const void *, const void *,
-                             cublasLtMatrixLayout_t, void *, cublasLtMatrixLayout_t, const cublasLtMatmulAlgo_t *,
-                             void *, size_t, CUstream);
+                                             cublasLtMatmulPreference_t, int, cublasLtMatmulHeuristicResult_t *, int *);
+    cublasStatus_t (*Matmul)(cublasLtHandle_t, cublasLtMatmulDesc_t, const void *, const void *, cublasLtMatrixLayout_t,
+                             const void *, cublasLtMatrixLayout_t, const void *, const void *, cublasLtMatrixLayout_t,
+                             void *, cublasLtMatrixLayout_t, const cublasLtMatmulAlgo_t *, void *, size_t, CUstream);
     /* optional (checked when present): the chosen algorithm's reduction scheme; an unsplit copy of a
      * split algorithm (a 16-bit y with a bias, see splitk_of) */
     cublasStatus_t (*MatmulAlgoConfigGetAttribute)(const cublasLtMatmulAlgo_t *, int, void *, size_t, size_t *);
@@ -163,11 +161,11 @@ static void lt_init_once(void)
         return;
     }
     const char *missing = NULL;
-#define LT_SYM(field, name)                                                                            \
-    do {                                                                                               \
-        *(void **)&lt.field = dlsym(h, name);                                                          \
-        if (!lt.field && !missing)                                                                     \
-            missing = name;                                                                            \
+#define LT_SYM(field, name)                                                                                            \
+    do {                                                                                                               \
+        *(void **)&lt.field = dlsym(h, name);                                                                          \
+        if (!lt.field && !missing)                                                                                     \
+            missing = name;                                                                                            \
     } while (0)
     LT_SYM(Create, "cublasLtCreate");
     LT_SYM(GetVersion, "cublasLtGetVersion");
@@ -320,11 +318,11 @@ static int gemm_k0(const tk_jit_gemm *g, size_t esz)
 }
 
 /* Returns lt_fail(...) from the calling step when a cuBLASLt call fails (g names the device). */
-#define LT(call, name)                                                                                 \
-    do {                                                                                               \
-        cublasStatus_t st_ = (call);                                                                   \
-        if (st_ != CUBLAS_STATUS_SUCCESS)                                                              \
-            return lt_fail(st_, name, g->device);                                                      \
+#define LT(call, name)                                                                                                 \
+    do {                                                                                                               \
+        cublasStatus_t st_ = (call);                                                                                   \
+        if (st_ != CUBLAS_STATUS_SUCCESS)                                                                              \
+            return lt_fail(st_, name, g->device);                                                                      \
     } while (0)
 
 /* The key of a product in the algorithm cache: everything the heuristic's choice depends on. */
@@ -457,10 +455,9 @@ static int unsplit_of(cublasLtMatmulAlgo_t *out, size_t *wsz, const cublasLtMatm
 static int algo_ask(cublasLtMatmulAlgo_t *algo, size_t *wsz, cublasLtMatmulPreference_t *pref, cublasLtHandle_t h,
                     const descs *d, const problem *p, const tk_jit_gemm *g)
 {
-    static const int align_attr[4] = {CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_A_BYTES,
-                                      CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_B_BYTES,
-                                      CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_C_BYTES,
-                                      CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_D_BYTES};
+    static const int align_attr[4] = {
+        CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_A_BYTES, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_B_BYTES,
+        CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_C_BYTES, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_D_BYTES};
     uint64_t maxws = MAX_WORKSPACE;
     uint32_t schemes = CUBLASLT_REDUCTION_SCHEME_COMPUTE_TYPE; /* and no split, which no mask excludes */
     int y16 = !g->y_f32 && g->dtype != TK_JIT_BLASLT_F32, nres = 0, pick = -1, rejected = 0;
@@ -503,10 +500,12 @@ static int algo_ask(cublasLtMatmulAlgo_t *algo, size_t *wsz, cublasLtMatmulPrefe
         return tk__err(TK_ERR_UNSUPPORTED,
                        "cuBLASLt has no algorithm for %s [%lld, %lld] x %s [%lld, %lld]%s on device %d (%s; "
                        "alignments w %u, x %u, y %u bytes)",
-                       g->dtype == TK_JIT_BLASLT_F32 ? "f32" : g->dtype == TK_JIT_BLASLT_F16 ? "f16" : "bf16",
+                       g->dtype == TK_JIT_BLASLT_F32   ? "f32"
+                       : g->dtype == TK_JIT_BLASLT_F16 ? "f16"
+                                                       : "bf16",
                        (long long)g->m, (long long)g->k, g->w_kn ? "weight^T" : "weight", (long long)g->n,
                        (long long)g->k, g->bias ? " + bias" : "", g->device,
-                       rejected ? "every one it offered adds split-K parts in 16 bits"
+                       rejected                                  ? "every one it offered adds split-K parts in 16 bits"
                        : nres < 1 && st == CUBLAS_STATUS_SUCCESS ? "no result"
                        : name                                    ? name
                                                                  : "?",

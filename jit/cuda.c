@@ -42,13 +42,13 @@ const char *tk_jit__cu_errstr(CUresult r, char *buf, size_t n)
     return buf;
 }
 
-#define CU_SYM(field, sym)                                                                         \
-    do {                                                                                           \
-        *(void **)&cu.field = dlsym(h, sym);                                                       \
-        if (!cu.field) {                                                                           \
-            missing = sym;                                                                         \
-            goto fail;                                                                             \
-        }                                                                                          \
+#define CU_SYM(field, sym)                                                                                             \
+    do {                                                                                                               \
+        *(void **)&cu.field = dlsym(h, sym);                                                                           \
+        if (!cu.field) {                                                                                               \
+            missing = sym;                                                                                             \
+            goto fail;                                                                                                 \
+        }                                                                                                              \
     } while (0)
 
 static void cu_init_once(void)
@@ -127,16 +127,15 @@ static void cu_init_once(void)
         return;
     }
     if (r != CUDA_SUCCESS) {
-        const char *hint =
-            r == CUDA_ERROR_STUB_LIBRARY
-                ? "HINT: this libcuda is the toolkit's stub, not a driver: install the NVIDIA driver "
-                  "or take the stubs directory out of LD_LIBRARY_PATH"
-            : r == CUDA_ERROR_INSUFFICIENT_DRIVER
-                ? "HINT: the NVIDIA driver is older than this CUDA needs: update the driver"
-                : "HINT: check 'nvidia-smi'; the driver may not be loaded or the device may be busy "
-                  "or hidden (CUDA_VISIBLE_DEVICES)";
-        snprintf(cu_err, sizeof cu_err, "the CUDA driver (%s) failed to initialise: cuInit: %s\n%s",
-                 lib, tk_jit__cu_errstr(r, ebuf, sizeof ebuf), hint);
+        const char *hint = r == CUDA_ERROR_STUB_LIBRARY
+                               ? "HINT: this libcuda is the toolkit's stub, not a driver: install the NVIDIA driver "
+                                 "or take the stubs directory out of LD_LIBRARY_PATH"
+                           : r == CUDA_ERROR_INSUFFICIENT_DRIVER
+                               ? "HINT: the NVIDIA driver is older than this CUDA needs: update the driver"
+                               : "HINT: check 'nvidia-smi'; the driver may not be loaded or the device may be busy "
+                                 "or hidden (CUDA_VISIBLE_DEVICES)";
+        snprintf(cu_err, sizeof cu_err, "the CUDA driver (%s) failed to initialise: cuInit: %s\n%s", lib,
+                 tk_jit__cu_errstr(r, ebuf, sizeof ebuf), hint);
         cu_status = TK_ERR_NO_DEVICE;
         return;
     }
@@ -144,8 +143,7 @@ static void cu_init_once(void)
     return;
 fail:
     snprintf(cu_err, sizeof cu_err,
-             "the CUDA driver %s lacks %s\nHINT: update the NVIDIA driver (tk needs CUDA 11.4 or newer)",
-             lib, missing);
+             "the CUDA driver %s lacks %s\nHINT: update the NVIDIA driver (tk needs CUDA 11.4 or newer)", lib, missing);
     memset(&cu, 0, sizeof cu);
     cu_status = TK_ERR_NO_DEVICE;
     /* the handle stays open: the process keeps what it loaded, as after success */
@@ -195,22 +193,18 @@ int tk_jit__device_info(tk_device_info *out, int ordinal)
     if (rc != TK_OK)
         return rc;
     if (ordinal < 0 || ordinal >= n)
-        return tk__err(n ? TK_ERR_INVALID : TK_ERR_NO_DEVICE,
-                       "no CUDA device %d (this machine has %d)%s", ordinal, n,
+        return tk__err(n ? TK_ERR_INVALID : TK_ERR_NO_DEVICE, "no CUDA device %d (this machine has %d)%s", ordinal, n,
                        n ? "" : "\nHINT: without a GPU, compile ahead of time with 'tk build --arch sm_90'");
     if ((r = cu.cuDeviceGet(&dev, ordinal)) != CUDA_SUCCESS ||
         (r = cu.cuDeviceGetName(out->name, (int)sizeof out->name, dev)) != CUDA_SUCCESS ||
-        (r = cu.cuDeviceGetAttribute(&out->cc_major, CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MAJOR,
-                                     dev)) != CUDA_SUCCESS ||
-        (r = cu.cuDeviceGetAttribute(&out->cc_minor, CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MINOR,
-                                     dev)) != CUDA_SUCCESS ||
-        (r = cu.cuDeviceGetAttribute(&out->sm_count, CU_DEVICE_ATTRIBUTE_MULTIPROCESSOR_COUNT, dev)) !=
+        (r = cu.cuDeviceGetAttribute(&out->cc_major, CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MAJOR, dev)) !=
             CUDA_SUCCESS ||
-        (r = cu.cuDeviceTotalMem(&mem, dev)) != CUDA_SUCCESS ||
-        (r = cu.cuDriverGetVersion(&v)) != CUDA_SUCCESS) {
+        (r = cu.cuDeviceGetAttribute(&out->cc_minor, CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MINOR, dev)) !=
+            CUDA_SUCCESS ||
+        (r = cu.cuDeviceGetAttribute(&out->sm_count, CU_DEVICE_ATTRIBUTE_MULTIPROCESSOR_COUNT, dev)) != CUDA_SUCCESS ||
+        (r = cu.cuDeviceTotalMem(&mem, dev)) != CUDA_SUCCESS || (r = cu.cuDriverGetVersion(&v)) != CUDA_SUCCESS) {
         memset(out, 0, sizeof *out);
-        return tk__err(TK_ERR_NO_DEVICE, "querying CUDA device %d: %s", ordinal,
-                       tk_jit__cu_errstr(r, eb, sizeof eb));
+        return tk__err(TK_ERR_NO_DEVICE, "querying CUDA device %d: %s", ordinal, tk_jit__cu_errstr(r, eb, sizeof eb));
     }
     out->name[sizeof out->name - 1] = '\0';
     out->ordinal = ordinal;
@@ -277,8 +271,7 @@ static void find_include(void)
                 return;
         } else {
             snprintf(probe, sizeof probe, "%s/include/cuda_fp16.h", e);
-            if (is_file(probe) &&
-                snprintf(nv_inc, sizeof nv_inc, "%s/include", e) < (int)sizeof nv_inc)
+            if (is_file(probe) && snprintf(nv_inc, sizeof nv_inc, "%s/include", e) < (int)sizeof nv_inc)
                 return;
         }
     }
@@ -324,9 +317,13 @@ static int probe_conf(char *out, size_t n, const char *conf, const char *name)
 static int probe_nvrtc(char *out, size_t n)
 {
     static const char *const names[] = {"libnvrtc.so.13", "libnvrtc.so.12", "libnvrtc.so"};
-    static const char *const fixed[] = {"/usr/local/cuda/lib64", "/usr/local/cuda/lib",
-                                        "/usr/lib/x86_64-linux-gnu", "/usr/lib/aarch64-linux-gnu",
-                                        "/usr/lib64", "/lib64", "/usr/lib"};
+    static const char *const fixed[] = {"/usr/local/cuda/lib64",
+                                        "/usr/local/cuda/lib",
+                                        "/usr/lib/x86_64-linux-gnu",
+                                        "/usr/lib/aarch64-linux-gnu",
+                                        "/usr/lib64",
+                                        "/lib64",
+                                        "/usr/lib"};
     const char *env = getenv("TK_NVRTC");
     char dir[PATH_MAX];
     if (env && *env)
@@ -420,13 +417,13 @@ int tk_jit__nvrtc_id(const char **id)
     return TK_OK;
 }
 
-#define NV_SYM(field, sym)                                                                         \
-    do {                                                                                           \
-        *(void **)&nv.field = dlsym(h, sym);                                                       \
-        if (!nv.field) {                                                                           \
-            missing = sym;                                                                         \
-            goto fail;                                                                             \
-        }                                                                                          \
+#define NV_SYM(field, sym)                                                                                             \
+    do {                                                                                                               \
+        *(void **)&nv.field = dlsym(h, sym);                                                                           \
+        if (!nv.field) {                                                                                               \
+            missing = sym;                                                                                             \
+            goto fail;                                                                                                 \
+        }                                                                                                              \
     } while (0)
 
 static void nv_init_once(void)
@@ -510,8 +507,7 @@ static void nv_init_once(void)
     return;
 fail:
     snprintf(nv_err, sizeof nv_err,
-             "NVRTC library lacks %s (too old?)\nHINT: install NVRTC 12 or newer, or set TK_NVRTC",
-             missing);
+             "NVRTC library lacks %s (too old?)\nHINT: install NVRTC 12 or newer, or set TK_NVRTC", missing);
     memset(&nv, 0, sizeof nv);
     nv_status = TK_ERR_NO_NVRTC;
 }

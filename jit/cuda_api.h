@@ -68,8 +68,8 @@ typedef struct {
     CUresult (*cuModuleGetFunction)(CUfunction *, CUmodule, const char *);
     CUresult (*cuFuncSetAttribute)(CUfunction, int, int);
     CUresult (*cuFuncGetAttribute)(int *, int, CUfunction);
-    CUresult (*cuLaunchKernel)(CUfunction, unsigned, unsigned, unsigned, unsigned, unsigned,
-                               unsigned, unsigned, CUstream, void **, void **);
+    CUresult (*cuLaunchKernel)(CUfunction, unsigned, unsigned, unsigned, unsigned, unsigned, unsigned, unsigned,
+                               CUstream, void **, void **);
     CUresult (*cuGetErrorName)(CUresult, const char **);
     CUresult (*cuGetErrorString)(CUresult, const char **);
     /* memory: device buffers for tk_device_* and launch workspaces */
@@ -110,8 +110,8 @@ typedef struct {
     nvrtcResult (*nvrtcGetNumSupportedArchs)(int *);
     nvrtcResult (*nvrtcGetSupportedArchs)(int *);
     const char *(*nvrtcGetErrorString)(nvrtcResult);
-    nvrtcResult (*nvrtcCreateProgram)(nvrtcProgram *, const char *, const char *, int,
-                                      const char *const *, const char *const *);
+    nvrtcResult (*nvrtcCreateProgram)(nvrtcProgram *, const char *, const char *, int, const char *const *,
+                                      const char *const *);
     nvrtcResult (*nvrtcDestroyProgram)(nvrtcProgram *);
     nvrtcResult (*nvrtcCompileProgram)(nvrtcProgram, int, const char *const *);
     nvrtcResult (*nvrtcGetPTXSize)(nvrtcProgram, size_t *);

@@ -110,15 +110,15 @@ int tk_jit__compile(tk_jit_binary **out, const tk_jit_unit *u);
 /* Compiles n units in parallel on at most `jobs` threads (0: by cores and free memory). outs[i] and
  * status[i] receive each result; errmsg[i] (may be NULL) a malloc'd copy of a failure's message.
  * Returns TK_OK when all succeeded, else the status of the first failing unit (its message set). */
-int tk_jit__compile_many(tk_jit_binary **outs, int *status, char **errmsg, const tk_jit_unit *units,
-                         size_t n, int jobs);
+int tk_jit__compile_many(tk_jit_binary **outs, int *status, char **errmsg, const tk_jit_unit *units, size_t n,
+                         int jobs);
 /* Progress of compile_many_cb, called under its lock (one call at a time, from any worker thread):
  * when unit i starts (started 1) and when it finishes (started 0, with its status and seconds).
  * ndone: units finished so far; nrunning: units started and not finished. */
 typedef void (*tk_jit_done_fn)(void *user, size_t i, int started, int status, size_t ndone, size_t nrunning,
                                double seconds);
-int tk_jit__compile_many_cb(tk_jit_binary **outs, int *status, char **errmsg, const tk_jit_unit *units,
-                            size_t n, int jobs, tk_jit_done_fn done, void *user);
+int tk_jit__compile_many_cb(tk_jit_binary **outs, int *status, char **errmsg, const tk_jit_unit *units, size_t n,
+                            int jobs, tk_jit_done_fn done, void *user);
 /* How many compiles may run at once: cores, and free memory / 512 MiB, at least 1. */
 int tk_jit__default_jobs(void);
 
@@ -157,8 +157,8 @@ int tk_jit__module_device(const tk_jit_module *m);
  * must point at) receives a device buffer of ws_bytes allocated on the stream (cuMemAllocAsync, so
  * the pool makes it cheap), zero-filled on the stream before the launch and freed on the stream
  * after it: each launch owns its workspace, so concurrent launches on other streams cannot race. */
-int tk_jit__launch(tk_jit_module *m, void *fn, const unsigned grid[3], const unsigned block[3],
-                   size_t smem, void *stream, void **args, size_t ws_bytes, uint64_t *ws);
+int tk_jit__launch(tk_jit_module *m, void *fn, const unsigned grid[3], const unsigned block[3], size_t smem,
+                   void *stream, void **args, size_t ws_bytes, uint64_t *ws);
 
 /* ---- device memory (jit/mem.c) ---------------------------------------------------------------- */
 

@@ -174,8 +174,7 @@ int tk_jit__module_function(void **fn, tk_jit_module *m, const char *lowered)
         }
     if ((r = cu->cuModuleGetFunction(&f, m->mod, lowered)) != CUDA_SUCCESS) {
         rc = tk__err(r == CUDA_ERROR_NOT_FOUND ? TK_ERR_NOT_FOUND : TK_ERR_LAUNCH,
-                     "kernel '%s' not found in the loaded module: %s", lowered,
-                     tk_jit__cu_errstr(r, eb, sizeof eb));
+                     "kernel '%s' not found in the loaded module: %s", lowered, tk_jit__cu_errstr(r, eb, sizeof eb));
         goto done;
     }
     if (m->nfns == m->capfns) {
@@ -223,13 +222,11 @@ static int ensure_smem(tk_jit_module *m, CUfunction fn, size_t smem)
         if (m->fns[i].fn != fn)
             continue;
         if (tk_jit__smem_optin(m->fns[i].smem_static, smem) && m->fns[i].smem_limit < smem) {
-            CUresult r = cu->cuFuncSetAttribute(fn, CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES,
-                                                (int)smem);
+            CUresult r = cu->cuFuncSetAttribute(fn, CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES, (int)smem);
             if (r != CUDA_SUCCESS) {
                 char eb[256];
                 int optin = 0;
-                cu->cuDeviceGetAttribute(&optin, CU_DEVICE_ATTRIBUTE_MAX_SHARED_MEMORY_PER_BLOCK_OPTIN,
-                                         m->dev);
+                cu->cuDeviceGetAttribute(&optin, CU_DEVICE_ATTRIBUTE_MAX_SHARED_MEMORY_PER_BLOCK_OPTIN, m->dev);
                 rc = tk__err(TK_ERR_LAUNCH,
                              "the kernel asks for %zu bytes of dynamic shared memory (plus %zu static); "
                              "device %d allows %d in all: %s",
@@ -244,8 +241,8 @@ static int ensure_smem(tk_jit_module *m, CUfunction fn, size_t smem)
     return rc;
 }
 
-int tk_jit__launch(tk_jit_module *m, void *fn, const unsigned grid[3], const unsigned block[3],
-                   size_t smem, void *stream, void **args, size_t ws_bytes, uint64_t *ws)
+int tk_jit__launch(tk_jit_module *m, void *fn, const unsigned grid[3], const unsigned block[3], size_t smem,
+                   void *stream, void **args, size_t ws_bytes, uint64_t *ws)
 {
     const tk_cu_api *cu = tk_jit__cu();
     CUcontext popped;
@@ -272,12 +269,11 @@ int tk_jit__launch(tk_jit_module *m, void *fn, const unsigned grid[3], const uns
             *ws = p;
     }
     if (rc == TK_OK) {
-        r = cu->cuLaunchKernel((CUfunction)fn, grid[0], grid[1], grid[2], block[0], block[1], block[2],
-                               (unsigned)smem, (CUstream)stream, args, NULL);
+        r = cu->cuLaunchKernel((CUfunction)fn, grid[0], grid[1], grid[2], block[0], block[1], block[2], (unsigned)smem,
+                               (CUstream)stream, args, NULL);
         if (r != CUDA_SUCCESS)
-            rc = tk__err(TK_ERR_LAUNCH, "cuLaunchKernel (grid %u,%u,%u block %u,%u,%u smem %zu): %s",
-                         grid[0], grid[1], grid[2], block[0], block[1], block[2], smem,
-                         tk_jit__cu_errstr(r, eb, sizeof eb));
+            rc = tk__err(TK_ERR_LAUNCH, "cuLaunchKernel (grid %u,%u,%u block %u,%u,%u smem %zu): %s", grid[0], grid[1],
+                         grid[2], block[0], block[1], block[2], smem, tk_jit__cu_errstr(r, eb, sizeof eb));
         if (ws_bytes)
             cu->cuMemFreeAsync((CUdeviceptr)*ws, (CUstream)stream);
     }

@@ -45,8 +45,8 @@ int tk_jit__primary_ctx(void **out, int device)
     if ((rc = tk_jit__device_count(&n)) != TK_OK)
         return rc;
     if (device < 0 || device >= n || device >= MAX_DEVICES)
-        return tk__err(n ? TK_ERR_INVALID : TK_ERR_NO_DEVICE, "device %d does not exist (%d device%s)",
-                       device, n, n == 1 ? "" : "s");
+        return tk__err(n ? TK_ERR_INVALID : TK_ERR_NO_DEVICE, "device %d does not exist (%d device%s)", device, n,
+                       n == 1 ? "" : "s");
     pthread_mutex_lock(&ctx_mu);
     if (!ctxs[device]) {
         CUdevice dev;

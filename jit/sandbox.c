@@ -89,8 +89,8 @@ static int cu_fail(CUresult r, const char *what, int device)
         snprintf(why, sizeof why, "a kernel faulted: %s", eb);
         set_lost(why);
     }
-    return tk__err(r == CUDA_ERROR_OUT_OF_MEMORY ? TK_ERR_NOMEM : TK_ERR_LAUNCH, "%s (self-test context, device %d): %s",
-                   what, device, eb);
+    return tk__err(r == CUDA_ERROR_OUT_OF_MEMORY ? TK_ERR_NOMEM : TK_ERR_LAUNCH,
+                   "%s (self-test context, device %d): %s", what, device, eb);
 }
 
 /* A new context and stream, left not current on this thread. */
@@ -141,17 +141,20 @@ int tk_jit__sandbox_new(tk_jit_sandbox **out, int device)
     int rc, n = 0;
     *out = NULL;
     if (tk_jit__cuda_lost())
-        return tk__err(TK_ERR_LAUNCH, "CUDA is unusable in this process: %s\nHINT: a fault or a hung launch ends "
-                                      "CUDA for the whole process (NVIDIA: it must be restarted); run self-tests in a "
-                                      "process of their own ('tk selftest' is one)", tk_jit__cuda_lost());
+        return tk__err(TK_ERR_LAUNCH,
+                       "CUDA is unusable in this process: %s\nHINT: a fault or a hung launch ends "
+                       "CUDA for the whole process (NVIDIA: it must be restarted); run self-tests in a "
+                       "process of their own ('tk selftest' is one)",
+                       tk_jit__cuda_lost());
     if ((rc = tk_jit__device_count(&n)) != TK_OK)
         return rc;
     if (device < 0 || device >= n)
         return tk__err(n ? TK_ERR_INVALID : TK_ERR_NO_DEVICE, "no CUDA device %d (this machine has %d)", device, n);
     const tk_cu_api *cu = tk_jit__cu();
     if (!cu->cuCtxCreate || !cu->cuCtxDestroy || !cu->cuStreamCreate || !cu->cuStreamQuery || !cu->cuStreamDestroy)
-        return tk__err(TK_ERR_UNSUPPORTED, "this CUDA driver lacks cuCtxCreate_v2, cuCtxDestroy_v2 or the stream calls a "
-                                           "self-test runs kernels with\nHINT: update the NVIDIA driver");
+        return tk__err(TK_ERR_UNSUPPORTED,
+                       "this CUDA driver lacks cuCtxCreate_v2, cuCtxDestroy_v2 or the stream calls a "
+                       "self-test runs kernels with\nHINT: update the NVIDIA driver");
     tk_jit_sandbox *sb = calloc(1, sizeof *sb);
     if (!sb)
         return tk__err(TK_ERR_NOMEM, "out of memory");
@@ -239,7 +242,7 @@ int tk_jit__sandbox_copy(tk_jit_sandbox *sb, void *dst, const void *src, size_t 
         return TK_OK;
     if ((rc = push(sb)) != TK_OK)
         return rc;
-    r = kind == TK_JIT_COPY_H2D ? cu->cuMemcpyHtoD((CUdeviceptr)(uintptr_t)dst, src, bytes)
+    r = kind == TK_JIT_COPY_H2D   ? cu->cuMemcpyHtoD((CUdeviceptr)(uintptr_t)dst, src, bytes)
         : kind == TK_JIT_COPY_D2H ? cu->cuMemcpyDtoH(dst, (CUdeviceptr)(uintptr_t)src, bytes)
                                   : cu->cuMemcpyDtoD((CUdeviceptr)(uintptr_t)dst, (CUdeviceptr)(uintptr_t)src, bytes);
     pop();

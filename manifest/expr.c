@@ -30,8 +30,23 @@
 #define MAX_DEPTH 64
 
 enum {
-    N_NUM, N_ADD, N_SUB, N_MUL, N_DIV, N_MOD, N_NEG, N_MIN, N_MAX, N_CDIV, N_ALIGN,
-    N_SHAPE, N_STRIDE, N_NDIM, N_NUMEL, N_SCALAR, N_SM
+    N_NUM,
+    N_ADD,
+    N_SUB,
+    N_MUL,
+    N_DIV,
+    N_MOD,
+    N_NEG,
+    N_MIN,
+    N_MAX,
+    N_CDIV,
+    N_ALIGN,
+    N_SHAPE,
+    N_STRIDE,
+    N_NDIM,
+    N_NUMEL,
+    N_SCALAR,
+    N_SM
 };
 
 typedef struct {
@@ -83,8 +98,8 @@ static int perr(parser *p, size_t col, const char *fmt, ...)
         caret[i] = p->s[i] == '\t' ? '\t' : ' ';
     caret[col < MAX_SRC ? col : MAX_SRC] = '^';
     caret[(col < MAX_SRC ? col : MAX_SRC) + 1] = '\0';
-    p->rc = tk__err(TK_ERR_MANIFEST, "%s: column %zu: %s\n    %.*s\n    %s", p->what, col + 1, msg,
-                    (int)len, p->s, caret);
+    p->rc =
+        tk__err(TK_ERR_MANIFEST, "%s: column %zu: %s\n    %.*s\n    %s", p->what, col + 1, msg, (int)len, p->s, caret);
     return p->rc;
 }
 
@@ -171,8 +186,7 @@ static int tensor_param(parser *p, const char *context)
     k = find_param(p, st, len);
     if (k < 0 || p->params[k].type != TK_MANIFEST_P_TENSOR) {
         list_params(names, sizeof names, p, 1);
-        perr(p, st, "'%.*s' is not a tensor parameter of this kernel (tensors: %s)", (int)len,
-             p->s + st, names);
+        perr(p, st, "'%.*s' is not a tensor parameter of this kernel (tensors: %s)", (int)len, p->s + st, names);
         return -1;
     }
     return k;
@@ -207,8 +221,7 @@ static int parse_call(parser *p, size_t st, size_t len)
         if (strlen(fns[i].name) == len && strncmp(fns[i].name, p->s + st, len) == 0)
             op = fns[i].op;
     if (op < 0)
-        return perr(p, st, "unknown function '%.*s' (functions: numel, min, max, cdiv, align)", (int)len,
-                    p->s + st),
+        return perr(p, st, "unknown function '%.*s' (functions: numel, min, max, cdiv, align)", (int)len, p->s + st),
                -1;
     p->pos++;
     if (op == N_NUMEL) {
@@ -261,14 +274,12 @@ static int parse_name(parser *p, size_t st, size_t len)
         return perr(p, st, "unknown name '%.*s' (this kernel's params: %s)", (int)len, p->s + st, names), -1;
     }
     if (!p->params[k].usable)
-        return perr(p, st, "'%.*s' cannot be used here: it is a derived value not yet computed", (int)len,
-                    p->s + st),
+        return perr(p, st, "'%.*s' cannot be used here: it is a derived value not yet computed", (int)len, p->s + st),
                -1;
     if (p->params[k].type == TK_MANIFEST_P_TENSOR)
         return parse_tensor_attr(p, k, st, len);
     if (p->params[k].type == TK_MANIFEST_P_F32 || p->params[k].type == TK_MANIFEST_P_F64)
-        return perr(p, st, "'%.*s' is a floating-point parameter; launch rules are integer", (int)len, p->s + st),
-               -1;
+        return perr(p, st, "'%.*s' is a floating-point parameter; launch rules are integer", (int)len, p->s + st), -1;
     return new_node(p, N_SCALAR, -1, -1, k, 0, st);
 }
 
@@ -363,8 +374,8 @@ static int parse_expr(parser *p)
     return a;
 }
 
-int tk_manifest__expr_parse(tk_manifest_expr **out, const char *src, const tk_manifest_var *params,
-                       size_t nparams, const char *what)
+int tk_manifest__expr_parse(tk_manifest_expr **out, const char *src, const tk_manifest_var *params, size_t nparams,
+                            const char *what)
 {
     parser p;
     struct tk_manifest_expr *e = NULL;
@@ -491,9 +502,7 @@ static int ev(evalctx *c, int ni, int64_t *out)
     const tk_manifest_value *v;
 
     switch (n->op) {
-    case N_NUM:
-        *out = n->v;
-        return 0;
+    case N_NUM: *out = n->v; return 0;
     case N_SM:
         if (c->sm_count <= 0)
             return eerr(c, "sm_count is known only when launching on a device");
@@ -525,8 +534,8 @@ static int ev(evalctx *c, int ni, int64_t *out)
             return -1;
         k = ix < 0 ? ix + v->ndim : ix;
         if (k < 0 || k >= v->ndim)
-            return eerr(c, "index %lld is out of range for %s, which has %d dimension%s",
-                        (long long)ix, c->e->pnames[n->param], (int)v->ndim, v->ndim == 1 ? "" : "s");
+            return eerr(c, "index %lld is out of range for %s, which has %d dimension%s", (long long)ix,
+                        c->e->pnames[n->param], (int)v->ndim, v->ndim == 1 ? "" : "s");
         if (n->op == N_SHAPE) {
             *out = v->shape[k];
         } else if (v->strides) {
@@ -547,8 +556,7 @@ static int ev(evalctx *c, int ni, int64_t *out)
             return eerr(c, "integer overflow in negation");
         *out = -a;
         return 0;
-    default:
-        break;
+    default: break;
     }
     if (ev(c, n->a, &a) != 0 || ev(c, n->b, &b) != 0)
         return -1;
@@ -571,7 +579,10 @@ static int ev(evalctx *c, int ni, int64_t *out)
     case N_ALIGN:
         if (b == 0)
             return eerr(c, "division by zero (%s with a zero divisor)",
-                        n->op == N_DIV ? "/" : n->op == N_MOD ? "%" : n->op == N_CDIV ? "cdiv" : "align");
+                        n->op == N_DIV    ? "/"
+                        : n->op == N_MOD  ? "%"
+                        : n->op == N_CDIV ? "cdiv"
+                                          : "align");
         if (a == INT64_MIN && b == -1)
             return eerr(c, "integer overflow in division");
         if (n->op == N_DIV) {
@@ -589,14 +600,9 @@ static int ev(evalctx *c, int ni, int64_t *out)
             }
         }
         return 0;
-    case N_MIN:
-        *out = a < b ? a : b;
-        return 0;
-    case N_MAX:
-        *out = a > b ? a : b;
-        return 0;
-    default:
-        return eerr(c, "internal error: bad node %d", (int)n->op);
+    case N_MIN: *out = a < b ? a : b; return 0;
+    case N_MAX: *out = a > b ? a : b; return 0;
+    default: return eerr(c, "internal error: bad node %d", (int)n->op);
     }
 }
 
@@ -606,7 +612,7 @@ int tk_manifest__expr_eval(int64_t *out, const tk_manifest_expr *e, const tk_man
 }
 
 int tk_manifest__expr_eval_dev(int64_t *out, const tk_manifest_expr *e, const tk_manifest_value *vals, size_t nvals,
-                          int64_t sm_count)
+                               int64_t sm_count)
 {
     evalctx c = {e, vals, nvals, sm_count, TK_OK};
     int64_t v = 0;

@@ -13,12 +13,14 @@
 
 typedef struct tk_manifest_expr tk_manifest_expr;
 
-enum { TK_MANIFEST_P_TENSOR = 0,
-       TK_MANIFEST_P_I32,
-       TK_MANIFEST_P_I64,
-       TK_MANIFEST_P_F32,
-       TK_MANIFEST_P_F64,
-       TK_MANIFEST_P_WORKSPACE };
+enum {
+    TK_MANIFEST_P_TENSOR = 0,
+    TK_MANIFEST_P_I32,
+    TK_MANIFEST_P_I64,
+    TK_MANIFEST_P_F32,
+    TK_MANIFEST_P_F64,
+    TK_MANIFEST_P_WORKSPACE
+};
 
 /* What an expression may name: the kernel's params, in order. */
 typedef struct {
@@ -30,8 +32,8 @@ typedef struct {
 /* Parses `src` once into a tree and checks every name against params. `what` names the expression
  * in messages ("kernel 'silu_f32', launch.grid[0]"). Errors: TK_ERR_MANIFEST with the column, what
  * is wrong, and the expression with a caret under the spot. */
-int tk_manifest__expr_parse(tk_manifest_expr **out, const char *src, const tk_manifest_var *params,
-                            size_t nparams, const char *what);
+int tk_manifest__expr_parse(tk_manifest_expr **out, const char *src, const tk_manifest_var *params, size_t nparams,
+                            const char *what);
 void tk_manifest__expr_free(tk_manifest_expr *e);
 const char *tk_manifest__expr_src(const tk_manifest_expr *e);
 

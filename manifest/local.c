@@ -28,10 +28,7 @@ static void filelist_free(filelist *l)
     free(l->paths);
 }
 
-static int cmp_str(const void *a, const void *b)
-{
-    return strcmp(*(char *const *)a, *(char *const *)b);
-}
+static int cmp_str(const void *a, const void *b) { return strcmp(*(char *const *)a, *(char *const *)b); }
 
 /* Collects the package's files: regular files below dir, relative, no dotfiles, not kernel.json. */
 static int walk(filelist *l, const char *root, const char *rel)
@@ -62,8 +59,9 @@ static int walk(filelist *l, const char *root, const char *rel)
         } else if (S_ISDIR(st.st_mode)) {
             rc = walk(l, root, r);
         } else if (!S_ISREG(st.st_mode)) {
-            rc = tk__err(TK_ERR_INVALID, "'%s' is not a regular file; packages hold only regular files "
-                                         "(no symlinks or devices)",
+            rc = tk__err(TK_ERR_INVALID,
+                         "'%s' is not a regular file; packages hold only regular files "
+                         "(no symlinks or devices)",
                          full);
         } else if (tk_manifest__path_check(r) != 0) {
             rc = tk__err(TK_ERR_INVALID, "'%s' is not a usable file name in a package", r);
@@ -145,8 +143,7 @@ void tk_manifest__local_free(tk_manifest_local *lp)
 }
 
 /* Prefixes the current error with where `key` (top-level), or arr[idx] when arr is set, is. */
-static int located(int rc, const char *text, size_t n, const char *file, const char *key, const char *arr,
-                   size_t idx)
+static int located(int rc, const char *text, size_t n, const char *file, const char *key, const char *arr, size_t idx)
 {
     char where[512];
     const char *keys[2] = {arr ? arr : key, NULL};
@@ -161,21 +158,23 @@ static int located(int rc, const char *text, size_t n, const char *file, const c
 
 /* dir/kernel.json: its text, its keys checked, parsed, with variants expanded (*origin maps each
  * expanded kernel to its entry in the text). */
-static int read_spec(tk_manifest_local *out, const char *dir, char **text, size_t *len, json_t **spec,
-                     size_t **origin, size_t *nexp)
+static int read_spec(tk_manifest_local *out, const char *dir, char **text, size_t *len, json_t **spec, size_t **origin,
+                     size_t *nexp)
 {
     json_error_t jerr;
     int rc;
     if (!tk__is_dir(dir))
-        return tk__err(TK_ERR_NOT_FOUND, "'%s' is not a directory\nHINT: a package directory holds kernel.json "
-                                         "and its sources ('tk init NAME' makes one)",
+        return tk__err(TK_ERR_NOT_FOUND,
+                       "'%s' is not a directory\nHINT: a package directory holds kernel.json "
+                       "and its sources ('tk init NAME' makes one)",
                        dir);
     if (!(out->dir = tk__strdup(dir)) || !(out->spec_path = tk__path_join(dir, "kernel.json")))
         return tk__err(TK_ERR_NOMEM, "out of memory");
     if ((rc = tk__read_file(text, len, out->spec_path, TK_MANIFEST_MAX)) != TK_OK) {
         if (rc == TK_ERR_NOT_FOUND)
-            rc = tk__err(TK_ERR_NOT_FOUND, "'%s' has no kernel.json\nHINT: a package directory holds kernel.json "
-                                           "and its sources; 'tk init NAME' makes one (docs/authoring.md)",
+            rc = tk__err(TK_ERR_NOT_FOUND,
+                         "'%s' has no kernel.json\nHINT: a package directory holds kernel.json "
+                         "and its sources; 'tk init NAME' makes one (docs/authoring.md)",
                          dir);
         return rc;
     }
@@ -213,8 +212,9 @@ static int check_top(tk_manifest_local *out, json_t *spec, const char *text, siz
                        "description", NULL, 0);
     json_t *ks = json_object_get(spec, "kernels");
     if (!json_is_array(ks) || json_array_size(ks) == 0)
-        return tk__err(TK_ERR_MANIFEST, "%s: 'kernels' must be a non-empty array: a package declares at least "
-                                        "one kernel (docs/package-format.md)",
+        return tk__err(TK_ERR_MANIFEST,
+                       "%s: 'kernels' must be a non-empty array: a package declares at least "
+                       "one kernel (docs/package-format.md)",
                        out->spec_path);
     if (!(out->name = tk__strdup(name)) || !(out->version = tk__strdup(version)))
         return tk__err(TK_ERR_NOMEM, "out of memory");

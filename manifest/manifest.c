@@ -16,8 +16,8 @@ static int name_part_ok(const char *s, size_t n)
         return 0;
     for (size_t i = 0; i < n; i++) {
         char c = s[i];
-        if (!((c >= 'a' && c <= 'z') || (c >= 'A' && c <= 'Z') || (c >= '0' && c <= '9') || c == '.' ||
-              c == '_' || c == '-'))
+        if (!((c >= 'a' && c <= 'z') || (c >= 'A' && c <= 'Z') || (c >= '0' && c <= '9') || c == '.' || c == '_' ||
+              c == '-'))
             return 0;
     }
     return 1;
@@ -50,8 +50,7 @@ int tk_manifest__path_check(const char *path)
         size_t n = end ? (size_t)(end - p) : strlen(p);
         /* also the unpacker's limits (hub/archive.c): components of at most 255 bytes (NAME_MAX), at
          * most 64 levels, so a manifest that lists a path no file system takes is refused as such */
-        if (n == 0 || (n == 1 && p[0] == '.') || (n == 2 && p[0] == '.' && p[1] == '.') || n > 255 ||
-            ++depth > 64)
+        if (n == 0 || (n == 1 && p[0] == '.') || (n == 2 && p[0] == '.' && p[1] == '.') || n > 255 || ++depth > 64)
             return -1;
         for (size_t i = 0; i < n; i++)
             if ((unsigned char)p[i] < 0x20)
@@ -123,11 +122,13 @@ static int entry(tk_manifest_file *e, json_t *o, const char *where)
         return tk__err(TK_ERR_MANIFEST, "manifest: %s 'size' must be a non-negative integer", where);
     e->size = json_integer_value(size);
     if (tk_manifest__path_check(e->path) != 0)
-        return tk__err(TK_ERR_MANIFEST, "manifest: %s path '%s' is not a safe relative path (no absolute, empty, '.' or '..' "
-                       "parts; at most 64 levels of at most 255 bytes each)", where, e->path);
-    if (!tk__is_hex(e->sha256, 64))
-        return tk__err(TK_ERR_MANIFEST, "manifest: %s '%s' has a malformed sha256 (want 64 lowercase hex)",
+        return tk__err(TK_ERR_MANIFEST,
+                       "manifest: %s path '%s' is not a safe relative path (no absolute, empty, '.' or '..' "
+                       "parts; at most 64 levels of at most 255 bytes each)",
                        where, e->path);
+    if (!tk__is_hex(e->sha256, 64))
+        return tk__err(TK_ERR_MANIFEST, "manifest: %s '%s' has a malformed sha256 (want 64 lowercase hex)", where,
+                       e->path);
     return TK_OK;
 }
 
@@ -145,8 +146,8 @@ int tk_manifest__parse(tk_manifest **out, const char *text, size_t n)
     }
     m->root = json_loadb(text, n, JSON_REJECT_DUPLICATES, &jerr);
     if (!m->root) {
-        rc = tk__err(TK_ERR_MANIFEST, "manifest is not valid JSON: line %d, column %d: %s", jerr.line,
-                     jerr.column, jerr.text);
+        rc = tk__err(TK_ERR_MANIFEST, "manifest is not valid JSON: line %d, column %d: %s", jerr.line, jerr.column,
+                     jerr.text);
         goto fail;
     }
     if (!json_is_object(m->root)) {
@@ -176,8 +177,8 @@ int tk_manifest__parse(tk_manifest **out, const char *text, size_t n)
         goto fail;
     }
     if (tk_manifest__version_parse(m->version, &m->major) != 0) {
-        rc = tk__err(TK_ERR_MANIFEST, "manifest: 'version' ('%s') is not MAJOR.MINOR.PATCH with MAJOR >= 1",
-                     m->version);
+        rc =
+            tk__err(TK_ERR_MANIFEST, "manifest: 'version' ('%s') is not MAJOR.MINOR.PATCH with MAJOR >= 1", m->version);
         goto fail;
     }
     json_t *files = json_object_get(m->root, "files");
@@ -196,8 +197,10 @@ int tk_manifest__parse(tk_manifest **out, const char *text, size_t n)
         if ((rc = entry(&m->files[i], json_array_get(files, i), where)) != TK_OK)
             goto fail;
         if (i > 0 && strcmp(m->files[i - 1].path, m->files[i].path) >= 0) {
-            rc = tk__err(TK_ERR_MANIFEST, "manifest: 'files' must be sorted by path without duplicates "
-                         "('%s' after '%s')", m->files[i].path, m->files[i - 1].path);
+            rc = tk__err(TK_ERR_MANIFEST,
+                         "manifest: 'files' must be sorted by path without duplicates "
+                         "('%s' after '%s')",
+                         m->files[i].path, m->files[i - 1].path);
             goto fail;
         }
     }

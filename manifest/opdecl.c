@@ -48,8 +48,10 @@ static unsigned dtype_bits(json_t *arr, const char *op, const char *pn, int *bad
         bits |= tk_ops__dtype_bit(dt);
     }
     if (*bad)
-        tk__err(TK_ERR_MANIFEST, "op '%s': param '%s': 'dtypes' must be a non-empty list of f32 f16 bf16 f64 i8 u8 "
-                "i32 i64 fp8_e4m3 fp8_e5m2", op, pn);
+        tk__err(TK_ERR_MANIFEST,
+                "op '%s': param '%s': 'dtypes' must be a non-empty list of f32 f16 bf16 f64 i8 u8 "
+                "i32 i64 fp8_e4m3 fp8_e5m2",
+                op, pn);
     return bits;
 }
 
@@ -60,27 +62,35 @@ static int tensor_param(tk_op_param *p, json_t *j, const char *op)
     json_t *dts = json_object_get(j, "dtypes"), *like = json_object_get(j, "dtype_like"), *opt;
     const char *why;
     if (role && strcmp(role, "in") && strcmp(role, "out"))
-        return tk__err(TK_ERR_MANIFEST, "op '%s': param '%s': 'role' is \"in\" (read) or \"out\" (written), not "
-                       "\"%s\"", op, p->name, role);
+        return tk__err(TK_ERR_MANIFEST,
+                       "op '%s': param '%s': 'role' is \"in\" (read) or \"out\" (written), not "
+                       "\"%s\"",
+                       op, p->name, role);
     p->role = role && !strcmp(role, "out") ? TK_OPS_OUT : TK_OPS_IN;
     if (!dts == !like || (like && !json_is_string(like)))
-        return tk__err(TK_ERR_MANIFEST, "op '%s': tensor '%s' needs 'dtypes' (a list) or 'dtype_like' (the name of "
-                       "another tensor whose dtype it has), one of the two", op, p->name);
+        return tk__err(TK_ERR_MANIFEST,
+                       "op '%s': tensor '%s' needs 'dtypes' (a list) or 'dtype_like' (the name of "
+                       "another tensor whose dtype it has), one of the two",
+                       op, p->name);
     int bad = 0;
     if (dts && (p->dtypes = dtype_bits(dts, op, p->name, &bad), bad))
         return TK_ERR_MANIFEST;
     if (json_object_get(j, "default"))
-        return tk__err(TK_ERR_MANIFEST, "op '%s': tensor '%s' cannot have a 'default' (an optional tensor is left "
-                       "out: \"optional\": true)", op, p->name);
+        return tk__err(TK_ERR_MANIFEST,
+                       "op '%s': tensor '%s' cannot have a 'default' (an optional tensor is left "
+                       "out: \"optional\": true)",
+                       op, p->name);
     json_t *shape = json_object_get(j, "shape");
     if (shape && !json_is_string(shape))
         return tk__err(TK_ERR_MANIFEST, "op '%s': tensor '%s': 'shape' must be a string such as \"[..., n]\"", op,
                        p->name);
     p->shape = shape ? json_string_value(shape) : "[...]";
     if (tk_ops__pattern_check(p->shape, &p->min_rank, &p->max_rank, &why) != 0)
-        return tk__err(TK_ERR_MANIFEST, "op '%s': tensor '%s' has shape %s: %s\nHINT: a shape is a list of dims, "
+        return tk__err(TK_ERR_MANIFEST,
+                       "op '%s': tensor '%s' has shape %s: %s\nHINT: a shape is a list of dims, "
                        "each \"...\" (the leading dims, at most one), an integer, a symbol or INT*symbol: "
-                       "\"[..., 2*d]\"", op, p->name, p->shape, why);
+                       "\"[..., 2*d]\"",
+                       op, p->name, p->shape, why);
     if ((opt = json_object_get(j, "optional")) && !json_is_boolean(opt))
         return tk__err(TK_ERR_MANIFEST, "op '%s': param '%s': 'optional' must be true or false", op, p->name);
     p->optional = json_is_true(opt);
@@ -111,8 +121,10 @@ static int one_param(tk_op_param *p, json_t *j, size_t i, const char *op)
     const char *kind = json_string_value(json_object_get(j, "kind"));
     json_t *doc = json_object_get(j, "doc");
     if (!json_is_object(j) || !ident(name))
-        return tk__err(TK_ERR_MANIFEST, "op '%s': params[%zu] needs a 'name': letters, digits and '_', not starting "
-                       "with a digit (it is a keyword argument in Python)", op, i);
+        return tk__err(TK_ERR_MANIFEST,
+                       "op '%s': params[%zu] needs a 'name': letters, digits and '_', not starting "
+                       "with a digit (it is a keyword argument in Python)",
+                       op, i);
     p->name = name;
     p->dtype_like = -1;
     p->max_rank = -1;
@@ -144,14 +156,18 @@ static int resolve_like(decl *d, json_t *params)
         int idx = tk_ops__param_index(&d->d, like);
         if (idx < 0 || idx == (int)i || d->p[idx].kind != TK_ARG_TENSOR || d->p[idx].dtype_like >= 0 ||
             json_object_get(json_array_get(params, (size_t)idx), "dtype_like"))
-            return tk__err(TK_ERR_MANIFEST, "op '%s': tensor '%s' has dtype_like '%s': want another tensor of the op "
-                           "that has its own 'dtypes'", d->d.name, p->name, like);
+            return tk__err(TK_ERR_MANIFEST,
+                           "op '%s': tensor '%s' has dtype_like '%s': want another tensor of the op "
+                           "that has its own 'dtypes'",
+                           d->d.name, p->name, like);
         p->dtype_like = idx;
         p->dtypes = d->p[idx].dtypes;
     }
     if (!ntensors)
-        return tk__err(TK_ERR_MANIFEST, "op '%s': needs at least one tensor param (the call's device and dtype come "
-                       "from its tensors)", d->d.name);
+        return tk__err(TK_ERR_MANIFEST,
+                       "op '%s': needs at least one tensor param (the call's device and dtype come "
+                       "from its tensors)",
+                       d->d.name);
     return TK_OK;
 }
 
@@ -170,12 +186,16 @@ int tk_manifest__op_declare(struct tk_op_desc **out, json_t *j, const char *pkg)
     *out = NULL;
     const char *name = json_string_value(json_object_get(j, "name"));
     if (!json_is_object(j) || !ident(name))
-        return tk__err(TK_ERR_MANIFEST, "an op needs a 'name': letters, digits and '_', not starting with a digit, "
-                       "at most 63 (got %s)", name ? name : "none");
+        return tk__err(TK_ERR_MANIFEST,
+                       "an op needs a 'name': letters, digits and '_', not starting with a digit, "
+                       "at most 63 (got %s)",
+                       name ? name : "none");
     if (tk_ops__find(name))
-        return tk__err(TK_ERR_MANIFEST, "op '%s' is one of tk's own ops: a package may implement it but not "
+        return tk__err(TK_ERR_MANIFEST,
+                       "op '%s' is one of tk's own ops: a package may implement it but not "
                        "redeclare its signature\nHINT: remove it from \"ops\"; 'tk ops %s' shows the signature its "
-                       "kernels must follow", name, name);
+                       "kernels must follow",
+                       name, name);
     json_t *params = json_object_get(j, "params"), *summary = json_object_get(j, "summary");
     if (!json_is_array(params) || json_array_size(params) < 1 || json_array_size(params) > TK_OPS_MAX_DECL_PARAMS)
         return tk__err(TK_ERR_MANIFEST, "op '%s': 'params' must be a list of 1 to %d params, outputs first", name,
@@ -245,7 +265,8 @@ int tk_manifest__op_check_kernel(const struct tk_op_desc *op, json_t *k)
             tk_buf names = TK_BUF_INIT;
             for (size_t j = 0; j < op->nparams; j++)
                 tk__buf_printf(&names, "%s%s", j ? ", " : "", op->params[j].name);
-            int rc = tk__err(TK_ERR_MANIFEST, "kernel '%s': param '%s' is not a parameter of op '%s' (%s)\nHINT: a "
+            int rc = tk__err(TK_ERR_MANIFEST,
+                             "kernel '%s': param '%s' is not a parameter of op '%s' (%s)\nHINT: a "
                              "kernel's params are the op's, by name, plus scalars with a 'value' expression",
                              kname, pn, op->name, names.data ? names.data : "");
             tk__buf_free(&names);
@@ -255,14 +276,19 @@ int tk_manifest__op_check_kernel(const struct tk_op_desc *op, json_t *k)
         int tensor = !strcmp(pt, "tensor");
         if (tensor != (q->kind == TK_ARG_TENSOR) || (!tensor && !scalar_fits(pt, q->kind)))
             return tk__err(TK_ERR_MANIFEST, "kernel '%s': param '%s' is a %s, but op '%s' has it as a %s", kname, pn,
-                           pt, op->name, q->kind == TK_ARG_TENSOR ? "tensor" : q->kind == TK_ARG_I64 ? "i64" : "f64");
+                           pt, op->name,
+                           q->kind == TK_ARG_TENSOR ? "tensor"
+                           : q->kind == TK_ARG_I64  ? "i64"
+                                                    : "f64");
         tk_dtype dt;
         const char *ds = json_string_value(json_object_get(p, "dtype"));
         if (tensor && ds && tk_ops__dtype_parse(&dt, ds) == TK_OK && !(tk_ops__dtype_bit(dt) & q->dtypes)) {
             tk_buf sig = TK_BUF_INIT;
             tk_ops__signature(&sig, op);
-            int rc = tk__err(TK_ERR_MANIFEST, "kernel '%s': tensor '%s' has dtype %s, which op '%s' does not allow "
-                             "there\nHINT: the signature is %s", kname, pn, ds, op->name, sig.data ? sig.data : "");
+            int rc = tk__err(TK_ERR_MANIFEST,
+                             "kernel '%s': tensor '%s' has dtype %s, which op '%s' does not allow "
+                             "there\nHINT: the signature is %s",
+                             kname, pn, ds, op->name, sig.data ? sig.data : "");
             tk__buf_free(&sig);
             return rc;
         }
@@ -275,8 +301,8 @@ int tk_manifest__op_check_kernel(const struct tk_op_desc *op, json_t *k)
             taken |= tk__streq(json_string_value(json_object_get(p, "name")), q->name);
         }
         if (q->kind == TK_ARG_TENSOR && !q->optional && !taken)
-            return tk__err(TK_ERR_MANIFEST, "kernel '%s' does not take '%s', a tensor op '%s' requires", kname,
-                           q->name, op->name);
+            return tk__err(TK_ERR_MANIFEST, "kernel '%s' does not take '%s', a tensor op '%s' requires", kname, q->name,
+                           op->name);
     }
     return TK_OK;
 }

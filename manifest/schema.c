@@ -14,19 +14,19 @@
 #include "common/common.h"
 #include "manifest/manifest.h"
 
-static const char *const K_TOP[] = {"name", "version", "license", "description", "compile", "kernels",
-                                    "ops", "device_toolkit", NULL};
+static const char *const K_TOP[] = {"name",    "version", "license",        "description", "compile",
+                                    "kernels", "ops",     "device_toolkit", NULL};
 static const char *const K_TOP_MANIFEST[] = {"format_version", "files", "archive", NULL};
 static const char *const K_COMPILE[] = {"options", NULL};
-static const char *const K_KERNEL[] = {"name", "op", "source", "symbol", "params", "launch", "constraints",
-                                       "options", "priority", "dtypes", NULL};
+static const char *const K_KERNEL[] = {"name",        "op",      "source",   "symbol", "params", "launch",
+                                       "constraints", "options", "priority", "dtypes", NULL};
 static const char *const K_PARAM[] = {"name", "type", "dtype", "value", "optional", NULL};
 static const char *const K_LAUNCH[] = {"grid", "block", "smem", NULL};
 static const char *const K_CONS[] = {"dtypes", "min_cc", "max_cc", "arch_specific", "max", "min", "align", NULL};
 /* ops a package declares: the shape `tk ops --json` prints (manifest/opdecl.c) */
 static const char *const K_OP[] = {"name", "summary", "params", NULL};
-static const char *const K_OP_PARAM[] = {"name", "kind", "role", "dtypes", "dtype_like", "shape", "optional",
-                                         "default", "doc", NULL};
+static const char *const K_OP_PARAM[] = {"name",  "kind",     "role",    "dtypes", "dtype_like",
+                                         "shape", "optional", "default", "doc",    NULL};
 static const char *const K_FILE[] = {"path", "sha256", "size", NULL};
 static const char *const K_ARCHIVE[] = {"path", "sha256", "size", "compression", NULL};
 
@@ -404,9 +404,15 @@ static const struct {
     const char *dtype, *ctype;
     int size;
 } VARIANTS[] = {
-    {"f32", "float", 4},          {"f16", "__half", 2},           {"bf16", "__nv_bfloat16", 2},
-    {"f64", "double", 8},         {"i8", "signed char", 1},       {"u8", "unsigned char", 1},
-    {"i32", "int", 4},            {"i64", "long long", 8},        {"fp8_e4m3", "__nv_fp8_e4m3", 1},
+    {"f32", "float", 4},
+    {"f16", "__half", 2},
+    {"bf16", "__nv_bfloat16", 2},
+    {"f64", "double", 8},
+    {"i8", "signed char", 1},
+    {"u8", "unsigned char", 1},
+    {"i32", "int", 4},
+    {"i64", "long long", 8},
+    {"fp8_e4m3", "__nv_fp8_e4m3", 1},
     {"fp8_e5m2", "__nv_fp8_e5m2", 1},
 };
 
@@ -431,9 +437,11 @@ static int subst(tk_buf *out, const char *s, size_t v, const char *kname)
                 else if (n == 3 && !memcmp(s + 1, "vec", 3))
                     snprintf(num, sizeof num, "%d", 16 / VARIANTS[v].size), rep = num;
                 if (!rep)
-                    return tk__err(TK_ERR_MANIFEST, "kernel '%s': '{%.*s}' is not a variant placeholder\nHINT: a "
+                    return tk__err(TK_ERR_MANIFEST,
+                                   "kernel '%s': '{%.*s}' is not a variant placeholder\nHINT: a "
                                    "kernel with \"dtypes\" may use {dtype} (f16), {T} (__half), {size} (bytes of "
-                                   "one element) and {vec} (elements in 16 bytes)", kname, (int)n, s + 1);
+                                   "one element) and {vec} (elements in 16 bytes)",
+                                   kname, (int)n, s + 1);
                 if (tk__buf_puts(out, rep) != TK_OK)
                     return tk__err(TK_ERR_NOMEM, "out of memory");
                 s = e + 1;
@@ -522,8 +530,10 @@ int tk_manifest__expand_variants(json_t *spec, size_t **origin, size_t *n)
             goto done;
         }
         if (!strstr(kname, "{dtype}")) {
-            rc = tk__err(TK_ERR_MANIFEST, "kernel '%s': a kernel with \"dtypes\" needs '{dtype}' in its name, so each "
-                         "variant has its own (e.g. \"%s_{dtype}\")", kname, kname);
+            rc = tk__err(TK_ERR_MANIFEST,
+                         "kernel '%s': a kernel with \"dtypes\" needs '{dtype}' in its name, so each "
+                         "variant has its own (e.g. \"%s_{dtype}\")",
+                         kname, kname);
             goto done;
         }
         json_array_foreach(dts, j, d) {
@@ -533,8 +543,10 @@ int tk_manifest__expand_variants(json_t *spec, size_t **origin, size_t *n)
                 if (ds && !strcmp(ds, VARIANTS[v].dtype))
                     break;
             if (v == sizeof VARIANTS / sizeof VARIANTS[0]) {
-                rc = tk__err(TK_ERR_MANIFEST, "kernel '%s': dtypes[%zu] ('%s') is not a dtype; want one of f32 f16 bf16 "
-                             "f64 i8 u8 i32 i64 fp8_e4m3 fp8_e5m2", kname, j, ds ? ds : "not a string");
+                rc = tk__err(TK_ERR_MANIFEST,
+                             "kernel '%s': dtypes[%zu] ('%s') is not a dtype; want one of f32 f16 bf16 "
+                             "f64 i8 u8 i32 i64 fp8_e4m3 fp8_e5m2",
+                             kname, j, ds ? ds : "not a string");
                 goto done;
             }
             json_t *c = NULL;

@@ -64,16 +64,20 @@ static int check_types(json_t *k, const char *name)
     json_array_foreach(json_object_get(k, "params"), i, x) {
         const char *pt = json_string_value(json_object_get(x, "type"));
         if (pt && strcmp(pt, "tensor") != 0 && json_object_get(x, "dtype"))
-            return tk__err(TK_ERR_MANIFEST, "kernel '%s': params[%zu] is a %s: only a tensor has a 'dtype' (a "
-                           "scalar's C type is its 'type')", name, i, pt);
+            return tk__err(TK_ERR_MANIFEST,
+                           "kernel '%s': params[%zu] is a %s: only a tensor has a 'dtype' (a "
+                           "scalar's C type is its 'type')",
+                           name, i, pt);
     }
     if (!json_is_object(cons))
         return TK_OK;
     static const char *const ccs[] = {"min_cc", "max_cc"};
     for (int c = 0; c < 2; c++)
         if ((v = json_object_get(cons, ccs[c])) && (!json_is_integer(v) || json_integer_value(v) < 10))
-            return tk__err(TK_ERR_MANIFEST, "kernel '%s': constraints.%s must be an integer compute capability "
-                           "times 10 (80 for sm_80)", name, ccs[c]);
+            return tk__err(TK_ERR_MANIFEST,
+                           "kernel '%s': constraints.%s must be an integer compute capability "
+                           "times 10 (80 for sm_80)",
+                           name, ccs[c]);
     if ((v = json_object_get(cons, "arch_specific")) && !json_is_boolean(v))
         return tk__err(TK_ERR_MANIFEST, "kernel '%s': constraints.arch_specific must be true or false", name);
     if ((v = json_object_get(cons, "dtypes")) && !json_is_array(v))
@@ -81,14 +85,16 @@ static int check_types(json_t *k, const char *name)
     json_array_foreach(v, i, x) {
         tk_dtype dt;
         if (!json_is_string(x) || tk_ops__dtype_parse(&dt, json_string_value(x)) != TK_OK)
-            return tk__err(TK_ERR_MANIFEST, "kernel '%s': constraints.dtypes[%zu] is not a dtype; want one of f32 "
-                           "f16 bf16 f64 i8 u8 i32 i64 fp8_e4m3 fp8_e5m2", name, i);
+            return tk__err(TK_ERR_MANIFEST,
+                           "kernel '%s': constraints.dtypes[%zu] is not a dtype; want one of f32 "
+                           "f16 bf16 f64 i8 u8 i32 i64 fp8_e4m3 fp8_e5m2",
+                           name, i);
     }
     static const char *const bounds[] = {"max", "min"};
     for (int b = 0; b < 2; b++)
         if ((v = json_object_get(cons, bounds[b])) && !json_is_object(v))
-            return tk__err(TK_ERR_MANIFEST, "kernel '%s': constraints.%s must be an object of expression: bound",
-                           name, bounds[b]);
+            return tk__err(TK_ERR_MANIFEST, "kernel '%s': constraints.%s must be an object of expression: bound", name,
+                           bounds[b]);
     return TK_OK;
 }
 
@@ -136,8 +142,10 @@ static int check_param(tk_manifest_var *params, tk_manifest_param *kp, size_t i,
     const char *pn = json_string_value(json_object_get(p, "name"));
     const char *pt = json_string_value(json_object_get(p, "type"));
     if (!pn || param_type(pt) < 0)
-        return tk__err(TK_ERR_MANIFEST, "kernel '%s': params[%zu] needs a 'name' and a 'type' of tensor, i32, "
-                       "i64, f32, f64 or workspace", name, i);
+        return tk__err(TK_ERR_MANIFEST,
+                       "kernel '%s': params[%zu] needs a 'name' and a 'type' of tensor, i32, "
+                       "i64, f32, f64 or workspace",
+                       name, i);
     for (size_t j = 0; j < i; j++)
         if (!strcmp(params[j].name, pn))
             return tk__err(TK_ERR_MANIFEST, "kernel '%s': param '%s' is declared twice", name, pn);
@@ -146,23 +154,29 @@ static int check_param(tk_manifest_var *params, tk_manifest_param *kp, size_t i,
     params[i].usable = params[i].type != TK_MANIFEST_P_WORKSPACE; /* a pointer: no expression may use it */
     json_t *opt = json_object_get(p, "optional");
     if (opt && (!json_is_boolean(opt) || (json_is_true(opt) && params[i].type != TK_MANIFEST_P_TENSOR)))
-        return tk__err(TK_ERR_MANIFEST, "kernel '%s': param '%s': 'optional' must be true or false, and only "
-                       "tensors can be optional", name, pn);
+        return tk__err(TK_ERR_MANIFEST,
+                       "kernel '%s': param '%s': 'optional' must be true or false, and only "
+                       "tensors can be optional",
+                       name, pn);
     if (params[i].type == TK_MANIFEST_P_WORKSPACE) {
         for (size_t j = 0; j < i; j++)
             if (params[j].type == TK_MANIFEST_P_WORKSPACE)
                 return tk__err(TK_ERR_MANIFEST, "kernel '%s': more than one workspace param ('%s', '%s')", name,
                                params[j].name, pn);
         if (!json_is_string(json_object_get(p, "value")))
-            return tk__err(TK_ERR_MANIFEST, "kernel '%s': workspace '%s' needs a 'value': an expression for its "
-                           "size in bytes", name, pn);
+            return tk__err(TK_ERR_MANIFEST,
+                           "kernel '%s': workspace '%s' needs a 'value': an expression for its "
+                           "size in bytes",
+                           name, pn);
     }
     if (params[i].type == TK_MANIFEST_P_TENSOR) {
         tk_dtype dt;
         const char *ds = json_string_value(json_object_get(p, "dtype"));
         if (!ds || tk_ops__dtype_parse(&dt, ds) != TK_OK)
-            return tk__err(TK_ERR_MANIFEST, "kernel '%s': tensor param '%s' has dtype '%s'; want one of f32 f16 "
-                           "bf16 f64 i8 u8 i32 i64 fp8_e4m3 fp8_e5m2", name, pn, ds ? ds : "(missing)");
+            return tk__err(TK_ERR_MANIFEST,
+                           "kernel '%s': tensor param '%s' has dtype '%s'; want one of f32 f16 "
+                           "bf16 f64 i8 u8 i32 i64 fp8_e4m3 fp8_e5m2",
+                           name, pn, ds ? ds : "(missing)");
         kp->dtype = dt;
     }
     kp->type = params[i].type;
@@ -201,8 +215,10 @@ static int check_params(tk_manifest_var *params, tk_manifest_kernel *d, json_t *
         if (!v)
             continue;
         if (params[i].type == TK_MANIFEST_P_TENSOR || !json_is_string(v))
-            return tk__err(TK_ERR_MANIFEST, "kernel '%s': param '%s': 'value' must be an expression string on a "
-                           "scalar param", name, params[i].name);
+            return tk__err(TK_ERR_MANIFEST,
+                           "kernel '%s': param '%s': 'value' must be an expression string on a "
+                           "scalar param",
+                           name, params[i].name);
         snprintf(what, sizeof what, "kernel '%s', params.%s.value", name, params[i].name);
         int rc = parse_expr(&d->params[i].value, json_string_value(v), vparams, *np, what);
         if (rc != TK_OK)
@@ -268,8 +284,10 @@ static int check_limits(tk_manifest_kernel *d, json_t *k, const char *name, cons
     json_t *al = json_object_get(cons, "align");
     if (al && (!json_is_integer(al) || json_integer_value(al) < 1 || json_integer_value(al) > 4096 ||
                (json_integer_value(al) & (json_integer_value(al) - 1))))
-        return tk__err(TK_ERR_MANIFEST, "kernel '%s': constraints.align must be a power of two from 1 to 4096 "
-                       "(bytes every tensor's address is a multiple of)", name);
+        return tk__err(TK_ERR_MANIFEST,
+                       "kernel '%s': constraints.align must be a power of two from 1 to 4096 "
+                       "(bytes every tensor's address is a multiple of)",
+                       name);
     d->align = al ? json_integer_value(al) : 0;
     size_t nb = json_object_size(json_object_get(cons, "max")) + json_object_size(json_object_get(cons, "min"));
     if (nb && !(d->bounds = calloc(nb, sizeof *d->bounds)))
@@ -395,9 +413,10 @@ static int check_device_toolkit(json_t *v)
         return TK_OK;
     if (!json_is_integer(v) || json_integer_value(v) < 1)
         return tk__err(TK_ERR_MANIFEST, "'device_toolkit' must be a positive integer: the version of "
-                       "<tk/device.cuh> the sources need (docs/device-toolkit.md)");
+                                        "<tk/device.cuh> the sources need (docs/device-toolkit.md)");
     if (json_integer_value(v) > TK_JIT_DEVICE_TOOLKIT_VERSION)
-        return tk__err(TK_ERR_MANIFEST, "the package needs device toolkit %lld; this tk has <tk/device.cuh> "
+        return tk__err(TK_ERR_MANIFEST,
+                       "the package needs device toolkit %lld; this tk has <tk/device.cuh> "
                        "version %d\nHINT: upgrade tk, or use a version of the package made for this one",
                        (long long)json_integer_value(v), TK_JIT_DEVICE_TOOLKIT_VERSION);
     return TK_OK;

@@ -40,7 +40,8 @@ static int parse(tk_models_config *c, const tk_models_reader *r)
     c->kv_heads = c->heads;
     c->head_dim = c->hidden / c->heads;
     static const char *const acts[] = {"gelu", "gelu_new", "gelu_pytorch_tanh", "gelu_fast", "quick_gelu", NULL};
-    if ((rc = tk_models__cfg_act(r, "hidden_act", c->act, acts, "gelu, gelu_new, gelu_pytorch_tanh, gelu_fast, quick_gelu")) != TK_OK)
+    if ((rc = tk_models__cfg_act(r, "hidden_act", c->act, acts,
+                                 "gelu, gelu_new, gelu_pytorch_tanh, gelu_fast, quick_gelu")) != TK_OK)
         return rc;
     if (strcmp(pet, "absolute")) {
         char got[48];
@@ -85,8 +86,8 @@ static int load(tk_model *m)
     s->act_op = tk_models__act_op(c->act);
     const char *pre = tk_models__st_find(m->st, "bert.embeddings.word_embeddings.weight") ? "bert." : "";
     int64_t H = c->hidden, I = c->intermediate;
-    int64_t vh[2] = {c->vocab, H}, ph[2] = {c->max_pos, H}, th[2] = {c->type_vocab, H}, h1[1] = {H},
-            hh[2] = {H, H}, ih[2] = {I, H}, hi[2] = {H, I}, i1[1] = {I};
+    int64_t vh[2] = {c->vocab, H}, ph[2] = {c->max_pos, H}, th[2] = {c->type_vocab, H}, h1[1] = {H}, hh[2] = {H, H},
+            ih[2] = {I, H}, hi[2] = {H, I}, i1[1] = {I};
     char n[160];
 #define NM(fmt, ...) (snprintf(n, sizeof n, "%s" fmt, pre, __VA_ARGS__), n)
     int rc;
@@ -111,8 +112,8 @@ static int load(tk_model *m)
             (rc = tk_models__weight(&w->ob, m, NM("encoder.layer.%lld.attention.output.dense.bias", L), 1, h1)) ||
             (rc = tk_models__weight(&w->ln1_w, m, NM("encoder.layer.%lld.attention.output.LayerNorm.weight", L), 1,
                                     h1)) ||
-            (rc = tk_models__weight(&w->ln1_b, m, NM("encoder.layer.%lld.attention.output.LayerNorm.bias", L), 1,
-                                    h1)) ||
+            (rc =
+                 tk_models__weight(&w->ln1_b, m, NM("encoder.layer.%lld.attention.output.LayerNorm.bias", L), 1, h1)) ||
             (rc = tk_models__weight(&w->fi, m, NM("encoder.layer.%lld.intermediate.dense.weight", L), 2, ih)) ||
             (rc = tk_models__weight(&w->fi_b, m, NM("encoder.layer.%lld.intermediate.dense.bias", L), 1, i1)) ||
             (rc = tk_models__weight(&w->fo, m, NM("encoder.layer.%lld.output.dense.weight", L), 2, hi)) ||
@@ -137,8 +138,10 @@ static int load(tk_model *m)
         else if ((rc = tk_models__weight(&s->dec_w, m, "cls.predictions.decoder.weight", 2, vh)) != TK_OK)
             return rc;
         if (!s->mlm_b || !s->mlm_ln_w || !s->mlm_ln_b || !s->dec_b)
-            return tk__err(TK_ERR_INVALID, "%s checkpoint '%s': cls.predictions.transform.dense.weight is there but "
-                           "not the rest of the MLM head (its bias, LayerNorm, decoder bias)", c->arch, m->dir);
+            return tk__err(TK_ERR_INVALID,
+                           "%s checkpoint '%s': cls.predictions.transform.dense.weight is there but "
+                           "not the rest of the MLM head (its bias, LayerNorm, decoder bias)",
+                           c->arch, m->dir);
     }
     tk_models__mark_embedding(s->word);
     tk_models__mark_embedding(s->pos);
@@ -152,8 +155,7 @@ static int plan(tk_model *m, tk_models_batch *b)
     const tk_models_config *c = &m->cfg;
     bert *s = m->state;
     int64_t T = b->T, H = c->hidden;
-    int64_t th[2] = {T, H}, t4[4] = {1, T, c->heads, c->head_dim}, ti[2] = {T, c->intermediate},
-            sh[2] = {b->nseq, H};
+    int64_t th[2] = {T, H}, t4[4] = {1, T, c->heads, c->head_dim}, ti[2] = {T, c->intermediate}, sh[2] = {b->nseq, H};
     int rc;
     if ((rc = tk_models__ws_tensor(m, &s->a, m->dtype, 2, th)) ||
         (rc = tk_models__ws_tensor(m, &s->b, m->dtype, 2, th)) ||
@@ -216,8 +218,8 @@ static int forward(tk_model *m, tk_models_batch *b)
         (rc = add(m, &s->b, &s->b, &s->c)) || (rc = emb(m, &s->c, &b->tt, s->type)) ||
         (rc = add(m, &s->b, &s->b, &s->c)))
         return rc;
-    tk_arg ln[] = {TK_A_T("out", &s->a), TK_A_T("input", &s->b), TK_A_T("weight", s->eln_w),
-                   TK_A_T("bias", s->eln_b), TK_A_F("eps", c->eps)};
+    tk_arg ln[] = {TK_A_T("out", &s->a), TK_A_T("input", &s->b), TK_A_T("weight", s->eln_w), TK_A_T("bias", s->eln_b),
+                   TK_A_F("eps", c->eps)};
     if ((rc = tk_models__op(m, "layer_norm", ln, TK_NARGS(ln))) != TK_OK)
         return rc;
     for (int64_t l = 0; l < c->layers; l++) {
@@ -225,9 +227,12 @@ static int forward(tk_model *m, tk_models_batch *b)
         if ((rc = linear(m, &q2, &s->a, w->q, w->qb)) || (rc = linear(m, &k2, &s->a, w->k, w->kb)) ||
             (rc = linear(m, &v2, &s->a, w->v, w->vb)))
             return rc;
-        tk_arg at[] = {TK_A_T("out", &s->att),         TK_A_T("q", &s->q),
-                       TK_A_T("k", &s->k),             TK_A_T("v", &s->v),
-                       TK_A_T("cu_seqlens_q", &b->cu), TK_A_T("cu_seqlens_k", &b->cu),
+        tk_arg at[] = {TK_A_T("out", &s->att),
+                       TK_A_T("q", &s->q),
+                       TK_A_T("k", &s->k),
+                       TK_A_T("v", &s->v),
+                       TK_A_T("cu_seqlens_q", &b->cu),
+                       TK_A_T("cu_seqlens_k", &b->cu),
                        TK_A_I("max_seqlen_q", b->max_len)};
         if ((rc = tk_models__op(m, "attention", at, TK_NARGS(at))) != TK_OK)
             return rc;
@@ -291,10 +296,10 @@ static int train_plan(tk_model *m, tk_models_batch *b)
     return TK_OK;
 }
 
-#define CHECK_T(what, t)                                                                               \
-    do {                                                                                               \
-        if ((rc = tk_models__train_check(m, what, l, t)) != TK_OK)                                     \
-            return rc;                                                                                 \
+#define CHECK_T(what, t)                                                                                               \
+    do {                                                                                                               \
+        if ((rc = tk_models__train_check(m, what, l, t)) != TK_OK)                                                     \
+            return rc;                                                                                                 \
     } while (0)
 
 static int ln(tk_model *m, const tk_mt *out, const tk_mt *in, const tk_mt *w, const tk_mt *bias)
@@ -405,8 +410,8 @@ static int train_backward(tk_model *m, tk_models_batch *b, const tk_mt *d_hidden
             (rc = tk_models__t_linear_bwd(m, &s->dr2, 1, &s->dI2, &s->sx1[i], w->fi, w->fi_b, 0)) ||
             (rc = tk_models__t_norm_bwd(m, 0, dxn, &s->dr2, NULL, &s->sr1[i], w->ln1_w, w->ln1_b)) ||
             (rc = tk_models__t_linear_bwd(m, &dat2, 0, dxn, &a2, w->o, w->ob, 0)) ||
-            (rc = tk_models__t_attention_bwd(m, b, &s->dq, &s->dk, &s->dv, &s->datt, &s->sq[i], &s->sk[i],
-                                             &s->sv[i], &s->satt[i], &s->slse[i], 0.0, 0, -1)) ||
+            (rc = tk_models__t_attention_bwd(m, b, &s->dq, &s->dk, &s->dv, &s->datt, &s->sq[i], &s->sk[i], &s->sv[i],
+                                             &s->satt[i], &s->slse[i], 0.0, 0, -1)) ||
             (rc = tk_models__t_linear_bwd(m, dxn, 1, &dq2, &s->xs[l], w->q, w->qb, 0)) ||
             (rc = tk_models__t_linear_bwd(m, dxn, 1, &dk2, &s->xs[l], w->k, w->kb, 0)) ||
             (rc = tk_models__t_linear_bwd(m, dxn, 1, &dv2, &s->xs[l], w->v, w->vb, 0)))

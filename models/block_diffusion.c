@@ -61,8 +61,8 @@ static void settings(bstate *s, const json_t *g)
     s->t_max = v2 && o->t_max >= 0 ? o->t_max : gen_num(g, "t_max", 0.8);
     s->bound = v2 && o->entropy_bound >= 0 ? o->entropy_bound : gen_num(g, "entropy_bound", 0.1);
     s->conf = v2 && o->confidence_threshold >= 0 ? o->confidence_threshold : gen_num(g, "confidence_threshold", 0.005);
-    s->stab = v2 && o->stability_threshold >= 0 ? o->stability_threshold
-                                                : (int64_t)gen_num(g, "stability_threshold", 1);
+    s->stab =
+        v2 && o->stability_threshold >= 0 ? o->stability_threshold : (int64_t)gen_num(g, "stability_threshold", 1);
     s->pad = (int64_t)gen_num(g, "pad_token_id", -1);
     const json_t *e = json_object_get(g, "eos_token_id");
     if (json_is_integer(e))
@@ -80,40 +80,44 @@ static int check(bstate *s, const int32_t *prompt, size_t len)
         return tk__err(TK_ERR_INVALID, "tk_diff_opts.version is %u; this tk knows 1..%d", o->version,
                        TK_DIFF_OPTS_VERSION);
     if (o->sampler != TK_DIFF_AUTO && o->sampler != TK_DIFF_BLOCK)
-        return tk__err(TK_ERR_INVALID, "%s is a block diffusion checkpoint; the LLaDA and Dream samplers need a "
-                                       "masked diffusion LM\nHINT: leave --sampler out",
+        return tk__err(TK_ERR_INVALID,
+                       "%s is a block diffusion checkpoint; the LLaDA and Dream samplers need a "
+                       "masked diffusion LM\nHINT: leave --sampler out",
                        c->arch);
     if (o->cfg_scale != 0 || o->remasking || (o->alg && strcmp(o->alg, "origin")) || o->block_length > 0)
-        return tk__err(TK_ERR_INVALID, "cfg_scale, remasking, alg and block_length are the masked samplers'; block "
-                                       "diffusion's blocks are the checkpoint's canvas_length (%lld)\nHINT: leave them out; "
-                                       "--t-min, --t-max, --entropy-bound, --stability-threshold and --confidence-threshold "
-                                       "tune it",
+        return tk__err(TK_ERR_INVALID,
+                       "cfg_scale, remasking, alg and block_length are the masked samplers'; block "
+                       "diffusion's blocks are the checkpoint's canvas_length (%lld)\nHINT: leave them out; "
+                       "--t-min, --t-max, --entropy-bound, --stability-threshold and --confidence-threshold "
+                       "tune it",
                        (long long)c->canvas);
     if (len == 0)
         return tk__err(TK_ERR_INVALID, "the prompt is empty\nHINT: block diffusion continues a prompt of at "
                                        "least one token");
     for (size_t i = 0; i < len; i++)
         if (prompt[i] < 0 || prompt[i] >= s->V)
-            return tk__err(TK_ERR_INVALID, "prompt id %d (at %zu) is outside the vocabulary [0, %lld)",
-                           (int)prompt[i], i, (long long)s->V);
+            return tk__err(TK_ERR_INVALID, "prompt id %d (at %zu) is outside the vocabulary [0, %lld)", (int)prompt[i],
+                           i, (long long)s->V);
     if (o->gen_length <= 0)
         return tk__err(TK_ERR_INVALID, "gen_length is %lld; it must be > 0", (long long)o->gen_length);
     if (s->N <= 0 || s->N > (1 << 24))
-        return tk__err(TK_ERR_INVALID, "steps (max_denoising_steps) is %lld; want 1..2^24\nHINT: --steps N sets "
-                                       "the denoising steps per block",
+        return tk__err(TK_ERR_INVALID,
+                       "steps (max_denoising_steps) is %lld; want 1..2^24\nHINT: --steps N sets "
+                       "the denoising steps per block",
                        (long long)s->N);
-    if (!(s->t_min >= 0) || !(s->t_max > s->t_min) || !isfinite(s->t_max) || !(s->bound > 0) ||
-        !isfinite(s->bound) || !(s->conf > 0) || s->stab < 0 || s->stab > 4096)
-        return tk__err(TK_ERR_INVALID, "t_min %g, t_max %g, entropy_bound %g, confidence_threshold %g, "
-                                       "stability_threshold %lld: want 0 <= t_min < t_max, entropy_bound > 0, confidence_threshold "
-                                       "> 0, stability_threshold in 0..4096 (transformers' rules)",
-                       s->t_min, s->t_max, s->bound,
-                       s->conf, (long long)s->stab);
+    if (!(s->t_min >= 0) || !(s->t_max > s->t_min) || !isfinite(s->t_max) || !(s->bound > 0) || !isfinite(s->bound) ||
+        !(s->conf > 0) || s->stab < 0 || s->stab > 4096)
+        return tk__err(TK_ERR_INVALID,
+                       "t_min %g, t_max %g, entropy_bound %g, confidence_threshold %g, "
+                       "stability_threshold %lld: want 0 <= t_min < t_max, entropy_bound > 0, confidence_threshold "
+                       "> 0, stability_threshold in 0..4096 (transformers' rules)",
+                       s->t_min, s->t_max, s->bound, s->conf, (long long)s->stab);
     s->P = (int64_t)len;
     s->nb = (o->gen_length + s->C - 1) / s->C;
     if (s->P + s->nb * s->C > c->max_pos)
-        return tk__err(TK_ERR_INVALID, "the prompt (%lld tokens) plus %lld blocks of canvas_length %lld is %lld "
-                                       "tokens, longer than the model's context of %lld\nHINT: a smaller --gen-length",
+        return tk__err(TK_ERR_INVALID,
+                       "the prompt (%lld tokens) plus %lld blocks of canvas_length %lld is %lld "
+                       "tokens, longer than the model's context of %lld\nHINT: a smaller --gen-length",
                        (long long)s->P, (long long)s->nb, (long long)s->C, (long long)(s->P + s->nb * s->C),
                        (long long)c->max_pos);
     return TK_OK;
@@ -223,9 +227,9 @@ static int record(bstate *s, int64_t block, int64_t n, size_t nacc, double mean,
             a = NULL;
         }
     if (a)
-        st = json_pack("{s:I, s:I, s:I, s:o, s:f, s:b}", "step", (json_int_t)json_array_size(s->r->steps), "block",
-                       (json_int_t)block, "remaining", (json_int_t)n, "accepted", a, "mean_entropy", mean, "stop",
-                       stop);
+        st =
+            json_pack("{s:I, s:I, s:I, s:o, s:f, s:b}", "step", (json_int_t)json_array_size(s->r->steps), "block",
+                      (json_int_t)block, "remaining", (json_int_t)n, "accepted", a, "mean_entropy", mean, "stop", stop);
     if (!st || json_array_append_new(s->r->steps, st))
         return tk__err(TK_ERR_NOMEM, "out of memory");
     return TK_OK;
@@ -253,8 +257,17 @@ static int report(bstate *s, int64_t block, const unsigned char *mask, size_t na
     for (int64_t i = 0; mask && i < s->C; i++)
         if (mask[i])
             pos[k++] = (int64_t)off + i;
-    tk_diff_step st = {(int64_t)json_array_size(s->r->steps) - 1, s->nb * s->N, block, s->nb, view, L,
-                       (size_t)s->P, -1, pos, nacc, done};
+    tk_diff_step st = {(int64_t)json_array_size(s->r->steps) - 1,
+                       s->nb * s->N,
+                       block,
+                       s->nb,
+                       view,
+                       L,
+                       (size_t)s->P,
+                       -1,
+                       pos,
+                       nacc,
+                       done};
     int stop = s->o->on_step(s->o->step_user, &st);
     free(view);
     free(pos);
@@ -406,8 +419,8 @@ int tk_models__block_generate(tk_diff_result **out, tk_model *m, const int32_t *
     s.w = malloc(V * sizeof *s.w);
     s.order = malloc(C * sizeof *s.order);
     s.acc = malloc(C * sizeof *s.acc);
-    if (!s.r || !s.ids || !s.canvas || !s.amax || !s.hist || !s.logits || !s.p || !s.ent || !s.u || !s.w ||
-        !s.order || !s.acc || !(s.r->steps = json_array())) {
+    if (!s.r || !s.ids || !s.canvas || !s.amax || !s.hist || !s.logits || !s.p || !s.ent || !s.u || !s.w || !s.order ||
+        !s.acc || !(s.r->steps = json_array())) {
         rc = tk__err(TK_ERR_NOMEM, "out of memory for a canvas of %zu positions x %zu logits", C, V);
         goto fail;
     }

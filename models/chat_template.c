@@ -402,8 +402,22 @@ static void lex(st *S, toks *T, const char *src, size_t len)
 /* parser */
 
 enum {
-    E_LIT, E_NAME, E_ATTR, E_INDEX, E_SLICE, E_CALL, E_FILTER, E_TEST, E_BIN, E_NEG, E_NOT, E_AND, E_OR,
-    E_COND, E_LIST, E_DICT
+    E_LIT,
+    E_NAME,
+    E_ATTR,
+    E_INDEX,
+    E_SLICE,
+    E_CALL,
+    E_FILTER,
+    E_TEST,
+    E_BIN,
+    E_NEG,
+    E_NOT,
+    E_AND,
+    E_OR,
+    E_COND,
+    E_LIST,
+    E_DICT
 };
 typedef struct expr expr;
 struct expr {
@@ -461,7 +475,8 @@ static const char *tokdesc(ps *P, char *buf, size_t n)
     case T_EOF: return "the end of the template";
     case T_VEND: return "'}}'";
     case T_BEND: return "'%}'";
-    case T_INT: case T_FLOAT: return "a number";
+    case T_INT:
+    case T_FLOAT: return "a number";
     case T_STR: return "a string";
     default: snprintf(buf, n, "'%.*s'", (int)(t->n > 40 ? 40 : t->n), t->s); return buf;
     }
@@ -479,7 +494,8 @@ static const char *take_name(ps *P)
     char b[64];
     tok *t = cur(P);
     if (t->t != T_NAME)
-        fail_(P->S, TK_ERR_INVALID, "chat template line %d: expected a name, found %s", t->line, tokdesc(P, b, sizeof b));
+        fail_(P->S, TK_ERR_INVALID, "chat template line %d: expected a name, found %s", t->line,
+              tokdesc(P, b, sizeof b));
     P->p++;
     return astrn(P->S, t->s, t->n);
 }
@@ -690,10 +706,9 @@ static expr *p_filters(ps *P, expr *e)
             if (is_op(P, "(")) {
                 P->p++;
                 p_args(P, x);
-            } else if (cur(P)->t == T_STR || cur(P)->t == T_INT || (cur(P)->t == T_NAME && !is_name(P, "and") &&
-                                                                  !is_name(P, "or") && !is_name(P, "else") &&
-                                                                  !is_name(P, "if") && !is_name(P, "in") &&
-                                                                  !is_name(P, "is"))) {
+            } else if (cur(P)->t == T_STR || cur(P)->t == T_INT ||
+                       (cur(P)->t == T_NAME && !is_name(P, "and") && !is_name(P, "or") && !is_name(P, "else") &&
+                        !is_name(P, "if") && !is_name(P, "in") && !is_name(P, "is"))) {
                 /* a test's single argument without parentheses: `x is sameas none` */
                 x->args = amem(P->S, sizeof *x->args);
                 x->kw = amem(P->S, sizeof *x->kw);
@@ -943,8 +958,10 @@ static void p_for(ps *P, stmt *s)
         s->filter = p_or(P);
     }
     if (is_name(P, "recursive"))
-        fail_(P->S, TK_ERR_UNSUPPORTED, "chat template line %d: recursive for loops are not supported by tk's "
-              "template subset", line);
+        fail_(P->S, TK_ERR_UNSUPPORTED,
+              "chat template line %d: recursive for loops are not supported by tk's "
+              "template subset",
+              line);
     end_tag(P);
     static const char *const ends[] = {"else", "endfor", NULL};
     s->bodies = amem(P->S, 2 * sizeof *s->bodies);
@@ -973,11 +990,15 @@ static void p_set(ps *P, stmt *s)
         s->nnames = 2;
     }
     if (is_op(P, ","))
-        fail_(P->S, TK_ERR_UNSUPPORTED, "chat template line %d: 'set' with several targets is not supported by "
-              "tk's template subset", line);
+        fail_(P->S, TK_ERR_UNSUPPORTED,
+              "chat template line %d: 'set' with several targets is not supported by "
+              "tk's template subset",
+              line);
     if (cur(P)->t == T_BEND || is_op(P, "|"))
-        fail_(P->S, TK_ERR_UNSUPPORTED, "chat template line %d: block 'set' ... 'endset' is not supported by "
-              "tk's template subset", line);
+        fail_(P->S, TK_ERR_UNSUPPORTED,
+              "chat template line %d: block 'set' ... 'endset' is not supported by "
+              "tk's template subset",
+              line);
     expect_op(P, "=");
     s->e = p_expr(P);
     end_tag(P);
@@ -1045,8 +1066,10 @@ static body p_body(ps *P, const char *const *ends)
                 size_t k = 0;
                 while (ends[k + 1])
                     k++;
-                fail_(P->S, TK_ERR_INVALID, "chat template line %d: a block opened here is never closed (expected "
-                      "'{%% %s %%}')", line0, ends[k]);
+                fail_(P->S, TK_ERR_INVALID,
+                      "chat template line %d: a block opened here is never closed (expected "
+                      "'{%% %s %%}')",
+                      line0, ends[k]);
             }
             break;
         }
@@ -1075,8 +1098,8 @@ static body p_body(ps *P, const char *const *ends)
                     P->S->depth--;
                     return b;
                 }
-            static const char *const stray[] = {"endif", "endfor", "elif", "else", "endgeneration", "endset",
-                                                "endmacro", NULL};
+            static const char *const stray[] = {"endif",         "endfor", "elif",     "else",
+                                                "endgeneration", "endset", "endmacro", NULL};
             for (size_t k = 0; stray[k]; k++)
                 if (is_name(P, stray[k]))
                     fail_(P->S, TK_ERR_INVALID, "chat template line %d: '%s' without its opening tag", cur(P)->line,
@@ -1181,8 +1204,8 @@ static void dict_sets(st *S, vdict *d, const char *k, val v) { dict_set(S, d, vs
 
 static const char *tname(val v)
 {
-    static const char *n[] = {"undefined", "none", "boolean", "integer", "float", "string", "list", "dict",
-                              "namespace"};
+    static const char *n[] = {"undefined", "none", "boolean", "integer",  "float",
+                              "string",    "list", "dict",    "namespace"};
     return n[v.t];
 }
 
@@ -1255,7 +1278,10 @@ static void to_str(sbuf *b, val v, int repr)
     case V_UNDEF: break;
     case V_NONE: sb_str(b, "None"); break;
     case V_BOOL: sb_str(b, v.u.b ? "True" : "False"); break;
-    case V_INT: snprintf(num, sizeof num, "%lld", (long long)v.u.i); sb_str(b, num); break;
+    case V_INT:
+        snprintf(num, sizeof num, "%lld", (long long)v.u.i);
+        sb_str(b, num);
+        break;
     case V_FLOAT:
         snprintf(num, sizeof num, "%.17g", v.u.f);
         for (int p = 1; p < 17; p++) { /* shortest round trip, as Python's repr */
@@ -1592,8 +1618,8 @@ static val call_method(st *S, val o, const char *m, expr *e, val *av, int line)
         else if (!strcmp(m, "startswith") || !strcmp(m, "endswith")) {
             val x = arg(e, av, 0, NULL, &used);
             want_str(S, x, m, line);
-            int ok = x.u.s.n <= o.u.s.n &&
-                     !memcmp(m[0] == 's' ? o.u.s.s : o.u.s.s + o.u.s.n - x.u.s.n, x.u.s.s, x.u.s.n);
+            int ok =
+                x.u.s.n <= o.u.s.n && !memcmp(m[0] == 's' ? o.u.s.s : o.u.s.s + o.u.s.n - x.u.s.n, x.u.s.s, x.u.s.n);
             r = vbool(ok);
         } else if (!strcmp(m, "split")) {
             val sep = arg(e, av, 0, "sep", &used);
@@ -1687,8 +1713,10 @@ static val call(st *S, scope *sc, expr *e)
         val d = vdict_new(S, f[0] == 'n' ? V_NS : V_DICT);
         for (size_t k = 0; k < e->nargs; k++) {
             if (!e->kw[k])
-                fail_(S, TK_ERR_UNSUPPORTED, "chat template line %d: %s() takes keyword arguments only in tk's "
-                      "template subset", line, f);
+                fail_(S, TK_ERR_UNSUPPORTED,
+                      "chat template line %d: %s() takes keyword arguments only in tk's "
+                      "template subset",
+                      line, f);
             dict_sets(S, d.u.d, e->kw[k], av[k]);
         }
         return d;
@@ -1960,8 +1988,10 @@ static val binop(st *S, const char *op, val a, val b, int line, int neg)
             }
             }
         }
-        fail_(S, TK_ERR_UNSUPPORTED, "chat template line %d: float arithmetic ('%s') is not supported by tk's "
-              "template subset", line, op);
+        fail_(S, TK_ERR_UNSUPPORTED,
+              "chat template line %d: float arithmetic ('%s') is not supported by tk's "
+              "template subset",
+              line, op);
     }
     fail_(S, TK_ERR_INVALID, "chat template line %d: '%s' between a %s and a %s", line, op, tname(a), tname(b));
     return vundef();
@@ -2035,8 +2065,10 @@ static val eval(st *S, scope *sc, expr *e)
         for (size_t i = 0; i < e->nargs; i++) {
             val k = eval(S, sc, e->args[2 * i]);
             if (k.t != V_STR)
-                fail_(S, TK_ERR_UNSUPPORTED, "chat template line %d: dict keys other than strings are not "
-                      "supported by tk's template subset", e->line);
+                fail_(S, TK_ERR_UNSUPPORTED,
+                      "chat template line %d: dict keys other than strings are not "
+                      "supported by tk's template subset",
+                      e->line);
             dict_set(S, r.u.d, k, eval(S, sc, e->args[2 * i + 1]));
         }
         break;
@@ -2535,8 +2567,10 @@ static int ct_load(ct_set *c, const char *dir)
         if ((rc = ct_json(&c->cfg, cfgdir, base)) != TK_OK)
             goto fail;
         if (!c->cfg) {
-            rc = tk__err(TK_ERR_NOT_FOUND, "no tokenizer_config.json at '%s', so no chat template\nHINT: use tk "
-                         "generate --prompt with the whole prompt written out", dir);
+            rc = tk__err(TK_ERR_NOT_FOUND,
+                         "no tokenizer_config.json at '%s', so no chat template\nHINT: use tk "
+                         "generate --prompt with the whole prompt written out",
+                         dir);
             goto fail;
         }
         if (!(c->source = tk__strdup(dir)))
@@ -2544,8 +2578,10 @@ static int ct_load(ct_set *c, const char *dir)
         if ((rc = ct_from_json(c, json_object_get(c->cfg, "chat_template"), dir, &found)) != TK_OK)
             goto fail;
         if (!c->ntpl) {
-            rc = tk__err(TK_ERR_NOT_FOUND, "%s has no chat_template: this tokenizer does not define a chat "
-                         "format\nHINT: use tk generate --prompt with the whole prompt written out", dir);
+            rc = tk__err(TK_ERR_NOT_FOUND,
+                         "%s has no chat_template: this tokenizer does not define a chat "
+                         "format\nHINT: use tk generate --prompt with the whole prompt written out",
+                         dir);
             goto fail;
         }
     }
@@ -2596,11 +2632,15 @@ int tk_chat_render_opts(char **out, const char *dir, const tk_chat_message *msgs
     char names[512];
     ct_names(&c, names, sizeof names);
     if (k == c.ntpl && opts->template_name)
-        rc = tk__err(TK_ERR_NOT_FOUND, "no chat template named '%s' in %s (it has: %s)\nHINT: pick one of those "
-                     "with --template NAME", want, c.source, names);
+        rc = tk__err(TK_ERR_NOT_FOUND,
+                     "no chat template named '%s' in %s (it has: %s)\nHINT: pick one of those "
+                     "with --template NAME",
+                     want, c.source, names);
     else if (k == c.ntpl)
-        rc = tk__err(TK_ERR_INVALID, "%s has several chat templates and none named default: %s\nHINT: pick one with "
-                     "--template NAME", c.source, names);
+        rc = tk__err(TK_ERR_INVALID,
+                     "%s has several chat templates and none named default: %s\nHINT: pick one with "
+                     "--template NAME",
+                     c.source, names);
     else
         rc = tk_models__chat_render_text(out, c.text[k], strlen(c.text[k]), msgs, n, opts->add_generation_prompt,
                                          c.vars, c.nvars);

@@ -23,10 +23,24 @@
 /* Every architecture tk runs: one row each. A new one is a file (its parser, caps and forward, or a
  * variation of llama.c's decoder) and a row here; docs/models.md has the recipe. */
 const tk_models_arch *const tk_models__archs[] = {
-    &tk_models__llama, &tk_models__gpt2,  &tk_models__bert,  &tk_models__qwen3,  &tk_models__olmo2,
-    &tk_models__granite, &tk_models__smollm3, &tk_models__gemma, &tk_models__gemma2,
-    &tk_models__gemma3, &tk_models__phi3, &tk_models__mixtral, &tk_models__qwen2_moe, &tk_models__qwen3_moe,
-    &tk_models__llada, &tk_models__dream, &tk_models__diffusion_gemma, NULL,
+    &tk_models__llama,
+    &tk_models__gpt2,
+    &tk_models__bert,
+    &tk_models__qwen3,
+    &tk_models__olmo2,
+    &tk_models__granite,
+    &tk_models__smollm3,
+    &tk_models__gemma,
+    &tk_models__gemma2,
+    &tk_models__gemma3,
+    &tk_models__phi3,
+    &tk_models__mixtral,
+    &tk_models__qwen2_moe,
+    &tk_models__qwen3_moe,
+    &tk_models__llada,
+    &tk_models__dream,
+    &tk_models__diffusion_gemma,
+    NULL,
 };
 
 static char supported[4096];
@@ -149,8 +163,8 @@ json_t *tk_models__json_loadb(const char *text, size_t len, size_t flags, json_e
             }
             done = j;
         }
-        while (j < len && (text[j] == '.' || text[j] == 'e' || text[j] == 'E' || text[j] == '+' ||
-                           text[j] == '-' || (text[j] >= '0' && text[j] <= '9')))
+        while (j < len && (text[j] == '.' || text[j] == 'e' || text[j] == 'E' || text[j] == '+' || text[j] == '-' ||
+                           (text[j] >= '0' && text[j] <= '9')))
             j++;
         i = j - 1;
     }
@@ -289,8 +303,10 @@ static int warn_token_ids(tk_models_config *c, json_t *root, const char *what)
                 snprintf(val, sizeof val, "%.17g", json_real_value(e));
             else
                 continue; /* null, or not a number: the readers report what they use */
-            rc = tk__buf_printf(&b, "%s%s: %s%s %s is outside the vocabulary [0, %lld): the model can never "
-                                "produce that id", b.len ? "\n" : "", what, key, idx, val, (long long)c->vocab);
+            rc = tk__buf_printf(&b,
+                                "%s%s: %s%s %s is outside the vocabulary [0, %lld): the model can never "
+                                "produce that id",
+                                b.len ? "\n" : "", what, key, idx, val, (long long)c->vocab);
         }
     }
     if (rc == TK_OK && b.len) {
@@ -340,7 +356,8 @@ static int cfg_longrope(tk_models_config *c, tk_models_rope *k, const json_t *p,
         (rc = ext_list(p, what, "long_factor", k->ext_long, &nl)))
         return rc;
     if (ns != nl)
-        return tk__err(TK_ERR_INVALID, "%s: 'short_factor' has %lld values and 'long_factor' %lld; want one per rotary "
+        return tk__err(TK_ERR_INVALID,
+                       "%s: 'short_factor' has %lld values and 'long_factor' %lld; want one per rotary "
                        "pair in both",
                        what, (long long)ns, (long long)nl);
     k->next = ns;
@@ -349,7 +366,8 @@ static int cfg_longrope(tk_models_config *c, tk_models_rope *k, const json_t *p,
     if (!json_is_number(json_object_get(p, "factor")))
         k->factor = (double)c->max_pos / (double)k->original_max_pos;
     if (k->attention_factor == 0 && k->factor > 1 && k->original_max_pos < 2)
-        return tk__err(TK_ERR_INVALID, "%s: original_max_position_embeddings %lld is too small for longrope's attention "
+        return tk__err(TK_ERR_INVALID,
+                       "%s: original_max_position_embeddings %lld is too small for longrope's attention "
                        "factor (it divides by its log)",
                        what, (long long)k->original_max_pos);
     return TK_OK;
@@ -413,7 +431,8 @@ int tk_models__cfg_rope(tk_models_config *c, const tk_models_reader *r)
     }
     if ((rc = tk_models__cfg_num(p, what, "rope_theta", theta, &k->theta)) ||
         (rc = tk_models__cfg_num(p, what, "factor", 1.0, &k->factor)) ||
-        (rc = tk_models__cfg_num(p, what, "partial_rotary_factor", k->partial_rotary_factor, &k->partial_rotary_factor)) ||
+        (rc = tk_models__cfg_num(p, what, "partial_rotary_factor", k->partial_rotary_factor,
+                                 &k->partial_rotary_factor)) ||
         (rc = tk_models__cfg_num(p, what, "beta_fast", 32.0, &k->beta_fast)) ||
         (rc = tk_models__cfg_num(p, what, "beta_slow", 1.0, &k->beta_slow)) ||
         (rc = tk_models__cfg_num(p, what, "attention_factor", 0.0, &k->attention_factor)) ||
@@ -421,7 +440,8 @@ int tk_models__cfg_rope(tk_models_config *c, const tk_models_reader *r)
         (rc = tk_models__cfg_num(p, what, "high_freq_factor", 4.0, &k->high_freq_factor)))
         return rc;
     if (json_object_get(p, "mscale") || json_object_get(p, "mscale_all_dim"))
-        return tk_models__cfg_unsupported(r, "rope mscale", "set", "YaRN with attention_factor (not DeepSeek's mscale)");
+        return tk_models__cfg_unsupported(r, "rope mscale", "set",
+                                          "YaRN with attention_factor (not DeepSeek's mscale)");
     json_t *trunc = json_object_get(p, "truncate");
     if (json_is_boolean(trunc))
         k->truncate = json_is_true(trunc);
@@ -466,7 +486,8 @@ int tk_models__cfg_layer_types(tk_models_config *c, const tk_models_reader *r)
             else if (s && !strcmp(s, "sliding_attention"))
                 c->sliding[l] = c->sliding_window > 0;
             else
-                return tk_models__cfg_unsupported(r, "layer_types", s ? s : "not a string", "full_attention, sliding_attention");
+                return tk_models__cfg_unsupported(r, "layer_types", s ? s : "not a string",
+                                                  "full_attention, sliding_attention");
         }
     }
     return TK_OK;
@@ -524,7 +545,8 @@ int tk_models__config_parse(tk_models_config *c, const char *text, size_t len, c
         goto done;
     snprintf(c->torch_dtype, sizeof c->torch_dtype, "%s", dt);
     if (json_object_get(r.root, "quantization_config")) {
-        rc = tk_models__cfg_unsupported(&r, "quantization_config", "set", "unquantised checkpoints (f32, f16, bf16 weights)");
+        rc = tk_models__cfg_unsupported(&r, "quantization_config", "set",
+                                        "unquantised checkpoints (f32, f16, bf16 weights)");
         goto done;
     }
     c->bos_id = token_id(&r, "bos_token_id");
@@ -565,14 +587,16 @@ int tk_models__config_load(tk_models_config *c, const char *dir)
         goto done;
     }
     if (!tk__is_dir(dir)) {
-        rc = tk__err(TK_ERR_NOT_FOUND, "model directory '%s' does not exist\nHINT: pass a directory holding a Hugging "
-                                       "Face checkpoint (config.json and *.safetensors)",
+        rc = tk__err(TK_ERR_NOT_FOUND,
+                     "model directory '%s' does not exist\nHINT: pass a directory holding a Hugging "
+                     "Face checkpoint (config.json and *.safetensors)",
                      dir);
         goto done;
     }
     if (!tk__path_exists(path)) {
-        rc = tk__err(TK_ERR_NOT_FOUND, "'%s' has no config.json\nHINT: pass a directory holding a Hugging Face "
-                                       "checkpoint (config.json and *.safetensors)",
+        rc = tk__err(TK_ERR_NOT_FOUND,
+                     "'%s' has no config.json\nHINT: pass a directory holding a Hugging Face "
+                     "checkpoint (config.json and *.safetensors)",
                      dir);
         goto done;
     }

@@ -96,10 +96,10 @@ static int parse_global(tk_models_config *c, const tk_models_reader *t)
         }
     }
     if (c->global_head_dim % 2 || c->global_head_dim > 512 || c->heads % c->global_kv_heads)
-        return tk__err(TK_ERR_UNSUPPORTED, "%s: full layers of head size %lld with %lld kv heads for %lld heads; "
-                                           "the attention op takes even head sizes up to 512 and heads a multiple of kv heads",
-                       t->what,
-                       (long long)c->global_head_dim, (long long)c->global_kv_heads, (long long)c->heads);
+        return tk__err(TK_ERR_UNSUPPORTED,
+                       "%s: full layers of head size %lld with %lld kv heads for %lld heads; "
+                       "the attention op takes even head sizes up to 512 and heads a multiple of kv heads",
+                       t->what, (long long)c->global_head_dim, (long long)c->global_kv_heads, (long long)c->heads);
     return TK_OK;
 }
 
@@ -118,7 +118,8 @@ static int parse_rope(tk_models_config *c, const tk_models_reader *t)
         if (rc == TK_OK)
             rc = tk_models__cfg_num(sub.root, t->what, "rope_theta", i ? 1e6 : 1e4, &r->theta);
         if (rc == TK_OK)
-            rc = tk_models__cfg_num(sub.root, t->what, "partial_rotary_factor", i ? 0.25 : 1.0, &r->partial_rotary_factor);
+            rc = tk_models__cfg_num(sub.root, t->what, "partial_rotary_factor", i ? 0.25 : 1.0,
+                                    &r->partial_rotary_factor);
         if (rc == TK_OK)
             rc = tk_models__cfg_num(sub.root, t->what, "factor", 1.0, &r->factor);
         int prop = !strcmp(type, "proportional");
@@ -171,8 +172,9 @@ static int parse_text(tk_models_config *c, const tk_models_reader *t)
         return tk_models__cfg_unsupported(t, "use_bidirectional_attention", "'all'",
                                           "null or 'vision' (the text encoder causal)");
     if (c->heads % c->kv_heads || c->experts_topk > c->experts || c->final_softcap < 0)
-        return tk__err(TK_ERR_INVALID, "%s: %lld heads over %lld kv heads, top %lld of %lld experts, softcap %g: "
-                                       "heads must be a multiple of kv heads, top_k_experts at most num_experts, the softcap >= 0",
+        return tk__err(TK_ERR_INVALID,
+                       "%s: %lld heads over %lld kv heads, top %lld of %lld experts, softcap %g: "
+                       "heads must be a multiple of kv heads, top_k_experts at most num_experts, the softcap >= 0",
                        t->what, (long long)c->heads, (long long)c->kv_heads, (long long)c->experts_topk,
                        (long long)c->experts, c->final_softcap);
     if (c->layers > TK_MODELS_MAX_LAYERS)
@@ -190,8 +192,9 @@ static int parse(tk_models_config *c, const tk_models_reader *r)
 {
     json_t *tc = json_object_get(r->root, "text_config");
     if (!json_is_object(tc))
-        return tk__err(TK_ERR_INVALID, "%s: DiffusionGemma's config has no 'text_config' object\nHINT: write the "
-                                       "checkpoint with transformers' save_pretrained (DiffusionGemmaConfig)",
+        return tk__err(TK_ERR_INVALID,
+                       "%s: DiffusionGemma's config has no 'text_config' object\nHINT: write the "
+                       "checkpoint with transformers' save_pretrained (DiffusionGemmaConfig)",
                        r->what);
     tk_models_reader t = {r->what, tc};
     int rc;
@@ -296,9 +299,10 @@ static int load_scalar(tk_model *m, int64_t l, double *ls)
     if ((rc = layer_scalar(m, a, ls)) || (rc = layer_scalar(m, b, &enc)))
         return rc;
     if (tk_models__st_find(m->st, b) && enc != *ls)
-        return tk__err(TK_ERR_UNSUPPORTED, "%s: layer %lld's layer_scalar is %g in the encoder and %g in the "
-                                           "decoder; tk folds one scalar per layer into the weights\nHINT: transformers' "
-                                           "DiffusionGemma checkpoints keep them equal",
+        return tk__err(TK_ERR_UNSUPPORTED,
+                       "%s: layer %lld's layer_scalar is %g in the encoder and %g in the "
+                       "decoder; tk folds one scalar per layer into the weights\nHINT: transformers' "
+                       "DiffusionGemma checkpoints keep them equal",
                        m->cfg.arch, (long long)l, enc, *ls);
     if (!(*ls != 0) || !isfinite(*ls))
         return tk__err(TK_ERR_INVALID, "%s: layer %lld's layer_scalar is %g", m->cfg.arch, (long long)l, *ls);
@@ -468,8 +472,12 @@ static int attend(tk_model *m, const dg_layer *w, int64_t q0, int64_t nq, int64_
     heads_view(&q4, &s->qn, q0, nq, m->cfg.heads, w->D);
     heads_view(&k4, &s->kn, k0, nk, w->Hkv, w->D);
     heads_view(&v4, &s->v, k0, nk, w->Hkv, w->D);
-    tk_arg a[] = {TK_A_T("out", &o4), TK_A_T("q", &q4), TK_A_T("k", &k4),
-                  TK_A_T("v", &v4), TK_A_F("scale", 1.0), TK_A_I("causal", causal),
+    tk_arg a[] = {TK_A_T("out", &o4),
+                  TK_A_T("q", &q4),
+                  TK_A_T("k", &k4),
+                  TK_A_T("v", &v4),
+                  TK_A_F("scale", 1.0),
+                  TK_A_I("causal", causal),
                   TK_A_I("window_left", window)};
     return tk_models__op(m, "attention", a, TK_NARGS(a));
 }
@@ -524,9 +532,11 @@ static int ff_block(tk_model *m, const dg_layer *w)
     tk_models__view(&gu, &s->gu, 2, (int64_t[]){s->x.shape[0], 2 * c->intermediate});
     tk_models__view(&act, &s->act, 2, (int64_t[]){s->x.shape[0], c->intermediate});
     tk_arg gm[] = {TK_A_T("out", &act), TK_A_T("input", &gu)};
-    if ((rc = rms(m, &s->h, &s->x, w->pre_ff, w->eps)) || (rc = tk_models__linear(m, &gu, &s->h, w->gate_up, NULL, 0)) ||
+    if ((rc = rms(m, &s->h, &s->x, w->pre_ff, w->eps)) ||
+        (rc = tk_models__linear(m, &gu, &s->h, w->gate_up, NULL, 0)) ||
         (rc = tk_models__op(m, "gelu_tanh_and_mul", gm, TK_NARGS(gm))) ||
-        (rc = tk_models__linear(m, &s->m1, &act, w->down, NULL, 0)) || (rc = rms(m, &s->m1, &s->m1, w->post_ff1, c->eps)))
+        (rc = tk_models__linear(m, &s->m1, &act, w->down, NULL, 0)) ||
+        (rc = rms(m, &s->m1, &s->m1, w->post_ff1, c->eps)))
         return rc;
     if ((rc = rms(m, &s->h, &s->x, w->pre_ff2, w->eps)) || (rc = rms(m, &s->r, &s->x, w->router_scale, w->eps)))
         return rc;
@@ -623,8 +633,9 @@ static int forward(tk_model *m, tk_models_batch *b)
     const tk_models_config *c = &m->cfg;
     dg_state *s = m->state;
     if (b->kv)
-        return tk__err(TK_ERR_UNSUPPORTED, "%s is a block diffusion model: it does not decode token by token\n"
-                                           "HINT: run one denoising step with tk model logits (prompt + canvas_length canvas tokens)",
+        return tk__err(TK_ERR_UNSUPPORTED,
+                       "%s is a block diffusion model: it does not decode token by token\n"
+                       "HINT: run one denoising step with tk model logits (prompt + canvas_length canvas tokens)",
                        c->arch);
     int32_t *cu = NULL;
     int rc = host_cu(m, b, &cu);
@@ -642,8 +653,7 @@ static int forward(tk_model *m, tk_models_batch *b)
     for (int64_t l = 0; l < c->layers; l++) {
         const dg_layer *w = &s->l[l];
         if ((rc = rms(m, &s->h, &s->x, w->in_norm, w->eps)) || (rc = attn_block(m, b, l, cu)) ||
-            (rc = rms(m, &s->o, &s->o, w->post_attn, c->eps)) || (rc = add(m, &s->x, &s->o)) ||
-            (rc = ff_block(m, w)))
+            (rc = rms(m, &s->o, &s->o, w->post_attn, c->eps)) || (rc = add(m, &s->x, &s->o)) || (rc = ff_block(m, w)))
             goto done;
     }
     if ((rc = rms(m, &s->h, &s->x, s->norm, s->final_eps)) != TK_OK)

@@ -32,7 +32,6 @@
 
 #include "models/models.h"
 
-
 /* The sampler's state for one call. */
 typedef struct {
     tk_model *m;
@@ -47,10 +46,7 @@ typedef struct {
     tk_diff_result *r;
 } dstate;
 
-static int draws(dstate *s, double *u, size_t n)
-{
-    return tk_models__diff_draws(s->o, &s->rng, u, n);
-}
+static int draws(dstate *s, double *u, size_t n) { return tk_models__diff_draws(s->o, &s->rng, u, n); }
 
 int tk_models__diff_draws(const tk_diff_opts *o, uint64_t *rng, double *u, size_t n)
 {
@@ -146,7 +142,8 @@ static int record(dstate *s, int64_t step, int64_t block, size_t n)
     for (size_t i = 0; !bad && i < n; i++)
         bad = json_array_append_new(pos, json_integer(s->sel[i]));
     if (!bad)
-        bad = json_object_set_new(o, "step", json_integer(step)) || json_object_set_new(o, "block", json_integer(block)) ||
+        bad = json_object_set_new(o, "step", json_integer(step)) ||
+              json_object_set_new(o, "block", json_integer(block)) ||
               json_object_set_new(o, "count", json_integer((json_int_t)n)) || json_object_set_new(o, "unmasked", pos) ||
               json_array_append_new(s->r->steps, o);
     else
@@ -161,7 +158,8 @@ static int report(dstate *s, int64_t step, int64_t block, size_t n, int done)
 {
     if (!s->o->on_step)
         return 0;
-    tk_diff_step st = {step, s->steps, block, s->nb, s->x, (size_t)s->L, (size_t)s->P, (int32_t)s->mask, s->sel, n, done};
+    tk_diff_step st = {step,         s->steps,         block,  s->nb, s->x, (size_t)s->L,
+                       (size_t)s->P, (int32_t)s->mask, s->sel, n,     done};
     return s->o->on_step(s->o->step_user, &st) != 0;
 }
 
@@ -386,10 +384,7 @@ static int dream(dstate *s, int alg)
     return TK_OK;
 }
 
-int tk_model_diffusion(const tk_model *m)
-{
-    return tk_model_has_lm_head(m) ? m->cfg.diffusion : 0;
-}
+int tk_model_diffusion(const tk_model *m) { return tk_model_has_lm_head(m) ? m->cfg.diffusion : 0; }
 
 static int check(dstate *s, const tk_diff_opts *o, size_t len, int *sampler, int *alg)
 {
@@ -399,18 +394,23 @@ static int check(dstate *s, const tk_diff_opts *o, size_t len, int *sampler, int
         return tk__err(TK_ERR_INVALID, "tk_diff_opts.version is %u; this tk knows 1..%d", o->version,
                        TK_DIFF_OPTS_VERSION);
     if (o->sampler == TK_DIFF_BLOCK)
-        return tk__err(TK_ERR_INVALID, "%s is not a block diffusion checkpoint (DiffusionGemmaForBlockDiffusion)\n"
-                       "HINT: leave the sampler automatic, or pick llada or dream", c->arch);
+        return tk__err(TK_ERR_INVALID,
+                       "%s is not a block diffusion checkpoint (DiffusionGemmaForBlockDiffusion)\n"
+                       "HINT: leave the sampler automatic, or pick llada or dream",
+                       c->arch);
     if (!c->bidirectional && !o->bidirectional)
-        return tk__err(TK_ERR_INVALID, "%s is a causal LM; masked diffusion needs bidirectional attention\n"
-                       "HINT: pass --bidirectional (tk_diff_opts.bidirectional = 1) to run it so", c->arch);
+        return tk__err(TK_ERR_INVALID,
+                       "%s is a causal LM; masked diffusion needs bidirectional attention\n"
+                       "HINT: pass --bidirectional (tk_diff_opts.bidirectional = 1) to run it so",
+                       c->arch);
     *sampler = o->sampler ? o->sampler : c->diffusion ? c->diffusion : TK_DIFF_LLADA;
     if (*sampler != TK_DIFF_LLADA && *sampler != TK_DIFF_DREAM)
         return tk__err(TK_ERR_INVALID, "tk_diff_opts.sampler is %d; want TK_DIFF_AUTO, TK_DIFF_LLADA or TK_DIFF_DREAM",
                        o->sampler);
     s->mask = o->mask_token_id >= 0 ? o->mask_token_id : c->mask_id;
     if (s->mask < 0)
-        return tk__err(TK_ERR_INVALID, "%s checkpoint '%s' has no mask token id (config.json has no mask_token_id, "
+        return tk__err(TK_ERR_INVALID,
+                       "%s checkpoint '%s' has no mask token id (config.json has no mask_token_id, "
                        "and none was given)\nHINT: pass --mask-token-id ID (the id the model was trained to unmask)",
                        c->arch, m->dir);
     if (s->mask >= s->V)
@@ -425,31 +425,37 @@ static int check(dstate *s, const tk_diff_opts *o, size_t len, int *sampler, int
     if (s->B <= 0)
         return tk__err(TK_ERR_INVALID, "block_length is %lld; it must be > 0 (0: gen_length)", (long long)s->B);
     if (*sampler == TK_DIFF_DREAM && s->B != s->G)
-        return tk__err(TK_ERR_INVALID, "block_length %lld differs from gen_length %lld: Dream's sampler denoises the "
+        return tk__err(TK_ERR_INVALID,
+                       "block_length %lld differs from gen_length %lld: Dream's sampler denoises the "
                        "whole canvas at once\nHINT: leave --block-length out, or use --sampler llada",
                        (long long)s->B, (long long)s->G);
     if (s->G % s->B)
-        return tk__err(TK_ERR_INVALID, "gen_length %lld is not a multiple of block_length %lld\nHINT: e.g. "
-                       "--gen-length %lld", (long long)s->G, (long long)s->B, (long long)((s->G / s->B + 1) * s->B));
+        return tk__err(TK_ERR_INVALID,
+                       "gen_length %lld is not a multiple of block_length %lld\nHINT: e.g. "
+                       "--gen-length %lld",
+                       (long long)s->G, (long long)s->B, (long long)((s->G / s->B + 1) * s->B));
     s->nb = s->G / s->B;
     s->steps = o->steps ? o->steps : s->G;
     if (s->steps < s->nb)
-        return tk__err(TK_ERR_INVALID, "steps %lld are fewer than the %lld blocks (gen_length %lld / block_length "
-                       "%lld): each block needs a step at least", (long long)s->steps, (long long)s->nb,
-                       (long long)s->G, (long long)s->B);
+        return tk__err(TK_ERR_INVALID,
+                       "steps %lld are fewer than the %lld blocks (gen_length %lld / block_length "
+                       "%lld): each block needs a step at least",
+                       (long long)s->steps, (long long)s->nb, (long long)s->G, (long long)s->B);
     if (s->steps % s->nb)
-        return tk__err(TK_ERR_INVALID, "steps %lld is not a multiple of the %lld blocks (gen_length %lld / "
-                       "block_length %lld): LLaDA gives every block the same number of steps", (long long)s->steps,
-                       (long long)s->nb, (long long)s->G, (long long)s->B);
+        return tk__err(TK_ERR_INVALID,
+                       "steps %lld is not a multiple of the %lld blocks (gen_length %lld / "
+                       "block_length %lld): LLaDA gives every block the same number of steps",
+                       (long long)s->steps, (long long)s->nb, (long long)s->G, (long long)s->B);
     if (s->steps > s->G)
         return tk__err(TK_ERR_INVALID, "steps %lld exceed gen_length %lld: a step would unmask no token",
                        (long long)s->steps, (long long)s->G);
     s->P = (int64_t)len;
     s->L = s->P + s->G;
     if (s->L > c->max_pos)
-        return tk__err(TK_ERR_INVALID, "the prompt (%lld tokens) plus gen_length %lld is %lld tokens, longer than the "
-                       "model's context of %lld", (long long)s->P, (long long)s->G, (long long)s->L,
-                       (long long)c->max_pos);
+        return tk__err(TK_ERR_INVALID,
+                       "the prompt (%lld tokens) plus gen_length %lld is %lld tokens, longer than the "
+                       "model's context of %lld",
+                       (long long)s->P, (long long)s->G, (long long)s->L, (long long)c->max_pos);
     if (!(o->temperature >= 0) || !isfinite(o->temperature))
         return tk__err(TK_ERR_INVALID, "temperature %g; it must be >= 0 (0: argmax)", o->temperature);
     if (!(o->cfg_scale >= 0) || !isfinite(o->cfg_scale))
@@ -470,12 +476,16 @@ static int check(dstate *s, const tk_diff_opts *o, size_t len, int *sampler, int
         return tk__err(TK_ERR_INVALID, "alg '%s' is Dream's; LLaDA's sampler remasks by low_confidence or random",
                        o->alg);
     if (!(o->top_p > 0 && o->top_p <= 1) || o->top_k < 0 || !(o->eps > 0 && o->eps < 1) || !(o->alg_temp >= 0))
-        return tk__err(TK_ERR_INVALID, "top_p %g (want (0, 1]), top_k %lld (>= 0), eps %g ((0, 1)), alg_temp %g "
-                       "(>= 0): one is out of range", o->top_p, (long long)o->top_k, o->eps, o->alg_temp);
+        return tk__err(TK_ERR_INVALID,
+                       "top_p %g (want (0, 1]), top_k %lld (>= 0), eps %g ((0, 1)), alg_temp %g "
+                       "(>= 0): one is out of range",
+                       o->top_p, (long long)o->top_k, o->eps, o->alg_temp);
     for (int64_t l = 0; l < c->layers; l++)
         if (c->sliding[l])
-            return tk__err(TK_ERR_UNSUPPORTED, "%s: layer %lld has a sliding window; tk's bidirectional attention "
-                           "runs full layers only", c->arch, (long long)l);
+            return tk__err(TK_ERR_UNSUPPORTED,
+                           "%s: layer %lld has a sliding window; tk's bidirectional attention "
+                           "runs full layers only",
+                           c->arch, (long long)l);
     return TK_OK;
 }
 
@@ -514,8 +524,7 @@ int tk_diffusion_generate(tk_diff_result **out, tk_model *m, const int32_t *prom
     size_t no = L > V ? L : V;
     s.sel = malloc(no * sizeof *s.sel);
     s.order = malloc(no * sizeof *s.order);
-    if (!s.r || !s.x || !s.x0 || !s.logits || !s.row || !s.conf || !s.sel || !s.order ||
-        !(s.r->steps = json_array())) {
+    if (!s.r || !s.x || !s.x0 || !s.logits || !s.row || !s.conf || !s.sel || !s.order || !(s.r->steps = json_array())) {
         rc = tk__err(TK_ERR_NOMEM, "out of memory for a canvas of %zu positions x %zu logits", L, V);
         goto fail;
     }
@@ -585,10 +594,7 @@ const int32_t *tk_diff_result_ids(const tk_diff_result *r, size_t *n)
     return r ? r->ids : NULL;
 }
 
-const char *tk_diff_result_text(const tk_diff_result *r)
-{
-    return r ? r->text : NULL;
-}
+const char *tk_diff_result_text(const tk_diff_result *r) { return r ? r->text : NULL; }
 
 int tk_diff_result_json(char **json, const tk_diff_result *r)
 {
@@ -596,12 +602,11 @@ int tk_diff_result_json(char **json, const tk_diff_result *r)
     if (!r)
         return tk__err(TK_ERR_INVALID, "tk_diff_result_json: no result");
     double tps = r->ms > 0 ? (double)r->gen_length / (r->ms / 1000.0) : 0;
-    json_t *o = json_pack("{s:s, s:s, s:I, s:I, s:I, s:I, s:I, s:I, s:f, s:f, s:s, s:O}", "sampler", r->sampler,
-                          "alg", r->alg, "gen_length", (json_int_t)r->gen_length, "block_length",
-                          (json_int_t)r->block_length, "blocks", (json_int_t)r->blocks, "steps",
-                          (json_int_t)r->nsteps, "mask_token_id", (json_int_t)r->mask_id, "forward_passes",
-                          (json_int_t)r->forwards, "ms", r->ms, "tokens_per_s", tps, "end", r->end, "per_step",
-                          r->steps);
+    json_t *o = json_pack("{s:s, s:s, s:I, s:I, s:I, s:I, s:I, s:I, s:f, s:f, s:s, s:O}", "sampler", r->sampler, "alg",
+                          r->alg, "gen_length", (json_int_t)r->gen_length, "block_length", (json_int_t)r->block_length,
+                          "blocks", (json_int_t)r->blocks, "steps", (json_int_t)r->nsteps, "mask_token_id",
+                          (json_int_t)r->mask_id, "forward_passes", (json_int_t)r->forwards, "ms", r->ms,
+                          "tokens_per_s", tps, "end", r->end, "per_step", r->steps);
     char *s = o ? json_dumps(o, JSON_COMPACT) : NULL;
     json_decref(o);
     if (!s)

@@ -43,10 +43,7 @@ static int common(tk_models_config *c, const tk_models_reader *r, const char *ac
     return TK_OK;
 }
 
-static int parse_gemma(tk_models_config *c, const tk_models_reader *r)
-{
-    return common(c, r, "hidden_act");
-}
+static int parse_gemma(tk_models_config *c, const tk_models_reader *r) { return common(c, r, "hidden_act"); }
 
 static int gemma23(tk_models_config *c, const tk_models_reader *r, int64_t pattern);
 
@@ -89,8 +86,8 @@ static int parse_gemma3(tk_models_config *c, const tk_models_reader *r)
     int64_t pattern;
     int bidi;
     int rc;
-    if ((rc = tk_models__cfg_int(r, "sliding_window_pattern", 6, 1, &pattern)) ||
-        (rc = gemma23(c, r, pattern)) || (rc = tk_models__cfg_bool(r, "use_bidirectional_attention", 0, &bidi)))
+    if ((rc = tk_models__cfg_int(r, "sliding_window_pattern", 6, 1, &pattern)) || (rc = gemma23(c, r, pattern)) ||
+        (rc = tk_models__cfg_bool(r, "use_bidirectional_attention", 0, &bidi)))
         return rc;
     if (bidi)
         return tk_models__cfg_unsupported(r, "use_bidirectional_attention", "true", "false (causal text generation)");
@@ -112,7 +109,8 @@ static int parse_gemma3(tk_models_config *c, const tk_models_reader *r)
             return rc != TK_OK ? rc : tk__err(TK_ERR_NOMEM, "out of memory");
         }
         global = c->rope;
-        if (slide && (json_object_set(root, "rope_parameters", slide) || (rc = tk_models__cfg_rope(c, &sub)) != TK_OK)) {
+        if (slide &&
+            (json_object_set(root, "rope_parameters", slide) || (rc = tk_models__cfg_rope(c, &sub)) != TK_OK)) {
             json_decref(root);
             return rc != TK_OK ? rc : tk__err(TK_ERR_NOMEM, "out of memory");
         }

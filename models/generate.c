@@ -230,7 +230,8 @@ int tk_gen__presence_frequency(float *s, int64_t V, const int32_t *gen, size_t n
         return TK_OK;
     int32_t *cnt = calloc((size_t)V + 1, sizeof *cnt);
     if (!cnt)
-        return tk__err(TK_ERR_NOMEM, "presence/frequency penalty: out of memory for a row of %lld scores", (long long)V);
+        return tk__err(TK_ERR_NOMEM, "presence/frequency penalty: out of memory for a row of %lld scores",
+                       (long long)V);
     for (size_t j = 0; j < n; j++)
         if (gen[j] >= 0 && gen[j] < V)
             cnt[gen[j]]++;
@@ -255,8 +256,10 @@ int tk_gen__opts_upgrade(tk_gen_opts *out, const tk_gen_opts *in)
         return TK_OK;
     }
     if (in->version != TK_GEN_OPTS_VERSION)
-        return tk__err(TK_ERR_INVALID, "generate: options have version %u, want 1 or %u\nHINT: declare them with "
-                       "TK_GEN_OPTS_INIT", in->version, (unsigned)TK_GEN_OPTS_VERSION);
+        return tk__err(TK_ERR_INVALID,
+                       "generate: options have version %u, want 1 or %u\nHINT: declare them with "
+                       "TK_GEN_OPTS_INIT",
+                       in->version, (unsigned)TK_GEN_OPTS_VERSION);
     *out = *in;
     return TK_OK;
 }
@@ -265,9 +268,9 @@ int64_t tk_gen__total_length(const tk_gen_opts *o, int64_t len, int64_t max_pos)
 {
     /* INT64_MAX is "no limit" (a file's 1e30): up to the model's context */
     if (o->max_new_tokens > 0)
-        return o->max_new_tokens == INT64_MAX           ? max_pos
+        return o->max_new_tokens == INT64_MAX        ? max_pos
                : o->max_new_tokens > INT64_MAX - len ? INT64_MAX
-                                                      : len + o->max_new_tokens;
+                                                     : len + o->max_new_tokens;
     if (o->max_length > 0)
         return o->max_length == INT64_MAX ? max_pos : o->max_length;
     /* neither set: transformers 5 generates 20 new tokens (_prepare_generated_length), within
@@ -279,39 +282,54 @@ int tk_gen__check(const tk_gen_lm *lm, const int32_t *const *prompts, const size
                   const tk_gen_opts *o)
 {
     if (!o || o->version != TK_GEN_OPTS_VERSION)
-        return tk__err(TK_ERR_INVALID, "generate: options have version %u, want %u\nHINT: declare them with "
-                       "TK_GEN_OPTS_INIT", o ? o->version : 0u, (unsigned)TK_GEN_OPTS_VERSION);
+        return tk__err(TK_ERR_INVALID,
+                       "generate: options have version %u, want %u\nHINT: declare them with "
+                       "TK_GEN_OPTS_INIT",
+                       o ? o->version : 0u, (unsigned)TK_GEN_OPTS_VERSION);
     if (np == 0 || !prompts || !lens)
         return tk__err(TK_ERR_INVALID, "generate: no prompt given\nHINT: pass at least one prompt of token ids");
     if (o->max_new_tokens == 0 || o->max_new_tokens < -1)
-        return tk__err(TK_ERR_INVALID, "generate: max_new_tokens is %lld, want a number > 0 (or -1: up to "
-                       "max_length)", (long long)o->max_new_tokens);
+        return tk__err(TK_ERR_INVALID,
+                       "generate: max_new_tokens is %lld, want a number > 0 (or -1: up to "
+                       "max_length)",
+                       (long long)o->max_new_tokens);
     for (size_t i = 0; i < np; i++) {
         if (lens[i] == 0 || !prompts[i])
-            return tk__err(TK_ERR_INVALID, "generate: prompt %zu is empty: generation continues a prompt of at "
-                           "least one token\nHINT: give some text, or the model's BOS token id", i);
+            return tk__err(TK_ERR_INVALID,
+                           "generate: prompt %zu is empty: generation continues a prompt of at "
+                           "least one token\nHINT: give some text, or the model's BOS token id",
+                           i);
         for (size_t j = 0; j < lens[i]; j++)
             if (prompts[i][j] < 0 || prompts[i][j] >= lm->vocab)
-                return tk__err(TK_ERR_INVALID, "generate: prompt %zu: token %zu is id %d, outside the vocabulary "
-                               "[0, %lld)", i, j, (int)prompts[i][j], (long long)lm->vocab);
+                return tk__err(TK_ERR_INVALID,
+                               "generate: prompt %zu: token %zu is id %d, outside the vocabulary "
+                               "[0, %lld)",
+                               i, j, (int)prompts[i][j], (long long)lm->vocab);
         int64_t want = tk_gen__total_length(o, (int64_t)lens[i], lm->max_pos);
         if (o->max_new_tokens < 0 && o->max_length > 0 && o->max_length <= (int64_t)lens[i])
-            return tk__err(TK_ERR_INVALID, "generate: prompt %zu has %zu tokens, and max_length %lld leaves no "
-                           "room for new ones\nHINT: set max_new_tokens (--max-new-tokens N)", i, lens[i],
-                           (long long)o->max_length);
+            return tk__err(TK_ERR_INVALID,
+                           "generate: prompt %zu has %zu tokens, and max_length %lld leaves no "
+                           "room for new ones\nHINT: set max_new_tokens (--max-new-tokens N)",
+                           i, lens[i], (long long)o->max_length);
         if ((int64_t)lens[i] >= lm->max_pos)
-            return tk__err(TK_ERR_INVALID, "generate: prompt %zu has %zu tokens, but the model's context holds %lld "
+            return tk__err(TK_ERR_INVALID,
+                           "generate: prompt %zu has %zu tokens, but the model's context holds %lld "
                            "positions, prompt and new tokens together\nHINT: shorten the prompt to fewer than %lld "
-                           "tokens", i, lens[i], (long long)lm->max_pos, (long long)lm->max_pos);
+                           "tokens",
+                           i, lens[i], (long long)lm->max_pos, (long long)lm->max_pos);
         if (want > lm->max_pos)
-            return tk__err(TK_ERR_INVALID, "generate: prompt %zu has %zu tokens and asks for %lld in all, but the "
+            return tk__err(TK_ERR_INVALID,
+                           "generate: prompt %zu has %zu tokens and asks for %lld in all, but the "
                            "model's context holds %lld positions\nHINT: shorten the prompt or lower "
-                           "max_new_tokens to at most %lld", i, lens[i], (long long)want, (long long)lm->max_pos,
+                           "max_new_tokens to at most %lld",
+                           i, lens[i], (long long)want, (long long)lm->max_pos,
                            (long long)(lm->max_pos - (int64_t)lens[i]));
     }
-    if (o->do_sample && !(o->temperature > 0) )
-        return tk__err(TK_ERR_INVALID, "generate: temperature is %g, want a value > 0 when sampling\nHINT: for "
-                       "greedy decoding leave do_sample off", o->temperature);
+    if (o->do_sample && !(o->temperature > 0))
+        return tk__err(TK_ERR_INVALID,
+                       "generate: temperature is %g, want a value > 0 when sampling\nHINT: for "
+                       "greedy decoding leave do_sample off",
+                       o->temperature);
     if (o->top_k < 0)
         return tk__err(TK_ERR_INVALID, "generate: top_k is %lld, want >= 0 (0: off)", (long long)o->top_k);
     if (!(o->top_p > 0 && o->top_p <= 1))
@@ -329,10 +347,13 @@ int tk_gen__check(const tk_gen_lm *lm, const int32_t *const *prompts, const size
     if (!isfinite(o->length_penalty))
         return tk__err(TK_ERR_INVALID, "generate: length_penalty is %g, want a finite number", o->length_penalty);
     if (o->early_stopping < TK_GEN_EARLY_HEURISTIC || o->early_stopping > TK_GEN_EARLY_NEVER)
-        return tk__err(TK_ERR_INVALID, "generate: early_stopping is %d, want TK_GEN_EARLY_HEURISTIC, _TRUE or "
-                       "_NEVER", o->early_stopping);
+        return tk__err(TK_ERR_INVALID,
+                       "generate: early_stopping is %d, want TK_GEN_EARLY_HEURISTIC, _TRUE or "
+                       "_NEVER",
+                       o->early_stopping);
     if (o->do_sample && o->num_beams > 1)
-        return tk__err(TK_ERR_UNSUPPORTED, "generate: beam sampling (do_sample with num_beams %lld) is not "
+        return tk__err(TK_ERR_UNSUPPORTED,
+                       "generate: beam sampling (do_sample with num_beams %lld) is not "
                        "implemented\nHINT: use beam search (do_sample off) or sampling with num_beams 1",
                        (long long)o->num_beams);
     if (o->n_eos > TK_GEN_MAX_EOS)
@@ -355,7 +376,7 @@ int tk_gen__check(const tk_gen_lm *lm, const int32_t *const *prompts, const size
                        TK_GEN_MAX_TOP_LOGPROBS);
     if (o->n_stop && !lm->decode)
         return tk__err(TK_ERR_UNSUPPORTED, "generate: stop strings need the model's tokenizer, and it has none\n"
-                       "HINT: put tokenizer.json in the model directory, or use eos ids");
+                                           "HINT: put tokenizer.json in the model directory, or use eos ids");
     return TK_OK;
 }
 
@@ -524,9 +545,9 @@ static int pick(const tk_gen_lm *lm, const tk_gen_opts *o, float *rows, size_t n
     for (size_t i = 0; i < nrows; i++)
         seeds[i] = (int64_t)o->seed;
     tk_tensor sd = {seeds, {TK_DEV_CPU, 0}, 1, {TK_DL_INT, 64, 1}, shp1, NULL, 0};
-    tk_arg a[] = {{TK_ARG_TENSOR, "out", &out, 0, 0},   {TK_ARG_TENSOR, "logits", &lg, 0, 0},
+    tk_arg a[] = {{TK_ARG_TENSOR, "out", &out, 0, 0},        {TK_ARG_TENSOR, "logits", &lg, 0, 0},
                   {TK_ARG_F64, "temperature", NULL, 0, 1.0}, {TK_ARG_I64, "top_k", NULL, 0, 0},
-                  {TK_ARG_F64, "top_p", NULL, 0, 1.0},     {TK_ARG_I64, "offset", NULL, step, 0},
+                  {TK_ARG_F64, "top_p", NULL, 0, 1.0},       {TK_ARG_I64, "offset", NULL, step, 0},
                   {TK_ARG_TENSOR, "seeds", &sd, 0, 0}};
     int rc = tk_op_run(lm->ctx, "sample", a, sizeof a / sizeof a[0], NULL, NULL);
     free(seeds);
@@ -625,8 +646,10 @@ static int eng_add(engine *E, int64_t *first, const int32_t *prompt, size_t len,
     if (n < 1 || n > 4096)
         return tk__err(TK_ERR_INVALID, "generate: %zu sequences asked of one prompt, want 1 to 4096", n);
     if (o->num_beams > 1)
-        return tk__err(TK_ERR_UNSUPPORTED, "generate: beam search (num_beams %lld) does not run step by step\n"
-                       "HINT: use tk_generate for beam search", (long long)o->num_beams);
+        return tk__err(TK_ERR_UNSUPPORTED,
+                       "generate: beam search (num_beams %lld) does not run step by step\n"
+                       "HINT: use tk_generate for beam search",
+                       (long long)o->num_beams);
     if ((rc = tk_gen__check(&E->lm, &prompt, &len, 1, o)) != TK_OK)
         return rc;
     if ((rc = grow((void **)&E->s, &E->cap, E->n + n, sizeof *E->s)) != TK_OK)
@@ -791,9 +814,11 @@ static int eng_pick(engine *E, eseq *e, float *row, float *lp, int *ended, const
     if (!picked && (rc = process_row(row, V, &e->g, &e->o)) == TK_OK)
         rc = pick(lm, &e->o, row, 1, (int64_t)(e->g.n - e->g.plen), &tok);
     if (rc == TK_OK && (tok < 0 || tok >= V))
-        rc = tk__err(TK_ERR_INVALID, "generate: sequence %lld: the logits processors removed every token at step "
+        rc = tk__err(TK_ERR_INVALID,
+                     "generate: sequence %lld: the logits processors removed every token at step "
                      "%zu (or the logits are NaN)\nHINT: loosen top_k/top_p/min_p or the n-gram and repetition "
-                     "settings", (long long)e->id, e->g.n - e->g.plen);
+                     "settings",
+                     (long long)e->id, e->g.n - e->g.plen);
     if (rc != TK_OK) { /* this sequence fails; the others go on */
         snprintf(E->err, sizeof E->err, "%s", tk_last_error());
         ev->token = -1;
@@ -856,8 +881,8 @@ static int eng_local(const engine *E)
 }
 
 /* The step's forward; with local, a split head leaves each rank its own columns of the logits. */
-static int eng_forward(engine *E, int local, const int32_t *slots, size_t nrows, const int32_t *ids,
-                       const int32_t *cu, float *logits)
+static int eng_forward(engine *E, int local, const int32_t *slots, size_t nrows, const int32_t *ids, const int32_t *cu,
+                       float *logits)
 {
     if (local)
         E->lm.tp->tp->local_logits = 1;
@@ -875,7 +900,8 @@ static int eng_pick_local(engine *E, eseq **rs, const size_t *rrow, size_t n, fl
     float **rows = malloc((n + 1) * sizeof *rows);
     tk_models_tp_pick *p = malloc((n + 1) * sizeof *p);
     *tok = malloc((n + 1) * sizeof **tok);
-    int rc = rows && p && *tok ? TK_OK : tk__err(TK_ERR_NOMEM, "generate: out of memory for a step of %zu sequences", n);
+    int rc =
+        rows && p && *tok ? TK_OK : tk__err(TK_ERR_NOMEM, "generate: out of memory for a step of %zu sequences", n);
     for (size_t k = 0; k < n && rc == TK_OK; k++) {
         eseq *e = rs[k];
         tk_gen_opts o = e->o;
@@ -1092,8 +1118,9 @@ static int run_sample(tk_gen_seq *out, tk_gen_stats *st, const tk_gen_lm *lm, co
             if (!first)
                 st->decode_tokens++;
             if (ev[k].end)
-                s->end = !strcmp(ev[k].end, "eos") ? TK_GEN_END_EOS
-                         : !strcmp(ev[k].end, "stop_string") ? TK_GEN_END_STOP : TK_GEN_END_LENGTH;
+                s->end = !strcmp(ev[k].end, "eos")           ? TK_GEN_END_EOS
+                         : !strcmp(ev[k].end, "stop_string") ? TK_GEN_END_STOP
+                                                             : TK_GEN_END_LENGTH;
             if (o->stream && o->stream(o->stream_user, i, ev[k].token, ev[k].text, ev[k].len) && !ev[k].end) {
                 s->end = TK_GEN_END_CALLBACK;
                 if ((rc = eng_cancel(&E, ev[k].seq)) != TK_OK)
@@ -1367,9 +1394,8 @@ static void beam_advance(bwork *w, bstate *b, const tk_gen_lm *lm, const tk_gen_
         memset(&w->nfin[j], 0, sizeof w->nfin[j]);
         w->nrun[j].slot = w->nfin[j].slot = -1;
     }
-    int64_t best_len = (o->early_stopping == TK_GEN_EARLY_NEVER && o->length_penalty > 0)
-                           ? b->max_len - (int64_t)plen
-                           : cur_len + 1 - (int64_t)plen;
+    int64_t best_len = (o->early_stopping == TK_GEN_EARLY_NEVER && o->length_penalty > 0) ? b->max_len - (int64_t)plen
+                                                                                          : cur_len + 1 - (int64_t)plen;
     float best_run = lp_div(b->run[0].score, best_len, o->length_penalty);
     float worst = INFINITY;
     for (size_t j = 0; j < nb; j++)
@@ -1791,7 +1817,8 @@ static int full_fork(void *self, int32_t *dst, int32_t src)
 static void full_del(void *self, int32_t slot) { ((lm_state *)self)->full[slot].used = 0; }
 
 /* The reference: every step runs the whole sequences through tk_model_forward. */
-static int full_step(void *self, const int32_t *slots, size_t nseq, const int32_t *ids, const int32_t *cu, float *logits)
+static int full_step(void *self, const int32_t *slots, size_t nseq, const int32_t *ids, const int32_t *cu,
+                     float *logits)
 {
     lm_state *s = self;
     int64_t V = s->m->cfg.vocab;
@@ -1852,8 +1879,16 @@ static int lm_setup(tk_gen_lm *lm, lm_state *s, tk_model *m, int use_cache, cons
         }
         free(tj);
     }
-    *lm = (tk_gen_lm){s, m->ctx, m->cfg.vocab, m->cfg.max_pos, full_step, full_new, full_fork, full_del,
-                      m->tok ? lm_decode : NULL, tk_models__tp_vocab_parallel(m) ? m : NULL};
+    *lm = (tk_gen_lm){s,
+                      m->ctx,
+                      m->cfg.vocab,
+                      m->cfg.max_pos,
+                      full_step,
+                      full_new,
+                      full_fork,
+                      full_del,
+                      m->tok ? lm_decode : NULL,
+                      tk_models__tp_vocab_parallel(m) ? m : NULL};
     if (!use_cache)
         return TK_OK;
     tk_dtype dt = m->dtype;
@@ -1864,18 +1899,21 @@ static int lm_setup(tk_gen_lm *lm, lm_state *s, tk_model *m, int use_cache, cons
     int narrow = m->dtype.code == TK_DL_FLOAT && m->dtype.bits == 32 && dt.bits == 16 &&
                  (dt.code == TK_DL_FLOAT || dt.code == TK_DL_BFLOAT);
     if (narrow && m->dev_type != TK_DEV_CPU)
-        return tk__err(TK_ERR_INVALID, "generate: kv_dtype '%s' under an f32 model runs on the CPU only (the GPU "
+        return tk__err(TK_ERR_INVALID,
+                       "generate: kv_dtype '%s' under an f32 model runs on the CPU only (the GPU "
                        "decode kernels take a cache in the compute dtype)\nHINT: load the model in %s (--dtype %s), "
-                       "or quantise the cache (--kv-dtype i8)", kv_dtype, kv_dtype, kv_dtype);
+                       "or quantise the cache (--kv-dtype i8)",
+                       kv_dtype, kv_dtype, kv_dtype);
     if (!quant && !narrow && (dt.code != m->dtype.code || dt.bits != m->dtype.bits))
-        return tk__err(TK_ERR_INVALID, "generate: kv_dtype '%s' is not a cache dtype for this %s model: the "
+        return tk__err(TK_ERR_INVALID,
+                       "generate: kv_dtype '%s' is not a cache dtype for this %s model: the "
                        "cache holds the compute dtype (%s)%s, or i8 / fp8_e4m3\nHINT: load the model in %s "
-                       "(--dtype), or quantise the cache (--kv-dtype i8)", kv_dtype, tk_dtype_name(m->dtype),
-                       tk_dtype_name(m->dtype), m->dtype.bits == 32 && m->dtype.code == TK_DL_FLOAT ? ", f16, bf16" : "",
-                       kv_dtype);
+                       "(--dtype), or quantise the cache (--kv-dtype i8)",
+                       kv_dtype, tk_dtype_name(m->dtype), tk_dtype_name(m->dtype),
+                       m->dtype.bits == 32 && m->dtype.code == TK_DL_FLOAT ? ", f16, bf16" : "", kv_dtype);
     const tk_models_config *c = &m->cfg;
     if ((rc = tk_kv__new(&s->kv, c->layers, tk_models__kv_heads(m), c->head_dim, dt, block_size, max_bytes, m->dev_type,
-                             m->dev_id)) != TK_OK)
+                         m->dev_id)) != TK_OK)
         return rc;
     lm->step = kv_step;
     lm->seq_new = kv_new;
@@ -1903,13 +1941,17 @@ int tk_gen_batch_new(tk_gen_batch **out, tk_model *m, const tk_gen_batch_opts *o
     tk_gen_batch_opts def = TK_GEN_BATCH_OPTS_INIT;
     const tk_gen_batch_opts *o = opts ? opts : &def;
     if (o->version != TK_GEN_BATCH_OPTS_VERSION)
-        return tk__err(TK_ERR_INVALID, "tk_gen_batch_new: options have version %u, want %u\nHINT: declare them "
-                       "with TK_GEN_BATCH_OPTS_INIT", o->version, (unsigned)TK_GEN_BATCH_OPTS_VERSION);
+        return tk__err(TK_ERR_INVALID,
+                       "tk_gen_batch_new: options have version %u, want %u\nHINT: declare them "
+                       "with TK_GEN_BATCH_OPTS_INIT",
+                       o->version, (unsigned)TK_GEN_BATCH_OPTS_VERSION);
     if (!m || m->magic == 0)
         return tk__err(TK_ERR_INVALID, "tk_gen_batch_new: not a loaded tk_model");
     if (!tk_model_has_lm_head(m))
-        return tk__err(TK_ERR_INVALID, "%s has no LM head: it cannot generate text\nHINT: generation needs a causal "
-                       "LM (LlamaForCausalLM, GPT2LMHeadModel, ...)", m->cfg.arch);
+        return tk__err(TK_ERR_INVALID,
+                       "%s has no LM head: it cannot generate text\nHINT: generation needs a causal "
+                       "LM (LlamaForCausalLM, GPT2LMHeadModel, ...)",
+                       m->cfg.arch);
     if (o->max_step_tokens < 0)
         return tk__err(TK_ERR_INVALID, "tk_gen_batch_new: max_step_tokens is %lld, want >= 0 (0: no bound)",
                        (long long)o->max_step_tokens);
@@ -1959,8 +2001,7 @@ static int check_batch(const tk_gen_batch *b, const char *fn)
     return TK_OK;
 }
 
-int tk_gen_batch_add(int64_t *first, tk_gen_batch *b, const int32_t *prompt, size_t len, size_t n,
-                     const tk_gen_opts *o)
+int tk_gen_batch_add(int64_t *first, tk_gen_batch *b, const int32_t *prompt, size_t len, size_t n, const tk_gen_opts *o)
 {
     tk_gen_opts up;
     int rc = check_batch(b, "tk_gen_batch_add");
@@ -2111,12 +2152,12 @@ static int apply_json(tk_gen_opts *o, const char *text, const char *what, int ge
     if (rc > 0)
         rc = TK_OK;
     if (generation && rc == TK_OK) {
-#define INT_FIELD(name)                                                                                     \
-        if (rc >= 0 && (rc = json_int(&iv, r, #name, what)) > 0)                                            \
-            o->name = iv;
-#define NUM_FIELD(name)                                                                                     \
-        if (rc >= 0 && (rc = json_num(&dv, r, #name, what)) > 0)                                            \
-            o->name = dv;
+#define INT_FIELD(name)                                                                                                \
+    if (rc >= 0 && (rc = json_int(&iv, r, #name, what)) > 0)                                                           \
+        o->name = iv;
+#define NUM_FIELD(name)                                                                                                \
+    if (rc >= 0 && (rc = json_num(&dv, r, #name, what)) > 0)                                                           \
+        o->name = dv;
         INT_FIELD(max_length)
         INT_FIELD(max_new_tokens)
         INT_FIELD(top_k)
@@ -2187,11 +2228,15 @@ int tk_generate(tk_gen_result **out, tk_model *m, const int32_t *const *prompts,
         return TK_ERR_INVALID;
     o = &up;
     if (!tk_model_has_lm_head(m))
-        return tk__err(TK_ERR_INVALID, "%s has no LM head: it cannot generate text\nHINT: generation needs a causal "
-                       "LM (LlamaForCausalLM, GPT2LMHeadModel, ...)", m->cfg.arch);
+        return tk__err(TK_ERR_INVALID,
+                       "%s has no LM head: it cannot generate text\nHINT: generation needs a causal "
+                       "LM (LlamaForCausalLM, GPT2LMHeadModel, ...)",
+                       m->cfg.arch);
     if (m->cfg.bidirectional) /* a masked diffusion LM does not predict the next token */
-        return tk__err(TK_ERR_UNSUPPORTED, "%s is a masked diffusion LM: it generates by unmasking, not token by "
-                       "token\nHINT: use tk_diffusion_generate (tk generate --diffusion)", m->cfg.arch);
+        return tk__err(TK_ERR_UNSUPPORTED,
+                       "%s is a masked diffusion LM: it generates by unmasking, not token by "
+                       "token\nHINT: use tk_diffusion_generate (tk generate --diffusion)",
+                       m->cfg.arch);
     lm_state s = {m, NULL, NULL, 0, NULL, 0};
     tk_gen_result *r = calloc(1, sizeof *r);
     int rc = TK_OK;
@@ -2272,12 +2317,11 @@ int tk_gen_result_stats_json(char **json, const tk_gen_result *r)
     const tk_gen_stats *st = &r->st;
     double tps = st->decode_ms > 0 ? (double)st->decode_tokens * 1000.0 / st->decode_ms : 0;
     json_t *o = json_pack("{s:f, s:f, s:I, s:I, s:I, s:f, s:b, s:I, s:I, s:I, s:I, s:s}", "prefill_ms", st->prefill_ms,
-                          "decode_ms", st->decode_ms, "prefill_tokens", (json_int_t)st->prefill_tokens,
-                          "decode_tokens", (json_int_t)st->decode_tokens, "steps", (json_int_t)st->steps,
-                          "decode_tokens_per_s", tps, "kv_cache", r->use_cache, "kv_bytes",
-                          (json_int_t)r->kv_bytes, "kv_peak_bytes", (json_int_t)r->kv_peak_bytes, "kv_blocks",
-                          (json_int_t)r->kv_blocks, "kv_block_size", (json_int_t)r->kv_block_size, "kv_dtype",
-                          r->kv_dtype);
+                          "decode_ms", st->decode_ms, "prefill_tokens", (json_int_t)st->prefill_tokens, "decode_tokens",
+                          (json_int_t)st->decode_tokens, "steps", (json_int_t)st->steps, "decode_tokens_per_s", tps,
+                          "kv_cache", r->use_cache, "kv_bytes", (json_int_t)r->kv_bytes, "kv_peak_bytes",
+                          (json_int_t)r->kv_peak_bytes, "kv_blocks", (json_int_t)r->kv_blocks, "kv_block_size",
+                          (json_int_t)r->kv_block_size, "kv_dtype", r->kv_dtype);
     if (!o)
         return tk__err(TK_ERR_NOMEM, "out of memory");
     *json = json_dumps(o, JSON_COMPACT | JSON_PRESERVE_ORDER | JSON_REAL_PRECISION(9));

@@ -54,8 +54,7 @@ typedef struct {
     int64_t max_pos; /* context: prompt + new tokens must fit */
     /* Sequence slots[i] gets tokens ids[cu[i]..cu[i+1]) after the ones it holds; logits[i*vocab..] (f32,
      * host) receives the logits after its last new token. */
-    int (*step)(void *self, const int32_t *slots, size_t nseq, const int32_t *ids, const int32_t *cu,
-                float *logits);
+    int (*step)(void *self, const int32_t *slots, size_t nseq, const int32_t *ids, const int32_t *cu, float *logits);
     int (*seq_new)(void *self, int32_t *slot);
     /* *dst = a new slot holding what src holds (beam search). */
     int (*seq_fork)(void *self, int32_t *dst, int32_t src);

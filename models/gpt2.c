@@ -38,7 +38,8 @@ static int parse(tk_models_config *c, const tk_models_reader *r)
     c->kv_heads = c->heads;
     c->head_dim = c->hidden / c->heads;
     static const char *const acts[] = {"gelu_new", "gelu", "gelu_pytorch_tanh", "gelu_fast", "quick_gelu", NULL};
-    if ((rc = tk_models__cfg_act(r, "activation_function", c->act, acts, "gelu_new, gelu, gelu_pytorch_tanh, gelu_fast, quick_gelu")) != TK_OK)
+    if ((rc = tk_models__cfg_act(r, "activation_function", c->act, acts,
+                                 "gelu_new, gelu, gelu_pytorch_tanh, gelu_fast, quick_gelu")) != TK_OK)
         return rc;
     if ((rc = tk_models__cfg_bool(r, "scale_attn_by_inverse_layer_idx", 0, &flag)) != TK_OK)
         return rc;
@@ -47,7 +48,8 @@ static int parse(tk_models_config *c, const tk_models_reader *r)
     if ((rc = tk_models__cfg_bool(r, "add_cross_attention", 0, &flag)) != TK_OK)
         return rc;
     if (flag)
-        return tk_models__cfg_unsupported(r, "add_cross_attention", "true", "false (GPT2LMHeadModel without an encoder)");
+        return tk_models__cfg_unsupported(r, "add_cross_attention", "true",
+                                          "false (GPT2LMHeadModel without an encoder)");
     if ((rc = tk_models__cfg_bool(r, "scale_attn_weights", 1, &flag)) != TK_OK)
         return rc;
     c->unscaled_attn = !flag;
@@ -75,10 +77,10 @@ typedef struct {
  * its columns, both c_proj on their rows (partial sums, all-reduced), the norms and wpe whole. */
 static int tp_check(tk_model *m, const char *pre)
 {
-    static const tk_models_tp_want want[] = {
-        {"attn.c_attn.weight", 1, 3}, {"attn.c_attn.bias", 0, 1}, {"attn.c_proj.weight", 0, 1},
-        {"attn.c_proj.bias", -1, 1},  {"mlp.c_fc.weight", 1, 1},  {"mlp.c_fc.bias", 0, 1},
-        {"mlp.c_proj.weight", 0, 1},  {"mlp.c_proj.bias", -1, 1}};
+    static const tk_models_tp_want want[] = {{"attn.c_attn.weight", 1, 3}, {"attn.c_attn.bias", 0, 1},
+                                             {"attn.c_proj.weight", 0, 1}, {"attn.c_proj.bias", -1, 1},
+                                             {"mlp.c_fc.weight", 1, 1},    {"mlp.c_fc.bias", 0, 1},
+                                             {"mlp.c_proj.weight", 0, 1},  {"mlp.c_proj.bias", -1, 1}};
     char layers[32], embed[48];
     snprintf(layers, sizeof layers, "%sh.", pre);
     snprintf(embed, sizeof embed, "%swte.weight", pre);
@@ -108,8 +110,8 @@ static int load(tk_model *m)
     s->act_op = tk_models__act_op(c->act);
     const char *pre = tk_models__st_find(m->st, "transformer.wte.weight") ? "transformer." : "";
     int64_t H = c->hidden, I = c->intermediate;
-    int64_t vh[2] = {c->vocab, H}, ph[2] = {c->max_pos, H}, h1[1] = {H}, fcw[2] = {H, I}, i1[1] = {I},
-            outw[2] = {I, H}, projw[2] = {H, H};
+    int64_t vh[2] = {c->vocab, H}, ph[2] = {c->max_pos, H}, h1[1] = {H}, fcw[2] = {H, I}, i1[1] = {I}, outw[2] = {I, H},
+            projw[2] = {H, H};
     char n[128];
 #define NM(fmt, ...) (snprintf(n, sizeof n, "%s" fmt, pre, __VA_ARGS__), n)
     int rc;
@@ -300,10 +302,10 @@ static int train_plan(tk_model *m, tk_models_batch *b)
     return TK_OK;
 }
 
-#define CHECK_T(what, t)                                                                               \
-    do {                                                                                               \
-        if ((rc = tk_models__train_check(m, what, l, t)) != TK_OK)                                     \
-            return rc;                                                                                 \
+#define CHECK_T(what, t)                                                                                               \
+    do {                                                                                                               \
+        if ((rc = tk_models__train_check(m, what, l, t)) != TK_OK)                                                     \
+            return rc;                                                                                                 \
     } while (0)
 
 static double attn_scale(const tk_models_config *c) { return c->unscaled_attn ? 1.0 : 0.0; }
@@ -329,8 +331,8 @@ static int layer_fwd(tk_model *m, tk_models_batch *b, int64_t l, int64_t i, cons
         (rc = linear(m, &v2, h, w->v, w->vb, 1)))
         return rc;
     CHECK_T("c_attn output", &q2);
-    if ((rc = tk_models__t_attention(m, b, &s->satt[i], &s->slse[i], &s->sq[i], &s->sk[i], &s->sv[i],
-                                     attn_scale(c), 1, -1)) != TK_OK)
+    if ((rc = tk_models__t_attention(m, b, &s->satt[i], &s->slse[i], &s->sq[i], &s->sk[i], &s->sv[i], attn_scale(c), 1,
+                                     -1)) != TK_OK)
         return rc;
     CHECK_T("attention output", &s->satt[i]);
     tk_arg ad[] = {TK_A_T("out", xm), TK_A_T("a", xm), TK_A_T("b", x)};
@@ -411,8 +413,8 @@ static int train_backward(tk_model *m, tk_models_batch *b, const tk_mt *d_hidden
             return rc;
         /* attention: xm = x + c_proj(att) */
         if ((rc = tk_models__t_linear_bwd(m, &dat2, 0, &s->dxm, &a2, w->proj, w->proj_b, 1)) ||
-            (rc = tk_models__t_attention_bwd(m, b, &s->dq, &s->dk, &s->dv, &s->datt, &s->sq[i], &s->sk[i],
-                                             &s->sv[i], &s->satt[i], &s->slse[i], attn_scale(c), 1, -1)) ||
+            (rc = tk_models__t_attention_bwd(m, b, &s->dq, &s->dk, &s->dv, &s->datt, &s->sq[i], &s->sk[i], &s->sv[i],
+                                             &s->satt[i], &s->slse[i], attn_scale(c), 1, -1)) ||
             (rc = tk_models__t_linear_bwd(m, &s->dh, 0, &dq2, &s->sh[i], w->q, w->qb, 1)) ||
             (rc = tk_models__t_linear_bwd(m, &s->dh, 1, &dk2, &s->sh[i], w->k, w->kb, 1)) ||
             (rc = tk_models__t_linear_bwd(m, &s->dh, 1, &dv2, &s->sh[i], w->v, w->vb, 1)) ||

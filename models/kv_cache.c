@@ -40,13 +40,14 @@ static void kv_mem_free(const tk_kv *kv, void *p)
         free(p);
 }
 
-int tk_kv__new(tk_kv **out, int64_t layers, int64_t heads, int64_t head_dim, tk_dtype dtype,
-               int64_t block_size, int64_t max_bytes, int dev_type, int dev_id)
+int tk_kv__new(tk_kv **out, int64_t layers, int64_t heads, int64_t head_dim, tk_dtype dtype, int64_t block_size,
+               int64_t max_bytes, int dev_type, int dev_id)
 {
     *out = NULL;
     if (block_size < 8 || block_size > 256 || (block_size & (block_size - 1)))
-        return tk__err(TK_ERR_INVALID, "KV cache: block size %lld tokens, want a power of two from 8 to 256 (what "
-                                       "attention_decode takes)",
+        return tk__err(TK_ERR_INVALID,
+                       "KV cache: block size %lld tokens, want a power of two from 8 to 256 (what "
+                       "attention_decode takes)",
                        (long long)block_size);
     int quant = dtype.code == TK_DL_INT || dtype.code == TK_DL_FLOAT8_E4M3FN;
     tk_kv *kv = calloc(1, sizeof *kv);
@@ -65,8 +66,9 @@ int tk_kv__new(tk_kv **out, int64_t layers, int64_t heads, int64_t head_dim, tk_
     if (max_bytes > 0) {
         kv->max_blocks = max_bytes / bb;
         if (kv->max_blocks < 1) {
-            rc = tk__err(TK_ERR_INVALID, "KV cache: kv_max_bytes %lld is less than one block (%lld bytes: %lld "
-                                         "tokens x %lld layers x K and V x %lld heads x %lld dims in %s)",
+            rc = tk__err(TK_ERR_INVALID,
+                         "KV cache: kv_max_bytes %lld is less than one block (%lld bytes: %lld "
+                         "tokens x %lld layers x K and V x %lld heads x %lld dims in %s)",
                          (long long)max_bytes, (long long)bb, (long long)block_size, (long long)layers,
                          (long long)heads, (long long)head_dim, tk_dtype_name(dtype));
             goto fail;
@@ -250,11 +252,12 @@ static int kv_grow(tk_kv *kv, int64_t need)
     if (kv->max_blocks && n > kv->max_blocks)
         n = kv->max_blocks;
     if (n - kv->nblocks + kv->nfree < need)
-        return tk__err(TK_ERR_NOMEM, "KV cache: %lld more blocks needed, but the cache is at its bound of %lld "
-                                     "blocks (%lld bytes, kv_max_bytes)\nHINT: raise the bound (--kv-max-bytes), or generate "
-                                     "fewer or shorter sequences at once",
-                       (long long)(need - kv->nfree),
-                       (long long)kv->max_blocks, (long long)(kv->max_blocks * tk_kv__block_bytes(kv)));
+        return tk__err(TK_ERR_NOMEM,
+                       "KV cache: %lld more blocks needed, but the cache is at its bound of %lld "
+                       "blocks (%lld bytes, kv_max_bytes)\nHINT: raise the bound (--kv-max-bytes), or generate "
+                       "fewer or shorter sequences at once",
+                       (long long)(need - kv->nfree), (long long)kv->max_blocks,
+                       (long long)(kv->max_blocks * tk_kv__block_bytes(kv)));
     size_t lb = kv_layer_block_bytes(kv), old = lb * (size_t)kv->nblocks, nw = lb * (size_t)n;
     int32_t *ref = realloc(kv->ref, (size_t)n * sizeof *ref), *fl;
     if (!ref)

@@ -49,8 +49,8 @@ typedef struct tk_kv {
     uint64_t pc_clock;
 } tk_kv;
 
-int tk_kv__new(tk_kv **out, int64_t layers, int64_t heads, int64_t head_dim, tk_dtype dtype,
-               int64_t block_size, int64_t max_bytes, int dev_type, int dev_id);
+int tk_kv__new(tk_kv **out, int64_t layers, int64_t heads, int64_t head_dim, tk_dtype dtype, int64_t block_size,
+               int64_t max_bytes, int dev_type, int dev_id);
 void tk_kv__free(tk_kv *kv);
 int64_t tk_kv__block_bytes(const tk_kv *kv); /* all layers, keys and values */
 int tk_kv__seq_new(tk_kv *kv, int32_t *slot);

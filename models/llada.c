@@ -29,10 +29,10 @@ static const char *llada_name(char *buf, size_t cap, const char *hf)
     } top[] = {{"model.embed_tokens.weight", "model.transformer.wte.weight"},
                {"model.norm.weight", "model.transformer.ln_f.weight"},
                {"lm_head.weight", "model.transformer.ff_out.weight"}},
-      layer[] = {{"input_layernorm.", "attn_norm."},       {"post_attention_layernorm.", "ff_norm."},
-                 {"self_attn.q_proj.", "q_proj."},         {"self_attn.k_proj.", "k_proj."},
-                 {"self_attn.v_proj.", "v_proj."},         {"self_attn.o_proj.", "attn_out."},
-                 {"mlp.gate_proj.", "ff_proj."},           {"mlp.up_proj.", "up_proj."},
+      layer[] = {{"input_layernorm.", "attn_norm."}, {"post_attention_layernorm.", "ff_norm."},
+                 {"self_attn.q_proj.", "q_proj."},   {"self_attn.k_proj.", "k_proj."},
+                 {"self_attn.v_proj.", "v_proj."},   {"self_attn.o_proj.", "attn_out."},
+                 {"mlp.gate_proj.", "ff_proj."},     {"mlp.up_proj.", "up_proj."},
                  {"mlp.down_proj.", "ff_out."}};
     for (size_t i = 0; i < sizeof top / sizeof top[0]; i++)
         if (!strcmp(hf, top[i].hf))

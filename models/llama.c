@@ -44,7 +44,8 @@ int tk_models__decoder_parse(tk_models_config *c, const tk_models_reader *r, con
     if (acts && (rc = tk_models__cfg_act(r, "hidden_act", c->act, acts, acts_hint)))
         return rc;
     int bias = 0;
-    if ((rc = tk_models__cfg_bool(r, "attention_bias", 0, &bias)) || (rc = tk_models__cfg_bool(r, "mlp_bias", 0, &c->mlp_bias)))
+    if ((rc = tk_models__cfg_bool(r, "attention_bias", 0, &bias)) ||
+        (rc = tk_models__cfg_bool(r, "mlp_bias", 0, &c->mlp_bias)))
         return rc;
     c->qkv_bias = c->o_bias = bias;
     if (!strcmp(c->model_type, "qwen2")) {
@@ -111,7 +112,8 @@ int tk_models__moe_parse(tk_models_config *c, const tk_models_reader *r, int qwe
             json_t *v = json_array_get(only, i);
             if (!json_is_integer(v) || json_integer_value(v) < 0 || json_integer_value(v) >= c->layers)
                 return tk__err(TK_ERR_INVALID, "%s: 'mlp_only_layers' holds %s, want layer indices 0 to %lld", r->what,
-                               json_is_integer(v) ? "an index out of range" : "a non-integer", (long long)c->layers - 1);
+                               json_is_integer(v) ? "an index out of range" : "a non-integer",
+                               (long long)c->layers - 1);
             c->moe[json_integer_value(v)] = 0;
         }
     }
@@ -195,8 +197,8 @@ static int load_moe(tk_model *m, layer_w *w, int64_t l)
             for (int k = 0; k < 3 && rc == TK_OK; k++) {
                 /* gate_e, up_e alternate (each expert's [2I, H] block), then the downs */
                 int64_t at = k < 2 ? 2 * e + k : 2 * E + e;
-                if (!(names[at] = tk__fmt("model.layers.%lld.%sexperts.%lld.%s.weight", (long long)l, pre,
-                                          (long long)e, nm[k])))
+                if (!(names[at] = tk__fmt("model.layers.%lld.%sexperts.%lld.%s.weight", (long long)l, pre, (long long)e,
+                                          nm[k])))
                     rc = tk__err(TK_ERR_NOMEM, "out of memory");
             }
         if (rc == TK_OK)
@@ -264,8 +266,8 @@ static int setup(tk_model *m, llama *s)
     s->rot = (int64_t)((double)D * c->rope.partial_rotary_factor);
     s->rot -= s->rot % 2;
     if (s->rot <= 0 || s->rot > D)
-        return tk__err(TK_ERR_INVALID, "%s: partial_rotary_factor %g gives %lld rotary dims of head size %lld",
-                       c->arch, c->rope.partial_rotary_factor, (long long)s->rot, (long long)D);
+        return tk__err(TK_ERR_INVALID, "%s: partial_rotary_factor %g gives %lld rotary dims of head size %lld", c->arch,
+                       c->rope.partial_rotary_factor, (long long)s->rot, (long long)D);
     if (c->rope.type == TK_ROPE_LONGROPE && c->rope.next != s->rot / 2)
         return tk__err(TK_ERR_INVALID,
                        "%s: rope_parameters' short_factor and long_factor have %lld values, want %lld (one per rotary "
@@ -283,8 +285,10 @@ static int setup(tk_model *m, llama *s)
         if (!strcmp(c->act, acts[i].hf))
             s->act_mul = acts[i].op;
     if (!s->act_mul)
-        return tk__err(TK_ERR_UNSUPPORTED, "%s: hidden_act '%s' has no gated MLP op\nHINT: supported: silu, "
-                       "gelu_pytorch_tanh, gelu", c->arch, c->act);
+        return tk__err(TK_ERR_UNSUPPORTED,
+                       "%s: hidden_act '%s' has no gated MLP op\nHINT: supported: silu, "
+                       "gelu_pytorch_tanh, gelu",
+                       c->arch, c->act);
     return TK_OK;
 }
 
@@ -308,11 +312,10 @@ static int load_layer(tk_model *m, llama *s, int64_t l)
                                                   : NM(0, "post_attention_layernorm.weight"),
                                     1, h1, 1, no, 0, 1))))
         return rc;
-    if (c->post_norms &&
-        ((rc = tk_models__weight_xf(&w->attn_out_norm, m, NM(0, "post_attention_layernorm.weight"), 1, h1, 1, no,
-                                    0, 1)) ||
-         (rc = tk_models__weight_xf(&w->mlp_out_norm, m, NM(0, "post_feedforward_layernorm.weight"), 1, h1, 1, no,
-                                    0, 1))))
+    if (c->post_norms && ((rc = tk_models__weight_xf(&w->attn_out_norm, m, NM(0, "post_attention_layernorm.weight"), 1,
+                                                     h1, 1, no, 0, 1)) ||
+                          (rc = tk_models__weight_xf(&w->mlp_out_norm, m, NM(0, "post_feedforward_layernorm.weight"), 1,
+                                                     h1, 1, no, 0, 1))))
         return rc;
     if (c->qk_norm &&
         ((rc = tk_models__weight_xf(&w->q_norm, m, NM(0, "self_attn.q_norm.weight"), 1, qn1, 1, no, 0, 1)) ||
@@ -325,10 +328,9 @@ static int load_layer(tk_model *m, llama *s, int64_t l)
          (rc = tk_models__weight_rows(&w->v, m, n[0], Q + 2 * KV, H, Q + KV, KV)) ||
          (rc = tk_models__weight(&w->gate_up, m, NM(1, "mlp.gate_up_proj.weight"), 2, gu2))))
         return rc;
-    if (!c->fused_qkv &&
-        ((rc = tk_models__weight(&w->q, m, NM(0, "self_attn.q_proj.weight"), 2, qw)) ||
-         (rc = tk_models__weight(&w->k, m, NM(0, "self_attn.k_proj.weight"), 2, kvw)) ||
-         (rc = tk_models__weight(&w->v, m, NM(0, "self_attn.v_proj.weight"), 2, kvw))))
+    if (!c->fused_qkv && ((rc = tk_models__weight(&w->q, m, NM(0, "self_attn.q_proj.weight"), 2, qw)) ||
+                          (rc = tk_models__weight(&w->k, m, NM(0, "self_attn.k_proj.weight"), 2, kvw)) ||
+                          (rc = tk_models__weight(&w->v, m, NM(0, "self_attn.v_proj.weight"), 2, kvw))))
         return rc;
     if ((rc = tk_models__weight_xf(&w->o, m, NM(0, "self_attn.o_proj.weight"), 2, ow, rs, 0, 0, 1)) != TK_OK)
         return rc;
@@ -341,10 +343,9 @@ static int load_layer(tk_model *m, llama *s, int64_t l)
     const char *gu[2] = {NM(1, "mlp.gate_proj.weight"), NM(2, "mlp.up_proj.weight")};
     if (!c->fused_qkv && !w->router && (rc = tk_models__weight_cat(&w->gate_up, m, gu, 2, I, H)) != TK_OK)
         return rc;
-    if (c->qkv_bias &&
-        ((rc = tk_models__weight(&w->qb, m, NM(0, "self_attn.q_proj.bias"), 1, q1)) ||
-         (rc = tk_models__weight(&w->kb, m, NM(0, "self_attn.k_proj.bias"), 1, kv1)) ||
-         (rc = tk_models__weight(&w->vb, m, NM(0, "self_attn.v_proj.bias"), 1, kv1))))
+    if (c->qkv_bias && ((rc = tk_models__weight(&w->qb, m, NM(0, "self_attn.q_proj.bias"), 1, q1)) ||
+                        (rc = tk_models__weight(&w->kb, m, NM(0, "self_attn.k_proj.bias"), 1, kv1)) ||
+                        (rc = tk_models__weight(&w->vb, m, NM(0, "self_attn.v_proj.bias"), 1, kv1))))
         return rc;
     if (c->o_bias && (rc = tk_models__weight_xf(&w->ob, m, NM(0, "self_attn.o_proj.bias"), 1, h1, rs, 0, 0, 1)))
         return rc;
@@ -424,8 +425,8 @@ static int plan(tk_model *m, tk_models_batch *b)
     llama *s = m->state;
     sizes z = local_sizes(m);
     int64_t T = b->T, H = c->hidden, D = c->head_dim, I = z.inter;
-    int64_t th[2] = {T, H}, tq[3] = {T, z.heads, D}, tkv[3] = {T, z.kv_heads, D}, tgu[2] = {T, 2 * I},
-            ti[2] = {T, I}, tv[2] = {T, z.vocab};
+    int64_t th[2] = {T, H}, tq[3] = {T, z.heads, D}, tkv[3] = {T, z.kv_heads, D}, tgu[2] = {T, 2 * I}, ti[2] = {T, I},
+            tv[2] = {T, z.vocab};
     int rc;
     if ((rc = tk_models__ws_tensor(m, &s->x, m->dtype, 2, th)) ||
         (rc = tk_models__ws_tensor(m, &s->h1, m->dtype, 2, th)) ||
@@ -648,7 +649,9 @@ static int mlp_block(tk_model *m, llama *s, const layer_w *w, const tk_mt *h, co
                         TK_A_T("down", &w->experts_down),
                         TK_A_I("top_k", c->experts_topk),
                         TK_A_I("norm_topk_prob", c->moe_norm_topk),
-                        TK_A_I("activation", !strcmp(s->act_mul, "gelu_tanh_and_mul") ? 1 : !strcmp(s->act_mul, "gelu_and_mul") ? 2 : 0),
+                        TK_A_I("activation", !strcmp(s->act_mul, "gelu_tanh_and_mul") ? 1
+                                             : !strcmp(s->act_mul, "gelu_and_mul")    ? 2
+                                                                                      : 0),
                         TK_A_I("round_weights", c->moe_round_weights)};
         size_t n = 9;
         if (w->shared_gu) {
@@ -781,8 +784,8 @@ static int train_plan(tk_model *m, tk_models_batch *b)
     llama *s = m->state;
     int64_t T = b->T, H = c->hidden, D = c->head_dim, I = c->intermediate, L = c->layers;
     int64_t n = m->train_ckpt ? 1 : L; /* saved sets: every layer's, or one to recompute into */
-    int64_t th[2] = {T, H}, tq[3] = {T, c->heads, D}, tkv[3] = {T, c->kv_heads, D}, tgu[2] = {T, 2 * I},
-            ti[2] = {T, I}, tl[1] = {c->heads * T};
+    int64_t th[2] = {T, H}, tq[3] = {T, c->heads, D}, tkv[3] = {T, c->kv_heads, D}, tgu[2] = {T, 2 * I}, ti[2] = {T, I},
+            tl[1] = {c->heads * T};
     tk_dtype f32 = {TK_DL_FLOAT, 32, 1};
     int rc;
     if ((rc = tk_models__t_layers(m, &s->xs, L + 1, m->dtype, 2, th)) ||
@@ -816,10 +819,10 @@ static int train_plan(tk_model *m, tk_models_batch *b)
     return TK_OK;
 }
 
-#define CHECK_T(what, t)                                                                               \
-    do {                                                                                               \
-        if ((rc = tk_models__train_check(m, what, l, t)) != TK_OK)                                     \
-            return rc;                                                                                 \
+#define CHECK_T(what, t)                                                                                               \
+    do {                                                                                                               \
+        if ((rc = tk_models__train_check(m, what, l, t)) != TK_OK)                                                     \
+            return rc;                                                                                                 \
     } while (0)
 
 /* Layer l from s->xs[l] into out (s->xs[l + 1], or a scratch when recomputing), saving into set i. */
@@ -942,8 +945,8 @@ static int train_backward(tk_model *m, tk_models_batch *b, const tk_mt *d_hidden
             return rc;
         /* attention: xm = x + o_proj(att) */
         if ((rc = tk_models__t_linear_bwd(m, &dat2, 0, &s->dxm, &a2, w->o, w->ob, 0)) ||
-            (rc = tk_models__t_attention_bwd(m, b, &s->dq, &s->dk, &s->dv, &s->datt, &s->sq[i], &s->sk[i],
-                                             &s->sv[i], &s->satt[i], &s->slse[i], 0.0, 1,
+            (rc = tk_models__t_attention_bwd(m, b, &s->dq, &s->dk, &s->dv, &s->datt, &s->sq[i], &s->sk[i], &s->sv[i],
+                                             &s->satt[i], &s->slse[i], 0.0, 1,
                                              c->sliding[l] ? c->sliding_window - 1 : -1)))
             return rc;
         tk_arg rb[] = {TK_A_T("grad_query", &s->dq), TK_A_T("grad_key", &s->dk), TK_A_T("positions", &b->rope_pos),

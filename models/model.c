@@ -308,8 +308,8 @@ static const tk_tp_param *tp_split(const tk_model *m, const tk_st_tensor *t)
     return p && p->dim >= 0 && m->tp->world > 1 ? p : NULL;
 }
 
-int tk_models__tp_check(tk_model *m, const char *layers, const tk_models_tp_want *want, size_t nwant,
-                        const char *embed, const char *hint)
+int tk_models__tp_check(tk_model *m, const char *layers, const tk_models_tp_want *want, size_t nwant, const char *embed,
+                        const char *hint)
 {
     const tk_tp_plan *p = m->tp->plan;
     size_t nl = strlen(layers);
@@ -350,9 +350,11 @@ int tk_models__tp_check(tk_model *m, const char *layers, const tk_models_tp_want
                 st = p->rules[i].style;
         m->tp->head_split = st && !strncmp(st, "colwise", 7);
         if (m->tp->embed_split && !m->tp->head_split)
-            return tk__err(TK_ERR_UNSUPPORTED, "%s: the plan (%s) splits the embedding on the vocabulary but not "
+            return tk__err(TK_ERR_UNSUPPORTED,
+                           "%s: the plan (%s) splits the embedding on the vocabulary but not "
                            "the LM head tied to it\nHINT: give lm_head colwise_gather_output, or the embedding "
-                           "replicate", m->cfg.arch, p->source);
+                           "replicate",
+                           m->cfg.arch, p->source);
     }
     return TK_OK;
 }
@@ -425,7 +427,8 @@ static int tp_refuse(const tk_model *m, const tk_st_tensor *t)
     const tk_tp_param *p = t ? tp_split(m, t) : NULL;
     if (!p)
         return TK_OK;
-    return tk__err(TK_ERR_UNSUPPORTED, "%s: the tensor-parallel plan splits '%s' (style %s, rule '%s'), which %s "
+    return tk__err(TK_ERR_UNSUPPORTED,
+                   "%s: the tensor-parallel plan splits '%s' (style %s, rule '%s'), which %s "
                    "transforms at load, so tk cannot split it\nHINT: run it in one process (without --tp)",
                    m->cfg.arch, t->name, p->style, p->rule ? p->rule : "", m->cfg.arch);
 }
@@ -519,8 +522,7 @@ int tk_models__weight_xf(const tk_mt **out, tk_model *m, const char *name, int n
     return TK_OK;
 }
 
-int tk_models__weight_cat(const tk_mt **out, tk_model *m, const char *const *names, int n, int64_t rows,
-                          int64_t cols)
+int tk_models__weight_cat(const tk_mt **out, tk_model *m, const char *const *names, int n, int64_t rows, int64_t cols)
 {
     *out = NULL;
     int ndim = cols ? 2 : 1;
@@ -549,7 +551,8 @@ int tk_models__weight_cat(const tk_mt **out, tk_model *m, const char *const *nam
         if (i < TK_MODELS_SRC_MAX && !(tp[i] = tp_split(m, ts[i])) && i == 0)
             break;
         if (i >= TK_MODELS_SRC_MAX || !tp[i] || tp[i]->dim != 0)
-            rc = tk__err(TK_ERR_UNSUPPORTED, "%s: the tensor-parallel plan splits '%s' but not '%s' on their rows "
+            rc = tk__err(TK_ERR_UNSUPPORTED,
+                         "%s: the tensor-parallel plan splits '%s' but not '%s' on their rows "
                          "(tk runs them as one fused weight)\nHINT: give both the same style (colwise)",
                          m->cfg.arch, names[0], names[i]);
         else if ((rc = tk_models__tp_slice(&sl[i], tp[i], m->tp->rank, m->tp->world,
@@ -565,8 +568,9 @@ int tk_models__weight_cat(const tk_mt **out, tk_model *m, const char *const *nam
         return rc != TK_OK ? rc : tk__err(TK_ERR_NOMEM, "out of memory loading '%s'", names[0]);
     }
     for (int i = 0; i < n && rc == TK_OK; i++)
-        rc = i < TK_MODELS_SRC_MAX && tp[i] ? (sl[i].nranges ? tp_convert(m, host + (size_t)(lper * i) * ds, ts[i], tp[i], &sl[i]) : TK_OK)
-                   : convert(m, host + (size_t)(per * i) * ds, ts[i], 0, per, 1, 0);
+        rc = i < TK_MODELS_SRC_MAX && tp[i]
+                 ? (sl[i].nranges ? tp_convert(m, host + (size_t)(lper * i) * ds, ts[i], tp[i], &sl[i]) : TK_OK)
+                 : convert(m, host + (size_t)(per * i) * ds, ts[i], 0, per, 1, 0);
     for (int i = 0; rc == TK_OK && i < n && i < TK_MODELS_SRC_MAX; i++)
         if (tp[i]) /* copied: its mapped pages need not stay resident */
             tk_models__st_release(ts[i]);
@@ -583,8 +587,8 @@ int tk_models__weight_cat(const tk_mt **out, tk_model *m, const char *const *nam
     return TK_OK;
 }
 
-int tk_models__weight_cols(const tk_mt **out, tk_model *m, const char *name, int64_t rows, int64_t cols,
-                           int64_t c0, int64_t nc)
+int tk_models__weight_cols(const tk_mt **out, tk_model *m, const char *name, int64_t rows, int64_t cols, int64_t c0,
+                           int64_t nc)
 {
     *out = NULL;
     int ndim = rows ? 2 : 1;
@@ -744,8 +748,10 @@ static int parse_dtype(tk_dtype *out, const char *s)
         d = dt_of(TK_DL_FLOAT, 32);
     else if (tk_dtype_parse(&d, s) != TK_OK ||
              !((d.code == TK_DL_FLOAT && (d.bits == 32 || d.bits == 16)) || (d.code == TK_DL_BFLOAT && d.bits == 16)))
-        return tk__err(TK_ERR_INVALID, "model dtype '%s' is not one of f32, bf16, f16, auto (or float32, bfloat16, "
-                       "float16, fp16, half)", s);
+        return tk__err(TK_ERR_INVALID,
+                       "model dtype '%s' is not one of f32, bf16, f16, auto (or float32, bfloat16, "
+                       "float16, fp16, half)",
+                       s);
     *out = d;
     return TK_OK;
 }
@@ -785,8 +791,9 @@ static int load_st_settings(tk_model *m)
                     else if (json_is_true(json_object_get(pj, "pooling_mode_mean_sqrt_len_tokens")) ||
                              json_is_true(json_object_get(pj, "pooling_mode_weightedmean_tokens")) ||
                              json_is_true(json_object_get(pj, "pooling_mode_lasttoken")))
-                        rc = tk__err(TK_ERR_UNSUPPORTED, "'%s': this pooling mode is not implemented\n"
-                                                         "HINT: supported: mean, cls, max",
+                        rc = tk__err(TK_ERR_UNSUPPORTED,
+                                     "'%s': this pooling mode is not implemented\n"
+                                     "HINT: supported: mean, cls, max",
                                      pc);
                     json_decref(pj);
                 }
@@ -822,12 +829,13 @@ static int tp_setup(tk_model *m, tk_comm *comm, const char *plan_file)
     if (world < 1)
         return tk__err(TK_ERR_INVALID, "tk_model_load: opts->comm is not a communicator (NULL or freed)");
     if (world > 1 && !(m->cfg.def->caps & (TK_ARCH_TP_LLAMA | TK_ARCH_TP_CONV1D)))
-        return tk__err(TK_ERR_UNSUPPORTED, "%s: tensor parallelism runs LlamaForCausalLM, MistralForCausalLM, "
+        return tk__err(TK_ERR_UNSUPPORTED,
+                       "%s: tensor parallelism runs LlamaForCausalLM, MistralForCausalLM, "
                        "Qwen2ForCausalLM and GPT2LMHeadModel so far\nHINT: run it in one process (without --tp)",
                        m->cfg.arch);
     if (world > 1 && m->dev_type != TK_DEV_CPU)
         return tk__err(TK_ERR_UNSUPPORTED, "tensor-parallel models run on the CPU (MPI) so far, not on a GPU\n"
-                       "HINT: drop --device, or run on one GPU without --tp");
+                                           "HINT: drop --device, or run on one GPU without --tp");
     tk_tp_plan *plan = NULL;
     int rc = tk_models__tp_plan_load(&plan, m->dir, plan_file, world);
     if (rc != TK_OK)
@@ -880,8 +888,10 @@ static int tp_agree(tk_comm *comm, int rc)
     if (crc != TK_OK)
         return tk__err_wrap(crc, "agreeing on the model's load with the other ranks");
     if (bad >= 0)
-        return tk__err(peer, "rank %d of %d could not load the model (its own message says why), so no rank runs "
-                       "it\nHINT: every rank must be able to read the checkpoint directory", bad, world);
+        return tk__err(peer,
+                       "rank %d of %d could not load the model (its own message says why), so no rank runs "
+                       "it\nHINT: every rank must be able to read the checkpoint directory",
+                       bad, world);
     return TK_OK;
 }
 
@@ -923,8 +933,9 @@ static int load_model(tk_model **out, tk_ctx *ctx, const char *dir, const tk_mod
     /* NULL: f32 on the CPU; bf16 on a GPU, whose attention kernels take bf16 and f16. "auto": the
      * checkpoint's torch_dtype (known after config.json), so its weights need no conversion. */
     int autodt = opts->dtype && !strcmp(opts->dtype, "auto");
-    if (!autodt && (rc = parse_dtype(&m->dtype, opts->dtype ? opts->dtype
-                                                            : m->dev_type == TK_DEV_CUDA ? "bf16" : "f32")) != TK_OK)
+    if (!autodt && (rc = parse_dtype(&m->dtype, opts->dtype                  ? opts->dtype
+                                                : m->dev_type == TK_DEV_CUDA ? "bf16"
+                                                                             : "f32")) != TK_OK)
         goto fail;
     if (m->dev_type == TK_DEV_CUDA) {
         int n = 0;
@@ -1128,8 +1139,8 @@ static int prepare(tk_model *m, const int32_t *ids, const size_t *lens, size_t n
             return tk__err(TK_ERR_INVALID, "model forward: sequence %zu is empty", s);
         if ((m->cfg.def->caps & TK_ARCH_BOUNDED_POS) && (int64_t)lens[s] > m->cfg.max_pos)
             return tk__err(TK_ERR_INVALID,
-                           "model forward: sequence %zu has %zu tokens, more than the %lld positions of %s", s,
-                           lens[s], (long long)m->cfg.max_pos, m->cfg.arch);
+                           "model forward: sequence %zu has %zu tokens, more than the %lld positions of %s", s, lens[s],
+                           (long long)m->cfg.max_pos, m->cfg.arch);
         if ((int64_t)lens[s] > INT32_MAX || T > INT32_MAX - (int64_t)lens[s])
             return tk__err(TK_ERR_INVALID, "model forward: more than 2^31 tokens");
         T += (int64_t)lens[s];
@@ -1138,8 +1149,9 @@ static int prepare(tk_model *m, const int32_t *ids, const size_t *lens, size_t n
     }
     for (int64_t i = 0; i < T; i++)
         if (ids[i] < 0 || ids[i] >= m->cfg.vocab)
-            return tk__err(TK_ERR_INVALID, "model forward: token id %d at position %lld is outside the vocabulary [0, %lld)",
-                           ids[i], (long long)i, (long long)m->cfg.vocab);
+            return tk__err(TK_ERR_INVALID,
+                           "model forward: token id %d at position %lld is outside the vocabulary [0, %lld)", ids[i],
+                           (long long)i, (long long)m->cfg.vocab);
     int rc = plan(m, T, (int64_t)nseq);
     if (rc != TK_OK)
         return rc;
@@ -1203,15 +1215,15 @@ static int copy_out(tk_model *m, float *dst, const tk_mt *src)
     return rc;
 }
 
-int tk_model_forward(tk_model *m, const int32_t *ids, const size_t *lens, size_t nseq, float *logits,
-                     float *hidden)
+int tk_model_forward(tk_model *m, const int32_t *ids, const size_t *lens, size_t nseq, float *logits, float *hidden)
 {
     int rc = check_model(m, "tk_model_forward");
     if (rc != TK_OK)
         return rc;
     if (logits && !tk_model_has_lm_head(m))
-        return tk__err(TK_ERR_INVALID, "%s has no LM head, so no logits\nHINT: ask for the hidden states, or "
-                                       "sentence embeddings (tk embed)",
+        return tk__err(TK_ERR_INVALID,
+                       "%s has no LM head, so no logits\nHINT: ask for the hidden states, or "
+                       "sentence embeddings (tk embed)",
                        m->cfg.arch);
     if ((rc = prepare(m, ids, lens, nseq)) != TK_OK)
         return rc;
@@ -1244,7 +1256,7 @@ int tk_model_pooler_output(float *out, tk_model *m)
     if (!m->planned || !m->batch.pooled)
         return tk__err(TK_ERR_INVALID, "%s: no pooler output (%s)", m->cfg.arch,
                        m->batch.pooled || (m->cfg.def->caps & TK_ARCH_POOLER) ? "run tk_model_forward first"
-                                                                          : "only BertModel has a pooler");
+                                                                              : "only BertModel has a pooler");
     return copy_out(m, out, m->batch.pooled);
 }
 
@@ -1278,11 +1290,10 @@ int tk_model_info_json(char **out, const tk_model *m)
         (json_int_t)c->vocab, "hidden_size", (json_int_t)c->hidden, "layers", (json_int_t)c->layers, "heads",
         (json_int_t)c->heads, "kv_heads", (json_int_t)c->kv_heads, "head_dim", (json_int_t)c->head_dim,
         "intermediate_size", (json_int_t)c->intermediate, "max_positions", (json_int_t)c->max_pos, "parameters",
-        (json_int_t)m->params, "dtype", tk_dtype_name(m->dtype), "device",
-        m->dev_type == TK_DEV_CUDA ? "cuda" : "cpu", "checkpoint_dtype", c->torch_dtype[0] ? c->torch_dtype : "",
-        "checkpoint_dtypes", dts, "activation", c->act, "checkpoint_bytes", (json_int_t)tk_models__st_bytes(m->st),
-        "weight_bytes", (json_int_t)m->weight_bytes, "mapped_bytes", (json_int_t)m->mapped_bytes,
-        "tie_word_embeddings", c->tie_embeddings, "rope_type",
+        (json_int_t)m->params, "dtype", tk_dtype_name(m->dtype), "device", m->dev_type == TK_DEV_CUDA ? "cuda" : "cpu",
+        "checkpoint_dtype", c->torch_dtype[0] ? c->torch_dtype : "", "checkpoint_dtypes", dts, "activation", c->act,
+        "checkpoint_bytes", (json_int_t)tk_models__st_bytes(m->st), "weight_bytes", (json_int_t)m->weight_bytes,
+        "mapped_bytes", (json_int_t)m->mapped_bytes, "tie_word_embeddings", c->tie_embeddings, "rope_type",
         (c->def->caps & TK_ARCH_ROPE) ? rope_names[c->rope.type] : "none", "sliding_window",
         (json_int_t)c->sliding_window, "sliding_layers", (json_int_t)sliding_layers);
     if (!o)
@@ -1341,16 +1352,17 @@ int tk_model_embed(float *out, tk_model *m, const char *const *texts, size_t n)
     if (rc != TK_OK)
         return rc;
     if (!(m->cfg.def->caps & TK_ARCH_POOLER))
-        return tk__err(TK_ERR_UNSUPPORTED, "sentence embeddings come from encoder models; %s is a causal LM\n"
-                                           "HINT: supported: BertModel (e.g. sentence-transformers/all-MiniLM-L6-v2)",
+        return tk__err(TK_ERR_UNSUPPORTED,
+                       "sentence embeddings come from encoder models; %s is a causal LM\n"
+                       "HINT: supported: BertModel (e.g. sentence-transformers/all-MiniLM-L6-v2)",
                        m->cfg.arch);
     if (!out || !texts || n == 0)
         return tk__err(TK_ERR_INVALID, "tk_model_embed: out, texts and n >= 1 are required");
     const tk_tokenizer *tok;
     if ((rc = tk_model_tokenizer(&tok, m)) != TK_OK)
         return rc;
-    int64_t H = m->cfg.hidden, max = m->max_seq_len > 0 && m->max_seq_len < m->cfg.max_pos ? m->max_seq_len
-                                                                                           : m->cfg.max_pos;
+    int64_t H = m->cfg.hidden,
+            max = m->max_seq_len > 0 && m->max_seq_len < m->cfg.max_pos ? m->max_seq_len : m->cfg.max_pos;
     int32_t *all = NULL, *ids = NULL;
     size_t *lens = calloc(n, sizeof *lens), total = 0;
     float *hidden = NULL;
@@ -1441,9 +1453,11 @@ int tk_models__attend(tk_model *m, tk_models_batch *b, int64_t l, const tk_mt *o
     double cap = m->cfg.attn_softcap;
     int rc;
     if (b->kv && m->cfg.bidirectional)
-        return tk__err(TK_ERR_UNSUPPORTED, "%s attends bidirectionally (a masked diffusion LM): it cannot decode "
+        return tk__err(TK_ERR_UNSUPPORTED,
+                       "%s attends bidirectionally (a masked diffusion LM): it cannot decode "
                        "token by token with a KV cache\nHINT: generate with tk_diffusion_generate (tk generate "
-                       "--diffusion)", m->cfg.arch);
+                       "--diffusion)",
+                       m->cfg.arch);
     if (b->kv) {
         tk_kv *kv = b->kv;
         int64_t T = b->T, Hkv = k->shape[2], D = k->shape[3], Hq = q->shape[2];
@@ -1478,9 +1492,13 @@ int tk_models__attend(tk_model *m, tk_models_batch *b, int64_t l, const tk_mt *o
             if (rc != TK_OK)
                 return rc;
         }
-        tk_arg ap[] = {{TK_ARG_TENSOR, "k_cache", &kc, 0, 0}, {TK_ARG_TENSOR, "v_cache", &vc, 0, 0},
-                       TK_A_T("k", &k3), TK_A_T("v", &v3), TK_A_T("slot_mapping", &b->kv_slots),
-                       {TK_ARG_TENSOR, "k_scale", &ks, 0, 0}, {TK_ARG_TENSOR, "v_scale", &vs, 0, 0}};
+        tk_arg ap[] = {{TK_ARG_TENSOR, "k_cache", &kc, 0, 0},
+                       {TK_ARG_TENSOR, "v_cache", &vc, 0, 0},
+                       TK_A_T("k", &k3),
+                       TK_A_T("v", &v3),
+                       TK_A_T("slot_mapping", &b->kv_slots),
+                       {TK_ARG_TENSOR, "k_scale", &ks, 0, 0},
+                       {TK_ARG_TENSOR, "v_scale", &vs, 0, 0}};
         if ((rc = tk_models__op(m, "paged_kv_append", ap, kv->quant ? 7 : 5)) != TK_OK)
             return rc;
         /* a mixed step: each run of tokens attends on its own (tk_models_kvrun) */
@@ -1493,22 +1511,33 @@ int tk_models__attend(tk_model *m, tk_models_batch *b, int64_t l, const tk_mt *o
                 tok_view(&o4, out, run->t0, 4, sq);
                 tok_view(&k4, k, run->t0, 4, sk);
                 tok_view(&v4, v, run->t0, 4, sk);
-                tk_arg af[] = {TK_A_T("out", &o4),         TK_A_T("q", &q4),
-                               TK_A_T("k", &k4),           TK_A_T("v", &v4),
-                               TK_A_T("cu_seqlens_q", &run->cu), TK_A_T("cu_seqlens_k", &run->cu),
-                               TK_A_I("max_seqlen_q", run->max_len), TK_A_F("scale", scale),
-                               TK_A_I("causal", 1),        TK_A_I("window_left", window_left),
+                tk_arg af[] = {TK_A_T("out", &o4),
+                               TK_A_T("q", &q4),
+                               TK_A_T("k", &k4),
+                               TK_A_T("v", &v4),
+                               TK_A_T("cu_seqlens_q", &run->cu),
+                               TK_A_T("cu_seqlens_k", &run->cu),
+                               TK_A_I("max_seqlen_q", run->max_len),
+                               TK_A_F("scale", scale),
+                               TK_A_I("causal", 1),
+                               TK_A_I("window_left", window_left),
                                TK_A_F("softcap", cap)};
                 rc = tk_models__op(m, "attention", af, TK_NARGS(af) - !cap);
             } else {
                 int64_t s4[4] = {run->nrows, run->sq, Hq, D};
                 tok_view(&q4, q, run->t0, 4, s4);
                 tok_view(&o4, out, run->t0, 4, s4);
-                tk_arg ad[] = {TK_A_T("out", &o4), TK_A_T("q", &q4), {TK_ARG_TENSOR, "k_cache", &kc, 0, 0},
-                               {TK_ARG_TENSOR, "v_cache", &vc, 0, 0}, TK_A_T("block_table", &run->bt),
-                               TK_A_T("seq_lens", &run->sl), TK_A_F("scale", scale),
-                               TK_A_I("window_left", window_left), {TK_ARG_TENSOR, "k_scale", &ks, 0, 0},
-                               {TK_ARG_TENSOR, "v_scale", &vs, 0, 0}, TK_A_F("softcap", cap)};
+                tk_arg ad[] = {TK_A_T("out", &o4),
+                               TK_A_T("q", &q4),
+                               {TK_ARG_TENSOR, "k_cache", &kc, 0, 0},
+                               {TK_ARG_TENSOR, "v_cache", &vc, 0, 0},
+                               TK_A_T("block_table", &run->bt),
+                               TK_A_T("seq_lens", &run->sl),
+                               TK_A_F("scale", scale),
+                               TK_A_I("window_left", window_left),
+                               {TK_ARG_TENSOR, "k_scale", &ks, 0, 0},
+                               {TK_ARG_TENSOR, "v_scale", &vs, 0, 0},
+                               TK_A_F("softcap", cap)};
                 if (cap && !kv->quant) /* the softcap in the slot the scales leave free */
                     ad[8] = ad[10];
                 rc = tk_models__op(m, "attention_decode", ad, (kv->quant ? 10 : 8) + !!cap);
@@ -1627,8 +1656,10 @@ int tk_models__forward_kv(tk_model *m, tk_kv *kv, const int32_t *slots, size_t n
     if (rc != TK_OK)
         return rc;
     if (!tk_model_has_lm_head(m))
-        return tk__err(TK_ERR_INVALID, "%s has no LM head: it cannot generate text\nHINT: generation needs a "
-                       "causal LM (LlamaForCausalLM, GPT2LMHeadModel, ...)", m->cfg.arch);
+        return tk__err(TK_ERR_INVALID,
+                       "%s has no LM head: it cannot generate text\nHINT: generation needs a "
+                       "causal LM (LlamaForCausalLM, GPT2LMHeadModel, ...)",
+                       m->cfg.arch);
     int64_t T = cu[nseq], V = m->cfg.vocab;
     int32_t *n = malloc(nseq * sizeof *n), *bt = NULL, *sl = NULL;
     int64_t *sm = NULL, *st = NULL, *last = NULL, w = 0, nruns = 0;
@@ -1789,9 +1820,9 @@ int tk_model_quant_json(char **json, const tk_model *m)
     int rc = check_model(m, "tk_model_quant_json");
     if (rc != TK_OK)
         return rc;
-    json_t *o = json_pack("{s:s, s:I, s:I, s:I}", "quant", m->quant.code || m->quant.bits ? tk_dtype_name(m->quant) : "none",
-                          "weights", (json_int_t)m->nqw, "float_bytes", (json_int_t)m->q_float_bytes, "quant_bytes",
-                          (json_int_t)m->q_bytes);
+    json_t *o = json_pack(
+        "{s:s, s:I, s:I, s:I}", "quant", m->quant.code || m->quant.bits ? tk_dtype_name(m->quant) : "none", "weights",
+        (json_int_t)m->nqw, "float_bytes", (json_int_t)m->q_float_bytes, "quant_bytes", (json_int_t)m->q_bytes);
     if (!o)
         return tk__err(TK_ERR_NOMEM, "out of memory");
     *json = json_dumps(o, JSON_COMPACT | JSON_PRESERVE_ORDER | JSON_REAL_PRECISION(9));
@@ -1822,8 +1853,9 @@ static int qweight(struct tk_models_qweight **out, tk_model *m, const tk_mt *w, 
     uint8_t *qv = malloc(nel);
     void *tmp = NULL, *mem = NULL;
     struct tk_models_qweight *e = calloc(1, sizeof *e);
-    int rc = wf && sc && qv && e ? TK_OK : tk__err(TK_ERR_NOMEM, "out of memory quantising a [%lld, %lld] weight",
-                                              (long long)R, (long long)C);
+    int rc = wf && sc && qv && e
+                 ? TK_OK
+                 : tk__err(TK_ERR_NOMEM, "out of memory quantising a [%lld, %lld] weight", (long long)R, (long long)C);
     if (rc == TK_OK && m->dev_type == TK_DEV_CUDA) {
         if (!(tmp = malloc(nel * es)))
             rc = tk__err(TK_ERR_NOMEM, "out of memory");
@@ -1853,8 +1885,7 @@ static int qweight(struct tk_models_qweight **out, tk_model *m, const tk_mt *w, 
         }
     }
     size_t qbytes = nel + (size_t)N * sizeof(float);
-    if (rc == TK_OK && (rc = dev_alloc(m, &mem, qbytes)) == TK_OK &&
-        (rc = to_dev(m, mem, qv, nel)) == TK_OK)
+    if (rc == TK_OK && (rc = dev_alloc(m, &mem, qbytes)) == TK_OK && (rc = to_dev(m, mem, qv, nel)) == TK_OK)
         rc = to_dev(m, (char *)mem + nel, sc, (size_t)N * sizeof(float));
     if (rc == TK_OK) {
         m->qw[m->nqw++] = e;
@@ -1878,11 +1909,9 @@ static int qweight(struct tk_models_qweight **out, tk_model *m, const tk_mt *w, 
     return rc;
 }
 
-static int linear_all(tk_model *m, const tk_mt *out, const tk_mt *x, const tk_mt *w, const tk_mt *bias,
-                      int transposed);
+static int linear_all(tk_model *m, const tk_mt *out, const tk_mt *x, const tk_mt *w, const tk_mt *bias, int transposed);
 
-int tk_models__linear(tk_model *m, const tk_mt *out, const tk_mt *x, const tk_mt *w, const tk_mt *bias,
-                      int transposed)
+int tk_models__linear(tk_model *m, const tk_mt *out, const tk_mt *x, const tk_mt *w, const tk_mt *bias, int transposed)
 {
     const tk_models_batch *b = &m->batch;
     if (!b->logits_last || out != b->logits || b->T <= b->nseq || b->nseq > 16)
@@ -1903,19 +1932,24 @@ int tk_models__linear(tk_model *m, const tk_mt *out, const tk_mt *x, const tk_mt
     return TK_OK;
 }
 
-static int linear_all(tk_model *m, const tk_mt *out, const tk_mt *x, const tk_mt *w, const tk_mt *bias,
-                      int transposed)
+static int linear_all(tk_model *m, const tk_mt *out, const tk_mt *x, const tk_mt *w, const tk_mt *bias, int transposed)
 {
     if (m->quant.bits) {
         struct tk_models_qweight *q = NULL;
         int rc = qweight(&q, m, w, transposed);
         if (rc != TK_OK)
             return rc;
-        tk_arg a[] = {TK_A_T("out", out), TK_A_T("x", x), TK_A_T("weight", &q->q), TK_A_T("scale", &q->scale),
+        tk_arg a[] = {TK_A_T("out", out),
+                      TK_A_T("x", x),
+                      TK_A_T("weight", &q->q),
+                      TK_A_T("scale", &q->scale),
                       {TK_ARG_TENSOR, "bias", bias ? &bias->t : NULL, 0, 0}};
         return tk_models__op(m, "casted_linear", a, bias ? 5 : 4);
     }
-    tk_arg a[] = {TK_A_T("out", out), TK_A_T("x", x), TK_A_T("weight", w), TK_A_I("transposed", transposed),
+    tk_arg a[] = {TK_A_T("out", out),
+                  TK_A_T("x", x),
+                  TK_A_T("weight", w),
+                  TK_A_I("transposed", transposed),
                   {TK_ARG_TENSOR, "bias", bias ? &bias->t : NULL, 0, 0}};
     return tk_models__op(m, "linear", a, bias ? 5 : 4);
 }

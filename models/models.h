@@ -20,8 +20,22 @@
 
 /* The dtypes of the safetensors format, by their header names. */
 typedef enum {
-    TK_ST_BOOL, TK_ST_U8, TK_ST_I8, TK_ST_I16, TK_ST_U16, TK_ST_F16, TK_ST_BF16, TK_ST_I32, TK_ST_U32,
-    TK_ST_F32, TK_ST_F64, TK_ST_I64, TK_ST_U64, TK_ST_F8_E4M3, TK_ST_F8_E5M2, TK_ST_COUNT
+    TK_ST_BOOL,
+    TK_ST_U8,
+    TK_ST_I8,
+    TK_ST_I16,
+    TK_ST_U16,
+    TK_ST_F16,
+    TK_ST_BF16,
+    TK_ST_I32,
+    TK_ST_U32,
+    TK_ST_F32,
+    TK_ST_F64,
+    TK_ST_I64,
+    TK_ST_U64,
+    TK_ST_F8_E4M3,
+    TK_ST_F8_E5M2,
+    TK_ST_COUNT
 } tk_st_dtype;
 
 #define TK_ST_MAX_RANK 8
@@ -460,11 +474,17 @@ void tk_models__decoder_free(tk_model *m);
 /* The table row of a variation of the Llama decoder (qwen3.c, olmo2.c, ...): a causal LM with rotary
  * positions whose weights are named "model.*", run by llama.c's steps with the settings parse sets;
  * it cannot train (its weights may be transformed at load). */
-#define TK_MODELS_DECODER_ARCH(nm, cls, parse_fn)                                                       \
-    {                                                                                                  \
-        .name = (nm), .classes = (cls), .caps = TK_ARCH_CAUSAL_LM | TK_ARCH_ROPE, .prefix = "model.",  \
-        .parse = (parse_fn), .load = tk_models__decoder_load, .plan = tk_models__decoder_plan,         \
-        .forward = tk_models__decoder_forward, .free_state = tk_models__decoder_free,                  \
+#define TK_MODELS_DECODER_ARCH(nm, cls, parse_fn)                                                                      \
+    {                                                                                                                  \
+        .name = (nm),                                                                                                  \
+        .classes = (cls),                                                                                              \
+        .caps = TK_ARCH_CAUSAL_LM | TK_ARCH_ROPE,                                                                      \
+        .prefix = "model.",                                                                                            \
+        .parse = (parse_fn),                                                                                           \
+        .load = tk_models__decoder_load,                                                                               \
+        .plan = tk_models__decoder_plan,                                                                               \
+        .forward = tk_models__decoder_forward,                                                                         \
+        .free_state = tk_models__decoder_free,                                                                         \
     }
 /* Every architecture, in the order `tk model info` lists them; NULL-terminated. */
 extern const tk_models_arch *const tk_models__archs[];
@@ -488,12 +508,11 @@ int tk_models__weight_xf(const tk_mt **out, tk_model *m, const char *name, int n
  * weight the model owns: Llama's gate_proj and up_proj become one [2I, H] for silu_and_mul, a MoE
  * layer's experts one [E * 2I, H] (any n; the weight's source keeps the first TK_MODELS_SRC_MAX names,
  * which only training reads, and sparse layers do not train). */
-int tk_models__weight_cat(const tk_mt **out, tk_model *m, const char *const *names, int n, int64_t rows,
-                          int64_t cols);
+int tk_models__weight_cat(const tk_mt **out, tk_model *m, const char *const *names, int n, int64_t rows, int64_t cols);
 /* Columns [c0, c0 + nc) of a [rows, cols] HF tensor (1-D [cols] when rows == 0) as a weight of its own:
  * GPT-2's fused c_attn (Conv1D [in, 3 out]) split into q, k and v, each still [in, out]. */
-int tk_models__weight_cols(const tk_mt **out, tk_model *m, const char *name, int64_t rows, int64_t cols,
-                           int64_t c0, int64_t nc);
+int tk_models__weight_cols(const tk_mt **out, tk_model *m, const char *name, int64_t rows, int64_t cols, int64_t c0,
+                           int64_t nc);
 
 /* Rows [r0, r0 + nr) of a [rows, cols] HF tensor as a weight of its own: Phi-3's fused qkv_proj split
  * into q, k and v (source kind TK_MODELS_SRC_ROWS, c0/nc holding r0/nr; training does not save such
@@ -521,8 +540,7 @@ struct tk_models_qweight {
 /* y = x W^T (+ bias) for a linear layer's weight w ([N, K], or [K, N] with transposed: GPT-2's
  * Conv1D): the `linear` op, or with weight-only quantisation on (tk_model_quantize) `casted_linear`
  * over w's i8 / fp8_e4m3 copy with per-row scales, made the first time w is used. */
-int tk_models__linear(tk_model *m, const tk_mt *out, const tk_mt *x, const tk_mt *w, const tk_mt *bias,
-                      int transposed);
+int tk_models__linear(tk_model *m, const tk_mt *out, const tk_mt *x, const tk_mt *w, const tk_mt *bias, int transposed);
 
 /* The attention of layer l over q, k, v ([1, T, heads, D] views; out likewise): a plain forward's
  * (varlen, causal), or with generation's KV cache, after appending k and v to the layer's cache, the
@@ -544,8 +562,8 @@ typedef struct {
     const char *name;
     int dim, split;
 } tk_models_tp_want;
-int tk_models__tp_check(tk_model *m, const char *layers, const tk_models_tp_want *want, size_t nwant,
-                        const char *embed, const char *hint);
+int tk_models__tp_check(tk_model *m, const char *layers, const tk_models_tp_want *want, size_t nwant, const char *embed,
+                        const char *hint);
 int64_t tk_models__kv_heads(const tk_model *m);
 
 /* Generation's pick over a vocabulary-parallel LM head (models/tp_pick.c; docs/parallel.md): one row's

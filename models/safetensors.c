@@ -31,10 +31,10 @@ static const struct {
     const char *name;
     size_t size;
 } st_dtypes[TK_ST_COUNT] = {
-    [TK_ST_BOOL] = {"BOOL", 1}, [TK_ST_U8] = {"U8", 1},     [TK_ST_I8] = {"I8", 1},
-    [TK_ST_I16] = {"I16", 2},   [TK_ST_U16] = {"U16", 2},   [TK_ST_F16] = {"F16", 2},
-    [TK_ST_BF16] = {"BF16", 2}, [TK_ST_I32] = {"I32", 4},   [TK_ST_U32] = {"U32", 4},
-    [TK_ST_F32] = {"F32", 4},   [TK_ST_F64] = {"F64", 8},   [TK_ST_I64] = {"I64", 8},
+    [TK_ST_BOOL] = {"BOOL", 1}, [TK_ST_U8] = {"U8", 1},           [TK_ST_I8] = {"I8", 1},
+    [TK_ST_I16] = {"I16", 2},   [TK_ST_U16] = {"U16", 2},         [TK_ST_F16] = {"F16", 2},
+    [TK_ST_BF16] = {"BF16", 2}, [TK_ST_I32] = {"I32", 4},         [TK_ST_U32] = {"U32", 4},
+    [TK_ST_F32] = {"F32", 4},   [TK_ST_F64] = {"F64", 8},         [TK_ST_I64] = {"I64", 8},
     [TK_ST_U64] = {"U64", 8},   [TK_ST_F8_E4M3] = {"F8_E4M3", 1}, [TK_ST_F8_E5M2] = {"F8_E5M2", 1},
 };
 
@@ -102,9 +102,10 @@ static int header_len(uint64_t *out, const uint8_t *buf, size_t len, const char 
         return tk__err(TK_ERR_CORRUPT, "safetensors '%s': header length %llu exceeds the %u-byte cap" HINT_FILE, what,
                        (unsigned long long)hlen, TK_ST_MAX_HEADER);
     if (hlen > len - 8)
-        return tk__err(TK_ERR_CORRUPT,
-                       "safetensors '%s': header length %llu runs past the end of the file (%zu bytes): truncated?" HINT_FILE,
-                       what, (unsigned long long)hlen, len);
+        return tk__err(
+            TK_ERR_CORRUPT,
+            "safetensors '%s': header length %llu runs past the end of the file (%zu bytes): truncated?" HINT_FILE,
+            what, (unsigned long long)hlen, len);
     if (hlen < 2 || buf[8] != '{')
         return tk__err(TK_ERR_CORRUPT, "safetensors '%s': the header is not a JSON object" HINT_FILE, what);
     *out = hlen;
@@ -136,7 +137,8 @@ static int parse_shape(tk_st_tensor *t, uint64_t *bytes, int *overflow, const js
     for (int d = 0; d < t->ndim; d++) {
         uint64_t s;
         if (json_u64(&s, json_array_get(js, (size_t)d)))
-            return tk__err(TK_ERR_CORRUPT, "safetensors '%s': tensor '%s' has a shape entry that is not an integer >= 0" HINT_FILE,
+            return tk__err(TK_ERR_CORRUPT,
+                           "safetensors '%s': tensor '%s' has a shape entry that is not an integer >= 0" HINT_FILE,
                            what, key);
         t->shape[d] = (int64_t)s;
         if (s && *bytes > UINT64_MAX / s)
@@ -173,25 +175,25 @@ static int parse_tensor(tk_st_tensor *t, const char *key, const json_t *v, const
     int rc = parse_shape(t, &bytes, &overflow, js, key, what);
     if (rc != TK_OK)
         return rc;
-    if (json_u64(&t->begin, json_array_get(jo, 0)) || json_u64(&t->end, json_array_get(jo, 1)) ||
-        t->end < t->begin)
-        return tk__err(TK_ERR_CORRUPT, "safetensors '%s': tensor '%s' has data_offsets that are not [begin, end] "
-                                       "with 0 <= begin <= end" HINT_FILE,
+    if (json_u64(&t->begin, json_array_get(jo, 0)) || json_u64(&t->end, json_array_get(jo, 1)) || t->end < t->begin)
+        return tk__err(TK_ERR_CORRUPT,
+                       "safetensors '%s': tensor '%s' has data_offsets that are not [begin, end] "
+                       "with 0 <= begin <= end" HINT_FILE,
                        what, key);
     if (t->end > dlen)
         return tk__err(TK_ERR_CORRUPT,
                        "safetensors '%s': tensor '%s' has data_offsets [%llu, %llu] past the end of the data (%llu "
                        "bytes): truncated?" HINT_FILE,
-                       what, key, (unsigned long long)t->begin, (unsigned long long)t->end,
-                       (unsigned long long)dlen);
+                       what, key, (unsigned long long)t->begin, (unsigned long long)t->end, (unsigned long long)dlen);
     if (overflow || bytes != t->end - t->begin) {
         char shp[160], nb[32];
         shape_str(shp, sizeof shp, t->ndim, t->shape);
         snprintf(nb, sizeof nb, "%llu", (unsigned long long)bytes);
-        return tk__err(TK_ERR_CORRUPT,
-                       "safetensors '%s': tensor '%s' is %s %s, which is %s bytes, but its data_offsets span %llu" HINT_FILE,
-                       what, key, tk_models__st_dtype_name(t->dtype), shp, overflow ? "more than 2^64" : nb,
-                       (unsigned long long)(t->end - t->begin));
+        return tk__err(
+            TK_ERR_CORRUPT,
+            "safetensors '%s': tensor '%s' is %s %s, which is %s bytes, but its data_offsets span %llu" HINT_FILE, what,
+            key, tk_models__st_dtype_name(t->dtype), shp, overflow ? "more than 2^64" : nb,
+            (unsigned long long)(t->end - t->begin));
     }
     t->data = data + t->begin;
     if (!(t->name = tk__strdup(key)))
@@ -466,8 +468,8 @@ static int index_tensors(tk_st_set *s)
     qsort(s->all, s->nall, sizeof *s->all, cmp_ptr_name);
     for (size_t i = 1; i < s->nall; i++)
         if (!strcmp(s->all[i]->name, s->all[i - 1]->name))
-            return tk__err(TK_ERR_CORRUPT, "tensor '%s' is in both '%s' and '%s'", s->all[i]->name,
-                           s->all[i - 1]->file, s->all[i]->file);
+            return tk__err(TK_ERR_CORRUPT, "tensor '%s' is in both '%s' and '%s'", s->all[i]->name, s->all[i - 1]->file,
+                           s->all[i]->file);
     return TK_OK;
 }
 

@@ -17,8 +17,8 @@ static int parse(tk_models_config *c, const tk_models_reader *r)
         return rc;
     json_t *nr = json_object_get(r->root, "no_rope_layers");
     if (nr && !json_is_null(nr) && (!json_is_array(nr) || (int64_t)json_array_size(nr) != c->layers))
-        return tk__err(TK_ERR_INVALID, "%s: 'no_rope_layers' must be a list of %lld 0/1 values, one per layer",
-                       r->what, (long long)c->layers);
+        return tk__err(TK_ERR_INVALID, "%s: 'no_rope_layers' must be a list of %lld 0/1 values, one per layer", r->what,
+                       (long long)c->layers);
     for (int64_t l = 0; l < c->layers; l++) {
         json_t *v = nr && !json_is_null(nr) ? json_array_get(nr, (size_t)l) : NULL;
         if (v && !json_is_integer(v) && !json_is_boolean(v))

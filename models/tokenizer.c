@@ -35,14 +35,14 @@
 #define TOK_MAX_ID ((int64_t)1 << 30)
 
 static const char *const SUP_NORM = "NFC, NFD, NFKC, NFKD, Lowercase, StripAccents, BertNormalizer, "
-                              "Prepend, Replace, Strip, Sequence";
+                                    "Prepend, Replace, Strip, Sequence";
 static const char *const SUP_PRE = "ByteLevel, Split, Metaspace, BertPreTokenizer, Whitespace, "
-                             "WhitespaceSplit, Digits, Punctuation, CharDelimiterSplit, Sequence";
+                                   "WhitespaceSplit, Digits, Punctuation, CharDelimiterSplit, Sequence";
 static const char *const SUP_MODEL = "BPE, WordPiece, WordLevel";
 static const char *const SUP_POST = "TemplateProcessing, BertProcessing, RobertaProcessing, ByteLevel, "
-                              "Sequence";
+                                    "Sequence";
 static const char *const SUP_DEC = "ByteLevel, Metaspace, WordPiece, ByteFallback, Fuse, Strip, Replace, "
-                             "BPEDecoder, Sequence";
+                                   "BPEDecoder, Sequence";
 
 /* ---- small containers ------------------------------------------------------------------------ */
 
@@ -263,8 +263,7 @@ static int is_ws(int32_t c)
 
 static int is_punct(int32_t c) /* Rust is_ascii_punctuation || Unicode P* (BERT's definition) */
 {
-    if (c < 128 && ((c >= 33 && c <= 47) || (c >= 58 && c <= 64) || (c >= 91 && c <= 96) ||
-                    (c >= 123 && c <= 126)))
+    if (c < 128 && ((c >= 33 && c <= 47) || (c >= 58 && c <= 64) || (c >= 91 && c <= 96) || (c >= 123 && c <= 126)))
         return 1;
     if (c < 0x80)
         return 0;
@@ -290,9 +289,8 @@ static int is_word(int32_t c)
 /* BERT's "Chinese character" blocks (the CJK Unified Ideographs ranges of the original BERT code). */
 static int is_cjk(int32_t c)
 {
-    return (c >= 0x4E00 && c <= 0x9FFF) || (c >= 0x3400 && c <= 0x4DBF) ||
-           (c >= 0x20000 && c <= 0x2A6DF) || (c >= 0x2A700 && c <= 0x2B73F) ||
-           (c >= 0x2B740 && c <= 0x2B81F) || (c >= 0x2B920 && c <= 0x2CEAF) ||
+    return (c >= 0x4E00 && c <= 0x9FFF) || (c >= 0x3400 && c <= 0x4DBF) || (c >= 0x20000 && c <= 0x2A6DF) ||
+           (c >= 0x2A700 && c <= 0x2B73F) || (c >= 0x2B740 && c <= 0x2B81F) || (c >= 0x2B920 && c <= 0x2CEAF) ||
            (c >= 0xF900 && c <= 0xFAFF) || (c >= 0x2F800 && c <= 0x2FA1F);
 }
 
@@ -377,8 +375,8 @@ static int regex_compile(pcre2_code **out, const char *pat, size_t n, const char
     if (!*out) {
         PCRE2_UCHAR msg[256];
         pcre2_get_error_message(code, msg, sizeof msg);
-        return tk__err(TK_ERR_INVALID, "%s: the regex does not compile at offset %zu: %s", field,
-                       (size_t)off, (const char *)msg);
+        return tk__err(TK_ERR_INVALID, "%s: the regex does not compile at offset %zu: %s", field, (size_t)off,
+                       (const char *)msg);
     }
     pcre2_jit_compile(*out, PCRE2_JIT_COMPLETE); /* a failure only means the slower interpreter */
     return TK_OK;
@@ -419,8 +417,7 @@ static int pattern_segments(segv *out, const pattern *p, const char *s, size_t n
                 PCRE2_UCHAR msg[256];
                 pcre2_get_error_message(r, msg, sizeof msg);
                 pcre2_match_data_free(md);
-                return tk__err(TK_ERR_INVALID, "a pre-tokenizer regex failed on the input: %s",
-                               (const char *)msg);
+                return tk__err(TK_ERR_INVALID, "a pre-tokenizer regex failed on the input: %s", (const char *)msg);
             }
             PCRE2_SIZE *ov = pcre2_get_ovector_pointer(md);
             size_t ms = ov[0], me = ov[1];
@@ -447,8 +444,7 @@ static int pattern_segments(segv *out, const pattern *p, const char *s, size_t n
 }
 
 /* Each character that satisfies pred is a match of its own. */
-static int char_segments(segv *out, int (*pred)(int32_t, int32_t), int32_t arg, const char *s,
-                         size_t n)
+static int char_segments(segv *out, int (*pred)(int32_t, int32_t), int32_t arg, const char *s, size_t n)
 {
     out->n = 0;
     size_t last = 0;
@@ -482,9 +478,7 @@ static int split_apply(piecev *out, const piece *in, segv *sg, int behavior, int
     size_t k = 0; /* kept segments are compacted into sg->v[0..k), m = "remove" */
     int prev = 0;
     switch (behavior) {
-    case B_REMOVED:
-        k = sg->n;
-        break;
+    case B_REMOVED: k = sg->n; break;
     case B_ISOLATED:
         for (size_t i = 0; i < sg->n; i++)
             sg->v[i].m = 0;
@@ -542,8 +536,7 @@ static int split_apply(piecev *out, const piece *in, segv *sg, int behavior, int
 
 /* ---- the tokenizer --------------------------------------------------------------------------- */
 
-enum { NM_NFC, NM_NFD, NM_NFKC, NM_NFKD, NM_LOWER, NM_STRIPACC, NM_BERT, NM_PREPEND, NM_REPLACE,
-       NM_STRIP };
+enum { NM_NFC, NM_NFD, NM_NFKC, NM_NFKD, NM_LOWER, NM_STRIPACC, NM_BERT, NM_PREPEND, NM_REPLACE, NM_STRIP };
 typedef struct {
     int type;
     int clean_text, chinese, strip_accents, lowercase; /* BertNormalizer */
@@ -552,8 +545,7 @@ typedef struct {
     pattern pat;                                       /* Replace */
 } norm_step;
 
-enum { PT_BYTELEVEL, PT_SPLIT, PT_METASPACE, PT_BERT, PT_WHITESPACE, PT_WSPLIT, PT_DIGITS, PT_PUNCT,
-       PT_CHARDELIM };
+enum { PT_BYTELEVEL, PT_SPLIT, PT_METASPACE, PT_BERT, PT_WHITESPACE, PT_WSPLIT, PT_DIGITS, PT_PUNCT, PT_CHARDELIM };
 enum { PS_ALWAYS, PS_FIRST, PS_NEVER };
 typedef struct {
     int type;
@@ -715,9 +707,9 @@ static int unicode_form(tk_buf *o, const char *s, size_t n, int opts)
                                       (utf8proc_option_t)(UTF8PROC_STABLE | opts));
     if (k < 0) {
         free(dst);
-        return k == UTF8PROC_ERROR_NOMEM ? tk__err(TK_ERR_NOMEM, "out of memory")
-                                         : tk__err(TK_ERR_INVALID, "unicode normalisation failed: %s",
-                                                   utf8proc_errmsg(k));
+        return k == UTF8PROC_ERROR_NOMEM
+                   ? tk__err(TK_ERR_NOMEM, "out of memory")
+                   : tk__err(TK_ERR_INVALID, "unicode normalisation failed: %s", utf8proc_errmsg(k));
     }
     int rc = tk__buf_append(o, dst, (size_t)k);
     free(dst);
@@ -733,8 +725,7 @@ static int strip_marks(tk_buf *o, const char *s, size_t n, int all)
         int32_t c;
         size_t k = u8_next(s, n, i, &c);
         utf8proc_category_t cat = utf8proc_category(c);
-        if (!(cat == UTF8PROC_CATEGORY_MN ||
-              (all && (cat == UTF8PROC_CATEGORY_MC || cat == UTF8PROC_CATEGORY_ME))))
+        if (!(cat == UTF8PROC_CATEGORY_MN || (all && (cat == UTF8PROC_CATEGORY_MC || cat == UTF8PROC_CATEGORY_ME))))
             rc = tk__buf_append(o, s + i, k);
         i += k;
     }
@@ -746,8 +737,7 @@ static int replace_all(tk_buf *o, const pattern *p, const str *with, const char 
     segv sg = {0};
     int rc = pattern_segments(&sg, p, s, n);
     for (size_t i = 0; i < sg.n && rc == TK_OK; i++)
-        rc = sg.v[i].m ? tk__buf_append(o, with->s, with->n)
-                       : tk__buf_append(o, s + sg.v[i].s, sg.v[i].e - sg.v[i].s);
+        rc = sg.v[i].m ? tk__buf_append(o, with->s, with->n) : tk__buf_append(o, s + sg.v[i].s, sg.v[i].e - sg.v[i].s);
     free(sg.v);
     return rc;
 }
@@ -801,10 +791,10 @@ static int norm_apply(const norm_step *st, tk_buf *o, const char *s, size_t n)
                     c = ' ';
             } else if (st->clean_text) {
                 utf8proc_category_t cat = utf8proc_category(c);
-                int control = c != '\t' && c != '\n' && c != '\r' &&
-                              (cat == UTF8PROC_CATEGORY_CC || cat == UTF8PROC_CATEGORY_CF ||
-                               cat == UTF8PROC_CATEGORY_CN || cat == UTF8PROC_CATEGORY_CO ||
-                               cat == UTF8PROC_CATEGORY_CS);
+                int control =
+                    c != '\t' && c != '\n' && c != '\r' &&
+                    (cat == UTF8PROC_CATEGORY_CC || cat == UTF8PROC_CATEGORY_CF || cat == UTF8PROC_CATEGORY_CN ||
+                     cat == UTF8PROC_CATEGORY_CO || cat == UTF8PROC_CATEGORY_CS);
                 if (c == 0 || c == 0xFFFD || control)
                     continue;
                 if (is_ws(c))
@@ -861,13 +851,24 @@ static int normalize(const tk_tokenizer *t, char **out, size_t *on, const char *
 
 /* ---- pre-tokenisers -------------------------------------------------------------------------- */
 
-static int pred_ws(int32_t c, int32_t a) { (void)a; return is_ws(c); }
-static int pred_punct(int32_t c, int32_t a) { (void)a; return is_punct(c); }
-static int pred_num(int32_t c, int32_t a) { (void)a; return is_numeric(c); }
+static int pred_ws(int32_t c, int32_t a)
+{
+    (void)a;
+    return is_ws(c);
+}
+static int pred_punct(int32_t c, int32_t a)
+{
+    (void)a;
+    return is_punct(c);
+}
+static int pred_num(int32_t c, int32_t a)
+{
+    (void)a;
+    return is_numeric(c);
+}
 static int pred_eq(int32_t c, int32_t a) { return c == a; }
 
-static int pre_apply(const tk_tokenizer *t, const pre_step *st, piecev *out, const piece *in,
-                     segv *sg)
+static int pre_apply(const tk_tokenizer *t, const pre_step *st, piecev *out, const piece *in, segv *sg)
 {
     int rc = TK_OK;
     switch (st->type) {
@@ -981,10 +982,7 @@ typedef struct { /* per-call scratch space, reused across pieces */
     tk_buf tmp;
 } scratch;
 
-static int mrg_less(const mrg *a, const mrg *b)
-{
-    return a->rank != b->rank ? a->rank < b->rank : a->pos < b->pos;
-}
+static int mrg_less(const mrg *a, const mrg *b) { return a->rank != b->rank ? a->rank < b->rank : a->pos < b->pos; }
 
 static void heap_push(scratch *x, mrg m)
 {
@@ -1306,8 +1304,7 @@ static int added_segments(const tk_tokenizer *t, segv *sg, int normalized, const
 
 /* Normalises, pre-tokenises and encodes one stretch of text that holds no non-normalized added
  * token; `first` when it starts the input. */
-static int encode_text(const tk_tokenizer *t, scratch *x, i32v *out, const char *s, size_t n,
-                       int first)
+static int encode_text(const tk_tokenizer *t, scratch *x, i32v *out, const char *s, size_t n, int first)
 {
     char *ns = NULL;
     size_t nn = 0;
@@ -1345,8 +1342,7 @@ static int encode_text(const tk_tokenizer *t, scratch *x, i32v *out, const char 
 
 #define TOK_OK(t) ((t) && (t)->magic == TOK_MAGIC)
 
-int tk_tokenizer_encode(int32_t **ids, size_t *n, const tk_tokenizer *t, const char *text,
-                        size_t len, int add_special)
+int tk_tokenizer_encode(int32_t **ids, size_t *n, const tk_tokenizer *t, const char *text, size_t len, int add_special)
 {
     if (ids)
         *ids = NULL;
@@ -1367,8 +1363,7 @@ int tk_tokenizer_encode(int32_t **ids, size_t *n, const tk_tokenizer *t, const c
     int rc = added_segments(t, &sg, 0, text, len);
     for (size_t g = 0; g < sg.n && rc == TK_OK; g++) {
         seg a = sg.v[g];
-        rc = a.m ? i32_push(&body, t->added[a.m - 1].id)
-                 : encode_text(t, &x, &body, text + a.s, a.e - a.s, a.s == 0);
+        rc = a.m ? i32_push(&body, t->added[a.m - 1].id) : encode_text(t, &x, &body, text + a.s, a.e - a.s, a.s == 0);
     }
     if (rc == TK_OK && add_special && t->has_post) {
         for (size_t i = 0; i < t->npost && rc == TK_OK; i++) {
@@ -1454,9 +1449,8 @@ static int replace_str(tk_buf *o, const char *s, size_t n, const char *from, con
 static int wp_cleanup(tk_buf *b)
 {
     static const char *const pairs[][2] = {
-        {" .", "."},     {" ?", "?"},     {" !", "!"},           {" ,", ","},
-        {" ' ", "'"},    {" n't", "n't"}, {" 'm", "'m"},         {" do not", " don't"},
-        {" 's", "'s"},   {" 've", "'ve"}, {" 're", "'re"},
+        {" .", "."},   {" ?", "?"},           {" !", "!"},   {" ,", ","},     {" ' ", "'"},    {" n't", "n't"},
+        {" 'm", "'m"}, {" do not", " don't"}, {" 's", "'s"}, {" 've", "'ve"}, {" 're", "'re"},
     };
     for (size_t p = 0; p < sizeof pairs / sizeof *pairs; p++) {
         if (!b->len || !memmem(b->data, b->len, pairs[p][0], strlen(pairs[p][0])))
@@ -1653,8 +1647,7 @@ static int dec_bpe(const dec_step *st, const bufv *in, bufv *out)
         char *suf = tk__strndup(st->a.s, st->a.n);
         if (!suf)
             return tk__err(TK_ERR_NOMEM, "out of memory");
-        rc = st->a.n ? replace_str(&o, in->v[i].data, in->v[i].len, suf,
-                                   i + 1 == in->n ? "" : " ")
+        rc = st->a.n ? replace_str(&o, in->v[i].data, in->v[i].len, suf, i + 1 == in->n ? "" : " ")
                      : tk__buf_append(&o, in->v[i].data, in->v[i].len);
         free(suf);
         if (!rc)
@@ -1685,8 +1678,7 @@ static int is_special_text(const tk_tokenizer *t, const str *s)
     return a >= 0 && t->added[a].special;
 }
 
-int tk_tokenizer_decode(char **text, const tk_tokenizer *t, const int32_t *ids, size_t n,
-                        int skip_special)
+int tk_tokenizer_decode(char **text, const tk_tokenizer *t, const int32_t *ids, size_t n, int skip_special)
 {
     if (text)
         *text = NULL;
@@ -1698,9 +1690,8 @@ int tk_tokenizer_decode(char **text, const tk_tokenizer *t, const int32_t *ids, 
     for (size_t i = 0; i < n && rc == TK_OK; i++) {
         int32_t id = ids[i];
         if (id < 0 || (size_t)id >= t->nids || !t->idtok[id].s) {
-            rc = tk__err(TK_ERR_INVALID,
-                         "id %" PRId32 " at position %zu is not in the vocabulary (ids 0..%zu)", id,
-                         i, t->nids ? t->nids - 1 : 0);
+            rc = tk__err(TK_ERR_INVALID, "id %" PRId32 " at position %zu is not in the vocabulary (ids 0..%zu)", id, i,
+                         t->nids ? t->nids - 1 : 0);
             break;
         }
         if (skip_special && is_special_text(t, &t->idtok[id]))
@@ -1837,23 +1828,22 @@ static int opt_bool(ld *L, json_t *o, const char *key, const char *field, int *o
     return TK_OK;
 }
 
-static int opt_int(ld *L, json_t *o, const char *key, const char *field, int64_t *out,
-                   int64_t dflt, int64_t lo, int64_t hi)
+static int opt_int(ld *L, json_t *o, const char *key, const char *field, int64_t *out, int64_t dflt, int64_t lo,
+                   int64_t hi)
 {
     json_t *v = json_object_get(o, key);
     *out = dflt;
     if (!v || json_is_null(v))
         return TK_OK;
     if (!json_is_integer(v) || json_integer_value(v) < lo || json_integer_value(v) > hi)
-        return bad(L, TK_ERR_INVALID, field, "\"%s\" must be an integer in [%lld, %lld]", key,
-                   (long long)lo, (long long)hi);
+        return bad(L, TK_ERR_INVALID, field, "\"%s\" must be an integer in [%lld, %lld]", key, (long long)lo,
+                   (long long)hi);
     *out = json_integer_value(v);
     return TK_OK;
 }
 
 /* A one-character string member (Metaspace's replacement, Strip's content, ...). */
-static int opt_char(ld *L, json_t *o, const char *key, const char *field, int32_t *out,
-                    int32_t dflt)
+static int opt_char(ld *L, json_t *o, const char *key, const char *field, int32_t *out, int32_t dflt)
 {
     str s;
     int has;
@@ -1891,8 +1881,7 @@ static int parse_pattern(ld *L, json_t *o, const char *field, pattern *p)
     memset(p, 0, sizeof *p);
     json_t *v = json_object_get(o, "pattern");
     if (!json_is_object(v))
-        return bad(L, TK_ERR_INVALID, field,
-                   "\"pattern\" must be {\"String\": ...} or {\"Regex\": ...}, not %s",
+        return bad(L, TK_ERR_INVALID, field, "\"pattern\" must be {\"String\": ...} or {\"Regex\": ...}, not %s",
                    v ? jtype(v) : "missing");
     json_t *lit = json_object_get(v, "String"), *re = json_object_get(v, "Regex");
     if (json_is_string(lit)) {
@@ -1902,8 +1891,7 @@ static int parse_pattern(ld *L, json_t *o, const char *field, pattern *p)
         snprintf(f, sizeof f, "%s: %s.pattern.Regex", L->what, field);
         return regex_compile(&p->re, json_string_value(re), json_string_length(re), f);
     }
-    return bad(L, TK_ERR_INVALID, field,
-               "\"pattern\" must be {\"String\": ...} or {\"Regex\": ...}");
+    return bad(L, TK_ERR_INVALID, field, "\"pattern\" must be {\"String\": ...} or {\"Regex\": ...}");
 }
 
 static int parse_behavior(ld *L, json_t *o, const char *field, int *out, int dflt)
@@ -1912,8 +1900,7 @@ static int parse_behavior(ld *L, json_t *o, const char *field, int *out, int dfl
     *out = dflt;
     if (!v || json_is_null(v))
         return TK_OK;
-    static const char *const names[] = {"Removed", "Isolated", "MergedWithPrevious",
-                                        "MergedWithNext", "Contiguous"};
+    static const char *const names[] = {"Removed", "Isolated", "MergedWithPrevious", "MergedWithNext", "Contiguous"};
     for (int i = 0; json_is_string(v) && i < 5; i++)
         if (!strcmp(json_string_value(v), names[i])) {
             *out = i;
@@ -1936,8 +1923,7 @@ static int parse_scheme(ld *L, json_t *o, const char *field, int *out)
         else if (!strcmp(s, "never"))
             *out = PS_NEVER;
         else
-            return bad(L, TK_ERR_INVALID, field,
-                       "\"prepend_scheme\" must be \"always\", \"first\" or \"never\"");
+            return bad(L, TK_ERR_INVALID, field, "\"prepend_scheme\" must be \"always\", \"first\" or \"never\"");
         return TK_OK;
     }
     int aps; /* files written before prepend_scheme existed */
@@ -2031,16 +2017,15 @@ static int parse_normalizer(ld *L, json_t *o, const char *field, int depth)
         return opt_bool(L, o, "strip_right", field, &st->right, 1);
     }
     t->nnorm--;
-    return bad(L, TK_ERR_UNSUPPORTED, field,
-               "normalizer type '%s' is not supported\nHINT: tk supports %s", ty, SUP_NORM);
+    return bad(L, TK_ERR_UNSUPPORTED, field, "normalizer type '%s' is not supported\nHINT: tk supports %s", ty,
+               SUP_NORM);
 }
 
 static const char *const BYTELEVEL_RE =
     "'s|'t|'re|'ve|'m|'ll|'d| ?\\p{L}+| ?\\p{N}+| ?[^\\s\\p{L}\\p{N}]+|\\s+(?!\\S)|\\s+";
 /* Rust regex's \w and \s (the Whitespace pre-tokenizer runs on the regex crate, not Oniguruma). */
-static const char *const WHITESPACE_RE =
-    "[\\p{Alphabetic}\\p{M}\\p{Nd}\\p{Pc}\\x{200C}\\x{200D}]+|"
-    "[^\\p{Alphabetic}\\p{M}\\p{Nd}\\p{Pc}\\x{200C}\\x{200D}\\p{White_Space}]+";
+static const char *const WHITESPACE_RE = "[\\p{Alphabetic}\\p{M}\\p{Nd}\\p{Pc}\\x{200C}\\x{200D}]+|"
+                                         "[^\\p{Alphabetic}\\p{M}\\p{Nd}\\p{Pc}\\x{200C}\\x{200D}\\p{White_Space}]+";
 
 static int parse_pretok(ld *L, json_t *o, const char *field, int depth)
 {
@@ -2066,8 +2051,7 @@ static int parse_pretok(ld *L, json_t *o, const char *field, int depth)
     }
     if (!strcmp(ty, "Split")) {
         st->type = PT_SPLIT;
-        if ((rc = parse_pattern(L, o, field, &st->pat)) ||
-            (rc = parse_behavior(L, o, field, &st->behavior, -1)) ||
+        if ((rc = parse_pattern(L, o, field, &st->pat)) || (rc = parse_behavior(L, o, field, &st->behavior, -1)) ||
             (rc = opt_bool(L, o, "invert", field, &st->invert, 0)))
             return rc;
         if (st->behavior < 0)
@@ -2110,8 +2094,8 @@ static int parse_pretok(ld *L, json_t *o, const char *field, int depth)
         return TK_OK;
     }
     t->npre--;
-    return bad(L, TK_ERR_UNSUPPORTED, field,
-               "pre_tokenizer type '%s' is not supported\nHINT: tk supports %s", ty, SUP_PRE);
+    return bad(L, TK_ERR_UNSUPPORTED, field, "pre_tokenizer type '%s' is not supported\nHINT: tk supports %s", ty,
+               SUP_PRE);
 }
 
 static int parse_decoder(ld *L, json_t *o, const char *field, int depth)
@@ -2181,13 +2165,11 @@ static int parse_decoder(ld *L, json_t *o, const char *field, int depth)
         return TK_OK;
     }
     t->ndec--;
-    return bad(L, TK_ERR_UNSUPPORTED, field,
-               "decoder type '%s' is not supported\nHINT: tk supports %s", ty, SUP_DEC);
+    return bad(L, TK_ERR_UNSUPPORTED, field, "decoder type '%s' is not supported\nHINT: tk supports %s", ty, SUP_DEC);
 }
 
 /* Wraps the current template (or "$A" when there is none yet) as  pre + template + post. */
-static int post_wrap(tk_tokenizer *t, const int32_t *pre, size_t npre, const int32_t *suf,
-                     size_t nsuf)
+static int post_wrap(tk_tokenizer *t, const int32_t *pre, size_t npre, const int32_t *suf, size_t nsuf)
 {
     int32_t *old = t->post;
     size_t nold = t->npost;
@@ -2218,8 +2200,8 @@ static int pair_id(ld *L, json_t *o, const char *key, const char *field, int32_t
 {
     json_t *v = json_object_get(o, key);
     json_t *i = json_array_get(v, 1);
-    if (!json_is_array(v) || json_array_size(v) != 2 || !json_is_string(json_array_get(v, 0)) ||
-        !json_is_integer(i) || json_integer_value(i) < 0 || json_integer_value(i) >= TOK_MAX_ID)
+    if (!json_is_array(v) || json_array_size(v) != 2 || !json_is_string(json_array_get(v, 0)) || !json_is_integer(i) ||
+        json_integer_value(i) < 0 || json_integer_value(i) >= TOK_MAX_ID)
         return bad(L, TK_ERR_INVALID, field, "\"%s\" must be [token, id]", key);
     *id = (int32_t)json_integer_value(i);
     return TK_OK;
@@ -2267,17 +2249,14 @@ static int parse_post(ld *L, json_t *o, const char *field, int depth)
             json_t *def = json_object_get(sp, json_string_value(name));
             json_t *ids = json_object_get(def, "ids");
             if (!json_is_array(ids)) {
-                rc = bad(L, TK_ERR_INVALID, field,
-                         "special token '%s' has no \"ids\" in \"special_tokens\"",
+                rc = bad(L, TK_ERR_INVALID, field, "special token '%s' has no \"ids\" in \"special_tokens\"",
                          json_string_value(name));
                 break;
             }
             for (size_t k = 0; k < json_array_size(ids) && rc == TK_OK; k++) {
                 json_t *v = json_array_get(ids, k);
-                if (!json_is_integer(v) || json_integer_value(v) < 0 ||
-                    json_integer_value(v) >= TOK_MAX_ID)
-                    rc = bad(L, TK_ERR_INVALID, field, "special token '%s': ids must be ids",
-                             json_string_value(name));
+                if (!json_is_integer(v) || json_integer_value(v) < 0 || json_integer_value(v) >= TOK_MAX_ID)
+                    rc = bad(L, TK_ERR_INVALID, field, "special token '%s': ids must be ids", json_string_value(name));
                 else
                     rc = i32_push(seen ? &suf : &pre, (int32_t)json_integer_value(v));
             }
@@ -2290,8 +2269,8 @@ static int parse_post(ld *L, json_t *o, const char *field, int depth)
         free(suf.v);
         return rc;
     }
-    return bad(L, TK_ERR_UNSUPPORTED, field,
-               "post_processor type '%s' is not supported\nHINT: tk supports %s", ty, SUP_POST);
+    return bad(L, TK_ERR_UNSUPPORTED, field, "post_processor type '%s' is not supported\nHINT: tk supports %s", ty,
+               SUP_POST);
 }
 
 /* The largest id a file may use: real vocabularies are dense, and a sparse one would make a tiny
@@ -2355,43 +2334,38 @@ static int parse_merges(ld *L, json_t *merges)
             a = json_string_value(e);
             const char *sp = strchr(a, ' ');
             if (!sp || strchr(sp + 1, ' ')) {
-                rc = bad(L, TK_ERR_INVALID, field,
-                         "'%s' must be two tokens separated by one space", a);
+                rc = bad(L, TK_ERR_INVALID, field, "'%s' must be two tokens separated by one space", a);
                 break;
             }
             an = (size_t)(sp - a);
             b = sp + 1;
             bn = strlen(b);
-        } else if (json_is_array(e) && json_array_size(e) == 2 &&
-                   json_is_string(json_array_get(e, 0)) && json_is_string(json_array_get(e, 1))) {
+        } else if (json_is_array(e) && json_array_size(e) == 2 && json_is_string(json_array_get(e, 0)) &&
+                   json_is_string(json_array_get(e, 1))) {
             a = json_string_value(json_array_get(e, 0));
             an = json_string_length(json_array_get(e, 0));
             b = json_string_value(json_array_get(e, 1));
             bn = json_string_length(json_array_get(e, 1));
         } else {
-            rc = bad(L, TK_ERR_INVALID, field,
-                     "must be \"a b\" or [\"a\", \"b\"], not %s", jtype(e));
+            rc = bad(L, TK_ERR_INVALID, field, "must be \"a b\" or [\"a\", \"b\"], not %s", jtype(e));
             break;
         }
         int64_t ia = vocab_get(t, a, an), ib = vocab_get(t, b, bn);
         if (ia < 0 || ib < 0) {
-            rc = bad(L, TK_ERR_INVALID, field, "token '%.*s' is not in model.vocab",
-                     (int)(ia < 0 ? an : bn), ia < 0 ? a : b);
+            rc = bad(L, TK_ERR_INVALID, field, "token '%.*s' is not in model.vocab", (int)(ia < 0 ? an : bn),
+                     ia < 0 ? a : b);
             break;
         }
         if (bn < t->csp.n) {
-            rc = bad(L, TK_ERR_INVALID, field, "token '%.*s' is shorter than the subword prefix",
-                     (int)bn, b);
+            rc = bad(L, TK_ERR_INVALID, field, "token '%.*s' is shorter than the subword prefix", (int)bn, b);
             break;
         }
         joined.len = 0;
-        if ((rc = tk__buf_append(&joined, a, an)) ||
-            (rc = tk__buf_append(&joined, b + t->csp.n, bn - t->csp.n)))
+        if ((rc = tk__buf_append(&joined, a, an)) || (rc = tk__buf_append(&joined, b + t->csp.n, bn - t->csp.n)))
             break;
         int64_t ij = vocab_get(t, joined.data, joined.len);
         if (ij < 0) {
-            rc = bad(L, TK_ERR_INVALID, field, "the merged token '%s' is not in model.vocab",
-                     joined.data);
+            rc = bad(L, TK_ERR_INVALID, field, "the merged token '%s' is not in model.vocab", joined.data);
             break;
         }
         uint64_t k = (uint64_t)(uint32_t)ia << 32 | (uint32_t)ib;
@@ -2438,8 +2412,8 @@ static int parse_model(ld *L, json_t *o)
     else if (!strcmp(type, "WordLevel"))
         t->mtype = M_WORDLEVEL;
     else
-        return bad(L, TK_ERR_UNSUPPORTED, "model.type",
-                   "model type '%s' is not supported\nHINT: tk supports %s", type, SUP_MODEL);
+        return bad(L, TK_ERR_UNSUPPORTED, "model.type", "model type '%s' is not supported\nHINT: tk supports %s", type,
+                   SUP_MODEL);
     json_t *vocab = json_object_get(o, "vocab");
     if (!json_is_object(vocab))
         return bad(L, TK_ERR_INVALID, "model.vocab", "must be an object {token: id}, not %s",
@@ -2458,13 +2432,10 @@ static int parse_model(ld *L, json_t *o)
             return tk__err(TK_ERR_NOMEM, "out of memory");
         t->nvocab = (size_t)maxid + 1;
     }
-    json_object_foreach(vocab, key, v)
-    {
+    json_object_foreach(vocab, key, v) {
         if (!json_is_integer(v))
-            return bad(L, TK_ERR_INVALID, "model.vocab", "the id of '%s' must be an integer, not %s",
-                       key, jtype(v));
-        if ((rc = set_vocab(L, key, json_integer_value(v), id_limit(json_object_size(vocab)),
-                            "model.vocab")))
+            return bad(L, TK_ERR_INVALID, "model.vocab", "the id of '%s' must be an integer, not %s", key, jtype(v));
+        if ((rc = set_vocab(L, key, json_integer_value(v), id_limit(json_object_size(vocab)), "model.vocab")))
             return rc;
     }
     if ((rc = strmap_init(&t->vmap, t->nvocab)))
@@ -2496,8 +2467,7 @@ static int parse_model(ld *L, json_t *o)
         (rc = opt_bool(L, o, "ignore_merges", "model", &t->ignore_merges, 0)))
         return rc;
     json_t *dropout = json_object_get(o, "dropout");
-    if (dropout && !json_is_null(dropout) &&
-        !(json_is_number(dropout) && json_number_value(dropout) == 0))
+    if (dropout && !json_is_null(dropout) && !(json_is_number(dropout) && json_number_value(dropout) == 0))
         return bad(L, TK_ERR_UNSUPPORTED, "model.dropout",
                    "BPE dropout is random at encode time; tk encodes deterministically\n"
                    "HINT: set \"dropout\": null for inference");
@@ -2537,8 +2507,7 @@ static int parse_added(ld *L, json_t *a)
         if ((rc = req_str(L, e, "content", f, &at->content)) ||
             (rc = opt_int(L, e, "id", f, &id, -1, 0, id_limit(t->nvocab + n) - 1)) ||
             (rc = opt_bool(L, e, "special", f, &at->special, 0)) ||
-            (rc = opt_bool(L, e, "lstrip", f, &at->lstrip, 0)) ||
-            (rc = opt_bool(L, e, "rstrip", f, &at->rstrip, 0)) ||
+            (rc = opt_bool(L, e, "lstrip", f, &at->lstrip, 0)) || (rc = opt_bool(L, e, "rstrip", f, &at->rstrip, 0)) ||
             (rc = opt_bool(L, e, "single_word", f, &at->single_word, 0)) ||
             (rc = opt_bool(L, e, "normalized", f, &at->normalized, !at->special)))
             return rc;
@@ -2578,8 +2547,7 @@ static int added_index(tk_tokenizer *t)
                 uint32_t v = idx[i];
                 size_t vn = k ? t->added[v].norm.n : t->added[v].content.n;
                 size_t j = i;
-                while (j > first && (k ? t->added[idx[j - 1]].norm.n
-                                        : t->added[idx[j - 1]].content.n) < vn) {
+                while (j > first && (k ? t->added[idx[j - 1]].norm.n : t->added[idx[j - 1]].content.n) < vn) {
                     idx[j] = idx[j - 1];
                     j--;
                 }
@@ -2672,8 +2640,7 @@ int tk_models__tokenizer_parse(tk_tokenizer **out, const char *json, size_t len,
     for (size_t i = 0; i < t->npost; i++)
         if (t->post[i] >= 0 && (size_t)t->post[i] >= t->nids) {
             rc = bad(&L, TK_ERR_INVALID, "post_processor",
-                     "special token id %" PRId32 " is outside the vocabulary (%zu ids)", t->post[i],
-                     t->nids);
+                     "special token id %" PRId32 " is outside the vocabulary (%zu ids)", t->post[i], t->nids);
             goto fail;
         }
     t->idtok = calloc(t->nids ? t->nids : 1, sizeof *t->idtok);
@@ -2702,8 +2669,7 @@ int tk_tokenizer_load(tk_tokenizer **out, const char *path_or_dir)
         *out = NULL;
     if (!out || !path_or_dir)
         return tk__err(TK_ERR_INVALID, "tk_tokenizer_load: NULL argument");
-    char *path = tk__is_dir(path_or_dir) ? tk__path_join(path_or_dir, "tokenizer.json")
-                                         : tk__strdup(path_or_dir);
+    char *path = tk__is_dir(path_or_dir) ? tk__path_join(path_or_dir, "tokenizer.json") : tk__strdup(path_or_dir);
     if (!path)
         return tk__err(TK_ERR_NOMEM, "out of memory");
     char *text = NULL;

@@ -23,10 +23,7 @@
 #include "models/models.h"
 #include "models/tp_plan.h"
 
-int tk_models__tp_vocab_parallel(const tk_model *m)
-{
-    return m && m->tp && m->tp->world > 1 && m->tp->head_split;
-}
+int tk_models__tp_vocab_parallel(const tk_model *m) { return m && m->tp && m->tp->world > 1 && m->tp->head_split; }
 
 /* Sends n i64 from mine, receives world x n into all (rank-major); counts the bytes sent. */
 static int gather_i64(tk_model *m, int64_t *all, int64_t *mine, size_t n, const char *what)
@@ -69,8 +66,7 @@ static void local_top(int64_t *out, const float *x, int64_t n, int64_t k, uint32
 static int cmp_desc(const void *a, const void *b)
 {
     int64_t x = *(const int64_t *)a, y = *(const int64_t *)b;
-    return x < y ? 1 : x > y ? -1
-                             : 0;
+    return x < y ? 1 : x > y ? -1 : 0;
 }
 
 /* Round A's part of one row: [argmax key, its global index (-1: no columns), the largest sample key,
@@ -96,8 +92,8 @@ static void round_a(int64_t *o, const tk_models_tp *tp, const float *row, int64_
 
 /* After round A, for one row: the greedy token, or for a sampled row zmax's key and the top-k
  * threshold key (0: no filter); all[r * n * R + i * R ...] is rank r's part of row i. */
-static void resolve_a(const int64_t *all, size_t n, size_t i, int64_t R, int W, int64_t k, int64_t *tok,
-                      uint32_t *kmax, uint32_t *thr, int64_t *cand)
+static void resolve_a(const int64_t *all, size_t n, size_t i, int64_t R, int W, int64_t k, int64_t *tok, uint32_t *kmax,
+                      uint32_t *thr, int64_t *cand)
 {
     int64_t best = -1, bk = -1;
     uint32_t mx = 0;
@@ -171,15 +167,13 @@ static void buf_free(pick_buf *b)
 }
 
 /* Rounds B and C for the sampled rows: the masses, then the drawn indices from their owners. */
-static int draw_rows(tk_model *m, pick_buf *b, float *const *rows, size_t n, const tk_models_tp_pick *p,
-                     int64_t *tok)
+static int draw_rows(tk_model *m, pick_buf *b, float *const *rows, size_t n, const tk_models_tp_pick *p, int64_t *tok)
 {
     const tk_models_tp *tp = m->tp;
     int W = tp->world, rc;
     for (size_t i = 0; i < n; i++)
-        b->mine[i] = p[i].sample && tok[i] >= 0
-                         ? (int64_t)local_mass(rows[i], tp, b->thr[i], tk__float_of_key(b->kmax[i]))
-                         : 0;
+        b->mine[i] =
+            p[i].sample && tok[i] >= 0 ? (int64_t)local_mass(rows[i], tp, b->thr[i], tk__float_of_key(b->kmax[i])) : 0;
     if ((rc = gather_i64(m, b->masses, b->mine, n, "the sampling mass")) != TK_OK)
         return rc;
     for (size_t i = 0; i < n; i++) {

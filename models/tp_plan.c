@@ -15,11 +15,27 @@
 #include "models/models.h"
 #include "models/tp_plan.h"
 
-const char *const tk_models__tp_styles[] = {
-    "all_reduce", "colwise", "colwise_gather_output", "colwise_rep", "embedding_colwise", "embedding_rowwise",
-    "ep_dispatch_experts", "grouped_gemm", "local_params", "mla_kv_a_proj", "moe_identity_expert", "moe_tp_experts", "packed_colwise", "packed_rowwise",
-    "replicate", "replicated_with_grad_allreduce", "rowwise", "rowwise_rep", "rowwise_split_input",
-    "sequence_parallel", NULL};
+const char *const tk_models__tp_styles[] = {"all_reduce",
+                                            "colwise",
+                                            "colwise_gather_output",
+                                            "colwise_rep",
+                                            "embedding_colwise",
+                                            "embedding_rowwise",
+                                            "ep_dispatch_experts",
+                                            "grouped_gemm",
+                                            "local_params",
+                                            "mla_kv_a_proj",
+                                            "moe_identity_expert",
+                                            "moe_tp_experts",
+                                            "packed_colwise",
+                                            "packed_rowwise",
+                                            "replicate",
+                                            "replicated_with_grad_allreduce",
+                                            "rowwise",
+                                            "rowwise_rep",
+                                            "rowwise_split_input",
+                                            "sequence_parallel",
+                                            NULL};
 
 static const char *style_static(const char *s)
 {
@@ -107,12 +123,16 @@ int tk_models__tp_rules_parse(tk_tp_plan *p, const char *text, size_t len, const
             const char *k2;
             json_t *v2;
             sname = json_string_value(json_object_get(v, "style"));
-            json_object_foreach(v, k2, v2) if (strcmp(k2, "style") && strcmp(k2, "split")) {
-                rc = tk__err(TK_ERR_INVALID, "%s: rule '%s' has an unknown field '%s' (a rule is a style name, or "
-                             "{\"style\", \"split\"})", what, key, k2);
-                goto done;
-            }
-            if (sp && (!json_is_integer(sp) || json_integer_value(sp) < 2 || json_integer_value(sp) > TK_TP_MAX_SPLIT)) {
+            json_object_foreach(v, k2, v2)
+                if (strcmp(k2, "style") && strcmp(k2, "split")) {
+                    rc = tk__err(TK_ERR_INVALID,
+                                 "%s: rule '%s' has an unknown field '%s' (a rule is a style name, or "
+                                 "{\"style\", \"split\"})",
+                                 what, key, k2);
+                    goto done;
+                }
+            if (sp &&
+                (!json_is_integer(sp) || json_integer_value(sp) < 2 || json_integer_value(sp) > TK_TP_MAX_SPLIT)) {
                 rc = tk__err(TK_ERR_INVALID, "%s: rule '%s': \"split\" must be an integer from 2 to %d", what, key,
                              TK_TP_MAX_SPLIT);
                 goto done;
@@ -120,8 +140,10 @@ int tk_models__tp_rules_parse(tk_tp_plan *p, const char *text, size_t len, const
             if (sp)
                 split = json_integer_value(sp);
             if (sp && !is_packed(sname)) {
-                rc = tk__err(TK_ERR_INVALID, "%s: rule '%s': \"split\" goes with packed_colwise or packed_rowwise, "
-                             "not %s", what, key, sname);
+                rc = tk__err(TK_ERR_INVALID,
+                             "%s: rule '%s': \"split\" goes with packed_colwise or packed_rowwise, "
+                             "not %s",
+                             what, key, sname);
                 goto done;
             }
         } else {
@@ -248,8 +270,8 @@ static void place(tk_tp_param *t, const tk_tp_rule *r, int conv1d)
 /* The attention projections whose split needs whole heads on each rank. */
 static int is_attention(const char *generic)
 {
-    static const char *const proj[] = {".q_proj.", ".k_proj.", ".v_proj.", ".qkv_proj.", ".query_key_value.",
-                                       ".c_attn.", NULL};
+    static const char *const proj[] = {".q_proj.",          ".k_proj.", ".v_proj.", ".qkv_proj.",
+                                       ".query_key_value.", ".c_attn.", NULL};
     for (size_t i = 0; proj[i]; i++)
         if (strstr(generic, proj[i]))
             return 1;
@@ -294,8 +316,10 @@ int tk_models__tp_assign(tk_tp_plan *p, const char *const *names, const int *ndi
         if (t->dim >= 0) {
             int64_t d = t->shape[t->dim];
             if (t->split > 1 && d % t->split)
-                return tk__err(TK_ERR_INVALID, "tensor '%s' (rule '%s': %s) has %lld along dimension %d, which does not "
-                               "split into %d packed blocks", t->name, r->key, r->style, (long long)d, t->dim, t->split);
+                return tk__err(TK_ERR_INVALID,
+                               "tensor '%s' (rule '%s': %s) has %lld along dimension %d, which does not "
+                               "split into %d packed blocks",
+                               t->name, r->key, r->style, (long long)d, t->dim, t->split);
             if (is_attention(g))
                 attn_split = 1;
         }
@@ -311,7 +335,8 @@ int tk_models__tp_assign(tk_tp_plan *p, const char *const *names, const int *ndi
         }
         if (!r->used) {
             int rc = add_warning(p, tk__fmt("tp_plan rule '%s' (%s) matches nothing in the checkpoint and will not be "
-                                            "applied", r->key, r->style));
+                                            "applied",
+                                            r->key, r->style));
             if (rc != TK_OK)
                 return rc;
         }
@@ -324,10 +349,12 @@ int tk_models__tp_assign(tk_tp_plan *p, const char *const *names, const int *ndi
             if (h % d == 0 && kv % d == 0)
                 o += (size_t)snprintf(ok + o, sizeof ok - o, "%s%lld", o ? ", " : "", (long long)d);
         if (heads > 0 && heads % p->world)
-            return tk__err(TK_ERR_INVALID, "num_attention_heads %lld is not divisible by the tensor-parallel size %d: "
-                           "each rank must hold whole heads\nHINT: sizes that fit this model: %s", (long long)heads,
-                           p->world, ok);
-        return tk__err(TK_ERR_INVALID, "num_key_value_heads %lld is not divisible by the tensor-parallel size %d: "
+            return tk__err(TK_ERR_INVALID,
+                           "num_attention_heads %lld is not divisible by the tensor-parallel size %d: "
+                           "each rank must hold whole heads\nHINT: sizes that fit this model: %s",
+                           (long long)heads, p->world, ok);
+        return tk__err(TK_ERR_INVALID,
+                       "num_key_value_heads %lld is not divisible by the tensor-parallel size %d: "
                        "each rank must hold whole key/value heads\nHINT: sizes that fit this model: %s",
                        (long long)kv_heads, p->world, ok);
     }
@@ -357,7 +384,7 @@ int tk_models__tp_plan_load(tk_tp_plan **out, const char *dir, const char *plan_
     size_t len = 0, n;
     const char **names = NULL;
     int *ndims = NULL, found = 0, rc, cfg_ok = 0;
-    int64_t (*shapes)[TK_TP_MAX_RANK] = NULL;
+    int64_t(*shapes)[TK_TP_MAX_RANK] = NULL;
     const char *prefix;
     *out = NULL;
     memset(&cfg, 0, sizeof cfg);
@@ -381,8 +408,10 @@ int tk_models__tp_plan_load(tk_tp_plan **out, const char *dir, const char *plan_
         if ((rc = tk_models__tp_rules_parse(p, text, len, plan_file, prefix, &found)) != TK_OK)
             goto fail;
         if (!found) {
-            rc = tk__err(TK_ERR_INVALID, "'%s' holds no tensor-parallel plan (an object of name -> style, or "
-                         "\"base_model_tp_plan\")", plan_file);
+            rc = tk__err(TK_ERR_INVALID,
+                         "'%s' holds no tensor-parallel plan (an object of name -> style, or "
+                         "\"base_model_tp_plan\")",
+                         plan_file);
             goto fail;
         }
         snprintf(p->source, sizeof p->source, "%s", plan_file);
@@ -406,10 +435,11 @@ int tk_models__tp_plan_load(tk_tp_plan **out, const char *dir, const char *plan_
             snprintf(p->source, sizeof p->source, "transformers' default plan for %s", cfg.model_type);
             found = 1;
         } else {
-            rc = tk__err(TK_ERR_UNSUPPORTED, "%s (%s) has no tensor-parallel plan: its config.json has no "
+            rc = tk__err(TK_ERR_UNSUPPORTED,
+                         "%s (%s) has no tensor-parallel plan: its config.json has no "
                          "\"base_model_tp_plan\" and transformers' config for it carries none\nHINT: write one and "
-                         "pass it with --tp-plan FILE (docs/parallel.md: the format and the styles)", cfg.arch,
-                         cfg.model_type);
+                         "pass it with --tp-plan FILE (docs/parallel.md: the format and the styles)",
+                         cfg.arch, cfg.model_type);
             goto fail;
         }
         /* transformers completes a base model's plan: the input embedding split on the vocabulary

@@ -89,8 +89,9 @@ void tk_models__tp_plan_free(tk_tp_plan *p);
 
 /* Assigns styles to n tensors (names and shapes) from p's rules, and checks them for p->world ranks:
  * heads (kv heads) as given, 0 to skip the check; conv1d: GPT-2's [in, out] linear layout. */
-int tk_models__tp_assign(tk_tp_plan *p, const char *const *names, const int *ndims, const int64_t (*shapes)[TK_TP_MAX_RANK],
-                         size_t n, int64_t heads, int64_t kv_heads, int conv1d);
+int tk_models__tp_assign(tk_tp_plan *p, const char *const *names, const int *ndims,
+                         const int64_t (*shapes)[TK_TP_MAX_RANK], size_t n, int64_t heads, int64_t kv_heads,
+                         int conv1d);
 
 /* transformers' replace_layer_number_by_wildcard: ".<digits>" before a "." or the end becomes ".*".
  * Writes at most cap bytes (NUL included). */

@@ -315,11 +315,16 @@ int tk_models__t_attention(tk_model *m, tk_models_batch *b, const tk_mt *out, co
     view4(&k4, b, k);
     view4(&v4, b, v);
     view_lse(&l3, b, lse, q->shape[q->t.ndim - 2]);
-    tk_arg a[] = {TK_A_T("out", &o4),           TK_A_T("q", &q4),
-                  TK_A_T("k", &k4),             TK_A_T("v", &v4),
-                  TK_A_T("lse", &l3),           TK_A_F("scale", scale),
-                  TK_A_I("causal", causal),     TK_A_I("window_left", window_left),
-                  TK_A_T("cu_seqlens_q", &b->cu), TK_A_T("cu_seqlens_k", &b->cu),
+    tk_arg a[] = {TK_A_T("out", &o4),
+                  TK_A_T("q", &q4),
+                  TK_A_T("k", &k4),
+                  TK_A_T("v", &v4),
+                  TK_A_T("lse", &l3),
+                  TK_A_F("scale", scale),
+                  TK_A_I("causal", causal),
+                  TK_A_I("window_left", window_left),
+                  TK_A_T("cu_seqlens_q", &b->cu),
+                  TK_A_T("cu_seqlens_k", &b->cu),
                   TK_A_I("max_seqlen_q", b->max_len)};
     return op(m, "attention", a, dense(b) ? 8 : 11);
 }
@@ -338,13 +343,20 @@ int tk_models__t_attention_bwd(tk_model *m, tk_models_batch *b, const tk_mt *dq,
     view4(&v4, b, v);
     view4(&o4, b, out);
     view_lse(&l3, b, lse, q->shape[q->t.ndim - 2]);
-    tk_arg a[] = {TK_A_T("dq", &dq4),           TK_A_T("dk", &dk4),
-                  TK_A_T("dv", &dv4),           TK_A_T("dout", &do4),
-                  TK_A_T("q", &q4),             TK_A_T("k", &k4),
-                  TK_A_T("v", &v4),             TK_A_T("out", &o4),
-                  TK_A_T("lse", &l3),           TK_A_F("scale", scale),
-                  TK_A_I("causal", causal),     TK_A_I("window_left", window_left),
-                  TK_A_T("cu_seqlens_q", &b->cu), TK_A_T("cu_seqlens_k", &b->cu),
+    tk_arg a[] = {TK_A_T("dq", &dq4),
+                  TK_A_T("dk", &dk4),
+                  TK_A_T("dv", &dv4),
+                  TK_A_T("dout", &do4),
+                  TK_A_T("q", &q4),
+                  TK_A_T("k", &k4),
+                  TK_A_T("v", &v4),
+                  TK_A_T("out", &o4),
+                  TK_A_T("lse", &l3),
+                  TK_A_F("scale", scale),
+                  TK_A_I("causal", causal),
+                  TK_A_I("window_left", window_left),
+                  TK_A_T("cu_seqlens_q", &b->cu),
+                  TK_A_T("cu_seqlens_k", &b->cu),
                   TK_A_I("max_seqlen_q", b->max_len)};
     return op(m, "attention_backward", a, dense(b) ? 12 : 15);
 }
@@ -430,8 +442,9 @@ static int build_hf(tk_trainer *t)
             part *p = &h->parts[h->np++];
             p->tw = tw;
             p->kind = s->kind;
-            p->a = s->kind == TK_MODELS_SRC_CAT ? k * s->rows * (s->cols ? s->cols : 1)
-                   : s->kind == TK_MODELS_SRC_COLS ? s->c0 : 0;
+            p->a = s->kind == TK_MODELS_SRC_CAT    ? k * s->rows * (s->cols ? s->cols : 1)
+                   : s->kind == TK_MODELS_SRC_COLS ? s->c0
+                                                   : 0;
         }
     }
     return TK_OK;
@@ -459,7 +472,8 @@ static int hf_xfer(tk_trainer *t, const hf_tensor *h, int what, float *host, int
         if (p->kind != TK_MODELS_SRC_COLS) {
             int64_t off = p->kind == TK_MODELS_SRC_CAT ? p->a : 0;
             size_t bytes = (size_t)h->n * sizeof(float);
-            rc = put ? tk_models__to_dev(m, base + off * 4, host, bytes) : tk_models__from_dev(m, host, base + off * 4, bytes);
+            rc = put ? tk_models__to_dev(m, base + off * 4, host, bytes)
+                     : tk_models__from_dev(m, host, base + off * 4, bytes);
             continue;
         }
         /* columns [a, a + nc) of h's rows are the weight's rows */
@@ -519,26 +533,36 @@ int tk_train_new(tk_trainer **out, tk_model *m, const tk_train_opts *opts)
     if (!m || !m->arch)
         return tk__err(TK_ERR_INVALID, "tk_train_new: not a loaded model");
     if (!m->arch->train_plan)
-        return tk__err(TK_ERR_UNSUPPORTED, "%s: tk cannot train this architecture\nHINT: tk trains LlamaForCausalLM, "
-                       "MistralForCausalLM, Qwen2ForCausalLM, GPT2LMHeadModel and BertForMaskedLM", m->cfg.arch);
+        return tk__err(TK_ERR_UNSUPPORTED,
+                       "%s: tk cannot train this architecture\nHINT: tk trains LlamaForCausalLM, "
+                       "MistralForCausalLM, Qwen2ForCausalLM, GPT2LMHeadModel and BertForMaskedLM",
+                       m->cfg.arch);
     if (!(m->dtype.code == TK_DL_FLOAT && m->dtype.bits == 32))
-        return tk__err(TK_ERR_UNSUPPORTED, "%s: training needs f32 weights (the master weights AdamW updates); this "
+        return tk__err(TK_ERR_UNSUPPORTED,
+                       "%s: training needs f32 weights (the master weights AdamW updates); this "
                        "model computes in %s\nHINT: load it with dtype f32 (tk_model_opts.dtype = \"f32\", tk train "
-                       "--dtype f32)", m->cfg.arch, tk_dtype_name(m->dtype));
+                       "--dtype f32)",
+                       m->cfg.arch, tk_dtype_name(m->dtype));
     if (m->tp)
-        return tk__err(TK_ERR_UNSUPPORTED, "%s: the model is split over %d ranks (tensor parallelism), which tk "
+        return tk__err(TK_ERR_UNSUPPORTED,
+                       "%s: the model is split over %d ranks (tensor parallelism), which tk "
                        "does not train\nHINT: train it in one process (data-parallel training is to come: "
-                       "docs/parallel.md)", m->cfg.arch, m->tp->world);
+                       "docs/parallel.md)",
+                       m->cfg.arch, m->tp->world);
     if (m->quant.bits)
-        return tk__err(TK_ERR_UNSUPPORTED, "%s: weight-only quantisation is on; training needs the float weights\n"
-                       "HINT: tk_model_quantize(model, \"none\") first", m->cfg.arch);
+        return tk__err(TK_ERR_UNSUPPORTED,
+                       "%s: weight-only quantisation is on; training needs the float weights\n"
+                       "HINT: tk_model_quantize(model, \"none\") first",
+                       m->cfg.arch);
     if (m->trainer)
         return tk__err(TK_ERR_INVALID, "%s: the model already has a trainer; free it first", m->cfg.arch);
     const tk_mt *hw = NULL, *hb = NULL;
     m->arch->train_head(m, &hw, &hb);
     if (!hw)
-        return tk__err(TK_ERR_UNSUPPORTED, "%s checkpoint '%s' has no LM head to train (BertModel without "
-                       "cls.predictions.*)\nHINT: tk trains BERT as BertForMaskedLM", m->cfg.arch, m->dir);
+        return tk__err(TK_ERR_UNSUPPORTED,
+                       "%s checkpoint '%s' has no LM head to train (BertModel without "
+                       "cls.predictions.*)\nHINT: tk trains BERT as BertForMaskedLM",
+                       m->cfg.arch, m->dir);
     tk_trainer *t = calloc(1, sizeof *t);
     if (!t)
         return tk__err(TK_ERR_NOMEM, "out of memory");
@@ -552,7 +576,8 @@ int tk_train_new(tk_trainer **out, tk_model *m, const tk_train_opts *opts)
     if (t->o.comm && tk_comm_size(t->o.comm) > 1) {
         t->comm = t->o.comm;
         if (m->dev_type == TK_DEV_CUDA && strcmp(tk_comm_backend(t->comm), "nccl")) {
-            rc = tk__err(TK_ERR_UNSUPPORTED, "%s: data-parallel training of a GPU model needs the NCCL backend; the "
+            rc = tk__err(TK_ERR_UNSUPPORTED,
+                         "%s: data-parallel training of a GPU model needs the NCCL backend; the "
                          "communicator is '%s'\nHINT: tk_comm_opts.backend = TK_COMM_NCCL, or train on the CPU",
                          m->cfg.arch, tk_comm_backend(t->comm));
             goto fail;
@@ -585,8 +610,7 @@ int tk_train_new(tk_trainer **out, tk_model *m, const tk_train_opts *opts)
             w->mt.t.data = p;
             m->mapped_bytes -= (int64_t)bytes;
         }
-        if ((rc = tk_models__dev_alloc(m, &tw->mem, 3 * bytes)) != TK_OK ||
-            (rc = zero(m, tw->mem, 3 * bytes)) != TK_OK)
+        if ((rc = tk_models__dev_alloc(m, &tw->mem, 3 * bytes)) != TK_OK || (rc = zero(m, tw->mem, 3 * bytes)) != TK_OK)
             goto fail;
         mt_init(&tw->grad, tw->mem, F32, w->mt.t.ndim, w->mt.shape, m);
         mt_init(&tw->m1, (char *)tw->mem + bytes, F32, w->mt.t.ndim, w->mt.shape, m);
@@ -643,9 +667,10 @@ static int diagnose(tk_trainer *t, double loss)
         tk_arg a[] = {TK_A_T("out", &out), TK_A_T("input", &t->tw[i].w->mt)};
         if (op(m, "sum_squares", a, 2) == TK_OK && tk_models__from_dev(m, &v, t->scratch, sizeof v) == TK_OK &&
             !isfinite(v))
-            return tk__err(TK_ERR_INVALID, "step %lld: the loss is %g; parameter '%s' holds NaN or inf\nHINT: a "
-                           "lower learning rate, or clipping (max_grad_norm)", (long long)t->step + 1, loss,
-                           t->tw[i].w->src.names[0]);
+            return tk__err(TK_ERR_INVALID,
+                           "step %lld: the loss is %g; parameter '%s' holds NaN or inf\nHINT: a "
+                           "lower learning rate, or clipping (max_grad_norm)",
+                           (long long)t->step + 1, loss, t->tw[i].w->src.names[0]);
     }
     m->train_check = 1;
     int rc = m->arch->train_forward(m, &m->batch);
@@ -653,11 +678,13 @@ static int diagnose(tk_trainer *t, double loss)
     if (rc != TK_OK) {
         char why[512];
         snprintf(why, sizeof why, "%s", tk_last_error());
-        return tk__err(rc, "step %lld: the loss is %g; %s\nHINT: a lower learning rate, or clipping "
+        return tk__err(rc,
+                       "step %lld: the loss is %g; %s\nHINT: a lower learning rate, or clipping "
                        "(max_grad_norm); the checkpoint's weights may be too large for f32 activations",
                        (long long)t->step + 1, loss, why);
     }
-    return tk__err(TK_ERR_INVALID, "step %lld: the loss is %g, but every activation is finite: the LM head's "
+    return tk__err(TK_ERR_INVALID,
+                   "step %lld: the loss is %g, but every activation is finite: the LM head's "
                    "logits overflow\nHINT: a lower learning rate, or clipping (max_grad_norm)",
                    (long long)t->step + 1, loss);
 }
@@ -670,7 +697,7 @@ static int forward_loss(tk_trainer *t, const int32_t *ids, const int64_t *target
     const tk_train_opts *o = &t->o;
     if (!targets)
         return tk__err(TK_ERR_INVALID, "training: targets is NULL (one per token: the class each position predicts, "
-                       "or ignore_index)");
+                                       "or ignore_index)");
     size_t T = 0;
     for (size_t s = 0; lens && s < nseq; s++)
         T += lens[s];
@@ -679,9 +706,10 @@ static int forward_loss(tk_trainer *t, const int32_t *ids, const int64_t *target
         if (targets[i] == o->ignore_index)
             continue;
         if (targets[i] < 0 || targets[i] >= m->cfg.vocab)
-            return tk__err(TK_ERR_INVALID, "training: target %lld at position %zu is outside the vocabulary [0, %lld) "
-                           "and is not ignore_index (%lld)", (long long)targets[i], i, (long long)m->cfg.vocab,
-                           (long long)o->ignore_index);
+            return tk__err(TK_ERR_INVALID,
+                           "training: target %lld at position %zu is outside the vocabulary [0, %lld) "
+                           "and is not ignore_index (%lld)",
+                           (long long)targets[i], i, (long long)m->cfg.vocab, (long long)o->ignore_index);
         n++;
     }
     int rc = tk_models__prepare(m, ids, lens, nseq);
@@ -725,7 +753,9 @@ static int forward_loss(tk_trainer *t, const int32_t *ids, const int64_t *target
         if ((rc = op(m, "fused_linear_cross_entropy", a, k)) != TK_OK)
             return rc;
     } else {
-        tk_arg l[] = {TK_A_T("out", b->logits), TK_A_T("x", b->hidden), TK_A_T("weight", hw),
+        tk_arg l[] = {TK_A_T("out", b->logits),
+                      TK_A_T("x", b->hidden),
+                      TK_A_T("weight", hw),
                       {TK_ARG_TENSOR, "bias", hb ? &hb->t : NULL, 0, 0}};
         if ((rc = op(m, "linear", l, hb ? 4 : 3)) != TK_OK)
             return rc;
@@ -799,8 +829,10 @@ int tk_train_logits(tk_trainer *t, float *out)
     if (rc != TK_OK)
         return rc;
     if (!t->have_logits)
-        return tk__err(TK_ERR_INVALID, "tk_train_logits: %s", t->fused ? "the fused loss never makes the logits "
-                       "(fused_loss = 0 keeps them)" : "no batch yet");
+        return tk__err(TK_ERR_INVALID, "tk_train_logits: %s",
+                       t->fused ? "the fused loss never makes the logits "
+                                  "(fused_loss = 0 keeps them)"
+                                : "no batch yet");
     const tk_mt *lg = t->m->batch.logits;
     return tk_models__from_dev(t->m, out, lg->t.data, (size_t)mt_numel(lg) * sizeof(float));
 }
@@ -862,12 +894,14 @@ int tk_train_step(tk_trainer *t, tk_train_stats *st)
     const tk_train_opts *o = &t->o;
     if (t->micro == 0)
         return tk__err(TK_ERR_INVALID, "tk_train_step: nothing accumulated since the last step\nHINT: call "
-                       "tk_train_accumulate first");
+                                       "tk_train_accumulate first");
     if (t->comm && (rc = dp_reduce(t)) != TK_OK)
         return rc;
     if (t->tokens == 0)
-        return tk__err(TK_ERR_INVALID, "step %lld: every target of its %lld micro-batches is ignore_index: no loss "
-                       "to step on", (long long)t->step + 1, (long long)t->micro);
+        return tk__err(TK_ERR_INVALID,
+                       "step %lld: every target of its %lld micro-batches is ignore_index: no loss "
+                       "to step on",
+                       (long long)t->step + 1, (long long)t->micro);
     /* the global norm of the mean loss's gradient: sqrt(sum of every tensor's sum of squares) / N */
     int64_t one = 1;
     double total = 0;
@@ -887,8 +921,10 @@ int tk_train_step(tk_trainer *t, tk_train_stats *st)
     }
     for (size_t i = 0; i < t->ntw; i++) {
         if (!isfinite(ss[i])) {
-            rc = tk__err(TK_ERR_INVALID, "step %lld: the gradient of '%s' holds NaN or inf\nHINT: a lower learning "
-                         "rate, or clipping (max_grad_norm)", (long long)t->step + 1, t->tw[i].w->src.names[0]);
+            rc = tk__err(TK_ERR_INVALID,
+                         "step %lld: the gradient of '%s' holds NaN or inf\nHINT: a lower learning "
+                         "rate, or clipping (max_grad_norm)",
+                         (long long)t->step + 1, t->tw[i].w->src.names[0]);
             free(ss);
             return rc;
         }
@@ -953,8 +989,10 @@ int tk_train_tensor_get(tk_trainer *t, const char *name, int what, float *out, s
     if (!h)
         return tk__err(TK_ERR_NOT_FOUND, "training: no trained tensor named '%s'", name ? name : "(null)");
     if (what < TK_TRAIN_PARAM || what > TK_TRAIN_EXP_AVG_SQ)
-        return tk__err(TK_ERR_INVALID, "tk_train_tensor_get: 'what' is %d, want TK_TRAIN_PARAM, _GRAD, _EXP_AVG or "
-                       "_EXP_AVG_SQ", what);
+        return tk__err(TK_ERR_INVALID,
+                       "tk_train_tensor_get: 'what' is %d, want TK_TRAIN_PARAM, _GRAD, _EXP_AVG or "
+                       "_EXP_AVG_SQ",
+                       what);
     if ((int64_t)n != h->n)
         return tk__err(TK_ERR_INVALID, "tk_train_tensor_get: '%s' has %lld elements, the buffer %zu", name,
                        (long long)h->n, n);
@@ -1212,8 +1250,10 @@ int tk_train_save(tk_trainer *t, const char *dir, const char *extra_json)
     if (!dir || !*dir)
         return tk__err(TK_ERR_INVALID, "tk_train_save: no directory");
     if (tk__path_exists(dir))
-        return tk__err(TK_ERR_INVALID, "checkpoint directory '%s' exists already; a checkpoint is written whole, "
-                       "never over another", dir);
+        return tk__err(TK_ERR_INVALID,
+                       "checkpoint directory '%s' exists already; a checkpoint is written whole, "
+                       "never over another",
+                       dir);
     json_t *extra = NULL, *st = NULL;
     if (extra_json && !(extra = json_loads(extra_json, JSON_DECODE_ANY, NULL)))
         return tk__err(TK_ERR_INVALID, "tk_train_save: extra_json is not JSON");
@@ -1231,18 +1271,18 @@ int tk_train_save(tk_trainer *t, const char *dir, const char *extra_json)
         rc = tk__err_sys("cannot create the checkpoint directory", tmp);
         goto done;
     }
-#define STEP(expr)                                                                                     \
-    do {                                                                                               \
-        if ((rc = (expr)) != TK_OK)                                                                    \
-            goto undo;                                                                                 \
+#define STEP(expr)                                                                                                     \
+    do {                                                                                                               \
+        if ((rc = (expr)) != TK_OK)                                                                                    \
+            goto undo;                                                                                                 \
     } while (0)
-#define PATH(nm)                                                                                       \
-    do {                                                                                               \
-        free(p);                                                                                       \
-        if (!(p = tk__path_join(tmp, nm))) {                                                           \
-            rc = tk__err(TK_ERR_NOMEM, "out of memory");                                               \
-            goto undo;                                                                                 \
-        }                                                                                              \
+#define PATH(nm)                                                                                                       \
+    do {                                                                                                               \
+        free(p);                                                                                                       \
+        if (!(p = tk__path_join(tmp, nm))) {                                                                           \
+            rc = tk__err(TK_ERR_NOMEM, "out of memory");                                                               \
+            goto undo;                                                                                                 \
+        }                                                                                                              \
     } while (0)
     PATH("model.safetensors");
     STEP(save_weights(t, p, 0));
@@ -1283,6 +1323,42 @@ done:
     return rc;
 }
 
+/* The Adam moments of every trained tensor from the optimiser state's safetensors (parsed: ts). */
+static int load_moments(tk_trainer *t, const tk_st_tensor *ts, size_t nts, const char *op)
+{
+    int rc = TK_OK;
+    for (size_t i = 0; i < t->nhf && rc == TK_OK; i++) {
+        const hf_tensor *h = &t->hf[i];
+        for (int pass = 0; pass < 2 && rc == TK_OK; pass++) {
+            char *nm = tk__fmt("%s.%s", pass ? "exp_avg_sq" : "exp_avg", h->name);
+            const tk_st_tensor *x = NULL;
+            for (size_t k = 0; nm && k < nts; k++)
+                if (!strcmp(ts[k].name, nm))
+                    x = &ts[k];
+            if (!nm)
+                rc = tk__err(TK_ERR_NOMEM, "out of memory");
+            else if (!x)
+                rc = tk__err(TK_ERR_INVALID, "'%s' has no tensor '%s'\nHINT: the state belongs to another model", op,
+                             nm);
+            else if (x->dtype != TK_ST_F32 || (int64_t)(x->end - x->begin) != h->n * 4)
+                rc = tk__err(TK_ERR_INVALID, "'%s': tensor '%s' is %s with %lld bytes, want F32 with %lld", op, nm,
+                             tk_models__st_dtype_name(x->dtype), (long long)(x->end - x->begin), (long long)h->n * 4);
+            else {
+                float *buf = malloc((size_t)h->n * sizeof(float) + 1);
+                if (!buf) {
+                    rc = tk__err(TK_ERR_NOMEM, "out of memory");
+                } else {
+                    memcpy(buf, x->data, (size_t)h->n * sizeof(float));
+                    rc = hf_xfer(t, h, pass ? TK_TRAIN_EXP_AVG_SQ : TK_TRAIN_EXP_AVG, buf, 1);
+                    free(buf);
+                }
+            }
+            free(nm);
+        }
+    }
+    return rc;
+}
+
 int tk_train_resume(tk_trainer *t, const char *dir, char **extra_json)
 {
     if (extra_json)
@@ -1290,7 +1366,8 @@ int tk_train_resume(tk_trainer *t, const char *dir, char **extra_json)
     int rc = check_trainer(t, "tk_train_resume");
     if (rc != TK_OK)
         return rc;
-    char *sp = dir ? tk__path_join(dir, "trainer_state.json") : NULL, *op = dir ? tk__path_join(dir, "optimizer.safetensors") : NULL;
+    char *sp = dir ? tk__path_join(dir, "trainer_state.json") : NULL,
+         *op = dir ? tk__path_join(dir, "optimizer.safetensors") : NULL;
     char *text = NULL, *rd = NULL, *rm = NULL;
     size_t len = 0;
     json_t *st = NULL;
@@ -1304,15 +1381,19 @@ int tk_train_resume(tk_trainer *t, const char *dir, char **extra_json)
         goto done;
     }
     if (!tk__path_exists(sp)) {
-        rc = tk__err(TK_ERR_NOT_FOUND, "'%s' has no trainer_state.json: not a checkpoint tk train wrote\nHINT: "
-                     "resume from a checkpoint directory (tk_train_save)", dir);
+        rc = tk__err(TK_ERR_NOT_FOUND,
+                     "'%s' has no trainer_state.json: not a checkpoint tk train wrote\nHINT: "
+                     "resume from a checkpoint directory (tk_train_save)",
+                     dir);
         goto done;
     }
     rd = realpath(dir, NULL);
     rm = realpath(t->m->dir, NULL);
     if (rd && rm && strcmp(rd, rm)) {
-        rc = tk__err(TK_ERR_INVALID, "the model was loaded from '%s' but the training state is in '%s'\nHINT: load "
-                     "the model from the checkpoint directory you resume", t->m->dir, dir);
+        rc = tk__err(TK_ERR_INVALID,
+                     "the model was loaded from '%s' but the training state is in '%s'\nHINT: load "
+                     "the model from the checkpoint directory you resume",
+                     t->m->dir, dir);
         goto done;
     }
     if ((rc = tk__read_file(&text, &len, sp, 16u << 20)) != TK_OK)
@@ -1347,36 +1428,7 @@ int tk_train_resume(tk_trainer *t, const char *dir, char **extra_json)
     }
     if ((rc = tk_models__st_parse(&ts, &nts, map, maplen, op)) != TK_OK)
         goto done;
-    for (size_t i = 0; i < t->nhf && rc == TK_OK; i++) {
-        const hf_tensor *h = &t->hf[i];
-        for (int pass = 0; pass < 2 && rc == TK_OK; pass++) {
-            char *nm = tk__fmt("%s.%s", pass ? "exp_avg_sq" : "exp_avg", h->name);
-            const tk_st_tensor *x = NULL;
-            for (size_t k = 0; nm && k < nts; k++)
-                if (!strcmp(ts[k].name, nm))
-                    x = &ts[k];
-            if (!nm)
-                rc = tk__err(TK_ERR_NOMEM, "out of memory");
-            else if (!x)
-                rc = tk__err(TK_ERR_INVALID, "'%s' has no tensor '%s'\nHINT: the state belongs to another model", op,
-                             nm);
-            else if (x->dtype != TK_ST_F32 || (int64_t)(x->end - x->begin) != h->n * 4)
-                rc = tk__err(TK_ERR_INVALID, "'%s': tensor '%s' is %s with %lld bytes, want F32 with %lld", op, nm,
-                             tk_models__st_dtype_name(x->dtype), (long long)(x->end - x->begin), (long long)h->n * 4);
-            else {
-                float *buf = malloc((size_t)h->n * sizeof(float) + 1);
-                if (!buf) {
-                    rc = tk__err(TK_ERR_NOMEM, "out of memory");
-                } else {
-                    memcpy(buf, x->data, (size_t)h->n * sizeof(float));
-                    rc = hf_xfer(t, h, pass ? TK_TRAIN_EXP_AVG_SQ : TK_TRAIN_EXP_AVG, buf, 1);
-                    free(buf);
-                }
-            }
-            free(nm);
-        }
-    }
-    if (rc != TK_OK)
+    if ((rc = load_moments(t, ts, nts, op)) != TK_OK)
         goto done;
     for (size_t i = 0; i < t->ntw && rc == TK_OK; i++)
         rc = zero(t->m, t->tw[i].grad.t.data, (size_t)t->tw[i].n * sizeof(float));

@@ -86,8 +86,8 @@ static int check_gated(const tk_op_call *c)
     const tk_tensor *out = c->t[0], *in = c->t[1];
     int64_t last = in->shape[in->ndim - 1];
     if (last % 2)
-        return tk__err(TK_ERR_INVALID, "%s: 'input' has shape %s: its last dimension must be even (2*d)",
-                       c->op->name, tk_ops__shape_fmt(in->ndim, in->shape));
+        return tk__err(TK_ERR_INVALID, "%s: 'input' has shape %s: its last dimension must be even (2*d)", c->op->name,
+                       tk_ops__shape_fmt(in->ndim, in->shape));
     int64_t want[TK_OPS_MAX_RANK];
     for (int32_t k = 0; k < in->ndim; k++)
         want[k] = in->shape[k];
@@ -160,24 +160,56 @@ static int cpu_act(const tk_op_call *c)
 
 /* ---- the table -------------------------------------------------------------------------------- */
 
-#define OUT_GATED                                                                                      \
-    {.name = "out", .kind = TK_ARG_TENSOR, .role = TK_OPS_OUT, .dtypes = TK_OPS_FLOATS, .dtype_like = 1, \
-     .min_rank = 1, .max_rank = -1, .shape = "[..., d]", .doc = "the result"}
-#define IN_GATED                                                                                       \
-    {.name = "input", .kind = TK_ARG_TENSOR, .role = TK_OPS_IN, .dtypes = TK_OPS_FLOATS, .dtype_like = -1, \
-     .min_rank = 1, .max_rank = -1, .shape = "[..., 2*d]", .doc = "the two halves x[..., :d] and x[..., d:]"}
-#define OUT_PLAIN                                                                                      \
-    {.name = "out", .kind = TK_ARG_TENSOR, .role = TK_OPS_OUT, .dtypes = TK_OPS_FLOATS, .dtype_like = 1, \
-     .min_rank = 0, .max_rank = -1, .shape = "[...]", .doc = "the result (may be 'input' itself)"}
-#define IN_PLAIN                                                                                       \
-    {.name = "input", .kind = TK_ARG_TENSOR, .role = TK_OPS_IN, .dtypes = TK_OPS_FLOATS, .dtype_like = -1, \
-     .min_rank = 0, .max_rank = -1, .shape = "[...]", .doc = "x"}
+#define OUT_GATED                                                                                                      \
+    {.name = "out",                                                                                                    \
+     .kind = TK_ARG_TENSOR,                                                                                            \
+     .role = TK_OPS_OUT,                                                                                               \
+     .dtypes = TK_OPS_FLOATS,                                                                                          \
+     .dtype_like = 1,                                                                                                  \
+     .min_rank = 1,                                                                                                    \
+     .max_rank = -1,                                                                                                   \
+     .shape = "[..., d]",                                                                                              \
+     .doc = "the result"}
+#define IN_GATED                                                                                                       \
+    {.name = "input",                                                                                                  \
+     .kind = TK_ARG_TENSOR,                                                                                            \
+     .role = TK_OPS_IN,                                                                                                \
+     .dtypes = TK_OPS_FLOATS,                                                                                          \
+     .dtype_like = -1,                                                                                                 \
+     .min_rank = 1,                                                                                                    \
+     .max_rank = -1,                                                                                                   \
+     .shape = "[..., 2*d]",                                                                                            \
+     .doc = "the two halves x[..., :d] and x[..., d:]"}
+#define OUT_PLAIN                                                                                                      \
+    {.name = "out",                                                                                                    \
+     .kind = TK_ARG_TENSOR,                                                                                            \
+     .role = TK_OPS_OUT,                                                                                               \
+     .dtypes = TK_OPS_FLOATS,                                                                                          \
+     .dtype_like = 1,                                                                                                  \
+     .min_rank = 0,                                                                                                    \
+     .max_rank = -1,                                                                                                   \
+     .shape = "[...]",                                                                                                 \
+     .doc = "the result (may be 'input' itself)"}
+#define IN_PLAIN                                                                                                       \
+    {.name = "input",                                                                                                  \
+     .kind = TK_ARG_TENSOR,                                                                                            \
+     .role = TK_OPS_IN,                                                                                                \
+     .dtypes = TK_OPS_FLOATS,                                                                                          \
+     .dtype_like = -1,                                                                                                 \
+     .min_rank = 0,                                                                                                    \
+     .max_rank = -1,                                                                                                   \
+     .shape = "[...]",                                                                                                 \
+     .doc = "x"}
 
 static const tk_op_param gated_params[] = {OUT_GATED, IN_GATED};
 static const tk_op_param fatrelu_params[] = {
     OUT_GATED,
     IN_GATED,
-    {.name = "threshold", .kind = TK_ARG_F64, .optional = 1, .def = 0.0, .dtype_like = -1,
+    {.name = "threshold",
+     .kind = TK_ARG_F64,
+     .optional = 1,
+     .def = 0.0,
+     .dtype_like = -1,
      .doc = "x[..., :d] values not above it become 0 (rounded to f32)"},
 };
 static const tk_op_param plain_params[] = {OUT_PLAIN, IN_PLAIN};
@@ -195,19 +227,17 @@ static const act_info a_gelu_fast = {gelu_fast, 0, 0, -1};
 static const act_info a_gelu_quick = {gelu_quick, 0, 0, -1};
 
 #define PKG "kernels-community/activation"
-#define GATED(nm, summ, params, info)                                                                  \
+#define GATED(nm, summ, params, info)                                                                                  \
     {nm, "activation", summ, params, sizeof params / sizeof params[0], check_gated, cpu_act, &info, PKG}
-#define PLAIN(nm, summ, info)                                                                          \
+#define PLAIN(nm, summ, info)                                                                                          \
     {nm, "activation", summ, plain_params, 2, tk_ops__check_out_like_input, cpu_act, &info, PKG}
 
 const tk_op_desc tk_ops__activation[] = {
     GATED("silu_and_mul", "out = silu(x[..., :d]) * x[..., d:]  (SwiGLU)", gated_params, a_silu_and_mul),
     GATED("mul_and_silu", "out = x[..., :d] * silu(x[..., d:])", gated_params, a_mul_and_silu),
-    GATED("gelu_and_mul", "out = gelu(x[..., :d]) * x[..., d:]  (GeGLU, erf gelu)", gated_params,
-          a_gelu_and_mul),
+    GATED("gelu_and_mul", "out = gelu(x[..., :d]) * x[..., d:]  (GeGLU, erf gelu)", gated_params, a_gelu_and_mul),
     GATED("gelu_tanh_and_mul", "out = gelu_tanh(x[..., :d]) * x[..., d:]", gated_params, a_gelu_tanh_and_mul),
-    GATED("fatrelu_and_mul", "out = (x > threshold ? x : 0)[..., :d] * x[..., d:]", fatrelu_params,
-          a_fatrelu_and_mul),
+    GATED("fatrelu_and_mul", "out = (x > threshold ? x : 0)[..., :d] * x[..., d:]", fatrelu_params, a_fatrelu_and_mul),
     PLAIN("gelu", "out = 0.5 x (1 + erf(x / sqrt 2))", a_gelu),
     PLAIN("gelu_tanh", "out = 0.5 x (1 + tanh(sqrt(2/pi) (x + 0.044715 x^3)))", a_gelu_tanh),
     PLAIN("silu", "out = x / (1 + exp(-x))", a_silu),

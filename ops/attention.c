@@ -44,8 +44,24 @@
 /* Parameter indices, in table order. */
 enum { A_OUT, A_Q, A_K, A_V, A_LSE, A_CUQ, A_CUK, A_MAXQ, A_ALIBI, A_SCALE, A_CAUSAL, A_WL, A_WR, A_SOFTCAP };
 enum {
-    B_DQ, B_DK, B_DV, B_DOUT, B_Q, B_K, B_V, B_OUT, B_LSE, B_ALIBI, B_SCALE, B_CAUSAL, B_WL, B_WR, B_SOFTCAP, B_CUQ,
-    B_CUK, B_MAXQ
+    B_DQ,
+    B_DK,
+    B_DV,
+    B_DOUT,
+    B_Q,
+    B_K,
+    B_V,
+    B_OUT,
+    B_LSE,
+    B_ALIBI,
+    B_SCALE,
+    B_CAUSAL,
+    B_WL,
+    B_WR,
+    B_SOFTCAP,
+    B_CUQ,
+    B_CUK,
+    B_MAXQ
 };
 enum { D_OUT, D_Q, D_KC, D_VC, D_BT, D_SL, D_LSE, D_KS, D_VS, D_ALIBI, D_SCALE, D_WL, D_SOFTCAP };
 enum { P_KC, P_VC, P_K, P_V, P_SLOTS, P_KS, P_VS };
@@ -116,13 +132,11 @@ static int check_heads(const tk_op_call *c, int iq, int ik)
     const tk_tensor *q = c->t[iq], *k = c->t[ik];
     int64_t hq = q->shape[2], d = q->shape[3], hkv = k->shape[2];
     if (d < 1 || d > MAX_D)
-        return tk__err(TK_ERR_INVALID,
-                       "%s: '%s' has shape %s: head dim %lld, want 1 to %d",
-                       c->op->name, pname(c, iq), shp(q), (long long)d, MAX_D);
+        return tk__err(TK_ERR_INVALID, "%s: '%s' has shape %s: head dim %lld, want 1 to %d", c->op->name, pname(c, iq),
+                       shp(q), (long long)d, MAX_D);
     if (k->shape[3] != d)
         return tk__err(TK_ERR_INVALID, "%s: '%s' has shape %s: head dim %lld, want %lld (the head dim of '%s' %s)",
-                       c->op->name, pname(c, ik), shp(k), (long long)k->shape[3], (long long)d, pname(c, iq),
-                       shp(q));
+                       c->op->name, pname(c, ik), shp(k), (long long)k->shape[3], (long long)d, pname(c, iq), shp(q));
     if (hkv < 1)
         return tk__err(TK_ERR_INVALID, "%s: '%s' has shape %s: %lld kv heads, want at least 1", c->op->name,
                        pname(c, ik), shp(k), (long long)hkv);
@@ -150,7 +164,8 @@ static int check_table(const tk_op_call *c, int ibt, int isl, int64_t b, int iq)
 {
     const tk_tensor *bt = c->t[ibt];
     if (bt->shape[0] != b)
-        return tk__err(TK_ERR_INVALID, "%s: '%s' has shape %s, want [%lld, max_blocks_per_seq] (one row per "
+        return tk__err(TK_ERR_INVALID,
+                       "%s: '%s' has shape %s, want [%lld, max_blocks_per_seq] (one row per "
                        "sequence of '%s' %s)",
                        c->op->name, pname(c, ibt), shp(bt), (long long)b, pname(c, iq), shp(c->t[iq]));
     int64_t w[1] = {b};
@@ -204,8 +219,8 @@ static int check_varlen(const tk_op_call *c, int icq, int ick, int imaxq, int iq
         return tk__err(TK_ERR_INVALID, "%s: 'max_seqlen_q' is %lld, want >= 0", op, (long long)c->i[imaxq]);
     if (cq) {
         if (cq->shape[0] < 1)
-            return tk__err(TK_ERR_INVALID, "%s: 'cu_seqlens_q' has shape %s, want [nseq + 1] (at least 1 element)",
-                           op, shp(cq));
+            return tk__err(TK_ERR_INVALID, "%s: 'cu_seqlens_q' has shape %s, want [nseq + 1] (at least 1 element)", op,
+                           shp(cq));
         if ((rc = want_shape(c, ick, 1, cq->shape, "the shape of 'cu_seqlens_q': nseq + 1")) != TK_OK)
             return rc;
         if (b != 1)
@@ -290,11 +305,12 @@ static int check_decode(const tk_op_call *c)
     if (rc != TK_OK)
         return rc;
     if (sq < 1 || sq > MAX_DECODE_SQ)
-        return tk__err(TK_ERR_INVALID, "%s: 'q' has shape %s: %lld new tokens per sequence, want 1 to %d",
-                       c->op->name, shp(q), (long long)sq, MAX_DECODE_SQ);
+        return tk__err(TK_ERR_INVALID, "%s: 'q' has shape %s: %lld new tokens per sequence, want 1 to %d", c->op->name,
+                       shp(q), (long long)sq, MAX_DECODE_SQ);
     if ((rc = check_heads(c, D_Q, D_KC)) != TK_OK || (rc = check_block_size(c, D_KC)) != TK_OK ||
         (rc = want_shape(c, D_VC, 4, c->t[D_KC]->shape, "the shape of 'k_cache'")) != TK_OK ||
-        (rc = check_cache_dtype(c, D_KC, D_Q, D_KS, D_VS)) != TK_OK || (rc = check_table(c, D_BT, D_SL, b, D_Q)) != TK_OK)
+        (rc = check_cache_dtype(c, D_KC, D_Q, D_KS, D_VS)) != TK_OK ||
+        (rc = check_table(c, D_BT, D_SL, b, D_Q)) != TK_OK)
         return rc;
     int64_t wl[3] = {b, hq, sq}, wa[1] = {hq};
     if ((rc = want_shape_opt(c, D_LSE, 3, wl, "[B, Hq, Sq] of 'q'")) != TK_OK ||
@@ -411,9 +427,9 @@ typedef void (*fetch_fn)(const void *src, int64_t j0, int64_t n, const float **k
 
 /* One query over its visible keys [lo, hi] with the online softmax, CHUNK keys (at most `chunk`) at a
  * time. Writes dv outputs (0 when no key is visible) and *lse (-inf then); NaN scores give NaN. */
-static void attend(float *out, float *lse, const float *q, int64_t dk, int64_t dv, int64_t p, int64_t lo,
-                   int64_t hi, double slope, const mask_t *m, fetch_fn fetch, const void *src, int64_t chunk,
-                   double *acc, float *kbuf, float *vbuf)
+static void attend(float *out, float *lse, const float *q, int64_t dk, int64_t dv, int64_t p, int64_t lo, int64_t hi,
+                   double slope, const mask_t *m, fetch_fn fetch, const void *src, int64_t chunk, double *acc,
+                   float *kbuf, float *vbuf)
 {
     const float *kr[CHUNK], *vr[CHUNK];
     double s[CHUNK], mx = -INFINITY, l = 0;
@@ -557,8 +573,8 @@ static void fwd_range(void *arg, int64_t lo, int64_t hi)
         key_range(&j->m, p, nk, &klo, &khi);
         dense_src src = {j->k + (j->k0[s] * j->hkv + hk) * d, j->v + (j->k0[s] * j->hkv + hk) * d, j->hkv * d};
         float lse;
-        attend(o, &lse, j->q + (r * j->hq + h) * d, d, d, p, klo, khi, j->alibi ? j->alibi[h] : 0.0, &j->m,
-               dense_fetch, &src, CHUNK, acc, NULL, NULL);
+        attend(o, &lse, j->q + (r * j->hq + h) * d, d, d, p, klo, khi, j->alibi ? j->alibi[h] : 0.0, &j->m, dense_fetch,
+               &src, CHUNK, acc, NULL, NULL);
         tk_ops__store_f32(tk_ops__base(j->out), (r * j->hq + h) * d, 1, o, d, j->out->dtype);
         if (j->lse)
             j->lse[((r / j->sq) * j->hq + h) * j->sq + r % j->sq] = lse;
@@ -575,16 +591,18 @@ static int read_cu(const tk_op_call *c, int icu, int64_t total, int64_t maxlen, 
         dst[s] = cu[s];
         if (cu[s] < 0 || cu[s] > total)
             return tk__err(TK_ERR_INVALID, "%s: '%s'[%lld] is %d, want 0 to %lld (the rows of '%s')", c->op->name,
-                           pname(c, icu), (long long)s, (int)cu[s], (long long)total, icu == A_CUQ || icu == B_CUQ ? "q" : "k");
+                           pname(c, icu), (long long)s, (int)cu[s], (long long)total,
+                           icu == A_CUQ || icu == B_CUQ ? "q" : "k");
         if (s > 0 && cu[s] < cu[s - 1])
-            return tk__err(TK_ERR_INVALID, "%s: '%s'[%lld] is %d, less than '%s'[%lld] = %d: want non-decreasing offsets",
-                           c->op->name, pname(c, icu), (long long)s, (int)cu[s], pname(c, icu), (long long)(s - 1),
-                           (int)cu[s - 1]);
-        if (s > 0 && maxlen > 0 && cu[s] - cu[s - 1] > maxlen)
             return tk__err(TK_ERR_INVALID,
-                           "%s: sequence %lld has %d queries ('%s'[%lld] - '%s'[%lld]), more than 'max_seqlen_q' = %lld",
-                           c->op->name, (long long)(s - 1), (int)(cu[s] - cu[s - 1]), pname(c, icu), (long long)s,
-                           pname(c, icu), (long long)(s - 1), (long long)maxlen);
+                           "%s: '%s'[%lld] is %d, less than '%s'[%lld] = %d: want non-decreasing offsets", c->op->name,
+                           pname(c, icu), (long long)s, (int)cu[s], pname(c, icu), (long long)(s - 1), (int)cu[s - 1]);
+        if (s > 0 && maxlen > 0 && cu[s] - cu[s - 1] > maxlen)
+            return tk__err(
+                TK_ERR_INVALID,
+                "%s: sequence %lld has %d queries ('%s'[%lld] - '%s'[%lld]), more than 'max_seqlen_q' = %lld",
+                c->op->name, (long long)(s - 1), (int)(cu[s] - cu[s - 1]), pname(c, icu), (long long)s, pname(c, icu),
+                (long long)(s - 1), (long long)maxlen);
     }
     return TK_OK;
 }
@@ -616,7 +634,14 @@ static int cpu_attention(const tk_op_call *c)
                  as_f32(k, &ok),
                  as_f32(c->t[A_V], &ov),
                  c->t[A_ALIBI] ? tk_ops__base(c->t[A_ALIBI]) : NULL,
-                 sq, hq, k->shape[2], d, nseq, b * sq, q0, k0};
+                 sq,
+                 hq,
+                 k->shape[2],
+                 d,
+                 nseq,
+                 b * sq,
+                 q0,
+                 k0};
     if (!j.q || !j.k || !j.v) {
         rc = nomem(c);
         goto done;
@@ -659,7 +684,10 @@ static int64_t seq_in(const int64_t *starts, int64_t nseq, int64_t r)
     return r < starts[lo + 1] ? lo : -1;
 }
 
-static int64_t lse_index(const bwd_job *j, int64_t row, int64_t h) { return ((row / j->sq) * j->hq + h) * j->sq + row % j->sq; }
+static int64_t lse_index(const bwd_job *j, int64_t row, int64_t h)
+{
+    return ((row / j->sq) * j->hq + h) * j->sq + row % j->sq;
+}
 
 /* Items are rows (row, h) of q: D_i = dout_i . out_i. */
 static void bwd_di_range(void *arg, int64_t lo, int64_t hi)
@@ -755,8 +783,7 @@ static void bwd_dkv_range(void *arg, int64_t lo, int64_t hi)
 static int cpu_backward(const tk_op_call *c)
 {
     const tk_tensor *q = c->t[B_Q], *k = c->t[B_K];
-    int64_t b = q->shape[0], sq = q->shape[1], hq = q->shape[2], d = q->shape[3], sk = k->shape[1],
-            hkv = k->shape[2];
+    int64_t b = q->shape[0], sq = q->shape[1], hq = q->shape[2], d = q->shape[3], sk = k->shape[1], hkv = k->shape[2];
     int64_t nseq = c->t[B_CUQ] ? c->t[B_CUQ]->shape[0] - 1 : b;
     float *own[5] = {NULL};
     int rc = TK_OK;
@@ -773,7 +800,15 @@ static int cpu_backward(const tk_op_call *c)
                  tk_ops__base(c->t[B_LSE]),
                  c->t[B_ALIBI] ? tk_ops__base(c->t[B_ALIBI]) : NULL,
                  malloc(sizeof(double) * (size_t)(b * hq * sq > 0 ? b * hq * sq : 1)),
-                 b, sq, sk, hq, hkv, d, nseq, starts, starts ? starts + nseq + 1 : NULL};
+                 b,
+                 sq,
+                 sk,
+                 hq,
+                 hkv,
+                 d,
+                 nseq,
+                 starts,
+                 starts ? starts + nseq + 1 : NULL};
     if (!j.q || !j.k || !j.v || !j.dout || !j.out || !j.di || !starts) {
         rc = nomem(c);
         goto done;
@@ -815,8 +850,8 @@ static int check_pages(const tk_op_call *c, int ibt, int isl, const tk_tensor *c
             return tk__err(TK_ERR_INVALID,
                            "%s: 'seq_lens'[%lld] is %d, want 0 to %lld (max_blocks_per_seq %lld * block_size %lld "
                            "of 'block_table' %s and '%s' %s)",
-                           c->op->name, (long long)s, (int)lens[s], (long long)(mb * bs), (long long)mb,
-                           (long long)bs, shp(bt), c->op->params[ibt == D_BT ? D_KC : M_KV].name, shp(cache));
+                           c->op->name, (long long)s, (int)lens[s], (long long)(mb * bs), (long long)mb, (long long)bs,
+                           shp(bt), c->op->params[ibt == D_BT ? D_KC : M_KV].name, shp(cache));
         for (int64_t lb = 0; lb * bs < lens[s]; lb++) {
             int32_t id = tab[s * mb + lb];
             if (id < 0 || id >= nb)
@@ -850,8 +885,8 @@ typedef struct {
 } paged_src;
 
 /* Loads rows j0..j0+n-1 of head hk of a paged cache (dequantised) into buf, pointing rows[t] at them. */
-static void load_paged(const dec_job *j, const tk_tensor *cache, const float *scales, const int32_t *tab,
-                       int64_t hk, int64_t j0, int64_t n, const float **rows, float *buf)
+static void load_paged(const dec_job *j, const tk_tensor *cache, const float *scales, const int32_t *tab, int64_t hk,
+                       int64_t j0, int64_t n, const float **rows, float *buf)
 {
     float sc = scales ? scales[hk] : 1.0f;
     for (int64_t t = 0; t < n; t++) {
@@ -888,8 +923,8 @@ static void dec_range(void *arg, int64_t lo, int64_t hi)
         tk_ops__load_f32(qf, j->q, row * d, 1, d, j->qdt);
         paged_src src = {j, j->tab + b * j->mb, h / g};
         float lse;
-        attend(o, &lse, qf, d, d, p, klo, khi, j->alibi ? j->alibi[h] : 0.0, &j->m, paged_fetch, &src, chunk, acc,
-               kbuf, vbuf);
+        attend(o, &lse, qf, d, d, p, klo, khi, j->alibi ? j->alibi[h] : 0.0, &j->m, paged_fetch, &src, chunk, acc, kbuf,
+               vbuf);
         tk_ops__store_f32(tk_ops__base(j->out), row * d, 1, o, d, j->out->dtype);
         if (j->lse)
             j->lse[it] = lse; /* [B, Hq, Sq] is the item order */
@@ -915,7 +950,12 @@ static int cpu_decode(const tk_op_call *c)
                  tk_ops__base(c->t[D_SL]),
                  tk_ops__base(q),
                  q->dtype,
-                 sq, hq, kc->shape[2], d, kc->shape[1], c->t[D_BT]->shape[1]};
+                 sq,
+                 hq,
+                 kc->shape[2],
+                 d,
+                 kc->shape[1],
+                 c->t[D_BT]->shape[1]};
     int64_t keys = 0;
     for (int64_t s = 0; s < b; s++)
         keys += j.lens[s];
@@ -1010,8 +1050,8 @@ static int cpu_append(const tk_op_call *c)
             return tk__err(TK_ERR_INVALID,
                            "%s: 'slot_mapping'[%lld] is %lld, want a slot below %lld (num_blocks %lld * block_size "
                            "%lld of 'k_cache' %s), or negative to skip the token",
-                           c->op->name, (long long)t, (long long)slots[t], (long long)nslots,
-                           (long long)kc->shape[0], (long long)kc->shape[1], shp(kc));
+                           c->op->name, (long long)t, (long long)slots[t], (long long)nslots, (long long)kc->shape[0],
+                           (long long)kc->shape[1], shp(kc));
         }
         if (slots[t] >= 0)
             st[m++] = (slot_tok){slots[t], t};
@@ -1026,8 +1066,15 @@ static int cpu_append(const tk_op_call *c)
             return rc;
         }
     free(st);
-    app_job j = {kc,     c->t[P_VC], k, c->t[P_V], slots, c->t[P_KS] ? tk_ops__base(c->t[P_KS]) : NULL,
-                 c->t[P_VS] ? tk_ops__base(c->t[P_VS]) : NULL, k->shape[1], k->shape[2]};
+    app_job j = {kc,
+                 c->t[P_VC],
+                 k,
+                 c->t[P_V],
+                 slots,
+                 c->t[P_KS] ? tk_ops__base(c->t[P_KS]) : NULL,
+                 c->t[P_VS] ? tk_ops__base(c->t[P_VS]) : NULL,
+                 k->shape[1],
+                 k->shape[2]};
     tk_ops__parallel(n, j.hkv * j.d * 4, app_range, &j);
     return TK_OK;
 }
@@ -1096,7 +1143,11 @@ static int cpu_mla(const tk_op_call *c)
                  c->t[M_LSE] ? tk_ops__base(c->t[M_LSE]) : NULL,
                  tk_ops__base(c->t[M_BT]),
                  tk_ops__base(c->t[M_SL]),
-                 hq, r, p, kv->shape[1], c->t[M_BT]->shape[1]};
+                 hq,
+                 r,
+                 p,
+                 kv->shape[1],
+                 c->t[M_BT]->shape[1]};
     int64_t keys = 0;
     for (int64_t s = 0; s < b; s++)
         keys += j.lens[s];
@@ -1106,25 +1157,52 @@ static int cpu_mla(const tk_op_call *c)
 
 /* ---- the table -------------------------------------------------------------------------------- */
 
-#define T_IN(nm, rank, like, shape_, doc_)                                                             \
-    {.name = nm, .kind = TK_ARG_TENSOR, .role = TK_OPS_IN, .dtypes = TK_OPS_FLOATS, .dtype_like = like, \
-     .min_rank = rank, .max_rank = rank, .shape = shape_, .doc = doc_}
-#define T_OUT(nm, rank, like, shape_, doc_)                                                            \
-    {.name = nm, .kind = TK_ARG_TENSOR, .role = TK_OPS_OUT, .dtypes = TK_OPS_FLOATS, .dtype_like = like, \
-     .min_rank = rank, .max_rank = rank, .shape = shape_, .doc = doc_}
-#define T_OPT(nm, role_, bits, rank, shape_, doc_)                                                     \
-    {.name = nm, .kind = TK_ARG_TENSOR, .role = role_, .dtypes = bits, .dtype_like = -1, .min_rank = rank, \
-     .max_rank = rank, .shape = shape_, .optional = 1, .doc = doc_}
-#define T_REQ(nm, bits, rank, shape_, doc_)                                                            \
-    {.name = nm, .kind = TK_ARG_TENSOR, .role = TK_OPS_IN, .dtypes = bits, .dtype_like = -1, .min_rank = rank, \
-     .max_rank = rank, .shape = shape_, .doc = doc_}
-#define S_F(nm, def_, doc_)                                                                            \
-    {.name = nm, .kind = TK_ARG_F64, .optional = 1, .def = def_, .dtype_like = -1, .doc = doc_}
-#define S_I(nm, def_, doc_)                                                                            \
-    {.name = nm, .kind = TK_ARG_I64, .optional = 1, .def = def_, .dtype_like = -1, .doc = doc_}
+#define T_IN(nm, rank, like, shape_, doc_)                                                                             \
+    {.name = nm,                                                                                                       \
+     .kind = TK_ARG_TENSOR,                                                                                            \
+     .role = TK_OPS_IN,                                                                                                \
+     .dtypes = TK_OPS_FLOATS,                                                                                          \
+     .dtype_like = like,                                                                                               \
+     .min_rank = rank,                                                                                                 \
+     .max_rank = rank,                                                                                                 \
+     .shape = shape_,                                                                                                  \
+     .doc = doc_}
+#define T_OUT(nm, rank, like, shape_, doc_)                                                                            \
+    {.name = nm,                                                                                                       \
+     .kind = TK_ARG_TENSOR,                                                                                            \
+     .role = TK_OPS_OUT,                                                                                               \
+     .dtypes = TK_OPS_FLOATS,                                                                                          \
+     .dtype_like = like,                                                                                               \
+     .min_rank = rank,                                                                                                 \
+     .max_rank = rank,                                                                                                 \
+     .shape = shape_,                                                                                                  \
+     .doc = doc_}
+#define T_OPT(nm, role_, bits, rank, shape_, doc_)                                                                     \
+    {.name = nm,                                                                                                       \
+     .kind = TK_ARG_TENSOR,                                                                                            \
+     .role = role_,                                                                                                    \
+     .dtypes = bits,                                                                                                   \
+     .dtype_like = -1,                                                                                                 \
+     .min_rank = rank,                                                                                                 \
+     .max_rank = rank,                                                                                                 \
+     .shape = shape_,                                                                                                  \
+     .optional = 1,                                                                                                    \
+     .doc = doc_}
+#define T_REQ(nm, bits, rank, shape_, doc_)                                                                            \
+    {.name = nm,                                                                                                       \
+     .kind = TK_ARG_TENSOR,                                                                                            \
+     .role = TK_OPS_IN,                                                                                                \
+     .dtypes = bits,                                                                                                   \
+     .dtype_like = -1,                                                                                                 \
+     .min_rank = rank,                                                                                                 \
+     .max_rank = rank,                                                                                                 \
+     .shape = shape_,                                                                                                  \
+     .doc = doc_}
+#define S_F(nm, def_, doc_) {.name = nm, .kind = TK_ARG_F64, .optional = 1, .def = def_, .dtype_like = -1, .doc = doc_}
+#define S_I(nm, def_, doc_) {.name = nm, .kind = TK_ARG_I64, .optional = 1, .def = def_, .dtype_like = -1, .doc = doc_}
 
-#define LSE_OUT(rank, shape_)                                                                          \
-    T_OPT("lse", TK_OPS_OUT, TK_OPS_F32, rank, shape_,                                                 \
+#define LSE_OUT(rank, shape_)                                                                                          \
+    T_OPT("lse", TK_OPS_OUT, TK_OPS_F32, rank, shape_,                                                                 \
           "log of the sum of exp of the scaled, masked scores; -inf for a row that sees no key")
 #define ALIBI T_OPT("alibi_slopes", TK_OPS_IN, TK_OPS_F32, 1, "[Hq]", "score += -slope[h] * |p_i - j|")
 #define SCALE S_F("scale", 0, "score = scale * q.k; 0: 1/sqrt(D)")
@@ -1176,13 +1254,25 @@ static const tk_op_param bwd_params[] = {
 static const tk_op_param dec_params[] = {
     T_OUT("out", 4, 1, "[B, Sq, Hq, D]", "softmax(scores) @ v per new query"),
     T_IN("q", 4, -1, "[B, Sq, Hq, D]", "the Sq = 1..16 new queries of each sequence"),
-    {.name = "k_cache", .kind = TK_ARG_TENSOR, .role = TK_OPS_IN, .dtypes = CACHE_BITS, .dtype_like = -1,
-     .min_rank = 4, .max_rank = 4, .shape = "[num_blocks, block_size, Hkv, D]",
+    {.name = "k_cache",
+     .kind = TK_ARG_TENSOR,
+     .role = TK_OPS_IN,
+     .dtypes = CACHE_BITS,
+     .dtype_like = -1,
+     .min_rank = 4,
+     .max_rank = 4,
+     .shape = "[num_blocks, block_size, Hkv, D]",
      .doc = "paged keys: the dtype of q (f16/bf16 also under f32 q), or i8 / fp8_e4m3 (value = stored * k_scale[h])"},
-    {.name = "v_cache", .kind = TK_ARG_TENSOR, .role = TK_OPS_IN, .dtypes = CACHE_BITS, .dtype_like = 2,
-     .min_rank = 4, .max_rank = 4, .shape = "[num_blocks, block_size, Hkv, D]", .doc = "paged values"},
-    T_REQ("block_table", TK_OPS_I32, 2, "[B, max_blocks_per_seq]",
-          "physical block of logical block b of sequence s"),
+    {.name = "v_cache",
+     .kind = TK_ARG_TENSOR,
+     .role = TK_OPS_IN,
+     .dtypes = CACHE_BITS,
+     .dtype_like = 2,
+     .min_rank = 4,
+     .max_rank = 4,
+     .shape = "[num_blocks, block_size, Hkv, D]",
+     .doc = "paged values"},
+    T_REQ("block_table", TK_OPS_I32, 2, "[B, max_blocks_per_seq]", "physical block of logical block b of sequence s"),
     T_REQ("seq_lens", TK_OPS_I32, 1, "[B]", "keys of each sequence, the new tokens included"),
     LSE_OUT(3, "[B, Hq, Sq]"),
     T_OPT("k_scale", TK_OPS_IN, TK_OPS_F32, 1, "[Hkv]", "per kv head; required for i8 / fp8_e4m3 caches"),
@@ -1194,12 +1284,25 @@ static const tk_op_param dec_params[] = {
 };
 
 static const tk_op_param app_params[] = {
-    {.name = "k_cache", .kind = TK_ARG_TENSOR, .role = TK_OPS_OUT, .dtypes = CACHE_BITS, .dtype_like = -1,
-     .min_rank = 4, .max_rank = 4, .shape = "[num_blocks, block_size, Hkv, D]",
+    {.name = "k_cache",
+     .kind = TK_ARG_TENSOR,
+     .role = TK_OPS_OUT,
+     .dtypes = CACHE_BITS,
+     .dtype_like = -1,
+     .min_rank = 4,
+     .max_rank = 4,
+     .shape = "[num_blocks, block_size, Hkv, D]",
      .doc = "paged keys: the dtype of k (f16/bf16 also under f32 k: rounded), or i8 / fp8_e4m3 (stored = x / "
             "k_scale[h], rounded, saturated)"},
-    {.name = "v_cache", .kind = TK_ARG_TENSOR, .role = TK_OPS_OUT, .dtypes = CACHE_BITS, .dtype_like = 0,
-     .min_rank = 4, .max_rank = 4, .shape = "[num_blocks, block_size, Hkv, D]", .doc = "paged values"},
+    {.name = "v_cache",
+     .kind = TK_ARG_TENSOR,
+     .role = TK_OPS_OUT,
+     .dtypes = CACHE_BITS,
+     .dtype_like = 0,
+     .min_rank = 4,
+     .max_rank = 4,
+     .shape = "[num_blocks, block_size, Hkv, D]",
+     .doc = "paged values"},
     T_IN("k", 3, -1, "[N, Hkv, D]", "the new tokens' keys"),
     T_IN("v", 3, 2, "[N, Hkv, D]", "the new tokens' values"),
     T_REQ("slot_mapping", TK_OPS_I64, 1, "[N]", "slot = block * block_size + offset; negative: skip the token"),
@@ -1212,8 +1315,7 @@ static const tk_op_param mla_params[] = {
     T_IN("q_nope", 3, -1, "[B, Hq, R]", "the query already multiplied by W_UK (absorbed)"),
     T_IN("q_pe", 3, 1, "[B, Hq, P]", "the rope part of the query"),
     T_IN("kv_cache", 3, 1, "[num_blocks, block_size, R+P]", "per token: the latent c_kv (R) then k_pe (P)"),
-    T_REQ("block_table", TK_OPS_I32, 2, "[B, max_blocks_per_seq]",
-          "physical block of logical block b of sequence s"),
+    T_REQ("block_table", TK_OPS_I32, 2, "[B, max_blocks_per_seq]", "physical block of logical block b of sequence s"),
     T_REQ("seq_lens", TK_OPS_I32, 1, "[B]", "keys of each sequence"),
     LSE_OUT(2, "[B, Hq]"),
     S_F("scale", 0, "score = scale * (q_nope.c_kv + q_pe.k_pe); 0: 1/sqrt(R + P)"),
@@ -1229,10 +1331,10 @@ const tk_op_desc tk_ops__attention[] = {
     {"attention_backward", "attention", "dq, dk, dv of attention from dout, out and the forward's lse", bwd_params,
      N(bwd_params), check_backward, cpu_backward, NULL, PKG},
     {"attention_decode", "attention",
-     "1..16 new queries per sequence over a paged KV cache (f16/bf16/f32, i8 or fp8 with per-head scales)",
-     dec_params, N(dec_params), check_decode, cpu_decode, NULL, PKG},
-    {"paged_kv_append", "attention", "k_cache/v_cache[slot_mapping[t]] = k[t], v[t] (quantised for i8/fp8)",
-     app_params, N(app_params), check_append, cpu_append, NULL, PKG},
+     "1..16 new queries per sequence over a paged KV cache (f16/bf16/f32, i8 or fp8 with per-head scales)", dec_params,
+     N(dec_params), check_decode, cpu_decode, NULL, PKG},
+    {"paged_kv_append", "attention", "k_cache/v_cache[slot_mapping[t]] = k[t], v[t] (quantised for i8/fp8)", app_params,
+     N(app_params), check_append, cpu_append, NULL, PKG},
     {"mla_decode", "attention",
      "DeepSeek MLA decode, absorbed: out = softmax(scale * (q_nope c_kv + q_pe k_pe)) c_kv over a paged cache",
      mla_params, N(mla_params), check_mla, cpu_mla, NULL, PKG},

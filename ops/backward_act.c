@@ -45,7 +45,10 @@ static double silu_d(double x)
     return s * (1.0 + x * (1.0 - s));
 }
 static double gelu_f(double x) { return 0.5 * x * (1.0 + erf(x * M_SQRT1_2)); }
-static double gelu_d(double x) { return 0.5 * (1.0 + erf(x * M_SQRT1_2)) + x * exp(-0.5 * x * x) * (0.5 * M_2_SQRTPI * M_SQRT1_2); }
+static double gelu_d(double x)
+{
+    return 0.5 * (1.0 + erf(x * M_SQRT1_2)) + x * exp(-0.5 * x * x) * (0.5 * M_2_SQRTPI * M_SQRT1_2);
+}
 static double tanh_form_f(double x, double c) { return 0.5 * x * (1.0 + tanh(c * (x + KAPPA * x * x * x))); }
 static double tanh_form_d(double x, double c)
 {
@@ -104,12 +107,16 @@ static int check_gated(const tk_op_call *c)
     for (int32_t k = 0; same && k < x->ndim; k++)
         same = go->shape[k] == want[k];
     if (!same)
-        return tk__err(TK_ERR_INVALID, "%s: 'grad_out' has shape %s, want %s (the forward's out: input %s halves its "
-                       "last dimension)", c->op->name, tk_ops__shape_fmt(go->ndim, go->shape),
-                       tk_ops__shape_fmt(x->ndim, want), tk_ops__shape_fmt(x->ndim, x->shape));
+        return tk__err(TK_ERR_INVALID,
+                       "%s: 'grad_out' has shape %s, want %s (the forward's out: input %s halves its "
+                       "last dimension)",
+                       c->op->name, tk_ops__shape_fmt(go->ndim, go->shape), tk_ops__shape_fmt(x->ndim, want),
+                       tk_ops__shape_fmt(x->ndim, x->shape));
     if (tk_ops__base(gi) == tk_ops__base(go) && tk_ops__numel(go) > 0)
-        return tk__err(TK_ERR_INVALID, "%s: 'grad_input' and 'grad_out' start at the same address: a gated backward "
-                       "cannot run in place (grad_input is twice as wide)", c->op->name);
+        return tk__err(TK_ERR_INVALID,
+                       "%s: 'grad_input' and 'grad_out' start at the same address: a gated backward "
+                       "cannot run in place (grad_input is twice as wide)",
+                       c->op->name);
     return TK_OK;
 }
 
@@ -200,7 +207,8 @@ static void smb_range(void *arg, int64_t lo, int64_t hi)
             tk_ops__load_f32(g, tk_ops__base(j->go), go + c0 * gocs, gocs, n, j->go->dtype);
             tk_ops__load_f32(y, tk_ops__base(j->y), yo + c0 * ycs, ycs, n, j->y->dtype);
             for (int64_t i = 0; i < n; i++)
-                g[i] = j->log ? (float)((double)g[i] - exp((double)y[i]) * s) : (float)((double)y[i] * ((double)g[i] - s));
+                g[i] =
+                    j->log ? (float)((double)g[i] - exp((double)y[i]) * s) : (float)((double)y[i] * ((double)g[i] - s));
             tk_ops__store_f32(tk_ops__base(j->gi), gio + c0 * gics, gics, g, n, j->gi->dtype);
         }
     }
@@ -209,8 +217,10 @@ static void smb_range(void *arg, int64_t lo, int64_t hi)
 static int check_softmax_bwd(const tk_op_call *c)
 {
     if (c->t[G_IN]->ndim < 1)
-        return tk__err(TK_ERR_INVALID, "%s: 'grad_input' has rank 0, want at least 1 (softmax is over the last "
-                       "dimension)", c->op->name);
+        return tk__err(TK_ERR_INVALID,
+                       "%s: 'grad_input' has rank 0, want at least 1 (softmax is over the last "
+                       "dimension)",
+                       c->op->name);
     return check_plain(c);
 }
 
@@ -227,13 +237,36 @@ static int cpu_softmax_bwd(const tk_op_call *c)
 
 /* ---- the table -------------------------------------------------------------------------------- */
 
-#define GI(shp) {.name = "grad_input", .kind = TK_ARG_TENSOR, .role = TK_OPS_OUT, .dtypes = TK_OPS_FLOATS,         \
-                 .dtype_like = 1, .min_rank = 0, .max_rank = -1, .shape = shp,                                  \
-                 .doc = "the gradient of the forward's input"}
-#define GO(shp, dc) {.name = "grad_out", .kind = TK_ARG_TENSOR, .role = TK_OPS_IN, .dtypes = TK_OPS_FLOATS,        \
-                     .dtype_like = -1, .min_rank = 0, .max_rank = -1, .shape = shp, .doc = dc}
-#define XIN(nm, shp, dc) {.name = nm, .kind = TK_ARG_TENSOR, .role = TK_OPS_IN, .dtypes = TK_OPS_FLOATS,           \
-                          .dtype_like = 1, .min_rank = 0, .max_rank = -1, .shape = shp, .doc = dc}
+#define GI(shp)                                                                                                        \
+    {.name = "grad_input",                                                                                             \
+     .kind = TK_ARG_TENSOR,                                                                                            \
+     .role = TK_OPS_OUT,                                                                                               \
+     .dtypes = TK_OPS_FLOATS,                                                                                          \
+     .dtype_like = 1,                                                                                                  \
+     .min_rank = 0,                                                                                                    \
+     .max_rank = -1,                                                                                                   \
+     .shape = shp,                                                                                                     \
+     .doc = "the gradient of the forward's input"}
+#define GO(shp, dc)                                                                                                    \
+    {.name = "grad_out",                                                                                               \
+     .kind = TK_ARG_TENSOR,                                                                                            \
+     .role = TK_OPS_IN,                                                                                                \
+     .dtypes = TK_OPS_FLOATS,                                                                                          \
+     .dtype_like = -1,                                                                                                 \
+     .min_rank = 0,                                                                                                    \
+     .max_rank = -1,                                                                                                   \
+     .shape = shp,                                                                                                     \
+     .doc = dc}
+#define XIN(nm, shp, dc)                                                                                               \
+    {.name = nm,                                                                                                       \
+     .kind = TK_ARG_TENSOR,                                                                                            \
+     .role = TK_OPS_IN,                                                                                                \
+     .dtypes = TK_OPS_FLOATS,                                                                                          \
+     .dtype_like = 1,                                                                                                  \
+     .min_rank = 0,                                                                                                    \
+     .max_rank = -1,                                                                                                   \
+     .shape = shp,                                                                                                     \
+     .doc = dc}
 
 static const tk_op_param plain_params[] = {
     GI("[...]"),
@@ -259,10 +292,8 @@ static const bact_info b_gelu = {gelu_f, gelu_d, 0, 0}, b_gelu_tanh = {gelu_tanh
 static const int log_flag = 1;
 
 #define PKG "kernels-community/training"
-#define PLAIN(nm, summ, info)                                                                                 \
-    {nm, "activation", summ, plain_params, 3, check_plain, cpu_bact, &info, PKG}
-#define GATED(nm, summ, info)                                                                                 \
-    {nm, "activation", summ, gated_params, 3, check_gated, cpu_bact, &info, PKG}
+#define PLAIN(nm, summ, info) {nm, "activation", summ, plain_params, 3, check_plain, cpu_bact, &info, PKG}
+#define GATED(nm, summ, info) {nm, "activation", summ, gated_params, 3, check_gated, cpu_bact, &info, PKG}
 
 const tk_op_desc tk_ops__backward_act[] = {
     GATED("silu_and_mul_backward", "[a, b] = input: grad_input = [grad_out * b * silu'(a), grad_out * silu(a)]",

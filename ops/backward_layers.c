@@ -123,8 +123,10 @@ static int check_linear_bwd(const tk_op_call *c)
     const tk_tensor *go = c->t[LB_GO], *x = c->t[LB_X], *w = c->t[LB_W];
     int64_t tr = c->i[LB_TRANS];
     if (tr != 0 && tr != 1)
-        return tk__err(TK_ERR_INVALID, "%s: 'transposed' is %lld, want 0 (weight [N, K]) or 1 (weight [K, N], "
-                       "GPT-2's Conv1D)", op, (long long)tr);
+        return tk__err(TK_ERR_INVALID,
+                       "%s: 'transposed' is %lld, want 0 (weight [N, K]) or 1 (weight [K, N], "
+                       "GPT-2's Conv1D)",
+                       op, (long long)tr);
     if (c->i[LB_ACC] != 0 && c->i[LB_ACC] != 1)
         return tk__err(TK_ERR_INVALID, "%s: 'accumulate' is %lld, want 0 (grad_x = ...) or 1 (grad_x += ...)", op,
                        (long long)c->i[LB_ACC]);
@@ -139,10 +141,11 @@ static int check_linear_bwd(const tk_op_call *c)
                        (long long)k);
     want[x->ndim - 1] = n;
     if (!shape_is(go, x->ndim, want))
-        return tk__err(TK_ERR_INVALID, "%s: 'grad_out' has shape %s, want %s (the forward's out: the leading "
-                       "dimensions of 'x' %s, then N of 'weight' %s, %s)", op, tk_ops__shape_fmt(go->ndim, go->shape),
-                       tk_ops__shape_fmt(x->ndim, want), tk_ops__shape_fmt(x->ndim, x->shape),
-                       tk_ops__shape_fmt(w->ndim, w->shape), layout);
+        return tk__err(TK_ERR_INVALID,
+                       "%s: 'grad_out' has shape %s, want %s (the forward's out: the leading "
+                       "dimensions of 'x' %s, then N of 'weight' %s, %s)",
+                       op, tk_ops__shape_fmt(go->ndim, go->shape), tk_ops__shape_fmt(x->ndim, want),
+                       tk_ops__shape_fmt(x->ndim, x->shape), tk_ops__shape_fmt(w->ndim, w->shape), layout);
     if (c->t[LB_GX] && !tk_ops__same_shape(c->t[LB_GX], x))
         return tk__err(TK_ERR_INVALID, "%s: 'grad_x' has shape %s, want %s (the shape of 'x')", op,
                        tk_ops__shape_fmt(c->t[LB_GX]->ndim, c->t[LB_GX]->shape), tk_ops__shape_fmt(x->ndim, x->shape));
@@ -150,16 +153,21 @@ static int check_linear_bwd(const tk_op_call *c)
         return tk__err(TK_ERR_INVALID, "%s: 'grad_weight' has shape %s, want %s (the shape of 'weight')", op,
                        tk_ops__shape_fmt(c->t[LB_GW]->ndim, c->t[LB_GW]->shape), tk_ops__shape_fmt(w->ndim, w->shape));
     if (c->t[LB_GB] && c->t[LB_GB]->shape[0] != n)
-        return tk__err(TK_ERR_INVALID, "%s: 'grad_bias' has shape %s, want [%lld] (N, one per output channel of "
-                       "'weight' %s, %s)", op, tk_ops__shape_fmt(c->t[LB_GB]->ndim, c->t[LB_GB]->shape), (long long)n,
+        return tk__err(TK_ERR_INVALID,
+                       "%s: 'grad_bias' has shape %s, want [%lld] (N, one per output channel of "
+                       "'weight' %s, %s)",
+                       op, tk_ops__shape_fmt(c->t[LB_GB]->ndim, c->t[LB_GB]->shape), (long long)n,
                        tk_ops__shape_fmt(w->ndim, w->shape), layout);
     if (!c->t[LB_GX] && !c->t[LB_GW] && !c->t[LB_GB])
-        return tk__err(TK_ERR_INVALID, "%s: none of 'grad_x', 'grad_weight', 'grad_bias' is given: nothing to "
-                       "compute", op);
+        return tk__err(TK_ERR_INVALID,
+                       "%s: none of 'grad_x', 'grad_weight', 'grad_bias' is given: nothing to "
+                       "compute",
+                       op);
     if (n > INT_MAX || k > INT_MAX || rows_of(x) > INT_MAX)
-        return tk__err(TK_ERR_UNSUPPORTED, "%s: a dimension of 'x' %s or 'weight' %s is above %d, more than BLAS "
-                       "takes", op, tk_ops__shape_fmt(x->ndim, x->shape), tk_ops__shape_fmt(w->ndim, w->shape),
-                       INT_MAX);
+        return tk__err(TK_ERR_UNSUPPORTED,
+                       "%s: a dimension of 'x' %s or 'weight' %s is above %d, more than BLAS "
+                       "takes",
+                       op, tk_ops__shape_fmt(x->ndim, x->shape), tk_ops__shape_fmt(w->ndim, w->shape), INT_MAX);
     return TK_OK;
 }
 
@@ -197,8 +205,7 @@ static int cpu_linear_bwd(const tk_op_call *c)
     int64_t m = G.rows, n = G.cols, k = last_dim(c->t[LB_X]);
     if (rc == TK_OK && gx) {
         /* grad_x [m, k] (+)= grad_out [m, n] @ W: W [n, k] as is, or W [k, n] transposed */
-        if ((rc = f32_view(&W, c->t[LB_W], 1)) == TK_OK && (rc = f32_view(&GX, gx, acc)) == TK_OK && m > 0 &&
-            k > 0) {
+        if ((rc = f32_view(&W, c->t[LB_W], 1)) == TK_OK && (rc = f32_view(&GX, gx, acc)) == TK_OK && m > 0 && k > 0) {
             if (n > 0)
                 cblas_sgemm(CblasRowMajor, CblasNoTrans, tr ? CblasTrans : CblasNoTrans, (int)m, (int)k, (int)n, 1.0f,
                             G.p, (int)n, W.p, tr ? (int)n : (int)k, acc ? 1.0f : 0.0f, GX.p, (int)k);
@@ -264,10 +271,11 @@ static int check_embedding_bwd(const tk_op_call *c)
         want[k] = ids->shape[k];
     want[wn - 1] = gw->shape[1];
     if (!shape_is(go, wn, want))
-        return tk__err(TK_ERR_INVALID, "%s: 'grad_out' has shape %s, want %s (the shape of 'ids' %s, then D, the row "
-                       "width of 'grad_weight' %s)", c->op->name, tk_ops__shape_fmt(go->ndim, go->shape),
-                       tk_ops__shape_fmt(wn, want), tk_ops__shape_fmt(ids->ndim, ids->shape),
-                       tk_ops__shape_fmt(gw->ndim, gw->shape));
+        return tk__err(TK_ERR_INVALID,
+                       "%s: 'grad_out' has shape %s, want %s (the shape of 'ids' %s, then D, the row "
+                       "width of 'grad_weight' %s)",
+                       c->op->name, tk_ops__shape_fmt(go->ndim, go->shape), tk_ops__shape_fmt(wn, want),
+                       tk_ops__shape_fmt(ids->ndim, ids->shape), tk_ops__shape_fmt(gw->ndim, gw->shape));
     if (c->i[EB_PAD] < -1 || c->i[EB_PAD] >= gw->shape[0])
         return tk__err(TK_ERR_INVALID, "%s: 'padding_idx' is %lld, want -1 (none) or a row of 'grad_weight' %s",
                        c->op->name, (long long)c->i[EB_PAD], tk_ops__shape_fmt(gw->ndim, gw->shape));
@@ -327,9 +335,11 @@ static int cpu_embedding_bwd(const tk_op_call *c)
         if (idv[i] < 0 || idv[i] >= v) {
             int64_t id = idv[i];
             free(idv);
-            return tk__err(TK_ERR_INVALID, "%s: ids holds %lld at flat index %lld, out of range for 'grad_weight' %s "
-                           "(want 0 <= id < %lld)", c->op->name, (long long)id, (long long)i,
-                           tk_ops__shape_fmt(gw->ndim, gw->shape), (long long)v);
+            return tk__err(TK_ERR_INVALID,
+                           "%s: ids holds %lld at flat index %lld, out of range for 'grad_weight' %s "
+                           "(want 0 <= id < %lld)",
+                           c->op->name, (long long)id, (long long)i, tk_ops__shape_fmt(gw->ndim, gw->shape),
+                           (long long)v);
         }
     }
     emb_job j = {gw, c->t[EB_GO], idv, n, gw->shape[1], c->i[EB_PAD]};
@@ -342,36 +352,110 @@ static int cpu_embedding_bwd(const tk_op_call *c)
 /* ---- the table -------------------------------------------------------------------------------- */
 
 static const tk_op_param linear_bwd_params[] = {
-    {.name = "grad_x", .kind = TK_ARG_TENSOR, .role = TK_OPS_OUT, .dtypes = TK_OPS_FLOATS, .dtype_like = -1,
-     .min_rank = 1, .max_rank = -1, .shape = "[..., K]", .optional = 1,
+    {.name = "grad_x",
+     .kind = TK_ARG_TENSOR,
+     .role = TK_OPS_OUT,
+     .dtypes = TK_OPS_FLOATS,
+     .dtype_like = -1,
+     .min_rank = 1,
+     .max_rank = -1,
+     .shape = "[..., K]",
+     .optional = 1,
      .doc = "grad_out @ weight (accumulate=1: added to what it holds)"},
-    {.name = "grad_weight", .kind = TK_ARG_TENSOR, .role = TK_OPS_OUT, .dtypes = TK_OPS_FLOATS, .dtype_like = -1,
-     .min_rank = 2, .max_rank = 2, .shape = "[N, K]", .optional = 1,
+    {.name = "grad_weight",
+     .kind = TK_ARG_TENSOR,
+     .role = TK_OPS_OUT,
+     .dtypes = TK_OPS_FLOATS,
+     .dtype_like = -1,
+     .min_rank = 2,
+     .max_rank = 2,
+     .shape = "[N, K]",
+     .optional = 1,
      .doc = "+= grad_out^T x (accumulated: zero it first); [K, N] with transposed=1"},
-    {.name = "grad_bias", .kind = TK_ARG_TENSOR, .role = TK_OPS_OUT, .dtypes = TK_OPS_FLOATS, .dtype_like = -1,
-     .min_rank = 1, .max_rank = 1, .shape = "[N]", .optional = 1,
+    {.name = "grad_bias",
+     .kind = TK_ARG_TENSOR,
+     .role = TK_OPS_OUT,
+     .dtypes = TK_OPS_FLOATS,
+     .dtype_like = -1,
+     .min_rank = 1,
+     .max_rank = 1,
+     .shape = "[N]",
+     .optional = 1,
      .doc = "+= the sum of grad_out's rows (accumulated: zero it first)"},
-    {.name = "grad_out", .kind = TK_ARG_TENSOR, .role = TK_OPS_IN, .dtypes = TK_OPS_FLOATS, .dtype_like = -1,
-     .min_rank = 1, .max_rank = -1, .shape = "[..., N]", .doc = "the gradient of the forward's out"},
-    {.name = "x", .kind = TK_ARG_TENSOR, .role = TK_OPS_IN, .dtypes = TK_OPS_FLOATS, .dtype_like = 3,
-     .min_rank = 1, .max_rank = -1, .shape = "[..., K]", .doc = "the forward's input"},
-    {.name = "weight", .kind = TK_ARG_TENSOR, .role = TK_OPS_IN, .dtypes = TK_OPS_FLOATS, .dtype_like = 3,
-     .min_rank = 2, .max_rank = 2, .shape = "[N, K]", .doc = "the forward's weight ([K, N] with transposed=1)"},
-    {.name = "transposed", .kind = TK_ARG_I64, .optional = 1, .def = 0, .dtype_like = -1,
+    {.name = "grad_out",
+     .kind = TK_ARG_TENSOR,
+     .role = TK_OPS_IN,
+     .dtypes = TK_OPS_FLOATS,
+     .dtype_like = -1,
+     .min_rank = 1,
+     .max_rank = -1,
+     .shape = "[..., N]",
+     .doc = "the gradient of the forward's out"},
+    {.name = "x",
+     .kind = TK_ARG_TENSOR,
+     .role = TK_OPS_IN,
+     .dtypes = TK_OPS_FLOATS,
+     .dtype_like = 3,
+     .min_rank = 1,
+     .max_rank = -1,
+     .shape = "[..., K]",
+     .doc = "the forward's input"},
+    {.name = "weight",
+     .kind = TK_ARG_TENSOR,
+     .role = TK_OPS_IN,
+     .dtypes = TK_OPS_FLOATS,
+     .dtype_like = 3,
+     .min_rank = 2,
+     .max_rank = 2,
+     .shape = "[N, K]",
+     .doc = "the forward's weight ([K, N] with transposed=1)"},
+    {.name = "transposed",
+     .kind = TK_ARG_I64,
+     .optional = 1,
+     .def = 0,
+     .dtype_like = -1,
      .doc = "1: weight is [K, N] (GPT-2's Conv1D), as in linear"},
-    {.name = "accumulate", .kind = TK_ARG_I64, .optional = 1, .def = 0, .dtype_like = -1,
+    {.name = "accumulate",
+     .kind = TK_ARG_I64,
+     .optional = 1,
+     .def = 0,
+     .dtype_like = -1,
      .doc = "1: grad_x += grad_out @ weight (a second branch into the same input)"},
 };
 
 static const tk_op_param embedding_bwd_params[] = {
-    {.name = "grad_weight", .kind = TK_ARG_TENSOR, .role = TK_OPS_OUT, .dtypes = TK_OPS_FLOATS, .dtype_like = -1,
-     .min_rank = 2, .max_rank = 2, .shape = "[V, D]",
+    {.name = "grad_weight",
+     .kind = TK_ARG_TENSOR,
+     .role = TK_OPS_OUT,
+     .dtypes = TK_OPS_FLOATS,
+     .dtype_like = -1,
+     .min_rank = 2,
+     .max_rank = 2,
+     .shape = "[V, D]",
      .doc = "grad_weight[ids[i]] += grad_out[i] (accumulated: zero it first)"},
-    {.name = "grad_out", .kind = TK_ARG_TENSOR, .role = TK_OPS_IN, .dtypes = TK_OPS_FLOATS, .dtype_like = -1,
-     .min_rank = 1, .max_rank = -1, .shape = "[..., D]", .doc = "the gradient of the forward's out"},
-    {.name = "ids", .kind = TK_ARG_TENSOR, .role = TK_OPS_IN, .dtypes = TK_OPS_I32 | TK_OPS_I64, .dtype_like = -1,
-     .min_rank = 0, .max_rank = TK_OPS_MAX_RANK - 1, .shape = "[...]", .doc = "the forward's ids, each in [0, V)"},
-    {.name = "padding_idx", .kind = TK_ARG_I64, .optional = 1, .def = -1, .dtype_like = -1,
+    {.name = "grad_out",
+     .kind = TK_ARG_TENSOR,
+     .role = TK_OPS_IN,
+     .dtypes = TK_OPS_FLOATS,
+     .dtype_like = -1,
+     .min_rank = 1,
+     .max_rank = -1,
+     .shape = "[..., D]",
+     .doc = "the gradient of the forward's out"},
+    {.name = "ids",
+     .kind = TK_ARG_TENSOR,
+     .role = TK_OPS_IN,
+     .dtypes = TK_OPS_I32 | TK_OPS_I64,
+     .dtype_like = -1,
+     .min_rank = 0,
+     .max_rank = TK_OPS_MAX_RANK - 1,
+     .shape = "[...]",
+     .doc = "the forward's ids, each in [0, V)"},
+    {.name = "padding_idx",
+     .kind = TK_ARG_I64,
+     .optional = 1,
+     .def = -1,
+     .dtype_like = -1,
      .doc = "rows with this id add nothing (nn.Embedding's padding_idx); -1: none"},
 };
 

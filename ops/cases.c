@@ -126,7 +126,8 @@ static int init_t(tk_ops_case_tensor *t, const char *name, tk_dtype dt, int role
 
 /* Adds tensor `name` to the case (init_t). NULL when out of room or memory (the case is then failed
  * with TK_ERR_NOMEM by the caller's check of c->nt). */
-static tk_ops_case_tensor *add_t(tk_ops_case *c, const char *name, tk_dtype dt, int role, int ndim, const int64_t *shape)
+static tk_ops_case_tensor *add_t(tk_ops_case *c, const char *name, tk_dtype dt, int role, int ndim,
+                                 const int64_t *shape)
 {
     if (c->nt >= TK_OPS_CASE_MAX || ndim > TK_OPS_MAX_RANK || !init_t(&c->t[c->nt], name, dt, role, ndim, shape))
         return NULL;
@@ -140,7 +141,8 @@ static int tmp_t(tk_ops_case_tensor *t, const char *name, tk_dtype dt, int ndim,
     return ndim <= TK_OPS_MAX_RANK && init_t(t, name, dt, TK_CASE_IN, ndim, shape);
 }
 
-#define SH(...) (int)(sizeof((int64_t[]){__VA_ARGS__}) / sizeof(int64_t)), (const int64_t[]){__VA_ARGS__}
+#define SH(...)                                                                                                        \
+    (int)(sizeof((int64_t[]){__VA_ARGS__}) / sizeof(int64_t)), (const int64_t[]) { __VA_ARGS__ }
 #define T(c, name, dt, role, ...) add_t(c, name, dt, role, SH(__VA_ARGS__))
 
 static void set_f(tk_ops_case_tensor *t, int64_t i, double v)
@@ -569,7 +571,8 @@ static int gen_alibi_bias(tk_ops_case *c, size_t index, const tk_ops_case_spec *
     tk_dtype dt = fdt(s, "out");
     T(c, "out", dt, TK_CASE_OUT, z[0], z[1], z[2]);
     fill(c, T(c, "slopes", DT_F32, TK_CASE_IN, z[0]), 0.01, 1);
-    label(c, "alibi_bias %s [%lld, %lld, %lld]", tk_ops__dtype_str(dt), (long long)z[0], (long long)z[1], (long long)z[2]);
+    label(c, "alibi_bias %s [%lld, %lld, %lld]", tk_ops__dtype_str(dt), (long long)z[0], (long long)z[1],
+          (long long)z[2]);
     return TK_OK;
 }
 
@@ -777,8 +780,8 @@ static int gen_casted_embedding(tk_ops_case *c, size_t index, const tk_ops_case_
     fill_int(c, T(c, "ids", idt, TK_CASE_IN, n), 0, vocab - 1);
     fill_codes(c, T(c, "weight", wdt, TK_CASE_IN, vocab, d));
     fill(c, OPT(c, s, wdt.code == TK_DL_INT, &na, "scale", DT_F32, TK_CASE_IN, vocab), 0.001, 0.02);
-    label(c, "casted_embedding %s ids %s weight %s [%lld, %lld] n %lld", tk_ops__dtype_str(odt),
-          tk_ops__dtype_str(idt), tk_ops__dtype_str(wdt), (long long)vocab, (long long)d, (long long)n);
+    label(c, "casted_embedding %s ids %s weight %s [%lld, %lld] n %lld", tk_ops__dtype_str(odt), tk_ops__dtype_str(idt),
+          tk_ops__dtype_str(wdt), (long long)vocab, (long long)d, (long long)n);
     return na ? NA : TK_OK;
 }
 
@@ -799,7 +802,8 @@ static int gen_casted_block_sparse(tk_ops_case *c, size_t index, const tk_ops_ca
     }
     T(c, "out", odt, TK_CASE_OUT, n, d);
     fill_int(c, T(c, "ids", idt, TK_CASE_IN, n), 0, rows - 1);
-    tk_ops_case_tensor *rp = T(c, "row_ptr", DT_I32, TK_CASE_IN, rb + 1), *ci = T(c, "col_idx", DT_I32, TK_CASE_IN, nnzb);
+    tk_ops_case_tensor *rp = T(c, "row_ptr", DT_I32, TK_CASE_IN, rb + 1),
+                       *ci = T(c, "col_idx", DT_I32, TK_CASE_IN, nnzb);
     for (int64_t r = 0, k = 0; rp && ci && r < rb; r++) {
         set_f(rp, r, (double)k);
         for (int64_t b = 0; b < cb; b++)
@@ -980,7 +984,8 @@ static int gen_attention_backward(tk_ops_case *c, size_t index, const tk_ops_cas
     fill(c, q, -1, 1);
     fill(c, k, -1, 1);
     fill(c, vv, -1, 1);
-    tk_ops_case_tensor *o = T(c, "out", dt, TK_CASE_IN, b, sq, hq, d), *lse = T(c, "lse", DT_F32, TK_CASE_IN, b, hq, sq);
+    tk_ops_case_tensor *o = T(c, "out", dt, TK_CASE_IN, b, sq, hq, d),
+                       *lse = T(c, "lse", DT_F32, TK_CASE_IN, b, hq, sq);
     if (opt == 1 || opt == 2)
         opt_i(c, s, "causal", 1, &na);
     if (opt == 2) { /* sequences of 7 and 10 queries over 12 and 21 keys, as attention's */
@@ -1164,7 +1169,9 @@ static int gen_linear(tk_ops_case *c, size_t index, const tk_ops_case_spec *s)
         opt_i(c, s, "transposed", 1, &na);
     c->tol_factor = 4;
     label(c, "linear %s M %lld N %lld K %lld%s", tk_ops__dtype_str(dt), (long long)m, (long long)n, (long long)k,
-          v == 1 ? " bias" : v == 2 ? " transposed" : "");
+          v == 1   ? " bias"
+          : v == 2 ? " transposed"
+                   : "");
     return na ? NA : TK_OK;
 }
 
@@ -1201,8 +1208,10 @@ static int gen_linear_backward(tk_ops_case *c, size_t index, const tk_ops_case_s
     tk_ops_case_tensor *gx = OPT(c, s, 1, &na, "grad_x", fdt(s, "grad_x"), acc ? TK_CASE_INOUT : TK_CASE_OUT, m, k);
     if (acc)
         fill(c, gx, -1, 1);
-    fill(c, tr ? OPT(c, s, 1, &na, "grad_weight", gdt, TK_CASE_INOUT, k, n)
-               : OPT(c, s, 1, &na, "grad_weight", gdt, TK_CASE_INOUT, n, k), -0.5, 0.5);
+    fill(c,
+         tr ? OPT(c, s, 1, &na, "grad_weight", gdt, TK_CASE_INOUT, k, n)
+            : OPT(c, s, 1, &na, "grad_weight", gdt, TK_CASE_INOUT, n, k),
+         -0.5, 0.5);
     fill(c, OPT(c, s, 1, &na, "grad_bias", dt_of(s, "grad_bias", gdt), TK_CASE_INOUT, n), -0.5, 0.5);
     fill(c, T(c, "grad_out", dt, TK_CASE_IN, m, n), -1, 1);
     fill(c, T(c, "x", dt, TK_CASE_IN, m, k), -1, 1);
@@ -1385,8 +1394,8 @@ static int gen_q_sample(tk_ops_case *c, size_t index, const tk_ops_case_spec *s)
  * [-1, 1]), with log_variance but for one case that leaves it out. */
 static int gen_ddpm_posterior(tk_ops_case *c, size_t index, const tk_ops_case_spec *s)
 {
-    static const char *names[] = {"fixed_small", "fixed_small_log", "fixed_large", "fixed_large_log", "learned",
-                                  "learned_range"};
+    static const char *names[] = {"fixed_small",     "fixed_small_log", "fixed_large",
+                                  "fixed_large_log", "learned",         "learned_range"};
     size_t v, z;
     int na = 0;
     if (!split(index, 6, NDIF - 1, &v, &z))
@@ -1505,8 +1514,9 @@ static int gen_ddim_step(tk_ops_case *c, size_t index, const tk_ops_case_spec *s
         {0, 0, 1, 0, 0, 1.0, 0.995, 1.0, 0.7, 0, 1, 0, 0, "epsilon, eta 0.7"},
         {0, 0, 0, 1, 0, 1.0, 0.995, 1.5, 0.7, 1, 1, 0, 0, "epsilon, eta 0.7, thresholding 0.995 max 1.5"},
         {2, 0, 0, 1, 0, 1.0, 0.9, 1.0, 0.0, 1, 1, 1, 0, "v_prediction, thresholding 0.9, ties"},
-        {1, 0, 0, 1, 1, 1.0, 0.5, 2.0, 0.3, 1, 1, 0, 1, "sample, eta 0.3, thresholding 0.5 max 2, "
-                                                        "use_clipped_model_output"},
+        {1, 0, 0, 1, 1, 1.0, 0.5, 2.0, 0.3, 1, 1, 0, 1,
+         "sample, eta 0.3, thresholding 0.5 max 2, "
+         "use_clipped_model_output"},
     };
     size_t v, z;
     if (!split(index, sizeof ks / sizeof ks[0], NSTEP_SH, &v, &z))
@@ -1545,39 +1555,75 @@ static const struct {
     const char *op;
     gen_fn gen;
 } gens[] = {
-    {"silu_and_mul", gen_gated}, {"mul_and_silu", gen_gated}, {"gelu_and_mul", gen_gated},
-    {"gelu_tanh_and_mul", gen_gated}, {"fatrelu_and_mul", gen_gated},
-    {"gelu", gen_pointwise}, {"gelu_tanh", gen_pointwise}, {"silu", gen_pointwise}, {"gelu_new", gen_pointwise},
-    {"gelu_fast", gen_pointwise}, {"gelu_quick", gen_pointwise}, {"tanh", gen_pointwise}, {"softcap", gen_softcap}, {"add", gen_add},
+    {"silu_and_mul", gen_gated},
+    {"mul_and_silu", gen_gated},
+    {"gelu_and_mul", gen_gated},
+    {"gelu_tanh_and_mul", gen_gated},
+    {"fatrelu_and_mul", gen_gated},
+    {"gelu", gen_pointwise},
+    {"gelu_tanh", gen_pointwise},
+    {"silu", gen_pointwise},
+    {"gelu_new", gen_pointwise},
+    {"gelu_fast", gen_pointwise},
+    {"gelu_quick", gen_pointwise},
+    {"tanh", gen_pointwise},
+    {"softcap", gen_softcap},
+    {"add", gen_add},
     {"moe", gen_moe},
-    {"rms_norm", gen_norm}, {"fused_add_rms_norm", gen_norm}, {"layer_norm", gen_norm},
+    {"rms_norm", gen_norm},
+    {"fused_add_rms_norm", gen_norm},
+    {"layer_norm", gen_norm},
     {"fused_add_layer_norm", gen_norm},
-    {"rms_norm_backward", gen_norm_backward}, {"fused_add_rms_norm_backward", gen_norm_backward},
-    {"layer_norm_backward", gen_norm_backward}, {"fused_add_layer_norm_backward", gen_norm_backward},
-    {"rotary_embedding", gen_rotary}, {"rope_cos_sin_cache", gen_rope_cache}, {"alibi_slopes", gen_alibi_slopes},
-    {"alibi_bias", gen_alibi_bias}, {"sinusoidal_position_encoding", gen_sinusoidal},
-    {"softmax", gen_softmax}, {"log_softmax", gen_softmax},
-    {"cross_entropy", gen_cross_entropy}, {"fused_linear_cross_entropy", gen_fused_linear_ce},
-    {"max_margin_loss", gen_max_margin}, {"infonce", gen_infonce},
-    {"casted_embedding", gen_casted_embedding}, {"casted_embedding_block_sparse", gen_casted_block_sparse},
+    {"rms_norm_backward", gen_norm_backward},
+    {"fused_add_rms_norm_backward", gen_norm_backward},
+    {"layer_norm_backward", gen_norm_backward},
+    {"fused_add_layer_norm_backward", gen_norm_backward},
+    {"rotary_embedding", gen_rotary},
+    {"rope_cos_sin_cache", gen_rope_cache},
+    {"alibi_slopes", gen_alibi_slopes},
+    {"alibi_bias", gen_alibi_bias},
+    {"sinusoidal_position_encoding", gen_sinusoidal},
+    {"softmax", gen_softmax},
+    {"log_softmax", gen_softmax},
+    {"cross_entropy", gen_cross_entropy},
+    {"fused_linear_cross_entropy", gen_fused_linear_ce},
+    {"max_margin_loss", gen_max_margin},
+    {"infonce", gen_infonce},
+    {"casted_embedding", gen_casted_embedding},
+    {"casted_embedding_block_sparse", gen_casted_block_sparse},
     {"casted_linear", gen_casted_linear},
-    {"argmax", gen_argmax}, {"sample", gen_sample},
-    {"attention", gen_attention}, {"attention_backward", gen_attention_backward},
-    {"attention_decode", gen_attention_decode}, {"paged_kv_append", gen_paged_kv_append},
+    {"argmax", gen_argmax},
+    {"sample", gen_sample},
+    {"attention", gen_attention},
+    {"attention_backward", gen_attention_backward},
+    {"attention_decode", gen_attention_decode},
+    {"paged_kv_append", gen_paged_kv_append},
     {"mla_decode", gen_mla_decode},
-    {"linear", gen_linear}, {"embedding", gen_embedding},
-    {"silu_and_mul_backward", gen_act_backward}, {"mul_and_silu_backward", gen_act_backward},
-    {"gelu_and_mul_backward", gen_act_backward}, {"gelu_tanh_and_mul_backward", gen_act_backward},
-    {"gelu_backward", gen_act_backward}, {"gelu_tanh_backward", gen_act_backward},
-    {"gelu_new_backward", gen_act_backward}, {"gelu_fast_backward", gen_act_backward},
-    {"gelu_quick_backward", gen_act_backward}, {"silu_backward", gen_act_backward},
+    {"linear", gen_linear},
+    {"embedding", gen_embedding},
+    {"silu_and_mul_backward", gen_act_backward},
+    {"mul_and_silu_backward", gen_act_backward},
+    {"gelu_and_mul_backward", gen_act_backward},
+    {"gelu_tanh_and_mul_backward", gen_act_backward},
+    {"gelu_backward", gen_act_backward},
+    {"gelu_tanh_backward", gen_act_backward},
+    {"gelu_new_backward", gen_act_backward},
+    {"gelu_fast_backward", gen_act_backward},
+    {"gelu_quick_backward", gen_act_backward},
+    {"silu_backward", gen_act_backward},
     {"tanh_backward", gen_act_backward},
-    {"softmax_backward", gen_softmax_backward}, {"log_softmax_backward", gen_softmax_backward},
+    {"softmax_backward", gen_softmax_backward},
+    {"log_softmax_backward", gen_softmax_backward},
     {"rotary_embedding_backward", gen_rotary},
-    {"linear_backward", gen_linear_backward}, {"embedding_backward", gen_embedding_backward},
-    {"adamw", gen_adamw}, {"sum_squares", gen_sum_squares},
-    {"q_sample", gen_q_sample}, {"ddpm_posterior", gen_ddpm_posterior}, {"ddpm_step", gen_ddpm_step},
-    {"ddim_step", gen_ddim_step}, {"randn", gen_randn},
+    {"linear_backward", gen_linear_backward},
+    {"embedding_backward", gen_embedding_backward},
+    {"adamw", gen_adamw},
+    {"sum_squares", gen_sum_squares},
+    {"q_sample", gen_q_sample},
+    {"ddpm_posterior", gen_ddpm_posterior},
+    {"ddpm_step", gen_ddpm_step},
+    {"ddim_step", gen_ddim_step},
+    {"randn", gen_randn},
 };
 
 static gen_fn find_gen(const tk_op_desc *op)

@@ -61,8 +61,7 @@ static float f32_at(const tk_tensor *t, int64_t i)
 }
 
 /* out must be ids.shape + [d]. */
-static int check_gather_out(const tk_op_call *c, const tk_tensor *out, const tk_tensor *ids, int64_t d,
-                            const char *why)
+static int check_gather_out(const tk_op_call *c, const tk_tensor *out, const tk_tensor *ids, int64_t d, const char *why)
 {
     int64_t want[TK_OPS_MAX_RANK];
     int same = out->ndim == ids->ndim + 1 && ids->ndim < TK_OPS_MAX_RANK;
@@ -73,8 +72,8 @@ static int check_gather_out(const tk_op_call *c, const tk_tensor *out, const tk_
     for (int32_t k = 0; same && k < wn; k++)
         same = out->shape[k] == want[k];
     if (!same)
-        return tk__err(TK_ERR_INVALID, "%s: 'out' has shape %s, want %s (the shape of 'ids' %s, then %s)",
-                       c->op->name, tk_ops__shape_fmt(out->ndim, out->shape), tk_ops__shape_fmt(wn, want),
+        return tk__err(TK_ERR_INVALID, "%s: 'out' has shape %s, want %s (the shape of 'ids' %s, then %s)", c->op->name,
+                       tk_ops__shape_fmt(out->ndim, out->shape), tk_ops__shape_fmt(wn, want),
                        tk_ops__shape_fmt(ids->ndim, ids->shape), why);
     return TK_OK;
 }
@@ -84,8 +83,8 @@ static int check_vec(const tk_op_call *c, int i, int64_t n, const char *why)
 {
     const tk_tensor *t = c->t[i];
     if (t && t->shape[0] != n)
-        return tk__err(TK_ERR_INVALID, "%s: '%s' has shape %s, want [%lld] (%s)", c->op->name,
-                       c->op->params[i].name, tk_ops__shape_fmt(t->ndim, t->shape), (long long)n, why);
+        return tk__err(TK_ERR_INVALID, "%s: '%s' has shape %s, want [%lld] (%s)", c->op->name, c->op->params[i].name,
+                       tk_ops__shape_fmt(t->ndim, t->shape), (long long)n, why);
     return TK_OK;
 }
 
@@ -178,11 +177,11 @@ static int check_block_sparse(const tk_op_call *c)
     int64_t nnzb = v->shape[0], bs_r = v->shape[1], bs_c = v->shape[2];
     char why[160];
     if (bs_r < 1 || bs_c < 1)
-        return tk__err(TK_ERR_INVALID, "%s: 'values' has shape %s, want [nnzb, bs_r, bs_c] with block sizes >= 1",
-                       name, vs);
+        return tk__err(TK_ERR_INVALID, "%s: 'values' has shape %s, want [nnzb, bs_r, bs_c] with block sizes >= 1", name,
+                       vs);
     if (rp->shape[0] < 1)
-        return tk__err(TK_ERR_INVALID, "%s: 'row_ptr' has shape %s, want [R + 1] (one more than the row blocks)",
-                       name, tk_ops__shape_fmt(rp->ndim, rp->shape));
+        return tk__err(TK_ERR_INVALID, "%s: 'row_ptr' has shape %s, want [R + 1] (one more than the row blocks)", name,
+                       tk_ops__shape_fmt(rp->ndim, rp->shape));
     snprintf(why, sizeof why, "one column block index per stored block of 'values' %s", vs);
     int rc = check_vec(c, BS_COL_IDX, nnzb, why);
     if (rc == TK_OK) {
@@ -197,9 +196,10 @@ static int check_block_sparse(const tk_op_call *c)
     if (rc != TK_OK)
         return rc;
     if (last_dim(out) % bs_c != 0)
-        return tk__err(TK_ERR_INVALID, "%s: 'out' has shape %s: its last dimension D must be a multiple of the block "
-                       "width bs_c = %lld of 'values' %s", name, tk_ops__shape_fmt(out->ndim, out->shape),
-                       (long long)bs_c, vs);
+        return tk__err(TK_ERR_INVALID,
+                       "%s: 'out' has shape %s: its last dimension D must be a multiple of the block "
+                       "width bs_c = %lld of 'values' %s",
+                       name, tk_ops__shape_fmt(out->ndim, out->shape), (long long)bs_c, vs);
     int64_t rows = (rp->shape[0] - 1) * bs_r, ne = c->i[BS_NUM];
     if (ne < 0 || ne > rows)
         return tk__err(TK_ERR_INVALID,
@@ -225,15 +225,20 @@ static int check_csr(const tk_op_call *c, int64_t ncb)
     for (int64_t rb = 0; rb < nr; rb++) {
         int64_t lo = int_at(rp, rb), hi = int_at(rp, rb + 1);
         if (hi < lo || hi > nnzb)
-            return tk__err(TK_ERR_INVALID, "%s: row_ptr[%lld] = %lld after row_ptr[%lld] = %lld: row_ptr must not "
-                           "decrease", name, (long long)(rb + 1), (long long)hi, (long long)rb, (long long)lo);
+            return tk__err(TK_ERR_INVALID,
+                           "%s: row_ptr[%lld] = %lld after row_ptr[%lld] = %lld: row_ptr must not "
+                           "decrease",
+                           name, (long long)(rb + 1), (long long)hi, (long long)rb, (long long)lo);
         for (int64_t k = lo; k < hi; k++) {
             int64_t cb = int_at(ci, k);
             if (cb < 0 || cb >= ncb)
-                return tk__err(TK_ERR_INVALID, "%s: col_idx[%lld] = %lld is out of range (want 0 <= col < %lld, "
-                               "the column blocks of D)", name, (long long)k, (long long)cb, (long long)ncb);
+                return tk__err(TK_ERR_INVALID,
+                               "%s: col_idx[%lld] = %lld is out of range (want 0 <= col < %lld, "
+                               "the column blocks of D)",
+                               name, (long long)k, (long long)cb, (long long)ncb);
             if (k > lo && cb <= prev)
-                return tk__err(TK_ERR_INVALID, "%s: col_idx[%lld] = %lld after col_idx[%lld] = %lld in row block "
+                return tk__err(TK_ERR_INVALID,
+                               "%s: col_idx[%lld] = %lld after col_idx[%lld] = %lld in row block "
                                "%lld: column indices must be strictly increasing within a row block",
                                name, (long long)k, (long long)cb, (long long)(k - 1), (long long)prev, (long long)rb);
             prev = cb;
@@ -281,8 +286,8 @@ static void bs_range(void *arg, int64_t lo, int64_t hi)
 static int cpu_block_sparse(const tk_op_call *c)
 {
     const tk_tensor *v = c->t[BS_VALUES];
-    bs_job j = {c->t[BS_OUT], c->t[BS_IDS], c->t[BS_ROW_PTR], c->t[BS_COL_IDX], v, c->t[BS_SCALE],
-                last_dim(c->t[BS_OUT]), v->shape[1], v->shape[2]};
+    bs_job j = {c->t[BS_OUT],   c->t[BS_IDS],           c->t[BS_ROW_PTR], c->t[BS_COL_IDX], v,
+                c->t[BS_SCALE], last_dim(c->t[BS_OUT]), v->shape[1],      v->shape[2]};
     int64_t rows = (j.rp->shape[0] - 1) * j.bs_r, ne = c->i[BS_NUM] ? c->i[BS_NUM] : rows;
     int rc = check_csr(c, j.d / j.bs_c);
     if (rc != TK_OK)
@@ -310,9 +315,10 @@ static int check_linear(const tk_op_call *c)
         for (int32_t k = 0; k < x->ndim; k++)
             want[k] = x->shape[k];
         want[x->ndim - 1] = kk;
-        return tk__err(TK_ERR_INVALID, "%s: 'x' has shape %s, want %s (its last dimension is K, the row width of "
-                       "'weight' %s)", c->op->name, tk_ops__shape_fmt(x->ndim, x->shape),
-                       tk_ops__shape_fmt(x->ndim, want), ws);
+        return tk__err(TK_ERR_INVALID,
+                       "%s: 'x' has shape %s, want %s (its last dimension is K, the row width of "
+                       "'weight' %s)",
+                       c->op->name, tk_ops__shape_fmt(x->ndim, x->shape), tk_ops__shape_fmt(x->ndim, want), ws);
     }
     int same = out->ndim == x->ndim && last_dim(out) == nn;
     for (int32_t k = 0; same && k < x->ndim - 1; k++)
@@ -322,9 +328,11 @@ static int check_linear(const tk_op_call *c)
         for (int32_t k = 0; k < x->ndim; k++)
             want[k] = x->shape[k];
         want[x->ndim - 1] = nn;
-        return tk__err(TK_ERR_INVALID, "%s: 'out' has shape %s, want %s (the leading dimensions of 'x' %s, then N, "
-                       "the rows of 'weight' %s)", c->op->name, tk_ops__shape_fmt(out->ndim, out->shape),
-                       tk_ops__shape_fmt(x->ndim, want), tk_ops__shape_fmt(x->ndim, x->shape), ws);
+        return tk__err(TK_ERR_INVALID,
+                       "%s: 'out' has shape %s, want %s (the leading dimensions of 'x' %s, then N, "
+                       "the rows of 'weight' %s)",
+                       c->op->name, tk_ops__shape_fmt(out->ndim, out->shape), tk_ops__shape_fmt(x->ndim, want),
+                       tk_ops__shape_fmt(x->ndim, x->shape), ws);
     }
     char why[160];
     snprintf(why, sizeof why, "one per output channel: the rows of 'weight' %s", ws);
@@ -406,53 +414,147 @@ static int cpu_linear(const tk_op_call *c)
 
 /* ---- the table -------------------------------------------------------------------------------- */
 
-#define OUT_PARAM(doc_)                                                                                \
-    {.name = "out", .kind = TK_ARG_TENSOR, .role = TK_OPS_OUT, .dtypes = TK_OPS_F32 | TK_OPS_BF16,     \
-     .dtype_like = -1, .min_rank = 2, .max_rank = -1, .shape = "[..., D]", .doc = doc_}
-#define IDS_PARAM                                                                                      \
-    {.name = "ids", .kind = TK_ARG_TENSOR, .role = TK_OPS_IN, .dtypes = TK_OPS_I32 | TK_OPS_I64, .dtype_like = -1, \
-     .min_rank = 1, .max_rank = TK_OPS_MAX_RANK - 1, .shape = "[...]", .doc = "the rows to gather"}
+#define OUT_PARAM(doc_)                                                                                                \
+    {.name = "out",                                                                                                    \
+     .kind = TK_ARG_TENSOR,                                                                                            \
+     .role = TK_OPS_OUT,                                                                                               \
+     .dtypes = TK_OPS_F32 | TK_OPS_BF16,                                                                               \
+     .dtype_like = -1,                                                                                                 \
+     .min_rank = 2,                                                                                                    \
+     .max_rank = -1,                                                                                                   \
+     .shape = "[..., D]",                                                                                              \
+     .doc = doc_}
+#define IDS_PARAM                                                                                                      \
+    {.name = "ids",                                                                                                    \
+     .kind = TK_ARG_TENSOR,                                                                                            \
+     .role = TK_OPS_IN,                                                                                                \
+     .dtypes = TK_OPS_I32 | TK_OPS_I64,                                                                                \
+     .dtype_like = -1,                                                                                                 \
+     .min_rank = 1,                                                                                                    \
+     .max_rank = TK_OPS_MAX_RANK - 1,                                                                                  \
+     .shape = "[...]",                                                                                                 \
+     .doc = "the rows to gather"}
 #define TABLE_DTYPES (TK_OPS_FP8_E4M3 | TK_OPS_FP8_E5M2 | TK_OPS_I8)
 
 static const tk_op_param emb_params[] = {
     OUT_PARAM("the gathered rows: out[i, :] = decode(weight[ids[i], :]) * scale[ids[i]]"),
     IDS_PARAM,
-    {.name = "weight", .kind = TK_ARG_TENSOR, .role = TK_OPS_IN, .dtypes = TABLE_DTYPES, .dtype_like = -1,
-     .min_rank = 2, .max_rank = 2, .shape = "[V, D]", .doc = "the table as fp8 (e4m3fn or e5m2) or i8 codes"},
-    {.name = "scale", .kind = TK_ARG_TENSOR, .role = TK_OPS_IN, .dtypes = TK_OPS_F32, .dtype_like = -1,
-     .min_rank = 1, .max_rank = 1, .shape = "[V]", .optional = 1,
+    {.name = "weight",
+     .kind = TK_ARG_TENSOR,
+     .role = TK_OPS_IN,
+     .dtypes = TABLE_DTYPES,
+     .dtype_like = -1,
+     .min_rank = 2,
+     .max_rank = 2,
+     .shape = "[V, D]",
+     .doc = "the table as fp8 (e4m3fn or e5m2) or i8 codes"},
+    {.name = "scale",
+     .kind = TK_ARG_TENSOR,
+     .role = TK_OPS_IN,
+     .dtypes = TK_OPS_F32,
+     .dtype_like = -1,
+     .min_rank = 1,
+     .max_rank = 1,
+     .shape = "[V]",
+     .optional = 1,
      .doc = "per-row dequantisation scale (required for i8; fp8 without it is unscaled)"},
 };
 
 static const tk_op_param bs_params[] = {
     OUT_PARAM("the gathered rows, 0 where the row's block row stores no block"),
     IDS_PARAM,
-    {.name = "row_ptr", .kind = TK_ARG_TENSOR, .role = TK_OPS_IN, .dtypes = TK_OPS_I32, .dtype_like = -1,
-     .min_rank = 1, .max_rank = 1, .shape = "[R + 1]",
+    {.name = "row_ptr",
+     .kind = TK_ARG_TENSOR,
+     .role = TK_OPS_IN,
+     .dtypes = TK_OPS_I32,
+     .dtype_like = -1,
+     .min_rank = 1,
+     .max_rank = 1,
+     .shape = "[R + 1]",
      .doc = "block CSR: row block rb stores blocks row_ptr[rb] .. row_ptr[rb+1]-1"},
-    {.name = "col_idx", .kind = TK_ARG_TENSOR, .role = TK_OPS_IN, .dtypes = TK_OPS_I32, .dtype_like = -1,
-     .min_rank = 1, .max_rank = 1, .shape = "[nnzb]",
+    {.name = "col_idx",
+     .kind = TK_ARG_TENSOR,
+     .role = TK_OPS_IN,
+     .dtypes = TK_OPS_I32,
+     .dtype_like = -1,
+     .min_rank = 1,
+     .max_rank = 1,
+     .shape = "[nnzb]",
      .doc = "the column block of each stored block, strictly increasing within a row block"},
-    {.name = "values", .kind = TK_ARG_TENSOR, .role = TK_OPS_IN, .dtypes = TABLE_DTYPES, .dtype_like = -1,
-     .min_rank = 3, .max_rank = 3, .shape = "[nnzb, bs_r, bs_c]", .doc = "the stored blocks as fp8 or i8 codes"},
-    {.name = "scale", .kind = TK_ARG_TENSOR, .role = TK_OPS_IN, .dtypes = TK_OPS_F32, .dtype_like = -1,
-     .min_rank = 1, .max_rank = 1, .shape = "[nnzb]", .optional = 1,
+    {.name = "values",
+     .kind = TK_ARG_TENSOR,
+     .role = TK_OPS_IN,
+     .dtypes = TABLE_DTYPES,
+     .dtype_like = -1,
+     .min_rank = 3,
+     .max_rank = 3,
+     .shape = "[nnzb, bs_r, bs_c]",
+     .doc = "the stored blocks as fp8 or i8 codes"},
+    {.name = "scale",
+     .kind = TK_ARG_TENSOR,
+     .role = TK_OPS_IN,
+     .dtypes = TK_OPS_F32,
+     .dtype_like = -1,
+     .min_rank = 1,
+     .max_rank = 1,
+     .shape = "[nnzb]",
+     .optional = 1,
      .doc = "per-block dequantisation scale (required for i8)"},
-    {.name = "num_embeddings", .kind = TK_ARG_I64, .optional = 1, .def = 0, .dtype_like = -1,
+    {.name = "num_embeddings",
+     .kind = TK_ARG_I64,
+     .optional = 1,
+     .def = 0,
+     .dtype_like = -1,
      .doc = "V, the table's rows (<= R * bs_r); 0: R * bs_r"},
 };
 
 static const tk_op_param lin_params[] = {
-    {.name = "out", .kind = TK_ARG_TENSOR, .role = TK_OPS_OUT, .dtypes = TK_OPS_FLOATS, .dtype_like = 1,
-     .min_rank = 1, .max_rank = -1, .shape = "[..., N]", .doc = "x @ decode(weight)^T * scale + bias"},
-    {.name = "x", .kind = TK_ARG_TENSOR, .role = TK_OPS_IN, .dtypes = TK_OPS_FLOATS, .dtype_like = -1,
-     .min_rank = 1, .max_rank = -1, .shape = "[..., K]", .doc = "the activations (the kernels take bf16)"},
-    {.name = "weight", .kind = TK_ARG_TENSOR, .role = TK_OPS_IN, .dtypes = TK_OPS_I8 | TK_OPS_FP8_E4M3,
-     .dtype_like = -1, .min_rank = 2, .max_rank = 2, .shape = "[N, K]", .doc = "the weight as i8 or fp8_e4m3 codes"},
-    {.name = "scale", .kind = TK_ARG_TENSOR, .role = TK_OPS_IN, .dtypes = TK_OPS_F32, .dtype_like = -1,
-     .min_rank = 1, .max_rank = 1, .shape = "[N]", .doc = "per-output-channel dequantisation scale"},
-    {.name = "bias", .kind = TK_ARG_TENSOR, .role = TK_OPS_IN, .dtypes = TK_OPS_FLOATS, .dtype_like = 1,
-     .min_rank = 1, .max_rank = 1, .shape = "[N]", .optional = 1, .doc = "added after the scale"},
+    {.name = "out",
+     .kind = TK_ARG_TENSOR,
+     .role = TK_OPS_OUT,
+     .dtypes = TK_OPS_FLOATS,
+     .dtype_like = 1,
+     .min_rank = 1,
+     .max_rank = -1,
+     .shape = "[..., N]",
+     .doc = "x @ decode(weight)^T * scale + bias"},
+    {.name = "x",
+     .kind = TK_ARG_TENSOR,
+     .role = TK_OPS_IN,
+     .dtypes = TK_OPS_FLOATS,
+     .dtype_like = -1,
+     .min_rank = 1,
+     .max_rank = -1,
+     .shape = "[..., K]",
+     .doc = "the activations (the kernels take bf16)"},
+    {.name = "weight",
+     .kind = TK_ARG_TENSOR,
+     .role = TK_OPS_IN,
+     .dtypes = TK_OPS_I8 | TK_OPS_FP8_E4M3,
+     .dtype_like = -1,
+     .min_rank = 2,
+     .max_rank = 2,
+     .shape = "[N, K]",
+     .doc = "the weight as i8 or fp8_e4m3 codes"},
+    {.name = "scale",
+     .kind = TK_ARG_TENSOR,
+     .role = TK_OPS_IN,
+     .dtypes = TK_OPS_F32,
+     .dtype_like = -1,
+     .min_rank = 1,
+     .max_rank = 1,
+     .shape = "[N]",
+     .doc = "per-output-channel dequantisation scale"},
+    {.name = "bias",
+     .kind = TK_ARG_TENSOR,
+     .role = TK_OPS_IN,
+     .dtypes = TK_OPS_FLOATS,
+     .dtype_like = 1,
+     .min_rank = 1,
+     .max_rank = 1,
+     .shape = "[N]",
+     .optional = 1,
+     .doc = "added after the scale"},
 };
 
 #define PKG "kernels-community/casted"

@@ -437,8 +437,7 @@ static int fits_attention(const tk_op_call *c)
     int64_t d = q->shape[3], g = q->shape[2] / k->shape[2];
     if (d > MAX_DP || g > MAX_G)
         return 0;
-    if (c->t[A_CUQ] &&
-        (!cu_ok(c->t[A_CUQ], q->shape[1], c->i[A_MAXQ]) || !cu_ok(c->t[A_CUK], k->shape[1], 0)))
+    if (c->t[A_CUQ] && (!cu_ok(c->t[A_CUQ], q->shape[1], c->i[A_MAXQ]) || !cu_ok(c->t[A_CUK], k->shape[1], 0)))
         return 0;
     return 1;
 }
@@ -451,10 +450,27 @@ static int run_attention(const tk_op_call *c, int avx2)
     int64_t *starts = malloc(sizeof(int64_t) * (size_t)(2 * (nseq + 1)));
     if (!starts)
         return tk__err(TK_ERR_NOMEM, "%s: out of memory", c->op->name);
-    fwd_t f = {tk_ops__base(q), tk_ops__base(k), tk_ops__base(c->t[A_V]), tk_ops__base(c->t[A_OUT]),
-               c->t[A_LSE] ? tk_ops__base(c->t[A_LSE]) : NULL, tk_cpu_kind(q->dtype), sq, hq, k->shape[2], d,
-               hq / k->shape[2], nseq, 0, starts, starts + nseq + 1, 0, c->i[A_WL],
-               c->i[A_CAUSAL] ? 0 : c->i[A_WR], avx2, 0, 0.0f};
+    fwd_t f = {tk_ops__base(q),
+               tk_ops__base(k),
+               tk_ops__base(c->t[A_V]),
+               tk_ops__base(c->t[A_OUT]),
+               c->t[A_LSE] ? tk_ops__base(c->t[A_LSE]) : NULL,
+               tk_cpu_kind(q->dtype),
+               sq,
+               hq,
+               k->shape[2],
+               d,
+               hq / k->shape[2],
+               nseq,
+               0,
+               starts,
+               starts + nseq + 1,
+               0,
+               c->i[A_WL],
+               c->i[A_CAUSAL] ? 0 : c->i[A_WR],
+               avx2,
+               0,
+               0.0f};
     double sc = c->f[A_SCALE] != 0 ? c->f[A_SCALE] : 1.0 / sqrt((double)d);
     f.scale = (float)sc;
     f.cap = (float)c->f[A_SOFTCAP];
@@ -549,8 +565,8 @@ static int fits_decode(const tk_op_call *c)
 {
     const tk_tensor *q = c->t[D_Q], *kc = c->t[D_KC], *bt = c->t[D_BT];
     int ck = tk_cpu_kind(kc->dtype);
-    if (c->t[D_ALIBI] || c->t[D_KS] || tk_cpu_kind(q->dtype) < 0 ||
-        tk_cpu_kind(q->dtype) == K_I8 || ck < 0 || ck == K_I8)
+    if (c->t[D_ALIBI] || c->t[D_KS] || tk_cpu_kind(q->dtype) < 0 || tk_cpu_kind(q->dtype) == K_I8 || ck < 0 ||
+        ck == K_I8)
         return 0; /* float caches: q's dtype, or f16/bf16 under f32 q (the op's checks) */
     int64_t d = q->shape[3], g = q->shape[2] / kc->shape[2], sq = q->shape[1];
     if (d > MAX_DP || g * sq > MAX_G * BQ)
@@ -572,10 +588,28 @@ static int run_decode(const tk_op_call *c, int avx2)
 {
     const tk_tensor *q = c->t[D_Q], *kc = c->t[D_KC];
     int64_t b = q->shape[0], d = q->shape[3];
-    dec_t j = {tk_ops__base(q), tk_ops__base(c->t[D_OUT]), tk_ops__base(kc), tk_ops__base(c->t[D_VC]),
-               c->t[D_LSE] ? tk_ops__base(c->t[D_LSE]) : NULL, tk_ops__base(c->t[D_BT]), tk_ops__base(c->t[D_SL]),
-               tk_cpu_kind(q->dtype), tk_cpu_kind(kc->dtype), b, q->shape[1], q->shape[2], kc->shape[2], d, q->shape[2] / kc->shape[2],
-               kc->shape[1], c->t[D_BT]->shape[1], 0, c->i[D_WL], avx2, 0, 0.0f};
+    dec_t j = {tk_ops__base(q),
+               tk_ops__base(c->t[D_OUT]),
+               tk_ops__base(kc),
+               tk_ops__base(c->t[D_VC]),
+               c->t[D_LSE] ? tk_ops__base(c->t[D_LSE]) : NULL,
+               tk_ops__base(c->t[D_BT]),
+               tk_ops__base(c->t[D_SL]),
+               tk_cpu_kind(q->dtype),
+               tk_cpu_kind(kc->dtype),
+               b,
+               q->shape[1],
+               q->shape[2],
+               kc->shape[2],
+               d,
+               q->shape[2] / kc->shape[2],
+               kc->shape[1],
+               c->t[D_BT]->shape[1],
+               0,
+               c->i[D_WL],
+               avx2,
+               0,
+               0.0f};
     j.scale = (float)(c->f[D_SCALE] != 0 ? c->f[D_SCALE] : 1.0 / sqrt((double)d));
     j.cap = (float)c->f[D_SOFTCAP];
     int64_t keys = 0;

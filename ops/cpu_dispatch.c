@@ -84,10 +84,10 @@ static void init(void)
 {
     features = detect();
     const char *m = getenv("TK_CPU_IMPL");
-    mode = !m ? TK_CPU_MODE_AUTO
-              : !strcmp(m, "reference") ? TK_CPU_MODE_REFERENCE
-              : !strcmp(m, "portable") ? TK_CPU_MODE_PORTABLE
-                                       : TK_CPU_MODE_AUTO;
+    mode = !m                        ? TK_CPU_MODE_AUTO
+           : !strcmp(m, "reference") ? TK_CPU_MODE_REFERENCE
+           : !strcmp(m, "portable")  ? TK_CPU_MODE_PORTABLE
+                                     : TK_CPU_MODE_AUTO;
     const char *q = getenv("TK_CPU_Q8");
     act_quant = q && !strcmp(q, "1");
 }

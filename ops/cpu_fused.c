@@ -133,11 +133,13 @@ TK_AVX2 static void norm_rows_avx2(const norm_t *n, int64_t lo, int64_t hi)
             ss += lanes[l];
         __m256 rs = _mm256_set1_ps((float)(1.0 / sqrt(ss / (double)n->d + (double)n->eps)));
         for (e = 0; e < d8; e += 8)
-            tk_st8(n->out, r * n->lo + e, n->ko, _mm256_mul_ps(_mm256_mul_ps(tk_ld8(x, xo + e, kx), rs), tk_ld8(n->w, e, n->kw)));
+            tk_st8(n->out, r * n->lo + e, n->ko,
+                   _mm256_mul_ps(_mm256_mul_ps(tk_ld8(x, xo + e, kx), rs), tk_ld8(n->w, e, n->kw)));
         if (rem)
-            tk_st8_part(n->out, r * n->lo + e, n->ko,
-                        _mm256_mul_ps(_mm256_mul_ps(tk_ld8_part(x, xo + e, kx, rem), rs), tk_ld8_part(n->w, e, n->kw, rem)),
-                        rem);
+            tk_st8_part(
+                n->out, r * n->lo + e, n->ko,
+                _mm256_mul_ps(_mm256_mul_ps(tk_ld8_part(x, xo + e, kx, rem), rs), tk_ld8_part(n->w, e, n->kw, rem)),
+                rem);
     }
 }
 #endif
@@ -390,7 +392,8 @@ static void rope_rows_c(const rope_t *j, int64_t lo, int64_t hi)
                 int64_t off = (tok * j->heads[w] + h) * j->ld[w];
                 for (int64_t i = 0; i < j->half; i++) {
                     float cv = tk_cpu_ld1(cr, i, j->kc), sv = tk_cpu_ld1(cr, j->half + i, j->kc);
-                    float x1 = tk_cpu_ld1(j->t[w], off + i, j->kind), x2 = tk_cpu_ld1(j->t[w], off + j->half + i, j->kind);
+                    float x1 = tk_cpu_ld1(j->t[w], off + i, j->kind),
+                          x2 = tk_cpu_ld1(j->t[w], off + j->half + i, j->kind);
                     tk_cpu_st1(j->t[w], off + i, j->kind, x1 * cv - x2 * sv);
                     tk_cpu_st1(j->t[w], off + j->half + i, j->kind, x2 * cv + x1 * sv);
                 }
@@ -412,13 +415,15 @@ TK_AVX2 static void rope_rows_avx2(const rope_t *j, int64_t lo, int64_t hi)
                     __m256 cv = tk_ld8(cr, i, j->kc), sv = tk_ld8(cr, j->half + i, j->kc);
                     __m256 x1 = tk_ld8(j->t[w], off + i, j->kind), x2 = tk_ld8(j->t[w], off + j->half + i, j->kind);
                     tk_st8(j->t[w], off + i, j->kind, _mm256_sub_ps(_mm256_mul_ps(x1, cv), _mm256_mul_ps(x2, sv)));
-                    tk_st8(j->t[w], off + j->half + i, j->kind, _mm256_add_ps(_mm256_mul_ps(x2, cv), _mm256_mul_ps(x1, sv)));
+                    tk_st8(j->t[w], off + j->half + i, j->kind,
+                           _mm256_add_ps(_mm256_mul_ps(x2, cv), _mm256_mul_ps(x1, sv)));
                 }
                 if (rem) {
                     __m256 cv = tk_ld8_part(cr, i, j->kc, rem), sv = tk_ld8_part(cr, j->half + i, j->kc, rem);
                     __m256 x1 = tk_ld8_part(j->t[w], off + i, j->kind, rem);
                     __m256 x2 = tk_ld8_part(j->t[w], off + j->half + i, j->kind, rem);
-                    tk_st8_part(j->t[w], off + i, j->kind, _mm256_sub_ps(_mm256_mul_ps(x1, cv), _mm256_mul_ps(x2, sv)), rem);
+                    tk_st8_part(j->t[w], off + i, j->kind, _mm256_sub_ps(_mm256_mul_ps(x1, cv), _mm256_mul_ps(x2, sv)),
+                                rem);
                     tk_st8_part(j->t[w], off + j->half + i, j->kind,
                                 _mm256_add_ps(_mm256_mul_ps(x2, cv), _mm256_mul_ps(x1, sv)), rem);
                 }

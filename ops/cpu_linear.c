@@ -126,7 +126,6 @@ static int fits_casted(const tk_op_call *c)
     return setup(&L, c, 1);
 }
 
-
 /* out[i, n] = v * scale[n] + bias[n], rounded to out's dtype. */
 static inline void put1(const lin_t *L, int64_t i, int64_t n, float v)
 {
@@ -253,7 +252,7 @@ TK_AVX2_INLINE void gemv_rows_avx2(int M, int wk, const gemv_job *j, int64_t lo,
     }
 }
 
-#define GEMV_INST(M, WK, NAME)                                                                        \
+#define GEMV_INST(M, WK, NAME)                                                                                         \
     TK_AVX2 static void NAME(const gemv_job *j, int64_t lo, int64_t hi) { gemv_rows_avx2(M, WK, j, lo, hi); }
 GEMV_INST(1, K_F32, gemv_1_f32)
 GEMV_INST(2, K_F32, gemv_2_f32)
@@ -476,7 +475,7 @@ TK_AVX2_INLINE void tile_avx2(int MT, int NT, int wk, const char *w, size_t ldwb
     }
 }
 
-#define TILE_CASE(MT, NT)                                                                              \
+#define TILE_CASE(MT, NT)                                                                                              \
     case (MT - 1) * TN + NT - 1: tile_avx2(MT, NT, wk, wb, ldwb, xf, j->ldxf, L->k, y, &pf, lim); break
 
 /* Weight rows [lo, hi) against every row of x, TN rows at a time. */
@@ -516,7 +515,7 @@ TK_AVX2_INLINE void tile_rows_avx2(int wk, const gemv_job *j, int64_t lo, int64_
 }
 #undef TILE_CASE
 
-#define TILE_INST(WK, NAME)                                                                            \
+#define TILE_INST(WK, NAME)                                                                                            \
     TK_AVX2 static void NAME(const gemv_job *j, int64_t lo, int64_t hi) { tile_rows_avx2(WK, j, lo, hi); }
 TILE_INST(K_F32, tile_f32)
 TILE_INST(K_F16, tile_f16)
@@ -633,14 +632,14 @@ TK_AVX2_INLINE void q8_rows_avx2(int M, const q8_job *j, int64_t lo, int64_t hi)
     }
 }
 
-#define Q8_INST(M)                                                                                    \
+#define Q8_INST(M)                                                                                                     \
     TK_AVX2 static void q8_rows_##M(const q8_job *j, int64_t lo, int64_t hi) { q8_rows_avx2(M, j, lo, hi); }
 Q8_INST(1)
 Q8_INST(2)
 Q8_INST(3)
 Q8_INST(4)
 static void (*const q8_avx2[GEMV_MAX_M])(const q8_job *, int64_t, int64_t) = {q8_rows_1, q8_rows_2, q8_rows_3,
-                                                                               q8_rows_4};
+                                                                              q8_rows_4};
 
 static void q8_range(void *arg, int64_t lo, int64_t hi)
 {
@@ -817,15 +816,15 @@ TK_AVX2 static void ukernel_avx2(int64_t kc, const float *a, const float *b, flo
         c50 = _mm256_fmadd_ps(av, b0, c50);
         c51 = _mm256_fmadd_ps(av, b1, c51);
     }
-#define ST(r, v0, v1)                                                                                  \
-    do {                                                                                               \
-        float *cr = c + (r) * ldc;                                                                     \
-        if (acc) {                                                                                     \
-            v0 = _mm256_add_ps(v0, _mm256_load_ps(cr));                                                \
-            v1 = _mm256_add_ps(v1, _mm256_load_ps(cr + 8));                                            \
-        }                                                                                              \
-        _mm256_store_ps(cr, v0);                                                                       \
-        _mm256_store_ps(cr + 8, v1);                                                                   \
+#define ST(r, v0, v1)                                                                                                  \
+    do {                                                                                                               \
+        float *cr = c + (r) * ldc;                                                                                     \
+        if (acc) {                                                                                                     \
+            v0 = _mm256_add_ps(v0, _mm256_load_ps(cr));                                                                \
+            v1 = _mm256_add_ps(v1, _mm256_load_ps(cr + 8));                                                            \
+        }                                                                                                              \
+        _mm256_store_ps(cr, v0);                                                                                       \
+        _mm256_store_ps(cr + 8, v1);                                                                                   \
     } while (0)
     ST(0, c00, c01);
     ST(1, c10, c11);
@@ -930,8 +929,7 @@ static int run_gemm(lin_t *L)
     int64_t panels = (L->m + MR - 1) / MR;
     L->ap = tk_ops__cpu_scratch(0, (size_t)(panels * MR * (L->k > 0 ? L->k : 1)) * sizeof(float));
     if (!L->ap)
-        return tk__err(TK_ERR_NOMEM, "linear: out of memory packing x (%lld x %lld)", (long long)L->m,
-                       (long long)L->k);
+        return tk__err(TK_ERR_NOMEM, "linear: out of memory packing x (%lld x %lld)", (long long)L->m, (long long)L->k);
     pack_job pj = {L};
     tk_ops__parallel_for(panels, 4, 0, pack_a_range, &pj);
     /* row blocks of at most MC_MAX, as even as MR allows */

@@ -154,10 +154,12 @@ static int bind_one(binding *b, const tk_op_call *c, size_t i)
                 memcpy(b->lead, t->shape + s, (size_t)nlead * sizeof *b->lead);
             } else if (b->nlead != nlead || memcmp(b->lead, t->shape + s, (size_t)nlead * sizeof *b->lead)) {
                 const tk_tensor *o = c->t[b->lead_from];
-                return tk__err(TK_ERR_INVALID, "%s: '%s' has shape %s, want %s: its leading dims (\"...\") are %s, "
-                               "but those of '%s' %s are %s", name, p->name, have, p->shape,
-                               tk_ops__shape_fmt(nlead, t->shape + s), c->op->params[b->lead_from].name,
-                               tk_ops__shape_fmt(o->ndim, o->shape), tk_ops__shape_fmt(b->nlead, b->lead));
+                return tk__err(TK_ERR_INVALID,
+                               "%s: '%s' has shape %s, want %s: its leading dims (\"...\") are %s, "
+                               "but those of '%s' %s are %s",
+                               name, p->name, have, p->shape, tk_ops__shape_fmt(nlead, t->shape + s),
+                               c->op->params[b->lead_from].name, tk_ops__shape_fmt(o->ndim, o->shape),
+                               tk_ops__shape_fmt(b->nlead, b->lead));
             }
             s += nlead;
             continue;
@@ -170,8 +172,10 @@ static int bind_one(binding *b, const tk_op_call *c, size_t i)
             continue;
         }
         if (v % d[k].k)
-            return tk__err(TK_ERR_INVALID, "%s: '%s' has shape %s, want %s: dimension %d (%lld) must be a multiple "
-                           "of %lld", name, p->name, have, p->shape, s - 1, (long long)v, (long long)d[k].k);
+            return tk__err(TK_ERR_INVALID,
+                           "%s: '%s' has shape %s, want %s: dimension %d (%lld) must be a multiple "
+                           "of %lld",
+                           name, p->name, have, p->shape, s - 1, (long long)v, (long long)d[k].k);
         v /= d[k].k;
         int j = lookup(b, d[k].sym);
         if (j >= 0 && b->val[j] != v) {

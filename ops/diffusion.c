@@ -52,12 +52,19 @@
 #define BLK 512 /* elements per chunk of the elementwise loops: stack scratch */
 
 enum { PRED_EPSILON, PRED_SAMPLE, PRED_V, NPRED };
-enum { VAR_FIXED_SMALL, VAR_FIXED_SMALL_LOG, VAR_FIXED_LARGE, VAR_FIXED_LARGE_LOG, VAR_LEARNED, VAR_LEARNED_RANGE,
-       NVAR };
+enum {
+    VAR_FIXED_SMALL,
+    VAR_FIXED_SMALL_LOG,
+    VAR_FIXED_LARGE,
+    VAR_FIXED_LARGE_LOG,
+    VAR_LEARNED,
+    VAR_LEARNED_RANGE,
+    NVAR
+};
 
 static const char *const pred_names[NPRED] = {"epsilon", "sample", "v_prediction"};
-static const char *const var_names[NVAR] = {"fixed_small", "fixed_small_log", "fixed_large", "fixed_large_log",
-                                            "learned", "learned_range"};
+static const char *const var_names[NVAR] = {"fixed_small",     "fixed_small_log", "fixed_large",
+                                            "fixed_large_log", "learned",         "learned_range"};
 
 /* ---- the schedule (tk.h) ---------------------------------------------------------------------- */
 
@@ -80,9 +87,8 @@ static const struct {
     const char *name;
     double (*abar)(double); /* NULL: a linspace schedule */
 } schedules[] = {
-    {"linear", NULL},           {"scaled_linear", NULL}, {"squaredcos_cap_v2", abar_cosine},
-    {"cosine", abar_cosine},    {"sqrt", abar_sqrt},     {"sigmoid", NULL},
-    {"laplace", abar_laplace},
+    {"linear", NULL},    {"scaled_linear", NULL}, {"squaredcos_cap_v2", abar_cosine}, {"cosine", abar_cosine},
+    {"sqrt", abar_sqrt}, {"sigmoid", NULL},       {"laplace", abar_laplace},
 };
 #define NSCHED (sizeof schedules / sizeof schedules[0])
 
@@ -92,8 +98,10 @@ int tk_ops__noise_schedule(double *betas, double *alphas_cumprod, const tk_noise
     if (!o)
         o = &def;
     if (o->version < 1 || o->version > TK_NOISE_SCHEDULE_OPTS_VERSION)
-        return tk__err(TK_ERR_INVALID, "tk_noise_schedule: options version %u, this tk knows 1 to %d\nHINT: declare "
-                       "them with TK_NOISE_SCHEDULE_OPTS_INIT", o->version, TK_NOISE_SCHEDULE_OPTS_VERSION);
+        return tk__err(TK_ERR_INVALID,
+                       "tk_noise_schedule: options version %u, this tk knows 1 to %d\nHINT: declare "
+                       "them with TK_NOISE_SCHEDULE_OPTS_INIT",
+                       o->version, TK_NOISE_SCHEDULE_OPTS_VERSION);
     int64_t n = o->num_train_timesteps;
     if (n < 1 || n > ((int64_t)1 << 24))
         return tk__err(TK_ERR_INVALID, "tk_noise_schedule: num_train_timesteps is %lld, want 1 to 16777216",
@@ -103,15 +111,19 @@ int tk_ops__noise_schedule(double *betas, double *alphas_cumprod, const tk_noise
     while (!o->trained_betas && k < NSCHED && strcmp(schedules[k].name, name) != 0)
         k++;
     if (k == NSCHED)
-        return tk__err(TK_ERR_INVALID, "tk_noise_schedule: unknown beta_schedule '%s'\nHINT: linear, scaled_linear, "
-                       "squaredcos_cap_v2 (or cosine), sqrt, sigmoid or laplace; or pass trained_betas", name);
+        return tk__err(TK_ERR_INVALID,
+                       "tk_noise_schedule: unknown beta_schedule '%s'\nHINT: linear, scaled_linear, "
+                       "squaredcos_cap_v2 (or cosine), sqrt, sigmoid or laplace; or pass trained_betas",
+                       name);
     int linspace = !o->trained_betas && !schedules[k].abar;
     if (linspace && (!isfinite(o->beta_start) || !isfinite(o->beta_end)))
-        return tk__err(TK_ERR_INVALID, "tk_noise_schedule: beta_start %g and beta_end %g must be finite",
-                       o->beta_start, o->beta_end);
+        return tk__err(TK_ERR_INVALID, "tk_noise_schedule: beta_start %g and beta_end %g must be finite", o->beta_start,
+                       o->beta_end);
     if (linspace && !strcmp(name, "scaled_linear") && (o->beta_start < 0 || o->beta_end < 0))
-        return tk__err(TK_ERR_INVALID, "tk_noise_schedule: scaled_linear takes square roots of beta_start %g and "
-                       "beta_end %g: want both >= 0", o->beta_start, o->beta_end);
+        return tk__err(TK_ERR_INVALID,
+                       "tk_noise_schedule: scaled_linear takes square roots of beta_start %g and "
+                       "beta_end %g: want both >= 0",
+                       o->beta_start, o->beta_end);
     if (!o->trained_betas && !linspace && !(o->max_beta > 0 && o->max_beta <= 1))
         return tk__err(TK_ERR_INVALID, "tk_noise_schedule: max_beta is %g, want a value in (0, 1]", o->max_beta);
     if (o->rescale_betas_zero_snr && n < 2)
@@ -143,9 +155,10 @@ int tk_ops__noise_schedule(double *betas, double *alphas_cumprod, const tk_noise
     }
     for (int64_t i = 0; i < n; i++)
         if (!(b[i] >= 0 && b[i] <= 1)) {
-            rc = tk__err(TK_ERR_INVALID, "tk_noise_schedule: beta[%lld] = %g is outside [0, 1] (%s)\nHINT: check "
-                         "beta_start and beta_end", (long long)i, b[i],
-                         o->trained_betas ? "trained_betas" : name);
+            rc = tk__err(TK_ERR_INVALID,
+                         "tk_noise_schedule: beta[%lld] = %g is outside [0, 1] (%s)\nHINT: check "
+                         "beta_start and beta_end",
+                         (long long)i, b[i], o->trained_betas ? "trained_betas" : name);
             goto done;
         }
     if (o->rescale_betas_zero_snr) { /* Lin et al. 2023, Algorithm 1, as diffusers' rescale_zero_terminal_snr */
@@ -156,8 +169,10 @@ int tk_ops__noise_schedule(double *betas, double *alphas_cumprod, const tk_noise
         }
         double s0 = ab[0], sT = ab[n - 1];
         if (!(s0 > sT)) {
-            rc = tk__err(TK_ERR_INVALID, "tk_noise_schedule: rescale_betas_zero_snr needs sqrt(alphas_cumprod) to "
-                         "fall (first %g, last %g)", s0, sT);
+            rc = tk__err(TK_ERR_INVALID,
+                         "tk_noise_schedule: rescale_betas_zero_snr needs sqrt(alphas_cumprod) to "
+                         "fall (first %g, last %g)",
+                         s0, sT);
             goto done;
         }
         for (int64_t i = 0; i < n; i++) {
@@ -207,9 +222,10 @@ TK_API int tk_diffusion_timesteps(int64_t *timesteps, int64_t *prev_timesteps, i
     tk_diffusion_timesteps_opts def = TK_DIFFUSION_TIMESTEPS_OPTS_INIT;
     const tk_diffusion_timesteps_opts *o = opts ? opts : &def;
     if (o->version < 1 || o->version > TK_DIFFUSION_TIMESTEPS_OPTS_VERSION)
-        return tk__err(TK_ERR_INVALID, "tk_diffusion_timesteps: options version %u, this tk knows 1 to %d\nHINT: "
-                       "declare them with TK_DIFFUSION_TIMESTEPS_OPTS_INIT", o->version,
-                       TK_DIFFUSION_TIMESTEPS_OPTS_VERSION);
+        return tk__err(TK_ERR_INVALID,
+                       "tk_diffusion_timesteps: options version %u, this tk knows 1 to %d\nHINT: "
+                       "declare them with TK_DIFFUSION_TIMESTEPS_OPTS_INIT",
+                       o->version, TK_DIFFUSION_TIMESTEPS_OPTS_VERSION);
     int64_t n = o->num_train_timesteps;
     const char *sp = o->timestep_spacing ? o->timestep_spacing : "leading";
     const char *sch = o->scheduler ? o->scheduler : "ddpm";
@@ -219,15 +235,21 @@ TK_API int tk_diffusion_timesteps(int64_t *timesteps, int64_t *prev_timesteps, i
         return tk__err(TK_ERR_INVALID, "tk_diffusion_timesteps: num_train_timesteps is %lld, want 1 to 16777216",
                        (long long)n);
     if (steps < 1 || steps > n)
-        return tk__err(TK_ERR_INVALID, "tk_diffusion_timesteps: num_inference_steps is %lld, want 1 to "
-                       "num_train_timesteps (%lld)", (long long)steps, (long long)n);
+        return tk__err(TK_ERR_INVALID,
+                       "tk_diffusion_timesteps: num_inference_steps is %lld, want 1 to "
+                       "num_train_timesteps (%lld)",
+                       (long long)steps, (long long)n);
     int ddim = !strcmp(sch, "ddim");
     if (!ddim && strcmp(sch, "ddpm") != 0)
-        return tk__err(TK_ERR_INVALID, "tk_diffusion_timesteps: unknown scheduler '%s'\nHINT: \"ddpm\" (the previous "
-                       "timestep is the next one of the list) or \"ddim\" (t - num_train_timesteps / steps)", sch);
+        return tk__err(TK_ERR_INVALID,
+                       "tk_diffusion_timesteps: unknown scheduler '%s'\nHINT: \"ddpm\" (the previous "
+                       "timestep is the next one of the list) or \"ddim\" (t - num_train_timesteps / steps)",
+                       sch);
     if (strcmp(sp, "leading") != 0 && strcmp(sp, "trailing") != 0 && strcmp(sp, "linspace") != 0)
-        return tk__err(TK_ERR_INVALID, "tk_diffusion_timesteps: unknown timestep_spacing '%s'\nHINT: leading, "
-                       "trailing or linspace", sp);
+        return tk__err(TK_ERR_INVALID,
+                       "tk_diffusion_timesteps: unknown timestep_spacing '%s'\nHINT: leading, "
+                       "trailing or linspace",
+                       sp);
     if (o->steps_offset < 0 || o->steps_offset >= n)
         return tk__err(TK_ERR_INVALID, "tk_diffusion_timesteps: steps_offset is %lld, want 0 to %lld",
                        (long long)o->steps_offset, (long long)(n - 1));
@@ -239,13 +261,16 @@ TK_API int tk_diffusion_timesteps(int64_t *timesteps, int64_t *prev_timesteps, i
             t = (int64_t)rint(np_arange_at((double)n, -((double)n / (double)steps), i)) - 1;
         } else { /* linspace(0, n - 1, steps).round()[::-1] */
             int64_t j = steps - 1 - i;
-            double v = steps == 1 ? 0 : j == steps - 1 ? (double)(n - 1) : (double)j * ((double)(n - 1) / (double)(steps - 1));
+            double v = steps == 1       ? 0
+                       : j == steps - 1 ? (double)(n - 1)
+                                        : (double)j * ((double)(n - 1) / (double)(steps - 1));
             t = (int64_t)rint(v);
         }
         if (t < 0 || t >= n)
-            return tk__err(TK_ERR_INVALID, "tk_diffusion_timesteps: %s spacing with steps_offset %lld gives timestep "
-                           "%lld, outside [0, %lld)\nHINT: lower steps_offset or num_inference_steps", sp,
-                           (long long)o->steps_offset, (long long)t, (long long)n);
+            return tk__err(TK_ERR_INVALID,
+                           "tk_diffusion_timesteps: %s spacing with steps_offset %lld gives timestep "
+                           "%lld, outside [0, %lld)\nHINT: lower steps_offset or num_inference_steps",
+                           sp, (long long)o->steps_offset, (long long)t, (long long)n);
         timesteps[i] = t;
     }
     if (prev_timesteps)
@@ -301,7 +326,7 @@ static double clip_x0(const step_opts *o, double x0, float s)
     if (o->thr) {
         if (isnan(s))
             return NAN;
-        double v = x0 < -(double)s ? -(double)s : x0 > (double)s ? (double)s : x0;
+        double v = x0<-(double)s ? -(double)s : x0>(double) s ? (double)s : x0;
         return v / (double)s;
     }
     if (o->clip) {
@@ -357,8 +382,8 @@ static double ddpm_mean(const trow *r, double x0, double x)
 }
 
 /* One DDPM step: *x0 gets the clipped pred_original_sample. has_z: a noise value z is given. */
-static double ddpm_elem(const step_opts *o, const trow *r, double m, double x, double pv, int has_z, double z,
-                        float s, double *x0)
+static double ddpm_elem(const step_opts *o, const trow *r, double m, double x, double pv, int has_z, double z, float s,
+                        double *x0)
 {
     *x0 = clip_x0(o, x0_of(o->pred, m, x, r->at), s);
     double prev = ddpm_mean(r, *x0, x);
@@ -448,16 +473,18 @@ static int per_row(const tk_op_call *c, int i, int j)
     if (t->shape[0] == x->shape[0])
         return TK_OK;
     return tk__err(TK_ERR_INVALID, "%s: '%s' has shape %s, want [%lld] (one value per batch row of '%s' %s)",
-                   c->op->name, pname(c, i), tk_ops__shape_fmt(t->ndim, t->shape), (long long)x->shape[0],
-                   pname(c, j), tk_ops__shape_fmt(x->ndim, x->shape));
+                   c->op->name, pname(c, i), tk_ops__shape_fmt(t->ndim, t->shape), (long long)x->shape[0], pname(c, j),
+                   tk_ops__shape_fmt(x->ndim, x->shape));
 }
 
 static int table_ok(const tk_op_call *c, int i)
 {
     if (c->t[i]->shape[0] >= 1)
         return TK_OK;
-    return tk__err(TK_ERR_INVALID, "%s: '%s' is empty: want the schedule's n >= 1 values\nHINT: tk_noise_schedule "
-                   "(tk.h) computes alphas_cumprod", c->op->name, pname(c, i));
+    return tk__err(TK_ERR_INVALID,
+                   "%s: '%s' is empty: want the schedule's n >= 1 values\nHINT: tk_noise_schedule "
+                   "(tk.h) computes alphas_cumprod",
+                   c->op->name, pname(c, i));
 }
 
 static int distinct(const tk_op_call *c, int i, int j)
@@ -505,8 +532,10 @@ static int check_post(const tk_op_call *c)
         return rc;
     int64_t v = c->i[P_VARTYPE];
     if ((v == VAR_LEARNED || v == VAR_LEARNED_RANGE) && !c->t[P_PV])
-        return tk__err(TK_ERR_INVALID, "%s: variance_type %lld (%s) needs 'predicted_variance' (the model's second "
-                       "half of channels)", c->op->name, (long long)v, var_names[v]);
+        return tk__err(TK_ERR_INVALID,
+                       "%s: variance_type %lld (%s) needs 'predicted_variance' (the model's second "
+                       "half of channels)",
+                       c->op->name, (long long)v, var_names[v]);
     return tk_ops__numel(c->t[P_X0]) ? table_ok(c, P_AB) : TK_OK;
 }
 
@@ -539,16 +568,17 @@ static int check_clip(const tk_op_call *c, int clip, int range, int thr, int rat
         return tk__err(TK_ERR_INVALID, "%s: 'clip_sample_range' is %g, want a finite value > 0 (or clip_sample=0)",
                        c->op->name, c->f[range]);
     if (c->i[thr] && !(c->f[ratio] >= 0 && c->f[ratio] <= 1))
-        return tk__err(TK_ERR_INVALID, "%s: 'dynamic_thresholding_ratio' is %g, want a quantile in [0, 1]",
-                       c->op->name, c->f[ratio]);
+        return tk__err(TK_ERR_INVALID, "%s: 'dynamic_thresholding_ratio' is %g, want a quantile in [0, 1]", c->op->name,
+                       c->f[ratio]);
     if (c->i[thr] && !(c->f[maxv] > 0 && isfinite(c->f[maxv])))
         return tk__err(TK_ERR_INVALID, "%s: 'sample_max_value' is %g, want a finite value > 0", c->op->name,
                        c->f[maxv]);
-    if (c->i[thr] && tk_ops__numel(c->t[S_SAMPLE]) / (c->t[S_SAMPLE]->shape[0] ? c->t[S_SAMPLE]->shape[0] : 1) >
-                         ((int64_t)1 << 24))
-        return tk__err(TK_ERR_INVALID, "%s: dynamic thresholding takes a quantile over a batch row of 'sample' %s: at "
-                       "most 2^24 elements, as torch.quantile", c->op->name,
-                       tk_ops__shape_fmt(c->t[S_SAMPLE]->ndim, c->t[S_SAMPLE]->shape));
+    if (c->i[thr] &&
+        tk_ops__numel(c->t[S_SAMPLE]) / (c->t[S_SAMPLE]->shape[0] ? c->t[S_SAMPLE]->shape[0] : 1) > ((int64_t)1 << 24))
+        return tk__err(TK_ERR_INVALID,
+                       "%s: dynamic thresholding takes a quantile over a batch row of 'sample' %s: at "
+                       "most 2^24 elements, as torch.quantile",
+                       c->op->name, tk_ops__shape_fmt(c->t[S_SAMPLE]->ndim, c->t[S_SAMPLE]->shape));
     return TK_OK;
 }
 
@@ -568,9 +598,11 @@ static int check_ddpm(const tk_op_call *c)
     if ((rc = enum_ok(c, D_PRED, NPRED, pred_names)) || (rc = enum_ok(c, D_VAR, NVAR, var_names)))
         return rc;
     if (c->i[D_VAR] == VAR_FIXED_LARGE_LOG)
-        return tk__err(TK_ERR_INVALID, "%s: variance_type 3 (fixed_large_log) is not a step's variance: diffusers' "
+        return tk__err(TK_ERR_INVALID,
+                       "%s: variance_type 3 (fixed_large_log) is not a step's variance: diffusers' "
                        "DDPMScheduler.step takes the square root of log(beta), a NaN\nHINT: use 2 (fixed_large); "
-                       "ddpm_posterior gives its log variance", c->op->name);
+                       "ddpm_posterior gives its log variance",
+                       c->op->name);
     int learned = c->i[D_VAR] == VAR_LEARNED || c->i[D_VAR] == VAR_LEARNED_RANGE;
     if ((rc = check_model_output(c, learned)) || (rc = check_step_common(c)))
         return rc;
@@ -663,18 +695,24 @@ static int read_rows(trow *rows, const tk_op_call *c, int ts, int prev, int ab, 
     for (int64_t i = 0; i < n; i++) {
         double v = f64_at(tab, i);
         if (!(v >= 0 && v <= 1))
-            return tk__err(TK_ERR_INVALID, "%s: 'alphas_cumprod'[%lld] = %g is outside [0, 1]\nHINT: a schedule's "
+            return tk__err(TK_ERR_INVALID,
+                           "%s: 'alphas_cumprod'[%lld] = %g is outside [0, 1]\nHINT: a schedule's "
                            "cumulative products fall from near 1 towards 0; tk_noise_schedule (tk.h) computes them "
-                           "(tk run-op: --arg alphas_cumprod=0.5)", op, (long long)i, v);
+                           "(tk run-op: --arg alphas_cumprod=0.5)",
+                           op, (long long)i, v);
     }
     for (int64_t b = 0; b < B; b++) {
         int64_t t = i64_at(c->t[ts], b), p = prev >= 0 ? i64_at(c->t[prev], b) : -1;
         if (t < 0 || t >= n)
-            return tk__err(TK_ERR_INVALID, "%s: 'timesteps'[%lld] = %lld is outside [0, %lld) (the rows of "
-                           "'alphas_cumprod')", op, (long long)b, (long long)t, (long long)n);
+            return tk__err(TK_ERR_INVALID,
+                           "%s: 'timesteps'[%lld] = %lld is outside [0, %lld) (the rows of "
+                           "'alphas_cumprod')",
+                           op, (long long)b, (long long)t, (long long)n);
         if (p >= n)
-            return tk__err(TK_ERR_INVALID, "%s: 'prev_timesteps'[%lld] = %lld is outside [0, %lld) (negative: the "
-                           "end of the chain, alphas_cumprod 1)", op, (long long)b, (long long)p, (long long)n);
+            return tk__err(TK_ERR_INVALID,
+                           "%s: 'prev_timesteps'[%lld] = %lld is outside [0, %lld) (negative: the "
+                           "end of the chain, alphas_cumprod 1)",
+                           op, (long long)b, (long long)p, (long long)n);
         rows[b].t = t;
         rows[b].at = f64_at(tab, t);
         rows[b].ap = p >= 0 ? f64_at(tab, p) : 1.0;
@@ -782,8 +820,7 @@ static void thr_range(void *arg, int64_t lo, int64_t hi)
     free(v);
 }
 
-static int run_elementwise(const tk_op_call *c, op_kind kind, int x_param, int ts, int prev, int ab,
-                           const step_opts *o)
+static int run_elementwise(const tk_op_call *c, op_kind kind, int x_param, int ts, int prev, int ab, const step_opts *o)
 {
     const tk_tensor *x = c->t[x_param];
     int64_t total = tk_ops__numel(x), B = x->shape[0];
@@ -831,15 +868,29 @@ static int cpu_post(const tk_op_call *c) { return run_elementwise(c, OP_POST, P_
 
 static int cpu_ddpm(const tk_op_call *c)
 {
-    step_opts o = {(int)c->i[D_PRED], (int)c->i[D_VAR], (int)c->i[D_CLIP], (int)c->i[D_THR], 0,
-                   c->f[D_RANGE],     c->f[D_RATIO],    c->f[D_MAXV],     0};
+    step_opts o = {(int)c->i[D_PRED],
+                   (int)c->i[D_VAR],
+                   (int)c->i[D_CLIP],
+                   (int)c->i[D_THR],
+                   0,
+                   c->f[D_RANGE],
+                   c->f[D_RATIO],
+                   c->f[D_MAXV],
+                   0};
     return run_elementwise(c, OP_DDPM, S_SAMPLE, S_TS, S_PREV, S_AB, &o);
 }
 
 static int cpu_ddim(const tk_op_call *c)
 {
-    step_opts o = {(int)c->i[I_PRED], 0, (int)c->i[I_CLIP], (int)c->i[I_THR], (int)c->i[I_USE_CLIPPED],
-                   c->f[I_RANGE],     c->f[I_RATIO], c->f[I_MAXV], c->f[I_ETA]};
+    step_opts o = {(int)c->i[I_PRED],
+                   0,
+                   (int)c->i[I_CLIP],
+                   (int)c->i[I_THR],
+                   (int)c->i[I_USE_CLIPPED],
+                   c->f[I_RANGE],
+                   c->f[I_RATIO],
+                   c->f[I_MAXV],
+                   c->f[I_ETA]};
     return run_elementwise(c, OP_DDIM, S_SAMPLE, S_TS, S_PREV, S_AB, &o);
 }
 
@@ -876,25 +927,33 @@ static int cpu_randn(const tk_op_call *c)
 
 /* ---- the table --------------------------------------------------------------------------------- */
 
-#define TENSOR(nm, role_, bits, like, rmin, rmax, shp, opt, docs)                                            \
-    {.name = nm, .kind = TK_ARG_TENSOR, .role = role_, .dtypes = bits, .dtype_like = like, .min_rank = rmin,  \
-     .max_rank = rmax, .shape = shp, .optional = opt, .doc = docs}
+#define TENSOR(nm, role_, bits, like, rmin, rmax, shp, opt, docs)                                                      \
+    {.name = nm,                                                                                                       \
+     .kind = TK_ARG_TENSOR,                                                                                            \
+     .role = role_,                                                                                                    \
+     .dtypes = bits,                                                                                                   \
+     .dtype_like = like,                                                                                               \
+     .min_rank = rmin,                                                                                                 \
+     .max_rank = rmax,                                                                                                 \
+     .shape = shp,                                                                                                     \
+     .optional = opt,                                                                                                  \
+     .doc = docs}
 #define F64(nm, dv, dc) {.name = nm, .kind = TK_ARG_F64, .optional = 1, .def = dv, .dtype_like = -1, .doc = dc}
 #define I64(nm, dv, dc) {.name = nm, .kind = TK_ARG_I64, .optional = 1, .def = dv, .dtype_like = -1, .doc = dc}
 
 #define TIMESTEPS TENSOR("timesteps", TK_OPS_IN, TK_OPS_I64, -1, 1, 1, "[b]", 0, "t of each batch row, in [0, n)")
-#define PREV_TIMESTEPS                                                                                       \
-    TENSOR("prev_timesteps", TK_OPS_IN, TK_OPS_I64, -1, 1, 1, "[b]", 0,                                     \
+#define PREV_TIMESTEPS                                                                                                 \
+    TENSOR("prev_timesteps", TK_OPS_IN, TK_OPS_I64, -1, 1, 1, "[b]", 0,                                                \
            "the step's target timestep per row; negative: the end (alphas_cumprod 1)")
-#define ALPHAS_CUMPROD                                                                                       \
-    TENSOR("alphas_cumprod", TK_OPS_IN, TK_OPS_F64, -1, 1, 1, "[n]", 0,                                     \
+#define ALPHAS_CUMPROD                                                                                                 \
+    TENSOR("alphas_cumprod", TK_OPS_IN, TK_OPS_F64, -1, 1, 1, "[n]", 0,                                                \
            "the schedule's cumulative products of 1 - beta, in [0, 1] (tk_noise_schedule)")
 #define PRED_DOC "0 epsilon, 1 sample (x0), 2 v_prediction: what model_output is"
-#define CLIP_PARAMS(def_clip)                                                                                \
-    I64("clip_sample", def_clip, "1: clamp the predicted x0 to [-clip_sample_range, clip_sample_range]"),     \
-        F64("clip_sample_range", 1.0, "the clamp of clip_sample"),                                           \
-        I64("thresholding", 0, "1: dynamic thresholding of x0 (Imagen) instead of clip_sample"),             \
-        F64("dynamic_thresholding_ratio", 0.995, "the quantile of |x0| per batch row thresholding uses"),    \
+#define CLIP_PARAMS(def_clip)                                                                                          \
+    I64("clip_sample", def_clip, "1: clamp the predicted x0 to [-clip_sample_range, clip_sample_range]"),              \
+        F64("clip_sample_range", 1.0, "the clamp of clip_sample"),                                                     \
+        I64("thresholding", 0, "1: dynamic thresholding of x0 (Imagen) instead of clip_sample"),                       \
+        F64("dynamic_thresholding_ratio", 0.995, "the quantile of |x0| per batch row thresholding uses"),              \
         F64("sample_max_value", 1.0, "the largest threshold s")
 
 static const tk_op_param q_params[] = {
@@ -906,8 +965,7 @@ static const tk_op_param q_params[] = {
 };
 
 static const tk_op_param post_params[] = {
-    TENSOR("mean", TK_OPS_OUT, TK_OPS_FLOATS, P_X0, 1, -1, "[b, ...]", 0,
-           "the posterior mean c0 x0 + ct x_t"),
+    TENSOR("mean", TK_OPS_OUT, TK_OPS_FLOATS, P_X0, 1, -1, "[b, ...]", 0, "the posterior mean c0 x0 + ct x_t"),
     TENSOR("log_variance", TK_OPS_OUT, TK_OPS_FLOATS, P_X0, 1, -1, "[b, ...]", 1,
            "the log variance of the reverse step for variance_type"),
     TENSOR("x0", TK_OPS_IN, TK_OPS_FLOATS, -1, 1, -1, "[b, ...]", 0, "x0 (the clean sample, or its prediction)"),
@@ -917,19 +975,19 @@ static const tk_op_param post_params[] = {
     ALPHAS_CUMPROD,
     TENSOR("predicted_variance", TK_OPS_IN, TK_OPS_FLOATS, P_X0, 1, -1, "[b, ...]", 1,
            "learned: the variance; learned_range: v in [-1, 1] between log beta~ and log beta"),
-    I64("variance_type", 0, "0 fixed_small, 1 fixed_small_log, 2 fixed_large, 3 fixed_large_log, 4 learned, "
-                            "5 learned_range"),
+    I64("variance_type", 0,
+        "0 fixed_small, 1 fixed_small_log, 2 fixed_large, 3 fixed_large_log, 4 learned, "
+        "5 learned_range"),
 };
 
-#define STEP_TENSORS                                                                                         \
-    TENSOR("prev_sample", TK_OPS_OUT, TK_OPS_FLOATS, S_SAMPLE, 2, -1, "[b, c, ...]", 0,                     \
-           "x_{t-1} (may be 'sample' itself)"),                                                              \
-        TENSOR("pred_original_sample", TK_OPS_OUT, TK_OPS_FLOATS, S_SAMPLE, 2, -1, "[b, c, ...]", 1,        \
-               "the predicted x0 after clipping or thresholding"),                                           \
-        TENSOR("model_output", TK_OPS_IN, TK_OPS_FLOATS, S_SAMPLE, 2, -1, "[b, m, ...]", 0, MO_DOC),       \
-        TENSOR("sample", TK_OPS_IN, TK_OPS_FLOATS, -1, 2, -1, "[b, c, ...]", 0, "x_t"), TIMESTEPS,  \
-        PREV_TIMESTEPS, ALPHAS_CUMPROD,                                                                      \
-        TENSOR("noise", TK_OPS_IN, TK_OPS_FLOATS, S_SAMPLE, 2, -1, "[b, c, ...]", 1, NOISE_DOC)
+#define STEP_TENSORS                                                                                                   \
+    TENSOR("prev_sample", TK_OPS_OUT, TK_OPS_FLOATS, S_SAMPLE, 2, -1, "[b, c, ...]", 0,                                \
+           "x_{t-1} (may be 'sample' itself)"),                                                                        \
+        TENSOR("pred_original_sample", TK_OPS_OUT, TK_OPS_FLOATS, S_SAMPLE, 2, -1, "[b, c, ...]", 1,                   \
+               "the predicted x0 after clipping or thresholding"),                                                     \
+        TENSOR("model_output", TK_OPS_IN, TK_OPS_FLOATS, S_SAMPLE, 2, -1, "[b, m, ...]", 0, MO_DOC),                   \
+        TENSOR("sample", TK_OPS_IN, TK_OPS_FLOATS, -1, 2, -1, "[b, c, ...]", 0, "x_t"), TIMESTEPS, PREV_TIMESTEPS,     \
+        ALPHAS_CUMPROD, TENSOR("noise", TK_OPS_IN, TK_OPS_FLOATS, S_SAMPLE, 2, -1, "[b, c, ...]", 1, NOISE_DOC)
 
 #define MO_DOC "the model's prediction; m = c, or 2*c for the learned variance types (variance second)"
 #define NOISE_DOC "standard normal noise (randn); left out: none is added"

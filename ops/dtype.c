@@ -74,11 +74,25 @@ int tk_ops__dtype_parse(tk_dtype *out, const char *name)
 static const struct {
     const char *alias, *name;
 } aliases[] = {
-    {"float32", "f32"},  {"fp32", "f32"},   {"float", "f32"},        {"float16", "f16"},
-    {"fp16", "f16"},     {"half", "f16"},   {"bfloat16", "bf16"},    {"float64", "f64"},
-    {"fp64", "f64"},     {"double", "f64"}, {"int32", "i32"},        {"int64", "i64"},
-    {"int8", "i8"},      {"uint8", "u8"},   {"float8_e4m3fn", "fp8_e4m3"}, {"float8_e4m3", "fp8_e4m3"},
-    {"e4m3", "fp8_e4m3"}, {"float8_e5m2", "fp8_e5m2"}, {"e5m2", "fp8_e5m2"},
+    {"float32", "f32"},
+    {"fp32", "f32"},
+    {"float", "f32"},
+    {"float16", "f16"},
+    {"fp16", "f16"},
+    {"half", "f16"},
+    {"bfloat16", "bf16"},
+    {"float64", "f64"},
+    {"fp64", "f64"},
+    {"double", "f64"},
+    {"int32", "i32"},
+    {"int64", "i64"},
+    {"int8", "i8"},
+    {"uint8", "u8"},
+    {"float8_e4m3fn", "fp8_e4m3"},
+    {"float8_e4m3", "fp8_e4m3"},
+    {"e4m3", "fp8_e4m3"},
+    {"float8_e5m2", "fp8_e5m2"},
+    {"e5m2", "fp8_e5m2"},
 };
 
 int tk_ops__dtype_parse_any(tk_dtype *out, const char *name)
@@ -159,7 +173,10 @@ void tk_ops__store_f32(void *base, int64_t off, int64_t stride, const float *src
             p[i * stride] = dt.code == TK_DL_FLOAT8_E4M3FN ? tk_ops__f32_to_fp8_e4m3(v)
                             : dt.code == TK_DL_FLOAT8_E5M2 ? tk_ops__f32_to_fp8_e5m2(v)
                             : dt.code == TK_DL_INT         ? (uint8_t)tk_ops__f32_to_i8(v)
-                                                           : (uint8_t)(isnan(v) ? 0 : v < 0 ? 0 : v > 255 ? 255 : nearbyintf(v));
+                                                           : (uint8_t)(isnan(v)  ? 0
+                                                                       : v < 0   ? 0
+                                                                       : v > 255 ? 255
+                                                                                 : nearbyintf(v));
         }
         return;
     }

@@ -104,8 +104,10 @@ static int check_linear(const tk_op_call *c)
     const tk_tensor *out = c->t[L_OUT], *x = c->t[L_X], *w = c->t[L_W], *b = c->t[L_BIAS];
     int64_t tr = c->i[L_TRANS];
     if (tr != 0 && tr != 1)
-        return tk__err(TK_ERR_INVALID, "%s: 'transposed' is %lld, want 0 (weight [N, K], nn.Linear) or 1 (weight "
-                       "[K, N], GPT-2's Conv1D)", c->op->name, (long long)tr);
+        return tk__err(TK_ERR_INVALID,
+                       "%s: 'transposed' is %lld, want 0 (weight [N, K], nn.Linear) or 1 (weight "
+                       "[K, N], GPT-2's Conv1D)",
+                       c->op->name, (long long)tr);
     char ws[96];
     snprintf(ws, sizeof ws, "%s", tk_ops__shape_fmt(w->ndim, w->shape));
     int64_t nn = w->shape[tr ? 1 : 0], kk = w->shape[tr ? 0 : 1];
@@ -117,9 +119,11 @@ static int check_linear(const tk_op_call *c)
         want[k] = x->shape[k];
     if (last_dim(x) != kk) {
         want[x->ndim - 1] = kk;
-        return tk__err(TK_ERR_INVALID, "%s: 'x' has shape %s, want %s (its last dimension is K, %s %s, %s)\n"
-                       "HINT: %s", c->op->name, tk_ops__shape_fmt(x->ndim, x->shape),
-                       tk_ops__shape_fmt(x->ndim, want), kwhere, ws, layout,
+        return tk__err(TK_ERR_INVALID,
+                       "%s: 'x' has shape %s, want %s (its last dimension is K, %s %s, %s)\n"
+                       "HINT: %s",
+                       c->op->name, tk_ops__shape_fmt(x->ndim, x->shape), tk_ops__shape_fmt(x->ndim, want), kwhere, ws,
+                       layout,
                        tr ? "GPT-2's Conv1D weights are [in, out]; nn.Linear's are [out, in] (transposed=0)"
                           : "nn.Linear weights are [out, in]; pass transposed=1 for a weight stored [in, out]");
     }
@@ -128,15 +132,20 @@ static int check_linear(const tk_op_call *c)
     for (int32_t k = 0; same && k < x->ndim; k++)
         same = out->shape[k] == want[k];
     if (!same)
-        return tk__err(TK_ERR_INVALID, "%s: 'out' has shape %s, want %s (the leading dimensions of 'x' %s, then N, "
-                       "%s %s, %s)", c->op->name, tk_ops__shape_fmt(out->ndim, out->shape),
-                       tk_ops__shape_fmt(x->ndim, want), tk_ops__shape_fmt(x->ndim, x->shape), nwhere, ws, layout);
+        return tk__err(TK_ERR_INVALID,
+                       "%s: 'out' has shape %s, want %s (the leading dimensions of 'x' %s, then N, "
+                       "%s %s, %s)",
+                       c->op->name, tk_ops__shape_fmt(out->ndim, out->shape), tk_ops__shape_fmt(x->ndim, want),
+                       tk_ops__shape_fmt(x->ndim, x->shape), nwhere, ws, layout);
     if (b && b->shape[0] != nn)
         return tk__err(TK_ERR_INVALID, "%s: 'bias' has shape %s, want [%lld] (one per output channel: N, %s %s, %s)",
                        c->op->name, tk_ops__shape_fmt(b->ndim, b->shape), (long long)nn, nwhere, ws, layout);
     if (overlaps(out, x) || overlaps(out, w) || overlaps(out, b))
         return tk__err(TK_ERR_INVALID, "%s: 'out' overlaps '%s' in memory; a linear cannot write over its inputs",
-                       c->op->name, overlaps(out, x) ? "x" : overlaps(out, w) ? "weight" : "bias");
+                       c->op->name,
+                       overlaps(out, x)   ? "x"
+                       : overlaps(out, w) ? "weight"
+                                          : "bias");
     /* cblas takes int sizes; cuBLASLt int64 ones. Bound both by what cblas can take. */
     if (nn > INT_MAX || kk > INT_MAX)
         return tk__err(TK_ERR_UNSUPPORTED, "%s: 'weight' %s has a dimension above %d, more than BLAS takes",
@@ -312,10 +321,11 @@ static int check_embedding(const tk_op_call *c)
     for (int32_t k = 0; same && k < wn; k++)
         same = out->shape[k] == want[k];
     if (!same)
-        return tk__err(TK_ERR_INVALID, "%s: 'out' has shape %s, want %s (the shape of 'ids' %s, then D, the row "
-                       "width of 'weight' %s)", c->op->name, tk_ops__shape_fmt(out->ndim, out->shape),
-                       tk_ops__shape_fmt(wn, want), tk_ops__shape_fmt(ids->ndim, ids->shape),
-                       tk_ops__shape_fmt(w->ndim, w->shape));
+        return tk__err(TK_ERR_INVALID,
+                       "%s: 'out' has shape %s, want %s (the shape of 'ids' %s, then D, the row "
+                       "width of 'weight' %s)",
+                       c->op->name, tk_ops__shape_fmt(out->ndim, out->shape), tk_ops__shape_fmt(wn, want),
+                       tk_ops__shape_fmt(ids->ndim, ids->shape), tk_ops__shape_fmt(w->ndim, w->shape));
     if (overlaps(out, w) || overlaps(out, ids))
         return tk__err(TK_ERR_INVALID, "%s: 'out' overlaps '%s' in memory", c->op->name,
                        overlaps(out, w) ? "weight" : "ids");
@@ -399,8 +409,10 @@ static int check_add(const tk_op_call *c)
                        tk_ops__shape_fmt(out->ndim, out->shape), tk_ops__shape_fmt(a->ndim, a->shape));
     for (int i = 1; i <= 2; i++)
         if (overlaps(out, c->t[i]) && !same_view(out, c->t[i]))
-            return tk__err(TK_ERR_INVALID, "%s: 'out' partly overlaps '%s' in memory; it may be '%s' itself (same "
-                           "data and strides) or apart from it", c->op->name, i == 1 ? "a" : "b", i == 1 ? "a" : "b");
+            return tk__err(TK_ERR_INVALID,
+                           "%s: 'out' partly overlaps '%s' in memory; it may be '%s' itself (same "
+                           "data and strides) or apart from it",
+                           c->op->name, i == 1 ? "a" : "b", i == 1 ? "a" : "b");
     return TK_OK;
 }
 
@@ -408,8 +420,10 @@ static int check_tanh(const tk_op_call *c)
 {
     int rc = tk_ops__check_out_like_input(c);
     if (rc == TK_OK && overlaps(c->t[0], c->t[1]) && !same_view(c->t[0], c->t[1]))
-        return tk__err(TK_ERR_INVALID, "%s: 'out' partly overlaps 'input' in memory; it may be 'input' itself "
-                       "(same data and strides) or apart from it", c->op->name);
+        return tk__err(TK_ERR_INVALID,
+                       "%s: 'out' partly overlaps 'input' in memory; it may be 'input' itself "
+                       "(same data and strides) or apart from it",
+                       c->op->name);
     return rc;
 }
 
@@ -470,48 +484,151 @@ static int cpu_elementwise(const tk_op_call *c)
 /* ---- the table -------------------------------------------------------------------------------- */
 
 static const tk_op_param linear_params[] = {
-    {.name = "out", .kind = TK_ARG_TENSOR, .role = TK_OPS_OUT, .dtypes = TK_OPS_FLOATS, .dtype_like = 1,
-     .min_rank = 1, .max_rank = -1, .shape = "[..., N]", .doc = "x @ weight^T + bias (must not overlap the inputs)"},
-    {.name = "x", .kind = TK_ARG_TENSOR, .role = TK_OPS_IN, .dtypes = TK_OPS_FLOATS, .dtype_like = -1,
-     .min_rank = 1, .max_rank = -1, .shape = "[..., K]", .doc = "the activations"},
-    {.name = "weight", .kind = TK_ARG_TENSOR, .role = TK_OPS_IN, .dtypes = TK_OPS_FLOATS, .dtype_like = 1,
-     .min_rank = 2, .max_rank = 2, .shape = "[N, K]", .doc = "nn.Linear's [out, in]; [K, N] with transposed=1"},
-    {.name = "bias", .kind = TK_ARG_TENSOR, .role = TK_OPS_IN, .dtypes = TK_OPS_FLOATS, .dtype_like = 1,
-     .min_rank = 1, .max_rank = 1, .shape = "[N]", .optional = 1, .doc = "added to every row (fp32)"},
-    {.name = "transposed", .kind = TK_ARG_I64, .optional = 1, .def = 0, .dtype_like = -1,
+    {.name = "out",
+     .kind = TK_ARG_TENSOR,
+     .role = TK_OPS_OUT,
+     .dtypes = TK_OPS_FLOATS,
+     .dtype_like = 1,
+     .min_rank = 1,
+     .max_rank = -1,
+     .shape = "[..., N]",
+     .doc = "x @ weight^T + bias (must not overlap the inputs)"},
+    {.name = "x",
+     .kind = TK_ARG_TENSOR,
+     .role = TK_OPS_IN,
+     .dtypes = TK_OPS_FLOATS,
+     .dtype_like = -1,
+     .min_rank = 1,
+     .max_rank = -1,
+     .shape = "[..., K]",
+     .doc = "the activations"},
+    {.name = "weight",
+     .kind = TK_ARG_TENSOR,
+     .role = TK_OPS_IN,
+     .dtypes = TK_OPS_FLOATS,
+     .dtype_like = 1,
+     .min_rank = 2,
+     .max_rank = 2,
+     .shape = "[N, K]",
+     .doc = "nn.Linear's [out, in]; [K, N] with transposed=1"},
+    {.name = "bias",
+     .kind = TK_ARG_TENSOR,
+     .role = TK_OPS_IN,
+     .dtypes = TK_OPS_FLOATS,
+     .dtype_like = 1,
+     .min_rank = 1,
+     .max_rank = 1,
+     .shape = "[N]",
+     .optional = 1,
+     .doc = "added to every row (fp32)"},
+    {.name = "transposed",
+     .kind = TK_ARG_I64,
+     .optional = 1,
+     .def = 0,
+     .dtype_like = -1,
      .doc = "1: weight is [K, N] (GPT-2's Conv1D: x @ weight + bias)"},
 };
 
 static const tk_op_param embedding_params[] = {
-    {.name = "out", .kind = TK_ARG_TENSOR, .role = TK_OPS_OUT, .dtypes = TK_OPS_FLOATS, .dtype_like = -1,
-     .min_rank = 1, .max_rank = -1, .shape = "[..., D]", .doc = "out[i, :] = weight[ids[i], :]"},
-    {.name = "ids", .kind = TK_ARG_TENSOR, .role = TK_OPS_IN, .dtypes = TK_OPS_I32 | TK_OPS_I64, .dtype_like = -1,
-     .min_rank = 0, .max_rank = TK_OPS_MAX_RANK - 1, .shape = "[...]", .doc = "the rows to gather, each in [0, V)"},
-    {.name = "weight", .kind = TK_ARG_TENSOR, .role = TK_OPS_IN, .dtypes = TK_OPS_FLOATS, .dtype_like = 0,
-     .min_rank = 2, .max_rank = 2, .shape = "[V, D]", .doc = "the table"},
+    {.name = "out",
+     .kind = TK_ARG_TENSOR,
+     .role = TK_OPS_OUT,
+     .dtypes = TK_OPS_FLOATS,
+     .dtype_like = -1,
+     .min_rank = 1,
+     .max_rank = -1,
+     .shape = "[..., D]",
+     .doc = "out[i, :] = weight[ids[i], :]"},
+    {.name = "ids",
+     .kind = TK_ARG_TENSOR,
+     .role = TK_OPS_IN,
+     .dtypes = TK_OPS_I32 | TK_OPS_I64,
+     .dtype_like = -1,
+     .min_rank = 0,
+     .max_rank = TK_OPS_MAX_RANK - 1,
+     .shape = "[...]",
+     .doc = "the rows to gather, each in [0, V)"},
+    {.name = "weight",
+     .kind = TK_ARG_TENSOR,
+     .role = TK_OPS_IN,
+     .dtypes = TK_OPS_FLOATS,
+     .dtype_like = 0,
+     .min_rank = 2,
+     .max_rank = 2,
+     .shape = "[V, D]",
+     .doc = "the table"},
 };
 
 static const tk_op_param add_params[] = {
-    {.name = "out", .kind = TK_ARG_TENSOR, .role = TK_OPS_OUT, .dtypes = TK_OPS_FLOATS, .dtype_like = 1,
-     .min_rank = 0, .max_rank = -1, .shape = "[...]", .doc = "a + b (may be 'a' or 'b' itself)"},
-    {.name = "a", .kind = TK_ARG_TENSOR, .role = TK_OPS_IN, .dtypes = TK_OPS_FLOATS, .dtype_like = -1,
-     .min_rank = 0, .max_rank = -1, .shape = "[...]", .doc = "the first term"},
-    {.name = "b", .kind = TK_ARG_TENSOR, .role = TK_OPS_IN, .dtypes = TK_OPS_FLOATS, .dtype_like = 1,
-     .min_rank = 0, .max_rank = -1, .shape = "[...]", .doc = "the second term (same shape: no broadcasting)"},
+    {.name = "out",
+     .kind = TK_ARG_TENSOR,
+     .role = TK_OPS_OUT,
+     .dtypes = TK_OPS_FLOATS,
+     .dtype_like = 1,
+     .min_rank = 0,
+     .max_rank = -1,
+     .shape = "[...]",
+     .doc = "a + b (may be 'a' or 'b' itself)"},
+    {.name = "a",
+     .kind = TK_ARG_TENSOR,
+     .role = TK_OPS_IN,
+     .dtypes = TK_OPS_FLOATS,
+     .dtype_like = -1,
+     .min_rank = 0,
+     .max_rank = -1,
+     .shape = "[...]",
+     .doc = "the first term"},
+    {.name = "b",
+     .kind = TK_ARG_TENSOR,
+     .role = TK_OPS_IN,
+     .dtypes = TK_OPS_FLOATS,
+     .dtype_like = 1,
+     .min_rank = 0,
+     .max_rank = -1,
+     .shape = "[...]",
+     .doc = "the second term (same shape: no broadcasting)"},
 };
 
 static const tk_op_param tanh_params[] = {
-    {.name = "out", .kind = TK_ARG_TENSOR, .role = TK_OPS_OUT, .dtypes = TK_OPS_FLOATS, .dtype_like = 1,
-     .min_rank = 0, .max_rank = -1, .shape = "[...]", .doc = "the result (may be 'input' itself)"},
-    {.name = "input", .kind = TK_ARG_TENSOR, .role = TK_OPS_IN, .dtypes = TK_OPS_FLOATS, .dtype_like = -1,
-     .min_rank = 0, .max_rank = -1, .shape = "[...]", .doc = "x"},
+    {.name = "out",
+     .kind = TK_ARG_TENSOR,
+     .role = TK_OPS_OUT,
+     .dtypes = TK_OPS_FLOATS,
+     .dtype_like = 1,
+     .min_rank = 0,
+     .max_rank = -1,
+     .shape = "[...]",
+     .doc = "the result (may be 'input' itself)"},
+    {.name = "input",
+     .kind = TK_ARG_TENSOR,
+     .role = TK_OPS_IN,
+     .dtypes = TK_OPS_FLOATS,
+     .dtype_like = -1,
+     .min_rank = 0,
+     .max_rank = -1,
+     .shape = "[...]",
+     .doc = "x"},
 };
 
 static const tk_op_param softcap_params[] = {
-    {.name = "out", .kind = TK_ARG_TENSOR, .role = TK_OPS_OUT, .dtypes = TK_OPS_FLOATS, .dtype_like = 1,
-     .min_rank = 0, .max_rank = -1, .shape = "[...]", .doc = "the result (may be 'input' itself)"},
-    {.name = "input", .kind = TK_ARG_TENSOR, .role = TK_OPS_IN, .dtypes = TK_OPS_FLOATS, .dtype_like = -1,
-     .min_rank = 0, .max_rank = -1, .shape = "[...]", .doc = "x"},
+    {.name = "out",
+     .kind = TK_ARG_TENSOR,
+     .role = TK_OPS_OUT,
+     .dtypes = TK_OPS_FLOATS,
+     .dtype_like = 1,
+     .min_rank = 0,
+     .max_rank = -1,
+     .shape = "[...]",
+     .doc = "the result (may be 'input' itself)"},
+    {.name = "input",
+     .kind = TK_ARG_TENSOR,
+     .role = TK_OPS_IN,
+     .dtypes = TK_OPS_FLOATS,
+     .dtype_like = -1,
+     .min_rank = 0,
+     .max_rank = -1,
+     .shape = "[...]",
+     .doc = "x"},
     {.name = "cap", .kind = TK_ARG_F64, .dtype_like = -1, .doc = "the softcap (> 0; rounded to f32)"},
 };
 
@@ -521,8 +638,8 @@ static const tk_op_param softcap_params[] = {
 const tk_op_desc tk_ops__layers[] = {
     {"linear", "layers", "out = x @ weight^T + bias  (fp32 accumulation; transposed=1: x @ weight + bias)",
      linear_params, COUNT(linear_params), check_linear, cpu_linear, NULL, NULL},
-    {"embedding", "layers", "out[i, :] = weight[ids[i], :]", embedding_params, COUNT(embedding_params),
-     check_embedding, cpu_embedding, NULL, PKG},
+    {"embedding", "layers", "out[i, :] = weight[ids[i], :]", embedding_params, COUNT(embedding_params), check_embedding,
+     cpu_embedding, NULL, PKG},
     {"add", "layers", "out = a + b  (residual add)", add_params, COUNT(add_params), check_add, cpu_elementwise, NULL,
      PKG},
     {"tanh", "layers", "out = tanh(x)", tanh_params, COUNT(tanh_params), check_tanh, cpu_elementwise, NULL, PKG},

@@ -64,8 +64,7 @@ static int check_loss(const tk_op_call *c, int il, int ir, int32_t none_ndim, co
             ok = l->shape[k] == none_shape[k];
         if (!ok)
             return tk__err(TK_ERR_INVALID, "%s: 'loss' has shape %s, want %s (%s, reduction none)", c->op->name,
-                           tk_ops__shape_fmt(l->ndim, l->shape), tk_ops__shape_fmt(none_ndim, none_shape),
-                           none_what);
+                           tk_ops__shape_fmt(l->ndim, l->shape), tk_ops__shape_fmt(none_ndim, none_shape), none_what);
     } else if (!(l->ndim == 0 || (l->ndim == 1 && l->shape[0] == 1))) {
         return tk__err(TK_ERR_INVALID, "%s: 'loss' has shape %s, want [] or [1] (reduction %s)", c->op->name,
                        tk_ops__shape_fmt(l->ndim, l->shape), red_name(c->i[ir]));
@@ -239,8 +238,7 @@ typedef struct {
 
 /* One row: the loss (0 when ignored), the lse (always computed when lse != NULL or the row is not
  * ignored) and the gradient times gscale. target < 0 means ignored. */
-static void ce_one_row(const ce_row *r, int64_t v, int64_t target, double eps, double gscale, double *loss,
-                       double *lse)
+static void ce_one_row(const ce_row *r, int64_t v, int64_t target, double eps, double gscale, double *loss, double *lse)
 {
     float x[BLK];
     *loss = 0.0;
@@ -310,8 +308,10 @@ static int check_ce(const tk_op_call *c)
                        tk_ops__shape_fmt(x->ndim, x->shape));
     if ((rc = check_reduction(c, CE_RED)) != TK_OK || (rc = check_label_smoothing(c, CE_SMOOTH)) != TK_OK ||
         (rc = check_loss(c, CE_LOSS, CE_RED, 1, &n, "the rows of 'logits'")) != TK_OK ||
-        (rc = check_like(c, CE_GRAD, CE_LOGITS)) != TK_OK || (rc = check_vec(c, CE_LSE, n, "the rows of 'logits'")) != TK_OK ||
-        (rc = check_overlap(c, CE_GRAD, CE_LOGITS, 1)) != TK_OK || (rc = check_overlap(c, CE_LOSS, CE_LOGITS, 0)) != TK_OK ||
+        (rc = check_like(c, CE_GRAD, CE_LOGITS)) != TK_OK ||
+        (rc = check_vec(c, CE_LSE, n, "the rows of 'logits'")) != TK_OK ||
+        (rc = check_overlap(c, CE_GRAD, CE_LOGITS, 1)) != TK_OK ||
+        (rc = check_overlap(c, CE_LOSS, CE_LOGITS, 0)) != TK_OK ||
         (rc = check_overlap(c, CE_LSE, CE_LOGITS, 0)) != TK_OK)
         return rc;
     if (c->t[CE_GRAD] && (rc = check_overlap(c, CE_LOSS, CE_GRAD, 0)) != TK_OK)
@@ -382,8 +382,9 @@ static int cpu_ce(const tk_op_call *c)
     double *rows = calloc((size_t)(n ? n : 1), sizeof *rows);
     if (!rows)
         return tk__err(TK_ERR_NOMEM, "%s: out of memory for %lld row losses", c->op->name, (long long)n);
-    ce_job j = {x, c->t[CE_TARGET], c->t[CE_GRAD], c->t[CE_LSE], v, c->i[CE_IGNORE], c->f[CE_SMOOTH],
-                red == RED_MEAN ? (n_valid ? 1.0 / (double)n_valid : 0.0) : 1.0, rows};
+    ce_job j = {x,   c->t[CE_TARGET], c->t[CE_GRAD],   c->t[CE_LSE],
+                v,   c->i[CE_IGNORE], c->f[CE_SMOOTH], red == RED_MEAN ? (n_valid ? 1.0 / (double)n_valid : 0.0) : 1.0,
+                rows};
     tk_ops__parallel(n, v * (j.grad ? 40 : 20), ce_range, &j);
     store_loss(c->t[CE_LOSS], rows, n, red, n_valid);
     free(rows);
@@ -392,8 +393,21 @@ static int cpu_ce(const tk_op_call *c)
 
 /* ---- fused_linear_cross_entropy ----------------------------------------------------------------- */
 
-enum { FL_HIDDEN, FL_WEIGHT, FL_TARGET, FL_LOSS, FL_BIAS, FL_GHIDDEN, FL_GWEIGHT, FL_GBIAS, FL_LSE, FL_IGNORE,
-       FL_SMOOTH, FL_RED, FL_CHUNK };
+enum {
+    FL_HIDDEN,
+    FL_WEIGHT,
+    FL_TARGET,
+    FL_LOSS,
+    FL_BIAS,
+    FL_GHIDDEN,
+    FL_GWEIGHT,
+    FL_GBIAS,
+    FL_LSE,
+    FL_IGNORE,
+    FL_SMOOTH,
+    FL_RED,
+    FL_CHUNK
+};
 
 static int check_fl(const tk_op_call *c)
 {
@@ -537,7 +551,8 @@ static void fl_ce_range(void *arg, int64_t lo, int64_t hi)
         ce_one_row(&r, j->v, y == j->ignore ? -1 : y, j->eps, j->gscale, &j->loss[c], j->lse ? &lse : NULL);
         if (j->lse) {
             float one = (float)lse;
-            tk_ops__store_f32(tk_ops__base(j->lse), (j->r0 + c) * tk_ops__col_stride(j->lse), 1, &one, 1, j->lse->dtype);
+            tk_ops__store_f32(tk_ops__base(j->lse), (j->r0 + c) * tk_ops__col_stride(j->lse), 1, &one, 1,
+                              j->lse->dtype);
         }
     }
 }
@@ -626,9 +641,24 @@ static int cpu_fl(const tk_op_call *c)
                      (long long)chunk, (long long)v);
         goto done;
     }
-    fl_job j = {w, c->t[FL_BIAS], v, hd, 0, hb, logits, dh, c->t[FL_GWEIGHT], c->t[FL_GBIAS], c->t[FL_TARGET],
-                c->t[FL_LSE], 0, c->i[FL_IGNORE], c->f[FL_SMOOTH],
-                red == RED_MEAN ? (n_valid ? 1.0 / (double)n_valid : 0.0) : 1.0, rows, grad};
+    fl_job j = {w,
+                c->t[FL_BIAS],
+                v,
+                hd,
+                0,
+                hb,
+                logits,
+                dh,
+                c->t[FL_GWEIGHT],
+                c->t[FL_GBIAS],
+                c->t[FL_TARGET],
+                c->t[FL_LSE],
+                0,
+                c->i[FL_IGNORE],
+                c->f[FL_SMOOTH],
+                red == RED_MEAN ? (n_valid ? 1.0 / (double)n_valid : 0.0) : 1.0,
+                rows,
+                grad};
     double total = 0;
     int64_t hcs = tk_ops__col_stride(h);
     for (int64_t r0 = 0; r0 < n; r0 += chunk) {
@@ -691,7 +721,8 @@ static int check_mm(const tk_op_call *c)
         return rc;
     static const int outs[] = {MM_LOSS, MM_GPOS, MM_GNEG};
     for (size_t a = 0; a < 3; a++) {
-        if ((rc = check_overlap(c, outs[a], MM_POS, 0)) != TK_OK || (rc = check_overlap(c, outs[a], MM_NEG, 0)) != TK_OK)
+        if ((rc = check_overlap(c, outs[a], MM_POS, 0)) != TK_OK ||
+            (rc = check_overlap(c, outs[a], MM_NEG, 0)) != TK_OK)
             return rc;
         for (size_t b = 0; b < a; b++)
             if ((rc = check_overlap(c, outs[a], outs[b], 0)) != TK_OK)
@@ -745,8 +776,14 @@ static int cpu_mm(const tk_op_call *c)
     double *loss = malloc(sizeof(double) * (size_t)(n * k > 0 ? n * k : 1));
     if (!loss)
         return tk__err(TK_ERR_NOMEM, "%s: out of memory for %lld pair losses", c->op->name, (long long)(n * k));
-    mm_job j = {c->t[MM_POS], ng, c->t[MM_GPOS], c->t[MM_GNEG], k, c->f[MM_MARGIN],
-                red == RED_MEAN ? (n * k > 0 ? 1.0 / (double)(n * k) : 0.0) : 1.0, loss};
+    mm_job j = {c->t[MM_POS],
+                ng,
+                c->t[MM_GPOS],
+                c->t[MM_GNEG],
+                k,
+                c->f[MM_MARGIN],
+                red == RED_MEAN ? (n * k > 0 ? 1.0 / (double)(n * k) : 0.0) : 1.0,
+                loss};
     tk_ops__parallel(n, k * 8, mm_range, &j);
     const tk_tensor *out = c->t[MM_LOSS];
     if (red == RED_NONE) {
@@ -779,7 +816,8 @@ static int check_nce(const tk_op_call *c)
     int64_t n = a->shape[0];
     int rc;
     if (!tk_ops__same_shape(a, b))
-        return tk__err(TK_ERR_INVALID, "%s: 'b' has shape %s, want %s (the shape of 'a': row i of b is the positive of row i of a)",
+        return tk__err(TK_ERR_INVALID,
+                       "%s: 'b' has shape %s, want %s (the shape of 'a': row i of b is the positive of row i of a)",
                        c->op->name, tk_ops__shape_fmt(b->ndim, b->shape), tk_ops__shape_fmt(a->ndim, a->shape));
     double tau = c->f[NCE_TEMP];
     if (!(tau > 0) || !isfinite(tau))
@@ -948,14 +986,28 @@ static int cpu_nce(const tk_op_call *c)
     int64_t n = a->shape[0], d = a->shape[1], red = c->i[NCE_RED];
     int sym = (int)c->i[NCE_SYM], rc = TK_OK;
     size_t nd = (size_t)(n * d > 0 ? n * d : 1), nn = (size_t)(n > 0 ? n * n : 1), n1 = (size_t)(n ? n : 1);
-    nce_job j = {a, c->t[NCE_B], c->t[NCE_GA], c->t[NCE_GB], n, d, c->f[NCE_TEMP], malloc(sizeof(float) * nd),
-                 malloc(sizeof(float) * nd), malloc(sizeof(double) * n1), malloc(sizeof(double) * n1),
-                 malloc(sizeof(double) * nn), malloc(sizeof(double) * n1), malloc(sizeof(double) * n1), 0, 0,
-                 malloc(sizeof(float) * nd), malloc(sizeof(double) * nd)};
+    nce_job j = {a,
+                 c->t[NCE_B],
+                 c->t[NCE_GA],
+                 c->t[NCE_GB],
+                 n,
+                 d,
+                 c->f[NCE_TEMP],
+                 malloc(sizeof(float) * nd),
+                 malloc(sizeof(float) * nd),
+                 malloc(sizeof(double) * n1),
+                 malloc(sizeof(double) * n1),
+                 malloc(sizeof(double) * nn),
+                 malloc(sizeof(double) * n1),
+                 malloc(sizeof(double) * n1),
+                 0,
+                 0,
+                 malloc(sizeof(float) * nd),
+                 malloc(sizeof(double) * nd)};
     double *rows = malloc(sizeof(double) * n1);
     if (!j.an || !j.bn || !j.na || !j.nb || !j.s || !j.rl || !j.cl || !j.tmp || !j.acc || !rows) {
-        rc = tk__err(TK_ERR_NOMEM, "%s: out of memory for the %lld x %lld similarity matrix", c->op->name,
-                     (long long)n, (long long)n);
+        rc = tk__err(TK_ERR_NOMEM, "%s: out of memory for the %lld x %lld similarity matrix", c->op->name, (long long)n,
+                     (long long)n);
         goto done;
     }
     tk_ops__parallel(n, d * 4, nce_norm_range, &j);
@@ -991,15 +1043,38 @@ done:
 
 /* ---- the table ---------------------------------------------------------------------------------- */
 
-#define TENSOR(nm, rl, dts, like, lo, hi, shp, opt, dc)                                                       \
-    {.name = nm, .kind = TK_ARG_TENSOR, .role = rl, .dtypes = dts, .dtype_like = like, .min_rank = lo,        \
-     .max_rank = hi, .shape = shp, .optional = opt, .doc = dc}
-#define RED {.name = "reduction", .kind = TK_ARG_I64, .optional = 1, .def = 1, .dtype_like = -1,              \
-             .doc = "0 none (per-row loss), 1 mean (default), 2 sum"}
-#define IGNORE {.name = "ignore_index", .kind = TK_ARG_I64, .optional = 1, .def = -100, .dtype_like = -1,     \
-                .doc = "rows with this target have loss 0 and a zero gradient"}
-#define SMOOTH {.name = "label_smoothing", .kind = TK_ARG_F64, .optional = 1, .def = 0, .dtype_like = -1,     \
-                .doc = "eps in [0, 1]: the target is (1 - eps) one-hot + eps / V (PyTorch's)"}
+#define TENSOR(nm, rl, dts, like, lo, hi, shp, opt, dc)                                                                \
+    {.name = nm,                                                                                                       \
+     .kind = TK_ARG_TENSOR,                                                                                            \
+     .role = rl,                                                                                                       \
+     .dtypes = dts,                                                                                                    \
+     .dtype_like = like,                                                                                               \
+     .min_rank = lo,                                                                                                   \
+     .max_rank = hi,                                                                                                   \
+     .shape = shp,                                                                                                     \
+     .optional = opt,                                                                                                  \
+     .doc = dc}
+#define RED                                                                                                            \
+    {.name = "reduction",                                                                                              \
+     .kind = TK_ARG_I64,                                                                                               \
+     .optional = 1,                                                                                                    \
+     .def = 1,                                                                                                         \
+     .dtype_like = -1,                                                                                                 \
+     .doc = "0 none (per-row loss), 1 mean (default), 2 sum"}
+#define IGNORE                                                                                                         \
+    {.name = "ignore_index",                                                                                           \
+     .kind = TK_ARG_I64,                                                                                               \
+     .optional = 1,                                                                                                    \
+     .def = -100,                                                                                                      \
+     .dtype_like = -1,                                                                                                 \
+     .doc = "rows with this target have loss 0 and a zero gradient"}
+#define SMOOTH                                                                                                         \
+    {.name = "label_smoothing",                                                                                        \
+     .kind = TK_ARG_F64,                                                                                               \
+     .optional = 1,                                                                                                    \
+     .def = 0,                                                                                                         \
+     .dtype_like = -1,                                                                                                 \
+     .doc = "eps in [0, 1]: the target is (1 - eps) one-hot + eps / V (PyTorch's)"}
 
 static const tk_op_param ce_params[] = {
     TENSOR("logits", TK_OPS_IN, TK_OPS_FLOATS, -1, 2, 2, "[N, V]", 0, "the unnormalised scores"),
@@ -1022,13 +1097,18 @@ static const tk_op_param fl_params[] = {
            "per-row loss (reduction none), else their mean over non-ignored rows or sum"),
     TENSOR("bias", TK_OPS_IN, TK_OPS_FLOATS, 0, 1, 1, "[V]", 1, "added to the logits"),
     TENSOR("grad_hidden", TK_OPS_OUT, TK_OPS_FLOATS, 0, 2, 2, "[N, H]", 1, "dloss/dhidden"),
-    TENSOR("grad_weight", TK_OPS_OUT, TK_OPS_F32, -1, 2, 2, "[V, H]", 1, "+= dloss/dweight (f32, accumulated: zero it first)"),
+    TENSOR("grad_weight", TK_OPS_OUT, TK_OPS_F32, -1, 2, 2, "[V, H]", 1,
+           "+= dloss/dweight (f32, accumulated: zero it first)"),
     TENSOR("grad_bias", TK_OPS_OUT, TK_OPS_F32, -1, 1, 1, "[V]", 1, "+= dloss/dbias (f32, accumulated; needs 'bias')"),
     TENSOR("lse", TK_OPS_OUT, TK_OPS_F32, -1, 1, 1, "[N]", 1, "logsumexp of each row's logits"),
     IGNORE,
     SMOOTH,
     RED,
-    {.name = "chunk_size", .kind = TK_ARG_I64, .optional = 1, .def = 0, .dtype_like = -1,
+    {.name = "chunk_size",
+     .kind = TK_ARG_I64,
+     .optional = 1,
+     .def = 0,
+     .dtype_like = -1,
      .doc = "rows of logits the CPU reference holds at once (0: Liger's rule); kernels ignore it"},
 };
 
@@ -1039,7 +1119,11 @@ static const tk_op_param mm_params[] = {
            "per-pair max(0, margin - pos + neg) (reduction none), else their mean over pairs or sum"),
     TENSOR("grad_pos", TK_OPS_OUT, TK_OPS_FLOATS, 0, 1, 1, "[N]", 1, "dloss/dpos"),
     TENSOR("grad_neg", TK_OPS_OUT, TK_OPS_FLOATS, 0, 1, 2, "[N] | [N, K]", 1, "dloss/dneg"),
-    {.name = "margin", .kind = TK_ARG_F64, .optional = 1, .def = 1.0, .dtype_like = -1,
+    {.name = "margin",
+     .kind = TK_ARG_F64,
+     .optional = 1,
+     .def = 1.0,
+     .dtype_like = -1,
      .doc = "the margin by which pos must beat each neg"},
     RED,
 };
@@ -1051,9 +1135,17 @@ static const tk_op_param nce_params[] = {
            "per-anchor loss (reduction none), else their mean or sum"),
     TENSOR("grad_a", TK_OPS_OUT, TK_OPS_FLOATS, 0, 2, 2, "[N, D]", 1, "dloss/da"),
     TENSOR("grad_b", TK_OPS_OUT, TK_OPS_FLOATS, 0, 2, 2, "[N, D]", 1, "dloss/db"),
-    {.name = "temperature", .kind = TK_ARG_F64, .optional = 1, .def = 0.07, .dtype_like = -1,
+    {.name = "temperature",
+     .kind = TK_ARG_F64,
+     .optional = 1,
+     .def = 0.07,
+     .dtype_like = -1,
      .doc = "S = normalize(a) normalize(b)^T / temperature"},
-    {.name = "symmetric", .kind = TK_ARG_I64, .optional = 1, .def = 0, .dtype_like = -1,
+    {.name = "symmetric",
+     .kind = TK_ARG_I64,
+     .optional = 1,
+     .def = 0,
+     .dtype_like = -1,
      .doc = "1: CLIP's loss, the mean of the a->b (rows) and b->a (columns) cross-entropies"},
     RED,
 };
@@ -1070,8 +1162,7 @@ const tk_op_desc tk_ops__loss[] = {
      NP(fl_params), check_fl, cpu_fl, NULL, PKG},
     {"max_margin_loss", "loss", "loss = reduce(max(0, margin - pos[i] + neg[i, k])) over anchor/negative pairs",
      NP(mm_params), check_mm, cpu_mm, NULL, PKG},
-    {"infonce", "loss",
-     "loss = CE(normalize(a) normalize(b)^T / temperature, diagonal targets); symmetric: CLIP's", NP(nce_params),
-     check_nce, cpu_nce, NULL, PKG},
+    {"infonce", "loss", "loss = CE(normalize(a) normalize(b)^T / temperature, diagonal targets); symmetric: CLIP's",
+     NP(nce_params), check_nce, cpu_nce, NULL, PKG},
 };
 const size_t tk_ops__loss_count = sizeof tk_ops__loss / sizeof tk_ops__loss[0];

@@ -47,8 +47,23 @@
 #endif
 
 enum {
-    P_OUT, P_IN, P_ROUTER, P_GU, P_DOWN, P_TOPK, P_NORM, P_ACT, P_ROUNDW, P_RIN, P_SCALE, P_SGU, P_SDOWN, P_SGATE,
-    P_IDS, P_WTS, P_COUNT
+    P_OUT,
+    P_IN,
+    P_ROUTER,
+    P_GU,
+    P_DOWN,
+    P_TOPK,
+    P_NORM,
+    P_ACT,
+    P_ROUNDW,
+    P_RIN,
+    P_SCALE,
+    P_SGU,
+    P_SDOWN,
+    P_SGATE,
+    P_IDS,
+    P_WTS,
+    P_COUNT
 };
 enum { ACT_SILU = 0, ACT_GELU_TANH = 1, ACT_GELU = 2 };
 
@@ -312,18 +327,17 @@ static void mm(float *y, const float *x, const float *w, int64_t m, int64_t n, i
 {
     if (m <= 4) {
         for (int64_t r = 0; r < m; r++)
-            cblas_sgemv(CblasRowMajor, CblasNoTrans, (int)n, (int)k, 1.0f, w, (int)k, x + r * k, 1, 0.0f, y + r * n,
-                        1);
+            cblas_sgemv(CblasRowMajor, CblasNoTrans, (int)n, (int)k, 1.0f, w, (int)k, x + r * k, 1, 0.0f, y + r * n, 1);
         return;
     }
-    cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, (int)m, (int)n, (int)k, 1.0f, x, (int)k, w, (int)k, 0.0f,
-                y, (int)n);
+    cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, (int)m, (int)n, (int)k, 1.0f, x, (int)k, w, (int)k, 0.0f, y,
+                (int)n);
 }
 
 /* The gated MLP of m rows x [m, H]: y [m, H] = round(round(act(g) * u) down^T), [g; u] = round(x gu^T);
  * gu [2I, H] and down [H, I] as f32; g is scratch [m, 2I], a [m, I]. */
-static void mlp(float *y, const float *x, const float *gu, const float *down, int64_t m, int64_t H, int64_t I,
-                int act, tk_dtype dt, float *g, float *a)
+static void mlp(float *y, const float *x, const float *gu, const float *down, int64_t m, int64_t H, int64_t I, int act,
+                tk_dtype dt, float *g, float *a)
 {
     mm(g, x, gu, m, 2 * I, H);
     round_to(g, m * 2 * I, dt);
@@ -541,8 +555,8 @@ static int check_moe(const tk_op_call *c)
         return tk__err(TK_ERR_INVALID, "%s: 'router_weight' has shape %s: no experts", op,
                        tk_ops__shape_fmt(rw->ndim, rw->shape));
     if (K < 1 || K > E)
-        return tk__err(TK_ERR_INVALID, "%s: 'top_k' is %lld, want 1 to %lld (the number of experts)", op,
-                       (long long)K, (long long)E);
+        return tk__err(TK_ERR_INVALID, "%s: 'top_k' is %lld, want 1 to %lld (the number of experts)", op, (long long)K,
+                       (long long)E);
     if (c->i[P_ACT] < 0 || c->i[P_ACT] > 2)
         return tk__err(TK_ERR_INVALID, "%s: 'activation' is %lld, want 0 (silu), 1 (gelu_tanh) or 2 (gelu)", op,
                        (long long)c->i[P_ACT]);
@@ -567,8 +581,9 @@ static int check_moe(const tk_op_call *c)
             return tk__err(TK_ERR_INVALID, "%s: 'shared_gate_up' given without 'shared_down'", op);
         int64_t Is = sgu->shape[0] / 2, sg2[2] = {2 * Is, H}, sd[2] = {H, Is}, g1[2] = {1, H};
         if (sgu->shape[0] % 2 || sgu->shape[0] < 2)
-            return tk__err(TK_ERR_INVALID, "%s: 'shared_gate_up' has shape %s, want [2*Is, H] (an even first dimension)",
-                           op, tk_ops__shape_fmt(sgu->ndim, sgu->shape));
+            return tk__err(TK_ERR_INVALID,
+                           "%s: 'shared_gate_up' has shape %s, want [2*Is, H] (an even first dimension)", op,
+                           tk_ops__shape_fmt(sgu->ndim, sgu->shape));
         if ((rc = want(c, P_SGU, 2, sg2, "[2*Is, H]")) ||
             (rc = want(c, P_SDOWN, 2, sd, "[H, Is] with Is from 'shared_gate_up'")))
             return rc;
@@ -582,10 +597,19 @@ static int check_moe(const tk_op_call *c)
     return TK_OK;
 }
 
-#define TENSOR(nm, role_, dts, like, rank, shp, opt, doc_)                                                    \
-    {.name = nm, .kind = TK_ARG_TENSOR, .role = role_, .dtypes = dts, .dtype_like = like, .min_rank = rank,    \
-     .max_rank = rank, .shape = shp, .optional = opt, .doc = doc_}
-#define SCALAR(nm, d, opt, doc_) {.name = nm, .kind = TK_ARG_I64, .dtype_like = -1, .optional = opt, .def = d, .doc = doc_}
+#define TENSOR(nm, role_, dts, like, rank, shp, opt, doc_)                                                             \
+    {.name = nm,                                                                                                       \
+     .kind = TK_ARG_TENSOR,                                                                                            \
+     .role = role_,                                                                                                    \
+     .dtypes = dts,                                                                                                    \
+     .dtype_like = like,                                                                                               \
+     .min_rank = rank,                                                                                                 \
+     .max_rank = rank,                                                                                                 \
+     .shape = shp,                                                                                                     \
+     .optional = opt,                                                                                                  \
+     .doc = doc_}
+#define SCALAR(nm, d, opt, doc_)                                                                                       \
+    {.name = nm, .kind = TK_ARG_I64, .dtype_like = -1, .optional = opt, .def = d, .doc = doc_}
 
 static const tk_op_param moe_params[] = {
     TENSOR("out", TK_OPS_OUT, TK_OPS_FLOATS, 1, 2, "[N, H]", 0, "the layer's output (apart from every input)"),

@@ -208,8 +208,14 @@ static void fwd_range(void *arg, int64_t lo, int64_t hi)
 static int cpu_fwd(const tk_op_call *c)
 {
     const norm_info *ni = c->op->data;
-    fwd_job j = {ni->layer, ni->fused, (float)c->f[ni->eps], c->t[ni->out], c->t[ni->x], c->t[ni->w],
-                 ni->b >= 0 ? c->t[ni->b] : NULL, 0};
+    fwd_job j = {ni->layer,
+                 ni->fused,
+                 (float)c->f[ni->eps],
+                 c->t[ni->out],
+                 c->t[ni->x],
+                 c->t[ni->w],
+                 ni->b >= 0 ? c->t[ni->b] : NULL,
+                 0};
     j.d = j.in->shape[j.in->ndim - 1];
     int64_t numel = tk_ops__numel(j.in);
     if (numel == 0)
@@ -326,8 +332,18 @@ static void store_sums(const tk_tensor *dst, const double *p, int64_t nchunk, in
 static int cpu_bwd(const tk_op_call *c)
 {
     const norm_info *ni = c->op->data;
-    bwd_job j = {ni->layer, (double)(float)c->f[ni->eps], c->t[ni->gi], c->t[ni->go],
-                 ni->gr >= 0 ? c->t[ni->gr] : NULL, c->t[ni->x], c->t[ni->w], 0, 0, 0, NULL, NULL};
+    bwd_job j = {ni->layer,
+                 (double)(float)c->f[ni->eps],
+                 c->t[ni->gi],
+                 c->t[ni->go],
+                 ni->gr >= 0 ? c->t[ni->gr] : NULL,
+                 c->t[ni->x],
+                 c->t[ni->w],
+                 0,
+                 0,
+                 0,
+                 NULL,
+                 NULL};
     const tk_tensor *gw = c->t[ni->gw], *gb = ni->gb >= 0 ? c->t[ni->gb] : NULL;
     j.d = j.x->shape[j.x->ndim - 1];
     if (j.d == 0)
@@ -357,16 +373,35 @@ static int cpu_bwd(const tk_op_call *c)
 
 /* ---- the table -------------------------------------------------------------------------------- */
 
-#define TENSOR(nm, rl, like, shp, dc)                                                                  \
-    {.name = nm, .kind = TK_ARG_TENSOR, .role = rl, .dtypes = TK_OPS_FLOATS, .dtype_like = like,       \
-     .min_rank = 1, .max_rank = -1, .shape = shp, .doc = dc}
-#define VECTOR(nm, rl, like, opt, dc)                                                                  \
-    {.name = nm, .kind = TK_ARG_TENSOR, .role = rl, .dtypes = TK_OPS_FLOATS, .dtype_like = like,       \
-     .min_rank = 1, .max_rank = 1, .shape = "[d]", .optional = opt, .doc = dc}
+#define TENSOR(nm, rl, like, shp, dc)                                                                                  \
+    {.name = nm,                                                                                                       \
+     .kind = TK_ARG_TENSOR,                                                                                            \
+     .role = rl,                                                                                                       \
+     .dtypes = TK_OPS_FLOATS,                                                                                          \
+     .dtype_like = like,                                                                                               \
+     .min_rank = 1,                                                                                                    \
+     .max_rank = -1,                                                                                                   \
+     .shape = shp,                                                                                                     \
+     .doc = dc}
+#define VECTOR(nm, rl, like, opt, dc)                                                                                  \
+    {.name = nm,                                                                                                       \
+     .kind = TK_ARG_TENSOR,                                                                                            \
+     .role = rl,                                                                                                       \
+     .dtypes = TK_OPS_FLOATS,                                                                                          \
+     .dtype_like = like,                                                                                               \
+     .min_rank = 1,                                                                                                    \
+     .max_rank = 1,                                                                                                    \
+     .shape = "[d]",                                                                                                   \
+     .optional = opt,                                                                                                  \
+     .doc = dc}
 #define WEIGHT(like) VECTOR("weight", TK_OPS_IN, like, 0, "the per-column gain")
 #define BIAS(like) VECTOR("bias", TK_OPS_IN, like, 1, "the per-column shift (optional)")
-#define EPS(dflt, what)                                                                                \
-    {.name = "eps", .kind = TK_ARG_F64, .optional = 1, .def = dflt, .dtype_like = -1,                  \
+#define EPS(dflt, what)                                                                                                \
+    {.name = "eps",                                                                                                    \
+     .kind = TK_ARG_F64,                                                                                               \
+     .optional = 1,                                                                                                    \
+     .def = dflt,                                                                                                      \
+     .dtype_like = -1,                                                                                                 \
      .doc = "added to " what " before the rsqrt (rounded to f32)"}
 #define RMS_EPS EPS(1e-6, "mean(x^2)")
 #define LN_EPS EPS(1e-5, "var(x)")
@@ -402,10 +437,10 @@ static const tk_op_param fused_ln_params[] = {
 #define GRAD_WEIGHT(like) VECTOR("grad_weight", TK_OPS_OUT, like, 0, "sum over rows of grad_out * xh")
 #define GRAD_BIAS(like) VECTOR("grad_bias", TK_OPS_OUT, like, 1, "sum over rows of grad_out (optional)")
 #define GRAD_OUT(like) TENSOR("grad_out", TK_OPS_IN, like, "[..., d]", "the gradient of the forward's result")
-#define GRAD_RESIDUAL(like)                                                                            \
+#define GRAD_RESIDUAL(like)                                                                                            \
     TENSOR("grad_residual", TK_OPS_IN, like, "[..., d]", "the gradient of the forward's updated residual")
 #define SAVED_INPUT TENSOR("input", TK_OPS_IN, -1, "[..., d]", "the forward's input x")
-#define SAVED_RESIDUAL                                                                                 \
+#define SAVED_RESIDUAL                                                                                                 \
     TENSOR("residual", TK_OPS_IN, -1, "[..., d]", "the forward's updated residual (input + residual)")
 
 static const tk_op_param rms_bwd_params[] = {
@@ -413,15 +448,25 @@ static const tk_op_param rms_bwd_params[] = {
 };
 static const tk_op_param fused_rms_bwd_params[] = {
     GRAD_INPUT(4, "the gradient of the forward's input and residual (may be 'grad_residual' itself)"),
-    GRAD_WEIGHT(4), GRAD_OUT(4), GRAD_RESIDUAL(4), SAVED_RESIDUAL, WEIGHT(4), RMS_EPS,
+    GRAD_WEIGHT(4),
+    GRAD_OUT(4),
+    GRAD_RESIDUAL(4),
+    SAVED_RESIDUAL,
+    WEIGHT(4),
+    RMS_EPS,
 };
 static const tk_op_param ln_bwd_params[] = {
-    GRAD_INPUT(4, "the gradient of input"), GRAD_WEIGHT(4), GRAD_BIAS(4), GRAD_OUT(4), SAVED_INPUT, WEIGHT(4),
-    LN_EPS,
+    GRAD_INPUT(4, "the gradient of input"), GRAD_WEIGHT(4), GRAD_BIAS(4), GRAD_OUT(4), SAVED_INPUT, WEIGHT(4), LN_EPS,
 };
 static const tk_op_param fused_ln_bwd_params[] = {
     GRAD_INPUT(5, "the gradient of the forward's input and residual (may be 'grad_residual' itself)"),
-    GRAD_WEIGHT(5), GRAD_BIAS(5), GRAD_OUT(5), GRAD_RESIDUAL(5), SAVED_RESIDUAL, WEIGHT(5), LN_EPS,
+    GRAD_WEIGHT(5),
+    GRAD_BIAS(5),
+    GRAD_OUT(5),
+    GRAD_RESIDUAL(5),
+    SAVED_RESIDUAL,
+    WEIGHT(5),
+    LN_EPS,
 };
 
 /*                                         layer fused bwd out  x  w   b  eps  gi  gw  gb  go  gr */

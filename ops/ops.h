@@ -176,8 +176,7 @@ void tk_ops__store_f32(void *base, int64_t off, int64_t stride, const float *src
 /* Runs fn(arg, lo, hi) over [0, n) split into contiguous ranges on up to the machine's cores
  * (sysconf), using more than one thread only when n * cost_per_item is large enough to pay for it.
  * Falls back to fewer threads (down to the calling thread alone) when threads cannot be created. */
-void tk_ops__parallel(int64_t n, int64_t cost_per_item, void (*fn)(void *arg, int64_t lo, int64_t hi),
-                      void *arg);
+void tk_ops__parallel(int64_t n, int64_t cost_per_item, void (*fn)(void *arg, int64_t lo, int64_t hi), void *arg);
 
 /* ---- ops that packages declare (ops/declared.c) ------------------------------------------------- */
 

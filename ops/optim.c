@@ -59,15 +59,17 @@ static int check_adamw(const tk_op_call *c)
     if (!(lr >= 0) || !isfinite(lr))
         return tk__err(TK_ERR_INVALID, "%s: 'lr' is %g, want a finite value >= 0", op, lr);
     if (!(b1 >= 0 && b1 < 1) || !(b2 >= 0 && b2 < 1))
-        return tk__err(TK_ERR_INVALID, "%s: betas are (%g, %g), want each in [0, 1) (torch.optim.AdamW's rule)", op,
-                       b1, b2);
+        return tk__err(TK_ERR_INVALID, "%s: betas are (%g, %g), want each in [0, 1) (torch.optim.AdamW's rule)", op, b1,
+                       b2);
     if (!(eps >= 0) || !isfinite(eps))
         return tk__err(TK_ERR_INVALID, "%s: 'eps' is %g, want a finite value >= 0", op, eps);
     if (!(wd >= 0) || !isfinite(wd))
         return tk__err(TK_ERR_INVALID, "%s: 'weight_decay' is %g, want a finite value >= 0", op, wd);
     if (c->i[AW_STEP] < 1)
-        return tk__err(TK_ERR_INVALID, "%s: 'step' is %lld, want >= 1 (the count of steps taken, this one included: "
-                       "the bias corrections divide by 1 - beta^step)", op, (long long)c->i[AW_STEP]);
+        return tk__err(TK_ERR_INVALID,
+                       "%s: 'step' is %lld, want >= 1 (the count of steps taken, this one included: "
+                       "the bias corrections divide by 1 - beta^step)",
+                       op, (long long)c->i[AW_STEP]);
     if (!isfinite(c->f[AW_GS]))
         return tk__err(TK_ERR_INVALID, "%s: 'grad_scale' is %g, want a finite value", op, c->f[AW_GS]);
     return TK_OK;
@@ -111,18 +113,10 @@ static int cpu_adamw(const tk_op_call *c)
 {
     double lr = c->f[AW_LR], b1 = c->f[AW_B1], b2 = c->f[AW_B2], step = (double)c->i[AW_STEP];
     double bc1 = 1.0 - pow(b1, step), bc2 = 1.0 - pow(b2, step);
-    adamw_job j = {c->t[AW_P],
-                   c->t[AW_G],
-                   c->t[AW_M],
-                   c->t[AW_V],
-                   c->t[AW_COPY],
-                   (float)(1.0 - lr * c->f[AW_WD]),
-                   (float)(1.0 - b1),
-                   (float)b2,
-                   (float)(1.0 - b2),
-                   (float)sqrt(bc2),
-                   (float)c->f[AW_EPS],
-                   (float)(-(lr / bc1)),
+    adamw_job j = {c->t[AW_P],        c->t[AW_G],          c->t[AW_M],
+                   c->t[AW_V],        c->t[AW_COPY],       (float)(1.0 - lr * c->f[AW_WD]),
+                   (float)(1.0 - b1), (float)b2,           (float)(1.0 - b2),
+                   (float)sqrt(bc2),  (float)c->f[AW_EPS], (float)(-(lr / bc1)),
                    (float)c->f[AW_GS]};
     int64_t n = tk_ops__numel(j.p);
     tk_ops__parallel((n + CHUNK - 1) / CHUNK, CHUNK * 12, adamw_range, &j);
@@ -191,9 +185,17 @@ static int cpu_sumsq(const tk_op_call *c)
 
 /* ---- the table -------------------------------------------------------------------------------- */
 
-#define STATE(nm, rl, bits, like, opt, dc)                                                                      \
-    {.name = nm, .kind = TK_ARG_TENSOR, .role = rl, .dtypes = bits, .dtype_like = like, .min_rank = 0,           \
-     .max_rank = -1, .shape = "[...]", .optional = opt, .doc = dc}
+#define STATE(nm, rl, bits, like, opt, dc)                                                                             \
+    {.name = nm,                                                                                                       \
+     .kind = TK_ARG_TENSOR,                                                                                            \
+     .role = rl,                                                                                                       \
+     .dtypes = bits,                                                                                                   \
+     .dtype_like = like,                                                                                               \
+     .min_rank = 0,                                                                                                    \
+     .max_rank = -1,                                                                                                   \
+     .shape = "[...]",                                                                                                 \
+     .optional = opt,                                                                                                  \
+     .doc = dc}
 #define F(nm, dv, dc) {.name = nm, .kind = TK_ARG_F64, .optional = 1, .def = dv, .dtype_like = -1, .doc = dc}
 
 static const tk_op_param adamw_params[] = {
@@ -207,16 +209,34 @@ static const tk_op_param adamw_params[] = {
     F("beta2", 0.999, "the second moment's decay"),
     F("eps", 1e-8, "added to the bias-corrected sqrt(exp_avg_sq)"),
     F("weight_decay", 1e-2, "decoupled: param *= 1 - lr * weight_decay (0 for the no-decay group)"),
-    {.name = "step", .kind = TK_ARG_I64, .optional = 1, .def = 1, .dtype_like = -1,
+    {.name = "step",
+     .kind = TK_ARG_I64,
+     .optional = 1,
+     .def = 1,
+     .dtype_like = -1,
      .doc = "steps taken, this one included (>= 1): the bias corrections' exponent"},
     F("grad_scale", 1.0, "the gradient is multiplied by this first (clipping, 1/tokens)"),
 };
 
 static const tk_op_param sumsq_params[] = {
-    {.name = "out", .kind = TK_ARG_TENSOR, .role = TK_OPS_OUT, .dtypes = TK_OPS_F32 | TK_OPS_F64, .dtype_like = -1,
-     .min_rank = 0, .max_rank = 1, .shape = "[] | [1]", .doc = "sum of input^2 (accumulated in double)"},
-    {.name = "input", .kind = TK_ARG_TENSOR, .role = TK_OPS_IN, .dtypes = TK_OPS_FLOATS, .dtype_like = -1,
-     .min_rank = 0, .max_rank = -1, .shape = "[...]", .doc = "x"},
+    {.name = "out",
+     .kind = TK_ARG_TENSOR,
+     .role = TK_OPS_OUT,
+     .dtypes = TK_OPS_F32 | TK_OPS_F64,
+     .dtype_like = -1,
+     .min_rank = 0,
+     .max_rank = 1,
+     .shape = "[] | [1]",
+     .doc = "sum of input^2 (accumulated in double)"},
+    {.name = "input",
+     .kind = TK_ARG_TENSOR,
+     .role = TK_OPS_IN,
+     .dtypes = TK_OPS_FLOATS,
+     .dtype_like = -1,
+     .min_rank = 0,
+     .max_rank = -1,
+     .shape = "[...]",
+     .doc = "x"},
 };
 
 #define PKG "kernels-community/training"
@@ -224,7 +244,7 @@ static const tk_op_param sumsq_params[] = {
 const tk_op_desc tk_ops__optim[] = {
     {"adamw", "optim", "one tensor's torch.optim.AdamW step (decoupled weight decay, bias correction) in fp32",
      adamw_params, sizeof adamw_params / sizeof adamw_params[0], check_adamw, cpu_adamw, NULL, PKG},
-    {"sum_squares", "optim", "out = sum(input^2) in double: a squared L2 norm (clip_grad_norm_)", sumsq_params,
-     2, check_sumsq, cpu_sumsq, NULL, PKG},
+    {"sum_squares", "optim", "out = sum(input^2) in double: a squared L2 norm (clip_grad_norm_)", sumsq_params, 2,
+     check_sumsq, cpu_sumsq, NULL, PKG},
 };
 const size_t tk_ops__optim_count = sizeof tk_ops__optim / sizeof tk_ops__optim[0];

@@ -116,8 +116,10 @@ static struct {
     atomic_llong next;      /* the next range's start */
     atomic_int open;        /* 1 while ranges may be taken */
     atomic_int active;      /* workers inside the job */
-} pool = {.submit = PTHREAD_MUTEX_INITIALIZER, .mu = PTHREAD_MUTEX_INITIALIZER, .cv = PTHREAD_COND_INITIALIZER,
-        .grow = PTHREAD_MUTEX_INITIALIZER};
+} pool = {.submit = PTHREAD_MUTEX_INITIALIZER,
+          .mu = PTHREAD_MUTEX_INITIALIZER,
+          .cv = PTHREAD_COND_INITIALIZER,
+          .grow = PTHREAD_MUTEX_INITIALIZER};
 
 static void take_ranges(void)
 {

@@ -10,7 +10,6 @@
 
 #include "ops/ops.h"
 
-
 static const struct {
     const tk_op_desc *ops;
     const size_t *count;
@@ -81,8 +80,8 @@ static int unknown_op(const char *name)
         }
     }
     if (best)
-        return tk__err(TK_ERR_NOT_FOUND, "unknown op '%s'\nHINT: did you mean '%s'? 'tk ops' lists every op",
-                       name, best->name);
+        return tk__err(TK_ERR_NOT_FOUND, "unknown op '%s'\nHINT: did you mean '%s'? 'tk ops' lists every op", name,
+                       best->name);
     return tk__err(TK_ERR_NOT_FOUND, "unknown op '%s'\nHINT: 'tk ops' lists every op", name);
 }
 
@@ -164,10 +163,7 @@ int64_t tk_ops__row_offset(const tk_tensor *t, int64_t r)
     return off;
 }
 
-int64_t tk_ops__col_stride(const tk_tensor *t)
-{
-    return (t->ndim == 0 || !t->strides) ? 1 : t->strides[t->ndim - 1];
-}
+int64_t tk_ops__col_stride(const tk_tensor *t) { return (t->ndim == 0 || !t->strides) ? 1 : t->strides[t->ndim - 1]; }
 
 /* ---- binding and the generic checks ----------------------------------------------------------- */
 
@@ -207,15 +203,15 @@ static int check_tensor(const tk_op_call *c, size_t i)
     char want[128];
 
     if (t->ndim < 0 || t->ndim > TK_OPS_MAX_RANK)
-        return tk__err(TK_ERR_INVALID, "%s: '%s' has rank %d, tk supports 0 to %d dimensions", op->name,
-                       p->name, (int)t->ndim, TK_OPS_MAX_RANK);
+        return tk__err(TK_ERR_INVALID, "%s: '%s' has rank %d, tk supports 0 to %d dimensions", op->name, p->name,
+                       (int)t->ndim, TK_OPS_MAX_RANK);
     if (t->ndim > 0 && !t->shape)
         return tk__err(TK_ERR_INVALID, "%s: '%s' has rank %d but no shape", op->name, p->name, (int)t->ndim);
     int64_t numel = 1;
     for (int32_t k = 0; k < t->ndim; k++) {
         if (t->shape[k] < 0)
-            return tk__err(TK_ERR_INVALID, "%s: '%s' has shape %s: dimension %d is negative", op->name,
-                           p->name, tk_ops__shape_fmt(t->ndim, t->shape), (int)k);
+            return tk__err(TK_ERR_INVALID, "%s: '%s' has shape %s: dimension %d is negative", op->name, p->name,
+                           tk_ops__shape_fmt(t->ndim, t->shape), (int)k);
         if (t->shape[k] && numel > INT64_MAX / t->shape[k])
             return tk__err(TK_ERR_INVALID, "%s: '%s' has shape %s: too many elements", op->name, p->name,
                            tk_ops__shape_fmt(t->ndim, t->shape));
@@ -231,8 +227,8 @@ static int check_tensor(const tk_op_call *c, size_t i)
         if (bit)
             return tk__err(TK_ERR_INVALID, "%s: '%s' has dtype %s, want %s", op->name, p->name,
                            tk_ops__dtype_str(t->dtype), want);
-        return tk__err(TK_ERR_INVALID, "%s: '%s' has an unknown dtype (code %u, %u bits, %u lanes), want %s",
-                       op->name, p->name, t->dtype.code, t->dtype.bits, t->dtype.lanes, want);
+        return tk__err(TK_ERR_INVALID, "%s: '%s' has an unknown dtype (code %u, %u bits, %u lanes), want %s", op->name,
+                       p->name, t->dtype.code, t->dtype.bits, t->dtype.lanes, want);
     }
     int maxr = p->max_rank < 0 ? TK_OPS_MAX_RANK : p->max_rank;
     if (t->ndim < p->min_rank || t->ndim > maxr) {
@@ -242,8 +238,8 @@ static int check_tensor(const tk_op_call *c, size_t i)
             snprintf(want, sizeof want, "at least %d", p->min_rank);
         else
             snprintf(want, sizeof want, "%d to %d", p->min_rank, maxr);
-        return tk__err(TK_ERR_INVALID, "%s: '%s' has rank %d (shape %s), want %s", op->name, p->name,
-                       (int)t->ndim, tk_ops__shape_fmt(t->ndim, t->shape), want);
+        return tk__err(TK_ERR_INVALID, "%s: '%s' has rank %d (shape %s), want %s", op->name, p->name, (int)t->ndim,
+                       tk_ops__shape_fmt(t->ndim, t->shape), want);
     }
     return TK_OK;
 }
@@ -262,15 +258,14 @@ static int bind(tk_op_call *c, const tk_arg *args, size_t nargs)
                 tk_buf names = TK_BUF_INIT;
                 for (size_t i = 0; i < op->nparams; i++)
                     tk__buf_printf(&names, "%s%s", i ? ", " : "", op->params[i].name);
-                int rc = tk__err(TK_ERR_INVALID, "%s: no parameter named '%s' (parameters: %s)", op->name,
-                                 a->name, names.data ? names.data : "");
+                int rc = tk__err(TK_ERR_INVALID, "%s: no parameter named '%s' (parameters: %s)", op->name, a->name,
+                                 names.data ? names.data : "");
                 tk__buf_free(&names);
                 return rc;
             }
         } else {
             if (k >= op->nparams)
-                return tk__err(TK_ERR_INVALID, "%s: takes %zu arguments, got %zu", op->name, op->nparams,
-                               nargs);
+                return tk__err(TK_ERR_INVALID, "%s: takes %zu arguments, got %zu", op->name, op->nparams, nargs);
             idx = (int)k;
         }
         const tk_op_param *p = &op->params[idx];
@@ -302,8 +297,8 @@ static int bind(tk_op_call *c, const tk_arg *args, size_t nargs)
         if (!p->optional) {
             tk_buf sig = TK_BUF_INIT;
             tk_ops__signature(&sig, op);
-            int rc = tk__err(TK_ERR_INVALID, "%s: missing argument '%s'\nHINT: the signature is %s", op->name,
-                             p->name, sig.data ? sig.data : op->name);
+            int rc = tk__err(TK_ERR_INVALID, "%s: missing argument '%s'\nHINT: the signature is %s", op->name, p->name,
+                             sig.data ? sig.data : op->name);
             tk__buf_free(&sig);
             return rc;
         }
@@ -350,8 +345,8 @@ int tk_ops__prepare_op(tk_op_call *c, const tk_op_desc *op, const tk_arg *args, 
             continue;
         tk_dtype a = c->t[i]->dtype, b = c->t[p->dtype_like]->dtype;
         if (tk_ops__dtype_bit(a) != tk_ops__dtype_bit(b))
-            return tk__err(TK_ERR_INVALID, "%s: '%s' has dtype %s, want %s (the dtype of '%s')", op->name,
-                           p->name, tk_ops__dtype_str(a), tk_ops__dtype_str(b), op->params[p->dtype_like].name);
+            return tk__err(TK_ERR_INVALID, "%s: '%s' has dtype %s, want %s (the dtype of '%s')", op->name, p->name,
+                           tk_ops__dtype_str(a), tk_ops__dtype_str(b), op->params[p->dtype_like].name);
     }
     if (first < 0)
         return tk__err(TK_ERR_INTERNAL, "%s: op has no tensor argument", op->name);
@@ -371,14 +366,13 @@ int tk_ops__prepare_op(tk_op_call *c, const tk_op_desc *op, const tk_arg *args, 
             continue;
         char d1[32], d2[32];
         if (t->device.device_type != TK_DEV_CPU && t->device.device_type != TK_DEV_CUDA)
-            return tk__err(TK_ERR_UNSUPPORTED, "%s: '%s' is on %s; tk runs ops on cpu and cuda tensors",
-                           op->name, op->params[i].name,
-                           dev_str(d1, sizeof d1, t->device.device_type, t->device.device_id));
+            return tk__err(TK_ERR_UNSUPPORTED, "%s: '%s' is on %s; tk runs ops on cpu and cuda tensors", op->name,
+                           op->params[i].name, dev_str(d1, sizeof d1, t->device.device_type, t->device.device_id));
         if (t->device.device_type != c->device_type ||
             (c->device_type == TK_DEV_CUDA && t->device.device_id != c->device_id))
             return tk__err(TK_ERR_INVALID, "%s: '%s' is on %s but '%s' is on %s", op->name, op->params[i].name,
-                           dev_str(d1, sizeof d1, t->device.device_type, t->device.device_id),
-                           op->params[first].name, dev_str(d2, sizeof d2, c->device_type, c->device_id));
+                           dev_str(d1, sizeof d1, t->device.device_type, t->device.device_id), op->params[first].name,
+                           dev_str(d2, sizeof d2, c->device_type, c->device_id));
     }
     return op->check ? op->check(c) : TK_OK;
 }
@@ -391,8 +385,10 @@ int tk_ops__run_cpu(const tk_op_call *c)
         return tk__err(TK_ERR_UNSUPPORTED, "%s: the CPU reference needs host tensors, these are on cuda:%d",
                        c->op->name, c->device_id);
     if (!c->op->cpu && tk_ops__is_declared(c->op))
-        return tk__err(TK_ERR_UNSUPPORTED, "no CPU reference for op %s (declared by %s)\nHINT: tk has CPU "
-                       "references for its own ops only; run it on CUDA tensors", c->op->name, c->op->package);
+        return tk__err(TK_ERR_UNSUPPORTED,
+                       "no CPU reference for op %s (declared by %s)\nHINT: tk has CPU "
+                       "references for its own ops only; run it on CUDA tensors",
+                       c->op->name, c->op->package);
     if (!c->op->cpu)
         return tk__err(TK_ERR_UNSUPPORTED, "%s: no CPU reference", c->op->name);
     return c->op->cpu(c);

@@ -37,8 +37,15 @@
 #define TK_PI 3.14159265358979323846
 
 /* rope_cos_sin_cache's 'scaling' values (kernels-src/rotary/rotary.cu uses the same numbers). */
-enum { SCALE_NONE = 0, SCALE_LINEAR = 1, SCALE_DYNAMIC = 2, SCALE_YARN = 3, SCALE_LLAMA3 = 4, SCALE_LONGROPE = 5,
-       SCALE_COUNT };
+enum {
+    SCALE_NONE = 0,
+    SCALE_LINEAR = 1,
+    SCALE_DYNAMIC = 2,
+    SCALE_YARN = 3,
+    SCALE_LLAMA3 = 4,
+    SCALE_LONGROPE = 5,
+    SCALE_COUNT
+};
 
 /* ---- helpers ---------------------------------------------------------------------------------- */
 
@@ -84,14 +91,13 @@ static int check_rotary(const tk_op_call *c)
             ok = t->shape[d] == pos->shape[d];
         if (!ok)
             return tk__err(TK_ERR_INVALID,
-                           "%s: '%s' has shape %s, want the shape of 'positions' %s followed by [%s, head_size]",
-                           op, names[w], tk_ops__shape_fmt(t->ndim, t->shape), tk_ops__shape_fmt(pn, pos->shape),
-                           heads[w]);
+                           "%s: '%s' has shape %s, want the shape of 'positions' %s followed by [%s, head_size]", op,
+                           names[w], tk_ops__shape_fmt(t->ndim, t->shape), tk_ops__shape_fmt(pn, pos->shape), heads[w]);
     }
     int64_t d = q->shape[q->ndim - 1];
     if (k->shape[k->ndim - 1] != d)
-        return tk__err(TK_ERR_INVALID, "%s: '%s' has shape %s, want head_size %lld (the last dimension of '%s' %s)",
-                       op, names[1], tk_ops__shape_fmt(k->ndim, k->shape), (long long)d, names[0],
+        return tk__err(TK_ERR_INVALID, "%s: '%s' has shape %s, want head_size %lld (the last dimension of '%s' %s)", op,
+                       names[1], tk_ops__shape_fmt(k->ndim, k->shape), (long long)d, names[0],
                        tk_ops__shape_fmt(q->ndim, q->shape));
     int64_t rot = cache->shape[1];
     if (rot <= 0 || rot % 2 || rot > d)
@@ -108,8 +114,8 @@ static int check_rotary(const tk_op_call *c)
         return tk__err(TK_ERR_INVALID, "%s: 'is_neox' is %lld, want 1 (NeoX/Llama halves) or 0 (GPT-J pairs)", op,
                        (long long)neox);
     if (same_tensor(q, k) && tk_ops__numel(q) > 0)
-        return tk__err(TK_ERR_INVALID, "%s: '%s' and '%s' are the same tensor; both are rotated in place", op,
-                       names[0], names[1]);
+        return tk__err(TK_ERR_INVALID, "%s: '%s' and '%s' are the same tensor; both are rotated in place", op, names[0],
+                       names[1]);
     return TK_OK;
 }
 
@@ -195,8 +201,14 @@ static void rope_range(void *arg, int64_t lo, int64_t hi)
 static int cpu_rotary(const tk_op_call *c)
 {
     const tk_tensor *q = c->t[RE_Q], *k = c->t[RE_K];
-    rope_job j = {{q, k}, {q->shape[q->ndim - 2], k->shape[k->ndim - 2]}, c->t[RE_POS], c->t[RE_CACHE], 0, 0,
-                  (int)c->i[RE_NEOX], c->op->data != NULL};
+    rope_job j = {{q, k},
+                  {q->shape[q->ndim - 2], k->shape[k->ndim - 2]},
+                  c->t[RE_POS],
+                  c->t[RE_CACHE],
+                  0,
+                  0,
+                  (int)c->i[RE_NEOX],
+                  c->op->data != NULL};
     j.rot = j.cache->shape[1];
     j.half = j.rot / 2;
     int64_t ntok = tk_ops__numel(j.pos), max_pos = j.cache->shape[0];
@@ -222,7 +234,18 @@ static int cpu_rotary(const tk_op_call *c)
 /* params: out, base, scaling, factor, original_max_position_embeddings, seq_len, beta_fast, beta_slow,
  * truncate, attention_factor, low_freq_factor, high_freq_factor, ext_factors */
 enum {
-    RC_OUT, RC_BASE, RC_SCALING, RC_FACTOR, RC_OMAX, RC_SEQ, RC_BFAST, RC_BSLOW, RC_TRUNC, RC_ATTN, RC_LOWF, RC_HIGHF,
+    RC_OUT,
+    RC_BASE,
+    RC_SCALING,
+    RC_FACTOR,
+    RC_OMAX,
+    RC_SEQ,
+    RC_BFAST,
+    RC_BSLOW,
+    RC_TRUNC,
+    RC_ATTN,
+    RC_LOWF,
+    RC_HIGHF,
     RC_EXT
 };
 
@@ -317,7 +340,8 @@ static int check_cache(const tk_op_call *c)
             }
         }
     } else if (ext) {
-        return tk__err(TK_ERR_INVALID, "%s: 'ext_factors' is given, but only longrope scaling (5) takes it; 'scaling' "
+        return tk__err(TK_ERR_INVALID,
+                       "%s: 'ext_factors' is given, but only longrope scaling (5) takes it; 'scaling' "
                        "is %lld (%s)",
                        op, (long long)s, sn);
     }
@@ -398,8 +422,7 @@ static double rope_inv_freq(const rope_cfg *k, int64_t i, int64_t dim)
          * the caller picks short_factor or long_factor (long when the sequence is longer than
          * original_max_position_embeddings: HF's longrope_frequency_update) */
         return 1.0 / ((double)k->ext[i] * pow(k->base, e));
-    default:
-        return 1.0 / pow(k->base, e);
+    default: return 1.0 / pow(k->base, e);
     }
 }
 
@@ -449,9 +472,18 @@ static int cpu_cache(const tk_op_call *c)
 {
     const tk_tensor *out = c->t[RC_OUT];
     int64_t rows = out->shape[0], rot = out->shape[1], half = rot / 2;
-    rope_cfg k = {(int)c->i[RC_SCALING], c->f[RC_BASE], c->f[RC_FACTOR], c->i[RC_OMAX],
-                  c->i[RC_SEQ] ? c->i[RC_SEQ] : rows, c->f[RC_BFAST], c->f[RC_BSLOW], (int)c->i[RC_TRUNC],
-                  c->f[RC_ATTN], c->f[RC_LOWF], c->f[RC_HIGHF], NULL};
+    rope_cfg k = {(int)c->i[RC_SCALING],
+                  c->f[RC_BASE],
+                  c->f[RC_FACTOR],
+                  c->i[RC_OMAX],
+                  c->i[RC_SEQ] ? c->i[RC_SEQ] : rows,
+                  c->f[RC_BFAST],
+                  c->f[RC_BSLOW],
+                  (int)c->i[RC_TRUNC],
+                  c->f[RC_ATTN],
+                  c->f[RC_LOWF],
+                  c->f[RC_HIGHF],
+                  NULL};
     if (rows == 0)
         return TK_OK;
     double *inv = malloc(sizeof(double) * (size_t)half + sizeof(float) * (size_t)half);
@@ -490,8 +522,7 @@ static int check_slopes(const tk_op_call *c)
 {
     double mb = c->f[1];
     if (!finite_pos(mb))
-        return tk__err(TK_ERR_INVALID, "%s: 'max_bias' is %g, want a finite value > 0 (8 is ALiBi's)", c->op->name,
-                       mb);
+        return tk__err(TK_ERR_INVALID, "%s: 'max_bias' is %g, want a finite value > 0 (8 is ALiBi's)", c->op->name, mb);
     return TK_OK;
 }
 
@@ -623,19 +654,45 @@ static int cpu_sin(const tk_op_call *c)
 #define F64(nm, dv, dc) {.name = nm, .kind = TK_ARG_F64, .optional = 1, .def = dv, .dtype_like = -1, .doc = dc}
 #define I64(nm, dv, dc) {.name = nm, .kind = TK_ARG_I64, .optional = 1, .def = dv, .dtype_like = -1, .doc = dc}
 
-#define POS_AND_CACHE                                                                                        \
-    {.name = "positions", .kind = TK_ARG_TENSOR, .role = TK_OPS_IN, .dtypes = TK_OPS_I64, .dtype_like = -1,    \
-     .min_rank = 1, .max_rank = TK_OPS_MAX_RANK - 2, .shape = "[...]",                                        \
-     .doc = "each token's position: its row of cos_sin_cache ([T] or [B, S])"},                               \
-    {.name = "cos_sin_cache", .kind = TK_ARG_TENSOR, .role = TK_OPS_IN, .dtypes = TK_OPS_FLOATS, .dtype_like = -1, \
-     .min_rank = 2, .max_rank = 2, .shape = "[max_pos, rot_dim]",                                             \
-     .doc = "row p: cos(p*inv_freq) then sin(p*inv_freq), rot_dim/2 each; f32 or the dtype of query"}
+#define POS_AND_CACHE                                                                                                  \
+    {.name = "positions",                                                                                              \
+     .kind = TK_ARG_TENSOR,                                                                                            \
+     .role = TK_OPS_IN,                                                                                                \
+     .dtypes = TK_OPS_I64,                                                                                             \
+     .dtype_like = -1,                                                                                                 \
+     .min_rank = 1,                                                                                                    \
+     .max_rank = TK_OPS_MAX_RANK - 2,                                                                                  \
+     .shape = "[...]",                                                                                                 \
+     .doc = "each token's position: its row of cos_sin_cache ([T] or [B, S])"},                                        \
+        {.name = "cos_sin_cache",                                                                                      \
+         .kind = TK_ARG_TENSOR,                                                                                        \
+         .role = TK_OPS_IN,                                                                                            \
+         .dtypes = TK_OPS_FLOATS,                                                                                      \
+         .dtype_like = -1,                                                                                             \
+         .min_rank = 2,                                                                                                \
+         .max_rank = 2,                                                                                                \
+         .shape = "[max_pos, rot_dim]",                                                                                \
+         .doc = "row p: cos(p*inv_freq) then sin(p*inv_freq), rot_dim/2 each; f32 or the dtype of query"}
 
 static const tk_op_param rotary_params[] = {
-    {.name = "query", .kind = TK_ARG_TENSOR, .role = TK_OPS_OUT, .dtypes = TK_OPS_FLOATS, .dtype_like = -1,
-     .min_rank = 3, .max_rank = -1, .shape = "[..., Hq, head_size]", .doc = "rotated in place"},
-    {.name = "key", .kind = TK_ARG_TENSOR, .role = TK_OPS_OUT, .dtypes = TK_OPS_FLOATS, .dtype_like = 0,
-     .min_rank = 3, .max_rank = -1, .shape = "[..., Hkv, head_size]", .doc = "rotated in place"},
+    {.name = "query",
+     .kind = TK_ARG_TENSOR,
+     .role = TK_OPS_OUT,
+     .dtypes = TK_OPS_FLOATS,
+     .dtype_like = -1,
+     .min_rank = 3,
+     .max_rank = -1,
+     .shape = "[..., Hq, head_size]",
+     .doc = "rotated in place"},
+    {.name = "key",
+     .kind = TK_ARG_TENSOR,
+     .role = TK_OPS_OUT,
+     .dtypes = TK_OPS_FLOATS,
+     .dtype_like = 0,
+     .min_rank = 3,
+     .max_rank = -1,
+     .shape = "[..., Hkv, head_size]",
+     .doc = "rotated in place"},
     POS_AND_CACHE,
     I64("is_neox", 1, "1: rotate (x[i], x[rot_dim/2 + i]) (NeoX/Llama); 0: (x[2i], x[2i+1]) (GPT-J)"),
 };
@@ -643,11 +700,23 @@ static const tk_op_param rotary_params[] = {
 /* The backward's arguments are the gradients of the forward's rotated query and key, rotated back in
  * place (by -angle: the rotation's transpose), which gives the gradients of the unrotated ones. */
 static const tk_op_param rotary_bwd_params[] = {
-    {.name = "grad_query", .kind = TK_ARG_TENSOR, .role = TK_OPS_OUT, .dtypes = TK_OPS_FLOATS, .dtype_like = -1,
-     .min_rank = 3, .max_rank = -1, .shape = "[..., Hq, head_size]",
+    {.name = "grad_query",
+     .kind = TK_ARG_TENSOR,
+     .role = TK_OPS_OUT,
+     .dtypes = TK_OPS_FLOATS,
+     .dtype_like = -1,
+     .min_rank = 3,
+     .max_rank = -1,
+     .shape = "[..., Hq, head_size]",
      .doc = "the gradient of the rotated query; on return, of the query before rotation"},
-    {.name = "grad_key", .kind = TK_ARG_TENSOR, .role = TK_OPS_OUT, .dtypes = TK_OPS_FLOATS, .dtype_like = 0,
-     .min_rank = 3, .max_rank = -1, .shape = "[..., Hkv, head_size]",
+    {.name = "grad_key",
+     .kind = TK_ARG_TENSOR,
+     .role = TK_OPS_OUT,
+     .dtypes = TK_OPS_FLOATS,
+     .dtype_like = 0,
+     .min_rank = 3,
+     .max_rank = -1,
+     .shape = "[..., Hkv, head_size]",
      .doc = "the gradient of the rotated key; on return, of the key before rotation"},
     POS_AND_CACHE,
     I64("is_neox", 1, "as the forward's"),
@@ -655,8 +724,15 @@ static const tk_op_param rotary_bwd_params[] = {
 static const int rotary_inverse = 1;
 
 static const tk_op_param cache_params[] = {
-    {.name = "out", .kind = TK_ARG_TENSOR, .role = TK_OPS_OUT, .dtypes = TK_OPS_FLOATS, .dtype_like = -1,
-     .min_rank = 2, .max_rank = 2, .shape = "[max_pos, rot_dim]", .doc = "row p: cos(p*inv_freq[i]) then sin(...)"},
+    {.name = "out",
+     .kind = TK_ARG_TENSOR,
+     .role = TK_OPS_OUT,
+     .dtypes = TK_OPS_FLOATS,
+     .dtype_like = -1,
+     .min_rank = 2,
+     .max_rank = 2,
+     .shape = "[max_pos, rot_dim]",
+     .doc = "row p: cos(p*inv_freq[i]) then sin(...)"},
     F64("base", 10000.0, "rope_theta"),
     I64("scaling", 0, "0 none, 1 linear, 2 dynamic (NTK), 3 yarn, 4 llama3, 5 longrope"),
     F64("factor", 1.0, "the scaling factor (linear, dynamic, yarn, llama3; longrope: for the attention factor)"),
@@ -670,27 +746,62 @@ static const tk_op_param cache_params[] = {
         "cos/sin multiplier; 0: yarn 0.1*ln(factor)+1, longrope sqrt(1+ln(factor)/ln(original)), else 1"),
     F64("low_freq_factor", 1.0, "llama3"),
     F64("high_freq_factor", 4.0, "llama3"),
-    {.name = "ext_factors", .kind = TK_ARG_TENSOR, .role = TK_OPS_IN, .dtypes = TK_OPS_F32, .dtype_like = -1,
-     .min_rank = 1, .max_rank = 1, .shape = "[rot_dim/2]", .optional = 1,
+    {.name = "ext_factors",
+     .kind = TK_ARG_TENSOR,
+     .role = TK_OPS_IN,
+     .dtypes = TK_OPS_F32,
+     .dtype_like = -1,
+     .min_rank = 1,
+     .max_rank = 1,
+     .shape = "[rot_dim/2]",
+     .optional = 1,
      .doc = "longrope: each pair's factor, inv_freq = 1/(ext*base^(2i/rot_dim)) (short_factor or long_factor)"},
 };
 
 static const tk_op_param slopes_params[] = {
-    {.name = "out", .kind = TK_ARG_TENSOR, .role = TK_OPS_OUT, .dtypes = TK_OPS_F32, .dtype_like = -1,
-     .min_rank = 1, .max_rank = 1, .shape = "[H]", .doc = "the slope of each head"},
+    {.name = "out",
+     .kind = TK_ARG_TENSOR,
+     .role = TK_OPS_OUT,
+     .dtypes = TK_OPS_F32,
+     .dtype_like = -1,
+     .min_rank = 1,
+     .max_rank = 1,
+     .shape = "[H]",
+     .doc = "the slope of each head"},
     F64("max_bias", 8.0, "slopes are 2^(-max_bias*k/p); 8 is ALiBi's"),
 };
 
 static const tk_op_param bias_params[] = {
-    {.name = "out", .kind = TK_ARG_TENSOR, .role = TK_OPS_OUT, .dtypes = TK_OPS_FLOATS, .dtype_like = -1,
-     .min_rank = 3, .max_rank = 3, .shape = "[H, Sq, Sk]", .doc = "-slope[h] * |i + Sk - Sq - j|"},
-    {.name = "slopes", .kind = TK_ARG_TENSOR, .role = TK_OPS_IN, .dtypes = TK_OPS_F32, .dtype_like = -1,
-     .min_rank = 1, .max_rank = 1, .shape = "[H]", .doc = "the head slopes (alibi_slopes)"},
+    {.name = "out",
+     .kind = TK_ARG_TENSOR,
+     .role = TK_OPS_OUT,
+     .dtypes = TK_OPS_FLOATS,
+     .dtype_like = -1,
+     .min_rank = 3,
+     .max_rank = 3,
+     .shape = "[H, Sq, Sk]",
+     .doc = "-slope[h] * |i + Sk - Sq - j|"},
+    {.name = "slopes",
+     .kind = TK_ARG_TENSOR,
+     .role = TK_OPS_IN,
+     .dtypes = TK_OPS_F32,
+     .dtype_like = -1,
+     .min_rank = 1,
+     .max_rank = 1,
+     .shape = "[H]",
+     .doc = "the head slopes (alibi_slopes)"},
 };
 
 static const tk_op_param sin_params[] = {
-    {.name = "out", .kind = TK_ARG_TENSOR, .role = TK_OPS_OUT, .dtypes = TK_OPS_FLOATS, .dtype_like = -1,
-     .min_rank = 2, .max_rank = 2, .shape = "[S, d]", .doc = "row s: position offset + s"},
+    {.name = "out",
+     .kind = TK_ARG_TENSOR,
+     .role = TK_OPS_OUT,
+     .dtypes = TK_OPS_FLOATS,
+     .dtype_like = -1,
+     .min_rank = 2,
+     .max_rank = 2,
+     .shape = "[S, d]",
+     .doc = "row s: position offset + s"},
     F64("base", 10000.0, "the wavelength base"),
     I64("offset", 0, "the position of row 0"),
 };

@@ -9,13 +9,10 @@
 
 #include "ops/selftest.h"
 
-static const char *const names[] = {"never_tested", "passed", "failed", "crashed", "timed_out", "untested",
-                                    "interrupted"};
+static const char *const names[] = {"never_tested", "passed",   "failed",     "crashed",
+                                    "timed_out",    "untested", "interrupted"};
 
-const char *tk_ops__st_name(int st)
-{
-    return st >= 0 && st < (int)(sizeof names / sizeof names[0]) ? names[st] : "?";
-}
+const char *tk_ops__st_name(int st) { return st >= 0 && st < (int)(sizeof names / sizeof names[0]) ? names[st] : "?"; }
 
 int tk_ops__st_parse(const char *s)
 {

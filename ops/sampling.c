@@ -104,12 +104,14 @@ static int check_argmax(const tk_op_call *c)
     for (int32_t k = 0; same && k < out->ndim; k++)
         same = out->shape[k] == in->shape[k];
     if (!same)
-        return tk__err(TK_ERR_INVALID, "%s: 'out' has shape %s, want %s (the shape of 'input' %s without its last "
-                       "dimension)", c->op->name, tk_ops__shape_fmt(out->ndim, out->shape),
+        return tk__err(TK_ERR_INVALID,
+                       "%s: 'out' has shape %s, want %s (the shape of 'input' %s without its last "
+                       "dimension)",
+                       c->op->name, tk_ops__shape_fmt(out->ndim, out->shape),
                        tk_ops__shape_fmt(in->ndim - 1, in->shape), tk_ops__shape_fmt(in->ndim, in->shape));
     if (in->shape[in->ndim - 1] == 0 && tk_ops__numel(out) > 0)
-        return tk__err(TK_ERR_INVALID, "%s: 'input' has shape %s: an empty last dimension has no argmax",
-                       c->op->name, tk_ops__shape_fmt(in->ndim, in->shape));
+        return tk__err(TK_ERR_INVALID, "%s: 'input' has shape %s: an empty last dimension has no argmax", c->op->name,
+                       tk_ops__shape_fmt(in->ndim, in->shape));
     return TK_OK;
 }
 
@@ -122,16 +124,15 @@ static int check_sample(const tk_op_call *c)
     int64_t b = lg->shape[0];
     if (out->shape[0] != b)
         return tk__err(TK_ERR_INVALID, "%s: 'out' has shape %s, want [%lld] (one token per row of 'logits' %s)", op,
-                       tk_ops__shape_fmt(out->ndim, out->shape), (long long)b,
-                       tk_ops__shape_fmt(lg->ndim, lg->shape));
+                       tk_ops__shape_fmt(out->ndim, out->shape), (long long)b, tk_ops__shape_fmt(lg->ndim, lg->shape));
     if (lg->shape[1] == 0 && b > 0)
         return tk__err(TK_ERR_INVALID, "%s: 'logits' has shape %s: an empty vocabulary has nothing to sample", op,
                        tk_ops__shape_fmt(lg->ndim, lg->shape));
     for (int i = S_TEMPS; i <= S_SEEDS; i++) {
         const tk_tensor *t = c->t[i];
         if (t && t->shape[0] != b)
-            return tk__err(TK_ERR_INVALID, "%s: '%s' has shape %s, want [%lld] (one value per row of 'logits' %s)",
-                           op, c->op->params[i].name, tk_ops__shape_fmt(t->ndim, t->shape), (long long)b,
+            return tk__err(TK_ERR_INVALID, "%s: '%s' has shape %s, want [%lld] (one value per row of 'logits' %s)", op,
+                           c->op->params[i].name, tk_ops__shape_fmt(t->ndim, t->shape), (long long)b,
                            tk_ops__shape_fmt(lg->ndim, lg->shape));
     }
     double temp = c->f[S_TEMP], p = c->f[S_TOPP];
@@ -280,7 +281,8 @@ static int64_t sample_row(const smp_job *j, int64_t r, uint32_t *keys, uint64_t 
             if (keys[i] >= t)
                 mass += tk__weight_of(tk__float_of_key(keys[i]), zmax);
     }
-    uint64_t target = tk__mulhi64(tk__sample_draw(seed, ctr_row, (uint64_t)c->i[S_OFFSET]), mass), acc = 0, seen_tied = 0;
+    uint64_t target = tk__mulhi64(tk__sample_draw(seed, ctr_row, (uint64_t)c->i[S_OFFSET]), mass), acc = 0,
+             seen_tied = 0;
     for (int64_t i = 0; i < v; i++) {
         if (keys[i] < t || (keys[i] == t && seen_tied++ < drop))
             continue;
@@ -322,30 +324,86 @@ static int cpu_sample(const tk_op_call *c)
 /* ---- the table -------------------------------------------------------------------------------- */
 
 static const tk_op_param argmax_params[] = {
-    {.name = "out", .kind = TK_ARG_TENSOR, .role = TK_OPS_OUT, .dtypes = TK_OPS_I64, .dtype_like = -1,
-     .min_rank = 0, .max_rank = -1, .shape = "[...]", .doc = "the index of each row's largest element"},
-    {.name = "input", .kind = TK_ARG_TENSOR, .role = TK_OPS_IN, .dtypes = TK_OPS_FLOATS, .dtype_like = -1,
-     .min_rank = 1, .max_rank = -1, .shape = "[..., v]", .doc = "rows of values (ties: the lowest index; NaN wins)"},
+    {.name = "out",
+     .kind = TK_ARG_TENSOR,
+     .role = TK_OPS_OUT,
+     .dtypes = TK_OPS_I64,
+     .dtype_like = -1,
+     .min_rank = 0,
+     .max_rank = -1,
+     .shape = "[...]",
+     .doc = "the index of each row's largest element"},
+    {.name = "input",
+     .kind = TK_ARG_TENSOR,
+     .role = TK_OPS_IN,
+     .dtypes = TK_OPS_FLOATS,
+     .dtype_like = -1,
+     .min_rank = 1,
+     .max_rank = -1,
+     .shape = "[..., v]",
+     .doc = "rows of values (ties: the lowest index; NaN wins)"},
 };
 
-#define ROW_TENSOR(nm, bits, docs)                                                                     \
-    {.name = nm, .kind = TK_ARG_TENSOR, .role = TK_OPS_IN, .dtypes = bits, .dtype_like = -1, .min_rank = 1,  \
-     .max_rank = 1, .shape = "[b]", .optional = 1, .doc = docs}
+#define ROW_TENSOR(nm, bits, docs)                                                                                     \
+    {.name = nm,                                                                                                       \
+     .kind = TK_ARG_TENSOR,                                                                                            \
+     .role = TK_OPS_IN,                                                                                                \
+     .dtypes = bits,                                                                                                   \
+     .dtype_like = -1,                                                                                                 \
+     .min_rank = 1,                                                                                                    \
+     .max_rank = 1,                                                                                                    \
+     .shape = "[b]",                                                                                                   \
+     .optional = 1,                                                                                                    \
+     .doc = docs}
 
 static const tk_op_param sample_params[] = {
-    {.name = "out", .kind = TK_ARG_TENSOR, .role = TK_OPS_OUT, .dtypes = TK_OPS_I64, .dtype_like = -1,
-     .min_rank = 1, .max_rank = 1, .shape = "[b]", .doc = "the sampled token of each row (-1: no logit above -inf)"},
-    {.name = "logits", .kind = TK_ARG_TENSOR, .role = TK_OPS_IN, .dtypes = TK_OPS_FLOATS, .dtype_like = -1,
-     .min_rank = 2, .max_rank = 2, .shape = "[b, v]", .doc = "unnormalised log-probabilities (NaN counts as -inf)"},
-    {.name = "temperature", .kind = TK_ARG_F64, .optional = 1, .def = 1.0, .dtype_like = -1,
+    {.name = "out",
+     .kind = TK_ARG_TENSOR,
+     .role = TK_OPS_OUT,
+     .dtypes = TK_OPS_I64,
+     .dtype_like = -1,
+     .min_rank = 1,
+     .max_rank = 1,
+     .shape = "[b]",
+     .doc = "the sampled token of each row (-1: no logit above -inf)"},
+    {.name = "logits",
+     .kind = TK_ARG_TENSOR,
+     .role = TK_OPS_IN,
+     .dtypes = TK_OPS_FLOATS,
+     .dtype_like = -1,
+     .min_rank = 2,
+     .max_rank = 2,
+     .shape = "[b, v]",
+     .doc = "unnormalised log-probabilities (NaN counts as -inf)"},
+    {.name = "temperature",
+     .kind = TK_ARG_F64,
+     .optional = 1,
+     .def = 1.0,
+     .dtype_like = -1,
      .doc = "logits are divided by it (as f32); 0 is greedy"},
-    {.name = "top_k", .kind = TK_ARG_I64, .optional = 1, .def = 0, .dtype_like = -1,
+    {.name = "top_k",
+     .kind = TK_ARG_I64,
+     .optional = 1,
+     .def = 0,
+     .dtype_like = -1,
      .doc = "keep the k most likely tokens (ties kept); 0 is off"},
-    {.name = "top_p", .kind = TK_ARG_F64, .optional = 1, .def = 1.0, .dtype_like = -1,
+    {.name = "top_p",
+     .kind = TK_ARG_F64,
+     .optional = 1,
+     .def = 1.0,
+     .dtype_like = -1,
      .doc = "keep the fewest most likely tokens whose mass reaches p; 1 is off"},
-    {.name = "seed", .kind = TK_ARG_I64, .optional = 1, .def = 0, .dtype_like = -1,
+    {.name = "seed",
+     .kind = TK_ARG_I64,
+     .optional = 1,
+     .def = 0,
+     .dtype_like = -1,
      .doc = "the Philox key (the same seed and offset give the same tokens)"},
-    {.name = "offset", .kind = TK_ARG_I64, .optional = 1, .def = 0, .dtype_like = -1,
+    {.name = "offset",
+     .kind = TK_ARG_I64,
+     .optional = 1,
+     .def = 0,
+     .dtype_like = -1,
      .doc = "the Philox counter's high half: advance it per step"},
     ROW_TENSOR("temperatures", TK_OPS_F32, "per-row temperature, replaces 'temperature' (<= 0: greedy)"),
     ROW_TENSOR("top_ks", TK_OPS_I32, "per-row top-k, replaces 'top_k' (<= 0: off)"),
@@ -356,8 +414,8 @@ static const tk_op_param sample_params[] = {
 #define PKG "kernels-community/sampling"
 
 const tk_op_desc tk_ops__sampling[] = {
-    {"argmax", "sampling", "out = argmax(input, -1): the lowest index of the largest value, NaN largest",
-     argmax_params, sizeof argmax_params / sizeof argmax_params[0], check_argmax, cpu_argmax, NULL, PKG},
+    {"argmax", "sampling", "out = argmax(input, -1): the lowest index of the largest value, NaN largest", argmax_params,
+     sizeof argmax_params / sizeof argmax_params[0], check_argmax, cpu_argmax, NULL, PKG},
     {"sample", "sampling",
      "out[b] = a token drawn from softmax(logits[b] / temperature) after top-k then top-p (seeded Philox)",
      sample_params, sizeof sample_params / sizeof sample_params[0], check_sample, cpu_sample, NULL, PKG},

@@ -97,10 +97,24 @@ static int cpu_softmax(const tk_op_call *c)
 /* ---- the table -------------------------------------------------------------------------------- */
 
 static const tk_op_param softmax_params[] = {
-    {.name = "out", .kind = TK_ARG_TENSOR, .role = TK_OPS_OUT, .dtypes = TK_OPS_FLOATS, .dtype_like = 1,
-     .min_rank = 1, .max_rank = -1, .shape = "[..., d]", .doc = "the result (may be 'input' itself)"},
-    {.name = "input", .kind = TK_ARG_TENSOR, .role = TK_OPS_IN, .dtypes = TK_OPS_FLOATS, .dtype_like = -1,
-     .min_rank = 1, .max_rank = -1, .shape = "[..., d]", .doc = "x, normalised over its last dimension"},
+    {.name = "out",
+     .kind = TK_ARG_TENSOR,
+     .role = TK_OPS_OUT,
+     .dtypes = TK_OPS_FLOATS,
+     .dtype_like = 1,
+     .min_rank = 1,
+     .max_rank = -1,
+     .shape = "[..., d]",
+     .doc = "the result (may be 'input' itself)"},
+    {.name = "input",
+     .kind = TK_ARG_TENSOR,
+     .role = TK_OPS_IN,
+     .dtypes = TK_OPS_FLOATS,
+     .dtype_like = -1,
+     .min_rank = 1,
+     .max_rank = -1,
+     .shape = "[..., d]",
+     .doc = "x, normalised over its last dimension"},
 };
 
 static const int plain = 0, logarithmic = 1;
@@ -111,7 +125,7 @@ static const int plain = 0, logarithmic = 1;
 const tk_op_desc tk_ops__softmax[] = {
     {"softmax", "softmax", "out = exp(x - max(x)) / sum(exp(x - max(x))) over the last dimension", softmax_params,
      NPARAMS, tk_ops__check_out_like_input, cpu_softmax, &plain, PKG},
-    {"log_softmax", "softmax", "out = x - max(x) - log(sum(exp(x - max(x)))) over the last dimension",
-     softmax_params, NPARAMS, tk_ops__check_out_like_input, cpu_softmax, &logarithmic, PKG},
+    {"log_softmax", "softmax", "out = x - max(x) - log(sum(exp(x - max(x)))) over the last dimension", softmax_params,
+     NPARAMS, tk_ops__check_out_like_input, cpu_softmax, &logarithmic, PKG},
 };
 const size_t tk_ops__softmax_count = sizeof tk_ops__softmax / sizeof tk_ops__softmax[0];

@@ -87,19 +87,12 @@ typedef struct {
     char line[160];
 } hreq;
 
-enum { R_NONE,
-       R_CHAT,
-       R_COMPLETIONS,
-       R_MODELS,
-       R_MODEL,
-       R_HEALTH,
-       R_METRICS,
-       R_TOKENIZE,
-       R_DETOKENIZE };
+enum { R_NONE, R_CHAT, R_COMPLETIONS, R_MODELS, R_MODEL, R_HEALTH, R_METRICS, R_TOKENIZE, R_DETOKENIZE };
 
 /* ---- answers ---------------------------------------------------------------------------------- */
 
-static enum MHD_Result send_body(struct MHD_Connection *c, hreq *h, unsigned status, const char *ctype, const char *body)
+static enum MHD_Result send_body(struct MHD_Connection *c, hreq *h, unsigned status, const char *ctype,
+                                 const char *body)
 {
     struct MHD_Response *resp = MHD_create_response_from_buffer(strlen(body), (void *)body, MHD_RESPMEM_MUST_COPY);
     if (!resp)
@@ -157,12 +150,9 @@ static int route_of(const char *url, const char *method, const char *name, int *
         const char *path, *method;
         int route;
     } T[] = {
-        {"/v1/chat/completions", "POST", R_CHAT},
-        {"/v1/completions", "POST", R_COMPLETIONS},
-        {"/v1/models", "GET", R_MODELS},
-        {"/health", "GET", R_HEALTH},
-        {"/metrics", "GET", R_METRICS},
-        {"/tokenize", "POST", R_TOKENIZE},
+        {"/v1/chat/completions", "POST", R_CHAT}, {"/v1/completions", "POST", R_COMPLETIONS},
+        {"/v1/models", "GET", R_MODELS},          {"/health", "GET", R_HEALTH},
+        {"/metrics", "GET", R_METRICS},           {"/tokenize", "POST", R_TOKENIZE},
         {"/detokenize", "POST", R_DETOKENIZE},
     };
     *bad_method = 0;
@@ -194,8 +184,8 @@ static int authorized(struct tk_model_server *s, struct MHD_Connection *c)
 
 static json_t *model_obj(struct tk_model_server *s)
 {
-    return json_pack("{s:s, s:s, s:I, s:s, s:I}", "id", s->name, "object", "model", "created",
-                     (json_int_t)tk__now(), "owned_by", "tk", "max_model_len", (json_int_t)s->ctx_len);
+    return json_pack("{s:s, s:s, s:I, s:s, s:I}", "id", s->name, "object", "model", "created", (json_int_t)tk__now(),
+                     "owned_by", "tk", "max_model_len", (json_int_t)s->ctx_len);
 }
 
 static enum MHD_Result health(struct tk_model_server *s, struct MHD_Connection *c, hreq *h)
@@ -218,10 +208,10 @@ static enum MHD_Result metrics(struct tk_model_server *s, struct MHD_Connection 
     pthread_mutex_lock(&s->mu);
     const tk_gen_batch_stats *st = &s->st;
     unsigned par = s->o.parallel ? s->o.parallel : 4;
-#define M(name, type, help, fmt, ...) \
+#define M(name, type, help, fmt, ...)                                                                                  \
     tk__buf_printf(&b, "# HELP tk_" name " " help "\n# TYPE tk_" name " " type "\n" fmt, __VA_ARGS__)
-    M("prompt_tokens_total", "counter", "Prompt tokens of finished and running requests.", "tk_prompt_tokens_total %lld\n",
-      (long long)s->prompt_tokens);
+    M("prompt_tokens_total", "counter", "Prompt tokens of finished and running requests.",
+      "tk_prompt_tokens_total %lld\n", (long long)s->prompt_tokens);
     M("prompt_tokens_cached_total", "counter", "Prompt tokens whose KV blocks came from the prefix cache.",
       "tk_prompt_tokens_cached_total %lld\n", (long long)s->cached_tokens);
     M("generation_tokens_total", "counter", "Tokens generated.", "tk_generation_tokens_total %lld\n",
@@ -276,7 +266,8 @@ static enum MHD_Result tokenize(struct tk_model_server *s, struct MHD_Connection
         if (!json_is_array(v) || !ids) {
             free(ids);
             json_decref(o);
-            return errf(c, h, 400, "invalid_request_error", "invalid_type", "tokens", "'tokens' must be a list of token ids");
+            return errf(c, h, 400, "invalid_request_error", "invalid_type", "tokens",
+                        "'tokens' must be a list of token ids");
         }
         json_array_foreach(v, i, t) {
             if (!json_is_integer(t) || json_integer_value(t) < 0 || json_integer_value(t) >= s->vocab) {
@@ -308,7 +299,8 @@ static enum MHD_Result tokenize(struct tk_model_server *s, struct MHD_Connection
     }
     int32_t *ids = NULL;
     size_t n = 0;
-    int rc = tk_tokenizer_encode(&ids, &n, s->tok, json_string_value(v), json_string_length(v), as ? json_is_true(as) : 1);
+    int rc =
+        tk_tokenizer_encode(&ids, &n, s->tok, json_string_value(v), json_string_length(v), as ? json_is_true(as) : 1);
     json_decref(o);
     if (rc != TK_OK)
         return errf(c, h, 400, "invalid_request_error", "invalid_value", "content", "%s", tk_last_error());
@@ -316,8 +308,8 @@ static enum MHD_Result tokenize(struct tk_model_server *s, struct MHD_Connection
     for (size_t i = 0; i < n; i++)
         json_array_append_new(a, json_integer(ids[i]));
     tk_free(ids);
-    json_t *ans = json_pack("{s:o, s:I, s:I}", "tokens", a, "count", (json_int_t)n, "max_model_len",
-                            (json_int_t)s->ctx_len);
+    json_t *ans =
+        json_pack("{s:o, s:I, s:I}", "tokens", a, "count", (json_int_t)n, "max_model_len", (json_int_t)s->ctx_len);
     return send_json(c, h, 200, ans);
 }
 
@@ -360,7 +352,8 @@ static int make_prompts(struct tk_model_server *s, tk_serve_req *r, tk_oa_err *e
         rc = tk_tokenizer_encode(&r->pids[0], &r->plen[0], s->tok, text, strlen(text), 0);
         tk_free(text);
         if (rc != TK_OK)
-            return tk_serve__oa_errf(e, 400, "invalid_request_error", "invalid_value", "messages", "%s", tk_last_error());
+            return tk_serve__oa_errf(e, 400, "invalid_request_error", "invalid_value", "messages", "%s",
+                                     tk_last_error());
     } else {
         for (size_t i = 0; i < r->nprompt; i++) {
             tk_oa_prompt *q = &p->prompts[i];
@@ -427,11 +420,12 @@ static int make_opts(struct tk_model_server *s, tk_serve_req *r, tk_oa_err *e)
                                  "This model's maximum context length is %lld tokens. However, your %s has %zu tokens, "
                                  "leaving no room for the completion. Please reduce the length of the %s.",
                                  (long long)s->ctx_len, what, longest, what);
-    const char *dparam = p->steps ? "steps" : p->block_length ? "block_length"
-                                          : p->cfg_scale      ? "cfg_scale"
-                                          : p->remasking >= 0 ? "remasking"
-                                          : p->alg[0]         ? "alg"
-                                                              : NULL;
+    const char *dparam = p->steps            ? "steps"
+                         : p->block_length   ? "block_length"
+                         : p->cfg_scale      ? "cfg_scale"
+                         : p->remasking >= 0 ? "remasking"
+                         : p->alg[0]         ? "alg"
+                                             : NULL;
     if (!s->diffusion && dparam)
         return tk_serve__oa_errf(e, 400, "invalid_request_error", "invalid_value", dparam,
                                  "'%s' applies to a masked diffusion model (LLaDA, Dream); %s generates token by "
@@ -445,16 +439,14 @@ static int make_opts(struct tk_model_server *s, tk_serve_req *r, tk_oa_err *e)
     /* without max_tokens: the rest of the context for a chat, 16 tokens for a completion (OpenAI's);
      * a masked diffusion model denoises every position each step, so a chat gets 128 (LLaDA's) */
     int64_t room = s->ctx_len - (int64_t)longest, chat_default = s->diffusion && room > 128 ? 128 : room;
-    int64_t want = p->has_max_tokens       ? p->max_tokens
-                   : p->kind == TK_OA_CHAT ? chat_default
-                                           : (16 < room ? 16 : room);
+    int64_t want = p->has_max_tokens ? p->max_tokens : p->kind == TK_OA_CHAT ? chat_default : (16 < room ? 16 : room);
     if ((int64_t)longest + want > s->ctx_len)
         return tk_serve__oa_errf(e, 400, "invalid_request_error", "context_length_exceeded", "max_tokens",
                                  "This model's maximum context length is %lld tokens. However, you requested %lld "
                                  "tokens (%zu in the %s, %lld in the completion). Please reduce the length of the %s "
                                  "or completion.",
-                                 (long long)s->ctx_len, (long long)((int64_t)longest + want), longest,
-                                 what, (long long)want, what);
+                                 (long long)s->ctx_len, (long long)((int64_t)longest + want), longest, what,
+                                 (long long)want, what);
     o->max_new_tokens = want;
     unsigned par = s->o.parallel ? s->o.parallel : 4;
     if ((size_t)p->n * r->nprompt > par)
@@ -574,7 +566,8 @@ static enum MHD_Result generate(struct tk_model_server *s, struct MHD_Connection
     h->r = r;
     enum MHD_Result ret = MHD_YES;
     if (r->p.stream) {
-        struct MHD_Response *resp = MHD_create_response_from_callback(MHD_SIZE_UNKNOWN, 16 << 10, sse_read, r, sse_free);
+        struct MHD_Response *resp =
+            MHD_create_response_from_callback(MHD_SIZE_UNKNOWN, 16 << 10, sse_read, r, sse_free);
         if (resp) {
             r->refs++; /* the response's */
             r->status = 200;
@@ -638,7 +631,8 @@ static enum MHD_Result on_request(void *cls, struct MHD_Connection *c, const cha
         int64_t len = 0;
         if (cl && tk__parse_i64(cl, 0, INT64_MAX, &len) == 0 && len > max)
             return errf(c, h, 413, "invalid_request_error", "request_too_large", NULL,
-                        "the request body is %lld bytes; this server takes at most %lld", (long long)len, (long long)max);
+                        "the request body is %lld bytes; this server takes at most %lld", (long long)len,
+                        (long long)max);
         return MHD_YES;
     }
     if (h->r) { /* resumed: the answer is ready (or the stream was queued already) */
@@ -685,12 +679,9 @@ static enum MHD_Result on_request(void *cls, struct MHD_Connection *c, const cha
                     "the request body is larger than this server takes (%lld bytes)",
                     (long long)(s->o.max_body > 0 ? s->o.max_body : (int64_t)4 << 20));
     switch (h->route) {
-    case R_HEALTH:
-        return health(s, c, h);
-    case R_METRICS:
-        return metrics(s, c, h);
-    default:
-        break;
+    case R_HEALTH: return health(s, c, h);
+    case R_METRICS: return metrics(s, c, h);
+    default: break;
     }
     pthread_mutex_lock(&s->mu);
     int st = s->state;
@@ -701,8 +692,7 @@ static enum MHD_Result on_request(void *cls, struct MHD_Connection *c, const cha
                     : st == SRV_FAILED ? "the model failed to load"
                                        : "the server is shutting down");
     switch (h->route) {
-    case R_MODELS:
-        return send_json(c, h, 200, json_pack("{s:s, s:[o]}", "object", "list", "data", model_obj(s)));
+    case R_MODELS: return send_json(c, h, 200, json_pack("{s:s, s:[o]}", "object", "list", "data", model_obj(s)));
     case R_MODEL: {
         const char *id = url + 11;
         if (strcmp(id, s->name) != 0)
@@ -710,12 +700,9 @@ static enum MHD_Result on_request(void *cls, struct MHD_Connection *c, const cha
                         "The model '%.200s' does not exist: this server serves '%s'", id, s->name);
         return send_json(c, h, 200, model_obj(s));
     }
-    case R_TOKENIZE:
-        return tokenize(s, c, h, 0);
-    case R_DETOKENIZE:
-        return tokenize(s, c, h, 1);
-    default:
-        return generate(s, c, h);
+    case R_TOKENIZE: return tokenize(s, c, h, 0);
+    case R_DETOKENIZE: return tokenize(s, c, h, 1);
+    default: return generate(s, c, h);
     }
 }
 
@@ -834,8 +821,9 @@ int tk_model_server_new(tk_model_server **out, tk_ctx *ctx, const tk_model_serve
         return tk__err(TK_ERR_INVALID, "tk_model_server_new: out, a context and options (TK_MODEL_SERVER_OPTS_INIT) "
                                        "with a model_dir are required");
     if (!tk__path_exists(opts->model_dir))
-        return tk__err(TK_ERR_NOT_FOUND, "no model directory '%s'\nHINT: give a Hugging Face checkpoint directory "
-                                         "(config.json, *.safetensors, tokenizer.json)",
+        return tk__err(TK_ERR_NOT_FOUND,
+                       "no model directory '%s'\nHINT: give a Hugging Face checkpoint directory "
+                       "(config.json, *.safetensors, tokenizer.json)",
                        opts->model_dir);
     if (opts->api_key && !*opts->api_key)
         return tk__err(TK_ERR_INVALID, "the API key is empty");
@@ -910,8 +898,9 @@ int tk_model_server_new(tk_model_server **out, tk_ctx *ctx, const tk_model_serve
     freeaddrinfo(ai);
     ai = NULL;
     if (!s->d) {
-        rc = tk__err(TK_ERR_IO, "cannot listen on %s (address in use, or not permitted)\n"
-                                "HINT: pick another port with --listen HOST:PORT (port 0 picks a free one)",
+        rc = tk__err(TK_ERR_IO,
+                     "cannot listen on %s (address in use, or not permitted)\n"
+                     "HINT: pick another port with --listen HOST:PORT (port 0 picks a free one)",
                      listen);
         goto fail;
     }

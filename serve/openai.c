@@ -19,8 +19,8 @@
 
 #include "serve/openai.h"
 
-int tk_serve__oa_errf(tk_oa_err *e, int status, const char *type, const char *code, const char *param,
-                      const char *fmt, ...)
+int tk_serve__oa_errf(tk_oa_err *e, int status, const char *type, const char *code, const char *param, const char *fmt,
+                      ...)
 {
     e->status = status;
     snprintf(e->type, sizeof e->type, "%s", type ? type : "invalid_request_error");
@@ -44,10 +44,10 @@ char *tk_serve__oa_error_json(const tk_oa_err *e)
 }
 
 #define BAD(param, ...) tk_serve__oa_errf(e, 400, "invalid_request_error", "invalid_value", param, __VA_ARGS__)
-#define BADTYPE(param, want) tk_serve__oa_errf(e, 400, "invalid_request_error", "invalid_type", param, \
-                                               "'%s' must be %s", param, want)
-#define UNSUPPORTED(param, ...) tk_serve__oa_errf(e, 400, "invalid_request_error", "unsupported_parameter", param, \
-                                                  __VA_ARGS__)
+#define BADTYPE(param, want)                                                                                           \
+    tk_serve__oa_errf(e, 400, "invalid_request_error", "invalid_type", param, "'%s' must be %s", param, want)
+#define UNSUPPORTED(param, ...)                                                                                        \
+    tk_serve__oa_errf(e, 400, "invalid_request_error", "unsupported_parameter", param, __VA_ARGS__)
 
 /* The value of key, or NULL when absent or null. */
 static json_t *get(json_t *o, const char *key)
@@ -242,8 +242,8 @@ static int parse_messages(tk_oa_req *r, json_t *o, tk_oa_err *e)
             return tk_serve__oa_errf(e, 400, "invalid_request_error", "invalid_type", "messages",
                                      "'messages[%zu]' must be an object {\"role\", \"content\"}", i);
         if (!json_is_string(role))
-            return tk_serve__oa_errf(e, 400, "invalid_request_error", "invalid_type", param,
-                                     "'%s' must be a string", param);
+            return tk_serve__oa_errf(e, 400, "invalid_request_error", "invalid_type", param, "'%s' must be a string",
+                                     param);
         const char *rs = json_string_value(role);
         int known = 0;
         for (size_t k = 0; roles[k]; k++)
@@ -397,7 +397,8 @@ static int parse_logprobs(tk_oa_req *r, int kind, json_t *o, tk_oa_err *e)
         if (get_int(o, "best_of", 1, TK_OA_MAX_N, &has_bo, &bo, e))
             return -1;
         if (has_bo && bo != r->n) {
-            UNSUPPORTED("best_of", "'best_of' %lld (other than n) is not supported by this model server", (long long)bo);
+            UNSUPPORTED("best_of", "'best_of' %lld (other than n) is not supported by this model server",
+                        (long long)bo);
             return -1;
         }
     }
@@ -421,7 +422,7 @@ static int refuse_unsupported(json_t *o, tk_oa_err *e)
         json_t *t = json_object_get(v, "type");
         if (!json_is_object(v) || !json_is_string(t) || strcmp(json_string_value(t), "text") != 0) {
             UNSUPPORTED("response_format", "'response_format' other than {\"type\": \"text\"} is not supported by "
-                        "this model server");
+                                           "this model server");
             return -1;
         }
     }
@@ -437,7 +438,8 @@ int tk_serve__oa_parse(tk_oa_req *r, int kind, const char *body, size_t len, tk_
     json_t *o = json_loadb(body, len, 0, &je);
     if (!o)
         return tk_serve__oa_errf(e, 400, "invalid_request_error", "invalid_json", NULL,
-                                 "the body is not valid JSON in UTF-8 (line %d, column %d: %s)", je.line, je.column, je.text);
+                                 "the body is not valid JSON in UTF-8 (line %d, column %d: %s)", je.line, je.column,
+                                 je.text);
     int rc = -1;
     if (!json_is_object(o)) {
         tk_serve__oa_errf(e, 400, "invalid_request_error", "invalid_json", NULL, "the body must be a JSON object");

@@ -81,8 +81,8 @@ int tk_serve__oa_parse(tk_oa_req *r, int kind, const char *body, size_t len, tk_
 void tk_serve__oa_req_free(tk_oa_req *r);
 
 /* Fills e (message formatted); returns -1. */
-int tk_serve__oa_errf(tk_oa_err *e, int status, const char *type, const char *code, const char *param,
-                      const char *fmt, ...) __attribute__((format(printf, 6, 7)));
+int tk_serve__oa_errf(tk_oa_err *e, int status, const char *type, const char *code, const char *param, const char *fmt,
+                      ...) __attribute__((format(printf, 6, 7)));
 /* {"error": {"message", "type", "param" (null when ""), "code" (null when "")}} as a malloc'd string. */
 char *tk_serve__oa_error_json(const tk_oa_err *e);
 

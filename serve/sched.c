@@ -152,8 +152,8 @@ static void sse_choice(tk_serve_req *r, size_t i, const char *text, size_t len, 
         }
         if (len || !final)
             json_object_set_new(delta, "content", json_stringn(text, len));
-        ch = json_pack("{s:I, s:o, s:o, s:o}", "index", (json_int_t)i, "delta", delta, "logprobs", lp,
-                       "finish_reason", fin);
+        ch = json_pack("{s:I, s:o, s:o, s:o}", "index", (json_int_t)i, "delta", delta, "logprobs", lp, "finish_reason",
+                       fin);
     } else {
         c->role_sent = 1;
         ch = json_pack("{s:I, s:s%, s:o, s:o}", "index", (json_int_t)i, "text", text, len, "logprobs", lp,
@@ -380,8 +380,8 @@ static json_t *token_entry(const struct tk_model_server *s, int32_t id, float lp
     json_t *bytes = json_array();
     for (const unsigned char *p = (const unsigned char *)str; *p; p++)
         json_array_append_new(bytes, json_integer(*p));
-    json_t *o = json_pack("{s:s, s:f, s:o}", "token", str, "logprob", isfinite(lp) ? (double)lp : -9999.0, "bytes",
-                          bytes);
+    json_t *o =
+        json_pack("{s:s, s:f, s:o}", "token", str, "logprob", isfinite(lp) ? (double)lp : -9999.0, "bytes", bytes);
     tk_free(t);
     return o;
 }
@@ -600,8 +600,8 @@ static void diff_run(struct tk_model_server *s, tk_serve_req *r)
                 for (size_t e = 0; e < r->go.n_eos; e++)
                     eos |= ids[i] == r->go.eos_token_id[e];
             c->finish = eos ? "stop" : "length";
-            size_t cut = r->p.nstop ? tk_serve__stop_find(c->text.data ? c->text.data : "", r->p.stop, r->p.nstop)
-                                    : (size_t)-1;
+            size_t cut =
+                r->p.nstop ? tk_serve__stop_find(c->text.data ? c->text.data : "", r->p.stop, r->p.nstop) : (size_t)-1;
             if (cut != (size_t)-1) {
                 c->text.len = cut;
                 c->text.data[cut] = '\0';
@@ -636,8 +636,9 @@ int tk_serve__load(struct tk_model_server *s)
     mo.dtype = s->dtype;
     int rc = tk_model_load(&s->m, s->ctx, s->dir, &mo);
     if (rc == TK_OK && !tk_model_has_lm_head(s->m))
-        rc = tk__err(TK_ERR_INVALID, "%s has no LM head: it cannot generate text\nHINT: serve a causal LM "
-                                     "(LlamaForCausalLM, GPT2LMHeadModel, ...)",
+        rc = tk__err(TK_ERR_INVALID,
+                     "%s has no LM head: it cannot generate text\nHINT: serve a causal LM "
+                     "(LlamaForCausalLM, GPT2LMHeadModel, ...)",
                      tk_model_arch(s->m));
     if (rc == TK_OK)
         rc = tk_model_tokenizer(&s->tok, s->m);
@@ -698,8 +699,9 @@ void tk_serve__warm_up(struct tk_model_server *s)
         rc = tk_gen_batch_step(b, &ev, &nev);
     }
     if (rc != TK_OK)
-        tk_serve__log(s, TK_LOG_WARN, "the warm-up generation failed (%s): the first request pays the first "
-                                      "touch of the weights",
+        tk_serve__log(s, TK_LOG_WARN,
+                      "the warm-up generation failed (%s): the first request pays the first "
+                      "touch of the weights",
                       tk_last_error());
     else
         tk_serve__log(s, TK_LOG_INFO, "warmed up in %.1f ms", tk__now_ms() - t0);

@@ -84,8 +84,7 @@ static int bcast(struct tk_comm *c, int64_t hdr[2], unsigned char **buf, size_t 
     if ((size_t)hdr[0] > *cap) {
         unsigned char *q = realloc(*buf, (size_t)hdr[0]);
         if (!q)
-            return tk__err(TK_ERR_NOMEM, "out of memory for %lld bytes of the scheduler's journal",
-                           (long long)hdr[0]);
+            return tk__err(TK_ERR_NOMEM, "out of memory for %lld bytes of the scheduler's journal", (long long)hdr[0]);
         *buf = q;
         *cap = (size_t)hdr[0];
     }
@@ -147,8 +146,9 @@ static int replay_add(struct tk_model_server *s, rd *r)
     if ((rc = tk_gen_batch_add(&got, s->b, ids, (size_t)len, (size_t)n, &o)) != TK_OK)
         rc = tk__err_wrap(rc, "tensor parallelism: a request rank 0 started fails here");
     else if (got != first)
-        rc = tk__err(TK_ERR_INTERNAL, "tensor parallelism: the ranks' batches diverged (sequence %lld here, %lld on "
-                                      "rank 0)",
+        rc = tk__err(TK_ERR_INTERNAL,
+                     "tensor parallelism: the ranks' batches diverged (sequence %lld here, %lld on "
+                     "rank 0)",
                      (long long)got, (long long)first);
 done:
     for (int64_t k = 0; stops && k < nstop; k++)

@@ -54,7 +54,8 @@ static inline int gpu_device(void)
     if (rc == TK_OK && n > 0)
         return 1;
     if (e && strcmp(e, "1") == 0) {
-        fprintf(stderr, "%s: TK_TEST_GPU=1 but no usable CUDA device (%s)\n"
+        fprintf(stderr,
+                "%s: TK_TEST_GPU=1 but no usable CUDA device (%s)\n"
                 "HINT: check nvidia-smi and 'tk doctor'; TK_LIBCUDA=/path/to/libcuda.so.1 names the driver\n",
                 th_cur_name ? th_cur_name : "gpu_device", rc != TK_OK ? tk_last_error() : "0 devices");
         th_cur_failed++;
@@ -133,8 +134,7 @@ static inline void gpu_poison_if_zero(tk_tensor *t)
 /* tk_op_run for the tests: poisons the outputs that start all zero (see the top), runs, records and
  * (TK_TEST_LOG=1) prints which implementation ran. A GPU run of an op the test does not declare in
  * gpu_main's list fails the current test, so the list the CI check reads stays true. */
-static inline int gpu_op_run(tk_ctx *ctx, const char *op, const tk_arg *args, size_t n, void *stream,
-                             const char **impl)
+static inline int gpu_op_run(tk_ctx *ctx, const char *op, const tk_arg *args, size_t n, void *stream, const char **impl)
 {
     const tk_op_desc *d = tk_ops__find(op);
     int cuda = 0;
@@ -164,8 +164,9 @@ static inline int gpu_op_run(tk_ctx *ctx, const char *op, const tk_arg *args, si
         }
     }
     if (gpu_log_on())
-        fprintf(stderr, "ran %s on %s: %s%s%s\n", op, cuda ? "cuda" : "cpu", rc == TK_OK ? (ran ? ran : "?") : "error: ",
-                rc == TK_OK ? "" : tk_status_str(rc), rc == TK_OK ? "" : "");
+        fprintf(stderr, "ran %s on %s: %s%s%s\n", op, cuda ? "cuda" : "cpu",
+                rc == TK_OK ? (ran ? ran : "?") : "error: ", rc == TK_OK ? "" : tk_status_str(rc),
+                rc == TK_OK ? "" : "");
     return rc;
 }
 
@@ -201,10 +202,7 @@ static size_t gpu_misalign;
 /* The device address of d's first byte. */
 static inline void *dev_data(const dev_tensor *d) { return (char *)d->ptr + d->off; }
 
-static inline size_t host_bytes(const tk_tensor *h)
-{
-    return (size_t)tk_ops__numel(h) * (h->dtype.bits / 8);
-}
+static inline size_t host_bytes(const tk_tensor *h) { return (size_t)tk_ops__numel(h) * (h->dtype.bits / 8); }
 
 /* Allocates a device tensor shaped like h and copies h's bytes into it. */
 static inline int dev_upload(dev_tensor *d, const tk_tensor *h)
@@ -333,7 +331,8 @@ static inline json_t *gpu_pkg_kernels(tk_ctx *ctx, const char *pkg, const char *
     json_array_foreach(json_object_get(m, "kernels"), i, k) {
         const char *kop = json_string_value(json_object_get(k, "op"));
         json_t *c = json_object_get(k, "constraints");
-        json_int_t lo = json_integer_value(json_object_get(c, "min_cc")), hi = json_integer_value(json_object_get(c, "max_cc"));
+        json_int_t lo = json_integer_value(json_object_get(c, "min_cc")),
+                   hi = json_integer_value(json_object_get(c, "max_cc"));
         if (op && (!kop || strcmp(kop, op) != 0))
             continue;
         if (cc > 0 && ((lo && cc < lo) || (hi && cc > hi)))

@@ -158,7 +158,8 @@ __attribute__((format(printf, 3, 4))) static inline op_cmp op_cmp_begin(double a
 
 /* Counts element i and keeps it when it is the worst so far: a failing element before a passing
  * one, then the largest |got - ref| / tol. */
-static inline void op_cmp__keep(op_cmp *c, int64_t i, int ok, double ratio, double got, double ref, double tol, int kind)
+static inline void op_cmp__keep(op_cmp *c, int64_t i, int ok, double ratio, double got, double ref, double tol,
+                                int kind)
 {
     c->n++;
     c->bad += !ok;
@@ -227,7 +228,8 @@ static inline int op_cmp_end(const op_cmp *c)
     if (isnan(ref))
         snprintf(tol, sizeof tol, "%s", c->nan_fails ? "a NaN reference fails here (nan_fails)" : "want NaN");
     else if (isinf(ref))
-        snprintf(tol, sizeof tol, "%s", c->inf_fails ? "an infinite reference fails here (inf_fails)" : "want that inf");
+        snprintf(tol, sizeof tol, "%s",
+                 c->inf_fails ? "an infinite reference fails here (inf_fails)" : "want that inf");
     else if (c->worst_kind == OP_CMP_EXACT)
         snprintf(tol, sizeof tol, "|diff| %.3g, want them equal (the sign of a zero counts)", d);
     else if (isnan(got))
@@ -344,9 +346,11 @@ static inline int cmp_ok(const cmp_t *c, double rel_tol, double worst_tol)
 
 static inline void cmp_print(const char *what, const cmp_t *c)
 {
-    fprintf(stderr, "%s: rel %.3g, worst |d| %.3g at %lld (got %.9g, ref %.9g), NaN/inf mismatches %lld of %lld "
-            "(seed %llu)\n", what, c->rel, c->worst, (long long)c->worst_i, c->worst_got, c->worst_ref,
-            (long long)c->bad_nan, (long long)c->n, (unsigned long long)seed);
+    fprintf(stderr,
+            "%s: rel %.3g, worst |d| %.3g at %lld (got %.9g, ref %.9g), NaN/inf mismatches %lld of %lld "
+            "(seed %llu)\n",
+            what, c->rel, c->worst, (long long)c->worst_i, c->worst_got, c->worst_ref, (long long)c->bad_nan,
+            (long long)c->n, (unsigned long long)seed);
 }
 
 #endif /* TK_TEST_OP_TEST_H */

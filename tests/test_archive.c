@@ -99,15 +99,15 @@ static void fresh(void)
 }
 
 /* After a refused extraction: dest is empty, box holds only dest, nothing escaped. */
-#define CHECK_CLEAN()                                                                              \
-    do {                                                                                           \
-        CHECK_EQ_INT(count_entries(dest), 0);                                                      \
-        CHECK_EQ_INT(count_entries(box), 1);                                                       \
-        CHECK_EQ_INT(count_entries(outside), 0);                                                   \
-        char *th_e = pjoin(root, "evil");                                                          \
-        CHECK(!tk__path_exists(th_e));                                                             \
-        free(th_e);                                                                                \
-        CHECK(!tk__path_exists("/abs/path"));                                                      \
+#define CHECK_CLEAN()                                                                                                  \
+    do {                                                                                                               \
+        CHECK_EQ_INT(count_entries(dest), 0);                                                                          \
+        CHECK_EQ_INT(count_entries(box), 1);                                                                           \
+        CHECK_EQ_INT(count_entries(outside), 0);                                                                       \
+        char *th_e = pjoin(root, "evil");                                                                              \
+        CHECK(!tk__path_exists(th_e));                                                                                 \
+        free(th_e);                                                                                                    \
+        CHECK(!tk__path_exists("/abs/path"));                                                                          \
     } while (0)
 
 /* A raw archive entry, written as given: no sanitizing. */
@@ -123,8 +123,7 @@ typedef struct {
 } rawent;
 
 /* Writes entries with libarchive's writer. filter: "gz", "zst", "xz", "none"; format: "pax", "zip". */
-static int write_raw(const char *path, const char *filter, const char *format, const rawent *ents,
-                     size_t n)
+static int write_raw(const char *path, const char *filter, const char *format, const rawent *ents, size_t n)
 {
     struct archive *a = archive_write_new();
     int ok = a != NULL;
@@ -173,8 +172,7 @@ static int write_raw(const char *path, const char *filter, const char *format, c
     return ok ? 0 : -1;
 }
 
-static void set_expect(tk_manifest_file *x, char sha[TK_SHA256_HEX], const char *path,
-                       const void *data, size_t n)
+static void set_expect(tk_manifest_file *x, char sha[TK_SHA256_HEX], const char *path, const void *data, size_t n)
 {
     tk__sha256_hex(sha, data, n);
     x->path = path;
@@ -197,8 +195,8 @@ static const char OK_TEXT[] = "ok\n";
 
 /* One hostile archive with a valid "ok.txt" first (so something is written before the refusal): it
  * must be refused with `want`, leaving everything clean. */
-static void expect_refused(const char *filter, const rawent *ents, size_t n, const tk_manifest_file *ex,
-                           size_t nex, const tk_hub_unpack_limits *lim, int want, const char *msg)
+static void expect_refused(const char *filter, const rawent *ents, size_t n, const tk_manifest_file *ex, size_t nex,
+                           const tk_hub_unpack_limits *lim, int want, const char *msg)
 {
     fresh();
     char *arc = pjoin(root, "hostile.tar");
@@ -229,8 +227,7 @@ static void make_sources(void)
 {
     static unsigned char big[300 * 1024];
     fill_random(big, sizeof big);
-    const char *texts[NSRC] = {"# demo\n", NULL, "", "__global__ void k() {}\n", "#pragma once\n",
-                               "// long\n"};
+    const char *texts[NSRC] = {"# demo\n", NULL, "", "__global__ void k() {}\n", "#pragma once\n", "// long\n"};
     for (size_t i = 0; i < NSRC; i++) {
         const void *d = texts[i] ? (const void *)texts[i] : big;
         size_t n = texts[i] ? strlen(texts[i]) : sizeof big;
@@ -470,9 +467,8 @@ static void test_hostile_paths(void)
     longp[sizeof longp - 1] = '\0';
     for (size_t i = 100; i < sizeof longp - 1; i += 100)
         longp[i] = '/';
-    const char *bad[] = {"../evil", "/abs/path", "a/../../x", "../../evil", "./ok2.txt", "a//b",
-                         "a\\b",    "a/./b",     "x\001y",    longp,        ".",         "..",
-                         "a/.."};
+    const char *bad[] = {"../evil", "/abs/path", "a/../../x", "../../evil", "./ok2.txt", "a//b", "a\\b",
+                         "a/./b",   "x\001y",    longp,       ".",          "..",        "a/.."};
     for (size_t i = 0; i < sizeof bad / sizeof *bad; i++) {
         tk_manifest_file ex[2];
         char s0[TK_SHA256_HEX], s1[TK_SHA256_HEX];
@@ -494,7 +490,8 @@ static void test_links_devices_fifos(void)
     set_expect(&ex[0], s0, "ok.txt", OK_TEXT, 3);
     set_expect(&ex[1], s1, "link/x", OK_TEXT, 3);
 
-    rawent sym[] = {{"ok.txt", 0, NULL, 0, OK_TEXT, 3, -1, 0}, {"link", AE_IFLNK, outside, 0, NULL, 0, 0, 0},
+    rawent sym[] = {{"ok.txt", 0, NULL, 0, OK_TEXT, 3, -1, 0},
+                    {"link", AE_IFLNK, outside, 0, NULL, 0, 0, 0},
                     {"link/x", 0, NULL, 0, OK_TEXT, 3, -1, 0}};
     expect_refused("gz", sym, 3, ex, 2, NULL, TK_ERR_ARCHIVE, "symlink");
     rawent symrel[] = {{"up", AE_IFLNK, "..", 0, NULL, 0, 0, 0}, {"up/evil", 0, NULL, 0, OK_TEXT, 3, -1, 0}};
@@ -549,8 +546,10 @@ static void test_type_clashes(void)
     /* directory entries themselves are fine */
     fresh();
     char *arc = pjoin(root, "dirs.tar.gz");
-    rawent dirs[] = {{"a/", AE_IFDIR, NULL, 0, NULL, 0, 0, 0}, {"a", AE_IFDIR, NULL, 0, NULL, 0, 0, 0},
-                     {"a/b", 0, NULL, 0, OK_TEXT, 3, -1, 0}, {"c/d/", AE_IFDIR, NULL, 0, NULL, 0, 0, 0}};
+    rawent dirs[] = {{"a/", AE_IFDIR, NULL, 0, NULL, 0, 0, 0},
+                     {"a", AE_IFDIR, NULL, 0, NULL, 0, 0, 0},
+                     {"a/b", 0, NULL, 0, OK_TEXT, 3, -1, 0},
+                     {"c/d/", AE_IFDIR, NULL, 0, NULL, 0, 0, 0}};
     CHECK_EQ_INT(write_raw(arc, "gz", "pax", dirs, 4), 0);
     CHECK_RC(tk_hub__archive_extract(arc, dest, &ex[1], 1, NULL), TK_OK);
     char *p = pjoin(dest, "c/d");
@@ -694,8 +693,8 @@ static void test_truncated_zst(void) { truncated("zst"); }
 static void test_corrupt_gz(void)
 {
     static char text[3][40000];
-    static const char *words[] = {"kernel ", "float ", "__global__ ", "blockIdx.x ", "return; ", "\n",
-                                  "threadIdx ", "int64_t ", "shape ", "stride "};
+    static const char *words[] = {"kernel ", "float ",     "__global__ ", "blockIdx.x ", "return; ",
+                                  "\n",      "threadIdx ", "int64_t ",    "shape ",      "stride "};
     tk_manifest_file ex[3];
     char s[3][TK_SHA256_HEX];
     const char *names[3] = {"a.cu", "b.cu", "c.cu"};

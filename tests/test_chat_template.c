@@ -103,9 +103,10 @@ static void test_render_from_a_directory(void)
     CHECK(f != NULL);
     if (!f)
         return;
-    fputs("{\"bos_token\": {\"content\": \"<s>\"}, \"eos_token\": \"</s>\", \"chat_template\": [{\"name\": \"default\", "
-          "\"template\": \"{{ bos_token }}{% for m in messages %}{{ m.content + eos_token }}{% endfor %}\"}]}",
-          f);
+    fputs(
+        "{\"bos_token\": {\"content\": \"<s>\"}, \"eos_token\": \"</s>\", \"chat_template\": [{\"name\": \"default\", "
+        "\"template\": \"{{ bos_token }}{% for m in messages %}{{ m.content + eos_token }}{% endfor %}\"}]}",
+        f);
     fclose(f);
     CHECK_EQ_INT(tk_chat_render(&out, dir, MSGS, 2, 1), TK_OK);
     CHECK(out && !strcmp(out, "<s>S</s>Hi</s>"));
@@ -150,8 +151,9 @@ static void test_template_files_and_names(void)
     CHECK_RC(tk_chat_render_opts(&out, dir, MSGS, 2, NULL), TK_OK);
     CHECK(out && !strcmp(out, "json:<B>S")); /* no tokenizer_config.json: special_tokens_map.json's bos */
     tk_free(out);
-    put(dir, "tokenizer_config.json", "{\"bos_token\": \"<s>\", \"image_token\": \"<img>\", \"model_max_length\": "
-                                      "1000000000000000019884624838656, \"chat_template\": \"cfg:{{ bos_token }}{{ image_token }}\"}");
+    put(dir, "tokenizer_config.json",
+        "{\"bos_token\": \"<s>\", \"image_token\": \"<img>\", \"model_max_length\": "
+        "1000000000000000019884624838656, \"chat_template\": \"cfg:{{ bos_token }}{{ image_token }}\"}");
     CHECK_RC(tk_chat_render_opts(&out, dir, MSGS, 2, NULL), TK_OK);
     CHECK(out && !strcmp(out, "cfg:<B><img>")); /* no added_tokens_decoder: the map still overrides bos */
     tk_free(out);

@@ -397,7 +397,8 @@ static void test_w_all_gather(void)
                 for (size_t i = 0; i < part; i++) {
                     uint8_t want = (uint8_t)(i * 31 + (size_t)r * 101 + d);
                     if (out[(size_t)r * part + i] != want || inpl[(size_t)r * part + i] != want) {
-                        fprintf(stderr, "  all_gather %s n=%zu: rank %d's byte %zu is wrong\n", DTYPES[d].name, n, r, i);
+                        fprintf(stderr, "  all_gather %s n=%zu: rank %d's byte %zu is wrong\n", DTYPES[d].name, n, r,
+                                i);
                         th_cur_failed++;
                         r = wsize;
                         break;

@@ -101,8 +101,8 @@ static void check_fp8(int ebits, int fn, float (*widen)(uint8_t), uint8_t (*narr
         double want = decode(c, ebits, mbits, fn);
         float got = widen((uint8_t)c);
         if (!same(got, want) || (!isnan(want) && !isinf(want) && narrow(got) != c)) {
-            fprintf(stderr, "  fp8 e%dm%d %02x widens to %.9g (want %.9g), narrows to %02x\n", ebits, mbits, c,
-                    got, want, narrow(got));
+            fprintf(stderr, "  fp8 e%dm%d %02x widens to %.9g (want %.9g), narrows to %02x\n", ebits, mbits, c, got,
+                    want, narrow(got));
             bad++;
         }
         double next = decode(c + 1, ebits, mbits, fn);

@@ -47,15 +47,15 @@ static int have_checkpoints(void)
     return 1;
 }
 
-#define NEED_MODELS()                                                                              \
-    do {                                                                                           \
-        if (!have_checkpoints()) {                                                                 \
-            if (getenv("CI") && strcmp(getenv("CI"), "true") == 0) {                               \
-                CHECK(!"could not make the tiny checkpoints (CI=true: a missing oracle fails)");  \
-                return;                                                                            \
-            }                                                                                      \
-            SKIP("no python venv with torch and transformers (scripts/setup.sh --test)");          \
-        }                                                                                          \
+#define NEED_MODELS()                                                                                                  \
+    do {                                                                                                               \
+        if (!have_checkpoints()) {                                                                                     \
+            if (getenv("CI") && strcmp(getenv("CI"), "true") == 0) {                                                   \
+                CHECK(!"could not make the tiny checkpoints (CI=true: a missing oracle fails)");                       \
+                return;                                                                                                \
+            }                                                                                                          \
+            SKIP("no python venv with torch and transformers (scripts/setup.sh --test)");                              \
+        }                                                                                                              \
     } while (0)
 
 static tk_model *load(const char *kind)
@@ -156,7 +156,8 @@ static void test_seed_callback_and_draws(void)
     o.seed = 8;
     CHECK_RC(tk_diffusion_generate(&r3, m, prompt, 5, &o), TK_OK);
     size_t n1 = 0, n2 = 0, n3 = 0;
-    const int32_t *i1 = tk_diff_result_ids(r1, &n1), *i2 = tk_diff_result_ids(r2, &n2), *i3 = tk_diff_result_ids(r3, &n3);
+    const int32_t *i1 = tk_diff_result_ids(r1, &n1), *i2 = tk_diff_result_ids(r2, &n2),
+                  *i3 = tk_diff_result_ids(r3, &n3);
     CHECK(n1 == 16 && n2 == 16 && n3 == 16);
     if (i1 && i2 && i3) {
         CHECK(memcmp(i1, i2, 16 * sizeof *i1) == 0);

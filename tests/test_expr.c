@@ -9,11 +9,8 @@
 #include "tk.h"
 
 static const tk_manifest_var params[] = {
-    {"out", TK_MANIFEST_P_TENSOR, 1},
-    {"input", TK_MANIFEST_P_TENSOR, 1},
-    {"d", TK_MANIFEST_P_I64, 1},
-    {"alpha", TK_MANIFEST_P_F32, 1},
-    {"later", TK_MANIFEST_P_I64, 0},
+    {"out", TK_MANIFEST_P_TENSOR, 1}, {"input", TK_MANIFEST_P_TENSOR, 1}, {"d", TK_MANIFEST_P_I64, 1},
+    {"alpha", TK_MANIFEST_P_F32, 1},  {"later", TK_MANIFEST_P_I64, 0},
 };
 #define NP (sizeof params / sizeof *params)
 
@@ -50,11 +47,11 @@ static int eval(const char *src, int64_t *got)
     return rc;
 }
 
-#define EVAL_EQ(src, want)                                                                         \
-    do {                                                                                           \
-        int64_t g_;                                                                                \
-        CHECK_RC(eval(src, &g_), TK_OK);                                                           \
-        CHECK_EQ_INT(g_, want);                                                                    \
+#define EVAL_EQ(src, want)                                                                                             \
+    do {                                                                                                               \
+        int64_t g_;                                                                                                    \
+        CHECK_RC(eval(src, &g_), TK_OK);                                                                               \
+        CHECK_EQ_INT(g_, want);                                                                                        \
     } while (0)
 
 static void test_arithmetic(void)
@@ -140,8 +137,7 @@ static void bad(const char *src, const char *why, int col)
 {
     tk_manifest_expr *e = (tk_manifest_expr *)1;
     char colbuf[32];
-    CHECK_RC(tk_manifest__expr_parse(&e, src, params, NP, "kernel 'silu_f32', launch.block[0]"),
-             TK_ERR_MANIFEST);
+    CHECK_RC(tk_manifest__expr_parse(&e, src, params, NP, "kernel 'silu_f32', launch.block[0]"), TK_ERR_MANIFEST);
     CHECK(e == NULL);
     CHECK_CONTAINS(tk_last_error(), "kernel 'silu_f32', launch.block[0]");
     CHECK_CONTAINS(tk_last_error(), why);

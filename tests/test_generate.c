@@ -36,17 +36,16 @@ static int have_python(char *py, size_t n)
     return 1;
 }
 
-#define NEED_PYTHON(py)                                                                            \
-    do {                                                                                           \
-        if (!have_python(py, sizeof py)) {                                                         \
-            if (getenv("CI") && strcmp(getenv("CI"), "true") == 0) {                               \
-                fprintf(stderr, "no oracle venv at %s (CI=true: a missing oracle is a failure)\n", \
-                        py);                                                                       \
-                CHECK(0);                                                                          \
-                return;                                                                            \
-            }                                                                                      \
-            SKIP("no python venv with transformers (run scripts/setup.sh --test)");                \
-        }                                                                                          \
+#define NEED_PYTHON(py)                                                                                                \
+    do {                                                                                                               \
+        if (!have_python(py, sizeof py)) {                                                                             \
+            if (getenv("CI") && strcmp(getenv("CI"), "true") == 0) {                                                   \
+                fprintf(stderr, "no oracle venv at %s (CI=true: a missing oracle is a failure)\n", py);                \
+                CHECK(0);                                                                                              \
+                return;                                                                                                \
+            }                                                                                                          \
+            SKIP("no python venv with transformers (run scripts/setup.sh --test)");                                    \
+        }                                                                                                              \
     } while (0)
 
 static int read_floats(FILE *f, const char *tag, float **out, int64_t *V)
@@ -218,12 +217,12 @@ static int have_checkpoints(const char *py)
     return 1;
 }
 
-#define NEED_MODELS()                                                                              \
-    char py[1024];                                                                                 \
-    NEED_PYTHON(py);                                                                               \
-    if (!have_checkpoints(py)) {                                                                   \
-        CHECK(!"could not make the tiny checkpoints");                                             \
-        return;                                                                                    \
+#define NEED_MODELS()                                                                                                  \
+    char py[1024];                                                                                                     \
+    NEED_PYTHON(py);                                                                                                   \
+    if (!have_checkpoints(py)) {                                                                                       \
+        CHECK(!"could not make the tiny checkpoints");                                                                 \
+        return;                                                                                                        \
     }
 
 static tk_model *load(const char *kind)
@@ -245,8 +244,7 @@ static float max_diff(const float *a, const float *b, int64_t n)
 }
 
 /* One KV step of one sequence vs tk_model_forward over its whole ids. */
-static void kv_vs_full(tk_model *m, tk_kv *kv, int32_t slot, const int32_t *all, size_t n, size_t nnew,
-                       float *worst)
+static void kv_vs_full(tk_model *m, tk_kv *kv, int32_t slot, const int32_t *all, size_t n, size_t nnew, float *worst)
 {
     int64_t V = tk_model_vocab_size(m);
     float *a = malloc((size_t)V * sizeof *a), *full = malloc(n * (size_t)V * sizeof *full);
@@ -375,8 +373,8 @@ static void test_quantised_kv_cache(void)
                 for (int64_t v = 0; v < V; v++)
                     range = fmaxf(range, fabsf(ref[v]));
             }
-            printf("%s, %s KV cache: max |logit diff| %.3g over 12 steps, %.2f%% of max |logit| %.3g\n",
-                   kinds[km], dts[q], worst, 100 * worst / range, range);
+            printf("%s, %s KV cache: max |logit diff| %.3g over 12 steps, %.2f%% of max |logit| %.3g\n", kinds[km],
+                   dts[q], worst, 100 * worst / range, range);
             /* these tiny checkpoints' weights are drawn wide (std 0.3), which amplifies the cache's
              * rounding through the layers: about 4% (i8) and 11% (fp8) of the largest logit */
             CHECK(worst <= bound[q] * range);
@@ -713,9 +711,10 @@ static void test_defaults_from_generation_config(void)
         CHECK(symlink(src, path) == 0);
     }
     snprintf(path, sizeof path, "%s/generation_config.json", d);
-    write_file(path, "{\"do_sample\": true, \"top_k\": 7, \"top_p\": 0.8, \"temperature\": 0.5, \"eos_token_id\": [2, 5],"
-                     " \"max_new_tokens\": 9, \"num_beams\": 1, \"early_stopping\": \"never\", \"min_p\": null,"
-                     " \"pad_token_id\": 0, \"repetition_penalty\": 1.1}");
+    write_file(path,
+               "{\"do_sample\": true, \"top_k\": 7, \"top_p\": 0.8, \"temperature\": 0.5, \"eos_token_id\": [2, 5],"
+               " \"max_new_tokens\": 9, \"num_beams\": 1, \"early_stopping\": \"never\", \"min_p\": null,"
+               " \"pad_token_id\": 0, \"repetition_penalty\": 1.1}");
     tk_model *m = NULL;
     CHECK_RC(tk_model_load(&m, ctx, d, NULL), TK_OK);
     tk_gen_opts o = TK_GEN_OPTS_INIT;

@@ -42,17 +42,9 @@ static const struct {
     const char *op;
     int gated;
 } ops[] = {
-    {"silu_and_mul", 1},
-    {"mul_and_silu", 1},
-    {"gelu_and_mul", 1},
-    {"gelu_tanh_and_mul", 1},
-    {"fatrelu_and_mul", 1},
-    {"gelu", 0},
-    {"gelu_tanh", 0},
-    {"silu", 0},
-    {"gelu_new", 0},
-    {"gelu_fast", 0},
-    {"gelu_quick", 0},
+    {"silu_and_mul", 1},    {"mul_and_silu", 1}, {"gelu_and_mul", 1}, {"gelu_tanh_and_mul", 1},
+    {"fatrelu_and_mul", 1}, {"gelu", 0},         {"gelu_tanh", 0},    {"silu", 0},
+    {"gelu_new", 0},        {"gelu_fast", 0},    {"gelu_quick", 0},
 };
 #define NOPS (sizeof ops / sizeof ops[0])
 
@@ -97,8 +89,8 @@ static void run_case(const char *op, int gated, tk_dtype dt, int64_t rows, int64
     CHECK(impl && strcmp(impl, "cpu-reference") != 0);
     CHECK_RC(dev_download(&dout, &got.t), TK_OK);
     char what[128];
-    snprintf(what, sizeof what, "%s %s [%lld, %lld] (%s)", op, tk_dtype_name(dt), (long long)rows,
-             (long long)ishape[1], impl ? impl : "?");
+    snprintf(what, sizeof what, "%s %s [%lld, %lld] (%s)", op, tk_dtype_name(dt), (long long)rows, (long long)ishape[1],
+             impl ? impl : "?");
     op_cmp c = op_cmp_begin(0, 0, "%s", what);
     c.cols = d;
     c.nan_fails = c.inf_fails = 1;
@@ -106,8 +98,8 @@ static void run_case(const char *op, int gated, tk_dtype dt, int64_t rows, int64
     for (int64_t i = 0; i < n; i++) {
         double r = get(&ref.t, i), v = get(&got.t, i);
         int64_t row = i / d, col = i % d;
-        double scale = gated ? fabs(get(&in.t, row * 2 * d + col)) * fabs(get(&in.t, row * 2 * d + d + col))
-                             : fabs(get(&in.t, i));
+        double scale =
+            gated ? fabs(get(&in.t, row * 2 * d + col)) * fabs(get(&in.t, row * 2 * d + d + col)) : fabs(get(&in.t, i));
         double m = fmax(fabs(r), fabs(v));
         op_cmp_tol(&c, i, v, r, (dt.bits == 32 ? 4 : 1) * ulp_of(dt, m) + 4 * ldexp(1.0, -23) * scale);
         if (dt.bits == 32) {
@@ -139,8 +131,8 @@ static void test_cases_are_valid_calls(void)
 {
     for (size_t o = 0; o < NOPS; o++)
         for (size_t s = 0; s < sizeof shapes / sizeof shapes[0] + sizeof mshapes / sizeof mshapes[0]; s++) {
-            const int64_t *sh = s < sizeof shapes / sizeof shapes[0] ? shapes[s]
-                                                                     : mshapes[s - sizeof shapes / sizeof shapes[0]];
+            const int64_t *sh =
+                s < sizeof shapes / sizeof shapes[0] ? shapes[s] : mshapes[s - sizeof shapes / sizeof shapes[0]];
             int64_t ishape[2] = {sh[0], ops[o].gated ? 2 * sh[1] : sh[1]}, oshape[2] = {sh[0], sh[1]};
             host_t in, out;
             host_new(&in, F32, 2, ishape, 0);

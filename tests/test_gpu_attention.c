@@ -168,8 +168,8 @@ static void run_both(const char *op, const tk_arg *args, size_t n, const char *w
 
     /* every other kernel that fits, forced */
     tk_device_info di;
-    json_t *ks = tk_device_info_get(&di, 0) == TK_OK ? gpu_pkg_kernels(g.ctx, PKG, op, di.cc_major * 10 + di.cc_minor)
-                                                     : NULL;
+    json_t *ks =
+        tk_device_info_get(&di, 0) == TK_OK ? gpu_pkg_kernels(g.ctx, PKG, op, di.cc_major * 10 + di.cc_minor) : NULL;
     size_t ki, fits = 0;
     json_t *k;
     json_array_foreach(ks, ki, k) {
@@ -246,11 +246,14 @@ static void fwd_case(tk_dtype dt, const fcase *f, int backward)
     fill_range(&v, -1, 1);
     fill_range(&al, 0.02, 0.3);
     char what[200];
-    snprintf(what, sizeof what, "%s B%lld Sq%lld Sk%lld Hq%lld Hkv%lld D%lld causal %d wl %lld wr %lld alibi %d softcap %g",
+    snprintf(what, sizeof what,
+             "%s B%lld Sq%lld Sk%lld Hq%lld Hkv%lld D%lld causal %d wl %lld wr %lld alibi %d softcap %g",
              tk_dtype_name(dt), (long long)f->b, (long long)f->sq, (long long)f->sk, (long long)f->hq,
              (long long)f->hkv, (long long)f->d, f->causal, (long long)f->wl, (long long)f->wr, f->alibi, f->softcap);
-    tk_arg a[16] = {{TK_ARG_TENSOR, "out", &out.t, 0, 0}, {TK_ARG_TENSOR, "q", &q.t, 0, 0},
-                    {TK_ARG_TENSOR, "k", &k.t, 0, 0},     {TK_ARG_TENSOR, "v", &v.t, 0, 0},
+    tk_arg a[16] = {{TK_ARG_TENSOR, "out", &out.t, 0, 0},
+                    {TK_ARG_TENSOR, "q", &q.t, 0, 0},
+                    {TK_ARG_TENSOR, "k", &k.t, 0, 0},
+                    {TK_ARG_TENSOR, "v", &v.t, 0, 0},
                     {TK_ARG_TENSOR, "lse", &lse.t, 0, 0}};
     size_t na = mask_args(a, 5, f, &al.t);
     run_both("attention", a, na, what);
@@ -264,10 +267,10 @@ static void fwd_case(tk_dtype dt, const fcase *f, int backward)
         host_new(&dk, dt, 4, SHAPE(f->b, f->sk, f->hkv, f->d), 0);
         host_new(&dv, dt, 4, SHAPE(f->b, f->sk, f->hkv, f->d), 0);
         fill_range(&dout, -1, 1);
-        tk_arg b[16] = {{TK_ARG_TENSOR, "dq", &dq.t, 0, 0},     {TK_ARG_TENSOR, "dk", &dk.t, 0, 0},
-                        {TK_ARG_TENSOR, "dv", &dv.t, 0, 0},     {TK_ARG_TENSOR, "dout", &dout.t, 0, 0},
-                        {TK_ARG_TENSOR, "q", &q.t, 0, 0},       {TK_ARG_TENSOR, "k", &k.t, 0, 0},
-                        {TK_ARG_TENSOR, "v", &v.t, 0, 0},       {TK_ARG_TENSOR, "out", &out.t, 0, 0},
+        tk_arg b[16] = {{TK_ARG_TENSOR, "dq", &dq.t, 0, 0},  {TK_ARG_TENSOR, "dk", &dk.t, 0, 0},
+                        {TK_ARG_TENSOR, "dv", &dv.t, 0, 0},  {TK_ARG_TENSOR, "dout", &dout.t, 0, 0},
+                        {TK_ARG_TENSOR, "q", &q.t, 0, 0},    {TK_ARG_TENSOR, "k", &k.t, 0, 0},
+                        {TK_ARG_TENSOR, "v", &v.t, 0, 0},    {TK_ARG_TENSOR, "out", &out.t, 0, 0},
                         {TK_ARG_TENSOR, "lse", &lse.t, 0, 0}};
         size_t nb = mask_args(b, 9, f, &al.t);
         run_both("attention_backward", b, nb, what);
@@ -604,8 +607,8 @@ static void decode_case(tk_dtype qdt, tk_dtype cdt, int64_t d, int sq, int64_t b
         a[na++] = (tk_arg){TK_ARG_F64, "scale", NULL, 0, 0.3};
     char what[160];
     snprintf(what, sizeof what, "q %s cache %s Sq %d D %lld bs %lld Hq %lld Hkv %lld flags %d wl %lld",
-             tk_dtype_name(qdt), tk_dtype_name(cdt), sq, (long long)d, (long long)bs, (long long)hq,
-             (long long)hkv, flags, (long long)wl);
+             tk_dtype_name(qdt), tk_dtype_name(cdt), sq, (long long)d, (long long)bs, (long long)hq, (long long)hkv,
+             flags, (long long)wl);
     run_both("attention_decode", a, na, what);
     host_t *all[] = {&kc, &vc, &q, &out, &lse, &ks, &vs, &al, &pg.bt, &pg.sl};
     for (size_t i = 0; i < sizeof all / sizeof all[0]; i++)
@@ -623,8 +626,8 @@ static void test_attention_decode(void)
         for (int c = 0; c < 3; c++)
             for (int di = 0; di < 3; di++, n++) { /* every head dim of every (q, cache) dtype pair */
                 tk_dtype qdt = *halves[t], cdt = caches[c] ? *caches[c] : qdt;
-                int flags = (n % 3 == 1 ? DEC_ALIBI : 0) | (n % 4 == 2 ? DEC_WINDOW : 0) |
-                            (n % 4 == 3 ? DEC_SOFTCAP : 0);
+                int flags =
+                    (n % 3 == 1 ? DEC_ALIBI : 0) | (n % 4 == 2 ? DEC_WINDOW : 0) | (n % 4 == 3 ? DEC_SOFTCAP : 0);
                 decode_case(qdt, cdt, (int64_t[]){128, 64, 256}[di], n % 2 ? 4 : 1, 16, 8, 2, lens, 4, flags, 100);
             }
 }
@@ -697,9 +700,12 @@ static void test_paged_kv_append(void)
             for (int64_t i = 0; i < ntok; i++)
                 slots[i] = i % 7 == 3 ? -1 : perm[i];
             free(perm);
-            tk_arg a[7] = {{TK_ARG_TENSOR, "k_cache", &kc.t, 0, 0}, {TK_ARG_TENSOR, "v_cache", &vc.t, 0, 0},
-                           {TK_ARG_TENSOR, "k", &k.t, 0, 0},        {TK_ARG_TENSOR, "v", &v.t, 0, 0},
-                           {TK_ARG_TENSOR, "slot_mapping", &sm.t, 0, 0}, {TK_ARG_TENSOR, "k_scale", &ks.t, 0, 0},
+            tk_arg a[7] = {{TK_ARG_TENSOR, "k_cache", &kc.t, 0, 0},
+                           {TK_ARG_TENSOR, "v_cache", &vc.t, 0, 0},
+                           {TK_ARG_TENSOR, "k", &k.t, 0, 0},
+                           {TK_ARG_TENSOR, "v", &v.t, 0, 0},
+                           {TK_ARG_TENSOR, "slot_mapping", &sm.t, 0, 0},
+                           {TK_ARG_TENSOR, "k_scale", &ks.t, 0, 0},
                            {TK_ARG_TENSOR, "v_scale", &vs.t, 0, 0}};
             char what[64];
             snprintf(what, sizeof what, "k %s cache %s", tk_dtype_name(dt), tk_dtype_name(cdt));
@@ -728,10 +734,11 @@ static void test_mla_decode(void)
         host_new(&lse, F32, 2, SHAPE(3, hq), 0);
         fill_range(&qn, -0.5, 0.5);
         fill_range(&qp, -0.5, 0.5);
-        tk_arg a[8] = {{TK_ARG_TENSOR, "out", &out.t, 0, 0},         {TK_ARG_TENSOR, "q_nope", &qn.t, 0, 0},
-                       {TK_ARG_TENSOR, "q_pe", &qp.t, 0, 0},         {TK_ARG_TENSOR, "kv_cache", &kv.t, 0, 0},
-                       {TK_ARG_TENSOR, "block_table", &pg.bt.t, 0, 0}, {TK_ARG_TENSOR, "seq_lens", &pg.sl.t, 0, 0},
-                       {TK_ARG_TENSOR, "lse", &lse.t, 0, 0},         {TK_ARG_F64, "scale", NULL, 0, 1.0 / sqrt(192.0)}};
+        tk_arg a[8] = {
+            {TK_ARG_TENSOR, "out", &out.t, 0, 0},           {TK_ARG_TENSOR, "q_nope", &qn.t, 0, 0},
+            {TK_ARG_TENSOR, "q_pe", &qp.t, 0, 0},           {TK_ARG_TENSOR, "kv_cache", &kv.t, 0, 0},
+            {TK_ARG_TENSOR, "block_table", &pg.bt.t, 0, 0}, {TK_ARG_TENSOR, "seq_lens", &pg.sl.t, 0, 0},
+            {TK_ARG_TENSOR, "lse", &lse.t, 0, 0},           {TK_ARG_F64, "scale", NULL, 0, 1.0 / sqrt(192.0)}};
         run_both("mla_decode", a, 8, tk_dtype_name(*halves[t]));
         host_t *all[] = {&kv, &qn, &qp, &out, &lse, &pg.bt, &pg.sl};
         for (size_t i = 0; i < sizeof all / sizeof all[0]; i++)
@@ -745,8 +752,10 @@ static int device_faulted(const char *after)
 {
     if (tk_device_sync(0) == TK_OK)
         return 0;
-    fprintf(stderr, "test_misaligned_views: the device faulted after %s (%s); the CUDA context is gone, the rest "
-                    "of this test is skipped\n", after, tk_last_error());
+    fprintf(stderr,
+            "test_misaligned_views: the device faulted after %s (%s); the CUDA context is gone, the rest "
+            "of this test is skipped\n",
+            after, tk_last_error());
     CHECK(0);
     return 1;
 }
@@ -853,8 +862,10 @@ static void test_misaligned_views(void)
     tk_tensor odd = fd[4].t;
     odd.data = dbig.ptr;
     odd.byte_offset = dbig.off + 2;
-    tk_arg fa[16] = {{TK_ARG_TENSOR, "out", &fd[3].t, 0, 0}, {TK_ARG_TENSOR, "q", &fd[0].t, 0, 0},
-                     {TK_ARG_TENSOR, "k", &fd[1].t, 0, 0},   {TK_ARG_TENSOR, "v", &fd[2].t, 0, 0},
+    tk_arg fa[16] = {{TK_ARG_TENSOR, "out", &fd[3].t, 0, 0},
+                     {TK_ARG_TENSOR, "q", &fd[0].t, 0, 0},
+                     {TK_ARG_TENSOR, "k", &fd[1].t, 0, 0},
+                     {TK_ARG_TENSOR, "v", &fd[2].t, 0, 0},
                      {TK_ARG_TENSOR, "lse", &odd, 0, 0}};
     size_t nfa = mask_args(fa, 5, &small, NULL);
     rc = gpu_op_run(g.ctx, "attention", fa, nfa, NULL, NULL);
@@ -885,8 +896,8 @@ static void test_coverage(void)
 
 int main(int argc, char **argv)
 {
-    static const char *const ops[] = {"attention", "attention_backward", "attention_decode", "paged_kv_append",
-                                      "mla_decode", NULL};
+    static const char *const ops[] = {"attention",       "attention_backward", "attention_decode",
+                                      "paged_kv_append", "mla_decode",         NULL};
     gpu_main(argc, argv, ops);
     op_test_seed();
     int have = gpu_device();

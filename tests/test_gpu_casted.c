@@ -120,8 +120,10 @@ static void emb_case(tk_dtype wdt, tk_dtype odt, tk_dtype idt, int64_t V, int64_
     if (bad_ids)
         for (int64_t i = 0; i < n; i += 3)
             id_set(&gids, i, i % 2 ? -1 - i : V + i);
-    tk_arg args[4] = {{TK_ARG_TENSOR, "out", NULL, 0, 0}, {TK_ARG_TENSOR, "ids", &ids.t, 0, 0},
-                      {TK_ARG_TENSOR, "weight", &w.t, 0, 0}, {TK_ARG_TENSOR, "scale", &s.t, 0, 0}};
+    tk_arg args[4] = {{TK_ARG_TENSOR, "out", NULL, 0, 0},
+                      {TK_ARG_TENSOR, "ids", &ids.t, 0, 0},
+                      {TK_ARG_TENSOR, "weight", &w.t, 0, 0},
+                      {TK_ARG_TENSOR, "scale", &s.t, 0, 0}};
     args[0].t = &ref.t;
     CHECK_RC(gpu_op_run(g.ctx, "casted_embedding", args, with_scale ? 4 : 3, NULL, NULL), TK_OK);
     if (bad_ids) /* the GPU writes zero rows for them */
@@ -195,16 +197,17 @@ static void bs_case(tk_dtype vdt, tk_dtype odt, tk_dtype idt, int64_t nrb, int64
     for (int64_t k = 0; k < nnzb; k++)
         set(&s.t, k, uniform(-2, 2));
     fill_ids(&ids, nrb * bs_r);
-    tk_arg args[6] = {{TK_ARG_TENSOR, "out", NULL, 0, 0},      {TK_ARG_TENSOR, "ids", &ids.t, 0, 0},
-                      {TK_ARG_TENSOR, "row_ptr", &rp.t, 0, 0}, {TK_ARG_TENSOR, "col_idx", &ci.t, 0, 0},
+    tk_arg args[6] = {{TK_ARG_TENSOR, "out", NULL, 0, 0},       {TK_ARG_TENSOR, "ids", &ids.t, 0, 0},
+                      {TK_ARG_TENSOR, "row_ptr", &rp.t, 0, 0},  {TK_ARG_TENSOR, "col_idx", &ci.t, 0, 0},
                       {TK_ARG_TENSOR, "values", &vals.t, 0, 0}, {TK_ARG_TENSOR, "scale", &s.t, 0, 0}};
     const char *impl = run_both(g.ctx, "casted_embedding_block_sparse", args, with_scale ? 6 : 5, &ref, &got);
     CHECK(impl && strstr(impl, PKG ":embedding_block_sparse_"));
     char what[200];
-    snprintf(what, sizeof what, "casted_embedding_block_sparse %s -> %s ids %s, %lld x %lld blocks of %lld x %lld, "
-             "nnzb %lld, n %lld (%s)", tk_ops__dtype_str(vdt), tk_ops__dtype_str(odt), tk_ops__dtype_str(idt),
-             (long long)nrb, (long long)ncb, (long long)bs_r, (long long)bs_c, (long long)nnzb, (long long)n,
-             impl ? impl : "?");
+    snprintf(what, sizeof what,
+             "casted_embedding_block_sparse %s -> %s ids %s, %lld x %lld blocks of %lld x %lld, "
+             "nnzb %lld, n %lld (%s)",
+             tk_ops__dtype_str(vdt), tk_ops__dtype_str(odt), tk_ops__dtype_str(idt), (long long)nrb, (long long)ncb,
+             (long long)bs_r, (long long)bs_c, (long long)nnzb, (long long)n, impl ? impl : "?");
     check_exact(what, &got, &ref);
     free(rp.buf);
     free(ci.buf);
@@ -235,8 +238,8 @@ static void test_block_sparse(void)
 /* One call on ctx; `want` is the kernel name the dispatch must pick (its prefix), NULL: any. The
  * implementation that ran is copied to picked (picked_size bytes; "" when the call failed) unless
  * picked is NULL. */
-static void lin_case_picked(tk_ctx *ctx, tk_dtype wdt, int64_t M, int64_t N, int64_t K, int with_bias,
-                            const char *want, char *picked, size_t picked_size)
+static void lin_case_picked(tk_ctx *ctx, tk_dtype wdt, int64_t M, int64_t N, int64_t K, int with_bias, const char *want,
+                            char *picked, size_t picked_size)
 {
     int64_t xs[2] = {M, K}, wsh[2] = {N, K}, osh[2] = {M, N};
     host_t x, w, s, b, ref, got;
@@ -253,8 +256,10 @@ static void lin_case_picked(tk_ctx *ctx, tk_dtype wdt, int64_t M, int64_t N, int
         set(&s.t, n, unit * uniform(0.5, 2));
         set(&b.t, n, uniform(-0.5, 0.5));
     }
-    tk_arg args[5] = {{TK_ARG_TENSOR, "out", NULL, 0, 0}, {TK_ARG_TENSOR, "x", &x.t, 0, 0},
-                      {TK_ARG_TENSOR, "weight", &w.t, 0, 0}, {TK_ARG_TENSOR, "scale", &s.t, 0, 0},
+    tk_arg args[5] = {{TK_ARG_TENSOR, "out", NULL, 0, 0},
+                      {TK_ARG_TENSOR, "x", &x.t, 0, 0},
+                      {TK_ARG_TENSOR, "weight", &w.t, 0, 0},
+                      {TK_ARG_TENSOR, "scale", &s.t, 0, 0},
                       {TK_ARG_TENSOR, "bias", &b.t, 0, 0}};
     const char *impl = run_both(ctx, "casted_linear", args, with_bias ? 5 : 4, &ref, &got);
     if (picked)
@@ -312,8 +317,9 @@ static size_t fitting(const char *out[3], int64_t m)
 static void test_linear_dispatch(void)
 {
     const tk_dtype wdts[] = {I8, E4M3};
-    const int64_t mnk[][3] = {{1, 4096, 4096}, {3, 1000, 1000}, {8, 2048, 1024}, {9, 2048, 4096}, {64, 1024, 4096},
-                              {200, 513, 1040}, {256, 256, 33}, {257, 1024, 1024}, {517, 1000, 2048}, {1024, 512, 256}};
+    const int64_t mnk[][3] = {{1, 4096, 4096},   {3, 1000, 1000},  {8, 2048, 1024}, {9, 2048, 4096},
+                              {64, 1024, 4096},  {200, 513, 1040}, {256, 256, 33},  {257, 1024, 1024},
+                              {517, 1000, 2048}, {1024, 512, 256}};
     tk_ctx *prio = config_ctx("{\"autotune\": false}\n");
     CHECK(prio != NULL);
     for (size_t a = 0; a < 2; a++)
@@ -334,11 +340,12 @@ static void test_linear_dispatch(void)
                 fits |= strcmp(picked, want) == 0;
             }
             if (!fits)
-                fprintf(stderr, "casted_linear %s M %lld N %lld K %lld (autotune): picked '%s', which M = %lld "
-                        "does not fit (want %s%s%s%s%s for %s)\n", tk_ops__dtype_str(wdts[a]), (long long)m,
-                        (long long)mnk[i][1], (long long)mnk[i][2], picked, (long long)m, fit[0],
-                        nfit > 1 ? ", " : "", nfit > 1 ? fit[1] : "", nfit > 2 ? ", " : "", nfit > 2 ? fit[2] : "",
-                        wsuf);
+                fprintf(stderr,
+                        "casted_linear %s M %lld N %lld K %lld (autotune): picked '%s', which M = %lld "
+                        "does not fit (want %s%s%s%s%s for %s)\n",
+                        tk_ops__dtype_str(wdts[a]), (long long)m, (long long)mnk[i][1], (long long)mnk[i][2], picked,
+                        (long long)m, fit[0], nfit > 1 ? ", " : "", nfit > 1 ? fit[1] : "", nfit > 2 ? ", " : "",
+                        nfit > 2 ? fit[2] : "", wsuf);
             CHECK(fits);
         }
     if (prio)
@@ -416,8 +423,10 @@ static void test_linear_nan(void)
         ((uint8_t *)w.buf)[7 * K + 9] = 0x7f;
         for (int64_t n = 0; n < N; n++)
             set(&s.t, n, 0.01);
-        tk_arg args[4] = {{TK_ARG_TENSOR, "out", NULL, 0, 0}, {TK_ARG_TENSOR, "x", &x.t, 0, 0},
-                          {TK_ARG_TENSOR, "weight", &w.t, 0, 0}, {TK_ARG_TENSOR, "scale", &s.t, 0, 0}};
+        tk_arg args[4] = {{TK_ARG_TENSOR, "out", NULL, 0, 0},
+                          {TK_ARG_TENSOR, "x", &x.t, 0, 0},
+                          {TK_ARG_TENSOR, "weight", &w.t, 0, 0},
+                          {TK_ARG_TENSOR, "scale", &s.t, 0, 0}};
         const char *impl = run_both(g.ctx, "casted_linear", args, 4, &ref, &got);
         int nan_ok = 1;
         for (int64_t m = 0; m < M; m++)
@@ -443,10 +452,10 @@ static void test_setup(void)
     CHECK_RC(gpu_ctx_new(&g, pkgs), TK_OK);
 }
 
-#define NEEDS_GPU()                                                                                    \
-    do {                                                                                               \
-        if (!g.ctx)                                                                                    \
-            SKIP("no CUDA device");                                                                    \
+#define NEEDS_GPU()                                                                                                    \
+    do {                                                                                                               \
+        if (!g.ctx)                                                                                                    \
+            SKIP("no CUDA device");                                                                                    \
     } while (0)
 
 static void test_embedding_gpu(void)

@@ -153,9 +153,11 @@ static void test_q_posterior(void)
                     for (int64_t i = 0; i < numel(&pv.t); i++)
                         set(&pv.t, i, fabs(get(&pv.t, i)) + 0.01);
                 int with_lv = var != 3 || s % 2;
-                tk_arg pa[] = {TA("mean", &mean.t), TA("x0", &x0.t), TA("sample", &x.t), TA("timesteps", &ts.t),
-                               TA("prev_timesteps", &ps.t), TA("alphas_cumprod", &ab.t), IA("variance_type", var),
-                               TA("predicted_variance", &pv.t), TA("log_variance", &lv.t)};
+                tk_arg pa[] = {TA("mean", &mean.t),         TA("x0", &x0.t),
+                               TA("sample", &x.t),          TA("timesteps", &ts.t),
+                               TA("prev_timesteps", &ps.t), TA("alphas_cumprod", &ab.t),
+                               IA("variance_type", var),    TA("predicted_variance", &pv.t),
+                               TA("log_variance", &lv.t)};
                 static const char *const po[] = {"mean", "log_variance", NULL};
                 host_t *pg[] = {&gmean, &glv};
                 memset(gmean.buf, 0, (size_t)numel(&gmean.t) * dt.bits / 8);
@@ -349,8 +351,9 @@ static void test_in_place(void)
         rand_ts(&ts, &ps, B, 100);
         fill(&mo, 2);
         fill(&x, 2);
-        tk_arg a[] = {TA("prev_sample", &prev.t), TA("model_output", &mo.t), TA("sample", &x.t), TA("timesteps", &ts.t),
-                      TA("prev_timesteps", &ps.t), TA("alphas_cumprod", &ab.t), IA("thresholding", thr)};
+        tk_arg a[] = {TA("prev_sample", &prev.t), TA("model_output", &mo.t),   TA("sample", &x.t),
+                      TA("timesteps", &ts.t),     TA("prev_timesteps", &ps.t), TA("alphas_cumprod", &ab.t),
+                      IA("thresholding", thr)};
         CHECK_RC(gpu_op_run(g.ctx, "ddim_step", a, 7, NULL, NULL), TK_OK);
         dev_tensor dm, dx, dt_, dp, da;
         CHECK_RC(dev_upload(&dm, &mo.t), TK_OK);
@@ -358,8 +361,9 @@ static void test_in_place(void)
         CHECK_RC(dev_upload(&dt_, &ts.t), TK_OK);
         CHECK_RC(dev_upload(&dp, &ps.t), TK_OK);
         CHECK_RC(dev_upload(&da, &ab.t), TK_OK);
-        tk_arg d[] = {TA("prev_sample", &dx.t), TA("model_output", &dm.t), TA("sample", &dx.t), TA("timesteps", &dt_.t),
-                      TA("prev_timesteps", &dp.t), TA("alphas_cumprod", &da.t), IA("thresholding", thr)};
+        tk_arg d[] = {TA("prev_sample", &dx.t), TA("model_output", &dm.t),   TA("sample", &dx.t),
+                      TA("timesteps", &dt_.t),  TA("prev_timesteps", &dp.t), TA("alphas_cumprod", &da.t),
+                      IA("thresholding", thr)};
         CHECK_RC(gpu_op_run(g.ctx, "ddim_step", d, 7, NULL, NULL), TK_OK);
         CHECK_RC(dev_download(&dx, &got.t), TK_OK);
         CHECK(same("ddim_step in place", &got, &prev));

@@ -28,7 +28,10 @@
 
 static gpu_ctx g;
 
-static double out_rel(tk_dtype dt) { return dt.bits == 32 ? ldexp(1, -24) : dt.code == TK_DL_BFLOAT ? ldexp(1, -8) : ldexp(1, -11); }
+static double out_rel(tk_dtype dt)
+{
+    return dt.bits == 32 ? ldexp(1, -24) : dt.code == TK_DL_BFLOAT ? ldexp(1, -8) : ldexp(1, -11);
+}
 static double out_abs(tk_dtype dt) { return dt.code == TK_DL_FLOAT && dt.bits == 16 ? ldexp(1, -24) : 0; }
 
 static tk_arg T(const char *name, tk_tensor *t) { return (tk_arg){TK_ARG_TENSOR, name, t, 0, 0}; }
@@ -137,8 +140,9 @@ static int lin_case(tk_dtype dt, int64_t m, int64_t n, int64_t k, int tr, int bi
     int red_ok = arc != TK_OK || dt.bits == 32 || al.splitk <= 1 || al.reduction == 0 || al.reduction == 2;
     if (arc == TK_OK && (!red_ok || getenv("TK_TEST_LOG")))
         printf("  linear %s M %lld N %lld K %lld tr %d bias %d: cuBLASLt algo %d tile %d split-K %d reduction %d "
-               "workspace %zu\n", tk_dtype_name(dt), (long long)m, (long long)n, (long long)k, tr, bias, al.algo_id,
-               al.tile_id, al.splitk, al.reduction, al.workspace);
+               "workspace %zu\n",
+               tk_dtype_name(dt), (long long)m, (long long)n, (long long)k, tr, bias, al.algo_id, al.tile_id, al.splitk,
+               al.reduction, al.workspace);
     else if (ok && k > 0 && arc != TK_ERR_UNSUPPORTED)
         printf("  linear %s M %lld N %lld K %lld: no algorithm description: %s\n", tk_dtype_name(dt), (long long)m,
                (long long)n, (long long)k, tk_last_error());
@@ -180,9 +184,9 @@ static void test_linear(void)
     /* Small grids with a short K ({64, 96, 77}, {32, 48, 200}, {8, 64, 333}, {33, 65, 31}) are where
      * cuBLASLt's heuristic picks split-K: before cublaslt.c limited the reduction to fp32 parts, bf16
      * runs summed 16-bit parts (the first GPU run: 368 of 6144 elements off at {64, 96, 77}). */
-    const int64_t mnk[][3] = {{1, 1, 1},    {1, 768, 768},    {7, 33, 129},   {3, 1, 100},  {64, 96, 77},
-                              {32, 48, 200}, {8, 64, 333},    {33, 65, 31},   {1, 96, 77},  {16, 4096, 4096},
-                              {5, 50257, 64}, {2, 3, 0}};
+    const int64_t mnk[][3] = {{1, 1, 1},    {1, 768, 768},    {7, 33, 129},   {3, 1, 100},
+                              {64, 96, 77}, {32, 48, 200},    {8, 64, 333},   {33, 65, 31},
+                              {1, 96, 77},  {16, 4096, 4096}, {5, 50257, 64}, {2, 3, 0}};
     int ok = 1;
     for (size_t d = 0; d < 3; d++)
         for (size_t i = 0; i < sizeof mnk / sizeof mnk[0]; i++)
@@ -221,8 +225,9 @@ static void test_embedding(void)
                 CHECK_RC(dev_upload(&dw, &w.t), TK_OK);
                 CHECK_RC(dev_upload(&dout, &got.t), TK_OK);
                 const char *impl = NULL;
-                CHECK_RC(gpu_op_run(g.ctx, "embedding", (tk_arg[]){T("out", &dout.t), T("ids", &di.t), T("weight", &dw.t)},
-                                   3, NULL, &impl), TK_OK);
+                CHECK_RC(gpu_op_run(g.ctx, "embedding",
+                                    (tk_arg[]){T("out", &dout.t), T("ids", &di.t), T("weight", &dw.t)}, 3, NULL, &impl),
+                         TK_OK);
                 CHECK(impl && strstr(impl, "kernels-community/layers:embedding_") == impl);
                 CHECK_RC(dev_download(&dout, &got.t), TK_OK);
                 /* the row's values (0 for an id out of range), equal: a tolerance of 0 */
@@ -233,7 +238,8 @@ static void test_embedding(void)
                 for (int64_t i = 0; i < 27; i++) {
                     int64_t id = id_get(&ids, i);
                     for (int64_t c = 0; c < D; c++)
-                        op_cmp_tol(&cmp, i * D + c, get(&got.t, i * D + c), id >= 0 && id < V ? get(&w.t, id * D + c) : 0.0, 0);
+                        op_cmp_tol(&cmp, i * D + c, get(&got.t, i * D + c),
+                                   id >= 0 && id < V ? get(&w.t, id * D + c) : 0.0, 0);
                 }
                 CHECK(op_cmp_end(&cmp));
                 dev_free(&di);
@@ -277,7 +283,8 @@ static int ew_case(const char *op, tk_dtype dt, int64_t rows, int64_t cols, int 
     for (int64_t i = 0; ok && i < rows * cols; i++) {
         double r = get(&ref.t, i);
         /* softcap: tanhf's error (4 ulps) scaled by cap, one division's rounding, the output rounding */
-        double tol = is_add ? 0 : (is_cap ? 3.0 * 6 : 4) * ldexp(1, -24) * fabs(r) + out_rel(dt) * fabs(r) + out_abs(dt);
+        double tol =
+            is_add ? 0 : (is_cap ? 3.0 * 6 : 4) * ldexp(1, -24) * fabs(r) + out_rel(dt) * fabs(r) + out_abs(dt);
         op_cmp_tol(&c, i, get(&got.t, i), r, tol);
     }
     ok = ok && op_cmp_end(&c);

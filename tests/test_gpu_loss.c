@@ -99,8 +99,7 @@ static const char *run_both(const char *op, tk_arg *args, size_t nargs, const in
 
 /* ---- cross_entropy ------------------------------------------------------------------------------ */
 
-static void ce_case(tk_dtype dt, int64_t n, int64_t v, int red, double eps, int inplace, int specials,
-                    double p_ignore)
+static void ce_case(tk_dtype dt, int64_t n, int64_t v, int red, double eps, int inplace, int specials, double p_ignore)
 {
     int64_t sh[2] = {n, v}, one = 1;
     host_t x, t, loss, grad, lse, got[3];
@@ -120,9 +119,9 @@ static void ce_case(tk_dtype dt, int64_t n, int64_t v, int red, double eps, int 
         set(&x.t, 2 * v + 2, INFINITY);
         set(&x.t, 3 * v + 0, NAN);
     }
-    tk_arg args[8] = {T_("logits", &x.t), T_("target", &t.t), T_("loss", &loss.t),
-                      T_("grad", inplace ? &x.t : &grad.t), T_("lse", &lse.t), F_("label_smoothing", eps),
-                      I_("reduction", red)};
+    tk_arg args[8] = {
+        T_("logits", &x.t), T_("target", &t.t),         T_("loss", &loss.t), T_("grad", inplace ? &x.t : &grad.t),
+        T_("lse", &lse.t),  F_("label_smoothing", eps), I_("reduction", red)};
     int outs[3] = {2, 3, 4};
     const char *impl = run_both("cross_entropy", args, 7, outs, 3, got);
     char what[160];
@@ -190,9 +189,9 @@ static void fl_case(tk_dtype dt, int64_t n, int64_t hd, int64_t v, int red, int 
     int64_t *tv = t.buf;
     for (int64_t i = 0; i < n; i++)
         tv[i] = uniform(0, 1) < 0.2 ? -100 : (int64_t)(next_u64() % (uint64_t)v);
-    tk_arg args[12] = {T_("hidden", &h.t),       T_("weight", &w.t), T_("target", &t.t), T_("loss", &loss.t),
-                       T_("grad_hidden", &gh.t), T_("grad_weight", &gw.t), T_("lse", &lse.t),
-                       F_("label_smoothing", 0.05), I_("reduction", red)};
+    tk_arg args[12] = {T_("hidden", &h.t),  T_("weight", &w.t),          T_("target", &t.t),
+                       T_("loss", &loss.t), T_("grad_hidden", &gh.t),    T_("grad_weight", &gw.t),
+                       T_("lse", &lse.t),   F_("label_smoothing", 0.05), I_("reduction", red)};
     size_t na = 9;
     int outs[5] = {3, 4, 5, 6, 0};
     size_t no = 4;
@@ -233,8 +232,8 @@ static void test_fused_linear_cross_entropy(void)
     CHECK_RC(gpu_ctx_new(&g, pkgs), TK_OK);
     const tk_dtype *dts[] = {&F16, &BF16};
     /* H % 8 != 0 (element loads), N and V not multiples of the tiles, one row */
-    const int64_t shapes[][3] = {{1, 8, 7}, {37, 64, 1000}, {130, 256, 5000}, {257, 72, 333}, {5, 30, 100},
-                                 {64, 512, 32000}};
+    const int64_t shapes[][3] = {{1, 8, 7},      {37, 64, 1000}, {130, 256, 5000},
+                                 {257, 72, 333}, {5, 30, 100},   {64, 512, 32000}};
     for (size_t d = 0; d < 2; d++)
         for (size_t s = 0; s < sizeof shapes / sizeof shapes[0]; s++)
             fl_case(*dts[d], shapes[s][0], shapes[s][1], shapes[s][2], (int)(next_u64() % 3), (int)(next_u64() & 1));
@@ -262,8 +261,8 @@ static void mm_case(tk_dtype dt, int64_t n, int64_t k, int red)
         if (fabs(x) < 0.05)
             set(&ng.t, i, get(&ng.t, i) + 0.1);
     }
-    tk_arg args[6] = {T_("pos", &p.t), T_("neg", &ng.t), T_("loss", &loss.t), T_("grad_pos", &gp.t),
-                      T_("grad_neg", &gn.t), I_("reduction", red)};
+    tk_arg args[6] = {T_("pos", &p.t),       T_("neg", &ng.t),      T_("loss", &loss.t),
+                      T_("grad_pos", &gp.t), T_("grad_neg", &gn.t), I_("reduction", red)};
     int outs[3] = {2, 3, 4};
     const char *impl = run_both("max_margin_loss", args, 6, outs, 3, got);
     char w[200];

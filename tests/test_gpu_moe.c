@@ -24,16 +24,16 @@ static tk_arg T(const char *name, tk_tensor *t) { return (tk_arg){TK_ARG_TENSOR,
 static tk_arg I(const char *name, int64_t v) { return (tk_arg){TK_ARG_I64, name, NULL, v, 0}; }
 
 enum { H_X, H_RIN, H_RW, H_GU, H_DN, H_SC, H_SGU, H_SDN, H_SG, H_OUT, H_IDS, H_WTS, H_N };
-static const char *const names[H_N] = {"input", "router_input", "router_weight", "gate_up", "down", "expert_scale",
-                                       "shared_gate_up", "shared_down", "shared_gate", "out", "topk_ids",
-                                       "topk_weights"};
+static const char *const names[H_N] = {"input",       "router_input", "router_weight",  "gate_up",
+                                       "down",        "expert_scale", "shared_gate_up", "shared_down",
+                                       "shared_gate", "out",          "topk_ids",       "topk_weights"};
 
 /* variant 0 Mixtral, 1 Qwen2-MoE with the shared expert, 2 DiffusionGemma's options, 3 ties */
 static int moe_case(tk_dtype dt, int v, int64_t Tn, int64_t H, int64_t E, int64_t K, int64_t Ii)
 {
     int64_t Is = v == 1 ? Ii + 8 : 0;
-    int64_t sh[H_N][3] = {{Tn, H}, {Tn, H}, {E, H}, {E, 2 * Ii, H}, {E, H, Ii}, {E}, {2 * (Is ? Is : 1), H},
-                          {H, Is ? Is : 1}, {1, H}, {Tn, H}, {Tn, K}, {Tn, K}};
+    int64_t sh[H_N][3] = {{Tn, H},          {Tn, H}, {E, H},  {E, 2 * Ii, H}, {E, H, Ii}, {E}, {2 * (Is ? Is : 1), H},
+                          {H, Is ? Is : 1}, {1, H},  {Tn, H}, {Tn, K},        {Tn, K}};
     static const int nd[H_N] = {2, 2, 2, 3, 3, 1, 2, 2, 2, 2, 2, 2};
     int use[H_N] = {1, v == 2, 1, 1, 1, v == 2, v == 1, v == 1, v == 1, 1, 1, 1};
     host_t h[H_N], got[3];
@@ -87,12 +87,13 @@ static int moe_case(tk_dtype dt, int v, int64_t Tn, int64_t H, int64_t E, int64_
     for (int64_t i = 0; ok && i < Tn * K; i++)
         bad += ((int32_t *)got[1].t.data)[i] != ((int32_t *)h[H_IDS].t.data)[i];
     if (bad)
-        fprintf(stderr, "  moe %s variant %d: %lld routing choices differ from the CPU reference\n",
-                tk_dtype_name(dt), v, (long long)bad);
+        fprintf(stderr, "  moe %s variant %d: %lld routing choices differ from the CPU reference\n", tk_dtype_name(dt),
+                v, (long long)bad);
     ok &= bad == 0;
     double step = dt.bits == 32 ? ldexp(1, -20) : dt.code == TK_DL_BFLOAT ? ldexp(1, -7) : ldexp(1, -10);
-    op_cmp c = op_cmp_begin(0, 0, "moe %s variant %d T %lld H %lld E %lld K %lld I %lld, cuda against cpu",
-                            tk_dtype_name(dt), v, (long long)Tn, (long long)H, (long long)E, (long long)K, (long long)Ii);
+    op_cmp c =
+        op_cmp_begin(0, 0, "moe %s variant %d T %lld H %lld E %lld K %lld I %lld, cuda against cpu", tk_dtype_name(dt),
+                     v, (long long)Tn, (long long)H, (long long)E, (long long)K, (long long)Ii);
     c.cols = H;
     c.nan_fails = c.inf_fails = 1;
     /* f32: the output's own rounding is negligible against that of the two dot products (lengths H and

@@ -42,17 +42,38 @@ static const op_t ops[] = {
     {"fused_add_rms_norm", 0, 3, {{"input", 0, 1}, {"residual", 0, 1}, {"weight", 1, 0}}},
     {"layer_norm", 0, 4, {{"out", 0, 1}, {"input", 0, 0}, {"weight", 1, 0}, {"bias", 1, 0}}},
     {"fused_add_layer_norm", 0, 4, {{"input", 0, 1}, {"residual", 0, 1}, {"weight", 1, 0}, {"bias", 1, 0}}},
-    {"rms_norm_backward", 1, 5,
+    {"rms_norm_backward",
+     1,
+     5,
      {{"grad_input", 0, 1}, {"grad_weight", 1, 1}, {"grad_out", 0, 0}, {"input", 0, 0}, {"weight", 1, 0}}},
-    {"fused_add_rms_norm_backward", 1, 6,
-     {{"grad_input", 0, 1}, {"grad_weight", 1, 1}, {"grad_out", 0, 0}, {"grad_residual", 0, 0},
-      {"residual", 0, 0}, {"weight", 1, 0}}},
-    {"layer_norm_backward", 1, 6,
-     {{"grad_input", 0, 1}, {"grad_weight", 1, 1}, {"grad_bias", 1, 1}, {"grad_out", 0, 0}, {"input", 0, 0},
+    {"fused_add_rms_norm_backward",
+     1,
+     6,
+     {{"grad_input", 0, 1},
+      {"grad_weight", 1, 1},
+      {"grad_out", 0, 0},
+      {"grad_residual", 0, 0},
+      {"residual", 0, 0},
       {"weight", 1, 0}}},
-    {"fused_add_layer_norm_backward", 1, 7,
-     {{"grad_input", 0, 1}, {"grad_weight", 1, 1}, {"grad_bias", 1, 1}, {"grad_out", 0, 0},
-      {"grad_residual", 0, 0}, {"residual", 0, 0}, {"weight", 1, 0}}},
+    {"layer_norm_backward",
+     1,
+     6,
+     {{"grad_input", 0, 1},
+      {"grad_weight", 1, 1},
+      {"grad_bias", 1, 1},
+      {"grad_out", 0, 0},
+      {"input", 0, 0},
+      {"weight", 1, 0}}},
+    {"fused_add_layer_norm_backward",
+     1,
+     7,
+     {{"grad_input", 0, 1},
+      {"grad_weight", 1, 1},
+      {"grad_bias", 1, 1},
+      {"grad_out", 0, 0},
+      {"grad_residual", 0, 0},
+      {"residual", 0, 0},
+      {"weight", 1, 0}}},
 };
 
 static gpu_ctx g;
@@ -131,10 +152,11 @@ static int close_enough(const char *what, const tk_tensor *got, const tk_tensor 
     }
     int ok = bad_nan == 0 && sqrt(num) <= rel * sqrt(den) + sqrt(slack) && worst <= 1;
     if (!ok && !planted)
-        fprintf(stderr, "%s: |d| %.3g of |ref| %.3g (rel %.3g, terms %.3g), worst [%lld] got %.9g ref %.9g "
-                "(%.3g of its bound), NaN/inf mismatches %lld of %lld (seed %llu)\n", what, sqrt(num), sqrt(den), rel,
-                sqrt(slack), (long long)wi, n ? get(got, wi) : 0.0, n ? get(ref, wi) : 0.0, worst,
-                (long long)bad_nan, (long long)n, (unsigned long long)seed);
+        fprintf(stderr,
+                "%s: |d| %.3g of |ref| %.3g (rel %.3g, terms %.3g), worst [%lld] got %.9g ref %.9g "
+                "(%.3g of its bound), NaN/inf mismatches %lld of %lld (seed %llu)\n",
+                what, sqrt(num), sqrt(den), rel, sqrt(slack), (long long)wi, n ? get(got, wi) : 0.0,
+                n ? get(ref, wi) : 0.0, worst, (long long)bad_nan, (long long)n, (unsigned long long)seed);
     return ok;
 }
 
@@ -149,7 +171,7 @@ static void fill_hosts(const op_t *o, tk_dtype dt, int64_t rows, int64_t d, host
         for (int64_t k = 0; k < numel(&cpu[i].t); k++) {
             double v = !strcmp(s->name, "weight") ? uniform(0.25, 2.0) * (next_u64() & 1 ? 1 : -1)
                        : strstr(s->name, "grad") || !strcmp(s->name, "bias") ? uniform(-1, 1)
-                                                                              : uniform(-3, 3);
+                                                                             : uniform(-3, 3);
             set(&cpu[i].t, k, v);
         }
     }
@@ -234,8 +256,8 @@ static void test_every_op_dtype_and_shape(void)
     const char *pkgs[] = {"kernels-community/rmsnorm", NULL};
     CHECK_RC(gpu_ctx_new(&g, pkgs), TK_OK);
     const tk_dtype *dts[] = {&F32, &F16, &BF16};
-    const int64_t shapes[][2] = {{1, 1},    {3, 7},     {5, 1000},  {600, 128}, {64, 4096},
-                                 {7, 5120}, {33, 8192}, {4, 8200},  {2, 11008}, {3000, 64}};
+    const int64_t shapes[][2] = {{1, 1},    {3, 7},     {5, 1000}, {600, 128}, {64, 4096},
+                                 {7, 5120}, {33, 8192}, {4, 8200}, {2, 11008}, {3000, 64}};
     for (size_t o = 0; o < sizeof ops / sizeof ops[0]; o++)
         for (size_t t = 0; t < 3; t++)
             for (size_t s = 0; s < sizeof shapes / sizeof shapes[0]; s++) {
@@ -383,7 +405,15 @@ static void test_coverage(void)
 
 int main(int argc, char **argv)
 {
-    static const char *const ops[] = {"rms_norm", "fused_add_rms_norm", "layer_norm", "fused_add_layer_norm", "rms_norm_backward", "fused_add_rms_norm_backward", "layer_norm_backward", "fused_add_layer_norm_backward", NULL};
+    static const char *const ops[] = {"rms_norm",
+                                      "fused_add_rms_norm",
+                                      "layer_norm",
+                                      "fused_add_layer_norm",
+                                      "rms_norm_backward",
+                                      "fused_add_rms_norm_backward",
+                                      "layer_norm_backward",
+                                      "fused_add_layer_norm_backward",
+                                      NULL};
     gpu_main(argc, argv, ops);
     op_test_seed();
     RUN(test_every_op_dtype_and_shape);

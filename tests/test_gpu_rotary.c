@@ -191,10 +191,10 @@ static void test_rope_cos_sin_cache(void)
     /* {scaling, base, factor, original max, seq_len, beta_fast, beta_slow, truncate, attention_factor,
      *  low_freq_factor, high_freq_factor} */
     static const double cfgs[][11] = {
-        {0, 10000, 1, 0, 0, 32, 1, 1, 0, 1, 4},      {1, 10000, 4, 0, 0, 32, 1, 1, 0, 1, 4},
+        {0, 10000, 1, 0, 0, 32, 1, 1, 0, 1, 4},       {1, 10000, 4, 0, 0, 32, 1, 1, 0, 1, 4},
         {2, 10000, 2, 2048, 4096, 32, 1, 1, 0, 1, 4}, {2, 1e6, 4, 4096, 0, 32, 1, 1, 0, 1, 4},
-        {3, 10000, 4, 4096, 0, 32, 1, 1, 0, 1, 4},   {3, 10000, 40, 4096, 0, 32, 1, 0, 0.7, 1, 4},
-        {4, 500000, 8, 8192, 0, 32, 1, 1, 0, 1, 4},  {4, 500000, 32, 8192, 0, 32, 1, 1, 0, 2, 8},
+        {3, 10000, 4, 4096, 0, 32, 1, 1, 0, 1, 4},    {3, 10000, 40, 4096, 0, 32, 1, 0, 0.7, 1, 4},
+        {4, 500000, 8, 8192, 0, 32, 1, 1, 0, 1, 4},   {4, 500000, 32, 8192, 0, 32, 1, 1, 0, 2, 8},
     };
     static const int64_t shapes[][2] = {{1, 2}, {9000, 128}, {33, 64}, {100, 6}, {3, 1030}};
     for (size_t c = 0; c < sizeof cfgs / sizeof cfgs[0]; c++)
@@ -233,7 +233,8 @@ static void test_rope_longrope(void)
     if (!gpu_device())
         SKIP("no CUDA device");
     static const int64_t shapes[][2] = {{1, 2}, {5000, 96}, {33, 64}, {100, 6}, {3, 1030}};
-    static const double cfgs[][4] = {{10000, 32, 4096, 0}, {250000, 1.5, 8192, 0}, {10000, 0.5, 2, 0}, {1e6, 8, 64, 1.3}};
+    static const double cfgs[][4] = {
+        {10000, 32, 4096, 0}, {250000, 1.5, 8192, 0}, {10000, 0.5, 2, 0}, {1e6, 8, 64, 1.3}};
     for (size_t c = 0; c < sizeof cfgs / sizeof cfgs[0]; c++)
         for (size_t s = 0; s < sizeof shapes / sizeof shapes[0]; s++)
             for (size_t di = 0; di < 3; di++) {
@@ -339,7 +340,8 @@ static void test_sinusoidal(void)
         for (size_t di = 0; di < 3; di++) {
             host_t ref;
             host_new(&ref, *all_dtypes[di], 2, shapes[s], 0);
-            tk_arg a[3] = {{TK_ARG_TENSOR, "out", NULL, 0, 0}, {TK_ARG_F64, "base", NULL, 0, 10000.0},
+            tk_arg a[3] = {{TK_ARG_TENSOR, "out", NULL, 0, 0},
+                           {TK_ARG_F64, "base", NULL, 0, 10000.0},
                            {TK_ARG_I64, "offset", NULL, s == 3 ? 5000 : 0, 0}};
             char what[64];
             snprintf(what, sizeof what, "%s", tk_ops__shape_fmt(2, shapes[s]));
@@ -364,7 +366,8 @@ static void test_coverage(void)
 
 int main(int argc, char **argv)
 {
-    static const char *const ops[] = {"rotary_embedding", "rope_cos_sin_cache", "alibi_bias", "sinusoidal_position_encoding", "alibi_slopes", NULL};
+    static const char *const ops[] = {
+        "rotary_embedding", "rope_cos_sin_cache", "alibi_bias", "sinusoidal_position_encoding", "alibi_slopes", NULL};
     gpu_main(argc, argv, ops);
     op_test_seed();
     RUN(test_setup);

@@ -92,8 +92,7 @@ static int64_t mismatches(const host_t *a, const host_t *b, int64_t rows, const 
         if (((int64_t *)a->buf)[r] != ((int64_t *)b->buf)[r]) {
             if (!bad)
                 fprintf(stderr, "%s: row %lld: gpu %lld, cpu %lld (seed %llu)\n", what, (long long)r,
-                        (long long)((int64_t *)b->buf)[r], (long long)((int64_t *)a->buf)[r],
-                        (unsigned long long)seed);
+                        (long long)((int64_t *)b->buf)[r], (long long)((int64_t *)a->buf)[r], (unsigned long long)seed);
             bad++;
         }
     return bad;
@@ -106,8 +105,7 @@ static void test_argmax(void)
     const char *pkgs[] = {"kernels-community/sampling", NULL};
     CHECK_RC(gpu_ctx_new(&g, pkgs), TK_OK);
     static const tk_dtype *dts[] = {&F32, &F16, &BF16};
-    static const int64_t shapes[][2] = {{1, 1},     {3, 7},     {64, 1000},  {4, 16384},
-                                        {4, 16385}, {5, 151936}, {2, 2097152}};
+    static const int64_t shapes[][2] = {{1, 1}, {3, 7}, {64, 1000}, {4, 16384}, {4, 16385}, {5, 151936}, {2, 2097152}};
     for (size_t t = 0; t < 3; t++)
         for (size_t s = 0; s < sizeof shapes / sizeof shapes[0]; s++) {
             int64_t rows = shapes[s][0], v = shapes[s][1];
@@ -167,9 +165,9 @@ static void sample_case(tk_dtype dt, int64_t rows, int64_t v, const config *c, i
         set(&ps.t, r, r % 4 == 0 ? 1.0 : uniform(0.05, 0.99));
         ((int64_t *)seeds.buf)[r] = (int64_t)next_u64();
     }
-    tk_arg args[11] = {{TK_ARG_TENSOR, "out", &cpu.t, 0, 0},   {TK_ARG_TENSOR, "logits", &x.t, 0, 0},
+    tk_arg args[11] = {{TK_ARG_TENSOR, "out", &cpu.t, 0, 0},       {TK_ARG_TENSOR, "logits", &x.t, 0, 0},
                        {TK_ARG_F64, "temperature", NULL, 0, c->t}, {TK_ARG_I64, "top_k", NULL, c->k, 0},
-                       {TK_ARG_F64, "top_p", NULL, 0, c->p},   {TK_ARG_I64, "seed", NULL, sd, 0},
+                       {TK_ARG_F64, "top_p", NULL, 0, c->p},       {TK_ARG_I64, "seed", NULL, sd, 0},
                        {TK_ARG_I64, "offset", NULL, sd % 1000, 0}};
     size_t n = 7;
     if (c->per_row) {
@@ -181,9 +179,9 @@ static void sample_case(tk_dtype dt, int64_t rows, int64_t v, const config *c, i
     const char *impl = NULL;
     CHECK_RC(run_both("sample", args, n, &cpu, &gpu, &impl), TK_OK);
     char what[160];
-    snprintf(what, sizeof what, "sample %s [%lld, %lld] T %g top_k %lld top_p %g%s%s seed %lld (%s)",
-             tk_dtype_name(dt), (long long)rows, (long long)v, c->t, (long long)c->k, c->p,
-             c->per_row ? " per-row" : "", c->ties ? " ties" : "", (long long)sd, impl ? impl : "?");
+    snprintf(what, sizeof what, "sample %s [%lld, %lld] T %g top_k %lld top_p %g%s%s seed %lld (%s)", tk_dtype_name(dt),
+             (long long)rows, (long long)v, c->t, (long long)c->k, c->p, c->per_row ? " per-row" : "",
+             c->ties ? " ties" : "", (long long)sd, impl ? impl : "?");
     CHECK(mismatches(&cpu, &gpu, rows, what) == 0);
     free(x.buf);
     free(cpu.buf);
@@ -203,9 +201,9 @@ static void test_sample(void)
     static const tk_dtype *dts[] = {&F32, &F16, &BF16};
     static const int64_t shapes[][2] = {{1, 1}, {7, 7}, {64, 1000}, {8, 32000}, {4, 151936}, {2, 262144}};
     static const config configs[] = {
-        {1.0, 0, 1.0, 0, 0}, {0.0, 0, 1.0, 0, 0}, {0.7, 50, 1.0, 0, 0}, {1.2, 0, 0.9, 0, 0},
-        {0.8, 100, 0.95, 0, 0}, {1.0, 1, 1.0, 0, 0}, {1.0, 0, 1e-6, 0, 0}, {1.0, 0, 1.0, 1, 0},
-        {1.0, 0, 0.5, 0, 1}, {0.9, 300, 0.7, 0, 1}, {1.0, 0, 0.9, 1, 1},
+        {1.0, 0, 1.0, 0, 0},    {0.0, 0, 1.0, 0, 0},   {0.7, 50, 1.0, 0, 0}, {1.2, 0, 0.9, 0, 0},
+        {0.8, 100, 0.95, 0, 0}, {1.0, 1, 1.0, 0, 0},   {1.0, 0, 1e-6, 0, 0}, {1.0, 0, 1.0, 1, 0},
+        {1.0, 0, 0.5, 0, 1},    {0.9, 300, 0.7, 0, 1}, {1.0, 0, 0.9, 1, 1},
     };
     for (size_t t = 0; t < 3; t++)
         for (size_t s = 0; s < sizeof shapes / sizeof shapes[0]; s++)
@@ -235,9 +233,9 @@ static void test_sample_top_p_ties(void)
         for (int64_t r = 0; r < rows; r++)
             for (int i = 0; i < 12; i++)
                 set(&x.t, r * 12 + i, row[i]);
-        tk_arg args[7] = {{TK_ARG_TENSOR, "out", &cpu.t, 0, 0},   {TK_ARG_TENSOR, "logits", &x.t, 0, 0},
+        tk_arg args[7] = {{TK_ARG_TENSOR, "out", &cpu.t, 0, 0},      {TK_ARG_TENSOR, "logits", &x.t, 0, 0},
                           {TK_ARG_F64, "temperature", NULL, 0, 1.0}, {TK_ARG_I64, "top_k", NULL, 0, 0},
-                          {TK_ARG_F64, "top_p", NULL, 0, 0.5},    {TK_ARG_I64, "seed", NULL, (int64_t)next_u64(), 0},
+                          {TK_ARG_F64, "top_p", NULL, 0, 0.5},       {TK_ARG_I64, "seed", NULL, (int64_t)next_u64(), 0},
                           {TK_ARG_I64, "offset", NULL, 0, 0}};
         CHECK_RC(run_both("sample", args, 7, &cpu, &gpu, NULL), TK_OK);
         CHECK(mismatches(&cpu, &gpu, rows, "sample top-p ties example") == 0);

@@ -38,8 +38,9 @@ static json_t *kernel_row(json_t *report, const char *kernel)
 {
     size_t i;
     json_t *k;
-    json_array_foreach(json_object_get(report, "kernels"), i, k) if (!strcmp(json_string_value(json_object_get(k, "kernel")), kernel))
-        return k;
+    json_array_foreach(json_object_get(report, "kernels"), i, k)
+        if (!strcmp(json_string_value(json_object_get(k, "kernel")), kernel))
+            return k;
     return NULL;
 }
 
@@ -56,8 +57,9 @@ static void test_shipped_packages_pass(void)
 {
     if (!gpu_device())
         SKIP("no CUDA device");
-    static const char *quick[] = {"kernels-community/activation", "kernels-community/rotary", "kernels-community/softmax",
-                                  "kernels-community/sampling", "kernels-community/layers", NULL};
+    static const char *quick[] = {"kernels-community/activation", "kernels-community/rotary",
+                                  "kernels-community/softmax",    "kernels-community/sampling",
+                                  "kernels-community/layers",     NULL};
     static const char *all[] = {"kernels-community/activation", "kernels-community/rmsnorm",
                                 "kernels-community/rotary",     "kernels-community/softmax",
                                 "kernels-community/sampling",   "kernels-community/cross-entropy",
@@ -207,8 +209,9 @@ static void test_broken_package_is_caught_and_routed_around(void)
     json_t *d = json_object_get(kernel_row(r, "silu_wrong_element_f32"), "detail");
     CHECK(fabs(json_real_value(json_object_get(d, "got")) - json_real_value(json_object_get(d, "want")) - 1.0) < 1e-3);
     CHECK_EQ_INT(json_integer_value(json_object_get(d, "bad")), 1);
-    CHECK_CONTAINS(json_string_value(json_object_get(json_object_get(kernel_row(r, "silu_skip_last_row_f32"), "detail"),
-                                                     "summary")), "never wrote");
+    CHECK_CONTAINS(json_string_value(
+                       json_object_get(json_object_get(kernel_row(r, "silu_skip_last_row_f32"), "detail"), "summary")),
+                   "never wrote");
     json_decref(arr);
 
     /* In this process, with the trap on record: the wrong ones are tested again, the trap is not run

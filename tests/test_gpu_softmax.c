@@ -72,8 +72,7 @@ static void run_case(const char *op, tk_dtype dt, int64_t rows, int64_t d, int i
     CHECK_RC(dev_upload(&din, &in.t), TK_OK);
     CHECK_RC(dev_upload(&dout, &got.t), TK_OK);
     const char *impl = NULL;
-    tk_arg gargs[] = {{TK_ARG_TENSOR, "out", inplace ? &din.t : &dout.t, 0, 0},
-                      {TK_ARG_TENSOR, "input", &din.t, 0, 0}};
+    tk_arg gargs[] = {{TK_ARG_TENSOR, "out", inplace ? &din.t : &dout.t, 0, 0}, {TK_ARG_TENSOR, "input", &din.t, 0, 0}};
     CHECK_RC(gpu_op_run(g.ctx, op, gargs, 2, NULL, &impl), TK_OK);
     CHECK(impl && strstr(impl, tier(d)) != NULL);
     CHECK_RC(dev_download(inplace ? &din : &dout, &got.t), TK_OK);
@@ -102,9 +101,8 @@ static void test_every_op_dtype_and_tier(void)
     CHECK_RC(gpu_ctx_new(&g, pkgs), TK_OK);
     static const char *const ops[] = {"softmax", "log_softmax"};
     static const tk_dtype *dts[] = {&F32, &F16, &BF16};
-    static const int64_t shapes[][2] = {{1, 1},     {3, 7},     {1000, 33},  {7, 1000},   {5, 1024},
-                                        {5, 1025},  {64, 4096}, {3, 16384},  {4, 16385},  {3, 300000},
-                                        {40, 70000}, {1, 4194304}};
+    static const int64_t shapes[][2] = {{1, 1},     {3, 7},     {1000, 33}, {7, 1000},   {5, 1024},   {5, 1025},
+                                        {64, 4096}, {3, 16384}, {4, 16385}, {3, 300000}, {40, 70000}, {1, 4194304}};
     for (size_t o = 0; o < 2; o++)
         for (size_t t = 0; t < 3; t++)
             for (size_t s = 0; s < sizeof shapes / sizeof shapes[0]; s++) {

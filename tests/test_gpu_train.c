@@ -125,9 +125,9 @@ static void test_linear_backward(void)
                     fill(&gx, 1.0);
                     fill(&gw, 1.0);
                     fill(&gb, 1.0);
-                    tk_arg a[] = {T("grad_x", &gx.t), T("grad_weight", &gw.t), T("grad_bias", &gb.t),
-                                  T("grad_out", &go.t), T("x", &x.t),          T("weight", &w.t),
-                                  I("transposed", tr),  I("accumulate", acc)};
+                    tk_arg a[] = {
+                        T("grad_x", &gx.t), T("grad_weight", &gw.t), T("grad_bias", &gb.t), T("grad_out", &go.t),
+                        T("x", &x.t),       T("weight", &w.t),       I("transposed", tr),   I("accumulate", acc)};
                     char what[128];
                     snprintf(what, sizeof what, "M %lld N %lld K %lld tr %d acc %d", (long long)m, (long long)n,
                              (long long)k, tr, acc);
@@ -217,8 +217,8 @@ static void test_rotary_backward(void)
                               T("cos_sin_cache", &cache.t), I("is_neox", neox)};
                 char what[64];
                 snprintf(what, sizeof what, "neox %d cache %s", neox, tk_dtype_name(cache.t.dtype));
-                CHECK(both("rotary_embedding_backward", a, 5, what, "kernels-community/rotary:rotary_embedding_backward_",
-                           0));
+                CHECK(both("rotary_embedding_backward", a, 5, what,
+                           "kernels-community/rotary:rotary_embedding_backward_", 0));
                 host_free(&gq);
                 host_free(&gk);
                 host_free(&pos);
@@ -235,8 +235,8 @@ static void test_activation_backward(void)
         SKIP("no CUDA device");
     const char *pkgs[] = {"kernels-community/training", NULL};
     CHECK_RC(gpu_ctx_new(&g, pkgs), TK_OK);
-    static const char *plain[] = {"gelu_backward",       "gelu_tanh_backward",  "gelu_new_backward",
-                                  "gelu_fast_backward",  "gelu_quick_backward", "silu_backward"};
+    static const char *plain[] = {"gelu_backward",      "gelu_tanh_backward",  "gelu_new_backward",
+                                  "gelu_fast_backward", "gelu_quick_backward", "silu_backward"};
     static const char *gated[] = {"silu_and_mul_backward", "mul_and_silu_backward", "gelu_and_mul_backward",
                                   "gelu_tanh_and_mul_backward"};
     static const char *soft[] = {"softmax_backward", "log_softmax_backward"};
@@ -309,9 +309,9 @@ static void test_optimizer(void)
         fill(&m, 0.01); /* a later step: moments already non-zero */
         for (int64_t i = 0; i < n; i++)
             set(&v.t, i, uniform(1e-6, 1e-3));
-        tk_arg a[] = {T("param", &p.t), T("grad", &gr.t), T("exp_avg", &m.t), T("exp_avg_sq", &v.t),
-                      T("param_copy", &c.t), F("lr", 3e-4), F("beta1", 0.9), F("beta2", 0.95), F("eps", 1e-8),
-                      F("weight_decay", 0.1), I("step", 7), F("grad_scale", 0.37)};
+        tk_arg a[] = {T("param", &p.t),      T("grad", &gr.t),       T("exp_avg", &m.t), T("exp_avg_sq", &v.t),
+                      T("param_copy", &c.t), F("lr", 3e-4),          F("beta1", 0.9),    F("beta2", 0.95),
+                      F("eps", 1e-8),        F("weight_decay", 0.1), I("step", 7),       F("grad_scale", 0.37)};
         CHECK(both("adamw", a, copy ? 12 : 11, copy ? "with a copy" : "", "kernels-community/training:adamw_f32", 1));
         host_free(&p);
         host_free(&gr);
@@ -361,12 +361,24 @@ static void test_coverage(void)
 
 int main(int argc, char **argv)
 {
-    static const char *const ops[] = {"linear_backward",       "embedding_backward",         "tanh_backward",
-                                      "rotary_embedding_backward", "gelu_backward",          "gelu_tanh_backward",
-                                      "gelu_new_backward",     "gelu_fast_backward",         "gelu_quick_backward",
-                                      "silu_backward",         "silu_and_mul_backward",      "mul_and_silu_backward",
-                                      "gelu_and_mul_backward", "gelu_tanh_and_mul_backward", "softmax_backward",
-                                      "log_softmax_backward",  "adamw",                      "sum_squares",
+    static const char *const ops[] = {"linear_backward",
+                                      "embedding_backward",
+                                      "tanh_backward",
+                                      "rotary_embedding_backward",
+                                      "gelu_backward",
+                                      "gelu_tanh_backward",
+                                      "gelu_new_backward",
+                                      "gelu_fast_backward",
+                                      "gelu_quick_backward",
+                                      "silu_backward",
+                                      "silu_and_mul_backward",
+                                      "mul_and_silu_backward",
+                                      "gelu_and_mul_backward",
+                                      "gelu_tanh_and_mul_backward",
+                                      "softmax_backward",
+                                      "log_softmax_backward",
+                                      "adamw",
+                                      "sum_squares",
                                       NULL};
     gpu_main(argc, argv, ops);
     op_test_seed();

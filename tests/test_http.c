@@ -639,8 +639,7 @@ static void test_send(void)
     char sha[TK_SHA256_HEX], want[200];
     tk__sha256_hex(sha, body, strlen(body));
     snprintf(want, sizeof want, "PUT %zu %s application/json", strlen(body), sha);
-    CHECK_RC(tk_hub__http_send(h, "PUT", u, "application/json", body, strlen(body), 4096, 1, &out,
-                               &len, NULL), TK_OK);
+    CHECK_RC(tk_hub__http_send(h, "PUT", u, "application/json", body, strlen(body), 4096, 1, &out, &len, NULL), TK_OK);
     CHECK_STR(out, want);
     CHECK_EQ_INT(len, strlen(want));
     free(out);
@@ -655,15 +654,13 @@ static void test_send(void)
     /* non-idempotent sends are not retried on 500 */
     u = url("/500-always");
     tk_hub_http_meta meta;
-    CHECK_RC(tk_hub__http_send(h, "POST", u, "text/plain", "x", 1, 4096, 0, &out, &len, &meta),
-             TK_ERR_NETWORK);
+    CHECK_RC(tk_hub__http_send(h, "POST", u, "text/plain", "x", 1, 4096, 0, &out, &len, &meta), TK_ERR_NETWORK);
     CHECK_EQ_INT(meta.attempts, 1);
     CHECK(out == NULL);
     free(u);
     CHECK_RC(tk_hub__http_send(h, "put me", "http://127.0.0.1/", NULL, NULL, 0, 10, 0, &out, NULL, NULL),
              TK_ERR_INVALID);
-    CHECK_RC(tk_hub__http_send(h, "PUT", "file:///tmp/x", NULL, NULL, 0, 10, 0, &out, NULL, NULL),
-             TK_ERR_INVALID);
+    CHECK_RC(tk_hub__http_send(h, "PUT", "file:///tmp/x", NULL, NULL, 0, 10, 0, &out, NULL, NULL), TK_ERR_INVALID);
     tk_hub__http_free(h);
 }
 

@@ -18,10 +18,7 @@ static char tmpl[] = "/tmp/tk-test-kcache.XXXXXX";
 static char *root;
 static int ndirs;
 
-static char *fresh_dir(void)
-{
-    return tk__fmt("%s/c%d", root, ndirs++);
-}
+static char *fresh_dir(void) { return tk__fmt("%s/c%d", root, ndirs++); }
 
 static void key_of(char out[TK_SHA256_HEX], int i)
 {
@@ -220,8 +217,7 @@ static void test_corrupt(void)
     key_of(key, 7);
     CHECK_RC(tk_kcache__put(c, key, NULL, "payload-bytes", 13, NULL), TK_OK);
     /* flip one payload byte: the digest no longer matches */
-    snprintf(q, sizeof q,
-             "UPDATE entries SET blob = substr(blob, 1, 10) || X'00' || substr(blob, 12) WHERE key = '%s'",
+    snprintf(q, sizeof q, "UPDATE entries SET blob = substr(blob, 1, 10) || X'00' || substr(blob, 12) WHERE key = '%s'",
              key);
     CHECK_EQ_INT(sql(dir, q), SQLITE_OK);
     CHECK_RC(tk_kcache__get(c, key, &data, &len), TK_ERR_NOT_FOUND);

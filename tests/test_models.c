@@ -39,9 +39,11 @@ static int write_checkpoint(const char *d, const char *dtype_in_config)
     s[n++] = (spec){"model.embed_tokens.weight", V, H};
     s[n++] = (spec){"model.norm.weight", H, 0};
     static char names[L][9][96];
-    static const char *suf[9] = {"input_layernorm.weight", "post_attention_layernorm.weight", "self_attn.q_proj.weight",
-                                 "self_attn.k_proj.weight", "self_attn.v_proj.weight", "self_attn.o_proj.weight",
-                                 "mlp.gate_proj.weight", "mlp.up_proj.weight", "mlp.down_proj.weight"};
+    static const char *suf[9] = {"input_layernorm.weight",  "post_attention_layernorm.weight",
+                                 "self_attn.q_proj.weight", "self_attn.k_proj.weight",
+                                 "self_attn.v_proj.weight", "self_attn.o_proj.weight",
+                                 "mlp.gate_proj.weight",    "mlp.up_proj.weight",
+                                 "mlp.down_proj.weight"};
     int64_t rows[9] = {H, H, NH * D, NKV * D, NKV * D, H, I, I, H}, cols[9] = {0, 0, H, H, H, NH * D, H, H, I};
     for (int l = 0; l < L; l++)
         for (int k = 0; k < 9; k++) {
@@ -53,8 +55,9 @@ static int write_checkpoint(const char *d, const char *dtype_in_config)
     for (int i = 0; i < n; i++) {
         size_t bytes = (size_t)(s[i].r * (s[i].c ? s[i].c : 1)) * 4;
         if (s[i].c)
-            hl += (size_t)snprintf(hdr + hl, (1 << 16) - hl, ",\"%s\":{\"dtype\":\"F32\",\"shape\":[%lld,%lld],"
-                                                            "\"data_offsets\":[%zu,%zu]}",
+            hl += (size_t)snprintf(hdr + hl, (1 << 16) - hl,
+                                   ",\"%s\":{\"dtype\":\"F32\",\"shape\":[%lld,%lld],"
+                                   "\"data_offsets\":[%zu,%zu]}",
                                    s[i].name, (long long)s[i].r, (long long)s[i].c, off, off + bytes);
         else
             hl += (size_t)snprintf(hdr + hl, (1 << 16) - hl,
@@ -394,7 +397,8 @@ static void test_json_beyond_int64(void)
     char big[420] = "[";
     memset(big + 1, '7', 400);
     strcpy(big + 401, "]");
-    CHECK((j = tk_models__json_loadb(big, strlen(big), 0, &je)) != NULL && json_real_value(json_array_get(j, 0)) > 1e299);
+    CHECK((j = tk_models__json_loadb(big, strlen(big), 0, &je)) != NULL &&
+          json_real_value(json_array_get(j, 0)) > 1e299);
     json_decref(j);
     CHECK(tk_models__json_loadb("{\"a\": 99999999999999999999", 25, 0, &je) == NULL);
 
@@ -547,7 +551,7 @@ static void test_special_ids_outside_vocab(void)
     logged[0] = 0;
     CHECK_RC(tk_model_load(&m, lctx, d2, NULL), TK_OK);
     CHECK(strstr(logged, "2:") && strstr(logged, "generation_config.json: eos_token_id[0] 50 is outside the vocabulary "
-                                              "[0, 48): the model can never produce that id"));
+                                                 "[0, 48): the model can never produce that id"));
     CHECK(strstr(logged, "bos_token_id 49 is outside the vocabulary"));
     tk_gen_opts o = TK_GEN_OPTS_INIT;
     CHECK_RC(tk_gen_opts_from_model(&o, m), TK_OK);

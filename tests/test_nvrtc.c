@@ -12,26 +12,24 @@
 
 #include "jit/jit.h"
 
-static const char hdr[] =
-    "#pragma once\n"
-    "#define TK_SCALE 3\n"
-    "namespace tkt { template <typename T> __device__ T twice(T x) { return x + x; } }\n";
+static const char hdr[] = "#pragma once\n"
+                          "#define TK_SCALE 3\n"
+                          "namespace tkt { template <typename T> __device__ T twice(T x) { return x + x; } }\n";
 
-static const char src[] =
-    "// kern.cu: test kernels\n"
-    "#include <cuda_fp16.h>\n"
-    "#include \"inc/helpers.cuh\"\n"
-    "namespace tkt {\n"
-    "template <typename T, int N>\n"
-    "__global__ void scale(T *out, const T *in, long long n) {\n"
-    "    long long i = (long long)blockIdx.x * blockDim.x + threadIdx.x;\n"
-    "    if (i < n) out[i] = twice(in[i]) * (T)(N * TK_SCALE);\n"
-    "}\n"
-    "}\n"
-    "extern \"C\" __global__ void plain(float *out, long long n) {\n"
-    "    long long i = (long long)blockIdx.x * blockDim.x + threadIdx.x;\n"
-    "    if (i < n) out[i] = (float)i + __half2float(__float2half(0.5f));\n"
-    "}\n";
+static const char src[] = "// kern.cu: test kernels\n"
+                          "#include <cuda_fp16.h>\n"
+                          "#include \"inc/helpers.cuh\"\n"
+                          "namespace tkt {\n"
+                          "template <typename T, int N>\n"
+                          "__global__ void scale(T *out, const T *in, long long n) {\n"
+                          "    long long i = (long long)blockIdx.x * blockDim.x + threadIdx.x;\n"
+                          "    if (i < n) out[i] = twice(in[i]) * (T)(N * TK_SCALE);\n"
+                          "}\n"
+                          "}\n"
+                          "extern \"C\" __global__ void plain(float *out, long long n) {\n"
+                          "    long long i = (long long)blockIdx.x * blockDim.x + threadIdx.x;\n"
+                          "    if (i < n) out[i] = (float)i + __half2float(__float2half(0.5f));\n"
+                          "}\n";
 
 static const char *names[] = {"tkt::scale<float, 2>", "tkt::scale<__half, 1>", "plain"};
 static const char *opts[] = {"-std=c++17", "-use_fast_math"};
@@ -64,7 +62,11 @@ static void compile_for(int cc, int arch_specific, const char *target)
     CHECK_RC(tk_jit__compile(&b, &u), TK_OK);
     if (!b)
         return;
-    CHECK(b->cubin && b->cubin_len > 16 && memcmp(b->cubin, "\x7f" "ELF", 4) == 0);
+    CHECK(b->cubin && b->cubin_len > 16 &&
+          memcmp(b->cubin,
+                 "\x7f"
+                 "ELF",
+                 4) == 0);
     CHECK(b->ptx != NULL);
     snprintf(want, sizeof want, ".target %s", target);
     CHECK_CONTAINS(b->ptx, want);
@@ -137,8 +139,7 @@ static void test_version(void)
     CHECK_RC(tk_jit__nvrtc_archs(archs, 64, &n), TK_OK);
     CHECK(n > 0);
     printf("# NVRTC %d.%d at %s, include %s, archs sm_%d..sm_%d\n", major, minor, path,
-           tk_jit__cuda_include_dir() ? tk_jit__cuda_include_dir() : "(none)", n ? archs[0] : 0,
-           n ? archs[n - 1] : 0);
+           tk_jit__cuda_include_dir() ? tk_jit__cuda_include_dir() : "(none)", n ? archs[0] : 0, n ? archs[n - 1] : 0);
 }
 
 static void test_sm80(void)
@@ -426,7 +427,8 @@ static void test_gpu_launch(void)
     /* a garbage image is "stale": the caller recompiles */
     {
         tk_jit_module *m2 = NULL;
-        static const char junk[64] = "\x7f" "ELF garbage";
+        static const char junk[64] = "\x7f"
+                                     "ELF garbage";
         CHECK_RC(tk_jit__module_load(&m2, 0, junk, &stale), TK_ERR_LAUNCH);
         CHECK_EQ_INT(stale, 1);
     }

@@ -23,21 +23,23 @@ static void test_patterns(void)
     CHECK_EQ_INT(hi, 3);
     CHECK_EQ_INT(tk_ops__pattern_check("[]", &lo, &hi, &why), 0);
     CHECK_EQ_INT(hi, 0);
-    static const char *const bad[] = {"", "[", "[..., ...]", "[2d]", "[2*]", "[n,]", "[, n]", "[n] x",
-                                      "[n | 1]", "[R+P]", "[0*n]", "n", "[99999999999999]"};
+    static const char *const bad[] = {"",      "[",     "[..., ...]",      "[2d]",    "[2*]",
+                                      "[n,]",  "[, n]", "[n] x",           "[n | 1]", "[R+P]",
+                                      "[0*n]", "n",     "[99999999999999]"};
     for (size_t i = 0; i < sizeof bad / sizeof bad[0]; i++)
         CHECK(tk_ops__pattern_check(bad[i], &lo, &hi, &why) == -1 && why && *why);
 }
 
 static json_t *scale_add_decl(void)
 {
-    return json_loads("{\"name\": \"scale_add\", \"summary\": \"out = alpha * x + y\", \"params\": ["
-                      "{\"name\": \"out\", \"kind\": \"tensor\", \"role\": \"out\", \"dtype_like\": \"x\", "
-                      "\"shape\": \"[..., n]\"},"
-                      "{\"name\": \"x\", \"kind\": \"tensor\", \"dtypes\": [\"f32\", \"f16\"], \"shape\": \"[..., n]\"},"
-                      "{\"name\": \"y\", \"kind\": \"tensor\", \"dtype_like\": \"x\", \"shape\": \"[..., 2*n]\"},"
-                      "{\"name\": \"alpha\", \"kind\": \"f64\", \"default\": 1.5}]}",
-                      0, NULL);
+    return json_loads(
+        "{\"name\": \"scale_add\", \"summary\": \"out = alpha * x + y\", \"params\": ["
+        "{\"name\": \"out\", \"kind\": \"tensor\", \"role\": \"out\", \"dtype_like\": \"x\", "
+        "\"shape\": \"[..., n]\"},"
+        "{\"name\": \"x\", \"kind\": \"tensor\", \"dtypes\": [\"f32\", \"f16\"], \"shape\": \"[..., n]\"},"
+        "{\"name\": \"y\", \"kind\": \"tensor\", \"dtype_like\": \"x\", \"shape\": \"[..., 2*n]\"},"
+        "{\"name\": \"alpha\", \"kind\": \"f64\", \"default\": 1.5}]}",
+        0, NULL);
 }
 
 static void test_declare_and_check_shapes(void)
@@ -66,8 +68,8 @@ static void test_declare_and_check_shapes(void)
     tk_tensor tx = to, ty = to;
     tx.shape = sx;
     ty.shape = sy;
-    tk_arg args[3] = {{TK_ARG_TENSOR, "out", &to, 0, 0}, {TK_ARG_TENSOR, "x", &tx, 0, 0},
-                      {TK_ARG_TENSOR, "y", &ty, 0, 0}};
+    tk_arg args[3] = {
+        {TK_ARG_TENSOR, "out", &to, 0, 0}, {TK_ARG_TENSOR, "x", &tx, 0, 0}, {TK_ARG_TENSOR, "y", &ty, 0, 0}};
     tk_op_call c;
     CHECK_RC(tk_ops__prepare_op(&c, op, args, 3), TK_OK);
     CHECK(c.f[3] == 1.5); /* the default */
@@ -174,8 +176,7 @@ static void test_public_api(void)
     float d[32] = {0};
     int64_t s[2] = {4, 8};
     tk_tensor t = {d, {TK_DEV_CPU, 0}, 2, {TK_DL_FLOAT, 32, 1}, s, NULL, 0};
-    tk_arg args[3] = {{TK_ARG_TENSOR, "out", &t, 0, 0}, {TK_ARG_TENSOR, "x", &t, 0, 0},
-                      {TK_ARG_TENSOR, "y", &t, 0, 0}};
+    tk_arg args[3] = {{TK_ARG_TENSOR, "out", &t, 0, 0}, {TK_ARG_TENSOR, "x", &t, 0, 0}, {TK_ARG_TENSOR, "y", &t, 0, 0}};
     CHECK_RC(tk_op_run(ctx, "scale_add", args, 3, NULL, NULL), TK_ERR_NOT_FOUND);
     CHECK_RC(tk_ops_add_package(ctx, "tests/data/no-such-dir"), TK_ERR_NOT_FOUND);
     CHECK_RC(tk_ops_add_package(ctx, "tests/data/opdecl"), TK_OK);

@@ -20,8 +20,16 @@
 
 /* ---- the float64 references (independent of ops/activation.c) --------------------------------- */
 
-static double r_silu(double x, double p) { (void)p; return x / (1.0 + exp(-x)); }
-static double r_gelu(double x, double p) { (void)p; return 0.5 * x * (1.0 + erf(x / sqrt(2.0))); }
+static double r_silu(double x, double p)
+{
+    (void)p;
+    return x / (1.0 + exp(-x));
+}
+static double r_gelu(double x, double p)
+{
+    (void)p;
+    return 0.5 * x * (1.0 + erf(x / sqrt(2.0)));
+}
 static double r_gelu_tanh(double x, double p)
 {
     (void)p;
@@ -37,7 +45,11 @@ static double r_gelu_fast(double x, double p)
     (void)p;
     return 0.5 * x * (1.0 + tanh(x * 0.7978845608 * (1.0 + 0.044715 * x * x)));
 }
-static double r_gelu_quick(double x, double p) { (void)p; return x / (1.0 + exp(-1.702 * x)); }
+static double r_gelu_quick(double x, double p)
+{
+    (void)p;
+    return x / (1.0 + exp(-1.702 * x));
+}
 static double r_fatrelu(double x, double th) { return x > (double)(float)th ? x : 0.0; }
 
 typedef struct {
@@ -76,7 +88,8 @@ static void tolerances(tk_dtype dt, double *atol, double *rtol)
  * match; prints the worst element and its input otherwise. */
 static int run_and_compare(const ref_op *r, host_t *out, host_t *in, double threshold, const char *what)
 {
-    tk_arg args[3] = {{TK_ARG_TENSOR, "out", &out->t, 0, 0}, {TK_ARG_TENSOR, "input", &in->t, 0, 0},
+    tk_arg args[3] = {{TK_ARG_TENSOR, "out", &out->t, 0, 0},
+                      {TK_ARG_TENSOR, "input", &in->t, 0, 0},
                       {TK_ARG_F64, "threshold", NULL, 0, threshold}};
     size_t nargs = strcmp(r->op, "fatrelu_and_mul") == 0 ? 3 : 2;
     int rc = op_run_cpu(r->op, args, nargs);
@@ -105,7 +118,8 @@ static int run_and_compare(const ref_op *r, host_t *out, host_t *in, double thre
     if (op_cmp_end(&c))
         return 1;
     int64_t row = c.worst / d, col = c.worst % d;
-    fprintf(stderr, "    at the worst element x=%.9g\n", r->gated ? get(&in->t, row * 2 * d + col) : get(&in->t, c.worst));
+    fprintf(stderr, "    at the worst element x=%.9g\n",
+            r->gated ? get(&in->t, row * 2 * d + col) : get(&in->t, c.worst));
     return 0;
 }
 
@@ -124,7 +138,10 @@ static int check_shape(const ref_op *r, int ndim, const int64_t *oshape, int64_t
         fill(&in, uniform(0.5, 6.0));
         double th = uniform(-1.0, 1.0);
         char what[64];
-        snprintf(what, sizeof what, "%s%s", pad_in ? "strided-in " : "", pad_out ? "strided-out" : pad_in ? "" : "contiguous");
+        snprintf(what, sizeof what, "%s%s", pad_in ? "strided-in " : "",
+                 pad_out  ? "strided-out"
+                 : pad_in ? ""
+                          : "contiguous");
         ok &= run_and_compare(r, &out, &in, th, what);
         host_free(&in);
         host_free(&out);
@@ -172,10 +189,21 @@ static void test_dtype_names(void)
     /* the public parser takes the spellings people type; manifests keep one name per dtype */
     static const struct {
         const char *in, *want;
-    } alias[] = {{"half", "f16"},     {"fp16", "f16"},         {"float16", "f16"},   {"FP16", "f16"},
-                 {"bfloat16", "bf16"}, {"BF16", "bf16"},       {"float32", "f32"},   {"fp32", "f32"},
-                 {"float", "f32"},     {"double", "f64"},      {"int8", "i8"},       {"uint8", "u8"},
-                 {"int64", "i64"},     {"float8_e4m3fn", "fp8_e4m3"}, {"float8_e5m2", "fp8_e5m2"}};
+    } alias[] = {{"half", "f16"},
+                 {"fp16", "f16"},
+                 {"float16", "f16"},
+                 {"FP16", "f16"},
+                 {"bfloat16", "bf16"},
+                 {"BF16", "bf16"},
+                 {"float32", "f32"},
+                 {"fp32", "f32"},
+                 {"float", "f32"},
+                 {"double", "f64"},
+                 {"int8", "i8"},
+                 {"uint8", "u8"},
+                 {"int64", "i64"},
+                 {"float8_e4m3fn", "fp8_e4m3"},
+                 {"float8_e5m2", "fp8_e5m2"}};
     for (size_t i = 0; i < sizeof alias / sizeof *alias; i++) {
         CHECK_RC(tk_dtype_parse(&dt, alias[i].in), TK_OK);
         CHECK_STR(tk_dtype_name(dt), alias[i].want);
@@ -272,8 +300,8 @@ static void test_bf16_exhaustive(void)
 static void test_activations_ragged(void)
 {
     static const int64_t shapes[][3] = {
-        {1, 1, 0}, {1, 7, 0},  {3, 13, 0},   {4, 8, 0},    {64, 33, 0}, {1, 5000, 0},
-        {2049, 3, 0}, {7, 1024, 0}, {300, 1001, 0}, {1, 300001, 0},
+        {1, 1, 0},    {1, 7, 0},    {3, 13, 0},   {4, 8, 0},      {64, 33, 0},
+        {1, 5000, 0}, {2049, 3, 0}, {7, 1024, 0}, {300, 1001, 0}, {1, 300001, 0},
     };
     for (size_t i = 0; i < NREFS; i++) {
         int ok = 1;
@@ -325,10 +353,9 @@ static void test_activations_strided(void)
 /* Large and tiny magnitudes, zeros, infinities and NaN. */
 static void test_activations_edges(void)
 {
-    static const double edges[] = {0.0,   -0.0,  1e-30, -1e-30, 1e-8,  -1e-8,  6e-8,   0.5,   -0.5,
-                                   1.0,   -1.0,  3.0,   -3.0,   10.0,  -10.0,  20.0,   -20.0, 80.0,
-                                   -80.0, 100.0, -100., 1e4,    -1e4,  65504., -65504, 1e20,  -1e20,
-                                   3e38,  -3e38, INFINITY, -INFINITY, NAN};
+    static const double edges[] = {0.0,  -0.0,   1e-30,  -1e-30, 1e-8,  -1e-8, 6e-8,  0.5,      -0.5,      1.0,   -1.0,
+                                   3.0,  -3.0,   10.0,   -10.0,  20.0,  -20.0, 80.0,  -80.0,    100.0,     -100., 1e4,
+                                   -1e4, 65504., -65504, 1e20,   -1e20, 3e38,  -3e38, INFINITY, -INFINITY, NAN};
     const size_t ne = sizeof edges / sizeof edges[0];
     static const double mults[] = {1.0, -2.0, 0.0, 0.25, 1e-3, 7.5, INFINITY, -INFINITY, NAN, 1e30};
     const size_t nm = sizeof mults / sizeof mults[0];
@@ -463,15 +490,16 @@ static void test_fatrelu_semantics(void)
         x[i] = v[i];
         x[5 + i] = 3.0f;
     }
-    tk_arg args[3] = {{TK_ARG_TENSOR, NULL, &out.t, 0, 0}, {TK_ARG_TENSOR, NULL, &in.t, 0, 0},
-                      {TK_ARG_F64, NULL, NULL, 0, 0.6}};
+    tk_arg args[3] = {
+        {TK_ARG_TENSOR, NULL, &out.t, 0, 0}, {TK_ARG_TENSOR, NULL, &in.t, 0, 0}, {TK_ARG_F64, NULL, NULL, 0, 0.6}};
     tk_op_call c;
     CHECK_RC(tk_ops__prepare(&c, "fatrelu_and_mul", args, 3), TK_OK);
     CHECK_RC(tk_ops__run_cpu(&c), TK_OK);
     const float *o = out.buf;
     CHECK(o[0] == 0.0f && o[1] == 0.0f && o[2] == 0.7f * 3.0f && o[3] == 6.0f && o[4] == 0.0f);
     /* the default threshold is 0; an integer scalar is accepted for it */
-    tk_arg iargs[3] = {{TK_ARG_TENSOR, "input", &in.t, 0, 0}, {TK_ARG_TENSOR, "out", &out.t, 0, 0},
+    tk_arg iargs[3] = {{TK_ARG_TENSOR, "input", &in.t, 0, 0},
+                       {TK_ARG_TENSOR, "out", &out.t, 0, 0},
                        {TK_ARG_I64, "threshold", NULL, 1, 0}};
     CHECK_RC(tk_ops__prepare(&c, "fatrelu_and_mul", iargs, 2), TK_OK);
     CHECK(c.f[2] == 0.0);
@@ -614,14 +642,15 @@ static void test_validation(void)
     tk_arg twice[2] = {{TK_ARG_TENSOR, NULL, &out.t, 0, 0}, {TK_ARG_TENSOR, "out", &in.t, 0, 0}};
     CHECK_RC(tk_ops__prepare(&c, "silu_and_mul", twice, 2), TK_ERR_INVALID);
     CHECK_CONTAINS(tk_last_error(), "argument 'out' given twice");
-    tk_arg three[3] = {{TK_ARG_TENSOR, NULL, &out.t, 0, 0}, {TK_ARG_TENSOR, NULL, &in.t, 0, 0},
-                       {TK_ARG_F64, NULL, NULL, 0, 1.0}};
+    tk_arg three[3] = {
+        {TK_ARG_TENSOR, NULL, &out.t, 0, 0}, {TK_ARG_TENSOR, NULL, &in.t, 0, 0}, {TK_ARG_F64, NULL, NULL, 0, 1.0}};
     CHECK_RC(tk_ops__prepare(&c, "silu_and_mul", three, 3), TK_ERR_INVALID);
     CHECK_CONTAINS(tk_last_error(), "silu_and_mul: takes 2 arguments, got 3");
     tk_arg scalar_for_tensor[2] = {{TK_ARG_TENSOR, NULL, &out.t, 0, 0}, {TK_ARG_F64, NULL, NULL, 0, 1.0}};
     CHECK_RC(tk_ops__prepare(&c, "silu_and_mul", scalar_for_tensor, 2), TK_ERR_INVALID);
     CHECK_CONTAINS(tk_last_error(), "'input' must be a tensor, got a scalar");
-    tk_arg tensor_for_scalar[3] = {{TK_ARG_TENSOR, NULL, &out.t, 0, 0}, {TK_ARG_TENSOR, NULL, &in.t, 0, 0},
+    tk_arg tensor_for_scalar[3] = {{TK_ARG_TENSOR, NULL, &out.t, 0, 0},
+                                   {TK_ARG_TENSOR, NULL, &in.t, 0, 0},
                                    {TK_ARG_TENSOR, "threshold", &in.t, 0, 0}};
     CHECK_RC(tk_ops__prepare(&c, "fatrelu_and_mul", tensor_for_scalar, 3), TK_ERR_INVALID);
     CHECK_CONTAINS(tk_last_error(), "'threshold' must be a scalar, got a tensor");
@@ -669,8 +698,10 @@ static void test_tune_key(void)
     host_new(&in, F32, 2, s2, 0);
     host_new(&out, F32, 2, s2, 0);
     host_new(&w, F32, 1, s1, 0);
-    tk_arg a[] = {{TK_ARG_TENSOR, "out", &out.t, 0, 0}, {TK_ARG_TENSOR, "input", &in.t, 0, 0},
-                  {TK_ARG_TENSOR, "weight", &w.t, 0, 0}, {TK_ARG_F64, "eps", NULL, 0, 1e-5}};
+    tk_arg a[] = {{TK_ARG_TENSOR, "out", &out.t, 0, 0},
+                  {TK_ARG_TENSOR, "input", &in.t, 0, 0},
+                  {TK_ARG_TENSOR, "weight", &w.t, 0, 0},
+                  {TK_ARG_F64, "eps", NULL, 0, 1e-5}};
     tk_op_call c;
     CHECK_RC(tk_ops__prepare(&c, "rms_norm", a, 4), TK_OK);
     tk_buf b = TK_BUF_INIT;
@@ -683,7 +714,8 @@ static void test_tune_key(void)
     in.shape[0] = out.shape[0] = 4;
     CHECK_RC(tk_ops__prepare(&c, "rms_norm", a, 4), TK_OK);
     CHECK_RC(tk_api__tune_text(&b2, "NVIDIA H100 80GB HBM3", 90, &c), TK_OK);
-    CHECK_STR(b2.data, "tune-1|NVIDIA H100 80GB HBM3|sm_90|rms_norm|out:f32[4,8192]|input:f32[4,8192]|weight:f32[8192]");
+    CHECK_STR(b2.data,
+              "tune-1|NVIDIA H100 80GB HBM3|sm_90|rms_norm|out:f32[4,8192]|input:f32[4,8192]|weight:f32[8192]");
     in.shape[0] = out.shape[0] = 5;
     CHECK_RC(tk_ops__prepare(&c, "rms_norm", a, 4), TK_OK);
     CHECK_RC(tk_api__tune_text(&b3, "NVIDIA H100 80GB HBM3", 90, &c), TK_OK);

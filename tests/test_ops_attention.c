@@ -261,7 +261,11 @@ static void fcase_str(char *s, size_t n, tk_dtype dt, const fcase *f)
 
 static opts_t opts_of(const fcase *f, const double *alibi)
 {
-    opts_t o = {f->scale != 0 ? f->scale : 1.0 / sqrt((double)f->d), f->softcap, f->causal, f->wl, f->wr,
+    opts_t o = {f->scale != 0 ? f->scale : 1.0 / sqrt((double)f->d),
+                f->softcap,
+                f->causal,
+                f->wl,
+                f->wr,
                 f->alibi ? alibi : NULL};
     return o;
 }
@@ -392,8 +396,7 @@ static void test_fully_masked(void)
     free(op_rand(&k, -1, 1));
     free(op_rand(&v, -1, 1));
     fill_const(&out, 3);
-    tk_arg a[6] = {TA("out", &out.t), TA("q", &q.t), TA("k", &k.t), TA("v", &v.t), TA("lse", &lse.t),
-                   IA("causal", 1)};
+    tk_arg a[6] = {TA("out", &out.t), TA("q", &q.t), TA("k", &k.t), TA("v", &v.t), TA("lse", &lse.t), IA("causal", 1)};
     CHECK(run("attention", a, 6, "fully masked"));
     const float *o = out.buf, *l = lse.buf;
     for (int64_t i = 0; i < 7; i++)
@@ -404,8 +407,8 @@ static void test_fully_masked(void)
                 CHECK(hidden ? o[(i * 2 + h) * 8 + x] == 0.0f : o[(i * 2 + h) * 8 + x] != 0.0f);
         }
     /* a window that leaves nothing: non-causal, window_right 0, keys only at p >= 0 */
-    tk_arg b[7] = {TA("out", &out.t), TA("q", &q.t), TA("k", &k.t), TA("v", &v.t), TA("lse", &lse.t),
-                   IA("window_left", 0), IA("window_right", 0)};
+    tk_arg b[7] = {TA("out", &out.t), TA("q", &q.t),        TA("k", &k.t),        TA("v", &v.t),
+                   TA("lse", &lse.t), IA("window_left", 0), IA("window_right", 0)};
     CHECK(run("attention", b, 7, "window of one"));
     for (int64_t h = 0; h < 2; h++) {
         CHECK(l[h * 7 + 0] == -INFINITY);
@@ -440,8 +443,14 @@ static int varlen_case(tk_dtype dt, const fcase *f)
     double *qd = op_rand(&q, -2, 2), *kd = op_rand(&k, -2, 2), *vd = op_rand(&v, -1, 1), *ad = op_rand(&al, 0.05, 0.5);
     fill_const(&out, 7);
     fill_const(&lse, 7);
-    tk_arg a[16] = {TA("out", &out.t), TA("q", &q.t), TA("k", &k.t), TA("v", &v.t), TA("lse", &lse.t),
-                    TA("cu_seqlens_q", &cuq.t), TA("cu_seqlens_k", &cuk.t), IA("max_seqlen_q", 12)};
+    tk_arg a[16] = {TA("out", &out.t),
+                    TA("q", &q.t),
+                    TA("k", &k.t),
+                    TA("v", &v.t),
+                    TA("lse", &lse.t),
+                    TA("cu_seqlens_q", &cuq.t),
+                    TA("cu_seqlens_k", &cuk.t),
+                    IA("max_seqlen_q", 12)};
     size_t na = mask_args(a, 8, f, &al.t);
     int ok = run("attention", a, na, what);
     double *ro = malloc(sizeof(double) * (size_t)(tq * hq * d)), *rl = malloc(sizeof(double) * (size_t)(hq * tq));
@@ -453,8 +462,8 @@ static int varlen_case(tk_dtype dt, const fcase *f)
     opts_t o = opts_of(f, ad);
     for (int s = 0; s < 3; s++) {
         int64_t nq = cq[s + 1] - cq[s], nk = ck[s + 1] - ck[s];
-        naive_attn(ro + cq[s] * hq * d, sl, qd + cq[s] * hq * d, kd + ck[s] * hkv * d, vd + ck[s] * hkv * d, nq, nk,
-                   hq, hkv, d, d, &o);
+        naive_attn(ro + cq[s] * hq * d, sl, qd + cq[s] * hq * d, kd + ck[s] * hkv * d, vd + ck[s] * hkv * d, nq, nk, hq,
+                   hkv, d, d, &o);
         for (int64_t h = 0; h < hq; h++)
             for (int64_t i = 0; i < nq; i++)
                 rl[h * tq + cq[s] + i] = sl[h * nq + i];
@@ -533,8 +542,8 @@ static int bwd_case(tk_dtype dt, const fcase *f)
     for (int64_t i = 0; i < b * hq * sq; i++)
         set(&lse.t, i, fl[i]);
     double *oq = op_values(&out.t);
-    tk_arg a[16] = {TA("dq", &dq.t),     TA("dk", &dk.t), TA("dv", &dv.t),   TA("dout", &dout.t), TA("q", &q.t),
-                    TA("k", &k.t),       TA("v", &v.t),   TA("out", &out.t), TA("lse", &lse.t)};
+    tk_arg a[16] = {TA("dq", &dq.t), TA("dk", &dk.t), TA("dv", &dv.t),   TA("dout", &dout.t), TA("q", &q.t),
+                    TA("k", &k.t),   TA("v", &v.t),   TA("out", &out.t), TA("lse", &lse.t)};
     size_t na = mask_args(a, 9, f, &al.t);
     int ok = run("attention_backward", a, na, what);
     double *rq = malloc(sizeof(double) * (size_t)(nq + 1)), *rk = malloc(sizeof(double) * (size_t)(nk + 1)),
@@ -795,8 +804,13 @@ static int decode_case(tk_dtype qdt, tk_dtype cdt, const dcase *c)
     fill_cache(&kc, &pg, c->lens, nseq, hkv, d, c->bs, ksd, kv);
     fill_cache(&vc, &pg, c->lens, nseq, hkv, d, c->bs, vsd, vv);
     double *qd = op_rand(&q, -1.5, 1.5);
-    tk_arg a[16] = {TA("out", &out.t),        TA("q", &q.t),          TA("k_cache", &kc.t), TA("v_cache", &vc.t),
-                    TA("block_table", &pg.bt.t), TA("seq_lens", &pg.sl.t), TA("lse", &lse.t)};
+    tk_arg a[16] = {TA("out", &out.t),
+                    TA("q", &q.t),
+                    TA("k_cache", &kc.t),
+                    TA("v_cache", &vc.t),
+                    TA("block_table", &pg.bt.t),
+                    TA("seq_lens", &pg.sl.t),
+                    TA("lse", &lse.t)};
     size_t na = 7;
     if (quant) {
         a[na++] = TA("k_scale", &ks.t);
@@ -851,8 +865,16 @@ static void test_decode(void)
     int n = 0;
     for (int sqi = 0; sqi < 2; sqi++)
         for (int m = 0; m < 8; m++, n++) {
-            dcase c = {sqi ? 4 : 1, bss[n % 3], head_cfgs[n % 4][0], head_cfgs[n % 4][1], n % 2 ? 64 : 16,
-                       m & 1 ? 5 : -1, (m >> 1) & 1, m & 4 ? 4.0 : 0.0, 4, {0}};
+            dcase c = {sqi ? 4 : 1,
+                       bss[n % 3],
+                       head_cfgs[n % 4][0],
+                       head_cfgs[n % 4][1],
+                       n % 2 ? 64 : 16,
+                       m & 1 ? 5 : -1,
+                       (m >> 1) & 1,
+                       m & 4 ? 4.0 : 0.0,
+                       4,
+                       {0}};
             memcpy(c.lens, lens[n % 2], sizeof c.lens);
             CHECK(decode_case(*all_dtypes[n % 3], *all_dtypes[n % 3], &c));
             CHECK(decode_case(n % 2 ? BF16 : F16, I8, &c));
@@ -917,7 +939,7 @@ static int append_case(tk_dtype dt, tk_dtype cdt)
     /* junk in every slot first */
     memset(kc.buf, 0x55, (size_t)(numel(&kc.t) * cdt.bits / 8));
     memset(vc.buf, 0x55, (size_t)(numel(&vc.t) * cdt.bits / 8));
-    tk_arg a[7] = {TA("k_cache", &kc.t), TA("v_cache", &vc.t),   TA("k", &k.t), TA("v", &v.t),
+    tk_arg a[7] = {TA("k_cache", &kc.t),      TA("v_cache", &vc.t), TA("k", &k.t),       TA("v", &v.t),
                    TA("slot_mapping", &sm.t), TA("k_scale", &ks.t), TA("v_scale", &vs.t)};
     ok &= run("paged_kv_append", a, quant ? 7 : 5, what);
     /* every slot: the token written there, quantised here, or the junk */
@@ -937,7 +959,8 @@ static int append_case(tk_dtype dt, tk_dtype cdt)
                 int64_t ci = s * hkv * d + e, h = e / d;
                 const uint8_t *raw = cache->buf;
                 if (tok_at[s] < 0) {
-                    int junk = cdt.bits == 8 ? raw[ci] == 0x55 : memcmp(raw + ci * (cdt.bits / 8), "\x55\x55\x55\x55", cdt.bits / 8) == 0;
+                    int junk = cdt.bits == 8 ? raw[ci] == 0x55
+                                             : memcmp(raw + ci * (cdt.bits / 8), "\x55\x55\x55\x55", cdt.bits / 8) == 0;
                     bad += !junk;
                     continue;
                 }
@@ -955,7 +978,8 @@ static int append_case(tk_dtype dt, tk_dtype cdt)
                 double got = cdt.code == TK_DL_INT ? (double)(int8_t)raw[ci] : e4m3_decode(raw[ci]);
                 if (got != want) {
                     if (bad < 5)
-                        fprintf(stderr, "  append %s: slot %lld elem %lld: x %.9g / scale %.9g = %.9g: stored %g, want %g\n",
+                        fprintf(stderr,
+                                "  append %s: slot %lld elem %lld: x %.9g / scale %.9g = %.9g: stored %g, want %g\n",
                                 what, (long long)s, (long long)e, x, (double)sc[h], y, got, want);
                     bad++;
                 }
@@ -973,9 +997,11 @@ static int append_case(tk_dtype dt, tk_dtype cdt)
         host_new(&out, dt, 4, SHAPE(3, 1, hq, d), 0);
         host_new(&lse, F32, 3, SHAPE(3, hq, 1), 0);
         double *qd = op_rand(&q, -2, 2);
-        tk_arg b[9] = {TA("out", &out.t),           TA("q", &q.t),           TA("k_cache", &kc.t),
-                       TA("v_cache", &vc.t),        TA("block_table", &pg.bt.t), TA("seq_lens", &pg.sl.t),
-                       TA("lse", &lse.t),           TA("k_scale", &ks.t),    TA("v_scale", &vs.t)};
+        tk_arg b[9] = {TA("out", &out.t),           TA("q", &q.t),
+                       TA("k_cache", &kc.t),        TA("v_cache", &vc.t),
+                       TA("block_table", &pg.bt.t), TA("seq_lens", &pg.sl.t),
+                       TA("lse", &lse.t),           TA("k_scale", &ks.t),
+                       TA("v_scale", &vs.t)};
         ok &= run("attention_decode", b, quant ? 9 : 7, what);
         double *ro = malloc(sizeof(double) * (size_t)(3 * hq * d)), *rl = malloc(sizeof(double) * (size_t)(3 * hq));
         opts_t o = {1.0 / sqrt((double)d), 0, 1, -1, -1, NULL};
@@ -1103,7 +1129,7 @@ static int mla_case(tk_dtype dt, int with_weights)
         scale = 0.15;
         qnd = op_rand(&qn, -2, 2);
     }
-    tk_arg a[8] = {TA("out", &out.t),         TA("q_nope", &qn.t),     TA("q_pe", &qp.t), TA("kv_cache", &kv.t),
+    tk_arg a[8] = {TA("out", &out.t),           TA("q_nope", &qn.t),      TA("q_pe", &qp.t), TA("kv_cache", &kv.t),
                    TA("block_table", &pg.bt.t), TA("seq_lens", &pg.sl.t), TA("lse", &lse.t), FA("scale", scale)};
     int ok = run("mla_decode", a, 8, what);
     double *got = op_values(&out.t), *gl = op_values(&lse.t);
@@ -1116,8 +1142,8 @@ static int mla_case(tk_dtype dt, int with_weights)
             /* explicit MHA: Q [1, Hq, Dn + P], K [L, Hq, Dn + P], V [L, Hq, Dv] */
             double *Q = malloc(sizeof(double) * (size_t)(hq * (dn + p))),
                    *K = malloc(sizeof(double) * (size_t)(L * hq * (dn + p) + 1)),
-                   *V = malloc(sizeof(double) * (size_t)(L * hq * dvh + 1)), *ro = malloc(sizeof(double) * (size_t)(hq * dvh)),
-                   *go = malloc(sizeof(double) * (size_t)(hq * dvh));
+                   *V = malloc(sizeof(double) * (size_t)(L * hq * dvh + 1)),
+                   *ro = malloc(sizeof(double) * (size_t)(hq * dvh)), *go = malloc(sizeof(double) * (size_t)(hq * dvh));
             for (int64_t h = 0; h < hq; h++) {
                 for (int64_t x = 0; x < dn; x++)
                     Q[h * (dn + p) + x] = qfull[(b * hq + h) * dn + x];
@@ -1208,8 +1234,8 @@ static void test_registry(void)
     static const char *const names[5][19] = {
         {"attention", "out", "q", "k", "v", "lse", "cu_seqlens_q", "cu_seqlens_k", "max_seqlen_q", "alibi_slopes",
          "scale", "causal", "window_left", "window_right", "softcap"},
-        {"attention_backward", "dq", "dk", "dv", "dout", "q", "k", "v", "out", "lse", "alibi_slopes", "scale",
-         "causal", "window_left", "window_right", "softcap", "cu_seqlens_q", "cu_seqlens_k", "max_seqlen_q"},
+        {"attention_backward", "dq", "dk", "dv", "dout", "q", "k", "v", "out", "lse", "alibi_slopes", "scale", "causal",
+         "window_left", "window_right", "softcap", "cu_seqlens_q", "cu_seqlens_k", "max_seqlen_q"},
         {"attention_decode", "out", "q", "k_cache", "v_cache", "block_table", "seq_lens", "lse", "k_scale", "v_scale",
          "alibi_slopes", "scale", "window_left", "softcap"},
         {"paged_kv_append", "k_cache", "v_cache", "k", "v", "slot_mapping", "k_scale", "v_scale"},
@@ -1322,8 +1348,9 @@ static void test_validation(void)
     int32_t *cqv = cq.buf, *ckv = ck.buf;
     cqv[0] = 0, cqv[1] = 6, cqv[2] = 4;
     ckv[0] = 0, ckv[1] = 6, ckv[2] = 12;
-    tk_arg vl[7] = {TA("out", &o1.t), TA("q", &q1.t), TA("k", &k1.t), TA("v", &k1.t), TA("cu_seqlens_q", &cq.t),
-                    TA("cu_seqlens_k", &ck.t), IA("max_seqlen_q", 6)};
+    tk_arg vl[7] = {
+        TA("out", &o1.t),          TA("q", &q1.t),       TA("k", &k1.t), TA("v", &k1.t), TA("cu_seqlens_q", &cq.t),
+        TA("cu_seqlens_k", &ck.t), IA("max_seqlen_q", 6)};
     CHECK(expect_invalid("attention", vl, 6, "attention: 'max_seqlen_q' is 0, want 1 to 10 with cu_seqlens"));
     CHECK(expect_invalid("attention", vl, 7,
                          "attention: 'cu_seqlens_q'[2] is 4, less than 'cu_seqlens_q'[1] = 6: want non-decreasing"));
@@ -1354,10 +1381,11 @@ static void test_validation(void)
     host_new(&sl, I32, 1, SHAPE(2), 0);
     host_new(&sl3, I32, 1, SHAPE(3), 0);
     host_new(&ks, F32, 1, SHAPE(2), 0);
-    tk_arg d[8] = {TA("out", &dout.t),   TA("q", &dq.t),        TA("k_cache", &kc.t), TA("v_cache", &kc.t),
+    tk_arg d[8] = {TA("out", &dout.t),       TA("q", &dq.t),        TA("k_cache", &kc.t), TA("v_cache", &kc.t),
                    TA("block_table", &bt.t), TA("seq_lens", &sl.t), TA("k_scale", &ks.t), TA("v_scale", &ks.t)};
-    CHECK(expect_invalid("attention_decode", d, 7,
-                         "attention_decode: 'k_scale' is given but 'k_cache' is f32; the scales are for i8 and fp8_e4m3"));
+    CHECK(expect_invalid(
+        "attention_decode", d, 7,
+        "attention_decode: 'k_scale' is given but 'k_cache' is f32; the scales are for i8 and fp8_e4m3"));
     d[2] = TA("k_cache", &kci8.t);
     d[3] = TA("v_cache", &kci8.t);
     CHECK(expect_invalid("attention_decode", d, 6, "attention_decode: 'k_scale' is missing: 'k_cache' is i8"));
@@ -1381,7 +1409,8 @@ static void test_validation(void)
     d[2] = TA("k_cache", &kc.t);
     d[3] = TA("v_cache", &kc.t);
     d[4] = TA("block_table", &bt3.t);
-    CHECK(expect_invalid("attention_decode", d, 6, "attention_decode: 'block_table' has shape [3, 2], want [2, max_blocks_per_seq]"));
+    CHECK(expect_invalid("attention_decode", d, 6,
+                         "attention_decode: 'block_table' has shape [3, 2], want [2, max_blocks_per_seq]"));
     d[4] = TA("block_table", &bt.t);
     d[5] = TA("seq_lens", &sl3.t);
     CHECK(expect_invalid("attention_decode", d, 6, "attention_decode: 'seq_lens' has shape [3], want [2]"));
@@ -1410,10 +1439,11 @@ static void test_validation(void)
     host_new(&kcq, E4M3, 4, SHAPE(4, 16, 2, 8), 0);
     int64_t *smv = sm.buf;
     smv[0] = 5, smv[1] = -1, smv[2] = 64;
-    tk_arg p[7] = {TA("k_cache", &kc.t), TA("v_cache", &kc.t), TA("k", &nk.t), TA("v", &nk.t), TA("slot_mapping", &sm.t),
-                   TA("k_scale", &ks.t), TA("v_scale", &ks.t)};
-    CHECK(expect_invalid("paged_kv_append", p, 5,
-                         "paged_kv_append: 'slot_mapping'[2] is 64, want a slot below 64 (num_blocks 4 * block_size 16"));
+    tk_arg p[7] = {TA("k_cache", &kc.t),      TA("v_cache", &kc.t), TA("k", &nk.t),      TA("v", &nk.t),
+                   TA("slot_mapping", &sm.t), TA("k_scale", &ks.t), TA("v_scale", &ks.t)};
+    CHECK(
+        expect_invalid("paged_kv_append", p, 5,
+                       "paged_kv_append: 'slot_mapping'[2] is 64, want a slot below 64 (num_blocks 4 * block_size 16"));
     smv[2] = 5;
     CHECK(expect_invalid("paged_kv_append", p, 5, "paged_kv_append: 'slot_mapping' gives slot 5 to tokens 0 and 2"));
     smv[2] = 6;
@@ -1440,9 +1470,10 @@ static void test_validation(void)
     host_new(&mp, BF16, 3, SHAPE(2, 4, 8), 0);
     host_new(&mkv, BF16, 3, SHAPE(4, 16, 40), 0);
     host_new(&mkvbad, BF16, 3, SHAPE(4, 16, 32), 0);
-    tk_arg m[6] = {TA("out", &mo.t), TA("q_nope", &mq.t), TA("q_pe", &mp.t), TA("kv_cache", &mkvbad.t),
-                   TA("block_table", &bt.t), TA("seq_lens", &sl.t)};
-    CHECK(expect_invalid("mla_decode", m, 6, "mla_decode: 'kv_cache' has shape [4, 16, 32], want [num_blocks, block_size, 40]"));
+    tk_arg m[6] = {TA("out", &mo.t),          TA("q_nope", &mq.t),      TA("q_pe", &mp.t),
+                   TA("kv_cache", &mkvbad.t), TA("block_table", &bt.t), TA("seq_lens", &sl.t)};
+    CHECK(expect_invalid("mla_decode", m, 6,
+                         "mla_decode: 'kv_cache' has shape [4, 16, 32], want [num_blocks, block_size, 40]"));
     m[3] = TA("kv_cache", &mkv.t);
     m[2] = TA("q_pe", &mq.t);
     CHECK(expect_invalid("mla_decode", m, 6, "want [num_blocks, block_size, 64]"));
@@ -1465,9 +1496,9 @@ static void test_validation(void)
     tk_arg ns[4] = {TA("out", &out.t), TA("q", &qs.t), TA("k", &k.t), TA("v", &v.t)};
     CHECK(expect_invalid("attention", ns, 4, "attention: 'q' (shape [2, 5, 4, 8]) is not contiguous"));
 
-    host_t *all[] = {&q,  &k,  &v,   &out,  &k3,   &lse,  &cu,  &cu3, &q600, &k600, &q1, &o1, &k1, &cq, &ck, &dq,  &dout, &dqb, &doutb,
-                 &kc, &kc12, &kci8, &kcf16, &bt, &bt3, &sl, &ks, &q17, &sl3, &nk, &sm, &sm2, &kcq, &mq, &mp,
-                 &mkv, &mkvbad, &mo, &qs};
+    host_t *all[] = {&q,  &k,   &v,   &out,  &k3,  &lse,   &cu,  &cu3,  &q600, &k600,  &q1,     &o1,  &k1,
+                     &cq, &ck,  &dq,  &dout, &dqb, &doutb, &kc,  &kc12, &kci8, &kcf16, &bt,     &bt3, &sl,
+                     &ks, &q17, &sl3, &nk,   &sm,  &sm2,   &kcq, &mq,   &mp,   &mkv,   &mkvbad, &mo,  &qs};
     for (size_t i = 0; i < sizeof all / sizeof all[0]; i++)
         host_free(all[i]);
 }

@@ -64,10 +64,10 @@ static void run_linear(tk_dtype dt, int64_t m, int64_t k, int64_t n, int tr, int
     host_new(&gb, F32, 1, sb, 0);
     double *g = op_rand(&go, -1, 1), *xv = op_rand(&x, -1, 1), *wv = op_rand(&w, -1, 1);
     double *gx0 = op_rand(&gx, -1, 1), *gw0 = op_rand(&gw, -1, 1), *gb0 = op_rand(&gb, -1, 1);
-    tk_arg a[] = {{TK_ARG_TENSOR, "grad_x", &gx.t, 0, 0},     {TK_ARG_TENSOR, "grad_weight", &gw.t, 0, 0},
-                  {TK_ARG_TENSOR, "grad_bias", &gb.t, 0, 0},  {TK_ARG_TENSOR, "grad_out", &go.t, 0, 0},
-                  {TK_ARG_TENSOR, "x", &x.t, 0, 0},           {TK_ARG_TENSOR, "weight", &w.t, 0, 0},
-                  {TK_ARG_I64, "transposed", NULL, tr, 0},    {TK_ARG_I64, "accumulate", NULL, acc, 0}};
+    tk_arg a[] = {{TK_ARG_TENSOR, "grad_x", &gx.t, 0, 0},    {TK_ARG_TENSOR, "grad_weight", &gw.t, 0, 0},
+                  {TK_ARG_TENSOR, "grad_bias", &gb.t, 0, 0}, {TK_ARG_TENSOR, "grad_out", &go.t, 0, 0},
+                  {TK_ARG_TENSOR, "x", &x.t, 0, 0},          {TK_ARG_TENSOR, "weight", &w.t, 0, 0},
+                  {TK_ARG_I64, "transposed", NULL, tr, 0},   {TK_ARG_I64, "accumulate", NULL, acc, 0}};
     CHECK_RC(op_run_cpu("linear_backward", a, 8), TK_OK);
     double *rx = calloc((size_t)(m * k), sizeof(double)), *rw = calloc((size_t)(n * k), sizeof(double)),
            *rb = calloc((size_t)n, sizeof(double));
@@ -136,8 +136,10 @@ static void test_linear_backward_validation(void)
     host_new(&x, F32, 2, sx, 0);
     host_new(&w, F32, 2, sw, 0);
     host_new(&gw, F32, 2, bad, 0);
-    tk_arg a[] = {{TK_ARG_TENSOR, "grad_weight", &gw.t, 0, 0}, {TK_ARG_TENSOR, "grad_out", &go.t, 0, 0},
-                  {TK_ARG_TENSOR, "x", &x.t, 0, 0}, {TK_ARG_TENSOR, "weight", &w.t, 0, 0}};
+    tk_arg a[] = {{TK_ARG_TENSOR, "grad_weight", &gw.t, 0, 0},
+                  {TK_ARG_TENSOR, "grad_out", &go.t, 0, 0},
+                  {TK_ARG_TENSOR, "x", &x.t, 0, 0},
+                  {TK_ARG_TENSOR, "weight", &w.t, 0, 0}};
     CHECK_RC(op_run_cpu("linear_backward", a, 4), TK_ERR_INVALID);
     CHECK_CONTAINS(tk_last_error(), "'grad_weight' has shape [5, 4], want [4, 5]");
     CHECK_RC(op_run_cpu("linear_backward", a + 1, 3), TK_ERR_INVALID);
@@ -163,8 +165,10 @@ static void test_embedding_backward(void)
         double *g = op_rand(&go, -1, 1), *w0 = op_rand(&gw, -1, 1);
         for (int64_t i = 0; i < n; i++)
             id_set(&ids, i, (int64_t)(next_u64() % (uint64_t)V));
-        tk_arg a[] = {{TK_ARG_TENSOR, "grad_weight", &gw.t, 0, 0}, {TK_ARG_TENSOR, "grad_out", &go.t, 0, 0},
-                      {TK_ARG_TENSOR, "ids", &ids.t, 0, 0}, {TK_ARG_I64, "padding_idx", NULL, pad, 0}};
+        tk_arg a[] = {{TK_ARG_TENSOR, "grad_weight", &gw.t, 0, 0},
+                      {TK_ARG_TENSOR, "grad_out", &go.t, 0, 0},
+                      {TK_ARG_TENSOR, "ids", &ids.t, 0, 0},
+                      {TK_ARG_I64, "padding_idx", NULL, pad, 0}};
         CHECK_RC(op_run_cpu("embedding_backward", a, 4), TK_OK);
         for (int64_t i = 0; i < n; i++)
             if (id_get(&ids, i) != pad)
@@ -175,11 +179,13 @@ static void test_embedding_backward(void)
         if (d == 0) {
             host_t gw2;
             host_new(&gw2, F32, 2, sgw, 0);
-            tk_arg b[] = {{TK_ARG_TENSOR, "grad_weight", &gw2.t, 0, 0}, {TK_ARG_TENSOR, "grad_out", &go.t, 0, 0},
+            tk_arg b[] = {{TK_ARG_TENSOR, "grad_weight", &gw2.t, 0, 0},
+                          {TK_ARG_TENSOR, "grad_out", &go.t, 0, 0},
                           {TK_ARG_TENSOR, "ids", &ids.t, 0, 0}};
             host_t gw3;
             host_new(&gw3, F32, 2, sgw, 0);
-            tk_arg c3[] = {{TK_ARG_TENSOR, "grad_weight", &gw3.t, 0, 0}, {TK_ARG_TENSOR, "grad_out", &go.t, 0, 0},
+            tk_arg c3[] = {{TK_ARG_TENSOR, "grad_weight", &gw3.t, 0, 0},
+                           {TK_ARG_TENSOR, "grad_out", &go.t, 0, 0},
                            {TK_ARG_TENSOR, "ids", &ids.t, 0, 0}};
             CHECK_RC(op_run_cpu("embedding_backward", b, 3), TK_OK);
             CHECK_RC(op_run_cpu("embedding_backward", c3, 3), TK_OK);
@@ -218,10 +224,10 @@ static void test_activation_backward(void)
     static const struct {
         const char *op;
         double (*f)(double);
-    } plain[] = {{"silu_backward", f_silu},         {"gelu_backward", f_gelu},
-                 {"gelu_tanh_backward", f_gelu_tanh}, {"gelu_new_backward", f_gelu_new},
-                 {"gelu_fast_backward", f_gelu_new},  {"gelu_quick_backward", f_gelu_quick},
-                 {"tanh_backward", f_tanh}};
+    } plain[] = {
+        {"silu_backward", f_silu},         {"gelu_backward", f_gelu},          {"gelu_tanh_backward", f_gelu_tanh},
+        {"gelu_new_backward", f_gelu_new}, {"gelu_fast_backward", f_gelu_new}, {"gelu_quick_backward", f_gelu_quick},
+        {"tanh_backward", f_tanh}};
     for (size_t d = 0; d < 3; d++) {
         tk_dtype dt = *all_dtypes[d];
         for (size_t o = 0; o < sizeof plain / sizeof plain[0]; o++) {
@@ -231,7 +237,8 @@ static void test_activation_backward(void)
             host_new(&go, dt, 2, s, d == 1 ? 2 : 0);
             host_new(&x, dt, 2, s, 0);
             double *g = op_rand(&go, -2, 2), *xv = op_rand(&x, -6, 6);
-            tk_arg a[] = {{TK_ARG_TENSOR, "grad_input", &gi.t, 0, 0}, {TK_ARG_TENSOR, "grad_out", &go.t, 0, 0},
+            tk_arg a[] = {{TK_ARG_TENSOR, "grad_input", &gi.t, 0, 0},
+                          {TK_ARG_TENSOR, "grad_out", &go.t, 0, 0},
                           {TK_ARG_TENSOR, "input", &x.t, 0, 0}};
             CHECK_RC(op_run_cpu(plain[o].op, a, 3), TK_OK);
             double *ref = malloc(sizeof(double) * 5 * 1027);
@@ -240,7 +247,8 @@ static void test_activation_backward(void)
             CHECK(close_to(plain[o].op, &gi.t, ref, 1));
             /* in place: grad_input is grad_out itself */
             if (d == 0) {
-                tk_arg b[] = {{TK_ARG_TENSOR, "grad_input", &go.t, 0, 0}, {TK_ARG_TENSOR, "grad_out", &go.t, 0, 0},
+                tk_arg b[] = {{TK_ARG_TENSOR, "grad_input", &go.t, 0, 0},
+                              {TK_ARG_TENSOR, "grad_out", &go.t, 0, 0},
                               {TK_ARG_TENSOR, "input", &x.t, 0, 0}};
                 CHECK_RC(op_run_cpu(plain[o].op, b, 3), TK_OK);
                 CHECK(memcmp(go.buf, gi.buf, 5 * 1027 * 4) == 0);
@@ -275,7 +283,8 @@ static void test_gated_backward(void)
             host_new(&go, dt, 2, s1, 0);
             host_new(&x, dt, 2, s2, 0);
             double *g = op_rand(&go, -2, 2), *xv = op_rand(&x, -5, 5);
-            tk_arg a[] = {{TK_ARG_TENSOR, "grad_input", &gi.t, 0, 0}, {TK_ARG_TENSOR, "grad_out", &go.t, 0, 0},
+            tk_arg a[] = {{TK_ARG_TENSOR, "grad_input", &gi.t, 0, 0},
+                          {TK_ARG_TENSOR, "grad_out", &go.t, 0, 0},
                           {TK_ARG_TENSOR, "input", &x.t, 0, 0}};
             CHECK_RC(op_run_cpu(gated[o].op, a, 3), TK_OK);
             double *ref = malloc(sizeof(double) * (size_t)(rows * 2 * dd));
@@ -327,7 +336,8 @@ static void test_softmax_backward(void)
                     set(&y.t, r * n + c, lg ? z[r * n + c] - m - log(sum) : exp(z[r * n + c] - m) / sum);
             }
             double *yv = op_values(&y.t);
-            tk_arg a[] = {{TK_ARG_TENSOR, "grad_input", &gi.t, 0, 0}, {TK_ARG_TENSOR, "grad_out", &go.t, 0, 0},
+            tk_arg a[] = {{TK_ARG_TENSOR, "grad_input", &gi.t, 0, 0},
+                          {TK_ARG_TENSOR, "grad_out", &go.t, 0, 0},
                           {TK_ARG_TENSOR, "out", &y.t, 0, 0}};
             const char *op = lg ? "log_softmax_backward" : "softmax_backward";
             CHECK_RC(op_run_cpu(op, a, 3), TK_OK);
@@ -339,7 +349,8 @@ static void test_softmax_backward(void)
                     sg += g[r * n + c];
                 }
                 for (int64_t c = 0; c < n; c++)
-                    ref[r * n + c] = lg ? g[r * n + c] - exp(yv[r * n + c]) * sg : yv[r * n + c] * (g[r * n + c] - sdot);
+                    ref[r * n + c] =
+                        lg ? g[r * n + c] - exp(yv[r * n + c]) * sg : yv[r * n + c] * (g[r * n + c] - sdot);
             }
             CHECK(close_to(op, &gi.t, ref, lg ? 1 : 1e-3));
             free(ref);
@@ -372,11 +383,15 @@ static void test_rotary_backward(void)
             id_set(&pos, t, (int64_t)(next_u64() % (uint64_t)P));
         tk_arg cc[] = {{TK_ARG_TENSOR, "out", &cache.t, 0, 0}};
         CHECK_RC(op_run_cpu("rope_cos_sin_cache", cc, 1), TK_OK);
-        tk_arg f[] = {{TK_ARG_TENSOR, "query", &q.t, 0, 0}, {TK_ARG_TENSOR, "key", &k.t, 0, 0},
-                      {TK_ARG_TENSOR, "positions", &pos.t, 0, 0}, {TK_ARG_TENSOR, "cos_sin_cache", &cache.t, 0, 0},
+        tk_arg f[] = {{TK_ARG_TENSOR, "query", &q.t, 0, 0},
+                      {TK_ARG_TENSOR, "key", &k.t, 0, 0},
+                      {TK_ARG_TENSOR, "positions", &pos.t, 0, 0},
+                      {TK_ARG_TENSOR, "cos_sin_cache", &cache.t, 0, 0},
                       {TK_ARG_I64, "is_neox", NULL, neox, 0}};
-        tk_arg b[] = {{TK_ARG_TENSOR, "grad_query", &gq.t, 0, 0}, {TK_ARG_TENSOR, "grad_key", &gk.t, 0, 0},
-                      {TK_ARG_TENSOR, "positions", &pos.t, 0, 0}, {TK_ARG_TENSOR, "cos_sin_cache", &cache.t, 0, 0},
+        tk_arg b[] = {{TK_ARG_TENSOR, "grad_query", &gq.t, 0, 0},
+                      {TK_ARG_TENSOR, "grad_key", &gk.t, 0, 0},
+                      {TK_ARG_TENSOR, "positions", &pos.t, 0, 0},
+                      {TK_ARG_TENSOR, "cos_sin_cache", &cache.t, 0, 0},
                       {TK_ARG_I64, "is_neox", NULL, neox, 0}};
         CHECK_RC(op_run_cpu("rotary_embedding", f, 5), TK_OK);
         CHECK_RC(op_run_cpu("rotary_embedding_backward", b, 5), TK_OK);
@@ -393,12 +408,13 @@ static void test_rotary_backward(void)
             fprintf(stderr, "rotary neox=%d: <Rq, g> = %.9g, <q, R^T g> = %.9g\n", neox, l, r);
         CHECK(fabs(l - r) <= 1e-4 * (1 + fabs(l)));
         /* and R^T R = I: the backward undoes the forward */
-        CHECK_RC(op_run_cpu("rotary_embedding_backward", (tk_arg[]){{TK_ARG_TENSOR, "grad_query", &q.t, 0, 0},
-                                                                    {TK_ARG_TENSOR, "grad_key", &k.t, 0, 0},
-                                                                    {TK_ARG_TENSOR, "positions", &pos.t, 0, 0},
-                                                                    {TK_ARG_TENSOR, "cos_sin_cache", &cache.t, 0, 0},
-                                                                    {TK_ARG_I64, "is_neox", NULL, neox, 0}},
-                             5),
+        CHECK_RC(op_run_cpu("rotary_embedding_backward",
+                            (tk_arg[]){{TK_ARG_TENSOR, "grad_query", &q.t, 0, 0},
+                                       {TK_ARG_TENSOR, "grad_key", &k.t, 0, 0},
+                                       {TK_ARG_TENSOR, "positions", &pos.t, 0, 0},
+                                       {TK_ARG_TENSOR, "cos_sin_cache", &cache.t, 0, 0},
+                                       {TK_ARG_I64, "is_neox", NULL, neox, 0}},
+                            5),
                  TK_OK);
         CHECK(close_to("rotary R^T R q", &q.t, q0, 1));
         CHECK(close_to("rotary R^T R k", &k.t, k0, 1));
@@ -468,19 +484,31 @@ static void test_attention_backward_varlen(void)
         int64_t starts[4] = {0, 5, 6, 13};
         for (int i = 0; i < 4; i++)
             id_set(&cu, i, starts[i]);
-        tk_arg fa[] = {{TK_ARG_TENSOR, "out", &out.t, 0, 0}, {TK_ARG_TENSOR, "q", &q.t, 0, 0},
-                       {TK_ARG_TENSOR, "k", &k.t, 0, 0}, {TK_ARG_TENSOR, "v", &v.t, 0, 0},
-                       {TK_ARG_TENSOR, "lse", &lse.t, 0, 0}, {TK_ARG_TENSOR, "cu_seqlens_q", &cu.t, 0, 0},
-                       {TK_ARG_TENSOR, "cu_seqlens_k", &cu.t, 0, 0}, {TK_ARG_I64, "max_seqlen_q", NULL, 7, 0},
-                       {TK_ARG_I64, "causal", NULL, 1, 0}, {TK_ARG_I64, "window_left", NULL, wl, 0}};
+        tk_arg fa[] = {{TK_ARG_TENSOR, "out", &out.t, 0, 0},
+                       {TK_ARG_TENSOR, "q", &q.t, 0, 0},
+                       {TK_ARG_TENSOR, "k", &k.t, 0, 0},
+                       {TK_ARG_TENSOR, "v", &v.t, 0, 0},
+                       {TK_ARG_TENSOR, "lse", &lse.t, 0, 0},
+                       {TK_ARG_TENSOR, "cu_seqlens_q", &cu.t, 0, 0},
+                       {TK_ARG_TENSOR, "cu_seqlens_k", &cu.t, 0, 0},
+                       {TK_ARG_I64, "max_seqlen_q", NULL, 7, 0},
+                       {TK_ARG_I64, "causal", NULL, 1, 0},
+                       {TK_ARG_I64, "window_left", NULL, wl, 0}};
         CHECK_RC(op_run_cpu("attention", fa, 10), TK_OK);
-        tk_arg ba[] = {{TK_ARG_TENSOR, "dq", &dq.t, 0, 0}, {TK_ARG_TENSOR, "dk", &dk.t, 0, 0},
-                       {TK_ARG_TENSOR, "dv", &dv.t, 0, 0}, {TK_ARG_TENSOR, "dout", &dout.t, 0, 0},
-                       {TK_ARG_TENSOR, "q", &q.t, 0, 0}, {TK_ARG_TENSOR, "k", &k.t, 0, 0},
-                       {TK_ARG_TENSOR, "v", &v.t, 0, 0}, {TK_ARG_TENSOR, "out", &out.t, 0, 0},
-                       {TK_ARG_TENSOR, "lse", &lse.t, 0, 0}, {TK_ARG_TENSOR, "cu_seqlens_q", &cu.t, 0, 0},
-                       {TK_ARG_TENSOR, "cu_seqlens_k", &cu.t, 0, 0}, {TK_ARG_I64, "max_seqlen_q", NULL, 7, 0},
-                       {TK_ARG_I64, "causal", NULL, 1, 0}, {TK_ARG_I64, "window_left", NULL, wl, 0}};
+        tk_arg ba[] = {{TK_ARG_TENSOR, "dq", &dq.t, 0, 0},
+                       {TK_ARG_TENSOR, "dk", &dk.t, 0, 0},
+                       {TK_ARG_TENSOR, "dv", &dv.t, 0, 0},
+                       {TK_ARG_TENSOR, "dout", &dout.t, 0, 0},
+                       {TK_ARG_TENSOR, "q", &q.t, 0, 0},
+                       {TK_ARG_TENSOR, "k", &k.t, 0, 0},
+                       {TK_ARG_TENSOR, "v", &v.t, 0, 0},
+                       {TK_ARG_TENSOR, "out", &out.t, 0, 0},
+                       {TK_ARG_TENSOR, "lse", &lse.t, 0, 0},
+                       {TK_ARG_TENSOR, "cu_seqlens_q", &cu.t, 0, 0},
+                       {TK_ARG_TENSOR, "cu_seqlens_k", &cu.t, 0, 0},
+                       {TK_ARG_I64, "max_seqlen_q", NULL, 7, 0},
+                       {TK_ARG_I64, "causal", NULL, 1, 0},
+                       {TK_ARG_I64, "window_left", NULL, wl, 0}};
         CHECK_RC(op_run_cpu("attention_backward", ba, 14), TK_OK);
         /* finite differences of L = sum(out * dout) per sequence, in double */
         double *rq = calloc((size_t)(T * Hq * D), sizeof(double)), *rk = calloc((size_t)(T * Hkv * D), sizeof(double)),
@@ -562,10 +590,10 @@ static void test_adamw_exact(void)
     for (int64_t step = 1; step <= 5; step++) {
         fill_range(&g, -0.1, 0.1);
         double lr = 1e-3 * (double)step, gs = step == 3 ? 0.25 : 1.0;
-        tk_arg a[] = {{TK_ARG_TENSOR, "param", &p.t, 0, 0},       {TK_ARG_TENSOR, "grad", &g.t, 0, 0},
-                      {TK_ARG_TENSOR, "exp_avg", &m.t, 0, 0},     {TK_ARG_TENSOR, "exp_avg_sq", &v.t, 0, 0},
+        tk_arg a[] = {{TK_ARG_TENSOR, "param", &p.t, 0, 0},         {TK_ARG_TENSOR, "grad", &g.t, 0, 0},
+                      {TK_ARG_TENSOR, "exp_avg", &m.t, 0, 0},       {TK_ARG_TENSOR, "exp_avg_sq", &v.t, 0, 0},
                       {TK_ARG_TENSOR, "param_copy", &copy.t, 0, 0}, {TK_ARG_F64, "lr", NULL, 0, lr},
-                      {TK_ARG_F64, "weight_decay", NULL, 0, 0.1}, {TK_ARG_I64, "step", NULL, step, 0},
+                      {TK_ARG_F64, "weight_decay", NULL, 0, 0.1},   {TK_ARG_I64, "step", NULL, step, 0},
                       {TK_ARG_F64, "grad_scale", NULL, 0, gs}};
         CHECK_RC(op_run_cpu("adamw", a, 9), TK_OK);
         ref_adamw(rp, g.buf, rm, rv, n, lr, 0.9, 0.999, 1e-8, 0.1, step, gs);
@@ -578,8 +606,10 @@ static void test_adamw_exact(void)
     CHECK(close_to("adamw param_copy", &copy.t, pv, 1));
     free(pv);
     /* step 0 and betas out of range are refused */
-    tk_arg bad[] = {{TK_ARG_TENSOR, "param", &p.t, 0, 0}, {TK_ARG_TENSOR, "grad", &g.t, 0, 0},
-                    {TK_ARG_TENSOR, "exp_avg", &m.t, 0, 0}, {TK_ARG_TENSOR, "exp_avg_sq", &v.t, 0, 0},
+    tk_arg bad[] = {{TK_ARG_TENSOR, "param", &p.t, 0, 0},
+                    {TK_ARG_TENSOR, "grad", &g.t, 0, 0},
+                    {TK_ARG_TENSOR, "exp_avg", &m.t, 0, 0},
+                    {TK_ARG_TENSOR, "exp_avg_sq", &v.t, 0, 0},
                     {TK_ARG_I64, "step", NULL, 0, 0}};
     CHECK_RC(op_run_cpu("adamw", bad, 5), TK_ERR_INVALID);
     CHECK_CONTAINS(tk_last_error(), "'step' is 0");

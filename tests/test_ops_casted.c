@@ -149,7 +149,8 @@ static void test_fp8_conversions(void)
         if (c < 0x7b)
             probes[np++] = (tab_e5m2[c] + tab_e5m2[c + 1]) / 2;
     }
-    double fixed[] = {448, 449, 463.99, 464, 465, 480, 1e6, INFINITY, 57344, 57345, 61439, 61440, 1e9, 1e-30,
+    double fixed[] = {448,           449,           463.99,          464,           465,           480, 1e6,
+                      INFINITY,      57344,         57345,           61439,         61440,         1e9, 1e-30,
                       ldexp(1, -10), ldexp(1, -11), ldexp(1.5, -10), ldexp(1, -17), ldexp(1, -18), 0.0};
     for (size_t i = 0; i < sizeof fixed / sizeof fixed[0]; i++)
         probes[np++] = fixed[i];
@@ -208,8 +209,10 @@ static int emb_case(tk_dtype wdt, tk_dtype odt, tk_dtype idt, int64_t V, int64_t
     for (int64_t i = 0; i < n * D; i++)
         set(&out.t, i, 12345.0); /* every element must be written */
 
-    tk_arg args[4] = {{TK_ARG_TENSOR, "out", &out.t, 0, 0}, {TK_ARG_TENSOR, "ids", &ids.t, 0, 0},
-                      {TK_ARG_TENSOR, "weight", &w.t, 0, 0}, {TK_ARG_TENSOR, "scale", &s.t, 0, 0}};
+    tk_arg args[4] = {{TK_ARG_TENSOR, "out", &out.t, 0, 0},
+                      {TK_ARG_TENSOR, "ids", &ids.t, 0, 0},
+                      {TK_ARG_TENSOR, "weight", &w.t, 0, 0},
+                      {TK_ARG_TENSOR, "scale", &s.t, 0, 0}};
     int rc = op_run_cpu("casted_embedding", args, with_scale ? 4 : 3), ok = rc == TK_OK;
     if (!ok)
         fprintf(stderr, "  casted_embedding: rc %d: %s (seed %llu)\n", rc, tk_last_error(), (unsigned long long)seed);
@@ -274,8 +277,10 @@ static void test_embedding_ids(void)
         id_set(&ids, i, i);
     for (int64_t i = 0; i < 20; i++)
         set(&out.t, i, 7.0);
-    tk_arg args[4] = {{TK_ARG_TENSOR, "out", &out.t, 0, 0}, {TK_ARG_TENSOR, "ids", &ids.t, 0, 0},
-                      {TK_ARG_TENSOR, "weight", &w.t, 0, 0}, {TK_ARG_TENSOR, "scale", &s.t, 0, 0}};
+    tk_arg args[4] = {{TK_ARG_TENSOR, "out", &out.t, 0, 0},
+                      {TK_ARG_TENSOR, "ids", &ids.t, 0, 0},
+                      {TK_ARG_TENSOR, "weight", &w.t, 0, 0},
+                      {TK_ARG_TENSOR, "scale", &s.t, 0, 0}};
     id_set(&ids, 3, 10);
     CHECK_RC(op_run_cpu("casted_embedding", args, 4), TK_ERR_INVALID);
     CHECK_CONTAINS(tk_last_error(),
@@ -300,7 +305,8 @@ static void test_embedding_ids(void)
 
 static void test_embedding_validation(void)
 {
-    int64_t wsh[2] = {10, 4}, ish[2] = {2, 3}, osh[3] = {2, 3, 4}, bad_osh[3] = {2, 3, 5}, v = 10, v9 = 9, s2[2] = {10, 1};
+    int64_t wsh[2] = {10, 4}, ish[2] = {2, 3}, osh[3] = {2, 3, 4}, bad_osh[3] = {2, 3, 5}, v = 10, v9 = 9,
+            s2[2] = {10, 1};
     host_t w, wi8, s, s9, sr2, ids, idsf, out, out5;
     host_new(&w, E5M2, 2, wsh, 0);
     host_new(&wi8, I8, 2, wsh, 0);
@@ -311,8 +317,10 @@ static void test_embedding_validation(void)
     host_new(&idsf, F32, 2, ish, 0);
     host_new(&out, BF16, 3, osh, 0);
     host_new(&out5, BF16, 3, bad_osh, 0);
-    tk_arg a[4] = {{TK_ARG_TENSOR, "out", &out5.t, 0, 0}, {TK_ARG_TENSOR, "ids", &ids.t, 0, 0},
-                   {TK_ARG_TENSOR, "weight", &w.t, 0, 0}, {TK_ARG_TENSOR, "scale", &s.t, 0, 0}};
+    tk_arg a[4] = {{TK_ARG_TENSOR, "out", &out5.t, 0, 0},
+                   {TK_ARG_TENSOR, "ids", &ids.t, 0, 0},
+                   {TK_ARG_TENSOR, "weight", &w.t, 0, 0},
+                   {TK_ARG_TENSOR, "scale", &s.t, 0, 0}};
     tk_op_call c;
     CHECK_RC(tk_ops__prepare(&c, "casted_embedding", a, 4), TK_ERR_INVALID);
     CHECK_CONTAINS(tk_last_error(), "casted_embedding: 'out' has shape [2, 3, 5], want [2, 3, 4] (the shape of 'ids' "
@@ -425,9 +433,12 @@ static int bs_case(tk_dtype vdt, tk_dtype odt, tk_dtype idt, int64_t nrb, int64_
         id_set(&ids, i, i < V && i < 4 ? i : rand_below(V)); /* the first rows include row block 1 */
     for (int64_t i = 0; i < nids * d; i++)
         set(&out.t, i, 12345.0);
-    tk_arg args[7] = {{TK_ARG_TENSOR, "out", &out.t, 0, 0},     {TK_ARG_TENSOR, "ids", &ids.t, 0, 0},
-                      {TK_ARG_TENSOR, "row_ptr", &b.rp.t, 0, 0}, {TK_ARG_TENSOR, "col_idx", &b.ci.t, 0, 0},
-                      {TK_ARG_TENSOR, "values", &b.vals.t, 0, 0}, {TK_ARG_TENSOR, "scale", &b.sc.t, 0, 0},
+    tk_arg args[7] = {{TK_ARG_TENSOR, "out", &out.t, 0, 0},
+                      {TK_ARG_TENSOR, "ids", &ids.t, 0, 0},
+                      {TK_ARG_TENSOR, "row_ptr", &b.rp.t, 0, 0},
+                      {TK_ARG_TENSOR, "col_idx", &b.ci.t, 0, 0},
+                      {TK_ARG_TENSOR, "values", &b.vals.t, 0, 0},
+                      {TK_ARG_TENSOR, "scale", &b.sc.t, 0, 0},
                       {TK_ARG_I64, "num_embeddings", NULL, num_emb, 0}};
     if (!with_scale)
         args[5] = args[6];
@@ -474,8 +485,8 @@ static void test_block_sparse(void)
                                   sc ? 0 : 2);
                 /* a partial last row block: num_embeddings < nrb * bs_r */
                 if (q[1] > 1)
-                    ok &= bs_case(vdts[a], odts[o], idt, q[0], q[1], q[2], q[3], (q[0] - 1) * q[1] + 1, density, 1, 9,
-                                  0);
+                    ok &=
+                        bs_case(vdts[a], odts[o], idt, q[0], q[1], q[2], q[3], (q[0] - 1) * q[1] + 1, density, 1, 9, 0);
             }
     /* an empty table (nnzb = 0): every row is zeros; and a full one */
     ok &= bs_case(E4M3, BF16, I32, 3, 2, 4, 8, 0, 0.0, 0, 6, 0);
@@ -497,8 +508,8 @@ static void test_block_sparse_validation(void)
     host_new(&sc7, F32, 1, &n7, 0);
     id_set(&ids, 0, 5);
     id_set(&ids, 1, 0);
-    tk_arg a[7] = {{TK_ARG_TENSOR, "out", &out.t, 0, 0},     {TK_ARG_TENSOR, "ids", &ids.t, 0, 0},
-                   {TK_ARG_TENSOR, "row_ptr", &b.rp.t, 0, 0}, {TK_ARG_TENSOR, "col_idx", &b.ci.t, 0, 0},
+    tk_arg a[7] = {{TK_ARG_TENSOR, "out", &out.t, 0, 0},       {TK_ARG_TENSOR, "ids", &ids.t, 0, 0},
+                   {TK_ARG_TENSOR, "row_ptr", &b.rp.t, 0, 0},  {TK_ARG_TENSOR, "col_idx", &b.ci.t, 0, 0},
                    {TK_ARG_TENSOR, "values", &b.vals.t, 0, 0}, {TK_ARG_TENSOR, "scale", &b.sc.t, 0, 0},
                    {TK_ARG_I64, "num_embeddings", NULL, 0, 0}};
     const char *op = "casted_embedding_block_sparse";
@@ -522,7 +533,8 @@ static void test_block_sparse_validation(void)
     a[5] = (tk_arg){TK_ARG_TENSOR, "scale", &b.sc.t, 0, 0};
     a[6].i = 7;
     CHECK_RC(op_run_cpu(op, a, 7), TK_ERR_INVALID);
-    CHECK_CONTAINS(tk_last_error(), "'num_embeddings' is 7, want 1 to 6 (the rows of 3 row blocks of 2; 0: all of them)");
+    CHECK_CONTAINS(tk_last_error(),
+                   "'num_embeddings' is 7, want 1 to 6 (the rows of 3 row blocks of 2; 0: all of them)");
     a[6].i = 5; /* row 5 is past V = 5 */
     CHECK_RC(op_run_cpu(op, a, 7), TK_ERR_INVALID);
     CHECK_CONTAINS(tk_last_error(), "casted_embedding_block_sparse: ids[0] = 5 is out of range for a table of 5 rows "
@@ -563,7 +575,10 @@ static void test_block_sparse_validation(void)
 /* ---- casted_linear ---------------------------------------------------------------------------- */
 
 /* Relative rounding of one store in dtype dt. */
-static double out_rel(tk_dtype dt) { return dt.bits == 32 ? ldexp(1, -24) : dt.code == TK_DL_BFLOAT ? ldexp(1, -8) : ldexp(1, -11); }
+static double out_rel(tk_dtype dt)
+{
+    return dt.bits == 32 ? ldexp(1, -24) : dt.code == TK_DL_BFLOAT ? ldexp(1, -8) : ldexp(1, -11);
+}
 
 /* out[..., n] = x @ decode(W)^T * scale + bias for x of shape xs (nd dims, last K); W codes random
  * (edge codes one in `edge_every`, NaN codes replaced unless `nan_ok`); x of magnitude xmag. */
@@ -594,15 +609,17 @@ static int lin_case(tk_dtype wdt, tk_dtype xdt, int nd, const int64_t *xs, int64
     }
     for (int64_t i = 0; i < M * N; i++)
         set(&out.t, i, 12345.0);
-    tk_arg args[5] = {{TK_ARG_TENSOR, "out", &out.t, 0, 0}, {TK_ARG_TENSOR, "x", &x.t, 0, 0},
-                      {TK_ARG_TENSOR, "weight", &w.t, 0, 0}, {TK_ARG_TENSOR, "scale", &s.t, 0, 0},
+    tk_arg args[5] = {{TK_ARG_TENSOR, "out", &out.t, 0, 0},
+                      {TK_ARG_TENSOR, "x", &x.t, 0, 0},
+                      {TK_ARG_TENSOR, "weight", &w.t, 0, 0},
+                      {TK_ARG_TENSOR, "scale", &s.t, 0, 0},
                       {TK_ARG_TENSOR, "bias", &bias.t, 0, 0}};
     int rc = op_run_cpu("casted_linear", args, with_bias ? 5 : 4), ok = rc == TK_OK;
     if (!ok)
         fprintf(stderr, "  casted_linear: rc %d: %s (seed %llu)\n", rc, tk_last_error(), (unsigned long long)seed);
-    op_cmp cmp = op_cmp_begin(0, 0, "casted_linear %s x %s, M %lld N %lld K %lld%s out", tk_ops__dtype_str(xdt),
-                              tk_ops__dtype_str(wdt), (long long)M, (long long)N, (long long)K,
-                              with_bias ? " + bias" : "");
+    op_cmp cmp =
+        op_cmp_begin(0, 0, "casted_linear %s x %s, M %lld N %lld K %lld%s out", tk_ops__dtype_str(xdt),
+                     tk_ops__dtype_str(wdt), (long long)M, (long long)N, (long long)K, with_bias ? " + bias" : "");
     cmp.cols = N;
     cmp.inf_fails = 1;
     for (int64_t m = 0; ok && m < M; m++)
@@ -632,8 +649,8 @@ static int lin_case(tk_dtype wdt, tk_dtype xdt, int nd, const int64_t *xs, int64
 static void test_linear(void)
 {
     const tk_dtype wdts[] = {I8, E4M3}, xdts[] = {BF16, F32, F16};
-    const int64_t mnk[][3] = {{1, 1, 1}, {1, 64, 256}, {1, 13, 33}, {3, 7, 100}, {8, 40, 16}, {9, 17, 1000},
-                              {17, 5, 7}, {40, 33, 130}, {2, 3, 0}};
+    const int64_t mnk[][3] = {{1, 1, 1},     {1, 64, 256}, {1, 13, 33},   {3, 7, 100}, {8, 40, 16},
+                              {9, 17, 1000}, {17, 5, 7},   {40, 33, 130}, {2, 3, 0}};
     int ok = 1;
     for (size_t a = 0; a < 2; a++)
         for (size_t b = 0; b < 3; b++)
@@ -670,8 +687,10 @@ static void test_linear_nan(void)
     for (int64_t i = 0; i < 4; i++)
         set(&s.t, i, 0.5);
     set_code(&w, 2 * 20 + 5, 0xff); /* NaN in channel 2 */
-    tk_arg args[4] = {{TK_ARG_TENSOR, "out", &out.t, 0, 0}, {TK_ARG_TENSOR, "x", &x.t, 0, 0},
-                      {TK_ARG_TENSOR, "weight", &w.t, 0, 0}, {TK_ARG_TENSOR, "scale", &s.t, 0, 0}};
+    tk_arg args[4] = {{TK_ARG_TENSOR, "out", &out.t, 0, 0},
+                      {TK_ARG_TENSOR, "x", &x.t, 0, 0},
+                      {TK_ARG_TENSOR, "weight", &w.t, 0, 0},
+                      {TK_ARG_TENSOR, "scale", &s.t, 0, 0}};
     CHECK_RC(op_run_cpu("casted_linear", args, 4), TK_OK);
     for (int64_t m = 0; m < 3; m++) {
         double sum = 0;
@@ -693,7 +712,8 @@ static void test_linear_nan(void)
 
 static void test_linear_validation(void)
 {
-    int64_t xs[2] = {4, 32}, xs31[2] = {4, 31}, ws[2] = {16, 32}, os[2] = {4, 16}, os15[2] = {4, 15}, os3[3] = {1, 4, 16};
+    int64_t xs[2] = {4, 32}, xs31[2] = {4, 31}, ws[2] = {16, 32}, os[2] = {4, 16}, os15[2] = {4, 15},
+            os3[3] = {1, 4, 16};
     int64_t n16 = 16, n15 = 15;
     host_t x, x31, w, w5, out, out15, out3, s, s15, bias, bias15, biasf;
     host_new(&x, BF16, 2, xs, 0);
@@ -708,8 +728,10 @@ static void test_linear_validation(void)
     host_new(&bias, BF16, 1, &n16, 0);
     host_new(&bias15, BF16, 1, &n15, 0);
     host_new(&biasf, F32, 1, &n16, 0);
-    tk_arg a[5] = {{TK_ARG_TENSOR, "out", &out.t, 0, 0}, {TK_ARG_TENSOR, "x", &x31.t, 0, 0},
-                   {TK_ARG_TENSOR, "weight", &w.t, 0, 0}, {TK_ARG_TENSOR, "scale", &s.t, 0, 0},
+    tk_arg a[5] = {{TK_ARG_TENSOR, "out", &out.t, 0, 0},
+                   {TK_ARG_TENSOR, "x", &x31.t, 0, 0},
+                   {TK_ARG_TENSOR, "weight", &w.t, 0, 0},
+                   {TK_ARG_TENSOR, "scale", &s.t, 0, 0},
                    {TK_ARG_TENSOR, "bias", &bias.t, 0, 0}};
     tk_op_call c;
     const char *op = "casted_linear";
@@ -767,15 +789,18 @@ static void test_empty(void)
     host_new(&ids, I32, 1, &z, 0);
     host_new(&w, E4M3, 2, wsh, 0);
     host_new(&out, BF16, 2, osh, 0);
-    tk_arg a[3] = {{TK_ARG_TENSOR, "out", &out.t, 0, 0}, {TK_ARG_TENSOR, "ids", &ids.t, 0, 0},
+    tk_arg a[3] = {{TK_ARG_TENSOR, "out", &out.t, 0, 0},
+                   {TK_ARG_TENSOR, "ids", &ids.t, 0, 0},
                    {TK_ARG_TENSOR, "weight", &w.t, 0, 0}};
     CHECK_RC(op_run_cpu("casted_embedding", a, 3), TK_OK);
     host_new(&x, BF16, 2, xs, 0);
     host_new(&wl, I8, 2, wsh, 0);
     host_new(&s, F32, 1, &n4, 0);
     host_new(&ol, BF16, 2, os2, 0);
-    tk_arg l[4] = {{TK_ARG_TENSOR, "out", &ol.t, 0, 0}, {TK_ARG_TENSOR, "x", &x.t, 0, 0},
-                   {TK_ARG_TENSOR, "weight", &wl.t, 0, 0}, {TK_ARG_TENSOR, "scale", &s.t, 0, 0}};
+    tk_arg l[4] = {{TK_ARG_TENSOR, "out", &ol.t, 0, 0},
+                   {TK_ARG_TENSOR, "x", &x.t, 0, 0},
+                   {TK_ARG_TENSOR, "weight", &wl.t, 0, 0},
+                   {TK_ARG_TENSOR, "scale", &s.t, 0, 0}};
     CHECK_RC(op_run_cpu("casted_linear", l, 4), TK_OK);
     host_free(&ids);
     host_free(&w);

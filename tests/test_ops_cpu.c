@@ -36,7 +36,10 @@ static tk_arg T(const char *name, tk_tensor *t) { return (tk_arg){TK_ARG_TENSOR,
 static tk_arg I(const char *name, int64_t v) { return (tk_arg){TK_ARG_I64, name, NULL, v, 0}; }
 static tk_arg F(const char *name, double v) { return (tk_arg){TK_ARG_F64, name, NULL, 0, v}; }
 
-static double u_out(tk_dtype dt) { return dt.bits == 32 ? ldexp(1, -24) : dt.code == TK_DL_BFLOAT ? ldexp(1, -8) : ldexp(1, -11); }
+static double u_out(tk_dtype dt)
+{
+    return dt.bits == 32 ? ldexp(1, -24) : dt.code == TK_DL_BFLOAT ? ldexp(1, -8) : ldexp(1, -11);
+}
 static double u_abs(tk_dtype dt) { return dt.code == TK_DL_FLOAT && dt.bits == 16 ? ldexp(1, -24) : 0; }
 
 /* The implementations of op, in table order. */
@@ -172,9 +175,9 @@ static int lin_cmp(void *p, host_t *const *ref, host_t *const *got, const char *
         for (int64_t j = 0; j < L->n; j++) {
             double s = 0;
             for (int64_t e = 0; e < L->k; e++) {
-                double wv = L->tr ? get(&L->w->t, e * L->n + j) : L->w->t.dtype.bits == 8
-                                                                      ? (double)((const int8_t *)L->w->buf)[j * L->k + e]
-                                                                      : get(&L->w->t, j * L->k + e);
+                double wv = L->tr                     ? get(&L->w->t, e * L->n + j)
+                            : L->w->t.dtype.bits == 8 ? (double)((const int8_t *)L->w->buf)[j * L->k + e]
+                                                      : get(&L->w->t, j * L->k + e);
                 s += fabs(get(&L->x->t, i * L->k + e) * wv);
             }
             if (L->scale)
@@ -182,8 +185,8 @@ static int lin_cmp(void *p, host_t *const *ref, host_t *const *got, const char *
             if (L->b)
                 s += fabs(get(&L->b->t, j));
             double r = get(&ref[0]->t, i * L->n + j), g = get(&got[0]->t, i * L->n + j);
-            double tol = u_out(dt) * fabs(r) + 2 * u_abs(dt) + 2 * sqrt((double)L->k + 1) * ldexp(1, -24) * s *
-                                                                   (1 + u_out(dt) * 4);
+            double tol = u_out(dt) * fabs(r) + 2 * u_abs(dt) +
+                         2 * sqrt((double)L->k + 1) * ldexp(1, -24) * s * (1 + u_out(dt) * 4);
             if (dt.bits == 16)
                 tol += u_out(dt) * fabs(r); /* both round an f32 sum that may differ in the last bits */
             if (strstr(impl, "-q8")) { /* x rounded to d_b x_q per block of 32: |x - d_b x_q| <= d_b / 2 */
@@ -232,12 +235,11 @@ static int lin_case(tk_dtype dt, int64_t m, int64_t k, int64_t n, int bias, int 
 
 static void test_linear(void)
 {
-    static const int64_t shapes[][3] = {{1, 1, 1},  {1, 7, 5},    {1, 64, 33},  {2, 17, 9},    {3, 100, 37},
-                                        {4, 33, 70}, {5, 33, 17},  {7, 300, 50}, {13, 257, 129}, {64, 600, 96},
-                                        {1, 0, 5},  {6, 1, 16},   {150, 40, 20}, {8, 576, 200}, {6, 100, 333},
-                                        {7, 70, 40}, {5, 300, 200}, {11, 129, 131}, {17, 577, 100}, {22, 576, 193},
-                                        {31, 1000, 70}, {32, 64, 7}, {33, 40, 20}, {12, 8, 3}, {9, 7, 4},
-                                        {6, 15, 1},   {32, 300, 250}, {26, 1536, 50}};
+    static const int64_t shapes[][3] = {
+        {1, 1, 1},     {1, 7, 5},      {1, 64, 33},   {2, 17, 9},     {3, 100, 37},   {4, 33, 70},    {5, 33, 17},
+        {7, 300, 50},  {13, 257, 129}, {64, 600, 96}, {1, 0, 5},      {6, 1, 16},     {150, 40, 20},  {8, 576, 200},
+        {6, 100, 333}, {7, 70, 40},    {5, 300, 200}, {11, 129, 131}, {17, 577, 100}, {22, 576, 193}, {31, 1000, 70},
+        {32, 64, 7},   {33, 40, 20},   {12, 8, 3},    {9, 7, 4},      {6, 15, 1},     {32, 300, 250}, {26, 1536, 50}};
     /* cpu-avx2: M 5..32 runs the in-place 4x3 tiles (M and N past and below multiples of 4 and 3, K of
      * 8; threaded in ranges of 64 KiB of weight rows, whose ends fall inside a tile of 3 rows), M 33 and
      * up the GEMM. cpu-portable: M 5..6 the GEMV in groups of 4 rows (threaded when N * K passes 64
@@ -269,7 +271,10 @@ static int casted_case(tk_dtype dt, int64_t m, int64_t k, int64_t n, int bias, i
     fill_range(&x, -2, 2);
     fill_range(&b, -1, 1);
     for (int64_t i = 0; i < n * k; i++)
-        ((int8_t *)w.buf)[i] = (int8_t)(i % 7 == 0 ? -127 : i % 11 == 0 ? 127 : i % 13 == 0 ? -128 : (int)uniform(-127, 127));
+        ((int8_t *)w.buf)[i] = (int8_t)(i % 7 == 0    ? -127
+                                        : i % 11 == 0 ? 127
+                                        : i % 13 == 0 ? -128
+                                                      : (int)uniform(-127, 127));
     for (int64_t i = 0; i < n; i++)
         ((float *)sc.buf)[i] = (float)uniform(0.001, 0.02);
     if (k >= 40) /* a block of x much smaller than the rest, and one all zero: their own steps */
@@ -298,10 +303,10 @@ static void test_casted_linear(void)
 {
     /* M 1..4 is decode (the integer-dot GEMV as well); K below, at and past blocks of 32; N * K past
      * 64 KiB runs threaded */
-    static const int64_t shapes[][3] = {{1, 1, 1},   {1, 70, 33},  {3, 19, 40},  {4, 256, 8},    {5, 33, 17},
-                                        {40, 300, 70}, {1, 32, 5},   {2, 64, 300}, {4, 1000, 70}, {1, 576, 200},
-                                        {3, 95, 129},  {1, 0, 4},   {6, 576, 200}, {8, 33, 9},
-                                        {13, 300, 131}, {32, 577, 100}, {29, 1000, 70}, {33, 64, 10}};
+    static const int64_t shapes[][3] = {{1, 1, 1},      {1, 70, 33},    {3, 19, 40},   {4, 256, 8},   {5, 33, 17},
+                                        {40, 300, 70},  {1, 32, 5},     {2, 64, 300},  {4, 1000, 70}, {1, 576, 200},
+                                        {3, 95, 129},   {1, 0, 4},      {6, 576, 200}, {8, 33, 9},    {13, 300, 131},
+                                        {32, 577, 100}, {29, 1000, 70}, {33, 64, 10}};
     for (size_t d = 0; d < 3; d++) {
         for (size_t s = 0; s < sizeof shapes / sizeof shapes[0]; s++)
             CHECK(casted_case(*all_dtypes[d], shapes[s][0], shapes[s][1], shapes[s][2], (int)(s % 2), 0));
@@ -345,8 +350,8 @@ static int att_cmp_out(void *p, host_t *const *ref, host_t *const *got, const ch
 }
 
 /* varlen prefill: sequences of the given lengths packed in one [1, total, H, D] batch. */
-static int prefill_case(tk_dtype dt, const int *lens, int nseq, int64_t hq, int64_t hkv, int64_t d, int causal, int64_t wl,
-                        int special, double cap)
+static int prefill_case(tk_dtype dt, const int *lens, int nseq, int64_t hq, int64_t hkv, int64_t d, int causal,
+                        int64_t wl, int special, double cap)
 {
     int64_t total = 0;
     for (int s = 0; s < nseq; s++)
@@ -371,9 +376,17 @@ static int prefill_case(tk_dtype dt, const int *lens, int nseq, int64_t hq, int6
     int maxq = 0;
     for (int s = 0; s < nseq; s++)
         maxq = lens[s] > maxq ? lens[s] : maxq;
-    tk_arg a[] = {T("out", &out.t),        T("q", &q.t),           T("k", &k.t),        T("v", &v.t),
-                  T("lse", &lse.t),        T("cu_seqlens_q", &cu.t), T("cu_seqlens_k", &cu.t),
-                  I("max_seqlen_q", maxq), I("causal", causal),    I("window_left", wl), F("softcap", cap)};
+    tk_arg a[] = {T("out", &out.t),
+                  T("q", &q.t),
+                  T("k", &k.t),
+                  T("v", &v.t),
+                  T("lse", &lse.t),
+                  T("cu_seqlens_q", &cu.t),
+                  T("cu_seqlens_k", &cu.t),
+                  I("max_seqlen_q", maxq),
+                  I("causal", causal),
+                  I("window_left", wl),
+                  F("softcap", cap)};
     char what[160];
     snprintf(what, sizeof what, "attention lens %d.. (%d seqs) Hq %lld Hkv %lld D %lld causal %d wl %lld softcap %g",
              lens[0], nseq, (long long)hq, (long long)hkv, (long long)d, causal, (long long)wl, cap);
@@ -441,7 +454,8 @@ static int decode_case(tk_dtype dt, tk_dtype cdt, int64_t b, int64_t sq, const i
         maxb = (lens[s] + bs - 1) / bs > maxb ? (lens[s] + bs - 1) / bs : maxb;
     int64_t nblocks = b * maxb + 3;
     host_t q, out, kc, vc, bt, sl, lse;
-    int64_t qs[4] = {b, sq, hq, d}, cs[4] = {nblocks, bs, hkv, d}, bts[2] = {b, maxb}, sls[1] = {b}, ls[3] = {b, hq, sq};
+    int64_t qs[4] = {b, sq, hq, d}, cs[4] = {nblocks, bs, hkv, d}, bts[2] = {b, maxb}, sls[1] = {b},
+            ls[3] = {b, hq, sq};
     host_new(&q, dt, 4, qs, 0);
     host_new(&out, dt, 4, qs, 0);
     host_new(&kc, cdt, 4, cs, 0);
@@ -459,8 +473,9 @@ static int decode_case(tk_dtype dt, tk_dtype cdt, int64_t b, int64_t sq, const i
         slv[s] = lens[s];
     if (special && lens[0] > 1) /* key 1 of sequence 0, KV head 0 */
         set(&kc.t, ((int64_t)tab[0] * bs + 1) * hkv * d, NAN);
-    tk_arg a[] = {T("out", &out.t), T("q", &q.t), T("k_cache", &kc.t), T("v_cache", &vc.t), T("block_table", &bt.t),
-                  T("seq_lens", &sl.t), T("lse", &lse.t), I("window_left", wl), F("softcap", cap)};
+    tk_arg a[] = {T("out", &out.t),        T("q", &q.t),         T("k_cache", &kc.t), T("v_cache", &vc.t),
+                  T("block_table", &bt.t), T("seq_lens", &sl.t), T("lse", &lse.t),    I("window_left", wl),
+                  F("softcap", cap)};
     char what[160];
     snprintf(what, sizeof what,
              "attention_decode cache %s B %lld Sq %lld lens %d.. Hq %lld Hkv %lld D %lld bs %lld wl %lld softcap %g%s",
@@ -603,8 +618,8 @@ static int act_case(tk_dtype dt, int64_t rows, int64_t d, int64_t pad, int speci
             set(&in.t, (int64_t)((i / (size_t)d) * 2 * d + i % (size_t)d), vals[i]);
     }
     char what[96];
-    snprintf(what, sizeof what, "silu_and_mul [%lld, %lld]%s%s", (long long)rows, (long long)(2 * d), pad ? " strided" : "",
-             special ? " nan/inf" : "");
+    snprintf(what, sizeof what, "silu_and_mul [%lld, %lld]%s%s", (long long)rows, (long long)(2 * d),
+             pad ? " strided" : "", special ? " nan/inf" : "");
     ew_ctx E = {what, d, 4 * ldexp(1, -24)};
     tk_arg a[] = {T("out", &out.t), T("input", &in.t)};
     host_t *outs[1] = {&out};
@@ -765,7 +780,8 @@ static int rope_case(tk_dtype dt, tk_dtype cdt, int64_t ntok, int64_t hq, int64_
     snprintf(what, sizeof what, "rotary_embedding T %lld Hq %lld Hkv %lld D %lld rot %lld cache %s", (long long)ntok,
              (long long)hq, (long long)hkv, (long long)d, (long long)rot, tk_ops__dtype_str(cdt));
     ew_ctx E = {what, d, 0};
-    tk_arg a[] = {T("query", &q.t), T("key", &k.t), T("positions", &pos.t), T("cos_sin_cache", &cache.t), I("is_neox", 1)};
+    tk_arg a[] = {T("query", &q.t), T("key", &k.t), T("positions", &pos.t), T("cos_sin_cache", &cache.t),
+                  I("is_neox", 1)};
     host_t *outs[2] = {&q, &k};
     int oa[2] = {0, 1};
     int ok = run_all("rotary_embedding", a, 5, outs, oa, 2, ew_cmp, &E);
@@ -850,7 +866,8 @@ static void test_pick(void)
         const tk_cpu_impl *p = tk_ops__cpu_pick(&c);
         int q8 = 0; /* the table has it (an x86 build) and this CPU runs it */
         for (size_t i = 0; i < tk_ops__cpu_impl_count(); i++)
-            q8 |= !strcmp(tk_ops__cpu_impl_at(i)->impl, "cpu-avx2-q8") && tk_ops__cpu_impl_usable(tk_ops__cpu_impl_at(i));
+            q8 |=
+                !strcmp(tk_ops__cpu_impl_at(i)->impl, "cpu-avx2-q8") && tk_ops__cpu_impl_usable(tk_ops__cpu_impl_at(i));
         if (q8) { /* TK_CPU_Q8=1 (main sets it): q8 for decode's rows; off, the f32-activation GEMV */
             CHECK(p != NULL);
             CHECK_STR(p ? p->impl : "", m <= 4 ? "cpu-avx2-q8" : "cpu-avx2");

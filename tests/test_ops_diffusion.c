@@ -270,7 +270,7 @@ static float ref_threshold(const double *x0, int64_t n, double ratio, double max
     free(v);
     if (nan)
         return NAN;
-    return q < 1.0f ? 1.0f : q > (float)maxv ? (float)maxv : q;
+    return q<1.0f ? 1.0f : q>(float) maxv ? (float)maxv : q;
 }
 
 /* One batch row of a step in float64: x, m (row), pv (row or NULL), z (row or NULL) -> prev, x0. */
@@ -394,7 +394,8 @@ static void step_case(const step_cfg *c, tk_dtype dt, int nd, const int64_t *sha
     for (int64_t b = 0; b < B; b++) {
         int64_t t = i64s(&ts)[b], p = i64s(&ps)[b];
         ref_step_row(c, f64s(&ab)[t], p >= 0 ? f64s(&ab)[p] : 1.0, t, row, mv + b * mrow, xv + b * row,
-                     learned ? mv + b * mrow + row : NULL, with_noise ? zv + b * row : NULL, rp + b * row, rx + b * row);
+                     learned ? mv + b * mrow + row : NULL, with_noise ? zv + b * row : NULL, rp + b * row,
+                     rx + b * row);
     }
     op_cmp cp = op_cmp_begin(tiny(dt), FLOAT64_ULPS * ulp1(dt),
                              "%s pred %d var %d clip %d thr %d eta %g noise %d %s %s pad %lld prev_sample", op, c->pred,
@@ -451,7 +452,8 @@ static void test_q_posterior_float64(void)
     for (int d = 0; d < 3; d++)
         for (int k = 0; k < 8; k++) {
             tk_dtype dt = *all_dtypes[d];
-            int64_t shape[3] = {1 + (int64_t)(next_u64() % 6), 1 + (int64_t)(next_u64() % 9), 1 + (int64_t)(next_u64() % 17)};
+            int64_t shape[3] = {1 + (int64_t)(next_u64() % 6), 1 + (int64_t)(next_u64() % 9),
+                                1 + (int64_t)(next_u64() % 17)};
             int nd = 1 + k % 3, pad = k % 4 == 3 ? 3 : 0, var = k % 6;
             int64_t B = shape[0], nt = 40;
             host_t x0, x, z, out, mean, lv, pv, ts, ps, ab;
@@ -475,14 +477,17 @@ static void test_q_posterior_float64(void)
                 i64s(&ts)[b] = (int64_t)(next_u64() % (uint64_t)nt);
                 i64s(&ps)[b] = b == 0 ? -1 : i64s(&ts)[b] - 1;
             }
-            CHECK_RC(op_run_cpu("q_sample", (tk_arg[]){TA("out", &out.t), TA("x0", &x0.t), TA("noise", &z.t),
-                                                       TA("timesteps", &ts.t), TA("alphas_cumprod", &ab.t)}, 5),
+            CHECK_RC(op_run_cpu("q_sample",
+                                (tk_arg[]){TA("out", &out.t), TA("x0", &x0.t), TA("noise", &z.t),
+                                           TA("timesteps", &ts.t), TA("alphas_cumprod", &ab.t)},
+                                5),
                      TK_OK);
-            tk_arg pa[9] = {TA("mean", &mean.t), TA("log_variance", &lv.t), TA("x0", &x0.t), TA("sample", &x.t),
-                            TA("timesteps", &ts.t), TA("prev_timesteps", &ps.t), TA("alphas_cumprod", &ab.t),
-                            IA("variance_type", var), TA("predicted_variance", &pv.t)};
+            tk_arg pa[9] = {TA("mean", &mean.t),         TA("log_variance", &lv.t), TA("x0", &x0.t),
+                            TA("sample", &x.t),          TA("timesteps", &ts.t),    TA("prev_timesteps", &ps.t),
+                            TA("alphas_cumprod", &ab.t), IA("variance_type", var),  TA("predicted_variance", &pv.t)};
             CHECK_RC(op_run_cpu("ddpm_posterior", pa, 9), TK_OK);
-            op_cmp cq = op_cmp_begin(tiny(dt), ulp1(dt), "q_sample %s %s", tk_ops__dtype_str(dt), tk_ops__shape_fmt(nd, shape));
+            op_cmp cq =
+                op_cmp_begin(tiny(dt), ulp1(dt), "q_sample %s %s", tk_ops__dtype_str(dt), tk_ops__shape_fmt(nd, shape));
             op_cmp cm = op_cmp_begin(tiny(dt), ulp1(dt), "ddpm_posterior mean %s %s", tk_ops__dtype_str(dt),
                                      tk_ops__shape_fmt(nd, shape));
             op_cmp cl = op_cmp_begin(tiny(dt), ulp1(dt), "ddpm_posterior log_variance var %d %s %s", var,
@@ -494,7 +499,10 @@ static void test_q_posterior_float64(void)
                 op_cmp_at(&cq, i, get(&out.t, i), quantize(sqrt(at) * a0 + sqrt(1 - at) * get(&z.t, i), dt));
                 double m = sqrt(ap) * beta / (1 - at) * a0 + sqrt(1 - beta) * (1 - ap) / (1 - at) * xt;
                 double tl = log(fmax((1 - ap) / (1 - at) * beta, 1e-20));
-                double l = var <= 1 ? tl : var <= 3 ? log(beta) : var == 4 ? log(v) : (v + 1) / 2 * log(beta) + (1 - v) / 2 * tl;
+                double l = var <= 1   ? tl
+                           : var <= 3 ? log(beta)
+                           : var == 4 ? log(v)
+                                      : (v + 1) / 2 * log(beta) + (1 - v) / 2 * tl;
                 op_cmp_at(&cm, i, get(&mean.t, i), quantize(m, dt));
                 op_cmp_at(&cl, i, get(&lv.t, i), quantize(l, dt));
             }
@@ -538,11 +546,13 @@ static void test_in_place(void)
                 i64s(&ps)[b] = 5 - b;
             }
             const char *name = op ? "ddim_step" : "ddpm_step";
-            tk_arg a1[] = {TA("prev_sample", &prev.t), TA("pred_original_sample", &x0.t), TA("model_output", &mo.t),
-                           TA("sample", &x.t), TA("timesteps", &ts.t), TA("prev_timesteps", &ps.t),
+            tk_arg a1[] = {TA("prev_sample", &prev.t),  TA("pred_original_sample", &x0.t),
+                           TA("model_output", &mo.t),   TA("sample", &x.t),
+                           TA("timesteps", &ts.t),      TA("prev_timesteps", &ps.t),
                            TA("alphas_cumprod", &ab.t), IA("thresholding", thr)};
-            tk_arg a2[] = {TA("prev_sample", &x2.t), TA("pred_original_sample", &mo2.t), TA("model_output", &mo2.t),
-                           TA("sample", &x2.t), TA("timesteps", &ts.t), TA("prev_timesteps", &ps.t),
+            tk_arg a2[] = {TA("prev_sample", &x2.t),    TA("pred_original_sample", &mo2.t),
+                           TA("model_output", &mo2.t),  TA("sample", &x2.t),
+                           TA("timesteps", &ts.t),      TA("prev_timesteps", &ps.t),
                            TA("alphas_cumprod", &ab.t), IA("thresholding", thr)};
             CHECK_RC(op_run_cpu(name, a1, 8), TK_OK);
             CHECK_RC(op_run_cpu(name, a2, 8), TK_OK);
@@ -598,8 +608,8 @@ static void test_validation(void)
     i64s(&ts)[1] = 3;
     i64s(&ps)[0] = 5;
     i64s(&ps)[1] = -1;
-#define STEP(mo_, x_, ts_, ab_)                                                                            \
-    TA("prev_sample", &prev.t), TA("pred_original_sample", &x0.t), TA("model_output", &(mo_).t),            \
+#define STEP(mo_, x_, ts_, ab_)                                                                                        \
+    TA("prev_sample", &prev.t), TA("pred_original_sample", &x0.t), TA("model_output", &(mo_).t),                       \
         TA("sample", &(x_).t), TA("timesteps", &(ts_).t), TA("prev_timesteps", &ps.t), TA("alphas_cumprod", &(ab_).t)
     refused("ddpm_step", (tk_arg[]){STEP(mo, x, ts, ab), IA("variance_type", 5)}, 8,
             "'model_output' has shape [2, 3, 4, 4], want [2, 6, 4, 4] (the learned variance types", &prev);
@@ -619,10 +629,11 @@ static void test_validation(void)
             9, "'dynamic_thresholding_ratio' is 1.5, want a quantile in [0, 1]", &prev);
     refused("ddpm_step", (tk_arg[]){STEP(mo, x, ts3, ab)}, 7,
             "'timesteps' has shape [3], want [2] (one value per batch row of 'sample' [2, 3, 4, 4])", &prev);
-    refused("ddpm_step", (tk_arg[]){STEP(mo, xb, ts, ab)}, 7, "'model_output' has shape [2, 3, 4, 4], want [3, 3, 4, 4]",
-            &prev);
+    refused("ddpm_step", (tk_arg[]){STEP(mo, xb, ts, ab)}, 7,
+            "'model_output' has shape [2, 3, 4, 4], want [3, 3, 4, 4]", &prev);
     refused("ddpm_step", (tk_arg[]){STEP(mo, x, ts, ab32)}, 7, "'alphas_cumprod' has dtype f32, want f64", &prev);
-    refused("ddpm_step", (tk_arg[]){STEP(mo, x16, ts, ab)}, 7, "has dtype f32, want f16 (the dtype of 'sample')", &prev);
+    refused("ddpm_step", (tk_arg[]){STEP(mo, x16, ts, ab)}, 7, "has dtype f32, want f16 (the dtype of 'sample')",
+            &prev);
     refused("ddpm_step", (tk_arg[]){STEP(mo, x, ts, empty)}, 7, "'alphas_cumprod' is empty", &prev);
     /* the values: checked before anything is written */
     i64s(&ts)[1] = 10;
@@ -844,9 +855,11 @@ static void check_sched(const char *line, const char *dir, int i)
     char name[32];
     int dlm = !strcmp(cval(line, "schedule", name, sizeof name), "sqrt"); /* Diffusion-LM's float64 */
     op_cmp cb = op_cmp_begin(0, 0, "tk_noise_schedule %s betas vs %s", line, dlm ? "Diffusion-LM" : "diffusers");
-    op_cmp ca = op_cmp_begin(0, 0, "tk_noise_schedule %s alphas_cumprod vs %s", line, dlm ? "Diffusion-LM" : "diffusers");
+    op_cmp ca =
+        op_cmp_begin(0, 0, "tk_noise_schedule %s alphas_cumprod vs %s", line, dlm ? "Diffusion-LM" : "diffusers");
     op_cmp rb = op_cmp_begin(0, 1e-12, "tk_noise_schedule %s betas vs diffusers' rescale in float64", line);
-    op_cmp ra = op_cmp_begin(1e-300, 1e-12, "tk_noise_schedule %s alphas_cumprod vs diffusers' rescale in float64", line);
+    op_cmp ra =
+        op_cmp_begin(1e-300, 1e-12, "tk_noise_schedule %s alphas_cumprod vs diffusers' rescale in float64", line);
     for (int64_t k = 0; want && len == want_len && k < n; k++) {
         /* diffusers: betas in float32: 6 ulps (torch's float32 linspace, then squared or through a
          * sigmoid). alphas_cumprod: the float32 cumulative product, k + 1 roundings of the running
@@ -854,8 +867,9 @@ static void check_sched(const char *line, const char *dir, int i)
          * from differences of square roots near zero and 1 - ab[i] / ab[i - 1] in float32: 2e-5
          * absolute (7e-6 seen); the algorithm itself is checked in float64 below. */
         double tb = dlm ? 1e-14 * fabs(want[k]) : rescale ? 2e-5 : 6 * 0x1.0p-24 * fabs(want[k]) + 1e-12;
-        double ta = dlm ? 1e-13 * fabs(want[n + k])
-                        : rescale ? 2e-5 : (2.0 * (double)(k + 1) + 4) * 0x1.0p-24 * fabs(want[n + k]) + 1e-30;
+        double ta = dlm       ? 1e-13 * fabs(want[n + k])
+                    : rescale ? 2e-5
+                              : (2.0 * (double)(k + 1) + 4) * 0x1.0p-24 * fabs(want[n + k]) + 1e-30;
         op_cmp_tol(&cb, k, b[k], want[k], tb);
         op_cmp_tol(&ca, k, ab[k], want[n + k], ta);
         if (rescale) {
@@ -947,8 +961,11 @@ static void check_q(const char *line, const char *dir, int i)
     CHECK_RC(case_schedule(line, NULL, ab), TK_OK);
     tk_tensor to = view(out, F32, nd, shape), tx = view(f, F32, nd, shape), tz = view(f + N, F32, nd, shape),
               tt = view(ts, I64, 1, &B), ta = view(ab, F64, 1, &nt);
-    CHECK_RC(op_run_cpu("q_sample", (tk_arg[]){TA("out", &to), TA("x0", &tx), TA("noise", &tz), TA("timesteps", &tt),
-                                                TA("alphas_cumprod", &ta)}, 5), TK_OK);
+    CHECK_RC(op_run_cpu("q_sample",
+                        (tk_arg[]){TA("out", &to), TA("x0", &tx), TA("noise", &tz), TA("timesteps", &tt),
+                                   TA("alphas_cumprod", &ta)},
+                        5),
+             TK_OK);
     op_cmp c64 = op_cmp_begin(1e-30, EXACT_ULPS * 0x1.0p-24 * 2, "q_sample %s vs diffusers float64", line);
     op_cmp c32 = op_cmp_begin(F32_ATOL, F32_RTOL, "q_sample %s vs diffusers float32", line);
     for (int64_t k = 0; k < N; k++) {
@@ -999,11 +1016,12 @@ static void check_post(const char *line, const char *dir, int i)
     for (int var = 0; var < 6; var++) {
         for (int64_t k = 0; k < N; k++) /* the oracle's learned variance is 0.01 + |v| (float32 v, double sum) */
             pv[k] = var == 4 ? (float)(0.01 + fabs((double)f[2 * N + k])) : f[2 * N + k];
-        tk_arg a[9] = {TA("mean", &tm), TA("log_variance", &tl), TA("x0", &tx0), TA("sample", &tx), TA("timesteps", &tt),
-                       TA("prev_timesteps", &tq), TA("alphas_cumprod", &ta), TA("predicted_variance", &tp),
-                       IA("variance_type", var)};
+        tk_arg a[9] = {TA("mean", &tm),           TA("log_variance", &tl),       TA("x0", &tx0),
+                       TA("sample", &tx),         TA("timesteps", &tt),          TA("prev_timesteps", &tq),
+                       TA("alphas_cumprod", &ta), TA("predicted_variance", &tp), IA("variance_type", var)};
         CHECK_RC(op_run_cpu("ddpm_posterior", a, 9), TK_OK);
-        op_cmp cm = op_cmp_begin(1e-30, 2 * EXACT_ULPS * 0x1.0p-24, "ddpm_posterior %s mean vs diffusers float64", line);
+        op_cmp cm =
+            op_cmp_begin(1e-30, 2 * EXACT_ULPS * 0x1.0p-24, "ddpm_posterior %s mean vs diffusers float64", line);
         /* learned: diffusers takes the log of float64 0.01 + |v|, tk of it rounded to fp32 */
         op_cmp cl = op_cmp_begin(var == 4 ? 1e-6 : 1e-30, 2 * EXACT_ULPS * 0x1.0p-24,
                                  "ddpm_posterior %s variance_type %d log_variance vs diffusers float64", line, var);
@@ -1092,11 +1110,19 @@ static void check_traj(const char *line, const char *dir, int i)
         }
         tk_tensor tmo = view((void *)mo, F32, nd, mshape), tx = view((void *)x, F32, nd, shape),
                   tz = view((void *)z, F32, nd, shape);
-        tk_arg a[16] = {TA("prev_sample", &tp), TA("pred_original_sample", &tx0), TA("model_output", &tmo),
-                        TA("sample", &tx), TA("timesteps", &tt), TA("prev_timesteps", &tq), TA("alphas_cumprod", &ta),
-                        TA("noise", &tz), IA("prediction_type", (int64_t)cnum(line, "pred", 0)),
-                        IA("clip_sample", (int64_t)cnum(line, "clip", 1)), FA("clip_sample_range", cnum(line, "range", 1)),
-                        IA("thresholding", thr), FA("dynamic_thresholding_ratio", cnum(line, "ratio", 0.995)),
+        tk_arg a[16] = {TA("prev_sample", &tp),
+                        TA("pred_original_sample", &tx0),
+                        TA("model_output", &tmo),
+                        TA("sample", &tx),
+                        TA("timesteps", &tt),
+                        TA("prev_timesteps", &tq),
+                        TA("alphas_cumprod", &ta),
+                        TA("noise", &tz),
+                        IA("prediction_type", (int64_t)cnum(line, "pred", 0)),
+                        IA("clip_sample", (int64_t)cnum(line, "clip", 1)),
+                        FA("clip_sample_range", cnum(line, "range", 1)),
+                        IA("thresholding", thr),
+                        FA("dynamic_thresholding_ratio", cnum(line, "ratio", 0.995)),
                         FA("sample_max_value", cnum(line, "maxv", 1))};
         size_t na = 14;
         if (ddim) {
@@ -1113,7 +1139,8 @@ static void check_traj(const char *line, const char *dir, int i)
                          (thr ? EXACT_ULPS_THR * 0x1.0p-24 * (fabs(x[e]) + 1) : 1e-30);
             op_cmp_tol(&c64, at, prev[e], p64[e], t64);
             op_cmp_tol(&c64x, at, x0[e], x64[e],
-                       (thr ? EXACT_ULPS_THR : EXACT_ULPS) * 0x1.0p-23 * fabs(x64[e]) + (thr ? EXACT_ULPS_THR * 0x1.0p-24 : 1e-30));
+                       (thr ? EXACT_ULPS_THR : EXACT_ULPS) * 0x1.0p-23 * fabs(x64[e]) +
+                           (thr ? EXACT_ULPS_THR * 0x1.0p-24 : 1e-30));
             op_cmp_at(&c32, at, prev[e], p32[e]);
             op_cmp_at(&c32x, at, x0[e], x32[e]);
             keep_worst(&worst_exact, NULL, prev[e], p64[e], t64);
@@ -1124,8 +1151,10 @@ static void check_traj(const char *line, const char *dir, int i)
         int64_t row = N / B;
         for (int64_t b = 0; b < B; b++)
             for (int64_t e = 0; e < M / B; e++)
-                own_mo[b * (M / B) + e] = e < row ? (float)(0.5f * own[b * row + e] + r[b * (M / B) + e]) : r[b * (M / B) + e];
-        tk_tensor omo = view(own_mo, F32, nd, mshape), ox = view(own, F32, nd, shape), op_ = view(own_prev, F32, nd, shape);
+                own_mo[b * (M / B) + e] =
+                    e < row ? (float)(0.5f * own[b * row + e] + r[b * (M / B) + e]) : r[b * (M / B) + e];
+        tk_tensor omo = view(own_mo, F32, nd, mshape), ox = view(own, F32, nd, shape),
+                  op_ = view(own_prev, F32, nd, shape);
         a[0] = TA("prev_sample", &op_);
         a[1] = TA("sample", &ox);
         a[2] = TA("model_output", &omo);
@@ -1267,8 +1296,8 @@ static void test_diffusers(void)
             check_traj(lines[c], dir, c);
     }
     printf("diffusers: worst |diff| / tol: %.3g vs float64 (1 fp32 ulp), %.3g vs float32 per step (max |diff| "
-           "%.3g), %.3g on tk's own trajectories (max |diff| %.3g)\n", worst_exact, worst_f32, worst_f32_abs,
-           worst_traj, worst_traj_abs);
+           "%.3g), %.3g on tk's own trajectories (max |diff| %.3g)\n",
+           worst_exact, worst_f32, worst_f32_abs, worst_traj, worst_traj_abs);
     for (int c = 0; c < n; c++)
         free(lines[c]);
     free(lines);

@@ -35,7 +35,10 @@
 #include "ops/ops.h"
 
 /* Relative rounding of one store in dtype dt, and its absolute floor (f16 subnormals). */
-static double out_rel(tk_dtype dt) { return dt.bits == 32 ? ldexp(1, -24) : dt.code == TK_DL_BFLOAT ? ldexp(1, -8) : ldexp(1, -11); }
+static double out_rel(tk_dtype dt)
+{
+    return dt.bits == 32 ? ldexp(1, -24) : dt.code == TK_DL_BFLOAT ? ldexp(1, -8) : ldexp(1, -11);
+}
 static double out_abs(tk_dtype dt) { return dt.code == TK_DL_FLOAT && dt.bits == 16 ? ldexp(1, -24) : 0; }
 
 static tk_arg T(const char *name, tk_tensor *t) { return (tk_arg){TK_ARG_TENSOR, name, t, 0, 0}; }
@@ -89,7 +92,8 @@ static int lin_case(const lin_spec *s)
                 mag += fabs(p);
             }
             double ref = acc + bb;
-            double tol = out_rel(s->dt) * fabs(ref) + (double)(K + 2) * ldexp(1, -24) * (mag + fabs(bb)) + out_abs(s->dt);
+            double tol =
+                out_rel(s->dt) * fabs(ref) + (double)(K + 2) * ldexp(1, -24) * (mag + fabs(bb)) + out_abs(s->dt);
             op_cmp_tol(&c, m * N + n, get(&out.t, m * N + n), ref, tol);
         }
     ok = ok && op_cmp_end(&c);
@@ -103,8 +107,8 @@ static int lin_case(const lin_spec *s)
 static void test_linear(void)
 {
     const tk_dtype dts[] = {F32, F16, BF16};
-    const int64_t mnk[][3] = {{1, 1, 1}, {1, 1, 77}, {3, 1, 100}, {1, 13, 33}, {5, 7, 1}, {9, 17, 1000},
-                              {17, 5, 7}, {40, 33, 130}, {2, 3, 0}, {64, 96, 129}};
+    const int64_t mnk[][3] = {{1, 1, 1},     {1, 1, 77}, {3, 1, 100},   {1, 13, 33}, {5, 7, 1},
+                              {9, 17, 1000}, {17, 5, 7}, {40, 33, 130}, {2, 3, 0},   {64, 96, 129}};
     int ok = 1;
     for (size_t d = 0; d < 3; d++)
         for (size_t i = 0; i < sizeof mnk / sizeof mnk[0]; i++)
@@ -279,7 +283,8 @@ static void test_linear_validation(void)
     /* transposed=1 with an [N, K] weight */
     a[2].t = &w.t;
     CHECK_RC(op_run_cpu(op, a, 5), TK_ERR_INVALID);
-    CHECK_CONTAINS(tk_last_error(), "(its last dimension is K, the rows of 'weight' [16, 32], [K, N] with transposed=1)");
+    CHECK_CONTAINS(tk_last_error(),
+                   "(its last dimension is K, the rows of 'weight' [16, 32], [K, N] with transposed=1)");
     CHECK_CONTAINS(tk_last_error(), "HINT: GPT-2's Conv1D weights are [in, out]");
     a[4].i = 0;
     /* a 1-D weight, a missing weight */
@@ -330,9 +335,9 @@ static const struct {
     tk_dtype dt;
     int64_t m, n, k;
     int tr, bias;
-} torch_cases[] = {{{TK_DL_FLOAT, 32, 1}, 7, 33, 129, 0, 1}, {{TK_DL_FLOAT, 32, 1}, 5, 17, 64, 1, 1},
+} torch_cases[] = {{{TK_DL_FLOAT, 32, 1}, 7, 33, 129, 0, 1},  {{TK_DL_FLOAT, 32, 1}, 5, 17, 64, 1, 1},
                    {{TK_DL_BFLOAT, 16, 1}, 9, 31, 257, 0, 1}, {{TK_DL_BFLOAT, 16, 1}, 4, 12, 96, 1, 0},
-                   {{TK_DL_FLOAT, 16, 1}, 6, 20, 77, 0, 0}, {{TK_DL_FLOAT, 16, 1}, 3, 1, 100, 1, 1}};
+                   {{TK_DL_FLOAT, 16, 1}, 6, 20, 77, 0, 0},   {{TK_DL_FLOAT, 16, 1}, 3, 1, 100, 1, 1}};
 #define NTORCH (sizeof torch_cases / sizeof torch_cases[0])
 
 static void test_linear_torch(void)
@@ -341,7 +346,8 @@ static void test_linear_torch(void)
     char py[600], dir[] = "/tmp/tk-linear-XXXXXX", path[700], cmd[2048];
     snprintf(py, sizeof py, "%s/bin/python", venv);
     /* found, not imported: oracle_linear.py imports it, and an import costs seconds */
-    snprintf(cmd, sizeof cmd, "'%s' -c 'import importlib.util as u, sys; sys.exit(u.find_spec(\"torch\") is None)' >/dev/null 2>&1", py);
+    snprintf(cmd, sizeof cmd,
+             "'%s' -c 'import importlib.util as u, sys; sys.exit(u.find_spec(\"torch\") is None)' >/dev/null 2>&1", py);
     if (system(cmd) != 0) {
         if (getenv("CI") && *getenv("CI")) {
             fprintf(stderr, "  no torch in %s (CI: the oracle is required; run scripts/setup.sh --test)\n", py);
@@ -411,8 +417,8 @@ static void test_linear_torch(void)
             for (int64_t k = 0; k < kk; k++)
                 mag += fabs(get(&x[c].t, m * kk + k) * get(&w[c].t, tr ? k * n + j : j * kk + k));
             double got = get(&out[c].t, i);
-            double tol = out_rel(dt) * (fabs(got) + fabs(want)) + 2.0 * (double)(kk + 2) * ldexp(1, -24) * mag +
-                         2 * out_abs(dt);
+            double tol =
+                out_rel(dt) * (fabs(got) + fabs(want)) + 2.0 * (double)(kk + 2) * ldexp(1, -24) * mag + 2 * out_abs(dt);
             op_cmp_tol(&cmp, i, got, want, tol);
         }
         if (f)
@@ -509,7 +515,8 @@ static void test_embedding_validation(void)
     const char *op = "embedding";
     id_set(&ids, 4, 10);
     CHECK_RC(op_run_cpu(op, (tk_arg[]){T("out", &out.t), T("ids", &ids.t), T("weight", &w.t)}, 3), TK_ERR_INVALID);
-    CHECK_CONTAINS(tk_last_error(), "embedding: ids[1, 1] = 10 is out of range for 'weight' [10, 4] (want 0 <= id < 10)");
+    CHECK_CONTAINS(tk_last_error(),
+                   "embedding: ids[1, 1] = 10 is out of range for 'weight' [10, 4] (want 0 <= id < 10)");
     int untouched = 1;
     for (int64_t i = 0; i < 24; i++)
         untouched &= get(&out.t, i) == 5.0;
@@ -623,8 +630,9 @@ static void test_softcap(void)
                 c.inf_fails = 1;
                 for (int64_t i = 0; rc == TK_OK && i < n; i++) {
                     double ref = caps[k] * tanh(get(&a0.t, i) / caps[k]);
-                    op_cmp_tol(&c, i, get(o, i), ref, 16 * ldexp(1, -24) * fabs(ref) + ldexp(1, -30) +
-                                                          out_rel(dts[d]) * fabs(ref) + out_abs(dts[d]));
+                    op_cmp_tol(&c, i, get(o, i), ref,
+                               16 * ldexp(1, -24) * fabs(ref) + ldexp(1, -30) + out_rel(dts[d]) * fabs(ref) +
+                                   out_abs(dts[d]));
                 }
                 ok &= rc == TK_OK && op_cmp_end(&c);
                 host_free(&a);
@@ -650,7 +658,8 @@ static void test_add_validation(void)
     host_new(&f, F32, 2, s, 0);
     host_new(&r, F16, 1, s1, 0);
     CHECK_RC(op_run_cpu("add", (tk_arg[]){T("out", &c.t), T("a", &a.t), T("b", &b.t)}, 3), TK_ERR_INVALID);
-    CHECK_CONTAINS(tk_last_error(), "add: 'b' has shape [4, 9], want [4, 8] (the shape of 'a'; add does not broadcast)");
+    CHECK_CONTAINS(tk_last_error(),
+                   "add: 'b' has shape [4, 9], want [4, 8] (the shape of 'a'; add does not broadcast)");
     CHECK_RC(op_run_cpu("add", (tk_arg[]){T("out", &c.t), T("a", &a.t), T("b", &r.t)}, 3), TK_ERR_INVALID);
     CHECK_CONTAINS(tk_last_error(), "add: 'b' has shape [8], want [4, 8]");
     CHECK_RC(op_run_cpu("add", (tk_arg[]){T("out", &b.t), T("a", &a.t), T("b", &c.t)}, 3), TK_ERR_INVALID);

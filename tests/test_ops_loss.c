@@ -32,7 +32,10 @@ static tk_arg F_(const char *name, double v) { return (tk_arg){TK_ARG_F64, name,
 
 /* The rounding error of storing into dt (relative), and an absolute floor for values near 0. */
 static double dt_rtol(tk_dtype dt) { return dt.bits == 32 ? 2e-6 : dt.code == TK_DL_BFLOAT ? 8e-3 : 1e-3; }
-static double dt_atol(tk_dtype dt) { return dt.bits == 16 && dt.code != TK_DL_BFLOAT ? 3.0e-8 : 1e-12; } /* f16: half a subnormal step */
+static double dt_atol(tk_dtype dt)
+{
+    return dt.bits == 16 && dt.code != TK_DL_BFLOAT ? 3.0e-8 : 1e-12;
+} /* f16: half a subnormal step */
 
 /* ---- float64 cross-entropy (PyTorch's definition, written out) --------------------------------- */
 
@@ -102,7 +105,8 @@ static int ce_check(host_t *x, const int64_t *tg, int64_t ignore, double eps, in
                     const char *what)
 {
     int64_t n = x->t.shape[0], v = x->t.shape[1];
-    double *xv = op_values(&x->t), *rows = malloc(sizeof(double) * (size_t)(n + 1)), *lse = malloc(sizeof(double) * (size_t)(n + 1));
+    double *xv = op_values(&x->t), *rows = malloc(sizeof(double) * (size_t)(n + 1)),
+           *lse = malloc(sizeof(double) * (size_t)(n + 1));
     double *grad = malloc(sizeof(double) * (size_t)(n * v + 1)), reduced;
     ref_ce(xv, tg, n, v, ignore, eps, red, rows, lse, grad, &reduced);
     host_t t, loss, g, l;
@@ -112,8 +116,12 @@ static int ce_check(host_t *x, const int64_t *tg, int64_t ignore, double eps, in
     host_new(&loss, F32, red == 0 ? 1 : (next_u64() & 1), red == 0 ? &n : &one, 0);
     host_new(&g, x->t.dtype, 2, x->t.shape, gmode == GRAD_SEPARATE && (next_u64() & 1) ? 3 : 0);
     host_new(&l, F32, 1, &n, 0);
-    tk_arg args[8] = {T_("logits", x), T_("target", &t), T_("loss", &loss), I_("ignore_index", ignore),
-                      F_("label_smoothing", eps), I_("reduction", red)};
+    tk_arg args[8] = {T_("logits", x),
+                      T_("target", &t),
+                      T_("loss", &loss),
+                      I_("ignore_index", ignore),
+                      F_("label_smoothing", eps),
+                      I_("reduction", red)};
     size_t na = 6;
     if (gmode == GRAD_SEPARATE)
         args[na++] = T_("grad", &g);
@@ -124,14 +132,16 @@ static int ce_check(host_t *x, const int64_t *tg, int64_t ignore, double eps, in
     int rc = op_run_cpu("cross_entropy", args, na), ok = 1;
     char buf[200];
     if (rc != TK_OK) {
-        fprintf(stderr, "  cross_entropy %s: rc %d: %s (seed %llu)\n", what, rc, tk_last_error(), (unsigned long long)seed);
+        fprintf(stderr, "  cross_entropy %s: rc %d: %s (seed %llu)\n", what, rc, tk_last_error(),
+                (unsigned long long)seed);
         ok = 0;
     } else {
         snprintf(buf, sizeof buf, "cross_entropy %s %s loss (red %d)", tk_ops__dtype_str(x->t.dtype), what, red);
         ok &= op_close_tensor(buf, &loss.t, red == 0 ? rows : &reduced, 1e-30, 1e-5);
         if (gmode != GRAD_NONE) {
             snprintf(buf, sizeof buf, "cross_entropy %s grad%s", what, gmode == GRAD_INPLACE ? " (in place)" : "");
-            ok &= op_close_tensor(buf, gmode == GRAD_INPLACE ? &x->t : &g.t, grad, dt_atol(x->t.dtype), dt_rtol(x->t.dtype));
+            ok &= op_close_tensor(buf, gmode == GRAD_INPLACE ? &x->t : &g.t, grad, dt_atol(x->t.dtype),
+                                  dt_rtol(x->t.dtype));
         }
         if (with_lse) {
             snprintf(buf, sizeof buf, "cross_entropy %s lse", what);
@@ -156,7 +166,8 @@ static void random_targets(int64_t *tg, int64_t n, int64_t v, double p_ignore, i
         tg[i] = uniform(0, 1) < p_ignore ? ignore : (int64_t)(next_u64() % (uint64_t)v);
 }
 
-static const int64_t ce_shapes[][2] = {{1, 1}, {1, 7}, {3, 13}, {5, 100}, {4, 1000}, {2, 2049}, {7, 33}, {3, 5000}, {16, 8}, {2, 262144}};
+static const int64_t ce_shapes[][2] = {{1, 1},    {1, 7},  {3, 13},   {5, 100}, {4, 1000},
+                                       {2, 2049}, {7, 33}, {3, 5000}, {16, 8},  {2, 262144}};
 
 static void test_ce_random(void)
 {
@@ -256,8 +267,8 @@ static void test_ce_special_values(void)
     host_new(&g, F32, 2, sh, 0);
     float *xv = x.buf;
     int64_t *tv = t.buf;
-    float vals[12] = {0, -INFINITY, 1, /* fine */ -INFINITY, 0, 0, /* target -inf */
-                      -INFINITY, -INFINITY, -INFINITY, /* all -inf */ 0, INFINITY, 0};
+    float vals[12] = {0,         -INFINITY, 1,         /* fine */ -INFINITY, 0,        0, /* target -inf */
+                      -INFINITY, -INFINITY, -INFINITY, /* all -inf */ 0,     INFINITY, 0};
     memcpy(xv, vals, sizeof vals);
     tv[0] = 2, tv[1] = 0, tv[2] = 1, tv[3] = 0;
     tk_arg a[5] = {T_("logits", &x), T_("target", &t), T_("loss", &loss), T_("grad", &g), I_("reduction", 0)};
@@ -270,7 +281,8 @@ static void test_ce_special_values(void)
     CHECK(isnan(l[3]));
     CHECK(isnan(gv[9]));
     /* label smoothing and a -inf logit: the smoothing term is +inf (PyTorch's) */
-    tk_arg b[6] = {T_("logits", &x), T_("target", &t), T_("loss", &loss), I_("reduction", 0), F_("label_smoothing", 0.1)};
+    tk_arg b[6] = {T_("logits", &x), T_("target", &t), T_("loss", &loss), I_("reduction", 0),
+                   F_("label_smoothing", 0.1)};
     CHECK_RC(op_run_cpu("cross_entropy", b, 5), TK_OK);
     CHECK(l[0] == INFINITY);
     host_free(&x);
@@ -379,7 +391,8 @@ static void test_ce_validation(void)
     CHECK_RC(tk_ops__prepare(&c, "cross_entropy", a, 4), TK_OK);
     a[2] = T_("loss", &l0);
     CHECK_RC(tk_ops__prepare(&c, "cross_entropy", a, 4), TK_ERR_INVALID);
-    CHECK_CONTAINS(tk_last_error(), "cross_entropy: 'loss' has shape [], want [4] (the rows of 'logits', reduction none)");
+    CHECK_CONTAINS(tk_last_error(),
+                   "cross_entropy: 'loss' has shape [], want [4] (the rows of 'logits', reduction none)");
     a[3] = I_("reduction", 3);
     CHECK_RC(tk_ops__prepare(&c, "cross_entropy", a, 4), TK_ERR_INVALID);
     CHECK_CONTAINS(tk_last_error(), "cross_entropy: 'reduction' is 3, want 0 (none), 1 (mean) or 2 (sum)");
@@ -530,8 +543,8 @@ static int fl_check(tk_dtype dt, int64_t n, int64_t hd, int64_t v, int with_bias
         r.gw[i] += gw0[i];
     for (int64_t i = 0; i < v; i++)
         r.gb[i] += gb0[i];
-    tk_arg a[13] = {T_("hidden", &h), T_("weight", &w), T_("target", &t), T_("loss", &loss), I_("reduction", red),
-                    F_("label_smoothing", eps), I_("chunk_size", chunk), T_("lse", &lse)};
+    tk_arg a[13] = {T_("hidden", &h),     T_("weight", &w),           T_("target", &t),        T_("loss", &loss),
+                    I_("reduction", red), F_("label_smoothing", eps), I_("chunk_size", chunk), T_("lse", &lse)};
     size_t na = 8;
     if (with_bias)
         a[na++] = T_("bias", &b);
@@ -624,8 +637,9 @@ static void test_fl_fused_vs_unfused(void)
         host_new(&loss[i], F32, 0, NULL, 0);
         host_new(&gh[i], F32, 2, sh, 0);
         host_new(&gw[i], F32, 2, sw, 0);
-        tk_arg a[7] = {T_("hidden", &h), T_("weight", &w), T_("target", &t), T_("loss", &loss[i]),
-                       T_("grad_hidden", &gh[i]), T_("grad_weight", &gw[i]), I_("chunk_size", chunks[i])};
+        tk_arg a[7] = {T_("hidden", &h),           T_("weight", &w),          T_("target", &t),
+                       T_("loss", &loss[i]),       T_("grad_hidden", &gh[i]), T_("grad_weight", &gw[i]),
+                       I_("chunk_size", chunks[i])};
         CHECK_RC(op_run_cpu("fused_linear_cross_entropy", a, 7), TK_OK);
     }
     /* Chunking changes nothing: each row's logits and each sum keep their order. */
@@ -692,9 +706,10 @@ static void test_fl_finite_differences(void)
     int64_t *tg = t.buf;
     tg[0] = 5, tg[1] = 0, tg[2] = -100;
     const double eps = 0.05;
-    tk_arg a[10] = {T_("hidden", &h),       T_("weight", &w),      T_("target", &t),
-                    T_("loss", &loss),      T_("bias", &b),        T_("grad_hidden", &gh),
-                    T_("grad_weight", &gw), T_("grad_bias", &gb), F_("label_smoothing", eps), I_("chunk_size", 2)};
+    tk_arg a[10] = {T_("hidden", &h),       T_("weight", &w),     T_("target", &t),
+                    T_("loss", &loss),      T_("bias", &b),       T_("grad_hidden", &gh),
+                    T_("grad_weight", &gw), T_("grad_bias", &gb), F_("label_smoothing", eps),
+                    I_("chunk_size", 2)};
     CHECK_RC(op_run_cpu("fused_linear_cross_entropy", a, 10), TK_OK);
     double *hv = op_values(&h.t), *wv = op_values(&w.t), *bv = op_values(&b.t);
     double *params[3] = {hv, wv, bv};
@@ -749,12 +764,14 @@ static void test_fl_validation(void)
     tk_op_call c;
     tk_arg a[6] = {T_("hidden", &h), T_("weight", &w7), T_("target", &t), T_("loss", &l)};
     CHECK_RC(tk_ops__prepare(&c, "fused_linear_cross_entropy", a, 4), TK_ERR_INVALID);
-    CHECK_CONTAINS(tk_last_error(),
-                   "fused_linear_cross_entropy: 'weight' has shape [9, 7], want [V, 8] (the columns of 'hidden' [4, 8])");
+    CHECK_CONTAINS(
+        tk_last_error(),
+        "fused_linear_cross_entropy: 'weight' has shape [9, 7], want [V, 8] (the columns of 'hidden' [4, 8])");
     a[1] = T_("weight", &w);
     a[4] = T_("bias", &b8);
     CHECK_RC(tk_ops__prepare(&c, "fused_linear_cross_entropy", a, 5), TK_ERR_INVALID);
-    CHECK_CONTAINS(tk_last_error(), "fused_linear_cross_entropy: 'bias' has shape [8], want [9] (the rows of 'weight')");
+    CHECK_CONTAINS(tk_last_error(),
+                   "fused_linear_cross_entropy: 'bias' has shape [8], want [9] (the rows of 'weight')");
     a[4] = T_("grad_bias", &gb);
     CHECK_RC(tk_ops__prepare(&c, "fused_linear_cross_entropy", a, 5), TK_ERR_INVALID);
     CHECK_CONTAINS(tk_last_error(), "fused_linear_cross_entropy: 'grad_bias' is given but 'bias' is not");
@@ -763,13 +780,15 @@ static void test_fl_validation(void)
     CHECK_CONTAINS(tk_last_error(), "fused_linear_cross_entropy: 'grad_weight' has dtype f16, want f32");
     a[4] = T_("grad_hidden", &hf16);
     CHECK_RC(tk_ops__prepare(&c, "fused_linear_cross_entropy", a, 5), TK_ERR_INVALID);
-    CHECK_CONTAINS(tk_last_error(), "fused_linear_cross_entropy: 'grad_hidden' has dtype f16, want f32 (the dtype of 'hidden')");
+    CHECK_CONTAINS(tk_last_error(),
+                   "fused_linear_cross_entropy: 'grad_hidden' has dtype f16, want f32 (the dtype of 'hidden')");
     a[4] = I_("chunk_size", -1);
     CHECK_RC(tk_ops__prepare(&c, "fused_linear_cross_entropy", a, 5), TK_ERR_INVALID);
     CHECK_CONTAINS(tk_last_error(), "fused_linear_cross_entropy: 'chunk_size' is -1, want >= 0 (0: automatic)");
     a[4] = T_("grad_hidden", &h);
     CHECK_RC(tk_ops__prepare(&c, "fused_linear_cross_entropy", a, 5), TK_ERR_INVALID);
-    CHECK_CONTAINS(tk_last_error(), "fused_linear_cross_entropy: 'grad_hidden' overlaps 'hidden'; they must not share memory");
+    CHECK_CONTAINS(tk_last_error(),
+                   "fused_linear_cross_entropy: 'grad_hidden' overlaps 'hidden'; they must not share memory");
     host_free(&h);
     host_free(&w);
     host_free(&w7);
@@ -825,10 +844,11 @@ static int mm_check(tk_dtype dt, int64_t n, int64_t k, int rank1, int red, doubl
     if (nan_at >= 0 && nan_at < n * k)
         set(&ng.t, nan_at, NAN);
     double *pv = op_values(&p.t), *nv = op_values(&ng.t), *pair = malloc(sizeof(double) * (size_t)(n * k + 1));
-    double *rgp = malloc(sizeof(double) * (size_t)(n + 1)), *rgn = malloc(sizeof(double) * (size_t)(n * k + 1)), reduced;
+    double *rgp = malloc(sizeof(double) * (size_t)(n + 1)), *rgn = malloc(sizeof(double) * (size_t)(n * k + 1)),
+           reduced;
     ref_mm(pv, nv, n, k, margin, red, pair, &reduced, rgp, rgn);
-    tk_arg a[7] = {T_("pos", &p), T_("neg", &ng), T_("loss", &loss), T_("grad_pos", &gp), T_("grad_neg", &gn),
-                   F_("margin", margin), I_("reduction", red)};
+    tk_arg a[7] = {T_("pos", &p),       T_("neg", &ng),       T_("loss", &loss),   T_("grad_pos", &gp),
+                   T_("grad_neg", &gn), F_("margin", margin), I_("reduction", red)};
     int rc = op_run_cpu("max_margin_loss", a, 7), ok = 1;
     if (rc != TK_OK) {
         fprintf(stderr, "  max_margin_loss: rc %d: %s (seed %llu)\n", rc, tk_last_error(), (unsigned long long)seed);
@@ -882,7 +902,8 @@ static void test_mm(void)
     a[2] = T_("loss", &l2);
     a[3] = I_("reduction", 0);
     CHECK_RC(tk_ops__prepare(&c, "max_margin_loss", a, 4), TK_ERR_INVALID);
-    CHECK_CONTAINS(tk_last_error(), "max_margin_loss: 'loss' has shape [3], want [3, 2] (the shape of 'neg', reduction none)");
+    CHECK_CONTAINS(tk_last_error(),
+                   "max_margin_loss: 'loss' has shape [3], want [3, 2] (the shape of 'neg', reduction none)");
     a[2] = T_("loss", &l);
     a[3] = F_("margin", INFINITY);
     CHECK_RC(tk_ops__prepare(&c, "max_margin_loss", a, 4), TK_ERR_INVALID);
@@ -954,8 +975,9 @@ static int nce_check(tk_dtype dt, int64_t n, int64_t d, double tau, int sym, int
             set(&b.t, k, 0.0);
     double *av = op_values(&a.t), *bv = op_values(&b.t), *rows = malloc(sizeof(double) * (size_t)(n + 1)), reduced;
     ref_nce(av, bv, n, d, tau, sym, red, rows, &reduced);
-    tk_arg args[8] = {T_("a", &a), T_("b", &b), T_("loss", &loss), T_("grad_a", &ga), T_("grad_b", &gb),
-                      F_("temperature", tau), I_("symmetric", sym), I_("reduction", red)};
+    tk_arg args[8] = {T_("a", &a),          T_("b", &b),         T_("loss", &loss),
+                      T_("grad_a", &ga),    T_("grad_b", &gb),   F_("temperature", tau),
+                      I_("symmetric", sym), I_("reduction", red)};
     int rc = op_run_cpu("infonce", args, 8), ok = 1;
     if (rc != TK_OK) {
         fprintf(stderr, "  infonce: rc %d: %s (seed %llu)\n", rc, tk_last_error(), (unsigned long long)seed);

@@ -59,9 +59,10 @@ static int oracle_case(const char *label, tk_dtype dt, int64_t Tn, int64_t H, in
     host_new(&out, dt, 2, th, 0);
     host_new(&ids, I32, 2, tk2, 0);
     host_new(&wts, F32, 2, tk2, 0);
-    tk_arg a[15] = {T("out", &out.t), T("input", &x.t), T("router_weight", &rw.t), T("gate_up", &gu.t),
-                    T("down", &dn.t), I("top_k", K), I("norm_topk_prob", norm), I("round_weights", rnd),
-                    T("topk_ids", &ids.t), T("topk_weights", &wts.t)};
+    tk_arg a[15] = {T("out", &out.t),          T("input", &x.t),        T("router_weight", &rw.t),
+                    T("gate_up", &gu.t),       T("down", &dn.t),        I("top_k", K),
+                    I("norm_topk_prob", norm), I("round_weights", rnd), T("topk_ids", &ids.t),
+                    T("topk_weights", &wts.t)};
     size_t na = 10;
     if (Is) {
         to_host(&sg, dt, 2, sgu, ofind(ts, nt, "shared_gate_up"));
@@ -125,7 +126,9 @@ static void test_vs_transformers(void)
     const char *venv = th_py_venv();
     char py[1024], cmd[2300];
     snprintf(py, sizeof py, "%s/bin/python", venv);
-    snprintf(cmd, sizeof cmd, "'%s' -c 'import importlib.util as u, sys; sys.exit(u.find_spec(\"transformers\") is None)' 2>/dev/null", py);
+    snprintf(cmd, sizeof cmd,
+             "'%s' -c 'import importlib.util as u, sys; sys.exit(u.find_spec(\"transformers\") is None)' 2>/dev/null",
+             py);
     if (system(cmd) != 0) {
         if (getenv("CI") && *getenv("CI")) {
             fprintf(stderr, "  %s cannot import transformers (scripts/setup.sh --test installs it)\n", py);
@@ -214,7 +217,8 @@ static void mlp64(double *y, const tk_tensor *x, int64_t t, const tk_tensor *gu,
 
 static void test_vs_f64(void)
 {
-    static const int64_t sz[][6] = {{1, 16, 4, 1, 8, 0}, {17, 40, 8, 2, 24, 12}, {6, 33, 5, 5, 7, 9}}; /* T H E K I Is */
+    static const int64_t sz[][6] = {
+        {1, 16, 4, 1, 8, 0}, {17, 40, 8, 2, 24, 12}, {6, 33, 5, 5, 7, 9}}; /* T H E K I Is */
     int ok = 1;
     for (size_t z = 0; z < 3; z++)
         for (int v = 0; v < 4; v++) {
@@ -244,7 +248,7 @@ static void test_vs_f64(void)
             for (int64_t e = 0; e < E; e++)
                 set(&sc.t, e, uniform(0.5, 1.5));
             tk_arg a[16] = {T("out", &out.t), T("input", &x.t), T("router_weight", &rw.t), T("gate_up", &gu.t),
-                            T("down", &dn.t), I("top_k", K), I("norm_topk_prob", norm), I("activation", act)};
+                            T("down", &dn.t), I("top_k", K),    I("norm_topk_prob", norm), I("activation", act)};
             size_t na = 8;
             if (use_rin)
                 a[na++] = T("router_input", &rin.t);
@@ -260,9 +264,9 @@ static void test_vs_f64(void)
             if (rc != TK_OK)
                 fprintf(stderr, "  %s\n", tk_last_error());
             ok &= rc == TK_OK;
-            op_cmp c = op_cmp_begin(0, 0, "moe f32 T %lld H %lld E %lld K %lld I %lld Is %lld variant %d vs float64",
-                                    (long long)Tn, (long long)H, (long long)E, (long long)K, (long long)Ii, (long long)Is,
-                                    v);
+            op_cmp c =
+                op_cmp_begin(0, 0, "moe f32 T %lld H %lld E %lld K %lld I %lld Is %lld variant %d vs float64",
+                             (long long)Tn, (long long)H, (long long)E, (long long)K, (long long)Ii, (long long)Is, v);
             c.cols = H;
             c.nan_fails = c.inf_fails = 1;
             double *p = malloc(sizeof(double) * (size_t)E), *y = malloc(sizeof(double) * (size_t)H),
@@ -360,7 +364,7 @@ static void test_half_dtypes(void)
         for (int64_t i = 0; i < 4 * 24 * 8; i++)
             set(&dn[0].t, i, get(&dn[1].t, i));
         for (int k = 0; k < 2; k++) {
-            tk_arg a[] = {T("out", &out[k].t), T("input", &x[k].t), T("router_weight", &rw[k].t),
+            tk_arg a[] = {T("out", &out[k].t),    T("input", &x[k].t), T("router_weight", &rw[k].t),
                           T("gate_up", &gu[k].t), T("down", &dn[k].t), I("top_k", 2)};
             CHECK_RC(op_run_cpu("moe", a, 6), TK_OK);
         }
@@ -395,8 +399,8 @@ static void test_validation(void)
     host_new(&sg, F32, 2, sgu, 0);
     host_new(&out, F32, 2, th, 0);
     host_new(&ids, I32, 2, tk3, 0);
-    tk_arg base[] = {T("out", &out.t), T("input", &x.t), T("router_weight", &rw.t), T("gate_up", &gu.t),
-                     T("down", &dn.t), I("top_k", 2)};
+    tk_arg base[] = {T("out", &out.t),    T("input", &x.t), T("router_weight", &rw.t),
+                     T("gate_up", &gu.t), T("down", &dn.t), I("top_k", 2)};
     CHECK_RC(op_run_cpu("moe", base, 6), TK_OK);
     base[5] = I("top_k", 5);
     CHECK_RC(op_run_cpu("moe", base, 6), TK_ERR_INVALID);
@@ -413,15 +417,15 @@ static void test_validation(void)
     CHECK_CONTAINS(tk_last_error(), "an even middle dimension");
     base[3] = T("gate_up", &gu.t);
     tk_arg act[] = {T("out", &out.t), T("input", &x.t), T("router_weight", &rw.t), T("gate_up", &gu.t),
-                    T("down", &dn.t), I("top_k", 2), I("activation", 3)};
+                    T("down", &dn.t), I("top_k", 2),    I("activation", 3)};
     CHECK_RC(op_run_cpu("moe", act, 7), TK_ERR_INVALID);
     CHECK_CONTAINS(tk_last_error(), "'activation' is 3");
     tk_arg half[] = {T("out", &out.t), T("input", &x.t), T("router_weight", &rw.t), T("gate_up", &gu.t),
-                     T("down", &dn.t), I("top_k", 2), T("shared_gate_up", &sg.t)};
+                     T("down", &dn.t), I("top_k", 2),    T("shared_gate_up", &sg.t)};
     CHECK_RC(op_run_cpu("moe", half, 7), TK_ERR_INVALID);
     CHECK_CONTAINS(tk_last_error(), "'shared_gate_up' given without 'shared_down'");
     tk_arg badids[] = {T("out", &out.t), T("input", &x.t), T("router_weight", &rw.t), T("gate_up", &gu.t),
-                       T("down", &dn.t), I("top_k", 2), T("topk_ids", &ids.t)};
+                       T("down", &dn.t), I("top_k", 2),    T("topk_ids", &ids.t)};
     CHECK_RC(op_run_cpu("moe", badids, 7), TK_ERR_INVALID);
     CHECK_CONTAINS(tk_last_error(), "'topk_ids' has shape [3, 3], want [3, 2]");
     host_t *hs[] = {&x, &rw, &gu, &dn, &dn2, &gu_odd, &sg, &out, &ids};

@@ -73,8 +73,7 @@ static void ref_rms(double *ref, const double *x, const double *w, int64_t n, in
 
 /* ref[r, :] = (x[r, :] - mu) / sqrt(var + eps) * w + b (b may be NULL), mu the row mean and var the
  * biased variance (two passes), all in double. */
-static void ref_ln(double *ref, const double *x, const double *w, const double *b, int64_t n, int64_t d,
-                   double eps)
+static void ref_ln(double *ref, const double *x, const double *w, const double *b, int64_t n, int64_t d, double eps)
 {
     for (int64_t r = 0; r < n / d; r++) {
         const double *xr = x + r * d;
@@ -96,8 +95,8 @@ static void ref_ln(double *ref, const double *x, const double *w, const double *
  *          dw_j = sum over rows of g_j x_j r
  *   layer: xh = (x - mu) rstd:  dx_i = rstd / d * (d w_i g_i - sum_j w_j g_j - xh_i * sum_j w_j g_j xh_j),
  *          dw_j = sum over rows of g_j xh_j,  db_j = sum over rows of g_j */
-static void ref_bwd(int layer, double *gi, double *gw, double *gb, const double *x, const double *g,
-                    const double *w, int64_t n, int64_t d, double eps)
+static void ref_bwd(int layer, double *gi, double *gw, double *gb, const double *x, const double *g, const double *w,
+                    int64_t n, int64_t d, double eps)
 {
     for (int64_t c = 0; c < d; c++) {
         gw[c] = 0;
@@ -164,8 +163,8 @@ static void rand_weight(host_t *w, int64_t d)
 static int check_fwd(int layer, int fused, tk_dtype dt, int ndim, const int64_t *shape, int64_t pad, double scale,
                      double eps, int inplace, int bias)
 {
-    const char *op = layer ? (fused ? "fused_add_layer_norm" : "layer_norm")
-                           : (fused ? "fused_add_rms_norm" : "rms_norm");
+    const char *op =
+        layer ? (fused ? "fused_add_layer_norm" : "layer_norm") : (fused ? "fused_add_rms_norm" : "rms_norm");
     int64_t d = shape[ndim - 1];
     host_t a, b, w, bi;
     host_new(&a, dt, ndim, shape, pad);       /* plain: input; fused: input */
@@ -269,12 +268,10 @@ static int check_bwd(int layer, int fused, tk_dtype dt, int ndim, const int64_t 
         for (int64_t i = 0; i < n; i++)
             rgi[i] += get(&gr.t, i);
 
-    tk_arg args[8] = {{TK_ARG_TENSOR, "grad_out", &go.t, 0, 0},
-                      {TK_ARG_TENSOR, fused ? "residual" : "input", &x.t, 0, 0},
-                      {TK_ARG_TENSOR, "weight", &w.t, 0, 0},
-                      {TK_ARG_TENSOR, "grad_input", (tk_tensor *)gin, 0, 0},
-                      {TK_ARG_TENSOR, "grad_weight", &gw.t, 0, 0},
-                      {TK_ARG_F64, "eps", NULL, 0, eps}};
+    tk_arg args[8] = {
+        {TK_ARG_TENSOR, "grad_out", &go.t, 0, 0},    {TK_ARG_TENSOR, fused ? "residual" : "input", &x.t, 0, 0},
+        {TK_ARG_TENSOR, "weight", &w.t, 0, 0},       {TK_ARG_TENSOR, "grad_input", (tk_tensor *)gin, 0, 0},
+        {TK_ARG_TENSOR, "grad_weight", &gw.t, 0, 0}, {TK_ARG_F64, "eps", NULL, 0, eps}};
     size_t na = 6;
     if (fused)
         args[na++] = (tk_arg){TK_ARG_TENSOR, "grad_residual", &gr.t, 0, 0};
@@ -361,8 +358,8 @@ static int check_bwd_op(int layer, int fused)
 /* ---- finite differences of the float64 forward ------------------------------------------------ */
 
 /* L = sum(g * norm(s)) + sum(gr * s) with s = in + res (res NULL: s = in), rows of d, in double. */
-static double fd_loss(int layer, const double *in, const double *res, const double *w, const double *b,
-                      const double *g, const double *gr, int64_t n, int64_t d, double eps)
+static double fd_loss(int layer, const double *in, const double *res, const double *w, const double *b, const double *g,
+                      const double *gr, int64_t n, int64_t d, double eps)
 {
     double *s = dalloc(n), *y = dalloc(n), L = 0;
     for (int64_t i = 0; i < n; i++)
@@ -396,8 +393,8 @@ static int fd_match(const char *op, const char *which, int64_t i, double got, do
 {
     if (fabs(got - fd) <= tol * (unit + fabs(fd)))
         return 1;
-    fprintf(stderr, "  %s '%s'[%lld]: got %.9g, finite difference %.9g (seed %llu)\n", op, which, (long long)i, got,
-            fd, (unsigned long long)seed);
+    fprintf(stderr, "  %s '%s'[%lld]: got %.9g, finite difference %.9g (seed %llu)\n", op, which, (long long)i, got, fd,
+            (unsigned long long)seed);
     return 0;
 }
 
@@ -439,10 +436,10 @@ static int check_fd(int layer, int fused, int64_t rows, int64_t d)
     }
     for (int64_t c = 0; c < d; c++)
         set(&hw.t, c, w[c]);
-    tk_arg args[8] = {{TK_ARG_TENSOR, "grad_input", &hgi.t, 0, 0}, {TK_ARG_TENSOR, "grad_weight", &hgw.t, 0, 0},
-                      {TK_ARG_TENSOR, "grad_out", &hg.t, 0, 0},
-                      {TK_ARG_TENSOR, fused ? "residual" : "input", &hx.t, 0, 0},
-                      {TK_ARG_TENSOR, "weight", &hw.t, 0, 0}, {TK_ARG_F64, "eps", NULL, 0, 1e-2}};
+    tk_arg args[8] = {
+        {TK_ARG_TENSOR, "grad_input", &hgi.t, 0, 0}, {TK_ARG_TENSOR, "grad_weight", &hgw.t, 0, 0},
+        {TK_ARG_TENSOR, "grad_out", &hg.t, 0, 0},    {TK_ARG_TENSOR, fused ? "residual" : "input", &hx.t, 0, 0},
+        {TK_ARG_TENSOR, "weight", &hw.t, 0, 0},      {TK_ARG_F64, "eps", NULL, 0, 1e-2}};
     size_t na = 6;
     if (fused)
         args[na++] = (tk_arg){TK_ARG_TENSOR, "grad_residual", &hgr.t, 0, 0};
@@ -497,9 +494,9 @@ static int check_fd(int layer, int fused, int64_t rows, int64_t d)
 
 static void test_registry(void)
 {
-    const char *names[] = {"rms_norm",          "fused_add_rms_norm",          "layer_norm",
-                           "fused_add_layer_norm", "rms_norm_backward",        "fused_add_rms_norm_backward",
-                           "layer_norm_backward",  "fused_add_layer_norm_backward"};
+    const char *names[] = {
+        "rms_norm",          "fused_add_rms_norm",          "layer_norm",          "fused_add_layer_norm",
+        "rms_norm_backward", "fused_add_rms_norm_backward", "layer_norm_backward", "fused_add_layer_norm_backward"};
     for (size_t i = 0; i < sizeof names / sizeof names[0]; i++) {
         const tk_op_desc *op = tk_ops__find(names[i]);
         CHECK(op != NULL);
@@ -637,8 +634,10 @@ static void test_layer_norm_defaults(void)
         set(&w.t, c, 2.0);
         set(&b.t, c, 0.25 * (double)c);
     }
-    tk_arg args[4] = {{TK_ARG_TENSOR, "out", &y.t, 0, 0}, {TK_ARG_TENSOR, "input", &x.t, 0, 0},
-                      {TK_ARG_TENSOR, "weight", &w.t, 0, 0}, {TK_ARG_TENSOR, "bias", &b.t, 0, 0}};
+    tk_arg args[4] = {{TK_ARG_TENSOR, "out", &y.t, 0, 0},
+                      {TK_ARG_TENSOR, "input", &x.t, 0, 0},
+                      {TK_ARG_TENSOR, "weight", &w.t, 0, 0},
+                      {TK_ARG_TENSOR, "bias", &b.t, 0, 0}};
     tk_op_call c;
     CHECK_RC(tk_ops__prepare(&c, "layer_norm", args, 4), TK_OK);
     CHECK(c.f[4] == 1e-5);
@@ -667,8 +666,10 @@ static void test_zero_row(void)
     host_new(&w, F32, 1, &d, 0);
     for (int64_t c = 0; c < d; c++)
         set(&w.t, c, 1.0);
-    tk_arg args[4] = {{TK_ARG_TENSOR, "out", &y.t, 0, 0}, {TK_ARG_TENSOR, "input", &x.t, 0, 0},
-                      {TK_ARG_TENSOR, "weight", &w.t, 0, 0}, {TK_ARG_F64, "eps", NULL, 0, 1e-5}};
+    tk_arg args[4] = {{TK_ARG_TENSOR, "out", &y.t, 0, 0},
+                      {TK_ARG_TENSOR, "input", &x.t, 0, 0},
+                      {TK_ARG_TENSOR, "weight", &w.t, 0, 0},
+                      {TK_ARG_F64, "eps", NULL, 0, 1e-5}};
     tk_op_call c;
     CHECK_RC(tk_ops__prepare(&c, "rms_norm", args, 4), TK_OK);
     CHECK_RC(tk_ops__run_cpu(&c), TK_OK);
@@ -690,7 +691,8 @@ static void test_empty(void)
     host_new(&x, BF16, 2, sh, 0);
     host_new(&y, BF16, 2, sh, 0);
     host_new(&w, BF16, 1, &d, 0);
-    tk_arg args[3] = {{TK_ARG_TENSOR, "input", &x.t, 0, 0}, {TK_ARG_TENSOR, "residual", &y.t, 0, 0},
+    tk_arg args[3] = {{TK_ARG_TENSOR, "input", &x.t, 0, 0},
+                      {TK_ARG_TENSOR, "residual", &y.t, 0, 0},
                       {TK_ARG_TENSOR, "weight", &w.t, 0, 0}};
     tk_op_call c;
     CHECK_RC(tk_ops__prepare(&c, "fused_add_rms_norm", args, 3), TK_OK);
@@ -713,8 +715,10 @@ static void test_validation(void)
     host_new(&xf16, F16, 2, s48, 0);
     tk_op_call c;
 
-    tk_arg a1[4] = {{TK_ARG_TENSOR, "out", &y2.t, 0, 0}, {TK_ARG_TENSOR, "input", &x.t, 0, 0},
-                    {TK_ARG_TENSOR, "weight", &w.t, 0, 0}, {TK_ARG_F64, "eps", NULL, 0, 1e-6}};
+    tk_arg a1[4] = {{TK_ARG_TENSOR, "out", &y2.t, 0, 0},
+                    {TK_ARG_TENSOR, "input", &x.t, 0, 0},
+                    {TK_ARG_TENSOR, "weight", &w.t, 0, 0},
+                    {TK_ARG_F64, "eps", NULL, 0, 1e-6}};
     CHECK_RC(tk_ops__prepare(&c, "rms_norm", a1, 4), TK_ERR_INVALID);
     CHECK_CONTAINS(tk_last_error(), "rms_norm: 'out' has shape [4, 7], want [4, 8] (the shape of 'input')");
 
@@ -744,8 +748,10 @@ static void test_validation(void)
     a1[3].f = 1e-6;
     CHECK_RC(tk_ops__prepare(&c, "rms_norm", a1, 4), TK_OK);
 
-    tk_arg a2[4] = {{TK_ARG_TENSOR, "input", &x.t, 0, 0}, {TK_ARG_TENSOR, "residual", &y2.t, 0, 0},
-                    {TK_ARG_TENSOR, "weight", &w.t, 0, 0}, {TK_ARG_F64, "eps", NULL, 0, 1e-6}};
+    tk_arg a2[4] = {{TK_ARG_TENSOR, "input", &x.t, 0, 0},
+                    {TK_ARG_TENSOR, "residual", &y2.t, 0, 0},
+                    {TK_ARG_TENSOR, "weight", &w.t, 0, 0},
+                    {TK_ARG_F64, "eps", NULL, 0, 1e-6}};
     CHECK_RC(tk_ops__prepare(&c, "fused_add_rms_norm", a2, 4), TK_ERR_INVALID);
     CHECK_CONTAINS(tk_last_error(),
                    "fused_add_rms_norm: 'residual' has shape [4, 7], want [4, 8] (the shape of 'input')");
@@ -799,8 +805,10 @@ static void test_validation_ln_and_backward(void)
     host_new(&xf16, F16, 1, &s8, 0);
     tk_op_call c;
 
-    tk_arg a1[5] = {{TK_ARG_TENSOR, "out", &y.t, 0, 0}, {TK_ARG_TENSOR, "input", &x.t, 0, 0},
-                    {TK_ARG_TENSOR, "weight", &w.t, 0, 0}, {TK_ARG_TENSOR, "bias", &w7.t, 0, 0},
+    tk_arg a1[5] = {{TK_ARG_TENSOR, "out", &y.t, 0, 0},
+                    {TK_ARG_TENSOR, "input", &x.t, 0, 0},
+                    {TK_ARG_TENSOR, "weight", &w.t, 0, 0},
+                    {TK_ARG_TENSOR, "bias", &w7.t, 0, 0},
                     {TK_ARG_F64, "eps", NULL, 0, 1e-5}};
     CHECK_RC(tk_ops__prepare(&c, "layer_norm", a1, 5), TK_ERR_INVALID);
     CHECK_CONTAINS(tk_last_error(),
@@ -813,8 +821,10 @@ static void test_validation_ln_and_backward(void)
     CHECK_RC(tk_ops__prepare(&c, "layer_norm", a1, 5), TK_ERR_INVALID);
     CHECK_CONTAINS(tk_last_error(), "layer_norm: 'eps' is -1e-05, want a finite value >= 0");
 
-    tk_arg a2[4] = {{TK_ARG_TENSOR, "input", &x.t, 0, 0}, {TK_ARG_TENSOR, "residual", &x.t, 0, 0},
-                    {TK_ARG_TENSOR, "weight", &w.t, 0, 0}, {TK_ARG_TENSOR, "bias", &w.t, 0, 0}};
+    tk_arg a2[4] = {{TK_ARG_TENSOR, "input", &x.t, 0, 0},
+                    {TK_ARG_TENSOR, "residual", &x.t, 0, 0},
+                    {TK_ARG_TENSOR, "weight", &w.t, 0, 0},
+                    {TK_ARG_TENSOR, "bias", &w.t, 0, 0}};
     CHECK_RC(tk_ops__prepare(&c, "fused_add_layer_norm", a2, 4), TK_ERR_INVALID);
     CHECK_CONTAINS(tk_last_error(), "fused_add_layer_norm: 'input' and 'residual' are the same tensor");
     a2[1].t = &y2.t;
@@ -823,8 +833,8 @@ static void test_validation_ln_and_backward(void)
                    "fused_add_layer_norm: 'residual' has shape [4, 7], want [4, 8] (the shape of 'input')");
 
     tk_arg a3[7] = {{TK_ARG_TENSOR, "grad_input", &y.t, 0, 0}, {TK_ARG_TENSOR, "grad_weight", &gw.t, 0, 0},
-                    {TK_ARG_TENSOR, "grad_bias", &gb.t, 0, 0},  {TK_ARG_TENSOR, "grad_out", &y2.t, 0, 0},
-                    {TK_ARG_TENSOR, "input", &x.t, 0, 0},       {TK_ARG_TENSOR, "weight", &w.t, 0, 0},
+                    {TK_ARG_TENSOR, "grad_bias", &gb.t, 0, 0}, {TK_ARG_TENSOR, "grad_out", &y2.t, 0, 0},
+                    {TK_ARG_TENSOR, "input", &x.t, 0, 0},      {TK_ARG_TENSOR, "weight", &w.t, 0, 0},
                     {TK_ARG_F64, "eps", NULL, 0, 1e-5}};
     CHECK_RC(tk_ops__prepare(&c, "layer_norm_backward", a3, 7), TK_ERR_INVALID);
     CHECK_CONTAINS(tk_last_error(),
@@ -852,9 +862,9 @@ static void test_validation_ln_and_backward(void)
     /* rms norm has no bias */
     CHECK_RC(tk_ops__prepare(&c, "rms_norm_backward", a3, 7), TK_ERR_INVALID);
     CHECK_CONTAINS(tk_last_error(), "rms_norm_backward: no parameter named 'grad_bias'");
-    tk_arg a4[6] = {{TK_ARG_TENSOR, "grad_input", &y.t, 0, 0}, {TK_ARG_TENSOR, "grad_out", &y.t, 0, 0},
+    tk_arg a4[6] = {{TK_ARG_TENSOR, "grad_input", &y.t, 0, 0},     {TK_ARG_TENSOR, "grad_out", &y.t, 0, 0},
                     {TK_ARG_TENSOR, "grad_residual", &y2.t, 0, 0}, {TK_ARG_TENSOR, "residual", &x.t, 0, 0},
-                    {TK_ARG_TENSOR, "weight", &w.t, 0, 0},        {TK_ARG_TENSOR, "grad_weight", &gw.t, 0, 0}};
+                    {TK_ARG_TENSOR, "weight", &w.t, 0, 0},         {TK_ARG_TENSOR, "grad_weight", &gw.t, 0, 0}};
     CHECK_RC(tk_ops__prepare(&c, "fused_add_rms_norm_backward", a4, 5), TK_ERR_INVALID);
     CHECK_CONTAINS(tk_last_error(), "fused_add_rms_norm_backward: missing argument 'grad_weight'");
     CHECK_RC(tk_ops__prepare(&c, "fused_add_rms_norm_backward", a4, 6), TK_ERR_INVALID);

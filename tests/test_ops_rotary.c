@@ -324,8 +324,8 @@ static void test_rope_end_to_end(void)
                     }
                     for (int w = 0; w < 2; w++)
                         for (int64_t h = 0; h < heads[w]; h++)
-                            ref_rope_row(ref[w] + (t * heads[w] + h) * d, x[w] + (t * heads[w] + h) * d, d, rot, cv,
-                                         sv, neox);
+                            ref_rope_row(ref[w] + (t * heads[w] + h) * d, x[w] + (t * heads[w] + h) * d, d, rot, cv, sv,
+                                         neox);
                 }
                 tk_arg ra[5] = {{TK_ARG_TENSOR, "query", &q.t, 0, 0},
                                 {TK_ARG_TENSOR, "key", &k.t, 0, 0},
@@ -377,8 +377,10 @@ static void test_rotary_bad_position(void)
         *i64_at(&pos, 0) = 0;
         *i64_at(&pos, 1) = 5;
         *i64_at(&pos, 2) = bad[b];
-        tk_arg a[4] = {{TK_ARG_TENSOR, "query", &q.t, 0, 0}, {TK_ARG_TENSOR, "key", &k.t, 0, 0},
-                       {TK_ARG_TENSOR, "positions", &pos.t, 0, 0}, {TK_ARG_TENSOR, "cos_sin_cache", &cache.t, 0, 0}};
+        tk_arg a[4] = {{TK_ARG_TENSOR, "query", &q.t, 0, 0},
+                       {TK_ARG_TENSOR, "key", &k.t, 0, 0},
+                       {TK_ARG_TENSOR, "positions", &pos.t, 0, 0},
+                       {TK_ARG_TENSOR, "cos_sin_cache", &cache.t, 0, 0}};
         tk_op_call c;
         CHECK_RC(tk_ops__prepare(&c, "rotary_embedding", a, 4), TK_OK);
         CHECK(c.i[4] == 1); /* is_neox defaults to 1 */
@@ -432,12 +434,13 @@ static int cache_case(tk_dtype dt, const rcfg *k, int64_t rows, int64_t rot, int
     atol = dt.bits == 32 ? 1e-7 : 1e-6; /* the values are one rounding of an exact number */
     if (dt.bits == 32)
         rtol = 2e-7;
-    op_cmp c = op_cmp_begin(atol * ms, rtol,
-             "rope_cos_sin_cache %s %s [%lld, %lld]%s base %g factor %g omax %lld seq %lld beta %g/%g trunc %d "
-             "attn %g low/high %g/%g",
-             tk_ops__dtype_str(dt), scaling_names[k->scaling], (long long)rows, (long long)rot, pad ? " strided" : "",
-             k->base, k->factor, (long long)k->omax, (long long)k->seq_len, k->beta_fast, k->beta_slow, k->truncate,
-             k->attention_factor, k->low_ff, k->high_ff);
+    op_cmp c =
+        op_cmp_begin(atol * ms, rtol,
+                     "rope_cos_sin_cache %s %s [%lld, %lld]%s base %g factor %g omax %lld seq %lld beta %g/%g trunc %d "
+                     "attn %g low/high %g/%g",
+                     tk_ops__dtype_str(dt), scaling_names[k->scaling], (long long)rows, (long long)rot,
+                     pad ? " strided" : "", k->base, k->factor, (long long)k->omax, (long long)k->seq_len, k->beta_fast,
+                     k->beta_slow, k->truncate, k->attention_factor, k->low_ff, k->high_ff);
     c.cols = rot;
     c.nan_fails = 1;
     c.inf_fails = 1;
@@ -543,16 +546,16 @@ static void test_cache_known_values(void)
     }
 }
 
-#define EXPECT_INVALID_RC(call, msg)                                                                           \
-    do {                                                                                                       \
-        CHECK_RC(call, TK_ERR_INVALID);                                                                        \
-        CHECK_CONTAINS(tk_last_error(), msg);                                                                  \
+#define EXPECT_INVALID_RC(call, msg)                                                                                   \
+    do {                                                                                                               \
+        CHECK_RC(call, TK_ERR_INVALID);                                                                                \
+        CHECK_CONTAINS(tk_last_error(), msg);                                                                          \
     } while (0)
-#define EXPECT_INVALID(op, args, n, msg)                                                                       \
-    do {                                                                                                       \
-        tk_op_call c_;                                                                                         \
-        CHECK_RC(tk_ops__prepare(&c_, op, args, n), TK_ERR_INVALID);                                           \
-        CHECK_CONTAINS(tk_last_error(), msg);                                                                  \
+#define EXPECT_INVALID(op, args, n, msg)                                                                               \
+    do {                                                                                                               \
+        tk_op_call c_;                                                                                                 \
+        CHECK_RC(tk_ops__prepare(&c_, op, args, n), TK_ERR_INVALID);                                                   \
+        CHECK_CONTAINS(tk_last_error(), msg);                                                                          \
     } while (0)
 
 /* ---- rope_cos_sin_cache: LongRoPE ------------------------------------------------------------- */
@@ -668,9 +671,10 @@ static void test_cache_longrope(void)
     EXPECT_INVALID_RC(run_longrope(&out, 10000.0, 32.0, 1, 0.0, &ext),
                       "'original_max_position_embeddings' is 1, want >= 2 for longrope's default attention factor");
     CHECK_RC(run_longrope(&out, 10000.0, 32.0, 1, 1.5, &ext), TK_OK); /* an explicit attention factor */
-    EXPECT_INVALID_RC(run_scaled(&out, 1, 10000.0, 2.0, 0, 0.0, &ext),
-                      "rope_cos_sin_cache: 'ext_factors' is given, but only longrope scaling (5) takes it; 'scaling' is "
-                      "1 (linear)");
+    EXPECT_INVALID_RC(
+        run_scaled(&out, 1, 10000.0, 2.0, 0, 0.0, &ext),
+        "rope_cos_sin_cache: 'ext_factors' is given, but only longrope scaling (5) takes it; 'scaling' is "
+        "1 (linear)");
     host_free(&out);
     host_free(&ext);
     host_free(&ext3);
@@ -706,9 +710,18 @@ static int run_slopes(host_t *out, double max_bias)
 static void test_alibi_slopes(void)
 {
     static const double want8[8] = {0.5, 0.25, 0.125, 0.0625, 0.03125, 0.015625, 0.0078125, 0.00390625};
-    static const double want12[12] = {0.5,        0.25,       0.125,      0.0625,     0.03125,     0.015625,
-                                      0.0078125,  0.00390625, 0.70710678118654757, 0.35355339059327384,
-                                      0.17677669529663692, 0.088388347648318488};
+    static const double want12[12] = {0.5,
+                                      0.25,
+                                      0.125,
+                                      0.0625,
+                                      0.03125,
+                                      0.015625,
+                                      0.0078125,
+                                      0.00390625,
+                                      0.70710678118654757,
+                                      0.35355339059327384,
+                                      0.17677669529663692,
+                                      0.088388347648318488};
     int64_t n8 = 8, n12 = 12;
     host_t s8, s12;
     host_new(&s8, F32, 1, &n8, 0);
@@ -820,7 +833,8 @@ static void test_alibi_bias(void)
 
 static int run_sin(host_t *out, double base, int64_t offset)
 {
-    tk_arg a[3] = {{TK_ARG_TENSOR, "out", &out->t, 0, 0}, {TK_ARG_F64, "base", NULL, 0, base},
+    tk_arg a[3] = {{TK_ARG_TENSOR, "out", &out->t, 0, 0},
+                   {TK_ARG_F64, "base", NULL, 0, base},
                    {TK_ARG_I64, "offset", NULL, offset, 0}};
     return run_op("sinusoidal_position_encoding", a, 3);
 }
@@ -861,9 +875,9 @@ static void test_sinusoidal(void)
     CHECK(ok);
 
     /* known values (Python, float64), d = 6: rows 1 and 7; then the same rows through offset */
-    static const double row1[6] = {0.8414709848078965,    0.54030230586813977, 0.046399223464731285,
-                                   0.99892297604063041,   0.0021544330233656045, 0.99999767920648086};
-    static const double row7[6] = {0.65698659871878906, 0.7539022543433046,  0.31922465060631494,
+    static const double row1[6] = {0.8414709848078965,  0.54030230586813977,   0.046399223464731285,
+                                   0.99892297604063041, 0.0021544330233656045, 0.99999767920648086};
+    static const double row7[6] = {0.65698659871878906, 0.7539022543433046,   0.31922465060631494,
                                    0.9476790714399449,  0.015080471170057421, 0.9998862832288925};
     int64_t sh[2] = {8, 6};
     host_t out;
@@ -918,8 +932,10 @@ static void test_empty(void)
     host_new(&e, F16, 2, es, 0);
     host_new(&bias, F32, 3, bs, 0);
     host_new(&sl, F32, 1, &two, 0);
-    tk_arg a[4] = {{TK_ARG_TENSOR, "query", &q.t, 0, 0}, {TK_ARG_TENSOR, "key", &k.t, 0, 0},
-                   {TK_ARG_TENSOR, "positions", &pos.t, 0, 0}, {TK_ARG_TENSOR, "cos_sin_cache", &cache.t, 0, 0}};
+    tk_arg a[4] = {{TK_ARG_TENSOR, "query", &q.t, 0, 0},
+                   {TK_ARG_TENSOR, "key", &k.t, 0, 0},
+                   {TK_ARG_TENSOR, "positions", &pos.t, 0, 0},
+                   {TK_ARG_TENSOR, "cos_sin_cache", &cache.t, 0, 0}};
     CHECK_RC(run_op("rotary_embedding", a, 4), TK_OK);
     tk_arg c[1] = {{TK_ARG_TENSOR, "out", &e.t, 0, 0}};
     CHECK_RC(run_op("rope_cos_sin_cache", c, 1), TK_OK);
@@ -1059,8 +1075,7 @@ static void test_validation_tables(void)
     EXPECT_INVALID(op, a, 12, "rope_cos_sin_cache: 'factor' is -2, want a finite value > 0");
     a[3].f = 4;
     a[4].i = 0;
-    EXPECT_INVALID(op, a, 12,
-                   "rope_cos_sin_cache: 'original_max_position_embeddings' is 0, want > 0 for yarn scaling");
+    EXPECT_INVALID(op, a, 12, "rope_cos_sin_cache: 'original_max_position_embeddings' is 0, want > 0 for yarn scaling");
     a[4].i = 4096;
     a[6].f = 0;
     EXPECT_INVALID(op, a, 12, "rope_cos_sin_cache: 'beta_fast' is 0 and 'beta_slow' is 1, want finite values > 0");
@@ -1100,8 +1115,8 @@ static void test_validation_tables(void)
     b[0].t = &ct.t;
     EXPECT_INVALID("alibi_bias", b, 2, "alibi_bias: 'out' has rank 2 (shape [16, 8]), want 3");
 
-    tk_arg p[3] = {{TK_ARG_TENSOR, "out", &ct.t, 0, 0}, {TK_ARG_F64, "base", NULL, 0, -1},
-                   {TK_ARG_I64, "offset", NULL, 0, 0}};
+    tk_arg p[3] = {
+        {TK_ARG_TENSOR, "out", &ct.t, 0, 0}, {TK_ARG_F64, "base", NULL, 0, -1}, {TK_ARG_I64, "offset", NULL, 0, 0}};
     const char *sp = "sinusoidal_position_encoding";
     EXPECT_INVALID(sp, p, 3, "sinusoidal_position_encoding: 'base' is -1, want a finite value > 0");
     p[1].f = 10000;

@@ -187,7 +187,11 @@ static double safe_top_p(const double *x, int64_t v, double t, int64_t k, int wh
 }
 
 /* Wilson-Hilferty: the chi-square quantile for df degrees of freedom at a one-sided z (4.75: ~1e-6). */
-static double chi2_crit(int df) { double a = 2.0 / (9.0 * df); return df * pow(1 - a + 4.75 * sqrt(a), 3); }
+static double chi2_crit(int df)
+{
+    double a = 2.0 / (9.0 * df);
+    return df * pow(1 - a + 4.75 * sqrt(a), 3);
+}
 
 /* Draws of rows [r0, r0 + n) of out against prob: filtered tokens never drawn, and a chi-square over
  * the bins with expected count >= 5 (the rest pooled). */
@@ -220,9 +224,10 @@ static int check_distribution(const int64_t *got, int64_t n, const double *prob,
     }
     int ok = stray == 0 && (bins < 2 || chi <= chi2_crit(bins - 1));
     if (!ok) {
-        fprintf(stderr, "  sample %s: %lld draws outside the kept set; chi-square %.2f over %d bins (limit %.2f); "
-                "seed %llu\n   token: expected / got\n", what, (long long)stray, chi, bins,
-                bins > 1 ? chi2_crit(bins - 1) : 0.0, (unsigned long long)seed);
+        fprintf(stderr,
+                "  sample %s: %lld draws outside the kept set; chi-square %.2f over %d bins (limit %.2f); "
+                "seed %llu\n   token: expected / got\n",
+                what, (long long)stray, chi, bins, bins > 1 ? chi2_crit(bins - 1) : 0.0, (unsigned long long)seed);
         for (int64_t i = 0; i < v; i++)
             fprintf(stderr, "   %3lld: %10.1f / %lld\n", (long long)i, prob[i] * (double)n, (long long)count[i]);
     }
@@ -278,10 +283,10 @@ static void test_philox_known_answers(void)
 {
     static const uint32_t kat[3][10] = {
         {0, 0, 0, 0, 0, 0, 0x6627e8d5, 0xe169c58d, 0xbc57ac4c, 0x9b00dbd8},
-        {0xffffffff, 0xffffffff, 0xffffffff, 0xffffffff, 0xffffffff, 0xffffffff, 0x408f276d, 0x41c83b0e,
-         0xa20bc7c6, 0x6d5451fd},
-        {0x243f6a88, 0x85a308d3, 0x13198a2e, 0x03707344, 0xa4093822, 0x299f31d0, 0xd16cfe09, 0x94fdcceb,
-         0x5001e420, 0x24126ea1},
+        {0xffffffff, 0xffffffff, 0xffffffff, 0xffffffff, 0xffffffff, 0xffffffff, 0x408f276d, 0x41c83b0e, 0xa20bc7c6,
+         0x6d5451fd},
+        {0x243f6a88, 0x85a308d3, 0x13198a2e, 0x03707344, 0xa4093822, 0x299f31d0, 0xd16cfe09, 0x94fdcceb, 0x5001e420,
+         0x24126ea1},
     };
     for (int i = 0; i < 3; i++) {
         uint32_t x[4] = {kat[i][0], kat[i][1], kat[i][2], kat[i][3]};
@@ -323,9 +328,12 @@ static void test_argmax_random(void)
 static void test_argmax_ties_and_nan(void)
 {
     const int64_t sh[2] = {6, 5};
-    static const double rows[6][5] = {
-        {1, 7, 3, 7, 7}, {-INFINITY, INFINITY, NAN, INFINITY, NAN}, {-0.0, 0.0, -1, -2, -3},
-        {-1, 0.0, -0.0, -5, 0.0}, {-INFINITY, -INFINITY, -INFINITY, -INFINITY, -INFINITY}, {2, 2, 2, 2, 2}};
+    static const double rows[6][5] = {{1, 7, 3, 7, 7},
+                                      {-INFINITY, INFINITY, NAN, INFINITY, NAN},
+                                      {-0.0, 0.0, -1, -2, -3},
+                                      {-1, 0.0, -0.0, -5, 0.0},
+                                      {-INFINITY, -INFINITY, -INFINITY, -INFINITY, -INFINITY},
+                                      {2, 2, 2, 2, 2}};
     static const int64_t want[6] = {1, 2, 0, 1, 0, 0};
     for (size_t k = 0; k < 3; k++) {
         host_t x, out;
@@ -459,8 +467,8 @@ static void test_degenerate_rows(void)
     host_t x, out;
     host_new(&x, F32, 2, sh, 0);
     host_new(&out, I64, 1, sh, 0);
-    static const double rows[3][4] = {{-INFINITY, -INFINITY, -INFINITY, -INFINITY}, {NAN, -INFINITY, NAN, NAN},
-                                      {NAN, 1, 2, 2}};
+    static const double rows[3][4] = {
+        {-INFINITY, -INFINITY, -INFINITY, -INFINITY}, {NAN, -INFINITY, NAN, NAN}, {NAN, 1, 2, 2}};
     for (int r = 0; r < 3; r++)
         for (int c = 0; c < 4; c++)
             set(&x.t, r * 4 + c, rows[r][c]);
@@ -519,8 +527,9 @@ static void test_greedy_equivalents(void)
                 CHECK_RC(run_sample(&out, &x, &o), TK_OK);
                 for (int64_t r = 0; r < b; r++)
                     if (ids(&out)[r] != ids(&am)[r]) {
-                        fprintf(stderr, "  sample mode %d %s [%lld, %lld] row %lld: got %lld, argmax %lld (seed %llu)\n",
-                                mode, tk_ops__dtype_str(x.t.dtype), (long long)b, (long long)v, (long long)r,
+                        fprintf(stderr,
+                                "  sample mode %d %s [%lld, %lld] row %lld: got %lld, argmax %lld (seed %llu)\n", mode,
+                                tk_ops__dtype_str(x.t.dtype), (long long)b, (long long)v, (long long)r,
                                 (long long)ids(&out)[r], (long long)ids(&am)[r], (unsigned long long)seed);
                         CHECK(0);
                         break;
@@ -578,8 +587,8 @@ static void test_distribution(void)
         int p_gap; /* 0: top_p off; else the gap safe_top_p picks */
         int dt;
     } cases[] = {
-        {10, 1.0, 0, 0, 0}, {10, 0.6, 4, 0, 1}, {10, 1.5, 0, 3, 2}, {12, 0.8, 7, 4, 0}, {9, 2.5, 0, 5, 1},
-        {10, 1.0, 10, 0, 2}, /* top_k = v: off */
+        {10, 1.0, 0, 0, 0}, {10, 0.6, 4, 0, 1}, {10, 1.5, 0, 3, 2},
+        {12, 0.8, 7, 4, 0}, {9, 2.5, 0, 5, 1},  {10, 1.0, 10, 0, 2}, /* top_k = v: off */
     };
     for (size_t cs = 0; cs < sizeof cases / sizeof cases[0]; cs++) {
         int64_t v = cases[cs].v, sh[2] = {N, v};
@@ -595,8 +604,8 @@ static void test_distribution(void)
         o.seed = (int64_t)next_u64();
         ref_probs(prob, xd, v, o.temperature, o.top_k, o.top_p);
         char what[96];
-        snprintf(what, sizeof what, "%s v %lld T %g top_k %lld top_p %.4f", tk_ops__dtype_str(x.t.dtype),
-                 (long long)v, o.temperature, (long long)o.top_k, o.top_p);
+        snprintf(what, sizeof what, "%s v %lld T %g top_k %lld top_p %.4f", tk_ops__dtype_str(x.t.dtype), (long long)v,
+                 o.temperature, (long long)o.top_k, o.top_p);
         CHECK_RC(run_sample(&out, &x, &o), TK_OK);
         CHECK(check_distribution(ids(&out), N, prob, v, what));
         free(xd);
@@ -770,7 +779,9 @@ static void test_top_p_ties_vs_transformers(void)
     char py[1024], cmd[2300];
     snprintf(py, sizeof py, "%s/bin/python", venv);
     /* found, not imported: top_p_oracle.py imports it, and an import costs seconds */
-    snprintf(cmd, sizeof cmd, "'%s' -c 'import importlib.util as u, sys; sys.exit(u.find_spec(\"transformers\") is None)' 2>/dev/null", py);
+    snprintf(cmd, sizeof cmd,
+             "'%s' -c 'import importlib.util as u, sys; sys.exit(u.find_spec(\"transformers\") is None)' 2>/dev/null",
+             py);
     if (system(cmd) != 0) {
         if (getenv("CI") && *getenv("CI")) {
             fprintf(stderr, "  %s cannot import transformers (scripts/setup.sh --test installs it)\n", py);
@@ -864,8 +875,10 @@ static void test_validation(void)
     CHECK_RC(tk_ops__prepare(&c, "argmax", a, 2), TK_OK);
 
     /* sample */
-    tk_arg s[4] = {{TK_ARG_TENSOR, "out", &o3.t, 0, 0}, {TK_ARG_TENSOR, "logits", &x.t, 0, 0},
-                   {TK_ARG_F64, "temperature", NULL, 0, 1.0}, {TK_ARG_TENSOR, "top_ks", &k4i64.t, 0, 0}};
+    tk_arg s[4] = {{TK_ARG_TENSOR, "out", &o3.t, 0, 0},
+                   {TK_ARG_TENSOR, "logits", &x.t, 0, 0},
+                   {TK_ARG_F64, "temperature", NULL, 0, 1.0},
+                   {TK_ARG_TENSOR, "top_ks", &k4i64.t, 0, 0}};
     CHECK_RC(tk_ops__prepare(&c, "sample", s, 2), TK_ERR_INVALID);
     CHECK_CONTAINS(tk_last_error(), "sample: 'out' has shape [3], want [4] (one token per row of 'logits' [4, 8])");
     s[0].t = &o4.t;

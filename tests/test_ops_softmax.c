@@ -137,8 +137,8 @@ static void test_registry(void)
 /* Row lengths 1, 7, 1000 and 300000 (one row), ragged leading dims, strided and in place. */
 static void test_random(void)
 {
-    static const int64_t shapes[][4] = {{2, 1, 1}, {2, 5, 1}, {2, 1, 7}, {3, 2, 3, 7}, {2, 4, 1000},
-                                        {3, 2, 3, 33}, {2, 1, 300000}, {2, 3, 1025}};
+    static const int64_t shapes[][4] = {{2, 1, 1},    {2, 5, 1},     {2, 1, 7},      {3, 2, 3, 7},
+                                        {2, 4, 1000}, {3, 2, 3, 33}, {2, 1, 300000}, {2, 3, 1025}};
     for (size_t o = 0; o < 2; o++)
         for (size_t s = 0; s < sizeof shapes / sizeof shapes[0]; s++)
             for (size_t k = 0; k < 3; k++) {

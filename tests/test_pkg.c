@@ -108,7 +108,8 @@ static void test_manifest(void)
         {"{\"format_version\": 2}", "upgrade tk"},
         {"{\"format_version\": 1, \"name\": \"nope\", \"version\": \"1.0.0\", \"license\": \"MIT\"}", "'name'"},
         {"{\"format_version\": 1, \"name\": \"o/p\", \"version\": \"1.0\", \"license\": \"MIT\"}", "'version'"},
-        {"{\"format_version\": 1, \"name\": \"o/p\", \"version\": \"1.0.0\", \"license\": \"MIT\", \"files\": []}", "'files'"},
+        {"{\"format_version\": 1, \"name\": \"o/p\", \"version\": \"1.0.0\", \"license\": \"MIT\", \"files\": []}",
+         "'files'"},
         {"{\"format_version\": 1, \"format_version\": 1}", "not valid JSON"},
     };
     for (size_t i = 0; i < sizeof bad / sizeof *bad; i++) {

@@ -125,8 +125,8 @@ static void test_edges_and_pins(void)
     CHECK(odd);
     /* attention with q.shape[3] pinned to 128..128, and another allowing up to 512 */
     const tk_op_desc *at = tk_ops__find("attention");
-    tk_ops_case_param ps[] = {{"out", 1, BF16}, {"q", 1, BF16}, {"k", 1, BF16}, {"v", 1, BF16}, {"lse", 1, F32},
-                              {"causal", 0, F32}, {"scale", 0, F32}};
+    tk_ops_case_param ps[] = {{"out", 1, BF16}, {"q", 1, BF16},     {"k", 1, BF16},   {"v", 1, BF16},
+                              {"lse", 1, F32},  {"causal", 0, F32}, {"scale", 0, F32}};
     tk_ops_case_pin d128 = {"q", 3, 128, 128}, d512 = {"q", 3, 0, 512};
     tk_ops_case_spec s1 = {BF16, ps, 7, &d128, 1}, s2 = {BF16, ps, 7, &d512, 1};
     int64_t max1 = 0, max2 = 0, n1 = 0;
@@ -341,8 +341,11 @@ static void test_compare_zero_reference(void)
         const tk_dtype *dt;
         size_t index; /* 0: B 1 Sq 1 Sk 1 Hq 1 Hkv 1, 2: the same causal */
         float err;    /* what the GPU gave where 0 was wanted */
-    } cs[] = {{&F32, 2, 2.9179148e-08f}, {&F16, 0, -1.1920929e-07f}, {&BF16, 0, -1.0477379e-08f},
-              {&BF16, 0, -5.96046448e-08f}, {&F16, 0, -5.96046448e-08f}};
+    } cs[] = {{&F32, 2, 2.9179148e-08f},
+              {&F16, 0, -1.1920929e-07f},
+              {&BF16, 0, -1.0477379e-08f},
+              {&BF16, 0, -5.96046448e-08f},
+              {&F16, 0, -5.96046448e-08f}};
     for (size_t k = 0; k < sizeof cs / sizeof cs[0]; k++) {
         tk_ops_case c;
         tk_ops_cmp r;
@@ -412,7 +415,6 @@ static void test_compare_zero_reference(void)
     tk_ops__case_free(&c);
 }
 
-
 /* A bound on a scalar in a kernel's constraints ("thresholding": min 1) pins its cases as a bound on a
  * dimension does: the _threshold kernels get only the thresholding cases, the others none. */
 static void test_scalar_pins(void)
@@ -480,8 +482,8 @@ static void test_route(void)
 {
     int act[8];
     const int none[] = {TK_ST_NONE, TK_ST_NONE};
-    const int mixed[] = {TK_ST_FAILED, TK_ST_NONE, TK_ST_PASSED, TK_ST_CRASHED, TK_ST_UNTESTED, TK_ST_INTERRUPTED,
-                         TK_ST_TIMED_OUT};
+    const int mixed[] = {TK_ST_FAILED,   TK_ST_NONE,        TK_ST_PASSED,   TK_ST_CRASHED,
+                         TK_ST_UNTESTED, TK_ST_INTERRUPTED, TK_ST_TIMED_OUT};
     const int allbad[] = {TK_ST_FAILED, TK_ST_CRASHED, TK_ST_TIMED_OUT};
     /* off: everything is used, records or not */
     CHECK_EQ_INT(tk_ops__route(act, mixed, 7, TK_SELFTEST_OFF, 0), TK_ROUTE_OK);
@@ -489,14 +491,14 @@ static void test_route(void)
         CHECK_EQ_INT(act[i], TK_ROUTE_USE);
     /* record: the failed, crashed, timed-out and interrupted ones are skipped, the rest used in order */
     CHECK_EQ_INT(tk_ops__route(act, mixed, 7, TK_SELFTEST_RECORD, 0), TK_ROUTE_OK);
-    const int want_rec[] = {TK_ROUTE_SKIP, TK_ROUTE_USE, TK_ROUTE_USE, TK_ROUTE_SKIP, TK_ROUTE_USE, TK_ROUTE_SKIP,
-                            TK_ROUTE_SKIP};
+    const int want_rec[] = {TK_ROUTE_SKIP, TK_ROUTE_USE,  TK_ROUTE_USE, TK_ROUTE_SKIP,
+                            TK_ROUTE_USE,  TK_ROUTE_SKIP, TK_ROUTE_SKIP};
     for (int i = 0; i < 7; i++)
         CHECK_EQ_INT(act[i], want_rec[i]);
     /* required: only passed is used; never tested is tested first; untestable is skipped */
     CHECK_EQ_INT(tk_ops__route(act, mixed, 7, TK_SELFTEST_REQUIRED, 0), TK_ROUTE_OK);
-    const int want_req[] = {TK_ROUTE_SKIP, TK_ROUTE_TEST_FIRST, TK_ROUTE_USE, TK_ROUTE_SKIP, TK_ROUTE_SKIP,
-                            TK_ROUTE_SKIP, TK_ROUTE_SKIP};
+    const int want_req[] = {TK_ROUTE_SKIP, TK_ROUTE_TEST_FIRST, TK_ROUTE_USE, TK_ROUTE_SKIP,
+                            TK_ROUTE_SKIP, TK_ROUTE_SKIP,       TK_ROUTE_SKIP};
     for (int i = 0; i < 7; i++)
         CHECK_EQ_INT(act[i], want_req[i]);
     CHECK_EQ_INT(tk_ops__route(act, none, 2, TK_SELFTEST_RECORD, 0), TK_ROUTE_OK);
@@ -672,8 +674,8 @@ static void test_planned_keys_match_the_build(void)
  * and the plan runs their CPU references: tk_selftest's plan mode over every package. */
 static void test_every_shipped_kernel_has_cases(void)
 {
-    static const char *pkgs[] = {"activation", "casted", "cross-entropy", "diffusion", "flash-attn", "layers", "moe",
-                                 "rmsnorm", "rotary", "sampling", "softmax", "training"};
+    static const char *pkgs[] = {"activation", "casted",  "cross-entropy", "diffusion", "flash-attn", "layers",
+                                 "moe",        "rmsnorm", "rotary",        "sampling",  "softmax",    "training"};
     tk_ctx *ctx = new_ctx();
     CHECK(ctx != NULL);
     if (!ctx)

@@ -56,16 +56,16 @@ static void run_oracle(void)
         oracle_why = "cases.json did not parse";
 }
 
-#define NEED_ORACLE()                                                                              \
-    do {                                                                                           \
-        if (!oracle) {                                                                             \
-            if (getenv("CI") && *getenv("CI")) {                                                   \
-                fprintf(stderr, "oracle unavailable in CI: %s\n", oracle_why);                     \
-                th_cur_failed++;                                                                   \
-                return;                                                                            \
-            }                                                                                      \
-            SKIP(oracle_why);                                                                      \
-        }                                                                                          \
+#define NEED_ORACLE()                                                                                                  \
+    do {                                                                                                               \
+        if (!oracle) {                                                                                                 \
+            if (getenv("CI") && *getenv("CI")) {                                                                       \
+                fprintf(stderr, "oracle unavailable in CI: %s\n", oracle_why);                                         \
+                th_cur_failed++;                                                                                       \
+                return;                                                                                                \
+            }                                                                                                          \
+            SKIP(oracle_why);                                                                                          \
+        }                                                                                                              \
     } while (0)
 
 /* Prints a C-escaped copy of s (for failure messages). */
@@ -84,8 +84,8 @@ static void show(const char *label, const char *s, size_t n)
     fprintf(stderr, "%s\"\n", n > 160 ? "..." : "");
 }
 
-static int ids_equal(const char *what, const char *name, const char *text, size_t tn,
-                     const int32_t *got, size_t n, json_t *want)
+static int ids_equal(const char *what, const char *name, const char *text, size_t tn, const int32_t *got, size_t n,
+                     json_t *want)
 {
     size_t wn = json_array_size(want);
     size_t i = 0;
@@ -93,8 +93,7 @@ static int ids_equal(const char *what, const char *name, const char *text, size_
         i++;
     if (i == n && n == wn)
         return 1;
-    fprintf(stderr, "  %s: %s: ids differ at %zu (tk %zu ids, tokenizers %zu)\n", name, what, i, n,
-            wn);
+    fprintf(stderr, "  %s: %s: ids differ at %zu (tk %zu ids, tokenizers %zu)\n", name, what, i, n, wn);
     show("text", text, tn);
     fprintf(stderr, "    tk:         ");
     for (size_t k = i > 3 ? i - 3 : 0; k < n && k < i + 6; k++)
@@ -106,8 +105,7 @@ static int ids_equal(const char *what, const char *name, const char *text, size_
     return 0;
 }
 
-static int text_equal(const char *what, const char *name, const char *text, size_t tn,
-                      const char *got, json_t *want)
+static int text_equal(const char *what, const char *name, const char *text, size_t tn, const char *got, json_t *want)
 {
     const char *w = json_string_value(want);
     size_t wn = strlen(w); /* the C API's text ends at a U+0000 the decoded text may hold */
@@ -153,23 +151,20 @@ static void test_matches_tokenizers(void)
             CHECK_RC(tk_tokenizer_encode(&ids, &n, tok, text, tn, 1), TK_OK);
             CHECK_RC(tk_tokenizer_encode(&plain, &pn, tok, text, tn, 0), TK_OK);
             ok &= ids && ids_equal("encode", name, text, tn, ids, n, json_object_get(cj, "ids"));
-            ok &= plain && ids_equal("encode(add_special=0)", name, text, tn, plain, pn,
-                                     json_object_get(cj, "ids_plain"));
+            ok &= plain &&
+                  ids_equal("encode(add_special=0)", name, text, tn, plain, pn, json_object_get(cj, "ids_plain"));
             if (ids) {
                 CHECK_RC(tk_tokenizer_decode(&dec, tok, ids, n, 0), TK_OK);
                 CHECK_RC(tk_tokenizer_decode(&skip, tok, ids, n, 1), TK_OK);
                 ok &= text_equal("decode", name, text, tn, dec, json_object_get(cj, "dec"));
-                ok &= text_equal("decode(skip_special)", name, text, tn, skip,
-                                 json_object_get(cj, "dec_skip"));
+                ok &= text_equal("decode(skip_special)", name, text, tn, skip, json_object_get(cj, "dec_skip"));
             }
             if (plain) {
                 CHECK_RC(tk_tokenizer_decode(&decp, tok, plain, pn, 0), TK_OK);
-                ok &= text_equal("decode(plain)", name, text, tn, decp,
-                                 json_object_get(cj, "dec_plain"));
+                ok &= text_equal("decode(plain)", name, text, tn, decp, json_object_get(cj, "dec_plain"));
                 /* round trip wherever tokenizers' own round-trips */
                 json_t *w = json_object_get(cj, "dec_plain");
-                if (json_string_length(w) == tn && !memcmp(json_string_value(w), text, tn) &&
-                    strlen(text) == tn) {
+                if (json_string_length(w) == tn && !memcmp(json_string_value(w), text, tn) && strlen(text) == tn) {
                     CHECK(decp && strlen(decp) == tn && !memcmp(decp, text, tn));
                     nround++;
                 }
@@ -187,8 +182,7 @@ static void test_matches_tokenizers(void)
         }
         tk_tokenizer_free(tok);
     }
-    printf("    %zu tokenizers, %zu cases, %zu round trips, %zu mismatching cases\n", ntok, ncase,
-           nround, bad);
+    printf("    %zu tokenizers, %zu cases, %zu round trips, %zu mismatching cases\n", ntok, ncase, nround, bad);
     CHECK(ntok >= 18);
     CHECK(ncase >= 18 * 49);
     CHECK(nround >= 100);
@@ -372,9 +366,8 @@ static void test_threads(void)
 
 /* ---- malformed tokenizer.json: a clear error naming the field, never a crash -------------------- */
 
-static const char *MINI =
-    "{\"model\": {\"type\": \"BPE\", \"vocab\": {\"a\": 0, \"b\": 1, \"ab\": 2, \"<unk>\": 3},"
-    " \"merges\": [\"a b\"], \"unk_token\": \"<unk>\"}}";
+static const char *MINI = "{\"model\": {\"type\": \"BPE\", \"vocab\": {\"a\": 0, \"b\": 1, \"ab\": 2, \"<unk>\": 3},"
+                          " \"merges\": [\"a b\"], \"unk_token\": \"<unk>\"}}";
 
 static void expect_parse(const char *json, int want, const char *needle)
 {
@@ -400,23 +393,22 @@ static void test_malformed(void)
     expect_parse("{}", TK_ERR_INVALID, "model");
     expect_parse("{\"model\": 7}", TK_ERR_INVALID, "model: must be an object");
     /* wrong types */
-    expect_parse("{\"model\": {\"type\": \"BPE\", \"vocab\": [\"a\", \"b\"], \"merges\": []}}",
-                 TK_ERR_INVALID, "model.vocab: must be an object");
-    expect_parse("{\"model\": {\"type\": \"BPE\", \"vocab\": {\"a\": \"0\"}, \"merges\": []}}",
-                 TK_ERR_INVALID, "the id of 'a' must be an integer");
-    expect_parse("{\"model\": {\"type\": \"BPE\", \"vocab\": {\"a\": -4}, \"merges\": []}}",
-                 TK_ERR_INVALID, "outside");
+    expect_parse("{\"model\": {\"type\": \"BPE\", \"vocab\": [\"a\", \"b\"], \"merges\": []}}", TK_ERR_INVALID,
+                 "model.vocab: must be an object");
+    expect_parse("{\"model\": {\"type\": \"BPE\", \"vocab\": {\"a\": \"0\"}, \"merges\": []}}", TK_ERR_INVALID,
+                 "the id of 'a' must be an integer");
+    expect_parse("{\"model\": {\"type\": \"BPE\", \"vocab\": {\"a\": -4}, \"merges\": []}}", TK_ERR_INVALID, "outside");
     /* a tiny file must not make tk allocate an entry for every id up to a huge one */
-    expect_parse("{\"model\": {\"type\": \"WordLevel\", \"vocab\": {\"a\": 999999999}}}",
-                 TK_ERR_INVALID, "ids are dense");
+    expect_parse("{\"model\": {\"type\": \"WordLevel\", \"vocab\": {\"a\": 999999999}}}", TK_ERR_INVALID,
+                 "ids are dense");
     expect_parse("{\"model\": {\"type\": \"WordLevel\", \"vocab\": {\"a\": 0}},"
                  " \"added_tokens\": [{\"id\": 123456789, \"content\": \"<x>\"}]}",
                  TK_ERR_INVALID, "added_tokens[0]: \"id\" must be an integer in [0, 1048575]");
-    expect_parse("{\"model\": {\"type\": \"BPE\", \"vocab\": {\"a\": 0}, \"merges\": {}}}",
-                 TK_ERR_INVALID, "model.merges: must be an array");
+    expect_parse("{\"model\": {\"type\": \"BPE\", \"vocab\": {\"a\": 0}, \"merges\": {}}}", TK_ERR_INVALID,
+                 "model.merges: must be an array");
     expect_parse("{\"model\": {\"type\": 3, \"vocab\": {}}}", TK_ERR_INVALID, "\"type\" must be a string");
-    expect_parse("{\"model\": {\"type\": \"WordPiece\", \"vocab\": {\"a\": 0}, \"unk_token\": 5}}",
-                 TK_ERR_INVALID, "\"unk_token\" must be a string");
+    expect_parse("{\"model\": {\"type\": \"WordPiece\", \"vocab\": {\"a\": 0}, \"unk_token\": 5}}", TK_ERR_INVALID,
+                 "\"unk_token\" must be a string");
     expect_parse("{\"model\": {\"type\": \"BPE\", \"vocab\": {\"a\": 0}, \"merges\": [], "
                  "\"byte_fallback\": \"yes\"}}",
                  TK_ERR_INVALID, "\"byte_fallback\" must be true or false");
@@ -437,8 +429,8 @@ static void test_malformed(void)
     expect_parse("{\"model\": {\"type\": \"WordLevel\", \"vocab\": {\"a\": 0}},"
                  " \"post_processor\": {\"type\": \"Nope\"}}",
                  TK_ERR_UNSUPPORTED, "TemplateProcessing");
-    expect_parse("{\"model\": {\"type\": \"WordLevel\", \"vocab\": {\"a\": 0}}, \"normalizer\": {}}",
-                 TK_ERR_INVALID, "normalizer: \"type\" is missing");
+    expect_parse("{\"model\": {\"type\": \"WordLevel\", \"vocab\": {\"a\": 0}}, \"normalizer\": {}}", TK_ERR_INVALID,
+                 "normalizer: \"type\" is missing");
     expect_parse("{\"model\": {\"type\": \"BPE\", \"vocab\": {\"a\": 0}, \"merges\": [], "
                  "\"dropout\": 0.1}}",
                  TK_ERR_UNSUPPORTED, "dropout");
@@ -451,8 +443,9 @@ static void test_malformed(void)
                  TK_ERR_INVALID, "two tokens separated by one space");
     expect_parse("{\"model\": {\"type\": \"BPE\", \"vocab\": {\"a\": 0, \"b\": 1, \"ab\": 2}, \"merges\": [[\"a\"]]}}",
                  TK_ERR_INVALID, "model.merges[0]: must be");
-    expect_parse("{\"model\": {\"type\": \"BPE\", \"vocab\": {\"a\": 0, \"b\": 1, \"ab\": 2}, \"merges\": [\"a b\", 5]}}",
-                 TK_ERR_INVALID, "model.merges[1]");
+    expect_parse(
+        "{\"model\": {\"type\": \"BPE\", \"vocab\": {\"a\": 0, \"b\": 1, \"ab\": 2}, \"merges\": [\"a b\", 5]}}",
+        TK_ERR_INVALID, "model.merges[1]");
     /* other fields */
     expect_parse("{\"model\": {\"type\": \"WordLevel\", \"vocab\": {\"a\": 0}},"
                  " \"pre_tokenizer\": {\"type\": \"Split\", \"pattern\": {\"Regex\": \"(unclosed\"},"
@@ -462,8 +455,8 @@ static void test_malformed(void)
                  " \"pre_tokenizer\": {\"type\": \"Split\", \"pattern\": {\"Regex\": \"x\"},"
                  " \"behavior\": \"Sideways\"}}",
                  TK_ERR_INVALID, "\"behavior\" must be");
-    expect_parse("{\"model\": {\"type\": \"WordLevel\", \"vocab\": {\"a\": 0}}, \"added_tokens\": {}}",
-                 TK_ERR_INVALID, "added_tokens: must be an array");
+    expect_parse("{\"model\": {\"type\": \"WordLevel\", \"vocab\": {\"a\": 0}}, \"added_tokens\": {}}", TK_ERR_INVALID,
+                 "added_tokens: must be an array");
     expect_parse("{\"model\": {\"type\": \"WordLevel\", \"vocab\": {\"a\": 0}},"
                  " \"added_tokens\": [{\"content\": \"<x>\"}]}",
                  TK_ERR_INVALID, "added_tokens[0]: \"id\" is missing");

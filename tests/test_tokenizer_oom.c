@@ -126,12 +126,11 @@ static void test_load_oom(void)
                 tk_tokenizer_free(tok);
             } else if (tok != NULL || (rc != TK_ERR_NOMEM && rc != TK_ERR_INVALID)) {
                 if (bad++ < 3)
-                    fprintf(stderr, "  %s: allocation %ld failed: rc %d, out %p (%s)\n", SEEDS[s], k,
-                            rc, (void *)tok, tk_last_error());
+                    fprintf(stderr, "  %s: allocation %ld failed: rc %d, out %p (%s)\n", SEEDS[s], k, rc, (void *)tok,
+                            tk_last_error());
             }
             if (live != base && bad++ < 3)
-                fprintf(stderr, "  %s: allocation %ld failed: %ld blocks leaked\n", SEEDS[s], k,
-                        live - base);
+                fprintf(stderr, "  %s: allocation %ld failed: %ld blocks leaked\n", SEEDS[s], k, live - base);
             if (done) {
                 CHECK_RC(rc, TK_OK);
                 break;
@@ -183,12 +182,11 @@ static void test_encode_decode_oom(void)
             fail_at = -1;
             if ((rc != TK_OK && rc != TK_ERR_NOMEM) || (rc2 != TK_OK && rc2 != TK_ERR_NOMEM)) {
                 if (bad++ < 3)
-                    fprintf(stderr, "  %s: allocation %ld failed: encode %d, decode %d (%s)\n",
-                            SEEDS[s], k, rc, rc2, tk_last_error());
+                    fprintf(stderr, "  %s: allocation %ld failed: encode %d, decode %d (%s)\n", SEEDS[s], k, rc, rc2,
+                            tk_last_error());
             }
             if (live != base && bad++ < 3)
-                fprintf(stderr, "  %s: allocation %ld failed: %ld blocks leaked\n", SEEDS[s], k,
-                        live - base);
+                fprintf(stderr, "  %s: allocation %ld failed: %ld blocks leaked\n", SEEDS[s], k, live - base);
             if (done) {
                 CHECK(rc == TK_OK && rc2 == TK_OK);
                 break;

@@ -80,7 +80,8 @@ static void test_parse_errors(void)
 {
     int rc;
     tk_tp_plan *p = plan_of("{\"model.layers.*.mlp.up_proj\": \"colwise\", \"lm_head\": \"colwize\", "
-                            "\"x\": \"rowwize\"}", 2, &rc);
+                            "\"x\": \"rowwize\"}",
+                            2, &rc);
     CHECK_EQ_INT(rc, TK_ERR_INVALID);
     CHECK_CONTAINS(tk_last_error(), "unsupported tp_plan styles: 'colwize' (rule 'lm_head'), 'rowwize' (rule 'x')");
     CHECK_CONTAINS(tk_last_error(), "Supported styles are all_reduce, colwise, colwise_gather_output");
@@ -119,11 +120,15 @@ static void test_parse_errors(void)
 #define NT 9
 static void test_assign(void)
 {
-    static const char *const names[NT] = {
-        "lm_head.weight", "model.embed_tokens.weight", "model.layers.0.self_attn.q_proj.weight",
-        "model.layers.0.self_attn.q_proj.bias", "model.layers.0.self_attn.o_proj.weight",
-        "model.layers.0.self_attn.o_proj.bias", "model.layers.1.mlp.gate_up_proj.weight",
-        "model.layers.1.mlp.gate_up_proj.bias", "model.norm.weight"};
+    static const char *const names[NT] = {"lm_head.weight",
+                                          "model.embed_tokens.weight",
+                                          "model.layers.0.self_attn.q_proj.weight",
+                                          "model.layers.0.self_attn.q_proj.bias",
+                                          "model.layers.0.self_attn.o_proj.weight",
+                                          "model.layers.0.self_attn.o_proj.bias",
+                                          "model.layers.1.mlp.gate_up_proj.weight",
+                                          "model.layers.1.mlp.gate_up_proj.bias",
+                                          "model.norm.weight"};
     static const int ndims[NT] = {2, 2, 2, 1, 2, 1, 2, 1, 1};
     static const int64_t shapes[NT][TK_TP_MAX_RANK] = {{10, 4}, {10, 4}, {4, 4}, {4}, {4, 4}, {4}, {12, 4}, {12}, {4}};
     int rc;
@@ -132,14 +137,21 @@ static void test_assign(void)
                             "\"model.layers.*.self_attn.o_proj\": \"rowwise\","
                             "\"model.layers.*.mlp.gate_up_proj\": \"packed_colwise\","
                             "\"model.layers.0.mlp.down_proj\": \"rowwise\","
-                            "\"model.layers.*.mlp.nothing\": \"colwise\"}", 2, &rc);
+                            "\"model.layers.*.mlp.nothing\": \"colwise\"}",
+                            2, &rc);
     CHECK_EQ_INT(rc, TK_OK);
     CHECK_RC(tk_models__tp_assign(p, names, ndims, shapes, NT, 4, 2, 0), TK_OK);
     static const struct {
         const char *style;
         int dim, split;
-    } want[NT] = {{"colwise_gather_output", 0, 1}, {"embedding_rowwise", 0, 1}, {"colwise", 0, 1}, {"colwise", 0, 1},
-                  {"rowwise", 1, 1}, {"rowwise", -1, 1}, {"packed_colwise", 0, 2}, {"packed_colwise", 0, 1},
+    } want[NT] = {{"colwise_gather_output", 0, 1},
+                  {"embedding_rowwise", 0, 1},
+                  {"colwise", 0, 1},
+                  {"colwise", 0, 1},
+                  {"rowwise", 1, 1},
+                  {"rowwise", -1, 1},
+                  {"packed_colwise", 0, 2},
+                  {"packed_colwise", 0, 1},
                   {"replicate", -1, 1}};
     for (int i = 0; i < NT && (size_t)i < p->nparams; i++) {
         CHECK_STR(p->params[i].style, want[i].style);
@@ -244,9 +256,9 @@ static int dump(const char *dir, int world, const char *plan_file)
     json_object_set_new(out, "source", json_string(p->source));
     for (size_t i = 0; i < p->nrules; i++)
         json_object_set_new(rules, p->rules[i].key,
-                            p->rules[i].split != 2 ? json_pack("{s:s, s:i}", "style", p->rules[i].style, "split",
-                                                               p->rules[i].split)
-                                                   : json_string(p->rules[i].style));
+                            p->rules[i].split != 2
+                                ? json_pack("{s:s, s:i}", "style", p->rules[i].style, "split", p->rules[i].split)
+                                : json_string(p->rules[i].style));
     for (size_t i = 0; i < p->nwarnings; i++)
         json_array_append_new(warns, json_string(p->warnings[i]));
     for (size_t i = 0; i < p->nparams; i++) {
@@ -265,8 +277,8 @@ static int dump(const char *dir, int world, const char *plan_file)
             free(buf);
             for (int d = 0; d < t->ndim; d++)
                 json_array_append_new(shape, json_integer(s.shape[d]));
-            json_array_append_new(ranks, json_pack("{s:o, s:s, s:I}", "shape", shape, "sha256", hex, "bytes",
-                                                   (json_int_t)s.bytes));
+            json_array_append_new(
+                ranks, json_pack("{s:o, s:s, s:I}", "shape", shape, "sha256", hex, "bytes", (json_int_t)s.bytes));
         }
         json_array_append_new(ts, json_pack("{s:s, s:s, s:o, s:i, s:i, s:o}", "name", t->name, "style", t->style,
                                             "rule", t->rule ? json_string(t->rule) : json_null(), "dim", t->dim,

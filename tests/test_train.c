@@ -111,7 +111,8 @@ static void make_oracle(void)
         return;
     }
     free(got);
-    snprintf(cmd, sizeof cmd, "rm -rf '%s' && mkdir -p '%s' && '%s' tests/models/train_oracle.py '%s' > '%s/oracle.log' 2>&1",
+    snprintf(cmd, sizeof cmd,
+             "rm -rf '%s' && mkdir -p '%s' && '%s' tests/models/train_oracle.py '%s' > '%s/oracle.log' 2>&1",
              oracle_dir, oracle_dir, py, oracle_dir, oracle_dir);
     if (system(cmd) != 0) {
         printf("train_oracle.py failed; see %s/oracle.log\n", oracle_dir);
@@ -121,15 +122,15 @@ static void make_oracle(void)
     have_oracle = 1;
 }
 
-#define NEED_ORACLE()                                                                              \
-    do {                                                                                           \
-        if (!have_oracle) {                                                                        \
-            if (getenv("CI") && !strcmp(getenv("CI"), "true")) {                                   \
-                CHECK(!"the test venv or train_oracle.py is missing (CI=true: a failure)");        \
-                return;                                                                            \
-            }                                                                                      \
-            SKIP("no oracle (the test venv: scripts/setup.sh --test, TK_PY_VENV)");                \
-        }                                                                                          \
+#define NEED_ORACLE()                                                                                                  \
+    do {                                                                                                               \
+        if (!have_oracle) {                                                                                            \
+            if (getenv("CI") && !strcmp(getenv("CI"), "true")) {                                                       \
+                CHECK(!"the test venv or train_oracle.py is missing (CI=true: a failure)");                            \
+                return;                                                                                                \
+            }                                                                                                          \
+            SKIP("no oracle (the test venv: scripts/setup.sh --test, TK_PY_VENV)");                                    \
+        }                                                                                                              \
     } while (0)
 
 /* ---- comparisons ------------------------------------------------------------------------------ */
@@ -370,8 +371,8 @@ static void parity(const char *name)
     }
     CHECK(wp <= 1e-5);
     printf("    %s: worst logits %.2g, loss %.2g, grad %.2g, grad norm %.2g, lr %.2g, params after %d steps %.2g "
-           "(relative to max |torch| per tensor; %lld elements with a zero gradient left out)\n", name, el, wl, eg,
-           wn, wlr, STEPS, wp, (long long)skipped);
+           "(relative to max |torch| per tensor; %lld elements with a zero gradient left out)\n",
+           name, el, wl, eg, wn, wlr, STEPS, wp, (long long)skipped);
     run_close(&r);
 }
 
@@ -520,11 +521,13 @@ static void test_checkpointing_and_fused_loss(void)
         char *ja = NULL, *jb = NULL;
         CHECK_RC(tk_train_info_json(&ja, a.t), TK_OK);
         CHECK_RC(tk_train_info_json(&jb, b.t), TK_OK);
-        const char *ka = ja ? strstr(ja, "\"activation_bytes\":") : NULL, *kb = jb ? strstr(jb, "\"activation_bytes\":") : NULL;
+        const char *ka = ja ? strstr(ja, "\"activation_bytes\":") : NULL,
+                   *kb = jb ? strstr(jb, "\"activation_bytes\":") : NULL;
         long long ba = ka ? atoll(ka + 19) : 0, bb = kb ? atoll(kb + 19) : 0;
         CHECK(ba > 0 && bb > 0 && bb < ba);
         printf("    %s: checkpointing bit-identical, activations %lld -> %lld bytes (%.2fx); fused loss worst grad "
-               "%.2g\n", names[i], ba, bb, bb ? (double)ba / (double)bb : 0.0, worst);
+               "%.2g\n",
+               names[i], ba, bb, bb ? (double)ba / (double)bb : 0.0, worst);
         tk_free(ja);
         tk_free(jb);
         run_close(&a);
@@ -635,8 +638,9 @@ static void test_gpu_gradients_match_cpu(void)
     co.offline = 0; /* the build's default registry */
     tk_ctx *gctx = NULL;
     CHECK_RC(tk_ctx_new(&gctx, &co), TK_OK);
-    const char *pkgs[] = {"kernels-community/activation", "kernels-community/layers",    "kernels-community/rmsnorm",
-                          "kernels-community/rotary",     "kernels-community/flash-attn", "kernels-community/cross-entropy",
+    const char *pkgs[] = {"kernels-community/activation", "kernels-community/layers",
+                          "kernels-community/rmsnorm",    "kernels-community/rotary",
+                          "kernels-community/flash-attn", "kernels-community/cross-entropy",
                           "kernels-community/training"};
     for (size_t i = 0; gctx && i < sizeof pkgs / sizeof pkgs[0]; i++) {
         tk_pkg *p = NULL;

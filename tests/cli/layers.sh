@@ -2,8 +2,7 @@
 # The layer rules of docs/hacking.md: every #include of every .c and .h follows the layer table
 # (tests/layers.py reads it); the checker itself catches a bad include, a backwards table, a folder
 # without a row and a stale exception, on a scratch tree. And the layout: `make format-check` (every
-# C file but those .clang-format-ignore lists matches .clang-format), and the check fails on a file
-# that does not match.
+# C file matches .clang-format), and the check fails on a file that does not match.
 . "$(dirname "$0")/lib.sh"
 
 LAYERS=$ROOT/tests/layers.py
@@ -89,6 +88,11 @@ t_format_check() {
   cp "$ROOT/.clang-format" "$t/"; printf 'int  f( void ){return 0;}\n' >"$t/bad.c"
   expect_rc 1 "$cf" --dry-run -Werror "$t/bad.c"
   expect_out "code should be clang-formatted"
+  # and no file is left out of it: no ignore list, and every C file of the tree is one make formats
+  [ ! -e "$ROOT/.clang-format-ignore" ] || fail ".clang-format-ignore is back: make format skips what it lists"
+  local listed; listed=$(make -s -C "$ROOT" -n format CLANG_FORMAT=CF | tr ' ' '\n' | grep '\.[ch]$' | sort)
+  (cd "$ROOT" && git ls-files '*.c' '*.h' 2>/dev/null | grep -v '^kernels-src/' | sort) |
+    comm -23 - <(echo "$listed") | grep . && fail "C files make format leaves alone (above)"
 }
 
 t_no_function_over_120_lines() {

@@ -54,7 +54,6 @@ static int run_file(const char *path)
     return 0;
 }
 
-
 int main(int argc, char **argv)
 {
     if (LLVMFuzzerInitialize)

@@ -19,8 +19,7 @@
 #include "hub/archive.h"
 
 static const char *const names[3] = {"a.cu", "include/b.cuh", "README.md"};
-static const char *const texts[3] = {"__global__ void k(float *x) { x[0] = 1.0f; }\n", "#pragma once\n",
-                                     "# fuzz\n"};
+static const char *const texts[3] = {"__global__ void k(float *x) { x[0] = 1.0f; }\n", "#pragma once\n", "# fuzz\n"};
 
 /* Entries in dir besides . and .. (-1 when it cannot be read). */
 static int count_entries(const char *dir)

@@ -21,7 +21,8 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
     tk_chat_message msgs[8];
     char *copy = NULL;
     size_t n = 0;
-    static const char *const roles[] = {"system", "user", "assistant", "user", "assistant", "user", "assistant", "tool"};
+    static const char *const roles[] = {"system",    "user", "assistant", "user",
+                                        "assistant", "user", "assistant", "tool"};
     if (nul) {
         size_t rest = size - tn - 1;
         copy = malloc(rest + 1);

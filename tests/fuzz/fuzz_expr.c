@@ -30,8 +30,8 @@ static int64_t take64(const uint8_t **p, size_t *n)
 int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
 {
     static const tk_manifest_var params[] = {
-        {"out", TK_MANIFEST_P_TENSOR, 1}, {"input", TK_MANIFEST_P_TENSOR, 1}, {"weight", TK_MANIFEST_P_TENSOR, 1},
-        {"n", TK_MANIFEST_P_I64, 1},      {"d", TK_MANIFEST_P_I32, 1},        {"eps", TK_MANIFEST_P_F32, 1},
+        {"out", TK_MANIFEST_P_TENSOR, 1},   {"input", TK_MANIFEST_P_TENSOR, 1}, {"weight", TK_MANIFEST_P_TENSOR, 1},
+        {"n", TK_MANIFEST_P_I64, 1},        {"d", TK_MANIFEST_P_I32, 1},        {"eps", TK_MANIFEST_P_F32, 1},
         {"ws", TK_MANIFEST_P_WORKSPACE, 1}, {"later", TK_MANIFEST_P_I64, 0},
     };
     enum { NP = sizeof params / sizeof *params };

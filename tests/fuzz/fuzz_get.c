@@ -41,12 +41,12 @@ static char *pubkey;
 /* The part of the current input a request path asks for (NULL, 0: none). Caller holds mu. */
 static void part_for(const char *path, const uint8_t **p, size_t *n)
 {
-    int want = strstr(path, "/refs") ? P_REFS
-               : strstr(path, "/yanked/") ? P_YANK
+    int want = strstr(path, "/refs")               ? P_REFS
+               : strstr(path, "/yanked/")          ? P_YANK
                : strstr(path, "manifest.json.sig") ? P_SIG
-               : strstr(path, "manifest.json") ? P_MANIFEST
-               : strstr(path, "source.tar") ? P_ARCHIVE
-                                            : -1;
+               : strstr(path, "manifest.json")     ? P_MANIFEST
+               : strstr(path, "source.tar")        ? P_ARCHIVE
+                                                   : -1;
     const uint8_t *s = input, *end = input + input_len;
     *p = NULL;
     *n = 0;
@@ -101,8 +101,9 @@ static void *serve(void *arg)
         if (n)
             snprintf(head, sizeof head, "HTTP/1.1 200 OK\r\nContent-Length: %zu\r\nConnection: close\r\n\r\n", n);
         else
-            snprintf(head, sizeof head, "HTTP/1.1 404 Not Found\r\nX-Error-Code: EntryNotFound\r\n"
-                                        "Content-Length: 0\r\nConnection: close\r\n\r\n");
+            snprintf(head, sizeof head,
+                     "HTTP/1.1 404 Not Found\r\nX-Error-Code: EntryNotFound\r\n"
+                     "Content-Length: 0\r\nConnection: close\r\n\r\n");
         send_all(c, head, strlen(head));
         send_all(c, p, n);
         pthread_mutex_unlock(&mu);

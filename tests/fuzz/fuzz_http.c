@@ -150,17 +150,15 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
     body = NULL;
     set_response(data + 1, size - 1);
     if (mode & 8) {
-        rc = tk_hub__http_send(h, "PUT", url, "application/x-tar", "body", 4, 1 << 16, mode & 16, &body, &len,
-                               &meta);
+        rc = tk_hub__http_send(h, "PUT", url, "application/x-tar", "body", 4, 1 << 16, mode & 16, &body, &len, &meta);
     } else if (mode & 1) {
         unlink(dest);
         unlink(part);
         if ((mode & 2) && fz_write_file(part, "0123456789", 10) != 0)
             abort();
-        rc = tk_hub__http_get_file(h, url, dest, 1 << 16, (mode & 4) ? 12 : -1,
-                                   (mode & 4) ? "0000000000000000000000000000000000000000000000000000000000000000"
-                                              : NULL,
-                                   &meta);
+        rc = tk_hub__http_get_file(
+            h, url, dest, 1 << 16, (mode & 4) ? 12 : -1,
+            (mode & 4) ? "0000000000000000000000000000000000000000000000000000000000000000" : NULL, &meta);
     } else {
         rc = tk_hub__http_get_mem(h, url, (mode & 4) ? 16 : 1 << 16, &body, &len, &meta);
         if (rc == TK_OK && (!body || body[len] != '\0' || ((mode & 4) && len > 16)))

@@ -19,8 +19,8 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
     tk_manifest *m = NULL;
     if (tk_manifest__parse(&m, (const char *)data, size) == TK_OK) {
         /* what the get path reads next: every field is there and its strings are whole */
-        size_t sum = strlen(m->name) + strlen(m->version) + strlen(m->org) + strlen(m->pkg) +
-                     strlen(m->archive.path) + strlen(m->archive.sha256) + strlen(m->compression);
+        size_t sum = strlen(m->name) + strlen(m->version) + strlen(m->org) + strlen(m->pkg) + strlen(m->archive.path) +
+                     strlen(m->archive.sha256) + strlen(m->compression);
         for (size_t i = 0; i < m->nfiles; i++)
             sum += strlen(m->files[i].path) + strlen(m->files[i].sha256);
         if (sum == 0 || m->major < 0)

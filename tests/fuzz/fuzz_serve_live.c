@@ -71,8 +71,7 @@ static void start(void)
     tk_hub_key *k = NULL;
     if (fz_write_file(path, src, strlen(src)) != 0 ||
         tk__copy_file("tests/fuzz/serve_live-key.pem", key, 0600) != TK_OK || tk_hub__key_load(&k, key) != TK_OK ||
-        tk_hub__key_pubkey(&pub, k) != TK_OK ||
-        tk_hub__publish(&commit, pkg, root, key, "gz", NULL, NULL) != TK_OK ||
+        tk_hub__key_pubkey(&pub, k) != TK_OK || tk_hub__publish(&commit, pkg, root, key, "gz", NULL, NULL) != TK_OK ||
         tk_serve_trust_add(&keyid, root, "fuzz", pub) != TK_OK || tk_serve_token_add(&token, root, "fuzz") != TK_OK ||
         tk_server_new(&srv, &o) != TK_OK) {
         fprintf(stderr, "fuzz_serve_live: setup failed: %s\n", tk_last_error());

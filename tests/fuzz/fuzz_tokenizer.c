@@ -18,8 +18,7 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
 {
     const uint8_t *nul = memchr(data, 0, size);
     size_t jn = nul ? (size_t)(nul - data) : size;
-    const char *text = nul ? (const char *)nul + 1
-                           : "Hello, world! caf\xC3\xA9 \xE6\xBC\xA2 \xF0\x9F\xA4\x97 12";
+    const char *text = nul ? (const char *)nul + 1 : "Hello, world! caf\xC3\xA9 \xE6\xBC\xA2 \xF0\x9F\xA4\x97 12";
     size_t tn = nul ? size - jn - 1 : strlen(text);
     tk_tokenizer *tok = NULL;
     if (tk_models__tokenizer_parse(&tok, (const char *)data, jn, "fuzz.json") != TK_OK) {
