@@ -65,11 +65,12 @@ def metrics():
 
 
 def settle(want_used=0, secs=10):
-    """Waits until no sequence holds KV blocks and no request runs; checks free == total."""
+    """Waits until no sequence holds KV blocks and no request runs or waits; checks free == total."""
     t = time.time()
     while time.time() - t < secs:
         m = metrics()
-        if m["tk_kv_blocks_used"] == want_used and m["tk_requests_running"] == 0 and m["tk_slots_busy"] == 0:
+        if (m["tk_kv_blocks_used"] == want_used and m["tk_requests_running"] == 0 and m["tk_slots_busy"] == 0 and
+                m["tk_requests_queued"] == 0):
             if m["tk_kv_blocks_free"] != m["tk_kv_blocks_total"]:
                 fail("KV blocks: free %d of %d with none used" % (m["tk_kv_blocks_free"], m["tk_kv_blocks_total"]))
             return m
