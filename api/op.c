@@ -1424,6 +1424,8 @@ static json_t *param_json(const tk_op_desc *op, const tk_op_param *p)
         json_object_set_new(j, "role", json_string(p->role == TK_OPS_OUT ? "out" : "in"));
         if (p->dtype_like >= 0) {
             json_object_set_new(j, "dtype_like", json_string(op->params[p->dtype_like].name));
+            if (p->or_f32)
+                json_object_set_new(j, "or_f32", json_true());
         } else {
             json_t *d = json_array();
             for (unsigned b = 1; b; b <<= 1)

@@ -3,7 +3,7 @@
  * modeling_gemma.py and modeling_gemma2.py compute it:
  *
  *   Gemma:   embeddings times sqrt(hidden_size); RMSNorms scale by (1 + w) (folded into the weights
- *            at load); the gated MLP with gelu_pytorch_tanh (GeGLU; a legacy "gelu" means the same,
+ *            at load, in f32 whatever the model's dtype: transformers multiplies by 1 + w.float()); the gated MLP with gelu_pytorch_tanh (GeGLU; a legacy "gelu" means the same,
  *            as transformers reads it); tied embeddings by default.
  *   Gemma 2: also a norm before and after both attention and MLP (input_layernorm,
  *            post_attention_layernorm, pre_feedforward_layernorm, post_feedforward_layernorm);

@@ -305,21 +305,18 @@ static int load_layer(tk_model *m, llama *s, int64_t l)
     int rc;
     layer_w *w = &s->l[l];
 #define NM(i, fmt) (snprintf(n[i], sizeof n[i], "model.layers.%lld." fmt, (long long)l), n[i])
-    if (c->pre_norms &&
-        ((rc = tk_models__weight_xf(&w->in_norm, m, NM(0, "input_layernorm.weight"), 1, h1, 1, no, 0, 1)) ||
-         (rc = tk_models__weight_xf(&w->post_norm, m,
-                                    c->post_norms ? NM(0, "pre_feedforward_layernorm.weight")
-                                                  : NM(0, "post_attention_layernorm.weight"),
-                                    1, h1, 1, no, 0, 1))))
+    if (c->pre_norms && ((rc = tk_models__norm_weight(&w->in_norm, m, NM(0, "input_layernorm.weight"), H, no)) ||
+                         (rc = tk_models__norm_weight(&w->post_norm, m,
+                                                      c->post_norms ? NM(0, "pre_feedforward_layernorm.weight")
+                                                                    : NM(0, "post_attention_layernorm.weight"),
+                                                      H, no))))
         return rc;
-    if (c->post_norms && ((rc = tk_models__weight_xf(&w->attn_out_norm, m, NM(0, "post_attention_layernorm.weight"), 1,
-                                                     h1, 1, no, 0, 1)) ||
-                          (rc = tk_models__weight_xf(&w->mlp_out_norm, m, NM(0, "post_feedforward_layernorm.weight"), 1,
-                                                     h1, 1, no, 0, 1))))
+    if (c->post_norms &&
+        ((rc = tk_models__norm_weight(&w->attn_out_norm, m, NM(0, "post_attention_layernorm.weight"), H, no)) ||
+         (rc = tk_models__norm_weight(&w->mlp_out_norm, m, NM(0, "post_feedforward_layernorm.weight"), H, no))))
         return rc;
-    if (c->qk_norm &&
-        ((rc = tk_models__weight_xf(&w->q_norm, m, NM(0, "self_attn.q_norm.weight"), 1, qn1, 1, no, 0, 1)) ||
-         (rc = tk_models__weight_xf(&w->k_norm, m, NM(0, "self_attn.k_norm.weight"), 1, kn1, 1, no, 0, 1))))
+    if (c->qk_norm && ((rc = tk_models__norm_weight(&w->q_norm, m, NM(0, "self_attn.q_norm.weight"), qn1[0], no)) ||
+                       (rc = tk_models__norm_weight(&w->k_norm, m, NM(0, "self_attn.k_norm.weight"), kn1[0], no))))
         return rc;
     /* Granite's residual_multiplier scales each block's output: folded into o_proj and down_proj */
     if (c->fused_qkv &&
@@ -395,7 +392,7 @@ static int load(tk_model *m)
     s->l = calloc((size_t)c->layers, sizeof *s->l);
     if (!s->l)
         return tk__err(TK_ERR_NOMEM, "out of memory");
-    int64_t vh[2] = {c->vocab, c->hidden}, h1[1] = {c->hidden};
+    int64_t vh[2] = {c->vocab, c->hidden};
     int rc = setup(m, s);
     if (rc != TK_OK)
         return rc;
@@ -410,7 +407,7 @@ static int load(tk_model *m)
     if (m->tp && (rc = tp_check(m)) != TK_OK)
         return rc;
     if ((rc = tk_models__weight_xf(&s->embed, m, "model.embed_tokens.weight", 2, vh, es, 0, 0, 1)) ||
-        (rc = tk_models__weight_xf(&s->norm, m, "model.norm.weight", 1, h1, 1, c->norm_offset, 0, 1)))
+        (rc = tk_models__norm_weight(&s->norm, m, "model.norm.weight", c->hidden, c->norm_offset)))
         return rc;
     tk_models__mark_embedding(s->embed);
     for (int64_t l = 0; l < c->layers; l++)

@@ -269,9 +269,10 @@ static int convert(tk_model *m, void *dst, const tk_st_tensor *t, int64_t first,
 }
 
 /* Puts host memory `host` (owned, in the compute dtype) into weight w on the model's device. */
-static int place(tk_model *m, tk_models_weight *w, void *host, int ndim, const int64_t *shape)
+/* Puts host (ndim, shape of dtype dt) on the model's device as w's tensor; takes host. */
+static int place_dt(tk_model *m, tk_models_weight *w, void *host, int ndim, const int64_t *shape, tk_dtype dt)
 {
-    size_t bytes = (size_t)numel(ndim, shape) * dt_size(m->dtype);
+    size_t bytes = (size_t)numel(ndim, shape) * dt_size(dt);
     void *data = host;
     if (m->dev_type == TK_DEV_CUDA) {
         int rc = dev_alloc(m, &data, bytes);
@@ -284,9 +285,14 @@ static int place(tk_model *m, tk_models_weight *w, void *host, int ndim, const i
         }
     }
     w->owned = data;
-    mt_set(&w->mt, data, m->dtype, ndim, shape, m->dev_type, m->dev_id);
+    mt_set(&w->mt, data, dt, ndim, shape, m->dev_type, m->dev_id);
     m->weight_bytes += (int64_t)bytes;
     return TK_OK;
+}
+
+static int place(tk_model *m, tk_models_weight *w, void *host, int ndim, const int64_t *shape)
+{
+    return place_dt(m, w, host, ndim, shape, m->dtype);
 }
 
 /* ---- tensor parallelism: each rank's slices of the weights ---------------------------------------- */
@@ -482,12 +488,11 @@ int tk_models__weight_opt(const tk_mt **out, tk_model *m, const char *name, int 
     return weight(out, m, name, ndim, want, 1);
 }
 
-int tk_models__weight_xf(const tk_mt **out, tk_model *m, const char *name, int ndim, const int64_t *want, double mul,
-                         double add, int optional, int count)
+/* tk_models__weight_xf into dtype dt (the model's, or f32) */
+static int weight_xf_dt(const tk_mt **out, tk_model *m, const char *name, int ndim, const int64_t *want, double mul,
+                        double add, int optional, int count, tk_dtype dt)
 {
     *out = NULL;
-    if (mul == 1.0 && add == 0.0 && count)
-        return weight(out, m, name, ndim, want, optional);
     const tk_st_tensor *t;
     int rc = find_checked(&t, m, name, ndim, want, optional);
     if (rc != TK_OK || !t || (rc = tp_refuse(m, t)) != TK_OK)
@@ -497,9 +502,9 @@ int tk_models__weight_xf(const tk_mt **out, tk_model *m, const char *name, int n
         return rc;
     int64_t n = numel(t->ndim, t->shape);
     if (m->tp)
-        m->tp->full_bytes += n * (int64_t)dt_size(m->dtype);
+        m->tp->full_bytes += n * (int64_t)dt_size(dt);
     float *f = malloc((size_t)(n ? n : 1) * sizeof(float));
-    void *host = malloc((size_t)(n ? n : 1) * dt_size(m->dtype));
+    void *host = malloc((size_t)(n ? n : 1) * dt_size(dt));
     if (!f || !host) {
         free(f);
         free(host);
@@ -512,14 +517,32 @@ int tk_models__weight_xf(const tk_mt **out, tk_model *m, const char *name, int n
     }
     for (int64_t i = 0; i < n; i++)
         f[i] = (float)((double)f[i] * mul + add);
-    tk_models__from_f32(host, f, (size_t)n, m->dtype);
+    tk_models__from_f32(host, f, (size_t)n, dt);
     free(f);
-    if ((rc = place(m, w, host, t->ndim, t->shape)) != TK_OK)
+    if ((rc = place_dt(m, w, host, t->ndim, t->shape, dt)) != TK_OK)
         return tk__err_wrap(rc, "tensor '%s'", name);
     if (count)
         m->params += n;
     *out = &w->mt;
     return TK_OK;
+}
+
+int tk_models__weight_xf(const tk_mt **out, tk_model *m, const char *name, int ndim, const int64_t *want, double mul,
+                         double add, int optional, int count)
+{
+    if (mul == 1.0 && add == 0.0 && count) {
+        *out = NULL;
+        return weight(out, m, name, ndim, want, optional);
+    }
+    return weight_xf_dt(out, m, name, ndim, want, mul, add, optional, count, m->dtype);
+}
+
+int tk_models__norm_weight(const tk_mt **out, tk_model *m, const char *name, int64_t d, double offset)
+{
+    int64_t want[1] = {d};
+    if (offset == 0.0)
+        return tk_models__weight_xf(out, m, name, 1, want, 1, 0, 0, 1);
+    return weight_xf_dt(out, m, name, 1, want, 1, offset, 0, 1, dt_of(TK_DL_FLOAT, 32));
 }
 
 int tk_models__weight_cat(const tk_mt **out, tk_model *m, const char *const *names, int n, int64_t rows, int64_t cols)

@@ -504,6 +504,10 @@ int tk_models__weight_opt(const tk_mt **out, tk_model *m, const char *name, int 
  * transformed so cannot be trained (their gradients would be of the transform). */
 int tk_models__weight_xf(const tk_mt **out, tk_model *m, const char *name, int ndim, const int64_t *want, double mul,
                          double add, int optional, int count);
+/* A norm's [d] weight as the model computes with it: offset + w (Gemma's 1 + w) in f32 whatever the
+ * model's dtype, as transformers' GemmaRMSNorm multiplies by (1 + w.float()) before its one rounding
+ * (rms_norm and fused_add_rms_norm take an f32 weight over 16-bit x); offset 0: tk_models__weight. */
+int tk_models__norm_weight(const tk_mt **out, tk_model *m, const char *name, int64_t d, double offset);
 /* Concatenates n HF tensors, each [rows, cols] (1-D [rows] when cols == 0), along dim 0 into one
  * weight the model owns: Llama's gate_proj and up_proj become one [2I, H] for silu_and_mul, a MoE
  * layer's experts one [E * 2I, H] (any n; the weight's source keeps the first TK_MODELS_SRC_MAX names,

@@ -433,26 +433,34 @@ static int gen_act_backward(tk_ops_case *c, size_t index, const tk_ops_case_spec
 static const int64_t NORM_RD[][2] = {{1, 8}, {3, 7}, {4, 1000}, {2, 4096}};
 #define NNORM (sizeof NORM_RD / sizeof NORM_RD[0])
 
-/* rms_norm, layer_norm and their fused_add_ forms; with a bias where the op has one. */
+/* rms_norm, layer_norm and their fused_add_ forms; with a bias where the op has one (v 1), and the
+ * RMS forms with an f32 weight over 16-bit x where the kernel's weight dtype is not fixed (v 1: the
+ * CPU implementations; a kernel declaring an f32 weight gets it in v 0). */
 static int gen_norm(tk_ops_case *c, size_t index, const tk_ops_case_spec *s)
 {
     const char *n = c->op->name;
     int fused = !strncmp(n, "fused_add_", 10), ln = strstr(n, "layer_norm") != NULL, na = 0;
     size_t v, z;
-    if (!split(index, ln ? 2 : 1, NNORM, &v, &z))
+    if (!split(index, 2, NNORM, &v, &z))
         return END;
     int64_t r = NORM_RD[z][0], d = NORM_RD[z][1];
-    tk_dtype dt = fdt(s, "input");
+    tk_dtype dt = fdt(s, "input"), wdt = dt_of(s, "weight", dt);
+    const tk_ops_case_param *kw = kparam(s, "weight");
+    if (!ln && v == 1 && (dt.bits == 32 || (kw && kw->has_dtype)))
+        return NA;
+    if (!ln && v == 1)
+        wdt = DT_F32;
     if (!fused)
         T(c, "out", dt, TK_CASE_OUT, r, d);
     fill(c, T(c, "input", dt, fused ? TK_CASE_INOUT : TK_CASE_IN, r, d), -3, 3);
     if (fused)
         fill(c, T(c, "residual", dt, TK_CASE_INOUT, r, d), -3, 3);
-    fill(c, T(c, "weight", dt, TK_CASE_IN, d), 0.5, 1.5);
-    if (v == 1)
+    fill(c, T(c, "weight", wdt, TK_CASE_IN, d), 0.5, 1.5);
+    if (ln && v == 1)
         fill(c, OPT(c, s, 1, &na, "bias", dt, TK_CASE_IN, d), -1, 1);
     c->tol_factor = 2;
-    label(c, "%s %s [%lld, %lld]%s", n, tk_ops__dtype_str(dt), (long long)r, (long long)d, v ? " bias" : "");
+    label(c, "%s %s [%lld, %lld]%s%s", n, tk_ops__dtype_str(dt), (long long)r, (long long)d, ln && v ? " bias" : "",
+          wdt.bits != dt.bits ? " f32 weight" : "");
     return na ? NA : TK_OK;
 }
 

@@ -27,7 +27,9 @@
  * to T, store it, and normalise the rounded sum. Backward: everything is computed in double and
  * rounded once; grad_weight / grad_bias are summed per fixed chunk of rows (min(rows, 64) chunks, in
  * parallel), then the chunks are added in chunk order: the result does not depend on the thread count.
- * Strided tensors are read and written through their strides. rms_norm and layer_norm may run in
+ * The RMS forwards also take an f32 weight with f16/bf16 x (T|f32 in the signature): transformers'
+ * Gemma norms multiply by (1 + w) in f32 before their one rounding, and 1 + w rounded to 16 bits would
+ * lose w's low bits. Strided tensors are read and written through their strides. rms_norm and layer_norm may run in
  * place (out == input); the fused forwards need input and residual not to overlap; the fused backwards
  * may accumulate in place (grad_input == grad_residual).
  */
@@ -383,19 +385,22 @@ static int cpu_bwd(const tk_op_call *c)
      .max_rank = -1,                                                                                                   \
      .shape = shp,                                                                                                     \
      .doc = dc}
-#define VECTOR(nm, rl, like, opt, dc)                                                                                  \
+#define VECTOR(nm, rl, like, opt, f32, dc)                                                                             \
     {.name = nm,                                                                                                       \
      .kind = TK_ARG_TENSOR,                                                                                            \
      .role = rl,                                                                                                       \
      .dtypes = TK_OPS_FLOATS,                                                                                          \
      .dtype_like = like,                                                                                               \
+     .or_f32 = f32,                                                                                                    \
      .min_rank = 1,                                                                                                    \
      .max_rank = 1,                                                                                                    \
      .shape = "[d]",                                                                                                   \
      .optional = opt,                                                                                                  \
      .doc = dc}
-#define WEIGHT(like) VECTOR("weight", TK_OPS_IN, like, 0, "the per-column gain")
-#define BIAS(like) VECTOR("bias", TK_OPS_IN, like, 1, "the per-column shift (optional)")
+#define WEIGHT(like) VECTOR("weight", TK_OPS_IN, like, 0, 0, "the per-column gain")
+/* the RMS forwards: an f32 weight with 16-bit x, as Gemma's norms multiply by (1 + w) in f32 */
+#define RMS_WEIGHT(like) VECTOR("weight", TK_OPS_IN, like, 0, 1, "the per-column gain (f32, or the dtype of x)")
+#define BIAS(like) VECTOR("bias", TK_OPS_IN, like, 1, 0, "the per-column shift (optional)")
 #define EPS(dflt, what)                                                                                                \
     {.name = "eps",                                                                                                    \
      .kind = TK_ARG_F64,                                                                                               \
@@ -409,13 +414,13 @@ static int cpu_bwd(const tk_op_call *c)
 static const tk_op_param rms_params[] = {
     TENSOR("out", TK_OPS_OUT, 1, "[..., d]", "the result (may be 'input' itself)"),
     TENSOR("input", TK_OPS_IN, -1, "[..., d]", "x, normalised over its last dimension"),
-    WEIGHT(1),
+    RMS_WEIGHT(1),
     RMS_EPS,
 };
 static const tk_op_param fused_rms_params[] = {
     TENSOR("input", TK_OPS_OUT, -1, "[..., d]", "x; on return rms_norm(x + residual) * weight"),
     TENSOR("residual", TK_OPS_OUT, 0, "[..., d]", "the residual stream; on return x + residual"),
-    WEIGHT(0),
+    RMS_WEIGHT(0),
     RMS_EPS,
 };
 static const tk_op_param ln_params[] = {
@@ -434,8 +439,8 @@ static const tk_op_param fused_ln_params[] = {
 };
 
 #define GRAD_INPUT(like, dc) TENSOR("grad_input", TK_OPS_OUT, like, "[..., d]", dc)
-#define GRAD_WEIGHT(like) VECTOR("grad_weight", TK_OPS_OUT, like, 0, "sum over rows of grad_out * xh")
-#define GRAD_BIAS(like) VECTOR("grad_bias", TK_OPS_OUT, like, 1, "sum over rows of grad_out (optional)")
+#define GRAD_WEIGHT(like) VECTOR("grad_weight", TK_OPS_OUT, like, 0, 0, "sum over rows of grad_out * xh")
+#define GRAD_BIAS(like) VECTOR("grad_bias", TK_OPS_OUT, like, 1, 0, "sum over rows of grad_out (optional)")
 #define GRAD_OUT(like) TENSOR("grad_out", TK_OPS_IN, like, "[..., d]", "the gradient of the forward's result")
 #define GRAD_RESIDUAL(like)                                                                                            \
     TENSOR("grad_residual", TK_OPS_IN, like, "[..., d]", "the gradient of the forward's updated residual")

@@ -82,6 +82,7 @@ typedef struct {
     int role;           /* tensors: TK_OPS_IN or TK_OPS_OUT */
     unsigned dtypes;    /* tensors: allowed TK_OPS_* bits */
     int dtype_like;     /* tensors: index of the param whose dtype this one must have, or -1 */
+    int or_f32;         /* tensors with dtype_like: f32 is accepted too (Gemma's (1 + w) norm weights) */
     int min_rank;       /* tensors: at least this many dimensions */
     int max_rank;       /* tensors: at most this many (-1: any up to TK_OPS_MAX_RANK) */
     const char *shape;  /* tensors: the shape in the signature, "[..., 2*d]" */

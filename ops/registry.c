@@ -344,9 +344,10 @@ int tk_ops__prepare_op(tk_op_call *c, const tk_op_desc *op, const tk_arg *args, 
         if (p->kind != TK_ARG_TENSOR || !c->t[i] || p->dtype_like < 0 || !c->t[p->dtype_like])
             continue;
         tk_dtype a = c->t[i]->dtype, b = c->t[p->dtype_like]->dtype;
-        if (tk_ops__dtype_bit(a) != tk_ops__dtype_bit(b))
-            return tk__err(TK_ERR_INVALID, "%s: '%s' has dtype %s, want %s (the dtype of '%s')", op->name, p->name,
-                           tk_ops__dtype_str(a), tk_ops__dtype_str(b), op->params[p->dtype_like].name);
+        if (tk_ops__dtype_bit(a) != tk_ops__dtype_bit(b) && !(p->or_f32 && tk_ops__dtype_bit(a) == TK_OPS_F32))
+            return tk__err(TK_ERR_INVALID, "%s: '%s' has dtype %s, want %s%s (the dtype of '%s')", op->name, p->name,
+                           tk_ops__dtype_str(a), p->or_f32 && tk_ops__dtype_bit(b) != TK_OPS_F32 ? "f32 or " : "",
+                           tk_ops__dtype_str(b), op->params[p->dtype_like].name);
     }
     if (first < 0)
         return tk__err(TK_ERR_INTERNAL, "%s: op has no tensor argument", op->name);
@@ -413,7 +414,7 @@ int tk_ops__signature(tk_buf *b, const tk_op_desc *op)
             break;
         if (p->kind == TK_ARG_TENSOR) {
             if (p->dtype_like >= 0) {
-                rc = tk__buf_printf(b, "%c", var[p->dtype_like]);
+                rc = tk__buf_printf(b, p->or_f32 ? "%c|f32" : "%c", var[p->dtype_like]);
             } else if (var[i]) {
                 rc = tk__buf_printf(b, "%c", var[i]);
             } else {

@@ -160,6 +160,12 @@ static int close_enough(const char *what, const tk_tensor *got, const tk_tensor 
     return ok;
 }
 
+/* 1: the forwards' 'weight' is f32 over 16-bit tensors (the *_weight_f32 kernels, Gemma's norms) */
+static int weight_f32;
+
+/* The dtype of slot s in a call of dtype dt. */
+static tk_dtype slot_dt(const slot *s, tk_dtype dt) { return weight_f32 && !strcmp(s->name, "weight") ? F32 : dt; }
+
 /* The op's tensors on the host, rows x d (or d), random: weights of magnitude 0.25 to 2 either sign,
  * gradients and bias in [-1, 1], inputs in [-3, 3]. */
 static void fill_hosts(const op_t *o, tk_dtype dt, int64_t rows, int64_t d, host_t *cpu)
@@ -167,7 +173,7 @@ static void fill_hosts(const op_t *o, tk_dtype dt, int64_t rows, int64_t d, host
     int64_t rs[2] = {rows, d};
     for (int i = 0; i < o->n; i++) {
         const slot *s = &o->s[i];
-        host_new(&cpu[i], dt, s->vec ? 1 : 2, s->vec ? &d : rs, 0);
+        host_new(&cpu[i], slot_dt(s, dt), s->vec ? 1 : 2, s->vec ? &d : rs, 0);
         for (int64_t k = 0; k < numel(&cpu[i].t); k++) {
             double v = !strcmp(s->name, "weight") ? uniform(0.25, 2.0) * (next_u64() & 1 ? 1 : -1)
                        : strstr(s->name, "grad") || !strcmp(s->name, "bias") ? uniform(-1, 1)
@@ -191,7 +197,7 @@ static void run_case(const op_t *o, tk_dtype dt, int64_t rows, int64_t d, int bi
     for (int i = 0; i < o->n; i++) {
         const slot *s = &o->s[i];
         use[i] = bias || (strcmp(s->name, "bias") && strcmp(s->name, "grad_bias"));
-        host_new(&gpu[i], dt, s->vec ? 1 : 2, s->vec ? &d : rs, 0);
+        host_new(&gpu[i], slot_dt(s, dt), s->vec ? 1 : 2, s->vec ? &d : rs, 0);
     }
     fill_hosts(o, dt, rows, d, cpu);
     int gr = -1;
@@ -223,8 +229,9 @@ static void run_case(const op_t *o, tk_dtype dt, int64_t rows, int64_t d, int bi
         if (!use[i] || !o->s[i].out)
             continue;
         CHECK_RC(dev_download(&dev[src], &gpu[src].t), TK_OK);
-        snprintf(what, sizeof what, "%s %s [%lld, %lld]%s%s '%s' (%s)", o->op, tk_dtype_name(dt), (long long)rows,
-                 (long long)d, bias ? " bias" : "", inplace ? " in-place" : "", o->s[i].name, impl ? impl : "?");
+        snprintf(what, sizeof what, "%s %s [%lld, %lld]%s%s%s '%s' (%s)", o->op, tk_dtype_name(dt), (long long)rows,
+                 (long long)d, bias ? " bias" : "", inplace ? " in-place" : "", weight_f32 ? " f32 weight" : "",
+                 o->s[i].name, impl ? impl : "?");
         /* grad_input is a difference of terms (term_scale); grad_weight and grad_bias are sums over rows */
         CHECK(close_enough(what, &gpu[src].t, &cpu[src].t, strcmp(o->s[i].name, "grad_input") ? NULL : S, d));
     }
@@ -268,6 +275,29 @@ static void test_every_op_dtype_and_shape(void)
                 if (ops[o].bwd && strstr(ops[o].op, "fused") && s % 2 == 0)
                     run_case(&ops[o], *dts[t], shapes[s][0], shapes[s][1], has_bias, 1);
             }
+    gpu_ctx_free(&g);
+}
+
+/* rms_norm and fused_add_rms_norm with an f32 weight over f16/bf16 (the *_weight_f32 kernels): every
+ * shape, aligned (vector loads of x, scalar loads of the weight) and one element off. */
+static void test_f32_weight(void)
+{
+    if (!gpu_device())
+        SKIP("no CUDA device");
+    const char *pkgs[] = {"kernels-community/rmsnorm", NULL};
+    CHECK_RC(gpu_ctx_new(&g, pkgs), TK_OK);
+    const tk_dtype *dts[] = {&F16, &BF16};
+    const int64_t shapes[][2] = {{1, 1}, {3, 7}, {5, 1000}, {600, 128}, {64, 4096}, {33, 8192}, {2, 11008}};
+    weight_f32 = 1;
+    for (size_t o = 0; o < 2; o++)
+        for (size_t t = 0; t < 2; t++)
+            for (size_t s = 0; s < sizeof shapes / sizeof shapes[0]; s++) {
+                run_case(&ops[o], *dts[t], shapes[s][0], shapes[s][1], 0, 0);
+                gpu_misalign = 2;
+                run_case(&ops[o], *dts[t], shapes[s][0], shapes[s][1], 0, 0);
+                gpu_misalign = 0;
+            }
+    weight_f32 = 0;
     gpu_ctx_free(&g);
 }
 
@@ -419,6 +449,7 @@ int main(int argc, char **argv)
     RUN(test_every_op_dtype_and_shape);
     RUN(test_backward_many_rows);
     RUN(test_misaligned_views);
+    RUN(test_f32_weight);
     RUN(test_grad_input_tolerance);
     RUN(test_coverage);
     return th_done();

@@ -554,13 +554,14 @@ static int ew_cmp1(void *p, host_t *const *ref, host_t *const *got, const char *
     return ew_cmp(p, r2, g2, impl);
 }
 
-static int norm_case(tk_dtype dt, int64_t rows, int64_t d, int fused, int64_t pad, int special)
+/* w32: an f32 weight (Gemma's (1 + w) norms over 16-bit x) */
+static int norm_case(tk_dtype dt, int64_t rows, int64_t d, int fused, int64_t pad, int special, int w32)
 {
     host_t x, r, w, out;
     int64_t s2[2] = {rows, d}, s1[1] = {d};
     host_new(&x, dt, 2, s2, pad);
     host_new(&r, dt, 2, s2, 0);
-    host_new(&w, dt, 1, s1, 0);
+    host_new(&w, w32 ? F32 : dt, 1, s1, 0);
     host_new(&out, dt, 2, s2, 0);
     fill_range(&x, -3, 3);
     fill_range(&r, -3, 3);
@@ -570,8 +571,8 @@ static int norm_case(tk_dtype dt, int64_t rows, int64_t d, int fused, int64_t pa
         set(&x.t, d, INFINITY);    /* row 1: inf / inf = NaN in both */
     }
     char what[96];
-    snprintf(what, sizeof what, "%s [%lld, %lld]%s", fused ? "fused_add_rms_norm" : "rms_norm", (long long)rows,
-             (long long)d, pad ? " strided" : "");
+    snprintf(what, sizeof what, "%s [%lld, %lld]%s%s", fused ? "fused_add_rms_norm" : "rms_norm", (long long)rows,
+             (long long)d, pad ? " strided" : "", w32 ? " f32 weight" : "");
     ew_ctx E = {what, d, 2e-6};
     int ok;
     if (fused) {
@@ -598,8 +599,10 @@ static void test_norms(void)
     for (size_t t = 0; t < 3; t++)
         for (size_t s = 0; s < sizeof shapes / sizeof shapes[0]; s++)
             for (int fused = 0; fused < 2; fused++) {
-                CHECK(norm_case(*all_dtypes[t], shapes[s][0], shapes[s][1], fused, s == 1 ? 4 : 0, 0));
-                CHECK(norm_case(*all_dtypes[t], shapes[s][0], shapes[s][1], fused, 0, 1));
+                CHECK(norm_case(*all_dtypes[t], shapes[s][0], shapes[s][1], fused, s == 1 ? 4 : 0, 0, 0));
+                CHECK(norm_case(*all_dtypes[t], shapes[s][0], shapes[s][1], fused, 0, 1, 0));
+                if (all_dtypes[t]->bits == 16)
+                    CHECK(norm_case(*all_dtypes[t], shapes[s][0], shapes[s][1], fused, s == 1 ? 4 : 0, 0, 1));
             }
 }
 

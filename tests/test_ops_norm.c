@@ -508,7 +508,7 @@ static void test_registry(void)
     }
     tk_buf b = TK_BUF_INIT;
     CHECK_RC(tk_ops__signature(&b, tk_ops__find("rms_norm")), TK_OK);
-    CHECK_STR(b.data, "rms_norm(out: T[..., d], input: T[..., d], weight: T[d], eps: f64 = 1e-06) -> out; "
+    CHECK_STR(b.data, "rms_norm(out: T[..., d], input: T[..., d], weight: T|f32[d], eps: f64 = 1e-06) -> out; "
                       "T in {f32, f16, bf16}");
     tk__buf_free(&b);
     CHECK_RC(tk_ops__signature(&b, tk_ops__find("fused_add_rms_norm")), TK_OK);
@@ -884,6 +884,99 @@ static void test_validation_ln_and_backward(void)
     host_free(&xf16);
 }
 
+static tk_arg targ(const char *name, tk_tensor *t) { return (tk_arg){TK_ARG_TENSOR, name, t, 0, 0}; }
+static tk_arg farg(const char *name, double v) { return (tk_arg){TK_ARG_F64, name, NULL, 0, v}; }
+
+/* prepare and run the CPU reference */
+static int run_op(const char *op, tk_arg *a, size_t n)
+{
+    tk_op_call c;
+    int rc = tk_ops__prepare(&c, op, a, n);
+    return rc != TK_OK ? rc : tk_ops__run_cpu(&c);
+}
+
+/* The RMS forwards with an f32 weight over 16-bit x (Gemma's 1 + w): (x * rstd) * w in f32, rounded
+ * once, so a weight such as 1 + 2^-10, which bf16 cannot hold, still scales; the fused form the same
+ * on the rounded sum; the other norms and the backward keep the one dtype. */
+static void test_f32_weight(void)
+{
+    int64_t s2[2] = {3, 64}, d = 64;
+    const tk_dtype *dts[2] = {&BF16, &F16};
+    for (int k = 0; k < 2; k++) {
+        tk_dtype dt = *dts[k];
+        host_t x, out, w, res, in2;
+        host_new(&x, dt, 2, s2, 0);
+        host_new(&out, dt, 2, s2, 0);
+        host_new(&res, dt, 2, s2, 0);
+        host_new(&in2, dt, 2, s2, 0);
+        host_new(&w, F32, 1, &d, 0);
+        fill(&x, 3);
+        fill(&res, 3);
+        for (int64_t j = 0; j < d; j++)
+            set(&w.t, j, 1.0 + (double)(j - 32) * 0x1p-12); /* 1 + w, w below bf16's step at 1 */
+        tk_arg a[4] = {targ("out", &out.t), targ("input", &x.t), targ("weight", &w.t), farg("eps", 1e-6)};
+        CHECK_RC(run_op("rms_norm", a, 4), TK_OK);
+        int differs = 0;
+        for (int64_t r = 0; r < 3; r++) {
+            double ss = 0;
+            for (int64_t j = 0; j < d; j++)
+                ss += get(&x.t, r * d + j) * get(&x.t, r * d + j);
+            float rstd = (float)(1.0 / sqrt(ss / (double)d + 1e-6));
+            for (int64_t j = 0; j < d; j++) {
+                float xs = (float)get(&x.t, r * d + j) * rstd;
+                double want = quantize(xs * (float)get(&w.t, j), dt);
+                CHECK(get(&out.t, r * d + j) == want);
+                differs |= want != quantize(xs * (float)quantize(get(&w.t, j), dt), dt);
+            }
+        }
+        CHECK(differs); /* the case tells an f32 weight from one rounded to 16 bits */
+        /* fused: residual = x + residual (rounded), input = rms_norm(residual) * w */
+        memcpy(in2.buf, x.buf, (size_t)(3 * d * 2));
+        tk_arg f[4] = {targ("input", &in2.t), targ("residual", &res.t), targ("weight", &w.t), farg("eps", 1e-6)};
+        CHECK_RC(run_op("fused_add_rms_norm", f, 4), TK_OK);
+        tk_arg g[4] = {targ("out", &out.t), targ("input", &res.t), targ("weight", &w.t), farg("eps", 1e-6)};
+        CHECK_RC(run_op("rms_norm", g, 4), TK_OK);
+        CHECK(memcmp(out.buf, in2.buf, (size_t)(3 * d * 2)) == 0);
+        host_free(&x);
+        host_free(&out);
+        host_free(&w);
+        host_free(&res);
+        host_free(&in2);
+    }
+    /* refused: another 16-bit weight, an f32 weight for layer norm or a backward */
+    int64_t s48[2] = {4, 8}, s8 = 8;
+    host_t xb, yb, wh, wf, gi, gw;
+    host_new(&xb, BF16, 2, s48, 0);
+    host_new(&yb, BF16, 2, s48, 0);
+    host_new(&gi, BF16, 2, s48, 0);
+    host_new(&gw, BF16, 1, &s8, 0);
+    host_new(&wh, F16, 1, &s8, 0);
+    host_new(&wf, F32, 1, &s8, 0);
+    tk_op_call c;
+    tk_arg a[4] = {targ("out", &yb.t), targ("input", &xb.t), targ("weight", &wh.t), farg("eps", 1e-6)};
+    CHECK_RC(tk_ops__prepare(&c, "rms_norm", a, 4), TK_ERR_INVALID);
+    CHECK_CONTAINS(tk_last_error(), "rms_norm: 'weight' has dtype f16, want f32 or bf16 (the dtype of 'input')");
+    a[2].t = &wf.t;
+    CHECK_RC(tk_ops__prepare(&c, "layer_norm", a, 4), TK_ERR_INVALID);
+    CHECK_CONTAINS(tk_last_error(), "layer_norm: 'weight' has dtype f32, want bf16 (the dtype of 'input')");
+    tk_arg b[6] = {targ("grad_input", &gi.t), targ("grad_weight", &gw.t), targ("grad_out", &yb.t),
+                   targ("input", &xb.t),      targ("weight", &wf.t),      farg("eps", 1e-6)};
+    CHECK_RC(tk_ops__prepare(&c, "rms_norm_backward", b, 6), TK_ERR_INVALID);
+    CHECK_CONTAINS(tk_last_error(), "rms_norm_backward: 'weight' has dtype f32, want bf16");
+    host_t xf;
+    host_new(&xf, F32, 2, s48, 0);
+    tk_arg e[4] = {targ("out", &xf.t), targ("input", &xf.t), targ("weight", &wh.t), farg("eps", 1e-6)};
+    CHECK_RC(tk_ops__prepare(&c, "rms_norm", e, 4), TK_ERR_INVALID);
+    CHECK_CONTAINS(tk_last_error(), "rms_norm: 'weight' has dtype f16, want f32 (the dtype of 'input')");
+    host_free(&xf);
+    host_free(&xb);
+    host_free(&yb);
+    host_free(&gi);
+    host_free(&gw);
+    host_free(&wh);
+    host_free(&wf);
+}
+
 int main(void)
 {
     op_test_seed();
@@ -905,5 +998,6 @@ int main(void)
     RUN(test_empty);
     RUN(test_validation);
     RUN(test_validation_ln_and_backward);
+    RUN(test_f32_weight);
     return th_done();
 }

@@ -1,7 +1,8 @@
 // rmsnorm.cu — RMS normalisation kernels of kernels-community/rmsnorm: vLLM's rms_norm and
 // fused_add_rms_norm, and their backward passes.
 //
-// Variants (each a template over T = float, __half, __nv_bfloat16; one manifest entry per op and dtype):
+// Variants (each a template over T = float, __half, __nv_bfloat16; one manifest entry per op and dtype;
+// the two forwards also with an f32 weight over 16-bit T, W = float, for Gemma's (1 + w) norms):
 //   tk_rms_norm                     out[r, :] = x[r, :] * rsqrt(mean(x[r, :]^2) + eps) * weight
 //   tk_fused_add_rms_norm           residual[r, :] = input[r, :] + residual[r, :]   (rounded to T, stored),
 //                                   then input[r, :] = rms_norm(residual[r, :]) * weight
@@ -30,12 +31,35 @@
 
 namespace tk_norm {
 
+template <typename A, typename B> struct same_type {
+    static constexpr bool value = false;
+};
+template <typename A> struct same_type<A, A> {
+    static constexpr bool value = true;
+};
+
+// The N weights of pack i as fp32: one 16-byte pack when W is T, else N scalar loads (f32 weights).
+template <typename T, typename W, int N>
+__device__ __forceinline__ void weights_f32(float (&f)[N], const W *__restrict__ weight, tk_i64 i)
+{
+    if constexpr (same_type<T, W>::value) {
+        Pack<T> w = reinterpret_cast<const Pack<T> *>(weight)[i];
+#pragma unroll
+        for (int k = 0; k < N; k++)
+            f[k] = to_f32(w.v[k]);
+    } else {
+#pragma unroll
+        for (int k = 0; k < N; k++)
+            f[k] = to_f32(weight[i * N + k]);
+    }
+}
+
 // One row. With Fused: res = x + res (stored rounded), then x = norm(res); else out = norm(x).
-template <typename T, bool Fused>
+template <typename T, typename W, bool Fused>
 __device__ __forceinline__ void rms_row(T *out,                        // (rows, d) T; fused: input
                                         T *x,                          // (rows, d) T; fused: residual
                                         const T *add,                  // fused: input (== out), else unused
-                                        const T *__restrict__ weight,  // (d,) T
+                                        const W *__restrict__ weight,  // (d,) W: T, or f32
                                         float eps, tk_i64 d)
 {
     const tk_i64 row = blockIdx.x;
@@ -43,7 +67,8 @@ __device__ __forceinline__ void rms_row(T *out,                        // (rows,
     T *xr = x + row * d;
     const T *ar = add + row * d;
     constexpr int N = Vec<T>::N;
-    const bool vec = d % N == 0 && aligned16(out) && aligned16(x) && aligned16(weight);
+    // f32 weights are read a scalar at a time: their alignment does not matter
+    const bool vec = d % N == 0 && aligned16(out) && aligned16(x) && (!same_type<T, W>::value || aligned16(weight));
     float ss = 0.0f;
 
     if (vec) {
@@ -83,13 +108,14 @@ __device__ __forceinline__ void rms_row(T *out,                        // (rows,
     // Each thread reads back only the elements it wrote above (same index mapping).
     if (vec) {
         const Pack<T> *xv = reinterpret_cast<const Pack<T> *>(xr);
-        const Pack<T> *wv = reinterpret_cast<const Pack<T> *>(weight);
         Pack<T> *ov = reinterpret_cast<Pack<T> *>(o);
         for (tk_i64 i = threadIdx.x; i < d / N; i += blockDim.x) {
-            Pack<T> a = xv[i], w = wv[i], r;
+            Pack<T> a = xv[i], r;
+            float w[N];
+            weights_f32<T, W, N>(w, weight, i);
 #pragma unroll
             for (int k = 0; k < N; k++)
-                r.v[k] = from_f32<T>(__fmul_rn(__fmul_rn(to_f32(a.v[k]), scale), to_f32(w.v[k])));
+                r.v[k] = from_f32<T>(__fmul_rn(__fmul_rn(to_f32(a.v[k]), scale), w[k]));
             ov[i] = r;
         }
     } else {
@@ -100,25 +126,26 @@ __device__ __forceinline__ void rms_row(T *out,                        // (rows,
 
 } // namespace tk_norm
 
-// ---- entry points (name expressions "tk_<op><float>", "<__half>", "<__nv_bfloat16>") -------------
+// ---- entry points (name expressions "tk_<op><float>", "<__half>", "<__nv_bfloat16>"; the forwards'
+// f32-weight variants "<__half, float>", "<__nv_bfloat16, float>") ---------------------------------
 
 // out may equal input (in place), so neither is __restrict__.
-template <typename T>
+template <typename T, typename W = T>
 __global__ void __launch_bounds__(1024) tk_rms_norm(T *out,                       // (..., d) T
                                                     const T *input,               // (..., d) T
-                                                    const T *__restrict__ weight, // (d,) T
+                                                    const W *__restrict__ weight, // (d,) W
                                                     float eps, tk_i64 d)
 {
-    tk_norm::rms_row<T, false>(out, const_cast<T *>(input), input, weight, eps, d);
+    tk_norm::rms_row<T, W, false>(out, const_cast<T *>(input), input, weight, eps, d);
 }
 
-template <typename T>
+template <typename T, typename W = T>
 __global__ void __launch_bounds__(1024) tk_fused_add_rms_norm(T *input,                     // (..., d) T, in/out
                                                               T *residual,                  // (..., d) T, in/out
-                                                              const T *__restrict__ weight, // (d,) T
+                                                              const W *__restrict__ weight, // (d,) W
                                                               float eps, tk_i64 d)
 {
-    tk_norm::rms_row<T, true>(input, residual, input, weight, eps, d);
+    tk_norm::rms_row<T, W, true>(input, residual, input, weight, eps, d);
 }
 
 // grad_input must not overlap grad_out or input.
