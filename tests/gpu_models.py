@@ -5,7 +5,7 @@
 
 scripts/gpu-check.sh runs it (phase 1d) on a machine with a GPU, torch and transformers. It writes the
 tiny random checkpoints of tests/models/make_tiny.py (transformers' save_pretrained) into DIR/tiny,
-then for each causal LM among them:
+then for each causal LM among them (DiffusionGemma: block_diffusion below):
   - logits f32: `tk model logits --device cuda --dtype f32` against the model in transformers on cuda
     in f32 (TF32 off), largest |difference| over the largest |logit|; must be below 1e-4;
     transformers always runs its eager attention: its default is version-dependent, and the sdpa path
@@ -46,6 +46,63 @@ def tk_json(tk, args, timeout=120):
         msg = doc.get("error", {}).get("message") or (p.stderr.strip().splitlines() or ["?"])[-1]
         raise RuntimeError(f"tk {' '.join(args[:2])} exit {p.returncode}: {msg}"[:800])
     return doc
+
+
+def dgemma_logits(m, ids, device):
+    """DiffusionGemma in transformers as tk model logits computes it (tests/models/compare.py): the
+    prompt through the encoder, the last canvas_length ids as the decoder's canvas, one denoising step
+    without self-conditioning; both halves through the softcapped LM head."""
+    import torch
+    x = torch.tensor([ids], device=device)
+    P = len(ids) - m.config.canvas_length
+    with torch.no_grad():
+        o = m.model(input_ids=x[:, :P], decoder_input_ids=x[:, P:])
+        h = torch.cat([o.encoder_last_hidden_state[0], o.last_hidden_state[0]])
+        cap = m.final_logit_softcapping
+        return (torch.tanh(m.lm_head(h).float() / cap) * cap).cpu()
+
+
+def block_diffusion(a, d, name, row):
+    """DiffusionGemma on the GPU: logits f32 (checked, 1e-4 of the largest) and bf16 (reported) against
+    transformers on the same device; then tk generate on the device against tk generate on the CPU with
+    the same seed and options (the CPU run is checked against transformers in CI:
+    tests/cli/diffusion_block.sh): same ids expected in f32, a difference is reported with where."""
+    import torch
+    import transformers
+    cfg = json.load(open(os.path.join(d, "config.json")))
+    ids = IDS + [7 + i for i in range(cfg.get("canvas_length", 4))]
+    ref32 = None
+    for dtype, tdt in (("f32", torch.float32), ("bf16", torch.bfloat16)):
+        check = f"logits_{dtype}"
+        try:
+            m = transformers.DiffusionGemmaForBlockDiffusion.from_pretrained(d, dtype=tdt).to(a.device).eval()
+            ref = dgemma_logits(m, ids, a.device)
+            del m
+            got = torch.tensor(tk_json(a.tk, ["model", "logits", d, "--ids", ",".join(map(str, ids)), "--device",
+                                              a.device, "--dtype", dtype])["logits"])
+            rel = ((got - ref).abs().max() / ref.abs().max()).item()
+            if dtype == "f32":
+                ref32 = ref
+                row(name, check, rel < 1e-4, f"{rel:.2e}", f"max|ref| {ref.abs().max().item():.3g}, tol 1e-4")
+            elif ref32 is not None:
+                scale = ref32.abs().max()
+                e_tk, e_hf = ((got - ref32).abs().max() / scale).item(), ((ref - ref32).abs().max() / scale).item()
+                row(name, check, True, f"{rel:.2e}", f"from f32: tk {e_tk:.2e}, transformers {e_hf:.2e}"
+                    + ("; tk's bf16 is off: look at it" if e_tk > 2 * e_hf + 1e-2 else ""), status="info")
+        except Exception as e:
+            row(name, check, False, "-", str(e).replace("\n", " ")[:800])
+    args = ["generate", d, "--ids", ",".join(map(str, IDS[:5])), "--dtype", "f32", "--max-new-tokens", "12",
+            "--steps", "6", "--seed", "5"]
+    try:
+        t1 = time.time()
+        dev = tk_json(a.tk, args + ["--device", a.device])["ids"]
+        t_dev = time.time() - t1
+        cpu = tk_json(a.tk, args + ["--device", "cpu"])["ids"]
+        first = next((i for i, (x, y) in enumerate(zip(dev, cpu)) if x != y), None)
+        row(name, "bd_generate", dev == cpu, f"{len(dev)} tok", f"{a.device} {t_dev:.1f} s; " +
+            ("same ids as the CPU" if dev == cpu else f"first differs at {first}: {a.device} {dev} cpu {cpu}"))
+    except Exception as e:
+        row(name, "bd_generate", False, "-", str(e).replace("\n", " ")[:800])
 
 
 def main():
@@ -89,12 +146,16 @@ def main():
     for name in names:
         d = os.path.join(tiny, name)
         arch = json.load(open(os.path.join(d, "config.json"))).get("architectures", ["?"])[0]
-        if not arch.endswith("ForCausalLM") and arch != "GPT2LMHeadModel":
-            continue
         if a.only and not re.search(a.only, name):
+            continue
+        if arch not in ("DiffusionGemmaForBlockDiffusion", "GPT2LMHeadModel") and not arch.endswith("ForCausalLM"):
             continue
         if time.time() - t0 > a.deadline:
             row(name, "-", False, "-", "not started: the phase's deadline passed")
+            continue
+        if arch == "DiffusionGemmaForBlockDiffusion":
+            block_diffusion(a, d, name, row)
+            torch.cuda.empty_cache()
             continue
         ids = ",".join(map(str, IDS))
         for dtype, tdt, tol in (("f32", torch.float32, 1e-4), ("bf16", torch.bfloat16, 5e-2)):
