@@ -4,7 +4,8 @@ inputs), in f32, f16 and bf16, through get_kernel modules as Hugging Face kernel
 
 Ragged sizes on purpose (rows of 77 and 250 columns), inputs in [-3, 3]. Tolerances per dtype: the
 output's rounding (f16 2e-3, bf16 1.6e-2 relative) plus fp32 accumulation; see harness.TOL.
-Compared with torch here: every activation, rms_norm, fused_add_rms_norm, layer_norm (with and
+Compared with torch here: every activation, rms_norm, fused_add_rms_norm (also with an f32 weight over
+16-bit x, against transformers' GemmaRMSNorm: every element equal), layer_norm (with and
 without bias), fused_add_layer_norm, rms_norm_backward and layer_norm_backward (autograd), softmax,
 log_softmax, rotary_embedding (NeoX and GPT-J), attention (causal and not, GQA), cross_entropy (loss
 and grad), argmax, sample (greedy), casted_linear. The rest are compared with the C tool only
@@ -112,6 +113,39 @@ def test_norms(case):
     xi, ri = x.clone(), res.clone()
     norm.fused_add_layer_norm(xi, ri, w, bias, 1e-5)
     close(xi, F.layer_norm(ri.float(), (77,), wf, bf, 1e-5), dt, "fused_add_layer_norm")
+    if dt != "f32":
+        _gemma_norm(norm, x, res, dev, dtype)
+
+
+def _gemma_norm(norm, x, res, dev, dtype):
+    """A 16-bit x with an f32 weight 1 + w against transformers' own GemmaRMSNorm (weight w in the model's
+    dtype, multiplied as 1 + w.float() before one rounding): every element equal but a rare one-ulp rstd
+    tie, where a weight rounded to 16 bits first differs on many."""
+    try:
+        from transformers.models.gemma.modeling_gemma import GemmaRMSNorm
+    except ImportError:
+        raise Skip("transformers is not installed: the Gemma norm oracle did not run")
+    m = GemmaRMSNorm(77, eps=1e-6).to(dev)
+    with torch.no_grad():
+        m.weight.copy_(torch.linspace(-0.02, 0.03, 77))
+    m = m.to(dtype)
+    w32 = 1.0 + m.weight.detach().float()
+    for fused in (0, 1):
+        xi, ri = x.clone(), res.clone()
+        if fused:
+            norm.fused_add_rms_norm(xi, ri, w32, 1e-6)
+            got, want = xi, m(ri)
+        else:
+            got = torch.empty_like(x)
+            norm.rms_norm(got, x, w32, 1e-6)
+            want = m(x)
+        what = "%s, f32 weight, against GemmaRMSNorm" % ("fused_add_rms_norm" if fused else "rms_norm")
+        same = (got == want).float().mean().item()
+        rounded = torch.empty_like(x)
+        norm.rms_norm(rounded, ri if fused else x, w32.to(dtype), 1e-6)
+        same16 = (rounded == want).float().mean().item()
+        assert same >= 0.999, "%s: %.4f of the elements equal" % (what, same)
+        assert same16 < same, "%s: the 16-bit weight matched as well (%.4f): the case cannot tell" % (what, same16)
 
 
 def test_norm_backward(case):
