@@ -13,9 +13,12 @@
  *                entropy is below confidence_threshold
  *   the block's tokens are the last argmax canvas; after a block holding eos, stop (pad after it)
  *
- * Each step is one tk_models__dgemma_denoise: the model's forward over the whole sequence (the
- * encoder's keys recomputed rather than cached: what transformers' cache holds, the same numbers) through
- * the op registry. The sampler's arithmetic is on the host in float64 over the f32 logits.
+ * The encoder's keys and values are cached as transformers caches them (tk_models__dgemma_kv_*): the
+ * prompt encoded once, each finished block at the start of the next; each step is one
+ * tk_models__dgemma_denoise, the decoder over the canvas alone against that cache. TK_DGEMMA_CACHE=0 in
+ * the environment runs the old check path: each step a forward over the whole sequence, the encoder
+ * recomputed (the same numbers to rounding). The sampler's arithmetic is on the host in float64 over the
+ * f32 logits.
  */
 #include <jansson.h>
 #include <math.h>

@@ -18,7 +18,11 @@
  *
  * tk_model_forward on such a model: each sequence's last canvas_length tokens are the canvas (the
  * decoder, without self-conditioning: the first denoising step's logits), the tokens before them the
- * prompt (the encoder; their logits are lm_head over the encoder's last hidden state). layer_scalar is
+ * prompt (the encoder; their logits are lm_head over the encoder's last hidden state). Generation
+ * (block_diffusion.c) instead keeps the encoder's keys and values in a tk_models_dgemma_kv (a contiguous
+ * store per layer; why not the paged cache: at its definition): tk_models__dgemma_encode appends the
+ * prompt or a finished block, tk_models__dgemma_denoise runs the decoder over the canvas alone against
+ * it (or, without one, the whole-sequence forward above). layer_scalar is
  * folded in at load: the stream is carried divided by S_l (the product of the scalars before layer l),
  * so the post norms' weights are divided by S_l and the norms of the stream use eps / S_l^2.
  */
