@@ -11,7 +11,7 @@
 #     bash bench/diffusion_block.sh [prompt_tokens=128] [gen_length=128] [steps=8] [rounds=3]
 #     BENCH_ONE_CORE=1 bash bench/diffusion_block.sh   pinned to core 0, one thread
 set -u
-cd "$(dirname "$0")/.."
+cd "$(dirname "$0")/.." || exit 1
 B=${TK_BUILD:-build}
 P=${1:-128}; G=${2:-128}; S=${3:-8}; R=${4:-3}
 DG=$B/bench-models/dgemma-10m
