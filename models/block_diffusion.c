@@ -13,9 +13,12 @@
  *                entropy is below confidence_threshold
  *   the block's tokens are the last argmax canvas; after a block holding eos, stop (pad after it)
  *
- * Each step is one tk_models__dgemma_denoise: the model's forward over the whole sequence (the
- * encoder's keys recomputed rather than cached: what transformers' cache holds, the same numbers) through
- * the op registry. The sampler's arithmetic is on the host in float64 over the f32 logits.
+ * The encoder's keys and values are cached as transformers caches them (tk_models__dgemma_kv_*): the
+ * prompt encoded once, each finished block at the start of the next; each step is one
+ * tk_models__dgemma_denoise, the decoder over the canvas alone against that cache. TK_DGEMMA_CACHE=0 in
+ * the environment runs the old check path: each step a forward over the whole sequence, the encoder
+ * recomputed (the same numbers to rounding). The sampler's arithmetic is on the host in float64 over the
+ * f32 logits.
  */
 #include <jansson.h>
 #include <math.h>
@@ -40,6 +43,8 @@ typedef struct {
     int64_t *order, *acc;   /* [C] */
     uint64_t rng;
     tk_diff_result *r;
+    tk_models_dgemma_kv *kv; /* the encoder's keys and values; NULL: each step recomputes them */
+    int64_t encoded;         /* the ids in kv */
 } bstate;
 
 /* generation_config.json's number `key` (sampler_config.entropy_bound for "entropy_bound"), or def */
@@ -295,7 +300,7 @@ static int step(bstate *s, int64_t b, int64_t n, size_t len, int first, int *sto
     size_t CV = (size_t)(s->C * s->V);
     memcpy(s->ids + len - (size_t)s->C, s->canvas, (size_t)s->C * sizeof *s->ids);
     s->r->forwards++;
-    int rc = tk_models__dgemma_denoise(s->m, s->ids, len, first ? NULL : s->p, s->logits);
+    int rc = tk_models__dgemma_denoise(s->m, s->kv, s->ids, len, first ? NULL : s->p, s->logits);
     if (rc != TK_OK)
         return rc;
     /* the temperature as transformers computes it: an int32 tensor over N, then f32 arithmetic */
@@ -351,6 +356,13 @@ static int run(bstate *s)
         size_t len = (size_t)(s->P + (b + 1) * s->C);
         for (int64_t k = 0; k < s->stab * s->C; k++)
             s->hist[k] = -1;
+        /* the prompt (the first block) or the block just finished into the cache, as transformers
+         * encodes it: at the start of the next block */
+        int64_t upto = s->P + b * s->C;
+        if (s->kv &&
+            (rc = tk_models__dgemma_encode(s->m, s->kv, s->ids + s->encoded, (size_t)(upto - s->encoded))) != TK_OK)
+            return rc;
+        s->encoded = upto;
         if ((rc = renoise(s, NULL)) != TK_OK)
             return rc;
         int stop = 0;
@@ -367,6 +379,7 @@ static int run(bstate *s)
 
 static void bfree(bstate *s)
 {
+    tk_models__dgemma_kv_free(s->m, s->kv);
     free(s->ids);
     free(s->canvas);
     free(s->amax);
@@ -425,6 +438,9 @@ int tk_models__block_generate(tk_diff_result **out, tk_model *m, const int32_t *
         goto fail;
     }
     memcpy(s.ids, prompt, len * sizeof *s.ids);
+    const char *env = getenv("TK_DGEMMA_CACHE"); /* 0: the old path, every step over the whole sequence */
+    if ((!env || strcmp(env, "0")) && (rc = tk_models__dgemma_kv_new(&s.kv, m, (int64_t)L)) != TK_OK)
+        goto fail;
     s.rng = o->seed;
     s.r->sampler = "block";
     s.r->alg = "entropy_bound";

@@ -18,7 +18,11 @@
  *
  * tk_model_forward on such a model: each sequence's last canvas_length tokens are the canvas (the
  * decoder, without self-conditioning: the first denoising step's logits), the tokens before them the
- * prompt (the encoder; their logits are lm_head over the encoder's last hidden state). layer_scalar is
+ * prompt (the encoder; their logits are lm_head over the encoder's last hidden state). Generation
+ * (block_diffusion.c) instead keeps the encoder's keys and values in a tk_models_dgemma_kv (a contiguous
+ * store per layer; why not the paged cache: at its definition): tk_models__dgemma_encode appends the
+ * prompt or a finished block, tk_models__dgemma_denoise runs the decoder over the canvas alone against
+ * it (or, without one, the whole-sequence forward above). layer_scalar is
  * folded in at load: the stream is carried divided by S_l (the product of the scalars before layer l),
  * so the post norms' weights are divided by S_l and the norms of the stream use eps / S_l^2.
  */
@@ -54,7 +58,28 @@ typedef struct {
      * LM head over the canvas rows alone, into the logits' first C rows */
     const float *sc;
     int canvas_only;
+    /* A cached call (tk_models__dgemma_encode, tk_models__dgemma_denoise with a cache): the batch is one
+     * sequence of new tokens at positions kv->len onwards, their keys and values written to the cache's
+     * rows there; enc: the encoder (causal, no logits), else the decoder over a canvas. NULL: a plain
+     * forward over whole sequences. */
+    struct tk_models_dgemma_kv *kv;
+    int enc;
 } dg_state;
+
+/* The encoder's keys and values, per layer [cap, Hkv * D] in the compute dtype on the model's device
+ * (t[2l] keys, t[2l + 1] values), rows [0, len) encoded. A denoising step writes the canvas's keys and
+ * values to rows [len, len + C) (the block's encoding overwrites them) and attends over rows [k0, len + C).
+ * Not the paged cache of kv_cache.c: it holds one head size and one kv head count for every layer, and
+ * DiffusionGemma's full layers differ from its sliding ones (global_head_dim, num_global_key_value_heads);
+ * and its attention_decode is causal by position, where the canvas attends bidirectionally to the cache
+ * and to itself, which the `attention` op does over contiguous keys. The sliding layers keep every row
+ * too though they read only the last sliding_window - 1 (a ring would need two attention runs). */
+struct tk_models_dgemma_kv {
+    int64_t len, cap;
+    int64_t layers;
+    void **mem; /* [2 * layers] */
+    tk_mt *t;   /* [2 * layers] */
+};
 
 /* ---- config.json ------------------------------------------------------------------------------ */
 
@@ -463,15 +488,15 @@ static void heads_view(tk_mt *v, const tk_mt *t, int64_t r0, int64_t n, int64_t 
     tk_models__view(v, &rows, 4, shp);
 }
 
-static int attend(tk_model *m, const dg_layer *w, int64_t q0, int64_t nq, int64_t k0, int64_t nk, int causal,
-                  int64_t window)
+static int attend(tk_model *m, const dg_layer *w, int64_t q0, int64_t nq, const tk_mt *kb, const tk_mt *vb, int64_t k0,
+                  int64_t nk, int causal, int64_t window)
 {
     dg_state *s = m->state;
     tk_mt o4, q4, k4, v4;
     heads_view(&o4, &s->att, q0, nq, m->cfg.heads, w->D);
     heads_view(&q4, &s->qn, q0, nq, m->cfg.heads, w->D);
-    heads_view(&k4, &s->kn, k0, nk, w->Hkv, w->D);
-    heads_view(&v4, &s->v, k0, nk, w->Hkv, w->D);
+    heads_view(&k4, kb, k0, nk, w->Hkv, w->D);
+    heads_view(&v4, vb, k0, nk, w->Hkv, w->D);
     tk_arg a[] = {TK_A_T("out", &o4),
                   TK_A_T("q", &q4),
                   TK_A_T("k", &k4),
@@ -482,44 +507,64 @@ static int attend(tk_model *m, const dg_layer *w, int64_t q0, int64_t nq, int64_
     return tk_models__op(m, "attention", a, TK_NARGS(a));
 }
 
+/* Layer l's queries (s->qn) and its keys and values into kn3 and v3 ([T, Hkv, D]: the workspace's, or
+ * the cache's rows), normed and rotated, from its normed input s->h */
+static int qkv(tk_model *m, tk_models_batch *b, int64_t l, const tk_mt *kn3, const tk_mt *v3)
+{
+    const tk_models_config *c = &m->cfg;
+    dg_state *s = m->state;
+    const dg_layer *w = &s->l[l];
+    int64_t T = b->T, D = w->D, Hq = c->heads, Hkv = w->Hkv;
+    tk_mt q2, k2, v2, q3, k3, vr3, qn3;
+    tk_models__view(&q2, &s->q, 2, (int64_t[]){T, Hq * D});
+    tk_models__view(&k2, &s->k, 2, (int64_t[]){T, Hkv * D});
+    tk_models__view(&v2, &s->v, 2, (int64_t[]){T, Hkv * D});
+    tk_models__view(&q3, &s->q, 3, (int64_t[]){T, Hq, D});
+    tk_models__view(&qn3, &s->qn, 3, (int64_t[]){T, Hq, D});
+    tk_models__view(&k3, &s->k, 3, (int64_t[]){T, Hkv, D});
+    tk_models__view(&vr3, &s->v, 3, (int64_t[]){T, Hkv, D});
+    int rc;
+    if ((rc = tk_models__linear(m, &q2, &s->h, w->q, NULL, 0)) ||
+        (rc = tk_models__linear(m, &k2, &s->h, w->k, NULL, 0)) ||
+        (w->v && (rc = tk_models__linear(m, &v2, &s->h, w->v, NULL, 0))) ||
+        (rc = rms(m, v3, w->v ? &vr3 : &k3, w->v_ones, c->eps)) || /* full layers: v is the raw key */
+        (rc = rms(m, &qn3, &q3, w->q_norm, c->eps)) || (rc = rms(m, kn3, &k3, w->k_norm, c->eps)))
+        return rc;
+    tk_arg rot[] = {TK_A_T("query", &qn3), TK_A_T("key", kn3), TK_A_T("positions", &b->pos),
+                    TK_A_T("cos_sin_cache", &s->cs[c->sliding[l] ? 0 : 1]), TK_A_I("is_neox", 1)};
+    return tk_models__op(m, "rotary_embedding", rot, TK_NARGS(rot));
+}
+
 /* o = o_proj(attention) of layer l over its normed input s->h; cu: the sequences' host offsets */
 static int attn_block(tk_model *m, tk_models_batch *b, int64_t l, const int32_t *cu)
 {
     const tk_models_config *c = &m->cfg;
     dg_state *s = m->state;
     const dg_layer *w = &s->l[l];
-    int64_t T = b->T, D = w->D, Hq = c->heads, Hkv = w->Hkv, C = c->canvas, W = c->sliding_window;
-    tk_mt q2, k2, v2, a2, q3, k3, v3, qn3, kn3;
-    tk_models__view(&q2, &s->q, 2, (int64_t[]){T, Hq * D});
-    tk_models__view(&k2, &s->k, 2, (int64_t[]){T, Hkv * D});
-    tk_models__view(&v2, &s->v, 2, (int64_t[]){T, Hkv * D});
-    tk_models__view(&a2, &s->att, 2, (int64_t[]){T, Hq * D});
-    tk_models__view(&q3, &s->q, 3, (int64_t[]){T, Hq, D});
-    tk_models__view(&qn3, &s->qn, 3, (int64_t[]){T, Hq, D});
-    tk_models__view(&k3, &s->k, 3, (int64_t[]){T, Hkv, D});
-    tk_models__view(&kn3, &s->kn, 3, (int64_t[]){T, Hkv, D});
-    tk_models__view(&v3, &s->v, 3, (int64_t[]){T, Hkv, D});
-    int rc;
-    if ((rc = tk_models__linear(m, &q2, &s->h, w->q, NULL, 0)) ||
-        (rc = tk_models__linear(m, &k2, &s->h, w->k, NULL, 0)) ||
-        (w->v && (rc = tk_models__linear(m, &v2, &s->h, w->v, NULL, 0))) ||
-        (rc = rms(m, &v3, w->v ? &v3 : &k3, w->v_ones, c->eps)) || /* full layers: v is the raw key */
-        (rc = rms(m, &qn3, &q3, w->q_norm, c->eps)) || (rc = rms(m, &kn3, &k3, w->k_norm, c->eps)))
-        return rc;
-    tk_arg rot[] = {TK_A_T("query", &qn3), TK_A_T("key", &kn3), TK_A_T("positions", &b->pos),
-                    TK_A_T("cos_sin_cache", &s->cs[c->sliding[l] ? 0 : 1]), TK_A_I("is_neox", 1)};
-    if ((rc = tk_models__op(m, "rotary_embedding", rot, TK_NARGS(rot))) != TK_OK)
-        return rc;
-    for (int64_t q = 0; q < b->nseq; q++) {
+    const struct tk_models_dgemma_kv *kv = s->kv;
+    int64_t T = b->T, D = w->D, Hkv = w->Hkv, C = c->canvas, W = c->sliding_window;
+    const tk_mt *kb = kv ? &kv->t[2 * l] : &s->kn, *vb = kv ? &kv->t[2 * l + 1] : &s->v;
+    int64_t r0 = kv ? kv->len : 0; /* the new tokens' first row in kb, vb */
+    tk_mt a2, kr, vr, kn3, v3;
+    tk_models__view(&a2, &s->att, 2, (int64_t[]){T, c->heads * D});
+    tk_models__rows(&kr, kb, r0, T);
+    tk_models__rows(&vr, vb, r0, T);
+    tk_models__view(&kn3, &kr, 3, (int64_t[]){T, Hkv, D});
+    tk_models__view(&v3, &vr, 3, (int64_t[]){T, Hkv, D});
+    int rc = qkv(m, b, l, &kn3, &v3);
+    if (rc == TK_OK && kv) { /* the new tokens over the cache and themselves: causal (the encoder) or not */
+        int64_t k0 = c->sliding[l] && r0 > W - 1 ? r0 - (W - 1) : 0;
+        rc = attend(m, w, 0, T, kb, vb, k0, r0 + T - k0, s->enc, s->enc && c->sliding[l] ? W - 1 : -1);
+    }
+    for (int64_t q = 0; rc == TK_OK && !kv && q < b->nseq; q++) {
         int64_t st = cu[q], n = cu[q + 1] - st, P = n - C;
         /* the prompt: causal, the sliding layers over their window; the canvas: bidirectional over the
          * prompt's keys (the sliding layers' last W - 1, what transformers' sliding cache keeps) and its own */
         int64_t k0 = c->sliding[l] && P > W - 1 ? st + P - (W - 1) : st;
-        if ((rc = attend(m, w, st, P, st, P, 1, c->sliding[l] ? W - 1 : -1)) ||
-            (rc = attend(m, w, st + P, C, k0, st + n - k0, 0, -1)))
-            return rc;
+        if ((rc = attend(m, w, st, P, kb, vb, st, P, 1, c->sliding[l] ? W - 1 : -1)) == TK_OK)
+            rc = attend(m, w, st + P, C, kb, vb, k0, st + n - k0, 0, -1);
     }
-    return tk_models__linear(m, &s->o, &a2, w->o, NULL, 0);
+    return rc != TK_OK ? rc : tk_models__linear(m, &s->o, &a2, w->o, NULL, 0);
 }
 
 /* x += post_ff(post_ff1(mlp(pre_ff(x))) + post_ff2(moe(pre_ff2(x), router(x)))) */
@@ -628,6 +673,34 @@ static int lm_head(tk_model *m, tk_models_batch *b)
     return rc;
 }
 
+/* A cached call's batch: one sequence of T new tokens at positions kv->len onwards (b->pos), its host
+ * offsets {0, T} */
+static int kv_batch(tk_model *m, tk_models_batch *b, int32_t **out)
+{
+    const struct tk_models_dgemma_kv *kv = ((dg_state *)m->state)->kv;
+    int64_t T = b->T;
+    *out = NULL;
+    if (b->nseq != 1 || kv->len + T > kv->cap)
+        return tk__err(TK_ERR_INTERNAL, "%s: %lld tokens after %lld cached, room for %lld", m->cfg.arch, (long long)T,
+                       (long long)kv->len, (long long)kv->cap);
+    int64_t *pos = malloc((size_t)T * sizeof *pos);
+    int32_t *cu = malloc(2 * sizeof *cu);
+    int rc = pos && cu ? TK_OK : tk__err(TK_ERR_NOMEM, "out of memory");
+    for (int64_t i = 0; rc == TK_OK && i < T; i++)
+        pos[i] = kv->len + i;
+    if (rc == TK_OK)
+        rc = tk_models__to_dev(m, b->pos.t.data, pos, (size_t)T * sizeof *pos);
+    free(pos);
+    if (rc != TK_OK) {
+        free(cu);
+        return rc;
+    }
+    cu[0] = 0;
+    cu[1] = (int32_t)T;
+    *out = cu;
+    return TK_OK;
+}
+
 static int forward(tk_model *m, tk_models_batch *b)
 {
     const tk_models_config *c = &m->cfg;
@@ -638,13 +711,13 @@ static int forward(tk_model *m, tk_models_batch *b)
                        "HINT: run one denoising step with tk model logits (prompt + canvas_length canvas tokens)",
                        c->arch);
     int32_t *cu = NULL;
-    int rc = host_cu(m, b, &cu);
-    if (rc != TK_OK || (rc = rope_tables(m, s, b->max_len)) != TK_OK)
+    int rc = s->kv ? kv_batch(m, b, &cu) : host_cu(m, b, &cu);
+    if (rc != TK_OK || (rc = rope_tables(m, s, s->kv ? s->kv->len + b->T : b->max_len)) != TK_OK)
         goto done;
     tk_arg emb[] = {TK_A_T("out", &s->x), TK_A_T("ids", &b->ids), TK_A_T("weight", s->embed)};
     if ((rc = tk_models__op(m, "embedding", emb, TK_NARGS(emb))) != TK_OK)
         goto done;
-    for (int64_t q = 0; q < b->nseq; q++) { /* the canvas: post_norm(embed + 0) without self-conditioning */
+    for (int64_t q = 0; !s->enc && q < b->nseq; q++) { /* the canvas: post_norm(embed + 0) without sc */
         tk_mt rows;
         tk_models__rows(&rows, &s->x, cu[q + 1] - c->canvas, c->canvas);
         if ((rc = s->sc ? self_condition(m, &rows) : rms(m, &rows, &rows, s->ones_h, c->eps)) != TK_OK)
@@ -656,6 +729,8 @@ static int forward(tk_model *m, tk_models_batch *b)
             (rc = rms(m, &s->o, &s->o, w->post_attn, c->eps)) || (rc = add(m, &s->x, &s->o)) || (rc = ff_block(m, w)))
             goto done;
     }
+    if (s->enc) /* the encoder's product is the keys and values it wrote */
+        goto done;
     if ((rc = rms(m, &s->h, &s->x, s->norm, s->final_eps)) != TK_OK)
         goto done;
     if (b->want_logits || s->canvas_only)
@@ -665,16 +740,95 @@ done:
     return rc;
 }
 
-int tk_models__dgemma_denoise(tk_model *m, const int32_t *ids, size_t len, const float *sc, float *logits)
+/* ---- the encoder's cache and the denoising step (block_diffusion.c) --------------------------- */
+
+static int is_dgemma(tk_model *m, const char *fn)
 {
     if (m->arch != &tk_models__diffusion_gemma)
-        return tk__err(TK_ERR_INTERNAL, "tk_models__dgemma_denoise: %s is not DiffusionGemma", m->cfg.arch);
+        return tk__err(TK_ERR_INTERNAL, "%s: %s is not DiffusionGemma", fn, m->cfg.arch);
+    return TK_OK;
+}
+
+int tk_models__dgemma_kv_new(tk_models_dgemma_kv **out, tk_model *m, int64_t cap)
+{
+    *out = NULL;
+    int rc = is_dgemma(m, "tk_models__dgemma_kv_new");
+    if (rc != TK_OK)
+        return rc;
+    const dg_state *s = m->state;
+    int64_t L = m->cfg.layers;
+    tk_models_dgemma_kv *kv = calloc(1, sizeof *kv);
+    if (!kv || !(kv->mem = calloc((size_t)(2 * L), sizeof *kv->mem)) ||
+        !(kv->t = calloc((size_t)(2 * L), sizeof *kv->t))) {
+        tk_models__dgemma_kv_free(m, kv);
+        return tk__err(TK_ERR_NOMEM, "out of memory");
+    }
+    kv->cap = cap;
+    kv->layers = L;
+    tk_mt proto = {0}; /* the compute dtype on the model's device */
+    tk_models__view(&proto, s->embed, 1, (int64_t[]){1});
+    for (int64_t i = 0; rc == TK_OK && i < 2 * L; i++) {
+        const dg_layer *w = &s->l[i / 2];
+        int64_t shp[2] = {cap, w->Hkv * w->D};
+        rc = tk_models__dev_alloc(m, &kv->mem[i], (size_t)(cap * shp[1]) * (m->dtype.bits / 8u));
+        tk_models__view(&kv->t[i], &proto, 2, shp);
+        kv->t[i].t.dtype = m->dtype;
+        kv->t[i].t.data = kv->mem[i];
+    }
+    if (rc != TK_OK) {
+        tk_models__dgemma_kv_free(m, kv);
+        return tk__err_wrap(rc, "%s: the encoder's keys and values for %lld tokens", m->cfg.arch, (long long)cap);
+    }
+    *out = kv;
+    return TK_OK;
+}
+
+void tk_models__dgemma_kv_free(tk_model *m, tk_models_dgemma_kv *kv)
+{
+    if (!kv)
+        return;
+    for (int64_t i = 0; kv->mem && i < 2 * kv->layers; i++)
+        if (kv->mem[i])
+            tk_models__dev_free(m, kv->mem[i]);
+    free(kv->mem);
+    free(kv->t);
+    free(kv);
+}
+
+int tk_models__dgemma_encode(tk_model *m, tk_models_dgemma_kv *kv, const int32_t *ids, size_t n)
+{
+    int rc = is_dgemma(m, "tk_models__dgemma_encode");
+    if (rc != TK_OK)
+        return rc;
     dg_state *s = m->state;
+    s->kv = kv;
+    s->enc = 1;
+    rc = tk_model_forward(m, ids, &n, 1, NULL, NULL);
+    s->kv = NULL;
+    s->enc = 0;
+    if (rc == TK_OK)
+        kv->len += (int64_t)n;
+    return rc;
+}
+
+int tk_models__dgemma_denoise(tk_model *m, tk_models_dgemma_kv *kv, const int32_t *ids, size_t len, const float *sc,
+                              float *logits)
+{
+    int rc = is_dgemma(m, "tk_models__dgemma_denoise");
+    if (rc != TK_OK)
+        return rc;
+    dg_state *s = m->state;
+    size_t C = (size_t)m->cfg.canvas;
+    if (kv && (len < C || (int64_t)(len - C) != kv->len))
+        return tk__err(TK_ERR_INTERNAL, "tk_models__dgemma_denoise: %zu ids, %lld of them cached, canvas %zu", len,
+                       (long long)kv->len, C);
     s->sc = sc;
     s->canvas_only = 1;
-    int rc = tk_model_forward(m, ids, &len, 1, NULL, NULL);
+    s->kv = kv;
+    rc = kv ? tk_model_forward(m, ids + len - C, &C, 1, NULL, NULL) : tk_model_forward(m, ids, &len, 1, NULL, NULL);
     s->sc = NULL;
     s->canvas_only = 0;
+    s->kv = NULL;
     if (rc != TK_OK)
         return rc;
     size_t n = (size_t)(m->cfg.canvas * m->cfg.vocab), es = m->dtype.bits / 8u;

@@ -430,11 +430,22 @@ extern const tk_models_arch tk_models__gemma, tk_models__gemma2, tk_models__gemm
 extern const tk_models_arch tk_models__mixtral, tk_models__qwen2_moe, tk_models__qwen3_moe;
 extern const tk_models_arch tk_models__llada, tk_models__dream; /* diffusion_lm.c */
 extern const tk_models_arch tk_models__diffusion_gemma;            /* block diffusion */
+/* The DiffusionGemma encoder's keys and values (diffusion_gemma.c): every layer's over the tokens encoded
+ * so far (the prompt, then each finished block), for the denoising steps to read instead of encoding the
+ * prefix again. kv_new: room for cap tokens (the prompt, every block and one canvas); kv_free takes NULL.
+ * encode: appends ids (n) at positions kv's length onwards, causal over what is cached. */
+typedef struct tk_models_dgemma_kv tk_models_dgemma_kv;
+int tk_models__dgemma_kv_new(tk_models_dgemma_kv **out, tk_model *m, int64_t cap);
+void tk_models__dgemma_kv_free(tk_model *m, tk_models_dgemma_kv *kv);
+int tk_models__dgemma_encode(tk_model *m, tk_models_dgemma_kv *kv, const int32_t *ids, size_t n);
 /* One denoising step of a DiffusionGemma model (diffusion_gemma.c): ids (len) are the prompt and the
  * finished blocks followed by the canvas (the model's canvas_length ids); sc the previous step's
  * processed logits [C, V] (f32, NULL on a block's first step). Writes the canvas's logits [C, V] (f32,
- * softcapped) to logits. Errors as tk_model_forward. */
-int tk_models__dgemma_denoise(tk_model *m, const int32_t *ids, size_t len, const float *sc, float *logits);
+ * softcapped) to logits. kv NULL: the forward runs over all len ids (the encoder recomputed); else kv
+ * holds the encoder's keys and values of the first len - C ids and only the decoder runs, over the
+ * canvas. Errors as tk_model_forward. */
+int tk_models__dgemma_denoise(tk_model *m, tk_models_dgemma_kv *kv, const int32_t *ids, size_t len, const float *sc,
+                              float *logits);
 
 /* ---- diffusion generation (models/diffusion_lm.c, models/block_diffusion.c) ------------------- */
 

@@ -4,7 +4,8 @@
 # the draws file tk reads (--draws): every denoising step must accept the same canvas positions and the
 # run must end with the same ids, over the temperature schedule, wide and narrow entropy bounds, the
 # stable-and-confident early stop, several blocks (the prompt's sliding window crossed), and an eos that
-# ends generation (pad after it). Then determinism under --seed, --json / --show-steps, and a clear error
+# ends generation (pad after it). The encoder's cached keys and values against TK_DGEMMA_CACHE=0 (each step
+# recomputing them). Then determinism under --seed, --json / --show-steps, and a clear error
 # for each kind of bad input. Needs the test venv ($TK_PY_VENV); under CI=true its absence is a failure.
 . "$(dirname "$0")/lib.sh"
 
@@ -71,6 +72,45 @@ PYEOF
   grep -q '"stop":true' "$WORK/got-4.json" || fail "job 4 never stopped early"
   grep -q '"end": "eos"' "$WORK/got-6.json" || fail "job 6 did not end at its eos"
   grep -q '"accepted":\[[0-9]*,' "$WORK/got-3.json" || fail "job 3 never accepted two positions in a step"
+}
+
+# The encoder's keys and values kept across steps (the default) against TK_DGEMMA_CACHE=0, which runs each
+# step's forward over the whole sequence: the same ids, the same accepted positions and stops at every step,
+# and the mean entropies equal to rounding, over five blocks past the sliding window (4) and an eos run.
+t_cache_matches_recompute() {
+  need_model || return
+  local i dir args
+  for i in 1 2; do
+    case $i in
+      1) dir=$CK; args="--ids 5,17,99,3,250,7,8,9,10 --gen-length 30 --steps 8 --entropy-bound 1.5 --seed 3" ;;
+      2) dir=$CK-eos; args="--ids 5,17,99 --gen-length 30 --steps 6 --entropy-bound 4.0 --seed 6" ;;
+    esac
+    # shellcheck disable=SC2086
+    TK_DGEMMA_CACHE=1 "$TK" generate "$dir" $args --json >"$WORK/kv-on-$i.json" 2>"$WORK/kv-on-$i.err" ||
+      { fail "run $i, cache on: $(cat "$WORK/kv-on-$i.err")"; continue; }
+    # shellcheck disable=SC2086
+    TK_DGEMMA_CACHE=0 "$TK" generate "$dir" $args --json >"$WORK/kv-off-$i.json" 2>"$WORK/kv-off-$i.err" ||
+      { fail "run $i, cache off: $(cat "$WORK/kv-off-$i.err")"; continue; }
+    python3 - "$WORK/kv-on-$i.json" "$WORK/kv-off-$i.json" "$i" <<'PYEOF' || fail "run $i: the cached and recomputed paths differ"
+import json, sys
+a, b = json.load(open(sys.argv[1])), json.load(open(sys.argv[2]))
+sa, sb = a["stats"]["per_step"], b["stats"]["per_step"]
+key = lambda s: (s["block"], s["accepted"], s["stop"])
+bad = [i for i, (x, y) in enumerate(zip(sa, sb)) if key(x) != key(y)]
+de = max(abs(x["mean_entropy"] - y["mean_entropy"]) for x, y in zip(sa, sb))
+ok = a["ids"] == b["ids"] and len(sa) == len(sb) and not bad and de < 1e-4 and a["end"] == b["end"]
+ok = ok and a["stats"]["forward_passes"] == b["stats"]["forward_passes"]
+blocks = len({s["block"] for s in sa})
+print(f"  run {sys.argv[3]}: {blocks} blocks, {len(sa)} steps, end {a['end']}, mean entropies within {de:.1e}")
+if not ok:
+    print(f"  cached {a['ids']} ({len(sa)} steps), recomputed {b['ids']} ({len(sb)} steps); first differing step "
+          f"{bad[:1]}", file=sys.stderr)
+sys.exit(0 if ok else 1)
+PYEOF
+  done
+  grep -q '"end": "eos"' "$WORK/kv-on-2.json" || fail "run 2 did not end at its eos"
+  [ "$(python3 -c 'import json,sys; print(len({s["block"] for s in json.load(open(sys.argv[1]))["stats"]["per_step"]}))' "$WORK/kv-on-1.json")" = 5 ] ||
+    fail "run 1 did not run five blocks"
 }
 
 t_seed_determinism() {
