@@ -84,21 +84,41 @@ int tk_gen__top_k(float *s, int64_t V, int64_t k, int64_t min_keep)
     return TK_OK;
 }
 
-/* f32 softmax of s into p, as torch: e = exp(x - max), divided by the sum. */
-static void softmax_f32(float *p, const float *s, int64_t V)
+/* A row's largest score, NaN skipped (-inf when none); a zero is +0, so the sign of a zero maximum cannot
+ * depend on which zero came first (a vocabulary-parallel pick finds it from keys, models/tp_pick.c). */
+static float row_max(const float *s, int64_t V)
 {
     float m = -INFINITY;
     for (int64_t i = 0; i < V; i++)
         if (s[i] > m)
             m = s[i];
-    double sum = 0;
-    for (int64_t i = 0; i < V; i++) {
-        p[i] = m == -INFINITY ? 0.0f : expf(s[i] - m);
-        sum += p[i];
-    }
-    float inv = sum > 0 ? (float)(1.0 / sum) : 0.0f;
+    return m == 0.0f ? 0.0f : m;
+}
+
+/* softmax_f32's terms e^(s - m) of s[0..n) into *acc (tk_fsum: any order, any split gives one sum). */
+void tk_gen__softmax_terms(tk_fsum *acc, const float *s, int64_t n, float m)
+{
+    for (int64_t i = 0; i < n; i++)
+        tk__fsum_add(acc, m == -INFINITY ? 0.0f : expf(s[i] - m));
+}
+
+/* 1 / the softmax's sum in f32 (0 when the sum is 0 or NaN: every probability then 0 or NaN). */
+float tk_gen__softmax_inv(const tk_fsum *acc)
+{
+    double sum = tk__fsum_value(acc);
+    return sum > 0 ? (float)(1.0 / sum) : 0.0f;
+}
+
+/* f32 softmax of s into p, as torch: e = exp(x - max), divided by the sum (the sum exact, tk_fsum, where
+ * torch adds in its own order: the two differ by less than f32's rounding of the sum). */
+static void softmax_f32(float *p, const float *s, int64_t V)
+{
+    float m = row_max(s, V);
+    tk_fsum acc = {0};
+    tk_gen__softmax_terms(&acc, s, V, m);
+    float inv = tk_gen__softmax_inv(&acc);
     for (int64_t i = 0; i < V; i++)
-        p[i] = p[i] * inv;
+        p[i] = (m == -INFINITY ? 0.0f : expf(s[i] - m)) * inv;
 }
 
 typedef struct {
@@ -208,18 +228,21 @@ nomem:
     return tk__err(TK_ERR_NOMEM, "min_p: out of memory for a row of %lld scores", (long long)V);
 }
 
+/* log_softmax's terms e^(s - m) of s[0..n) into *acc, in double (tk_fsum: any order or split). */
+void tk_gen__lse_terms(tk_fsum *acc, const float *s, int64_t n, float m)
+{
+    for (int64_t i = 0; i < n; i++)
+        tk__fsum_add(acc, exp((double)(s[i] - m)));
+}
+
 void tk_gen__log_softmax(float *s, int64_t V)
 {
-    float m = -INFINITY;
-    for (int64_t i = 0; i < V; i++)
-        if (s[i] > m)
-            m = s[i];
+    float m = row_max(s, V);
     if (m == -INFINITY)
         return;
-    double sum = 0;
-    for (int64_t i = 0; i < V; i++)
-        sum += exp((double)(s[i] - m));
-    float lse = (float)log(sum);
+    tk_fsum acc = {0};
+    tk_gen__lse_terms(&acc, s, V, m);
+    float lse = (float)log(tk__fsum_value(&acc));
     for (int64_t i = 0; i < V; i++)
         s[i] = (s[i] - m) - lse;
 }
@@ -771,11 +794,10 @@ static int stop_hit(const tk_gen_opts *o, const char *text, size_t prev_len)
     return -1;
 }
 
-/* The k largest of row (log-probabilities), most likely first (ties: the lower id). */
-static void top_logprobs(const float *lp, int64_t V, int k, int32_t *ids, float *vals)
+int tk_gen__top_logprobs(const float *lp, int64_t V, int64_t id0, int k, int32_t *ids, float *vals)
 {
     int m = 0;
-    for (int64_t v = 0; v < V; v++) {
+    for (int64_t v = 0; v < V && k > 0; v++) {
         float x = lp[v];
         if (x != x || (m == k && !(x > vals[k - 1])))
             continue;
@@ -786,12 +808,14 @@ static void top_logprobs(const float *lp, int64_t V, int k, int32_t *ids, float 
             j--;
         }
         vals[j] = x;
-        ids[j] = (int32_t)v;
+        ids[j] = (int32_t)(id0 + v);
     }
+    return m;
 }
 
 /* Picks e's next token from its logits row (modified), records the event, and ends e when it should. */
-static int eng_pick(engine *E, eseq *e, float *row, float *lp, int *ended, const int64_t *picked)
+static int eng_pick(engine *E, eseq *e, float *row, float *lp, int *ended, const int64_t *picked,
+                    const tk_models_tp_lp *plp)
 {
     const tk_gen_lm *lm = &E->lm;
     int64_t V = lm->vocab;
@@ -806,7 +830,7 @@ static int eng_pick(engine *E, eseq *e, float *row, float *lp, int *ended, const
     ev->cached_tokens = e->cached;
     *ended = 0;
     int want_lp = e->o.logprobs || e->o.top_logprobs > 0;
-    if (want_lp) {
+    if (want_lp && !plp) {
         memcpy(lp, row, (size_t)V * sizeof *lp);
         tk_gen__log_softmax(lp, V);
     }
@@ -833,12 +857,18 @@ static int eng_pick(engine *E, eseq *e, float *row, float *lp, int *ended, const
         return rc;
     ev->token = t;
     if (want_lp) {
-        ev->logprob = lp[t];
         int k = e->o.top_logprobs > TK_GEN_MAX_TOP_LOGPROBS ? TK_GEN_MAX_TOP_LOGPROBS : e->o.top_logprobs;
-        if (k > 0) {
-            top_logprobs(lp, V, k, ev->top_ids, ev->top_logprobs);
-            ev->ntop = k < V ? k : (int)V;
+        if (plp) { /* the ranks' pick (models/tp_pick.c): one process's values */
+            ev->logprob = plp->logprob;
+            memcpy(ev->top_ids, plp->top_ids, (size_t)plp->ntop * sizeof *ev->top_ids);
+            memcpy(ev->top_logprobs, plp->top_vals, (size_t)plp->ntop * sizeof *ev->top_logprobs);
+        } else {
+            ev->logprob = lp[t];
+            if (k > 0)
+                tk_gen__top_logprobs(lp, V, 0, k, ev->top_ids, ev->top_logprobs);
         }
+        if (k > 0)
+            ev->ntop = k < V ? k : (int)V;
     }
     int si = -1;
     if (is_eos(&e->o, t))
@@ -861,20 +891,32 @@ static int eng_pick(engine *E, eseq *e, float *row, float *lp, int *ended, const
     return TK_OK;
 }
 
-/* A vocabulary-parallel step: every sequence's pick can run on the ranks' columns (log-probabilities,
- * top-p and min-p need the whole row's softmax in f32, so they gather the rows) and sends fewer bytes
- * than its row would (TK_TP_PICK=local or gather forces either). The same on every rank: the ranks
- * hold the same sequences with the same options. */
+/* e's pick over a vocabulary-parallel head: its sampling options, and raw (the row before the processors)
+ * when it wants log-probabilities. Top-p runs on no rank's columns alone (eng_local). */
+static tk_models_tp_pick pick_opts(const eseq *e, const float *raw)
+{
+    const tk_gen_opts *o = &e->o;
+    return (tk_models_tp_pick){o->do_sample,           o->top_k,         (uint64_t)o->seed,
+                               (int64_t)(e->g.n - e->g.plen), o->do_sample ? o->min_p : 0,
+                               raw,                    o->top_logprobs};
+}
+
+/* A vocabulary-parallel step: every sequence's pick can run on the ranks' columns (top-p needs the sorted
+ * cumulative sum of the whole row's softmax, so a step with a top-p sequence gathers the rows) and sends
+ * fewer bytes than its row would (TK_TP_PICK=local or gather forces either). The same on every rank: the
+ * ranks hold the same sequences with the same options. */
 static int eng_local(const engine *E)
 {
+    static const float some_row = 0;
     const char *env = getenv("TK_TP_PICK");
     if (!E->lm.tp || (env && !strcmp(env, "gather")))
         return 0;
     for (size_t i = 0; i < E->n; i++) {
         const tk_gen_opts *o = &E->s[i]->o;
-        if (o->logprobs || o->top_logprobs > 0 || (o->do_sample && (o->top_p < 1.0 || o->min_p > 0)))
+        if (o->do_sample && o->top_p < 1.0)
             return 0;
-        if (!(env && !strcmp(env, "local")) && !tk_models__tp_pick_cheaper(E->lm.tp, o->do_sample, o->top_k))
+        tk_models_tp_pick p = pick_opts(E->s[i], o->logprobs || o->top_logprobs > 0 ? &some_row : NULL);
+        if (!(env && !strcmp(env, "local")) && !tk_models__tp_pick_cheaper(E->lm.tp, &p))
             return 0;
     }
     return 1;
@@ -892,27 +934,42 @@ static int eng_forward(engine *E, int local, const int32_t *slots, size_t nrows,
     return rc;
 }
 
-/* The tokens of the step's ready rows over a vocabulary-parallel head into *tok (malloc'd): each row's
- * processors on the rank's columns (top-k is the pick's, over every rank), then one collective pick. */
-static int eng_pick_local(engine *E, eseq **rs, const size_t *rrow, size_t n, float *logits, int64_t **tok)
+/* The tokens of the step's ready rows over a vocabulary-parallel head into *tok, and the log-probabilities
+ * of the rows that want them into *lps (both malloc'd): each row's processors on the rank's columns (top-k
+ * and min-p are the pick's, over every rank; log-probabilities are of the row before them), then one
+ * collective pick. */
+static int eng_pick_local(engine *E, eseq **rs, const size_t *rrow, size_t n, float *logits, int64_t **tok,
+                          tk_models_tp_lp **lps)
 {
     int64_t V = E->lm.vocab;
-    float **rows = malloc((n + 1) * sizeof *rows);
+    size_t nraw = 0;
+    for (size_t k = 0; k < n; k++)
+        nraw += rs[k]->o.logprobs || rs[k]->o.top_logprobs > 0;
+    float **rows = malloc((n + 1) * sizeof *rows), *raw = malloc((nraw * (size_t)V + 1) * sizeof *raw);
     tk_models_tp_pick *p = malloc((n + 1) * sizeof *p);
     *tok = malloc((n + 1) * sizeof **tok);
-    int rc =
-        rows && p && *tok ? TK_OK : tk__err(TK_ERR_NOMEM, "generate: out of memory for a step of %zu sequences", n);
-    for (size_t k = 0; k < n && rc == TK_OK; k++) {
+    *lps = calloc(n + 1, sizeof **lps);
+    int rc = rows && raw && p && *tok && *lps
+                 ? TK_OK
+                 : tk__err(TK_ERR_NOMEM, "generate: out of memory for a step of %zu sequences", n);
+    for (size_t k = 0, r = 0; k < n && rc == TK_OK; k++) {
         eseq *e = rs[k];
         tk_gen_opts o = e->o;
         o.top_k = 0;
+        o.min_p = 0;
         rows[k] = logits + rrow[k] * (size_t)V;
+        float *rw = NULL;
+        if (e->o.logprobs || e->o.top_logprobs > 0) {
+            rw = raw + r++ * (size_t)V;
+            memcpy(rw, rows[k], (size_t)V * sizeof *rw);
+        }
         rc = process_row(rows[k], V, &e->g, &o);
-        p[k] = (tk_models_tp_pick){e->o.do_sample, e->o.top_k, (uint64_t)e->o.seed, (int64_t)(e->g.n - e->g.plen)};
+        p[k] = pick_opts(e, rw);
     }
     if (rc == TK_OK)
-        rc = tk_models__tp_pick(E->lm.tp, rows, n, p, *tok);
+        rc = tk_models__tp_pick(E->lm.tp, rows, n, p, *tok, *lps);
     free(rows);
+    free(raw);
     free(p);
     return rc;
 }
@@ -1012,6 +1069,7 @@ static int eng_step(engine *E, const tk_gen_event **events, size_t *nevents)
     float *logits = malloc((nrows + nfollow) * (size_t)V * sizeof *logits), *lp = malloc((size_t)V * sizeof *lp);
     size_t *rrow = malloc((nrows + nfollow) * sizeof *rrow);
     int64_t *picked = NULL;
+    tk_models_tp_lp *plps = NULL;
     if (!slots || !cu || !ids || !rs || !logits || !lp || !rrow) {
         rc = tk__err(TK_ERR_NOMEM, "generate: out of memory for a step of %zu sequences", nrows);
         goto done;
@@ -1041,11 +1099,12 @@ static int eng_step(engine *E, const tk_gen_event **events, size_t *nevents)
     size_t nready = 0;
     if ((rc = eng_ready(E, rs, rrow, logits, nrows, &nready)) != TK_OK)
         goto done;
-    if (local && (rc = eng_pick_local(E, rs, rrow, nready, logits, &picked)) != TK_OK)
+    if (local && (rc = eng_pick_local(E, rs, rrow, nready, logits, &picked, &plps)) != TK_OK)
         goto done;
     for (size_t k = 0; k < nready; k++) {
-        int ended = 0;
-        if ((rc = eng_pick(E, rs[k], logits + rrow[k] * (size_t)V, lp, &ended, picked ? picked + k : NULL)) != TK_OK)
+        int ended = 0, wlp = rs[k]->o.logprobs || rs[k]->o.top_logprobs > 0;
+        if ((rc = eng_pick(E, rs[k], logits + rrow[k] * (size_t)V, lp, &ended, picked ? picked + k : NULL,
+                           picked && wlp ? plps + k : NULL)) != TK_OK)
             goto done;
         if (!ended)
             continue;
@@ -1067,6 +1126,7 @@ done:
     free(lp);
     free(rrow);
     free(picked);
+    free(plps);
     return rc;
 }
 
