@@ -204,8 +204,16 @@ EOF
 ) || { fail "$model at $np ranks, $opts: tokens differ"; return 1; }
 }
 
-# The vocabulary-parallel pick: greedy, seeded sampling with and without top-k (ties at its threshold)
-# and with penalties give one process's tokens at 2 and 3 ranks, on logits with ties across ranks and
+# pick_both MODEL NP OPTS: pick_same with the pick forced (TK_TP_PICK=local) and with the rows gathered.
+pick_both() {
+  local MPIRUN=("${MPIRUN[@]}" -x TK_TP_PICK=local)
+  pick_same "$@" || return
+  MPIRUN=("${MPIRUN[@]:0:${#MPIRUN[@]}-2}" -x TK_TP_PICK=gather)
+  pick_same "$@"
+}
+
+# The vocabulary-parallel pick: greedy, seeded sampling with and without top-k (ties at its threshold),
+# min-p, and with penalties give one process's tokens at 2 and 3 ranks, on logits with ties across ranks and
 # on a rank with no vocabulary rows; it moves a few numbers a row where the gather moved the rows.
 t_vocab_parallel_pick() {
   ready || return
@@ -218,6 +226,10 @@ t_vocab_parallel_pick() {
     for s in 1 2 3; do
       pick_same llama-tie "$np" "--do-sample --seed $s --top-k 0 --max-new-tokens 8"
       pick_same llama-tie "$np" "--do-sample --seed $s --top-k 3 --temperature 0.8 --max-new-tokens 8"
+      # min-p: the rows' softmax sums over the ranks (exact, order-independent), the filter on each
+      # rank's columns; after top-k, with penalties (-inf columns), on twins across ranks
+      pick_both llama-tie "$np" "--do-sample --seed $s --top-k 0 --min-p 0.2 --temperature 2 --max-new-tokens 8"
+      pick_both llama-tie "$np" "--do-sample --seed $s --top-k 9 --min-p 0.5 --repetition-penalty 1.3 --no-repeat-ngram-size 2 --max-new-tokens 8"
     done
   done
   pick_same llama-tie 2 "--do-sample --seed 4 --top-k 7 --no-cache --max-new-tokens 8" # the full recompute
@@ -225,6 +237,7 @@ t_vocab_parallel_pick() {
   local MPIRUN=("${MPIRUN[@]}" -x TK_TP_PICK=local)
   PICK_IDS="--ids 1,3,0,2 --ids 2,2" pick_same llama-edge 3 "--do-sample --seed 4 --top-k 2 --max-new-tokens 6"
   PICK_IDS="--ids 1,3,0,2 --ids 2,2" pick_same llama-edge 3 "--max-new-tokens 6"
+  PICK_IDS="--ids 1,3,0,2 --ids 2,2" pick_same llama-edge 3 "--do-sample --seed 4 --min-p 0.3 --temperature 3 --max-new-tokens 6"
   MPIRUN=("${MPIRUN[@]:0:${#MPIRUN[@]}-2}")
   # top-p needs the whole row's f32 softmax: those steps gather the rows, with the same tokens
   pick_same llama 2 "--do-sample --seed 5 --top-p 0.8 --max-new-tokens 8" || return
@@ -233,14 +246,19 @@ t_vocab_parallel_pick() {
   local picked=$PICK_BYTES
   pick_same llama 2 "--max-new-tokens 8" || return
   local greedy=$PICK_BYTES
+  pick_same llama 2 "--do-sample --seed 5 --top-k 0 --min-p 0.1 --max-new-tokens 8" || return
+  local minp=$PICK_BYTES
   MPIRUN+=(-x TK_TP_PICK=gather) # the rows gathered, as before the pick existed
+  pick_same llama 2 "--do-sample --seed 5 --top-k 0 --min-p 0.1 --max-new-tokens 8" || return
+  local rows_minp=$PICK_BYTES
   pick_same llama 2 "--max-new-tokens 8" || return
   local rows=$PICK_BYTES
   pick_same llama 2 "--do-sample --seed 5 --top-k 3 --max-new-tokens 8" || return
   local rows_k=$PICK_BYTES
   pick_same llama 2 "--do-sample --seed 5 --top-p 0.8 --max-new-tokens 8" || return
   echo "    head bytes rank 0 sent, 2 prompts x 8 tokens, vocabulary 101: greedy $greedy (rows gathered: $rows)," \
-    "top-k 3 sampling $picked ($rows_k), top-p $gathered ($PICK_BYTES: gathers either way)"
+    "top-k 3 sampling $picked ($rows_k), min-p $minp ($rows_minp), top-p $gathered ($PICK_BYTES: gathers either way)"
+  [ "$minp" -gt 0 ] && [ "$minp" -lt "$rows_minp" ] || fail "the min-p pick sent $minp B, the gather $rows_minp B"
   [ "$greedy" -gt 0 ] && [ "$greedy" -lt "$rows" ] || fail "the greedy pick sent $greedy B, the gather $rows B"
   [ "$picked" -gt 0 ] && [ "$picked" -lt "$rows_k" ] || fail "the top-k pick sent $picked B, the gather $rows_k B"
   [ "$gathered" = "$PICK_BYTES" ] || fail "top-p must gather the rows: $gathered B vs $PICK_BYTES B"
