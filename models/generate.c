@@ -896,9 +896,9 @@ static int eng_pick(engine *E, eseq *e, float *row, float *lp, int *ended, const
 static tk_models_tp_pick pick_opts(const eseq *e, const float *raw)
 {
     const tk_gen_opts *o = &e->o;
-    return (tk_models_tp_pick){o->do_sample,           o->top_k,         (uint64_t)o->seed,
-                               (int64_t)(e->g.n - e->g.plen), o->do_sample ? o->min_p : 0,
-                               raw,                    o->top_logprobs};
+    return (tk_models_tp_pick){
+        o->do_sample, o->top_k,       (uint64_t)o->seed, (int64_t)(e->g.n - e->g.plen), o->do_sample ? o->min_p : 0,
+        raw,          o->top_logprobs};
 }
 
 /* A vocabulary-parallel step: every sequence's pick can run on the ranks' columns (top-p needs the sorted

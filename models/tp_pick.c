@@ -219,7 +219,8 @@ static tk_fsum fsum_get(const int64_t *all, size_t R, int W)
  * e^(x - m) * inv < min_p * top, where top, the largest probability, is 1 * inv (the maximum's term is
  * e^0 = 1 and every other term is at most 1; 0 when the sum is NaN, as one process's inv): a test on the
  * rank's own columns. Its min_keep 1 keeps that maximum, which min_p <= 1 never removes anyway. */
-static int round_s(tk_model *m, pick_buf *b, float *const *rows, size_t n, const tk_models_tp_pick *p, const int64_t *tok)
+static int round_s(tk_model *m, pick_buf *b, float *const *rows, size_t n, const tk_models_tp_pick *p,
+                   const int64_t *tok)
 {
     const tk_models_tp *tp = m->tp;
     for (size_t i = 0; i < n; i++) {
@@ -290,8 +291,8 @@ static void lp_part(int64_t *o, pick_buf *b, const tk_models_tp *tp, const tk_mo
     const float *x = p->raw + tp->vocab_off;
     for (int64_t j = 0; j < tp->vocab_len; j++)
         b->lpv[j] = rm == -INFINITY ? x[j] : (x[j] - rm) - st->lse;
-    o[1] = t >= tp->vocab_off && t < tp->vocab_off + tp->vocab_len ? (int64_t)tk__f32_bits(b->lpv[t - tp->vocab_off])
-                                                                   : -1;
+    o[1] =
+        t >= tp->vocab_off && t < tp->vocab_off + tp->vocab_len ? (int64_t)tk__f32_bits(b->lpv[t - tp->vocab_off]) : -1;
     int32_t ids[TK_GEN_MAX_TOP_LOGPROBS];
     float vals[TK_GEN_MAX_TOP_LOGPROBS];
     int k = tk_gen__top_logprobs(b->lpv, tp->vocab_len, tp->vocab_off, top_n_of(p), ids, vals);
@@ -318,7 +319,8 @@ static void lp_merge(tk_models_tp_lp *out, const int64_t *all, size_t n, size_t 
             if (q == N && !(v > out->top_vals[N - 1] || (v == out->top_vals[N - 1] && id < out->top_ids[N - 1])))
                 continue;
             q = q < N ? out->ntop++ : N - 1;
-            for (; q > 0 && (v > out->top_vals[q - 1] || (v == out->top_vals[q - 1] && id < out->top_ids[q - 1])); q--) {
+            for (; q > 0 && (v > out->top_vals[q - 1] || (v == out->top_vals[q - 1] && id < out->top_ids[q - 1]));
+                 q--) {
                 out->top_vals[q] = out->top_vals[q - 1];
                 out->top_ids[q] = out->top_ids[q - 1];
             }
@@ -329,8 +331,8 @@ static void lp_merge(tk_models_tp_lp *out, const int64_t *all, size_t n, size_t 
 }
 
 /* Round C: the drawn tokens from their owners, with the log-probabilities (lp_part) when wanted. */
-static int round_c(tk_model *m, pick_buf *b, size_t n, const tk_models_tp_pick *p, int64_t *tok,
-                   tk_models_tp_lp *lp, const pick_shape *sh)
+static int round_c(tk_model *m, pick_buf *b, size_t n, const tk_models_tp_pick *p, int64_t *tok, tk_models_tp_lp *lp,
+                   const pick_shape *sh)
 {
     const tk_models_tp *tp = m->tp;
     int W = tp->world, rc;
