@@ -155,13 +155,15 @@ int tk_gen__top_p(float *s, int64_t V, double p, int64_t min_keep)
     for (int64_t i = 0; i < V; i++)
         sv[i] = o[i].v;
     softmax_f32(pr, sv, V);
-    /* cumulative_probs <= (1 - top_p): torch's cumsum accumulates f32 in double on the CPU, and the
-     * comparison casts the scalar to f32 */
+    /* cumulative_probs <= (1 - top_p), the scalar cast to f32 as torch casts it. torch's cumsum
+     * accumulates f32 in double on the CPU; here each prefix is exact (tk_fsum), so a prefix depends only
+     * on which tokens precede, and a vocabulary-parallel pick finds the same boundary from the ranks'
+     * sums below a few thresholds (models/tp_pick.c). The two differ by far less than f32's rounding. */
     float cut = (float)(1.0 - p);
-    double acc = 0;
+    tk_fsum acc = {0};
     for (int64_t i = 0; i < V; i++) {
-        acc += pr[i];
-        float cum = (float)acc;
+        tk__fsum_add(&acc, pr[i]);
+        float cum = (float)tk__fsum_value(&acc);
         if (cum <= cut && i < V - min_keep)
             s[o[i].i] = -INFINITY;
     }
@@ -892,19 +894,22 @@ static int eng_pick(engine *E, eseq *e, float *row, float *lp, int *ended, const
 }
 
 /* e's pick over a vocabulary-parallel head: its sampling options, and raw (the row before the processors)
- * when it wants log-probabilities. Top-p runs on no rank's columns alone (eng_local). */
+ * when it wants log-probabilities. */
 static tk_models_tp_pick pick_opts(const eseq *e, const float *raw)
 {
     const tk_gen_opts *o = &e->o;
-    return (tk_models_tp_pick){
-        o->do_sample, o->top_k,       (uint64_t)o->seed, (int64_t)(e->g.n - e->g.plen), o->do_sample ? o->min_p : 0,
-        raw,          o->top_logprobs};
+    tk_models_tp_pick p = {o->do_sample, o->top_k, (uint64_t)o->seed, (int64_t)(e->g.n - e->g.plen), 1.0, 0, raw,
+                           o->top_logprobs};
+    if (o->do_sample) {
+        p.top_p = o->top_p;
+        p.min_p = o->min_p;
+    }
+    return p;
 }
 
-/* A vocabulary-parallel step: every sequence's pick can run on the ranks' columns (top-p needs the sorted
- * cumulative sum of the whole row's softmax, so a step with a top-p sequence gathers the rows) and sends
- * fewer bytes than its row would (TK_TP_PICK=local or gather forces either). The same on every rank: the
- * ranks hold the same sequences with the same options. */
+/* A vocabulary-parallel step: every sequence's pick, which can always run on the ranks' columns
+ * (models/tp_pick.c), sends fewer bytes than its row would (TK_TP_PICK=local or gather forces either). The
+ * same on every rank: the ranks hold the same sequences with the same options. */
 static int eng_local(const engine *E)
 {
     static const float some_row = 0;
@@ -913,8 +918,6 @@ static int eng_local(const engine *E)
         return 0;
     for (size_t i = 0; i < E->n; i++) {
         const tk_gen_opts *o = &E->s[i]->o;
-        if (o->do_sample && o->top_p < 1.0)
-            return 0;
         tk_models_tp_pick p = pick_opts(E->s[i], o->logprobs || o->top_logprobs > 0 ? &some_row : NULL);
         if (!(env && !strcmp(env, "local")) && !tk_models__tp_pick_cheaper(E->lm.tp, &p))
             return 0;
@@ -935,8 +938,8 @@ static int eng_forward(engine *E, int local, const int32_t *slots, size_t nrows,
 }
 
 /* The tokens of the step's ready rows over a vocabulary-parallel head into *tok, and the log-probabilities
- * of the rows that want them into *lps (both malloc'd): each row's processors on the rank's columns (top-k
- * and min-p are the pick's, over every rank; log-probabilities are of the row before them), then one
+ * of the rows that want them into *lps (both malloc'd): each row's processors on the rank's columns (top-k,
+ * top-p and min-p are the pick's, over every rank; log-probabilities are of the row before them), then one
  * collective pick. */
 static int eng_pick_local(engine *E, eseq **rs, const size_t *rrow, size_t n, float *logits, int64_t **tok,
                           tk_models_tp_lp **lps)
@@ -956,6 +959,7 @@ static int eng_pick_local(engine *E, eseq **rs, const size_t *rrow, size_t n, fl
         eseq *e = rs[k];
         tk_gen_opts o = e->o;
         o.top_k = 0;
+        o.top_p = 1.0;
         o.min_p = 0;
         rows[k] = logits + rrow[k] * (size_t)V;
         float *rw = NULL;

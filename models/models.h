@@ -573,7 +573,8 @@ typedef struct {
     int64_t top_k;  /* sampling: transformers' top-k filter (ties kept) before the draw; 0 off */
     uint64_t seed;  /* sampling: the per-row seed and the op's offset (the step) */
     int64_t offset;
-    double min_p;     /* sampling: transformers' min-p filter (min_keep 1) after top-k; 0 off */
+    double top_p;     /* sampling: transformers' top-p filter (min_keep 1) after top-k; 1 off */
+    double min_p;     /* sampling: transformers' min-p filter (min_keep 1) after top-p; 0 off */
     const float *raw; /* the row before the processors (its columns [vocab_off, +vocab_len) valid) when the
                        * token's log-probability is wanted (log_softmax of the raw logits), else NULL */
     int top_n;        /* with raw: also the top_n (<= TK_GEN_MAX_TOP_LOGPROBS) most likely tokens' */
@@ -593,9 +594,10 @@ int tk_models__tp_pick_cheaper(const tk_model *m, const tk_models_tp_pick *p);
 /* Collective: the token of each of n rows (rows[i]: a logits row of V floats of which this rank's
  * columns [vocab_off, +vocab_len) are valid; top-k and min-p mask them in place) into tok[i], exactly the
  * one one process's processors and argmax or sample op give over the whole row; -1 where no logit is
- * above -inf; and, for the rows with p[i].raw, lp[i] (lp may be NULL when no row has raw). At most four
- * all-gathers for the n rows: the ranks' bests, maxima and top-k keys; the softmax sums (min-p, log-
- * probabilities); the sampling masses; the drawn tokens with the log-probabilities. */
+ * above -inf; and, for the rows with p[i].raw, lp[i] (lp may be NULL when no row has raw). All-gathers
+ * for the n rows: the ranks' bests, maxima and top-k keys; the softmax sums (log-probabilities, top-p,
+ * min-p); with top-p, ceil((32 + bits(V - 1)) / 4) rounds of its threshold search, and with top-p and
+ * min-p together min-p's sums again; the sampling masses; the drawn tokens with the log-probabilities. */
 int tk_models__tp_pick(tk_model *m, float *const *rows, size_t n, const tk_models_tp_pick *p, int64_t *tok,
                        tk_models_tp_lp *lp);
 

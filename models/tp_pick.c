@@ -52,12 +52,25 @@ static int top_n_of(const tk_models_tp_pick *p)
     return !p->raw || p->top_n <= 0 ? 0 : p->top_n > TK_GEN_MAX_TOP_LOGPROBS ? TK_GEN_MAX_TOP_LOGPROBS : p->top_n;
 }
 
+/* Bits of a vocabulary index, and the rounds of top-p's threshold search: 4 bits of the composite
+ * (key << ib | index) a round (top_p_search). */
+static int index_bits(int64_t V)
+{
+    int b = 1;
+    while (b < 62 && ((int64_t)1 << b) < V)
+        b++;
+    return b;
+}
+
+static int search_rounds(int64_t V) { return (32 + index_bits(V) + 3) / 4; }
+
 /* Bytes a rank sends for the row in each round (tk_models__tp_pick, below). */
 static int64_t pick_bytes(const tk_models_tp_pick *p, int64_t V)
 {
-    int lp = p->raw != NULL, minp = p->sample && p->min_p > 0;
-    int64_t b = (3 + lp + top_k_of(p, V)) * 8;
-    b += lp || minp ? 32 : 0;
+    int lp = p->raw != NULL, minp = p->sample && p->min_p > 0, topp = p->sample && p->top_p < 1.0;
+    int64_t b = (3 + lp + topp + top_k_of(p, V)) * 8;
+    b += lp || minp || topp ? 48 : 0;
+    b += topp ? search_rounds(V) * 256 + (minp ? 16 : 0) : 0;
     b += p->sample ? 8 : 0;
     b += p->sample || lp ? (1 + lp * (1 + top_n_of(p))) * 8 : 0;
     return b;
@@ -75,15 +88,18 @@ static int cmp_desc(const void *a, const void *b)
     return x < y ? 1 : x > y ? -1 : 0;
 }
 
-/* The step's shapes: L (any row wants log-probabilities), K (largest top-k), N (largest top_n), and the
- * per-row record lengths of rounds A and C. */
+/* The step's shapes: L (any row wants log-probabilities), K (largest top-k), N (largest top_n), P (any
+ * top-p) with ib (index_bits), and the per-row record lengths of rounds A and C. */
 typedef struct {
-    int L, N, any_sample, any_sum;
+    int L, N, P, ib, any_sample, any_sum, any_pm; /* P: any row has top-p; any_pm: top-p with min-p */
     int64_t K, RA, RC;
 } pick_shape;
 
+/* top-p's sort key of a score at global index g: ascending by value (NaN as -inf), ties by index. */
+static uint64_t comp_of(float x, int64_t g, int ib) { return ((uint64_t)tk__key_of(x) << ib) | (uint64_t)g; }
+
 /* Round A's part of one row: [argmax key, its global index (-1: no columns), the largest sample key,
- * (L) the raw row's largest key, K top keys]. */
+ * (L) the raw row's largest key, (P) the largest comp_of, K top keys]. */
 static void round_a(int64_t *o, const tk_models_tp *tp, const float *row, const float *raw, const pick_shape *sh,
                     int64_t k, uint32_t *heap)
 {
@@ -105,15 +121,24 @@ static void round_a(int64_t *o, const tk_models_tp *tp, const float *row, const 
     o[2] = sk;
     if (sh->L)
         o[3] = rk;
+    if (sh->P) {
+        o[3 + sh->L] = -1;
+        for (int64_t i = 0; i < n; i++)
+            if ((int64_t)comp_of(x[i], tp->vocab_off + i, sh->ib) > o[3 + sh->L])
+                o[3 + sh->L] = (int64_t)comp_of(x[i], tp->vocab_off + i, sh->ib);
+    }
     int64_t h = k > 0 ? tk__top_keys(heap, x, n, k) : 0;
     for (int64_t i = 0; i < sh->K; i++) /* order does not matter: the union is sorted */
-        o[3 + sh->L + i] = i < h ? (int64_t)heap[i] : -1;
+        o[3 + sh->L + sh->P + i] = i < h ? (int64_t)heap[i] : -1;
 }
 
 /* Per-row results between the rounds. */
 typedef struct {
     uint32_t kmax, thr, rmax; /* the processed row's largest key, top-k's threshold key (0: none), the raw's */
-    float lse, inv;           /* log_softmax's log-sum (raw row), min-p's 1 / sum */
+    float lse, inv, inv_p;    /* log_softmax's log-sum (raw row), min-p's and top-p's 1 / sum */
+    int64_t maxcomp;          /* top-p: the row's largest comp_of (its last in sorted order) */
+    uint64_t cut;             /* top-p: the least comp_of whose cumulative probability is above 1 - p */
+    int none;                 /* top-p: none is: every cumulative probability is <= 1 - p */
 } row_st;
 
 /* After round A, for one row: the greedy token and st's keys; all[r * n * R + i * R ...] is rank r's part
@@ -131,6 +156,8 @@ static void resolve_a(const int64_t *all, size_t n, size_t i, const pick_shape *
             mx = (uint32_t)o[2];
         if (sh->L && (uint32_t)o[3] > rmx)
             rmx = (uint32_t)o[3];
+        if (sh->P && (r == 0 || o[3 + sh->L] > st->maxcomp))
+            st->maxcomp = o[3 + sh->L];
     }
     *tok = best;
     st->kmax = mx;
@@ -141,7 +168,7 @@ static void resolve_a(const int64_t *all, size_t n, size_t i, const pick_shape *
     int64_t c = 0;
     for (int r = 0; r < W; r++)
         for (int64_t j = 0; j < k; j++) {
-            int64_t v = all[((size_t)r * n + i) * (size_t)R + 3 + sh->L + (size_t)j];
+            int64_t v = all[((size_t)r * n + i) * (size_t)R + 3 + sh->L + sh->P + (size_t)j];
             if (v >= 0)
                 cand[c++] = v;
         }
@@ -213,40 +240,137 @@ static tk_fsum fsum_get(const int64_t *all, size_t R, int W)
     return t;
 }
 
-/* Round S: the raw rows' log-softmax sums and the min-p rows' softmax sums over the ranks, then min-p's
- * filter on this rank's columns. m is the row's largest (from round A's keys), so each rank's terms are
- * one process's terms of its columns, and their exact sum is one process's sum (tk_fsum). Min-p removes
- * e^(x - m) * inv < min_p * top, where top, the largest probability, is 1 * inv (the maximum's term is
- * e^0 = 1 and every other term is at most 1; 0 when the sum is NaN, as one process's inv): a test on the
- * rank's own columns. Its min_keep 1 keeps that maximum, which min_p <= 1 never removes anyway. */
+static int use_top_p(const tk_models_tp_pick *p, int64_t tok) { return p->sample && p->top_p < 1.0 && tok >= 0; }
+static int use_min_p(const tk_models_tp_pick *p, int64_t tok) { return p->sample && p->min_p > 0 && tok >= 0; }
+
+/* Min-p on this rank's columns of a row whose softmax has maximum zm and 1 / sum inv: removes
+ * e^(x - zm) * inv < min_p * top, where top, the largest probability, is 1 * inv (the maximum's term is
+ * e^0 = 1 and every other term is at most 1; inv is 0 when the sum is NaN, as one process's). Its
+ * min_keep 1 keeps that maximum, which min_p <= 1 never removes anyway. */
+static void mask_min_p(float *row, const tk_models_tp *tp, double min_p, float zm, float inv)
+{
+    float *x = row + tp->vocab_off, thr = (float)min_p * inv;
+    for (int64_t j = 0; j < tp->vocab_len; j++)
+        if ((zm == -INFINITY ? 0.0f : expf(x[j] - zm)) * inv < thr)
+            x[j] = -INFINITY;
+}
+
+/* Round S: the rows' softmax sums over the ranks, each an exact integer (tk_fsum), so one process's sum:
+ * m is the row's largest (from round A's keys), so each rank's terms are one process's terms of its
+ * columns. First (second 0): the raw rows' log-softmax sums, top-p's (NaN as -inf, as tk_gen__top_p
+ * sorts), and min-p's for the rows without top-p, whose filter then runs; second: min-p's for the rows
+ * that ran top-p first. b->lpv is scratch. */
 static int round_s(tk_model *m, pick_buf *b, float *const *rows, size_t n, const tk_models_tp_pick *p,
-                   const int64_t *tok)
+                   const int64_t *tok, int second)
 {
     const tk_models_tp *tp = m->tp;
     for (size_t i = 0; i < n; i++) {
-        tk_fsum lp = {0}, mp = {0};
+        tk_fsum lp = {0}, mp = {0}, pp = {0};
         float rm = tk__float_of_key(b->st[i].rmax), zm = tk__float_of_key(b->st[i].kmax);
-        if (p[i].raw && rm != -INFINITY)
+        const float *x = rows[i] + tp->vocab_off;
+        if (!second && p[i].raw && rm != -INFINITY)
             tk_gen__lse_terms(&lp, p[i].raw + tp->vocab_off, tp->vocab_len, rm);
-        if (p[i].sample && p[i].min_p > 0 && tok[i] >= 0)
-            tk_gen__softmax_terms(&mp, rows[i] + tp->vocab_off, tp->vocab_len, zm);
-        fsum_put(b->mine + 4 * i, &lp);
-        fsum_put(b->mine + 4 * i + 2, &mp);
+        if (use_min_p(&p[i], tok[i]) && second == use_top_p(&p[i], tok[i]))
+            tk_gen__softmax_terms(&mp, x, tp->vocab_len, zm);
+        if (!second && use_top_p(&p[i], tok[i])) {
+            for (int64_t j = 0; j < tp->vocab_len; j++)
+                b->lpv[j] = x[j] != x[j] ? -INFINITY : x[j];
+            tk_gen__softmax_terms(&pp, b->lpv, tp->vocab_len, zm);
+        }
+        fsum_put(b->mine + 6 * i, &lp);
+        fsum_put(b->mine + 6 * i + 2, &mp);
+        fsum_put(b->mine + 6 * i + 4, &pp);
     }
-    int rc = gather_i64(m, b->all, b->mine, 4 * n, "the softmax sums");
+    int rc = gather_i64(m, b->all, b->mine, 6 * n, "the softmax sums");
     if (rc != TK_OK)
         return rc;
     for (size_t i = 0; i < n; i++) {
-        tk_fsum lp = fsum_get(b->all + 4 * i, 4 * n, tp->world), mp = fsum_get(b->all + 4 * i + 2, 4 * n, tp->world);
-        b->st[i].lse = (float)log(tk__fsum_value(&lp));
-        b->st[i].inv = tk_gen__softmax_inv(&mp);
-        if (!(p[i].sample && p[i].min_p > 0 && tok[i] >= 0))
+        const int64_t *a = b->all + 6 * i;
+        tk_fsum lp = fsum_get(a, 6 * n, tp->world), mp = fsum_get(a + 2, 6 * n, tp->world);
+        tk_fsum pp = fsum_get(a + 4, 6 * n, tp->world);
+        if (!second) {
+            b->st[i].lse = (float)log(tk__fsum_value(&lp));
+            b->st[i].inv_p = tk_gen__softmax_inv(&pp);
+        }
+        if (use_min_p(&p[i], tok[i]) && second == use_top_p(&p[i], tok[i]))
+            mask_min_p(rows[i], tp, p[i].min_p, tk__float_of_key(b->st[i].kmax), tk_gen__softmax_inv(&mp));
+    }
+    return TK_OK;
+}
+
+/* top-p's probability of a score: softmax_f32's over the row with NaN as -inf. */
+static float top_p_prob(float x, float zm, float inv)
+{
+    x = x != x ? -INFINITY : x;
+    return (zm == -INFINITY ? 0.0f : expf(x - zm)) * inv;
+}
+
+/* One round of top-p's threshold search on row i, this rank's part into o[0..32): for the 16 points
+ * c_d = st->cut + ((d + 1) << shift) - 1, the exact mass of its columns with comp_of <= c_d. */
+static void search_part(int64_t *o, const float *row, const tk_models_tp *tp, const row_st *st, int shift, int ib)
+{
+    tk_fsum acc[16] = {{0}}, below = {0};
+    const float *x = row + tp->vocab_off;
+    float zm = tk__float_of_key(st->kmax);
+    for (int64_t j = 0; j < tp->vocab_len; j++) {
+        uint64_t c = comp_of(x[j], tp->vocab_off + j, ib);
+        if (c < st->cut)
+            tk__fsum_add(&below, top_p_prob(x[j], zm, st->inv_p));
+        else if ((c - st->cut) >> shift < 16)
+            tk__fsum_add(&acc[(c - st->cut) >> shift], top_p_prob(x[j], zm, st->inv_p));
+    }
+    for (int d = 0; d < 16; d++) {
+        tk__fsum_merge(&below, &acc[d]);
+        fsum_put(o + 2 * d, &below);
+    }
+}
+
+/* Top-p over the ranks. One process sorts the row ascending (comp_of's order), removes each token whose
+ * cumulative probability, an exact prefix sum (tk_gen__top_p), is <= 1 - p, and keeps the last. The
+ * cumulative probability only grows along that order, so the removed tokens are those below U, the
+ * least comp_of (an integer of 32 + ib bits) whose cumulative mass is above 1 - p; the ranks find U 4 bits
+ * a round, from each rank's exact masses below 16 points (search_part): ceil((32 + ib) / 4) all-gathers of
+ * 32 i64 a row. Then each rank removes its columns below U, except the row's largest comp_of. */
+static int top_p_search(tk_model *m, pick_buf *b, float *const *rows, size_t n, const tk_models_tp_pick *p,
+                        const int64_t *tok, int ib)
+{
+    const tk_models_tp *tp = m->tp;
+    int rc, W = tp->world;
+    for (size_t i = 0; i < n; i++)
+        b->st[i].cut = 0, b->st[i].none = 0;
+    for (int shift = (32 + ib + 3) / 4 * 4 - 4; shift >= 0; shift -= 4) {
+        for (size_t i = 0; i < n; i++) {
+            memset(b->mine + 32 * i, 0, 32 * sizeof *b->mine);
+            if (use_top_p(&p[i], tok[i]) && !b->st[i].none)
+                search_part(b->mine + 32 * i, rows[i], tp, &b->st[i], shift, ib);
+        }
+        if ((rc = gather_i64(m, b->all, b->mine, 32 * n, "top-p's masses")) != TK_OK)
+            return rc;
+        for (size_t i = 0; i < n; i++) {
+            if (!use_top_p(&p[i], tok[i]) || b->st[i].none)
+                continue;
+            float cut = (float)(1.0 - p[i].top_p);
+            int d = 0;
+            for (; d < 16; d++) {
+                tk_fsum s = fsum_get(b->all + 32 * i + 2 * d, 32 * n, W);
+                if (!((float)tk__fsum_value(&s) <= cut))
+                    break;
+            }
+            if (d == 16)
+                b->st[i].none = 1; /* only in the first round: its last point is past every token */
+            else
+                b->st[i].cut += (uint64_t)d << shift;
+        }
+    }
+    for (size_t i = 0; i < n; i++) {
+        if (!use_top_p(&p[i], tok[i]))
             continue;
-        float zm = tk__float_of_key(b->st[i].kmax), inv = b->st[i].inv, thr = (float)p[i].min_p * inv;
         float *x = rows[i] + tp->vocab_off;
-        for (int64_t j = 0; j < tp->vocab_len; j++)
-            if ((zm == -INFINITY ? 0.0f : expf(x[j] - zm)) * inv < thr)
+        for (int64_t j = 0; j < tp->vocab_len; j++) {
+            uint64_t c = comp_of(x[j], tp->vocab_off + j, ib);
+            if ((b->st[i].none || c < b->st[i].cut) && (int64_t)c != b->st[i].maxcomp)
                 x[j] = -INFINITY;
+        }
     }
     return TK_OK;
 }
@@ -371,16 +495,19 @@ static pick_shape shape_of(const tk_models_tp_pick *p, size_t n, int64_t V)
         sh.N = top_n_of(&p[i]) > sh.N ? top_n_of(&p[i]) : sh.N;
         sh.L |= p[i].raw != NULL;
         sh.any_sample |= p[i].sample;
-        sh.any_sum |= p[i].raw || (p[i].sample && p[i].min_p > 0);
+        sh.P |= p[i].sample && p[i].top_p < 1.0;
+        sh.any_pm |= p[i].sample && p[i].top_p < 1.0 && p[i].min_p > 0;
+        sh.any_sum |= p[i].raw || (p[i].sample && (p[i].min_p > 0 || p[i].top_p < 1.0));
     }
-    sh.RA = 3 + sh.L + sh.K;
+    sh.ib = index_bits(V);
+    sh.RA = 3 + sh.L + sh.P + sh.K;
     sh.RC = 1 + sh.L * (1 + sh.N);
     return sh;
 }
 
 static int buf_alloc(pick_buf *b, size_t n, int W, const pick_shape *sh, int64_t cols)
 {
-    size_t R = (size_t)sh->RA > 4 ? (size_t)sh->RA : 4;
+    size_t R = (size_t)sh->RA > 32 ? (size_t)sh->RA : 32; /* round S: 6 a row; top-p's search: 32 */
     R = R > (size_t)sh->RC ? R : (size_t)sh->RC;
     b->a = malloc(n * R * sizeof *b->a);
     b->all = malloc((size_t)W * n * R * sizeof *b->all);
@@ -432,7 +559,11 @@ int tk_models__tp_pick(tk_model *m, float *const *rows, size_t n, const tk_model
         if (p[i].sample && tok[i] >= 0)
             mask_top_k(rows[i], tp, b.st[i].thr);
     }
-    if (sh.any_sum && (rc = round_s(m, &b, rows, n, p, tok)) != TK_OK)
+    if (sh.any_sum && (rc = round_s(m, &b, rows, n, p, tok, 0)) != TK_OK)
+        goto done;
+    if (sh.P && (rc = top_p_search(m, &b, rows, n, p, tok, sh.ib)) != TK_OK)
+        goto done;
+    if (sh.any_pm && (rc = round_s(m, &b, rows, n, p, tok, 1)) != TK_OK)
         goto done;
     if (sh.any_sample && (rc = round_b(m, &b, rows, n, p, tok, &sh)) != TK_OK)
         goto done;
