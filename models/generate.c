@@ -898,8 +898,8 @@ static int eng_pick(engine *E, eseq *e, float *row, float *lp, int *ended, const
 static tk_models_tp_pick pick_opts(const eseq *e, const float *raw)
 {
     const tk_gen_opts *o = &e->o;
-    tk_models_tp_pick p = {o->do_sample, o->top_k, (uint64_t)o->seed, (int64_t)(e->g.n - e->g.plen), 1.0, 0, raw,
-                           o->top_logprobs};
+    tk_models_tp_pick p = {o->do_sample, o->top_k,       (uint64_t)o->seed, (int64_t)(e->g.n - e->g.plen), 1.0, 0,
+                           raw,          o->top_logprobs};
     if (o->do_sample) {
         p.top_p = o->top_p;
         p.min_p = o->min_p;

@@ -213,7 +213,7 @@ pick_both() {
 }
 
 # The vocabulary-parallel pick: greedy, seeded sampling with and without top-k (ties at its threshold),
-# min-p, and with penalties give one process's tokens at 2 and 3 ranks, on logits with ties across ranks and
+# top-p, min-p, and with penalties give one process's tokens at 2 and 3 ranks, on logits with ties across ranks and
 # on a rank with no vocabulary rows; it moves a few numbers a row where the gather moved the rows.
 t_vocab_parallel_pick() {
   ready || return
@@ -230,6 +230,9 @@ t_vocab_parallel_pick() {
       # rank's columns; after top-k, with penalties (-inf columns), on twins across ranks
       pick_both llama-tie "$np" "--do-sample --seed $s --top-k 0 --min-p 0.2 --temperature 2 --max-new-tokens 8"
       pick_both llama-tie "$np" "--do-sample --seed $s --top-k 9 --min-p 0.5 --repetition-penalty 1.3 --no-repeat-ngram-size 2 --max-new-tokens 8"
+      # top-p: the exact prefix sums' boundary found from the ranks' masses; twins tie across ranks
+      pick_both llama-tie "$np" "--do-sample --seed $s --top-k 0 --top-p 0.$((3 * s)) --temperature 1.7 --max-new-tokens 8"
+      pick_both llama-tie "$np" "--do-sample --seed $s --top-k 20 --top-p 0.9 --min-p 0.1 --repetition-penalty 1.3 --max-new-tokens 8"
     done
   done
   pick_same llama-tie 2 "--do-sample --seed 4 --top-k 7 --no-cache --max-new-tokens 8" # the full recompute
@@ -238,10 +241,15 @@ t_vocab_parallel_pick() {
   PICK_IDS="--ids 1,3,0,2 --ids 2,2" pick_same llama-edge 3 "--do-sample --seed 4 --top-k 2 --max-new-tokens 6"
   PICK_IDS="--ids 1,3,0,2 --ids 2,2" pick_same llama-edge 3 "--max-new-tokens 6"
   PICK_IDS="--ids 1,3,0,2 --ids 2,2" pick_same llama-edge 3 "--do-sample --seed 4 --min-p 0.3 --temperature 3 --max-new-tokens 6"
+  PICK_IDS="--ids 1,3,0,2 --ids 2,2" pick_same llama-edge 3 "--do-sample --seed 4 --top-p 0.6 --temperature 3 --max-new-tokens 6"
   MPIRUN=("${MPIRUN[@]:0:${#MPIRUN[@]}-2}")
-  # top-p needs the whole row's f32 softmax: those steps gather the rows, with the same tokens
+  # top-p's search sends more than a row of 101 logits: by default those steps gather the rows
   pick_same llama 2 "--do-sample --seed 5 --top-p 0.8 --max-new-tokens 8" || return
   local gathered=$PICK_BYTES
+  local MPIRUN=("${MPIRUN[@]}" -x TK_TP_PICK=local)
+  pick_same llama 2 "--do-sample --seed 5 --top-p 0.8 --max-new-tokens 8" || return
+  local topp=$PICK_BYTES
+  MPIRUN=("${MPIRUN[@]:0:${#MPIRUN[@]}-2}")
   pick_same llama 2 "--do-sample --seed 5 --top-k 3 --max-new-tokens 8" || return
   local picked=$PICK_BYTES
   pick_same llama 2 "--max-new-tokens 8" || return
@@ -257,11 +265,11 @@ t_vocab_parallel_pick() {
   local rows_k=$PICK_BYTES
   pick_same llama 2 "--do-sample --seed 5 --top-p 0.8 --max-new-tokens 8" || return
   echo "    head bytes rank 0 sent, 2 prompts x 8 tokens, vocabulary 101: greedy $greedy (rows gathered: $rows)," \
-    "top-k 3 sampling $picked ($rows_k), min-p $minp ($rows_minp), top-p $gathered ($PICK_BYTES: gathers either way)"
+    "top-k 3 sampling $picked ($rows_k), min-p $minp ($rows_minp), top-p $gathered ($PICK_BYTES; forced $topp)"
   [ "$minp" -gt 0 ] && [ "$minp" -lt "$rows_minp" ] || fail "the min-p pick sent $minp B, the gather $rows_minp B"
   [ "$greedy" -gt 0 ] && [ "$greedy" -lt "$rows" ] || fail "the greedy pick sent $greedy B, the gather $rows B"
   [ "$picked" -gt 0 ] && [ "$picked" -lt "$rows_k" ] || fail "the top-k pick sent $picked B, the gather $rows_k B"
-  [ "$gathered" = "$PICK_BYTES" ] || fail "top-p must gather the rows: $gathered B vs $PICK_BYTES B"
+  [ "$gathered" = "$PICK_BYTES" ] || fail "top-p on 101 logits should gather the rows: $gathered B vs $PICK_BYTES B"
 }
 
 # with_words MODEL: $WORK/MODEL-w, the checkpoint with a WordLevel tokenizer of its vocabulary (w0, w1,
@@ -329,7 +337,7 @@ EOF
   done
 }
 
-# Log-probabilities (logprobs, top_logprobs) and min-p over the vocabulary-parallel pick: tk serve-model
+# Log-probabilities (logprobs, top_logprobs), top-p and min-p over the vocabulary-parallel pick: tk serve-model
 # --tp 2 and 3 with the pick forced answer exactly what they answer with the rows gathered (the same JSON),
 # and one process's tokens and log-probabilities (within f32 rounding of the split's logits), on logits with twins across ranks (ties in the top log-probabilities)
 # and on a rank with no vocabulary rows; the pick sends fewer head bytes than the gather.
@@ -344,6 +352,8 @@ t_vocab_parallel_logprobs() {
     '{"model": "llama-tie-w", "prompt": [1, 17], "max_tokens": 8, "seed": 3, "temperature": 1.5, "top_k": 0, "logprobs": 3, "n": 2}'
     '{"model": "llama-tie-w", "prompt": [8, 99], "max_tokens": 8, "seed": 4, "temperature": 2, "top_k": 0, "min_p": 0.3, "logprobs": 20}'
     '{"model": "llama-tie-w", "prompt": [1, 2, 3], "max_tokens": 8, "seed": 5, "temperature": 1, "top_k": 5, "min_p": 0.5, "presence_penalty": 1.5, "logprobs": 2}'
+    '{"model": "llama-tie-w", "prompt": [4, 60], "max_tokens": 8, "seed": 6, "temperature": 1.8, "top_k": 0, "top_p": 0.7, "logprobs": 4, "n": 2}'
+    '{"model": "llama-tie-w", "prompt": [7, 7], "max_tokens": 8, "seed": 7, "temperature": 1.2, "top_k": 30, "top_p": 0.9, "min_p": 0.05, "logprobs": 1}'
   )
   serve_answers "$tie" one 1
   for np in 2 3; do
@@ -354,16 +364,20 @@ t_vocab_parallel_logprobs() {
     done
     lp_same "tp${np}local" "tp${np}gather"
   done
+  # unforced, each step picks whichever sends fewer bytes (top-p's search gathers on 101 logits)
+  serve_answers "$tie" tp2auto 2
+  lp_same tp2auto tp2gather
   echo "    $(head -c 400 "$WORK/one.0")..."
   # shellcheck disable=SC2154
-  echo "    head bytes rank 0 sent, ${#LP_BODIES[@]} requests: 2 ranks $bytes_2local (rows gathered: $bytes_2gather)," \
-    "3 ranks $bytes_3local ($bytes_3gather)"
+  echo "    head bytes rank 0 sent, ${#LP_BODIES[@]} requests: 2 ranks $HEAD_BYTES (forced pick: $bytes_2local, rows" \
+    "gathered: $bytes_2gather), 3 ranks forced $bytes_3local ($bytes_3gather)"
   # shellcheck disable=SC2154
-  [ "$bytes_2local" -gt 0 ] && [ "$bytes_2local" -lt "$bytes_2gather" ] || fail "2 ranks: the pick sent $bytes_2local B, the gather $bytes_2gather B"
+  [ "${HEAD_BYTES:-0}" -gt 0 ] && [ "$HEAD_BYTES" -lt "$bytes_2gather" ] || fail "2 ranks: the pick sent $HEAD_BYTES B, the gather $bytes_2gather B"
   # vocabulary 4 over 3 ranks (2, 2, 0 rows)
   LP_BODIES=(
     '{"model": "llama-edge-w", "prompt": [1, 3, 0, 2], "max_tokens": 6, "temperature": 0, "logprobs": 3}'
     '{"model": "llama-edge-w", "prompt": [2, 2], "max_tokens": 6, "seed": 4, "temperature": 2, "min_p": 0.3, "logprobs": 4}'
+    '{"model": "llama-edge-w", "prompt": [3], "max_tokens": 6, "seed": 5, "temperature": 2, "top_p": 0.5, "logprobs": 2}'
   )
   serve_answers "$edge" one 1
   serve_answers "$edge" tp3edge 3 TK_TP_PICK=local
