@@ -1289,7 +1289,122 @@ typedef struct {
     int *nis;
     size_t nc;   /* candidates in c */
     int all_hit; /* every candidate finished */
+    int local;   /* a vocabulary-parallel head (beam_local): the step's candidates come from pc */
+    cand *pc;    /* with local: each prompt's K candidates, pnc[p] of them, over every rank */
+    size_t *pnc;
 } bwork;
+
+/* The model's step; with w->local, a split head leaves each rank its own columns of the logits (the
+ * rest -inf). */
+static int beam_forward(const bwork *w, const tk_gen_lm *lm, size_t nrows)
+{
+    if (w->local)
+        lm->tp->tp->local_logits = 1;
+    int rc = lm->step(lm->self, w->slots, nrows, w->ids, w->cu, w->logits);
+    if (w->local)
+        lm->tp->tp->local_logits = 0;
+    return rc;
+}
+
+/* Beam search over a vocabulary-parallel head picks on the ranks' columns (beam_cands_local) when that
+ * sends fewer bytes than the rows would (a beam's row: 8 + 16 bytes, a prompt's candidates 16 each), or
+ * as TK_TP_PICK forces. The same on every rank. */
+static int beam_local(const tk_gen_lm *lm, const tk_gen_opts *o, size_t K)
+{
+    const char *env = getenv("TK_TP_PICK");
+    if (!lm->tp || (env && !strcmp(env, "gather")))
+        return 0;
+    if (env && !strcmp(env, "local"))
+        return 1;
+    int64_t W = lm->tp->tp->world, C = (lm->vocab + W - 1) / W, nb = o->num_beams;
+    return nb * 24 + (int64_t)K * 16 < nb * C * 4;
+}
+
+/* descending by value, ties by the lower index: topk_insert's order */
+static int cmp_cand(const void *a, const void *b)
+{
+    const cand *x = a, *y = b;
+    if (x->v != y->v)
+        return x->v > y->v ? -1 : 1;
+    return (x->i > y->i) - (x->i < y->i);
+}
+
+/* This rank's K best continuations of prompt b's beams (logits rows lg + j * stride, already log-softmax
+ * over the ranks), as beam_select takes them over a whole row, into o[2K]: (value bits, beam * V + token)
+ * pairs, -1 padded. */
+static int beam_part(bwork *w, bstate *b, const tk_gen_lm *lm, const tk_gen_opts *o, const float *lg, size_t stride,
+                     int64_t *out)
+{
+    const int64_t V = w->V, off = lm->tp->tp->vocab_off, len = lm->tp->tp->vocab_len;
+    size_t nc = 0;
+    int rc;
+    for (size_t j = 0; j < w->nb; j++) {
+        memcpy(w->row, lg + j * stride, (size_t)V * sizeof *w->row);
+        if ((rc = process_row(w->row, V, &b->run[j], o)))
+            return rc;
+        float sc = b->run[j].score;
+        for (int64_t v = off; v < off + len; v++)
+            topk_insert(w->c, &nc, w->K, w->row[v] + sc, (int64_t)j * V + v);
+    }
+    for (size_t q = 0; q < w->K; q++) {
+        out[2 * q] = q < nc ? (int64_t)tk__f32_bits(w->c[q].v) : -1;
+        out[2 * q + 1] = q < nc ? w->c[q].i : -1;
+    }
+    return TK_OK;
+}
+
+/* A step's candidates over a vocabulary-parallel head, for every active prompt into w->pc: the rows'
+ * log-softmax over the ranks (tk_models__tp_log_softmax: one process's values), each rank's K best of
+ * its columns (beam_part), then the K best of their union in topk_insert's order, which are the K best
+ * of the whole rows: three all-gathers a step, where gathering moves every beam's row. */
+static int beam_cands_local(bwork *w, bstate *B, size_t np, const tk_gen_lm *lm, const tk_gen_opts *o, int first)
+{
+    const int64_t V = w->V;
+    const size_t K = w->K, W = (size_t)lm->tp->tp->world;
+    size_t nrows = 0, na = 0;
+    for (size_t p = 0; p < np; p++)
+        if (B[p].active)
+            nrows += first ? 1 : w->nb, na++;
+    float **rows = malloc((nrows + 1) * sizeof *rows);
+    int64_t *mine = malloc((2 * K * na + 1) * sizeof *mine), *all = malloc((W * 2 * K * na + 1) * sizeof *all);
+    cand *u = malloc((W * K + 1) * sizeof *u);
+    int rc = rows && mine && all && u ? TK_OK : tk__err(TK_ERR_NOMEM, "generate: out of memory for beams");
+    for (size_t k = 0, p = 0; rc == TK_OK && p < np; p++)
+        if (B[p].active)
+            for (size_t j = 0; j < (first ? 1 : w->nb); j++, k++)
+                rows[k] = w->logits + (first ? p : k) * (size_t)V;
+    if (rc == TK_OK)
+        rc = tk_models__tp_log_softmax(lm->tp, rows, nrows);
+    for (size_t p = 0, a = 0, r = 0; rc == TK_OK && p < np; p++) {
+        if (!B[p].active)
+            continue;
+        rc = beam_part(w, &B[p], lm, o, w->logits + (first ? p : r) * (size_t)V, first ? 0 : (size_t)V,
+                       mine + 2 * K * a++);
+        r += first ? 0 : w->nb;
+    }
+    if (rc == TK_OK)
+        rc = tk_models__tp_gather_i64(lm->tp, all, mine, 2 * K * na, "the beams' candidates");
+    for (size_t p = 0, a = 0; rc == TK_OK && p < np; p++) {
+        if (!B[p].active)
+            continue;
+        size_t nu = 0;
+        for (size_t r = 0; r < W; r++)
+            for (size_t q = 0; q < K; q++) {
+                const int64_t *x = all + r * 2 * K * na + 2 * K * a + 2 * q;
+                if (x[1] >= 0)
+                    u[nu].v = tk__bits_f32((uint32_t)x[0]), u[nu++].i = x[1];
+            }
+        qsort(u, nu, sizeof *u, cmp_cand);
+        w->pnc[p] = nu < K ? nu : K;
+        memcpy(w->pc + p * K, u, w->pnc[p] * sizeof *u);
+        a++;
+    }
+    free(rows);
+    free(mine);
+    free(all);
+    free(u);
+    return rc;
+}
 
 /* Prefill: each prompt once, one row of logits each, before beam_init forks the prompt's cache into
  * its beams. Not shared with greedy and sampling: they prefill inside the step engine (eng_add and
@@ -1306,7 +1421,7 @@ static int beam_prefill(bwork *w, tk_gen_stats *st, const tk_gen_lm *lm, const g
         w->cu[p + 1] = (int32_t)pos;
     }
     double t0 = now_ms();
-    int rc = lm->step(lm->self, w->slots, np, w->ids, w->cu, w->logits);
+    int rc = beam_forward(w, lm, np);
     if (rc)
         return rc;
     st->prefill_ms += now_ms() - t0;
@@ -1353,14 +1468,19 @@ static int beam_init(bstate *B, gseq *S, const tk_gen_lm *lm, size_t np, size_t 
  * logits at lg + j * stride), which of them finish (eos, length, stop string), and the next running
  * beams, the nb best that did not finish, in w->nrun (each with a fork of its parent's cache, unless
  * every candidate finished). */
-static int beam_select(bwork *w, bstate *b, const tk_gen_lm *lm, const tk_gen_opts *o, const float *lg, size_t stride)
+static int beam_select(bwork *w, bstate *b, const tk_gen_lm *lm, const tk_gen_opts *o, const float *lg, size_t stride,
+                       size_t p)
 {
     const int64_t V = w->V;
     const size_t nb = w->nb;
     cand *c = w->c;
     int rc;
     size_t nc = 0;
-    for (size_t j = 0; j < nb; j++) {
+    if (w->local) { /* beam_cands_local found them over the ranks */
+        nc = w->pnc[p];
+        memcpy(c, w->pc + p * w->K, nc * sizeof *c);
+    }
+    for (size_t j = 0; j < nb && !w->local; j++) {
         memcpy(w->row, lg + j * stride, (size_t)V * sizeof *w->row);
         tk_gen__log_softmax(w->row, V);
         if ((rc = process_row(w->row, V, &b->run[j], o)))
@@ -1543,6 +1663,8 @@ static void beam_free(bstate *B, size_t np, bwork *w, const tk_gen_lm *lm)
     free(w->logits);
     free(w->row);
     free(w->c);
+    free(w->pc);
+    free(w->pnc);
     free(w->nx);
     free(w->hit);
     free(w->why);
@@ -1576,8 +1698,11 @@ static int run_beam(gseq *S, tk_gen_stats *st, const tk_gen_lm *lm, size_t np, i
     w.nrun = calloc(nb, sizeof *w.nrun);
     w.nfin = calloc(nb, sizeof *w.nfin);
     w.nis = calloc(nb, sizeof *w.nis);
+    w.local = beam_local(lm, o, K);
+    w.pc = malloc((w.local ? np * K : 1) * sizeof *w.pc);
+    w.pnc = calloc(np, sizeof *w.pnc);
     if (!B || !w.slots || !w.cu || !w.ids || !w.logits || !w.row || !w.c || !w.nx || !w.hit || !w.why || !w.nrun ||
-        !w.nfin || !w.nis) {
+        !w.nfin || !w.nis || !w.pc || !w.pnc) {
         rc = tk__err(TK_ERR_NOMEM, "generate: out of memory for %zu beams of %zu prompts", nb, np);
         goto done;
     }
@@ -1592,13 +1717,15 @@ static int run_beam(gseq *S, tk_gen_stats *st, const tk_gen_lm *lm, size_t np, i
     int first = 1;
     for (;;) {
         size_t r = 0, nrows = 0;
+        if (w.local && (rc = beam_cands_local(&w, B, np, lm, o, first)))
+            goto done;
         for (size_t p = 0; p < np; p++) {
             bstate *b = &B[p];
             if (!b->active)
                 continue;
             int64_t cur_len = (int64_t)b->run[0].n;
             const float *lg = w.logits + (first ? p : r) * (size_t)V;
-            if ((rc = beam_select(&w, b, lm, o, lg, first ? 0 : (size_t)V)))
+            if ((rc = beam_select(&w, b, lm, o, lg, first ? 0 : (size_t)V, p)))
                 goto done;
             if (!first)
                 r += nb;
@@ -1619,7 +1746,7 @@ static int run_beam(gseq *S, tk_gen_stats *st, const tk_gen_lm *lm, size_t np, i
         first = 0;
         if (nrows == 0)
             break;
-        if ((rc = lm->step(lm->self, w.slots, nrows, w.ids, w.cu, w.logits)))
+        if ((rc = beam_forward(&w, lm, nrows)))
             goto done;
     }
     st->decode_ms += now_ms() - t0;

@@ -600,6 +600,12 @@ int tk_models__tp_pick_cheaper(const tk_model *m, const tk_models_tp_pick *p);
  * min-p together min-p's sums again; the sampling masses; the drawn tokens with the log-probabilities. */
 int tk_models__tp_pick(tk_model *m, float *const *rows, size_t n, const tk_models_tp_pick *p, int64_t *tok,
                        tk_models_tp_lp *lp);
+/* Collective: tk_gen__log_softmax of each of n rows over the ranks, in place on this rank's columns (the
+ * others untouched): one process's values, from two all-gathers (the rows' maxima, their exact sums). */
+int tk_models__tp_log_softmax(tk_model *m, float *const *rows, size_t n);
+/* Collective: every rank's n i64 of mine into all (rank-major), counted in head_bytes (beam search's
+ * candidates). */
+int tk_models__tp_gather_i64(tk_model *m, int64_t *all, int64_t *mine, size_t n, const char *what);
 
 /* Generation's step (generate.c): sequence s of nseq gets tokens ids[cu[s]..cu[s+1]) after the ones its
  * KV slot slots[s] holds; writes each sequence's last-token logits (f32, host) to logits [nseq, V]. */

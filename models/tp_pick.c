@@ -573,3 +573,53 @@ done:
     buf_free(&b);
     return rc;
 }
+
+int tk_models__tp_gather_i64(tk_model *m, int64_t *all, int64_t *mine, size_t n, const char *what)
+{
+    return gather_i64(m, all, mine, n, what);
+}
+
+int tk_models__tp_log_softmax(tk_model *m, float *const *rows, size_t n)
+{
+    const tk_models_tp *tp = m->tp;
+    int W = tp->world, rc;
+    int64_t *mine = malloc((2 * n + 1) * sizeof *mine), *all = malloc(((size_t)W * 2 * n + 1) * sizeof *all);
+    float *mx = malloc((n + 1) * sizeof *mx);
+    if (!mine || !all || !mx) {
+        rc = tk__err(TK_ERR_NOMEM, "generate: out of memory for %zu rows' log-probabilities", n);
+        goto done;
+    }
+    for (size_t i = 0; i < n; i++) { /* the rows' maxima, as keys (NaN skipped, a zero as +0) */
+        uint32_t k = 0;
+        for (int64_t j = 0; j < tp->vocab_len; j++)
+            k = tk__key_of(rows[i][tp->vocab_off + j]) > k ? tk__key_of(rows[i][tp->vocab_off + j]) : k;
+        mine[i] = k;
+    }
+    if ((rc = gather_i64(m, all, mine, n, "the rows' maxima")) != TK_OK)
+        goto done;
+    for (size_t i = 0; i < n; i++) {
+        uint32_t k = 0;
+        for (int r = 0; r < W; r++)
+            k = (uint32_t)all[(size_t)r * n + i] > k ? (uint32_t)all[(size_t)r * n + i] : k;
+        mx[i] = tk__float_of_key(k);
+        tk_fsum acc = {0};
+        if (mx[i] != -INFINITY)
+            tk_gen__lse_terms(&acc, rows[i] + tp->vocab_off, tp->vocab_len, mx[i]);
+        fsum_put(mine + 2 * i, &acc);
+    }
+    if ((rc = gather_i64(m, all, mine, 2 * n, "the log-softmax sums")) != TK_OK)
+        goto done;
+    for (size_t i = 0; i < n; i++) {
+        if (mx[i] == -INFINITY)
+            continue; /* tk_gen__log_softmax leaves such a row as it is */
+        tk_fsum t = fsum_get(all + 2 * i, 2 * n, W);
+        float lse = (float)log(tk__fsum_value(&t)), *x = rows[i] + tp->vocab_off;
+        for (int64_t j = 0; j < tp->vocab_len; j++)
+            x[j] = (x[j] - mx[i]) - lse;
+    }
+done:
+    free(mine);
+    free(all);
+    free(mx);
+    return rc;
+}

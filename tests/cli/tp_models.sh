@@ -213,7 +213,7 @@ pick_both() {
 }
 
 # The vocabulary-parallel pick: greedy, seeded sampling with and without top-k (ties at its threshold),
-# top-p, min-p, and with penalties give one process's tokens at 2 and 3 ranks, on logits with ties across ranks and
+# top-p, min-p, beam search, and with penalties give one process's tokens at 2 and 3 ranks, on logits with ties across ranks and
 # on a rank with no vocabulary rows; it moves a few numbers a row where the gather moved the rows.
 t_vocab_parallel_pick() {
   ready || return
@@ -234,6 +234,9 @@ t_vocab_parallel_pick() {
       pick_both llama-tie "$np" "--do-sample --seed $s --top-k 0 --top-p 0.$((3 * s)) --temperature 1.7 --max-new-tokens 8"
       pick_both llama-tie "$np" "--do-sample --seed $s --top-k 20 --top-p 0.9 --min-p 0.1 --repetition-penalty 1.3 --max-new-tokens 8"
     done
+    # beam search: the rows' log-softmax over the ranks, each rank's 2 x beams best, their union's best
+    pick_both llama-tie "$np" "--num-beams 3 --max-new-tokens 8"
+    pick_both llama-tie "$np" "--num-beams 4 --repetition-penalty 1.4 --no-repeat-ngram-size 2 --eos-token-id 7 --max-new-tokens 8"
   done
   pick_same llama-tie 2 "--do-sample --seed 4 --top-k 7 --no-cache --max-new-tokens 8" # the full recompute
   # vocabulary 4 over 3 ranks (2, 2, 0 rows): a pick sends more than a row, so force it
@@ -242,6 +245,7 @@ t_vocab_parallel_pick() {
   PICK_IDS="--ids 1,3,0,2 --ids 2,2" pick_same llama-edge 3 "--max-new-tokens 6"
   PICK_IDS="--ids 1,3,0,2 --ids 2,2" pick_same llama-edge 3 "--do-sample --seed 4 --min-p 0.3 --temperature 3 --max-new-tokens 6"
   PICK_IDS="--ids 1,3,0,2 --ids 2,2" pick_same llama-edge 3 "--do-sample --seed 4 --top-p 0.6 --temperature 3 --max-new-tokens 6"
+  PICK_IDS="--ids 1,3,0,2 --ids 2,2" pick_same llama-edge 3 "--num-beams 2 --max-new-tokens 6"
   MPIRUN=("${MPIRUN[@]:0:${#MPIRUN[@]}-2}")
   # top-p's search sends more than a row of 101 logits: by default those steps gather the rows
   pick_same llama 2 "--do-sample --seed 5 --top-p 0.8 --max-new-tokens 8" || return
@@ -256,16 +260,21 @@ t_vocab_parallel_pick() {
   local greedy=$PICK_BYTES
   pick_same llama 2 "--do-sample --seed 5 --top-k 0 --min-p 0.1 --max-new-tokens 8" || return
   local minp=$PICK_BYTES
+  pick_same llama 2 "--num-beams 3 --max-new-tokens 8" || return
+  local beams=$PICK_BYTES
   MPIRUN+=(-x TK_TP_PICK=gather) # the rows gathered, as before the pick existed
   pick_same llama 2 "--do-sample --seed 5 --top-k 0 --min-p 0.1 --max-new-tokens 8" || return
   local rows_minp=$PICK_BYTES
+  pick_same llama 2 "--num-beams 3 --max-new-tokens 8" || return
+  local rows_beams=$PICK_BYTES
   pick_same llama 2 "--max-new-tokens 8" || return
   local rows=$PICK_BYTES
   pick_same llama 2 "--do-sample --seed 5 --top-k 3 --max-new-tokens 8" || return
   local rows_k=$PICK_BYTES
   pick_same llama 2 "--do-sample --seed 5 --top-p 0.8 --max-new-tokens 8" || return
   echo "    head bytes rank 0 sent, 2 prompts x 8 tokens, vocabulary 101: greedy $greedy (rows gathered: $rows)," \
-    "top-k 3 sampling $picked ($rows_k), min-p $minp ($rows_minp), top-p $gathered ($PICK_BYTES; forced $topp)"
+    "top-k 3 sampling $picked ($rows_k), min-p $minp ($rows_minp), 3 beams $beams ($rows_beams), top-p $gathered ($PICK_BYTES; forced $topp)"
+  [ "$beams" -gt 0 ] && [ "$beams" -lt "$rows_beams" ] || fail "the beams' pick sent $beams B, the gather $rows_beams B"
   [ "$minp" -gt 0 ] && [ "$minp" -lt "$rows_minp" ] || fail "the min-p pick sent $minp B, the gather $rows_minp B"
   [ "$greedy" -gt 0 ] && [ "$greedy" -lt "$rows" ] || fail "the greedy pick sent $greedy B, the gather $rows B"
   [ "$picked" -gt 0 ] && [ "$picked" -lt "$rows_k" ] || fail "the top-k pick sent $picked B, the gather $rows_k B"
