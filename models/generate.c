@@ -7,7 +7,10 @@
  * logits_process.py) in f32, in the order generate() applies them: repetition penalty, no-repeat
  * n-gram, then (sampling only) temperature, top-k, top-p, min-p. The final pick goes through the op
  * registry: `argmax` for greedy, `sample` (seeded Philox, the same token on the CPU and the GPU) for
- * sampling, over the processed row.
+ * sampling, over the processed row. The softmax sums of min-p, top-p and log_softmax are exact integer
+ * sums (tk_fsum, common/sample_math.h) rather than f32/f64 sums in some order, so that ranks holding a
+ * split LM head's columns (models/tp_pick.c) reach the same bits; they differ from torch's by less than
+ * f32's rounding.
  */
 #include <jansson.h>
 #include <math.h>

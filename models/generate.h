@@ -25,8 +25,8 @@ void tk_gen__no_repeat_ngram(float *s, int64_t V, const int32_t *ids, size_t n, 
 /* TopKLogitsWarper: keeps the tokens whose score is >= the k-th largest (ties at the boundary all
  * kept); k = max(k, min_keep), at most V. Errors: TK_ERR_NOMEM (also for the penalty). */
 int tk_gen__top_k(float *s, int64_t V, int64_t k, int64_t min_keep);
-/* TopPLogitsWarper: sorts ascending (ties by index, as a stable sort), softmax, cumulative sum; removes
- * the tokens whose cumulative probability is <= 1 - p, keeping the last min_keep. Among tokens tied at
+/* TopPLogitsWarper: sorts ascending (ties by index, as a stable sort), softmax, cumulative sum (each prefix
+ * exact: tk_fsum); removes the tokens whose cumulative probability is <= 1 - p, keeping the last min_keep. Among tokens tied at
  * the boundary it keeps only as many as the mass needs, the higher indices (torch.sort's order for
  * ties is unspecified; it matches a stable sort for short rows). Errors: TK_ERR_NOMEM. */
 int tk_gen__top_p(float *s, int64_t V, double p, int64_t min_keep);

@@ -1,19 +1,36 @@
 /*
  * tp_pick.c — generation's final pick over a vocabulary-parallel LM head (docs/parallel.md): each rank
  * holds the logits of its vocabulary range only, and the ranks exchange a few numbers a row instead of
- * all-gathering the rows, yet pick the token one process picks over the whole row, bit for bit.
+ * all-gathering the rows, yet pick the token one process picks over the whole row, bit for bit, with
+ * every processor transformers' generate() applies and the log-probabilities it reports.
  *
  *   greedy:   each rank's best (argmax op's key: NaN above all; its lowest index on ties) is gathered;
  *             the largest key wins, the lowest rank (so the lowest index) on ties.
- *   sampling: the sample op at temperature 1 (generate.c already applied the processors) draws by
- *             inverse CDF over integer weights W = floor(e^(z - zmax) 2^32) (common/sample_math.h), so
- *             the mass is an exact integer sum whatever the order: gather each rank's largest key
- *             (zmax) and, for top-k, its k largest keys (the k-th largest of their union is the
- *             threshold transformers' filter uses); then each rank's mass; every rank computes the same
- *             target from the seeded Philox draw, and the rank whose range holds it finds the index.
+ *   top-k:    each rank's k largest keys; the k-th largest of their union is the threshold
+ *             transformers' filter uses (ties kept); each rank masks its columns below it.
+ *   sums:     min-p, top-p and log_softmax need a row's softmax sum. One process (generate.c) adds the
+ *             terms e in [0, 1] as integers floor(e 2^63) in 128 bits (tk_fsum, common/sample_math.h),
+ *             so the ranks' partial sums, exchanged and added, are its sum to the bit, whatever the
+ *             order; the row's maximum comes from the first round's keys.
+ *   top-p:    one process removes the tokens whose exact cumulative probability in ascending order
+ *             (key, index) is <= 1 - p, but the last; those are the tokens below U, the least (key,
+ *             index) whose cumulative probability is above 1 - p, found 4 bits a round from the ranks'
+ *             exact masses below 16 points (top_p_search).
+ *   min-p:    the largest probability is 1 / sum, so the threshold test is each rank's own.
+ *   sampling: the sample op at temperature 1 (generate.c already applied the other processors) draws by
+ *             inverse CDF over integer weights W = floor(e^(z - zmax) 2^32), so the mass is an exact
+ *             integer sum whatever the order: each rank's mass is gathered, every rank computes the
+ *             same target from the seeded Philox draw, and the rank whose range holds it finds the index.
+ *   logprobs: log_softmax of the raw row on each rank's columns with the row's maximum and exact sum;
+ *             the picked token's value from its owner, and the top n of the ranks' top n.
+ *   beams:    tk_models__tp_log_softmax gives generate.c's beam search the rows' log-softmax on each
+ *             rank's columns; it exchanges each rank's best candidates itself (tk_models__tp_gather_i64).
  *
- * Three all-gathers for a whole step's rows (one when every row is greedy), of 3 + k, 1 and 1 i64 a
- * row a rank, where gathering the rows moves ceil(V / N) floats a row a rank.
+ * All-gathers for a whole step's rows: one when every row is greedy; else the first round (3 + k i64 a
+ * row a rank, one more with log-probabilities, one more with top-p), the sums (6), top-p's search
+ * (ceil((32 + bits(V - 1)) / 4) rounds of 32, then min-p's sums again when a row has both), the masses
+ * (1), the drawn tokens (1, plus 1 + n with log-probabilities) — where gathering the rows moves
+ * ceil(V / N) floats a row a rank. generate.c gathers instead when that is fewer bytes (TK_TP_PICK).
  */
 #include <math.h>
 #include <stdlib.h>
