@@ -26,8 +26,8 @@ run() { # LABEL THREADS EXTRA PREFIX...: one run of PREFIX tk generate ... EXTRA
   local label=$1 threads=$2 extra=$3; shift 3
   local out
   # shellcheck disable=SC2086
-  out=$("$@" "$B/tk" generate "$LL" --ids "$ids" --max-new-tokens "$N" --threads "$threads" --stats --json $extra) ||
-    { echo "tp_cpu: $label failed" >&2; return 1; }
+  out=$("$@" "$B/tk" generate "$LL" --ids "$ids" --max-new-tokens "$N" --threads "$threads" --stats --json $extra \
+    2>"${TMPDIR:-/tmp}/tp_cpu.$$.err") || { echo "tp_cpu: $label failed:" >&2; cat "${TMPDIR:-/tmp}/tp_cpu.$$.err" >&2; return 1; }
   printf '%s\t%s\n' "$label" "$out"
 }
 {
@@ -57,5 +57,5 @@ for label, js in rows:
     print(f"| {label} | {1000 * st['prefill_tokens'] / st['prefill_ms']:.1f} | {st['decode_tokens_per_s']:.1f} | "
           f"{w} | {rss} | {hb} | {r['ids'] == ref[kind]} |")
 PYEOF
-rm -f "${TMPDIR:-/tmp}/tp_cpu.$$"
+rm -f "${TMPDIR:-/tmp}/tp_cpu.$$" "${TMPDIR:-/tmp}/tp_cpu.$$.err"
 echo "load average after: $(cut -d' ' -f1-3 /proc/loadavg)"
