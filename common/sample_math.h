@@ -5,8 +5,12 @@
  *
  * Keys order floats as u32 (-0 = +0, NaN as -inf, or above +inf for argmax); weights are
  * W = floor(e^(z - zmax) * 2^32) with e^ from fmas only, so sums of weights are exact integers and
- * the order in which ranks add them does not matter; the draw is Philox-4x32-10. A file including this
- * header must compile without fp contraction (the pragma below does so for GCC and clang).
+ * the order in which ranks add them does not matter; the draw is Philox-4x32-10. The softmax sums of
+ * generation's processors (models/generate.c: log_softmax, min-p) are made order-independent the same
+ * way: each term e in [0, 1] is taken as the integer floor(e * 2^63) and added exactly in 128 bits
+ * (tk_fsum), so one process summing a row in index order and ranks summing their columns and then
+ * each other's totals get the same bits. A file including this header must compile without fp
+ * contraction (the pragma below does so for GCC and clang).
  */
 #ifndef TK_COMMON_SAMPLE_MATH_H
 #define TK_COMMON_SAMPLE_MATH_H
@@ -140,6 +144,41 @@ static inline uint64_t tk__mulhi64(uint64_t a, uint64_t b)
     uint64_t p00 = a0 * b0, p01 = a0 * b1, p10 = a1 * b0, p11 = a1 * b1;
     uint64_t mid = (p00 >> 32) + (uint32_t)p01 + (uint32_t)p10;
     return p11 + (p01 >> 32) + (p10 >> 32) + (mid >> 32);
+}
+
+/* An order-independent sum of terms in [0, 1] (e^(z - zmax) of a softmax): each term is truncated to
+ * floor(e * 2^63), an integer, and added exactly into hi * 2^64 + lo; a NaN term makes the sum NaN.
+ * Truncation moves a sum of V terms by less than V * 2^-63 (1e-14 for V = 10^5), far below f32's
+ * rounding of what is computed from it. */
+typedef struct tk_fsum {
+    uint64_t hi, lo;
+    int nan;
+} tk_fsum;
+
+static inline void tk__fsum_add(tk_fsum *s, double e)
+{
+    if (e != e) {
+        s->nan = 1;
+        return;
+    }
+    uint64_t v = e >= 1.0 ? 1ull << 63 : e > 0 ? (uint64_t)(e * 9223372036854775808.0) : 0;
+    s->lo += v;
+    s->hi += s->lo < v;
+}
+
+static inline void tk__fsum_merge(tk_fsum *a, const tk_fsum *b)
+{
+    a->lo += b->lo;
+    a->hi += b->hi + (a->lo < b->lo);
+    a->nan |= b->nan;
+}
+
+/* The sum as a double (NaN if a term was): the same bits for the same integer, however it was added. */
+static inline double tk__fsum_value(const tk_fsum *s)
+{
+    if (s->nan)
+        return NAN;
+    return ((double)s->hi * 18446744073709551616.0 + (double)s->lo) * 0x1p-63;
 }
 
 #endif /* TK_COMMON_SAMPLE_MATH_H */

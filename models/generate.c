@@ -7,7 +7,10 @@
  * logits_process.py) in f32, in the order generate() applies them: repetition penalty, no-repeat
  * n-gram, then (sampling only) temperature, top-k, top-p, min-p. The final pick goes through the op
  * registry: `argmax` for greedy, `sample` (seeded Philox, the same token on the CPU and the GPU) for
- * sampling, over the processed row.
+ * sampling, over the processed row. The softmax sums of min-p, top-p and log_softmax are exact integer
+ * sums (tk_fsum, common/sample_math.h) rather than f32/f64 sums in some order, so that ranks holding a
+ * split LM head's columns (models/tp_pick.c) reach the same bits; they differ from torch's by less than
+ * f32's rounding.
  */
 #include <jansson.h>
 #include <math.h>
@@ -84,21 +87,41 @@ int tk_gen__top_k(float *s, int64_t V, int64_t k, int64_t min_keep)
     return TK_OK;
 }
 
-/* f32 softmax of s into p, as torch: e = exp(x - max), divided by the sum. */
-static void softmax_f32(float *p, const float *s, int64_t V)
+/* A row's largest score, NaN skipped (-inf when none); a zero is +0, so the sign of a zero maximum cannot
+ * depend on which zero came first (a vocabulary-parallel pick finds it from keys, models/tp_pick.c). */
+static float row_max(const float *s, int64_t V)
 {
     float m = -INFINITY;
     for (int64_t i = 0; i < V; i++)
         if (s[i] > m)
             m = s[i];
-    double sum = 0;
-    for (int64_t i = 0; i < V; i++) {
-        p[i] = m == -INFINITY ? 0.0f : expf(s[i] - m);
-        sum += p[i];
-    }
-    float inv = sum > 0 ? (float)(1.0 / sum) : 0.0f;
+    return m == 0.0f ? 0.0f : m;
+}
+
+/* softmax_f32's terms e^(s - m) of s[0..n) into *acc (tk_fsum: any order, any split gives one sum). */
+void tk_gen__softmax_terms(tk_fsum *acc, const float *s, int64_t n, float m)
+{
+    for (int64_t i = 0; i < n; i++)
+        tk__fsum_add(acc, m == -INFINITY ? 0.0f : expf(s[i] - m));
+}
+
+/* 1 / the softmax's sum in f32 (0 when the sum is 0 or NaN: every probability then 0 or NaN). */
+float tk_gen__softmax_inv(const tk_fsum *acc)
+{
+    double sum = tk__fsum_value(acc);
+    return sum > 0 ? (float)(1.0 / sum) : 0.0f;
+}
+
+/* f32 softmax of s into p, as torch: e = exp(x - max), divided by the sum (the sum exact, tk_fsum, where
+ * torch adds in its own order: the two differ by less than f32's rounding of the sum). */
+static void softmax_f32(float *p, const float *s, int64_t V)
+{
+    float m = row_max(s, V);
+    tk_fsum acc = {0};
+    tk_gen__softmax_terms(&acc, s, V, m);
+    float inv = tk_gen__softmax_inv(&acc);
     for (int64_t i = 0; i < V; i++)
-        p[i] = p[i] * inv;
+        p[i] = (m == -INFINITY ? 0.0f : expf(s[i] - m)) * inv;
 }
 
 typedef struct {
@@ -135,13 +158,15 @@ int tk_gen__top_p(float *s, int64_t V, double p, int64_t min_keep)
     for (int64_t i = 0; i < V; i++)
         sv[i] = o[i].v;
     softmax_f32(pr, sv, V);
-    /* cumulative_probs <= (1 - top_p): torch's cumsum accumulates f32 in double on the CPU, and the
-     * comparison casts the scalar to f32 */
+    /* cumulative_probs <= (1 - top_p), the scalar cast to f32 as torch casts it. torch's cumsum
+     * accumulates f32 in double on the CPU; here each prefix is exact (tk_fsum), so a prefix depends only
+     * on which tokens precede, and a vocabulary-parallel pick finds the same boundary from the ranks'
+     * sums below a few thresholds (models/tp_pick.c). The two differ by far less than f32's rounding. */
     float cut = (float)(1.0 - p);
-    double acc = 0;
+    tk_fsum acc = {0};
     for (int64_t i = 0; i < V; i++) {
-        acc += pr[i];
-        float cum = (float)acc;
+        tk__fsum_add(&acc, pr[i]);
+        float cum = (float)tk__fsum_value(&acc);
         if (cum <= cut && i < V - min_keep)
             s[o[i].i] = -INFINITY;
     }
@@ -208,18 +233,21 @@ nomem:
     return tk__err(TK_ERR_NOMEM, "min_p: out of memory for a row of %lld scores", (long long)V);
 }
 
+/* log_softmax's terms e^(s - m) of s[0..n) into *acc, in double (tk_fsum: any order or split). */
+void tk_gen__lse_terms(tk_fsum *acc, const float *s, int64_t n, float m)
+{
+    for (int64_t i = 0; i < n; i++)
+        tk__fsum_add(acc, exp((double)(s[i] - m)));
+}
+
 void tk_gen__log_softmax(float *s, int64_t V)
 {
-    float m = -INFINITY;
-    for (int64_t i = 0; i < V; i++)
-        if (s[i] > m)
-            m = s[i];
+    float m = row_max(s, V);
     if (m == -INFINITY)
         return;
-    double sum = 0;
-    for (int64_t i = 0; i < V; i++)
-        sum += exp((double)(s[i] - m));
-    float lse = (float)log(sum);
+    tk_fsum acc = {0};
+    tk_gen__lse_terms(&acc, s, V, m);
+    float lse = (float)log(tk__fsum_value(&acc));
     for (int64_t i = 0; i < V; i++)
         s[i] = (s[i] - m) - lse;
 }
@@ -771,11 +799,10 @@ static int stop_hit(const tk_gen_opts *o, const char *text, size_t prev_len)
     return -1;
 }
 
-/* The k largest of row (log-probabilities), most likely first (ties: the lower id). */
-static void top_logprobs(const float *lp, int64_t V, int k, int32_t *ids, float *vals)
+int tk_gen__top_logprobs(const float *lp, int64_t V, int64_t id0, int k, int32_t *ids, float *vals)
 {
     int m = 0;
-    for (int64_t v = 0; v < V; v++) {
+    for (int64_t v = 0; v < V && k > 0; v++) {
         float x = lp[v];
         if (x != x || (m == k && !(x > vals[k - 1])))
             continue;
@@ -786,12 +813,14 @@ static void top_logprobs(const float *lp, int64_t V, int k, int32_t *ids, float 
             j--;
         }
         vals[j] = x;
-        ids[j] = (int32_t)v;
+        ids[j] = (int32_t)(id0 + v);
     }
+    return m;
 }
 
 /* Picks e's next token from its logits row (modified), records the event, and ends e when it should. */
-static int eng_pick(engine *E, eseq *e, float *row, float *lp, int *ended, const int64_t *picked)
+static int eng_pick(engine *E, eseq *e, float *row, float *lp, int *ended, const int64_t *picked,
+                    const tk_models_tp_lp *plp)
 {
     const tk_gen_lm *lm = &E->lm;
     int64_t V = lm->vocab;
@@ -806,7 +835,7 @@ static int eng_pick(engine *E, eseq *e, float *row, float *lp, int *ended, const
     ev->cached_tokens = e->cached;
     *ended = 0;
     int want_lp = e->o.logprobs || e->o.top_logprobs > 0;
-    if (want_lp) {
+    if (want_lp && !plp) {
         memcpy(lp, row, (size_t)V * sizeof *lp);
         tk_gen__log_softmax(lp, V);
     }
@@ -833,12 +862,18 @@ static int eng_pick(engine *E, eseq *e, float *row, float *lp, int *ended, const
         return rc;
     ev->token = t;
     if (want_lp) {
-        ev->logprob = lp[t];
         int k = e->o.top_logprobs > TK_GEN_MAX_TOP_LOGPROBS ? TK_GEN_MAX_TOP_LOGPROBS : e->o.top_logprobs;
-        if (k > 0) {
-            top_logprobs(lp, V, k, ev->top_ids, ev->top_logprobs);
-            ev->ntop = k < V ? k : (int)V;
+        if (plp) { /* the ranks' pick (models/tp_pick.c): one process's values */
+            ev->logprob = plp->logprob;
+            memcpy(ev->top_ids, plp->top_ids, (size_t)plp->ntop * sizeof *ev->top_ids);
+            memcpy(ev->top_logprobs, plp->top_vals, (size_t)plp->ntop * sizeof *ev->top_logprobs);
+        } else {
+            ev->logprob = lp[t];
+            if (k > 0)
+                tk_gen__top_logprobs(lp, V, 0, k, ev->top_ids, ev->top_logprobs);
         }
+        if (k > 0)
+            ev->ntop = k < V ? k : (int)V;
     }
     int si = -1;
     if (is_eos(&e->o, t))
@@ -861,20 +896,33 @@ static int eng_pick(engine *E, eseq *e, float *row, float *lp, int *ended, const
     return TK_OK;
 }
 
-/* A vocabulary-parallel step: every sequence's pick can run on the ranks' columns (log-probabilities,
- * top-p and min-p need the whole row's softmax in f32, so they gather the rows) and sends fewer bytes
- * than its row would (TK_TP_PICK=local or gather forces either). The same on every rank: the ranks
- * hold the same sequences with the same options. */
+/* e's pick over a vocabulary-parallel head: its sampling options, and raw (the row before the processors)
+ * when it wants log-probabilities. */
+static tk_models_tp_pick pick_opts(const eseq *e, const float *raw)
+{
+    const tk_gen_opts *o = &e->o;
+    tk_models_tp_pick p = {o->do_sample, o->top_k,       (uint64_t)o->seed, (int64_t)(e->g.n - e->g.plen), 1.0, 0,
+                           raw,          o->top_logprobs};
+    if (o->do_sample) {
+        p.top_p = o->top_p;
+        p.min_p = o->min_p;
+    }
+    return p;
+}
+
+/* A vocabulary-parallel step: every sequence's pick, which can always run on the ranks' columns
+ * (models/tp_pick.c), sends fewer bytes than its row would (TK_TP_PICK=local or gather forces either). The
+ * same on every rank: the ranks hold the same sequences with the same options. */
 static int eng_local(const engine *E)
 {
+    static const float some_row = 0;
     const char *env = getenv("TK_TP_PICK");
     if (!E->lm.tp || (env && !strcmp(env, "gather")))
         return 0;
     for (size_t i = 0; i < E->n; i++) {
         const tk_gen_opts *o = &E->s[i]->o;
-        if (o->logprobs || o->top_logprobs > 0 || (o->do_sample && (o->top_p < 1.0 || o->min_p > 0)))
-            return 0;
-        if (!(env && !strcmp(env, "local")) && !tk_models__tp_pick_cheaper(E->lm.tp, o->do_sample, o->top_k))
+        tk_models_tp_pick p = pick_opts(E->s[i], o->logprobs || o->top_logprobs > 0 ? &some_row : NULL);
+        if (!(env && !strcmp(env, "local")) && !tk_models__tp_pick_cheaper(E->lm.tp, &p))
             return 0;
     }
     return 1;
@@ -892,27 +940,43 @@ static int eng_forward(engine *E, int local, const int32_t *slots, size_t nrows,
     return rc;
 }
 
-/* The tokens of the step's ready rows over a vocabulary-parallel head into *tok (malloc'd): each row's
- * processors on the rank's columns (top-k is the pick's, over every rank), then one collective pick. */
-static int eng_pick_local(engine *E, eseq **rs, const size_t *rrow, size_t n, float *logits, int64_t **tok)
+/* The tokens of the step's ready rows over a vocabulary-parallel head into *tok, and the log-probabilities
+ * of the rows that want them into *lps (both malloc'd): each row's processors on the rank's columns (top-k,
+ * top-p and min-p are the pick's, over every rank; log-probabilities are of the row before them), then one
+ * collective pick. */
+static int eng_pick_local(engine *E, eseq **rs, const size_t *rrow, size_t n, float *logits, int64_t **tok,
+                          tk_models_tp_lp **lps)
 {
     int64_t V = E->lm.vocab;
-    float **rows = malloc((n + 1) * sizeof *rows);
+    size_t nraw = 0;
+    for (size_t k = 0; k < n; k++)
+        nraw += rs[k]->o.logprobs || rs[k]->o.top_logprobs > 0;
+    float **rows = malloc((n + 1) * sizeof *rows), *raw = malloc((nraw * (size_t)V + 1) * sizeof *raw);
     tk_models_tp_pick *p = malloc((n + 1) * sizeof *p);
     *tok = malloc((n + 1) * sizeof **tok);
-    int rc =
-        rows && p && *tok ? TK_OK : tk__err(TK_ERR_NOMEM, "generate: out of memory for a step of %zu sequences", n);
-    for (size_t k = 0; k < n && rc == TK_OK; k++) {
+    *lps = calloc(n + 1, sizeof **lps);
+    int rc = rows && raw && p && *tok && *lps
+                 ? TK_OK
+                 : tk__err(TK_ERR_NOMEM, "generate: out of memory for a step of %zu sequences", n);
+    for (size_t k = 0, r = 0; k < n && rc == TK_OK; k++) {
         eseq *e = rs[k];
         tk_gen_opts o = e->o;
         o.top_k = 0;
+        o.top_p = 1.0;
+        o.min_p = 0;
         rows[k] = logits + rrow[k] * (size_t)V;
+        float *rw = NULL;
+        if (e->o.logprobs || e->o.top_logprobs > 0) {
+            rw = raw + r++ * (size_t)V;
+            memcpy(rw, rows[k], (size_t)V * sizeof *rw);
+        }
         rc = process_row(rows[k], V, &e->g, &o);
-        p[k] = (tk_models_tp_pick){e->o.do_sample, e->o.top_k, (uint64_t)e->o.seed, (int64_t)(e->g.n - e->g.plen)};
+        p[k] = pick_opts(e, rw);
     }
     if (rc == TK_OK)
-        rc = tk_models__tp_pick(E->lm.tp, rows, n, p, *tok);
+        rc = tk_models__tp_pick(E->lm.tp, rows, n, p, *tok, *lps);
     free(rows);
+    free(raw);
     free(p);
     return rc;
 }
@@ -1012,6 +1076,7 @@ static int eng_step(engine *E, const tk_gen_event **events, size_t *nevents)
     float *logits = malloc((nrows + nfollow) * (size_t)V * sizeof *logits), *lp = malloc((size_t)V * sizeof *lp);
     size_t *rrow = malloc((nrows + nfollow) * sizeof *rrow);
     int64_t *picked = NULL;
+    tk_models_tp_lp *plps = NULL;
     if (!slots || !cu || !ids || !rs || !logits || !lp || !rrow) {
         rc = tk__err(TK_ERR_NOMEM, "generate: out of memory for a step of %zu sequences", nrows);
         goto done;
@@ -1041,11 +1106,12 @@ static int eng_step(engine *E, const tk_gen_event **events, size_t *nevents)
     size_t nready = 0;
     if ((rc = eng_ready(E, rs, rrow, logits, nrows, &nready)) != TK_OK)
         goto done;
-    if (local && (rc = eng_pick_local(E, rs, rrow, nready, logits, &picked)) != TK_OK)
+    if (local && (rc = eng_pick_local(E, rs, rrow, nready, logits, &picked, &plps)) != TK_OK)
         goto done;
     for (size_t k = 0; k < nready; k++) {
-        int ended = 0;
-        if ((rc = eng_pick(E, rs[k], logits + rrow[k] * (size_t)V, lp, &ended, picked ? picked + k : NULL)) != TK_OK)
+        int ended = 0, wlp = rs[k]->o.logprobs || rs[k]->o.top_logprobs > 0;
+        if ((rc = eng_pick(E, rs[k], logits + rrow[k] * (size_t)V, lp, &ended, picked ? picked + k : NULL,
+                           picked && wlp ? plps + k : NULL)) != TK_OK)
             goto done;
         if (!ended)
             continue;
@@ -1067,6 +1133,7 @@ done:
     free(lp);
     free(rrow);
     free(picked);
+    free(plps);
     return rc;
 }
 
@@ -1225,7 +1292,122 @@ typedef struct {
     int *nis;
     size_t nc;   /* candidates in c */
     int all_hit; /* every candidate finished */
+    int local;   /* a vocabulary-parallel head (beam_local): the step's candidates come from pc */
+    cand *pc;    /* with local: each prompt's K candidates, pnc[p] of them, over every rank */
+    size_t *pnc;
 } bwork;
+
+/* The model's step; with w->local, a split head leaves each rank its own columns of the logits (the
+ * rest -inf). */
+static int beam_forward(const bwork *w, const tk_gen_lm *lm, size_t nrows)
+{
+    if (w->local)
+        lm->tp->tp->local_logits = 1;
+    int rc = lm->step(lm->self, w->slots, nrows, w->ids, w->cu, w->logits);
+    if (w->local)
+        lm->tp->tp->local_logits = 0;
+    return rc;
+}
+
+/* Beam search over a vocabulary-parallel head picks on the ranks' columns (beam_cands_local) when that
+ * sends fewer bytes than the rows would (a beam's row: 8 + 16 bytes, a prompt's candidates 16 each), or
+ * as TK_TP_PICK forces. The same on every rank. */
+static int beam_local(const tk_gen_lm *lm, const tk_gen_opts *o, size_t K)
+{
+    const char *env = getenv("TK_TP_PICK");
+    if (!lm->tp || (env && !strcmp(env, "gather")))
+        return 0;
+    if (env && !strcmp(env, "local"))
+        return 1;
+    int64_t W = lm->tp->tp->world, C = (lm->vocab + W - 1) / W, nb = o->num_beams;
+    return nb * 24 + (int64_t)K * 16 < nb * C * 4;
+}
+
+/* descending by value, ties by the lower index: topk_insert's order */
+static int cmp_cand(const void *a, const void *b)
+{
+    const cand *x = a, *y = b;
+    if (x->v != y->v)
+        return x->v > y->v ? -1 : 1;
+    return (x->i > y->i) - (x->i < y->i);
+}
+
+/* This rank's K best continuations of prompt b's beams (logits rows lg + j * stride, already log-softmax
+ * over the ranks), as beam_select takes them over a whole row, into o[2K]: (value bits, beam * V + token)
+ * pairs, -1 padded. */
+static int beam_part(bwork *w, bstate *b, const tk_gen_lm *lm, const tk_gen_opts *o, const float *lg, size_t stride,
+                     int64_t *out)
+{
+    const int64_t V = w->V, off = lm->tp->tp->vocab_off, len = lm->tp->tp->vocab_len;
+    size_t nc = 0;
+    int rc;
+    for (size_t j = 0; j < w->nb; j++) {
+        memcpy(w->row, lg + j * stride, (size_t)V * sizeof *w->row);
+        if ((rc = process_row(w->row, V, &b->run[j], o)))
+            return rc;
+        float sc = b->run[j].score;
+        for (int64_t v = off; v < off + len; v++)
+            topk_insert(w->c, &nc, w->K, w->row[v] + sc, (int64_t)j * V + v);
+    }
+    for (size_t q = 0; q < w->K; q++) {
+        out[2 * q] = q < nc ? (int64_t)tk__f32_bits(w->c[q].v) : -1;
+        out[2 * q + 1] = q < nc ? w->c[q].i : -1;
+    }
+    return TK_OK;
+}
+
+/* A step's candidates over a vocabulary-parallel head, for every active prompt into w->pc: the rows'
+ * log-softmax over the ranks (tk_models__tp_log_softmax: one process's values), each rank's K best of
+ * its columns (beam_part), then the K best of their union in topk_insert's order, which are the K best
+ * of the whole rows: three all-gathers a step, where gathering moves every beam's row. */
+static int beam_cands_local(bwork *w, bstate *B, size_t np, const tk_gen_lm *lm, const tk_gen_opts *o, int first)
+{
+    const int64_t V = w->V;
+    const size_t K = w->K, W = (size_t)lm->tp->tp->world;
+    size_t nrows = 0, na = 0;
+    for (size_t p = 0; p < np; p++)
+        if (B[p].active)
+            nrows += first ? 1 : w->nb, na++;
+    float **rows = malloc((nrows + 1) * sizeof *rows);
+    int64_t *mine = malloc((2 * K * na + 1) * sizeof *mine), *all = malloc((W * 2 * K * na + 1) * sizeof *all);
+    cand *u = malloc((W * K + 1) * sizeof *u);
+    int rc = rows && mine && all && u ? TK_OK : tk__err(TK_ERR_NOMEM, "generate: out of memory for beams");
+    for (size_t k = 0, p = 0; rc == TK_OK && p < np; p++)
+        if (B[p].active)
+            for (size_t j = 0; j < (first ? 1 : w->nb); j++, k++)
+                rows[k] = w->logits + (first ? p : k) * (size_t)V;
+    if (rc == TK_OK)
+        rc = tk_models__tp_log_softmax(lm->tp, rows, nrows);
+    for (size_t p = 0, a = 0, r = 0; rc == TK_OK && p < np; p++) {
+        if (!B[p].active)
+            continue;
+        rc = beam_part(w, &B[p], lm, o, w->logits + (first ? p : r) * (size_t)V, first ? 0 : (size_t)V,
+                       mine + 2 * K * a++);
+        r += first ? 0 : w->nb;
+    }
+    if (rc == TK_OK)
+        rc = tk_models__tp_gather_i64(lm->tp, all, mine, 2 * K * na, "the beams' candidates");
+    for (size_t p = 0, a = 0; rc == TK_OK && p < np; p++) {
+        if (!B[p].active)
+            continue;
+        size_t nu = 0;
+        for (size_t r = 0; r < W; r++)
+            for (size_t q = 0; q < K; q++) {
+                const int64_t *x = all + r * 2 * K * na + 2 * K * a + 2 * q;
+                if (x[1] >= 0)
+                    u[nu].v = tk__bits_f32((uint32_t)x[0]), u[nu++].i = x[1];
+            }
+        qsort(u, nu, sizeof *u, cmp_cand);
+        w->pnc[p] = nu < K ? nu : K;
+        memcpy(w->pc + p * K, u, w->pnc[p] * sizeof *u);
+        a++;
+    }
+    free(rows);
+    free(mine);
+    free(all);
+    free(u);
+    return rc;
+}
 
 /* Prefill: each prompt once, one row of logits each, before beam_init forks the prompt's cache into
  * its beams. Not shared with greedy and sampling: they prefill inside the step engine (eng_add and
@@ -1242,7 +1424,7 @@ static int beam_prefill(bwork *w, tk_gen_stats *st, const tk_gen_lm *lm, const g
         w->cu[p + 1] = (int32_t)pos;
     }
     double t0 = now_ms();
-    int rc = lm->step(lm->self, w->slots, np, w->ids, w->cu, w->logits);
+    int rc = beam_forward(w, lm, np);
     if (rc)
         return rc;
     st->prefill_ms += now_ms() - t0;
@@ -1289,14 +1471,19 @@ static int beam_init(bstate *B, gseq *S, const tk_gen_lm *lm, size_t np, size_t 
  * logits at lg + j * stride), which of them finish (eos, length, stop string), and the next running
  * beams, the nb best that did not finish, in w->nrun (each with a fork of its parent's cache, unless
  * every candidate finished). */
-static int beam_select(bwork *w, bstate *b, const tk_gen_lm *lm, const tk_gen_opts *o, const float *lg, size_t stride)
+static int beam_select(bwork *w, bstate *b, const tk_gen_lm *lm, const tk_gen_opts *o, const float *lg, size_t stride,
+                       size_t p)
 {
     const int64_t V = w->V;
     const size_t nb = w->nb;
     cand *c = w->c;
     int rc;
     size_t nc = 0;
-    for (size_t j = 0; j < nb; j++) {
+    if (w->local) { /* beam_cands_local found them over the ranks */
+        nc = w->pnc[p];
+        memcpy(c, w->pc + p * w->K, nc * sizeof *c);
+    }
+    for (size_t j = 0; j < nb && !w->local; j++) {
         memcpy(w->row, lg + j * stride, (size_t)V * sizeof *w->row);
         tk_gen__log_softmax(w->row, V);
         if ((rc = process_row(w->row, V, &b->run[j], o)))
@@ -1479,6 +1666,8 @@ static void beam_free(bstate *B, size_t np, bwork *w, const tk_gen_lm *lm)
     free(w->logits);
     free(w->row);
     free(w->c);
+    free(w->pc);
+    free(w->pnc);
     free(w->nx);
     free(w->hit);
     free(w->why);
@@ -1512,8 +1701,11 @@ static int run_beam(gseq *S, tk_gen_stats *st, const tk_gen_lm *lm, size_t np, i
     w.nrun = calloc(nb, sizeof *w.nrun);
     w.nfin = calloc(nb, sizeof *w.nfin);
     w.nis = calloc(nb, sizeof *w.nis);
+    w.local = beam_local(lm, o, K);
+    w.pc = malloc((w.local ? np * K : 1) * sizeof *w.pc);
+    w.pnc = calloc(np, sizeof *w.pnc);
     if (!B || !w.slots || !w.cu || !w.ids || !w.logits || !w.row || !w.c || !w.nx || !w.hit || !w.why || !w.nrun ||
-        !w.nfin || !w.nis) {
+        !w.nfin || !w.nis || !w.pc || !w.pnc) {
         rc = tk__err(TK_ERR_NOMEM, "generate: out of memory for %zu beams of %zu prompts", nb, np);
         goto done;
     }
@@ -1528,13 +1720,15 @@ static int run_beam(gseq *S, tk_gen_stats *st, const tk_gen_lm *lm, size_t np, i
     int first = 1;
     for (;;) {
         size_t r = 0, nrows = 0;
+        if (w.local && (rc = beam_cands_local(&w, B, np, lm, o, first)))
+            goto done;
         for (size_t p = 0; p < np; p++) {
             bstate *b = &B[p];
             if (!b->active)
                 continue;
             int64_t cur_len = (int64_t)b->run[0].n;
             const float *lg = w.logits + (first ? p : r) * (size_t)V;
-            if ((rc = beam_select(&w, b, lm, o, lg, first ? 0 : (size_t)V)))
+            if ((rc = beam_select(&w, b, lm, o, lg, first ? 0 : (size_t)V, p)))
                 goto done;
             if (!first)
                 r += nb;
@@ -1555,7 +1749,7 @@ static int run_beam(gseq *S, tk_gen_stats *st, const tk_gen_lm *lm, size_t np, i
         first = 0;
         if (nrows == 0)
             break;
-        if ((rc = lm->step(lm->self, w.slots, nrows, w.ids, w.cu, w.logits)))
+        if ((rc = beam_forward(&w, lm, nrows)))
             goto done;
     }
     st->decode_ms += now_ms() - t0;

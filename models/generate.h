@@ -25,16 +25,29 @@ void tk_gen__no_repeat_ngram(float *s, int64_t V, const int32_t *ids, size_t n, 
 /* TopKLogitsWarper: keeps the tokens whose score is >= the k-th largest (ties at the boundary all
  * kept); k = max(k, min_keep), at most V. Errors: TK_ERR_NOMEM (also for the penalty). */
 int tk_gen__top_k(float *s, int64_t V, int64_t k, int64_t min_keep);
-/* TopPLogitsWarper: sorts ascending (ties by index, as a stable sort), softmax, cumulative sum; removes
- * the tokens whose cumulative probability is <= 1 - p, keeping the last min_keep. Among tokens tied at
+/* TopPLogitsWarper: sorts ascending (ties by index, as a stable sort), softmax, cumulative sum (each prefix
+ * exact: tk_fsum); removes the tokens whose cumulative probability is <= 1 - p, keeping the last min_keep. Among tokens tied at
  * the boundary it keeps only as many as the mass needs, the higher indices (torch.sort's order for
  * ties is unspecified; it matches a stable sort for short rows). Errors: TK_ERR_NOMEM. */
 int tk_gen__top_p(float *s, int64_t V, double p, int64_t min_keep);
 /* MinPLogitsWarper: removes the tokens with probability < min_p * (the top probability), keeping the
  * min_keep most likely. Errors: TK_ERR_NOMEM. */
 int tk_gen__min_p(float *s, int64_t V, double min_p, int64_t min_keep);
-/* log_softmax in f32 (beam search scores log-probabilities). */
+/* log_softmax in f32 (beam search scores log-probabilities): (s - max) - (f32) log(sum e^(s - max)),
+ * the sum of doubles added exactly (tk_fsum, common/sample_math.h), so any split of the row gives the
+ * same bits. */
 void tk_gen__log_softmax(float *s, int64_t V);
+
+/* The pieces of log_softmax and min-p's softmax that a vocabulary-parallel pick (models/tp_pick.c) runs
+ * on each rank's columns: the terms of a row's sums given its maximum m (NaN skipped, a zero as +0),
+ * added into acc (common/sample_math.h's tk_fsum, order-independent), and what the sum gives. */
+struct tk_fsum;
+void tk_gen__lse_terms(struct tk_fsum *acc, const float *s, int64_t n, float m);
+void tk_gen__softmax_terms(struct tk_fsum *acc, const float *s, int64_t n, float m);
+float tk_gen__softmax_inv(const struct tk_fsum *acc);
+/* The k largest log-probabilities of lp[0..n) (NaN skipped), most likely first, ties the lower id, into
+ * ids (id0 + index) and vals; returns how many (fewer than k when fewer are not NaN). */
+int tk_gen__top_logprobs(const float *lp, int64_t n, int64_t id0, int k, int32_t *ids, float *vals);
 /* OpenAI's presence and frequency penalties over the generated tokens gen[0..n) (ids outside [0, V)
  * ignored): s[t] -= frequency * count(t) + presence * (count(t) > 0). Errors: TK_ERR_NOMEM. */
 int tk_gen__presence_frequency(float *s, int64_t V, const int32_t *gen, size_t n, double presence, double frequency);

@@ -588,17 +588,39 @@ typedef struct {
     int64_t top_k;  /* sampling: transformers' top-k filter (ties kept) before the draw; 0 off */
     uint64_t seed;  /* sampling: the per-row seed and the op's offset (the step) */
     int64_t offset;
+    double top_p;     /* sampling: transformers' top-p filter (min_keep 1) after top-k; 1 off */
+    double min_p;     /* sampling: transformers' min-p filter (min_keep 1) after top-p; 0 off */
+    const float *raw; /* the row before the processors (its columns [vocab_off, +vocab_len) valid) when the
+                       * token's log-probability is wanted (log_softmax of the raw logits), else NULL */
+    int top_n;        /* with raw: also the top_n (<= TK_GEN_MAX_TOP_LOGPROBS) most likely tokens' */
 } tk_models_tp_pick;
+/* A row's log-probabilities as one process's log_softmax gives them: the picked token's, and the top_n
+ * most likely (ntop of them set: fewer when fewer are not NaN). */
+typedef struct {
+    float logprob;
+    int ntop;
+    int32_t top_ids[TK_GEN_MAX_TOP_LOGPROBS];
+    float top_vals[TK_GEN_MAX_TOP_LOGPROBS];
+} tk_models_tp_lp;
 /* m's LM head is split on the vocabulary over several ranks (a pick can run on the ranks' columns). */
 int tk_models__tp_vocab_parallel(const tk_model *m);
-/* A row's pick (sample or not, top_k) sends fewer bytes than gathering its logits row would. */
-int tk_models__tp_pick_cheaper(const tk_model *m, int sample, int64_t top_k);
+/* A row's pick sends fewer bytes than gathering its logits row would. */
+int tk_models__tp_pick_cheaper(const tk_model *m, const tk_models_tp_pick *p);
 /* Collective: the token of each of n rows (rows[i]: a logits row of V floats of which this rank's
- * columns [vocab_off, +vocab_len) are valid; top-k masks them in place) into tok[i], exactly the one
- * one process's argmax or sample op gives over the whole row; -1 where no logit is above -inf. Moves
- * per row 3 + k i64 a rank (the rank's best, its largest key and its top-k keys), then for sampled
- * rows one u64 (its share of the softmax mass) and one i64 (the drawn index, from its owner). */
-int tk_models__tp_pick(tk_model *m, float *const *rows, size_t n, const tk_models_tp_pick *p, int64_t *tok);
+ * columns [vocab_off, +vocab_len) are valid; top-k and min-p mask them in place) into tok[i], exactly the
+ * one one process's processors and argmax or sample op give over the whole row; -1 where no logit is
+ * above -inf; and, for the rows with p[i].raw, lp[i] (lp may be NULL when no row has raw). All-gathers
+ * for the n rows: the ranks' bests, maxima and top-k keys; the softmax sums (log-probabilities, top-p,
+ * min-p); with top-p, ceil((32 + bits(V - 1)) / 4) rounds of its threshold search, and with top-p and
+ * min-p together min-p's sums again; the sampling masses; the drawn tokens with the log-probabilities. */
+int tk_models__tp_pick(tk_model *m, float *const *rows, size_t n, const tk_models_tp_pick *p, int64_t *tok,
+                       tk_models_tp_lp *lp);
+/* Collective: tk_gen__log_softmax of each of n rows over the ranks, in place on this rank's columns (the
+ * others untouched): one process's values, from two all-gathers (the rows' maxima, their exact sums). */
+int tk_models__tp_log_softmax(tk_model *m, float *const *rows, size_t n);
+/* Collective: every rank's n i64 of mine into all (rank-major), counted in head_bytes (beam search's
+ * candidates). */
+int tk_models__tp_gather_i64(tk_model *m, int64_t *all, int64_t *mine, size_t n, const char *what);
 
 /* Generation's step (generate.c): sequence s of nseq gets tokens ids[cu[s]..cu[s+1]) after the ones its
  * KV slot slots[s] holds; writes each sequence's last-token logits (f32, host) to logits [nseq, V]. */

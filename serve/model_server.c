@@ -1009,6 +1009,21 @@ int tk_model_server_run(tk_model_server *s)
     return TK_OK;
 }
 
+/* A split model (--tp): what rank 0 sent of the LM head's logits, rows gathered and picks (tests/cli/
+ * tp_models.sh reads it). */
+static void tp_head_bytes_note(const tk_model *m)
+{
+    char *info = NULL;
+    if (!m || tk_model_info_json(&info, m) != TK_OK)
+        return;
+    json_t *o = json_loads(info, 0, NULL), *tp = json_object_get(o, "tensor_parallel");
+    if (tp && json_integer_value(json_object_get(tp, "world")) > 1)
+        fprintf(stderr, "tk serve-model: tensor parallel: rank 0 sent %lld B of logits rows and picks\n",
+                (long long)json_integer_value(json_object_get(tp, "head_bytes_sent")));
+    json_decref(o);
+    free(info);
+}
+
 void tk_model_server_free(tk_model_server *s)
 {
     if (!s || s->magic != MSRV_MAGIC)
@@ -1039,6 +1054,7 @@ void tk_model_server_free(tk_model_server *s)
         free(s->conns[i]);
     free(s->conns);
     tk_gen_batch_free(s->b);
+    tp_head_bytes_note(s->m);
     tk_model_free(s->m);
     if (s->wake[0] >= 0)
         close(s->wake[0]);

@@ -17,6 +17,7 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
+#include "common/sample_math.h"
 #include "harness.h"
 #include "models/generate.h"
 #include "models/kv_cache.h"
@@ -256,6 +257,54 @@ static void kv_vs_full(tk_model *m, tk_kv *kv, int32_t slot, const int32_t *all,
         *worst = d;
     free(a);
     free(full);
+}
+
+/* The softmax sums are exact (tk_fsum): a row cut into blocks, each block's terms summed apart and the
+ * blocks' sums added in another order (as a vocabulary-parallel pick's ranks do, models/tp_pick.c),
+ * gives log_softmax's and min-p's results to the bit, on rows with ties, -inf and a wide range. */
+static void test_softmax_sums_split_exactly(void)
+{
+    enum { V = 1000, W = 3 };
+    static float row[V], lp[V], mp[V];
+    uint32_t st = 12345;
+    for (int rep = 0; rep < 20; rep++) {
+        for (int i = 0; i < V; i++) {
+            st = st * 1664525u + 1013904223u;
+            row[i] = (float)((int)(st >> 8) % 4000 - 2000) / (rep % 2 ? 7.0f : 300.0f);
+            if (i % 97 == 5)
+                row[i] = -INFINITY;
+            if (i % 89 == 3)
+                row[i] = row[i / 2]; /* ties */
+        }
+        memcpy(lp, row, sizeof row);
+        memcpy(mp, row, sizeof row);
+        tk_gen__log_softmax(lp, V);
+        CHECK(tk_gen__min_p(mp, V, 0.05 * (rep % 5 + 1), 1) == TK_OK);
+        float m = -INFINITY;
+        for (int i = 0; i < V; i++)
+            m = row[i] > m ? row[i] : m;
+        tk_fsum part[W][2], lse_sum = {0}, sm_sum = {0};
+        memset(part, 0, sizeof part);
+        int64_t C = (V + W - 1) / W;
+        for (int r = 0; r < W; r++) {
+            int64_t off = r * C, len = off + C > V ? V - off : C;
+            tk_gen__lse_terms(&part[r][0], row + off, len, m);
+            tk_gen__softmax_terms(&part[r][1], row + off, len, m);
+        }
+        for (int r = W - 1; r >= 0; r--) { /* the other order */
+            tk__fsum_merge(&lse_sum, &part[r][0]);
+            tk__fsum_merge(&sm_sum, &part[r][1]);
+        }
+        float lse = (float)log(tk__fsum_value(&lse_sum)), inv = tk_gen__softmax_inv(&sm_sum);
+        float thr = (float)(0.05 * (rep % 5 + 1)) * inv;
+        int same = 1;
+        for (int i = 0; i < V; i++) {
+            float want_lp = (row[i] - m) - lse;
+            float want_mp = (expf(row[i] - m) * inv < thr) ? -INFINITY : row[i];
+            same &= memcmp(&want_lp, &lp[i], sizeof want_lp) == 0 && memcmp(&want_mp, &mp[i], sizeof want_mp) == 0;
+        }
+        CHECK(same);
+    }
 }
 
 static void test_kv_cache_matches_full_recompute(void)
@@ -795,6 +844,7 @@ static void test_bad_input(void)
 int main(void)
 {
     RUN(test_processors_match_transformers);
+    RUN(test_softmax_sums_split_exactly);
     RUN(test_kv_cache_matches_full_recompute);
     RUN(test_quantised_kv_cache);
     RUN(test_weight_quantisation);

@@ -204,8 +204,16 @@ EOF
 ) || { fail "$model at $np ranks, $opts: tokens differ"; return 1; }
 }
 
-# The vocabulary-parallel pick: greedy, seeded sampling with and without top-k (ties at its threshold)
-# and with penalties give one process's tokens at 2 and 3 ranks, on logits with ties across ranks and
+# pick_both MODEL NP OPTS: pick_same with the pick forced (TK_TP_PICK=local) and with the rows gathered.
+pick_both() {
+  local MPIRUN=("${MPIRUN[@]}" -x TK_TP_PICK=local)
+  pick_same "$@" || return
+  MPIRUN=("${MPIRUN[@]:0:${#MPIRUN[@]}-2}" -x TK_TP_PICK=gather)
+  pick_same "$@"
+}
+
+# The vocabulary-parallel pick: greedy, seeded sampling with and without top-k (ties at its threshold),
+# top-p, min-p, beam search, and with penalties give one process's tokens at 2 and 3 ranks, on logits with ties across ranks and
 # on a rank with no vocabulary rows; it moves a few numbers a row where the gather moved the rows.
 t_vocab_parallel_pick() {
   ready || return
@@ -218,32 +226,173 @@ t_vocab_parallel_pick() {
     for s in 1 2 3; do
       pick_same llama-tie "$np" "--do-sample --seed $s --top-k 0 --max-new-tokens 8"
       pick_same llama-tie "$np" "--do-sample --seed $s --top-k 3 --temperature 0.8 --max-new-tokens 8"
+      # min-p: the rows' softmax sums over the ranks (exact, order-independent), the filter on each
+      # rank's columns; after top-k, with penalties (-inf columns), on twins across ranks
+      pick_both llama-tie "$np" "--do-sample --seed $s --top-k 0 --min-p 0.2 --temperature 2 --max-new-tokens 8"
+      pick_both llama-tie "$np" "--do-sample --seed $s --top-k 9 --min-p 0.5 --repetition-penalty 1.3 --no-repeat-ngram-size 2 --max-new-tokens 8"
+      # top-p: the exact prefix sums' boundary found from the ranks' masses; twins tie across ranks
+      pick_both llama-tie "$np" "--do-sample --seed $s --top-k 0 --top-p 0.$((3 * s)) --temperature 1.7 --max-new-tokens 8"
+      pick_both llama-tie "$np" "--do-sample --seed $s --top-k 20 --top-p 0.9 --min-p 0.1 --repetition-penalty 1.3 --max-new-tokens 8"
     done
+    # beam search: the rows' log-softmax over the ranks, each rank's 2 x beams best, their union's best
+    pick_both llama-tie "$np" "--num-beams 3 --max-new-tokens 8"
+    pick_both llama-tie "$np" "--num-beams 4 --repetition-penalty 1.4 --no-repeat-ngram-size 2 --eos-token-id 7 --max-new-tokens 8"
   done
   pick_same llama-tie 2 "--do-sample --seed 4 --top-k 7 --no-cache --max-new-tokens 8" # the full recompute
   # vocabulary 4 over 3 ranks (2, 2, 0 rows): a pick sends more than a row, so force it
   local MPIRUN=("${MPIRUN[@]}" -x TK_TP_PICK=local)
   PICK_IDS="--ids 1,3,0,2 --ids 2,2" pick_same llama-edge 3 "--do-sample --seed 4 --top-k 2 --max-new-tokens 6"
   PICK_IDS="--ids 1,3,0,2 --ids 2,2" pick_same llama-edge 3 "--max-new-tokens 6"
+  PICK_IDS="--ids 1,3,0,2 --ids 2,2" pick_same llama-edge 3 "--do-sample --seed 4 --min-p 0.3 --temperature 3 --max-new-tokens 6"
+  PICK_IDS="--ids 1,3,0,2 --ids 2,2" pick_same llama-edge 3 "--do-sample --seed 4 --top-p 0.6 --temperature 3 --max-new-tokens 6"
+  PICK_IDS="--ids 1,3,0,2 --ids 2,2" pick_same llama-edge 3 "--num-beams 2 --max-new-tokens 6"
   MPIRUN=("${MPIRUN[@]:0:${#MPIRUN[@]}-2}")
-  # top-p needs the whole row's f32 softmax: those steps gather the rows, with the same tokens
+  # top-p's search sends more than a row of 101 logits: by default those steps gather the rows
   pick_same llama 2 "--do-sample --seed 5 --top-p 0.8 --max-new-tokens 8" || return
   local gathered=$PICK_BYTES
+  local MPIRUN=("${MPIRUN[@]}" -x TK_TP_PICK=local)
+  pick_same llama 2 "--do-sample --seed 5 --top-p 0.8 --max-new-tokens 8" || return
+  local topp=$PICK_BYTES
+  MPIRUN=("${MPIRUN[@]:0:${#MPIRUN[@]}-2}")
   pick_same llama 2 "--do-sample --seed 5 --top-k 3 --max-new-tokens 8" || return
   local picked=$PICK_BYTES
   pick_same llama 2 "--max-new-tokens 8" || return
   local greedy=$PICK_BYTES
+  pick_same llama 2 "--do-sample --seed 5 --top-k 0 --min-p 0.1 --max-new-tokens 8" || return
+  local minp=$PICK_BYTES
+  pick_same llama 2 "--num-beams 3 --max-new-tokens 8" || return
+  local beams=$PICK_BYTES
   MPIRUN+=(-x TK_TP_PICK=gather) # the rows gathered, as before the pick existed
+  pick_same llama 2 "--do-sample --seed 5 --top-k 0 --min-p 0.1 --max-new-tokens 8" || return
+  local rows_minp=$PICK_BYTES
+  pick_same llama 2 "--num-beams 3 --max-new-tokens 8" || return
+  local rows_beams=$PICK_BYTES
   pick_same llama 2 "--max-new-tokens 8" || return
   local rows=$PICK_BYTES
   pick_same llama 2 "--do-sample --seed 5 --top-k 3 --max-new-tokens 8" || return
   local rows_k=$PICK_BYTES
   pick_same llama 2 "--do-sample --seed 5 --top-p 0.8 --max-new-tokens 8" || return
   echo "    head bytes rank 0 sent, 2 prompts x 8 tokens, vocabulary 101: greedy $greedy (rows gathered: $rows)," \
-    "top-k 3 sampling $picked ($rows_k), top-p $gathered ($PICK_BYTES: gathers either way)"
+    "top-k 3 sampling $picked ($rows_k), min-p $minp ($rows_minp), 3 beams $beams ($rows_beams), top-p $gathered ($PICK_BYTES; forced $topp)"
+  [ "$beams" -gt 0 ] && [ "$beams" -lt "$rows_beams" ] || fail "the beams' pick sent $beams B, the gather $rows_beams B"
+  [ "$minp" -gt 0 ] && [ "$minp" -lt "$rows_minp" ] || fail "the min-p pick sent $minp B, the gather $rows_minp B"
   [ "$greedy" -gt 0 ] && [ "$greedy" -lt "$rows" ] || fail "the greedy pick sent $greedy B, the gather $rows B"
   [ "$picked" -gt 0 ] && [ "$picked" -lt "$rows_k" ] || fail "the top-k pick sent $picked B, the gather $rows_k B"
-  [ "$gathered" = "$PICK_BYTES" ] || fail "top-p must gather the rows: $gathered B vs $PICK_BYTES B"
+  [ "$gathered" = "$PICK_BYTES" ] || fail "top-p on 101 logits should gather the rows: $gathered B vs $PICK_BYTES B"
+}
+
+# with_words MODEL: $WORK/MODEL-w, the checkpoint with a WordLevel tokenizer of its vocabulary (w0, w1,
+# ...), which tk serve-model wants; prints its directory.
+with_words() {
+  local d=$WORK/$1-w
+  [ -f "$d/tokenizer.json" ] || { cp -r "$MODELS/$1" "$d" && "$PY" - "$d" <<'EOF'; } || return 1
+import json, sys
+from tokenizers import Tokenizer, decoders, models, pre_tokenizers
+V = json.load(open(sys.argv[1] + "/config.json"))["vocab_size"]
+t = Tokenizer(models.WordLevel({f"w{i}": i for i in range(V)}, unk_token="w0"))
+t.pre_tokenizer = pre_tokenizers.Whitespace()
+t.decoder = decoders.WordPiece(prefix="##")
+t.save(sys.argv[1] + "/tokenizer.json")
+EOF
+  echo "$d"
+}
+
+# serve_answers DIR NAME NP [ENV=VALUE]: serves DIR (one process when NP is 1, else --tp NP under mpirun,
+# with ENV=VALUE exported to the ranks), posts each of $LP_BODIES to /v1/completions, and keeps each
+# answer's choices (text, logprobs, finish reason) in $WORK/NAME.I; HEAD_BYTES: what rank 0 says it sent
+# of the LM head (logits rows and picks), at exit.
+serve_answers() {
+  local dir=$1 name=$2 np=$3 port pid i cmd=("$TK" serve-model "$1")
+  port=$(free_port)
+  [ "$np" -gt 1 ] && cmd=("${MPIRUN[@]}" ${4:+-x "$4"} -np "$np" "$TK" serve-model "$dir" --tp "$np")
+  timeout -k 5 120 "${cmd[@]}" --listen "127.0.0.1:$port" >/dev/null 2>"$WORK/$name.log" &
+  pid=$!
+  for i in $(seq 300); do curl -sf "http://127.0.0.1:$port/health" >/dev/null 2>&1 && break; sleep 0.1; done
+  for i in "${!LP_BODIES[@]}"; do
+    curl -s -m 60 "http://127.0.0.1:$port/v1/completions" -H 'Content-Type: application/json' \
+      -d "${LP_BODIES[$i]}" | python3 -c 'import json, sys; j = json.load(sys.stdin)
+print(json.dumps([[c["text"], c["logprobs"], c["finish_reason"]] for c in j["choices"]] if "choices" in j else j))' \
+      >"$WORK/$name.$i"
+  done
+  local r0=$pid p # SIGTERM to rank 0: it drains, then the job ends (its note on stderr)
+  for p in $(pgrep -f "serve-model $dir --tp $np --listen 127.0.0.1:$port"); do
+    tr '\0' '\n' <"/proc/$p/environ" 2>/dev/null | grep -qx OMPI_COMM_WORLD_RANK=0 && r0=$p
+  done
+  kill -TERM "$r0"; wait "$pid"
+  HEAD_BYTES=$(sed -n 's/.*rank 0 sent \([0-9]*\) B of logits.*/\1/p' "$WORK/$name.log")
+}
+
+# lp_same NAME REF: every answer of NAME equals REF's ($WORK/REF.I): the same JSON, or with REF one
+# process (whose logits differ from the split's in f32 rounding: the rowwise sums add in another order),
+# the same tokens and top ids and log-probabilities within 1e-5.
+lp_same() {
+  local i
+  for i in "${!LP_BODIES[@]}"; do
+    grep -q 'token_logprobs' "$WORK/$2.$i" || { fail "$2, request $i: $(cat "$WORK/$2.$i")"; continue; }
+    if [ "$2" != one ]; then
+      cmp -s "$WORK/$2.$i" "$WORK/$1.$i" || fail "$1, request $i: $(head -c 300 "$WORK/$1.$i") vs $2 $(head -c 300 "$WORK/$2.$i")"
+      continue
+    fi
+    python3 - "$WORK/$1.$i" "$WORK/one.$i" <<'EOF' || fail "$1, request $i: $(head -c 300 "$WORK/$1.$i") vs one process $(head -c 300 "$WORK/one.$i")"
+import json, sys
+a, b = (json.load(open(p)) for p in sys.argv[1:])
+assert len(a) == len(b)
+for (ta, la, fa), (tb, lb, fb) in zip(a, b):
+    assert (ta, fa, la["tokens"]) == (tb, fb, lb["tokens"])
+    assert all(abs(x - y) <= 1e-5 for x, y in zip(la["token_logprobs"], lb["token_logprobs"]))
+    for x, y in zip(la["top_logprobs"] or [], lb["top_logprobs"] or []):
+        assert sorted(x) == sorted(y) and all(abs(x[k] - y[k]) <= 1e-5 for k in x)
+EOF
+  done
+}
+
+# Log-probabilities (logprobs, top_logprobs), top-p and min-p over the vocabulary-parallel pick: tk serve-model
+# --tp 2 and 3 with the pick forced answer exactly what they answer with the rows gathered (the same JSON),
+# and one process's tokens and log-probabilities (within f32 rounding of the split's logits), on logits with twins across ranks (ties in the top log-probabilities)
+# and on a rank with no vocabulary rows; the pick sends fewer head bytes than the gather.
+t_vocab_parallel_logprobs() {
+  ready || return
+  tie_model || { fail "could not make llama-tie"; return; }
+  local tie edge np mode
+  tie=$(with_words llama-tie) && edge=$(with_words llama-edge) || { fail "no tokenizer for the test models"; return; }
+  LP_BODIES=(
+    '{"model": "llama-tie-w", "prompt": [1, 17, 54, 3], "max_tokens": 8, "temperature": 0, "logprobs": 5}'
+    '{"model": "llama-tie-w", "prompt": [5, 50, 51, 9], "max_tokens": 8, "temperature": 0, "logprobs": 0}'
+    '{"model": "llama-tie-w", "prompt": [1, 17], "max_tokens": 8, "seed": 3, "temperature": 1.5, "top_k": 0, "logprobs": 3, "n": 2}'
+    '{"model": "llama-tie-w", "prompt": [8, 99], "max_tokens": 8, "seed": 4, "temperature": 2, "top_k": 0, "min_p": 0.3, "logprobs": 20}'
+    '{"model": "llama-tie-w", "prompt": [1, 2, 3], "max_tokens": 8, "seed": 5, "temperature": 1, "top_k": 5, "min_p": 0.5, "presence_penalty": 1.5, "logprobs": 2}'
+    '{"model": "llama-tie-w", "prompt": [4, 60], "max_tokens": 8, "seed": 6, "temperature": 1.8, "top_k": 0, "top_p": 0.7, "logprobs": 4, "n": 2}'
+    '{"model": "llama-tie-w", "prompt": [7, 7], "max_tokens": 8, "seed": 7, "temperature": 1.2, "top_k": 30, "top_p": 0.9, "min_p": 0.05, "logprobs": 1}'
+  )
+  serve_answers "$tie" one 1
+  for np in 2 3; do
+    for mode in local gather; do
+      serve_answers "$tie" "tp$np$mode" "$np" "TK_TP_PICK=$mode"
+      lp_same "tp$np$mode" one
+      eval "bytes_$np$mode=\${HEAD_BYTES:-0}"
+    done
+    lp_same "tp${np}local" "tp${np}gather"
+  done
+  # unforced, each step picks whichever sends fewer bytes (top-p's search gathers on 101 logits)
+  serve_answers "$tie" tp2auto 2
+  lp_same tp2auto tp2gather
+  echo "    $(head -c 400 "$WORK/one.0")..."
+  # shellcheck disable=SC2154
+  echo "    head bytes rank 0 sent, ${#LP_BODIES[@]} requests: 2 ranks $HEAD_BYTES (forced pick: $bytes_2local, rows" \
+    "gathered: $bytes_2gather), 3 ranks forced $bytes_3local ($bytes_3gather)"
+  # shellcheck disable=SC2154
+  [ "${HEAD_BYTES:-0}" -gt 0 ] && [ "$HEAD_BYTES" -lt "$bytes_2gather" ] || fail "2 ranks: the pick sent $HEAD_BYTES B, the gather $bytes_2gather B"
+  # vocabulary 4 over 3 ranks (2, 2, 0 rows)
+  LP_BODIES=(
+    '{"model": "llama-edge-w", "prompt": [1, 3, 0, 2], "max_tokens": 6, "temperature": 0, "logprobs": 3}'
+    '{"model": "llama-edge-w", "prompt": [2, 2], "max_tokens": 6, "seed": 4, "temperature": 2, "min_p": 0.3, "logprobs": 4}'
+    '{"model": "llama-edge-w", "prompt": [3], "max_tokens": 6, "seed": 5, "temperature": 2, "top_p": 0.5, "logprobs": 2}'
+  )
+  serve_answers "$edge" one 1
+  serve_answers "$edge" tp3edge 3 TK_TP_PICK=local
+  lp_same tp3edge one
+  serve_answers "$edge" tp3edgeg 3 TK_TP_PICK=gather
+  lp_same tp3edge tp3edgeg
 }
 
 # tk chat --tp: rank 0 reads the turns and sends them to the other rank; the replies are one process's
