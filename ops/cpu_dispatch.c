@@ -83,6 +83,9 @@ static pthread_once_t once = PTHREAD_ONCE_INIT;
 static void init(void)
 {
     features = detect();
+    const char *off = getenv("TK_CPU_AVX512"); /* 0: as if the CPU had no AVX-512 (A/B runs, a suspect unit) */
+    if (off && !strcmp(off, "0"))
+        features &= ~(unsigned)(TK_CPU_AVX512F | TK_CPU_AVX512BF16 | TK_CPU_AVX512VNNI);
     const char *m = getenv("TK_CPU_IMPL");
     mode = !m                        ? TK_CPU_MODE_AUTO
            : !strcmp(m, "reference") ? TK_CPU_MODE_REFERENCE

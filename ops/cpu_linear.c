@@ -948,6 +948,165 @@ static int run_gemm(lin_t *L)
     return TK_OK;
 }
 
+/* ---- AVX-512 BF16 GEMM: bf16 x and weight, M > TILE_MAX_M (prefill) -------------------------------
+ *
+ * vdpbf16ps multiplies pairs of bf16 and adds both products to an f32 lane: 32 products a zmm
+ * instruction where the f32 FMA does 16. x and the weight are packed as 32-bit words holding a pair of
+ * consecutive k (x: panels of BMR rows, ap[p][e2][r]; the weight: panels of 16 columns per depth
+ * block, bp[q][e2][c]), and a BMR x 32 tile of f32 accumulators (24 zmm) takes a broadcast pair of x
+ * against two panels' pairs each step. Numerics: the products of two bf16 are exact in f32; each lane
+ * adds the pair's odd product, then the even one (round to nearest even, denormals flushed to zero,
+ * as the instruction does), so the sum over k runs in another order than the f32 paths' and rounds as
+ * often: within the linear tolerance (tests/test_ops_cpu.c). The write-out (bias, rounding) is the
+ * AVX2 GEMM's. */
+#if TK_CPU_X86
+#define TK_AVX512BF16 __attribute__((target("avx512f,avx512bw,avx512dq,avx512vl,avx512bf16,avx2,fma,f16c")))
+#define BMR 12  /* rows of x a tile */
+#define BKC 256 /* depth of a packed block (128 pairs; even) */
+
+/* x packed as pairs: ap[p][e2][r] = (x[p BMR + r][2 e2], x[...][2 e2 + 1]), low then high half; 0 beyond m
+ * and beyond an odd k. */
+static void pack_a_bf16(void *arg, int64_t lo, int64_t hi)
+{
+    const lin_t *L = ((const pack_job *)arg)->L;
+    int64_t k2 = (L->k + 1) / 2;
+    for (int64_t p = lo; p < hi; p++) {
+        uint32_t *dst = (uint32_t *)L->ap + p * k2 * BMR;
+        for (int r = 0; r < BMR; r++) {
+            int64_t i = p * BMR + r;
+            const uint16_t *src = i < L->m ? (const uint16_t *)L->x + i * L->ldx : NULL;
+            for (int64_t e2 = 0; e2 < k2; e2++) {
+                uint32_t a = src ? src[2 * e2] : 0, b = src && 2 * e2 + 1 < L->k ? src[2 * e2 + 1] : 0;
+                dst[e2 * BMR + r] = a | b << 16;
+            }
+        }
+    }
+}
+
+/* The weight's columns [n0, n0 + 16 np) (0 from nn on) at depth [e0, e0 + kc), e0 even, as np panels of
+ * [kc2][16] pairs: bp[q][e2][c] = (w[n0 + 16 q + c][e0 + 2 e2], w[...][e0 + 2 e2 + 1]). */
+static void pack_b_bf16(const lin_t *L, uint32_t *bp, int64_t n0, int64_t nn, int64_t np, int64_t e0, int64_t kc)
+{
+    int64_t kc2 = (kc + 1) / 2, pairs = kc / 2;
+    for (int64_t q = 0; q < np; q++)
+        for (int c = 0; c < 16; c++) {
+            int64_t n = q * 16 + c;
+            uint32_t *dst = bp + q * kc2 * 16 + c;
+            if (n >= nn) {
+                for (int64_t e2 = 0; e2 < kc2; e2++)
+                    dst[e2 * 16] = 0;
+                continue;
+            }
+            const uint16_t *wr = (const uint16_t *)L->w + (n0 + n) * L->ldw + e0;
+            for (int64_t e2 = 0; e2 < pairs; e2++) {
+                uint32_t v;
+                memcpy(&v, wr + 2 * e2, sizeof v); /* little-endian: the even k in the low half */
+                dst[e2 * 16] = v;
+            }
+            if (kc2 > pairs) /* an odd k's last element, paired with 0 */
+                dst[pairs * 16] = wr[2 * pairs];
+        }
+}
+
+/* c[BMR][ldc] (+)= the pairs' dot products: a [kc2][BMR], b0 and b1 [kc2][16] (columns 0-15, 16-31). */
+TK_AVX512BF16 static void ukernel_bf16(int64_t kc2, const uint32_t *a, const uint32_t *b0, const uint32_t *b1, float *c,
+                                       int64_t ldc, int acc)
+{
+    __m512 c0[BMR], c1[BMR];
+#pragma GCC unroll 12
+    for (int r = 0; r < BMR; r++)
+        c0[r] = c1[r] = _mm512_setzero_ps();
+    for (int64_t e2 = 0; e2 < kc2; e2++, a += BMR) {
+        __m512bh w0 = (__m512bh)_mm512_loadu_si512(b0 + e2 * 16), w1 = (__m512bh)_mm512_loadu_si512(b1 + e2 * 16);
+#pragma GCC unroll 12
+        for (int r = 0; r < BMR; r++) {
+            __m512bh av = (__m512bh)_mm512_set1_epi32((int)a[r]);
+            c0[r] = _mm512_dpbf16_ps(c0[r], av, w0);
+            c1[r] = _mm512_dpbf16_ps(c1[r], av, w1);
+        }
+    }
+#pragma GCC unroll 12
+    for (int r = 0; r < BMR; r++) {
+        float *cr = c + r * ldc;
+        if (acc) {
+            c0[r] = _mm512_add_ps(c0[r], _mm512_loadu_ps(cr));
+            c1[r] = _mm512_add_ps(c1[r], _mm512_loadu_ps(cr + 16));
+        }
+        _mm512_storeu_ps(cr, c0[r]);
+        _mm512_storeu_ps(cr + 16, c1[r]);
+    }
+}
+
+static void gemm_range_bf16(void *arg, int64_t lo, int64_t hi)
+{
+    gemm_job *j = arg;
+    const lin_t *L = j->L;
+    const int64_t nc = L->nc, k2 = (L->k + 1) / 2;
+    uint32_t *bp = tk_ops__cpu_scratch(1, (size_t)(nc * (BKC / 2)) * sizeof(uint32_t));
+    float *ct = tk_ops__cpu_scratch(2, (size_t)(L->mc * nc) * sizeof(float));
+    if (!bp || !ct) {
+        __atomic_store_n(&j->nomem, 1, __ATOMIC_RELAXED);
+        return;
+    }
+    for (int64_t t = lo; t < hi; t++) {
+        int64_t mb = t / L->nnb, nb = t % L->nnb;
+        int64_t m0 = mb * L->mc, n0 = nb * nc;
+        int64_t mm = L->m - m0 < L->mc ? L->m - m0 : L->mc, nn = L->n - n0 < nc ? L->n - n0 : nc;
+        int64_t mp = (mm + BMR - 1) / BMR, np = (nn + 31) / 32 * 2; /* 16-column panels, in pairs */
+        for (int64_t e0 = 0; e0 < L->k; e0 += BKC) {
+            int64_t kc = L->k - e0 < BKC ? L->k - e0 : BKC, kc2 = (kc + 1) / 2;
+            pack_b_bf16(L, bp, n0, nn, np, e0, kc);
+            for (int64_t q = 0; q < np; q += 2)
+                for (int64_t p = 0; p < mp; p++) {
+                    const uint32_t *a = (const uint32_t *)L->ap + ((m0 / BMR + p) * k2 + e0 / 2) * BMR;
+                    ukernel_bf16(kc2, a, bp + q * kc2 * 16, bp + (q + 1) * kc2 * 16, ct + p * BMR * nc + q * 16, nc,
+                                 e0 > 0);
+                }
+        }
+        store_tile_avx2(L, ct, nc, m0, mm, n0, nn);
+    }
+}
+
+static int run_gemm_bf16(lin_t *L)
+{
+    int64_t k2 = (L->k + 1) / 2, panels = (L->m + BMR - 1) / BMR;
+    L->ap = tk_ops__cpu_scratch(0, (size_t)(panels * BMR * k2) * sizeof(uint32_t));
+    if (!L->ap)
+        return tk__err(TK_ERR_NOMEM, "linear: out of memory packing x (%lld x %lld)", (long long)L->m, (long long)L->k);
+    pack_job pj = {L};
+    tk_ops__parallel_for(panels, 2, 0, pack_a_bf16, &pj);
+    int64_t nmb = (L->m + MC_MAX - 1) / MC_MAX; /* MC_MAX is a multiple of BMR */
+    L->mc = ((L->m + nmb - 1) / nmb + BMR - 1) / BMR * BMR;
+    L->nmb = (L->m + L->mc - 1) / L->mc;
+    L->nc = NC;
+    if (L->nmb * ((L->n + NC - 1) / NC) < 4 * (int64_t)tk_ops__threads())
+        L->nc = NC / 2;
+    L->nnb = (L->n + L->nc - 1) / L->nc;
+    gemm_job j = {L, 0};
+    tk_ops__parallel_for(L->nmb * L->nnb, 1, 0, gemm_range_bf16, &j);
+    if (j.nomem)
+        return tk__err(TK_ERR_NOMEM, "linear: out of memory for a thread's GEMM blocks");
+    return TK_OK;
+}
+
+/* bf16 x and weight [N, K] (not transposed), more rows than the in-place tiles take, some depth */
+static int fits_linear_bf16(const tk_op_call *c)
+{
+    lin_t L;
+    return setup(&L, c, 0) && !L.trans && L.xk == K_BF16 && L.wk == K_BF16 && L.m > TILE_MAX_M && L.k > 0;
+}
+
+static int run_linear_bf16(const tk_op_call *c)
+{
+    lin_t L;
+    if (!setup(&L, c, 0))
+        return tk__err(TK_ERR_INTERNAL, "%s: the fast CPU implementation was picked for a layout it does not take",
+                       c->op->name);
+    L.avx2 = 1;
+    return L.n == 0 ? TK_OK : run_gemm_bf16(&L);
+}
+#endif
+
 static int run(const tk_op_call *c, int casted, int avx2)
 {
     lin_t L;
@@ -995,6 +1154,10 @@ static int run_casted_q8(const tk_op_call *c)
 
 const tk_cpu_impl tk_ops__cpu_linear_impls[] = {
 #if TK_CPU_X86
+    {"linear", "cpu-avx512bf16", TK_CPU_X86_AVX2 | TK_CPU_AVX512F | TK_CPU_AVX512BF16, fits_linear_bf16,
+     run_linear_bf16,
+     "bf16 x and weights, more than 32 rows (prefill): pairs of bf16 dotted by vdpbf16ps in a packed 12x32 "
+     "tile, f32 accumulation, threaded"},
     {"linear", "cpu-avx2", TK_CPU_X86_AVX2, fits_linear, run_linear_avx2,
      "f32/f16/bf16 weights read in their dtype: GEMV (M <= 4), 4x3 in-place tiles (M <= 32) and a packed 6x16 "
      "FMA GEMM, threaded"},

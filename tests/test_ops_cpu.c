@@ -239,11 +239,16 @@ static void test_linear(void)
         {1, 1, 1},     {1, 7, 5},      {1, 64, 33},   {2, 17, 9},     {3, 100, 37},   {4, 33, 70},    {5, 33, 17},
         {7, 300, 50},  {13, 257, 129}, {64, 600, 96}, {1, 0, 5},      {6, 1, 16},     {150, 40, 20},  {8, 576, 200},
         {6, 100, 333}, {7, 70, 40},    {5, 300, 200}, {11, 129, 131}, {17, 577, 100}, {22, 576, 193}, {31, 1000, 70},
-        {32, 64, 7},   {33, 40, 20},   {12, 8, 3},    {9, 7, 4},      {6, 15, 1},     {32, 300, 250}, {26, 1536, 50}};
+        {32, 64, 7},   {33, 40, 20},   {12, 8, 3},    {9, 7, 4},      {6, 15, 1},     {32, 300, 250}, {26, 1536, 50},
+        {40, 257, 70}, {45, 31, 33},   {300, 513, 97}};
     /* cpu-avx2: M 5..32 runs the in-place 4x3 tiles (M and N past and below multiples of 4 and 3, K of
      * 8; threaded in ranges of 64 KiB of weight rows, whose ends fall inside a tile of 3 rows), M 33 and
      * up the GEMM. cpu-portable: M 5..6 the GEMV in groups of 4 rows (threaded when N * K passes 64
-     * KiB), M 7 and up the GEMM. Transposed weights: the GEMM past M = 4. */
+     * KiB), M 7 and up the GEMM. Transposed weights: the GEMM past M = 4. cpu-avx512bf16 (bf16 x and
+     * weight, M 33 and up, not transposed; it refuses the rest): odd K (a pair padded with 0, also in a
+     * second depth block of one element: K 257, 513), N past multiples of 16 and 32, M past multiples of
+     * 12 and over two row blocks (300). */
+    refusal_ok = "cpu-avx512bf16";
     for (size_t d = 0; d < 3; d++)
         for (size_t s = 0; s < sizeof shapes / sizeof shapes[0]; s++)
             for (int tr = 0; tr < 2; tr++) {
@@ -255,7 +260,9 @@ static void test_linear(void)
         CHECK(lin_case(*all_dtypes[d], 9, 40, 9, 0, 0, 0, 1));
         CHECK(lin_case(*all_dtypes[d], 5, 41, 7, 1, 0, 0, 1));
         CHECK(lin_case(*all_dtypes[d], 32, 100, 10, 0, 0, 0, 1));
+        CHECK(lin_case(*all_dtypes[d], 40, 100, 10, 1, 0, 0, 1));
     }
+    refusal_ok = NULL;
 }
 
 /* special: NaN and inf in x (their rows are NaN / inf in both: the integer-dot path runs them in f32) */
