@@ -44,6 +44,11 @@
  * per call; a software prefetch 4 KiB ahead read the 113 MB f32 LM head of SmolLM-135M about 10% faster
  * on the development machine (Zen 3 VM, one thread, bench/cpu_ops) than the hardware prefetcher alone. */
 #define GEMV_PF 4096
+/* GEMV: bytes of weight rows per range handed to the pool. Each range is one stream from memory; 128 KiB
+ * ranges decoded SmolLM2-135M in f32 with 2 threads at 51 tokens/s against 40 with 32 KiB ones (Zen 4
+ * dev machine, 5 alternations, medians; bf16 47 against 41), 1 MiB no faster: a range's stream pays the
+ * prefetchers' ramp-up again. A thread the OS delays still holds up a call by one range (~5 us). */
+#define GEMV_GRAIN 131072
 
 /* One linear call as the kernels see it: out[m, n] = scale[n] * sum_k x[m, k] w[n, k] + bias[n]. */
 typedef struct {
@@ -316,7 +321,7 @@ TK_AVX2 static void gemvt_range_avx2(void *arg, int64_t lo, int64_t hi)
 static int64_t gemv_grain(const lin_t *L)
 {
     int64_t row = L->k * (int64_t)tk_cpu_kind_size(L->wk);
-    int64_t g = row > 0 ? (32768 + row - 1) / row : 64;
+    int64_t g = row > 0 ? (GEMV_GRAIN + row - 1) / row : 64;
     return g < 8 ? 8 : g;
 }
 
@@ -344,7 +349,7 @@ static int run_gemv(const lin_t *L)
 /* A short prefill (a chat turn, a server's fresh prompt) through the GEMM pays for packing every weight
  * block (a transposed copy of the whole weight per call) against too few rows of x to repay it: on
  * SmolLM-135M's shapes, one thread, M = 5 took about 1.3x the CPU time of the same rows run as GEMV
- * groups; at M = 8 the two were even (bench/RESULTS.md). Here each range of weight rows (about 32 KiB of the weight, gemv_grain) is
+ * groups; at M = 8 the two were even (bench/RESULTS.md). Here each range of weight rows (about 128 KiB of the weight, gemv_grain: within L2) is
  * read from memory once and dotted with x in groups of up to GEMV_MAX_M rows by the GEMV kernels, the
  * later groups reading it from the cache. Past GROUPS_MAX_M rows the GEMM's register tile wins. The
  * numerics are the GEMV's, row for row (transposed weights keep the GEMM). The job is the GEMV's:
