@@ -38,7 +38,7 @@
 #define MR 6          /* GEMM register tile: MR rows of x ... */
 #define NR 16         /* ... by NR output columns */
 #define KC 256        /* depth of a packed block */
-#define MC_MAX 144    /* rows of x per task (a multiple of MR) */
+#define MC_MAX 144    /* rows of x per task (a multiple of MR and of BMR) */
 #define NC 128        /* output columns per task at most (a multiple of NR); 64 when that gives too few tasks */
 /* GEMV: bytes ahead of the weight read that each step prefetches. The weight streams from memory once
  * per call; a software prefetch 4 KiB ahead read the 113 MB f32 LM head of SmolLM-135M about 10% faster
@@ -929,6 +929,25 @@ static void gemm_range(void *arg, int64_t lo, int64_t hi)
     }
 }
 
+/* The GEMM's tasks, run on the pool: row blocks of at most MC_MAX rows, as even as the tile's mr rows
+ * allow (MC_MAX is a multiple of every mr), by blocks of NC columns, halved when that gives fewer than
+ * four tasks a thread (a delayed thread then costs less). */
+static int gemm_tasks(lin_t *L, int64_t mr, void (*range)(void *, int64_t, int64_t))
+{
+    int64_t nmb = (L->m + MC_MAX - 1) / MC_MAX;
+    L->mc = ((L->m + nmb - 1) / nmb + mr - 1) / mr * mr;
+    L->nmb = (L->m + L->mc - 1) / L->mc;
+    L->nc = NC;
+    if (L->nmb * ((L->n + NC - 1) / NC) < 4 * (int64_t)tk_ops__threads())
+        L->nc = NC / 2;
+    L->nnb = (L->n + L->nc - 1) / L->nc;
+    gemm_job j = {L, 0};
+    tk_ops__parallel_for(L->nmb * L->nnb, 1, 0, range, &j);
+    if (j.nomem)
+        return tk__err(TK_ERR_NOMEM, "linear: out of memory for a thread's GEMM blocks");
+    return TK_OK;
+}
+
 static int run_gemm(lin_t *L)
 {
     int64_t panels = (L->m + MR - 1) / MR;
@@ -937,20 +956,7 @@ static int run_gemm(lin_t *L)
         return tk__err(TK_ERR_NOMEM, "linear: out of memory packing x (%lld x %lld)", (long long)L->m, (long long)L->k);
     pack_job pj = {L};
     tk_ops__parallel_for(panels, 4, 0, pack_a_range, &pj);
-    /* row blocks of at most MC_MAX, as even as MR allows */
-    int64_t nmb = (L->m + MC_MAX - 1) / MC_MAX;
-    L->mc = ((L->m + nmb - 1) / nmb + MR - 1) / MR * MR;
-    L->nmb = (L->m + L->mc - 1) / L->mc;
-    /* at least four tasks a thread when the columns allow it: a delayed thread costs less */
-    L->nc = NC;
-    if (L->nmb * ((L->n + NC - 1) / NC) < 4 * (int64_t)tk_ops__threads())
-        L->nc = NC / 2;
-    L->nnb = (L->n + L->nc - 1) / L->nc;
-    gemm_job j = {L, 0};
-    tk_ops__parallel_for(L->nmb * L->nnb, 1, 0, gemm_range, &j);
-    if (j.nomem)
-        return tk__err(TK_ERR_NOMEM, "linear: out of memory for a thread's GEMM blocks");
-    return TK_OK;
+    return gemm_tasks(L, MR, gemm_range);
 }
 
 /* ---- AVX-512 BF16 GEMM: bf16 x and weight, M > TILE_MAX_M (prefill) -------------------------------
@@ -1080,18 +1086,7 @@ static int run_gemm_bf16(lin_t *L)
         return tk__err(TK_ERR_NOMEM, "linear: out of memory packing x (%lld x %lld)", (long long)L->m, (long long)L->k);
     pack_job pj = {L};
     tk_ops__parallel_for(panels, 2, 0, pack_a_bf16, &pj);
-    int64_t nmb = (L->m + MC_MAX - 1) / MC_MAX; /* MC_MAX is a multiple of BMR */
-    L->mc = ((L->m + nmb - 1) / nmb + BMR - 1) / BMR * BMR;
-    L->nmb = (L->m + L->mc - 1) / L->mc;
-    L->nc = NC;
-    if (L->nmb * ((L->n + NC - 1) / NC) < 4 * (int64_t)tk_ops__threads())
-        L->nc = NC / 2;
-    L->nnb = (L->n + L->nc - 1) / L->nc;
-    gemm_job j = {L, 0};
-    tk_ops__parallel_for(L->nmb * L->nnb, 1, 0, gemm_range_bf16, &j);
-    if (j.nomem)
-        return tk__err(TK_ERR_NOMEM, "linear: out of memory for a thread's GEMM blocks");
-    return TK_OK;
+    return gemm_tasks(L, BMR, gemm_range_bf16);
 }
 
 /* bf16 x and weight [N, K] (not transposed), more rows than the in-place tiles take, some depth */
