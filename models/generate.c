@@ -867,13 +867,12 @@ static int eng_pick(engine *E, eseq *e, float *row, float *lp, int *ended, const
             ev->logprob = plp->logprob;
             memcpy(ev->top_ids, plp->top_ids, (size_t)plp->ntop * sizeof *ev->top_ids);
             memcpy(ev->top_logprobs, plp->top_vals, (size_t)plp->ntop * sizeof *ev->top_logprobs);
+            ev->ntop = k > 0 ? plp->ntop : 0;
         } else {
             ev->logprob = lp[t];
-            if (k > 0)
-                tk_gen__top_logprobs(lp, V, 0, k, ev->top_ids, ev->top_logprobs);
+            /* as many as were filled: fewer than k when fewer are not NaN */
+            ev->ntop = k > 0 ? tk_gen__top_logprobs(lp, V, 0, k, ev->top_ids, ev->top_logprobs) : 0;
         }
-        if (k > 0)
-            ev->ntop = k < V ? k : (int)V;
     }
     int si = -1;
     if (is_eos(&e->o, t))
@@ -910,8 +909,8 @@ static tk_models_tp_pick pick_opts(const eseq *e, const float *raw)
     return p;
 }
 
-/* A vocabulary-parallel step: every sequence's pick, which can always run on the ranks' columns
- * (models/tp_pick.c), sends fewer bytes than its row would (TK_TP_PICK=local or gather forces either). The
+/* A vocabulary-parallel step: the step's pick, which can always run on the ranks' columns
+ * (models/tp_pick.c), sends fewer bytes than the rows would (TK_TP_PICK=local or gather forces either). The
  * same on every rank: the ranks hold the same sequences with the same options. */
 static int eng_local(const engine *E)
 {
@@ -919,13 +918,18 @@ static int eng_local(const engine *E)
     const char *env = getenv("TK_TP_PICK");
     if (!E->lm.tp || (env && !strcmp(env, "gather")))
         return 0;
+    if (env && !strcmp(env, "local"))
+        return 1;
+    tk_models_tp_pick *p = malloc((E->n ? E->n : 1) * sizeof *p);
+    if (!p) /* gathering needs no memory of its own here */
+        return 0;
     for (size_t i = 0; i < E->n; i++) {
         const tk_gen_opts *o = &E->s[i]->o;
-        tk_models_tp_pick p = pick_opts(E->s[i], o->logprobs || o->top_logprobs > 0 ? &some_row : NULL);
-        if (!(env && !strcmp(env, "local")) && !tk_models__tp_pick_cheaper(E->lm.tp, &p))
-            return 0;
+        p[i] = pick_opts(E->s[i], o->logprobs || o->top_logprobs > 0 ? &some_row : NULL);
     }
-    return 1;
+    int local = tk_models__tp_pick_cheaper(E->lm.tp, p, E->n);
+    free(p);
+    return local;
 }
 
 /* The step's forward; with local, a split head leaves each rank its own columns of the logits. */

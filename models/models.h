@@ -604,8 +604,9 @@ typedef struct {
 } tk_models_tp_lp;
 /* m's LM head is split on the vocabulary over several ranks (a pick can run on the ranks' columns). */
 int tk_models__tp_vocab_parallel(const tk_model *m);
-/* A row's pick sends fewer bytes than gathering its logits row would. */
-int tk_models__tp_pick_cheaper(const tk_model *m, const tk_models_tp_pick *p);
+/* The pick of a step's n rows sends fewer bytes than gathering their logits rows would (every row sent
+ * at the step's widest record: the largest top-k and top_n, top-p and min-p if any row uses them). */
+int tk_models__tp_pick_cheaper(const tk_model *m, const tk_models_tp_pick *p, size_t n);
 /* Collective: the token of each of n rows (rows[i]: a logits row of V floats of which this rank's
  * columns [vocab_off, +vocab_len) are valid; top-k and min-p mask them in place) into tok[i], exactly the
  * one one process's processors and argmax or sample op give over the whole row; -1 where no logit is

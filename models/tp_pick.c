@@ -28,9 +28,10 @@
  *
  * All-gathers for a whole step's rows: one when every row is greedy; else the first round (3 + k i64 a
  * row a rank, one more with log-probabilities, one more with top-p), the sums (6), top-p's search
- * (ceil((32 + bits(V - 1)) / 4) rounds of 32, then min-p's sums again when a row has both), the masses
- * (1), the drawn tokens (1, plus 1 + n with log-probabilities) — where gathering the rows moves
- * ceil(V / N) floats a row a rank. generate.c gathers instead when that is fewer bytes (TK_TP_PICK).
+ * (ceil((32 + bits(V - 1)) / 4) rounds of 32, then the sums (6) again when a row has both), the masses
+ * (1), the drawn tokens (1, plus 1 + n with log-probabilities) — every row at the step's widest record —
+ * where gathering the rows moves ceil(V / N) floats a row a rank. generate.c gathers instead when that is
+ * fewer bytes (tk_models__tp_pick_cheaper; TK_TP_PICK forces either).
  */
 #include <math.h>
 #include <stdlib.h>
@@ -87,16 +88,33 @@ static int64_t pick_bytes(const tk_models_tp_pick *p, int64_t V)
     int lp = p->raw != NULL, minp = p->sample && p->min_p > 0, topp = p->sample && p->top_p < 1.0;
     int64_t b = (3 + lp + topp + top_k_of(p, V)) * 8;
     b += lp || minp || topp ? 48 : 0;
-    b += topp ? search_rounds(V) * 256 + (minp ? 16 : 0) : 0;
+    b += topp ? search_rounds(V) * 256 + (minp ? 48 : 0) : 0; /* round S again (6 i64) for min-p after top-p */
     b += p->sample ? 8 : 0;
     b += p->sample || lp ? (1 + lp * (1 + top_n_of(p))) * 8 : 0;
     return b;
 }
 
-int tk_models__tp_pick_cheaper(const tk_model *m, const tk_models_tp_pick *p)
+int tk_models__tp_pick_cheaper(const tk_model *m, const tk_models_tp_pick *p, size_t n)
 {
+    /* a step's rounds send every row the widest row's record (round A's slots, round S, the search
+     * rounds), so each row costs what the row of every option the step's rows use would */
+    static const float some_row = 0;
     int64_t V = m->cfg.vocab, C = (V + m->tp->world - 1) / m->tp->world;
-    return pick_bytes(p, V) < C * (int64_t)sizeof(float);
+    tk_models_tp_pick w = {0, 0, 0, 0, 1.0, 0, NULL, 0};
+    for (size_t i = 0; i < n; i++) {
+        if (p[i].sample) {
+            int64_t k = top_k_of(&p[i], V);
+            w.sample = 1;
+            w.top_k = k > w.top_k ? k : w.top_k;
+            w.top_p = p[i].top_p < w.top_p ? p[i].top_p : w.top_p;
+            w.min_p = p[i].min_p > w.min_p ? p[i].min_p : w.min_p;
+        }
+        if (p[i].raw) {
+            w.raw = &some_row;
+            w.top_n = top_n_of(&p[i]) > w.top_n ? top_n_of(&p[i]) : w.top_n;
+        }
+    }
+    return pick_bytes(&w, V) < C * (int64_t)sizeof(float);
 }
 
 static int cmp_desc(const void *a, const void *b)

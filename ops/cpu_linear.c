@@ -317,11 +317,16 @@ TK_AVX2 static void gemvt_range_avx2(void *arg, int64_t lo, int64_t hi)
 }
 #endif
 
-/* Rows of the weight per range: about 32 KiB of it, at least 8 rows. */
+/* Rows of the weight per range: GEMV_GRAIN bytes of it, less where that would give fewer than two
+ * ranges a thread (a small weight on many cores: SmolLM2's 576 x 576 bf16 q_proj is 5 ranges of 128 KiB),
+ * not under 16 KiB, at least 8 rows. */
 static int64_t gemv_grain(const lin_t *L)
 {
     int64_t row = L->k * (int64_t)tk_cpu_kind_size(L->wk);
-    int64_t g = row > 0 ? (GEMV_GRAIN + row - 1) / row : 64;
+    int64_t bytes = GEMV_GRAIN, spread = L->n * row / (2 * (int64_t)tk_ops__threads());
+    if (spread < bytes)
+        bytes = spread > 16384 ? spread : 16384;
+    int64_t g = row > 0 ? (bytes + row - 1) / row : 64;
     return g < 8 ? 8 : g;
 }
 
@@ -349,7 +354,7 @@ static int run_gemv(const lin_t *L)
 /* A short prefill (a chat turn, a server's fresh prompt) through the GEMM pays for packing every weight
  * block (a transposed copy of the whole weight per call) against too few rows of x to repay it: on
  * SmolLM-135M's shapes, one thread, M = 5 took about 1.3x the CPU time of the same rows run as GEMV
- * groups; at M = 8 the two were even (bench/RESULTS.md). Here each range of weight rows (about 128 KiB of the weight, gemv_grain: within L2) is
+ * groups; at M = 8 the two were even (bench/RESULTS.md). Here each range of weight rows (at most 128 KiB of the weight, gemv_grain: within L2) is
  * read from memory once and dotted with x in groups of up to GEMV_MAX_M rows by the GEMV kernels, the
  * later groups reading it from the cache. Past GROUPS_MAX_M rows the GEMM's register tile wins. The
  * numerics are the GEMV's, row for row (transposed weights keep the GEMM). The job is the GEMV's:

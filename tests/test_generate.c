@@ -841,8 +841,40 @@ static void test_bad_input(void)
     tk_model_free(m);
 }
 
+/* tk_models__tp_pick_cheaper costs a step's rows at the widest record the step sends (every row rides
+ * in each round at the step's largest top-k, and in top-p's search rounds when any row uses top-p): a
+ * greedy row alone picks on the ranks' columns, beside one top-p row the step gathers the rows. */
+static void test_tp_pick_cost_is_the_steps(void)
+{
+    tk_model m;
+    tk_models_tp tp;
+    memset(&m, 0, sizeof m);
+    memset(&tp, 0, sizeof tp);
+    m.cfg.vocab = 101; /* 51 columns a rank: 204 bytes a row gathered */
+    tp.world = 2;
+    m.tp = &tp;
+    tk_models_tp_pick rows[4];
+    for (int i = 0; i < 4; i++)
+        rows[i] = (tk_models_tp_pick){0, 0, 0, 0, 1.0, 0, NULL, 0};
+    CHECK(tk_models__tp_pick_cheaper(&m, rows, 4)); /* greedy: 24 bytes a row */
+    rows[3].sample = 1;
+    rows[3].top_p = 0.9; /* its search alone sends more than a row */
+    CHECK(!tk_models__tp_pick_cheaper(&m, rows + 3, 1));
+    CHECK(!tk_models__tp_pick_cheaper(&m, rows, 4));
+    m.cfg.vocab = 128256; /* a large vocabulary: the search pays for itself even for the greedy rows */
+    CHECK(tk_models__tp_pick_cheaper(&m, rows, 4));
+    /* two rows each cheaper alone, not together: 4000 bytes a row gathered (V 2000), top-p's 11 search
+     * rounds (2912 bytes) and a top-k of 200 (1640 bytes) make a record of 4512 bytes for both */
+    m.cfg.vocab = 2000;
+    rows[2] = (tk_models_tp_pick){1, 200, 0, 0, 1.0, 0, NULL, 0};
+    CHECK(tk_models__tp_pick_cheaper(&m, rows + 2, 1));
+    CHECK(tk_models__tp_pick_cheaper(&m, rows + 3, 1));
+    CHECK(!tk_models__tp_pick_cheaper(&m, rows + 2, 2));
+}
+
 int main(void)
 {
+    RUN(test_tp_pick_cost_is_the_steps);
     RUN(test_processors_match_transformers);
     RUN(test_softmax_sums_split_exactly);
     RUN(test_kv_cache_matches_full_recompute);
