@@ -1094,11 +1094,71 @@ static int run_gemm_bf16(lin_t *L)
     return gemm_tasks(L, BMR, gemm_range_bf16);
 }
 
-/* bf16 x and weight [N, K] (not transposed), more rows than the in-place tiles take, some depth */
+/* Short prefills (GEMV_MAX_M < M <= TILE_MAX_M) in place, as the AVX2 tiles: a weight row's consecutive
+ * bf16 are already pairs, so a zmm of 32 bf16 of a row of x and one of a weight row go straight into
+ * vdpbf16ps, 16 lanes of partial sums of one dot product, added across the lanes once per tile. Tiles of
+ * BTM rows of x by BTN weight rows (16 accumulators); a partial tile repeats its last row and stores
+ * only the real ones; the depth's tail is a masked load (zeros). The weight is read where it is, once
+ * per call; each tile's weight rows stay in L1 while the rows of x pass over them. */
+#define BTM 4
+#define BTN 4
+
+TK_AVX512BF16 static void btile_range(void *arg, int64_t lo, int64_t hi)
+{
+    const lin_t *L = ((const gemv_job *)arg)->L;
+    const int64_t K = L->k;
+    for (int64_t n0 = lo; n0 < hi; n0 += BTN) {
+        const uint16_t *w[BTN];
+        for (int t = 0; t < BTN; t++)
+            w[t] = (const uint16_t *)L->w + (n0 + t < hi ? n0 + t : hi - 1) * L->ldw;
+        for (int64_t m0 = 0; m0 < L->m; m0 += BTM) {
+            const uint16_t *x[BTM];
+            for (int i = 0; i < BTM; i++)
+                x[i] = (const uint16_t *)L->x + (m0 + i < L->m ? m0 + i : L->m - 1) * L->ldx;
+            __m512 acc[BTM][BTN];
+#pragma GCC unroll 16
+            for (int q = 0; q < BTM * BTN; q++)
+                acc[q / BTN][q % BTN] = _mm512_setzero_ps();
+            for (int64_t e = 0; e < K; e += 32) {
+                __mmask32 mk = K - e >= 32 ? (__mmask32)0xffffffffu : (__mmask32)((1u << (K - e)) - 1);
+                __m512i wv[BTN], xv[BTM];
+#pragma GCC unroll 4
+                for (int t = 0; t < BTN; t++)
+                    wv[t] = _mm512_maskz_loadu_epi16(mk, w[t] + e);
+#pragma GCC unroll 4
+                for (int i = 0; i < BTM; i++)
+                    xv[i] = _mm512_maskz_loadu_epi16(mk, x[i] + e);
+#pragma GCC unroll 16
+                for (int q = 0; q < BTM * BTN; q++)
+                    acc[q / BTN][q % BTN] =
+                        _mm512_dpbf16_ps(acc[q / BTN][q % BTN], (__m512bh)xv[q / BTN], (__m512bh)wv[q % BTN]);
+            }
+            float sum[BTM * BTN]; /* the lanes added with constant indices: acc stays in registers */
+#pragma GCC unroll 16
+            for (int q = 0; q < BTM * BTN; q++)
+                sum[q] = _mm512_reduce_add_ps(acc[q / BTN][q % BTN]);
+            for (int i = 0; i < BTM && m0 + i < L->m; i++)
+                for (int t = 0; t < BTN && n0 + t < hi; t++)
+                    put1(L, m0 + i, n0 + t, sum[i * BTN + t]);
+        }
+    }
+}
+
+static int run_btiles(const lin_t *L)
+{
+    gemv_job j = {L, NULL, 0};
+    int64_t row = L->k * 2, bytes = L->n * row;
+    int64_t grain = (TILE_GRAIN + row - 1) / row;
+    grain = (grain + BTN - 1) / BTN * BTN;
+    tk_ops__parallel_for(L->n, grain, bytes < (1 << 16) ? 1 : 0, btile_range, &j);
+    return TK_OK;
+}
+
+/* bf16 x and weight [N, K] (not transposed), more rows than the GEMV takes, some depth */
 static int fits_linear_bf16(const tk_op_call *c)
 {
     lin_t L;
-    return setup(&L, c, 0) && !L.trans && L.xk == K_BF16 && L.wk == K_BF16 && L.m > TILE_MAX_M && L.k > 0;
+    return setup(&L, c, 0) && !L.trans && L.xk == K_BF16 && L.wk == K_BF16 && L.m > GEMV_MAX_M && L.k > 0;
 }
 
 static int run_linear_bf16(const tk_op_call *c)
@@ -1108,7 +1168,9 @@ static int run_linear_bf16(const tk_op_call *c)
         return tk__err(TK_ERR_INTERNAL, "%s: the fast CPU implementation was picked for a layout it does not take",
                        c->op->name);
     L.avx2 = 1;
-    return L.n == 0 ? TK_OK : run_gemm_bf16(&L);
+    if (L.n == 0)
+        return TK_OK;
+    return L.m <= TILE_MAX_M ? run_btiles(&L) : run_gemm_bf16(&L);
 }
 #endif
 
@@ -1161,8 +1223,8 @@ const tk_cpu_impl tk_ops__cpu_linear_impls[] = {
 #if TK_CPU_X86
     {"linear", "cpu-avx512bf16", TK_CPU_X86_AVX2 | TK_CPU_AVX512F | TK_CPU_AVX512BF16, fits_linear_bf16,
      run_linear_bf16,
-     "bf16 x and weights, more than 32 rows (prefill): pairs of bf16 dotted by vdpbf16ps in a packed 12x32 "
-     "tile, f32 accumulation, threaded"},
+     "bf16 x and weights, more than 4 rows (prefill): pairs of bf16 dotted by vdpbf16ps, f32 accumulation; "
+     "in-place 4x4 tiles up to 32 rows, a packed 12x32 tile above; threaded"},
     {"linear", "cpu-avx2", TK_CPU_X86_AVX2, fits_linear, run_linear_avx2,
      "f32/f16/bf16 weights read in their dtype: GEMV (M <= 4), 4x3 in-place tiles (M <= 32) and a packed 6x16 "
      "FMA GEMM, threaded"},
