@@ -40,10 +40,6 @@
 #define KC 256        /* depth of a packed block */
 #define MC_MAX 144    /* rows of x per task (a multiple of MR and of BMR) */
 #define NC 128        /* output columns per task at most (a multiple of NR); 64 when that gives too few tasks */
-/* GEMV: bytes ahead of the weight read that each step prefetches. The weight streams from memory once
- * per call; a software prefetch 4 KiB ahead read the 113 MB f32 LM head of SmolLM-135M about 10% faster
- * on the development machine (Zen 3 VM, one thread, bench/cpu_ops) than the hardware prefetcher alone. */
-#define GEMV_PF 4096
 /* GEMV: bytes of weight rows per range handed to the pool. Each range is one stream from memory; 128 KiB
  * ranges decoded SmolLM2-135M in f32 with 2 threads at 51 tokens/s against 40 with 32 KiB ones (Zen 4
  * dev machine, 5 alternations, medians; bf16 47 against 41), 1 MiB no faster: a range's stream pays the
@@ -214,15 +210,34 @@ static void gemvt_range_c(void *arg, int64_t lo, int64_t hi)
 /* ---- GEMV: AVX2 ---------------------------------------------------------------------------------- */
 
 #if TK_CPU_X86
+/* GEMV: bytes ahead of the weight read that each step prefetches (0: none). The weight streams from
+ * memory once per call. On a Zen 3 VM (no AVX-512) a software prefetch 4 KiB ahead read the 113 MB f32 LM
+ * head of SmolLM-135M about 10% faster than the hardware prefetcher alone (one thread, bench/cpu_ops); on
+ * a Zen 4 VM (AVX-512) it was slower: SmolLM2-135M f32 decode on one thread at 35.9 tokens/s with 4 KiB,
+ * 39.2-41.5 with 512 B and 43.5 with none (medians of 4, 2026-11-28). Two machines measured: a CPU with
+ * AVX-512 gets none, the others 4 KiB. */
+static int64_t gemv_pf(void)
+{
+    static int pf = -1;
+    int v = __atomic_load_n(&pf, __ATOMIC_RELAXED);
+    if (v < 0) {
+        v = tk_ops__cpu_features() & TK_CPU_AVX512F ? 0 : 4096;
+        __atomic_store_n(&pf, v, __ATOMIC_RELAXED);
+    }
+    return v;
+}
+
 /* One weight row against M rows of x: 16 columns a step, two accumulators a row. */
 TK_AVX2_INLINE void gemv_row_avx2(int M, int wk, const void *wr, const float *xf, int64_t ldx, int64_t k, float *dst)
 {
     __m256 a0[GEMV_MAX_M], a1[GEMV_MAX_M];
     for (int i = 0; i < M; i++)
         a0[i] = a1[i] = _mm256_setzero_ps();
+    const int64_t pf = gemv_pf();
     int64_t e = 0;
     for (; e + 16 <= k; e += 16) {
-        _mm_prefetch((const char *)wr + e * (int64_t)tk_cpu_kind_size(wk) + GEMV_PF, _MM_HINT_T0);
+        if (pf)
+            _mm_prefetch((const char *)wr + e * (int64_t)tk_cpu_kind_size(wk) + pf, _MM_HINT_T0);
         __m256 w0 = tk_ld8(wr, e, wk), w1 = tk_ld8(wr, e + 8, wk);
         for (int i = 0; i < M; i++) {
             a0[i] = _mm256_fmadd_ps(w0, _mm256_loadu_ps(xf + i * ldx + e), a0[i]);
@@ -616,7 +631,7 @@ TK_AVX2_INLINE void q8_block(int M, __m256i w, const int8_t *xq, int64_t kp, con
 TK_AVX2_INLINE void q8_rows_avx2(int M, const q8_job *j, int64_t lo, int64_t hi)
 {
     const lin_t *L = j->L;
-    int64_t k = L->k, nb = k / QB, nbk = j->kp / QB;
+    int64_t k = L->k, nb = k / QB, nbk = j->kp / QB, pf = gemv_pf();
     for (int64_t n = lo; n < hi; n++) {
         const int8_t *wr = (const int8_t *)L->w + n * L->ldw;
         __m256 a0[GEMV_MAX_M], a1[GEMV_MAX_M];
@@ -624,7 +639,8 @@ TK_AVX2_INLINE void q8_rows_avx2(int M, const q8_job *j, int64_t lo, int64_t hi)
             a0[i] = a1[i] = _mm256_setzero_ps();
         int64_t b = 0;
         for (; b + 2 <= nb; b += 2) { /* two chains of FMAs */
-            _mm_prefetch((const char *)wr + b * QB + GEMV_PF, _MM_HINT_T0);
+            if (pf)
+                _mm_prefetch((const char *)wr + b * QB + pf, _MM_HINT_T0);
             q8_block(M, _mm256_loadu_si256((const __m256i *)(wr + b * QB)), j->xq, j->kp, j->xd, nbk, b, a0);
             q8_block(M, _mm256_loadu_si256((const __m256i *)(wr + b * QB + QB)), j->xq, j->kp, j->xd, nbk, b + 1, a1);
         }
