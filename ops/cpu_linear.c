@@ -210,21 +210,23 @@ static void gemvt_range_c(void *arg, int64_t lo, int64_t hi)
 /* ---- GEMV: AVX2 ---------------------------------------------------------------------------------- */
 
 #if TK_CPU_X86
-/* GEMV: bytes ahead of the weight read that each step prefetches (0: none). The weight streams from
- * memory once per call. On a Zen 3 VM (no AVX-512) a software prefetch 4 KiB ahead read the 113 MB f32 LM
- * head of SmolLM-135M about 10% faster than the hardware prefetcher alone (one thread, bench/cpu_ops); on
- * a Zen 4 VM (AVX-512) it was slower: SmolLM2-135M f32 decode on one thread at 35.9 tokens/s with 4 KiB,
- * 39.2-41.5 with 512 B and 43.5 with none (medians of 4, 2026-11-28). Two machines measured: a CPU with
- * AVX-512 gets none, the others 4 KiB. */
-static int64_t gemv_pf(void)
+/* GEMV: bytes ahead of the weight read that each step prefetches (0: none), for weights of kind wk. The
+ * weight streams from memory once per call. On a Zen 3 VM (no AVX-512) a software prefetch 4 KiB ahead
+ * read the 113 MB f32 LM head of SmolLM-135M about 10% faster than the hardware prefetcher alone (one
+ * thread, bench/cpu_ops). On a Zen 4 VM (AVX-512; SmolLM2-135M decode, medians of 3-4, 2026-11-28) it
+ * slowed f32 (one thread 35.1 tokens/s with 4 KiB against 43.6 with none; two 48.1 against 53.3) and
+ * still helped the weights widened in registers (bf16 68.9 against 62.9 and 87.9 against 76.9; int8
+ * 105.5 against 84.0 and 137.9 against 119.9), whose loop spends longer per byte. Two machines measured:
+ * f32 weights on a CPU with AVX-512 get none, everything else 4 KiB. */
+static int64_t gemv_pf(int wk)
 {
-    static int pf = -1;
-    int v = __atomic_load_n(&pf, __ATOMIC_RELAXED);
+    static int avx512 = -1;
+    int v = __atomic_load_n(&avx512, __ATOMIC_RELAXED);
     if (v < 0) {
-        v = tk_ops__cpu_features() & TK_CPU_AVX512F ? 0 : 4096;
-        __atomic_store_n(&pf, v, __ATOMIC_RELAXED);
+        v = (tk_ops__cpu_features() & TK_CPU_AVX512F) != 0;
+        __atomic_store_n(&avx512, v, __ATOMIC_RELAXED);
     }
-    return v;
+    return wk == K_F32 && v ? 0 : 4096;
 }
 
 /* One weight row against M rows of x: 16 columns a step, two accumulators a row. */
@@ -233,7 +235,7 @@ TK_AVX2_INLINE void gemv_row_avx2(int M, int wk, const void *wr, const float *xf
     __m256 a0[GEMV_MAX_M], a1[GEMV_MAX_M];
     for (int i = 0; i < M; i++)
         a0[i] = a1[i] = _mm256_setzero_ps();
-    const int64_t pf = gemv_pf();
+    const int64_t pf = gemv_pf(wk);
     int64_t e = 0;
     for (; e + 16 <= k; e += 16) {
         if (pf)
@@ -631,7 +633,7 @@ TK_AVX2_INLINE void q8_block(int M, __m256i w, const int8_t *xq, int64_t kp, con
 TK_AVX2_INLINE void q8_rows_avx2(int M, const q8_job *j, int64_t lo, int64_t hi)
 {
     const lin_t *L = j->L;
-    int64_t k = L->k, nb = k / QB, nbk = j->kp / QB, pf = gemv_pf();
+    int64_t k = L->k, nb = k / QB, nbk = j->kp / QB, pf = gemv_pf(K_I8);
     for (int64_t n = lo; n < hi; n++) {
         const int8_t *wr = (const int8_t *)L->w + n * L->ldw;
         __m256 a0[GEMV_MAX_M], a1[GEMV_MAX_M];
