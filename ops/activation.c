@@ -205,12 +205,7 @@ static const tk_op_param gated_params[] = {OUT_GATED, IN_GATED};
 static const tk_op_param fatrelu_params[] = {
     OUT_GATED,
     IN_GATED,
-    {.name = "threshold",
-     .kind = TK_ARG_F64,
-     .optional = 1,
-     .def = 0.0,
-     .dtype_like = -1,
-     .doc = "x[..., :d] values not above it become 0 (rounded to f32)"},
+    TK_OPS_SCALAR("threshold", TK_ARG_F64, 0.0, "x[..., :d] values not above it become 0 (rounded to f32)"),
 };
 static const tk_op_param plain_params[] = {OUT_PLAIN, IN_PLAIN};
 

@@ -1104,12 +1104,8 @@ static const tk_op_param fl_params[] = {
     IGNORE,
     SMOOTH,
     RED,
-    {.name = "chunk_size",
-     .kind = TK_ARG_I64,
-     .optional = 1,
-     .def = 0,
-     .dtype_like = -1,
-     .doc = "rows of logits the CPU reference holds at once (0: Liger's rule); kernels ignore it"},
+    TK_OPS_SCALAR("chunk_size", TK_ARG_I64, 0,
+                  "rows of logits the CPU reference holds at once (0: Liger's rule); kernels ignore it"),
 };
 
 static const tk_op_param mm_params[] = {
@@ -1119,12 +1115,7 @@ static const tk_op_param mm_params[] = {
            "per-pair max(0, margin - pos + neg) (reduction none), else their mean over pairs or sum"),
     TENSOR("grad_pos", TK_OPS_OUT, TK_OPS_FLOATS, 0, 1, 1, "[N]", 1, "dloss/dpos"),
     TENSOR("grad_neg", TK_OPS_OUT, TK_OPS_FLOATS, 0, 1, 2, "[N] | [N, K]", 1, "dloss/dneg"),
-    {.name = "margin",
-     .kind = TK_ARG_F64,
-     .optional = 1,
-     .def = 1.0,
-     .dtype_like = -1,
-     .doc = "the margin by which pos must beat each neg"},
+    TK_OPS_SCALAR("margin", TK_ARG_F64, 1.0, "the margin by which pos must beat each neg"),
     RED,
 };
 
@@ -1135,18 +1126,9 @@ static const tk_op_param nce_params[] = {
            "per-anchor loss (reduction none), else their mean or sum"),
     TENSOR("grad_a", TK_OPS_OUT, TK_OPS_FLOATS, 0, 2, 2, "[N, D]", 1, "dloss/da"),
     TENSOR("grad_b", TK_OPS_OUT, TK_OPS_FLOATS, 0, 2, 2, "[N, D]", 1, "dloss/db"),
-    {.name = "temperature",
-     .kind = TK_ARG_F64,
-     .optional = 1,
-     .def = 0.07,
-     .dtype_like = -1,
-     .doc = "S = normalize(a) normalize(b)^T / temperature"},
-    {.name = "symmetric",
-     .kind = TK_ARG_I64,
-     .optional = 1,
-     .def = 0,
-     .dtype_like = -1,
-     .doc = "1: CLIP's loss, the mean of the a->b (rows) and b->a (columns) cross-entropies"},
+    TK_OPS_SCALAR("temperature", TK_ARG_F64, 0.07, "S = normalize(a) normalize(b)^T / temperature"),
+    TK_OPS_SCALAR("symmetric", TK_ARG_I64, 0,
+                  "1: CLIP's loss, the mean of the a->b (rows) and b->a (columns) cross-entropies"),
     RED,
 };
 

@@ -91,6 +91,34 @@ typedef struct {
     const char *doc;    /* one line for `tk ops` */
 } tk_op_param;
 
+/* Entries of a built-in op's parameter table. A tensor: name, role (TK_OPS_IN / TK_OPS_OUT), allowed
+ * dtypes, dtype_like (-1: its own dtypes), ranks min..max (max -1: any), shape text, doc line. */
+#define TK_OPS_TENSOR(nm, rl, dts, like, rmin, rmax, shp, dc)                                                          \
+    {.name = (nm),                                                                                                     \
+     .kind = TK_ARG_TENSOR,                                                                                            \
+     .role = (rl),                                                                                                     \
+     .dtypes = (dts),                                                                                                  \
+     .dtype_like = (like),                                                                                             \
+     .min_rank = (rmin),                                                                                               \
+     .max_rank = (rmax),                                                                                               \
+     .shape = (shp),                                                                                                   \
+     .doc = (dc)}
+/* The same, optional: the call may leave it out (NULL). */
+#define TK_OPS_TENSOR_OPT(nm, rl, dts, like, rmin, rmax, shp, dc)                                                      \
+    {.name = (nm),                                                                                                     \
+     .kind = TK_ARG_TENSOR,                                                                                            \
+     .role = (rl),                                                                                                     \
+     .dtypes = (dts),                                                                                                  \
+     .dtype_like = (like),                                                                                             \
+     .min_rank = (rmin),                                                                                               \
+     .max_rank = (rmax),                                                                                               \
+     .shape = (shp),                                                                                                   \
+     .optional = 1,                                                                                                    \
+     .doc = (dc)}
+/* An optional scalar: name, kind (TK_ARG_I64 / TK_ARG_F64), its default, doc line. */
+#define TK_OPS_SCALAR(nm, knd, dflt, dc)                                                                               \
+    {.name = (nm), .kind = (knd), .optional = 1, .def = (dflt), .dtype_like = -1, .doc = (dc)}
+
 typedef struct tk_op_desc tk_op_desc;
 
 /* The arguments of one call, bound to the op's parameters (index = parameter index). */

@@ -209,34 +209,14 @@ static const tk_op_param adamw_params[] = {
     F("beta2", 0.999, "the second moment's decay"),
     F("eps", 1e-8, "added to the bias-corrected sqrt(exp_avg_sq)"),
     F("weight_decay", 1e-2, "decoupled: param *= 1 - lr * weight_decay (0 for the no-decay group)"),
-    {.name = "step",
-     .kind = TK_ARG_I64,
-     .optional = 1,
-     .def = 1,
-     .dtype_like = -1,
-     .doc = "steps taken, this one included (>= 1): the bias corrections' exponent"},
+    TK_OPS_SCALAR("step", TK_ARG_I64, 1, "steps taken, this one included (>= 1): the bias corrections' exponent"),
     F("grad_scale", 1.0, "the gradient is multiplied by this first (clipping, 1/tokens)"),
 };
 
 static const tk_op_param sumsq_params[] = {
-    {.name = "out",
-     .kind = TK_ARG_TENSOR,
-     .role = TK_OPS_OUT,
-     .dtypes = TK_OPS_F32 | TK_OPS_F64,
-     .dtype_like = -1,
-     .min_rank = 0,
-     .max_rank = 1,
-     .shape = "[] | [1]",
-     .doc = "sum of input^2 (accumulated in double)"},
-    {.name = "input",
-     .kind = TK_ARG_TENSOR,
-     .role = TK_OPS_IN,
-     .dtypes = TK_OPS_FLOATS,
-     .dtype_like = -1,
-     .min_rank = 0,
-     .max_rank = -1,
-     .shape = "[...]",
-     .doc = "x"},
+    TK_OPS_TENSOR("out", TK_OPS_OUT, TK_OPS_F32 | TK_OPS_F64, -1, 0, 1, "[] | [1]",
+                  "sum of input^2 (accumulated in double)"),
+    TK_OPS_TENSOR("input", TK_OPS_IN, TK_OPS_FLOATS, -1, 0, -1, "[...]", "x"),
 };
 
 #define PKG "kernels-community/training"

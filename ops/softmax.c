@@ -97,24 +97,8 @@ static int cpu_softmax(const tk_op_call *c)
 /* ---- the table -------------------------------------------------------------------------------- */
 
 static const tk_op_param softmax_params[] = {
-    {.name = "out",
-     .kind = TK_ARG_TENSOR,
-     .role = TK_OPS_OUT,
-     .dtypes = TK_OPS_FLOATS,
-     .dtype_like = 1,
-     .min_rank = 1,
-     .max_rank = -1,
-     .shape = "[..., d]",
-     .doc = "the result (may be 'input' itself)"},
-    {.name = "input",
-     .kind = TK_ARG_TENSOR,
-     .role = TK_OPS_IN,
-     .dtypes = TK_OPS_FLOATS,
-     .dtype_like = -1,
-     .min_rank = 1,
-     .max_rank = -1,
-     .shape = "[..., d]",
-     .doc = "x, normalised over its last dimension"},
+    TK_OPS_TENSOR("out", TK_OPS_OUT, TK_OPS_FLOATS, 1, 1, -1, "[..., d]", "the result (may be 'input' itself)"),
+    TK_OPS_TENSOR("input", TK_OPS_IN, TK_OPS_FLOATS, -1, 1, -1, "[..., d]", "x, normalised over its last dimension"),
 };
 
 static const int plain = 0, logarithmic = 1;
