@@ -132,7 +132,9 @@ typedef struct {
     int32_t *ids;
     size_t n;
     FILE *draws;
-    int draws_short;
+    int draws_short, draws_bad; /* ran out; a value outside [0, 1) (draw number draws_n, value bad_u) */
+    uint64_t draws_n;
+    double bad_u;
     size_t printed; /* bytes of the text printed so far */
     int streamed;
     tk_cli *cli;
@@ -294,8 +296,32 @@ static int file_draws(void *user, double *u, size_t n)
         for (int k = 7; k >= 0; k--)
             x = x << 8 | b[k];
         memcpy(&u[i], &x, sizeof x);
+        j->draws_n++;
+        if (!(u[i] >= 0.0 && u[i] < 1.0)) { /* NaN too */
+            j->draws_bad = 1;
+            j->bad_u = u[i];
+            return TK_ERR_INVALID;
+        }
     }
     return TK_OK;
+}
+
+/* the error for a failed run: the draws file's, or the run's own */
+static int draws_error(tk_cli *cli, const djob *j, int rc)
+{
+    if (j->draws_short)
+        return tk_cli_errorf(cli, TK_ERR_INVALID, TK_EXIT_USAGE,
+                             "--draws %s ran out of draws\n"
+                             "HINT: the file must hold every uniform the run asks for (docs/diffusion.md)",
+                             j->draws_path);
+    if (j->draws_bad)
+        return tk_cli_errorf(cli, TK_ERR_INVALID, TK_EXIT_USAGE,
+                             "--draws %s: draw %llu (byte offset %llu) is %g, outside [0, 1)\n"
+                             "HINT: the file holds uniforms as little-endian float64, as torch.rand gives them "
+                             "(docs/diffusion.md)",
+                             j->draws_path, (unsigned long long)j->draws_n,
+                             (unsigned long long)(j->draws_n - 1) * 8, j->bad_u);
+    return tk_cli_fail(cli, rc, NULL);
 }
 
 /* the canvas from position `from` to `to` as text: runs of chosen tokens decoded, '_' per mask */
@@ -440,12 +466,7 @@ int tk_cmd_generate_diffusion(tk_cli *cli, int argc, char **argv)
     if ((rc = tk_diffusion_generate(&r, j->m, j->ids, j->n, &j->o)) != TK_OK) {
         if (j->streamed)
             printf("\n");
-        ec = j->draws_short ? tk_cli_errorf(cli, TK_ERR_INVALID, TK_EXIT_USAGE,
-                                            "--draws %s ran out of draws\n"
-                                            "HINT: the file must hold every uniform the run asks for "
-                                            "(docs/diffusion.md)",
-                                            j->draws_path)
-                            : tk_cli_fail(cli, rc, NULL);
+        ec = draws_error(cli, j, rc);
         goto done;
     }
     if ((rc = tk_diff_result_json(&sj, r)) != TK_OK) {

@@ -157,6 +157,10 @@ t_bad_input() {
   head -c 80 /dev/zero >"$WORK/short"
   expect_rc 2 "$TK" generate "$CK" --ids 5 --gen-length 6 --steps 4 --draws "$WORK/short"
   expect_out "ran out of draws"
+  # the third draw is 1.5: refused with its number and offset, not used as a probability
+  python3 -c 'import struct,sys; sys.stdout.buffer.write(struct.pack("<4000d", 0.25, 0.5, 1.5, *[0.5]*3997))' >"$WORK/bad"
+  expect_rc 2 "$TK" generate "$CK" --ids 5 --gen-length 6 --steps 4 --draws "$WORK/bad"
+  expect_out "draw 3 (byte offset 16) is 1.5, outside [0, 1)"
   expect_rc 2 "$TK" generate "$CK" --ids 5 --entropy-bound 0
   expect_out "--entropy-bound"
 }
