@@ -319,8 +319,8 @@ static int draws_error(tk_cli *cli, const djob *j, int rc)
                              "--draws %s: draw %llu (byte offset %llu) is %g, outside [0, 1)\n"
                              "HINT: the file holds uniforms as little-endian float64, as torch.rand gives them "
                              "(docs/diffusion.md)",
-                             j->draws_path, (unsigned long long)j->draws_n,
-                             (unsigned long long)(j->draws_n - 1) * 8, j->bad_u);
+                             j->draws_path, (unsigned long long)j->draws_n, (unsigned long long)(j->draws_n - 1) * 8,
+                             j->bad_u);
     return tk_cli_fail(cli, rc, NULL);
 }
 
