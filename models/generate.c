@@ -98,11 +98,18 @@ static float row_max(const float *s, int64_t V)
     return m == 0.0f ? 0.0f : m;
 }
 
+float tk_gen__softmax_term(float x, float m)
+{
+    if (m == INFINITY) /* softmax's limit: the +inf scores share the probability, the rest have none */
+        return x == INFINITY ? 1.0f : 0.0f;
+    return m == -INFINITY || x != x ? 0.0f : expf(x - m);
+}
+
 /* softmax_f32's terms e^(s - m) of s[0..n) into *acc (tk_fsum: any order, any split gives one sum). */
 void tk_gen__softmax_terms(tk_fsum *acc, const float *s, int64_t n, float m)
 {
     for (int64_t i = 0; i < n; i++)
-        tk__fsum_add(acc, m == -INFINITY ? 0.0f : expf(s[i] - m));
+        tk__fsum_add(acc, tk_gen__softmax_term(s[i], m));
 }
 
 /* 1 / the softmax's sum in f32 (0 when the sum is 0 or NaN: every probability then 0 or NaN). */
@@ -113,7 +120,8 @@ float tk_gen__softmax_inv(const tk_fsum *acc)
 }
 
 /* f32 softmax of s into p, as torch: e = exp(x - max), divided by the sum (the sum exact, tk_fsum, where
- * torch adds in its own order: the two differ by less than f32's rounding of the sum). */
+ * torch adds in its own order: the two differ by less than f32's rounding of the sum). A NaN counts as
+ * -inf and a +inf takes softmax's limit (tk_gen__softmax_term), where torch's softmax is NaN. */
 static void softmax_f32(float *p, const float *s, int64_t V)
 {
     float m = row_max(s, V);
@@ -121,7 +129,7 @@ static void softmax_f32(float *p, const float *s, int64_t V)
     tk_gen__softmax_terms(&acc, s, V, m);
     float inv = tk_gen__softmax_inv(&acc);
     for (int64_t i = 0; i < V; i++)
-        p[i] = (m == -INFINITY ? 0.0f : expf(s[i] - m)) * inv;
+        p[i] = tk_gen__softmax_term(s[i], m) * inv;
 }
 
 typedef struct {
@@ -844,9 +852,9 @@ static int eng_pick(engine *E, eseq *e, float *row, float *lp, int *ended, const
         rc = pick(lm, &e->o, row, 1, (int64_t)(e->g.n - e->g.plen), &tok);
     if (rc == TK_OK && (tok < 0 || tok >= V))
         rc = tk__err(TK_ERR_INVALID,
-                     "generate: sequence %lld: the logits processors removed every token at step "
-                     "%zu (or the logits are NaN)\nHINT: loosen top_k/top_p/min_p or the n-gram and repetition "
-                     "settings",
+                     "generate: sequence %lld: the logits processors removed every token at step %zu (or every "
+                     "logit is NaN or -inf: sampling counts NaN as -inf)\nHINT: loosen top_k/top_p/min_p or the "
+                     "n-gram and repetition settings",
                      (long long)e->id, e->g.n - e->g.plen);
     if (rc != TK_OK) { /* this sequence fails; the others go on */
         snprintf(E->err, sizeof E->err, "%s", tk_last_error());
@@ -1252,6 +1260,27 @@ static void topk_insert(cand *c, size_t *n, size_t k, float v, int64_t i)
     c[j].i = i;
 }
 
+/* A logits row that holds a NaN or a +inf: its log-softmax is NaN everywhere (torch's too), so beam search
+ * has no scores to rank its continuations by, and fails (beam_nonfinite) rather than ranking NaN. */
+static int row_nonfinite(const float *x, int64_t V)
+{
+    for (int64_t i = 0; i < V; i++)
+        if (x[i] != x[i] || x[i] == INFINITY)
+            return 1;
+    return 0;
+}
+
+/* The error for prompt p whose beam j's logits hold a NaN or a +inf (the same from one process and from
+ * the ranks' pick, which find the same first row: prompts in order, then beams). */
+static int beam_nonfinite(const bstate *b, size_t p, size_t j)
+{
+    return tk__err(TK_ERR_INVALID,
+                   "generate: beam search, prompt %zu, step %zu: the logits of beam %zu hold NaN or +inf, whose "
+                   "log-softmax is NaN: the beams have no scores to rank\nHINT: the model's weights or inputs give "
+                   "non-finite logits; greedy decoding picks a NaN (as torch.argmax) and sampling counts it as -inf",
+                   p, b->run[0].n - b->run[0].plen, j);
+}
+
 static float lp_div(float score, int64_t len, double length_penalty)
 {
     return score / (float)pow((double)len, length_penalty);
@@ -1380,8 +1409,13 @@ static int beam_cands_local(bwork *w, bstate *B, size_t np, const tk_gen_lm *lm,
         if (B[p].active)
             for (size_t j = 0; j < (first ? 1 : w->nb); j++, k++)
                 rows[k] = w->logits + (first ? p : k) * (size_t)V;
+    size_t bad = nrows;
     if (rc == TK_OK)
-        rc = tk_models__tp_log_softmax(lm->tp, rows, nrows);
+        rc = tk_models__tp_log_softmax(lm->tp, rows, nrows, &bad);
+    for (size_t p = 0, k = 0; rc == TK_OK && bad < nrows && p < np; p++) /* the row's prompt and beam */
+        for (size_t j = 0; B[p].active && j < (first ? 1 : w->nb); j++, k++)
+            if (k == bad)
+                rc = beam_nonfinite(&B[p], p, j);
     for (size_t p = 0, a = 0, r = 0; rc == TK_OK && p < np; p++) {
         if (!B[p].active)
             continue;
@@ -1489,6 +1523,8 @@ static int beam_select(bwork *w, bstate *b, const tk_gen_lm *lm, const tk_gen_op
     }
     for (size_t j = 0; j < nb && !w->local; j++) {
         memcpy(w->row, lg + j * stride, (size_t)V * sizeof *w->row);
+        if (row_nonfinite(w->row, V))
+            return beam_nonfinite(b, p, j);
         tk_gen__log_softmax(w->row, V);
         if ((rc = process_row(w->row, V, &b->run[j], o)))
             return rc;

@@ -28,10 +28,12 @@ int tk_gen__top_k(float *s, int64_t V, int64_t k, int64_t min_keep);
 /* TopPLogitsWarper: sorts ascending (ties by index, as a stable sort), softmax, cumulative sum (each prefix
  * exact: tk_fsum); removes the tokens whose cumulative probability is <= 1 - p, keeping the last min_keep. Among tokens tied at
  * the boundary it keeps only as many as the mass needs, the higher indices (torch.sort's order for
- * ties is unspecified; it matches a stable sort for short rows). Errors: TK_ERR_NOMEM. */
+ * ties is unspecified; it matches a stable sort for short rows). NaN sorts and counts as -inf, and a
+ * +inf takes softmax's limit (tk_gen__softmax_term; torch's softmax is NaN there). Errors: TK_ERR_NOMEM. */
 int tk_gen__top_p(float *s, int64_t V, double p, int64_t min_keep);
 /* MinPLogitsWarper: removes the tokens with probability < min_p * (the top probability), keeping the
- * min_keep most likely. Errors: TK_ERR_NOMEM. */
+ * min_keep most likely. Probabilities as tk_gen__top_p's (a NaN is removed: probability 0; with a +inf,
+ * every finite score). Errors: TK_ERR_NOMEM. */
 int tk_gen__min_p(float *s, int64_t V, double min_p, int64_t min_keep);
 /* log_softmax in f32 (beam search scores log-probabilities): (s - max) - (f32) log(sum e^(s - max)),
  * the sum of doubles added exactly (tk_fsum, common/sample_math.h), so any split of the row gives the
@@ -40,7 +42,12 @@ void tk_gen__log_softmax(float *s, int64_t V);
 
 /* The pieces of log_softmax and min-p's softmax that a vocabulary-parallel pick (models/tp_pick.c) runs
  * on each rank's columns: the terms of a row's sums given its maximum m (NaN skipped, a zero as +0),
- * added into acc (common/sample_math.h's tk_fsum, order-independent), and what the sum gives. */
+ * added into acc (common/sample_math.h's tk_fsum, order-independent), and what the sum gives.
+ * tk_gen__softmax_term is top-p's and min-p's term e^(x - m): 0 for a NaN (as the sample op counts it:
+ * -inf) and for every score when m is -inf; when m is +inf softmax's limit, 1 for each +inf and 0 for
+ * the rest (the +inf scores share the probability equally, as the sample op draws them). log_softmax's
+ * terms are torch's: a NaN or a +inf makes the sum, and every log-probability, NaN. */
+float tk_gen__softmax_term(float x, float m);
 struct tk_fsum;
 void tk_gen__lse_terms(struct tk_fsum *acc, const float *s, int64_t n, float m);
 void tk_gen__softmax_terms(struct tk_fsum *acc, const float *s, int64_t n, float m);

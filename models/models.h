@@ -617,8 +617,10 @@ int tk_models__tp_pick_cheaper(const tk_model *m, const tk_models_tp_pick *p, si
 int tk_models__tp_pick(tk_model *m, float *const *rows, size_t n, const tk_models_tp_pick *p, int64_t *tok,
                        tk_models_tp_lp *lp);
 /* Collective: tk_gen__log_softmax of each of n rows over the ranks, in place on this rank's columns (the
- * others untouched): one process's values, from two all-gathers (the rows' maxima, their exact sums). */
-int tk_models__tp_log_softmax(tk_model *m, float *const *rows, size_t n);
+ * others untouched): one process's values, from two all-gathers (the rows' maxima, their exact sums).
+ * *bad: the first row that holds a NaN or a +inf (whose log-softmax is NaN: beam search fails on it),
+ * left as it is, or n; the same on every rank. */
+int tk_models__tp_log_softmax(tk_model *m, float *const *rows, size_t n, size_t *bad);
 /* Collective: every rank's n i64 of mine into all (rank-major), counted in head_bytes (beam search's
  * candidates). */
 int tk_models__tp_gather_i64(tk_model *m, int64_t *all, int64_t *mine, size_t n, const char *what);

@@ -24,7 +24,11 @@
  *   logprobs: log_softmax of the raw row on each rank's columns with the row's maximum and exact sum;
  *             the picked token's value from its owner, and the top n of the ranks' top n.
  *   beams:    tk_models__tp_log_softmax gives generate.c's beam search the rows' log-softmax on each
- *             rank's columns; it exchanges each rank's best candidates itself (tk_models__tp_gather_i64).
+ *             rank's columns, and the first row holding a NaN or a +inf, which beam search fails on; it
+ *             exchanges each rank's best candidates itself (tk_models__tp_gather_i64).
+ *   NaN, inf: greedy ranks NaN above +inf (torch.argmax); top-k, top-p, min-p and the draw count NaN as
+ *             -inf and take a +inf row's softmax as its limit (tk_gen__softmax_term, one process's
+ *             function); log-probabilities are NaN with a NaN or a +inf (docs/parallel.md).
  *
  * All-gathers for a whole step's rows: one when every row is greedy; else the first round (3 + k i64 a
  * row a rank, one more with log-probabilities, one more with top-p), the sums (6), top-p's search
@@ -279,22 +283,23 @@ static int use_top_p(const tk_models_tp_pick *p, int64_t tok) { return p->sample
 static int use_min_p(const tk_models_tp_pick *p, int64_t tok) { return p->sample && p->min_p > 0 && tok >= 0; }
 
 /* Min-p on this rank's columns of a row whose softmax has maximum zm and 1 / sum inv: removes
- * e^(x - zm) * inv < min_p * top, where top, the largest probability, is 1 * inv (the maximum's term is
- * e^0 = 1 and every other term is at most 1; inv is 0 when the sum is NaN, as one process's). Its
- * min_keep 1 keeps that maximum, which min_p <= 1 never removes anyway. */
+ * term * inv < min_p * top (tk_gen__softmax_term's term: a NaN's is 0, and with a +inf in the row 1 for
+ * each +inf, 0 for the rest), where top, the largest probability, is 1 * inv (the maximum's term is 1 and
+ * every other term is at most 1). Its min_keep 1 keeps that maximum, which min_p <= 1 never removes
+ * anyway. */
 static void mask_min_p(float *row, const tk_models_tp *tp, double min_p, float zm, float inv)
 {
     float *x = row + tp->vocab_off, thr = (float)min_p * inv;
     for (int64_t j = 0; j < tp->vocab_len; j++)
-        if ((zm == -INFINITY ? 0.0f : expf(x[j] - zm)) * inv < thr)
+        if (tk_gen__softmax_term(x[j], zm) * inv < thr)
             x[j] = -INFINITY;
 }
 
 /* Round S: the rows' softmax sums over the ranks, each an exact integer (tk_fsum), so one process's sum:
  * m is the row's largest (from round A's keys), so each rank's terms are one process's terms of its
- * columns. First (second 0): the raw rows' log-softmax sums, top-p's (NaN as -inf, as tk_gen__top_p
- * sorts), and min-p's for the rows without top-p, whose filter then runs; second: min-p's for the rows
- * that ran top-p first. b->lpv is scratch. */
+ * columns. First (second 0): the raw rows' log-softmax sums, top-p's, and min-p's for the rows without
+ * top-p, whose filter then runs; second: min-p's for the rows that ran top-p first (top-p's and min-p's
+ * sums are the same on the row they see: tk_gen__softmax_term counts a NaN as -inf). */
 static int round_s(tk_model *m, pick_buf *b, float *const *rows, size_t n, const tk_models_tp_pick *p,
                    const int64_t *tok, int second)
 {
@@ -307,11 +312,8 @@ static int round_s(tk_model *m, pick_buf *b, float *const *rows, size_t n, const
             tk_gen__lse_terms(&lp, p[i].raw + tp->vocab_off, tp->vocab_len, rm);
         if (use_min_p(&p[i], tok[i]) && second == use_top_p(&p[i], tok[i]))
             tk_gen__softmax_terms(&mp, x, tp->vocab_len, zm);
-        if (!second && use_top_p(&p[i], tok[i])) {
-            for (int64_t j = 0; j < tp->vocab_len; j++)
-                b->lpv[j] = x[j] != x[j] ? -INFINITY : x[j];
-            tk_gen__softmax_terms(&pp, b->lpv, tp->vocab_len, zm);
-        }
+        if (!second && use_top_p(&p[i], tok[i]))
+            tk_gen__softmax_terms(&pp, x, tp->vocab_len, zm);
         fsum_put(b->mine + 6 * i, &lp);
         fsum_put(b->mine + 6 * i + 2, &mp);
         fsum_put(b->mine + 6 * i + 4, &pp);
@@ -333,12 +335,8 @@ static int round_s(tk_model *m, pick_buf *b, float *const *rows, size_t n, const
     return TK_OK;
 }
 
-/* top-p's probability of a score: softmax_f32's over the row with NaN as -inf. */
-static float top_p_prob(float x, float zm, float inv)
-{
-    x = x != x ? -INFINITY : x;
-    return (zm == -INFINITY ? 0.0f : expf(x - zm)) * inv;
-}
+/* top-p's probability of a score: softmax_f32's (a NaN's is 0; with a +inf, 1 / n for each of the n +inf). */
+static float top_p_prob(float x, float zm, float inv) { return tk_gen__softmax_term(x, zm) * inv; }
 
 /* One round of top-p's threshold search on row i, this rank's part into o[0..32): for the 16 points
  * c_d = st->cut + ((d + 1) << shift) - 1, the exact mass of its columns with comp_of <= c_d. */
@@ -614,20 +612,21 @@ int tk_models__tp_gather_i64(tk_model *m, int64_t *all, int64_t *mine, size_t n,
     return gather_i64(m, all, mine, n, what);
 }
 
-int tk_models__tp_log_softmax(tk_model *m, float *const *rows, size_t n)
+int tk_models__tp_log_softmax(tk_model *m, float *const *rows, size_t n, size_t *bad)
 {
     const tk_models_tp *tp = m->tp;
     int W = tp->world, rc;
+    *bad = n;
     int64_t *mine = malloc((2 * n + 1) * sizeof *mine), *all = malloc(((size_t)W * 2 * n + 1) * sizeof *all);
     float *mx = malloc((n + 1) * sizeof *mx);
     if (!mine || !all || !mx) {
         rc = tk__err(TK_ERR_NOMEM, "generate: out of memory for %zu rows' log-probabilities", n);
         goto done;
     }
-    for (size_t i = 0; i < n; i++) { /* the rows' maxima, as keys (NaN skipped, a zero as +0) */
+    for (size_t i = 0; i < n; i++) { /* the rows' maxima, as argmax's keys (NaN above +inf, a zero as +0) */
         uint32_t k = 0;
         for (int64_t j = 0; j < tp->vocab_len; j++)
-            k = tk__key_of(rows[i][tp->vocab_off + j]) > k ? tk__key_of(rows[i][tp->vocab_off + j]) : k;
+            k = tk__argmax_key(rows[i][tp->vocab_off + j]) > k ? tk__argmax_key(rows[i][tp->vocab_off + j]) : k;
         mine[i] = k;
     }
     if ((rc = gather_i64(m, all, mine, n, "the rows' maxima")) != TK_OK)
@@ -636,7 +635,9 @@ int tk_models__tp_log_softmax(tk_model *m, float *const *rows, size_t n)
         uint32_t k = 0;
         for (int r = 0; r < W; r++)
             k = (uint32_t)all[(size_t)r * n + i] > k ? (uint32_t)all[(size_t)r * n + i] : k;
-        mx[i] = tk__float_of_key(k);
+        if (k >= tk__key_of(INFINITY) && *bad == n)
+            *bad = i;
+        mx[i] = k >= tk__key_of(INFINITY) ? -INFINITY : tk__float_of_key(k); /* -inf: left as it is */
         tk_fsum acc = {0};
         if (mx[i] != -INFINITY)
             tk_gen__lse_terms(&acc, rows[i] + tp->vocab_off, tp->vocab_len, mx[i]);

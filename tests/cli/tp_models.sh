@@ -281,6 +281,88 @@ t_vocab_parallel_pick() {
   [ "$gathered" = "$PICK_BYTES" ] || fail "top-p on 101 logits should gather the rows: $gathered B vs $PICK_BYTES B"
 }
 
+# nonfinite_model NAME SRC SPEC: $MODELS/NAME, SRC's checkpoint whose LM head (untied: the embedding
+# stays finite) gives NaN, +inf and -inf logits. SPEC is "TOKEN:DIMS;...": TOKEN's row is zero but +inf
+# or -inf at each of DIMS ("0+,1-"), so its logit is +-inf by the sign of the final hidden state at DIM,
+# and NaN where two infinities of opposite signs meet; the mix changes from step to step.
+nonfinite_model() {
+  local d=$MODELS/$1
+  [ "$(cat "$d/.spec" 2>/dev/null)" = "$3" ] && return
+  mkdir -p "$d" && "$PY" - "$MODELS/$2" "$d" "$3" <<'EOF' && echo "$3" >"$d/.spec"
+import json, sys
+from safetensors.torch import load_file, save_file
+src, dst, spec = sys.argv[1:4]
+t = load_file(src + "/model.safetensors")
+w = t.get("lm_head.weight", t["model.embed_tokens.weight"]).clone()
+for item in spec.split(";"):
+    tok, dims = item.split(":")
+    w[int(tok)] = 0
+    for d in dims.split(","):
+        w[int(tok), int(d[:-1])] = float("inf") if d[-1] == "+" else float("-inf")
+t["lm_head.weight"] = w
+save_file(t, dst + "/model.safetensors", metadata={"format": "pt"})
+c = json.load(open(src + "/config.json"))
+c["tie_word_embeddings"] = False
+json.dump(c, open(dst + "/config.json", "w"), indent=2)
+EOF
+}
+
+# beam_fails MODEL NP IDS PROMPT: beam search over NaN or +inf logits fails, with the pick forced and with
+# the rows gathered, as one process fails: the same exit status and message, naming the prompt (PROMPT,
+# the first whose logits hold one) and the step.
+beam_fails() {
+  local mode want rc
+  # shellcheck disable=SC2086
+  want=$("$TK" generate "$MODELS/$1" $3 --num-beams 3 --max-new-tokens 6 2>&1); rc=$?
+  [ $rc = 2 ] && grep -q "beam search, prompt $4, step 0: the logits of beam 0 hold NaN or +inf" <<<"$want" ||
+    { fail "one process: exit $rc: $want"; return; }
+  for mode in local gather; do
+    # shellcheck disable=SC2086
+    run_mpi 120 "$2" -x TK_TP_PICK=$mode "$TK" generate "$MODELS/$1" $3 --num-beams 3 --max-new-tokens 6 --tp "$2"
+    [ $RC = $rc ] || fail "$1, $2 ranks, $mode: exit $RC, want $rc: $ERR"
+    # (each rank says it, but the first to end the job may stop another before it does)
+    grep -q -F "$(head -n 1 <<<"$want")" <<<"$ERR" || fail "$1, $2 ranks, $mode: no rank says '$want': $ERR"
+  done
+}
+
+# Rows with NaN, +inf and -inf logits: the pick over the ranks equals one process's. test_tp_pick's
+# worker picks rows with them on every column (rank boundaries, the rank that holds no vocabulary rows)
+# with every option, log-probabilities included, bit for bit; then tk generate on checkpoints whose
+# logits are NaN and +-inf on rank boundaries (2 and 3 ranks: tokens 33, 34, 50, 51, 68 of 101; 3
+# ranks of a vocabulary of 4, the last rank with none): greedy (NaN wins, as torch.argmax), sampling
+# (NaN as -inf, +inf softmax's limit) with top-k, top-p, min-p and penalties, forced and gathered; beam
+# search fails as one process fails.
+t_vocab_parallel_pick_nonfinite() {
+  ready || return
+  local np opts
+  for np in 2 3; do
+    run_mpi 120 "$np" "$B/tests/test_tp_pick" --worker
+    [ $RC = 0 ] && [ "$(grep -c '^2 passed, 0 failed' <<<"$OUT")" = "$np" ] ||
+      fail "test_tp_pick --worker at $np ranks exited $RC: $(grep -v '^ok' <<<"$OUT") $(tail -n 20 <<<"$ERR")"
+  done
+  nonfinite_model llama-nf llama "34:0+,1-;51:2+,3-;50:4+;33:5+;68:4+" &&
+    nonfinite_model llama-edge-nf llama-edge "0:3-;1:0+,1-;3:2+" || { fail "could not make the checkpoints"; return; }
+  for np in 2 3; do
+    for opts in "--max-new-tokens 8" "--max-new-tokens 8 --repetition-penalty 1.5 --no-repeat-ngram-size 2" \
+                "--do-sample --seed 1 --top-k 0 --max-new-tokens 8" "--do-sample --seed 2 --top-k 3 --max-new-tokens 8" \
+                "--do-sample --seed 3 --top-k 0 --top-p 0.5 --temperature 1.5 --max-new-tokens 8" \
+                "--do-sample --seed 4 --top-k 0 --min-p 0.3 --no-repeat-ngram-size 2 --max-new-tokens 8" \
+                "--do-sample --seed 5 --top-k 20 --top-p 0.9 --min-p 0.1 --repetition-penalty 1.3 --max-new-tokens 8"; do
+      pick_both llama-nf "$np" "$opts"
+    done
+    beam_fails llama-nf "$np" "--ids 1,17,54,3 --ids 5,50,51,9" 0
+  done
+  local MPIRUN=("${MPIRUN[@]}" -x TK_TP_PICK=local) # vocabulary 4: a pick sends more than a row
+  for opts in "--max-new-tokens 8" "--max-new-tokens 8 --no-repeat-ngram-size 2" \
+              "--do-sample --seed 4 --top-k 2 --max-new-tokens 8" \
+              "--do-sample --seed 4 --top-p 0.5 --temperature 3 --max-new-tokens 8" \
+              "--do-sample --seed 5 --min-p 0.3 --max-new-tokens 8"; do
+    PICK_IDS="--ids 1,3,0,2 --ids 2,2 --ids 3" pick_same llama-edge-nf 3 "$opts"
+  done
+  MPIRUN=("${MPIRUN[@]:0:${#MPIRUN[@]}-2}")
+  beam_fails llama-edge-nf 3 "--ids 1,3,0,2 --ids 3" 1 # the first prompt's first row is finite
+}
+
 # with_words MODEL: $WORK/MODEL-w, the checkpoint with a WordLevel tokenizer of its vocabulary (w0, w1,
 # ...), which tk serve-model wants; prints its directory.
 with_words() {
