@@ -48,6 +48,9 @@ int tk_cli_parse_threads(tk_cli *cli, const char *usage, const char *v);
 int tk_cli_fail(tk_cli *cli, int status, const char *what);
 /* Writes s as a JSON string (quotes included; NULL as ""), UTF-8 passed through. */
 void tk_cli_json_str(FILE *f, const char *s);
+/* Writes v as a JSON number with 9 significant digits (f32's round trip), or null when v is NaN or
+ * +-inf, which JSON cannot write (printf's "nan" and "inf" would make the whole document unreadable). */
+void tk_cli_json_num(FILE *f, double v);
 /* Prints a usage error with the subcommand's usage line; returns TK_EXIT_USAGE. */
 int tk_cli_usage(const char *usage, const char *fmt, ...);
 int tk_cli_exit_code(int status);

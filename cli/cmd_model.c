@@ -78,8 +78,10 @@ static void print_rows(const char *key, const float *x, size_t rows, size_t cols
     printf("\"%s\": [", key);
     for (size_t r = 0; r < rows; r++) {
         printf("%s[", r ? ", " : "");
-        for (size_t c = 0; c < cols; c++)
-            printf("%s%.9g", c ? ", " : "", x[r * cols + c]);
+        for (size_t c = 0; c < cols; c++) {
+            printf("%s", c ? ", " : "");
+            tk_cli_json_num(stdout, x[r * cols + c]);
+        }
         printf("]");
     }
     printf("]");
@@ -239,7 +241,8 @@ static void logits_help(void)
            "                (docs/parallel.md)\n"
            "  --tp-plan FILE  the plan (transformers' tp_plan JSON) instead of config.json's\n"
            "                base_model_tp_plan or transformers' default for the model type\n"
-           "  --json        {\"logits\": [[...], ...]} (and \"hidden\", \"pooled\") on stdout\n"
+           "  --json        {\"logits\": [[...], ...]} (and \"hidden\", \"pooled\") on stdout; a NaN or\n"
+           "                +-inf value is written as null (JSON has no number for them)\n"
            "\n"
            "examples:\n"
            "  tk model logits ./gpt2 --ids $(tk tokenize ./gpt2 'Hello, my dog' --no-special)\n"

@@ -557,7 +557,11 @@ static void report(const run_state *st, const tk_cli *cli, const run_opts *o, do
         if (cli->json) {
             printf("%s", first ? "" : ", ");
             tk_cli_json_str(stdout, p->name);
-            printf(": {\"sum\": %.9g, \"abs_sum\": %.9g}", st->sum[i], st->abs_sum[i]);
+            printf(": {\"sum\": ");
+            tk_cli_json_num(stdout, st->sum[i]);
+            printf(", \"abs_sum\": ");
+            tk_cli_json_num(stdout, st->abs_sum[i]);
+            printf("}");
         } else {
             printf("  checksum %-12s %s sum %.9g  abs_sum %.9g\n", p->name, tk_dtype_name(p->dt), st->sum[i],
                    st->abs_sum[i]);

@@ -798,6 +798,19 @@ static void fmt_time(char *out, size_t cap, double s)
         snprintf(out, cap, "%.0fs", s);
 }
 
+/* --json: one line per step (a NaN loss or norm as null) */
+static void json_step(const train_job *j, long long step, const tk_train_stats *st, double tps)
+{
+    printf("{\"step\": %lld, \"loss\": ", step);
+    tk_cli_json_num(stdout, st->loss);
+    printf(", \"lr\": ");
+    tk_cli_json_num(stdout, st->lr);
+    printf(", \"grad_norm\": ");
+    tk_cli_json_num(stdout, st->grad_norm);
+    printf(", \"tokens\": %lld, \"tokens_per_s\": %.1f, \"elapsed_s\": %.3f}\n", (long long)st->tokens, tps,
+           now_s() - j->t0);
+}
+
 static void progress(const train_job *j, const tk_cli *cli, long long step, const tk_train_stats *st, double tps)
 {
     if (cli->json || cli->quiet)
@@ -899,9 +912,7 @@ static int train_loop(train_job *j, tk_cli *cli)
         tok_total += toks;
         double tps = dt > 0 ? (double)toks / dt : 0;
         if (cli->json)
-            printf("{\"step\": %lld, \"loss\": %.9g, \"lr\": %.9g, \"grad_norm\": %.9g, \"tokens\": %lld, "
-                   "\"tokens_per_s\": %.1f, \"elapsed_s\": %.3f}\n",
-                   step, st.loss, st.lr, st.grad_norm, (long long)st.tokens, tps, now_s() - j->t0);
+            json_step(j, step, &st, tps);
         progress(j, cli, step, &st, tps);
         int save_now = (j->save_every > 0 && step % j->save_every == 0) || step == j->steps || stopped(j);
         int eval_now =
@@ -910,10 +921,11 @@ static int train_loop(train_job *j, tk_cli *cli)
             int64_t n = 0;
             if ((rc = eval_loss(j, cli, &last_eval, &n)) != GO)
                 return rc;
-            if (cli->json)
-                printf("{\"eval\": true, \"step\": %lld, \"eval_loss\": %.9g, \"tokens\": %lld}\n", step, last_eval,
-                       (long long)n);
-            else if (!cli->quiet)
+            if (cli->json) {
+                printf("{\"eval\": true, \"step\": %lld, \"eval_loss\": ", step);
+                tk_cli_json_num(stdout, last_eval);
+                printf(", \"tokens\": %lld}\n", (long long)n);
+            } else if (!cli->quiet)
                 fprintf(stderr, "%sstep %lld: eval loss %.4f over %lld tokens\n", cli->tty ? "\r\033[K" : "", step,
                         last_eval, (long long)n);
         }
@@ -942,10 +954,7 @@ static int train_loop(train_job *j, tk_cli *cli)
                j->steps, stopped(j) ? "true" : "false");
         tk_cli_json_str(stdout, saved[0] ? saved : NULL);
         printf(", \"eval_loss\": ");
-        if (isnan(last_eval))
-            printf("null");
-        else
-            printf("%.9g", last_eval);
+        tk_cli_json_num(stdout, last_eval); /* null: no evaluation ran */
         printf(", \"tokens\": %lld, \"tokens_per_s\": %.1f, \"elapsed_s\": %.3f}\n", (long long)tok_total,
                el > 0 ? (double)tok_total / el : 0, el);
     } else if (!cli->quiet || (stopped(j) && j->rank == 0)) {

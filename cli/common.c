@@ -5,6 +5,7 @@
 #define _GNU_SOURCE /* memmem */
 #include <ctype.h>
 #include <errno.h>
+#include <math.h>
 #include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -347,6 +348,14 @@ void tk_cli_warn(tk_cli *cli, const char *fmt, ...)
 }
 
 int tk_cli_is_help(const char *arg) { return !strcmp(arg, "-h") || !strcmp(arg, "--help"); }
+
+void tk_cli_json_num(FILE *f, double v)
+{
+    if (isfinite(v))
+        fprintf(f, "%.9g", v);
+    else
+        fputs("null", f);
+}
 
 /* Writes s as a JSON string (quotes included; NULL as ""). Bytes >= 0x80 pass through: the text is
  * UTF-8. */

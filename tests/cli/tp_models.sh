@@ -342,6 +342,14 @@ t_vocab_parallel_pick_nonfinite() {
   done
   nonfinite_model llama-nf llama "34:0+,1-;51:2+,3-;50:4+;33:5+;68:4+" &&
     nonfinite_model llama-edge-nf llama-edge "0:3-;1:0+,1-;3:2+" || { fail "could not make the checkpoints"; return; }
+  # tk model logits --json writes each NaN and +-inf logit as null (strict JSON), the rest as numbers
+  expect_rc 0 "$TK" model logits "$MODELS/llama-nf" --ids 1,17,54,3 --json
+  python3 -c 'import json, math, sys
+def bad(c): raise ValueError("not JSON: " + c)
+rows = json.loads(sys.stdin.read(), parse_constant=bad)["logits"]
+nulls = sum(v is None for r in rows for v in r)
+assert nulls > 0 and all(v is None or math.isfinite(v) for r in rows for v in r), nulls' <<<"$OUT" ||
+    fail "tk model logits --json on non-finite logits: ${OUT:0:300}"
   for np in 2 3; do
     for opts in "--max-new-tokens 8" "--max-new-tokens 8 --repetition-penalty 1.5 --no-repeat-ngram-size 2" \
                 "--do-sample --seed 1 --top-k 0 --max-new-tokens 8" "--do-sample --seed 2 --top-k 3 --max-new-tokens 8" \
@@ -589,7 +597,9 @@ t_tp_1_alone() {
   local a=$OUT
   expect_rc 0 "$TK" model logits "$MODELS/llama" --ids "$LLAMA_IDS" --tp 1 --json
   [ "${OUT%%, \"tensor_parallel\"*}" = "${a%\}}" ] || fail "--tp 1 changed the logits"
+  echo '{"model.layers.*.mlp.up_proj": "colwize"}' >"$WORK/p2.json"
   expect_rc 2 "$TK" model logits "$MODELS/llama" --ids "$LLAMA_IDS" --tp 1 --tp-plan "$WORK/p2.json"
+  expect_out "unsupported tp_plan style: 'colwize'"
 }
 
 run_tests
