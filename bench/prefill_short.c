@@ -8,6 +8,7 @@
  * disturbs least).
  *
  *     build/bench/prefill_short DIR [iters=7] [T ...]   (default lengths 1 4 8 16 22 32 64)
+ *     PREFILL_QUANT=int8: weight-only quantisation (tk_model_quantize, as --quant int8)
  *     PREFILL_DTYPE=bf16 (or f16, auto): the model's --dtype (default f32; a bf16 checkpoint keeps its
  *     weights as bf16 with bf16 or auto)
  */
@@ -68,6 +69,10 @@ int main(int argc, char **argv)
     tk_model_opts mo = TK_MODEL_OPTS_INIT;
     mo.dtype = getenv("PREFILL_DTYPE") ? getenv("PREFILL_DTYPE") : "f32";
     if (iters <= 0 || tk_ctx_new(&ctx, NULL) != TK_OK || tk_model_load(&m, ctx, argv[1], &mo) != TK_OK) {
+        fprintf(stderr, "prefill_short: %s\n", tk_last_error());
+        return 1;
+    }
+    if (getenv("PREFILL_QUANT") && tk_model_quantize(m, getenv("PREFILL_QUANT")) != TK_OK) {
         fprintf(stderr, "prefill_short: %s\n", tk_last_error());
         return 1;
     }

@@ -11,6 +11,9 @@
  *        weight vector used for 4 rows of x; dot products summed across lanes once per tile.
  *   GEMV groups (portable, 4 < M <= 6)  the GEMV over each range of weight rows for every group of up
  *        to 4 rows of x: the weight is read from memory once, later groups find it cached.
+ *   In-place-weight GEMM (AVX2, f32 weights, M > 8)  the weight is the broadcast side, read where it is
+ *        (6 rows at a time, each a sequential stream), x packed once into 16-row panels; no weight
+ *        packing, tasks of equal size (below, "AVX2 GEMM over f32 weights in place").
  *   GEMM (M > 32 on AVX2, M > 6 portable, and transposed weights past M = 4: prefill)  blocked as BLIS blocks it: x packed once
  *        into 6-row panels (f32); per task (a block of MC rows and NC columns) the weight is packed KC
  *        deep into 16-column panels, widened to f32 on the way (so 16-bit and i8 weights cost one
@@ -982,6 +985,259 @@ static int run_gemm(lin_t *L)
     return gemm_tasks(L, MR, gemm_range);
 }
 
+/* ---- AVX2 GEMM over f32 weights in place (prefill) -------------------------------------------------
+ *
+ * The GEMM above packs every weight block before using it (a transpose of the whole weight per call:
+ * 10% of a 128-token prefill of SmolLM2-135M on one thread). With f32 weights the roles can swap: the
+ * weight becomes the broadcast side, read where it is (WR rows, one scalar of each a step, each row a
+ * sequential stream), and x the vector side, packed once per call into panels of 16 rows ([K][16]:
+ * x is small). A WR x 16 tile (WR weight rows by 16 rows of x, 12 ymm accumulators) runs KC deep;
+ * within a depth block a group's rows (WR x KC floats) stay in L1 while the task's x panels stream
+ * from L2. The tile is the transposed output (weight rows by rows of x), accumulated in a per-task
+ * buffer and transposed once into out at the end. Numerics: the same f32 products summed in k order
+ * per depth block, as the packed GEMM does. */
+#if TK_CPU_X86
+#define WR 6          /* weight rows a tile */
+#define WX 16         /* rows of x a tile (a packed panel) */
+#define WG_MAX 22     /* weight groups (of WR rows) a task at most: 132 rows */
+#define WT_MIN_M 8    /* f32 weights past this many rows of x take this GEMM, not the in-place tiles */
+#ifndef WKC
+#define WKC 512 /* depth of a block at most (blocks of equal depth): a group's rows, 12 KiB, stay in L1 */
+#endif
+
+/* x packed into panels of WX rows, all of K: xp[p][e][c] = x[p*WX + c][e] (0 beyond m). */
+TK_AVX2 static void pack_x16_range(void *arg, int64_t lo, int64_t hi)
+{
+    const lin_t *L = ((const pack_job *)arg)->L;
+    size_t es = tk_cpu_kind_size(L->xk);
+    int64_t k8 = L->k / 8 * 8;
+    for (int64_t p = lo; p < hi; p++)
+        for (int h = 0; h < 2; h++) {
+            int64_t r0 = p * WX + h * 8;
+            float *dst = L->ap + p * L->k * WX + h * 8;
+            const char *xr[8];
+            for (int c = 0; c < 8; c++) /* rows past m read row m - 1 and are zeroed below */
+                xr[c] = (const char *)L->x + (size_t)((r0 + c < L->m ? r0 + c : L->m - 1) * L->ldx) * es;
+            int64_t e = 0;
+            for (; e < k8; e += 8) {
+                __m256 r[8];
+                for (int c = 0; c < 8; c++)
+                    r[c] = r0 + c < L->m ? tk_ld8(xr[c], e, L->xk) : _mm256_setzero_ps();
+                tk_tr8x8(r);
+                for (int t = 0; t < 8; t++)
+                    _mm256_storeu_ps(dst + (e + t) * WX, r[t]);
+            }
+            for (; e < L->k; e++)
+                for (int c = 0; c < 8; c++)
+                    dst[e * WX + c] = r0 + c < L->m ? tk_cpu_ld1(xr[c], e, L->xk) : 0.0f;
+        }
+}
+
+/* c[WR][ldc] (+)= w[r][0..kc) x b[kc][WX]: w holds WR row pointers (at the block's depth). */
+TK_AVX2 static void ukernel_wt(int64_t kc, const float *const *w, const float *b, float *c, int64_t ldc, int acc)
+{
+    const float *w0 = w[0], *w1 = w[1], *w2 = w[2], *w3 = w[3], *w4 = w[4], *w5 = w[5];
+    __m256 c00 = _mm256_setzero_ps(), c01 = c00, c10 = c00, c11 = c00, c20 = c00, c21 = c00, c30 = c00, c31 = c00,
+           c40 = c00, c41 = c00, c50 = c00, c51 = c00;
+    for (int64_t e = 0; e < kc; e++, b += WX) {
+        __m256 b0 = _mm256_load_ps(b), b1 = _mm256_load_ps(b + 8), av;
+        av = _mm256_broadcast_ss(w0 + e);
+        c00 = _mm256_fmadd_ps(av, b0, c00);
+        c01 = _mm256_fmadd_ps(av, b1, c01);
+        av = _mm256_broadcast_ss(w1 + e);
+        c10 = _mm256_fmadd_ps(av, b0, c10);
+        c11 = _mm256_fmadd_ps(av, b1, c11);
+        av = _mm256_broadcast_ss(w2 + e);
+        c20 = _mm256_fmadd_ps(av, b0, c20);
+        c21 = _mm256_fmadd_ps(av, b1, c21);
+        av = _mm256_broadcast_ss(w3 + e);
+        c30 = _mm256_fmadd_ps(av, b0, c30);
+        c31 = _mm256_fmadd_ps(av, b1, c31);
+        av = _mm256_broadcast_ss(w4 + e);
+        c40 = _mm256_fmadd_ps(av, b0, c40);
+        c41 = _mm256_fmadd_ps(av, b1, c41);
+        av = _mm256_broadcast_ss(w5 + e);
+        c50 = _mm256_fmadd_ps(av, b0, c50);
+        c51 = _mm256_fmadd_ps(av, b1, c51);
+    }
+#define ST(r, v0, v1)                                                                                                  \
+    do {                                                                                                               \
+        float *cr = c + (r) * ldc;                                                                                     \
+        if (acc) {                                                                                                     \
+            v0 = _mm256_add_ps(v0, _mm256_load_ps(cr));                                                                \
+            v1 = _mm256_add_ps(v1, _mm256_load_ps(cr + 8));                                                            \
+        }                                                                                                              \
+        _mm256_store_ps(cr, v0);                                                                                       \
+        _mm256_store_ps(cr + 8, v1);                                                                                   \
+    } while (0)
+    ST(0, c00, c01);
+    ST(1, c10, c11);
+    ST(2, c20, c21);
+    ST(3, c30, c31);
+    ST(4, c40, c41);
+    ST(5, c50, c51);
+#undef ST
+}
+
+/* The same over a half panel (x rows 0..7 of the panel: a last panel holding 8 rows or fewer), the
+ * k steps alternating between two accumulators a row so that 12 FMA chains are in flight. */
+TK_AVX2 static void ukernel_wt_half(int64_t kc, const float *const *w, const float *b, float *c, int64_t ldc, int acc)
+{
+    const float *w0 = w[0], *w1 = w[1], *w2 = w[2], *w3 = w[3], *w4 = w[4], *w5 = w[5];
+    __m256 c0 = _mm256_setzero_ps(), c1 = c0, c2 = c0, c3 = c0, c4 = c0, c5 = c0;
+    __m256 d0 = c0, d1 = c0, d2 = c0, d3 = c0, d4 = c0, d5 = c0;
+    int64_t e = 0;
+    for (; e + 2 <= kc; e += 2, b += 2 * WX) {
+        __m256 b0 = _mm256_load_ps(b), b1 = _mm256_load_ps(b + WX);
+        c0 = _mm256_fmadd_ps(_mm256_broadcast_ss(w0 + e), b0, c0);
+        d0 = _mm256_fmadd_ps(_mm256_broadcast_ss(w0 + e + 1), b1, d0);
+        c1 = _mm256_fmadd_ps(_mm256_broadcast_ss(w1 + e), b0, c1);
+        d1 = _mm256_fmadd_ps(_mm256_broadcast_ss(w1 + e + 1), b1, d1);
+        c2 = _mm256_fmadd_ps(_mm256_broadcast_ss(w2 + e), b0, c2);
+        d2 = _mm256_fmadd_ps(_mm256_broadcast_ss(w2 + e + 1), b1, d2);
+        c3 = _mm256_fmadd_ps(_mm256_broadcast_ss(w3 + e), b0, c3);
+        d3 = _mm256_fmadd_ps(_mm256_broadcast_ss(w3 + e + 1), b1, d3);
+        c4 = _mm256_fmadd_ps(_mm256_broadcast_ss(w4 + e), b0, c4);
+        d4 = _mm256_fmadd_ps(_mm256_broadcast_ss(w4 + e + 1), b1, d4);
+        c5 = _mm256_fmadd_ps(_mm256_broadcast_ss(w5 + e), b0, c5);
+        d5 = _mm256_fmadd_ps(_mm256_broadcast_ss(w5 + e + 1), b1, d5);
+    }
+    if (e < kc) {
+        __m256 b0 = _mm256_load_ps(b);
+        c0 = _mm256_fmadd_ps(_mm256_broadcast_ss(w0 + e), b0, c0);
+        c1 = _mm256_fmadd_ps(_mm256_broadcast_ss(w1 + e), b0, c1);
+        c2 = _mm256_fmadd_ps(_mm256_broadcast_ss(w2 + e), b0, c2);
+        c3 = _mm256_fmadd_ps(_mm256_broadcast_ss(w3 + e), b0, c3);
+        c4 = _mm256_fmadd_ps(_mm256_broadcast_ss(w4 + e), b0, c4);
+        c5 = _mm256_fmadd_ps(_mm256_broadcast_ss(w5 + e), b0, c5);
+    }
+    __m256 v[WR] = {_mm256_add_ps(c0, d0), _mm256_add_ps(c1, d1), _mm256_add_ps(c2, d2),
+                    _mm256_add_ps(c3, d3), _mm256_add_ps(c4, d4), _mm256_add_ps(c5, d5)};
+    for (int r = 0; r < WR; r++) {
+        float *cr = c + r * ldc;
+        _mm256_store_ps(cr, acc ? _mm256_add_ps(v[r], _mm256_load_ps(cr)) : v[r]);
+    }
+}
+
+/* Task t's weight rows: groups [g0, g1) of WR rows, the groups spread evenly over the row block's tasks. */
+static void wt_groups(const lin_t *L, int64_t nb, int64_t *n0, int64_t *nn)
+{
+    int64_t G = (L->n + WR - 1) / WR, g0 = nb * G / L->nnb, g1 = (nb + 1) * G / L->nnb;
+    *n0 = g0 * WR;
+    *nn = (g1 * WR < L->n ? g1 * WR : L->n) - *n0;
+}
+
+/* The group's depth block [e0, e0 + kc) of its WR rows (byte pointers to the rows' starts) as f32: f32
+ * rows where they are; 16-bit and i8 rows widened into wf (WR x WKC floats, per thread), 8 at a time.
+ * The kernel then reads each widened value once per panel of x: the widening costs 1/panels of it. */
+TK_AVX2 static void wt_block(const lin_t *L, const char *const *wr, int64_t e0, int64_t kc, float *wf, const float **we)
+{
+    for (int r = 0; r < WR; r++) {
+        if (L->wk == K_F32) {
+            we[r] = (const float *)wr[r] + e0;
+            continue;
+        }
+        float *d = wf + r * WKC;
+        int64_t e = 0;
+        for (; e + 8 <= kc; e += 8)
+            _mm256_storeu_ps(d + e, tk_ld8(wr[r], e0 + e, L->wk));
+        if (e < kc)
+            _mm256_storeu_ps(d + e, tk_ld8_part(wr[r], e0 + e, L->wk, (int)(kc - e)));
+        we[r] = d;
+    }
+}
+
+/* One task's tiles over rows [m0, m0 + mm) of x and weight rows [n0, n0 + nn): ct[nn][ldc] (transposed). */
+TK_AVX2 static void wt_tiles(const lin_t *L, float *ct, int64_t ldc, float *wf, int64_t m0, int64_t mm, int64_t n0,
+                             int64_t nn)
+{
+    size_t es = tk_cpu_kind_size(L->wk);
+    int64_t mp = (mm + WX - 1) / WX, nkb = (L->k + WKC - 1) / WKC, kb = (L->k + nkb - 1) / nkb;
+    for (int64_t g = 0; g < nn; g += WR) {
+        const char *wr[WR];
+        for (int r = 0; r < WR; r++) /* a short last group repeats its last row (its results unused) */
+            wr[r] = (const char *)L->w + (size_t)((n0 + (g + r < nn ? g + r : nn - 1)) * L->ldw) * es;
+        for (int64_t e0 = 0; e0 < L->k; e0 += kb) { /* each weight row read front to back: one stream */
+            int64_t kc = L->k - e0 < kb ? L->k - e0 : kb;
+            const float *we[WR];
+            wt_block(L, wr, e0, kc, wf, we);
+            for (int64_t p = 0; p < mp; p++) {
+                const float *xp = L->ap + ((m0 / WX + p) * L->k + e0) * WX;
+                if (mm - p * WX <= WX / 2) /* a last panel of 8 rows or fewer: half the FMAs */
+                    ukernel_wt_half(kc, we, xp, ct + g * ldc + p * WX, ldc, e0 > 0);
+                else
+                    ukernel_wt(kc, we, xp, ct + g * ldc + p * WX, ldc, e0 > 0);
+            }
+        }
+    }
+}
+
+/* out[m0 + r][n0 + q] = ct[q][r] (scale, bias, rounding as store_tile_avx2): 8 x 8 blocks transposed in
+ * registers, the edges one element at a time. */
+TK_AVX2 static void store_wt_avx2(const lin_t *L, const float *ct, int64_t ldc, int64_t m0, int64_t mm, int64_t n0,
+                                  int64_t nn)
+{
+    int64_t m8 = mm / 8 * 8, n8 = nn / 8 * 8;
+    for (int64_t r = 0; r < m8; r += 8)
+        for (int64_t q = 0; q < n8; q += 8) {
+            __m256 v[8];
+            for (int i = 0; i < 8; i++)
+                v[i] = _mm256_load_ps(ct + (q + i) * ldc + r);
+            tk_tr8x8(v); /* v[i]: row r + i of out, columns q .. q + 7 */
+            __m256 sc = L->scale ? _mm256_loadu_ps(L->scale + n0 + q) : _mm256_set1_ps(1.0f);
+            __m256 bi = L->bias ? tk_ld8(L->bias, n0 + q, L->bk) : _mm256_setzero_ps();
+            for (int i = 0; i < 8; i++)
+                tk_st8(L->out, (m0 + r + i) * L->ldo + n0 + q, L->ok, _mm256_add_ps(_mm256_mul_ps(v[i], sc), bi));
+        }
+    for (int64_t r = 0; r < mm; r++)
+        for (int64_t q = r < m8 ? n8 : 0; q < nn; q++)
+            put1(L, m0 + r, n0 + q, ct[q * ldc + r]);
+}
+
+static void wt_range(void *arg, int64_t lo, int64_t hi)
+{
+    gemm_job *j = arg;
+    const lin_t *L = j->L;
+    int64_t ldc = (L->mc + WX - 1) / WX * WX, rows = (WG_MAX + 1) * WR;
+    float *ct = tk_ops__cpu_scratch(1, (size_t)(rows * ldc) * sizeof(float));
+    float *wf = L->wk == K_F32 ? NULL : tk_ops__cpu_scratch(2, (size_t)(WR * WKC + 8) * sizeof(float));
+    if (!ct || (L->wk != K_F32 && !wf)) {
+        __atomic_store_n(&j->nomem, 1, __ATOMIC_RELAXED);
+        return;
+    }
+    for (int64_t t = lo; t < hi; t++) {
+        int64_t mb = t / L->nnb, m0 = mb * L->mc, mm = L->m - m0 < L->mc ? L->m - m0 : L->mc, n0, nn;
+        wt_groups(L, t % L->nnb, &n0, &nn);
+        wt_tiles(L, ct, ldc, wf, m0, mm, n0, nn);
+        store_wt_avx2(L, ct, ldc, m0, mm, n0, nn);
+    }
+}
+
+/* Tasks: the row blocks (as gemm_tasks cuts them) by a multiple of the thread count of weight-row
+ * blocks, each of at most WG_MAX groups, and at least two tasks a thread: equal tasks, so the threads
+ * finish together (a 576-row weight on 2 threads: 6 tasks of 96 rows, where 64-column blocks gave 9). */
+static int run_gemm_wt(lin_t *L)
+{
+    int64_t panels = (L->m + WX - 1) / WX, nt = tk_ops__threads(), G = (L->n + WR - 1) / WR, T = nt;
+    L->ap = tk_ops__cpu_scratch(0, (size_t)(panels * WX * L->k) * sizeof(float));
+    if (!L->ap)
+        return tk__err(TK_ERR_NOMEM, "linear: out of memory packing x (%lld x %lld)", (long long)L->m, (long long)L->k);
+    pack_job pj = {L};
+    tk_ops__parallel_for(panels, 1, 0, pack_x16_range, &pj);
+    int64_t nmb = (L->m + MC_MAX - 1) / MC_MAX;
+    L->mc = ((L->m + nmb - 1) / nmb + WX - 1) / WX * WX;
+    L->nmb = (L->m + L->mc - 1) / L->mc;
+    while (T < G && ((G + T - 1) / T > WG_MAX || L->nmb * T < 2 * nt))
+        T += nt;
+    L->nnb = T < G ? T : G;
+    gemm_job j = {L, 0};
+    tk_ops__parallel_for(L->nmb * L->nnb, 1, 0, wt_range, &j);
+    if (j.nomem)
+        return tk__err(TK_ERR_NOMEM, "linear: out of memory for a thread's GEMM blocks");
+    return TK_OK;
+}
+#endif
+
 /* ---- AVX-512 BF16 GEMM: bf16 x and weight, M > TILE_MAX_M (prefill) -------------------------------
  *
  * vdpbf16ps multiplies pairs of bf16 and adds both products to an f32 lane: 32 products a zmm
@@ -1192,6 +1448,15 @@ static int run_linear_bf16(const tk_op_call *c)
 }
 #endif
 
+#if TK_CPU_X86
+/* TK_CPU_WT=0: f32 weights through the packed GEMM (A/B timings) */
+static int wt_off(void)
+{
+    const char *e = getenv("TK_CPU_WT");
+    return e && !strcmp(e, "0");
+}
+#endif
+
 static int run(const tk_op_call *c, int casted, int avx2)
 {
     lin_t L;
@@ -1204,11 +1469,15 @@ static int run(const tk_op_call *c, int casted, int avx2)
     if (L.m <= GEMV_MAX_M || L.k == 0)
         return run_gemv(&L);
 #if TK_CPU_X86
-    if (L.avx2 && !L.trans && L.m <= TILE_MAX_M)
+    if (L.avx2 && !L.trans && L.m <= TILE_MAX_M && !(L.wk == K_F32 && L.m > WT_MIN_M && !wt_off()))
         return run_tiles(&L);
 #endif
     if (L.m <= GROUPS_MAX_M && !L.trans)
         return run_gemv_groups(&L);
+#if TK_CPU_X86
+    if (L.avx2 && !L.trans && !wt_off())
+        return run_gemm_wt(&L);
+#endif
     return run_gemm(&L);
 }
 

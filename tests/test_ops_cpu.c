@@ -236,14 +236,18 @@ static int lin_case(tk_dtype dt, int64_t m, int64_t k, int64_t n, int bias, int 
 static void test_linear(void)
 {
     static const int64_t shapes[][3] = {
-        {1, 1, 1},     {1, 7, 5},      {1, 64, 33},   {2, 17, 9},     {3, 100, 37},   {4, 33, 70},    {5, 33, 17},
-        {7, 300, 50},  {13, 257, 129}, {64, 600, 96}, {1, 0, 5},      {6, 1, 16},     {150, 40, 20},  {8, 576, 200},
-        {6, 100, 333}, {7, 70, 40},    {5, 300, 200}, {11, 129, 131}, {17, 577, 100}, {22, 576, 193}, {31, 1000, 70},
-        {32, 64, 7},   {33, 40, 20},   {12, 8, 3},    {9, 7, 4},      {6, 15, 1},     {32, 300, 250}, {26, 1536, 50},
-        {40, 257, 70}, {45, 31, 33},   {300, 513, 97}};
+        {1, 1, 1},     {1, 7, 5},      {1, 64, 33},    {2, 17, 9},     {3, 100, 37},   {4, 33, 70},    {5, 33, 17},
+        {7, 300, 50},  {13, 257, 129}, {64, 600, 96},  {1, 0, 5},      {6, 1, 16},     {150, 40, 20},  {8, 576, 200},
+        {6, 100, 333}, {7, 70, 40},    {5, 300, 200},  {11, 129, 131}, {17, 577, 100}, {22, 576, 193}, {31, 1000, 70},
+        {32, 64, 7},   {33, 40, 20},   {12, 8, 3},     {9, 7, 4},      {6, 15, 1},     {32, 300, 250}, {26, 1536, 50},
+        {40, 257, 70}, {45, 31, 33},   {300, 513, 97}, {70, 64, 1000}, {9, 1100, 13}};
     /* cpu-avx2: M 5..32 runs the in-place 4x3 tiles (M and N past and below multiples of 4 and 3, K of
      * 8; threaded in ranges of 64 KiB of weight rows, whose ends fall inside a tile of 3 rows), M 33 and
-     * up the GEMM. cpu-portable: M 5..6 the GEMV in groups of 4 rows (threaded when N * K passes 64
+     * up the in-place-weight GEMM (16-bit weights widened a depth block at a time); f32 weights past
+     * M = 8 too (x in panels of 16 rows, a last panel
+     * of up to 8 rows by the half tile: M 9, 17, 22, 40, 45; 6-row weight groups cut short: N 13, 20,
+     * 97; depth blocks of equal odd length: K 577, 1000, 1100; row blocks: M 300; tasks of at most 22
+     * groups: N 1000). cpu-portable: M 5..6 the GEMV in groups of 4 rows (threaded when N * K passes 64
      * KiB), M 7 and up the GEMM. Transposed weights: the GEMM past M = 4. cpu-avx512bf16 (bf16 x and
      * weight, M 33 and up, not transposed; it refuses the rest): odd K (a pair padded with 0, also in a
      * second depth block of one element: K 257, 513), N past multiples of 16 and 32, M past multiples of
@@ -309,11 +313,12 @@ static int casted_case(tk_dtype dt, int64_t m, int64_t k, int64_t n, int bias, i
 static void test_casted_linear(void)
 {
     /* M 1..4 is decode (the integer-dot GEMV as well); K below, at and past blocks of 32; N * K past
-     * 64 KiB runs threaded */
-    static const int64_t shapes[][3] = {{1, 1, 1},      {1, 70, 33},    {3, 19, 40},   {4, 256, 8},   {5, 33, 17},
-                                        {40, 300, 70},  {1, 32, 5},     {2, 64, 300},  {4, 1000, 70}, {1, 576, 200},
-                                        {3, 95, 129},   {1, 0, 4},      {6, 576, 200}, {8, 33, 9},    {13, 300, 131},
-                                        {32, 577, 100}, {29, 1000, 70}, {33, 64, 10}};
+     * 64 KiB runs threaded; M 33 and up the in-place-weight GEMM (each depth block's rows widened to f32
+     * first: K 1100 in two blocks of 550, N 61 ending in a short group, M 150 in two row blocks) */
+    static const int64_t shapes[][3] = {{1, 1, 1},      {1, 70, 33},    {3, 19, 40},   {4, 256, 8},    {5, 33, 17},
+                                        {40, 300, 70},  {1, 32, 5},     {2, 64, 300},  {4, 1000, 70},  {1, 576, 200},
+                                        {3, 95, 129},   {1, 0, 4},      {6, 576, 200}, {8, 33, 9},     {13, 300, 131},
+                                        {32, 577, 100}, {29, 1000, 70}, {33, 64, 10},  {150, 1100, 61}};
     for (size_t d = 0; d < 3; d++) {
         for (size_t s = 0; s < sizeof shapes / sizeof shapes[0]; s++)
             CHECK(casted_case(*all_dtypes[d], shapes[s][0], shapes[s][1], shapes[s][2], (int)(s % 2), 0));
