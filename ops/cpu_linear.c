@@ -1513,14 +1513,14 @@ const tk_cpu_impl tk_ops__cpu_linear_impls[] = {
      "bf16 x and weights, more than 4 rows (prefill): pairs of bf16 dotted by vdpbf16ps, f32 accumulation; "
      "in-place 4x4 tiles up to 32 rows, a packed 12x32 tile above; threaded"},
     {"linear", "cpu-avx2", TK_CPU_X86_AVX2, fits_linear, run_linear_avx2,
-     "f32/f16/bf16 weights read in their dtype: GEMV (M <= 4), 4x3 in-place tiles (M <= 32) and a packed 6x16 "
-     "FMA GEMM, threaded"},
+     "f32/f16/bf16 weights read in their dtype: GEMV (M <= 4), 4x3 in-place tiles (M <= 32; f32: M <= 8), a "
+     "GEMM reading the weight in place (6x16 FMA tiles) above, the packed GEMM for transposed weights; threaded"},
     {"casted_linear", "cpu-avx2-q8", TK_CPU_X86_AVX2, fits_casted_q8, run_casted_q8,
      "decode (M <= 4): x quantised to i8 per 32 (Q8_0's activations), integer dots (vpmaddubsw), threaded; "
      "TK_CPU_Q8=1 only"},
     {"casted_linear", "cpu-avx2", TK_CPU_X86_AVX2, fits_casted, run_casted_avx2,
-     "i8 weights widened in registers against f32 x: in-place tiles (M <= 32) and the packed GEMM (prefill), "
-     "threaded"},
+     "i8 weights widened in registers against f32 x: in-place tiles (M <= 32) and the in-place-weight GEMM "
+     "(prefill), threaded"},
 #endif
     {"linear", "cpu-portable", 0, fits_linear, run_linear_c, "the same blocking in plain C"},
     {"casted_linear", "cpu-portable", 0, fits_casted, run_casted_c, "the same blocking in plain C (i8 weights)"},
