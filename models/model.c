@@ -405,6 +405,7 @@ static int tp_weight(const tk_mt **out, tk_model *m, tk_models_weight *w, const 
         tk_tp_run run;
         tk_models__tp_runs(&run, 1, p, &s, es);
         mt_set(&w->mt, (char *)t->data + (s.nranges ? run.offset : 0), m->dtype, t->ndim, s.shape, TK_DEV_CPU, 0);
+        tk_models__st_populate(w->mt.t.data, (size_t)n * ds);
         m->weight_bytes += n * (int64_t)ds;
         m->mapped_bytes += n * (int64_t)ds;
         *out = &w->mt;
@@ -460,6 +461,7 @@ static int weight(const tk_mt **out, tk_model *m, const char *name, int ndim, co
         m->tp->full_bytes += n * (int64_t)dt_size(m->dtype);
     if (m->dev_type == TK_DEV_CPU && t->dtype == st_of(m->dtype)) {
         mt_set(&w->mt, (void *)t->data, m->dtype, t->ndim, t->shape, TK_DEV_CPU, 0);
+        tk_models__st_populate(t->data, (size_t)n * dt_size(m->dtype));
         m->weight_bytes += n * (int64_t)dt_size(m->dtype);
         m->mapped_bytes += n * (int64_t)dt_size(m->dtype);
         *out = &w->mt;

@@ -82,6 +82,11 @@ int64_t tk_models__st_bytes(const tk_st_set *s); /* sum of the files' sizes */
  * MADV_DONTNEED; a later read maps them from the file again): after a strided slice of t was copied
  * (tensor parallelism), the pages the copy touched need not stay resident. */
 void tk_models__st_release(const tk_st_tensor *t);
+/* Maps the n bytes at p, inside a mapped file, into this process's page tables now (madvise
+ * MADV_POPULATE_READ, Linux 5.14+; ignored where unsupported): a weight the model uses where it is
+ * mapped is then loaded at load time, not page by page on the first forward (which timed ~20 ms of
+ * SmolLM2-135M f32's faults as prefill). */
+void tk_models__st_populate(const void *p, size_t n);
 
 /* Converts n elements of a safetensors dtype to f32 / from f32 into tk dtype dst (f32, f16, bf16).
  * Round to nearest even. TK_ERR_UNSUPPORTED for dtypes that hold no real numbers we convert (bool, u*,

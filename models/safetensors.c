@@ -343,6 +343,18 @@ void tk_models__st_release(const tk_st_tensor *t)
         madvise((void *)lo, hi - lo, MADV_DONTNEED);
 }
 
+#ifndef MADV_POPULATE_READ
+#define MADV_POPULATE_READ 22
+#endif
+void tk_models__st_populate(const void *p, size_t n)
+{
+    long pg = sysconf(_SC_PAGESIZE);
+    if (!p || !n || pg <= 0)
+        return;
+    uintptr_t lo = (uintptr_t)p / (uintptr_t)pg * (uintptr_t)pg, hi = (uintptr_t)p + n;
+    (void)madvise((void *)lo, hi - lo, MADV_POPULATE_READ); /* EINVAL before 5.14: pages fault in later */
+}
+
 static void unmap_file(st_file *f)
 {
     if (f->map)
