@@ -822,28 +822,33 @@ TK_AVX2 static void pack_b_avx2(const lin_t *L, float *bp, int64_t n0, int64_t n
         }
 }
 
-TK_AVX2 static void ukernel_avx2(int64_t kc, const float *a, const float *b, float *c, int64_t ldc, int acc)
+/* The 6x16 register tile both f32 GEMMs run: c[6][ldc] (+)= sum over kc steps of 6 broadcast scalars
+ * (row r's at p[r] + e * ps) times 16 floats of b (b + e * 16). ps is a constant in each caller (the
+ * packed x panel's 6, a weight row's 1), so the compiler folds it into the addresses. */
+TK_AVX2_INLINE void tile6x16(int64_t kc, const float *const *p, const int64_t ps, const float *b, float *c, int64_t ldc,
+                             int acc)
 {
+    const float *p0 = p[0], *p1 = p[1], *p2 = p[2], *p3 = p[3], *p4 = p[4], *p5 = p[5];
     __m256 c00 = _mm256_setzero_ps(), c01 = c00, c10 = c00, c11 = c00, c20 = c00, c21 = c00, c30 = c00, c31 = c00,
            c40 = c00, c41 = c00, c50 = c00, c51 = c00;
-    for (int64_t e = 0; e < kc; e++, a += MR, b += NR) {
+    for (int64_t e = 0; e < kc; e++, b += 16) {
         __m256 b0 = _mm256_load_ps(b), b1 = _mm256_load_ps(b + 8), av;
-        av = _mm256_broadcast_ss(a + 0);
+        av = _mm256_broadcast_ss(p0 + e * ps);
         c00 = _mm256_fmadd_ps(av, b0, c00);
         c01 = _mm256_fmadd_ps(av, b1, c01);
-        av = _mm256_broadcast_ss(a + 1);
+        av = _mm256_broadcast_ss(p1 + e * ps);
         c10 = _mm256_fmadd_ps(av, b0, c10);
         c11 = _mm256_fmadd_ps(av, b1, c11);
-        av = _mm256_broadcast_ss(a + 2);
+        av = _mm256_broadcast_ss(p2 + e * ps);
         c20 = _mm256_fmadd_ps(av, b0, c20);
         c21 = _mm256_fmadd_ps(av, b1, c21);
-        av = _mm256_broadcast_ss(a + 3);
+        av = _mm256_broadcast_ss(p3 + e * ps);
         c30 = _mm256_fmadd_ps(av, b0, c30);
         c31 = _mm256_fmadd_ps(av, b1, c31);
-        av = _mm256_broadcast_ss(a + 4);
+        av = _mm256_broadcast_ss(p4 + e * ps);
         c40 = _mm256_fmadd_ps(av, b0, c40);
         c41 = _mm256_fmadd_ps(av, b1, c41);
-        av = _mm256_broadcast_ss(a + 5);
+        av = _mm256_broadcast_ss(p5 + e * ps);
         c50 = _mm256_fmadd_ps(av, b0, c50);
         c51 = _mm256_fmadd_ps(av, b1, c51);
     }
@@ -864,6 +869,13 @@ TK_AVX2 static void ukernel_avx2(int64_t kc, const float *a, const float *b, flo
     ST(4, c40, c41);
     ST(5, c50, c51);
 #undef ST
+}
+
+/* c[MR][ldc] (+)= a[kc][MR] b[kc][NR] (the packed GEMM) */
+TK_AVX2 static void ukernel_avx2(int64_t kc, const float *a, const float *b, float *c, int64_t ldc, int acc)
+{
+    const float *p[6] = {a, a + 1, a + 2, a + 3, a + 4, a + 5};
+    tile6x16(kc, p, MR, b, c, ldc, acc);
 }
 #endif
 
@@ -1036,47 +1048,7 @@ TK_AVX2 static void pack_x16_range(void *arg, int64_t lo, int64_t hi)
 /* c[WR][ldc] (+)= w[r][0..kc) x b[kc][WX]: w holds WR row pointers (at the block's depth). */
 TK_AVX2 static void ukernel_wt(int64_t kc, const float *const *w, const float *b, float *c, int64_t ldc, int acc)
 {
-    const float *w0 = w[0], *w1 = w[1], *w2 = w[2], *w3 = w[3], *w4 = w[4], *w5 = w[5];
-    __m256 c00 = _mm256_setzero_ps(), c01 = c00, c10 = c00, c11 = c00, c20 = c00, c21 = c00, c30 = c00, c31 = c00,
-           c40 = c00, c41 = c00, c50 = c00, c51 = c00;
-    for (int64_t e = 0; e < kc; e++, b += WX) {
-        __m256 b0 = _mm256_load_ps(b), b1 = _mm256_load_ps(b + 8), av;
-        av = _mm256_broadcast_ss(w0 + e);
-        c00 = _mm256_fmadd_ps(av, b0, c00);
-        c01 = _mm256_fmadd_ps(av, b1, c01);
-        av = _mm256_broadcast_ss(w1 + e);
-        c10 = _mm256_fmadd_ps(av, b0, c10);
-        c11 = _mm256_fmadd_ps(av, b1, c11);
-        av = _mm256_broadcast_ss(w2 + e);
-        c20 = _mm256_fmadd_ps(av, b0, c20);
-        c21 = _mm256_fmadd_ps(av, b1, c21);
-        av = _mm256_broadcast_ss(w3 + e);
-        c30 = _mm256_fmadd_ps(av, b0, c30);
-        c31 = _mm256_fmadd_ps(av, b1, c31);
-        av = _mm256_broadcast_ss(w4 + e);
-        c40 = _mm256_fmadd_ps(av, b0, c40);
-        c41 = _mm256_fmadd_ps(av, b1, c41);
-        av = _mm256_broadcast_ss(w5 + e);
-        c50 = _mm256_fmadd_ps(av, b0, c50);
-        c51 = _mm256_fmadd_ps(av, b1, c51);
-    }
-#define ST(r, v0, v1)                                                                                                  \
-    do {                                                                                                               \
-        float *cr = c + (r) * ldc;                                                                                     \
-        if (acc) {                                                                                                     \
-            v0 = _mm256_add_ps(v0, _mm256_load_ps(cr));                                                                \
-            v1 = _mm256_add_ps(v1, _mm256_load_ps(cr + 8));                                                            \
-        }                                                                                                              \
-        _mm256_store_ps(cr, v0);                                                                                       \
-        _mm256_store_ps(cr + 8, v1);                                                                                   \
-    } while (0)
-    ST(0, c00, c01);
-    ST(1, c10, c11);
-    ST(2, c20, c21);
-    ST(3, c30, c31);
-    ST(4, c40, c41);
-    ST(5, c50, c51);
-#undef ST
+    tile6x16(kc, w, 1, b, c, ldc, acc);
 }
 
 /* The same over a half panel (x rows 0..7 of the panel: a last panel holding 8 rows or fewer), the

@@ -319,7 +319,8 @@ static void worker_model(tk_model *m, tk_models_tp *tp)
 
 static const int64_t VOCABS[] = {3, 4, 5, 7, 10};
 
-static void test_w_pick_equals_one_process(void)
+/* fn over each vocabulary of VOCABS, split over the ranks as torch.chunk splits it */
+static void each_vocab(void (*fn)(tk_model *))
 {
     tk_model m;
     tk_models_tp tp;
@@ -327,9 +328,11 @@ static void test_w_pick_equals_one_process(void)
     for (size_t v = 0; v < sizeof VOCABS / sizeof VOCABS[0]; v++) {
         m.cfg.vocab = VOCABS[v];
         chunk(&tp, VOCABS[v]);
-        pick_vocab(&m);
+        fn(&m);
     }
 }
+
+static void test_w_pick_equals_one_process(void) { each_vocab(pick_vocab); }
 
 static int nonfinite(const float *x, int64_t V)
 {
@@ -372,17 +375,7 @@ static void log_softmax_vocab(tk_model *m)
     free(rp);
 }
 
-static void test_w_log_softmax_equals_one_process(void)
-{
-    tk_model m;
-    tk_models_tp tp;
-    worker_model(&m, &tp);
-    for (size_t v = 0; v < sizeof VOCABS / sizeof VOCABS[0]; v++) {
-        m.cfg.vocab = VOCABS[v];
-        chunk(&tp, VOCABS[v]);
-        log_softmax_vocab(&m);
-    }
-}
+static void test_w_log_softmax_equals_one_process(void) { each_vocab(log_softmax_vocab); }
 
 static int worker(void)
 {
