@@ -11,10 +11,11 @@
  *        weight vector used for 4 rows of x; dot products summed across lanes once per tile.
  *   GEMV groups (portable, 4 < M <= 6)  the GEMV over each range of weight rows for every group of up
  *        to 4 rows of x: the weight is read from memory once, later groups find it cached.
- *   In-place-weight GEMM (AVX2, f32 weights, M > 8)  the weight is the broadcast side, read where it is
- *        (6 rows at a time, each a sequential stream), x packed once into 16-row panels; no weight
- *        packing, tasks of equal size (below, "AVX2 GEMM over f32 weights in place").
- *   GEMM (M > 32 on AVX2, M > 6 portable, and transposed weights past M = 4: prefill)  blocked as BLIS blocks it: x packed once
+ *   In-place-weight GEMM (AVX2: f32 weights past M = 8, 16-bit and i8 weights past M = 32)  the weight
+ *        is the broadcast side, read where it is (6 rows at a time, each a sequential stream; 16-bit and
+ *        i8 rows widened a depth block at a time), x packed once into 16-row panels; no weight
+ *        packing, tasks of equal size (below, "AVX2 GEMM with the weight in place").
+ *   GEMM (M > 6 portable, transposed weights past M = 4, and TK_CPU_WT=0: prefill)  blocked as BLIS blocks it: x packed once
  *        into 6-row panels (f32); per task (a block of MC rows and NC columns) the weight is packed KC
  *        deep into 16-column panels, widened to f32 on the way (so 16-bit and i8 weights cost one
  *        conversion per weight element and row block), and a 6x16 register tile of FMAs accumulates
@@ -997,25 +998,25 @@ static int run_gemm(lin_t *L)
     return gemm_tasks(L, MR, gemm_range);
 }
 
-/* ---- AVX2 GEMM over f32 weights in place (prefill) -------------------------------------------------
+/* ---- AVX2 GEMM with the weight in place (prefill) --------------------------------------------------
  *
  * The GEMM above packs every weight block before using it (a transpose of the whole weight per call:
  * 10% of a 128-token prefill of SmolLM2-135M on one thread). With f32 weights the roles can swap: the
  * weight becomes the broadcast side, read where it is (WR rows, one scalar of each a step, each row a
  * sequential stream), and x the vector side, packed once per call into panels of 16 rows ([K][16]:
- * x is small). A WR x 16 tile (WR weight rows by 16 rows of x, 12 ymm accumulators) runs KC deep;
+ * x is small). A WR x 16 tile (WR weight rows by 16 rows of x, 12 ymm accumulators) runs WKC deep;
  * within a depth block a group's rows (WR x KC floats) stay in L1 while the task's x panels stream
  * from L2. The tile is the transposed output (weight rows by rows of x), accumulated in a per-task
- * buffer and transposed once into out at the end. Numerics: the same f32 products summed in k order
- * per depth block, as the packed GEMM does. */
+ * buffer and transposed once into out at the end. 16-bit and i8 weights (past TILE_MAX_M rows, where
+ * the in-place tiles stop) are widened to f32 a group's depth block at a time into a small buffer the
+ * tile then reads once per panel. Numerics: the same f32 products summed in k order per depth block,
+ * as the packed GEMM does. */
 #if TK_CPU_X86
 #define WR 6          /* weight rows a tile */
 #define WX 16         /* rows of x a tile (a packed panel) */
 #define WG_MAX 22     /* weight groups (of WR rows) a task at most: 132 rows */
 #define WT_MIN_M 8    /* f32 weights past this many rows of x take this GEMM, not the in-place tiles */
-#ifndef WKC
-#define WKC 512 /* depth of a block at most (blocks of equal depth): a group's rows, 12 KiB, stay in L1 */
-#endif
+#define WKC 512       /* depth of a block at most (blocks of equal depth): a group's rows, 12 KiB, stay in L1 */
 
 /* x packed into panels of WX rows, all of K: xp[p][e][c] = x[p*WX + c][e] (0 beyond m). */
 TK_AVX2 static void pack_x16_range(void *arg, int64_t lo, int64_t hi)
