@@ -770,6 +770,24 @@ static void ukernel_c(int64_t kc, const float *a, const float *b, float *c, int6
 }
 
 #if TK_CPU_X86
+/* Eight rows (src: each row's start; elements e0 .. e0 + n) transposed into dst[e * 16 + c], rows
+ * c >= valid as zeros: a half of one 16-wide panel, for both GEMMs' packing. */
+TK_AVX2_INLINE void pack8_rows(float *dst, const char *const *src, int valid, int kind, int64_t e0, int64_t n)
+{
+    int64_t e = 0;
+    for (; e + 8 <= n; e += 8) {
+        __m256 r[8];
+        for (int c = 0; c < 8; c++)
+            r[c] = c < valid ? tk_ld8(src[c], e0 + e, kind) : _mm256_setzero_ps();
+        tk_tr8x8(r);
+        for (int t = 0; t < 8; t++)
+            _mm256_storeu_ps(dst + (e + t) * 16, r[t]);
+    }
+    for (; e < n; e++)
+        for (int c = 0; c < 8; c++)
+            dst[e * 16 + c] = c < valid ? tk_cpu_ld1(src[c], e0 + e, kind) : 0.0f;
+}
+
 TK_AVX2 static void pack_b_avx2(const lin_t *L, float *bp, int64_t n0, int64_t nn, int64_t e0, int64_t kc)
 {
     if (L->trans) { /* rows of [K, N] are already NR-wide runs of columns */
@@ -791,35 +809,13 @@ TK_AVX2 static void pack_b_avx2(const lin_t *L, float *bp, int64_t n0, int64_t n
         return;
     }
     size_t es = tk_cpu_kind_size(L->wk);
-    int64_t k8 = kc / 8 * 8;
     for (int64_t q = 0; q * NR < nn; q++)
         for (int h = 0; h < 2; h++) {
-            int64_t c0 = q * NR + h * 8;
-            float *dst = bp + q * kc * NR + h * 8;
-            if (c0 + 8 > nn) { /* a partial group of 8 rows: element by element, zero beyond n */
-                for (int c = 0; c < 8; c++) {
-                    int64_t n = n0 + c0 + c;
-                    const char *wr = (const char *)L->w + (size_t)(n * L->ldw + e0) * es;
-                    for (int64_t e = 0; e < kc; e++)
-                        dst[e * NR + c] = c0 + c < nn ? tk_cpu_ld1(wr, e, L->wk) : 0.0f;
-                }
-                continue;
-            }
+            int64_t c0 = q * NR + h * 8, valid = nn - c0 < 8 ? nn - c0 : 8;
             const char *wr[8];
-            for (int c = 0; c < 8; c++)
-                wr[c] = (const char *)L->w + (size_t)((n0 + c0 + c) * L->ldw + e0) * es;
-            int64_t e = 0;
-            for (; e < k8; e += 8) {
-                __m256 r[8];
-                for (int c = 0; c < 8; c++)
-                    r[c] = tk_ld8(wr[c], e, L->wk);
-                tk_tr8x8(r);
-                for (int t = 0; t < 8; t++)
-                    _mm256_storeu_ps(dst + (e + t) * NR, r[t]);
-            }
-            for (; e < kc; e++)
-                for (int c = 0; c < 8; c++)
-                    dst[e * NR + c] = tk_cpu_ld1(wr[c], e, L->wk);
+            for (int c = 0; c < 8; c++) /* rows past nn point at the last one and are packed as zeros */
+                wr[c] = (const char *)L->w + (size_t)((n0 + c0 + (c < valid ? c : valid - 1)) * L->ldw) * es;
+            pack8_rows(bp + q * kc * NR + h * 8, wr, (int)valid, L->wk, e0, kc);
         }
 }
 
@@ -1023,26 +1019,13 @@ TK_AVX2 static void pack_x16_range(void *arg, int64_t lo, int64_t hi)
 {
     const lin_t *L = ((const pack_job *)arg)->L;
     size_t es = tk_cpu_kind_size(L->xk);
-    int64_t k8 = L->k / 8 * 8;
     for (int64_t p = lo; p < hi; p++)
         for (int h = 0; h < 2; h++) {
-            int64_t r0 = p * WX + h * 8;
-            float *dst = L->ap + p * L->k * WX + h * 8;
+            int64_t r0 = p * WX + h * 8, valid = L->m - r0 < 8 ? (L->m - r0 > 0 ? L->m - r0 : 0) : 8;
             const char *xr[8];
-            for (int c = 0; c < 8; c++) /* rows past m read row m - 1 and are zeroed below */
+            for (int c = 0; c < 8; c++) /* rows past m point at row m - 1 and are packed as zeros */
                 xr[c] = (const char *)L->x + (size_t)((r0 + c < L->m ? r0 + c : L->m - 1) * L->ldx) * es;
-            int64_t e = 0;
-            for (; e < k8; e += 8) {
-                __m256 r[8];
-                for (int c = 0; c < 8; c++)
-                    r[c] = r0 + c < L->m ? tk_ld8(xr[c], e, L->xk) : _mm256_setzero_ps();
-                tk_tr8x8(r);
-                for (int t = 0; t < 8; t++)
-                    _mm256_storeu_ps(dst + (e + t) * WX, r[t]);
-            }
-            for (; e < L->k; e++)
-                for (int c = 0; c < 8; c++)
-                    dst[e * WX + c] = r0 + c < L->m ? tk_cpu_ld1(xr[c], e, L->xk) : 0.0f;
+            pack8_rows(L->ap + p * L->k * WX + h * 8, xr, (int)valid, L->xk, 0, L->k);
         }
 }
 

@@ -92,8 +92,9 @@ typedef struct {
 } tk_op_param;
 
 /* Entries of a built-in op's parameter table. A tensor: name, role (TK_OPS_IN / TK_OPS_OUT), allowed
- * dtypes, dtype_like (-1: its own dtypes), ranks min..max (max -1: any), shape text, doc line. */
-#define TK_OPS_TENSOR(nm, rl, dts, like, rmin, rmax, shp, dc)                                                          \
+ * dtypes, dtype_like (-1: its own dtypes), ranks min..max (max -1: any), shape text, doc line;
+ * TK_OPS_TENSOR_OPT: the same, optional (the call may leave it out: NULL). */
+#define TK_OPS_TENSOR_(nm, rl, dts, like, rmin, rmax, shp, opt, dc)                                                    \
     {.name = (nm),                                                                                                     \
      .kind = TK_ARG_TENSOR,                                                                                            \
      .role = (rl),                                                                                                     \
@@ -102,19 +103,11 @@ typedef struct {
      .min_rank = (rmin),                                                                                               \
      .max_rank = (rmax),                                                                                               \
      .shape = (shp),                                                                                                   \
+     .optional = (opt),                                                                                                \
      .doc = (dc)}
-/* The same, optional: the call may leave it out (NULL). */
+#define TK_OPS_TENSOR(nm, rl, dts, like, rmin, rmax, shp, dc) TK_OPS_TENSOR_(nm, rl, dts, like, rmin, rmax, shp, 0, dc)
 #define TK_OPS_TENSOR_OPT(nm, rl, dts, like, rmin, rmax, shp, dc)                                                      \
-    {.name = (nm),                                                                                                     \
-     .kind = TK_ARG_TENSOR,                                                                                            \
-     .role = (rl),                                                                                                     \
-     .dtypes = (dts),                                                                                                  \
-     .dtype_like = (like),                                                                                             \
-     .min_rank = (rmin),                                                                                               \
-     .max_rank = (rmax),                                                                                               \
-     .shape = (shp),                                                                                                   \
-     .optional = 1,                                                                                                    \
-     .doc = (dc)}
+    TK_OPS_TENSOR_(nm, rl, dts, like, rmin, rmax, shp, 1, dc)
 /* An optional scalar: name, kind (TK_ARG_I64 / TK_ARG_F64), its default, doc line. */
 #define TK_OPS_SCALAR(nm, knd, dflt, dc)                                                                               \
     {.name = (nm), .kind = (knd), .optional = 1, .def = (dflt), .dtype_like = -1, .doc = (dc)}
