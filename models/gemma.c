@@ -142,8 +142,11 @@ static const char *const classes_gemma[] = {"GemmaForCausalLM", NULL};
 static const char *const classes_gemma2[] = {"Gemma2ForCausalLM", NULL};
 static const char *const classes_gemma3[] = {"Gemma3ForCausalLM", NULL};
 
-const tk_models_arch tk_models__gemma = TK_MODELS_DECODER_ARCH("gemma", classes_gemma, parse_gemma);
+const tk_models_arch tk_models__gemma =
+    TK_MODELS_DECODER_ARCH_CAPS("gemma", classes_gemma, parse_gemma, TK_ARCH_TP_LLAMA);
 
-const tk_models_arch tk_models__gemma2 = TK_MODELS_DECODER_ARCH("gemma2", classes_gemma2, parse_gemma2);
+const tk_models_arch tk_models__gemma2 =
+    TK_MODELS_DECODER_ARCH_CAPS("gemma2", classes_gemma2, parse_gemma2, TK_ARCH_TP_LLAMA);
 
-const tk_models_arch tk_models__gemma3 = TK_MODELS_DECODER_ARCH("gemma3", classes_gemma3, parse_gemma3);
+const tk_models_arch tk_models__gemma3 =
+    TK_MODELS_DECODER_ARCH_CAPS("gemma3", classes_gemma3, parse_gemma3, TK_ARCH_TP_LLAMA);

@@ -30,4 +30,4 @@ static int parse(tk_models_config *c, const tk_models_reader *r)
 
 static const char *const classes[] = {"GraniteForCausalLM", NULL};
 
-const tk_models_arch tk_models__granite = TK_MODELS_DECODER_ARCH("granite", classes, parse);
+const tk_models_arch tk_models__granite = TK_MODELS_DECODER_ARCH_CAPS("granite", classes, parse, TK_ARCH_TP_LLAMA);

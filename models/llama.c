@@ -368,6 +368,9 @@ static int load_head(tk_model *m, llama *s)
         s->lm_head = &s->head_view;
     } else if (c->tie_embeddings && c->embed_scale == 1.0 && c->logit_scale == 1.0) {
         s->lm_head = s->embed;
+    } else if (c->tie_embeddings && m->tp && m->tp->head_split) {
+        if ((rc = tk_models__weight_vocab_rows(&s->lm_head, m, "model.embed_tokens.weight", c->logit_scale)))
+            return rc;
     } else if (c->tie_embeddings) {
         if ((rc = tk_models__weight_xf(&s->lm_head, m, "model.embed_tokens.weight", 2, vh, c->logit_scale, 0, 0, 0)))
             return rc;

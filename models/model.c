@@ -246,23 +246,40 @@ static int find_checked(const tk_st_tensor **out, tk_model *m, const char *name,
 /* Converts n elements at src (safetensors dtype sdt, elements `stride` apart in groups of `run`) to the
  * compute dtype into dst (host). Rows of `run` contiguous elements, `nrun` of them, `stride` elements
  * between row starts. */
-static int convert(tk_model *m, void *dst, const tk_st_tensor *t, int64_t first, int64_t run, int64_t nrun,
-                   int64_t stride)
+/* What a loader does to a weight's values on the way in: v * mul + add (in double, one rounding to f32),
+ * then one rounding to dt. {1, 0, compute dtype}: a plain conversion. */
+typedef struct {
+    double mul, add;
+    tk_dtype dt;
+} xform;
+
+#define XF_NONE(m) (&(xform){1.0, 0.0, (m)->dtype})
+
+static int xf_plain(const tk_model *m, const xform *x)
 {
-    size_t es = tk_models__st_dtype_size(t->dtype), ds = dt_size(m->dtype);
+    return x->mul == 1.0 && x->add == 0.0 && x->dt.code == m->dtype.code && x->dt.bits == m->dtype.bits;
+}
+
+/* nrun runs of run elements of t, stride elements apart from element first, into dst (packed) through x. */
+static int convert(tk_model *m, void *dst, const tk_st_tensor *t, int64_t first, int64_t run, int64_t nrun,
+                   int64_t stride, const xform *x)
+{
+    size_t es = tk_models__st_dtype_size(t->dtype), ds = dt_size(x->dt);
     float *tmp = malloc(sizeof(float) * (size_t)(run ? run : 1));
     if (!tmp)
         return tk__err(TK_ERR_NOMEM, "out of memory");
-    int rc = TK_OK;
+    int rc = TK_OK, plain = xf_plain(m, x);
     for (int64_t r = 0; r < nrun && rc == TK_OK; r++) {
         const char *src = (const char *)t->data + (size_t)(first + r * stride) * es;
-        if (t->dtype == st_of(m->dtype)) {
+        if (plain && t->dtype == st_of(m->dtype)) {
             memcpy((char *)dst + (size_t)(r * run) * ds, src, (size_t)run * ds);
             continue;
         }
         rc = tk_models__to_f32(tmp, src, (size_t)run, t->dtype);
+        for (int64_t i = 0; rc == TK_OK && !plain && i < run; i++)
+            tmp[i] = (float)((double)tmp[i] * x->mul + x->add);
         if (rc == TK_OK)
-            tk_models__from_f32((char *)dst + (size_t)(r * run) * ds, tmp, (size_t)run, m->dtype);
+            tk_models__from_f32((char *)dst + (size_t)(r * run) * ds, tmp, (size_t)run, x->dt);
     }
     free(tmp);
     return rc;
@@ -367,41 +384,46 @@ int tk_models__tp_check(tk_model *m, const char *layers, const tk_models_tp_want
 
 /* Converts rank's slice of t (split as p says: s) into dst in the compute dtype, reading only the slice's
  * byte runs of the mapping. */
-static int tp_convert(tk_model *m, void *dst, const tk_st_tensor *t, const tk_tp_param *p, const tk_tp_slice *s)
+static int tp_convert(tk_model *m, void *dst, const tk_st_tensor *t, const tk_tp_param *p, const tk_tp_slice *s,
+                      const xform *x)
 {
-    size_t es = tk_models__st_dtype_size(t->dtype), ds = dt_size(m->dtype);
+    size_t es = tk_models__st_dtype_size(t->dtype), ds = dt_size(x->dt);
     tk_tp_run runs[TK_TP_MAX_SPLIT];
     size_t nr = tk_models__tp_runs(runs, TK_TP_MAX_SPLIT, p, s, es);
     char *d = dst;
     int rc = TK_OK;
     if (nr == 1) /* a plain split: count pieces, stride apart */
         return convert(m, d, t, (int64_t)(runs[0].offset / es), (int64_t)(runs[0].bytes / es), runs[0].count,
-                       (int64_t)(runs[0].stride / es));
+                       (int64_t)(runs[0].stride / es), x);
     for (int64_t o = 0; nr && o < runs[0].count && rc == TK_OK; o++) /* packed: the blocks' pieces in turn */
         for (size_t i = 0; i < nr && rc == TK_OK; i++) {
             int64_t n = (int64_t)(runs[i].bytes / es);
-            rc = convert(m, d, t, (int64_t)((runs[i].offset + (uint64_t)o * runs[i].stride) / es), n, 1, 0);
+            rc = convert(m, d, t, (int64_t)((runs[i].offset + (uint64_t)o * runs[i].stride) / es), n, 1, 0, x);
             d += (size_t)n * ds;
         }
     return rc;
 }
 
-/* Weight w is rank's slice of t: a view of the mapping when the slice is one contiguous range already
- * in the compute dtype (a split of dim 0 on the CPU), else converted into memory the weight owns. The
- * vocabulary-parallel embedding gets one more row, of zeros: the row of every id outside the rank's
- * range (tk_models_batch.tp_ids). */
-static int tp_weight(const tk_mt **out, tk_model *m, tk_models_weight *w, const tk_st_tensor *t, const tk_tp_param *p)
+/* Weight w is rank's slice of t through x (counted in the model's parameters when count): a view of the
+ * mapping when the slice is one contiguous range already in the compute dtype and x changes nothing (a
+ * split of dim 0 on the CPU), else converted into memory the weight owns. The vocabulary-parallel
+ * embedding gets one more row, of zeros: the row of every id outside the rank's range
+ * (tk_models_batch.tp_ids). */
+static int tp_weight(const tk_mt **out, tk_model *m, tk_models_weight *w, const tk_st_tensor *t, const tk_tp_param *p,
+                     const xform *x, int count)
 {
-    size_t es = tk_models__st_dtype_size(t->dtype), ds = dt_size(m->dtype);
+    size_t es = tk_models__st_dtype_size(t->dtype), ds = dt_size(x->dt);
     tk_tp_slice s;
     int rc = tk_models__tp_slice(&s, p, m->tp->rank, m->tp->world, es);
     if (rc != TK_OK)
         return rc;
     int extra = !strcmp(p->style, "embedding_rowwise") && p->dim == 0 && t->ndim == 2;
     int64_t n = numel(t->ndim, s.shape), full = numel(t->ndim, t->shape);
-    m->params += full;
+    if (count)
+        m->params += full;
     m->tp->full_bytes += full * (int64_t)ds;
-    if (m->dev_type == TK_DEV_CPU && t->dtype == st_of(m->dtype) && p->dim == 0 && p->split <= 1 && !extra) {
+    if (m->dev_type == TK_DEV_CPU && xf_plain(m, x) && t->dtype == st_of(m->dtype) && p->dim == 0 && p->split <= 1 &&
+        !extra) {
         tk_tp_run run;
         tk_models__tp_runs(&run, 1, p, &s, es);
         mt_set(&w->mt, (char *)t->data + (s.nranges ? run.offset : 0), m->dtype, t->ndim, s.shape, TK_DEV_CPU, 0);
@@ -415,14 +437,14 @@ static int tp_weight(const tk_mt **out, tk_model *m, tk_models_weight *w, const 
     char *host = calloc((size_t)(n + rowel) * ds + 1, 1);
     if (!host)
         return tk__err(TK_ERR_NOMEM, "out of memory loading '%s'", t->name);
-    if (s.nranges && (rc = tp_convert(m, host, t, p, &s)) != TK_OK) {
+    if (s.nranges && (rc = tp_convert(m, host, t, p, &s, x)) != TK_OK) {
         free(host);
         return tk__err_wrap(rc, "tensor '%s'", t->name);
     }
     tk_models__st_release(t); /* a column slice read every page of t: the other ranks' columns too */
     if (extra)
         s.shape[0]++;
-    if ((rc = place(m, w, host, t->ndim, s.shape)) != TK_OK)
+    if ((rc = place_dt(m, w, host, t->ndim, s.shape, x->dt)) != TK_OK)
         return tk__err_wrap(rc, "tensor '%s'", t->name);
     *out = &w->mt;
     return TK_OK;
@@ -454,7 +476,7 @@ static int weight(const tk_mt **out, tk_model *m, const char *name, int ndim, co
         return rc;
     const tk_tp_param *tp = tp_split(m, t);
     if (tp)
-        return tp_weight(out, m, w, t, tp);
+        return tp_weight(out, m, w, t, tp, XF_NONE(m), 1);
     int64_t n = numel(t->ndim, t->shape);
     m->params += n;
     if (m->tp)
@@ -470,7 +492,7 @@ static int weight(const tk_mt **out, tk_model *m, const char *name, int ndim, co
     void *host = malloc((size_t)(n ? n : 1) * dt_size(m->dtype));
     if (!host)
         return tk__err(TK_ERR_NOMEM, "out of memory loading '%s'", name);
-    if ((rc = convert(m, host, t, 0, n, 1, 0)) != TK_OK) {
+    if ((rc = convert(m, host, t, 0, n, 1, 0, XF_NONE(m))) != TK_OK) {
         free(host);
         return tk__err_wrap(rc, "tensor '%s'", name);
     }
@@ -497,11 +519,14 @@ static int weight_xf_dt(const tk_mt **out, tk_model *m, const char *name, int nd
     *out = NULL;
     const tk_st_tensor *t;
     int rc = find_checked(&t, m, name, ndim, want, optional);
-    if (rc != TK_OK || !t || (rc = tp_refuse(m, t)) != TK_OK)
+    if (rc != TK_OK || !t)
         return rc;
     tk_models_weight *w;
     if ((rc = new_weight(m, &w)) != TK_OK || (rc = set_src(w, TK_MODELS_SRC_WHOLE, &name, 1, 0, 0, 0, 0)) != TK_OK)
         return rc;
+    const tk_tp_param *tp = tp_split(m, t);
+    if (tp) /* the rank's slice, transformed as the whole would be: element for element the same values */
+        return tp_weight(out, m, w, t, tp, &(xform){mul, add, dt}, count);
     int64_t n = numel(t->ndim, t->shape);
     if (m->tp)
         m->tp->full_bytes += n * (int64_t)dt_size(dt);
@@ -527,6 +552,23 @@ static int weight_xf_dt(const tk_mt **out, tk_model *m, const char *name, int nd
         m->params += n;
     *out = &w->mt;
     return TK_OK;
+}
+
+int tk_models__weight_vocab_rows(const tk_mt **out, tk_model *m, const char *name, double mul)
+{
+    *out = NULL;
+    int64_t want[2] = {m->cfg.vocab, m->cfg.hidden};
+    const tk_st_tensor *t;
+    tk_models_weight *w;
+    int rc = find_checked(&t, m, name, 2, want, 0);
+    if (rc != TK_OK || (rc = new_weight(m, &w)) != TK_OK ||
+        (rc = set_src(w, TK_MODELS_SRC_WHOLE, &name, 1, 0, 0, 0, 0)) != TK_OK)
+        return rc;
+    if (!m->tp || m->tp->world < 2) /* one process: the whole table */
+        return tk__err(TK_ERR_INTERNAL, "tk_models__weight_vocab_rows without tensor parallelism ('%s')", name);
+    /* the LM head's own split (colwise on the vocabulary: torch.chunk, as tp_setup's vocab_off) */
+    tk_tp_param p = {(char *)name, "colwise", NULL, 0, 1, 2, {want[0], want[1]}};
+    return tp_weight(out, m, w, t, &p, &(xform){mul, 0.0, m->dtype}, 0);
 }
 
 int tk_models__weight_xf(const tk_mt **out, tk_model *m, const char *name, int ndim, const int64_t *want, double mul,
@@ -594,8 +636,9 @@ int tk_models__weight_cat(const tk_mt **out, tk_model *m, const char *const *nam
     }
     for (int i = 0; i < n && rc == TK_OK; i++)
         rc = i < TK_MODELS_SRC_MAX && tp[i]
-                 ? (sl[i].nranges ? tp_convert(m, host + (size_t)(lper * i) * ds, ts[i], tp[i], &sl[i]) : TK_OK)
-                 : convert(m, host + (size_t)(per * i) * ds, ts[i], 0, per, 1, 0);
+                 ? (sl[i].nranges ? tp_convert(m, host + (size_t)(lper * i) * ds, ts[i], tp[i], &sl[i], XF_NONE(m))
+                                  : TK_OK)
+                 : convert(m, host + (size_t)(per * i) * ds, ts[i], 0, per, 1, 0, XF_NONE(m));
     for (int i = 0; rc == TK_OK && i < n && i < TK_MODELS_SRC_MAX; i++)
         if (tp[i]) /* copied: its mapped pages need not stay resident */
             tk_models__st_release(ts[i]);
@@ -645,7 +688,7 @@ int tk_models__weight_cols(const tk_mt **out, tk_model *m, const char *name, int
     char *host = malloc((size_t)(nr * nc) * dt_size(m->dtype) + 1);
     if (!host)
         return tk__err(TK_ERR_NOMEM, "out of memory loading '%s'", name);
-    rc = convert(m, host, t, c0, nc, nr, cols);
+    rc = convert(m, host, t, c0, nc, nr, cols, XF_NONE(m));
     if (tp)
         tk_models__st_release(t);
     int64_t shape[2] = {rows ? rows : nc, nc};
@@ -678,7 +721,7 @@ int tk_models__weight_rows(const tk_mt **out, tk_model *m, const char *name, int
     char *host = malloc((size_t)(nr * cols) * dt_size(m->dtype) + 1);
     if (!host)
         return tk__err(TK_ERR_NOMEM, "out of memory loading '%s'", name);
-    rc = convert(m, host, t, r0 * cols, nr * cols, 1, 0);
+    rc = convert(m, host, t, r0 * cols, nr * cols, 1, 0, XF_NONE(m));
     int64_t shape[2] = {nr, cols};
     if (rc == TK_OK)
         rc = place(m, w, host, 2, shape);
@@ -846,6 +889,8 @@ static int load_st_settings(tk_model *m)
 
 static int load_model(tk_model **out, tk_ctx *ctx, const char *dir, const tk_model_opts *opts, tk_comm *comm);
 
+#define TP_CAPS (TK_ARCH_TP_LLAMA | TK_ARCH_TP_CONV1D)
+
 /* Tensor parallelism at load: the plan for comm's ranks (checked even for one rank), and for several
  * the sizes this rank computes (the family's load sets the split flags and the vocabulary range). */
 static int tp_setup(tk_model *m, tk_comm *comm, const char *plan_file)
@@ -853,11 +898,16 @@ static int tp_setup(tk_model *m, tk_comm *comm, const char *plan_file)
     int world = tk_comm_size(comm), rank = tk_comm_rank(comm);
     if (world < 1)
         return tk__err(TK_ERR_INVALID, "tk_model_load: opts->comm is not a communicator (NULL or freed)");
-    if (world > 1 && !(m->cfg.def->caps & (TK_ARCH_TP_LLAMA | TK_ARCH_TP_CONV1D)))
+    if (world > 1 && !(m->cfg.def->caps & TP_CAPS)) {
+        char list[1024] = "";
+        size_t used = 0;
+        for (const tk_models_arch *const *a = tk_models__archs; *a; a++)
+            for (const char *const *k = (*a)->classes; used < sizeof list && ((*a)->caps & TP_CAPS) && *k; k++)
+                used += (size_t)snprintf(list + used, sizeof list - used, "%s%s", used ? ", " : "", *k);
         return tk__err(TK_ERR_UNSUPPORTED,
-                       "%s: tensor parallelism runs LlamaForCausalLM, MistralForCausalLM, "
-                       "Qwen2ForCausalLM and GPT2LMHeadModel so far\nHINT: run it in one process (without --tp)",
-                       m->cfg.arch);
+                       "%s: tensor parallelism runs %s so far\nHINT: run it in one process (without --tp)", m->cfg.arch,
+                       list);
+    }
     if (world > 1 && m->dev_type != TK_DEV_CPU)
         return tk__err(TK_ERR_UNSUPPORTED, "tensor-parallel models run on the CPU (MPI) so far, not on a GPU\n"
                                            "HINT: drop --device, or run on one GPU without --tp");

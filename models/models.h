@@ -490,11 +490,14 @@ void tk_models__decoder_free(tk_model *m);
 /* The table row of a variation of the Llama decoder (qwen3.c, olmo2.c, ...): a causal LM with rotary
  * positions whose weights are named "model.*", run by llama.c's steps with the settings parse sets;
  * it cannot train (its weights may be transformed at load). */
-#define TK_MODELS_DECODER_ARCH(nm, cls, parse_fn)                                                                      \
+#define TK_MODELS_DECODER_ARCH(nm, cls, parse_fn) TK_MODELS_DECODER_ARCH_CAPS(nm, cls, parse_fn, 0)
+/* The same with more caps: TK_ARCH_TP_LLAMA for a variation that splits as Llama does (its plan in
+ * transformers is Llama's, its extra weights per head or whole: Qwen3's q/k norms, Gemma's norms). */
+#define TK_MODELS_DECODER_ARCH_CAPS(nm, cls, parse_fn, more)                                                           \
     {                                                                                                                  \
         .name = (nm),                                                                                                  \
         .classes = (cls),                                                                                              \
-        .caps = TK_ARCH_CAUSAL_LM | TK_ARCH_ROPE,                                                                      \
+        .caps = TK_ARCH_CAUSAL_LM | TK_ARCH_ROPE | (more),                                                             \
         .prefix = "model.",                                                                                            \
         .parse = (parse_fn),                                                                                           \
         .load = tk_models__decoder_load,                                                                               \
@@ -520,6 +523,11 @@ int tk_models__weight_opt(const tk_mt **out, tk_model *m, const char *name, int 
  * transformed so cannot be trained (their gradients would be of the transform). */
 int tk_models__weight_xf(const tk_mt **out, tk_model *m, const char *name, int ndim, const int64_t *want, double mul,
                          double add, int optional, int count);
+/* Under tensor parallelism with a split LM head: the rank's vocabulary rows of the [vocab, hidden] tensor
+ * name (torch.chunk's, as the head's colwise split takes them) times mul, not counted in the parameters:
+ * a head tied to an embedding table the model keeps transformed (Gemma's scaled table) or one scaled
+ * itself (Granite's 1 / logits_scaling). */
+int tk_models__weight_vocab_rows(const tk_mt **out, tk_model *m, const char *name, double mul);
 /* A norm's [d] weight as the model computes with it: offset + w (Gemma's 1 + w) in f32 whatever the
  * model's dtype, as transformers' GemmaRMSNorm multiplies by (1 + w.float()) before its one rounding
  * (rms_norm and fused_add_rms_norm take an f32 weight over 16-bit x); offset 0: tk_models__weight. */

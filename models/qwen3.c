@@ -15,4 +15,4 @@ static int parse(tk_models_config *c, const tk_models_reader *r)
 
 static const char *const classes[] = {"Qwen3ForCausalLM", NULL};
 
-const tk_models_arch tk_models__qwen3 = TK_MODELS_DECODER_ARCH("qwen3", classes, parse);
+const tk_models_arch tk_models__qwen3 = TK_MODELS_DECODER_ARCH_CAPS("qwen3", classes, parse, TK_ARCH_TP_LLAMA);

@@ -31,4 +31,4 @@ static int parse(tk_models_config *c, const tk_models_reader *r)
 
 static const char *const classes[] = {"SmolLM3ForCausalLM", NULL};
 
-const tk_models_arch tk_models__smollm3 = TK_MODELS_DECODER_ARCH("smollm3", classes, parse);
+const tk_models_arch tk_models__smollm3 = TK_MODELS_DECODER_ARCH_CAPS("smollm3", classes, parse, TK_ARCH_TP_LLAMA);

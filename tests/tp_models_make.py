@@ -14,6 +14,15 @@ save_pretrained, and transformers' own logits for one prompt beside each (OUT/<n
               rank no MLP features and no vocabulary rows at all
   gpt2        GPT2LMHeadModel (Conv1D weights, fused c_attn, tied head): 6 heads, MLP width 37, vocabulary
               101; transformers has no plan for it, the test passes one
+  qwen3, gemma, gemma2, gemma3, granite, smollm3
+              the Llama variations that split as Llama does (12 heads, 6 kv heads, head_dim 8, MLP width
+              37, vocabulary 101): Qwen3's q/k norms per head (tied); Gemma's (1 + w) norms, sqrt(hidden)
+              embedding scale and GeGLU (tied: the head is the unscaled table); Gemma 2's post-norms,
+              sliding layer, query_pre_attn_scalar and both softcaps; Gemma 3's q/k norms and two RoPEs;
+              Granite's four multipliers (folded into the split weights at load); SmolLM3's NoPE layers.
+              Eager attention in transformers (sdpa would drop Gemma 2's attention softcap)
+  olmo2       Olmo2ForCausalLM: its q/k norms span the whole projection, which tk does not split (the
+              refusal case)
 Seeds are fixed: the same script writes the same weights.
 """
 import json
@@ -21,7 +30,10 @@ import os
 import sys
 
 import torch
-from transformers import GPT2Config, GPT2LMHeadModel, LlamaConfig, LlamaForCausalLM, Qwen2Config, Qwen2ForCausalLM
+from transformers import (Gemma2Config, Gemma2ForCausalLM, Gemma3ForCausalLM, Gemma3TextConfig, GemmaConfig,
+                          GemmaForCausalLM, GPT2Config, GPT2LMHeadModel, GraniteConfig, GraniteForCausalLM,
+                          LlamaConfig, LlamaForCausalLM, Olmo2Config, Olmo2ForCausalLM, Qwen2Config, Qwen2ForCausalLM, Qwen3Config,
+                          Qwen3ForCausalLM, SmolLM3Config, SmolLM3ForCausalLM)
 
 OUT = sys.argv[1]
 
@@ -36,6 +48,7 @@ def save(name, model, seed, ids):
             is_norm = p.dim() == 1 and "norm" in n
             p.copy_(1.0 + 0.1 * r if is_norm else 0.2 * r)
     model.save_pretrained(d)
+    model.set_attn_implementation("eager")
     with torch.no_grad():
         logits = model(torch.tensor([ids])).logits[0]
     with open(os.path.join(d, "ref.json"), "w") as f:
@@ -59,6 +72,24 @@ def main():
     save("gpt2", GPT2LMHeadModel(GPT2Config(
         vocab_size=101, n_embd=48, n_layer=2, n_head=6, n_inner=37, n_positions=64, bos_token_id=1,
         eos_token_id=2)).eval(), 4, [1, 17, 54, 99, 3, 76, 42, 100, 8])
+    ids = [1, 17, 54, 99, 3, 76, 42, 100, 8]
+    fam = dict(vocab_size=101, hidden_size=48, intermediate_size=37, num_attention_heads=12, num_key_value_heads=6,
+               head_dim=8, **base)
+    save("qwen3", Qwen3ForCausalLM(Qwen3Config(**fam, tie_word_embeddings=True)).eval(), 5, ids)
+    save("gemma", GemmaForCausalLM(GemmaConfig(**fam)).eval(), 6, ids)
+    save("gemma2", Gemma2ForCausalLM(Gemma2Config(**fam, sliding_window=4, query_pre_attn_scalar=24,
+                                                  attn_logit_softcapping=2.0, final_logit_softcapping=3.0)).eval(),
+         7, ids)
+    save("gemma3", Gemma3ForCausalLM(Gemma3TextConfig(
+        **fam, sliding_window=4, query_pre_attn_scalar=24, layer_types=["sliding_attention", "full_attention"],
+        rope_parameters={"full_attention": {"rope_type": "linear", "factor": 2.0, "rope_theta": 1000000.0},
+                         "sliding_attention": {"rope_type": "default", "rope_theta": 10000.0}})).eval(), 8, ids)
+    save("granite", GraniteForCausalLM(GraniteConfig(
+        **fam, embedding_multiplier=12.0, residual_multiplier=0.22, attention_multiplier=0.0625,
+        logits_scaling=8.0, tie_word_embeddings=True)).eval(), 9, ids)
+    save("olmo2", Olmo2ForCausalLM(Olmo2Config(**fam)).eval(), 11, ids)  # not split: refused by name
+    save("smollm3", SmolLM3ForCausalLM(SmolLM3Config(
+        **{**fam, "num_hidden_layers": 4}, no_rope_layer_interval=2, pad_token_id=None)).eval(), 10, ids)
 
 
 if __name__ == "__main__":

@@ -1,8 +1,8 @@
 #!/usr/bin/env bash
 # Tensor-parallel models (docs/parallel.md) under `mpirun -np N` on this machine's CPUs: tiny Llama
 # (GQA, biases, untied, uneven MLP width and vocabulary), Qwen2 (tied, q/k/v biases), a Llama where
-# torch.chunk leaves the last of 3 ranks no MLP features and no vocabulary rows, and GPT-2 with a plan
-# file, made with transformers' save_pretrained by tests/tp_models_make.py (cached in $B/tp-models,
+# torch.chunk leaves the last of 3 ranks no MLP features and no vocabulary rows, GPT-2 with a plan
+# file, the Llama variations that split (Qwen3, Gemma 1-3, Granite, SmolLM3) and OLMo2 (refused), made with transformers' save_pretrained by tests/tp_models_make.py (cached in $B/tp-models,
 # remade when the script changes). `tk model logits --tp N` must equal one process's logits (within
 # f32 rounding of the reordered sums) and transformers' own; `tk generate --tp N` must give one
 # process's tokens (greedy, sampling, beams, a batch); each rank must hold about 1/N of the weights and
@@ -91,6 +91,41 @@ t_logits_rank_with_nothing_3_ranks() {
   [ $RC = 0 ] || fail "without --json: exited $RC: $ERR"
   grep -q "^tensor parallel: 3 ranks, weights per rank:" <<<"$ERR" || fail "no per-rank weights line: $ERR"
   [ "$(grep -c "^top " <<<"$OUT")" = 1 ] || fail "rank 0 alone must print: $OUT"
+}
+
+# The Llama variations that split as Llama does, on transformers' default plan (their configs carry
+# none): Qwen3's per-head q/k norms, Gemma 1-3 (a tied head beside a scaled embedding table, softcaps,
+# sliding layers, two RoPEs), Granite's multipliers folded into split weights, SmolLM3's NoPE layers.
+FAMILIES="qwen3 gemma gemma2 gemma3 granite smollm3"
+t_logits_families_2_3_ranks() {
+  ready || return
+  local f
+  for f in $FAMILIES; do
+    echo "  $f"
+    check_logits "$f" 2 "$LLAMA_IDS"
+    check_logits "$f" 3 "$LLAMA_IDS"
+  done
+}
+
+t_generate_families() {
+  ready || return
+  local f
+  for f in $FAMILIES; do
+    pick_same "$f" 2 "--max-new-tokens 8" || continue
+    pick_same "$f" 2 "--do-sample --seed 5 --top-p 0.9 --max-new-tokens 8" || continue
+    pick_same "$f" 2 "--num-beams 2 --max-new-tokens 5"
+  done
+}
+
+# OLMo2's q/k norms span the whole projection (its plan gathers q, k and v): refused by name, with the
+# architectures that do split.
+t_family_not_split() {
+  ready || return
+  run_mpi 60 2 "$TK" model logits "$MODELS/olmo2" --ids 1,2 --tp 2
+  [ $RC = 8 ] || fail "exit $RC, want 8: $ERR"
+  grep -q "Olmo2ForCausalLM: tensor parallelism runs LlamaForCausalLM, .*Gemma3ForCausalLM so far" <<<"$ERR" ||
+    fail "no clear error: $ERR"
+  grep -q "HINT: run it in one process" <<<"$ERR" || fail "no hint: $ERR"
 }
 
 # A plan file: the default plan written out in full names gives the same; a plan that replicates the
