@@ -581,11 +581,21 @@ static void gen_json_logprobs(const gen_job *j, size_t p)
     tk_cli_json_num(stdout, sum);
 }
 
+/* v with 6 decimals into buf, a NaN as "nan" (printf may write "-nan") */
+static const char *fix6(char *buf, size_t n, double v)
+{
+    if (v != v)
+        snprintf(buf, n, "nan");
+    else
+        snprintf(buf, n, "%.6f", v);
+    return buf;
+}
+
 /* one row of the --logprobs table: the step (or #rank of an alternative), id, logprob, quoted text */
 static void text_token(const gen_job *j, const char *label, int32_t id, float lp)
 {
-    char *t = piece(j, id);
-    printf("%6s %7d %12.6f  ", label, (int)id, (double)lp);
+    char *t = piece(j, id), num[64];
+    printf("%6s %7d %12s  ", label, (int)id, fix6(num, sizeof num, lp));
     if (t)
         tk_cli_json_str(stdout, t);
     printf("\n");
@@ -600,7 +610,7 @@ static void gen_text_logprobs(const gen_job *j, size_t p)
     const int32_t *ids = tk_gen_result_ids(j->res, p, &n);
     const float *lp = tk_gen_result_logprobs(j->res, p, &n);
     double sum = 0;
-    char label[32];
+    char label[32], a[64], b[64];
     if (j->np > 1)
         printf("\nlogprobs of prompt %zu", p);
     else
@@ -619,8 +629,9 @@ static void gen_text_logprobs(const gen_job *j, size_t p)
         }
         sum += lp[i];
     }
-    printf("sum %.6f over %zu tokens (mean %.6f, perplexity %.6g)\n", sum, n, n ? sum / (double)n : 0.0,
-           n ? exp(-sum / (double)n) : 1.0);
+    double mean = n ? sum / (double)n : 0.0, ppl = exp(-mean);
+    printf("sum %s over %zu tokens (mean %s, perplexity %.6g)\n", fix6(a, sizeof a, sum), n, fix6(b, sizeof b, mean),
+           ppl != ppl ? NAN : ppl);
 }
 
 /* report, --json: one object per prompt (an array of them for several) */
@@ -692,6 +703,19 @@ static void gen_report(const gen_job *j, const tk_cli *cli)
         tk_cli_tp_print((tk_cli *)cli, j->tpr);
 }
 
+/* Masked diffusion (cmd_generate_diffusion.c), asked for or the checkpoint's own, unless --logprobs asks
+ * for what it cannot give (tk serve-model refuses logprobs for it too). */
+static int diffusion(tk_cli *cli, int argc, char **argv)
+{
+    for (int i = 1; i < argc; i++)
+        if (!strcmp(argv[i], "--logprobs") || !strcmp(argv[i], "--top-logprobs"))
+            return tk_cli_usage(USAGE,
+                                "%s: masked diffusion has no per-token log-probabilities: its tokens are "
+                                "unmasked in parallel, not sampled one after another",
+                                argv[i]);
+    return tk_cmd_generate_diffusion(cli, argc, argv);
+}
+
 int tk_cmd_generate(tk_cli *cli, int argc, char **argv)
 {
     gen_job *j = calloc(1, sizeof *j);
@@ -702,7 +726,7 @@ int tk_cmd_generate(tk_cli *cli, int argc, char **argv)
     for (int i = 1; i < argc; i++)
         if (tk_cli_diffusion_flag(argv[i])) {
             free(j);
-            return tk_cmd_generate_diffusion(cli, argc, argv);
+            return diffusion(cli, argc, argv);
         }
     if ((ec = gen_parse(j, cli, argc, argv)) == GO && (ec = gen_model_opts(j)) == GO && (ec = gen_load(j, cli)) == GO &&
         (ec = gen_prompts(j, cli)) == GO && (ec = gen_quantize(j, cli)) == GO && (ec = gen_run(j, cli, &sc)) == GO) {
@@ -723,5 +747,5 @@ int tk_cmd_generate(tk_cli *cli, int argc, char **argv)
     tk_model_free(j->m);
     tk_comm_free(j->comm);
     free(j);
-    return ec == GO ? tk_cmd_generate_diffusion(cli, argc, argv) : ec;
+    return ec == GO ? diffusion(cli, argc, argv) : ec;
 }

@@ -336,6 +336,8 @@ t_logprobs_bad_input() {
   expect_out "HINT: use num_beams 1"
   expect_rc 8 "$TK" --json generate "$CK/gpt2" --ids 0,1 --top-logprobs 2 --num-beams 2
   expect_out '"exit_code": 8'
+  expect_rc 2 "$TK" generate --diffusion "$CK/llama" --ids 1,2 --logprobs
+  expect_out "masked diffusion has no per-token log-probabilities"
 }
 
 run_tests
