@@ -502,10 +502,10 @@ t_chat_same_replies() {
   [ "$OUT" = "$a" ] || fail "the replies differ: $a vs $OUT"
 }
 
-# lp_same MODEL NP OPTS [ARGS...]: tk generate --logprobs at NP ranks gives one process's tokens and
+# gen_lp_same MODEL NP OPTS [ARGS...]: tk generate --logprobs at NP ranks gives one process's tokens and
 # log-probabilities (chosen and --top-logprobs: the same ids, values within 1e-5, f32 rounding of the
 # split forward's sums) for two prompts.
-lp_same() {
+gen_lp_same() {
   local model=$1 np=$2 opts=$3 a; shift 3
   # shellcheck disable=SC2086
   a=$("$TK" generate "$MODELS/$model" --ids 1,17,54,3 --ids 5,50,51,9 $opts --json) || { fail "one process: $model $opts"; return 1; }
@@ -548,14 +548,14 @@ t_generate_logprobs() {
       for opts in "--max-new-tokens 8 --top-logprobs 5" \
                   "--do-sample --seed 7 --temperature 1.5 --top-k 0 --max-new-tokens 8 --logprobs --top-logprobs 3"; do
         local MPIRUN=("${MPIRUN[@]}" -x TK_TP_PICK=$pick)
-        TK_TP_PICK_SHOWN="(TK_TP_PICK=$pick)" lp_same llama "$np" "$opts"
+        TK_TP_PICK_SHOWN="(TK_TP_PICK=$pick)" gen_lp_same llama "$np" "$opts"
       done
     done
   done
   gpt2_plan >"$WORK/gpt2.json"
-  lp_same gpt2 2 "--max-new-tokens 8 --logprobs --top-logprobs 20" --tp-plan "$WORK/gpt2.json"
+  gen_lp_same gpt2 2 "--max-new-tokens 8 --logprobs --top-logprobs 20" --tp-plan "$WORK/gpt2.json"
   nonfinite_model llama-nf llama "34:0+,1-;51:2+,3-;50:4+;33:5+;68:4+" || { fail "could not make llama-nf"; return; }
-  lp_same llama-nf 2 "--max-new-tokens 6 --top-logprobs 3" || return
+  gen_lp_same llama-nf 2 "--max-new-tokens 6 --top-logprobs 3" || return
   python3 -c 'import json, sys
 d = json.loads(sys.argv[1], parse_constant=lambda c: 1 / 0)
 e = [e for x in d for e in x["logprobs"]]
