@@ -85,6 +85,16 @@ static void help(void)
            "  --json                     print {\"ids\": [new ids], \"text\": \"...\", \"end\": \"eos\", \"stats\":\n"
            "                             {...}} instead of streaming (an array of them for several prompts)\n"
            "\n"
+           "log-probabilities (greedy decoding and sampling; not with --num-beams > 1):\n"
+           "  --logprobs                 each new token's log-probability under the model: log_softmax of\n"
+           "                             the raw logits, before penalties, temperature and top-k/top-p/min-p\n"
+           "                             (tk serve-model's logprobs). A table follows each prompt's text: a\n"
+           "                             row a token (step, id, logprob, its text as a JSON string), then the\n"
+           "                             sum, mean and perplexity; --json adds \"logprobs\": [{\"id\", \"text\",\n"
+           "                             \"logprob\", \"top\": [...]}] and \"logprob_sum\" (NaN and inf as null)\n"
+           "  --top-logprobs N           and the N most likely tokens at each step, 0 to %d (the table's\n"
+           "                             #1, #2, ... rows; implies --logprobs)\n"
+           "\n"
            "masked diffusion (LLaDA, Dream; 'tk generate --diffusion --help' has the details):\n"
            "  --diffusion                generate by masked diffusion (automatic for LLaDAModelLM and\n"
            "                             DreamModel checkpoints); with --gen-length, --block-length,\n"
@@ -95,13 +105,14 @@ static void help(void)
            "  tk generate ./TinyLlama --prompt 'Once upon a time' --max-new-tokens 40\n"
            "  tk generate ./gpt2 --ids 464,2068 --num-beams 4 --max-new-tokens 10 --json\n"
            "  tk generate ./gpt2 --prompt 'Hi' --do-sample --top-p 0.9 --temperature 0.7 --seed 7\n"
+           "  tk generate ./gpt2 --prompt 'The capital of France is' --max-new-tokens 3 --top-logprobs 5\n"
            "  mpirun -np 2 tk generate ./TinyLlama --prompt 'Once upon a time' --tp 2\n"
            "\n"
            "exit status: 0 ok, 1 a model or generation failure (out of memory, an op error), 2 usage or\n"
            "invalid input (an empty or too long prompt, an option out of range), 3 no checkpoint or\n"
            "tokenizer, 5 a damaged checkpoint (a truncated safetensors file), 7 no GPU for --device\n"
            "cuda, 8 an architecture, config value or option tk does not implement.\n",
-           USAGE);
+           USAGE, TK_GEN_MAX_TOP_LOGPROBS);
 }
 
 typedef struct {
@@ -296,6 +307,9 @@ typedef struct {
     const char *tp_plan;
     tk_comm *comm;
     json_t *tpr;     /* --tp: every rank's weight bytes (tk_cli_tp_report) */
+    int logprobs;    /* --logprobs (or --top-logprobs N > 0) */
+    int top;         /* --top-logprobs N */
+    const tk_tokenizer *ptok; /* --logprobs: the model's tokenizer for the tokens' text, or NULL */
 } gen_job;
 
 #define GO (-1) /* a step's "go on": anything else is the command's exit code */
@@ -333,6 +347,15 @@ static int gen_parse(gen_job *j, tk_cli *cli, int argc, char **argv)
             j->set[j->nset++].val = NULL;
         } else if (!strcmp(a, "--stats")) {
             j->stats = 1;
+        } else if (!strcmp(a, "--logprobs")) {
+            j->logprobs = 1;
+        } else if (!strcmp(a, "--top-logprobs")) {
+            long long x = 0;
+            int u = parse_i(USAGE, a, has_val ? argv[++i] : NULL, 0, TK_GEN_MAX_TOP_LOGPROBS, &x);
+            if (u)
+                return u;
+            j->top = (int)x;
+            j->logprobs |= x > 0; /* as tk_gen_opts: the alternatives come with the chosen token's */
         } else if (!strcmp(a, "--tp")) {
             int u = tk_cli_tp_parse(USAGE, has_val ? argv[++i] : NULL, &j->tp);
             if (u)
@@ -426,6 +449,8 @@ static int gen_load(gen_job *j, tk_cli *cli)
     }
     j->o.stop_strings = j->nstop ? j->stops : NULL;
     j->o.n_stop = j->nstop;
+    j->o.logprobs = j->logprobs;
+    j->o.top_logprobs = j->top;
     return GO;
 }
 
@@ -500,7 +525,114 @@ static int gen_run(gen_job *j, tk_cli *cli, stream_ctx *sc)
         return tk_cli_fail(cli, rc, NULL);
     if (j->comm && (rc = tk_cli_tp_report(&j->tpr, j->comm, j->m)) != TK_OK)
         return tk_cli_fail(cli, rc, "--tp: gathering the ranks' weight bytes");
+    if (j->logprobs && tk_model_tokenizer(&j->ptok, j->m) != TK_OK) /* no tokenizer: ids without text */
+        j->ptok = NULL;
     return GO;
+}
+
+/* --logprobs: one token's text under the model's tokenizer (special tokens kept, as tk serve-model's
+ * logprobs give it), or NULL without a tokenizer; the caller frees it (tk_free). */
+static char *piece(const gen_job *j, int32_t id)
+{
+    char *t = NULL;
+    if (!j->ptok || tk_tokenizer_decode(&t, j->ptok, &id, 1, 0) != TK_OK)
+        return NULL;
+    return t;
+}
+
+/* {"id": ID, "text": "...", "logprob": X (null when NaN or inf) -- the caller closes the object */
+static void json_token(const gen_job *j, int32_t id, float lp)
+{
+    char *t = piece(j, id);
+    printf("{\"id\": %d, \"text\": ", (int)id);
+    if (t)
+        tk_cli_json_str(stdout, t);
+    else
+        printf("null");
+    printf(", \"logprob\": ");
+    tk_cli_json_num(stdout, lp);
+    tk_free(t);
+}
+
+/* --logprobs --json: "logprobs": [{"id", "text", "logprob", "top": [{"id", "text", "logprob"}]}] per new
+ * token, and "logprob_sum" */
+static void gen_json_logprobs(const gen_job *j, size_t p)
+{
+    size_t n = 0;
+    const int32_t *ids = tk_gen_result_ids(j->res, p, &n);
+    const float *lp = tk_gen_result_logprobs(j->res, p, &n);
+    double sum = 0;
+    printf(", \"logprobs\": [");
+    for (size_t i = 0; lp && i < n; i++) {
+        const int32_t *tid = NULL;
+        const float *tlp = NULL;
+        size_t k = tk_gen_result_top_logprobs(j->res, p, i, &tid, &tlp);
+        printf("%s", i ? ", " : "");
+        json_token(j, ids[i], lp[i]);
+        printf(", \"top\": [");
+        for (size_t q = 0; q < k; q++) {
+            printf("%s", q ? ", " : "");
+            json_token(j, tid[q], tlp[q]);
+            printf("}");
+        }
+        printf("]}");
+        sum += lp[i];
+    }
+    printf("], \"logprob_sum\": ");
+    tk_cli_json_num(stdout, sum);
+}
+
+/* v with 6 decimals into buf, a NaN as "nan" (printf may write "-nan") */
+static const char *fix6(char *buf, size_t n, double v)
+{
+    if (v != v)
+        snprintf(buf, n, "nan");
+    else
+        snprintf(buf, n, "%.6f", v);
+    return buf;
+}
+
+/* one row of the --logprobs table: the step (or #rank of an alternative), id, logprob, quoted text */
+static void text_token(const gen_job *j, const char *label, int32_t id, float lp)
+{
+    char *t = piece(j, id), num[64];
+    printf("%6s %7d %12s  ", label, (int)id, fix6(num, sizeof num, lp));
+    if (t)
+        tk_cli_json_str(stdout, t);
+    printf("\n");
+    tk_free(t);
+}
+
+/* --logprobs: prompt p's table, a row a new token (its top alternatives below it, #1 the likeliest), and
+ * the sum */
+static void gen_text_logprobs(const gen_job *j, size_t p)
+{
+    size_t n = 0;
+    const int32_t *ids = tk_gen_result_ids(j->res, p, &n);
+    const float *lp = tk_gen_result_logprobs(j->res, p, &n);
+    double sum = 0;
+    char label[32], a[64], b[64];
+    if (j->np > 1)
+        printf("\nlogprobs of prompt %zu", p);
+    else
+        printf("\nlogprobs");
+    printf(" (log_softmax of the raw logits, before penalties and temperature):\n");
+    printf("%6s %7s %12s  %s\n", "step", "id", "logprob", "text");
+    for (size_t i = 0; lp && i < n; i++) {
+        const int32_t *tid = NULL;
+        const float *tlp = NULL;
+        size_t k = tk_gen_result_top_logprobs(j->res, p, i, &tid, &tlp);
+        snprintf(label, sizeof label, "%zu", i);
+        text_token(j, label, ids[i], lp[i]);
+        for (size_t q = 0; q < k; q++) {
+            snprintf(label, sizeof label, "#%zu", q + 1);
+            text_token(j, label, tid[q], tlp[q]);
+        }
+        sum += lp[i];
+    }
+    double mean = n ? sum / (double)n : 0.0, ppl = exp(-mean);
+    printf("sum %s over %zu tokens (mean %s, perplexity %.6g)\n", fix6(a, sizeof a, sum), n, fix6(b, sizeof b, mean),
+           ppl != ppl ? NAN : ppl);
 }
 
 /* report, --json: one object per prompt (an array of them for several) */
@@ -520,7 +652,10 @@ static void gen_report_json(const gen_job *j)
             tk_cli_json_str(stdout, t);
         else
             printf("null");
-        printf(", \"end\": \"%s\", \"stats\": %s", tk_gen_result_end(j->res, p), j->sj);
+        printf(", \"end\": \"%s\"", tk_gen_result_end(j->res, p));
+        if (j->logprobs)
+            gen_json_logprobs(j, p);
+        printf(", \"stats\": %s", j->sj);
         if (j->qinfo[0])
             printf(", \"quant\": %s", j->qinfo);
         if (j->tpr) {
@@ -541,6 +676,8 @@ static void gen_report(const gen_job *j, const tk_cli *cli)
         gen_report_json(j);
     } else if (j->np == 1 && tk_gen_result_text(j->res, 0)) {
         printf("\n"); /* the text streamed */
+        if (j->logprobs)
+            gen_text_logprobs(j, 0);
     } else {
         for (size_t p = 0; p < j->np; p++) {
             const char *t = tk_gen_result_text(j->res, p);
@@ -553,6 +690,8 @@ static void gen_report(const gen_job *j, const tk_cli *cli)
                     printf("%s%d", i ? "," : "", (int)ids[i]);
                 printf("\n");
             }
+            if (j->logprobs)
+                gen_text_logprobs(j, p);
         }
     }
     if (j->stats && j->comm && tk_comm_rank(j->comm) != 0) /* --tp: rank 0 alone reports */
@@ -565,6 +704,19 @@ static void gen_report(const gen_job *j, const tk_cli *cli)
         tk_cli_tp_print((tk_cli *)cli, j->tpr);
 }
 
+/* Masked diffusion (cmd_generate_diffusion.c), asked for or the checkpoint's own, unless --logprobs asks
+ * for what it cannot give (tk serve-model refuses logprobs for it too). */
+static int diffusion(tk_cli *cli, int argc, char **argv)
+{
+    for (int i = 1; i < argc; i++)
+        if (!strcmp(argv[i], "--logprobs") || !strcmp(argv[i], "--top-logprobs"))
+            return tk_cli_usage(USAGE,
+                                "%s: masked diffusion has no per-token log-probabilities: its tokens are "
+                                "unmasked in parallel, not sampled one after another",
+                                argv[i]);
+    return tk_cmd_generate_diffusion(cli, argc, argv);
+}
+
 int tk_cmd_generate(tk_cli *cli, int argc, char **argv)
 {
     gen_job *j = calloc(1, sizeof *j);
@@ -575,7 +727,7 @@ int tk_cmd_generate(tk_cli *cli, int argc, char **argv)
     for (int i = 1; i < argc; i++)
         if (tk_cli_diffusion_flag(argv[i])) {
             free(j);
-            return tk_cmd_generate_diffusion(cli, argc, argv);
+            return diffusion(cli, argc, argv);
         }
     if ((ec = gen_parse(j, cli, argc, argv)) == GO && (ec = gen_model_opts(j)) == GO && (ec = gen_load(j, cli)) == GO &&
         (ec = gen_prompts(j, cli)) == GO && (ec = gen_quantize(j, cli)) == GO && (ec = gen_run(j, cli, &sc)) == GO) {
@@ -596,5 +748,5 @@ int tk_cmd_generate(tk_cli *cli, int argc, char **argv)
     tk_model_free(j->m);
     tk_comm_free(j->comm);
     free(j);
-    return ec == GO ? tk_cmd_generate_diffusion(cli, argc, argv) : ec;
+    return ec == GO ? diffusion(cli, argc, argv) : ec;
 }

@@ -1236,8 +1236,10 @@ typedef struct {
     double presence_penalty;      /* OpenAI's: s[t] -= presence_penalty for every token t generated so far
                                      (the prompt excluded), after repetition_penalty; in [-2, 2]; 0: off */
     double frequency_penalty;     /* and s[t] -= frequency_penalty x (times t was generated); 0: off */
-    int logprobs;                 /* tk_gen_batch: 1 reports each chosen token's log-probability */
-    int top_logprobs;             /* tk_gen_batch: and the most likely 0..TK_GEN_MAX_TOP_LOGPROBS tokens' */
+    int logprobs;                 /* 1 reports each chosen token's log-probability (tk_gen_event.logprob;
+                                     tk_generate: tk_gen_result_logprobs; not with beam search) */
+    int top_logprobs;             /* and the most likely 0..TK_GEN_MAX_TOP_LOGPROBS tokens' (> 0 implies
+                                     logprobs; tk_generate: tk_gen_result_top_logprobs) */
 } tk_gen_opts;
 #define TK_GEN_OPTS_INIT                                                                                               \
     {TK_GEN_OPTS_VERSION,                                                                                              \
@@ -1291,7 +1293,7 @@ TK_API int tk_gen_opts_from_model(tk_gen_opts *o, tk_model *model);
 /* Generates for np prompts (prompts[i]: lens[i] token ids) in one batch; each sequence finishes on its
  * own. On success *out holds np sequences. opts NULL: transformers' defaults. Errors: TK_ERR_INVALID
  * (an empty prompt, a prompt that does not fit the context, max_new_tokens 0, an option out of range:
- * the message names it), TK_ERR_UNSUPPORTED (sampling with beams; a stop string without a tokenizer),
+ * the message names it), TK_ERR_UNSUPPORTED (sampling or logprobs with beams; a stop string without a tokenizer),
  * TK_ERR_NOMEM (the KV cache would pass kv_max_bytes), and the model's and ops' errors. */
 TK_API int tk_generate(tk_gen_result **out, tk_model *model, const int32_t *const *prompts, const size_t *lens,
                        size_t np, const tk_gen_opts *opts);
@@ -1303,6 +1305,18 @@ TK_API const int32_t *tk_gen_result_ids(const tk_gen_result *r, size_t i, size_t
 TK_API const char *tk_gen_result_text(const tk_gen_result *r, size_t i);
 /* Why sequence i ended: "length", "eos", "stop_string" or "callback". */
 TK_API const char *tk_gen_result_end(const tk_gen_result *r, size_t i);
+/* With opts.logprobs or opts.top_logprobs (greedy decoding and sampling): the log-probability of each
+ * new token of sequence i under the model, one per tk_gen_result_ids entry (*n of them), as
+ * tk_gen_event.logprob defines it (log_softmax of the raw logits, before penalties and temperature;
+ * NaN and -inf as torch.log_softmax gives them, docs/parallel.md "Non-finite logits"); borrowed. NULL
+ * (and *n 0) when they were not asked for or i is out of range. */
+TK_API const float *tk_gen_result_logprobs(const tk_gen_result *r, size_t i, size_t *n);
+/* With opts.top_logprobs > 0: the most likely tokens at new token j of sequence i, most likely first
+ * (ties: the lower id), as tk_gen_event.top_ids and top_logprobs: returns how many (up to
+ * opts.top_logprobs; fewer when fewer are not NaN) and points *ids and *logprobs (either may be NULL) at
+ * them, borrowed. 0 with NULLs when they were not asked for or i or j is out of range. */
+TK_API size_t tk_gen_result_top_logprobs(const tk_gen_result *r, size_t i, size_t j, const int32_t **ids,
+                                         const float **logprobs);
 /* Measurements of the call, as JSON: {"prefill_ms", "decode_ms", "prefill_tokens", "decode_tokens",
  * "steps", "decode_tokens_per_s", "kv_cache", "kv_bytes", "kv_peak_bytes", "kv_blocks", "kv_block_size",
  * "kv_dtype"}. decode_* time the tokens after each sequence's first (which the prefill gives);

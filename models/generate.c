@@ -387,6 +387,12 @@ int tk_gen__check(const tk_gen_lm *lm, const int32_t *const *prompts, const size
                        "generate: early_stopping is %d, want TK_GEN_EARLY_HEURISTIC, _TRUE or "
                        "_NEVER",
                        o->early_stopping);
+    if (o->num_beams > 1 && (o->logprobs || o->top_logprobs > 0))
+        return tk__err(TK_ERR_UNSUPPORTED,
+                       "generate: log-probabilities (logprobs, top_logprobs) are reported for greedy decoding and "
+                       "sampling, not beam search (num_beams %lld)\nHINT: use num_beams 1 (tk generate --num-beams "
+                       "1), or score the beam's tokens with a forward pass (tk model logits)",
+                       (long long)o->num_beams);
     if (o->do_sample && o->num_beams > 1)
         return tk__err(TK_ERR_UNSUPPORTED,
                        "generate: beam sampling (do_sample with num_beams %lld) is not "
@@ -1149,6 +1155,42 @@ done:
     return rc;
 }
 
+/* Appends p's array of n elements of el bytes by one (realloc); the new element is (char *)*p + n * el. */
+static int grow_one(void **p, size_t n, size_t el)
+{
+    void *q = realloc(*p, (n + 1) * el);
+    if (!q)
+        return tk__err(TK_ERR_NOMEM, "generate: out of memory for a sequence of %zu tokens", n + 1);
+    *p = q;
+    return TK_OK;
+}
+
+/* Appends an event's token to s, with its log-probabilities when o asks for them (the engine's values,
+ * kept as tk_gen_event reports them: tk_gen_result_logprobs and tk_gen_result_top_logprobs). */
+static int res_push(tk_gen_seq *s, const tk_gen_event *ev, const tk_gen_opts *o)
+{
+    int rc = grow_one((void **)&s->ids, s->n, sizeof *s->ids);
+    if (rc == TK_OK && (o->logprobs || o->top_logprobs > 0))
+        rc = grow_one((void **)&s->logprobs, s->n, sizeof *s->logprobs);
+    size_t k = o->top_logprobs > 0 ? (size_t)o->top_logprobs : 0; /* a row of k per token */
+    if (rc == TK_OK && k && (rc = grow_one((void **)&s->ntop, s->n, sizeof *s->ntop)) == TK_OK &&
+        (rc = grow_one((void **)&s->top_ids, s->n, k * sizeof *s->top_ids)) == TK_OK)
+        rc = grow_one((void **)&s->top_lps, s->n, k * sizeof *s->top_lps);
+    if (rc != TK_OK)
+        return rc;
+    if (s->logprobs)
+        s->logprobs[s->n] = ev->logprob;
+    if (k) {
+        size_t at = s->n * k;
+        s->ktop = (int)k;
+        s->ntop[s->n] = ev->ntop;
+        memcpy(s->top_ids + at, ev->top_ids, (size_t)ev->ntop * sizeof *s->top_ids);
+        memcpy(s->top_lps + at, ev->top_logprobs, (size_t)ev->ntop * sizeof *s->top_lps);
+    }
+    s->ids[s->n++] = ev->token;
+    return TK_OK;
+}
+
 /* tk_generate's greedy decoding and sampling: every prompt in the engine, stepped to the end. */
 static int run_sample(tk_gen_seq *out, tk_gen_stats *st, const tk_gen_lm *lm, const int32_t *const *prompts,
                       const size_t *lens, size_t np, const tk_gen_opts *o)
@@ -1185,15 +1227,9 @@ static int run_sample(tk_gen_seq *out, tk_gen_stats *st, const tk_gen_lm *lm, co
                 rc = tk__err(TK_ERR_INVALID, "%s", E.err);
                 goto done;
             }
-            int32_t *q = realloc(s->ids, (s->n + 1) * sizeof *q);
-            if (!q || (ev[k].len && tk__buf_append(&texts[i], ev[k].text, ev[k].len) != TK_OK)) {
-                if (q)
-                    s->ids = q;
-                rc = tk__err(TK_ERR_NOMEM, "generate: out of memory");
+            if ((rc = res_push(s, &ev[k], o)) != TK_OK ||
+                (ev[k].len && (rc = tk__buf_append(&texts[i], ev[k].text, ev[k].len)) != TK_OK))
                 goto done;
-            }
-            s->ids = q;
-            s->ids[s->n++] = ev[k].token;
             if (!first)
                 st->decode_tokens++;
             if (ev[k].end)
@@ -1877,6 +1913,10 @@ void tk_gen__seq_free(tk_gen_seq *s)
         return;
     free(s->ids);
     free(s->text);
+    free(s->logprobs);
+    free(s->top_ids);
+    free(s->top_lps);
+    free(s->ntop);
     memset(s, 0, sizeof *s);
 }
 
@@ -2541,6 +2581,34 @@ const char *tk_gen_result_end(const tk_gen_result *r, size_t i)
     if (!r || r->magic != RESULT_MAGIC || i >= r->n)
         return "";
     return names[r->seq[i].end];
+}
+
+const float *tk_gen_result_logprobs(const tk_gen_result *r, size_t i, size_t *n)
+{
+    if (n)
+        *n = 0;
+    if (!r || r->magic != RESULT_MAGIC || i >= r->n || !r->seq[i].logprobs)
+        return NULL;
+    if (n)
+        *n = r->seq[i].n;
+    return r->seq[i].logprobs;
+}
+
+size_t tk_gen_result_top_logprobs(const tk_gen_result *r, size_t i, size_t j, const int32_t **ids,
+                                  const float **logprobs)
+{
+    if (ids)
+        *ids = NULL;
+    if (logprobs)
+        *logprobs = NULL;
+    if (!r || r->magic != RESULT_MAGIC || i >= r->n || !r->seq[i].ntop || j >= r->seq[i].n)
+        return 0;
+    const tk_gen_seq *s = &r->seq[i];
+    if (ids)
+        *ids = s->top_ids + j * (size_t)s->ktop;
+    if (logprobs)
+        *logprobs = s->top_lps + j * (size_t)s->ktop;
+    return (size_t)s->ntop[j];
 }
 
 int tk_gen_result_stats_json(char **json, const tk_gen_result *r)

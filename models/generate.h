@@ -96,6 +96,13 @@ typedef struct {
     char *text;   /* their decoded text (NULL without a tokenizer) */
     int end;      /* TK_GEN_END_* */
     float score;  /* beam search: the returned beam's score (sum of log-probs / length^length_penalty) */
+    /* with opts.logprobs or top_logprobs (greedy and sampling): each new token's tk_gen_event.logprob,
+     * top_ids and top_logprobs as the step engine reported them; NULL without */
+    float *logprobs; /* n */
+    int ktop;        /* opts.top_logprobs: the rows of top_ids and top_lps are ktop wide */
+    int32_t *top_ids; /* n x ktop */
+    float *top_lps;  /* n x ktop */
+    int *ntop;       /* n: the filled entries of each row (fewer than ktop when fewer are not NaN) */
 } tk_gen_seq;
 
 typedef struct {

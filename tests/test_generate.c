@@ -527,6 +527,113 @@ static void test_batch_equals_one_at_a_time(void)
     tk_model_free(m);
 }
 
+/* One prompt through tk_gen_batch (the step-wise API tk serve-model uses) with o: its events' tokens,
+ * log-probabilities and top ones into tok / lp / ntop / tid / tlp (at most cap tokens); returns how many. */
+static size_t batch_events(tk_model *m, const int32_t *p, size_t len, const tk_gen_opts *o, size_t cap, int32_t *tok,
+                           float *lp, int *ntop, int32_t *tid, float *tlp)
+{
+    tk_gen_batch *b = NULL;
+    int64_t id;
+    size_t n = 0;
+    CHECK_RC(tk_gen_batch_new(&b, m, NULL), TK_OK);
+    CHECK_RC(tk_gen_batch_add(&id, b, p, len, 1, o), TK_OK);
+    while (b && tk_gen_batch_active(b)) {
+        const tk_gen_event *ev;
+        size_t nev;
+        if (tk_gen_batch_step(b, &ev, &nev) != TK_OK)
+            break;
+        for (size_t k = 0; k < nev && n < cap; k++, n++) {
+            tok[n] = ev[k].token;
+            lp[n] = ev[k].logprob;
+            ntop[n] = ev[k].ntop;
+            memcpy(tid + n * TK_GEN_MAX_TOP_LOGPROBS, ev[k].top_ids, sizeof ev[k].top_ids);
+            memcpy(tlp + n * TK_GEN_MAX_TOP_LOGPROBS, ev[k].top_logprobs, sizeof ev[k].top_logprobs);
+        }
+    }
+    tk_gen_batch_free(b);
+    return n;
+}
+
+/* tk_generate's log-probabilities (tk_gen_result_logprobs, _top_logprobs) are tk_gen_batch's events',
+ * bit for bit, for each prompt of a batch, greedy and sampled: one implementation (the step engine's);
+ * NULL / 0 where they were not asked for or out of range; beam search refuses them. transformers checks
+ * the values themselves (tests/cli/generate.sh, t_logprobs_match_transformers). */
+static void test_result_logprobs(void)
+{
+    NEED_MODELS();
+    tk_model *m = load("gpt2");
+    if (!m)
+        return;
+    int32_t p0[] = {0, 50, 60, 70}, p1[] = {9}, tok[16], tid[16 * TK_GEN_MAX_TOP_LOGPROBS];
+    float lp[16], tlp[16 * TK_GEN_MAX_TOP_LOGPROBS];
+    int ntop[16];
+    const int32_t *ps[] = {p0, p1};
+    size_t ls[] = {4, 1};
+    for (int mode = 0; mode < 2; mode++) {
+        tk_gen_opts o = TK_GEN_OPTS_INIT;
+        o.max_new_tokens = 8;
+        o.logprobs = 1;
+        o.top_logprobs = 4;
+        o.do_sample = mode;
+        o.top_k = 0;
+        o.temperature = 1.3;
+        o.seed = 42;
+        tk_gen_result *r = NULL;
+        CHECK_RC(tk_generate(&r, m, ps, ls, 2, &o), TK_OK);
+        for (size_t i = 0; r && i < 2; i++) {
+            size_t n = 0, nl = 0, ne = batch_events(m, ps[i], ls[i], &o, 16, tok, lp, ntop, tid, tlp);
+            const int32_t *ids = tk_gen_result_ids(r, i, &n);
+            const float *l = tk_gen_result_logprobs(r, i, &nl);
+            CHECK(l != NULL);
+            CHECK_EQ_INT(nl, n);
+            CHECK_EQ_INT(ne, n);
+            for (size_t j = 0; l && j < n && j < ne; j++) {
+                const int32_t *ti = NULL;
+                const float *tv = NULL;
+                size_t k = tk_gen_result_top_logprobs(r, i, j, &ti, &tv);
+                CHECK_EQ_INT(ids[j], tok[j]);
+                CHECK(memcmp(&l[j], &lp[j], sizeof *l) == 0);
+                CHECK_EQ_INT(k, 4);
+                CHECK_EQ_INT(ntop[j], 4);
+                CHECK(ti && memcmp(ti, tid + j * TK_GEN_MAX_TOP_LOGPROBS, k * sizeof *ti) == 0);
+                CHECK(tv && memcmp(tv, tlp + j * TK_GEN_MAX_TOP_LOGPROBS, k * sizeof *tv) == 0);
+                for (size_t q = 1; tv && q < k; q++)
+                    CHECK(tv[q] <= tv[q - 1]);
+                if (mode == 0) /* greedy picks the likeliest */
+                    CHECK(ti && ti[0] == ids[j] && tv[0] == l[j]);
+            }
+            const int32_t *ti = (const int32_t *)1;
+            CHECK_EQ_INT(tk_gen_result_top_logprobs(r, i, n, &ti, NULL), 0);
+            CHECK(ti == NULL);
+        }
+        CHECK(tk_gen_result_logprobs(r, 2, NULL) == NULL);
+        tk_gen_result_free(r);
+    }
+    /* logprobs without tops; neither */
+    tk_gen_opts o = TK_GEN_OPTS_INIT;
+    o.max_new_tokens = 3;
+    o.logprobs = 1;
+    tk_gen_result *r = NULL;
+    size_t n = 9;
+    CHECK_RC(tk_generate(&r, m, ps, ls, 1, &o), TK_OK);
+    CHECK(tk_gen_result_logprobs(r, 0, &n) != NULL && n == 3);
+    CHECK_EQ_INT(tk_gen_result_top_logprobs(r, 0, 0, NULL, NULL), 0);
+    tk_gen_result_free(r);
+    o.logprobs = 0;
+    CHECK_RC(tk_generate(&r, m, ps, ls, 1, &o), TK_OK);
+    CHECK(tk_gen_result_logprobs(r, 0, &n) == NULL && n == 0);
+    tk_gen_result_free(r);
+    /* beam search: refused, with a hint */
+    o.num_beams = 2;
+    o.top_logprobs = 1;
+    r = (tk_gen_result *)1;
+    CHECK_RC(tk_generate(&r, m, ps, ls, 1, &o), TK_ERR_UNSUPPORTED);
+    CHECK(r == NULL);
+    CHECK_CONTAINS(tk_last_error(), "not beam search (num_beams 2)");
+    CHECK_CONTAINS(tk_last_error(), "HINT:");
+    tk_model_free(m);
+}
+
 static void test_sampling_seeded_and_distributed(void)
 {
     NEED_MODELS();
@@ -881,6 +988,7 @@ int main(void)
     RUN(test_quantised_kv_cache);
     RUN(test_weight_quantisation);
     RUN(test_batch_equals_one_at_a_time);
+    RUN(test_result_logprobs);
     RUN(test_sampling_seeded_and_distributed);
     RUN(test_streaming_never_splits_utf8);
     RUN(test_stop_strings_and_end_reasons);

@@ -245,4 +245,99 @@ t_bad_input_is_refused_clearly() {
   expect_out "--repetition-penalty"
 }
 
+# --logprobs against transformers (tests/models/logprob_oracle.py): greedy on batches of prompts with
+# --top-logprobs (generate(output_logits=True) gives the same ids, and log_softmax of its raw logits and
+# torch.topk the same values within 1e-4), greedy with a repetition penalty (the processed scores,
+# output_scores, differ: a logprob taken after the processors fails), and sampling at temperature 0.6
+# (tk's own tokens through one forward; a logprob taken after the temperature fails), on Llama and GPT-2.
+# Each line: MODEL MODE TOP PROMPTS [key=value ...] (PROMPTS ;-separated, run as one batch).
+LP_JOBS="llama generate 5 1,50,60,70;1,9;20 max_new_tokens=10
+llama generate 0 1,50,60,70 max_new_tokens=12 repetition_penalty=1.5
+llama forward 3 1,50,60,70;1,300,301,302 max_new_tokens=10 do_sample=true temperature=0.6 top_k=0 seed=3
+gpt2 generate 4 0,50,60,70;0,9 max_new_tokens=10
+gpt2 generate 2 0,300,301,302,303 max_new_tokens=12 repetition_penalty=1.3 no_repeat_ngram_size=2
+gpt2 forward 20 0,50,60,70;9 max_new_tokens=10 do_sample=true temperature=0.6 top_k=20 seed=5"
+
+t_logprobs_match_transformers() {
+  need_models || return
+  local line n=0 model mode top prompts kv flags p
+  local -a ids
+  : >"$WORK/lp.jobs"
+  while IFS= read -r line; do
+    [ -n "$line" ] || continue
+    n=$((n + 1))
+    read -r model mode top prompts kv <<<"$line"
+    flags=$(echo "$kv" | sed -E 's/(^| )([a-z_]+)=/\1--\2 /g; s/--do_sample true/--do_sample/; s/_/-/g')
+    ids=()
+    for p in ${prompts//;/ }; do ids+=(--ids "$p"); done
+    # shellcheck disable=SC2086
+    "$TK" --json generate "$CK/$model" "${ids[@]}" $flags --logprobs --top-logprobs "$top" >"$WORK/lp.$n.json" 2>"$WORK/lp.$n.err" ||
+      { fail "tk generate $model ${ids[*]} $flags --top-logprobs $top: $(cat "$WORK/lp.$n.err" "$WORK/lp.$n.json")"; continue; }
+    # the oracle's key=value: generate()'s settings; forward needs the temperature alone
+    [ "$mode" = forward ] && kv=$(grep -o 'temperature=[^ ]*' <<<"$kv")
+    echo "$CK/$model $mode $top $WORK/lp.$n.json $prompts $kv" >>"$WORK/lp.jobs"
+  done <<<"$LP_JOBS"
+  "$PY" "$ROOT/tests/models/logprob_oracle.py" <"$WORK/lp.jobs" >"$WORK/lp.out" 2>"$WORK/lp.log" ||
+    { fail "logprobs differ from transformers: $(grep MISMATCH "$WORK/lp.out") $(tail -n 3 "$WORK/lp.log")"; return; }
+  sed 's/^/    /' "$WORK/lp.out"
+  [ "$(grep -c 'max |tk - torch|' "$WORK/lp.out")" = 11 ] || fail "want 11 prompts checked: $(cat "$WORK/lp.out")"
+}
+
+# The text table: a row a token (step, id, logprob, text) with its --top-logprobs rows #1..#N below it,
+# then the sum; the same numbers as --json (to the table's 6 decimals), the streamed text unchanged.
+t_logprobs_text_table() {
+  need_models || return
+  local j t plain
+  j=$("$TK" --json generate "$CK/llama" --prompt "$PROMPT" --max-new-tokens 6 --top-logprobs 2) || { fail "--json: $j"; return; }
+  t=$("$TK" generate "$CK/llama" --prompt "$PROMPT" --max-new-tokens 6 --top-logprobs 2) || { fail "text: $t"; return; }
+  plain=$("$TK" generate "$CK/llama" --prompt "$PROMPT" --max-new-tokens 6)
+  [ "$(head -n 1 <<<"$t")" = "$plain" ] || fail "the text changed with --logprobs: '$(head -n 1 <<<"$t")' vs '$plain'"
+  python3 - "$j" "$t" <<'PYEOF' || fail "the table and --json disagree: $t"
+import json, re, sys
+d, t = json.loads(sys.argv[1]), sys.argv[2].splitlines()
+rows = [l.split(None, 3) for l in t if re.match(r"^ *[0-9]+ ", l)]
+alts = [l.split(None, 3) for l in t if re.match(r"^ *#[0-9]+ ", l)]
+assert [int(r[1]) for r in rows] == d["ids"], (rows, d["ids"])
+for r, e in zip(rows, d["logprobs"]):
+    assert abs(float(r[2]) - e["logprob"]) < 1e-6, (r, e)
+    assert json.loads(r[3]) == e["text"], (r, e)
+assert len(alts) == 2 * len(rows), alts
+assert [int(a[1]) for a in alts] == [x["id"] for e in d["logprobs"] for x in e["top"]], alts
+assert [a[0] for a in alts[:2]] == ["#1", "#2"], alts
+s = [l for l in t if l.startswith("sum ")]
+assert len(s) == 1 and abs(float(s[0].split()[1]) - d["logprob_sum"]) < 1e-5, (s, d["logprob_sum"])
+assert any(l.startswith("logprobs (log_softmax of the raw logits") for l in t), t
+PYEOF
+  # several prompts: a table after each one's text, named
+  t=$("$TK" generate "$CK/gpt2" --ids 0,50 --ids 9 --max-new-tokens 3 --logprobs)
+  [ "$(grep -c '^logprobs of prompt [01] ' <<<"$t")" = 2 ] || fail "two prompts, want two tables: $t"
+  [ "$(grep -c '^sum ' <<<"$t")" = 2 ] || fail "two prompts, want two sums: $t"
+  # without --logprobs, no logprobs in --json
+  j=$("$TK" --json generate "$CK/gpt2" --ids 0,50 --max-new-tokens 3)
+  case "$j" in *logprob*) fail "logprobs without --logprobs: $j" ;; esac
+  # --top-logprobs N implies --logprobs; --logprobs --top-logprobs 0 gives empty tops
+  j=$("$TK" --json generate "$CK/gpt2" --ids 0,50 --max-new-tokens 3 --top-logprobs 1)
+  python3 -c 'import json,sys; d=json.loads(sys.argv[1]); assert len(d["logprobs"]) == 3 and all(len(e["top"]) == 1 for e in d["logprobs"]), d' "$j" ||
+    fail "--top-logprobs 1 alone: $j"
+  j=$("$TK" --json generate "$CK/gpt2" --ids 0,50 --max-new-tokens 3 --logprobs --top-logprobs 0)
+  python3 -c 'import json,sys; d=json.loads(sys.argv[1]); assert len(d["logprobs"]) == 3 and all(e["top"] == [] for e in d["logprobs"]), d' "$j" ||
+    fail "--logprobs --top-logprobs 0: $j"
+}
+
+t_logprobs_bad_input() {
+  need_models || return
+  expect_rc 2 "$TK" generate "$CK/gpt2" --ids 0,1 --top-logprobs 21
+  expect_out "--top-logprobs wants an integer in [0, 20], got '21'"
+  expect_rc 2 "$TK" generate "$CK/gpt2" --ids 0,1 --logprobs --top-logprobs -1
+  expect_out "--top-logprobs wants an integer in [0, 20], got '-1'"
+  expect_rc 2 "$TK" generate "$CK/gpt2" --ids 0,1 --top-logprobs
+  expect_rc 8 "$TK" generate "$CK/gpt2" --ids 0,1 --logprobs --num-beams 3
+  expect_out "not beam search (num_beams 3)"
+  expect_out "HINT: use num_beams 1"
+  expect_rc 8 "$TK" --json generate "$CK/gpt2" --ids 0,1 --top-logprobs 2 --num-beams 2
+  expect_out '"exit_code": 8'
+  expect_rc 2 "$TK" generate --diffusion "$CK/llama" --ids 1,2 --logprobs
+  expect_out "masked diffusion has no per-token log-probabilities"
+}
+
 run_tests

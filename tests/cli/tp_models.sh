@@ -537,6 +537,67 @@ t_chat_same_replies() {
   [ "$OUT" = "$a" ] || fail "the replies differ: $a vs $OUT"
 }
 
+# gen_lp_same MODEL NP OPTS [ARGS...]: tk generate --logprobs at NP ranks gives one process's tokens and
+# log-probabilities (chosen and --top-logprobs: the same ids, values within 1e-5, f32 rounding of the
+# split forward's sums) for two prompts.
+gen_lp_same() {
+  local model=$1 np=$2 opts=$3 a; shift 3
+  # shellcheck disable=SC2086
+  a=$("$TK" generate "$MODELS/$model" --ids 1,17,54,3 --ids 5,50,51,9 $opts --json) || { fail "one process: $model $opts"; return 1; }
+  # shellcheck disable=SC2086
+  run_mpi 120 "$np" "$TK" generate "$MODELS/$model" --ids 1,17,54,3 --ids 5,50,51,9 $opts --tp "$np" --json "$@"
+  [ $RC = 0 ] || { fail "$model $np ranks $opts: mpirun exited $RC: $ERR"; return 1; }
+  python3 - "$a" "$OUT" "$model, $np ranks, $opts ${TK_TP_PICK_SHOWN:-}" <<'PYEOF' || { fail "$model at $np ranks, $opts: logprobs differ"; return 1; }
+import json, sys
+def strict(c):
+    raise ValueError("not JSON: " + c)
+a, b = (json.loads(x, parse_constant=strict) for x in sys.argv[1:3])
+worst, n = 0.0, 0
+for x, y in zip(a, b):
+    assert x["ids"] == y["ids"], (x["ids"], y["ids"])
+    assert len(x["logprobs"]) == len(y["logprobs"]) == len(x["ids"]) > 0
+    for e, f in zip(x["logprobs"], y["logprobs"]):
+        assert e["id"] == f["id"] and len(e["top"]) == len(f["top"]), (e, f)
+        pairs = [(e, f)] + list(zip(e["top"], f["top"]))
+        for u, v in pairs:
+            assert u["id"] == v["id"], (e, f)
+            if u["logprob"] is None or v["logprob"] is None:  # NaN or inf: null in both
+                assert u["logprob"] is v["logprob"], (e, f)
+            else:
+                worst = max(worst, abs(u["logprob"] - v["logprob"]))
+            n += 1
+assert worst <= 1e-5, worst
+print(f"    {sys.argv[3]}: {n} log-probabilities, max |one process - ranks| {worst:.1e}")
+PYEOF
+}
+
+# --logprobs over the split head (models/tp_pick.c's log_softmax over the ranks' columns, and with the
+# rows gathered): greedy and sampling with --top-logprobs, Llama at 2 and 3 ranks, GPT-2 with a plan;
+# on NaN and +-inf logits (docs/parallel.md "Non-finite logits": a row with a NaN or a +inf has NaN
+# log-probabilities and no top ones) every value is null in strict JSON, alone and split.
+t_generate_logprobs() {
+  ready || return
+  local np pick opts
+  for np in 2 3; do
+    for pick in local gather; do
+      for opts in "--max-new-tokens 8 --top-logprobs 5" \
+                  "--do-sample --seed 7 --temperature 1.5 --top-k 0 --max-new-tokens 8 --logprobs --top-logprobs 3"; do
+        local MPIRUN=("${MPIRUN[@]}" -x TK_TP_PICK=$pick)
+        TK_TP_PICK_SHOWN="(TK_TP_PICK=$pick)" gen_lp_same llama "$np" "$opts"
+      done
+    done
+  done
+  gpt2_plan >"$WORK/gpt2.json"
+  gen_lp_same gpt2 2 "--max-new-tokens 8 --logprobs --top-logprobs 20" --tp-plan "$WORK/gpt2.json"
+  nonfinite_model llama-nf llama "34:0+,1-;51:2+,3-;50:4+;33:5+;68:4+" || { fail "could not make llama-nf"; return; }
+  gen_lp_same llama-nf 2 "--max-new-tokens 6 --top-logprobs 3" || return
+  python3 -c 'import json, sys
+d = json.loads(sys.argv[1], parse_constant=lambda c: 1 / 0)
+e = [e for x in d for e in x["logprobs"]]
+assert e and all(x["logprob"] is None and x["top"] == [] for x in e), e
+assert all(x["logprob_sum"] is None for x in d), d' "$OUT" || fail "non-finite logits: want null logprobs, no tops: ${OUT:0:400}"
+}
+
 # Streaming text: rank 0 alone prints.
 t_generate_rank0_prints() {
   ready || return
