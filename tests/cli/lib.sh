@@ -105,8 +105,18 @@ cleanup() {
 }
 trap cleanup EXIT
 
+# A function defined twice in a test file silently replaces the first (a helper renamed by one test
+# breaks another): each such name counts as a failure of the file.
+dup_functions() {
+  grep -hoE '^[A-Za-z_][A-Za-z0-9_]*\(\)' "$0" "${BASH_SOURCE[0]}" | sort | uniq -d
+}
+
 run_tests() {
-  local fn
+  local fn dup
+  for dup in $(dup_functions); do
+    echo "FAIL ${dup%()} is defined twice (in $(basename "$0") or lib.sh): the later one replaces the first"
+    _fail=$((_fail + 1))
+  done
   for fn in $(declare -F | awk '{print $3}' | grep '^t_' | grep -- "${TK_TEST_ONLY:-}"); do
     _cur=$fn; _failed_now=0; _skipped_now=0
     export TK_HOME=$WORK/home-$fn; rm -rf "$TK_HOME"; mkdir -p "$TK_HOME"

@@ -191,6 +191,7 @@ t_tp_server_usage() {
   expect_out "--tp wants the number of ranks"
 }
 
-cleanup() { [ -n "$SRV_PID" ] && kill -9 "$SRV_PID" 2>/dev/null; }
-trap cleanup EXIT
+# the server, then lib.sh's cleanup (the scratch directory)
+stop_server_and_clean() { [ -n "$SRV_PID" ] && kill -9 "$SRV_PID" 2>/dev/null; cleanup; }
+trap stop_server_and_clean EXIT
 run_tests
