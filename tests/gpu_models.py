@@ -2,6 +2,7 @@
 """gpu_models.py — the model pipelines on a GPU, checked against transformers on the same GPU.
 
     gpu_models.py --tk TK --work DIR [--csv F] [--json F] [--deadline S] [--only REGEX] [--tokens N]
+                  [--checks greedy_f32,logits_f32,logits_bf16] [--device cuda|cpu]
 
 scripts/gpu-check.sh runs it (phase 1d) on a machine with a GPU, torch and transformers. It writes the
 tiny random checkpoints of tests/models/make_tiny.py (transformers' save_pretrained) into DIR/tiny,
@@ -18,8 +19,11 @@ then for each causal LM among them (DiffusionGemma: block_diffusion below):
     transformers' bf16 distances from the f32 oracle beside it ("look at it" when tk's is more than
     twice transformers' plus 1e-2; on the CPU, 2026-11-28, the two were within 0.7x-1.5x of each other
     on Gemma 1-3, Qwen2-MoE, Phi-3 LongRoPE and Llama).
-One row per check goes to --csv/--json and a table to stdout; the exit status is 1 if a check failed.
---deadline S stops starting new models after S seconds (the rows so far are kept).
+The checks run in passes over every model, in --checks order (default: greedy f32 first: the H100 run
+of 2026-11-28 checked f32 logits on all 22 checkpoints but reached generation on only 8 before its
+deadline). One row per check goes to --csv/--json and a table to stdout; the exit status is 1 if a
+check failed. --deadline S stops starting new checks after S seconds (the rows so far are kept; each
+check not started is a FAIL row saying so).
 """
 import argparse
 import csv
@@ -105,6 +109,63 @@ def block_diffusion(a, d, name, row):
         row(name, "bd_generate", False, "-", str(e).replace("\n", " ")[:800])
 
 
+def hf_model(a, d, tdt):
+    from transformers import AutoModelForCausalLM
+    return AutoModelForCausalLM.from_pretrained(d, dtype=tdt, attn_implementation="eager").to(a.device).eval()
+
+
+def logits(a, d, name, check, ref32, row):
+    """logits_f32 (checked: 1e-4 of the largest logit) or logits_bf16 (reported, with tk's and
+    transformers' bf16 distances from transformers' f32 logits when logits_f32 ran first)."""
+    import torch
+    dtype = check.split("_")[1]
+    m = hf_model(a, d, torch.float32 if dtype == "f32" else torch.bfloat16)
+    with torch.no_grad():
+        ref = m(torch.tensor([IDS], device=a.device)).logits[0].float().cpu()
+    del m
+    got = torch.tensor(tk_json(a.tk, ["model", "logits", d, "--ids", ",".join(map(str, IDS)), "--device", a.device,
+                                      "--dtype", dtype])["logits"])
+    rel = ((got - ref).abs().max() / ref.abs().max()).item()
+    if dtype == "f32":
+        ref32[name] = ref
+        row(name, check, rel < 1e-4, f"{rel:.2e}", f"max|ref| {ref.abs().max().item():.3g}, tol 1e-4")
+        return
+    # two bf16 computations round differently (and may route MoE tokens differently): reported, with each
+    # one's distance from the f32 oracle: tk's bf16 far worse than transformers' is the sign
+    note = f"max|ref| {ref.abs().max().item():.3g}"
+    if name in ref32:
+        r32 = ref32[name]
+        scale = r32.abs().max()
+        e_tk, e_hf = ((got - r32).abs().max() / scale).item(), ((ref - r32).abs().max() / scale).item()
+        note += f"; from f32: tk {e_tk:.2e}, transformers {e_hf:.2e}"
+        note += "; tk's bf16 is off: look at it" if e_tk > 2 * e_hf + 1e-2 else ""
+    row(name, check, True, f"{rel:.2e}", note, status="info")
+
+
+def greedy(a, d, name, row):
+    """greedy_f32: tk generate on the device against transformers' generate() on the same device, token
+    for token."""
+    import torch
+    cfg = json.load(open(os.path.join(d, "config.json")))
+    n = min(a.tokens, cfg.get("max_position_embeddings", cfg.get("n_positions", 1 << 30)) - len(IDS))
+    if n <= 0:
+        row(name, "greedy_f32", True, "-", "skipped: the context holds no more tokens than the prompt")
+        return
+    m = hf_model(a, d, torch.float32)
+    x = torch.tensor([IDS], device=a.device)
+    with torch.no_grad():  # an explicit mask: generate() would mask a prompt id equal to pad_token_id
+        out = m.generate(x, attention_mask=torch.ones_like(x), do_sample=False, max_new_tokens=n)
+    del m
+    want = out[0, len(IDS):].tolist()
+    t1 = time.time()
+    have = tk_json(a.tk, ["generate", d, "--ids", ",".join(map(str, IDS)), "--device", a.device, "--dtype", "f32",
+                          "--max-new-tokens", str(n)])["ids"]
+    first = next((i for i, (x, y) in enumerate(zip(have, want)) if x != y), None)
+    same = have == want
+    row(name, "greedy_f32", same, f"{len(want)} tok", (f"same tokens ({time.time() - t1:.1f} s)" if same else
+                                                       f"first differs at {first}: tk {have} hf {want}"))
+
+
 def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--tk", required=True)
@@ -115,11 +176,12 @@ def main():
     ap.add_argument("--only", default="")
     ap.add_argument("--tokens", type=int, default=16)
     ap.add_argument("--device", default="cuda", help="cuda (the check), or cpu to try the script without a GPU")
+    ap.add_argument("--checks", default="greedy_f32,logits_f32,logits_bf16",
+                    help="the passes over every model, in order (a deadline cuts the last first)")
     a = ap.parse_args()
     t0 = time.time()
 
     import torch
-    from transformers import AutoModelForCausalLM
     torch.backends.cuda.matmul.allow_tf32 = False  # tk's f32 kernels do f32 arithmetic
     torch.backends.cudnn.allow_tf32 = False
 
@@ -142,65 +204,32 @@ def main():
         rows.append(r)
         print(f"{model:18} {check:14} {r['status']:5} {value:>12}  {note}", flush=True)
 
-    names = sorted(n for n in os.listdir(tiny) if os.path.isfile(os.path.join(tiny, n, "config.json")))
-    for name in names:
-        d = os.path.join(tiny, name)
-        arch = json.load(open(os.path.join(d, "config.json"))).get("architectures", ["?"])[0]
+    names = []
+    for name in sorted(n for n in os.listdir(tiny) if os.path.isfile(os.path.join(tiny, n, "config.json"))):
+        arch = json.load(open(os.path.join(tiny, name, "config.json"))).get("architectures", ["?"])[0]
         if a.only and not re.search(a.only, name):
             continue
-        if arch not in ("DiffusionGemmaForBlockDiffusion", "GPT2LMHeadModel") and not arch.endswith("ForCausalLM"):
-            continue
-        if time.time() - t0 > a.deadline:
-            row(name, "-", False, "-", "not started: the phase's deadline passed")
-            continue
-        if arch == "DiffusionGemmaForBlockDiffusion":
-            block_diffusion(a, d, name, row)
-            torch.cuda.empty_cache()
-            continue
-        ids = ",".join(map(str, IDS))
-        for dtype, tdt, tol in (("f32", torch.float32, 1e-4), ("bf16", torch.bfloat16, 5e-2)):
-            check = f"logits_{dtype}"
+        if arch in ("DiffusionGemmaForBlockDiffusion", "GPT2LMHeadModel") or arch.endswith("ForCausalLM"):
+            names.append((name, arch))
+    ref32 = {}  # model -> its f32 logits from transformers (logits_bf16 measures both sides from them)
+    # Pass by pass, every model: the checks in --checks order, so a deadline cuts the last pass first
+    for check in a.checks.split(","):
+        for name, arch in names:
+            d = os.path.join(tiny, name)
+            if time.time() - t0 > a.deadline:
+                row(name, check, False, "-", "not started: the phase's deadline passed")
+                continue
             try:
-                m = AutoModelForCausalLM.from_pretrained(d, dtype=tdt, attn_implementation="eager")
-                m = m.to(a.device).eval()
-                with torch.no_grad():
-                    ref = m(torch.tensor([IDS], device=a.device)).logits[0].float().cpu()
-                got = torch.tensor(tk_json(a.tk, ["model", "logits", d, "--ids", ids, "--device", a.device,
-                                                  "--dtype", dtype])["logits"])
-                rel = ((got - ref).abs().max() / ref.abs().max()).item()
-                if dtype == "f32":
-                    ref32 = ref
-                    row(name, "logits_f32", rel < tol, f"{rel:.2e}", f"max|ref| {ref.abs().max().item():.3g}, tol {tol:g}")
-                else:  # two bf16 computations round differently (and may route MoE tokens differently): reported,
-                    # with each one's distance from the f32 oracle: tk's bf16 far worse than transformers' is the sign
-                    scale = ref32.abs().max()
-                    e_tk = ((got - ref32).abs().max() / scale).item()
-                    e_hf = ((ref - ref32).abs().max() / scale).item()
-                    worse = e_tk > 2 * e_hf + 1e-2
-                    row(name, "logits_bf16", True, f"{rel:.2e}", f"max|ref| {ref.abs().max().item():.3g}; from f32: "
-                        f"tk {e_tk:.2e}, transformers {e_hf:.2e}" + ("; tk's bf16 is off: look at it" if worse else ""),
-                        status="info")
-                cfg = json.load(open(os.path.join(d, "config.json")))
-                n = min(a.tokens, cfg.get("max_position_embeddings", cfg.get("n_positions", 1 << 30)) - len(IDS))
-                if dtype == "f32" and n <= 0:
-                    row(name, "greedy_f32", True, "-", "skipped: the context holds no more tokens than the prompt")
-                elif dtype == "f32":
-                    check = "greedy_f32"
-                    x = torch.tensor([IDS], device=a.device)
-                    with torch.no_grad():  # an explicit mask: generate() would mask a prompt id equal to pad_token_id
-                        out = m.generate(x, attention_mask=torch.ones_like(x), do_sample=False, max_new_tokens=n)
-                    want = out[0, len(IDS):].tolist()
-                    g = tk_json(a.tk, ["generate", d, "--ids", ids, "--device", a.device, "--dtype", "f32",
-                                       "--max-new-tokens", str(n)])
-                    have = g["ids"]
-                    first = next((i for i, (x, y) in enumerate(zip(have, want)) if x != y), None)
-                    same = have == want
-                    row(name, "greedy_f32", same, f"{len(want)} tok",
-                        "same tokens" if same else f"first differs at {first}: tk {have} hf {want}")
-                del m
+                if arch == "DiffusionGemmaForBlockDiffusion":
+                    if check == "greedy_f32":  # its own checks (logits and generation), once
+                        block_diffusion(a, d, name, row)
+                elif check == "greedy_f32":
+                    greedy(a, d, name, row)
+                else:
+                    logits(a, d, name, check, ref32, row)
             except Exception as e:  # one model's failure is a row, not the end of the phase
                 row(name, check, False, "-", str(e).replace("\n", " ")[:800])
-        torch.cuda.empty_cache()
+            torch.cuda.empty_cache()
 
     if a.csv:
         with open(a.csv, "w", newline="") as f:
