@@ -175,7 +175,9 @@ static int load_moe(tk_model *m, layer_w *w, int64_t l)
 {
     const tk_models_config *c = &m->cfg;
     int64_t E = c->experts, H = c->hidden, I = c->moe_intermediate, Is = c->shared_intermediate;
+    int64_t li = m->tp ? m->tp->moe_inter : I; /* split: the rank's features of every expert */
     int64_t egu[3] = {E, 2 * I, H}, edn[3] = {E, H, I}, eh[2] = {E, H}, sdw[2] = {H, Is}, g1[2] = {1, H};
+    int64_t lgu[3] = {E, 2 * li, H}, ldn[3] = {E, H, li};
     char n[256];
     const char *pre = c->moe_prefix;
     const tk_mt *gu = NULL, *dn = NULL;
@@ -211,8 +213,8 @@ static int load_moe(tk_model *m, layer_w *w, int64_t l)
         if (rc != TK_OK)
             return rc;
     }
-    tk_models__view(&w->experts_gu, gu, 3, egu);
-    tk_models__view(&w->experts_down, dn, 3, edn);
+    tk_models__view(&w->experts_gu, gu, 3, lgu);
+    tk_models__view(&w->experts_down, dn, 3, ldn);
     if ((rc = tk_models__weight(&w->router, m, LN("%sgate.weight", pre), 2, eh)) != TK_OK)
         return rc;
     if (Is > 0) {
@@ -249,13 +251,35 @@ static sizes local_sizes(const tk_model *m)
 static int tp_check(tk_model *m)
 {
     static const tk_models_tp_want want[] = {
-        {"self_attn.q_proj.weight", 0, 1}, {"self_attn.k_proj.weight", 0, 1}, {"self_attn.v_proj.weight", 0, 1},
-        {"self_attn.q_proj.bias", 0, 1},   {"self_attn.k_proj.bias", 0, 1},   {"self_attn.v_proj.bias", 0, 1},
-        {"self_attn.o_proj.weight", 1, 1}, {"self_attn.o_proj.bias", -1, 1},  {"mlp.gate_proj.weight", 0, 1},
-        {"mlp.up_proj.weight", 0, 1},      {"mlp.gate_proj.bias", 0, 1},      {"mlp.up_proj.bias", 0, 1},
-        {"mlp.down_proj.weight", 1, 1},    {"mlp.down_proj.bias", -1, 1}};
+        {"self_attn.q_proj.weight", 0, 1},
+        {"self_attn.k_proj.weight", 0, 1},
+        {"self_attn.v_proj.weight", 0, 1},
+        {"self_attn.q_proj.bias", 0, 1},
+        {"self_attn.k_proj.bias", 0, 1},
+        {"self_attn.v_proj.bias", 0, 1},
+        {"self_attn.o_proj.weight", 1, 1},
+        {"self_attn.o_proj.bias", -1, 1},
+        {"mlp.gate_proj.weight", 0, 1},
+        {"mlp.up_proj.weight", 0, 1},
+        {"mlp.gate_proj.bias", 0, 1},
+        {"mlp.up_proj.bias", 0, 1},
+        {"mlp.down_proj.weight", 1, 1},
+        {"mlp.down_proj.bias", -1, 1},
+        /* a mixture of experts: each expert's MLP as the dense one; the router and a shared expert whole */
+        {"mlp.experts.gate_up_proj", 1, 2},
+        {"mlp.experts.down_proj", 2, 1},
+        {"mlp.experts.*.gate_proj.weight", 0, 1},
+        {"mlp.experts.*.up_proj.weight", 0, 1},
+        {"mlp.experts.*.down_proj.weight", 1, 1},
+        {"mlp.experts.*.w1.weight", 0, 1},
+        {"block_sparse_moe.experts.*.w1.weight", 0, 1},
+        {"block_sparse_moe.experts.*.w3.weight", 0, 1},
+        {"block_sparse_moe.experts.*.w2.weight", 1, 1},
+        {"mlp.experts.*.w3.weight", 0, 1},
+        {"mlp.experts.*.w2.weight", 1, 1}};
     return tk_models__tp_check(m, "model.layers.", want, sizeof want / sizeof want[0], "model.embed_tokens.weight",
-                               "q/k/v/gate/up_proj colwise, o/down_proj rowwise");
+                               "q/k/v/gate/up_proj colwise, o/down_proj rowwise; experts' gate_up_proj "
+                               "packed_colwise, down_proj rowwise; routers and shared experts whole");
 }
 
 /* The rotary dims and the gated MLP's op, checked against the config. */
@@ -636,6 +660,13 @@ static int attn_block(tk_model *m, tk_models_batch *b, llama *s, int64_t l, cons
     return tk_models__tp_reduce(m, out);
 }
 
+/* A rank that torch.chunk left no MLP (or expert) features adds nothing to the ranks' sum. */
+static int zero_part(tk_model *m, const tk_mt *out)
+{
+    memset(out->t.data, 0, (size_t)(out->shape[0] * out->shape[1]) * (out->t.dtype.bits / 8u));
+    return tk_models__tp_reduce(m, out);
+}
+
 /* out = down(act(h Wgate) * (h Wup)), or on a sparse layer the moe op (router, experts, shared expert) */
 static int mlp_block(tk_model *m, llama *s, const layer_w *w, const tk_mt *h, const tk_mt *out)
 {
@@ -654,17 +685,18 @@ static int mlp_block(tk_model *m, llama *s, const layer_w *w, const tk_mt *h, co
                                                                                       : 0),
                         TK_A_I("round_weights", c->moe_round_weights)};
         size_t n = 9;
-        if (w->shared_gu) {
+        if (w->shared_gu && (!m->tp || !m->tp->rank)) { /* split: whole on every rank, added once */
             a[n++] = (tk_arg)TK_A_T("shared_gate_up", w->shared_gu);
             a[n++] = (tk_arg)TK_A_T("shared_down", w->shared_down);
             a[n++] = (tk_arg)TK_A_T("shared_gate", w->shared_gate);
         }
-        return tk_models__op(m, "moe", a, n);
+        /* split: the rank's features of each expert give a part of every expert's down_proj; summed */
+        if (m->tp && m->tp->moe_inter == 0)
+            return zero_part(m, out);
+        return (rc = tk_models__op(m, "moe", a, n)) != TK_OK ? rc : tk_models__tp_reduce(m, out);
     }
-    if (m->tp && m->tp->inter == 0) { /* torch.chunk left this rank no MLP features: it adds nothing */
-        memset(out->t.data, 0, (size_t)(out->shape[0] * out->shape[1]) * (out->t.dtype.bits / 8u));
-        return tk_models__tp_reduce(m, out);
-    }
+    if (m->tp && m->tp->inter == 0)
+        return zero_part(m, out);
     if ((rc = linear(m, &s->gu, h, w->gate_up, w->gate_up_b)) != TK_OK)
         return rc;
     tk_arg sm[] = {TK_A_T("out", &s->act), TK_A_T("input", &s->gu)};

@@ -19,4 +19,4 @@ static int parse(tk_models_config *c, const tk_models_reader *r)
 
 static const char *const classes[] = {"MixtralForCausalLM", NULL};
 
-const tk_models_arch tk_models__mixtral = TK_MODELS_DECODER_ARCH("mixtral", classes, parse);
+const tk_models_arch tk_models__mixtral = TK_MODELS_DECODER_ARCH_CAPS("mixtral", classes, parse, TK_ARCH_TP_LLAMA);

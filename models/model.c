@@ -340,10 +340,13 @@ int tk_models__tp_check(tk_model *m, const char *layers, const tk_models_tp_want
         const tk_tp_param *t = &p->params[i];
         const char *n = t->name, *rest = NULL;
         int dim = -1, split = 1, known = 0;
+        char g[512] = "";
         if (!strncmp(n, layers, nl)) {
             rest = strchr(n + nl, '.');
+            if (rest) /* "mlp.experts.*.gate_proj.weight": an expert's tensor by its generic name */
+                tk_models__tp_generic_name(g, sizeof g, rest + 1);
             for (size_t k = 0; rest && k < nwant; k++)
-                if (!strcmp(rest + 1, want[k].name)) {
+                if (!strcmp(rest + 1, want[k].name) || !strcmp(g, want[k].name)) {
                     dim = want[k].dim;
                     split = want[k].split;
                     known = 1;
@@ -589,6 +592,36 @@ int tk_models__norm_weight(const tk_mt **out, tk_model *m, const char *name, int
     return weight_xf_dt(out, m, name, 1, want, 1, offset, 0, 1, dt_of(TK_DL_FLOAT, 32));
 }
 
+/* The parts of a concatenated weight under tensor parallelism: each part's plan entry and slice, and
+ * the rows and columns of a part's slice. */
+typedef struct {
+    int64_t rows, cols;
+    tk_tp_slice *sl;
+    const tk_tp_param **tp;
+} cat_split;
+
+/* Every part must be split as the first is (the same dimension, not packed): tk runs them as one. */
+static int cat_slices(cat_split *cs, tk_model *m, const tk_st_tensor *const *ts, const char *const *names, int n)
+{
+    cs->sl = calloc((size_t)n, sizeof *cs->sl);
+    cs->tp = calloc((size_t)n, sizeof *cs->tp);
+    if (!cs->sl || !cs->tp)
+        return tk__err(TK_ERR_NOMEM, "out of memory");
+    int rc = TK_OK;
+    for (int i = 0; i < n && rc == TK_OK; i++) {
+        const tk_tp_param *p = cs->tp[i] = tp_split(m, ts[i]);
+        if (!p || p->dim != cs->tp[0]->dim || p->split > 1)
+            return tk__err(TK_ERR_UNSUPPORTED,
+                           "%s: the tensor-parallel plan splits '%s' (%s) but not '%s' alike (tk runs them as one "
+                           "fused weight)\nHINT: give them the same style",
+                           m->cfg.arch, names[0], cs->tp[0]->style, names[i]);
+        rc = tk_models__tp_slice(&cs->sl[i], p, m->tp->rank, m->tp->world, tk_models__st_dtype_size(ts[i]->dtype));
+        cs->rows = cs->sl[i].shape[0];
+        cs->cols = ts[i]->ndim > 1 ? cs->sl[i].shape[1] : 0;
+    }
+    return rc;
+}
+
 int tk_models__weight_cat(const tk_mt **out, tk_model *m, const char *const *names, int n, int64_t rows, int64_t cols)
 {
     *out = NULL;
@@ -610,40 +643,32 @@ int tk_models__weight_cat(const tk_mt **out, tk_model *m, const char *const *nam
         return rc;
     }
     size_t ds = dt_size(m->dtype);
-    /* tensor parallelism: each part's slice (the rank's rows of gate_proj, then of up_proj), alike */
-    int64_t lrows = rows;
-    tk_tp_slice sl[TK_MODELS_SRC_MAX];
-    const tk_tp_param *tp[TK_MODELS_SRC_MAX] = {NULL};
-    for (int i = 0; m->tp && i < n && rc == TK_OK; i++) {
-        if (i < TK_MODELS_SRC_MAX && !(tp[i] = tp_split(m, ts[i])) && i == 0)
-            break;
-        if (i >= TK_MODELS_SRC_MAX || !tp[i] || tp[i]->dim != 0)
-            rc = tk__err(TK_ERR_UNSUPPORTED,
-                         "%s: the tensor-parallel plan splits '%s' but not '%s' on their rows "
-                         "(tk runs them as one fused weight)\nHINT: give both the same style (colwise)",
-                         m->cfg.arch, names[0], names[i]);
-        else if ((rc = tk_models__tp_slice(&sl[i], tp[i], m->tp->rank, m->tp->world,
-                                           tk_models__st_dtype_size(ts[i]->dtype))) == TK_OK)
-            lrows = sl[i].shape[0];
-    }
+    /* tensor parallelism: each part's slice, all split alike (the rank's rows of gate_proj, then of
+     * up_proj; each expert's down_proj on its columns) */
+    cat_split cs = {rows, cols, NULL, NULL};
+    if (rc == TK_OK && m->tp && tp_split(m, ts[0]))
+        rc = cat_slices(&cs, m, ts, names, n);
     if (m->tp)
         m->tp->full_bytes += per * n * (int64_t)ds;
-    int64_t lper = lrows * (cols ? cols : 1);
+    int64_t lper = cs.rows * (cs.cols ? cs.cols : 1);
     char *host = rc == TK_OK ? malloc((size_t)(lper * n) * ds + 1) : NULL;
     if (!host) {
         free(ts);
+        free(cs.sl);
+        free(cs.tp);
         return rc != TK_OK ? rc : tk__err(TK_ERR_NOMEM, "out of memory loading '%s'", names[0]);
     }
     for (int i = 0; i < n && rc == TK_OK; i++)
-        rc = i < TK_MODELS_SRC_MAX && tp[i]
-                 ? (sl[i].nranges ? tp_convert(m, host + (size_t)(lper * i) * ds, ts[i], tp[i], &sl[i], XF_NONE(m))
-                                  : TK_OK)
-                 : convert(m, host + (size_t)(per * i) * ds, ts[i], 0, per, 1, 0, XF_NONE(m));
-    for (int i = 0; rc == TK_OK && i < n && i < TK_MODELS_SRC_MAX; i++)
-        if (tp[i]) /* copied: its mapped pages need not stay resident */
-            tk_models__st_release(ts[i]);
+        rc = cs.tp ? (cs.sl[i].nranges
+                          ? tp_convert(m, host + (size_t)(lper * i) * ds, ts[i], cs.tp[i], &cs.sl[i], XF_NONE(m))
+                          : TK_OK)
+                   : convert(m, host + (size_t)(per * i) * ds, ts[i], 0, per, 1, 0, XF_NONE(m));
+    for (int i = 0; rc == TK_OK && cs.tp && i < n; i++)
+        tk_models__st_release(ts[i]); /* copied: its mapped pages need not stay resident */
     free(ts);
-    int64_t shape[2] = {lrows * n, cols};
+    free(cs.sl);
+    free(cs.tp);
+    int64_t shape[2] = {cs.rows * n, cs.cols};
     if (rc == TK_OK)
         rc = place(m, w, host, ndim, shape);
     else
@@ -934,6 +959,7 @@ static int tp_setup(tk_model *m, tk_comm *comm, const char *plan_file)
     m->tp->heads = c->heads % world ? c->heads : c->heads / world;
     m->tp->kv_heads = c->kv_heads % world ? c->kv_heads : c->kv_heads / world;
     tk_models__tp_chunk(c->intermediate, world, rank, &off, &m->tp->inter);
+    tk_models__tp_chunk(c->moe_intermediate, world, rank, &off, &m->tp->moe_inter);
     tk_models__tp_chunk(c->vocab, world, rank, &m->tp->vocab_off, &m->tp->vocab_len);
     return TK_OK;
 }

@@ -332,6 +332,7 @@ typedef struct {
     int rank, world;
     tk_tp_plan *plan;
     int64_t heads, kv_heads, inter;  /* this rank's attention heads, kv heads and MLP width */
+    int64_t moe_inter;               /* and each expert's MLP width (a mixture of experts) */
     int64_t vocab_off, vocab_len;    /* the vocabulary rows this rank's embedding and LM head hold */
     int embed_split;                 /* embed_tokens vocabulary-parallel: partial lookups, all-reduced */
     int head_split;                  /* the LM head split on the vocabulary: the logits gathered */

@@ -24,4 +24,4 @@ static int parse(tk_models_config *c, const tk_models_reader *r)
 
 static const char *const classes[] = {"Qwen2MoeForCausalLM", NULL};
 
-const tk_models_arch tk_models__qwen2_moe = TK_MODELS_DECODER_ARCH("qwen2_moe", classes, parse);
+const tk_models_arch tk_models__qwen2_moe = TK_MODELS_DECODER_ARCH_CAPS("qwen2_moe", classes, parse, TK_ARCH_TP_LLAMA);

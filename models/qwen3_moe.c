@@ -18,4 +18,4 @@ static int parse(tk_models_config *c, const tk_models_reader *r)
 
 static const char *const classes[] = {"Qwen3MoeForCausalLM", NULL};
 
-const tk_models_arch tk_models__qwen3_moe = TK_MODELS_DECODER_ARCH("qwen3_moe", classes, parse);
+const tk_models_arch tk_models__qwen3_moe = TK_MODELS_DECODER_ARCH_CAPS("qwen3_moe", classes, parse, TK_ARCH_TP_LLAMA);

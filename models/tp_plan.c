@@ -185,6 +185,35 @@ static const char *const LLAMA_PLAN[][2] = {
     {"layers.*.mlp.down_proj", "rowwise"},
 };
 
+/* transformers' MixtralConfig, Qwen2MoeConfig and Qwen3MoeConfig add these to Llama's attention rules
+ * (and keep the dense MLP's for a model's dense layers) */
+static const char *const MOE_PLAN[][2] = {
+    {"layers.*.mlp.experts.gate_up_proj", "packed_colwise"},
+    {"layers.*.mlp.experts.down_proj", "rowwise"},
+    {"layers.*.mlp.experts", "moe_tp_experts"},
+};
+
+/* The plan transformers' config class carries for a Llama-like model type: Llama's, with a mixture of
+ * experts' rules for its sparse layers and the dense MLP's only where some layer is dense. */
+static int default_rules(tk_tp_plan *p, const tk_models_config *c, const char *prefix)
+{
+    char key[256];
+    int dense = c->experts <= 0, rc = TK_OK;
+    for (int64_t l = 0; l < c->layers && !dense; l++)
+        dense = !c->moe[l];
+    for (size_t i = 0; i < sizeof LLAMA_PLAN / sizeof LLAMA_PLAN[0] && rc == TK_OK; i++) {
+        if (!dense && strstr(LLAMA_PLAN[i][0], ".mlp."))
+            continue;
+        snprintf(key, sizeof key, "%s%s", prefix, LLAMA_PLAN[i][0]);
+        rc = rule_set(p, key, style_static(LLAMA_PLAN[i][1]), 2, 0);
+    }
+    for (size_t i = 0; c->experts > 0 && i < sizeof MOE_PLAN / sizeof MOE_PLAN[0] && rc == TK_OK; i++) {
+        snprintf(key, sizeof key, "%s%s", prefix, MOE_PLAN[i][0]);
+        rc = rule_set(p, key, style_static(MOE_PLAN[i][1]), 2, 0);
+    }
+    return rc;
+}
+
 /* ---- names ---- */
 
 void tk_models__tp_generic_name(char *out, size_t cap, const char *name)
@@ -278,6 +307,51 @@ static int is_attention(const char *generic)
     return 0;
 }
 
+/* A mixture of experts saved one tensor an expert (experts.<e>.gate_proj / up_proj / down_proj, or
+ * Mixtral's w1 / w3 / w2), where transformers' plans name the fused experts.gate_up_proj [E, 2I, H]
+ * (packed_colwise) and experts.down_proj [E, H, I] (rowwise) that its loader concatenates them into
+ * (Mixtral's block_sparse_moe.experts.<e>.w1 under mlp.experts, its module's name in transformers 5):
+ * the fused parameter's rule, and in *style the split it gives each part (each expert's gate and up
+ * chunked on their rows, its down on its columns). NULL: not such a part, or no such rule. */
+static tk_tp_rule *expert_part_rule(tk_tp_plan *p, const char *generic, const char **style)
+{
+    static const struct {
+        const char *part, *fused, *fused_style, *style;
+    } map[] = {{"gate_proj.weight", "gate_up_proj", "packed_colwise", "colwise"},
+               {"up_proj.weight", "gate_up_proj", "packed_colwise", "colwise"},
+               {"w1.weight", "gate_up_proj", "packed_colwise", "colwise"},
+               {"w3.weight", "gate_up_proj", "packed_colwise", "colwise"},
+               {"down_proj.weight", "down_proj", "rowwise", "rowwise"},
+               {"w2.weight", "down_proj", "rowwise", "rowwise"}};
+    const char *at = strstr(generic, ".experts.*.");
+    char key[1024];
+    if (!at)
+        return NULL;
+    for (size_t i = 0; i < sizeof map / sizeof map[0]; i++) {
+        if (strcmp(at + strlen(".experts.*."), map[i].part))
+            continue;
+        snprintf(key, sizeof key, "%.*s.experts.%s", (int)(at - generic), generic, map[i].fused);
+        tk_tp_rule *r = rule_find(p, key);
+        const char *bs = ".block_sparse_moe";
+        size_t bl = strlen(bs), pl = (size_t)(at - generic);
+        if (!r && pl >= bl && !strncmp(at - bl, bs, bl)) { /* Mixtral's module, which transformers 5 calls mlp */
+            snprintf(key, sizeof key, "%.*s.mlp.experts.%s", (int)(pl - bl), generic, map[i].fused);
+            r = rule_find(p, key);
+        }
+        if (!r || strcmp(r->style, map[i].fused_style))
+            return NULL;
+        /* the experts module's rule (moe_tp_experts) applies to them too */
+        char *dot = strrchr(key, '.');
+        *dot = '\0';
+        tk_tp_rule *mod = rule_find(p, key);
+        if (mod)
+            mod->used = 1;
+        *style = style_static(map[i].style);
+        return r;
+    }
+    return NULL;
+}
+
 int tk_models__tp_assign(tk_tp_plan *p, const char *const *names, const int *ndims,
                          const int64_t (*shapes)[TK_TP_MAX_RANK], size_t n, int64_t heads, int64_t kv_heads, int conv1d)
 {
@@ -308,11 +382,16 @@ int tk_models__tp_assign(tk_tp_plan *p, const char *const *names, const int *ndi
             snprintf(mod, sizeof mod, "%.*s", (int)(dot - g), g);
             r = rule_find(p, mod);
         }
+        const char *part_style = NULL;
+        if (!r)
+            r = expert_part_rule(p, g, &part_style);
         if (!r)
             continue;
-        t->style = r->style;
+        t->style = part_style ? part_style : r->style;
         t->rule = r->key;
-        place(t, r, conv1d);
+        r->used = 1;
+        tk_tp_rule as = {r->key, t->style, 1, 1};
+        place(t, part_style ? &as : r, conv1d);
         if (t->dim >= 0) {
             int64_t d = t->shape[t->dim];
             if (t->split > 1 && d % t->split)
@@ -426,12 +505,8 @@ int tk_models__tp_plan_load(tk_tp_plan **out, const char *dir, const char *plan_
         if (found) {
             snprintf(p->source, sizeof p->source, "%s (base_model_tp_plan)", cpath);
         } else if (llama) {
-            char key[256];
-            for (size_t i = 0; i < sizeof LLAMA_PLAN / sizeof LLAMA_PLAN[0]; i++) {
-                snprintf(key, sizeof key, "%s%s", prefix, LLAMA_PLAN[i][0]);
-                if ((rc = rule_set(p, key, style_static(LLAMA_PLAN[i][1]), 2, 0)) != TK_OK)
-                    goto fail;
-            }
+            if ((rc = default_rules(p, &cfg, prefix)) != TK_OK)
+                goto fail;
             snprintf(p->source, sizeof p->source, "transformers' default plan for %s", cfg.model_type);
             found = 1;
         } else {

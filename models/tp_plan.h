@@ -15,8 +15,12 @@
  *   packed_colwise                                weight dim ndim-2 in `split` blocks (gate|up: 2),
  *                                                 each block split over the ranks; a 1-D bias dim 0
  *   packed_rowwise                                weight dim ndim-1 in `split` blocks; bias whole
- *   anything else transformers knows              the whole tensor on every rank (the expert-parallel
- *                                                 styles included: tk runs no mixture of experts)
+ *   anything else transformers knows              the whole tensor on every rank (moe_tp_experts and
+ *                                                 the expert-parallel styles included: tk splits
+ *                                                 experts on their features, by the two rules above)
+ *
+ * A mixture of experts saved one tensor an expert (experts.<e>.gate_proj, Mixtral's w1/w3/w2) takes
+ * the split of the fused experts.gate_up_proj / down_proj that transformers concatenates it into.
  *
  * A dimension of n splits as torch.chunk splits it (DTensor's Shard): ranks take ceil(n/N) each
  * from the start, so the last ones may hold less, or nothing. GPT-2's Conv1D weights are stored

@@ -196,6 +196,53 @@ static void test_assign(void)
     tk_models__tp_plan_free(p);
 }
 
+/* A mixture of experts saved one tensor an expert takes the split of the fused parameter transformers
+ * concatenates them into: gate/up (w1/w3) colwise, down (w2) rowwise; Mixtral's block_sparse_moe module
+ * is transformers 5's mlp; the experts module's rule counts as used; the router stays whole. */
+static void test_expert_parts(void)
+{
+    static const char *const names[] = {"model.layers.0.mlp.experts.0.gate_proj.weight",
+                                        "model.layers.0.mlp.experts.3.up_proj.weight",
+                                        "model.layers.1.mlp.experts.12.down_proj.weight",
+                                        "model.layers.0.block_sparse_moe.experts.1.w1.weight",
+                                        "model.layers.0.block_sparse_moe.experts.1.w3.weight",
+                                        "model.layers.0.block_sparse_moe.experts.1.w2.weight",
+                                        "model.layers.0.mlp.gate.weight",
+                                        "model.layers.0.mlp.experts.gate_up_proj",
+                                        "model.layers.0.mlp.experts.down_proj",
+                                        "model.layers.0.mlp.experts.0.gate_proj.bias"};
+    enum { N = sizeof names / sizeof names[0] };
+    static const int ndims[N] = {2, 2, 2, 2, 2, 2, 2, 3, 3, 1};
+    static const int64_t shapes[N][TK_TP_MAX_RANK] = {{6, 4}, {6, 4}, {4, 6},     {6, 4},    {6, 4},
+                                                      {4, 6}, {3, 4}, {3, 12, 4}, {3, 4, 6}, {6}};
+    static const struct {
+        const char *style;
+        int dim, split;
+    } want[N] = {{"colwise", 0, 1}, {"colwise", 0, 1},   {"rowwise", 1, 1},    {"colwise", 0, 1},
+                 {"colwise", 0, 1}, {"rowwise", 1, 1},   {"replicate", -1, 1}, {"packed_colwise", 1, 2},
+                 {"rowwise", 2, 1}, {"replicate", -1, 1}};
+    int rc;
+    tk_tp_plan *p = plan_of("{\"model.layers.*.mlp.experts.gate_up_proj\": \"packed_colwise\","
+                            "\"model.layers.*.mlp.experts.down_proj\": \"rowwise\","
+                            "\"model.layers.*.mlp.experts\": \"moe_tp_experts\"}",
+                            2, &rc);
+    CHECK_EQ_INT(rc, TK_OK);
+    CHECK_RC(tk_models__tp_assign(p, names, ndims, shapes, N, 0, 0, 0), TK_OK);
+    for (int i = 0; i < N && (size_t)i < p->nparams; i++) {
+        CHECK_STR(p->params[i].style, want[i].style);
+        CHECK_EQ_INT(p->params[i].dim, want[i].dim);
+        CHECK_EQ_INT(p->params[i].split, want[i].split);
+    }
+    CHECK_EQ_INT(p->nwarnings, 0);
+    tk_models__tp_plan_free(p);
+    /* without the fused rules (a plan that names neither) the parts stay whole */
+    p = plan_of("{\"model.layers.*.mlp.experts.down_proj\": \"colwise\"}", 2, &rc);
+    CHECK_RC(tk_models__tp_assign(p, names, ndims, shapes, N, 0, 0, 0), TK_OK);
+    CHECK_STR(p->params[0].style, "replicate");
+    CHECK_STR(p->params[2].style, "replicate"); /* the fused rule is not rowwise: not a part's split */
+    tk_models__tp_plan_free(p);
+}
+
 /* Slices through byte runs equal an element-by-element copy, for every style's placement. */
 static void test_copy_matches_indexing(void)
 {
@@ -305,6 +352,7 @@ int main(int argc, char **argv)
     RUN(test_chunk);
     RUN(test_parse_errors);
     RUN(test_assign);
+    RUN(test_expert_parts);
     RUN(test_copy_matches_indexing);
     return th_done();
 }

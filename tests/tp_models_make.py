@@ -23,22 +23,33 @@ save_pretrained, and transformers' own logits for one prompt beside each (OUT/<n
               Eager attention in transformers (sdpa would drop Gemma 2's attention softcap)
   olmo2       Olmo2ForCausalLM: its q/k norms span the whole projection, which tk does not split (the
               refusal case)
+  mixtral, qwen2_moe, qwen3_moe, qwen3_moe-fused
+              mixtures of experts on the same attention: Mixtral (4 experts, top 2, per-expert w1/w3/w2
+              tensors, expert width 38: uneven over 3 ranks), Qwen2-MoE (a shared expert with its gate, a
+              dense layer from mlp_only_layers, norm_topk_prob off), Qwen3-MoE (6 experts, top 3, q/k
+              norms, decoder_sparse_step 2), and the same Qwen3-MoE as transformers 5's fused expert
+              tensors ([E, 2I, H] and [E, H, I])
 Seeds are fixed: the same script writes the same weights.
 """
 import json
 import os
+import shutil
 import sys
 
 import torch
+from safetensors.torch import save_file
 from transformers import (Gemma2Config, Gemma2ForCausalLM, Gemma3ForCausalLM, Gemma3TextConfig, GemmaConfig,
                           GemmaForCausalLM, GPT2Config, GPT2LMHeadModel, GraniteConfig, GraniteForCausalLM,
-                          LlamaConfig, LlamaForCausalLM, Olmo2Config, Olmo2ForCausalLM, Qwen2Config, Qwen2ForCausalLM, Qwen3Config,
+                          LlamaConfig, LlamaForCausalLM, MixtralConfig, MixtralForCausalLM, Olmo2Config,
+                          Olmo2ForCausalLM, Qwen2Config, Qwen2MoeConfig, Qwen2MoeForCausalLM, Qwen3MoeConfig,
+                          Qwen3MoeForCausalLM, Qwen2ForCausalLM, Qwen3Config,
                           Qwen3ForCausalLM, SmolLM3Config, SmolLM3ForCausalLM)
 
 OUT = sys.argv[1]
 
 
 def save(name, model, seed, ids):
+    """Random weights (seeded), save_pretrained, and transformers' logits for ids: the checkpoint's dir."""
     d = os.path.join(OUT, name)
     os.makedirs(d, exist_ok=True)
     g = torch.Generator().manual_seed(seed)
@@ -49,10 +60,13 @@ def save(name, model, seed, ids):
             p.copy_(1.0 + 0.1 * r if is_norm else 0.2 * r)
     model.save_pretrained(d)
     model.set_attn_implementation("eager")
+    if hasattr(model, "set_experts_implementation") and model._can_set_experts_implementation():
+        model.set_experts_implementation("eager")  # grouped_mm wants 16-byte strides; a loop over experts
     with torch.no_grad():
         logits = model(torch.tensor([ids])).logits[0]
     with open(os.path.join(d, "ref.json"), "w") as f:
         json.dump({"ids": ids, "logits": logits.tolist()}, f)
+    return d
 
 
 def main():
@@ -88,6 +102,23 @@ def main():
         **fam, embedding_multiplier=12.0, residual_multiplier=0.22, attention_multiplier=0.0625,
         logits_scaling=8.0, tie_word_embeddings=True)).eval(), 9, ids)
     save("olmo2", Olmo2ForCausalLM(Olmo2Config(**fam)).eval(), 11, ids)  # not split: refused by name
+    save("mixtral", MixtralForCausalLM(MixtralConfig(
+        **{**fam, "intermediate_size": 38}, num_local_experts=4, num_experts_per_tok=2)).eval(), 12, ids)
+    save("qwen2_moe", Qwen2MoeForCausalLM(Qwen2MoeConfig(
+        **{**fam, "num_hidden_layers": 3}, num_experts=4, num_experts_per_tok=2, moe_intermediate_size=20,
+        shared_expert_intermediate_size=24, mlp_only_layers=[1], norm_topk_prob=False)).eval(), 13, ids)
+    d = save("qwen3_moe", Qwen3MoeForCausalLM(Qwen3MoeConfig(
+        **{**fam, "num_hidden_layers": 4}, num_experts=6, num_experts_per_tok=3, moe_intermediate_size=16,
+        norm_topk_prob=True, decoder_sparse_step=2)).eval(), 14, ids)
+    # transformers 5's in-memory layout: the experts fused into [E, 2I, H] and [E, H, I] tensors
+    m = Qwen3MoeForCausalLM.from_pretrained(d)
+    f = os.path.join(OUT, "qwen3_moe-fused")
+    os.makedirs(f, exist_ok=True)
+    sd = {k: v.contiguous() for k, v in m.state_dict().items()}
+    assert any(k.endswith("mlp.experts.gate_up_proj") for k in sd), "no fused experts in the state dict"
+    save_file(sd, os.path.join(f, "model.safetensors"), metadata={"format": "pt"})
+    for n in ("config.json", "ref.json"):
+        shutil.copy(os.path.join(d, n), f)
     save("smollm3", SmolLM3ForCausalLM(SmolLM3Config(
         **{**fam, "num_hidden_layers": 4}, no_rope_layer_interval=2, pad_token_id=None)).eval(), 10, ids)
 

@@ -2,7 +2,8 @@
 # Tensor-parallel models (docs/parallel.md) under `mpirun -np N` on this machine's CPUs: tiny Llama
 # (GQA, biases, untied, uneven MLP width and vocabulary), Qwen2 (tied, q/k/v biases), a Llama where
 # torch.chunk leaves the last of 3 ranks no MLP features and no vocabulary rows, GPT-2 with a plan
-# file, the Llama variations that split (Qwen3, Gemma 1-3, Granite, SmolLM3) and OLMo2 (refused), made with transformers' save_pretrained by tests/tp_models_make.py (cached in $B/tp-models,
+# file, the Llama variations that split (Qwen3, Gemma 1-3, Granite, SmolLM3, Mixtral, Qwen2-MoE,
+# Qwen3-MoE) and OLMo2 (refused), made with transformers' save_pretrained by tests/tp_models_make.py (cached in $B/tp-models,
 # remade when the script changes). `tk model logits --tp N` must equal one process's logits (within
 # f32 rounding of the reordered sums) and transformers' own; `tk generate --tp N` must give one
 # process's tokens (greedy, sampling, beams, a batch); each rank must hold about 1/N of the weights and
@@ -95,8 +96,10 @@ t_logits_rank_with_nothing_3_ranks() {
 
 # The Llama variations that split as Llama does, on transformers' default plan (their configs carry
 # none): Qwen3's per-head q/k norms, Gemma 1-3 (a tied head beside a scaled embedding table, softcaps,
-# sliding layers, two RoPEs), Granite's multipliers folded into split weights, SmolLM3's NoPE layers.
-FAMILIES="qwen3 gemma gemma2 gemma3 granite smollm3"
+# sliding layers, two RoPEs), Granite's multipliers folded into split weights, SmolLM3's NoPE layers;
+# and the mixtures of experts, each expert split as the dense MLP (per-expert tensors and transformers
+# 5's fused ones; Qwen2-MoE's shared expert whole on every rank: its slack).
+FAMILIES="qwen3 gemma gemma2 gemma3 granite smollm3 mixtral qwen2_moe qwen3_moe qwen3_moe-fused"
 t_logits_families_2_3_ranks() {
   ready || return
   local f
@@ -123,7 +126,7 @@ t_family_not_split() {
   ready || return
   run_mpi 60 2 "$TK" model logits "$MODELS/olmo2" --ids 1,2 --tp 2
   [ $RC = 8 ] || fail "exit $RC, want 8: $ERR"
-  grep -q "Olmo2ForCausalLM: tensor parallelism runs LlamaForCausalLM, .*Gemma3ForCausalLM so far" <<<"$ERR" ||
+  grep -q "Olmo2ForCausalLM: tensor parallelism runs LlamaForCausalLM, .*Gemma3ForCausalLM, .*Qwen3MoeForCausalLM so far" <<<"$ERR" ||
     fail "no clear error: $ERR"
   grep -q "HINT: run it in one process" <<<"$ERR" || fail "no hint: $ERR"
 }
