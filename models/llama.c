@@ -265,6 +265,9 @@ static int tp_check(tk_model *m)
         {"mlp.up_proj.bias", 0, 1},
         {"mlp.down_proj.weight", 1, 1},
         {"mlp.down_proj.bias", -1, 1},
+        /* Phi-3's fused q|k|v and gate|up: each block split over the ranks */
+        {"self_attn.qkv_proj.weight", 0, 3},
+        {"mlp.gate_up_proj.weight", 0, 2},
         /* a mixture of experts: each expert's MLP as the dense one; the router and a shared expert whole */
         {"mlp.experts.gate_up_proj", 1, 2},
         {"mlp.experts.down_proj", 2, 1},
@@ -277,8 +280,15 @@ static int tp_check(tk_model *m)
         {"block_sparse_moe.experts.*.w2.weight", 1, 1},
         {"mlp.experts.*.w3.weight", 0, 1},
         {"mlp.experts.*.w2.weight", 1, 1}};
+    const tk_models_config *c = &m->cfg;
+    if (c->fused_qkv && c->heads != c->kv_heads)
+        return tk__err(TK_ERR_UNSUPPORTED,
+                       "%s: tensor parallelism splits the fused qkv_proj in three equal blocks, and this checkpoint's "
+                       "are not (%lld heads, %lld kv heads)\nHINT: run it in one process (without --tp)",
+                       c->arch, (long long)c->heads, (long long)c->kv_heads);
     return tk_models__tp_check(m, "model.layers.", want, sizeof want / sizeof want[0], "model.embed_tokens.weight",
-                               "q/k/v/gate/up_proj colwise, o/down_proj rowwise; experts' gate_up_proj "
+                               "q/k/v/gate/up_proj colwise, o/down_proj rowwise; fused qkv_proj and gate_up_proj "
+                               "packed_colwise (3 and 2 blocks); experts' gate_up_proj "
                                "packed_colwise, down_proj rowwise; routers and shared experts whole");
 }
 

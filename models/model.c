@@ -735,11 +735,25 @@ int tk_models__weight_rows(const tk_mt **out, tk_model *m, const char *name, int
     int64_t want[2] = {rows, cols};
     const tk_st_tensor *t;
     int rc = find_checked(&t, m, name, 2, want, 0);
-    if (rc != TK_OK || (rc = tp_refuse(m, t)) != TK_OK)
+    if (rc != TK_OK)
         return rc;
     if (r0 < 0 || nr < 1 || r0 + nr > rows)
         return tk__err(TK_ERR_INTERNAL, "weight_rows: rows [%lld, %lld) of %lld", (long long)r0, (long long)(r0 + nr),
                        (long long)rows);
+    /* tensor parallelism: a fused q|k|v of equal blocks split by a packed style (Phi-3's qkv_proj with as
+     * many kv heads as heads) takes the rank's part of each block: its heads of q, of k, of v; any
+     * other split of it is refused */
+    const tk_tp_param *tp = tp_split(m, t);
+    int64_t full = nr;
+    if (tp && tp->dim == 0 && rows % nr == 0 && r0 % nr == 0 && tp->split == rows / nr) {
+        int64_t off;
+        tk_models__tp_chunk(full, m->tp->world, m->tp->rank, &off, &nr);
+        r0 += off;
+    } else if ((rc = tp_refuse(m, t)) != TK_OK) {
+        return rc;
+    }
+    if (m->tp)
+        m->tp->full_bytes += full * cols * (int64_t)dt_size(m->dtype);
     tk_models_weight *w;
     if ((rc = new_weight(m, &w)) != TK_OK || (rc = set_src(w, TK_MODELS_SRC_ROWS, &name, 1, rows, cols, r0, nr)))
         return rc;
@@ -747,6 +761,8 @@ int tk_models__weight_rows(const tk_mt **out, tk_model *m, const char *name, int
     if (!host)
         return tk__err(TK_ERR_NOMEM, "out of memory loading '%s'", name);
     rc = convert(m, host, t, r0 * cols, nr * cols, 1, 0, XF_NONE(m));
+    if (tp)
+        tk_models__st_release(t);
     int64_t shape[2] = {nr, cols};
     if (rc == TK_OK)
         rc = place(m, w, host, 2, shape);
@@ -754,7 +770,7 @@ int tk_models__weight_rows(const tk_mt **out, tk_model *m, const char *name, int
         free(host);
     if (rc != TK_OK)
         return tk__err_wrap(rc, "tensor '%s'", name);
-    m->params += nr * cols;
+    m->params += full * cols;
     *out = &w->mt;
     return TK_OK;
 }

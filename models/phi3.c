@@ -19,4 +19,4 @@ static int parse(tk_models_config *c, const tk_models_reader *r)
 
 static const char *const classes[] = {"Phi3ForCausalLM", NULL};
 
-const tk_models_arch tk_models__phi3 = TK_MODELS_DECODER_ARCH("phi3", classes, parse);
+const tk_models_arch tk_models__phi3 = TK_MODELS_DECODER_ARCH_CAPS("phi3", classes, parse, TK_ARCH_TP_LLAMA);

@@ -201,6 +201,17 @@ static int default_rules(tk_tp_plan *p, const tk_models_config *c, const char *p
     int dense = c->experts <= 0, rc = TK_OK;
     for (int64_t l = 0; l < c->layers && !dense; l++)
         dense = !c->moe[l];
+    if (c->fused_qkv) { /* Phi-3: transformers' plan gathers q|k|v and gate|up; tk splits their blocks */
+        static const char *const fused[][2] = {{"layers.*.self_attn.qkv_proj", "packed_colwise"},
+                                               {"layers.*.self_attn.o_proj", "rowwise"},
+                                               {"layers.*.mlp.gate_up_proj", "packed_colwise"},
+                                               {"layers.*.mlp.down_proj", "rowwise"}};
+        for (size_t i = 0; i < sizeof fused / sizeof fused[0] && rc == TK_OK; i++) {
+            snprintf(key, sizeof key, "%s%s", prefix, fused[i][0]);
+            rc = rule_set(p, key, style_static(fused[i][1]), i == 0 ? 3 : 2, 0);
+        }
+        return rc;
+    }
     for (size_t i = 0; i < sizeof LLAMA_PLAN / sizeof LLAMA_PLAN[0] && rc == TK_OK; i++) {
         if (!dense && strstr(LLAMA_PLAN[i][0], ".mlp."))
             continue;
@@ -507,7 +518,10 @@ int tk_models__tp_plan_load(tk_tp_plan **out, const char *dir, const char *plan_
         } else if (llama) {
             if ((rc = default_rules(p, &cfg, prefix)) != TK_OK)
                 goto fail;
-            snprintf(p->source, sizeof p->source, "transformers' default plan for %s", cfg.model_type);
+            snprintf(p->source, sizeof p->source,
+                     cfg.fused_qkv ? "tk's plan for %s (its fused blocks split by heads: transformers gathers them)"
+                                   : "transformers' default plan for %s",
+                     cfg.model_type);
             found = 1;
         } else {
             rc = tk__err(TK_ERR_UNSUPPORTED,

@@ -23,6 +23,9 @@ save_pretrained, and transformers' own logits for one prompt beside each (OUT/<n
               Eager attention in transformers (sdpa would drop Gemma 2's attention softcap)
   olmo2       Olmo2ForCausalLM: its q/k norms span the whole projection, which tk does not split (the
               refusal case)
+  phi3, phi3-gqa
+              Phi-3 (fused qkv_proj and gate_up_proj, LongRoPE, partial rotary) with 12 kv heads, split
+              by tk's plan; and with 6 kv heads, whose unequal q|k|v blocks tk refuses to split
   mixtral, qwen2_moe, qwen3_moe, qwen3_moe-fused
               mixtures of experts on the same attention: Mixtral (4 experts, top 2, per-expert w1/w3/w2
               tensors, expert width 38: uneven over 3 ranks), Qwen2-MoE (a shared expert with its gate, a
@@ -41,7 +44,7 @@ from safetensors.torch import save_file
 from transformers import (Gemma2Config, Gemma2ForCausalLM, Gemma3ForCausalLM, Gemma3TextConfig, GemmaConfig,
                           GemmaForCausalLM, GPT2Config, GPT2LMHeadModel, GraniteConfig, GraniteForCausalLM,
                           LlamaConfig, LlamaForCausalLM, MixtralConfig, MixtralForCausalLM, Olmo2Config,
-                          Olmo2ForCausalLM, Qwen2Config, Qwen2MoeConfig, Qwen2MoeForCausalLM, Qwen3MoeConfig,
+                          Olmo2ForCausalLM, Phi3Config, Phi3ForCausalLM, Qwen2Config, Qwen2MoeConfig, Qwen2MoeForCausalLM, Qwen3MoeConfig,
                           Qwen3MoeForCausalLM, Qwen2ForCausalLM, Qwen3Config,
                           Qwen3ForCausalLM, SmolLM3Config, SmolLM3ForCausalLM)
 
@@ -102,6 +105,13 @@ def main():
         **fam, embedding_multiplier=12.0, residual_multiplier=0.22, attention_multiplier=0.0625,
         logits_scaling=8.0, tie_word_embeddings=True)).eval(), 9, ids)
     save("olmo2", Olmo2ForCausalLM(Olmo2Config(**fam)).eval(), 11, ids)  # not split: refused by name
+    # Phi-3: fused qkv_proj (as many kv heads as heads: three equal blocks) and gate_up_proj; LongRoPE
+    # (original 6 positions of 128: the ids take long_factor), partial rotary; and one with GQA (refused)
+    phi = dict(**{k: v for k, v in fam.items() if k != "head_dim"}, partial_rotary_factor=0.5, pad_token_id=None,
+               original_max_position_embeddings=6,
+               rope_scaling={"type": "longrope", "short_factor": [1.1], "long_factor": [3.0]})  # head_dim 48 / 12
+    save("phi3", Phi3ForCausalLM(Phi3Config(**{**phi, "num_key_value_heads": 12})).eval(), 15, ids)
+    save("phi3-gqa", Phi3ForCausalLM(Phi3Config(**{**phi, "num_key_value_heads": 6})).eval(), 16, ids)
     save("mixtral", MixtralForCausalLM(MixtralConfig(
         **{**fam, "intermediate_size": 38}, num_local_experts=4, num_experts_per_tok=2)).eval(), 12, ids)
     save("qwen2_moe", Qwen2MoeForCausalLM(Qwen2MoeConfig(
