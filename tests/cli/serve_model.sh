@@ -163,6 +163,22 @@ t_diffusion_checkpoint() {
   stop_server
 }
 
+# Masked diffusion requests batched (tk_diff_batch): concurrent requests share each step's forward and
+# each answers what it answers alone (tests/serve_model_client.py check_diffusion_batch).
+t_diffusion_requests_batched() {
+  need || return
+  local dck=$WORK/dllm
+  if [ ! -f "$dck/llada/config.json" ]; then
+    "$PY" "$ROOT/tests/models/dllm_oracle.py" make "$dck" >"$WORK/dmake.log" 2>&1 || { fail "dllm_oracle.py make: $(tail -n 3 "$WORK/dmake.log")"; return; }
+  fi
+  local ck_ar=$CK
+  CK=$dck/llada
+  start_server --parallel 16 || { CK=$ck_ar; return; }
+  client diffusion_batch
+  stop_server
+  CK=$ck_ar
+}
+
 t_usage_errors() {
   expect_rc 2 "$TK" serve-model
   expect_out "a checkpoint directory"
