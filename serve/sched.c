@@ -851,7 +851,8 @@ void *tk_serve__sched_main(void *arg)
             last_reap = now;
         }
         drop_gone(s);
-        if (s->state == SRV_DRAINING && now > s->drain_deadline && s->nact) {
+        /* (a diffusion batch's sequences stop at their next step instead: diff_on_step) */
+        if (s->state == SRV_DRAINING && now > s->drain_deadline && s->nact && !s->db) {
             tk_serve__log(s, TK_LOG_WARN, "stopping: %zu request(s) cut short at the drain's end", s->nact);
             cut_all(s);
         }
