@@ -677,6 +677,25 @@ def check_diffusion_batch():
           (len(jobs), sum(j.get("n", 1) for j in jobs), steps, seqs, alone_steps))
 
 
-{"diffusion": check_diffusion, "diffusion_batch": check_diffusion_batch, "openai": check_openai, "auth": check_auth, "concurrency": check_concurrency, "bad": check_bad_requests,
+def check_block_diffusion():
+    """DiffusionGemma served one request at a time: two concurrent requests (token-id prompts, seeded)
+    each equal tk generate's text for the same ids, gen_length, steps and seed; no diffusion batch."""
+    jobs = [([5, 17, 99], 12, 6, 5), ([5, 17, 99, 3], 18, 10, 1)]
+    want = [tk_generate("--ids", ",".join(map(str, p)), "--gen-length", str(g), "--steps", str(s), "--seed", str(sd))
+            ["text"] for p, g, s, sd in jobs]
+    def run(j):
+        p, g, s, sd = j
+        return diff_post(dict(prompt=p, max_tokens=g, steps=s, seed=sd))[0][0]
+    with cf.ThreadPoolExecutor(2) as ex:
+        got = list(ex.map(run, jobs))
+    if got != want:
+        fail("block diffusion: %r, want tk generate's %r" % (got, want))
+    m = settle()
+    if "tk_diffusion_steps_total" in m or m['tk_requests_total{outcome="ok"}'] != 2:
+        fail("block diffusion: metrics %s" % m)
+    print("block diffusion: 2 concurrent requests, each equal to tk generate (%r ...), one at a time" % got[0][:30])
+
+
+{"block_diffusion": check_block_diffusion, "diffusion": check_diffusion, "diffusion_batch": check_diffusion_batch, "openai": check_openai, "auth": check_auth, "concurrency": check_concurrency, "bad": check_bad_requests,
  "slowloris": check_slowloris, "connections": check_many_connections, "vanish": check_vanish,
  "term": check_streams_then_term, "metrics": check_metrics_shape}[CHECK]()
