@@ -662,6 +662,10 @@ def check_diffusion_batch():
         steps = m3["tk_diffusion_steps_total"] - m2["tk_diffusion_steps_total"]
         seqs = m3["tk_diffusion_step_sequences_total"] - m2["tk_diffusion_step_sequences_total"]
         cancelled = m3[cancelled_key] - m2[cancelled_key]
+        ok = m3['tk_requests_total{outcome="ok"}'] - m2['tk_requests_total{outcome="ok"}']
+        if cancelled == 0 and ok == len(jobs) + 1:  # a loaded machine let the vanishing stream finish first
+            print("try %d: the vanishing stream ended before its client closed; again" % attempt)
+            continue
         # the vanished stream ran some of its 80 steps; the others all of theirs
         if not (seq_steps < seqs < seq_steps + 80) or cancelled != 1:
             fail("batched: %d sequence-steps (want %d + under 80 of the vanished stream's), %d cancelled" %
@@ -670,8 +674,8 @@ def check_diffusion_batch():
             break
         print("try %d: %d steps for %d sequence-steps: the requests hardly overlapped; again" % (attempt, steps, seqs))
     else:
-        fail("five tries, and the concurrent requests never shared steps (%d steps for %d sequence-steps)" %
-             (steps, seqs))
+        fail("five tries, and the concurrent requests never shared steps with a stream cancelled among them "
+             "(last: %d steps for %d sequence-steps, %d cancelled)" % (steps, seqs, cancelled))
     print("diffusion batch: %d requests (%d sequences) and a vanishing stream at once: every answer equals the "
           "request alone; %d steps for %d sequence-steps (alone: %d steps); 1 cancelled" %
           (len(jobs), sum(j.get("n", 1) for j in jobs), steps, seqs, alone_steps))
