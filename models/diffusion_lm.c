@@ -23,27 +23,44 @@
  *            the k most confident (alg_temp 0) or k drawn from softmax(conf / alg_temp) are revealed
  * The uniform draws come from o->rand (a test feeds both sides the same ones) or tk's splitmix64, in
  * the order docs/diffusion.md gives.
+ *
+ * The sampler is step-wise (prepare before a forward, advance after it), one dstate per sequence, so a
+ * tk_diff_batch runs several sequences in lockstep: each step packs every canvas (and each cfg
+ * sequence's unconditional one) into ONE tk_model_forward, then advances each sequence over its own
+ * rows with its own options and draws. tk_diffusion_generate is a batch of one.
  */
 #include <jansson.h>
 #include <math.h>
+#include <stddef.h>
+#include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
 #include "models/models.h"
 
-/* The sampler's state for one call. */
+/* One sequence's sampler: its options (copied), canvas, work space and result. */
 typedef struct {
     tk_model *m;
-    const tk_diff_opts *o;
+    const tk_diff_opts *o;    /* &oc */
+    tk_diff_opts oc;
+    int64_t id;
+    int sampler, alg;         /* TK_DIFF_LLADA or _DREAM; Dream's alg (0 origin .. 3 entropy) */
     int64_t V, L, P, G, B, nb, steps, mask;
+    int64_t step;             /* the next step */
+    int64_t base, rem;        /* LLaDA: the current block's tokens a step, and the first steps' extra one */
+    size_t nseq;              /* the sequences it puts in a forward: 1, or 2 with cfg (x, then un) */
     int32_t *x, *x0, *un;     /* canvas, proposed tokens, the unconditional canvas (cfg) */
-    float *logits, *row;      /* [nseq * L, V]; one row of guided logits */
+    const float *logits;      /* this step's rows in the batch's forward: [nseq * L, V] */
+    float *row;               /* one row of guided logits */
     double *conf, *u, *w;     /* [L] confidences; draws; a row's work space [V] */
     int64_t *sel, *order;     /* [L] (order: [max(L, V)]) */
     int64_t *vord;            /* Dream's top_p / top_k sort of a row [V] */
     uint64_t rng;
+    double t0;                /* its first step's start */
     tk_diff_result *r;
+    int status;               /* its failure, ended */
+    char err[512];
 } dstate;
 
 static int draws(dstate *s, double *u, size_t n) { return tk_models__diff_draws(s->o, &s->rng, u, n); }
@@ -89,17 +106,23 @@ static size_t topk(dstate *s, int64_t k)
     return n;
 }
 
-/* One forward over the canvas (and the unconditional one for cfg): s->logits. */
-static int forward(dstate *s, int cfg)
+/* Before a step's forward: at a LLaDA block's start, the block's masked count split over its steps;
+ * with cfg, the unconditional canvas (un follows x in one allocation: two sequences of the forward). */
+static void prepare(dstate *s)
 {
-    size_t lens[2] = {(size_t)s->L, (size_t)s->L};
-    if (cfg) { /* x and un are one allocation, x first: the two sequences of one packed forward */
+    int64_t spb = s->steps / s->nb; /* Dream: one block of all the steps */
+    if (s->step % spb == 0) {
+        int64_t lo = s->P + s->step / spb * s->B, nmask = 0;
+        for (int64_t i = lo; i < lo + s->B; i++)
+            nmask += s->x[i] == s->mask;
+        s->base = nmask / spb;
+        s->rem = nmask % spb;
+    }
+    if (s->nseq == 2) {
         memcpy(s->un, s->x, (size_t)s->L * sizeof *s->un);
         for (int64_t i = 0; i < s->P; i++) /* LLaDA: un_x[prompt_index] = mask_id */
             s->un[i] = (int32_t)s->mask;
     }
-    s->r->forwards++;
-    return tk_model_forward(s->m, s->x, lens, cfg ? 2 : 1, s->logits, NULL);
 }
 
 /* Row r of the logits the sampler uses: guided (cfg), shifted (Dream) or as computed. */
@@ -163,67 +186,52 @@ static int report(dstate *s, int64_t step, int64_t block, size_t n, int done)
     return s->o->on_step(s->o->step_user, &st) != 0;
 }
 
-static int llada(dstate *s)
+/* LLaDA's proposal at canvas row r: x0[r], and conf[r] (low_confidence) */
+static void llada_pick(dstate *s, int64_t r, int cfg)
+{
+    const tk_diff_opts *o = s->o;
+    int64_t V = s->V, best = 0;
+    const float *l = row(s, r, cfg, 0);
+    if (o->temperature > 0) { /* Gumbel-max: exp(l) / (-log u)^T, float64 */
+        const double *u = s->u + (size_t)r * (size_t)V;
+        double bv = -1;
+        for (int64_t v = 0; v < V; v++) {
+            double g = exp((double)l[v]) / pow(-log(u[v]), o->temperature);
+            if (g > bv || v == 0)
+                bv = g, best = v;
+        }
+    } else {
+        best = argmax_f(l, V);
+    }
+    s->x0[r] = (int32_t)best;
+    if (!o->remasking)
+        s->conf[r] = prob_of(l, V, best);
+}
+
+/* One LLaDA step over this step's logits: the k most confident masked positions of the current block
+ * take their proposals (*n of them, in s->sel). */
+static int llada_step(dstate *s, size_t *n)
 {
     const tk_diff_opts *o = s->o;
     int cfg = o->cfg_scale > 0, rc;
-    int64_t spb = s->steps / s->nb, V = s->V, L = s->L;
-    size_t nu = (size_t)(L * V) > (size_t)L ? (size_t)(L * V) : (size_t)L;
-    if (o->temperature > 0 && !(s->u = malloc(nu * sizeof *s->u)))
-        return tk__err(TK_ERR_NOMEM, "out of memory for %zu noise draws (gen_length x vocabulary)", nu);
-    if (o->temperature <= 0 && o->remasking && !(s->u = malloc((size_t)L * sizeof *s->u)))
-        return tk__err(TK_ERR_NOMEM, "out of memory");
-    for (int64_t b = 0; b < s->nb; b++) {
-        int64_t lo = s->P + b * s->B, hi = lo + s->B, nmask = 0;
-        for (int64_t i = lo; i < hi; i++)
-            nmask += s->x[i] == s->mask;
-        int64_t base = nmask / spb, rem = nmask % spb;
-        for (int64_t i = 0; i < spb; i++) {
-            int64_t k = base + (i < rem);
-            if ((rc = forward(s, cfg)) != TK_OK)
-                return rc;
-            if (o->temperature > 0 && (rc = draws(s, s->u, (size_t)(L * V))) != TK_OK)
-                return rc;
-            for (int64_t r = 0; r < L; r++) {
-                s->conf[r] = -INFINITY;
-                if (s->x[r] != s->mask || r >= hi) /* x0 there is never used */
-                    continue;
-                const float *l = row(s, r, cfg, 0);
-                int64_t best = 0;
-                if (o->temperature > 0) { /* Gumbel-max: exp(l) / (-log u)^T, float64 */
-                    const double *u = s->u + (size_t)r * (size_t)V;
-                    double bv = -1;
-                    for (int64_t v = 0; v < V; v++) {
-                        double g = exp((double)l[v]) / pow(-log(u[v]), o->temperature);
-                        if (g > bv || v == 0)
-                            bv = g, best = v;
-                    }
-                } else {
-                    best = argmax_f(l, V);
-                }
-                s->x0[r] = (int32_t)best;
-                if (!o->remasking)
-                    s->conf[r] = prob_of(l, V, best);
-            }
-            if (o->remasking) { /* random: a uniform per position (torch.rand((1, L))) */
-                if ((rc = draws(s, s->u, (size_t)L)) != TK_OK)
-                    return rc;
-                for (int64_t r = 0; r < L; r++)
-                    if (s->conf[r] == -INFINITY && s->x[r] == s->mask && r < hi)
-                        s->conf[r] = s->u[r];
-            }
-            size_t n = topk(s, k);
-            for (size_t j = 0; j < n; j++)
-                s->x[s->sel[j]] = s->x0[s->sel[j]];
-            int64_t step = b * spb + i;
-            if ((rc = record(s, step, b, n)) != TK_OK)
-                return rc;
-            if (report(s, step, b, n, i + 1 == spb)) {
-                s->r->end = "callback";
-                return TK_OK;
-            }
-        }
+    int64_t spb = s->steps / s->nb, L = s->L, i = s->step % spb, hi = s->P + (s->step / spb + 1) * s->B;
+    if (o->temperature > 0 && (rc = draws(s, s->u, (size_t)(L * s->V))) != TK_OK)
+        return rc;
+    for (int64_t r = 0; r < L; r++) {
+        s->conf[r] = -INFINITY;
+        if (s->x[r] == s->mask && r < hi) /* x0 elsewhere is never used */
+            llada_pick(s, r, cfg);
     }
+    if (o->remasking) { /* random: a uniform per position (torch.rand((1, L))) */
+        if ((rc = draws(s, s->u, (size_t)L)) != TK_OK)
+            return rc;
+        for (int64_t r = 0; r < L; r++)
+            if (s->conf[r] == -INFINITY && s->x[r] == s->mask && r < hi)
+                s->conf[r] = s->u[r];
+    }
+    *n = topk(s, s->base + (i < s->rem));
+    for (size_t j = 0; j < *n; j++)
+        s->x[s->sel[j]] = s->x0[s->sel[j]];
     return TK_OK;
 }
 
@@ -306,81 +314,98 @@ static int dream_token(dstate *s, const float *l, int alg, int32_t *x0, double *
     return TK_OK;
 }
 
-static int dream(dstate *s, int alg)
+/* Dream's origin: each of the nm masked positions (s->order) is revealed with probability frac (all
+ * at the last step), its token sampled from its row. */
+static int dream_origin(dstate *s, size_t nm, float frac, int last, size_t *n)
+{
+    int rc;
+    if ((rc = draws(s, s->u, nm)) != TK_OK)
+        return rc;
+    for (size_t j = 0; j < nm; j++) {
+        int64_t r = s->order[j];
+        if (!(last || s->u[j] < (double)frac))
+            continue;
+        double c;
+        if ((rc = dream_token(s, row(s, r, 0, 1), 1, &s->x0[r], &c)) != TK_OK)
+            return rc;
+        s->sel[(*n)++] = r;
+    }
+    return TK_OK;
+}
+
+/* Dream's other algs: every masked position's confidence, then k = int(masked * frac) of them (all at
+ * the last step), the most confident (alg_temp 0) or drawn from softmax(conf / alg_temp). */
+static int dream_confident(dstate *s, size_t nm, float frac, int last, size_t *n)
 {
     const tk_diff_opts *o = s->o;
-    int64_t L = s->L, N = s->steps;
     int rc;
-    if (!(s->u = malloc((size_t)L * sizeof *s->u)) || !(s->w = malloc((size_t)s->V * sizeof *s->w)) ||
-        !(s->vord = malloc((size_t)s->V * sizeof *s->vord)))
-        return tk__err(TK_ERR_NOMEM, "out of memory");
-    /* torch.linspace(1, eps, N + 1) in float32: the first half from the start, the rest from the end */
-    float step_f = ((float)o->eps - 1.0f) / (float)N;
-    for (int64_t i = 0; i < N; i++) {
-        int64_t pts = N + 1, half = pts / 2;
-        float t = i < half ? 1.0f + step_f * (float)i : (float)o->eps - step_f * (float)(pts - i - 1);
-        float sn = i + 1 < half ? 1.0f + step_f * (float)(i + 1) : (float)o->eps - step_f * (float)(pts - i - 2);
-        float frac = 1.0f - sn / t;
-        if ((rc = forward(s, 0)) != TK_OK)
+    for (size_t j = 0; j < nm; j++) {
+        int64_t r = s->order[j];
+        if ((rc = dream_token(s, row(s, r, 0, 1), s->alg, &s->x0[r], &s->conf[r])) != TK_OK)
             return rc;
-        size_t nm = 0, n = 0;
-        for (int64_t r = 0; r < L; r++) {
-            s->conf[r] = -INFINITY;
-            if (s->x[r] == s->mask)
-                s->order[nm++] = r;
-        }
-        if (alg == 0) { /* origin: reveal each masked position with probability 1 - s/t */
-            if ((rc = draws(s, s->u, nm)) != TK_OK)
-                return rc;
-            int64_t *pos = malloc((nm ? nm : 1) * sizeof *pos);
-            if (!pos)
-                return tk__err(TK_ERR_NOMEM, "out of memory");
-            memcpy(pos, s->order, nm * sizeof *pos);
-            for (size_t j = 0; j < nm; j++) {
-                if (!(i + 1 == N || s->u[j] < (double)frac))
-                    continue;
-                double c;
-                if ((rc = dream_token(s, row(s, pos[j], 0, 1), 1, &s->x0[pos[j]], &c)) != TK_OK) {
-                    free(pos);
-                    return rc;
-                }
-                s->sel[n++] = pos[j];
-            }
-            free(pos);
-        } else {
-            for (size_t j = 0; j < nm; j++) {
-                int64_t r = s->order[j];
-                if ((rc = dream_token(s, row(s, r, 0, 1), alg, &s->x0[r], &s->conf[r])) != TK_OK)
-                    return rc;
-            }
-            float fm = (float)nm;
-            int64_t k = i + 1 < N ? (int64_t)(fm * frac) : (int64_t)nm;
-            if (k > 0 && o->alg_temp <= 0) {
-                n = topk(s, k);
-            } else if (k > 0) { /* k positions without replacement from softmax(conf / alg_temp):
-                                   the k largest u^(1 / w) (Efraimidis-Spirakis) */
-                double mx = -INFINITY;
-                for (size_t j = 0; j < nm; j++)
-                    mx = fmax(mx, s->conf[s->order[j]] / o->alg_temp);
-                if ((rc = draws(s, s->u, nm)) != TK_OK)
-                    return rc;
-                for (size_t j = 0; j < nm; j++) {
-                    int64_t r = s->order[j];
-                    double w = exp(s->conf[r] / o->alg_temp - mx);
-                    s->conf[r] = log(s->u[j] > 0 ? s->u[j] : 1e-300) / w;
-                }
-                n = topk(s, k);
-            }
-        }
-        for (size_t j = 0; j < n; j++)
-            s->x[s->sel[j]] = s->x0[s->sel[j]];
-        if ((rc = record(s, i, 0, n)) != TK_OK)
-            return rc;
-        if (report(s, i, 0, n, i + 1 == N)) {
-            s->r->end = "callback";
-            return TK_OK;
-        }
     }
+    float fm = (float)nm;
+    int64_t k = !last ? (int64_t)(fm * frac) : (int64_t)nm;
+    if (k > 0 && o->alg_temp <= 0) {
+        *n = topk(s, k);
+    } else if (k > 0) { /* k positions without replacement from softmax(conf / alg_temp): the k largest
+                           u^(1 / w) (Efraimidis-Spirakis) */
+        double mx = -INFINITY;
+        for (size_t j = 0; j < nm; j++)
+            mx = fmax(mx, s->conf[s->order[j]] / o->alg_temp);
+        if ((rc = draws(s, s->u, nm)) != TK_OK)
+            return rc;
+        for (size_t j = 0; j < nm; j++) {
+            int64_t r = s->order[j];
+            double w = exp(s->conf[r] / o->alg_temp - mx);
+            s->conf[r] = log(s->u[j] > 0 ? s->u[j] : 1e-300) / w;
+        }
+        *n = topk(s, k);
+    }
+    return TK_OK;
+}
+
+/* One Dream step of N over t = linspace(1, eps, N + 1): *n positions revealed (s->sel). */
+static int dream_step(dstate *s, size_t *n)
+{
+    int64_t N = s->steps, i = s->step;
+    /* torch.linspace(1, eps, N + 1) in float32: the first half from the start, the rest from the end */
+    float step_f = ((float)s->o->eps - 1.0f) / (float)N, eps = (float)s->o->eps;
+    int64_t pts = N + 1, half = pts / 2;
+    float t = i < half ? 1.0f + step_f * (float)i : eps - step_f * (float)(pts - i - 1);
+    float sn = i + 1 < half ? 1.0f + step_f * (float)(i + 1) : eps - step_f * (float)(pts - i - 2);
+    float frac = 1.0f - sn / t;
+    size_t nm = 0;
+    for (int64_t r = 0; r < s->L; r++) {
+        s->conf[r] = -INFINITY;
+        if (s->x[r] == s->mask)
+            s->order[nm++] = r;
+    }
+    *n = 0;
+    int rc = s->alg == 0 ? dream_origin(s, nm, frac, i + 1 == N, n) : dream_confident(s, nm, frac, i + 1 == N, n);
+    if (rc != TK_OK)
+        return rc;
+    for (size_t j = 0; j < *n; j++)
+        s->x[s->sel[j]] = s->x0[s->sel[j]];
+    return TK_OK;
+}
+
+/* After the forward (s->logits): the sampler's step, its record and callback; *ended once it is done. */
+static int advance(dstate *s, int *ended)
+{
+    int64_t spb = s->steps / s->nb, block = s->step / spb; /* Dream: one block */
+    size_t n = 0;
+    s->r->forwards++;
+    int rc = s->sampler == TK_DIFF_LLADA ? llada_step(s, &n) : dream_step(s, &n);
+    if (rc == TK_OK)
+        rc = record(s, s->step, block, n);
+    if (rc != TK_OK)
+        return rc;
+    int stop = report(s, s->step, block, n, (s->step + 1) % spb == 0);
+    s->step++;
+    if (stop)
+        s->r->end = "callback";
+    *ended = stop || s->step == s->steps;
     return TK_OK;
 }
 
@@ -489,13 +514,354 @@ static int check(dstate *s, const tk_diff_opts *o, size_t len, int *sampler, int
     return TK_OK;
 }
 
+static void seq_free(dstate *s)
+{
+    if (!s)
+        return;
+    tk_diff_result_free(s->r);
+    free(s->x);
+    free(s->x0);
+    free(s->row);
+    free(s->conf);
+    free(s->sel);
+    free(s->order);
+    free(s->u);
+    free(s->w);
+    free(s->vord);
+    free(s);
+}
+
+/* The sequence's buffers and its result's fields. */
+static int seq_alloc(dstate *s)
+{
+    size_t L = (size_t)s->L, V = (size_t)s->V, no = L > V ? L : V;
+    if (L * V > SIZE_MAX / sizeof(float) / 2)
+        return tk__err(TK_ERR_NOMEM, "the canvas's logits (%zu x %zu) do not fit in memory", L, V);
+    /* LLaDA at temperature > 0 draws a uniform per logit (its Gumbel noise) */
+    size_t nu = s->sampler == TK_DIFF_LLADA && s->o->temperature > 0 ? L * V : L;
+    if (!(s->u = malloc(nu * sizeof *s->u)))
+        return tk__err(TK_ERR_NOMEM, "out of memory for %zu noise draws (gen_length x vocabulary)", nu);
+    s->r = calloc(1, sizeof *s->r);
+    s->x = malloc(2 * L * sizeof *s->x); /* x, then the unconditional canvas */
+    s->x0 = malloc(L * sizeof *s->x0);
+    s->row = malloc(V * sizeof *s->row);
+    s->conf = malloc(L * sizeof *s->conf);
+    s->sel = malloc(no * sizeof *s->sel);
+    s->order = malloc(no * sizeof *s->order);
+    if (s->sampler == TK_DIFF_DREAM) {
+        s->w = malloc(V * sizeof *s->w);
+        s->vord = malloc(V * sizeof *s->vord);
+    }
+    if (!s->r || !s->x || !s->x0 || !s->row || !s->conf || !s->sel || !s->order ||
+        (s->sampler == TK_DIFF_DREAM && (!s->w || !s->vord)) || !(s->r->steps = json_array()))
+        return tk__err(TK_ERR_NOMEM, "out of memory for a canvas of %zu positions x %zu logits", L, V);
+    s->un = s->x + L;
+    tk_diff_result *r = s->r;
+    static const char *const algs[] = {"origin", "maskgit_plus", "topk_margin", "entropy"};
+    r->sampler = s->sampler == TK_DIFF_LLADA ? "llada" : "dream";
+    r->alg = s->sampler == TK_DIFF_LLADA ? (s->o->remasking ? "random" : "low_confidence") : algs[s->alg];
+    s->oc.alg = s->sampler == TK_DIFF_DREAM ? algs[s->alg] : NULL; /* the caller's string need not live */
+    r->end = "length";
+    r->gen_length = s->G;
+    r->block_length = s->B;
+    r->blocks = s->nb;
+    r->nsteps = s->steps;
+    r->mask_id = s->mask;
+    return TK_OK;
+}
+
+/* A sequence of prompt (len ids) under o, checked, its canvas all masked after the prompt. */
+static int seq_new(dstate **out, tk_model *m, const int32_t *prompt, size_t len, const tk_diff_opts *o)
+{
+    *out = NULL;
+    dstate *s = calloc(1, sizeof *s);
+    if (!s)
+        return tk__err(TK_ERR_NOMEM, "out of memory");
+    s->m = m;
+    s->o = &s->oc;
+    s->V = tk_model_vocab_size(m);
+    int rc = check(s, o, len, &s->sampler, &s->alg);
+    for (size_t i = 0; rc == TK_OK && i < len; i++)
+        if (prompt[i] < 0 || prompt[i] >= s->V)
+            rc = tk__err(TK_ERR_INVALID, "prompt id %d (at %zu) is outside the vocabulary [0, %lld)", (int)prompt[i], i,
+                         (long long)s->V);
+    if (rc != TK_OK) {
+        free(s);
+        return rc;
+    }
+    /* version 1 options end before t_min (block diffusion's, unused here) */
+    s->oc = (tk_diff_opts)TK_DIFF_OPTS_INIT;
+    memcpy(&s->oc, o, o->version >= 2 ? sizeof *o : offsetof(tk_diff_opts, t_min));
+    s->nseq = o->cfg_scale > 0 ? 2 : 1;
+    s->rng = o->seed;
+    if ((rc = seq_alloc(s)) != TK_OK) {
+        seq_free(s);
+        return rc;
+    }
+    memcpy(s->x, prompt, len * sizeof *s->x);
+    for (int64_t i = s->P; i < s->L; i++)
+        s->x[i] = (int32_t)s->mask;
+    *out = s;
+    return TK_OK;
+}
+
+/* The ended sequence's ids and text into its result. */
+static int seq_finish(dstate *s)
+{
+    tk_diff_result *r = s->r;
+    r->ms = tk__now_ms() - s->t0;
+    r->n = (size_t)s->G;
+    if (!(r->ids = malloc(r->n * sizeof *r->ids)))
+        return tk__err(TK_ERR_NOMEM, "out of memory");
+    memcpy(r->ids, s->x + s->P, r->n * sizeof *r->ids);
+    const tk_tokenizer *tok = NULL;
+    if (tk_model_tokenizer(&tok, s->m) == TK_OK && tk_tokenizer_decode(&r->text, tok, r->ids, r->n, 1) != TK_OK)
+        r->text = NULL;
+    tk__err_clear();
+    return TK_OK;
+}
+
+/* ---- the batch: several sequences, one forward a step ----------------------------------------- */
+
+#define DBATCH_MAGIC 0x64696662u /* "difb" */
+
+struct tk_diff_batch {
+    uint32_t magic;
+    tk_model *m;
+    dstate **q;                 /* the sequences, in the order they joined */
+    size_t n, capq;
+    dstate **ended;             /* the last step's (their results borrowed by its events) */
+    size_t nended, cap_ended;
+    tk_diff_event *ev;
+    size_t cap_ev;
+    int32_t *ids;               /* the step's canvases, packed */
+    size_t *lens;
+    float *logits;
+    size_t cap_ids, cap_lens, cap_logits;
+    int64_t next_id;
+    tk_diff_batch_stats st;
+};
+
+static int grow(void **p, size_t *cap, size_t need, size_t el)
+{
+    if (need <= *cap)
+        return TK_OK;
+    size_t c = *cap ? *cap : 4;
+    while (c < need)
+        c *= 2;
+    void *q = realloc(*p, c * el);
+    if (!q)
+        return tk__err(TK_ERR_NOMEM, "out of memory for a diffusion batch step (%zu x %zu bytes)", c, el);
+    *p = q;
+    *cap = c;
+    return TK_OK;
+}
+
+static int check_batch(const tk_diff_batch *b, const char *fn)
+{
+    if (!b || b->magic != DBATCH_MAGIC)
+        return tk__err(TK_ERR_INVALID, "%s: not a tk_diff_batch (NULL or freed)", fn);
+    return TK_OK;
+}
+
+int tk_diff_batch_new(tk_diff_batch **out, tk_model *m)
+{
+    if (!out)
+        return tk__err(TK_ERR_INVALID, "tk_diff_batch_new: out is NULL");
+    *out = NULL;
+    if (!tk_model_has_lm_head(m))
+        return tk__err(TK_ERR_UNSUPPORTED, "tk_diff_batch_new: not a loaded language model with an LM head");
+    if (m->cfg.canvas > 0)
+        return tk__err(TK_ERR_UNSUPPORTED,
+                       "%s is a block diffusion checkpoint: its sampler runs one sequence at a time\n"
+                       "HINT: run it with tk_diffusion_generate",
+                       m->cfg.arch);
+    tk_diff_batch *b = calloc(1, sizeof *b);
+    if (!b)
+        return tk__err(TK_ERR_NOMEM, "out of memory");
+    b->magic = DBATCH_MAGIC;
+    b->m = m;
+    *out = b;
+    return TK_OK;
+}
+
+static void drop_ended(tk_diff_batch *b)
+{
+    for (size_t i = 0; i < b->nended; i++)
+        seq_free(b->ended[i]);
+    b->nended = 0;
+}
+
+void tk_diff_batch_free(tk_diff_batch *b)
+{
+    if (!b || b->magic != DBATCH_MAGIC)
+        return;
+    drop_ended(b);
+    for (size_t i = 0; i < b->n; i++)
+        seq_free(b->q[i]);
+    free(b->q);
+    free(b->ended);
+    free(b->ev);
+    free(b->ids);
+    free(b->lens);
+    free(b->logits);
+    b->magic = 0;
+    free(b);
+}
+
+int tk_diff_batch_add(int64_t *seq, tk_diff_batch *b, const int32_t *prompt, size_t len, const tk_diff_opts *o)
+{
+    tk_diff_opts def = TK_DIFF_OPTS_INIT;
+    int rc = check_batch(b, "tk_diff_batch_add");
+    if (rc != TK_OK)
+        return rc;
+    if (!seq)
+        return tk__err(TK_ERR_INVALID, "tk_diff_batch_add: seq is NULL");
+    if (!prompt && len)
+        return tk__err(TK_ERR_INVALID, "tk_diff_batch_add: prompt is NULL");
+    dstate *s = NULL;
+    /* a step ends at most every sequence: ended and ev grow with q, before the step needs them */
+    if ((rc = grow((void **)&b->q, &b->capq, b->n + 1, sizeof *b->q)) != TK_OK ||
+        (rc = grow((void **)&b->ended, &b->cap_ended, b->n + 1, sizeof *b->ended)) != TK_OK ||
+        (rc = grow((void **)&b->ev, &b->cap_ev, b->n + 1, sizeof *b->ev)) != TK_OK)
+        return rc;
+    if ((rc = seq_new(&s, b->m, prompt, len, o ? o : &def)) != TK_OK)
+        return rc;
+    s->id = b->next_id++;
+    b->q[b->n++] = s;
+    *seq = s->id;
+    return TK_OK;
+}
+
+/* Packs every sequence's canvases (prepared for this step) for one forward; *nrows sequences. */
+static int gather(tk_diff_batch *b, size_t *nrows)
+{
+    size_t nids = 0, nl = 0, nlog = 0;
+    for (size_t i = 0; i < b->n; i++) {
+        dstate *s = b->q[i];
+        nids += s->nseq * (size_t)s->L;
+        nl += s->nseq;
+    }
+    size_t V = (size_t)tk_model_vocab_size(b->m);
+    if (nids > SIZE_MAX / sizeof(float) / V)
+        return tk__err(TK_ERR_NOMEM, "a diffusion step's logits (%zu x %zu) do not fit in memory", nids, V);
+    int rc = grow((void **)&b->ids, &b->cap_ids, nids, sizeof *b->ids);
+    if (rc == TK_OK)
+        rc = grow((void **)&b->lens, &b->cap_lens, nl, sizeof *b->lens);
+    if (rc == TK_OK)
+        rc = grow((void **)&b->logits, &b->cap_logits, nids * V, sizeof *b->logits);
+    if (rc != TK_OK)
+        return rc;
+    nids = nl = 0;
+    for (size_t i = 0; i < b->n; i++) {
+        dstate *s = b->q[i];
+        prepare(s);
+        if (!s->t0)
+            s->t0 = tk__now_ms();
+        memcpy(b->ids + nids, s->x, s->nseq * (size_t)s->L * sizeof *b->ids); /* x, then un */
+        nids += s->nseq * (size_t)s->L;
+        for (size_t k = 0; k < s->nseq; k++)
+            b->lens[nl++] = (size_t)s->L;
+        s->logits = b->logits + nlog;
+        nlog += s->nseq * (size_t)s->L * V;
+    }
+    *nrows = nl;
+    return TK_OK;
+}
+
+/* Every sequence's step after the forward; the ended ones leave for b->ended and the events. */
+static void advance_all(tk_diff_batch *b, const tk_diff_event **events, size_t *nevents)
+{
+    size_t keep = 0;
+    const dstate *failed = NULL;
+    for (size_t i = 0; i < b->n; i++) {
+        dstate *s = b->q[i];
+        int ended = 0, rc = advance(s, &ended);
+        if (rc == TK_OK && ended)
+            rc = seq_finish(s);
+        if (rc != TK_OK) {
+            s->status = rc;
+            snprintf(s->err, sizeof s->err, "%s", tk_last_error());
+            failed = s;
+            ended = 1;
+        }
+        if (ended)
+            b->ended[b->nended++] = s;
+        else
+            b->q[keep++] = s;
+    }
+    b->n = keep;
+    for (size_t i = 0; i < b->nended; i++) {
+        dstate *s = b->ended[i];
+        b->ev[i] = (tk_diff_event){s->id, s->status, s->err, s->status == TK_OK ? s->r : NULL};
+    }
+    *events = b->ev;
+    *nevents = b->nended;
+    if (failed) /* the last failure's message for the caller */
+        tk__err(failed->status, "%s", failed->err);
+}
+
+int tk_diff_batch_step(tk_diff_batch *b, const tk_diff_event **events, size_t *nevents)
+{
+    int rc = check_batch(b, "tk_diff_batch_step");
+    if (rc != TK_OK)
+        return rc;
+    if (!events || !nevents)
+        return tk__err(TK_ERR_INVALID, "tk_diff_batch_step: events and nevents are required");
+    *events = b->ev;
+    *nevents = 0;
+    drop_ended(b);
+    if (!b->n)
+        return TK_OK;
+    size_t nrows = 0;
+    if ((rc = gather(b, &nrows)) != TK_OK)
+        return rc;
+    tk_model *m = b->m;
+    int was = m->cfg.bidirectional; /* every canvas attends both ways, a causal checkpoint's too */
+    m->cfg.bidirectional = 1;
+    rc = tk_model_forward(m, b->ids, b->lens, nrows, b->logits, NULL);
+    m->cfg.bidirectional = was;
+    if (rc != TK_OK)
+        return rc;
+    b->st.steps++;
+    b->st.step_sequences += (int64_t)b->n;
+    advance_all(b, events, nevents);
+    return TK_OK;
+}
+
+int tk_diff_batch_cancel(tk_diff_batch *b, int64_t seq)
+{
+    int rc = check_batch(b, "tk_diff_batch_cancel");
+    if (rc != TK_OK)
+        return rc;
+    for (size_t i = 0; i < b->n; i++)
+        if (b->q[i]->id == seq) {
+            seq_free(b->q[i]);
+            memmove(b->q + i, b->q + i + 1, (b->n - i - 1) * sizeof *b->q);
+            b->n--;
+            return TK_OK;
+        }
+    return tk__err(TK_ERR_NOT_FOUND, "tk_diff_batch_cancel: no sequence %lld in the batch", (long long)seq);
+}
+
+size_t tk_diff_batch_active(const tk_diff_batch *b) { return b && b->magic == DBATCH_MAGIC ? b->n : 0; }
+
+int tk_diff_batch_stats_get(tk_diff_batch_stats *out, const tk_diff_batch *b)
+{
+    int rc = check_batch(b, "tk_diff_batch_stats_get");
+    if (rc != TK_OK || !out)
+        return rc ? rc : tk__err(TK_ERR_INVALID, "tk_diff_batch_stats_get: out is NULL");
+    *out = b->st;
+    out->active = (int64_t)b->n;
+    return TK_OK;
+}
+
+/* One sequence alone: a batch of one. */
 int tk_diffusion_generate(tk_diff_result **out, tk_model *m, const int32_t *prompt, size_t len,
                           const tk_diff_opts *opts)
 {
     tk_diff_opts def = TK_DIFF_OPTS_INIT;
     const tk_diff_opts *o = opts ? opts : &def;
-    dstate s = {0};
-    int sampler = 0, alg = 0, rc, was;
     *out = NULL;
     if (!tk_model_has_lm_head(m))
         return tk__err(TK_ERR_UNSUPPORTED, "tk_diffusion_generate: not a loaded language model with an LM head");
@@ -503,77 +869,22 @@ int tk_diffusion_generate(tk_diff_result **out, tk_model *m, const int32_t *prom
         return tk__err(TK_ERR_INVALID, "tk_diffusion_generate: prompt is NULL");
     if (m->cfg.canvas > 0) /* DiffusionGemma: block diffusion (block_diffusion.c) */
         return tk_models__block_generate(out, m, prompt, len, o);
-    s.m = m;
-    s.o = o;
-    s.V = tk_model_vocab_size(m);
-    if ((rc = check(&s, o, len, &sampler, &alg)) != TK_OK)
-        return rc;
-    for (size_t i = 0; i < len; i++)
-        if (prompt[i] < 0 || prompt[i] >= s.V)
-            return tk__err(TK_ERR_INVALID, "prompt id %d (at %zu) is outside the vocabulary [0, %lld)", (int)prompt[i],
-                           i, (long long)s.V);
-    size_t L = (size_t)s.L, V = (size_t)s.V, nseq = o->cfg_scale > 0 ? 2 : 1;
-    if (L * V > SIZE_MAX / sizeof(float) / 2)
-        return tk__err(TK_ERR_NOMEM, "the canvas's logits (%zu x %zu) do not fit in memory", L, V);
-    s.r = calloc(1, sizeof *s.r);
-    s.x = malloc(2 * L * sizeof *s.x); /* x, then the unconditional canvas */
-    s.x0 = malloc(L * sizeof *s.x0);
-    s.logits = malloc(nseq * L * V * sizeof *s.logits);
-    s.row = malloc(V * sizeof *s.row);
-    s.conf = malloc(L * sizeof *s.conf);
-    size_t no = L > V ? L : V;
-    s.sel = malloc(no * sizeof *s.sel);
-    s.order = malloc(no * sizeof *s.order);
-    if (!s.r || !s.x || !s.x0 || !s.logits || !s.row || !s.conf || !s.sel || !s.order || !(s.r->steps = json_array())) {
-        rc = tk__err(TK_ERR_NOMEM, "out of memory for a canvas of %zu positions x %zu logits", L, V);
-        goto fail;
+    tk_diff_batch *b = NULL;
+    const tk_diff_event *ev = NULL;
+    size_t nev = 0;
+    int64_t seq;
+    int rc = tk_diff_batch_new(&b, m);
+    if (rc == TK_OK)
+        rc = tk_diff_batch_add(&seq, b, prompt, len, o);
+    while (rc == TK_OK && nev == 0)
+        rc = tk_diff_batch_step(b, &ev, &nev);
+    if (rc == TK_OK && ev[0].status != TK_OK)
+        rc = tk__err(ev[0].status, "%s", ev[0].error);
+    if (rc == TK_OK) {
+        *out = b->ended[0]->r; /* taken from the batch */
+        b->ended[0]->r = NULL;
     }
-    s.un = s.x + L;
-    s.rng = o->seed;
-    memcpy(s.x, prompt, len * sizeof *s.x);
-    for (size_t i = len; i < L; i++)
-        s.x[i] = (int32_t)s.mask;
-    s.r->sampler = sampler == TK_DIFF_LLADA ? "llada" : "dream";
-    s.r->alg = sampler == TK_DIFF_LLADA ? (o->remasking ? "random" : "low_confidence")
-                                        : (const char *[]){"origin", "maskgit_plus", "topk_margin", "entropy"}[alg];
-    s.r->end = "length";
-    s.r->gen_length = s.G;
-    s.r->block_length = s.B;
-    s.r->blocks = s.nb;
-    s.r->nsteps = s.steps;
-    s.r->mask_id = s.mask;
-    was = m->cfg.bidirectional;
-    m->cfg.bidirectional = 1;
-    double t0 = tk__now_ms();
-    rc = sampler == TK_DIFF_LLADA ? llada(&s) : dream(&s, alg);
-    s.r->ms = tk__now_ms() - t0;
-    m->cfg.bidirectional = was;
-    if (rc != TK_OK)
-        goto fail;
-    s.r->n = (size_t)s.G;
-    if (!(s.r->ids = malloc(s.r->n * sizeof *s.r->ids))) {
-        rc = tk__err(TK_ERR_NOMEM, "out of memory");
-        goto fail;
-    }
-    memcpy(s.r->ids, s.x + s.P, s.r->n * sizeof *s.r->ids);
-    const tk_tokenizer *tok = NULL;
-    if (tk_model_tokenizer(&tok, m) == TK_OK && tk_tokenizer_decode(&s.r->text, tok, s.r->ids, s.r->n, 1) != TK_OK)
-        s.r->text = NULL;
-    tk__err_clear();
-    *out = s.r;
-    s.r = NULL;
-fail:
-    tk_diff_result_free(s.r);
-    free(s.x);
-    free(s.x0);
-    free(s.logits);
-    free(s.row);
-    free(s.conf);
-    free(s.sel);
-    free(s.order);
-    free(s.u);
-    free(s.w);
-    free(s.vord);
+    tk_diff_batch_free(b);
     return rc;
 }
 

@@ -225,6 +225,12 @@ static enum MHD_Result metrics(struct tk_model_server *s, struct MHD_Connection 
     M("slots_busy", "gauge", "Sequences in the batch.", "tk_slots_busy %zu\n", s->busy);
     M("batch_sequences", "gauge", "Sequences in the batch, prefilling or decoding.", "tk_batch_sequences %lld\n",
       (long long)st->active);
+    if (s->db) {
+        M("diffusion_steps_total", "counter", "Denoising steps: one forward over every running sequence's canvas.",
+          "tk_diffusion_steps_total %lld\n", (long long)s->dst.steps);
+        M("diffusion_step_sequences_total", "counter", "Sequences advanced, summed over the denoising steps.",
+          "tk_diffusion_step_sequences_total %lld\n", (long long)s->dst.step_sequences);
+    }
     M("slots_total", "gauge", "Sequences the batch may hold (--parallel).", "tk_slots_total %u\n", par);
     M("generation_tokens_per_second", "gauge", "Tokens generated a second, over the last two seconds or more.",
       "tk_generation_tokens_per_second %.3f\n", s->nact ? s->tps : 0.0);
@@ -1054,6 +1060,7 @@ void tk_model_server_free(tk_model_server *s)
         free(s->conns[i]);
     free(s->conns);
     tk_gen_batch_free(s->b);
+    tk_diff_batch_free(s->db);
     tp_head_bytes_note(s->m);
     tk_model_free(s->m);
     if (s->wake[0] >= 0)

@@ -252,7 +252,10 @@ static void remove_active(struct tk_model_server *s, size_t i)
     tk_serve_req *r = s->act[i];
     for (size_t k = 0; k < r->nchoice; k++) {
         if (r->ch[k].live) {
-            tk_serve__tp_cancel(s, r->ch[k].seq);
+            if (s->db)
+                tk_diff_batch_cancel(s->db, r->ch[k].seq);
+            else
+                tk_serve__tp_cancel(s, r->ch[k].seq);
             s->busy--;
             r->ch[k].live = 0;
         }
@@ -322,7 +325,29 @@ static void reap_slow(struct tk_model_server *s)
     pthread_mutex_unlock(&s->cmu);
 }
 
-/* Starts the queued requests that fit (under mu; tk_gen_batch_add runs with it, which is cheap). */
+static int diff_add(struct tk_model_server *s, tk_serve_req *r);
+static int diff_error(char *msg, size_t cap, int rc);
+
+/* Adds request r's choices to s->b: n sequences a prompt, sharing its prefill (under mu). */
+static int gen_add(struct tk_model_server *s, tk_serve_req *r)
+{
+    int rc = TK_OK;
+    size_t n = (size_t)r->p.n;
+    for (size_t p = 0; p < r->nprompt && rc == TK_OK; p++) {
+        int64_t first;
+        rc = tk_serve__tp_add(s, &first, r->pids[p], r->plen[p], n, &r->go);
+        for (size_t j = 0; rc == TK_OK && j < n; j++) {
+            r->ch[p * n + j].seq = first + (int64_t)j;
+            r->ch[p * n + j].live = 1;
+        }
+        if (rc == TK_OK)
+            s->busy += n;
+    }
+    return rc;
+}
+
+/* Starts the queued requests that fit (under mu; tk_gen_batch_add and tk_diff_batch_add run with it,
+ * which is cheap). */
 static void admit(struct tk_model_server *s)
 {
     size_t par = s->o.parallel ? s->o.parallel : 4;
@@ -337,22 +362,17 @@ static void admit(struct tk_model_server *s)
             tk_serve__req_unref_locked(r);
             continue;
         }
-        int rc = TK_OK;
-        size_t n = (size_t)r->p.n;
-        for (size_t p = 0; p < r->nprompt && rc == TK_OK; p++) {
-            int64_t first;
-            rc = tk_serve__tp_add(s, &first, r->pids[p], r->plen[p], n, &r->go);
-            for (size_t j = 0; rc == TK_OK && j < n; j++) {
-                r->ch[p * n + j].seq = first + (int64_t)j;
-                r->ch[p * n + j].live = 1;
-            }
-            if (rc == TK_OK)
-                s->busy += n;
-        }
+        int rc = s->db ? diff_add(s, r) : gen_add(s, r);
         s->act[s->nact++] = r;
         r->state = RQ_RUNNING;
         if (rc != TK_OK) {
-            finish_req(s, r, rc == TK_ERR_NOMEM ? 503 : 400, tk_last_error());
+            char msg[512];
+            int status = rc == TK_ERR_NOMEM ? 503 : 400;
+            if (s->db)
+                diff_error(msg, sizeof msg, rc);
+            else
+                snprintf(msg, sizeof msg, "%s", tk_last_error());
+            finish_req(s, r, status, msg);
             remove_active(s, s->nact - 1);
         }
     }
@@ -487,14 +507,10 @@ static void cut_all(struct tk_model_server *s)
     }
 }
 
-/* ---- masked diffusion (LLaDA, Dream): one request at a time ------------------------------------ */
-
-typedef struct {
-    struct tk_model_server *s;
-    tk_serve_req *r;
-    size_t k;     /* the choice being generated */
-    int stopped;  /* a stop string appeared in the finished blocks */
-} diff_job;
+/* ---- masked diffusion ------------------------------------------------------------------------- */
+/* LLaDA and Dream run in s->db: admit() adds each choice as a sequence, the loop steps the batch (one
+ * forward over every canvas) and each ended sequence answers its choice. A block diffusion checkpoint
+ * (DiffusionGemma) runs one request at a time through tk_diffusion_generate (diff_run). */
 
 /* Streams choice k's text to upto, holding back what may begin a stop string (under mu). */
 static void diff_stream(tk_serve_req *r, size_t k, int final)
@@ -510,13 +526,14 @@ static void diff_stream(tk_serve_req *r, size_t k, int final)
     tk_serve__wake(r);
 }
 
-/* tk_diff_opts.on_step: a finished block's text streams (as tk generate --diffusion prints it); a
- * client gone, the drain's end or a stop string in the finished text stops the sampler. */
+/* tk_diff_opts.on_step (user: the choice): a finished block's text streams (as tk generate --diffusion
+ * prints it); a client gone, the drain's end or a stop string in the finished text stops the sampler. */
 static int diff_on_step(void *user, const tk_diff_step *st)
 {
-    diff_job *j = user;
-    struct tk_model_server *s = j->s;
-    tk_serve_req *r = j->r;
+    tk_serve_choice *c = user;
+    tk_serve_req *r = c->req;
+    struct tk_model_server *s = r->srv;
+    size_t k = (size_t)(c - r->ch);
     int stop = 0;
     pthread_mutex_lock(&s->mu);
     if (client_gone(r) || (s->state == SRV_DRAINING && tk__now_ms() > s->drain_deadline)) {
@@ -524,7 +541,6 @@ static int diff_on_step(void *user, const tk_diff_step *st)
     } else if (st->block_done && (r->p.stream || r->p.nstop)) {
         size_t end = st->prompt_len + (size_t)(st->block + 1) * ((st->len - st->prompt_len) / (size_t)st->blocks);
         char *t = NULL;
-        tk_serve_choice *c = &r->ch[j->k];
         if (tk_tokenizer_decode(&t, s->tok, st->canvas + st->prompt_len, end - st->prompt_len, 1) == TK_OK) {
             size_t len = strlen(t);
             /* a character whose bytes continue in the next block decodes as U+FFFD for now: held back */
@@ -535,95 +551,186 @@ static int diff_on_step(void *user, const tk_diff_step *st)
         }
         tk_free(t);
         if (r->p.nstop && tk_serve__stop_find(c->text.data ? c->text.data : "", r->p.stop, r->p.nstop) != (size_t)-1)
-            stop = j->stopped = 1; /* the rest cannot change the answer */
+            stop = 1; /* the rest cannot change the answer */
         else if (r->p.stream)
-            diff_stream(r, j->k, 0);
+            diff_stream(r, k, 0);
     }
     pthread_mutex_unlock(&s->mu);
     return stop;
 }
 
-/* Runs request r's choices one after another with tk_diffusion_generate and answers it. */
-static void diff_run(struct tk_model_server *s, tk_serve_req *r)
+/* Choice k's sampler options: the request's fields only (generation_config.json's top_k 50 and
+ * do_sample are an autoregressive model's, and tk generate --diffusion does not take them either). */
+static void diff_opts(tk_diff_opts *o, tk_serve_req *r, size_t k)
 {
-    int status = 200;
-    char msg[512] = "";
-    for (size_t k = 0; k < r->nchoice && status == 200; k++) {
-        tk_serve_choice *c = &r->ch[k];
-        diff_job j = {s, r, k, 0};
-        tk_diff_opts o = TK_DIFF_OPTS_INIT;
-        /* the request's sampling fields only: generation_config.json's (top_k 50, do_sample) are an
-         * autoregressive model's, and tk generate --diffusion does not take them either */
-        o.gen_length = r->go.max_new_tokens;
-        o.temperature = r->p.has_temperature ? r->p.temperature : 0.0;
-        o.seed = r->go.seed + k;
-        o.steps = r->p.steps;
-        o.block_length = r->p.block_length;
-        o.cfg_scale = r->p.cfg_scale;
-        if (r->p.remasking >= 0)
-            o.remasking = r->p.remasking;
-        if (r->p.alg[0])
-            o.alg = r->p.alg;
-        if (r->p.has_top_p)
-            o.top_p = r->p.top_p;
-        if (r->p.has_top_k)
-            o.top_k = r->p.top_k;
-        o.on_step = diff_on_step;
-        o.step_user = &j;
-        tk_diff_result *res = NULL;
-        int rc = tk_diffusion_generate(&res, s->m, r->pids[c->prompt], r->plen[c->prompt], &o);
-        pthread_mutex_lock(&s->mu);
-        if (rc != TK_OK) {
-            status = rc == TK_ERR_INVALID ? 400 : 500;
-            /* the sampler's words, less the command line's hint; max_tokens is its gen_length */
-            snprintf(msg, sizeof msg, "%s", tk_last_error());
-            char *hint = strstr(msg, "\nHINT:");
-            if (hint)
-                *hint = '\0';
-            if (status == 400 && strlen(msg) + 40 < sizeof msg)
-                strcat(msg, " (max_tokens is the gen_length)");
-        } else if (r->gone) {
-            status = 499;
-            snprintf(msg, sizeof msg, "the client went away");
-        } else {
-            if (!r->t_first)
-                r->t_first = tk__now_ms();
-            size_t n = 0;
-            const int32_t *ids = tk_diff_result_ids(res, &n);
-            const char *text = tk_diff_result_text(res);
-            c->text.len = 0; /* the whole answer, as LLaDA's reference decodes it: special tokens skipped */
-            tk__buf_puts(&c->text, text ? text : "");
-            c->ntok = (int64_t)n;
-            s->gen_tokens += (int64_t)n;
-            int eos = 0;
-            for (size_t i = 0; i < n && !r->p.ignore_eos; i++)
-                for (size_t e = 0; e < r->go.n_eos; e++)
-                    eos |= ids[i] == r->go.eos_token_id[e];
-            c->finish = eos ? "stop" : "length";
-            size_t cut =
-                r->p.nstop ? tk_serve__stop_find(c->text.data ? c->text.data : "", r->p.stop, r->p.nstop) : (size_t)-1;
-            if (cut != (size_t)-1) {
-                c->text.len = cut;
-                c->text.data[cut] = '\0';
-                c->finish = "stop";
-            }
-            if (c->sent > c->text.len) /* streamed text the final decoding does not begin with: keep it */
-                c->sent = c->text.len;
-            r->nfinished++;
-            if (r->p.stream)
-                diff_stream(r, k, 1);
-        }
-        pthread_mutex_unlock(&s->mu);
-        tk_diff_result_free(res);
+    *o = (tk_diff_opts)TK_DIFF_OPTS_INIT;
+    o->gen_length = r->go.max_new_tokens;
+    o->temperature = r->p.has_temperature ? r->p.temperature : 0.0;
+    o->seed = r->go.seed + k;
+    o->steps = r->p.steps;
+    o->block_length = r->p.block_length;
+    o->cfg_scale = r->p.cfg_scale;
+    if (r->p.remasking >= 0)
+        o->remasking = r->p.remasking;
+    if (r->p.alg[0])
+        o->alg = r->p.alg;
+    if (r->p.has_top_p)
+        o->top_p = r->p.top_p;
+    if (r->p.has_top_k)
+        o->top_k = r->p.top_k;
+    o->on_step = diff_on_step;
+    o->step_user = &r->ch[k];
+    r->ch[k].req = r;
+}
+
+/* The HTTP status and message of a sampler's failure rc (tk_last_error()): the sampler's words, less
+ * the command line's hint; max_tokens is its gen_length. */
+static int diff_error(char *msg, size_t cap, int rc)
+{
+    int status = rc == TK_ERR_INVALID ? 400 : 500;
+    snprintf(msg, cap, "%s", tk_last_error());
+    char *hint = strstr(msg, "\nHINT:");
+    if (hint)
+        *hint = '\0';
+    if (status == 400 && strlen(msg) + 40 < cap)
+        strcat(msg, " (max_tokens is the gen_length)");
+    return status;
+}
+
+/* Choice k's answer from its sampler's result (under mu). */
+static void diff_answer(struct tk_model_server *s, tk_serve_req *r, size_t k, const tk_diff_result *res)
+{
+    tk_serve_choice *c = &r->ch[k];
+    if (!r->t_first)
+        r->t_first = tk__now_ms();
+    size_t n = 0;
+    const int32_t *ids = tk_diff_result_ids(res, &n);
+    const char *text = tk_diff_result_text(res);
+    c->text.len = 0; /* the whole answer, as LLaDA's reference decodes it: special tokens skipped */
+    tk__buf_puts(&c->text, text ? text : "");
+    c->ntok = (int64_t)n;
+    s->gen_tokens += (int64_t)n;
+    int eos = 0;
+    for (size_t i = 0; i < n && !r->p.ignore_eos; i++)
+        for (size_t e = 0; e < r->go.n_eos; e++)
+            eos |= ids[i] == r->go.eos_token_id[e];
+    c->finish = eos ? "stop" : "length";
+    size_t cut = r->p.nstop ? tk_serve__stop_find(c->text.data ? c->text.data : "", r->p.stop, r->p.nstop) : (size_t)-1;
+    if (cut != (size_t)-1) {
+        c->text.len = cut;
+        c->text.data[cut] = '\0';
+        c->finish = "stop";
     }
-    pthread_mutex_lock(&s->mu);
+    if (c->sent > c->text.len) /* streamed text the final decoding does not begin with: keep it */
+        c->sent = c->text.len;
+    r->nfinished++;
+    if (r->p.stream)
+        diff_stream(r, k, 1);
+}
+
+static void end_active(struct tk_model_server *s, tk_serve_req *r, int status, const char *msg)
+{
     finish_req(s, r, status, msg);
     for (size_t i = 0; i < s->nact; i++)
         if (s->act[i] == r) {
             remove_active(s, i);
             break;
         }
+}
+
+/* Admits request r's choices into s->db (under mu): each a sequence of its prompt. */
+static int diff_add(struct tk_model_server *s, tk_serve_req *r)
+{
+    for (size_t k = 0; k < r->nchoice; k++) {
+        tk_diff_opts o;
+        diff_opts(&o, r, k);
+        int rc = tk_diff_batch_add(&r->ch[k].seq, s->db, r->pids[r->ch[k].prompt], r->plen[r->ch[k].prompt], &o);
+        if (rc != TK_OK)
+            return rc;
+        r->ch[k].live = 1;
+        s->busy++;
+    }
+    return TK_OK;
+}
+
+/* A sequence of s->db ended (under mu): its choice's answer, or its request's failure. */
+static void diff_event(struct tk_model_server *s, const tk_diff_event *ev)
+{
+    size_t k;
+    tk_serve_req *r = find_seq(s, ev->seq, &k);
+    if (!r || !r->ch[k].live)
+        return;
+    r->ch[k].live = 0;
+    s->busy--;
+    if (ev->status != TK_OK) {
+        tk__err(ev->status, "%s", ev->error);
+        char msg[512];
+        int status = diff_error(msg, sizeof msg, ev->status);
+        end_active(s, r, status, msg);
+    } else if (r->gone) {
+        end_active(s, r, 499, "the client went away");
+    } else {
+        diff_answer(s, r, k, ev->result);
+        if (r->nfinished == r->nchoice)
+            end_active(s, r, 200, NULL);
+    }
+}
+
+/* One step of s->db, mu held on entry and on return (released while the model runs). */
+static void diff_step(struct tk_model_server *s)
+{
+    const tk_diff_event *ev = NULL;
+    size_t nev = 0;
     pthread_mutex_unlock(&s->mu);
+    int rc = tk_diff_batch_step(s->db, &ev, &nev);
+    pthread_mutex_lock(&s->mu);
+    if (rc != TK_OK) {
+        tk_serve__log(s, TK_LOG_WARN, "a denoising step failed: %s", tk_last_error());
+        fail_all(s, rc == TK_ERR_NOMEM ? 503 : 500, tk_last_error());
+    } else {
+        for (size_t i = 0; i < nev; i++)
+            diff_event(s, &ev[i]);
+    }
+    s->st.active = (int64_t)tk_diff_batch_active(s->db);
+    tk_diff_batch_stats_get(&s->dst, s->db);
+}
+
+/* Block diffusion: request r's choices one after another with tk_diffusion_generate, and its answer. */
+static void diff_run(struct tk_model_server *s, tk_serve_req *r)
+{
+    int status = 200;
+    char msg[512] = "";
+    for (size_t k = 0; k < r->nchoice && status == 200; k++) {
+        tk_diff_opts o;
+        pthread_mutex_lock(&s->mu);
+        diff_opts(&o, r, k);
+        pthread_mutex_unlock(&s->mu);
+        tk_diff_result *res = NULL;
+        int rc = tk_diffusion_generate(&res, s->m, r->pids[r->ch[k].prompt], r->plen[r->ch[k].prompt], &o);
+        pthread_mutex_lock(&s->mu);
+        if (rc != TK_OK)
+            status = diff_error(msg, sizeof msg, rc);
+        else if (r->gone)
+            status = 499, snprintf(msg, sizeof msg, "the client went away");
+        else
+            diff_answer(s, r, k, res);
+        pthread_mutex_unlock(&s->mu);
+        tk_diff_result_free(res);
+    }
+    pthread_mutex_lock(&s->mu);
+    end_active(s, r, status, msg);
+    pthread_mutex_unlock(&s->mu);
+}
+
+/* The generated tokens a second, over windows of two seconds or more (under mu). */
+static void tps_window(struct tk_model_server *s)
+{
+    double now = tk__now_ms();
+    if (now - s->win_t0 >= 2000) {
+        s->tps = (double)(s->gen_tokens - s->win_tok0) * 1000.0 / (now - s->win_t0);
+        s->win_t0 = now;
+        s->win_tok0 = s->gen_tokens;
+    }
 }
 
 int tk_serve__load(struct tk_model_server *s)
@@ -663,8 +770,8 @@ int tk_serve__load(struct tk_model_server *s)
                        (long long)s->o.ctx_size, (long long)max_pos);
     s->ctx_len = s->o.ctx_size > 0 ? s->o.ctx_size : max_pos;
     s->vocab = tk_model_vocab_size(s->m);
-    if ((s->diffusion = tk_model_diffusion(s->m)) != 0)
-        return TK_OK; /* masked diffusion: tk_diffusion_generate per request, no batch */
+    if ((s->diffusion = tk_model_diffusion(s->m)) != 0) /* block diffusion: one request at a time */
+        return s->diffusion == TK_DIFF_BLOCK ? TK_OK : tk_diff_batch_new(&s->db, s->m);
     tk_gen_batch_opts bo = TK_GEN_BATCH_OPTS_INIT;
     bo.kv_dtype = s->kv_dtype;
     bo.max_step_tokens = s->o.max_step_tokens > 0 ? s->o.max_step_tokens : 512;
@@ -744,11 +851,12 @@ void *tk_serve__sched_main(void *arg)
             last_reap = now;
         }
         drop_gone(s);
-        if (s->state == SRV_DRAINING && now > s->drain_deadline && s->nact) {
+        /* (a diffusion batch's sequences stop at their next step instead: diff_on_step) */
+        if (s->state == SRV_DRAINING && now > s->drain_deadline && s->nact && !s->db) {
             tk_serve__log(s, TK_LOG_WARN, "stopping: %zu request(s) cut short at the drain's end", s->nact);
             cut_all(s);
         }
-        if (s->diffusion) {
+        if (s->diffusion && !s->db) {
             if (!s->nact && s->nq && !grow((void **)&s->act, &s->capact, 1, sizeof *s->act)) {
                 s->act[s->nact++] = s->queue[0]; /* one request at a time */
                 memmove(s->queue, s->queue + 1, (s->nq - 1) * sizeof *s->queue);
@@ -756,8 +864,11 @@ void *tk_serve__sched_main(void *arg)
                 s->act[0]->state = RQ_RUNNING;
             }
         } else {
-            admit(s);
-            tk_gen_batch_stats_get(&s->st, s->b); /* cancellations change it too */
+            admit(s); /* cancellations change the stats too */
+            if (s->b)
+                tk_gen_batch_stats_get(&s->st, s->b);
+            else
+                s->st.active = (int64_t)tk_diff_batch_active(s->db);
         }
         if (s->nact == 0) {
             if (s->stopping) {
@@ -777,6 +888,12 @@ void *tk_serve__sched_main(void *arg)
             /* --tp: the cancellations so far, and a heartbeat (the journal is this thread's alone) */
             if (s->o.comm && tk_serve__tp_sync(s, TK_SERVE_TP_IDLE) != TK_OK)
                 tk_serve__log(s, TK_LOG_WARN, "tensor parallelism: %s", tk_last_error());
+            continue;
+        }
+        if (s->db) {
+            diff_step(s);
+            tps_window(s);
+            pthread_mutex_unlock(&s->mu);
             continue;
         }
         if (s->diffusion) {
@@ -804,12 +921,7 @@ void *tk_serve__sched_main(void *arg)
                 on_event(s, &ev[i]);
         }
         tk_gen_batch_stats_get(&s->st, s->b);
-        now = tk__now_ms();
-        if (now - s->win_t0 >= 2000) {
-            s->tps = (double)(s->gen_tokens - s->win_tok0) * 1000.0 / (now - s->win_t0);
-            s->win_t0 = now;
-            s->win_tok0 = s->gen_tokens;
-        }
+        tps_window(s);
         pthread_mutex_unlock(&s->mu);
     }
     return NULL;

@@ -575,6 +575,131 @@ def check_diffusion():
           "logprobs and max_tokens 15 of block 8 refused" % (text, len(chunks), stop))
 
 
-{"diffusion": check_diffusion, "openai": check_openai, "auth": check_auth, "concurrency": check_concurrency, "bad": check_bad_requests,
+def diff_post(body, timeout=120):
+    st, r = raw("POST", "/v1/completions", json.dumps(body).encode(), timeout=timeout)
+    if st != 200:
+        fail("diffusion %s: %d %s" % (body, st, r))
+    return [(c["text"], c["finish_reason"]) for c in r["choices"]]
+
+
+def diff_stream(body):
+    """The text a stream adds up to, and its number of text chunks."""
+    req = urllib.request.Request(URL + "/v1/completions", data=json.dumps(dict(body, stream=True)).encode(),
+                                 method="POST")
+    text, chunks, done = "", 0, False
+    with urllib.request.urlopen(req, timeout=120) as resp:
+        for line in resp:
+            line = line.decode().strip()
+            if line == "data: [DONE]":
+                done = True
+            elif line.startswith("data: "):
+                t = json.loads(line[6:])["choices"][0]["text"]
+                text, chunks = text + t, chunks + (t != "")
+    if not done:
+        fail("diffusion stream %s: no [DONE]" % body)
+    return [(text, None)]
+
+
+def diff_vanish(body):
+    """A stream whose client closes after its first text chunk; True once the server counted it cancelled."""
+    data = json.dumps(dict(body, stream=True)).encode()
+    s = socket.create_connection((HOST, PORT), timeout=60)
+    s.sendall(b"POST /v1/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\nContent-Length: %d"
+              b"\r\n\r\n" % len(data) + data)
+    got = b""
+    while b'"text":"' not in got.replace(b'"text":""', b""):
+        d = s.recv(4096)
+        if not d:
+            break
+        got += d
+    s.close()
+
+
+def check_diffusion_batch():
+    """Concurrent requests to a masked diffusion checkpoint share each denoising step's forward (the
+    diffusion step counters say so: fewer steps than the requests alone, the same sequence-steps), and
+    every answer equals the same request sent alone: greedy, seeded sampling, cfg, random remasking,
+    different gen_lengths, block_lengths and steps, n > 1 (each choice equal to a request of its seed
+    alone), a stream; one more stream whose client vanishes mid-batch does not change the others."""
+    P = ["Once upon a time", "The quick brown fox", "To be, or not to be", "Masked diffusion models"]
+    jobs = [
+        dict(prompt=P[0], max_tokens=64, block_length=8, steps=64, temperature=0),
+        dict(prompt=P[1], max_tokens=48, block_length=16, steps=24, temperature=0.8, seed=7),
+        dict(prompt=P[2], max_tokens=32, block_length=8, steps=32, cfg_scale=1.5),
+        dict(prompt=P[3], max_tokens=40, block_length=8, steps=20, remasking="random", seed=3),
+        dict(prompt=P[0], max_tokens=24, steps=24, cfg_scale=1.0, temperature=1.0, seed=5),
+        dict(prompt=P[1], max_tokens=32, block_length=8, steps=32, temperature=0.9, seed=11, n=3),
+        dict(prompt=P[2], max_tokens=56, block_length=8, steps=56, stream=True),
+    ]
+    run = lambda j: diff_stream(j) if j.get("stream") else diff_post(j)
+    steps_of = lambda j: j["steps"] * j.get("n", 1)
+    m0 = metrics()
+    alone = [run(j) for j in jobs]
+    m1 = metrics()
+    alone_steps = m1["tk_diffusion_steps_total"] - m0["tk_diffusion_steps_total"]
+    seq_steps = m1["tk_diffusion_step_sequences_total"] - m0["tk_diffusion_step_sequences_total"]
+    if seq_steps != sum(steps_of(j) for j in jobs):
+        fail("alone: %d sequence-steps, want %d" % (seq_steps, sum(steps_of(j) for j in jobs)))
+    # n = 3 choices: choice i is the request with seed + i alone
+    nj = jobs[5]
+    for i in range(3):
+        one = diff_post(dict(nj, n=1, seed=nj["seed"] + i))
+        if alone[5][i] != one[0]:
+            fail("n=3 choice %d %r differs from the request with seed %d alone %r" % (i, alone[5][i], nj["seed"] + i,
+                                                                                      one[0]))
+    vanish = dict(prompt=P[3], max_tokens=80, block_length=8, steps=80, temperature=0)
+    cancelled_key = 'tk_requests_total{outcome="cancelled"}'
+    for attempt in range(5):
+        m2 = metrics()
+        with cf.ThreadPoolExecutor(len(jobs) + 1) as ex:
+            fv = ex.submit(diff_vanish, vanish)
+            together = list(ex.map(run, jobs))
+            fv.result()
+        m3 = settle()
+        bad = [(jobs[i], alone[i], together[i]) for i in range(len(jobs)) if alone[i] != together[i]]
+        if bad:
+            fail("%d of %d differ between alone and batched, e.g. %s" % (len(bad), len(jobs), bad[0]))
+        steps = m3["tk_diffusion_steps_total"] - m2["tk_diffusion_steps_total"]
+        seqs = m3["tk_diffusion_step_sequences_total"] - m2["tk_diffusion_step_sequences_total"]
+        cancelled = m3[cancelled_key] - m2[cancelled_key]
+        ok = m3['tk_requests_total{outcome="ok"}'] - m2['tk_requests_total{outcome="ok"}']
+        if cancelled == 0 and ok == len(jobs) + 1:  # a loaded machine let the vanishing stream finish first
+            print("try %d: the vanishing stream ended before its client closed; again" % attempt)
+            continue
+        # the vanished stream ran some of its 80 steps; the others all of theirs
+        if not (seq_steps < seqs < seq_steps + 80) or cancelled != 1:
+            fail("batched: %d sequence-steps (want %d + under 80 of the vanished stream's), %d cancelled" %
+                 (seqs, seq_steps, cancelled))
+        if steps < seqs / 2.0:
+            break
+        print("try %d: %d steps for %d sequence-steps: the requests hardly overlapped; again" % (attempt, steps, seqs))
+    else:
+        fail("five tries, and the concurrent requests never shared steps with a stream cancelled among them "
+             "(last: %d steps for %d sequence-steps, %d cancelled)" % (steps, seqs, cancelled))
+    print("diffusion batch: %d requests (%d sequences) and a vanishing stream at once: every answer equals the "
+          "request alone; %d steps for %d sequence-steps (alone: %d steps); 1 cancelled" %
+          (len(jobs), sum(j.get("n", 1) for j in jobs), steps, seqs, alone_steps))
+
+
+def check_block_diffusion():
+    """DiffusionGemma served one request at a time: two concurrent requests (token-id prompts, seeded)
+    each equal tk generate's text for the same ids, gen_length, steps and seed; no diffusion batch."""
+    jobs = [([5, 17, 99], 12, 6, 5), ([5, 17, 99, 3], 18, 10, 1)]
+    want = [tk_generate("--ids", ",".join(map(str, p)), "--gen-length", str(g), "--steps", str(s), "--seed", str(sd))
+            ["text"] for p, g, s, sd in jobs]
+    def run(j):
+        p, g, s, sd = j
+        return diff_post(dict(prompt=p, max_tokens=g, steps=s, seed=sd))[0][0]
+    with cf.ThreadPoolExecutor(2) as ex:
+        got = list(ex.map(run, jobs))
+    if got != want:
+        fail("block diffusion: %r, want tk generate's %r" % (got, want))
+    m = settle()
+    if "tk_diffusion_steps_total" in m or m['tk_requests_total{outcome="ok"}'] != 2:
+        fail("block diffusion: metrics %s" % m)
+    print("block diffusion: 2 concurrent requests, each equal to tk generate (%r ...), one at a time" % got[0][:30])
+
+
+{"block_diffusion": check_block_diffusion, "diffusion": check_diffusion, "diffusion_batch": check_diffusion_batch, "openai": check_openai, "auth": check_auth, "concurrency": check_concurrency, "bad": check_bad_requests,
  "slowloris": check_slowloris, "connections": check_many_connections, "vanish": check_vanish,
  "term": check_streams_then_term, "metrics": check_metrics_shape}[CHECK]()

@@ -241,12 +241,225 @@ static void test_bad_options(void)
     tk_model_free(m);
 }
 
+/* ---- tk_diff_batch: several sequences in lockstep, each as it runs alone ---------------------- */
+
+typedef struct {
+    const int32_t *prompt;
+    size_t len;
+    tk_diff_opts o;
+} job;
+
+static tk_diff_result *alone(tk_model *m, const job *j)
+{
+    tk_diff_result *r = NULL;
+    CHECK_RC(tk_diffusion_generate(&r, m, j->prompt, j->len, &j->o), TK_OK);
+    return r;
+}
+
+/* The ids of r and want agree; *steps receives want's forward passes. */
+static void check_same(const tk_diff_result *got, const tk_diff_result *want, const char *what)
+{
+    size_t n1 = 0, n2 = 0;
+    const int32_t *a = tk_diff_result_ids(got, &n1), *b = tk_diff_result_ids(want, &n2);
+    int same = a && b && n1 == n2 && memcmp(a, b, n1 * sizeof *a) == 0;
+    if (!same)
+        fprintf(stderr, "  %s: the batched ids differ from the sequence alone\n", what);
+    CHECK(same);
+    char *j1 = NULL, *j2 = NULL;
+    CHECK_RC(tk_diff_result_json(&j1, got), TK_OK);
+    CHECK_RC(tk_diff_result_json(&j2, want), TK_OK);
+    const char *p1 = j1 ? strstr(j1, "\"per_step\"") : NULL, *p2 = j2 ? strstr(j2, "\"per_step\"") : NULL;
+    CHECK(p1 && p2 && strcmp(p1, p2) == 0); /* the same positions unmasked at every step */
+    tk_free(j1);
+    tk_free(j2);
+}
+
+/* Runs jobs[0..n) in one batch, jobs[late..n) joining after `after` steps and jobs[cancel] (if >= 0)
+ * cancelled after 2 steps; each result equal to the job alone. Returns the batch's steps. */
+static int64_t run_batch(tk_model *m, const job *jobs, size_t n, size_t late, int64_t after, int cancel)
+{
+    tk_diff_batch *b = NULL;
+    int64_t seq[16], step = 0;
+    tk_diff_result *want[16] = {0};
+    int seen[16] = {0};
+    CHECK_RC(tk_diff_batch_new(&b, m), TK_OK);
+    if (!b)
+        return 0;
+    for (size_t i = 0; i < n; i++)
+        want[i] = alone(m, &jobs[i]);
+    for (size_t i = 0; i < late; i++)
+        CHECK_RC(tk_diff_batch_add(&seq[i], b, jobs[i].prompt, jobs[i].len, &jobs[i].o), TK_OK);
+    while (tk_diff_batch_active(b) || step <= after) {
+        if (step == after)
+            for (size_t i = late; i < n; i++)
+                CHECK_RC(tk_diff_batch_add(&seq[i], b, jobs[i].prompt, jobs[i].len, &jobs[i].o), TK_OK);
+        if (step == 2 && cancel >= 0) {
+            CHECK_RC(tk_diff_batch_cancel(b, seq[cancel]), TK_OK);
+            CHECK_RC(tk_diff_batch_cancel(b, seq[cancel]), TK_ERR_NOT_FOUND);
+        }
+        const tk_diff_event *ev = NULL;
+        size_t nev = 0;
+        int rc = tk_diff_batch_step(b, &ev, &nev);
+        CHECK_RC(rc, TK_OK);
+        if (rc != TK_OK)
+            break;
+        step++;
+        for (size_t e = 0; e < nev; e++)
+            for (size_t i = 0; i < n; i++)
+                if (seq[i] == ev[e].seq && (i < late || step > after)) {
+                    CHECK_EQ_INT(ev[e].status, TK_OK);
+                    char what[64];
+                    snprintf(what, sizeof what, "job %zu", i);
+                    check_same(ev[e].result, want[i], what);
+                    seen[i]++;
+                }
+    }
+    for (size_t i = 0; i < n; i++)
+        CHECK_EQ_INT(seen[i], (int)i == cancel ? 0 : 1);
+    tk_diff_batch_stats st;
+    CHECK_RC(tk_diff_batch_stats_get(&st, b), TK_OK);
+    CHECK(st.active == 0 && st.steps == step);
+    for (size_t i = 0; i < n; i++)
+        tk_diff_result_free(want[i]);
+    tk_diff_batch_free(b);
+    return step;
+}
+
+static const int32_t prompt2[] = {1, 90, 91, 92, 93, 94, 95, 96, 97};
+
+static void test_batch_equals_alone_llada(void)
+{
+    NEED_MODELS();
+    tk_model *m = load("llada");
+    if (!m)
+        return;
+    job jobs[7];
+    for (int i = 0; i < 7; i++) {
+        jobs[i] = (job){i % 2 ? prompt2 : prompt, i % 2 ? 9 : 5, TK_DIFF_OPTS_INIT};
+        jobs[i].o.gen_length = 16;
+        jobs[i].o.block_length = 8;
+        jobs[i].o.steps = 8;
+    }
+    jobs[1].o.temperature = 0.7, jobs[1].o.seed = 3;          /* seeded sampling */
+    jobs[2].o.cfg_scale = 1.5, jobs[2].o.gen_length = 24;     /* cfg: two canvases in the forward */
+    jobs[2].o.steps = 12;
+    jobs[3].o.cfg_scale = 1.0, jobs[3].o.temperature = 1.0, jobs[3].o.seed = 5;
+    jobs[4].o.remasking = 1, jobs[4].o.seed = 9, jobs[4].o.gen_length = 32; /* random remasking, 4 blocks */
+    jobs[4].o.steps = 16;
+    jobs[5].o.gen_length = 8, jobs[5].o.block_length = 0, jobs[5].o.steps = 4; /* ends first */
+    jobs[6].o.temperature = 0.5, jobs[6].o.seed = 3, jobs[6].o.steps = 16;
+    /* all at once: as many steps as the longest; then some joining late, one cancelled */
+    CHECK_EQ_INT((int)run_batch(m, jobs, 7, 7, 0, -1), 16);
+    CHECK(run_batch(m, jobs, 7, 3, 5, 1) > 16);
+    run_batch(m, jobs, 4, 4, 0, 2);
+    tk_model_free(m);
+}
+
+static void test_batch_equals_alone_dream(void)
+{
+    NEED_MODELS();
+    tk_model *m = load("dream");
+    if (!m)
+        return;
+    static const char *algs[] = {"origin", "maskgit_plus", "topk_margin", "entropy"};
+    job jobs[8];
+    for (int i = 0; i < 8; i++) {
+        jobs[i] = (job){i % 2 ? prompt2 : prompt, i % 2 ? 9 : 5, TK_DIFF_OPTS_INIT};
+        jobs[i].o.gen_length = 12 + 4 * (i % 3);
+        jobs[i].o.steps = 6 + i % 3;
+        jobs[i].o.alg = algs[i % 4];
+        if (i >= 4)
+            jobs[i].o.temperature = 0.9, jobs[i].o.seed = (uint64_t)i, jobs[i].o.alg_temp = i == 5 ? 0.5 : 0;
+    }
+    jobs[7].o.top_p = 0.9, jobs[7].o.top_k = 20;
+    run_batch(m, jobs, 8, 8, 0, -1);
+    run_batch(m, jobs, 8, 4, 3, 1);
+    tk_model_free(m);
+}
+
+static int stop_first(void *user, const tk_diff_step *s)
+{
+    (void)s;
+    return ++*(int *)user >= 1;
+}
+
+/* A sequence's callback, failing draws or bad options touch that sequence only; a block diffusion or
+ * causal checkpoint's rules hold. */
+static void test_batch_failures_stay_with_their_sequence(void)
+{
+    NEED_MODELS();
+    tk_model *m = load("llada"), *ll = load("llama");
+    tk_diff_batch *b = NULL;
+    if (!m || !ll)
+        goto done;
+    CHECK_RC(tk_diff_batch_new(&b, m), TK_OK);
+    tk_diff_opts o = TK_DIFF_OPTS_INIT, stop = TK_DIFF_OPTS_INIT, bad = TK_DIFF_OPTS_INIT;
+    o.gen_length = stop.gen_length = bad.gen_length = 16;
+    o.steps = stop.steps = bad.steps = 8;
+    int calls = 0;
+    stop.on_step = stop_first;
+    stop.step_user = &calls;
+    bad.temperature = 0.5;
+    bad.rand = fail_draws;
+    int64_t s0, s1, s2, s3;
+    CHECK_RC(tk_diff_batch_add(&s0, b, prompt, 5, &o), TK_OK);
+    CHECK_RC(tk_diff_batch_add(&s1, b, prompt, 5, &stop), TK_OK);
+    CHECK_RC(tk_diff_batch_add(&s2, b, prompt, 5, &bad), TK_OK);
+    o.gen_length = 12; /* refused at once, naming it; the batch unchanged */
+    o.block_length = 8;
+    CHECK_RC(tk_diff_batch_add(&s3, b, prompt, 5, &o), TK_ERR_INVALID);
+    CHECK_CONTAINS(tk_last_error(), "gen_length 12 is not a multiple of block_length 8");
+    CHECK_EQ_INT((int)tk_diff_batch_active(b), 3);
+    const tk_diff_event *ev = NULL;
+    size_t nev = 0;
+    CHECK_RC(tk_diff_batch_step(b, &ev, &nev), TK_OK);
+    CHECK_EQ_INT((int)nev, 2);
+    CHECK_CONTAINS(tk_last_error(), "tk_diff_opts.rand");
+    for (size_t i = 0; i < nev; i++) {
+        if (ev[i].seq == s1) {
+            char *js = NULL;
+            CHECK(ev[i].status == TK_OK && ev[i].result);
+            CHECK_RC(tk_diff_result_json(&js, ev[i].result), TK_OK);
+            CHECK_CONTAINS(js, "\"end\":\"callback\"");
+            tk_free(js);
+        } else {
+            CHECK(ev[i].seq == s2 && ev[i].status == TK_ERR_IO && !ev[i].result);
+            CHECK_CONTAINS(ev[i].error, "tk_diff_opts.rand");
+        }
+    }
+    CHECK_EQ_INT((int)tk_diff_batch_active(b), 1);
+    while (tk_diff_batch_active(b) && tk_diff_batch_step(b, &ev, &nev) == TK_OK)
+        ;
+    CHECK(nev == 1 && ev[0].seq == s0 && ev[0].status == TK_OK && *ev[0].error == '\0');
+    tk_diff_batch_free(b);
+    b = NULL;
+    /* a causal checkpoint: its sequences must ask for bidirectional attention, and leave it causal */
+    CHECK_RC(tk_diff_batch_new(&b, ll), TK_OK);
+    o.gen_length = 16;
+    o.block_length = 0;
+    o.mask_token_id = 3;
+    CHECK_RC(tk_diff_batch_add(&s0, b, prompt, 5, &o), TK_ERR_INVALID);
+    CHECK_CONTAINS(tk_last_error(), "bidirectional");
+    o.bidirectional = 1;
+    CHECK_RC(tk_diff_batch_add(&s0, b, prompt, 5, &o), TK_OK);
+    CHECK_RC(tk_diff_batch_step(b, &ev, &nev), TK_OK);
+    CHECK_RC(tk_diff_batch_step(NULL, &ev, &nev), TK_ERR_INVALID);
+    CHECK_RC(tk_diff_batch_new(NULL, ll), TK_ERR_INVALID);
+done:
+    tk_diff_batch_free(b);
+    tk_model_free(m);
+    tk_model_free(ll);
+}
+
 int main(void)
 {
     RUN(test_kinds_and_tk_generate_refuses);
     RUN(test_bidirectional_run_leaves_the_model_causal);
     RUN(test_seed_callback_and_draws);
     RUN(test_bad_options);
+    RUN(test_batch_equals_alone_llada);
+    RUN(test_batch_equals_alone_dream);
+    RUN(test_batch_failures_stay_with_their_sequence);
     tk_ctx_free(ctx);
     if (workdir[0]) {
         char cmd[700];

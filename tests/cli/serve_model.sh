@@ -163,6 +163,49 @@ t_diffusion_checkpoint() {
   stop_server
 }
 
+# Masked diffusion requests batched (tk_diff_batch): concurrent requests share each step's forward and
+# each answers what it answers alone (tests/serve_model_client.py check_diffusion_batch).
+t_diffusion_requests_batched() {
+  need || return
+  local dck=$WORK/dllm
+  if [ ! -f "$dck/llada/config.json" ]; then
+    "$PY" "$ROOT/tests/models/dllm_oracle.py" make "$dck" >"$WORK/dmake.log" 2>&1 || { fail "dllm_oracle.py make: $(tail -n 3 "$WORK/dmake.log")"; return; }
+  fi
+  local ck_ar=$CK
+  CK=$dck/llada
+  start_server --parallel 16 || { CK=$ck_ar; return; }
+  client diffusion_batch
+  stop_server
+  CK=$ck_ar
+}
+
+# A block diffusion checkpoint (DiffusionGemma; tests/models/bd_oracle.py make, with a tokenizer whose
+# 256 ids are words) is served one request at a time: two concurrent requests each answer what tk
+# generate answers, and no diffusion batch runs (check_block_diffusion).
+t_block_diffusion_served_one_at_a_time() {
+  need || return
+  local bck=$WORK/bd
+  if [ ! -f "$bck/tokenizer.json" ]; then
+    "$PY" "$ROOT/tests/models/bd_oracle.py" make "$bck" >"$WORK/bmake.log" 2>&1 || { fail "bd_oracle.py make: $(tail -n 3 "$WORK/bmake.log")"; return; }
+    "$PY" - "$bck/tokenizer.json" <<'PYEOF' || { fail "the block diffusion tokenizer"; return; }
+import sys
+from tokenizers import Tokenizer, decoders, models, pre_tokenizers
+special = ["[UNK]", "<s>", "</s>"]
+tok = Tokenizer(models.WordPiece({w: i for i, w in enumerate(special + ["w%d" % i for i in range(3, 256)])},
+                                 unk_token="[UNK]"))
+tok.pre_tokenizer, tok.decoder = pre_tokenizers.Whitespace(), decoders.WordPiece()
+tok.add_special_tokens(special)
+tok.save(sys.argv[1])
+PYEOF
+  fi
+  local ck_ar=$CK
+  CK=$bck
+  start_server --parallel 4 || { CK=$ck_ar; return; }
+  client block_diffusion
+  stop_server
+  CK=$ck_ar
+}
+
 t_usage_errors() {
   expect_rc 2 "$TK" serve-model
   expect_out "a checkpoint directory"
