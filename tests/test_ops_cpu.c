@@ -312,13 +312,15 @@ static int casted_case(tk_dtype dt, int64_t m, int64_t k, int64_t n, int bias, i
 
 static void test_casted_linear(void)
 {
-    /* M 1..4 is decode (the integer-dot GEMV as well); K below, at and past blocks of 32; N * K past
+    /* M 1..4 is decode (the integer-dot GEMV as well; M 1: four chains of 32 columns, then 8, then the
+     * rest: K 45 takes all three); K below, at and past blocks of 32; N * K past
      * 64 KiB runs threaded; M 33 and up the in-place-weight GEMM (each depth block's rows widened to f32
      * first: K 1100 in two blocks of 550, N 61 ending in a short group, M 150 in two row blocks) */
-    static const int64_t shapes[][3] = {{1, 1, 1},      {1, 70, 33},    {3, 19, 40},   {4, 256, 8},    {5, 33, 17},
-                                        {40, 300, 70},  {1, 32, 5},     {2, 64, 300},  {4, 1000, 70},  {1, 576, 200},
-                                        {3, 95, 129},   {1, 0, 4},      {6, 576, 200}, {8, 33, 9},     {13, 300, 131},
-                                        {32, 577, 100}, {29, 1000, 70}, {33, 64, 10},  {150, 1100, 61}};
+    static const int64_t shapes[][3] = {{1, 1, 1},      {1, 70, 33},    {3, 19, 40},   {4, 256, 8},     {5, 33, 17},
+                                        {40, 300, 70},  {1, 32, 5},     {2, 64, 300},  {4, 1000, 70},   {1, 576, 200},
+                                        {3, 95, 129},   {1, 0, 4},      {6, 576, 200}, {8, 33, 9},      {13, 300, 131},
+                                        {32, 577, 100}, {29, 1000, 70}, {33, 64, 10},  {150, 1100, 61}, {1, 45, 20},
+                                        {1, 1000, 70},  {1, 8, 3}};
     for (size_t d = 0; d < 3; d++) {
         for (size_t s = 0; s < sizeof shapes / sizeof shapes[0]; s++)
             CHECK(casted_case(*all_dtypes[d], shapes[s][0], shapes[s][1], shapes[s][2], (int)(s % 2), 0));
