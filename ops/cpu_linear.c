@@ -266,29 +266,33 @@ TK_AVX2_INLINE void gemv_row_avx2(int M, int wk, const void *wr, const float *xf
         dst[i] = tk_hsum8(_mm256_add_ps(a0[i], a1[i]));
 }
 
-/* One i8 weight row against one row of x (decode), 32 columns a step in four accumulators. An i8 weight
- * is a quarter of f32's bytes, so one thread's GEMV waits on its FMA chains rather than on memory: two
- * chains (gemv_row_avx2) read SmolLM2's 49152 x 576 i8 LM head in 1.67-1.91 ms, four in 1.35-1.63 (one
- * thread, Zen 4, `tk run-op casted_linear`, 4 alternations, 2026-11-28). 16-bit weights gained nothing
- * from four (2.23-2.60 ms against 2.58-3.11), nor f32: they keep two. */
-TK_AVX2_INLINE float gemv_row_i8_4(const int8_t *wr, const float *x, int64_t k)
+/* One 16-bit or i8 weight row against one row of x (decode), 32 columns a step in four accumulators,
+ * one prefetch a step. Those weights are a half and a quarter of f32's bytes, and each is widened in a
+ * register, so one thread's GEMV waits on its FMA chains more than f32's does (and on the prefetches: one
+ * a 64-byte step measured slower than two, 5 alternations of 5): with two chains
+ * (gemv_row_avx2) SmolLM2-135M decoded --quant int8 at 96.5 tokens/s and bf16 at 54.4 on one thread,
+ * with four at 107.4 and 58.3 (130.2 -> 142.0 and 78.2 -> 81.9 on two; medians of 5 alternations, Zen 4,
+ * 2026-11-28). f32 weights measured the same either way and keep two. */
+TK_AVX2_INLINE float gemv_row4(int wk, const void *wr, const float *x, int64_t k)
 {
     __m256 a0 = _mm256_setzero_ps(), a1 = a0, a2 = a0, a3 = a0;
-    const int64_t pf = gemv_pf(K_I8);
+    const int64_t pf = gemv_pf(wk), es = (int64_t)tk_cpu_kind_size(wk);
     int64_t e = 0;
     for (; e + 32 <= k; e += 32) {
-        if (pf)
-            _mm_prefetch((const char *)wr + e + pf, _MM_HINT_T0);
-        a0 = _mm256_fmadd_ps(tk_ld8(wr, e, K_I8), _mm256_loadu_ps(x + e), a0);
-        a1 = _mm256_fmadd_ps(tk_ld8(wr, e + 8, K_I8), _mm256_loadu_ps(x + e + 8), a1);
-        a2 = _mm256_fmadd_ps(tk_ld8(wr, e + 16, K_I8), _mm256_loadu_ps(x + e + 16), a2);
-        a3 = _mm256_fmadd_ps(tk_ld8(wr, e + 24, K_I8), _mm256_loadu_ps(x + e + 24), a3);
+        if (pf) /* a 16-bit step is a whole line: the next one too, as gemv_row_avx2's two half steps do */
+            _mm_prefetch((const char *)wr + e * es + pf, _MM_HINT_T0);
+        if (pf && es > 1)
+            _mm_prefetch((const char *)wr + e * es + pf + 64, _MM_HINT_T0);
+        a0 = _mm256_fmadd_ps(tk_ld8(wr, e, wk), _mm256_loadu_ps(x + e), a0);
+        a1 = _mm256_fmadd_ps(tk_ld8(wr, e + 8, wk), _mm256_loadu_ps(x + e + 8), a1);
+        a2 = _mm256_fmadd_ps(tk_ld8(wr, e + 16, wk), _mm256_loadu_ps(x + e + 16), a2);
+        a3 = _mm256_fmadd_ps(tk_ld8(wr, e + 24, wk), _mm256_loadu_ps(x + e + 24), a3);
     }
     for (; e + 8 <= k; e += 8)
-        a0 = _mm256_fmadd_ps(tk_ld8(wr, e, K_I8), _mm256_loadu_ps(x + e), a0);
+        a0 = _mm256_fmadd_ps(tk_ld8(wr, e, wk), _mm256_loadu_ps(x + e), a0);
     if (e < k) {
         int r = (int)(k - e);
-        a1 = _mm256_fmadd_ps(tk_ld8_part(wr, e, K_I8, r), tk_ld8_part(x, e, K_F32, r), a1);
+        a1 = _mm256_fmadd_ps(tk_ld8_part(wr, e, wk, r), tk_ld8_part(x, e, K_F32, r), a1);
     }
     return tk_hsum8(_mm256_add_ps(_mm256_add_ps(a0, a2), _mm256_add_ps(a1, a3)));
 }
@@ -297,9 +301,9 @@ TK_AVX2_INLINE void gemv_rows_avx2(int M, int wk, const gemv_job *j, int64_t lo,
 {
     const lin_t *L = j->L;
     size_t es = tk_cpu_kind_size(wk);
-    if (M == 1 && wk == K_I8) {
+    if (M == 1 && wk != K_F32) {
         for (int64_t n = lo; n < hi; n++)
-            put1(L, 0, n, gemv_row_i8_4((const int8_t *)L->w + n * L->ldw, j->xf, L->k));
+            put1(L, 0, n, gemv_row4(wk, (const char *)L->w + (size_t)(n * L->ldw) * es, j->xf, L->k));
         return;
     }
     for (int64_t n = lo; n < hi; n++) {

@@ -236,12 +236,14 @@ static int lin_case(tk_dtype dt, int64_t m, int64_t k, int64_t n, int bias, int 
 static void test_linear(void)
 {
     static const int64_t shapes[][3] = {
-        {1, 1, 1},     {1, 7, 5},      {1, 64, 33},    {2, 17, 9},     {3, 100, 37},   {4, 33, 70},    {5, 33, 17},
-        {7, 300, 50},  {13, 257, 129}, {64, 600, 96},  {1, 0, 5},      {6, 1, 16},     {150, 40, 20},  {8, 576, 200},
-        {6, 100, 333}, {7, 70, 40},    {5, 300, 200},  {11, 129, 131}, {17, 577, 100}, {22, 576, 193}, {31, 1000, 70},
-        {32, 64, 7},   {33, 40, 20},   {12, 8, 3},     {9, 7, 4},      {6, 15, 1},     {32, 300, 250}, {26, 1536, 50},
-        {40, 257, 70}, {45, 31, 33},   {300, 513, 97}, {70, 64, 1000}, {9, 1100, 13}};
-    /* cpu-avx2: M 5..32 runs the in-place 4x3 tiles (M and N past and below multiples of 4 and 3, K of
+        {1, 1, 1},      {1, 7, 5},      {1, 64, 33},    {2, 17, 9},     {3, 100, 37},  {4, 33, 70},
+        {5, 33, 17},    {7, 300, 50},   {13, 257, 129}, {64, 600, 96},  {1, 0, 5},     {6, 1, 16},
+        {150, 40, 20},  {8, 576, 200},  {6, 100, 333},  {7, 70, 40},    {5, 300, 200}, {11, 129, 131},
+        {17, 577, 100}, {22, 576, 193}, {31, 1000, 70}, {32, 64, 7},    {33, 40, 20},  {12, 8, 3},
+        {9, 7, 4},      {6, 15, 1},     {32, 300, 250}, {26, 1536, 50}, {40, 257, 70}, {45, 31, 33},
+        {300, 513, 97}, {70, 64, 1000}, {9, 1100, 13},  {1, 45, 20},    {1, 576, 70},  {1, 1000, 9}};
+    /* M 1 with 16-bit weights: four chains of 32 columns, then 8, then the rest (K 45 takes all three).
+     * cpu-avx2: M 5..32 runs the in-place 4x3 tiles (M and N past and below multiples of 4 and 3, K of
      * 8; threaded in ranges of 64 KiB of weight rows, whose ends fall inside a tile of 3 rows), M 33 and
      * up the in-place-weight GEMM (16-bit weights widened a depth block at a time); f32 weights past
      * M = 8 too (x in panels of 16 rows, a last panel
