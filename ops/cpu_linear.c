@@ -266,20 +266,20 @@ TK_AVX2_INLINE void gemv_row_avx2(int M, int wk, const void *wr, const float *xf
         dst[i] = tk_hsum8(_mm256_add_ps(a0[i], a1[i]));
 }
 
-/* One 16-bit or i8 weight row against one row of x (decode), 32 columns a step in four accumulators,
- * one prefetch a step. Those weights are a half and a quarter of f32's bytes, and each is widened in a
- * register, so one thread's GEMV waits on its FMA chains more than f32's does (and on the prefetches: one
- * a 64-byte step measured slower than two, 5 alternations of 5): with two chains
- * (gemv_row_avx2) SmolLM2-135M decoded --quant int8 at 96.5 tokens/s and bf16 at 54.4 on one thread,
- * with four at 107.4 and 58.3 (130.2 -> 142.0 and 78.2 -> 81.9 on two; medians of 5 alternations, Zen 4,
- * 2026-11-28). f32 weights measured the same either way and keep two. */
+/* One 16-bit or i8 weight row against one row of x (decode), 32 columns a step in four accumulators.
+ * Those weights are a half and a quarter of f32's bytes, and each is widened in a register, so one
+ * thread's GEMV waits on its FMA chains more than f32's does. Two chains (gemv_row_avx2) against four,
+ * SmolLM2-135M decode, medians of 5 alternations, Zen 4, 2026-11-28: --quant int8 96.5 -> 107.4
+ * tokens/s on one thread, 130.2 -> 142.0 on two; bf16 49.5 -> 58.3 and 77.0 -> 81.3 with two prefetches
+ * a 64-byte step (one a step was slower than two chains: 5 of 5 alternations). f32 weights measured the
+ * same either way and keep two. */
 TK_AVX2_INLINE float gemv_row4(int wk, const void *wr, const float *x, int64_t k)
 {
     __m256 a0 = _mm256_setzero_ps(), a1 = a0, a2 = a0, a3 = a0;
     const int64_t pf = gemv_pf(wk), es = (int64_t)tk_cpu_kind_size(wk);
     int64_t e = 0;
     for (; e + 32 <= k; e += 32) {
-        if (pf) /* a 16-bit step is a whole line: the next one too, as gemv_row_avx2's two half steps do */
+        if (pf) /* a 16-bit step is a whole line: the next one too */
             _mm_prefetch((const char *)wr + e * es + pf, _MM_HINT_T0);
         if (pf && es > 1)
             _mm_prefetch((const char *)wr + e * es + pf + 64, _MM_HINT_T0);
