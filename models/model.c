@@ -680,6 +680,23 @@ int tk_models__weight_cat(const tk_mt **out, tk_model *m, const char *const *nam
     return TK_OK;
 }
 
+/* Block [*at, *at + *n) of t's dimension dim (total long: one of q|k|v, equal blocks) under tensor
+ * parallelism: when the plan splits that dimension packed in total / *n blocks (or plainly, with
+ * plain_ok), the rank's part of the block (its heads of it); not split: unchanged; any other split is
+ * refused (tp_refuse). */
+static int tp_block(const tk_model *m, const tk_st_tensor *t, const tk_tp_param *tp, int dim, int64_t total,
+                    int plain_ok, int64_t *at, int64_t *n)
+{
+    if (tp && tp->dim == dim && total % *n == 0 && *at % *n == 0 &&
+        (tp->split == total / *n || (plain_ok && tp->split == 1))) {
+        int64_t off;
+        tk_models__tp_chunk(*n, m->tp->world, m->tp->rank, &off, n);
+        *at += off;
+        return TK_OK;
+    }
+    return tp_refuse(m, t);
+}
+
 int tk_models__weight_cols(const tk_mt **out, tk_model *m, const char *name, int64_t rows, int64_t cols, int64_t c0,
                            int64_t nc)
 {
@@ -696,14 +713,8 @@ int tk_models__weight_cols(const tk_mt **out, tk_model *m, const char *name, int
      * it is refused */
     const tk_tp_param *tp = tp_split(m, t);
     int64_t full = nc;
-    if (tp && tp->dim == ndim - 1 && cols % nc == 0 && c0 % nc == 0 &&
-        (tp->split == cols / nc || (ndim == 1 && tp->split == 1))) {
-        int64_t off;
-        tk_models__tp_chunk(full, m->tp->world, m->tp->rank, &off, &nc);
-        c0 += off;
-    } else if ((rc = tp_refuse(m, t)) != TK_OK) {
+    if ((rc = tp_block(m, t, tp, ndim - 1, cols, ndim == 1, &c0, &nc)) != TK_OK)
         return rc;
-    }
     tk_models_weight *w;
     if ((rc = new_weight(m, &w)) != TK_OK || (rc = set_src(w, TK_MODELS_SRC_COLS, &name, 1, rows, cols, c0, nc)))
         return rc;
@@ -745,13 +756,8 @@ int tk_models__weight_rows(const tk_mt **out, tk_model *m, const char *name, int
      * other split of it is refused */
     const tk_tp_param *tp = tp_split(m, t);
     int64_t full = nr;
-    if (tp && tp->dim == 0 && rows % nr == 0 && r0 % nr == 0 && tp->split == rows / nr) {
-        int64_t off;
-        tk_models__tp_chunk(full, m->tp->world, m->tp->rank, &off, &nr);
-        r0 += off;
-    } else if ((rc = tp_refuse(m, t)) != TK_OK) {
+    if ((rc = tp_block(m, t, tp, 0, rows, 0, &r0, &nr)) != TK_OK)
         return rc;
-    }
     if (m->tp)
         m->tp->full_bytes += full * cols * (int64_t)dt_size(m->dtype);
     tk_models_weight *w;

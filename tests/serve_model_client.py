@@ -543,16 +543,7 @@ def check_diffusion():
     st, r = raw("POST", "/v1/completions", json.dumps(body).encode())
     if st != 200 or r["choices"][0]["text"] != text or r["usage"]["completion_tokens"] != 16:
         fail("diffusion completion: %d %s, want the text %r" % (st, r, text))
-    chunks, done = [], False
-    req = urllib.request.Request(URL + "/v1/completions", data=json.dumps(dict(body, stream=True)).encode(),
-                                 method="POST")
-    with urllib.request.urlopen(req, timeout=60) as resp:
-        for line in resp:
-            line = line.decode().strip()
-            if line == "data: [DONE]":
-                done = True
-            elif line.startswith("data: "):
-                chunks.append(json.loads(line[6:])["choices"][0])
+    chunks, done = sse_choices(body, 60)
     streamed = "".join(c["text"] for c in chunks)
     if not done or streamed != text or chunks[-1]["finish_reason"] != r["choices"][0]["finish_reason"] or \
             len([c for c in chunks if c["text"]]) > 2:
@@ -582,22 +573,27 @@ def diff_post(body, timeout=120):
     return [(c["text"], c["finish_reason"]) for c in r["choices"]]
 
 
-def diff_stream(body):
-    """The text a stream adds up to, and its number of text chunks."""
+def sse_choices(body, timeout):
+    """body streamed from /v1/completions: each event's choices[0], and whether [DONE] came."""
     req = urllib.request.Request(URL + "/v1/completions", data=json.dumps(dict(body, stream=True)).encode(),
                                  method="POST")
-    text, chunks, done = "", 0, False
-    with urllib.request.urlopen(req, timeout=120) as resp:
+    chunks, done = [], False
+    with urllib.request.urlopen(req, timeout=timeout) as resp:
         for line in resp:
             line = line.decode().strip()
             if line == "data: [DONE]":
                 done = True
             elif line.startswith("data: "):
-                t = json.loads(line[6:])["choices"][0]["text"]
-                text, chunks = text + t, chunks + (t != "")
+                chunks.append(json.loads(line[6:])["choices"][0])
+    return chunks, done
+
+
+def diff_stream(body):
+    """The text a stream adds up to, as diff_post's one choice (no finish_reason)."""
+    chunks, done = sse_choices(body, 120)
     if not done:
         fail("diffusion stream %s: no [DONE]" % body)
-    return [(text, None)]
+    return [("".join(c["text"] for c in chunks), None)]
 
 
 def diff_vanish(body):

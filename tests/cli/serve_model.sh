@@ -141,14 +141,19 @@ t_sigterm_with_20_streams() {
   SRV_PID=
 }
 
+# dllm_checkpoints DIR: tests/models/dllm_oracle.py's tiny diffusion checkpoints in DIR (made once).
+dllm_checkpoints() {
+  [ -f "$1/llada/config.json" ] && return
+  "$PY" "$ROOT/tests/models/dllm_oracle.py" make "$1" >"$WORK/dmake.log" 2>&1 ||
+    { fail "dllm_oracle.py make: $(tail -n 3 "$WORK/dmake.log")"; return 1; }
+}
+
 # A masked diffusion checkpoint (tests/models/dllm_oracle.py's LLaDA layout) served: tk_diffusion_generate
 # per request, streamed per finished block; the diffusion fields are refused by an autoregressive model.
 t_diffusion_checkpoint() {
   need || return
   local dck=$WORK/dllm
-  if [ ! -f "$dck/llada/config.json" ]; then
-    "$PY" "$ROOT/tests/models/dllm_oracle.py" make "$dck" >"$WORK/dmake.log" 2>&1 || { fail "dllm_oracle.py make: $(tail -n 3 "$WORK/dmake.log")"; return; }
-  fi
+  dllm_checkpoints "$dck" || return
   local ck_ar=$CK
   CK=$dck/llada
   start_server || { CK=$ck_ar; return; }
@@ -168,9 +173,7 @@ t_diffusion_checkpoint() {
 t_diffusion_requests_batched() {
   need || return
   local dck=$WORK/dllm
-  if [ ! -f "$dck/llada/config.json" ]; then
-    "$PY" "$ROOT/tests/models/dllm_oracle.py" make "$dck" >"$WORK/dmake.log" 2>&1 || { fail "dllm_oracle.py make: $(tail -n 3 "$WORK/dmake.log")"; return; }
-  fi
+  dllm_checkpoints "$dck" || return
   local ck_ar=$CK
   CK=$dck/llada
   start_server --parallel 16 || { CK=$ck_ar; return; }

@@ -25,23 +25,14 @@ import sys
 
 import torch
 
+from gen_oracle import parse_value as value  # the job lines' key=value options, as gen_oracle reads them
+
 ATOL = 1e-4
 
 
 def load(d):
     from transformers import AutoModelForCausalLM
     return AutoModelForCausalLM.from_pretrained(d, dtype=torch.float32).eval()
-
-
-def value(v):
-    if v in ("true", "false"):
-        return v == "true"
-    if "," in v:
-        return [int(x) for x in v.split(",") if x]
-    try:
-        return int(v)
-    except ValueError:
-        return float(v)
 
 
 def close(a, b):
