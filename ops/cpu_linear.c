@@ -132,7 +132,7 @@ static int fits_casted(const tk_op_call *c)
 }
 
 /* out[i, n] = v * scale[n] + bias[n], rounded to out's dtype. */
-static inline void put1(const lin_t *L, int64_t i, int64_t n, float v)
+static inline __attribute__((always_inline)) void put1(const lin_t *L, int64_t i, int64_t n, float v)
 {
     if (L->scale)
         v *= L->scale[n];
@@ -234,12 +234,12 @@ static int64_t gemv_pf(int wk)
 }
 
 /* One weight row against M rows of x: 16 columns a step, two accumulators a row. */
-TK_AVX2_INLINE void gemv_row_avx2(int M, int wk, const void *wr, const float *xf, int64_t ldx, int64_t k, float *dst)
+TK_AVX2_INLINE void gemv_row_avx2(int M, int wk, int64_t pf, const void *wr, const float *xf, int64_t ldx, int64_t k,
+                                  float *dst)
 {
     __m256 a0[GEMV_MAX_M], a1[GEMV_MAX_M];
     for (int i = 0; i < M; i++)
         a0[i] = a1[i] = _mm256_setzero_ps();
-    const int64_t pf = gemv_pf(wk);
     int64_t e = 0;
     for (; e + 16 <= k; e += 16) {
         if (pf)
@@ -273,10 +273,10 @@ TK_AVX2_INLINE void gemv_row_avx2(int M, int wk, const void *wr, const float *xf
  * tokens/s on one thread, 130.2 -> 142.0 on two; bf16 49.5 -> 58.3 and 77.0 -> 81.3 with two prefetches
  * a 64-byte step (one a step was slower than two chains: 5 of 5 alternations). f32 weights measured the
  * same either way and keep two. */
-TK_AVX2_INLINE float gemv_row4(int wk, const void *wr, const float *x, int64_t k)
+TK_AVX2_INLINE float gemv_row4(int wk, int64_t pf, const void *wr, const float *x, int64_t k)
 {
     __m256 a0 = _mm256_setzero_ps(), a1 = a0, a2 = a0, a3 = a0;
-    const int64_t pf = gemv_pf(wk), es = (int64_t)tk_cpu_kind_size(wk);
+    const int64_t es = (int64_t)tk_cpu_kind_size(wk);
     int64_t e = 0;
     for (; e + 32 <= k; e += 32) {
         if (pf) /* a 16-bit step is a whole line: the next one too */
@@ -301,14 +301,15 @@ TK_AVX2_INLINE void gemv_rows_avx2(int M, int wk, const gemv_job *j, int64_t lo,
 {
     const lin_t *L = j->L;
     size_t es = tk_cpu_kind_size(wk);
+    const int64_t pf = gemv_pf(wk);
     if (M == 1 && wk != K_F32) {
         for (int64_t n = lo; n < hi; n++)
-            put1(L, 0, n, gemv_row4(wk, (const char *)L->w + (size_t)(n * L->ldw) * es, j->xf, L->k));
+            put1(L, 0, n, gemv_row4(wk, pf, (const char *)L->w + (size_t)(n * L->ldw) * es, j->xf, L->k));
         return;
     }
     for (int64_t n = lo; n < hi; n++) {
         float y[GEMV_MAX_M];
-        gemv_row_avx2(M, wk, (const char *)L->w + (size_t)(n * L->ldw) * es, j->xf, j->ldxf, L->k, y);
+        gemv_row_avx2(M, wk, pf, (const char *)L->w + (size_t)(n * L->ldw) * es, j->xf, j->ldxf, L->k, y);
         for (int i = 0; i < M; i++)
             put1(L, i, n, y[i]);
     }

@@ -15,6 +15,7 @@
 #include <stdint.h>
 #include <string.h>
 
+#include "common/convert.h"
 #include "ops/cpu.h"
 
 /* Element kinds of the kernels' operands. */
@@ -39,7 +40,7 @@ static inline float tk_cpu_ld1(const void *base, int64_t i, int kind)
 {
     switch (kind) {
     case K_F32: return ((const float *)base)[i];
-    case K_F16: return tk_ops__f16_to_f32(((const uint16_t *)base)[i]);
+    case K_F16: return tk__f16_to_f32(((const uint16_t *)base)[i]);
     case K_BF16: {
         uint32_t u = (uint32_t)((const uint16_t *)base)[i] << 16;
         float f;
@@ -55,8 +56,8 @@ static inline void tk_cpu_st1(void *base, int64_t i, int kind, float v)
 {
     switch (kind) {
     case K_F32: ((float *)base)[i] = v; break;
-    case K_F16: ((uint16_t *)base)[i] = tk_ops__f32_to_f16(v); break;
-    default: ((uint16_t *)base)[i] = tk_ops__f32_to_bf16(v); break;
+    case K_F16: ((uint16_t *)base)[i] = tk__f32_to_f16(v); break;
+    default: ((uint16_t *)base)[i] = tk__f32_to_bf16(v); break;
     }
 }
 

@@ -251,7 +251,8 @@ static void test_linear(void)
      * 97; depth blocks of equal odd length: K 577, 1000, 1100; row blocks: M 300; tasks of at most 22
      * groups: N 1000). cpu-portable: M 5..6 the GEMV in groups of 4 rows (threaded when N * K passes 64
      * KiB), M 7 and up the GEMM. Transposed weights: the GEMM past M = 4. cpu-avx512bf16 (bf16 x and
-     * weight, M 33 and up, not transposed; it refuses the rest): odd K (a pair padded with 0, also in a
+     * weight, M 5 and up: 4x4 in-place tiles to M 32, the packed GEMM above; not transposed; it refuses
+     * the rest): odd K (a pair padded with 0, also in a
      * second depth block of one element: K 257, 513), N past multiples of 16 and 32, M past multiples of
      * 12 and over two row blocks (300). */
     refusal_ok = "cpu-avx512bf16";
