@@ -553,30 +553,45 @@ fail:
 
 int tk_models__to_f32(float *dst, const void *src, size_t n, tk_st_dtype dt)
 {
-    const uint8_t *p = src;
-    for (size_t i = 0; i < n; i++) {
-        switch (dt) {
-        case TK_ST_F32: memcpy(&dst[i], p + 4 * i, 4); break;
-        case TK_ST_F64: {
+    const uint8_t *p = src; /* one loop per dtype: a checkpoint converted at load runs this per weight */
+    switch (dt) {
+    case TK_ST_F32: memcpy(dst, p, 4 * n); break;
+    case TK_ST_F64:
+        for (size_t i = 0; i < n; i++) {
             double d;
             memcpy(&d, p + 8 * i, 8);
             dst[i] = (float)d;
-            break;
         }
-        case TK_ST_F16:
-        case TK_ST_BF16: {
+        break;
+    case TK_ST_F16:
+        for (size_t i = 0; i < n; i++) {
             uint16_t h;
             memcpy(&h, p + 2 * i, 2);
-            dst[i] = dt == TK_ST_F16 ? tk__f16_to_f32(h) : tk__bf16_to_f32(h);
-            break;
+            dst[i] = tk__f16_to_f32(h);
         }
-        case TK_ST_F8_E4M3: dst[i] = tk__fp8_e4m3_to_f32(p[i]); break;
-        case TK_ST_F8_E5M2: dst[i] = tk__fp8_e5m2_to_f32(p[i]); break;
-        case TK_ST_I8: dst[i] = (float)(int8_t)p[i]; break;
-        default:
-            return tk__err(TK_ERR_UNSUPPORTED, "safetensors dtype %s does not convert to a float weight",
-                           tk_models__st_dtype_name(dt));
+        break;
+    case TK_ST_BF16:
+        for (size_t i = 0; i < n; i++) {
+            uint16_t h;
+            memcpy(&h, p + 2 * i, 2);
+            dst[i] = tk__bf16_to_f32(h);
         }
+        break;
+    case TK_ST_F8_E4M3:
+        for (size_t i = 0; i < n; i++)
+            dst[i] = tk__fp8_e4m3_to_f32(p[i]);
+        break;
+    case TK_ST_F8_E5M2:
+        for (size_t i = 0; i < n; i++)
+            dst[i] = tk__fp8_e5m2_to_f32(p[i]);
+        break;
+    case TK_ST_I8:
+        for (size_t i = 0; i < n; i++)
+            dst[i] = (float)(int8_t)p[i];
+        break;
+    default:
+        return tk__err(TK_ERR_UNSUPPORTED, "safetensors dtype %s does not convert to a float weight",
+                       tk_models__st_dtype_name(dt));
     }
     return TK_OK;
 }
@@ -588,10 +603,16 @@ void tk_models__from_f32(void *dst, const float *src, size_t n, tk_dtype dt)
         memcpy(dst, src, n * 4);
         return;
     }
-    for (size_t i = 0; i < n; i++) {
-        uint16_t h = dt.code == TK_DL_BFLOAT ? tk__f32_to_bf16(src[i]) : tk__f32_to_f16(src[i]);
-        memcpy(p + 2 * i, &h, 2);
-    }
+    if (dt.code == TK_DL_BFLOAT)
+        for (size_t i = 0; i < n; i++) {
+            uint16_t h = tk__f32_to_bf16(src[i]);
+            memcpy(p + 2 * i, &h, 2);
+        }
+    else
+        for (size_t i = 0; i < n; i++) {
+            uint16_t h = tk__f32_to_f16(src[i]);
+            memcpy(p + 2 * i, &h, 2);
+        }
 }
 
 void tk_models__dtype_to_f32(float *dst, const void *src, size_t n, tk_dtype dt)
@@ -601,9 +622,16 @@ void tk_models__dtype_to_f32(float *dst, const void *src, size_t n, tk_dtype dt)
         memcpy(dst, src, n * 4);
         return;
     }
-    for (size_t i = 0; i < n; i++) {
-        uint16_t h;
-        memcpy(&h, p + 2 * i, 2);
-        dst[i] = dt.code == TK_DL_BFLOAT ? tk__bf16_to_f32(h) : tk__f16_to_f32(h);
-    }
+    if (dt.code == TK_DL_BFLOAT)
+        for (size_t i = 0; i < n; i++) {
+            uint16_t h;
+            memcpy(&h, p + 2 * i, 2);
+            dst[i] = tk__bf16_to_f32(h);
+        }
+    else
+        for (size_t i = 0; i < n; i++) {
+            uint16_t h;
+            memcpy(&h, p + 2 * i, 2);
+            dst[i] = tk__f16_to_f32(h);
+        }
 }
