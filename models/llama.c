@@ -160,6 +160,7 @@ typedef struct {
     /* Activations, planned per batch shape. */
     tk_mt x, h1, h2, q, k, v, att, o, gu, act, logits;
     tk_mt qn, kn; /* q and k after their norms (qk_norm) */
+    tk_mt ss;     /* [2, T] f32: q's and k's sums of squares per token (OLMo2 split: all-reduced) */
     /* Training: xs[l] is layer l's input (xs[L] the final norm's); each other array holds every layer's
      * saved activation, or one (recomputed) with activation checkpointing; then the gradients. */
     tk_mt *xs, *sh, *sq, *sk, *sv, *satt, *slse, *sxm, *sh2, *sgu, *sact;
@@ -247,7 +248,8 @@ static sizes local_sizes(const tk_model *m)
 
 /* Tensor parallelism: tk runs the decoder split as Megatron-LM does (transformers' default plan): q, k,
  * v, gate and up on their output features (the rank's heads and MLP features), o and down on their
- * input features (partial sums, all-reduced), the norms whole. */
+ * input features (partial sums, all-reduced), the norms whole but OLMo2's q/k norms, which span the
+ * whole projection and are split with its heads (qk_norm_split). */
 static int tp_check(tk_model *m)
 {
     static const tk_models_tp_want want[] = {
@@ -280,16 +282,21 @@ static int tp_check(tk_model *m)
         {"block_sparse_moe.experts.*.w2.weight", 1, 1},
         {"mlp.experts.*.w3.weight", 0, 1},
         {"mlp.experts.*.w2.weight", 1, 1}};
-    const tk_models_config *c = &m->cfg;
-    if (c->fused_qkv && c->heads != c->kv_heads)
-        return tk__err(TK_ERR_UNSUPPORTED,
-                       "%s: tensor parallelism splits the fused qkv_proj in three equal blocks, and this checkpoint's "
-                       "are not (%lld heads, %lld kv heads)\nHINT: run it in one process (without --tp)",
-                       c->arch, (long long)c->heads, (long long)c->kv_heads);
-    return tk_models__tp_check(m, "model.layers.", want, sizeof want / sizeof want[0], "model.embed_tokens.weight",
+    /* OLMo2's q/k norms span the whole projection: split with its rows (per-head norms stay whole) */
+    static const tk_models_tp_want proj_norms[] = {{"self_attn.q_norm.weight", 0, 1},
+                                                   {"self_attn.k_norm.weight", 0, 1}};
+    tk_models_tp_want all[sizeof want / sizeof want[0] + 2];
+    size_t n = sizeof want / sizeof want[0];
+    memcpy(all, want, sizeof want);
+    if (m->cfg.qk_norm == TK_QKNORM_PROJ) {
+        memcpy(all + n, proj_norms, sizeof proj_norms);
+        n += 2;
+    }
+    return tk_models__tp_check(m, "model.layers.", all, n, "model.embed_tokens.weight",
                                "q/k/v/gate/up_proj colwise, o/down_proj rowwise; fused qkv_proj and gate_up_proj "
                                "packed_colwise (3 and 2 blocks); experts' gate_up_proj "
-                               "packed_colwise, down_proj rowwise; routers and shared experts whole");
+                               "packed_colwise, down_proj rowwise; OLMo2's q_norm and k_norm colwise (with their "
+                               "projections); routers, shared experts and per-head q/k norms whole");
 }
 
 /* The rotary dims and the gated MLP's op, checked against the config. */
@@ -477,6 +484,10 @@ static int plan(tk_model *m, tk_models_batch *b)
     if (c->qk_norm && ((rc = tk_models__ws_tensor(m, &s->qn, m->dtype, 3, tq)) ||
                        (rc = tk_models__ws_tensor(m, &s->kn, m->dtype, 3, tkv))))
         return rc;
+    int64_t t2[2] = {2, T};
+    if (m->tp && c->qk_norm == TK_QKNORM_PROJ &&
+        (rc = tk_models__ws_tensor(m, &s->ss, (tk_dtype){TK_DL_FLOAT, 32, 1}, 2, t2)) != TK_OK)
+        return rc;
     b->logits = &s->logits;
     b->hidden = &s->h1;
     return TK_OK;
@@ -603,6 +614,42 @@ static int linear(tk_model *m, const tk_mt *out, const tk_mt *x, const tk_mt *w,
     return tk_models__linear(m, out, x, w, bias, 0);
 }
 
+/* OLMo2's q/k norms split (tensor parallelism): each spans the whole projection, of which the rank holds
+ * its heads' columns (and their part of the norm's weight), so the ranks' sums of squares of each token
+ * are added (one all-reduce for q's and k's) and each rank scales its columns by the whole row's
+ * rsqrt(sum / width + eps), as one process's rms_norm does. */
+static int qk_norm_split(tk_model *m, llama *s, const layer_w *w, const tk_mt *qi, const tk_mt *qo, const tk_mt *ki,
+                         const tk_mt *ko)
+{
+    const tk_models_config *c = &m->cfg;
+    int64_t t1[1] = {s->ss.shape[1]};
+    tk_mt r, ssq, ssk;
+    tk_models__rows(&r, &s->ss, 0, 1);
+    tk_models__view(&ssq, &r, 1, t1);
+    tk_models__rows(&r, &s->ss, 1, 1);
+    tk_models__view(&ssk, &r, 1, t1);
+    tk_arg a[] = {TK_A_T("out", &ssq), TK_A_T("input", qi)};
+    tk_arg b[] = {TK_A_T("out", &ssk), TK_A_T("input", ki)};
+    tk_arg an[] = {TK_A_T("out", qo),
+                   TK_A_T("input", qi),
+                   TK_A_T("weight", w->q_norm),
+                   TK_A_T("sumsq", &ssq),
+                   TK_A_I("width", c->heads * c->head_dim),
+                   TK_A_F("eps", c->eps)};
+    tk_arg bn[] = {TK_A_T("out", ko),
+                   TK_A_T("input", ki),
+                   TK_A_T("weight", w->k_norm),
+                   TK_A_T("sumsq", &ssk),
+                   TK_A_I("width", c->kv_heads * c->head_dim),
+                   TK_A_F("eps", c->eps)};
+    int rc;
+    if ((rc = tk_models__op(m, "rms_norm_sumsq", a, TK_NARGS(a))) ||
+        (rc = tk_models__op(m, "rms_norm_sumsq", b, TK_NARGS(b))) || (rc = tk_models__tp_reduce(m, &s->ss)) ||
+        (rc = tk_models__op(m, "rms_norm_by_sumsq", an, TK_NARGS(an))))
+        return rc;
+    return tk_models__op(m, "rms_norm_by_sumsq", bn, TK_NARGS(bn));
+}
+
 /* q and k of layer l normed (qk_norm: per head, or over the whole projection) into s->qn, s->kn; *q, *k
  * point at what rotary and attention use next. */
 static int qk_norm(tk_model *m, llama *s, const layer_w *w, int64_t T, tk_mt **q, tk_mt **k)
@@ -621,7 +668,11 @@ static int qk_norm(tk_model *m, llama *s, const layer_w *w, int64_t T, tk_mt **q
     tk_arg a[] = {TK_A_T("out", &qo), TK_A_T("input", &qi), TK_A_T("weight", w->q_norm), TK_A_F("eps", c->eps)};
     tk_arg b[] = {TK_A_T("out", &ko), TK_A_T("input", &ki), TK_A_T("weight", w->k_norm), TK_A_F("eps", c->eps)};
     int rc;
-    if ((rc = tk_models__op(m, "rms_norm", a, TK_NARGS(a))) || (rc = tk_models__op(m, "rms_norm", b, TK_NARGS(b))))
+    if (m->tp && !head)
+        rc = qk_norm_split(m, s, w, &qi, &qo, &ki, &ko);
+    else if ((rc = tk_models__op(m, "rms_norm", a, TK_NARGS(a))) == TK_OK)
+        rc = tk_models__op(m, "rms_norm", b, TK_NARGS(b));
+    if (rc != TK_OK)
         return rc;
     *q = &s->qn;
     *k = &s->kn;

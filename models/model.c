@@ -570,7 +570,7 @@ int tk_models__weight_vocab_rows(const tk_mt **out, tk_model *m, const char *nam
     if (!m->tp || m->tp->world < 2) /* one process: the whole table */
         return tk__err(TK_ERR_INTERNAL, "tk_models__weight_vocab_rows without tensor parallelism ('%s')", name);
     /* the LM head's own split (colwise on the vocabulary: torch.chunk, as tp_setup's vocab_off) */
-    tk_tp_param p = {(char *)name, "colwise", NULL, 0, 1, 2, {want[0], want[1]}};
+    tk_tp_param p = {(char *)name, "colwise", NULL, 0, 1, 2, {want[0], want[1]}, {0}};
     return tp_weight(out, m, w, t, &p, &(xform){mul, 0.0, m->dtype}, 0);
 }
 
@@ -680,15 +680,20 @@ int tk_models__weight_cat(const tk_mt **out, tk_model *m, const char *const *nam
     return TK_OK;
 }
 
-/* Block [*at, *at + *n) of t's dimension dim (total long: one of q|k|v, equal blocks) under tensor
- * parallelism: when the plan splits that dimension packed in total / *n blocks (or plainly, with
- * plain_ok), the rank's part of the block (its heads of it); not split: unchanged; any other split is
- * refused (tp_refuse). */
+/* Block [*at, *at + *n) of t's dimension dim (total long: one of q|k|v) under tensor parallelism: when
+ * the plan splits that dimension packed and the block is one of the plan's blocks (equal ones, or a
+ * fused q|k|v's unequal ones), or plainly in equal blocks of *n with plain_ok, the rank's part of the
+ * block (its heads of it); not split: unchanged; any other split is refused (tp_refuse). */
 static int tp_block(const tk_model *m, const tk_st_tensor *t, const tk_tp_param *tp, int dim, int64_t total,
                     int plain_ok, int64_t *at, int64_t *n)
 {
-    if (tp && tp->dim == dim && total % *n == 0 && *at % *n == 0 &&
-        (tp->split == total / *n || (plain_ok && tp->split == 1))) {
+    int64_t bs[TK_TP_MAX_SPLIT], bl[TK_TP_MAX_SPLIT];
+    int nb = tp && tp->dim == dim && tp->split > 1 ? tk_models__tp_blocks(tp, bs, bl) : 0, ok = 0;
+    for (int b = 0; b < nb; b++)
+        ok |= bs[b] == *at && bl[b] == *n;
+    if (tp && tp->dim == dim && tp->split == 1 && plain_ok)
+        ok = total % *n == 0 && *at % *n == 0;
+    if (ok) {
         int64_t off;
         tk_models__tp_chunk(*n, m->tp->world, m->tp->rank, &off, n);
         *at += off;
@@ -751,9 +756,9 @@ int tk_models__weight_rows(const tk_mt **out, tk_model *m, const char *name, int
     if (r0 < 0 || nr < 1 || r0 + nr > rows)
         return tk__err(TK_ERR_INTERNAL, "weight_rows: rows [%lld, %lld) of %lld", (long long)r0, (long long)(r0 + nr),
                        (long long)rows);
-    /* tensor parallelism: a fused q|k|v of equal blocks split by a packed style (Phi-3's qkv_proj with as
-     * many kv heads as heads) takes the rank's part of each block: its heads of q, of k, of v; any
-     * other split of it is refused */
+    /* tensor parallelism: a fused q|k|v split by a packed style (Phi-3's qkv_proj: q's heads, then k's
+     * and v's kv heads) takes the rank's part of each block: its heads of q, its kv heads of k and of
+     * v; any other split of it is refused */
     const tk_tp_param *tp = tp_split(m, t);
     int64_t full = nr;
     if ((rc = tp_block(m, t, tp, 0, rows, 0, &r0, &nr)) != TK_OK)

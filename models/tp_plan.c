@@ -222,6 +222,12 @@ static int default_rules(tk_tp_plan *p, const tk_models_config *c, const char *p
         snprintf(key, sizeof key, "%s%s", prefix, MOE_PLAN[i][0]);
         rc = rule_set(p, key, style_static(MOE_PLAN[i][1]), 2, 0);
     }
+    /* OLMo2: q/k norms over the whole projection ([heads * head_dim]) split with q_proj's and k_proj's
+     * rows (the norm's sum of squares is then all-reduced); transformers' plan gathers q, k and v */
+    for (int i = 0; c->qk_norm == TK_QKNORM_PROJ && i < 2 && rc == TK_OK; i++) {
+        snprintf(key, sizeof key, "%slayers.*.self_attn.%s_norm", prefix, i ? "k" : "q");
+        rc = rule_set(p, key, style_static("colwise"), 2, 0);
+    }
     return rc;
 }
 
@@ -318,6 +324,24 @@ static int is_attention(const char *generic)
     return 0;
 }
 
+/* A fused qkv_proj packed in 3 blocks on a model with fewer kv heads than heads: its rows are q's heads,
+ * then k's and v's kv heads (heads * hd, kv_heads * hd, kv_heads * hd), so the blocks are unequal and
+ * each is split by heads (transformers' _StridedShard would cut equal thirds, across heads). */
+static int qkv_blocks(tk_tp_param *t, const char *generic, int64_t heads, int64_t kv_heads)
+{
+    int64_t d = t->shape[t->dim], units = heads + 2 * kv_heads;
+    if (t->split != 3 || heads <= 0 || kv_heads <= 0 || heads == kv_heads || !strstr(generic, ".qkv_proj."))
+        return TK_OK;
+    if (d % units)
+        return tk__err(TK_ERR_INVALID,
+                       "tensor '%s' has %lld along dimension %d, which is not q, k and v of %lld heads and %lld "
+                       "kv heads each of the same size",
+                       t->name, (long long)d, t->dim, (long long)heads, (long long)kv_heads);
+    t->block[0] = heads * (d / units);
+    t->block[1] = t->block[2] = kv_heads * (d / units);
+    return TK_OK;
+}
+
 /* A mixture of experts saved one tensor an expert (experts.<e>.gate_proj / up_proj / down_proj, or
  * Mixtral's w1 / w3 / w2), where transformers' plans name the fused experts.gate_up_proj [E, 2I, H]
  * (packed_colwise) and experts.down_proj [E, H, I] (rowwise) that its loader concatenates them into
@@ -405,7 +429,10 @@ int tk_models__tp_assign(tk_tp_plan *p, const char *const *names, const int *ndi
         place(t, part_style ? &as : r, conv1d);
         if (t->dim >= 0) {
             int64_t d = t->shape[t->dim];
-            if (t->split > 1 && d % t->split)
+            int rc = qkv_blocks(t, g, heads, kv_heads);
+            if (rc != TK_OK)
+                return rc;
+            if (t->split > 1 && !t->block[0] && d % t->split)
                 return tk__err(TK_ERR_INVALID,
                                "tensor '%s' (rule '%s': %s) has %lld along dimension %d, which does not "
                                "split into %d packed blocks",
@@ -520,7 +547,9 @@ int tk_models__tp_plan_load(tk_tp_plan **out, const char *dir, const char *plan_
                 goto fail;
             snprintf(p->source, sizeof p->source,
                      cfg.fused_qkv ? "tk's plan for %s (its fused blocks split by heads: transformers gathers them)"
-                                   : "transformers' default plan for %s",
+                     : cfg.qk_norm == TK_QKNORM_PROJ
+                         ? "tk's plan for %s (q, k and their norms split by heads: transformers gathers q, k and v)"
+                         : "transformers' default plan for %s",
                      cfg.model_type);
             found = 1;
         } else {
@@ -598,6 +627,24 @@ void tk_models__tp_chunk(int64_t n, int world, int r, int64_t *off, int64_t *len
     *len = o + c <= n ? c : n - o;
 }
 
+int tk_models__tp_blocks(const tk_tp_param *p, int64_t *start, int64_t *len)
+{
+    if (p->dim < 0)
+        return 0;
+    int64_t n = p->shape[p->dim], at = 0;
+    int nb = p->split > 1 ? p->split : 1;
+    if (nb > TK_TP_MAX_SPLIT)
+        nb = TK_TP_MAX_SPLIT;
+    int64_t gw = (n + nb - 1) / nb; /* _StridedShard: ceil(n/split)-wide groups */
+    for (int b = 0; b < nb; b++) {
+        int64_t w = p->block[0] ? p->block[b] : gw;
+        start[b] = at < n ? at : n;
+        len[b] = at + w <= n ? w : at < n ? n - at : 0;
+        at += w;
+    }
+    return nb;
+}
+
 int tk_models__tp_slice(tk_tp_slice *s, const tk_tp_param *p, int rank, int world, size_t elsize)
 {
     int64_t numel = 1;
@@ -606,29 +653,16 @@ int tk_models__tp_slice(tk_tp_slice *s, const tk_tp_param *p, int rank, int worl
         return tk__err(TK_ERR_INVALID, "rank %d of %d", rank, world);
     memcpy(s->shape, p->shape, sizeof s->shape);
     if (p->dim >= 0 && world > 1) {
-        int64_t n = p->shape[p->dim], total = 0;
-        if (p->split > 1) { /* _StridedShard: ceil(n/split)-wide groups, each chunked over the ranks */
-            int64_t gw = (n + p->split - 1) / p->split;
-            for (int b = 0; b < p->split; b++) {
-                int64_t g0 = (int64_t)b * gw, g1 = g0 + gw < n ? g0 + gw : n, off, len;
-                if (g1 <= g0)
-                    continue;
-                tk_models__tp_chunk(g1 - g0, world, rank, &off, &len);
-                if (len > 0) {
-                    s->start[s->nranges] = g0 + off;
-                    s->len[s->nranges++] = len;
-                    total += len;
-                }
-            }
-        } else {
+        int64_t bs[TK_TP_MAX_SPLIT], bl[TK_TP_MAX_SPLIT], total = 0;
+        int nb = tk_models__tp_blocks(p, bs, bl);
+        for (int b = 0; b < nb; b++) { /* each block chunked over the ranks (_StridedShard when packed) */
             int64_t off, len;
-            tk_models__tp_chunk(n, world, rank, &off, &len);
+            tk_models__tp_chunk(bl[b], world, rank, &off, &len);
             if (len > 0) {
-                s->start[0] = off;
-                s->len[0] = len;
-                s->nranges = 1;
+                s->start[s->nranges] = bs[b] + off;
+                s->len[s->nranges++] = len;
+                total += len;
             }
-            total = len;
         }
         s->shape[p->dim] = total;
     } else if (p->ndim > 0) { /* whole: one range over the (split or first) dimension */

@@ -26,6 +26,9 @@
  * from the start, so the last ones may hold less, or nothing. GPT-2's Conv1D weights are stored
  * [in, out], so there colwise splits dim 1 and rowwise dim 0 (transformers refuses Conv1D); and a
  * plan value may be {"style": "packed_colwise", "split": 3} for a fused q|k|v (a tk extension).
+ * A fused qkv_proj packed in 3 blocks on a model with fewer kv heads than heads (Phi-3-medium) has
+ * unequal blocks, q's heads then k's and v's kv heads, and each is split over the ranks by heads (tk's:
+ * transformers' _StridedShard cuts equal thirds).
  *
  * Pure: no communication, no weights read. Internal names are tk_models__tp_*.
  */
@@ -55,6 +58,9 @@ typedef struct {
     int split;          /* blocks along dim, each split over the ranks (1: plain) */
     int ndim;
     int64_t shape[TK_TP_MAX_RANK];
+    /* packed: each block's length along dim when they are unequal (a fused q|k|v with fewer kv heads
+     * than heads: heads * head_dim, then kv_heads * head_dim twice); all 0: split equal blocks */
+    int64_t block[TK_TP_MAX_SPLIT];
 } tk_tp_param;
 
 typedef struct {
@@ -92,7 +98,8 @@ int tk_models__tp_plan_load(tk_tp_plan **out, const char *dir, const char *plan_
 void tk_models__tp_plan_free(tk_tp_plan *p);
 
 /* Assigns styles to n tensors (names and shapes) from p's rules, and checks them for p->world ranks:
- * heads (kv heads) as given, 0 to skip the check; conv1d: GPT-2's [in, out] linear layout. */
+ * heads (kv heads) as given, 0 to skip the check (with both, a qkv_proj packed in 3 gets their unequal
+ * blocks); conv1d: GPT-2's [in, out] linear layout. */
 int tk_models__tp_assign(tk_tp_plan *p, const char *const *names, const int *ndims,
                          const int64_t (*shapes)[TK_TP_MAX_RANK], size_t n, int64_t heads, int64_t kv_heads,
                          int conv1d);
@@ -103,6 +110,11 @@ void tk_models__tp_generic_name(char *out, size_t cap, const char *name);
 
 /* Rank r's part of a dimension of n elements over world ranks (torch.chunk): *off, *len. */
 void tk_models__tp_chunk(int64_t n, int world, int r, int64_t *off, int64_t *len);
+
+/* The blocks p's split dimension is packed in (p->split of them; one for a plain split): each one's
+ * start and length, equal (_StridedShard's ceil(n/split)-wide groups, the last ones shorter or empty)
+ * unless p->block gives them. Returns the count (at most TK_TP_MAX_SPLIT); 0 when p is not split. */
+int tk_models__tp_blocks(const tk_tp_param *p, int64_t *start, int64_t *len);
 
 /* Rank r's slice of a tensor: its shape, and along the split dimension the [start, start+len) ranges
  * of the full tensor it holds, in order (one a block; empty ones dropped). */

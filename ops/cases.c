@@ -491,6 +491,44 @@ static int gen_norm_backward(tk_ops_case *c, size_t index, const tk_ops_case_spe
     return na ? NA : TK_OK;
 }
 
+/* rms_norm split over ranks: rms_norm_sumsq of the rows, and rms_norm_by_sumsq of d columns of rows of
+ * 2d (the sums of squares of those rows, so the mean square is about that of x), with the width given
+ * (v 0) or left out (v 1: the part is the row), and an f32 weight over 16-bit x as gen_norm (v 2). */
+static int gen_norm_split(tk_ops_case *c, size_t index, const tk_ops_case_spec *s)
+{
+    const char *n = c->op->name;
+    int by = !strcmp(n, "rms_norm_by_sumsq"), na = 0;
+    size_t v, z;
+    if (!split(index, by ? 3 : 1, NNORM, &v, &z))
+        return END;
+    int64_t r = NORM_RD[z][0], d = NORM_RD[z][1];
+    tk_dtype dt = fdt(s, "input"), wdt = dt_of(s, "weight", dt);
+    const tk_ops_case_param *kw = kparam(s, "weight");
+    if (v == 2 && (dt.bits == 32 || (kw && kw->has_dtype)))
+        return NA;
+    if (v == 2)
+        wdt = DT_F32;
+    if (!by) {
+        tk_ops_case_tensor *o = T(c, "out", DT_F32, TK_CASE_OUT, r);
+        if (o) { /* sums of d positive squares: relative to each, as rounding in f32 leaves them */
+            o->rtol = 2e-6;
+            o->atol = 1e-30;
+        }
+        fill(c, T(c, "input", dt, TK_CASE_IN, r, d), -3, 3);
+        label(c, "%s %s [%lld, %lld]", n, tk_ops__dtype_str(dt), (long long)r, (long long)d);
+        return TK_OK;
+    }
+    T(c, "out", dt, TK_CASE_OUT, r, d);
+    fill(c, T(c, "input", dt, TK_CASE_IN, r, d), -3, 3);
+    fill(c, T(c, "weight", wdt, TK_CASE_IN, d), 0.5, 1.5);
+    fill(c, T(c, "sumsq", DT_F32, TK_CASE_IN, r), 2.0 * (double)d, 4.0 * (double)d);
+    opt_i(c, s, "width", v == 1 ? 0 : 2 * d, &na);
+    c->tol_factor = 2;
+    label(c, "%s %s [%lld, %lld] width %lld%s", n, tk_ops__dtype_str(dt), (long long)r, (long long)d,
+          (long long)(v == 1 ? d : 2 * d), wdt.bits != dt.bits ? " f32 weight" : "");
+    return na ? NA : TK_OK;
+}
+
 /* ---- rotary and positions ------------------------------------------------------------------------- */
 
 /* rotary_embedding: query [T, Hq, hs], key [T, Hkv, hs] in place; full and partial rotary, NeoX and
@@ -1582,6 +1620,8 @@ static const struct {
     {"fused_add_rms_norm", gen_norm},
     {"layer_norm", gen_norm},
     {"fused_add_layer_norm", gen_norm},
+    {"rms_norm_sumsq", gen_norm_split},
+    {"rms_norm_by_sumsq", gen_norm_split},
     {"rms_norm_backward", gen_norm_backward},
     {"fused_add_rms_norm_backward", gen_norm_backward},
     {"layer_norm_backward", gen_norm_backward},

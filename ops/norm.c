@@ -20,9 +20,18 @@
  *                         grad_input = grad_residual + the norm's grad_input above: the gradient of
  *                         both the forward's `input` and its `residual` (they entered as one sum).
  *
+ * And rms_norm in two halves, for a row split across ranks (OLMo2's q/k norms under tensor
+ * parallelism): each rank's rms_norm_sumsq of its columns, summed over the ranks (an all-reduce), then
+ * each rank's rms_norm_by_sumsq of its columns with their part of the weight:
+ *
+ *   rms_norm_sumsq        out[r] = sum(x[r, :]^2), f32: a row's part of rms_norm's sum of squares
+ *   rms_norm_by_sumsq     out = x * rsqrt(sumsq / width + eps) * weight: rms_norm of d columns of a
+ *                         row of width columns (0: d), the whole row's sum of squares given
+ *
  * Numerics: elements are loaded as fp32. Forward: the row's sums (x^2 for rms; x, then (x - mean)^2 for
- * layer norm: two passes, no cancellation) are accumulated in double, rstd = 1/sqrt(. + eps) is
- * computed in double and rounded to fp32 (the mean too), and ((x - mean) * rstd) * weight (+ bias) is
+ * layer norm: two passes, no cancellation) are accumulated in double (rms_norm_sumsq rounds its sum to
+ * fp32), rstd = 1/sqrt(. + eps) is computed in double (rms_norm_by_sumsq: from the given fp32 sum) and
+ * rounded to fp32 (the mean too), and ((x - mean) * rstd) * weight (+ bias) is
  * computed in fp32 and rounded once to the output dtype. The fused forwards add in fp32, round the sum
  * to T, store it, and normalise the rounded sum. Backward: everything is computed in double and
  * rounded once; grad_weight / grad_bias are summed per fixed chunk of rows (min(rows, 64) chunks, in
@@ -49,6 +58,7 @@ typedef struct {
     int w, b, eps;
     /* backward */
     int gi, gw, gb, go, gr;
+    int ss; /* rms_norm_by_sumsq: the sums of squares (the width follows), else -1 */
 } norm_info;
 
 /* ---- shape checks ----------------------------------------------------------------------------- */
@@ -95,10 +105,42 @@ static int check_distinct(const tk_op_call *c, int ia, int ib)
     return TK_OK;
 }
 
+/* The per-row tensor at param ir must have the shape of the tensor at param ix without its last dimension. */
+static int check_rows(const tk_op_call *c, int ir, int ix)
+{
+    const tk_tensor *r = c->t[ir], *x = c->t[ix];
+    int same = r->ndim == x->ndim - 1;
+    for (int32_t k = 0; same && k < r->ndim; k++)
+        same = r->shape[k] == x->shape[k];
+    if (!same)
+        return tk__err(
+            TK_ERR_INVALID, "%s: '%s' has shape %s, want %s (the shape of '%s' %s without its last dimension)",
+            c->op->name, c->op->params[ir].name, tk_ops__shape_fmt(r->ndim, r->shape),
+            tk_ops__shape_fmt(x->ndim - 1, x->shape), c->op->params[ix].name, tk_ops__shape_fmt(x->ndim, x->shape));
+    return TK_OK;
+}
+
+/* rms_norm_by_sumsq: one sum a row, and a width that holds the row's part (0: the part is the row) */
+static int check_by_sumsq(const tk_op_call *c, const norm_info *n)
+{
+    const tk_tensor *x = c->t[n->x];
+    int64_t width = c->i[n->ss + 1], d = x->shape[x->ndim - 1];
+    int rc = check_rows(c, n->ss, n->x);
+    if (rc == TK_OK && width != 0 && width < d)
+        return tk__err(TK_ERR_INVALID,
+                       "%s: 'width' is %lld, want 0 or at least %lld ('input' holds %lld columns of the row)",
+                       c->op->name, (long long)width, (long long)d, (long long)d);
+    return rc;
+}
+
+static int check_sumsq(const tk_op_call *c) { return check_rows(c, 0, 1); }
+
 static int check_norm(const tk_op_call *c)
 {
     const norm_info *n = c->op->data;
     int rc;
+    if (!n->bwd && n->ss >= 0 && (rc = check_by_sumsq(c, n)) != TK_OK)
+        return rc;
     if (!n->bwd) {
         /* rms_norm / layer_norm: out like input; fused: residual like input */
         if (n->fused)
@@ -140,8 +182,20 @@ typedef struct {
     const tk_tensor *out; /* plain: out; fused: input (read as the addend, written last) */
     const tk_tensor *in;  /* plain: input; fused: residual (the sum is written there first) */
     const tk_tensor *w, *b; /* b: layer norm's bias, NULL when left out */
-    int64_t d;
+    const tk_tensor *ss;    /* rms_norm_by_sumsq: each row's sum of squares (f32), else NULL */
+    int64_t d, width;       /* the row's columns here, and the mean's divisor (d, or the whole row's) */
 } fwd_job;
+
+/* The element offset of flat (row-major) index i of t, through its strides. */
+static int64_t flat_offset(const tk_tensor *t, int64_t i)
+{
+    int64_t off = t->strides ? 0 : i;
+    for (int32_t k = t->ndim - 1; t->strides && k >= 0; k--) {
+        off += (i % t->shape[k]) * t->strides[k];
+        i /= t->shape[k];
+    }
+    return off;
+}
 
 static void fwd_range(void *arg, int64_t lo, int64_t hi)
 {
@@ -154,7 +208,12 @@ static void fwd_range(void *arg, int64_t lo, int64_t hi)
     for (int64_t r = lo; r < hi; r++) {
         int64_t io = tk_ops__row_offset(j->in, r), oo = tk_ops__row_offset(j->out, r);
         double s = 0; /* rms: sum of squares; layer: sum */
-        for (int64_t c0 = 0; c0 < j->d; c0 += BLK) {
+        if (j->ss) {
+            float f;
+            tk_ops__load_f32(&f, tk_ops__base(j->ss), flat_offset(j->ss, r), 1, 1, j->ss->dtype);
+            s = (double)f;
+        }
+        for (int64_t c0 = 0; !j->ss && c0 < j->d; c0 += BLK) {
             int64_t n = j->d - c0 < BLK ? j->d - c0 : BLK;
             if (j->fused) {
                 /* residual = input + residual, rounded to T; the input row is j->out's */
@@ -184,7 +243,7 @@ static void fwd_range(void *arg, int64_t lo, int64_t hi)
             mean = (float)m;
             rstd = (float)(1.0 / sqrt(v / (double)j->d + (double)j->eps));
         } else {
-            rstd = (float)(1.0 / sqrt(s / (double)j->d + (double)j->eps));
+            rstd = (float)(1.0 / sqrt(s / (double)j->width + (double)j->eps));
         }
         for (int64_t c0 = 0; c0 < j->d; c0 += BLK) {
             int64_t n = j->d - c0 < BLK ? j->d - c0 : BLK;
@@ -217,12 +276,50 @@ static int cpu_fwd(const tk_op_call *c)
                  c->t[ni->x],
                  c->t[ni->w],
                  ni->b >= 0 ? c->t[ni->b] : NULL,
+                 ni->ss >= 0 ? c->t[ni->ss] : NULL,
+                 0,
                  0};
     j.d = j.in->shape[j.in->ndim - 1];
+    j.width = ni->ss >= 0 && c->i[ni->ss + 1] > 0 ? c->i[ni->ss + 1] : j.d;
     int64_t numel = tk_ops__numel(j.in);
     if (numel == 0)
         return TK_OK;
     tk_ops__parallel(numel / j.d, j.d * ((j.fused ? 24 : 16) + (j.layer ? 8 : 0)), fwd_range, &j);
+    return TK_OK;
+}
+
+/* rms_norm_sumsq: each row's sum of squares in double, rounded to fp32 */
+typedef struct {
+    const tk_tensor *out, *in;
+    int64_t d;
+} sumsq_job;
+
+static void sumsq_range(void *arg, int64_t lo, int64_t hi)
+{
+    const sumsq_job *j = arg;
+    float x[BLK];
+    const void *ib = tk_ops__base(j->in);
+    int64_t ics = tk_ops__col_stride(j->in);
+    for (int64_t r = lo; r < hi; r++) {
+        int64_t io = tk_ops__row_offset(j->in, r);
+        double s = 0;
+        for (int64_t c0 = 0; c0 < j->d; c0 += BLK) {
+            int64_t n = j->d - c0 < BLK ? j->d - c0 : BLK;
+            tk_ops__load_f32(x, ib, io + c0 * ics, ics, n, j->in->dtype);
+            for (int64_t i = 0; i < n; i++)
+                s += (double)x[i] * (double)x[i];
+        }
+        float f = (float)s;
+        tk_ops__store_f32(tk_ops__base(j->out), flat_offset(j->out, r), 1, &f, 1, j->out->dtype);
+    }
+}
+
+static int cpu_sumsq(const tk_op_call *c)
+{
+    sumsq_job j = {c->t[0], c->t[1], c->t[1]->shape[c->t[1]->ndim - 1]};
+    int64_t rows = tk_ops__numel(j.out);
+    if (rows > 0)
+        tk_ops__parallel(rows, j.d * 8 + 1, sumsq_range, &j);
     return TK_OK;
 }
 
@@ -423,6 +520,28 @@ static const tk_op_param fused_rms_params[] = {
     RMS_WEIGHT(0),
     RMS_EPS,
 };
+#define SUMSQ(nm, rl, dc)                                                                                              \
+    {.name = nm,                                                                                                       \
+     .kind = TK_ARG_TENSOR,                                                                                            \
+     .role = rl,                                                                                                       \
+     .dtypes = TK_OPS_F32,                                                                                             \
+     .dtype_like = -1,                                                                                                 \
+     .min_rank = 0,                                                                                                    \
+     .max_rank = -1,                                                                                                   \
+     .shape = "[...]",                                                                                                 \
+     .doc = dc}
+static const tk_op_param sumsq_params[] = {
+    SUMSQ("out", TK_OPS_OUT, "each row's sum of squares (f32)"),
+    TENSOR("input", TK_OPS_IN, -1, "[..., d]", "x, rows of its last dimension"),
+};
+static const tk_op_param by_sumsq_params[] = {
+    TENSOR("out", TK_OPS_OUT, 1, "[..., d]", "the result (may be 'input' itself)"),
+    TENSOR("input", TK_OPS_IN, -1, "[..., d]", "x: d columns of each row"),
+    RMS_WEIGHT(1),
+    SUMSQ("sumsq", TK_OPS_IN, "each whole row's sum of squares (f32; e.g. rms_norm_sumsq's, summed over ranks)"),
+    TK_OPS_SCALAR("width", TK_ARG_I64, 0, "the whole row's columns, the mean's divisor (0: d)"),
+    RMS_EPS,
+};
 static const tk_op_param ln_params[] = {
     TENSOR("out", TK_OPS_OUT, 1, "[..., d]", "the result (may be 'input' itself)"),
     TENSOR("input", TK_OPS_IN, -1, "[..., d]", "x, normalised over its last dimension"),
@@ -474,15 +593,16 @@ static const tk_op_param fused_ln_bwd_params[] = {
     LN_EPS,
 };
 
-/*                                         layer fused bwd out  x  w   b  eps  gi  gw  gb  go  gr */
-static const norm_info rms_info = {0, 0, 0, 0, 1, 2, -1, 3, -1, -1, -1, -1, -1};
-static const norm_info fused_rms_info = {0, 1, 0, 0, 1, 2, -1, 3, -1, -1, -1, -1, -1};
-static const norm_info ln_info = {1, 0, 0, 0, 1, 2, 3, 4, -1, -1, -1, -1, -1};
-static const norm_info fused_ln_info = {1, 1, 0, 0, 1, 2, 3, 4, -1, -1, -1, -1, -1};
-static const norm_info rms_bwd_info = {0, 0, 1, -1, 3, 4, -1, 5, 0, 1, -1, 2, -1};
-static const norm_info fused_rms_bwd_info = {0, 1, 1, -1, 4, 5, -1, 6, 0, 1, -1, 2, 3};
-static const norm_info ln_bwd_info = {1, 0, 1, -1, 4, 5, -1, 6, 0, 1, 2, 3, -1};
-static const norm_info fused_ln_bwd_info = {1, 1, 1, -1, 5, 6, -1, 7, 0, 1, 2, 3, 4};
+/*                                         layer fused bwd out  x  w   b  eps  gi  gw  gb  go  gr  ss */
+static const norm_info rms_info = {0, 0, 0, 0, 1, 2, -1, 3, -1, -1, -1, -1, -1, -1};
+static const norm_info fused_rms_info = {0, 1, 0, 0, 1, 2, -1, 3, -1, -1, -1, -1, -1, -1};
+static const norm_info ln_info = {1, 0, 0, 0, 1, 2, 3, 4, -1, -1, -1, -1, -1, -1};
+static const norm_info fused_ln_info = {1, 1, 0, 0, 1, 2, 3, 4, -1, -1, -1, -1, -1, -1};
+static const norm_info rms_bwd_info = {0, 0, 1, -1, 3, 4, -1, 5, 0, 1, -1, 2, -1, -1};
+static const norm_info fused_rms_bwd_info = {0, 1, 1, -1, 4, 5, -1, 6, 0, 1, -1, 2, 3, -1};
+static const norm_info ln_bwd_info = {1, 0, 1, -1, 4, 5, -1, 6, 0, 1, 2, 3, -1, -1};
+static const norm_info fused_ln_bwd_info = {1, 1, 1, -1, 5, 6, -1, 7, 0, 1, 2, 3, 4, -1};
+static const norm_info by_sumsq_info = {0, 0, 0, 0, 1, 2, -1, 5, -1, -1, -1, -1, -1, 3};
 
 #define PKG "kernels-community/rmsnorm"
 #define N(p) (sizeof p / sizeof p[0])
@@ -499,6 +619,12 @@ const tk_op_desc tk_ops__norm[] = {
     {"fused_add_layer_norm", "norm",
      "residual = input + residual; input = layer_norm(residual) * weight + bias  (in place; bias optional)",
      fused_ln_params, N(fused_ln_params), check_norm, cpu_fwd, &fused_ln_info, PKG},
+    {"rms_norm_sumsq", "norm", "out = sum(x^2, -1): a row's part of rms_norm's sum of squares (f32)", sumsq_params,
+     N(sumsq_params), check_sumsq, cpu_sumsq, NULL, PKG},
+    {"rms_norm_by_sumsq", "norm",
+     "out = x * rsqrt(sumsq / width + eps) * weight: rms_norm of a row's d columns, the whole row's sum of squares "
+     "given",
+     by_sumsq_params, N(by_sumsq_params), check_norm, cpu_fwd, &by_sumsq_info, PKG},
     {"rms_norm_backward", "norm",
      "xh = x * rstd, gw = grad_out * weight: grad_input = rstd * (gw - xh * mean(gw * xh, -1)); "
      "grad_weight = sum over rows of grad_out * xh",

@@ -1,8 +1,8 @@
 /*
  * test_gpu_norm.c — kernels-community/rmsnorm on a GPU against the CPU references: every norm op
- * (forward and backward), f32/f16/bf16, ragged and large shapes, through tk_op_run on CUDA tensors (so
- * the dispatch, the JIT compile, the launch rules and the workspace all run). Skips without a CUDA
- * device.
+ * (forward and backward, and rms_norm's two halves for a row split over ranks), f32/f16/bf16, ragged
+ * and large shapes, through tk_op_run on CUDA tensors (so the dispatch, the JIT compile, the launch
+ * rules and the workspace all run). Skips without a CUDA device.
  *
  * Shapes cover each kernel path: d of 1 and non-multiples of 8 (scalar loads), small d (several rows
  * per block in the backward), d up to 8192 (rows in registers) and above (re-read rows), and row
@@ -335,6 +335,89 @@ static void test_misaligned_views(void)
     gpu_ctx_free(&g);
 }
 
+/* rms_norm split over ranks on the GPU against the CPU references: rms_norm_sumsq of [rows, d] (every
+ * dtype), then rms_norm_by_sumsq of the same rows with those sums as a row of 3d columns (width 3d, or
+ * left out: the part is the row), a T or an f32 weight, aligned (vector loads) and one element off. */
+static void split_case(tk_dtype dt, int64_t rows, int64_t d, int w32, int whole)
+{
+    int64_t rs[2] = {rows, d};
+    host_t x, w, ss, gss, out, gout;
+    dev_tensor dx, dw, dss, dout;
+    host_new(&x, dt, 2, rs, 0);
+    host_new(&w, w32 ? F32 : dt, 1, &d, 0);
+    host_new(&ss, F32, 1, &rows, 0);
+    host_new(&gss, F32, 1, &rows, 0);
+    host_new(&out, dt, 2, rs, 0);
+    host_new(&gout, dt, 2, rs, 0);
+    fill(&x, 3.0);
+    for (int64_t c = 0; c < d; c++)
+        set(&w.t, c, uniform(0.25, 2.0) * (next_u64() & 1 ? 1 : -1));
+    CHECK_RC(dev_upload(&dx, &x.t), TK_OK);
+    CHECK_RC(dev_upload(&dw, &w.t), TK_OK);
+    CHECK_RC(dev_upload(&dss, &ss.t), TK_OK);
+    CHECK_RC(dev_upload(&dout, &out.t), TK_OK);
+    char what[128];
+    snprintf(what, sizeof what, "[%lld, %lld] %s%s%s", (long long)rows, (long long)d, tk_dtype_name(dt),
+             w32 ? " f32 weight" : "", whole ? " whole row" : "");
+    const char *impl = NULL;
+    tk_arg ga[2] = {{TK_ARG_TENSOR, "out", &dss.t, 0, 0}, {TK_ARG_TENSOR, "input", &dx.t, 0, 0}};
+    tk_arg ca[2] = {{TK_ARG_TENSOR, "out", &ss.t, 0, 0}, {TK_ARG_TENSOR, "input", &x.t, 0, 0}};
+    CHECK_RC(gpu_op_run(g.ctx, "rms_norm_sumsq", ga, 2, NULL, &impl), TK_OK);
+    CHECK(impl && strcmp(impl, "cpu-reference") != 0);
+    CHECK_RC(gpu_op_run(g.ctx, "rms_norm_sumsq", ca, 2, NULL, NULL), TK_OK);
+    CHECK_RC(dev_download(&dss, &gss.t), TK_OK);
+    char w1[160];
+    snprintf(w1, sizeof w1, "rms_norm_sumsq %s", what);
+    CHECK(close_enough(w1, &gss.t, &ss.t, NULL, 1));
+    /* the CPU's sums on both sides: the rest of a row of 3d columns holds twice these squares */
+    for (int64_t r = 0; r < rows; r++)
+        set(&ss.t, r, get(&ss.t, r) * (whole ? 1.0 : 3.0));
+    dev_free(&dss);
+    CHECK_RC(dev_upload(&dss, &ss.t), TK_OK);
+    tk_arg gb[6] = {{TK_ARG_TENSOR, "out", &dout.t, 0, 0},  {TK_ARG_TENSOR, "input", &dx.t, 0, 0},
+                    {TK_ARG_TENSOR, "weight", &dw.t, 0, 0}, {TK_ARG_TENSOR, "sumsq", &dss.t, 0, 0},
+                    {TK_ARG_F64, "eps", NULL, 0, 1e-5},     {TK_ARG_I64, "width", NULL, 3 * d, 0}};
+    tk_arg cb[6] = {{TK_ARG_TENSOR, "out", &out.t, 0, 0},  {TK_ARG_TENSOR, "input", &x.t, 0, 0},
+                    {TK_ARG_TENSOR, "weight", &w.t, 0, 0}, {TK_ARG_TENSOR, "sumsq", &ss.t, 0, 0},
+                    {TK_ARG_F64, "eps", NULL, 0, 1e-5},    {TK_ARG_I64, "width", NULL, 3 * d, 0}};
+    CHECK_RC(gpu_op_run(g.ctx, "rms_norm_by_sumsq", gb, whole ? 5 : 6, NULL, &impl), TK_OK);
+    CHECK(impl && strcmp(impl, "cpu-reference") != 0);
+    CHECK_RC(gpu_op_run(g.ctx, "rms_norm_by_sumsq", cb, whole ? 5 : 6, NULL, NULL), TK_OK);
+    CHECK_RC(dev_download(&dout, &gout.t), TK_OK);
+    snprintf(w1, sizeof w1, "rms_norm_by_sumsq %s (%s)", what, impl ? impl : "?");
+    CHECK(close_enough(w1, &gout.t, &out.t, NULL, d));
+    dev_free(&dx);
+    dev_free(&dw);
+    dev_free(&dss);
+    dev_free(&dout);
+    host_free(&x);
+    host_free(&w);
+    host_free(&ss);
+    host_free(&gss);
+    host_free(&out);
+    host_free(&gout);
+}
+
+static void test_split_norm(void)
+{
+    if (!gpu_device())
+        SKIP("no CUDA device");
+    const char *pkgs[] = {"kernels-community/rmsnorm", NULL};
+    CHECK_RC(gpu_ctx_new(&g, pkgs), TK_OK);
+    const tk_dtype *dts[] = {&F32, &F16, &BF16};
+    const int64_t shapes[][2] = {{1, 1}, {3, 7}, {5, 1000}, {600, 128}, {64, 4096}, {2, 11008}};
+    for (size_t t = 0; t < 3; t++)
+        for (size_t s = 0; s < sizeof shapes / sizeof shapes[0]; s++)
+            for (int mis = 0; mis < 2; mis++) {
+                gpu_misalign = mis ? dts[t]->bits / 8 : 0;
+                split_case(*dts[t], shapes[s][0], shapes[s][1], 0, s % 2);
+                if (dts[t]->bits == 16)
+                    split_case(*dts[t], shapes[s][0], shapes[s][1], 1, !(s % 2));
+                gpu_misalign = 0;
+            }
+    gpu_ctx_free(&g);
+}
+
 static int slot_of(const op_t *o, const char *name)
 {
     for (int i = 0; i < o->n; i++)
@@ -443,6 +526,8 @@ int main(int argc, char **argv)
                                       "fused_add_rms_norm_backward",
                                       "layer_norm_backward",
                                       "fused_add_layer_norm_backward",
+                                      "rms_norm_sumsq",
+                                      "rms_norm_by_sumsq",
                                       NULL};
     gpu_main(argc, argv, ops);
     op_test_seed();
@@ -450,6 +535,7 @@ int main(int argc, char **argv)
     RUN(test_backward_many_rows);
     RUN(test_misaligned_views);
     RUN(test_f32_weight);
+    RUN(test_split_norm);
     RUN(test_grad_input_tolerance);
     RUN(test_coverage);
     return th_done();

@@ -19,6 +19,8 @@
 #include "tensor_util.h"
 #include "ops/ops.h"
 
+#define TK_TP_TEST_PARTS 3 /* at most this many parts of a split row (check_split) */
+
 /* ---- host tensors ----------------------------------------------------------------------------- */
 
 /* |got-ref| <= atol + rtol*|ref|, per dtype; atol is relative to the output's scale (see compare). */
@@ -355,6 +357,101 @@ static int check_bwd_op(int layer, int fused)
     return ok;
 }
 
+/* rms_norm over rows split into `parts` column ranges (torch.chunk's), as tensor parallelism runs it:
+ * each part's rms_norm_sumsq against the float64 sum of squares, the parts' sums added in f32 (as an
+ * all-reduce adds them), then each part's rms_norm_by_sumsq with the whole row's width against the
+ * float64 rms_norm of the whole row. Strided parts and outputs when pad > 0; in place when inplace. */
+static int check_split(tk_dtype dt, int ndim, const int64_t *shape, int parts, int64_t pad, double scale, double eps,
+                       int inplace)
+{
+    int64_t d = shape[ndim - 1], n = 1, rows, csz = (d + parts - 1) / parts;
+    for (int k = 0; k < ndim; k++)
+        n *= shape[k];
+    rows = n / d;
+    host_t full, w, total;
+    host_new(&full, dt, ndim, shape, 0);
+    host_new(&w, dt, 1, &d, 0);
+    host_new(&total, F32, ndim - 1, shape, pad);
+    fill(&full, scale);
+    rand_weight(&w, d);
+    double *x = dalloc(n), *wd = dalloc(d), *ref = dalloc(n), *ss = dalloc(rows);
+    for (int64_t i = 0; i < n; i++)
+        x[i] = get(&full.t, i);
+    for (int64_t c = 0; c < d; c++)
+        wd[c] = get(&w.t, c);
+    ref_rms(ref, x, wd, n, d, (double)(float)eps);
+    for (int64_t r = 0; r < rows; r++)
+        ss[r] = 0;
+    char what[96];
+    snprintf(what, sizeof what, "%d parts %s%sscale %g", parts, pad ? "strided " : "", inplace ? "in-place " : "",
+             scale);
+    int ok = 1;
+    host_t px[TK_TP_TEST_PARTS], pw[TK_TP_TEST_PARTS], po[TK_TP_TEST_PARTS], ps[TK_TP_TEST_PARTS];
+    for (int p = 0; p < parts; p++) { /* the parts' sums of squares, added in f32 in part order */
+        int64_t c0 = p * csz < d ? p * csz : d, len = c0 + csz <= d ? csz : d - c0, psh[8], one = len;
+        memcpy(psh, shape, sizeof psh[0] * (size_t)ndim);
+        psh[ndim - 1] = len;
+        host_new(&px[p], dt, ndim, psh, pad);
+        host_new(&po[p], dt, ndim, psh, pad ? pad + 1 : 0);
+        host_new(&pw[p], dt, 1, &one, 0);
+        host_new(&ps[p], F32, ndim - 1, shape, pad);
+        for (int64_t r = 0; r < rows; r++)
+            for (int64_t c = 0; c < len; c++)
+                set(&px[p].t, r * len + c, x[r * d + c0 + c]);
+        for (int64_t c = 0; c < len; c++)
+            set(&pw[p].t, c, wd[c0 + c]);
+        tk_arg a[2] = {{TK_ARG_TENSOR, "out", &ps[p].t, 0, 0}, {TK_ARG_TENSOR, "input", &px[p].t, 0, 0}};
+        int rc = op_run_cpu("rms_norm_sumsq", a, 2);
+        ok &= rc == TK_OK;
+        for (int64_t r = 0; rc == TK_OK && r < rows; r++) {
+            double want = 0;
+            for (int64_t c = 0; c < len; c++)
+                want += x[r * d + c0 + c] * x[r * d + c0 + c];
+            if (fabs(get(&ps[p].t, r) - want) > 0x1p-24 * want) {
+                fprintf(stderr, "  rms_norm_sumsq %s %s row %lld: got %.9g, want %.9g (seed %llu)\n",
+                        tk_ops__dtype_str(dt), what, (long long)r, get(&ps[p].t, r), want, (unsigned long long)seed);
+                ok = 0;
+            }
+            set(&total.t, r, (double)(float)(get(&total.t, r) + get(&ps[p].t, r)));
+        }
+    }
+    for (int p = 0; p < parts; p++) {
+        int64_t c0 = p * csz < d ? p * csz : d, len = numel(&px[p].t) / (rows ? rows : 1);
+        const tk_tensor *out = inplace ? &px[p].t : &po[p].t;
+        tk_arg a[6] = {{TK_ARG_TENSOR, "out", (tk_tensor *)out, 0, 0},
+                       {TK_ARG_TENSOR, "input", &px[p].t, 0, 0},
+                       {TK_ARG_TENSOR, "weight", &pw[p].t, 0, 0},
+                       {TK_ARG_TENSOR, "sumsq", &total.t, 0, 0},
+                       {TK_ARG_I64, "width", NULL, parts > 1 || pad ? d : 0, 0},
+                       {TK_ARG_F64, "eps", NULL, 0, eps}};
+        int rc = op_run_cpu("rms_norm_by_sumsq", a, 6);
+        if (rc != TK_OK) {
+            fprintf(stderr, "  rms_norm_by_sumsq %s: rc %d: %s\n", what, rc, tk_last_error());
+            ok = 0;
+        }
+        double *pref = dalloc(rows * len);
+        for (int64_t r = 0; r < rows; r++)
+            for (int64_t c = 0; c < len; c++)
+                pref[r * len + c] = ref[r * d + c0 + c];
+        double ms = scale * scale / 3.0;
+        if (rc == TK_OK && len > 0)
+            ok &= compare("rms_norm_by_sumsq", "out", out, pref, sqrt(ms / (ms + eps)), what);
+        free(pref);
+        host_free(&px[p]);
+        host_free(&po[p]);
+        host_free(&pw[p]);
+        host_free(&ps[p]);
+    }
+    free(x);
+    free(wd);
+    free(ref);
+    free(ss);
+    host_free(&full);
+    host_free(&w);
+    host_free(&total);
+    return ok;
+}
+
 /* ---- finite differences of the float64 forward ------------------------------------------------ */
 
 /* L = sum(g * norm(s)) + sum(gr * s) with s = in + res (res NULL: s = in), rows of d, in double. */
@@ -494,9 +591,16 @@ static int check_fd(int layer, int fused, int64_t rows, int64_t d)
 
 static void test_registry(void)
 {
-    const char *names[] = {
-        "rms_norm",          "fused_add_rms_norm",          "layer_norm",          "fused_add_layer_norm",
-        "rms_norm_backward", "fused_add_rms_norm_backward", "layer_norm_backward", "fused_add_layer_norm_backward"};
+    const char *names[] = {"rms_norm",
+                           "fused_add_rms_norm",
+                           "layer_norm",
+                           "fused_add_layer_norm",
+                           "rms_norm_backward",
+                           "fused_add_rms_norm_backward",
+                           "layer_norm_backward",
+                           "fused_add_layer_norm_backward",
+                           "rms_norm_sumsq",
+                           "rms_norm_by_sumsq"};
     for (size_t i = 0; i < sizeof names / sizeof names[0]; i++) {
         const tk_op_desc *op = tk_ops__find(names[i]);
         CHECK(op != NULL);
@@ -531,6 +635,85 @@ static void test_registry(void)
 }
 
 static void test_rms_norm(void) { CHECK(check_op(0, 0)); }
+
+/* The split norm's signatures and messages: sums of the wrong shape or dtype, a width below the part. */
+static void test_validation_split(void)
+{
+    tk_buf b = TK_BUF_INIT;
+    CHECK_RC(tk_ops__signature(&b, tk_ops__find("rms_norm_sumsq")), TK_OK);
+    CHECK_STR(b.data, "rms_norm_sumsq(out: f32[...], input: f32|f16|bf16[..., d]) -> out");
+    tk__buf_free(&b);
+    CHECK_RC(tk_ops__signature(&b, tk_ops__find("rms_norm_by_sumsq")), TK_OK);
+    CHECK_STR(b.data, "rms_norm_by_sumsq(out: T[..., d], input: T[..., d], weight: T|f32[d], sumsq: f32[...], "
+                      "width: i64 = 0, eps: f64 = 1e-06) -> out; T in {f32, f16, bf16}");
+    tk__buf_free(&b);
+    int64_t s48[2] = {4, 8}, s4 = 4, s41[2] = {4, 1}, s8 = 8;
+    host_t x, y, w, ss, ss2, ssh;
+    host_new(&x, BF16, 2, s48, 0);
+    host_new(&y, BF16, 2, s48, 0);
+    host_new(&w, BF16, 1, &s8, 0);
+    host_new(&ss, F32, 1, &s4, 0);
+    host_new(&ss2, F32, 2, s41, 0);
+    host_new(&ssh, BF16, 1, &s4, 0);
+    tk_op_call c;
+    tk_arg a[2] = {{TK_ARG_TENSOR, "out", &ss2.t, 0, 0}, {TK_ARG_TENSOR, "input", &x.t, 0, 0}};
+    CHECK_RC(tk_ops__prepare(&c, "rms_norm_sumsq", a, 2), TK_ERR_INVALID);
+    CHECK_CONTAINS(tk_last_error(), "rms_norm_sumsq: 'out' has shape [4, 1], want [4] (the shape of 'input' [4, 8] "
+                                    "without its last dimension)");
+    a[0].t = &ssh.t;
+    CHECK_RC(tk_ops__prepare(&c, "rms_norm_sumsq", a, 2), TK_ERR_INVALID);
+    CHECK_CONTAINS(tk_last_error(), "rms_norm_sumsq: 'out' has dtype bf16");
+    a[0].t = &ss.t;
+    CHECK_RC(tk_ops__prepare(&c, "rms_norm_sumsq", a, 2), TK_OK);
+    tk_arg n[5] = {{TK_ARG_TENSOR, "out", &y.t, 0, 0},
+                   {TK_ARG_TENSOR, "input", &x.t, 0, 0},
+                   {TK_ARG_TENSOR, "weight", &w.t, 0, 0},
+                   {TK_ARG_TENSOR, "sumsq", &ss2.t, 0, 0},
+                   {TK_ARG_I64, "width", NULL, 16, 0}};
+    CHECK_RC(tk_ops__prepare(&c, "rms_norm_by_sumsq", n, 5), TK_ERR_INVALID);
+    CHECK_CONTAINS(tk_last_error(), "rms_norm_by_sumsq: 'sumsq' has shape [4, 1], want [4]");
+    n[3].t = &ss.t;
+    n[4].i = 7;
+    CHECK_RC(tk_ops__prepare(&c, "rms_norm_by_sumsq", n, 5), TK_ERR_INVALID);
+    CHECK_CONTAINS(tk_last_error(), "rms_norm_by_sumsq: 'width' is 7, want 0 or at least 8 ('input' holds 8 columns "
+                                    "of the row)");
+    n[4].i = 8;
+    CHECK_RC(tk_ops__prepare(&c, "rms_norm_by_sumsq", n, 5), TK_OK);
+    CHECK_RC(tk_ops__prepare(&c, "rms_norm_by_sumsq", n, 3), TK_ERR_INVALID);
+    CHECK_CONTAINS(tk_last_error(), "rms_norm_by_sumsq: missing argument 'sumsq'");
+    host_free(&x);
+    host_free(&y);
+    host_free(&w);
+    host_free(&ss);
+    host_free(&ss2);
+    host_free(&ssh);
+}
+
+/* rms_norm_sumsq and rms_norm_by_sumsq: a row whole (width left out), and split in 2 and 3 parts as
+ * tensor parallelism splits OLMo2's q/k norms (the last part shorter, or empty), every shape and dtype,
+ * strided and in place, large and tiny magnitudes. */
+static void test_rms_norm_split(void)
+{
+    for (size_t s = 0; s < sizeof shapes / sizeof shapes[0]; s++)
+        for (size_t k = 0; k < 3; k++) {
+            const int64_t *sh = shapes[s][0] == 1 ? shapes[s] + 1 : shapes[s];
+            int nd = shapes[s][0] == 1 ? 2 : 3;
+            tk_dtype dt = *all_dtypes[k];
+            double eps = uniform(1e-6, 1e-5);
+            for (int parts = 1; parts <= 3; parts++) {
+                CHECK(check_split(dt, nd, sh, parts, 0, uniform(0.5, 4.0), eps, 0));
+                CHECK(check_split(dt, nd, sh, parts, 2, uniform(0.5, 4.0), eps, 0));
+                CHECK(check_split(dt, nd, sh, parts, 0, uniform(0.5, 4.0), eps, 1));
+            }
+        }
+    const int64_t sh[2] = {3, 37};
+    /* large, and eps dominating (the f32 sums hold squares of |x| from about 1e-19 to 1e19) */
+    CHECK(check_split(F32, 2, sh, 2, 0, 1e17, 1e-6, 0));
+    CHECK(check_split(F32, 2, sh, 3, 0, 1e-12, 1e-6, 0));
+    CHECK(check_split(BF16, 2, sh, 2, 0, 1e17, 1e-6, 0));
+    CHECK(check_split(BF16, 2, sh, 2, 0, 1e-12, 1e-6, 0));
+    CHECK(check_split(F16, 2, sh, 3, 0, 2e4, 1e-6, 0)); /* x^2 overflows f16, not the f32 sum */
+}
 static void test_fused_add_rms_norm(void) { CHECK(check_op(0, 1)); }
 static void test_layer_norm(void) { CHECK(check_op(1, 0)); }
 static void test_fused_add_layer_norm(void) { CHECK(check_op(1, 1)); }
@@ -982,6 +1165,8 @@ int main(void)
     op_test_seed();
     RUN(test_registry);
     RUN(test_rms_norm);
+    RUN(test_rms_norm_split);
+    RUN(test_validation_split);
     RUN(test_fused_add_rms_norm);
     RUN(test_layer_norm);
     RUN(test_fused_add_layer_norm);

@@ -196,6 +196,65 @@ static void test_assign(void)
     tk_models__tp_plan_free(p);
 }
 
+/* A fused qkv_proj packed in 3 with fewer kv heads than heads (Phi-3-medium): its blocks are q's heads and
+ * k's and v's kv heads (12, 6 and 6 heads of 4 here), each split by heads; with as many kv heads as
+ * heads, or another tensor, the blocks are equal thirds (transformers' _StridedShard); rows that are
+ * not q, k and v of whole heads are an error. */
+static void test_qkv_blocks(void)
+{
+    static const char *const names[] = {"model.layers.0.self_attn.qkv_proj.weight",
+                                        "model.layers.0.mlp.gate_up_proj.weight"};
+    static const int ndims[] = {2, 2};
+    static const int64_t shapes[][TK_TP_MAX_RANK] = {{96, 8}, {96, 8}};
+    static const char *const rules =
+        "{\"model.layers.*.self_attn.qkv_proj\": {\"style\": \"packed_colwise\", \"split\": 3},"
+        "\"model.layers.*.mlp.gate_up_proj\": {\"style\": \"packed_colwise\", \"split\": 3}}";
+    /* rank r of N: its rows of q, of k and of v */
+    static const struct {
+        int world, rank;
+        int64_t start[3], len[3];
+    } want[] = {{2, 0, {0, 48, 72}, {24, 12, 12}},
+                {2, 1, {24, 60, 84}, {24, 12, 12}},
+                {3, 1, {16, 56, 80}, {16, 8, 8}},
+                {6, 5, {40, 68, 92}, {8, 4, 4}}};
+    int rc;
+    for (size_t k = 0; k < sizeof want / sizeof want[0]; k++) {
+        tk_tp_plan *p = plan_of(rules, want[k].world, &rc);
+        CHECK_RC(tk_models__tp_assign(p, names, ndims, shapes, 2, 12, 6, 0), TK_OK);
+        tk_tp_slice s;
+        CHECK_RC(tk_models__tp_slice(&s, &p->params[0], want[k].rank, want[k].world, 4), TK_OK);
+        CHECK_EQ_INT(s.nranges, 3);
+        for (int b = 0; b < 3 && b < s.nranges; b++) {
+            CHECK_EQ_INT(s.start[b], want[k].start[b]);
+            CHECK_EQ_INT(s.len[b], want[k].len[b]);
+        }
+        CHECK_EQ_INT(s.shape[0], want[k].len[0] + 2 * want[k].len[1]);
+        /* gate_up_proj is no q|k|v: equal thirds of 32 rows */
+        CHECK_RC(tk_models__tp_slice(&s, &p->params[1], want[k].rank, want[k].world, 4), TK_OK);
+        int64_t off, len;
+        tk_models__tp_chunk(32, want[k].world, want[k].rank, &off, &len);
+        CHECK_EQ_INT(s.nranges, len ? 3 : 0);
+        for (int b = 0; b < 3 && b < s.nranges; b++)
+            CHECK(s.start[b] == 32 * b + off && s.len[b] == len);
+        tk_models__tp_plan_free(p);
+    }
+    /* as many kv heads as heads: equal blocks */
+    tk_tp_plan *p = plan_of(rules, 2, &rc);
+    CHECK_RC(tk_models__tp_assign(p, names, ndims, shapes, 2, 8, 8, 0), TK_OK);
+    CHECK(p->params[0].block[0] == 0);
+    tk_models__tp_plan_free(p);
+    /* 6 kv heads over 4 ranks */
+    p = plan_of(rules, 4, &rc);
+    CHECK_RC(tk_models__tp_assign(p, names, ndims, shapes, 2, 12, 6, 0), TK_ERR_INVALID);
+    CHECK_CONTAINS(tk_last_error(), "num_key_value_heads 6 is not divisible by the tensor-parallel size 4");
+    tk_models__tp_plan_free(p);
+    /* 96 rows are not q, k and v of 10 heads and 2 kv heads (14 heads' rows) */
+    p = plan_of(rules, 2, &rc);
+    CHECK_RC(tk_models__tp_assign(p, names, ndims, shapes, 2, 10, 2, 0), TK_ERR_INVALID);
+    CHECK_CONTAINS(tk_last_error(), "which is not q, k and v of 10 heads and 2 kv heads");
+    tk_models__tp_plan_free(p);
+}
+
 /* A mixture of experts saved one tensor an expert takes the split of the fused parameter transformers
  * concatenates them into: gate/up (w1/w3) colwise, down (w2) rowwise; Mixtral's block_sparse_moe module
  * is transformers 5's mlp; the experts module's rule counts as used; the router stays whole. */
@@ -254,7 +313,7 @@ static void test_copy_matches_indexing(void)
         for (int split = 1; split <= 2; split++)
             for (int world = 1; world <= 4; world++)
                 for (int r = 0; r < world; r++) {
-                    tk_tp_param p = {"t", "colwise", NULL, dim, split, 3, {A, B, C}};
+                    tk_tp_param p = {"t", "colwise", NULL, dim, split, 3, {A, B, C}, {0}};
                     tk_tp_slice s;
                     if (split == 2 && p.shape[dim] % 2)
                         continue;
@@ -352,6 +411,7 @@ int main(int argc, char **argv)
     RUN(test_chunk);
     RUN(test_parse_errors);
     RUN(test_assign);
+    RUN(test_qkv_blocks);
     RUN(test_expert_parts);
     RUN(test_copy_matches_indexing);
     return th_done();

@@ -21,11 +21,13 @@ save_pretrained, and transformers' own logits for one prompt beside each (OUT/<n
               sliding layer, query_pre_attn_scalar and both softcaps; Gemma 3's q/k norms and two RoPEs;
               Granite's four multipliers (folded into the split weights at load); SmolLM3's NoPE layers.
               Eager attention in transformers (sdpa would drop Gemma 2's attention softcap)
-  olmo2       Olmo2ForCausalLM: its q/k norms span the whole projection, which tk does not split (the
-              refusal case)
+  olmo2       Olmo2ForCausalLM (12 heads, 6 kv heads): its q/k norms span the whole projection, split
+              with q_proj's and k_proj's heads by tk's plan (their sums of squares all-reduced)
   phi3, phi3-gqa
-              Phi-3 (fused qkv_proj and gate_up_proj, LongRoPE, partial rotary) with 12 kv heads, split
-              by tk's plan; and with 6 kv heads, whose unequal q|k|v blocks tk refuses to split
+              Phi-3 (fused qkv_proj and gate_up_proj, LongRoPE, partial rotary) with 12 kv heads (three
+              equal q|k|v blocks) and with 6 (grouped: q's 12 heads, then k's and v's 6), split by
+              tk's plan
+  bert        BertForMaskedLM: an architecture tensor parallelism does not split (the refusal case)
   mixtral, qwen2_moe, qwen3_moe, qwen3_moe-fused
               mixtures of experts on the same attention: Mixtral (4 experts, top 2, per-expert w1/w3/w2
               tensors, expert width 38: uneven over 3 ranks), Qwen2-MoE (a shared expert with its gate, a
@@ -41,7 +43,7 @@ import sys
 
 import torch
 from safetensors.torch import save_file
-from transformers import (Gemma2Config, Gemma2ForCausalLM, Gemma3ForCausalLM, Gemma3TextConfig, GemmaConfig,
+from transformers import (BertConfig, BertForMaskedLM, Gemma2Config, Gemma2ForCausalLM, Gemma3ForCausalLM, Gemma3TextConfig, GemmaConfig,
                           GemmaForCausalLM, GPT2Config, GPT2LMHeadModel, GraniteConfig, GraniteForCausalLM,
                           LlamaConfig, LlamaForCausalLM, MixtralConfig, MixtralForCausalLM, Olmo2Config,
                           Olmo2ForCausalLM, Phi3Config, Phi3ForCausalLM, Qwen2Config, Qwen2MoeConfig, Qwen2MoeForCausalLM, Qwen3MoeConfig,
@@ -104,9 +106,9 @@ def main():
     save("granite", GraniteForCausalLM(GraniteConfig(
         **fam, embedding_multiplier=12.0, residual_multiplier=0.22, attention_multiplier=0.0625,
         logits_scaling=8.0, tie_word_embeddings=True)).eval(), 9, ids)
-    save("olmo2", Olmo2ForCausalLM(Olmo2Config(**fam)).eval(), 11, ids)  # not split: refused by name
+    save("olmo2", Olmo2ForCausalLM(Olmo2Config(**fam)).eval(), 11, ids)
     # Phi-3: fused qkv_proj (as many kv heads as heads: three equal blocks) and gate_up_proj; LongRoPE
-    # (original 6 positions of 128: the ids take long_factor), partial rotary; and one with GQA (refused)
+    # (original 6 positions of 128: the ids take long_factor), partial rotary; and one with GQA
     phi = dict(**{k: v for k, v in fam.items() if k != "head_dim"}, partial_rotary_factor=0.5, pad_token_id=None,
                original_max_position_embeddings=6,
                rope_scaling={"type": "longrope", "short_factor": [1.1], "long_factor": [3.0]})  # head_dim 48 / 12
@@ -129,6 +131,9 @@ def main():
     save_file(sd, os.path.join(f, "model.safetensors"), metadata={"format": "pt"})
     for n in ("config.json", "ref.json"):
         shutil.copy(os.path.join(d, n), f)
+    save("bert", BertForMaskedLM(BertConfig(
+        vocab_size=101, hidden_size=48, num_hidden_layers=2, num_attention_heads=12, intermediate_size=37,
+        max_position_embeddings=64)).eval(), 17, ids)
     save("smollm3", SmolLM3ForCausalLM(SmolLM3Config(
         **{**fam, "num_hidden_layers": 4}, no_rope_layer_interval=2, pad_token_id=None)).eval(), 10, ids)
 

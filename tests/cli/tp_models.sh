@@ -3,7 +3,7 @@
 # (GQA, biases, untied, uneven MLP width and vocabulary), Qwen2 (tied, q/k/v biases), a Llama where
 # torch.chunk leaves the last of 3 ranks no MLP features and no vocabulary rows, GPT-2 with a plan
 # file, the Llama variations that split (Qwen3, Gemma 1-3, Granite, SmolLM3, Phi-3, Mixtral, Qwen2-MoE,
-# Qwen3-MoE), OLMo2 and a Phi-3 with grouped kv heads (refused), made with transformers' save_pretrained by tests/tp_models_make.py (cached in $B/tp-models,
+# Qwen3-MoE, OLMo2, a Phi-3 with grouped kv heads) and BERT (refused), made with transformers' save_pretrained by tests/tp_models_make.py (cached in $B/tp-models,
 # remade when the script changes). `tk model logits --tp N` must equal one process's logits (within
 # f32 rounding of the reordered sums) and transformers' own; `tk generate --tp N` must give one
 # process's tokens (greedy, sampling, beams, a batch); each rank must hold about 1/N of the weights and
@@ -99,8 +99,10 @@ t_logits_rank_with_nothing_3_ranks() {
 # sliding layers, two RoPEs), Granite's multipliers folded into split weights, SmolLM3's NoPE layers;
 # and the mixtures of experts, each expert split as the dense MLP (per-expert tensors and transformers
 # 5's fused ones; Qwen2-MoE's shared expert whole on every rank: its slack); Phi-3's fused q|k|v and
-# gate|up split by blocks (tk's plan: transformers' gathers them).
-FAMILIES="qwen3 gemma gemma2 gemma3 granite smollm3 phi3 mixtral qwen2_moe qwen3_moe qwen3_moe-fused"
+# gate|up split by blocks, equal and (grouped kv heads) not (tk's plan: transformers' gathers them);
+# OLMo2's q/k norms over the whole projection split with its heads, their sums of squares all-reduced
+# (tk's plan: transformers' gathers q, k and v).
+FAMILIES="qwen3 gemma gemma2 gemma3 granite smollm3 phi3 phi3-gqa olmo2 mixtral qwen2_moe qwen3_moe qwen3_moe-fused"
 t_logits_families_2_3_ranks() {
   ready || return
   local f
@@ -121,20 +123,21 @@ t_generate_families() {
   done
 }
 
-# OLMo2's q/k norms span the whole projection (its plan gathers q, k and v): refused by name, with the
-# architectures that do split; and a Phi-3 whose fused q|k|v blocks are unequal (grouped kv heads).
+# An architecture tensor parallelism does not split (BERT): refused by name, with the architectures that
+# do split; kv heads that do not divide by the ranks (Phi-3's grouped ones, 6 over 4); and transformers'
+# own plans for Phi-3 and OLMo2, which gather what tk splits.
 t_family_not_split() {
   ready || return
-  run_mpi 60 2 "$TK" model logits "$MODELS/olmo2" --ids 1,2 --tp 2
+  run_mpi 60 2 "$TK" model logits "$MODELS/bert" --ids 1,2 --tp 2
   [ $RC = 8 ] || fail "exit $RC, want 8: $ERR"
-  grep -q "Olmo2ForCausalLM: tensor parallelism runs LlamaForCausalLM, .*Gemma3ForCausalLM, .*Qwen3MoeForCausalLM so far" <<<"$ERR" ||
+  grep -q "BertForMaskedLM: tensor parallelism runs LlamaForCausalLM, .*Olmo2ForCausalLM, .*Phi3ForCausalLM, .*Qwen3MoeForCausalLM so far" <<<"$ERR" ||
     fail "no clear error: $ERR"
   grep -q "HINT: run it in one process" <<<"$ERR" || fail "no hint: $ERR"
-  # Phi-3 with fewer kv heads than heads: its fused q|k|v blocks are unequal
-  run_mpi 60 2 "$TK" model logits "$MODELS/phi3-gqa" --ids 1,2 --tp 2
-  [ $RC = 8 ] || fail "phi3-gqa: exit $RC, want 8: $ERR"
-  grep -q "splits the fused qkv_proj in three equal blocks, and this checkpoint's are not (12 heads, 6 kv heads)" \
-    <<<"$ERR" || fail "phi3-gqa: no clear error: $ERR"
+  # Phi-3 with 6 kv heads over 4 ranks: each rank must hold whole kv heads
+  run_mpi 60 4 "$TK" model logits "$MODELS/phi3-gqa" --ids 1,2 --tp 4
+  [ $RC = 2 ] || [ $RC = 8 ] || fail "phi3-gqa at 4 ranks: exit $RC, want 2 or 8: $ERR"
+  grep -q "num_key_value_heads 6 is not divisible by the tensor-parallel size 4" <<<"$ERR" ||
+    fail "phi3-gqa at 4 ranks: no clear error: $ERR"
   # transformers' own Phi-3 plan (it gathers the fused outputs) in config.json: refused naming the style
   cp -r "$MODELS/phi3" "$WORK/phi3p"
   python3 - "$WORK/phi3p/config.json" <<'EOF'
@@ -150,6 +153,24 @@ EOF
   [ $RC = 8 ] || fail "phi3 with transformers' plan: exit $RC, want 8: $ERR"
   grep -q "the style colwise_gather_output (rule 'model.layers.\*.mlp.gate_up_proj'), which tk does not run" \
     <<<"$ERR" || fail "phi3 with transformers' plan: no clear error: $ERR"
+  # transformers' own OLMo2 plan (q, k and v gathered, the q/k norms whole): refused naming the norm
+  cp -r "$MODELS/olmo2" "$WORK/olmo2p"
+  python3 - "$WORK/olmo2p/config.json" <<'EOF'
+import json, sys
+c = json.load(open(sys.argv[1]))
+c["base_model_tp_plan"] = {"layers.*.self_attn.q_proj": "colwise_gather_output",
+                           "layers.*.self_attn.k_proj": "colwise_gather_output",
+                           "layers.*.self_attn.v_proj": "colwise_gather_output",
+                           "layers.*.self_attn.o_proj": "rowwise_split_input",
+                           "layers.*.mlp.gate_proj": "colwise", "layers.*.mlp.up_proj": "colwise",
+                           "layers.*.mlp.down_proj": "rowwise"}
+json.dump(c, open(sys.argv[1], "w"))
+EOF
+  run_mpi 60 2 "$TK" model logits "$WORK/olmo2p" --ids 1,2 --tp 2
+  [ $RC = 8 ] || fail "olmo2 with transformers' plan: exit $RC, want 8: $ERR"
+  grep -q "gives 'model.layers.0.self_attn.[qk]_norm.weight' the style replicate (rule 'none'), which tk does not run" \
+    <<<"$ERR" || fail "olmo2 with transformers' plan: no clear error: $ERR"
+  grep -q "OLMo2's q_norm and k_norm colwise" <<<"$ERR" || fail "olmo2 with transformers' plan: no hint: $ERR"
 }
 
 # A plan file: the default plan written out in full names gives the same; a plan that replicates the
