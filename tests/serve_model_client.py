@@ -558,12 +558,12 @@ def check_diffusion():
         got = r2["choices"][0] if st == 200 else r2
         if st != 200 or got["text"] != text[:text.index(stop)] or got["finish_reason"] != "stop":
             fail("diffusion with stop %r: %d %s, want %r" % (stop, st, got, text[:text.index(stop)]))
-    for extra, param in (({"logprobs": 1}, "logprobs"), ({"max_tokens": 15}, None)):
+    for extra, param in (({"logprobs": 1}, "logprobs"), ({"max_tokens": 15}, None), ({"t_min": 0.5}, "t_min")):
         st, e = raw("POST", "/v1/completions", json.dumps(dict(body, **extra)).encode())
         if st != 400 or (param and e["error"]["param"] != param):
             fail("diffusion %s: %d %s, want 400" % (extra, st, e))
     print("diffusion: text %r alone, streamed in %d chunks, through the openai client and cut at stop %r; "
-          "logprobs and max_tokens 15 of block 8 refused" % (text, len(chunks), stop))
+          "logprobs, max_tokens 15 of block 8 and block diffusion's t_min refused" % (text, len(chunks), stop))
 
 
 def diff_post(body, timeout=120):

@@ -149,7 +149,8 @@ dllm_checkpoints() {
 }
 
 # A masked diffusion checkpoint (tests/models/dllm_oracle.py's LLaDA layout) served: tk_diffusion_generate
-# per request, streamed per finished block; the diffusion fields are refused by an autoregressive model.
+# per request, streamed per finished block; the diffusion fields (masked and block) are refused by an
+# autoregressive model, block diffusion's by LLaDA.
 t_diffusion_checkpoint() {
   need || return
   local dck=$WORK/dllm
@@ -165,6 +166,9 @@ t_diffusion_checkpoint() {
   st=$(curl -s -o "$WORK/steps.json" -w '%{http_code}' "$URL/v1/completions" -d '{"prompt": "Once", "max_tokens": 2, "steps": 4}')
   [ "$st" = 400 ] && grep -q "'steps' applies to a diffusion model (LLaDA, Dream, DiffusionGemma)" "$WORK/steps.json" ||
     fail "steps on an autoregressive model: $st $(cat "$WORK/steps.json")"
+  st=$(curl -s -o "$WORK/eb.json" -w '%{http_code}' "$URL/v1/completions" -d '{"prompt": "Once", "max_tokens": 2, "entropy_bound": 0.5}')
+  [ "$st" = 400 ] && grep -q "'entropy_bound' applies to a block diffusion model (DiffusionGemma)" "$WORK/eb.json" ||
+    fail "entropy_bound on an autoregressive model: $st $(cat "$WORK/eb.json")"
   stop_server
 }
 
