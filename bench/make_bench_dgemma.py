@@ -6,10 +6,13 @@ transformers' own random init with the self-conditioning MLP's output scaled by 
 tests/models/bd_oracle.py's (undamped, the loop from one step's logits to the next step's input amplifies
 rounding, so two paths that differ only in summation order soon draw different tokens), written with
 save_pretrained (~10M parameters). Big enough that a forward is
-not all overhead, small enough that a generation of a few blocks takes seconds on two cores.
+not all overhead, small enough that a generation of a few blocks takes seconds on two cores. With
+"words", also a WordPiece tokenizer whose every id is a word ("[UNK]", "<s>", "</s>", then "w3" ...
+"w4095"), for bench/serve_diffusion.sh (KIND=dgemma): tk serve-model needs a tokenizer.
 
-    make_bench_dgemma.py OUT
+    make_bench_dgemma.py OUT [words]
 """
+import os
 import sys
 
 import torch
@@ -30,6 +33,14 @@ def main():
         m.model.decoder.self_conditioning.down_proj.weight.mul_(0.05)
     m.generation_config.eos_token_id = None  # every block runs: the bench measures whole generations
     m.save_pretrained(sys.argv[1])
+    if sys.argv[2:] == ["words"]:
+        from tokenizers import Tokenizer, decoders, models, pre_tokenizers
+        special = ["[UNK]", "<s>", "</s>"]
+        vocab = {w: i for i, w in enumerate(special + ["w%d" % i for i in range(len(special), text["vocab_size"])])}
+        tok = Tokenizer(models.WordPiece(vocab, unk_token="[UNK]"))
+        tok.pre_tokenizer, tok.decoder = pre_tokenizers.Whitespace(), decoders.WordPiece()
+        tok.add_special_tokens(special)
+        tok.save(os.path.join(sys.argv[1], "tokenizer.json"))
 
 
 if __name__ == "__main__":

@@ -1,31 +1,47 @@
 #!/usr/bin/env bash
-# tk serve-model on a masked diffusion checkpoint: K concurrent clients, one request at a time through
-# the sampler (sequential: --parallel 1, which is how the server ran every diffusion request before
-# tk_diff_batch; with TK_BEFORE=path/to/an/older/tk, that binary too) against the batched server
-# (--parallel 8: every running request's canvas in one forward a step). The checkpoint: the ~57M
-# Llama of bench/make_bench_llama.py in LLaDA's layout (bench/make_bench_llada_words.py), f32, CPU.
-# Each client sends REQS non-streamed /v1/completions (its own prompt, temperature 0, max_tokens G,
-# block_length BL, steps S) one after another; tokens/s = all the requests' gen_length over the wall
-# time. Every mode must answer each request with the same text (checked; batching changes only the
-# rounding of the batched products, docs/serving.md).
+# tk serve-model on a diffusion checkpoint: K concurrent clients, one request at a time through the
+# sampler (sequential: --parallel 1, which is how the server ran every diffusion request before
+# tk_diff_batch, and every DiffusionGemma request before issue 29's block batching; with
+# TK_BEFORE=path/to/an/older/tk, that binary too) against the batched server (--parallel 8: every
+# running request's canvas in one forward a step). KIND=llada (default): the ~57M Llama of
+# bench/make_bench_llama.py in LLaDA's layout (bench/make_bench_llada_words.py), f32, CPU; each request
+# temperature 0, max_tokens G, block_length BL, steps S. KIND=dgemma: bench/make_bench_dgemma.py's ~10M
+# random DiffusionGemma (canvas_length 16) with a word tokenizer; each request max_tokens G (whole
+# canvases), steps S a block, its own seed (near uniform logits: every block runs all S steps). Each
+# client sends REQS non-streamed /v1/completions (its own prompt) one after another; tokens/s = all the
+# requests' gen_length over the wall time. Every mode must answer each request with the same text
+# (checked; batching changes only the rounding of the batched products, docs/serving.md).
 #
 # The servers run side by side and the modes alternate within each of ROUNDS rounds (default 3);
 # the table gives the medians.
 #
 #     bash bench/serve_diffusion.sh [K...]          (default 1 4 8)
 #     G=32 BL=16 S=32 REQS=2 ROUNDS=3 TK_BEFORE=/tmp/tk.main bash bench/serve_diffusion.sh 1 4 8
+#     KIND=dgemma G=32 S=8 REQS=2 bash bench/serve_diffusion.sh 1 4
 set -u
 cd "$(dirname "$0")/.."
 B=${TK_BUILD:-build}
 . scripts/py-venv.sh
 PY=$TK_PY_VENV/bin/python
-G=${G:-32}; BL=${BL:-16}; S=${S:-32}; REQS=${REQS:-2}
+KIND=${KIND:-llada}
+REQS=${REQS:-2}
 clients=${*:-1 4 8}
-LL=$B/bench-models/llama-57m CK=$B/bench-models/llada-57m
-[ -f "$LL/config.json" ] || "$PY" bench/make_bench_llama.py "$LL" >/dev/null 2>&1 || { echo "serve_diffusion: cannot write $LL"; exit 1; }
-[ -f "$CK/config.json" ] || "$PY" bench/make_bench_llada_words.py "$LL" "$CK" >/dev/null || { echo "serve_diffusion: cannot write $CK"; exit 1; }
+if [ "$KIND" = dgemma ]; then
+  G=${G:-32}; BL=0; S=${S:-8}
+  CK=$B/bench-models/dgemma-10m-words
+  [ -f "$CK/tokenizer.json" ] || "$PY" bench/make_bench_dgemma.py "$CK" words >/dev/null 2>&1 || { echo "serve_diffusion: cannot write $CK"; exit 1; }
+else
+  G=${G:-32}; BL=${BL:-16}; S=${S:-32}
+  LL=$B/bench-models/llama-57m CK=$B/bench-models/llada-57m
+  [ -f "$LL/config.json" ] || "$PY" bench/make_bench_llama.py "$LL" >/dev/null 2>&1 || { echo "serve_diffusion: cannot write $LL"; exit 1; }
+  [ -f "$CK/config.json" ] || "$PY" bench/make_bench_llada_words.py "$LL" "$CK" >/dev/null || { echo "serve_diffusion: cannot write $CK"; exit 1; }
+fi
 echo "# $(date -u +%FT%TZ) $(nproc) cores, $(grep -m1 'model name' /proc/cpuinfo | cut -d: -f2 | sed 's/^ //'), load: $(cut -d' ' -f1-3 /proc/loadavg)"
-echo "# $CK: gen_length $G, block_length $BL, steps $S, temperature 0; $REQS requests a client"
+if [ "$KIND" = dgemma ]; then
+  echo "# $CK: gen_length $G, steps $S a block, a seed a request; $REQS requests a client"
+else
+  echo "# $CK: gen_length $G, block_length $BL, steps $S, temperature 0; $REQS requests a client"
+fi
 OUT=$(mktemp -d)
 PIDS=
 trap 'kill $PIDS 2>/dev/null; rm -rf "$OUT"' EXIT
@@ -51,7 +67,9 @@ def steps():  # its denoising steps (forwards); None from a server without the c
     return float(m.group(1)) if m else None
 def one(i, r):
     prompt = " ".join("w%d" % (100 + 37 * i + 11 * r + j) for j in range(8 + (i + r) % 8))
-    body = json.dumps({"prompt": prompt, "max_tokens": G, "block_length": BL, "steps": S, "temperature": 0}).encode()
+    req = {"prompt": prompt, "max_tokens": G, "steps": S}
+    req.update({"block_length": BL, "temperature": 0} if BL else {"seed": 1 + 37 * i + 11 * r})  # BL 0: dgemma
+    body = json.dumps(req).encode()
     t = time.time()
     with urllib.request.urlopen(urllib.request.Request(url + "/v1/completions", body), timeout=3600) as f:
         text = json.loads(f.read())["choices"][0]["text"]

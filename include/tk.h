@@ -1535,10 +1535,11 @@ typedef struct tk_diff_result tk_diff_result;
  * (DiffusionGemma), or 0 (an autoregressive model: tk_generate). */
 TK_API int tk_model_diffusion(const tk_model *m);
 
-/* Generates gen_length tokens after prompt (len ids) by masked diffusion, on the model's device. The
- * model's attention is bidirectional for the call (o->bidirectional for a causal checkpoint).
- * Deterministic: the same options, seed (or draws) and device give the same ids. It is a
- * tk_diff_batch of one sequence (below), so the batch's sequences sample as it does. Errors:
+/* Generates gen_length tokens after prompt (len ids) by masked diffusion (or block diffusion on a
+ * DiffusionGemma checkpoint), on the model's device. The model's attention is bidirectional for the
+ * call (o->bidirectional for a causal checkpoint). Deterministic: the same options, seed (or draws)
+ * and device give the same ids. It is a tk_diff_batch of one sequence (below), so the batch's
+ * sequences sample as it does. Errors:
  * TK_ERR_INVALID naming both values: no mask token id, gen_length not a multiple of block_length,
  * steps fewer than the blocks or not a multiple of them, steps above gen_length, a prompt plus
  * gen_length longer than the context, an unknown remasking or alg; TK_ERR_UNSUPPORTED (a model without
@@ -1555,13 +1556,17 @@ TK_API const char *tk_diff_result_text(const tk_diff_result *r);
  * caller's (tk_free). */
 TK_API int tk_diff_result_json(char **json, const tk_diff_result *r);
 
-/* Several masked diffusion sequences in lockstep (what tk serve-model batches; tk_diffusion_generate is
- * one sequence of such a batch). Each step runs ONE tk_model_forward over every sequence's canvas (and
- * the unconditional canvas of each with cfg_scale > 0), then advances each by its own sampler, options
+/* Several diffusion sequences in lockstep (what tk serve-model batches; tk_diffusion_generate is one
+ * sequence of such a batch). Each step runs ONE forward over every sequence's canvas (and the
+ * unconditional canvas of each with cfg_scale > 0), then advances each by its own sampler, options
  * and draws: a sequence produces the ids it produces alone through tk_diffusion_generate, up to the
  * rounding that a forward over more rows may change (docs/serving.md, "Determinism"). Sequences join
  * (tk_diff_batch_add) and leave (at their last step, by their on_step callback, or tk_diff_batch_cancel)
- * between steps; each may have its own prompt, gen_length, block_length, steps, sampler and seed. One
+ * between steps; each may have its own prompt, gen_length, block_length, steps, sampler and seed. On a
+ * block diffusion checkpoint (DiffusionGemma) the forward's linear layers and experts run over every
+ * canvas at once while each sequence attends to its own cache of encoded keys and values; a sequence
+ * at a block's start encodes its prompt or finished block in that same forward, and each keeps its
+ * own block, temperature schedule, early stop, draws and options (t_min ... stability_threshold). One
  * thread at a time per batch (and per model: the batch runs the model).
  *
  *     tk_diff_batch *b = NULL;
@@ -1589,20 +1594,23 @@ typedef struct {
     int64_t step_sequences; /* summed over the steps: the sequences each step advanced */
 } tk_diff_batch_stats;
 
-/* A new empty batch over a masked diffusion model (LLaDA, Dream, or a Llama-family checkpoint that its
- * sequences run bidirectionally). The model must outlive it. Errors: TK_ERR_UNSUPPORTED (no LM head; a
- * block diffusion checkpoint, which tk_diffusion_generate runs one at a time), TK_ERR_NOMEM. */
+/* A new empty batch over a diffusion model (LLaDA, Dream, a Llama-family checkpoint that its sequences
+ * run bidirectionally, or DiffusionGemma's block diffusion). The model must outlive it. Errors:
+ * TK_ERR_UNSUPPORTED (no LM head), TK_ERR_NOMEM. */
 TK_API int tk_diff_batch_new(tk_diff_batch **out, tk_model *m);
 TK_API void tk_diff_batch_free(tk_diff_batch *b);
-/* Adds a sequence: prompt (len ids, copied) and gen_length masked positions, sampled as
+/* Adds a sequence: prompt (len ids, copied) and gen_length positions to generate, sampled as
  * tk_diffusion_generate does with o (copied; o->rand_user and o->step_user must live until the sequence
  * leaves, and o->on_step is called from tk_diff_batch_step). It joins at the next step; *seq receives
- * its id. Errors: tk_diffusion_generate's checks of o and the prompt (TK_ERR_INVALID), TK_ERR_NOMEM. */
+ * its id. Block diffusion allocates the sequence's logits and its encoder cache here (every layer's
+ * keys and values for the prompt and every block). Errors: tk_diffusion_generate's checks of o and the
+ * prompt (TK_ERR_INVALID), TK_ERR_NOMEM. */
 TK_API int tk_diff_batch_add(int64_t *seq, tk_diff_batch *b, const int32_t *prompt, size_t len, const tk_diff_opts *o);
 /* Runs one step of every sequence. *events (borrowed until the next call) receives one event per
  * sequence that ended, which is gone from the batch. A failure of one sequence (its draws, memory for
  * its record) ends it with that status and tk_last_error() naming it, and the step returns TK_OK; a
- * model failure fails the step and leaves every sequence as it was. */
+ * model failure fails the step and leaves every sequence as it was (a block's starting canvas, once
+ * drawn, is kept for the next try). */
 TK_API int tk_diff_batch_step(tk_diff_batch *b, const tk_diff_event **events, size_t *nevents);
 /* Removes a sequence now (a cancelled request). Errors: TK_ERR_NOT_FOUND. */
 TK_API int tk_diff_batch_cancel(tk_diff_batch *b, int64_t seq);

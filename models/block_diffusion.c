@@ -13,15 +13,23 @@
  *                entropy is below confidence_threshold
  *   the block's tokens are the last argmax canvas; after a block holding eos, stop (pad after it)
  *
- * The encoder's keys and values are cached as transformers caches them (tk_models__dgemma_kv_*): the
- * prompt encoded once, each finished block at the start of the next; each step is one
- * tk_models__dgemma_denoise, the decoder over the canvas alone against that cache. TK_DGEMMA_CACHE=0 in
- * the environment runs the old check path: each step a forward over the whole sequence, the encoder
- * recomputed (the same numbers to rounding). The sampler's arithmetic is on the host in float64 over the
- * f32 logits.
+ * The sampler is step-wise, one bstate per sequence (tk_models_block_*), so a tk_diff_batch
+ * (diffusion_lm.c) runs several sequences in lockstep: before a step each prepares its part
+ * (tk_models__block_prepare: at a block's start, its starting canvas), ONE tk_models__dgemma_step runs
+ * the model over every canvas, and each advances over its own logits with its own options, draws,
+ * block, temperature schedule and early stop (tk_models__block_advance). tk_diffusion_generate is a
+ * batch of one.
+ *
+ * The encoder's keys and values are cached per sequence as transformers caches them
+ * (tk_models__dgemma_kv_*): the prompt encoded once, in the first step's forward, and each finished
+ * block in the first step of the next; the other steps run only the decoder over the canvas against
+ * that cache. TK_DGEMMA_CACHE=0 in the environment runs the old check path: each step encodes the whole
+ * prefix again (the same numbers to rounding). The sampler's arithmetic is on the host in float64 over
+ * the f32 logits.
  */
 #include <jansson.h>
 #include <math.h>
+#include <stddef.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -29,8 +37,10 @@
 #include "models/models.h"
 
 typedef struct {
+    tk_models_dseq h;       /* first: what the batch keeps (id, result, status) */
     tk_model *m;
-    const tk_diff_opts *o;
+    tk_diff_opts oc;        /* the options, copied */
+    const tk_diff_opts *o;  /* &oc */
     int64_t V, C, N, P, nb, stab, pad;
     double t_min, t_max, bound, conf;
     int64_t eos[8];
@@ -38,13 +48,16 @@ typedef struct {
     int32_t *ids;           /* prompt + blocks + the canvas */
     int32_t *canvas, *amax; /* [C] */
     int32_t *hist;          /* [stab, C]: the last argmax canvases (-1: none yet) */
+    int32_t *sampled;       /* [C]: the step's sampled tokens */
+    unsigned char *mask;    /* [C]: the step's accepted positions */
     float *logits, *p;      /* [C, V]: the step's logits, its processed logits (the next self-conditioning) */
     double *ent, *u, *w;    /* [C], [C], [V] */
     int64_t *order, *acc;   /* [C] */
     uint64_t rng;
-    tk_diff_result *r;
-    tk_models_dgemma_kv *kv; /* the encoder's keys and values; NULL: each step recomputes them */
+    tk_models_dgemma_kv *kv; /* the encoder's keys and values */
     int64_t encoded;         /* the ids in kv */
+    int recompute;           /* TK_DGEMMA_CACHE=0: every step encodes the whole prefix again */
+    int64_t b, n;            /* the block, and its steps left (N .. 1; 0: the block is yet to start) */
 } bstate;
 
 /* generation_config.json's number `key` (sampler_config.entropy_bound for "entropy_bound"), or def */
@@ -233,9 +246,9 @@ static int record(bstate *s, int64_t block, int64_t n, size_t nacc, double mean,
         }
     if (a)
         st =
-            json_pack("{s:I, s:I, s:I, s:o, s:f, s:b}", "step", (json_int_t)json_array_size(s->r->steps), "block",
+            json_pack("{s:I, s:I, s:I, s:o, s:f, s:b}", "step", (json_int_t)json_array_size(s->h.r->steps), "block",
                       (json_int_t)block, "remaining", (json_int_t)n, "accepted", a, "mean_entropy", mean, "stop", stop);
-    if (!st || json_array_append_new(s->r->steps, st))
+    if (!st || json_array_append_new(s->h.r->steps, st))
         return tk__err(TK_ERR_NOMEM, "out of memory");
     return TK_OK;
 }
@@ -262,7 +275,7 @@ static int report(bstate *s, int64_t block, const unsigned char *mask, size_t na
     for (int64_t i = 0; mask && i < s->C; i++)
         if (mask[i])
             pos[k++] = (int64_t)off + i;
-    tk_diff_step st = {(int64_t)json_array_size(s->r->steps) - 1,
+    tk_diff_step st = {(int64_t)json_array_size(s->h.r->steps) - 1,
                        s->nb * s->N,
                        block,
                        s->nb,
@@ -293,97 +306,107 @@ static int eos_in(bstate *s, int64_t b)
     return 0;
 }
 
-/* one denoising step n of block b over the sequence's first len ids (the canvas last); *stop: the
- * block ends after it */
-static int step(bstate *s, int64_t b, int64_t n, size_t len, int first, int *stop)
+/* The sampler over denoising step n of block b (its logits in s->logits); *stop: 1 the block ends after
+ * it, 2 the sequence ends (an eos, or the callback) */
+static int step(bstate *s, int64_t b, int64_t n, int *stop)
 {
-    size_t CV = (size_t)(s->C * s->V);
-    memcpy(s->ids + len - (size_t)s->C, s->canvas, (size_t)s->C * sizeof *s->ids);
-    s->r->forwards++;
-    int rc = tk_models__dgemma_denoise(s->m, s->kv, s->ids, len, first ? NULL : s->p, s->logits);
-    if (rc != TK_OK)
-        return rc;
+    size_t CV = (size_t)(s->C * s->V), nacc = 0;
+    s->h.r->forwards++;
     /* the temperature as transformers computes it: an int32 tensor over N, then f32 arithmetic */
     float q = (float)n / (float)s->N, t = (float)s->t_min + (float)(s->t_max - s->t_min) * q;
     for (size_t i = 0; i < CV; i++)
         s->p[i] = s->logits[i] / t;
-    unsigned char *mask = calloc((size_t)s->C, 1);
-    int32_t *sampled = malloc((size_t)s->C * sizeof *sampled);
-    if (!mask || !sampled) {
-        rc = tk__err(TK_ERR_NOMEM, "out of memory");
-        goto done;
-    }
-    if ((rc = tk_models__diff_draws(s->o, &s->rng, s->u, (size_t)s->C)) != TK_OK)
-        goto done;
+    int rc = tk_models__diff_draws(s->o, &s->rng, s->u, (size_t)s->C);
+    if (rc != TK_OK)
+        return rc;
     double mean = 0;
     for (int64_t i = 0; i < s->C; i++) {
-        row_stats(s, i, s->u[i], &sampled[i]);
+        row_stats(s, i, s->u[i], &s->sampled[i]);
         mean += s->ent[i];
     }
     mean /= (double)s->C;
-    size_t nacc = 0;
-    accept(s, mask, &nacc);
+    accept(s, s->mask, &nacc);
     for (int64_t i = 0; i < s->C; i++)
-        if (mask[i])
-            s->canvas[i] = sampled[i];
-    if ((rc = renoise(s, mask)) != TK_OK)
-        goto done;
+        if (s->mask[i])
+            s->canvas[i] = s->sampled[i];
+    if ((rc = renoise(s, s->mask)) != TK_OK)
+        return rc;
     *stop = stop_rule(s, mean);
     if ((rc = record(s, b, n, nacc, mean, *stop)) != TK_OK)
-        goto done;
+        return rc;
     int last = *stop || n == 1, eos = 0;
     if (last) { /* the block's tokens: the argmax canvas, pad after an eos */
         memcpy(s->ids + s->P + b * s->C, s->amax, (size_t)s->C * sizeof *s->ids);
         eos = eos_in(s, b);
     }
-    if (report(s, b, mask, nacc, last)) {
-        s->r->end = "callback";
+    if (report(s, b, s->mask, nacc, last)) {
+        s->h.r->end = "callback";
         *stop = 2;
     } else if (eos) {
-        s->r->end = "eos";
+        s->h.r->end = "eos";
         *stop = 2;
-    }
-done:
-    free(mask);
-    free(sampled);
-    return rc;
-}
-
-static int run(bstate *s)
-{
-    int rc = TK_OK;
-    for (int64_t b = 0; b < s->nb; b++) {
-        size_t len = (size_t)(s->P + (b + 1) * s->C);
-        for (int64_t k = 0; k < s->stab * s->C; k++)
-            s->hist[k] = -1;
-        /* the prompt (the first block) or the block just finished into the cache, as transformers
-         * encodes it: at the start of the next block */
-        int64_t upto = s->P + b * s->C;
-        if (s->kv &&
-            (rc = tk_models__dgemma_encode(s->m, s->kv, s->ids + s->encoded, (size_t)(upto - s->encoded))) != TK_OK)
-            return rc;
-        s->encoded = upto;
-        if ((rc = renoise(s, NULL)) != TK_OK)
-            return rc;
-        int stop = 0;
-        for (int64_t n = s->N; n >= 1 && !stop; n--)
-            if ((rc = step(s, b, n, len, n == s->N, &stop)) != TK_OK)
-                return rc;
-        s->r->blocks = b + 1;
-        s->r->gen_length = (b + 1) * s->C;
-        if (stop == 2) /* the callback, or an eos */
-            return TK_OK;
     }
     return TK_OK;
 }
 
-static void bfree(bstate *s)
+int tk_models__block_prepare(tk_models_dseq *h, tk_models_dgemma_seq *step)
 {
+    bstate *s = (bstate *)h;
+    if (s->n == 0) { /* the block starts: uniform tokens, no argmax canvas seen yet */
+        int rc = renoise(s, NULL);
+        if (rc != TK_OK)
+            return rc;
+        for (int64_t k = 0; k < s->stab * s->C; k++)
+            s->hist[k] = -1;
+        s->n = s->N;
+    }
+    if (s->recompute) {
+        tk_models__dgemma_kv_rewind(s->kv, 0);
+        s->encoded = 0;
+    }
+    /* the prompt (at the first block) or the block just finished goes into the cache in this step's
+     * forward, as transformers encodes it at the start of the next block; the canvas follows it */
+    int64_t upto = s->P + s->b * s->C;
+    memcpy(s->ids + upto, s->canvas, (size_t)s->C * sizeof *s->ids);
+    *step = (tk_models_dgemma_seq){s->kv, s->ids + s->encoded, (size_t)(upto - s->encoded + s->C),
+                                   s->n == s->N ? NULL : s->p, s->logits};
+    if (!s->h.t0)
+        s->h.t0 = tk__now_ms();
+    return TK_OK;
+}
+
+int tk_models__block_advance(tk_models_dseq *h, int *ended)
+{
+    bstate *s = (bstate *)h;
+    int stop = 0;
+    *ended = 0;
+    s->encoded = s->P + s->b * s->C; /* the step's forward encoded them */
+    int rc = step(s, s->b, s->n, &stop);
+    if (rc != TK_OK)
+        return rc;
+    if (stop || --s->n == 0) { /* the block is done */
+        s->h.r->blocks = s->b + 1;
+        s->h.r->gen_length = (s->b + 1) * s->C;
+        s->b++;
+        s->n = 0;
+        *ended = stop == 2 || s->b == s->nb;
+    }
+    return TK_OK;
+}
+
+void tk_models__block_free(tk_models_dseq *h)
+{
+    bstate *s = (bstate *)h;
+    if (!s)
+        return;
+    tk_diff_result_free(s->h.r);
     tk_models__dgemma_kv_free(s->m, s->kv);
     free(s->ids);
     free(s->canvas);
     free(s->amax);
     free(s->hist);
+    free(s->sampled);
+    free(s->mask);
     free(s->logits);
     free(s->p);
     free(s->ent);
@@ -391,11 +414,14 @@ static void bfree(bstate *s)
     free(s->w);
     free(s->order);
     free(s->acc);
+    free(s);
 }
 
-static int finish(bstate *s)
+int tk_models__block_finish(tk_models_dseq *h)
 {
-    tk_diff_result *r = s->r;
+    bstate *s = (bstate *)h;
+    tk_diff_result *r = s->h.r;
+    r->ms = tk__now_ms() - s->h.t0;
     r->n = (size_t)r->gen_length;
     if (!(r->ids = malloc((r->n ? r->n : 1) * sizeof *r->ids)))
         return tk__err(TK_ERR_NOMEM, "out of memory");
@@ -407,56 +433,69 @@ static int finish(bstate *s)
     return TK_OK;
 }
 
-int tk_models__block_generate(tk_diff_result **out, tk_model *m, const int32_t *prompt, size_t len,
-                              const tk_diff_opts *o)
+/* The sequence's buffers, its cache (the prompt, every block and one canvas) and its result's fields */
+static int balloc(bstate *s)
 {
-    bstate s = {.m = m, .o = o, .V = m->cfg.vocab, .C = m->cfg.canvas, .pad = -1};
-    json_t *g = m->cfg.generation_json ? json_loads(m->cfg.generation_json, 0, NULL) : NULL;
-    settings(&s, g);
-    json_decref(g);
-    int rc = check(&s, prompt, len);
-    if (rc != TK_OK)
-        return rc;
-    size_t C = (size_t)s.C, V = (size_t)s.V, L = (size_t)(s.P + s.nb * s.C);
+    size_t C = (size_t)s->C, V = (size_t)s->V, L = (size_t)(s->P + s->nb * s->C);
     if (C * V > SIZE_MAX / sizeof(float) / 4)
         return tk__err(TK_ERR_NOMEM, "the canvas's logits (%zu x %zu) do not fit in memory", C, V);
-    s.r = calloc(1, sizeof *s.r);
-    s.ids = malloc(L * sizeof *s.ids);
-    s.canvas = malloc(C * sizeof *s.canvas);
-    s.amax = malloc(C * sizeof *s.amax);
-    s.hist = malloc(((size_t)s.stab * C + 1) * sizeof *s.hist);
-    s.logits = malloc(C * V * sizeof *s.logits);
-    s.p = malloc(C * V * sizeof *s.p);
-    s.ent = malloc(C * sizeof *s.ent);
-    s.u = malloc(C * sizeof *s.u);
-    s.w = malloc(V * sizeof *s.w);
-    s.order = malloc(C * sizeof *s.order);
-    s.acc = malloc(C * sizeof *s.acc);
-    if (!s.r || !s.ids || !s.canvas || !s.amax || !s.hist || !s.logits || !s.p || !s.ent || !s.u || !s.w || !s.order ||
-        !s.acc || !(s.r->steps = json_array())) {
-        rc = tk__err(TK_ERR_NOMEM, "out of memory for a canvas of %zu positions x %zu logits", C, V);
-        goto fail;
-    }
-    memcpy(s.ids, prompt, len * sizeof *s.ids);
+    s->h.r = calloc(1, sizeof *s->h.r);
+    s->ids = malloc(L * sizeof *s->ids);
+    s->canvas = malloc(C * sizeof *s->canvas);
+    s->amax = malloc(C * sizeof *s->amax);
+    s->hist = malloc(((size_t)s->stab * C + 1) * sizeof *s->hist);
+    s->sampled = malloc(C * sizeof *s->sampled);
+    s->mask = malloc(C);
+    s->logits = malloc(C * V * sizeof *s->logits);
+    s->p = malloc(C * V * sizeof *s->p);
+    s->ent = malloc(C * sizeof *s->ent);
+    s->u = malloc(C * sizeof *s->u);
+    s->w = malloc(V * sizeof *s->w);
+    s->order = malloc(C * sizeof *s->order);
+    s->acc = malloc(C * sizeof *s->acc);
+    if (!s->h.r || !s->ids || !s->canvas || !s->amax || !s->hist || !s->sampled || !s->mask || !s->logits || !s->p ||
+        !s->ent || !s->u || !s->w || !s->order || !s->acc || !(s->h.r->steps = json_array()))
+        return tk__err(TK_ERR_NOMEM, "out of memory for a canvas of %zu positions x %zu logits", C, V);
     const char *env = getenv("TK_DGEMMA_CACHE"); /* 0: the old path, every step over the whole sequence */
-    if ((!env || strcmp(env, "0")) && (rc = tk_models__dgemma_kv_new(&s.kv, m, (int64_t)L)) != TK_OK)
-        goto fail;
-    s.rng = o->seed;
-    s.r->sampler = "block";
-    s.r->alg = "entropy_bound";
-    s.r->end = "length";
-    s.r->block_length = s.C;
-    s.r->nsteps = s.N;
-    s.r->mask_id = -1;
-    double t0 = tk__now_ms();
-    rc = run(&s);
-    s.r->ms = tk__now_ms() - t0;
-    if (rc != TK_OK || (rc = finish(&s)) != TK_OK)
-        goto fail;
-    *out = s.r;
-    s.r = NULL;
-fail:
-    tk_diff_result_free(s.r);
-    bfree(&s);
-    return rc;
+    s->recompute = env && !strcmp(env, "0");
+    int rc = tk_models__dgemma_kv_new(&s->kv, s->m, (int64_t)L);
+    if (rc != TK_OK)
+        return rc;
+    tk_diff_result *r = s->h.r;
+    r->sampler = "block";
+    r->alg = "entropy_bound";
+    r->end = "length";
+    r->block_length = s->C;
+    r->nsteps = s->N;
+    r->mask_id = -1;
+    return TK_OK;
+}
+
+int tk_models__block_new(tk_models_dseq **out, tk_model *m, const int32_t *prompt, size_t len, const tk_diff_opts *o)
+{
+    *out = NULL;
+    if (o->version < 1 || o->version > TK_DIFF_OPTS_VERSION)
+        return tk__err(TK_ERR_INVALID, "tk_diff_opts.version is %u; this tk knows 1..%d", o->version,
+                       TK_DIFF_OPTS_VERSION);
+    bstate *s = calloc(1, sizeof *s);
+    if (!s)
+        return tk__err(TK_ERR_NOMEM, "out of memory");
+    *s = (bstate){.m = m, .oc = TK_DIFF_OPTS_INIT, .V = m->cfg.vocab, .C = m->cfg.canvas, .pad = -1};
+    /* version 1 options end before t_min (the fields below keep their defaults) */
+    memcpy(&s->oc, o, o->version >= 2 ? sizeof *o : offsetof(tk_diff_opts, t_min));
+    s->o = &s->oc;
+    json_t *g = m->cfg.generation_json ? json_loads(m->cfg.generation_json, 0, NULL) : NULL;
+    settings(s, g);
+    json_decref(g);
+    int rc = check(s, prompt, len);
+    if (rc == TK_OK)
+        rc = balloc(s);
+    if (rc != TK_OK) {
+        tk_models__block_free(&s->h);
+        return rc;
+    }
+    memcpy(s->ids, prompt, len * sizeof *s->ids);
+    s->rng = s->o->seed;
+    *out = &s->h;
+    return TK_OK;
 }

@@ -44,6 +44,17 @@ typedef struct {
     int64_t D, Hkv;  /* this layer's head size and kv heads */
 } dg_layer;
 
+/* One sequence's rows in a forward: ne encoder rows from row e0 (causal) and a canvas of canvas_length
+ * rows from row c0 (bidirectional), at positions L0 onwards (L0 tokens already in its cache). Their keys
+ * and values go to rows kbase + position of the key buffers: the sequence's cache (kv), or the
+ * workspace's (kv NULL: a plain forward, kbase its first row). sc and logits: a step's (below). */
+typedef struct {
+    int64_t e0, ne, c0, L0, kbase;
+    struct tk_models_dgemma_kv *kv;
+    const float *sc; /* its self-conditioning logits [C, V] (host f32), or NULL */
+    float *logits;   /* its canvas's logits [C, V] out (host f32) */
+} dg_seg;
+
 typedef struct {
     const tk_mt *embed, *lm_head, *norm, *ones_h;
     const tk_mt *sc_pre, *sc_gate_up, *sc_down; /* self-conditioning (its post_norm is ones_h) */
@@ -54,16 +65,13 @@ typedef struct {
     void *cs_mem[2];
     int64_t cs_rows;
     tk_mt x, h, r, o, m1, m2, q, k, v, qn, kn, att, gu, act, logits;
-    /* tk_models__dgemma_denoise's call: the self-conditioning logits [C, V] (host f32, or NULL), and the
-     * LM head over the canvas rows alone, into the logits' first C rows */
-    const float *sc;
-    int canvas_only;
-    /* A cached call (tk_models__dgemma_encode, tk_models__dgemma_denoise with a cache): the batch is one
-     * sequence of new tokens at positions kv->len onwards, their keys and values written to the cache's
-     * rows there; enc: the encoder (causal, no logits), else the decoder over a canvas. NULL: a plain
-     * forward over whole sequences. */
-    struct tk_models_dgemma_kv *kv;
-    int enc;
+    /* This forward's sequences. A plain forward (tk_model_forward): one a sequence of the batch, its
+     * prompt then its canvas, the keys in the workspace. A step (tk_models__dgemma_step, stepping 1):
+     * every encoder row first, then the canvases, those with self-conditioning first (nsc of them), so
+     * that the self-conditioning and the LM head each run once over contiguous rows. */
+    dg_seg *seg;
+    size_t nseg, cap_seg, nsc;
+    int stepping;
 } dg_state;
 
 /* The encoder's keys and values, per layer [cap, Hkv * D] in the compute dtype on the model's device
@@ -383,6 +391,7 @@ static void free_state(tk_model *m)
         if (s->cs_mem[i])
             tk_models__dev_free(m, s->cs_mem[i]);
     free(s->l);
+    free(s->seg);
     free(s);
     m->state = NULL;
 }
@@ -507,64 +516,109 @@ static int attend(tk_model *m, const dg_layer *w, int64_t q0, int64_t nq, const 
     return tk_models__op(m, "attention", a, TK_NARGS(a));
 }
 
-/* Layer l's queries (s->qn) and its keys and values into kn3 and v3 ([T, Hkv, D]: the workspace's, or
- * the cache's rows), normed and rotated, from its normed input s->h */
-static int qkv(tk_model *m, tk_models_batch *b, int64_t l, const tk_mt *kn3, const tk_mt *v3)
+/* The key and value buffers of sequence g at layer l: its cache's, or the workspace's */
+static void kv_bufs(const dg_state *s, const dg_seg *g, int64_t l, const tk_mt **kb, const tk_mt **vb)
+{
+    *kb = g->kv ? &g->kv->t[2 * l] : &s->kn;
+    *vb = g->kv ? &g->kv->t[2 * l + 1] : &s->v;
+}
+
+/* The n rows of layer l from forward row r0, at positions p0 onwards, of sequence g: their keys and
+ * values normed (v without a weight; full layers: v is the raw key) into g's key buffers' rows
+ * kbase + p0 onwards, and rotated with their queries (s->qn) */
+static int kv_rows(tk_model *m, tk_models_batch *b, int64_t l, const dg_seg *g, int64_t r0, int64_t n, int64_t p0)
 {
     const tk_models_config *c = &m->cfg;
     dg_state *s = m->state;
     const dg_layer *w = &s->l[l];
-    int64_t T = b->T, D = w->D, Hq = c->heads, Hkv = w->Hkv;
-    tk_mt q2, k2, v2, q3, k3, vr3, qn3;
+    int64_t D = w->D, Hkv = w->Hkv;
+    const tk_mt *kb, *vb;
+    kv_bufs(s, g, l, &kb, &vb);
+    tk_mt k2, v2, kr, vr, kd, vd, k3, v3, kd3, vd3, q2, q3, pos;
+    tk_models__view(&k2, &s->k, 2, (int64_t[]){b->T, Hkv * D});
+    tk_models__view(&v2, &s->v, 2, (int64_t[]){b->T, Hkv * D});
+    tk_models__view(&q2, &s->qn, 2, (int64_t[]){b->T, c->heads * D});
+    tk_models__rows(&kr, &k2, r0, n);
+    tk_models__rows(&vr, &v2, r0, n);
+    tk_models__view(&kd, kb, 2, (int64_t[]){kb->shape[0], Hkv * D}); /* the workspace's rows are wider */
+    tk_models__view(&vd, vb, 2, (int64_t[]){vb->shape[0], Hkv * D});
+    tk_models__rows(&kd, &kd, g->kbase + p0, n);
+    tk_models__rows(&vd, &vd, g->kbase + p0, n);
+    tk_models__rows(&q2, &q2, r0, n);
+    tk_models__rows(&pos, &b->pos, r0, n);
+    tk_models__view(&k3, &kr, 3, (int64_t[]){n, Hkv, D});
+    tk_models__view(&v3, &vr, 3, (int64_t[]){n, Hkv, D});
+    tk_models__view(&kd3, &kd, 3, (int64_t[]){n, Hkv, D});
+    tk_models__view(&vd3, &vd, 3, (int64_t[]){n, Hkv, D});
+    tk_models__view(&q3, &q2, 3, (int64_t[]){n, c->heads, D});
+    int rc;
+    if ((rc = rms(m, &vd3, w->v ? &v3 : &k3, w->v_ones, c->eps)) || (rc = rms(m, &kd3, &k3, w->k_norm, c->eps)))
+        return rc;
+    tk_arg rot[] = {TK_A_T("query", &q3), TK_A_T("key", &kd3), TK_A_T("positions", &pos),
+                    TK_A_T("cos_sin_cache", &s->cs[c->sliding[l] ? 0 : 1]), TK_A_I("is_neox", 1)};
+    return tk_models__op(m, "rotary_embedding", rot, TK_NARGS(rot));
+}
+
+/* Layer l's queries (s->qn, every row) and each sequence's keys and values into its key buffers,
+ * normed and rotated, from the layer's normed input s->h */
+static int qkv(tk_model *m, tk_models_batch *b, int64_t l)
+{
+    const tk_models_config *c = &m->cfg;
+    dg_state *s = m->state;
+    const dg_layer *w = &s->l[l];
+    int64_t T = b->T, D = w->D, Hq = c->heads, Hkv = w->Hkv, C = c->canvas;
+    tk_mt q2, k2, v2, q3, qn3;
     tk_models__view(&q2, &s->q, 2, (int64_t[]){T, Hq * D});
     tk_models__view(&k2, &s->k, 2, (int64_t[]){T, Hkv * D});
     tk_models__view(&v2, &s->v, 2, (int64_t[]){T, Hkv * D});
     tk_models__view(&q3, &s->q, 3, (int64_t[]){T, Hq, D});
     tk_models__view(&qn3, &s->qn, 3, (int64_t[]){T, Hq, D});
-    tk_models__view(&k3, &s->k, 3, (int64_t[]){T, Hkv, D});
-    tk_models__view(&vr3, &s->v, 3, (int64_t[]){T, Hkv, D});
     int rc;
     if ((rc = tk_models__linear(m, &q2, &s->h, w->q, NULL, 0)) ||
         (rc = tk_models__linear(m, &k2, &s->h, w->k, NULL, 0)) ||
-        (w->v && (rc = tk_models__linear(m, &v2, &s->h, w->v, NULL, 0))) ||
-        (rc = rms(m, v3, w->v ? &vr3 : &k3, w->v_ones, c->eps)) || /* full layers: v is the raw key */
-        (rc = rms(m, &qn3, &q3, w->q_norm, c->eps)) || (rc = rms(m, kn3, &k3, w->k_norm, c->eps)))
+        (w->v && (rc = tk_models__linear(m, &v2, &s->h, w->v, NULL, 0))) || (rc = rms(m, &qn3, &q3, w->q_norm, c->eps)))
         return rc;
-    tk_arg rot[] = {TK_A_T("query", &qn3), TK_A_T("key", kn3), TK_A_T("positions", &b->pos),
-                    TK_A_T("cos_sin_cache", &s->cs[c->sliding[l] ? 0 : 1]), TK_A_I("is_neox", 1)};
-    return tk_models__op(m, "rotary_embedding", rot, TK_NARGS(rot));
+    for (size_t i = 0; rc == TK_OK && i < s->nseg; i++) {
+        const dg_seg *g = &s->seg[i];
+        if (g->c0 == g->e0 + g->ne) /* the canvas follows the encoder's rows: one run */
+            rc = kv_rows(m, b, l, g, g->e0, g->ne + C, g->L0);
+        else if ((rc = g->ne ? kv_rows(m, b, l, g, g->e0, g->ne, g->L0) : TK_OK) == TK_OK)
+            rc = kv_rows(m, b, l, g, g->c0, C, g->L0 + g->ne);
+    }
+    return rc;
 }
 
-/* o = o_proj(attention) of layer l over its normed input s->h; cu: the sequences' host offsets */
-static int attn_block(tk_model *m, tk_models_batch *b, int64_t l, const int32_t *cu)
+/* Sequence g's attention at layer l into s->att: its encoder rows causal over its cached keys and
+ * themselves (the sliding layers over their window), its canvas bidirectional over the cache (the
+ * sliding layers' last W - 1 keys, what transformers' sliding cache keeps) and itself */
+static int attn_seg(tk_model *m, int64_t l, const dg_seg *g)
 {
     const tk_models_config *c = &m->cfg;
     dg_state *s = m->state;
     const dg_layer *w = &s->l[l];
-    const struct tk_models_dgemma_kv *kv = s->kv;
-    int64_t T = b->T, D = w->D, Hkv = w->Hkv, C = c->canvas, W = c->sliding_window;
-    const tk_mt *kb = kv ? &kv->t[2 * l] : &s->kn, *vb = kv ? &kv->t[2 * l + 1] : &s->v;
-    int64_t r0 = kv ? kv->len : 0; /* the new tokens' first row in kb, vb */
-    tk_mt a2, kr, vr, kn3, v3;
-    tk_models__view(&a2, &s->att, 2, (int64_t[]){T, c->heads * D});
-    tk_models__rows(&kr, kb, r0, T);
-    tk_models__rows(&vr, vb, r0, T);
-    tk_models__view(&kn3, &kr, 3, (int64_t[]){T, Hkv, D});
-    tk_models__view(&v3, &vr, 3, (int64_t[]){T, Hkv, D});
-    int rc = qkv(m, b, l, &kn3, &v3);
-    if (rc == TK_OK && kv) { /* the new tokens over the cache and themselves: causal (the encoder) or not */
-        int64_t k0 = c->sliding[l] && r0 > W - 1 ? r0 - (W - 1) : 0;
-        rc = attend(m, w, 0, T, kb, vb, k0, r0 + T - k0, s->enc, s->enc && c->sliding[l] ? W - 1 : -1);
+    int64_t C = c->canvas, W = c->sliding_window, sl = c->sliding[l], Lc = g->L0 + g->ne;
+    const tk_mt *kb, *vb;
+    kv_bufs(s, g, l, &kb, &vb);
+    int rc = TK_OK;
+    if (g->ne) {
+        int64_t k0 = sl && g->L0 > W - 1 ? g->L0 - (W - 1) : 0;
+        rc = attend(m, w, g->e0, g->ne, kb, vb, g->kbase + k0, Lc - k0, 1, sl ? W - 1 : -1);
     }
-    for (int64_t q = 0; rc == TK_OK && !kv && q < b->nseq; q++) {
-        int64_t st = cu[q], n = cu[q + 1] - st, P = n - C;
-        /* the prompt: causal, the sliding layers over their window; the canvas: bidirectional over the
-         * prompt's keys (the sliding layers' last W - 1, what transformers' sliding cache keeps) and its own */
-        int64_t k0 = c->sliding[l] && P > W - 1 ? st + P - (W - 1) : st;
-        if ((rc = attend(m, w, st, P, kb, vb, st, P, 1, c->sliding[l] ? W - 1 : -1)) == TK_OK)
-            rc = attend(m, w, st + P, C, kb, vb, k0, st + n - k0, 0, -1);
-    }
-    return rc != TK_OK ? rc : tk_models__linear(m, &s->o, &a2, w->o, NULL, 0);
+    int64_t k0 = sl && Lc > W - 1 ? Lc - (W - 1) : 0;
+    return rc != TK_OK ? rc : attend(m, w, g->c0, C, kb, vb, g->kbase + k0, Lc + C - k0, 0, -1);
+}
+
+/* o = o_proj(attention) of layer l over its normed input s->h */
+static int attn_block(tk_model *m, tk_models_batch *b, int64_t l)
+{
+    const tk_models_config *c = &m->cfg;
+    dg_state *s = m->state;
+    tk_mt a2;
+    tk_models__view(&a2, &s->att, 2, (int64_t[]){b->T, c->heads * s->l[l].D});
+    int rc = qkv(m, b, l);
+    for (size_t i = 0; rc == TK_OK && i < s->nseg; i++)
+        rc = attn_seg(m, l, &s->seg[i]);
+    return rc != TK_OK ? rc : tk_models__linear(m, &s->o, &a2, s->l[l].o, NULL, 0);
 }
 
 /* x += post_ff(post_ff1(mlp(pre_ff(x))) + post_ff2(moe(pre_ff2(x), router(x)))) */
@@ -601,50 +655,89 @@ static int ff_block(tk_model *m, const dg_layer *w)
     return add(m, &s->x, &s->m1);
 }
 
-/* the sequences' offsets on the host; each must hold a prompt and a canvas */
-static int host_cu(tk_model *m, tk_models_batch *b, int32_t **out)
+/* Room for n sequences in s->seg */
+static int seg_room(dg_state *s, size_t n)
+{
+    if (n <= s->cap_seg)
+        return TK_OK;
+    dg_seg *g = realloc(s->seg, n * sizeof *g);
+    if (!g)
+        return tk__err(TK_ERR_NOMEM, "out of memory");
+    s->seg = g;
+    s->cap_seg = n;
+    return TK_OK;
+}
+
+/* A plain forward's sequences from the batch's offsets: each a prompt then a canvas, keys in the workspace */
+static int plain_segs(tk_model *m, tk_models_batch *b)
 {
     int64_t C = m->cfg.canvas;
+    dg_state *s = m->state;
     int32_t *cu = malloc((size_t)(b->nseq + 1) * sizeof *cu);
     int rc = cu ? tk_models__from_dev(m, cu, b->cu.t.data, (size_t)(b->nseq + 1) * sizeof *cu)
                 : tk__err(TK_ERR_NOMEM, "out of memory");
-    for (int64_t q = 0; rc == TK_OK && q < b->nseq; q++)
-        if (cu[q + 1] - cu[q] <= C)
+    if (rc == TK_OK)
+        rc = seg_room(s, (size_t)b->nseq);
+    for (int64_t q = 0; rc == TK_OK && q < b->nseq; q++) {
+        int64_t st = cu[q], n = cu[q + 1] - st;
+        if (n <= C)
             rc = tk__err(TK_ERR_INVALID,
                          "%s: sequence %lld has %lld tokens; a DiffusionGemma forward takes a prompt followed by a "
                          "canvas of canvas_length %lld tokens, so more than %lld\nHINT: append %lld canvas tokens to "
                          "a prompt of at least one token",
-                         m->cfg.arch, (long long)q, (long long)(cu[q + 1] - cu[q]), (long long)C, (long long)C,
-                         (long long)C);
-    if (rc != TK_OK) {
-        free(cu);
-        cu = NULL;
+                         m->cfg.arch, (long long)q, (long long)n, (long long)C, (long long)C, (long long)C);
+        else
+            s->seg[q] = (dg_seg){.e0 = st, .ne = n - C, .c0 = st + n - C, .kbase = st};
     }
-    *out = cu;
+    s->nseg = rc == TK_OK ? (size_t)b->nseq : 0;
+    s->nsc = 0;
+    free(cu);
     return rc;
 }
 
-/* The canvas rows x (embeddings) += sc_mlp(pre_norm(softmax(sc) @ embed * sqrt(H))), then post_norm:
- * the decoder's input with the previous step's processed logits (s->sc), one sequence. The logits'
- * first C rows hold softmax(sc), the other buffers' first C rows the MLP (the layers overwrite them). */
-static int self_condition(tk_model *m, const tk_mt *x)
+/* A step's positions: each sequence's encoder rows and canvas after what its cache holds */
+static int step_pos(tk_model *m, tk_models_batch *b)
+{
+    const dg_state *s = m->state;
+    int64_t C = m->cfg.canvas, *pos = malloc((size_t)b->T * sizeof *pos);
+    if (!pos)
+        return tk__err(TK_ERR_NOMEM, "out of memory");
+    for (size_t i = 0; i < s->nseg; i++) {
+        const dg_seg *g = &s->seg[i];
+        for (int64_t j = 0; j < g->ne; j++)
+            pos[g->e0 + j] = g->L0 + j;
+        for (int64_t j = 0; j < C; j++)
+            pos[g->c0 + j] = g->L0 + g->ne + j;
+    }
+    int rc = tk_models__to_dev(m, b->pos.t.data, pos, (size_t)b->T * sizeof *pos);
+    free(pos);
+    return rc;
+}
+
+/* The canvases with self-conditioning, the step's first nsc (rows x0 onwards, contiguous): x +=
+ * sc_mlp(pre_norm(softmax(sc) @ embed * sqrt(H))), then post_norm: the decoder's input with each one's
+ * previous processed logits. The logits' first rows hold softmax(sc), the other buffers' first rows the
+ * MLP (the layers overwrite them); the weights are read once for every canvas. */
+static int self_condition(tk_model *m, int64_t x0)
 {
     const tk_models_config *c = &m->cfg;
     dg_state *s = m->state;
-    int64_t C = c->canvas, V = c->vocab, I = c->intermediate;
+    int64_t C = c->canvas, V = c->vocab, I = c->intermediate, R = (int64_t)s->nsc * C;
     size_t n = (size_t)(C * V), es = m->dtype.bits / 8u;
-    tk_mt p, soft, nrm, gu, act, sig;
-    tk_models__rows(&p, &s->logits, 0, C);
-    tk_models__rows(&soft, &s->m2, 0, C);
-    tk_models__rows(&nrm, &s->h, 0, C);
-    tk_models__rows(&sig, &s->m1, 0, C);
-    tk_models__view(&gu, &s->gu, 2, (int64_t[]){C, 2 * I});
-    tk_models__view(&act, &s->act, 2, (int64_t[]){C, I});
-    void *tmp = malloc(n * es);
+    tk_mt x, p, soft, nrm, gu, act, sig;
+    tk_models__rows(&x, &s->x, x0, R);
+    tk_models__rows(&p, &s->logits, 0, R);
+    tk_models__rows(&soft, &s->m2, 0, R);
+    tk_models__rows(&nrm, &s->h, 0, R);
+    tk_models__rows(&sig, &s->m1, 0, R);
+    tk_models__view(&gu, &s->gu, 2, (int64_t[]){R, 2 * I});
+    tk_models__view(&act, &s->act, 2, (int64_t[]){R, I});
+    char *tmp = malloc(s->nsc * n * es);
     if (!tmp)
-        return tk__err(TK_ERR_NOMEM, "out of memory");
-    tk_models__from_f32(tmp, s->sc, n, m->dtype); /* processed_logits.to(embed dtype), as transformers */
-    int rc = tk_models__to_dev(m, p.t.data, tmp, n * es);
+        return tk__err(TK_ERR_NOMEM, "out of memory for %zu canvases' self-conditioning logits", s->nsc);
+    for (size_t k = 0; k < s->nsc; k++) /* processed_logits.to(embed dtype), as transformers */
+        tk_models__from_f32(tmp + k * n * es, s->seg[k].sc, n, m->dtype);
+    int rc = tk_models__to_dev(m, p.t.data, tmp, s->nsc * n * es);
     free(tmp);
     tk_arg sm[] = {TK_A_T("out", &p), TK_A_T("input", &p)};
     tk_arg gm[] = {TK_A_T("out", &act), TK_A_T("input", &gu)};
@@ -652,20 +745,23 @@ static int self_condition(tk_model *m, const tk_mt *x)
         (rc = tk_models__linear(m, &soft, &p, s->embed, NULL, 1)) || (rc = rms(m, &nrm, &soft, s->sc_pre, c->eps)) ||
         (rc = tk_models__linear(m, &gu, &nrm, s->sc_gate_up, NULL, 0)) ||
         (rc = tk_models__op(m, "gelu_tanh_and_mul", gm, TK_NARGS(gm))) ||
-        (rc = tk_models__linear(m, &sig, &act, s->sc_down, NULL, 0)) || (rc = add(m, x, &sig)))
+        (rc = tk_models__linear(m, &sig, &act, s->sc_down, NULL, 0)) || (rc = add(m, &x, &sig)))
         return rc;
-    return rms(m, x, x, s->ones_h, c->eps);
+    return rms(m, &x, &x, s->ones_h, c->eps);
 }
 
-/* the logits: every row, or (canvas_only) the last sequence's canvas rows into the first C rows */
-static int lm_head(tk_model *m, tk_models_batch *b)
+/* The final norm and the softcapped logits of rows [r0, r0 + n) into the logits' first n rows */
+static int lm_head(tk_model *m, int64_t r0, int64_t n)
 {
     const tk_models_config *c = &m->cfg;
     dg_state *s = m->state;
-    tk_mt in, out;
-    tk_models__rows(&in, &s->h, s->canvas_only ? b->T - c->canvas : 0, s->canvas_only ? c->canvas : b->T);
-    tk_models__rows(&out, &s->logits, 0, in.shape[0]);
-    int rc = tk_models__linear(m, &out, &in, s->lm_head, NULL, 0);
+    tk_mt x, in, out;
+    tk_models__rows(&x, &s->x, r0, n);
+    tk_models__rows(&in, &s->h, r0, n);
+    tk_models__rows(&out, &s->logits, 0, n);
+    int rc = rms(m, &in, &x, s->norm, s->final_eps);
+    if (rc == TK_OK)
+        rc = tk_models__linear(m, &out, &in, s->lm_head, NULL, 0);
     if (rc == TK_OK && c->final_softcap > 0) {
         tk_arg a[] = {TK_A_T("out", &out), TK_A_T("input", &out), TK_A_F("cap", c->final_softcap)};
         rc = tk_models__op(m, "softcap", a, TK_NARGS(a));
@@ -673,71 +769,43 @@ static int lm_head(tk_model *m, tk_models_batch *b)
     return rc;
 }
 
-/* A cached call's batch: one sequence of T new tokens at positions kv->len onwards (b->pos), its host
- * offsets {0, T} */
-static int kv_batch(tk_model *m, tk_models_batch *b, int32_t **out)
-{
-    const struct tk_models_dgemma_kv *kv = ((dg_state *)m->state)->kv;
-    int64_t T = b->T;
-    *out = NULL;
-    if (b->nseq != 1 || kv->len + T > kv->cap)
-        return tk__err(TK_ERR_INTERNAL, "%s: %lld tokens after %lld cached, room for %lld", m->cfg.arch, (long long)T,
-                       (long long)kv->len, (long long)kv->cap);
-    int64_t *pos = malloc((size_t)T * sizeof *pos);
-    int32_t *cu = malloc(2 * sizeof *cu);
-    int rc = pos && cu ? TK_OK : tk__err(TK_ERR_NOMEM, "out of memory");
-    for (int64_t i = 0; rc == TK_OK && i < T; i++)
-        pos[i] = kv->len + i;
-    if (rc == TK_OK)
-        rc = tk_models__to_dev(m, b->pos.t.data, pos, (size_t)T * sizeof *pos);
-    free(pos);
-    if (rc != TK_OK) {
-        free(cu);
-        return rc;
-    }
-    cu[0] = 0;
-    cu[1] = (int32_t)T;
-    *out = cu;
-    return TK_OK;
-}
-
 static int forward(tk_model *m, tk_models_batch *b)
 {
     const tk_models_config *c = &m->cfg;
     dg_state *s = m->state;
+    int64_t C = c->canvas, top = 0;
     if (b->kv)
         return tk__err(TK_ERR_UNSUPPORTED,
                        "%s is a block diffusion model: it does not decode token by token\n"
                        "HINT: run one denoising step with tk model logits (prompt + canvas_length canvas tokens)",
                        c->arch);
-    int32_t *cu = NULL;
-    int rc = s->kv ? kv_batch(m, b, &cu) : host_cu(m, b, &cu);
-    if (rc != TK_OK || (rc = rope_tables(m, s, s->kv ? s->kv->len + b->T : b->max_len)) != TK_OK)
-        goto done;
+    int rc = s->stepping ? step_pos(m, b) : plain_segs(m, b);
+    for (size_t i = 0; i < s->nseg; i++)
+        top = s->seg[i].L0 + s->seg[i].ne + C > top ? s->seg[i].L0 + s->seg[i].ne + C : top;
+    if (rc != TK_OK || (rc = rope_tables(m, s, top)) != TK_OK)
+        return rc;
     tk_arg emb[] = {TK_A_T("out", &s->x), TK_A_T("ids", &b->ids), TK_A_T("weight", s->embed)};
     if ((rc = tk_models__op(m, "embedding", emb, TK_NARGS(emb))) != TK_OK)
-        goto done;
-    for (int64_t q = 0; !s->enc && q < b->nseq; q++) { /* the canvas: post_norm(embed + 0) without sc */
+        return rc;
+    for (size_t i = s->nsc; i < s->nseg; i++) { /* a canvas without sc: post_norm(embed + 0) */
         tk_mt rows;
-        tk_models__rows(&rows, &s->x, cu[q + 1] - c->canvas, c->canvas);
-        if ((rc = s->sc ? self_condition(m, &rows) : rms(m, &rows, &rows, s->ones_h, c->eps)) != TK_OK)
-            goto done;
+        tk_models__rows(&rows, &s->x, s->seg[i].c0, C);
+        if ((rc = rms(m, &rows, &rows, s->ones_h, c->eps)) != TK_OK)
+            return rc;
     }
+    if (s->nsc && (rc = self_condition(m, s->seg[0].c0)) != TK_OK)
+        return rc;
     for (int64_t l = 0; l < c->layers; l++) {
         const dg_layer *w = &s->l[l];
-        if ((rc = rms(m, &s->h, &s->x, w->in_norm, w->eps)) || (rc = attn_block(m, b, l, cu)) ||
+        if ((rc = rms(m, &s->h, &s->x, w->in_norm, w->eps)) || (rc = attn_block(m, b, l)) ||
             (rc = rms(m, &s->o, &s->o, w->post_attn, c->eps)) || (rc = add(m, &s->x, &s->o)) || (rc = ff_block(m, w)))
-            goto done;
+            return rc;
     }
-    if (s->enc) /* the encoder's product is the keys and values it wrote */
-        goto done;
-    if ((rc = rms(m, &s->h, &s->x, s->norm, s->final_eps)) != TK_OK)
-        goto done;
-    if (b->want_logits || s->canvas_only)
-        rc = lm_head(m, b);
-done:
-    free(cu);
-    return rc;
+    if (s->stepping) /* the canvases, contiguous after every encoder row */
+        return lm_head(m, b->T - (int64_t)s->nseg * C, (int64_t)s->nseg * C);
+    if (!b->want_logits)
+        return rms(m, &s->h, &s->x, s->norm, s->final_eps);
+    return lm_head(m, 0, b->T);
 }
 
 /* ---- the encoder's cache and the denoising step (block_diffusion.c) --------------------------- */
@@ -795,52 +863,87 @@ void tk_models__dgemma_kv_free(tk_model *m, tk_models_dgemma_kv *kv)
     free(kv);
 }
 
-int tk_models__dgemma_encode(tk_model *m, tk_models_dgemma_kv *kv, const int32_t *ids, size_t n)
+void tk_models__dgemma_kv_rewind(tk_models_dgemma_kv *kv, int64_t len)
 {
-    int rc = is_dgemma(m, "tk_models__dgemma_encode");
-    if (rc != TK_OK)
-        return rc;
+    if (kv && len >= 0 && len < kv->len)
+        kv->len = len;
+}
+
+/* Checks q[0..n) against their caches; *enc: their encoder rows in all, *nsc: those with sc */
+static int step_check(tk_model *m, const tk_models_dgemma_seq *q, size_t n, int64_t *enc, size_t *nsc)
+{
+    int64_t C = m->cfg.canvas;
+    *enc = 0;
+    *nsc = 0;
+    if (!q || !n)
+        return tk__err(TK_ERR_INTERNAL, "tk_models__dgemma_step: no sequences");
+    for (size_t i = 0; i < n; i++) {
+        const tk_models_dgemma_kv *kv = q[i].kv;
+        if (!kv || !q[i].ids || !q[i].logits || (int64_t)q[i].len < C || kv->len + (int64_t)q[i].len > kv->cap)
+            return tk__err(TK_ERR_INTERNAL,
+                           "tk_models__dgemma_step: sequence %zu: %zu ids (canvas %lld) after %lld cached, room for "
+                           "%lld",
+                           i, q[i].len, (long long)C, kv ? (long long)kv->len : -1LL, kv ? (long long)kv->cap : -1LL);
+        if (*enc > INT32_MAX - (int64_t)q[i].len)
+            return tk__err(TK_ERR_INVALID, "tk_models__dgemma_step: more than 2^31 tokens");
+        *enc += (int64_t)q[i].len - C;
+        *nsc += q[i].sc != NULL;
+    }
+    return TK_OK;
+}
+
+/* Each canvas's logits (the logits' rows in the step's canvas order) into its sequence's f32 buffer */
+static int step_logits(tk_model *m)
+{
     dg_state *s = m->state;
-    s->kv = kv;
-    s->enc = 1;
-    rc = tk_model_forward(m, ids, &n, 1, NULL, NULL);
-    s->kv = NULL;
-    s->enc = 0;
-    if (rc == TK_OK)
-        kv->len += (int64_t)n;
+    size_t n = (size_t)(m->cfg.canvas * m->cfg.vocab), es = m->dtype.bits / 8u;
+    char *tmp = m->dev_type == TK_DEV_CPU ? s->logits.t.data : malloc(s->nseg * n * es);
+    if (!tmp)
+        return tk__err(TK_ERR_NOMEM, "out of memory for %zu canvases' logits", s->nseg);
+    int rc = tmp != s->logits.t.data ? tk_models__from_dev(m, tmp, s->logits.t.data, s->nseg * n * es) : TK_OK;
+    for (size_t i = 0; rc == TK_OK && i < s->nseg; i++)
+        tk_models__dtype_to_f32(s->seg[i].logits, tmp + i * n * es, n, m->dtype);
+    if (tmp != s->logits.t.data)
+        free(tmp);
     return rc;
 }
 
-int tk_models__dgemma_denoise(tk_model *m, tk_models_dgemma_kv *kv, const int32_t *ids, size_t len, const float *sc,
-                              float *logits)
+int tk_models__dgemma_step(tk_model *m, const tk_models_dgemma_seq *q, size_t n)
 {
-    int rc = is_dgemma(m, "tk_models__dgemma_denoise");
+    int rc = is_dgemma(m, "tk_models__dgemma_step");
     if (rc != TK_OK)
         return rc;
     dg_state *s = m->state;
-    size_t C = (size_t)m->cfg.canvas;
-    if (kv && (len < C || (int64_t)(len - C) != kv->len))
-        return tk__err(TK_ERR_INTERNAL, "tk_models__dgemma_denoise: %zu ids, %lld of them cached, canvas %zu", len,
-                       (long long)kv->len, C);
-    s->sc = sc;
-    s->canvas_only = 1;
-    s->kv = kv;
-    rc = kv ? tk_model_forward(m, ids + len - C, &C, 1, NULL, NULL) : tk_model_forward(m, ids, &len, 1, NULL, NULL);
-    s->sc = NULL;
-    s->canvas_only = 0;
-    s->kv = NULL;
-    if (rc != TK_OK)
+    int64_t C = m->cfg.canvas, E;
+    size_t nsc;
+    if ((rc = step_check(m, q, n, &E, &nsc)) != TK_OK || (rc = seg_room(s, n)) != TK_OK)
         return rc;
-    size_t n = (size_t)(m->cfg.canvas * m->cfg.vocab), es = m->dtype.bits / 8u;
-    void *tmp = m->dev_type == TK_DEV_CPU ? s->logits.t.data : malloc(n * es);
-    if (!tmp)
-        return tk__err(TK_ERR_NOMEM, "out of memory");
-    if (tmp != s->logits.t.data)
-        rc = tk_models__from_dev(m, tmp, s->logits.t.data, n * es);
+    size_t T = (size_t)E + n * (size_t)C;
+    int32_t *ids = malloc(T * sizeof *ids);
+    if (!ids)
+        return tk__err(TK_ERR_NOMEM, "out of memory for a denoising step of %zu tokens", T);
+    /* the layout: every encoder row, then the canvases, those with self-conditioning first */
+    int64_t e0 = 0;
+    for (size_t pass = 0, k = 0; pass < 2; pass++)
+        for (size_t i = 0; i < n; i++) {
+            if ((q[i].sc != NULL) != (pass == 0))
+                continue;
+            int64_t ne = (int64_t)q[i].len - C, c0 = E + (int64_t)k * C;
+            s->seg[k++] = (dg_seg){e0, ne, c0, q[i].kv->len, 0, q[i].kv, q[i].sc, q[i].logits};
+            memcpy(ids + e0, q[i].ids, (size_t)ne * sizeof *ids);
+            memcpy(ids + c0, q[i].ids + ne, (size_t)C * sizeof *ids);
+            e0 += ne;
+        }
+    s->nseg = n;
+    s->nsc = nsc;
+    s->stepping = 1;
+    rc = tk_model_forward(m, ids, &T, 1, NULL, NULL);
+    s->stepping = 0;
+    free(ids);
     if (rc == TK_OK)
-        tk_models__dtype_to_f32(logits, tmp, n, m->dtype);
-    if (tmp != s->logits.t.data)
-        free(tmp);
+        rc = step_logits(m);
+    for (size_t i = 0; rc == TK_OK && i < n; i++) /* the encoded ids stay; the canvas's rows are scratch */
+        s->seg[i].kv->len += s->seg[i].ne;
     return rc;
 }
 

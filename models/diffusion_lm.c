@@ -27,7 +27,9 @@
  * The sampler is step-wise (prepare before a forward, advance after it), one dstate per sequence, so a
  * tk_diff_batch runs several sequences in lockstep: each step packs every canvas (and each cfg
  * sequence's unconditional one) into ONE tk_model_forward, then advances each sequence over its own
- * rows with its own options and draws. tk_diffusion_generate is a batch of one.
+ * rows with its own options and draws. tk_diffusion_generate is a batch of one. A batch over a block
+ * diffusion checkpoint (DiffusionGemma) holds block_diffusion.c's sequences instead and steps them
+ * through tk_models__dgemma_step; both kinds begin with a tk_models_dseq, the part the batch keeps.
  */
 #include <jansson.h>
 #include <math.h>
@@ -41,10 +43,10 @@
 
 /* One sequence's sampler: its options (copied), canvas, work space and result. */
 typedef struct {
+    tk_models_dseq h;         /* first: what the batch keeps (id, result, status) */
     tk_model *m;
     const tk_diff_opts *o;    /* &oc */
     tk_diff_opts oc;
-    int64_t id;
     int sampler, alg;         /* TK_DIFF_LLADA or _DREAM; Dream's alg (0 origin .. 3 entropy) */
     int64_t V, L, P, G, B, nb, steps, mask;
     int64_t step;             /* the next step */
@@ -57,10 +59,6 @@ typedef struct {
     int64_t *sel, *order;     /* [L] (order: [max(L, V)]) */
     int64_t *vord;            /* Dream's top_p / top_k sort of a row [V] */
     uint64_t rng;
-    double t0;                /* its first step's start */
-    tk_diff_result *r;
-    int status;               /* its failure, ended */
-    char err[512];
 } dstate;
 
 static int draws(dstate *s, double *u, size_t n) { return tk_models__diff_draws(s->o, &s->rng, u, n); }
@@ -168,7 +166,7 @@ static int record(dstate *s, int64_t step, int64_t block, size_t n)
         bad = json_object_set_new(o, "step", json_integer(step)) ||
               json_object_set_new(o, "block", json_integer(block)) ||
               json_object_set_new(o, "count", json_integer((json_int_t)n)) || json_object_set_new(o, "unmasked", pos) ||
-              json_array_append_new(s->r->steps, o);
+              json_array_append_new(s->h.r->steps, o);
     else
         json_decref(pos), json_decref(o);
     if (bad)
@@ -395,7 +393,7 @@ static int advance(dstate *s, int *ended)
 {
     int64_t spb = s->steps / s->nb, block = s->step / spb; /* Dream: one block */
     size_t n = 0;
-    s->r->forwards++;
+    s->h.r->forwards++;
     int rc = s->sampler == TK_DIFF_LLADA ? llada_step(s, &n) : dream_step(s, &n);
     if (rc == TK_OK)
         rc = record(s, s->step, block, n);
@@ -404,7 +402,7 @@ static int advance(dstate *s, int *ended)
     int stop = report(s, s->step, block, n, (s->step + 1) % spb == 0);
     s->step++;
     if (stop)
-        s->r->end = "callback";
+        s->h.r->end = "callback";
     *ended = stop || s->step == s->steps;
     return TK_OK;
 }
@@ -518,7 +516,7 @@ static void seq_free(dstate *s)
 {
     if (!s)
         return;
-    tk_diff_result_free(s->r);
+    tk_diff_result_free(s->h.r);
     free(s->x);
     free(s->x0);
     free(s->row);
@@ -541,7 +539,7 @@ static int seq_alloc(dstate *s)
     size_t nu = s->sampler == TK_DIFF_LLADA && s->o->temperature > 0 ? L * V : L;
     if (!(s->u = malloc(nu * sizeof *s->u)))
         return tk__err(TK_ERR_NOMEM, "out of memory for %zu noise draws (gen_length x vocabulary)", nu);
-    s->r = calloc(1, sizeof *s->r);
+    s->h.r = calloc(1, sizeof *s->h.r);
     s->x = malloc(2 * L * sizeof *s->x); /* x, then the unconditional canvas */
     s->x0 = malloc(L * sizeof *s->x0);
     s->row = malloc(V * sizeof *s->row);
@@ -552,11 +550,11 @@ static int seq_alloc(dstate *s)
         s->w = malloc(V * sizeof *s->w);
         s->vord = malloc(V * sizeof *s->vord);
     }
-    if (!s->r || !s->x || !s->x0 || !s->row || !s->conf || !s->sel || !s->order ||
-        (s->sampler == TK_DIFF_DREAM && (!s->w || !s->vord)) || !(s->r->steps = json_array()))
+    if (!s->h.r || !s->x || !s->x0 || !s->row || !s->conf || !s->sel || !s->order ||
+        (s->sampler == TK_DIFF_DREAM && (!s->w || !s->vord)) || !(s->h.r->steps = json_array()))
         return tk__err(TK_ERR_NOMEM, "out of memory for a canvas of %zu positions x %zu logits", L, V);
     s->un = s->x + L;
-    tk_diff_result *r = s->r;
+    tk_diff_result *r = s->h.r;
     static const char *const algs[] = {"origin", "maskgit_plus", "topk_margin", "entropy"};
     r->sampler = s->sampler == TK_DIFF_LLADA ? "llada" : "dream";
     r->alg = s->sampler == TK_DIFF_LLADA ? (s->o->remasking ? "random" : "low_confidence") : algs[s->alg];
@@ -608,8 +606,8 @@ static int seq_new(dstate **out, tk_model *m, const int32_t *prompt, size_t len,
 /* The ended sequence's ids and text into its result. */
 static int seq_finish(dstate *s)
 {
-    tk_diff_result *r = s->r;
-    r->ms = tk__now_ms() - s->t0;
+    tk_diff_result *r = s->h.r;
+    r->ms = tk__now_ms() - s->h.t0;
     r->n = (size_t)s->G;
     if (!(r->ids = malloc(r->n * sizeof *r->ids)))
         return tk__err(TK_ERR_NOMEM, "out of memory");
@@ -628,16 +626,18 @@ static int seq_finish(dstate *s)
 struct tk_diff_batch {
     uint32_t magic;
     tk_model *m;
-    dstate **q;                 /* the sequences, in the order they joined */
+    int block;                  /* a block diffusion model (DiffusionGemma): block_diffusion.c's sequences */
+    tk_models_dseq **q;         /* the sequences, in the order they joined */
     size_t n, capq;
-    dstate **ended;             /* the last step's (their results borrowed by its events) */
+    tk_models_dseq **ended;     /* the last step's (their results borrowed by its events) */
     size_t nended, cap_ended;
     tk_diff_event *ev;
     size_t cap_ev;
-    int32_t *ids;               /* the step's canvases, packed */
+    int32_t *ids;               /* masked: the step's canvases, packed */
     size_t *lens;
     float *logits;
-    size_t cap_ids, cap_lens, cap_logits;
+    tk_models_dgemma_seq *bq;   /* block: the step's sequences */
+    size_t cap_ids, cap_lens, cap_logits, cap_bq;
     int64_t next_id;
     tk_diff_batch_stats st;
 };
@@ -664,6 +664,14 @@ static int check_batch(const tk_diff_batch *b, const char *fn)
     return TK_OK;
 }
 
+static void any_free(const tk_diff_batch *b, tk_models_dseq *s)
+{
+    if (b->block)
+        tk_models__block_free(s);
+    else
+        seq_free((dstate *)s);
+}
+
 int tk_diff_batch_new(tk_diff_batch **out, tk_model *m)
 {
     if (!out)
@@ -671,16 +679,12 @@ int tk_diff_batch_new(tk_diff_batch **out, tk_model *m)
     *out = NULL;
     if (!tk_model_has_lm_head(m))
         return tk__err(TK_ERR_UNSUPPORTED, "tk_diff_batch_new: not a loaded language model with an LM head");
-    if (m->cfg.canvas > 0)
-        return tk__err(TK_ERR_UNSUPPORTED,
-                       "%s is a block diffusion checkpoint: its sampler runs one sequence at a time\n"
-                       "HINT: run it with tk_diffusion_generate",
-                       m->cfg.arch);
     tk_diff_batch *b = calloc(1, sizeof *b);
     if (!b)
         return tk__err(TK_ERR_NOMEM, "out of memory");
     b->magic = DBATCH_MAGIC;
     b->m = m;
+    b->block = m->cfg.canvas > 0; /* DiffusionGemma: block diffusion */
     *out = b;
     return TK_OK;
 }
@@ -688,7 +692,7 @@ int tk_diff_batch_new(tk_diff_batch **out, tk_model *m)
 static void drop_ended(tk_diff_batch *b)
 {
     for (size_t i = 0; i < b->nended; i++)
-        seq_free(b->ended[i]);
+        any_free(b, b->ended[i]);
     b->nended = 0;
 }
 
@@ -698,13 +702,14 @@ void tk_diff_batch_free(tk_diff_batch *b)
         return;
     drop_ended(b);
     for (size_t i = 0; i < b->n; i++)
-        seq_free(b->q[i]);
+        any_free(b, b->q[i]);
     free(b->q);
     free(b->ended);
     free(b->ev);
     free(b->ids);
     free(b->lens);
     free(b->logits);
+    free(b->bq);
     b->magic = 0;
     free(b);
 }
@@ -719,13 +724,18 @@ int tk_diff_batch_add(int64_t *seq, tk_diff_batch *b, const int32_t *prompt, siz
         return tk__err(TK_ERR_INVALID, "tk_diff_batch_add: seq is NULL");
     if (!prompt && len)
         return tk__err(TK_ERR_INVALID, "tk_diff_batch_add: prompt is NULL");
-    dstate *s = NULL;
+    tk_models_dseq *s = NULL;
     /* a step ends at most every sequence: ended and ev grow with q, before the step needs them */
     if ((rc = grow((void **)&b->q, &b->capq, b->n + 1, sizeof *b->q)) != TK_OK ||
         (rc = grow((void **)&b->ended, &b->cap_ended, b->n + 1, sizeof *b->ended)) != TK_OK ||
         (rc = grow((void **)&b->ev, &b->cap_ev, b->n + 1, sizeof *b->ev)) != TK_OK)
         return rc;
-    if ((rc = seq_new(&s, b->m, prompt, len, o ? o : &def)) != TK_OK)
+    dstate *d = NULL;
+    if (b->block)
+        rc = tk_models__block_new(&s, b->m, prompt, len, o ? o : &def);
+    else if ((rc = seq_new(&d, b->m, prompt, len, o ? o : &def)) == TK_OK)
+        s = &d->h;
+    if (rc != TK_OK)
         return rc;
     s->id = b->next_id++;
     b->q[b->n++] = s;
@@ -738,7 +748,7 @@ static int gather(tk_diff_batch *b, size_t *nrows)
 {
     size_t nids = 0, nl = 0, nlog = 0;
     for (size_t i = 0; i < b->n; i++) {
-        dstate *s = b->q[i];
+        dstate *s = (dstate *)b->q[i];
         nids += s->nseq * (size_t)s->L;
         nl += s->nseq;
     }
@@ -754,10 +764,10 @@ static int gather(tk_diff_batch *b, size_t *nrows)
         return rc;
     nids = nl = 0;
     for (size_t i = 0; i < b->n; i++) {
-        dstate *s = b->q[i];
+        dstate *s = (dstate *)b->q[i];
         prepare(s);
-        if (!s->t0)
-            s->t0 = tk__now_ms();
+        if (!s->h.t0)
+            s->h.t0 = tk__now_ms();
         memcpy(b->ids + nids, s->x, s->nseq * (size_t)s->L * sizeof *b->ids); /* x, then un */
         nids += s->nseq * (size_t)s->L;
         for (size_t k = 0; k < s->nseq; k++)
@@ -769,19 +779,29 @@ static int gather(tk_diff_batch *b, size_t *nrows)
     return TK_OK;
 }
 
-/* Every sequence's step after the forward; the ended ones leave for b->ended and the events. */
+/* Sequence s failed with rc (tk_last_error()): it ends with that status. */
+static void seq_failed(tk_models_dseq *s, int rc)
+{
+    s->status = rc;
+    snprintf(s->err, sizeof s->err, "%s", tk_last_error());
+}
+
+/* Every sequence's step after the forward (one that failed before it only ends); the ended ones leave
+ * for b->ended and the events. */
 static void advance_all(tk_diff_batch *b, const tk_diff_event **events, size_t *nevents)
 {
     size_t keep = 0;
-    const dstate *failed = NULL;
+    const tk_models_dseq *failed = NULL;
     for (size_t i = 0; i < b->n; i++) {
-        dstate *s = b->q[i];
-        int ended = 0, rc = advance(s, &ended);
+        tk_models_dseq *s = b->q[i];
+        int ended = 0, rc = s->status;
+        if (rc == TK_OK)
+            rc = b->block ? tk_models__block_advance(s, &ended) : advance((dstate *)s, &ended);
         if (rc == TK_OK && ended)
-            rc = seq_finish(s);
+            rc = b->block ? tk_models__block_finish(s) : seq_finish((dstate *)s);
         if (rc != TK_OK) {
-            s->status = rc;
-            snprintf(s->err, sizeof s->err, "%s", tk_last_error());
+            if (!s->status)
+                seq_failed(s, rc);
             failed = s;
             ended = 1;
         }
@@ -792,13 +812,48 @@ static void advance_all(tk_diff_batch *b, const tk_diff_event **events, size_t *
     }
     b->n = keep;
     for (size_t i = 0; i < b->nended; i++) {
-        dstate *s = b->ended[i];
+        tk_models_dseq *s = b->ended[i];
         b->ev[i] = (tk_diff_event){s->id, s->status, s->err, s->status == TK_OK ? s->r : NULL};
     }
     *events = b->ev;
     *nevents = b->nended;
     if (failed) /* the last failure's message for the caller */
         tk__err(failed->status, "%s", failed->err);
+}
+
+/* Masked diffusion: every canvas (and unconditional canvas) in one tk_model_forward; *nseq advanced. */
+static int step_masked(tk_diff_batch *b, size_t *nseq)
+{
+    size_t nrows = 0;
+    int rc = gather(b, &nrows);
+    if (rc != TK_OK)
+        return rc;
+    tk_model *m = b->m;
+    int was = m->cfg.bidirectional; /* every canvas attends both ways, a causal checkpoint's too */
+    m->cfg.bidirectional = 1;
+    rc = tk_model_forward(m, b->ids, b->lens, nrows, b->logits, NULL);
+    m->cfg.bidirectional = was;
+    *nseq = b->n;
+    return rc;
+}
+
+/* Block diffusion: each sequence prepares its part (a failure there is its own, and it sits the step
+ * out), then one tk_models__dgemma_step over the others; *nseq advanced. */
+static int step_block(tk_diff_batch *b, size_t *nseq)
+{
+    int rc = grow((void **)&b->bq, &b->cap_bq, b->n, sizeof *b->bq);
+    if (rc != TK_OK)
+        return rc;
+    size_t k = 0;
+    for (size_t i = 0; i < b->n; i++) {
+        tk_models_dseq *s = b->q[i];
+        if (s->status == TK_OK && (rc = tk_models__block_prepare(s, &b->bq[k])) != TK_OK)
+            seq_failed(s, rc);
+        if (s->status == TK_OK)
+            k++;
+    }
+    *nseq = k;
+    return k ? tk_models__dgemma_step(b->m, b->bq, k) : TK_OK;
 }
 
 int tk_diff_batch_step(tk_diff_batch *b, const tk_diff_event **events, size_t *nevents)
@@ -813,18 +868,13 @@ int tk_diff_batch_step(tk_diff_batch *b, const tk_diff_event **events, size_t *n
     drop_ended(b);
     if (!b->n)
         return TK_OK;
-    size_t nrows = 0;
-    if ((rc = gather(b, &nrows)) != TK_OK)
+    size_t nseq = 0;
+    if ((rc = b->block ? step_block(b, &nseq) : step_masked(b, &nseq)) != TK_OK)
         return rc;
-    tk_model *m = b->m;
-    int was = m->cfg.bidirectional; /* every canvas attends both ways, a causal checkpoint's too */
-    m->cfg.bidirectional = 1;
-    rc = tk_model_forward(m, b->ids, b->lens, nrows, b->logits, NULL);
-    m->cfg.bidirectional = was;
-    if (rc != TK_OK)
-        return rc;
-    b->st.steps++;
-    b->st.step_sequences += (int64_t)b->n;
+    if (nseq) {
+        b->st.steps++;
+        b->st.step_sequences += (int64_t)nseq;
+    }
     advance_all(b, events, nevents);
     return TK_OK;
 }
@@ -836,7 +886,7 @@ int tk_diff_batch_cancel(tk_diff_batch *b, int64_t seq)
         return rc;
     for (size_t i = 0; i < b->n; i++)
         if (b->q[i]->id == seq) {
-            seq_free(b->q[i]);
+            any_free(b, b->q[i]);
             memmove(b->q + i, b->q + i + 1, (b->n - i - 1) * sizeof *b->q);
             b->n--;
             return TK_OK;
@@ -867,8 +917,6 @@ int tk_diffusion_generate(tk_diff_result **out, tk_model *m, const int32_t *prom
         return tk__err(TK_ERR_UNSUPPORTED, "tk_diffusion_generate: not a loaded language model with an LM head");
     if (!prompt && len)
         return tk__err(TK_ERR_INVALID, "tk_diffusion_generate: prompt is NULL");
-    if (m->cfg.canvas > 0) /* DiffusionGemma: block diffusion (block_diffusion.c) */
-        return tk_models__block_generate(out, m, prompt, len, o);
     tk_diff_batch *b = NULL;
     const tk_diff_event *ev = NULL;
     size_t nev = 0;

@@ -436,22 +436,32 @@ extern const tk_models_arch tk_models__gemma, tk_models__gemma2, tk_models__gemm
 extern const tk_models_arch tk_models__mixtral, tk_models__qwen2_moe, tk_models__qwen3_moe;
 extern const tk_models_arch tk_models__llada, tk_models__dream; /* diffusion_lm.c */
 extern const tk_models_arch tk_models__diffusion_gemma;            /* block diffusion */
-/* The DiffusionGemma encoder's keys and values (diffusion_gemma.c): every layer's over the tokens encoded
- * so far (the prompt, then each finished block), for the denoising steps to read instead of encoding the
- * prefix again. kv_new: room for cap tokens (the prompt, every block and one canvas); kv_free takes NULL.
- * encode: appends ids (n) at positions kv's length onwards, causal over what is cached. */
+/* The DiffusionGemma encoder's keys and values (diffusion_gemma.c): one sequence's, every layer's over the
+ * tokens encoded so far (the prompt, then each finished block), for the denoising steps to read instead of
+ * encoding the prefix again. kv_new: room for cap tokens (the prompt, every block and one canvas);
+ * kv_free takes NULL; kv_rewind forgets the tokens from len on (TK_DGEMMA_CACHE=0 encodes everything
+ * again each step). */
 typedef struct tk_models_dgemma_kv tk_models_dgemma_kv;
 int tk_models__dgemma_kv_new(tk_models_dgemma_kv **out, tk_model *m, int64_t cap);
 void tk_models__dgemma_kv_free(tk_model *m, tk_models_dgemma_kv *kv);
-int tk_models__dgemma_encode(tk_model *m, tk_models_dgemma_kv *kv, const int32_t *ids, size_t n);
-/* One denoising step of a DiffusionGemma model (diffusion_gemma.c): ids (len) are the prompt and the
- * finished blocks followed by the canvas (the model's canvas_length ids); sc the previous step's
- * processed logits [C, V] (f32, NULL on a block's first step). Writes the canvas's logits [C, V] (f32,
- * softcapped) to logits. kv NULL: the forward runs over all len ids (the encoder recomputed); else kv
- * holds the encoder's keys and values of the first len - C ids and only the decoder runs, over the
- * canvas. Errors as tk_model_forward. */
-int tk_models__dgemma_denoise(tk_model *m, tk_models_dgemma_kv *kv, const int32_t *ids, size_t len, const float *sc,
-                              float *logits);
+void tk_models__dgemma_kv_rewind(tk_models_dgemma_kv *kv, int64_t len);
+/* One sequence of a DiffusionGemma denoising step: ids (len) are the tokens to encode into kv first (the
+ * prompt, or the block just finished; none on a block's later steps) followed by the canvas (the model's
+ * canvas_length ids); sc the previous step's processed logits [C, V] (f32, NULL on a block's first step);
+ * logits receives the canvas's [C, V] (f32, softcapped). */
+typedef struct {
+    tk_models_dgemma_kv *kv;
+    const int32_t *ids;
+    size_t len;
+    const float *sc;
+    float *logits;
+} tk_models_dgemma_seq;
+/* One denoising step of n sequences in ONE forward (diffusion_gemma.c): the linear layers and the experts
+ * run over every sequence's rows at once; each sequence's ids before its canvas are encoded (causal over
+ * its cache, their keys and values appended to it), and its canvas attends bidirectionally to its own
+ * cache and itself. A sequence's logits are what it gets in a step of its own, up to the rounding of the
+ * products over more rows. Errors as tk_model_forward; on an error no cache has grown. */
+int tk_models__dgemma_step(tk_model *m, const tk_models_dgemma_seq *q, size_t n);
 
 /* ---- diffusion generation (models/diffusion_lm.c, models/block_diffusion.c) ------------------- */
 
@@ -466,9 +476,26 @@ struct tk_diff_result {
 };
 /* n uniform draws in [0, 1): o->rand's, or splitmix64 advancing *rng */
 int tk_models__diff_draws(const tk_diff_opts *o, uint64_t *rng, double *u, size_t n);
-/* tk_diffusion_generate on a block diffusion checkpoint (cfg.canvas > 0) */
-int tk_models__block_generate(tk_diff_result **out, tk_model *m, const int32_t *prompt, size_t len,
-                              const tk_diff_opts *o);
+/* A sequence of a tk_diff_batch (diffusion_lm.c): what the batch keeps of every sequence. The masked
+ * samplers' state (diffusion_lm.c) and block diffusion's (block_diffusion.c) each begin with one. */
+typedef struct {
+    int64_t id;
+    tk_diff_result *r; /* built as it runs: its event's result */
+    double t0;         /* its first step's start (0: none yet) */
+    int status;        /* its failure, ended */
+    char err[512];
+} tk_models_dseq;
+/* Block diffusion's sequences (block_diffusion.c), what a tk_diff_batch over a DiffusionGemma model runs.
+ * new: o (copied) and the prompt checked, its buffers and cache allocated. prepare, before a step: the
+ * sequence's part of tk_models__dgemma_step, a block's starting canvas drawn at its start (a failure is
+ * the sequence's own; after a failed forward the prepared canvas is not drawn again). advance, after the
+ * step: the sampler over its logits, *ended when the sequence is done. finish: its ids and text into
+ * its result. free takes NULL. */
+int tk_models__block_new(tk_models_dseq **out, tk_model *m, const int32_t *prompt, size_t len, const tk_diff_opts *o);
+int tk_models__block_prepare(tk_models_dseq *s, tk_models_dgemma_seq *step);
+int tk_models__block_advance(tk_models_dseq *s, int *ended);
+int tk_models__block_finish(tk_models_dseq *s);
+void tk_models__block_free(tk_models_dseq *s);
 /* The Llama decoder's steps (llama.c), which the architectures that vary it reuse. */
 /* Reads the Llama decoder's config.json fields (sizes, norms, rope, biases, sliding windows): the
  * activation one of acts (NULL-terminated; acts_hint lists them in the error; acts NULL: the caller

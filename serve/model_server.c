@@ -434,14 +434,25 @@ static int make_opts(struct tk_model_server *s, tk_serve_req *r, tk_oa_err *e)
                                              : NULL;
     if (!s->diffusion && dparam)
         return tk_serve__oa_errf(e, 400, "invalid_request_error", "invalid_value", dparam,
-                                 "'%s' applies to a masked diffusion model (LLaDA, Dream); %s generates token by "
-                                 "token",
-                                 dparam, s->name);
+                                 "'%s' applies to a diffusion model (LLaDA, Dream%s); %s generates token by token",
+                                 dparam, p->steps ? ", DiffusionGemma" : "", s->name);
+    const char *bparam = p->t_min >= 0                  ? "t_min"
+                         : p->t_max >= 0                ? "t_max"
+                         : p->entropy_bound >= 0        ? "entropy_bound"
+                         : p->confidence_threshold >= 0 ? "confidence_threshold"
+                         : p->stability_threshold >= 0  ? "stability_threshold"
+                                                        : NULL;
+    if (s->diffusion != TK_DIFF_BLOCK && bparam)
+        return tk_serve__oa_errf(e, 400, "invalid_request_error", "invalid_value", bparam,
+                                 "'%s' applies to a block diffusion model (DiffusionGemma); %s %s", bparam, s->name,
+                                 s->diffusion ? "is a masked diffusion model" : "generates token by token");
     if (s->diffusion && p->logprobs)
         return tk_serve__oa_errf(e, 400, "invalid_request_error", "invalid_value", "logprobs",
-                                 "logprobs are not available from a masked diffusion model (%s): its tokens are "
-                                 "unmasked in parallel, not sampled one after another",
-                                 s->diffusion == TK_DIFF_DREAM ? "Dream" : "LLaDA");
+                                 "logprobs are not available from a diffusion model (%s): its tokens are "
+                                 "chosen in parallel, not sampled one after another",
+                                 s->diffusion == TK_DIFF_DREAM   ? "Dream"
+                                 : s->diffusion == TK_DIFF_BLOCK ? "DiffusionGemma"
+                                                                 : "LLaDA");
     /* without max_tokens: the rest of the context for a chat, 16 tokens for a completion (OpenAI's);
      * a masked diffusion model denoises every position each step, so a chat gets 128 (LLaDA's) */
     int64_t room = s->ctx_len - (int64_t)longest, chat_default = s->diffusion && room > 128 ? 128 : room;

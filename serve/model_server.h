@@ -29,7 +29,7 @@ enum { RQ_QUEUED = 0, RQ_RUNNING = 1, RQ_DONE = 2 };
 /* One choice of a request: one sequence of the batch. */
 typedef struct {
     int64_t seq;          /* the tk_gen_batch (tk_diff_batch) sequence id; -1 before admission */
-    struct tk_serve_req *req; /* masked diffusion: its request, for the sampler's step callback */
+    struct tk_serve_req *req; /* diffusion: its request, for the sampler's step callback */
     size_t prompt;        /* which prompt it continues */
     tk_buf text;          /* its complete text so far */
     size_t sent;          /* bytes of text streamed */
@@ -98,10 +98,9 @@ struct tk_model_server {
      * state is SRV_READY) */
     tk_model *m;
     const tk_tokenizer *tok;
-    tk_gen_batch *b;      /* NULL for a masked diffusion model */
+    tk_gen_batch *b;      /* NULL for a diffusion model */
     int diffusion;        /* tk_model_diffusion: TK_DIFF_LLADA, TK_DIFF_DREAM or TK_DIFF_BLOCK */
-    tk_diff_batch *db;    /* LLaDA and Dream: their sequences in lockstep (NULL: block diffusion, one
-                             request at a time) */
+    tk_diff_batch *db;    /* LLaDA, Dream and DiffusionGemma: their sequences in lockstep (else NULL) */
     tk_gen_opts base;     /* generation_config.json's defaults */
     int64_t ctx_len;      /* the context a sequence may use */
     int64_t vocab;

@@ -106,6 +106,18 @@ static int get_bool(json_t *o, const char *key, int *out, tk_oa_err *e)
     return 0;
 }
 
+/* Block diffusion's extensions (DiffusionGemma's sampler); -1: absent, the checkpoint's own. The sampler
+ * checks how they combine (t_min < t_max, a bound above 0). */
+static int parse_block_diffusion(tk_oa_req *r, json_t *o, tk_oa_err *e)
+{
+    r->t_min = r->t_max = r->entropy_bound = r->confidence_threshold = -1;
+    r->stability_threshold = -1;
+    return get_num(o, "t_min", 0, 1e6, NULL, &r->t_min, e) || get_num(o, "t_max", 0, 1e6, NULL, &r->t_max, e) ||
+           get_num(o, "entropy_bound", 0, 1e6, NULL, &r->entropy_bound, e) ||
+           get_num(o, "confidence_threshold", 0, 1e6, NULL, &r->confidence_threshold, e) ||
+           get_int(o, "stability_threshold", 0, 4096, NULL, &r->stability_threshold, e);
+}
+
 /* The diffusion extensions that are names: remasking (LLaDA) and alg (Dream). */
 static int parse_diffusion_names(tk_oa_req *r, json_t *o, tk_oa_err *e)
 {
@@ -474,7 +486,8 @@ int tk_serve__oa_parse(tk_oa_req *r, int kind, const char *body, size_t len, tk_
         get_bool(o, "ignore_eos", &r->ignore_eos, e) || parse_stop(r, o, e) ||
         get_int(o, "steps", 1, INT32_MAX, NULL, &r->steps, e) ||
         get_int(o, "block_length", 1, INT32_MAX, NULL, &r->block_length, e) ||
-        get_num(o, "cfg_scale", 0, 1e6, NULL, &r->cfg_scale, e) || parse_diffusion_names(r, o, e))
+        get_num(o, "cfg_scale", 0, 1e6, NULL, &r->cfg_scale, e) || parse_diffusion_names(r, o, e) ||
+        parse_block_diffusion(r, o, e))
         goto done;
     if (r->has_top_p && r->top_p == 0) {
         BAD("top_p", "'top_p' is 0, want a number above 0 and at most 1");

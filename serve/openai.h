@@ -65,12 +65,15 @@ typedef struct {
     int logprobs;              /* report the chosen tokens' log-probabilities */
     int top_logprobs;          /* and this many alternatives (0..20) */
     int ignore_eos;            /* extension: generate past eos (benchmarks) */
-    /* extensions for a masked diffusion model (tk_diff_opts; 0 / NULL: the server's defaults) */
-    int64_t steps;             /* denoising steps in all */
+    /* extensions for a diffusion model (tk_diff_opts; 0 / NULL: the server's defaults) */
+    int64_t steps;             /* denoising steps in all (DiffusionGemma: per block) */
     int64_t block_length;      /* LLaDA's semi-autoregressive block */
     double cfg_scale;          /* LLaDA's classifier-free guidance */
     int remasking;             /* -1 absent, 0 low_confidence, 1 random */
     char alg[16];              /* Dream's: "" absent, origin, maskgit_plus, topk_margin, entropy */
+    /* extensions for a block diffusion model (DiffusionGemma; tk_diff_opts' fields, -1 absent) */
+    double t_min, t_max, entropy_bound, confidence_threshold;
+    int64_t stability_threshold;
 } tk_oa_req;
 
 /* Parses a request body of `kind`. Returns 0 with *r filled (free with tk_serve__oa_req_free), or -1

@@ -1,8 +1,9 @@
 /*
  * sched.c — the model server's scheduler thread: it loads the model, then runs continuous batching
- * over one tk_gen_batch. Each turn it drops the requests whose client went away (their sequences
- * leave the batch at once and free their KV blocks), admits queued requests while their choices fit
- * in --parallel (FIFO: a big request is never passed by smaller ones), runs one step, and turns the
+ * over one tk_gen_batch (a diffusion checkpoint: one tk_diff_batch, every running canvas in each
+ * step's forward). Each turn it drops the requests whose client went away (their sequences leave the
+ * batch at once and free their KV blocks), admits queued requests while their choices fit in
+ * --parallel (FIFO: a big request is never passed by smaller ones), runs one step, and turns the
  * step's events into each request's answer: SSE chunks for a stream (text held back while it may be
  * the start of a stop string), the whole body once every choice ended otherwise.
  *
@@ -507,10 +508,9 @@ static void cut_all(struct tk_model_server *s)
     }
 }
 
-/* ---- masked diffusion ------------------------------------------------------------------------- */
-/* LLaDA and Dream run in s->db: admit() adds each choice as a sequence, the loop steps the batch (one
- * forward over every canvas) and each ended sequence answers its choice. A block diffusion checkpoint
- * (DiffusionGemma) runs one request at a time through tk_diffusion_generate (diff_run). */
+/* ---- diffusion -------------------------------------------------------------------------------- */
+/* LLaDA, Dream and DiffusionGemma run in s->db: admit() adds each choice as a sequence, the loop steps
+ * the batch (one forward over every canvas) and each ended sequence answers its choice. */
 
 /* Streams choice k's text to upto, holding back what may begin a stop string (under mu). */
 static void diff_stream(tk_serve_req *r, size_t k, int final)
@@ -578,6 +578,11 @@ static void diff_opts(tk_diff_opts *o, tk_serve_req *r, size_t k)
         o->top_p = r->p.top_p;
     if (r->p.has_top_k)
         o->top_k = r->p.top_k;
+    o->t_min = r->p.t_min; /* block diffusion's; -1: the checkpoint's */
+    o->t_max = r->p.t_max;
+    o->entropy_bound = r->p.entropy_bound;
+    o->confidence_threshold = r->p.confidence_threshold;
+    o->stability_threshold = r->p.stability_threshold;
     o->on_step = diff_on_step;
     o->step_user = &r->ch[k];
     r->ch[k].req = r;
@@ -695,33 +700,6 @@ static void diff_step(struct tk_model_server *s)
     tk_diff_batch_stats_get(&s->dst, s->db);
 }
 
-/* Block diffusion: request r's choices one after another with tk_diffusion_generate, and its answer. */
-static void diff_run(struct tk_model_server *s, tk_serve_req *r)
-{
-    int status = 200;
-    char msg[512] = "";
-    for (size_t k = 0; k < r->nchoice && status == 200; k++) {
-        tk_diff_opts o;
-        pthread_mutex_lock(&s->mu);
-        diff_opts(&o, r, k);
-        pthread_mutex_unlock(&s->mu);
-        tk_diff_result *res = NULL;
-        int rc = tk_diffusion_generate(&res, s->m, r->pids[r->ch[k].prompt], r->plen[r->ch[k].prompt], &o);
-        pthread_mutex_lock(&s->mu);
-        if (rc != TK_OK)
-            status = diff_error(msg, sizeof msg, rc);
-        else if (r->gone)
-            status = 499, snprintf(msg, sizeof msg, "the client went away");
-        else
-            diff_answer(s, r, k, res);
-        pthread_mutex_unlock(&s->mu);
-        tk_diff_result_free(res);
-    }
-    pthread_mutex_lock(&s->mu);
-    end_active(s, r, status, msg);
-    pthread_mutex_unlock(&s->mu);
-}
-
 /* The generated tokens a second, over windows of two seconds or more (under mu). */
 static void tps_window(struct tk_model_server *s)
 {
@@ -770,8 +748,8 @@ int tk_serve__load(struct tk_model_server *s)
                        (long long)s->o.ctx_size, (long long)max_pos);
     s->ctx_len = s->o.ctx_size > 0 ? s->o.ctx_size : max_pos;
     s->vocab = tk_model_vocab_size(s->m);
-    if ((s->diffusion = tk_model_diffusion(s->m)) != 0) /* block diffusion: one request at a time */
-        return s->diffusion == TK_DIFF_BLOCK ? TK_OK : tk_diff_batch_new(&s->db, s->m);
+    if ((s->diffusion = tk_model_diffusion(s->m)) != 0) /* LLaDA, Dream, DiffusionGemma: their own batch */
+        return tk_diff_batch_new(&s->db, s->m);
     tk_gen_batch_opts bo = TK_GEN_BATCH_OPTS_INIT;
     bo.kv_dtype = s->kv_dtype;
     bo.max_step_tokens = s->o.max_step_tokens > 0 ? s->o.max_step_tokens : 512;
@@ -856,20 +834,11 @@ void *tk_serve__sched_main(void *arg)
             tk_serve__log(s, TK_LOG_WARN, "stopping: %zu request(s) cut short at the drain's end", s->nact);
             cut_all(s);
         }
-        if (s->diffusion && !s->db) {
-            if (!s->nact && s->nq && !grow((void **)&s->act, &s->capact, 1, sizeof *s->act)) {
-                s->act[s->nact++] = s->queue[0]; /* one request at a time */
-                memmove(s->queue, s->queue + 1, (s->nq - 1) * sizeof *s->queue);
-                s->nq--;
-                s->act[0]->state = RQ_RUNNING;
-            }
-        } else {
-            admit(s); /* cancellations change the stats too */
-            if (s->b)
-                tk_gen_batch_stats_get(&s->st, s->b);
-            else
-                s->st.active = (int64_t)tk_diff_batch_active(s->db);
-        }
+        admit(s); /* cancellations change the stats too */
+        if (s->b)
+            tk_gen_batch_stats_get(&s->st, s->b);
+        else
+            s->st.active = (int64_t)tk_diff_batch_active(s->db);
         if (s->nact == 0) {
             if (s->stopping) {
                 pthread_mutex_unlock(&s->mu);
@@ -893,16 +862,6 @@ void *tk_serve__sched_main(void *arg)
         if (s->db) {
             diff_step(s);
             tps_window(s);
-            pthread_mutex_unlock(&s->mu);
-            continue;
-        }
-        if (s->diffusion) {
-            tk_serve_req *r = s->act[0];
-            r->refs++; /* held across the unlocked generation */
-            pthread_mutex_unlock(&s->mu);
-            diff_run(s, r);
-            pthread_mutex_lock(&s->mu);
-            tk_serve__req_unref_locked(r);
             pthread_mutex_unlock(&s->mu);
             continue;
         }

@@ -197,7 +197,7 @@ int tk_model_server_follow(tk_ctx *ctx, const tk_model_server_opts *opts)
     size_t cap = 0;
     int rc = tk_serve__load(s);
     if (rc == TK_OK && s->diffusion)
-        rc = tk__err(TK_ERR_UNSUPPORTED, "tensor parallelism: a masked diffusion model is not served split");
+        rc = tk__err(TK_ERR_UNSUPPORTED, "tensor parallelism: a diffusion model is not served split");
     if (rc == TK_OK)
         tk_serve__warm_up(s);
     for (int64_t hdr[2] = {0, 0}; rc == TK_OK;) {

@@ -558,12 +558,12 @@ def check_diffusion():
         got = r2["choices"][0] if st == 200 else r2
         if st != 200 or got["text"] != text[:text.index(stop)] or got["finish_reason"] != "stop":
             fail("diffusion with stop %r: %d %s, want %r" % (stop, st, got, text[:text.index(stop)]))
-    for extra, param in (({"logprobs": 1}, "logprobs"), ({"max_tokens": 15}, None)):
+    for extra, param in (({"logprobs": 1}, "logprobs"), ({"max_tokens": 15}, None), ({"t_min": 0.5}, "t_min")):
         st, e = raw("POST", "/v1/completions", json.dumps(dict(body, **extra)).encode())
         if st != 400 or (param and e["error"]["param"] != param):
             fail("diffusion %s: %d %s, want 400" % (extra, st, e))
     print("diffusion: text %r alone, streamed in %d chunks, through the openai client and cut at stop %r; "
-          "logprobs and max_tokens 15 of block 8 refused" % (text, len(chunks), stop))
+          "logprobs, max_tokens 15 of block 8 and block diffusion's t_min refused" % (text, len(chunks), stop))
 
 
 def diff_post(body, timeout=120):
@@ -677,23 +677,80 @@ def check_diffusion_batch():
           (len(jobs), sum(j.get("n", 1) for j in jobs), steps, seqs, alone_steps))
 
 
+BLOCK_FLAGS = ("steps", "t_min", "t_max", "entropy_bound", "confidence_threshold", "stability_threshold")
+
+
+def block_generate(j, seed):
+    """tk generate --json's text for block diffusion request j with this seed"""
+    args = ["--ids", ",".join(map(str, j["prompt"])), "--gen-length", str(j["max_tokens"]), "--seed", str(seed)]
+    for k in BLOCK_FLAGS:
+        if k in j:
+            args += ["--" + k.replace("_", "-"), str(j[k])]
+    return tk_generate(*args)["text"]
+
+
 def check_block_diffusion():
-    """DiffusionGemma served one request at a time: two concurrent requests (token-id prompts, seeded)
-    each equal tk generate's text for the same ids, gen_length, steps and seed; no diffusion batch."""
-    jobs = [([5, 17, 99], 12, 6, 5), ([5, 17, 99, 3], 18, 10, 1)]
-    want = [tk_generate("--ids", ",".join(map(str, p)), "--gen-length", str(g), "--steps", str(s), "--seed", str(sd))
-            ["text"] for p, g, s, sd in jobs]
-    def run(j):
-        p, g, s, sd = j
-        return diff_post(dict(prompt=p, max_tokens=g, steps=s, seed=sd))[0][0]
-    with cf.ThreadPoolExecutor(2) as ex:
-        got = list(ex.map(run, jobs))
-    if got != want:
-        fail("block diffusion: %r, want tk generate's %r" % (got, want))
-    m = settle()
-    if "tk_diffusion_steps_total" in m or m['tk_requests_total{outcome="ok"}'] != 2:
-        fail("block diffusion: metrics %s" % m)
-    print("block diffusion: 2 concurrent requests, each equal to tk generate (%r ...), one at a time" % got[0][:30])
+    """DiffusionGemma requests batched: token-id prompts of different lengths (one past the sliding window),
+    gen_lengths of 1 to 5 blocks, steps, seeds and sampler options (t_min, t_max, entropy_bound,
+    confidence_threshold, stability_threshold), n = 3 and a stream, sent at once with a client that
+    vanishes among them: every answer equals the same request alone, which equals tk generate --json; the
+    steps counter says the batch formed (fewer steps than sequence-steps); options that are not block
+    diffusion's are refused naming the field."""
+    jobs = [
+        dict(prompt=[5, 17, 99], max_tokens=12, steps=6, seed=5),
+        dict(prompt=[5, 17, 99, 3], max_tokens=18, steps=10, seed=1, entropy_bound=3.0),
+        dict(prompt=[5, 17, 99, 3, 250, 7, 8, 9, 10], max_tokens=30, steps=8, seed=2, entropy_bound=1.5, t_min=0.05,
+             t_max=0.3, confidence_threshold=2.0),
+        dict(prompt=[5], max_tokens=6, steps=20, seed=3, entropy_bound=0.5, t_min=0.01, t_max=0.1,
+             confidence_threshold=1.0, stability_threshold=2),
+        dict(prompt=[5, 6], max_tokens=12, steps=6, seed=11, n=3),
+        dict(prompt=[7, 8, 9], max_tokens=24, steps=6, seed=4, stream=True),
+    ]
+    want = [[block_generate(j, j["seed"] + i) for i in range(j.get("n", 1))] for j in jobs]
+    run = lambda j: [c[0] for c in (diff_stream(j) if j.get("stream") else diff_post(j))]
+    m0 = metrics()
+    alone = [run(j) for j in jobs]
+    m1 = metrics()
+    if alone != want:
+        bad = [(jobs[i], alone[i], want[i]) for i in range(len(jobs)) if alone[i] != want[i]]
+        fail("block diffusion alone differs from tk generate: %d of %d, e.g. %s" % (len(bad), len(jobs), bad[0]))
+    alone_steps = m1["tk_diffusion_steps_total"] - m0["tk_diffusion_steps_total"]
+    seq_steps = m1["tk_diffusion_step_sequences_total"] - m0["tk_diffusion_step_sequences_total"]
+    vanish = dict(prompt=[9, 10], max_tokens=60, steps=20, seed=8, stream=True)
+    cancelled_key = 'tk_requests_total{outcome="cancelled"}'
+    for attempt in range(5):
+        m2 = metrics()
+        with cf.ThreadPoolExecutor(len(jobs) + 1) as ex:
+            fv = ex.submit(diff_vanish, vanish)
+            together = list(ex.map(run, jobs))
+            fv.result()
+        m3 = settle()
+        bad = [(jobs[i], alone[i], together[i]) for i in range(len(jobs)) if alone[i] != together[i]]
+        if bad:
+            fail("%d of %d differ between alone and batched, e.g. %s" % (len(bad), len(jobs), bad[0]))
+        steps = m3["tk_diffusion_steps_total"] - m2["tk_diffusion_steps_total"]
+        seqs = m3["tk_diffusion_step_sequences_total"] - m2["tk_diffusion_step_sequences_total"]
+        cancelled = m3[cancelled_key] - m2[cancelled_key]
+        if cancelled == 0:  # a loaded machine let the vanishing stream finish first
+            print("try %d: the vanishing stream ended before its client closed; again" % attempt)
+            continue
+        # the vanished stream ran some of its up to 200 steps; the others all of theirs
+        if not (seq_steps < seqs < seq_steps + 200) or cancelled != 1:
+            fail("batched: %d sequence-steps (want %d + under 200 of the vanished stream's), %d cancelled" %
+                 (seqs, seq_steps, cancelled))
+        if steps < seqs / 2.0:
+            break
+        print("try %d: %d steps for %d sequence-steps: the requests hardly overlapped; again" % (attempt, steps, seqs))
+    else:
+        fail("five tries, and the concurrent requests never shared steps with a stream cancelled among them "
+             "(last: %d steps for %d sequence-steps, %d cancelled)" % (steps, seqs, cancelled))
+    for extra, param in (({"cfg_scale": 1.0}, None), ({"logprobs": 1}, "logprobs"), ({"t_min": 0.9, "t_max": 0.5}, None)):
+        st, e = raw("POST", "/v1/completions", json.dumps(dict(jobs[0], **extra)).encode())
+        if st != 400 or (param and e["error"]["param"] != param):
+            fail("block diffusion %s: %d %s, want 400" % (extra, st, e))
+    print("block diffusion batch: %d requests (%d sequences) and a vanishing stream at once: every answer equals "
+          "the request alone and tk generate; %d steps for %d sequence-steps (alone: %d steps); 1 cancelled" %
+          (len(jobs), sum(j.get("n", 1) for j in jobs), steps, seqs, alone_steps))
 
 
 {"block_diffusion": check_block_diffusion, "diffusion": check_diffusion, "diffusion_batch": check_diffusion_batch, "openai": check_openai, "auth": check_auth, "concurrency": check_concurrency, "bad": check_bad_requests,

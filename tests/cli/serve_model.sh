@@ -149,7 +149,8 @@ dllm_checkpoints() {
 }
 
 # A masked diffusion checkpoint (tests/models/dllm_oracle.py's LLaDA layout) served: tk_diffusion_generate
-# per request, streamed per finished block; the diffusion fields are refused by an autoregressive model.
+# per request, streamed per finished block; the diffusion fields (masked and block) are refused by an
+# autoregressive model, block diffusion's by LLaDA.
 t_diffusion_checkpoint() {
   need || return
   local dck=$WORK/dllm
@@ -163,8 +164,11 @@ t_diffusion_checkpoint() {
   start_server || return
   local st
   st=$(curl -s -o "$WORK/steps.json" -w '%{http_code}' "$URL/v1/completions" -d '{"prompt": "Once", "max_tokens": 2, "steps": 4}')
-  [ "$st" = 400 ] && grep -q "'steps' applies to a masked diffusion model" "$WORK/steps.json" ||
+  [ "$st" = 400 ] && grep -q "'steps' applies to a diffusion model (LLaDA, Dream, DiffusionGemma)" "$WORK/steps.json" ||
     fail "steps on an autoregressive model: $st $(cat "$WORK/steps.json")"
+  st=$(curl -s -o "$WORK/eb.json" -w '%{http_code}' "$URL/v1/completions" -d '{"prompt": "Once", "max_tokens": 2, "entropy_bound": 0.5}')
+  [ "$st" = 400 ] && grep -q "'entropy_bound' applies to a block diffusion model (DiffusionGemma)" "$WORK/eb.json" ||
+    fail "entropy_bound on an autoregressive model: $st $(cat "$WORK/eb.json")"
   stop_server
 }
 
@@ -182,10 +186,10 @@ t_diffusion_requests_batched() {
   CK=$ck_ar
 }
 
-# A block diffusion checkpoint (DiffusionGemma; tests/models/bd_oracle.py make, with a tokenizer whose
-# 256 ids are words) is served one request at a time: two concurrent requests each answer what tk
-# generate answers, and no diffusion batch runs (check_block_diffusion).
-t_block_diffusion_served_one_at_a_time() {
+# Block diffusion requests batched (DiffusionGemma; tests/models/bd_oracle.py make, with a tokenizer whose
+# 256 ids are words): concurrent requests share each step's forward and each answers what it answers
+# alone and what tk generate answers (tests/serve_model_client.py check_block_diffusion).
+t_block_diffusion_requests_batched() {
   need || return
   local bck=$WORK/bd
   if [ ! -f "$bck/tokenizer.json" ]; then
@@ -203,7 +207,7 @@ PYEOF
   fi
   local ck_ar=$CK
   CK=$bck
-  start_server --parallel 4 || { CK=$ck_ar; return; }
+  start_server --parallel 16 || { CK=$ck_ar; return; }
   client block_diffusion
   stop_server
   CK=$ck_ar
