@@ -220,8 +220,12 @@ static void gemvt_range_c(void *arg, int64_t lo, int64_t hi)
  * thread, bench/cpu_ops). On a Zen 4 VM (AVX-512; SmolLM2-135M decode, medians of 3-4, 2026-11-28) it
  * slowed f32 (one thread 35.1 tokens/s with 4 KiB against 43.6 with none; two 48.1 against 53.3) and
  * still helped the weights widened in registers (bf16 68.9 against 62.9 and 87.9 against 76.9; int8
- * 105.5 against 84.0 and 137.9 against 119.9), whose loop spends longer per byte. Two machines measured:
- * f32 weights on a CPU with AVX-512 get none, everything else 4 KiB. */
+ * 105.5 against 84.0 and 137.9 against 119.9), whose loop spends longer per byte. Once the 16-bit and i8
+ * rows ran in four chains (gemv_row4), the same VM (medians of 5 alternations, 2026-11-28, 17:30-17:50
+ * UTC) decoded 16-bit faster with none: bf16 66.5 against 62.6 tokens/s on one thread, 91.6 against 88.0
+ * on two; f16 69.3 against 60.1 and 93.4 against 88.5 (every alternation), while i8 still gained on two
+ * threads (167.3 against 157.8; one thread level, 126.6 against 125.5). Two machines measured: on a CPU
+ * with AVX-512, f32 and 16-bit weights get none and i8 4 KiB; without it, everything 4 KiB. */
 static int64_t gemv_pf(int wk)
 {
     static int avx512 = -1;
@@ -230,7 +234,7 @@ static int64_t gemv_pf(int wk)
         v = (tk_ops__cpu_features() & TK_CPU_AVX512F) != 0;
         __atomic_store_n(&avx512, v, __ATOMIC_RELAXED);
     }
-    return wk == K_F32 && v ? 0 : 4096;
+    return v && wk != K_I8 ? 0 : 4096;
 }
 
 /* One weight row against M rows of x: 16 columns a step, two accumulators a row. */
@@ -271,8 +275,8 @@ TK_AVX2_INLINE void gemv_row_avx2(int M, int wk, int64_t pf, const void *wr, con
  * thread's GEMV waits on its FMA chains more than f32's does. Two chains (gemv_row_avx2) against four,
  * SmolLM2-135M decode, medians of 5 alternations, Zen 4, 2026-11-28: --quant int8 96.5 -> 107.4
  * tokens/s on one thread, 130.2 -> 142.0 on two; bf16 49.5 -> 58.3 and 77.0 -> 81.3 with two prefetches
- * a 64-byte step (one a step was slower than two chains: 5 of 5 alternations). f32 weights measured the
- * same either way and keep two. */
+ * a 64-byte step (one a step was slower than two chains: 5 of 5 alternations; since then none on a CPU
+ * with AVX-512 measured faster still: gemv_pf). f32 weights measured the same either way and keep two. */
 TK_AVX2_INLINE float gemv_row4(int wk, int64_t pf, const void *wr, const float *x, int64_t k)
 {
     __m256 a0 = _mm256_setzero_ps(), a1 = a0, a2 = a0, a3 = a0;
