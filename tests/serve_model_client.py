@@ -611,6 +611,40 @@ def diff_vanish(body):
     s.close()
 
 
+def batched_with_vanish(jobs, alone, run, vanish, seq_steps, vanish_steps):
+    """Runs jobs at once with one more stream (vanish) whose client closes after its first chunk, up to
+    five tries until the batch really formed: every answer equals alone's, the vanished stream counted
+    cancelled and its sequence-steps (above the jobs' seq_steps) fewer than vanish_steps, and fewer
+    steps than half the sequence-steps. Returns (steps, sequence-steps) of the try that passed."""
+    cancelled_key = 'tk_requests_total{outcome="cancelled"}'
+    ok_key = 'tk_requests_total{outcome="ok"}'
+    for attempt in range(5):
+        m2 = metrics()
+        with cf.ThreadPoolExecutor(len(jobs) + 1) as ex:
+            fv = ex.submit(diff_vanish, vanish)
+            together = list(ex.map(run, jobs))
+            fv.result()
+        m3 = settle()
+        bad = [(jobs[i], alone[i], together[i]) for i in range(len(jobs)) if alone[i] != together[i]]
+        if bad:
+            fail("%d of %d differ between alone and batched, e.g. %s" % (len(bad), len(jobs), bad[0]))
+        steps = m3["tk_diffusion_steps_total"] - m2["tk_diffusion_steps_total"]
+        seqs = m3["tk_diffusion_step_sequences_total"] - m2["tk_diffusion_step_sequences_total"]
+        cancelled = m3[cancelled_key] - m2[cancelled_key]
+        if cancelled == 0 and m3[ok_key] - m2[ok_key] == len(jobs) + 1:
+            print("try %d: the vanishing stream ended before its client closed; again" % attempt)
+            continue  # a loaded machine let it finish first
+        # the vanished stream ran some of its steps; the others all of theirs
+        if not (seq_steps < seqs < seq_steps + vanish_steps) or cancelled != 1:
+            fail("batched: %d sequence-steps (want %d + under %d of the vanished stream's), %d cancelled" %
+                 (seqs, seq_steps, vanish_steps, cancelled))
+        if steps < seqs / 2.0:
+            return steps, seqs
+        print("try %d: %d steps for %d sequence-steps: the requests hardly overlapped; again" % (attempt, steps, seqs))
+    fail("five tries, and the concurrent requests never shared steps with a stream cancelled among them "
+         "(last: %d steps for %d sequence-steps, %d cancelled)" % (steps, seqs, cancelled))
+
+
 def check_diffusion_batch():
     """Concurrent requests to a masked diffusion checkpoint share each denoising step's forward (the
     diffusion step counters say so: fewer steps than the requests alone, the same sequence-steps), and
@@ -644,34 +678,7 @@ def check_diffusion_batch():
             fail("n=3 choice %d %r differs from the request with seed %d alone %r" % (i, alone[5][i], nj["seed"] + i,
                                                                                       one[0]))
     vanish = dict(prompt=P[3], max_tokens=80, block_length=8, steps=80, temperature=0)
-    cancelled_key = 'tk_requests_total{outcome="cancelled"}'
-    for attempt in range(5):
-        m2 = metrics()
-        with cf.ThreadPoolExecutor(len(jobs) + 1) as ex:
-            fv = ex.submit(diff_vanish, vanish)
-            together = list(ex.map(run, jobs))
-            fv.result()
-        m3 = settle()
-        bad = [(jobs[i], alone[i], together[i]) for i in range(len(jobs)) if alone[i] != together[i]]
-        if bad:
-            fail("%d of %d differ between alone and batched, e.g. %s" % (len(bad), len(jobs), bad[0]))
-        steps = m3["tk_diffusion_steps_total"] - m2["tk_diffusion_steps_total"]
-        seqs = m3["tk_diffusion_step_sequences_total"] - m2["tk_diffusion_step_sequences_total"]
-        cancelled = m3[cancelled_key] - m2[cancelled_key]
-        ok = m3['tk_requests_total{outcome="ok"}'] - m2['tk_requests_total{outcome="ok"}']
-        if cancelled == 0 and ok == len(jobs) + 1:  # a loaded machine let the vanishing stream finish first
-            print("try %d: the vanishing stream ended before its client closed; again" % attempt)
-            continue
-        # the vanished stream ran some of its 80 steps; the others all of theirs
-        if not (seq_steps < seqs < seq_steps + 80) or cancelled != 1:
-            fail("batched: %d sequence-steps (want %d + under 80 of the vanished stream's), %d cancelled" %
-                 (seqs, seq_steps, cancelled))
-        if steps < seqs / 2.0:
-            break
-        print("try %d: %d steps for %d sequence-steps: the requests hardly overlapped; again" % (attempt, steps, seqs))
-    else:
-        fail("five tries, and the concurrent requests never shared steps with a stream cancelled among them "
-             "(last: %d steps for %d sequence-steps, %d cancelled)" % (steps, seqs, cancelled))
+    steps, seqs = batched_with_vanish(jobs, alone, run, vanish, seq_steps, 80)
     print("diffusion batch: %d requests (%d sequences) and a vanishing stream at once: every answer equals the "
           "request alone; %d steps for %d sequence-steps (alone: %d steps); 1 cancelled" %
           (len(jobs), sum(j.get("n", 1) for j in jobs), steps, seqs, alone_steps))
@@ -717,33 +724,7 @@ def check_block_diffusion():
     alone_steps = m1["tk_diffusion_steps_total"] - m0["tk_diffusion_steps_total"]
     seq_steps = m1["tk_diffusion_step_sequences_total"] - m0["tk_diffusion_step_sequences_total"]
     vanish = dict(prompt=[9, 10], max_tokens=60, steps=20, seed=8, stream=True)
-    cancelled_key = 'tk_requests_total{outcome="cancelled"}'
-    for attempt in range(5):
-        m2 = metrics()
-        with cf.ThreadPoolExecutor(len(jobs) + 1) as ex:
-            fv = ex.submit(diff_vanish, vanish)
-            together = list(ex.map(run, jobs))
-            fv.result()
-        m3 = settle()
-        bad = [(jobs[i], alone[i], together[i]) for i in range(len(jobs)) if alone[i] != together[i]]
-        if bad:
-            fail("%d of %d differ between alone and batched, e.g. %s" % (len(bad), len(jobs), bad[0]))
-        steps = m3["tk_diffusion_steps_total"] - m2["tk_diffusion_steps_total"]
-        seqs = m3["tk_diffusion_step_sequences_total"] - m2["tk_diffusion_step_sequences_total"]
-        cancelled = m3[cancelled_key] - m2[cancelled_key]
-        if cancelled == 0:  # a loaded machine let the vanishing stream finish first
-            print("try %d: the vanishing stream ended before its client closed; again" % attempt)
-            continue
-        # the vanished stream ran some of its up to 200 steps; the others all of theirs
-        if not (seq_steps < seqs < seq_steps + 200) or cancelled != 1:
-            fail("batched: %d sequence-steps (want %d + under 200 of the vanished stream's), %d cancelled" %
-                 (seqs, seq_steps, cancelled))
-        if steps < seqs / 2.0:
-            break
-        print("try %d: %d steps for %d sequence-steps: the requests hardly overlapped; again" % (attempt, steps, seqs))
-    else:
-        fail("five tries, and the concurrent requests never shared steps with a stream cancelled among them "
-             "(last: %d steps for %d sequence-steps, %d cancelled)" % (steps, seqs, cancelled))
+    steps, seqs = batched_with_vanish(jobs, alone, run, vanish, seq_steps, 200)
     for extra, param in (({"cfg_scale": 1.0}, None), ({"logprobs": 1}, "logprobs"), ({"t_min": 0.9, "t_max": 0.5}, None)):
         st, e = raw("POST", "/v1/completions", json.dumps(dict(jobs[0], **extra)).encode())
         if st != 400 or (param and e["error"]["param"] != param):
