@@ -589,7 +589,7 @@ static void diff_opts(tk_diff_opts *o, tk_serve_req *r, size_t k)
 }
 
 /* The HTTP status and message of a sampler's failure rc (tk_last_error()): the sampler's words, less
- * the command line's hint; max_tokens is its gen_length. */
+ * the command line's hint; where they name gen_length, that is the request's max_tokens. */
 static int diff_error(char *msg, size_t cap, int rc)
 {
     int status = rc == TK_ERR_INVALID ? 400 : 500;
@@ -597,7 +597,7 @@ static int diff_error(char *msg, size_t cap, int rc)
     char *hint = strstr(msg, "\nHINT:");
     if (hint)
         *hint = '\0';
-    if (status == 400 && strlen(msg) + 40 < cap)
+    if (status == 400 && strstr(msg, "gen_length") && strlen(msg) + 40 < cap)
         strcat(msg, " (max_tokens is the gen_length)");
     return status;
 }

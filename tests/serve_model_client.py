@@ -562,6 +562,8 @@ def check_diffusion():
         st, e = raw("POST", "/v1/completions", json.dumps(dict(body, **extra)).encode())
         if st != 400 or (param and e["error"]["param"] != param):
             fail("diffusion %s: %d %s, want 400" % (extra, st, e))
+        if "max_tokens" in extra and "(max_tokens is the gen_length)" not in e["error"]["message"]:
+            fail("diffusion %s: %r does not say max_tokens is the gen_length" % (extra, e["error"]["message"]))
     print("diffusion: text %r alone, streamed in %d chunks, through the openai client and cut at stop %r; "
           "logprobs, max_tokens 15 of block 8 and block diffusion's t_min refused" % (text, len(chunks), stop))
 
@@ -729,6 +731,8 @@ def check_block_diffusion():
         st, e = raw("POST", "/v1/completions", json.dumps(dict(jobs[0], **extra)).encode())
         if st != 400 or (param and e["error"]["param"] != param):
             fail("block diffusion %s: %d %s, want 400" % (extra, st, e))
+        if "t_min" in extra and "max_tokens" in e["error"]["message"]:
+            fail("block diffusion %s: %r names max_tokens, which it is not about" % (extra, e["error"]["message"]))
     print("block diffusion batch: %d requests (%d sequences) and a vanishing stream at once: every answer equals "
           "the request alone and tk generate; %d steps for %d sequence-steps (alone: %d steps); 1 cancelled" %
           (len(jobs), sum(j.get("n", 1) for j in jobs), steps, seqs, alone_steps))
