@@ -261,12 +261,26 @@ TK_AVX2_INLINE void chunk_inplace(rows_t *T, row_fn rowp, const void *src, int k
             _mm256_store_ps(s + t, p);
         }
         T->l[r] += tk_hsum8(lsum);
+        /* acc = acc sc + sum_t p_t v_t, each element's terms in t's order: 64 columns at a time in eight
+         * independent chains (one chain per 8 columns ran at the FMA's latency) */
         __m256 scv = _mm256_set1_ps(sc);
-        for (int64_t x = 0; x < d; x += 8) {
-            __m256 av = _mm256_mul_ps(_mm256_load_ps(acc + x), scv);
-            for (int64_t t = ta; t <= tb; t++)
-                av = _mm256_fmadd_ps(_mm256_broadcast_ss(s + t), tk_ld8(vr[t], x, kind), av);
-            _mm256_store_ps(acc + x, av);
+        for (int64_t x0 = 0; x0 < d; x0 += 64) {
+            const int nv = d - x0 >= 64 ? 8 : (int)(d - x0) / 8;
+            __m256 av[8];
+#pragma GCC unroll 8
+            for (int i = 0; i < 8; i++)
+                av[i] = i < nv ? _mm256_mul_ps(_mm256_load_ps(acc + x0 + 8 * i), scv) : _mm256_setzero_ps();
+            for (int64_t t = ta; t <= tb; t++) {
+                __m256 pt = _mm256_broadcast_ss(s + t);
+#pragma GCC unroll 8
+                for (int i = 0; i < 8; i++)
+                    if (i < nv)
+                        av[i] = _mm256_fmadd_ps(pt, tk_ld8(vr[t], x0 + 8 * i, kind), av[i]);
+            }
+#pragma GCC unroll 8
+            for (int i = 0; i < 8; i++)
+                if (i < nv)
+                    _mm256_store_ps(acc + x0 + 8 * i, av[i]);
         }
     }
 }

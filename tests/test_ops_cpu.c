@@ -526,6 +526,7 @@ static void test_attention_decode(void)
         CHECK(decode_case(dt, dt, 2, 1, l4, 8, 2, 8, 8, -1, 0, 0));
         CHECK(decode_case(dt, dt, 1, 16, l2, 6, 3, 24, 16, 70, 0, 0));
         CHECK(decode_case(dt, dt, 2, 2, l4, 4, 1, 128, 32, 5, 0, 0));
+        CHECK(decode_case(dt, dt, 1, 4, l2, 4, 2, 96, 16, -1, 0, 0)); /* V summed 64 columns, then 32 */
         CHECK(decode_case(dt, dt, 2, 1, l1, 9, 3, 64, 16, -1, 1, 0));
         /* softcap: in place (D % 8 == 0) and staged, with a window and a NaN key */
         CHECK(decode_case(dt, dt, 2, 1, l1, 9, 3, 64, 16, -1, 0, 2.0));
