@@ -406,7 +406,7 @@ static int plan(tk_model *m, tk_models_batch *b)
     int64_t kvs = c->kv_heads * c->head_dim, kvg = c->global_kv_heads * c->global_head_dim;
     int64_t I = c->intermediate > c->moe_intermediate ? c->intermediate : c->moe_intermediate;
     int64_t th[2] = {T, H}, tq[2] = {T, c->heads * Dm}, tkv[2] = {T, kvs > kvg ? kvs : kvg}, tgu[2] = {T, 2 * I},
-            ti[2] = {T, I}, tv[2] = {T, c->vocab};
+            ti[2] = {T, I}, tv[2] = {m->plan_key > 0 ? m->plan_key : T, c->vocab};
     tk_mt *hs[6] = {&s->x, &s->h, &s->r, &s->o, &s->m1, &s->m2};
     int rc = TK_OK;
     for (int i = 0; i < 6 && rc == TK_OK; i++)
@@ -937,7 +937,9 @@ int tk_models__dgemma_step(tk_model *m, const tk_models_dgemma_seq *q, size_t n)
     s->nseg = n;
     s->nsc = nsc;
     s->stepping = 1;
+    m->plan_key = (int64_t)n * C; /* the logits' rows: the canvases', not the encoder's */
     rc = tk_model_forward(m, ids, &T, 1, NULL, NULL);
+    m->plan_key = 0;
     s->stepping = 0;
     free(ids);
     if (rc == TK_OK)

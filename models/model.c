@@ -831,7 +831,8 @@ static int plan_pass(tk_model *m, tk_models_batch *b)
 static int plan(tk_model *m, int64_t T, int64_t nseq)
 {
     tk_models_batch *b = &m->batch;
-    if (m->planned && b->T == T && b->nseq == nseq && m->planned_training == m->plan_train)
+    if (m->planned && b->T == T && b->nseq == nseq && m->planned_training == m->plan_train &&
+        m->planned_key == m->plan_key)
         return TK_OK;
     m->planned = 0;
     memset(b, 0, sizeof *b);
@@ -855,6 +856,7 @@ static int plan(tk_model *m, int64_t T, int64_t nseq)
         return rc;
     m->planned = 1;
     m->planned_training = m->plan_train;
+    m->planned_key = m->plan_key;
     return TK_OK;
 }
 

@@ -364,6 +364,10 @@ struct tk_model {
     size_t ws_bytes, ws_used;
     int ws_counting;          /* 1 while planning: tk_models__ws_tensor only counts */
     int planned;
+    /* An architecture's own input to its plan beyond (T, nseq), set before tk_model_forward: the arena
+     * is planned again when it changes (DiffusionGemma: the logits' rows of a denoising step, whose
+     * encoder rows need none; 0 elsewhere). */
+    int64_t plan_key, planned_key;
     tk_models_batch batch;
     void *host_tmp;           /* host staging for inputs and outputs */
     size_t host_tmp_bytes;
