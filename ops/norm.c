@@ -186,17 +186,6 @@ typedef struct {
     int64_t d, width;       /* the row's columns here, and the mean's divisor (d, or the whole row's) */
 } fwd_job;
 
-/* The element offset of flat (row-major) index i of t, through its strides. */
-static int64_t flat_offset(const tk_tensor *t, int64_t i)
-{
-    int64_t off = t->strides ? 0 : i;
-    for (int32_t k = t->ndim - 1; t->strides && k >= 0; k--) {
-        off += (i % t->shape[k]) * t->strides[k];
-        i /= t->shape[k];
-    }
-    return off;
-}
-
 static void fwd_range(void *arg, int64_t lo, int64_t hi)
 {
     const fwd_job *j = arg;
@@ -210,7 +199,7 @@ static void fwd_range(void *arg, int64_t lo, int64_t hi)
         double s = 0; /* rms: sum of squares; layer: sum */
         if (j->ss) {
             float f;
-            tk_ops__load_f32(&f, tk_ops__base(j->ss), flat_offset(j->ss, r), 1, 1, j->ss->dtype);
+            tk_ops__load_f32(&f, tk_ops__base(j->ss), tk_ops__flat_offset(j->ss, r), 1, 1, j->ss->dtype);
             s = (double)f;
         }
         for (int64_t c0 = 0; !j->ss && c0 < j->d; c0 += BLK) {
@@ -310,7 +299,7 @@ static void sumsq_range(void *arg, int64_t lo, int64_t hi)
                 s += (double)x[i] * (double)x[i];
         }
         float f = (float)s;
-        tk_ops__store_f32(tk_ops__base(j->out), flat_offset(j->out, r), 1, &f, 1, j->out->dtype);
+        tk_ops__store_f32(tk_ops__base(j->out), tk_ops__flat_offset(j->out, r), 1, &f, 1, j->out->dtype);
     }
 }
 

@@ -186,6 +186,8 @@ const char *tk_ops__shape_fmt(int32_t ndim, const int64_t *shape);
  * tensor is seen as rows of its last dimension. The row stride of the last dim is in *col_stride. */
 int64_t tk_ops__row_offset(const tk_tensor *t, int64_t r);
 int64_t tk_ops__col_stride(const tk_tensor *t);
+/* The element offset of flat (row-major) index i of t, through its strides. */
+int64_t tk_ops__flat_offset(const tk_tensor *t, int64_t i);
 /* The tensor's first element: data + byte_offset. */
 static inline void *tk_ops__base(const tk_tensor *t) { return (char *)t->data + t->byte_offset; }
 

@@ -163,6 +163,18 @@ int64_t tk_ops__row_offset(const tk_tensor *t, int64_t r)
     return off;
 }
 
+int64_t tk_ops__flat_offset(const tk_tensor *t, int64_t i)
+{
+    if (!t->strides)
+        return i;
+    int64_t off = 0;
+    for (int32_t k = t->ndim - 1; k >= 0; k--) {
+        off += (i % t->shape[k]) * t->strides[k];
+        i /= t->shape[k];
+    }
+    return off;
+}
+
 int64_t tk_ops__col_stride(const tk_tensor *t) { return (t->ndim == 0 || !t->strides) ? 1 : t->strides[t->ndim - 1]; }
 
 /* ---- binding and the generic checks ----------------------------------------------------------- */

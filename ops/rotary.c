@@ -49,19 +49,6 @@ enum {
 
 /* ---- helpers ---------------------------------------------------------------------------------- */
 
-/* Element offset of flat (row-major) index i of t, honouring strides. */
-static int64_t flat_offset(const tk_tensor *t, int64_t i)
-{
-    if (!t->strides)
-        return i;
-    int64_t off = 0;
-    for (int32_t k = t->ndim - 1; k >= 0; k--) {
-        off += (i % t->shape[k]) * t->strides[k];
-        i /= t->shape[k];
-    }
-    return off;
-}
-
 static int same_tensor(const tk_tensor *a, const tk_tensor *b)
 {
     return a->data == b->data && a->byte_offset == b->byte_offset;
@@ -130,7 +117,7 @@ typedef struct {
 
 static int64_t load_pos(const tk_tensor *pos, int64_t tok)
 {
-    return ((const int64_t *)tk_ops__base(pos))[flat_offset(pos, tok)];
+    return ((const int64_t *)tk_ops__base(pos))[tk_ops__flat_offset(pos, tok)];
 }
 
 /* Rotates n pairs starting at pair p0 of one head row (element offset off, column stride cs). */
