@@ -4,7 +4,7 @@
 {"tokens_per_s", "ms", "steps", "blocks", "threads"}. Its noise is torch's (torch.manual_seed(1)), so the
 tokens differ from tk's; the step count is what makes the two comparable, and the bench prints both.
 
-    dgemma_transformers.py DIR IDS GEN_LENGTH STEPS
+    dgemma_transformers.py DIR IDS GEN_LENGTH STEPS [DEVICE]   (DEVICE: cpu, the default, or cuda)
 """
 import json
 import sys
@@ -17,7 +17,8 @@ from transformers import DiffusionGemmaForBlockDiffusion
 
 def main():
     d, ids, G, S = sys.argv[1], [int(x) for x in sys.argv[2].split(",")], int(sys.argv[3]), int(sys.argv[4])
-    m = DiffusionGemmaForBlockDiffusion.from_pretrained(d, dtype=torch.float32).eval()
+    dev = sys.argv[5] if len(sys.argv) > 5 else "cpu"
+    m = DiffusionGemmaForBlockDiffusion.from_pretrained(d, dtype=torch.float32).to(dev).eval()
     steps = [0]
     accept = gen.EntropyBoundSampler.accept_canvas
 
@@ -27,10 +28,13 @@ def main():
 
     gen.EntropyBoundSampler.accept_canvas = counted
     torch.manual_seed(1)
-    x = torch.tensor([ids])
+    x = torch.tensor([ids], device=dev)
+    sync = torch.cuda.synchronize if dev.startswith("cuda") else (lambda: None)
     with torch.no_grad():
+        sync()
         t0 = time.perf_counter()
         out = m.generate(x, max_new_tokens=G, max_denoising_steps=S)
+        sync()
         dt = time.perf_counter() - t0
     n = out.sequences.shape[1] - len(ids)
     print(json.dumps({"tokens_per_s": n / dt, "ms": dt * 1e3, "steps": steps[0],

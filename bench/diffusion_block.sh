@@ -15,6 +15,7 @@
 #     bash bench/diffusion_block.sh [prompt_tokens=128] [gen_length=128] [steps=8] [rounds=3]
 #     BENCH_ONE_CORE=1 bash bench/diffusion_block.sh   pinned to core 0, one thread
 #     HF=1 bash bench/diffusion_block.sh               and transformers (the test venv)
+#     DEVICE=cuda HF=1 bash bench/diffusion_block.sh   both on the GPU (tk --device cuda, transformers .to("cuda"))
 set -u
 cd "$(dirname "$0")/.." || exit 1
 B=${TK_BUILD:-build}
@@ -29,20 +30,21 @@ PIN=()
 if [ -n "${BENCH_ONE_CORE:-}" ]; then
   PIN=(taskset -c 0); export TK_NUM_THREADS=1 OMP_NUM_THREADS=1 OPENBLAS_NUM_THREADS=1; echo "pinned to core 0, 1 thread"
 fi
-HF=${HF:-0}
+HF=${HF:-0} DEVICE=${DEVICE:-cpu}
 ids=$(python3 -c "print(','.join(str(1 + (i * 37) % 4000) for i in range($P)))")
 out=$(mktemp -d)
 trap 'rm -rf "$out"' EXIT
 for r in $(seq "$R"); do
   for c in 1 0; do
-    TK_DGEMMA_CACHE=$c "${PIN[@]}" "$B/tk" generate "$DG" --ids "$ids" --gen-length "$G" --steps "$S" --seed 1 --json \
+    TK_DGEMMA_CACHE=$c "${PIN[@]}" "$B/tk" generate "$DG" --ids "$ids" --gen-length "$G" --steps "$S" --seed 1 --device "$DEVICE" --json \
       >"$out/$c-$r.json" || { echo "diffusion_block: tk failed (TK_DGEMMA_CACHE=$c)"; exit 1; }
   done
   if [ "$HF" = 1 ]; then
-    "${PIN[@]}" "$TK_PY_VENV/bin/python" bench/dgemma_transformers.py "$DG" "$ids" "$G" "$S" 2>/dev/null | tail -n 1 \
+    "${PIN[@]}" "$TK_PY_VENV/bin/python" bench/dgemma_transformers.py "$DG" "$ids" "$G" "$S" "$DEVICE" 2>/dev/null | tail -n 1 \
       >"$out/hf-$r.json" || { echo "diffusion_block: transformers failed"; exit 1; }
   fi
 done
+echo "device: $DEVICE"
 python3 - "$out" "$R" "$P" "$G" "$S" "$HF" <<'PYEOF'
 import json, statistics, sys
 d, R = sys.argv[1], int(sys.argv[2])

@@ -18,12 +18,13 @@
 #     bash bench/serve_diffusion.sh [K...]          (default 1 4 8)
 #     G=32 BL=16 S=32 REQS=2 ROUNDS=3 TK_BEFORE=/tmp/tk.main bash bench/serve_diffusion.sh 1 4 8
 #     KIND=dgemma G=32 S=8 REQS=2 bash bench/serve_diffusion.sh 1 4
+#     DEVICE=cuda KIND=dgemma bash bench/serve_diffusion.sh 1 4     the servers on the GPU (--device cuda)
 set -u
 cd "$(dirname "$0")/.."
 B=${TK_BUILD:-build}
 . scripts/py-venv.sh
 PY=$TK_PY_VENV/bin/python
-KIND=${KIND:-llada}
+KIND=${KIND:-llada} DEVICE=${DEVICE:-cpu}
 REQS=${REQS:-2}
 clients=${*:-1 4 8}
 if [ "$KIND" = dgemma ]; then
@@ -36,7 +37,7 @@ else
   [ -f "$LL/config.json" ] || "$PY" bench/make_bench_llama.py "$LL" >/dev/null 2>&1 || { echo "serve_diffusion: cannot write $LL"; exit 1; }
   [ -f "$CK/config.json" ] || "$PY" bench/make_bench_llada_words.py "$LL" "$CK" >/dev/null || { echo "serve_diffusion: cannot write $CK"; exit 1; }
 fi
-echo "# $(date -u +%FT%TZ) $(nproc) cores, $(grep -m1 'model name' /proc/cpuinfo | cut -d: -f2 | sed 's/^ //'), load: $(cut -d' ' -f1-3 /proc/loadavg)"
+echo "# $(date -u +%FT%TZ) device $DEVICE, $(nproc) cores, $(grep -m1 'model name' /proc/cpuinfo | cut -d: -f2 | sed 's/^ //'), load: $(cut -d' ' -f1-3 /proc/loadavg)"
 if [ "$KIND" = dgemma ]; then
   echo "# $CK: gen_length $G, steps $S a block, a seed a request; $REQS requests a client"
 else
@@ -48,7 +49,7 @@ trap 'kill $PIDS 2>/dev/null; rm -rf "$OUT"' EXIT
 
 # start NAME TK PARALLEL: a server, its URL in $OUT/NAME.url
 start() {
-  "$2" serve-model "$CK" --parallel "$3" --quiet --metrics >"$OUT/$1.url" 2>"$OUT/$1.log" &
+  "$2" serve-model "$CK" --device "$DEVICE" --parallel "$3" --quiet --metrics >"$OUT/$1.url" 2>"$OUT/$1.log" &
   PIDS="$PIDS $!"
   echo $! >"$OUT/$1.pid"
   for _ in $(seq 600); do [ -s "$OUT/$1.url" ] && curl -sf "$(head -n 1 "$OUT/$1.url")/health" >/dev/null && return; sleep 0.2; done
