@@ -95,4 +95,29 @@ EOF2
   echo "$OUT" | grep -qE '^llama +logits_f32 +FAIL' || fail "the scaled logits were not caught: $OUT"
 }
 
+# The same for DiffusionGemma (phase 1d's block_diffusion): logits, and generation against
+# transformers' generate() fed the same draws on bd_oracle.py's damped checkpoint; a tk whose
+# generated ids differ is caught.
+t_gpu_models_diffusion_on_cpu() {
+  py_has "$PY" transformers || { [ -n "${CI:-}" ] && fail "no transformers in $PY"; skip "no transformers"; return; }
+  expect_rc 0 "$PY" "$ROOT/tests/gpu_models.py" --tk "$TK" --work "$WORK/gm" --device cpu \
+    --only '^diffusion_gemma-damped$' --checks greedy_f32 --json "$WORK/gmd.json"
+  expect_out "4 passed, 0 failed"
+  "$PY" - "$WORK/gmd.json" <<'PY' || fail "gmd.json: $(cat "$WORK/gmd.json")"
+import json, sys
+rows = json.load(open(sys.argv[1]))
+checks = sorted((r["check"], r["status"]) for r in rows)
+assert checks == [("bd_generate0", "ok"), ("bd_generate1", "ok"), ("logits_bf16", "info"), ("logits_f32", "ok")], checks
+PY
+  cat >"$WORK/badgen" <<EOF2
+#!/usr/bin/env bash
+if [ "\$1" = generate ]; then "$TK" "\$@" | python3 -c 'import json,sys; d=json.load(sys.stdin); d["ids"][-1]^=1; print(json.dumps(d))'
+else exec "$TK" "\$@"; fi
+EOF2
+  chmod +x "$WORK/badgen"
+  expect_rc 1 "$PY" "$ROOT/tests/gpu_models.py" --tk "$WORK/badgen" --work "$WORK/gm" --device cpu \
+    --only '^diffusion_gemma-damped$' --checks greedy_f32
+  echo "$OUT" | grep -qE '^diffusion_gemma-damped +bd_generate0 +FAIL' || fail "the changed ids were not caught: $OUT"
+}
+
 run_tests
