@@ -117,6 +117,7 @@ lddv=$(ldd --version 2>&1); have=$(echo "$lddv" | head -n1 | grep -oE '[0-9]+\.[
   else echo "nvidia-smi: not found"; fi
   command -v compute-sanitizer >/dev/null && compute-sanitizer --version 2>&1 | tail -n1 || echo "compute-sanitizer: not found"
   "$py" -c 'import torch; print("torch", torch.__version__, "cuda", torch.version.cuda, "available", torch.cuda.is_available())' 2>&1 | tail -n1
+  "$py" -c 'import transformers; print("transformers", transformers.__version__)' 2>&1 | tail -n1
   echo "-- libraries not found:"; ldd "$B/tk" "$B"/tests/test_gpu_* 2>&1 | grep 'not found' | sort -u || echo "none"
   echo "-- tk doctor"; "$B/tk" doctor 2>&1
 } >"$L/env.txt" 2>&1
