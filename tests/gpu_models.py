@@ -6,7 +6,8 @@
 
 scripts/gpu-check.sh runs it (phase 1d) on a machine with a GPU, torch and transformers. It writes the
 tiny random checkpoints of tests/models/make_tiny.py (transformers' save_pretrained) into DIR/tiny,
-then for each causal LM among them (DiffusionGemma: block_diffusion below):
+then for each causal LM among them (DiffusionGemma: block_diffusion below; LLaDA and Dream, in the first
+pass: masked_diffusion below):
   - logits f32: `tk model logits --device cuda --dtype f32` against the model in transformers on cuda
     in f32 (TF32 off), largest |difference| over the largest |logit|; must be below 1e-4;
     transformers always runs its eager attention: its default is version-dependent, and the sdpa path
@@ -137,6 +138,70 @@ def bd_generate(a, d, name, row):
         row(name, f"bd_generate{n}", ok, f"{len(got['ids'])} tok", note)
 
 
+# masked_diffusion's runs: some of tests/cli/diffusion_lm.sh's jobs (tk directory, the oracle's reference
+# directory, sampler, tk's flags, the oracle's keys)
+MD_JOBS = [("llama", "llama", "llada", "--bidirectional --mask-token-id 3", "gen_length=16 block_length=8 steps=8"),
+           ("llama", "llama", "llada", "--bidirectional --mask-token-id 3 --remasking random --temperature 0.5",
+            "gen_length=12 block_length=12 steps=6 remasking=random temperature=0.5"),
+           ("llada", "llama", "llada", "--cfg-scale 2.0", "gen_length=16 block_length=4 steps=8 cfg_scale=2.0"),
+           ("dream", "qwen2", "dream", "--alg entropy", "gen_length=16 steps=8 alg=entropy"),
+           ("dream", "qwen2", "dream", "--alg maskgit_plus --top-k 5", "gen_length=16 steps=8 alg=maskgit_plus top_k=5")]
+MD_PROMPT = "1,40,50,60,70"
+
+
+def masked_diffusion(a, row):
+    """Masked diffusion (LLaDA, Dream) on the device: tests/models/dllm_oracle.py's tiny checkpoints; tk's
+    f32 logits of the LLaDA- and Dream-layout checkpoints against transformers' model run bidirectionally
+    (1e-4 of the largest), then tk generate --diffusion against the published samplers written in Python
+    (the oracle, on the CPU) with the same draws: the same positions unmasked at every step, the same ids."""
+    oracle = os.path.join(HERE, "models", "dllm_oracle.py")
+    ck = os.path.join(a.work, "dllm")
+    if not os.path.isfile(os.path.join(ck, ".done")):
+        subprocess.run([sys.executable, oracle, "make", ck], check=True, stdout=subprocess.DEVNULL,
+                       stderr=subprocess.DEVNULL)
+        open(os.path.join(ck, ".done"), "w").close()
+    ids = "1,40,3,3,60,3,70"
+    for tkdir, ref in (("llada", "llama"), ("dream", "qwen2")):
+        try:
+            p = subprocess.run([sys.executable, oracle, "logits", os.path.join(ck, ref), ids], capture_output=True,
+                               text=True, timeout=300, check=True)
+            want = json.loads(p.stdout.strip().splitlines()[-1])["logits"]
+            got = tk_json(a.tk, ["model", "logits", os.path.join(ck, tkdir), "--ids", ids, "--device", a.device,
+                                 "--dtype", "f32"])["logits"]
+            big = max(abs(y) for r in want for y in r)
+            rel = max(abs(x - y) for rg, rw in zip(got, want) for x, y in zip(rg, rw)) / big
+            ok = len(got) == len(want) and len(got[0]) == len(want[0]) and rel < 1e-4
+            row(tkdir, "md_logits_f32", ok, f"{rel:.2e}", f"max|ref| {big:.3g}, tol 1e-4 (bidirectional)")
+        except Exception as e:
+            row(tkdir, "md_logits_f32", False, "-", str(e).replace("\n", " ")[:800])
+    jobs = "".join(f"{os.path.join(ck, ref)} {smp} {os.path.join(a.work, f'md-draws-{n}')} prompt={MD_PROMPT} "
+                   f"mask_token_id=3 {kv}\n" for n, (_, ref, smp, _, kv) in enumerate(MD_JOBS))
+    p = subprocess.run([sys.executable, oracle, "run-many"], input=jobs, capture_output=True, text=True, timeout=600)
+    refs = [json.loads(x) for x in p.stdout.splitlines() if x.strip()]
+    for n, (tkdir, _, _, flags, kv) in enumerate(MD_JOBS):
+        name = f"{tkdir}-md{n}"
+        if n >= len(refs):
+            row(name, "md_generate", False, "-", f"the oracle failed: {p.stderr.strip()[-300:]}")
+            continue
+        k = dict(x.split("=", 1) for x in kv.split())
+        args = ["generate", os.path.join(ck, tkdir), "--diffusion", "--ids", MD_PROMPT, "--gen-length",
+                k["gen_length"], "--steps", k["steps"], "--draws", os.path.join(a.work, f"md-draws-{n}"), "--dtype",
+                "f32", "--device", a.device] + (["--block-length", k["block_length"]] if "block_length" in k else [])
+        try:
+            t1 = time.time()
+            got = tk_json(a.tk, args + flags.split())
+            steps = [sorted(x["unmasked"]) for x in got["stats"]["per_step"]]
+            ref = refs[n]
+            first = next((i for i, (x, y) in enumerate(zip(steps, ref["steps"])) if x != y), None)
+            ok = steps == ref["steps"] and got["ids"] == ref["ids"]
+            row(name, "md_generate", ok, f"{len(got['ids'])} tok",
+                f"{a.device} {time.time() - t1:.1f} s; {len(steps)} steps as the reference ({flags})" if ok else
+                f"{flags}: step {first}: tk {steps[first] if first is not None else '-'}, reference "
+                f"{ref['steps'][first] if first is not None else '-'}; ids tk {got['ids']}, reference {ref['ids']}")
+        except Exception as e:
+            row(name, "md_generate", False, "-", str(e).replace("\n", " ")[:800])
+
+
 def hf_model(a, d, tdt):
     from transformers import AutoModelForCausalLM
     return AutoModelForCausalLM.from_pretrained(d, dtype=tdt, attn_implementation="eager").to(a.device).eval()
@@ -262,6 +327,11 @@ def main():
             except Exception as e:  # one model's failure is a row, not the end of the phase
                 row(name, check, False, "-", str(e).replace("\n", " ")[:800])
             torch.cuda.empty_cache()
+        if check == "greedy_f32" and (not a.only or re.search(a.only, "masked_diffusion")):
+            if time.time() - t0 > a.deadline:
+                row("masked_diffusion", check, False, "-", "not started: the phase's deadline passed")
+            else:
+                masked_diffusion(a, row)
 
     if a.csv:
         with open(a.csv, "w", newline="") as f:

@@ -95,19 +95,25 @@ EOF2
   echo "$OUT" | grep -qE '^llama +logits_f32 +FAIL' || fail "the scaled logits were not caught: $OUT"
 }
 
-# The same for DiffusionGemma (phase 1d's block_diffusion): logits, and generation against
-# transformers' generate() fed the same draws on bd_oracle.py's damped checkpoint; a tk whose
+# The same for the diffusion checks (phase 1d's block_diffusion and masked_diffusion): DiffusionGemma's
+# logits, and its generation against transformers' generate() fed the same draws on bd_oracle.py's
+# damped checkpoint; LLaDA's and Dream's logits and samplers against dllm_oracle.py; a tk whose
 # generated ids differ is caught.
 t_gpu_models_diffusion_on_cpu() {
   py_has "$PY" transformers || { [ -n "${CI:-}" ] && fail "no transformers in $PY"; skip "no transformers"; return; }
   expect_rc 0 "$PY" "$ROOT/tests/gpu_models.py" --tk "$TK" --work "$WORK/gm" --device cpu \
-    --only '^diffusion_gemma-damped$' --checks greedy_f32 --json "$WORK/gmd.json"
-  expect_out "4 passed, 0 failed"
+    --only '^diffusion_gemma-damped$|masked_diffusion' --checks greedy_f32 --json "$WORK/gmd.json"
+  expect_out "11 passed, 0 failed"
   "$PY" - "$WORK/gmd.json" <<'PY' || fail "gmd.json: $(cat "$WORK/gmd.json")"
 import json, sys
 rows = json.load(open(sys.argv[1]))
-checks = sorted((r["check"], r["status"]) for r in rows)
-assert checks == [("bd_generate0", "ok"), ("bd_generate1", "ok"), ("logits_bf16", "info"), ("logits_f32", "ok")], checks
+checks = sorted((r["model"], r["check"], r["status"]) for r in rows)
+d = "diffusion_gemma-damped"
+want = [(d, "bd_generate0", "ok"), (d, "bd_generate1", "ok"), (d, "logits_bf16", "info"), (d, "logits_f32", "ok"),
+        ("dream", "md_logits_f32", "ok"), ("dream-md3", "md_generate", "ok"), ("dream-md4", "md_generate", "ok"),
+        ("llada", "md_logits_f32", "ok"), ("llada-md2", "md_generate", "ok"), ("llama-md0", "md_generate", "ok"),
+        ("llama-md1", "md_generate", "ok")]
+assert checks == want, checks
 PY
   cat >"$WORK/badgen" <<EOF2
 #!/usr/bin/env bash
@@ -116,8 +122,9 @@ else exec "$TK" "\$@"; fi
 EOF2
   chmod +x "$WORK/badgen"
   expect_rc 1 "$PY" "$ROOT/tests/gpu_models.py" --tk "$WORK/badgen" --work "$WORK/gm" --device cpu \
-    --only '^diffusion_gemma-damped$' --checks greedy_f32
+    --only '^diffusion_gemma-damped$|masked_diffusion' --checks greedy_f32
   echo "$OUT" | grep -qE '^diffusion_gemma-damped +bd_generate0 +FAIL' || fail "the changed ids were not caught: $OUT"
+  echo "$OUT" | grep -qE '^dream-md3 +md_generate +FAIL' || fail "the changed masked diffusion ids were not caught: $OUT"
 }
 
 run_tests
