@@ -109,7 +109,8 @@ int tk_cli_diffusion_flag(const char *flag);
  * than 0 then print nothing on stdout and no progress (--quiet). Returns 0 with *comm set, or an exit
  * code. report: every rank's weight bytes, mapped bytes and resident set, gathered (a collective: all
  * ranks call it) as {"world_size", "plan", "unsplit_weight_bytes", "ranks": [{"rank", "weight_bytes",
- * "mapped_bytes", "rss_bytes"}]}; print: that as one line on stderr. */
+ * "mapped_bytes", "hugepage_bytes", "rss_bytes", "head_bytes_sent"}]}; print: that as one line on
+ * stderr. */
 struct json_t;
 int tk_cli_tp_parse(const char *usage, const char *v, int *n);
 int tk_cli_tp_join(tk_cli *cli, tk_comm **comm, int n);

@@ -127,6 +127,7 @@ static int cmd_info(tk_cli *cli, int argc, char **argv)
     const char *dir = NULL;
     tk_model_opts o = TK_MODEL_OPTS_INIT;
     o.dtype = "auto"; /* what the checkpoint holds, read in place: info of a large model stays cheap */
+    o.map_weights = 1;
     for (int i = 1; i < argc; i++) {
         int ec = 0, r = common_opt(cli, &o, argc, argv, &i, INFO_USAGE, &ec);
         if (r < 0)

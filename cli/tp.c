@@ -85,24 +85,27 @@ int tk_cli_tp_report(json_t **out, tk_comm *c, const tk_model *m)
     json_t *in = json_loads(info, 0, NULL), *tp = json_object_get(in, "tensor_parallel");
     tk_free(info);
     int world = tk_comm_size(c);
-    int64_t mine[4] = {jint(in, "weight_bytes", 0), jint(in, "mapped_bytes", 0), rss_bytes(),
-                       jint(tp, "head_bytes_sent", 0)};
-    int64_t *all = calloc((size_t)world * 4, sizeof *all);
+    enum { NF = 5 }; /* the per-rank figures gathered */
+    int64_t mine[NF] = {jint(in, "weight_bytes", 0), jint(in, "mapped_bytes", 0), rss_bytes(),
+                        jint(tp, "head_bytes_sent", 0), jint(in, "hugepage_bytes", 0)};
+    int64_t *all = calloc((size_t)world * NF, sizeof *all);
     json_t *o = json_object(), *ranks = json_array();
     if (!in || !all || !o || !ranks) {
         rc = TK_ERR_NOMEM;
         goto done;
     }
-    int64_t s1[1] = {4}, sa[1] = {4 * (int64_t)world};
+    int64_t s1[1] = {NF}, sa[1] = {NF * (int64_t)world};
     tk_tensor tin = {mine, {TK_DEV_CPU, 0}, 1, {TK_DL_INT, 64, 1}, s1, NULL, 0};
     tk_tensor tout = {all, {TK_DEV_CPU, 0}, 1, {TK_DL_INT, 64, 1}, sa, NULL, 0};
     if ((rc = tk_comm_all_gather(c, &tout, &tin, NULL)) != TK_OK)
         goto done;
-    for (int r = 0; r < world; r++)
+    for (int r = 0; r < world; r++) {
+        const int64_t *a = all + NF * r;
         json_array_append_new(ranks,
-                              json_pack("{s:i, s:I, s:I, s:I, s:I}", "rank", r, "weight_bytes", (json_int_t)all[4 * r],
-                                        "mapped_bytes", (json_int_t)all[4 * r + 1], "rss_bytes",
-                                        (json_int_t)all[4 * r + 2], "head_bytes_sent", (json_int_t)all[4 * r + 3]));
+                              json_pack("{s:i, s:I, s:I, s:I, s:I, s:I}", "rank", r, "weight_bytes", (json_int_t)a[0],
+                                        "mapped_bytes", (json_int_t)a[1], "hugepage_bytes", (json_int_t)a[4],
+                                        "rss_bytes", (json_int_t)a[2], "head_bytes_sent", (json_int_t)a[3]));
+    }
     json_object_set_new(o, "world_size", json_integer(world));
     json_object_set(o, "plan", tp ? json_object_get(tp, "plan") : json_null());
     json_object_set_new(o, "unsplit_weight_bytes", json_integer(jint(tp, "unsplit_weight_bytes", mine[0])));

@@ -778,7 +778,7 @@ TK_API int tk_diffusion_timesteps(int64_t *timesteps, int64_t *prev_timesteps, i
  * A tk_model is used from one thread at a time (it holds the activations of its last forward). */
 typedef struct tk_model tk_model;
 
-#define TK_MODEL_OPTS_VERSION 2
+#define TK_MODEL_OPTS_VERSION 3
 typedef struct {
     unsigned version;  /* TK_MODEL_OPTS_VERSION (1: the fields up to dtype) */
     int device_type;   /* TK_DEV_CPU (default: the ops' CPU references) or TK_DEV_CUDA */
@@ -802,13 +802,20 @@ typedef struct {
     struct tk_comm *comm;
     const char *tp_plan; /* a JSON plan file (transformers' tp_plan format), or NULL: config.json's
                             "base_model_tp_plan", else transformers' default plan for the model type */
+    /* Version 3. On the CPU a weight the checkpoint stores in the compute dtype is copied, at load, into
+     * memory backed by 2 MiB transparent huge pages (0, the default: decode reads every weight once a
+     * token, and through the file's 4 KiB pages the TLB misses cost ~10% of it), or, with 1, read where
+     * the file is mapped: no copy, the pages shared with other processes through the page cache and
+     * dropped rather than swapped under memory pressure. TK_MAP_WEIGHTS=1 in the environment sets 1. */
+    int map_weights;
 } tk_model_opts;
-#define TK_MODEL_OPTS_INIT {TK_MODEL_OPTS_VERSION, TK_DEV_CPU, 0, NULL, NULL, NULL}
+#define TK_MODEL_OPTS_INIT {TK_MODEL_OPTS_VERSION, TK_DEV_CPU, 0, NULL, NULL, NULL, 0}
 
 /* Loads the checkpoint in directory `dir`: reads config.json (and generation_config.json), maps the
  * safetensors files (sharded ones through model.safetensors.index.json), validates every header, and
- * looks each weight up by its Hugging Face name. Weights stay mapped on the CPU when their dtype is the
- * compute dtype, are converted once otherwise, and are uploaded once to a GPU. ctx must outlive the
+ * looks each weight up by its Hugging Face name. On the CPU weights whose dtype is the compute dtype are
+ * copied into huge pages (or stay mapped: map_weights), others are converted once; on a GPU they are
+ * uploaded once. ctx must outlive the
  * model. Errors: TK_ERR_NOT_FOUND (no config.json or no weights), TK_ERR_INVALID (a malformed file, a
  * missing tensor, a shape or dtype that disagrees with the config: the message names it),
  * TK_ERR_UNSUPPORTED (an architecture or config value tk does not implement: the message names it and

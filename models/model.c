@@ -385,6 +385,32 @@ int tk_models__tp_check(tk_model *m, const char *layers, const tk_models_tp_want
     return TK_OK;
 }
 
+/* Weight w, already in the compute dtype on the CPU as stored at data (n bytes inside t's mapping): copied
+ * into the model's huge pages (models/host_weights.c; t's mapped pages are dropped), or with
+ * TK_MAP_WEIGHTS=1 a view of the mapping, loaded now. */
+static int as_stored(tk_model *m, tk_models_weight *w, const tk_st_tensor *t, void *data, size_t n, int ndim,
+                     const int64_t *shape)
+{
+    if (!m->map_weights) {
+        void *p = tk_models__hw_copy(&m->hw, data, n);
+        if (!p)
+            return tk__err(TK_ERR_NOMEM,
+                           "out of memory loading '%s' (%zu bytes)\nHINT: TK_MAP_WEIGHTS=1 in the environment "
+                           "reads the weights where the file is mapped instead of copying them",
+                           t->name, n);
+        tk_models__st_release(t);
+        mt_set(&w->mt, p, m->dtype, ndim, shape, TK_DEV_CPU, 0);
+        m->hugepage_bytes += (int64_t)n;
+    } else {
+        mt_set(&w->mt, data, m->dtype, ndim, shape, TK_DEV_CPU, 0);
+        tk_models__st_populate(data, n);
+        w->mapped = 1;
+        m->mapped_bytes += (int64_t)n;
+    }
+    m->weight_bytes += (int64_t)n;
+    return TK_OK;
+}
+
 /* Converts rank's slice of t (split as p says: s) into dst in the compute dtype, reading only the slice's
  * byte runs of the mapping. */
 static int tp_convert(tk_model *m, void *dst, const tk_st_tensor *t, const tk_tp_param *p, const tk_tp_slice *s,
@@ -429,12 +455,8 @@ static int tp_weight(const tk_mt **out, tk_model *m, tk_models_weight *w, const 
         !extra) {
         tk_tp_run run;
         tk_models__tp_runs(&run, 1, p, &s, es);
-        mt_set(&w->mt, (char *)t->data + (s.nranges ? run.offset : 0), m->dtype, t->ndim, s.shape, TK_DEV_CPU, 0);
-        tk_models__st_populate(w->mt.t.data, (size_t)n * ds);
-        m->weight_bytes += n * (int64_t)ds;
-        m->mapped_bytes += n * (int64_t)ds;
         *out = &w->mt;
-        return TK_OK;
+        return as_stored(m, w, t, (char *)t->data + (s.nranges ? run.offset : 0), (size_t)n * ds, t->ndim, s.shape);
     }
     int64_t rowel = extra ? t->shape[1] : 0;
     char *host = calloc((size_t)(n + rowel) * ds + 1, 1);
@@ -485,12 +507,8 @@ static int weight(const tk_mt **out, tk_model *m, const char *name, int ndim, co
     if (m->tp)
         m->tp->full_bytes += n * (int64_t)dt_size(m->dtype);
     if (m->dev_type == TK_DEV_CPU && t->dtype == st_of(m->dtype)) {
-        mt_set(&w->mt, (void *)t->data, m->dtype, t->ndim, t->shape, TK_DEV_CPU, 0);
-        tk_models__st_populate(t->data, (size_t)n * dt_size(m->dtype));
-        m->weight_bytes += n * (int64_t)dt_size(m->dtype);
-        m->mapped_bytes += n * (int64_t)dt_size(m->dtype);
         *out = &w->mt;
-        return TK_OK;
+        return as_stored(m, w, t, (void *)t->data, (size_t)n * dt_size(m->dtype), t->ndim, t->shape);
     }
     void *host = malloc((size_t)(n ? n : 1) * dt_size(m->dtype));
     if (!host)
@@ -1059,6 +1077,7 @@ static int load_model(tk_model **out, tk_ctx *ctx, const char *dir, const tk_mod
     m->ctx = ctx;
     m->dev_type = opts->device_type;
     m->dev_id = opts->device_id;
+    m->map_weights = (opts->version >= 3 && opts->map_weights) || tk_models__hw_env_map();
     int rc;
     /* NULL: f32 on the CPU; bf16 on a GPU, whose attention kernels take bf16 and f16. "auto": the
      * checkpoint's torch_dtype (known after config.json), so its weights need no conversion. */
@@ -1122,6 +1141,7 @@ void tk_model_free(tk_model *m)
         free(m->w[i]);
     }
     free(m->w);
+    tk_models__hw_free(m->hw);
     dev_free(m, m->ws);
     free(m->host_tmp);
     tk_models__st_close(m->st);
@@ -1415,7 +1435,7 @@ int tk_model_info_json(char **out, const tk_model *m)
         sliding_layers += c->sliding[l];
     json_t *o = json_pack(
         "{s:s, s:s, s:s, s:I, s:I, s:I, s:I, s:I, s:I, s:I, s:I, s:I, s:s, s:s, s:s, s:o, s:s, s:I, s:I, s:I, "
-        "s:b, s:s, s:I, s:I}",
+        "s:I, s:b, s:s, s:I, s:I}",
         "architecture", c->arch, "family", c->def->name, "model_type", c->model_type, "vocab_size",
         (json_int_t)c->vocab, "hidden_size", (json_int_t)c->hidden, "layers", (json_int_t)c->layers, "heads",
         (json_int_t)c->heads, "kv_heads", (json_int_t)c->kv_heads, "head_dim", (json_int_t)c->head_dim,
@@ -1423,7 +1443,8 @@ int tk_model_info_json(char **out, const tk_model *m)
         (json_int_t)m->params, "dtype", tk_dtype_name(m->dtype), "device", m->dev_type == TK_DEV_CUDA ? "cuda" : "cpu",
         "checkpoint_dtype", c->torch_dtype[0] ? c->torch_dtype : "", "checkpoint_dtypes", dts, "activation", c->act,
         "checkpoint_bytes", (json_int_t)tk_models__st_bytes(m->st), "weight_bytes", (json_int_t)m->weight_bytes,
-        "mapped_bytes", (json_int_t)m->mapped_bytes, "tie_word_embeddings", c->tie_embeddings, "rope_type",
+        "mapped_bytes", (json_int_t)m->mapped_bytes, "hugepage_bytes", (json_int_t)m->hugepage_bytes,
+        "tie_word_embeddings", c->tie_embeddings, "rope_type",
         (c->def->caps & TK_ARCH_ROPE) ? rope_names[c->rope.type] : "none", "sliding_window",
         (json_int_t)c->sliding_window, "sliding_layers", (json_int_t)sliding_layers);
     if (!o)

@@ -88,6 +88,14 @@ void tk_models__st_release(const tk_st_tensor *t);
  * SmolLM2-135M f32's faults as prefill). */
 void tk_models__st_populate(const void *p, size_t n);
 
+/* CPU weights copied out of the mapping into transparent huge pages (models/host_weights.c): a list of
+ * chunks the model owns. copy: n bytes of src into the list's memory (64-byte aligned), NULL when out of
+ * memory. */
+typedef struct tk_models_hw tk_models_hw;
+int tk_models__hw_env_map(void); /* TK_MAP_WEIGHTS set (and not "0") */
+void *tk_models__hw_copy(tk_models_hw **list, const void *src, size_t n);
+void tk_models__hw_free(tk_models_hw *list);
+
 /* Converts n elements of a safetensors dtype to f32 / from f32 into tk dtype dst (f32, f16, bf16).
  * Round to nearest even. TK_ERR_UNSUPPORTED for dtypes that hold no real numbers we convert (bool, u*,
  * i16, i32, i64). */
@@ -317,7 +325,9 @@ typedef struct {
 
 typedef struct {
     tk_mt mt;
-    void *owned; /* memory this weight owns (host, or device when on a GPU), or NULL for a mapped view */
+    void *owned; /* memory this weight owns (host, or device when on a GPU), or NULL: a view of the
+                  * mapping (mapped 1) or of the model's huge-page copies (tk_model.hw) */
+    int mapped;
     tk_models_src src;
     /* Training (models/train.c): the gradient (f32, same shape), or NULL; an embedding table (no weight
      * decay unless asked). */
@@ -358,6 +368,9 @@ struct tk_model {
     int64_t params;           /* parameters of the checkpoint the model uses (tied ones once) */
     int64_t weight_bytes;     /* bytes the weights take in the compute dtype */
     int64_t mapped_bytes;     /* of those, bytes read in place from the mapping */
+    int64_t hugepage_bytes;   /* of those, bytes copied as stored into huge pages (hw) */
+    tk_models_hw *hw;
+    int map_weights;          /* tk_model_opts.map_weights or TK_MAP_WEIGHTS: no huge-page copies */
     void *state;              /* the family's weight table and activations */
     /* The activation arena, planned for one batch shape (T, nseq). */
     void *ws;

@@ -600,8 +600,9 @@ int tk_train_new(tk_trainer **out, tk_model *m, const tk_train_opts *opts)
         tw->w = w;
         tw->n = mt_numel(&w->mt);
         size_t bytes = (size_t)tw->n * sizeof(float);
-        /* a weight read in place from the mapping becomes a copy AdamW may write */
-        if (!w->owned) {
+        /* a weight read in place from the mapping becomes a copy AdamW may write (the model's huge-page
+         * copies are its own memory already) */
+        if (w->mapped) {
             void *p = NULL;
             if ((rc = tk_models__dev_alloc(m, &p, bytes)) != TK_OK)
                 goto fail;
@@ -609,6 +610,7 @@ int tk_train_new(tk_trainer **out, tk_model *m, const tk_train_opts *opts)
             w->owned = p;
             w->mt.t.data = p;
             m->mapped_bytes -= (int64_t)bytes;
+            w->mapped = 0;
         }
         if ((rc = tk_models__dev_alloc(m, &tw->mem, 3 * bytes)) != TK_OK || (rc = zero(m, tw->mem, 3 * bytes)) != TK_OK)
             goto fail;

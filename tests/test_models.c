@@ -177,6 +177,58 @@ static void test_opts_v1_and_one_rank_comm(void)
     tk_comm_free(c);
 }
 
+/* The bytes of one "key": N field of tk_model_info_json (-1: absent) */
+static long long info_field(tk_model *m, const char *key)
+{
+    char *js = NULL, pat[64];
+    long long v = -1;
+    snprintf(pat, sizeof pat, "\"%s\": ", key);
+    if (tk_model_info_json(&js, m) == TK_OK && js && strstr(js, pat))
+        v = atoll(strstr(js, pat) + strlen(pat));
+    tk_free(js);
+    return v;
+}
+
+/* CPU weights stored in the compute dtype: copied into huge pages by default, views of the mapping
+ * with map_weights (or TK_MAP_WEIGHTS=1); the same logits either way. A version-2 struct (no
+ * map_weights) gets the default. */
+static void test_map_weights(void)
+{
+    int32_t ids[5] = {1, 7, 9, 3, 2};
+    size_t len = 5;
+    float a[5 * V], b[5 * V];
+    long long wb = -1, as_stored = -1;
+    for (int mode = 0; mode < 4; mode++) { /* default, map_weights, TK_MAP_WEIGHTS=1, version 2 */
+        tk_model *m = NULL;
+        tk_model_opts o = TK_MODEL_OPTS_INIT;
+        o.map_weights = mode == 1;
+        if (mode == 3) {
+            o.version = 2;
+            o.map_weights = 1; /* past a version-2 struct: never read */
+        }
+        if (mode == 2)
+            setenv("TK_MAP_WEIGHTS", "1", 1);
+        CHECK_RC(tk_model_load(&m, ctx, dir, &o), TK_OK);
+        unsetenv("TK_MAP_WEIGHTS");
+        if (!m)
+            continue;
+        CHECK_RC(tk_model_forward(m, ids, &len, 1, mode ? b : a, NULL), TK_OK);
+        if (mode)
+            CHECK(max_diff(a, b, 5 * V) == 0.0f);
+        long long mapped = info_field(m, "mapped_bytes"), huge = info_field(m, "hugepage_bytes");
+        if (mode == 0) { /* the weights stored in f32 (some of the test checkpoint's are converted) */
+            wb = info_field(m, "weight_bytes");
+            as_stored = huge;
+        }
+        CHECK(wb > 0 && info_field(m, "weight_bytes") == wb && as_stored > 0 && as_stored <= wb);
+        if (mode == 1 || mode == 2)
+            CHECK(mapped == as_stored && huge == 0);
+        else
+            CHECK(mapped == 0 && huge == as_stored);
+        tk_model_free(m);
+    }
+}
+
 static void test_forward_contracts(void)
 {
     tk_model *m = NULL;
@@ -629,6 +681,7 @@ int main(void)
     }
     RUN(test_load_errors);
     RUN(test_opts_v1_and_one_rank_comm);
+    RUN(test_map_weights);
     RUN(test_forward_contracts);
     RUN(test_config_dtype_mismatch);
     RUN(test_parser);
