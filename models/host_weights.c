@@ -9,6 +9,11 @@
  * the many small weights of a small model share huge pages too. tk_model_opts.map_weights (or
  * TK_MAP_WEIGHTS=1 in the environment) keeps them views of the mapping instead (shared with other
  * processes through the page cache, and dropped rather than swapped under memory pressure).
+ *
+ * The weights converted at load (a bf16 checkpoint run in f32, --quant int8), the activation arena and
+ * the optimiser's state are the model's own memory anyway: tk_models__hw_malloc gives a buffer of 2 MiB
+ * or more the same advice (its whole huge pages; freed with free()), so they are faulted in as huge
+ * pages when first written.
  */
 #include <stdint.h>
 #include <stdlib.h>
@@ -66,6 +71,27 @@ void *tk_models__hw_copy(tk_models_hw **list, const void *src, size_t n)
     char *p = c->base + c->used;
     memcpy(p, src, n);
     c->used += need;
+    return p;
+}
+
+void *tk_models__hw_malloc(size_t n)
+{
+    if (n < HUGE_PAGE)
+        return aligned_alloc(64, (n + 64) / 64 * 64);
+    void *p = NULL;
+    if (posix_memalign(&p, HUGE_PAGE, n) != 0)
+        return NULL;
+#ifdef MADV_HUGEPAGE
+    (void)madvise(p, n / HUGE_PAGE * HUGE_PAGE, MADV_HUGEPAGE); /* the whole 2 MiB pages: the tail keeps 4 KiB */
+#endif
+    return p;
+}
+
+void *tk_models__hw_calloc(size_t n)
+{
+    void *p = tk_models__hw_malloc(n);
+    if (p)
+        memset(p, 0, n ? n : 1);
     return p;
 }
 

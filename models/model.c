@@ -105,7 +105,7 @@ static int dev_alloc(tk_model *m, void **p, size_t bytes)
     *p = NULL;
     if (m->dev_type == TK_DEV_CUDA)
         return tk_device_alloc(p, m->dev_id, bytes ? bytes : 1);
-    *p = aligned_alloc(64, (bytes + 63) / 64 * 64 + 64);
+    *p = tk_models__hw_malloc((bytes + 63) / 64 * 64 + 64); /* 64-byte aligned at least */
     return *p ? TK_OK : tk__err(TK_ERR_NOMEM, "out of memory (%zu bytes for the model)", bytes);
 }
 
@@ -459,7 +459,7 @@ static int tp_weight(const tk_mt **out, tk_model *m, tk_models_weight *w, const 
         return as_stored(m, w, t, (char *)t->data + (s.nranges ? run.offset : 0), (size_t)n * ds, t->ndim, s.shape);
     }
     int64_t rowel = extra ? t->shape[1] : 0;
-    char *host = calloc((size_t)(n + rowel) * ds + 1, 1);
+    char *host = tk_models__hw_calloc((size_t)(n + rowel) * ds + 1);
     if (!host)
         return tk__err(TK_ERR_NOMEM, "out of memory loading '%s'", t->name);
     if (s.nranges && (rc = tp_convert(m, host, t, p, &s, x)) != TK_OK) {
@@ -510,7 +510,7 @@ static int weight(const tk_mt **out, tk_model *m, const char *name, int ndim, co
         *out = &w->mt;
         return as_stored(m, w, t, (void *)t->data, (size_t)n * dt_size(m->dtype), t->ndim, t->shape);
     }
-    void *host = malloc((size_t)(n ? n : 1) * dt_size(m->dtype));
+    void *host = tk_models__hw_malloc((size_t)(n ? n : 1) * dt_size(m->dtype));
     if (!host)
         return tk__err(TK_ERR_NOMEM, "out of memory loading '%s'", name);
     if ((rc = convert(m, host, t, 0, n, 1, 0, XF_NONE(m))) != TK_OK) {
@@ -552,7 +552,7 @@ static int weight_xf_dt(const tk_mt **out, tk_model *m, const char *name, int nd
     if (m->tp)
         m->tp->full_bytes += n * (int64_t)dt_size(dt);
     float *f = malloc((size_t)(n ? n : 1) * sizeof(float));
-    void *host = malloc((size_t)(n ? n : 1) * dt_size(dt));
+    void *host = tk_models__hw_malloc((size_t)(n ? n : 1) * dt_size(dt));
     if (!f || !host) {
         free(f);
         free(host);
@@ -669,7 +669,7 @@ int tk_models__weight_cat(const tk_mt **out, tk_model *m, const char *const *nam
     if (m->tp)
         m->tp->full_bytes += per * n * (int64_t)ds;
     int64_t lper = cs.rows * (cs.cols ? cs.cols : 1);
-    char *host = rc == TK_OK ? malloc((size_t)(lper * n) * ds + 1) : NULL;
+    char *host = rc == TK_OK ? tk_models__hw_malloc((size_t)(lper * n) * ds + 1) : NULL;
     if (!host) {
         free(ts);
         free(cs.sl);
@@ -744,7 +744,7 @@ int tk_models__weight_cols(const tk_mt **out, tk_model *m, const char *name, int
     int64_t nr = rows ? rows : 1;
     if (m->tp)
         m->tp->full_bytes += nr * full * (int64_t)dt_size(m->dtype);
-    char *host = malloc((size_t)(nr * nc) * dt_size(m->dtype) + 1);
+    char *host = tk_models__hw_malloc((size_t)(nr * nc) * dt_size(m->dtype) + 1);
     if (!host)
         return tk__err(TK_ERR_NOMEM, "out of memory loading '%s'", name);
     rc = convert(m, host, t, c0, nc, nr, cols, XF_NONE(m));
@@ -786,7 +786,7 @@ int tk_models__weight_rows(const tk_mt **out, tk_model *m, const char *name, int
     tk_models_weight *w;
     if ((rc = new_weight(m, &w)) != TK_OK || (rc = set_src(w, TK_MODELS_SRC_ROWS, &name, 1, rows, cols, r0, nr)))
         return rc;
-    char *host = malloc((size_t)(nr * cols) * dt_size(m->dtype) + 1);
+    char *host = tk_models__hw_malloc((size_t)(nr * cols) * dt_size(m->dtype) + 1);
     if (!host)
         return tk__err(TK_ERR_NOMEM, "out of memory loading '%s'", name);
     rc = convert(m, host, t, r0 * cols, nr * cols, 1, 0, XF_NONE(m));

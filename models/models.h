@@ -94,6 +94,10 @@ void tk_models__st_populate(const void *p, size_t n);
 typedef struct tk_models_hw tk_models_hw;
 int tk_models__hw_env_map(void); /* TK_MAP_WEIGHTS set (and not "0") */
 void *tk_models__hw_copy(tk_models_hw **list, const void *src, size_t n);
+/* malloc for the model's host buffers, 64-byte aligned: one of 2 MiB or more is 2 MiB aligned and
+ * advised for huge pages (freed with free()); calloc: zeroed. */
+void *tk_models__hw_malloc(size_t n);
+void *tk_models__hw_calloc(size_t n);
 void tk_models__hw_free(tk_models_hw *list);
 
 /* Converts n elements of a safetensors dtype to f32 / from f32 into tk dtype dst (f32, f16, bf16).
