@@ -1474,8 +1474,8 @@ typedef int (*tk_diff_rand_fn)(void *user, double *u, size_t n);
  * entropy is below confidence_threshold; after a block holding an eos token it stops (the tokens after
  * the first eos become pad_token_id). Draws (o->rand or the seed) per block: canvas_length for the
  * starting canvas; per step canvas_length for the sampled tokens (inverse CDF), then canvas_length for
- * the renoised ones. temperature, remasking, cfg_scale, alg, top_p/top_k, eps, block_length and
- * mask_token_id do not apply. The fields below are read from version 2; < 0 means the checkpoint's
+ * the renoised ones. temperature, top_p, top_k, alg_temp, remasking, cfg_scale, alg and block_length
+ * must be left at their defaults (TK_ERR_INVALID names them); eps and mask_token_id do not apply. The fields below are read from version 2; < 0 means the checkpoint's
  * generation_config.json value, else transformers' default (shown). */
 #define TK_DIFF_OPTS_VERSION 2
 typedef struct {

@@ -102,11 +102,13 @@ static int check(bstate *s, const int32_t *prompt, size_t len)
                        "%s is a block diffusion checkpoint; the LLaDA and Dream samplers need a "
                        "masked diffusion LM\nHINT: leave --sampler out",
                        c->arch);
-    if (o->cfg_scale != 0 || o->remasking || (o->alg && strcmp(o->alg, "origin")) || o->block_length > 0)
+    if (o->cfg_scale != 0 || o->remasking || (o->alg && strcmp(o->alg, "origin")) || o->block_length > 0 ||
+        o->temperature != 0 || o->top_p != 1.0 || o->top_k != 0 || o->alg_temp != 0)
         return tk__err(TK_ERR_INVALID,
-                       "cfg_scale, remasking, alg and block_length are the masked samplers'; block "
-                       "diffusion's blocks are the checkpoint's canvas_length (%lld)\nHINT: leave them out; "
-                       "--t-min, --t-max, --entropy-bound, --stability-threshold and --confidence-threshold "
+                       "temperature, top_p, top_k, alg_temp, cfg_scale, remasking, alg and block_length are the "
+                       "masked samplers'; block diffusion's blocks are the checkpoint's canvas_length (%lld) "
+                       "and its temperature falls from t_max to t_min over a block's steps\nHINT: leave them "
+                       "out; --t-min, --t-max, --entropy-bound, --stability-threshold and --confidence-threshold "
                        "tune it",
                        (long long)c->canvas);
     if (len == 0)

@@ -727,7 +727,8 @@ def check_block_diffusion():
     seq_steps = m1["tk_diffusion_step_sequences_total"] - m0["tk_diffusion_step_sequences_total"]
     vanish = dict(prompt=[9, 10], max_tokens=60, steps=20, seed=8, stream=True)
     steps, seqs = batched_with_vanish(jobs, alone, run, vanish, seq_steps, 200)
-    for extra, param in (({"cfg_scale": 1.0}, None), ({"logprobs": 1}, "logprobs"), ({"t_min": 0.9, "t_max": 0.5}, None)):
+    for extra, param in (({"cfg_scale": 1.0}, None), ({"logprobs": 1}, "logprobs"), ({"t_min": 0.9, "t_max": 0.5}, None),
+                         ({"temperature": 0.7}, None), ({"top_p": 0.9}, None)):
         st, e = raw("POST", "/v1/completions", json.dumps(dict(jobs[0], **extra)).encode())
         if st != 400 or (param and e["error"]["param"] != param):
             fail("block diffusion %s: %d %s, want 400" % (extra, st, e))

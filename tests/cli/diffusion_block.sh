@@ -148,6 +148,10 @@ t_bad_input() {
   expect_out "canvas_length (6)"; expect_out "HINT:"
   expect_rc 2 "$TK" generate "$CK" --ids 5 --block-length 3
   expect_out "block_length"
+  expect_rc 2 "$TK" generate "$CK" --ids 5 --temperature 0.5 # its own falls from --t-max to --t-min
+  expect_out "falls from t_max to t_min"; expect_out "HINT:"
+  expect_rc 2 "$TK" generate "$CK" --ids 5 --top-p 0.9
+  expect_out "top_p"
   expect_rc 2 "$TK" generate "$CK" --ids 5 --t-min 0.9 --t-max 0.5
   expect_out "t_min 0.9, t_max 0.5"
   expect_rc 2 "$TK" generate "$CK" --ids 5,300
