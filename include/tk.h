@@ -815,9 +815,9 @@ typedef struct {
  * safetensors files (sharded ones through model.safetensors.index.json), validates every header, and
  * looks each weight up by its Hugging Face name. On the CPU weights whose dtype is the compute dtype are
  * copied into huge pages (or stay mapped: map_weights), others are converted once; on a GPU they are
- * uploaded once. ctx must outlive the
- * model. Errors: TK_ERR_NOT_FOUND (no config.json or no weights), TK_ERR_INVALID (a malformed file, a
- * missing tensor, a shape or dtype that disagrees with the config: the message names it),
+ * uploaded once. ctx must outlive the model. Errors: TK_ERR_NOT_FOUND (no config.json or no weights),
+ * TK_ERR_INVALID (a malformed file, a missing tensor, a shape or dtype that disagrees with the config:
+ * the message names it),
  * TK_ERR_UNSUPPORTED (an architecture or config value tk does not implement: the message names it and
  * lists what is supported), TK_ERR_NO_DEVICE, TK_ERR_NOMEM, TK_ERR_IO. */
 TK_API int tk_model_load(tk_model **out, tk_ctx *ctx, const char *dir, const tk_model_opts *opts);
@@ -1475,8 +1475,9 @@ typedef int (*tk_diff_rand_fn)(void *user, double *u, size_t n);
  * the first eos become pad_token_id). Draws (o->rand or the seed) per block: canvas_length for the
  * starting canvas; per step canvas_length for the sampled tokens (inverse CDF), then canvas_length for
  * the renoised ones. temperature, top_p, top_k, alg_temp, remasking, cfg_scale, alg and block_length
- * must be left at their defaults (TK_ERR_INVALID names them); eps and mask_token_id do not apply. The fields below are read from version 2; < 0 means the checkpoint's
- * generation_config.json value, else transformers' default (shown). */
+ * must be left at their defaults (TK_ERR_INVALID names them); eps and mask_token_id do not apply. The
+ * fields below are read from version 2; < 0 means the checkpoint's generation_config.json value, else
+ * transformers' default (shown). */
 #define TK_DIFF_OPTS_VERSION 2
 typedef struct {
     unsigned version;          /* TK_DIFF_OPTS_VERSION */

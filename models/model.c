@@ -387,7 +387,7 @@ int tk_models__tp_check(tk_model *m, const char *layers, const tk_models_tp_want
 
 /* Weight w, already in the compute dtype on the CPU as stored at data (n bytes inside t's mapping): copied
  * into the model's huge pages (models/host_weights.c; t's mapped pages are dropped), or with
- * TK_MAP_WEIGHTS=1 a view of the mapping, loaded now. */
+ * map_weights (TK_MAP_WEIGHTS=1) a view of the mapping, loaded now. */
 static int as_stored(tk_model *m, tk_models_weight *w, const tk_st_tensor *t, void *data, size_t n, int ndim,
                      const int64_t *shape)
 {
