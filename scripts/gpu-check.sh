@@ -23,13 +23,17 @@
 # --bench-timeout S (180), --only REGEX (test binaries to run), --no-bench, --no-memcheck,
 # --no-selftest, --no-models, --models-timeout S (240), --python PY (python3: the one with torch; a
 # dry run uses it for the bench's --cpu-check).
-# Phase 1d (tests/gpu_models.py): the model pipelines (tk model logits, tk generate) with --device cuda
-# on the tiny checkpoints of every family, against transformers on the same GPU.
 # Phase 1c (tk selftest): the shipped packages pass, the broken test package is caught and routed
 # around, a hanging kernel is stopped; without a GPU, the no-device error and the plan.
+# Phase 1d (tests/gpu_models.py): the model pipelines (tk model logits, tk generate) with --device cuda
+# on the tiny checkpoints of every family, against transformers on the same GPU.
+# Phase 1e: block diffusion's speed on the GPU (bench/diffusion_block.sh and bench/serve_diffusion.sh with
+# DEVICE=cuda, tk against transformers' generate() on the same GPU; --no-diffusion-bench,
+# --diffusion-timeout S (150)).
 set -uo pipefail
 root=$(cd "$(dirname "$0")/.." && pwd)
 bundle=$root/.gpu work=/tmp/tkg out=${OUT:-} expect= t_test=240 t_san=270 t_bench=180 only= bench=1 san=1 selftest=1 models=1 t_models=240 py=python3
+dbench=1 t_dbench=150
 while [ $# -gt 0 ]; do
   case $1 in
     --bundle) bundle=$2; shift 2 ;;
@@ -46,12 +50,14 @@ while [ $# -gt 0 ]; do
     --no-selftest) selftest=0; shift ;;
     --no-models) models=0; shift ;;
     --models-timeout) t_models=$2; shift 2 ;;
+    --no-diffusion-bench) dbench=0; shift ;;
+    --diffusion-timeout) t_dbench=$2; shift 2 ;;
     --python) py=$2; shift 2 ;;
-    -h|--help) sed -n '2,29p' "$0" | sed 's/^# \{0,1\}//'; exit 0 ;;
+    -h|--help) sed -n '2,32p' "$0" | sed 's/^# \{0,1\}//'; exit 0 ;;
     *) echo "gpu-check: unknown argument '$1'" >&2; echo "HINT: bash scripts/gpu-check.sh --help" >&2; exit 2 ;;
   esac
 done
-for v in "$t_test" "$t_san" "$t_bench" "$t_models"; do
+for v in "$t_test" "$t_san" "$t_bench" "$t_models" "$t_dbench"; do
   [[ $v =~ ^[0-9]+$ ]] || { echo "gpu-check: timeout '$v' is not a number of seconds" >&2; exit 2; }
 done
 out=${out:-$work/out}
@@ -316,6 +322,40 @@ if [ $models = 1 ] && [ "$TK_TEST_GPU" = 1 ]; then
   save
 else
   row models gpu_models skip 0 0 1 0 "$([ $models = 1 ] && echo "no GPU" || echo "--no-models")"
+fi
+
+# ---- phase 1e: block diffusion's speed on the GPU ------------------------------------------------
+# tk generate --device cuda on bench/make_bench_dgemma.py's random DiffusionGemma against transformers'
+# generate() on cuda (bench/diffusion_block.sh, 3 rounds), then tk serve-model --device cuda batching
+# DiffusionGemma requests against one at a time (bench/serve_diffusion.sh KIND=dgemma). The bench
+# scripts run $TK_PY_VENV/bin/python: here a wrapper that execs $py (a symlink to it loses a venv's
+# site-packages: the H200 run of 2026-11-28 could not import torch through one).
+left=$(( 540 - ($(date +%s) - start) )) # the device tool's 600 s a call, less the bench's minimum
+[ $(( left / 3 )) -lt "$t_dbench" ] && t_dbench=$(( left / 3 ))
+if [ $dbench = 1 ] && [ "$TK_TEST_GPU" = 1 ] && [ "$t_dbench" -lt 30 ]; then
+  row dbench diffusion_block skip 0 0 1 0 "out of time: ${left}s left of the call's 540"
+elif [ $dbench = 1 ] && [ "$TK_TEST_GPU" = 1 ]; then
+  echo "== phase 1e: block diffusion's speed on the GPU (${t_dbench}s a script)"
+  PW=$work/pywrap; mkdir -p "$PW/bin"
+  printf '#!/bin/sh\nexec %s "$@"\n' "$(command -v "$py")" >"$PW/bin/python"; chmod +x "$PW/bin/python"
+  DH=$work/bench-home; [ -d "$DH" ] || DH=$work/models-home
+  for b in diffusion_block serve_diffusion; do
+    t0=$(date +%s)
+    if [ $b = diffusion_block ]; then
+      DEVICE=cuda HF=1 TK_BUILD=$B TK_PY_VENV=$PW TK_HOME=$DH timeout -k 5 "$t_dbench" bash "$root/bench/diffusion_block.sh" 128 128 8 3 >"$L/$b.log" 2>&1
+    else
+      DEVICE=cuda KIND=dgemma G=32 S=8 REQS=2 ROUNDS=2 TK_BUILD=$B TK_PY_VENV=$PW TK_HOME=$DH timeout -k 5 "$t_dbench" \
+        bash "$root/bench/serve_diffusion.sh" 1 4 8 >"$L/$b.log" 2>&1
+    fi
+    rc=$?
+    st=$([ $rc = 0 ] && echo ok || { [ $rc = 124 ] && echo TIMEOUT || echo FAIL; })
+    row dbench "$b" "$st" "$([ $rc = 0 ] && echo 1 || echo 0)" "$([ $rc = 0 ] && echo 0 || echo 1)" 0 "$(( $(date +%s) - t0 ))" \
+      "$(grep -E 'tk cached / transformers|^\| 8 ' "$L/$b.log" | tail -n1 | cut -c1-120)"
+    echo "-- $b"; tail -n 8 "$L/$b.log"
+  done
+  save
+else
+  row dbench diffusion_block skip 0 0 1 0 "$([ $dbench = 1 ] && echo "no GPU" || echo "--no-diffusion-bench")"
 fi
 
 # ---- phase 2: benchmarks against PyTorch (alone on the GPU) ----------------------------------------
