@@ -58,7 +58,7 @@ static tk_models_hw *chunk_new(size_t n)
     return c;
 }
 
-void *tk_models__hw_copy(tk_models_hw **list, const void *src, size_t n)
+void *tk_models__hw_alloc(tk_models_hw **list, size_t n)
 {
     size_t need = (n + 63) / 64 * 64;
     tk_models_hw *c = *list;
@@ -69,7 +69,6 @@ void *tk_models__hw_copy(tk_models_hw **list, const void *src, size_t n)
         *list = c;
     }
     char *p = c->base + c->used;
-    memcpy(p, src, n);
     c->used += need;
     return p;
 }

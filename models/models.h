@@ -82,6 +82,8 @@ int64_t tk_models__st_bytes(const tk_st_set *s); /* sum of the files' sizes */
  * MADV_DONTNEED; a later read maps them from the file again): after a strided slice of t was copied
  * (tensor parallelism), the pages the copy touched need not stay resident. */
 void tk_models__st_release(const tk_st_tensor *t);
+/* The same for the mapped pages wholly inside [p, p + n). */
+void tk_models__st_release_range(const void *p, size_t n);
 /* Maps the n bytes at p, inside a mapped file, into this process's page tables now (madvise
  * MADV_POPULATE_READ, Linux 5.14+; ignored where unsupported): a weight the model uses where it is
  * mapped is then loaded at load time, not page by page on the first forward (which timed ~20 ms of
@@ -89,11 +91,11 @@ void tk_models__st_release(const tk_st_tensor *t);
 void tk_models__st_populate(const void *p, size_t n);
 
 /* CPU weights copied out of the mapping into transparent huge pages (models/host_weights.c): a list of
- * chunks the model owns. copy: n bytes of src into the list's memory (64-byte aligned), NULL when out of
+ * chunks the model owns. alloc: n bytes of the list's memory (64-byte aligned), NULL when out of
  * memory. */
 typedef struct tk_models_hw tk_models_hw;
 int tk_models__hw_env_map(void); /* TK_MAP_WEIGHTS set (and not "0") */
-void *tk_models__hw_copy(tk_models_hw **list, const void *src, size_t n);
+void *tk_models__hw_alloc(tk_models_hw **list, size_t n);
 /* malloc for the model's host buffers, 64-byte aligned: one of 2 MiB or more is 2 MiB aligned and
  * advised for huge pages (freed with free()); calloc: zeroed. */
 void *tk_models__hw_malloc(size_t n);

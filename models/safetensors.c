@@ -334,10 +334,16 @@ done:
 
 void tk_models__st_release(const tk_st_tensor *t)
 {
+    if (t && t->data && t->end > t->begin)
+        tk_models__st_release_range(t->data, (size_t)(t->end - t->begin));
+}
+
+void tk_models__st_release_range(const void *p, size_t n)
+{
     long pg = sysconf(_SC_PAGESIZE);
-    if (!t || !t->data || pg <= 0 || t->end <= t->begin)
+    if (!p || !n || pg <= 0)
         return;
-    uintptr_t a = (uintptr_t)t->data, e = a + (uintptr_t)(t->end - t->begin);
+    uintptr_t a = (uintptr_t)p, e = a + (uintptr_t)n;
     uintptr_t lo = (a + (uintptr_t)pg - 1) / (uintptr_t)pg * (uintptr_t)pg, hi = e / (uintptr_t)pg * (uintptr_t)pg;
     if (hi > lo) /* a private, never-written file mapping: dropped pages read back from the file */
         madvise((void *)lo, hi - lo, MADV_DONTNEED);
