@@ -10,7 +10,7 @@
  * TK_MAP_WEIGHTS=1 in the environment) keeps them views of the mapping instead (shared with other
  * processes through the page cache, and dropped rather than swapped under memory pressure).
  *
- * The weights converted at load (a bf16 checkpoint run in f32, --quant int8), the activation arena and
+ * The weights converted at load on the CPU (a bf16 checkpoint run in f32, --quant int8), the activation arena and
  * the optimiser's state are the model's own memory anyway: tk_models__hw_malloc gives a buffer of 2 MiB
  * or more the same advice (its whole huge pages; freed with free()), so they are faulted in as huge
  * pages when first written.

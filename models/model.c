@@ -119,6 +119,15 @@ static void dev_free(tk_model *m, void *p)
         free(p);
 }
 
+/* A weight's host buffer before place(): on the CPU the weight's own memory, in huge pages when it is
+ * 2 MiB or more (models/host_weights.c); on a GPU a staging copy, freed after the upload. */
+static void *host_buf(const tk_model *m, size_t n, int zero)
+{
+    if (m->dev_type == TK_DEV_CUDA)
+        return zero ? calloc(n ? n : 1, 1) : malloc(n ? n : 1);
+    return zero ? tk_models__hw_calloc(n) : tk_models__hw_malloc(n);
+}
+
 /* Copies host bytes to the model's memory (a memcpy on the CPU). */
 static int to_dev(tk_model *m, void *dst, const void *src, size_t n)
 {
@@ -466,7 +475,7 @@ static int tp_weight(const tk_mt **out, tk_model *m, tk_models_weight *w, const 
         return as_stored(m, w, t, (char *)t->data + (s.nranges ? run.offset : 0), (size_t)n * ds, t->ndim, s.shape);
     }
     int64_t rowel = extra ? t->shape[1] : 0;
-    char *host = tk_models__hw_calloc((size_t)(n + rowel) * ds + 1);
+    char *host = host_buf(m, (size_t)(n + rowel) * ds + 1, 1);
     if (!host)
         return tk__err(TK_ERR_NOMEM, "out of memory loading '%s'", t->name);
     if (s.nranges && (rc = tp_convert(m, host, t, p, &s, x)) != TK_OK) {
@@ -517,7 +526,7 @@ static int weight(const tk_mt **out, tk_model *m, const char *name, int ndim, co
         *out = &w->mt;
         return as_stored(m, w, t, (void *)t->data, (size_t)n * dt_size(m->dtype), t->ndim, t->shape);
     }
-    void *host = tk_models__hw_malloc((size_t)(n ? n : 1) * dt_size(m->dtype));
+    void *host = host_buf(m, (size_t)(n ? n : 1) * dt_size(m->dtype), 0);
     if (!host)
         return tk__err(TK_ERR_NOMEM, "out of memory loading '%s'", name);
     if ((rc = convert(m, host, t, 0, n, 1, 0, XF_NONE(m))) != TK_OK) {
@@ -559,7 +568,7 @@ static int weight_xf_dt(const tk_mt **out, tk_model *m, const char *name, int nd
     if (m->tp)
         m->tp->full_bytes += n * (int64_t)dt_size(dt);
     float *f = malloc((size_t)(n ? n : 1) * sizeof(float));
-    void *host = tk_models__hw_malloc((size_t)(n ? n : 1) * dt_size(dt));
+    void *host = host_buf(m, (size_t)(n ? n : 1) * dt_size(dt), 0);
     if (!f || !host) {
         free(f);
         free(host);
@@ -676,7 +685,7 @@ int tk_models__weight_cat(const tk_mt **out, tk_model *m, const char *const *nam
     if (m->tp)
         m->tp->full_bytes += per * n * (int64_t)ds;
     int64_t lper = cs.rows * (cs.cols ? cs.cols : 1);
-    char *host = rc == TK_OK ? tk_models__hw_malloc((size_t)(lper * n) * ds + 1) : NULL;
+    char *host = rc == TK_OK ? host_buf(m, (size_t)(lper * n) * ds + 1, 0) : NULL;
     if (!host) {
         free(ts);
         free(cs.sl);
@@ -751,7 +760,7 @@ int tk_models__weight_cols(const tk_mt **out, tk_model *m, const char *name, int
     int64_t nr = rows ? rows : 1;
     if (m->tp)
         m->tp->full_bytes += nr * full * (int64_t)dt_size(m->dtype);
-    char *host = tk_models__hw_malloc((size_t)(nr * nc) * dt_size(m->dtype) + 1);
+    char *host = host_buf(m, (size_t)(nr * nc) * dt_size(m->dtype) + 1, 0);
     if (!host)
         return tk__err(TK_ERR_NOMEM, "out of memory loading '%s'", name);
     rc = convert(m, host, t, c0, nc, nr, cols, XF_NONE(m));
@@ -793,7 +802,7 @@ int tk_models__weight_rows(const tk_mt **out, tk_model *m, const char *name, int
     tk_models_weight *w;
     if ((rc = new_weight(m, &w)) != TK_OK || (rc = set_src(w, TK_MODELS_SRC_ROWS, &name, 1, rows, cols, r0, nr)))
         return rc;
-    char *host = tk_models__hw_malloc((size_t)(nr * cols) * dt_size(m->dtype) + 1);
+    char *host = host_buf(m, (size_t)(nr * cols) * dt_size(m->dtype) + 1, 0);
     if (!host)
         return tk__err(TK_ERR_NOMEM, "out of memory loading '%s'", name);
     rc = convert(m, host, t, r0 * cols, nr * cols, 1, 0, XF_NONE(m));
