@@ -4,7 +4,7 @@
  *
  * Decode reads every weight once a token. Through the file mapping that is one 4 KiB page after
  * another, each a TLB miss and a page walk (65,000 a token for SmolLM2-135M in bf16): copied into
- * 2 MiB pages the same bf16 decode ran 9% faster on one thread (bench/RESULTS.md, "Weights in huge
+ * 2 MiB pages the same bf16 decode ran 20% faster on one thread (bench/RESULTS.md, "Weights in huge
  * pages"). The copies are packed one after another (64-byte aligned) in chunks of at least 64 MiB, so
  * the many small weights of a small model share huge pages too. tk_model_opts.map_weights (or
  * TK_MAP_WEIGHTS=1 in the environment) keeps them views of the mapping instead (shared with other
