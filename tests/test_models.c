@@ -11,7 +11,9 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/resource.h>
 #include <sys/stat.h>
+#include <sys/wait.h>
 #include <unistd.h>
 
 #include "fuzz/fuzz_safetensors.c" /* LLVMFuzzerTestOneInput, replayed below */
@@ -227,6 +229,56 @@ static void test_map_weights(void)
             CHECK(mapped == 0 && huge == as_stored);
         tk_model_free(m);
     }
+}
+
+/* The process's virtual size in bytes (/proc/self/status VmSize), or -1 */
+static long long vm_size(void)
+{
+    FILE *f = fopen("/proc/self/status", "r");
+    char line[256];
+    long long kb = -1;
+    while (f && fgets(line, sizeof line, f))
+        if (!strncmp(line, "VmSize:", 7))
+            kb = atoll(line + 7);
+    if (f)
+        fclose(f);
+    return kb < 0 ? -1 : kb * 1024;
+}
+
+/* Out of memory for the huge-page copies (a child process whose address space is capped at 32 MiB
+ * above its size: a copy chunk reserves 64 MiB): TK_ERR_NOMEM naming the tensor, with TK_MAP_WEIGHTS as
+ * the hint; with map_weights the same load succeeds under the same cap. */
+static void test_map_weights_out_of_memory(void)
+{
+#if defined(__SANITIZE_ADDRESS__)
+    SKIP("AddressSanitizer maps its shadow memory as it goes: an address-space cap breaks it");
+#endif
+    long long vm = vm_size();
+    if (vm < 0)
+        SKIP("no /proc/self/status");
+    fflush(NULL);
+    pid_t pid = fork();
+    if (pid == 0) {
+        struct rlimit rl = {(rlim_t)(vm + (32ll << 20)), (rlim_t)(vm + (32ll << 20))};
+        int bad = setrlimit(RLIMIT_AS, &rl) != 0;
+        tk_model *m = NULL;
+        tk_model_opts o = TK_MODEL_OPTS_INIT;
+        int rc = tk_model_load(&m, ctx, dir, &o);
+        bad |= rc != TK_ERR_NOMEM || m != NULL || !strstr(tk_last_error(), "TK_MAP_WEIGHTS=1") ||
+               !strstr(tk_last_error(), "out of memory loading '");
+        if (bad)
+            fprintf(stderr, "default load under the cap: rc %d: %s\n", rc, tk_last_error());
+        o.map_weights = 1;
+        rc = tk_model_load(&m, ctx, dir, &o);
+        if (rc != TK_OK)
+            fprintf(stderr, "map_weights load under the cap: rc %d: %s\n", rc, tk_last_error());
+        bad |= rc != TK_OK;
+        tk_model_free(m);
+        _exit(bad);
+    }
+    int st = 0;
+    CHECK(pid > 0 && waitpid(pid, &st, 0) == pid);
+    CHECK(WIFEXITED(st) && WEXITSTATUS(st) == 0);
 }
 
 static void test_forward_contracts(void)
@@ -682,6 +734,7 @@ int main(void)
     RUN(test_load_errors);
     RUN(test_opts_v1_and_one_rank_comm);
     RUN(test_map_weights);
+    RUN(test_map_weights_out_of_memory);
     RUN(test_forward_contracts);
     RUN(test_config_dtype_mismatch);
     RUN(test_parser);
