@@ -565,8 +565,13 @@ typedef struct {
     float scale;
     int64_t wl;
     int avx2, nomem;
-    float cap; /* softcap, 0: off */
+    float cap;            /* softcap, 0: off */
+    int64_t nseg, segk;   /* each (sequence, KV head) as nseg tasks of segk keys */
+    float *part;          /* nseg > 1: every task's rows' m, l, NaN flag and acc (PART_HEAD + dp floats) */
 } dec_t;
+
+#define PART_HEAD 8 /* m, l, the NaN flag, padding to keep acc 32-byte aligned */
+#define SPLIT_TASKS 8 /* decode splits the keys until about this many tasks (SmolLM2: 3 KV heads) */
 
 typedef struct {
     const dec_t *j;
@@ -582,6 +587,51 @@ static const void *paged_row(const void *src, int64_t key, int which)
     return (which ? j->vc : j->kc) + ((slot * j->hkv + s->hk) * j->d) * (int64_t)tk_cpu_kind_size(j->ckind);
 }
 
+/* Task it's rows as partial results: the running max, sum and accumulator of its keys. */
+static void part_store(const dec_t *j, const rows_t *T, int64_t it)
+{
+    int64_t ps = PART_HEAD + T->dp;
+    for (int64_t r = 0; r < T->R; r++) {
+        float *p = j->part + (it * T->R + r) * ps;
+        p[0] = T->m[r];
+        p[1] = T->l[r];
+        p[2] = (float)T->nan[r];
+        memcpy(p + PART_HEAD, T->acc + r * T->dp, (size_t)T->d * sizeof(float));
+    }
+}
+
+/* The rows of a split (sequence, KV head) from its tasks' partial results: the reference's combine of
+ * online-softmax blocks (each part rescaled by exp(m_part - m)), then out = acc / l as rows_store. */
+static void part_combine(const dec_t *j, int64_t bh, float *acc)
+{
+    int64_t R = j->sq * j->g, dp = (j->d + 7) / 8 * 8, ps = PART_HEAD + dp, b = bh / j->hkv, hk = bh % j->hkv;
+    for (int64_t r = 0; r < R; r++) {
+        const float *p0 = j->part + (bh * j->nseg * R + r) * ps;
+        float m = -INFINITY, l = 0;
+        int nan = 0;
+        for (int64_t s = 0; s < j->nseg; s++) {
+            const float *p = p0 + s * R * ps;
+            nan |= p[2] != 0;
+            m = p[0] > m ? p[0] : m;
+        }
+        memset(acc, 0, (size_t)j->d * sizeof *acc);
+        for (int64_t s = 0; s < j->nseg && m != -INFINITY; s++) {
+            const float *p = p0 + s * R * ps;
+            if (p[0] == -INFINITY)
+                continue;
+            float sc = expf(p[0] - m);
+            l += p[1] * sc;
+            for (int64_t e = 0; e < j->d; e++)
+                acc[e] += p[PART_HEAD + e] * sc;
+        }
+        int64_t i = r / j->g, qh = hk * j->g + r % j->g, row = (b * j->sq + i) * j->hq + qh;
+        for (int64_t e = 0; e < j->d; e++)
+            tk_cpu_st1(j->out, row * j->d + e, j->kind, nan ? NAN : m == -INFINITY ? 0.0f : acc[e] / l);
+        if (j->lse)
+            j->lse[(b * j->hq + qh) * j->sq + i] = nan ? NAN : m == -INFINITY ? -INFINITY : m + logf(l);
+    }
+}
+
 static void dec_range(void *arg, int64_t lo, int64_t hi)
 {
     dec_t *j = arg;
@@ -592,7 +642,8 @@ static void dec_range(void *arg, int64_t lo, int64_t hi)
     }
     T.cap = j->cap;
     for (int64_t it = lo; it < hi; it++) {
-        int64_t b = it / j->hkv, hk = it % j->hkv, nk = j->lens[b];
+        int64_t bh = it / j->nseg, b = bh / j->hkv, hk = bh % j->hkv, nk = j->lens[b];
+        int64_t s0 = it % j->nseg * j->segk, s1 = j->nseg == 1 ? nk : s0 + j->segk; /* this task's keys */
         for (int64_t i = 0; i < j->sq; i++)
             for (int64_t h = 0; h < j->g; h++) {
                 int64_t r = i * j->g + h, row = (b * j->sq + i) * j->hq + hk * j->g + h;
@@ -602,9 +653,15 @@ static void dec_range(void *arg, int64_t lo, int64_t hi)
                 for (int64_t e = j->d; e < T.dp; e++)
                     qd[e] = 0;
                 key_range(j->wl, 0, nk - j->sq + i, nk, &T.lo[r], &T.hi[r]);
+                T.lo[r] = T.lo[r] > s0 ? T.lo[r] : s0;
+                T.hi[r] = T.hi[r] < s1 - 1 ? T.hi[r] : s1 - 1;
             }
         paged_src src = {j, j->tab + b * j->mb, hk};
         rows_run(&T, paged_row, &src, j->ckind, j->avx2, 1);
+        if (j->nseg > 1) {
+            part_store(j, &T, it);
+            continue;
+        }
         for (int64_t i = 0; i < j->sq; i++)
             for (int64_t h = 0; h < j->g; h++) {
                 int64_t r = i * j->g + h, qh = hk * j->g + h, row = (b * j->sq + i) * j->hq + qh;
@@ -639,6 +696,33 @@ static int fits_decode(const tk_op_call *c)
     return 1;
 }
 
+/* Fewer (sequence, KV head) pairs than SPLIT_TASKS leave threads idle while one runs two (SmolLM2's 3 KV
+ * heads on 2 threads: the step waits for 2 of the 3): each pair's keys are then cut into up to
+ * SPLIT_TASKS / pairs segments of at least BK keys, whose partial results part_combine joins. The cut
+ * depends on the shapes alone, never on the thread count, so every thread count computes the same
+ * values. */
+static int split_keys(dec_t *j, int64_t work)
+{
+    int64_t pairs = j->b * j->hkv, maxk = 0;
+    for (int64_t s = 0; s < j->b; s++)
+        maxk = j->lens[s] > maxk ? j->lens[s] : maxk;
+    j->nseg = 1;
+    j->segk = maxk;
+    j->part = NULL;
+    if (pairs >= SPLIT_TASKS || work < (1 << 15))
+        return TK_OK;
+    int64_t nseg = (SPLIT_TASKS + pairs - 1) / pairs;
+    nseg = nseg < maxk / BK ? nseg : maxk / BK;
+    if (nseg < 2)
+        return TK_OK;
+    int64_t R = j->sq * j->g, ps = PART_HEAD + (j->d + 7) / 8 * 8;
+    if (!(j->part = malloc((size_t)(pairs * nseg * R * ps) * sizeof(float))))
+        return TK_ERR_NOMEM;
+    j->nseg = nseg;
+    j->segk = (maxk + nseg - 1) / nseg;
+    return TK_OK;
+}
+
 static int run_decode(const tk_op_call *c, int avx2)
 {
     const tk_tensor *q = c->t[D_Q], *kc = c->t[D_KC];
@@ -664,7 +748,10 @@ static int run_decode(const tk_op_call *c, int avx2)
                c->i[D_WL],
                avx2,
                0,
-               0.0f};
+               0.0f,
+               1,
+               0,
+               NULL};
     j.scale = (float)(c->f[D_SCALE] != 0 ? c->f[D_SCALE] : 1.0 / sqrt((double)d));
     j.cap = (float)c->f[D_SOFTCAP];
     int64_t keys = 0;
@@ -674,7 +761,14 @@ static int run_decode(const tk_op_call *c, int avx2)
      * 32k multiply-adds (2^18 before: SmolLM2's 3 kv heads ran on one thread below 455 keys; 2 threads,
      * 400 new tokens in bf16: 108.3 -> 109.2 tokens/s, 4 of 6 alternations) */
     int64_t work = keys * j.hq * j.sq * d;
-    tk_ops__parallel_for(b * j.hkv, 1, work < (1 << 15) ? 1 : 0, dec_range, &j);
+    int rc = split_keys(&j, work);
+    if (rc != TK_OK)
+        return tk__err(rc, "%s: out of memory for the split keys' partial results", c->op->name);
+    tk_ops__parallel_for(b * j.hkv * j.nseg, 1, work < (1 << 15) ? 1 : 0, dec_range, &j);
+    float acc[MAX_DP];
+    for (int64_t bh = 0; j.nseg > 1 && !j.nomem && bh < b * j.hkv; bh++)
+        part_combine(&j, bh, acc);
+    free(j.part);
     if (j.nomem)
         return tk__err(TK_ERR_NOMEM, "%s: out of memory for a thread's blocks", c->op->name);
     return TK_OK;

@@ -514,7 +514,7 @@ static int decode_case(tk_dtype dt, tk_dtype cdt, int64_t b, int64_t sq, const i
 
 static void test_attention_decode(void)
 {
-    static const int l1[] = {5, 40}, l2[] = {200}, l3[] = {16, 3, 70}, l4[] = {1, 129};
+    static const int l1[] = {5, 40}, l2[] = {200}, l3[] = {16, 3, 70}, l4[] = {1, 129}, l5[] = {1000};
     for (size_t t = 0; t < 3; t++) {
         tk_dtype dt = *all_dtypes[t];
         CHECK(decode_case(dt, dt, 2, 1, l1, 9, 3, 64, 16, -1, 0, 0));
@@ -532,6 +532,15 @@ static void test_attention_decode(void)
         CHECK(decode_case(dt, dt, 2, 1, l1, 9, 3, 64, 16, -1, 0, 2.0));
         CHECK(decode_case(dt, dt, 1, 4, l2, 4, 2, 20, 32, 50, 0, 50.0));
         CHECK(decode_case(dt, dt, 2, 1, l1, 9, 3, 64, 16, 3, 1, 0.3));
+        /* keys split into segments (fewer than 8 sequence-KV-head pairs, 128 keys or more): SmolLM2's
+         * heads, a NaN key, a window that leaves whole segments out, a sequence shorter than a segment,
+         * 16 queries, a softcap */
+        CHECK(decode_case(dt, dt, 1, 1, l2, 9, 3, 64, 16, -1, 0, 0));
+        CHECK(decode_case(dt, dt, 1, 1, l2, 9, 3, 64, 16, -1, 1, 0));
+        CHECK(decode_case(dt, dt, 1, 1, l2, 9, 3, 64, 16, 40, 0, 0));
+        CHECK(decode_case(dt, dt, 2, 1, l4, 8, 2, 64, 16, -1, 1, 0));
+        CHECK(decode_case(dt, dt, 1, 16, l2, 6, 3, 64, 16, 70, 0, 2.0));
+        CHECK(decode_case(dt, dt, 1, 1, l5, 4, 1, 32, 16, -1, 0, 0));
     }
     /* 16-bit caches under f32 queries (--kv-dtype f16 of an f32 model): in place and staged */
     for (size_t t = 1; t < 3; t++) {
