@@ -57,8 +57,9 @@ tps = {}
 for c, name in ((1, "cached (default)"), (0, "recomputed (TK_DGEMMA_CACHE=0)")):
     tps[c] = [x["stats"]["tokens_per_s"] for x in runs[c]]
     ms = [x["stats"]["ms"] for x in runs[c]]
+    smp = [x["stats"]["sampler_ms"] for x in runs[c]]
     print(f"{name}: median {statistics.median(tps[c]):.1f} tokens/s; runs " +
-          ", ".join(f"{t:.1f} ({m:.0f} ms)" for t, m in zip(tps[c], ms)))
+          ", ".join(f"{t:.1f} ({m:.0f} ms, sampler {s:.0f} ms)" for t, m, s in zip(tps[c], ms, smp)))
 print(f"ratio cached / recomputed (medians): {statistics.median(tps[1]) / statistics.median(tps[0]):.2f}x")
 if sys.argv[6] == "1":
     hf = [json.load(open(f"{d}/hf-{r}.json")) for r in range(1, R + 1)]

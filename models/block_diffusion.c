@@ -383,7 +383,9 @@ int tk_models__block_advance(tk_models_dseq *h, int *ended)
     int stop = 0;
     *ended = 0;
     s->encoded = s->P + s->b * s->C; /* the step's forward encoded them */
+    double t0 = tk__now_ms();
     int rc = step(s, s->b, s->n, &stop);
+    s->h.r->sampler_ms += tk__now_ms() - t0;
     if (rc != TK_OK)
         return rc;
     if (stop || --s->n == 0) { /* the block is done */

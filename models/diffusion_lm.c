@@ -394,9 +394,11 @@ static int advance(dstate *s, int *ended)
     int64_t spb = s->steps / s->nb, block = s->step / spb; /* Dream: one block */
     size_t n = 0;
     s->h.r->forwards++;
+    double t0 = tk__now_ms();
     int rc = s->sampler == TK_DIFF_LLADA ? llada_step(s, &n) : dream_step(s, &n);
     if (rc == TK_OK)
         rc = record(s, s->step, block, n);
+    s->h.r->sampler_ms += tk__now_ms() - t0;
     if (rc != TK_OK)
         return rc;
     int stop = report(s, s->step, block, n, (s->step + 1) % spb == 0);
@@ -961,11 +963,11 @@ int tk_diff_result_json(char **json, const tk_diff_result *r)
     if (!r)
         return tk__err(TK_ERR_INVALID, "tk_diff_result_json: no result");
     double tps = r->ms > 0 ? (double)r->gen_length / (r->ms / 1000.0) : 0;
-    json_t *o = json_pack("{s:s, s:s, s:I, s:I, s:I, s:I, s:I, s:I, s:f, s:f, s:s, s:O}", "sampler", r->sampler, "alg",
-                          r->alg, "gen_length", (json_int_t)r->gen_length, "block_length", (json_int_t)r->block_length,
-                          "blocks", (json_int_t)r->blocks, "steps", (json_int_t)r->nsteps, "mask_token_id",
-                          (json_int_t)r->mask_id, "forward_passes", (json_int_t)r->forwards, "ms", r->ms,
-                          "tokens_per_s", tps, "end", r->end, "per_step", r->steps);
+    json_t *o = json_pack("{s:s, s:s, s:I, s:I, s:I, s:I, s:I, s:I, s:f, s:f, s:f, s:s, s:O}", "sampler", r->sampler,
+                          "alg", r->alg, "gen_length", (json_int_t)r->gen_length, "block_length",
+                          (json_int_t)r->block_length, "blocks", (json_int_t)r->blocks, "steps", (json_int_t)r->nsteps,
+                          "mask_token_id", (json_int_t)r->mask_id, "forward_passes", (json_int_t)r->forwards, "ms",
+                          r->ms, "sampler_ms", r->sampler_ms, "tokens_per_s", tps, "end", r->end, "per_step", r->steps);
     char *s = o ? json_dumps(o, JSON_COMPACT) : NULL;
     json_decref(o);
     if (!s)

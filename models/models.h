@@ -495,7 +495,7 @@ struct tk_diff_result {
     json_t *steps; /* [{"step", "block", "unmasked": [...]}], block diffusion: "accepted" */
     const char *sampler, *end, *alg;
     int64_t gen_length, block_length, blocks, nsteps, mask_id, forwards;
-    double ms;
+    double ms, sampler_ms; /* the whole generation; of it, the sampler's steps on the host */
 };
 /* n uniform draws in [0, 1): o->rand's, or splitmix64 advancing *rng */
 int tk_models__diff_draws(const tk_diff_opts *o, uint64_t *rng, double *u, size_t n);

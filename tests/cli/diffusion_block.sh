@@ -127,7 +127,7 @@ t_seed_determinism() {
 import json, sys
 d = json.load(sys.stdin); s = d["stats"]
 assert len(d["ids"]) == 6 and s["sampler"] == "block" and s["alg"] == "entropy_bound" and s["block_length"] == 6, s
-assert s["forward_passes"] == len(s["per_step"]) <= 4 and all(0 <= p < 6 for t in s["per_step"] for p in t["accepted"]), s
+assert 0 <= s["sampler_ms"] <= s["ms"] and s["forward_passes"] == len(s["per_step"]) <= 4 and all(0 <= p < 6 for t in s["per_step"] for p in t["accepted"]), s
 ' || fail "--json shape: $a"
 }
 
