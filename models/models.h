@@ -358,6 +358,9 @@ typedef struct {
      * counts the bytes this rank sent for the head (logits gathers and picks) */
     int local_logits;
     int64_t head_bytes;
+    /* top-p's rows whose threshold came from the ranks' largest tokens in one round, and those that
+     * needed the bit-by-bit search (tp_pick.c, top_p_union) */
+    int64_t topp_union_rows, topp_search_rows;
 } tk_models_tp;
 
 struct tk_model {

@@ -14,8 +14,10 @@
  *             order; the row's maximum comes from the first round's keys.
  *   top-p:    one process removes the tokens whose exact cumulative probability in ascending order
  *             (key, index) is <= 1 - p, but the last; those are the tokens below U, the least (key,
- *             index) whose cumulative probability is above 1 - p, found 4 bits a round from the ranks'
- *             exact masses below 16 points (top_p_search).
+ *             index) whose cumulative probability is above 1 - p. One round gathers each rank's exact
+ *             total and its TOPP_C most likely tokens with their probabilities: where U lies among the
+ *             tokens that round is sure to hold (top_p_union: a peaked row), it is found there;
+ *             else 4 bits a round from the ranks' exact masses below 16 points (top_p_search).
  *   min-p:    the largest probability is 1 / sum, so the threshold test is each rank's own.
  *   sampling: the sample op at temperature 1 (generate.c already applied the other processors) draws by
  *             inverse CDF over integer weights W = floor(e^(z - zmax) 2^32), so the mass is an exact
@@ -31,8 +33,9 @@
  *             function); log-probabilities are NaN with a NaN or a +inf (docs/parallel.md).
  *
  * All-gathers for a whole step's rows: one when every row is greedy; else the first round (3 + k i64 a
- * row a rank, one more with log-probabilities, one more with top-p), the sums (6), top-p's search
- * (ceil((32 + bits(V - 1)) / 4) rounds of 32, then the sums (6) again when a row has both), the masses
+ * row a rank, one more with log-probabilities, one more with top-p), the sums (6), top-p's union (2 + 2
+ * TOPP_C) and, when a row's U is not in it, the search (ceil((32 + bits(V - 1)) / 4) rounds of 32), then
+ * the sums (6) again when a row has both top-p and min-p), the masses
  * (1), the drawn tokens (1, plus 1 + n with log-probabilities) — every row at the step's widest record —
  * where gathering the rows moves ceil(V / N) floats a row a rank. generate.c gathers instead when that is
  * fewer bytes (tk_models__tp_pick_cheaper; TK_TP_PICK forces either).
@@ -86,13 +89,20 @@ static int index_bits(int64_t V)
 
 static int search_rounds(int64_t V) { return (32 + index_bits(V) + 3) / 4; }
 
+/* The tokens a rank sends in top-p's first round (top_p_union): enough for the nucleus of a peaked row
+ * (temperature below 1, top_p 0.9) in one all-gather where the search takes a dozen. */
+#define TOPP_C 64
+#define UNION_R (2 + 2 * TOPP_C)
+
 /* Bytes a rank sends for the row in each round (tk_models__tp_pick, below). */
 static int64_t pick_bytes(const tk_models_tp_pick *p, int64_t V)
 {
     int lp = p->raw != NULL, minp = p->sample && p->min_p > 0, topp = p->sample && p->top_p < 1.0;
     int64_t b = (3 + lp + topp + top_k_of(p, V)) * 8;
     b += lp || minp || topp ? 48 : 0;
-    b += topp ? search_rounds(V) * 256 + (minp ? 48 : 0) : 0; /* round S again (6 i64) for min-p after top-p */
+    /* the union, the search when it does not settle the row (the worst case), round S again (6 i64) for
+     * min-p after top-p */
+    b += topp ? UNION_R * 8 + search_rounds(V) * 256 + (minp ? 48 : 0) : 0;
     b += p->sample ? 8 : 0;
     b += p->sample || lp ? (1 + lp * (1 + top_n_of(p))) * 8 : 0;
     return b;
@@ -178,6 +188,7 @@ typedef struct {
     int64_t maxcomp;          /* top-p: the row's largest comp_of (its last in sorted order) */
     uint64_t cut;             /* top-p: the least comp_of whose cumulative probability is above 1 - p */
     int none;                 /* top-p: none is: every cumulative probability is <= 1 - p */
+    int found;                /* top-p: cut (or none) is settled; the search skips the row */
 } row_st;
 
 /* After round A, for one row: the greedy token and st's keys; all[r * n * R + i * R ...] is rank r's part
@@ -358,6 +369,134 @@ static void search_part(int64_t *o, const float *row, const tk_models_tp *tp, co
     }
 }
 
+/* a - b of exact sums (b <= a) */
+static tk_fsum fsum_sub(tk_fsum a, const tk_fsum *b)
+{
+    uint64_t lo = a.lo - b->lo;
+    a.hi = a.hi - b->hi - (a.lo < b->lo);
+    a.lo = lo;
+    return a;
+}
+
+static void heap_down(uint64_t *h, int64_t n, int64_t i)
+{
+    for (;;) {
+        int64_t l = 2 * i + 1, m = i;
+        if (l < n && h[l] < h[m])
+            m = l;
+        if (l + 1 < n && h[l + 1] < h[m])
+            m = l + 1;
+        if (m == i)
+            return;
+        uint64_t t = h[i];
+        h[i] = h[m];
+        h[m] = t;
+        i = m;
+    }
+}
+
+static int cmp_u64_desc(const void *a, const void *b)
+{
+    uint64_t x = *(const uint64_t *)a, y = *(const uint64_t *)b;
+    return x < y ? 1 : x > y ? -1 : 0;
+}
+
+/* This rank's part of top_p_union for a row, into o[0 .. UNION_R): its exact total probability, then
+ * its TOPP_C largest comp_of, largest first, each with its probability's bits (-1 padded). */
+static void union_part(int64_t *o, const float *row, const tk_models_tp *tp, const row_st *st, int ib)
+{
+    const float *x = row + tp->vocab_off;
+    float zm = tk__float_of_key(st->kmax);
+    uint64_t heap[TOPP_C];
+    int64_t h = 0;
+    tk_fsum tot = {0};
+    for (int64_t j = 0; j < tp->vocab_len; j++) {
+        tk__fsum_add(&tot, top_p_prob(x[j], zm, st->inv_p));
+        uint64_t c = comp_of(x[j], tp->vocab_off + j, ib);
+        if (h < TOPP_C) { /* a min-heap of the largest so far */
+            heap[h++] = c;
+            for (int64_t i = h - 1; i > 0 && heap[(i - 1) / 2] > heap[i]; i = (i - 1) / 2) {
+                uint64_t t = heap[i];
+                heap[i] = heap[(i - 1) / 2];
+                heap[(i - 1) / 2] = t;
+            }
+        } else if (c > heap[0]) {
+            heap[0] = c;
+            heap_down(heap, h, 0);
+        }
+    }
+    fsum_put(o, &tot);
+    qsort(heap, (size_t)h, sizeof *heap, cmp_u64_desc);
+    for (int64_t k = 0; k < TOPP_C; k++) {
+        float pr = 0;
+        uint32_t bits = 0;
+        if (k < h)
+            pr = top_p_prob(x[(int64_t)(heap[k] & ((1ull << ib) - 1)) - tp->vocab_off], zm, st->inv_p);
+        memcpy(&bits, &pr, sizeof bits);
+        o[2 + 2 * k] = k < h ? (int64_t)heap[k] : -1;
+        o[3 + 2 * k] = bits;
+    }
+}
+
+static int cmp_pair_desc(const void *a, const void *b) { return cmp_desc(a, b); }
+
+/* Row i's U (st->cut, or st->none) from the union round, when the ranks' tokens settle it: every token
+ * at or above B, the largest of the full ranks' least sent comp_of, is among them, so walking them
+ * from the most likely down, the mass at or below each is the exact total less those above it (the
+ * search's integers exactly). 0 when U lies below B: the search finds it. cand: W TOPP_C pairs. */
+static int union_resolve(const int64_t *all, size_t n, size_t i, int W, float cut, row_st *st, int64_t *cand)
+{
+    tk_fsum tot = fsum_get(all + i * UNION_R, n * UNION_R, W), above = {0}, at;
+    int64_t B = -1, m = 0;
+    for (int r = 0; r < W; r++) {
+        const int64_t *o = all + ((size_t)r * n + i) * UNION_R;
+        B = o[2 + 2 * (TOPP_C - 1)] > B ? o[2 + 2 * (TOPP_C - 1)] : B; /* -1 where the rank sent all it has */
+        for (int k = 0; k < TOPP_C && o[2 + 2 * k] >= 0; k++, m++)
+            cand[2 * m] = o[2 + 2 * k], cand[2 * m + 1] = o[3 + 2 * k];
+    }
+    qsort(cand, (size_t)m, 2 * sizeof *cand, cmp_pair_desc);
+    for (int64_t j = 0; j < m && cand[2 * j] >= B; j++) {
+        at = fsum_sub(tot, &above); /* the mass at or below token j */
+        if ((float)tk__fsum_value(&at) <= cut) {
+            st->none = j == 0; /* even the whole mass is <= 1 - p */
+            st->cut = j ? (uint64_t)cand[2 * (j - 1)] : 0;
+            return 1;
+        }
+        uint32_t bits = (uint32_t)cand[2 * j + 1];
+        float pr;
+        memcpy(&pr, &bits, sizeof pr);
+        tk__fsum_add(&above, pr);
+        st->cut = (uint64_t)cand[2 * j];
+    }
+    at = fsum_sub(tot, &above); /* below the last token walked: its U when that mass is <= 1 - p */
+    return m > 0 && (float)tk__fsum_value(&at) <= cut;
+}
+
+/* top-p's first round: every row whose U the ranks' most likely tokens settle is found (st->found). */
+static int top_p_union(tk_model *m, pick_buf *b, float *const *rows, size_t n, const tk_models_tp_pick *p,
+                       const int64_t *tok, int ib, int *left)
+{
+    tk_models_tp *tp = m->tp;
+    for (size_t i = 0; i < n; i++) {
+        memset(b->mine + UNION_R * i, 0xff, UNION_R * sizeof *b->mine);
+        if (use_top_p(&p[i], tok[i]))
+            union_part(b->mine + UNION_R * i, rows[i], tp, &b->st[i], ib);
+    }
+    int rc = gather_i64(m, b->all, b->mine, UNION_R * n, "top-p's most likely tokens");
+    if (rc != TK_OK)
+        return rc;
+    *left = 0;
+    for (size_t i = 0; i < n; i++) {
+        if (!use_top_p(&p[i], tok[i]))
+            continue;
+        b->st[i].found = union_resolve(b->all, n, i, tp->world, (float)(1.0 - p[i].top_p), &b->st[i], b->cand);
+        *left += !b->st[i].found;
+        tp->topp_union_rows += b->st[i].found;
+        tp->topp_search_rows += !b->st[i].found;
+    }
+    return TK_OK;
+}
+
 /* Top-p over the ranks. One process sorts the row ascending (comp_of's order), removes each token whose
  * cumulative probability, an exact prefix sum (tk_gen__top_p), is <= 1 - p, and keeps the last. The
  * cumulative probability only grows along that order, so the removed tokens are those below U, the
@@ -368,19 +507,24 @@ static int top_p_search(tk_model *m, pick_buf *b, float *const *rows, size_t n, 
                         const int64_t *tok, int ib)
 {
     const tk_models_tp *tp = m->tp;
-    int rc, W = tp->world;
+    int rc, W = tp->world, left = 0;
     for (size_t i = 0; i < n; i++)
-        b->st[i].cut = 0, b->st[i].none = 0;
-    for (int shift = (32 + ib + 3) / 4 * 4 - 4; shift >= 0; shift -= 4) {
+        b->st[i].cut = 0, b->st[i].none = 0, b->st[i].found = 0;
+    if ((rc = top_p_union(m, b, rows, n, p, tok, ib, &left)) != TK_OK)
+        return rc;
+    for (size_t i = 0; i < n; i++)
+        if (!b->st[i].found)
+            b->st[i].cut = 0, b->st[i].none = 0;
+    for (int shift = (32 + ib + 3) / 4 * 4 - 4; left && shift >= 0; shift -= 4) {
         for (size_t i = 0; i < n; i++) {
             memset(b->mine + 32 * i, 0, 32 * sizeof *b->mine);
-            if (use_top_p(&p[i], tok[i]) && !b->st[i].none)
+            if (use_top_p(&p[i], tok[i]) && !b->st[i].none && !b->st[i].found)
                 search_part(b->mine + 32 * i, rows[i], tp, &b->st[i], shift, ib);
         }
         if ((rc = gather_i64(m, b->all, b->mine, 32 * n, "top-p's masses")) != TK_OK)
             return rc;
         for (size_t i = 0; i < n; i++) {
-            if (!use_top_p(&p[i], tok[i]) || b->st[i].none)
+            if (!use_top_p(&p[i], tok[i]) || b->st[i].none || b->st[i].found)
                 continue;
             float cut = (float)(1.0 - p[i].top_p);
             int d = 0;
@@ -542,9 +686,11 @@ static int buf_alloc(pick_buf *b, size_t n, int W, const pick_shape *sh, int64_t
 {
     size_t R = (size_t)sh->RA > 32 ? (size_t)sh->RA : 32; /* round S: 6 a row; top-p's search: 32 */
     R = R > (size_t)sh->RC ? R : (size_t)sh->RC;
+    R = sh->P && R < UNION_R ? UNION_R : R; /* top-p's union */
     b->a = malloc(n * R * sizeof *b->a);
     b->all = malloc((size_t)W * n * R * sizeof *b->all);
-    b->cand = malloc((size_t)W * (size_t)(sh->K + 1) * sizeof *b->cand);
+    size_t nc = (size_t)(sh->K + 1) > 2 * TOPP_C ? (size_t)(sh->K + 1) : 2 * TOPP_C;
+    b->cand = malloc((size_t)W * nc * sizeof *b->cand);
     b->mine = malloc(n * R * sizeof *b->mine);
     b->masses = malloc((size_t)W * n * sizeof *b->masses);
     b->st = calloc(n, sizeof *b->st);

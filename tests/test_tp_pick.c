@@ -11,7 +11,8 @@
  *                                NaN, +inf and -inf on every column, rank boundaries included, are
  *                                picked over the ranks with every option (greedy, sampling with top-k,
  *                                top-p, min-p, log-probabilities) and must give one process's pick;
- *                                tk_models__tp_log_softmax (beam search's) one process's log_softmax
+ *                                tk_models__tp_log_softmax (beam search's) one process's log_softmax;
+ *                                top-p on 1000 columns, settled in its first round and searched
  *
  * Each prints "N passed, N failed, N skipped" and exits non-zero on a failure.
  */
@@ -334,6 +335,46 @@ static void each_vocab(void (*fn)(tk_model *))
 
 static void test_w_pick_equals_one_process(void) { each_vocab(pick_vocab); }
 
+/* Top-p on a vocabulary of 1000 (more columns a rank than it sends in top-p's first round): peaked rows,
+ * whose nucleus that round holds, and flat ones, which need the search, with ties, a +inf, many -inf;
+ * both ways give one process's token, and both ways ran. */
+static void test_w_top_p_union_and_search(void)
+{
+    tk_model m;
+    tk_models_tp tp;
+    worker_model(&m, &tp);
+    int64_t V = 1000;
+    m.cfg.vocab = V;
+    chunk(&tp, V);
+    static const float scale[] = {9.0f, 4.0f, 1.5f, 0.3f, 0.01f, 0};
+    const size_t nr = sizeof scale / sizeof scale[0] + 3;
+    float *x = malloc(nr * (size_t)V * sizeof *x);
+    uint32_t st = 12345;
+    for (size_t r = 0; r < nr; r++)
+        for (int64_t i = 0; i < V; i++) {
+            st = st * 1664525u + 1013904223u;
+            float u = (float)(st >> 8) / 16777216.0f - 0.5f;
+            float *y = x + r * (size_t)V;
+            y[i] = r < nr - 3 ? scale[r] * u * u * u * 8 : (float)((int)(u * 8)) * 0.5f; /* the last 3: ties */
+            if (r == nr - 2 && i % 3)
+                y[i] = -INFINITY; /* two thirds of the row gone */
+            if (r == nr - 1 && i == 700)
+                y[i] = INFINITY; /* the whole mass on one token of the last rank */
+        }
+    size_t oi[sizeof scale / sizeof scale[0] + 3];
+    static const size_t topp[] = {8, 9, 10, 13, 14, 15}; /* OPTS with top_p < 1 */
+    for (size_t t = 0; t < sizeof topp / sizeof topp[0]; t++) {
+        for (size_t r = 0; r < nr; r++)
+            oi[r] = topp[(t + r) % (sizeof topp / sizeof topp[0])];
+        pick_step(&m, x, nr, oi);
+    }
+    printf("top-p rows: %lld settled in one round, %lld searched\n", (long long)tp.topp_union_rows,
+           (long long)tp.topp_search_rows);
+    CHECK(tp.topp_union_rows > 0);
+    CHECK(tp.topp_search_rows > 0);
+    free(x);
+}
+
 static int nonfinite(const float *x, int64_t V)
 {
     for (int64_t i = 0; i < V; i++)
@@ -388,6 +429,7 @@ static int worker(void)
     printf("rank %d of %d\n", tk_comm_rank(wc), tk_comm_size(wc));
     RUN(test_w_pick_equals_one_process);
     RUN(test_w_log_softmax_equals_one_process);
+    RUN(test_w_top_p_union_and_search);
     tk_comm_free(wc);
     return th_done();
 }
