@@ -149,6 +149,11 @@ $(B)/tk-mpi: $(CLI_OBJ) $(SERVE_OBJ) $(B)/libtk.a comm/mpi.c comm/comm.h
 	cp $(B)/libtk.a $(B)/mpich-obj/libtk.a && ar r $(B)/mpich-obj/libtk.a $(B)/mpich-obj/mpi.o
 	$(CC) $(LDFLAGS) -o $@ $(CLI_OBJ) $(SERVE_OBJ) $(B)/mpich-obj/libtk.a $(LDLIBS) $(SERVE_LDLIBS) \
 	  $(MPICH_DIR)/lib/libmpi.so.12
+# test_comm against the same MPICH: its MPI workers (GPU tensors staged through host memory among them)
+# under the bundle's mpiexec on the GPU machine
+$(B)/tests/test_comm-mpi: tests/test_comm.c $(B)/tk-mpi $(wildcard tests/*.h)
+	$(CC) -I$(MPICH_DIR)/include $(CFLAGS) -DTK_HAVE_MPI $(LDFLAGS) -Itests $< -o $@ $(B)/mpich-obj/libtk.a \
+	  $(LDLIBS) $(MPICH_DIR)/lib/libmpi.so.12
 
 $(B)/tests/%: tests/%.c $(B)/libtk.a $(wildcard tests/*.h)
 	@mkdir -p $(dir $@)

@@ -10,7 +10,8 @@
 #
 # With MPICH (PyPI's mpich wheel: --mpich WHEEL|DIR, else $TK_MPICH, else the wheel cached in
 # ~/.cache/tk/mpich/, fetched there with pip once when missing) the bundle also holds build-gpu/tk-mpi
-# (the same tk linked against MPICH's libmpi.so.12: `make tk-mpi`), build-gpu/mpich/bin/{mpiexec.hydra,
+# (the same tk linked against MPICH's libmpi.so.12: `make tk-mpi`) and tests/test_comm-mpi (test_comm's
+# MPI workers against it), build-gpu/mpich/bin/{mpiexec.hydra,
 # hydra_pmi_proxy}, and lib/libmpi.so.12 with lib/mpich/ (its libfabric and UCX): gpu-check's phase 1f
 # runs a model split over 2 ranks on one GPU with them. Without MPICH it is left out and MANIFEST
 # says why.
@@ -85,13 +86,13 @@ if [ $domake = 1 ]; then
   # \$$ORIGIN: make turns $$ into $, the shell's \$ keeps it from being expanded in the recipe
   # MPI=0: Open MPI would bring a dozen libraries and its plugin directory, which a relocated bundle
   # cannot find; on the GPU machine NCCL bootstraps through a file instead (docs/parallel.md)
-  [ -n "$mdir" ] && targets+=("$b/tk-mpi")
+  [ -n "$mdir" ] && targets+=("$b/tk-mpi" "$b/tests/test_comm-mpi")
   make -j"$(nproc)" B="$b" DEFAULT_ENDPOINT= MPI=0 MPICH_DIR="$mdir" \
     'LDFLAGS=-Wl,--disable-new-dtags,-rpath,\$$ORIGIN/lib:\$$ORIGIN/../lib' "${targets[@]}" >&2
 fi
 
 files=("$b/tk" "$b/libtk.so.0" "$b/tests/test_nvrtc")
-[ -n "$mdir" ] && files+=("$b/tk-mpi")
+[ -n "$mdir" ] && files+=("$b/tk-mpi" "$b/tests/test_comm-mpi")
 for f in "$b"/tests/test_gpu_* "$b"/examples/* "$b"/bench/*; do
   [ -f "$f" ] && [ -x "$f" ] && [[ $f != *.d ]] && files+=("$f")
 done

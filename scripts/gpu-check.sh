@@ -30,7 +30,8 @@
 # Phase 1e: block diffusion's speed on the GPU (bench/diffusion_block.sh and bench/serve_diffusion.sh with
 # DEVICE=cuda, tk against transformers' generate() on the same GPU; --no-diffusion-bench,
 # --diffusion-timeout S (150)).
-# Phase 1f (tests/gpu_tp.py): a model split over 2 ranks on the GPU with the bundle's MPICH (mpiexec.hydra
+# Phase 1f (tests/test_comm-mpi's MPI workers, then tests/gpu_tp.py): GPU tensors staged through MPI, then
+# a model split over 2 ranks on the GPU with the bundle's MPICH (mpiexec.hydra
 # -n 2 tk-mpi ... --tp 2: MPI staging through host memory, both ranks on the one GPU; with 2 GPUs or
 # more NCCL too): logits (1e-5 of the largest) and greedy tokens against one process on the same GPU,
 # on Llama (GQA), Qwen2, GPT-2, OLMo2, Mixtral and Qwen3-MoE; --no-tp, --tp-timeout S (90). Without a
@@ -60,7 +61,7 @@ while [ $# -gt 0 ]; do
     --no-tp) tp=0; shift ;;
     --tp-timeout) t_tp=$2; shift 2 ;;
     --python) py=$2; shift 2 ;;
-    -h|--help) sed -n '2,37p' "$0" | sed 's/^# \{0,1\}//'; exit 0 ;;
+    -h|--help) sed -n '2,38p' "$0" | sed 's/^# \{0,1\}//'; exit 0 ;;
     *) echo "gpu-check: unknown argument '$1'" >&2; echo "HINT: bash scripts/gpu-check.sh --help" >&2; exit 2 ;;
   esac
 done
@@ -350,6 +351,17 @@ elif [ "$t_tp" -lt 30 ]; then
   row tp split_2ranks skip 0 0 1 0 "out of time: ${left}s left of the call's 540"
 else
   echo "== phase 1f: a model split over 2 ranks, --device $tpdev (tests/gpu_tp.py, ${t_tp}s)"
+  # first the communicator alone: test_comm's MPI workers, GPU tensors staged through host memory (both
+  # ranks on cuda:0; without a GPU, the driver's error and the communicator still usable)
+  t0=$(date +%s)
+  if [ -x "$B/tests/test_comm-mpi" ]; then
+    TK_COMM_TIMEOUT=60 MPIR_CVAR_ENABLE_GPU=0 timeout -k 5 120 "$MPX" -launcher fork -n 2 "$B/tests/test_comm-mpi" \
+      --worker collectives 2 >"$L/tp-comm.log" 2>&1; rc=$?
+    n=$(grep -c '^6 passed, 0 failed' "$L/tp-comm.log")
+    row tp comm_staging_2ranks "$([ $rc = 0 ] && [ "$n" = 2 ] && echo ok || { [ $rc = 124 ] && echo TIMEOUT || echo FAIL; })" \
+      "$([ "$n" = 2 ] && echo 1 || echo 0)" "$([ "$n" = 2 ] && echo 0 || echo 1)" 0 "$(( $(date +%s) - t0 ))" \
+      "exit $rc; $n of 2 ranks passed test_comm's 6 worker tests$(grep -m1 -E 'CHECK|FAIL' "$L/tp-comm.log" | cut -c1-80)"
+  fi
   t0=$(date +%s); MH=$work/bench-home; [ -d "$MH" ] || MH=$work/models-home
   TK_HOME=$MH TK_COMM_TIMEOUT=60 timeout -k 5 "$t_tp" "$py" "$root/tests/gpu_tp.py" --tk "$B/tk" --tk-mpi "$TKM" \
     --mpiexec "$MPX" --work "$work/tp" --device "$tpdev" --gpus "${gpus:-0}" --deadline $(( t_tp - 20 )) \

@@ -42,6 +42,7 @@ t_dry_run_every_phase() {
   # phase 1f, the split over 2 ranks, ran on the CPU with the bundle's mpiexec and tk-mpi
   if grep -q '^mpich: [0-9]' "$ROOT/.gpu/MANIFEST" && py_has "$PY" torch transformers; then
     grep -q '^tp,split_2ranks_cpu,ok,12,0,' "$out/summary.csv" || fail "phase 1f did not pass: $(grep '^tp' "$out/summary.csv")"
+    grep -q '^tp,comm_staging_2ranks,ok,1,0,' "$out/summary.csv" || fail "phase 1f's test_comm-mpi did not pass: $(grep '^tp' "$out/summary.csv")"
     tar tzf "$out/logs.tgz" | grep -q 'log/tp.log' || fail "logs.tgz lacks tp.log"
   else
     [ -n "${CI:-}" ] && fail "no phase 1f here: $(grep '^mpich:' "$ROOT/.gpu/MANIFEST")"
