@@ -136,6 +136,25 @@ $(B)/libtk.so.$(SOMAJOR): $(LIB_OBJ)
 $(B)/tk: $(CLI_OBJ) $(SERVE_OBJ) $(B)/libtk.a
 	$(CC) $(LDFLAGS) -o $@ $(CLI_OBJ) $(SERVE_OBJ) $(B)/libtk.a $(LDLIBS) $(SERVE_LDLIBS)
 
+# tk linked against an MPICH unpacked in MPICH_DIR (include/mpi.h, lib/libmpi.so.12: PyPI's mpich
+# wheel has them), from a build without MPI (MPI=0): the GPU bundle's tk-mpi (scripts/gpu-bundle.sh),
+# so a GPU machine without an MPI can run a split model under the bundle's mpiexec. comm/mpi.c is the
+# only object MPI changes; every other one is this build's.
+$(B)/tk-mpi: $(CLI_OBJ) $(SERVE_OBJ) $(B)/libtk.a comm/mpi.c comm/comm.h
+	@test -f "$(MPICH_DIR)/include/mpi.h" && test -f "$(MPICH_DIR)/lib/libmpi.so.12" || { \
+	  echo "make $@: MPICH_DIR='$(MPICH_DIR)' lacks include/mpi.h or lib/libmpi.so.12" >&2; exit 1; }
+	@test -z "$(filter-out 0,$(MPI))" || { echo "make $@: wants a build without MPI (MPI=0), not MPI=$(MPI)" >&2; exit 1; }
+	@mkdir -p $(B)/mpich-obj
+	$(CC) -I$(MPICH_DIR)/include $(CFLAGS) -DTK_HAVE_MPI -c comm/mpi.c -o $(B)/mpich-obj/mpi.o
+	cp $(B)/libtk.a $(B)/mpich-obj/libtk.a && ar r $(B)/mpich-obj/libtk.a $(B)/mpich-obj/mpi.o
+	$(CC) $(LDFLAGS) -o $@ $(CLI_OBJ) $(SERVE_OBJ) $(B)/mpich-obj/libtk.a $(LDLIBS) $(SERVE_LDLIBS) \
+	  $(MPICH_DIR)/lib/libmpi.so.12
+# test_comm against the same MPICH: its MPI workers (GPU tensors staged through host memory among them)
+# under the bundle's mpiexec on the GPU machine
+$(B)/tests/test_comm-mpi: tests/test_comm.c $(B)/tk-mpi $(wildcard tests/*.h)
+	$(CC) -I$(MPICH_DIR)/include $(CFLAGS) -DTK_HAVE_MPI $(LDFLAGS) -Itests $< -o $@ $(B)/mpich-obj/libtk.a \
+	  $(LDLIBS) $(MPICH_DIR)/lib/libmpi.so.12
+
 $(B)/tests/%: tests/%.c $(B)/libtk.a $(wildcard tests/*.h)
 	@mkdir -p $(dir $@)
 	$(CC) $(CFLAGS) $(LDFLAGS) -Itests $< -o $@ $(B)/libtk.a $(LDLIBS)

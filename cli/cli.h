@@ -113,7 +113,7 @@ int tk_cli_diffusion_flag(const char *flag);
  * stderr. */
 struct json_t;
 int tk_cli_tp_parse(const char *usage, const char *v, int *n);
-int tk_cli_tp_join(tk_cli *cli, tk_comm **comm, int n);
+int tk_cli_tp_join(tk_cli *cli, tk_comm **comm, int n, const char *device, int *device_id);
 /* join for another flag (tk train's --dp): the same, its messages naming `flag` */
 int tk_cli_comm_join(tk_cli *cli, tk_comm **comm, int n, const char *flag);
 int tk_cli_tp_report(struct json_t **out, tk_comm *c, const tk_model *m);

@@ -52,7 +52,8 @@ static void help(void)
         "  --tp N                     tensor parallelism over N ranks started by mpirun -np N (the\n"
         "                             world size must be N): rank 0 reads the user turns from stdin and\n"
         "                             sends each to the others; every rank holds its slices of the\n"
-        "                             weights; rank 0 alone prints (tk generate --help, docs/parallel.md)\n"
+        "                             weights; rank 0 alone prints; --device cuda splits over GPUs\n"
+        "                             (tk generate --help, docs/parallel.md)\n"
         "  --tp-plan FILE             the tensor-parallel plan instead of the checkpoint's or the default\n"
         "  --json                     one JSON line per reply: {\"turn\": N, \"prompt_ids\": [...], \"ids\": [...],\n"
         "                             \"text\": \"...\", \"end\": \"eos\"} instead of streaming\n"
@@ -348,7 +349,7 @@ static int chat_load(chat_job *j, tk_cli *cli)
     int rc, u;
     if (!ctx)
         return TK_EXIT_FAIL;
-    if (j->tp && (rc = tk_cli_tp_join(cli, &j->comm, j->tp)) != 0)
+    if (j->tp && (rc = tk_cli_tp_join(cli, &j->comm, j->tp, j->device, &j->mo.device_id)) != 0)
         return rc;
     j->mo.comm = j->comm;
     j->mo.tp_plan = j->tp_plan;

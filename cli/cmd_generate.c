@@ -78,7 +78,10 @@ static void help(void)
            "                             with every rank's weight bytes in --stats and --json. Llama,\n"
            "                             Mistral, Qwen2, Qwen3, OLMo2, Gemma 1-3, Granite, SmolLM3,\n"
            "                             Phi-3, Mixtral, Qwen2/3-MoE, and GPT-2 with --tp-plan, on the\n"
-           "                             CPU (docs/parallel.md)\n"
+           "                             CPU or with --device cuda on GPUs: NCCL when every rank has a GPU\n"
+           "                             of its own, else MPI staging through host memory (rank 0 says\n"
+           "                             which; TK_COMM_BACKEND=nccl|mpi forces one; never yet run on a\n"
+           "                             GPU: docs/parallel.md)\n"
            "  --tp-plan FILE             the tensor-parallel plan (transformers' tp_plan JSON) instead of\n"
            "                             config.json's base_model_tp_plan or transformers' default\n"
            "  --stats                    print timings and KV-cache memory to stderr\n"
@@ -424,7 +427,7 @@ static int gen_load(gen_job *j, tk_cli *cli)
     int rc;
     if (!ctx)
         return TK_EXIT_FAIL;
-    if (j->tp && (rc = tk_cli_tp_join(cli, &j->comm, j->tp)) != 0)
+    if (j->tp && (rc = tk_cli_tp_join(cli, &j->comm, j->tp, j->device, &j->mo.device_id)) != 0)
         return rc;
     j->mo.comm = j->comm;
     j->mo.tp_plan = j->tp_plan;

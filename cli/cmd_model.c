@@ -239,8 +239,9 @@ static void logits_help(void)
            "                the same as one process's; stderr (or \"tensor_parallel\" in --json)\n"
            "                gets every rank's weight bytes. Llama, Mistral, Qwen2, Qwen3, OLMo2,\n"
            "                Gemma 1-3, Granite, SmolLM3, Phi-3, Mixtral, Qwen2/3-MoE, and\n"
-           "                GPT-2 with --tp-plan, on the CPU\n"
-           "                (docs/parallel.md)\n"
+           "                GPT-2 with --tp-plan, on the CPU or with --device cuda on GPUs (NCCL\n"
+           "                when every rank has a GPU of its own, else MPI staging through host\n"
+           "                memory; TK_COMM_BACKEND=nccl|mpi forces one; docs/parallel.md)\n"
            "  --tp-plan FILE  the plan (transformers' tp_plan JSON) instead of config.json's\n"
            "                base_model_tp_plan or transformers' default for the model type\n"
            "  --json        {\"logits\": [[...], ...]} (and \"hidden\", \"pooled\") on stdout; a NaN or\n"
@@ -270,6 +271,7 @@ typedef struct {
     float *logits, *hidden, *pooled;
     int tp;              /* --tp N, 0 without */
     const char *tp_plan; /* --tp-plan FILE */
+    const char *device;  /* --device as given (cuda or cuda:N: tk_cli_tp_join picks each rank's GPU) */
     tk_comm *comm;
     json_t *tpr;         /* --tp: every rank's weight bytes (tk_cli_tp_report) */
 } logits_job;
@@ -283,6 +285,8 @@ static int logits_parse(logits_job *j, tk_cli *cli, int argc, char **argv)
     if (!(j->lens = calloc((size_t)argc + 1, sizeof *j->lens)))
         return tk_cli_errorf(NULL, TK_ERR_NOMEM, 0, "out of memory");
     for (int i = 1; i < argc; i++) {
+        if (!strcmp(argv[i], "--device") && i + 1 < argc)
+            j->device = argv[i + 1];
         int r = common_opt(cli, &j->o, argc, argv, &i, LOGITS_USAGE, &ec);
         if (r < 0)
             return ec;
@@ -326,7 +330,7 @@ static int logits_parse(logits_job *j, tk_cli *cli, int argc, char **argv)
 static int logits_load(logits_job *j, tk_cli *cli)
 {
     int ec;
-    if (j->tp && (ec = tk_cli_tp_join(cli, &j->comm, j->tp)) != 0)
+    if (j->tp && (ec = tk_cli_tp_join(cli, &j->comm, j->tp, j->device, &j->o.device_id)) != 0)
         return ec;
     j->o.comm = j->comm;
     j->o.tp_plan = j->tp_plan;

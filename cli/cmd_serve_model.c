@@ -77,7 +77,8 @@ static void help(void)
            "                         the others; every rank runs the same forward on its slice of the\n"
            "                         weights, and the answers are one process's (Llama, Mistral, Qwen2,\n"
            "                         Qwen3, OLMo2, Gemma 1-3, Granite, SmolLM3, Phi-3, Mixtral,\n"
-           "                         Qwen2/3-MoE, and GPT-2 with --tp-plan, on the CPU; docs/parallel.md).\n"
+           "                         Qwen2/3-MoE, and GPT-2 with --tp-plan, on the CPU or with --device\n"
+           "                         cuda on GPUs, NCCL or MPI as tk generate --help says; docs/parallel.md).\n"
            "                         SIGTERM to rank 0, or Ctrl-C to mpirun, drains and ends every rank\n"
            "  --tp-plan FILE         the tensor-parallel plan (transformers' tp_plan JSON) instead of\n"
            "                         config.json's or the architecture's default\n"
@@ -261,7 +262,7 @@ int tk_cmd_serve_model(tk_cli *cli, int argc, char **argv)
         return cli->ctx_exit ? cli->ctx_exit : TK_EXIT_FAIL;
     if (tp) {
         tk_comm *comm = NULL;
-        int ec = tk_cli_tp_join(cli, &comm, tp);
+        int ec = tk_cli_tp_join(cli, &comm, tp, device, &o.device_id);
         if (ec)
             return ec;
         o.comm = comm;

@@ -22,7 +22,140 @@ int tk_cli_tp_parse(const char *usage, const char *v, int *n)
     return 0;
 }
 
-int tk_cli_tp_join(tk_cli *cli, tk_comm **comm, int n) { return tk_cli_comm_join(cli, comm, n, "--tp"); }
+/* ---- --tp N --device cuda: the backend and each rank's GPU ----
+ * NCCL when it loads on every rank and every host has a GPU for each of its ranks (one GPU a rank);
+ * else MPI, which stages each collective's GPU tensors through host memory and lets ranks share a GPU.
+ * TK_COMM_BACKEND=nccl or mpi forces one (auto, or unset: the choice above). */
+
+enum { PICK_AUTO, PICK_MPI, PICK_NCCL };
+
+static int backend_env(tk_cli *cli, int *pick)
+{
+    const char *v = getenv("TK_COMM_BACKEND");
+    *pick = PICK_AUTO;
+    if (!v || !*v || !strcmp(v, "auto"))
+        return 0;
+    if (!strcmp(v, "mpi") || !strcmp(v, "nccl")) {
+        *pick = v[0] == 'm' ? PICK_MPI : PICK_NCCL;
+        return 0;
+    }
+    return tk_cli_errorf(cli, TK_ERR_INVALID, TK_EXIT_USAGE,
+                         "TK_COMM_BACKEND='%s': want auto, mpi or nccl\nHINT: unset it to let --tp choose "
+                         "(NCCL when every rank has a GPU of its own, else MPI)",
+                         v);
+}
+
+/* Why NCCL cannot run this rank (into why, "" when it can); ndev: the GPUs this process sees. */
+static void nccl_why(char *why, size_t cap, tk_comm *c, int ndev, int indexed)
+{
+    char *js = NULL;
+    int found = tk_comm_backends_json(&js) == TK_OK && js && strstr(js, "\"nccl\":{\"found\":true");
+    tk_free(js);
+    why[0] = '\0';
+    if (!found)
+        snprintf(why, cap, "NCCL (libnccl.so.2) is not found on %s (TK_NCCL names it)",
+                 tk_comm_host(c, tk_comm_rank(c)));
+    else if (tk_comm_local_size(c) > ndev)
+        snprintf(why, cap, "host %s runs %d ranks but shows %d GPU%s (NCCL needs one GPU a rank)",
+                 tk_comm_host(c, tk_comm_rank(c)), tk_comm_local_size(c), ndev, ndev == 1 ? "" : "s");
+    else if (indexed && tk_comm_local_size(c) > 1)
+        snprintf(why, cap, "--device cuda:N gives the %d ranks of host %s one GPU (NCCL needs one GPU a rank)",
+                 tk_comm_local_size(c), tk_comm_host(c, tk_comm_rank(c)));
+}
+
+/* The ranks' facts summed over MPI (every rank gets the same): [0] ranks without a GPU, [1] ranks where
+ * NCCL cannot run. */
+static int tp_vote(tk_comm *c, int64_t v[2])
+{
+    int64_t s1[1] = {2};
+    tk_tensor t = {v, {TK_DEV_CPU, 0}, 1, {TK_DL_INT, 64, 1}, s1, NULL, 0};
+    return tk_comm_all_reduce_sum(c, &t, NULL);
+}
+
+/* Replaces the MPI communicator *comm with an NCCL one over the same ranks; the model goes on its GPU. */
+static int join_nccl(tk_cli *cli, tk_comm **comm, int n, int indexed, int *device_id)
+{
+    tk_comm *nc = NULL;
+    tk_comm_opts o = TK_COMM_OPTS_INIT;
+    o.backend = TK_COMM_NCCL;
+    o.expect_size = n;
+    o.device = indexed ? *device_id : -1;
+    int rc = tk_comm_new(&nc, &o);
+    tk_comm_free(*comm); /* NCCL's communicator holds its own MPI one */
+    *comm = NULL;
+    if (rc != TK_OK)
+        return tk_cli_fail(cli, rc, "--tp");
+    *comm = nc;
+    *device_id = tk_comm_device(nc);
+    return 0;
+}
+
+/* After the MPI join of n > 1 ranks, with the model on a GPU: the backend (staying on MPI or moving to
+ * NCCL) and this rank's GPU in *device_id. */
+static int tp_gpu(tk_cli *cli, tk_comm **comm, int n, int pick, const char *device, int *device_id)
+{
+    tk_comm *c = *comm;
+    int ndev = 0, rank = tk_comm_rank(c), indexed = device && !strncmp(device, "cuda:", 5);
+    int drc = tk_device_count(&ndev);
+    char why[512] = "", derr[512] = "";
+    if (drc != TK_OK)
+        snprintf(derr, sizeof derr, "%s", tk_last_error());
+    else if (ndev == 0)
+        snprintf(derr, sizeof derr, "rank %d on %s sees no GPU", rank, tk_comm_host(c, rank));
+    else if (indexed && *device_id >= ndev)
+        snprintf(derr, sizeof derr, "rank %d on %s shows %d GPU%s", rank, tk_comm_host(c, rank), ndev,
+                 ndev == 1 ? "" : "s");
+    else
+        nccl_why(why, sizeof why, c, ndev, indexed);
+    int64_t v[2] = {derr[0] != '\0', why[0] != '\0'};
+    int rc = tp_vote(c, v);
+    if (rc != TK_OK)
+        return tk_cli_fail(cli, rc, "--tp");
+    if (v[0]) /* every rank stops; each without its GPU says why */
+        return tk_cli_errorf(cli, TK_ERR_NO_DEVICE, tk_cli_exit_code(TK_ERR_NO_DEVICE), "--tp %d --device %s: %s%s", n,
+                             device, derr[0] ? derr : "another rank has no GPU for it (its error says why)",
+                             strstr(derr, "\nHINT:") ? ""
+                                                     : "\nHINT: every rank needs a GPU; drop --device for the CPU");
+    if (pick == PICK_NCCL && v[1])
+        return tk_cli_errorf(cli, TK_ERR_UNSUPPORTED, tk_cli_exit_code(TK_ERR_UNSUPPORTED),
+                             "TK_COMM_BACKEND=nccl, but %s\nHINT: unset TK_COMM_BACKEND to stage through MPI instead",
+                             why[0] ? why : "NCCL cannot run on another rank (its error says why)");
+    if (pick == PICK_NCCL || (pick == PICK_AUTO && !v[1])) {
+        if ((rc = join_nccl(cli, comm, n, indexed, device_id)) == 0 && rank == 0)
+            tk_cli_info(cli, "tensor parallel on GPUs: NCCL, one GPU a rank (TK_COMM_BACKEND=mpi stages through "
+                             "the host instead)\n");
+        return rc;
+    }
+    if (!indexed)
+        *device_id = tk_comm_local_rank(c) % ndev;
+    if (rank == 0)
+        tk_cli_info(cli, "tensor parallel on GPUs: MPI, each collective staged through host memory (%s%s%s)\n",
+                    pick == PICK_MPI ? "TK_COMM_BACKEND=mpi" : "NCCL: ",
+                    pick == PICK_MPI ? ""
+                    : why[0]         ? why
+                                     : "not usable on another rank",
+                    pick == PICK_MPI ? "" : "; TK_COMM_BACKEND=nccl forces it");
+    return 0;
+}
+
+int tk_cli_tp_join(tk_cli *cli, tk_comm **comm, int n, const char *device, int *device_id)
+{
+    int pick, cuda = device && !strncmp(device, "cuda", 4), ec;
+    *comm = NULL;
+    if ((ec = backend_env(cli, &pick)) != 0)
+        return ec;
+    if (pick == PICK_NCCL && !cuda)
+        return tk_cli_errorf(cli, TK_ERR_INVALID, TK_EXIT_USAGE,
+                             "TK_COMM_BACKEND=nccl, but the model runs on the CPU: NCCL moves GPU memory\n"
+                             "HINT: add --device cuda, or unset TK_COMM_BACKEND");
+    if ((ec = tk_cli_comm_join(cli, comm, n, "--tp")) != 0 || !cuda || tk_comm_size(*comm) == 1)
+        return ec;
+    if ((ec = tp_gpu(cli, comm, n, pick, device, device_id)) != 0) {
+        tk_comm_free(*comm);
+        *comm = NULL;
+    }
+    return ec;
+}
 
 int tk_cli_comm_join(tk_cli *cli, tk_comm **comm, int n, const char *flag)
 {

@@ -254,6 +254,7 @@ void tk_comm_free(tk_comm *c)
     if (c->mpi)
         tk_comm__mpi_free(c);
     free(c->hosts);
+    free(c->stage);
     c->magic = 0;
     free(c);
 }
@@ -278,8 +279,8 @@ const char *tk_comm_host(const tk_comm *c, int r)
     return c->hosts[r];
 }
 
-/* Checks a tensor for a collective: contiguous, a known element size, on a device the backend
- * reaches. *bytes receives its size. */
+/* Checks a tensor for a collective: contiguous, a known element size, in host or CUDA memory (a GPU
+ * tensor on NCCL: the communicator's GPU). *elsize and *count receive its element size and count. */
 static int check_tensor(const tk_comm *c, const tk_tensor *t, const char *what, const char *arg, size_t *elsize,
                         size_t *count)
 {
@@ -307,19 +308,14 @@ static int check_tensor(const tk_comm *c, const tk_tensor *t, const char *what, 
     }
     if (n && !t->data)
         return tk__err(TK_ERR_INVALID, "%s: %s has no data", what, arg);
-    if (c->backend == TK_COMM_NCCL) {
-        if (t->device.device_type != TK_DEV_CUDA || t->device.device_id != c->device)
-            return tk__err(TK_ERR_UNSUPPORTED,
-                           "%s: %s is on %s:%d, but this NCCL rank works on cuda:%d"
-                           "\nHINT: pass tensors on the communicator's GPU (tk_comm_device)",
-                           what, arg, t->device.device_type == TK_DEV_CUDA ? "cuda" : "cpu", (int)t->device.device_id,
-                           c->device);
-    } else if (c->backend == TK_COMM_MPI && t->device.device_type != TK_DEV_CPU) {
+    if (t->device.device_type != TK_DEV_CPU && t->device.device_type != TK_DEV_CUDA)
+        return tk__err(TK_ERR_UNSUPPORTED, "%s: %s is on device type %d; tk moves host and CUDA memory", what, arg,
+                       (int)t->device.device_type);
+    if (c->backend == TK_COMM_NCCL && t->device.device_type == TK_DEV_CUDA && t->device.device_id != c->device)
         return tk__err(TK_ERR_UNSUPPORTED,
-                       "%s: %s is on a GPU, but the MPI backend moves host memory"
-                       "\nHINT: use the NCCL backend for GPU tensors (tk_comm_opts.backend = TK_COMM_NCCL)",
-                       what, arg);
-    }
+                       "%s: %s is on cuda:%d, but this NCCL rank works on cuda:%d"
+                       "\nHINT: pass tensors on the communicator's GPU (tk_comm_device), or in host memory",
+                       what, arg, (int)t->device.device_id, c->device);
     *elsize = es;
     *count = n;
     return TK_OK;
@@ -334,11 +330,75 @@ static int summable(tk_dtype dt)
 }
 
 static void *data_of(const tk_tensor *t) { return (char *)t->data + t->byte_offset; }
+static int on_gpu(const tk_tensor *t) { return t->device.device_type == TK_DEV_CUDA; }
+
+/* ---- staging: a tensor in the memory the backend does not move ----
+ * MPI moves host memory and NCCL device memory. A GPU tensor given to MPI goes through a host buffer,
+ * and a host tensor given to NCCL through a device buffer on the communicator's GPU: copied there,
+ * the collective run on the copy, copied back. Each staged call thus adds a copy each way over PCIe
+ * (or NVLink-C2C) and a wait for the stream; the buffers are kept and grow to the largest call. */
+
+/* 1 when t's memory is not what c's backend moves. */
+static int staged(const tk_comm *c, const tk_tensor *t) { return on_gpu(t) != (c->backend == TK_COMM_NCCL); }
+
+/* The staging buffer of at least bytes: host memory for MPI, device memory for NCCL. */
+static int stage_buf(tk_comm *c, size_t bytes, char **out)
+{
+    *out = NULL;
+    if (c->backend == TK_COMM_NCCL)
+        return tk_comm__nccl_stage(c, bytes ? bytes : 1, (void **)out);
+    if (bytes > c->stage_bytes || !c->stage) {
+        free(c->stage);
+        c->stage_bytes = 0;
+        if (!(c->stage = malloc(bytes ? bytes : 1)))
+            return tk__err(TK_ERR_NOMEM, "out of memory (%zu bytes staging a GPU tensor through the host)", bytes);
+        c->stage_bytes = bytes;
+    }
+    *out = c->stage;
+    return TK_OK;
+}
+
+/* Copies bytes between host and CUDA memory, either way (host to host: memmove), on cuda:dev. */
+static int move(void *dst, int dst_gpu, const void *src, int src_gpu, size_t bytes, int dev, void *stream)
+{
+    if (!bytes || dst == src)
+        return TK_OK;
+    if (!dst_gpu && !src_gpu) {
+        memmove(dst, src, bytes);
+        return TK_OK;
+    }
+    int kind = dst_gpu ? (src_gpu ? TK_COMM__D2D : TK_COMM__H2D) : TK_COMM__D2H;
+    return tk_comm__cuda_copy(dst, src, bytes, kind, dev, stream);
+}
+
+/* The GPU the copies of a staged call run on: NCCL's own; with MPI the tensors', which must agree. */
+static int stage_dev(const tk_comm *c, const tk_tensor *a, const tk_tensor *b, const char *what, int *dev)
+{
+    *dev = c->backend == TK_COMM_NCCL ? c->device : on_gpu(a) ? (int)a->device.device_id : (int)b->device.device_id;
+    if (c->backend != TK_COMM_NCCL && on_gpu(a) && on_gpu(b) && a->device.device_id != b->device.device_id)
+        return tk__err(TK_ERR_UNSUPPORTED, "%s: in is on cuda:%d and out on cuda:%d\nHINT: pass both on one GPU", what,
+                       (int)a->device.device_id, (int)b->device.device_id);
+    return TK_OK;
+}
+
+static int staging_failed(int rc, const tk_comm *c, const char *what)
+{
+    return tk__err_wrap(rc, "%s on rank %d of %d: staging through %s memory", what, c->rank, c->size,
+                        c->backend == TK_COMM_NCCL ? "device" : "host");
+}
+
+static int reduce_on(tk_comm *c, void *buf, size_t n, tk_dtype dt, void *stream)
+{
+    if (c->backend == TK_COMM_MPI)
+        return tk_comm__mpi_all_reduce(c, buf, n, dt);
+    return tk_comm__nccl_all_reduce(c, buf, n, dt, stream);
+}
 
 int tk_comm_all_reduce_sum(tk_comm *c, tk_tensor *t, void *stream)
 {
     size_t es, n;
-    int rc;
+    int rc, dev, g;
+    char *s;
     if ((rc = check(c, "all_reduce")) != TK_OK || (rc = check_tensor(c, t, "all_reduce", "t", &es, &n)) != TK_OK)
         return rc;
     if (!summable(t->dtype))
@@ -348,15 +408,50 @@ int tk_comm_all_reduce_sum(tk_comm *c, tk_tensor *t, void *stream)
                        tk_dtype_name(t->dtype));
     if (n == 0 || (c->size == 1 && c->backend != TK_COMM_NCCL))
         return TK_OK; /* one rank of NCCL still runs NCCL's call: its stream order, its errors, its timing */
+    if (!staged(c, t))
+        return reduce_on(c, data_of(t), n, t->dtype, stream);
+    g = c->backend == TK_COMM_NCCL;
+    dev = g ? c->device : (int)t->device.device_id;
+    if ((rc = stage_buf(c, n * es, &s)) != TK_OK || (rc = move(s, g, data_of(t), !g, n * es, dev, stream)) != TK_OK)
+        return staging_failed(rc, c, "all_reduce");
+    if ((rc = reduce_on(c, s, n, t->dtype, stream)) != TK_OK)
+        return rc;
+    if ((rc = move(data_of(t), !g, s, g, n * es, dev, stream)) != TK_OK)
+        return staging_failed(rc, c, "all_reduce");
+    return TK_OK;
+}
+
+static int gather_on(tk_comm *c, char *out, const char *in, size_t n, size_t es, tk_dtype dt, void *stream)
+{
     if (c->backend == TK_COMM_MPI)
-        return tk_comm__mpi_all_reduce(c, data_of(t), n, t->dtype);
-    return tk_comm__nccl_all_reduce(c, data_of(t), n, t->dtype, stream);
+        return tk_comm__mpi_all_gather(c, out, in, n * es);
+    return tk_comm__nccl_all_gather(c, out, in ? in : out + (size_t)c->rank * n * es, n, dt, stream);
+}
+
+/* all_gather with in or out in the memory the backend does not move: gathered in place in out when
+ * out is in the backend's memory, else in the staging buffer and copied to out. */
+static int gather_staged(tk_comm *c, tk_tensor *out, const tk_tensor *in, size_t n, size_t es, void *stream)
+{
+    int g = c->backend == TK_COMM_NCCL, dev, rc;
+    size_t no = n * (size_t)c->size;
+    char *o = data_of(out), *buf = o;
+    if ((rc = stage_dev(c, in, out, "all_gather", &dev)) != TK_OK)
+        return rc;
+    if (on_gpu(out) != g && (rc = stage_buf(c, no * es, &buf)) != TK_OK)
+        return staging_failed(rc, c, "all_gather");
+    if ((rc = move(buf + (size_t)c->rank * n * es, g, data_of(in), on_gpu(in), n * es, dev, stream)) != TK_OK)
+        return staging_failed(rc, c, "all_gather");
+    if ((rc = gather_on(c, buf, NULL, n, es, in->dtype, stream)) != TK_OK)
+        return rc;
+    if (buf != o && (rc = move(o, on_gpu(out), buf, g, no * es, dev, stream)) != TK_OK)
+        return staging_failed(rc, c, "all_gather");
+    return TK_OK;
 }
 
 int tk_comm_all_gather(tk_comm *c, tk_tensor *out, const tk_tensor *in, void *stream)
 {
     size_t es, n, eso, no;
-    int rc;
+    int rc, dev;
     if ((rc = check(c, "all_gather")) != TK_OK || (rc = check_tensor(c, in, "all_gather", "in", &es, &n)) != TK_OK ||
         (rc = check_tensor(c, out, "all_gather", "out", &eso, &no)) != TK_OK)
         return rc;
@@ -373,32 +468,40 @@ int tk_comm_all_gather(tk_comm *c, tk_tensor *out, const tk_tensor *in, void *st
     if (n == 0)
         return TK_OK;
     if (c->size == 1 && c->backend != TK_COMM_NCCL) {
-        if (inplace)
-            return TK_OK;
-        if (in->device.device_type == TK_DEV_CUDA || out->device.device_type == TK_DEV_CUDA)
-            return tk_comm__cuda_copy(
-                o, i, n * es, (int)(in->device.device_type == TK_DEV_CUDA ? in : out)->device.device_id, stream);
-        memcpy(o, i, n * es);
-        return TK_OK;
+        if ((rc = stage_dev(c, in, out, "all_gather", &dev)) != TK_OK)
+            return rc;
+        return inplace ? TK_OK : move(o, on_gpu(out), i, on_gpu(in), n * es, dev, stream);
     }
-    if (c->backend == TK_COMM_MPI)
-        return tk_comm__mpi_all_gather(c, o, inplace ? NULL : i, n * es);
-    return tk_comm__nccl_all_gather(c, o, i, n, in->dtype, stream);
+    if (staged(c, in) || staged(c, out))
+        return gather_staged(c, out, in, n, es, stream);
+    return gather_on(c, o, inplace ? NULL : i, n, es, in->dtype, stream);
 }
 
 int tk_comm_broadcast(tk_comm *c, tk_tensor *t, int root, void *stream)
 {
     size_t es, n;
-    int rc;
+    int rc, g, dev;
+    char *s;
     if ((rc = check(c, "broadcast")) != TK_OK || (rc = check_tensor(c, t, "broadcast", "t", &es, &n)) != TK_OK)
         return rc;
     if (root < 0 || root >= c->size)
         return tk__err(TK_ERR_INVALID, "broadcast: root %d is not a rank (0..%d)", root, c->size - 1);
     if (n == 0 || (c->size == 1 && c->backend != TK_COMM_NCCL))
         return TK_OK;
-    if (c->backend == TK_COMM_MPI)
-        return tk_comm__mpi_broadcast(c, data_of(t), n * es, root);
-    return tk_comm__nccl_broadcast(c, data_of(t), n, t->dtype, root, stream);
+    if (!staged(c, t)) {
+        if (c->backend == TK_COMM_MPI)
+            return tk_comm__mpi_broadcast(c, data_of(t), n * es, root);
+        return tk_comm__nccl_broadcast(c, data_of(t), n, t->dtype, root, stream);
+    }
+    g = c->backend == TK_COMM_NCCL;
+    dev = g ? c->device : (int)t->device.device_id;
+    if ((rc = stage_buf(c, n * es, &s)) != TK_OK ||
+        (c->rank == root && (rc = move(s, g, data_of(t), !g, n * es, dev, stream)) != TK_OK))
+        return staging_failed(rc, c, "broadcast");
+    rc = g ? tk_comm__nccl_broadcast(c, s, n, t->dtype, root, stream) : tk_comm__mpi_broadcast(c, s, n * es, root);
+    if (rc == TK_OK && c->rank != root && (rc = move(data_of(t), !g, s, g, n * es, dev, stream)) != TK_OK)
+        return staging_failed(rc, c, "broadcast");
+    return rc;
 }
 
 int tk_comm_barrier(tk_comm *c)

@@ -31,6 +31,9 @@ struct tk_comm {
     /* Broken after a timeout or a backend error: every later call returns broken_code with broken_msg. */
     int broken_code;
     char broken_msg[1024];
+    /* MPI given GPU tensors: their bytes on the way through host memory (comm.c), grown as needed */
+    void *stage;
+    size_t stage_bytes;
 };
 
 /* Breaks c: formats the message (the HINT for a broken communicator is appended), keeps it for later
@@ -84,10 +87,15 @@ int tk_comm__nccl_all_gather(tk_comm *c, void *out, const void *in, size_t count
 int tk_comm__nccl_broadcast(tk_comm *c, void *buf, size_t count, tk_dtype dt, int root, void *stream);
 int tk_comm__nccl_barrier(tk_comm *c);
 void tk_comm__nccl_abort(tk_comm *c);
-/* Copies bytes between two buffers on cuda:device (any memory the driver's unified addressing
- * knows), on stream, and waits for it: a one-rank all_gather of GPU tensors without NCCL. Loads
+/* A device buffer of at least bytes on the communicator's GPU, for a host tensor's bytes on their way
+ * through NCCL; kept and grown (freed with the communicator). TK_ERR_NOMEM when the GPU is full. */
+int tk_comm__nccl_stage(tk_comm *c, size_t bytes, void **out);
+/* Copies bytes host to device, device to host or device to device (kind) on cuda:device, in its
+ * primary context (the one tk's models and tk_device_* allocate in), on stream after the work already
+ * queued there (NULL: the legacy default stream, which tk's ops run on), and waits for it. Loads
  * libcuda only (not NCCL). TK_ERR_NO_DEVICE without a driver or that device; TK_ERR_LAUNCH when the
- * copy fails. */
-int tk_comm__cuda_copy(void *dst, const void *src, size_t bytes, int device, void *stream);
+ * copy fails (an earlier kernel's fault included). */
+enum { TK_COMM__H2D = 1, TK_COMM__D2H = 2, TK_COMM__D2D = 3 };
+int tk_comm__cuda_copy(void *dst, const void *src, size_t bytes, int kind, int device, void *stream);
 
 #endif /* TK_COMM_H */

@@ -58,7 +58,13 @@ typedef struct CUctx_st *CUcontext;
 typedef struct CUevent_st *CUevent;
 typedef struct CUstream_st *CUstream;
 typedef unsigned long long CUdeviceptr;
-enum { CUDA_SUCCESS = 0, CUDA_ERROR_NO_DEVICE = 100, CUDA_ERROR_NOT_READY = 600, CU_EVENT_DISABLE_TIMING = 2 };
+enum {
+    CUDA_SUCCESS = 0,
+    CUDA_ERROR_OUT_OF_MEMORY = 2,
+    CUDA_ERROR_NO_DEVICE = 100,
+    CUDA_ERROR_NOT_READY = 600,
+    CU_EVENT_DISABLE_TIMING = 2
+};
 
 static struct {
     ncclResult_t (*GetVersion)(int *);
@@ -92,6 +98,8 @@ static struct {
     CUresult (*MemcpyHtoD)(CUdeviceptr, const void *, size_t);
     CUresult (*MemcpyDtoH)(void *, CUdeviceptr, size_t);
     CUresult (*MemcpyAsync)(CUdeviceptr, CUdeviceptr, size_t, CUstream);
+    CUresult (*MemcpyHtoDAsync)(CUdeviceptr, const void *, size_t, CUstream);
+    CUresult (*MemcpyDtoHAsync)(void *, CUdeviceptr, size_t, CUstream);
     CUresult (*StreamSynchronize)(CUstream);
     CUresult (*GetErrorString)(CUresult, const char **);
 } cu;
@@ -210,6 +218,8 @@ static void cu_load_once(void)
     SYM(cu, MemcpyHtoD, "cuMemcpyHtoD_v2", 1);
     SYM(cu, MemcpyDtoH, "cuMemcpyDtoH_v2", 1);
     SYM(cu, MemcpyAsync, "cuMemcpyAsync", 1);
+    SYM(cu, MemcpyHtoDAsync, "cuMemcpyHtoDAsync_v2", 1);
+    SYM(cu, MemcpyDtoHAsync, "cuMemcpyDtoHAsync_v2", 1);
     SYM(cu, StreamSynchronize, "cuStreamSynchronize", 1);
     SYM(cu, GetErrorString, "cuGetErrorString", 1);
     CUresult r = cu.Init(0);
@@ -249,6 +259,8 @@ struct tk_comm_nccl {
     CUcontext ctx;   /* the device's primary context, retained */
     CUevent ev;      /* recorded after each collective, polled */
     CUdeviceptr scratch; /* size * TK_COMM_HOST_MAX bytes: host names at creation, the barrier's word */
+    CUdeviceptr stage;   /* host tensors' bytes on the way through NCCL (tk_comm__nccl_stage), grown */
+    size_t stage_bytes;
 };
 
 static const char *cu_str(CUresult r)
@@ -574,6 +586,8 @@ void tk_comm__nccl_free(tk_comm *c)
         cu.EventDestroy(n->ev);
     if (n->scratch)
         cu.MemFree(n->scratch);
+    if (n->stage)
+        cu.MemFree(n->stage);
     if (n->ctx) {
         pop();
         cu.PrimaryCtxRelease(n->dev);
@@ -649,8 +663,41 @@ int tk_comm__nccl_barrier(tk_comm *c)
     return rc;
 }
 
-int tk_comm__cuda_copy(void *dst, const void *src, size_t bytes, int device, void *stream)
+int tk_comm__nccl_stage(tk_comm *c, size_t bytes, void **out)
 {
+    tk_comm_nccl *n = c->nccl;
+    CUresult r = CUDA_SUCCESS;
+    *out = NULL;
+    ALIVE(c);
+    if (bytes > n->stage_bytes) {
+        push(n);
+        if (n->stage)
+            cu.MemFree(n->stage);
+        n->stage = 0;
+        n->stage_bytes = 0;
+        if ((r = cu.MemAlloc(&n->stage, bytes)) == CUDA_SUCCESS)
+            n->stage_bytes = bytes;
+        pop();
+    }
+    if (r != CUDA_SUCCESS)
+        return tk__err(r == CUDA_ERROR_OUT_OF_MEMORY ? TK_ERR_NOMEM : TK_ERR_LAUNCH,
+                       "staging %zu bytes of host memory through cuda:%d for NCCL: %s", bytes, c->device, cu_str(r));
+    *out = (void *)(uintptr_t)n->stage;
+    return TK_OK;
+}
+
+static CUresult copy_on(void *dst, const void *src, size_t bytes, int kind, CUstream s)
+{
+    switch (kind) {
+    case TK_COMM__H2D: return cu.MemcpyHtoDAsync((CUdeviceptr)(uintptr_t)dst, src, bytes, s);
+    case TK_COMM__D2H: return cu.MemcpyDtoHAsync(dst, (CUdeviceptr)(uintptr_t)src, bytes, s);
+    default: return cu.MemcpyAsync((CUdeviceptr)(uintptr_t)dst, (CUdeviceptr)(uintptr_t)src, bytes, s);
+    }
+}
+
+int tk_comm__cuda_copy(void *dst, const void *src, size_t bytes, int kind, int device, void *stream)
+{
+    static const char *const KIND[] = {"", "to the GPU", "to the host", "on the GPU"};
     CUdevice dev;
     CUcontext ctx = NULL, x;
     CUresult r;
@@ -662,13 +709,16 @@ int tk_comm__cuda_copy(void *dst, const void *src, size_t bytes, int device, voi
     if ((r = cu.PrimaryCtxRetain(&ctx, dev)) != CUDA_SUCCESS)
         return tk__err(TK_ERR_NO_DEVICE, "the primary context of cuda:%d: %s", device, cu_str(r));
     cu.CtxPushCurrent(ctx);
-    r = cu.MemcpyAsync((CUdeviceptr)(uintptr_t)dst, (CUdeviceptr)(uintptr_t)src, bytes, (CUstream)stream);
+    /* on the caller's stream, after the work queued there (the legacy default stream for NULL), and
+     * waited for: the host buffer is read or written when this returns */
+    r = copy_on(dst, src, bytes, kind, (CUstream)stream);
     if (r == CUDA_SUCCESS)
         r = cu.StreamSynchronize((CUstream)stream);
     cu.CtxPopCurrent(&x);
     cu.PrimaryCtxRelease(dev);
     if (r != CUDA_SUCCESS)
-        return tk__err(TK_ERR_LAUNCH, "copying %zu bytes on cuda:%d: %s", bytes, device, cu_str(r));
+        return tk__err(TK_ERR_LAUNCH, "copying %zu bytes %s on cuda:%d: %s", bytes,
+                       KIND[kind >= TK_COMM__H2D && kind <= TK_COMM__D2D ? kind : 0], device, cu_str(r));
     return TK_OK;
 }
 

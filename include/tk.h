@@ -1674,9 +1674,11 @@ TK_API int tk_chat_templates_json(char **out, const char *dir);
  * A tk_comm is a group of ranks 0..size-1 that run collectives together: all-reduce (sum), all-gather,
  * broadcast and barrier. tk writes no transport of its own; the backends are
  *   - MPI (linked when the build found Open MPI or MPICH with pkg-config): processes started by mpirun
- *     (or srun, hydra), or by a host program that already called MPI_Init. Host buffers.
- *   - NCCL (libnccl.so.2, loaded with dlopen on first use): one rank per GPU, device buffers; the
- *     unique id goes from rank 0 to the others over MPI, or through a file (nccl_id_file).
+ *     (or srun, hydra), or by a host program that already called MPI_Init. Host buffers (GPU
+ *     tensors are staged through host memory).
+ *   - NCCL (libnccl.so.2, loaded with dlopen on first use): one rank per GPU, device buffers (host
+ *     tensors are staged through device memory); the unique id goes from rank 0 to the others over
+ *     MPI, or through a file (nccl_id_file).
  *   - self: one process alone (size 1), what tk does when neither is asked for or present.
  *
  *     tk_comm *c = NULL;
@@ -1718,7 +1720,8 @@ typedef struct {
     int expect_size;          /* > 0: a world of another size is TK_ERR_INVALID (e.g. --tp N) */
     const void *mpi_comm;     /* MPI and NCCL-over-MPI: a pointer to the host's MPI_Comm, duplicated
                                  (the host keeps its own); NULL: MPI_COMM_WORLD */
-    int device;               /* NCCL: this rank's CUDA ordinal; -1: local rank % visible GPUs */
+    int device;               /* NCCL: this rank's CUDA ordinal; -1: local rank % visible GPUs.
+                                 MPI stages a GPU tensor on the tensor's own GPU, whatever this says */
     const char *nccl_id_file; /* NCCL without MPI: rank 0 writes the unique id there (it must not
                                  exist yet: use a fresh path per job), the others wait for it; NULL:
                                  over MPI */
@@ -1752,16 +1755,22 @@ TK_API int tk_comm_device(const tk_comm *c);       /* NCCL: the rank's CUDA ordi
 TK_API const char *tk_comm_host(const tk_comm *c, int r);
 
 /* Sums t over all ranks, in place: every rank ends with the same values. t is contiguous (strides NULL
- * or row-major), on the host for MPI and self, on the communicator's GPU for NCCL. dtypes: f32, f64,
- * f16, bf16, i32, i64 (f16 and bf16 are summed in f32 and rounded once with MPI; NCCL sums them in
- * its own way). stream: NCCL's CUDA stream (NULL: the default stream); ignored otherwise.
- * Errors: TK_ERR_INVALID (NULL or not contiguous, a dtype outside the list), TK_ERR_UNSUPPORTED
- * (a device the backend cannot reach: MPI with a GPU tensor), TK_ERR_NETWORK (timeout, a peer's
- * failure, a broken communicator), TK_ERR_NOMEM. */
+ * or row-major), in host memory or on a GPU with any backend. MPI moves host memory: a GPU tensor is
+ * staged, copied to a host buffer, summed there and copied back; NCCL moves device memory: a host
+ * tensor is staged through a buffer on the communicator's GPU. A staged call adds a copy each way and
+ * waits for the stream (docs/parallel.md). dtypes: f32, f64, f16, bf16, i32, i64 (f16 and bf16 are
+ * summed in f32 and rounded once with MPI; NCCL sums them in its own way). stream: the CUDA stream of
+ * the call (NULL: the legacy default stream, which tk's ops use): NCCL's collective and the staging
+ * copies run on it, after the work already queued there; ignored for host tensors on MPI and self.
+ * Errors: TK_ERR_INVALID (NULL or not contiguous, a dtype outside the list), TK_ERR_UNSUPPORTED (a GPU
+ * tensor on NCCL that is not on the communicator's GPU; memory other than host and CUDA),
+ * TK_ERR_NO_DEVICE or TK_ERR_LAUNCH (a staging copy: no driver, a kernel's earlier fault),
+ * TK_ERR_NETWORK (timeout, a peer's failure, a broken communicator), TK_ERR_NOMEM. */
 TK_API int tk_comm_all_reduce_sum(tk_comm *c, tk_tensor *t, void *stream);
 /* Concatenates every rank's `in` along the outermost axis in rank order into `out`, on every rank:
  * out holds size x numel(in) elements of in's dtype (any dtype: the bytes are moved). In place when
- * in's data is rank's part of out. Errors as tk_comm_all_reduce_sum. */
+ * in's data is rank's part of out. in and out may each be in host or device memory (with MPI two GPU
+ * tensors must be on one GPU), staged as tk_comm_all_reduce_sum says. Errors as tk_comm_all_reduce_sum. */
 TK_API int tk_comm_all_gather(tk_comm *c, tk_tensor *out, const tk_tensor *in, void *stream);
 /* Copies root's t to every other rank's t (any dtype). Errors as tk_comm_all_reduce_sum, and
  * TK_ERR_INVALID for a root outside 0..size-1. */

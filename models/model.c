@@ -996,9 +996,14 @@ static int tp_setup(tk_model *m, tk_comm *comm, const char *plan_file)
                        "%s: tensor parallelism runs %s so far\nHINT: run it in one process (without --tp)", m->cfg.arch,
                        list);
     }
-    if (world > 1 && m->dev_type != TK_DEV_CPU)
-        return tk__err(TK_ERR_UNSUPPORTED, "tensor-parallel models run on the CPU (MPI) so far, not on a GPU\n"
-                                           "HINT: drop --device, or run on one GPU without --tp");
+    /* on a GPU: NCCL's ranks each have their GPU, and the model must be on it; MPI stages the
+     * activations through host memory from whichever GPU the model is on */
+    if (world > 1 && m->dev_type == TK_DEV_CUDA && !strcmp(tk_comm_backend(comm), "nccl") &&
+        m->dev_id != tk_comm_device(comm))
+        return tk__err(TK_ERR_INVALID,
+                       "rank %d: the model is on cuda:%d, but this rank's NCCL communicator works on cuda:%d\n"
+                       "HINT: load the model on tk_comm_device() (tk's --device cuda does), or use the MPI backend",
+                       rank, m->dev_id, tk_comm_device(comm));
     tk_tp_plan *plan = NULL;
     int rc = tk_models__tp_plan_load(&plan, m->dir, plan_file, world);
     if (rc != TK_OK)

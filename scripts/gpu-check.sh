@@ -30,10 +30,16 @@
 # Phase 1e: block diffusion's speed on the GPU (bench/diffusion_block.sh and bench/serve_diffusion.sh with
 # DEVICE=cuda, tk against transformers' generate() on the same GPU; --no-diffusion-bench,
 # --diffusion-timeout S (150)).
+# Phase 1f (tests/test_comm-mpi's MPI workers, then tests/gpu_tp.py): GPU tensors staged through MPI, then
+# a model split over 2 ranks on the GPU with the bundle's MPICH (mpiexec.hydra
+# -n 2 tk-mpi ... --tp 2: MPI staging through host memory, both ranks on the one GPU; with 2 GPUs or
+# more NCCL too): logits (1e-5 of the largest) and greedy tokens against one process on the same GPU,
+# on Llama (GQA), Qwen2, GPT-2, OLMo2, Mixtral and Qwen3-MoE; --no-tp, --tp-timeout S (90). Without a
+# GPU the same runs on the CPU (the launcher and tk-mpi work).
 set -uo pipefail
 root=$(cd "$(dirname "$0")/.." && pwd)
 bundle=$root/.gpu work=/tmp/tkg out=${OUT:-} expect= t_test=240 t_san=270 t_bench=180 only= bench=1 san=1 selftest=1 models=1 t_models=240 py=python3
-dbench=1 t_dbench=150
+dbench=1 t_dbench=150 tp=1 t_tp=90
 while [ $# -gt 0 ]; do
   case $1 in
     --bundle) bundle=$2; shift 2 ;;
@@ -52,12 +58,14 @@ while [ $# -gt 0 ]; do
     --models-timeout) t_models=$2; shift 2 ;;
     --no-diffusion-bench) dbench=0; shift ;;
     --diffusion-timeout) t_dbench=$2; shift 2 ;;
+    --no-tp) tp=0; shift ;;
+    --tp-timeout) t_tp=$2; shift 2 ;;
     --python) py=$2; shift 2 ;;
-    -h|--help) sed -n '2,32p' "$0" | sed 's/^# \{0,1\}//'; exit 0 ;;
+    -h|--help) sed -n '2,38p' "$0" | sed 's/^# \{0,1\}//'; exit 0 ;;
     *) echo "gpu-check: unknown argument '$1'" >&2; echo "HINT: bash scripts/gpu-check.sh --help" >&2; exit 2 ;;
   esac
 done
-for v in "$t_test" "$t_san" "$t_bench" "$t_models" "$t_dbench"; do
+for v in "$t_test" "$t_san" "$t_bench" "$t_models" "$t_dbench" "$t_tp"; do
   [[ $v =~ ^[0-9]+$ ]] || { echo "gpu-check: timeout '$v' is not a number of seconds" >&2; exit 2; }
 done
 out=${out:-$work/out}
@@ -322,6 +330,51 @@ if [ $models = 1 ] && [ "$TK_TEST_GPU" = 1 ]; then
   save
 else
   row models gpu_models skip 0 0 1 0 "$([ $models = 1 ] && echo "no GPU" || echo "--no-models")"
+fi
+
+# ---- phase 1f: a model split over 2 ranks on the GPU (the bundle's MPICH) ------------------------
+# tests/gpu_tp.py: mpiexec.hydra -n 2 tk-mpi (tk against MPICH) with --device cuda --tp 2, both ranks on
+# one GPU through MPI staging (NCCL refuses two ranks on one GPU), against one process; with 2 GPUs or
+# more also NCCL. Without a GPU the same on the CPU. One summary row, one per failed check.
+TKM=$B/tk-mpi MPX=$B/mpich/bin/mpiexec.hydra
+left=$(( 540 - ($(date +%s) - start) ))
+[ $(( left / 3 )) -lt "$t_tp" ] && t_tp=$(( left / 3 ))
+tpdev=$([ "$TK_TEST_GPU" = 1 ] && echo cuda || echo cpu)
+if [ $tp = 0 ]; then
+  row tp split_2ranks skip 0 0 1 0 "--no-tp"
+elif [ ! -x "$TKM" ] || [ ! -x "$MPX" ]; then
+  row tp split_2ranks skip 0 0 1 0 "the bundle has no tk-mpi: $(grep '^mpich:' "$bundle/MANIFEST" | cut -c1-100)"
+elif ! "$py" -c 'import torch, transformers' >/dev/null 2>&1; then
+  row tp split_2ranks "$([ "$TK_TEST_GPU" = 1 ] && echo FAIL || echo skip)" 0 "$([ "$TK_TEST_GPU" = 1 ] && echo 1 || echo 0)" \
+    "$([ "$TK_TEST_GPU" = 1 ] && echo 0 || echo 1)" 0 "$py cannot import torch and transformers (tests/tp_models_make.py)"
+elif [ "$t_tp" -lt 30 ]; then
+  row tp split_2ranks skip 0 0 1 0 "out of time: ${left}s left of the call's 540"
+else
+  echo "== phase 1f: a model split over 2 ranks, --device $tpdev (tests/gpu_tp.py, ${t_tp}s)"
+  # first the communicator alone: test_comm's MPI workers, GPU tensors staged through host memory (both
+  # ranks on cuda:0; without a GPU, the driver's error and the communicator still usable)
+  t0=$(date +%s)
+  if [ -x "$B/tests/test_comm-mpi" ]; then
+    TK_COMM_TIMEOUT=60 MPIR_CVAR_ENABLE_GPU=0 timeout -k 5 120 "$MPX" -launcher fork -n 2 "$B/tests/test_comm-mpi" \
+      --worker collectives 2 >"$L/tp-comm.log" 2>&1; rc=$?
+    n=$(grep -c '^6 passed, 0 failed' "$L/tp-comm.log")
+    row tp comm_staging_2ranks "$([ $rc = 0 ] && [ "$n" = 2 ] && echo ok || { [ $rc = 124 ] && echo TIMEOUT || echo FAIL; })" \
+      "$([ "$n" = 2 ] && echo 1 || echo 0)" "$([ "$n" = 2 ] && echo 0 || echo 1)" 0 "$(( $(date +%s) - t0 ))" \
+      "exit $rc; $n of 2 ranks passed test_comm's 6 worker tests$(grep -m1 -E 'CHECK|FAIL' "$L/tp-comm.log" | cut -c1-80)"
+  fi
+  t0=$(date +%s); MH=$work/bench-home; [ -d "$MH" ] || MH=$work/models-home
+  TK_HOME=$MH TK_COMM_TIMEOUT=60 timeout -k 5 "$t_tp" "$py" "$root/tests/gpu_tp.py" --tk "$B/tk" --tk-mpi "$TKM" \
+    --mpiexec "$MPX" --work "$work/tp" --device "$tpdev" --gpus "${gpus:-0}" --deadline $(( t_tp - 20 )) \
+    --json "$L/tp.json" >"$L/tp.log" 2>&1; rc=$?
+  last=$(grep -E '^[0-9]+ passed, [0-9]+ failed' "$L/tp.log" | tail -n1)
+  p=$(echo "$last" | sed -nE 's/^([0-9]+) passed.*/\1/p'); f=$(echo "$last" | sed -nE 's/.* ([0-9]+) failed.*/\1/p')
+  st=$([ $rc = 0 ] && echo ok || { [ $rc = 124 ] && echo TIMEOUT || echo FAIL; })
+  row tp "split_2ranks_$tpdev" "$st" "${p:-0}" "${f:-1}" 0 "$(( $(date +%s) - t0 ))" "exit $rc; $last$([ -z "$last" ] && tail -n1 "$L/tp.log" | cut -c1-100)"
+  grep -E '^[^ ]+ +[a-z0-9_]+ +[a-z]+ +FAIL ' "$L/tp.log" | head -n 20 | while read -r m c be _ v rest; do
+    row tp "$m:$c:$be" FAIL 0 1 0 0 "$v $rest"
+  done
+  echo "-- tp"; tail -n 14 "$L/tp.log"
+  save
 fi
 
 # ---- phase 1e: block diffusion's speed on the GPU ------------------------------------------------

@@ -5,7 +5,9 @@
  * errors, what tk_comm_backends_json reports, and loading NCCL with dlopen (its creation fails
  * cleanly without a GPU). Under mpirun, tests/cli/comm.sh runs it as a worker:
  *
- *     test_comm --worker collectives N     every collective on odd sizes and every dtype, N ranks
+ *     test_comm --worker collectives N     every collective on odd sizes and every dtype, N ranks;
+ *                                          GPU tensors staged through host memory (without a GPU:
+ *                                          the driver's error, the communicator still usable)
  *     test_comm --worker die RANK HOW      RANK dies ("kill": SIGKILL, "exit": exit 3) or hangs
  *                                          ("hang") in the 4th all-reduce; the others must fail
  *                                          within TK_COMM_TIMEOUT with a clear error, then abort
@@ -436,6 +438,69 @@ static void test_w_broadcast(void)
     }
 }
 
+/* GPU tensors on MPI: staged through host memory (a copy each way). Without a GPU every rank's copy
+ * fails before MPI is entered, with the driver's status and what was being staged, and the
+ * communicator stays usable; with one, every rank on cuda:(local rank % GPUs), the sums and gathers
+ * are right, in every mix of host and device for the gather. */
+static void gpu_staging_without_gpu(float *h, int64_t *s)
+{
+    tk_tensor t = tens(h, DTYPES[0].dt, s, 1);
+    t.device.device_type = TK_DEV_CUDA;
+    int rc = tk_comm_all_reduce_sum(wc, &t, NULL);
+    CHECK(rc == TK_ERR_NO_DEVICE || rc == TK_ERR_LAUNCH);
+    CHECK_CONTAINS(tk_last_error(), "staging through host memory");
+    CHECK(strstr(tk_last_error(), "moves host memory") == NULL); /* the old refusal */
+    CHECK_RC(tk_comm_barrier(wc), TK_OK);                        /* not broken: no rank entered MPI */
+}
+
+static void test_w_gpu_staging(void)
+{
+    enum { N = 70001 };
+    int me = tk_comm_rank(wc), ndev = 0;
+    int64_t s[1] = {N}, sa[1] = {(int64_t)N * wsize};
+    float *h = malloc(N * sizeof *h), *all = malloc((size_t)N * wsize * sizeof *all);
+    for (int i = 0; i < N; i++)
+        h[i] = (float)(i % 101) + (float)me;
+    if (tk_device_count(&ndev) != TK_OK || ndev == 0) {
+        /* gpu-check's phase 1f sets TK_TEST_GPU=1 on a GPU machine: no device there is a failure */
+        CHECK(!getenv("TK_TEST_GPU") || strcmp(getenv("TK_TEST_GPU"), "1") != 0);
+        gpu_staging_without_gpu(h, s);
+        free(h);
+        free(all);
+        return;
+    }
+    int dev = tk_comm_local_rank(wc) % ndev;
+    void *d = NULL, *g = NULL;
+    CHECK_RC(tk_device_alloc(&d, dev, N * sizeof(float)), TK_OK);
+    CHECK_RC(tk_device_alloc(&g, dev, (size_t)N * wsize * sizeof(float)), TK_OK);
+    CHECK_RC(tk_device_copy(d, h, N * sizeof(float), TK_COPY_H2D, dev), TK_OK);
+    tk_tensor t = tens(d, DTYPES[0].dt, s, 1), tg = tens(g, DTYPES[0].dt, sa, 1);
+    tk_tensor th = tens(h, DTYPES[0].dt, s, 1), ta = tens(all, DTYPES[0].dt, sa, 1);
+    t.device.device_type = tg.device.device_type = TK_DEV_CUDA;
+    t.device.device_id = tg.device.device_id = dev;
+    CHECK_RC(tk_comm_all_gather(wc, &ta, &t, NULL), TK_OK); /* device in, host out */
+    size_t bad = 0;
+    for (int r = 0; r < wsize; r++)
+        for (int i = 0; i < N; i++)
+            bad += all[(size_t)r * N + i] != (float)(i % 101) + (float)r;
+    CHECK_RC(tk_comm_all_gather(wc, &tg, &th, NULL), TK_OK); /* host in, device out */
+    memset(all, 0, (size_t)N * wsize * sizeof *all);
+    CHECK_RC(tk_device_copy(all, g, (size_t)N * wsize * sizeof(float), TK_COPY_D2H, dev), TK_OK);
+    for (int r = 0; r < wsize; r++)
+        for (int i = 0; i < N; i++)
+            bad += all[(size_t)r * N + i] != (float)(i % 101) + (float)r;
+    CHECK_RC(tk_comm_all_reduce_sum(wc, &t, NULL), TK_OK);
+    CHECK_RC(tk_comm_broadcast(wc, &t, wsize - 1, NULL), TK_OK); /* every rank has the sums already */
+    CHECK_RC(tk_device_copy(h, d, N * sizeof(float), TK_COPY_D2H, dev), TK_OK);
+    for (int i = 0; i < N; i++)
+        bad += h[i] != (float)wsize * (float)(i % 101) + (float)(wsize * (wsize - 1) / 2);
+    CHECK_EQ_INT(bad, 0);
+    tk_device_free(d, dev);
+    tk_device_free(g, dev);
+    free(h);
+    free(all);
+}
+
 static void test_w_barrier(void)
 {
     for (int i = 0; i < 20; i++)
@@ -555,6 +620,7 @@ static int worker(int argc, char **argv)
         RUN(test_w_all_gather);
         RUN(test_w_broadcast);
         RUN(test_w_barrier);
+        RUN(test_w_gpu_staging);
         tk_comm_free(wc);
         return th_done();
     }

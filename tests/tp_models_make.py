@@ -3,7 +3,7 @@
 save_pretrained, and transformers' own logits for one prompt beside each (OUT/<name>/ref.json: "ids",
 "logits"), the outside oracle the split's logits are held to.
 
-    tp_models_make.py OUT
+    tp_models_make.py OUT [NAME,NAME,...]    (only those; default all: tests/gpu_tp.py makes a few)
 
   llama       LlamaForCausalLM, GQA (12 heads, 6 kv heads: splits over 2, 3 and 6 ranks), head_dim 16
               apart from hidden / heads, an MLP width (37) and a vocabulary (101) that no rank count
@@ -51,11 +51,14 @@ from transformers import (BertConfig, BertForMaskedLM, Gemma2Config, Gemma2ForCa
                           Qwen3ForCausalLM, SmolLM3Config, SmolLM3ForCausalLM)
 
 OUT = sys.argv[1]
+ONLY = set(sys.argv[2].split(",")) if len(sys.argv) > 2 else None
 
 
 def save(name, model, seed, ids):
     """Random weights (seeded), save_pretrained, and transformers' logits for ids: the checkpoint's dir."""
     d = os.path.join(OUT, name)
+    if ONLY is not None and name not in ONLY:
+        return d
     os.makedirs(d, exist_ok=True)
     g = torch.Generator().manual_seed(seed)
     with torch.no_grad():
@@ -123,14 +126,15 @@ def main():
         **{**fam, "num_hidden_layers": 4}, num_experts=6, num_experts_per_tok=3, moe_intermediate_size=16,
         norm_topk_prob=True, decoder_sparse_step=2)).eval(), 14, ids)
     # transformers 5's in-memory layout: the experts fused into [E, 2I, H] and [E, H, I] tensors
-    m = Qwen3MoeForCausalLM.from_pretrained(d)
-    f = os.path.join(OUT, "qwen3_moe-fused")
-    os.makedirs(f, exist_ok=True)
-    sd = {k: v.contiguous() for k, v in m.state_dict().items()}
-    assert any(k.endswith("mlp.experts.gate_up_proj") for k in sd), "no fused experts in the state dict"
-    save_file(sd, os.path.join(f, "model.safetensors"), metadata={"format": "pt"})
-    for n in ("config.json", "ref.json"):
-        shutil.copy(os.path.join(d, n), f)
+    if ONLY is None or {"qwen3_moe", "qwen3_moe-fused"} <= ONLY:
+        m = Qwen3MoeForCausalLM.from_pretrained(d)
+        f = os.path.join(OUT, "qwen3_moe-fused")
+        os.makedirs(f, exist_ok=True)
+        sd = {k: v.contiguous() for k, v in m.state_dict().items()}
+        assert any(k.endswith("mlp.experts.gate_up_proj") for k in sd), "no fused experts in the state dict"
+        save_file(sd, os.path.join(f, "model.safetensors"), metadata={"format": "pt"})
+        for n in ("config.json", "ref.json"):
+            shutil.copy(os.path.join(d, n), f)
     save("bert", BertForMaskedLM(BertConfig(
         vocab_size=101, hidden_size=48, num_hidden_layers=2, num_attention_heads=12, intermediate_size=37,
         max_position_embeddings=64)).eval(), 17, ids)

@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # The communicator (comm/) across processes: build/tests/test_comm's workers under `mpirun -np 2` and
-# `-np 3` on this machine's CPUs (oversubscribed): every collective on odd sizes and dtypes, a rank
+# `-np 3` on this machine's CPUs (oversubscribed): every collective on odd sizes and dtypes (and GPU
+# tensors staged through host memory: without a GPU, the driver's error), a rank
 # that dies (SIGKILL, exit) or hangs in the middle of an all-reduce (the others must end non-zero with a
 # clear error within TK_COMM_TIMEOUT, never hang), a world size that differs from the size asked for,
 # a host program that owns MPI, and `tk doctor` under mpirun. Skips when this tk was built without MPI
@@ -34,14 +35,14 @@ t_collectives_np2() {
   have_mpi || return
   run_mpi 120 2 "$TC" --worker collectives 2
   [ $RC = 0 ] || { fail "mpirun -np 2 collectives exited $RC:"; echo "$OUT" | tail -n 30 >&2; }
-  [ "$(grep -c '^5 passed, 0 failed' <<<"$OUT")" = 2 ] || fail "both ranks must pass all 5 tests: $(grep passed <<<"$OUT")"
+  [ "$(grep -c '^6 passed, 0 failed' <<<"$OUT")" = 2 ] || fail "both ranks must pass all 6 tests: $(grep passed <<<"$OUT")"
 }
 
 t_collectives_np3() {
   have_mpi || return
   run_mpi 180 3 "$TC" --worker collectives 3
   [ $RC = 0 ] || { fail "mpirun -np 3 collectives exited $RC:"; echo "$OUT" | tail -n 30 >&2; }
-  [ "$(grep -c '^5 passed, 0 failed' <<<"$OUT")" = 3 ] || fail "all 3 ranks must pass all 5 tests: $(grep passed <<<"$OUT")"
+  [ "$(grep -c '^6 passed, 0 failed' <<<"$OUT")" = 3 ] || fail "all 3 ranks must pass all 6 tests: $(grep passed <<<"$OUT")"
 }
 
 # A rank killed mid-collective: mpirun sees it die and ends the others at once.

@@ -2,7 +2,8 @@
 # The GPU bundle of `make gpu-bundle` (.gpu/*.tgz) is self-contained: unpacked into another directory,
 # every binary and libtk.so.0 (also through python's ctypes) resolve each library to the bundle's lib/
 # or to glibc/libstdc++/libgcc_s, nothing to the build tree; the RPATH is $ORIGIN-relative DT_RPATH;
-# `tk get` works against the bundled registry with no TK_ENDPOINT; the glibc it needs is recorded.
+# `tk get` works against the bundled registry with no TK_ENDPOINT; the glibc it needs is recorded; the
+# bundle's MPICH (tk-mpi, mpiexec.hydra) starts ranks that join one communicator.
 # In CI a missing bundle is a failure (make test builds it).
 . "$(dirname "$0")/lib.sh"
 
@@ -18,7 +19,7 @@ unpack() {
   G=$C/build-gpu
 }
 
-elfs() { for f in "$G/tk" "$G/libtk.so.0" "$G"/tests/test_* "$G"/examples/* "$G"/bench/*; do
+elfs() { for f in "$G/tk" "$G/tk-mpi" "$G/libtk.so.0" "$G"/tests/test_* "$G"/examples/* "$G"/bench/*; do
   [ -f "$f" ] && [ -x "$f" ] && echo "$f"; done; }
 
 t_every_binary_resolves_into_the_bundle() {
@@ -103,6 +104,25 @@ t_glibc_recorded_and_size() {
   grep -q "glibc needed: $need" "$ROOT/.gpu/MANIFEST" || fail "MANIFEST lacks the glibc line"
   local bytes; bytes=$(du -cb "$ROOT"/.gpu/*.tgz | tail -n1 | cut -f1)
   [ "$bytes" -lt $((60 * 1024 * 1024)) ] || fail "the bundle is $bytes bytes (the device tool carries 64 MiB in all)"
+}
+
+# tk-mpi (tk against the bundle's MPICH, for gpu-check's phase 1f) under the bundle's mpiexec.hydra, from
+# the copy: libmpi.so.12 and its libfabric/UCX come from the bundle, and 2 ranks join one MPI
+# communicator (tk doctor under it: MPICH, 2 ranks).
+t_bundled_mpich_runs_two_ranks() {
+  unpack || return
+  grep -q '^mpich: [0-9]' "$ROOT/.gpu/MANIFEST" || {
+    [ -n "${CI:-}" ] && { fail "the bundle has no tk-mpi: $(grep '^mpich:' "$ROOT/.gpu/MANIFEST")"; return; }
+    skip "the bundle has no tk-mpi: $(grep '^mpich:' "$ROOT/.gpu/MANIFEST")"; return; }
+  [ -x "$G/tk-mpi" ] && [ -x "$G/mpich/bin/mpiexec.hydra" ] && [ -x "$G/mpich/bin/hydra_pmi_proxy" ] ||
+    { fail "tk-mpi or MPICH's launcher is missing from the bundle"; return; }
+  local libs; libs=$(env -u LD_LIBRARY_PATH ldd "$G/tk-mpi")
+  grep -q "libmpi.so.12 => $G/lib/libmpi.so.12" <<<"$libs" || fail "libmpi.so.12 not from the bundle: $libs"
+  grep -q "libfabric.so.1 => $G/lib/mpich/libfabric.so.1" <<<"$libs" || fail "libfabric not from the bundle: $libs"
+  expect_rc 0 env -u LD_LIBRARY_PATH TK_HOME="$WORK/mh" TK_COMM_TIMEOUT=60 timeout 120 \
+    "$G/mpich/bin/mpiexec.hydra" -launcher fork -n 2 "$G/tk-mpi" doctor
+  expect_out "MPICH Version:"
+  expect_out "ranks:    2, started by MPICH, backend mpi"
 }
 
 run_tests

@@ -39,6 +39,51 @@ t_dry_run_every_phase() {
     grep -q '^bench,gpu_vs_torch_cpu_check,ok' "$out/summary.csv" || fail "bench --cpu-check did not pass: $(grep bench "$out/summary.csv")"
     [ -s "$out/bench.csv" ] || fail "no bench.csv"
   fi
+  # phase 1f, the split over 2 ranks, ran on the CPU with the bundle's mpiexec and tk-mpi
+  if grep -q '^mpich: [0-9]' "$ROOT/.gpu/MANIFEST" && py_has "$PY" torch transformers; then
+    grep -q '^tp,split_2ranks_cpu,ok,12,0,' "$out/summary.csv" || fail "phase 1f did not pass: $(grep '^tp' "$out/summary.csv")"
+    grep -q '^tp,comm_staging_2ranks,ok,1,0,' "$out/summary.csv" || fail "phase 1f's test_comm-mpi did not pass: $(grep '^tp' "$out/summary.csv")"
+    tar tzf "$out/logs.tgz" | grep -q 'log/tp.log' || fail "logs.tgz lacks tp.log"
+  else
+    [ -n "${CI:-}" ] && fail "no phase 1f here: $(grep '^mpich:' "$ROOT/.gpu/MANIFEST")"
+    grep -q '^tp,split_2ranks,skip' "$out/summary.csv" || fail "phase 1f neither ran nor skipped: $(grep '^tp' "$out/summary.csv")"
+  fi
+}
+
+# --no-tp skips phase 1f with a row saying so; --tp-timeout wants seconds
+t_no_tp() {
+  have_bundle || return
+  expect_rc 0 env -u OUT bash "$CHECK" --dry-run --no-bench --no-memcheck --no-selftest --no-models --no-tp \
+    --only 'test_nvrtc' --work "$WORK/w4" --out "$WORK/out4" --python "$PY"
+  grep -q '^tp,split_2ranks,skip,0,0,1,0,"--no-tp"' "$WORK/out4/summary.csv" || fail "no --no-tp row: $(cat "$WORK/out4/summary.csv")"
+  expect_rc 2 bash "$CHECK" --tp-timeout soon
+  expect_out "not a number"
+}
+
+# Phase 1f's script on the CPU from an unpacked bundle: the bundle's mpiexec runs tk-mpi's split, and a
+# tk-mpi whose rank 0 prints scaled logits or other tokens is caught.
+t_gpu_tp_script_catches_a_wrong_split() {
+  have_bundle || return
+  grep -q '^mpich: [0-9]' "$ROOT/.gpu/MANIFEST" || { [ -n "${CI:-}" ] && fail "the bundle has no tk-mpi"; skip "the bundle has no tk-mpi"; return; }
+  py_has "$PY" torch transformers || { [ -n "${CI:-}" ] && fail "no transformers in $PY"; skip "no transformers"; return; }
+  local u=$WORK/tpb; mkdir -p "$u"
+  tar xzf "$ROOT/.gpu/lib.tgz" -C "$u" && tar xzf "$ROOT/.gpu/build.tgz" -C "$u" || { fail "cannot unpack the bundle"; return; }
+  cat >"$WORK/badmpi" <<EOF2
+#!/usr/bin/env bash
+"$u/build-gpu/tk-mpi" "\$@" | python3 -c 'import json,sys; t=sys.stdin.read(); d=json.loads(t) if t.strip() else None
+if d and "logits" in d: d["logits"]=[[x*1.001 for x in r] for r in d["logits"]]
+if d and "ids" in d: d["ids"][-1]^=1
+print(json.dumps(d) if d else "", end="")'
+EOF2
+  chmod +x "$WORK/badmpi"
+  expect_rc 1 env TK_COMM_TIMEOUT=60 "$PY" "$ROOT/tests/gpu_tp.py" --tk "$u/build-gpu/tk" --tk-mpi "$WORK/badmpi" \
+    --mpiexec "$u/build-gpu/mpich/bin/mpiexec.hydra" --work "$WORK/tpw" --device cpu --models llama,qwen2 --json "$WORK/tp.json"
+  expect_out "0 passed, 4 failed"
+  echo "$OUT" | grep -qE '^llama +logits_f32 +auto +FAIL +1\.0' || fail "the scaled logits were not caught: $OUT"
+  echo "$OUT" | grep -qE '^qwen2 +greedy_f32 +auto +FAIL' || fail "the changed tokens were not caught: $OUT"
+  expect_rc 0 env TK_COMM_TIMEOUT=60 "$PY" "$ROOT/tests/gpu_tp.py" --tk "$u/build-gpu/tk" --tk-mpi "$u/build-gpu/tk-mpi" \
+    --mpiexec "$u/build-gpu/mpich/bin/mpiexec.hydra" --work "$WORK/tpw" --device cpu --models llama,qwen2
+  expect_out "4 passed, 0 failed"
 }
 
 t_missing_bundle_is_an_error() {

@@ -732,6 +732,39 @@ t_bad_plans() {
   grep -q "unsupported tp_plan style: 'colwize'" <<<"$ERR" || fail "no clear error: $ERR"
 }
 
+# --tp N with --device cuda (docs/parallel.md, "A split model on GPUs"): the backend is chosen
+# (NCCL with a GPU a rank, else MPI staging through host memory) and TK_COMM_BACKEND forces it. Here,
+# without a GPU: every rank stops with the driver's error (exit 7), not the refusal that was here
+# before the split ran on GPUs; TK_COMM_BACKEND's bad value and NCCL for a CPU model are usage errors
+# on every rank; TK_COMM_BACKEND=mpi on the CPU is the plain MPI split. (With a GPU the first case
+# would run: scripts/gpu-check.sh's phase 1f checks the split there.)
+t_gpu_backend_choice() {
+  ready || return
+  if "$TK" doctor --require-gpu >/dev/null 2>&1; then skip "this machine has a GPU (gpu-check phase 1f runs the split)"; return; fi
+  run_mpi 60 2 "$TK" model logits "$MODELS/llama" --ids "$LLAMA_IDS" --tp 2 --device cuda
+  [ $RC = 7 ] || fail "--device cuda --tp 2 without a GPU: exit $RC, want 7: $ERR"
+  [ "$(grep -c -- '--tp 2 --device cuda: ' <<<"$ERR")" = 2 ] || fail "not every rank said why: $ERR"
+  grep -q "not on a GPU\|run on the CPU (MPI) so far" <<<"$ERR" && fail "the old refusal: $ERR"
+  run_mpi 60 2 env TK_COMM_BACKEND=gloo "$TK" model logits "$MODELS/llama" --ids "$LLAMA_IDS" --tp 2 --device cuda
+  [ $RC = 2 ] || fail "TK_COMM_BACKEND=gloo: exit $RC, want 2: $ERR"
+  grep -q "TK_COMM_BACKEND='gloo': want auto, mpi or nccl" <<<"$ERR" || fail "TK_COMM_BACKEND=gloo: no clear error: $ERR"
+  run_mpi 60 2 env TK_COMM_BACKEND=nccl "$TK" generate "$MODELS/llama" --ids "$LLAMA_IDS" --tp 2 --max-new-tokens 2
+  [ $RC = 2 ] || fail "TK_COMM_BACKEND=nccl on the CPU: exit $RC, want 2: $ERR"
+  grep -q "TK_COMM_BACKEND=nccl, but the model runs on the CPU" <<<"$ERR" || fail "nccl on the CPU: no clear error: $ERR"
+  grep -q "HINT: add --device cuda" <<<"$ERR" || fail "nccl on the CPU: no hint: $ERR"
+  "$TK" model logits "$MODELS/llama" --ids "$LLAMA_IDS" --json >"$WORK/one.json" || { fail "one process failed"; return; }
+  run_mpi 60 2 env TK_COMM_BACKEND=mpi "$TK" model logits "$MODELS/llama" --ids "$LLAMA_IDS" --tp 2 --json
+  [ $RC = 0 ] || { fail "TK_COMM_BACKEND=mpi on the CPU: exit $RC: $ERR"; return; }
+  python3 - "$WORK/one.json" <(echo "$OUT") <<'EOF2' || fail "TK_COMM_BACKEND=mpi: not one process's logits"
+import json, sys
+a, b = (json.load(open(p))["logits"] for p in sys.argv[1:3])
+m = max(abs(v) for r in a for v in r)
+sys.exit(0 if max(abs(x - y) for ra, rb in zip(a, b) for x, y in zip(ra, rb)) / m <= 1e-5 else 1)
+EOF2
+  grep -q "tensor parallel on GPUs" <<<"$ERR" && fail "a GPU notice on the CPU: $ERR"
+  return 0
+}
+
 # --tp 1 without mpirun: one process, the plan still checked, the same logits.
 t_tp_1_alone() {
   ready || return
