@@ -311,6 +311,25 @@ PY
   save
 fi
 
+# ---- phase 1g: the host's cost of a GPU op through the registry (bench/op_overhead --device cuda) ---
+# Block diffusion spent ~13 ms a denoising step on an H200 for ~150 ops (fourth GPU run): this says what
+# one op costs the host, issued and waited for, by default and with autotune's lookup or the
+# self-test routing left out. Uses phase 1c's home (its packages installed and compiled).
+if [ "$TK_TEST_GPU" = 1 ] && [ -x "$B/bench/op_overhead" ] && [ -d "${SH:-/nonexistent}" ]; then
+  echo "== phase 1g: a GPU op's host cost (bench/op_overhead --device cuda)"
+  for v in default TK_AUTOTUNE=0 TK_SELFTEST=off; do
+    t0=$(date +%s)
+    env TK_HOME="$SH" $([ $v = default ] || echo "$v") timeout -k 5 120 "$B/bench/op_overhead" 20000 --device cuda \
+      >"$L/op-overhead-$v.log" 2>&1; rc=$?
+    row bench "op_host_cost_${v%%=*}" "$([ $rc = 0 ] && echo ok || echo FAIL)" "$([ $rc = 0 ] && echo 1 || echo 0)" \
+      "$([ $rc = 0 ] && echo 0 || echo 1)" 0 "$(( $(date +%s) - t0 ))" \
+      "$(grep '^cuda' "$L/op-overhead-$v.log" | sed 's/  */ /g' | tr '\n' ';' | cut -c1-200)"
+  done
+  save
+else
+  row bench op_host_cost skip 0 0 1 0 "no GPU"
+fi
+
 # ---- phase 1d: the model pipelines on the GPU against transformers on the same GPU -----------------
 # tests/gpu_models.py: the tiny checkpoints of tests/models/make_tiny.py; per causal LM, tk model logits
 # (f32, bf16) and tk generate (greedy f32) with --device cuda against transformers on cuda. Rows in
