@@ -327,7 +327,7 @@ if [ "$TK_TEST_GPU" = 1 ] && [ -x "$B/bench/op_overhead" ] && [ -d "${SH:-/nonex
   done
   save
 else
-  row bench op_host_cost skip 0 0 1 0 "no GPU"
+  row bench op_host_cost skip 0 0 1 0 "no GPU, or phase 1c did not run (its home has the packages)"
 fi
 
 # ---- phase 1d: the model pipelines on the GPU against transformers on the same GPU -----------------
