@@ -49,7 +49,9 @@ static int backend_env(tk_cli *cli, int *pick)
 static void nccl_why(char *why, size_t cap, tk_comm *c, int ndev, int indexed)
 {
     char *js = NULL;
-    int found = tk_comm_backends_json(&js) == TK_OK && js && strstr(js, "\"nccl\":{\"found\":true");
+    json_t *b = tk_comm_backends_json(&js) == TK_OK && js ? json_loads(js, 0, NULL) : NULL;
+    int found = json_is_true(json_object_get(json_object_get(b, "nccl"), "found"));
+    json_decref(b);
     tk_free(js);
     why[0] = '\0';
     if (!found)

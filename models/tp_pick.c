@@ -395,12 +395,6 @@ static void heap_down(uint64_t *h, int64_t n, int64_t i)
     }
 }
 
-static int cmp_u64_desc(const void *a, const void *b)
-{
-    uint64_t x = *(const uint64_t *)a, y = *(const uint64_t *)b;
-    return x < y ? 1 : x > y ? -1 : 0;
-}
-
 /* This rank's part of top_p_union for a row, into o[0 .. UNION_R): its exact total probability, then
  * its TOPP_C largest comp_of, largest first, each with its probability's bits (-1 padded). */
 static void union_part(int64_t *o, const float *row, const tk_models_tp *tp, const row_st *st, int ib)
@@ -426,7 +420,7 @@ static void union_part(int64_t *o, const float *row, const tk_models_tp *tp, con
         }
     }
     fsum_put(o, &tot);
-    qsort(heap, (size_t)h, sizeof *heap, cmp_u64_desc);
+    qsort(heap, (size_t)h, sizeof *heap, cmp_desc); /* comp_of < 2^63: ordered as int64 */
     for (int64_t k = 0; k < TOPP_C; k++) {
         float pr = 0;
         uint32_t bits = 0;
@@ -438,38 +432,43 @@ static void union_part(int64_t *o, const float *row, const tk_models_tp *tp, con
     }
 }
 
-static int cmp_pair_desc(const void *a, const void *b) { return cmp_desc(a, b); }
-
 /* Row i's U (st->cut, or st->none) from the union round, when the ranks' tokens settle it: every token
  * at or above B, the largest of the full ranks' least sent comp_of, is among them, so walking them
  * from the most likely down, the mass at or below each is the exact total less those above it (the
- * search's integers exactly). 0 when U lies below B: the search finds it. cand: W TOPP_C pairs. */
+ * search's integers exactly). 0 when U lies below B, st untouched: the search finds it. cand: W TOPP_C
+ * pairs. */
 static int union_resolve(const int64_t *all, size_t n, size_t i, int W, float cut, row_st *st, int64_t *cand)
 {
     tk_fsum tot = fsum_get(all + i * UNION_R, n * UNION_R, W), above = {0}, at;
-    int64_t B = -1, m = 0;
+    int64_t B = -1, m = 0, j = 0;
     for (int r = 0; r < W; r++) {
         const int64_t *o = all + ((size_t)r * n + i) * UNION_R;
         B = o[2 + 2 * (TOPP_C - 1)] > B ? o[2 + 2 * (TOPP_C - 1)] : B; /* -1 where the rank sent all it has */
         for (int k = 0; k < TOPP_C && o[2 + 2 * k] >= 0; k++, m++)
             cand[2 * m] = o[2 + 2 * k], cand[2 * m + 1] = o[3 + 2 * k];
     }
-    qsort(cand, (size_t)m, 2 * sizeof *cand, cmp_pair_desc);
-    for (int64_t j = 0; j < m && cand[2 * j] >= B; j++) {
+    qsort(cand, (size_t)m, 2 * sizeof *cand, cmp_desc); /* pairs by their comp_of */
+    for (; j < m && cand[2 * j] >= B; j++) {
         at = fsum_sub(tot, &above); /* the mass at or below token j */
-        if ((float)tk__fsum_value(&at) <= cut) {
-            st->none = j == 0; /* even the whole mass is <= 1 - p */
-            st->cut = j ? (uint64_t)cand[2 * (j - 1)] : 0;
-            return 1;
-        }
+        if ((float)tk__fsum_value(&at) <= cut)
+            break;
         uint32_t bits = (uint32_t)cand[2 * j + 1];
         float pr;
         memcpy(&pr, &bits, sizeof pr);
         tk__fsum_add(&above, pr);
-        st->cut = (uint64_t)cand[2 * j];
     }
-    at = fsum_sub(tot, &above); /* below the last token walked: its U when that mass is <= 1 - p */
-    return m > 0 && (float)tk__fsum_value(&at) <= cut;
+    /* stopped at token j (its mass at or below is <= 1 - p: U is the token before it), or past the last
+     * token walked, whose U it is when the mass below it is <= 1 - p too */
+    int settled = j < m && cand[2 * j] >= B;
+    if (!settled) {
+        at = fsum_sub(tot, &above);
+        settled = j > 0 && (float)tk__fsum_value(&at) <= cut;
+    }
+    if (settled) {
+        st->none = j == 0; /* even the whole mass is <= 1 - p */
+        st->cut = j ? (uint64_t)cand[2 * (j - 1)] : 0;
+    }
+    return settled;
 }
 
 /* top-p's first round: every row whose U the ranks' most likely tokens settle is found (st->found). */
@@ -512,9 +511,6 @@ static int top_p_search(tk_model *m, pick_buf *b, float *const *rows, size_t n, 
         b->st[i].cut = 0, b->st[i].none = 0, b->st[i].found = 0;
     if ((rc = top_p_union(m, b, rows, n, p, tok, ib, &left)) != TK_OK)
         return rc;
-    for (size_t i = 0; i < n; i++)
-        if (!b->st[i].found)
-            b->st[i].cut = 0, b->st[i].none = 0;
     for (int shift = (32 + ib + 3) / 4 * 4 - 4; left && shift >= 0; shift -= 4) {
         for (size_t i = 0; i < n; i++) {
             memset(b->mine + 32 * i, 0, 32 * sizeof *b->mine);

@@ -643,7 +643,7 @@ static void dec_range(void *arg, int64_t lo, int64_t hi)
     T.cap = j->cap;
     for (int64_t it = lo; it < hi; it++) {
         int64_t bh = it / j->nseg, b = bh / j->hkv, hk = bh % j->hkv, nk = j->lens[b];
-        int64_t s0 = it % j->nseg * j->segk, s1 = j->nseg == 1 ? nk : s0 + j->segk; /* this task's keys */
+        int64_t s0 = it % j->nseg * j->segk, s1 = s0 + j->segk; /* this task's keys (segk: all when not split) */
         for (int64_t i = 0; i < j->sq; i++)
             for (int64_t h = 0; h < j->g; h++) {
                 int64_t r = i * j->g + h, row = (b * j->sq + i) * j->hq + hk * j->g + h;
